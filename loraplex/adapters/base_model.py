@@ -1,0 +1,131 @@
+"""What an adapter is validated against: the served base model's architecture and identity.
+
+Torch-free: the control plane validates registrations with it.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from dataclasses import dataclass
+from pathlib import Path
+
+from loraplex.errors import BaseModelMismatchError, CorruptArtifactError
+
+# Architectures whose weight layout loraplex implements (Llama family).
+SUPPORTED_ARCHITECTURES = frozenset({"LlamaForCausalLM", "MistralForCausalLM", "Qwen2ForCausalLM"})
+
+ATTENTION_MODULES = ("q_proj", "k_proj", "v_proj", "o_proj")
+MLP_MODULES = ("gate_proj", "up_proj", "down_proj")
+# Every linear layer an adapter may target, in execution order within a decoder layer.
+TARGET_MODULES = ATTENTION_MODULES + MLP_MODULES
+
+_DIGEST_CHUNK_BYTES = 1 << 20
+
+
+@dataclass(frozen=True)
+class BaseModelSpec:
+    """Shapes of the injectable linear layers of a Llama-family checkpoint, plus its identity."""
+
+    name: str  # the name adapters refer to in base_model_name_or_path (the directory name)
+    architecture: str  # config.json "architectures"[0]
+    hidden_size: int  # model width
+    intermediate_size: int  # SwiGLU MLP width
+    num_layers: int  # decoder layers
+    num_heads: int  # query heads
+    num_kv_heads: int  # key/value heads (grouped-query attention)
+    head_dim: int  # per-head width
+    vocab_size: int  # tokenizer vocabulary
+    digest: str  # sha256 over config.json and the weight files, see base_model_digest
+
+    def module_shape(self, module: str) -> tuple[int, int]:
+        """``(d_in, d_out)`` of a target module (``q_proj`` ... ``down_proj``)."""
+        q_width = self.num_heads * self.head_dim
+        kv_width = self.num_kv_heads * self.head_dim
+        shapes = {
+            "q_proj": (self.hidden_size, q_width),
+            "k_proj": (self.hidden_size, kv_width),
+            "v_proj": (self.hidden_size, kv_width),
+            "o_proj": (q_width, self.hidden_size),
+            "gate_proj": (self.hidden_size, self.intermediate_size),
+            "up_proj": (self.hidden_size, self.intermediate_size),
+            "down_proj": (self.intermediate_size, self.hidden_size),
+        }
+        if module not in shapes:
+            raise KeyError(f"module {module!r} is not one of {', '.join(TARGET_MODULES)}")
+        return shapes[module]
+
+    @staticmethod
+    def module_path(layer: int, module: str) -> str:
+        """The module's path in a Hugging Face checkpoint, e.g. ``model.layers.3.mlp.up_proj``."""
+        block = "self_attn" if module in ATTENTION_MODULES else "mlp"
+        return f"model.layers.{layer}.{block}.{module}"
+
+    @classmethod
+    def from_dir(cls, model_dir: Path) -> BaseModelSpec:
+        """Read ``config.json`` and digest the checkpoint in ``model_dir``."""
+        config = read_model_config(model_dir)
+        return cls.from_config(model_dir.name, config, base_model_digest(model_dir))
+
+    @classmethod
+    def from_config(cls, name: str, config: dict[str, object], digest: str) -> BaseModelSpec:
+        architectures = config.get("architectures") or [config.get("model_type", "?")]
+        architecture = str(architectures[0]) if isinstance(architectures, list) else "?"
+        if architecture not in SUPPORTED_ARCHITECTURES:
+            raise BaseModelMismatchError(
+                f"config.json: architecture {architecture!r} is not supported; expected one of "
+                f"{sorted(SUPPORTED_ARCHITECTURES)}"
+            )
+        hidden = _int_field(config, "hidden_size")
+        num_heads = _int_field(config, "num_attention_heads")
+        head_dim = config.get("head_dim") or hidden // num_heads
+        return cls(
+            name=name,
+            architecture=architecture,
+            hidden_size=hidden,
+            intermediate_size=_int_field(config, "intermediate_size"),
+            num_layers=_int_field(config, "num_hidden_layers"),
+            num_heads=num_heads,
+            num_kv_heads=int(config.get("num_key_value_heads") or num_heads),  # type: ignore[call-overload]
+            head_dim=int(head_dim),  # type: ignore[call-overload]
+            vocab_size=_int_field(config, "vocab_size"),
+            digest=digest,
+        )
+
+
+def read_model_config(model_dir: Path) -> dict[str, object]:
+    path = model_dir / "config.json"
+    try:
+        config = json.loads(path.read_text(encoding="utf-8"))
+    except FileNotFoundError as exc:
+        raise BaseModelMismatchError(f"{path}: no config.json; expected a model directory") from exc
+    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise CorruptArtifactError(f"{path}: not valid JSON ({exc})") from exc
+    if not isinstance(config, dict):
+        raise CorruptArtifactError(f"{path}: top level is {type(config).__name__}, expected object")
+    return config
+
+
+def base_model_digest(model_dir: Path) -> str:
+    """sha256 over ``config.json`` and every ``*.safetensors`` file, in name order.
+
+    Each file contributes its name and length before its bytes, so moving bytes between files
+    changes the digest. Tokenizer files are excluded: they do not change what an adapter does.
+    """
+    files = [model_dir / "config.json", *sorted(model_dir.glob("*.safetensors"))]
+    digest = hashlib.sha256()
+    for path in files:
+        digest.update(f"{path.name}\0{path.stat().st_size}\0".encode())
+        with path.open("rb") as handle:
+            while chunk := handle.read(_DIGEST_CHUNK_BYTES):
+                digest.update(chunk)
+    return digest.hexdigest()
+
+
+def _int_field(config: dict[str, object], field: str) -> int:
+    value = config.get(field)
+    if not isinstance(value, int) or isinstance(value, bool) or value <= 0:
+        raise CorruptArtifactError(
+            f"config.json: field {field!r} is {value!r}; expected an int > 0"
+        )
+    return value

@@ -1,0 +1,96 @@
+"""Domain exceptions.
+
+Every error loraplex raises on bad input is one of these, so callers (the CLI, the HTTP error
+mapping in ``server/errors.py``) can act on the type, never on message text. Messages name the
+field, the value that was seen and what was expected.
+"""
+
+from __future__ import annotations
+
+
+class LoraplexError(Exception):
+    """Base of every loraplex domain error."""
+
+
+# --- adapter artifacts: format, identity and compatibility ------------------------------------
+
+
+class AdapterError(LoraplexError):
+    """An adapter artifact cannot be used as given."""
+
+
+class AdapterConfigError(AdapterError):
+    """``adapter_config.json`` is missing, malformed or has an invalid field value."""
+
+    def __init__(self, field: str, value: object, expected: str) -> None:
+        self.field = field
+        self.value = value
+        self.expected = expected
+        super().__init__(f"adapter_config.json: field {field!r} is {value!r}; expected {expected}")
+
+
+class UnsupportedAdapterError(AdapterConfigError):
+    """A valid PEFT feature that loraplex does not implement (DoRA, bias, modules_to_save, ...)."""
+
+
+class RankTooLargeError(AdapterConfigError):
+    """An adapter's rank exceeds the configured ``max_lora_rank``."""
+
+
+class BaseModelMismatchError(AdapterError):
+    """The adapter was made for a different base model than the one served."""
+
+
+class UnsafeFormatError(AdapterError):
+    """A file format that can execute code (pickle, ``.bin``/``.pt``) was offered; never opened."""
+
+
+class CorruptArtifactError(AdapterError):
+    """A file is truncated, malformed, or its header contradicts its contents."""
+
+
+class TensorValidationError(AdapterError):
+    """A tensor's name, shape, dtype or values do not fit the base model and the config."""
+
+
+class DigestMismatchError(AdapterError):
+    """Bytes read do not hash to the digest they were registered or addressed under."""
+
+    def __init__(self, what: str, expected: str, actual: str) -> None:
+        self.expected = expected
+        self.actual = actual
+        super().__init__(f"{what}: sha256 is {actual}, expected {expected}")
+
+
+# --- storage and resolution -------------------------------------------------------------------
+
+
+class PathOutsideStoreError(LoraplexError):
+    """A path resolves outside the directory it must stay within."""
+
+
+class ArtifactNotFoundError(LoraplexError):
+    """The artifact store holds no object for a digest."""
+
+
+class AdapterNotFoundError(LoraplexError):
+    """No adapter the caller may use has this name.
+
+    NOTE: raised identically for a nonexistent adapter and for another tenant's private one,
+    so its message must never depend on which case it was.
+    """
+
+
+class RegistryError(LoraplexError):
+    """The control-plane store refused an operation (conflict, unknown tenant, ...)."""
+
+
+class RevisionConflictError(RegistryError):
+    """An immutable revision was re-registered with different content."""
+
+
+# --- capacity -----------------------------------------------------------------------------------
+
+
+class CapacityError(LoraplexError):
+    """A budget (slots, bytes, queue, quota) cannot accommodate the request before its deadline."""

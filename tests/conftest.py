@@ -1,0 +1,37 @@
+"""Shared fixtures: the generated small demo model and adapters, built once per checkout.
+
+The assets are cached under ``<repo>/.loraplex-assets`` (git-ignored); the generator itself
+returns at once when a complete set with the same preset and seed is already there.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+import pytest
+
+if TYPE_CHECKING:
+    from loraplex.demo.assets import DemoAssets
+
+REPO_ROOT = Path(__file__).resolve().parent.parent
+ASSET_CACHE = REPO_ROOT / ".loraplex-assets"
+
+
+@pytest.fixture(scope="session")
+def demo_assets() -> DemoAssets:
+    from loraplex.demo.assets import generate_demo_assets
+
+    return generate_demo_assets(ASSET_CACHE / "test-small", preset="small", seed=0)
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """GPU tests skip cleanly on machines without CUDA."""
+    import torch
+
+    if torch.cuda.is_available():
+        return
+    skip = pytest.mark.skip(reason="needs a CUDA device")
+    for item in items:
+        if "gpu" in item.keywords:
+            item.add_marker(skip)
