@@ -94,3 +94,34 @@ class RevisionConflictError(RegistryError):
 
 class CapacityError(LoraplexError):
     """A budget (slots, bytes, queue, quota) cannot accommodate the request before its deadline."""
+
+
+# --- base model checkpoints ---------------------------------------------------------------------
+
+
+class CheckpointError(LoraplexError):
+    """A base-model checkpoint cannot be loaded as configured: an unsupported config value, or
+    missing, unexpected or mis-shaped tensors (loading is strict, never partial)."""
+
+
+# --- adapter cache ------------------------------------------------------------------------------
+
+
+class LoadCancelledError(LoraplexError):
+    """An adapter load was cancelled (every waiter gave up); its partial effects were undone."""
+
+
+class CacheIntegrityError(LoraplexError):
+    """The adapter cache's bookkeeping broke an invariant (a bug, never bad input)."""
+
+    def __init__(self, invariant: str, detail: str) -> None:
+        self.invariant = invariant
+        self.detail = detail
+        super().__init__(f"cache invariant {invariant!r} broken: {detail}")
+
+
+# --- access -------------------------------------------------------------------------------------
+
+
+class AuthenticationError(LoraplexError):
+    """An API key is missing, malformed, unknown or revoked (one message for every case)."""

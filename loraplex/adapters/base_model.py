@@ -78,7 +78,12 @@ class BaseModelSpec:
             )
         hidden = _int_field(config, "hidden_size")
         num_heads = _int_field(config, "num_attention_heads")
-        head_dim = config.get("head_dim") or hidden // num_heads
+        num_kv_heads = _int_field(config, "num_key_value_heads", default=num_heads)
+        if num_heads % num_kv_heads:
+            raise CorruptArtifactError(
+                f"config.json: num_attention_heads {num_heads} is not a multiple of "
+                f"num_key_value_heads {num_kv_heads}"
+            )
         return cls(
             name=name,
             architecture=architecture,
@@ -86,8 +91,8 @@ class BaseModelSpec:
             intermediate_size=_int_field(config, "intermediate_size"),
             num_layers=_int_field(config, "num_hidden_layers"),
             num_heads=num_heads,
-            num_kv_heads=int(config.get("num_key_value_heads") or num_heads),  # type: ignore[call-overload]
-            head_dim=int(head_dim),  # type: ignore[call-overload]
+            num_kv_heads=num_kv_heads,
+            head_dim=_int_field(config, "head_dim", default=hidden // num_heads or None),
             vocab_size=_int_field(config, "vocab_size"),
             digest=digest,
         )
@@ -122,8 +127,11 @@ def base_model_digest(model_dir: Path) -> str:
     return digest.hexdigest()
 
 
-def _int_field(config: dict[str, object], field: str) -> int:
+def _int_field(config: dict[str, object], field: str, default: int | None = None) -> int:
+    """A positive int field; ``default`` stands in when the field is absent or null."""
     value = config.get(field)
+    if value is None:
+        value = default
     if not isinstance(value, int) or isinstance(value, bool) or value <= 0:
         raise CorruptArtifactError(
             f"config.json: field {field!r} is {value!r}; expected an int > 0"
