@@ -11,7 +11,7 @@ import importlib
 
 import typer
 
-_COMMAND_MODULES: tuple[str, ...] = ()
+_COMMAND_MODULES: tuple[str, ...] = ("registry",)
 
 app = typer.Typer(
     name="loraplex",

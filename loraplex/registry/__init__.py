@@ -1,0 +1,50 @@
+"""Control plane (torch-free): tenants, API keys, adapters, revisions, aliases, audit log, and
+the artifact stores holding adapter files. ``open_registry`` is the usual entry point; see
+docs/registry.md.
+"""
+
+from loraplex.registry.artifacts import ArtifactStore, LocalArtifactStore
+from loraplex.registry.config import RegistryConfig, default_data_dir, open_registry, open_store
+from loraplex.registry.models import (
+    Adapter,
+    Alias,
+    AliasTarget,
+    ApiKeyInfo,
+    AuditEntry,
+    IssuedKey,
+    PriorityClass,
+    RegistrationRequest,
+    RegistrationResult,
+    Revision,
+    RevisionState,
+    Tenant,
+    TenantQuotas,
+    Visibility,
+    WarmPolicy,
+)
+from loraplex.registry.registry import Registry
+
+__all__ = [
+    "Adapter",
+    "Alias",
+    "AliasTarget",
+    "ApiKeyInfo",
+    "ArtifactStore",
+    "AuditEntry",
+    "IssuedKey",
+    "LocalArtifactStore",
+    "PriorityClass",
+    "RegistrationRequest",
+    "RegistrationResult",
+    "Registry",
+    "RegistryConfig",
+    "Revision",
+    "RevisionState",
+    "Tenant",
+    "TenantQuotas",
+    "Visibility",
+    "WarmPolicy",
+    "default_data_dir",
+    "open_registry",
+    "open_store",
+]

@@ -1,0 +1,100 @@
+"""Where the registry keeps its state, and opening it.
+
+Defaults, all under one data directory:
+
+- data directory: ``$LORAPLEX_DATA_DIR``, else ``$XDG_DATA_HOME/loraplex``, else
+  ``~/.local/share/loraplex`` (the CLI resolves the environment and passes the result);
+- database: ``sqlite:///<data-dir>/registry.sqlite3`` (``postgresql://...`` for several machines);
+- artifact store: ``<data-dir>/artifacts`` (or ``s3://bucket/prefix`` with an endpoint).
+"""
+
+from __future__ import annotations
+
+import random
+import time
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from pathlib import Path
+
+from loraplex.adapters.base_model import BaseModelSpec
+from loraplex.registry.artifacts import ArtifactStore, LocalArtifactStore
+from loraplex.registry.registration import StageHook
+from loraplex.registry.registry import Registry
+from loraplex.registry.sql.db import open_database
+from loraplex.registry.sql.migrations import migrate
+
+DATABASE_FILE = "registry.sqlite3"
+ARTIFACTS_DIR = "artifacts"
+
+
+def default_data_dir(env: Mapping[str, str], home: Path) -> Path:
+    """The documented default data directory, given the environment and the home directory."""
+    if env.get("LORAPLEX_DATA_DIR"):
+        return Path(env["LORAPLEX_DATA_DIR"])
+    if env.get("XDG_DATA_HOME"):
+        return Path(env["XDG_DATA_HOME"]) / "loraplex"
+    return home / ".local" / "share" / "loraplex"
+
+
+@dataclass(frozen=True)
+class RegistryConfig:
+    """How to reach the registry database and the artifact store."""
+
+    data_dir: Path  # holds the SQLite file and the local store unless overridden
+    database_url: str | None = None  # None: SQLite in data_dir
+    store: str | None = None  # local directory or s3://bucket/prefix; None: data_dir/artifacts
+    s3_endpoint: str | None = None  # S3-compatible endpoint URL (None: AWS default)
+    max_lora_rank: int = 64  # registrations above this rank are refused
+
+    def __post_init__(self) -> None:
+        if self.max_lora_rank < 1:
+            raise ValueError(f"max_lora_rank {self.max_lora_rank} is invalid; expected >= 1")
+        if self.s3_endpoint is not None and not self.store_url.startswith("s3://"):
+            raise ValueError(
+                f"s3_endpoint {self.s3_endpoint!r} is invalid with store {self.store_url!r}; "
+                "expected an s3:// store"
+            )
+
+    @property
+    def database(self) -> str:
+        return self.database_url or f"sqlite:///{self.data_dir / DATABASE_FILE}"
+
+    @property
+    def store_url(self) -> str:
+        return self.store or str(self.data_dir / ARTIFACTS_DIR)
+
+
+def open_store(config: RegistryConfig) -> ArtifactStore:
+    url = config.store_url
+    if url.startswith("s3://"):
+        from loraplex.registry.s3 import S3ArtifactStore
+
+        bucket, _, prefix = url.removeprefix("s3://").partition("/")
+        return S3ArtifactStore(bucket, prefix, endpoint_url=config.s3_endpoint)
+    return LocalArtifactStore(Path(url.removeprefix("file://")))
+
+
+def open_registry(
+    config: RegistryConfig,
+    base: BaseModelSpec | None = None,
+    wall_clock: Callable[[], float] = time.time,
+    rng: random.Random | None = None,
+    stage_hook: StageHook | None = None,
+) -> Registry:
+    """Open (and migrate) the database, open the store, and return the service."""
+    db = open_database(config.database)
+    try:
+        migrate(db, wall_clock())
+    except BaseException:
+        db.close()
+        raise
+    store = open_store(config)
+    return Registry(
+        db,
+        store,
+        base,
+        max_lora_rank=config.max_lora_rank,
+        wall_clock=wall_clock,
+        rng=rng,
+        stage_hook=stage_hook,
+    )

@@ -1,0 +1,251 @@
+"""The ``Registry`` service: the control plane's single entry point.
+
+Tenants, API keys, adapters, revisions, aliases, resolution and the audit log, over one database
+(SQLite or PostgreSQL) and one artifact store. Torch-free. Administrative methods take an
+``actor`` (who is acting), recorded in the audit row written in the same transaction.
+"""
+
+from __future__ import annotations
+
+import random
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+from loraplex.adapters.base_model import BaseModelSpec
+from loraplex.adapters.identity import AdapterKey
+from loraplex.adapters.manifest import CONFIG_FILE
+from loraplex.adapters.validate import WEIGHTS_FILE
+from loraplex.registry import registration, releases, resolution, tenancy
+from loraplex.registry.artifacts import ArtifactStore, fetch_to_file
+from loraplex.registry.models import (
+    Adapter,
+    Alias,
+    AliasTarget,
+    ApiKeyInfo,
+    AuditEntry,
+    IssuedKey,
+    PriorityClass,
+    RegistrationRequest,
+    RegistrationResult,
+    Revision,
+    RevisionState,
+    Tenant,
+    TenantQuotas,
+    Visibility,
+    WarmPolicy,
+)
+from loraplex.registry.sql import adapters as adapter_rows
+from loraplex.registry.sql import audit
+from loraplex.registry.sql import tenants as tenant_rows
+from loraplex.registry.sql.db import Database
+
+
+class Registry:
+    """Tenants, keys, adapters and releases; ``resolve`` is where tenant access is decided."""
+
+    def __init__(
+        self,
+        db: Database,
+        store: ArtifactStore,
+        base: BaseModelSpec | None = None,
+        *,
+        max_lora_rank: int = 64,
+        wall_clock: Callable[[], float] = time.time,
+        rng: random.Random | None = None,
+        stage_hook: registration.StageHook | None = None,
+    ) -> None:
+        if max_lora_rank < 1:
+            raise ValueError(f"max_lora_rank {max_lora_rank} is invalid; expected >= 1")
+        self._db = db
+        self._store = store
+        self._base = base  # the served base model; required to register
+        self._max_lora_rank = max_lora_rank
+        self._wall_clock = wall_clock  # created_at / audit timestamps (epoch seconds)
+        self._rng = rng if rng is not None else random.Random()  # alias choice w/o request id
+        self._stage_hook = stage_hook  # crash-test seam, see registration.StageHook
+
+    @property
+    def db(self) -> Database:
+        return self._db
+
+    @property
+    def store(self) -> ArtifactStore:
+        return self._store
+
+    def close(self) -> None:
+        self._db.close()
+
+    # --- tenants and keys ---------------------------------------------------------------------
+
+    def create_tenant(
+        self,
+        name: str,
+        actor: str,
+        priority: PriorityClass = PriorityClass.NORMAL,
+        quotas: TenantQuotas | None = None,
+    ) -> Tenant:
+        limits = quotas or TenantQuotas()
+        now = self._wall_clock()
+        return tenancy.create_tenant(self._db, name, priority, limits, actor=actor, now=now)
+
+    def set_tenant_limits(
+        self, name: str, actor: str, priority: PriorityClass, quotas: TenantQuotas
+    ) -> Tenant:
+        now = self._wall_clock()
+        return tenancy.set_limits(self._db, name, priority, quotas, actor=actor, now=now)
+
+    def get_tenant(self, name: str) -> Tenant:
+        with self._db.transaction(write=False) as tx:
+            return tenancy.require_tenant(tx, name)
+
+    def list_tenants(self) -> list[Tenant]:
+        with self._db.transaction(write=False) as tx:
+            return tenant_rows.list_tenants(tx)
+
+    def create_key(self, tenant: str, actor: str) -> IssuedKey:
+        """A new API key for ``tenant``; its token is in the result and nowhere else."""
+        return tenancy.create_key(self._db, tenant, actor, self._wall_clock())
+
+    def revoke_key(self, key_id: str, actor: str) -> ApiKeyInfo:
+        return tenancy.revoke_key(self._db, key_id, actor, self._wall_clock())
+
+    def list_keys(self, tenant: str | None = None) -> list[ApiKeyInfo]:
+        with self._db.transaction(write=False) as tx:
+            return tenant_rows.list_keys(tx, tenant)
+
+    def authenticate(self, token: str) -> Tenant:
+        """The tenant of a bearer token; ``AuthenticationError`` if unknown or revoked."""
+        return tenancy.authenticate(self._db, token)
+
+    # --- adapters and releases ----------------------------------------------------------------
+
+    def register(self, request: RegistrationRequest, actor: str) -> RegistrationResult:
+        """Validate against the served base model, store the files, record the revision."""
+        if self._base is None:
+            raise ValueError("base is None; registering needs the served base model")
+        validated = registration.validate_request(
+            self._db, self._base, self._max_lora_rank, request
+        )
+        return registration.register_adapter(
+            self._db,
+            self._store,
+            validated,
+            request,
+            actor=actor,
+            now=self._wall_clock(),
+            hook=self._stage_hook,
+        )
+
+    def set_visibility(self, tenant: str, name: str, visibility: Visibility, actor: str) -> Adapter:
+        now = self._wall_clock()
+        return releases.set_visibility(self._db, tenant, name, visibility, actor=actor, now=now)
+
+    def set_release(
+        self,
+        ref: str,
+        actor: str,
+        state: RevisionState | None = None,
+        warm_policy: WarmPolicy | None = None,
+    ) -> Revision:
+        """Change the state and/or warm policy of ``tenant/name@revision``."""
+        tenant, name, revision = _split_ref(ref)
+        now = self._wall_clock()
+        return releases.set_release(
+            self._db,
+            tenant,
+            name,
+            revision,
+            state=state,
+            warm_policy=warm_policy,
+            actor=actor,
+            now=now,
+        )
+
+    def set_alias(
+        self, tenant: str, name: str, targets: tuple[AliasTarget, ...], actor: str
+    ) -> Alias:
+        now = self._wall_clock()
+        return releases.set_alias(self._db, tenant, name, targets, actor=actor, now=now)
+
+    def rollback_alias(self, tenant: str, name: str, actor: str) -> Alias:
+        now = self._wall_clock()
+        return releases.rollback_alias(self._db, tenant, name, actor=actor, now=now)
+
+    # --- reading (administrators) -------------------------------------------------------------
+
+    def get_adapter(self, tenant: str, name: str) -> Adapter:
+        with self._db.transaction(write=False) as tx:
+            return releases.require_adapter(tx, tenant, name)
+
+    def list_adapters(self, owner: str | None = None) -> list[Adapter]:
+        """Every adapter (or every adapter of ``owner``), for administrators."""
+        with self._db.transaction(write=False) as tx:
+            return adapter_rows.list_adapters(tx, owner)
+
+    def list_revisions(self, tenant: str, name: str) -> list[Revision]:
+        with self._db.transaction(write=False) as tx:
+            releases.require_adapter(tx, tenant, name)
+            return adapter_rows.list_revisions(tx, tenant, name)
+
+    def get_revision(self, ref: str) -> Revision:
+        with self._db.transaction(write=False) as tx:
+            return releases.require_revision(tx, *_split_ref(ref))
+
+    def get_alias(self, tenant: str, name: str) -> Alias | None:
+        with self._db.transaction(write=False) as tx:
+            return adapter_rows.get_alias(tx, tenant, name)
+
+    def audit_log(self, after_seq: int = 0, limit: int = 1000) -> list[AuditEntry]:
+        with self._db.transaction(write=False) as tx:
+            return audit.entries(tx, after_seq, limit)
+
+    # --- tenants' view ------------------------------------------------------------------------
+
+    def usable_adapters(self, caller: str) -> list[Adapter]:
+        """What ``caller`` may use: its own adapters and public ones; nothing else."""
+        with self._db.transaction(write=False) as tx:
+            return adapter_rows.list_usable_adapters(tx, caller)
+
+    def resolve(self, caller: str, model_string: str, request_id: str | None = None) -> AdapterKey:
+        """``name``, ``tenant/name`` or ``...@revision`` -> the revision that will answer."""
+        return self.resolve_revision(caller, model_string, request_id).key()
+
+    def resolve_revision(
+        self, caller: str, model_string: str, request_id: str | None = None
+    ) -> Revision:
+        """Like ``resolve``; the whole revision record (warm policy, probe, sizes)."""
+        if request_id is None:
+            unit = self._rng.random()
+        else:
+            unit = resolution.unit_from_request_id(request_id)
+        base_digest = None if self._base is None else self._base.digest
+        with self._db.transaction(write=False) as tx:
+            return resolution.resolve_in(tx, caller, model_string, base_digest, unit)
+
+    # --- artifacts ----------------------------------------------------------------------------
+
+    def fetch(self, revision: Revision, dest_dir: Path) -> Path:
+        """Write the revision's PEFT directory to ``dest_dir`` from the store, verified."""
+        fetch_to_file(self._store, revision.config_digest, dest_dir / CONFIG_FILE)
+        fetch_to_file(self._store, revision.adapter_digest, dest_dir / WEIGHTS_FILE)
+        return dest_dir
+
+    def check_integrity(self) -> list[str]:
+        """Problems found: every revision's objects must exist in the store. Empty when sound."""
+        with self._db.transaction(write=False) as tx:
+            revisions = adapter_rows.all_revisions(tx)
+        problems = []
+        for rev in revisions:
+            for digest in (rev.config_digest, rev.adapter_digest):
+                if not self._store.exists(digest):
+                    problems.append(f"{rev.ref}: object {digest} missing from {self._store.url}")
+        return problems
+
+
+def _split_ref(ref: str) -> tuple[str, str, str]:
+    """``tenant/name@revision`` (administrators always name the tenant)."""
+    parsed = resolution.parse_model_string(ref)
+    if parsed is None or parsed.owner is None or parsed.revision is None:
+        raise ValueError(f"revision reference {ref!r} is invalid; expected tenant/name@revision")
+    return parsed.owner, parsed.name, parsed.revision

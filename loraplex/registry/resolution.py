@@ -1,0 +1,109 @@
+"""Resolution: the one place where a tenant's model string becomes an adapter revision.
+
+Accepted model strings: ``name`` (the caller's own adapter), ``tenant/name`` (an adapter the
+caller may use: its own, or another tenant's public one), each optionally pinned with
+``@revision``. Without a pin the adapter's alias picks a revision by weight, per request.
+
+NOTE: every "you cannot have this" outcome raises ``AdapterNotFoundError`` with the same message
+built from the model string alone, so another tenant's private adapter is indistinguishable from
+a nonexistent one (malformed strings included).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import re
+from dataclasses import dataclass
+
+from loraplex.errors import AdapterNotFoundError, BaseModelMismatchError
+from loraplex.registry.models import Alias, AliasTarget, Revision, RevisionState, Visibility
+from loraplex.registry.sql import adapters as rows
+from loraplex.registry.sql.db import Tx
+
+_NAME = r"[A-Za-z0-9][A-Za-z0-9._-]{0,127}"
+_MODEL_STRING = re.compile(rf"(?:({_NAME})/)?({_NAME})(?:@({_NAME}))?")
+
+
+@dataclass(frozen=True)
+class ModelRef:
+    """A parsed model string."""
+
+    owner: str | None  # explicit owning tenant; None means the caller's own adapter
+    name: str  # adapter name
+    revision: str | None  # pinned revision; None means "through the alias"
+
+
+def parse_model_string(text: str) -> ModelRef | None:
+    """``[tenant/]name[@revision]``; None when ``text`` is not of that form."""
+    match = _MODEL_STRING.fullmatch(text)
+    if match is None:
+        return None
+    owner, name, revision = match.groups()
+    return ModelRef(owner=owner, name=name, revision=revision)
+
+
+def not_found(text: str) -> AdapterNotFoundError:
+    return AdapterNotFoundError(f"model {text!r} does not name an adapter available to you")
+
+
+def unit_from_request_id(request_id: str) -> float:
+    """A uniform number in [0, 1) fixed by the request id (stable across workers and retries)."""
+    digest = hashlib.sha256(request_id.encode("utf-8")).digest()
+    return int.from_bytes(digest[:7], "big") / float(1 << 56)
+
+
+def choose_target(targets: tuple[AliasTarget, ...], unit: float) -> AliasTarget:
+    """The target whose cumulative weight band contains ``unit`` (in [0, 1))."""
+    if not 0.0 <= unit < 1.0:
+        raise ValueError(f"unit {unit} is invalid; expected 0 <= unit < 1")
+    total = sum(target.weight for target in targets)
+    point = unit * total
+    for target in targets:
+        if point < target.weight:
+            return target
+        point -= target.weight
+    return targets[-1]
+
+
+def resolve_in(tx: Tx, caller: str, text: str, base_digest: str | None, unit: float) -> Revision:
+    """Resolve ``text`` for ``caller`` inside ``tx``; see the module docstring."""
+    ref = parse_model_string(text)
+    if ref is None:
+        raise not_found(text)
+    owner = ref.owner or caller
+    adapter = rows.get_adapter(tx, owner, ref.name)
+    if adapter is None or (owner != caller and adapter.visibility is not Visibility.PUBLIC):
+        raise not_found(text)
+    if ref.revision is not None:
+        pinned = rows.get_revision(tx, owner, ref.name, ref.revision)
+        if pinned is None:
+            raise not_found(text)
+        _check_base(pinned, base_digest)
+        return pinned
+    alias = rows.get_alias(tx, owner, ref.name)
+    servable = [] if alias is None else _servable(tx, alias, base_digest)
+    if not servable:
+        raise not_found(text)
+    chosen = choose_target(tuple(target for target, _ in servable), unit)
+    return next(rev for target, rev in servable if target is chosen)
+
+
+def _servable(tx: Tx, alias: Alias, base_digest: str | None) -> list[tuple[AliasTarget, Revision]]:
+    """Alias targets that may serve: not deprecated, and built for the served base model."""
+    found = []
+    for target in alias.targets:
+        rev = rows.get_revision(tx, alias.tenant, alias.name, target.revision)
+        if rev is None or rev.state is RevisionState.DEPRECATED:
+            continue
+        if base_digest is not None and rev.base_digest != base_digest:
+            continue
+        found.append((target, rev))
+    return found
+
+
+def _check_base(rev: Revision, base_digest: str | None) -> None:
+    if base_digest is not None and rev.base_digest != base_digest:
+        raise BaseModelMismatchError(
+            f"{rev.ref} was registered for base model {rev.base_digest}; "
+            f"this server serves {base_digest}"
+        )

@@ -1,0 +1,189 @@
+"""Rows of ``adapters``, ``revisions`` and ``aliases`` <-> their records."""
+
+from __future__ import annotations
+
+import json
+
+from loraplex.registry.models import (
+    Adapter,
+    Alias,
+    AliasTarget,
+    Revision,
+    RevisionState,
+    Visibility,
+    WarmPolicy,
+)
+from loraplex.registry.sql.db import Row, Tx
+
+_ADAPTER_COLUMNS = "tenant, name, visibility, created_at"
+_REVISION_COLUMNS = (
+    "tenant, name, revision, adapter_digest, config_digest, base_digest, compat_version, "
+    "max_rank, lora_alpha, use_rslora, target_modules, dtype, tensor_bytes, estimated_bytes, "
+    "store_url, created_at, state, warm_policy, probe_prompt, expected_continuation"
+)
+_ALIAS_COLUMNS = "tenant, name, targets, rollback_targets, updated_at"
+
+
+def insert_adapter_if_absent(tx: Tx, adapter: Adapter) -> bool:
+    """Insert the adapter unless it exists; whether it was inserted."""
+    if get_adapter(tx, adapter.tenant, adapter.name) is not None:
+        return False
+    tx.execute(
+        f"INSERT INTO adapters ({_ADAPTER_COLUMNS}) VALUES (?, ?, ?, ?)",
+        (adapter.tenant, adapter.name, adapter.visibility.value, adapter.created_at),
+    )
+    return True
+
+
+def get_adapter(tx: Tx, tenant: str, name: str) -> Adapter | None:
+    row = tx.query_one(
+        f"SELECT {_ADAPTER_COLUMNS} FROM adapters WHERE tenant = ? AND name = ?", (tenant, name)
+    )
+    return None if row is None else _adapter(row)
+
+
+def list_adapters(tx: Tx, owner: str | None) -> list[Adapter]:
+    if owner is None:
+        rows = tx.query(f"SELECT {_ADAPTER_COLUMNS} FROM adapters ORDER BY tenant, name")
+    else:
+        rows = tx.query(
+            f"SELECT {_ADAPTER_COLUMNS} FROM adapters WHERE tenant = ? ORDER BY name", (owner,)
+        )
+    return [_adapter(row) for row in rows]
+
+
+def list_usable_adapters(tx: Tx, caller: str) -> list[Adapter]:
+    """The caller's own adapters and every public one: exactly what ``caller`` may use."""
+    rows = tx.query(
+        f"SELECT {_ADAPTER_COLUMNS} FROM adapters WHERE tenant = ? OR visibility = ? "
+        "ORDER BY tenant, name",
+        (caller, Visibility.PUBLIC.value),
+    )
+    return [_adapter(row) for row in rows]
+
+
+def set_visibility(tx: Tx, tenant: str, name: str, visibility: Visibility) -> None:
+    tx.execute(
+        "UPDATE adapters SET visibility = ? WHERE tenant = ? AND name = ?",
+        (visibility.value, tenant, name),
+    )
+
+
+def insert_revision(tx: Tx, rev: Revision) -> None:
+    tx.execute(
+        f"INSERT INTO revisions ({_REVISION_COLUMNS}) "
+        "VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+        (
+            rev.tenant, rev.name, rev.revision, rev.adapter_digest, rev.config_digest,
+            rev.base_digest, rev.compat_version, rev.max_rank, rev.lora_alpha,
+            int(rev.use_rslora), json.dumps(list(rev.target_modules)), rev.dtype,
+            rev.tensor_bytes, rev.estimated_bytes, rev.store_url, rev.created_at,
+            rev.state.value, rev.warm_policy.value, rev.probe_prompt, rev.expected_continuation,
+        ),
+    )  # fmt: skip
+
+
+def get_revision(tx: Tx, tenant: str, name: str, revision: str) -> Revision | None:
+    row = tx.query_one(
+        f"SELECT {_REVISION_COLUMNS} FROM revisions WHERE tenant = ? AND name = ? AND revision = ?",
+        (tenant, name, revision),
+    )
+    return None if row is None else _revision(row)
+
+
+def list_revisions(tx: Tx, tenant: str, name: str) -> list[Revision]:
+    rows = tx.query(
+        f"SELECT {_REVISION_COLUMNS} FROM revisions WHERE tenant = ? AND name = ? "
+        "ORDER BY created_at, revision",
+        (tenant, name),
+    )
+    return [_revision(row) for row in rows]
+
+
+def all_revisions(tx: Tx) -> list[Revision]:
+    rows = tx.query(f"SELECT {_REVISION_COLUMNS} FROM revisions ORDER BY tenant, name, revision")
+    return [_revision(row) for row in rows]
+
+
+def set_revision_release(
+    tx: Tx, rev: Revision, state: RevisionState, warm_policy: WarmPolicy
+) -> None:
+    tx.execute(
+        "UPDATE revisions SET state = ?, warm_policy = ? "
+        "WHERE tenant = ? AND name = ? AND revision = ?",
+        (state.value, warm_policy.value, rev.tenant, rev.name, rev.revision),
+    )
+
+
+def get_alias(tx: Tx, tenant: str, name: str) -> Alias | None:
+    row = tx.query_one(
+        f"SELECT {_ALIAS_COLUMNS} FROM aliases WHERE tenant = ? AND name = ?", (tenant, name)
+    )
+    return None if row is None else _alias(row)
+
+
+def put_alias(tx: Tx, alias: Alias) -> None:
+    """Insert or replace the alias of ``alias.tenant/alias.name``."""
+    tx.execute("DELETE FROM aliases WHERE tenant = ? AND name = ?", (alias.tenant, alias.name))
+    tx.execute(
+        f"INSERT INTO aliases ({_ALIAS_COLUMNS}) VALUES (?, ?, ?, ?, ?)",
+        (
+            alias.tenant,
+            alias.name,
+            targets_json(alias.targets),
+            targets_json(alias.rollback_targets),
+            alias.updated_at,
+        ),
+    )
+
+
+def targets_json(targets: tuple[AliasTarget, ...]) -> str:
+    return json.dumps([{"revision": t.revision, "weight": t.weight} for t in targets])
+
+
+def _targets(text: str) -> tuple[AliasTarget, ...]:
+    return tuple(AliasTarget(str(t["revision"]), int(t["weight"])) for t in json.loads(text))
+
+
+def _adapter(row: Row) -> Adapter:
+    return Adapter(
+        tenant=str(row[0]),
+        name=str(row[1]),
+        visibility=Visibility(row[2]),
+        created_at=float(row[3]),
+    )
+
+
+def _revision(row: Row) -> Revision:
+    return Revision(
+        tenant=str(row[0]),
+        name=str(row[1]),
+        revision=str(row[2]),
+        adapter_digest=str(row[3]),
+        config_digest=str(row[4]),
+        base_digest=str(row[5]),
+        compat_version=int(row[6]),
+        max_rank=int(row[7]),
+        lora_alpha=float(row[8]),
+        use_rslora=bool(row[9]),
+        target_modules=tuple(str(m) for m in json.loads(row[10])),
+        dtype=str(row[11]),
+        tensor_bytes=int(row[12]),
+        estimated_bytes=int(row[13]),
+        store_url=str(row[14]),
+        created_at=float(row[15]),
+        state=RevisionState(row[16]),
+        warm_policy=WarmPolicy(row[17]),
+        probe_prompt=None if row[18] is None else str(row[18]),
+        expected_continuation=None if row[19] is None else str(row[19]),
+    )
+
+
+def _alias(row: Row) -> Alias:
+    return Alias(
+        tenant=str(row[0]),
+        name=str(row[1]),
+        targets=_targets(str(row[2])),
+        rollback_targets=_targets(str(row[3])),
+        updated_at=float(row[4]),
+    )

@@ -1,0 +1,187 @@
+"""Versioned schema migrations, applied in order, each exactly once, in one transaction.
+
+``schema_migrations`` records every applied version. ``migrate`` is idempotent and safe to run
+from several processes at once (it runs inside a serialised write transaction), and refuses a
+database whose schema is newer than this code knows. Migrations are append-only: a released
+migration is never edited; a change is a new version.
+
+Types are chosen to mean the same in both engines (TEXT, BIGINT, DOUBLE PRECISION); where the
+engines differ (identity columns, triggers) a migration carries per-dialect statements.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from loraplex.errors import RegistryError
+from loraplex.registry.sql.db import Database, Tx
+
+
+@dataclass(frozen=True)
+class Migration:
+    """One schema version."""
+
+    version: int  # strictly increasing, starting at 1
+    name: str  # what it does, recorded in schema_migrations
+    statements: tuple[str, ...]  # portable DDL, run first
+    dialect_statements: dict[str, tuple[str, ...]] = field(default_factory=dict)  # then these
+
+    def __post_init__(self) -> None:
+        if self.version < 1:
+            raise ValueError(f"version {self.version} is invalid; expected an int >= 1")
+
+    def for_dialect(self, dialect: str) -> tuple[str, ...]:
+        return self.statements + self.dialect_statements.get(dialect, ())
+
+
+_TABLES = (
+    """CREATE TABLE tenants (
+        name TEXT PRIMARY KEY,
+        priority TEXT NOT NULL,
+        max_gpu_bytes BIGINT,
+        max_cpu_bytes BIGINT,
+        max_disk_bytes BIGINT,
+        max_cold_loads BIGINT,
+        max_requests_per_s DOUBLE PRECISION,
+        created_at DOUBLE PRECISION NOT NULL)""",
+    """CREATE TABLE api_keys (
+        key_id TEXT PRIMARY KEY,
+        tenant TEXT NOT NULL REFERENCES tenants (name),
+        token_sha256 TEXT NOT NULL,
+        created_at DOUBLE PRECISION NOT NULL,
+        revoked_at DOUBLE PRECISION)""",
+    "CREATE INDEX api_keys_by_tenant ON api_keys (tenant)",
+    """CREATE TABLE adapters (
+        tenant TEXT NOT NULL REFERENCES tenants (name),
+        name TEXT NOT NULL,
+        visibility TEXT NOT NULL,
+        created_at DOUBLE PRECISION NOT NULL,
+        PRIMARY KEY (tenant, name))""",
+    """CREATE TABLE revisions (
+        tenant TEXT NOT NULL,
+        name TEXT NOT NULL,
+        revision TEXT NOT NULL,
+        adapter_digest TEXT NOT NULL,
+        config_digest TEXT NOT NULL,
+        base_digest TEXT NOT NULL,
+        compat_version BIGINT NOT NULL,
+        max_rank BIGINT NOT NULL,
+        lora_alpha DOUBLE PRECISION NOT NULL,
+        use_rslora BIGINT NOT NULL,
+        target_modules TEXT NOT NULL,
+        dtype TEXT NOT NULL,
+        tensor_bytes BIGINT NOT NULL,
+        estimated_bytes BIGINT NOT NULL,
+        store_url TEXT NOT NULL,
+        created_at DOUBLE PRECISION NOT NULL,
+        state TEXT NOT NULL,
+        warm_policy TEXT NOT NULL,
+        probe_prompt TEXT,
+        expected_continuation TEXT,
+        PRIMARY KEY (tenant, name, revision),
+        FOREIGN KEY (tenant, name) REFERENCES adapters (tenant, name))""",
+    """CREATE TABLE aliases (
+        tenant TEXT NOT NULL,
+        name TEXT NOT NULL,
+        targets TEXT NOT NULL,
+        rollback_targets TEXT NOT NULL,
+        updated_at DOUBLE PRECISION NOT NULL,
+        PRIMARY KEY (tenant, name),
+        FOREIGN KEY (tenant, name) REFERENCES adapters (tenant, name))""",
+)
+
+# Columns fixed at registration; the triggers below refuse any change to them.
+IMMUTABLE_REVISION_COLUMNS = (
+    "adapter_digest", "config_digest", "base_digest", "compat_version", "max_rank", "lora_alpha",
+    "use_rslora", "target_modules", "dtype", "tensor_bytes", "estimated_bytes", "store_url",
+    "created_at", "probe_prompt", "expected_continuation",
+)  # fmt: skip
+
+_SQLITE_GUARDS = (
+    """CREATE TABLE audit_log (
+        seq INTEGER PRIMARY KEY AUTOINCREMENT,
+        at DOUBLE PRECISION NOT NULL,
+        actor TEXT NOT NULL,
+        action TEXT NOT NULL,
+        subject TEXT NOT NULL,
+        details TEXT NOT NULL)""",
+    """CREATE TRIGGER audit_log_no_update BEFORE UPDATE ON audit_log
+        BEGIN SELECT RAISE(ABORT, 'audit_log is append-only'); END""",
+    """CREATE TRIGGER audit_log_no_delete BEFORE DELETE ON audit_log
+        BEGIN SELECT RAISE(ABORT, 'audit_log is append-only'); END""",
+    f"""CREATE TRIGGER revisions_immutable
+        BEFORE UPDATE OF {", ".join(IMMUTABLE_REVISION_COLUMNS)} ON revisions
+        BEGIN SELECT RAISE(ABORT, 'revision content is immutable'); END""",
+    """CREATE TRIGGER revisions_no_delete BEFORE DELETE ON revisions
+        BEGIN SELECT RAISE(ABORT, 'revisions are never deleted; deprecate instead'); END""",
+)
+
+_POSTGRES_GUARDS = (
+    """CREATE TABLE audit_log (
+        seq BIGINT GENERATED ALWAYS AS IDENTITY PRIMARY KEY,
+        at DOUBLE PRECISION NOT NULL,
+        actor TEXT NOT NULL,
+        action TEXT NOT NULL,
+        subject TEXT NOT NULL,
+        details TEXT NOT NULL)""",
+    """CREATE FUNCTION loraplex_refuse_change() RETURNS trigger LANGUAGE plpgsql AS $body$
+        BEGIN RAISE EXCEPTION '% on % is not allowed', TG_OP, TG_TABLE_NAME; END $body$""",
+    """CREATE TRIGGER audit_log_append_only BEFORE UPDATE OR DELETE ON audit_log
+        FOR EACH ROW EXECUTE FUNCTION loraplex_refuse_change()""",
+    f"""CREATE TRIGGER revisions_immutable
+        BEFORE UPDATE OF {", ".join(IMMUTABLE_REVISION_COLUMNS)} ON revisions
+        FOR EACH ROW
+        WHEN (({", ".join(f"OLD.{c}" for c in IMMUTABLE_REVISION_COLUMNS)})
+              IS DISTINCT FROM ({", ".join(f"NEW.{c}" for c in IMMUTABLE_REVISION_COLUMNS)}))
+        EXECUTE FUNCTION loraplex_refuse_change()""",
+    """CREATE TRIGGER revisions_no_delete BEFORE DELETE ON revisions
+        FOR EACH ROW EXECUTE FUNCTION loraplex_refuse_change()""",
+)
+
+MIGRATIONS: tuple[Migration, ...] = (
+    Migration(
+        version=1,
+        name="tenants, keys, adapters, revisions, aliases, audit log",
+        statements=_TABLES,
+        dialect_statements={"sqlite": _SQLITE_GUARDS, "postgres": _POSTGRES_GUARDS},
+    ),
+)
+
+_CREATE_VERSIONS = """CREATE TABLE IF NOT EXISTS schema_migrations (
+    version BIGINT PRIMARY KEY,
+    name TEXT NOT NULL,
+    applied_at DOUBLE PRECISION NOT NULL)"""
+
+
+def migrate(db: Database, now: float, migrations: tuple[Migration, ...] = MIGRATIONS) -> int:
+    """Bring the schema to the newest version; returns it. Safe to call on every start."""
+    _check_order(migrations)
+    with db.transaction() as tx:
+        tx.execute(_CREATE_VERSIONS)
+        applied = applied_versions(tx)
+        newest = migrations[-1].version if migrations else 0
+        if applied and max(applied) > newest:
+            raise RegistryError(
+                f"database {db.url} has schema version {max(applied)}; this loraplex knows "
+                f"versions up to {newest} (upgrade loraplex)"
+            )
+        for migration in migrations:
+            if migration.version in applied:
+                continue
+            for statement in migration.for_dialect(db.dialect):
+                tx.execute(statement)
+            tx.execute(
+                "INSERT INTO schema_migrations (version, name, applied_at) VALUES (?, ?, ?)",
+                (migration.version, migration.name, now),
+            )
+    return newest
+
+
+def applied_versions(tx: Tx) -> set[int]:
+    return {int(row[0]) for row in tx.query("SELECT version FROM schema_migrations")}
+
+
+def _check_order(migrations: tuple[Migration, ...]) -> None:
+    versions = [migration.version for migration in migrations]
+    if versions != list(range(1, len(versions) + 1)):
+        raise ValueError(f"migration versions {versions} are invalid; expected 1, 2, 3, ...")

@@ -1,0 +1,127 @@
+"""Rows of ``tenants`` and ``api_keys`` <-> ``Tenant`` / ``ApiKeyInfo``."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from loraplex.registry.models import ApiKeyInfo, PriorityClass, Tenant, TenantQuotas
+from loraplex.registry.sql.db import Row, Tx
+
+_TENANT_COLUMNS = (
+    "name, priority, max_gpu_bytes, max_cpu_bytes, max_disk_bytes, max_cold_loads, "
+    "max_requests_per_s, created_at"
+)
+_KEY_COLUMNS = "key_id, tenant, created_at, revoked_at"
+
+
+@dataclass(frozen=True)
+class StoredKey:
+    """An API key row as authentication needs it."""
+
+    info: ApiKeyInfo  # the key as listed
+    token_sha256: str  # hash of the token, compared in constant time
+
+
+def insert_tenant(tx: Tx, tenant: Tenant) -> None:
+    quotas = tenant.quotas
+    tx.execute(
+        f"INSERT INTO tenants ({_TENANT_COLUMNS}) VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
+        (
+            tenant.name,
+            tenant.priority.value,
+            quotas.max_gpu_bytes,
+            quotas.max_cpu_bytes,
+            quotas.max_disk_bytes,
+            quotas.max_cold_loads,
+            quotas.max_requests_per_s,
+            tenant.created_at,
+        ),
+    )
+
+
+def update_tenant(tx: Tx, tenant: Tenant) -> None:
+    quotas = tenant.quotas
+    tx.execute(
+        "UPDATE tenants SET priority = ?, max_gpu_bytes = ?, max_cpu_bytes = ?, "
+        "max_disk_bytes = ?, max_cold_loads = ?, max_requests_per_s = ? WHERE name = ?",
+        (
+            tenant.priority.value,
+            quotas.max_gpu_bytes,
+            quotas.max_cpu_bytes,
+            quotas.max_disk_bytes,
+            quotas.max_cold_loads,
+            quotas.max_requests_per_s,
+            tenant.name,
+        ),
+    )
+
+
+def get_tenant(tx: Tx, name: str) -> Tenant | None:
+    row = tx.query_one(f"SELECT {_TENANT_COLUMNS} FROM tenants WHERE name = ?", (name,))
+    return None if row is None else _tenant(row)
+
+
+def list_tenants(tx: Tx) -> list[Tenant]:
+    return [
+        _tenant(row) for row in tx.query(f"SELECT {_TENANT_COLUMNS} FROM tenants ORDER BY name")
+    ]
+
+
+def insert_key(tx: Tx, key: ApiKeyInfo, token_sha256: str) -> None:
+    tx.execute(
+        "INSERT INTO api_keys (key_id, tenant, token_sha256, created_at, revoked_at) "
+        "VALUES (?, ?, ?, ?, ?)",
+        (key.key_id, key.tenant, token_sha256, key.created_at, key.revoked_at),
+    )
+
+
+def get_key(tx: Tx, key_id: str) -> StoredKey | None:
+    row = tx.query_one(
+        f"SELECT {_KEY_COLUMNS}, token_sha256 FROM api_keys WHERE key_id = ?", (key_id,)
+    )
+    return None if row is None else StoredKey(_key(row), str(row[4]))
+
+
+def list_keys(tx: Tx, tenant: str | None) -> list[ApiKeyInfo]:
+    if tenant is None:
+        rows = tx.query(f"SELECT {_KEY_COLUMNS} FROM api_keys ORDER BY tenant, created_at, key_id")
+    else:
+        rows = tx.query(
+            f"SELECT {_KEY_COLUMNS} FROM api_keys WHERE tenant = ? ORDER BY created_at, key_id",
+            (tenant,),
+        )
+    return [_key(row) for row in rows]
+
+
+def revoke_key(tx: Tx, key_id: str, at: float) -> None:
+    tx.execute(
+        "UPDATE api_keys SET revoked_at = ? WHERE key_id = ? AND revoked_at IS NULL", (at, key_id)
+    )
+
+
+def _tenant(row: Row) -> Tenant:
+    return Tenant(
+        name=str(row[0]),
+        priority=PriorityClass(row[1]),
+        quotas=TenantQuotas(
+            max_gpu_bytes=_opt_int(row[2]),
+            max_cpu_bytes=_opt_int(row[3]),
+            max_disk_bytes=_opt_int(row[4]),
+            max_cold_loads=_opt_int(row[5]),
+            max_requests_per_s=None if row[6] is None else float(row[6]),
+        ),
+        created_at=float(row[7]),
+    )
+
+
+def _key(row: Row) -> ApiKeyInfo:
+    return ApiKeyInfo(
+        key_id=str(row[0]),
+        tenant=str(row[1]),
+        created_at=float(row[2]),
+        revoked_at=None if row[3] is None else float(row[3]),
+    )
+
+
+def _opt_int(value: object) -> int | None:
+    return None if value is None else int(value)  # type: ignore[call-overload]

@@ -1,0 +1,99 @@
+"""The registry commands end to end through the ``loraplex`` CLI (SQLite + local store and
+PostgreSQL + S3)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+from registry_kit import AdapterFactory, S3Target
+from typer.testing import CliRunner
+
+from loraplex.cli import app
+from loraplex.registry import RegistryConfig, open_registry
+
+
+@pytest.fixture(params=["sqlite-local", "postgres-s3"])
+def cli_env(request: pytest.FixtureRequest, tmp_path: Path) -> dict[str, str]:
+    env = {"LORAPLEX_DATA_DIR": str(tmp_path / "data")}
+    if request.param == "postgres-s3":
+        target: S3Target = request.getfixturevalue("s3_target")
+        env["LORAPLEX_DATABASE_URL"] = request.getfixturevalue("postgres_url")
+        env["LORAPLEX_STORE"] = f"s3://{target.bucket}/cli"
+        env["LORAPLEX_S3_ENDPOINT"] = target.endpoint
+    return env
+
+
+def _run(env: dict[str, str], *args: str, code: int = 0) -> str:
+    result = CliRunner().invoke(app, list(args), env=env)
+    assert result.exit_code == code, result.output
+    return result.output
+
+
+def test_admin_workflow(
+    cli_env: dict[str, str], model_dir: Path, make_adapter: AdapterFactory
+) -> None:
+    env = {**cli_env, "LORAPLEX_BASE_MODEL": str(model_dir)}
+    _run(env, "tenants", "create", "acme", "--priority", "high", "--max-gpu-bytes", "1024")
+    assert "acme\thigh\tgpu_bytes=1024" in _run(env, "tenants", "list")
+
+    created = _run(env, "keys", "create", "acme", "--actor", "alice")
+    token = next(line for line in created.splitlines() if line.startswith("lpx_"))
+    key_id = token.split("_")[1]
+    assert f"{key_id}\tacme" in _run(env, "keys", "list")
+
+    adapter_dir = make_adapter("a")
+    register = ("adapters", "register", str(adapter_dir), "--tenant", "acme", "--name", "bot")
+    out = _run(
+        env, *register, "--revision", "v1", "--probe-prompt", "hi", "--expected-continuation", "yo"
+    )
+    assert out.startswith("registered acme/bot@v1 sha256=")
+    again = _run(env, *register, "--revision", "v1")
+    assert again.startswith("already registered (identical bytes) acme/bot@v1")
+    conflict = _run(
+        env,
+        *register[:2],
+        str(make_adapter("b", seed=1)),
+        *register[3:],
+        "--revision",
+        "v1",
+        code=1,
+    )
+    assert "error: acme/bot@v1 is already registered" in conflict
+
+    assert _run(env, "adapters", "list").strip() == "acme/bot\tprivate\tv1:1"
+    assert _run(env, "adapters", "list", "--tenant", "beta").strip() == ""
+    shown = _run(env, "adapters", "show", "acme/bot")
+    assert "adapter     acme/bot (private)" in shown
+    assert "revision    v1\tstable\twarm=on_demand\trank=4" in shown
+
+    _run(env, "keys", "revoke", key_id)
+    assert "revoked" in _run(env, "keys", "list", "--tenant", "acme")
+
+    config = RegistryConfig(
+        Path(env["LORAPLEX_DATA_DIR"]),
+        env.get("LORAPLEX_DATABASE_URL"),
+        env.get("LORAPLEX_STORE"),
+        env.get("LORAPLEX_S3_ENDPOINT"),
+    )
+    registry = open_registry(config)
+    try:
+        actors = {(e.action, e.actor) for e in registry.audit_log()}
+        assert ("key.create", "alice") in actors
+        assert registry.check_integrity() == []
+    finally:
+        registry.close()
+
+
+def test_errors_exit_with_status_1(cli_env: dict[str, str]) -> None:
+    out = _run(cli_env, "keys", "create", "ghost", code=1)
+    assert "error: tenant 'ghost' does not exist" in out
+    out = _run(cli_env, "tenants", "create", "bad/name", code=1)
+    assert "error: tenant 'bad/name' is invalid" in out
+
+
+def test_default_locations_live_in_the_data_dir(tmp_path: Path) -> None:
+    env = {"LORAPLEX_DATA_DIR": str(tmp_path / "d")}
+    _run(env, "tenants", "create", "acme")
+    assert (tmp_path / "d" / "registry.sqlite3").is_file()
+    assert (tmp_path / "d" / "artifacts" / "sha256").is_dir()

@@ -1,0 +1,200 @@
+"""Resolution: tenant access, aliases with weights, pins, deprecation, rollback (both databases)."""
+
+from __future__ import annotations
+
+import random
+from collections import Counter
+from pathlib import Path
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+from registry_kit import AdapterFactory, OpenRegistry, write_base_model
+
+from loraplex.adapters.base_model import BaseModelSpec
+from loraplex.errors import AdapterNotFoundError, BaseModelMismatchError, RegistryError
+from loraplex.registry import (
+    AliasTarget,
+    RegistrationRequest,
+    Registry,
+    RevisionState,
+    Visibility,
+)
+from loraplex.registry.resolution import choose_target, parse_model_string
+
+
+@pytest.fixture
+def two_tenants(registry: Registry, make_adapter: AdapterFactory) -> Registry:
+    """acme owns bot (v1, v2) and shared (public, v1); beta owns its own bot (v1)."""
+    for tenant in ("acme", "beta"):
+        registry.create_tenant(tenant, "ops")
+    for label, tenant, name, revision, seed in (
+        ("a1", "acme", "bot", "v1", 0),
+        ("a2", "acme", "bot", "v2", 1),
+        ("s1", "acme", "shared", "v1", 2),
+        ("b1", "beta", "bot", "v1", 3),
+    ):
+        adapter_dir = make_adapter(label, seed=seed)
+        registry.register(RegistrationRequest(adapter_dir, tenant, name, revision), "ops")
+    registry.set_visibility("acme", "shared", Visibility.PUBLIC, "ops")
+    return registry
+
+
+def _not_found_message(registry: Registry, caller: str, text: str) -> str:
+    with pytest.raises(AdapterNotFoundError) as info:
+        registry.resolve(caller, text)
+    return str(info.value)
+
+
+def test_own_adapter_resolves_by_name_ref_and_pin(two_tenants: Registry) -> None:
+    reg = two_tenants
+    v1 = reg.get_revision("acme/bot@v1")
+    assert reg.resolve("acme", "bot") == v1.key()
+    assert reg.resolve("acme", "acme/bot") == v1.key()
+    pinned = reg.resolve("acme", "bot@v2")
+    assert (pinned.tenant, pinned.name, pinned.revision) == ("acme", "bot", "v2")
+    assert pinned.adapter_digest == reg.get_revision("acme/bot@v2").adapter_digest
+    assert reg.resolve("beta", "bot").tenant == "beta"
+
+
+def test_other_tenants_private_adapter_looks_nonexistent(
+    registry: Registry, make_adapter: AdapterFactory
+) -> None:
+    registry.create_tenant("acme", "ops")
+    registry.create_tenant("beta", "ops")
+    probes = ("acme/secret", "acme/secret@v1")
+    before = {text: _not_found_message(registry, "beta", text) for text in probes}
+    registry.register(RegistrationRequest(make_adapter("s"), "acme", "secret", "v1"), "ops")
+
+    after = {text: _not_found_message(registry, "beta", text) for text in probes}
+
+    assert after == before
+    assert registry.resolve("acme", "secret").name == "secret"
+    assert all("secret" in message for message in after.values())
+
+
+def test_public_adapter_is_usable_by_other_tenants(two_tenants: Registry) -> None:
+    reg = two_tenants
+    assert reg.resolve("beta", "acme/shared").tenant == "acme"
+    assert reg.resolve("beta", "acme/shared@v1").revision == "v1"
+    with pytest.raises(AdapterNotFoundError):
+        reg.resolve("beta", "shared")  # a bare name is always the caller's own
+
+
+def test_listing_shows_only_usable_adapters(two_tenants: Registry) -> None:
+    reg = two_tenants
+    assert [a.ref for a in reg.usable_adapters("beta")] == ["acme/shared", "beta/bot"]
+    assert [a.ref for a in reg.usable_adapters("acme")] == ["acme/bot", "acme/shared"]
+    assert [a.ref for a in reg.usable_adapters("nobody")] == ["acme/shared"]
+    assert len(reg.list_adapters()) == 3
+    assert [a.ref for a in reg.list_adapters("beta")] == ["beta/bot"]
+
+
+@pytest.mark.parametrize(
+    "text", ["", "/", "a/b/c", "bot@", "@v1", "../bot", "bot@v1@v2", "x" * 200, "acme/bot@v9"]
+)
+def test_malformed_or_unknown_strings_are_not_found(two_tenants: Registry, text: str) -> None:
+    message = _not_found_message(two_tenants, "acme", text)
+    assert message == f"model {text!r} does not name an adapter available to you"
+
+
+def test_alias_weights_split_traffic_deterministically(two_tenants: Registry) -> None:
+    reg = two_tenants
+    reg.set_alias("acme", "bot", (AliasTarget("v1", 3), AliasTarget("v2", 1)), "ops")
+
+    counts = Counter(reg.resolve("acme", "bot", request_id=f"req-{i}").revision for i in range(800))
+    assert 520 < counts["v1"] < 680 and counts["v1"] + counts["v2"] == 800
+    same = {reg.resolve("acme", "bot", request_id="fixed").revision for _ in range(10)}
+    assert len(same) == 1
+
+
+def test_alias_choice_without_request_id_follows_the_injected_rng(
+    two_tenants: Registry, open_reg: OpenRegistry
+) -> None:
+    two_tenants.set_alias("acme", "bot", (AliasTarget("v1", 1), AliasTarget("v2", 1)), "ops")
+    runs = []
+    for _ in range(2):
+        reg = open_reg(rng=random.Random(7))
+        runs.append([reg.resolve("acme", "bot").revision for _ in range(20)])
+    assert runs[0] == runs[1]
+    assert set(runs[0]) == {"v1", "v2"}
+
+
+def test_deprecated_revisions_are_not_served_through_aliases(two_tenants: Registry) -> None:
+    reg = two_tenants
+    reg.set_alias("acme", "bot", (AliasTarget("v1", 1), AliasTarget("v2", 1)), "ops")
+    reg.set_release("acme/bot@v1", "ops", state=RevisionState.DEPRECATED)
+
+    served = {reg.resolve("acme", "bot", request_id=str(i)).revision for i in range(50)}
+    assert served == {"v2"}
+    assert reg.resolve("acme", "bot@v1").revision == "v1"  # a pin still resolves
+    reg.set_release("acme/bot@v2", "ops", state=RevisionState.DEPRECATED)
+    with pytest.raises(AdapterNotFoundError):
+        reg.resolve("acme", "bot")
+
+
+def test_set_alias_keeps_a_rollback_target(two_tenants: Registry) -> None:
+    reg = two_tenants
+    alias = reg.set_alias("acme", "bot", (AliasTarget("v2", 1),), "ops")
+    assert alias.rollback_targets == (AliasTarget("v1", 1),)
+    assert reg.resolve("acme", "bot").revision == "v2"
+
+    rolled = reg.rollback_alias("acme", "bot", "ops")
+
+    assert rolled.targets == (AliasTarget("v1", 1),)
+    assert rolled.rollback_targets == (AliasTarget("v2", 1),)
+    assert reg.resolve("acme", "bot").revision == "v1"
+    assert [e.action for e in reg.audit_log()][-2:] == ["alias.set", "alias.rollback"]
+    with pytest.raises(RegistryError, match="no rollback target"):
+        reg.rollback_alias("acme", "shared", "ops")
+
+
+def test_alias_targets_must_be_revisions_of_the_adapter(two_tenants: Registry) -> None:
+    with pytest.raises(AdapterNotFoundError, match="acme/bot@v9"):
+        two_tenants.set_alias("acme", "bot", (AliasTarget("v9", 1),), "ops")
+    with pytest.raises(ValueError, match="distinct"):
+        two_tenants.set_alias("acme", "bot", (AliasTarget("v1", 1), AliasTarget("v1", 2)), "ops")
+    with pytest.raises(ValueError, match="weight 0"):
+        AliasTarget("v1", 0)
+
+
+def test_release_changes_state_and_warm_policy(two_tenants: Registry) -> None:
+    from loraplex.registry import WarmPolicy
+
+    rev = two_tenants.set_release("acme/bot@v2", "ops", warm_policy=WarmPolicy.GPU)
+    assert (rev.state, rev.warm_policy) == (RevisionState.STABLE, WarmPolicy.GPU)
+    assert two_tenants.get_revision("acme/bot@v2").warm_policy is WarmPolicy.GPU
+    assert two_tenants.audit_log()[-1].details["warm_policy"] == ["on_demand", "gpu"]
+
+
+def test_revisions_of_another_base_model_are_not_served(
+    two_tenants: Registry, open_reg: OpenRegistry, tmp_path: Path
+) -> None:
+    other = BaseModelSpec.from_dir(write_base_model(tmp_path / "other", seed=5))
+    on_other = open_reg(base=other)
+    with pytest.raises(AdapterNotFoundError):
+        on_other.resolve("acme", "bot")
+    with pytest.raises(BaseModelMismatchError, match="acme/bot@v1"):
+        on_other.resolve("acme", "bot@v1")
+
+
+def test_model_string_parsing() -> None:
+    parsed = parse_model_string("acme/bot@v2")
+    assert parsed is not None
+    assert (parsed.owner, parsed.name, parsed.revision) == ("acme", "bot", "v2")
+    bare = parse_model_string("bot")
+    assert bare is not None and (bare.owner, bare.revision) == (None, None)
+    assert parse_model_string("a/b/c") is None
+
+
+@given(
+    weights=st.lists(st.integers(min_value=1, max_value=100), min_size=1, max_size=6),
+    unit=st.floats(min_value=0.0, max_value=1.0, exclude_max=True),
+)
+def test_choose_target_picks_the_band_containing_unit(weights: list[int], unit: float) -> None:
+    targets = tuple(AliasTarget(f"v{i}", w) for i, w in enumerate(weights))
+    chosen = choose_target(targets, unit)
+    index = targets.index(chosen)
+    total = sum(weights)
+    low, high = sum(weights[:index]) / total, sum(weights[: index + 1]) / total
+    assert low <= unit < high or (index == len(targets) - 1 and unit >= low)

@@ -1,0 +1,121 @@
+"""Tenants, quotas and API keys on both databases."""
+
+from __future__ import annotations
+
+import pytest
+from registry_kit import OpenRegistry
+
+from loraplex.errors import AuthenticationError, RegistryError
+from loraplex.registry import PriorityClass, Registry, TenantQuotas
+from loraplex.registry.keys import TOKEN_PREFIX, hash_token
+
+
+def test_tenants_are_created_listed_and_audited(registry: Registry) -> None:
+    quotas = TenantQuotas(max_gpu_bytes=1 << 30, max_cold_loads=2, max_requests_per_s=5.0)
+    registry.create_tenant("beta", "ops", PriorityClass.BATCH, quotas)
+    registry.create_tenant("acme", "ops")
+
+    assert [t.name for t in registry.list_tenants()] == ["acme", "beta"]
+    beta = registry.get_tenant("beta")
+    assert beta.priority is PriorityClass.BATCH
+    assert beta.quotas == quotas
+    assert registry.get_tenant("acme").quotas == TenantQuotas()
+    entries = registry.audit_log()
+    assert [(e.action, e.subject, e.actor) for e in entries] == [
+        ("tenant.create", "beta", "ops"),
+        ("tenant.create", "acme", "ops"),
+    ]
+    assert entries[0].details["max_gpu_bytes"] == 1 << 30
+    assert entries[0].seq < entries[1].seq
+
+
+def test_duplicate_or_invalid_tenants_are_refused(registry: Registry) -> None:
+    registry.create_tenant("acme", "ops")
+    with pytest.raises(RegistryError, match="tenant 'acme' already exists"):
+        registry.create_tenant("acme", "ops")
+    with pytest.raises(ValueError, match=r"tenant '\.\./x' is invalid"):
+        registry.create_tenant("../x", "ops")
+    with pytest.raises(RegistryError, match="does not exist"):
+        registry.get_tenant("ghost")
+    assert len(registry.audit_log()) == 1
+
+
+@pytest.mark.parametrize(
+    ("field", "value"),
+    [("max_gpu_bytes", -1), ("max_cold_loads", 0), ("max_requests_per_s", 0.0)],
+)
+def test_quota_values_are_validated(field: str, value: float) -> None:
+    with pytest.raises(ValueError, match=field):
+        TenantQuotas(**{field: value})  # type: ignore[arg-type]
+
+
+def test_limits_change_and_persist(open_reg: OpenRegistry) -> None:
+    registry = open_reg()
+    registry.create_tenant("acme", "ops")
+    registry.set_tenant_limits("acme", "ops", PriorityClass.HIGH, TenantQuotas(max_cpu_bytes=7))
+    reopened = open_reg()
+    acme = reopened.get_tenant("acme")
+    assert (acme.priority, acme.quotas.max_cpu_bytes) == (PriorityClass.HIGH, 7)
+    assert reopened.audit_log()[-1].action == "tenant.set_limits"
+
+
+def test_key_authenticates_its_tenant_and_is_stored_hashed(registry: Registry) -> None:
+    registry.create_tenant("acme", "ops")
+    issued = registry.create_key("acme", "ops")
+
+    assert issued.token.startswith(TOKEN_PREFIX)
+    assert issued.key_id in issued.token
+    assert "acme" not in issued.token
+    assert len(issued.token) > 32 + len(TOKEN_PREFIX)
+    assert registry.authenticate(issued.token).name == "acme"
+    with registry.db.transaction(write=False) as tx:
+        rows = tx.query("SELECT key_id, tenant, token_sha256 FROM api_keys")
+    assert rows == [(issued.key_id, "acme", hash_token(issued.token))]
+    assert issued.token not in repr(rows)
+    assert [k.key_id for k in registry.list_keys("acme")] == [issued.key_id]
+    assert registry.audit_log()[-1].details == {"key_id": issued.key_id}
+
+
+def test_each_key_is_unique(registry: Registry) -> None:
+    registry.create_tenant("acme", "ops")
+    tokens = {registry.create_key("acme", "ops").token for _ in range(5)}
+    assert len(tokens) == 5
+
+
+def test_revocation_is_immediate_for_every_process(open_reg: OpenRegistry) -> None:
+    admin, server = open_reg(), open_reg()
+    admin.create_tenant("acme", "ops")
+    issued = admin.create_key("acme", "ops")
+    other = admin.create_key("acme", "ops")
+    assert server.authenticate(issued.token).name == "acme"
+
+    revoked = admin.revoke_key(issued.key_id, "ops")
+
+    assert revoked.revoked_at is not None
+    with pytest.raises(AuthenticationError):
+        server.authenticate(issued.token)
+    assert server.authenticate(other.token).name == "acme"
+    assert admin.revoke_key(issued.key_id, "ops") == revoked  # idempotent
+    assert [e.action for e in admin.audit_log()].count("key.revoke") == 1
+
+
+def test_bad_tokens_all_fail_the_same_way(registry: Registry) -> None:
+    registry.create_tenant("acme", "ops")
+    issued = registry.create_key("acme", "ops")
+    registry.create_key("acme", "ops")
+    forged = issued.token[:-4] + ("AAAA" if not issued.token.endswith("AAAA") else "BBBB")
+    unknown_id = f"{TOKEN_PREFIX}{'0' * 16}_{issued.token.rsplit('_', 1)[1]}"
+    messages = set()
+    for token in (forged, unknown_id, "", "lpx_", "Bearer x", issued.token + "x"):
+        with pytest.raises(AuthenticationError) as info:
+            registry.authenticate(token)
+        messages.add(str(info.value))
+    assert messages == {"invalid API key"}
+
+
+def test_keys_need_an_existing_tenant(registry: Registry) -> None:
+    with pytest.raises(RegistryError, match="tenant 'ghost' does not exist"):
+        registry.create_key("ghost", "ops")
+    with pytest.raises(RegistryError, match="API key 'nope' does not exist"):
+        registry.revoke_key("nope", "ops")
+    assert registry.list_keys() == []
