@@ -11,12 +11,27 @@ import loraplex
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 TORCH_FREE = ("registry", "router", "sim")
-TORCH_FREE_MODULES = (
-    "loraplex.adapters.identity",
-    "loraplex.adapters.base_model",
-    "loraplex.adapters.manifest",
-    "loraplex.adapters.validate",
-)
+# Decision code the simulator and the control plane reuse: it must run without torch.
+TORCH_FREE_MODULES = tuple(
+    f"loraplex.adapters.{name}"
+    for name in (
+        "identity",
+        "base_model",
+        "manifest",
+        "validate",
+        "safetensors_header",
+        "tensor_values",
+        "policy",
+        "stats",
+        "warm",
+        "tiering",
+        "pipeline",
+        "jobs",
+        "cache",
+        "cache_flow",
+        "cache_view",
+    )
+) + ("loraplex.bench.workloads", "loraplex.bench.replay", "loraplex.clock", "loraplex.errors")
 
 
 def _modules_under(package: str) -> list[str]:

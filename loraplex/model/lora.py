@@ -1,0 +1,301 @@
+"""The GPU slot pool (tier L0): preallocated packed LoRA buffers per target module.
+
+Per (layer, module) the pool owns one arena ``A: [max_loras * max_lora_rank, d_in]`` and
+``B^T: [max_loras * max_lora_rank, d_out]`` allocated once at construction. A loaded adapter
+occupies a contiguous range of rows, as many as its largest rank, at the same position in every
+arena; ranges are packed (first fit, compacted when fragmented) so the rows of the active
+adapters sit side by side and one matmul can cover them at their exact ranks.
+
+Invariants (``check_integrity``): ranges of occupied slots never overlap; every row outside them,
+and every row past a module's own rank inside one, is zero with scale 0; ``row_owner`` names the
+slot of every occupied row and -1 elsewhere.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from loraplex.adapters.base_model import TARGET_MODULES, BaseModelSpec
+from loraplex.adapters.weights import AdapterWeights, ModuleWeights
+from loraplex.errors import BaseModelMismatchError, RankTooLargeError, TensorValidationError
+from loraplex.ops import ArenaLayout, LoraBatch, ModuleLoraWeights, SlotRows, get_backend
+
+
+@dataclass(frozen=True)
+class SlotInfo:
+    """What occupies one slot."""
+
+    digest: str  # sha256 of the adapter's safetensors file
+    start: int  # first arena row
+    num_rows: int  # rows reserved in every arena (the adapter's largest rank)
+    num_bytes: int  # bytes of the adapter's own A and B rows (its resident size)
+
+
+@dataclass(frozen=True)
+class _Resident:
+    info: SlotInfo  # public view
+    pairs: dict[int, tuple[int, float]]  # table index -> (rank, scale) of targeted modules
+
+
+class LoraSlotPool:
+    """``max_loras`` slots of rank up to ``max_lora_rank`` on every module in ``target_modules``."""
+
+    def __init__(
+        self,
+        spec: BaseModelSpec,
+        max_loras: int,
+        max_lora_rank: int,
+        *,
+        dtype: torch.dtype,
+        device: torch.device,
+        backend: str = "auto",
+        target_modules: tuple[str, ...] = TARGET_MODULES,
+    ) -> None:
+        if max_loras < 1:
+            raise ValueError(f"max_loras {max_loras} is invalid; expected >= 1")
+        if max_lora_rank < 1:
+            raise ValueError(f"max_lora_rank {max_lora_rank} is invalid; expected >= 1")
+        unknown = [m for m in target_modules if m not in TARGET_MODULES]
+        if unknown or not target_modules:
+            raise ValueError(f"target_modules {target_modules} is invalid; expected a subset of "
+                             f"{TARGET_MODULES}")  # fmt: skip
+        self.spec, self.max_loras, self.max_lora_rank = spec, max_loras, max_lora_rank
+        self.dtype, self.device = dtype, torch.device(device)
+        self.target_modules = target_modules
+        self.backend = get_backend(backend)
+        self.capacity_rows = max_loras * max_lora_rank
+        self._tables: dict[tuple[int, str], int] = {}
+        self._arenas: list[tuple[torch.Tensor, torch.Tensor]] = []
+        for layer in range(spec.num_layers):
+            for module in target_modules:
+                d_in, d_out = spec.module_shape(module)
+                self._tables[(layer, module)] = len(self._arenas)
+                self._arenas.append((self._zeros(d_in), self._zeros(d_out)))
+        self._row_owner = torch.full((self.capacity_rows,), -1, dtype=torch.int64, device=device)
+        self._row_scale = torch.zeros((len(self._arenas), self.capacity_rows), dtype=dtype,
+                                      device=device)  # fmt: skip
+        self._residents: list[_Resident | None] = [None] * max_loras
+        self._rebuild_views()
+
+    # --- execution ------------------------------------------------------------------------
+
+    def prepare(self, token_slots: torch.Tensor) -> LoraBatch:
+        """Per-step metadata for ``token_slots`` ([num_tokens] int64, -1 = base only)."""
+        return self.backend.prepare(token_slots.to(self.device, torch.int64), self._layout)
+
+    def apply(
+        self, layer: int, module: str, x: torch.Tensor, out: torch.Tensor, batch: LoraBatch
+    ) -> torch.Tensor:
+        """Add the LoRA delta of each token's slot to ``out`` ([num_tokens, d_out]) in place.
+
+        ``x`` is the module's input ([num_tokens, d_in]); returns ``out``. Modules outside
+        ``target_modules`` and slots that do not target this module add nothing.
+        """
+        table = self._tables.get((layer, module))
+        if table is None:
+            return out
+        return self.backend.apply(x, out, self._views[table], batch)
+
+    # --- residency --------------------------------------------------------------------------
+
+    def load(self, slot: int, weights: AdapterWeights) -> None:
+        """Copy ``weights`` into ``slot`` (replacing its occupant); nothing changes on error."""
+        self._check_slot(slot)
+        pairs = self._check_weights(weights)
+        if self._residents[slot] is not None:
+            self._release(slot)
+        num_rows = max((m.rank for m in weights.modules), default=0)
+        start = self._find_rows(num_rows)
+        non_blocking = self.device.type == "cuda"
+        for module in weights.modules:
+            lora_a, lora_b_t = self._arenas[self._tables[(module.layer, module.module)]]
+            rows = slice(start, start + module.rank)
+            lora_a[rows].copy_(module.lora_a, non_blocking=non_blocking)
+            lora_b_t[rows].copy_(module.lora_b.T, non_blocking=non_blocking)
+        self._row_owner[start : start + num_rows] = slot
+        scales = torch.zeros(len(self._arenas), dtype=torch.float64)
+        for table, (_, scale) in pairs.items():
+            scales[table] = scale
+        self._row_scale[:, start : start + num_rows] = scales.to(self.dtype).unsqueeze(1)
+        info = SlotInfo(weights.digest, start, num_rows, self._bytes_of(weights.modules))
+        self._residents[slot] = _Resident(info, pairs)
+        self._rebuild_views()
+
+    def clear(self, slot: int) -> None:
+        """Make ``slot`` inert: its rows are zeroed and its tokens get the base output only."""
+        self._check_slot(slot)
+        if self._residents[slot] is not None:
+            self._release(slot)
+            self._rebuild_views()
+
+    # --- introspection -----------------------------------------------------------------------
+
+    @property
+    def num_slots(self) -> int:
+        return self.max_loras
+
+    @property
+    def bytes_per_slot(self) -> int:
+        """Device bytes one slot reserves (its capacity at ``max_lora_rank``)."""
+        widths = sum(a.shape[1] + b.shape[1] for a, b in self._arenas)
+        return self.max_lora_rank * widths * self._element_size()
+
+    @property
+    def total_bytes(self) -> int:
+        """Device bytes of every arena together (``num_slots * bytes_per_slot``)."""
+        return self.num_slots * self.bytes_per_slot
+
+    def occupied_slots(self) -> tuple[int, ...]:
+        return tuple(i for i, resident in enumerate(self._residents) if resident is not None)
+
+    def free_slots(self) -> tuple[int, ...]:
+        return tuple(i for i, resident in enumerate(self._residents) if resident is None)
+
+    def slot_info(self, slot: int) -> SlotInfo | None:
+        """The slot's occupant, or None when the slot is free."""
+        self._check_slot(slot)
+        resident = self._residents[slot]
+        return None if resident is None else resident.info
+
+    def rank_of(self, slot: int, layer: int, module: str) -> int:
+        """The loaded rank of ``module`` in ``slot`` (0 when free or untargeted)."""
+        return self.module_weights(layer, module).slots[slot].rank
+
+    def scale_of(self, slot: int, layer: int, module: str) -> float:
+        """The recorded PEFT scaling of ``module`` in ``slot`` (0.0 when free or untargeted)."""
+        return self.module_weights(layer, module).slots[slot].scale
+
+    def module_weights(self, layer: int, module: str) -> ModuleLoraWeights:
+        """The arena view one (layer, module) is computed from."""
+        return self._views[self._tables[(layer, module)]]
+
+    @property
+    def layout(self) -> ArenaLayout:
+        return self._layout
+
+    def check_integrity(self) -> None:
+        """Verify the invariants in the module docstring; raises RuntimeError when broken."""
+        from loraplex.model.lora_check import check_pool_integrity
+
+        check_pool_integrity(self)
+
+    # --- internals -----------------------------------------------------------------------------
+
+    def _zeros(self, width: int) -> torch.Tensor:
+        return torch.zeros((self.capacity_rows, width), dtype=self.dtype, device=self.device)
+
+    def _element_size(self) -> int:
+        return torch.empty((), dtype=self.dtype).element_size()
+
+    def _bytes_of(self, modules: tuple[ModuleWeights, ...]) -> int:
+        size = self._element_size()
+        return sum(m.rank * (m.lora_a.shape[1] + m.lora_b.shape[0]) * size for m in modules)
+
+    def _check_slot(self, slot: int) -> None:
+        if not 0 <= slot < self.max_loras:
+            raise ValueError(f"slot {slot} is invalid; expected 0 <= slot < {self.max_loras}")
+
+    def _check_weights(self, weights: AdapterWeights) -> dict[int, tuple[int, float]]:
+        """Every module fits this pool; returns table index -> (rank, scale)."""
+        pairs: dict[int, tuple[int, float]] = {}
+        for module in weights.modules:
+            table = self._tables.get((module.layer, module.module))
+            if table is None:
+                raise BaseModelMismatchError(
+                    f"adapter {weights.digest[:12]}: layer {module.layer} {module.module} is not "
+                    f"served by this pool; expected layers < {self.spec.num_layers} and modules "
+                    f"in {self.target_modules}"
+                )
+            if module.rank > self.max_lora_rank:
+                raise RankTooLargeError(
+                    "rank", module.rank,
+                    f"<= max_lora_rank {self.max_lora_rank} (layer {module.layer} {module.module})",
+                )  # fmt: skip
+            d_in, d_out = self.spec.module_shape(module.module)
+            expected = ((module.rank, d_in), (d_out, module.rank))
+            shapes = (tuple(module.lora_a.shape), tuple(module.lora_b.shape))
+            if module.rank < 1 or shapes != expected or table in pairs:
+                raise TensorValidationError(
+                    f"adapter {weights.digest[:12]}: layer {module.layer} {module.module} has "
+                    f"A, B shapes {shapes}; expected {expected}, rank >= 1, once per module"
+                )
+            pairs[table] = (module.rank, module.scale)
+        return pairs
+
+    def _release(self, slot: int) -> None:
+        resident = self._residents[slot]
+        if resident is None:
+            return
+        rows = slice(resident.info.start, resident.info.start + resident.info.num_rows)
+        for lora_a, lora_b_t in self._arenas:
+            lora_a[rows].zero_()
+            lora_b_t[rows].zero_()
+        self._row_owner[rows] = -1
+        self._row_scale[:, rows] = 0
+        self._residents[slot] = None
+
+    def _find_rows(self, num_rows: int) -> int:
+        """First free range of ``num_rows`` rows; compacts the arenas when none is contiguous."""
+        cursor = 0
+        for start, rows in self._occupied_ranges():
+            if start - cursor >= num_rows:
+                return cursor
+            cursor = start + rows
+        if self.capacity_rows - cursor >= num_rows:
+            return cursor
+        return self._compact()
+
+    def _occupied_ranges(self) -> list[tuple[int, int]]:
+        return sorted((r.info.start, r.info.num_rows) for r in self._residents if r is not None)
+
+    def _compact(self) -> int:
+        """Move every occupied range down to close gaps; returns the first free row after them."""
+        cursor = 0
+        for slot in sorted(self.occupied_slots(), key=self._start_of):
+            resident = self._residents[slot]
+            if resident is None:
+                continue
+            start, num_rows = resident.info.start, resident.info.num_rows
+            if start != cursor:
+                self._move_rows(start, cursor, num_rows)
+                info = SlotInfo(resident.info.digest, cursor, num_rows, resident.info.num_bytes)
+                self._residents[slot] = _Resident(info, resident.pairs)
+            cursor += num_rows
+        return cursor
+
+    def _start_of(self, slot: int) -> int:
+        resident = self._residents[slot]
+        return 0 if resident is None else resident.info.start
+
+    def _move_rows(self, source: int, target: int, num_rows: int) -> None:
+        """Move rows down (target < source); the vacated tail is zeroed, keeping free rows zero."""
+        src, dst = slice(source, source + num_rows), slice(target, target + num_rows)
+        vacated = slice(max(target + num_rows, source), source + num_rows)
+        for tensor in (*[t for pair in self._arenas for t in pair], self._row_owner):
+            tensor[dst] = tensor[src].clone()
+            tensor[vacated] = -1 if tensor is self._row_owner else 0
+        self._row_scale[:, dst] = self._row_scale[:, src].clone()
+        self._row_scale[:, vacated] = 0
+
+    def _rebuild_views(self) -> None:
+        """Refresh the immutable per-module slot tables and the layout the backends read."""
+        empty = SlotRows(0, 0, 0.0)
+        starts = [0] * self.max_loras
+        rows = [0] * self.max_loras
+        per_table: list[list[SlotRows]] = [[empty] * self.max_loras for _ in self._arenas]
+        bits = [0] * len(self._arenas)
+        for slot, resident in enumerate(self._residents):
+            if resident is None:
+                continue
+            starts[slot], rows[slot] = resident.info.start, resident.info.num_rows
+            for table, (rank, scale) in resident.pairs.items():
+                per_table[table][slot] = SlotRows(resident.info.start, rank, scale)
+                bits[table] |= 1 << slot
+        self._views = [
+            ModuleLoraWeights(a, b, tuple(per_table[i]), i) for i, (a, b) in enumerate(self._arenas)
+        ]
+        self._layout = ArenaLayout(
+            self._row_owner, self._row_scale, tuple(starts), tuple(rows), tuple(bits)
+        )

@@ -1,0 +1,106 @@
+"""The batched mixed-adapter LoRA op: its contract, the weight layout it reads, per-step metadata.
+
+The op, for one target module (``x: [num_tokens, d_in]``, ``out: [num_tokens, d_out]``)::
+
+    for t in range(num_tokens):
+        s = token_slots[t]  # -1: base only, nothing added
+        if s >= 0 and rank[s] > 0:
+            out[t] += scale[s] * (x[t] @ A[s].T) @ B[s].T  # A[s]: [rank, d_in], B[s]: [d_out, rank]
+
+Weight layout (the "arena"): every slot's LoRA pair lives in one packed row range of a per-module
+buffer, ``lora_a: [capacity_rows, d_in]`` and ``lora_b: [capacity_rows, d_out]`` (B stored
+transposed, one row per rank dimension). Row ranges are identical in every (layer, module) of a
+pool, so one row-ownership vector serves all modules. Packing rank-exact rows next to each other
+is what lets one matmul cover every active adapter without paying the maximum rank for everyone.
+
+NOTE: rows that belong to no slot, and rows beyond a module's own rank inside a slot's range,
+are kept zero by the pool; backends may read them (they add exactly nothing).
+"""
+
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass
+from typing import Protocol
+
+import torch
+
+
+@dataclass(frozen=True)
+class SlotRows:
+    """Where one slot's LoRA pair lies in one module's arena."""
+
+    start: int  # first arena row of the slot
+    rank: int  # this module's rank for the slot's adapter; 0 = untargeted or empty slot
+    scale: float  # PEFT scaling (alpha/r or alpha/sqrt(r)) of this module; 0.0 when rank is 0
+
+
+@dataclass(frozen=True)
+class ModuleLoraWeights:
+    """One (layer, module)'s arena plus the slot table that indexes it."""
+
+    lora_a: torch.Tensor  # [capacity_rows, d_in] A rows of every slot, packed
+    lora_b: torch.Tensor  # [capacity_rows, d_out] B^T rows of every slot, packed like lora_a
+    slots: tuple[SlotRows, ...]  # per slot index (length max_loras)
+    table_index: int  # this module's row in ArenaLayout.row_scale and LoraBatch.mask
+
+
+@dataclass(frozen=True)
+class ArenaLayout:
+    """Which arena rows belong to which slot, shared by every (layer, module) of a pool."""
+
+    row_owner: torch.Tensor  # [capacity_rows] int64 slot owning each row, -1 = free (device)
+    row_scale: torch.Tensor  # [num_tables, capacity_rows] scale of each row per module (device)
+    slot_starts: tuple[int, ...]  # first row per slot (0 for empty slots)
+    slot_rows: tuple[int, ...]  # rows reserved per slot (its largest rank; 0 = empty slot)
+    module_slot_bits: tuple[int, ...]  # per table: bit s set when slot s has rank > 0 there
+
+
+class Strategy(enum.Enum):
+    """How a step's LoRA delta is computed; chosen once per step in ``prepare``."""
+
+    NONE = "none"  # no token uses an adapter: apply adds nothing
+    MASKED = "masked"  # one matmul over the active row range, per-token scaled mask, one matmul
+    GROUPED = "grouped"  # one (A, B) matmul pair per run of tokens sharing a slot, rank-exact
+    LOOP = "loop"  # reference: per active slot, gather its tokens, PEFT's expression
+
+
+@dataclass(frozen=True)
+class Segment:
+    """A run of tokens (in ``LoraBatch.order`` when set, else natural order) sharing one slot."""
+
+    start: int  # first token position of the run
+    end: int  # one past the last token position
+    slot: int  # the slot every token in the run uses (never -1: base-only runs are dropped)
+
+
+@dataclass(frozen=True)
+class LoraBatch:
+    """Per-step metadata, built once per forward and shared by every layer and module."""
+
+    token_slots: torch.Tensor  # [num_tokens] int64 slot per token, -1 = base only
+    num_tokens: int  # rows of x / out every apply receives this step
+    strategy: Strategy  # which computation apply runs
+    active_bits: int  # bit s set when some token uses slot s (0: strategy is NONE)
+    segments: tuple[Segment, ...] = ()  # GROUPED/LOOP: runs of tokens per slot
+    order: torch.Tensor | None = None  # GROUPED: token permutation grouping slots; None = as is
+    row_lo: int = 0  # MASKED: first arena row the matmuls cover
+    row_hi: int = 0  # MASKED: one past the last arena row covered
+    mask: torch.Tensor | None = None  # MASKED: [num_tables, num_tokens, row_hi-row_lo] scales
+    active_tables: tuple[bool, ...] = ()  # per table: some active slot has a LoRA pair there
+
+
+class LoraBackend(Protocol):
+    """A way to compute the op; registered by name in :mod:`loraplex.ops`."""
+
+    name: str  # registry name
+
+    def prepare(self, token_slots: torch.Tensor, layout: ArenaLayout) -> LoraBatch:
+        """Build the step's metadata once (host syncs, sorting, masks happen here only)."""
+        ...
+
+    def apply(
+        self, x: torch.Tensor, out: torch.Tensor, weights: ModuleLoraWeights, batch: LoraBatch
+    ) -> torch.Tensor:
+        """Add the LoRA delta of every token to ``out`` in place and return ``out``."""
+        ...

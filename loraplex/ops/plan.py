@@ -1,0 +1,113 @@
+"""Per-step metadata builders shared by the backends (run once per step, never per module).
+
+Everything that needs a host sync (which slots are active, where runs of equal slots start)
+happens here, so ``apply`` only launches tensor ops.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from loraplex.ops.base import ArenaLayout, LoraBatch, Segment, Strategy
+
+
+def check_token_slots(token_slots: torch.Tensor, num_slots: int) -> None:
+    """Token slots are a 1-D int64 tensor of values in ``[-1, num_slots)``."""
+    if token_slots.dim() != 1 or token_slots.dtype != torch.int64:
+        raise ValueError(
+            f"token_slots has shape {tuple(token_slots.shape)} and dtype {token_slots.dtype}; "
+            "expected a 1-D int64 tensor"
+        )
+    low, high = (int(token_slots.min()), int(token_slots.max())) if token_slots.numel() else (0, 0)
+    if low < -1 or high >= num_slots:
+        raise ValueError(f"token_slots holds values outside [-1, {num_slots}); expected slots")
+
+
+def active_slots(token_slots: torch.Tensor, layout: ArenaLayout) -> list[int]:
+    """Distinct slots used by some token that hold an adapter (empty slots act as base-only)."""
+    used = torch.unique(token_slots).tolist()
+    return [slot for slot in used if slot >= 0 and layout.slot_rows[slot] > 0]
+
+
+def bits_of(slots: list[int]) -> int:
+    bits = 0
+    for slot in slots:
+        bits |= 1 << slot
+    return bits
+
+
+def active_tables(layout: ArenaLayout, active_bits: int) -> tuple[bool, ...]:
+    return tuple(bool(bits & active_bits) for bits in layout.module_slot_bits)
+
+
+def none_batch(token_slots: torch.Tensor) -> LoraBatch:
+    return LoraBatch(token_slots, int(token_slots.numel()), Strategy.NONE, active_bits=0)
+
+
+def segments_of(sorted_slots: torch.Tensor, active_bits: int) -> tuple[Segment, ...]:
+    """Runs of equal slots in ``sorted_slots`` whose slot is active (base-only runs dropped)."""
+    values, counts = torch.unique_consecutive(sorted_slots, return_counts=True)
+    segments = []
+    start = 0
+    for slot, count in zip(values.tolist(), counts.tolist(), strict=True):
+        if slot >= 0 and active_bits >> slot & 1:
+            segments.append(Segment(start, start + count, slot))
+        start += count
+    return tuple(segments)
+
+
+def grouped_batch(token_slots: torch.Tensor, layout: ArenaLayout, slots: list[int]) -> LoraBatch:
+    """Tokens grouped in runs per slot; sorted (stable) only when a slot's tokens are scattered."""
+    bits = bits_of(slots)
+    segments = segments_of(token_slots, bits)
+    order = None
+    if len(segments) > len(slots):
+        # Keep only adapter tokens: base-only tokens never enter the grouped computation.
+        wanted = torch.tensor(slots, dtype=torch.int64, device=token_slots.device)
+        keep = torch.nonzero(torch.isin(token_slots, wanted)).flatten()
+        by_slot = torch.argsort(token_slots[keep], stable=True)
+        order = keep[by_slot]
+        segments = segments_of(token_slots[order], bits)
+    return LoraBatch(
+        token_slots,
+        int(token_slots.numel()),
+        Strategy.GROUPED,
+        active_bits=bits,
+        segments=segments,
+        order=order,
+        active_tables=active_tables(layout, bits),
+    )
+
+
+def masked_batch(token_slots: torch.Tensor, layout: ArenaLayout, slots: list[int]) -> LoraBatch:
+    """One row range covering every active slot, and a per-module scaled token x row mask."""
+    bits = bits_of(slots)
+    row_lo = min(layout.slot_starts[slot] for slot in slots)
+    row_hi = max(layout.slot_starts[slot] + layout.slot_rows[slot] for slot in slots)
+    owner = layout.row_owner[row_lo:row_hi]
+    hits = (owner.unsqueeze(0) == token_slots.unsqueeze(1)) & (token_slots >= 0).unsqueeze(1)
+    scales = layout.row_scale[:, row_lo:row_hi]
+    mask = hits.to(scales.dtype).unsqueeze(0) * scales.unsqueeze(1)
+    return LoraBatch(
+        token_slots,
+        int(token_slots.numel()),
+        Strategy.MASKED,
+        active_bits=bits,
+        row_lo=row_lo,
+        row_hi=row_hi,
+        mask=mask,
+        active_tables=active_tables(layout, bits),
+    )
+
+
+def loop_batch(token_slots: torch.Tensor, layout: ArenaLayout, slots: list[int]) -> LoraBatch:
+    """Reference metadata: one segment per active slot (positions found again in apply)."""
+    bits = bits_of(slots)
+    return LoraBatch(
+        token_slots,
+        int(token_slots.numel()),
+        Strategy.LOOP,
+        active_bits=bits,
+        segments=tuple(Segment(0, 0, slot) for slot in sorted(slots)),
+        active_tables=active_tables(layout, bits),
+    )

@@ -1,0 +1,149 @@
+"""Fast torch backends (CPU, and CUDA through the same tensor ops).
+
+- ``masked``: one matmul of the tokens against every active adapter's A rows (packed
+  rank-exact, so no padding to the maximum rank), a per-token scaled 0/1 mask, one matmul
+  against the B rows. Three ops per module whatever the number of adapters; wasted work grows
+  with ``num_tokens x active rows``, so it suits decode.
+- ``grouped``: tokens grouped by slot (stable sort only when scattered); one A/B matmul pair per
+  group at the module's exact rank. Work is exact; each group costs two op launches, so it suits
+  prefill (few long runs).
+- ``auto``: picks one of the two per step from the step's shape (see :class:`AutoPolicy`).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from loraplex.ops.base import ArenaLayout, LoraBatch, ModuleLoraWeights, Strategy
+from loraplex.ops.plan import (
+    active_slots,
+    check_token_slots,
+    grouped_batch,
+    masked_batch,
+    none_batch,
+)
+
+
+def apply_masked(
+    x: torch.Tensor, out: torch.Tensor, weights: ModuleLoraWeights, batch: LoraBatch
+) -> torch.Tensor:
+    if batch.mask is None:
+        raise ValueError("batch strategy MASKED requires a mask; expected masked_batch output")
+    lora_a = weights.lora_a[batch.row_lo : batch.row_hi]
+    lora_b_t = weights.lora_b[batch.row_lo : batch.row_hi]
+    hidden = torch.mm(x, lora_a.T)
+    hidden.mul_(batch.mask[weights.table_index])
+    return out.addmm_(hidden, lora_b_t)
+
+
+def apply_grouped(
+    x: torch.Tensor, out: torch.Tensor, weights: ModuleLoraWeights, batch: LoraBatch
+) -> torch.Tensor:
+    order = batch.order
+    source = x if order is None else x.index_select(0, order)
+    target = out if order is None else out.new_zeros((order.numel(), out.shape[1]))
+    for segment in batch.segments:
+        rows = weights.slots[segment.slot]
+        if rows.rank == 0:
+            continue
+        lora_a = weights.lora_a[rows.start : rows.start + rows.rank]
+        lora_b_t = weights.lora_b[rows.start : rows.start + rows.rank]
+        hidden = torch.mm(source[segment.start : segment.end], lora_a.T)
+        target[segment.start : segment.end].addmm_(hidden, lora_b_t, alpha=rows.scale)
+    if order is not None:
+        out.index_add_(0, order, target)
+    return out
+
+
+def apply_batch(
+    x: torch.Tensor, out: torch.Tensor, weights: ModuleLoraWeights, batch: LoraBatch
+) -> torch.Tensor:
+    """Run whichever computation ``prepare`` chose for this step."""
+    if batch.strategy is Strategy.NONE or not batch.active_tables[weights.table_index]:
+        return out
+    if batch.strategy is Strategy.MASKED:
+        return apply_masked(x, out, weights, batch)
+    if batch.strategy is Strategy.GROUPED:
+        return apply_grouped(x, out, weights, batch)
+    raise ValueError(f"batch strategy {batch.strategy} is not run by torch backends")
+
+
+class MaskedBackend:
+    """Always the masked computation (decode-shaped steps)."""
+
+    name = "masked"
+
+    def prepare(self, token_slots: torch.Tensor, layout: ArenaLayout) -> LoraBatch:
+        check_token_slots(token_slots, len(layout.slot_rows))
+        slots = active_slots(token_slots, layout)
+        return masked_batch(token_slots, layout, slots) if slots else none_batch(token_slots)
+
+    def apply(
+        self, x: torch.Tensor, out: torch.Tensor, weights: ModuleLoraWeights, batch: LoraBatch
+    ) -> torch.Tensor:
+        return apply_batch(x, out, weights, batch)
+
+
+class GroupedBackend:
+    """Always the grouped computation (prefill-shaped steps)."""
+
+    name = "grouped"
+
+    def prepare(self, token_slots: torch.Tensor, layout: ArenaLayout) -> LoraBatch:
+        check_token_slots(token_slots, len(layout.slot_rows))
+        slots = active_slots(token_slots, layout)
+        return grouped_batch(token_slots, layout, slots) if slots else none_batch(token_slots)
+
+    def apply(
+        self, x: torch.Tensor, out: torch.Tensor, weights: ModuleLoraWeights, batch: LoraBatch
+    ) -> torch.Tensor:
+        return apply_batch(x, out, weights, batch)
+
+
+@dataclass(frozen=True)
+class AutoPolicy:
+    """When the masked computation beats the grouped one (measured; docs/benchmarks/execution.md).
+
+    Masked costs ``num_tokens x covered rows`` multiply-adds per module but three launches;
+    grouped costs exact work but two launches per run of equal slots.
+    """
+
+    max_masked_cells: int = 16384  # masked only while num_tokens * covered rows stays below this
+    min_runs_for_masked: int = 2  # a single run is always grouped (it is already exact)
+
+    def __post_init__(self) -> None:
+        if self.max_masked_cells < 0:
+            raise ValueError(f"max_masked_cells {self.max_masked_cells} is invalid; expected >= 0")
+        if self.min_runs_for_masked < 1:
+            raise ValueError(
+                f"min_runs_for_masked {self.min_runs_for_masked} is invalid; expected >= 1"
+            )
+
+
+class AutoBackend:
+    """Masked for decode-like steps, grouped for prefill-like ones, per :class:`AutoPolicy`."""
+
+    name = "auto"
+
+    def __init__(self, policy: AutoPolicy | None = None) -> None:
+        self.policy = policy or AutoPolicy()
+
+    def prepare(self, token_slots: torch.Tensor, layout: ArenaLayout) -> LoraBatch:
+        check_token_slots(token_slots, len(layout.slot_rows))
+        slots = active_slots(token_slots, layout)
+        if not slots:
+            return none_batch(token_slots)
+        if len(slots) < self.policy.min_runs_for_masked:
+            return grouped_batch(token_slots, layout, slots)
+        row_lo = min(layout.slot_starts[slot] for slot in slots)
+        row_hi = max(layout.slot_starts[slot] + layout.slot_rows[slot] for slot in slots)
+        if token_slots.numel() * (row_hi - row_lo) <= self.policy.max_masked_cells:
+            return masked_batch(token_slots, layout, slots)
+        return grouped_batch(token_slots, layout, slots)
+
+    def apply(
+        self, x: torch.Tensor, out: torch.Tensor, weights: ModuleLoraWeights, batch: LoraBatch
+    ) -> torch.Tensor:
+        return apply_batch(x, out, weights, batch)

@@ -1,0 +1,260 @@
+"""The slot pool: PEFT-equal outputs and scales, load/clear/reload; failed loads change nothing."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+
+from loraplex.adapters.base_model import TARGET_MODULES, BaseModelSpec
+from loraplex.adapters.validate import validate_adapter_dir
+from loraplex.adapters.weights import AdapterWeights, ModuleWeights, load_adapter_weights
+from loraplex.errors import BaseModelMismatchError, RankTooLargeError, TensorValidationError
+from loraplex.model.lora import LoraSlotPool
+
+CPU = torch.device("cpu")
+PEFT_CONFIGS: dict[str, dict[str, Any]] = {
+    "plain": {"r": 8, "lora_alpha": 16, "target_modules": ["q_proj", "v_proj"]},
+    "patterns": {
+        "r": 4, "lora_alpha": 8, "target_modules": list(TARGET_MODULES),
+        "rank_pattern": {"v_proj": 12, "layers.1.mlp.down_proj": 2},
+        "alpha_pattern": {"o_proj": 3, "gate_proj": 40},
+    },
+    "rslora": {"r": 16, "lora_alpha": 8, "use_rslora": True,
+               "target_modules": ["k_proj", "o_proj", "up_proj"], "layers_to_transform": [1]},
+}  # fmt: skip
+
+
+def make_peft_adapter(model_dir: Path, out: Path, config: dict[str, Any], seed: int) -> Any:
+    """A PEFT model with random non-zero A and B, saved with save_pretrained to ``out``."""
+    from peft import LoraConfig, get_peft_model
+    from transformers import AutoModelForCausalLM
+
+    model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32)
+    torch.manual_seed(seed)
+    lora_config = LoraConfig(init_lora_weights=False, lora_dropout=0.0, **config)
+    peft_model = get_peft_model(model, lora_config).eval()
+    peft_model.peft_config["default"].base_model_name_or_path = str(model_dir)
+    peft_model.save_pretrained(out)
+    return peft_model
+
+
+def lora_layers(peft_model: Any) -> dict[tuple[int, str], Any]:
+    found = {}
+    for layer, block in enumerate(peft_model.base_model.model.model.layers):
+        for module in TARGET_MODULES:
+            parent = block.self_attn if module in TARGET_MODULES[:4] else block.mlp
+            found[(layer, module)] = getattr(parent, module)
+    return found
+
+
+@pytest.fixture
+def peft_setup(tiny_model: Callable[..., Path], tmp_path: Path) -> Callable[..., Any]:
+    model_dir = tiny_model()
+    spec = BaseModelSpec.from_dir(model_dir)
+
+    def make(config: dict[str, Any], seed: int = 0) -> tuple[Any, AdapterWeights, BaseModelSpec]:
+        out = tmp_path / f"adapter{seed}-{len(list(tmp_path.iterdir()))}"
+        peft_model = make_peft_adapter(model_dir, out, config, seed)
+        validated = validate_adapter_dir(out, spec, max_lora_rank=16)
+        return peft_model, load_adapter_weights(validated, dtype=torch.float32), spec
+
+    return make
+
+
+@pytest.mark.parametrize("name", sorted(PEFT_CONFIGS))
+@pytest.mark.parametrize("backend", ["reference", "auto"])
+def test_every_module_equals_peft(peft_setup: Callable[..., Any], name: str, backend: str) -> None:
+    peft_model, weights, spec = peft_setup(PEFT_CONFIGS[name])
+    pool = LoraSlotPool(spec, 3, 16, dtype=torch.float32, device=CPU, backend=backend)
+    pool.load(1, weights)
+    token_slots = torch.tensor([1, -1, 1, 0, 1])
+    batch = pool.prepare(token_slots)
+    gen = torch.Generator().manual_seed(7)
+    with torch.no_grad():
+        for (layer, module), peft_layer in lora_layers(peft_model).items():
+            d_in, _ = spec.module_shape(module)
+            x = torch.randn(5, d_in, generator=gen)
+            base_layer = getattr(peft_layer, "base_layer", peft_layer)
+            out = pool.apply(layer, module, x, base_layer(x), batch)
+            targeted = hasattr(peft_layer, "scaling") and "default" in peft_layer.scaling
+            want_lora = peft_layer(x) if targeted else base_layer(x)
+            torch.testing.assert_close(out[[0, 2, 4]], want_lora[[0, 2, 4]], rtol=1e-5, atol=1e-5)
+            assert torch.equal(out[[1, 3]], base_layer(x)[[1, 3]])
+            if targeted:
+                assert pool.scale_of(1, layer, module) == peft_layer.scaling["default"]
+                assert pool.rank_of(1, layer, module) == peft_layer.r["default"]
+            else:
+                assert (pool.rank_of(1, layer, module), pool.scale_of(1, layer, module)) == (0, 0.0)
+    pool.check_integrity()
+
+
+SPEC = BaseModelSpec("tiny", "LlamaForCausalLM", 32, 48, 2, 4, 2, 8, 64, "0" * 64)
+
+
+def weights_of(
+    rank: int,
+    seed: int,
+    modules: tuple[str, ...] = ("q_proj", "down_proj"),
+    layers: tuple[int, ...] = (0, 1),
+) -> AdapterWeights:
+    gen = torch.Generator().manual_seed(seed)
+    pairs = []
+    for layer in layers:
+        for module in modules:
+            d_in, d_out = SPEC.module_shape(module)
+            pairs.append(
+                ModuleWeights(
+                    layer,
+                    module,
+                    torch.randn(rank, d_in, generator=gen),
+                    torch.randn(d_out, rank, generator=gen),
+                    1.0 + seed,
+                )
+            )
+    return AdapterWeights(f"{seed:064x}", torch.float32, tuple(pairs))
+
+
+def delta(pool: LoraSlotPool, slot: int, seed: int = 0) -> torch.Tensor:
+    x = torch.randn(3, 32, generator=torch.Generator().manual_seed(seed))
+    batch = pool.prepare(torch.full((3,), slot))
+    return pool.apply(0, "q_proj", x, torch.zeros(3, 32), batch)
+
+
+def snapshot(pool: LoraSlotPool) -> list[torch.Tensor]:
+    views = [pool.module_weights(layer, m) for layer in range(2) for m in TARGET_MODULES]
+    return [t.clone() for v in views for t in (v.lora_a, v.lora_b)] + [
+        pool.layout.row_owner.clone(),
+        pool.layout.row_scale.clone(),
+    ]
+
+
+def test_load_clear_reload() -> None:
+    pool = LoraSlotPool(SPEC, 4, 16, dtype=torch.float32, device=CPU)
+    first, second = weights_of(8, 1), weights_of(4, 2)
+    pool.load(2, first)
+    with_first = delta(pool, 2)
+    assert with_first.abs().sum() > 0
+    info = pool.slot_info(2)
+    assert info is not None and info.digest == first.digest and info.num_rows == 8
+    assert info.num_bytes == first.num_bytes
+    assert pool.occupied_slots() == (2,) and pool.free_slots() == (0, 1, 3)
+    pool.clear(2)
+    assert pool.slot_info(2) is None and torch.equal(delta(pool, 2), torch.zeros(3, 32))
+    pool.check_integrity()
+    pool.load(2, second)
+    pool.load(2, first)  # replacing an occupant needs no clear first
+    assert torch.equal(delta(pool, 2), with_first)
+    pool.check_integrity()
+
+
+def test_load_copies_into_preallocated_buffers() -> None:
+    pool = LoraSlotPool(SPEC, 2, 8, dtype=torch.float32, device=CPU)
+
+    def pointers() -> list[int]:
+        views = [pool.module_weights(layer, m) for layer in range(2) for m in TARGET_MODULES]
+        return [t.data_ptr() for v in views for t in (v.lora_a, v.lora_b)]
+
+    before = pointers()
+    weights = weights_of(8, 3)
+    pool.load(0, weights)
+    pool.clear(0)
+    pool.load(1, weights)
+    assert pointers() == before
+    weights.modules[0].lora_a.zero_()  # the pool holds a copy, not a reference
+    assert delta(pool, 1).abs().sum() > 0
+
+
+def test_fragmented_rows_are_compacted() -> None:
+    pool = LoraSlotPool(SPEC, 4, 16, dtype=torch.float32, device=CPU)
+    adapters = {slot: weights_of(rank, slot) for slot, rank in enumerate((16, 4, 16, 16))}
+    for slot, weights in adapters.items():
+        pool.load(slot, weights)
+    expected = {slot: delta(pool, slot) for slot in (0, 2, 3)}
+    pool.clear(1)  # leaves a 4-row hole; a rank-16 load needs compaction
+    pool.load(1, weights_of(16, 9))
+    pool.check_integrity()
+    for slot, want in expected.items():
+        torch.testing.assert_close(delta(pool, slot), want)
+    assert sorted(pool.layout.slot_starts) == [0, 16, 32, 48]
+
+
+def test_mixed_slots_sum_their_own_adapters() -> None:
+    pool = LoraSlotPool(SPEC, 4, 16, dtype=torch.float32, device=CPU)
+    for slot in range(4):
+        pool.load(slot, weights_of(2 + 4 * slot, slot))
+    x = torch.randn(4, 32)
+    together = pool.apply(0, "q_proj", x, torch.zeros(4, 32), pool.prepare(torch.arange(4)))
+    for slot in range(4):
+        alone = pool.apply(
+            0, "q_proj", x[slot : slot + 1], torch.zeros(1, 32), pool.prepare(torch.tensor([slot]))
+        )
+        torch.testing.assert_close(together[slot : slot + 1], alone, rtol=1e-5, atol=1e-5)
+
+
+def bad_weights() -> dict[str, tuple[AdapterWeights, type[Exception]]]:
+    good = weights_of(8, 4)
+    wrong_shape = ModuleWeights(0, "q_proj", torch.randn(8, 31), torch.randn(32, 8), 1.0)
+    mismatched_rank = ModuleWeights(0, "q_proj", torch.randn(8, 32), torch.randn(32, 4), 1.0)
+    return {
+        "rank": (weights_of(32, 5), RankTooLargeError),
+        "layer": (weights_of(4, 6, layers=(0, 2)), BaseModelMismatchError),
+        "shape": (AdapterWeights("f" * 64, torch.float32, (*good.modules, wrong_shape)),
+                  TensorValidationError),
+        "ranks": (AdapterWeights("e" * 64, torch.float32, (mismatched_rank,)),
+                  TensorValidationError),
+        "twice": (AdapterWeights("d" * 64, torch.float32, (*good.modules, good.modules[0])),
+                  TensorValidationError),
+    }  # fmt: skip
+
+
+@pytest.mark.parametrize("case", sorted(bad_weights()))
+def test_bad_load_changes_nothing(case: str) -> None:
+    pool = LoraSlotPool(SPEC, 3, 16, dtype=torch.float32, device=CPU)
+    pool.load(0, weights_of(8, 1))
+    pool.load(1, weights_of(16, 2))
+    before, layout, info = snapshot(pool), pool.layout, pool.slot_info(1)
+    weights, error = bad_weights()[case]
+    with pytest.raises(error):
+        pool.load(1, weights)
+    assert all(torch.equal(a, b) for a, b in zip(before, snapshot(pool), strict=True))
+    assert pool.layout == layout and pool.slot_info(1) == info
+    pool.check_integrity()
+
+
+def test_pool_restricted_to_attention_rejects_mlp_adapter() -> None:
+    pool = LoraSlotPool(
+        SPEC,
+        2,
+        16,
+        dtype=torch.float32,
+        device=CPU,
+        target_modules=("q_proj", "k_proj", "v_proj", "o_proj"),
+    )
+    with pytest.raises(BaseModelMismatchError, match="not served"):
+        pool.load(0, weights_of(4, 1))
+    x, base = torch.randn(2, 32), torch.randn(2, 32)
+    batch = pool.prepare(torch.zeros(2, dtype=torch.int64))
+    assert torch.equal(pool.apply(0, "down_proj", x, base.clone(), batch), base)
+
+
+def test_sizes_and_argument_checks() -> None:
+    pool = LoraSlotPool(SPEC, 4, 16, dtype=torch.bfloat16, device=CPU)
+    widths = sum(sum(SPEC.module_shape(m)) for m in TARGET_MODULES) * SPEC.num_layers
+    assert pool.bytes_per_slot == 16 * widths * 2
+    assert pool.total_bytes == 4 * pool.bytes_per_slot and pool.num_slots == 4
+    with pytest.raises(ValueError, match="slot 4"):
+        pool.load(4, weights_of(4, 1))
+    with pytest.raises(ValueError, match="slot -1"):
+        pool.clear(-1)
+    with pytest.raises(ValueError, match="max_loras"):
+        LoraSlotPool(SPEC, 0, 16, dtype=torch.float32, device=CPU)
+    with pytest.raises(ValueError, match="max_lora_rank"):
+        LoraSlotPool(SPEC, 1, 0, dtype=torch.float32, device=CPU)
+    with pytest.raises(ValueError, match="target_modules"):
+        LoraSlotPool(SPEC, 1, 8, dtype=torch.float32, device=CPU, target_modules=("lm_head",))
+    with pytest.raises(ValueError, match="unknown"):
+        LoraSlotPool(SPEC, 1, 8, dtype=torch.float32, device=CPU, backend="nope")
