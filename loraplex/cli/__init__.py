@@ -11,7 +11,7 @@ import importlib
 
 import typer
 
-_COMMAND_MODULES: tuple[str, ...] = ("registry",)
+_COMMAND_MODULES: tuple[str, ...] = ("registry", "generate")
 
 app = typer.Typer(
     name="loraplex",

@@ -1,0 +1,217 @@
+"""The Llama-family decoder (Llama, Mistral, Qwen2 weight layouts) over a flattened token batch.
+
+One forward takes the new tokens of many sequences concatenated (``[num_tokens]``, prefill and
+decode mixed), their positions and LoRA slots, and returns logits for the tokens asked for.
+Module and parameter names mirror Hugging Face checkpoints (``model.layers.3.mlp.up_proj.weight``)
+so ``checkpoint.load_checkpoint`` fills them by name.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Protocol, TypeVar, cast
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from loraplex.model.config import ModelConfig
+from loraplex.model.kv_cache import AttentionShape, KVCache, SequenceChunk
+from loraplex.model.layers import Embedding, Linear, RMSNorm
+from loraplex.model.rope import RopeTables, RotaryEmbedding, apply_rope
+from loraplex.ops.base import LoraBatch
+
+PlanT = TypeVar("PlanT")
+
+
+class LoraApplier(Protocol):
+    """What the decoder needs from a LoRA slot pool (``loraplex.model.lora.LoraSlotPool``)."""
+
+    def prepare(self, token_slots: torch.Tensor) -> LoraBatch: ...
+
+    def apply(
+        self, layer: int, module: str, x: torch.Tensor, out: torch.Tensor, batch: LoraBatch
+    ) -> torch.Tensor: ...
+
+
+@dataclass(frozen=True)
+class LoraStep:
+    """The pool and this forward's LoRA metadata, handed to every layer."""
+
+    pool: LoraApplier  # slot pool holding the adapters' weights
+    batch: LoraBatch  # per-token slots and precomputed metadata for this forward
+
+
+@dataclass(frozen=True)
+class ForwardBatch:
+    """The tokens of one forward, flattened. Build it with ``ForwardBatch.build``."""
+
+    token_ids: torch.Tensor  # [num_tokens] int64, chunk after chunk
+    positions: torch.Tensor  # [num_tokens] int64 position of each token in its sequence
+    seq_lens: torch.Tensor  # [num_tokens] int64 length of each token's sequence after this forward
+    chunks: tuple[SequenceChunk, ...]  # which sequence each run of tokens belongs to
+    token_slots: torch.Tensor | None  # [num_tokens] int64 LoRA slot, -1 = base; None = no LoRA
+    logits_indices: torch.Tensor  # [num_logits] int64 tokens whose logits are returned
+
+    @classmethod
+    def build(
+        cls,
+        token_ids: Sequence[int] | torch.Tensor,
+        chunks: Sequence[SequenceChunk],
+        *,
+        token_slots: Sequence[int] | torch.Tensor | None = None,
+        all_logits: bool = False,
+        device: torch.device | None = None,
+    ) -> ForwardBatch:
+        """Derive positions from the chunks; logits for each chunk's last token unless
+        ``all_logits``."""
+        ids = torch.as_tensor(token_ids, dtype=torch.int64)
+        counts = torch.tensor([c.num_tokens for c in chunks], dtype=torch.int64)
+        if int(counts.sum()) != ids.numel():
+            raise ValueError(
+                f"token_ids has {ids.numel()} tokens; expected {int(counts.sum())} (the chunks)"
+            )
+        starts = torch.tensor([c.start_pos for c in chunks], dtype=torch.int64)
+        ends = torch.cumsum(counts, 0)
+        within = torch.arange(ids.numel()) - torch.repeat_interleave(ends - counts, counts)
+        positions = torch.repeat_interleave(starts, counts) + within
+        logits_indices = torch.arange(ids.numel()) if all_logits else ends - 1
+        slots = None
+        if token_slots is not None:
+            slots = torch.as_tensor(token_slots, dtype=torch.int64).to(device)
+            if slots.numel() != ids.numel():
+                raise ValueError(f"token_slots has {slots.numel()} entries; expected {ids.numel()}")
+        return cls(
+            token_ids=ids.to(device),
+            positions=positions.to(device),
+            seq_lens=torch.repeat_interleave(starts + counts, counts).to(device),
+            chunks=tuple(chunks),
+            token_slots=slots,
+            logits_indices=logits_indices.to(device),
+        )
+
+
+class Attention(nn.Module):
+    def __init__(self, cfg: ModelConfig, *, dtype: torch.dtype, device: torch.device) -> None:
+        super().__init__()
+        hidden, bias = cfg.hidden_size, cfg.qkv_bias
+        q_width, kv_width = cfg.num_heads * cfg.head_dim, cfg.num_kv_heads * cfg.head_dim
+        self.q_proj = Linear(hidden, q_width, bias, dtype=dtype, device=device)
+        self.k_proj = Linear(hidden, kv_width, bias, dtype=dtype, device=device)
+        self.v_proj = Linear(hidden, kv_width, bias, dtype=dtype, device=device)
+        self.o_proj = Linear(q_width, hidden, cfg.o_bias, dtype=dtype, device=device)
+
+
+class MLP(nn.Module):
+    def __init__(self, cfg: ModelConfig, *, dtype: torch.dtype, device: torch.device) -> None:
+        super().__init__()
+        hidden, inner, bias = cfg.hidden_size, cfg.intermediate_size, cfg.mlp_bias
+        self.gate_proj = Linear(hidden, inner, bias, dtype=dtype, device=device)
+        self.up_proj = Linear(hidden, inner, bias, dtype=dtype, device=device)
+        self.down_proj = Linear(inner, hidden, bias, dtype=dtype, device=device)
+
+
+class DecoderLayer(nn.Module):
+    def __init__(
+        self, cfg: ModelConfig, index: int, *, dtype: torch.dtype, device: torch.device
+    ) -> None:
+        super().__init__()
+        self.index = index
+        self.cfg = cfg
+        self.self_attn = Attention(cfg, dtype=dtype, device=device)
+        self.mlp = MLP(cfg, dtype=dtype, device=device)
+        self.input_layernorm = RMSNorm(
+            cfg.hidden_size, cfg.rms_norm_eps, dtype=dtype, device=device
+        )
+        self.post_attention_layernorm = RMSNorm(
+            cfg.hidden_size, cfg.rms_norm_eps, dtype=dtype, device=device
+        )
+
+    def _proj(
+        self, module: str, linear: Linear, x: torch.Tensor, lora: LoraStep | None
+    ) -> torch.Tensor:
+        out = F.linear(x, linear.weight, linear.bias)
+        if lora is None:
+            return out
+        return lora.pool.apply(self.index, module, x, out, lora.batch)
+
+    def forward_tokens(
+        self,
+        h: torch.Tensor,
+        rope: RopeTables,
+        kv: KVCache[PlanT],
+        plan: PlanT,
+        lora: LoraStep | None,
+    ) -> torch.Tensor:
+        attn, mlp, cfg = self.self_attn, self.mlp, self.cfg
+        num_tokens = h.shape[0]
+        x = self.input_layernorm(h)
+        q = self._proj("q_proj", attn.q_proj, x, lora).view(num_tokens, cfg.num_heads, -1)
+        k = self._proj("k_proj", attn.k_proj, x, lora).view(num_tokens, cfg.num_kv_heads, -1)
+        v = self._proj("v_proj", attn.v_proj, x, lora).view(num_tokens, cfg.num_kv_heads, -1)
+        out = kv.attend(self.index, apply_rope(q, rope), apply_rope(k, rope), v, plan)
+        h = h + self._proj("o_proj", attn.o_proj, out, lora)
+        x = self.post_attention_layernorm(h)
+        gate = self._proj("gate_proj", mlp.gate_proj, x, lora)
+        up = self._proj("up_proj", mlp.up_proj, x, lora)
+        return h + self._proj("down_proj", mlp.down_proj, F.silu(gate) * up, lora)
+
+
+class Backbone(nn.Module):
+    """``model.*`` of a checkpoint: embeddings, decoder layers, final norm."""
+
+    def __init__(self, cfg: ModelConfig, *, dtype: torch.dtype, device: torch.device) -> None:
+        super().__init__()
+        self.embed_tokens = Embedding(cfg.vocab_size, cfg.hidden_size, dtype=dtype, device=device)
+        self.layers = nn.ModuleList(
+            DecoderLayer(cfg, i, dtype=dtype, device=device) for i in range(cfg.num_layers)
+        )
+        self.norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps, dtype=dtype, device=device)
+
+
+class LlamaModel(nn.Module):
+    """Decoder + LM head. Weights are uninitialised until ``checkpoint.load_checkpoint``."""
+
+    def __init__(self, cfg: ModelConfig, *, dtype: torch.dtype, device: torch.device) -> None:
+        super().__init__()
+        self.config = cfg
+        self.dtype = dtype
+        self.device = device
+        self.model = Backbone(cfg, dtype=dtype, device=device)
+        # Tied: the head reads the embedding matrix; no separate parameter exists.
+        self.lm_head = (
+            None
+            if cfg.tie_word_embeddings
+            else Linear(cfg.hidden_size, cfg.vocab_size, False, dtype=dtype, device=device)
+        )
+        self.rotary = RotaryEmbedding(cfg.rope, cfg.head_dim, cfg.max_position_embeddings, device)
+
+    @property
+    def attention_shape(self) -> AttentionShape:
+        cfg = self.config
+        return AttentionShape(
+            num_layers=cfg.num_layers,
+            num_heads=cfg.num_heads,
+            num_kv_heads=cfg.num_kv_heads,
+            head_dim=cfg.head_dim,
+            sliding_windows=cfg.sliding_windows,
+        )
+
+    @torch.inference_mode()
+    def forward_batch(
+        self, batch: ForwardBatch, kv: KVCache[PlanT], lora: LoraApplier | None = None
+    ) -> torch.Tensor:
+        """Run the batch, storing its keys/values in ``kv``; returns logits [num_logits, vocab]
+        in the model dtype. ``lora`` applies when the batch carries ``token_slots``."""
+        step = None
+        if lora is not None and batch.token_slots is not None:
+            step = LoraStep(pool=lora, batch=lora.prepare(batch.token_slots))
+        plan = kv.plan(batch.chunks)
+        rope = self.rotary.tables(batch.positions, batch.seq_lens, self.dtype)
+        h = self.model.embed_tokens(batch.token_ids)
+        for layer in self.model.layers:
+            h = cast(DecoderLayer, layer).forward_tokens(h, rope, kv, plan, step)
+        h = self.model.norm(h.index_select(0, batch.logits_indices))
+        head = self.model.embed_tokens.weight if self.lm_head is None else self.lm_head.weight
+        return F.linear(h, head)

@@ -1,0 +1,76 @@
+"""Text <-> token ids through the ``tokenizers`` library, from a checkpoint's ``tokenizer.json``.
+
+Encoding adds the special tokens the tokenizer's post-processor defines (e.g. BOS), as a
+transformers fast tokenizer does by default; decoding skips special tokens.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+from tokenizers import Tokenizer
+
+from loraplex.errors import CheckpointError
+
+# transformers' clean_up_tokenization: spaces it removes before punctuation and contractions.
+_CLEANUPS = (
+    (" .", "."), (" ?", "?"), (" !", "!"), (" ,", ","), (" ' ", "'"),
+    (" n't", "n't"), (" 'm", "'m"), (" 's", "'s"), (" 've", "'ve"), (" 're", "'re"),
+)  # fmt: skip
+
+
+def _read_json(path: Path) -> dict[str, Any]:
+    if not path.is_file():
+        return {}
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise CheckpointError(f"{path}: not valid JSON ({exc})") from exc
+    return data if isinstance(data, dict) else {}
+
+
+def _ids(value: object) -> set[int]:
+    if isinstance(value, int) and not isinstance(value, bool):
+        return {value}
+    if isinstance(value, list):
+        return {v for v in value if isinstance(v, int) and not isinstance(v, bool)}
+    return set()
+
+
+class TextTokenizer:
+    """A checkpoint's tokenizer plus the token ids that end a sequence."""
+
+    def __init__(self, model_dir: Path) -> None:
+        path = model_dir / "tokenizer.json"
+        try:
+            self._tokenizer = Tokenizer.from_file(str(path))
+        except Exception as exc:  # tokenizers raises untyped errors for missing/bad files
+            raise CheckpointError(f"{path}: cannot load tokenizer ({exc})") from exc
+        settings = _read_json(model_dir / "tokenizer_config.json")
+        self._clean_up = bool(settings.get("clean_up_tokenization_spaces", False))
+        eos = _ids(_read_json(model_dir / "generation_config.json").get("eos_token_id"))
+        eos |= _ids(_read_json(model_dir / "config.json").get("eos_token_id"))
+        eos_token = settings.get("eos_token")
+        if isinstance(eos_token, dict):
+            eos_token = eos_token.get("content")
+        if (
+            isinstance(eos_token, str)
+            and (token_id := self._tokenizer.token_to_id(eos_token)) is not None
+        ):
+            eos.add(token_id)
+        # The ids that end generation (config, generation config and tokenizer config together).
+        self.eos_token_ids = frozenset(eos)
+
+    def encode(self, text: str) -> list[int]:
+        ids: list[int] = self._tokenizer.encode(text).ids
+        return ids
+
+    def decode(self, token_ids: Sequence[int]) -> str:
+        text: str = self._tokenizer.decode(list(token_ids), skip_special_tokens=True)
+        if self._clean_up:
+            for before, after in _CLEANUPS:
+                text = text.replace(before, after)
+        return text
