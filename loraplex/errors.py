@@ -125,3 +125,30 @@ class CacheIntegrityError(LoraplexError):
 
 class AuthenticationError(LoraplexError):
     """An API key is missing, malformed, unknown or revoked (one message for every case)."""
+
+
+# --- serving engine -------------------------------------------------------------------------------
+
+
+class QueueTimeoutError(CapacityError):
+    """A request stayed queued past its deadline (maps to 503 with Retry-After)."""
+
+    def __init__(self, request_id: str, waited_s: float, retry_after_s: float) -> None:
+        self.request_id = request_id
+        self.waited_s = waited_s
+        # Seconds the client should wait before retrying (the Retry-After header).
+        self.retry_after_s = retry_after_s
+        super().__init__(
+            f"request {request_id!r} waited {waited_s:.2f}s in the queue; past its deadline"
+        )
+
+
+class QueueFullError(CapacityError):
+    """The engine's queue (or the tenant's share of it) is full (maps to 429 with Retry-After)."""
+
+    def __init__(self, what: str, limit: int, retry_after_s: float) -> None:
+        self.what = what
+        self.limit = limit
+        # Seconds the client should wait before retrying (the Retry-After header).
+        self.retry_after_s = retry_after_s
+        super().__init__(f"{what} is full ({limit} queued requests); retry later")

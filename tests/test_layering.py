@@ -12,26 +12,33 @@ import loraplex
 REPO_ROOT = Path(__file__).resolve().parent.parent
 TORCH_FREE = ("registry", "router", "sim")
 # Decision code the simulator and the control plane reuse: it must run without torch.
-TORCH_FREE_MODULES = tuple(
-    f"loraplex.adapters.{name}"
-    for name in (
-        "identity",
-        "base_model",
-        "manifest",
-        "validate",
-        "safetensors_header",
-        "tensor_values",
-        "policy",
-        "stats",
-        "warm",
-        "tiering",
-        "pipeline",
-        "jobs",
-        "cache",
-        "cache_flow",
-        "cache_view",
-    )
-) + ("loraplex.bench.workloads", "loraplex.bench.replay", "loraplex.clock", "loraplex.errors")
+_TORCH_FREE_ADAPTERS = (
+    "identity",
+    "base_model",
+    "manifest",
+    "validate",
+    "safetensors_header",
+    "tensor_values",
+    "policy",
+    "stats",
+    "warm",
+    "tiering",
+    "pipeline",
+    "jobs",
+    "cache",
+    "cache_flow",
+    "cache_view",
+    "cache_config",
+    "cache_waiters",
+    "disk_tier",
+)
+TORCH_FREE_MODULES = (
+    *(f"loraplex.adapters.{name}" for name in _TORCH_FREE_ADAPTERS),
+    "loraplex.bench.workloads",
+    "loraplex.bench.replay",
+    "loraplex.clock",
+    "loraplex.errors",
+)
 
 
 def _modules_under(package: str) -> list[str]:

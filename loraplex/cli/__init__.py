@@ -11,7 +11,7 @@ import importlib
 
 import typer
 
-_COMMAND_MODULES: tuple[str, ...] = ("registry", "generate")
+_COMMAND_MODULES: tuple[str, ...] = ("demo", "assets", "generate", "registry", "bench")
 
 app = typer.Typer(
     name="loraplex",

@@ -14,8 +14,11 @@ from loraplex.errors import CorruptArtifactError
 
 
 def test_tensors_equal_the_file_in_execution_order(builder, base, kit) -> None:  # type: ignore[no-untyped-def]
-    config = kit.config(target_modules=["q_proj", "v_proj", "down_proj"],
-                        rank_pattern={"v_proj": 2}, alpha_pattern={"down_proj": 3})
+    config = kit.config(
+        target_modules=["q_proj", "v_proj", "down_proj"],
+        rank_pattern={"v_proj": 2},
+        alpha_pattern={"down_proj": 3},
+    )
     adapter_dir = builder.write(config)
     validated = validate_adapter_dir(adapter_dir, base, max_lora_rank=8)
     weights = load_adapter_weights(validated, dtype=torch.float32)
@@ -37,8 +40,9 @@ def test_tensors_equal_the_file_in_execution_order(builder, base, kit) -> None: 
     assert weights.max_rank == 4
 
 
-@pytest.mark.parametrize(("stored", "wanted"), [("BF16", torch.float32), ("F32", torch.bfloat16),
-                                                ("F16", torch.float16)])
+@pytest.mark.parametrize(
+    ("stored", "wanted"), [("BF16", torch.float32), ("F32", torch.bfloat16), ("F16", torch.float16)]
+)
 def test_dtype_conversion(builder, kit, stored: str, wanted: torch.dtype) -> None:  # type: ignore[no-untyped-def]
     config = kit.config()
     adapter_dir = builder.write(config, tensors=builder.tensors(config, dtype=stored))

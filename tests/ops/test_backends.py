@@ -50,12 +50,18 @@ def sample_slots(pattern: str, num_seqs: int, rng: random.Random) -> list[int]:
     if pattern == "zipf":
         weights = [1.0 / (i + 1) for i in range(NUM_SLOTS)]
     else:
-        weights = [1.5 ** -i for i in range(NUM_SLOTS)]
+        weights = [1.5**-i for i in range(NUM_SLOTS)]
     return rng.choices(range(NUM_SLOTS), weights=weights, k=num_seqs)
 
 
-def expected_delta(x: torch.Tensor, slots: list[int], adapters: list[AdapterWeights],
-                   layer: int, module: str, d_out: int) -> torch.Tensor:
+def expected_delta(
+    x: torch.Tensor,
+    slots: list[int],
+    adapters: list[AdapterWeights],
+    layer: int,
+    module: str,
+    d_out: int,
+) -> torch.Tensor:
     """The op's definition, token by token, in float64."""
     out = torch.zeros(len(slots), d_out, dtype=torch.float64)
     for t, slot in enumerate(slots):
@@ -69,16 +75,18 @@ def expected_delta(x: torch.Tensor, slots: list[int], adapters: list[AdapterWeig
 
 
 def filled_pool(backend: str, ranks: list[int]) -> tuple[LoraSlotPool, list[AdapterWeights]]:
-    pool = LoraSlotPool(SPEC, NUM_SLOTS, 64, dtype=torch.float32, device=torch.device("cpu"),
-                        backend=backend)
+    pool = LoraSlotPool(
+        SPEC, NUM_SLOTS, 64, dtype=torch.float32, device=torch.device("cpu"), backend=backend
+    )
     adapters = [make_weights(rank, seed) for seed, rank in enumerate(ranks)]
     for slot, weights in enumerate(adapters):
         pool.load(slot, weights)
     return pool, adapters
 
 
-def run_all_modules(pool: LoraSlotPool, adapters: list[AdapterWeights], slots: list[int],
-                    seed: int) -> None:
+def run_all_modules(
+    pool: LoraSlotPool, adapters: list[AdapterWeights], slots: list[int], seed: int
+) -> None:
     gen = torch.Generator().manual_seed(seed)
     token_slots = torch.tensor(slots, dtype=torch.int64)
     batch = pool.prepare(token_slots)
@@ -168,8 +176,9 @@ def test_masked_covers_only_active_rows() -> None:
     assert batch.row_hi - batch.row_lo == 16 + 8  # rank-exact: no padding to 64
 
 
-@pytest.mark.parametrize("bad", [torch.tensor([0, 8]), torch.tensor([-2]),
-                                 torch.tensor([[0]]), torch.tensor([0.0])])
+@pytest.mark.parametrize(
+    "bad", [torch.tensor([0, 8]), torch.tensor([-2]), torch.tensor([[0]]), torch.tensor([0.0])]
+)
 def test_prepare_rejects_bad_token_slots(bad: torch.Tensor) -> None:
     pool, _ = filled_pool("auto", RANK_MIXES["all8"])
     with pytest.raises(ValueError, match="token_slots"):
@@ -187,15 +196,17 @@ def test_registry_rejects_duplicates_and_unknown_names() -> None:
 @pytest.mark.parametrize("backend", ["masked", "grouped", "auto"])
 def test_bfloat16_close_to_float32(backend: str) -> None:
     pool32, adapters = filled_pool(backend, RANK_MIXES["S2"])
-    pool16 = LoraSlotPool(SPEC, NUM_SLOTS, 64, dtype=torch.bfloat16,
-                          device=torch.device("cpu"), backend=backend)
+    pool16 = LoraSlotPool(
+        SPEC, NUM_SLOTS, 64, dtype=torch.bfloat16, device=torch.device("cpu"), backend=backend
+    )
     for slot, weights in enumerate(adapters):
         pool16.load(slot, weights)
     slots = torch.tensor([0, 1, 2, 3, 4, 5, -1, 7])
     x = torch.randn(8, 48)
     out32 = pool32.apply(0, "q_proj", x, torch.zeros(8, 48), pool32.prepare(slots))
-    out16 = pool16.apply(0, "q_proj", x.bfloat16(), torch.zeros(8, 48, dtype=torch.bfloat16),
-                         pool16.prepare(slots))
+    out16 = pool16.apply(
+        0, "q_proj", x.bfloat16(), torch.zeros(8, 48, dtype=torch.bfloat16), pool16.prepare(slots)
+    )
     torch.testing.assert_close(out16.float(), out32, rtol=0.05, atol=0.5)
 
 
@@ -203,15 +214,22 @@ def test_bfloat16_close_to_float32(backend: str) -> None:
 @pytest.mark.parametrize("backend", BACKENDS)
 def test_cuda_matches_cpu(backend: str) -> None:
     pool_cpu, adapters = filled_pool(backend, RANK_MIXES["S2"])
-    pool_gpu = LoraSlotPool(SPEC, NUM_SLOTS, 64, dtype=torch.float32,
-                            device=torch.device("cuda"), backend=backend)
+    pool_gpu = LoraSlotPool(
+        SPEC, NUM_SLOTS, 64, dtype=torch.float32, device=torch.device("cuda"), backend=backend
+    )
     for slot, weights in enumerate(adapters):
         pool_gpu.load(slot, weights)
     for slots in ([0, 1, 2, -1, 4, 5, 6, 7], [3] * 64 + [5] * 64):
         token_slots = torch.tensor(slots)
         x = torch.randn(len(slots), 48)
-        want = pool_cpu.apply(0, "q_proj", x, torch.zeros(len(slots), 48),
-                              pool_cpu.prepare(token_slots))
-        got = pool_gpu.apply(0, "q_proj", x.cuda(), torch.zeros(len(slots), 48, device="cuda"),
-                             pool_gpu.prepare(token_slots.cuda()))
+        want = pool_cpu.apply(
+            0, "q_proj", x, torch.zeros(len(slots), 48), pool_cpu.prepare(token_slots)
+        )
+        got = pool_gpu.apply(
+            0,
+            "q_proj",
+            x.cuda(),
+            torch.zeros(len(slots), 48, device="cuda"),
+            pool_gpu.prepare(token_slots.cuda()),
+        )
         torch.testing.assert_close(got.cpu(), want, rtol=1e-4, atol=1e-3)

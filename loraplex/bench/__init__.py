@@ -1,0 +1,1 @@
+"""Benchmarks runnable from the CLI (``loraplex bench ...``); each prints one JSON line."""

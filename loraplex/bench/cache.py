@@ -1,0 +1,306 @@
+"""``loraplex bench cache``: per-tier load latency next to raw costs and PEFT, then trace replays
+of lru vs cost_aware on identical capacities, with tier costs measured in the same run.
+
+Every comparison runs side by side in one invocation (WORKLOADS.md); ratios are reported,
+absolute times only for context.
+"""
+
+from __future__ import annotations
+
+import statistics
+import tempfile
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from loraplex.adapters.base_model import BaseModelSpec
+from loraplex.adapters.cache import CacheConfig, TieredAdapterCache
+from loraplex.adapters.identity import AdapterKey, sha256_file
+from loraplex.adapters.policy import make_policy
+from loraplex.adapters.stats import Stage, percentile
+from loraplex.adapters.tiering import Tier, TierBudget
+from loraplex.adapters.tiers import ArtifactRef, DiskTier, TierPipeline
+from loraplex.adapters.validate import validate_adapter_dir
+from loraplex.bench.replay import ReplayResult, SimExecutor, StageCosts, footprints_for, replay
+from loraplex.bench.workloads import ScenarioParams, generate
+from loraplex.clock import ManualClock
+from loraplex.model.lora import LoraSlotPool
+from loraplex.registry.artifacts import LocalArtifactStore
+
+TIER_COLUMNS = ("l3", "l2", "l1", "raw", "copy", "peft")
+REPLAYS = {"hot-burst": 9, "zipf-longtail": 16, "drift": 16}  # scenario -> L0 slots
+
+
+@dataclass(frozen=True)
+class CacheBenchConfig:
+    """What one benchmark run does."""
+
+    presets: tuple[str, ...] = ("small", "large")  # demo presets measured
+    reps: int = 7  # interleaved repetitions per adapter and variant
+    max_adapters: int = 4  # adapters measured per preset
+    peft: bool = True  # include PEFT's load_adapter
+    duration_s: float = 600.0  # replay trace length
+    rate: float = 20.0  # replay requests per second
+    seed: int = 0  # workload seed
+    asset_dir: Path = Path(".loraplex-assets")  # where demo assets are generated / reused
+
+    def __post_init__(self) -> None:
+        for name in ("reps", "max_adapters"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"{name} {getattr(self, name)} is invalid; expected >= 1")
+
+
+def run_cache_bench(config: CacheBenchConfig) -> dict[str, Any]:
+    samples: dict[str, dict[str, list[float]]] = {}
+    stage_rates: list[dict[str, float]] = []
+    for preset in config.presets:
+        samples[preset], rates = _measure_preset(preset, config)
+        stage_rates.append(rates)
+    costs = _stage_costs(stage_rates[0])
+    replays = _run_replays(config, costs)
+    return _result(config, samples, costs, replays)
+
+
+# --- per-tier latency ----------------------------------------------------------------------
+
+
+def _measure_preset(
+    preset: str, config: CacheBenchConfig
+) -> tuple[dict[str, list[float]], dict[str, float]]:
+    from loraplex.demo.assets import generate_demo_assets
+
+    assets = generate_demo_assets(config.asset_dir / f"bench-{preset}", preset=preset, seed=0)
+    base = BaseModelSpec.from_dir(assets.base_model_dir)
+    dirs = [a.path for a in assets.adapters[: config.max_adapters]]
+    max_rank = max(validate_adapter_dir(d, base, 1 << 16).max_rank for d in dirs)
+    with tempfile.TemporaryDirectory() as tmp:
+        rig = _Rig(Path(tmp), base, max_rank)
+        keys = [rig.register(d, i) for i, d in enumerate(dirs)]
+        peft = _PeftLoader(assets.base_model_dir, dirs[0]) if config.peft else None
+        out: dict[str, list[float]] = {c: [] for c in TIER_COLUMNS}
+        for _ in range(config.reps):
+            for key, path in zip(keys, dirs, strict=True):
+                out["l3"].append(rig.load_from(key, Tier.L3))
+                out["l2"].append(rig.load_from(key, Tier.L2))
+                out["l1"].append(rig.load_from(key, Tier.L1))
+                out["raw"].append(_raw_read(path / "adapter_model.safetensors"))
+                out["copy"].append(rig.plain_copy(key))
+                if peft is not None:
+                    out["peft"].append(peft.load(path))
+        rates = rig.stage_rates()
+    return out, rates
+
+
+class _Rig:
+    """A real cache over a local store, a disk tier and a 2-slot pool; loads run inline."""
+
+    def __init__(self, root: Path, base: BaseModelSpec, max_rank: int) -> None:
+        self.store = LocalArtifactStore(root / "store")
+        self.refs: dict[AdapterKey, ArtifactRef] = {}
+        self.pool = LoraSlotPool(base, 2, max_rank, dtype=torch.float32, device=torch.device("cpu"))
+        self.pipeline = TierPipeline(
+            self.refs.__getitem__, self.store, DiskTier(root / "l2"), self.pool, base
+        )
+        budgets = {
+            Tier.L0: TierBudget(2 * self.pool.bytes_per_slot, 2),
+            Tier.L1: TierBudget(1 << 34),
+            Tier.L2: TierBudget(1 << 36),
+        }
+        self.clock = ManualClock()
+        self.executor = SimExecutor(self.clock)
+        self.cache = TieredAdapterCache(
+            CacheConfig(budgets), self.pipeline, clock=self.clock, executor=self.executor
+        )
+        self.base = base
+
+    def register(self, path: Path, index: int) -> AdapterKey:
+        files = [path / "adapter_config.json", path / "adapter_model.safetensors"]
+        digests = [sha256_file(f) for f in files]
+        for f, d in zip(files, digests, strict=True):
+            self.store.put_file(f, d)
+        key = AdapterKey(self.base.digest, "bench", f"a{index}", "r1", digests[1])
+        validated = validate_adapter_dir(path, self.base, self.pool.max_lora_rank)
+        memory = sum(m.rank * (m.d_in + m.d_out) for m in validated.modules) * 4
+        self.refs[key] = ArtifactRef(
+            digests[0], digests[1], sum(f.stat().st_size for f in files), memory
+        )
+        return key
+
+    def load_from(self, key: AdapterKey, source: Tier) -> float:
+        """Seconds to bring ``key`` into L0 with its nearest copy in ``source``."""
+        for tier in (Tier.L0, Tier.L1, Tier.L2):
+            if tier < source:
+                self.cache.evict(key, tier)
+        future = self.cache.acquire_future(key)
+        self.executor.drain()
+        lease = future.result(timeout=0)
+        lease.release()
+        if lease.load.source is not source:
+            raise RuntimeError(f"expected a load from {source.name}, got {lease.load.source.name}")
+        return lease.load.total_s
+
+    def plain_copy(self, key: AdapterKey) -> float:
+        """The same tensors copied into preallocated buffers (the floor of an L1 -> L0 move)."""
+        weights = self.pipeline.memory.get(key)
+        pairs = [(m.lora_a, torch.empty_like(m.lora_a)) for m in weights.modules]
+        pairs += [(m.lora_b, torch.empty_like(m.lora_b)) for m in weights.modules]
+        start = time.perf_counter()
+        for source, dest in pairs:
+            dest.copy_(source)
+        return time.perf_counter() - start
+
+    def stage_rates(self) -> dict[str, float]:
+        stages = self.cache.snapshot().stats.stages
+        disk = statistics.median(r.disk_bytes for r in self.refs.values())
+        memory = statistics.median(r.memory_bytes for r in self.refs.values())
+        return {
+            "fetch_bytes_per_s": disk / max(stages[Stage.FETCH].p50_s, 1e-9),
+            "verify_bytes_per_s": disk / max(stages[Stage.VERIFY].p50_s, 1e-9),
+            "read_bytes_per_s": disk / max(stages[Stage.READ].p50_s, 1e-9),
+            "copy_bytes_per_s": memory / max(stages[Stage.COPY].p50_s, 1e-9),
+            "resolve_s": stages[Stage.RESOLVE].p50_s,
+            "commit_s": stages[Stage.COMMIT].p50_s,
+        }
+
+
+def _raw_read(path: Path) -> float:
+    """sha256 of the file plus a safetensors read whose tensors are actually touched."""
+    from safetensors.torch import load_file
+
+    start = time.perf_counter()
+    sha256_file(path)
+    for tensor in load_file(str(path)).values():
+        tensor.clone()
+    return time.perf_counter() - start
+
+
+class _PeftLoader:
+    """PEFT's load_adapter on the same base model, the baseline being compared against."""
+
+    def __init__(self, model_dir: Path, first_adapter: Path) -> None:
+        from peft import PeftModel
+        from transformers import AutoModelForCausalLM
+
+        model = AutoModelForCausalLM.from_pretrained(str(model_dir), dtype=torch.float32)
+        self.model = PeftModel.from_pretrained(model, str(first_adapter), adapter_name="first")
+        self.count = 0
+
+    def load(self, adapter_dir: Path) -> float:
+        self.count += 1
+        name = f"bench{self.count}"
+        start = time.perf_counter()
+        self.model.load_adapter(str(adapter_dir), adapter_name=name)
+        elapsed = time.perf_counter() - start
+        self.model.delete_adapter(name)
+        return elapsed
+
+
+# --- replays -----------------------------------------------------------------------------------
+
+
+def _stage_costs(rates: dict[str, float]) -> StageCosts:
+    return StageCosts(per_move_s=0.0, **rates)
+
+
+def _run_replays(config: CacheBenchConfig, costs: StageCosts) -> dict[str, dict[str, ReplayResult]]:
+    spec = BaseModelSpec("replay", "LlamaForCausalLM", 512, 1376, 8, 8, 8, 64, 8000, "0" * 64)
+    params = ScenarioParams(duration_s=config.duration_s, rate=config.rate)
+    out: dict[str, dict[str, ReplayResult]] = {}
+    windows = {"before": (0.0, 0.3), "during": (0.3, 0.5), "after": (0.5, 1.0)}
+    for name, slots in REPLAYS.items():
+        workload = generate(name, config.seed, params)
+        footprints = footprints_for(workload.adapters, spec, 64, 4)
+        cache_config = _replay_config(footprints, slots)
+        out[name] = {
+            policy: replay(
+                workload, cache_config, make_policy(policy), footprints, costs, windows=windows
+            )
+            for policy in ("lru", "cost_aware")
+        }
+    return out
+
+
+def _replay_config(footprints: dict[AdapterKey, Any], slots: int) -> CacheConfig:
+    first = next(iter(footprints.values()))
+    mean = sum(f.memory_bytes for f in footprints.values()) / len(footprints)
+    budgets = {
+        Tier.L0: TierBudget(slots * first.slot_bytes, slots),
+        Tier.L1: TierBudget(int(24 * mean)),
+        Tier.L2: TierBudget(int(64 * mean)),
+    }
+    return CacheConfig(budgets, default_deadline_s=None)
+
+
+# --- result ------------------------------------------------------------------------------------
+
+
+def _quantiles(values: list[float]) -> dict[str, float]:
+    ordered = sorted(values)
+    return {f"p{q}_ms": 1000 * percentile(ordered, q / 100) for q in (50, 95, 99)}
+
+
+def _result(
+    config: CacheBenchConfig,
+    samples: dict[str, dict[str, list[float]]],
+    costs: StageCosts,
+    replays: dict[str, dict[str, ReplayResult]],
+) -> dict[str, Any]:
+    def med(preset: str, column: str) -> float:
+        values = samples[preset][column]
+        return statistics.median(values) if values else 0.0
+
+    first = config.presets[0]
+    burst = replays["hot-burst"]
+    lru_reloads, ca_reloads = burst["lru"].total_reloads, burst["cost_aware"].total_reloads
+    metrics = {
+        "l2_load_over_raw": med(first, "l2") / med(first, "raw"),
+        "l2_load_speedup_vs_peft": med(first, "peft") / med(first, "l2") if config.peft else 0.0,
+        "l1_to_l0_over_copy": med(first, "l1") / med(first, "copy"),
+        "hot_burst_hot_l0_hit_ratio": burst["cost_aware"].tenant_windows["prio"]["during"],
+        "hot_burst_hot_l0_hit_ratio_after": burst["cost_aware"].tenant_windows["prio"]["after"],
+        "hot_burst_hot_l0_hit_ratio_lru": burst["lru"].tenant_windows["prio"]["during"],
+        "hot_burst_reload_reduction_vs_lru": lru_reloads / max(1, ca_reloads),
+        "hot_burst_reloads_lru": float(lru_reloads),
+        "hot_burst_reloads_cost_aware": float(ca_reloads),
+    }
+    for name in ("zipf-longtail", "drift"):
+        prefix = name.replace("-", "_")
+        for policy, result in replays[name].items():
+            suffix = "" if policy == "cost_aware" else f"_{policy}"
+            metrics[f"{prefix}_l0_hit_ratio{suffix}"] = result.hit_ratio["L0"]
+    for preset in config.presets[1:]:
+        metrics[f"{preset}_l2_load_over_raw"] = med(preset, "l2") / med(preset, "raw")
+        if config.peft:
+            metrics[f"{preset}_l2_load_speedup_vs_peft"] = med(preset, "peft") / med(preset, "l2")
+    latency = {p: {c: _quantiles(v) for c, v in cols.items() if v} for p, cols in samples.items()}
+    return {
+        "name": "cache",
+        "config": {
+            "presets": list(config.presets),
+            "reps": config.reps,
+            "max_adapters": config.max_adapters,
+            "peft": config.peft,
+            "duration_s": config.duration_s,
+            "rate": config.rate,
+        },
+        "seed": config.seed,
+        "metrics": {k: round(v, 4) for k, v in metrics.items()},
+        "latency": latency,
+        "stage_costs": vars(costs),
+        "replays": {n: {p: _replay_row(r) for p, r in pols.items()} for n, pols in replays.items()},
+    }
+
+
+def _replay_row(result: ReplayResult) -> dict[str, Any]:
+    return {
+        "hit_ratio": {k: round(v, 4) for k, v in result.hit_ratio.items()},
+        "evictions": result.evictions,
+        "reloads_after_eviction": result.reloads_after_eviction,
+        "thrash_ratio": round(result.thrash_ratio, 4),
+        "failed": result.failed,
+        "tenant_l0_hit_ratio": result.tenant_windows,
+        "timeline": [(round(t, 1), round(h, 4)) for t, h in result.timeline],
+    }

@@ -1,0 +1,258 @@
+"""The named benchmark workloads of WORKLOADS.md: popularity, arrivals, lengths, ranks, traces.
+
+Torch-free and deterministic: every draw comes from one seeded ``random.Random``. A trace is
+JSONL, one request per line: ``{"t_s", "tenant", "adapter", "prompt_tokens", "output_tokens"}``;
+the same file drives the real server, the cache-only replay and the simulator.
+"""
+
+from __future__ import annotations
+
+import json
+import random
+from collections.abc import Callable, Sequence
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+S2_RANKS = (64, 32, 16, 8)
+WIDE_RANKS = (8, 16, 32, 64, 128)
+ATTENTION_TARGETS = ("q_proj", "k_proj", "v_proj", "o_proj")
+ALL_TARGETS = (*ATTENTION_TARGETS, "gate_proj", "up_proj", "down_proj")
+
+
+@dataclass(frozen=True)
+class TraceRequest:
+    """One request of a trace."""
+
+    t_s: float  # arrival, seconds from the start of the run
+    tenant: str  # the requesting tenant (owns the adapter)
+    adapter: str  # adapter name within the tenant
+    prompt_tokens: int  # prompt length
+    output_tokens: int  # tokens to generate
+
+
+@dataclass(frozen=True)
+class TraceAdapter:
+    """One adapter a workload uses (sizes for the cache follow from rank and targets)."""
+
+    tenant: str  # owning tenant
+    name: str  # adapter name
+    rank: int  # LoRA rank
+    targets: tuple[str, ...]  # target modules
+
+
+@dataclass(frozen=True)
+class Workload:
+    """A generated workload: its adapters and its requests in arrival order."""
+
+    name: str  # scenario name
+    seed: int  # generator seed
+    duration_s: float  # length of the run
+    adapters: tuple[TraceAdapter, ...]  # every adapter, most popular first where it matters
+    requests: tuple[TraceRequest, ...]  # sorted by t_s
+
+
+# --- popularity ------------------------------------------------------------------------------
+
+
+def zipf_weights(n: int, s: float) -> list[float]:
+    """Adapter i (1-based, by popularity) has weight i**-s."""
+    _positive("n", n)
+    return [(i + 1) ** -s for i in range(n)]
+
+
+def geometric_weights(n: int, ratio: float = 1.5) -> list[float]:
+    """Punica's skewed popularity: each adapter gets ``ratio`` times the traffic of the next."""
+    _positive("n", n)
+    if ratio <= 0:
+        raise ValueError(f"ratio {ratio} is invalid; expected > 0")
+    return [ratio**-i for i in range(n)]
+
+
+def slora_power_index(rng: random.Random, n: int, alpha: float) -> int:
+    """S-LoRA's draw: u ~ numpy ``power(alpha)`` (density alpha*u**(alpha-1) on [0, 1]),
+    adapter floor(u*n). NOTE: alpha = 1 is uniform; smaller alpha is more skewed."""
+    if alpha <= 0:
+        raise ValueError(f"alpha {alpha} is invalid; expected > 0")
+    u = rng.random() ** (1.0 / alpha)
+    return min(n - 1, int(u * n))
+
+
+def gamma_arrivals(rng: random.Random, rate: float, cv: float, duration_s: float) -> list[float]:
+    """Arrival times of a Gamma renewal process with mean rate ``rate`` and coefficient of
+    variation ``cv`` (cv = 1: Poisson) over ``[0, duration_s)``."""
+    if rate <= 0 or cv <= 0:
+        raise ValueError(f"rate {rate} / cv {cv} is invalid; expected both > 0")
+    shape = 1.0 / (cv * cv)
+    scale = 1.0 / (rate * shape)
+    times: list[float] = []
+    t = 0.0
+    while True:
+        t += rng.gammavariate(shape, scale)
+        if t >= duration_s:
+            return times
+        times.append(t)
+
+
+def assign_ranks(num_adapters: int, ranks: Sequence[int]) -> list[int]:
+    """Round-robin rank assignment (``S2_RANKS``; ``WIDE_RANKS`` gives equal counts)."""
+    return [ranks[i % len(ranks)] for i in range(num_adapters)]
+
+
+def make_adapters(tenant: str, prefix: str, count: int, ranks: Sequence[int]) -> list[TraceAdapter]:
+    """``count`` adapters with round-robin ranks; targets alternate attention-only / all."""
+    return [
+        TraceAdapter(tenant, f"{prefix}{i:04d}", rank, ATTENTION_TARGETS if i % 2 else ALL_TARGETS)
+        for i, rank in enumerate(assign_ranks(count, ranks))
+    ]
+
+
+# --- scenarios -------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class ScenarioParams:
+    """Knobs shared by the named scenarios."""
+
+    duration_s: float = 600.0  # length of the run
+    rate: float = 20.0  # mean requests per second
+    cv: float = 1.0  # arrival coefficient of variation
+    prompt_tokens: int = 64  # fixed short lengths for cache studies
+    output_tokens: int = 16  # ditto
+    num_adapters: int = 256  # zipf-longtail / drift / uniform population
+
+    def __post_init__(self) -> None:
+        for name in ("duration_s", "rate", "cv", "prompt_tokens", "output_tokens", "num_adapters"):
+            if getattr(self, name) <= 0:
+                raise ValueError(f"{name} {getattr(self, name)} is invalid; expected > 0")
+
+
+def hot_burst(seed: int, p: ScenarioParams) -> Workload:
+    """8 hot adapters of a priority tenant carry a steady 80% of traffic; from 30% to 50% of
+    the run a batch tenant sweeps 40 cold adapters, each used 1-3 times in a row."""
+    rng = random.Random(seed)
+    hot = make_adapters("prio", "hot", 8, S2_RANKS)
+    cold = make_adapters("batch", "cold", 40, S2_RANKS)
+    start, end = 0.3 * p.duration_s, 0.5 * p.duration_s
+    hot_times = gamma_arrivals(rng, 0.8 * p.rate, p.cv, p.duration_s)
+    picks = [(t, hot[rng.randrange(len(hot))]) for t in hot_times]
+    sweep = [a for a in cold for _ in range(rng.randint(1, 3))]
+    sweep_times = [start + (end - start) * (i + 0.5) / len(sweep) for i in range(len(sweep))]
+    picks += list(zip(sweep_times, sweep, strict=True))
+    return _workload("hot-burst", seed, p, (*hot, *cold), picks)
+
+
+def zipf_longtail(seed: int, p: ScenarioParams, s: float = 1.0) -> Workload:
+    """``num_adapters`` adapters (S2 ranks), zipf(s) popularity, Gamma arrivals."""
+    rng = random.Random(seed)
+    adapters = make_adapters("tenant", "ad", p.num_adapters, S2_RANKS)
+    weights = zipf_weights(len(adapters), s)
+    times = gamma_arrivals(rng, p.rate, p.cv, p.duration_s)
+    picks = list(zip(times, rng.choices(adapters, weights, k=len(times)), strict=True))
+    return _workload("zipf-longtail", seed, p, adapters, picks)
+
+
+def drift(seed: int, p: ScenarioParams, phases: int = 5) -> Workload:
+    """zipf(1.0) whose popularity order is reshuffled every 1/``phases`` of the run."""
+    rng = random.Random(seed)
+    adapters = make_adapters("tenant", "ad", p.num_adapters, S2_RANKS)
+    weights = zipf_weights(len(adapters), 1.0)
+    orders = [rng.sample(adapters, len(adapters)) for _ in range(phases)]
+    times = gamma_arrivals(rng, p.rate, p.cv, p.duration_s)
+    picks = []
+    for t in times:
+        order = orders[min(phases - 1, int(t / p.duration_s * phases))]
+        picks.append((t, rng.choices(order, weights)[0]))
+    return _workload("drift", seed, p, adapters, picks)
+
+
+def cold_storm(seed: int, p: ScenarioParams) -> Workload:
+    """One tenant fires requests for many distinct cold adapters while two others run steady
+    zipf traffic over their own small sets."""
+    rng = random.Random(seed)
+    steady = [make_adapters(t, "ad", 16, S2_RANKS) for t in ("steady-a", "steady-b")]
+    storm = make_adapters("storm", "cold", p.num_adapters, WIDE_RANKS)
+    weights = zipf_weights(16, 1.0)
+    picks = []
+    for group in steady:
+        for t in gamma_arrivals(rng, 0.35 * p.rate, p.cv, p.duration_s):
+            picks.append((t, rng.choices(group, weights)[0]))
+    for t in gamma_arrivals(rng, 0.3 * p.rate, p.cv, p.duration_s):
+        picks.append((t, storm[rng.randrange(len(storm))]))
+    return _workload("cold-storm", seed, p, (*steady[0], *steady[1], *storm), picks)
+
+
+def uniform(seed: int, p: ScenarioParams) -> Workload:
+    """slora_power(1.0) over 200 adapters: the no-locality worst case."""
+    rng = random.Random(seed)
+    adapters = make_adapters("tenant", "ad", 200, S2_RANKS)
+    times = gamma_arrivals(rng, p.rate, p.cv, p.duration_s)
+    picks = [(t, adapters[slora_power_index(rng, len(adapters), 1.0)]) for t in times]
+    return _workload("uniform", seed, p, adapters, picks)
+
+
+SCENARIOS: dict[str, Callable[[int, ScenarioParams], Workload]] = {
+    "hot-burst": hot_burst,
+    "zipf-longtail": zipf_longtail,
+    "drift": drift,
+    "cold-storm": cold_storm,
+    "uniform": uniform,
+}
+
+
+def generate(name: str, seed: int = 0, params: ScenarioParams | None = None) -> Workload:
+    """A named scenario (``SCENARIOS``), deterministic in ``seed``."""
+    if name not in SCENARIOS:
+        raise ValueError(f"scenario {name!r} is unknown; expected one of {sorted(SCENARIOS)}")
+    return SCENARIOS[name](seed, params or ScenarioParams())
+
+
+# --- traces ----------------------------------------------------------------------------------
+
+
+def write_trace(requests: Sequence[TraceRequest], path: Path) -> None:
+    with path.open("w", encoding="utf-8") as handle:
+        for request in requests:
+            handle.write(json.dumps(asdict(request), separators=(",", ":")) + "\n")
+
+
+def read_trace(path: Path) -> list[TraceRequest]:
+    """Reads a JSONL trace; a malformed line raises ValueError naming its line number."""
+    requests = []
+    with path.open(encoding="utf-8") as handle:
+        for number, line in enumerate(handle, start=1):
+            if not line.strip():
+                continue
+            try:
+                row = json.loads(line)
+                requests.append(
+                    TraceRequest(
+                        float(row["t_s"]),
+                        str(row["tenant"]),
+                        str(row["adapter"]),
+                        int(row["prompt_tokens"]),
+                        int(row["output_tokens"]),
+                    )
+                )
+            except (ValueError, KeyError, TypeError) as error:
+                raise ValueError(f"trace {path} line {number} is invalid: {error}") from error
+    return requests
+
+
+def _workload(
+    name: str,
+    seed: int,
+    p: ScenarioParams,
+    adapters: Sequence[TraceAdapter],
+    picks: Sequence[tuple[float, TraceAdapter]],
+) -> Workload:
+    ordered = sorted(picks, key=lambda pick: (pick[0], pick[1].tenant, pick[1].name))
+    requests = tuple(
+        TraceRequest(round(t, 6), a.tenant, a.name, p.prompt_tokens, p.output_tokens)
+        for t, a in ordered
+    )
+    return Workload(name, seed, p.duration_s, tuple(adapters), requests)
+
+
+def _positive(field: str, value: int) -> None:
+    if value < 1:
+        raise ValueError(f"{field} {value} is invalid; expected >= 1")

@@ -1,0 +1,102 @@
+"""``loraplex bench``: benchmark commands (execution, cache; serve joins later)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Annotated
+
+import typer
+
+bench_app = typer.Typer(help="Benchmarks: one JSON line on stdout, a markdown report under docs/.")
+
+
+def register(app: typer.Typer) -> None:
+    app.add_typer(bench_app, name="bench")
+
+
+@bench_app.command("execution")
+def execution(
+    *,
+    preset: Annotated[str, typer.Option(help="Demo preset whose shapes the model has.")] = "small",
+    as_json: Annotated[bool, typer.Option("--json", help="Print only the JSON line.")] = False,
+    quick: Annotated[bool, typer.Option(help="Headline only, float32, 3 rounds.")] = False,
+    no_peft: Annotated[bool, typer.Option("--no-peft", help="Skip PEFT's mixed batch.")] = False,
+    threads: Annotated[int, typer.Option(help="torch threads (1 is stable on shared cores).")] = 1,
+    rounds: Annotated[int, typer.Option(help="Interleaved timing rounds.")] = 12,
+    seed: Annotated[int, typer.Option(help="Seed of adapter weights and popularity.")] = 0,
+    report_dir: Annotated[
+        str, typer.Option(help="Where execution-run.md and execution.png go; '' skips them.")
+    ] = "docs/benchmarks",
+) -> None:
+    """Mixed-adapter execution: base, single, mixed and PEFT side by side (WORKLOADS.md)."""
+    import torch
+
+    from loraplex.bench.execution import ExecutionBenchConfig, run_execution_bench
+    from loraplex.bench.report import execution_markdown, execution_plot
+
+    torch.set_num_threads(threads)
+    config = ExecutionBenchConfig(
+        preset=preset,
+        dtypes=("float32",) if quick else ("float32", "bfloat16"),
+        rounds=3 if quick else rounds,
+        matrix=not quick,
+        peft=not no_peft,
+        seed=seed,
+    )
+    result = run_execution_bench(config)
+    if report_dir:
+        out = Path(report_dir)
+        out.mkdir(parents=True, exist_ok=True)
+        execution_plot(result, out / "execution.png")
+        (out / "execution-run.md").write_text(
+            "# Execution benchmark: latest run\n\n" + execution_markdown(result, "execution.png"),
+            encoding="utf-8",
+        )
+    line = json.dumps({k: result[k] for k in ("name", "config", "seed", "metrics")})
+    if not as_json:
+        typer.echo(f"report: {report_dir}/execution-run.md", err=True)
+    typer.echo(line)
+
+
+@bench_app.command("cache")
+def cache(
+    *,
+    presets: str = typer.Option("small,large", help="demo presets to measure, comma-separated"),
+    as_json: bool = typer.Option(False, "--json", help="print only the JSON line"),
+    reps: int = typer.Option(7, help="interleaved repetitions per adapter and variant"),
+    max_adapters: int = typer.Option(4, help="adapters measured per preset"),
+    no_peft: bool = typer.Option(False, "--no-peft", help="skip PEFT's load_adapter"),
+    duration_s: float = typer.Option(600.0, help="replay trace length (simulated seconds)"),
+    seed: int = typer.Option(0, help="workload seed"),
+    report_to: str = typer.Option(
+        "docs/benchmarks", "--report-dir", help="where cache-run.md and cache.png go; '' to skip"
+    ),
+) -> None:
+    """Adapter cache: per-tier load latency vs raw/PEFT, and lru vs cost_aware trace replays."""
+    import torch
+
+    from loraplex.bench.cache import CacheBenchConfig, run_cache_bench
+    from loraplex.bench.cache_report import cache_markdown, cache_plot
+
+    torch.set_num_threads(1)
+    config = CacheBenchConfig(
+        presets=tuple(p for p in presets.split(",") if p),
+        reps=reps,
+        max_adapters=max_adapters,
+        peft=not no_peft,
+        duration_s=duration_s,
+        seed=seed,
+    )
+    result = run_cache_bench(config)
+    report_dir = Path(report_to)
+    if report_to:
+        report_dir.mkdir(parents=True, exist_ok=True)
+        cache_plot(result, report_dir / "cache.png")
+        (report_dir / "cache-run.md").write_text(
+            "# Cache benchmark: latest run\n\n" + cache_markdown(result, "cache.png"),
+            encoding="utf-8",
+        )
+    if not as_json:
+        typer.echo(f"report: {report_dir}/cache-run.md", err=True)
+    typer.echo(json.dumps({k: result[k] for k in ("name", "config", "seed", "metrics")}))

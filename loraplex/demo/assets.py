@@ -1,0 +1,102 @@
+"""Generate (or reuse) the demo base model and adapters: the public entry points.
+
+Generation is deterministic (same preset and seed → byte-identical files) and cached: a stamp
+file lists every file with its size and sha256, and a later call whose stamp matches the
+arguments and whose files are all present with those sizes returns without touching anything.
+A set is built in a temporary sibling directory and renamed into place, so an interrupted
+run never leaves a directory that looks complete.
+
+Torch-free at import time: only generation imports the training stack.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+from pathlib import Path
+from typing import Any
+
+from loraplex.adapters.identity import sha256_file
+from loraplex.demo.manifest import DemoAdapter, DemoAssets, read_manifest
+from loraplex.demo.presets import get_preset
+
+__all__ = [
+    "GENERATOR_VERSION",
+    "DemoAdapter",
+    "DemoAssets",
+    "demo_assets_ready",
+    "generate_demo_assets",
+    "load_demo_assets",
+]
+
+# Bumped whenever the generator would write different bytes for the same preset and seed.
+GENERATOR_VERSION = 2
+STAMP_NAME = "stamp.json"
+
+
+def generate_demo_assets(out: Path, preset: str = "small", seed: int = 0) -> DemoAssets:
+    """The demo set for ``preset``/``seed`` in ``out``, generated unless already there."""
+    preset_spec = get_preset(preset)
+    out = out.resolve()
+    if demo_assets_ready(out, preset, seed):
+        return read_manifest(out)
+    from loraplex.demo.generate import generate
+
+    out.parent.mkdir(parents=True, exist_ok=True)
+    staging = out.parent / f".{out.name}.tmp-{os.getpid()}"
+    shutil.rmtree(staging, ignore_errors=True)
+    staging.mkdir()
+    try:
+        generate(staging, preset_spec, seed)
+        _write_stamp(staging, preset, seed)
+        _move_into_place(staging, out)
+    finally:
+        shutil.rmtree(staging, ignore_errors=True)
+    return read_manifest(out)
+
+
+def load_demo_assets(out: Path) -> DemoAssets:
+    """Read an existing set's manifest (no generation, no torch)."""
+    return read_manifest(out.resolve())
+
+
+def demo_assets_ready(root: Path, preset: str, seed: int) -> bool:
+    """True when ``root`` holds a complete set for these arguments (stamp, presence, sizes)."""
+    try:
+        stamp = json.loads((root / STAMP_NAME).read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return False
+    expected = {"generator_version": GENERATOR_VERSION, "preset": preset, "seed": seed}
+    if not isinstance(stamp, dict) or any(stamp.get(k) != v for k, v in expected.items()):
+        return False
+    files = stamp.get("files")
+    if not isinstance(files, dict) or not files:
+        return False
+    for relative, entry in files.items():
+        path = root / relative
+        if not path.is_file() or path.stat().st_size != entry.get("bytes"):
+            return False
+    return True
+
+
+def _write_stamp(root: Path, preset: str, seed: int) -> None:
+    files: dict[str, Any] = {}
+    for path in sorted(p for p in root.rglob("*") if p.is_file()):
+        files[path.relative_to(root).as_posix()] = {
+            "bytes": path.stat().st_size,
+            "sha256": sha256_file(path),
+        }
+    stamp = {"generator_version": GENERATOR_VERSION, "preset": preset, "seed": seed, "files": files}
+    text = json.dumps(stamp, indent=2, sort_keys=True) + "\n"
+    (root / STAMP_NAME).write_text(text, encoding="utf-8")
+
+
+def _move_into_place(staging: Path, out: Path) -> None:
+    """Replace ``out`` (stale or absent) by ``staging`` with directory renames."""
+    if out.exists():
+        retired = out.parent / f".{out.name}.old-{os.getpid()}"
+        shutil.rmtree(retired, ignore_errors=True)
+        out.rename(retired)
+        shutil.rmtree(retired)
+    staging.rename(out)

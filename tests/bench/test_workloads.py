@@ -1,0 +1,86 @@
+"""The WORKLOADS.md generator: determinism, shapes of each scenario, trace round trip."""
+
+from __future__ import annotations
+
+import itertools
+import random
+from collections import Counter
+from pathlib import Path
+
+import pytest
+
+from loraplex.bench import workloads as w
+
+SMALL = w.ScenarioParams(duration_s=200.0, rate=20.0, num_adapters=64)
+
+
+@pytest.mark.parametrize("name", sorted(w.SCENARIOS))
+def test_scenarios_are_deterministic_sorted_and_reference_their_adapters(name: str) -> None:
+    first, second = w.generate(name, 7, SMALL), w.generate(name, 7, SMALL)
+    assert first == second
+    assert first != w.generate(name, 8, SMALL)
+    times = [r.t_s for r in first.requests]
+    assert times == sorted(times) and times[0] >= 0 and times[-1] < SMALL.duration_s
+    known = {(a.tenant, a.name) for a in first.adapters}
+    assert all((r.tenant, r.adapter) in known for r in first.requests)
+
+
+def test_hot_burst_shape() -> None:
+    wl = w.generate("hot-burst", 0, SMALL)
+    hot = [r for r in wl.requests if r.tenant == "prio"]
+    cold = [r for r in wl.requests if r.tenant == "batch"]
+    assert len({r.adapter for r in hot}) == 8 and len({r.adapter for r in cold}) == 40
+    assert len(hot) / len(wl.requests) >= 0.8
+    assert all(0.3 * 200 <= r.t_s < 0.5 * 200 for r in cold)
+    uses = Counter(r.adapter for r in cold)
+    assert set(uses.values()) <= {1, 2, 3}
+
+
+def test_zipf_popularity_is_skewed_and_drift_rotates() -> None:
+    wl = w.generate("zipf-longtail", 0, SMALL)
+    counts = Counter(r.adapter for r in wl.requests).most_common()
+    assert counts[0][0] == "ad0000" and counts[0][1] > 5 * counts[20][1]
+    drift = w.generate("drift", 0, SMALL)
+    phase = lambda i: Counter(  # noqa: E731
+        r.adapter for r in drift.requests if i * 40 <= r.t_s < (i + 1) * 40
+    ).most_common(1)[0][0]
+    assert len({phase(i) for i in range(5)}) >= 3
+
+
+def test_gamma_arrivals_rate_and_cv() -> None:
+    rng = random.Random(0)
+    for cv in (1.0, 3.0):
+        times = w.gamma_arrivals(rng, 50.0, cv, 200.0)
+        gaps = [b - a for a, b in itertools.pairwise(times)]
+        mean = sum(gaps) / len(gaps)
+        std = (sum((g - mean) ** 2 for g in gaps) / len(gaps)) ** 0.5
+        assert len(times) == pytest.approx(10_000, rel=0.1)
+        assert std / mean == pytest.approx(cv, rel=0.15)
+
+
+def test_popularity_helpers() -> None:
+    assert w.zipf_weights(3, 1.0) == [1.0, 0.5, pytest.approx(1 / 3)]
+    assert w.geometric_weights(3, 1.5) == [1.0, pytest.approx(1 / 1.5), pytest.approx(1 / 2.25)]
+    rng = random.Random(0)
+    uniform = Counter(w.slora_power_index(rng, 4, 1.0) for _ in range(8000))
+    skewed = Counter(w.slora_power_index(rng, 4, 0.3) for _ in range(8000))
+    assert max(uniform.values()) < 1.15 * min(uniform.values())
+    assert skewed[0] > 3 * skewed[3]
+    assert w.assign_ranks(6, w.S2_RANKS) == [64, 32, 16, 8, 64, 32]
+
+
+def test_trace_round_trip_and_bad_lines(tmp_path: Path) -> None:
+    wl = w.generate("uniform", 1, SMALL)
+    path = tmp_path / "trace.jsonl"
+    w.write_trace(wl.requests, path)
+    assert tuple(w.read_trace(path)) == wl.requests
+    path.write_text('{"t_s": 1.0, "tenant": "t"}\n')
+    with pytest.raises(ValueError, match="line 1"):
+        w.read_trace(path)
+
+
+def test_bad_names_and_params() -> None:
+    with pytest.raises(ValueError, match="unknown"):
+        w.generate("nope")
+    with pytest.raises(ValueError, match="rate"):
+        w.ScenarioParams(rate=0)

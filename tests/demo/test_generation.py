@@ -1,0 +1,137 @@
+"""Generator contract: reproducible bytes, seed sensitivity, caching, atomic replacement."""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+import pytest
+from typer.testing import CliRunner
+
+from loraplex.cli import app
+from loraplex.demo import generate as generate_module
+from loraplex.demo.assets import (
+    STAMP_NAME,
+    DemoAssets,
+    demo_assets_ready,
+    generate_demo_assets,
+)
+from loraplex.demo.presets import DemoPreset
+
+
+def _file_digests(root: Path) -> dict[str, str]:
+    stamp = json.loads((root / STAMP_NAME).read_text(encoding="utf-8"))
+    return {name: entry["sha256"] for name, entry in stamp["files"].items()}
+
+
+def _file_states(root: Path) -> dict[str, tuple[int, int]]:
+    return {
+        path.relative_to(root).as_posix(): (path.stat().st_ino, path.stat().st_mtime_ns)
+        for path in sorted(root.rglob("*"))
+    }
+
+
+@pytest.mark.slow
+def test_same_seed_gives_identical_bytes(demo_assets: DemoAssets, tmp_path: Path) -> None:
+    again = generate_demo_assets(tmp_path / "again", "small", 0)
+    assert _file_digests(again.root) == _file_digests(demo_assets.root)
+    for path in demo_assets.root.rglob("*"):
+        if path.is_file():
+            assert (
+                path.read_bytes() == (again.root / path.relative_to(demo_assets.root)).read_bytes()
+            )
+    assert [a.digest for a in again.adapters] == [a.digest for a in demo_assets.adapters]
+    assert again.base_digest == demo_assets.base_digest
+
+
+@pytest.mark.slow
+def test_other_seed_differs_and_second_call_is_cached(
+    demo_assets: DemoAssets, tmp_path: Path
+) -> None:
+    other = generate_demo_assets(tmp_path / "seed1", "small", 1)
+    assert other.base_digest != demo_assets.base_digest
+    assert {a.digest for a in other.adapters}.isdisjoint(a.digest for a in demo_assets.adapters)
+    before = _file_states(other.root)
+    root_state = (other.root.stat().st_ino, other.root.stat().st_mtime_ns)
+    assert generate_demo_assets(tmp_path / "seed1", "small", 1) == other
+    assert _file_states(other.root) == before
+    assert (other.root.stat().st_ino, other.root.stat().st_mtime_ns) == root_state
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["seed1"]
+
+
+def test_ready_checks_arguments_presence_and_sizes(demo_assets: DemoAssets, tmp_path: Path) -> None:
+    copy = tmp_path / "copy"
+    shutil.copytree(demo_assets.root, copy)
+    assert demo_assets_ready(copy, "small", 0)
+    assert not demo_assets_ready(copy, "small", 1)
+    assert not demo_assets_ready(copy, "large", 0)
+    weights = (
+        demo_assets.adapters[0].path.relative_to(demo_assets.root) / "adapter_model.safetensors"
+    )
+    with (copy / weights).open("ab") as handle:
+        handle.write(b"\0")
+    assert not demo_assets_ready(copy, "small", 0)
+    (copy / weights).unlink()
+    assert not demo_assets_ready(copy, "small", 0)
+    assert not demo_assets_ready(tmp_path / "missing", "small", 0)
+
+
+def test_stale_set_is_replaced_whole(
+    demo_assets: DemoAssets, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    out = tmp_path / "out"
+    shutil.copytree(demo_assets.root, out)
+    (out / "leftover.txt").write_text("from an older generator", encoding="utf-8")
+    stamp = json.loads((out / STAMP_NAME).read_text(encoding="utf-8"))
+    stamp["generator_version"] = 0
+    (out / STAMP_NAME).write_text(json.dumps(stamp), encoding="utf-8")
+
+    def fake_generate(root: Path, preset: DemoPreset, seed: int) -> None:
+        for item in demo_assets.root.iterdir():
+            if item.is_dir():
+                shutil.copytree(item, root / item.name)
+            elif item.name != STAMP_NAME:
+                shutil.copy(item, root / item.name)
+
+    monkeypatch.setattr(generate_module, "generate", fake_generate)
+    assets = generate_demo_assets(out, "small", 0)
+    assert not (out / "leftover.txt").exists()
+    assert demo_assets_ready(out, "small", 0)
+    assert [a.digest for a in assets.adapters] == [a.digest for a in demo_assets.adapters]
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["out"]
+
+
+def test_interrupted_run_leaves_nothing(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    def failing_generate(root: Path, preset: DemoPreset, seed: int) -> None:
+        (root / "manifest.json").write_text("{}", encoding="utf-8")
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(generate_module, "generate", failing_generate)
+    with pytest.raises(KeyboardInterrupt):
+        generate_demo_assets(tmp_path / "out", "small", 0)
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_unknown_preset_is_rejected(tmp_path: Path) -> None:
+    with pytest.raises(ValueError, match="preset 'huge' is invalid"):
+        generate_demo_assets(tmp_path / "out", "huge", 0)
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_cli_reports_cached_set(demo_assets: DemoAssets) -> None:
+    before = _file_states(demo_assets.root)
+    result = CliRunner().invoke(app, ["demo-assets", "--out", str(demo_assets.root), "--seed", "0"])
+    assert result.exit_code == 0, result.output
+    assert f"{len(demo_assets.adapters)} adapter revisions" in result.output
+    assert "loraplex-demo-small" in result.output
+    assert _file_states(demo_assets.root) == before
+
+
+def test_cli_rejects_unknown_preset(tmp_path: Path) -> None:
+    result = CliRunner().invoke(
+        app, ["demo-assets", "--out", str(tmp_path / "x"), "--preset", "huge"]
+    )
+    assert result.exit_code == 2
+    assert "huge" in result.output
+    assert list(tmp_path.iterdir()) == []

@@ -1,0 +1,46 @@
+"""Preset and adapter-plan validation (torch-free, fast)."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+
+from loraplex.demo.presets import LARGE, SMALL, AdapterPlan, get_preset
+
+
+def test_plan_rejects_alpha_equal_to_rank() -> None:
+    with pytest.raises(ValueError, match="lora_alpha 8 is invalid"):
+        AdapterPlan("acme", "x", "r1", 8, 8, ("q_proj",))
+
+
+def test_plan_rejects_unknown_target_module() -> None:
+    with pytest.raises(ValueError, match="target_modules"):
+        AdapterPlan("acme", "x", "r1", 8, 16, ("lm_head",))
+
+
+def test_plan_rejects_bad_names() -> None:
+    with pytest.raises(ValueError, match="tenant"):
+        AdapterPlan("../etc", "x", "r1", 8, 16, ("q_proj",))
+
+
+def test_preset_requires_grouped_query_attention() -> None:
+    with pytest.raises(ValueError, match="num_kv_heads"):
+        dataclasses.replace(SMALL, num_kv_heads=SMALL.num_heads)
+
+
+def test_preset_rejects_duplicate_revisions() -> None:
+    with pytest.raises(ValueError, match="unique"):
+        dataclasses.replace(SMALL, adapters=(SMALL.adapters[0], SMALL.adapters[0]))
+
+
+def test_get_preset_names_choices() -> None:
+    assert get_preset("small") is SMALL
+    with pytest.raises(ValueError, match=r"\['large', 'small'\]"):
+        get_preset("huge")
+
+
+def test_large_adds_a_rank_128_adapter() -> None:
+    assert max(plan.rank for plan in LARGE.adapters) == 128
+    assert max(plan.rank for plan in SMALL.adapters) == 64
+    assert LARGE.model_name == "loraplex-demo-large"
