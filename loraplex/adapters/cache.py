@@ -104,9 +104,15 @@ class TieredAdapterCache:
             raise
 
     def try_acquire(self, key: AdapterKey) -> Lease | None:
-        """A lease when ``key`` is in L0 now; otherwise None (and its load is started)."""
-        future = self.acquire_future(key)
-        return future.result() if future.done() and future.exception() is None else None
+        """A lease when ``key`` is in L0 now; otherwise None, and a lease-less load into L0 is
+        started (a lease granted to a future nobody holds would pin the slot forever)."""
+        with self.lock:
+            entry = self.ledgers[Tier.L0].get(key)
+            if entry is None or not entry.ready:
+                self._flow.load_into(key, Tier.L0, optional=False)
+                return None
+            self.stats.record_hit(Tier.L0, self.touch(key, self.clock.now()))
+            return self.grant(entry, LoadResult(key, Tier.L0, {}))
 
     def prefetch(self, key: AdapterKey, tier: Tier) -> Future[None]:
         """Brings ``key`` into ``tier`` if the policy judges it worth its victims; the future

@@ -291,3 +291,17 @@ def test_async_cancel_abandons_load() -> None:
     assert cache.snapshot().num_loading == 0
     assert not any(lg.entries for lg in cache.ledgers.values())
     assert not pipeline.staged
+
+
+def test_try_acquire_miss_loads_without_holding_a_lease() -> None:
+    rig = make_rig()
+    assert rig.cache.try_acquire(A) is None
+    rig.settle()
+    rig.check()
+    entry = rig.cache.ledgers[Tier.L0].get(A)
+    assert entry is not None and entry.ready and entry.refcount == 0  # nobody holds it
+    lease = rig.cache.try_acquire(A)
+    assert lease is not None and lease.load.source is Tier.L0 and entry.refcount == 1
+    lease.release()
+    assert entry.refcount == 0
+    rig.check()
