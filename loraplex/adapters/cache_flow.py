@@ -22,10 +22,21 @@ from loraplex.adapters.jobs import LoadJob, StepExecutor, Waiter
 from loraplex.adapters.pipeline import CancelToken, LoadPipeline, Prepared, Resolved
 from loraplex.adapters.stats import AdapterHistory, Stage
 from loraplex.adapters.tiering import ResidentEntry, Tier
-from loraplex.errors import CacheIntegrityError, CapacityError, LoadCancelledError
+from loraplex.errors import (
+    CacheIntegrityError,
+    CapacityError,
+    CorruptArtifactError,
+    DigestMismatchError,
+    LoadCancelledError,
+    TensorValidationError,
+)
 
 if TYPE_CHECKING:
     from loraplex.adapters.cache import TieredAdapterCache
+
+
+# A copy that fails these checks while being read is bad at rest, not in transit.
+_INTEGRITY_ERRORS = (CorruptArtifactError, DigestMismatchError, TensorValidationError)
 
 
 class LoadFlow:
@@ -228,7 +239,10 @@ class LoadFlow:
         self.retry_blocked()
 
     def _fail(self, job: LoadJob, error: BaseException) -> None:
+        move = job.move
         self._undo_move(job)
+        if move is not None and isinstance(error, _INTEGRITY_ERRORS):
+            self._drop_corrupt_source(job.key, move.source)
         self._retire(job)
         self.cache.stats.load_failures += 1
         for waiter in job.waiters:
@@ -278,6 +292,15 @@ class LoadFlow:
             self.pipeline.discard(job.move, job.prepared)
         self._release_source(job)
         job.reserved = job.prepared = job.move = None
+
+    def _drop_corrupt_source(self, key: AdapterKey, tier: Tier) -> None:
+        """A copy that failed verification on its way up is never read again: the next load
+        of ``key`` refetches from below (a pinned or leased copy stays until released)."""
+        if tier is Tier.L3:
+            return
+        entry = self.cache.ledgers[tier].get(key)
+        if entry is not None and entry.refcount == 0 and not entry.pinned:
+            self.evict_entry(entry)
 
     def _release_source(self, job: LoadJob) -> None:
         if job.source_entry is not None:

@@ -305,3 +305,34 @@ def test_try_acquire_miss_loads_without_holding_a_lease() -> None:
     lease.release()
     assert entry.refcount == 0
     rig.check()
+
+
+def test_copy_that_fails_verification_on_read_is_dropped_and_refetched() -> None:
+    rig = make_rig()
+    lease_of(rig, rig.cache.acquire_future(A)).release()
+    assert rig.cache.evict(A, Tier.L0) and rig.cache.evict(A, Tier.L1)
+    rig.pipeline.fail_at[(A, Stage.READ)] = DigestMismatchError("L2 copy", "0" * 64, "1" * 64)
+    failing = rig.cache.acquire_future(A)
+    rig.settle()
+    with pytest.raises(DigestMismatchError):
+        failing.result(timeout=0)
+    rig.check()
+    assert not rig.cache.is_resident(A, Tier.L2)  # never served from the bad copy again
+    del rig.pipeline.fail_at[(A, Stage.READ)]
+    lease = lease_of(rig, rig.cache.acquire_future(A))
+    assert lease.load.source is Tier.L3 and rig.pipeline.fetches == 2
+    lease.release()
+    rig.check()
+
+
+def test_transient_failure_keeps_the_good_lower_copy() -> None:
+    rig = make_rig()
+    lease_of(rig, rig.cache.acquire_future(A)).release()
+    assert rig.cache.evict(A, Tier.L0)
+    rig.pipeline.fail_at[(A, Stage.COPY)] = CapacityError("device busy")
+    failing = rig.cache.acquire_future(A)
+    rig.settle()
+    with pytest.raises(CapacityError):
+        failing.result(timeout=0)
+    assert rig.cache.is_resident(A, Tier.L1) and rig.cache.is_resident(A, Tier.L2)
+    rig.check()
