@@ -32,8 +32,11 @@ _TORCH_FREE_ADAPTERS = (
     "cache_waiters",
     "disk_tier",
 )
+# The engine's decision code (the simulator reuses the scheduler).
+_TORCH_FREE_ENGINE = ("protocol", "config", "request", "blocks", "scheduler", "output")
 TORCH_FREE_MODULES = (
     *(f"loraplex.adapters.{name}" for name in _TORCH_FREE_ADAPTERS),
+    *(f"loraplex.engine.{name}" for name in _TORCH_FREE_ENGINE),
     "loraplex.bench.workloads",
     "loraplex.bench.replay",
     "loraplex.clock",

@@ -44,6 +44,7 @@ def generate_demo_assets(out: Path, preset: str = "small", seed: int = 0) -> Dem
     from loraplex.demo.generate import generate
 
     out.parent.mkdir(parents=True, exist_ok=True)
+    _remove_abandoned_staging(out)
     staging = out.parent / f".{out.name}.tmp-{os.getpid()}"
     shutil.rmtree(staging, ignore_errors=True)
     staging.mkdir()
@@ -90,6 +91,24 @@ def _write_stamp(root: Path, preset: str, seed: int) -> None:
     stamp = {"generator_version": GENERATOR_VERSION, "preset": preset, "seed": seed, "files": files}
     text = json.dumps(stamp, indent=2, sort_keys=True) + "\n"
     (root / STAMP_NAME).write_text(text, encoding="utf-8")
+
+
+def _remove_abandoned_staging(out: Path) -> None:
+    """Delete staging directories left by generator processes that no longer run (killed)."""
+    for staging in out.parent.glob(f".{out.name}.tmp-*"):
+        pid = staging.name.rsplit("-", 1)[-1]
+        if pid.isdigit() and not _process_alive(int(pid)):
+            shutil.rmtree(staging, ignore_errors=True)
+
+
+def _process_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
 
 
 def _move_into_place(staging: Path, out: Path) -> None:

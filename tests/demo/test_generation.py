@@ -3,7 +3,10 @@
 from __future__ import annotations
 
 import json
+import os
 import shutil
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -111,6 +114,26 @@ def test_interrupted_run_leaves_nothing(tmp_path: Path, monkeypatch: pytest.Monk
     with pytest.raises(KeyboardInterrupt):
         generate_demo_assets(tmp_path / "out", "small", 0)
     assert list(tmp_path.iterdir()) == []
+
+
+def test_staging_left_by_a_killed_run_is_removed(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    dead = subprocess.Popen([sys.executable, "-c", "pass"])
+    dead.wait()
+    abandoned = tmp_path / f".out.tmp-{dead.pid}"
+    live = tmp_path / f".out.tmp-{os.getppid()}"  # a running process: not ours to delete
+    for staging in (abandoned, live):
+        staging.mkdir()
+        (staging / "config.json").write_text("{}", encoding="utf-8")
+
+    def failing_generate(root: Path, preset: DemoPreset, seed: int) -> None:
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(generate_module, "generate", failing_generate)
+    with pytest.raises(KeyboardInterrupt):
+        generate_demo_assets(tmp_path / "out", "small", 0)
+    assert sorted(p.name for p in tmp_path.iterdir()) == [live.name]
 
 
 def test_unknown_preset_is_rejected(tmp_path: Path) -> None:

@@ -1,0 +1,76 @@
+"""The engine's frozen configuration, split into the scheduler's slice and the rest (torch-free)."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+
+
+@dataclass(frozen=True)
+class SchedulerConfig:
+    """Budgets and policies the scheduler plans each step within."""
+
+    max_num_seqs: int = 32  # sequences running (holding KV blocks) at once
+    max_num_batched_tokens: int = 512  # tokens in one forward (decodes + prefill chunks)
+    max_model_len: int = 512  # prompt + output tokens of one sequence at most
+    default_deadline_s: float = 30.0  # queue residence before QueueTimeoutError (a default)
+    max_queue_len: int = 1024  # queued requests (all tenants) before QueueFullError
+    tenant_max_queued: int | None = None  # queued requests per tenant; None: only max_queue_len
+    tenant_weights: Mapping[str, float] = field(default_factory=dict)  # fair share; 1.0 if absent
+    lease_lookahead: int = 16  # queued requests, in admission order, that may hold/await a lease
+    prefetch_lookahead: int = 32  # further queued requests whose adapters are prefetched to L1
+    retry_after_s: float = 1.0  # Retry-After advertised with queue errors
+
+    def __post_init__(self) -> None:
+        for name in ("max_num_seqs", "max_num_batched_tokens", "max_model_len", "max_queue_len",
+                     "lease_lookahead"):  # fmt: skip
+            if getattr(self, name) < 1:
+                raise ValueError(f"{name} {getattr(self, name)} is invalid; expected >= 1")
+        if self.prefetch_lookahead < 0:
+            raise ValueError(
+                f"prefetch_lookahead {self.prefetch_lookahead} is invalid; expected >= 0"
+            )
+        if not self.default_deadline_s > 0:
+            raise ValueError(
+                f"default_deadline_s {self.default_deadline_s} is invalid; expected > 0"
+            )
+        if self.tenant_max_queued is not None and self.tenant_max_queued < 1:
+            raise ValueError(
+                f"tenant_max_queued {self.tenant_max_queued} is invalid; expected >= 1 or None"
+            )
+        for tenant, weight in self.tenant_weights.items():
+            if not weight > 0:
+                raise ValueError(f"tenant_weights[{tenant!r}] {weight} is invalid; expected > 0")
+        if self.max_num_batched_tokens < self.max_num_seqs:
+            raise ValueError(
+                f"max_num_batched_tokens {self.max_num_batched_tokens} is invalid; expected >= "
+                f"max_num_seqs {self.max_num_seqs} (every running sequence decodes each step)"
+            )
+        if self.retry_after_s < 0:
+            raise ValueError(f"retry_after_s {self.retry_after_s} is invalid; expected >= 0")
+
+
+@dataclass(frozen=True)
+class EngineConfig:
+    """One engine: its scheduler, its paged KV cache and where the model runs."""
+
+    scheduler: SchedulerConfig = field(default_factory=SchedulerConfig)  # the step planner
+    block_size: int = 16  # tokens per KV block
+    num_kv_blocks: int = 1024  # KV blocks (the KV memory budget)
+    dtype: str = "float32"  # model/KV dtype name: float32, bfloat16 or float16
+    device: str = "cpu"  # torch device string
+    idle_wait_s: float = 0.05  # how long the loop sleeps when nothing can run (woken early)
+
+    def __post_init__(self) -> None:
+        for name in ("block_size", "num_kv_blocks"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"{name} {getattr(self, name)} is invalid; expected >= 1")
+        if self.dtype not in ("float32", "bfloat16", "float16"):
+            raise ValueError(f"dtype {self.dtype!r} is invalid; expected float32/bfloat16/float16")
+        if not self.idle_wait_s > 0:
+            raise ValueError(f"idle_wait_s {self.idle_wait_s} is invalid; expected > 0")
+        if self.num_kv_blocks * self.block_size < self.scheduler.max_model_len:
+            raise ValueError(
+                f"num_kv_blocks {self.num_kv_blocks} x block_size {self.block_size} is invalid; "
+                f"expected room for one max_model_len {self.scheduler.max_model_len} sequence"
+            )

@@ -1,0 +1,129 @@
+"""Wiring: the adapter cache built around the model's slot pool, and the engine around both.
+
+The slot pool is shared: the cache's L0 tier fills it (on its worker threads), the model reads
+it in every forward. Both sides take the same ``slot_lock``, so a slot fill never overlaps a
+forward. Build in this order::
+
+    runtime = build_adapter_runtime(spec, resolver, store, disk_dir, AdapterRuntimeConfig(...))
+    engine = build_engine(model_dir, EngineConfig(...), runtime)
+    ...
+    engine.shutdown(); runtime.cache.close()
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+
+from loraplex.adapters.base_model import BaseModelSpec
+from loraplex.adapters.cache import CacheConfig, TieredAdapterCache
+from loraplex.adapters.identity import AdapterKey
+from loraplex.adapters.policy import make_policy
+from loraplex.adapters.tiering import Tier, TierBudget
+from loraplex.adapters.tiers import ArtifactRef, DiskTier, TierPipeline
+from loraplex.clock import Clock, MonotonicClock
+from loraplex.engine.blocks import BlockManager
+from loraplex.engine.config import EngineConfig
+from loraplex.engine.core import EngineCore
+from loraplex.engine.engine import AsyncEngine
+from loraplex.engine.kv_blocks import PagedKVCache
+from loraplex.engine.runner import ModelRunner
+from loraplex.engine.scheduler import Scheduler
+from loraplex.model.checkpoint import load_checkpoint
+from loraplex.model.lora import LoraSlotPool
+from loraplex.model.tokenizer import TextTokenizer
+from loraplex.registry.artifacts import ArtifactStore
+
+_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+
+
+@dataclass(frozen=True)
+class AdapterRuntimeConfig:
+    """The slot pool and the cache's byte budgets (vLLM's --max-loras, --max-lora-rank, ...)."""
+
+    max_loras: int = 8  # GPU slots (L0)
+    max_lora_rank: int = 64  # largest rank a slot holds
+    cpu_adapter_bytes: int = 1 << 30  # L1 budget
+    disk_cache_bytes: int = 8 << 30  # L2 budget
+    policy: str = "cost_aware"  # eviction policy name
+    dtype: str = "float32"  # adapter weights' dtype (the model's)
+    device: str = "cpu"  # the model's device
+    max_concurrent_loads: int = 4  # adapter loads in flight, all tenants
+    tenant_max_concurrent_loads: int = 2  # loads in flight per tenant (cold-load quota)
+
+    def __post_init__(self) -> None:
+        for name in ("max_loras", "max_lora_rank", "max_concurrent_loads",
+                     "tenant_max_concurrent_loads"):  # fmt: skip
+            if getattr(self, name) < 1:
+                raise ValueError(f"{name} {getattr(self, name)} is invalid; expected >= 1")
+        for name in ("cpu_adapter_bytes", "disk_cache_bytes"):
+            if getattr(self, name) < 0:
+                raise ValueError(f"{name} {getattr(self, name)} is invalid; expected >= 0")
+        if self.dtype not in _DTYPES:
+            raise ValueError(f"dtype {self.dtype!r} is invalid; expected one of {list(_DTYPES)}")
+
+
+@dataclass(frozen=True)
+class AdapterRuntime:
+    """The pieces the engine shares with the adapter cache."""
+
+    pool: LoraSlotPool  # L0 slots, read by the model
+    slot_lock: threading.Lock  # held by slot fills and by every forward
+    cache: TieredAdapterCache  # the tiered cache (recovered, ready to acquire)
+    pipeline: TierPipeline  # its tier pipeline (L1 memory, L2 disk)
+
+
+def build_adapter_runtime(
+    base: BaseModelSpec,
+    resolver: Callable[[AdapterKey], ArtifactRef],
+    store: ArtifactStore,
+    disk_dir: Path,
+    config: AdapterRuntimeConfig,
+    *,
+    clock: Clock | None = None,
+) -> AdapterRuntime:
+    """A slot pool, a TierPipeline over ``store`` and ``disk_dir``, and the recovered cache."""
+    dtype, device = _DTYPES[config.dtype], torch.device(config.device)
+    pool = LoraSlotPool(base, config.max_loras, config.max_lora_rank, dtype=dtype, device=device)
+    slot_lock = threading.Lock()
+    pipeline = TierPipeline(resolver, store, DiskTier(disk_dir), pool, base, slot_lock=slot_lock)
+    budgets = {
+        Tier.L0: TierBudget(pool.total_bytes, config.max_loras),
+        Tier.L1: TierBudget(config.cpu_adapter_bytes),
+        Tier.L2: TierBudget(config.disk_cache_bytes),
+    }
+    cache_config = CacheConfig(
+        budgets,
+        max_concurrent_loads=config.max_concurrent_loads,
+        tenant_max_concurrent_loads=config.tenant_max_concurrent_loads,
+    )
+    cache = TieredAdapterCache(
+        cache_config, pipeline, policy=make_policy(config.policy), clock=clock or MonotonicClock()
+    )
+    cache.recover()
+    return AdapterRuntime(pool, slot_lock, cache, pipeline)
+
+
+def build_engine(
+    model_dir: Path,
+    config: EngineConfig,
+    runtime: AdapterRuntime | None,
+    *,
+    clock: Clock | None = None,
+) -> AsyncEngine:
+    """Load the base model and start the engine thread; ``runtime`` None serves the base only."""
+    model = load_checkpoint(model_dir, dtype=_DTYPES[config.dtype], device=config.device)
+    clock = clock or MonotonicClock()
+    blocks = BlockManager(config.num_kv_blocks, config.block_size)
+    kv = PagedKVCache(model.attention_shape, blocks, dtype=model.dtype, device=model.device)
+    scheduler = Scheduler(config.scheduler, blocks, clock)
+    pool = None if runtime is None else runtime.pool
+    slot_lock = threading.Lock() if runtime is None else runtime.slot_lock
+    runner = ModelRunner(model, kv, pool, slot_lock)
+    cache = None if runtime is None else runtime.cache
+    core = EngineCore(scheduler, runner, cache, TextTokenizer(model_dir), clock)
+    return AsyncEngine(core, config.idle_wait_s, max_loras=0 if pool is None else pool.max_loras)

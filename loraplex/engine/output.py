@@ -1,0 +1,80 @@
+"""Per-request output: incremental detokenization, stop strings, finish reasons (torch-free).
+
+Text is re-decoded from all output tokens each step (byte-level BPE may need several tokens for
+one character), and only text that can no longer change is emitted: a trailing replacement
+character (an incomplete UTF-8 sequence) and any suffix that could still grow into a stop
+string are held back until the next token decides them. The concatenated deltas equal the
+offline decoder's text.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, Protocol
+
+from loraplex.engine.protocol import FINISH_LENGTH, FINISH_STOP, TokenDelta
+
+if TYPE_CHECKING:
+    from loraplex.model.sampler import SamplingParams
+
+
+class Detokenizer(Protocol):
+    def decode(self, token_ids: Sequence[int]) -> str: ...
+
+
+class OutputTracker:
+    """Turns one request's sampled tokens into TokenDeltas."""
+
+    def __init__(
+        self,
+        params: SamplingParams,
+        prompt_tokens: int,
+        eos_token_ids: frozenset[int],
+        detokenizer: Detokenizer,
+    ) -> None:
+        self.params = params
+        self.prompt_tokens = prompt_tokens
+        self._eos = eos_token_ids
+        self._detokenizer = detokenizer
+        self.token_ids: list[int] = []  # every sampled token
+        self.emitted = ""  # text streamed so far
+
+    def append(self, token: int, *, at_max_model_len: bool = False) -> TokenDelta:
+        """Record ``token``; the delta says what to stream and whether the request is done."""
+        self.token_ids.append(token)
+        text = self._detokenizer.decode(self.token_ids)
+        finish, visible = self._finish(text, token, at_max_model_len)
+        if finish is None:
+            visible = _settled(text, self.params.stop)
+        delta = visible[len(self.emitted) :] if visible.startswith(self.emitted) else ""
+        self.emitted += delta
+        return TokenDelta(
+            token_ids=(token,),
+            text=delta,
+            finish_reason=finish,
+            prompt_tokens=self.prompt_tokens,
+            completion_tokens=len(self.token_ids),
+        )
+
+    def _finish(self, text: str, token: int, at_limit: bool) -> tuple[str | None, str]:
+        params = self.params
+        cut = min((i for s in params.stop if (i := text.find(s)) >= 0), default=None)
+        if cut is not None:
+            return FINISH_STOP, text[:cut]
+        if token in self._eos and not params.ignore_eos:
+            return FINISH_STOP, text
+        if len(self.token_ids) >= params.max_tokens or at_limit:
+            return FINISH_LENGTH, text
+        return None, text
+
+
+def _settled(text: str, stops: tuple[str, ...]) -> str:
+    """``text`` minus what the next tokens may still change."""
+    text = text.rstrip("\ufffd")
+    hold = 0
+    for stop in stops:
+        for length in range(min(len(stop) - 1, len(text)), hold, -1):
+            if text.endswith(stop[:length]):
+                hold = length
+                break
+    return text[: len(text) - hold]

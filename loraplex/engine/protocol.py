@@ -1,0 +1,98 @@
+"""The seam between the engine and the HTTP server.
+
+The server resolves tenants and aliases (control plane) and hands the engine an
+``EngineRequest`` carrying the immutable ``AdapterKey``; the engine streams ``TokenDelta``s
+back. Errors surface from the stream as domain exceptions (``loraplex.errors``):
+``QueueTimeoutError`` (503 + Retry-After), ``QueueFullError`` (429 + Retry-After),
+``CapacityError`` (a request that can never fit), ``AdapterError`` subclasses and
+``LoadCancelledError`` (the revision failed to load). ``server/errors.py`` maps them.
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Protocol
+
+from loraplex.adapters.identity import AdapterKey
+
+if TYPE_CHECKING:
+    from loraplex.model.sampler import SamplingParams
+    from loraplex.model.tokenizer import TextTokenizer
+
+# Finish reasons a TokenDelta can carry (OpenAI's vocabulary plus "abort").
+FINISH_STOP = "stop"
+FINISH_LENGTH = "length"
+FINISH_ABORT = "abort"
+FINISH_REASONS = (FINISH_STOP, FINISH_LENGTH, FINISH_ABORT)
+
+
+@dataclass(frozen=True)
+class EngineRequest:
+    """One generation request, already authorised and resolved to a revision."""
+
+    request_id: str  # unique among live requests; also the alias draw key
+    tenant: str  # owning tenant (fairness, quotas)
+    adapter_key: AdapterKey | None  # resolved revision; None = base model
+    prompt_token_ids: tuple[int, ...]  # the tokenized prompt (chat template already applied)
+    params: SamplingParams  # sampling and stopping (loraplex.model.sampler)
+    deadline_s: float | None = None  # max seconds queued before QueueTimeoutError; None: default
+
+    def __post_init__(self) -> None:
+        if not self.request_id:
+            raise ValueError("request_id '' is invalid; expected a non-empty string")
+        if not self.tenant:
+            raise ValueError("tenant '' is invalid; expected a non-empty string")
+        if not self.prompt_token_ids:
+            raise ValueError("prompt_token_ids () is invalid; expected at least one token")
+        if self.deadline_s is not None and not self.deadline_s > 0:
+            raise ValueError(f"deadline_s {self.deadline_s} is invalid; expected > 0 or None")
+
+
+@dataclass(frozen=True)
+class TokenDelta:
+    """One streamed increment of a request's output."""
+
+    token_ids: tuple[int, ...]  # new tokens since the previous delta
+    text: str  # new text (incremental detokenization, stop strings applied)
+    finish_reason: str | None  # None while running; "stop" | "length" | "abort"
+    prompt_tokens: int  # prompt length in tokens
+    completion_tokens: int  # tokens generated so far (including these)
+
+
+@dataclass(frozen=True)
+class EngineLoad:
+    """A point-in-time view of the engine's load (for /metrics and routing)."""
+
+    num_waiting: int  # queued requests whose adapter is resident or that use the base model
+    num_adapter_wait: int  # queued requests waiting for their adapter to load
+    num_running: int  # requests holding KV blocks (prefilling or decoding)
+    kv_usage: float  # fraction 0-1 of KV blocks in use
+    running_adapters: tuple[AdapterKey, ...]  # adapters resident in GPU slots (L0)
+    waiting_adapters: tuple[AdapterKey, ...]  # adapters with queued requests, not resident
+    max_loras: int  # GPU adapter slots
+
+
+class EngineClient(Protocol):
+    """What the server needs from an engine (AsyncEngine implements it; tests may fake it)."""
+
+    def generate(self, request: EngineRequest) -> AsyncIterator[TokenDelta]:
+        """Submit ``request`` and stream its output; closing the iterator aborts the request.
+
+        Domain errors (queue timeout, queue full, adapter load failure) are raised from the
+        iterator, before or between deltas.
+        """
+        ...
+
+    async def abort(self, request_id: str) -> None:
+        """Abort a live request (its stream ends with finish_reason "abort"); unknown ids: no-op."""
+        ...
+
+    def load_snapshot(self) -> EngineLoad:
+        """Current load; cheap and thread-safe."""
+        ...
+
+    @property
+    def tokenizer(self) -> TextTokenizer:
+        """The base model's tokenizer (prompts are encoded with it, output decoded with it)."""
+        ...

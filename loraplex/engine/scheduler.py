@@ -1,0 +1,287 @@
+"""The step planner (torch-free): which tokens of which requests run in the next forward.
+
+Each step, running sequences go first (decodes, then unfinished prefill chunks), then queued
+requests are admitted while the sequence, token and KV-block budgets allow. The slot budget is
+held by the adapter cache: a request is schedulable only once it holds a lease on its adapter's
+slot, so a request whose adapter is loading (ADAPTER_WAIT) is skipped and never blocks others.
+
+Fairness is by work, not by request count: every scheduled token charges its tenant's virtual
+time (tokens / weight) and admission picks the backlogged tenant with the least virtual time. A
+tenant that becomes active starts at the least virtual time of the active tenants, so idling
+banks no credit. When KV blocks run out, the most recently admitted sequence is preempted
+(its blocks freed, recomputed later; it keeps its lease).
+"""
+
+from __future__ import annotations
+
+import heapq
+from collections import deque
+from collections.abc import Iterator, Mapping
+from dataclasses import dataclass
+
+from loraplex.adapters.identity import AdapterKey
+from loraplex.clock import Clock
+from loraplex.engine.blocks import BASE_NAMESPACE, BlockManager
+from loraplex.engine.config import SchedulerConfig
+from loraplex.engine.protocol import EngineRequest
+from loraplex.engine.request import QUEUED_STATES, Request, RequestState
+from loraplex.errors import CapacityError, QueueFullError
+
+
+@dataclass(frozen=True)
+class ScheduledChunk:
+    """Consecutive tokens of one request in the next forward."""
+
+    request_id: str  # whose tokens
+    seq_id: int  # its KV sequence (BlockManager handle)
+    start_pos: int  # position of the first token (= tokens already cached)
+    token_ids: tuple[int, ...]  # the tokens to run
+    slot: int | None  # LoRA slot of its adapter lease; None = base model
+    samples: bool  # the chunk ends at the sequence's last token: sample the next one
+
+
+@dataclass(frozen=True)
+class StepPlan:
+    """What one forward runs."""
+
+    chunks: tuple[ScheduledChunk, ...]  # in token order of the flattened batch
+    preempted: tuple[str, ...]  # request ids whose KV was freed this step
+
+    @property
+    def num_tokens(self) -> int:
+        return sum(len(c.token_ids) for c in self.chunks)
+
+
+def namespace_of(key: AdapterKey | None) -> str:
+    """Prefix-reuse scope of a request: its adapter revision's full identity."""
+    return BASE_NAMESPACE if key is None else str(key)
+
+
+class Scheduler:
+    """Queues, running set and budgets; mutated only by the engine thread."""
+
+    def __init__(self, config: SchedulerConfig, blocks: BlockManager, clock: Clock) -> None:
+        self.config = config
+        self.blocks = blocks
+        self.clock = clock
+        self.requests: dict[str, Request] = {}  # every live request by id
+        self.running: list[Request] = []  # admission order (the tail is preempted first)
+        self._queues: dict[str, deque[Request]] = {}  # per tenant: queued, arrival order
+        self._vtime: dict[str, float] = {}  # per tenant: tokens charged / weight
+        self._num_queued = 0
+
+    # --- admission to the engine ------------------------------------------------------------
+
+    def check_can_add(self, request: EngineRequest) -> None:
+        """Raises QueueFullError / CapacityError when ``request`` cannot be queued now."""
+        cfg = self.config
+        if request.request_id in self.requests:
+            raise ValueError(f"request_id {request.request_id!r} is invalid; expected unique")
+        if len(request.prompt_token_ids) >= cfg.max_model_len:
+            raise CapacityError(
+                f"prompt has {len(request.prompt_token_ids)} tokens; max_model_len is "
+                f"{cfg.max_model_len}"
+            )
+        if self._num_queued >= cfg.max_queue_len:
+            raise QueueFullError("the engine queue", cfg.max_queue_len, cfg.retry_after_s)
+        queue = self._queues.get(request.tenant)
+        limit = cfg.tenant_max_queued
+        if limit is not None and queue is not None and len(queue) >= limit:
+            raise QueueFullError(f"tenant {request.tenant!r} queue", limit, cfg.retry_after_s)
+
+    def add(self, request: EngineRequest) -> Request:
+        self.check_can_add(request)
+        now = self.clock.now()
+        deadline = request.deadline_s or self.config.default_deadline_s
+        req = Request(request, arrival_s=now, deadline_at_s=now + deadline)
+        tenant = req.tenant
+        if tenant not in self._queues:
+            active = [self._vtime[t] for t in self._active_tenants()]
+            floor = min(active, default=self._vtime.get(tenant, 0.0))
+            self._vtime[tenant] = max(self._vtime.get(tenant, 0.0), floor)
+            self._queues[tenant] = deque()
+        self._queues[tenant].append(req)
+        self.requests[req.request_id] = req
+        self._num_queued += 1
+        return req
+
+    def finish(self, req: Request, state: RequestState, reason: str) -> None:
+        """Retire a live request (FINISHED or ABORTED): frees its KV blocks. The caller
+        releases its lease."""
+        if req.state in QUEUED_STATES:
+            self._queues[req.tenant].remove(req)
+            self._num_queued -= 1
+        elif req.state is RequestState.RUNNING:
+            self.running.remove(req)
+        self._free_kv(req)
+        req.transition(state)
+        req.finish_reason = reason
+        del self.requests[req.request_id]
+        if not self._queues[req.tenant] and all(r.tenant != req.tenant for r in self.running):
+            del self._queues[req.tenant]
+
+    # --- views for the engine ---------------------------------------------------------------
+
+    @property
+    def num_queued(self) -> int:
+        return self._num_queued
+
+    def queued_in_order(self, limit: int) -> list[Request]:
+        """Up to ``limit`` queued requests in the order fair admission would take them
+        (projected virtual times, each request charged its prompt + max_tokens)."""
+        vtime = dict(self._vtime)
+        cursors = {t: iter(q) for t, q in self._queues.items() if q}
+        heap = [(vtime[t], t, next(it)) for t, it in cursors.items()]
+        heapq.heapify(heap)
+        order: list[Request] = []
+        while heap and len(order) < limit:
+            v, tenant, req = heapq.heappop(heap)
+            order.append(req)
+            v += (len(req.request.prompt_token_ids) + req.request.params.max_tokens) / self._weight(
+                tenant
+            )
+            following = next(cursors[tenant], None)
+            if following is not None:
+                heapq.heappush(heap, (v, tenant, following))
+        return order
+
+    def lease_candidates(self) -> list[Request]:
+        """WAITING requests in the lookahead window that need their adapter leased."""
+        window = self.queued_in_order(self.config.lease_lookahead)
+        return [r for r in window if r.state is RequestState.WAITING and not r.adapter_ready]
+
+    def prefetch_keys(self) -> list[AdapterKey]:
+        """Adapters of the queued requests just past the lease window (prefetch to CPU)."""
+        cfg = self.config
+        order = self.queued_in_order(cfg.lease_lookahead + cfg.prefetch_lookahead)
+        keys = (r.request.adapter_key for r in order[cfg.lease_lookahead :] if r.lease is None)
+        return list(dict.fromkeys(k for k in keys if k is not None))
+
+    def expired(self, now_s: float) -> list[Request]:
+        """Queued requests past their deadline. Requests that already ran (even if preempted
+        since) never expire: their stream has started."""
+        return [
+            r
+            for q in self._queues.values()
+            for r in q
+            if r.deadline_at_s <= now_s and r.first_scheduled_s is None
+        ]
+
+    # --- planning ------------------------------------------------------------------------------
+
+    def schedule(self) -> StepPlan:
+        budget = self.config.max_num_batched_tokens
+        chunks: list[ScheduledChunk] = []
+        preempted: list[str] = []
+        # Decodes before unfinished prefills, so a long prompt never delays running streams.
+        order = sorted(self.running, key=lambda r: r.num_tokens - r.num_computed_tokens > 1)
+        for req in order:
+            if req.state is not RequestState.RUNNING or budget == 0:
+                continue
+            n = min(req.num_tokens - req.num_computed_tokens, budget)
+            if not self._make_room(req, n, {c.request_id for c in chunks}, preempted):
+                continue
+            chunks.append(self._chunk(req, n))
+            budget -= n
+        for req in self._admissible():
+            if len(self.running) >= self.config.max_num_seqs or budget == 0:
+                break
+            n = self._admit(req, budget)
+            if n == 0:
+                break  # KV blocks exhausted: admit nothing more this step
+            chunks.append(self._chunk(req, n))
+            budget -= n
+        return StepPlan(tuple(chunks), tuple(preempted))
+
+    def update(self, plan: StepPlan, sampled: Mapping[str, int]) -> None:
+        """Record a step's result: KV now holds the chunks' tokens; append sampled tokens."""
+        for chunk in plan.chunks:
+            req = self.requests.get(chunk.request_id)
+            if req is None or req.state is not RequestState.RUNNING or req.seq_id != chunk.seq_id:
+                continue  # aborted or preempted since the plan was made
+            req.num_computed_tokens += len(chunk.token_ids)
+            token = sampled.get(req.request_id)
+            if token is not None:
+                req.output_token_ids.append(token)
+            self.blocks.record(chunk.seq_id, req.token_ids()[: req.num_computed_tokens])
+
+    # --- internals -------------------------------------------------------------------------------
+
+    def _weight(self, tenant: str) -> float:
+        return self.config.tenant_weights.get(tenant, 1.0)
+
+    def _active_tenants(self) -> set[str]:
+        return set(self._queues)
+
+    def _admissible(self) -> Iterator[Request]:
+        """Ready queued requests, each time from the backlogged tenant with the least virtual
+        time (charges made while admitting count at once)."""
+        ready = {
+            t: deque(r for r in q if r.state is RequestState.WAITING and r.adapter_ready)
+            for t, q in self._queues.items()
+        }
+        ready = {t: rs for t, rs in ready.items() if rs}
+        while ready:
+            tenant = min(ready, key=lambda t: (self._vtime[t], t))
+            yield ready[tenant].popleft()
+            if not ready[tenant]:
+                del ready[tenant]
+
+    def _admit(self, req: Request, budget: int) -> int:
+        """Move ``req`` to RUNNING with KV for its first chunk; returns that chunk's size (0 if
+        the blocks do not fit, leaving ``req`` queued)."""
+        seq_id = self.blocks.allocate(namespace_of(req.request.adapter_key))
+        cached = self.blocks.match_prefix(seq_id, req.token_ids())
+        n = min(req.num_tokens - cached, budget)
+        if not self.blocks.can_grow(seq_id, cached + n):
+            self.blocks.free(seq_id)
+            return 0
+        self.blocks.grow(seq_id, cached + n)
+        self._queues[req.tenant].remove(req)
+        self._num_queued -= 1
+        req.transition(RequestState.RUNNING)
+        req.seq_id, req.num_computed_tokens = seq_id, cached
+        if req.first_scheduled_s is None:
+            req.first_scheduled_s = self.clock.now()
+        self.running.append(req)
+        return n
+
+    def _make_room(self, req: Request, n: int, scheduled: set[str], preempted: list[str]) -> bool:
+        """Ensure ``req`` has blocks for ``n`` more tokens, preempting the most recently
+        admitted sequence not yet ``scheduled`` this step; False when that was ``req``."""
+        assert req.seq_id is not None  # RUNNING requests always hold a sequence
+        while not self.blocks.can_grow(req.seq_id, req.num_computed_tokens + n):
+            victim = next(r for r in reversed(self.running) if r.request_id not in scheduled)
+            self._preempt(victim)
+            preempted.append(victim.request_id)
+            if victim is req:
+                return False
+        self.blocks.grow(req.seq_id, req.num_computed_tokens + n)
+        return True
+
+    def _preempt(self, req: Request) -> None:
+        self.running.remove(req)
+        self._free_kv(req)
+        req.transition(RequestState.WAITING)
+        self._queues[req.tenant].appendleft(req)
+        self._num_queued += 1
+
+    def _free_kv(self, req: Request) -> None:
+        if req.seq_id is not None:
+            self.blocks.free(req.seq_id)
+        req.seq_id, req.num_computed_tokens = None, 0
+
+    def _chunk(self, req: Request, n: int) -> ScheduledChunk:
+        """The next ``n`` tokens of ``req``, charged to its tenant's virtual time."""
+        assert req.seq_id is not None  # scheduled requests are RUNNING
+        self._vtime[req.tenant] += n / self._weight(req.tenant)
+        start = req.num_computed_tokens
+        tokens = req.token_ids()[start : start + n]
+        return ScheduledChunk(
+            request_id=req.request_id,
+            seq_id=req.seq_id,
+            start_pos=start,
+            token_ids=tuple(tokens),
+            slot=req.slot,
+            samples=start + n == req.num_tokens,
+        )

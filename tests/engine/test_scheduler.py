@@ -1,0 +1,199 @@
+from __future__ import annotations
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+from sched_kit import Driver, adapter, request
+
+from loraplex.engine.config import SchedulerConfig
+from loraplex.engine.protocol import FINISH_ABORT
+from loraplex.engine.request import RequestState
+from loraplex.errors import CapacityError, QueueFullError
+
+
+def _run(driver: Driver, max_steps: int = 2000) -> None:
+    for _ in range(max_steps):
+        if not driver.scheduler.requests:
+            return
+        driver.step()
+        _check_budgets(driver)
+    raise AssertionError(f"requests left after {max_steps} steps: {driver.scheduler.requests}")
+
+
+def _check_budgets(driver: Driver) -> None:
+    cfg, plan = driver.config, driver.plans[-1]
+    assert plan.num_tokens <= cfg.max_num_batched_tokens
+    assert len(driver.scheduler.running) <= cfg.max_num_seqs
+    assert len({c.request_id for c in plan.chunks}) == len(plan.chunks)
+    driver.blocks.check_integrity()
+
+
+requests_strategy = st.lists(
+    st.tuples(
+        st.sampled_from(["a", "b", "c"]),
+        st.integers(1, 30),  # prompt tokens
+        st.integers(1, 12),  # output tokens
+        st.sampled_from([None, "x", "y"]),  # adapter
+        st.integers(0, 40),  # arrival step
+    ),
+    min_size=1,
+    max_size=25,
+)
+
+
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(
+    reqs=requests_strategy,
+    max_seqs=st.integers(1, 6),
+    extra_tokens=st.integers(0, 40),
+    num_blocks=st.integers(11, 40),
+    same_prompt=st.booleans(),
+)
+def test_budgets_hold_and_every_request_finishes(
+    reqs: list[tuple[str, int, int, str | None, int]],
+    max_seqs: int,
+    extra_tokens: int,
+    num_blocks: int,
+    same_prompt: bool,
+) -> None:
+    cfg = SchedulerConfig(
+        max_num_seqs=max_seqs,
+        max_num_batched_tokens=max_seqs + extra_tokens,
+        max_model_len=44,
+        default_deadline_s=1e6,
+    )
+    driver = Driver(cfg, num_blocks=num_blocks, resident={adapter("x"), adapter("y")})
+    pending = sorted(enumerate(reqs), key=lambda item: item[1][4])
+    step = 0
+    while pending or driver.scheduler.requests:
+        while pending and pending[0][1][4] <= step:
+            i, (tenant, prompt, out, name, _) = pending.pop(0)
+            key = adapter(name) if name else None
+            driver.add(request(f"r{i}", tenant, prompt=prompt, out=out, key=key,
+                               first=1 if same_prompt else 1 + i))  # fmt: skip
+        driver.step()
+        _check_budgets(driver)
+        step += 1
+        assert step < 3000, "scheduler made no progress"
+    assert sorted(driver.finished) == sorted(f"r{i}" for i in range(len(reqs)))
+    assert driver.blocks.usage == 0
+
+
+def test_two_tenants_get_equal_token_shares_despite_request_sizes() -> None:
+    cfg = SchedulerConfig(max_num_seqs=4, max_num_batched_tokens=64, max_model_len=128)
+    driver = Driver(cfg, num_blocks=256)
+    for i in range(300):
+        driver.add(request(f"long{i}", "a", prompt=40, out=4, first=100 + i))
+        driver.add(request(f"short{i}", "b", prompt=4, out=4, first=1000 + i))
+    for _ in range(150):
+        driver.step()
+    a, b = driver.tokens_by_tenant["a"], driver.tokens_by_tenant["b"]
+    assert abs(a - b) / (a + b) < 0.1, (a, b)
+    finished_b = sum(r.startswith("short") for r in driver.finished)
+    finished_a = len(driver.finished) - finished_b
+    assert finished_b > 5 * finished_a  # fair by tokens, so the cheap requests complete more
+
+
+def test_tenant_weights_scale_token_shares() -> None:
+    cfg = SchedulerConfig(max_num_seqs=4, max_num_batched_tokens=32, max_model_len=64,
+                          tenant_weights={"a": 3.0})  # fmt: skip
+    driver = Driver(cfg, num_blocks=256)
+    for i in range(200):
+        driver.add(request(f"a{i}", "a", prompt=8, out=4, first=i))
+        driver.add(request(f"b{i}", "b", prompt=8, out=4, first=500 + i))
+    for _ in range(150):
+        driver.step()
+    ratio = driver.tokens_by_tenant["a"] / driver.tokens_by_tenant["b"]
+    assert 2.4 < ratio < 3.6, ratio
+
+
+def test_cold_adapter_never_blocks_warm_requests() -> None:
+    cold, warm = adapter("cold"), adapter("warm")
+    cfg = SchedulerConfig(max_num_seqs=4, max_num_batched_tokens=32, lease_lookahead=64)
+    driver = Driver(cfg, resident={warm})
+    for i in range(6):
+        driver.add(request(f"cold{i}", "storm", key=cold))
+    for i in range(6):
+        driver.add(request(f"warm{i}", "steady", key=warm))
+        driver.add(request(f"base{i}", "steady"))
+    for _ in range(200):
+        driver.step()
+    assert sorted(driver.finished) == sorted(
+        [f"warm{i}" for i in range(6)] + [f"base{i}" for i in range(6)]
+    )
+    states = {r.state for r in driver.scheduler.requests.values()}
+    assert states == {RequestState.ADAPTER_WAIT}
+    driver.load(cold)
+    _run(driver)
+    assert len(driver.finished) == 18
+
+
+def test_deadlines_expire_only_queued_requests() -> None:
+    cfg = SchedulerConfig(max_num_seqs=1, max_num_batched_tokens=8, default_deadline_s=1.0)
+    driver = Driver(cfg)
+    driver.add(request("runs", out=200))
+    driver.add(request("waits", deadline_s=0.5))
+    driver.add(request("patient", deadline_s=100.0))
+    driver.step()
+    driver.clock.advance(0.6)
+    assert [r.request_id for r in driver.scheduler.expired(driver.clock.now())] == ["waits"]
+    driver.clock.advance(10)
+    expired = driver.scheduler.expired(driver.clock.now())
+    assert [r.request_id for r in expired] == ["waits"]  # running requests never expire
+    driver.scheduler.finish(expired[0], RequestState.ABORTED, FINISH_ABORT)
+    assert "waits" not in driver.scheduler.requests and driver.scheduler.num_queued == 1
+
+
+def test_preemption_frees_blocks_and_recomputes() -> None:
+    cfg = SchedulerConfig(max_num_seqs=4, max_num_batched_tokens=64, max_model_len=40,
+                          default_deadline_s=0.05)  # fmt: skip
+    driver = Driver(cfg, num_blocks=10, block_size=4)
+    for i in range(4):
+        driver.add(request(f"r{i}", prompt=8, out=20, first=10 * i))
+    _run(driver)
+    assert any(p.preempted for p in driver.plans)
+    assert driver.expired == []  # requeued after preemption, yet never timed out
+    assert sorted(driver.finished) == [f"r{i}" for i in range(4)]
+
+
+def test_prefix_reuse_skips_cached_prompt_tokens() -> None:
+    cfg = SchedulerConfig(max_num_seqs=2, max_num_batched_tokens=64)
+    driver = Driver(cfg, block_size=4)
+    driver.add(request("first", prompt=10, out=1))
+    _run(driver)
+    driver.add(request("same", prompt=10, out=1))
+    driver.add(request("other-rev", prompt=10, out=1, key=adapter("x")))
+    driver.resident.add(adapter("x"))
+    plan = driver.step()
+    starts = {c.request_id: c.start_pos for c in plan.chunks}
+    assert starts == {"same": 8, "other-rev": 0}
+
+
+def test_queue_limits() -> None:
+    cfg = SchedulerConfig(max_queue_len=3, tenant_max_queued=2, max_model_len=16)
+    driver = Driver(cfg)
+    driver.add(request("a1"))
+    driver.add(request("a2"))
+    with pytest.raises(QueueFullError) as tenant_full:
+        driver.add(request("a3"))
+    assert tenant_full.value.retry_after_s == cfg.retry_after_s
+    driver.add(request("b1", "b"))
+    with pytest.raises(QueueFullError):
+        driver.add(request("c1", "c"))
+    with pytest.raises(CapacityError):
+        Driver(cfg).add(request("huge", prompt=16))
+    with pytest.raises(ValueError, match="unique"):
+        driver.scheduler.check_can_add(request("a1"))
+
+
+def test_lease_window_and_prefetch_follow_fair_order() -> None:
+    keys = [adapter(f"k{i}") for i in range(6)]
+    cfg = SchedulerConfig(lease_lookahead=2, prefetch_lookahead=2)
+    driver = Driver(cfg)
+    for i, key in enumerate(keys[:3]):
+        driver.add(request(f"a{i}", "a", key=key))
+    for i, key in enumerate(keys[3:]):
+        driver.add(request(f"b{i}", "b", key=key))
+    window = [r.request_id for r in driver.scheduler.lease_candidates()]
+    assert window == ["a0", "b0"]
+    assert driver.scheduler.prefetch_keys() == [keys[1], keys[4]]
