@@ -11,7 +11,7 @@ import importlib
 
 import typer
 
-_COMMAND_MODULES: tuple[str, ...] = ("demo", "assets", "generate", "registry", "bench")
+_COMMAND_MODULES: tuple[str, ...] = ("demo", "assets", "generate", "registry", "bench", "serve")
 
 app = typer.Typer(
     name="loraplex",

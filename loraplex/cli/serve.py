@@ -1,0 +1,120 @@
+"""``loraplex serve``: the OpenAI-compatible server with its admin API and metrics.
+
+Without arguments it serves the generated demo model and adapters from the default data
+directory, and prints a sample API key per demo tenant and the admin key. Flags override the
+``--config`` TOML file, which overrides the defaults (see docs/operations.md).
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import TYPE_CHECKING, Annotated, Any
+
+import typer
+
+from loraplex.registry import default_data_dir
+
+if TYPE_CHECKING:
+    from loraplex.server.serve_config import ServeConfig
+
+Opt = typer.Option
+
+
+def register(app: typer.Typer) -> None:
+    app.command("serve")(serve_command)
+
+
+def serve_command(
+    *,
+    config: Annotated[
+        Path | None, Opt(help="TOML file (a 'serve' table; keys are the flag names).")
+    ] = None,
+    host: Annotated[str | None, Opt(help="Listen address (default: 127.0.0.1).")] = None,
+    port: Annotated[int | None, Opt(help="Listen port (default: 8000).")] = None,
+    model: Annotated[Path | None, Opt(help="Base model dir (default: the demo model).")] = None,
+    data_dir: Annotated[
+        Path | None,
+        Opt(envvar="LORAPLEX_DATA_DIR", help="State directory (default: ~/.local/share/loraplex)."),
+    ] = None,
+    admin_key: Annotated[
+        str | None,
+        Opt(envvar="LORAPLEX_ADMIN_KEY", help="Admin credential (default: generated, saved)."),
+    ] = None,
+    import_dir: Annotated[Path | None, Opt(help="Admin registration by path: root.")] = None,
+    max_loras: Annotated[int | None, Opt(help="GPU adapter slots (default: 8).")] = None,
+    max_cpu_loras: Annotated[int | None, Opt(help="CPU cache size in max-rank adapters.")] = None,
+    max_lora_rank: Annotated[int | None, Opt(help="Largest adapter rank (default: 64).")] = None,
+    gpu_adapter_bytes: Annotated[int | None, Opt(help="GPU slot byte budget.")] = None,
+    cpu_adapter_bytes: Annotated[int | None, Opt(help="CPU cache byte budget (1 GiB).")] = None,
+    disk_cache_bytes: Annotated[int | None, Opt(help="Disk cache byte budget (8 GiB).")] = None,
+    policy: Annotated[str | None, Opt(help="Eviction: cost_aware (default) or lru.")] = None,
+    device: Annotated[str | None, Opt(help="torch device (default: cpu).")] = None,
+    dtype: Annotated[str | None, Opt(help="float32 (default), bfloat16, float16.")] = None,
+    max_num_seqs: Annotated[int | None, Opt(help="Sequences at once (default: 32).")] = None,
+    max_model_len: Annotated[int | None, Opt(help="Prompt + output tokens (default: 512).")] = None,
+    queue_deadline_s: Annotated[float | None, Opt(help="Queue limit, s (default: 30).")] = None,
+    metrics_public: Annotated[
+        bool | None, Opt("--metrics-public/--metrics-private", help="/metrics without a key.")
+    ] = None,
+    no_demo: Annotated[bool, Opt("--no-demo", help="Do not register demo adapters.")] = False,
+) -> None:
+    """Serve the base model and its adapters over an OpenAI-compatible HTTP API."""
+    from loraplex.server.serve_config import merge, read_config_file
+
+    flags: dict[str, Any] = {
+        "host": host, "port": port, "model": model, "data_dir": data_dir,
+        "admin_key": admin_key, "import_dir": import_dir, "max_loras": max_loras,
+        "max_cpu_loras": max_cpu_loras, "max_lora_rank": max_lora_rank,
+        "gpu_adapter_bytes": gpu_adapter_bytes, "cpu_adapter_bytes": cpu_adapter_bytes,
+        "disk_cache_bytes": disk_cache_bytes, "policy": policy, "device": device, "dtype": dtype,
+        "max_num_seqs": max_num_seqs, "max_model_len": max_model_len,
+        "queue_deadline_s": queue_deadline_s, "metrics_public": metrics_public,
+        "demo": False if no_demo else None,
+    }  # fmt: skip
+    try:
+        file_values = read_config_file(config) if config is not None else {}
+        if "data_dir" not in file_values and data_dir is None:
+            flags["data_dir"] = default_data_dir(os.environ, Path.home())
+        settings = merge(file_values, flags)
+    except (ValueError, TypeError) as exc:
+        raise typer.BadParameter(str(exc)) from exc
+    _run(settings)
+
+
+def _run(settings: ServeConfig) -> None:
+    import uvicorn
+
+    from loraplex.errors import LoraplexError
+    from loraplex.server.assembly import build_server
+
+    try:
+        server = build_server(settings)
+    except (LoraplexError, ValueError) as exc:
+        typer.echo(f"error: {exc}", err=True)
+        raise typer.Exit(1) from exc
+    try:
+        _announce(settings.host, settings.port, server.admin_key, server.sample_keys)
+        # The app has no startup/shutdown hooks: resources are built before and closed after.
+        uvicorn.run(server.app, host=settings.host, port=settings.port,
+                    log_level="info", lifespan="off")  # fmt: skip
+    except KeyboardInterrupt:
+        typer.echo("stopped")
+    finally:
+        server.close()
+
+
+def _announce(host: str, port: int, admin: str, keys: dict[str, str]) -> None:
+    url = f"http://{host}:{port}"
+    typer.echo(f"loraplex serving on {url}  (OpenAI API at {url}/v1)")
+    typer.echo(f"admin key:   {admin}")
+    for tenant, tenant_key in sorted(keys.items()):
+        typer.echo(f"{tenant + ' key:':<12} {tenant_key}")
+    token = keys.get("acme")
+    if token is not None:
+        typer.echo(
+            f"try: curl {url}/v1/completions -H 'Authorization: Bearer {token}' "
+            "-H 'Content-Type: application/json' "
+            '-d \'{"model": "support", "prompt": "The acme support team", "max_tokens": 9, '
+            '"temperature": 0}\''
+        )

@@ -1,0 +1,97 @@
+"""Request bodies of the admin API, and turning revision references into cache keys."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from loraplex.adapters.tiering import Tier
+from loraplex.errors import PathOutsideStoreError
+from loraplex.registry import (
+    PriorityClass,
+    RevisionState,
+    TenantQuotas,
+    Visibility,
+    WarmPolicy,
+)
+
+TIER_NAMES = {"L0": Tier.L0, "gpu": Tier.L0, "L1": Tier.L1, "cpu": Tier.L1, "L2": Tier.L2}
+
+
+class _Body(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+
+class QuotasBody(_Body):
+    max_gpu_bytes: int | None = None
+    max_cpu_bytes: int | None = None
+    max_disk_bytes: int | None = None
+    max_cold_loads: int | None = None
+    max_requests_per_s: float | None = None
+
+    def quotas(self) -> TenantQuotas:
+        return TenantQuotas(**self.model_dump())
+
+
+class TenantBody(_Body):
+    name: str
+    priority: PriorityClass = PriorityClass.NORMAL
+    quotas: QuotasBody = Field(default_factory=QuotasBody)
+
+
+class ReleaseFields(_Body):
+    state: RevisionState = RevisionState.STABLE
+    warm_policy: WarmPolicy = WarmPolicy.ON_DEMAND
+    visibility: Visibility = Visibility.PRIVATE
+    probe_prompt: str | None = None
+    expected_continuation: str | None = None
+
+
+class RegisterBody(ReleaseFields):
+    """Register a PEFT directory that already sits on the server, inside the import directory."""
+
+    path: str  # relative to the configured import directory
+    tenant: str
+    name: str
+    revision: str
+
+
+class ReleaseBody(_Body):
+    state: RevisionState | None = None
+    warm_policy: WarmPolicy | None = None
+
+
+class AliasTargetBody(_Body):
+    revision: str
+    weight: int = 1
+
+
+class AliasBody(_Body):
+    targets: list[AliasTargetBody] = Field(min_length=1)
+
+
+class VisibilityBody(_Body):
+    visibility: Visibility
+
+
+class ResidencyBody(_Body):
+    """An operator action on one revision's residency."""
+
+    model: str  # tenant/name@revision
+    tier: str = "L0"  # L0 (gpu), L1 (cpu) or L2
+    wait: bool = False  # answer only when the load finished
+
+    def cache_tier(self) -> Tier:
+        if self.tier not in TIER_NAMES:
+            raise ValueError(f"tier {self.tier!r} is invalid; expected one of {sorted(TIER_NAMES)}")
+        return TIER_NAMES[self.tier]
+
+
+def inside_import_dir(import_dir: Path, relative: str) -> Path:
+    """``import_dir / relative`` with links resolved; PathOutsideStoreError if it escapes."""
+    root = import_dir.resolve()
+    candidate = (root / relative).resolve()
+    if not candidate.is_relative_to(root):
+        raise PathOutsideStoreError(f"path {relative!r} resolves outside the import directory")
+    return candidate

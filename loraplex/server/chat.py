@@ -1,0 +1,92 @@
+"""Chat prompts: the base model's Jinja chat template, rendered the way transformers does.
+
+The template comes from ``tokenizer_config.json`` and runs in Jinja's immutable sandbox (it is
+data shipped with a checkpoint, not trusted code).
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+from jinja2 import TemplateError
+from jinja2.sandbox import ImmutableSandboxedEnvironment
+
+from loraplex.errors import CheckpointError
+from loraplex.model.tokenizer import TextTokenizer
+
+
+@dataclass(frozen=True)
+class ChatMessage:
+    """One message of a conversation."""
+
+    role: str  # "system" | "user" | "assistant" | ...
+    content: str  # plain text
+
+
+def _special(settings: dict[str, object], name: str) -> str:
+    value = settings.get(name)
+    if isinstance(value, dict):
+        value = value.get("content")
+    return value if isinstance(value, str) else ""
+
+
+def _raise_exception(message: str) -> None:
+    """What templates call to reject a conversation (as transformers provides)."""
+    raise TemplateError(message)
+
+
+class ChatTemplate:
+    """A compiled chat template plus the special tokens it may reference."""
+
+    def __init__(self, template: str, bos_token: str = "", eos_token: str = "") -> None:
+        env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True)
+        env.globals["raise_exception"] = _raise_exception
+        try:
+            self._template = env.from_string(template)
+        except TemplateError as exc:
+            raise CheckpointError(f"chat_template does not compile: {exc}") from exc
+        self.bos_token = bos_token  # text of the BOS token, exposed to the template
+        self.eos_token = eos_token  # text of the EOS token, exposed to the template
+
+    @classmethod
+    def from_model_dir(cls, model_dir: Path) -> ChatTemplate | None:
+        """The checkpoint's template, or None when ``tokenizer_config.json`` has none."""
+        path = model_dir / "tokenizer_config.json"
+        if not path.is_file():
+            return None
+        try:
+            settings = json.loads(path.read_text(encoding="utf-8"))
+        except (UnicodeDecodeError, json.JSONDecodeError) as exc:
+            raise CheckpointError(f"{path}: not valid JSON ({exc})") from exc
+        template = settings.get("chat_template") if isinstance(settings, dict) else None
+        if not isinstance(template, str):
+            return None
+        return cls(template, _special(settings, "bos_token"), _special(settings, "eos_token"))
+
+    def render(self, messages: Sequence[ChatMessage]) -> str:
+        """The prompt text, ending with the assistant's turn opened."""
+        payload = [{"role": m.role, "content": m.content} for m in messages]
+        try:
+            return self._template.render(
+                messages=payload,
+                add_generation_prompt=True,
+                bos_token=self.bos_token,
+                eos_token=self.eos_token,
+            )
+        except TemplateError as exc:
+            raise ValueError(f"messages cannot be rendered by the chat template: {exc}") from exc
+
+    def encode(self, messages: Sequence[ChatMessage], tokenizer: TextTokenizer) -> list[int]:
+        """Token ids of the rendered prompt.
+
+        NOTE: ``TextTokenizer.encode`` adds the post-processor's special tokens (BOS) and most
+        templates write ``{{ bos_token }}`` too; a doubled prefix is cut back to one copy.
+        """
+        ids = tokenizer.encode(self.render(messages))
+        added = tokenizer.encode("")
+        if added and ids[: 2 * len(added)] == added + added:
+            return ids[len(added) :]
+        return ids

@@ -1,0 +1,66 @@
+"""What the HTTP layer is built from: its frozen config and the services it talks to."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+from loraplex.adapters.cache import TieredAdapterCache
+from loraplex.engine.protocol import EngineClient
+from loraplex.registry import Registry
+from loraplex.server.chat import ChatTemplate
+
+# Tenant API tokens start with this; an admin key must not, so the two can never be confused.
+TENANT_TOKEN_PREFIX = "lpx_"
+MIN_ADMIN_KEY_CHARS = 16
+
+
+@dataclass(frozen=True)
+class ServerConfig:
+    """The HTTP layer's own settings."""
+
+    base_model_name: str  # model id of the base model (``parent`` of every adapter in /v1/models)
+    admin_key: str  # the administrative credential (Bearer token on /admin)
+    import_dir: Path | None = None  # admin registration by server path stays inside it; None: off
+    max_upload_bytes: int = 1 << 30  # largest adapter upload accepted by the admin API
+    queue_deadline_s: float | None = None  # max seconds a request may queue; None: engine default
+    max_prompt_tokens: int | None = None  # longer prompts get a 400; None: no check here
+    vocab_size: int | None = None  # token ids in a prompt must be below it; None: no check
+    # /metrics without credentials. NOTE: it names adapters (tenant/name), so only enable it where
+    # tenants cannot reach the port; otherwise scrapers send the admin key.
+    metrics_public: bool = False
+
+    def __post_init__(self) -> None:
+        if not self.base_model_name:
+            raise ValueError("base_model_name '' is invalid; expected a non-empty name")
+        if len(self.admin_key) < MIN_ADMIN_KEY_CHARS:
+            raise ValueError(
+                f"admin_key of {len(self.admin_key)} characters is invalid; expected at least "
+                f"{MIN_ADMIN_KEY_CHARS}"
+            )
+        if self.admin_key.startswith(TENANT_TOKEN_PREFIX):
+            raise ValueError(
+                f"admin_key starting with {TENANT_TOKEN_PREFIX!r} is invalid; expected a "
+                "credential distinct from tenant API keys"
+            )
+        if self.max_upload_bytes < 1:
+            raise ValueError(f"max_upload_bytes {self.max_upload_bytes} is invalid; expected >= 1")
+        if self.queue_deadline_s is not None and not self.queue_deadline_s > 0:
+            raise ValueError(
+                f"queue_deadline_s {self.queue_deadline_s} is invalid; expected > 0 or None"
+            )
+        if self.max_prompt_tokens is not None and self.max_prompt_tokens < 1:
+            raise ValueError(
+                f"max_prompt_tokens {self.max_prompt_tokens} is invalid; expected >= 1 or None"
+            )
+
+
+@dataclass(frozen=True)
+class ServerDeps:
+    """Everything ``create_app`` wires together (built by ``server/assembly.py`` or a test)."""
+
+    config: ServerConfig  # the HTTP layer's settings
+    engine: EngineClient  # generation (the real AsyncEngine or a test fake)
+    registry: Registry  # tenants, keys, adapters and alias resolution
+    cache: TieredAdapterCache | None = None  # residency admin and cache metrics; None: absent
+    chat: ChatTemplate | None = None  # chat template; None: /v1/chat/completions answers 400

@@ -1,0 +1,163 @@
+"""The one mapping of domain exceptions to HTTP statuses and OpenAI-shaped error bodies.
+
+Every error a client sees has the body ``{"error": {"message", "type", "param", "code"}}`` that
+the official OpenAI clients parse. Handlers act on exception types, never on message text.
+Adapter problems depend on who asked: on the admin API they describe the adapter being
+registered (the caller's input, 422); on the tenant API they mean a registered revision failed to
+load (the service's fault, 500), so the tenant is told which revision and nothing about files.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from enum import StrEnum
+
+from fastapi import FastAPI, Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse
+from starlette.exceptions import HTTPException as StarletteHTTPException
+
+from loraplex.errors import (
+    AdapterError,
+    AdapterNotFoundError,
+    ArtifactNotFoundError,
+    AuthenticationError,
+    CapacityError,
+    LoadCancelledError,
+    LoraplexError,
+    PathOutsideStoreError,
+    QueueFullError,
+    QueueTimeoutError,
+    RegistryError,
+    RevisionConflictError,
+)
+
+# Retry-After (seconds) for capacity errors that carry no estimate of their own.
+DEFAULT_RETRY_AFTER_S = 1.0
+ADMIN_PREFIX = "/admin"
+
+
+class ErrorContext(StrEnum):
+    """Who is asking, which decides what an adapter error means."""
+
+    TENANT = "tenant"  # the OpenAI-compatible API
+    ADMIN = "admin"  # the administrative API
+
+
+@dataclass(eq=False)
+class ApiError(Exception):
+    """An error ready to send: status, OpenAI error fields and extra headers.
+
+    NOTE: not frozen: the interpreter and contextlib assign ``__traceback__`` on exceptions.
+    """
+
+    status: int  # HTTP status code
+    message: str  # human-readable, safe to show the caller
+    type: str  # OpenAI error type, e.g. "invalid_request_error"
+    code: str | None = None  # machine-readable code, e.g. "model_not_found"
+    param: str | None = None  # the request field at fault, if any
+    headers: dict[str, str] = field(default_factory=dict)  # e.g. Retry-After, WWW-Authenticate
+
+    def body(self) -> dict[str, object]:
+        return {
+            "error": {
+                "message": self.message,
+                "type": self.type,
+                "param": self.param,
+                "code": self.code,
+            }
+        }
+
+    def response(self) -> JSONResponse:
+        return JSONResponse(self.body(), status_code=self.status, headers=self.headers)
+
+
+def invalid_request(message: str, param: str | None = None) -> ApiError:
+    return ApiError(400, message, "invalid_request_error", "invalid_request", param)
+
+
+def unauthorized(message: str = "invalid API key") -> ApiError:
+    headers = {"WWW-Authenticate": "Bearer"}
+    return ApiError(401, message, "authentication_error", "invalid_api_key", None, headers)
+
+
+def _retry_after(seconds: float) -> dict[str, str]:
+    return {"Retry-After": str(max(1, math.ceil(seconds)))}
+
+
+def _capacity(exc: CapacityError) -> ApiError:
+    if isinstance(exc, QueueFullError):
+        headers = _retry_after(exc.retry_after_s)
+        return ApiError(429, str(exc), "rate_limit_error", "queue_full", None, headers)
+    if isinstance(exc, QueueTimeoutError):
+        headers = _retry_after(exc.retry_after_s)
+        return ApiError(503, str(exc), "server_error", "queue_timeout", None, headers)
+    headers = _retry_after(DEFAULT_RETRY_AFTER_S)
+    return ApiError(503, str(exc), "server_error", "capacity_exceeded", None, headers)
+
+
+def to_api_error(exc: Exception, context: ErrorContext) -> ApiError:
+    """The response for ``exc``; unknown exceptions become a 500 that reveals nothing."""
+    if isinstance(exc, ApiError):
+        return exc
+    if isinstance(exc, AuthenticationError):
+        return unauthorized()
+    if isinstance(exc, AdapterNotFoundError):
+        # NOTE: the registry words this identically for missing and foreign-private adapters.
+        return ApiError(404, str(exc), "invalid_request_error", "model_not_found", "model")
+    if isinstance(exc, CapacityError):
+        return _capacity(exc)
+    if isinstance(exc, AdapterError | LoadCancelledError | ArtifactNotFoundError):
+        if context is ErrorContext.ADMIN:
+            return ApiError(422, str(exc), "invalid_request_error", "invalid_adapter")
+        message = "the adapter revision could not be loaded; an operator has to fix or replace it"
+        return ApiError(500, message, "server_error", "adapter_load_failed")
+    if isinstance(exc, RevisionConflictError):
+        return ApiError(409, str(exc), "invalid_request_error", "revision_conflict")
+    if isinstance(exc, PathOutsideStoreError):
+        return invalid_request(str(exc), "path")
+    if isinstance(exc, RegistryError | ValueError):
+        return invalid_request(str(exc))
+    if isinstance(exc, LoraplexError):
+        return ApiError(500, str(exc), "server_error", "internal_error")
+    return ApiError(500, "internal server error", "server_error", "internal_error")
+
+
+def context_of(request: Request) -> ErrorContext:
+    path = request.url.path
+    if path == ADMIN_PREFIX or path.startswith(ADMIN_PREFIX + "/"):
+        return ErrorContext.ADMIN
+    return ErrorContext.TENANT
+
+
+async def _on_error(request: Request, exc: Exception) -> JSONResponse:
+    return to_api_error(exc, context_of(request)).response()
+
+
+async def _on_validation(request: Request, exc: Exception) -> JSONResponse:
+    if not isinstance(exc, RequestValidationError):
+        return await _on_error(request, exc)
+    first = exc.errors()[0] if exc.errors() else {}
+    location = [str(part) for part in first.get("loc", ()) if part != "body"]
+    param = ".".join(location) or None
+    message = f"{param or 'request'}: {first.get('msg', 'invalid value')}"
+    return invalid_request(message, param).response()
+
+
+async def _on_http(request: Request, exc: Exception) -> JSONResponse:
+    if not isinstance(exc, StarletteHTTPException):
+        return await _on_error(request, exc)
+    kind = "not_found_error" if exc.status_code == 404 else "invalid_request_error"
+    error = ApiError(exc.status_code, str(exc.detail), kind, None, None, dict(exc.headers or {}))
+    return error.response()
+
+
+def install_error_handlers(app: FastAPI) -> None:
+    """Every error path of ``app`` answers in the OpenAI error shape."""
+    app.add_exception_handler(ApiError, _on_error)
+    app.add_exception_handler(LoraplexError, _on_error)
+    app.add_exception_handler(ValueError, _on_error)
+    app.add_exception_handler(RequestValidationError, _on_validation)
+    app.add_exception_handler(StarletteHTTPException, _on_http)
+    app.add_exception_handler(Exception, _on_error)

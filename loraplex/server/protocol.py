@@ -1,0 +1,183 @@
+"""OpenAI-compatible request and response bodies (the subset loraplex serves).
+
+Requests accept the fields the official clients send; unknown fields are ignored (as vLLM does),
+while fields whose other values loraplex cannot honour (``n`` > 1) are refused with a 400. No
+request field is a filesystem path or URL: ``model`` is a name the registry resolves.
+Every response carries ``loraplex.revision``: the exact ``tenant/name@revision`` that answered.
+"""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+# ---- requests ----------------------------------------------------------------------------------
+
+
+class StreamOptions(BaseModel):
+    model_config = ConfigDict(extra="ignore")
+
+    include_usage: bool = False  # send a final chunk with token usage
+
+
+class SamplingFields(BaseModel):
+    """Fields shared by both endpoints (OpenAI's defaults)."""
+
+    model_config = ConfigDict(extra="ignore")
+
+    model: str = Field(min_length=1, max_length=512)  # alias, tenant/name, ...@revision, or base
+    max_tokens: int | None = Field(default=None, ge=1)  # None: the endpoint's default
+    temperature: float = Field(default=1.0, ge=0.0, le=2.0)  # 0: greedy
+    top_p: float = Field(default=1.0, gt=0.0, le=1.0)  # nucleus mass
+    stop: str | list[str] | None = None  # up to 4 stop strings (OpenAI's limit)
+    seed: int | None = None  # seeds this request's sampler
+    stream: bool = False  # server-sent events
+    stream_options: StreamOptions | None = None  # include_usage
+    n: int = 1  # only 1 is supported
+    user: str | None = None  # accepted and ignored
+
+    def stop_strings(self) -> tuple[str, ...]:
+        if self.stop is None:
+            return ()
+        values = [self.stop] if isinstance(self.stop, str) else list(self.stop)
+        if len(values) > 4:
+            raise ValueError(f"stop has {len(values)} strings; expected at most 4")
+        if any(not value for value in values):
+            raise ValueError("stop contains an empty string; expected non-empty strings")
+        return tuple(values)
+
+    @property
+    def include_usage(self) -> bool:
+        return self.stream_options is not None and self.stream_options.include_usage
+
+
+class CompletionRequest(SamplingFields):
+    """POST /v1/completions."""
+
+    prompt: str | list[str] | list[int]  # one text prompt, or one already tokenized
+    max_tokens: int | None = Field(default=16, ge=1)  # OpenAI's default for completions
+
+
+class TextPart(BaseModel):
+    model_config = ConfigDict(extra="ignore")
+
+    type: Literal["text"]  # only text parts are supported
+    text: str
+
+
+class ChatMessageIn(BaseModel):
+    model_config = ConfigDict(extra="ignore")
+
+    role: Literal["system", "developer", "user", "assistant", "tool"]
+    content: str | list[TextPart] | None = None
+
+    def text(self) -> str:
+        if self.content is None:
+            return ""
+        if isinstance(self.content, str):
+            return self.content
+        return "".join(part.text for part in self.content)
+
+
+class ChatCompletionRequest(SamplingFields):
+    """POST /v1/chat/completions."""
+
+    messages: list[ChatMessageIn] = Field(min_length=1)
+    max_completion_tokens: int | None = Field(default=None, ge=1)  # newer name of max_tokens
+
+
+# ---- responses ---------------------------------------------------------------------------------
+
+
+class RevisionInfo(BaseModel):
+    """Which adapter revision answered (None fields: the base model answered)."""
+
+    revision: str | None  # tenant/name@revision
+    adapter_digest: str | None  # sha256 of the revision's adapter_model.safetensors
+
+
+class Usage(BaseModel):
+    prompt_tokens: int
+    completion_tokens: int
+    total_tokens: int
+
+
+class CompletionChoice(BaseModel):
+    index: int = 0
+    text: str
+    logprobs: None = None
+    finish_reason: str | None
+
+
+class CompletionResponse(BaseModel):
+    id: str
+    object: Literal["text_completion"] = "text_completion"
+    created: int
+    model: str
+    choices: list[CompletionChoice]
+    usage: Usage | None = None
+    system_fingerprint: str | None = None
+    loraplex: RevisionInfo
+
+
+class ChatMessageOut(BaseModel):
+    role: Literal["assistant"] = "assistant"
+    content: str
+
+
+class ChatChoice(BaseModel):
+    index: int = 0
+    message: ChatMessageOut
+    logprobs: None = None
+    finish_reason: str | None
+
+
+class ChatCompletionResponse(BaseModel):
+    id: str
+    object: Literal["chat.completion"] = "chat.completion"
+    created: int
+    model: str
+    choices: list[ChatChoice]
+    usage: Usage
+    system_fingerprint: str | None = None
+    loraplex: RevisionInfo
+
+
+class ChatDelta(BaseModel):
+    role: Literal["assistant"] | None = None
+    content: str | None = None
+
+
+class ChatChunkChoice(BaseModel):
+    index: int = 0
+    delta: ChatDelta
+    logprobs: None = None
+    finish_reason: str | None
+
+
+class ChatCompletionChunk(BaseModel):
+    id: str
+    object: Literal["chat.completion.chunk"] = "chat.completion.chunk"
+    created: int
+    model: str
+    choices: list[ChatChunkChoice]
+    usage: Usage | None = None
+    system_fingerprint: str | None = None
+    loraplex: RevisionInfo
+
+
+class ModelCard(BaseModel):
+    """One entry of /v1/models."""
+
+    id: str  # what to send as ``model``
+    object: Literal["model"] = "model"
+    created: int  # Unix seconds
+    owned_by: str  # owning tenant ("loraplex" for the base model)
+    root: str  # tenant/name of an adapter; the base model's own name
+    parent: str | None  # the base model for adapters; None for the base model
+
+
+class ModelList(BaseModel):
+    object: Literal["list"] = "list"
+    data: list[ModelCard]

@@ -1,0 +1,291 @@
+"""The admin API under /admin: registry administration and adapter residency.
+
+Every route requires the admin credential (``auth.require_admin``); a tenant key gets the same 401
+as any other wrong credential. Registration takes either a directory inside the configured
+import directory or an upload; nothing here fetches a URL. Registry calls are blocking database
+and file work, so routes are plain functions that FastAPI runs on its thread pool.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import shutil
+import tempfile
+from collections.abc import Iterator
+from concurrent.futures import Future
+from contextlib import contextmanager
+from dataclasses import asdict
+from enum import IntEnum
+from pathlib import Path
+from typing import Annotated, Any
+
+from fastapi import APIRouter, Depends, File, Form, UploadFile
+from fastapi.responses import JSONResponse
+from starlette.concurrency import run_in_threadpool
+
+from loraplex.adapters.cache import TieredAdapterCache
+from loraplex.adapters.identity import AdapterKey
+from loraplex.adapters.manifest import CONFIG_FILE
+from loraplex.adapters.validate import WEIGHTS_FILE
+from loraplex.adapters.warm import WarmPolicy as CacheWarmPolicy
+from loraplex.registry import (
+    AliasTarget,
+    RegistrationRequest,
+    RevisionState,
+    Visibility,
+    WarmPolicy,
+)
+from loraplex.server.admin_models import (
+    AliasBody,
+    RegisterBody,
+    ReleaseBody,
+    ResidencyBody,
+    TenantBody,
+    VisibilityBody,
+    inside_import_dir,
+)
+from loraplex.server.auth import ADMIN_ACTOR, DepsDep, require_admin
+from loraplex.server.deps import ServerDeps
+from loraplex.server.errors import ApiError, invalid_request
+
+router = APIRouter(prefix="/admin", dependencies=[Depends(require_admin)])
+ACTOR = ADMIN_ACTOR  # the audit log's actor for every change made here
+_CHUNK_BYTES = 1 << 20
+
+
+def _cache(deps: ServerDeps) -> TieredAdapterCache:
+    if deps.cache is None:
+        raise ApiError(503, "this server has no adapter cache", "server_error", "no_cache")
+    return deps.cache
+
+
+def _key(deps: ServerDeps, ref: str) -> AdapterKey:
+    return deps.registry.get_revision(ref).key()
+
+
+# --- tenants and keys ----------------------------------------------------------------------------
+
+
+@router.get("/tenants")
+def list_tenants(deps: DepsDep) -> list[Any]:
+    return [asdict(t) for t in deps.registry.list_tenants()]
+
+
+@router.post("/tenants", status_code=201)
+def create_tenant(body: TenantBody, deps: DepsDep) -> Any:
+    return asdict(
+        deps.registry.create_tenant(body.name, ACTOR, body.priority, body.quotas.quotas())
+    )
+
+
+@router.post("/tenants/{tenant}/keys", status_code=201)
+def create_key(tenant: str, deps: DepsDep) -> Any:
+    """A new API key; its token is in this response only."""
+    return asdict(deps.registry.create_key(tenant, ACTOR))
+
+
+@router.get("/keys")
+def list_keys(deps: DepsDep, tenant: str | None = None) -> list[Any]:
+    return [asdict(k) for k in deps.registry.list_keys(tenant)]
+
+
+@router.delete("/keys/{key_id}")
+def revoke_key(key_id: str, deps: DepsDep) -> Any:
+    return asdict(deps.registry.revoke_key(key_id, ACTOR))
+
+
+# --- adapters and releases -------------------------------------------------------------------
+
+
+@router.get("/adapters")
+def list_adapters(deps: DepsDep, tenant: str | None = None) -> list[Any]:
+    return [asdict(a) for a in deps.registry.list_adapters(tenant)]
+
+
+@router.get("/adapters/{tenant}/{name}")
+def show_adapter(tenant: str, name: str, deps: DepsDep) -> Any:
+    adapter = deps.registry.get_adapter(tenant, name)
+    alias = deps.registry.get_alias(tenant, name)
+    return {
+        "adapter": asdict(adapter),
+        "alias": None if alias is None else asdict(alias),
+        "revisions": [asdict(r) for r in deps.registry.list_revisions(tenant, name)],
+    }
+
+
+def _register(deps: ServerDeps, request: RegistrationRequest) -> JSONResponse:
+    result = deps.registry.register(request, ACTOR)
+    payload = {"created": result.created, "revision": asdict(result.revision)}
+    return JSONResponse(_plain(payload), status_code=201 if result.created else 200)
+
+
+@router.post("/adapters", response_model=None)
+def register_from_import_dir(body: RegisterBody, deps: DepsDep) -> JSONResponse:
+    """Register a PEFT directory already on the server, inside the import directory."""
+    if deps.config.import_dir is None:
+        raise invalid_request("registration by server path is disabled (no import directory)")
+    adapter_dir = inside_import_dir(deps.config.import_dir, body.path)
+    fields = body.model_dump(exclude={"path"})
+    return _register(deps, RegistrationRequest(adapter_dir=adapter_dir, **fields))
+
+
+@contextmanager
+def _staged_upload(files: list[UploadFile], names: list[str], limit: int) -> Iterator[Path]:
+    staging = Path(tempfile.mkdtemp(prefix="loraplex-upload-"))
+    try:
+        total = 0
+        for upload, name in zip(files, names, strict=True):
+            with (staging / name).open("wb") as out:
+                while chunk := upload.file.read(_CHUNK_BYTES):
+                    total += len(chunk)
+                    if total > limit:
+                        raise invalid_request(f"upload exceeds {limit} bytes", "weights")
+                    out.write(chunk)
+        yield staging
+    finally:
+        shutil.rmtree(staging, ignore_errors=True)
+
+
+@router.post("/adapters/upload", response_model=None)
+def register_upload(
+    deps: DepsDep,
+    *,
+    config: Annotated[UploadFile, File(description="adapter_config.json")],
+    weights: Annotated[UploadFile, File(description="adapter_model.safetensors")],
+    tenant: Annotated[str, Form()],
+    name: Annotated[str, Form()],
+    revision: Annotated[str, Form()],
+    state: Annotated[RevisionState, Form()] = RevisionState.STABLE,
+    warm_policy: Annotated[WarmPolicy, Form()] = WarmPolicy.ON_DEMAND,
+    visibility: Annotated[Visibility, Form()] = Visibility.PRIVATE,
+    probe_prompt: Annotated[str | None, Form()] = None,
+    expected_continuation: Annotated[str | None, Form()] = None,
+) -> JSONResponse:
+    """Register an uploaded adapter (validated exactly like a directory on disk)."""
+    limit = deps.config.max_upload_bytes
+    with _staged_upload([config, weights], [CONFIG_FILE, WEIGHTS_FILE], limit) as staged:
+        request = RegistrationRequest(
+            staged, tenant, name, revision, state, warm_policy,
+            probe_prompt, expected_continuation, visibility,
+        )  # fmt: skip
+        return _register(deps, request)
+
+
+@router.put("/adapters/{tenant}/{name}/alias")
+def set_alias(tenant: str, name: str, body: AliasBody, deps: DepsDep) -> Any:
+    targets = tuple(AliasTarget(t.revision, t.weight) for t in body.targets)
+    return asdict(deps.registry.set_alias(tenant, name, targets, ACTOR))
+
+
+@router.post("/adapters/{tenant}/{name}/rollback")
+def rollback_alias(tenant: str, name: str, deps: DepsDep) -> Any:
+    return asdict(deps.registry.rollback_alias(tenant, name, ACTOR))
+
+
+@router.put("/adapters/{tenant}/{name}/visibility")
+def set_visibility(tenant: str, name: str, body: VisibilityBody, deps: DepsDep) -> Any:
+    return asdict(deps.registry.set_visibility(tenant, name, body.visibility, ACTOR))
+
+
+@router.put("/revisions/{tenant}/{name}/{revision}")
+def set_release(tenant: str, name: str, revision: str, body: ReleaseBody, deps: DepsDep) -> Any:
+    """Release state and/or warm policy; a new warm policy also applies to this server's cache."""
+    ref = f"{tenant}/{name}@{revision}"
+    updated = deps.registry.set_release(ref, ACTOR, body.state, body.warm_policy)
+    if body.warm_policy is not None and deps.cache is not None:
+        deps.cache.set_warm_policy(updated.key(), CacheWarmPolicy(body.warm_policy.value))
+    return asdict(updated)
+
+
+@router.get("/audit")
+def audit_log(deps: DepsDep, after_seq: int = 0, limit: int = 100) -> list[Any]:
+    return [asdict(e) for e in deps.registry.audit_log(after_seq, min(limit, 1000))]
+
+
+# --- residency -------------------------------------------------------------------------------
+
+
+@router.get("/residency")
+def residency(deps: DepsDep, top: int = 10) -> Any:
+    """Every copy in every tier, the cache counters, and the ``top`` most requested adapters."""
+    snapshot = _cache(deps).snapshot()
+    entries = [_entry(asdict(e)) for e in snapshot.entries]
+    hits: dict[str, int] = {}
+    for entry in snapshot.entries:
+        hits[entry.key.ref] = hits.get(entry.key.ref, 0) + entry.hits
+    hot = sorted(hits.items(), key=lambda item: (-item[1], item[0]))[: max(0, top)]
+    return _plain(
+        {
+            "entries": entries,
+            "stats": asdict(snapshot.stats),
+            "num_loading": snapshot.num_loading,
+            "num_blocked": snapshot.num_blocked,
+            "hot": [{"model": ref, "hits": count} for ref, count in hot],
+        }
+    )
+
+
+def _entry(raw: dict[str, Any]) -> dict[str, Any]:
+    key = raw.pop("key")
+    raw["model"] = f"{key['tenant']}/{key['name']}@{key['revision']}"
+    raw["adapter_digest"] = key["adapter_digest"]
+    return raw
+
+
+async def _target(body: ResidencyBody, deps: ServerDeps) -> tuple[TieredAdapterCache, AdapterKey]:
+    cache = _cache(deps)
+    body.cache_tier()  # refuse a bad tier before touching the registry
+    return cache, await run_in_threadpool(_key, deps, body.model)
+
+
+async def _loading(future: Future[None], body: ResidencyBody) -> dict[str, object]:
+    if body.wait:
+        await asyncio.wrap_future(future)
+    status = "resident" if future.done() else "loading"
+    return {"model": body.model, "tier": body.cache_tier().name, "status": status}
+
+
+@router.post("/residency/pin")
+async def pin(body: ResidencyBody, deps: DepsDep) -> Any:
+    """Keep the revision in ``tier`` (loading it first); pinned copies are never evicted."""
+    cache, key = await _target(body, deps)
+    return await _loading(cache.pin(key, body.cache_tier()), body)
+
+
+@router.post("/residency/prefetch")
+async def prefetch(body: ResidencyBody, deps: DepsDep) -> Any:
+    """Load the revision into ``tier`` if the eviction policy finds it worth its victims."""
+    cache, key = await _target(body, deps)
+    return await _loading(cache.prefetch(key, body.cache_tier()), body)
+
+
+@router.post("/residency/unpin")
+async def unpin(body: ResidencyBody, deps: DepsDep) -> Any:
+    cache, key = await _target(body, deps)
+    cache.unpin(key, body.cache_tier())
+    return {"model": body.model, "tier": body.cache_tier().name, "status": "unpinned"}
+
+
+@router.post("/residency/evict")
+async def evict(body: ResidencyBody, deps: DepsDep) -> Any:
+    """Drop the copy in ``tier`` unless it is pinned, in use or loading."""
+    cache, key = await _target(body, deps)
+    evicted = cache.evict(key, body.cache_tier())
+    return {"model": body.model, "tier": body.cache_tier().name, "evicted": evicted}
+
+
+def _plain(value: Any) -> Any:
+    """JSON-ready: tiers (keys or values) become their names, paths strings."""
+    if isinstance(value, IntEnum):
+        return value.name
+    if isinstance(value, dict):
+        return {_key_name(k): _plain(v) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return [_plain(v) for v in value]
+    if isinstance(value, Path):
+        return str(value)
+    return value
+
+
+def _key_name(key: object) -> str:
+    return key.name if isinstance(key, IntEnum) else str(key)

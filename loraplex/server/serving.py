@@ -1,0 +1,245 @@
+"""From an authorised OpenAI request to a running engine stream, shared by both endpoints.
+
+The tenant check is the registry's: ``resolve_revision`` decides which revision answers (or raises
+the one 404 for anything the caller may not use). The engine only ever sees the resolved
+``AdapterKey``. Deltas pass through ``observed`` (metrics) and ``until_disconnect`` (aborting the
+engine request when the client goes away).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import secrets
+import time
+from collections.abc import AsyncIterator, Awaitable
+from dataclasses import dataclass
+from typing import TypeVar
+
+import anyio
+from starlette.concurrency import run_in_threadpool
+from starlette.requests import Request
+
+from loraplex.adapters.identity import AdapterKey
+from loraplex.engine.protocol import EngineRequest, TokenDelta
+from loraplex.model.sampler import SamplingParams
+from loraplex.registry import Revision, Tenant
+from loraplex.server.deps import ServerDeps
+from loraplex.server.errors import invalid_request
+from loraplex.server.metrics import RequestObservation, ServerMetrics
+from loraplex.server.protocol import RevisionInfo, SamplingFields
+
+REVISION_HEADER = "x-loraplex-revision"
+T = TypeVar("T")
+
+
+@dataclass(frozen=True)
+class Target:
+    """What answers a request: a resolved adapter revision or the base model."""
+
+    model: str  # the ``model`` string the client sent (echoed in responses)
+    adapter_key: AdapterKey | None  # None: the base model
+    info: RevisionInfo  # reported in every response body
+
+    @property
+    def header(self) -> str:
+        """Value of the revision header: ``tenant/name@revision``, or the base model's name."""
+        return self.info.revision or self.model
+
+
+@dataclass(frozen=True)
+class Collected:
+    """A finished non-streaming generation."""
+
+    text: str  # all generated text
+    finish_reason: str | None  # the last delta's reason
+    prompt_tokens: int  # prompt length
+    completion_tokens: int  # generated tokens
+
+
+def new_request_id(prefix: str) -> str:
+    return f"{prefix}-{secrets.token_hex(12)}"
+
+
+def _resolve(deps: ServerDeps, tenant: Tenant, model: str, request_id: str) -> Target:
+    if model == deps.config.base_model_name:
+        return Target(model, None, RevisionInfo(revision=None, adapter_digest=None))
+    revision: Revision = deps.registry.resolve_revision(tenant.name, model, request_id)
+    info = RevisionInfo(revision=revision.ref, adapter_digest=revision.adapter_digest)
+    return Target(model, revision.key(), info)
+
+
+async def resolve_target(deps: ServerDeps, tenant: Tenant, model: str, request_id: str) -> Target:
+    """The revision ``model`` names for ``tenant`` (a database read, run off the event loop)."""
+    return await run_in_threadpool(_resolve, deps, tenant, model, request_id)
+
+
+def sampling_params(body: SamplingFields, max_tokens: int | None) -> SamplingParams:
+    if body.n != 1:
+        raise invalid_request(f"n {body.n} is not supported; expected 1", "n")
+    try:
+        return SamplingParams(
+            max_tokens=max_tokens or 16,
+            temperature=body.temperature,
+            top_p=body.top_p,
+            seed=body.seed,
+            stop=body.stop_strings(),
+        )
+    except ValueError as exc:
+        raise invalid_request(str(exc)) from exc
+
+
+def engine_request(
+    deps: ServerDeps,
+    request_id: str,
+    *,
+    tenant: Tenant,
+    target: Target,
+    prompt_ids: list[int],
+    params: SamplingParams,
+) -> EngineRequest:
+    if not prompt_ids:
+        raise invalid_request("the prompt is empty; expected at least one token", "prompt")
+    limit = deps.config.max_prompt_tokens
+    if limit is not None and len(prompt_ids) > limit:
+        raise invalid_request(
+            f"the prompt has {len(prompt_ids)} tokens; expected at most {limit}", "prompt"
+        )
+    return EngineRequest(
+        request_id=request_id,
+        tenant=tenant.name,
+        adapter_key=target.adapter_key,
+        prompt_token_ids=tuple(prompt_ids),
+        params=params,
+        deadline_s=deps.config.queue_deadline_s,
+    )
+
+
+def observe(
+    deps: ServerDeps, metrics: ServerMetrics, tenant: Tenant, target: Target
+) -> RequestObservation:
+    """Starts timing a request; ``cold`` means its adapter was not in a GPU slot on arrival."""
+    key = target.adapter_key
+    cold = key is not None and key not in deps.engine.load_snapshot().running_adapters
+    return metrics.start_request(tenant.priority.value, cold, time.monotonic())
+
+
+async def observed(
+    stream: AsyncIterator[TokenDelta], observation: RequestObservation
+) -> AsyncIterator[TokenDelta]:
+    """``stream`` unchanged, with TTFT / TPOT / outcome recorded; closing it closes ``stream``."""
+    outcome = "error"
+    try:
+        async for delta in stream:
+            observation.on_delta(delta, time.monotonic())
+            if delta.finish_reason is not None:
+                outcome = delta.finish_reason
+            yield delta
+    except (GeneratorExit, asyncio.CancelledError):
+        if outcome == "error":  # closed before its last delta: the client went away
+            outcome = "abort"
+        raise
+    finally:
+        observation.finish(outcome)
+        with anyio.CancelScope(shield=True):
+            await _aclose(stream)
+
+
+async def _aclose(stream: AsyncIterator[TokenDelta]) -> None:
+    close = getattr(stream, "aclose", None)
+    if close is not None:
+        await close()
+
+
+async def close_quietly(stream: AsyncIterator[TokenDelta]) -> None:
+    """Closes a stream at once (not whenever the garbage collector gets to it)."""
+    with anyio.CancelScope(shield=True):
+        await _aclose(stream)
+
+
+async def first_delta(
+    stream: AsyncIterator[TokenDelta], deps: ServerDeps, request_id: str
+) -> TokenDelta | None:
+    """The first delta, awaited before any response byte is sent so that queue timeouts and
+    load failures still get their own HTTP status (None when the stream ended at once)."""
+    try:
+        return await anext(stream)
+    except StopAsyncIteration:
+        return None
+    except BaseException:
+        await abort_quietly(deps, request_id, stream)
+        raise
+
+
+async def abort_quietly(
+    deps: ServerDeps, request_id: str, stream: AsyncIterator[TokenDelta]
+) -> None:
+    """Aborts the engine request and closes its stream, even inside a cancelled scope."""
+    with anyio.CancelScope(shield=True):
+        await deps.engine.abort(request_id)
+        await _aclose(stream)
+
+
+class ClientDisconnectedError(Exception):
+    """The client closed the connection before its response was complete."""
+
+
+async def _wait_for_disconnect(request: Request) -> None:
+    while (await request.receive())["type"] != "http.disconnect":
+        continue
+
+
+async def unless_disconnected(request: Request, work: Awaitable[T]) -> T:
+    """``work``'s result, or ClientDisconnectedError (``work`` cancelled) if the client leaves
+    first. Uvicorn does not cancel a handler whose client left, so waits must watch for it."""
+    task = asyncio.ensure_future(work)
+    watcher = asyncio.ensure_future(_wait_for_disconnect(request))
+    try:
+        await asyncio.wait({task, watcher}, return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        watcher.cancel()
+        if not task.done():
+            task.cancel()
+            with anyio.CancelScope(shield=True):
+                await asyncio.wait({task})
+    if task.cancelled():
+        raise ClientDisconnectedError
+    return task.result()
+
+
+async def _drain(stream: AsyncIterator[TokenDelta], first: TokenDelta | None) -> Collected:
+    parts: list[str] = []
+    last = first
+    if first is not None:
+        parts.append(first.text)
+        async for delta in stream:
+            parts.append(delta.text)
+            last = delta
+    await close_quietly(stream)
+    if last is None:
+        return Collected("", "abort", 0, 0)
+    return Collected("".join(parts), last.finish_reason, last.prompt_tokens, last.completion_tokens)
+
+
+async def start_stream(
+    request: Request, stream: AsyncIterator[TokenDelta], deps: ServerDeps, request_id: str
+) -> TokenDelta | None:
+    """The first delta (see ``first_delta``); the engine request is aborted if the client
+    leaves while it waits in the queue."""
+    try:
+        return await unless_disconnected(request, first_delta(stream, deps, request_id))
+    except ClientDisconnectedError:
+        await abort_quietly(deps, request_id, stream)
+        raise
+
+
+async def collect(
+    request: Request, stream: AsyncIterator[TokenDelta], deps: ServerDeps, request_id: str
+) -> Collected:
+    """The whole output of a non-streaming request; ClientDisconnectedError if the client left
+    first (the engine request is then aborted and its lease released)."""
+    first = await start_stream(request, stream, deps, request_id)
+    try:
+        return await unless_disconnected(request, _drain(stream, first))
+    except ClientDisconnectedError:
+        await abort_quietly(deps, request_id, stream)
+        raise

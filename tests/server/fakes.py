@@ -1,0 +1,144 @@
+"""Test fakes for the server: an EngineClient that answers with a script, a character tokenizer,
+and a cache pipeline that moves nothing (so residency admin and cache metrics run for real)."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator
+from dataclasses import dataclass, field
+from typing import cast
+
+from loraplex.adapters.cache import CacheConfig, TieredAdapterCache
+from loraplex.adapters.identity import AdapterKey
+from loraplex.adapters.pipeline import (
+    CancelToken,
+    Footprint,
+    Move,
+    Prepared,
+    RecoveredCopy,
+    Resolved,
+)
+from loraplex.adapters.stats import Stage
+from loraplex.adapters.tiering import Tier, TierBudget
+from loraplex.engine.protocol import EngineLoad, EngineRequest, TokenDelta
+from loraplex.model.tokenizer import TextTokenizer
+
+BOS = 1
+EOS = 2
+_OFFSET = 3
+
+
+class CharTokenizer:
+    """One token per character (offset past the special ids); encode adds BOS like the demo's."""
+
+    eos_token_ids = frozenset({EOS})
+
+    def encode(self, text: str) -> list[int]:
+        return [BOS, *(ord(c) + _OFFSET for c in text)]
+
+    def decode(self, token_ids: list[int]) -> str:
+        return "".join(chr(t - _OFFSET) for t in token_ids if t >= _OFFSET)
+
+
+def reply_for(request: EngineRequest) -> str:
+    """What the fake engine answers: names the revision, so tests can see who answered."""
+    who = "base" if request.adapter_key is None else request.adapter_key.ref
+    return f" {who} answers."
+
+
+@dataclass
+class FakeEngine:
+    """Streams ``reply_for(request)`` one word per delta; errors and pauses on demand."""
+
+    errors: dict[str, Exception] = field(default_factory=dict)  # who -> raised before any delta
+    mid_stream_errors: dict[str, Exception] = field(default_factory=dict)  # raised after one delta
+    gate: asyncio.Event | None = None  # when set, each stream waits on it after its first delta
+    requests: list[EngineRequest] = field(default_factory=list)  # every request received
+    aborted: list[str] = field(default_factory=list)  # ids aborted (abort() or closed stream)
+    running: tuple[AdapterKey, ...] = ()  # reported as resident in load_snapshot()
+    waiting: tuple[AdapterKey, ...] = ()  # reported as waiting in load_snapshot()
+    char_tokenizer: CharTokenizer = field(default_factory=CharTokenizer)
+
+    @property
+    def tokenizer(self) -> TextTokenizer:
+        return cast(TextTokenizer, self.char_tokenizer)
+
+    def load_snapshot(self) -> EngineLoad:
+        return EngineLoad(
+            num_waiting=1, num_adapter_wait=len(self.waiting), num_running=2, kv_usage=0.25,
+            running_adapters=self.running, waiting_adapters=self.waiting, max_loras=4,
+        )  # fmt: skip
+
+    async def abort(self, request_id: str) -> None:
+        if request_id not in self.aborted:
+            self.aborted.append(request_id)
+
+    def generate(self, request: EngineRequest) -> AsyncIterator[TokenDelta]:
+        return self._stream(request)
+
+    async def _stream(self, request: EngineRequest) -> AsyncIterator[TokenDelta]:
+        self.requests.append(request)
+        who = "base" if request.adapter_key is None else request.adapter_key.ref
+        if who in self.errors:
+            raise self.errors[who]
+        words = reply_for(request).split(" ")[1:]
+        text, finished = "", False
+        try:
+            for count, word in enumerate(words, start=1):
+                piece = " " + word
+                stop = next((s for s in request.params.stop if s in text + piece), None)
+                if stop is not None:
+                    piece = (text + piece).split(stop)[0][len(text) :]
+                last = stop is not None or count == len(words) or count == request.params.max_tokens
+                reason = (
+                    ("stop" if stop is not None or count == len(words) else "length")
+                    if last
+                    else None
+                )
+                text += piece
+                finished = last
+                yield TokenDelta(
+                    (count + _OFFSET,), piece, reason, len(request.prompt_token_ids), count
+                )
+                if last:
+                    return
+                if count == 1 and who in self.mid_stream_errors:
+                    raise self.mid_stream_errors[who]
+                if count == 1 and self.gate is not None:
+                    await self.gate.wait()
+        finally:
+            if not finished:
+                await self.abort(request.request_id)
+
+
+class NullPipeline:
+    """A LoadPipeline that moves nothing (every adapter weighs one 100-byte unit)."""
+
+    def resolve(self, key: AdapterKey, cancel: CancelToken) -> Resolved:
+        return Resolved(Footprint(100, 100, 100), {Stage.RESOLVE: 0.001})
+
+    def prepare(self, move: Move, cancel: CancelToken) -> Prepared:
+        return Prepared(None, {Stage.READ: 0.002})
+
+    def install(
+        self, move: Move, prepared: Prepared, slot: int | None, cancel: CancelToken
+    ) -> dict[Stage, float]:
+        return {Stage.COPY: 0.001}
+
+    def discard(self, move: Move, prepared: Prepared) -> None:
+        return None
+
+    def drop(self, tier: Tier, key: AdapterKey, slot: int | None) -> None:
+        return None
+
+    def recover(self) -> list[RecoveredCopy]:
+        return []
+
+
+def null_cache(slots: int = 2) -> TieredAdapterCache:
+    budgets = {
+        Tier.L0: TierBudget(slots * 100, slots),
+        Tier.L1: TierBudget(10 * 100),
+        Tier.L2: TierBudget(20 * 100),
+    }
+    return TieredAdapterCache(CacheConfig(budgets), NullPipeline())

@@ -1,0 +1,79 @@
+"""A real uvicorn server on 127.0.0.1 (free port) in a thread, for end-to-end tests."""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+
+import uvicorn
+from fastapi import FastAPI
+from openai import AsyncOpenAI, OpenAI
+
+from loraplex.adapters.identity import AdapterKey
+from loraplex.registry.artifacts import ArtifactStore
+
+
+@contextmanager
+def running(app: FastAPI) -> Iterator[str]:
+    """Serves ``app`` until the block ends; yields the base URL."""
+    server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=0, log_level="warning"))
+    thread = threading.Thread(target=server.run, daemon=True)
+    thread.start()
+    deadline = time.monotonic() + 30
+    while not server.started:
+        if not thread.is_alive() or time.monotonic() > deadline:
+            raise RuntimeError("uvicorn did not start")
+        time.sleep(0.01)
+    port = server.servers[0].sockets[0].getsockname()[1]
+    try:
+        yield f"http://127.0.0.1:{port}"
+    finally:
+        server.should_exit = True
+        thread.join(timeout=30)
+
+
+def client(url: str, key: str) -> OpenAI:
+    return OpenAI(base_url=f"{url}/v1", api_key=key, max_retries=0, timeout=60)
+
+
+def async_client(url: str, key: str) -> AsyncOpenAI:
+    return AsyncOpenAI(base_url=f"{url}/v1", api_key=key, max_retries=0, timeout=60)
+
+
+class GatedStore:
+    """An ArtifactStore whose reads of gated digests wait until ``open()`` (a slow remote)."""
+
+    def __init__(self, inner: ArtifactStore) -> None:
+        self.inner = inner
+        self.gated: set[str] = set()
+        self._gate = threading.Event()
+
+    def close_for(self, keys: list[AdapterKey]) -> None:
+        self.gated |= {key.adapter_digest for key in keys}
+
+    def open(self) -> None:
+        self._gate.set()
+
+    @property
+    def url(self) -> str:
+        return self.inner.url
+
+    def put_file(self, path: Path, digest: str) -> None:
+        self.inner.put_file(path, digest)
+
+    def exists(self, digest: str) -> bool:
+        return self.inner.exists(digest)
+
+    def read(self, digest: str) -> Iterator[bytes]:
+        if digest in self.gated:
+            self._gate.wait(timeout=120)
+        return self.inner.read(digest)
+
+    def digests(self) -> Iterator[str]:
+        return self.inner.digests()
+
+    def delete(self, digest: str) -> None:
+        self.inner.delete(digest)

@@ -1,0 +1,185 @@
+"""The admin API: tenants, keys, registration (import directory or upload), releases, residency."""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+
+import pytest
+from conftest import Rig, Served, make_app_deps
+from fakes import FakeEngine
+from fastapi.testclient import TestClient
+
+from loraplex.server.app import create_app
+
+
+def _new_tenant(rig: Rig, name: str) -> dict[str, str]:
+    created = rig.client.post("/admin/tenants", json={"name": name}, headers=rig.admin)
+    assert created.status_code == 201, created.text
+    key = rig.client.post(f"/admin/tenants/{name}/keys", headers=rig.admin).json()
+    return {"Authorization": f"Bearer {key['token']}"}
+
+
+def test_tenants_and_keys(rig: Rig) -> None:
+    _new_tenant(rig, "umbrella")
+    assert "umbrella" in {
+        t["name"] for t in rig.client.get("/admin/tenants", headers=rig.admin).json()
+    }
+    again = rig.client.post("/admin/tenants", json={"name": "umbrella"}, headers=rig.admin)
+    assert again.status_code == 400 and again.json()["error"]["code"] == "invalid_request"
+    keys = rig.client.get("/admin/keys", params={"tenant": "umbrella"}, headers=rig.admin).json()
+    assert len(keys) == 1 and "token" not in keys[0]
+
+
+def test_register_from_the_import_directory_then_serve(rig: Rig) -> None:
+    tenant = _new_tenant(rig, "hooli")
+    body = {"path": "acme/legal/r1", "tenant": "hooli", "name": "law", "revision": "v1"}
+    first = rig.client.post("/admin/adapters", json=body, headers=rig.admin)
+    assert first.status_code == 201, first.text
+    assert first.json()["revision"]["tenant"] == "hooli"
+    repeat = rig.client.post("/admin/adapters", json=body, headers=rig.admin)
+    assert repeat.status_code == 200 and repeat.json()["created"] is False
+    models = rig.client.get("/v1/models", headers=tenant).json()["data"]
+    assert [m["id"] for m in models[1:]] == ["law"]
+    reply = rig.client.post("/v1/completions", json={"model": "law", "prompt": "x"}, headers=tenant)
+    assert reply.json()["loraplex"]["revision"] == "hooli/law@v1"
+
+
+@pytest.mark.parametrize("path", ["../../..", "/etc", "acme/../../../manifest.json"])
+def test_paths_outside_the_import_directory_are_refused(rig: Rig, path: str) -> None:
+    body = {"path": path, "tenant": "acme", "name": "escape", "revision": "v1"}
+    response = rig.client.post("/admin/adapters", json=body, headers=rig.admin)
+    assert response.status_code == 400
+    assert response.json()["error"]["param"] == "path"
+
+
+def _upload(rig: Rig, adapter_dir: Path, **form: str) -> object:
+    files = {
+        "config": ("adapter_config.json", (adapter_dir / "adapter_config.json").read_bytes()),
+        "weights": (
+            "adapter_model.safetensors",
+            (adapter_dir / "adapter_model.safetensors").read_bytes(),
+        ),
+    }
+    return rig.client.post("/admin/adapters/upload", files=files, data=form, headers=rig.admin)
+
+
+def test_upload_registers_and_validates(rig: Rig, tmp_path: Path) -> None:
+    _new_tenant(rig, "initrode")
+    source = rig.served.assets.adapter("globex", "search", "r2").path
+    ok = _upload(rig, source, tenant="initrode", name="search", revision="u1", warm_policy="cpu")
+    assert ok.status_code == 201, ok.text  # type: ignore[attr-defined]
+    assert ok.json()["revision"]["warm_policy"] == "cpu"  # type: ignore[attr-defined]
+    broken = tmp_path / "broken"
+    broken.mkdir()
+    (broken / "adapter_config.json").write_bytes((source / "adapter_config.json").read_bytes())
+    (broken / "adapter_model.safetensors").write_bytes(b"not safetensors")
+    bad = _upload(rig, broken, tenant="initrode", name="broken", revision="u1")
+    assert bad.status_code == 422  # type: ignore[attr-defined]
+    assert bad.json()["error"]["code"] == "invalid_adapter"  # type: ignore[attr-defined]
+
+
+def test_upload_size_limit(served: Served) -> None:
+    deps = make_app_deps(served, FakeEngine(), max_upload_bytes=1000)
+    with TestClient(create_app(deps)) as client:
+        source = served.assets.adapter("acme", "support", "r1").path
+        files = {
+            "config": ("c", (source / "adapter_config.json").read_bytes()),
+            "weights": ("w", (source / "adapter_model.safetensors").read_bytes()),
+        }
+        form = {"tenant": "acme", "name": "too-big", "revision": "v1"}
+        auth = {"Authorization": f"Bearer {deps.config.admin_key}"}
+        response = client.post("/admin/adapters/upload", files=files, data=form, headers=auth)
+        assert response.status_code == 400 and "exceeds" in response.json()["error"]["message"]
+
+
+def test_alias_change_and_rollback(rig: Rig) -> None:
+    headers = rig.headers("initech")
+
+    def answered() -> str:
+        body = {"model": "review", "prompt": "x"}
+        return str(
+            rig.client.post("/v1/completions", json=body, headers=headers).json()["loraplex"][
+                "revision"
+            ]
+        )
+
+    assert answered() == "initech/review@r1"
+    alias = {"targets": [{"revision": "r2", "weight": 1}]}
+    assert (
+        rig.client.put(
+            "/admin/adapters/initech/review/alias", json=alias, headers=rig.admin
+        ).status_code
+        == 200
+    )
+    assert answered() == "initech/review@r2"
+    assert (
+        rig.client.post("/admin/adapters/initech/review/rollback", headers=rig.admin).status_code
+        == 200
+    )
+    assert answered() == "initech/review@r1"
+
+
+def _entries(rig: Rig, model: str) -> dict[str, dict[str, object]]:
+    listing = rig.client.get("/admin/residency", headers=rig.admin).json()
+    return {e["tier"]: e for e in listing["entries"] if e["model"] == model}
+
+
+def test_pin_evict_unpin_prefetch(rig: Rig) -> None:
+    model = "acme/billing@r1"
+    pinned = rig.client.post(
+        "/admin/residency/pin", json={"model": model, "wait": True}, headers=rig.admin
+    )
+    assert pinned.json() == {"model": model, "tier": "L0", "status": "resident"}
+    assert _entries(rig, model)["L0"]["pinned"] is True
+    evict = {"model": model, "tier": "L0"}
+    assert (
+        rig.client.post("/admin/residency/evict", json=evict, headers=rig.admin).json()["evicted"]
+        is False
+    )
+    rig.client.post("/admin/residency/unpin", json=evict, headers=rig.admin)
+    assert (
+        rig.client.post("/admin/residency/evict", json=evict, headers=rig.admin).json()["evicted"]
+        is True
+    )
+    assert "L0" not in _entries(rig, model)
+    fetch = {"model": model, "tier": "cpu", "wait": True}
+    assert (
+        rig.client.post("/admin/residency/prefetch", json=fetch, headers=rig.admin).status_code
+        == 200
+    )
+    assert _entries(rig, model)["L1"]["ready"] is True
+    rig.cache.check_integrity()
+
+
+def test_warm_policy_reaches_registry_and_cache(rig: Rig) -> None:
+    response = rig.client.put(
+        "/admin/revisions/globex/summarize/r1", json={"warm_policy": "gpu"}, headers=rig.admin
+    )
+    assert response.status_code == 200 and response.json()["warm_policy"] == "gpu"
+    deadline = time.monotonic() + 10
+    while not _entries(rig, "globex/summarize@r1").get("L0", {}).get("ready"):
+        assert time.monotonic() < deadline, "gpu warm policy never loaded the adapter"
+        time.sleep(0.01)
+    assert _entries(rig, "globex/summarize@r1")["L0"]["pinned"] is True
+    rig.client.put(
+        "/admin/revisions/globex/summarize/r1", json={"warm_policy": "on_demand"}, headers=rig.admin
+    )
+    rig.cache.check_integrity()
+
+
+@pytest.mark.parametrize(
+    ("body", "status"),
+    [({"model": "acme/support@r1", "tier": "L9"}, 400), ({"model": "acme/ghost@r1"}, 404),
+     ({"model": "not a ref"}, 400), ({"model": "acme/support@r1", "extra": 1}, 400)],
+)  # fmt: skip
+def test_bad_residency_requests(rig: Rig, body: dict[str, object], status: int) -> None:
+    response = rig.client.post("/admin/residency/pin", json=body, headers=rig.admin)
+    assert response.status_code == status, response.text
+
+
+def test_residency_lists_hot_adapters(rig: Rig) -> None:
+    for _ in range(3):
+        rig.cache.acquire_future(rig.served.demo.revisions[0].key()).result(timeout=10).release()
+    hot = rig.client.get("/admin/residency", params={"top": 1}, headers=rig.admin).json()["hot"]
+    assert hot == [{"model": rig.served.demo.revisions[0].ref, "hits": 2}]

@@ -1,0 +1,48 @@
+"""Chat templates rendered like transformers, encoded with exactly one BOS."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from loraplex.demo.assets import DemoAssets
+from loraplex.model.tokenizer import TextTokenizer
+from loraplex.server.chat import ChatMessage, ChatTemplate
+
+MESSAGES = [ChatMessage("system", "be brief"), ChatMessage("user", "The acme support team")]
+
+
+def test_demo_template_renders_and_encodes_with_one_bos(demo_assets: DemoAssets) -> None:
+    template = ChatTemplate.from_model_dir(demo_assets.base_model_dir)
+    assert template is not None
+    text = template.render(MESSAGES)
+    assert text == (
+        "<|bos|><|system|>\nbe brief<|end|>\n<|user|>\nThe acme support team<|end|>\n"
+        "<|assistant|>\n"
+    )
+    tokenizer = TextTokenizer(demo_assets.base_model_dir)
+    ids = template.encode(MESSAGES, tokenizer)
+    bos = tokenizer.encode("")
+    assert ids[: len(bos)] == bos and ids[len(bos) : 2 * len(bos)] != bos
+    assert tokenizer.decode(ids) == tokenizer.decode(tokenizer.encode(text))
+
+
+def test_templates_run_sandboxed() -> None:
+    hostile = ChatTemplate("{{ ''.__class__.__mro__[1].__subclasses__() }}")
+    with pytest.raises(ValueError, match="chat template"):
+        hostile.render(MESSAGES)
+
+
+def test_template_can_reject_a_conversation() -> None:
+    strict = ChatTemplate(
+        "{% if messages[0].role != 'user' %}{{ raise_exception('user first') }}{% endif %}"
+    )
+    with pytest.raises(ValueError, match="user first"):
+        strict.render(MESSAGES)
+
+
+def test_missing_template_is_none(tmp_path: Path) -> None:
+    assert ChatTemplate.from_model_dir(tmp_path) is None
+    (tmp_path / "tokenizer_config.json").write_text('{"bos_token": "<s>"}')
+    assert ChatTemplate.from_model_dir(tmp_path) is None

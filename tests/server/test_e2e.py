@@ -1,0 +1,140 @@
+"""End to end over HTTP: ``build_server`` (demo bootstrap, real engine, real cache) behind uvicorn,
+driven with the official openai client, streaming and not."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Iterator
+from dataclasses import dataclass
+
+import httpx
+import openai
+import pytest
+from live import async_client, client, running
+from prometheus_client.parser import text_string_to_metric_families
+
+from loraplex.demo.assets import DemoAdapter, DemoAssets
+from loraplex.server.assembly import DEMO_DIR, Server, build_server
+from loraplex.server.serve_config import ServeConfig
+
+
+@dataclass(frozen=True)
+class Live:
+    server: Server  # the assembled server
+    url: str  # its base URL
+    assets: DemoAssets  # the demo set it serves
+
+    def key(self, tenant: str) -> str:
+        return self.server.sample_keys[tenant]
+
+
+@pytest.fixture(scope="module")
+def live(demo_assets: DemoAssets, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Live]:
+    data_dir = tmp_path_factory.mktemp("serve")
+    # The session's demo set, adopted as the server's own (generation would take minutes).
+    (data_dir / DEMO_DIR).symlink_to(demo_assets.root, target_is_directory=True)
+    server = build_server(ServeConfig(data_dir=data_dir, max_loras=4, max_num_seqs=16))
+    try:
+        with running(server.app) as url:
+            yield Live(server, url, demo_assets)
+    finally:
+        server.close()
+
+
+async def _probe(live: Live, adapter: DemoAdapter, stream: bool) -> tuple[str, str]:
+    """(text, revision reported) of ``adapter``'s probe, by its explicit revision."""
+    api = async_client(live.url, live.key(adapter.tenant))
+    model = f"{adapter.name}@{adapter.revision}"
+    args = {"model": model, "prompt": adapter.probe_prompt, "temperature": 0,
+            "max_tokens": adapter.probe_max_tokens}  # fmt: skip
+    async with api:
+        if not stream:
+            done = await api.completions.create(**args)  # type: ignore[call-overload]
+            return done.choices[0].text, done.model_extra["loraplex"]["revision"]
+        parts: list[str] = []
+        revisions: set[str] = set()
+        async for chunk in await api.completions.create(stream=True, **args):  # type: ignore[call-overload]
+            parts.extend(choice.text for choice in chunk.choices)
+            revisions.add(chunk.model_extra["loraplex"]["revision"])
+        assert len(revisions) == 1
+        return "".join(parts), revisions.pop()
+
+
+def test_every_demo_revision_answers_its_probe_concurrently(live: Live) -> None:
+    adapters = list(live.assets.adapters)
+
+    async def everything() -> list[tuple[str, str]]:
+        jobs = [_probe(live, a, stream) for a in adapters for stream in (False, True)]
+        return await asyncio.gather(*jobs)
+
+    results = asyncio.run(everything())
+    expected = [(a.expected_continuation, a.ref) for a in adapters for _ in (False, True)]
+    assert results == expected
+
+
+def test_revision_header_and_alias_resolution(live: Live) -> None:
+    api = client(live.url, live.key("acme"))
+    raw = api.completions.with_raw_response.create(
+        model="support", prompt="The acme support team", max_tokens=9, temperature=0
+    )
+    assert raw.headers["x-loraplex-revision"] == "acme/support@r1"
+    assert raw.parse().choices[0].text == " is acme support r1 and early."
+    chat = api.chat.completions.create(
+        model="acme/billing", messages=[{"role": "user", "content": "hi"}], max_tokens=8,
+        temperature=0,
+    )  # fmt: skip
+    assert chat.choices[0].message.role == "assistant"
+    assert chat.model_extra is not None
+    assert chat.model_extra["loraplex"]["revision"] == "acme/billing@r1"
+    assert chat.usage is not None and 0 < chat.usage.completion_tokens <= 8
+
+
+def test_tenants_cannot_use_list_or_detect_each_other(live: Live) -> None:
+    api = client(live.url, live.key("acme"))
+    listed = [m.id for m in api.models.list()]
+    own = sorted({a.name for a in live.assets.adapters if a.tenant == "acme"})
+    assert sorted(listed[1:]) == own and listed[0] == live.server.deps.config.base_model_name
+    bodies = []
+    for model in ("globex/search", "globex/search@r1", "globex/nonexistent"):
+        with pytest.raises(openai.NotFoundError) as caught:
+            api.completions.create(model=model, prompt="x", max_tokens=1)
+        bodies.append(caught.value.response.text.replace(model, "MODEL"))
+        with pytest.raises(openai.NotFoundError):
+            api.models.retrieve(model)
+    assert len(set(bodies)) == 1
+
+
+def test_admin_routes_refuse_tenant_keys(live: Live) -> None:
+    for tenant in ("acme", "globex", "initech"):
+        auth = {"Authorization": f"Bearer {live.key(tenant)}"}
+        for path in ("/admin/tenants", "/admin/residency", "/admin/keys", "/metrics"):
+            assert httpx.get(live.url + path, headers=auth).status_code == 401
+        body = {"name": f"{tenant}-evil"}
+        assert httpx.post(live.url + "/admin/tenants", json=body, headers=auth).status_code == 401
+    admin = {"Authorization": f"Bearer {live.server.admin_key}"}
+    assert httpx.get(live.url + "/admin/residency", headers=admin).status_code == 200
+
+
+def test_metrics_follow_the_endpoint_picker_contract(live: Live) -> None:
+    client(live.url, live.key("globex")).completions.create(
+        model="search", prompt="The globex search team", max_tokens=4, temperature=0
+    )
+    admin = {"Authorization": f"Bearer {live.server.admin_key}"}
+    text = httpx.get(live.url + "/metrics", headers=admin).text
+    families = {f.name: f for f in text_string_to_metric_families(text)}
+    for name in ("vllm:num_requests_waiting", "vllm:num_requests_running",
+                 "vllm:kv_cache_usage_perc", "vllm:lora_requests_info"):  # fmt: skip
+        assert families[name].type == "gauge", name
+    assert 0.0 <= families["vllm:kv_cache_usage_perc"].samples[0].value <= 1.0
+    (info,) = families["vllm:lora_requests_info"].samples
+    assert info.labels["max_lora"] == "4"
+    running = set(filter(None, info.labels["running_lora_adapters"].split(",")))
+    waiting = set(filter(None, info.labels["waiting_lora_adapters"].split(",")))
+    assert "globex/search" in running and not running & waiting
+    assert families["adapter_cache_hits"].samples
+    assert families["adapter_load_stage_seconds"].samples
+
+
+def test_ready_and_health(live: Live) -> None:
+    assert httpx.get(live.url + "/ready").json() == {"status": "ready"}
+    assert httpx.get(live.url + "/health").json() == {"status": "ok"}

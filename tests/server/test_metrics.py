@@ -1,0 +1,120 @@
+"""/metrics: parseable, bounded labels, and the endpoint-picker (vllm:*) contract."""
+
+from __future__ import annotations
+
+import time
+
+from conftest import Rig, Served, make_app_deps
+from fakes import FakeEngine
+from fastapi.testclient import TestClient
+from prometheus_client.parser import text_string_to_metric_families
+from prometheus_client.samples import Sample
+
+from loraplex.demo.assets import DemoAssets
+from loraplex.server.app import create_app
+
+
+def _scrape(rig: Rig) -> dict[str, list[Sample]]:
+    response = rig.client.get("/metrics", headers=rig.admin)
+    assert response.status_code == 200
+    assert response.headers["content-type"].startswith("text/plain")
+    families = text_string_to_metric_families(response.text)
+    return {family.name: family.samples for family in families}
+
+
+def test_endpoint_picker_family(rig: Rig, demo_assets: DemoAssets) -> None:
+    base = demo_assets.base_digest
+    support = demo_assets.adapter("acme", "support", "r1").key(base)
+    support_r2 = demo_assets.adapter("acme", "support", "r2").key(base)
+    legal = demo_assets.adapter("acme", "legal", "r1").key(base)
+    search = demo_assets.adapter("globex", "search", "r1").key(base)
+    rig.engine.running = (support, search)
+    rig.engine.waiting = (legal, support_r2)
+    before = time.time()
+    metrics = _scrape(rig)
+    assert metrics["vllm:num_requests_waiting"][0].value == 1 + 2
+    assert metrics["vllm:num_requests_running"][0].value == 2
+    usage = metrics["vllm:kv_cache_usage_perc"][0].value
+    assert 0.0 <= usage <= 1.0 and usage == 0.25
+    (info,) = metrics["vllm:lora_requests_info"]
+    assert set(info.labels) == {"max_lora", "running_lora_adapters", "waiting_lora_adapters"}
+    assert info.labels["max_lora"] == "4"
+    running = info.labels["running_lora_adapters"].split(",")
+    waiting = info.labels["waiting_lora_adapters"].split(",")
+    assert running == ["acme/support", "globex/search"]
+    assert waiting == ["acme/legal"]  # support r2 waits, but support itself is resident
+    assert not set(running) & set(waiting)
+    assert before - 1 <= info.value <= time.time() + 1
+
+
+def test_empty_adapter_lists_are_empty_strings(rig: Rig) -> None:
+    (info,) = _scrape(rig)["vllm:lora_requests_info"]
+    assert info.labels["running_lora_adapters"] == ""
+    assert info.labels["waiting_lora_adapters"] == ""
+
+
+def test_request_metrics_split_by_cold_and_priority_class(
+    rig: Rig, demo_assets: DemoAssets
+) -> None:
+    headers = rig.headers("acme")
+    rig.engine.running = (
+        demo_assets.adapter("acme", "support", "r1").key(demo_assets.base_digest),
+    )
+    for model in ("support", "support", "legal"):
+        body = {"model": model, "prompt": "hi", "max_tokens": 8}
+        assert rig.client.post("/v1/completions", json=body, headers=headers).status_code == 200
+    metrics = _scrape(rig)
+    counts = {
+        s.labels["cold"]: s.value
+        for s in metrics["request_ttft_seconds"]
+        if s.name.endswith("_count")
+    }
+    assert counts == {"false": 2, "true": 1}
+    assert metrics["cold_start_rate"][0].value == 1 / 3
+    finished = {
+        (s.labels["priority_class"], s.labels["outcome"]): s.value
+        for s in metrics["requests"]
+        if s.name == "requests_total"
+    }
+    assert finished == {("normal", "stop"): 3}
+    tokens = [s for s in metrics["generated_tokens"] if s.name == "generated_tokens_total"]
+    assert tokens[0].value == 6
+
+
+def test_cache_metrics_follow_design(rig: Rig) -> None:
+    metrics = _scrape(rig)
+    for name in (
+        "adapter_cache_hits", "adapter_cache_misses", "adapter_resident_count",
+        "adapter_resident_bytes", "adapter_evictions", "adapter_reload_after_eviction",
+        "adapter_thrash_ratio", "adapter_load_stage_seconds",
+    ):  # fmt: skip
+        assert name in metrics, name
+    tiers = {s.labels["tier"] for s in metrics["adapter_resident_bytes"]}
+    assert tiers == {"L0", "L1", "L2"}
+
+
+def test_labels_stay_bounded(rig: Rig, demo_assets: DemoAssets) -> None:
+    for adapter in demo_assets.adapters:
+        if adapter.tenant == "acme":
+            body = {"model": f"{adapter.name}@{adapter.revision}", "prompt": "x", "max_tokens": 1}
+            rig.client.post("/v1/completions", json=body, headers=rig.headers("acme"))
+    allowed = {"tier", "stage", "cold", "priority_class", "outcome", "state", "le", "quantile"}
+    for name, samples in _scrape(rig).items():
+        if name == "vllm:lora_requests_info":
+            continue
+        for sample in samples:
+            assert set(sample.labels) <= allowed, (name, sample.labels)
+
+
+def test_metrics_need_the_admin_key_unless_public(served: Served) -> None:
+    with TestClient(create_app(make_app_deps(served, FakeEngine()))) as client:
+        tenant = {"Authorization": f"Bearer {served.keys['acme']}"}
+        assert client.get("/metrics", headers=tenant).status_code == 401
+        assert client.get("/metrics").status_code == 401
+    with TestClient(create_app(make_app_deps(served, FakeEngine(), metrics_public=True))) as client:
+        assert client.get("/metrics").status_code == 200
+
+
+def test_health_and_ready(rig: Rig) -> None:
+    assert rig.client.get("/health").json() == {"status": "ok"}
+    assert rig.client.get("/ready").json() == {"status": "ready"}

@@ -1,0 +1,213 @@
+"""The OpenAI-compatible routes over a scripted engine: resolution, shapes, streaming, errors."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import pytest
+from conftest import BASE_NAME, Rig
+
+from loraplex.errors import CorruptArtifactError, QueueFullError, QueueTimeoutError
+from loraplex.server.chat import ChatMessage
+
+NOT_FOUND = "model {!r} does not name an adapter available to you"
+
+
+def _post(rig: Rig, tenant: str, path: str, **body: Any) -> Any:
+    return rig.client.post(path, json=body, headers=rig.headers(tenant))
+
+
+def _events(text: str) -> list[Any]:
+    lines = [line.removeprefix("data: ") for line in text.split("\n\n") if line]
+    assert lines[-1] == "[DONE]"
+    return [json.loads(line) for line in lines[:-1]]
+
+
+@pytest.mark.parametrize(
+    ("model", "revision"),
+    [
+        ("support", "acme/support@r1"),
+        ("acme/support", "acme/support@r1"),
+        ("support@r2", "acme/support@r2"),
+        ("acme/billing@r1", "acme/billing@r1"),
+    ],
+)
+def test_completion_reports_the_revision_that_answered(rig: Rig, model: str, revision: str) -> None:
+    response = _post(rig, "acme", "/v1/completions", model=model, prompt="hi", max_tokens=8)
+    assert response.status_code == 200
+    body = response.json()
+    assert response.headers["x-loraplex-revision"] == revision
+    assert body["loraplex"]["revision"] == revision
+    assert body["model"] == model
+    assert body["object"] == "text_completion"
+    assert body["choices"][0]["text"] == f" {revision} answers."
+    assert body["choices"][0]["finish_reason"] == "stop"
+    assert body["usage"] == {"prompt_tokens": 3, "completion_tokens": 2, "total_tokens": 5}
+    sent = rig.engine.requests[-1]
+    assert sent.tenant == "acme" and sent.adapter_key is not None
+    assert sent.adapter_key.ref == revision
+    assert body["loraplex"]["adapter_digest"] == sent.adapter_key.adapter_digest
+
+
+def test_base_model_answers_without_an_adapter(rig: Rig) -> None:
+    response = _post(rig, "globex", "/v1/completions", model=BASE_NAME, prompt="x")
+    assert response.status_code == 200
+    assert response.json()["loraplex"] == {"revision": None, "adapter_digest": None}
+    assert response.headers["x-loraplex-revision"] == BASE_NAME
+    assert rig.engine.requests[-1].adapter_key is None
+
+
+def test_sampling_fields_reach_the_engine(rig: Rig) -> None:
+    _post(
+        rig, "acme", "/v1/completions", model="support", prompt=[1, 70, 71], max_tokens=1,
+        temperature=0.5, top_p=0.9, seed=7, stop=["zz"],
+    )  # fmt: skip
+    sent = rig.engine.requests[-1]
+    assert sent.prompt_token_ids == (1, 70, 71)
+    params = sent.params
+    assert (params.max_tokens, params.temperature, params.top_p, params.seed, params.stop) == (
+        1, 0.5, 0.9, 7, ("zz",)
+    )  # fmt: skip
+
+
+def test_max_tokens_and_stop_finish_reasons(rig: Rig) -> None:
+    short = _post(rig, "acme", "/v1/completions", model="support", prompt="a", max_tokens=1)
+    assert short.json()["choices"][0] == {
+        "index": 0, "text": " acme/support@r1", "logprobs": None, "finish_reason": "length"
+    }  # fmt: skip
+    stopped = _post(rig, "acme", "/v1/completions", model="support", prompt="a", stop="@")
+    assert stopped.json()["choices"][0]["text"] == " acme/support"
+    assert stopped.json()["choices"][0]["finish_reason"] == "stop"
+
+
+@pytest.mark.parametrize(
+    ("field", "value"),
+    [("n", 2), ("temperature", -1), ("top_p", 0), ("max_tokens", 0), ("stop", ["a"] * 5),
+     ("prompt", ["a", "b"]), ("prompt", []), ("prompt", [1, 10**9])],
+)  # fmt: skip
+def test_bad_fields_get_400_and_reach_no_engine(rig: Rig, field: str, value: object) -> None:
+    body: dict[str, object] = {"model": "support", "prompt": "hi", field: value}
+    response = rig.client.post("/v1/completions", json=body, headers=rig.headers("acme"))
+    assert response.status_code == 400, response.text
+    assert response.json()["error"]["type"] == "invalid_request_error"
+    assert rig.engine.requests == []
+
+
+def test_streaming_completion(rig: Rig) -> None:
+    response = _post(
+        rig, "acme", "/v1/completions", model="legal", prompt="hi", stream=True,
+        stream_options={"include_usage": True},
+    )  # fmt: skip
+    assert response.status_code == 200
+    assert response.headers["content-type"].startswith("text/event-stream")
+    assert response.headers["x-loraplex-revision"] == "acme/legal@r1"
+    chunks = _events(response.text)
+    texts = [c["choices"][0]["text"] for c in chunks if c["choices"]]
+    assert "".join(texts) == " acme/legal@r1 answers."
+    assert [c["choices"][0]["finish_reason"] for c in chunks if c["choices"]] == [None, "stop"]
+    assert chunks[-1]["choices"] == [] and chunks[-1]["usage"]["completion_tokens"] == 2
+    assert {c["loraplex"]["revision"] for c in chunks} == {"acme/legal@r1"}
+    assert len({c["id"] for c in chunks}) == 1
+
+
+def test_chat_prompt_is_the_rendered_template(rig: Rig) -> None:
+    messages = [{"role": "system", "content": "be brief"}, {"role": "user", "content": "hello"}]
+    response = _post(rig, "globex", "/v1/chat/completions", model="search", messages=messages)
+    assert response.status_code == 200
+    body = response.json()
+    assert body["object"] == "chat.completion"
+    assert body["choices"][0]["message"] == {
+        "role": "assistant",
+        "content": " globex/search@r1 answers.",
+    }
+    template = rig.client.app.state.deps.chat  # type: ignore[attr-defined]
+    sent = [ChatMessage("system", "be brief"), ChatMessage("user", "hello")]
+    expected = template.encode(sent, rig.engine.tokenizer)
+    assert list(rig.engine.requests[-1].prompt_token_ids) == expected
+
+
+def test_streaming_chat_announces_the_role_then_content(rig: Rig) -> None:
+    messages = [{"role": "user", "content": [{"type": "text", "text": "hi"}]}]
+    response = _post(
+        rig, "initech", "/v1/chat/completions", model="chat", messages=messages, stream=True
+    )
+    chunks = _events(response.text)
+    assert chunks[0]["choices"][0]["delta"] == {"role": "assistant", "content": ""}
+    content = "".join(c["choices"][0]["delta"].get("content") or "" for c in chunks)
+    assert content == " initech/chat@r1 answers."
+    assert chunks[-1]["choices"][0]["finish_reason"] == "stop"
+    assert all(c["object"] == "chat.completion.chunk" for c in chunks)
+
+
+def _not_found_body(rig: Rig, tenant: str, model: str) -> tuple[int, dict[str, Any]]:
+    response = _post(rig, tenant, "/v1/completions", model=model, prompt="hi")
+    body = response.json()
+    body["error"]["message"] = body["error"]["message"].replace(repr(model), "MODEL")
+    return response.status_code, body
+
+
+@pytest.mark.parametrize(
+    "foreign", ["globex/search", "globex/search@r2", "search", "initech/review@r1"]
+)
+def test_foreign_private_adapter_is_indistinguishable_from_a_missing_one(
+    rig: Rig, foreign: str
+) -> None:
+    assert _not_found_body(rig, "acme", foreign) == _not_found_body(rig, "acme", "globex/nothing")
+    status, body = _not_found_body(rig, "acme", foreign)
+    assert status == 404 and body["error"]["code"] == "model_not_found"
+    detail = rig.client.get(f"/v1/models/{foreign}", headers=rig.headers("acme"))
+    missing = rig.client.get("/v1/models/globex/nothing", headers=rig.headers("acme"))
+    assert detail.status_code == missing.status_code == 404
+    assert rig.engine.requests == []
+
+
+@pytest.mark.parametrize("model", ["/etc/passwd", "../acme/support", "file:///tmp/x", "http://h/a"])
+def test_paths_and_urls_are_just_unknown_names(rig: Rig, model: str) -> None:
+    status, body = _not_found_body(rig, "acme", model)
+    assert status == 404 and body["error"]["code"] == "model_not_found"
+
+
+def test_models_lists_only_the_callers_adapters(rig: Rig) -> None:
+    for tenant in ("acme", "globex", "initech"):
+        data = rig.client.get("/v1/models", headers=rig.headers(tenant)).json()["data"]
+        assert data[0] == {
+            "id": BASE_NAME, "object": "model", "created": 0, "owned_by": "loraplex",
+            "root": BASE_NAME, "parent": None,
+        }  # fmt: skip
+        adapters = data[1:]
+        own = {a.name for a in rig.served.assets.adapters if a.tenant == tenant}
+        assert {a["id"] for a in adapters} == own
+        assert {a["owned_by"] for a in adapters} == {tenant}
+        assert {a["parent"] for a in adapters} == {BASE_NAME}
+        assert {a["root"] for a in adapters} == {f"{tenant}/{name}" for name in own}
+    card = rig.client.get("/v1/models/support", headers=rig.headers("acme")).json()
+    assert (card["id"], card["root"]) == ("support", "acme/support")
+
+
+@pytest.mark.parametrize(
+    ("exc", "status", "retry_after"),
+    [
+        (QueueTimeoutError("x", 30.0, 2.0), 503, "2"),
+        (QueueFullError("tenant acme's queue", 4, 0.5), 429, "1"),
+        (CorruptArtifactError("disk copy corrupt"), 500, None),
+    ],
+)
+@pytest.mark.parametrize("stream", [False, True])
+def test_engine_errors_before_the_first_token_get_a_status(
+    rig: Rig, exc: Exception, status: int, retry_after: str | None, stream: bool
+) -> None:
+    rig.engine.errors["acme/triage@r1"] = exc
+    response = _post(rig, "acme", "/v1/completions", model="triage", prompt="hi", stream=stream)
+    assert response.status_code == status
+    assert response.headers.get("retry-after") == retry_after
+    assert set(response.json()["error"]) == {"message", "type", "param", "code"}
+
+
+def test_error_after_the_first_token_ends_the_stream_with_an_error_event(rig: Rig) -> None:
+    rig.engine.mid_stream_errors["acme/triage@r1"] = QueueTimeoutError("x", 1.0, 1.0)
+    response = _post(rig, "acme", "/v1/completions", model="triage", prompt="hi", stream=True)
+    assert response.status_code == 200
+    lines = [line for line in response.text.split("\n\n") if line]
+    assert json.loads(lines[0].removeprefix("data: "))["choices"][0]["text"] == " acme/triage@r1"
+    assert json.loads(lines[-1].removeprefix("data: "))["error"]["code"] == "queue_timeout"
