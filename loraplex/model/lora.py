@@ -6,6 +6,9 @@ occupies a contiguous range of rows, as many as its largest rank, at the same po
 arena; ranges are packed (first fit, compacted when fragmented) so the rows of the active
 adapters sit side by side and one matmul can cover them at their exact ranks.
 
+Storage and views live in :class:`~loraplex.model.lora_arena.ArenaStore` (per module one buffer
+stacked over layers, so a packed L1 copy moves in one op per module and matrix).
+
 Invariants (``check_integrity``): ranges of occupied slots never overlap; every row outside them,
 and every row past a module's own rank inside one, is zero with scale 0; ``row_owner`` names the
 slot of every occupied row and -1 elsewhere.
@@ -13,13 +16,15 @@ slot of every occupied row and -1 elsewhere.
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from dataclasses import dataclass
 
 import torch
 
 from loraplex.adapters.base_model import TARGET_MODULES, BaseModelSpec
-from loraplex.adapters.weights import AdapterWeights, ModuleWeights
+from loraplex.adapters.weights import AdapterWeights
 from loraplex.errors import BaseModelMismatchError, RankTooLargeError, TensorValidationError
+from loraplex.model.lora_arena import EMPTY_ROWS, ArenaStore
 from loraplex.ops import ArenaLayout, LoraBatch, ModuleLoraWeights, SlotRows, get_backend
 
 
@@ -37,6 +42,7 @@ class SlotInfo:
 class _Resident:
     info: SlotInfo  # public view
     pairs: dict[int, tuple[int, float]]  # table index -> (rank, scale) of targeted modules
+    modules: frozenset[str]  # target modules it has rows in (the stacks a release must zero)
 
 
 class LoraSlotPool:
@@ -66,18 +72,16 @@ class LoraSlotPool:
         self.target_modules = target_modules
         self.backend = get_backend(backend)
         self.capacity_rows = max_loras * max_lora_rank
-        self._tables: dict[tuple[int, str], int] = {}
-        self._arenas: list[tuple[torch.Tensor, torch.Tensor]] = []
-        for layer in range(spec.num_layers):
-            for module in target_modules:
-                d_in, d_out = spec.module_shape(module)
-                self._tables[(layer, module)] = len(self._arenas)
-                self._arenas.append((self._zeros(d_in), self._zeros(d_out)))
+        self._store = ArenaStore(spec, target_modules, self.capacity_rows, max_loras,
+                                 dtype=dtype, device=self.device)  # fmt: skip
+        self._tables = self._store.tables
+        self._arenas = self._store.arenas
         self._row_owner = torch.full((self.capacity_rows,), -1, dtype=torch.int64, device=device)
         self._row_scale = torch.zeros((len(self._arenas), self.capacity_rows), dtype=dtype,
                                       device=device)  # fmt: skip
+        self._module_bits = [0] * len(self._arenas)  # per table: bit s = slot s has rows there
         self._residents: list[_Resident | None] = [None] * max_loras
-        self._rebuild_views()
+        self._publish(())
 
     # --- execution ------------------------------------------------------------------------
 
@@ -96,7 +100,7 @@ class LoraSlotPool:
         table = self._tables.get((layer, module))
         if table is None:
             return out
-        return self.backend.apply(x, out, self._views[table], batch)
+        return self.backend.apply(x, out, self._store.views[table], batch)
 
     # --- residency --------------------------------------------------------------------------
 
@@ -104,31 +108,43 @@ class LoraSlotPool:
         """Copy ``weights`` into ``slot`` (replacing its occupant); nothing changes on error."""
         self._check_slot(slot)
         pairs = self._check_weights(weights)
-        if self._residents[slot] is not None:
+        packed = self._store.runs_cover(weights.runs, pairs)
+        touched = set(pairs)
+        previous = self._residents[slot]
+        if previous is not None:
+            touched.update(previous.pairs)
             self._release(slot)
-        num_rows = max((m.rank for m in weights.modules), default=0)
+        num_rows = max((rank for rank, _ in pairs.values()), default=0)
         start = self._find_rows(num_rows)
+        if start is None:
+            start = self._compact()
+            touched = set(range(len(self._arenas)))
         non_blocking = self.device.type == "cuda"
-        for module in weights.modules:
-            lora_a, lora_b_t = self._arenas[self._tables[(module.layer, module.module)]]
-            rows = slice(start, start + module.rank)
-            lora_a[rows].copy_(module.lora_a, non_blocking=non_blocking)
-            lora_b_t[rows].copy_(module.lora_b.T, non_blocking=non_blocking)
-        self._row_owner[start : start + num_rows] = slot
-        scales = torch.zeros(len(self._arenas), dtype=torch.float64)
+        if packed:
+            self._store.write_runs(start, weights.runs, non_blocking)
+        else:
+            self._store.write_modules(start, weights.modules, non_blocking)
+        rows = slice(start, start + num_rows)
+        self._row_owner[rows] = slot
+        scales = [0.0] * len(self._arenas)
         for table, (_, scale) in pairs.items():
             scales[table] = scale
-        self._row_scale[:, start : start + num_rows] = scales.to(self.dtype).unsqueeze(1)
-        info = SlotInfo(weights.digest, start, num_rows, self._bytes_of(weights.modules))
-        self._residents[slot] = _Resident(info, pairs)
-        self._rebuild_views()
+        self._row_scale[:, rows] = torch.tensor(scales, dtype=self.dtype).unsqueeze(1)
+        info = SlotInfo(weights.digest, start, num_rows, self._bytes_of(pairs))
+        modules = frozenset(self._store.table_module[t] for t in pairs)
+        self._residents[slot] = _Resident(info, pairs, modules)
+        self._store.set_slot(slot, {t: SlotRows(start, r, s) for t, (r, s) in pairs.items()})
+        for table in pairs:
+            self._module_bits[table] |= 1 << slot
+        self._publish(touched)
 
     def clear(self, slot: int) -> None:
         """Make ``slot`` inert: its rows are zeroed and its tokens get the base output only."""
         self._check_slot(slot)
-        if self._residents[slot] is not None:
+        resident = self._residents[slot]
+        if resident is not None:
             self._release(slot)
-            self._rebuild_views()
+            self._publish(resident.pairs)
 
     # --- introspection -----------------------------------------------------------------------
 
@@ -169,7 +185,7 @@ class LoraSlotPool:
 
     def module_weights(self, layer: int, module: str) -> ModuleLoraWeights:
         """The arena view one (layer, module) is computed from."""
-        return self._views[self._tables[(layer, module)]]
+        return self._store.views[self._tables[(layer, module)]]
 
     @property
     def layout(self) -> ArenaLayout:
@@ -183,15 +199,12 @@ class LoraSlotPool:
 
     # --- internals -----------------------------------------------------------------------------
 
-    def _zeros(self, width: int) -> torch.Tensor:
-        return torch.zeros((self.capacity_rows, width), dtype=self.dtype, device=self.device)
-
     def _element_size(self) -> int:
         return torch.empty((), dtype=self.dtype).element_size()
 
-    def _bytes_of(self, modules: tuple[ModuleWeights, ...]) -> int:
-        size = self._element_size()
-        return sum(m.rank * (m.lora_a.shape[1] + m.lora_b.shape[0]) * size for m in modules)
+    def _bytes_of(self, pairs: dict[int, tuple[int, float]]) -> int:
+        shapes = self._store.table_shapes
+        return self._element_size() * sum(r * sum(shapes[t]) for t, (r, _) in pairs.items())
 
     def _check_slot(self, slot: int) -> None:
         if not 0 <= slot < self.max_loras:
@@ -202,42 +215,45 @@ class LoraSlotPool:
         pairs: dict[int, tuple[int, float]] = {}
         for module in weights.modules:
             table = self._tables.get((module.layer, module.module))
+            rank = int(module.lora_a.shape[0])
             if table is None:
                 raise BaseModelMismatchError(
                     f"adapter {weights.digest[:12]}: layer {module.layer} {module.module} is not "
                     f"served by this pool; expected layers < {self.spec.num_layers} and modules "
                     f"in {self.target_modules}"
                 )
-            if module.rank > self.max_lora_rank:
+            if rank > self.max_lora_rank:
                 raise RankTooLargeError(
-                    "rank", module.rank,
+                    "rank", rank,
                     f"<= max_lora_rank {self.max_lora_rank} (layer {module.layer} {module.module})",
                 )  # fmt: skip
-            d_in, d_out = self.spec.module_shape(module.module)
-            expected = ((module.rank, d_in), (d_out, module.rank))
+            d_in, d_out = self._store.table_shapes[table]
+            expected = ((rank, d_in), (d_out, rank))
             shapes = (tuple(module.lora_a.shape), tuple(module.lora_b.shape))
-            if module.rank < 1 or shapes != expected or table in pairs:
+            if rank < 1 or shapes != expected or table in pairs:
                 raise TensorValidationError(
                     f"adapter {weights.digest[:12]}: layer {module.layer} {module.module} has "
                     f"A, B shapes {shapes}; expected {expected}, rank >= 1, once per module"
                 )
-            pairs[table] = (module.rank, module.scale)
+            pairs[table] = (rank, module.scale)
         return pairs
 
     def _release(self, slot: int) -> None:
         resident = self._residents[slot]
         if resident is None:
             return
-        rows = slice(resident.info.start, resident.info.start + resident.info.num_rows)
-        for lora_a, lora_b_t in self._arenas:
-            lora_a[rows].zero_()
-            lora_b_t[rows].zero_()
+        start, num_rows = resident.info.start, resident.info.num_rows
+        self._store.zero_rows(start, num_rows, resident.modules)
+        rows = slice(start, start + num_rows)
         self._row_owner[rows] = -1
         self._row_scale[:, rows] = 0
+        self._store.set_slot(slot, dict.fromkeys(resident.pairs, EMPTY_ROWS))
+        for table in resident.pairs:
+            self._module_bits[table] &= ~(1 << slot)
         self._residents[slot] = None
 
-    def _find_rows(self, num_rows: int) -> int:
-        """First free range of ``num_rows`` rows; compacts the arenas when none is contiguous."""
+    def _find_rows(self, num_rows: int) -> int | None:
+        """First free range of ``num_rows`` rows; None when none is contiguous (compact then)."""
         cursor = 0
         for start, rows in self._occupied_ranges():
             if start - cursor >= num_rows:
@@ -245,7 +261,7 @@ class LoraSlotPool:
             cursor = start + rows
         if self.capacity_rows - cursor >= num_rows:
             return cursor
-        return self._compact()
+        return None
 
     def _occupied_ranges(self) -> list[tuple[int, int]]:
         return sorted((r.info.start, r.info.num_rows) for r in self._residents if r is not None)
@@ -261,7 +277,10 @@ class LoraSlotPool:
             if start != cursor:
                 self._move_rows(start, cursor, num_rows)
                 info = SlotInfo(resident.info.digest, cursor, num_rows, resident.info.num_bytes)
-                self._residents[slot] = _Resident(info, resident.pairs)
+                self._residents[slot] = _Resident(info, resident.pairs, resident.modules)
+                self._store.set_slot(
+                    slot, {t: SlotRows(cursor, r, s) for t, (r, s) in resident.pairs.items()}
+                )
             cursor += num_rows
         return cursor
 
@@ -271,31 +290,22 @@ class LoraSlotPool:
 
     def _move_rows(self, source: int, target: int, num_rows: int) -> None:
         """Move rows down (target < source); the vacated tail is zeroed, keeping free rows zero."""
+        self._store.move_rows(source, target, num_rows)
         src, dst = slice(source, source + num_rows), slice(target, target + num_rows)
         vacated = slice(max(target + num_rows, source), source + num_rows)
-        for tensor in (*[t for pair in self._arenas for t in pair], self._row_owner):
-            tensor[dst] = tensor[src].clone()
-            tensor[vacated] = -1 if tensor is self._row_owner else 0
+        self._row_owner[dst] = self._row_owner[src].clone()
+        self._row_owner[vacated] = -1
         self._row_scale[:, dst] = self._row_scale[:, src].clone()
         self._row_scale[:, vacated] = 0
 
-    def _rebuild_views(self) -> None:
-        """Refresh the immutable per-module slot tables and the layout the backends read."""
-        empty = SlotRows(0, 0, 0.0)
+    def _publish(self, tables: Iterable[int]) -> None:
+        """Re-freeze the views of ``tables`` and the layout the backends read."""
+        self._store.refreeze(tables)
         starts = [0] * self.max_loras
         rows = [0] * self.max_loras
-        per_table: list[list[SlotRows]] = [[empty] * self.max_loras for _ in self._arenas]
-        bits = [0] * len(self._arenas)
         for slot, resident in enumerate(self._residents):
-            if resident is None:
-                continue
-            starts[slot], rows[slot] = resident.info.start, resident.info.num_rows
-            for table, (rank, scale) in resident.pairs.items():
-                per_table[table][slot] = SlotRows(resident.info.start, rank, scale)
-                bits[table] |= 1 << slot
-        self._views = [
-            ModuleLoraWeights(a, b, tuple(per_table[i]), i) for i, (a, b) in enumerate(self._arenas)
-        ]
+            if resident is not None:
+                starts[slot], rows[slot] = resident.info.start, resident.info.num_rows
         self._layout = ArenaLayout(
-            self._row_owner, self._row_scale, tuple(starts), tuple(rows), tuple(bits)
+            self._row_owner, self._row_scale, tuple(starts), tuple(rows), tuple(self._module_bits)
         )

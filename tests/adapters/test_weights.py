@@ -69,3 +69,21 @@ def test_pinned_buffers(builder) -> None:  # type: ignore[no-untyped-def]
     validated = validate_adapter_dir(builder.write(), builder.base, max_lora_rank=8)
     weights = load_adapter_weights(validated, dtype=torch.float32, pin_memory=True)
     assert all(m.lora_a.is_pinned() and m.lora_b.is_pinned() for m in weights.modules)
+
+
+def test_modules_are_views_of_packed_runs(builder, base, kit) -> None:  # type: ignore[no-untyped-def]
+    config = kit.config(
+        target_modules=["q_proj", "v_proj"], rank_pattern={"layers.1.self_attn.v_proj": 2}
+    )
+    validated = validate_adapter_dir(builder.write(config), base, max_lora_rank=8)
+    weights = load_adapter_weights(validated, dtype=torch.float32)
+    runs = {(r.module, r.first_layer): (r.num_layers, r.rank) for r in weights.runs}
+    assert runs == {("q_proj", 0): (2, 4), ("v_proj", 0): (1, 4), ("v_proj", 1): (1, 2)}
+    for run in weights.runs:
+        for i in range(run.num_layers):
+            module = next(
+                m for m in weights.modules
+                if (m.layer, m.module) == (run.first_layer + i, run.module)
+            )  # fmt: skip
+            assert module.lora_a.data_ptr() == run.lora_a[i].data_ptr()
+            assert torch.equal(module.lora_b.T, run.lora_b_t[i])

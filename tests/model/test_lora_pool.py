@@ -11,7 +11,12 @@ import torch
 
 from loraplex.adapters.base_model import TARGET_MODULES, BaseModelSpec
 from loraplex.adapters.validate import validate_adapter_dir
-from loraplex.adapters.weights import AdapterWeights, ModuleWeights, load_adapter_weights
+from loraplex.adapters.weights import (
+    AdapterWeights,
+    ModuleRun,
+    ModuleWeights,
+    load_adapter_weights,
+)
 from loraplex.errors import BaseModelMismatchError, RankTooLargeError, TensorValidationError
 from loraplex.model.lora import LoraSlotPool
 
@@ -258,3 +263,48 @@ def test_sizes_and_argument_checks() -> None:
         LoraSlotPool(SPEC, 1, 8, dtype=torch.float32, device=CPU, target_modules=("lm_head",))
     with pytest.raises(ValueError, match="unknown"):
         LoraSlotPool(SPEC, 1, 8, dtype=torch.float32, device=CPU, backend="nope")
+
+
+def packed(weights: AdapterWeights) -> AdapterWeights:
+    """The same adapter with its per-module runs packed (as load_adapter_weights builds them)."""
+    runs, modules = [], []
+    for module in sorted({m.module for m in weights.modules}):
+        members = [m for m in weights.modules if m.module == module]
+        d_in = members[0].lora_a.shape[1]
+        rows = torch.stack([torch.cat([m.lora_a, m.lora_b.T], dim=1) for m in members])
+        run = ModuleRun(module, members[0].layer, d_in, rows)
+        runs.append(run)
+        modules += [
+            ModuleWeights(m.layer, module, run.lora_a[i], run.lora_b_t[i].T, m.scale)
+            for i, m in enumerate(members)
+        ]
+    modules.sort(key=lambda m: (m.layer, TARGET_MODULES.index(m.module)))
+    return AdapterWeights(weights.digest, weights.dtype, tuple(modules), tuple(runs))
+
+
+def test_packed_runs_load_like_modules() -> None:
+    unpacked, other = weights_of(8, 5), weights_of(4, 6, modules=("q_proj",))
+    by_module = LoraSlotPool(SPEC, 3, 8, dtype=torch.float32, device=CPU)
+    by_run = LoraSlotPool(SPEC, 3, 8, dtype=torch.float32, device=CPU)
+    for pool, weights in ((by_module, unpacked), (by_run, packed(unpacked))):
+        pool.load(0, weights)
+        pool.load(1, other)
+        pool.load(0, other)  # replacing zeroes the old occupant's rows in every stack
+        pool.load(0, weights)
+        pool.clear(1)
+        pool.check_integrity()
+    assert all(
+        torch.equal(a, b) for a, b in zip(snapshot(by_module), snapshot(by_run), strict=True)
+    )
+    assert torch.equal(delta(by_run, 0), delta(by_module, 0))
+
+
+def test_runs_that_disagree_with_modules_are_not_trusted() -> None:
+    weights = packed(weights_of(8, 7))
+    stale = AdapterWeights(weights.digest, weights.dtype, weights.modules[:-1], weights.runs)
+    pool = LoraSlotPool(SPEC, 2, 8, dtype=torch.float32, device=CPU)
+    pool.load(0, stale)  # runs cover one module more than ``modules``: copied module by module
+    last = weights.modules[-1]
+    assert pool.rank_of(0, last.layer, last.module) == 0
+    assert not pool.module_weights(last.layer, last.module).lora_a.any()
+    pool.check_integrity()

@@ -1,0 +1,123 @@
+"""Storage behind :class:`~loraplex.model.lora.LoraSlotPool`: the arenas and the views over them.
+
+Per target module the arenas of every layer are one buffer ``[num_layers, capacity_rows, d_in +
+d_out]``: each row holds an A row then the matching B^T row. An adapter whose L1 copy is packed
+the same way (:class:`~loraplex.adapters.weights.ModuleRun`) reaches its slot with one copy per
+module, and a release is one zeroing per module, instead of two ops per (layer, module). A
+(layer, module) "table" is the pair of views ``stack[layer, :, :d_in]`` and
+``stack[layer, :, d_in:]``: row-strided, which BLAS reads at full speed (leading dimension).
+
+The per-table slot views are kept in mutable lists and only the tables a load or a release
+touches are re-frozen, so a load's bookkeeping does not grow with ``num_slots x num_tables``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+
+import torch
+
+from loraplex.adapters.base_model import BaseModelSpec
+from loraplex.adapters.weights import ModuleRun, ModuleWeights
+from loraplex.ops import ModuleLoraWeights, SlotRows
+
+EMPTY_ROWS = SlotRows(0, 0, 0.0)
+
+
+class ArenaStore:
+    """Stacked per-module buffers, the (layer, module) -> table map and the per-table views."""
+
+    def __init__(
+        self,
+        spec: BaseModelSpec,
+        target_modules: tuple[str, ...],
+        capacity_rows: int,
+        num_slots: int,
+        *,
+        dtype: torch.dtype,
+        device: torch.device,
+    ) -> None:
+        self.stacks: dict[str, torch.Tensor] = {}  # module -> [layers, capacity, d_in + d_out]
+        for module in target_modules:
+            width = sum(spec.module_shape(module))
+            shape = (spec.num_layers, capacity_rows, width)
+            self.stacks[module] = torch.zeros(shape, dtype=dtype, device=device)
+        self.tables: dict[tuple[int, str], int] = {}
+        self.table_shapes: list[tuple[int, int]] = []  # per table: (d_in, d_out)
+        self.table_module: list[str] = []  # per table: its target module
+        self.arenas: list[tuple[torch.Tensor, torch.Tensor]] = []  # per table: (A, B^T) views
+        for layer in range(spec.num_layers):
+            for module in target_modules:
+                self.tables[(layer, module)] = len(self.arenas)
+                d_in, d_out = spec.module_shape(module)
+                stack = self.stacks[module]
+                self.table_shapes.append((d_in, d_out))
+                self.table_module.append(module)
+                self.arenas.append((stack[layer, :, :d_in], stack[layer, :, d_in:]))
+        self._rows: list[list[SlotRows]] = [[EMPTY_ROWS] * num_slots for _ in self.arenas]
+        self.views = [
+            ModuleLoraWeights(a, b, tuple(rows), table)
+            for table, ((a, b), rows) in enumerate(zip(self.arenas, self._rows, strict=True))
+        ]
+
+    # --- weights ------------------------------------------------------------------------------
+
+    def write_runs(self, start: int, runs: Iterable[ModuleRun], non_blocking: bool) -> None:
+        """One copy per run: the run's layers land at rows ``start..start+rank``."""
+        for run in runs:
+            layers = slice(run.first_layer, run.first_layer + run.num_layers)
+            rows = slice(start, start + run.rank)
+            self.stacks[run.module][layers, rows].copy_(run.rows, non_blocking=non_blocking)
+
+    def runs_cover(self, runs: tuple[ModuleRun, ...], pairs: dict[int, tuple[int, float]]) -> bool:
+        """True when ``runs`` hold exactly the checked pairs (table -> (rank, scale)) at their
+        ranks, so copying the runs is copying the modules."""
+        if not runs or sum(run.num_layers for run in runs) != len(pairs):
+            return False
+        for run in runs:
+            for layer in range(run.first_layer, run.first_layer + run.num_layers):
+                table = self.tables.get((layer, run.module))
+                if table is None or table not in pairs or pairs[table][0] != run.rank:
+                    return False
+        return True
+
+    def write_modules(
+        self, start: int, modules: Iterable[ModuleWeights], non_blocking: bool
+    ) -> None:
+        """Module by module (weights built without runs)."""
+        for module in modules:
+            lora_a, lora_b_t = self.arenas[self.tables[(module.layer, module.module)]]
+            rows = slice(start, start + module.rank)
+            lora_a[rows].copy_(module.lora_a, non_blocking=non_blocking)
+            lora_b_t[rows].copy_(module.lora_b.T, non_blocking=non_blocking)
+
+    def zero_rows(self, start: int, num_rows: int, modules: Iterable[str]) -> None:
+        """Zero rows ``start..start+num_rows`` of every layer of ``modules`` (the only stacks a
+        released slot wrote: the others are zero there already)."""
+        rows = slice(start, start + num_rows)
+        for module in modules:
+            self.stacks[module][:, rows].zero_()
+
+    def move_rows(self, source: int, target: int, num_rows: int) -> None:
+        """Move rows down (target < source) in every stack; the vacated tail is zeroed."""
+        src, dst = slice(source, source + num_rows), slice(target, target + num_rows)
+        vacated = slice(max(target + num_rows, source), source + num_rows)
+        for stack in self.stacks.values():
+            stack[:, dst] = stack[:, src].clone()
+            stack[:, vacated] = 0
+
+    # --- views --------------------------------------------------------------------------------
+
+    def set_slot(self, slot: int, rows: dict[int, SlotRows]) -> None:
+        """Record ``slot``'s rows in the given tables (call :meth:`refreeze` on them after)."""
+        for table, entry in rows.items():
+            self._rows[table][slot] = entry
+
+    def refreeze(self, tables: Iterable[int]) -> None:
+        """Publish new immutable views of ``tables``; the list is replaced, never mutated, so
+        a reader holding the old list sees one consistent generation."""
+        views = list(self.views)
+        for table in tables:
+            lora_a, lora_b_t = self.arenas[table]
+            views[table] = ModuleLoraWeights(lora_a, lora_b_t, tuple(self._rows[table]), table)
+        self.views = views
