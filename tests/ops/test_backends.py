@@ -202,12 +202,17 @@ def test_bfloat16_close_to_float32(backend: str) -> None:
     for slot, weights in enumerate(adapters):
         pool16.load(slot, weights)
     slots = torch.tensor([0, 1, 2, 3, 4, 5, -1, 7])
-    x = torch.randn(8, 48)
+    x = torch.randn(8, 48, generator=torch.Generator().manual_seed(3))
     out32 = pool32.apply(0, "q_proj", x, torch.zeros(8, 48), pool32.prepare(slots))
     out16 = pool16.apply(
         0, "q_proj", x.bfloat16(), torch.zeros(8, 48, dtype=torch.bfloat16), pool16.prepare(slots)
-    )
-    torch.testing.assert_close(out16.float(), out32, rtol=0.05, atol=0.5)
+    ).float()
+    # Per token, relative to the token's output norm: single elements near zero can carry a
+    # large relative error after a few bfloat16 roundings without the op being wrong.
+    assert torch.equal(out16[6], torch.zeros(48))  # the token without an adapter
+    adapted = [0, 1, 2, 3, 4, 5, 7]
+    error = (out16[adapted] - out32[adapted]).norm(dim=1) / out32[adapted].norm(dim=1)
+    assert error.max().item() < 0.02, error
 
 
 @pytest.mark.gpu
