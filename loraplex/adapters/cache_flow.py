@@ -200,6 +200,18 @@ class LoadFlow:
                         f"tier {move.target.name}: no room for optional load of {job.key.ref}"
                     ),
                 )
+            elif not any(w.wants_lease for w in job.waiters) and not ledger.fits_beside_pins(
+                job.key.tenant, size
+            ):
+                # A pin has no deadline: waiting for an operator's unpin would hold the tenant's
+                # load slot forever. Acquirers still wait, bounded by their deadlines.
+                self._fail(
+                    job,
+                    CapacityError(
+                        f"tier {move.target.name}: pinned adapters leave no room for "
+                        f"{job.key.ref} (unpin one or raise the budget)"
+                    ),
+                )
             elif job not in self.blocked:
                 self.blocked.append(job)
             return

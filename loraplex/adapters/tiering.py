@@ -115,6 +115,17 @@ class TierLedger:
                 slots += 1
         return victims
 
+    def fits_beside_pins(self, tenant: str, size_bytes: int) -> bool:
+        """Whether ``size_bytes`` of ``tenant`` would fit if every unpinned entry were gone:
+        pins reserve their capacity, so a load that fails this can only wait for an unpin."""
+        pinned = [e for e in self.entries.values() if e.pinned]
+        free = self.budget.capacity_bytes - sum(e.size_bytes for e in pinned)
+        cap = self.budget.tenant_max_bytes.get(tenant)
+        own = sum(e.size_bytes for e in pinned if e.key.tenant == tenant)
+        tenant_free = None if cap is None else cap - own
+        slots = None if self.budget.num_slots is None else self.budget.num_slots - len(pinned)
+        return _fits(free, tenant_free, slots, size_bytes)
+
     def reserve(self, key: AdapterKey, size_bytes: int, now_s: float) -> ResidentEntry:
         """Takes room for ``key`` (the caller made room first); the entry starts not ready."""
         if key in self.entries:

@@ -336,3 +336,17 @@ def test_transient_failure_keeps_the_good_lower_copy() -> None:
         failing.result(timeout=0)
     assert rig.cache.is_resident(A, Tier.L1) and rig.cache.is_resident(A, Tier.L2)
     rig.check()
+
+
+def test_pin_that_cannot_fit_beside_other_pins_fails_and_frees_the_tenant() -> None:
+    rig = make_rig(slots=3, tenant_l0={"t": 2 * UNIT}, tenant_max_concurrent_loads=1)
+    pins = [rig.cache.pin(k, Tier.L0) for k in (A, B, C)]
+    rig.settle()
+    assert pins[0].result(timeout=0) is None and pins[1].result(timeout=0) is None
+    with pytest.raises(CapacityError, match="pinned adapters leave no room"):
+        pins[2].result(timeout=0)
+    rig.check()
+    # The tenant's load slot is free again: an acquire of a pinned adapter is served at once.
+    lease = lease_of(rig, rig.cache.acquire_future(A))
+    lease.release()
+    assert rig.cache.snapshot().num_loading == 0
