@@ -58,6 +58,9 @@ def serve_command(
         bool | None, Opt("--metrics-public/--metrics-private", help="/metrics without a key.")
     ] = None,
     no_demo: Annotated[bool, Opt("--no-demo", help="Do not register demo adapters.")] = False,
+    threads: Annotated[
+        int | None, Opt(help="torch threads (default: OMP_NUM_THREADS, else cores - 1).")
+    ] = None,
 ) -> None:
     """Serve the base model and its adapters over an OpenAI-compatible HTTP API."""
     from loraplex.server.serve_config import merge, read_config_file
@@ -70,7 +73,7 @@ def serve_command(
         "disk_cache_bytes": disk_cache_bytes, "policy": policy, "device": device, "dtype": dtype,
         "max_num_seqs": max_num_seqs, "max_model_len": max_model_len,
         "queue_deadline_s": queue_deadline_s, "metrics_public": metrics_public,
-        "demo": False if no_demo else None,
+        "demo": False if no_demo else None, "torch_threads": threads,
     }  # fmt: skip
     try:
         file_values = read_config_file(config) if config is not None else {}
@@ -88,6 +91,7 @@ def _run(settings: ServeConfig) -> None:
     from loraplex.errors import LoraplexError
     from loraplex.server.assembly import build_server
 
+    _set_torch_threads(settings.torch_threads, os.environ.get("OMP_NUM_THREADS"), os.cpu_count())
     try:
         server = build_server(settings)
     except (LoraplexError, ValueError) as exc:
@@ -102,6 +106,23 @@ def _run(settings: ServeConfig) -> None:
         typer.echo("stopped")
     finally:
         server.close()
+
+
+def default_torch_threads(omp_num_threads: str | None, num_cores: int | None) -> int | None:
+    """Threads for torch when none were configured: None (torch's own choice, which honours it)
+    when OMP_NUM_THREADS is set, else all cores but one. NOTE: with every core in torch's pool,
+    its intra-op threads and the event loop thread preempt each other on small machines."""
+    if omp_num_threads:
+        return None
+    return max(1, (num_cores or 1) - 1)
+
+
+def _set_torch_threads(configured: int | None, omp: str | None, cores: int | None) -> None:
+    import torch
+
+    threads = configured if configured is not None else default_torch_threads(omp, cores)
+    if threads is not None:
+        torch.set_num_threads(threads)
 
 
 def _announce(host: str, port: int, admin: str, keys: dict[str, str]) -> None:

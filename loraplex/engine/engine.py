@@ -2,8 +2,11 @@
 
 Commands from event-loop threads (submit, abort) go through a queue and run on the engine
 thread between steps, so the scheduler and the KV cache are only ever touched by that thread.
-Output travels back with ``loop.call_soon_threadsafe`` into one asyncio queue per request; the
-event loop never blocks on the engine.
+Output travels back through one ``Mailbox`` per event loop into one asyncio queue per request:
+the engine thread appends during a step and wakes each loop once after it, so the deltas of a
+whole step cost one wakeup (one self-pipe write and one loop iteration), not one per request
+(per-token wakeups were a tenth of the engine thread's time at 32 running requests). The event
+loop never blocks on the engine.
 """
 
 from __future__ import annotations
@@ -12,6 +15,7 @@ import asyncio
 import logging
 import queue
 import threading
+import weakref
 from collections.abc import AsyncGenerator, Callable
 
 from loraplex.adapters.cache import TieredAdapterCache
@@ -26,11 +30,15 @@ _log = logging.getLogger(__name__)
 
 class EngineThread:
     """Runs ``core.step`` in a loop; sleeps (woken early by commands and finished loads) when
-    there is nothing to run."""
+    there is nothing to run. ``deliver`` runs after the commands and after each step: it hands
+    what they sent to the requests' event loops."""
 
-    def __init__(self, core: EngineCore, idle_wait_s: float) -> None:
+    def __init__(
+        self, core: EngineCore, idle_wait_s: float, deliver: Callable[[], None] = lambda: None
+    ) -> None:
         self.core = core
         self._idle_wait_s = idle_wait_s
+        self._deliver = deliver
         self._commands: queue.SimpleQueue[Callable[[], None]] = queue.SimpleQueue()
         self._wake = threading.Event()
         self._stop = threading.Event()
@@ -50,17 +58,20 @@ class EngineThread:
     def _loop(self) -> None:
         while not self._stop.is_set():
             self._drain()
+            self._deliver()
             try:
                 worked = self.core.step()
             except Exception as exc:  # a model or engine bug: fail the live requests, go on
                 _log.exception("engine step failed; aborting live requests")
                 self.core.abort_all(exc)
                 worked = False
+            self._deliver()
             if not worked:
                 self._wake.wait(self._idle_wait_s)
                 self._wake.clear()
         self._drain()
         self.core.close()
+        self._deliver()
 
     def _drain(self) -> None:
         while True:
@@ -71,13 +82,55 @@ class EngineThread:
             command()
 
 
+Outbox = asyncio.Queue[TokenDelta | BaseException]
+
+
+class Mailbox:
+    """Deliveries from the engine thread to one event loop, handed over in batches."""
+
+    def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
+        self._loop = loop
+        self._lock = threading.Lock()
+        self._items: list[tuple[Outbox, TokenDelta | BaseException]] = []
+        self._scheduled = False  # a flush is queued on the loop and has not run yet
+
+    def post(self, outbox: Outbox, item: TokenDelta | BaseException) -> None:
+        """Queue ``item`` for ``outbox``; it reaches the loop at the next ``wake``."""
+        with self._lock:
+            self._items.append((outbox, item))
+
+    def wake(self) -> None:
+        """Schedule one flush on the loop if items wait and none is scheduled."""
+        with self._lock:
+            if self._scheduled or not self._items:
+                return
+            self._scheduled = True
+        try:
+            self._loop.call_soon_threadsafe(self._flush)
+        except RuntimeError:  # the loop is closed: nobody is left to read these
+            with self._lock:
+                self._items.clear()
+                self._scheduled = False
+
+    def _flush(self) -> None:
+        with self._lock:
+            items, self._items = self._items, []
+            self._scheduled = False
+        for outbox, item in items:
+            outbox.put_nowait(item)
+
+
 class AsyncEngine:
     """EngineClient over an EngineThread (see ``protocol.EngineClient``)."""
 
     def __init__(self, core: EngineCore, idle_wait_s: float, max_loras: int) -> None:
         self._core = core
-        self._thread = EngineThread(core, idle_wait_s)
         self._max_loras = max_loras
+        self._mailboxes: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, Mailbox] = (
+            weakref.WeakKeyDictionary()
+        )
+        self._mailboxes_lock = threading.Lock()  # the loops' threads add, the engine thread reads
+        self._thread = EngineThread(core, idle_wait_s, self._deliver)
 
     @property
     def tokenizer(self) -> TextTokenizer:
@@ -88,11 +141,11 @@ class AsyncEngine:
         return self._core.cache
 
     async def generate(self, request: EngineRequest) -> AsyncGenerator[TokenDelta, None]:
-        loop = asyncio.get_running_loop()
-        outbox: asyncio.Queue[TokenDelta | BaseException] = asyncio.Queue()
+        mailbox = self._mailbox(asyncio.get_running_loop())
+        outbox: Outbox = asyncio.Queue()
 
         def sink(item: TokenDelta | BaseException) -> None:
-            loop.call_soon_threadsafe(outbox.put_nowait, item)
+            mailbox.post(outbox, item)
 
         def add() -> None:
             try:
@@ -113,6 +166,19 @@ class AsyncEngine:
         finally:
             if not done:
                 self._thread.submit(lambda: self._core.abort(request.request_id))
+
+    def _mailbox(self, loop: asyncio.AbstractEventLoop) -> Mailbox:
+        with self._mailboxes_lock:
+            mailbox = self._mailboxes.get(loop)
+            if mailbox is None:
+                mailbox = self._mailboxes[loop] = Mailbox(loop)
+            return mailbox
+
+    def _deliver(self) -> None:
+        with self._mailboxes_lock:
+            mailboxes = list(self._mailboxes.values())
+        for mailbox in mailboxes:
+            mailbox.wake()
 
     async def abort(self, request_id: str) -> None:
         self._thread.submit(lambda: self._core.abort(request_id))

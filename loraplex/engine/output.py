@@ -5,6 +5,10 @@ one character), and only text that can no longer change is emitted: a trailing r
 character (an incomplete UTF-8 sequence) and any suffix that could still grow into a stop
 string are held back until the next token decides them. The concatenated deltas equal the
 offline decoder's text.
+
+``min_tokens`` (vLLM's extension): before that many tokens neither EOS nor a stop string ends
+the request, and a stop string counts only if it ends in text produced from then on (as in
+vLLM, a stop string wholly inside the first tokens is kept as text).
 """
 
 from __future__ import annotations
@@ -38,10 +42,14 @@ class OutputTracker:
         self._detokenizer = detokenizer
         self.token_ids: list[int] = []  # every sampled token
         self.emitted = ""  # text streamed so far
+        # Length of the text before the ``min_tokens``-th token: a stop string must end past it.
+        self._stop_floor = 0
 
     def append(self, token: int, *, at_max_model_len: bool = False) -> TokenDelta:
         """Record ``token``; the delta says what to stream and whether the request is done."""
         self.token_ids.append(token)
+        if len(self.token_ids) == self.params.min_tokens > 1:
+            self._stop_floor = len(self._detokenizer.decode(self.token_ids[:-1]))
         text = self._detokenizer.decode(self.token_ids)
         finish, visible = self._finish(text, token, at_max_model_len)
         if finish is None:
@@ -58,14 +66,21 @@ class OutputTracker:
 
     def _finish(self, text: str, token: int, at_limit: bool) -> tuple[str | None, str]:
         params = self.params
-        cut = min((i for s in params.stop if (i := text.find(s)) >= 0), default=None)
-        if cut is not None:
-            return FINISH_STOP, text[:cut]
-        if token in self._eos and not params.ignore_eos:
-            return FINISH_STOP, text
+        if len(self.token_ids) >= params.min_tokens:
+            cut = self._stop_cut(text)
+            if cut is not None:
+                return FINISH_STOP, text[:cut]
+            if token in self._eos and not params.ignore_eos:
+                return FINISH_STOP, text
         if len(self.token_ids) >= params.max_tokens or at_limit:
             return FINISH_LENGTH, text
         return None, text
+
+    def _stop_cut(self, text: str) -> int | None:
+        """Where the earliest stop string that ends past the ``min_tokens`` floor starts."""
+        floor = self._stop_floor
+        found = (text.find(s, max(0, floor - len(s) + 1)) for s in self.params.stop)
+        return min((i for i in found if i >= 0), default=None)
 
 
 def _settled(text: str, stops: tuple[str, ...]) -> str:

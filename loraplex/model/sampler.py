@@ -21,6 +21,7 @@ class SamplingParams:
     seed: int | None = None  # seeds this request's generator; None = fresh entropy
     stop: tuple[str, ...] = ()  # generation ends when the text contains one (it is cut off)
     ignore_eos: bool = False  # keep generating past end-of-sequence tokens
+    min_tokens: int = 0  # neither EOS nor a stop string ends generation before this many tokens
 
     def __post_init__(self) -> None:
         if self.max_tokens < 1:
@@ -31,6 +32,11 @@ class SamplingParams:
             raise ValueError(f"top_p {self.top_p} is invalid; expected 0 < top_p <= 1")
         if self.top_k is not None and self.top_k < 1:
             raise ValueError(f"top_k {self.top_k} is invalid; expected >= 1 or None")
+        if not 0 <= self.min_tokens <= self.max_tokens:
+            raise ValueError(
+                f"min_tokens {self.min_tokens} is invalid; expected 0 <= min_tokens <= "
+                f"max_tokens ({self.max_tokens})"
+            )
         if any(not s for s in self.stop):
             raise ValueError(f"stop {self.stop!r} is invalid; expected non-empty strings")
 

@@ -1,9 +1,11 @@
 """OpenAI-compatible request and response bodies (the subset loraplex serves).
 
 Requests accept the fields the official clients send; unknown fields are ignored (as vLLM does),
-while fields whose other values loraplex cannot honour (``n`` > 1) are refused with a 400. No
+while fields whose other values loraplex cannot honour (``n`` > 1, ``logprobs``) are refused with
+a 400. vLLM's ``ignore_eos`` and ``min_tokens`` extensions are honoured. No
 request field is a filesystem path or URL: ``model`` is a name the registry resolves.
-Every response carries ``loraplex.revision``: the exact ``tenant/name@revision`` that answered.
+Every response carries ``loraplex.revision``: the exact ``tenant/name@revision`` that answered,
+and ``loraplex.tier``: where that revision was cached when the request arrived.
 """
 
 from __future__ import annotations
@@ -36,6 +38,11 @@ class SamplingFields(BaseModel):
     stream_options: StreamOptions | None = None  # include_usage
     n: int = 1  # only 1 is supported
     user: str | None = None  # accepted and ignored
+    ignore_eos: bool = False  # vLLM extension: generate past end-of-sequence tokens
+    min_tokens: int = Field(default=0, ge=0)  # vLLM extension: no EOS / stop before this many
+    # Unsupported: only absent / false / 0-top are accepted (completions send an int, chat a bool).
+    logprobs: bool | int | None = None
+    top_logprobs: int | None = None
 
     def stop_strings(self) -> tuple[str, ...]:
         if self.stop is None:
@@ -95,6 +102,7 @@ class RevisionInfo(BaseModel):
 
     revision: str | None  # tenant/name@revision
     adapter_digest: str | None  # sha256 of the revision's adapter_model.safetensors
+    tier: str | None = None  # "L0".."L3": where the revision was cached on arrival; None: base
 
 
 class Usage(BaseModel):

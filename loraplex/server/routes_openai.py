@@ -36,10 +36,10 @@ from loraplex.server.protocol import (
     Usage,
 )
 from loraplex.server.serving import (
-    REVISION_HEADER,
     ClientDisconnectedError,
     Collected,
     Target,
+    admit,
     collect,
     engine_request,
     new_request_id,
@@ -84,11 +84,11 @@ async def _start(
     request_id = new_request_id("chatcmpl" if chat else "cmpl")
     params = sampling_params(body, max_tokens)
     prompt_ids = encode()
-    target = await resolve_target(deps, tenant, body.model, request_id)
+    target = admit(deps, await resolve_target(deps, tenant, body.model, request_id))
     engine_req = engine_request(
         deps, request_id, tenant=tenant, target=target, prompt_ids=prompt_ids, params=params
     )
-    observation = observe(deps, _metrics(request), tenant, target)
+    observation = observe(_metrics(request), tenant, target)
     stream = observed(deps.engine.generate(engine_req), observation)
     fmt = ChunkFormat(request_id, int(time.time()), body.model, target.info, chat)
     return Started(request_id, target, stream, fmt)
@@ -98,7 +98,7 @@ async def _respond(
     request: Request, deps: ServerDeps, started: Started, body: SamplingFields
 ) -> Response | Collected:
     """A streaming response, an empty one for a client that left, or the collected output."""
-    headers = {REVISION_HEADER: started.target.header}
+    headers = started.target.headers
     try:
         if not body.stream:
             return await collect(request, started.stream, deps, started.request_id)
@@ -193,7 +193,7 @@ async def chat_completions(
 
 
 def _json(reply: CompletionResponse | ChatCompletionResponse, started: Started) -> Response:
-    headers = {REVISION_HEADER: started.target.header}
+    headers = started.target.headers
     return Response(reply.model_dump_json(), media_type="application/json", headers=headers)
 
 

@@ -55,6 +55,9 @@ class ServeConfig:
     store: str | None = None  # artifact store directory or s3://bucket/prefix
     s3_endpoint: str | None = None  # S3-compatible endpoint
     metrics_public: bool = False  # /metrics without the admin credential
+    # torch intra-op threads; None: one per core but one (left to the event loop), unless
+    # OMP_NUM_THREADS is set (the CLI resolves it)
+    torch_threads: int | None = None
 
     def __post_init__(self) -> None:
         if not 0 <= self.port <= 65535:
@@ -68,7 +71,7 @@ class ServeConfig:
         for name in positive:
             if getattr(self, name) < 1:
                 raise ValueError(f"{name} {getattr(self, name)} is invalid; expected >= 1")
-        for name in ("max_cpu_loras", "gpu_adapter_bytes", "cpu_adapter_bytes"):
+        for name in ("max_cpu_loras", "gpu_adapter_bytes", "cpu_adapter_bytes", "torch_threads"):
             value = getattr(self, name)
             if value is not None and value < 1:
                 raise ValueError(f"{name} {value} is invalid; expected >= 1 or unset")

@@ -12,7 +12,7 @@ import asyncio
 import secrets
 import time
 from collections.abc import AsyncIterator, Awaitable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import TypeVar
 
 import anyio
@@ -20,6 +20,7 @@ from starlette.concurrency import run_in_threadpool
 from starlette.requests import Request
 
 from loraplex.adapters.identity import AdapterKey
+from loraplex.adapters.tiering import CACHED_TIERS, Tier
 from loraplex.engine.protocol import EngineRequest, TokenDelta
 from loraplex.model.sampler import SamplingParams
 from loraplex.registry import Revision, Tenant
@@ -29,6 +30,7 @@ from loraplex.server.metrics import RequestObservation, ServerMetrics
 from loraplex.server.protocol import RevisionInfo, SamplingFields
 
 REVISION_HEADER = "x-loraplex-revision"
+TIER_HEADER = "x-loraplex-tier"
 T = TypeVar("T")
 
 
@@ -44,6 +46,13 @@ class Target:
     def header(self) -> str:
         """Value of the revision header: ``tenant/name@revision``, or the base model's name."""
         return self.info.revision or self.model
+
+    @property
+    def headers(self) -> dict[str, str]:
+        """Response headers: the revision, and the tier on arrival (absent for the base model)."""
+        if self.info.tier is None:
+            return {REVISION_HEADER: self.header}
+        return {REVISION_HEADER: self.header, TIER_HEADER: self.info.tier}
 
 
 @dataclass(frozen=True)
@@ -73,9 +82,23 @@ async def resolve_target(deps: ServerDeps, tenant: Tenant, model: str, request_i
     return await run_in_threadpool(_resolve, deps, tenant, model, request_id)
 
 
-def sampling_params(body: SamplingFields, max_tokens: int | None) -> SamplingParams:
+def _refuse_unsupported(body: SamplingFields) -> None:
+    """A 400 for fields set to values loraplex cannot honour (rather than silently ignoring)."""
     if body.n != 1:
         raise invalid_request(f"n {body.n} is not supported; expected 1", "n")
+    if body.logprobs is not None and body.logprobs is not False:
+        raise invalid_request(
+            f"logprobs {body.logprobs} is not supported; expected null or false", "logprobs"
+        )
+    if body.top_logprobs:
+        raise invalid_request(
+            f"top_logprobs {body.top_logprobs} is not supported; expected null or 0",
+            "top_logprobs",
+        )
+
+
+def sampling_params(body: SamplingFields, max_tokens: int | None) -> SamplingParams:
+    _refuse_unsupported(body)
     try:
         return SamplingParams(
             max_tokens=max_tokens or 16,
@@ -83,6 +106,8 @@ def sampling_params(body: SamplingFields, max_tokens: int | None) -> SamplingPar
             top_p=body.top_p,
             seed=body.seed,
             stop=body.stop_strings(),
+            ignore_eos=body.ignore_eos,
+            min_tokens=body.min_tokens,
         )
     except ValueError as exc:
         raise invalid_request(str(exc)) from exc
@@ -114,12 +139,33 @@ def engine_request(
     )
 
 
-def observe(
-    deps: ServerDeps, metrics: ServerMetrics, tenant: Tenant, target: Target
-) -> RequestObservation:
+def arrival_tier(deps: ServerDeps, key: AdapterKey | None) -> Tier | None:
+    """The fastest tier holding a ready copy of ``key`` now (L3: cached nowhere); None for the
+    base model, or for an adapter outside GPU slots when there is no cache to ask. L0 also
+    counts what the engine reports in slots (an engine without this cache)."""
+    if key is None:
+        return None
+    cache = deps.cache
+    if cache is not None and cache.is_resident(key, Tier.L0):
+        return Tier.L0  # the common case, without building the engine's full load snapshot
+    if key in deps.engine.load_snapshot().running_adapters:
+        return Tier.L0
+    if cache is None:
+        return None
+    return next((t for t in CACHED_TIERS[1:] if cache.is_resident(key, t)), Tier.L3)
+
+
+def admit(deps: ServerDeps, target: Target) -> Target:
+    """``target`` with the tier its adapter sits in on arrival (reported to the client)."""
+    tier = arrival_tier(deps, target.adapter_key)
+    if tier is None:
+        return target
+    return replace(target, info=target.info.model_copy(update={"tier": tier.name}))
+
+
+def observe(metrics: ServerMetrics, tenant: Tenant, target: Target) -> RequestObservation:
     """Starts timing a request; ``cold`` means its adapter was not in a GPU slot on arrival."""
-    key = target.adapter_key
-    cold = key is not None and key not in deps.engine.load_snapshot().running_adapters
+    cold = target.adapter_key is not None and target.info.tier != Tier.L0.name
     return metrics.start_request(tenant.priority.value, cold, time.monotonic())
 
 

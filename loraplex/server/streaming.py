@@ -11,20 +11,13 @@ from __future__ import annotations
 import json
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
+from functools import cached_property
 
 from loraplex.engine.protocol import TokenDelta
 from loraplex.errors import LoraplexError
 from loraplex.server.deps import ServerDeps
 from loraplex.server.errors import ErrorContext, to_api_error
-from loraplex.server.protocol import (
-    ChatChunkChoice,
-    ChatCompletionChunk,
-    ChatDelta,
-    CompletionChoice,
-    CompletionResponse,
-    RevisionInfo,
-    Usage,
-)
+from loraplex.server.protocol import RevisionInfo, Usage
 from loraplex.server.serving import abort_quietly, close_quietly
 
 DONE = "data: [DONE]\n\n"
@@ -38,13 +31,23 @@ def usage_of(delta: TokenDelta) -> Usage:
     )
 
 
+def _json(value: object) -> str:
+    return json.dumps(value, separators=(",", ":"))
+
+
 def event(payload: object) -> str:
-    return f"data: {json.dumps(payload, separators=(',', ':'))}\n\n"
+    return f"data: {_json(payload)}\n\n"
 
 
 @dataclass(frozen=True)
 class ChunkFormat:
-    """How one endpoint shapes its stream chunks."""
+    """How one endpoint shapes its stream chunks.
+
+    NOTE: chunks are assembled from strings (the parts every chunk shares are encoded once)
+    rather than through the pydantic models, which cost about 3x as much per chunk (7 vs 2 us)
+    on the event loop, once per token per request. The output equals ``ChatCompletionChunk`` /
+    ``CompletionResponse``'s ``model_dump`` encoded as compact JSON (a test checks it).
+    """
 
     request_id: str  # the response id shared by every chunk
     created: int  # Unix seconds
@@ -52,42 +55,44 @@ class ChunkFormat:
     info: RevisionInfo  # the revision that answered
     chat: bool  # chat.completion.chunk (True) or text_completion (False)
 
-    def opening(self) -> list[dict[str, object]]:
-        """Chunks sent before any text (chat announces the assistant role first)."""
+    @cached_property
+    def _head(self) -> str:
+        kind = "chat.completion.chunk" if self.chat else "text_completion"
+        return (
+            f'data: {{"id":{_json(self.request_id)},"object":"{kind}","created":{self.created},'
+            f'"model":{_json(self.model)},"choices":['
+        )
+
+    @cached_property
+    def _tail(self) -> str:
+        info = _json(self.info.model_dump())
+        return f'],"usage":null,"system_fingerprint":null,"loraplex":{info}}}\n\n'
+
+    def opening(self) -> list[str]:
+        """Events sent before any text (chat announces the assistant role first)."""
         if not self.chat:
             return []
-        return [self._chat(ChatDelta(role="assistant", content=""), None, None)]
+        delta = '{"role":"assistant","content":""}'
+        return [f'{self._head}{{"index":0,"delta":{delta},"logprobs":null,'
+                f'"finish_reason":null}}{self._tail}']  # fmt: skip
 
-    def text(self, text: str, finish_reason: str | None) -> dict[str, object]:
+    def text(self, text: str, finish_reason: str | None) -> str:
+        """The event carrying one delta's text."""
+        reason = _json(finish_reason)
         if self.chat:
-            content = ChatDelta(content=text) if text else ChatDelta()
-            return self._chat(content, finish_reason, None)
-        choice = CompletionChoice(text=text, finish_reason=finish_reason)
-        return self._completion([choice], None)
+            content = _json(text) if text else "null"
+            choice = (
+                f'{{"index":0,"delta":{{"role":null,"content":{content}}},"logprobs":null,'
+                f'"finish_reason":{reason}}}'
+            )
+        else:
+            choice = f'{{"index":0,"text":{_json(text)},"logprobs":null,"finish_reason":{reason}}}'
+        return f"{self._head}{choice}{self._tail}"
 
-    def usage(self, usage: Usage) -> dict[str, object]:
-        return self._chat(None, None, usage) if self.chat else self._completion([], usage)
-
-    def _completion(
-        self, choices: list[CompletionChoice], usage: Usage | None
-    ) -> dict[str, object]:
-        chunk = CompletionResponse(
-            id=self.request_id, created=self.created, model=self.model,
-            choices=choices, usage=usage, loraplex=self.info,
-        )  # fmt: skip
-        return chunk.model_dump()
-
-    def _chat(
-        self, delta: ChatDelta | None, finish_reason: str | None, usage: Usage | None
-    ) -> dict[str, object]:
-        choices = (
-            [] if delta is None else [ChatChunkChoice(delta=delta, finish_reason=finish_reason)]
-        )
-        chunk = ChatCompletionChunk(
-            id=self.request_id, created=self.created, model=self.model,
-            choices=choices, usage=usage, loraplex=self.info,
-        )  # fmt: skip
-        return chunk.model_dump()
+    def usage(self, usage: Usage) -> str:
+        """The final event with token usage and no choices."""
+        tail = self._tail.replace('"usage":null', f'"usage":{_json(usage.model_dump())}', 1)
+        return f"{self._head}{tail}"
 
 
 async def sse_events(
@@ -100,19 +105,19 @@ async def sse_events(
     """The event stream of one request, ``first`` being the delta already received."""
     last, ended = first, first is None
     try:
-        for payload in fmt.opening():
-            yield event(payload)
+        for opening in fmt.opening():
+            yield opening
         delta = first
         while delta is not None:
             if delta is first or delta.text or delta.finish_reason is not None:
-                yield event(fmt.text(delta.text, delta.finish_reason))
+                yield fmt.text(delta.text, delta.finish_reason)
             last = delta
             if delta.finish_reason is not None:
                 break
             delta = await anext(stream, None)
         ended = True
         if include_usage and last is not None:
-            yield event(fmt.usage(usage_of(last)))
+            yield fmt.usage(usage_of(last))
         yield DONE
     except LoraplexError as exc:
         ended = True

@@ -49,3 +49,31 @@ def test_stop_string_prefix_is_held_then_cut() -> None:
 def test_false_stop_prefix_is_released_and_length_finishes() -> None:
     texts, reason = _run([ord(c) for c in "aEb"], max_tokens=3, stop=("END",))
     assert texts == ["a", "", "Eb"] and reason == FINISH_LENGTH
+
+
+def test_min_tokens_keeps_generating_past_eos() -> None:
+    texts, reason = _run([ord("a"), EOS, ord("b"), EOS], max_tokens=10, min_tokens=3)
+    assert texts == ["a", "", "b", ""] and reason == FINISH_STOP
+
+
+def test_min_tokens_ignores_stop_strings_that_end_before_it() -> None:
+    tokens = [ord(c) for c in "aENDbEND"]
+    texts, reason = _run(tokens, max_tokens=20, stop=("END",), min_tokens=5)
+    assert "".join(texts) == "aENDb" and reason == FINISH_STOP
+
+
+def test_stop_string_that_ends_at_min_tokens_cuts() -> None:
+    texts, reason = _run([ord(c) for c in "xENDy"], max_tokens=20, stop=("END",), min_tokens=4)
+    assert "".join(texts) == "x" and reason == FINISH_STOP and len(texts) == 4
+
+
+def test_min_tokens_equal_to_max_tokens_finishes_by_length() -> None:
+    texts, reason = _run([ord("a"), EOS, ord("b")], max_tokens=3, min_tokens=3)
+    assert "".join(texts) == "ab" and reason == FINISH_LENGTH
+
+
+def test_min_tokens_above_max_tokens_is_rejected() -> None:
+    import pytest
+
+    with pytest.raises(ValueError, match="min_tokens"):
+        SamplingParams(max_tokens=2, min_tokens=3)

@@ -6,14 +6,19 @@ import threading
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
+from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import uvicorn
 from fastapi import FastAPI
 from openai import AsyncOpenAI, OpenAI
 
 from loraplex.adapters.identity import AdapterKey
+from loraplex.demo.assets import DemoAssets
 from loraplex.registry.artifacts import ArtifactStore
+from loraplex.server.assembly import DEMO_DIR, Server, build_server
+from loraplex.server.serve_config import ServeConfig
 
 
 @contextmanager
@@ -33,6 +38,31 @@ def running(app: FastAPI) -> Iterator[str]:
     finally:
         server.should_exit = True
         thread.join(timeout=30)
+
+
+@dataclass(frozen=True)
+class Live:
+    """The assembled server of ``loraplex serve``, listening on a free local port."""
+
+    server: Server  # the assembled server
+    url: str  # its base URL
+    assets: DemoAssets  # the demo set it serves
+
+    def key(self, tenant: str) -> str:
+        return self.server.sample_keys[tenant]
+
+
+@contextmanager
+def live_server(assets: DemoAssets, data_dir: Path, **config: Any) -> Iterator[Live]:
+    """``build_server`` on ``data_dir`` with the session's demo set adopted as the server's own
+    (generating it again would take a minute), served until the block ends."""
+    (data_dir / DEMO_DIR).symlink_to(assets.root, target_is_directory=True)
+    server = build_server(ServeConfig(data_dir=data_dir, **config))
+    try:
+        with running(server.app) as url:
+            yield Live(server, url, assets)
+    finally:
+        server.close()
 
 
 def client(url: str, key: str) -> OpenAI:

@@ -5,40 +5,21 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Iterator
-from dataclasses import dataclass
 
 import httpx
 import openai
 import pytest
-from live import async_client, client, running
+from live import Live, async_client, client, live_server
 from prometheus_client.parser import text_string_to_metric_families
 
 from loraplex.demo.assets import DemoAdapter, DemoAssets
-from loraplex.server.assembly import DEMO_DIR, Server, build_server
-from loraplex.server.serve_config import ServeConfig
-
-
-@dataclass(frozen=True)
-class Live:
-    server: Server  # the assembled server
-    url: str  # its base URL
-    assets: DemoAssets  # the demo set it serves
-
-    def key(self, tenant: str) -> str:
-        return self.server.sample_keys[tenant]
 
 
 @pytest.fixture(scope="module")
 def live(demo_assets: DemoAssets, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Live]:
     data_dir = tmp_path_factory.mktemp("serve")
-    # The session's demo set, adopted as the server's own (generation would take minutes).
-    (data_dir / DEMO_DIR).symlink_to(demo_assets.root, target_is_directory=True)
-    server = build_server(ServeConfig(data_dir=data_dir, max_loras=4, max_num_seqs=16))
-    try:
-        with running(server.app) as url:
-            yield Live(server, url, demo_assets)
-    finally:
-        server.close()
+    with live_server(demo_assets, data_dir, max_loras=4, max_num_seqs=16) as server:
+        yield server
 
 
 async def _probe(live: Live, adapter: DemoAdapter, stream: bool) -> tuple[str, str]:

@@ -53,7 +53,7 @@ def test_completion_reports_the_revision_that_answered(rig: Rig, model: str, rev
 def test_base_model_answers_without_an_adapter(rig: Rig) -> None:
     response = _post(rig, "globex", "/v1/completions", model=BASE_NAME, prompt="x")
     assert response.status_code == 200
-    assert response.json()["loraplex"] == {"revision": None, "adapter_digest": None}
+    assert response.json()["loraplex"] == {"revision": None, "adapter_digest": None, "tier": None}
     assert response.headers["x-loraplex-revision"] == BASE_NAME
     assert rig.engine.requests[-1].adapter_key is None
 
