@@ -15,7 +15,9 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import threading
+from collections.abc import Mapping
 from concurrent.futures import Future
+from dataclasses import replace
 
 from loraplex.adapters.cache_config import CacheConfig, ReloadCosts
 from loraplex.adapters.cache_flow import LoadFlow
@@ -149,6 +151,25 @@ class TieredAdapterCache:
             for key in changes:
                 self._apply_warm(key)
             return changes
+
+    def set_tenant_limits(
+        self, priority: Mapping[str, float], caps: Mapping[Tier, Mapping[str, int]]
+    ) -> None:
+        """Live tenant settings: keep-priority weights and per-tier byte caps. A lowered cap
+        evicts the tenant's idle copies down to it; copies in use or pinned leave when released
+        and unpinned, and nothing new is admitted above the cap meanwhile."""
+        with self.lock:
+            for tier, ledger in self.ledgers.items():
+                ledger.set_tenant_caps(caps.get(tier, {}))
+            budgets = {tier: ledger.budget for tier, ledger in self.ledgers.items()}
+            self.config = replace(self.config, budgets=budgets, tenant_priority=dict(priority))
+            for tier, ledger in self.ledgers.items():
+                for tenant, cap in ledger.budget.tenant_max_bytes.items():
+                    for entry in self.ranked_victims(tier):
+                        if ledger.tenant_bytes.get(tenant, 0) <= cap:
+                            break
+                        if entry.key.tenant == tenant:
+                            self.evict(entry.key, tier)
 
     def evict(self, key: AdapterKey, tier: Tier) -> bool:
         """Drops ``key`` from ``tier`` unless it is pinned, in use or loading; True if dropped."""

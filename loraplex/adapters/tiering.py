@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import heapq
 from collections.abc import Iterable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from enum import IntEnum
 
 from loraplex.adapters.identity import AdapterKey
@@ -76,6 +76,18 @@ class TierLedger:
         self.used_bytes = 0
         self.tenant_bytes: dict[str, int] = {}
         self._free_slots = list(range(budget.num_slots or 0))
+        # Bytes a tenant held above a cap lowered while its copies were in use or pinned: they
+        # stay until they leave; the allowance shrinks as they do, admissions obey the cap.
+        self._over_cap: dict[str, int] = {}
+
+    def set_tenant_caps(self, caps: Mapping[str, int]) -> None:
+        """Replaces the per-tenant byte caps of this tier (live tenant settings)."""
+        self.budget = replace(self.budget, tenant_max_bytes=dict(caps))
+        self._over_cap = {
+            tenant: self.tenant_bytes[tenant]
+            for tenant, cap in caps.items()
+            if self.tenant_bytes.get(tenant, 0) > cap
+        }
 
     def get(self, key: AdapterKey) -> ResidentEntry | None:
         return self.entries.get(key)
@@ -149,6 +161,12 @@ class TierLedger:
             del self.tenant_bytes[key.tenant]
         if entry.slot is not None:
             heapq.heappush(self._free_slots, entry.slot)
+        if key.tenant in self._over_cap:
+            cap = self.budget.tenant_max_bytes.get(key.tenant)
+            if cap is None or left <= cap:
+                del self._over_cap[key.tenant]
+            else:
+                self._over_cap[key.tenant] = left
         return entry
 
     def check(self) -> None:
@@ -181,7 +199,7 @@ class TierLedger:
         for tenant, used in per_tenant.items():
             cap = self.budget.tenant_max_bytes.get(tenant)
             _require(
-                cap is None or used <= cap,
+                cap is None or used <= max(cap, self._over_cap.get(tenant, 0)),
                 "tenant budgets respected",
                 f"{name}: tenant {tenant!r} holds {used} > {cap} bytes",
             )

@@ -16,7 +16,8 @@ class SchedulerConfig:
     default_deadline_s: float = 30.0  # queue residence before QueueTimeoutError (a default)
     max_queue_len: int = 1024  # queued requests (all tenants) before QueueFullError
     tenant_max_queued: int | None = None  # queued requests per tenant; None: only max_queue_len
-    tenant_weights: Mapping[str, float] = field(default_factory=dict)  # fair share; 1.0 if absent
+    # Fair-share weight overrides; absent tenants get their priority class's (engine.tenancy).
+    tenant_weights: Mapping[str, float] = field(default_factory=dict)
     lease_lookahead: int = 16  # queued requests, in admission order, that may hold/await a lease
     prefetch_lookahead: int = 32  # further queued requests whose adapters are prefetched to L1
     retry_after_s: float = 1.0  # Retry-After advertised with queue errors

@@ -5,6 +5,11 @@ requests go from ADAPTER_WAIT back to WAITING with a lease, or fail); ask the ca
 for the requests in the scheduler's lookahead window and prefetch the adapters just past it;
 plan, run and sample; stream each request's delta to its sink. A cold adapter therefore costs
 its own requests a wait, never anyone else a step.
+
+A tenant's cold-load quota (``TenantSettings.max_cold_loads``) bounds the distinct adapters the
+engine is loading for it at once (lease waits and prefetches together): a request whose adapter
+would exceed it stays WAITING without a lease request and is retried next step, so a storm of
+cold adapters from one tenant cannot take every load permit of the cache.
 """
 
 from __future__ import annotations
@@ -24,6 +29,7 @@ from loraplex.engine.protocol import FINISH_ABORT, EngineRequest, TokenDelta
 from loraplex.engine.request import QUEUED_STATES, Request, RequestState
 from loraplex.engine.runner import ModelRunner
 from loraplex.engine.scheduler import Scheduler
+from loraplex.engine.tenancy import TenantBook
 from loraplex.errors import CapacityError, QueueTimeoutError
 from loraplex.model.tokenizer import TextTokenizer
 
@@ -54,8 +60,11 @@ class EngineCore:
         cache: TieredAdapterCache | None,
         tokenizer: TextTokenizer,
         clock: Clock,
+        *,
+        tenants: TenantBook | None = None,
     ) -> None:
         self.scheduler = scheduler
+        self.tenants = tenants or scheduler.tenants  # live cold-load quotas
         self.runner = runner
         self.cache = cache
         self.tokenizer = tokenizer
@@ -145,9 +154,12 @@ class EngineCore:
     def _request_leases(self) -> None:
         if self.cache is None:
             return
+        loading = self._loads_by_tenant()
         for req in self.scheduler.lease_candidates():
             key = req.request.adapter_key
             assert key is not None  # lease candidates use an adapter
+            if not self._may_load(key, loading):
+                continue
             remaining = max(req.deadline_at_s - self.clock.now(), 1e-3)
             future = self.cache.acquire_future(key, deadline_s=remaining)
             if future.done():
@@ -156,6 +168,27 @@ class EngineCore:
                 req.transition(RequestState.ADAPTER_WAIT)
                 self._pending[req.request_id] = future
                 future.add_done_callback(lambda _: self.on_lease_done())
+                loading.setdefault(key.tenant, set()).add(key)
+
+    def _loads_by_tenant(self) -> dict[str, set[AdapterKey]]:
+        """Adapters each tenant is waiting on now: unfinished lease waits and prefetches."""
+        loading: dict[str, set[AdapterKey]] = {}
+        waits = [self.scheduler.requests[rid].request.adapter_key
+                 for rid, f in self._pending.items() if not f.done()]  # fmt: skip
+        fetches = [k for k, f in self._prefetching.items() if not f.done()]
+        for key in (*waits, *fetches):
+            if key is not None:
+                loading.setdefault(key.tenant, set()).add(key)
+        return loading
+
+    def _may_load(self, key: AdapterKey, loading: dict[str, set[AdapterKey]]) -> bool:
+        """Whether asking for ``key`` keeps its tenant within its cold-load quota (joining a
+        load already in flight, or a hit, costs nothing)."""
+        limit = self.tenants.max_cold_loads(key.tenant)
+        keys = loading.get(key.tenant, set())
+        if limit is None or key in keys or len(keys) < limit:
+            return True
+        return self.cache is not None and self.cache.is_resident(key, Tier.L0)
 
     def _take_lease(self, req: Request, future: Future[Lease]) -> None:
         error = future.exception()
@@ -174,9 +207,11 @@ class EngineCore:
             return
         keys = self.scheduler.prefetch_keys()
         window = {k: self._prefetching.get(k) for k in keys}
+        loading = self._loads_by_tenant()
         for key, future in window.items():
-            if future is None:
+            if future is None and self._may_load(key, loading):
                 window[key] = self.cache.prefetch(key, Tier.L1)
+                loading.setdefault(key.tenant, set()).add(key)
         self._prefetching = {k: f for k, f in window.items() if f is not None}
 
     def _retire(

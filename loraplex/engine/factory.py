@@ -8,13 +8,17 @@ forward. Build in this order::
     engine = build_engine(model_dir, EngineConfig(...), runtime)
     ...
     engine.shutdown(); runtime.cache.close()
+
+Tenants: ``AdapterRuntimeConfig.tenants`` (from the registry, see ``engine.tenancy``) become the
+cache's per-tenant priority and per-tier byte caps, the scheduler's fair-share weights and the
+engine's cold-load quotas. ``runtime.update_tenant_settings`` applies a change live.
 """
 
 from __future__ import annotations
 
 import threading
-from collections.abc import Callable
-from dataclasses import dataclass
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import torch
@@ -33,6 +37,7 @@ from loraplex.engine.engine import AsyncEngine
 from loraplex.engine.kv_blocks import PagedKVCache
 from loraplex.engine.runner import ModelRunner
 from loraplex.engine.scheduler import Scheduler
+from loraplex.engine.tenancy import TenantBook, TenantSettings
 from loraplex.model.checkpoint import load_checkpoint
 from loraplex.model.lora import LoraSlotPool
 from loraplex.model.tokenizer import TextTokenizer
@@ -54,6 +59,7 @@ class AdapterRuntimeConfig:
     device: str = "cpu"  # the model's device
     max_concurrent_loads: int = 4  # adapter loads in flight, all tenants
     tenant_max_concurrent_loads: int = 2  # loads in flight per tenant (cold-load quota)
+    tenants: Mapping[str, TenantSettings] = field(default_factory=dict)  # priority and quotas
 
     def __post_init__(self) -> None:
         for name in ("max_loras", "max_lora_rank", "max_concurrent_loads",
@@ -75,6 +81,32 @@ class AdapterRuntime:
     slot_lock: threading.Lock  # held by slot fills and by every forward
     cache: TieredAdapterCache  # the tiered cache (recovered, ready to acquire)
     pipeline: TierPipeline  # its tier pipeline (L1 memory, L2 disk)
+    tenants: TenantBook = field(default_factory=TenantBook)  # shared with the engine
+
+    def update_tenant_settings(self, settings: Mapping[str, TenantSettings]) -> None:
+        """Replaces every tenant's settings (thread-safe; the next step and the next eviction
+        decision use them). A lowered byte cap evicts that tenant's idle copies down to it;
+        copies in use stay until released."""
+        self.tenants.replace(settings)
+        apply_tenant_settings(self.cache, settings)
+
+
+_QUOTA_FIELDS = {Tier.L0: "max_gpu_bytes", Tier.L1: "max_cpu_bytes", Tier.L2: "max_disk_bytes"}
+
+
+def apply_tenant_settings(
+    cache: TieredAdapterCache, settings: Mapping[str, TenantSettings]
+) -> None:
+    """Hands the tenants' priority weights and per-tier byte caps to the cache (live)."""
+    cache.set_tenant_limits(
+        {tenant: s.weight for tenant, s in settings.items()},
+        {tier: _caps(settings, tier) for tier in cache.ledgers},
+    )
+
+
+def _caps(settings: Mapping[str, TenantSettings], tier: Tier) -> dict[str, int]:
+    caps = {t: getattr(s, _QUOTA_FIELDS[tier]) for t, s in settings.items()}
+    return {t: cap for t, cap in caps.items() if cap is not None}
 
 
 def build_adapter_runtime(
@@ -104,8 +136,9 @@ def build_adapter_runtime(
     cache = TieredAdapterCache(
         cache_config, pipeline, policy=make_policy(config.policy), clock=clock or MonotonicClock()
     )
+    apply_tenant_settings(cache, config.tenants)
     cache.recover()
-    return AdapterRuntime(pool, slot_lock, cache, pipeline)
+    return AdapterRuntime(pool, slot_lock, cache, pipeline, TenantBook(config.tenants))
 
 
 def build_engine(
@@ -120,10 +153,11 @@ def build_engine(
     clock = clock or MonotonicClock()
     blocks = BlockManager(config.num_kv_blocks, config.block_size)
     kv = PagedKVCache(model.attention_shape, blocks, dtype=model.dtype, device=model.device)
-    scheduler = Scheduler(config.scheduler, blocks, clock)
+    tenants = TenantBook() if runtime is None else runtime.tenants
+    scheduler = Scheduler(config.scheduler, blocks, clock, tenants)
     pool = None if runtime is None else runtime.pool
     slot_lock = threading.Lock() if runtime is None else runtime.slot_lock
     runner = ModelRunner(model, kv, pool, slot_lock)
     cache = None if runtime is None else runtime.cache
-    core = EngineCore(scheduler, runner, cache, TextTokenizer(model_dir), clock)
+    core = EngineCore(scheduler, runner, cache, TextTokenizer(model_dir), clock, tenants=tenants)
     return AsyncEngine(core, config.idle_wait_s, max_loras=0 if pool is None else pool.max_loras)

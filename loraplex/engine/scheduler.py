@@ -6,10 +6,11 @@ held by the adapter cache: a request is schedulable only once it holds a lease o
 slot, so a request whose adapter is loading (ADAPTER_WAIT) is skipped and never blocks others.
 
 Fairness is by work, not by request count: every scheduled token charges its tenant's virtual
-time (tokens / weight) and admission picks the backlogged tenant with the least virtual time. A
-tenant that becomes active starts at the least virtual time of the active tenants, so idling
-banks no credit. When KV blocks run out, the most recently admitted sequence is preempted
-(its blocks freed, recomputed later; it keeps its lease).
+time (tokens / weight; the weight from ``SchedulerConfig.tenant_weights``, else the tenant's
+priority class in the shared ``TenantBook``) and admission picks the backlogged tenant with the
+least virtual time. A tenant that becomes active starts at the least virtual time of the active
+tenants, so idling banks no credit. When KV blocks run out, the most recently admitted sequence
+is preempted (its blocks freed, recomputed later; it keeps its lease).
 """
 
 from __future__ import annotations
@@ -25,6 +26,7 @@ from loraplex.engine.blocks import BASE_NAMESPACE, BlockManager
 from loraplex.engine.config import SchedulerConfig
 from loraplex.engine.protocol import EngineRequest
 from loraplex.engine.request import QUEUED_STATES, Request, RequestState
+from loraplex.engine.tenancy import TenantBook
 from loraplex.errors import CapacityError, QueueFullError
 
 
@@ -60,8 +62,15 @@ def namespace_of(key: AdapterKey | None) -> str:
 class Scheduler:
     """Queues, running set and budgets; mutated only by the engine thread."""
 
-    def __init__(self, config: SchedulerConfig, blocks: BlockManager, clock: Clock) -> None:
+    def __init__(
+        self,
+        config: SchedulerConfig,
+        blocks: BlockManager,
+        clock: Clock,
+        tenants: TenantBook | None = None,
+    ) -> None:
         self.config = config
+        self.tenants = tenants or TenantBook()  # live weights (the registry's priority classes)
         self.blocks = blocks
         self.clock = clock
         self.requests: dict[str, Request] = {}  # every live request by id
@@ -208,7 +217,9 @@ class Scheduler:
     # --- internals -------------------------------------------------------------------------------
 
     def _weight(self, tenant: str) -> float:
-        return self.config.tenant_weights.get(tenant, 1.0)
+        """The configured weight, else the tenant's priority-class weight (1.0 if unknown)."""
+        weight = self.config.tenant_weights.get(tenant)
+        return self.tenants.weight(tenant) if weight is None else weight
 
     def _active_tenants(self) -> set[str]:
         return set(self._queues)

@@ -4,6 +4,10 @@ Order matters: the registry first (the cache resolves artifacts through it), the
 runtime (slot pool, tier pipeline, cache; ``recover()`` adopts the verified disk copies of the
 previous run), the operators' warm policies, and the engine last (it loads the model and starts
 its thread). ``Server.close()`` undoes it in reverse.
+
+Tenants' priority classes and quotas reach the cache and the engine through
+``tenant_settings(registry)``; the admin API calls ``app.state.refresh_tenants()`` after it
+creates or changes a tenant, so the change applies without a restart.
 """
 
 from __future__ import annotations
@@ -22,8 +26,9 @@ from loraplex.demo.manifest import DemoAssets
 from loraplex.engine.config import EngineConfig, SchedulerConfig
 from loraplex.engine.engine import AsyncEngine
 from loraplex.engine.factory import AdapterRuntime, AdapterRuntimeConfig, build_adapter_runtime
+from loraplex.engine.tenancy import TenantSettings
 from loraplex.errors import DigestMismatchError
-from loraplex.registry import Registry, RegistryConfig, WarmPolicy, open_registry
+from loraplex.registry import Registry, RegistryConfig, Tenant, WarmPolicy, open_registry
 from loraplex.server.app import create_app
 from loraplex.server.bootstrap import admin_key, register_demo, sample_keys
 from loraplex.server.chat import ChatTemplate
@@ -95,6 +100,36 @@ def _demo_assets(config: ServeConfig) -> DemoAssets | None:
     return generate_demo_assets(config.data_dir / DEMO_DIR, preset="small", seed=0)
 
 
+def settings_of(tenant: Tenant) -> TenantSettings:
+    """What the engine and the cache enforce for one registry tenant."""
+    quotas = tenant.quotas
+    return TenantSettings.for_priority(
+        tenant.priority.value,
+        max_gpu_bytes=quotas.max_gpu_bytes,
+        max_cpu_bytes=quotas.max_cpu_bytes,
+        max_disk_bytes=quotas.max_disk_bytes,
+        max_cold_loads=quotas.max_cold_loads,
+    )
+
+
+def tenant_settings(registry: Registry) -> dict[str, TenantSettings]:
+    """Every registry tenant's settings (tenant name -> settings)."""
+    return {t.name: settings_of(t) for t in registry.list_tenants()}
+
+
+class TenantRefresher:
+    """Re-reads the registry's tenants into a runtime (the admin API's hook)."""
+
+    def __init__(self, registry: Registry, runtime: AdapterRuntime) -> None:
+        self._registry = registry
+        self._runtime = runtime
+        self._lock = threading.Lock()  # two admin calls must not apply out of order
+
+    def __call__(self) -> None:
+        with self._lock:
+            self._runtime.update_tenant_settings(tenant_settings(self._registry))
+
+
 def _runtime(config: ServeConfig, base: BaseModelSpec, registry: Registry) -> AdapterRuntime:
     runtime_config = AdapterRuntimeConfig(
         max_loras=config.gpu_slots(base),
@@ -104,6 +139,7 @@ def _runtime(config: ServeConfig, base: BaseModelSpec, registry: Registry) -> Ad
         policy=config.policy,
         dtype=config.dtype,
         device=config.device,
+        tenants=tenant_settings(registry),
     )
     resolver = RegistryResolver(registry, config.dtype)
     disk = config.data_dir / ADAPTER_CACHE_DIR
@@ -145,7 +181,8 @@ def build_server(config: ServeConfig) -> Server:
     config.data_dir.mkdir(parents=True, exist_ok=True)
     assets = _demo_assets(config)
     model_dir = assets.base_model_dir if assets is not None else config.model
-    assert model_dir is not None  # _demo_assets returns None only when a model is configured
+    if model_dir is None:
+        raise ValueError("model None is invalid; expected a model directory or the demo assets")
     base = BaseModelSpec.from_dir(model_dir)
     registry_config = RegistryConfig(
         config.data_dir, config.database_url, config.store, config.s3_endpoint,
@@ -187,7 +224,9 @@ def _assemble(
     deps = ServerDeps(
         settings, engine, registry, runtime.cache, ChatTemplate.from_model_dir(model_dir)
     )
-    return Server(create_app(deps), deps, engine, runtime, registry, admin, keys)
+    app = create_app(deps)
+    app.state.refresh_tenants = TenantRefresher(registry, runtime)
+    return Server(app, deps, engine, runtime, registry, admin, keys)
 
 
 def _start_engine(model_dir: Path, config: ServeConfig, runtime: AdapterRuntime) -> AsyncEngine:

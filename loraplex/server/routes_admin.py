@@ -19,8 +19,9 @@ from enum import IntEnum
 from pathlib import Path
 from typing import Annotated, Any
 
-from fastapi import APIRouter, Depends, File, Form, UploadFile
+from fastapi import APIRouter, Depends, File, Form, Request, UploadFile
 from fastapi.responses import JSONResponse
+from pydantic import BaseModel, ConfigDict, Field
 from starlette.concurrency import run_in_threadpool
 
 from loraplex.adapters.cache import TieredAdapterCache
@@ -30,6 +31,7 @@ from loraplex.adapters.validate import WEIGHTS_FILE
 from loraplex.adapters.warm import WarmPolicy as CacheWarmPolicy
 from loraplex.registry import (
     AliasTarget,
+    PriorityClass,
     RegistrationRequest,
     RevisionState,
     Visibility,
@@ -37,6 +39,7 @@ from loraplex.registry import (
 )
 from loraplex.server.admin_models import (
     AliasBody,
+    QuotasBody,
     RegisterBody,
     ReleaseBody,
     ResidencyBody,
@@ -71,11 +74,33 @@ def list_tenants(deps: DepsDep) -> list[Any]:
     return [asdict(t) for t in deps.registry.list_tenants()]
 
 
+class TenantLimitsBody(BaseModel):
+    """A tenant's new priority class and quotas (all of them: omitted quotas become None)."""
+
+    model_config = ConfigDict(extra="forbid")
+    priority: PriorityClass = PriorityClass.NORMAL
+    quotas: QuotasBody = Field(default_factory=QuotasBody)
+
+
+def _refresh_tenants(request: Request) -> None:
+    """Hands the registry's tenant settings to the running cache and engine (if wired)."""
+    refresh = getattr(request.app.state, "refresh_tenants", None)
+    if refresh is not None:
+        refresh()
+
+
 @router.post("/tenants", status_code=201)
-def create_tenant(body: TenantBody, deps: DepsDep) -> Any:
-    return asdict(
-        deps.registry.create_tenant(body.name, ACTOR, body.priority, body.quotas.quotas())
-    )
+def create_tenant(body: TenantBody, deps: DepsDep, request: Request) -> Any:
+    tenant = deps.registry.create_tenant(body.name, ACTOR, body.priority, body.quotas.quotas())
+    _refresh_tenants(request)
+    return asdict(tenant)
+
+
+@router.put("/tenants/{tenant}")
+def set_tenant_limits(tenant: str, body: TenantLimitsBody, deps: DepsDep, request: Request) -> Any:
+    updated = deps.registry.set_tenant_limits(tenant, ACTOR, body.priority, body.quotas.quotas())
+    _refresh_tenants(request)
+    return asdict(updated)
 
 
 @router.post("/tenants/{tenant}/keys", status_code=201)

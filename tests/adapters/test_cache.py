@@ -350,3 +350,20 @@ def test_pin_that_cannot_fit_beside_other_pins_fails_and_frees_the_tenant() -> N
     lease = lease_of(rig, rig.cache.acquire_future(A))
     lease.release()
     assert rig.cache.snapshot().num_loading == 0
+
+
+def test_lowered_tenant_cap_evicts_idle_copies_and_keeps_those_in_use() -> None:
+    rig = make_rig(slots=4)
+    held = [lease_of(rig, rig.cache.acquire_future(k)) for k in (A, B)]
+    lease_of(rig, rig.cache.acquire_future(C)).release()
+    rig.cache.set_tenant_limits({"t": 0.25}, {Tier.L0: {"t": UNIT}})
+    assert not rig.cache.is_resident(C, Tier.L0)  # idle: evicted down towards the cap
+    assert all(rig.cache.is_resident(k, Tier.L0) for k in (A, B))  # in use: stay
+    rig.check()  # over the new cap only by what was in use when it was lowered
+    for lease in held:
+        lease.release()
+    rig.check()
+    lease = lease_of(rig, rig.cache.acquire_future(D))  # admission obeys the cap again
+    assert rig.cache.ledgers[Tier.L0].tenant_bytes["t"] == UNIT
+    lease.release()
+    rig.check()

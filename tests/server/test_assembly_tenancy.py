@@ -1,0 +1,68 @@
+"""``build_server`` hands the registry's tenant classes and quotas to the cache and the engine,
+at start and live when the admin API creates or changes a tenant."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from fastapi.testclient import TestClient
+
+from loraplex.adapters.tiering import Tier
+from loraplex.server.assembly import Server, build_server, settings_of
+from loraplex.server.serve_config import ServeConfig
+
+if TYPE_CHECKING:
+    from loraplex.demo.assets import DemoAssets
+
+ADMIN = "test-admin-credential-0123456789"
+AUTH = {"Authorization": f"Bearer {ADMIN}"}
+
+
+def _server(assets: DemoAssets, data_dir: Path) -> Server:
+    config = ServeConfig(data_dir=data_dir, model=assets.base_model_dir, demo=False,
+                         admin_key=ADMIN, max_loras=4, max_num_seqs=4)  # fmt: skip
+    return build_server(config)
+
+
+def _caps(server: Server, tier: Tier) -> dict[str, int]:
+    return dict(server.runtime.cache.ledgers[tier].budget.tenant_max_bytes)
+
+
+def test_admin_changes_reach_the_running_cache(demo_assets: DemoAssets, tmp_path: Path) -> None:
+    server = _server(demo_assets, tmp_path)
+    try:
+        with TestClient(server.app) as http:
+            body = {"name": "storm", "priority": "batch",
+                    "quotas": {"max_gpu_bytes": 4096, "max_cpu_bytes": 8192,
+                               "max_cold_loads": 1}}  # fmt: skip
+            assert http.post("/admin/tenants", json=body, headers=AUTH).status_code == 201
+            assert server.runtime.cache.config.tenant_priority == {"storm": 0.25}
+            assert _caps(server, Tier.L0) == {"storm": 4096}
+            assert _caps(server, Tier.L1) == {"storm": 8192}
+            assert server.runtime.tenants.max_cold_loads("storm") == 1
+
+            update = {"priority": "high", "quotas": {"max_cold_loads": 3}}
+            reply = http.put("/admin/tenants/storm", json=update, headers=AUTH)
+            assert reply.status_code == 200, reply.text
+            assert reply.json()["priority"] == "high"
+            assert server.runtime.cache.config.tenant_priority == {"storm": 4.0}
+            assert _caps(server, Tier.L0) == {}
+            assert server.runtime.tenants.get("storm") == settings_of(
+                server.registry.get_tenant("storm")
+            )
+            key = server.registry.create_key("storm", "test").token
+            denied = http.put("/admin/tenants/storm", json=update,
+                              headers={"Authorization": f"Bearer {key}"})  # fmt: skip
+            assert denied.status_code == 401
+            missing = http.put("/admin/tenants/nobody", json=update, headers=AUTH)
+            assert missing.status_code == 400  # the admin API's mapping of RegistryError
+            assert "does not exist" in missing.json()["error"]["message"]
+    finally:
+        server.close()
+    restarted = _server(demo_assets, tmp_path)  # tenants of the registry apply from the start
+    try:
+        assert restarted.runtime.cache.config.tenant_priority == {"storm": 4.0}
+        assert restarted.runtime.tenants.max_cold_loads("storm") == 3
+    finally:
+        restarted.close()
