@@ -1,4 +1,4 @@
-"""``loraplex bench``: benchmark commands (execution, cache; serve joins later)."""
+"""``loraplex bench``: benchmark commands (execution, cache, serve)."""
 
 from __future__ import annotations
 
@@ -100,3 +100,56 @@ def cache(
     if not as_json:
         typer.echo(f"report: {report_dir}/cache-run.md", err=True)
     typer.echo(json.dumps({k: result[k] for k in ("name", "config", "seed", "metrics")}))
+
+
+@bench_app.command("serve")
+def serve(
+    *,
+    as_json: Annotated[bool, typer.Option("--json", help="Print only the JSON line.")] = False,
+    duration_s: Annotated[float, typer.Option(help="Wall seconds of each trace replay.")] = 45.0,
+    rate: Annotated[float, typer.Option(help="Mean requests per second of each trace.")] = 16.0,
+    num_adapters: Annotated[
+        int, typer.Option(help="zipf-longtail population and storm pool.")
+    ] = 64,
+    scenarios: Annotated[
+        str, typer.Option(help="Comma-separated: hot-burst,zipf-longtail,cold-storm.")
+    ] = "hot-burst,zipf-longtail,cold-storm",
+    throughput_rounds: Annotated[int, typer.Option(help="HTTP vs in-process rounds.")] = 4,
+    seed: Annotated[int, typer.Option(help="Workload and adapter-weight seed.")] = 0,
+    asset_dir: Annotated[
+        Path, typer.Option(help="Demo assets cache (the base model is <dir>/test-small).")
+    ] = Path(".loraplex-assets"),
+    report_dir: Annotated[
+        str, typer.Option(help="Where serve-run.md and the PNGs go; '' skips them.")
+    ] = "docs/benchmarks",
+) -> None:
+    """The real server over HTTP: lru vs cost_aware, storm vs none, HTTP vs in-process."""
+    from loraplex.bench.serve import ServeBenchConfig, run_serve_bench
+    from loraplex.bench.serve_report import (
+        hit_ratio_plot,
+        serve_json_line,
+        serve_markdown,
+        ttft_cdf_plot,
+    )
+
+    try:
+        config = ServeBenchConfig(
+            duration_s=duration_s, rate=rate, num_adapters=num_adapters,
+            throughput_rounds=throughput_rounds, seed=seed, asset_dir=asset_dir,
+            scenarios=tuple(s for s in scenarios.split(",") if s),
+        )  # fmt: skip
+    except ValueError as exc:
+        raise typer.BadParameter(str(exc)) from exc
+    result = run_serve_bench(config)
+    if report_dir:
+        out = Path(report_dir)
+        out.mkdir(parents=True, exist_ok=True)
+        ttft_cdf_plot(result["runs"], out / "serve-ttft-cdf.png")
+        hit_ratio_plot(result["runs"], out / "serve-hit-ratio.png")
+        markdown = serve_markdown(result, "serve-ttft-cdf.png", "serve-hit-ratio.png")
+        (out / "serve-run.md").write_text(
+            "# Serve benchmark: latest run\n\n" + markdown, encoding="utf-8"
+        )
+        if not as_json:
+            typer.echo(f"report: {report_dir}/serve-run.md", err=True)
+    typer.echo(serve_json_line(result))

@@ -1,0 +1,249 @@
+"""``loraplex bench serve``: the real server over HTTP on the WORKLOADS.md traces.
+
+Side by side in one invocation (fresh server and cold cache per run, the same trace):
+hot-burst and zipf-longtail under lru and cost_aware; cold-storm with and without the storm
+tenant; and HTTP vs in-process throughput. Traces are generated at a wall-clock scale (a
+shorter run at a rate the 2-core machines sustain) and replayed open-loop.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import tempfile
+from collections.abc import Callable, Sequence
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+from loraplex.adapters.stats import percentile
+from loraplex.bench.serve_driver import (
+    TIERS,
+    DriveConfig,
+    RequestRecord,
+    ResidencyView,
+    replay_over_http,
+)
+from loraplex.bench.serve_fleet import Fleet, ServerOptions, prepare_fleet, serving
+from loraplex.bench.serve_throughput import ThroughputConfig, measure_throughput
+from loraplex.bench.workloads import ScenarioParams, TraceAdapter, Workload, generate
+
+SCENARIOS = ("hot-burst", "zipf-longtail", "cold-storm")
+STEADY_TENANTS = ("steady-a", "steady-b")
+
+
+@dataclass(frozen=True)
+class ServeBenchConfig:
+    """What one benchmark invocation does."""
+
+    duration_s: float = 45.0  # wall seconds of each trace replay
+    rate: float = 16.0  # mean requests per second of each trace
+    prompt_tokens: int = 64  # prompt length of every request
+    output_tokens: int = 16  # max tokens of every request
+    num_adapters: int = 64  # zipf-longtail population and cold-storm's storm pool
+    max_loras: int = 16  # GPU slots (zipf-longtail, cold-storm, throughput)
+    hot_burst_max_loras: int = 9  # hot-burst: the 8 hot adapters + 1
+    cpu_adapter_bytes: int = 128 << 20  # L1 budget
+    max_lora_rank: int = 64  # ranks above (WIDE's 128) are capped
+    throughput_requests: int = 64  # requests per throughput round
+    throughput_rounds: int = 4  # alternating rounds per side
+    request_timeout_s: float = 60.0  # bound on every request
+    seed: int = 0  # workload and weight seed
+    asset_dir: Path = Path(".loraplex-assets")  # where the demo base model is generated / reused
+    scenarios: tuple[str, ...] = field(default=SCENARIOS)  # subset of SCENARIOS
+
+    def __post_init__(self) -> None:
+        for name in ("duration_s", "rate", "prompt_tokens", "output_tokens", "num_adapters",
+                     "max_loras", "hot_burst_max_loras", "cpu_adapter_bytes", "max_lora_rank",
+                     "throughput_requests", "throughput_rounds", "request_timeout_s"):  # fmt: skip
+            if not getattr(self, name) > 0:
+                raise ValueError(f"{name} {getattr(self, name)} is invalid; expected > 0")
+        unknown = set(self.scenarios) - set(SCENARIOS)
+        if unknown:
+            raise ValueError(f"scenarios {sorted(unknown)} is invalid; expected from {SCENARIOS}")
+
+    def params(self) -> ScenarioParams:
+        return ScenarioParams(
+            duration_s=self.duration_s, rate=self.rate, prompt_tokens=self.prompt_tokens,
+            output_tokens=self.output_tokens, num_adapters=self.num_adapters,
+        )  # fmt: skip
+
+
+@dataclass(frozen=True)
+class RunResult:
+    """One server run: the records and the cache's view."""
+
+    name: str  # e.g. "hot-burst/lru"
+    records: tuple[RequestRecord, ...]  # one per trace request
+    residency: ResidencyView  # tiers at arrival, hit series, final cache stats
+
+
+def run_serve_bench(config: ServeBenchConfig) -> dict[str, Any]:
+    """Every run of the benchmark; the result dict has name, config, seed, metrics, runs."""
+    from loraplex.adapters.base_model import BaseModelSpec
+    from loraplex.demo.assets import generate_demo_assets
+
+    assets = generate_demo_assets(config.asset_dir / "test-small", preset="small", seed=0)
+    vocab = BaseModelSpec.from_dir(assets.base_model_dir).vocab_size
+    workloads = {name: generate(name, config.seed, config.params()) for name in config.scenarios}
+    adapters = _union(w.adapters for w in workloads.values())
+    throughput_adapters = tuple((a.tenant, a.name) for a in adapters[:8])
+    drive = DriveConfig(request_timeout_s=config.request_timeout_s, vocab_size=vocab,
+                        seed=config.seed)  # fmt: skip
+    with tempfile.TemporaryDirectory(prefix="loraplex-bench-serve-") as tmp:
+        root = Path(tmp)
+        fleet = prepare_fleet(
+            root / "fleet", assets.base_model_dir, adapters, config.max_lora_rank, config.seed
+        )
+        runs = _trace_runs(config, fleet, workloads, drive, root)
+        tput_config = ThroughputConfig(
+            throughput_adapters, config.throughput_requests, config.prompt_tokens,
+            2 * config.output_tokens, config.throughput_rounds, vocab, config.seed,
+        )  # fmt: skip
+        tput = measure_throughput(fleet, root / "throughput", _options(config, "cost_aware",
+                                  config.max_loras), tput_config)  # fmt: skip
+    summaries = {run.name: summarize(run) for run in runs}
+    metrics = headline(summaries)
+    metrics["http_over_offline_throughput"] = round(tput.ratio, 3)
+    metrics["http_tokens_per_s"] = [round(v, 1) for v in tput.http_tokens_per_s]
+    metrics["offline_tokens_per_s"] = [round(v, 1) for v in tput.offline_tokens_per_s]
+    metrics["throughput_http_failures"] = tput.http_failures
+    metrics["runs"] = summaries
+    plain = {k: (str(v) if isinstance(v, Path) else v) for k, v in asdict(config).items()}
+    return {"name": "serve", "config": plain, "seed": config.seed, "metrics": metrics,
+            "runs": runs}  # fmt: skip
+
+
+def _union(groups: Any) -> tuple[TraceAdapter, ...]:
+    seen: dict[tuple[str, str], TraceAdapter] = {}
+    for group in groups:
+        for adapter in group:
+            seen.setdefault((adapter.tenant, adapter.name), adapter)
+    return tuple(seen.values())
+
+
+def _options(config: ServeBenchConfig, policy: str, max_loras: int) -> ServerOptions:
+    return ServerOptions(policy, max_loras, config.cpu_adapter_bytes,
+                         queue_deadline_s=config.request_timeout_s / 2)  # fmt: skip
+
+
+def _trace_runs(
+    config: ServeBenchConfig,
+    fleet: Fleet,
+    workloads: dict[str, Workload],
+    drive: DriveConfig,
+    root: Path,
+) -> list[RunResult]:
+    plan: list[tuple[str, Workload, ServerOptions]] = []
+    for name, workload in workloads.items():
+        if name == "cold-storm":
+            calm = [r for r in workload.requests if r.tenant != "storm"]
+            quiet = Workload(workload.name, workload.seed, workload.duration_s,
+                             workload.adapters, tuple(calm))  # fmt: skip
+            options = _options(config, "cost_aware", config.max_loras)
+            plan += [(f"{name}/storm", workload, options), (f"{name}/no-storm", quiet, options)]
+            continue
+        slots = config.hot_burst_max_loras if name == "hot-burst" else config.max_loras
+        for policy in ("lru", "cost_aware"):
+            plan.append((f"{name}/{policy}", workload, _options(config, policy, slots)))
+    runs = []
+    for index, (run_name, workload, options) in enumerate(plan):
+        with serving(fleet, root / f"run-{index}", options) as url:
+            records, view = asyncio.run(
+                replay_over_http(url, workload.requests, fleet.keys, fleet.admin_key, drive)
+            )
+        runs.append(RunResult(run_name, tuple(records), view))
+    return runs
+
+
+# --- summaries -------------------------------------------------------------------------------
+
+
+def _ms(values: Sequence[float | None]) -> dict[str, float]:
+    ordered = sorted(v * 1000 for v in values if v is not None)
+    qs = {"p50": 0.5, "p90": 0.9, "p99": 0.99}
+    return {"n": len(ordered), **{k: round(percentile(ordered, q), 2) for k, q in qs.items()}}
+
+
+def _grouped(
+    records: Sequence[RequestRecord], group: Callable[[RequestRecord], str]
+) -> dict[str, dict[str, dict[str, float]]]:
+    keys = sorted({group(r) for r in records})
+    out = {}
+    for key in keys:
+        mine = [r for r in records if group(r) == key and r.ok]
+        out[key] = {
+            "ttft_ms": _ms([r.ttft_s for r in mine]),
+            "tpot_ms": _ms([r.tpot_s for r in mine]),
+        }
+    return out
+
+
+def hit_ratios(stats: dict[str, object]) -> dict[str, float]:
+    """Fraction of adapter acquires served from each tier (L3: misses to the artifact store)."""
+    hits = stats.get("hits")
+    counts = {str(k): int(v) for k, v in hits.items()} if isinstance(hits, dict) else {}
+    misses = stats.get("misses", 0)
+    counts["L3"] = int(misses) if isinstance(misses, int) else 0
+    total = sum(counts.values())
+    return {t: round(counts.get(t, 0) / total, 4) if total else 0.0 for t in TIERS}
+
+
+def summarize(run: RunResult) -> dict[str, Any]:
+    records = run.records
+    statuses: dict[str, int] = {}
+    for r in records:
+        label = str(r.status) if r.error is None or r.status != 200 else f"{r.status}-error"
+        statuses[label] = statuses.get(label, 0) + 1
+    arrival = {t: sum(r.tier == t for r in records) for t in TIERS}
+    stats = run.residency.final
+    warm = [r.ttft_s for r in records if r.ok and r.tier == "L0" and r.tenant in STEADY_TENANTS]
+    return {
+        "warm_p99_ttft_ms": _ms(warm)["p99"],
+        "requests": len(records),
+        "completed": sum(r.ok for r in records),
+        "statuses": statuses,
+        "tier_at_arrival": arrival,
+        "hit_ratio": hit_ratios(stats),
+        "thrash_ratio": _thrash(stats),
+        "ttft_ms": _ms([r.ttft_s for r in records if r.ok]),
+        "by_tier": _grouped(records, lambda r: r.tier),
+        "by_tenant": _grouped(records, lambda r: r.tenant),
+    }
+
+
+def _thrash(stats: dict[str, object]) -> float:
+    evictions, reloads = stats.get("evictions"), stats.get("reloads_after_eviction")
+    if not isinstance(evictions, dict) or not isinstance(reloads, dict):
+        return 0.0
+    total = sum(int(v) for v in evictions.values())
+    return round(sum(int(v) for v in reloads.values()) / total, 4) if total else 0.0
+
+
+def _p99(summary: dict[str, Any], tenant: str) -> float:
+    return float(summary["by_tenant"].get(tenant, {}).get("ttft_ms", {}).get("p99", 0.0))
+
+
+def _ratio(numerator: float, denominator: float) -> float:
+    return round(numerator / denominator, 3) if denominator > 0 else 0.0
+
+
+def headline(summaries: dict[str, dict[str, Any]]) -> dict[str, Any]:
+    """The issue's three ratios plus the numbers they come from."""
+    out: dict[str, Any] = {}
+    lru, aware = summaries.get("hot-burst/lru"), summaries.get("hot-burst/cost_aware")
+    if lru is not None and aware is not None:
+        ratio = _ratio(_p99(lru, "prio"), _p99(aware, "prio"))
+        out["hot_burst_p99_ttft_lru_over_cost_aware"] = ratio
+        out["hot_burst_hot_p99_ttft_ms_lru"] = _p99(lru, "prio")
+        out["hot_burst_hot_p99_ttft_ms_cost_aware"] = _p99(aware, "prio")
+    storm, calm = summaries.get("cold-storm/storm"), summaries.get("cold-storm/no-storm")
+    if storm is not None and calm is not None:
+        ratio = _ratio(storm["warm_p99_ttft_ms"], calm["warm_p99_ttft_ms"])
+        out["storm_warm_p99_ttft_ratio"] = ratio
+        for label, summary in (("storm", storm), ("no_storm", calm)):
+            out[f"storm_warm_p99_ttft_ms_{label}"] = summary["warm_p99_ttft_ms"]
+    for name, summary in summaries.items():
+        prefix = name.replace("-", "_").replace("/", "_")
+        out[f"{prefix}_l0_hit_ratio"] = summary["hit_ratio"]["L0"]
+        out[f"{prefix}_completed_ratio"] = _ratio(summary["completed"], summary["requests"])
+    return out

@@ -1,0 +1,250 @@
+"""The client side of ``loraplex bench serve``: open-loop replay of a trace over HTTP.
+
+Each trace request is sent at its (scaled) arrival time as a streaming /v1/completions call with
+the tenant's own key; TTFT runs from the scheduled arrival to the first streamed token (so time
+spent waiting for a client connection counts too), TPOT over the tokens after it. The tier the
+adapter sat in at arrival is the server's own answer (``x-loraplex-tier`` header / the
+``loraplex.tier`` field) where it gives one; otherwise it comes from /admin/residency, polled in
+the background, and ``RESIDENCY_POLL_S`` bounds how stale that view can be.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import random
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+import httpx
+
+from loraplex.bench.workloads import TraceRequest
+
+RESIDENCY_POLL_S = 0.1
+TIER_HEADER = "x-loraplex-tier"  # the server's tier at arrival (absent on older servers)
+REVISION = "r1"  # the revision label every benchmark adapter is registered under
+TIERS = ("L0", "L1", "L2", "L3")
+_FIRST_TOKEN_ID = 4  # below: the tokenizer's special tokens
+
+
+@dataclass(frozen=True)
+class DriveConfig:
+    """How one trace is replayed."""
+
+    time_scale: float = 1.0  # wall seconds per trace second
+    max_in_flight: int = 128  # open requests at once (bounded concurrency)
+    request_timeout_s: float = 60.0  # every request ends within this
+    vocab_size: int = 4096  # prompt token ids are drawn below this
+    seed: int = 0  # prompt contents
+
+    def __post_init__(self) -> None:
+        for name in ("time_scale", "max_in_flight", "request_timeout_s", "vocab_size"):
+            if not getattr(self, name) > 0:
+                raise ValueError(f"{name} {getattr(self, name)} is invalid; expected > 0")
+
+
+@dataclass(frozen=True)
+class RequestRecord:
+    """What one replayed request did."""
+
+    t_s: float  # scheduled arrival, wall seconds from the start of the replay
+    tenant: str  # requesting tenant
+    adapter: str  # adapter name within the tenant
+    tier: str  # tier of the adapter at arrival: L0, L1, L2 or L3 (nowhere cached)
+    status: int  # HTTP status; 0: no response (timeout or transport error)
+    ttft_s: float | None  # arrival to first token; None without one
+    tpot_s: float | None  # mean seconds per output token after the first; None below 2 tokens
+    completion_tokens: int  # tokens received
+    revision: str | None  # the revision the server reported
+    error: str | None  # error type or body, None on success
+
+    @property
+    def ok(self) -> bool:
+        return self.status == 200 and self.error is None
+
+
+@dataclass
+class ResidencyView:
+    """The latest /admin/residency: model ref -> fastest ready tier, and hit ratios over time."""
+
+    tiers: dict[str, str] = field(default_factory=dict)  # tenant/name@revision -> tier name
+    hit_series: list[tuple[float, dict[str, int]]] = field(default_factory=list)  # (t_s, hits)
+    final: dict[str, object] = field(default_factory=dict)  # the last snapshot's stats
+
+    def tier_of(self, tenant: str, adapter: str, revision: str) -> str:
+        return self.tiers.get(f"{tenant}/{adapter}@{revision}", "L3")
+
+    def update(self, payload: dict[str, object], t_s: float) -> None:
+        best: dict[str, str] = {}
+        entries = payload.get("entries", [])
+        for entry in entries if isinstance(entries, list) else []:
+            if entry.get("ready"):
+                model, tier = str(entry["model"]), str(entry["tier"])
+                if TIERS.index(tier) < TIERS.index(best.get(model, "L3")):
+                    best[model] = tier
+        self.tiers = best
+        stats = payload.get("stats")
+        if isinstance(stats, dict):
+            hits = {str(k): int(v) for k, v in stats.get("hits", {}).items()}
+            hits["L3"] = int(stats.get("misses", 0))
+            self.hit_series.append((t_s, hits))
+            self.final = stats
+
+
+async def poll_once(
+    client: httpx.AsyncClient, admin_key: str, view: ResidencyView, start: float
+) -> None:
+    """One /admin/residency read into ``view`` (an error keeps the old view)."""
+    headers = {"Authorization": f"Bearer {admin_key}"}
+    try:
+        reply = await client.get("/admin/residency", params={"top": 0}, headers=headers)
+        if reply.status_code == 200:
+            view.update(reply.json(), time.monotonic() - start)
+    except httpx.HTTPError:
+        pass
+
+
+async def poll_residency(
+    client: httpx.AsyncClient,
+    admin_key: str,
+    view: ResidencyView,
+    start: float,
+    stop: asyncio.Event,
+) -> None:
+    """Refreshes ``view`` every RESIDENCY_POLL_S until ``stop``."""
+    while not stop.is_set():
+        await poll_once(client, admin_key, view, start)
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(stop.wait(), RESIDENCY_POLL_S)
+
+
+def prompt_ids(rng: random.Random, length: int, vocab_size: int) -> list[int]:
+    return [rng.randrange(_FIRST_TOKEN_ID, vocab_size) for _ in range(length)]
+
+
+@dataclass
+class _Stream:
+    """Progress of one streamed response."""
+
+    first_s: float | None = None  # monotonic time of the first token
+    last_s: float | None = None  # monotonic time of the latest token
+    tokens: int = 0  # completion tokens (usage chunk, else text chunks)
+    revision: str | None = None  # loraplex.revision of the chunks
+    tier: str | None = None  # the server's tier at arrival; None when it does not say
+    error: str | None = None  # an error event's message
+
+
+def _consume(line: str, stream: _Stream) -> None:
+    if not line.startswith("data: ") or line == "data: [DONE]":
+        return
+    chunk = json.loads(line[len("data: ") :])
+    if "error" in chunk:
+        stream.error = str(chunk["error"].get("type", "error"))
+        return
+    info = chunk.get("loraplex") or {}
+    stream.revision = info.get("revision", stream.revision)
+    stream.tier = info.get("tier") or stream.tier
+    if chunk.get("usage"):
+        stream.tokens = int(chunk["usage"]["completion_tokens"])
+        return
+    if any(choice.get("text") or choice.get("finish_reason") for choice in chunk["choices"]):
+        now = time.monotonic()
+        stream.first_s = stream.first_s or now
+        stream.last_s = now
+        stream.tokens += 1
+
+
+async def _send(
+    client: httpx.AsyncClient, key: str, body: dict[str, object], stream: _Stream
+) -> int:
+    headers = {"Authorization": f"Bearer {key}"}
+    async with client.stream("POST", "/v1/completions", json=body, headers=headers) as reply:
+        if reply.status_code != 200:
+            payload = await reply.aread()
+            stream.error = payload.decode("utf-8", errors="replace")[:200]
+            return reply.status_code
+        stream.tier = reply.headers.get(TIER_HEADER)
+        async for line in reply.aiter_lines():
+            _consume(line, stream)
+        return reply.status_code
+
+
+async def send_one(
+    client: httpx.AsyncClient,
+    request: TraceRequest,
+    *,
+    key: str,
+    ids: list[int],
+    arrival: float,
+    tier: str,
+    config: DriveConfig,
+) -> RequestRecord:
+    body = {
+        "model": request.adapter, "prompt": ids, "max_tokens": request.output_tokens,
+        "temperature": 0, "stream": True, "stream_options": {"include_usage": True},
+        # vLLM's extension; until the server honours it, EOS may end a response early.
+        "ignore_eos": True,
+    }  # fmt: skip
+    stream, status = _Stream(), 0
+    try:
+        status = await asyncio.wait_for(_send(client, key, body, stream), config.request_timeout_s)
+    except TimeoutError:
+        stream.error = "timeout"
+    except httpx.HTTPError as exc:
+        stream.error = type(exc).__name__
+    ttft = None if stream.first_s is None else stream.first_s - arrival
+    tpot = None
+    if stream.first_s is not None and stream.last_s is not None and stream.tokens > 1:
+        tpot = (stream.last_s - stream.first_s) / (stream.tokens - 1)
+    reported = stream.tier if stream.tier in TIERS else None
+    return RequestRecord(
+        arrival, request.tenant, request.adapter, reported or tier, status, ttft, tpot,
+        stream.tokens, stream.revision, stream.error,
+    )  # fmt: skip
+
+
+async def replay_over_http(
+    url: str,
+    requests: Sequence[TraceRequest],
+    keys: dict[str, str],
+    admin_key: str,
+    config: DriveConfig,
+) -> tuple[list[RequestRecord], ResidencyView]:
+    """Replays ``requests`` open-loop against ``url``; one record per request, in trace order."""
+    rng = random.Random(config.seed)
+    prompts = [prompt_ids(rng, r.prompt_tokens, config.vocab_size) for r in requests]
+    limits = httpx.Limits(max_connections=config.max_in_flight + 2, max_keepalive_connections=64)
+    timeout = httpx.Timeout(config.request_timeout_s)
+    view, stop = ResidencyView(), asyncio.Event()
+    gate = asyncio.Semaphore(config.max_in_flight)
+    async with httpx.AsyncClient(base_url=url, limits=limits, timeout=timeout) as client:
+        start = time.monotonic()
+        poller = asyncio.create_task(poll_residency(client, admin_key, view, start, stop))
+
+        async def run(index: int, request: TraceRequest) -> RequestRecord:
+            arrival = start + request.t_s * config.time_scale
+            await asyncio.sleep(max(0.0, arrival - time.monotonic()))
+            tier = view.tier_of(request.tenant, request.adapter, REVISION)
+            async with gate:
+                record = await send_one(
+                    client, request, key=keys[request.tenant], ids=prompts[index],
+                    arrival=arrival, tier=tier, config=config,
+                )  # fmt: skip
+            return _relative(record, start)
+
+        try:
+            records = await asyncio.gather(*(run(i, r) for i, r in enumerate(requests)))
+        finally:
+            stop.set()
+            await poller
+        # One last look, so the final counters include the last requests.
+        await poll_once(client, admin_key, view, start)
+    return list(records), view
+
+
+def _relative(record: RequestRecord, start: float) -> RequestRecord:
+    from dataclasses import replace
+
+    return replace(record, t_s=record.t_s - start)

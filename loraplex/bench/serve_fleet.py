@@ -1,0 +1,211 @@
+"""The server side of ``loraplex bench serve``: a registry with every trace adapter, and a real
+``loraplex serve`` subprocess on 127.0.0.1 per run.
+
+The registry (database + artifact store) is prepared once; every server run gets a fresh data
+directory (empty disk cache, cold L1/L0) and reaches the shared registry through its config
+file, so runs start from the same state without copying artifacts.
+"""
+
+from __future__ import annotations
+
+import os
+import secrets
+import signal
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+
+import httpx
+
+from loraplex.adapters.base_model import BaseModelSpec
+from loraplex.bench.serve_driver import REVISION
+from loraplex.bench.workloads import TraceAdapter
+from loraplex.registry import (
+    PriorityClass,
+    RegistrationRequest,
+    RegistryConfig,
+    TenantQuotas,
+    open_registry,
+)
+
+ACTOR = "bench-serve"
+# Tenants of the WORKLOADS.md scenarios that are not "normal" traffic.
+PRIORITIES = {
+    "prio": PriorityClass.HIGH,
+    "batch": PriorityClass.BATCH,
+    "storm": PriorityClass.BATCH,
+}
+# What an operator gives a tenant known to fire cold storms: GPU slots' worth of adapter bytes
+# (a quarter of cold-storm's 16 slots) and one cold load at a time.
+STORM_GPU_SLOTS = 4
+STORM_COLD_LOADS = 1
+
+
+@dataclass(frozen=True)
+class Fleet:
+    """A prepared registry every server run of one benchmark shares."""
+
+    root: Path  # holds the registry database and the artifact store
+    model_dir: Path  # the base model the adapters were written against
+    keys: dict[str, str]  # tenant -> API key
+    admin_key: str  # the admin credential every server run uses
+    max_lora_rank: int  # largest rank registered (and served)
+
+    @property
+    def database_url(self) -> str:
+        return f"sqlite:///{self.root / 'registry.sqlite3'}"
+
+    @property
+    def store(self) -> Path:
+        return self.root / "artifacts"
+
+
+def served_rank(adapter: TraceAdapter, max_lora_rank: int) -> int:
+    """The trace's rank, capped at what the server accepts (WIDE ranks reach 128)."""
+    return min(adapter.rank, max_lora_rank)
+
+
+def prepare_fleet(
+    root: Path, model_dir: Path, adapters: Sequence[TraceAdapter], max_lora_rank: int, seed: int
+) -> Fleet:
+    """Random PEFT adapters for every trace adapter, registered as ``tenant/name@r1``, plus one
+    API key per tenant."""
+    from loraplex.bench.adapters import write_random_adapter
+
+    base = BaseModelSpec.from_dir(model_dir)
+    fleet = Fleet(root, model_dir, {}, "lpxadmin_" + secrets.token_urlsafe(24), max_lora_rank)
+    config = RegistryConfig(root, fleet.database_url, str(fleet.store), None, max_lora_rank)
+    registry = open_registry(config, base=base)
+    quotas = {"storm": storm_quotas(base, max_lora_rank)}
+    try:
+        for tenant in dict.fromkeys(a.tenant for a in adapters):
+            priority = PRIORITIES.get(tenant, PriorityClass.NORMAL)
+            registry.create_tenant(tenant, ACTOR, priority, quotas.get(tenant))
+            fleet.keys[tenant] = registry.create_key(tenant, ACTOR).token
+        staging = root / "staging"
+        for index, adapter in enumerate(adapters):
+            path = write_random_adapter(
+                base, model_dir, staging / f"{index:05d}",
+                rank=served_rank(adapter, max_lora_rank),
+                target_modules=adapter.targets, seed=seed * 100_003 + index,
+            )  # fmt: skip
+            request = RegistrationRequest(path, adapter.tenant, adapter.name, REVISION)
+            registry.register(request, ACTOR)
+    finally:
+        registry.close()
+    return fleet
+
+
+def storm_quotas(base: BaseModelSpec, max_lora_rank: int) -> TenantQuotas:
+    """The storm tenant's quotas: STORM_GPU_SLOTS slots' bytes, STORM_COLD_LOADS loads."""
+    import torch
+
+    from loraplex.model.lora import LoraSlotPool
+
+    pool = LoraSlotPool(base, 1, max_lora_rank, dtype=torch.float32, device=torch.device("cpu"))
+    slot_bytes = pool.bytes_per_slot  # float32, the dtype the benchmark serves
+    return TenantQuotas(max_gpu_bytes=STORM_GPU_SLOTS * slot_bytes, max_cold_loads=STORM_COLD_LOADS)
+
+
+@dataclass(frozen=True)
+class ServerOptions:
+    """The ``loraplex serve`` settings one run uses."""
+
+    policy: str  # eviction policy: lru or cost_aware
+    max_loras: int  # GPU slots
+    cpu_adapter_bytes: int  # L1 budget
+    max_num_seqs: int = 32  # sequences decoding at once
+    queue_deadline_s: float = 30.0  # queue residence before a 503
+    torch_threads: int = 1  # OMP threads of the server process (stable on shared cores)
+
+
+def _free_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.bind(("127.0.0.1", 0))
+        port: int = sock.getsockname()[1]
+        return port
+
+
+def serve_values(
+    fleet: Fleet, data_dir: Path, options: ServerOptions, port: int
+) -> dict[str, object]:
+    """The ``[serve]`` settings of one run (ServeConfig field names)."""
+    return {
+        "data_dir": str(data_dir), "host": "127.0.0.1", "port": port,
+        "model": str(fleet.model_dir), "demo": False, "admin_key": fleet.admin_key,
+        "policy": options.policy, "max_loras": options.max_loras,
+        "max_lora_rank": fleet.max_lora_rank, "cpu_adapter_bytes": options.cpu_adapter_bytes,
+        "max_num_seqs": options.max_num_seqs, "queue_deadline_s": options.queue_deadline_s,
+        "database_url": fleet.database_url, "store": str(fleet.store), "metrics_public": True,
+    }  # fmt: skip
+
+
+def _write_config(fleet: Fleet, data_dir: Path, options: ServerOptions, port: int) -> Path:
+    values = serve_values(fleet, data_dir, options, port)
+    lines = ["[serve]"] + [f"{k} = {_toml(v)}" for k, v in values.items()]
+    path = data_dir / "serve.toml"
+    data_dir.mkdir(parents=True, exist_ok=True)
+    path.write_text("\n".join(lines) + "\n", encoding="utf-8")
+    return path
+
+
+def _toml(value: object) -> str:
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, int | float):
+        return repr(value)
+    return '"' + str(value).replace("\\", "\\\\").replace('"', '\\"') + '"'
+
+
+@contextmanager
+def serving(
+    fleet: Fleet, data_dir: Path, options: ServerOptions, start_timeout_s: float = 180.0
+) -> Iterator[str]:
+    """Runs ``loraplex serve`` until the block ends; yields its base URL once /ready answers."""
+    port = _free_port()
+    config = _write_config(fleet, data_dir, options, port)
+    env = {**os.environ, "OMP_NUM_THREADS": str(options.torch_threads)}
+    command = [sys.executable, "-c", "from loraplex.cli import main; main()", "serve"]
+    log = (data_dir / "server.log").open("wb")
+    process = subprocess.Popen(
+        [*command, "--config", str(config)], stdout=log, stderr=subprocess.STDOUT, env=env,
+        start_new_session=True,
+    )  # fmt: skip
+    url = f"http://127.0.0.1:{port}"
+    try:
+        _wait_ready(process, url, start_timeout_s, data_dir / "server.log")
+        yield url
+    finally:
+        _stop(process)
+        log.close()
+
+
+def _wait_ready(process: subprocess.Popen[bytes], url: str, timeout_s: float, log: Path) -> None:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if process.poll() is not None:
+            tail = log.read_text(encoding="utf-8", errors="replace")[-2000:]
+            raise RuntimeError(f"loraplex serve exited with {process.returncode}:\n{tail}")
+        try:
+            if httpx.get(f"{url}/ready", timeout=2.0).status_code == 200:
+                return
+        except httpx.HTTPError:
+            pass
+        time.sleep(0.2)
+    raise RuntimeError(f"loraplex serve did not become ready within {timeout_s} s (log: {log})")
+
+
+def _stop(process: subprocess.Popen[bytes]) -> None:
+    if process.poll() is not None:
+        return
+    process.send_signal(signal.SIGINT)
+    try:
+        process.wait(timeout=20)
+    except subprocess.TimeoutExpired:
+        process.kill()
+        process.wait(timeout=20)

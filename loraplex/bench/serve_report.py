@@ -1,0 +1,131 @@
+"""Markdown and PNG output of ``loraplex bench serve``."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+from loraplex.bench.report import markdown_table
+from loraplex.bench.serve import RunResult
+from loraplex.bench.serve_driver import TIERS
+
+_SCALARS = (int, float, str)
+
+
+def serve_json_line(result: dict[str, Any]) -> str:
+    return json.dumps({k: result[k] for k in ("name", "config", "seed", "metrics")})
+
+
+def serve_markdown(result: dict[str, Any], cdf_png: str, hits_png: str) -> str:
+    metrics = result["metrics"]
+    headline = [
+        {"metric": k, "value": v} for k, v in sorted(metrics.items()) if isinstance(v, _SCALARS)
+    ]
+    parts = [
+        "## Run",
+        f"config: `{result['config']}`, seed {result['seed']}",
+        "## Headline metrics",
+        markdown_table(headline, ["metric", "value"]),
+        "## Runs (TTFT / TPOT in ms over completed requests; tier = adapter's tier at arrival)",
+        markdown_table(_run_rows(metrics["runs"]), _RUN_COLUMNS),
+        "## TTFT by tier at arrival (ms)",
+        markdown_table(_group_rows(metrics["runs"], "by_tier"), _GROUP_COLUMNS),
+        "## TTFT and TPOT by tenant (ms)",
+        markdown_table(_group_rows(metrics["runs"], "by_tenant"), _GROUP_COLUMNS),
+        f"![TTFT CDF per tier]({cdf_png})",
+        f"![L0 hit ratio over time]({hits_png})",
+        "## JSON line",
+        "```json\n" + serve_json_line(result) + "\n```",
+    ]
+    return "\n\n".join(parts) + "\n"
+
+
+_RUN_COLUMNS = ["run", "requests", "completed", "statuses", "arrival_L0", "arrival_L3", "hit_L0",
+                "hit_L1", "hit_L2", "hit_L3", "thrash", "ttft_p50", "ttft_p99"]  # fmt: skip
+_GROUP_COLUMNS = ["run", "group", "n", "ttft_p50", "ttft_p90", "ttft_p99", "tpot_p50", "tpot_p99"]
+
+
+def _run_rows(runs: dict[str, dict[str, Any]]) -> list[dict[str, object]]:
+    rows: list[dict[str, object]] = []
+    for name, s in runs.items():
+        rows.append({
+            "run": name, "requests": s["requests"], "completed": s["completed"],
+            "statuses": " ".join(f"{k}:{v}" for k, v in sorted(s["statuses"].items())),
+            "arrival_L0": s["tier_at_arrival"]["L0"], "arrival_L3": s["tier_at_arrival"]["L3"],
+            **{f"hit_{t}": s["hit_ratio"][t] for t in TIERS}, "thrash": s["thrash_ratio"],
+            "ttft_p50": s["ttft_ms"]["p50"], "ttft_p99": s["ttft_ms"]["p99"],
+        })  # fmt: skip
+    return rows
+
+
+def _group_rows(runs: dict[str, dict[str, Any]], key: str) -> list[dict[str, object]]:
+    rows: list[dict[str, object]] = []
+    for name, s in runs.items():
+        for group, q in s[key].items():
+            ttft, tpot = q["ttft_ms"], q["tpot_ms"]
+            rows.append({
+                "run": name, "group": group, "n": ttft["n"], "ttft_p50": ttft["p50"],
+                "ttft_p90": ttft["p90"], "ttft_p99": ttft["p99"], "tpot_p50": tpot["p50"],
+                "tpot_p99": tpot["p99"],
+            })  # fmt: skip
+    return rows
+
+
+def ttft_cdf_plot(runs: list[RunResult], path: Path) -> None:
+    """One panel per run: the TTFT CDF of completed requests, one line per tier at arrival."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    from matplotlib.ticker import NullFormatter
+
+    cols = 3
+    rows = max(1, (len(runs) + cols - 1) // cols)
+    fig, axes = plt.subplots(rows, cols, figsize=(5 * cols, 3.5 * rows), squeeze=False)
+    for ax, run in zip(axes.flat, runs, strict=False):
+        for tier in TIERS:
+            values = sorted(r.ttft_s * 1000 for r in run.records if r.ok and r.tier == tier
+                            and r.ttft_s is not None)  # fmt: skip
+            if values:
+                ys = [(i + 1) / len(values) for i in range(len(values))]
+                ax.step(values, ys, where="post", label=f"{tier} (n={len(values)})",
+                        color=f"C{TIERS.index(tier)}")  # fmt: skip
+        ax.set_xscale("log")
+        ax.xaxis.set_minor_formatter(NullFormatter())
+        ax.set_title(run.name)
+        ax.set_xlabel("TTFT (ms)")
+        ax.set_ylabel("fraction")
+        ax.legend(fontsize="small")
+    for ax in axes.flat[len(runs) :]:
+        ax.axis("off")
+    fig.tight_layout()
+    fig.savefig(path, dpi=90)
+    plt.close(fig)
+
+
+def hit_ratio_plot(runs: list[RunResult], path: Path, window: int = 10) -> None:
+    """L0 hit ratio over time: acquires in each window of residency polls, per run."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(9, 4))
+    for run in runs:
+        series = run.residency.hit_series
+        xs, ys = [], []
+        for (_, before), (t_s, after) in zip(series, series[window:], strict=False):
+            total = sum(after.values()) - sum(before.values())
+            if total > 0:
+                xs.append(t_s)
+                ys.append((after.get("L0", 0) - before.get("L0", 0)) / total)
+        if xs:
+            ax.plot(xs, ys, label=run.name)
+    ax.set_xlabel("seconds into the run")
+    ax.set_ylabel("L0 hit ratio (sliding window)")
+    ax.set_ylim(0, 1.05)
+    ax.legend(fontsize="small")
+    fig.tight_layout()
+    fig.savefig(path, dpi=90)
+    plt.close(fig)

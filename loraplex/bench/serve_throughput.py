@@ -1,0 +1,156 @@
+"""HTTP vs in-process throughput: the same saturating batch of prompts through the server over
+HTTP and through an identically configured engine in this process (no HTTP, no SSE, no auth).
+
+Both sides get the same engine settings, the same torch thread count and the same warm adapters;
+rounds alternate between them (WORKLOADS.md: interleave, take medians).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import random
+import statistics
+import time
+from collections.abc import Coroutine
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+import httpx
+
+from loraplex.bench.serve_driver import DriveConfig, RequestRecord, prompt_ids, send_one
+from loraplex.bench.serve_fleet import Fleet, ServerOptions, serve_values, serving
+from loraplex.bench.workloads import TraceRequest
+
+if TYPE_CHECKING:
+    from loraplex.adapters.identity import AdapterKey
+    from loraplex.engine.engine import AsyncEngine
+
+
+@dataclass(frozen=True)
+class ThroughputConfig:
+    """One side-by-side throughput measurement."""
+
+    adapters: tuple[tuple[str, str], ...]  # (tenant, name) the requests cycle over (kept warm)
+    num_requests: int = 64  # requests per round, all submitted at once
+    prompt_tokens: int = 64  # prompt length
+    output_tokens: int = 32  # max tokens per request
+    rounds: int = 2  # alternating rounds per side
+    vocab_size: int = 4096  # prompt ids are drawn below this
+    seed: int = 0  # prompt contents
+
+    def __post_init__(self) -> None:
+        if not self.adapters:
+            raise ValueError("adapters () is invalid; expected at least one (tenant, name)")
+        for name in ("num_requests", "prompt_tokens", "output_tokens", "rounds"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"{name} {getattr(self, name)} is invalid; expected >= 1")
+
+
+@dataclass(frozen=True)
+class ThroughputResult:
+    """Completion tokens per second of each round, per side."""
+
+    http_tokens_per_s: tuple[float, ...]  # over HTTP, per round
+    offline_tokens_per_s: tuple[float, ...]  # in-process engine, per round
+    http_failures: int  # HTTP requests that did not complete
+
+    @property
+    def ratio(self) -> float:
+        """Median HTTP throughput over median in-process throughput."""
+        offline = statistics.median(self.offline_tokens_per_s)
+        return statistics.median(self.http_tokens_per_s) / offline if offline else 0.0
+
+
+def _batch(config: ThroughputConfig) -> list[tuple[TraceRequest, list[int]]]:
+    rng = random.Random(config.seed)
+    out = []
+    for i in range(config.num_requests):
+        tenant, name = config.adapters[i % len(config.adapters)]
+        request = TraceRequest(0.0, tenant, name, config.prompt_tokens, config.output_tokens)
+        out.append((request, prompt_ids(rng, config.prompt_tokens, config.vocab_size)))
+    return out
+
+
+def _send(
+    client: httpx.AsyncClient,
+    fleet: Fleet,
+    request: TraceRequest,
+    ids: list[int],
+    *,
+    start: float,
+    drive: DriveConfig,
+) -> Coroutine[None, None, RequestRecord]:
+    key = fleet.keys[request.tenant]
+    return send_one(client, request, key=key, ids=ids, arrival=start, tier="L0", config=drive)
+
+
+async def _http_round(
+    url: str, fleet: Fleet, batch: list[tuple[TraceRequest, list[int]]]
+) -> tuple[float, int]:
+    drive = DriveConfig(max_in_flight=len(batch), request_timeout_s=120.0)
+    limits = httpx.Limits(max_connections=len(batch) + 2)
+    async with httpx.AsyncClient(base_url=url, limits=limits, timeout=120.0) as client:
+        start = time.monotonic()
+        jobs = [_send(client, fleet, r, ids, start=start, drive=drive) for r, ids in batch]
+        records: list[RequestRecord] = await asyncio.gather(*jobs)
+        wall = time.monotonic() - start
+    tokens = sum(r.completion_tokens for r in records if r.ok)
+    return tokens / wall, sum(not r.ok for r in records)
+
+
+async def _offline_round(
+    engine: AsyncEngine,
+    keys: dict[tuple[str, str], AdapterKey],
+    batch: list[tuple[TraceRequest, list[int]]],
+    tag: str,
+) -> float:
+    from loraplex.engine.protocol import EngineRequest
+    from loraplex.model.sampler import SamplingParams
+
+    async def one(index: int, request: TraceRequest, ids: list[int]) -> int:
+        params = SamplingParams(
+            max_tokens=request.output_tokens, temperature=0.0, ignore_eos=True
+        )  # same work as the HTTP side, which sends ignore_eos
+        key = keys[(request.tenant, request.adapter)]
+        job = EngineRequest(f"{tag}-{index}", request.tenant, key, tuple(ids), params)
+        tokens = 0
+        async for delta in engine.generate(job):
+            tokens = delta.completion_tokens
+        return tokens
+
+    start = time.monotonic()
+    counts = await asyncio.gather(*(one(i, r, ids) for i, (r, ids) in enumerate(batch)))
+    return sum(counts) / (time.monotonic() - start)
+
+
+def measure_throughput(
+    fleet: Fleet, root: Path, options: ServerOptions, config: ThroughputConfig
+) -> ThroughputResult:
+    """The server over HTTP and the same engine in-process, alternating, both kept warm."""
+    import torch
+
+    from loraplex.server.assembly import build_server
+    from loraplex.server.serve_config import merge
+
+    torch.set_num_threads(options.torch_threads)
+    batch = _batch(config)
+    warm = batch[: len(config.adapters)]
+    values = serve_values(fleet, root / "in-process", options, 0)
+    local = build_server(merge({}, values))
+    http: list[float] = []
+    offline: list[float] = []
+    failures = 0
+    try:
+        keys = {(t, n): local.registry.resolve(t, n) for t, n in config.adapters}
+        with serving(fleet, root / "http", options) as url:
+            asyncio.run(_http_round(url, fleet, warm))
+            asyncio.run(_offline_round(local.engine, keys, warm, "warm"))
+            for index in range(config.rounds):
+                rate, failed = asyncio.run(_http_round(url, fleet, batch))
+                http.append(rate)
+                failures += failed
+                offline.append(asyncio.run(_offline_round(local.engine, keys, batch, f"r{index}")))
+    finally:
+        local.close()
+    return ThroughputResult(tuple(http), tuple(offline), failures)
