@@ -15,9 +15,9 @@ from dataclasses import dataclass
 from itertools import accumulate
 
 import torch
-import torch.nn.functional as F
 
 from loraplex.engine.blocks import BASE_NAMESPACE, BlockManager
+from loraplex.model.attention import chunk_attention, decode_attention
 from loraplex.model.kv_cache import AttentionShape, SequenceChunk
 
 
@@ -55,7 +55,6 @@ class PagedKVCache:
         self.keys = [torch.zeros(dims, dtype=dtype, device=device) for _ in range(shape.num_layers)]
         self.values = [torch.zeros_like(k) for k in self.keys]
         self._scale = shape.head_dim**-0.5
-        self._group = shape.num_heads // shape.num_kv_heads
 
     def allocate(self, namespace: str = BASE_NAMESPACE) -> int:
         return self.blocks.allocate(namespace)
@@ -137,17 +136,9 @@ class PagedKVCache:
         k_rows = keys.index_select(0, flat).view(num_seqs, length, num_kv_heads, -1).transpose(1, 2)
         v_rows = values.index_select(0, flat).view(num_seqs, length, num_kv_heads, -1)
         v_rows = v_rows.transpose(1, 2)
-        mask = plan.decode_mask
-        if window is not None:
-            positions = torch.arange(length, device=self.device)[None, :]
-            stale = positions <= (plan.write_pos[:, None] - window)
-            mask = mask.masked_fill(stale[:, None, None, :], -torch.inf)
-        # One query per sequence: each kv head's query group becomes the query-length axis.
-        grouped = q.view(num_seqs, num_kv_heads, self._group, -1)
-        out = F.scaled_dot_product_attention(
-            grouped, k_rows, v_rows, attn_mask=mask, scale=self._scale
+        return decode_attention(
+            q, k_rows, v_rows, plan.decode_mask, plan.write_pos, window=window, scale=self._scale
         )
-        return out.reshape(num_seqs, num_kv_heads * self._group, -1)
 
     def _attend_chunk(
         self,
@@ -160,19 +151,11 @@ class PagedKVCache:
         offset: int,
         window: int | None,
     ) -> torch.Tensor:
-        end = chunk.start_pos + chunk.num_tokens
-        q_seq = q[offset : offset + chunk.num_tokens].transpose(0, 1)[None]
-        k_seq = keys.index_select(0, rows).transpose(0, 1)[None]
-        v_seq = values.index_select(0, rows).transpose(0, 1)[None]
-        mask = None
-        if chunk.start_pos or window is not None:
-            q_pos = torch.arange(chunk.start_pos, end, device=self.device)[:, None]
-            k_pos = torch.arange(end, device=self.device)[None, :]
-            mask = k_pos <= q_pos
-            if window is not None:
-                mask = mask & (k_pos > q_pos - window)
-        out = F.scaled_dot_product_attention(
-            q_seq, k_seq, v_seq, attn_mask=mask, is_causal=mask is None, scale=self._scale,
-            enable_gqa=self._group > 1,
-        )  # fmt: skip
-        return out[0].transpose(0, 1)
+        return chunk_attention(
+            q[offset : offset + chunk.num_tokens],
+            keys.index_select(0, rows).transpose(0, 1),
+            values.index_select(0, rows).transpose(0, 1),
+            start_pos=chunk.start_pos,
+            window=window,
+            scale=self._scale,
+        )

@@ -17,9 +17,9 @@ from itertools import accumulate
 from typing import Protocol, TypeVar
 
 import torch
-import torch.nn.functional as F
 
 from loraplex.errors import CapacityError
+from loraplex.model.attention import chunk_attention, decode_attention
 
 
 @dataclass(frozen=True)
@@ -120,7 +120,6 @@ class ContiguousKVCache:
         self.values = [torch.zeros_like(k) for k in self.keys]
         self._free_rows = list(range(max_seqs - 1, -1, -1))
         self._scale = shape.head_dim**-0.5
-        self._group = shape.num_heads // shape.num_kv_heads
 
     def allocate(self) -> int:
         if not self._free_rows:
@@ -209,19 +208,11 @@ class ContiguousKVCache:
             k_rows, v_rows = keys[start:stop, :, :length], values[start:stop, :, :length]
         else:
             k_rows, v_rows = keys[plan.rows, :, :length], values[plan.rows, :, :length]
-        mask = plan.decode_mask
-        if window is not None and mask is not None:
-            positions = torch.arange(length, device=self.device)[None, :]
-            stale = positions <= (plan.write_pos[:, None] - window)
-            mask = mask.masked_fill(stale[:, None, None, :], -torch.inf)
-        # One query per sequence: fold each kv head's query group into the query-length axis,
-        # so grouped-query attention needs no repeated keys/values.
-        num_seqs, num_kv_heads = q.shape[0], self.shape.num_kv_heads
-        grouped = q.view(num_seqs, num_kv_heads, self._group, -1)
-        out = F.scaled_dot_product_attention(
-            grouped, k_rows, v_rows, attn_mask=mask, scale=self._scale
+        if plan.decode_mask is None:
+            raise ValueError("plan has no decode mask; expected an all-decode plan")
+        return decode_attention(
+            q, k_rows, v_rows, plan.decode_mask, plan.write_pos, window=window, scale=self._scale
         )
-        return out.reshape(num_seqs, num_kv_heads * self._group, -1)
 
     def _attend_chunk(
         self,
@@ -234,23 +225,11 @@ class ContiguousKVCache:
         window: int | None,
     ) -> torch.Tensor:
         end = chunk.start_pos + chunk.num_tokens
-        q_seq = q[offset : offset + chunk.num_tokens].transpose(0, 1)[None]
-        k_seq = keys[chunk.seq_id, :, :end][None]
-        v_seq = values[chunk.seq_id, :, :end][None]
-        mask = None
-        if chunk.start_pos or window is not None:
-            q_pos = torch.arange(chunk.start_pos, end, device=self.device)[:, None]
-            k_pos = torch.arange(end, device=self.device)[None, :]
-            mask = k_pos <= q_pos
-            if window is not None:
-                mask = mask & (k_pos > q_pos - window)
-        out = F.scaled_dot_product_attention(
-            q_seq,
-            k_seq,
-            v_seq,
-            attn_mask=mask,
-            is_causal=mask is None,
+        return chunk_attention(
+            q[offset : offset + chunk.num_tokens],
+            keys[chunk.seq_id, :, :end],
+            values[chunk.seq_id, :, :end],
+            start_pos=chunk.start_pos,
+            window=window,
             scale=self._scale,
-            enable_gqa=self._group > 1,
         )
-        return out[0].transpose(0, 1)

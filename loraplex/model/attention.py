@@ -1,0 +1,70 @@
+"""Attention over gathered keys/values, shared by every KVCache implementation.
+
+The caches differ in where keys and values live (contiguous rows, paged blocks); once a
+cache has gathered them per sequence, the attention itself is the same.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+
+
+def decode_attention(
+    q: torch.Tensor,
+    keys: torch.Tensor,
+    values: torch.Tensor,
+    mask: torch.Tensor,
+    write_pos: torch.Tensor,
+    *,
+    window: int | None,
+    scale: float,
+) -> torch.Tensor:
+    """One new query per sequence: ``q`` [num_seqs, num_heads, head_dim] against ``keys`` /
+    ``values`` [num_seqs, num_kv_heads, length, head_dim] under the additive ``mask``
+    [num_seqs, 1, 1, length] (0 / -inf past each sequence's end); with a sliding ``window``,
+    positions at or before ``write_pos - window`` are hidden too. Returns [num_seqs, num_heads,
+    head_dim]."""
+    num_seqs, num_kv_heads, length = keys.shape[0], keys.shape[1], keys.shape[2]
+    if window is not None:
+        positions = torch.arange(length, device=keys.device)[None, :]
+        stale = positions <= (write_pos[:, None] - window)
+        mask = mask.masked_fill(stale[:, None, None, :], -torch.inf)
+    # Fold each kv head's query group into the query-length axis, so grouped-query attention
+    # needs no repeated keys/values.
+    group = q.shape[1] // num_kv_heads
+    grouped = q.view(num_seqs, num_kv_heads, group, -1)
+    out = F.scaled_dot_product_attention(grouped, keys, values, attn_mask=mask, scale=scale)
+    return out.reshape(num_seqs, num_kv_heads * group, -1)
+
+
+def chunk_attention(
+    q: torch.Tensor,
+    keys: torch.Tensor,
+    values: torch.Tensor,
+    *,
+    start_pos: int,
+    window: int | None,
+    scale: float,
+) -> torch.Tensor:
+    """A chunk of one sequence's prompt: ``q`` [num_tokens, num_heads, head_dim] at positions
+    ``start_pos ...`` against ``keys`` / ``values`` [num_kv_heads, start_pos + num_tokens,
+    head_dim], causal (and windowed). Returns [num_tokens, num_heads, head_dim]."""
+    end = keys.shape[1]
+    mask = None
+    if start_pos or window is not None:
+        q_pos = torch.arange(start_pos, end, device=keys.device)[:, None]
+        k_pos = torch.arange(end, device=keys.device)[None, :]
+        mask = k_pos <= q_pos
+        if window is not None:
+            mask = mask & (k_pos > q_pos - window)
+    out = F.scaled_dot_product_attention(
+        q.transpose(0, 1)[None],
+        keys[None],
+        values[None],
+        attn_mask=mask,
+        is_causal=mask is None,
+        scale=scale,
+        enable_gqa=q.shape[1] != keys.shape[0],
+    )
+    return out[0].transpose(0, 1)
