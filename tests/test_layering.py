@@ -33,7 +33,7 @@ _TORCH_FREE_ADAPTERS = (
     "disk_tier",
 )
 # The engine's decision code (the simulator reuses the scheduler).
-_TORCH_FREE_ENGINE = ("protocol", "config", "request", "blocks", "scheduler", "output")
+_TORCH_FREE_ENGINE = ("protocol", "config", "request", "blocks", "scheduler", "output", "tenancy")
 TORCH_FREE_MODULES = (
     *(f"loraplex.adapters.{name}" for name in _TORCH_FREE_ADAPTERS),
     *(f"loraplex.engine.{name}" for name in _TORCH_FREE_ENGINE),

@@ -79,11 +79,18 @@ def grouped_batch(token_slots: torch.Tensor, layout: ArenaLayout, slots: list[in
     )
 
 
+def covered_rows(layout: ArenaLayout, slots: list[int]) -> tuple[int, int]:
+    """``[row_lo, row_hi)``: the arena rows from the first to the last active slot's block
+    (inactive slots in between are covered too)."""
+    row_lo = min(layout.slot_starts[slot] for slot in slots)
+    row_hi = max(layout.slot_starts[slot] + layout.slot_rows[slot] for slot in slots)
+    return row_lo, row_hi
+
+
 def masked_batch(token_slots: torch.Tensor, layout: ArenaLayout, slots: list[int]) -> LoraBatch:
     """One row range covering every active slot, and a per-module scaled token x row mask."""
     bits = bits_of(slots)
-    row_lo = min(layout.slot_starts[slot] for slot in slots)
-    row_hi = max(layout.slot_starts[slot] + layout.slot_rows[slot] for slot in slots)
+    row_lo, row_hi = covered_rows(layout, slots)
     owner = layout.row_owner[row_lo:row_hi]
     hits = (owner.unsqueeze(0) == token_slots.unsqueeze(1)) & (token_slots >= 0).unsqueeze(1)
     scales = layout.row_scale[:, row_lo:row_hi]

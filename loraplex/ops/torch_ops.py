@@ -20,6 +20,7 @@ from loraplex.ops.base import ArenaLayout, LoraBatch, ModuleLoraWeights, Strateg
 from loraplex.ops.plan import (
     active_slots,
     check_token_slots,
+    covered_rows,
     grouped_batch,
     masked_batch,
     none_batch,
@@ -137,8 +138,7 @@ class AutoBackend:
             return none_batch(token_slots)
         if len(slots) < self.policy.min_runs_for_masked:
             return grouped_batch(token_slots, layout, slots)
-        row_lo = min(layout.slot_starts[slot] for slot in slots)
-        row_hi = max(layout.slot_starts[slot] + layout.slot_rows[slot] for slot in slots)
+        row_lo, row_hi = covered_rows(layout, slots)
         if token_slots.numel() * (row_hi - row_lo) <= self.policy.max_masked_cells:
             return masked_batch(token_slots, layout, slots)
         return grouped_batch(token_slots, layout, slots)
