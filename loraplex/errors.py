@@ -152,3 +152,7 @@ class QueueFullError(CapacityError):
         # Seconds the client should wait before retrying (the Retry-After header).
         self.retry_after_s = retry_after_s
         super().__init__(f"{what} is full ({limit} queued requests); retry later")
+
+
+class EngineUnavailableError(CapacityError):
+    """The engine process is not running (it failed to start, crashed or was shut down)."""

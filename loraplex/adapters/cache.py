@@ -235,6 +235,11 @@ class TieredAdapterCache:
             entry = self.ledgers[tier].get(key)
             return entry is not None and entry.ready
 
+    def residency(self, tier: Tier) -> list[AdapterKey]:
+        """The keys with a ready copy in ``tier`` (cheaper than a snapshot)."""
+        with self.lock:
+            return [key for key, entry in self.ledgers[tier].entries.items() if entry.ready]
+
     def close(self) -> None:
         """Stops the worker threads of the default executor (waits for running phases)."""
         if isinstance(self._executor, ThreadStepExecutor):

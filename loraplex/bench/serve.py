@@ -166,7 +166,7 @@ def _ms(values: Sequence[float | None]) -> dict[str, float]:
 
 def _grouped(
     records: Sequence[RequestRecord], group: Callable[[RequestRecord], str]
-) -> dict[str, dict[str, dict[str, float]]]:
+) -> dict[str, dict[str, Any]]:
     keys = sorted({group(r) for r in records})
     out = {}
     for key in keys:
@@ -174,6 +174,7 @@ def _grouped(
         out[key] = {
             "ttft_ms": _ms([r.ttft_s for r in mine]),
             "tpot_ms": _ms([r.tpot_s for r in mine]),
+            "tier_at_arrival": {t: sum(r.tier == t for r in mine) for t in TIERS},
         }
     return out
 
@@ -223,6 +224,14 @@ def _p99(summary: dict[str, Any], tenant: str) -> float:
     return float(summary["by_tenant"].get(tenant, {}).get("ttft_ms", {}).get("p99", 0.0))
 
 
+def _in_l0(summary: dict[str, Any], tenant: str) -> float:
+    """Share of ``tenant``'s completed requests whose adapter was in a GPU slot on arrival."""
+    group = summary["by_tenant"].get(tenant)
+    if not group or not group["ttft_ms"]["n"]:
+        return 0.0
+    return round(int(group["tier_at_arrival"]["L0"]) / int(group["ttft_ms"]["n"]), 4)
+
+
 def _ratio(numerator: float, denominator: float) -> float:
     return round(numerator / denominator, 3) if denominator > 0 else 0.0
 
@@ -236,6 +245,8 @@ def headline(summaries: dict[str, dict[str, Any]]) -> dict[str, Any]:
         out["hot_burst_p99_ttft_lru_over_cost_aware"] = ratio
         out["hot_burst_hot_p99_ttft_ms_lru"] = _p99(lru, "prio")
         out["hot_burst_hot_p99_ttft_ms_cost_aware"] = _p99(aware, "prio")
+        for label, summary in (("lru", lru), ("cost_aware", aware)):
+            out[f"hot_burst_hot_in_l0_ratio_{label}"] = _in_l0(summary, "prio")
     storm, calm = summaries.get("cold-storm/storm"), summaries.get("cold-storm/no-storm")
     if storm is not None and calm is not None:
         ratio = _ratio(storm["warm_p99_ttft_ms"], calm["warm_p99_ttft_ms"])

@@ -43,7 +43,8 @@ def serve_markdown(result: dict[str, Any], cdf_png: str, hits_png: str) -> str:
 
 _RUN_COLUMNS = ["run", "requests", "completed", "statuses", "arrival_L0", "arrival_L3", "hit_L0",
                 "hit_L1", "hit_L2", "hit_L3", "thrash", "ttft_p50", "ttft_p99"]  # fmt: skip
-_GROUP_COLUMNS = ["run", "group", "n", "ttft_p50", "ttft_p90", "ttft_p99", "tpot_p50", "tpot_p99"]
+_GROUP_COLUMNS = ["run", "group", "n", "in_L0", "ttft_p50", "ttft_p90", "ttft_p99", "tpot_p50",
+                  "tpot_p99"]  # fmt: skip
 
 
 def _run_rows(runs: dict[str, dict[str, Any]]) -> list[dict[str, object]]:
@@ -65,7 +66,8 @@ def _group_rows(runs: dict[str, dict[str, Any]], key: str) -> list[dict[str, obj
         for group, q in s[key].items():
             ttft, tpot = q["ttft_ms"], q["tpot_ms"]
             rows.append({
-                "run": name, "group": group, "n": ttft["n"], "ttft_p50": ttft["p50"],
+                "run": name, "group": group, "n": ttft["n"],
+                "in_L0": q["tier_at_arrival"]["L0"], "ttft_p50": ttft["p50"],
                 "ttft_p90": ttft["p90"], "ttft_p99": ttft["p99"], "tpot_p50": tpot["p50"],
                 "tpot_p99": tpot["p99"],
             })  # fmt: skip

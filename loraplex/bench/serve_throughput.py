@@ -24,7 +24,7 @@ from loraplex.bench.workloads import TraceRequest
 
 if TYPE_CHECKING:
     from loraplex.adapters.identity import AdapterKey
-    from loraplex.engine.engine import AsyncEngine
+    from loraplex.engine.protocol import EngineClient
 
 
 @dataclass(frozen=True)
@@ -100,7 +100,7 @@ async def _http_round(
 
 
 async def _offline_round(
-    engine: AsyncEngine,
+    engine: EngineClient,
     keys: dict[tuple[str, str], AdapterKey],
     batch: list[tuple[TraceRequest, list[int]]],
     tag: str,
@@ -137,7 +137,7 @@ def measure_throughput(
     batch = _batch(config)
     warm = batch[: len(config.adapters)]
     values = serve_values(fleet, root / "in-process", options, 0)
-    local = build_server(merge({}, values))
+    local = build_server(merge({}, {**values, "engine_process": False}))
     http: list[float] = []
     offline: list[float] = []
     failures = 0

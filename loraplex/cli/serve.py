@@ -8,6 +8,7 @@ directory, and prints a sample API key per demo tenant and the admin key. Flags 
 from __future__ import annotations
 
 import os
+from dataclasses import replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Any
 
@@ -57,6 +58,10 @@ def serve_command(
     metrics_public: Annotated[
         bool | None, Opt("--metrics-public/--metrics-private", help="/metrics without a key.")
     ] = None,
+    engine_process: Annotated[
+        bool | None,
+        Opt("--engine-process/--engine-thread", help="Engine in its own process (default)."),
+    ] = None,
     no_demo: Annotated[bool, Opt("--no-demo", help="Do not register demo adapters.")] = False,
     threads: Annotated[
         int | None, Opt(help="torch threads (default: OMP_NUM_THREADS, else cores - 1).")
@@ -74,6 +79,7 @@ def serve_command(
         "max_num_seqs": max_num_seqs, "max_model_len": max_model_len,
         "queue_deadline_s": queue_deadline_s, "metrics_public": metrics_public,
         "demo": False if no_demo else None, "torch_threads": threads,
+        "engine_process": engine_process,
     }  # fmt: skip
     try:
         file_values = read_config_file(config) if config is not None else {}
@@ -91,7 +97,14 @@ def _run(settings: ServeConfig) -> None:
     from loraplex.errors import LoraplexError
     from loraplex.server.assembly import build_server
 
-    _set_torch_threads(settings.torch_threads, os.environ.get("OMP_NUM_THREADS"), os.cpu_count())
+    threads = settings.torch_threads
+    if threads is None:
+        threads = default_torch_threads(os.environ.get("OMP_NUM_THREADS"), os.cpu_count())
+    settings = replace(settings, torch_threads=threads)  # the engine process sets them too
+    if threads is not None and not settings.engine_process:
+        import torch
+
+        torch.set_num_threads(threads)
     try:
         server = build_server(settings)
     except (LoraplexError, ValueError) as exc:
@@ -115,14 +128,6 @@ def default_torch_threads(omp_num_threads: str | None, num_cores: int | None) ->
     if omp_num_threads:
         return None
     return max(1, (num_cores or 1) - 1)
-
-
-def _set_torch_threads(configured: int | None, omp: str | None, cores: int | None) -> None:
-    import torch
-
-    threads = configured if configured is not None else default_torch_threads(omp, cores)
-    if threads is not None:
-        torch.set_num_threads(threads)
 
 
 def _announce(host: str, port: int, admin: str, keys: dict[str, str]) -> None:

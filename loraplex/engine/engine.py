@@ -120,6 +120,44 @@ class Mailbox:
             outbox.put_nowait(item)
 
 
+async def outbox_stream(
+    outbox: Outbox, start: Callable[[], None], stop: Callable[[bool], None]
+) -> AsyncGenerator[TokenDelta, None]:
+    """Yields ``outbox``'s deltas until one finishes the request (an error item is raised).
+    ``start`` runs at the first iteration; ``stop(finished)`` runs however the stream ends
+    (``finished`` False: the consumer left early, so the request must be aborted)."""
+    finished = False
+    try:
+        start()
+        while not finished:
+            item = await outbox.get()
+            if isinstance(item, BaseException):
+                finished = True
+                raise item
+            finished = item.finish_reason is not None
+            yield item
+    finally:
+        stop(finished)
+
+
+def engine_load(core: EngineCore, max_loras: int) -> EngineLoad:
+    """``core``'s load now: its published queue view and the adapters ready in L0."""
+    view = core.view
+    running: tuple[AdapterKey, ...] = ()
+    if core.cache is not None:
+        running = tuple(core.cache.residency(Tier.L0))
+    resident = set(running)
+    return EngineLoad(
+        num_waiting=view.num_waiting,
+        num_adapter_wait=view.num_adapter_wait,
+        num_running=view.num_running,
+        kv_usage=view.kv_usage,
+        running_adapters=running,
+        waiting_adapters=tuple(k for k in view.queued_adapters if k not in resident),
+        max_loras=max_loras,
+    )
+
+
 class AsyncEngine:
     """EngineClient over an EngineThread (see ``protocol.EngineClient``)."""
 
@@ -140,7 +178,7 @@ class AsyncEngine:
     def cache(self) -> TieredAdapterCache | None:
         return self._core.cache
 
-    async def generate(self, request: EngineRequest) -> AsyncGenerator[TokenDelta, None]:
+    def generate(self, request: EngineRequest) -> AsyncGenerator[TokenDelta, None]:
         mailbox = self._mailbox(asyncio.get_running_loop())
         outbox: Outbox = asyncio.Queue()
 
@@ -153,19 +191,11 @@ class AsyncEngine:
             except Exception as exc:  # queue full, prompt too long, duplicate id
                 sink(exc)
 
-        self._thread.submit(add)
-        done = False
-        try:
-            while not done:
-                item = await outbox.get()
-                if isinstance(item, BaseException):
-                    done = True
-                    raise item
-                done = item.finish_reason is not None
-                yield item
-        finally:
-            if not done:
+        def stop(finished: bool) -> None:
+            if not finished:
                 self._thread.submit(lambda: self._core.abort(request.request_id))
+
+        return outbox_stream(outbox, lambda: self._thread.submit(add), stop)
 
     def _mailbox(self, loop: asyncio.AbstractEventLoop) -> Mailbox:
         with self._mailboxes_lock:
@@ -184,21 +214,7 @@ class AsyncEngine:
         self._thread.submit(lambda: self._core.abort(request_id))
 
     def load_snapshot(self) -> EngineLoad:
-        view = self._core.view
-        running: tuple[AdapterKey, ...] = ()
-        if self._core.cache is not None:
-            snapshot = self._core.cache.snapshot()
-            running = tuple(e.key for e in snapshot.entries if e.tier is Tier.L0 and e.ready)
-        resident = set(running)
-        return EngineLoad(
-            num_waiting=view.num_waiting,
-            num_adapter_wait=view.num_adapter_wait,
-            num_running=view.num_running,
-            kv_usage=view.kv_usage,
-            running_adapters=running,
-            waiting_adapters=tuple(k for k in view.queued_adapters if k not in resident),
-            max_loras=self._max_loras,
-        )
+        return engine_load(self._core, self._max_loras)
 
     def shutdown(self) -> None:
         """Stop the loop; live requests end with an error and every lease is released.

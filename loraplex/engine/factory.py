@@ -149,6 +149,19 @@ def build_engine(
     clock: Clock | None = None,
 ) -> AsyncEngine:
     """Load the base model and start the engine thread; ``runtime`` None serves the base only."""
+    core = build_engine_core(model_dir, config, runtime, clock=clock)
+    max_loras = 0 if runtime is None else runtime.pool.max_loras
+    return AsyncEngine(core, config.idle_wait_s, max_loras=max_loras)
+
+
+def build_engine_core(
+    model_dir: Path,
+    config: EngineConfig,
+    runtime: AdapterRuntime | None,
+    *,
+    clock: Clock | None = None,
+) -> EngineCore:
+    """The base model, paged KV cache, scheduler and runner around ``runtime`` (no thread)."""
     model = load_checkpoint(model_dir, dtype=_DTYPES[config.dtype], device=config.device)
     clock = clock or MonotonicClock()
     blocks = BlockManager(config.num_kv_blocks, config.block_size)
@@ -159,5 +172,4 @@ def build_engine(
     slot_lock = threading.Lock() if runtime is None else runtime.slot_lock
     runner = ModelRunner(model, kv, pool, slot_lock)
     cache = None if runtime is None else runtime.cache
-    core = EngineCore(scheduler, runner, cache, TextTokenizer(model_dir), clock, tenants=tenants)
-    return AsyncEngine(core, config.idle_wait_s, max_loras=0 if pool is None else pool.max_loras)
+    return EngineCore(scheduler, runner, cache, TextTokenizer(model_dir), clock, tenants=tenants)

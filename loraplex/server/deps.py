@@ -2,10 +2,15 @@
 
 from __future__ import annotations
 
+from concurrent.futures import Future
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Protocol
 
-from loraplex.adapters.cache import TieredAdapterCache
+from loraplex.adapters.cache_view import ResidencySnapshot
+from loraplex.adapters.identity import AdapterKey
+from loraplex.adapters.tiering import Tier
+from loraplex.adapters.warm import WarmPolicy
 from loraplex.engine.protocol import EngineClient
 from loraplex.registry import Registry
 from loraplex.server.chat import ChatTemplate
@@ -13,6 +18,25 @@ from loraplex.server.chat import ChatTemplate
 # Tenant API tokens start with this; an admin key must not, so the two can never be confused.
 TENANT_TOKEN_PREFIX = "lpx_"
 MIN_ADMIN_KEY_CHARS = 16
+
+
+class CacheControl(Protocol):
+    """What the HTTP layer asks of the adapter cache: ``TieredAdapterCache`` itself when the
+    engine runs in this process, ``engine.process.RemoteCache`` when it runs in a child."""
+
+    def snapshot(self) -> ResidencySnapshot: ...
+
+    def is_resident(self, key: AdapterKey, tier: Tier) -> bool: ...
+
+    def pin(self, key: AdapterKey, tier: Tier) -> Future[None]: ...
+
+    def prefetch(self, key: AdapterKey, tier: Tier) -> Future[None]: ...
+
+    def unpin(self, key: AdapterKey, tier: Tier) -> None: ...
+
+    def evict(self, key: AdapterKey, tier: Tier) -> bool: ...
+
+    def set_warm_policy(self, key: AdapterKey, warm: WarmPolicy | None) -> None: ...
 
 
 @dataclass(frozen=True)
@@ -62,5 +86,5 @@ class ServerDeps:
     config: ServerConfig  # the HTTP layer's settings
     engine: EngineClient  # generation (the real AsyncEngine or a test fake)
     registry: Registry  # tenants, keys, adapters and alias resolution
-    cache: TieredAdapterCache | None = None  # residency admin and cache metrics; None: absent
+    cache: CacheControl | None = None  # residency admin and cache metrics; None: absent
     chat: ChatTemplate | None = None  # chat template; None: /v1/chat/completions answers 400

@@ -32,10 +32,10 @@ from prometheus_client.core import (
 )
 from prometheus_client.registry import Collector
 
-from loraplex.adapters.cache import TieredAdapterCache
 from loraplex.adapters.identity import AdapterKey
 from loraplex.adapters.tiering import CACHED_TIERS, Tier
 from loraplex.engine.protocol import EngineClient, EngineLoad, TokenDelta
+from loraplex.server.deps import CacheControl
 
 CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
 _LATENCY_BUCKETS_S = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0)
@@ -91,7 +91,7 @@ class EngineCollector(Collector):
 class CacheCollector(Collector):
     """DESIGN.md §8 adapter-cache metrics from ``cache.snapshot()`` at scrape time."""
 
-    def __init__(self, cache: TieredAdapterCache) -> None:
+    def __init__(self, cache: CacheControl) -> None:
         self._cache = cache
 
     def collect(self) -> Iterator[Metric]:
@@ -149,7 +149,7 @@ class ServerMetrics:
     def __init__(
         self,
         engine: EngineClient,
-        cache: TieredAdapterCache | None,
+        cache: CacheControl | None,
         wall_clock: Callable[[], float] = time.time,
     ) -> None:
         self.registry = CollectorRegistry(auto_describe=True)

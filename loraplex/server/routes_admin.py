@@ -24,7 +24,6 @@ from fastapi.responses import JSONResponse
 from pydantic import BaseModel, ConfigDict, Field
 from starlette.concurrency import run_in_threadpool
 
-from loraplex.adapters.cache import TieredAdapterCache
 from loraplex.adapters.identity import AdapterKey
 from loraplex.adapters.manifest import CONFIG_FILE
 from loraplex.adapters.validate import WEIGHTS_FILE
@@ -48,7 +47,7 @@ from loraplex.server.admin_models import (
     inside_import_dir,
 )
 from loraplex.server.auth import ADMIN_ACTOR, DepsDep, require_admin
-from loraplex.server.deps import ServerDeps
+from loraplex.server.deps import CacheControl, ServerDeps
 from loraplex.server.errors import ApiError, invalid_request
 
 router = APIRouter(prefix="/admin", dependencies=[Depends(require_admin)])
@@ -56,7 +55,7 @@ ACTOR = ADMIN_ACTOR  # the audit log's actor for every change made here
 _CHUNK_BYTES = 1 << 20
 
 
-def _cache(deps: ServerDeps) -> TieredAdapterCache:
+def _cache(deps: ServerDeps) -> CacheControl:
     if deps.cache is None:
         raise ApiError(503, "this server has no adapter cache", "server_error", "no_cache")
     return deps.cache
@@ -257,7 +256,7 @@ def _entry(raw: dict[str, Any]) -> dict[str, Any]:
     return raw
 
 
-async def _target(body: ResidencyBody, deps: ServerDeps) -> tuple[TieredAdapterCache, AdapterKey]:
+async def _target(body: ResidencyBody, deps: ServerDeps) -> tuple[CacheControl, AdapterKey]:
     cache = _cache(deps)
     body.cache_tier()  # refuse a bad tier before touching the registry
     return cache, await run_in_threadpool(_key, deps, body.model)
@@ -274,20 +273,20 @@ async def _loading(future: Future[None], body: ResidencyBody) -> dict[str, objec
 async def pin(body: ResidencyBody, deps: DepsDep) -> Any:
     """Keep the revision in ``tier`` (loading it first); pinned copies are never evicted."""
     cache, key = await _target(body, deps)
-    return await _loading(cache.pin(key, body.cache_tier()), body)
+    return await _loading(await run_in_threadpool(cache.pin, key, body.cache_tier()), body)
 
 
 @router.post("/residency/prefetch")
 async def prefetch(body: ResidencyBody, deps: DepsDep) -> Any:
     """Load the revision into ``tier`` if the eviction policy finds it worth its victims."""
     cache, key = await _target(body, deps)
-    return await _loading(cache.prefetch(key, body.cache_tier()), body)
+    return await _loading(await run_in_threadpool(cache.prefetch, key, body.cache_tier()), body)
 
 
 @router.post("/residency/unpin")
 async def unpin(body: ResidencyBody, deps: DepsDep) -> Any:
     cache, key = await _target(body, deps)
-    cache.unpin(key, body.cache_tier())
+    await run_in_threadpool(cache.unpin, key, body.cache_tier())
     return {"model": body.model, "tier": body.cache_tier().name, "status": "unpinned"}
 
 
@@ -295,7 +294,7 @@ async def unpin(body: ResidencyBody, deps: DepsDep) -> Any:
 async def evict(body: ResidencyBody, deps: DepsDep) -> Any:
     """Drop the copy in ``tier`` unless it is pinned, in use or loading."""
     cache, key = await _target(body, deps)
-    evicted = cache.evict(key, body.cache_tier())
+    evicted = await run_in_threadpool(cache.evict, key, body.cache_tier())
     return {"model": body.model, "tier": body.cache_tier().name, "evicted": evicted}
 
 

@@ -55,6 +55,9 @@ class ServeConfig:
     store: str | None = None  # artifact store directory or s3://bucket/prefix
     s3_endpoint: str | None = None  # S3-compatible endpoint
     metrics_public: bool = False  # /metrics without the admin credential
+    # run the engine in its own process (HTTP and model execution then do not share one
+    # interpreter lock); false: on a thread of the server process
+    engine_process: bool = True
     # torch intra-op threads; None: one per core but one (left to the event loop), unless
     # OMP_NUM_THREADS is set (the CLI resolves it)
     torch_threads: int | None = None

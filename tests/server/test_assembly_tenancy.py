@@ -9,8 +9,9 @@ from typing import TYPE_CHECKING
 from fastapi.testclient import TestClient
 
 from loraplex.adapters.tiering import Tier
-from loraplex.server.assembly import Server, build_server, settings_of
+from loraplex.server.assembly import Server, build_server
 from loraplex.server.serve_config import ServeConfig
+from loraplex.server.worker import settings_of
 
 if TYPE_CHECKING:
     from loraplex.demo.assets import DemoAssets
@@ -20,8 +21,10 @@ AUTH = {"Authorization": f"Bearer {ADMIN}"}
 
 
 def _server(assets: DemoAssets, data_dir: Path) -> Server:
+    """The engine on a thread, so the test can read the runtime it shares with the app."""
     config = ServeConfig(data_dir=data_dir, model=assets.base_model_dir, demo=False,
-                         admin_key=ADMIN, max_loras=4, max_num_seqs=4)  # fmt: skip
+                         admin_key=ADMIN, max_loras=4, max_num_seqs=4,
+                         engine_process=False)  # fmt: skip
     return build_server(config)
 
 

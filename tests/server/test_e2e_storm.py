@@ -22,10 +22,10 @@ from loraplex.engine.engine import AsyncEngine
 from loraplex.engine.factory import AdapterRuntimeConfig, build_adapter_runtime, build_engine
 from loraplex.registry import RegistryConfig, open_registry
 from loraplex.server.app import create_app
-from loraplex.server.assembly import RegistryResolver
 from loraplex.server.bootstrap import register_demo, sample_keys
 from loraplex.server.chat import ChatTemplate
 from loraplex.server.deps import ServerConfig, ServerDeps
+from loraplex.server.worker import RegistryResolver
 
 ADMIN_KEY = "storm-admin-credential-0123456789"
 
