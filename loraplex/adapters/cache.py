@@ -299,6 +299,21 @@ class TieredAdapterCache:
         outgoing = [self.candidate(v.key, v.tier, v.size_bytes, v.loaded_at_s) for v in victims]
         return self.policy.admits(incoming, outgoing, now)
 
+    def deferral_s(
+        self, move: Move, footprint: Footprint, victims: list[ResidentEntry], waited_s: float
+    ) -> float:
+        """How much longer a demand load waits for a copy in use to free instead of displacing
+        ``victims`` now (the policy's bounded deferral; 0: displace now)."""
+        ledger = self.ledgers[move.target]
+        in_use = [e for e in ledger.entries.values() if e.ready and e.refcount > 0 and not e.pinned]
+        held = [self.candidate(e.key, e.tier, e.size_bytes, e.loaded_at_s) for e in in_use]
+        if not held:
+            return 0.0
+        now = self.clock.now()
+        incoming = self.candidate(move.key, move.target, footprint.bytes_in(move.target), now)
+        outgoing = [self.candidate(v.key, v.tier, v.size_bytes, v.loaded_at_s) for v in victims]
+        return self.policy.deferral_s(incoming, outgoing, held, waited_s, now)
+
     def touch(self, key: AdapterKey, now_s: float) -> AdapterHistory:
         history = self.history.setdefault(key, AdapterHistory())
         history.rates.record(now_s)

@@ -192,6 +192,11 @@ class LoadFlow:
             and victims
             and not self.cache.admits(move, footprint, victims)
         )
+        if victims and not job.optional and any(w.wants_lease for w in job.waiters):
+            wait_s = self.cache.deferral_s(move, footprint, victims, self._waited_s(job))
+            if wait_s > 0:
+                self._defer(job, wait_s)
+                return
         if victims is None or refused:
             if job.optional:
                 self._fail(
@@ -221,11 +226,30 @@ class LoadFlow:
             self.evict_entry(victim)
         now = self.cache.clock.now()
         job.reserved = ledger.reserve(job.key, size, now)
-        self._record(job, {Stage.RESERVE: now - (job.blocked_since_s or now)})
+        self._record(job, {Stage.RESERVE: self._waited_s(job)})
         slot = job.reserved.slot
         self._run(
             job, lambda: self.pipeline.install(move, prepared, slot, job.cancel), self._on_installed
         )
+
+    def _defer(self, job: LoadJob, wait_s: float) -> None:
+        """Blocks ``job`` for up to ``wait_s``: a release retries it sooner, a timer then."""
+        if job not in self.blocked:
+            self.blocked.append(job)
+        if job.defer_timer is None:
+            job.defer_timer = self.executor.call_at(self.cache.clock.now() + wait_s,
+                                                    lambda: self._retry_deferred(job))  # fmt: skip
+
+    def _retry_deferred(self, job: LoadJob) -> None:
+        with self.cache.lock:
+            job.defer_timer = None
+            if job in self.blocked:
+                self.retry_blocked()
+
+    def _waited_s(self, job: LoadJob) -> float:
+        """Seconds ``job`` has waited for room in its target tier."""
+        since = job.blocked_since_s
+        return 0.0 if since is None else self.cache.clock.now() - since
 
     def _on_installed(self, job: LoadJob, seconds: dict[Stage, float]) -> None:
         entry, move, prepared = job.reserved, job.move, job.prepared

@@ -84,6 +84,7 @@ class LoadJob:
     reserved: ResidentEntry | None = None  # room taken in move.target, not ready yet
     started: bool = False  # out of the queue (counts against the concurrency bounds)
     blocked_since_s: float | None = None  # waiting for room since
+    defer_timer: TimerHandle | None = None  # retries a deferred placement (policy deferral)
     seconds: dict[Stage, float] = field(default_factory=dict)  # accumulated stage durations
     # NOTE: `busy` is True while a phase runs off-lock; deadline expiry then only sets `cancel`
     # and the phase's completion undoes the job.

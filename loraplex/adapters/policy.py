@@ -38,6 +38,19 @@ class EvictionPolicy(Protocol):
         """All candidates, most evictable first."""
         ...
 
+    def deferral_s(
+        self,
+        incoming: Candidate,
+        victims: Sequence[Candidate],
+        held: Sequence[Candidate],
+        waited_s: float,
+        now_s: float,
+    ) -> float:
+        """How much longer a demand load should wait for room rather than displace ``victims``
+        now (0: displace now). ``held`` are the tier's copies in use (evictable once their
+        leases end), ``waited_s`` how long the load has waited so far."""
+        ...
+
     def admits(self, incoming: Candidate, victims: Sequence[Candidate], now_s: float) -> bool:
         """Whether an optional load (prefetch, promotion) may displace ``victims``."""
         ...
@@ -54,6 +67,16 @@ class LruPolicy:
     def admits(self, incoming: Candidate, victims: Sequence[Candidate], now_s: float) -> bool:
         return True
 
+    def deferral_s(
+        self,
+        incoming: Candidate,
+        victims: Sequence[Candidate],
+        held: Sequence[Candidate],
+        waited_s: float,
+        now_s: float,
+    ) -> float:
+        return 0.0
+
 
 @dataclass(frozen=True)
 class CostAwareConfig:
@@ -63,12 +86,19 @@ class CostAwareConfig:
     hysteresis: float = 0.25  # an optional load must beat its victims' score by this fraction
     recency_tau_s: float = 60.0  # recency term 1 / (age + tau): bounded for just-used adapters
     short_weight: float = 0.7  # weight of the 1-minute rate against the 5-minute one
+    # A demand load of a lower-priority tenant waits up to this long for a copy in use that is
+    # worth less than its victims to free up, rather than displace a higher-priority tenant's
+    # copy worth far more (a batch tenant's burst of one-off adapters then cycles through the
+    # slots its own requests hold, not through the hot set).
+    demand_defer_s: float = 1.0
 
     def __post_init__(self) -> None:
         if self.min_residency_s < 0:
             raise ValueError(f"min_residency_s {self.min_residency_s} is invalid; expected >= 0")
         if self.hysteresis < 0:
             raise ValueError(f"hysteresis {self.hysteresis} is invalid; expected >= 0")
+        if self.demand_defer_s < 0:
+            raise ValueError(f"demand_defer_s {self.demand_defer_s} is invalid; expected >= 0")
         if self.recency_tau_s <= 0:
             raise ValueError(f"recency_tau_s {self.recency_tau_s} is invalid; expected > 0")
         if not 0 <= self.short_weight <= 1:
@@ -113,6 +143,27 @@ class CostAwarePolicy:
             return True
         bar = max(self.keep_score(v, now_s) for v in victims) * (1 + self.config.hysteresis)
         return self.keep_score(incoming, now_s) > bar
+
+    def deferral_s(
+        self,
+        incoming: Candidate,
+        victims: Sequence[Candidate],
+        held: Sequence[Candidate],
+        waited_s: float,
+        now_s: float,
+    ) -> float:
+        """Wait out the rest of ``demand_defer_s`` when a victim of a higher-priority tenant is
+        worth more than the newcomer by the hysteresis margin and a cheaper copy is only held
+        by leases. Within one priority class loads never wait (a rotating hot set must be able
+        to displace the old one at once)."""
+        left = self.config.demand_defer_s - waited_s
+        above = [v for v in victims if v.priority > incoming.priority]
+        if left <= 0 or not above or not held:
+            return 0.0
+        protect = max(self.keep_score(v, now_s) for v in above)
+        if self.keep_score(incoming, now_s) * (1 + self.config.hysteresis) >= protect:
+            return 0.0
+        return left if min(self.keep_score(c, now_s) for c in held) < protect else 0.0
 
 
 _POLICIES: dict[str, Callable[[], EvictionPolicy]] = {}

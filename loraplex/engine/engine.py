@@ -124,20 +124,41 @@ async def outbox_stream(
     outbox: Outbox, start: Callable[[], None], stop: Callable[[bool], None]
 ) -> AsyncGenerator[TokenDelta, None]:
     """Yields ``outbox``'s deltas until one finishes the request (an error item is raised).
-    ``start`` runs at the first iteration; ``stop(finished)`` runs however the stream ends
-    (``finished`` False: the consumer left early, so the request must be aborted)."""
+    Deltas that queued up while the consumer was busy come out merged into one (a consumer
+    that falls behind catches up with one SSE event, not one per token). ``start`` runs at the
+    first iteration; ``stop(finished)`` runs however the stream ends (``finished`` False: the
+    consumer left early, so the request must be aborted)."""
     finished = False
+    pending: TokenDelta | BaseException | None = None
     try:
         start()
         while not finished:
-            item = await outbox.get()
+            item = pending if pending is not None else await outbox.get()
+            pending = None
             if isinstance(item, BaseException):
                 finished = True
                 raise item
+            while item.finish_reason is None and not outbox.empty():
+                following = outbox.get_nowait()
+                if isinstance(following, BaseException):
+                    pending = following
+                    break
+                item = merge_deltas(item, following)
             finished = item.finish_reason is not None
             yield item
     finally:
         stop(finished)
+
+
+def merge_deltas(first: TokenDelta, second: TokenDelta) -> TokenDelta:
+    """One delta for two consecutive ones of the same request."""
+    return TokenDelta(
+        token_ids=first.token_ids + second.token_ids,
+        text=first.text + second.text,
+        finish_reason=second.finish_reason,
+        prompt_tokens=second.prompt_tokens,
+        completion_tokens=second.completion_tokens,
+    )
 
 
 def engine_load(core: EngineCore, max_loras: int) -> EngineLoad:

@@ -105,3 +105,17 @@ def test_rolling_rates_decay_per_window() -> None:
     assert now.per_5m == pytest.approx(2.0 * (1 - 2.718281828**-1), rel=0.05)
     later = rates.rates(900.0)
     assert later.per_1m < 0.001 < later.per_1h
+
+
+def test_demand_deferral_protects_valuable_victims_for_a_bounded_time() -> None:
+    policy = CostAwarePolicy(CostAwareConfig(demand_defer_s=1.0))
+    hot = cand("hot", rate=5.0, priority=4.0)
+    one_off, busy_one_off = cand("new", rate=0.02, priority=0.25), cand("busy", rate=0.02)
+    assert policy.deferral_s(one_off, [hot], [busy_one_off], 0.25, NOW) == pytest.approx(0.75)
+    assert policy.deferral_s(one_off, [hot], [busy_one_off], 1.0, NOW) == 0.0  # waited enough
+    assert policy.deferral_s(one_off, [hot], [], 0.0, NOW) == 0.0  # nothing will free up
+    dear = cand("dear", rate=30.0, priority=4.0)
+    assert policy.deferral_s(one_off, [hot], [dear], 0.0, NOW) == 0.0  # no cheaper copy to await
+    same_class = cand("rising", rate=0.5, priority=4.0)
+    assert policy.deferral_s(same_class, [hot], [busy_one_off], 0.0, NOW) == 0.0
+    assert LruPolicy().deferral_s(one_off, [hot], [busy_one_off], 0.0, NOW) == 0.0

@@ -1,0 +1,67 @@
+"""A demand load for a low-value adapter waits (boundedly) for a slot its own kind holds instead
+of evicting a hot adapter: cost_aware defers, lru (the vLLM baseline) never does."""
+
+from __future__ import annotations
+
+from cache_kit import Rig, key, make_rig
+
+from loraplex.adapters.tiering import Tier
+
+HOT = key("prio", "hot")
+BUSY, NEW = key("batch", "busy"), key("batch", "new")
+
+
+def _rig(policy: str) -> Rig:
+    rig = make_rig(policy, slots=2, default_deadline_s=30.0)
+    rig.cache.set_tenant_limits({"prio": 4.0, "batch": 0.25}, {})
+    for _ in range(20):  # a steadily used adapter, idle right now
+        future = rig.cache.acquire_future(HOT)
+        rig.settle(0.5)
+        future.result(timeout=0).release()
+    return rig
+
+
+def test_cost_aware_waits_for_the_busy_one_off_instead_of_evicting_the_hot_adapter() -> None:
+    rig = _rig("cost_aware")
+    busy = rig.cache.acquire_future(BUSY)
+    rig.settle(0.5)
+    held = busy.result(timeout=0)
+    waiting = rig.cache.acquire_future(NEW)
+    rig.settle(0.5)  # within demand_defer_s (1 s)
+    assert not waiting.done()
+    assert rig.cache.is_resident(HOT, Tier.L0)
+    rig.check()
+    held.release()  # the one-off's slot frees: the waiting load takes it
+    rig.settle(0.1)
+    lease = waiting.result(timeout=0)
+    assert lease.slot == held.slot
+    assert rig.cache.is_resident(HOT, Tier.L0) and not rig.cache.is_resident(BUSY, Tier.L0)
+    rig.check()
+    stats = rig.cache.snapshot().stats
+    assert stats.evictions.get(Tier.L0, 0) == 1
+
+
+def test_the_deferral_is_bounded_then_the_load_displaces_what_it_must() -> None:
+    rig = _rig("cost_aware")
+    busy = rig.cache.acquire_future(BUSY)
+    rig.settle(0.5)
+    busy.result(timeout=0)  # held for the whole test
+    waiting = rig.cache.acquire_future(NEW)
+    rig.settle(0.9)
+    assert not waiting.done()
+    rig.settle(0.5)  # past demand_defer_s: the timer retries, the hot adapter goes
+    assert waiting.result(timeout=0).key == NEW
+    assert not rig.cache.is_resident(HOT, Tier.L0)
+    rig.check()
+
+
+def test_lru_evicts_the_idle_hot_adapter_at_once() -> None:
+    rig = _rig("lru")
+    busy = rig.cache.acquire_future(BUSY)
+    rig.settle(0.5)
+    busy.result(timeout=0)
+    waiting = rig.cache.acquire_future(NEW)
+    rig.settle(0.1)
+    assert waiting.result(timeout=0).key == NEW
+    assert not rig.cache.is_resident(HOT, Tier.L0)
+    rig.check()
