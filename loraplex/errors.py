@@ -85,6 +85,10 @@ class RegistryError(LoraplexError):
     """The control-plane store refused an operation (conflict, unknown tenant, ...)."""
 
 
+class RecordNotFoundError(RegistryError):
+    """A tenant or API key an operator named does not exist (the admin API's 404)."""
+
+
 class RevisionConflictError(RegistryError):
     """An immutable revision was re-registered with different content."""
 

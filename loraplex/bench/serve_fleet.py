@@ -46,6 +46,16 @@ STORM_GPU_SLOTS = 4
 STORM_COLD_LOADS = 1
 
 
+# ``loraplex serve``, asking Linux first (prctl PR_SET_PDEATHSIG) to SIGTERM it when the benchmark
+# process dies, so no server outlives a killed run; elsewhere it just serves.
+_SERVE = (
+    "import ctypes, signal, sys\n"
+    "if sys.platform == 'linux':\n"
+    "    ctypes.CDLL(None).prctl(1, signal.SIGTERM)\n"
+    "from loraplex.cli import main; main()"
+)
+
+
 @dataclass(frozen=True)
 class Fleet:
     """A prepared registry every server run of one benchmark shares."""
@@ -170,7 +180,7 @@ def serving(
     port = _free_port()
     config = _write_config(fleet, data_dir, options, port)
     env = {**os.environ, "OMP_NUM_THREADS": str(options.torch_threads)}
-    command = [sys.executable, "-c", "from loraplex.cli import main; main()", "serve"]
+    command = [sys.executable, "-c", _SERVE, "serve"]
     log = (data_dir / "server.log").open("wb")
     process = subprocess.Popen(
         [*command, "--config", str(config)], stdout=log, stderr=subprocess.STDOUT, env=env,

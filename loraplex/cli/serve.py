@@ -58,6 +58,12 @@ def serve_command(
     metrics_public: Annotated[
         bool | None, Opt("--metrics-public/--metrics-private", help="/metrics without a key.")
     ] = None,
+    admin_host: Annotated[
+        str | None, Opt(help="Admin API address (default: --host; needs --admin-port).")
+    ] = None,
+    admin_port: Annotated[
+        int | None, Opt(help="Serve /admin and /metrics only on this port (default: off).")
+    ] = None,
     engine_process: Annotated[
         bool | None,
         Opt("--engine-process/--engine-thread", help="Engine in its own process (default)."),
@@ -79,7 +85,7 @@ def serve_command(
         "max_num_seqs": max_num_seqs, "max_model_len": max_model_len,
         "queue_deadline_s": queue_deadline_s, "metrics_public": metrics_public,
         "demo": False if no_demo else None, "torch_threads": threads,
-        "engine_process": engine_process,
+        "engine_process": engine_process, "admin_host": admin_host, "admin_port": admin_port,
     }  # fmt: skip
     try:
         file_values = read_config_file(config) if config is not None else {}
@@ -96,6 +102,7 @@ def _run(settings: ServeConfig) -> None:
 
     from loraplex.errors import LoraplexError
     from loraplex.server.assembly import build_server
+    from loraplex.server.listeners import bind_all, guarded
 
     threads = settings.torch_threads
     if threads is None:
@@ -105,16 +112,23 @@ def _run(settings: ServeConfig) -> None:
         import torch
 
         torch.set_num_threads(threads)
+    try:  # bind first: a busy port fails before the model loads
+        sockets = bind_all(settings.host, settings.port, settings.admin_host, settings.admin_port)
+    except OSError as exc:
+        typer.echo(f"error: cannot listen: {exc}", err=True)
+        raise typer.Exit(1) from exc
     try:
         server = build_server(settings)
     except (LoraplexError, ValueError) as exc:
+        for sock in sockets:
+            sock.close()
         typer.echo(f"error: {exc}", err=True)
         raise typer.Exit(1) from exc
     try:
-        _announce(settings.host, settings.port, server.admin_key, server.sample_keys)
+        _announce(settings, server.admin_key, server.sample_keys)
         # The app has no startup/shutdown hooks: resources are built before and closed after.
-        uvicorn.run(server.app, host=settings.host, port=settings.port,
-                    log_level="info", lifespan="off")  # fmt: skip
+        config = uvicorn.Config(guarded(server.app, sockets), log_level="info", lifespan="off")
+        uvicorn.Server(config).run(sockets=sockets)
     except KeyboardInterrupt:
         typer.echo("stopped")
     finally:
@@ -130,9 +144,12 @@ def default_torch_threads(omp_num_threads: str | None, num_cores: int | None) ->
     return max(1, (num_cores or 1) - 1)
 
 
-def _announce(host: str, port: int, admin: str, keys: dict[str, str]) -> None:
-    url = f"http://{host}:{port}"
+def _announce(settings: ServeConfig, admin: str, keys: dict[str, str]) -> None:
+    url = f"http://{settings.host}:{settings.port}"
     typer.echo(f"loraplex serving on {url}  (OpenAI API at {url}/v1)")
+    if settings.admin_port is not None:
+        admin_url = f"http://{settings.admin_host or settings.host}:{settings.admin_port}"
+        typer.echo(f"admin API and /metrics only on {admin_url}")
     typer.echo(f"admin key:   {admin}")
     for tenant, tenant_key in sorted(keys.items()):
         typer.echo(f"{tenant + ' key:':<12} {tenant_key}")

@@ -17,7 +17,7 @@ from __future__ import annotations
 import logging
 from collections.abc import Callable
 from concurrent.futures import Future
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from loraplex.adapters.cache import TieredAdapterCache
 from loraplex.adapters.identity import AdapterKey
@@ -31,6 +31,7 @@ from loraplex.engine.runner import ModelRunner
 from loraplex.engine.scheduler import Scheduler
 from loraplex.engine.tenancy import TenantBook
 from loraplex.errors import CapacityError, QueueTimeoutError
+from loraplex.model.sampler import SamplingParams
 from loraplex.model.tokenizer import TextTokenizer
 
 # Receives a request's deltas, or the error that ended it; called on the engine thread.
@@ -121,16 +122,27 @@ class EngineCore:
         if worked:
             params = {c.request_id: self.scheduler.requests[c.request_id].request.params
                       for c in plan.chunks if c.samples}  # fmt: skip
-            sampled = self.runner.run(plan, params)
+            sampled = self.runner.run(plan, params, self._banned(params))
             self.scheduler.update(plan, sampled)
             for request_id, token in sampled.items():
                 self._emit(self.scheduler.requests[request_id], token)
         self._publish()
         return worked
 
+    def _banned(self, params: dict[str, SamplingParams]) -> dict[str, frozenset[int]]:
+        """EOS ids per request still short of its ``min_tokens`` (as vLLM: unless ignore_eos)."""
+        eos = self.tokenizer.eos_token_ids
+        return {
+            rid: eos
+            for rid, p in params.items()
+            if not p.ignore_eos and len(self._outputs[rid].token_ids) < p.min_tokens
+        }
+
     def _emit(self, req: Request, token: int) -> None:
         at_limit = req.num_tokens >= self.scheduler.config.max_model_len
         delta = self._outputs[req.request_id].append(token, at_max_model_len=at_limit)
+        if delta.completion_tokens == 1 and req.first_scheduled_s is not None:
+            delta = replace(delta, queue_s=max(0.0, req.first_scheduled_s - req.arrival_s))
         self._send(req.request_id, delta)
         if delta.finish_reason is not None:
             self._retire(req, RequestState.FINISHED, delta.finish_reason, None)

@@ -58,6 +58,7 @@ class TokenDelta:
     finish_reason: str | None  # None while running; "stop" | "length" | "abort"
     prompt_tokens: int  # prompt length in tokens
     completion_tokens: int  # tokens generated so far (including these)
+    queue_s: float | None = None  # on a request's first delta: seconds queued before it ran
 
 
 @dataclass(frozen=True)

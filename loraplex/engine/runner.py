@@ -36,8 +36,15 @@ class ModelRunner:
         self.slot_lock = slot_lock
         self._generators: dict[str, torch.Generator | None] = {}
 
-    def run(self, plan: StepPlan, params: Mapping[str, SamplingParams]) -> dict[str, int]:
-        """One forward over ``plan``; returns the sampled token of every sampling chunk."""
+    def run(
+        self,
+        plan: StepPlan,
+        params: Mapping[str, SamplingParams],
+        banned: Mapping[str, frozenset[int]] | None = None,
+    ) -> dict[str, int]:
+        """One forward over ``plan``; returns the sampled token of every sampling chunk.
+        ``banned`` token ids cannot be sampled for that request this step (EOS before
+        ``min_tokens``)."""
         chunks = [SequenceChunk(c.seq_id, c.start_pos, len(c.token_ids)) for c in plan.chunks]
         tokens = [t for c in plan.chunks for t in c.token_ids]
         slots = None
@@ -52,8 +59,13 @@ class ModelRunner:
         if not rows:
             return {}
         ids = [plan.chunks[i].request_id for i in rows]
+        picked = logits[rows]
+        for row, request_id in enumerate(ids):
+            tokens_out = (banned or {}).get(request_id)
+            if tokens_out:
+                picked[row, sorted(tokens_out)] = float("-inf")
         chosen = sample_next(
-            logits[rows], [params[r] for r in ids], [self._generator(r, params[r]) for r in ids]
+            picked, [params[r] for r in ids], [self._generator(r, params[r]) for r in ids]
         )
         return dict(zip(ids, chosen, strict=True))
 

@@ -6,7 +6,7 @@ Each change runs in one write transaction together with its audit row.
 from __future__ import annotations
 
 from loraplex.adapters.identity import check_name
-from loraplex.errors import AuthenticationError, RegistryError
+from loraplex.errors import AuthenticationError, RecordNotFoundError, RegistryError
 from loraplex.registry import keys
 from loraplex.registry.models import ApiKeyInfo, IssuedKey, PriorityClass, Tenant, TenantQuotas
 from loraplex.registry.sql import audit
@@ -57,7 +57,7 @@ def set_limits(
 def require_tenant(tx: Tx, name: str) -> Tenant:
     tenant = rows.get_tenant(tx, name)
     if tenant is None:
-        raise RegistryError(f"tenant {name!r} does not exist")
+        raise RecordNotFoundError(f"tenant {name!r} does not exist")
     return tenant
 
 
@@ -75,7 +75,7 @@ def revoke_key(db: Database, key_id: str, actor: str, now: float) -> ApiKeyInfo:
     with db.transaction() as tx:
         stored = rows.get_key(tx, key_id)
         if stored is None:
-            raise RegistryError(f"API key {key_id!r} does not exist")
+            raise RecordNotFoundError(f"API key {key_id!r} does not exist")
         if stored.info.revoked_at is not None:
             return stored.info
         rows.revoke_key(tx, key_id, now)

@@ -29,6 +29,7 @@ from loraplex.errors import (
     PathOutsideStoreError,
     QueueFullError,
     QueueTimeoutError,
+    RecordNotFoundError,
     RegistryError,
     RevisionConflictError,
 )
@@ -113,6 +114,8 @@ def to_api_error(exc: Exception, context: ErrorContext) -> ApiError:
             return ApiError(422, str(exc), "invalid_request_error", "invalid_adapter")
         message = "the adapter revision could not be loaded; an operator has to fix or replace it"
         return ApiError(500, message, "server_error", "adapter_load_failed")
+    if isinstance(exc, RecordNotFoundError):
+        return ApiError(404, str(exc), "invalid_request_error", "not_found")
     if isinstance(exc, RevisionConflictError):
         return ApiError(409, str(exc), "invalid_request_error", "revision_conflict")
     if isinstance(exc, PathOutsideStoreError):

@@ -165,6 +165,10 @@ class ServerMetrics:
             "request_tpot_seconds", "Mean seconds per output token after the first.", labels,
             buckets=_LATENCY_BUCKETS_S, registry=self.registry,
         )  # fmt: skip
+        self.queue_wait = Histogram(
+            "request_queue_wait_seconds", "Arrival at the engine to first scheduled.", labels,
+            buckets=_LATENCY_BUCKETS_S, registry=self.registry,
+        )  # fmt: skip
         self.requests = Counter(
             "requests", "Finished generation requests.", ("priority_class", "outcome"),
             registry=self.registry,
@@ -218,6 +222,8 @@ class RequestObservation:
         self._finished = False
 
     def on_delta(self, delta: TokenDelta, now_s: float) -> None:
+        if delta.queue_s is not None:
+            self._metrics.queue_wait.labels(*self._labels).observe(delta.queue_s)
         if delta.token_ids and self._first_s is None:
             self._first_s = now_s
             self._metrics.ttft.labels(*self._labels).observe(now_s - self._arrived_s)

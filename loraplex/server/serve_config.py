@@ -32,6 +32,9 @@ class ServeConfig:
     data_dir: Path  # registry database, artifact store, adapter disk cache, demo assets, secrets
     host: str = "127.0.0.1"  # listen address
     port: int = 8000  # listen port
+    # a separate listener for /admin and /metrics (then only there); None: on the main port
+    admin_port: int | None = None
+    admin_host: str | None = None  # the admin listener's address; None: ``host``
     model: Path | None = None  # base model directory; None: the generated demo model
     demo: bool = True  # with the demo model: register demo tenants/adapters, print sample keys
     admin_key: str | None = None  # the admin credential; None: generated once, kept in data_dir
@@ -65,6 +68,19 @@ class ServeConfig:
     def __post_init__(self) -> None:
         if not 0 <= self.port <= 65535:
             raise ValueError(f"port {self.port} is invalid; expected 0-65535")
+        if self.admin_port is not None and not 0 <= self.admin_port <= 65535:
+            raise ValueError(f"admin_port {self.admin_port} is invalid; expected 0-65535")
+        if (
+            self.admin_port
+            and self.admin_port == self.port
+            and self.admin_host in (None, self.host)
+        ):
+            raise ValueError(
+                f"admin_port {self.admin_port} is invalid; expected another port than port "
+                f"{self.port}"
+            )
+        if self.admin_host is not None and self.admin_port is None:
+            raise ValueError("admin_host is set without admin_port; expected both or neither")
         if self.policy not in POLICIES:
             raise ValueError(f"policy {self.policy!r} is invalid; expected one of {POLICIES}")
         if self.dtype not in _PARAM_BYTES:

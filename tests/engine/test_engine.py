@@ -80,7 +80,10 @@ def test_every_demo_probe_answers_through_the_engine(stack: Stack) -> None:
     for adapter, deltas in zip(adapters, results, strict=True):
         assert text_of(deltas) == adapter.expected_continuation, adapter.ref
         assert deltas[-1].finish_reason in (FINISH_STOP, FINISH_LENGTH)
-        assert deltas[-1].completion_tokens == len(deltas)
+        assert deltas[-1].completion_tokens == sum(len(d.token_ids) for d in deltas)
+        queue_s = deltas[0].queue_s  # the queue wait rides on the first delta only
+        assert queue_s is not None and queue_s >= 0
+        assert all(d.queue_s is None for d in deltas[1:])
     _assert_idle(stack)
 
 
@@ -203,4 +206,27 @@ def _cold_storm(stack: Stack) -> None:
 
     asyncio.run(run())
     asyncio.run(wait_until(lambda: stack.runtime.cache.snapshot().num_loading == 0))
+    _assert_idle(stack)
+
+
+def test_eos_cannot_be_sampled_before_min_tokens(stack: Stack) -> None:
+    adapter = stack.assets.adapters[0]
+    eos = stack.engine.tokenizer.eos_token_ids
+    ids = tuple(stack.engine.tokenizer.encode(adapter.probe_prompt))
+    floor = adapter.probe_max_tokens + 6
+    params = SamplingParams(max_tokens=floor + 4, min_tokens=floor)
+    free = EngineRequest("free", adapter.tenant, stack.key(adapter), ids,
+                         SamplingParams(max_tokens=floor + 4))  # fmt: skip
+    held = EngineRequest("held", adapter.tenant, stack.key(adapter), ids, params)
+
+    async def run() -> tuple[list, list]:  # type: ignore[type-arg]
+        return await collect(stack.engine, free), await collect(stack.engine, held)
+
+    unconstrained, constrained = asyncio.run(run())
+    unconstrained_ids = [t for d in unconstrained for t in d.token_ids]
+    assert unconstrained_ids[-1] in eos  # the probe's continuation ends with EOS by itself
+    out = [t for d in constrained for t in d.token_ids]
+    assert len(out) >= floor
+    assert not set(out[:floor]) & eos
+    assert text_of(constrained).startswith(adapter.expected_continuation)
     _assert_idle(stack)

@@ -25,6 +25,7 @@ from loraplex.model.tokenizer import TextTokenizer
 
 BOS = 1
 EOS = 2
+QUEUE_S = 0.03  # the queue wait the fake reports on every first delta
 _OFFSET = 3
 
 
@@ -97,8 +98,9 @@ class FakeEngine:
                 )
                 text += piece
                 finished = last
+                queued = QUEUE_S if count == 1 else None
                 yield TokenDelta(
-                    (count + _OFFSET,), piece, reason, len(request.prompt_token_ids), count
+                    (count + _OFFSET,), piece, reason, len(request.prompt_token_ids), count, queued
                 )
                 if last:
                     return

@@ -29,6 +29,10 @@ def test_tenants_and_keys(rig: Rig) -> None:
     assert again.status_code == 400 and again.json()["error"]["code"] == "invalid_request"
     keys = rig.client.get("/admin/keys", params={"tenant": "umbrella"}, headers=rig.admin).json()
     assert len(keys) == 1 and "token" not in keys[0]
+    for missing in (rig.client.post("/admin/tenants/nobody/keys", headers=rig.admin),
+                    rig.client.delete("/admin/keys/no-such-key", headers=rig.admin)):  # fmt: skip
+        assert missing.status_code == 404, missing.text
+        assert missing.json()["error"]["code"] == "not_found"
 
 
 def test_register_from_the_import_directory_then_serve(rig: Rig) -> None:

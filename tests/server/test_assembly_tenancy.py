@@ -59,7 +59,7 @@ def test_admin_changes_reach_the_running_cache(demo_assets: DemoAssets, tmp_path
                               headers={"Authorization": f"Bearer {key}"})  # fmt: skip
             assert denied.status_code == 401
             missing = http.put("/admin/tenants/nobody", json=update, headers=AUTH)
-            assert missing.status_code == 400  # the admin API's mapping of RegistryError
+            assert missing.status_code == 404
             assert "does not exist" in missing.json()["error"]["message"]
     finally:
         server.close()

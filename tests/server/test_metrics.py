@@ -4,8 +4,9 @@ from __future__ import annotations
 
 import time
 
+import pytest
 from conftest import Rig, Served, make_app_deps
-from fakes import FakeEngine
+from fakes import QUEUE_S, FakeEngine
 from fastapi.testclient import TestClient
 from prometheus_client.parser import text_string_to_metric_families
 from prometheus_client.samples import Sample
@@ -70,6 +71,9 @@ def test_request_metrics_split_by_cold_and_priority_class(
         if s.name.endswith("_count")
     }
     assert counts == {"false": 2, "true": 1}
+    waits = {s.labels["cold"]: s.value for s in metrics["request_queue_wait_seconds"]
+             if s.name.endswith("_sum")}  # fmt: skip
+    assert waits == pytest.approx({"false": 2 * QUEUE_S, "true": QUEUE_S})
     assert metrics["cold_start_rate"][0].value == 1 / 3
     finished = {
         (s.labels["priority_class"], s.labels["outcome"]): s.value
