@@ -75,6 +75,7 @@ class EngineCore:
         self._pending: dict[str, Future[Lease]] = {}  # ADAPTER_WAIT requests' lease futures
         self._orphans: list[Future[Lease]] = []  # abandoned lease futures, released when done
         self._prefetching: dict[AdapterKey, Future[None]] = {}
+        self._lease_tiers: dict[str, str] = {}  # request id -> tier its lease was served from
         self.on_lease_done: Callable[[], None] = lambda: None  # wakes the engine thread
         self.view = QueueView(0, 0, 0, 0.0, ())
 
@@ -142,7 +143,9 @@ class EngineCore:
         at_limit = req.num_tokens >= self.scheduler.config.max_model_len
         delta = self._outputs[req.request_id].append(token, at_max_model_len=at_limit)
         if delta.completion_tokens == 1 and req.first_scheduled_s is not None:
-            delta = replace(delta, queue_s=max(0.0, req.first_scheduled_s - req.arrival_s))
+            queued = max(0.0, req.first_scheduled_s - req.arrival_s)
+            tier = self._lease_tiers.pop(req.request_id, None)
+            delta = replace(delta, queue_s=queued, adapter_tier=tier)
         self._send(req.request_id, delta)
         if delta.finish_reason is not None:
             self._retire(req, RequestState.FINISHED, delta.finish_reason, None)
@@ -210,7 +213,9 @@ class EngineCore:
                 error = QueueTimeoutError(req.request_id, self.clock.now() - req.arrival_s, retry)
             self._retire(req, RequestState.ABORTED, FINISH_ABORT, error)
             return
-        req.lease = future.result()
+        lease = future.result()
+        req.lease = lease
+        self._lease_tiers[req.request_id] = lease.load.source.name
         if req.state is RequestState.ADAPTER_WAIT:
             req.transition(RequestState.WAITING)
 
@@ -238,6 +243,7 @@ class EngineCore:
             req.lease.release()
             req.lease = None
         self.runner.drop(req.request_id)
+        self._lease_tiers.pop(req.request_id, None)
         tracker = self._outputs.pop(req.request_id)
         if state is RequestState.ABORTED:
             closing: TokenDelta | BaseException = error or TokenDelta(

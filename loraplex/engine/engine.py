@@ -159,6 +159,7 @@ def merge_deltas(first: TokenDelta, second: TokenDelta) -> TokenDelta:
         prompt_tokens=second.prompt_tokens,
         completion_tokens=second.completion_tokens,
         queue_s=first.queue_s if first.queue_s is not None else second.queue_s,
+        adapter_tier=first.adapter_tier or second.adapter_tier,
     )
 
 

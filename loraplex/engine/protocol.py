@@ -59,6 +59,9 @@ class TokenDelta:
     prompt_tokens: int  # prompt length in tokens
     completion_tokens: int  # tokens generated so far (including these)
     queue_s: float | None = None  # on a request's first delta: seconds queued before it ran
+    # On an adapter request's first delta: the tier the engine found the adapter in when it
+    # leased it ("L0": already in a GPU slot), i.e. what its latency actually paid for.
+    adapter_tier: str | None = None
 
 
 @dataclass(frozen=True)

@@ -220,8 +220,15 @@ class RequestObservation:
         self._last_s = now_s
         self._tokens = 0
         self._finished = False
+        self.engine_tier: str | None = None  # the tier the engine leased the adapter from
 
     def on_delta(self, delta: TokenDelta, now_s: float) -> None:
+        if delta.adapter_tier is not None and self.engine_tier is None:
+            # The engine's word on where the adapter was when it leased it beats the guess made
+            # on arrival (the residency can change between the two).
+            self.engine_tier = delta.adapter_tier
+            cold = "false" if delta.adapter_tier == "L0" else "true"
+            self._labels = (cold, self._priority_class)
         if delta.queue_s is not None:
             self._metrics.queue_wait.labels(*self._labels).observe(delta.queue_s)
         if delta.token_ids and self._first_s is None:

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import AsyncIterator, Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from fastapi import APIRouter, Request, Response
 from fastapi.responses import StreamingResponse
@@ -21,7 +21,7 @@ from loraplex.server.auth import DepsDep, TenantDep
 from loraplex.server.chat import ChatMessage
 from loraplex.server.deps import ServerDeps
 from loraplex.server.errors import invalid_request
-from loraplex.server.metrics import ServerMetrics
+from loraplex.server.metrics import RequestObservation, ServerMetrics
 from loraplex.server.protocol import (
     ChatChoice,
     ChatCompletionRequest,
@@ -64,6 +64,17 @@ class Started:
     target: Target  # the revision answering
     stream: AsyncIterator[TokenDelta]  # its output (observed for metrics)
     fmt: ChunkFormat  # how its chunks look
+    observation: RequestObservation  # its timing, and the tier the engine reports
+
+    def confirmed(self) -> Started:
+        """This request with the tier the engine found its adapter in, once it said so."""
+        tier = self.observation.engine_tier
+        if tier is None or self.target.info.tier in (None, tier):
+            return self
+        info = self.target.info.model_copy(update={"tier": tier})
+        fmt = ChunkFormat(self.fmt.request_id, self.fmt.created, self.fmt.model, info,
+                          self.fmt.chat)  # fmt: skip
+        return replace(self, target=replace(self.target, info=info), fmt=fmt)
 
 
 def _metrics(request: Request) -> ServerMetrics:
@@ -91,22 +102,25 @@ async def _start(
     observation = observe(_metrics(request), tenant, target)
     stream = observed(deps.engine.generate(engine_req), observation)
     fmt = ChunkFormat(request_id, int(time.time()), body.model, target.info, chat)
-    return Started(request_id, target, stream, fmt)
+    return Started(request_id, target, stream, fmt, observation)
 
 
 async def _respond(
     request: Request, deps: ServerDeps, started: Started, body: SamplingFields
-) -> Response | Collected:
-    """A streaming response, an empty one for a client that left, or the collected output."""
-    headers = started.target.headers
+) -> tuple[Response | Collected, Started]:
+    """A streaming response, an empty one for a client that left, or the collected output;
+    with ``started`` as the engine confirmed it (the tier it found the adapter in)."""
     try:
         if not body.stream:
-            return await collect(request, started.stream, deps, started.request_id)
+            collected = await collect(request, started.stream, deps, started.request_id)
+            return collected, started.confirmed()
         first = await start_stream(request, started.stream, deps, started.request_id)
     except ClientDisconnectedError:
-        return Response(status_code=CLIENT_CLOSED_REQUEST, headers=headers)
+        return Response(status_code=CLIENT_CLOSED_REQUEST, headers=started.target.headers), started
+    started = started.confirmed()
     events = sse_events(first, started.stream, started.fmt, body.include_usage, deps)
-    return StreamingResponse(events, media_type="text/event-stream", headers=headers)
+    headers = started.target.headers
+    return StreamingResponse(events, media_type="text/event-stream", headers=headers), started
 
 
 def _usage(collected: Collected) -> Usage:
@@ -145,7 +159,7 @@ async def completions(
         max_tokens=body.max_tokens,
         chat=False,
     )
-    result = await _respond(request, deps, started, body)
+    result, started = await _respond(request, deps, started, body)
     if isinstance(result, Response):
         return result
     choice = CompletionChoice(text=result.text, finish_reason=result.finish_reason)
@@ -178,7 +192,7 @@ async def chat_completions(
         max_tokens=max_tokens,
         chat=True,
     )
-    result = await _respond(request, deps, started, body)
+    result, started = await _respond(request, deps, started, body)
     if isinstance(result, Response):
         return result
     choice = ChatChoice(

@@ -59,6 +59,7 @@ class FakeEngine:
     running: tuple[AdapterKey, ...] = ()  # reported as resident in load_snapshot()
     waiting: tuple[AdapterKey, ...] = ()  # reported as waiting in load_snapshot()
     char_tokenizer: CharTokenizer = field(default_factory=CharTokenizer)
+    leased_from: str | None = None  # the adapter tier reported on an adapter request's first delta
 
     @property
     def tokenizer(self) -> TextTokenizer:
@@ -98,10 +99,10 @@ class FakeEngine:
                 )
                 text += piece
                 finished = last
-                queued = QUEUE_S if count == 1 else None
-                yield TokenDelta(
-                    (count + _OFFSET,), piece, reason, len(request.prompt_token_ids), count, queued
-                )
+                first = count == 1
+                tier = self.leased_from if first and request.adapter_key is not None else None
+                yield TokenDelta((count + _OFFSET,), piece, reason, len(request.prompt_token_ids),
+                                 count, QUEUE_S if first else None, tier)  # fmt: skip
                 if last:
                     return
                 if count == 1 and who in self.mid_stream_errors:

@@ -211,3 +211,18 @@ def test_error_after_the_first_token_ends_the_stream_with_an_error_event(rig: Ri
     lines = [line for line in response.text.split("\n\n") if line]
     assert json.loads(lines[0].removeprefix("data: "))["choices"][0]["text"] == " acme/triage@r1"
     assert json.loads(lines[-1].removeprefix("data: "))["error"]["code"] == "queue_timeout"
+
+
+@pytest.mark.parametrize("stream", [False, True])
+def test_the_tier_reported_is_where_the_engine_found_the_adapter(rig: Rig, stream: bool) -> None:
+    arrival = _post(rig, "acme", "/v1/completions", model="support", prompt="hi", max_tokens=4)
+    assert arrival.headers["x-loraplex-tier"] == "L3"  # the cache holds no copy on arrival
+    rig.engine.leased_from = "L0"  # e.g. a prefetch finished before the engine asked for it
+    reply = _post(rig, "acme", "/v1/completions", model="support", prompt="hi", max_tokens=4,
+                  stream=stream)  # fmt: skip
+    assert reply.headers["x-loraplex-tier"] == "L0"
+    bodies = _events(reply.text) if stream else [reply.json()]
+    assert {b["loraplex"]["tier"] for b in bodies} == {"L0"}
+    scrape = rig.client.get("/metrics", headers=rig.admin).text
+    warm = 'request_ttft_seconds_count{cold="false",priority_class="normal"} 1.0'
+    assert warm in scrape  # the metrics follow the engine's word too
