@@ -22,7 +22,7 @@ import httpx
 
 from loraplex.bench.workloads import TraceRequest
 
-RESIDENCY_POLL_S = 0.1
+RESIDENCY_POLL_S = 1.0
 TIER_HEADER = "x-loraplex-tier"  # the server's tier at arrival (absent on older servers)
 REVISION = "r1"  # the revision label every benchmark adapter is registered under
 TIERS = ("L0", "L1", "L2", "L3")

@@ -21,12 +21,25 @@ class SchedulerConfig:
     lease_lookahead: int = 16  # queued requests, in admission order, that may hold/await a lease
     prefetch_lookahead: int = 32  # further queued requests whose adapters are prefetched to L1
     retry_after_s: float = 1.0  # Retry-After advertised with queue errors
+    # Sequences kept free for a higher priority class while one is active: a lower-class tenant
+    # runs (and leases adapters for) at most max_num_seqs - the higher classes' running - this
+    # many, so a batch tenant's backlog never leaves an arriving higher-class request without a
+    # seat. 0: work-conserving admission (weights then only order it); None: a quarter of
+    # max_num_seqs.
+    class_reserve_seqs: int | None = None
 
     def __post_init__(self) -> None:
         for name in ("max_num_seqs", "max_num_batched_tokens", "max_model_len", "max_queue_len",
                      "lease_lookahead"):  # fmt: skip
             if getattr(self, name) < 1:
                 raise ValueError(f"{name} {getattr(self, name)} is invalid; expected >= 1")
+        if self.class_reserve_seqs is not None and not (
+            0 <= self.class_reserve_seqs < self.max_num_seqs
+        ):
+            raise ValueError(
+                f"class_reserve_seqs {self.class_reserve_seqs} is invalid; expected 0 <= it < "
+                f"max_num_seqs {self.max_num_seqs}"
+            )
         if self.prefetch_lookahead < 0:
             raise ValueError(
                 f"prefetch_lookahead {self.prefetch_lookahead} is invalid; expected >= 0"
@@ -49,6 +62,13 @@ class SchedulerConfig:
             )
         if self.retry_after_s < 0:
             raise ValueError(f"retry_after_s {self.retry_after_s} is invalid; expected >= 0")
+
+    @property
+    def reserve_seqs(self) -> int:
+        """``class_reserve_seqs`` resolved (its default: a quarter of max_num_seqs)."""
+        if self.class_reserve_seqs is None:
+            return self.max_num_seqs // 4
+        return self.class_reserve_seqs
 
 
 @dataclass(frozen=True)

@@ -16,7 +16,7 @@ is preempted (its blocks freed, recomputed later; it keeps its lease).
 from __future__ import annotations
 
 import heapq
-from collections import deque
+from collections import Counter, deque
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 
@@ -155,9 +155,21 @@ class Scheduler:
         return order
 
     def lease_candidates(self) -> list[Request]:
-        """WAITING requests in the lookahead window that need their adapter leased."""
+        """WAITING requests in the lookahead window that need their adapter leased (a capped
+        lower-class tenant only as many as it may run: slots follow seats)."""
         window = self.queued_in_order(self.config.lease_lookahead)
-        return [r for r in window if r.state is RequestState.WAITING and not r.adapter_ready]
+        room = self._lease_room()
+        out: list[Request] = []
+        for req in window:
+            if req.state is not RequestState.WAITING or req.adapter_ready:
+                continue
+            left = room.get(req.tenant)
+            if left is not None:
+                if left <= 0:
+                    continue
+                room[req.tenant] = left - 1
+            out.append(req)
+        return out
 
     def prefetch_keys(self) -> list[AdapterKey]:
         """Adapters of the queued requests just past the lease window (prefetch to CPU)."""
@@ -232,11 +244,47 @@ class Scheduler:
             for t, q in self._queues.items()
         }
         ready = {t: rs for t, rs in ready.items() if rs}
+        caps = self._class_caps()
+        running = Counter(r.tenant for r in self.running)
         while ready:
             tenant = min(ready, key=lambda t: (self._vtime[t], t))
+            if running[tenant] >= caps.get(tenant, self.config.max_num_seqs):
+                del ready[tenant]
+                continue
             yield ready[tenant].popleft()
+            running[tenant] += 1  # (a higher class admitted here was counted as queued)
             if not ready[tenant]:
                 del ready[tenant]
+
+    def _class_caps(self) -> dict[str, int]:
+        """Running-sequence caps of the active tenants below the highest active priority class:
+        the seats the classes above them hold or queue for, minus ``class_reserve_seqs``, are
+        theirs (at least one)."""
+        reserve = self.config.reserve_seqs
+        weights = {t: self._weight(t) for t in self._active_tenants()}
+        if not reserve or len(set(weights.values())) < 2:
+            return {}
+        demand = Counter(r.tenant for r in self.running)
+        for tenant, queue in self._queues.items():
+            demand[tenant] += len(queue)
+        caps = {}
+        for tenant, weight in weights.items():
+            if any(w > weight for w in weights.values()):
+                above = sum(demand[t] for t, w in weights.items() if w > weight)
+                caps[tenant] = max(1, self.config.max_num_seqs - above - reserve)
+        return caps
+
+    def _lease_room(self) -> dict[str, int]:
+        """Capped tenants: how many more queued requests may hold or await a lease."""
+        caps = self._class_caps()
+        if not caps:
+            return {}
+        held = Counter(r.tenant for r in self.running)
+        for queue in self._queues.values():
+            for req in queue:
+                if req.lease is not None or req.state is RequestState.ADAPTER_WAIT:
+                    held[req.tenant] += 1
+        return {tenant: cap - held[tenant] for tenant, cap in caps.items()}
 
     def _admit(self, req: Request, budget: int) -> int:
         """Move ``req`` to RUNNING with KV for its first chunk; returns that chunk's size (0 if
