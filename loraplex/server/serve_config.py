@@ -54,6 +54,9 @@ class ServeConfig:
     block_size: int = 16  # tokens per KV block
     queue_deadline_s: float = 30.0  # longest queue residence before a 503
     max_queue_len: int = 1024  # queued requests before a 429
+    # sequences kept free for a higher priority class while one is active (None: a quarter of
+    # max_num_seqs; 0: lower classes may fill every seat)
+    class_reserve_seqs: int | None = None
     database_url: str | None = None  # registry database; None: SQLite in data_dir
     store: str | None = None  # artifact store directory or s3://bucket/prefix
     s3_endpoint: str | None = None  # S3-compatible endpoint

@@ -114,6 +114,7 @@ def engine_config(config: ServeConfig) -> EngineConfig:
         max_model_len=config.max_model_len,
         default_deadline_s=config.queue_deadline_s,
         max_queue_len=config.max_queue_len,
+        class_reserve_seqs=config.class_reserve_seqs,
     )
     return EngineConfig(
         scheduler=scheduler,
