@@ -99,11 +99,16 @@ class ArenaStore:
             self.stacks[module][:, rows].zero_()
 
     def move_rows(self, source: int, target: int, num_rows: int) -> None:
-        """Move rows down (target < source) in every stack; the vacated tail is zeroed."""
-        src, dst = slice(source, source + num_rows), slice(target, target + num_rows)
+        """Move rows down (target < source) in every stack; the vacated tail is zeroed. Copies
+        in pieces no longer than the shift, so no piece overlaps its source and nothing is
+        allocated (a clone of a whole arena costs page faults while the forward waits)."""
+        step = source - target
         vacated = slice(max(target + num_rows, source), source + num_rows)
         for stack in self.stacks.values():
-            stack[:, dst] = stack[:, src].clone()
+            for offset in range(0, num_rows, step):
+                n = min(step, num_rows - offset)
+                dst = stack[:, target + offset : target + offset + n]
+                dst.copy_(stack[:, source + offset : source + offset + n])
             stack[:, vacated] = 0
 
     # --- views --------------------------------------------------------------------------------

@@ -19,6 +19,7 @@ from loraplex.adapters.weights import (
 )
 from loraplex.errors import BaseModelMismatchError, RankTooLargeError, TensorValidationError
 from loraplex.model.lora import LoraSlotPool
+from loraplex.model.lora_arena import ArenaStore
 
 CPU = torch.device("cpu")
 PEFT_CONFIGS: dict[str, dict[str, Any]] = {
@@ -308,3 +309,22 @@ def test_runs_that_disagree_with_modules_are_not_trusted() -> None:
     assert pool.rank_of(0, last.layer, last.module) == 0
     assert not pool.module_weights(last.layer, last.module).lora_a.any()
     pool.check_integrity()
+
+
+@pytest.mark.parametrize(("source", "target", "num_rows"), [(5, 4, 11), (12, 0, 4), (9, 2, 7)])
+def test_arena_rows_move_down_without_mixing_overlaps(
+    source: int, target: int, num_rows: int
+) -> None:
+    store = ArenaStore(SPEC, ("q_proj", "down_proj"), 24, 4, dtype=torch.float32, device=CPU)
+    for stack in store.stacks.values():
+        stack.copy_(torch.randn(stack.shape))
+    before = {m: s.clone() for m, s in store.stacks.items()}
+    store.move_rows(source, target, num_rows)
+    for module, stack in store.stacks.items():
+        old = before[module]
+        torch.testing.assert_close(stack[:, target : target + num_rows],
+                                   old[:, source : source + num_rows])  # fmt: skip
+        vacated = stack[:, max(target + num_rows, source) : source + num_rows]
+        assert not vacated.any()
+        torch.testing.assert_close(stack[:, source + num_rows :], old[:, source + num_rows :])
+        torch.testing.assert_close(stack[:, :target], old[:, :target])
