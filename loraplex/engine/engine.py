@@ -163,12 +163,38 @@ def merge_deltas(first: TokenDelta, second: TokenDelta) -> TokenDelta:
     )
 
 
-def engine_load(core: EngineCore, max_loras: int) -> EngineLoad:
-    """``core``'s load now: its published queue view and the adapters ready in L0."""
+class Mailboxes:
+    """One Mailbox per event loop, made on first use (the loops' threads add, the engine's
+    delivery reads)."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._boxes: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, Mailbox] = (
+            weakref.WeakKeyDictionary()
+        )
+
+    def of(self, loop: asyncio.AbstractEventLoop) -> Mailbox:
+        with self._lock:
+            mailbox = self._boxes.get(loop)
+            if mailbox is None:
+                mailbox = self._boxes[loop] = Mailbox(loop)
+            return mailbox
+
+    def wake_all(self) -> None:
+        with self._lock:
+            mailboxes = list(self._boxes.values())
+        for mailbox in mailboxes:
+            mailbox.wake()
+
+
+def engine_load(
+    core: EngineCore, max_loras: int, running: tuple[AdapterKey, ...] | None = None
+) -> EngineLoad:
+    """``core``'s load now: its published queue view and the adapters ready in L0 (``running``
+    when the caller has just read them)."""
     view = core.view
-    running: tuple[AdapterKey, ...] = ()
-    if core.cache is not None:
-        running = tuple(core.cache.residency(Tier.L0))
+    if running is None:
+        running = () if core.cache is None else tuple(core.cache.residency(Tier.L0))
     resident = set(running)
     return EngineLoad(
         num_waiting=view.num_waiting,
@@ -187,11 +213,8 @@ class AsyncEngine:
     def __init__(self, core: EngineCore, idle_wait_s: float, max_loras: int) -> None:
         self._core = core
         self._max_loras = max_loras
-        self._mailboxes: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, Mailbox] = (
-            weakref.WeakKeyDictionary()
-        )
-        self._mailboxes_lock = threading.Lock()  # the loops' threads add, the engine thread reads
-        self._thread = EngineThread(core, idle_wait_s, self._deliver)
+        self._mailboxes = Mailboxes()
+        self._thread = EngineThread(core, idle_wait_s, self._mailboxes.wake_all)
 
     @property
     def tokenizer(self) -> TextTokenizer:
@@ -202,7 +225,7 @@ class AsyncEngine:
         return self._core.cache
 
     def generate(self, request: EngineRequest) -> AsyncGenerator[TokenDelta, None]:
-        mailbox = self._mailbox(asyncio.get_running_loop())
+        mailbox = self._mailboxes.of(asyncio.get_running_loop())
         outbox: Outbox = asyncio.Queue()
 
         def sink(item: TokenDelta | BaseException) -> None:
@@ -219,19 +242,6 @@ class AsyncEngine:
                 self._thread.submit(lambda: self._core.abort(request.request_id))
 
         return outbox_stream(outbox, lambda: self._thread.submit(add), stop)
-
-    def _mailbox(self, loop: asyncio.AbstractEventLoop) -> Mailbox:
-        with self._mailboxes_lock:
-            mailbox = self._mailboxes.get(loop)
-            if mailbox is None:
-                mailbox = self._mailboxes[loop] = Mailbox(loop)
-            return mailbox
-
-    def _deliver(self) -> None:
-        with self._mailboxes_lock:
-            mailboxes = list(self._mailboxes.values())
-        for mailbox in mailboxes:
-            mailbox.wake()
 
     async def abort(self, request_id: str) -> None:
         self._thread.submit(lambda: self._core.abort(request_id))

@@ -30,32 +30,21 @@ import logging
 import multiprocessing as mp
 import threading
 import time
-import weakref
 from collections.abc import AsyncGenerator, Callable, Mapping
 from concurrent.futures import Future
 from typing import Any
 
 from loraplex.adapters.identity import AdapterKey
 from loraplex.adapters.tiering import Tier
-from loraplex.engine.engine import Mailbox, Outbox, outbox_stream
-from loraplex.engine.process_child import (
-    PackedError,
-    WorkerHandles,
-    child_main,
-    pack_error,
-    unpack_error,
-)
+from loraplex.engine.engine import Mailbox, Mailboxes, Outbox, outbox_stream
+from loraplex.engine.process_child import PackedError, WorkerHandles, child_main, unpack_error
 from loraplex.engine.protocol import EngineLoad, EngineRequest, TokenDelta
 from loraplex.engine.remote_cache import RemoteCache
 from loraplex.engine.tenancy import TenantSettings
 from loraplex.errors import EngineUnavailableError
 from loraplex.model.tokenizer import TextTokenizer
 
-__all__ = ["EngineProcess", "RemoteCache", "WorkerHandles", "pack_error", "unpack_error"]
-
 _log = logging.getLogger(__name__)
-
-# --- the parent --------------------------------------------------------------------------------
 
 
 class EngineProcess:
@@ -79,9 +68,7 @@ class EngineProcess:
         self._calls: dict[int, Future[Any]] = {}
         self._deferred: dict[int, Future[None]] = {}
         self._call_ids = itertools.count()
-        self._mailboxes: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, Mailbox] = (
-            weakref.WeakKeyDictionary()
-        )
+        self._mailboxes = Mailboxes()
         self._dead: BaseException | None = None
         self.residency: dict[AdapterKey, tuple[Tier, ...]] = {}  # ready tiers per adapter
         self.cache = RemoteCache(self)  # the child's adapter cache, for the admin API
@@ -133,7 +120,7 @@ class EngineProcess:
     def generate(self, request: EngineRequest) -> AsyncGenerator[TokenDelta, None]:
         rid = request.request_id
         outbox: Outbox = asyncio.Queue()
-        mailbox = self._mailbox(asyncio.get_running_loop())
+        mailbox = self._mailboxes.of(asyncio.get_running_loop())
 
         def start() -> None:
             with self._lock:
@@ -215,13 +202,6 @@ class EngineProcess:
     def _check_alive(self) -> None:
         if self._dead is not None:
             raise EngineUnavailableError(str(self._dead))
-
-    def _mailbox(self, loop: asyncio.AbstractEventLoop) -> Mailbox:
-        with self._lock:
-            mailbox = self._mailboxes.get(loop)
-            if mailbox is None:
-                mailbox = self._mailboxes[loop] = Mailbox(loop)
-            return mailbox
 
     def _read(self) -> None:
         while True:

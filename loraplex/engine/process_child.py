@@ -183,8 +183,10 @@ class _Child:
             now = time.monotonic()
             if now - self._last_state >= self._state_interval_s:
                 self._last_state = now
-                self.send(("state", engine_load(self._core, self._handles.max_loras),
-                           self._residency()))  # fmt: skip
+                tiers = self._residency()
+                running = tuple(k for k, held in tiers.items() if Tier.L0 in held)
+                load = engine_load(self._core, self._handles.max_loras, running)
+                self.send(("state", load, tiers))
         except (OSError, ValueError):  # the parent is gone; run() sees EOF and stops
             pass
 

@@ -9,7 +9,7 @@ from collections.abc import Mapping
 import torch
 
 from loraplex.engine.kv_blocks import PagedKVCache
-from loraplex.engine.scheduler import StepPlan
+from loraplex.engine.step import StepPlan
 from loraplex.model.kv_cache import SequenceChunk
 from loraplex.model.llama import ForwardBatch, LlamaModel, LoraApplier
 from loraplex.model.sampler import SamplingParams, make_generator, sample_next

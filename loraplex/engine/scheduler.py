@@ -10,7 +10,9 @@ time (tokens / weight; the weight from ``SchedulerConfig.tenant_weights``, else 
 priority class in the shared ``TenantBook``) and admission picks the backlogged tenant with the
 least virtual time. A tenant that becomes active starts at the least virtual time of the active
 tenants, so idling banks no credit. When KV blocks run out, the most recently admitted sequence
-is preempted (its blocks freed, recomputed later; it keeps its lease).
+is preempted (its blocks freed, recomputed later; it keeps its lease). While a higher priority
+class has requests, lower classes run and lease within the seats it leaves
+(``tenancy.class_caps``).
 """
 
 from __future__ import annotations
@@ -18,7 +20,6 @@ from __future__ import annotations
 import heapq
 from collections import Counter, deque
 from collections.abc import Iterator, Mapping
-from dataclasses import dataclass
 
 from loraplex.adapters.identity import AdapterKey
 from loraplex.clock import Clock
@@ -26,32 +27,9 @@ from loraplex.engine.blocks import BASE_NAMESPACE, BlockManager
 from loraplex.engine.config import SchedulerConfig
 from loraplex.engine.protocol import EngineRequest
 from loraplex.engine.request import QUEUED_STATES, Request, RequestState
-from loraplex.engine.tenancy import TenantBook
+from loraplex.engine.step import ScheduledChunk, StepPlan
+from loraplex.engine.tenancy import TenantBook, class_caps
 from loraplex.errors import CapacityError, QueueFullError
-
-
-@dataclass(frozen=True)
-class ScheduledChunk:
-    """Consecutive tokens of one request in the next forward."""
-
-    request_id: str  # whose tokens
-    seq_id: int  # its KV sequence (BlockManager handle)
-    start_pos: int  # position of the first token (= tokens already cached)
-    token_ids: tuple[int, ...]  # the tokens to run
-    slot: int | None  # LoRA slot of its adapter lease; None = base model
-    samples: bool  # the chunk ends at the sequence's last token: sample the next one
-
-
-@dataclass(frozen=True)
-class StepPlan:
-    """What one forward runs."""
-
-    chunks: tuple[ScheduledChunk, ...]  # in token order of the flattened batch
-    preempted: tuple[str, ...]  # request ids whose KV was freed this step
-
-    @property
-    def num_tokens(self) -> int:
-        return sum(len(c.token_ids) for c in self.chunks)
 
 
 def namespace_of(key: AdapterKey | None) -> str:
@@ -257,22 +235,12 @@ class Scheduler:
                 del ready[tenant]
 
     def _class_caps(self) -> dict[str, int]:
-        """Running-sequence caps of the active tenants below the highest active priority class:
-        the seats the classes above them hold or queue for, minus ``class_reserve_seqs``, are
-        theirs (at least one)."""
-        reserve = self.config.reserve_seqs
-        weights = {t: self._weight(t) for t in self._active_tenants()}
-        if not reserve or len(set(weights.values())) < 2:
-            return {}
+        """Running-sequence caps of the tenants below the highest active priority class."""
         demand = Counter(r.tenant for r in self.running)
         for tenant, queue in self._queues.items():
             demand[tenant] += len(queue)
-        caps = {}
-        for tenant, weight in weights.items():
-            if any(w > weight for w in weights.values()):
-                above = sum(demand[t] for t, w in weights.items() if w > weight)
-                caps[tenant] = max(1, self.config.max_num_seqs - above - reserve)
-        return caps
+        weights = {t: self._weight(t) for t in self._active_tenants()}
+        return class_caps(weights, demand, self.config.max_num_seqs, self.config.reserve_seqs)
 
     def _lease_room(self) -> dict[str, int]:
         """Capped tenants: how many more queued requests may hold or await a lease."""

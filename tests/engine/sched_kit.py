@@ -11,7 +11,8 @@ from loraplex.engine.blocks import BlockManager
 from loraplex.engine.config import SchedulerConfig
 from loraplex.engine.protocol import FINISH_ABORT, FINISH_LENGTH, EngineRequest
 from loraplex.engine.request import Request, RequestState
-from loraplex.engine.scheduler import Scheduler, StepPlan
+from loraplex.engine.scheduler import Scheduler
+from loraplex.engine.step import StepPlan
 from loraplex.model.sampler import SamplingParams
 
 BASE = hashlib.sha256(b"base").hexdigest()
