@@ -302,11 +302,17 @@ class TieredAdapterCache:
     def deferral_s(
         self, move: Move, footprint: Footprint, victims: list[ResidentEntry], waited_s: float
     ) -> float:
-        """How much longer a demand load waits for a copy in use to free instead of displacing
-        ``victims`` now (the policy's bounded deferral; 0: displace now)."""
+        """How much longer a demand load waits for another copy to become evictable instead of
+        displacing ``victims`` now (the policy's bounded deferral; 0: displace now). The copies
+        it may wait for are the tier's unpinned entries that are not victims: in use, still
+        loading, or too young to go (an idle old one that is cheaper would be a victim)."""
         ledger = self.ledgers[move.target]
-        in_use = [e for e in ledger.entries.values() if e.ready and e.refcount > 0 and not e.pinned]
-        held = [self.candidate(e.key, e.tier, e.size_bytes, e.loaded_at_s) for e in in_use]
+        chosen = {v.key for v in victims}
+        others = [
+            e for e in ledger.entries.values()
+            if e.key not in chosen and not e.pinned and e.key in self.history
+        ]  # fmt: skip
+        held = [self.candidate(e.key, e.tier, e.size_bytes, e.loaded_at_s) for e in others]
         if not held:
             return 0.0
         now = self.clock.now()

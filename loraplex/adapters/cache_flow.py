@@ -37,6 +37,9 @@ if TYPE_CHECKING:
 
 # A copy that fails these checks while being read is bad at rest, not in transit.
 _INTEGRITY_ERRORS = (CorruptArtifactError, DigestMismatchError, TensorValidationError)
+# A deferred load re-evaluates at least this often: the young copy it waits for may age into a
+# victim without any release or load event to wake it.
+DEFER_RECHECK_S = 0.1
 
 
 class LoadFlow:
@@ -233,12 +236,13 @@ class LoadFlow:
         )
 
     def _defer(self, job: LoadJob, wait_s: float) -> None:
-        """Blocks ``job`` for up to ``wait_s``: a release retries it sooner, a timer then."""
+        """Blocks ``job`` for up to ``wait_s``: a release retries it sooner, a timer at the
+        latest after DEFER_RECHECK_S (a copy too young to evict ages without an event)."""
         if job not in self.blocked:
             self.blocked.append(job)
         if job.defer_timer is None:
-            job.defer_timer = self.executor.call_at(self.cache.clock.now() + wait_s,
-                                                    lambda: self._retry_deferred(job))  # fmt: skip
+            at = self.cache.clock.now() + min(wait_s, DEFER_RECHECK_S)
+            job.defer_timer = self.executor.call_at(at, lambda: self._retry_deferred(job))
 
     def _retry_deferred(self, job: LoadJob) -> None:
         with self.cache.lock:

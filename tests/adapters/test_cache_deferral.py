@@ -65,3 +65,32 @@ def test_lru_evicts_the_idle_hot_adapter_at_once() -> None:
     assert waiting.result(timeout=0).key == NEW
     assert not rig.cache.is_resident(HOT, Tier.L0)
     rig.check()
+
+
+def test_a_just_released_one_off_too_young_to_evict_is_awaited_not_the_hot_adapter() -> None:
+    rig = _rig("cost_aware")
+    busy = rig.cache.acquire_future(BUSY)
+    rig.settle(0.05)
+    busy.result(timeout=0).release()  # idle, but younger than min_residency_s (0.25 s)
+    waiting = rig.cache.acquire_future(NEW)
+    rig.settle(0.05)
+    assert not waiting.done()  # the young one-off ranks after HOT, yet HOT stays
+    assert rig.cache.is_resident(HOT, Tier.L0)
+    rig.settle(0.5)  # the one-off ages into a victim; the periodic recheck notices
+    assert waiting.result(timeout=0).key == NEW
+    assert rig.cache.is_resident(HOT, Tier.L0) and not rig.cache.is_resident(BUSY, Tier.L0)
+    rig.check()
+
+
+def test_a_one_off_still_loading_is_awaited_not_the_hot_adapter() -> None:
+    rig = _rig("cost_aware")
+    first = rig.cache.acquire_future(BUSY)
+    second = rig.cache.acquire_future(NEW)  # both placed before either copy is ready
+    rig.settle(0.5)
+    lease = first.result(timeout=0)
+    assert not second.done() and rig.cache.is_resident(HOT, Tier.L0)
+    lease.release()
+    rig.settle(0.5)
+    assert second.result(timeout=0).key == NEW
+    assert rig.cache.is_resident(HOT, Tier.L0)
+    rig.check()
