@@ -4,8 +4,10 @@ Per layer, keys and values live in one flat tensor ``[num_blocks * block_size, k
 head_dim]``; a sequence's position ``p`` is row ``table[p // block_size] * block_size +
 p % block_size``. ``plan`` grows block tables as needed (the scheduler has usually reserved the
 blocks already) and precomputes, once per forward, the rows every layer writes and gathers.
-Decode batches gather all sequences padded to the longest and attend in one call under a length
-mask; prefill chunks attend one sequence at a time, as in ``ContiguousKVCache``.
+The one-token (decode) sequences of a forward gather their rows padded to the longest and attend
+in one call under a length mask, also when the forward mixes them with prefill chunks (the usual
+step under continuous batching); prefill chunks attend one sequence at a time, as in
+``ContiguousKVCache``.
 """
 
 from __future__ import annotations
@@ -31,8 +33,11 @@ class PagedPlan:
     chunk_rows: tuple[torch.Tensor, ...]  # per chunk: [end] int64 rows of positions 0..end-1
     chunk_offsets: tuple[int, ...]  # first token index of each chunk in the flattened batch
     all_decode: bool  # every chunk is one token: one batched attention call
-    decode_rows: torch.Tensor | None  # [num_chunks, max_kv_len] rows, padded (all_decode)
-    decode_mask: torch.Tensor | None  # [num_chunks, 1, 1, max_kv_len] additive 0/-inf
+    # The one-token chunks, attended together (all chunks when all_decode):
+    decode_rows: torch.Tensor | None  # [num_decodes, max_kv_len] rows, padded; None: none
+    decode_mask: torch.Tensor | None  # [num_decodes, 1, 1, max_kv_len] additive 0/-inf
+    decode_tokens: torch.Tensor | None  # [num_decodes] their token indices (mixed plans only)
+    prefill_chunks: tuple[int, ...] = ()  # indices of the longer chunks, attended one by one
 
 
 class PagedKVCache:
@@ -75,19 +80,25 @@ class PagedKVCache:
         write_pos = torch.cat(
             [torch.arange(c.start_pos, c.start_pos + c.num_tokens) for c in chunks]
         )
-        all_decode = all(c.num_tokens == 1 for c in chunks)
-        decode_rows = decode_mask = None
-        if all_decode:
-            decode_rows, decode_mask = self._decode_layout(chunk_rows)
+        offsets = tuple(accumulate((c.num_tokens for c in chunks[:-1]), initial=0))
+        decodes = [i for i, c in enumerate(chunks) if c.num_tokens == 1]
+        all_decode = len(decodes) == len(chunks)
+        decode_rows = decode_mask = decode_tokens = None
+        if decodes:
+            decode_rows, decode_mask = self._decode_layout([chunk_rows[i] for i in decodes])
+            if not all_decode:
+                decode_tokens = torch.tensor([offsets[i] for i in decodes], device=self.device)
         return PagedPlan(
             chunks=tuple(chunks),
             write_rows=write_rows.to(self.device),
             write_pos=write_pos.to(self.device),
             chunk_rows=tuple(r.to(self.device) for r in chunk_rows),
-            chunk_offsets=tuple(accumulate((c.num_tokens for c in chunks[:-1]), initial=0)),
+            chunk_offsets=offsets,
             all_decode=all_decode,
             decode_rows=decode_rows,
             decode_mask=decode_mask,
+            decode_tokens=decode_tokens,
+            prefill_chunks=tuple(i for i, c in enumerate(chunks) if c.num_tokens > 1),
         )
 
     def _decode_layout(self, chunk_rows: list[torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor]:
@@ -110,26 +121,37 @@ class PagedKVCache:
         values.index_copy_(0, plan.write_rows, v)
         window = self.shape.sliding_windows[layer]
         if plan.all_decode:
-            out = self._attend_decode(q, keys, values, plan, window)
-        else:
-            out = torch.cat([
-                self._attend_chunk(q, keys, values, chunk=chunk, rows=rows, offset=offset,
-                                   window=window)
-                for chunk, rows, offset in zip(plan.chunks, plan.chunk_rows, plan.chunk_offsets,
-                                               strict=True)
-            ])  # fmt: skip
+            out = self._attend_decode(
+                q, plan.write_pos, keys=keys, values=values, plan=plan, window=window
+            )
+            return out.reshape(q.shape[0], -1)
+        out = torch.empty_like(q)
+        if plan.decode_tokens is not None:
+            tokens = plan.decode_tokens
+            part = self._attend_decode(
+                q.index_select(0, tokens), plan.write_pos.index_select(0, tokens), keys=keys,
+                values=values, plan=plan, window=window,
+            )  # fmt: skip
+            out.index_copy_(0, tokens, part)
+        for i in plan.prefill_chunks:
+            chunk, offset = plan.chunks[i], plan.chunk_offsets[i]
+            out[offset : offset + chunk.num_tokens] = self._attend_chunk(
+                q, keys, values, chunk=chunk, rows=plan.chunk_rows[i], offset=offset, window=window
+            )
         return out.reshape(q.shape[0], -1)
 
     def _attend_decode(
         self,
         q: torch.Tensor,
+        write_pos: torch.Tensor,
+        *,
         keys: torch.Tensor,
         values: torch.Tensor,
         plan: PagedPlan,
         window: int | None,
     ) -> torch.Tensor:
         if plan.decode_rows is None or plan.decode_mask is None:
-            raise ValueError("plan has no decode layout; expected an all-decode plan")
+            raise ValueError("plan has no decode layout; expected one-token chunks")
         num_seqs, length = plan.decode_rows.shape
         num_kv_heads = self.shape.num_kv_heads
         flat = plan.decode_rows.reshape(-1)
@@ -137,7 +159,7 @@ class PagedKVCache:
         v_rows = values.index_select(0, flat).view(num_seqs, length, num_kv_heads, -1)
         v_rows = v_rows.transpose(1, 2)
         return decode_attention(
-            q, k_rows, v_rows, plan.decode_mask, plan.write_pos, window=window, scale=self._scale
+            q, k_rows, v_rows, plan.decode_mask, write_pos, window=window, scale=self._scale
         )
 
     def _attend_chunk(

@@ -60,6 +60,37 @@ def test_paged_equals_contiguous_through_prefill_mixed_and_decode(model: LlamaMo
     paged.blocks.check_integrity()
 
 
+def test_decodes_mixed_with_prefill_chunks_batch_together_in_any_order(model: LlamaModel) -> None:
+    """A continuous-batching step: several one-token decodes around prefill chunks, the decodes
+    attended in one call (out of token order) and the chunks one by one."""
+    prompts = [list(range(9, 9 + n)) for n in (5, 13, 2, 9, 6)]
+    contiguous = ContiguousKVCache(model.attention_shape, 5, 64, dtype=torch.float32,
+                                   device=torch.device("cpu"))  # fmt: skip
+    paged = PagedKVCache(model.attention_shape, BlockManager(64, 4), dtype=torch.float32,
+                         device=torch.device("cpu"))  # fmt: skip
+    c_ids = [contiguous.allocate() for _ in prompts]
+    p_ids = [paged.allocate() for _ in prompts]
+    lengths = [0] * len(prompts)
+
+    def step(plan: list[tuple[int, list[int]]]) -> None:
+        chunks = [(i, lengths[i], t) for i, t in plan]
+        c = _forward(model, contiguous, [(c_ids[i], start, t) for i, start, t in chunks])
+        p = _forward(model, paged, [(p_ids[i], start, t) for i, start, t in chunks])
+        assert (c - p).abs().max().item() < TOL
+        for i, toks in plan:
+            lengths[i] += len(toks)
+
+    step([(0, prompts[0]), (2, prompts[2])])
+    step([(0, [60]), (1, prompts[1][:7]), (2, [61]), (3, prompts[3])])
+    step([(3, [62]), (1, prompts[1][7:]), (0, [63]), (2, [64]), (4, prompts[4][:3])])
+    plan = paged.plan([SequenceChunk(p_ids[i], lengths[i], 1) for i in (0, 2)]
+                      + [SequenceChunk(p_ids[4], lengths[4], 3)])  # fmt: skip
+    assert not plan.all_decode and plan.prefill_chunks == (2,)
+    assert plan.decode_tokens is not None and plan.decode_tokens.tolist() == [0, 1]
+    step([(2, [65]), (4, prompts[4][3:]), (0, [66]), (1, [67]), (3, [68])])
+    paged.blocks.check_integrity()
+
+
 def test_prefix_reuse_gives_identical_logits_and_stays_within_a_revision(
     model: LlamaModel,
 ) -> None:
