@@ -1,8 +1,16 @@
-"""HTTP vs in-process throughput: the same saturating batch of prompts through the server over
-HTTP and through an identically configured engine in this process (no HTTP, no SSE, no auth).
+"""HTTP vs in-process throughput, and the server's capacity the trace rates derive from.
 
-Both sides get the same engine settings, the same torch thread count and the same warm adapters;
-rounds alternate between them (WORKLOADS.md: interleave, take medians).
+Throughput: the same saturating batch of prompts through the server over HTTP and through an
+identically configured engine in this process (no HTTP, no SSE, no auth). Both sides get the same
+engine settings, the same torch thread count and the same warm adapters; rounds alternate between
+them after one full-size warm-up round each (WORKLOADS.md: warm up, interleave, take medians), and
+every round index has its own prompts (no side is helped by prefixes cached in an earlier round).
+Rounds are long (``num_requests`` well above ``max_num_seqs``) so that a round's ramp-up and drain
+weigh little against its steady state.
+
+Capacity: completed requests per second of a saturating batch of trace-shaped requests (the
+trace's prompt and output lengths, warm adapters) over HTTP, the ``bench serve`` traces' rates
+being a fraction of it.
 """
 
 from __future__ import annotations
@@ -32,17 +40,21 @@ class ThroughputConfig:
     """One side-by-side throughput measurement."""
 
     adapters: tuple[tuple[str, str], ...]  # (tenant, name) the requests cycle over (kept warm)
-    num_requests: int = 64  # requests per round, all submitted at once
+    num_requests: int = 256  # requests per throughput round, all submitted at once
     prompt_tokens: int = 64  # prompt length
     output_tokens: int = 32  # max tokens per request
     rounds: int = 2  # alternating rounds per side
     vocab_size: int = 4096  # prompt ids are drawn below this
     seed: int = 0  # prompt contents
+    capacity_requests: int = 128  # requests per capacity round (HTTP only)
+    capacity_output_tokens: int = 16  # max tokens per capacity request (the traces' length)
+    capacity_rounds: int = 2  # capacity rounds (the median counts)
 
     def __post_init__(self) -> None:
         if not self.adapters:
             raise ValueError("adapters () is invalid; expected at least one (tenant, name)")
-        for name in ("num_requests", "prompt_tokens", "output_tokens", "rounds"):
+        for name in ("num_requests", "prompt_tokens", "output_tokens", "rounds",
+                     "capacity_requests", "capacity_output_tokens", "capacity_rounds"):  # fmt: skip
             if getattr(self, name) < 1:
                 raise ValueError(f"{name} {getattr(self, name)} is invalid; expected >= 1")
 
@@ -53,7 +65,8 @@ class ThroughputResult:
 
     http_tokens_per_s: tuple[float, ...]  # over HTTP, per round
     offline_tokens_per_s: tuple[float, ...]  # in-process engine, per round
-    http_failures: int  # HTTP requests that did not complete
+    http_failures: int  # HTTP requests that did not complete (capacity rounds included)
+    capacity_rps: tuple[float, ...] = ()  # completed trace-shaped requests per second, per round
 
     @property
     def ratio(self) -> float:
@@ -61,13 +74,22 @@ class ThroughputResult:
         offline = statistics.median(self.offline_tokens_per_s)
         return statistics.median(self.http_tokens_per_s) / offline if offline else 0.0
 
+    @property
+    def capacity(self) -> float:
+        """Median completed requests per second of the capacity rounds (0.0 without any)."""
+        return statistics.median(self.capacity_rps) if self.capacity_rps else 0.0
 
-def _batch(config: ThroughputConfig) -> list[tuple[TraceRequest, list[int]]]:
-    rng = random.Random(config.seed)
+
+Batch = list[tuple[TraceRequest, list[int]]]
+
+
+def _batch(config: ThroughputConfig, size: int, output_tokens: int, salt: str) -> Batch:
+    """``size`` requests cycling over the adapters, with prompts of their own for ``salt``."""
+    rng = random.Random(f"{config.seed}/{salt}")
     out = []
-    for i in range(config.num_requests):
+    for i in range(size):
         tenant, name = config.adapters[i % len(config.adapters)]
-        request = TraceRequest(0.0, tenant, name, config.prompt_tokens, config.output_tokens)
+        request = TraceRequest(0.0, tenant, name, config.prompt_tokens, output_tokens)
         out.append((request, prompt_ids(rng, config.prompt_tokens, config.vocab_size)))
     return out
 
@@ -85,18 +107,15 @@ def _send(
     return send_one(client, request, key=key, ids=ids, arrival=start, tier="L0", config=drive)
 
 
-async def _http_round(
-    url: str, fleet: Fleet, batch: list[tuple[TraceRequest, list[int]]]
-) -> tuple[float, int]:
-    drive = DriveConfig(max_in_flight=len(batch), request_timeout_s=120.0)
+async def _http_round(url: str, fleet: Fleet, batch: Batch) -> tuple[list[RequestRecord], float]:
+    """Every request of ``batch`` at once; the records and the round's wall seconds."""
+    drive = DriveConfig(max_in_flight=len(batch), request_timeout_s=300.0)
     limits = httpx.Limits(max_connections=len(batch) + 2)
-    async with httpx.AsyncClient(base_url=url, limits=limits, timeout=120.0) as client:
+    async with httpx.AsyncClient(base_url=url, limits=limits, timeout=300.0) as client:
         start = time.monotonic()
         jobs = [_send(client, fleet, r, ids, start=start, drive=drive) for r, ids in batch]
         records: list[RequestRecord] = await asyncio.gather(*jobs)
-        wall = time.monotonic() - start
-    tokens = sum(r.completion_tokens for r in records if r.ok)
-    return tokens / wall, sum(not r.ok for r in records)
+        return records, time.monotonic() - start
 
 
 async def _offline_round(
@@ -127,30 +146,38 @@ async def _offline_round(
 def measure_throughput(
     fleet: Fleet, root: Path, options: ServerOptions, config: ThroughputConfig
 ) -> ThroughputResult:
-    """The server over HTTP and the same engine in-process, alternating, both kept warm."""
+    """The server's capacity over HTTP, then the server over HTTP and the same engine
+    in-process, alternating, both kept warm."""
     import torch
 
     from loraplex.server.assembly import build_server
     from loraplex.server.serve_config import merge
 
     torch.set_num_threads(options.torch_threads)
-    batch = _batch(config)
-    warm = batch[: len(config.adapters)]
     values = serve_values(fleet, root / "in-process", options, 0)
     local = build_server(merge({}, {**values, "engine_process": False}))
     http: list[float] = []
     offline: list[float] = []
+    capacity: list[float] = []
     failures = 0
     try:
         keys = {(t, n): local.registry.resolve(t, n) for t, n in config.adapters}
         with serving(fleet, root / "http", options) as url:
+            warm = _batch(config, config.num_requests, config.output_tokens, "warm")
             asyncio.run(_http_round(url, fleet, warm))
             asyncio.run(_offline_round(local.engine, keys, warm, "warm"))
+            for index in range(config.capacity_rounds):
+                batch = _batch(config, config.capacity_requests, config.capacity_output_tokens,
+                               f"capacity-{index}")  # fmt: skip
+                records, wall = asyncio.run(_http_round(url, fleet, batch))
+                capacity.append(sum(r.ok for r in records) / wall)
+                failures += sum(not r.ok for r in records)
             for index in range(config.rounds):
-                rate, failed = asyncio.run(_http_round(url, fleet, batch))
-                http.append(rate)
-                failures += failed
+                batch = _batch(config, config.num_requests, config.output_tokens, f"r{index}")
+                records, wall = asyncio.run(_http_round(url, fleet, batch))
+                http.append(sum(r.completion_tokens for r in records if r.ok) / wall)
+                failures += sum(not r.ok for r in records)
                 offline.append(asyncio.run(_offline_round(local.engine, keys, batch, f"r{index}")))
     finally:
         local.close()
-    return ThroughputResult(tuple(http), tuple(offline), failures)
+    return ThroughputResult(tuple(http), tuple(offline), failures, tuple(capacity))

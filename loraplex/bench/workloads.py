@@ -126,13 +126,16 @@ class ScenarioParams:
                 raise ValueError(f"{name} {getattr(self, name)} is invalid; expected > 0")
 
 
+HOT_BURST_WINDOW = (0.3, 0.5)  # hot-burst's sweep, as fractions of the run
+
+
 def hot_burst(seed: int, p: ScenarioParams) -> Workload:
     """8 hot adapters of a priority tenant carry a steady 80% of traffic; from 30% to 50% of
     the run a batch tenant sweeps 40 cold adapters, each used 1-3 times in a row."""
     rng = random.Random(seed)
     hot = make_adapters("prio", "hot", 8, S2_RANKS)
     cold = make_adapters("batch", "cold", 40, S2_RANKS)
-    start, end = 0.3 * p.duration_s, 0.5 * p.duration_s
+    start, end = (share * p.duration_s for share in HOT_BURST_WINDOW)
     hot_times = gamma_arrivals(rng, 0.8 * p.rate, p.cv, p.duration_s)
     picks = [(t, hot[rng.randrange(len(hot))]) for t in hot_times]
     sweep = [a for a in cold for _ in range(rng.randint(1, 3))]

@@ -106,8 +106,23 @@ def cache(
 def serve(
     *,
     as_json: Annotated[bool, typer.Option("--json", help="Print only the JSON line.")] = False,
-    duration_s: Annotated[float, typer.Option(help="Wall seconds of each trace replay.")] = 45.0,
-    rate: Annotated[float, typer.Option(help="Mean requests per second of each trace.")] = 16.0,
+    duration_s: Annotated[
+        float | None,
+        typer.Option(help="Wall seconds of each trace replay; unset: trace-requests / rate."),
+    ] = None,
+    rate: Annotated[
+        float | None,
+        typer.Option(help="Mean requests per second of each trace; unset: load x capacity."),
+    ] = None,
+    load: Annotated[
+        float, typer.Option(help="Trace rate as a fraction of the measured capacity.")
+    ] = 0.6,
+    trace_requests: Annotated[
+        int, typer.Option(help="Mean requests per trace (sets the duration at the rate).")
+    ] = 720,
+    throughput_requests: Annotated[
+        int, typer.Option(help="Requests per HTTP vs in-process throughput round.")
+    ] = 256,
     num_adapters: Annotated[
         int, typer.Option(help="zipf-longtail population and storm pool.")
     ] = 64,
@@ -134,7 +149,8 @@ def serve(
 
     try:
         config = ServeBenchConfig(
-            duration_s=duration_s, rate=rate, num_adapters=num_adapters,
+            duration_s=duration_s, rate=rate, load=load, trace_requests=trace_requests,
+            num_adapters=num_adapters, throughput_requests=throughput_requests,
             throughput_rounds=throughput_rounds, seed=seed, asset_dir=asset_dir,
             scenarios=tuple(s for s in scenarios.split(",") if s),
         )  # fmt: skip

@@ -36,7 +36,7 @@ def bench(
 ) -> tuple[dict[str, Any], Path]:
     report = tmp_path_factory.mktemp("report")
     args = ["bench", "serve", "--json", "--duration-s", "2", "--rate", "3", "--num-adapters", "4",
-            "--throughput-rounds", "1", "--report-dir", str(report),
+            "--throughput-rounds", "1", "--throughput-requests", "8", "--report-dir", str(report),
             "--asset-dir", str(demo_assets.root.parent)]  # fmt: skip
     result = CliRunner().invoke(app, args)
     assert result.exit_code == 0, result.output
@@ -55,6 +55,8 @@ def test_json_line_shape(bench: tuple[dict[str, Any], Path]) -> None:
         assert isinstance(metrics[name], float) and math.isfinite(metrics[name])
         assert metrics[name] >= 0
     assert metrics["http_over_offline_throughput"] > 0
+    assert len(metrics["capacity_rps"]) == 2 and all(v > 0 for v in metrics["capacity_rps"])
+    assert metrics["trace_rate"] == 3.0 and metrics["trace_duration_s"] == 2.0  # given, not derived
     assert set(metrics["runs"]) == set(RUNS)
 
 
@@ -114,6 +116,14 @@ def test_hit_ratios_and_config_validation() -> None:
         ServeBenchConfig(scenarios=("nope",))
     with pytest.raises(ValueError, match="rate"):
         ServeBenchConfig(rate=0)
+    with pytest.raises(ValueError, match="load"):
+        ServeBenchConfig(load=0)
+    derived = ServeBenchConfig(load=0.5, trace_requests=600)
+    assert derived.trace_shape(capacity_rps=40.0) == (20.0, 30.0)  # half of capacity, 600 requests
+    fixed = ServeBenchConfig(rate=8.0, duration_s=5.0)
+    assert fixed.trace_shape(capacity_rps=40.0) == (8.0, 5.0)
+    with pytest.raises(RuntimeError, match="capacity"):
+        derived.trace_shape(capacity_rps=0.0)
 
 
 def test_fleet_gives_the_storm_tenant_batch_class_and_quotas(
