@@ -169,21 +169,29 @@ class EngineCore:
     def _request_leases(self) -> None:
         if self.cache is None:
             return
+        cache = self.cache
         loading = self._loads_by_tenant()
-        for req in self.scheduler.lease_candidates():
+
+        def may_request(req: Request) -> bool:  # within the tenant's cold-load quota
             key = req.request.adapter_key
             assert key is not None  # lease candidates use an adapter
             if not self._may_load(key, loading):
-                continue
+                return False
+            if not cache.is_resident(key, Tier.L0):
+                loading.setdefault(key.tenant, set()).add(key)
+            return True
+
+        for req in self.scheduler.lease_candidates(may_request):
+            key = req.request.adapter_key
+            assert key is not None
             remaining = max(req.deadline_at_s - self.clock.now(), 1e-3)
-            future = self.cache.acquire_future(key, deadline_s=remaining)
+            future = cache.acquire_future(key, deadline_s=remaining)
             if future.done():
                 self._take_lease(req, future)
             else:
                 req.transition(RequestState.ADAPTER_WAIT)
                 self._pending[req.request_id] = future
                 future.add_done_callback(lambda _: self.on_lease_done())
-                loading.setdefault(key.tenant, set()).add(key)
 
     def _loads_by_tenant(self) -> dict[str, set[AdapterKey]]:
         """Adapters each tenant is waiting on now: unfinished lease waits and prefetches."""

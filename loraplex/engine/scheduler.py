@@ -19,7 +19,8 @@ from __future__ import annotations
 
 import heapq
 from collections import Counter, deque
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
+from itertools import islice
 
 from loraplex.adapters.identity import AdapterKey
 from loraplex.clock import Clock
@@ -116,37 +117,35 @@ class Scheduler:
     def queued_in_order(self, limit: int) -> list[Request]:
         """Up to ``limit`` queued requests in the order fair admission would take them
         (projected virtual times, each request charged its prompt + max_tokens)."""
-        vtime = dict(self._vtime)
-        cursors = {t: iter(q) for t, q in self._queues.items() if q}
-        heap = [(vtime[t], t, next(it)) for t, it in cursors.items()]
-        heapq.heapify(heap)
-        order: list[Request] = []
-        while heap and len(order) < limit:
-            v, tenant, req = heapq.heappop(heap)
-            order.append(req)
-            v += (len(req.request.prompt_token_ids) + req.request.params.max_tokens) / self._weight(
-                tenant
-            )
-            following = next(cursors[tenant], None)
-            if following is not None:
-                heapq.heappush(heap, (v, tenant, following))
-        return order
+        return list(islice(self._fair_order(), limit))
 
-    def lease_candidates(self) -> list[Request]:
-        """WAITING requests in the lookahead window that need their adapter leased (a capped
-        lower-class tenant only as many as it may run: slots follow seats)."""
-        window = self.queued_in_order(self.config.lease_lookahead)
+    def lease_candidates(
+        self, may_request: Callable[[Request], bool] = lambda _: True
+    ) -> list[Request]:
+        """WAITING requests that need their adapter leased, from the lookahead window: the first
+        ``lease_lookahead`` queued requests in fair order that hold, await or may now ask for a
+        lease (or need none). A request that may not ask now (``may_request`` refuses: its
+        tenant is at its cold-load quota; or a capped lower-class tenant has no room left: slots
+        follow seats) takes no room in the window, and the rest of its tenant's queue is passed
+        over this step: a tenant waiting on its own bound never keeps the others out."""
         room = self._lease_room()
+        passed_over: set[str] = set()
         out: list[Request] = []
-        for req in window:
+        window = 0
+        for req in self._fair_order(passed_over):
+            if window >= self.config.lease_lookahead:
+                break
             if req.state is not RequestState.WAITING or req.adapter_ready:
+                window += 1  # holds or awaits its lease, or needs none
                 continue
             left = room.get(req.tenant)
+            if (left is not None and left <= 0) or not may_request(req):
+                passed_over.add(req.tenant)
+                continue
             if left is not None:
-                if left <= 0:
-                    continue
                 room[req.tenant] = left - 1
             out.append(req)
+            window += 1
         return out
 
     def prefetch_keys(self) -> list[AdapterKey]:
@@ -210,6 +209,22 @@ class Scheduler:
         """The configured weight, else the tenant's priority-class weight (1.0 if unknown)."""
         weight = self.config.tenant_weights.get(tenant)
         return self.tenants.weight(tenant) if weight is None else weight
+
+    def _fair_order(self, passed_over: set[str] | None = None) -> Iterator[Request]:
+        """Queued requests in fair admission order; a tenant added to ``passed_over`` while
+        iterating yields nothing more."""
+        cursors = {t: iter(q) for t, q in self._queues.items() if q}
+        heap = [(self._vtime[t], t, next(it)) for t, it in cursors.items()]
+        heapq.heapify(heap)
+        while heap:
+            v, tenant, req = heapq.heappop(heap)
+            if passed_over is not None and tenant in passed_over:
+                continue
+            yield req
+            cost = len(req.request.prompt_token_ids) + req.request.params.max_tokens
+            following = next(cursors[tenant], None)
+            if following is not None:
+                heapq.heappush(heap, (v + cost / self._weight(tenant), tenant, following))
 
     def _active_tenants(self) -> set[str]:
         return set(self._queues)

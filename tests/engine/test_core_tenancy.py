@@ -59,7 +59,7 @@ async def _storm(stack: Stack, high: list[DemoAdapter], batch: list[DemoAdapter]
     for _ in range(20):
         assert cache.snapshot().num_loading <= 1
         await asyncio.sleep(0.01)
-    warm = [await collect(stack.engine, probe_request(stack, a, f"w{i}"))
+    warm = [await asyncio.wait_for(collect(stack.engine, probe_request(stack, a, f"w{i}")), 30)
             for i, a in enumerate(high)]  # fmt: skip
     assert [text_of(d) for d in warm] == [a.expected_continuation for a in high]
     assert not any(t.done() for t in storm)  # the storm was still loading all along
@@ -94,6 +94,32 @@ def test_budgeted_batch_storm_keeps_high_tenant_resident(
                          if e.key == stack.key(adapter) and e.tier is Tier.L0)  # fmt: skip
             assert entry.ready and entry.evictions == 0, entry
         assert stack.runtime.cache.ledgers[Tier.L0].tenant_bytes.get(BATCH, 0) <= slot
+        stack.runtime.cache.check_integrity()
+    finally:
+        stack.close()
+
+
+def test_requests_held_back_by_a_cold_load_quota_take_no_room_in_the_lease_window(
+    demo_assets: DemoAssets, tmp_path: Path
+) -> None:
+    """Two tenants of one class; the storming one (one cold load at a time) is ahead in fair
+    order because the other has run before. With a lease window of 2, its queued cold requests
+    would fill the window while they wait for its quota, and the other tenant's requests would
+    never be leased; they take no room, so the other tenant is answered during the storm."""
+    sched = SchedulerConfig(max_num_seqs=8, max_num_batched_tokens=128, max_model_len=256,
+                            lease_lookahead=2, max_queue_len=64)  # fmt: skip
+    stack = build_stack(demo_assets, tmp_path, max_loras=8, sched=sched)
+    try:
+        stack.runtime.update_tenant_settings({
+            HIGH: TenantSettings(weight=1.0),
+            BATCH: TenantSettings(weight=1.0, max_cold_loads=1),
+        })  # fmt: skip
+        high = [a for a in _adapters(demo_assets, HIGH) if a.revision == "r1"][:3]
+        for i, adapter in enumerate(high):  # runs first: its virtual time moves ahead
+            asyncio.run(collect(stack.engine, probe_request(stack, adapter, f"p{i}")))
+        batch = _adapters(demo_assets, BATCH)
+        stack.pipeline.gates = {stack.key(a): threading.Event() for a in batch}
+        asyncio.run(_storm(stack, high, batch))
         stack.runtime.cache.check_integrity()
     finally:
         stack.close()
