@@ -34,7 +34,7 @@ class DriveConfig:
     """How one trace is replayed."""
 
     time_scale: float = 1.0  # wall seconds per trace second
-    max_in_flight: int = 128  # open requests at once (bounded concurrency)
+    max_in_flight: int = 128  # open requests at once per tenant (bounded concurrency)
     request_timeout_s: float = 60.0  # every request ends within this
     vocab_size: int = 4096  # prompt token ids are drawn below this
     seed: int = 0  # prompt contents
@@ -212,25 +212,37 @@ async def replay_over_http(
     admin_key: str,
     config: DriveConfig,
 ) -> tuple[list[RequestRecord], ResidencyView]:
-    """Replays ``requests`` open-loop against ``url``; one record per request, in trace order."""
+    """Replays ``requests`` open-loop against ``url``; one record per request, in trace order.
+
+    Every tenant is a client of its own (connection pool and ``max_in_flight`` bound), as on a
+    real platform: one tenant's backlog of open requests (a storm's) never holds back another
+    tenant's requests on the client side, where the server could not be blamed or credited."""
     rng = random.Random(config.seed)
     prompts = [prompt_ids(rng, r.prompt_tokens, config.vocab_size) for r in requests]
     limits = httpx.Limits(max_connections=config.max_in_flight + 2, max_keepalive_connections=64)
     timeout = httpx.Timeout(config.request_timeout_s)
     view, stop = ResidencyView(), asyncio.Event()
-    gate = asyncio.Semaphore(config.max_in_flight)
-    async with httpx.AsyncClient(base_url=url, limits=limits, timeout=timeout) as client:
+    tenants = sorted({r.tenant for r in requests})
+    gates = {t: asyncio.Semaphore(config.max_in_flight) for t in tenants}
+    async with contextlib.AsyncExitStack() as stack:
+        clients = {
+            t: await stack.enter_async_context(
+                httpx.AsyncClient(base_url=url, limits=limits, timeout=timeout)
+            )
+            for t in tenants
+        }
+        admin = await stack.enter_async_context(httpx.AsyncClient(base_url=url, timeout=timeout))
         start = time.monotonic()
-        poller = asyncio.create_task(poll_residency(client, admin_key, view, start, stop))
+        poller = asyncio.create_task(poll_residency(admin, admin_key, view, start, stop))
 
         async def run(index: int, request: TraceRequest) -> RequestRecord:
             arrival = start + request.t_s * config.time_scale
             await asyncio.sleep(max(0.0, arrival - time.monotonic()))
             tier = view.tier_of(request.tenant, request.adapter, REVISION)
-            async with gate:
+            async with gates[request.tenant]:
                 record = await send_one(
-                    client, request, key=keys[request.tenant], ids=prompts[index],
-                    arrival=arrival, tier=tier, config=config,
+                    clients[request.tenant], request, key=keys[request.tenant],
+                    ids=prompts[index], arrival=arrival, tier=tier, config=config,
                 )  # fmt: skip
             return _relative(record, start)
 
@@ -240,7 +252,7 @@ async def replay_over_http(
             stop.set()
             await poller
         # One last look, so the final counters include the last requests.
-        await poll_once(client, admin_key, view, start)
+        await poll_once(admin, admin_key, view, start)
     return list(records), view
 
 
