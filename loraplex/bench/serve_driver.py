@@ -20,6 +20,7 @@ from dataclasses import dataclass, field
 
 import httpx
 
+from loraplex.bench.sse_client import SseClientError, StreamingPost
 from loraplex.bench.workloads import TraceRequest
 
 RESIDENCY_POLL_S = 1.0
@@ -156,23 +157,22 @@ def _consume(line: str, stream: _Stream) -> None:
         stream.tokens += 1
 
 
-async def _send(
-    client: httpx.AsyncClient, key: str, body: dict[str, object], stream: _Stream
-) -> int:
+async def _send(url: str, key: str, body: dict[str, object], stream: _Stream) -> int:
     headers = {"Authorization": f"Bearer {key}"}
-    async with client.stream("POST", "/v1/completions", json=body, headers=headers) as reply:
-        if reply.status_code != 200:
-            payload = await reply.aread()
+    async with StreamingPost(url, "/v1/completions", body, headers) as post:
+        assert post.reply is not None  # read on entry
+        if post.reply.status != 200:
+            payload = await post.body()
             stream.error = payload.decode("utf-8", errors="replace")[:200]
-            return reply.status_code
-        stream.tier = reply.headers.get(TIER_HEADER)
-        async for line in reply.aiter_lines():
+            return post.reply.status
+        stream.tier = post.reply.headers.get(TIER_HEADER)
+        async for line in post.lines():
             _consume(line, stream)
-        return reply.status_code
+        return post.reply.status
 
 
 async def send_one(
-    client: httpx.AsyncClient,
+    url: str,
     request: TraceRequest,
     *,
     key: str,
@@ -189,10 +189,10 @@ async def send_one(
     }  # fmt: skip
     stream, status = _Stream(), 0
     try:
-        status = await asyncio.wait_for(_send(client, key, body, stream), config.request_timeout_s)
+        status = await asyncio.wait_for(_send(url, key, body, stream), config.request_timeout_s)
     except TimeoutError:
         stream.error = "timeout"
-    except httpx.HTTPError as exc:
+    except (OSError, SseClientError) as exc:
         stream.error = type(exc).__name__
     ttft = None if stream.first_s is None else stream.first_s - arrival
     tpot = None
@@ -214,24 +214,16 @@ async def replay_over_http(
 ) -> tuple[list[RequestRecord], ResidencyView]:
     """Replays ``requests`` open-loop against ``url``; one record per request, in trace order.
 
-    Every tenant is a client of its own (connection pool and ``max_in_flight`` bound), as on a
-    real platform: one tenant's backlog of open requests (a storm's) never holds back another
-    tenant's requests on the client side, where the server could not be blamed or credited."""
+    Every tenant is a client of its own (its own ``max_in_flight`` bound), as on a real
+    platform: one tenant's backlog of open requests (a storm's) never holds back another
+    tenant's requests on the client side, where the server could not be blamed or credited.
+    Streams use ``sse_client`` (a connection each; cheap on the shared cores)."""
     rng = random.Random(config.seed)
     prompts = [prompt_ids(rng, r.prompt_tokens, config.vocab_size) for r in requests]
-    limits = httpx.Limits(max_connections=config.max_in_flight + 2, max_keepalive_connections=64)
-    timeout = httpx.Timeout(config.request_timeout_s)
     view, stop = ResidencyView(), asyncio.Event()
-    tenants = sorted({r.tenant for r in requests})
-    gates = {t: asyncio.Semaphore(config.max_in_flight) for t in tenants}
-    async with contextlib.AsyncExitStack() as stack:
-        clients = {
-            t: await stack.enter_async_context(
-                httpx.AsyncClient(base_url=url, limits=limits, timeout=timeout)
-            )
-            for t in tenants
-        }
-        admin = await stack.enter_async_context(httpx.AsyncClient(base_url=url, timeout=timeout))
+    gates = {t: asyncio.Semaphore(config.max_in_flight) for t in {r.tenant for r in requests}}
+    timeout = httpx.Timeout(config.request_timeout_s)
+    async with httpx.AsyncClient(base_url=url, timeout=timeout) as admin:
         start = time.monotonic()
         poller = asyncio.create_task(poll_residency(admin, admin_key, view, start, stop))
 
@@ -241,8 +233,8 @@ async def replay_over_http(
             tier = view.tier_of(request.tenant, request.adapter, REVISION)
             async with gates[request.tenant]:
                 record = await send_one(
-                    clients[request.tenant], request, key=keys[request.tenant],
-                    ids=prompts[index], arrival=arrival, tier=tier, config=config,
+                    url, request, key=keys[request.tenant], ids=prompts[index],
+                    arrival=arrival, tier=tier, config=config,
                 )  # fmt: skip
             return _relative(record, start)
 

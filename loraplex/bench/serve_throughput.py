@@ -24,8 +24,6 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-import httpx
-
 from loraplex.bench.serve_driver import DriveConfig, RequestRecord, prompt_ids, send_one
 from loraplex.bench.serve_fleet import Fleet, ServerOptions, serve_values, serving
 from loraplex.bench.workloads import TraceRequest
@@ -95,7 +93,7 @@ def _batch(config: ThroughputConfig, size: int, output_tokens: int, salt: str) -
 
 
 def _send(
-    client: httpx.AsyncClient,
+    url: str,
     fleet: Fleet,
     request: TraceRequest,
     ids: list[int],
@@ -104,18 +102,16 @@ def _send(
     drive: DriveConfig,
 ) -> Coroutine[None, None, RequestRecord]:
     key = fleet.keys[request.tenant]
-    return send_one(client, request, key=key, ids=ids, arrival=start, tier="L0", config=drive)
+    return send_one(url, request, key=key, ids=ids, arrival=start, tier="L0", config=drive)
 
 
 async def _http_round(url: str, fleet: Fleet, batch: Batch) -> tuple[list[RequestRecord], float]:
     """Every request of ``batch`` at once; the records and the round's wall seconds."""
     drive = DriveConfig(max_in_flight=len(batch), request_timeout_s=300.0)
-    limits = httpx.Limits(max_connections=len(batch) + 2)
-    async with httpx.AsyncClient(base_url=url, limits=limits, timeout=300.0) as client:
-        start = time.monotonic()
-        jobs = [_send(client, fleet, r, ids, start=start, drive=drive) for r, ids in batch]
-        records: list[RequestRecord] = await asyncio.gather(*jobs)
-        return records, time.monotonic() - start
+    start = time.monotonic()
+    jobs = [_send(url, fleet, r, ids, start=start, drive=drive) for r, ids in batch]
+    records: list[RequestRecord] = await asyncio.gather(*jobs)
+    return records, time.monotonic() - start
 
 
 async def _offline_round(
