@@ -9,10 +9,11 @@ Fairness is by work, not by request count: every scheduled token charges its ten
 time (tokens / weight; the weight from ``SchedulerConfig.tenant_weights``, else the tenant's
 priority class in the shared ``TenantBook``) and admission picks the backlogged tenant with the
 least virtual time. A tenant that becomes active starts at the least virtual time of the active
-tenants, so idling banks no credit. When KV blocks run out, the most recently admitted sequence
-is preempted (its blocks freed, recomputed later; it keeps its lease). While a higher priority
-class has requests, lower classes run and lease within the seats it leaves
-(``tenancy.class_caps``).
+tenants, so idling banks no credit; nor does waiting for adapter loads (a tenant that could not
+run for a step catches up to the least virtual time of those that could). When KV blocks run
+out, the most recently admitted sequence is preempted (its blocks freed, recomputed later; it
+keeps its lease). While a higher priority class has requests, lower classes run and lease within
+the seats it leaves (``tenancy.class_caps``).
 """
 
 from __future__ import annotations
@@ -56,6 +57,7 @@ class Scheduler:
         self.running: list[Request] = []  # admission order (the tail is preempted first)
         self._queues: dict[str, deque[Request]] = {}  # per tenant: queued, arrival order
         self._vtime: dict[str, float] = {}  # per tenant: tokens charged / weight
+        self._schedulable: set[str] = set()  # tenants with running or ready requests last step
         self._num_queued = 0
 
     # --- admission to the engine ------------------------------------------------------------
@@ -122,21 +124,24 @@ class Scheduler:
     def lease_candidates(
         self, may_request: Callable[[Request], bool] = lambda _: True
     ) -> list[Request]:
-        """WAITING requests that need their adapter leased, from the lookahead window: the first
-        ``lease_lookahead`` queued requests in fair order that hold, await or may now ask for a
-        lease (or need none). A request that may not ask now (``may_request`` refuses: its
-        tenant is at its cold-load quota; or a capped lower-class tenant has no room left: slots
-        follow seats) takes no room in the window, and the rest of its tenant's queue is passed
-        over this step: a tenant waiting on its own bound never keeps the others out."""
+        """WAITING requests that need their adapter leased, from the lookahead window: queued
+        requests in fair order until ``lease_lookahead`` distinct adapters are held, awaited or
+        asked for (slots are per adapter: requests sharing one take one place). A request that
+        may not ask now (``may_request`` refuses: its tenant is at its cold-load quota; or a
+        capped lower-class tenant has no room left: slots follow seats) takes no place, and the
+        rest of its tenant's queue is passed over this step: a tenant waiting on its own bound
+        never keeps the others out."""
         room = self._lease_room()
         passed_over: set[str] = set()
+        window: set[AdapterKey] = set()
         out: list[Request] = []
-        window = 0
         for req in self._fair_order(passed_over):
-            if window >= self.config.lease_lookahead:
+            if len(window) >= self.config.lease_lookahead:
                 break
+            key = req.request.adapter_key
             if req.state is not RequestState.WAITING or req.adapter_ready:
-                window += 1  # holds or awaits its lease, or needs none
+                if key is not None:  # holds or awaits its lease (base-model requests need none)
+                    window.add(key)
                 continue
             left = room.get(req.tenant)
             if (left is not None and left <= 0) or not may_request(req):
@@ -145,7 +150,8 @@ class Scheduler:
             if left is not None:
                 room[req.tenant] = left - 1
             out.append(req)
-            window += 1
+            assert key is not None  # not adapter_ready: it has an adapter
+            window.add(key)
         return out
 
     def prefetch_keys(self) -> list[AdapterKey]:
@@ -237,8 +243,9 @@ class Scheduler:
             for t, q in self._queues.items()
         }
         ready = {t: rs for t, rs in ready.items() if rs}
-        caps = self._class_caps()
         running = Counter(r.tenant for r in self.running)
+        self._catch_up(set(ready) | set(running))
+        caps = self._class_caps()
         while ready:
             tenant = min(ready, key=lambda t: (self._vtime[t], t))
             if running[tenant] >= caps.get(tenant, self.config.max_num_seqs):
@@ -248,6 +255,19 @@ class Scheduler:
             running[tenant] += 1  # (a higher class admitted here was counted as queued)
             if not ready[tenant]:
                 del ready[tenant]
+
+    def _catch_up(self, schedulable: set[str]) -> None:
+        """A tenant that can run again after a step with nothing to run (all its requests were
+        waiting for adapter loads) starts at the least virtual time of the tenants that could
+        run all along: waiting for loads banks no credit, as idling does not (otherwise a tenant
+        whose cold loads keep it waiting jumps ahead of everyone whenever a load finishes)."""
+        returning = schedulable - self._schedulable
+        steady = schedulable & self._schedulable
+        if returning and steady:
+            floor = min(self._vtime[t] for t in steady)
+            for tenant in returning:
+                self._vtime[tenant] = max(self._vtime[tenant], floor)
+        self._schedulable = schedulable
 
     def _class_caps(self) -> dict[str, int]:
         """Running-sequence caps of the tenants below the highest active priority class."""

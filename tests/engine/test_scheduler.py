@@ -128,6 +128,42 @@ def test_cold_adapter_never_blocks_warm_requests() -> None:
     assert len(driver.finished) == 18
 
 
+def test_waiting_for_a_load_banks_no_credit() -> None:
+    """Tenant b's requests wait 100 steps for their adapter while a runs; once it loads, b gets
+    its fair half of the seats from then on, not every seat until its virtual time catches up."""
+    cold, warm = adapter("cold", "b"), adapter("warm", "a")
+    cfg = SchedulerConfig(max_num_seqs=4, max_num_batched_tokens=64, max_model_len=64,
+                          lease_lookahead=64)  # fmt: skip
+    driver = Driver(cfg, num_blocks=256, resident={warm})
+    for i in range(200):
+        driver.add(request(f"a{i}", "a", prompt=8, out=4, first=i, key=warm))
+        driver.add(request(f"b{i}", "b", prompt=8, out=4, first=500 + i, key=cold))
+    for _ in range(100):
+        driver.step()
+    assert driver.tokens_by_tenant.get("b", 0) == 0
+    driver.load(cold)
+    before = dict(driver.tokens_by_tenant)
+    for _ in range(40):
+        driver.step()
+    a = driver.tokens_by_tenant["a"] - before["a"]
+    b = driver.tokens_by_tenant["b"]
+    assert abs(a - b) / (a + b) < 0.2, (a, b)
+
+
+def test_requests_awaiting_one_adapter_take_one_place_in_the_lease_window() -> None:
+    cold, warm = adapter("cold", "b"), adapter("warm", "a")
+    cfg = SchedulerConfig(max_num_seqs=4, max_num_batched_tokens=32, lease_lookahead=2)
+    driver = Driver(cfg, resident={warm})
+    driver.add(request("a-before", "a", prompt=40, key=warm))
+    _run(driver)  # a's virtual time is now ahead of b's
+    for i in range(10):  # first in fair order, all on one loading adapter
+        driver.add(request(f"b{i}", "b", key=cold))
+    driver.add(request("a0", "a", key=warm))
+    for _ in range(20):
+        driver.step()
+    assert driver.finished == ["a-before", "a0"]
+
+
 def test_deadlines_expire_only_queued_requests() -> None:
     cfg = SchedulerConfig(max_num_seqs=1, max_num_batched_tokens=8, default_deadline_s=1.0)
     driver = Driver(cfg)
