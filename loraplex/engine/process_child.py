@@ -18,6 +18,7 @@ the class's ``__init__``: domain errors have keyword-rich constructors that pick
 from __future__ import annotations
 
 import contextlib
+import gc
 import importlib
 import threading
 import time
@@ -210,6 +211,8 @@ def child_main(
         conn.close()
         return
     child = _Child(conn, handles, state_interval_s)
+    gc.collect()
+    gc.freeze()  # the model and caches are built: keep collections from walking them
     child.send(("ready", handles.max_loras))
     child.run()
     conn.close()

@@ -4,6 +4,7 @@ driven with the official openai client, streaming and not."""
 from __future__ import annotations
 
 import asyncio
+import time
 from collections.abc import Iterator
 
 import httpx
@@ -101,8 +102,16 @@ def test_metrics_follow_the_endpoint_picker_contract(live: Live) -> None:
         model="search", prompt="The globex search team", max_tokens=4, temperature=0
     )
     admin = {"Authorization": f"Bearer {live.server.admin_key}"}
-    text = httpx.get(live.url + "/metrics", headers=admin).text
-    families = {f.name: f for f in text_string_to_metric_families(text)}
+    # The engine process publishes its residency every 20 ms: the slot the request just used
+    # shows up within a few publications, not necessarily in the first scrape.
+    deadline = time.monotonic() + 5.0
+    while True:
+        text = httpx.get(live.url + "/metrics", headers=admin).text
+        families = {f.name: f for f in text_string_to_metric_families(text)}
+        labels = families["vllm:lora_requests_info"].samples[0].labels
+        if "globex/search" in labels["running_lora_adapters"] or time.monotonic() > deadline:
+            break
+        time.sleep(0.05)
     for name in ("vllm:num_requests_waiting", "vllm:num_requests_running",
                  "vllm:kv_cache_usage_perc", "vllm:lora_requests_info"):  # fmt: skip
         assert families[name].type == "gauge", name
