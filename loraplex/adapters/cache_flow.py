@@ -245,10 +245,11 @@ class LoadFlow:
             job.defer_timer = self.executor.call_at(at, lambda: self._retry_deferred(job))
 
     def _retry_deferred(self, job: LoadJob) -> None:
+        """The timer of one deferred job: only that job looks again (a release retries all)."""
         with self.cache.lock:
             job.defer_timer = None
             if job in self.blocked:
-                self.retry_blocked()
+                self._place(job)
 
     def _waited_s(self, job: LoadJob) -> float:
         """Seconds ``job`` has waited for room in its target tier."""

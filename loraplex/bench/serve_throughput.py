@@ -117,7 +117,7 @@ async def _http_round(url: str, fleet: Fleet, batch: Batch) -> tuple[list[Reques
 async def _offline_round(
     engine: EngineClient,
     keys: dict[tuple[str, str], AdapterKey],
-    batch: list[tuple[TraceRequest, list[int]]],
+    batch: Batch,
     tag: str,
 ) -> float:
     from loraplex.engine.protocol import EngineRequest

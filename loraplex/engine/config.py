@@ -18,7 +18,7 @@ class SchedulerConfig:
     tenant_max_queued: int | None = None  # queued requests per tenant; None: only max_queue_len
     # Fair-share weight overrides; absent tenants get their priority class's (engine.tenancy).
     tenant_weights: Mapping[str, float] = field(default_factory=dict)
-    lease_lookahead: int = 16  # queued requests, in admission order, that may hold/await a lease
+    lease_lookahead: int = 16  # distinct adapters queued requests (fair order) may hold/await
     prefetch_lookahead: int = 32  # further queued requests whose adapters are prefetched to L1
     retry_after_s: float = 1.0  # Retry-After advertised with queue errors
     # Sequences kept free for a higher priority class while one is active: a lower-class tenant

@@ -187,7 +187,9 @@ class Scheduler:
                 continue
             chunks.append(self._chunk(req, n))
             budget -= n
-        for req in self._admissible():
+        ready = self._ready()
+        self._catch_up(set(ready) | {r.tenant for r in self.running})
+        for req in self._admissible(ready):
             if len(self.running) >= self.config.max_num_seqs or budget == 0:
                 break
             n = self._admit(req, budget)
@@ -235,16 +237,18 @@ class Scheduler:
     def _active_tenants(self) -> set[str]:
         return set(self._queues)
 
-    def _admissible(self) -> Iterator[Request]:
-        """Ready queued requests, each time from the backlogged tenant with the least virtual
-        time (charges made while admitting count at once)."""
+    def _ready(self) -> dict[str, deque[Request]]:
+        """Per tenant with any: its queued requests that may run now, in arrival order."""
         ready = {
             t: deque(r for r in q if r.state is RequestState.WAITING and r.adapter_ready)
             for t, q in self._queues.items()
         }
-        ready = {t: rs for t, rs in ready.items() if rs}
+        return {t: rs for t, rs in ready.items() if rs}
+
+    def _admissible(self, ready: dict[str, deque[Request]]) -> Iterator[Request]:
+        """``ready`` requests, each time from the backlogged tenant with the least virtual
+        time (charges made while admitting count at once)."""
         running = Counter(r.tenant for r in self.running)
-        self._catch_up(set(ready) | set(running))
         caps = self._class_caps()
         while ready:
             tenant = min(ready, key=lambda t: (self._vtime[t], t))
