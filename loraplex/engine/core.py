@@ -29,8 +29,9 @@ from loraplex.engine.protocol import FINISH_ABORT, EngineRequest, TokenDelta
 from loraplex.engine.request import QUEUED_STATES, Request, RequestState
 from loraplex.engine.runner import ModelRunner
 from loraplex.engine.scheduler import Scheduler
+from loraplex.engine.step import StepPlan, StepResult
 from loraplex.engine.tenancy import TenantBook
-from loraplex.errors import CapacityError, QueueTimeoutError
+from loraplex.errors import CapacityError, GenerationError, QueueFullError, QueueTimeoutError
 from loraplex.model.sampler import SamplingParams
 from loraplex.model.tokenizer import TextTokenizer
 
@@ -84,6 +85,15 @@ class EngineCore:
     def add(self, request: EngineRequest, sink: Sink) -> None:
         if request.adapter_key is not None and self.cache is None:
             raise CapacityError("this engine serves the base model only; no adapter cache")
+        self.scheduler.check_can_add(request)
+        victim = self.scheduler.push_out_victim(request)
+        if victim is not None:  # the queue is full: the heaviest tenant's newest request yields
+            cfg = self.scheduler.config
+            error = QueueFullError(
+                f"tenant {victim.tenant!r}'s share of the engine queue", cfg.max_queue_len,
+                cfg.retry_after_s,
+            )  # fmt: skip
+            self._retire(victim, RequestState.ABORTED, FINISH_ABORT, error)
         req = self.scheduler.add(request)
         self._sinks[req.request_id] = sink
         self._outputs[req.request_id] = OutputTracker(
@@ -123,12 +133,44 @@ class EngineCore:
         if worked:
             params = {c.request_id: self.scheduler.requests[c.request_id].request.params
                       for c in plan.chunks if c.samples}  # fmt: skip
-            sampled = self.runner.run(plan, params, self._banned(params))
-            self.scheduler.update(plan, sampled)
-            for request_id, token in sampled.items():
+            result = self._run(plan, params, self._banned(params))
+            for request_id, reason in result.failed.items():
+                req = self.scheduler.requests[request_id]
+                error = GenerationError(request_id, reason)
+                self._retire(req, RequestState.ABORTED, FINISH_ABORT, error)
+            self.scheduler.update(plan, result.sampled)
+            for request_id, token in result.sampled.items():
                 self._emit(self.scheduler.requests[request_id], token)
         self._publish()
         return worked
+
+    def _run(
+        self,
+        plan: StepPlan,
+        params: dict[str, SamplingParams],
+        banned: dict[str, frozenset[int]],
+    ) -> StepResult:
+        """Runs ``plan``; if the forward raises, runs each chunk alone so that only the
+        request whose part raises fails (with its own error), and the others still advance.
+        Rerunning is safe: a chunk writes the same keys/values to the same KV rows again."""
+        try:
+            return self.runner.run(plan, params, banned)
+        except Exception:
+            _log.exception("engine step of %d chunks failed; isolating", len(plan.chunks))
+        sampled: dict[str, int] = {}
+        failed: dict[str, str] = {}
+        for chunk in plan.chunks:
+            alone = StepPlan((chunk,), ())
+            mine = {k: v for k, v in params.items() if k == chunk.request_id}
+            try:
+                result = self.runner.run(alone, mine, banned)
+            except Exception as exc:
+                _log.warning("request %s fails alone: %r", chunk.request_id, exc)
+                failed[chunk.request_id] = f"its part of the step raised {type(exc).__name__}"
+                continue
+            sampled.update(result.sampled)
+            failed.update(result.failed)
+        return StepResult(sampled, failed)
 
     def _banned(self, params: dict[str, SamplingParams]) -> dict[str, frozenset[int]]:
         """EOS ids per request still short of its ``min_tokens`` (as vLLM: unless ignore_eos)."""

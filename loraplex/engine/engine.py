@@ -22,7 +22,8 @@ from loraplex.adapters.cache import TieredAdapterCache
 from loraplex.adapters.identity import AdapterKey
 from loraplex.adapters.tiering import Tier
 from loraplex.engine.core import EngineCore
-from loraplex.engine.protocol import EngineLoad, EngineRequest, TokenDelta
+from loraplex.engine.protocol import EngineHealth, EngineLoad, EngineRequest, TokenDelta
+from loraplex.errors import EngineUnavailableError
 from loraplex.model.tokenizer import TextTokenizer
 
 _log = logging.getLogger(__name__)
@@ -55,15 +56,20 @@ class EngineThread:
         self._wake.set()
         self._thread.join(timeout_s)
 
+    def is_alive(self) -> bool:
+        return self._thread.is_alive()
+
     def _loop(self) -> None:
         while not self._stop.is_set():
             self._drain()
             self._deliver()
             try:
                 worked = self.core.step()
-            except Exception as exc:  # a model or engine bug: fail the live requests, go on
+            except Exception:  # an engine bug outside the forward: fail the live requests, go on
                 _log.exception("engine step failed; aborting live requests")
-                self.core.abort_all(exc)
+                # NOTE: a fresh error, not the one raised: its text may come from one request's
+                # values and must not reach every other tenant.
+                self.core.abort_all(EngineUnavailableError("the engine step failed; retry"))
                 worked = False
             self._deliver()
             if not worked:
@@ -248,6 +254,11 @@ class AsyncEngine:
 
     def load_snapshot(self) -> EngineLoad:
         return engine_load(self._core, self._max_loras)
+
+    def health(self) -> EngineHealth:
+        if self._thread.is_alive():
+            return EngineHealth(True, 0, None)
+        return EngineHealth(False, 0, "the engine thread stopped")
 
     def shutdown(self) -> None:
         """Stop the loop; live requests end with an error and every lease is released.

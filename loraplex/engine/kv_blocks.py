@@ -56,7 +56,11 @@ class PagedKVCache:
         self.dtype = dtype
         self.device = torch.device(device)
         rows = blocks.num_blocks * blocks.block_size
-        dims = (rows, shape.num_kv_heads, shape.head_dim)
+        # One extra row past every block, never written: decode padding reads it. NOTE: padding
+        # must not read a block row, which may hold another sequence's non-finite keys/values
+        # (an adapter with huge weights), and -inf masking cannot hide NaN (NaN * 0 is NaN).
+        self._pad_row = rows
+        dims = (rows + 1, shape.num_kv_heads, shape.head_dim)
         self.keys = [torch.zeros(dims, dtype=dtype, device=device) for _ in range(shape.num_layers)]
         self.values = [torch.zeros_like(k) for k in self.keys]
         self._scale = shape.head_dim**-0.5
@@ -102,11 +106,11 @@ class PagedKVCache:
         )
 
     def _decode_layout(self, chunk_rows: list[torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor]:
-        """Rows padded to the longest sequence (padding reads row 0, masked out) and the
-        additive mask hiding the padding."""
+        """Rows padded to the longest sequence (padding reads the all-zero pad row, masked out)
+        and the additive mask hiding the padding."""
         lengths = torch.tensor([r.numel() for r in chunk_rows])
         longest = int(lengths.max())
-        rows = torch.zeros((len(chunk_rows), longest), dtype=torch.int64)
+        rows = torch.full((len(chunk_rows), longest), self._pad_row, dtype=torch.int64)
         for i, r in enumerate(chunk_rows):
             rows[i, : r.numel()] = r
         beyond = torch.arange(longest)[None, :] >= lengths[:, None]

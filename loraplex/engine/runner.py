@@ -1,5 +1,7 @@
 """Executes a StepPlan: builds the flattened batch with per-token LoRA slots, runs the model
-under the adapter cache's slot lock, and samples the chunks that reached their sequence's end."""
+under the adapter cache's slot lock, and samples the chunks that reached their sequence's end.
+A request whose row cannot be sampled (non-finite logits, a failed draw) is reported in
+``StepResult.failed``; the other rows are unaffected."""
 
 from __future__ import annotations
 
@@ -9,10 +11,10 @@ from collections.abc import Mapping
 import torch
 
 from loraplex.engine.kv_blocks import PagedKVCache
-from loraplex.engine.step import StepPlan
+from loraplex.engine.step import StepPlan, StepResult
 from loraplex.model.kv_cache import SequenceChunk
 from loraplex.model.llama import ForwardBatch, LlamaModel, LoraApplier
-from loraplex.model.sampler import SamplingParams, make_generator, sample_next
+from loraplex.model.sampler import SamplingParams, make_generator, sample_rows
 
 # The op's tensor convention for "base model only" in token_slots.
 _NO_SLOT = -1
@@ -41,10 +43,10 @@ class ModelRunner:
         plan: StepPlan,
         params: Mapping[str, SamplingParams],
         banned: Mapping[str, frozenset[int]] | None = None,
-    ) -> dict[str, int]:
-        """One forward over ``plan``; returns the sampled token of every sampling chunk.
-        ``banned`` token ids cannot be sampled for that request this step (EOS before
-        ``min_tokens``)."""
+    ) -> StepResult:
+        """One forward over ``plan``; the sampled token of every sampling chunk, or why it
+        could not sample. ``banned`` token ids cannot be sampled for that request this step
+        (EOS before ``min_tokens``)."""
         chunks = [SequenceChunk(c.seq_id, c.start_pos, len(c.token_ids)) for c in plan.chunks]
         tokens = [t for c in plan.chunks for t in c.token_ids]
         slots = None
@@ -57,17 +59,25 @@ class ModelRunner:
             logits = self.model.forward_batch(batch, self.kv, self.lora)
         rows = [i for i, c in enumerate(plan.chunks) if c.samples]
         if not rows:
-            return {}
+            return StepResult({}, {})
         ids = [plan.chunks[i].request_id for i in rows]
-        picked = logits[rows]
-        for row, request_id in enumerate(ids):
-            tokens_out = (banned or {}).get(request_id)
-            if tokens_out:
-                picked[row, sorted(tokens_out)] = float("-inf")
-        chosen = sample_next(
-            picked, [params[r] for r in ids], [self._generator(r, params[r]) for r in ids]
+        generators: list[torch.Generator | None] = []
+        failed: dict[str, str] = {}
+        for request_id in ids:
+            try:
+                generators.append(self._generator(request_id, params[request_id]))
+            except RuntimeError as exc:  # e.g. a seed torch refuses
+                generators.append(None)
+                failed[request_id] = f"its random generator failed: {str(exc)[:200]}"
+        picked = sample_rows(
+            logits[rows],
+            [params[r] for r in ids],
+            generators,
+            [(banned or {}).get(r, frozenset()) for r in ids],
         )
-        return dict(zip(ids, chosen, strict=True))
+        failed.update({ids[row]: reason for row, reason in picked.failures.items()})
+        sampled = {ids[row]: token for row, token in picked.tokens.items()}
+        return StepResult({r: t for r, t in sampled.items() if r not in failed}, failed)
 
     def drop(self, request_id: str) -> None:
         """Forget a finished request's random stream."""

@@ -72,15 +72,35 @@ class Scheduler:
                 f"prompt has {len(request.prompt_token_ids)} tokens; max_model_len is "
                 f"{cfg.max_model_len}"
             )
-        if self._num_queued >= cfg.max_queue_len:
-            raise QueueFullError("the engine queue", cfg.max_queue_len, cfg.retry_after_s)
         queue = self._queues.get(request.tenant)
         limit = cfg.tenant_max_queued
         if limit is not None and queue is not None and len(queue) >= limit:
             raise QueueFullError(f"tenant {request.tenant!r} queue", limit, cfg.retry_after_s)
+        if self._num_queued >= cfg.max_queue_len and self.push_out_victim(request) is None:
+            raise QueueFullError("the engine queue", cfg.max_queue_len, cfg.retry_after_s)
+
+    def push_out_victim(self, request: EngineRequest) -> Request | None:
+        """With the queue full, the request that makes room for ``request``: the newest queued
+        one of the tenant holding the most queued requests, when that tenant holds more than
+        ``request``'s tenant would with it (queue shares are max-min fair, so one flooding
+        tenant can never push another into 429). None: the queue has room, or ``request``'s
+        tenant already holds a fair share (it is the one refused)."""
+        if self._num_queued < self.config.max_queue_len:
+            return None
+        held = {t: len(q) for t, q in self._queues.items()}  # _queues hold queued requests only
+        heaviest = max(held, key=lambda t: (held[t], t), default=None)
+        if heaviest is None or held[heaviest] <= held.get(request.tenant, 0) + 1:
+            return None
+        # Never one that has streamed tokens already (a preempted request, requeued at the head).
+        return next((r for r in reversed(self._queues[heaviest]) if not r.output_token_ids), None)
 
     def add(self, request: EngineRequest) -> Request:
+        """Queues ``request``; with the queue full the caller must first retire the
+        ``push_out_victim`` (the scheduler itself never drops a queued request)."""
         self.check_can_add(request)
+        cfg = self.config
+        if self._num_queued >= cfg.max_queue_len:
+            raise QueueFullError("the engine queue", cfg.max_queue_len, cfg.retry_after_s)
         now = self.clock.now()
         deadline = request.deadline_s or self.config.default_deadline_s
         req = Request(request, arrival_s=now, deadline_at_s=now + deadline)

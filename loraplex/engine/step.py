@@ -27,3 +27,11 @@ class StepPlan:
     @property
     def num_tokens(self) -> int:
         return sum(len(c.token_ids) for c in self.chunks)
+
+
+@dataclass(frozen=True)
+class StepResult:
+    """What one executed plan produced, per request."""
+
+    sampled: dict[str, int]  # request id -> the token it sampled this step
+    failed: dict[str, str]  # request id -> why its part of the step failed (it alone ends)

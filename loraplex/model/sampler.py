@@ -1,13 +1,23 @@
 """Next-token selection: greedy, or temperature / top-k / top-p sampling with a per-request
-``torch.Generator`` so a seeded request draws the same tokens whatever else shares its batch."""
+``torch.Generator`` so a seeded request draws the same tokens whatever else shares its batch.
+
+Sampling is robust per row: a row whose logits are not finite (an adapter with huge weights)
+or whose draw fails is reported as that row's failure, never raised for the whole batch, so one
+request's values cannot end another request's generation."""
 
 from __future__ import annotations
 
 import secrets
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
+
+# Below this temperature a request is greedy (as vLLM): dividing logits by a tinier one
+# overflows float32 to inf and turns the row's probabilities into NaN.
+MIN_TEMPERATURE = 1e-5
+# torch.Generator.manual_seed takes a signed 64-bit seed (vLLM's range too).
+MIN_SEED, MAX_SEED = -(2**63), 2**63 - 1
 
 
 @dataclass(frozen=True)
@@ -30,6 +40,11 @@ class SamplingParams:
             raise ValueError(f"temperature {self.temperature} is invalid; expected >= 0")
         if not 0 < self.top_p <= 1:
             raise ValueError(f"top_p {self.top_p} is invalid; expected 0 < top_p <= 1")
+        if self.seed is not None and not MIN_SEED <= self.seed <= MAX_SEED:
+            raise ValueError(
+                f"seed {self.seed} is invalid; expected a signed 64-bit integer "
+                f"[{MIN_SEED}, {MAX_SEED}]"
+            )
         if self.top_k is not None and self.top_k < 1:
             raise ValueError(f"top_k {self.top_k} is invalid; expected >= 1 or None")
         if not 0 <= self.min_tokens <= self.max_tokens:
@@ -42,7 +57,7 @@ class SamplingParams:
 
     @property
     def greedy(self) -> bool:
-        return self.temperature == 0
+        return self.temperature < MIN_TEMPERATURE
 
 
 def make_generator(params: SamplingParams, device: torch.device) -> torch.Generator | None:
@@ -63,11 +78,52 @@ def filter_logits(logits: torch.Tensor, params: SamplingParams) -> torch.Tensor:
     if params.top_p < 1.0:
         sorted_logits, order = torch.sort(logits, descending=True)
         probs = sorted_logits.softmax(-1)
-        # Drop a token when the tokens ranked above it already reach top_p (the top one stays).
+        # Drop a token when the tokens ranked above it already reach top_p. NOTE: the top one
+        # always stays: a top_p below float32's smallest value compares as 0 and would drop it.
         drop_sorted = (probs.cumsum(-1) - probs) >= params.top_p
+        drop_sorted[0] = False
         drop = torch.zeros_like(drop_sorted).scatter(0, order, drop_sorted)
         logits = logits.masked_fill(drop, float("-inf"))
     return logits
+
+
+@dataclass(frozen=True)
+class Sampled:
+    """One step's picks, per row of the logits."""
+
+    tokens: dict[int, int] = field(default_factory=dict)  # row -> sampled token id
+    failures: dict[int, str] = field(default_factory=dict)  # row -> why it could not sample
+
+
+def sample_rows(
+    logits: torch.Tensor,
+    params: Sequence[SamplingParams],
+    generators: Sequence[torch.Generator | None],
+    banned: Sequence[frozenset[int]] | None = None,
+) -> Sampled:
+    """One token per row of ``logits`` [num_rows, vocab], or that row's failure. ``banned``
+    token ids cannot be picked for that row (EOS before ``min_tokens``)."""
+    logits = logits.float()
+    finite = torch.isfinite(logits).all(-1).tolist()  # before banning adds -inf on purpose
+    if banned is not None:
+        logits = logits.clone()
+        for row, tokens_out in enumerate(banned):
+            if tokens_out:
+                logits[row, sorted(tokens_out)] = float("-inf")
+    chosen = logits.argmax(-1).tolist()
+    out = Sampled()
+    for row, (p, generator) in enumerate(zip(params, generators, strict=True)):
+        if not finite[row]:
+            out.failures[row] = "the model produced non-finite logits (inf or NaN)"
+        elif p.greedy:
+            out.tokens[row] = int(chosen[row])
+        else:
+            try:
+                probs = filter_logits(logits[row], p).softmax(-1)
+                out.tokens[row] = int(torch.multinomial(probs, 1, generator=generator))
+            except RuntimeError as exc:  # e.g. probabilities that are not a distribution
+                out.failures[row] = f"sampling failed: {str(exc)[:200]}"
+    return out
 
 
 def sample_next(
@@ -75,12 +131,10 @@ def sample_next(
     params: Sequence[SamplingParams],
     generators: Sequence[torch.Generator | None],
 ) -> list[int]:
-    """One token per row of ``logits`` [num_rows, vocab]."""
-    logits = logits.float()
-    chosen = logits.argmax(-1).tolist()
-    for row, (p, generator) in enumerate(zip(params, generators, strict=True)):
-        if p.greedy:
-            continue
-        probs = filter_logits(logits[row], p).softmax(-1)
-        chosen[row] = int(torch.multinomial(probs, 1, generator=generator))
-    return [int(t) for t in chosen]
+    """One token per row of ``logits`` [num_rows, vocab]; ValueError if a row cannot sample
+    (offline decoding: one batch of the caller's own inputs)."""
+    sampled = sample_rows(logits, params, generators)
+    if sampled.failures:
+        row, reason = next(iter(sampled.failures.items()))
+        raise ValueError(f"row {row} cannot be sampled: {reason}")
+    return [sampled.tokens[row] for row in range(len(params))]

@@ -87,6 +87,8 @@ class LoraBatch:
     row_lo: int = 0  # MASKED: first arena row the matmuls cover
     row_hi: int = 0  # MASKED: one past the last arena row covered
     mask: torch.Tensor | None = None  # MASKED: [num_tables, num_tokens, row_hi-row_lo] scales
+    # MASKED: [num_tokens, row_hi-row_lo] True where a token does not use that row's adapter
+    misses: torch.Tensor | None = None
     active_tables: tuple[bool, ...] = ()  # per table: some active slot has a LoRA pair there
 
 

@@ -103,6 +103,7 @@ def masked_batch(token_slots: torch.Tensor, layout: ArenaLayout, slots: list[int
         row_lo=row_lo,
         row_hi=row_hi,
         mask=mask,
+        misses=~hits,
         active_tables=active_tables(layout, bits),
     )
 

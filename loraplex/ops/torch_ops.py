@@ -30,12 +30,15 @@ from loraplex.ops.plan import (
 def apply_masked(
     x: torch.Tensor, out: torch.Tensor, weights: ModuleLoraWeights, batch: LoraBatch
 ) -> torch.Tensor:
-    if batch.mask is None:
+    if batch.mask is None or batch.misses is None:
         raise ValueError("batch strategy MASKED requires a mask; expected masked_batch output")
     lora_a = weights.lora_a[batch.row_lo : batch.row_hi]
     lora_b_t = weights.lora_b[batch.row_lo : batch.row_hi]
     hidden = torch.mm(x, lora_a.T)
     hidden.mul_(batch.mask[weights.table_index])
+    # NOTE: a zero scale cannot hide another adapter's overflow (inf * 0 is NaN): zero the rows
+    # a token does not use, so huge weights of one adapter never reach other requests' tokens.
+    hidden.masked_fill_(batch.misses, 0.0)
     return out.addmm_(hidden, lora_b_t)
 
 

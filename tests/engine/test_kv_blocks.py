@@ -118,3 +118,19 @@ def test_prefix_reuse_gives_identical_logits_and_stays_within_a_revision(
         paged.free(seq)
     assert blocks.usage == 0
     blocks.check_integrity()
+
+
+def test_decode_padding_never_reads_another_sequences_rows(model: LlamaModel) -> None:
+    """A sequence's non-finite keys/values (an adapter with huge weights) stay its own: the
+    padding of shorter decodes reads a row no sequence owns."""
+    paged = PagedKVCache(model.attention_shape, BlockManager(32, 4), dtype=torch.float32,
+                         device=torch.device("cpu"))  # fmt: skip
+    poisoned, short, long = (paged.allocate() for _ in range(3))
+    _forward(
+        model, paged, [(poisoned, 0, [5, 6, 7]), (short, 0, [8, 9]), (long, 0, list(range(10, 30)))]
+    )
+    for layer in range(len(paged.keys)):  # the poisoned sequence holds block 0 (rows 0..3)
+        paged.keys[layer][:4] = float("nan")
+        paged.values[layer][:4] = float("nan")
+    logits = _forward(model, paged, [(short, 2, [40]), (long, 20, [41])])
+    assert bool(torch.isfinite(logits).all())

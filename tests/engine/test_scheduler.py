@@ -288,3 +288,23 @@ def test_a_capped_tenant_leases_only_what_it_may_run() -> None:
     waiting = sum(r.tenant == "batch" and r.state is RequestState.ADAPTER_WAIT
                   for r in driver.scheduler.requests.values())  # fmt: skip
     assert len(batch) + waiting <= 8 - 3 - 2
+
+
+def test_a_full_queue_pushes_out_the_heaviest_tenants_newest_request() -> None:
+    cfg = SchedulerConfig(max_queue_len=4, max_model_len=16)
+    driver = Driver(cfg)
+    for i in range(4):
+        driver.add(request(f"flood{i}", "flood"))
+    victim = driver.scheduler.push_out_victim(request("b1", "b"))
+    assert victim is not None and victim.request_id == "flood3"  # the flooder's newest
+    with pytest.raises(QueueFullError):  # the scheduler alone never drops a queued request
+        driver.scheduler.add(request("b1", "b"))
+    driver.scheduler.finish(victim, RequestState.ABORTED, FINISH_ABORT)
+    driver.add(request("b1", "b"))
+    # Shares are max-min fair: "b" (1) may push "flood" (3) out again, but not below its own.
+    assert driver.scheduler.push_out_victim(request("b2", "b")) is not None
+    two_each = Driver(cfg)
+    for rid, tenant in (("x1", "x"), ("x2", "x"), ("y1", "y"), ("y2", "y")):
+        two_each.add(request(rid, tenant))
+    assert two_each.scheduler.push_out_victim(request("x3", "x")) is None
+    assert two_each.scheduler.push_out_victim(request("z1", "z")) is not None

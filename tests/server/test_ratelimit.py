@@ -1,0 +1,61 @@
+"""The ``max_requests_per_s`` quota: a token bucket per tenant (429 with Retry-After)."""
+
+from __future__ import annotations
+
+import pytest
+
+from loraplex.errors import RateLimitError
+from loraplex.registry import PriorityClass, Tenant, TenantQuotas
+from loraplex.server.errors import ErrorContext, to_api_error
+from loraplex.server.ratelimit import RateLimiter
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.now = 0.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def _tenant(name: str, rate: float | None) -> Tenant:
+    quotas = TenantQuotas(max_requests_per_s=rate)
+    return Tenant(name, PriorityClass.NORMAL, quotas, 0.0)
+
+
+def test_bucket_allows_the_rate_and_a_burst_then_refuses_with_retry_after() -> None:
+    clock = Clock()
+    limiter = RateLimiter(burst_s=1.0, clock=clock)
+    tenant = _tenant("acme", 4.0)
+    for _ in range(4):  # a full bucket: one second of the rate
+        limiter.check(tenant)
+    with pytest.raises(RateLimitError) as refused:
+        limiter.check(tenant)
+    assert refused.value.retry_after_s == pytest.approx(0.25)
+    error = to_api_error(refused.value, ErrorContext.TENANT)
+    assert (error.status, error.code, error.headers["Retry-After"]) == (429, "rate_limited", "1")
+    clock.now = 0.25  # one token back
+    limiter.check(tenant)
+    with pytest.raises(RateLimitError):
+        limiter.check(tenant)
+
+
+def test_tenants_have_their_own_buckets_and_no_quota_means_no_limit() -> None:
+    limiter = RateLimiter(clock=Clock())
+    slow, other, free = _tenant("slow", 0.5), _tenant("other", 1.0), _tenant("free", None)
+    limiter.check(slow)  # a rate below 1/s still holds one request
+    with pytest.raises(RateLimitError):
+        limiter.check(slow)
+    limiter.check(other)
+    for _ in range(1000):
+        limiter.check(free)
+
+
+def test_a_quota_change_applies_at_once() -> None:
+    clock = Clock()
+    limiter = RateLimiter(clock=clock)
+    limiter.check(_tenant("acme", 1.0))
+    with pytest.raises(RateLimitError):
+        limiter.check(_tenant("acme", 1.0))
+    clock.now = 0.1
+    limiter.check(_tenant("acme", 100.0))  # refills at the new rate

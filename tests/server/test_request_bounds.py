@@ -1,0 +1,70 @@
+"""Tenant-controlled request values are range-checked before they cost anything (a 400
+naming the field), and lone surrogates are a 400, not a 500."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+from conftest import Rig
+
+
+def _post(rig: Rig, path: str, **body: Any) -> Any:
+    return rig.client.post(path, json=body, headers=rig.headers("acme"))
+
+
+@pytest.mark.parametrize(
+    ("field", "value"),
+    [
+        ("seed", 2**64),
+        ("seed", -(2**63) - 1),
+        ("temperature", 2.5),
+        ("temperature", -1e-38),
+        ("top_p", 0.0),
+        ("top_p", 1.0000001),
+    ],
+)
+def test_out_of_range_sampling_values_are_a_400_naming_the_field(
+    rig: Rig, field: str, value: float
+) -> None:
+    reply = _post(rig, "/v1/completions", model="support", prompt="hi", **{field: value})
+    assert reply.status_code == 400, reply.text
+    assert reply.json()["error"]["param"] == field
+    assert not rig.engine.requests  # refused before the engine saw anything
+
+
+def test_extreme_but_valid_values_are_accepted(rig: Rig) -> None:
+    body = {"model": "support", "prompt": "hi", "seed": 2**63 - 1, "temperature": 1e-38,
+            "top_p": 1e-46}  # fmt: skip
+    assert _post(rig, "/v1/completions", **body).status_code == 200
+
+
+@pytest.mark.parametrize(
+    ("path", "body", "param"),
+    [
+        ("/v1/completions", {"prompt": "bad \ud800 text"}, "prompt"),
+        ("/v1/completions", {"prompt": ["fine", "bad \udfff"]}, "prompt"),
+        ("/v1/completions", {"prompt": "hi", "stop": "\ud800"}, "stop"),
+        ("/v1/chat/completions", {"messages": [{"role": "user", "content": "\ud83d"}]},
+         "messages"),
+        ("/v1/chat/completions",
+         {"messages": [{"role": "user", "content": [{"type": "text", "text": "\udc00"}]}]},
+         "messages"),
+    ],
+)  # fmt: skip
+def test_a_lone_surrogate_is_a_400(rig: Rig, path: str, body: dict[str, Any], param: str) -> None:
+    reply = rig.client.post(
+        path,
+        content=_json_with_surrogates({"model": "support", **body}),
+        headers={**rig.headers("acme"), "content-type": "application/json"},
+    )
+    assert reply.status_code == 400, reply.text
+    assert reply.json()["error"]["param"].split(".")[0] == param
+    assert "surrogate" in reply.json()["error"]["message"]
+
+
+def _json_with_surrogates(body: dict[str, Any]) -> bytes:
+    """JSON text with ``\\uXXXX`` escapes for lone surrogates (what an attacker sends)."""
+    import json
+
+    return json.dumps(body, ensure_ascii=True).encode("ascii")
