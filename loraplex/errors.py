@@ -7,6 +7,22 @@ field, the value that was seen and what was expected.
 
 from __future__ import annotations
 
+# The longest prefix of a caller's value an error message repeats: a 900 KB name must not come
+# back whole in an error body (or a log line).
+MAX_QUOTED_CHARS = 64
+
+
+def clipped(text: str, limit: int = MAX_QUOTED_CHARS) -> str:
+    """``text`` cut to ``limit`` characters, marked with '…' when cut."""
+    return text if len(text) <= limit else text[:limit] + "…"
+
+
+def quoted(value: object) -> str:
+    """``value`` as an error message quotes it: ``repr`` of at most MAX_QUOTED_CHARS characters."""
+    if isinstance(value, str) and len(value) > MAX_QUOTED_CHARS:
+        return repr(value[:MAX_QUOTED_CHARS]) + "…"
+    return clipped(repr(value))
+
 
 class LoraplexError(Exception):
     """Base of every loraplex domain error."""
@@ -26,7 +42,9 @@ class AdapterConfigError(AdapterError):
         self.field = field
         self.value = value
         self.expected = expected
-        super().__init__(f"adapter_config.json: field {field!r} is {value!r}; expected {expected}")
+        super().__init__(
+            f"adapter_config.json: field {quoted(field)} is {quoted(value)}; expected {expected}"
+        )
 
 
 class UnsupportedAdapterError(AdapterConfigError):
@@ -67,6 +85,10 @@ class DigestMismatchError(AdapterError):
 
 class PathOutsideStoreError(LoraplexError):
     """A path resolves outside the directory it must stay within."""
+
+
+class UnsafeImportError(PathOutsideStoreError):
+    """An imported folder holds a link or a non-regular file: a way to read outside it."""
 
 
 class ArtifactNotFoundError(LoraplexError):
@@ -160,3 +182,27 @@ class QueueFullError(CapacityError):
 
 class EngineUnavailableError(CapacityError):
     """The engine process is not running (it failed to start, crashed or was shut down)."""
+
+
+class GenerationError(LoraplexError):
+    """One request could not go on generating (its adapter produced non-finite logits, or its
+    part of a step raised); only that request fails, with this error (maps to 422)."""
+
+    def __init__(self, request_id: str, reason: str) -> None:
+        self.request_id = request_id
+        self.reason = reason
+        super().__init__(f"request {request_id!r} failed during generation: {reason}")
+
+
+class RateLimitError(CapacityError):
+    """A tenant sent requests faster than its ``max_requests_per_s`` quota (maps to 429 with
+    Retry-After)."""
+
+    def __init__(self, tenant: str, rate_per_s: float, retry_after_s: float) -> None:
+        self.tenant = tenant
+        self.rate_per_s = rate_per_s
+        # Seconds until the tenant's bucket holds a token again (the Retry-After header).
+        self.retry_after_s = retry_after_s
+        super().__init__(
+            f"tenant {tenant!r} is over its rate limit of {rate_per_s:g} requests/s; retry later"
+        )

@@ -24,19 +24,24 @@ from loraplex.errors import (
     ArtifactNotFoundError,
     AuthenticationError,
     CapacityError,
+    GenerationError,
     LoadCancelledError,
     LoraplexError,
     PathOutsideStoreError,
     QueueFullError,
     QueueTimeoutError,
+    RateLimitError,
     RecordNotFoundError,
     RegistryError,
     RevisionConflictError,
+    clipped,
 )
 
 # Retry-After (seconds) for capacity errors that carry no estimate of their own.
 DEFAULT_RETRY_AFTER_S = 1.0
 ADMIN_PREFIX = "/admin"
+# A validation message longer than this is cut: validators may quote the caller's value.
+MAX_VALIDATION_MESSAGE_CHARS = 512
 
 
 class ErrorContext(StrEnum):
@@ -91,6 +96,9 @@ def _capacity(exc: CapacityError) -> ApiError:
     if isinstance(exc, QueueFullError):
         headers = _retry_after(exc.retry_after_s)
         return ApiError(429, str(exc), "rate_limit_error", "queue_full", None, headers)
+    if isinstance(exc, RateLimitError):
+        headers = _retry_after(exc.retry_after_s)
+        return ApiError(429, str(exc), "rate_limit_error", "rate_limited", None, headers)
     if isinstance(exc, QueueTimeoutError):
         headers = _retry_after(exc.retry_after_s)
         return ApiError(503, str(exc), "server_error", "queue_timeout", None, headers)
@@ -109,6 +117,8 @@ def to_api_error(exc: Exception, context: ErrorContext) -> ApiError:
         return ApiError(404, str(exc), "invalid_request_error", "model_not_found", "model")
     if isinstance(exc, CapacityError):
         return _capacity(exc)
+    if isinstance(exc, GenerationError):
+        return ApiError(422, str(exc), "invalid_request_error", "generation_failed")
     if isinstance(exc, AdapterError | LoadCancelledError | ArtifactNotFoundError):
         if context is ErrorContext.ADMIN:
             return ApiError(422, str(exc), "invalid_request_error", "invalid_adapter")
@@ -138,13 +148,25 @@ async def _on_error(request: Request, exc: Exception) -> JSONResponse:
     return to_api_error(exc, context_of(request)).response()
 
 
+_TYPE_TAGS = frozenset({"str", "int", "float", "bool", "list", "dict"})
+
+
+def _is_union_tag(part: object) -> bool:
+    """Pydantic names the union member in an error's location (``str``, ``list[int]``,
+    ``function-after[...]``); it is not a field of the request."""
+    return isinstance(part, str) and ("[" in part or part in _TYPE_TAGS)
+
+
 async def _on_validation(request: Request, exc: Exception) -> JSONResponse:
     if not isinstance(exc, RequestValidationError):
         return await _on_error(request, exc)
-    first = exc.errors()[0] if exc.errors() else {}
-    location = [str(part) for part in first.get("loc", ()) if part != "body"]
-    param = ".".join(location) or None
-    message = f"{param or 'request'}: {first.get('msg', 'invalid value')}"
+    errors = exc.errors()
+    # A failed check of our own (a value error) says most; a union's other members say less.
+    first = next((e for e in errors if e.get("type") == "value_error"), errors[0] if errors else {})
+    location = [str(p) for p in first.get("loc", ()) if p != "body" and not _is_union_tag(p)]
+    param = clipped(".".join(location)) or None  # an unknown key is the caller's own text
+    reason = clipped(str(first.get("msg", "invalid value")), MAX_VALIDATION_MESSAGE_CHARS)
+    message = f"{param or 'request'}: {reason}"
     return invalid_request(message, param).response()
 
 

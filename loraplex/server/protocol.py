@@ -10,9 +10,25 @@ and ``loraplex.tier``: where that revision was cached when the request arrived.
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import Annotated, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field
+
+# The seed range torch's generators accept (a signed 64-bit integer, as vLLM).
+MIN_SEED, MAX_SEED = -(2**63), 2**63 - 1
+
+
+def _valid_utf8(value: str) -> str:
+    """A lone surrogate (``"\\ud800"`` in JSON) cannot be encoded, so no tokenizer can take it."""
+    try:
+        value.encode("utf-8")
+    except UnicodeEncodeError:
+        raise ValueError("contains a lone surrogate; expected valid Unicode text") from None
+    return value
+
+
+# Text a tenant sends: valid Unicode (checked before anything is tokenized).
+Text = Annotated[str, AfterValidator(_valid_utf8)]
 
 # ---- requests ----------------------------------------------------------------------------------
 
@@ -28,16 +44,16 @@ class SamplingFields(BaseModel):
 
     model_config = ConfigDict(extra="ignore")
 
-    model: str = Field(min_length=1, max_length=512)  # alias, tenant/name, ...@revision, or base
+    model: Text = Field(min_length=1, max_length=512)  # alias, tenant/name, ...@revision, or base
     max_tokens: int | None = Field(default=None, ge=1)  # None: the endpoint's default
-    temperature: float = Field(default=1.0, ge=0.0, le=2.0)  # 0: greedy
+    temperature: float = Field(default=1.0, ge=0.0, le=2.0)  # below 1e-5: greedy (as vLLM)
     top_p: float = Field(default=1.0, gt=0.0, le=1.0)  # nucleus mass
-    stop: str | list[str] | None = None  # up to 4 stop strings (OpenAI's limit)
-    seed: int | None = None  # seeds this request's sampler
+    stop: Text | list[Text] | None = None  # up to 4 stop strings (OpenAI's limit)
+    seed: int | None = Field(default=None, ge=MIN_SEED, le=MAX_SEED)  # seeds the sampler
     stream: bool = False  # server-sent events
     stream_options: StreamOptions | None = None  # include_usage
     n: int = 1  # only 1 is supported
-    user: str | None = None  # accepted and ignored
+    user: Text | None = Field(default=None, max_length=256)  # accepted and ignored
     ignore_eos: bool = False  # vLLM extension: generate past end-of-sequence tokens
     min_tokens: int = Field(default=0, ge=0)  # vLLM extension: no EOS / stop before this many
     # Unsupported: only absent / false / 0-top are accepted (completions send an int, chat a bool).
@@ -62,7 +78,7 @@ class SamplingFields(BaseModel):
 class CompletionRequest(SamplingFields):
     """POST /v1/completions."""
 
-    prompt: str | list[str] | list[int]  # one text prompt, or one already tokenized
+    prompt: Text | list[Text] | list[int]  # one text prompt, or one already tokenized
     max_tokens: int | None = Field(default=16, ge=1)  # OpenAI's default for completions
 
 
@@ -70,14 +86,14 @@ class TextPart(BaseModel):
     model_config = ConfigDict(extra="ignore")
 
     type: Literal["text"]  # only text parts are supported
-    text: str
+    text: Text
 
 
 class ChatMessageIn(BaseModel):
     model_config = ConfigDict(extra="ignore")
 
     role: Literal["system", "developer", "user", "assistant", "tool"]
-    content: str | list[TextPart] | None = None
+    content: Text | list[TextPart] | None = None
 
     def text(self) -> str:
         if self.content is None:
