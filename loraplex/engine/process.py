@@ -9,25 +9,29 @@ API server for the same reason).
 The child is started with ``spawn`` and builds everything that touches the model from a
 picklable ``builder`` (a module-level function and its arguments) returning ``WorkerHandles``:
 the engine core, its adapter cache, and how to apply tenant settings and close. It then runs an
-``EngineThread`` and answers one duplex pipe:
+``EngineThread`` and answers one duplex pipe (``engine/process_link.py``):
 
 after every step one message carries all of that step's deltas, and a published state (load,
 residency) answers ``load_snapshot`` and ``RemoteCache.is_resident`` without a round trip
 (messages: ``engine/process_child.py``).
 
-Errors cross the pipe with their types and attributes (``process_child.pack_error``). When the
-child dies, every live stream fails with ``EngineUnavailableError`` (503), ``load_snapshot``
-raises it (so ``/ready`` says 503), and the child exits by itself when the parent goes away
-(its pipe reaches EOF).
+Errors cross the pipe with their types and attributes (``process_child.pack_error``).
+
+The child is supervised. One IO thread reads its pipe; at EOF (the child died, however) every
+live stream and call fails with ``EngineUnavailableError`` (503) naming the restart, the engine
+reports itself down (``health()``: /health and /ready answer 503, ``load_snapshot`` raises, new
+requests are refused at once), and the same thread starts a new child after a bounded
+exponential backoff (``engine/restart.py``) until one is ready; then the engine is up again.
+The child builds its tenant settings and warm policies from the registry, like the first one.
+The child exits by itself when the parent goes away (its pipe reaches EOF).
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
-import itertools
+import functools
 import logging
-import multiprocessing as mp
 import threading
 import time
 from collections.abc import AsyncGenerator, Callable, Mapping
@@ -36,10 +40,13 @@ from typing import Any
 
 from loraplex.adapters.identity import AdapterKey
 from loraplex.adapters.tiering import Tier
-from loraplex.engine.engine import Mailbox, Mailboxes, Outbox, outbox_stream
-from loraplex.engine.process_child import PackedError, WorkerHandles, child_main, unpack_error
-from loraplex.engine.protocol import EngineLoad, EngineRequest, TokenDelta
+from loraplex.engine.engine import Mailboxes, Outbox, outbox_stream
+from loraplex.engine.process_child import WorkerHandles
+from loraplex.engine.process_inflight import InFlight
+from loraplex.engine.process_link import ChildLink
+from loraplex.engine.protocol import EngineHealth, EngineLoad, EngineRequest, TokenDelta
 from loraplex.engine.remote_cache import RemoteCache
+from loraplex.engine.restart import Backoff, RestartPolicy
 from loraplex.engine.tenancy import TenantSettings
 from loraplex.errors import EngineUnavailableError
 from loraplex.model.tokenizer import TextTokenizer
@@ -47,8 +54,12 @@ from loraplex.model.tokenizer import TextTokenizer
 _log = logging.getLogger(__name__)
 
 
+def _idle_load(max_loras: int) -> EngineLoad:
+    return EngineLoad(0, 0, 0, 0.0, (), (), max_loras)
+
+
 class EngineProcess:
-    """EngineClient over an engine in a child process (see the module docstring)."""
+    """EngineClient over a supervised engine child process (see the module docstring)."""
 
     def __init__(
         self,
@@ -59,53 +70,30 @@ class EngineProcess:
         start_timeout_s: float = 600.0,
         call_timeout_s: float = 30.0,
         state_interval_s: float = 0.02,
+        restart: RestartPolicy | None = None,
     ) -> None:
         self._tokenizer = tokenizer
+        self._spawn = functools.partial(ChildLink, builder, args, state_interval_s)
+        self._start_timeout_s = start_timeout_s
         self._call_timeout_s = call_timeout_s
-        self._send_lock = threading.Lock()
-        self._lock = threading.Lock()  # streams, calls, state
-        self._streams: dict[str, tuple[Mailbox, Outbox]] = {}
-        self._calls: dict[int, Future[Any]] = {}
-        self._deferred: dict[int, Future[None]] = {}
-        self._call_ids = itertools.count()
+        self._backoff = Backoff(restart or RestartPolicy())
+        self._closing = threading.Event()
+        self._lock = threading.Lock()  # the link, up/down, state; taken before the in-flight's
+        self._inflight = InFlight()
         self._mailboxes = Mailboxes()
-        self._dead: BaseException | None = None
+        self._down: EngineUnavailableError | None = None  # why requests are refused; None: up
+        self._num_restarts = 0
+        # tenant settings not yet known to be applied by the child (see update_tenant_settings)
+        self._tenants_unsent: dict[str, TenantSettings] | None = None
         self.residency: dict[AdapterKey, tuple[Tier, ...]] = {}  # ready tiers per adapter
         self.cache = RemoteCache(self)  # the child's adapter cache, for the admin API
-        context = mp.get_context("spawn")
-        self._conn, child_conn = context.Pipe(duplex=True)
-        self._process = context.Process(
-            target=child_main, args=(child_conn, builder, args, state_interval_s),
-            name="loraplex-engine", daemon=True,
-        )  # fmt: skip
-        self._process.start()
-        child_conn.close()
-        self._max_loras = self._await_ready(start_timeout_s)
-        self._load = EngineLoad(0, 0, 0, 0.0, (), (), self._max_loras)
-        self._reader = threading.Thread(target=self._read, name="loraplex-engine-io", daemon=True)
-        self._reader.start()
-
-    def _await_ready(self, timeout_s: float) -> int:
-        deadline = time.monotonic() + timeout_s
-        while not self._conn.poll(0.1):
-            if not self._process.is_alive():
-                self._process.join()
-                raise EngineUnavailableError(
-                    f"the engine process exited with code {self._process.exitcode} while starting"
-                )
-            if time.monotonic() > deadline:
-                self._kill()
-                raise EngineUnavailableError(f"the engine process did not start in {timeout_s} s")
-        try:
-            message = self._conn.recv()
-        except EOFError as exc:
-            self._process.join()
-            raise EngineUnavailableError("the engine process exited while starting") from exc
-        if message[0] == "failed":
-            self._process.join()
-            raise unpack_error(message[1])
-        max_loras: int = message[1]
-        return max_loras
+        self._link = self._spawn()
+        self._load = _idle_load(self._link.await_ready(start_timeout_s, self._closing))
+        self._backoff.up(time.monotonic())
+        self._supervisor = threading.Thread(
+            target=self._supervise, args=(self._link,), name="loraplex-engine-io", daemon=True
+        )
+        self._supervisor.start()
 
     @property
     def tokenizer(self) -> TextTokenizer:
@@ -113,7 +101,8 @@ class EngineProcess:
 
     @property
     def pid(self) -> int | None:
-        return self._process.pid
+        """The current child's process id (the dead one's while a restart is pending)."""
+        return self._link.pid
 
     # --- EngineClient ------------------------------------------------------------------------
 
@@ -124,167 +113,188 @@ class EngineProcess:
 
         def start() -> None:
             with self._lock:
-                self._check_alive()
-                if rid in self._streams:
-                    raise ValueError(f"request_id {rid!r} is invalid; expected unique")
-                self._streams[rid] = (mailbox, outbox)
-            self._send(("add", request))
+                self._check_up()
+                self._inflight.add_stream(rid, mailbox, outbox)
+                link = self._link  # NOTE: this child's, even if a restart follows at once
+            self._send(link, ("add", request))
 
         def stop(finished: bool) -> None:
-            with self._lock:
-                if self._streams.get(rid, (None, None))[1] is not outbox:
-                    return  # never registered (a duplicate id): the live one is not ours
-                del self._streams[rid]
-            if not finished and self._dead is None:
-                with contextlib.suppress(EngineUnavailableError):
-                    self._send(("abort", rid))
+            if self._inflight.drop_stream(rid, outbox) and not finished:
+                self._abort(rid)
 
         return outbox_stream(outbox, start, stop)
 
     async def abort(self, request_id: str) -> None:
-        if self._dead is None:
-            self._send(("abort", request_id))
+        self._abort(request_id)
+
+    def _abort(self, request_id: str) -> None:
+        with self._lock:
+            link = self._link if self._down is None else None
+        if link is not None:  # a dead child's requests are gone with it
+            with contextlib.suppress(EngineUnavailableError):
+                self._send(link, ("abort", request_id))
 
     def load_snapshot(self) -> EngineLoad:
         with self._lock:
-            self._check_alive()
+            self._check_up()
             return self._load
 
+    def health(self) -> EngineHealth:
+        with self._lock:
+            reason = None if self._down is None else str(self._down)
+            return EngineHealth(self._down is None, self._num_restarts, reason)
+
     def update_tenant_settings(self, settings: Mapping[str, TenantSettings]) -> None:
-        self.call("update_tenants", dict(settings))
+        """Applies ``settings`` in the child. Recorded first: while the engine is down (or if
+        the child dies meanwhile) the next child gets them when it comes up, since it may have
+        read the registry before they changed."""
+        unsent = dict(settings)
+        with self._lock:
+            self._tenants_unsent = unsent
+            if self._down is not None:
+                return
+        self.call("update_tenants", unsent)
+        with self._lock:
+            if self._tenants_unsent is unsent:
+                self._tenants_unsent = None
 
     # --- calls --------------------------------------------------------------------------------
 
     def call(self, method: str, *args: Any) -> Any:
         """Runs ``method`` in the child and returns its result (or raises its error)."""
-        with self._lock:
-            call_id = next(self._call_ids)
-        return self._call(call_id, method, args)
+        return self._call(method, args, None)
 
     def call_future(self, method: str, *args: Any) -> Future[None]:
         """A pin/prefetch in the child: the future completes when its load does."""
         deferred: Future[None] = Future()
-        with self._lock:
-            call_id = next(self._call_ids)
-            self._deferred[call_id] = deferred  # before the call: "done" follows its reply
-        try:
-            self._call(call_id, method, args)
-        except BaseException:
-            with self._lock:
-                self._deferred.pop(call_id, None)
-            raise
+        self._call(method, args, deferred)
         return deferred
 
-    def _call(self, call_id: int, method: str, args: tuple[Any, ...]) -> Any:
-        future: Future[Any] = Future()
+    def _call(self, method: str, args: tuple[Any, ...], deferred: Future[None] | None) -> Any:
         with self._lock:
-            self._check_alive()
-            self._calls[call_id] = future
-        self._send(("call", call_id, method, args))
+            self._check_up()
+            call_id, future = self._inflight.add_call(deferred)
+            link = self._link
+        answered = False
         try:
-            return future.result(self._call_timeout_s)
+            self._send(link, ("call", call_id, method, args))
+            result = future.result(self._call_timeout_s)
+            answered = True
+            return result
         except TimeoutError as exc:
-            with self._lock:
-                self._calls.pop(call_id, None)
             raise EngineUnavailableError(
                 f"the engine process did not answer {method!r} in {self._call_timeout_s} s"
             ) from exc
+        finally:
+            self._inflight.end_call(call_id, answered)
 
-    # --- plumbing -----------------------------------------------------------------------------
+    # --- supervision --------------------------------------------------------------------------
 
-    def _send(self, message: tuple[Any, ...]) -> None:
+    @staticmethod
+    def _send(link: ChildLink, message: tuple[Any, ...]) -> None:
         try:
-            with self._send_lock:
-                self._conn.send(message)
+            link.send(message)
         except (OSError, ValueError) as exc:
             raise EngineUnavailableError("the engine process is not running") from exc
 
-    def _check_alive(self) -> None:
-        if self._dead is not None:
-            raise EngineUnavailableError(str(self._dead))
+    def _check_up(self) -> None:
+        if self._down is not None:
+            raise EngineUnavailableError(str(self._down))
 
-    def _read(self) -> None:
+    def _supervise(self, link: ChildLink | None) -> None:
+        """The IO thread: reads the child's pipe; when the child dies, fails what it had in
+        flight and starts another one, until shutdown."""
+        while link is not None:
+            self._read(link)
+            link.close()
+            if self._closing.is_set():
+                self._fail_all(EngineUnavailableError("the engine process was shut down"))
+                return
+            how = link.describe_exit()
+            _log.error("engine process %s %s; restarting it", link.pid, how)
+            self._fail_all(EngineUnavailableError(
+                f"the engine process {how}; it is being restarted, retry shortly"
+            ))  # fmt: skip
+            link = self._restart()
+
+    def _read(self, link: ChildLink) -> None:
         while True:
             try:
-                message = self._conn.recv()
+                message = link.recv()
             except (EOFError, OSError):
-                break
+                return
             try:
-                self._dispatch(message)
+                if message[0] == "state":
+                    with self._lock:
+                        self._load, self.residency = message[1], message[2]
+                else:
+                    self._inflight.dispatch(message)
             except Exception:  # a malformed message must not kill the reader
                 _log.exception("engine process message %r failed", message[:1])
-        self._fail_all(EngineUnavailableError("the engine process exited"))
 
-    def _dispatch(self, message: tuple[Any, ...]) -> None:
-        kind = message[0]
-        if kind == "out":
-            self._route(message[1])
-        elif kind == "state":
+    def _restart(self) -> ChildLink | None:
+        """Starts children, with backoff, until one is ready (returned) or shutdown (None)."""
+        while not self._closing.wait(self._backoff.next_delay_s(time.monotonic())):
             with self._lock:
-                self._load, self.residency = message[1], message[2]
-        elif kind == "reply":
-            _, call_id, ok, value = message
-            with self._lock:
-                future = self._calls.pop(call_id, None)
-            if future is not None:
-                if ok:
-                    future.set_result(value)
-                else:
-                    future.set_exception(unpack_error(value))
-                    with self._lock:
-                        self._deferred.pop(call_id, None)
-        elif kind == "done":
-            _, call_id, error = message
-            with self._lock:
-                deferred = self._deferred.pop(call_id, None)
-            if deferred is not None:
-                if error is None:
-                    deferred.set_result(None)
-                else:
-                    deferred.set_exception(unpack_error(error))
+                self._num_restarts += 1
+            try:
+                link = self._spawn()
+                max_loras = link.await_ready(self._start_timeout_s, self._closing)
+            except Exception as exc:  # its build failed, it died or timed out while starting
+                _log.error("engine process restart failed", exc_info=exc)
+                with self._lock:
+                    self._down = EngineUnavailableError(
+                        f"the engine process failed to start again ({type(exc).__name__}); "
+                        "it is being restarted, retry later"
+                    )
+                continue
+            if self._attach(link, max_loras):
+                return link
+            link.request_stop()
+            link.close(self._call_timeout_s)
+            return None
+        return None
 
-    def _route(self, out: list[tuple[str, TokenDelta | PackedError]]) -> None:
-        touched: set[Mailbox] = set()
+    def _attach(self, link: ChildLink, max_loras: int) -> bool:
+        """Makes a ready child the current one (False: shutdown began, it is not wanted)."""
         with self._lock:
-            for rid, item in out:
-                stream = self._streams.get(rid)
-                if stream is None:  # aborted by its client meanwhile
-                    continue
-                mailbox, outbox = stream
-                value = item if isinstance(item, TokenDelta) else unpack_error(item)
-                mailbox.post(outbox, value)
-                touched.add(mailbox)
-        for mailbox in touched:
-            mailbox.wake()
+            if self._closing.is_set():
+                return False
+            if self._tenants_unsent is not None:  # before any request can reach the new child
+                call_id, future = self._inflight.add_call(None)
+                future.add_done_callback(_log_failed_tenant_update)
+                with contextlib.suppress(EngineUnavailableError):
+                    self._send(link, ("call", call_id, "update_tenants", (self._tenants_unsent,)))
+            self._link = link
+            self._load = _idle_load(max_loras)
+            self._down = None
+        self._backoff.up(time.monotonic())
+        _log.warning("engine process restarted (pid %s)", link.pid)
+        return True
 
     def _fail_all(self, error: EngineUnavailableError) -> None:
+        """The child is gone: the engine is down and everything it had in flight fails."""
         with self._lock:
-            if self._dead is None:
-                self._dead = error
-            streams = list(self._streams.values())
-            calls = list(self._calls.values()) + list(self._deferred.values())
-            self._calls.clear()
-            self._deferred.clear()
-        for mailbox, outbox in streams:
-            mailbox.post(outbox, error)
-            mailbox.wake()
-        for future in calls:
-            if not future.done():
-                future.set_exception(error)
-
-    def _kill(self) -> None:
-        self._process.kill()
-        self._process.join(10)
+            self._down = error
+            self.residency = {}
+        self._inflight.fail_all(error)
 
     def shutdown(self, timeout_s: float = 30.0) -> None:
-        """Stops the child (live requests end with an error, its cache and registry close)."""
-        if self._process.is_alive():
-            with contextlib.suppress(EngineUnavailableError):
-                self._send(("stop",))
-            self._process.join(timeout_s)
-            if self._process.is_alive():
-                _log.warning("engine process did not stop in %s s; killing it", timeout_s)
-                self._kill()
-        self._conn.close()
-        self._reader.join(timeout_s)
+        """Stops the child (live requests end with an error, its cache and registry close)
+        and the supervision (no restart follows)."""
+        with self._lock:
+            self._closing.set()
+            link = self._link
+        link.request_stop()
+        self._supervisor.join(timeout_s)
+        if self._supervisor.is_alive():
+            _log.warning("engine process did not stop in %s s; killing it", timeout_s)
+            link.kill()
+            self._supervisor.join(timeout_s)
         self._fail_all(EngineUnavailableError("the engine process was shut down"))
+
+
+def _log_failed_tenant_update(future: Future[Any]) -> None:
+    error = future.exception()
+    if error is not None:
+        _log.error("re-sending tenant settings to the restarted engine failed", exc_info=error)

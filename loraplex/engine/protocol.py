@@ -77,6 +77,15 @@ class EngineLoad:
     max_loras: int  # GPU adapter slots
 
 
+@dataclass(frozen=True)
+class EngineHealth:
+    """Whether the engine takes requests now (for /health, /ready and /metrics)."""
+
+    up: bool  # False while the engine is down (its process died and is being restarted)
+    num_restarts: int  # engine restart attempts since the server started (0: never restarted)
+    down_reason: str | None  # why it is down, for operators and refused clients; None while up
+
+
 class EngineClient(Protocol):
     """What the server needs from an engine (AsyncEngine implements it; tests may fake it)."""
 
@@ -94,6 +103,10 @@ class EngineClient(Protocol):
 
     def load_snapshot(self) -> EngineLoad:
         """Current load; cheap and thread-safe."""
+        ...
+
+    def health(self) -> EngineHealth:
+        """Whether the engine is up; cheap, thread-safe, and never raises."""
         ...
 
     @property

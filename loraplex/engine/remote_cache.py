@@ -17,8 +17,10 @@ if TYPE_CHECKING:
 class RemoteCache:
     """The cache-control surface of the child's adapter cache (``server.deps.CacheControl``).
 
-    ``is_resident`` answers from the latest published state (at most ``state_interval_s`` old);
-    the other methods are calls into the child."""
+    ``is_resident`` answers from the latest published state (at most ``state_interval_s`` old;
+    nothing is resident while the engine is down); the other methods are calls into the child
+    (``EngineUnavailableError`` while it is down). It holds the ``EngineProcess``, not a child,
+    so after a restart it answers from the new child."""
 
     def __init__(self, engine: EngineProcess) -> None:
         self._engine = engine

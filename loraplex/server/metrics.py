@@ -13,6 +13,11 @@ Two families:
   string any gateway can send), comma-separated, sorted; an adapter is listed as running when a
   revision of it is in a GPU slot, and as waiting only when none is (the lists never overlap).
 
+Two gauges of the engine's supervision (``engine/process.py``): ``loraplex_engine_up`` (1 while
+the engine takes requests, 0 while its process is down or restarting) and
+``loraplex_engine_restarts_total``. While the engine is down the families read from it (the
+endpoint-picker family, the adapter cache's) are left out rather than reported as idle.
+
 Every label takes values from a fixed set (tier, stage, cold, priority class, outcome); adapter ids
 appear only inside the one ``lora_requests_info`` sample and in the admin residency view.
 """
@@ -35,6 +40,7 @@ from prometheus_client.registry import Collector
 from loraplex.adapters.identity import AdapterKey
 from loraplex.adapters.tiering import CACHED_TIERS, Tier
 from loraplex.engine.protocol import EngineClient, EngineLoad, TokenDelta
+from loraplex.errors import EngineUnavailableError
 from loraplex.server.deps import CacheControl
 
 CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
@@ -60,7 +66,10 @@ class EngineCollector(Collector):
         self._wall_clock = wall_clock
 
     def collect(self) -> Iterator[Metric]:
-        load = self._engine.load_snapshot()
+        try:
+            load = self._engine.load_snapshot()
+        except EngineUnavailableError:  # down: an idle-looking replica would attract traffic
+            return
         yield GaugeMetricFamily(
             "vllm:num_requests_waiting",
             "Requests queued, including those waiting for their adapter to load.",
@@ -88,6 +97,24 @@ class EngineCollector(Collector):
         yield states
 
 
+class HealthCollector(Collector):
+    """The engine's supervision from ``engine.health()`` at scrape time."""
+
+    def __init__(self, engine: EngineClient) -> None:
+        self._engine = engine
+
+    def collect(self) -> Iterator[Metric]:
+        health = self._engine.health()
+        yield GaugeMetricFamily(
+            "loraplex_engine_up", "1 while the engine takes requests; 0 while it is down.",
+            value=1 if health.up else 0,
+        )  # fmt: skip
+        yield CounterMetricFamily(
+            "loraplex_engine_restarts", "Engine process restart attempts since the server started.",
+            value=health.num_restarts,
+        )  # fmt: skip
+
+
 class CacheCollector(Collector):
     """DESIGN.md §8 adapter-cache metrics from ``cache.snapshot()`` at scrape time."""
 
@@ -95,7 +122,10 @@ class CacheCollector(Collector):
         self._cache = cache
 
     def collect(self) -> Iterator[Metric]:
-        snapshot = self._cache.snapshot()
+        try:
+            snapshot = self._cache.snapshot()
+        except EngineUnavailableError:  # the engine process (holding the cache) is down
+            return
         stats = snapshot.stats
         per_tier = (
             ("adapter_cache_hits", "Acquires served from L0, or filled from L1/L2.", stats.hits),
@@ -154,6 +184,7 @@ class ServerMetrics:
     ) -> None:
         self.registry = CollectorRegistry(auto_describe=True)
         self.registry.register(EngineCollector(engine, wall_clock))
+        self.registry.register(HealthCollector(engine))
         if cache is not None:
             self.registry.register(CacheCollector(cache))
         labels = ("cold", "priority_class")

@@ -20,7 +20,7 @@ from loraplex.adapters.pipeline import (
 )
 from loraplex.adapters.stats import Stage
 from loraplex.adapters.tiering import Tier, TierBudget
-from loraplex.engine.protocol import EngineLoad, EngineRequest, TokenDelta
+from loraplex.engine.protocol import EngineHealth, EngineLoad, EngineRequest, TokenDelta
 from loraplex.model.tokenizer import TextTokenizer
 
 BOS = 1
@@ -70,6 +70,9 @@ class FakeEngine:
             num_waiting=1, num_adapter_wait=len(self.waiting), num_running=2, kv_usage=0.25,
             running_adapters=self.running, waiting_adapters=self.waiting, max_loras=4,
         )  # fmt: skip
+
+    def health(self) -> EngineHealth:
+        return EngineHealth(up=True, num_restarts=0, down_reason=None)
 
     async def abort(self, request_id: str) -> None:
         if request_id not in self.aborted:

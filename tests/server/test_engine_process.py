@@ -148,7 +148,7 @@ def test_a_dead_engine_process_means_503_while_the_server_stays_up(
             for _ in stream:
                 pass
         http = httpx.Client(base_url=live.url, timeout=30)
-        assert http.get("/health").status_code == 200
+        assert http.get("/health").status_code == 503  # engine_down until it is restarted
         ready = http.get("/ready")
         assert ready.status_code == 503
         assert ready.json()["reason"] == "EngineUnavailableError"

@@ -1,0 +1,115 @@
+"""What the server process has in flight in its engine child: streams waiting for deltas, calls
+waiting for their reply, pin/prefetch loads waiting for their ``done``.
+
+The IO thread routes the child's messages here (``engine/process_child.py`` lists them); when the
+child dies, everything in flight fails at once and nothing of it is carried to the next child.
+"""
+
+from __future__ import annotations
+
+import itertools
+import threading
+from concurrent.futures import Future
+from typing import Any
+
+from loraplex.engine.engine import Mailbox, Outbox
+from loraplex.engine.process_child import PackedError, unpack_error
+from loraplex.engine.protocol import TokenDelta
+
+
+class InFlight:
+    """Request id -> stream and call id -> future, for one engine child at a time."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._streams: dict[str, tuple[Mailbox, Outbox]] = {}
+        self._calls: dict[int, Future[Any]] = {}  # waiting for their reply
+        self._deferred: dict[int, Future[None]] = {}  # pin/prefetch: waiting for their load
+        self._call_ids = itertools.count()
+
+    def add_stream(self, rid: str, mailbox: Mailbox, outbox: Outbox) -> None:
+        with self._lock:
+            if rid in self._streams:
+                raise ValueError(f"request_id {rid!r} is invalid; expected unique")
+            self._streams[rid] = (mailbox, outbox)
+
+    def drop_stream(self, rid: str, outbox: Outbox) -> bool:
+        """Forgets ``rid``'s stream; False when ``outbox`` was not the live one (a duplicate id,
+        or a stream already failed with its child)."""
+        with self._lock:
+            if self._streams.get(rid, (None, None))[1] is not outbox:
+                return False
+            del self._streams[rid]
+            return True
+
+    def add_call(self, deferred: Future[None] | None) -> tuple[int, Future[Any]]:
+        """A new call id and the future of its reply; ``deferred`` completes at its ``done``."""
+        future: Future[Any] = Future()
+        with self._lock:
+            call_id = next(self._call_ids)
+            self._calls[call_id] = future
+            if deferred is not None:  # before the call is sent: "done" follows its reply
+                self._deferred[call_id] = deferred
+        return call_id, future
+
+    def end_call(self, call_id: int, answered: bool) -> None:
+        """The caller stopped waiting; an unanswered call's load is not waited for either."""
+        with self._lock:
+            self._calls.pop(call_id, None)
+            if not answered:
+                self._deferred.pop(call_id, None)
+
+    def dispatch(self, message: tuple[Any, ...]) -> None:
+        """Routes one ``out``, ``reply`` or ``done`` message of the child."""
+        kind = message[0]
+        if kind == "out":
+            self._route(message[1])
+        elif kind == "reply":
+            _, call_id, ok, value = message
+            with self._lock:
+                future = self._calls.pop(call_id, None)
+                if not ok:
+                    self._deferred.pop(call_id, None)
+            if future is not None:
+                if ok:
+                    future.set_result(value)
+                else:
+                    future.set_exception(unpack_error(value))
+        elif kind == "done":
+            _, call_id, error = message
+            with self._lock:
+                deferred = self._deferred.pop(call_id, None)
+            if deferred is not None:
+                if error is None:
+                    deferred.set_result(None)
+                else:
+                    deferred.set_exception(unpack_error(error))
+
+    def _route(self, out: list[tuple[str, TokenDelta | PackedError]]) -> None:
+        touched: set[Mailbox] = set()
+        with self._lock:
+            for rid, item in out:
+                stream = self._streams.get(rid)
+                if stream is None:  # aborted by its client meanwhile
+                    continue
+                mailbox, outbox = stream
+                value = item if isinstance(item, TokenDelta) else unpack_error(item)
+                mailbox.post(outbox, value)
+                touched.add(mailbox)
+        for mailbox in touched:
+            mailbox.wake()
+
+    def fail_all(self, error: BaseException) -> None:
+        """Every stream and call in flight fails with ``error`` and is forgotten."""
+        with self._lock:
+            streams = list(self._streams.values())
+            futures = [*self._calls.values(), *self._deferred.values()]
+            self._streams.clear()
+            self._calls.clear()
+            self._deferred.clear()
+        for mailbox, outbox in streams:
+            mailbox.post(outbox, error)
+            mailbox.wake()
+        for future in futures:
+            if not future.done():
+                future.set_exception(error)

@@ -1,0 +1,130 @@
+"""One engine child process and its pipe (``engine/process.py`` supervises a series of them).
+
+A link is started, awaited until its child says it is ready, read until its pipe reaches EOF
+(the child exited, whatever killed it), then closed: the child is reaped and the pipe and the
+process sentinel are closed, so a restart leaves no zombie and no file descriptor behind.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import multiprocessing as mp
+import signal
+import threading
+import time
+from collections.abc import Callable
+from typing import Any
+
+from loraplex.engine.process_child import WorkerHandles, child_main, unpack_error
+from loraplex.errors import EngineUnavailableError
+
+_log = logging.getLogger(__name__)
+_POLL_S = 0.1  # how often a start checks for the child's death and for cancellation
+
+
+class ChildLink:
+    """A spawned engine child and the parent's end of its duplex pipe."""
+
+    def __init__(
+        self, builder: Callable[..., WorkerHandles], args: tuple[Any, ...], state_interval_s: float
+    ) -> None:
+        context = mp.get_context("spawn")
+        self._conn, child_conn = context.Pipe(duplex=True)
+        self._process = context.Process(
+            target=child_main, args=(child_conn, builder, args, state_interval_s),
+            name="loraplex-engine", daemon=True,
+        )  # fmt: skip
+        try:
+            self._process.start()
+        except BaseException:
+            self._conn.close()
+            raise
+        finally:
+            child_conn.close()
+        self.pid: int | None = self._process.pid
+        self.exitcode: int | None = None  # set by close()
+        self._send_lock = threading.Lock()
+        self._state_lock = threading.Lock()  # close() and kill() run on different threads
+        self._closed = False
+
+    def await_ready(self, timeout_s: float, cancel: threading.Event) -> int:
+        """The child's ``max_loras`` once it is ready. On failure the link is closed and the
+        child's own error (or EngineUnavailableError) raised."""
+        try:
+            return self._await_ready(timeout_s, cancel)
+        except BaseException:
+            self.kill()
+            self.close()
+            raise
+
+    def _await_ready(self, timeout_s: float, cancel: threading.Event) -> int:
+        deadline = time.monotonic() + timeout_s
+        while not self._conn.poll(_POLL_S):
+            if not self._process.is_alive():
+                self._process.join()
+                raise EngineUnavailableError(
+                    f"the engine process exited with code {self._process.exitcode} while starting"
+                )
+            if cancel.is_set():
+                raise EngineUnavailableError("the engine process start was cancelled")
+            if time.monotonic() > deadline:
+                raise EngineUnavailableError(f"the engine process did not start in {timeout_s} s")
+        try:
+            message = self._conn.recv()
+        except EOFError as exc:
+            raise EngineUnavailableError("the engine process exited while starting") from exc
+        if message[0] == "failed":
+            self._process.join()  # it returns by itself after reporting
+            raise unpack_error(message[1])
+        max_loras: int = message[1]
+        return max_loras
+
+    def send(self, message: tuple[Any, ...]) -> None:
+        """Raises OSError or ValueError when the pipe is broken or closed."""
+        with self._send_lock:
+            self._conn.send(message)
+
+    def recv(self) -> tuple[Any, ...]:
+        """The child's next message; EOFError once it exited (or the link is closed)."""
+        message: tuple[Any, ...] = self._conn.recv()
+        return message
+
+    def request_stop(self) -> None:
+        """Asks the child to stop (its live requests end, its cache closes); it then exits and
+        the reader sees EOF."""
+        with contextlib.suppress(OSError, ValueError):
+            self.send(("stop",))
+
+    def kill(self) -> None:
+        with self._state_lock:
+            if not self._closed:
+                self._process.kill()
+
+    def close(self, grace_s: float = 10.0) -> None:
+        """Reaps the child (killed after ``grace_s``), then closes the pipe and the sentinel."""
+        with self._state_lock:
+            if self._closed:
+                return
+            self._process.join(grace_s)
+            if self._process.exitcode is None:
+                _log.warning(
+                    "engine process %s did not exit in %s s; killing it", self.pid, grace_s
+                )
+                self._process.kill()
+                self._process.join()
+            self.exitcode = self._process.exitcode
+            self._conn.close()
+            self._process.close()
+            self._closed = True
+
+    def describe_exit(self) -> str:
+        """How the child ended, for messages ("was killed by SIGKILL"); after ``close()``."""
+        code = self.exitcode
+        if code is None:
+            return "stopped"
+        if code < 0:
+            with contextlib.suppress(ValueError):
+                return f"was killed by {signal.Signals(-code).name}"
+            return f"was killed by signal {-code}"
+        return f"exited with code {code}"
