@@ -24,6 +24,7 @@ from loraplex.errors import (
     ArtifactNotFoundError,
     AuthenticationError,
     CapacityError,
+    EngineUnavailableError,
     GenerationError,
     LoadCancelledError,
     LoraplexError,
@@ -103,6 +104,8 @@ def _capacity(exc: CapacityError) -> ApiError:
         headers = _retry_after(exc.retry_after_s)
         return ApiError(503, str(exc), "server_error", "queue_timeout", None, headers)
     headers = _retry_after(DEFAULT_RETRY_AFTER_S)
+    if isinstance(exc, EngineUnavailableError):
+        return ApiError(503, str(exc), "server_error", "engine_unavailable", None, headers)
     return ApiError(503, str(exc), "server_error", "capacity_exceeded", None, headers)
 
 
