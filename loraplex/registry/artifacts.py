@@ -9,7 +9,9 @@ it got. Writes are atomic (an object is visible complete or not at all); reads s
 from __future__ import annotations
 
 import contextlib
+import fcntl
 import hashlib
+import io
 import os
 import re
 import secrets
@@ -22,6 +24,9 @@ from loraplex.errors import ArtifactNotFoundError, DigestMismatchError, PathOuts
 
 CHUNK_BYTES = 1 << 20
 _HEX64 = re.compile(r"[0-9a-f]{64}")
+# Stored bytes are tenants' private adapters: directories 0700, files 0600 (owner only).
+DIR_MODE = 0o700
+FILE_MODE = 0o600
 
 
 class ArtifactStore(Protocol):
@@ -83,10 +88,10 @@ def verified_chunks(chunks: Iterable[bytes], digest: str, what: str) -> Iterator
 
 def fetch_to_file(store: ArtifactStore, digest: str, dest: Path) -> Path:
     """Download object ``digest`` to ``dest``; ``dest`` appears only once verified."""
-    dest.parent.mkdir(parents=True, exist_ok=True)
+    dest.parent.mkdir(mode=DIR_MODE, parents=True, exist_ok=True)
     temp = dest.with_name(f".{dest.name}.{secrets.token_hex(8)}.part")
     try:
-        with temp.open("wb") as handle:
+        with private_file(temp) as handle:
             for chunk in store.read(digest):
                 handle.write(chunk)
             handle.flush()
@@ -97,17 +102,27 @@ def fetch_to_file(store: ArtifactStore, digest: str, dest: Path) -> Path:
     return dest
 
 
+def private_file(path: Path) -> io.BufferedWriter:
+    """A new file only its owner can read (0600), open for writing."""
+    return os.fdopen(os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, FILE_MODE), "wb")
+
+
 class LocalArtifactStore:
     """Objects as files under ``root/sha256/<first two hex digits>/<digest>``.
 
     Temporary files live in ``root/tmp`` (same file system, so ``os.replace`` is atomic); a
-    crash can leave temporaries there but never a partial object under ``sha256/``.
+    crash can leave temporaries there but never a partial object under ``sha256/``. Opening the
+    store removes such leftovers. NOTE: several processes may share the store, so a write holds
+    ``root/tmp.lock`` shared while its temporary exists, and the sweep runs only when it can
+    take that lock exclusively at once (otherwise a later open sweeps).
     """
 
     def __init__(self, root: Path) -> None:
         self._root = root.resolve()
-        (self._root / "sha256").mkdir(parents=True, exist_ok=True)
-        (self._root / "tmp").mkdir(parents=True, exist_ok=True)
+        self._root.mkdir(mode=DIR_MODE, parents=True, exist_ok=True)
+        (self._root / "sha256").mkdir(mode=DIR_MODE, exist_ok=True)
+        (self._root / "tmp").mkdir(mode=DIR_MODE, exist_ok=True)
+        self._sweep_temporaries()
 
     @property
     def root(self) -> Path:
@@ -129,16 +144,17 @@ class LocalArtifactStore:
         target = self.path_for(digest)
         if target.exists() and sha256_file(target) == digest:
             return
-        target.parent.mkdir(parents=True, exist_ok=True)
+        target.parent.mkdir(mode=DIR_MODE, parents=True, exist_ok=True)
         temp = self._root / "tmp" / f"{digest}.{secrets.token_hex(8)}"
-        try:
-            actual = _copy_hashing(path, temp)
-            if actual != digest:
-                raise DigestMismatchError(str(path), digest, actual)
-            os.replace(temp, target)
-            _fsync_dir(target.parent)
-        finally:
-            temp.unlink(missing_ok=True)
+        with self._tmp_lock(fcntl.LOCK_SH):
+            try:
+                actual = _copy_hashing(path, temp)
+                if actual != digest:
+                    raise DigestMismatchError(str(path), digest, actual)
+                os.replace(temp, target)
+                _fsync_dir(target.parent)
+            finally:
+                temp.unlink(missing_ok=True)
 
     def exists(self, digest: str) -> bool:
         return self.path_for(digest).is_file()
@@ -164,10 +180,27 @@ class LocalArtifactStore:
     def delete(self, digest: str) -> None:
         self.path_for(digest).unlink(missing_ok=True)
 
+    def _sweep_temporaries(self) -> None:
+        """Removes what killed writes left in ``tmp/``, unless a write is under way now."""
+        with contextlib.suppress(BlockingIOError), self._tmp_lock(fcntl.LOCK_EX | fcntl.LOCK_NB):
+            for leftover in (self._root / "tmp").iterdir():
+                leftover.unlink(missing_ok=True)
+
+    @contextlib.contextmanager
+    def _tmp_lock(self, operation: int) -> Iterator[None]:
+        """``flock`` on ``root/tmp.lock`` (released when the descriptor closes, or the process
+        dies); ``BlockingIOError`` when ``LOCK_NB`` is asked and another process holds it."""
+        fd = os.open(self._root / "tmp.lock", os.O_RDWR | os.O_CREAT, FILE_MODE)
+        try:
+            fcntl.flock(fd, operation)
+            yield
+        finally:
+            os.close(fd)
+
 
 def _copy_hashing(source: Path, dest: Path) -> str:
     hasher = hashlib.sha256()
-    with source.open("rb") as reader, dest.open("wb") as writer:
+    with source.open("rb") as reader, private_file(dest) as writer:
         while chunk := reader.read(CHUNK_BYTES):
             hasher.update(chunk)
             writer.write(chunk)

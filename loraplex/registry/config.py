@@ -81,7 +81,12 @@ def open_registry(
     rng: random.Random | None = None,
     stage_hook: StageHook | None = None,
 ) -> Registry:
-    """Open (and migrate) the database, open the store, and return the service."""
+    """Open (and migrate) the database, open the store, and return the service.
+
+    A data directory created here is 0700: it holds the registry, adapters and secrets.
+    """
+    if config.database_url is None or config.store is None:
+        config.data_dir.mkdir(mode=0o700, parents=True, exist_ok=True)
     db = open_database(config.database)
     try:
         migrate(db, wall_clock())

@@ -20,7 +20,7 @@ from loraplex.adapters.base_model import TARGET_MODULES, BaseModelSpec
 from loraplex.adapters.identity import RUNTIME_COMPAT_VERSION, sha256_file
 from loraplex.adapters.manifest import CONFIG_FILE
 from loraplex.adapters.validate import ValidatedAdapter, validate_adapter_dir
-from loraplex.errors import RegistryError, RevisionConflictError
+from loraplex.errors import RegistryError, RevisionConflictError, quoted
 from loraplex.registry.artifacts import ArtifactStore
 from loraplex.registry.models import (
     Adapter,
@@ -84,7 +84,7 @@ def validate_request(
     """Step 1: the tenant must exist and the directory must pass every adapter check."""
     with db.transaction(write=False) as tx:
         if tenant_rows.get_tenant(tx, request.tenant) is None:
-            raise RegistryError(f"tenant {request.tenant!r} does not exist; create it first")
+            raise RegistryError(f"tenant {quoted(request.tenant)} does not exist; create it first")
     return validate_adapter_dir(request.adapter_dir, base, max_lora_rank)
 
 

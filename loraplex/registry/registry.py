@@ -9,13 +9,14 @@ from __future__ import annotations
 
 import random
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from pathlib import Path
 
 from loraplex.adapters.base_model import BaseModelSpec
 from loraplex.adapters.identity import AdapterKey
 from loraplex.adapters.manifest import CONFIG_FILE
 from loraplex.adapters.validate import WEIGHTS_FILE
+from loraplex.errors import quoted
 from loraplex.registry import registration, releases, resolution, tenancy
 from loraplex.registry.artifacts import ArtifactStore, fetch_to_file
 from loraplex.registry.models import (
@@ -90,10 +91,17 @@ class Registry:
         return tenancy.create_tenant(self._db, name, priority, limits, actor=actor, now=now)
 
     def set_tenant_limits(
-        self, name: str, actor: str, priority: PriorityClass, quotas: TenantQuotas
+        self,
+        name: str,
+        actor: str,
+        priority: PriorityClass | None = None,
+        quotas: Mapping[str, int | float | None] | None = None,
     ) -> Tenant:
+        """Change the priority class (None keeps it) and the quotas named in ``quotas``
+        (``TenantQuotas`` field -> new value, None = unlimited); the others keep their values."""
         now = self._wall_clock()
-        return tenancy.set_limits(self._db, name, priority, quotas, actor=actor, now=now)
+        changes = quotas or {}
+        return tenancy.set_limits(self._db, name, priority, changes, actor=actor, now=now)
 
     def get_tenant(self, name: str) -> Tenant:
         with self._db.transaction(write=False) as tx:
@@ -247,5 +255,7 @@ def _split_ref(ref: str) -> tuple[str, str, str]:
     """``tenant/name@revision`` (administrators always name the tenant)."""
     parsed = resolution.parse_model_string(ref)
     if parsed is None or parsed.owner is None or parsed.revision is None:
-        raise ValueError(f"revision reference {ref!r} is invalid; expected tenant/name@revision")
+        raise ValueError(
+            f"revision reference {quoted(ref)} is invalid; expected tenant/name@revision"
+        )
     return parsed.owner, parsed.name, parsed.revision

@@ -7,7 +7,7 @@ revision's state and warm policy. Each change writes its audit row in the same t
 
 from __future__ import annotations
 
-from loraplex.errors import AdapterNotFoundError, RegistryError
+from loraplex.errors import AdapterNotFoundError, RegistryError, clipped
 from loraplex.registry.models import (
     Adapter,
     Alias,
@@ -85,8 +85,7 @@ def set_alias(
     """Point ``tenant/name`` at ``targets``; the previous targets become the rollback target."""
     with db.transaction() as tx:
         require_adapter(tx, tenant, name)
-        for target in targets:
-            require_revision(tx, tenant, name, target.revision)
+        _require_servable(tx, tenant, name, targets)
         previous = rows.get_alias(tx, tenant, name)
         rollback = () if previous is None else previous.targets
         alias = Alias(tenant, name, targets, rollback, now)
@@ -104,12 +103,25 @@ def rollback_alias(db: Database, tenant: str, name: str, *, actor: str, now: flo
         current = rows.get_alias(tx, tenant, name)
         if current is None or not current.rollback_targets:
             raise RegistryError(f"alias {tenant}/{name} has no rollback target")
+        _require_servable(tx, tenant, name, current.rollback_targets)
         alias = Alias(tenant, name, current.rollback_targets, current.targets, now)
         rows.put_alias(tx, alias)
         audit.append(
             tx, "alias.rollback", f"{tenant}/{name}", _alias_details(alias), at=now, actor=actor
         )
     return alias
+
+
+def _require_servable(tx: Tx, tenant: str, name: str, targets: tuple[AliasTarget, ...]) -> None:
+    """Every target must exist, and one at least must not be deprecated: resolution skips
+    deprecated targets, so such an alias would turn the adapter into a 404."""
+    states = [require_revision(tx, tenant, name, t.revision).state for t in targets]
+    if all(state is RevisionState.DEPRECATED for state in states):
+        listed = clipped(", ".join(t.revision for t in targets))
+        raise RegistryError(
+            f"alias {tenant}/{name} targets {listed} are all deprecated; expected at least one "
+            "canary or stable revision (an alias of deprecated revisions serves nothing)"
+        )
 
 
 def _alias_details(alias: Alias) -> dict[str, object]:

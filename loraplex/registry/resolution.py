@@ -6,7 +6,8 @@ caller may use: its own, or another tenant's public one), each optionally pinned
 
 NOTE: every "you cannot have this" outcome raises ``AdapterNotFoundError`` with the same message
 built from the model string alone, so another tenant's private adapter is indistinguishable from
-a nonexistent one (malformed strings included).
+a nonexistent one (malformed strings included). The two also take the same path: one statement
+that filters by visibility, then the same raise (a test traces both).
 """
 
 from __future__ import annotations
@@ -15,8 +16,8 @@ import hashlib
 import re
 from dataclasses import dataclass
 
-from loraplex.errors import AdapterNotFoundError, BaseModelMismatchError
-from loraplex.registry.models import Alias, AliasTarget, Revision, RevisionState, Visibility
+from loraplex.errors import AdapterNotFoundError, BaseModelMismatchError, quoted
+from loraplex.registry.models import Alias, AliasTarget, Revision, RevisionState
 from loraplex.registry.sql import adapters as rows
 from loraplex.registry.sql.db import Tx
 
@@ -43,7 +44,7 @@ def parse_model_string(text: str) -> ModelRef | None:
 
 
 def not_found(text: str) -> AdapterNotFoundError:
-    return AdapterNotFoundError(f"model {text!r} does not name an adapter available to you")
+    return AdapterNotFoundError(f"model {quoted(text)} does not name an adapter available to you")
 
 
 def unit_from_request_id(request_id: str) -> float:
@@ -71,8 +72,7 @@ def resolve_in(tx: Tx, caller: str, text: str, base_digest: str | None, unit: fl
     if ref is None:
         raise not_found(text)
     owner = ref.owner or caller
-    adapter = rows.get_adapter(tx, owner, ref.name)
-    if adapter is None or (owner != caller and adapter.visibility is not Visibility.PUBLIC):
+    if rows.get_usable_adapter(tx, caller, owner, ref.name) is None:
         raise not_found(text)
     if ref.revision is not None:
         pinned = rows.get_revision(tx, owner, ref.name, ref.revision)

@@ -5,8 +5,12 @@ Each change runs in one write transaction together with its audit row.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+from dataclasses import asdict, fields
+from typing import Any
+
 from loraplex.adapters.identity import check_name
-from loraplex.errors import AuthenticationError, RecordNotFoundError, RegistryError
+from loraplex.errors import AuthenticationError, RecordNotFoundError, RegistryError, quoted
 from loraplex.registry import keys
 from loraplex.registry.models import ApiKeyInfo, IssuedKey, PriorityClass, Tenant, TenantQuotas
 from loraplex.registry.sql import audit
@@ -15,6 +19,7 @@ from loraplex.registry.sql.db import Database, Tx
 
 # One message for unknown, malformed and revoked keys: a caller learns nothing by probing.
 _BAD_KEY = "invalid API key"
+_QUOTA_FIELDS = frozenset(f.name for f in fields(TenantQuotas))
 
 
 def create_tenant(
@@ -31,7 +36,7 @@ def create_tenant(
     )
     with db.transaction() as tx:
         if rows.get_tenant(tx, name) is not None:
-            raise RegistryError(f"tenant {name!r} already exists")
+            raise RegistryError(f"tenant {quoted(name)} already exists")
         rows.insert_tenant(tx, tenant)
         audit.append(tx, "tenant.create", name, _limits(tenant), at=now, actor=actor)
     return tenant
@@ -40,15 +45,24 @@ def create_tenant(
 def set_limits(
     db: Database,
     name: str,
-    priority: PriorityClass,
-    quotas: TenantQuotas,
+    priority: PriorityClass | None,
+    quota_changes: Mapping[str, int | float | None],
     *,
     actor: str,
     now: float,
 ) -> Tenant:
+    """Apply the changes to the stored limits in one transaction (None priority: unchanged;
+    quotas not named in ``quota_changes``: unchanged), so concurrent changes never lose one."""
+    unknown = sorted(set(quota_changes) - _QUOTA_FIELDS)
+    if unknown:
+        raise ValueError(
+            f"quotas {quoted(unknown)} is invalid; expected fields of {sorted(_QUOTA_FIELDS)}"
+        )
     with db.transaction() as tx:
         current = require_tenant(tx, name)
-        tenant = Tenant(name, priority, quotas, current.created_at)
+        values: dict[str, Any] = {**asdict(current.quotas), **quota_changes}
+        quotas = TenantQuotas(**values)  # validates the merged values
+        tenant = Tenant(name, priority or current.priority, quotas, current.created_at)
         rows.update_tenant(tx, tenant)
         audit.append(tx, "tenant.set_limits", name, _limits(tenant), at=now, actor=actor)
     return tenant
@@ -57,7 +71,7 @@ def set_limits(
 def require_tenant(tx: Tx, name: str) -> Tenant:
     tenant = rows.get_tenant(tx, name)
     if tenant is None:
-        raise RecordNotFoundError(f"tenant {name!r} does not exist")
+        raise RecordNotFoundError(f"tenant {quoted(name)} does not exist")
     return tenant
 
 
@@ -75,7 +89,7 @@ def revoke_key(db: Database, key_id: str, actor: str, now: float) -> ApiKeyInfo:
     with db.transaction() as tx:
         stored = rows.get_key(tx, key_id)
         if stored is None:
-            raise RecordNotFoundError(f"API key {key_id!r} does not exist")
+            raise RecordNotFoundError(f"API key {quoted(key_id)} does not exist")
         if stored.info.revoked_at is not None:
             return stored.info
         rows.revoke_key(tx, key_id, now)

@@ -1,13 +1,11 @@
-"""Request bodies of the admin API, and turning revision references into cache keys."""
+"""Request bodies of the admin API."""
 
 from __future__ import annotations
-
-from pathlib import Path
 
 from pydantic import BaseModel, ConfigDict, Field
 
 from loraplex.adapters.tiering import Tier
-from loraplex.errors import PathOutsideStoreError
+from loraplex.errors import quoted
 from loraplex.registry import (
     PriorityClass,
     RevisionState,
@@ -84,14 +82,7 @@ class ResidencyBody(_Body):
 
     def cache_tier(self) -> Tier:
         if self.tier not in TIER_NAMES:
-            raise ValueError(f"tier {self.tier!r} is invalid; expected one of {sorted(TIER_NAMES)}")
+            raise ValueError(
+                f"tier {quoted(self.tier)} is invalid; expected one of {sorted(TIER_NAMES)}"
+            )
         return TIER_NAMES[self.tier]
-
-
-def inside_import_dir(import_dir: Path, relative: str) -> Path:
-    """``import_dir / relative`` with links resolved; PathOutsideStoreError if it escapes."""
-    root = import_dir.resolve()
-    candidate = (root / relative).resolve()
-    if not candidate.is_relative_to(root):
-        raise PathOutsideStoreError(f"path {relative!r} resolves outside the import directory")
-    return candidate

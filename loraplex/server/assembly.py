@@ -97,7 +97,7 @@ class TenantRefresher:
 
 def build_server(config: ServeConfig) -> Server:
     """Everything ``loraplex serve`` runs, ready for uvicorn (close it after)."""
-    config.data_dir.mkdir(parents=True, exist_ok=True)
+    config.data_dir.mkdir(mode=0o700, parents=True, exist_ok=True)  # secrets inside
     assets = _demo_assets(config)
     model_dir = assets.base_model_dir if assets is not None else config.model
     if model_dir is None:
@@ -142,6 +142,9 @@ def _assemble(
         base_model_name=base.name, admin_key=admin, import_dir=config.import_dir,
         queue_deadline_s=config.queue_deadline_s, max_prompt_tokens=config.max_model_len - 1,
         vocab_size=base.vocab_size, metrics_public=config.metrics_public,
+        max_body_bytes=config.max_body_bytes, max_upload_bytes=config.max_upload_bytes,
+        max_prompt_chars=config.prompt_chars(), body_read_timeout_s=config.body_read_timeout_s,
+        upload_read_timeout_s=config.upload_read_timeout_s,
     )  # fmt: skip
     deps = ServerDeps(settings, engine, registry, cache, ChatTemplate.from_model_dir(model_dir))
     app = create_app(deps)

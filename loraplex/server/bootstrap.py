@@ -1,24 +1,24 @@
-"""First-start state for ``loraplex serve``: the demo tenants and adapters, sample keys, the
-admin credential. Idempotent: a restart on the same data directory reuses everything.
+"""First-start state for ``loraplex serve``: the demo tenants and adapters, their first API
+keys, the admin credential. Idempotent: a restart on the same data directory reuses everything.
 
-Torch-free. Secrets live in files of the data directory readable by the owner only (0600); a
-saved tenant key that no longer authenticates (revoked) is replaced.
+Torch-free. Tenant keys exist in plain text only when they are issued (``loraplex serve`` prints
+them once); the database keeps their hashes. The admin credential is kept in the data directory
+(0700), in a file only its owner can read (0600).
 """
 
 from __future__ import annotations
 
-import json
 import os
 import secrets
 from dataclasses import dataclass
 from pathlib import Path
 
 from loraplex.demo.manifest import DemoAssets
-from loraplex.errors import AuthenticationError
 from loraplex.registry import RegistrationRequest, Registry, Revision
 
 ADMIN_KEY_FILE = "admin-key"
-SAMPLE_KEYS_FILE = "sample-keys.json"
+# Where earlier versions kept the demo tenants' keys in plain text; removed at start.
+LEGACY_SAMPLE_KEYS_FILE = "sample-keys.json"
 ADMIN_KEY_PREFIX = "lpxadmin_"
 BOOTSTRAP_ACTOR = "loraplex-serve"
 
@@ -53,7 +53,7 @@ def register_demo(registry: Registry, assets: DemoAssets) -> DemoState:
 
 
 def _write_secret(path: Path, text: str) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
+    path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
     staged = path.with_name(f".{path.name}.{secrets.token_hex(4)}")
     fd = os.open(staged, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
     with os.fdopen(fd, "w", encoding="utf-8") as out:
@@ -62,29 +62,18 @@ def _write_secret(path: Path, text: str) -> None:
 
 
 def sample_keys(registry: Registry, tenants: tuple[str, ...], data_dir: Path) -> dict[str, str]:
-    """One working API key per tenant (tenant -> token), reused across restarts."""
-    path = data_dir / SAMPLE_KEYS_FILE
-    try:
-        saved = json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, ValueError):
-        saved = {}
+    """A new API key for each of ``tenants`` that has no active one (tenant -> token).
+
+    The tokens are in the result only (shown once, like ``loraplex keys create``): a restart
+    finds the keys active and issues none. A plain-text key file that an earlier version left in
+    ``data_dir`` is removed; the keys in it stay valid until revoked.
+    """
+    (data_dir / LEGACY_SAMPLE_KEYS_FILE).unlink(missing_ok=True)
     keys: dict[str, str] = {}
     for tenant in tenants:
-        token = saved.get(tenant) if isinstance(saved, dict) else None
-        if isinstance(token, str) and _authenticates(registry, token, tenant):
-            keys[tenant] = token
-        else:
+        if not any(key.revoked_at is None for key in registry.list_keys(tenant)):
             keys[tenant] = registry.create_key(tenant, BOOTSTRAP_ACTOR).token
-    if keys != saved:
-        _write_secret(path, json.dumps(keys, indent=2, sort_keys=True) + "\n")
     return keys
-
-
-def _authenticates(registry: Registry, token: str, tenant: str) -> bool:
-    try:
-        return registry.authenticate(token).name == tenant
-    except AuthenticationError:
-        return False
 
 
 def admin_key(data_dir: Path) -> str:

@@ -12,7 +12,7 @@ from hypothesis import strategies as st
 from registry_kit import AdapterFactory, OpenRegistry, write_base_model
 
 from loraplex.adapters.base_model import BaseModelSpec
-from loraplex.errors import AdapterNotFoundError, BaseModelMismatchError, RegistryError
+from loraplex.errors import AdapterNotFoundError, BaseModelMismatchError, RegistryError, quoted
 from loraplex.registry import (
     AliasTarget,
     RegistrationRequest,
@@ -95,7 +95,8 @@ def test_listing_shows_only_usable_adapters(two_tenants: Registry) -> None:
 )
 def test_malformed_or_unknown_strings_are_not_found(two_tenants: Registry, text: str) -> None:
     message = _not_found_message(two_tenants, "acme", text)
-    assert message == f"model {text!r} does not name an adapter available to you"
+    assert message == f"model {quoted(text)} does not name an adapter available to you"
+    assert len(message) < 150  # the 200-character string is quoted by its first 64 only
 
 
 def test_alias_weights_split_traffic_deterministically(two_tenants: Registry) -> None:
@@ -131,6 +132,23 @@ def test_deprecated_revisions_are_not_served_through_aliases(two_tenants: Regist
     reg.set_release("acme/bot@v2", "ops", state=RevisionState.DEPRECATED)
     with pytest.raises(AdapterNotFoundError):
         reg.resolve("acme", "bot")
+
+
+def test_an_alias_of_only_deprecated_revisions_is_refused(two_tenants: Registry) -> None:
+    reg = two_tenants
+    reg.set_alias("acme", "bot", (AliasTarget("v2", 1),), "ops")  # rollback target: v1
+    reg.set_release("acme/bot@v1", "ops", state=RevisionState.DEPRECATED)
+    before = reg.get_alias("acme", "bot")
+
+    with pytest.raises(RegistryError, match="v1 are all deprecated"):
+        reg.set_alias("acme", "bot", (AliasTarget("v1", 1),), "ops")
+    with pytest.raises(RegistryError, match="v1 are all deprecated"):
+        reg.rollback_alias("acme", "bot", "ops")
+
+    assert reg.get_alias("acme", "bot") == before
+    assert reg.resolve("acme", "bot").revision == "v2"
+    both = (AliasTarget("v1", 1), AliasTarget("v2", 1))
+    assert reg.set_alias("acme", "bot", both, "ops").targets == both  # one servable suffices
 
 
 def test_set_alias_keeps_a_rollback_target(two_tenants: Registry) -> None:

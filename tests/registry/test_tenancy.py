@@ -52,11 +52,32 @@ def test_quota_values_are_validated(field: str, value: float) -> None:
 def test_limits_change_and_persist(open_reg: OpenRegistry) -> None:
     registry = open_reg()
     registry.create_tenant("acme", "ops")
-    registry.set_tenant_limits("acme", "ops", PriorityClass.HIGH, TenantQuotas(max_cpu_bytes=7))
+    registry.set_tenant_limits("acme", "ops", PriorityClass.HIGH, {"max_cpu_bytes": 7})
     reopened = open_reg()
     acme = reopened.get_tenant("acme")
     assert (acme.priority, acme.quotas.max_cpu_bytes) == (PriorityClass.HIGH, 7)
     assert reopened.audit_log()[-1].action == "tenant.set_limits"
+
+
+def test_limit_changes_keep_what_they_do_not_name(registry: Registry) -> None:
+    quotas = TenantQuotas(max_gpu_bytes=5, max_cold_loads=2)
+    registry.create_tenant("acme", "ops", PriorityClass.HIGH, quotas)
+
+    registry.set_tenant_limits("acme", "ops", quotas={"max_cpu_bytes": 7})
+    after_quota = registry.get_tenant("acme")
+    registry.set_tenant_limits("acme", "ops", PriorityClass.BATCH)
+    after_priority = registry.get_tenant("acme")
+    registry.set_tenant_limits("acme", "ops", quotas={"max_gpu_bytes": None})
+
+    assert after_quota.priority is PriorityClass.HIGH
+    assert after_quota.quotas == TenantQuotas(max_gpu_bytes=5, max_cpu_bytes=7, max_cold_loads=2)
+    assert after_priority.priority is PriorityClass.BATCH
+    assert after_priority.quotas == after_quota.quotas
+    assert registry.get_tenant("acme").quotas == TenantQuotas(max_cpu_bytes=7, max_cold_loads=2)
+    for bad in ({"max_gpu_byte": 1}, {"max_cold_loads": 0}):
+        with pytest.raises(ValueError, match=r"max_gpu_byte|max_cold_loads"):
+            registry.set_tenant_limits("acme", "ops", quotas=bad)
+    assert registry.get_tenant("acme").quotas.max_cold_loads == 2
 
 
 def test_key_authenticates_its_tenant_and_is_stored_hashed(registry: Registry) -> None:

@@ -45,12 +45,14 @@ def test_admin_changes_reach_the_running_cache(demo_assets: DemoAssets, tmp_path
             assert _caps(server, Tier.L1) == {"storm": 8192}
             assert server.runtime.tenants.max_cold_loads("storm") == 1
 
-            update = {"priority": "high", "quotas": {"max_cold_loads": 3}}
+            # Quotas the body does not name keep their values; null lifts one.
+            update = {"priority": "high", "quotas": {"max_cold_loads": 3, "max_gpu_bytes": None}}
             reply = http.put("/admin/tenants/storm", json=update, headers=AUTH)
             assert reply.status_code == 200, reply.text
             assert reply.json()["priority"] == "high"
             assert server.runtime.cache.config.tenant_priority == {"storm": 4.0}
             assert _caps(server, Tier.L0) == {}
+            assert _caps(server, Tier.L1) == {"storm": 8192}
             assert server.runtime.tenants.get("storm") == settings_of(
                 server.registry.get_tenant("storm")
             )

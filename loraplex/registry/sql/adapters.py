@@ -42,6 +42,20 @@ def get_adapter(tx: Tx, tenant: str, name: str) -> Adapter | None:
     return None if row is None else _adapter(row)
 
 
+def get_usable_adapter(tx: Tx, caller: str, owner: str, name: str) -> Adapter | None:
+    """``owner/name`` if ``caller`` may use it (its own, or public); None otherwise.
+
+    NOTE: visibility is decided in the statement, so a nonexistent adapter and another tenant's
+    private one run the same statement and the same Python path (no timing difference).
+    """
+    row = tx.query_one(
+        f"SELECT {_ADAPTER_COLUMNS} FROM adapters "
+        "WHERE tenant = ? AND name = ? AND (tenant = ? OR visibility = ?)",
+        (owner, name, caller, Visibility.PUBLIC.value),
+    )
+    return None if row is None else _adapter(row)
+
+
 def list_adapters(tx: Tx, owner: str | None) -> list[Adapter]:
     if owner is None:
         rows = tx.query(f"SELECT {_ADAPTER_COLUMNS} FROM adapters ORDER BY tenant, name")

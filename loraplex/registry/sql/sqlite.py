@@ -7,6 +7,7 @@ the start of a write transaction, so two processes never interleave read-check-w
 
 from __future__ import annotations
 
+import os
 import sqlite3
 import threading
 from collections.abc import Iterator, Sequence
@@ -39,7 +40,9 @@ class SqliteDatabase:
 
     def __init__(self, path: str) -> None:
         self._path = Path(path)
-        self._path.parent.mkdir(parents=True, exist_ok=True)
+        self._path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
+        # Owner-only from the start (SQLite gives its -wal and -shm files the same mode).
+        os.close(os.open(self._path, os.O_RDWR | os.O_CREAT, 0o600))
         self._conn = sqlite3.connect(
             self._path, timeout=BUSY_TIMEOUT_S, isolation_level=None, check_same_thread=False
         )

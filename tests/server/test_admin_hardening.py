@@ -1,0 +1,147 @@
+"""The admin API under attack (issue 11): imports through links, partial tenant updates, aliases
+of deprecated revisions, and error bodies that echo a huge value."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterator
+from dataclasses import replace
+from pathlib import Path
+
+import pytest
+from conftest import ADMIN_KEY, Rig, Served, make_app_deps
+from fakes import FakeEngine
+from fastapi.testclient import TestClient
+
+from loraplex.registry import LocalArtifactStore
+from loraplex.server.app import create_app
+
+ADMIN = {"Authorization": f"Bearer {ADMIN_KEY}"}
+HUGE = 300_000  # characters of an attacker's value; an error body must not carry it back
+
+
+@pytest.fixture
+def importing(served: Served, tmp_path: Path) -> Iterator[tuple[TestClient, Path]]:
+    """A client whose import directory is ``tmp_path/imports`` (empty)."""
+    deps = make_app_deps(served, FakeEngine())
+    import_dir = tmp_path / "imports"
+    import_dir.mkdir()
+    deps = replace(deps, config=replace(deps.config, import_dir=import_dir))
+    with TestClient(create_app(deps)) as client:
+        yield client, import_dir
+    assert deps.cache is not None
+    deps.cache.close()
+
+
+def _create_tenant(client: TestClient, name: str, **body: object) -> None:
+    created = client.post("/admin/tenants", json={"name": name, **body}, headers=ADMIN)
+    assert created.status_code == 201, created.text
+
+
+def test_import_of_links_to_another_tenants_artifacts_is_refused(
+    importing: tuple[TestClient, Path], served: Served
+) -> None:
+    client, import_dir = importing
+    _create_tenant(client, "mallory")
+    victim = served.registry.get_revision("acme/support@r1")
+    store = served.registry.store
+    assert isinstance(store, LocalArtifactStore)
+    folder = import_dir / "stolen"
+    folder.mkdir()
+    (folder / "adapter_config.json").symlink_to(store.path_for(victim.config_digest))
+    os.link(store.path_for(victim.adapter_digest), folder / "adapter_model.safetensors")
+
+    body = {"path": "stolen", "tenant": "mallory", "name": "support", "revision": "v1"}
+    refused = client.post("/admin/adapters", json=body, headers=ADMIN)
+
+    assert refused.status_code == 400, refused.text
+    error = refused.json()["error"]
+    assert error["param"] == "path" and "'stolen/adapter_config.json'" in error["message"]
+    assert served.registry.list_adapters("mallory") == []
+
+
+def test_import_of_a_plain_copy_still_registers(
+    importing: tuple[TestClient, Path], served: Served
+) -> None:
+    client, import_dir = importing
+    _create_tenant(client, "trent")
+    source = served.assets.adapter("acme", "support", "r1").path
+    folder = import_dir / "trent" / "support"
+    folder.mkdir(parents=True)
+    for name in ("adapter_config.json", "adapter_model.safetensors"):
+        (folder / name).write_bytes((source / name).read_bytes())
+
+    body = {"path": "trent/support", "tenant": "trent", "name": "support", "revision": "v1"}
+    created = client.post("/admin/adapters", json=body, headers=ADMIN)
+
+    assert created.status_code == 201, created.text
+    assert (
+        created.json()["revision"]["adapter_digest"]
+        == served.registry.get_revision("acme/support@r1").adapter_digest
+    )
+
+
+def test_put_tenant_changes_only_what_the_body_names(rig: Rig) -> None:
+    quotas = {"max_gpu_bytes": 5000, "max_cold_loads": 2}
+    _create_tenant(rig.client, "limits-co", priority="high", quotas=quotas)
+    url = "/admin/tenants/limits-co"
+
+    only_quota = rig.client.put(url, json={"quotas": {"max_cpu_bytes": 7}}, headers=ADMIN)
+    only_priority = rig.client.put(url, json={"priority": "batch"}, headers=ADMIN)
+    cleared = rig.client.put(url, json={"quotas": {"max_gpu_bytes": None}}, headers=ADMIN)
+
+    assert only_quota.status_code == 200, only_quota.text
+    assert only_quota.json()["priority"] == "high"
+    assert only_quota.json()["quotas"] == {**quotas, "max_cpu_bytes": 7} | {
+        "max_disk_bytes": None,
+        "max_requests_per_s": None,
+    }
+    assert only_priority.json()["priority"] == "batch"
+    assert only_priority.json()["quotas"] == only_quota.json()["quotas"]
+    assert cleared.json()["quotas"]["max_gpu_bytes"] is None
+    assert cleared.json()["quotas"]["max_cold_loads"] == 2
+    bad = rig.client.put(url, json={"quotas": {"max_cold_loads": 0}}, headers=ADMIN)
+    assert bad.status_code == 400 and "max_cold_loads" in bad.json()["error"]["message"]
+
+
+def test_alias_of_only_deprecated_revisions_is_a_400(rig: Rig) -> None:
+    assert [t.revision for t in rig.served.registry.get_alias("globex", "search").targets] == ["r1"]
+    url = "/admin/revisions/globex/search/r2"
+    state = rig.served.registry.get_revision("globex/search@r2").state.value
+    assert rig.client.put(url, json={"state": "deprecated"}, headers=ADMIN).status_code == 200
+    try:
+        alias = {"targets": [{"revision": "r2", "weight": 1}]}
+        refused = rig.client.put("/admin/adapters/globex/search/alias", json=alias, headers=ADMIN)
+        assert refused.status_code == 400, refused.text
+        assert "deprecated" in refused.json()["error"]["message"]
+        assert rig.served.registry.resolve("globex", "search").name == "search"
+    finally:
+        rig.client.put(url, json={"state": state}, headers=ADMIN)
+
+
+@pytest.mark.parametrize(
+    ("path", "body"),
+    [
+        ("/admin/tenants", {"name": "x" * HUGE}),
+        ("/admin/tenants", {"name": "ok", "y" * HUGE: 1}),
+        ("/admin/residency/pin", {"model": "acme/support@r1", "tier": "z" * HUGE}),
+        (
+            "/admin/adapters",
+            {"path": "/" + "p" * HUGE, "tenant": "a", "name": "b", "revision": "c"},
+        ),
+    ],
+)
+def test_admin_errors_quote_a_bounded_prefix(rig: Rig, path: str, body: dict[str, object]) -> None:
+    response = rig.client.post(path, json=body, headers=ADMIN)
+    assert response.status_code == 400, response.text[:300]
+    assert len(response.content) < 2000
+    assert "…" in response.json()["error"]["message"] + str(response.json()["error"]["param"])
+
+
+def test_tenant_errors_quote_a_bounded_prefix(rig: Rig) -> None:
+    for model in ("m" * 500, "m" * HUGE):  # under and over the protocol's length cap
+        body = {"model": model, "prompt": "x"}
+        response = rig.client.post("/v1/completions", json=body, headers=rig.headers("acme"))
+        assert response.status_code in (400, 404), response.text[:300]
+        assert len(response.content) < 1000
+        assert model[:100] not in response.json()["error"]["message"]

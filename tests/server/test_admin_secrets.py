@@ -1,0 +1,69 @@
+"""Secrets of ``loraplex serve`` (issue 11, item 9): tenant keys exist in plain text only when
+issued, never in a file, and a restart prints none; the admin key file is owner-only."""
+
+from __future__ import annotations
+
+import json
+import stat
+from pathlib import Path
+
+import pytest
+
+from loraplex.cli import serve
+from loraplex.registry import Registry, RegistryConfig, open_registry
+from loraplex.server.bootstrap import (
+    ADMIN_KEY_FILE,
+    LEGACY_SAMPLE_KEYS_FILE,
+    admin_key,
+    sample_keys,
+)
+from loraplex.server.serve_config import ServeConfig
+
+TENANTS = ("acme", "globex")
+
+
+def fresh_registry(data_dir: Path, tenants: tuple[str, ...]) -> Registry:
+    registry = open_registry(RegistryConfig(data_dir))
+    for tenant in tenants:
+        registry.create_tenant(tenant, "test")
+    return registry
+
+
+def test_tenant_keys_are_issued_once_and_kept_nowhere(tmp_path: Path) -> None:
+    registry = fresh_registry(tmp_path / "data", TENANTS)
+    legacy = tmp_path / "data" / LEGACY_SAMPLE_KEYS_FILE
+    legacy.write_text(json.dumps({"acme": "lpx_old_secret"}))
+    try:
+        first = sample_keys(registry, TENANTS, tmp_path / "data")
+        assert set(first) == set(TENANTS)
+        assert all(registry.authenticate(first[t]).name == t for t in TENANTS)
+        restart = sample_keys(registry, TENANTS, tmp_path / "data")
+        registry.revoke_key(first["acme"].split("_")[1], "test")  # lpx_<key_id>_<secret>
+        after_revoke = sample_keys(registry, TENANTS, tmp_path / "data")
+
+        assert restart == {}
+        assert set(after_revoke) == {"acme"} and after_revoke["acme"] != first["acme"]
+        assert not legacy.exists()
+        stored = b"".join(p.read_bytes() for p in (tmp_path / "data").rglob("*") if p.is_file())
+        assert not any(token.encode() in stored for token in first.values())
+    finally:
+        registry.close()
+
+
+def test_a_restart_prints_no_tenant_key(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
+    settings = ServeConfig(data_dir=tmp_path)
+    serve._announce(settings, "admin-credential", {"acme": "lpx_new_token"})
+    first = capsys.readouterr().out
+    serve._announce(settings, "admin-credential", {})
+    restart = capsys.readouterr().out
+
+    assert "lpx_new_token" in first
+    assert "lpx_" not in restart and "loraplex keys create" in restart
+
+
+def test_admin_key_file_and_fresh_data_dir_are_owner_only(tmp_path: Path) -> None:
+    data_dir = tmp_path / "new" / "data"
+    key = admin_key(data_dir)
+    assert admin_key(data_dir) == key
+    assert stat.S_IMODE(data_dir.stat().st_mode) == 0o700
+    assert stat.S_IMODE((data_dir / ADMIN_KEY_FILE).stat().st_mode) == 0o600
