@@ -50,15 +50,16 @@ def test_tenant_keys_are_issued_once_and_kept_nowhere(tmp_path: Path) -> None:
         registry.close()
 
 
-def test_a_restart_prints_no_tenant_key(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
+def test_a_restart_prints_no_secret(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
     settings = ServeConfig(data_dir=tmp_path)
     serve._announce(settings, "admin-credential", {"acme": "lpx_new_token"})
     first = capsys.readouterr().out
-    serve._announce(settings, "admin-credential", {})
+    serve._announce(settings, None, {})
     restart = capsys.readouterr().out
 
-    assert "lpx_new_token" in first
+    assert "lpx_new_token" in first and "admin-credential" in first
     assert "lpx_" not in restart and "loraplex keys create" in restart
+    assert "admin-credential" not in restart and "admin-key" in restart
 
 
 def test_admin_key_file_and_fresh_data_dir_are_owner_only(tmp_path: Path) -> None:
