@@ -1,8 +1,9 @@
 """``loraplex serve``: the OpenAI-compatible server with its admin API and metrics.
 
 Without arguments it serves the generated demo model and adapters from the default data
-directory, and prints a sample API key per demo tenant and the admin key. Flags override the
-``--config`` TOML file, which overrides the defaults (see docs/operations.md).
+directory, and prints the admin key and, when it issues them (first start), an API key per demo
+tenant. Flags override the ``--config`` TOML file, which overrides the defaults (see
+docs/operations.md).
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ import typer
 from loraplex.registry import default_data_dir
 
 if TYPE_CHECKING:
+    from loraplex.server.listeners import ConnectionLimits
     from loraplex.server.serve_config import ServeConfig
 
 Opt = typer.Option
@@ -73,6 +75,19 @@ def serve_command(
     threads: Annotated[
         int | None, Opt(help="torch threads (default: OMP_NUM_THREADS, else cores - 1).")
     ] = None,
+    max_body_bytes: Annotated[int | None, Opt(help="Largest request body (8 MiB).")] = None,
+    max_upload_bytes: Annotated[int | None, Opt(help="Largest adapter upload (1 GiB).")] = None,
+    max_prompt_chars: Annotated[
+        int | None, Opt(help="Longest prompt text (default: 64 x max_model_len).")
+    ] = None,
+    body_read_timeout_s: Annotated[float | None, Opt(help="Body deadline, s (30).")] = None,
+    upload_read_timeout_s: Annotated[float | None, Opt(help="Upload deadline, s (600).")] = None,
+    header_read_timeout_s: Annotated[
+        float | None, Opt(help="Request head deadline, s (10).")
+    ] = None,
+    keep_alive_timeout_s: Annotated[int | None, Opt(help="Idle keep-alive, s (5).")] = None,
+    max_connections: Annotated[int | None, Opt(help="Open connections (1024).")] = None,
+    max_header_bytes: Annotated[int | None, Opt(help="Largest request head (16 KiB).")] = None,
 ) -> None:
     """Serve the base model and its adapters over an OpenAI-compatible HTTP API."""
     from loraplex.server.serve_config import merge, read_config_file
@@ -87,6 +102,12 @@ def serve_command(
         "queue_deadline_s": queue_deadline_s, "metrics_public": metrics_public,
         "demo": False if no_demo else None, "torch_threads": threads,
         "engine_process": engine_process, "admin_host": admin_host, "admin_port": admin_port,
+        "max_body_bytes": max_body_bytes, "max_upload_bytes": max_upload_bytes,
+        "max_prompt_chars": max_prompt_chars, "body_read_timeout_s": body_read_timeout_s,
+        "upload_read_timeout_s": upload_read_timeout_s,
+        "header_read_timeout_s": header_read_timeout_s,
+        "keep_alive_timeout_s": keep_alive_timeout_s, "max_connections": max_connections,
+        "max_header_bytes": max_header_bytes,
     }  # fmt: skip
     try:
         file_values = read_config_file(config) if config is not None else {}
@@ -103,7 +124,7 @@ def _run(settings: ServeConfig) -> None:
 
     from loraplex.errors import LoraplexError
     from loraplex.server.assembly import build_server
-    from loraplex.server.listeners import bind_all, guarded
+    from loraplex.server.listeners import ListenerConfig, bind_all, guarded
 
     threads = settings.torch_threads
     if threads is None:
@@ -118,6 +139,10 @@ def _run(settings: ServeConfig) -> None:
     except OSError as exc:
         typer.echo(f"error: cannot listen: {exc}", err=True)
         raise typer.Exit(1) from exc
+    from loraplex.server.bootstrap import ADMIN_KEY_FILE
+
+    admin_key_file = settings.data_dir / ADMIN_KEY_FILE
+    new_admin_key = settings.admin_key is None and not admin_key_file.exists()
     try:
         server = build_server(settings)
     except (LoraplexError, ValueError) as exc:
@@ -126,15 +151,27 @@ def _run(settings: ServeConfig) -> None:
         typer.echo(f"error: {exc}", err=True)
         raise typer.Exit(1) from exc
     try:
-        _announce(settings, server.admin_key, server.sample_keys)
+        shown_admin_key = server.admin_key if new_admin_key else None
+        _announce(settings, shown_admin_key, server.sample_keys)
         freeze_startup_objects()
         # The app has no startup/shutdown hooks: resources are built before and closed after.
-        config = uvicorn.Config(guarded(server.app, sockets), log_level="info", lifespan="off")
+        config = ListenerConfig(guarded(server.app, sockets), connection_limits(settings))
         uvicorn.Server(config).run(sockets=sockets)
     except KeyboardInterrupt:
         typer.echo("stopped")
     finally:
         server.close()
+
+
+def connection_limits(settings: ServeConfig) -> ConnectionLimits:
+    from loraplex.server.listeners import ConnectionLimits
+
+    return ConnectionLimits(
+        header_read_timeout_s=settings.header_read_timeout_s,
+        keep_alive_timeout_s=settings.keep_alive_timeout_s,
+        max_connections=settings.max_connections,
+        max_header_bytes=settings.max_header_bytes,
+    )
 
 
 def freeze_startup_objects() -> None:
@@ -154,15 +191,22 @@ def default_torch_threads(omp_num_threads: str | None, num_cores: int | None) ->
     return max(1, (num_cores or 1) - 1)
 
 
-def _announce(settings: ServeConfig, admin: str, keys: dict[str, str]) -> None:
+def _announce(settings: ServeConfig, admin: str | None, keys: dict[str, str]) -> None:
+    """The addresses, and secrets only when they were just created (``admin`` None: the admin
+    key was given, or generated by an earlier start and kept in the data dir)."""
     url = f"http://{settings.host}:{settings.port}"
     typer.echo(f"loraplex serving on {url}  (OpenAI API at {url}/v1)")
     if settings.admin_port is not None:
         admin_url = f"http://{settings.admin_host or settings.host}:{settings.admin_port}"
         typer.echo(f"admin API and /metrics only on {admin_url}")
-    typer.echo(f"admin key:   {admin}")
+    if admin is not None:
+        typer.echo(f"admin key:   {admin}  (shown once; kept in {settings.data_dir}/admin-key)")
+    elif settings.admin_key is None:
+        typer.echo(f"admin key:   shown only when generated; kept in {settings.data_dir}/admin-key")
     for tenant, tenant_key in sorted(keys.items()):
         typer.echo(f"{tenant + ' key:':<12} {tenant_key}")
+    if not keys:  # tenant keys are shown once, when issued
+        typer.echo("tenant keys: shown only when issued; `loraplex keys create TENANT` makes one")
     token = keys.get("acme")
     if token is not None:
         typer.echo(

@@ -2,7 +2,8 @@
 
 Routes: the OpenAI-compatible API under /v1 (tenant keys), the admin API under /admin (the admin
 credential), /metrics (Prometheus text; the admin credential unless ``metrics_public``), /health
-(the process is up) and /ready (the engine answers and the registry database is reachable).
+(the process is up and so is its engine: 503 ``engine_down`` while the engine process restarts)
+and /ready (the engine answers and the registry database is reachable).
 The engine runs on its own thread or process; handlers only await it.
 """
 
@@ -12,10 +13,12 @@ from fastapi import FastAPI, Request, Response
 from fastapi.responses import JSONResponse
 from starlette.concurrency import run_in_threadpool
 
+from loraplex.errors import EngineUnavailableError
 from loraplex.server import routes_admin, routes_openai
 from loraplex.server.auth import admin_key_matches, bearer_token
 from loraplex.server.deps import ServerDeps
-from loraplex.server.errors import install_error_handlers, unauthorized
+from loraplex.server.errors import DEFAULT_RETRY_AFTER_S, install_error_handlers, unauthorized
+from loraplex.server.limits import RequestLimits
 from loraplex.server.metrics import CONTENT_TYPE, ServerMetrics
 
 
@@ -24,6 +27,7 @@ def create_app(deps: ServerDeps) -> FastAPI:
     app.state.deps = deps
     app.state.metrics = ServerMetrics(deps.engine, deps.cache)
     install_error_handlers(app)
+    app.add_middleware(RequestLimits, deps=deps)  # credentials and body limits before parsing
     app.include_router(routes_openai.router)
     app.include_router(routes_admin.router)
     app.add_api_route("/health", health, methods=["GET"])
@@ -32,8 +36,17 @@ def create_app(deps: ServerDeps) -> FastAPI:
     return app
 
 
-async def health() -> dict[str, str]:
-    return {"status": "ok"}
+_ENGINE_DOWN_HEADERS = {"Retry-After": str(int(DEFAULT_RETRY_AFTER_S))}
+
+
+async def health(request: Request) -> JSONResponse:
+    """Cheap (no I/O), and true: not 200 while there is no engine to serve."""
+    deps: ServerDeps = request.app.state.deps
+    state = deps.engine.health()
+    if state.up:
+        return JSONResponse({"status": "ok"})
+    body = {"status": "engine_down", "reason": state.down_reason, "restarts": state.num_restarts}
+    return JSONResponse(body, status_code=503, headers=_ENGINE_DOWN_HEADERS)
 
 
 def _registry_reachable(deps: ServerDeps) -> None:
@@ -43,6 +56,11 @@ def _registry_reachable(deps: ServerDeps) -> None:
 
 async def ready(request: Request) -> JSONResponse:
     deps: ServerDeps = request.app.state.deps
+    state = deps.engine.health()
+    if not state.up:  # until the restarted engine answers
+        body = {"status": "not_ready", "reason": EngineUnavailableError.__name__,
+                "detail": state.down_reason}  # fmt: skip
+        return JSONResponse(body, status_code=503, headers=_ENGINE_DOWN_HEADERS)
     try:
         deps.engine.load_snapshot()
         await run_in_threadpool(_registry_reachable, deps)

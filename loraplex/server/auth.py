@@ -1,10 +1,11 @@
 """Who is calling: tenant API keys (the registry decides) and the separate admin credential.
 
 A tenant key authenticates through ``Registry.authenticate`` (hashed, constant-time, revocation
-read from the database on every request). The admin credential is a different secret compared in
-constant time here; a tenant key never passes it, whatever the tenant. Both dependencies are
-plain functions, so FastAPI runs the registry's database read on its thread pool, off the event
-loop.
+read from the database on every request), on the thread pool, off the event loop. The admin
+credential is a different secret compared in constant time here; a tenant key never passes it,
+whatever the tenant. ``server/limits.py`` runs these checks from the headers before any byte of
+the body is read and leaves the tenant it found in the scope state, so the dependency below does
+not read the database a second time.
 """
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ import hmac
 from typing import Annotated
 
 from fastapi import Depends, Request
+from starlette.concurrency import run_in_threadpool
 
 from loraplex.errors import AuthenticationError
 from loraplex.registry import Tenant
@@ -21,6 +23,8 @@ from loraplex.server.deps import ServerDeps
 from loraplex.server.errors import unauthorized
 
 ADMIN_ACTOR = "admin-api"  # the audit log's actor for changes made through /admin
+# The scope state key under which ``limits.RequestLimits`` leaves the tenant it authenticated.
+AUTHENTICATED_TENANT = "loraplex_tenant"
 
 
 def get_deps(request: Request) -> ServerDeps:
@@ -28,9 +32,8 @@ def get_deps(request: Request) -> ServerDeps:
     return deps
 
 
-def bearer_token(request: Request) -> str | None:
+def parse_bearer(header: str | None) -> str | None:
     """The token of an ``Authorization: Bearer <token>`` header; None when absent or malformed."""
-    header = request.headers.get("authorization")
     if header is None:
         return None
     scheme, _, token = header.partition(" ")
@@ -40,15 +43,28 @@ def bearer_token(request: Request) -> str | None:
     return token
 
 
-def require_tenant(request: Request, deps: Annotated[ServerDeps, Depends(get_deps)]) -> Tenant:
-    """The tenant owning the bearer key; 401 (one message for every failure) otherwise."""
-    token = bearer_token(request)
+def bearer_token(request: Request) -> str | None:
+    return parse_bearer(request.headers.get("authorization"))
+
+
+async def authenticate(deps: ServerDeps, token: str | None) -> Tenant:
+    """The tenant owning ``token``; 401 (one message for every failure) otherwise."""
     if token is None:
         raise unauthorized()
     try:
-        return deps.registry.authenticate(token)
+        return await run_in_threadpool(deps.registry.authenticate, token)
     except AuthenticationError:
         raise unauthorized() from None
+
+
+async def require_tenant(
+    request: Request, deps: Annotated[ServerDeps, Depends(get_deps)]
+) -> Tenant:
+    """The tenant the middleware authenticated, else the one owning the bearer key (401)."""
+    tenant = request.scope.get("state", {}).get(AUTHENTICATED_TENANT)
+    if isinstance(tenant, Tenant):
+        return tenant
+    return await authenticate(deps, bearer_token(request))
 
 
 def admin_key_matches(token: str, admin_key: str) -> bool:
@@ -58,11 +74,15 @@ def admin_key_matches(token: str, admin_key: str) -> bool:
     return hmac.compare_digest(presented, expected)
 
 
-def require_admin(request: Request, deps: Annotated[ServerDeps, Depends(get_deps)]) -> str:
-    """The audit actor of an admin call; 401 for any other credential, tenant keys included."""
-    token = bearer_token(request)
-    if token is None or not admin_key_matches(token, deps.config.admin_key):
+def check_admin(token: str | None, admin_key: str) -> None:
+    """Nothing for the admin credential; 401 for any other, tenant keys included."""
+    if token is None or not admin_key_matches(token, admin_key):
         raise unauthorized("invalid admin credential")
+
+
+async def require_admin(request: Request, deps: Annotated[ServerDeps, Depends(get_deps)]) -> str:
+    """The audit actor of an admin call (the middleware checked the key too; this is cheap)."""
+    check_admin(bearer_token(request), deps.config.admin_key)
     return ADMIN_ACTOR
 
 

@@ -47,6 +47,10 @@ class ServerConfig:
     admin_key: str  # the administrative credential (Bearer token on /admin)
     import_dir: Path | None = None  # admin registration by server path stays inside it; None: off
     max_upload_bytes: int = 1 << 30  # largest adapter upload accepted by the admin API
+    max_body_bytes: int = 8 << 20  # largest request body on every other route (413 beyond)
+    max_prompt_chars: int = 256 << 10  # longest prompt text, checked before tokenizing (400)
+    body_read_timeout_s: float = 30.0  # a request body must arrive within this (408 after)
+    upload_read_timeout_s: float = 600.0  # ... and an adapter upload within this
     queue_deadline_s: float | None = None  # max seconds a request may queue; None: engine default
     max_prompt_tokens: int | None = None  # longer prompts get a 400; None: no check here
     vocab_size: int | None = None  # token ids in a prompt must be below it; None: no check
@@ -67,8 +71,12 @@ class ServerConfig:
                 f"admin_key starting with {TENANT_TOKEN_PREFIX!r} is invalid; expected a "
                 "credential distinct from tenant API keys"
             )
-        if self.max_upload_bytes < 1:
-            raise ValueError(f"max_upload_bytes {self.max_upload_bytes} is invalid; expected >= 1")
+        for name in ("max_upload_bytes", "max_body_bytes", "max_prompt_chars"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"{name} {getattr(self, name)} is invalid; expected >= 1")
+        for name in ("body_read_timeout_s", "upload_read_timeout_s"):
+            if not getattr(self, name) > 0:
+                raise ValueError(f"{name} {getattr(self, name)} is invalid; expected > 0")
         if self.queue_deadline_s is not None and not self.queue_deadline_s > 0:
             raise ValueError(
                 f"queue_deadline_s {self.queue_deadline_s} is invalid; expected > 0 or None"

@@ -5,14 +5,25 @@ the routes by the socket a request arrived on: ``/admin`` and ``/metrics`` only 
 socket (bind it to a private interface), everything else only on the public one; ``/health``
 and ``/ready`` on both. A route asked on the wrong socket gets the same 404 as a path that does
 not exist. Credentials still apply on both sockets.
+
+Every accepted connection is bounded (``ConnectionLimits``): TCP_NODELAY (asyncio sets it only on
+sockets whose ``proto`` is IPPROTO_TCP, and ``socket.create_server`` leaves it 0, so responses on
+a reused connection waited out the client's delayed ACK, ~40 ms), a deadline for each request
+head, a cap on open connections, an idle keep-alive timeout and a largest request head. Body
+limits are the app's (``limits.py``).
 """
 
 from __future__ import annotations
 
+import asyncio
 import socket
+from dataclasses import dataclass
 from typing import Any
 
+import h11
+import uvicorn
 from starlette.types import ASGIApp, Receive, Scope, Send
+from uvicorn.protocols.http.h11_impl import H11Protocol
 
 from loraplex.server.errors import ApiError
 
@@ -68,3 +79,99 @@ def guarded(app: Any, sockets: list[socket.socket]) -> Any:
     if len(sockets) < 2:
         return app
     return AdminBindGuard(app, sockets[1].getsockname()[1])
+
+
+@dataclass(frozen=True)
+class ConnectionLimits:
+    """What one client connection may hold: time for a request head, idle time, count, size."""
+
+    header_read_timeout_s: float = 10.0  # a request head must be complete this long after it began
+    keep_alive_timeout_s: int = 5  # an idle keep-alive connection is closed after this (uvicorn)
+    max_connections: int = 1024  # open connections at most (see ``BoundedH11Protocol``)
+    max_header_bytes: int = 16 << 10  # request head buffered before its end: beyond, 400 + close
+
+    def __post_init__(self) -> None:
+        if not self.header_read_timeout_s > 0:
+            raise ValueError(
+                f"header_read_timeout_s {self.header_read_timeout_s} is invalid; expected > 0"
+            )
+        for name in ("keep_alive_timeout_s", "max_connections", "max_header_bytes"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"{name} {getattr(self, name)} is invalid; expected >= 1")
+
+
+class ListenerConfig(uvicorn.Config):
+    """uvicorn's config for ``app`` with ``limits`` (uvicorn hands protocols only its config)."""
+
+    def __init__(self, app: Any, limits: ConnectionLimits, log_level: str = "info") -> None:
+        super().__init__(
+            app, http=BoundedH11Protocol, lifespan="off", log_level=log_level,
+            timeout_keep_alive=limits.keep_alive_timeout_s,
+            limit_concurrency=limits.max_connections,
+            h11_max_incomplete_event_size=limits.max_header_bytes,
+        )  # fmt: skip
+        self.limits = limits
+
+
+class BoundedH11Protocol(H11Protocol):
+    """uvicorn's h11 protocol, bounded: TCP_NODELAY, a connection cap, a request-head deadline.
+
+    uvicorn answers a request that arrives while ``max_connections`` are open with 503 (its
+    ``limit_concurrency``); a connection beyond that many is closed as soon as it is accepted, so
+    idle sockets cannot pile up either. The head deadline starts when a connection opens or, on a
+    kept-alive one, at the first byte of the next request; uvicorn's own keep-alive timer covers
+    the idle time between requests.
+    """
+
+    def __init__(self, config: uvicorn.Config, **kwargs: Any) -> None:
+        if not isinstance(config, ListenerConfig):
+            raise TypeError(f"config {type(config).__name__} is invalid; expected ListenerConfig")
+        super().__init__(config, **kwargs)
+        self.limits = config.limits
+        self._head_timer: asyncio.TimerHandle | None = None
+
+    def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
+        super().connection_made(transport)
+        sock = transport.get_extra_info("socket")
+        if sock is not None and sock.family in (socket.AF_INET, socket.AF_INET6):
+            sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        if len(self.connections) > self.limits.max_connections:
+            transport.close()
+            return
+        self._watch_head()
+
+    def data_received(self, data: bytes) -> None:
+        super().data_received(data)
+        self._watch_head()
+
+    def on_response_complete(self) -> None:
+        if self.conn.their_state is h11.SEND_BODY and not self.transport.is_closing():
+            # Answered before its body ended: uvicorn would read the rest only to discard it,
+            # and a client sending it slowly would hold the connection for as long as it likes.
+            self.transport.close()
+        super().on_response_complete()
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self._stop_head_timer()
+        super().connection_lost(exc)
+
+    def _reading_head(self) -> bool:
+        """A request head is due: none complete yet, and not idle between requests."""
+        return self.conn.their_state is h11.IDLE and self.timeout_keep_alive_task is None
+
+    def _watch_head(self) -> None:
+        if not self._reading_head() or self.transport.is_closing():
+            self._stop_head_timer()
+        elif self._head_timer is None:
+            timeout_s = self.limits.header_read_timeout_s
+            self._head_timer = self.loop.call_later(timeout_s, self._head_timed_out)
+
+    def _stop_head_timer(self) -> None:
+        if self._head_timer is not None:
+            self._head_timer.cancel()
+            self._head_timer = None
+
+    def _head_timed_out(self) -> None:
+        self._head_timer = None
+        if self._reading_head() and not self.transport.is_closing():
+            self.transport.close()

@@ -36,6 +36,7 @@ from loraplex.registry import (
     Visibility,
     WarmPolicy,
 )
+from loraplex.registry.imports import staged_import
 from loraplex.server.admin_models import (
     AliasBody,
     QuotasBody,
@@ -44,11 +45,11 @@ from loraplex.server.admin_models import (
     ResidencyBody,
     TenantBody,
     VisibilityBody,
-    inside_import_dir,
 )
 from loraplex.server.auth import ADMIN_ACTOR, DepsDep, require_admin
 from loraplex.server.deps import CacheControl, ServerDeps
 from loraplex.server.errors import ApiError, invalid_request
+from loraplex.server.limits import upload_too_large
 
 router = APIRouter(prefix="/admin", dependencies=[Depends(require_admin)])
 ACTOR = ADMIN_ACTOR  # the audit log's actor for every change made here
@@ -74,10 +75,11 @@ def list_tenants(deps: DepsDep) -> list[Any]:
 
 
 class TenantLimitsBody(BaseModel):
-    """A tenant's new priority class and quotas (all of them: omitted quotas become None)."""
+    """Changes to a tenant's priority class and quotas: a field absent from the body keeps its
+    stored value (a quota set to null becomes unlimited)."""
 
     model_config = ConfigDict(extra="forbid")
-    priority: PriorityClass = PriorityClass.NORMAL
+    priority: PriorityClass | None = None
     quotas: QuotasBody = Field(default_factory=QuotasBody)
 
 
@@ -97,7 +99,8 @@ def create_tenant(body: TenantBody, deps: DepsDep, request: Request) -> Any:
 
 @router.put("/tenants/{tenant}")
 def set_tenant_limits(tenant: str, body: TenantLimitsBody, deps: DepsDep, request: Request) -> Any:
-    updated = deps.registry.set_tenant_limits(tenant, ACTOR, body.priority, body.quotas.quotas())
+    changes = body.quotas.model_dump(exclude_unset=True)
+    updated = deps.registry.set_tenant_limits(tenant, ACTOR, body.priority, changes)
     _refresh_tenants(request)
     return asdict(updated)
 
@@ -145,12 +148,13 @@ def _register(deps: ServerDeps, request: RegistrationRequest) -> JSONResponse:
 
 @router.post("/adapters", response_model=None)
 def register_from_import_dir(body: RegisterBody, deps: DepsDep) -> JSONResponse:
-    """Register a PEFT directory already on the server, inside the import directory."""
+    """Register a PEFT directory already on the server, inside the import directory (read
+    without following links, from a private copy: see ``registry/imports.py``)."""
     if deps.config.import_dir is None:
         raise invalid_request("registration by server path is disabled (no import directory)")
-    adapter_dir = inside_import_dir(deps.config.import_dir, body.path)
     fields = body.model_dump(exclude={"path"})
-    return _register(deps, RegistrationRequest(adapter_dir=adapter_dir, **fields))
+    with staged_import(deps.config.import_dir, body.path) as adapter_dir:
+        return _register(deps, RegistrationRequest(adapter_dir=adapter_dir, **fields))
 
 
 @contextmanager
@@ -163,7 +167,7 @@ def _staged_upload(files: list[UploadFile], names: list[str], limit: int) -> Ite
                 while chunk := upload.file.read(_CHUNK_BYTES):
                     total += len(chunk)
                     if total > limit:
-                        raise invalid_request(f"upload exceeds {limit} bytes", "weights")
+                        raise upload_too_large(limit)  # the body cap (limits.py) allows more
                     out.write(chunk)
         yield staging
     finally:

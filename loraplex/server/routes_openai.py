@@ -21,6 +21,7 @@ from loraplex.server.auth import DepsDep, TenantDep
 from loraplex.server.chat import ChatMessage
 from loraplex.server.deps import ServerDeps
 from loraplex.server.errors import invalid_request
+from loraplex.server.limits import check_prompt_chars
 from loraplex.server.metrics import RequestObservation, ServerMetrics
 from loraplex.server.protocol import (
     ChatChoice,
@@ -94,7 +95,7 @@ async def _start(
 ) -> Started:
     request_id = new_request_id("chatcmpl" if chat else "cmpl")
     params = sampling_params(body, max_tokens)
-    prompt_ids = encode()
+    prompt_ids = await run_in_threadpool(encode)  # a long prompt must not stall the loop
     target = admit(deps, await resolve_target(deps, tenant, body.model, request_id))
     engine_req = engine_request(
         deps, request_id, tenant=tenant, target=target, prompt_ids=prompt_ids, params=params
@@ -134,11 +135,13 @@ def _usage(collected: Collected) -> Usage:
 
 def _prompt_ids(deps: ServerDeps, prompt: str | list[str] | list[int]) -> list[int]:
     if isinstance(prompt, str):
-        return deps.engine.tokenizer.encode(prompt)
+        prompt = [prompt]
     if all(isinstance(item, str) for item in prompt):
         if len(prompt) != 1:
             raise invalid_request(f"{len(prompt)} prompts given; expected exactly 1", "prompt")
-        return deps.engine.tokenizer.encode(str(prompt[0]))
+        text = str(prompt[0])
+        check_prompt_chars(len(text), deps.config.max_prompt_chars, "prompt")
+        return deps.engine.tokenizer.encode(text)
     ids = [int(item) for item in prompt]
     vocab = deps.config.vocab_size
     if vocab is not None and any(not 0 <= token < vocab for token in ids):
@@ -175,6 +178,8 @@ def _chat_ids(deps: ServerDeps, body: ChatCompletionRequest) -> list[int]:
     if deps.chat is None:
         raise invalid_request("the served model has no chat template; use /v1/completions")
     messages = [ChatMessage(m.role, m.text()) for m in body.messages]
+    num_chars = sum(len(m.content) for m in messages)
+    check_prompt_chars(num_chars, deps.config.max_prompt_chars, "messages")
     return deps.chat.encode(messages, deps.engine.tokenizer)
 
 

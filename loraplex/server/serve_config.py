@@ -23,6 +23,7 @@ from loraplex.adapters.base_model import TARGET_MODULES, BaseModelSpec
 DEFAULT_CPU_ADAPTER_BYTES = 1 << 30
 _PARAM_BYTES = {"float32": 4, "bfloat16": 2, "float16": 2}
 POLICIES = ("cost_aware", "lru")
+PROMPT_CHARS_PER_TOKEN = 64  # the default prompt character cap per token of max_model_len
 
 
 @dataclass(frozen=True)
@@ -67,6 +68,18 @@ class ServeConfig:
     # torch intra-op threads; None: one per core but one (left to the event loop), unless
     # OMP_NUM_THREADS is set (the CLI resolves it)
     torch_threads: int | None = None
+    # --- bounded work per client (docs/operations.md, "Limits per client") ---
+    max_body_bytes: int = 8 << 20  # largest request body except an adapter upload (413)
+    max_upload_bytes: int = 1 << 30  # largest adapter upload, config and weights together (413)
+    # longest prompt text (chat: all messages), refused before tokenizing; None: 64 characters
+    # per token of max_model_len
+    max_prompt_chars: int | None = None
+    body_read_timeout_s: float = 30.0  # a request body must arrive within this (408)
+    upload_read_timeout_s: float = 600.0  # an adapter upload must arrive within this (408)
+    header_read_timeout_s: float = 10.0  # a request head must arrive within this (closed)
+    keep_alive_timeout_s: int = 5  # an idle keep-alive connection is closed after this
+    max_connections: int = 1024  # open connections (503 at the cap, closed beyond it)
+    max_header_bytes: int = 16 << 10  # largest request head (400 and closed beyond it)
 
     def __post_init__(self) -> None:
         if not 0 <= self.port <= 65535:
@@ -89,11 +102,18 @@ class ServeConfig:
         if self.dtype not in _PARAM_BYTES:
             raise ValueError(f"dtype {self.dtype!r} is invalid; expected {list(_PARAM_BYTES)}")
         positive = ("max_loras", "max_lora_rank", "max_num_seqs", "max_model_len",
-                    "num_kv_blocks", "block_size", "max_queue_len")  # fmt: skip
+                    "num_kv_blocks", "block_size", "max_queue_len", "max_body_bytes",
+                    "max_upload_bytes", "keep_alive_timeout_s", "max_connections",
+                    "max_header_bytes")  # fmt: skip
         for name in positive:
             if getattr(self, name) < 1:
                 raise ValueError(f"{name} {getattr(self, name)} is invalid; expected >= 1")
-        for name in ("max_cpu_loras", "gpu_adapter_bytes", "cpu_adapter_bytes", "torch_threads"):
+        for name in ("body_read_timeout_s", "upload_read_timeout_s", "header_read_timeout_s"):
+            if not getattr(self, name) > 0:
+                raise ValueError(f"{name} {getattr(self, name)} is invalid; expected > 0")
+        optional = ("max_cpu_loras", "gpu_adapter_bytes", "cpu_adapter_bytes", "torch_threads",
+                    "max_prompt_chars")  # fmt: skip
+        for name in optional:
             value = getattr(self, name)
             if value is not None and value < 1:
                 raise ValueError(f"{name} {value} is invalid; expected >= 1 or unset")
@@ -101,6 +121,13 @@ class ServeConfig:
             raise ValueError(f"disk_cache_bytes {self.disk_cache_bytes} is invalid; expected >= 0")
         if not self.queue_deadline_s > 0:
             raise ValueError(f"queue_deadline_s {self.queue_deadline_s} is invalid; expected > 0")
+
+    def prompt_chars(self) -> int:
+        """``max_prompt_chars``, or 64 characters per token of ``max_model_len``: far above
+        any tokenizer's average, far below the text that would stall a tokenizer for long."""
+        if self.max_prompt_chars is not None:
+            return self.max_prompt_chars
+        return PROMPT_CHARS_PER_TOKEN * self.max_model_len
 
     def slot_bytes(self, base: BaseModelSpec) -> int:
         """Bytes of one max-rank adapter on every target module of every layer."""

@@ -18,7 +18,29 @@ from loraplex.adapters.identity import AdapterKey
 from loraplex.demo.assets import DemoAssets
 from loraplex.registry.artifacts import ArtifactStore
 from loraplex.server.assembly import DEMO_DIR, Server, build_server
+from loraplex.server.listeners import ConnectionLimits, ListenerConfig, bind
 from loraplex.server.serve_config import ServeConfig
+
+
+@contextmanager
+def listening(app: Any, limits: ConnectionLimits) -> Iterator[tuple[str, uvicorn.Server]]:
+    """Serves ``app`` as ``loraplex serve`` does (its own socket, ``ListenerConfig``) until the
+    block ends; yields the base URL and the server (its ``server_state`` holds the connections)."""
+    sock = bind("127.0.0.1", 0)
+    server = uvicorn.Server(ListenerConfig(app, limits, log_level="warning"))
+    thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, daemon=True)
+    thread.start()
+    deadline = time.monotonic() + 30
+    while not server.started:
+        if not thread.is_alive() or time.monotonic() > deadline:
+            raise RuntimeError("uvicorn did not start")
+        time.sleep(0.01)
+    try:
+        yield f"http://127.0.0.1:{sock.getsockname()[1]}", server
+    finally:
+        server.should_exit = True
+        thread.join(timeout=30)
+        sock.close()
 
 
 @contextmanager

@@ -94,7 +94,7 @@ def test_upload_size_limit(served: Served) -> None:
         form = {"tenant": "acme", "name": "too-big", "revision": "v1"}
         auth = {"Authorization": f"Bearer {deps.config.admin_key}"}
         response = client.post("/admin/adapters/upload", files=files, data=form, headers=auth)
-        assert response.status_code == 400 and "exceeds" in response.json()["error"]["message"]
+        assert response.status_code == 413 and "exceeds" in response.json()["error"]["message"]
 
 
 def test_alias_change_and_rollback(rig: Rig) -> None:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import pytest
+from conftest import BASE_NAME, Rig
 
 from loraplex.errors import RateLimitError
 from loraplex.registry import PriorityClass, Tenant, TenantQuotas
@@ -59,3 +60,25 @@ def test_a_quota_change_applies_at_once() -> None:
         limiter.check(_tenant("acme", 1.0))
     clock.now = 0.1
     limiter.check(_tenant("acme", 100.0))  # refills at the new rate
+
+
+def test_over_http_a_tenant_over_its_rate_gets_429_before_its_body_is_read(rig: Rig) -> None:
+    admin = rig.client
+    assert admin.post("/admin/tenants", json={"name": "bursty"}, headers=rig.admin).status_code in (
+        200,
+        201,
+    )
+    quotas = {"quotas": {"max_requests_per_s": 0.01}}  # one request, then one every 100 s
+    assert admin.put("/admin/tenants/bursty", json=quotas, headers=rig.admin).status_code == 200
+    token = admin.post("/admin/tenants/bursty/keys", headers=rig.admin).json()["token"]
+    headers = {"Authorization": f"Bearer {token}"}
+    body = {"model": BASE_NAME, "prompt": "hi", "max_tokens": 2}
+    assert admin.post("/v1/completions", json=body, headers=headers).status_code == 200
+    refused = admin.post("/v1/completions", content=b"{not json", headers=headers)
+    assert refused.status_code == 429  # refused before the (broken) body was parsed
+    assert refused.json()["error"]["code"] == "rate_limited"
+    assert int(refused.headers["Retry-After"]) >= 99
+    calm = admin.post(
+        "/v1/completions", json={**body, "model": "support"}, headers=rig.headers("acme")
+    )
+    assert calm.status_code == 200  # another tenant's bucket is its own

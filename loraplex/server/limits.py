@@ -1,0 +1,198 @@
+"""Bounded work before a handler runs: credentials from the headers, then a capped, timed body.
+
+FastAPI reads and parses the whole body before any dependency runs, so without this an
+unauthenticated client could make the server buffer and parse any amount of data before its 401.
+``RequestLimits`` runs first:
+
+- ``/v1/*`` needs a tenant key and ``/admin/*`` the admin key, checked from the headers alone: a
+  wrong one gets its 401 before a byte of the body is read (a tenant key costs one registry read,
+  on the thread pool), then the tenant's ``max_requests_per_s`` token bucket (429 with
+  Retry-After). The tenant found is left in the scope state for ``auth.require_tenant``.
+- Every body is counted while the app reads it: a ``Content-Length`` over the cap is a 413 before
+  reading, a chunked body a 413 as soon as the count passes the cap, and a body not complete by
+  its deadline a 408. The app's own answer to the refused body (it sees an error from
+  ``receive``) is discarded and ours sent instead.
+
+Every refusal here closes the connection, so the rest of a body is never read.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+from typing import NoReturn
+
+import anyio
+from starlette.datastructures import Headers
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
+
+from loraplex.errors import RateLimitError
+from loraplex.server.auth import AUTHENTICATED_TENANT, authenticate, check_admin, parse_bearer
+from loraplex.server.deps import ServerDeps
+from loraplex.server.errors import (
+    ADMIN_PREFIX,
+    ApiError,
+    ErrorContext,
+    invalid_request,
+    to_api_error,
+)
+from loraplex.server.ratelimit import RateLimiter
+
+TENANT_PREFIX = "/v1"
+UPLOAD_PATH = "/admin/adapters/upload"  # the one route whose body is an adapter's files
+_CLOSE = {"Connection": "close"}
+
+
+def body_too_large(max_bytes: int) -> ApiError:
+    message = f"request body exceeds {max_bytes} bytes"
+    return ApiError(413, message, "invalid_request_error", "request_too_large", None, dict(_CLOSE))
+
+
+def upload_too_large(max_bytes: int) -> ApiError:
+    message = f"upload exceeds {max_bytes} bytes"
+    return ApiError(413, message, "invalid_request_error", "request_too_large", "weights")
+
+
+def body_timed_out(timeout_s: float) -> ApiError:
+    message = f"request body not received within {timeout_s:g} s"
+    return ApiError(408, message, "invalid_request_error", "request_timeout", None, dict(_CLOSE))
+
+
+def check_prompt_chars(num_chars: int, max_chars: int, param: str) -> None:
+    """A 400 naming ``param`` for text too long to be worth tokenizing."""
+    if num_chars > max_chars:
+        raise invalid_request(
+            f"{param} has {num_chars} characters; expected at most {max_chars}", param
+        )
+
+
+@dataclass(frozen=True)
+class BodyLimit:
+    """What one request's body may be."""
+
+    max_bytes: int  # larger bodies get a 413
+    timeout_s: float  # the whole body must arrive within this, from the request head on
+
+
+def body_limit(deps: ServerDeps, path: str) -> BodyLimit:
+    """The upload route takes an adapter's files (plus an ordinary body's worth of form fields)."""
+    config = deps.config
+    if path == UPLOAD_PATH:
+        max_bytes = config.max_upload_bytes + config.max_body_bytes
+        return BodyLimit(max_bytes, config.upload_read_timeout_s)
+    return BodyLimit(config.max_body_bytes, config.body_read_timeout_s)
+
+
+class _BodyRefusedError(Exception):
+    """Raised into the app by ``receive`` once the body broke its limit."""
+
+
+class CountedBody:
+    """The app's ``receive``: counts the body's bytes and bounds the time until it is complete.
+
+    After the body is complete, calls pass straight through (handlers wait on them to notice a
+    client that left, for as long as a stream lasts).
+    """
+
+    def __init__(self, receive: Receive, limit: BodyLimit) -> None:
+        self._receive = receive
+        self._limit = limit
+        self._deadline = anyio.current_time() + limit.timeout_s
+        self._num_bytes = 0
+        self._complete = False
+        self.failure: ApiError | None = None  # why the body was refused; None: it was not
+
+    async def __call__(self) -> Message:
+        if self.failure is not None:
+            raise _BodyRefusedError(self.failure.message)
+        if self._complete:
+            return await self._receive()
+        with anyio.move_on_after(self._deadline - anyio.current_time()):
+            message = await self._receive()
+            self._count(message)
+            return message
+        self._refuse(body_timed_out(self._limit.timeout_s))
+
+    def _count(self, message: Message) -> None:
+        if message["type"] != "http.request":
+            return
+        self._num_bytes += len(message.get("body", b""))
+        self._complete = not message.get("more_body", False)
+        if self._num_bytes > self._limit.max_bytes:
+            self._refuse(body_too_large(self._limit.max_bytes))
+
+    def _refuse(self, failure: ApiError) -> NoReturn:
+        self.failure = failure
+        raise _BodyRefusedError(failure.message)
+
+
+class RequestLimits:
+    """ASGI middleware: authentication from the headers, then a bounded body (module docstring)."""
+
+    def __init__(self, app: ASGIApp, deps: ServerDeps) -> None:
+        self.app = app
+        self.deps = deps
+        self.rate_limiter = RateLimiter()  # per-tenant token buckets (max_requests_per_s)
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        limit = body_limit(self.deps, scope["path"])
+        headers = Headers(scope=scope)
+        try:
+            _check_declared_length(headers, limit)
+            await self._authenticate(scope, headers)
+        except ApiError as refused:
+            await _closing(refused).response()(scope, receive, send)
+            return
+        await self._run_counted(scope, receive, send, limit)
+
+    async def _authenticate(self, scope: Scope, headers: Headers) -> None:
+        token = parse_bearer(headers.get("authorization"))
+        path: str = scope["path"]
+        if _under(path, TENANT_PREFIX):
+            tenant = await authenticate(self.deps, token)
+            try:  # the tenant's max_requests_per_s, before its body costs anything
+                self.rate_limiter.check(tenant)
+            except RateLimitError as exc:
+                raise to_api_error(exc, ErrorContext.TENANT) from None
+            scope.setdefault("state", {})[AUTHENTICATED_TENANT] = tenant
+        elif _under(path, ADMIN_PREFIX):
+            check_admin(token, self.deps.config.admin_key)
+
+    async def _run_counted(
+        self, scope: Scope, receive: Receive, send: Send, limit: BodyLimit
+    ) -> None:
+        body = CountedBody(receive, limit)
+        started = False
+
+        async def send_unless_refused(message: Message) -> None:
+            nonlocal started
+            if body.failure is not None:
+                return  # the app's answer to a refused body: ours goes instead
+            started = True
+            await send(message)
+
+        try:
+            await self.app(scope, body, send_unless_refused)
+        except Exception:
+            if body.failure is None:
+                raise
+        # NOTE: every route reads its body before answering; a refusal after the response began
+        # can only cut it short (uvicorn then closes the connection).
+        if body.failure is not None and not started:
+            await body.failure.response()(scope, receive, send)
+
+
+def _check_declared_length(headers: Headers, limit: BodyLimit) -> None:
+    declared = headers.get("content-length")
+    if declared is not None and declared.isdigit() and int(declared) > limit.max_bytes:
+        raise body_too_large(limit.max_bytes)
+
+
+def _closing(error: ApiError) -> ApiError:
+    return replace(error, headers={**error.headers, **_CLOSE})
+
+
+def _under(path: str, prefix: str) -> bool:
+    return path == prefix or path.startswith(prefix + "/")

@@ -1,0 +1,293 @@
+"""Bounded work per client: credentials before the body, a body capped and timed while it is
+read, prompt text capped before tokenizing (off the event loop), bounded connections.
+
+The wire-level tests talk raw HTTP/1.1 to a real uvicorn server on a ``loraplex serve`` socket,
+so they can stop sending halfway, as an attacker would, and see when the server answers.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import socket
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager, suppress
+from pathlib import Path
+from urllib.parse import urlsplit
+
+import pytest
+from conftest import ADMIN_KEY, Served, make_app_deps
+from fakes import CharTokenizer, FakeEngine
+from fastapi.testclient import TestClient
+from live import listening
+from typer.testing import CliRunner
+
+from loraplex.cli import app as cli_app
+from loraplex.cli import serve as serve_cli
+from loraplex.server.app import create_app
+from loraplex.server.deps import ServerConfig
+from loraplex.server.listeners import ConnectionLimits
+from loraplex.server.serve_config import ServeConfig
+
+MAX_BODY = 4096
+MAX_UPLOAD = 2048
+BODY_TIMEOUT_S = 1.0
+HEAD_TIMEOUT_S = 0.5
+WAIT_S = 5.0  # far longer than any limit above: a server that has not answered by then never will
+
+
+@contextmanager
+def serving(served: Served, limits: ConnectionLimits) -> Iterator[tuple[str, int]]:
+    deps = make_app_deps(
+        served, FakeEngine(), max_body_bytes=MAX_BODY, max_upload_bytes=MAX_UPLOAD,
+        body_read_timeout_s=BODY_TIMEOUT_S, upload_read_timeout_s=BODY_TIMEOUT_S,
+    )  # fmt: skip
+    with listening(create_app(deps), limits) as (url, _):
+        address = urlsplit(url)
+        yield address.hostname or "", address.port or 0
+    assert deps.cache is not None
+    deps.cache.close()
+
+
+@pytest.fixture
+def address(served: Served) -> Iterator[tuple[str, int]]:
+    limits = ConnectionLimits(header_read_timeout_s=HEAD_TIMEOUT_S, max_header_bytes=4096)
+    with serving(served, limits) as running:
+        yield running
+
+
+def _connect(address: tuple[str, int]) -> socket.socket:
+    return socket.create_connection(address, timeout=WAIT_S)
+
+
+def _head(path: str, headers: dict[str, str], method: str = "POST") -> bytes:
+    lines = [f"{method} {path} HTTP/1.1", "Host: test", *(f"{k}: {v}" for k, v in headers.items())]
+    return ("\r\n".join(lines) + "\r\n\r\n").encode()
+
+
+def _until_closed(sock: socket.socket) -> bytes:
+    """Everything the server sends until it closes the connection (a timeout fails the test)."""
+    received = b""
+    while chunk := sock.recv(65536):
+        received += chunk
+    return received
+
+
+def _status(response: bytes) -> int:
+    return int(response.split(b" ", 2)[1])
+
+
+def _error(response: bytes) -> dict[str, object]:
+    error: dict[str, object] = json.loads(response.split(b"\r\n\r\n", 1)[1])["error"]
+    return error
+
+
+def _chunk(data: bytes) -> bytes:
+    return f"{len(data):x}\r\n".encode() + data + b"\r\n"
+
+
+def _tenant(served: Served) -> dict[str, str]:
+    return {"Authorization": f"Bearer {served.keys['acme']}", "Content-Type": "application/json"}
+
+
+@pytest.mark.parametrize(
+    ("path", "token"),
+    [("/v1/completions", None), ("/v1/completions", "lpx_bad_key"),
+     ("/v1/completions", ADMIN_KEY), ("/admin/tenants", "lpx_bad_key")],
+)  # fmt: skip
+def test_a_bad_credential_is_refused_before_the_body_is_read(
+    address: tuple[str, int], path: str, token: str | None
+) -> None:
+    headers = {"Content-Length": str(MAX_BODY), "Content-Type": "application/json"}
+    if token is not None:
+        headers["Authorization"] = f"Bearer {token}"
+    with _connect(address) as sock:
+        sock.sendall(_head(path, headers))  # and never the body
+        response = _until_closed(sock)
+    assert _status(response) == 401
+    assert _error(response)["code"] == "invalid_api_key"
+
+
+def test_a_declared_length_over_the_cap_is_refused_at_once(
+    address: tuple[str, int], served: Served
+) -> None:
+    with _connect(address) as sock:
+        sock.sendall(_head("/v1/completions", {**_tenant(served), "Content-Length": "300000000"}))
+        response = _until_closed(sock)
+    assert _status(response) == 413
+    assert _error(response)["code"] == "request_too_large"
+
+
+@pytest.mark.parametrize(
+    ("path", "cap"),
+    [("/v1/completions", MAX_BODY), ("/admin/adapters/upload", MAX_UPLOAD + MAX_BODY)],
+)
+def test_a_chunked_body_is_refused_as_soon_as_it_passes_the_cap(
+    address: tuple[str, int], served: Served, path: str, cap: int
+) -> None:
+    if path.startswith("/v1"):
+        headers, start = _tenant(served), b"{"
+    else:
+        form = "multipart/form-data; boundary=b"
+        headers = {"Authorization": f"Bearer {ADMIN_KEY}", "Content-Type": form}
+        start = b'--b\r\nContent-Disposition: form-data; name="weights"; filename="w"\r\n\r\n'
+    with _connect(address) as sock:
+        sock.sendall(_head(path, {**headers, "Transfer-Encoding": "chunked"}) + _chunk(start))
+        for _ in range(cap // 1024 + 1):  # past the cap, and no final chunk
+            sock.sendall(_chunk(b"x" * 1024))
+        response = _until_closed(sock)
+    assert _status(response) == 413
+    assert str(cap) in str(_error(response)["message"])
+
+
+def test_a_slow_body_is_cut_at_its_deadline(address: tuple[str, int], served: Served) -> None:
+    with _connect(address) as sock:
+        sock.sendall(_head("/v1/completions", {**_tenant(served), "Content-Length": "100"}))
+        start = time.monotonic()
+        for _ in range(3):
+            sock.sendall(b"{")  # a byte now and then is not enough
+            time.sleep(BODY_TIMEOUT_S / 3)
+        response = _until_closed(sock)
+    assert _status(response) == 408
+    assert time.monotonic() - start >= BODY_TIMEOUT_S * 0.9
+
+
+@pytest.mark.parametrize("sent", [b"", b"POST /v1/completions HTTP/1.1\r\nHost: te"])
+def test_a_request_head_not_complete_in_time_is_closed(
+    address: tuple[str, int], sent: bytes
+) -> None:
+    with _connect(address) as sock:
+        start = time.monotonic()
+        sock.sendall(sent)
+        assert _until_closed(sock) == b""
+    assert time.monotonic() - start >= HEAD_TIMEOUT_S * 0.9
+
+
+def test_a_head_sent_a_byte_at_a_time_is_closed_at_its_deadline(
+    address: tuple[str, int],
+) -> None:
+    head = _head("/health", {"X-Padding": "y" * 200}, method="GET")
+    num_sent = 0
+    with _connect(address) as sock:
+        try:  # a byte every 20 ms: the head would take seconds, each byte in time
+            for byte in head:
+                sock.sendall(bytes([byte]))
+                num_sent += 1
+                time.sleep(0.02)
+        except OSError:  # the server closed the connection while the head was still arriving
+            pass
+    assert num_sent < len(head)
+
+
+def test_an_oversized_head_is_refused(address: tuple[str, int]) -> None:
+    with _connect(address) as sock:
+        sock.sendall(b"GET /health HTTP/1.1\r\nX-Padding: " + b"y" * 8192)  # and no end yet
+        assert _status(_until_closed(sock)) == 400
+
+
+def test_connections_beyond_the_cap_are_closed(served: Served) -> None:
+    with serving(served, ConnectionLimits(max_connections=2)) as address:
+        first, second = _connect(address), _connect(address)
+        time.sleep(0.2)  # the server has accepted both
+        with _connect(address) as third, suppress(ConnectionResetError):  # closed, maybe reset
+            assert third.recv(1) == b""
+        first.sendall(_head("/health", {}, method="GET"))  # at the cap: uvicorn's 503
+        assert _status(_until_closed(first)) == 503
+        first.close()
+        second.close()
+
+
+def test_requests_within_the_limits_are_served(address: tuple[str, int], served: Served) -> None:
+    body = json.dumps({"model": "support", "prompt": "hi", "stream": True}).encode()
+    headers = {**_tenant(served), "Content-Length": str(len(body)), "Connection": "close"}
+    with _connect(address) as sock:
+        sock.sendall(_head("/v1/completions", headers) + body)
+        response = _until_closed(sock)
+    assert _status(response) == 200 and b"data: [DONE]" in response
+
+
+class LoopCheckingTokenizer(CharTokenizer):
+    """Records, per call, whether an event loop runs on the calling thread."""
+
+    def __init__(self) -> None:
+        self.on_loop: list[bool] = []
+
+    def encode(self, text: str) -> list[int]:
+        try:
+            asyncio.get_running_loop()
+            self.on_loop.append(True)
+        except RuntimeError:
+            self.on_loop.append(False)
+        return super().encode(text)
+
+
+def test_prompts_are_tokenized_off_the_event_loop(served: Served) -> None:
+    tokenizer = LoopCheckingTokenizer()
+    deps = make_app_deps(served, FakeEngine(char_tokenizer=tokenizer))
+    auth = {"Authorization": f"Bearer {served.keys['acme']}"}
+    with TestClient(create_app(deps)) as client:
+        for path, body in [
+            ("/v1/completions", {"model": "support", "prompt": "hi"}),
+            ("/v1/chat/completions", {"model": "support", "messages": [{"role": "user",
+                                                                         "content": "hi"}]}),
+        ]:  # fmt: skip
+            assert client.post(path, json=body, headers=auth).status_code == 200
+    assert tokenizer.on_loop and not any(tokenizer.on_loop)
+    assert deps.cache is not None
+    deps.cache.close()
+
+
+def test_prompt_text_over_the_cap_is_refused_before_tokenizing(served: Served) -> None:
+    tokenizer = LoopCheckingTokenizer()
+    engine = FakeEngine(char_tokenizer=tokenizer)
+    deps = make_app_deps(served, engine, max_prompt_chars=10)
+    auth = {"Authorization": f"Bearer {served.keys['acme']}"}
+    long_chat = [{"role": "system", "content": "x" * 6}, {"role": "user", "content": "y" * 5}]
+    with TestClient(create_app(deps)) as client:
+        for path, body, param in [
+            ("/v1/completions", {"model": "support", "prompt": "z" * 11}, "prompt"),
+            ("/v1/completions", {"model": "support", "prompt": ["z" * 11]}, "prompt"),
+            ("/v1/chat/completions", {"model": "support", "messages": long_chat}, "messages"),
+        ]:
+            response = client.post(path, json=body, headers=auth)
+            assert response.status_code == 400 and response.json()["error"]["param"] == param
+        assert tokenizer.on_loop == [] and engine.requests == []
+        fits = {"model": "support", "prompt": "z" * 10}
+        assert client.post("/v1/completions", json=fits, headers=auth).status_code == 200
+        token_ids = {"model": "support", "prompt": [5] * 50}  # ids are capped in tokens instead
+        assert client.post("/v1/completions", json=token_ids, headers=auth).status_code == 200
+    assert deps.cache is not None
+    deps.cache.close()
+
+
+def test_limit_settings_are_checked(tmp_path: Path) -> None:
+    with pytest.raises(ValueError, match="max_body_bytes 0 is invalid"):
+        ServerConfig(base_model_name="m", admin_key=ADMIN_KEY, max_body_bytes=0)
+    with pytest.raises(ValueError, match="body_read_timeout_s 0 is invalid"):
+        ServerConfig(base_model_name="m", admin_key=ADMIN_KEY, body_read_timeout_s=0)
+    with pytest.raises(ValueError, match="header_read_timeout_s 0 is invalid"):
+        ConnectionLimits(header_read_timeout_s=0)
+    with pytest.raises(ValueError, match="max_connections 0 is invalid"):
+        ServeConfig(data_dir=tmp_path, max_connections=0)
+    with pytest.raises(ValueError, match="max_prompt_chars 0 is invalid"):
+        ServeConfig(data_dir=tmp_path, max_prompt_chars=0)
+    assert ServeConfig(data_dir=tmp_path, max_model_len=100).prompt_chars() == 6400
+    assert ServeConfig(data_dir=tmp_path, max_prompt_chars=7).prompt_chars() == 7
+
+
+def test_serve_flags_reach_the_limits(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    seen: list[ServeConfig] = []
+    monkeypatch.setattr(serve_cli, "_run", seen.append)
+    flags = ["--max-body-bytes", "11", "--max-upload-bytes", "12", "--max-prompt-chars", "13",
+             "--body-read-timeout-s", "14", "--upload-read-timeout-s", "15",
+             "--header-read-timeout-s", "16", "--keep-alive-timeout-s", "17",
+             "--max-connections", "18", "--max-header-bytes", "19"]  # fmt: skip
+    result = CliRunner().invoke(cli_app, ["serve", "--data-dir", str(tmp_path), *flags])
+    assert result.exit_code == 0, result.output
+    (settings,) = seen
+    assert (settings.max_body_bytes, settings.max_upload_bytes, settings.max_prompt_chars) == (
+        11, 12, 13
+    )  # fmt: skip
+    assert (settings.body_read_timeout_s, settings.upload_read_timeout_s) == (14, 15)
+    assert serve_cli.connection_limits(settings) == ConnectionLimits(16, 17, 18, 19)
