@@ -10,10 +10,10 @@ false, empty): an unknown feature that is switched on could change what the adap
 from __future__ import annotations
 
 import math
-import re
 from collections.abc import Mapping
 
 from loraplex.adapters.base_model import TARGET_MODULES
+from loraplex.adapters.config_regex import ConfigRegex, check_entry_count, check_field_budget
 from loraplex.errors import AdapterConfigError, UnsupportedAdapterError
 
 _PARSED = frozenset({
@@ -117,9 +117,9 @@ def parse_target_modules(value: object) -> tuple[str, ...] | str:
     if value == _ALL_LINEAR:
         return TARGET_MODULES
     if isinstance(value, str):
-        _compile("target_modules", value)
+        regex = ConfigRegex("target_modules", value)
         for path in _FORBIDDEN_PATHS:
-            if re.fullmatch(value, path):
+            if regex.fullmatch(path):
                 raise UnsupportedAdapterError(
                     "target_modules",
                     value,
@@ -145,9 +145,10 @@ def parse_pattern(
         return ()
     if not isinstance(value, dict):
         raise AdapterConfigError(field, value, "an object mapping module regex to a value")
+    check_entry_count(field, value)
+    check_field_budget(field, [ConfigRegex(field, key, PATTERN_KEY_TEMPLATE) for key in value])
     entries: list[tuple[str, float]] = []
     for key, item in value.items():
-        _compile(field, key, PATTERN_KEY_TEMPLATE)
         valid = isinstance(item, int) and not isinstance(item, bool) and item > 0
         if integer and not valid:
             raise AdapterConfigError(f"{field}[{key!r}]", item, "an int > 0")
@@ -168,6 +169,7 @@ def parse_layers(value: object) -> tuple[int, ...] | None:
         raise AdapterConfigError(
             "layers_to_transform", value, "null, an int >= 0, or a list of them"
         )
+    check_entry_count("layers_to_transform", items)
     return tuple(items)
 
 
@@ -175,8 +177,8 @@ def parse_layers_pattern(value: object) -> tuple[str, ...] | None:
     if value is None or value in ("", []):
         return None
     names = (value,) if isinstance(value, str) else _str_list("layers_pattern", value, True)
-    for name in names:
-        _compile("layers_pattern", name, LAYERS_PATTERN_TEMPLATE)
+    patterns = [ConfigRegex("layers_pattern", name, LAYERS_PATTERN_TEMPLATE) for name in names]
+    check_field_budget("layers_pattern", patterns)
     return names
 
 
@@ -184,7 +186,7 @@ def parse_exclude_modules(value: object) -> tuple[str, ...] | str | None:
     if value is None or value in ("", []):
         return None
     if isinstance(value, str):
-        _compile("exclude_modules", value)
+        ConfigRegex("exclude_modules", value)
         return value
     return _str_list("exclude_modules", value, allow_empty=True)
 
@@ -194,14 +196,5 @@ def _str_list(field: str, value: object, allow_empty: bool) -> tuple[str, ...]:
         raise AdapterConfigError(field, value, "a list of non-empty strings or a regex string")
     if not value and not allow_empty:
         raise AdapterConfigError(field, value, "at least one module name")
+    check_entry_count(field, value)
     return tuple(value)
-
-
-def _compile(field: str, pattern: object, template: str = "{}") -> None:
-    """Compile ``pattern`` as it will be used (inside ``template``), so matching never fails."""
-    if not isinstance(pattern, str):
-        raise AdapterConfigError(field, pattern, "a regular expression string")
-    try:
-        re.compile(template.replace("{}", pattern))
-    except re.error as exc:
-        raise AdapterConfigError(field, pattern, f"a valid regular expression ({exc})") from exc

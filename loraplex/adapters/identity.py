@@ -7,6 +7,8 @@ import re
 from dataclasses import dataclass
 from pathlib import Path
 
+from loraplex.errors import quoted
+
 # Bumped whenever loraplex would execute the same adapter bytes differently (scaling rules,
 # supported features), so caches filled by an older runtime are never reused.
 RUNTIME_COMPAT_VERSION = 1
@@ -29,7 +31,7 @@ def check_name(field: str, value: str) -> str:
     """Tenant, adapter and revision names: 1-128 of ``[A-Za-z0-9._-]``, not starting with a dot."""
     if not _NAME.fullmatch(value):
         raise ValueError(
-            f"{field} {value!r} is invalid; expected 1-128 characters of [A-Za-z0-9._-] "
+            f"{field} {quoted(value)} is invalid; expected 1-128 characters of [A-Za-z0-9._-] "
             "starting with a letter or digit"
         )
     return value

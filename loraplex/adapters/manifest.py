@@ -9,6 +9,9 @@ adapter served with a different module set or scale than PEFT would apply is sil
 - ``rank_pattern`` / ``alpha_pattern``: the first key (in config order) for which
   ``(.*\\.)?(key)$`` matches the module path wins; otherwise ``r`` / ``lora_alpha``.
 - scale is ``alpha / r``, or ``alpha / sqrt(r)`` with ``use_rslora``.
+
+The regexes run on RE2, not ``re`` (``config_regex``): the same matches on module paths, in
+linear time, because the config comes from tenants.
 """
 
 from __future__ import annotations
@@ -36,6 +39,7 @@ from loraplex.adapters._config_fields import (
     parse_target_modules,
 )
 from loraplex.adapters.base_model import BaseModelSpec
+from loraplex.adapters.config_regex import ConfigRegex
 from loraplex.errors import AdapterConfigError, UnsupportedAdapterError
 
 CONFIG_FILE = "adapter_config.json"
@@ -44,6 +48,8 @@ MAX_CONFIG_BYTES = 1 << 20
 # PEFT's defaults for fields an older config may omit.
 _DEFAULT_R = 8
 _DEFAULT_ALPHA = 8
+# PEFT's layer-index rule without layers_pattern (a fixed pattern, so ``re`` is safe here).
+_DEFAULT_LAYER_INDEX = re.compile(r".*?\.[^.]*\.(?P<idx>\d+)\.")
 
 _T = TypeVar("_T", int, float)
 
@@ -70,44 +76,34 @@ class LoraSpec:
         if not self.lora_alpha > 0:
             raise ValueError(f"lora_alpha {self.lora_alpha} is invalid; expected a number > 0")
 
+    def matcher(self) -> ModuleMatcher:
+        """The spec's regexes compiled once, to resolve many modules (validation does)."""
+        return ModuleMatcher(self)
+
     def targets(self, layer: int, module: str) -> bool:
         """Whether PEFT injects a LoRA layer into ``module`` of decoder layer ``layer``."""
-        path = BaseModelSpec.module_path(layer, module)
-        if _excluded(self.exclude_modules, path):
-            return False
-        if isinstance(self.target_modules, str):
-            return re.fullmatch(self.target_modules, path) is not None
-        if path in self.target_modules:
-            return True
-        if not any(path.endswith(f".{name}") for name in self.target_modules):
-            return False
-        if not self.layers_to_transform:
-            return True
-        return _layer_index(path, self.layers_pattern) in self.layers_to_transform
+        return self.matcher().targets(layer, module)
 
     def rank_for(self, layer: int, module: str) -> int:
         """Rank of the module's LoRA pair (``rank_pattern`` resolved); meaningful when targeted."""
-        path = BaseModelSpec.module_path(layer, module)
-        return _first_match(self.rank_pattern, path, self.r)
+        return self.matcher().rank_for(layer, module)
 
     def alpha_for(self, layer: int, module: str) -> float:
         """Alpha of the module (``alpha_pattern`` resolved)."""
-        path = BaseModelSpec.module_path(layer, module)
-        return _first_match(self.alpha_pattern, path, self.lora_alpha)
+        return self.matcher().alpha_for(layer, module)
 
     def scale_for(self, layer: int, module: str) -> float:
         """The factor PEFT multiplies ``B @ A @ x`` by: alpha/r, or alpha/sqrt(r) with rsLoRA."""
-        rank = self.rank_for(layer, module)
-        alpha = self.alpha_for(layer, module)
+        matcher = self.matcher()
+        return self.scale(matcher.rank_for(layer, module), matcher.alpha_for(layer, module))
+
+    def scale(self, rank: int, alpha: float) -> float:
+        """PEFT's scaling for a module of ``rank`` and ``alpha``."""
         return alpha / math.sqrt(rank) if self.use_rslora else alpha / rank
 
     def rank_source(self, layer: int, module: str) -> str:
         """The config field the module's rank comes from (for error messages)."""
-        path = BaseModelSpec.module_path(layer, module)
-        for key, _ in self.rank_pattern:
-            if _pattern_matches(key, path):
-                return f"rank_pattern[{key!r}]"
-        return "r"
+        return self.matcher().rank_source(layer, module)
 
     @property
     def max_rank(self) -> int:
@@ -164,33 +160,78 @@ def parse_adapter_config(mapping: Mapping[str, object]) -> LoraSpec:
     )
 
 
-def _pattern_matches(key: str, path: str) -> bool:
-    return re.match(PATTERN_KEY_TEMPLATE.replace("{}", key), path) is not None
+class ModuleMatcher:
+    """A LoraSpec's regexes compiled once by RE2 (``config_regex``: linear-time matching), so
+    resolving every module of a base model compiles nothing again. PEFT's rules, as above."""
+
+    def __init__(self, spec: LoraSpec) -> None:
+        self.spec = spec
+        targets, exclude = spec.target_modules, spec.exclude_modules
+        self._target = ConfigRegex("target_modules", targets) if isinstance(targets, str) else None
+        self._names = () if isinstance(targets, str) else targets
+        self._exclude = (
+            ConfigRegex("exclude_modules", exclude) if isinstance(exclude, str) else None
+        )
+        self._excluded_names = exclude if isinstance(exclude, tuple) else ()
+        self._ranks = _compiled("rank_pattern", spec.rank_pattern)
+        self._alphas = _compiled("alpha_pattern", spec.alpha_pattern)
+        self._layers = [
+            ConfigRegex("layers_pattern", name, LAYERS_PATTERN_TEMPLATE, groups=True)
+            for name in spec.layers_pattern or ()
+        ]
+
+    def targets(self, layer: int, module: str) -> bool:
+        path = BaseModelSpec.module_path(layer, module)
+        if self._excluded(path):
+            return False
+        if self._target is not None:
+            return self._target.fullmatch(path)
+        if path in self._names:
+            return True
+        if not any(path.endswith(f".{name}") for name in self._names):
+            return False
+        if not self.spec.layers_to_transform:
+            return True
+        return self._layer_index(path) in self.spec.layers_to_transform
+
+    def rank_for(self, layer: int, module: str) -> int:
+        return _first_match(self._ranks, BaseModelSpec.module_path(layer, module), self.spec.r)
+
+    def alpha_for(self, layer: int, module: str) -> float:
+        path = BaseModelSpec.module_path(layer, module)
+        return _first_match(self._alphas, path, self.spec.lora_alpha)
+
+    def rank_source(self, layer: int, module: str) -> str:
+        path = BaseModelSpec.module_path(layer, module)
+        for regex, _ in self._ranks:
+            if regex.match(path):
+                return f"rank_pattern[{regex.pattern!r}]"
+        return "r"
+
+    def _excluded(self, path: str) -> bool:
+        if self._exclude is not None:
+            return self._exclude.fullmatch(path)
+        names = self._excluded_names
+        return path in names or any(path.endswith(f".{name}") for name in names)
+
+    def _layer_index(self, path: str) -> int | None:
+        """The first numbered path segment after a layer container, as PEFT finds it."""
+        if not self._layers:
+            match = _DEFAULT_LAYER_INDEX.match(path)
+            return int(match.group("idx")) if match is not None else None
+        for regex in self._layers:
+            index = regex.match_group(path, "idx")
+            if index is not None:
+                return int(index)
+        return None
 
 
-def _first_match(pattern: tuple[tuple[str, _T], ...], path: str, default: _T) -> _T:
-    for key, value in pattern:
-        if _pattern_matches(key, path):
+def _compiled(field: str, pattern: tuple[tuple[str, _T], ...]) -> list[tuple[ConfigRegex, _T]]:
+    return [(ConfigRegex(field, key, PATTERN_KEY_TEMPLATE), value) for key, value in pattern]
+
+
+def _first_match(pattern: list[tuple[ConfigRegex, _T]], path: str, default: _T) -> _T:
+    for regex, value in pattern:
+        if regex.match(path):
             return value
     return default
-
-
-def _excluded(exclude: tuple[str, ...] | str | None, path: str) -> bool:
-    if exclude is None:
-        return False
-    if isinstance(exclude, str):
-        return re.fullmatch(exclude, path) is not None
-    return path in exclude or any(path.endswith(f".{name}") for name in exclude)
-
-
-def _layer_index(path: str, layers_pattern: tuple[str, ...] | None) -> int | None:
-    """The first numbered path segment after a layer container, as PEFT finds it."""
-    if not layers_pattern:
-        match = re.match(r".*?\.[^.]*\.(?P<idx>\d+)\.", path)
-    else:
-        match = None
-        for name in layers_pattern:
-            match = re.match(LAYERS_PATTERN_TEMPLATE.replace("{}", name), path)
-            if match is not None:
-                break
-    return int(match.group("idx")) if match is not None else None

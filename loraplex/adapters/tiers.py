@@ -2,7 +2,8 @@
 
 L3 is the registry's ``ArtifactStore`` (objects by sha256). L2 (``disk_tier.DiskTier``) is a
 directory of verified PEFT directories, one per adapter key, entered only by an atomic rename
-out of quarantine after validation, and re-verified when a restarted worker adopts it. L1 holds
+out of quarantine after validation, re-verified when a restarted worker adopts it, and hashed
+against the registry's record before every read (a copy that differs is replaced from L3). L1 holds
 ``AdapterWeights`` (CPU tensors, page-locked when CUDA is present). L0 is the model's
 ``LoraSlotPool``. Each stage is timed; every error is a domain error.
 
@@ -14,6 +15,7 @@ steps concurrently and take the same lock around its forward.
 
 from __future__ import annotations
 
+import logging
 import shutil
 import threading
 import time
@@ -25,7 +27,7 @@ import torch
 
 from loraplex.adapters.base_model import BaseModelSpec
 from loraplex.adapters.disk_tier import CONFIG_FILE, WEIGHTS_FILE, DiskTier
-from loraplex.adapters.identity import AdapterKey, sha256_file
+from loraplex.adapters.identity import AdapterKey
 from loraplex.adapters.pipeline import (
     CancelToken,
     Footprint,
@@ -43,6 +45,8 @@ from loraplex.model.lora import LoraSlotPool
 from loraplex.registry.artifacts import ArtifactStore, fetch_to_file
 
 __all__ = ["ArtifactRef", "DiskTier", "MemoryTier", "TierPipeline"]
+
+_log = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)
@@ -120,16 +124,11 @@ class TierPipeline:
 
     def prepare(self, move: Move, cancel: CancelToken) -> Prepared:
         if move.target is Tier.L2:
-            return self._fetch_and_verify(move.key, cancel)
+            return Prepared(*self._fetch_and_verify(move.key, cancel))
         if move.target is Tier.L1:
             cancel.check(Stage.READ)
             start = time.perf_counter()
-            validated = self.disk.validated(move.key)
-            actual = sha256_file(validated.weights_path)  # disk bytes are re-checked on read
-            if actual != move.key.adapter_digest:
-                raise DigestMismatchError(
-                    str(validated.weights_path), move.key.adapter_digest, actual
-                )
+            validated = self._recorded_disk_copy(move.key, cancel)
             weights = load_adapter_weights(
                 validated, dtype=self.pool.dtype, pin_memory=self._pin_memory
             )
@@ -173,7 +172,26 @@ class TierPipeline:
     def recover(self) -> list[RecoveredCopy]:
         return self.disk.recover(self.base, self.pool.max_lora_rank)
 
-    def _fetch_and_verify(self, key: AdapterKey, cancel: CancelToken) -> Prepared:
+    def _recorded_disk_copy(self, key: AdapterKey, cancel: CancelToken) -> ValidatedAdapter:
+        """The L2 copy of ``key`` once its files hash to the registry's record of the revision.
+
+        NOTE: recovery checks a copy against its own sidecar, which sits on the same disk; a copy
+        whose config and sidecar were both edited passes that, so every read re-checks here. A
+        copy that differs is dropped and replaced from the artifact store (L3) before use.
+        """
+        problem = self.disk.differs_from_record(key, self.resolver(key).config_digest)
+        if problem is not None:
+            _log.warning("L2 copy of %s %s: dropped, refetching from the artifact store",
+                         key.ref, problem)  # fmt: skip
+            self.disk.remove(key)
+            staged, _ = self._fetch_and_verify(key, cancel)
+            self.disk.commit(key, staged.path, staged.validated)
+        return self.disk.validated(key)
+
+    def _fetch_and_verify(
+        self, key: AdapterKey, cancel: CancelToken
+    ) -> tuple[_StagedDir, dict[Stage, float]]:
+        """Both files from the store into quarantine, validated; with the stage durations."""
         cancel.check(Stage.FETCH)
         staged = self.disk.quarantine_dir()
         try:
@@ -196,4 +214,4 @@ class TierPipeline:
             shutil.rmtree(staged, ignore_errors=True)
             raise
         seconds = {Stage.FETCH: fetched - start, Stage.VERIFY: time.perf_counter() - fetched}
-        return Prepared(_StagedDir(staged, validated), seconds)
+        return _StagedDir(staged, validated), seconds

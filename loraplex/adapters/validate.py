@@ -152,12 +152,14 @@ def injected_modules(spec: LoraSpec, base: BaseModelSpec) -> tuple[InjectedModul
             f"names layers {out_of_range}; expected indices < {base.num_layers} "
             f"(base model {base.name!r})"
         )
+    matcher = spec.matcher()  # compiles the config's regexes once for every module below
     modules: list[InjectedModule] = []
     for layer in range(base.num_layers):
         for module in TARGET_MODULES:
-            if spec.targets(layer, module):
+            if matcher.targets(layer, module):
                 d_in, d_out = base.module_shape(module)
-                rank, scale = spec.rank_for(layer, module), spec.scale_for(layer, module)
+                rank = matcher.rank_for(layer, module)
+                scale = spec.scale(rank, matcher.alpha_for(layer, module))
                 modules.append(InjectedModule(layer, module, rank, scale, d_in, d_out))
     if not modules:
         raise AdapterConfigError(
