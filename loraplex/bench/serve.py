@@ -2,11 +2,13 @@
 
 Side by side in one invocation (fresh server and cold cache per run, the same trace):
 hot-burst and zipf-longtail under lru and cost_aware; cold-storm with and without the storm
-tenant; and HTTP vs in-process throughput. Traces are generated at a wall-clock scale and
-replayed open-loop. Their rate is, unless given, ``load`` times the server's measured capacity
-(completed trace-shaped requests per second at saturation, measured first), and their length
-``trace_requests`` at that rate: a faster or slower machine then runs the same number of
-requests at the same utilisation, instead of idling or drowning at a fixed rate.
+tenant; HTTP vs in-process throughput; and, when asked for, the adversarial scenario
+(``serve_adversarial``: the steady tenants with and without an attacker tenant). Traces are
+generated at a wall-clock scale and replayed open-loop. Their rate is, unless given, ``load``
+times the server's measured capacity (completed trace-shaped requests per second at saturation,
+measured first), and their length ``trace_requests`` at that rate: a faster or slower machine
+then runs the same number of requests at the same utilisation, instead of idling or drowning at
+a fixed rate.
 """
 
 from __future__ import annotations
@@ -19,6 +21,13 @@ from pathlib import Path
 from typing import Any
 
 from loraplex.adapters.stats import percentile
+from loraplex.bench.serve_adversarial import (
+    ADVERSARIAL,
+    AdversarialConfig,
+    adversarial_metrics,
+    adversarial_workload,
+    run_adversarial,
+)
 from loraplex.bench.serve_driver import (
     TIERS,
     DriveConfig,
@@ -36,7 +45,8 @@ from loraplex.bench.workloads import (
     generate,
 )
 
-SCENARIOS = ("hot-burst", "zipf-longtail", "cold-storm")
+SCENARIOS = ("hot-burst", "zipf-longtail", "cold-storm")  # the default
+KNOWN_SCENARIOS = (*SCENARIOS, ADVERSARIAL)  # adversarial is opt-in: it attacks the server
 STEADY_TENANTS = ("steady-a", "steady-b")
 
 
@@ -60,7 +70,8 @@ class ServeBenchConfig:
     request_timeout_s: float = 60.0  # bound on every request
     seed: int = 0  # workload and weight seed
     asset_dir: Path = Path(".loraplex-assets")  # where the demo base model is generated / reused
-    scenarios: tuple[str, ...] = field(default=SCENARIOS)  # subset of SCENARIOS
+    scenarios: tuple[str, ...] = field(default=SCENARIOS)  # subset of KNOWN_SCENARIOS
+    adversarial: AdversarialConfig = field(default_factory=AdversarialConfig)  # its attacker
 
     def __post_init__(self) -> None:
         for name in ("load", "trace_requests", "prompt_tokens", "output_tokens", "num_adapters",
@@ -72,9 +83,11 @@ class ServeBenchConfig:
             value = getattr(self, name)
             if value is not None and not value > 0:
                 raise ValueError(f"{name} {value} is invalid; expected > 0 or None (derived)")
-        unknown = set(self.scenarios) - set(SCENARIOS)
+        unknown = set(self.scenarios) - set(KNOWN_SCENARIOS)
         if unknown:
-            raise ValueError(f"scenarios {sorted(unknown)} is invalid; expected from {SCENARIOS}")
+            raise ValueError(
+                f"scenarios {sorted(unknown)} is invalid; expected from {KNOWN_SCENARIOS}"
+            )
 
     def trace_shape(self, capacity_rps: float) -> tuple[float, float]:
         """(rate, duration_s) of the traces, given the measured capacity."""
@@ -110,7 +123,7 @@ def run_serve_bench(config: ServeBenchConfig) -> dict[str, Any]:
     vocab = BaseModelSpec.from_dir(assets.base_model_dir).vocab_size
     # A trace's adapters do not depend on its rate or length: one draft names them all.
     draft = config.params(rate=1.0, duration_s=1.0)
-    adapters = _union(generate(name, config.seed, draft).adapters for name in config.scenarios)
+    adapters = _union(_generate(name, config.seed, draft).adapters for name in config.scenarios)
     throughput_adapters = tuple((a.tenant, a.name) for a in adapters[:8])
     drive = DriveConfig(request_timeout_s=config.request_timeout_s, vocab_size=vocab,
                         seed=config.seed)  # fmt: skip
@@ -128,10 +141,19 @@ def run_serve_bench(config: ServeBenchConfig) -> dict[str, Any]:
                                   config.max_loras), tput_config)  # fmt: skip
         rate, duration = config.trace_shape(tput.capacity)
         params = config.params(rate, duration)
-        workloads = {name: generate(name, config.seed, params) for name in config.scenarios}
+        workloads = {name: _generate(name, config.seed, params) for name in config.scenarios}
+        attack = workloads.pop(ADVERSARIAL, None)
         runs = _trace_runs(config, fleet, workloads, drive, root)
+        hostile = []
+        if attack is not None:
+            options = _options(config, "cost_aware", config.max_loras)
+            hostile = run_adversarial(fleet, root / ADVERSARIAL, attack, options=options,
+                                      drive=drive, config=config.adversarial)  # fmt: skip
+            runs += [RunResult(run.name, run.records, run.residency) for run in hostile]
     summaries = {run.name: summarize(run) for run in runs}
     metrics = headline(summaries)
+    if attack is not None:
+        metrics.update(adversarial_metrics(hostile, attack, config.request_timeout_s))
     metrics["http_over_offline_throughput"] = round(tput.ratio, 3)
     metrics["http_tokens_per_s"] = [round(v, 1) for v in tput.http_tokens_per_s]
     metrics["offline_tokens_per_s"] = [round(v, 1) for v in tput.offline_tokens_per_s]
@@ -143,6 +165,12 @@ def run_serve_bench(config: ServeBenchConfig) -> dict[str, Any]:
     plain = {k: (str(v) if isinstance(v, Path) else v) for k, v in asdict(config).items()}
     return {"name": "serve", "config": plain, "seed": config.seed, "metrics": metrics,
             "runs": runs}  # fmt: skip
+
+
+def _generate(name: str, seed: int, params: ScenarioParams) -> Workload:
+    if name == ADVERSARIAL:
+        return adversarial_workload(seed, params)
+    return generate(name, seed, params)
 
 
 def _union(groups: Any) -> tuple[TraceAdapter, ...]:

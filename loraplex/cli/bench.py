@@ -127,8 +127,18 @@ def serve(
         int, typer.Option(help="zipf-longtail population and storm pool.")
     ] = 64,
     scenarios: Annotated[
-        str, typer.Option(help="Comma-separated: hot-burst,zipf-longtail,cold-storm.")
+        str,
+        typer.Option(
+            help="Comma-separated from hot-burst,zipf-longtail,cold-storm,adversarial "
+            "(adversarial is opt-in)."
+        ),
     ] = "hot-burst,zipf-longtail,cold-storm",
+    attack_rate: Annotated[
+        float, typer.Option(help="adversarial: attacker requests per second.")
+    ] = 4.0,
+    adversarial_rounds: Annotated[
+        int, typer.Option(help="adversarial: (calm, attacked) run pairs, order alternating.")
+    ] = 1,
     throughput_rounds: Annotated[int, typer.Option(help="HTTP vs in-process rounds.")] = 4,
     seed: Annotated[int, typer.Option(help="Workload and adapter-weight seed.")] = 0,
     asset_dir: Annotated[
@@ -138,8 +148,10 @@ def serve(
         str, typer.Option(help="Where serve-run.md and the PNGs go; '' skips them.")
     ] = "docs/benchmarks",
 ) -> None:
-    """The real server over HTTP: lru vs cost_aware, storm vs none, HTTP vs in-process."""
+    """The real server over HTTP: lru vs cost_aware, storm vs none, HTTP vs in-process, and
+    (opt-in) the steady tenants with and without an attacker tenant."""
     from loraplex.bench.serve import ServeBenchConfig, run_serve_bench
+    from loraplex.bench.serve_adversarial import AdversarialConfig
     from loraplex.bench.serve_report import (
         hit_ratio_plot,
         serve_json_line,
@@ -153,6 +165,7 @@ def serve(
             num_adapters=num_adapters, throughput_requests=throughput_requests,
             throughput_rounds=throughput_rounds, seed=seed, asset_dir=asset_dir,
             scenarios=tuple(s for s in scenarios.split(",") if s),
+            adversarial=AdversarialConfig(attack_rate=attack_rate, rounds=adversarial_rounds),
         )  # fmt: skip
     except ValueError as exc:
         raise typer.BadParameter(str(exc)) from exc
