@@ -9,6 +9,7 @@ ends. If the client goes away, the response task is cancelled and the engine req
 from __future__ import annotations
 
 import json
+import logging
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from functools import cached_property
@@ -18,6 +19,8 @@ from loraplex.errors import LoraplexError
 from loraplex.server.deps import ServerDeps
 from loraplex.server.errors import ErrorContext, to_api_error
 from loraplex.server.protocol import RevisionInfo, Usage
+
+_log = logging.getLogger(__name__)
 from loraplex.server.serving import abort_quietly, close_quietly
 
 DONE = "data: [DONE]\n\n"
@@ -119,9 +122,11 @@ async def sse_events(
         if include_usage and last is not None:
             yield fmt.usage(usage_of(last))
         yield DONE
-    except LoraplexError as exc:
+    except Exception as exc:  # any failure is an error event, never a silently cut stream
         ended = True
-        yield event(to_api_error(exc, ErrorContext.TENANT).body())
+        if not isinstance(exc, LoraplexError):
+            _log.exception("stream %s failed", fmt.request_id)
+        yield event(to_api_error(exc, ErrorContext.TENANT).body())  # unknown: reveals nothing
     finally:
         if ended:
             await close_quietly(stream)

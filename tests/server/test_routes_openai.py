@@ -226,3 +226,13 @@ def test_the_tier_reported_is_where_the_engine_found_the_adapter(rig: Rig, strea
     scrape = rig.client.get("/metrics", headers=rig.admin).text
     warm = 'request_ttft_seconds_count{cold="false",priority_class="normal"} 1.0'
     assert warm in scrape  # the metrics follow the engine's word too
+
+
+def test_an_unexpected_error_mid_stream_is_an_error_event_that_reveals_nothing(rig: Rig) -> None:
+    rig.engine.mid_stream_errors["acme/triage@r1"] = RuntimeError("another tenant's secret")
+    response = _post(rig, "acme", "/v1/completions", model="triage", prompt="hi", stream=True)
+    last = json.loads(
+        [line for line in response.text.split("\n\n") if line][-1].removeprefix("data: ")
+    )
+    assert last["error"]["code"] == "internal_error"
+    assert "secret" not in response.text
