@@ -85,6 +85,19 @@ def read_safetensors_header(path: Path) -> SafetensorsHeader:
         return parse_safetensors_header(handle, path, os.fstat(handle.fileno()).st_size)
 
 
+LENGTH_PREFIX_BYTES = _LENGTH_BYTES  # the header length: a little-endian u64 opening the file
+
+
+def check_length_prefix(prefix: bytes, where: str) -> None:
+    """CorruptArtifactError when the first 8 bytes of a safetensors file declare a header over
+    MAX_HEADER_BYTES (an upload is refused on them, before the rest of the file is read)."""
+    header_len = int.from_bytes(prefix[:_LENGTH_BYTES], "little")
+    if header_len < 2 or header_len > MAX_HEADER_BYTES:
+        raise CorruptArtifactError(
+            f"{where}: header length {header_len}; expected 2..{MAX_HEADER_BYTES}"
+        )
+
+
 def parse_safetensors_header(reader: ByteReader, path: Path, file_bytes: int) -> SafetensorsHeader:
     """Read the header from the start of ``reader`` (a file of ``file_bytes`` bytes) and check it.
 

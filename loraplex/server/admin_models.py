@@ -55,6 +55,14 @@ class RegisterBody(ReleaseFields):
     revision: str
 
 
+class UploadFields(ReleaseFields):
+    """The text fields of an upload (its files are the ``config`` and ``weights`` parts)."""
+
+    tenant: str
+    name: str
+    revision: str
+
+
 class ReleaseBody(_Body):
     state: RevisionState | None = None
     warm_policy: WarmPolicy | None = None

@@ -11,30 +11,24 @@ from __future__ import annotations
 import asyncio
 import shutil
 import tempfile
-from collections.abc import Iterator
 from concurrent.futures import Future
-from contextlib import contextmanager
 from dataclasses import asdict
 from enum import IntEnum
 from pathlib import Path
-from typing import Annotated, Any
+from typing import Any
 
-from fastapi import APIRouter, Depends, File, Form, Request, UploadFile
+from fastapi import APIRouter, Depends, Request
+from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from starlette.concurrency import run_in_threadpool
 
 from loraplex.adapters.identity import AdapterKey
-from loraplex.adapters.manifest import CONFIG_FILE
-from loraplex.adapters.validate import WEIGHTS_FILE
 from loraplex.adapters.warm import WarmPolicy as CacheWarmPolicy
 from loraplex.registry import (
     AliasTarget,
     PriorityClass,
     RegistrationRequest,
-    RevisionState,
-    Visibility,
-    WarmPolicy,
 )
 from loraplex.registry.imports import staged_import
 from loraplex.server.admin_models import (
@@ -44,12 +38,13 @@ from loraplex.server.admin_models import (
     ReleaseBody,
     ResidencyBody,
     TenantBody,
+    UploadFields,
     VisibilityBody,
 )
 from loraplex.server.auth import ADMIN_ACTOR, DepsDep, require_admin
 from loraplex.server.deps import CacheControl, ServerDeps
 from loraplex.server.errors import ApiError, invalid_request
-from loraplex.server.limits import upload_too_large
+from loraplex.server.upload import receive_upload
 
 router = APIRouter(prefix="/admin", dependencies=[Depends(require_admin)])
 ACTOR = ADMIN_ACTOR  # the audit log's actor for every change made here
@@ -157,46 +152,22 @@ def register_from_import_dir(body: RegisterBody, deps: DepsDep) -> JSONResponse:
         return _register(deps, RegistrationRequest(adapter_dir=adapter_dir, **fields))
 
 
-@contextmanager
-def _staged_upload(files: list[UploadFile], names: list[str], limit: int) -> Iterator[Path]:
+@router.post("/adapters/upload", response_model=None)
+async def register_upload(request: Request, deps: DepsDep) -> JSONResponse:
+    """Register an uploaded adapter (multipart parts ``config`` and ``weights`` plus the text
+    fields of ``UploadFields``), validated exactly like a directory on disk. The parts stream
+    straight into a private staging directory (``server/upload.py``)."""
     staging = Path(tempfile.mkdtemp(prefix="loraplex-upload-"))
     try:
-        total = 0
-        for upload, name in zip(files, names, strict=True):
-            with (staging / name).open("wb") as out:
-                while chunk := upload.file.read(_CHUNK_BYTES):
-                    total += len(chunk)
-                    if total > limit:
-                        raise upload_too_large(limit)  # the body cap (limits.py) allows more
-                    out.write(chunk)
-        yield staging
+        texts = await receive_upload(request, staging, deps.config.max_upload_bytes)
+        try:
+            fields = UploadFields.model_validate(texts)
+        except ValidationError as exc:
+            raise RequestValidationError(exc.errors()) from None
+        registration = RegistrationRequest(adapter_dir=staging, **fields.model_dump())
+        return await run_in_threadpool(_register, deps, registration)
     finally:
-        shutil.rmtree(staging, ignore_errors=True)
-
-
-@router.post("/adapters/upload", response_model=None)
-def register_upload(
-    deps: DepsDep,
-    *,
-    config: Annotated[UploadFile, File(description="adapter_config.json")],
-    weights: Annotated[UploadFile, File(description="adapter_model.safetensors")],
-    tenant: Annotated[str, Form()],
-    name: Annotated[str, Form()],
-    revision: Annotated[str, Form()],
-    state: Annotated[RevisionState, Form()] = RevisionState.STABLE,
-    warm_policy: Annotated[WarmPolicy, Form()] = WarmPolicy.ON_DEMAND,
-    visibility: Annotated[Visibility, Form()] = Visibility.PRIVATE,
-    probe_prompt: Annotated[str | None, Form()] = None,
-    expected_continuation: Annotated[str | None, Form()] = None,
-) -> JSONResponse:
-    """Register an uploaded adapter (validated exactly like a directory on disk)."""
-    limit = deps.config.max_upload_bytes
-    with _staged_upload([config, weights], [CONFIG_FILE, WEIGHTS_FILE], limit) as staged:
-        request = RegistrationRequest(
-            staged, tenant, name, revision, state, warm_policy,
-            probe_prompt, expected_continuation, visibility,
-        )  # fmt: skip
-        return _register(deps, request)
+        await run_in_threadpool(shutil.rmtree, staging, True)
 
 
 @router.put("/adapters/{tenant}/{name}/alias")
