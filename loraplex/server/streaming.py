@@ -19,9 +19,9 @@ from loraplex.errors import LoraplexError
 from loraplex.server.deps import ServerDeps
 from loraplex.server.errors import ErrorContext, to_api_error
 from loraplex.server.protocol import RevisionInfo, Usage
+from loraplex.server.serving import abort_quietly, close_quietly
 
 _log = logging.getLogger(__name__)
-from loraplex.server.serving import abort_quietly, close_quietly
 
 DONE = "data: [DONE]\n\n"
 
