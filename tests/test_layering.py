@@ -31,9 +31,11 @@ _TORCH_FREE_ADAPTERS = (
     "cache_config",
     "cache_waiters",
     "disk_tier",
+    "config_regex",
 )
 # The engine's decision code (the simulator reuses the scheduler).
-_TORCH_FREE_ENGINE = ("protocol", "config", "request", "blocks", "scheduler", "output", "tenancy")
+_TORCH_FREE_ENGINE = ("protocol", "config", "request", "blocks", "scheduler", "output", "tenancy",
+                      "step", "restart")  # fmt: skip
 TORCH_FREE_MODULES = (
     *(f"loraplex.adapters.{name}" for name in _TORCH_FREE_ADAPTERS),
     *(f"loraplex.engine.{name}" for name in _TORCH_FREE_ENGINE),
