@@ -29,6 +29,8 @@ def _valid_utf8(value: str) -> str:
 
 # Text a tenant sends: valid Unicode (checked before anything is tokenized).
 Text = Annotated[str, AfterValidator(_valid_utf8)]
+MAX_STOP_CHARS = 1024  # one stop string (each is searched for in the output after every token)
+StopText = Annotated[Text, Field(max_length=MAX_STOP_CHARS)]
 
 # ---- requests ----------------------------------------------------------------------------------
 
@@ -48,7 +50,7 @@ class SamplingFields(BaseModel):
     max_tokens: int | None = Field(default=None, ge=1)  # None: the endpoint's default
     temperature: float = Field(default=1.0, ge=0.0, le=2.0)  # below 1e-5: greedy (as vLLM)
     top_p: float = Field(default=1.0, gt=0.0, le=1.0)  # nucleus mass
-    stop: Text | list[Text] | None = None  # up to 4 stop strings (OpenAI's limit)
+    stop: StopText | list[StopText] | None = None  # up to 4 (OpenAI's limit), 1024 chars each
     seed: int | None = Field(default=None, ge=MIN_SEED, le=MAX_SEED)  # seeds the sampler
     stream: bool = False  # server-sent events
     stream_options: StreamOptions | None = None  # include_usage

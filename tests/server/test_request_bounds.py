@@ -22,6 +22,7 @@ def _post(rig: Rig, path: str, **body: Any) -> Any:
         ("temperature", -1e-38),
         ("top_p", 0.0),
         ("top_p", 1.0000001),
+        ("stop", "x" * 1025),
     ],
 )
 def test_out_of_range_sampling_values_are_a_400_naming_the_field(
