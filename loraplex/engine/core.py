@@ -160,10 +160,10 @@ class EngineCore:
         sampled: dict[str, int] = {}
         failed: dict[str, str] = {}
         for chunk in plan.chunks:
-            alone = StepPlan((chunk,), ())
-            mine = {k: v for k, v in params.items() if k == chunk.request_id}
+            rid = chunk.request_id
+            mine = {rid: params[rid]} if rid in params else {}
             try:
-                result = self.runner.run(alone, mine, banned)
+                result = self.runner.run(StepPlan((chunk,), ()), mine, banned)
             except Exception as exc:
                 _log.warning("request %s fails alone: %r", chunk.request_id, exc)
                 failed[chunk.request_id] = f"its part of the step raised {type(exc).__name__}"

@@ -105,7 +105,7 @@ def sample_rows(
     token ids cannot be picked for that row (EOS before ``min_tokens``)."""
     logits = logits.float()
     finite = torch.isfinite(logits).all(-1).tolist()  # before banning adds -inf on purpose
-    if banned is not None:
+    if banned is not None and any(banned):
         logits = logits.clone()
         for row, tokens_out in enumerate(banned):
             if tokens_out:

@@ -45,21 +45,9 @@ def listening(app: Any, limits: ConnectionLimits) -> Iterator[tuple[str, uvicorn
 
 @contextmanager
 def running(app: FastAPI) -> Iterator[str]:
-    """Serves ``app`` until the block ends; yields the base URL."""
-    server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=0, log_level="warning"))
-    thread = threading.Thread(target=server.run, daemon=True)
-    thread.start()
-    deadline = time.monotonic() + 30
-    while not server.started:
-        if not thread.is_alive() or time.monotonic() > deadline:
-            raise RuntimeError("uvicorn did not start")
-        time.sleep(0.01)
-    port = server.servers[0].sockets[0].getsockname()[1]
-    try:
-        yield f"http://127.0.0.1:{port}"
-    finally:
-        server.should_exit = True
-        thread.join(timeout=30)
+    """Serves ``app`` with the default connection limits until the block ends; yields the URL."""
+    with listening(app, ConnectionLimits()) as (url, _):
+        yield url
 
 
 @dataclass(frozen=True)
