@@ -119,7 +119,25 @@ class RevisionConflictError(RegistryError):
 
 
 class CapacityError(LoraplexError):
-    """A budget (slots, bytes, queue, quota) cannot accommodate the request before its deadline."""
+    """Transient: a budget (slots, bytes, queue, quota) cannot take the request now; the same
+    request may succeed later (429/503 with Retry-After)."""
+
+
+class UnservableError(LoraplexError):
+    """Permanent: this server, as configured, can never serve the request; retrying cannot help
+    (400/422, never Retry-After)."""
+
+
+class PromptTooLongError(UnservableError):
+    """The prompt (plus the tokens it asks for) exceeds the model's context length."""
+
+
+class AdapterTooLargeError(UnservableError):
+    """The adapter does not fit in a tier's whole budget, so no eviction can make room."""
+
+
+class NoAdapterCacheError(UnservableError):
+    """A base-only engine (no adapter cache) was asked for an adapter."""
 
 
 # --- base model checkpoints ---------------------------------------------------------------------

@@ -11,6 +11,9 @@ from typing import TYPE_CHECKING
 
 import pytest
 
+# Builders of adapter files byte by byte, and their fixtures, for every package's tests.
+pytest_plugins = ["adapter_builders"]
+
 if TYPE_CHECKING:
     from loraplex.demo.assets import DemoAssets
 

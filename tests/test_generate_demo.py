@@ -6,7 +6,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from loraplex.model.generate import GenerationRequest, GeneratorConfig, OfflineGenerator
-from loraplex.model.sampler import SamplingParams
+from loraplex.sampling import SamplingParams
 
 if TYPE_CHECKING:
     from loraplex.demo.assets import DemoAssets

@@ -10,39 +10,21 @@ from pathlib import Path
 import loraplex
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
-TORCH_FREE = ("registry", "router", "sim")
-# Decision code the simulator and the control plane reuse: it must run without torch.
-_TORCH_FREE_ADAPTERS = (
-    "identity",
-    "base_model",
-    "manifest",
-    "validate",
-    "safetensors_header",
-    "tensor_values",
-    "policy",
-    "stats",
-    "warm",
-    "tiering",
-    "pipeline",
-    "jobs",
-    "cache",
-    "cache_flow",
-    "cache_view",
-    "cache_config",
-    "cache_waiters",
-    "disk_tier",
-    "config_regex",
-)
+# Whole packages that never import torch: the control plane, what an adapter is, where it lives
+# (the decision code the simulator reuses) and the HTTP layer (the server process stays torch-free
+# when the engine runs in its own process).
+TORCH_FREE = ("registry", "artifacts", "residency", "server", "router", "sim")
 # The engine's decision code (the simulator reuses the scheduler).
 _TORCH_FREE_ENGINE = ("protocol", "config", "request", "blocks", "scheduler", "output", "tenancy",
                       "step", "restart")  # fmt: skip
 TORCH_FREE_MODULES = (
-    *(f"loraplex.adapters.{name}" for name in _TORCH_FREE_ADAPTERS),
     *(f"loraplex.engine.{name}" for name in _TORCH_FREE_ENGINE),
+    "loraplex.runtime.disk_tier",
     "loraplex.bench.workloads",
     "loraplex.bench.replay",
     "loraplex.clock",
     "loraplex.errors",
+    "loraplex.sampling",
 )
 
 
@@ -59,7 +41,7 @@ def _modules_under(package: str) -> list[str]:
 def test_control_plane_never_imports_torch() -> None:
     modules = [m for pkg in TORCH_FREE for m in _modules_under(pkg)] + list(TORCH_FREE_MODULES)
     modules = [m for m in modules if _importable(m)]
-    assert "loraplex.adapters.identity" in modules
+    assert "loraplex.artifacts.identity" in modules
     code = (
         "import importlib, sys\n"
         f"for name in {modules!r}:\n"

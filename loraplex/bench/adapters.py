@@ -12,7 +12,7 @@ from pathlib import Path
 
 import torch
 
-from loraplex.adapters.base_model import BaseModelSpec
+from loraplex.artifacts.base_model import BaseModelSpec
 
 S2_RANKS = (64, 32, 16, 8)
 

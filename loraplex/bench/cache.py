@@ -16,19 +16,19 @@ from typing import Any
 
 import torch
 
-from loraplex.adapters.base_model import BaseModelSpec
-from loraplex.adapters.cache import CacheConfig, TieredAdapterCache
-from loraplex.adapters.identity import AdapterKey, sha256_file
-from loraplex.adapters.policy import make_policy
-from loraplex.adapters.stats import Stage, percentile
-from loraplex.adapters.tiering import Tier, TierBudget
-from loraplex.adapters.tiers import ArtifactRef, DiskTier, TierPipeline
-from loraplex.adapters.validate import validate_adapter_dir
+from loraplex.artifacts.base_model import BaseModelSpec
+from loraplex.artifacts.identity import AdapterKey, sha256_file
+from loraplex.artifacts.store import LocalArtifactStore
+from loraplex.artifacts.validate import validate_adapter_dir
 from loraplex.bench.replay import ReplayResult, SimExecutor, StageCosts, footprints_for, replay
 from loraplex.bench.workloads import ScenarioParams, generate
 from loraplex.clock import ManualClock
 from loraplex.model.lora import LoraSlotPool
-from loraplex.registry.artifacts import LocalArtifactStore
+from loraplex.residency.cache.tiered_cache import CacheConfig, TieredAdapterCache
+from loraplex.residency.ledger import Tier, TierBudget
+from loraplex.residency.policy import make_policy
+from loraplex.residency.stats import Stage, percentile
+from loraplex.runtime.tier_backends import ArtifactRef, DiskTier, TierPipeline
 
 TIER_COLUMNS = ("l3", "l2", "l1", "raw", "copy", "peft")
 REPLAYS = {"hot-burst": 9, "zipf-longtail": 16, "drift": 16}  # scenario -> L0 slots

@@ -5,7 +5,8 @@ from __future__ import annotations
 import random
 from collections.abc import Callable
 
-from loraplex.bench.execution import (
+from loraplex.bench.execution_runners import LoraplexRunner, PeftRunner, StepShape, padded
+from loraplex.bench.execution_setup import (
     DTYPES,
     MAX_RANK,
     Case,
@@ -14,7 +15,6 @@ from loraplex.bench.execution import (
     adapter_bytes,
     seq_slots,
 )
-from loraplex.bench.execution_runners import LoraplexRunner, PeftRunner, StepShape, padded
 from loraplex.bench.timing import interleaved_medians
 
 HEADLINE_ADAPTERS = 16

@@ -13,9 +13,9 @@ from typing import Any
 
 import torch
 
-from loraplex.adapters.base_model import BaseModelSpec
-from loraplex.adapters.validate import validate_adapter_dir
-from loraplex.adapters.weights import AdapterWeights, ModuleWeights, load_adapter_weights
+from loraplex.artifacts.base_model import BaseModelSpec
+from loraplex.artifacts.validate import validate_adapter_dir
+from loraplex.model.adapter_weights import AdapterWeights, ModuleWeights, load_adapter_weights
 from loraplex.model.checkpoint import load_checkpoint
 from loraplex.model.kv_cache import ContiguousKVCache, SequenceChunk
 from loraplex.model.llama import ForwardBatch

@@ -15,11 +15,14 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
-from loraplex.adapters.base_model import BaseModelSpec
-from loraplex.adapters.cache import CacheConfig, TieredAdapterCache
-from loraplex.adapters.identity import AdapterKey
-from loraplex.adapters.jobs import Lease
-from loraplex.adapters.pipeline import (
+from loraplex.artifacts.base_model import BaseModelSpec
+from loraplex.artifacts.identity import AdapterKey
+from loraplex.bench.workloads import TraceAdapter, Workload
+from loraplex.clock import ManualClock
+from loraplex.residency.cache.jobs import Lease
+from loraplex.residency.cache.tiered_cache import CacheConfig, TieredAdapterCache
+from loraplex.residency.ledger import Tier
+from loraplex.residency.pipeline import (
     CancelToken,
     Footprint,
     Move,
@@ -27,11 +30,8 @@ from loraplex.adapters.pipeline import (
     RecoveredCopy,
     Resolved,
 )
-from loraplex.adapters.policy import EvictionPolicy
-from loraplex.adapters.stats import Stage
-from loraplex.adapters.tiering import Tier
-from loraplex.bench.workloads import TraceAdapter, Workload
-from loraplex.clock import ManualClock
+from loraplex.residency.policy import EvictionPolicy
+from loraplex.residency.stats import Stage
 
 T = TypeVar("T")
 _BASE_DIGEST = hashlib.sha256(b"replay-base").hexdigest()

@@ -20,7 +20,6 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from loraplex.adapters.stats import percentile
 from loraplex.bench.serve_adversarial import (
     ADVERSARIAL,
     AdversarialConfig,
@@ -44,6 +43,7 @@ from loraplex.bench.workloads import (
     Workload,
     generate,
 )
+from loraplex.residency.stats import percentile
 
 SCENARIOS = ("hot-burst", "zipf-longtail", "cold-storm")  # the default
 KNOWN_SCENARIOS = (*SCENARIOS, ADVERSARIAL)  # adversarial is opt-in: it attacks the server
@@ -116,7 +116,7 @@ class RunResult:
 
 def run_serve_bench(config: ServeBenchConfig) -> dict[str, Any]:
     """Every run of the benchmark; the result dict has name, config, seed, metrics, runs."""
-    from loraplex.adapters.base_model import BaseModelSpec
+    from loraplex.artifacts.base_model import BaseModelSpec
     from loraplex.demo.assets import generate_demo_assets
 
     assets = generate_demo_assets(config.asset_dir / "test-small", preset="small", seed=0)

@@ -21,7 +21,6 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
 
-from loraplex.adapters.stats import percentile
 from loraplex.bench.serve_attacker import (
     ATTACKER,
     ATTACKER_ADAPTER,
@@ -40,6 +39,7 @@ from loraplex.bench.workloads import (
     Workload,
     cold_storm,
 )
+from loraplex.residency.stats import percentile
 
 ADVERSARIAL = "adversarial"
 VICTIMS = ("steady-a", "steady-b")
@@ -107,7 +107,7 @@ def run_adversarial(
     config: AdversarialConfig,
 ) -> list[AdversarialRun]:
     """Every (calm, attacked) pair of runs, each on a fresh server with a cold cache."""
-    from loraplex.adapters.base_model import BaseModelSpec
+    from loraplex.artifacts.base_model import BaseModelSpec
     from loraplex.bench.serve_attack_adapters import write_pathological_adapters
 
     base = BaseModelSpec.from_dir(fleet.model_dir)

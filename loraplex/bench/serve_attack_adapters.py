@@ -13,9 +13,9 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from loraplex.adapters.base_model import BaseModelSpec
-from loraplex.adapters.manifest import CONFIG_FILE
-from loraplex.adapters.validate import WEIGHTS_FILE
+from loraplex.artifacts.base_model import BaseModelSpec
+from loraplex.artifacts.manifest import CONFIG_FILE
+from loraplex.artifacts.validate import WEIGHTS_FILE
 from loraplex.bench.adapters import write_random_adapter
 from loraplex.bench.serve_attacker import PathologicalAdapter
 

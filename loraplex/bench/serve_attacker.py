@@ -31,8 +31,8 @@ from urllib.parse import urlsplit
 
 import httpx
 
-from loraplex.adapters.manifest import CONFIG_FILE
-from loraplex.adapters.validate import WEIGHTS_FILE
+from loraplex.artifacts.manifest import CONFIG_FILE
+from loraplex.artifacts.validate import WEIGHTS_FILE
 from loraplex.bench.serve_driver import prompt_ids
 from loraplex.bench.sse_client import SseClientError, StreamingPost
 

@@ -22,7 +22,7 @@ from pathlib import Path
 
 import httpx
 
-from loraplex.adapters.base_model import BaseModelSpec
+from loraplex.artifacts.base_model import BaseModelSpec
 from loraplex.bench.serve_driver import REVISION
 from loraplex.bench.workloads import TraceAdapter
 from loraplex.registry import (

@@ -29,7 +29,7 @@ from loraplex.bench.serve_fleet import Fleet, ServerOptions, serve_values, servi
 from loraplex.bench.workloads import TraceRequest
 
 if TYPE_CHECKING:
-    from loraplex.adapters.identity import AdapterKey
+    from loraplex.artifacts.identity import AdapterKey
     from loraplex.engine.protocol import EngineClient
 
 
@@ -121,7 +121,7 @@ async def _offline_round(
     tag: str,
 ) -> float:
     from loraplex.engine.protocol import EngineRequest
-    from loraplex.model.sampler import SamplingParams
+    from loraplex.sampling import SamplingParams
 
     async def one(index: int, request: TraceRequest, ids: list[int]) -> int:
         params = SamplingParams(
@@ -146,8 +146,8 @@ def measure_throughput(
     in-process, alternating, both kept warm."""
     import torch
 
-    from loraplex.server.assembly import build_server
-    from loraplex.server.serve_config import merge
+    from loraplex.serve.assembly import build_server
+    from loraplex.serve.config import merge
 
     torch.set_num_threads(options.torch_threads)
     values = serve_values(fleet, root / "in-process", options, 0)

@@ -51,7 +51,7 @@ def demo(
 
 
 def _validate_all(assets: DemoAssets, generator: OfflineGenerator, max_lora_rank: int) -> None:
-    from loraplex.adapters.validate import validate_adapter_dir
+    from loraplex.artifacts.validate import validate_adapter_dir
 
     for adapter in assets.adapters:
         validated = validate_adapter_dir(adapter.path, generator.base_spec, max_lora_rank)
@@ -65,7 +65,7 @@ def _validate_all(assets: DemoAssets, generator: OfflineGenerator, max_lora_rank
 def _answer_probes(assets: DemoAssets, generator: OfflineGenerator) -> int:
     """Run every probe (and the base model on the first) as one batch; count wrong answers."""
     from loraplex.model.generate import GenerationRequest
-    from loraplex.model.sampler import SamplingParams
+    from loraplex.sampling import SamplingParams
 
     requests = [
         GenerationRequest(a.probe_prompt, a.path, SamplingParams(max_tokens=a.probe_max_tokens))

@@ -52,7 +52,7 @@ def generate_command(
     """Continue each --prompt with its --adapter (or the base model), as one mixed batch."""
     from loraplex.errors import LoraplexError
     from loraplex.model.generate import GenerationRequest, OfflineGenerator
-    from loraplex.model.sampler import SamplingParams
+    from loraplex.sampling import SamplingParams
 
     if dtype not in _DTYPES:
         raise typer.BadParameter(f"{dtype!r}; expected one of {_DTYPES}", param_hint="--dtype")

@@ -18,7 +18,7 @@ from typing import Annotated
 
 import typer
 
-from loraplex.adapters.base_model import BaseModelSpec
+from loraplex.artifacts.base_model import BaseModelSpec
 from loraplex.errors import LoraplexError
 from loraplex.registry import (
     AliasTarget,

@@ -19,8 +19,8 @@ import typer
 from loraplex.registry import default_data_dir
 
 if TYPE_CHECKING:
+    from loraplex.serve.config import ServeConfig
     from loraplex.server.listeners import ConnectionLimits
-    from loraplex.server.serve_config import ServeConfig
 
 Opt = typer.Option
 
@@ -90,7 +90,7 @@ def serve_command(
     max_header_bytes: Annotated[int | None, Opt(help="Largest request head (16 KiB).")] = None,
 ) -> None:
     """Serve the base model and its adapters over an OpenAI-compatible HTTP API."""
-    from loraplex.server.serve_config import merge, read_config_file
+    from loraplex.serve.config import merge, read_config_file
 
     flags: dict[str, Any] = {
         "host": host, "port": port, "model": model, "data_dir": data_dir,
@@ -123,7 +123,7 @@ def _run(settings: ServeConfig) -> None:
     import uvicorn
 
     from loraplex.errors import LoraplexError
-    from loraplex.server.assembly import build_server
+    from loraplex.serve.assembly import build_server
     from loraplex.server.listeners import ListenerConfig, bind_all, guarded
 
     threads = settings.torch_threads
@@ -139,7 +139,7 @@ def _run(settings: ServeConfig) -> None:
     except OSError as exc:
         typer.echo(f"error: cannot listen: {exc}", err=True)
         raise typer.Exit(1) from exc
-    from loraplex.server.bootstrap import ADMIN_KEY_FILE
+    from loraplex.serve.bootstrap import ADMIN_KEY_FILE
 
     admin_key_file = settings.data_dir / ADMIN_KEY_FILE
     new_admin_key = settings.admin_key is None and not admin_key_file.exists()

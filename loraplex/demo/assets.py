@@ -17,7 +17,7 @@ import shutil
 from pathlib import Path
 from typing import Any
 
-from loraplex.adapters.identity import sha256_file
+from loraplex.artifacts.identity import sha256_file
 from loraplex.demo.manifest import DemoAdapter, DemoAssets, read_manifest
 from loraplex.demo.presets import get_preset
 

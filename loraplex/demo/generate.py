@@ -15,8 +15,8 @@ from pathlib import Path
 import torch
 from tokenizers import Tokenizer
 
-from loraplex.adapters.base_model import base_model_digest
-from loraplex.adapters.identity import sha256_file
+from loraplex.artifacts.base_model import base_model_digest
+from loraplex.artifacts.identity import sha256_file
 from loraplex.demo import adapters, base, corpus, tokenizer
 from loraplex.demo.manifest import MANIFEST_NAME, DemoAdapter, DemoAssets, write_manifest
 from loraplex.demo.presets import AdapterPlan, DemoPreset

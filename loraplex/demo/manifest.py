@@ -11,7 +11,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from loraplex.adapters.identity import AdapterKey
+from loraplex.artifacts.identity import AdapterKey
 from loraplex.errors import AdapterNotFoundError, CorruptArtifactError
 
 MANIFEST_NAME = "manifest.json"

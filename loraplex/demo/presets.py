@@ -10,8 +10,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from loraplex.adapters.base_model import ATTENTION_MODULES, MLP_MODULES, TARGET_MODULES
-from loraplex.adapters.identity import check_name
+from loraplex.artifacts.base_model import ATTENTION_MODULES, MLP_MODULES, TARGET_MODULES
+from loraplex.artifacts.identity import check_name
 
 
 @dataclass(frozen=True)

@@ -19,10 +19,7 @@ from collections.abc import Callable
 from concurrent.futures import Future
 from dataclasses import dataclass, replace
 
-from loraplex.adapters.cache import TieredAdapterCache
-from loraplex.adapters.identity import AdapterKey
-from loraplex.adapters.jobs import Lease
-from loraplex.adapters.tiering import Tier
+from loraplex.artifacts.identity import AdapterKey
 from loraplex.clock import Clock
 from loraplex.engine.output import OutputTracker
 from loraplex.engine.protocol import FINISH_ABORT, EngineRequest, TokenDelta
@@ -32,8 +29,11 @@ from loraplex.engine.scheduler import Scheduler
 from loraplex.engine.step import StepPlan, StepResult
 from loraplex.engine.tenancy import TenantBook
 from loraplex.errors import CapacityError, GenerationError, QueueFullError, QueueTimeoutError
-from loraplex.model.sampler import SamplingParams
 from loraplex.model.tokenizer import TextTokenizer
+from loraplex.residency.cache.jobs import Lease
+from loraplex.residency.cache.tiered_cache import TieredAdapterCache
+from loraplex.residency.ledger import Tier
+from loraplex.sampling import SamplingParams
 
 # Receives a request's deltas, or the error that ended it; called on the engine thread.
 Sink = Callable[[TokenDelta | BaseException], None]

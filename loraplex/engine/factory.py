@@ -23,25 +23,25 @@ from pathlib import Path
 
 import torch
 
-from loraplex.adapters.base_model import BaseModelSpec
-from loraplex.adapters.cache import CacheConfig, TieredAdapterCache
-from loraplex.adapters.identity import AdapterKey
-from loraplex.adapters.policy import make_policy
-from loraplex.adapters.tiering import Tier, TierBudget
-from loraplex.adapters.tiers import ArtifactRef, DiskTier, TierPipeline
+from loraplex.artifacts.base_model import BaseModelSpec
+from loraplex.artifacts.identity import AdapterKey
+from loraplex.artifacts.store import ArtifactStore
 from loraplex.clock import Clock, MonotonicClock
 from loraplex.engine.blocks import BlockManager
 from loraplex.engine.config import EngineConfig
 from loraplex.engine.core import EngineCore
-from loraplex.engine.engine import AsyncEngine
 from loraplex.engine.kv_blocks import PagedKVCache
 from loraplex.engine.runner import ModelRunner
 from loraplex.engine.scheduler import Scheduler
 from loraplex.engine.tenancy import TenantBook, TenantSettings
+from loraplex.engine.thread_client import AsyncEngine
 from loraplex.model.checkpoint import load_checkpoint
 from loraplex.model.lora import LoraSlotPool
 from loraplex.model.tokenizer import TextTokenizer
-from loraplex.registry.artifacts import ArtifactStore
+from loraplex.residency.cache.tiered_cache import CacheConfig, TieredAdapterCache
+from loraplex.residency.ledger import Tier, TierBudget
+from loraplex.residency.policy import make_policy
+from loraplex.runtime.tier_backends import ArtifactRef, DiskTier, TierPipeline
 
 _DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 

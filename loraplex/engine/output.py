@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING, Protocol
 from loraplex.engine.protocol import FINISH_LENGTH, FINISH_STOP, TokenDelta
 
 if TYPE_CHECKING:
-    from loraplex.model.sampler import SamplingParams
+    from loraplex.sampling import SamplingParams
 
 
 class Detokenizer(Protocol):

@@ -38,9 +38,7 @@ from collections.abc import AsyncGenerator, Callable, Mapping
 from concurrent.futures import Future
 from typing import Any
 
-from loraplex.adapters.identity import AdapterKey
-from loraplex.adapters.tiering import Tier
-from loraplex.engine.engine import Mailboxes, Outbox, outbox_stream
+from loraplex.artifacts.identity import AdapterKey
 from loraplex.engine.process_child import WorkerHandles
 from loraplex.engine.process_inflight import InFlight
 from loraplex.engine.process_link import ChildLink
@@ -48,8 +46,10 @@ from loraplex.engine.protocol import EngineHealth, EngineLoad, EngineRequest, To
 from loraplex.engine.remote_cache import RemoteCache
 from loraplex.engine.restart import Backoff, RestartPolicy
 from loraplex.engine.tenancy import TenantSettings
+from loraplex.engine.thread_client import Mailboxes, Outbox, outbox_stream
 from loraplex.errors import EngineUnavailableError
 from loraplex.model.tokenizer import TextTokenizer
+from loraplex.residency.ledger import Tier
 
 _log = logging.getLogger(__name__)
 

@@ -28,14 +28,14 @@ from dataclasses import dataclass
 from multiprocessing.connection import Connection
 from typing import Any
 
-from loraplex.adapters.cache import TieredAdapterCache
-from loraplex.adapters.identity import AdapterKey
-from loraplex.adapters.tiering import CACHED_TIERS, Tier
+from loraplex.artifacts.identity import AdapterKey
 from loraplex.engine.core import EngineCore
-from loraplex.engine.engine import EngineThread, engine_load
 from loraplex.engine.protocol import EngineRequest, TokenDelta
 from loraplex.engine.tenancy import TenantSettings
+from loraplex.engine.thread_client import EngineThread, engine_load
 from loraplex.errors import EngineUnavailableError
+from loraplex.residency.cache.tiered_cache import TieredAdapterCache
+from loraplex.residency.ledger import CACHED_TIERS, Tier
 
 # Cache-control methods the parent may call in the child (anything else is refused).
 _CALLS = ("snapshot", "pin", "prefetch", "unpin", "evict", "set_warm_policy", "update_tenants")

@@ -12,9 +12,9 @@ import threading
 from concurrent.futures import Future
 from typing import Any
 
-from loraplex.engine.engine import Mailbox, Outbox
 from loraplex.engine.process_child import PackedError, unpack_error
 from loraplex.engine.protocol import TokenDelta
+from loraplex.engine.thread_client import Mailbox, Outbox
 
 
 class InFlight:

@@ -14,11 +14,11 @@ from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Protocol
 
-from loraplex.adapters.identity import AdapterKey
+from loraplex.artifacts.identity import AdapterKey
 
 if TYPE_CHECKING:
-    from loraplex.model.sampler import SamplingParams
     from loraplex.model.tokenizer import TextTokenizer
+    from loraplex.sampling import SamplingParams
 
 # Finish reasons a TokenDelta can carry (OpenAI's vocabulary plus "abort").
 FINISH_STOP = "stop"

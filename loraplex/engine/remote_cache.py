@@ -5,10 +5,10 @@ from __future__ import annotations
 from concurrent.futures import Future
 from typing import TYPE_CHECKING
 
-from loraplex.adapters.cache_view import ResidencySnapshot
-from loraplex.adapters.identity import AdapterKey
-from loraplex.adapters.tiering import Tier
-from loraplex.adapters.warm import WarmPolicy
+from loraplex.artifacts.identity import AdapterKey
+from loraplex.artifacts.warm_policy import WarmPolicy
+from loraplex.residency.cache.view import ResidencySnapshot
+from loraplex.residency.ledger import Tier
 
 if TYPE_CHECKING:
     from loraplex.engine.process import EngineProcess

@@ -48,7 +48,7 @@ class IllegalTransitionError(RuntimeError):
 
 
 class HeldLease(Protocol):
-    """What the engine needs of a cache lease (``loraplex.adapters.jobs.Lease``)."""
+    """What the engine needs of a cache lease (``loraplex.residency.cache.jobs.Lease``)."""
 
     @property
     def slot(self) -> int: ...

@@ -14,7 +14,8 @@ from loraplex.engine.kv_blocks import PagedKVCache
 from loraplex.engine.step import StepPlan, StepResult
 from loraplex.model.kv_cache import SequenceChunk
 from loraplex.model.llama import ForwardBatch, LlamaModel, LoraApplier
-from loraplex.model.sampler import SamplingParams, make_generator, sample_rows
+from loraplex.model.sampler import make_generator, sample_rows
+from loraplex.sampling import SamplingParams
 
 # The op's tensor convention for "base model only" in token_slots.
 _NO_SLOT = -1

@@ -23,7 +23,7 @@ from collections import Counter, deque
 from collections.abc import Callable, Iterator, Mapping
 from itertools import islice
 
-from loraplex.adapters.identity import AdapterKey
+from loraplex.artifacts.identity import AdapterKey
 from loraplex.clock import Clock
 from loraplex.engine.blocks import BASE_NAMESPACE, BlockManager
 from loraplex.engine.config import SchedulerConfig

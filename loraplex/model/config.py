@@ -12,7 +12,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from loraplex.adapters.base_model import SUPPORTED_ARCHITECTURES
+from loraplex.artifacts.base_model import SUPPORTED_ARCHITECTURES
 from loraplex.errors import CheckpointError
 
 ROPE_TYPES = frozenset({"default", "linear", "dynamic", "llama3", "yarn"})

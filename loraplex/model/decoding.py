@@ -11,7 +11,8 @@ import torch
 
 from loraplex.model.kv_cache import ContiguousKVCache, SequenceChunk
 from loraplex.model.llama import ForwardBatch, LlamaModel, LoraApplier
-from loraplex.model.sampler import SamplingParams, make_generator, sample_next
+from loraplex.model.sampler import make_generator, sample_next
+from loraplex.sampling import SamplingParams
 
 FINISH_STOP = "stop"  # EOS token or a stop string
 FINISH_LENGTH = "length"  # max_tokens reached

@@ -13,15 +13,15 @@ from pathlib import Path
 
 import torch
 
-from loraplex.adapters.base_model import BaseModelSpec
-from loraplex.adapters.validate import validate_adapter_dir
-from loraplex.adapters.weights import load_adapter_weights
+from loraplex.artifacts.base_model import BaseModelSpec
+from loraplex.artifacts.validate import validate_adapter_dir
 from loraplex.errors import CapacityError
+from loraplex.model.adapter_weights import load_adapter_weights
 from loraplex.model.checkpoint import load_checkpoint
 from loraplex.model.decoding import SequenceInput, decode
 from loraplex.model.lora import LoraSlotPool
-from loraplex.model.sampler import SamplingParams
 from loraplex.model.tokenizer import TextTokenizer
+from loraplex.sampling import SamplingParams
 
 
 @dataclass(frozen=True)

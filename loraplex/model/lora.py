@@ -21,9 +21,9 @@ from dataclasses import dataclass
 
 import torch
 
-from loraplex.adapters.base_model import TARGET_MODULES, BaseModelSpec
-from loraplex.adapters.weights import AdapterWeights
+from loraplex.artifacts.base_model import TARGET_MODULES, BaseModelSpec
 from loraplex.errors import BaseModelMismatchError, RankTooLargeError, TensorValidationError
+from loraplex.model.adapter_weights import AdapterWeights
 from loraplex.model.lora_arena import EMPTY_ROWS, ArenaStore
 from loraplex.ops import ArenaLayout, LoraBatch, ModuleLoraWeights, SlotRows, get_backend
 

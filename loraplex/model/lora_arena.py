@@ -2,7 +2,7 @@
 
 Per target module the arenas of every layer are one buffer ``[num_layers, capacity_rows, d_in +
 d_out]``: each row holds an A row then the matching B^T row. An adapter whose L1 copy is packed
-the same way (:class:`~loraplex.adapters.weights.ModuleRun`) reaches its slot with one copy per
+the same way (:class:`~loraplex.model.adapter_weights.ModuleRun`) reaches its slot with one copy per
 module, and a release is one zeroing per module, instead of two ops per (layer, module). A
 (layer, module) "table" is the pair of views ``stack[layer, :, :d_in]`` and
 ``stack[layer, :, d_in:]``: row-strided, which BLAS reads at full speed (leading dimension).
@@ -17,8 +17,8 @@ from collections.abc import Iterable
 
 import torch
 
-from loraplex.adapters.base_model import BaseModelSpec
-from loraplex.adapters.weights import ModuleRun, ModuleWeights
+from loraplex.artifacts.base_model import BaseModelSpec
+from loraplex.model.adapter_weights import ModuleRun, ModuleWeights
 from loraplex.ops import ModuleLoraWeights, SlotRows
 
 EMPTY_ROWS = SlotRows(0, 0, 0.0)

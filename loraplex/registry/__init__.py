@@ -3,7 +3,8 @@ the artifact stores holding adapter files. ``open_registry`` is the usual entry 
 docs/registry.md.
 """
 
-from loraplex.registry.artifacts import ArtifactStore, LocalArtifactStore
+from loraplex.artifacts.store import ArtifactStore, LocalArtifactStore
+from loraplex.artifacts.warm_policy import WarmPolicy
 from loraplex.registry.config import RegistryConfig, default_data_dir, open_registry, open_store
 from loraplex.registry.models import (
     Adapter,
@@ -20,7 +21,6 @@ from loraplex.registry.models import (
     Tenant,
     TenantQuotas,
     Visibility,
-    WarmPolicy,
 )
 from loraplex.registry.registry import Registry
 

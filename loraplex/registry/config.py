@@ -16,11 +16,11 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
-from loraplex.adapters.base_model import BaseModelSpec
-from loraplex.registry.artifacts import ArtifactStore, LocalArtifactStore
+from loraplex.artifacts.base_model import BaseModelSpec
+from loraplex.artifacts.store import ArtifactStore, LocalArtifactStore
 from loraplex.registry.registration import StageHook
 from loraplex.registry.registry import Registry
-from loraplex.registry.sql.db import open_database
+from loraplex.registry.sql.connect import open_database
 from loraplex.registry.sql.migrations import migrate
 
 DATABASE_FILE = "registry.sqlite3"

@@ -26,8 +26,8 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path, PurePosixPath
 
-from loraplex.adapters.manifest import CONFIG_FILE
-from loraplex.adapters.validate import WEIGHTS_FILE
+from loraplex.artifacts.manifest import CONFIG_FILE
+from loraplex.artifacts.validate import WEIGHTS_FILE
 from loraplex.errors import PathOutsideStoreError, RegistryError, UnsafeImportError, quoted
 
 # Entries (files and directories, at every depth) an imported folder may hold; a PEFT folder

@@ -10,7 +10,8 @@ from dataclasses import dataclass, field
 from enum import StrEnum
 from pathlib import Path
 
-from loraplex.adapters.identity import AdapterKey, check_name
+from loraplex.artifacts.identity import AdapterKey, check_name
+from loraplex.artifacts.warm_policy import WarmPolicy
 
 
 class PriorityClass(StrEnum):
@@ -27,14 +28,6 @@ class RevisionState(StrEnum):
     CANARY = "canary"  # receives only the canary share of an alias
     STABLE = "stable"  # serves an alias's main share
     DEPRECATED = "deprecated"  # never chosen through an alias; still resolvable when pinned
-
-
-class WarmPolicy(StrEnum):
-    """How hard the adapter cache keeps a revision resident."""
-
-    GPU = "gpu"  # pinned in a GPU slot (L0)
-    CPU = "cpu"  # kept in host memory (L1)
-    ON_DEMAND = "on_demand"  # loaded when requested, evictable
 
 
 class Visibility(StrEnum):

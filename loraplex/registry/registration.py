@@ -16,12 +16,12 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-from loraplex.adapters.base_model import TARGET_MODULES, BaseModelSpec
-from loraplex.adapters.identity import RUNTIME_COMPAT_VERSION, sha256_file
-from loraplex.adapters.manifest import CONFIG_FILE
-from loraplex.adapters.validate import ValidatedAdapter, validate_adapter_dir
+from loraplex.artifacts.base_model import TARGET_MODULES, BaseModelSpec
+from loraplex.artifacts.identity import RUNTIME_COMPAT_VERSION, sha256_file
+from loraplex.artifacts.manifest import CONFIG_FILE
+from loraplex.artifacts.store import ArtifactStore
+from loraplex.artifacts.validate import ValidatedAdapter, validate_adapter_dir
 from loraplex.errors import RegistryError, RevisionConflictError, quoted
-from loraplex.registry.artifacts import ArtifactStore
 from loraplex.registry.models import (
     Adapter,
     Alias,

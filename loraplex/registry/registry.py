@@ -12,13 +12,14 @@ import time
 from collections.abc import Callable, Mapping
 from pathlib import Path
 
-from loraplex.adapters.base_model import BaseModelSpec
-from loraplex.adapters.identity import AdapterKey
-from loraplex.adapters.manifest import CONFIG_FILE
-from loraplex.adapters.validate import WEIGHTS_FILE
+from loraplex.artifacts.base_model import BaseModelSpec
+from loraplex.artifacts.identity import AdapterKey
+from loraplex.artifacts.manifest import CONFIG_FILE
+from loraplex.artifacts.store import ArtifactStore, fetch_to_file
+from loraplex.artifacts.validate import WEIGHTS_FILE
+from loraplex.artifacts.warm_policy import WarmPolicy
 from loraplex.errors import quoted
 from loraplex.registry import registration, releases, resolution, tenancy
-from loraplex.registry.artifacts import ArtifactStore, fetch_to_file
 from loraplex.registry.models import (
     Adapter,
     Alias,
@@ -34,7 +35,6 @@ from loraplex.registry.models import (
     Tenant,
     TenantQuotas,
     Visibility,
-    WarmPolicy,
 )
 from loraplex.registry.sql import adapters as adapter_rows
 from loraplex.registry.sql import audit

@@ -7,6 +7,7 @@ revision's state and warm policy. Each change writes its audit row in the same t
 
 from __future__ import annotations
 
+from loraplex.artifacts.warm_policy import WarmPolicy
 from loraplex.errors import AdapterNotFoundError, RegistryError, clipped
 from loraplex.registry.models import (
     Adapter,
@@ -15,7 +16,6 @@ from loraplex.registry.models import (
     Revision,
     RevisionState,
     Visibility,
-    WarmPolicy,
 )
 from loraplex.registry.sql import adapters as rows
 from loraplex.registry.sql import audit

@@ -15,9 +15,9 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-from loraplex.adapters.identity import sha256_file
+from loraplex.artifacts.identity import sha256_file
+from loraplex.artifacts.store import CHUNK_BYTES, check_digest, verified_chunks
 from loraplex.errors import ArtifactNotFoundError, DigestMismatchError
-from loraplex.registry.artifacts import CHUNK_BYTES, check_digest, verified_chunks
 
 _MISSING_CODES = frozenset({"404", "NoSuchKey", "NotFound"})
 

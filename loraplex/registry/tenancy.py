@@ -9,7 +9,7 @@ from collections.abc import Mapping
 from dataclasses import asdict, fields
 from typing import Any
 
-from loraplex.adapters.identity import check_name
+from loraplex.artifacts.identity import check_name
 from loraplex.errors import AuthenticationError, RecordNotFoundError, RegistryError, quoted
 from loraplex.registry import keys
 from loraplex.registry.models import ApiKeyInfo, IssuedKey, PriorityClass, Tenant, TenantQuotas

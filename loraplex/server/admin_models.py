@@ -4,7 +4,6 @@ from __future__ import annotations
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from loraplex.adapters.tiering import Tier
 from loraplex.errors import quoted
 from loraplex.registry import (
     PriorityClass,
@@ -13,6 +12,7 @@ from loraplex.registry import (
     Visibility,
     WarmPolicy,
 )
+from loraplex.residency.ledger import Tier
 
 TIER_NAMES = {"L0": Tier.L0, "gpu": Tier.L0, "L1": Tier.L1, "cpu": Tier.L1, "L2": Tier.L2}
 

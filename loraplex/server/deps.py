@@ -7,12 +7,12 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Protocol
 
-from loraplex.adapters.cache_view import ResidencySnapshot
-from loraplex.adapters.identity import AdapterKey
-from loraplex.adapters.tiering import Tier
-from loraplex.adapters.warm import WarmPolicy
+from loraplex.artifacts.identity import AdapterKey
+from loraplex.artifacts.warm_policy import WarmPolicy
 from loraplex.engine.protocol import EngineClient
 from loraplex.registry import Registry
+from loraplex.residency.cache.view import ResidencySnapshot
+from loraplex.residency.ledger import Tier
 from loraplex.server.chat import ChatTemplate
 
 # Tenant API tokens start with this; an admin key must not, so the two can never be confused.
@@ -89,7 +89,7 @@ class ServerConfig:
 
 @dataclass(frozen=True)
 class ServerDeps:
-    """Everything ``create_app`` wires together (built by ``server/assembly.py`` or a test)."""
+    """Everything ``create_app`` wires together (built by ``serve/assembly.py`` or a test)."""
 
     config: ServerConfig  # the HTTP layer's settings
     engine: EngineClient  # generation (the real AsyncEngine or a test fake)

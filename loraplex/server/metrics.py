@@ -37,10 +37,10 @@ from prometheus_client.core import (
 )
 from prometheus_client.registry import Collector
 
-from loraplex.adapters.identity import AdapterKey
-from loraplex.adapters.tiering import CACHED_TIERS, Tier
+from loraplex.artifacts.identity import AdapterKey
 from loraplex.engine.protocol import EngineClient, EngineLoad, TokenDelta
 from loraplex.errors import EngineUnavailableError
+from loraplex.residency.ledger import CACHED_TIERS, Tier
 from loraplex.server.deps import CacheControl
 
 CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"

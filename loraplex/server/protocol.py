@@ -14,8 +14,7 @@ from typing import Annotated, Literal
 
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field
 
-# The seed range torch's generators accept (a signed 64-bit integer, as vLLM).
-MIN_SEED, MAX_SEED = -(2**63), 2**63 - 1
+from loraplex.sampling import MAX_SEED, MIN_SEED  # the range torch's generators accept
 
 
 def _valid_utf8(value: str) -> str:

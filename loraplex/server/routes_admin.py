@@ -23,8 +23,7 @@ from fastapi.responses import JSONResponse
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from starlette.concurrency import run_in_threadpool
 
-from loraplex.adapters.identity import AdapterKey
-from loraplex.adapters.warm import WarmPolicy as CacheWarmPolicy
+from loraplex.artifacts.identity import AdapterKey
 from loraplex.registry import (
     AliasTarget,
     PriorityClass,
@@ -192,7 +191,7 @@ def set_release(tenant: str, name: str, revision: str, body: ReleaseBody, deps: 
     ref = f"{tenant}/{name}@{revision}"
     updated = deps.registry.set_release(ref, ACTOR, body.state, body.warm_policy)
     if body.warm_policy is not None and deps.cache is not None:
-        deps.cache.set_warm_policy(updated.key(), CacheWarmPolicy(body.warm_policy.value))
+        deps.cache.set_warm_policy(updated.key(), body.warm_policy)
     return asdict(updated)
 
 

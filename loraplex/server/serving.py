@@ -19,11 +19,11 @@ import anyio
 from starlette.concurrency import run_in_threadpool
 from starlette.requests import Request
 
-from loraplex.adapters.identity import AdapterKey
-from loraplex.adapters.tiering import CACHED_TIERS, Tier
+from loraplex.artifacts.identity import AdapterKey
 from loraplex.engine.protocol import EngineRequest, TokenDelta
-from loraplex.model.sampler import SamplingParams
 from loraplex.registry import Revision, Tenant
+from loraplex.residency.ledger import CACHED_TIERS, Tier
+from loraplex.sampling import SamplingParams
 from loraplex.server.deps import ServerDeps
 from loraplex.server.errors import invalid_request
 from loraplex.server.metrics import RequestObservation, ServerMetrics

@@ -20,9 +20,9 @@ from python_multipart.multipart import MultipartParser, parse_options_header
 from starlette.concurrency import run_in_threadpool
 from starlette.requests import Request
 
-from loraplex.adapters.manifest import CONFIG_FILE
-from loraplex.adapters.safetensors_header import LENGTH_PREFIX_BYTES, check_length_prefix
-from loraplex.adapters.validate import WEIGHTS_FILE
+from loraplex.artifacts.manifest import CONFIG_FILE
+from loraplex.artifacts.safetensors_header import LENGTH_PREFIX_BYTES, check_length_prefix
+from loraplex.artifacts.validate import WEIGHTS_FILE
 from loraplex.errors import quoted
 from loraplex.server.errors import invalid_request
 from loraplex.server.limits import upload_too_large

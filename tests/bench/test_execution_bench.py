@@ -17,9 +17,9 @@ from loraplex.cli import app
 def test_tiny_run_has_the_documented_metrics(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    import loraplex.bench.execution as execution
+    import loraplex.bench.execution_setup as setup
 
-    monkeypatch.setattr(execution, "RANK_MIXES", {"all-8": (8,), "S2": (64, 32, 16, 8)})
+    monkeypatch.setattr(setup, "RANK_MIXES", {"all-8": (8,), "S2": (64, 32, 16, 8)})
     config = ExecutionBenchConfig(
         dtypes=("float32",), rounds=1, calls_per_round=1, context_tokens=4,
         matrix_axes={"popularity": ("zipf",), "tokens": ("prefill-64",)},

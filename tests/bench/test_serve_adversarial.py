@@ -99,8 +99,8 @@ def test_pathological_adapters_are_hostile_but_well_formed(
 
     from safetensors.torch import load_file
 
-    from loraplex.adapters.base_model import BaseModelSpec
-    from loraplex.adapters.safetensors_header import read_safetensors_header
+    from loraplex.artifacts.base_model import BaseModelSpec
+    from loraplex.artifacts.safetensors_header import read_safetensors_header
     from loraplex.bench.serve_attack_adapters import HUGE_WEIGHT, write_pathological_adapters
 
     base = BaseModelSpec.from_dir(demo_assets.base_model_dir)
@@ -211,7 +211,7 @@ def test_runs_alternate_calm_and_attacked_between_rounds() -> None:
 
 @pytest.mark.slow  # two real server runs (about 20 s on 2 shared cores)
 def test_tiny_run_attacks_and_measures_both_sides(demo_assets: DemoAssets, tmp_path: Path) -> None:
-    from loraplex.adapters.base_model import BaseModelSpec
+    from loraplex.artifacts.base_model import BaseModelSpec
     from loraplex.bench.serve_fleet import ServerOptions, prepare_fleet
 
     model_dir = demo_assets.base_model_dir

@@ -129,7 +129,7 @@ def test_hit_ratios_and_config_validation() -> None:
 def test_fleet_gives_the_storm_tenant_batch_class_and_quotas(
     demo_assets: DemoAssets, tmp_path: Path
 ) -> None:
-    from loraplex.adapters.base_model import BaseModelSpec
+    from loraplex.artifacts.base_model import BaseModelSpec
     from loraplex.bench.serve_fleet import STORM_COLD_LOADS, STORM_GPU_SLOTS, prepare_fleet
     from loraplex.bench.workloads import ScenarioParams, cold_storm
     from loraplex.registry import PriorityClass, RegistryConfig, open_registry

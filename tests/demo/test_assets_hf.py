@@ -10,8 +10,8 @@ from typing import Any
 import pytest
 import torch
 
-from loraplex.adapters.base_model import ATTENTION_MODULES, MLP_MODULES, TARGET_MODULES
-from loraplex.adapters.identity import sha256_file
+from loraplex.artifacts.base_model import ATTENTION_MODULES, MLP_MODULES, TARGET_MODULES
+from loraplex.artifacts.identity import sha256_file
 from loraplex.demo.assets import DemoAssets, load_demo_assets
 from loraplex.demo.corpus import WORDS
 

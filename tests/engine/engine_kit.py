@@ -13,21 +13,21 @@ from pathlib import Path
 
 import torch
 
-from loraplex.adapters.base_model import BaseModelSpec
-from loraplex.adapters.cache import CacheConfig, TieredAdapterCache
-from loraplex.adapters.identity import AdapterKey, sha256_file
-from loraplex.adapters.pipeline import CancelToken, Move, Prepared
-from loraplex.adapters.tiering import Tier, TierBudget
-from loraplex.adapters.tiers import ArtifactRef, DiskTier, TierPipeline
-from loraplex.adapters.validate import validate_adapter_dir
+from loraplex.artifacts.base_model import BaseModelSpec
+from loraplex.artifacts.identity import AdapterKey, sha256_file
+from loraplex.artifacts.store import LocalArtifactStore
+from loraplex.artifacts.validate import validate_adapter_dir
 from loraplex.demo.assets import DemoAdapter, DemoAssets
 from loraplex.engine.config import EngineConfig, SchedulerConfig
-from loraplex.engine.engine import AsyncEngine
 from loraplex.engine.factory import AdapterRuntime, build_engine
 from loraplex.engine.protocol import EngineRequest, TokenDelta
+from loraplex.engine.thread_client import AsyncEngine
 from loraplex.model.lora import LoraSlotPool
-from loraplex.model.sampler import SamplingParams
-from loraplex.registry.artifacts import LocalArtifactStore
+from loraplex.residency.cache.tiered_cache import CacheConfig, TieredAdapterCache
+from loraplex.residency.ledger import Tier, TierBudget
+from loraplex.residency.pipeline import CancelToken, Move, Prepared
+from loraplex.runtime.tier_backends import ArtifactRef, DiskTier, TierPipeline
+from loraplex.sampling import SamplingParams
 
 
 class GatedPipeline(TierPipeline):

@@ -5,7 +5,7 @@ from __future__ import annotations
 import hashlib
 from dataclasses import dataclass, field
 
-from loraplex.adapters.identity import AdapterKey
+from loraplex.artifacts.identity import AdapterKey
 from loraplex.clock import ManualClock
 from loraplex.engine.blocks import BlockManager
 from loraplex.engine.config import SchedulerConfig
@@ -13,7 +13,7 @@ from loraplex.engine.protocol import FINISH_ABORT, FINISH_LENGTH, EngineRequest
 from loraplex.engine.request import Request, RequestState
 from loraplex.engine.scheduler import Scheduler
 from loraplex.engine.step import StepPlan
-from loraplex.model.sampler import SamplingParams
+from loraplex.sampling import SamplingParams
 
 BASE = hashlib.sha256(b"base").hexdigest()
 

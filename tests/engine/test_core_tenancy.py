@@ -11,9 +11,9 @@ from typing import TYPE_CHECKING
 from engine_kit import Stack, build_stack, collect, probe_request, text_of, wait_until
 from sched_kit import Driver, request
 
-from loraplex.adapters.tiering import Tier
 from loraplex.engine.config import SchedulerConfig
 from loraplex.engine.tenancy import TenantBook, TenantSettings
+from loraplex.residency.ledger import Tier
 
 if TYPE_CHECKING:
     from loraplex.demo.assets import DemoAdapter, DemoAssets

@@ -11,7 +11,6 @@ from typing import TYPE_CHECKING
 import pytest
 from engine_kit import Stack, build_stack, collect, probe_request, text_of, wait_until
 
-from loraplex.adapters.tiering import Tier
 from loraplex.engine.config import SchedulerConfig
 from loraplex.engine.protocol import (
     FINISH_ABORT,
@@ -21,7 +20,8 @@ from loraplex.engine.protocol import (
     EngineRequest,
 )
 from loraplex.errors import QueueFullError, QueueTimeoutError
-from loraplex.model.sampler import SamplingParams
+from loraplex.residency.ledger import Tier
+from loraplex.sampling import SamplingParams
 
 if TYPE_CHECKING:
     from loraplex.demo.assets import DemoAssets

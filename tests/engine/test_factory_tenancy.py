@@ -7,14 +7,14 @@ from typing import TYPE_CHECKING
 
 import pytest
 
-from loraplex.adapters.base_model import BaseModelSpec
-from loraplex.adapters.identity import AdapterKey, sha256_file
-from loraplex.adapters.tiering import Tier
-from loraplex.adapters.tiers import ArtifactRef
-from loraplex.adapters.validate import validate_adapter_dir
+from loraplex.artifacts.base_model import BaseModelSpec
+from loraplex.artifacts.identity import AdapterKey, sha256_file
+from loraplex.artifacts.store import LocalArtifactStore
+from loraplex.artifacts.validate import validate_adapter_dir
 from loraplex.engine.factory import AdapterRuntime, AdapterRuntimeConfig, build_adapter_runtime
 from loraplex.engine.tenancy import PRIORITY_WEIGHTS, TenantSettings
-from loraplex.registry.artifacts import LocalArtifactStore
+from loraplex.residency.ledger import Tier
+from loraplex.runtime.tier_backends import ArtifactRef
 
 if TYPE_CHECKING:
     from loraplex.demo.assets import DemoAssets

@@ -17,12 +17,12 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from safetensors.torch import load_file, save_file
 
-from loraplex.adapters.identity import sha256_file
+from loraplex.artifacts.identity import sha256_file
 from loraplex.engine.config import SchedulerConfig
 from loraplex.engine.protocol import FINISH_LENGTH, FINISH_STOP, EngineRequest, TokenDelta
 from loraplex.engine.step import StepPlan
 from loraplex.errors import GenerationError, QueueFullError
-from loraplex.model.sampler import SamplingParams
+from loraplex.sampling import SamplingParams
 
 if TYPE_CHECKING:
     from loraplex.demo.assets import DemoAdapter, DemoAssets

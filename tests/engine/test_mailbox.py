@@ -6,8 +6,8 @@ import asyncio
 import threading
 from typing import Any
 
-from loraplex.engine.engine import Mailbox, Outbox
 from loraplex.engine.protocol import TokenDelta
+from loraplex.engine.thread_client import Mailbox, Outbox
 
 
 def _delta(n: int) -> TokenDelta:

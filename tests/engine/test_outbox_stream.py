@@ -6,8 +6,8 @@ import asyncio
 
 import pytest
 
-from loraplex.engine.engine import Outbox, outbox_stream
 from loraplex.engine.protocol import TokenDelta
+from loraplex.engine.thread_client import Outbox, outbox_stream
 from loraplex.errors import QueueTimeoutError
 
 

@@ -4,7 +4,7 @@ from collections.abc import Sequence
 
 from loraplex.engine.output import OutputTracker
 from loraplex.engine.protocol import FINISH_LENGTH, FINISH_STOP
-from loraplex.model.sampler import SamplingParams
+from loraplex.sampling import SamplingParams
 
 EOS = 0
 

@@ -5,7 +5,7 @@ from sched_kit import FakeLease, adapter, request
 
 from loraplex.engine.protocol import EngineRequest, TokenDelta
 from loraplex.engine.request import IllegalTransitionError, Request, RequestState
-from loraplex.model.sampler import SamplingParams
+from loraplex.sampling import SamplingParams
 
 
 def _req(key: bool = False) -> Request:

@@ -13,7 +13,7 @@ from loraplex.model.checkpoint import load_checkpoint
 from loraplex.model.generate import GenerationRequest, GeneratorConfig, OfflineGenerator
 from loraplex.model.kv_cache import ContiguousKVCache, SequenceChunk
 from loraplex.model.llama import ForwardBatch
-from loraplex.model.sampler import SamplingParams
+from loraplex.sampling import SamplingParams
 
 pytestmark = pytest.mark.gpu
 

@@ -16,7 +16,7 @@ from loraplex.model.generate import (
     GeneratorConfig,
     OfflineGenerator,
 )
-from loraplex.model.sampler import SamplingParams
+from loraplex.sampling import SamplingParams
 
 PROMPTS = ("w5 w17 w3 w40", "w8 w9", "w60 w61 w62 w63 w64 w65", "w11")
 

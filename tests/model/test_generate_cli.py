@@ -12,7 +12,7 @@ from typer.testing import CliRunner
 
 from loraplex.cli import app
 from loraplex.model.generate import GenerationRequest, OfflineGenerator
-from loraplex.model.sampler import SamplingParams
+from loraplex.sampling import SamplingParams
 
 
 @pytest.fixture(scope="module")

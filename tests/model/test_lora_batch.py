@@ -12,15 +12,15 @@ import pytest
 import torch
 from tiny_models import hf_model, rel_error, save_tiny_model
 
-from loraplex.adapters.base_model import BaseModelSpec
-from loraplex.adapters.validate import validate_adapter_dir
-from loraplex.adapters.weights import load_adapter_weights
+from loraplex.artifacts.base_model import BaseModelSpec
+from loraplex.artifacts.validate import validate_adapter_dir
+from loraplex.model.adapter_weights import load_adapter_weights
 from loraplex.model.checkpoint import load_checkpoint
 from loraplex.model.decoding import SequenceInput, decode
 from loraplex.model.kv_cache import ContiguousKVCache, SequenceChunk
 from loraplex.model.llama import ForwardBatch, LlamaModel
 from loraplex.model.lora import LoraSlotPool
-from loraplex.model.sampler import SamplingParams
+from loraplex.sampling import SamplingParams
 
 RANK_MIXES = {"all-8": (8,), "S2": (64, 32, 16, 8), "all-64": (64,)}
 POPULARITY = ("identical", "distinct", "uniform", "zipf", "geometric")

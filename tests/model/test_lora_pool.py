@@ -9,15 +9,15 @@ from typing import Any
 import pytest
 import torch
 
-from loraplex.adapters.base_model import TARGET_MODULES, BaseModelSpec
-from loraplex.adapters.validate import validate_adapter_dir
-from loraplex.adapters.weights import (
+from loraplex.artifacts.base_model import TARGET_MODULES, BaseModelSpec
+from loraplex.artifacts.validate import validate_adapter_dir
+from loraplex.errors import BaseModelMismatchError, RankTooLargeError, TensorValidationError
+from loraplex.model.adapter_weights import (
     AdapterWeights,
     ModuleRun,
     ModuleWeights,
     load_adapter_weights,
 )
-from loraplex.errors import BaseModelMismatchError, RankTooLargeError, TensorValidationError
 from loraplex.model.lora import LoraSlotPool
 from loraplex.model.lora_arena import ArenaStore
 

@@ -5,7 +5,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from loraplex.model.sampler import SamplingParams, filter_logits, make_generator, sample_next
+from loraplex.model.sampler import filter_logits, make_generator, sample_next
+from loraplex.sampling import SamplingParams
 
 LOGITS = torch.log(torch.tensor([0.05, 0.4, 0.1, 0.3, 0.15]))
 

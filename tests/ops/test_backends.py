@@ -7,8 +7,8 @@ import random
 import pytest
 import torch
 
-from loraplex.adapters.base_model import BaseModelSpec
-from loraplex.adapters.weights import AdapterWeights, ModuleWeights
+from loraplex.artifacts.base_model import BaseModelSpec
+from loraplex.model.adapter_weights import AdapterWeights, ModuleWeights
 from loraplex.model.lora import LoraSlotPool
 from loraplex.ops import Strategy, backend_names, get_backend, register_backend
 from loraplex.ops.reference import ReferenceBackend

@@ -25,7 +25,7 @@ from registry_kit import (
     write_base_model,
 )
 
-from loraplex.adapters.base_model import BaseModelSpec
+from loraplex.artifacts.base_model import BaseModelSpec
 from loraplex.registry import Registry, RegistryConfig, open_registry
 
 DEFAULT_POSTGRES_URL = "postgresql://postgres@127.0.0.1:5432/postgres"

@@ -19,7 +19,7 @@ from typing import Any
 import numpy as np
 from safetensors.numpy import save_file
 
-from loraplex.adapters.base_model import BaseModelSpec
+from loraplex.artifacts.base_model import BaseModelSpec
 from loraplex.registry import (
     RegistrationRequest,
     Registry,

@@ -9,13 +9,13 @@ from pathlib import Path
 import pytest
 from registry_kit import S3Target
 
-from loraplex.errors import ArtifactNotFoundError, DigestMismatchError, PathOutsideStoreError
-from loraplex.registry.artifacts import (
+from loraplex.artifacts.store import (
     CHUNK_BYTES,
     ArtifactStore,
     LocalArtifactStore,
     fetch_to_file,
 )
+from loraplex.errors import ArtifactNotFoundError, DigestMismatchError, PathOutsideStoreError
 from loraplex.registry.s3 import S3ArtifactStore
 
 

@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 from registry_kit import AdapterFactory, OpenRegistry, write_base_model
 
-from loraplex.adapters.base_model import BaseModelSpec
+from loraplex.artifacts.base_model import BaseModelSpec
 from loraplex.errors import (
     AdapterNotFoundError,
     BaseModelMismatchError,

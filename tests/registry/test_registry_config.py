@@ -8,7 +8,7 @@ import pytest
 
 from loraplex.registry import LocalArtifactStore, RegistryConfig, default_data_dir, open_store
 from loraplex.registry.s3 import S3ArtifactStore
-from loraplex.registry.sql.db import open_database
+from loraplex.registry.sql.connect import open_database
 
 
 def test_default_data_dir_precedence() -> None:

@@ -9,7 +9,8 @@ from registry_kit import AdapterFactory
 
 from loraplex.errors import RegistryError
 from loraplex.registry import RegistrationRequest, Registry
-from loraplex.registry.sql.db import Database, open_database
+from loraplex.registry.sql.connect import open_database
+from loraplex.registry.sql.db import Database
 from loraplex.registry.sql.migrations import MIGRATIONS, Migration, applied_versions, migrate
 
 

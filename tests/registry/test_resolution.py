@@ -11,7 +11,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 from registry_kit import AdapterFactory, OpenRegistry, write_base_model
 
-from loraplex.adapters.base_model import BaseModelSpec
+from loraplex.artifacts.base_model import BaseModelSpec
 from loraplex.errors import AdapterNotFoundError, BaseModelMismatchError, RegistryError, quoted
 from loraplex.registry import (
     AliasTarget,

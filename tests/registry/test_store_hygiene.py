@@ -10,14 +10,14 @@ from pathlib import Path
 
 from registry_kit import AdapterFactory
 
-from loraplex.adapters.base_model import BaseModelSpec
+from loraplex.artifacts.base_model import BaseModelSpec
+from loraplex.artifacts.store import fetch_to_file
 from loraplex.registry import (
     LocalArtifactStore,
     RegistrationRequest,
     RegistryConfig,
     open_registry,
 )
-from loraplex.registry.artifacts import fetch_to_file
 
 
 def _mode(path: Path) -> int:

@@ -11,12 +11,12 @@ import pytest
 from fakes import FakeEngine, null_cache
 from fastapi.testclient import TestClient
 
-from loraplex.adapters.base_model import BaseModelSpec
-from loraplex.adapters.cache import TieredAdapterCache
+from loraplex.artifacts.base_model import BaseModelSpec
 from loraplex.demo.assets import DemoAssets
 from loraplex.registry import Registry, RegistryConfig, open_registry
+from loraplex.residency.cache.tiered_cache import TieredAdapterCache
+from loraplex.serve.bootstrap import DemoState, register_demo, sample_keys
 from loraplex.server.app import create_app
-from loraplex.server.bootstrap import DemoState, register_demo, sample_keys
 from loraplex.server.chat import ChatTemplate
 from loraplex.server.deps import ServerConfig, ServerDeps
 

@@ -8,9 +8,12 @@ from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 from typing import cast
 
-from loraplex.adapters.cache import CacheConfig, TieredAdapterCache
-from loraplex.adapters.identity import AdapterKey
-from loraplex.adapters.pipeline import (
+from loraplex.artifacts.identity import AdapterKey
+from loraplex.engine.protocol import EngineHealth, EngineLoad, EngineRequest, TokenDelta
+from loraplex.model.tokenizer import TextTokenizer
+from loraplex.residency.cache.tiered_cache import CacheConfig, TieredAdapterCache
+from loraplex.residency.ledger import Tier, TierBudget
+from loraplex.residency.pipeline import (
     CancelToken,
     Footprint,
     Move,
@@ -18,10 +21,7 @@ from loraplex.adapters.pipeline import (
     RecoveredCopy,
     Resolved,
 )
-from loraplex.adapters.stats import Stage
-from loraplex.adapters.tiering import Tier, TierBudget
-from loraplex.engine.protocol import EngineHealth, EngineLoad, EngineRequest, TokenDelta
-from loraplex.model.tokenizer import TextTokenizer
+from loraplex.residency.stats import Stage
 
 BOS = 1
 EOS = 2

@@ -14,12 +14,12 @@ import uvicorn
 from fastapi import FastAPI
 from openai import AsyncOpenAI, OpenAI
 
-from loraplex.adapters.identity import AdapterKey
+from loraplex.artifacts.identity import AdapterKey
+from loraplex.artifacts.store import ArtifactStore
 from loraplex.demo.assets import DemoAssets
-from loraplex.registry.artifacts import ArtifactStore
-from loraplex.server.assembly import DEMO_DIR, Server, build_server
+from loraplex.serve.assembly import DEMO_DIR, Server, build_server
+from loraplex.serve.config import ServeConfig
 from loraplex.server.listeners import ConnectionLimits, ListenerConfig, bind
-from loraplex.server.serve_config import ServeConfig
 
 
 @contextmanager

@@ -11,13 +11,13 @@ import pytest
 
 from loraplex.cli import serve
 from loraplex.registry import Registry, RegistryConfig, open_registry
-from loraplex.server.bootstrap import (
+from loraplex.serve.bootstrap import (
     ADMIN_KEY_FILE,
     LEGACY_SAMPLE_KEYS_FILE,
     admin_key,
     sample_keys,
 )
-from loraplex.server.serve_config import ServeConfig
+from loraplex.serve.config import ServeConfig
 
 TENANTS = ("acme", "globex")
 

@@ -8,10 +8,10 @@ from typing import TYPE_CHECKING
 
 from fastapi.testclient import TestClient
 
-from loraplex.adapters.tiering import Tier
-from loraplex.server.assembly import Server, build_server
-from loraplex.server.serve_config import ServeConfig
-from loraplex.server.worker import settings_of
+from loraplex.residency.ledger import Tier
+from loraplex.serve.assembly import Server, build_server
+from loraplex.serve.config import ServeConfig
+from loraplex.serve.engine_side import settings_of
 
 if TYPE_CHECKING:
     from loraplex.demo.assets import DemoAssets

@@ -14,18 +14,18 @@ import httpx
 import pytest
 from live import GatedStore, async_client, running
 
-from loraplex.adapters.base_model import BaseModelSpec
-from loraplex.adapters.cache import TieredAdapterCache
+from loraplex.artifacts.base_model import BaseModelSpec
 from loraplex.demo.assets import DemoAdapter, DemoAssets
 from loraplex.engine.config import EngineConfig, SchedulerConfig
-from loraplex.engine.engine import AsyncEngine
 from loraplex.engine.factory import AdapterRuntimeConfig, build_adapter_runtime, build_engine
+from loraplex.engine.thread_client import AsyncEngine
 from loraplex.registry import RegistryConfig, open_registry
+from loraplex.residency.cache.tiered_cache import TieredAdapterCache
+from loraplex.serve.bootstrap import register_demo, sample_keys
+from loraplex.serve.engine_side import RegistryResolver
 from loraplex.server.app import create_app
-from loraplex.server.bootstrap import register_demo, sample_keys
 from loraplex.server.chat import ChatTemplate
 from loraplex.server.deps import ServerConfig, ServerDeps
-from loraplex.server.worker import RegistryResolver
 
 ADMIN_KEY = "storm-admin-credential-0123456789"
 

@@ -30,9 +30,9 @@ from loraplex.errors import (
     QueueFullError,
     QueueTimeoutError,
 )
-from loraplex.model.sampler import SamplingParams
-from loraplex.server.assembly import build_server
-from loraplex.server.serve_config import ServeConfig
+from loraplex.sampling import SamplingParams
+from loraplex.serve.assembly import build_server
+from loraplex.serve.config import ServeConfig
 
 ADMIN = "test-admin-credential-0123456789"
 AUTH = {"Authorization": f"Bearer {ADMIN}"}
@@ -179,8 +179,8 @@ def _children() -> list[int]:
 _ORPHAN_SCRIPT = """
 import os, sys
 from pathlib import Path
-from loraplex.server.assembly import build_server
-from loraplex.server.serve_config import ServeConfig
+from loraplex.serve.assembly import build_server
+from loraplex.serve.config import ServeConfig
 server = build_server(ServeConfig(data_dir=Path(sys.argv[1]), model=Path(sys.argv[2]),
                                   demo=False, admin_key="x" * 32))
 print(server.engine.pid, flush=True)

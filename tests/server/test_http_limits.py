@@ -25,10 +25,10 @@ from typer.testing import CliRunner
 
 from loraplex.cli import app as cli_app
 from loraplex.cli import serve as serve_cli
+from loraplex.serve.config import ServeConfig
 from loraplex.server.app import create_app
 from loraplex.server.deps import ServerConfig
 from loraplex.server.listeners import ConnectionLimits
-from loraplex.server.serve_config import ServeConfig
 
 MAX_BODY = 4096
 MAX_UPLOAD = 2048

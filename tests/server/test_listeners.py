@@ -13,9 +13,9 @@ import uvicorn
 from conftest import ADMIN_KEY, Served, make_app_deps
 from fakes import FakeEngine
 
+from loraplex.serve.config import ServeConfig
 from loraplex.server.app import create_app
 from loraplex.server.listeners import bind_all, guarded
-from loraplex.server.serve_config import ServeConfig
 
 
 @pytest.fixture

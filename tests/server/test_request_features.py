@@ -8,8 +8,8 @@ from typing import Any
 import pytest
 from conftest import BASE_NAME, Rig
 
-from loraplex.adapters.identity import AdapterKey
-from loraplex.adapters.tiering import Tier
+from loraplex.artifacts.identity import AdapterKey
+from loraplex.residency.ledger import Tier
 
 TIER_HEADER = "x-loraplex-tier"
 

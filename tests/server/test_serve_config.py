@@ -9,11 +9,11 @@ import pytest
 from conftest import Served
 from typer.testing import CliRunner
 
-from loraplex.adapters.base_model import BaseModelSpec
+from loraplex.artifacts.base_model import BaseModelSpec
 from loraplex.cli import app
 from loraplex.demo.assets import DemoAssets
-from loraplex.server.bootstrap import ADMIN_KEY_FILE, admin_key, register_demo, sample_keys
-from loraplex.server.serve_config import (
+from loraplex.serve.bootstrap import ADMIN_KEY_FILE, admin_key, register_demo, sample_keys
+from loraplex.serve.config import (
     DEFAULT_CPU_ADAPTER_BYTES,
     ServeConfig,
     merge,

@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 
 from loraplex.cli.serve import default_torch_threads
-from loraplex.server.serve_config import ServeConfig, merge
+from loraplex.serve.config import ServeConfig, merge
 
 
 @pytest.mark.parametrize(("cores", "expected"), [(2, 1), (16, 15), (1, 1), (None, 1)])

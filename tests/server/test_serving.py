@@ -11,7 +11,7 @@ from fakes import FakeEngine
 from starlette.requests import Request
 
 from loraplex.engine.protocol import EngineRequest
-from loraplex.model.sampler import SamplingParams
+from loraplex.sampling import SamplingParams
 from loraplex.server.protocol import RevisionInfo
 from loraplex.server.serving import ClientDisconnectedError, collect, first_delta, start_stream
 from loraplex.server.streaming import ChunkFormat, sse_events

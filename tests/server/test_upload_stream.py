@@ -13,7 +13,7 @@ import pytest
 from conftest import Rig
 from starlette.requests import Request
 
-from loraplex.adapters.safetensors_header import MAX_HEADER_BYTES
+from loraplex.artifacts.safetensors_header import MAX_HEADER_BYTES
 from loraplex.errors import CorruptArtifactError
 from loraplex.server.upload import receive_upload
 

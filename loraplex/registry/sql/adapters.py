@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 
+from loraplex.artifacts.warm_policy import WarmPolicy
 from loraplex.registry.models import (
     Adapter,
     Alias,
@@ -11,7 +12,6 @@ from loraplex.registry.models import (
     Revision,
     RevisionState,
     Visibility,
-    WarmPolicy,
 )
 from loraplex.registry.sql.db import Row, Tx
 

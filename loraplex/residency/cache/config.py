@@ -1,0 +1,87 @@
+"""The adapter cache's configuration and its reload-cost model (what losing a copy costs).
+
+Torch-free. ``ReloadCosts`` turns measured move times into the ``reload_cost_s`` the eviction
+policy weighs: a tier's copy is valued by the move that refills *that* tier (from the next tier
+down, the only way a fill proceeds), never by where the adapter's deeper copies happen to be at
+the moment. Those deeper copies are a function of popularity (a hot adapter keeps its L1 copy),
+so pricing an L0 copy by its current fallback would rank hot adapters cheapest to lose.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+
+from loraplex.residency.ledger import CACHED_TIERS, Tier, TierBudget
+from loraplex.residency.pipeline import Footprint, Move
+from loraplex.residency.warm import AutoWarmConfig
+
+# Weight of a new measurement in the running per-tier bandwidth estimate (reload costs).
+_BANDWIDTH_EWMA = 0.2
+
+
+def _default_bandwidth() -> dict[Tier, float]:
+    return {Tier.L1: 5e9, Tier.L2: 5e8, Tier.L3: 1e8}
+
+
+@dataclass(frozen=True)
+class CacheConfig:
+    """Budgets and bounds of one worker's adapter cache."""
+
+    budgets: Mapping[Tier, TierBudget]  # L0 (with num_slots), L1, L2
+    max_concurrent_loads: int = 4  # loads in flight, all tenants
+    tenant_max_concurrent_loads: int = 2  # loads in flight per tenant (cold-load quota)
+    tenant_priority: Mapping[str, float] = field(default_factory=dict)  # 1.0 when absent
+    reload_window_s: float = 300.0  # a fill this soon after an eviction counts as a reload
+    default_deadline_s: float | None = 30.0  # how long an acquirer waits; None: forever
+    bandwidth_bytes_per_s: Mapping[Tier, float] = field(default_factory=_default_bandwidth)
+    # Fixed seconds every miss costs whatever its bytes: an L0 miss parks its request for at
+    # least one engine step (~a decode step). It makes the keep-score count misses, not bytes.
+    miss_stall_s: float = 0.02
+    auto_warm: AutoWarmConfig | None = None  # automatic promotion/demotion; None: off
+    max_auto_gpu_slots: int = 0  # L0 slots automatic gpu promotion may pin
+
+    def __post_init__(self) -> None:
+        for tier in CACHED_TIERS:
+            if tier not in self.budgets:
+                raise ValueError(f"budgets is missing tier {tier.name}; expected L0, L1 and L2")
+        if self.budgets[Tier.L0].num_slots is None:
+            raise ValueError("budgets[L0].num_slots is None; expected the slot pool's slot count")
+        for name in ("max_concurrent_loads", "tenant_max_concurrent_loads"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"{name} {getattr(self, name)} is invalid; expected >= 1")
+        for tier in (Tier.L1, Tier.L2, Tier.L3):
+            if self.bandwidth_bytes_per_s.get(tier, 0) <= 0:
+                raise ValueError(f"bandwidth_bytes_per_s[{tier.name}] is invalid; expected > 0")
+        if self.default_deadline_s is not None and self.default_deadline_s < 0:
+            raise ValueError(
+                f"default_deadline_s {self.default_deadline_s} is invalid; expected >= 0"
+            )
+        if self.miss_stall_s < 0:
+            raise ValueError(f"miss_stall_s {self.miss_stall_s} is invalid; expected >= 0")
+
+
+class ReloadCosts:
+    """Per-tier refill costs from a running bandwidth estimate (mutated under the cache lock)."""
+
+    def __init__(self, config: CacheConfig) -> None:
+        self._bandwidth = dict(config.bandwidth_bytes_per_s)
+        self._stall_s = config.miss_stall_s
+
+    def reload_cost_s(self, tier: Tier, footprint: Footprint | None, size_bytes: int) -> float:
+        """Seconds a miss in ``tier`` costs: the fixed stall plus the bytes the refilling move
+        reads from the next tier down over that tier's bandwidth (``size_bytes`` when the
+        footprint is unknown, as for copies recovered at start)."""
+        source = Tier(tier + 1)
+        moved = size_bytes if footprint is None else footprint.bytes_in(source)
+        return self._stall_s + moved / self._bandwidth[source]
+
+    def measured(self, move: Move, moved_bytes: int, seconds: float) -> None:
+        """Feeds one completed move into the bandwidth estimate of its source tier."""
+        if seconds > 0 and moved_bytes > 0:
+            old = self._bandwidth[move.source]
+            new = moved_bytes / seconds
+            self._bandwidth[move.source] = (1 - _BANDWIDTH_EWMA) * old + _BANDWIDTH_EWMA * new
+
+    def bandwidth(self, tier: Tier) -> float:
+        return self._bandwidth[tier]

@@ -1,0 +1,243 @@
+"""Tier levels, byte budgets and the per-tier ledger: what is resident where, and who pays.
+
+Torch-free bookkeeping only; the tier order (which tier fills which) lives in ``cache.py`` and
+the bytes themselves in the tier backends. A ledger entry exists from the moment room is taken
+for an adapter (``ready`` False while its bytes are being installed) until it is removed, so the
+ledger's totals always cover every byte a tier holds or is about to hold.
+"""
+
+from __future__ import annotations
+
+import heapq
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field, replace
+from enum import IntEnum
+
+from loraplex.artifacts.identity import AdapterKey
+from loraplex.errors import CacheIntegrityError, CapacityError
+
+
+class Tier(IntEnum):
+    """Cache levels, fastest first."""
+
+    L0 = 0  # GPU slot (a slot pool entry the kernels index)
+    L1 = 1  # CPU memory
+    L2 = 2  # local disk, verified files named by digest
+    L3 = 3  # artifact store (remote or local directory); unbounded
+
+
+CACHED_TIERS = (Tier.L0, Tier.L1, Tier.L2)
+
+
+@dataclass(frozen=True)
+class TierBudget:
+    """Capacity of one cached tier."""
+
+    capacity_bytes: int  # bytes the tier may hold
+    num_slots: int | None = None  # L0 only: the slot pool's slot count
+    tenant_max_bytes: Mapping[str, int] = field(default_factory=dict)  # per-tenant residency cap
+
+    def __post_init__(self) -> None:
+        if self.capacity_bytes < 0:
+            raise ValueError(f"capacity_bytes {self.capacity_bytes} is invalid; expected >= 0")
+        if self.num_slots is not None and self.num_slots < 0:
+            raise ValueError(f"num_slots {self.num_slots} is invalid; expected >= 0")
+        for tenant, cap in self.tenant_max_bytes.items():
+            if cap < 0:
+                raise ValueError(f"tenant_max_bytes[{tenant!r}] {cap} is invalid; expected >= 0")
+
+
+@dataclass
+class ResidentEntry:
+    """One adapter's presence in one tier (mutable; owned by its ledger, under the cache lock)."""
+
+    key: AdapterKey  # the adapter revision
+    tier: Tier  # where
+    size_bytes: int  # bytes charged to the tier and the tenant
+    loaded_at_s: float  # when room was taken
+    last_access_s: float  # last hit or load in this tier
+    slot: int | None  # L0 slot index; None elsewhere
+    ready: bool = False  # False while the bytes are being installed
+    refcount: int = 0  # leases and in-flight loads reading this copy
+    pinned: bool = False  # never evicted while set
+
+    @property
+    def evictable(self) -> bool:
+        return self.ready and self.refcount == 0 and not self.pinned
+
+
+class TierLedger:
+    """Accounting of one tier: entries, bytes (total and per tenant) and, for L0, slots."""
+
+    def __init__(self, tier: Tier, budget: TierBudget) -> None:
+        self.tier = tier
+        self.budget = budget
+        self.entries: dict[AdapterKey, ResidentEntry] = {}
+        self.used_bytes = 0
+        self.tenant_bytes: dict[str, int] = {}
+        self._free_slots = list(range(budget.num_slots or 0))
+        # Bytes a tenant held above a cap lowered while its copies were in use or pinned: they
+        # stay until they leave; the allowance shrinks as they do, admissions obey the cap.
+        self._over_cap: dict[str, int] = {}
+
+    def set_tenant_caps(self, caps: Mapping[str, int]) -> None:
+        """Replaces the per-tenant byte caps of this tier (live tenant settings)."""
+        self.budget = replace(self.budget, tenant_max_bytes=dict(caps))
+        self._over_cap = {
+            tenant: self.tenant_bytes[tenant]
+            for tenant, cap in caps.items()
+            if self.tenant_bytes.get(tenant, 0) > cap
+        }
+
+    def get(self, key: AdapterKey) -> ResidentEntry | None:
+        return self.entries.get(key)
+
+    def check_admissible(self, tenant: str, size_bytes: int) -> None:
+        """Raises CapacityError when no amount of eviction could ever make room."""
+        cap = self.budget.tenant_max_bytes.get(tenant)
+        too_big = size_bytes > self.budget.capacity_bytes or (cap is not None and size_bytes > cap)
+        if too_big or self.budget.num_slots == 0:
+            raise CapacityError(
+                f"tier {self.tier.name}: {size_bytes} bytes for tenant {tenant!r} exceed the "
+                f"capacity ({self.budget.capacity_bytes} bytes, tenant cap {cap})"
+            )
+
+    def plan_room(
+        self, tenant: str, size_bytes: int, ranked: Iterable[ResidentEntry]
+    ) -> list[ResidentEntry] | None:
+        """Victims (a prefix-greedy pick from ``ranked``, most evictable first) whose removal makes
+        room for ``size_bytes`` of ``tenant``; None when the evictable entries cannot suffice."""
+        victims: list[ResidentEntry] = []
+        free = self.budget.capacity_bytes - self.used_bytes
+        cap = self.budget.tenant_max_bytes.get(tenant)
+        tenant_free = None if cap is None else cap - self.tenant_bytes.get(tenant, 0)
+        slots = len(self._free_slots) if self.budget.num_slots is not None else None
+        pool = [e for e in ranked if e.evictable]
+        while not _fits(free, tenant_free, slots, size_bytes):
+            need_own = tenant_free is not None and tenant_free < size_bytes
+            pick = next((e for e in pool if not need_own or e.key.tenant == tenant), None)
+            if pick is None:
+                return None
+            pool.remove(pick)
+            victims.append(pick)
+            free += pick.size_bytes
+            if tenant_free is not None and pick.key.tenant == tenant:
+                tenant_free += pick.size_bytes
+            if slots is not None:
+                slots += 1
+        return victims
+
+    def fits_beside_pins(self, tenant: str, size_bytes: int) -> bool:
+        """Whether ``size_bytes`` of ``tenant`` would fit if every unpinned entry were gone:
+        pins reserve their capacity, so a load that fails this can only wait for an unpin."""
+        pinned = [e for e in self.entries.values() if e.pinned]
+        free = self.budget.capacity_bytes - sum(e.size_bytes for e in pinned)
+        cap = self.budget.tenant_max_bytes.get(tenant)
+        own = sum(e.size_bytes for e in pinned if e.key.tenant == tenant)
+        tenant_free = None if cap is None else cap - own
+        slots = None if self.budget.num_slots is None else self.budget.num_slots - len(pinned)
+        return _fits(free, tenant_free, slots, size_bytes)
+
+    def reserve(self, key: AdapterKey, size_bytes: int, now_s: float) -> ResidentEntry:
+        """Takes room for ``key`` (the caller made room first); the entry starts not ready."""
+        if key in self.entries:
+            raise CacheIntegrityError(
+                "one entry per key and tier", f"{key.ref} already in {self.tier.name}"
+            )
+        slot = heapq.heappop(self._free_slots) if self.budget.num_slots is not None else None
+        entry = ResidentEntry(key, self.tier, size_bytes, now_s, now_s, slot)
+        self.entries[key] = entry
+        self.used_bytes += size_bytes
+        self.tenant_bytes[key.tenant] = self.tenant_bytes.get(key.tenant, 0) + size_bytes
+        return entry
+
+    def remove(self, key: AdapterKey) -> ResidentEntry:
+        entry = self.entries.pop(key)
+        self.used_bytes -= entry.size_bytes
+        left = self.tenant_bytes[key.tenant] - entry.size_bytes
+        if left:
+            self.tenant_bytes[key.tenant] = left
+        else:
+            del self.tenant_bytes[key.tenant]
+        if entry.slot is not None:
+            heapq.heappush(self._free_slots, entry.slot)
+        if key.tenant in self._over_cap:
+            cap = self.budget.tenant_max_bytes.get(key.tenant)
+            if cap is None or left <= cap:
+                del self._over_cap[key.tenant]
+            else:
+                self._over_cap[key.tenant] = left
+        return entry
+
+    def check(self) -> None:
+        """Raises CacheIntegrityError naming the first broken invariant."""
+        name = self.tier.name
+        total = sum(e.size_bytes for e in self.entries.values())
+        _require(
+            total == self.used_bytes,
+            "accounting equals resident entries",
+            f"{name}: used_bytes {self.used_bytes} != sum of entries {total}",
+        )
+        _require(
+            self.used_bytes <= self.budget.capacity_bytes,
+            "capacity respected",
+            f"{name}: {self.used_bytes} > {self.budget.capacity_bytes} bytes",
+        )
+        per_tenant: dict[str, int] = {}
+        for entry in self.entries.values():
+            per_tenant[entry.key.tenant] = per_tenant.get(entry.key.tenant, 0) + entry.size_bytes
+            _require(
+                entry.refcount >= 0,
+                "refcounts non-negative",
+                f"{name}: {entry.key.ref} refcount {entry.refcount}",
+            )
+        _require(
+            per_tenant == self.tenant_bytes,
+            "tenant accounting equals resident entries",
+            f"{name}: {self.tenant_bytes} != {per_tenant}",
+        )
+        for tenant, used in per_tenant.items():
+            cap = self.budget.tenant_max_bytes.get(tenant)
+            _require(
+                cap is None or used <= max(cap, self._over_cap.get(tenant, 0)),
+                "tenant budgets respected",
+                f"{name}: tenant {tenant!r} holds {used} > {cap} bytes",
+            )
+        self._check_slots()
+
+    def _check_slots(self) -> None:
+        if self.budget.num_slots is None:
+            return
+        owned = [e.slot for e in self.entries.values()]
+        _require(None not in owned, "every L0 entry owns a slot", f"{self.tier.name}: {owned}")
+        owned_set = {s for s in owned if s is not None}
+        _require(
+            len(owned_set) == len(owned),
+            "no slot owned twice",
+            f"slots {sorted(owned_set)} from {len(owned)} entries",
+        )
+        _require(
+            not owned_set & set(self._free_slots),
+            "no slot both free and owned",
+            f"owned {sorted(owned_set)}, free {sorted(self._free_slots)}",
+        )
+        everything = owned_set | set(self._free_slots)
+        _require(
+            everything == set(range(self.budget.num_slots))
+            and len(self._free_slots) + len(owned) == self.budget.num_slots,
+            "slots conserved",
+            f"owned {sorted(owned_set)}, free {sorted(self._free_slots)}",
+        )
+
+
+def _fits(free: int, tenant_free: int | None, slots: int | None, size: int) -> bool:
+    return (
+        free >= size
+        and (tenant_free is None or tenant_free >= size)
+        and (slots is None or slots > 0)
+    )
+
+
+def _require(ok: bool, invariant: str, detail: str) -> None:
+    if not ok:
+        raise CacheIntegrityError(invariant, detail)

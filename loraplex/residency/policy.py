@@ -1,0 +1,192 @@
+"""Eviction policies: which resident adapters a tier gives up first.
+
+Torch-free (the simulator reuses them). A policy only orders candidates and judges optional
+displacements; the invariants that hold under every policy (pinned and in-use adapters are
+never evicted, tenant budgets, capacity, load-before-displace) are enforced by the ledger and
+the cache, which never hand such entries to a policy as candidates.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Protocol
+
+from loraplex.artifacts.identity import AdapterKey
+from loraplex.residency.warm import RequestRates
+
+
+@dataclass(frozen=True)
+class Candidate:
+    """What a policy may know about one adapter in one tier."""
+
+    key: AdapterKey  # the adapter revision
+    size_bytes: int  # bytes it holds in this tier
+    loaded_at_s: float  # when it entered this tier
+    last_access_s: float  # last request for it
+    rates: RequestRates  # rolling request rates
+    priority: float  # its tenant's priority (1.0 = normal)
+    reload_cost_s: float  # time to bring it back from the tier it would fall to
+
+
+class EvictionPolicy(Protocol):
+    """Orders eviction candidates of one tier; time comes from the arguments (injected clock)."""
+
+    name: str
+
+    def order_victims(self, candidates: Sequence[Candidate], now_s: float) -> list[Candidate]:
+        """All candidates, most evictable first."""
+        ...
+
+    def deferral_s(
+        self,
+        incoming: Candidate,
+        victims: Sequence[Candidate],
+        held: Sequence[Candidate],
+        waited_s: float,
+        now_s: float,
+    ) -> float:
+        """How much longer a demand load should wait for room rather than displace ``victims``
+        now (0: displace now). ``held`` are the tier's copies in use (evictable once their
+        leases end), ``waited_s`` how long the load has waited so far."""
+        ...
+
+    def admits(self, incoming: Candidate, victims: Sequence[Candidate], now_s: float) -> bool:
+        """Whether an optional load (prefetch, promotion) may displace ``victims``."""
+        ...
+
+
+class LruPolicy:
+    """vLLM's LoRA residency: least recently used first; every displacement allowed."""
+
+    name = "lru"
+
+    def order_victims(self, candidates: Sequence[Candidate], now_s: float) -> list[Candidate]:
+        return sorted(candidates, key=lambda c: (c.last_access_s, c.key))
+
+    def admits(self, incoming: Candidate, victims: Sequence[Candidate], now_s: float) -> bool:
+        return True
+
+    def deferral_s(
+        self,
+        incoming: Candidate,
+        victims: Sequence[Candidate],
+        held: Sequence[Candidate],
+        waited_s: float,
+        now_s: float,
+    ) -> float:
+        return 0.0
+
+
+@dataclass(frozen=True)
+class CostAwareConfig:
+    """Weights of the cost-aware keep-score."""
+
+    min_residency_s: float = 0.25  # younger entries go only when nothing else can
+    hysteresis: float = 0.25  # an optional load must beat its victims' score by this fraction
+    recency_tau_s: float = 60.0  # recency term 1 / (age + tau): bounded for just-used adapters
+    short_weight: float = 0.7  # weight of the 1-minute rate against the 5-minute one
+    # A demand load of a lower-priority tenant waits up to this long for a copy in use that is
+    # worth less than its victims to free up, rather than displace a higher-priority tenant's
+    # copy worth far more (a batch tenant's burst of one-off adapters then cycles through the
+    # slots its own requests hold, not through the hot set).
+    demand_defer_s: float = 1.0
+
+    def __post_init__(self) -> None:
+        if self.min_residency_s < 0:
+            raise ValueError(f"min_residency_s {self.min_residency_s} is invalid; expected >= 0")
+        if self.hysteresis < 0:
+            raise ValueError(f"hysteresis {self.hysteresis} is invalid; expected >= 0")
+        if self.demand_defer_s < 0:
+            raise ValueError(f"demand_defer_s {self.demand_defer_s} is invalid; expected >= 0")
+        if self.recency_tau_s <= 0:
+            raise ValueError(f"recency_tau_s {self.recency_tau_s} is invalid; expected > 0")
+        if not 0 <= self.short_weight <= 1:
+            raise ValueError(f"short_weight {self.short_weight} is invalid; expected in [0, 1]")
+
+
+class CostAwarePolicy:
+    """Keeps what is expensive to lose per byte held (GreedyDual-Size-Frequency flavoured).
+
+    keep = priority x (request rate + recency) x reload_cost_s / size_bytes: the reload seconds
+    an adapter is expected to save per second and per byte of capacity it occupies. The rate
+    blends the 1- and 5-minute windows, so a burst of one-off adapters (rate ~ 1/window) scores
+    far below a steadily used one, while a rotated hot set is recognised within about a minute.
+
+    ``reload_cost_s`` is the cost of refilling *this* tier (a fixed per-miss stall plus the
+    bytes the refilling move reads over its source's bandwidth; see ``cache_config``). With
+    uniform slots the L0 ordering is therefore frequency x priority (LFU with decay, which beats
+    LRU when popularity is skewed), and in the byte-budgeted tiers the fixed stall favours
+    small adapters at equal rates (more hits per byte), as GDSF does.
+    """
+
+    name = "cost_aware"
+
+    def __init__(self, config: CostAwareConfig | None = None) -> None:
+        self.config = config or CostAwareConfig()
+
+    def keep_score(self, c: Candidate, now_s: float) -> float:
+        cfg = self.config
+        rate = cfg.short_weight * c.rates.per_1m + (1 - cfg.short_weight) * c.rates.per_5m
+        recency = 1.0 / (max(0.0, now_s - c.last_access_s) + cfg.recency_tau_s)
+        return c.priority * (rate + recency) * c.reload_cost_s / max(1, c.size_bytes)
+
+    def order_victims(self, candidates: Sequence[Candidate], now_s: float) -> list[Candidate]:
+        def rank(c: Candidate) -> tuple[bool, float, float, AdapterKey]:
+            young = now_s - c.loaded_at_s < self.config.min_residency_s
+            return (young, self.keep_score(c, now_s), c.last_access_s, c.key)
+
+        return sorted(candidates, key=rank)
+
+    def admits(self, incoming: Candidate, victims: Sequence[Candidate], now_s: float) -> bool:
+        if not victims:
+            return True
+        bar = max(self.keep_score(v, now_s) for v in victims) * (1 + self.config.hysteresis)
+        return self.keep_score(incoming, now_s) > bar
+
+    def deferral_s(
+        self,
+        incoming: Candidate,
+        victims: Sequence[Candidate],
+        held: Sequence[Candidate],
+        waited_s: float,
+        now_s: float,
+    ) -> float:
+        """Wait out the rest of ``demand_defer_s`` when a victim of a higher-priority tenant is
+        worth more than the newcomer by the hysteresis margin and a cheaper copy is only held
+        by leases. Within one priority class loads never wait (a rotating hot set must be able
+        to displace the old one at once)."""
+        left = self.config.demand_defer_s - waited_s
+        above = [v for v in victims if v.priority > incoming.priority]
+        if left <= 0 or not above or not held:
+            return 0.0
+        protect = max(self.keep_score(v, now_s) for v in above)
+        if self.keep_score(incoming, now_s) * (1 + self.config.hysteresis) >= protect:
+            return 0.0
+        return left if min(self.keep_score(c, now_s) for c in held) < protect else 0.0
+
+
+_POLICIES: dict[str, Callable[[], EvictionPolicy]] = {}
+
+
+def register_policy(name: str, factory: Callable[[], EvictionPolicy]) -> None:
+    """Adds a policy by name; a second registration under one name is refused."""
+    if name in _POLICIES:
+        raise ValueError(f"eviction policy {name!r} is already registered")
+    _POLICIES[name] = factory
+
+
+def make_policy(name: str) -> EvictionPolicy:
+    """A fresh policy by name (``lru``, ``cost_aware``)."""
+    if name not in _POLICIES:
+        raise ValueError(f"eviction policy {name!r} is unknown; expected one of {policy_names()}")
+    return _POLICIES[name]()
+
+
+def policy_names() -> tuple[str, ...]:
+    return tuple(sorted(_POLICIES))
+
+
+DEFAULT_POLICY = "cost_aware"
+register_policy("lru", LruPolicy)
+register_policy("cost_aware", CostAwarePolicy)

@@ -1,0 +1,168 @@
+"""Rolling request statistics per adapter and the warm policies derived from them.
+
+Torch-free: the simulator reuses it. Rolling windows are exponentially decaying counters: a
+counter with time constant ``tau`` holds ``sum(exp(-(now - t_i) / tau))`` over past requests,
+so ``count / tau`` is the request rate over roughly the last ``tau`` seconds. Unlike bucketed
+windows this costs four floats per adapter and never drops a whole bucket at once (no cliff in
+the policies that read it).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping
+from dataclasses import dataclass
+
+from loraplex.artifacts.identity import AdapterKey
+from loraplex.artifacts.warm_policy import WarmPolicy
+from loraplex.residency.ledger import Tier
+
+# Time constants of the rolling windows: 1 min (eviction recency), 5 min, 1 h, 24 h (warm policy).
+WINDOWS_S = (60.0, 300.0, 3600.0, 86400.0)
+
+
+@dataclass(frozen=True)
+class RequestRates:
+    """Requests per second of one adapter over each rolling window."""
+
+    per_1m: float  # rate over about the last minute
+    per_5m: float  # rate over about the last five minutes
+    per_1h: float  # rate over about the last hour
+    per_24h: float  # rate over about the last day
+
+
+ZERO_RATES = RequestRates(0.0, 0.0, 0.0, 0.0)
+
+
+class RollingRates:
+    """Decaying request counters over :data:`WINDOWS_S` (one instance per adapter)."""
+
+    __slots__ = ("_at_s", "_counts")
+
+    def __init__(self) -> None:
+        self._counts = [0.0] * len(WINDOWS_S)
+        self._at_s: float | None = None
+
+    def record(self, now_s: float, count: float = 1.0) -> None:
+        """Adds ``count`` requests at ``now_s`` (times must not go back)."""
+        self._decay_to(now_s)
+        self._counts = [c + count for c in self._counts]
+
+    def rates(self, now_s: float) -> RequestRates:
+        if self._at_s is None:
+            return ZERO_RATES
+        dt = max(0.0, now_s - self._at_s)
+        values = [
+            c * math.exp(-dt / tau) / tau for c, tau in zip(self._counts, WINDOWS_S, strict=True)
+        ]
+        return RequestRates(*values)
+
+    def _decay_to(self, now_s: float) -> None:
+        if self._at_s is not None:
+            dt = max(0.0, now_s - self._at_s)
+            self._counts = [
+                c * math.exp(-dt / tau) for c, tau in zip(self._counts, WINDOWS_S, strict=True)
+            ]
+        self._at_s = now_s if self._at_s is None else max(self._at_s, now_s)
+
+
+@dataclass(frozen=True)
+class AutoWarmConfig:
+    """Automatic promotion / demotion thresholds (requests per second).
+
+    Promotion to ``gpu`` needs the 5-minute rate at ``gpu_rps``; to ``cpu`` the larger of the
+    1-hour and 24-hour rates at ``cpu_rps``. Demotion happens only once the rate falls below
+    ``threshold * (1 - hysteresis)``, so an adapter hovering at a threshold does not flap.
+    """
+
+    gpu_rps: float = 0.5  # 5-minute rate that promotes to gpu
+    cpu_rps: float = 0.01  # 1-hour / 24-hour rate that promotes to cpu
+    hysteresis: float = 0.5  # fraction below a threshold before demotion
+
+    def __post_init__(self) -> None:
+        if not self.gpu_rps > 0:
+            raise ValueError(f"gpu_rps {self.gpu_rps} is invalid; expected > 0")
+        if not 0 < self.cpu_rps <= self.gpu_rps:
+            raise ValueError(f"cpu_rps {self.cpu_rps} is invalid; expected in (0, gpu_rps]")
+        if not 0 <= self.hysteresis < 1:
+            raise ValueError(f"hysteresis {self.hysteresis} is invalid; expected in [0, 1)")
+
+
+def auto_warm(rates: RequestRates, current: WarmPolicy, config: AutoWarmConfig) -> WarmPolicy:
+    """The warm policy the request statistics call for, given the one currently applied."""
+    keep = 1.0 - config.hysteresis
+    gpu_bar = config.gpu_rps * (keep if current is WarmPolicy.GPU else 1.0)
+    if rates.per_5m >= gpu_bar:
+        return WarmPolicy.GPU
+    cpu_bar = config.cpu_rps * (keep if current in (WarmPolicy.GPU, WarmPolicy.CPU) else 1.0)
+    if max(rates.per_1h, rates.per_24h) >= cpu_bar:
+        return WarmPolicy.CPU
+    return WarmPolicy.ON_DEMAND
+
+
+_WARM_TIERS = {
+    WarmPolicy.GPU: frozenset({Tier.L0}),
+    WarmPolicy.CPU: frozenset({Tier.L1}),
+    WarmPolicy.ON_DEMAND: frozenset(),
+}
+
+
+class PinBook:
+    """Which tiers each revision is pinned in: explicit operator pins, plus its warm policy.
+
+    The warm policy is the operator's when one was set (operator settings win), otherwise the
+    automatic one derived from the rolling request rates.
+    """
+
+    def __init__(self, auto: AutoWarmConfig | None, max_auto_gpu: int) -> None:
+        if max_auto_gpu < 0:
+            raise ValueError(f"max_auto_gpu {max_auto_gpu} is invalid; expected >= 0")
+        self._auto_config = auto
+        self._max_auto_gpu = max_auto_gpu
+        self._pins: dict[AdapterKey, set[Tier]] = {}
+        self._operator: dict[AdapterKey, WarmPolicy] = {}
+        self._auto: dict[AdapterKey, WarmPolicy] = {}
+
+    def pin(self, key: AdapterKey, tier: Tier) -> None:
+        self._pins.setdefault(key, set()).add(tier)
+
+    def unpin(self, key: AdapterKey, tier: Tier) -> None:
+        self._pins.get(key, set()).discard(tier)
+
+    def set_operator(self, key: AdapterKey, warm: WarmPolicy | None) -> None:
+        if warm is None:
+            self._operator.pop(key, None)
+        else:
+            self._operator[key] = warm
+
+    def warm_policy(self, key: AdapterKey) -> WarmPolicy:
+        return self._operator.get(key) or self._auto.get(key, WarmPolicy.ON_DEMAND)
+
+    def pinned_tiers(self, key: AdapterKey) -> frozenset[Tier]:
+        return frozenset(self._pins.get(key, set())) | _WARM_TIERS[self.warm_policy(key)]
+
+    def is_pinned(self, key: AdapterKey, tier: Tier) -> bool:
+        return tier in self.pinned_tiers(key)
+
+    def rebalance(self, rates: Mapping[AdapterKey, RequestRates]) -> dict[AdapterKey, WarmPolicy]:
+        """Automatic promotion/demotion for revisions without an operator policy; the changes."""
+        changes: dict[AdapterKey, WarmPolicy] = {}
+        if self._auto_config is None:
+            return changes
+        num_gpu = sum(1 for w in self._auto.values() if w is WarmPolicy.GPU)
+        for key in sorted(rates):
+            if key in self._operator:
+                continue
+            current = self._auto.get(key, WarmPolicy.ON_DEMAND)
+            wanted = auto_warm(rates[key], current, self._auto_config)
+            if wanted is WarmPolicy.GPU and current is not WarmPolicy.GPU:
+                if num_gpu >= self._max_auto_gpu:
+                    wanted = WarmPolicy.CPU
+                else:
+                    num_gpu += 1
+            if current is WarmPolicy.GPU and wanted is not WarmPolicy.GPU:
+                num_gpu -= 1
+            if wanted is not current:
+                self._auto[key] = wanted
+                changes[key] = wanted
+        return changes

@@ -1,0 +1,168 @@
+"""Build a whole server for ``loraplex serve``: registry, engine (with its adapter cache), app.
+
+Order matters: the registry first (demo bootstrap, keys), then the engine side
+(``serve/engine_side.py``: adapter runtime, whose ``recover()`` adopts the verified disk copies of
+the previous run, the operators' warm policies, the engine core), the app last.
+``Server.close()`` undoes it in reverse.
+
+Two ways to run the engine (``ServeConfig.engine_process``):
+
+- in a child process (the default): ``EngineProcess`` spawns it and ``build_worker`` builds
+  the engine side there; the HTTP process keeps the registry (auth, resolution, admin) and the
+  tokenizer, and reaches the cache through ``RemoteCache``;
+- on a thread of this process: ``AsyncEngine`` over the same pieces, built here (tests that
+  reach into the runtime use this).
+
+Tenants' priority classes and quotas reach the cache and the engine through
+``tenant_settings(registry)``; the admin API calls ``app.state.refresh_tenants()`` after it
+creates or changes a tenant, so the change applies without a restart.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from fastapi import FastAPI
+
+from loraplex.artifacts.base_model import BaseModelSpec
+from loraplex.demo.manifest import DemoAssets
+from loraplex.engine.factory import AdapterRuntime
+from loraplex.engine.process import EngineProcess
+from loraplex.engine.tenancy import TenantSettings
+from loraplex.engine.thread_client import AsyncEngine
+from loraplex.model.tokenizer import TextTokenizer
+from loraplex.registry import Registry, open_registry
+from loraplex.serve.bootstrap import admin_key, register_demo, sample_keys
+from loraplex.serve.config import ServeConfig
+from loraplex.serve.engine_side import (
+    apply_warm_policies,
+    build_runtime,
+    build_worker,
+    engine_config,
+    registry_config,
+    tenant_settings,
+)
+from loraplex.server.app import create_app
+from loraplex.server.chat import ChatTemplate
+from loraplex.server.deps import CacheControl, ServerConfig, ServerDeps
+
+DEMO_DIR = "demo-assets"
+
+
+@dataclass
+class Server:
+    """A built server: the app and what must be closed after it stops."""
+
+    app: FastAPI  # the ASGI application
+    deps: ServerDeps  # what the app was built from
+    engine: AsyncEngine | EngineProcess  # the running engine (a thread here, or a child process)
+    runtime: AdapterRuntime | None  # slot pool and adapter cache when the engine runs here
+    registry: Registry  # control plane
+    admin_key: str  # the admin credential
+    sample_keys: dict[str, str] = field(default_factory=dict)  # demo tenant -> API key
+
+    def close(self) -> None:
+        self.engine.shutdown()
+        if self.runtime is not None:
+            self.runtime.cache.close()
+        self.registry.close()
+
+
+def _demo_assets(config: ServeConfig) -> DemoAssets | None:
+    """The generated demo set when no model is configured (generation imports torch)."""
+    if config.model is not None:
+        return None
+    from loraplex.demo.assets import generate_demo_assets
+
+    return generate_demo_assets(config.data_dir / DEMO_DIR, preset="small", seed=0)
+
+
+class TenantRefresher:
+    """Re-reads the registry's tenants into the engine side (the admin API's hook)."""
+
+    def __init__(
+        self, registry: Registry, apply: Callable[[Mapping[str, TenantSettings]], None]
+    ) -> None:
+        self._registry = registry
+        self._apply = apply
+        self._lock = threading.Lock()  # two admin calls must not apply out of order
+
+    def __call__(self) -> None:
+        with self._lock:
+            self._apply(tenant_settings(self._registry))
+
+
+def build_server(config: ServeConfig) -> Server:
+    """Everything ``loraplex serve`` runs, ready for uvicorn (close it after)."""
+    config.data_dir.mkdir(mode=0o700, parents=True, exist_ok=True)  # secrets inside
+    assets = _demo_assets(config)
+    model_dir = assets.base_model_dir if assets is not None else config.model
+    if model_dir is None:
+        raise ValueError("model None is invalid; expected a model directory or the demo assets")
+    base = BaseModelSpec.from_dir(model_dir)
+    registry = open_registry(registry_config(config), base=base)
+    try:
+        demo = assets if config.demo else None
+        return _assemble(config, model_dir, base, registry, demo)
+    except BaseException:
+        registry.close()
+        raise
+
+
+def _assemble(
+    config: ServeConfig,
+    model_dir: Path,
+    base: BaseModelSpec,
+    registry: Registry,
+    demo: DemoAssets | None,
+) -> Server:
+    keys: dict[str, str] = {}
+    if demo is not None:
+        state = register_demo(registry, demo)
+        keys = sample_keys(registry, state.tenants, config.data_dir)
+    admin = config.admin_key or admin_key(config.data_dir)
+    engine: AsyncEngine | EngineProcess
+    cache: CacheControl
+    runtime: AdapterRuntime | None = None
+    if config.engine_process:
+        engine = EngineProcess(build_worker, (config, model_dir), TextTokenizer(model_dir))
+        cache, apply = engine.cache, engine.update_tenant_settings
+    else:
+        runtime = _runtime_here(config, base, registry)
+        try:
+            engine = _start_engine(model_dir, config, runtime)
+        except BaseException:
+            runtime.cache.close()
+            raise
+        cache, apply = runtime.cache, runtime.update_tenant_settings
+    settings = ServerConfig(
+        base_model_name=base.name, admin_key=admin, import_dir=config.import_dir,
+        queue_deadline_s=config.queue_deadline_s, max_prompt_tokens=config.max_model_len - 1,
+        vocab_size=base.vocab_size, metrics_public=config.metrics_public,
+        max_body_bytes=config.max_body_bytes, max_upload_bytes=config.max_upload_bytes,
+        max_prompt_chars=config.prompt_chars(), body_read_timeout_s=config.body_read_timeout_s,
+        upload_read_timeout_s=config.upload_read_timeout_s,
+    )  # fmt: skip
+    deps = ServerDeps(settings, engine, registry, cache, ChatTemplate.from_model_dir(model_dir))
+    app = create_app(deps)
+    app.state.refresh_tenants = TenantRefresher(registry, apply)
+    return Server(app, deps, engine, runtime, registry, admin, keys)
+
+
+def _runtime_here(config: ServeConfig, base: BaseModelSpec, registry: Registry) -> AdapterRuntime:
+    runtime = build_runtime(config, base, registry)
+    try:
+        apply_warm_policies(registry, runtime, base.digest)
+    except BaseException:
+        runtime.cache.close()
+        raise
+    return runtime
+
+
+def _start_engine(model_dir: Path, config: ServeConfig, runtime: AdapterRuntime) -> AsyncEngine:
+    from loraplex.engine.factory import build_engine
+
+    return build_engine(model_dir, engine_config(config), runtime)

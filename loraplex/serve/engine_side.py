@@ -1,0 +1,164 @@
+"""The engine side of ``loraplex serve``: registry-backed artifact resolution, the adapter runtime
+(slot pool + tiered cache), the operators' warm policies and the engine core.
+
+``build_server`` uses these pieces in its own process (``engine_process = false``) or hands
+``build_worker`` to ``EngineProcess``, which calls it in the engine's child process; there the
+worker opens its own registry connection (SQLite in WAL mode and PostgreSQL both serve several
+processes) for artifact lookups and the warm policies.
+"""
+
+from __future__ import annotations
+
+import threading
+from pathlib import Path
+
+from loraplex.artifacts.base_model import BaseModelSpec
+from loraplex.artifacts.identity import AdapterKey
+from loraplex.engine.config import EngineConfig, SchedulerConfig
+from loraplex.engine.factory import AdapterRuntime, AdapterRuntimeConfig, build_adapter_runtime
+from loraplex.engine.process_child import WorkerHandles
+from loraplex.engine.tenancy import TenantSettings
+from loraplex.errors import DigestMismatchError
+from loraplex.registry import Registry, RegistryConfig, Tenant, WarmPolicy, open_registry
+from loraplex.runtime.tier_backends import ArtifactRef
+from loraplex.serve.config import ServeConfig
+
+ADAPTER_CACHE_DIR = "adapter-cache"
+# Disk bytes beyond the tensors: the safetensors header and adapter_config.json.
+_FILE_OVERHEAD_BYTES = 64 << 10
+_PARAM_BYTES = {"float32": 4, "bfloat16": 2, "float16": 2}
+
+
+class RegistryResolver:
+    """AdapterKey -> ArtifactRef from the registry (revisions are immutable: memoised)."""
+
+    def __init__(self, registry: Registry, dtype: str) -> None:
+        self._registry = registry
+        self._param_bytes = _PARAM_BYTES[dtype]
+        self._refs: dict[AdapterKey, ArtifactRef] = {}
+        self._lock = threading.Lock()
+
+    def __call__(self, key: AdapterKey) -> ArtifactRef:
+        with self._lock:
+            cached = self._refs.get(key)
+        if cached is not None:
+            return cached
+        revision = self._registry.get_revision(key.ref)
+        if revision.adapter_digest != key.adapter_digest:
+            raise DigestMismatchError(f"{key.ref} in the registry", key.adapter_digest,
+                                      revision.adapter_digest)  # fmt: skip
+        stored_param_bytes = _PARAM_BYTES.get(revision.dtype, 4)
+        memory = revision.estimated_bytes * self._param_bytes // stored_param_bytes
+        ref = ArtifactRef(
+            config_digest=revision.config_digest,
+            weights_digest=revision.adapter_digest,
+            disk_bytes=revision.tensor_bytes + _FILE_OVERHEAD_BYTES,
+            memory_bytes=memory,
+        )
+        with self._lock:
+            self._refs[key] = ref
+        return ref
+
+
+def settings_of(tenant: Tenant) -> TenantSettings:
+    """What the engine and the cache enforce for one registry tenant."""
+    quotas = tenant.quotas
+    return TenantSettings.for_priority(
+        tenant.priority.value,
+        max_gpu_bytes=quotas.max_gpu_bytes,
+        max_cpu_bytes=quotas.max_cpu_bytes,
+        max_disk_bytes=quotas.max_disk_bytes,
+        max_cold_loads=quotas.max_cold_loads,
+    )
+
+
+def tenant_settings(registry: Registry) -> dict[str, TenantSettings]:
+    """Every registry tenant's settings (tenant name -> settings)."""
+    return {t.name: settings_of(t) for t in registry.list_tenants()}
+
+
+def build_runtime(config: ServeConfig, base: BaseModelSpec, registry: Registry) -> AdapterRuntime:
+    runtime_config = AdapterRuntimeConfig(
+        max_loras=config.gpu_slots(base),
+        max_lora_rank=config.max_lora_rank,
+        cpu_adapter_bytes=config.cpu_bytes(base),
+        disk_cache_bytes=config.disk_cache_bytes,
+        policy=config.policy,
+        dtype=config.dtype,
+        device=config.device,
+        tenants=tenant_settings(registry),
+    )
+    resolver = RegistryResolver(registry, config.dtype)
+    disk = config.data_dir / ADAPTER_CACHE_DIR
+    return build_adapter_runtime(base, resolver, registry.store, disk, runtime_config)
+
+
+def apply_warm_policies(registry: Registry, runtime: AdapterRuntime, base_digest: str) -> int:
+    """Hands every revision's non-default warm policy to the cache; returns how many."""
+    applied = 0
+    for adapter in registry.list_adapters():
+        for revision in registry.list_revisions(adapter.tenant, adapter.name):
+            if revision.warm_policy is WarmPolicy.ON_DEMAND or revision.base_digest != base_digest:
+                continue
+            warm = revision.warm_policy
+            runtime.cache.set_warm_policy(revision.key(), warm)
+            applied += 1
+    return applied
+
+
+def engine_config(config: ServeConfig) -> EngineConfig:
+    scheduler = SchedulerConfig(
+        max_num_seqs=config.max_num_seqs,
+        max_num_batched_tokens=max(512, config.max_num_seqs),
+        max_model_len=config.max_model_len,
+        default_deadline_s=config.queue_deadline_s,
+        max_queue_len=config.max_queue_len,
+        class_reserve_seqs=config.class_reserve_seqs,
+    )
+    return EngineConfig(
+        scheduler=scheduler,
+        block_size=config.block_size,
+        num_kv_blocks=config.num_kv_blocks,
+        dtype=config.dtype,
+        device=config.device,
+    )
+
+
+def registry_config(config: ServeConfig) -> RegistryConfig:
+    return RegistryConfig(
+        config.data_dir, config.database_url, config.store, config.s3_endpoint,
+        config.max_lora_rank,
+    )  # fmt: skip
+
+
+def build_worker(config: ServeConfig, model_dir: Path) -> WorkerHandles:
+    """Everything the engine process runs: its registry connection, the adapter runtime (its
+    disk copies recovered), the warm policies and the engine core (torch threads set first)."""
+    import torch
+
+    from loraplex.engine.factory import build_engine_core
+
+    if config.torch_threads is not None:
+        torch.set_num_threads(config.torch_threads)
+    base = BaseModelSpec.from_dir(model_dir)
+    registry = open_registry(registry_config(config), base=base)
+    try:
+        runtime = build_runtime(config, base, registry)
+    except BaseException:
+        registry.close()
+        raise
+    try:
+        apply_warm_policies(registry, runtime, base.digest)
+        engine = engine_config(config)
+        core = build_engine_core(model_dir, engine, runtime)
+    except BaseException:
+        runtime.cache.close()
+        registry.close()
+        raise
+
+    def close() -> None:
+        runtime.cache.close()
+        registry.close()
+
+    return WorkerHandles(core, engine.idle_wait_s, runtime.pool.max_loras,
+                         runtime.update_tenant_settings, close)  # fmt: skip

@@ -1,0 +1,93 @@
+"""AdapterKey: the immutable identity every cache is keyed by; content digests."""
+
+from __future__ import annotations
+
+import hashlib
+from pathlib import Path
+
+import pytest
+
+from loraplex.artifacts.identity import RUNTIME_COMPAT_VERSION, AdapterKey, check_name, sha256_file
+
+BASE = "0f" * 32
+DIGEST = "a1" * 32
+
+
+def key(**overrides: object) -> AdapterKey:
+    fields: dict[str, object] = {
+        "base_digest": BASE,
+        "tenant": "acme",
+        "name": "support-bot",
+        "revision": "2024-06-01.v3",
+        "adapter_digest": DIGEST,
+    }
+    fields.update(overrides)
+    return AdapterKey(**fields)  # type: ignore[arg-type]
+
+
+def test_str_parse_round_trip_and_ref() -> None:
+    original = key(compat_version=3)
+    text = str(original)
+    assert text == f"acme/support-bot@2024-06-01.v3#{DIGEST}~{BASE}~v3"
+    assert AdapterKey.parse(text) == original
+    assert original.ref == "acme/support-bot@2024-06-01.v3"
+    assert key().compat_version == RUNTIME_COMPAT_VERSION
+
+
+def test_equality_and_hash_cover_every_field() -> None:
+    assert key() == key() and hash(key()) == hash(key())
+    variants = [
+        key(base_digest="1f" * 32),
+        key(tenant="other"),
+        key(name="other"),
+        key(revision="r2"),
+        key(adapter_digest="b2" * 32),
+        key(compat_version=RUNTIME_COMPAT_VERSION + 1),
+    ]
+    assert len({key(), *variants}) == 1 + len(variants)
+    assert all(variant != key() for variant in variants)
+
+
+@pytest.mark.parametrize(
+    ("field", "value", "message"),
+    [
+        ("base_digest", "xyz", "base_digest 'xyz' is invalid; expected 64 lowercase hex"),
+        ("adapter_digest", "A1" * 32, "adapter_digest"),
+        ("tenant", "", "tenant '' is invalid"),
+        ("tenant", "a/b", "tenant 'a/b' is invalid"),
+        ("name", ".hidden", "name '.hidden' is invalid"),
+        ("revision", "r@1", "revision 'r@1' is invalid"),
+        ("revision", "r" * 129, "1-128 characters"),
+        ("compat_version", 0, "compat_version 0 is invalid"),
+    ],
+)
+def test_invalid_fields_raise_value_error(field: str, value: object, message: str) -> None:
+    with pytest.raises(ValueError, match=message.replace(".", r"\.")):
+        key(**{field: value})
+
+
+@pytest.mark.parametrize(
+    "text",
+    [
+        "acme/bot@r1",
+        f"acme/bot@r1#{DIGEST}~{BASE}",
+        f"acme/bot@r1#{DIGEST}~{BASE}~vX",
+        f"acme/../bot@r1#{DIGEST}~{BASE}~v1",
+    ],
+)
+def test_parse_rejects_malformed_text(text: str) -> None:
+    with pytest.raises(ValueError, match="invalid"):
+        AdapterKey.parse(text)
+
+
+def test_check_name_returns_valid_names() -> None:
+    assert check_name("tenant", "Team_1.prod-x") == "Team_1.prod-x"
+
+
+def test_sha256_file_matches_hashlib_across_chunks(tmp_path: Path) -> None:
+    path = tmp_path / "blob"
+    payload = bytes(range(256)) * 9000  # > one 1 MiB chunk
+    path.write_bytes(payload)
+    assert sha256_file(path) == hashlib.sha256(payload).hexdigest()
+    path.write_bytes(b"")
+    assert sha256_file(path) == hashlib.sha256(b"").hexdigest()

@@ -1,0 +1,143 @@
+"""Test fakes for the adapter cache: a LoadPipeline that records every side effect it would have,
+with injectable failures, driven by the replay's deterministic SimExecutor."""
+
+from __future__ import annotations
+
+import hashlib
+from dataclasses import dataclass, field
+
+from loraplex.artifacts.identity import AdapterKey
+from loraplex.bench.replay import SimExecutor
+from loraplex.clock import ManualClock
+from loraplex.residency.cache.tiered_cache import CacheConfig, TieredAdapterCache
+from loraplex.residency.ledger import Tier, TierBudget
+from loraplex.residency.pipeline import (
+    CancelToken,
+    Footprint,
+    Move,
+    Prepared,
+    RecoveredCopy,
+    Resolved,
+)
+from loraplex.residency.policy import EvictionPolicy, make_policy
+from loraplex.residency.stats import Stage
+
+BASE = hashlib.sha256(b"base").hexdigest()
+UNIT = 100  # bytes of one adapter in every tier (slots are UNIT bytes too)
+
+
+def key(tenant: str, name: str) -> AdapterKey:
+    digest = hashlib.sha256(f"{tenant}/{name}".encode()).hexdigest()
+    return AdapterKey(BASE, tenant, name, "r1", digest)
+
+
+@dataclass
+class FakePipeline:
+    """Moves nothing; tracks staged payloads and installed copies; fails where told."""
+
+    sizes: dict[AdapterKey, int] = field(default_factory=dict)  # multiples of UNIT, default 1
+    fail_at: dict[tuple[AdapterKey, Stage], Exception] = field(default_factory=dict)
+    staged: set[tuple[AdapterKey, Tier]] = field(default_factory=set)
+    installed: dict[Tier, set[AdapterKey]] = field(
+        default_factory=lambda: {Tier.L0: set(), Tier.L1: set(), Tier.L2: set()}
+    )
+    slots: dict[int, AdapterKey] = field(default_factory=dict)
+    resolves: int = 0
+    fetches: int = 0
+    survivors: list[RecoveredCopy] = field(default_factory=list)  # what recover() reports
+
+    def _maybe_fail(self, key: AdapterKey, stage: Stage, cancel: CancelToken) -> None:
+        cancel.check(stage)
+        error = self.fail_at.get((key, stage))
+        if error is not None:
+            raise error
+
+    def resolve(self, key: AdapterKey, cancel: CancelToken) -> Resolved:
+        self._maybe_fail(key, Stage.RESOLVE, cancel)
+        self.resolves += 1
+        n = self.sizes.get(key, 1) * UNIT
+        return Resolved(Footprint(UNIT, n, n), {Stage.RESOLVE: 0.001})
+
+    def prepare(self, move: Move, cancel: CancelToken) -> Prepared:
+        stage = {Tier.L2: Stage.FETCH, Tier.L1: Stage.READ, Tier.L0: Stage.COPY}[move.target]
+        self._maybe_fail(move.key, stage, cancel)
+        if move.target is Tier.L2:
+            self.fetches += 1
+            self._maybe_fail(move.key, Stage.VERIFY, cancel)
+        self.staged.add((move.key, move.target))
+        return Prepared((move.key, move.target), {stage: 0.01})
+
+    def install(
+        self, move: Move, prepared: Prepared, slot: int | None, cancel: CancelToken
+    ) -> dict[Stage, float]:
+        self.staged.discard((move.key, move.target))
+        self.installed[move.target].add(move.key)
+        if slot is not None:
+            if slot in self.slots:
+                raise AssertionError(f"slot {slot} already holds {self.slots[slot]}")
+            self.slots[slot] = move.key
+        stage = Stage.COPY if move.target is Tier.L0 else Stage.COMMIT
+        self._maybe_fail(move.key, stage, cancel)
+        return {stage: 0.001}
+
+    def discard(self, move: Move, prepared: Prepared) -> None:
+        self.staged.discard((move.key, move.target))
+
+    def drop(self, tier: Tier, key: AdapterKey, slot: int | None) -> None:
+        self.installed[tier].discard(key)
+        if slot is not None and self.slots.get(slot) == key:
+            del self.slots[slot]
+
+    def recover(self) -> list[RecoveredCopy]:
+        self.installed[Tier.L2].update(c.key for c in self.survivors)
+        return list(self.survivors)
+
+
+@dataclass
+class Rig:
+    """A cache on a fake pipeline, a manual clock and a deterministic executor."""
+
+    cache: TieredAdapterCache
+    pipeline: FakePipeline
+    executor: SimExecutor
+    clock: ManualClock
+
+    def settle(self, seconds: float = 1.0) -> None:
+        self.executor.run_until(self.clock.now() + seconds)
+
+    def check(self) -> None:
+        """check_integrity() plus: the pipeline's copies are exactly the ledgers' entries."""
+        self.cache.check_integrity()
+        for tier, keys in self.pipeline.installed.items():
+            ledger = set(self.cache.ledgers[tier].entries)
+            ready = {k for k, e in self.cache.ledgers[tier].entries.items() if e.ready}
+            assert ready <= keys <= ledger, (tier, keys, ledger)
+        # Staged bytes belong to a live move (prepared, or still in its prepare phase).
+        staged = {
+            (k, j.move.target) for k, j in self.cache._flow.jobs.items() if j.move is not None
+        }
+        assert self.pipeline.staged <= staged, (self.pipeline.staged, staged)
+
+
+def budgets(
+    slots: int = 3,
+    l1: int = 5,
+    l2: int = 8,
+    tenant_l0: dict[str, int] | None = None,
+) -> dict[Tier, TierBudget]:
+    return {
+        Tier.L0: TierBudget(slots * UNIT, slots, tenant_max_bytes=tenant_l0 or {}),
+        Tier.L1: TierBudget(l1 * UNIT),
+        Tier.L2: TierBudget(l2 * UNIT),
+    }
+
+
+def make_rig(policy: str | EvictionPolicy = "cost_aware", **config: object) -> Rig:
+    clock = ManualClock()
+    executor = SimExecutor(clock)
+    pipeline = FakePipeline()
+    budget_args = {k: config.pop(k) for k in ("slots", "l1", "l2", "tenant_l0") if k in config}
+    cfg = CacheConfig(budgets=budgets(**budget_args), **config)  # type: ignore[arg-type]
+    chosen = make_policy(policy) if isinstance(policy, str) else policy
+    cache = TieredAdapterCache(cfg, pipeline, policy=chosen, clock=clock, executor=executor)
+    return Rig(cache, pipeline, executor, clock)

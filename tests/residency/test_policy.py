@@ -1,0 +1,121 @@
+"""Eviction policies: ordering, keep-score ingredients, minimum residency, hysteresis, registry."""
+
+from __future__ import annotations
+
+import pytest
+from cache_kit import key
+
+from loraplex.residency.policy import (
+    Candidate,
+    CostAwareConfig,
+    CostAwarePolicy,
+    LruPolicy,
+    make_policy,
+    policy_names,
+    register_policy,
+)
+from loraplex.residency.warm import RequestRates, RollingRates
+
+NOW = 1000.0
+
+
+def cand(
+    name: str,
+    *,
+    last: float = 990.0,
+    loaded: float = 0.0,
+    rate: float = 0.0,
+    priority: float = 1.0,
+    cost: float = 0.01,
+    size: int = 100,
+) -> Candidate:
+    return Candidate(
+        key("t", name), size, loaded, last, RequestRates(rate, rate, rate, rate), priority, cost
+    )
+
+
+def names(ordered: list[Candidate]) -> list[str]:
+    return [c.key.name for c in ordered]
+
+
+def test_lru_orders_by_last_access() -> None:
+    ordered = LruPolicy().order_victims(
+        [cand("a", last=5), cand("b", last=1), cand("c", last=3)], NOW
+    )
+    assert names(ordered) == ["b", "c", "a"]
+
+
+def test_cost_aware_keeps_frequent_over_just_used_one_offs() -> None:
+    hot = cand("hot", last=990.0, rate=2.0)
+    one_off = cand("oneoff", last=999.9, rate=0.02)
+    assert names(CostAwarePolicy().order_victims([hot, one_off], NOW)) == ["oneoff", "hot"]
+    assert names(LruPolicy().order_victims([hot, one_off], NOW)) == ["hot", "oneoff"]
+
+
+@pytest.mark.parametrize(
+    ("cheap", "dear"),
+    [
+        ({"priority": 0.5}, {"priority": 2.0}),
+        ({"cost": 0.001}, {"cost": 0.1}),
+        ({"size": 1000}, {"size": 100}),
+        ({"last": 100.0}, {"last": 999.0}),
+    ],
+)
+def test_cost_aware_score_ingredients(cheap: dict, dear: dict) -> None:  # type: ignore[type-arg]
+    policy = CostAwarePolicy()
+    assert policy.keep_score(cand("x", **cheap), NOW) < policy.keep_score(cand("y", **dear), NOW)
+
+
+def test_minimum_residency_protects_young_entries() -> None:
+    policy = CostAwarePolicy(CostAwareConfig(min_residency_s=5.0))
+    young = cand("young", loaded=NOW - 1, rate=0.0)
+    old = cand("old", loaded=NOW - 100, rate=5.0)
+    assert names(policy.order_victims([young, old], NOW)) == ["old", "young"]
+
+
+def test_hysteresis_refuses_marginal_optional_displacements() -> None:
+    policy = CostAwarePolicy(CostAwareConfig(hysteresis=0.5))
+    victim = cand("v", rate=1.0)
+    assert not policy.admits(cand("slightly", rate=1.2), [victim], NOW)
+    assert policy.admits(cand("clearly", rate=3.0), [victim], NOW)
+    assert policy.admits(cand("any", rate=0.0), [], NOW)
+    assert LruPolicy().admits(cand("any"), [victim], NOW)
+
+
+def test_registry_by_name() -> None:
+    assert {"lru", "cost_aware"} <= set(policy_names())
+    assert make_policy("lru").name == "lru"
+    with pytest.raises(ValueError, match="unknown"):
+        make_policy("fifo")
+    with pytest.raises(ValueError, match="already registered"):
+        register_policy("lru", LruPolicy)
+
+
+def test_config_validation_names_the_field() -> None:
+    with pytest.raises(ValueError, match="hysteresis"):
+        CostAwareConfig(hysteresis=-1)
+
+
+def test_rolling_rates_decay_per_window() -> None:
+    rates = RollingRates()
+    for i in range(600):
+        rates.record(i * 0.5)  # 2 requests per second for 5 minutes
+    now = rates.rates(300.0)
+    assert now.per_1m == pytest.approx(2.0, rel=0.02)
+    assert now.per_5m == pytest.approx(2.0 * (1 - 2.718281828**-1), rel=0.05)
+    later = rates.rates(900.0)
+    assert later.per_1m < 0.001 < later.per_1h
+
+
+def test_demand_deferral_protects_valuable_victims_for_a_bounded_time() -> None:
+    policy = CostAwarePolicy(CostAwareConfig(demand_defer_s=1.0))
+    hot = cand("hot", rate=5.0, priority=4.0)
+    one_off, busy_one_off = cand("new", rate=0.02, priority=0.25), cand("busy", rate=0.02)
+    assert policy.deferral_s(one_off, [hot], [busy_one_off], 0.25, NOW) == pytest.approx(0.75)
+    assert policy.deferral_s(one_off, [hot], [busy_one_off], 1.0, NOW) == 0.0  # waited enough
+    assert policy.deferral_s(one_off, [hot], [], 0.0, NOW) == 0.0  # nothing will free up
+    dear = cand("dear", rate=30.0, priority=4.0)
+    assert policy.deferral_s(one_off, [hot], [dear], 0.0, NOW) == 0.0  # no cheaper copy to await
+    same_class = cand("rising", rate=0.5, priority=4.0)
+    assert policy.deferral_s(same_class, [hot], [busy_one_off], 0.0, NOW) == 0.0
+    assert LruPolicy().deferral_s(one_off, [hot], [busy_one_off], 0.0, NOW) == 0.0
