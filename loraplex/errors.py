@@ -115,6 +115,19 @@ class RevisionConflictError(RegistryError):
     """An immutable revision was re-registered with different content."""
 
 
+# --- requests -----------------------------------------------------------------------------------
+
+
+class InvalidRequestError(LoraplexError):
+    """A request field has a value that cannot be served, found where the request is checked
+    (400 naming the field). Raised instead of ``ValueError`` so that a ``ValueError`` from
+    deeper down stays what it is: a bug, answered with a 500 that reveals nothing."""
+
+    def __init__(self, message: str, param: str | None = None) -> None:
+        self.param = param  # the request field at fault; None when it is not one field
+        super().__init__(message)
+
+
 # --- capacity -----------------------------------------------------------------------------------
 
 

@@ -15,8 +15,24 @@ REPO_ROOT = Path(__file__).resolve().parent.parent
 # when the engine runs in its own process).
 TORCH_FREE = ("registry", "artifacts", "residency", "server", "router", "sim")
 # The engine's decision code (the simulator reuses the scheduler).
-_TORCH_FREE_ENGINE = ("protocol", "config", "request", "blocks", "scheduler", "output", "tenancy",
-                      "step", "restart")  # fmt: skip
+_TORCH_FREE_ENGINE = (
+    "protocol",
+    "config",
+    "request",
+    "blocks",
+    "sched",
+    "sched.scheduler",
+    "sched.admission",
+    "sched.fair_order",
+    "sched.stats",
+    "output",
+    "tenant_shares",
+    "step",
+    "restart",
+    "messages",
+    "process_state",
+    "remote_cache",
+)
 TORCH_FREE_MODULES = (
     *(f"loraplex.engine.{name}" for name in _TORCH_FREE_ENGINE),
     "loraplex.runtime.disk_tier",
@@ -40,6 +56,8 @@ def _modules_under(package: str) -> list[str]:
 
 def test_control_plane_never_imports_torch() -> None:
     modules = [m for pkg in TORCH_FREE for m in _modules_under(pkg)] + list(TORCH_FREE_MODULES)
+    missing = [m for m in TORCH_FREE_MODULES if not _importable(m)]
+    assert not missing, f"listed as torch-free but not a module: {missing}"
     modules = [m for m in modules if _importable(m)]
     assert "loraplex.artifacts.identity" in modules
     code = (

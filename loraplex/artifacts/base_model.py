@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -96,6 +97,16 @@ class BaseModelSpec:
             vocab_size=_int_field(config, "vocab_size"),
             digest=digest,
         )
+
+
+def lora_bytes(
+    spec: BaseModelSpec, rank: int, bytes_per_param: int, modules: Sequence[str] = TARGET_MODULES
+) -> int:
+    """Bytes of LoRA pairs of ``rank`` on ``modules`` of every layer: the one slot-bytes formula
+    (the slot pool's capacity per slot, ``loraplex serve``'s byte budgets, the replays' sizes),
+    ``sum_layers sum_modules (d_in + d_out) * rank * bytes_per_param`` (DESIGN.md §2)."""
+    widths = sum(sum(spec.module_shape(module)) for module in modules)
+    return spec.num_layers * widths * rank * bytes_per_param
 
 
 def read_model_config(model_dir: Path) -> dict[str, object]:

@@ -16,11 +16,22 @@ from loraplex.artifacts.base_model import TARGET_MODULES
 from loraplex.artifacts.config_regex import ConfigRegex, check_entry_count, check_field_budget
 from loraplex.errors import AdapterConfigError, UnsupportedAdapterError
 
-_PARSED = frozenset({
-    "peft_type", "task_type", "base_model_name_or_path", "r", "lora_alpha", "use_rslora",
-    "target_modules", "rank_pattern", "alpha_pattern", "layers_to_transform", "layers_pattern",
-    "exclude_modules",
-})  # fmt: skip
+_PARSED = frozenset(
+    {
+        "peft_type",
+        "task_type",
+        "base_model_name_or_path",
+        "r",
+        "lora_alpha",
+        "use_rslora",
+        "target_modules",
+        "rank_pattern",
+        "alpha_pattern",
+        "layers_to_transform",
+        "layers_pattern",
+        "exclude_modules",
+    }
+)
 # Features with one value loraplex supports: (key, neutral value, what the neutral value means).
 _FEATURE_VALUES: tuple[tuple[str, object, str], ...] = (
     ("fan_in_fan_out", False, "false (Llama linears store weights as (out, in))"),
@@ -30,17 +41,40 @@ _FEATURE_VALUES: tuple[tuple[str, object, str], ...] = (
     ("use_qalora", False, "false (QA-LoRA is not supported)"),
 )
 # Features that must be absent, null, false or empty.
-_OFF_FEATURES = frozenset({
-    "modules_to_save", "target_parameters", "trainable_token_indices", "layer_replication",
-    "megatron_config", "alora_invocation_tokens", "use_bdlora", "arrow_config", "kasa_config",
-    "velora_config", "monteclora_config",
-})  # fmt: skip
+_OFF_FEATURES = frozenset(
+    {
+        "modules_to_save",
+        "target_parameters",
+        "trainable_token_indices",
+        "layer_replication",
+        "megatron_config",
+        "alora_invocation_tokens",
+        "use_bdlora",
+        "arrow_config",
+        "kasa_config",
+        "velora_config",
+        "monteclora_config",
+    }
+)
 # Training, initialisation and bookkeeping options that do not change the saved weights' meaning.
-_IGNORED = frozenset({
-    "auto_mapping", "peft_version", "revision", "inference_mode", "lora_dropout",
-    "init_lora_weights", "loftq_config", "eva_config", "corda_config", "lora_ga_config",
-    "qalora_group_size", "runtime_config", "megatron_core", "ensure_weight_tying",
-})  # fmt: skip
+_IGNORED = frozenset(
+    {
+        "auto_mapping",
+        "peft_version",
+        "revision",
+        "inference_mode",
+        "lora_dropout",
+        "init_lora_weights",
+        "loftq_config",
+        "eva_config",
+        "corda_config",
+        "lora_ga_config",
+        "qalora_group_size",
+        "runtime_config",
+        "megatron_core",
+        "ensure_weight_tying",
+    }
+)
 # init_lora_weights values that leave the base weights untouched. PiSSA, OLoRA, CorDA, LoftQ and
 # LoRA-GA rewrite the base weights at init, so their adapters only work on that modified base.
 _SAFE_INITS: tuple[object, ...] = (True, False, "gaussian", "eva", "orthogonal")

@@ -54,10 +54,11 @@ class ConfigRegex:
             raise AdapterConfigError(field, pattern, "a regular expression string")
         if len(pattern) > MAX_PATTERN_CHARS:
             raise AdapterConfigError(
-                field, pattern,
+                field,
+                pattern,
                 f"a regular expression of at most {MAX_PATTERN_CHARS} characters "
                 f"(it has {len(pattern)})",
-            )  # fmt: skip
+            )
         full = template.replace("{}", pattern)
         try:
             re.compile(full)
@@ -72,20 +73,22 @@ class ConfigRegex:
         except re2.error as exc:
             reason = exc.args[0].decode() if exc.args and isinstance(exc.args[0], bytes) else exc
             raise AdapterConfigError(
-                field, pattern,
+                field,
+                pattern,
                 f"a valid regular expression that RE2 can match in linear time ({reason}; "
                 "backreferences, lookarounds, atomic groups, possessive quantifiers and \\Z "
                 "are not supported)",
-            ) from exc  # fmt: skip
+            ) from exc
         self.field = field  # the config field it came from
         self.pattern = pattern  # as written in the config
         self.program_size: int = self._regexp.programsize  # RE2 instructions
         if self.program_size > MAX_PROGRAM_SIZE:
             raise AdapterConfigError(
-                field, pattern,
+                field,
+                pattern,
                 f"a regular expression of at most {MAX_PROGRAM_SIZE} RE2 instructions "
                 f"(it compiles to {self.program_size}; large counted repetitions blow it up)",
-            )  # fmt: skip
+            )
 
     def fullmatch(self, text: str) -> bool:
         """Like ``re.fullmatch(pattern, text) is not None``."""
@@ -107,9 +110,10 @@ def check_field_budget(field: str, patterns: list[ConfigRegex]) -> None:
     total = sum(p.program_size for p in patterns)
     if total > MAX_FIELD_PROGRAM_SIZE:
         raise AdapterConfigError(
-            field, f"{len(patterns)} patterns of {total} RE2 instructions in all",
+            field,
+            f"{len(patterns)} patterns of {total} RE2 instructions in all",
             f"at most {MAX_FIELD_PROGRAM_SIZE} RE2 instructions over the field's patterns",
-        )  # fmt: skip
+        )
 
 
 def check_entry_count(field: str, value: Sized) -> None:

@@ -73,14 +73,3 @@ class AdapterKey:
             f"{self.tenant}/{self.name}@{self.revision}"
             f"#{self.adapter_digest}~{self.base_digest}~v{self.compat_version}"
         )
-
-    @classmethod
-    def parse(cls, text: str) -> AdapterKey:
-        """Inverse of ``str(key)``."""
-        match = re.fullmatch(r"([^/]+)/([^@]+)@([^#]+)#([0-9a-f]{64})~([0-9a-f]{64})~v(\d+)", text)
-        if match is None:
-            raise ValueError(
-                f"adapter key {text!r} is invalid; expected tenant/name@revision#digest~base~vN"
-            )
-        tenant, name, revision, adapter_digest, base_digest, compat = match.groups()
-        return cls(base_digest, tenant, name, revision, adapter_digest, int(compat))

@@ -22,6 +22,7 @@ from loraplex.artifacts.safetensors_header import (
     parse_safetensors_header,
 )
 from loraplex.artifacts.tensor_values import HashingReader, check_finite
+from loraplex.dtypes import SAFETENSORS_CODES, bytes_per_element
 from loraplex.errors import (
     AdapterConfigError,
     BaseModelMismatchError,
@@ -34,12 +35,6 @@ from loraplex.errors import (
 WEIGHTS_FILE = "adapter_model.safetensors"
 # Formats that deserialize with pickle and so can run code when loaded: never opened.
 UNSAFE_SUFFIXES = frozenset({".bin", ".pt", ".pth", ".pkl", ".pickle", ".ckpt"})
-# Accepted safetensors dtypes -> (dtype name used across loraplex, bytes per parameter).
-ADAPTER_DTYPES: dict[str, tuple[str, int]] = {
-    "F32": ("float32", 4),
-    "F16": ("float16", 2),
-    "BF16": ("bfloat16", 2),
-}
 _TENSOR_NAME = re.compile(
     r"base_model\.model\.model\.layers\.(0|[1-9]\d*)\.(self_attn|mlp)\.(\w+)\.lora_(A|B)\.weight"
 )
@@ -115,7 +110,7 @@ def validate_adapter_dir(
         tensors = _match_tensors(header, modules)
         _scan_values(reader, header)
     dtype = tensors[0].dtype
-    bytes_per_param = next(size for name, size in ADAPTER_DTYPES.values() if name == dtype)
+    bytes_per_param = bytes_per_element(dtype)
     return ValidatedAdapter(
         path=adapter_dir,
         spec=spec,
@@ -163,10 +158,11 @@ def injected_modules(spec: LoraSpec, base: BaseModelSpec) -> tuple[InjectedModul
                 modules.append(InjectedModule(layer, module, rank, scale, d_in, d_out))
     if not modules:
         raise AdapterConfigError(
-            "target_modules", spec.target_modules,
+            "target_modules",
+            spec.target_modules,
             f"to match at least one of {', '.join(TARGET_MODULES)} in layers "
             f"0..{base.num_layers - 1} of {base.name!r}",
-        )  # fmt: skip
+        )
     return tuple(modules)
 
 
@@ -243,10 +239,10 @@ def _tensor(
     kind: str,
     first_dtype: str,
 ) -> AdapterTensor:
-    if entry.dtype not in ADAPTER_DTYPES:
+    if entry.dtype not in SAFETENSORS_CODES:
         raise TensorValidationError(
             f"tensor {entry.name!r}: dtype {entry.dtype}; expected one of "
-            f"{', '.join(ADAPTER_DTYPES)}"
+            f"{', '.join(SAFETENSORS_CODES)}"
         )
     if entry.dtype != first_dtype:
         raise TensorValidationError(
@@ -265,7 +261,7 @@ def _tensor(
         module=module.module,
         kind=kind,
         shape=shape,
-        dtype=ADAPTER_DTYPES[entry.dtype][0],
+        dtype=SAFETENSORS_CODES[entry.dtype],
         file_offset=header.absolute_offset(entry),
         num_bytes=entry.num_bytes,
     )

@@ -20,13 +20,15 @@ from loraplex.artifacts.base_model import BaseModelSpec
 from loraplex.artifacts.identity import AdapterKey, sha256_file
 from loraplex.artifacts.store import LocalArtifactStore
 from loraplex.artifacts.validate import validate_adapter_dir
-from loraplex.bench.replay import ReplayResult, SimExecutor, StageCosts, footprints_for, replay
+from loraplex.bench.cache_baselines import PeftLoader, raw_read
+from loraplex.bench.replay import ReplayResult, footprints_for, replay
 from loraplex.bench.workloads import ScenarioParams, generate
 from loraplex.clock import ManualClock
 from loraplex.model.lora import LoraSlotPool
-from loraplex.residency.cache.tiered_cache import CacheConfig, TieredAdapterCache
+from loraplex.residency.cache import CacheConfig, SimExecutor, TieredAdapterCache
 from loraplex.residency.ledger import Tier, TierBudget
 from loraplex.residency.policy import make_policy
+from loraplex.residency.simulated import StageCosts
 from loraplex.residency.stats import Stage, percentile
 from loraplex.runtime.tier_backends import ArtifactRef, DiskTier, TierPipeline
 
@@ -79,14 +81,14 @@ def _measure_preset(
     with tempfile.TemporaryDirectory() as tmp:
         rig = _Rig(Path(tmp), base, max_rank)
         keys = [rig.register(d, i) for i, d in enumerate(dirs)]
-        peft = _PeftLoader(assets.base_model_dir, dirs[0]) if config.peft else None
+        peft = PeftLoader(assets.base_model_dir, dirs[0]) if config.peft else None
         out: dict[str, list[float]] = {c: [] for c in TIER_COLUMNS}
         for _ in range(config.reps):
             for key, path in zip(keys, dirs, strict=True):
                 out["l3"].append(rig.load_from(key, Tier.L3))
                 out["l2"].append(rig.load_from(key, Tier.L2))
                 out["l1"].append(rig.load_from(key, Tier.L1))
-                out["raw"].append(_raw_read(path / "adapter_model.safetensors"))
+                out["raw"].append(raw_read(path / "adapter_model.safetensors"))
                 out["copy"].append(rig.plain_copy(key))
                 if peft is not None:
                     out["peft"].append(peft.load(path))
@@ -166,38 +168,6 @@ class _Rig:
         }
 
 
-def _raw_read(path: Path) -> float:
-    """sha256 of the file plus a safetensors read whose tensors are actually touched."""
-    from safetensors.torch import load_file
-
-    start = time.perf_counter()
-    sha256_file(path)
-    for tensor in load_file(str(path)).values():
-        tensor.clone()
-    return time.perf_counter() - start
-
-
-class _PeftLoader:
-    """PEFT's load_adapter on the same base model, the baseline being compared against."""
-
-    def __init__(self, model_dir: Path, first_adapter: Path) -> None:
-        from peft import PeftModel
-        from transformers import AutoModelForCausalLM
-
-        model = AutoModelForCausalLM.from_pretrained(str(model_dir), dtype=torch.float32)
-        self.model = PeftModel.from_pretrained(model, str(first_adapter), adapter_name="first")
-        self.count = 0
-
-    def load(self, adapter_dir: Path) -> float:
-        self.count += 1
-        name = f"bench{self.count}"
-        start = time.perf_counter()
-        self.model.load_adapter(str(adapter_dir), adapter_name=name)
-        elapsed = time.perf_counter() - start
-        self.model.delete_adapter(name)
-        return elapsed
-
-
 # --- replays -----------------------------------------------------------------------------------
 
 
@@ -255,9 +225,9 @@ def _result(
     first = config.presets[0]
     burst = replays["hot-burst"]
     lru_reloads, ca_reloads = burst["lru"].total_reloads, burst["cost_aware"].total_reloads
-    metrics = {
+    metrics: dict[str, float | None] = {
         "l2_load_over_raw": med(first, "l2") / med(first, "raw"),
-        "l2_load_speedup_vs_peft": med(first, "peft") / med(first, "l2") if config.peft else 0.0,
+        "l2_load_speedup_vs_peft": med(first, "peft") / med(first, "l2") if config.peft else None,
         "l1_to_l0_over_copy": med(first, "l1") / med(first, "copy"),
         "hot_burst_hot_l0_hit_ratio": burst["cost_aware"].tenant_windows["prio"]["during"],
         "hot_burst_hot_l0_hit_ratio_after": burst["cost_aware"].tenant_windows["prio"]["after"],
@@ -287,7 +257,7 @@ def _result(
             "rate": config.rate,
         },
         "seed": config.seed,
-        "metrics": {k: round(v, 4) for k, v in metrics.items()},
+        "metrics": {k: None if v is None else round(v, 4) for k, v in metrics.items()},
         "latency": latency,
         "stage_costs": vars(costs),
         "replays": {n: {p: _replay_row(r) for p, r in pols.items()} for n, pols in replays.items()},

@@ -38,14 +38,20 @@ def run_execution_bench(
             rows.extend(matrix_rows(config, space, cases))
     return {
         "name": "execution",
-        "config": {"preset": config.preset, "dtypes": list(config.dtypes),
-                   "context_tokens": config.context_tokens, "rounds": config.rounds,
-                   "calls_per_round": config.calls_per_round, "matrix": config.matrix,
-                   "peft": config.peft, "threads": torch.get_num_threads()},
+        "config": {
+            "preset": config.preset,
+            "dtypes": list(config.dtypes),
+            "context_tokens": config.context_tokens,
+            "rounds": config.rounds,
+            "calls_per_round": config.calls_per_round,
+            "matrix": config.matrix,
+            "peft": config.peft,
+            "threads": torch.get_num_threads(),
+        },
         "seed": config.seed,
         "metrics": metrics,
         "rows": rows,
-    }  # fmt: skip
+    }
 
 
 def _matrix_cases(config: ExecutionBenchConfig) -> list[Case]:

@@ -26,8 +26,9 @@ def headline(
     config: ExecutionBenchConfig, space: Workspace, dtype_name: str
 ) -> tuple[dict[str, float], list[dict[str, object]]]:
     """Batch 16, 16 distinct S2 adapters: every variant interleaved, decode then prefill 64."""
-    runner = LoraplexRunner(space.model_dir, DTYPES[dtype_name], HEADLINE_ADAPTERS,
-                            config.context_tokens + 64)  # fmt: skip
+    runner = LoraplexRunner(
+        space.model_dir, DTYPES[dtype_name], HEADLINE_ADAPTERS, config.context_tokens + 64
+    )
     dirs = space.adapters["S2"][:HEADLINE_ADAPTERS]
     weights = [runner.weights(d, MAX_RANK) for d in dirs]
     pools = {name: runner.pool(weights, backend, MAX_RANK) for name, backend in FORCED.items()}
@@ -85,11 +86,18 @@ def _rows(
 ) -> list[dict[str, object]]:
     tokens = shape.batch_size * shape.tokens_per_seq
     return [
-        {"section": section, "dtype": dtype_name, "step": step, "variant": name,
-         "batch_size": shape.batch_size, "tokens_per_s": round(tokens / s, 1),
-         "over_base": round(seconds["base"] / s, 3), **(extra or {})}
+        {
+            "section": section,
+            "dtype": dtype_name,
+            "step": step,
+            "variant": name,
+            "batch_size": shape.batch_size,
+            "tokens_per_s": round(tokens / s, 1),
+            "over_base": round(seconds["base"] / s, 3),
+            **(extra or {}),
+        }
         for name, s in seconds.items()
-    ]  # fmt: skip
+    ]
 
 
 def matrix_rows(
@@ -98,8 +106,12 @@ def matrix_rows(
     """float32 base / single / mixed for every case, with the bytes-moved floor."""
     num_adapters = len(space.adapters["S2"])
     max_batch = max(c.shape(config.context_tokens).batch_size for c in cases)
-    runner = LoraplexRunner(space.model_dir, DTYPES["float32"], max(max_batch, num_adapters),
-                            config.context_tokens + 512)  # fmt: skip
+    runner = LoraplexRunner(
+        space.model_dir,
+        DTYPES["float32"],
+        max(max_batch, num_adapters),
+        config.context_tokens + 512,
+    )
     weights = {
         mix: [runner.weights(d, MAX_RANK) for d in dirs] for mix, dirs in space.adapters.items()
     }
@@ -116,14 +128,19 @@ def matrix_rows(
         }
         heavy = shape.batch_size * shape.tokens_per_seq >= 2048
         rounds = max(2, config.rounds // 4) if heavy else config.rounds
-        seconds = interleaved_medians(variants, rounds=rounds,
-                                      calls_per_round=1 if heavy else config.calls_per_round,
-                                      warmup_calls=1 if heavy else 3)  # fmt: skip
+        seconds = interleaved_medians(
+            variants,
+            rounds=rounds,
+            calls_per_round=1 if heavy else config.calls_per_round,
+            warmup_calls=1 if heavy else 3,
+        )
         used = adapter_bytes(weights[case.mix], slots)
         extra: dict[str, object] = {
-            "active": case.active, "mix": case.mix, "popularity": case.popularity,
+            "active": case.active,
+            "mix": case.mix,
+            "popularity": case.popularity,
             "distinct_in_batch": len(set(slots)),
             "bytes_floor": round(base_bytes / (base_bytes + used), 3),
-        }  # fmt: skip
+        }
         rows.extend(_rows("matrix", "float32", case.tokens, seconds, shape=shape, extra=extra))
     return rows

@@ -150,8 +150,7 @@ class PeftRunner:
     def _forward(
         self, ids: torch.Tensor, names: list[str] | None, cache: Any, *, use_cache: bool
     ) -> object:
-        kwargs = {"input_ids": ids, "cache": cache, "use_cache": use_cache,
-                  "logits_to_keep": 1}  # fmt: skip
+        kwargs = {"input_ids": ids, "cache": cache, "use_cache": use_cache, "logits_to_keep": 1}
         if names is None:
             with self.model.disable_adapter():
                 return self.model(**kwargs).logits

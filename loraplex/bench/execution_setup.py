@@ -12,17 +12,16 @@ import random
 from dataclasses import dataclass, field
 from pathlib import Path
 
-import torch
-
 from loraplex.bench.adapters import S2_RANKS, write_random_adapter, write_random_base
 from loraplex.bench.execution_runners import StepShape
+from loraplex.dtypes import torch_dtype
 from loraplex.model.adapter_weights import AdapterWeights
 
 ATTENTION = ("q_proj", "k_proj", "v_proj", "o_proj")
 RANK_MIXES = {"all-8": (8,), "S2": S2_RANKS, "all-64": (64,)}
 POPULARITY = ("identical", "distinct", "uniform", "zipf", "geometric")
 TOKENS = {"decode": 1, "prefill-64": 64, "prefill-512": 512}
-DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
+DTYPES = {name: torch_dtype(name) for name in ("float32", "bfloat16")}  # the CPU-runnable ones
 MAX_RANK = 64
 
 

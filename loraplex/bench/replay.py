@@ -1,161 +1,31 @@
 """Cache-only replay: a trace against the real TieredAdapterCache in simulated time.
 
 Torch-free. The cache's own code decides everything (tier order, policy, budgets, single
-flight, deadlines); only the executor and the pipeline are simulated: ``SimExecutor`` orders
-phases and timers deterministically by (time, sequence) on a ManualClock, and
-``SimulatedPipeline`` charges each stage the cost measured for it (``StageCosts``), moving no
-bytes. Each request holds its lease for ``output_tokens * tpot_s``.
+flight, deadlines); only the executor and the pipeline are simulated (both live in
+``loraplex.residency``): ``SimExecutor`` orders phases and timers deterministically by (time,
+sequence) on a ManualClock, and ``SimulatedPipeline`` charges each stage the cost measured for
+it (``StageCosts``), moving no bytes. Each request holds its lease for
+``output_tokens * tpot_s``.
 """
 
 from __future__ import annotations
 
 import hashlib
-import heapq
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any, TypeVar
+from typing import Any
 
-from loraplex.artifacts.base_model import BaseModelSpec
+from loraplex.artifacts.base_model import BaseModelSpec, lora_bytes
 from loraplex.artifacts.identity import AdapterKey
 from loraplex.bench.workloads import TraceAdapter, Workload
 from loraplex.clock import ManualClock
-from loraplex.residency.cache.jobs import Lease
-from loraplex.residency.cache.tiered_cache import CacheConfig, TieredAdapterCache
+from loraplex.residency.cache import CacheConfig, Lease, SimExecutor, TieredAdapterCache
 from loraplex.residency.ledger import Tier
-from loraplex.residency.pipeline import (
-    CancelToken,
-    Footprint,
-    Move,
-    Prepared,
-    RecoveredCopy,
-    Resolved,
-)
+from loraplex.residency.pipeline import Footprint
 from loraplex.residency.policy import EvictionPolicy
-from loraplex.residency.stats import Stage
+from loraplex.residency.simulated import SimulatedPipeline, StageCosts
 
-T = TypeVar("T")
 _BASE_DIGEST = hashlib.sha256(b"replay-base").hexdigest()
-
-
-class _Timer:
-    def __init__(self) -> None:
-        self.cancelled = False
-
-    def cancel(self) -> None:
-        self.cancelled = True
-
-
-class SimExecutor:
-    """Discrete-event executor: a phase's result is computed at once and delivered after the
-    simulated duration it reports; ties break by submission order (deterministic)."""
-
-    def __init__(self, clock: ManualClock) -> None:
-        self.clock = clock
-        self._events: list[tuple[float, int, Callable[[], None], _Timer]] = []
-        self._seq = 0
-
-    def run(self, work: Callable[[], T], done: Callable[[T | BaseException], None]) -> None:
-        try:
-            result: T | BaseException = work()
-        except Exception as error:
-            result = error
-        delay = _duration(result)
-        self._push(self.clock.now() + delay, lambda: done(result), _Timer())
-
-    def call_at(self, when_s: float, fn: Callable[[], None]) -> _Timer:
-        timer = _Timer()
-        self._push(when_s, fn, timer)
-        return timer
-
-    def run_until(self, t_s: float) -> None:
-        """Delivers every event due at or before ``t_s``, then sets the clock to ``t_s``."""
-        while self._events and self._events[0][0] <= t_s:
-            when, _, fn, timer = heapq.heappop(self._events)
-            self.clock.advance(max(0.0, when - self.clock.now()))
-            if not timer.cancelled:
-                fn()
-        self.clock.advance(max(0.0, t_s - self.clock.now()))
-
-    def step(self) -> bool:
-        """Delivers the next event alone; False when none is left."""
-        if not self._events:
-            return False
-        self.run_until(self._events[0][0])
-        return True
-
-    def drain(self) -> None:
-        while self._events:
-            self.run_until(self._events[0][0])
-
-    def _push(self, when_s: float, fn: Callable[[], None], timer: _Timer) -> None:
-        self._seq += 1
-        heapq.heappush(self._events, (max(when_s, self.clock.now()), self._seq, fn, timer))
-
-
-def _duration(result: object) -> float:
-    if isinstance(result, Resolved | Prepared):
-        return sum(result.seconds.values())
-    if isinstance(result, dict):
-        return float(sum(result.values()))
-    return 0.0
-
-
-@dataclass(frozen=True)
-class StageCosts:
-    """Per-stage costs: fixed seconds plus bytes over a bandwidth (from measurements)."""
-
-    resolve_s: float = 0.0005  # key -> location
-    fetch_bytes_per_s: float = 1e8  # L3 -> quarantine
-    verify_bytes_per_s: float = 1e9  # digest + tensor validation
-    commit_s: float = 0.0002  # rename into L2
-    read_bytes_per_s: float = 5e8  # L2 -> L1 parse
-    copy_bytes_per_s: float = 5e9  # L1 -> L0
-    per_move_s: float = 0.0005  # fixed overhead of every move
-
-
-class SimulatedPipeline:
-    """A LoadPipeline that moves no bytes and reports each stage's modelled duration."""
-
-    def __init__(self, footprints: Mapping[AdapterKey, Footprint], costs: StageCosts) -> None:
-        self.footprints = footprints
-        self.costs = costs
-
-    def resolve(self, key: AdapterKey, cancel: CancelToken) -> Resolved:
-        cancel.check(Stage.RESOLVE)
-        return Resolved(self.footprints[key], {Stage.RESOLVE: self.costs.resolve_s})
-
-    def prepare(self, move: Move, cancel: CancelToken) -> Prepared:
-        c, fp = self.costs, self.footprints[move.key]
-        if move.target is Tier.L2:
-            cancel.check(Stage.FETCH)
-            fetch = c.per_move_s + fp.disk_bytes / c.fetch_bytes_per_s
-            return Prepared(
-                None, {Stage.FETCH: fetch, Stage.VERIFY: fp.disk_bytes / c.verify_bytes_per_s}
-            )
-        if move.target is Tier.L1:
-            cancel.check(Stage.READ)
-            return Prepared(None, {Stage.READ: c.per_move_s + fp.disk_bytes / c.read_bytes_per_s})
-        return Prepared(None, {})
-
-    def install(
-        self, move: Move, prepared: Prepared, slot: int | None, cancel: CancelToken
-    ) -> dict[Stage, float]:
-        c, fp = self.costs, self.footprints[move.key]
-        if move.target is Tier.L2:
-            return {Stage.COMMIT: c.commit_s}
-        if move.target is Tier.L0:
-            cancel.check(Stage.COPY)
-            return {Stage.COPY: c.per_move_s + fp.memory_bytes / c.copy_bytes_per_s}
-        return {}
-
-    def discard(self, move: Move, prepared: Prepared) -> None:
-        return None
-
-    def drop(self, tier: Tier, key: AdapterKey, slot: int | None) -> None:
-        return None
-
-    def recover(self) -> list[RecoveredCopy]:
-        return []
 
 
 def adapter_key(adapter: TraceAdapter) -> AdapterKey:
@@ -164,23 +34,15 @@ def adapter_key(adapter: TraceAdapter) -> AdapterKey:
     return AdapterKey(_BASE_DIGEST, adapter.tenant, adapter.name, "r1", digest)
 
 
-def adapter_bytes(
-    spec: BaseModelSpec, rank: int, targets: Sequence[str], bytes_per_param: int
-) -> int:
-    """sum over layers and targets of (d_in + d_out) * rank * bytes_per_param."""
-    per_layer = sum(sum(spec.module_shape(m)) for m in targets)
-    return spec.num_layers * per_layer * rank * bytes_per_param
-
-
 def footprints_for(
     adapters: Sequence[TraceAdapter], spec: BaseModelSpec, slot_rank: int, bytes_per_param: int
 ) -> dict[AdapterKey, Footprint]:
     from loraplex.bench.workloads import ALL_TARGETS
 
-    slot = adapter_bytes(spec, slot_rank, ALL_TARGETS, bytes_per_param)
+    slot = lora_bytes(spec, slot_rank, bytes_per_param, ALL_TARGETS)
     result = {}
     for a in adapters:
-        size = adapter_bytes(spec, a.rank, a.targets, bytes_per_param)
+        size = lora_bytes(spec, a.rank, bytes_per_param, a.targets)
         result[adapter_key(a)] = Footprint(slot_bytes=slot, memory_bytes=size, disk_bytes=size)
     return result
 

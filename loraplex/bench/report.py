@@ -39,10 +39,22 @@ def execution_markdown(result: dict[str, object], plot_name: str | None) -> str:
     if matrix:
         parts += [
             "## Qualification matrix (float32; one axis varied around the defaults)",
-            markdown_table(matrix, ["step", "active", "mix", "popularity", "batch_size",
-                                    "distinct_in_batch", "variant", "tokens_per_s", "over_base",
-                                    "bytes_floor"]),
-        ]  # fmt: skip
+            markdown_table(
+                matrix,
+                [
+                    "step",
+                    "active",
+                    "mix",
+                    "popularity",
+                    "batch_size",
+                    "distinct_in_batch",
+                    "variant",
+                    "tokens_per_s",
+                    "over_base",
+                    "bytes_floor",
+                ],
+            ),
+        ]
     if plot_name:
         parts.append(f"![mixed over base]({plot_name})")
     return "\n\n".join(parts) + "\n"
@@ -72,8 +84,12 @@ def execution_plot(result: dict[str, object], path: Path) -> None:
     floor = result["metrics"].get("bytes_floor") if isinstance(result["metrics"], dict) else None
     if isinstance(floor, float):
         ax.axhline(floor, color="grey", linestyle="--", label="bytes-moved floor")
-    ax.set_xticks([j + width * (len(dtypes) - 1) / 2 for j in range(len(variants))], variants,
-                  rotation=30, ha="right")  # fmt: skip
+    ax.set_xticks(
+        [j + width * (len(dtypes) - 1) / 2 for j in range(len(variants))],
+        variants,
+        rotation=30,
+        ha="right",
+    )
     ax.set_ylabel("decode tokens/s over loraplex base")
     ax.set_title("batch 16, 16 distinct S2 adapters")
     ax.legend()

@@ -58,8 +58,14 @@ class AdversarialConfig:
     regex_depth: int = 20  # the regex adapter's backtracking: about 2**depth steps per module
 
     def __post_init__(self) -> None:
-        for name in ("attack_rate", "attack_max_in_flight", "rounds", "prompt_bytes",
-                     "header_bytes", "regex_depth"):  # fmt: skip
+        for name in (
+            "attack_rate",
+            "attack_max_in_flight",
+            "rounds",
+            "prompt_bytes",
+            "header_bytes",
+            "regex_depth",
+        ):
             if not getattr(self, name) > 0:
                 raise ValueError(f"{name} {getattr(self, name)} is invalid; expected > 0")
 
@@ -112,17 +118,25 @@ def run_adversarial(
 
     base = BaseModelSpec.from_dir(fleet.model_dir)
     hostile = write_pathological_adapters(
-        base, fleet.model_dir, root / "attack-files",
-        header_bytes=config.header_bytes, regex_depth=config.regex_depth,
-    )  # fmt: skip
+        base,
+        fleet.model_dir,
+        root / "attack-files",
+        header_bytes=config.header_bytes,
+        regex_depth=config.regex_depth,
+    )
     shared = _Shared(fleet, options, workload, drive, hostile)
     runs: list[AdversarialRun] = []
     for planned in run_order(config.rounds):
         plan = AttackPlan(
-            workload.duration_s, config.attack_rate, config.attack_max_in_flight,
-            config.prompt_bytes, f"attack{planned.round_index}", drive.request_timeout_s,
-            drive.vocab_size, drive.seed,
-        )  # fmt: skip
+            workload.duration_s,
+            config.attack_rate,
+            config.attack_max_in_flight,
+            config.prompt_bytes,
+            f"attack{planned.round_index}",
+            drive.request_timeout_s,
+            drive.vocab_size,
+            drive.seed,
+        )
         data_dir = root / f"run-{len(runs)}"
         runs.append(_run(shared, data_dir, planned.name, plan if planned.attacked else None))
     return runs
@@ -164,8 +178,7 @@ def _run(shared: _Shared, data_dir: Path, name: str, plan: AttackPlan | None) ->
             return records, view, attacks
 
         records, view, attacks = asyncio.run(both())
-    return AdversarialRun(name, plan is not None, tuple(records), view, tuple(attacks),
-                          tuple(rtts))  # fmt: skip
+    return AdversarialRun(name, plan is not None, tuple(records), view, tuple(attacks), tuple(rtts))
 
 
 def keepalive_rtts(url: str, key: str, count: int) -> list[float]:

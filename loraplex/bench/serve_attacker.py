@@ -77,8 +77,14 @@ class AttackPlan:
     seed: int  # prompt contents
 
     def __post_init__(self) -> None:
-        for name in ("duration_s", "rate", "max_in_flight", "prompt_bytes", "timeout_s",
-                     "vocab_size"):  # fmt: skip
+        for name in (
+            "duration_s",
+            "rate",
+            "max_in_flight",
+            "prompt_bytes",
+            "timeout_s",
+            "vocab_size",
+        ):
             if not getattr(self, name) > 0:
                 raise ValueError(f"{name} {getattr(self, name)} is invalid; expected > 0")
 
@@ -113,9 +119,13 @@ def schedule(plan: AttackPlan, adapters: tuple[PathologicalAdapter, ...]) -> lis
     ok = {"model": ATTACKER_ADAPTER, "max_tokens": _MAX_TOKENS}
     oversized = (  # encoded once each: a multi-MB prompt is not re-encoded per request
         _request("oversized-prompt", "text", "/v1/completions", {**ok, "prompt": text}),
-        _request("oversized-prompt", "chat", "/v1/chat/completions",
-                 {**ok, "messages": [{"role": "user", "content": text}]}),
-    )  # fmt: skip
+        _request(
+            "oversized-prompt",
+            "chat",
+            "/v1/chat/completions",
+            {**ok, "messages": [{"role": "user", "content": text}]},
+        ),
+    )
     out = []
     for index in range(math.ceil(plan.duration_s * plan.rate - 1e-9)):
         kind, turn = KINDS[index % len(KINDS)], index // len(KINDS)
@@ -274,10 +284,12 @@ def _upload(
             (adapter.path / WEIGHTS_FILE).open("rb") as weights,
         ):
             reply = httpx.post(
-                f"{url}/admin/adapters/upload", data=form,
+                f"{url}/admin/adapters/upload",
+                data=form,
                 files={"config": config, "weights": weights},
-                headers={"Authorization": f"Bearer {admin_key}"}, timeout=plan.timeout_s,
-            )  # fmt: skip
+                headers={"Authorization": f"Bearer {admin_key}"},
+                timeout=plan.timeout_s,
+            )
     except httpx.TimeoutException:
         return 0, "timeout"
     except httpx.HTTPError as exc:

@@ -182,11 +182,15 @@ async def send_one(
     config: DriveConfig,
 ) -> RequestRecord:
     body = {
-        "model": request.adapter, "prompt": ids, "max_tokens": request.output_tokens,
-        "temperature": 0, "stream": True, "stream_options": {"include_usage": True},
+        "model": request.adapter,
+        "prompt": ids,
+        "max_tokens": request.output_tokens,
+        "temperature": 0,
+        "stream": True,
+        "stream_options": {"include_usage": True},
         # vLLM's extension; until the server honours it, EOS may end a response early.
         "ignore_eos": True,
-    }  # fmt: skip
+    }
     stream, status = _Stream(), 0
     try:
         status = await asyncio.wait_for(_send(url, key, body, stream), config.request_timeout_s)
@@ -200,9 +204,17 @@ async def send_one(
         tpot = (stream.last_s - stream.first_s) / (stream.tokens - 1)
     reported = stream.tier if stream.tier in TIERS else None
     return RequestRecord(
-        arrival, request.tenant, request.adapter, reported or tier, status, ttft, tpot,
-        stream.tokens, stream.revision, stream.error,
-    )  # fmt: skip
+        arrival,
+        request.tenant,
+        request.adapter,
+        reported or tier,
+        status,
+        ttft,
+        tpot,
+        stream.tokens,
+        stream.revision,
+        stream.error,
+    )
 
 
 async def replay_over_http(
@@ -233,9 +245,14 @@ async def replay_over_http(
             tier = view.tier_of(request.tenant, request.adapter, REVISION)
             async with gates[request.tenant]:
                 record = await send_one(
-                    url, request, key=keys[request.tenant], ids=prompts[index],
-                    arrival=arrival, tier=tier, config=config,
-                )  # fmt: skip
+                    url,
+                    request,
+                    key=keys[request.tenant],
+                    ids=prompts[index],
+                    arrival=arrival,
+                    tier=tier,
+                    config=config,
+                )
             return _relative(record, start)
 
         try:

@@ -100,10 +100,13 @@ def prepare_fleet(
         staging = root / "staging"
         for index, adapter in enumerate(adapters):
             path = write_random_adapter(
-                base, model_dir, staging / f"{index:05d}",
+                base,
+                model_dir,
+                staging / f"{index:05d}",
                 rank=served_rank(adapter, max_lora_rank),
-                target_modules=adapter.targets, seed=seed * 100_003 + index,
-            )  # fmt: skip
+                target_modules=adapter.targets,
+                seed=seed * 100_003 + index,
+            )
             request = RegistrationRequest(path, adapter.tenant, adapter.name, REVISION)
             registry.register(request, ACTOR)
     finally:
@@ -146,13 +149,22 @@ def serve_values(
 ) -> dict[str, object]:
     """The ``[serve]`` settings of one run (ServeConfig field names)."""
     return {
-        "data_dir": str(data_dir), "host": "127.0.0.1", "port": port,
-        "model": str(fleet.model_dir), "demo": False, "admin_key": fleet.admin_key,
-        "policy": options.policy, "max_loras": options.max_loras,
-        "max_lora_rank": fleet.max_lora_rank, "cpu_adapter_bytes": options.cpu_adapter_bytes,
-        "max_num_seqs": options.max_num_seqs, "queue_deadline_s": options.queue_deadline_s,
-        "database_url": fleet.database_url, "store": str(fleet.store), "metrics_public": True,
-    }  # fmt: skip
+        "data_dir": str(data_dir),
+        "host": "127.0.0.1",
+        "port": port,
+        "model": str(fleet.model_dir),
+        "demo": False,
+        "admin_key": fleet.admin_key,
+        "policy": options.policy,
+        "max_loras": options.max_loras,
+        "max_lora_rank": fleet.max_lora_rank,
+        "cpu_adapter_bytes": options.cpu_adapter_bytes,
+        "max_num_seqs": options.max_num_seqs,
+        "queue_deadline_s": options.queue_deadline_s,
+        "database_url": fleet.database_url,
+        "store": str(fleet.store),
+        "metrics_public": True,
+    }
 
 
 def _write_config(fleet: Fleet, data_dir: Path, options: ServerOptions, port: int) -> Path:
@@ -183,9 +195,12 @@ def serving(
     command = [sys.executable, "-c", _SERVE, "serve"]
     log = (data_dir / "server.log").open("wb")
     process = subprocess.Popen(
-        [*command, "--config", str(config)], stdout=log, stderr=subprocess.STDOUT, env=env,
+        [*command, "--config", str(config)],
+        stdout=log,
+        stderr=subprocess.STDOUT,
+        env=env,
         start_new_session=True,
-    )  # fmt: skip
+    )
     url = f"http://127.0.0.1:{port}"
     try:
         _wait_ready(process, url, start_timeout_s, data_dir / "server.log")

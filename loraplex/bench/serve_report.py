@@ -7,10 +7,10 @@ from pathlib import Path
 from typing import Any
 
 from loraplex.bench.report import markdown_table
-from loraplex.bench.serve import RunResult
 from loraplex.bench.serve_driver import TIERS
+from loraplex.bench.serve_summary import RunResult
 
-_SCALARS = (int, float, str)
+_SCALARS = (int, float, str, type(None))  # None: undefined (no data), shown as such
 
 
 def serve_json_line(result: dict[str, Any]) -> str:
@@ -41,22 +41,51 @@ def serve_markdown(result: dict[str, Any], cdf_png: str, hits_png: str) -> str:
     return "\n\n".join(parts) + "\n"
 
 
-_RUN_COLUMNS = ["run", "requests", "completed", "statuses", "arrival_L0", "arrival_L3", "hit_L0",
-                "hit_L1", "hit_L2", "hit_L3", "thrash", "ttft_p50", "ttft_p99"]  # fmt: skip
-_GROUP_COLUMNS = ["run", "group", "n", "in_L0", "ttft_p50", "ttft_p90", "ttft_p99", "tpot_p50",
-                  "tpot_p99"]  # fmt: skip
+_RUN_COLUMNS = [
+    "run",
+    "requests",
+    "completed",
+    "statuses",
+    "arrival_L0",
+    "arrival_L3",
+    "hit_L0",
+    "hit_L1",
+    "hit_L2",
+    "hit_L3",
+    "thrash",
+    "ttft_p50",
+    "ttft_p99",
+]
+_GROUP_COLUMNS = [
+    "run",
+    "group",
+    "n",
+    "in_L0",
+    "ttft_p50",
+    "ttft_p90",
+    "ttft_p99",
+    "tpot_p50",
+    "tpot_p99",
+]
 
 
 def _run_rows(runs: dict[str, dict[str, Any]]) -> list[dict[str, object]]:
     rows: list[dict[str, object]] = []
     for name, s in runs.items():
-        rows.append({
-            "run": name, "requests": s["requests"], "completed": s["completed"],
-            "statuses": " ".join(f"{k}:{v}" for k, v in sorted(s["statuses"].items())),
-            "arrival_L0": s["tier_at_arrival"]["L0"], "arrival_L3": s["tier_at_arrival"]["L3"],
-            **{f"hit_{t}": s["hit_ratio"][t] for t in TIERS}, "thrash": s["thrash_ratio"],
-            "ttft_p50": s["ttft_ms"]["p50"], "ttft_p99": s["ttft_ms"]["p99"],
-        })  # fmt: skip
+        rows.append(
+            {
+                "run": name,
+                "requests": s["requests"],
+                "completed": s["completed"],
+                "statuses": " ".join(f"{k}:{v}" for k, v in sorted(s["statuses"].items())),
+                "arrival_L0": s["tier_at_arrival"]["L0"],
+                "arrival_L3": s["tier_at_arrival"]["L3"],
+                **{f"hit_{t}": s["hit_ratio"][t] for t in TIERS},
+                "thrash": s["thrash_ratio"],
+                "ttft_p50": s["ttft_ms"]["p50"],
+                "ttft_p99": s["ttft_ms"]["p99"],
+            }
+        )
     return rows
 
 
@@ -65,12 +94,19 @@ def _group_rows(runs: dict[str, dict[str, Any]], key: str) -> list[dict[str, obj
     for name, s in runs.items():
         for group, q in s[key].items():
             ttft, tpot = q["ttft_ms"], q["tpot_ms"]
-            rows.append({
-                "run": name, "group": group, "n": ttft["n"],
-                "in_L0": q["tier_at_arrival"]["L0"], "ttft_p50": ttft["p50"],
-                "ttft_p90": ttft["p90"], "ttft_p99": ttft["p99"], "tpot_p50": tpot["p50"],
-                "tpot_p99": tpot["p99"],
-            })  # fmt: skip
+            rows.append(
+                {
+                    "run": name,
+                    "group": group,
+                    "n": ttft["n"],
+                    "in_L0": q["tier_at_arrival"]["L0"],
+                    "ttft_p50": ttft["p50"],
+                    "ttft_p90": ttft["p90"],
+                    "ttft_p99": ttft["p99"],
+                    "tpot_p50": tpot["p50"],
+                    "tpot_p99": tpot["p99"],
+                }
+            )
     return rows
 
 
@@ -87,12 +123,20 @@ def ttft_cdf_plot(runs: list[RunResult], path: Path) -> None:
     fig, axes = plt.subplots(rows, cols, figsize=(5 * cols, 3.5 * rows), squeeze=False)
     for ax, run in zip(axes.flat, runs, strict=False):
         for tier in TIERS:
-            values = sorted(r.ttft_s * 1000 for r in run.records if r.ok and r.tier == tier
-                            and r.ttft_s is not None)  # fmt: skip
+            values = sorted(
+                r.ttft_s * 1000
+                for r in run.records
+                if r.ok and r.tier == tier and r.ttft_s is not None
+            )
             if values:
                 ys = [(i + 1) / len(values) for i in range(len(values))]
-                ax.step(values, ys, where="post", label=f"{tier} (n={len(values)})",
-                        color=f"C{TIERS.index(tier)}")  # fmt: skip
+                ax.step(
+                    values,
+                    ys,
+                    where="post",
+                    label=f"{tier} (n={len(values)})",
+                    color=f"C{TIERS.index(tier)}",
+                )
         ax.set_xscale("log")
         ax.xaxis.set_minor_formatter(NullFormatter())
         ax.set_title(run.name)

@@ -51,8 +51,15 @@ class ThroughputConfig:
     def __post_init__(self) -> None:
         if not self.adapters:
             raise ValueError("adapters () is invalid; expected at least one (tenant, name)")
-        for name in ("num_requests", "prompt_tokens", "output_tokens", "rounds",
-                     "capacity_requests", "capacity_output_tokens", "capacity_rounds"):  # fmt: skip
+        for name in (
+            "num_requests",
+            "prompt_tokens",
+            "output_tokens",
+            "rounds",
+            "capacity_requests",
+            "capacity_output_tokens",
+            "capacity_rounds",
+        ):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name} {getattr(self, name)} is invalid; expected >= 1")
 
@@ -163,8 +170,12 @@ def measure_throughput(
             asyncio.run(_http_round(url, fleet, warm))
             asyncio.run(_offline_round(local.engine, keys, warm, "warm"))
             for index in range(config.capacity_rounds):
-                batch = _batch(config, config.capacity_requests, config.capacity_output_tokens,
-                               f"capacity-{index}")  # fmt: skip
+                batch = _batch(
+                    config,
+                    config.capacity_requests,
+                    config.capacity_output_tokens,
+                    f"capacity-{index}",
+                )
                 records, wall = asyncio.run(_http_round(url, fleet, batch))
                 capacity.append(sum(r.ok for r in records) / wall)
                 failures += sum(not r.ok for r in records)

@@ -1,17 +1,15 @@
 """The named benchmark workloads of WORKLOADS.md: popularity, arrivals, lengths, ranks, traces.
 
-Torch-free and deterministic: every draw comes from one seeded ``random.Random``. A trace is
-JSONL, one request per line: ``{"t_s", "tenant", "adapter", "prompt_tokens", "output_tokens"}``;
-the same file drives the real server, the cache-only replay and the simulator.
+Torch-free and deterministic: every draw comes from one seeded ``random.Random``, so a scenario's
+name and seed are its trace: the real server's and the cache-only replay's benchmarks generate
+the same requests in memory.
 """
 
 from __future__ import annotations
 
-import json
 import random
 from collections.abc import Callable, Sequence
-from dataclasses import asdict, dataclass
-from pathlib import Path
+from dataclasses import dataclass
 
 S2_RANKS = (64, 32, 16, 8)
 WIDE_RANKS = (8, 16, 32, 64, 128)
@@ -58,14 +56,6 @@ def zipf_weights(n: int, s: float) -> list[float]:
     """Adapter i (1-based, by popularity) has weight i**-s."""
     _positive("n", n)
     return [(i + 1) ** -s for i in range(n)]
-
-
-def geometric_weights(n: int, ratio: float = 1.5) -> list[float]:
-    """Punica's skewed popularity: each adapter gets ``ratio`` times the traffic of the next."""
-    _positive("n", n)
-    if ratio <= 0:
-        raise ValueError(f"ratio {ratio} is invalid; expected > 0")
-    return [ratio**-i for i in range(n)]
 
 
 def slora_power_index(rng: random.Random, n: int, alpha: float) -> int:
@@ -207,38 +197,6 @@ def generate(name: str, seed: int = 0, params: ScenarioParams | None = None) -> 
     if name not in SCENARIOS:
         raise ValueError(f"scenario {name!r} is unknown; expected one of {sorted(SCENARIOS)}")
     return SCENARIOS[name](seed, params or ScenarioParams())
-
-
-# --- traces ----------------------------------------------------------------------------------
-
-
-def write_trace(requests: Sequence[TraceRequest], path: Path) -> None:
-    with path.open("w", encoding="utf-8") as handle:
-        for request in requests:
-            handle.write(json.dumps(asdict(request), separators=(",", ":")) + "\n")
-
-
-def read_trace(path: Path) -> list[TraceRequest]:
-    """Reads a JSONL trace; a malformed line raises ValueError naming its line number."""
-    requests = []
-    with path.open(encoding="utf-8") as handle:
-        for number, line in enumerate(handle, start=1):
-            if not line.strip():
-                continue
-            try:
-                row = json.loads(line)
-                requests.append(
-                    TraceRequest(
-                        float(row["t_s"]),
-                        str(row["tenant"]),
-                        str(row["adapter"]),
-                        int(row["prompt_tokens"]),
-                        int(row["output_tokens"]),
-                    )
-                )
-            except (ValueError, KeyError, TypeError) as error:
-                raise ValueError(f"trace {path} line {number} is invalid: {error}") from error
-    return requests
 
 
 def _workload(

@@ -72,10 +72,23 @@ def cache(
     report_to: str = typer.Option(
         "docs/benchmarks", "--report-dir", help="where cache-run.md and cache.png go; '' to skip"
     ),
+    scale: bool = typer.Option(
+        False, "--scale", help="instead: costs at 100, 1,000 and 10,000 cached copies"
+    ),
+    quick: bool = typer.Option(False, "--quick", help="with --scale: 100 and 1,000 copies only"),
+    sizes: str = typer.Option("", help="with --scale: copy counts, comma-separated"),
+    asset_dir: Annotated[
+        Path, typer.Option(help="demo assets cache (<dir>/bench-PRESET; --scale: <dir>/test-small)")
+    ] = Path(".loraplex-assets"),
 ) -> None:
-    """Adapter cache: per-tier load latency vs raw/PEFT, and lru vs cost_aware trace replays."""
+    """Adapter cache: per-tier load latency vs raw/PEFT, and lru vs cost_aware trace replays
+    (or, with --scale, what the cache costs as a function of how many copies it holds)."""
     import torch
 
+    if scale:
+        torch.set_num_threads(1)
+        typer.echo(json.dumps(_scale_result(quick, sizes, seed, asset_dir)))
+        return
     from loraplex.bench.cache import CacheBenchConfig, run_cache_bench
     from loraplex.bench.cache_report import cache_markdown, cache_plot
 
@@ -87,6 +100,7 @@ def cache(
         peft=not no_peft,
         duration_s=duration_s,
         seed=seed,
+        asset_dir=asset_dir,
     )
     result = run_cache_bench(config)
     report_dir = Path(report_to)
@@ -100,6 +114,24 @@ def cache(
     if not as_json:
         typer.echo(f"report: {report_dir}/cache-run.md", err=True)
     typer.echo(json.dumps({k: result[k] for k in ("name", "config", "seed", "metrics")}))
+
+
+def _scale_result(quick: bool, sizes: str, seed: int, asset_dir: Path) -> dict[str, object]:
+    from loraplex.bench.cache_scale import ScaleBenchConfig, run_scale_bench
+
+    try:
+        if sizes:
+            counts = tuple(int(n) for n in sizes.split(",") if n)
+        else:
+            counts = (100, 1000) if quick else (100, 1000, 10_000)
+        loads, window_s = (8, 2.0) if quick else (16, 5.0)
+        config = ScaleBenchConfig(
+            sizes=counts, loads=loads, idle_window_s=window_s, seed=seed, asset_dir=asset_dir
+        )
+    except ValueError as exc:
+        raise typer.BadParameter(str(exc)) from exc
+    result = run_scale_bench(config)
+    return {k: result[k] for k in ("name", "config", "seed", "metrics", "per_size")}
 
 
 @bench_app.command("serve")

@@ -2,7 +2,8 @@
 
 Generates (or reuses) the demo model and adapters, validates every adapter revision against the
 base model, then answers every revision's probe prompt, plus the base model on one of them, as
-one mixed batch and checks each continuation is the one that revision was trained to give.
+one mixed batch through the serving engine (``engine.offline``, no HTTP), and checks each
+continuation is the one that revision was trained to give.
 """
 
 from __future__ import annotations
@@ -14,7 +15,7 @@ import typer
 
 if TYPE_CHECKING:
     from loraplex.demo.manifest import DemoAssets
-    from loraplex.model.generate import OfflineGenerator
+    from loraplex.engine.offline import OfflineEngine
 
 DEFAULT_ASSETS = Path(".loraplex-assets")
 
@@ -33,28 +34,26 @@ def demo(
 ) -> None:
     """Generate the demo assets, validate every adapter and answer every probe in one batch."""
     from loraplex.demo.assets import generate_demo_assets
-    from loraplex.model.generate import GeneratorConfig, OfflineGenerator
+    from loraplex.engine.offline import OfflineConfig, OfflineEngine
 
     assets = generate_demo_assets(out or DEFAULT_ASSETS / f"demo-{preset}", preset, seed)
     typer.echo(f"assets: {assets.root} ({len(assets.adapters)} adapter revisions)")
-    generator = OfflineGenerator(
-        assets.base_model_dir,
-        GeneratorConfig(max_loras=len(assets.adapters), max_lora_rank=max_lora_rank),
-    )
-    typer.echo(f"base model: {assets.base_model_name}, digest {generator.base_spec.digest[:16]}")
-    _validate_all(assets, generator, max_lora_rank)
-    failures = _answer_probes(assets, generator)
+    config = OfflineConfig(max_loras=len(assets.adapters), max_lora_rank=max_lora_rank)
+    with OfflineEngine(assets.base_model_dir, config) as engine:
+        typer.echo(f"base model: {assets.base_model_name}, digest {engine.base_spec.digest[:16]}")
+        _validate_all(assets, engine, max_lora_rank)
+        failures = _answer_probes(assets, engine)
     if failures:
         typer.echo(f"{failures} probe(s) answered wrongly", err=True)
         raise typer.Exit(1)
     typer.echo("every revision answered its own probe; the base model did not")
 
 
-def _validate_all(assets: DemoAssets, generator: OfflineGenerator, max_lora_rank: int) -> None:
+def _validate_all(assets: DemoAssets, engine: OfflineEngine, max_lora_rank: int) -> None:
     from loraplex.artifacts.validate import validate_adapter_dir
 
     for adapter in assets.adapters:
-        validated = validate_adapter_dir(adapter.path, generator.base_spec, max_lora_rank)
+        validated = validate_adapter_dir(adapter.path, engine.base_spec, max_lora_rank)
         key = validated.key(adapter.tenant, adapter.name, adapter.revision)
         typer.echo(
             f"  valid  {key.ref:<30} r<={validated.max_rank:<3} {validated.dtype} "
@@ -62,18 +61,18 @@ def _validate_all(assets: DemoAssets, generator: OfflineGenerator, max_lora_rank
         )
 
 
-def _answer_probes(assets: DemoAssets, generator: OfflineGenerator) -> int:
+def _answer_probes(assets: DemoAssets, engine: OfflineEngine) -> int:
     """Run every probe (and the base model on the first) as one batch; count wrong answers."""
-    from loraplex.model.generate import GenerationRequest
+    from loraplex.engine.offline import OfflineRequest
     from loraplex.sampling import SamplingParams
 
     requests = [
-        GenerationRequest(a.probe_prompt, a.path, SamplingParams(max_tokens=a.probe_max_tokens))
+        OfflineRequest(a.probe_prompt, a.path, SamplingParams(max_tokens=a.probe_max_tokens))
         for a in assets.adapters
     ]
     first = assets.adapters[0]
-    requests.append(GenerationRequest(first.probe_prompt, None, requests[0].params))
-    results = generator.generate(requests)
+    requests.append(OfflineRequest(first.probe_prompt, None, requests[0].params))
+    results = engine.generate(requests)
     typer.echo(f"one mixed batch of {len(requests)} sequences:")
     failures = 0
     for adapter, result in zip(assets.adapters, results, strict=False):

@@ -1,4 +1,5 @@
-"""``loraplex generate``: offline generation for prompts, each with an adapter or the base model."""
+"""``loraplex generate``: offline generation for prompts, each with an adapter or the base model,
+through the serving engine (``engine.offline``)."""
 
 from __future__ import annotations
 
@@ -8,10 +9,12 @@ from typing import TYPE_CHECKING, Annotated
 
 import typer
 
-if TYPE_CHECKING:
-    from loraplex.model.generate import GenerationRequest, GenerationResult, GeneratorConfig
+from loraplex.dtypes import DTYPE_NAMES
 
-_DTYPES = ("float32", "bfloat16", "float16")
+if TYPE_CHECKING:
+    from loraplex.engine.offline import OfflineConfig, OfflineRequest, OfflineResult
+
+_DTYPES = DTYPE_NAMES
 _BASE = "none"  # --adapter value meaning "base model only"
 
 
@@ -50,8 +53,8 @@ def generate_command(
     as_json: Annotated[bool, typer.Option("--json", help="One JSON object per result.")] = False,
 ) -> None:
     """Continue each --prompt with its --adapter (or the base model), as one mixed batch."""
+    from loraplex.engine.offline import OfflineEngine, OfflineRequest
     from loraplex.errors import LoraplexError
-    from loraplex.model.generate import GenerationRequest, OfflineGenerator
     from loraplex.sampling import SamplingParams
 
     if dtype not in _DTYPES:
@@ -59,14 +62,17 @@ def generate_command(
     adapter_dirs = _pair_adapters(prompt, adapter or [])
     try:
         params = SamplingParams(
-            max_tokens=max_tokens, temperature=temperature, top_p=top_p, top_k=top_k,
-            seed=seed, stop=tuple(stop or ()),
-        )  # fmt: skip
-        config = _generator_config(dtype, device, adapter_dirs, max_lora_rank)
-        requests = [
-            GenerationRequest(p, a, params) for p, a in zip(prompt, adapter_dirs, strict=True)
-        ]
-        results = OfflineGenerator(model, config).generate(requests)
+            max_tokens=max_tokens,
+            temperature=temperature,
+            top_p=top_p,
+            top_k=top_k,
+            seed=seed,
+            stop=tuple(stop or ()),
+        )
+        config = _offline_config(dtype, device, adapter_dirs, max_lora_rank)
+        requests = [OfflineRequest(p, a, params) for p, a in zip(prompt, adapter_dirs, strict=True)]
+        with OfflineEngine(model, config) as engine:
+            results = engine.generate(requests)
     except (LoraplexError, ValueError) as exc:
         typer.echo(f"error: {exc}", err=True)
         raise typer.Exit(code=1) from exc
@@ -74,22 +80,20 @@ def generate_command(
         typer.echo(_render(request, result, as_json))
 
 
-def _generator_config(
+def _offline_config(
     dtype: str, device: str, adapter_dirs: list[Path | None], max_lora_rank: int
-) -> GeneratorConfig:
-    import torch
+) -> OfflineConfig:
+    from loraplex.engine.offline import OfflineConfig
 
-    from loraplex.model.generate import GeneratorConfig
-
-    return GeneratorConfig(
-        dtype=getattr(torch, dtype),
+    return OfflineConfig(
+        dtype=dtype,
         device=device,
         max_loras=max(1, len({d for d in adapter_dirs if d is not None})),
         max_lora_rank=max_lora_rank,
     )
 
 
-def _render(request: GenerationRequest, result: GenerationResult, as_json: bool) -> str:
+def _render(request: OfflineRequest, result: OfflineResult, as_json: bool) -> str:
     name = _BASE if request.adapter_dir is None else str(request.adapter_dir)
     if not as_json:
         return f"[{name}] ({result.finish_reason}) {request.prompt!r} -> {result.text!r}"

@@ -1,4 +1,4 @@
-"""``loraplex adapters register/list/show``, ``loraplex tenants create/list``,
+"""``loraplex adapters register/register-many/list/show``, ``loraplex tenants create/list``,
 ``loraplex keys create/list/revoke``: the registry's administrative commands.
 
 Every command takes the registry location: ``--data-dir`` (``LORAPLEX_DATA_DIR``),
@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import contextlib
 import getpass
-import os
 from collections.abc import Iterator
 from datetime import UTC, datetime
 from pathlib import Path
@@ -19,6 +18,7 @@ from typing import Annotated
 import typer
 
 from loraplex.artifacts.base_model import BaseModelSpec
+from loraplex.cli.registry_location import Location, located
 from loraplex.errors import LoraplexError
 from loraplex.registry import (
     AliasTarget,
@@ -30,70 +30,45 @@ from loraplex.registry import (
     TenantQuotas,
     Visibility,
     WarmPolicy,
-    default_data_dir,
     open_registry,
 )
 
-DataDir = Annotated[
-    Path | None,
-    typer.Option(
-        envvar="LORAPLEX_DATA_DIR",
-        help="Data directory [default: $XDG_DATA_HOME/loraplex or ~/.local/share/loraplex]",
-    ),
-]
-DatabaseUrl = Annotated[
-    str | None,
-    typer.Option(
-        envvar="LORAPLEX_DATABASE_URL",
-        help="sqlite:///PATH or postgresql://... [default: SQLite in the data directory]",
-    ),
-]
-Store = Annotated[
-    str | None,
-    typer.Option(
-        envvar="LORAPLEX_STORE",
-        help="Artifact store: a directory or s3://bucket/prefix [default: DATA_DIR/artifacts]",
-    ),
-]
-S3Endpoint = Annotated[
-    str | None, typer.Option(envvar="LORAPLEX_S3_ENDPOINT", help="S3-compatible endpoint URL")
-]
 Actor = Annotated[str | None, typer.Option(help="Who is acting, for the audit log")]
+BaseModelDir = Annotated[
+    Path, typer.Option(envvar="LORAPLEX_BASE_MODEL", help="The served base model directory")
+]
+MaxLoraRank = Annotated[int, typer.Option(help="Largest rank accepted")]
 
 
 def register(app: typer.Typer) -> None:
     adapters = _group(app, "adapters", "Adapter artifacts and revisions.")
-    adapters.command("register")(register_adapter)
-    adapters.command("list")(list_adapters)
-    adapters.command("show")(show_adapter)
+    adapters.command("register")(located(register_adapter))
+    adapters.command("register-many")(located(register_many))
+    adapters.command("list")(located(list_adapters))
+    adapters.command("show")(located(show_adapter))
     tenants = _group(app, "tenants", "Tenants and their limits.")
-    tenants.command("create")(create_tenant)
-    tenants.command("list")(list_tenants)
+    tenants.command("create")(located(create_tenant))
+    tenants.command("list")(located(list_tenants))
     keys = _group(app, "keys", "Tenant API keys.")
-    keys.command("create")(create_key)
-    keys.command("list")(list_keys)
-    keys.command("revoke")(revoke_key)
+    keys.command("create")(located(create_key))
+    keys.command("list")(located(list_keys))
+    keys.command("revoke")(located(revoke_key))
 
 
 def register_adapter(
+    location: Location,
     adapter_dir: Annotated[Path, typer.Argument(help="PEFT adapter directory")],
     *,
     tenant: Annotated[str, typer.Option(help="Owning tenant")],
     name: Annotated[str, typer.Option(help="Adapter name")],
     revision: Annotated[str, typer.Option(help="Revision label (immutable)")],
-    base_model: Annotated[
-        Path, typer.Option(envvar="LORAPLEX_BASE_MODEL", help="The served base model directory")
-    ],
-    max_lora_rank: Annotated[int, typer.Option(help="Largest rank accepted")] = 64,
+    base_model: BaseModelDir,
+    max_lora_rank: MaxLoraRank = 64,
     state: Annotated[RevisionState, typer.Option(help="Initial state")] = RevisionState.STABLE,
     warm_policy: Annotated[WarmPolicy, typer.Option()] = WarmPolicy.ON_DEMAND,
     probe_prompt: Annotated[str | None, typer.Option(help="Output-probe prompt")] = None,
     expected_continuation: Annotated[str | None, typer.Option()] = None,
     public: Annotated[bool, typer.Option(help="Share a new adapter with all tenants")] = False,
-    data_dir: DataDir = None,
-    database_url: DatabaseUrl = None,
-    store: Store = None,
-    s3_endpoint: S3Endpoint = None,
     actor: Actor = None,
 ) -> None:
     """Validate an adapter against the base model, store its files and record the revision."""
@@ -109,7 +84,7 @@ def register_adapter(
             expected_continuation=expected_continuation,
             visibility=Visibility.PUBLIC if public else Visibility.PRIVATE,
         )
-        config = _config(data_dir, database_url, store, s3_endpoint, max_lora_rank)
+        config = location.config(max_lora_rank)
         with _opened(config, BaseModelSpec.from_dir(base_model)) as registry:
             result = registry.register(request, _actor(actor))
         rev = result.revision
@@ -117,17 +92,55 @@ def register_adapter(
         typer.echo(f"{verb} {rev.ref} sha256={rev.adapter_digest} rank={rev.max_rank}")
 
 
+def register_many(
+    location: Location,
+    source: Annotated[
+        Path,
+        typer.Argument(help="A tree ROOT/<tenant>/<name>/<revision>/ or a JSONL manifest file"),
+    ],
+    *,
+    base_model: BaseModelDir,
+    max_lora_rank: MaxLoraRank = 64,
+    state: Annotated[
+        RevisionState, typer.Option(help="Initial state (tree; a manifest line may set it)")
+    ] = RevisionState.STABLE,
+    warm_policy: Annotated[WarmPolicy, typer.Option()] = WarmPolicy.ON_DEMAND,
+    public: Annotated[
+        bool, typer.Option(help="Share new adapters (tree) with all tenants")
+    ] = False,
+    actor: Actor = None,
+) -> None:
+    """Register every adapter of a directory tree or a JSONL manifest, in one process. A bad item
+    is reported with its error and changes nothing; exit status 1 if any item failed."""
+    from loraplex.registry.bulk import manifest_items, register_all, tree_items
+
+    with _failures():
+        if source.is_dir():
+            visibility = Visibility.PUBLIC if public else Visibility.PRIVATE
+            items = tree_items(source, state=state, warm_policy=warm_policy, visibility=visibility)
+        else:
+            items = manifest_items(source)
+        base = BaseModelSpec.from_dir(base_model)
+        with _opened(location.config(max_lora_rank), base) as registry:
+            report = register_all(registry, items, _actor(actor))
+    for failure in report.failed:
+        typer.echo(f"failed {failure.source}: {failure.error}", err=True)
+    typer.echo(
+        f"{len(report.created)} registered, {len(report.unchanged)} already registered, "
+        f"{len(report.failed)} failed"
+    )
+    if report.failed:
+        raise typer.Exit(1)
+
+
 def list_adapters(
+    location: Location,
     tenant: Annotated[
         str | None, typer.Option(help="Only what this tenant may use [default: every adapter]")
     ] = None,
-    data_dir: DataDir = None,
-    database_url: DatabaseUrl = None,
-    store: Store = None,
-    s3_endpoint: S3Endpoint = None,
 ) -> None:
     """List adapters with their alias targets."""
-    with _failures(), _opened(_config(data_dir, database_url, store, s3_endpoint)) as registry:
+    with _failures(), _opened(location.config()) as registry:
         found = registry.list_adapters() if tenant is None else registry.usable_adapters(tenant)
         for adapter in found:
             alias = registry.get_alias(adapter.tenant, adapter.name)
@@ -136,14 +149,11 @@ def list_adapters(
 
 
 def show_adapter(
+    location: Location,
     ref: Annotated[str, typer.Argument(help="tenant/name")],
-    data_dir: DataDir = None,
-    database_url: DatabaseUrl = None,
-    store: Store = None,
-    s3_endpoint: S3Endpoint = None,
 ) -> None:
     """Show an adapter, its alias and every revision."""
-    with _failures(), _opened(_config(data_dir, database_url, store, s3_endpoint)) as registry:
+    with _failures(), _opened(location.config()) as registry:
         tenant, _, name = ref.partition("/")
         adapter = registry.get_adapter(tenant, name)
         alias = registry.get_alias(tenant, name)
@@ -162,6 +172,7 @@ def show_adapter(
 
 
 def create_tenant(
+    location: Location,
     name: Annotated[str, typer.Argument()],
     *,
     priority: Annotated[PriorityClass, typer.Option()] = PriorityClass.NORMAL,
@@ -170,10 +181,6 @@ def create_tenant(
     max_disk_bytes: Annotated[int | None, typer.Option()] = None,
     max_cold_loads: Annotated[int | None, typer.Option()] = None,
     max_requests_per_s: Annotated[float | None, typer.Option()] = None,
-    data_dir: DataDir = None,
-    database_url: DatabaseUrl = None,
-    store: Store = None,
-    s3_endpoint: S3Endpoint = None,
     actor: Actor = None,
 ) -> None:
     """Create a tenant (quotas default to unlimited)."""
@@ -181,19 +188,16 @@ def create_tenant(
         quotas = TenantQuotas(
             max_gpu_bytes, max_cpu_bytes, max_disk_bytes, max_cold_loads, max_requests_per_s
         )
-        with _opened(_config(data_dir, database_url, store, s3_endpoint)) as registry:
+        with _opened(location.config()) as registry:
             tenant = registry.create_tenant(name, _actor(actor), priority, quotas)
         typer.echo(f"created tenant {tenant.name} ({tenant.priority.value})")
 
 
 def list_tenants(
-    data_dir: DataDir = None,
-    database_url: DatabaseUrl = None,
-    store: Store = None,
-    s3_endpoint: S3Endpoint = None,
+    location: Location,
 ) -> None:
     """List tenants and their limits."""
-    with _failures(), _opened(_config(data_dir, database_url, store, s3_endpoint)) as registry:
+    with _failures(), _opened(location.config()) as registry:
         for tenant in registry.list_tenants():
             q = tenant.quotas
             typer.echo(
@@ -204,46 +208,37 @@ def list_tenants(
 
 
 def create_key(
+    location: Location,
     tenant: Annotated[str, typer.Argument()],
     *,
-    data_dir: DataDir = None,
-    database_url: DatabaseUrl = None,
-    store: Store = None,
-    s3_endpoint: S3Endpoint = None,
     actor: Actor = None,
 ) -> None:
     """Create an API key. The token is printed once and cannot be shown again."""
-    with _failures(), _opened(_config(data_dir, database_url, store, s3_endpoint)) as registry:
+    with _failures(), _opened(location.config()) as registry:
         issued = registry.create_key(tenant, _actor(actor))
     typer.echo(f"key id {issued.key_id} for tenant {issued.tenant}; token (shown once):", err=True)
     typer.echo(issued.token)
 
 
 def list_keys(
+    location: Location,
     tenant: Annotated[str | None, typer.Option()] = None,
-    data_dir: DataDir = None,
-    database_url: DatabaseUrl = None,
-    store: Store = None,
-    s3_endpoint: S3Endpoint = None,
 ) -> None:
     """List API keys (ids and state; tokens are never stored)."""
-    with _failures(), _opened(_config(data_dir, database_url, store, s3_endpoint)) as registry:
+    with _failures(), _opened(location.config()) as registry:
         for key in registry.list_keys(tenant):
             state = "active" if key.revoked_at is None else f"revoked {_time(key.revoked_at)}"
             typer.echo(f"{key.key_id}\t{key.tenant}\tcreated {_time(key.created_at)}\t{state}")
 
 
 def revoke_key(
+    location: Location,
     key_id: Annotated[str, typer.Argument()],
     *,
-    data_dir: DataDir = None,
-    database_url: DatabaseUrl = None,
-    store: Store = None,
-    s3_endpoint: S3Endpoint = None,
     actor: Actor = None,
 ) -> None:
     """Revoke an API key; it stops authenticating immediately."""
-    with _failures(), _opened(_config(data_dir, database_url, store, s3_endpoint)) as registry:
+    with _failures(), _opened(location.config()) as registry:
         key = registry.revoke_key(key_id, _actor(actor))
     typer.echo(f"revoked key {key.key_id} of tenant {key.tenant}")
 
@@ -256,22 +251,6 @@ def _group(app: typer.Typer, name: str, help_text: str) -> typer.Typer:
     group = typer.Typer(help=help_text, no_args_is_help=True)
     app.add_typer(group, name=name)
     return group
-
-
-def _config(
-    data_dir: Path | None,
-    database_url: str | None,
-    store: str | None,
-    s3_endpoint: str | None,
-    max_lora_rank: int = 64,
-) -> RegistryConfig:
-    return RegistryConfig(
-        data_dir=data_dir or default_data_dir(os.environ, Path.home()),
-        database_url=database_url,
-        store=store,
-        s3_endpoint=s3_endpoint,
-        max_lora_rank=max_lora_rank,
-    )
 
 
 @contextlib.contextmanager

@@ -10,15 +10,23 @@ from __future__ import annotations
 
 import gc
 import os
+import threading
+from collections.abc import Mapping
 from dataclasses import replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 
+from loraplex.cli.locations import DatabaseUrl, DataDir, S3Endpoint, Store
+from loraplex.dtypes import DEFAULT_DTYPE, DTYPE_NAMES
 from loraplex.registry import default_data_dir
+from loraplex.residency.policy import DEFAULT_POLICY, policy_names
 
 if TYPE_CHECKING:
+    import uvicorn
+
+    from loraplex.serve.assembly import Server
     from loraplex.serve.config import ServeConfig
     from loraplex.server.listeners import ConnectionLimits
 
@@ -30,6 +38,7 @@ def register(app: typer.Typer) -> None:
 
 
 def serve_command(
+    ctx: typer.Context,
     *,
     config: Annotated[
         Path | None, Opt(help="TOML file (a 'serve' table; keys are the flag names).")
@@ -37,10 +46,10 @@ def serve_command(
     host: Annotated[str | None, Opt(help="Listen address (default: 127.0.0.1).")] = None,
     port: Annotated[int | None, Opt(help="Listen port (default: 8000).")] = None,
     model: Annotated[Path | None, Opt(help="Base model dir (default: the demo model).")] = None,
-    data_dir: Annotated[
-        Path | None,
-        Opt(envvar="LORAPLEX_DATA_DIR", help="State directory (default: ~/.local/share/loraplex)."),
-    ] = None,
+    data_dir: DataDir = None,
+    database_url: DatabaseUrl = None,
+    store: Store = None,
+    s3_endpoint: S3Endpoint = None,
     admin_key: Annotated[
         str | None,
         Opt(envvar="LORAPLEX_ADMIN_KEY", help="Admin credential (default: generated, saved)."),
@@ -52,10 +61,30 @@ def serve_command(
     gpu_adapter_bytes: Annotated[int | None, Opt(help="GPU slot byte budget.")] = None,
     cpu_adapter_bytes: Annotated[int | None, Opt(help="CPU cache byte budget (1 GiB).")] = None,
     disk_cache_bytes: Annotated[int | None, Opt(help="Disk cache byte budget (8 GiB).")] = None,
-    policy: Annotated[str | None, Opt(help="Eviction: cost_aware (default) or lru.")] = None,
+    policy: Annotated[
+        str | None, Opt(help=f"Eviction: {', '.join(policy_names())} ({DEFAULT_POLICY}).")
+    ] = None,
+    max_concurrent_loads: Annotated[
+        int | None, Opt(help="Adapter loads in flight, all tenants (default: 4).")
+    ] = None,
+    tenant_max_concurrent_loads: Annotated[
+        int | None, Opt(help="Adapter loads in flight per tenant (default: 2).")
+    ] = None,
+    auto_warm: Annotated[
+        bool | None,
+        Opt("--auto-warm/--no-auto-warm", help="Warm hot adapters by their rates (default: on)."),
+    ] = None,
+    auto_warm_interval_s: Annotated[
+        float | None, Opt(help="Seconds between automatic warm rebalances (default: 5).")
+    ] = None,
     device: Annotated[str | None, Opt(help="torch device (default: cpu).")] = None,
-    dtype: Annotated[str | None, Opt(help="float32 (default), bfloat16, float16.")] = None,
+    dtype: Annotated[
+        str | None, Opt(help=f"One of {', '.join(DTYPE_NAMES)} (default: {DEFAULT_DTYPE}).")
+    ] = None,
     max_num_seqs: Annotated[int | None, Opt(help="Sequences at once (default: 32).")] = None,
+    max_num_batched_tokens: Annotated[
+        int | None, Opt(help="Tokens per forward (default: max(512, max_num_seqs)).")
+    ] = None,
     max_model_len: Annotated[int | None, Opt(help="Prompt + output tokens (default: 512).")] = None,
     queue_deadline_s: Annotated[float | None, Opt(help="Queue limit, s (default: 30).")] = None,
     metrics_public: Annotated[
@@ -90,33 +119,27 @@ def serve_command(
     max_header_bytes: Annotated[int | None, Opt(help="Largest request head (16 KiB).")] = None,
 ) -> None:
     """Serve the base model and its adapters over an OpenAI-compatible HTTP API."""
-    from loraplex.serve.config import merge, read_config_file
-
-    flags: dict[str, Any] = {
-        "host": host, "port": port, "model": model, "data_dir": data_dir,
-        "admin_key": admin_key, "import_dir": import_dir, "max_loras": max_loras,
-        "max_cpu_loras": max_cpu_loras, "max_lora_rank": max_lora_rank,
-        "gpu_adapter_bytes": gpu_adapter_bytes, "cpu_adapter_bytes": cpu_adapter_bytes,
-        "disk_cache_bytes": disk_cache_bytes, "policy": policy, "device": device, "dtype": dtype,
-        "max_num_seqs": max_num_seqs, "max_model_len": max_model_len,
-        "queue_deadline_s": queue_deadline_s, "metrics_public": metrics_public,
-        "demo": False if no_demo else None, "torch_threads": threads,
-        "engine_process": engine_process, "admin_host": admin_host, "admin_port": admin_port,
-        "max_body_bytes": max_body_bytes, "max_upload_bytes": max_upload_bytes,
-        "max_prompt_chars": max_prompt_chars, "body_read_timeout_s": body_read_timeout_s,
-        "upload_read_timeout_s": upload_read_timeout_s,
-        "header_read_timeout_s": header_read_timeout_s,
-        "keep_alive_timeout_s": keep_alive_timeout_s, "max_connections": max_connections,
-        "max_header_bytes": max_header_bytes,
-    }  # fmt: skip
     try:
-        file_values = read_config_file(config) if config is not None else {}
-        if "data_dir" not in file_values and data_dir is None:
-            flags["data_dir"] = default_data_dir(os.environ, Path.home())
-        settings = merge(file_values, flags)
+        settings = serve_settings(ctx.params, os.environ)
     except (ValueError, TypeError) as exc:
         raise typer.BadParameter(str(exc)) from exc
     _run(settings)
+
+
+def serve_settings(params: Mapping[str, Any], environ: Mapping[str, str]) -> ServeConfig:
+    """The configuration from the parsed flags (``params``: flag name -> value, None when not
+    given) over the ``--config`` file over the defaults. Every flag but ``config``,
+    ``no_demo`` and ``threads`` is the ServeConfig field of its name."""
+    from loraplex.serve.config import merge, read_config_file
+
+    flags = dict(params)
+    config = flags.pop("config")
+    flags["demo"] = False if flags.pop("no_demo") else None
+    flags["torch_threads"] = flags.pop("threads")
+    file_values = read_config_file(config) if config is not None else {}
+    if "data_dir" not in file_values and flags["data_dir"] is None:
+        flags["data_dir"] = default_data_dir(environ, Path.home())
+    return merge(file_values, flags)
 
 
 def _run(settings: ServeConfig) -> None:
@@ -143,24 +166,46 @@ def _run(settings: ServeConfig) -> None:
 
     admin_key_file = settings.data_dir / ADMIN_KEY_FILE
     new_admin_key = settings.admin_key is None and not admin_key_file.exists()
-    try:
-        server = build_server(settings)
+    try:  # the listener comes up while an engine process starts (/health live, /ready 503)
+        server = build_server(settings, wait_engine=False)
     except (LoraplexError, ValueError) as exc:
         for sock in sockets:
             sock.close()
         typer.echo(f"error: {exc}", err=True)
         raise typer.Exit(1) from exc
+    failed = threading.Event()  # set when the engine's first start fails
     try:
         shown_admin_key = server.admin_key if new_admin_key else None
         _announce(settings, shown_admin_key, server.sample_keys)
         freeze_startup_objects()
         # The app has no startup/shutdown hooks: resources are built before and closed after.
         config = ListenerConfig(guarded(server.app, sockets), connection_limits(settings))
-        uvicorn.Server(config).run(sockets=sockets)
+        listener = uvicorn.Server(config)
+        threading.Thread(
+            target=_stop_if_engine_fails, args=(server, listener, failed), daemon=True
+        ).start()
+        listener.run(sockets=sockets)
     except KeyboardInterrupt:
         typer.echo("stopped")
     finally:
         server.close()
+    if failed.is_set():
+        raise typer.Exit(1)
+
+
+def _stop_if_engine_fails(
+    server: Server, listener: uvicorn.Server, failed: threading.Event
+) -> None:
+    """A first engine start that fails is a configuration error: stop serving and exit 1 (a
+    later crash is the supervisor's to restart)."""
+    from loraplex.errors import LoraplexError
+
+    try:
+        server.wait_engine()
+    except LoraplexError as exc:
+        typer.echo(f"error: the engine did not start: {exc}", err=True)
+        failed.set()
+        listener.should_exit = True
 
 
 def connection_limits(settings: ServeConfig) -> ConnectionLimits:

@@ -19,9 +19,15 @@ from collections import OrderedDict
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
+from loraplex.artifacts.identity import AdapterKey
 from loraplex.errors import CacheIntegrityError, CapacityError
 
 BASE_NAMESPACE = "base"
+
+
+def namespace_of(key: AdapterKey | None) -> str:
+    """Prefix-reuse scope of a request: its adapter revision's full identity."""
+    return BASE_NAMESPACE if key is None else str(key)
 
 
 @dataclass
@@ -149,8 +155,9 @@ class BlockManager:
                     f"block {block}: {self._refcount[block]} vs {counts[block]}",
                 )
             if (counts[block] == 0) != (block in self._free):
-                raise CacheIntegrityError("free list holds exactly the unreferenced blocks",
-                                          f"block {block}")  # fmt: skip
+                raise CacheIntegrityError(
+                    "free list holds exactly the unreferenced blocks", f"block {block}"
+                )
         for digest, block in self._block_of.items():
             if self._digest_of.get(block) != digest:
                 raise CacheIntegrityError("digest maps agree", f"block {block}")

@@ -2,8 +2,17 @@
 
 from __future__ import annotations
 
-from collections.abc import Mapping
 from dataclasses import dataclass, field
+
+from loraplex.dtypes import DEFAULT_DTYPE, check_dtype
+
+_AT_LEAST_ONE = (
+    "max_num_seqs",
+    "max_num_batched_tokens",
+    "max_model_len",
+    "max_queue_len",
+    "lease_lookahead",
+)
 
 
 @dataclass(frozen=True)
@@ -15,12 +24,11 @@ class SchedulerConfig:
     max_model_len: int = 512  # prompt + output tokens of one sequence at most
     default_deadline_s: float = 30.0  # queue residence before QueueTimeoutError (a default)
     max_queue_len: int = 1024  # queued requests (all tenants) before QueueFullError
-    tenant_max_queued: int | None = None  # queued requests per tenant; None: only max_queue_len
-    # Fair-share weight overrides; absent tenants get their priority class's (engine.tenancy).
-    tenant_weights: Mapping[str, float] = field(default_factory=dict)
     lease_lookahead: int = 16  # distinct adapters queued requests (fair order) may hold/await
     prefetch_lookahead: int = 32  # further queued requests whose adapters are prefetched to L1
-    retry_after_s: float = 1.0  # Retry-After advertised with queue errors
+    # Seconds after which a request refused for a full queue, or timed out in it, may find
+    # room; queue errors carry it (the HTTP layer turns it into Retry-After).
+    retry_hint_s: float = 1.0
     # Sequences kept free for a higher priority class while one is active: a lower-class tenant
     # runs (and leases adapters for) at most max_num_seqs - the higher classes' running - this
     # many, so a batch tenant's backlog never leaves an arriving higher-class request without a
@@ -29,8 +37,7 @@ class SchedulerConfig:
     class_reserve_seqs: int | None = None
 
     def __post_init__(self) -> None:
-        for name in ("max_num_seqs", "max_num_batched_tokens", "max_model_len", "max_queue_len",
-                     "lease_lookahead"):  # fmt: skip
+        for name in _AT_LEAST_ONE:
             if getattr(self, name) < 1:
                 raise ValueError(f"{name} {getattr(self, name)} is invalid; expected >= 1")
         if self.class_reserve_seqs is not None and not (
@@ -48,20 +55,13 @@ class SchedulerConfig:
             raise ValueError(
                 f"default_deadline_s {self.default_deadline_s} is invalid; expected > 0"
             )
-        if self.tenant_max_queued is not None and self.tenant_max_queued < 1:
-            raise ValueError(
-                f"tenant_max_queued {self.tenant_max_queued} is invalid; expected >= 1 or None"
-            )
-        for tenant, weight in self.tenant_weights.items():
-            if not weight > 0:
-                raise ValueError(f"tenant_weights[{tenant!r}] {weight} is invalid; expected > 0")
         if self.max_num_batched_tokens < self.max_num_seqs:
             raise ValueError(
                 f"max_num_batched_tokens {self.max_num_batched_tokens} is invalid; expected >= "
                 f"max_num_seqs {self.max_num_seqs} (every running sequence decodes each step)"
             )
-        if self.retry_after_s < 0:
-            raise ValueError(f"retry_after_s {self.retry_after_s} is invalid; expected >= 0")
+        if self.retry_hint_s < 0:
+            raise ValueError(f"retry_hint_s {self.retry_hint_s} is invalid; expected >= 0")
 
     @property
     def reserve_seqs(self) -> int:
@@ -78,7 +78,7 @@ class EngineConfig:
     scheduler: SchedulerConfig = field(default_factory=SchedulerConfig)  # the step planner
     block_size: int = 16  # tokens per KV block
     num_kv_blocks: int = 1024  # KV blocks (the KV memory budget)
-    dtype: str = "float32"  # model/KV dtype name: float32, bfloat16 or float16
+    dtype: str = DEFAULT_DTYPE  # model/KV dtype name (loraplex.dtypes)
     device: str = "cpu"  # torch device string
     idle_wait_s: float = 0.05  # how long the loop sleeps when nothing can run (woken early)
 
@@ -86,8 +86,7 @@ class EngineConfig:
         for name in ("block_size", "num_kv_blocks"):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name} {getattr(self, name)} is invalid; expected >= 1")
-        if self.dtype not in ("float32", "bfloat16", "float16"):
-            raise ValueError(f"dtype {self.dtype!r} is invalid; expected float32/bfloat16/float16")
+        check_dtype(self.dtype)
         if not self.idle_wait_s > 0:
             raise ValueError(f"idle_wait_s {self.idle_wait_s} is invalid; expected > 0")
         if self.num_kv_blocks * self.block_size < self.scheduler.max_model_len:

@@ -1,15 +1,17 @@
 """One engine step, synchronously (the engine thread calls ``step`` in a loop).
 
-A step: time out queued requests past their deadline; collect finished adapter loads (their
-requests go from ADAPTER_WAIT back to WAITING with a lease, or fail); ask the cache for leases
-for the requests in the scheduler's lookahead window and prefetch the adapters just past it;
-plan, run and sample; stream each request's delta to its sink. A cold adapter therefore costs
-its own requests a wait, never anyone else a step.
-
-A tenant's cold-load quota (``TenantSettings.max_cold_loads``) bounds the distinct adapters the
-engine is loading for it at once (lease waits and prefetches together): a request whose adapter
-would exceed it stays WAITING without a lease request and is retried next step, so a storm of
-cold adapters from one tenant cannot take every load permit of the cache.
+Invariants:
+- The core never changes a request's state, lease or KV: the scheduler does
+  (``sched.scheduler``). The core carries its decisions to the adapter cache, the runner and
+  the streams, and reports back (``on_lease`` / ``on_lease_failed`` / ``update``).
+- A cold adapter costs its own requests a wait, never anyone else a step: a lease is asked for
+  as a future, and a future that is not done at once is collected in a later step.
+- A request is retired once (``_retire``): KV freed and lease released by the scheduler, an
+  unfinished lease future kept as an orphan until it completes (then released), the stream
+  closed (an ABORTED one with its error).
+- ``view`` is replaced whole after every step and command (other threads read it lock-free).
+- Automatic warm promotion/demotion (``cache.rebalance``) runs at most once per
+  ``rebalance_interval_s`` of the clock; between runs it costs a clock read.
 """
 
 from __future__ import annotations
@@ -17,21 +19,26 @@ from __future__ import annotations
 import logging
 from collections.abc import Callable
 from concurrent.futures import Future
-from dataclasses import dataclass, replace
+from dataclasses import replace
 
 from loraplex.artifacts.identity import AdapterKey
 from loraplex.clock import Clock
 from loraplex.engine.output import OutputTracker
 from loraplex.engine.protocol import FINISH_ABORT, EngineRequest, TokenDelta
-from loraplex.engine.request import QUEUED_STATES, Request, RequestState
+from loraplex.engine.request import Request, RequestState
 from loraplex.engine.runner import ModelRunner
-from loraplex.engine.scheduler import Scheduler
-from loraplex.engine.step import StepPlan, StepResult
-from loraplex.engine.tenancy import TenantBook
-from loraplex.errors import CapacityError, GenerationError, QueueFullError, QueueTimeoutError
+from loraplex.engine.sched.admission import AdapterLoads
+from loraplex.engine.sched.scheduler import Scheduler
+from loraplex.engine.sched.stats import EMPTY_VIEW, QueueView
+from loraplex.errors import (
+    EngineUnavailableError,
+    GenerationError,
+    NoAdapterCacheError,
+    QueueFullError,
+    QueueTimeoutError,
+)
 from loraplex.model.tokenizer import TextTokenizer
-from loraplex.residency.cache.jobs import Lease
-from loraplex.residency.cache.tiered_cache import TieredAdapterCache
+from loraplex.residency.cache import Lease, TieredAdapterCache
 from loraplex.residency.ledger import Tier
 from loraplex.sampling import SamplingParams
 
@@ -39,17 +46,6 @@ from loraplex.sampling import SamplingParams
 Sink = Callable[[TokenDelta | BaseException], None]
 
 _log = logging.getLogger(__name__)
-
-
-@dataclass(frozen=True)
-class QueueView:
-    """The scheduler's counts, published by the engine thread after each step."""
-
-    num_waiting: int  # queued and schedulable once admitted (base model or leased)
-    num_adapter_wait: int  # queued behind an adapter load (or a lease not yet requested)
-    num_running: int  # holding KV blocks
-    kv_usage: float  # fraction of KV blocks in use
-    queued_adapters: tuple[AdapterKey, ...]  # adapters of queued requests without a lease
 
 
 class EngineCore:
@@ -63,10 +59,9 @@ class EngineCore:
         tokenizer: TextTokenizer,
         clock: Clock,
         *,
-        tenants: TenantBook | None = None,
+        rebalance_interval_s: float | None = None,
     ) -> None:
         self.scheduler = scheduler
-        self.tenants = tenants or scheduler.tenants  # live cold-load quotas
         self.runner = runner
         self.cache = cache
         self.tokenizer = tokenizer
@@ -75,24 +70,24 @@ class EngineCore:
         self._outputs: dict[str, OutputTracker] = {}
         self._pending: dict[str, Future[Lease]] = {}  # ADAPTER_WAIT requests' lease futures
         self._orphans: list[Future[Lease]] = []  # abandoned lease futures, released when done
-        self._prefetching: dict[AdapterKey, Future[None]] = {}
-        self._lease_tiers: dict[str, str] = {}  # request id -> tier its lease was served from
+        self._prefetching: dict[AdapterKey, Future[None]] = {}  # prefetch window's loads
+        self._lease_tiers: dict[str, Tier] = {}  # request id -> tier its lease was served from
+        self._rebalance_interval_s = rebalance_interval_s  # None: no automatic warm policies
+        self._rebalance_at_s = clock.now() + (rebalance_interval_s or 0.0)
         self.on_lease_done: Callable[[], None] = lambda: None  # wakes the engine thread
-        self.view = QueueView(0, 0, 0, 0.0, ())
+        self.view: QueueView = EMPTY_VIEW
 
     # --- commands (engine thread) --------------------------------------------------------------
 
     def add(self, request: EngineRequest, sink: Sink) -> None:
         if request.adapter_key is not None and self.cache is None:
-            raise CapacityError("this engine serves the base model only; no adapter cache")
+            raise NoAdapterCacheError("this engine serves the base model only; no adapter cache")
         self.scheduler.check_can_add(request)
         victim = self.scheduler.push_out_victim(request)
         if victim is not None:  # the queue is full: the heaviest tenant's newest request yields
             cfg = self.scheduler.config
-            error = QueueFullError(
-                f"tenant {victim.tenant!r}'s share of the engine queue", cfg.max_queue_len,
-                cfg.retry_after_s,
-            )  # fmt: skip
+            share = f"tenant {victim.tenant!r}'s share of the engine queue"
+            error = QueueFullError(share, cfg.max_queue_len, cfg.retry_hint_s)
             self._retire(victim, RequestState.ABORTED, FINISH_ABORT, error)
         req = self.scheduler.add(request)
         self._sinks[req.request_id] = sink
@@ -111,11 +106,11 @@ class EngineCore:
     def abort_all(self, error: BaseException) -> None:
         for req in list(self.scheduler.requests.values()):
             self._retire(req, RequestState.ABORTED, FINISH_ABORT, error)
-        self._publish()
+        self.view = self.scheduler.make_stats()
 
     def close(self) -> None:
         """Abort everything and release every lease, including abandoned ones."""
-        self.abort_all(CapacityError("the engine is shutting down"))
+        self.abort_all(EngineUnavailableError("the engine is shutting down"))
         for future in self._orphans:
             future.add_done_callback(_release_if_granted)
         self._orphans.clear()
@@ -124,6 +119,7 @@ class EngineCore:
 
     def step(self) -> bool:
         """One iteration; False when there was nothing to run (the loop may then sleep)."""
+        self._rebalance()
         self._expire()
         self._collect_leases()
         self._request_leases()
@@ -131,46 +127,21 @@ class EngineCore:
         plan = self.scheduler.schedule()
         worked = bool(plan.chunks)
         if worked:
-            params = {c.request_id: self.scheduler.requests[c.request_id].request.params
-                      for c in plan.chunks if c.samples}  # fmt: skip
-            result = self._run(plan, params, self._banned(params))
+            requests = self.scheduler.requests
+            params = {
+                c.request_id: requests[c.request_id].request.params
+                for c in plan.chunks
+                if c.samples
+            }
+            result = self.runner.run_isolated(plan, params, self._banned(params))
             for request_id, reason in result.failed.items():
-                req = self.scheduler.requests[request_id]
                 error = GenerationError(request_id, reason)
-                self._retire(req, RequestState.ABORTED, FINISH_ABORT, error)
-            self.scheduler.update(plan, result.sampled)
+                self._retire(requests[request_id], RequestState.ABORTED, FINISH_ABORT, error)
+            self.scheduler.update(plan, result)
             for request_id, token in result.sampled.items():
-                self._emit(self.scheduler.requests[request_id], token)
-        self._publish()
+                self._emit(requests[request_id], token)
+        self.view = self.scheduler.make_stats()
         return worked
-
-    def _run(
-        self,
-        plan: StepPlan,
-        params: dict[str, SamplingParams],
-        banned: dict[str, frozenset[int]],
-    ) -> StepResult:
-        """Runs ``plan``; if the forward raises, runs each chunk alone so that only the
-        request whose part raises fails (with its own error), and the others still advance.
-        Rerunning is safe: a chunk writes the same keys/values to the same KV rows again."""
-        try:
-            return self.runner.run(plan, params, banned)
-        except Exception:
-            _log.exception("engine step of %d chunks failed; isolating", len(plan.chunks))
-        sampled: dict[str, int] = {}
-        failed: dict[str, str] = {}
-        for chunk in plan.chunks:
-            rid = chunk.request_id
-            mine = {rid: params[rid]} if rid in params else {}
-            try:
-                result = self.runner.run(StepPlan((chunk,), ()), mine, banned)
-            except Exception as exc:
-                _log.warning("request %s fails alone: %r", chunk.request_id, exc)
-                failed[chunk.request_id] = f"its part of the step raised {type(exc).__name__}"
-                continue
-            sampled.update(result.sampled)
-            failed.update(result.failed)
-        return StepResult(sampled, failed)
 
     def _banned(self, params: dict[str, SamplingParams]) -> dict[str, frozenset[int]]:
         """EOS ids per request still short of its ``min_tokens`` (as vLLM: unless ignore_eos)."""
@@ -192,106 +163,86 @@ class EngineCore:
         if delta.finish_reason is not None:
             self._retire(req, RequestState.FINISHED, delta.finish_reason, None)
 
+    def _rebalance(self) -> None:
+        interval = self._rebalance_interval_s
+        if interval is None or self.cache is None or self.clock.now() < self._rebalance_at_s:
+            return
+        self._rebalance_at_s = self.clock.now() + interval
+        try:
+            changes = self.cache.rebalance()
+        except Exception:  # warm placement is an optimisation: it must never fail requests
+            _log.exception("automatic warm rebalance failed")
+            return
+        for key, warm in changes.items():
+            _log.info("adapter %s: automatic warm policy now %s", key.ref, warm.value)
+
     def _expire(self) -> None:
         now = self.clock.now()
         for req in self.scheduler.expired(now):
-            retry = self.scheduler.config.retry_after_s
+            retry = self.scheduler.config.retry_hint_s
             error = QueueTimeoutError(req.request_id, now - req.arrival_s, retry)
             self._retire(req, RequestState.ABORTED, FINISH_ABORT, error)
 
+    # --- adapter leases and prefetches ------------------------------------------------------
+
     def _collect_leases(self) -> None:
         for request_id, future in list(self._pending.items()):
-            if not future.done():
-                continue
-            del self._pending[request_id]
-            req = self.scheduler.requests[request_id]
-            self._take_lease(req, future)
+            if future.done():
+                del self._pending[request_id]
+                self._settle(self.scheduler.requests[request_id], future)
         self._orphans = [f for f in self._orphans if not _release_if_granted(f)]
 
     def _request_leases(self) -> None:
         if self.cache is None:
             return
-        cache = self.cache
-        loading = self._loads_by_tenant()
-
-        def may_request(req: Request) -> bool:  # within the tenant's cold-load quota
+        for req in self.scheduler.lease_candidates(self._adapter_loads()):
             key = req.request.adapter_key
             assert key is not None  # lease candidates use an adapter
-            if not self._may_load(key, loading):
-                return False
-            if not cache.is_resident(key, Tier.L0):
-                loading.setdefault(key.tenant, set()).add(key)
-            return True
-
-        for req in self.scheduler.lease_candidates(may_request):
-            key = req.request.adapter_key
-            assert key is not None
             remaining = max(req.deadline_at_s - self.clock.now(), 1e-3)
-            future = cache.acquire_future(key, deadline_s=remaining)
+            future = self.cache.acquire_future(key, deadline_s=remaining)
             if future.done():
-                self._take_lease(req, future)
+                self._settle(req, future)
             else:
-                req.transition(RequestState.ADAPTER_WAIT)
+                self.scheduler.wait_for_adapter(req)
                 self._pending[req.request_id] = future
                 future.add_done_callback(lambda _: self.on_lease_done())
 
-    def _loads_by_tenant(self) -> dict[str, set[AdapterKey]]:
-        """Adapters each tenant is waiting on now: unfinished lease waits and prefetches."""
-        loading: dict[str, set[AdapterKey]] = {}
-        waits = [self.scheduler.requests[rid].request.adapter_key
-                 for rid, f in self._pending.items() if not f.done()]  # fmt: skip
-        fetches = [k for k, f in self._prefetching.items() if not f.done()]
-        for key in (*waits, *fetches):
-            if key is not None:
-                loading.setdefault(key.tenant, set()).add(key)
-        return loading
-
-    def _may_load(self, key: AdapterKey, loading: dict[str, set[AdapterKey]]) -> bool:
-        """Whether asking for ``key`` keeps its tenant within its cold-load quota (joining a
-        load already in flight, or a hit, costs nothing)."""
-        limit = self.tenants.max_cold_loads(key.tenant)
-        keys = loading.get(key.tenant, set())
-        if limit is None or key in keys or len(keys) < limit:
-            return True
-        return self.cache is not None and self.cache.is_resident(key, Tier.L0)
-
-    def _take_lease(self, req: Request, future: Future[Lease]) -> None:
+    def _settle(self, req: Request, future: Future[Lease]) -> None:
         error = future.exception()
         if error is not None:
-            if isinstance(error, CapacityError) and self.clock.now() >= req.deadline_at_s:
-                retry = self.scheduler.config.retry_after_s
-                error = QueueTimeoutError(req.request_id, self.clock.now() - req.arrival_s, retry)
-            self._retire(req, RequestState.ABORTED, FINISH_ABORT, error)
+            ending = self.scheduler.on_lease_failed(req, error)
+            self._retire(req, RequestState.ABORTED, FINISH_ABORT, ending)
             return
         lease = future.result()
-        req.lease = lease
-        self._lease_tiers[req.request_id] = lease.load.source.name
-        if req.state is RequestState.ADAPTER_WAIT:
-            req.transition(RequestState.WAITING)
+        self._lease_tiers[req.request_id] = lease.load.source
+        self.scheduler.on_lease(req, lease)
 
     def _prefetch(self) -> None:
         if self.cache is None:
             return
-        keys = self.scheduler.prefetch_keys()
-        window = {k: self._prefetching.get(k) for k in keys}
-        loading = self._loads_by_tenant()
-        for key, future in window.items():
-            if future is None and self._may_load(key, loading):
-                window[key] = self.cache.prefetch(key, Tier.L1)
-                loading.setdefault(key.tenant, set()).add(key)
+        window = {k: self._prefetching.get(k) for k in self.scheduler.prefetch_keys()}
+        fresh = [k for k, f in window.items() if f is None]
+        for key in self.scheduler.admit_prefetches(fresh, self._adapter_loads()):
+            window[key] = self.cache.prefetch(key, Tier.L1)
         self._prefetching = {k: f for k, f in window.items() if f is not None}
+
+    def _adapter_loads(self) -> AdapterLoads:
+        cache = self.cache
+        assert cache is not None  # only asked for by an engine with an adapter cache
+        in_flight = frozenset(k for k, f in self._prefetching.items() if not f.done())
+        return AdapterLoads(lambda key: cache.is_resident(key, Tier.L0), in_flight)
+
+    # --- retiring and streaming -------------------------------------------------------------
 
     def _retire(
         self, req: Request, state: RequestState, reason: str, error: BaseException | None
     ) -> None:
-        """End a request: free KV, release or abandon its lease, close its stream."""
+        """End a request: the scheduler frees its KV and releases its lease; an unfinished
+        lease future becomes an orphan; its stream closes."""
         future = self._pending.pop(req.request_id, None)
         if future is not None:
             self._orphans.append(future)
         self.scheduler.finish(req, state, reason)
-        if req.lease is not None:
-            req.lease.release()
-            req.lease = None
         self.runner.drop(req.request_id)
         self._lease_tiers.pop(req.request_id, None)
         tracker = self._outputs.pop(req.request_id)
@@ -310,18 +261,6 @@ class EngineCore:
             sink(item)
         except Exception:  # a sink whose event loop is gone: the client left
             _log.debug("dropping output of %s: its sink failed", request_id, exc_info=True)
-
-    def _publish(self) -> None:
-        queued = [r for r in self.scheduler.requests.values() if r.state in QUEUED_STATES]
-        waiting = sum(r.adapter_ready for r in queued)
-        keys = (r.request.adapter_key for r in queued if not r.adapter_ready)
-        self.view = QueueView(
-            num_waiting=waiting,
-            num_adapter_wait=len(queued) - waiting,
-            num_running=len(self.scheduler.running),
-            kv_usage=self.scheduler.blocks.usage,
-            queued_adapters=tuple(dict.fromkeys(k for k in keys if k is not None)),
-        )
 
 
 def _release_if_granted(future: Future[Lease]) -> bool:

@@ -9,9 +9,12 @@ forward. Build in this order::
     ...
     engine.shutdown(); runtime.cache.close()
 
-Tenants: ``AdapterRuntimeConfig.tenants`` (from the registry, see ``engine.tenancy``) become the
-cache's per-tenant priority and per-tier byte caps, the scheduler's fair-share weights and the
-engine's cold-load quotas. ``runtime.update_tenant_settings`` applies a change live.
+Tenants: ``AdapterRuntimeConfig.tenants`` (from the registry, see ``engine.tenant_shares``)
+become the cache's per-tenant priority and per-tier byte caps, and the scheduler's fair-share
+weights and cold-load quotas. ``runtime.update_tenant_settings`` applies a change live.
+
+Warm policies: with ``AdapterRuntimeConfig.auto_warm`` (the default) the engine core rebalances
+the cache every ``auto_warm_interval_s``, pinning revisions in L0/L1 by their request rates.
 """
 
 from __future__ import annotations
@@ -27,23 +30,23 @@ from loraplex.artifacts.base_model import BaseModelSpec
 from loraplex.artifacts.identity import AdapterKey
 from loraplex.artifacts.store import ArtifactStore
 from loraplex.clock import Clock, MonotonicClock
+from loraplex.dtypes import DEFAULT_DTYPE, check_dtype, torch_dtype
 from loraplex.engine.blocks import BlockManager
 from loraplex.engine.config import EngineConfig
 from loraplex.engine.core import EngineCore
 from loraplex.engine.kv_blocks import PagedKVCache
 from loraplex.engine.runner import ModelRunner
-from loraplex.engine.scheduler import Scheduler
-from loraplex.engine.tenancy import TenantBook, TenantSettings
+from loraplex.engine.sched.scheduler import Scheduler
+from loraplex.engine.tenant_shares import TenantBook, TenantSettings
 from loraplex.engine.thread_client import AsyncEngine
 from loraplex.model.checkpoint import load_checkpoint
 from loraplex.model.lora import LoraSlotPool
 from loraplex.model.tokenizer import TextTokenizer
-from loraplex.residency.cache.tiered_cache import CacheConfig, TieredAdapterCache
+from loraplex.residency.cache import CacheConfig, TieredAdapterCache
 from loraplex.residency.ledger import Tier, TierBudget
-from loraplex.residency.policy import make_policy
+from loraplex.residency.policy import DEFAULT_POLICY, make_policy
+from loraplex.residency.warm import AutoWarmConfig
 from loraplex.runtime.tier_backends import ArtifactRef, DiskTier, TierPipeline
-
-_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
 
 @dataclass(frozen=True)
@@ -54,23 +57,34 @@ class AdapterRuntimeConfig:
     max_lora_rank: int = 64  # largest rank a slot holds
     cpu_adapter_bytes: int = 1 << 30  # L1 budget
     disk_cache_bytes: int = 8 << 30  # L2 budget
-    policy: str = "cost_aware"  # eviction policy name
-    dtype: str = "float32"  # adapter weights' dtype (the model's)
+    policy: str = DEFAULT_POLICY  # eviction policy name
+    dtype: str = DEFAULT_DTYPE  # adapter weights' dtype (the model's)
     device: str = "cpu"  # the model's device
     max_concurrent_loads: int = 4  # adapter loads in flight, all tenants
     tenant_max_concurrent_loads: int = 2  # loads in flight per tenant (cold-load quota)
     tenants: Mapping[str, TenantSettings] = field(default_factory=dict)  # priority and quotas
+    # Automatic warm promotion/demotion from each revision's rolling request rates; None: off
+    # (operator warm policies still apply).
+    auto_warm: AutoWarmConfig | None = field(default_factory=AutoWarmConfig)
+    auto_warm_interval_s: float = 5.0  # engine-clock seconds between two automatic rebalances
 
     def __post_init__(self) -> None:
-        for name in ("max_loras", "max_lora_rank", "max_concurrent_loads",
-                     "tenant_max_concurrent_loads"):  # fmt: skip
+        for name in (
+            "max_loras",
+            "max_lora_rank",
+            "max_concurrent_loads",
+            "tenant_max_concurrent_loads",
+        ):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name} {getattr(self, name)} is invalid; expected >= 1")
         for name in ("cpu_adapter_bytes", "disk_cache_bytes"):
             if getattr(self, name) < 0:
                 raise ValueError(f"{name} {getattr(self, name)} is invalid; expected >= 0")
-        if self.dtype not in _DTYPES:
-            raise ValueError(f"dtype {self.dtype!r} is invalid; expected one of {list(_DTYPES)}")
+        check_dtype(self.dtype)
+        if not self.auto_warm_interval_s > 0:
+            raise ValueError(
+                f"auto_warm_interval_s {self.auto_warm_interval_s} is invalid; expected > 0"
+            )
 
 
 @dataclass(frozen=True)
@@ -82,6 +96,7 @@ class AdapterRuntime:
     cache: TieredAdapterCache  # the tiered cache (recovered, ready to acquire)
     pipeline: TierPipeline  # its tier pipeline (L1 memory, L2 disk)
     tenants: TenantBook = field(default_factory=TenantBook)  # shared with the engine
+    rebalance_interval_s: float | None = None  # automatic warm rebalance period; None: off
 
     def update_tenant_settings(self, settings: Mapping[str, TenantSettings]) -> None:
         """Replaces every tenant's settings (thread-safe; the next step and the next eviction
@@ -119,7 +134,7 @@ def build_adapter_runtime(
     clock: Clock | None = None,
 ) -> AdapterRuntime:
     """A slot pool, a TierPipeline over ``store`` and ``disk_dir``, and the recovered cache."""
-    dtype, device = _DTYPES[config.dtype], torch.device(config.device)
+    dtype, device = torch_dtype(config.dtype), torch.device(config.device)
     pool = LoraSlotPool(base, config.max_loras, config.max_lora_rank, dtype=dtype, device=device)
     slot_lock = threading.Lock()
     pipeline = TierPipeline(resolver, store, DiskTier(disk_dir), pool, base, slot_lock=slot_lock)
@@ -132,13 +147,15 @@ def build_adapter_runtime(
         budgets,
         max_concurrent_loads=config.max_concurrent_loads,
         tenant_max_concurrent_loads=config.tenant_max_concurrent_loads,
+        auto_warm=config.auto_warm,
     )
     cache = TieredAdapterCache(
         cache_config, pipeline, policy=make_policy(config.policy), clock=clock or MonotonicClock()
     )
     apply_tenant_settings(cache, config.tenants)
     cache.recover()
-    return AdapterRuntime(pool, slot_lock, cache, pipeline, TenantBook(config.tenants))
+    interval = None if config.auto_warm is None else config.auto_warm_interval_s
+    return AdapterRuntime(pool, slot_lock, cache, pipeline, TenantBook(config.tenants), interval)
 
 
 def build_engine(
@@ -162,7 +179,7 @@ def build_engine_core(
     clock: Clock | None = None,
 ) -> EngineCore:
     """The base model, paged KV cache, scheduler and runner around ``runtime`` (no thread)."""
-    model = load_checkpoint(model_dir, dtype=_DTYPES[config.dtype], device=config.device)
+    model = load_checkpoint(model_dir, dtype=torch_dtype(config.dtype), device=config.device)
     clock = clock or MonotonicClock()
     blocks = BlockManager(config.num_kv_blocks, config.block_size)
     kv = PagedKVCache(model.attention_shape, blocks, dtype=model.dtype, device=model.device)
@@ -172,4 +189,6 @@ def build_engine_core(
     slot_lock = threading.Lock() if runtime is None else runtime.slot_lock
     runner = ModelRunner(model, kv, pool, slot_lock)
     cache = None if runtime is None else runtime.cache
-    return EngineCore(scheduler, runner, cache, TextTokenizer(model_dir), clock, tenants=tenants)
+    interval = None if runtime is None else runtime.rebalance_interval_s
+    tokenizer = TextTokenizer(model_dir)
+    return EngineCore(scheduler, runner, cache, tokenizer, clock, rebalance_interval_s=interval)

@@ -133,9 +133,13 @@ class PagedKVCache:
         if plan.decode_tokens is not None:
             tokens = plan.decode_tokens
             part = self._attend_decode(
-                q.index_select(0, tokens), plan.write_pos.index_select(0, tokens), keys=keys,
-                values=values, plan=plan, window=window,
-            )  # fmt: skip
+                q.index_select(0, tokens),
+                plan.write_pos.index_select(0, tokens),
+                keys=keys,
+                values=values,
+                plan=plan,
+                window=window,
+            )
             out.index_copy_(0, tokens, part)
         for i in plan.prefill_chunks:
             chunk, offset = plan.chunks[i], plan.chunk_offsets[i]

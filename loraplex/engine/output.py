@@ -3,8 +3,7 @@
 Text is re-decoded from all output tokens each step (byte-level BPE may need several tokens for
 one character), and only text that can no longer change is emitted: a trailing replacement
 character (an incomplete UTF-8 sequence) and any suffix that could still grow into a stop
-string are held back until the next token decides them. The concatenated deltas equal the
-offline decoder's text.
+string are held back until the next token decides them.
 
 ``min_tokens`` (vLLM's extension): before that many tokens neither EOS nor a stop string ends
 the request, and a stop string counts only if it ends in text produced from then on (as in

@@ -11,19 +11,29 @@ picklable ``builder`` (a module-level function and its arguments) returning ``Wo
 the engine core, its adapter cache, and how to apply tenant settings and close. It then runs an
 ``EngineThread`` and answers one duplex pipe (``engine/process_link.py``):
 
-after every step one message carries all of that step's deltas, and a published state (load,
-residency) answers ``load_snapshot`` and ``RemoteCache.is_resident`` without a round trip
-(messages: ``engine/process_child.py``).
+after every step one message carries all of that step's deltas, and the state the child publishes
+when it changed (queue counts, residency as deltas, cache counters: ``engine/process_state.py``)
+answers ``load_snapshot``, ``RemoteCache.is_resident`` and ``RemoteCache.summary`` (/metrics)
+without a round trip. Messages are typed (``engine/messages.py``) and routed by their type.
 
 Errors cross the pipe with their types and attributes (``process_child.pack_error``).
 
 The child is supervised. One IO thread reads its pipe; at EOF (the child died, however) every
 live stream and call fails with ``EngineUnavailableError`` (503) naming the restart, the engine
-reports itself down (``health()``: /health and /ready answer 503, ``load_snapshot`` raises, new
+reports itself down (``health()``: /ready answers 503, ``load_snapshot`` raises, new
 requests are refused at once), and the same thread starts a new child after a bounded
 exponential backoff (``engine/restart.py``) until one is ready; then the engine is up again.
 The child builds its tenant settings and warm policies from the registry, like the first one.
 The child exits by itself when the parent goes away (its pipe reaches EOF).
+
+With ``wait_ready=False`` the constructor returns as soon as the child is spawned (the engine is
+down, "starting", until it is ready), so an HTTP server can answer liveness probes while the
+model loads; ``wait_started()`` then waits for it. A failed first start is not retried: it is a
+configuration error, raised by ``wait_started()``.
+
+NOTE: over 300 lines on purpose: the client half (generate, calls) and the supervision half
+(start, read, restart, attach) share one lock and one up/down state, and that invariant is
+easier to check in one class than across two.
 """
 
 from __future__ import annotations
@@ -38,24 +48,30 @@ from collections.abc import AsyncGenerator, Callable, Mapping
 from concurrent.futures import Future
 from typing import Any
 
-from loraplex.artifacts.identity import AdapterKey
+from loraplex.engine.messages import (
+    AbortRequest,
+    AddRequest,
+    CacheCall,
+    CacheCommand,
+    LoadDone,
+    Reply,
+    StatePublish,
+    StepOut,
+    UpdateTenants,
+)
 from loraplex.engine.process_child import WorkerHandles
 from loraplex.engine.process_inflight import InFlight
 from loraplex.engine.process_link import ChildLink
+from loraplex.engine.process_state import PublishedState
 from loraplex.engine.protocol import EngineHealth, EngineLoad, EngineRequest, TokenDelta
 from loraplex.engine.remote_cache import RemoteCache
 from loraplex.engine.restart import Backoff, RestartPolicy
-from loraplex.engine.tenancy import TenantSettings
+from loraplex.engine.tenant_shares import TenantSettings
 from loraplex.engine.thread_client import Mailboxes, Outbox, outbox_stream
 from loraplex.errors import EngineUnavailableError
 from loraplex.model.tokenizer import TextTokenizer
-from loraplex.residency.ledger import Tier
 
 _log = logging.getLogger(__name__)
-
-
-def _idle_load(max_loras: int) -> EngineLoad:
-    return EngineLoad(0, 0, 0, 0.0, (), (), max_loras)
 
 
 class EngineProcess:
@@ -71,6 +87,7 @@ class EngineProcess:
         call_timeout_s: float = 30.0,
         state_interval_s: float = 0.02,
         restart: RestartPolicy | None = None,
+        wait_ready: bool = True,
     ) -> None:
         self._tokenizer = tokenizer
         self._spawn = functools.partial(ChildLink, builder, args, state_interval_s)
@@ -78,20 +95,36 @@ class EngineProcess:
         self._call_timeout_s = call_timeout_s
         self._backoff = Backoff(restart or RestartPolicy())
         self._closing = threading.Event()
-        self._lock = threading.Lock()  # the link, up/down, state; taken before the in-flight's
+        self._started = threading.Event()  # the first start ended (ready, or failed)
+        self._start_error: BaseException | None = None  # why the first start failed
+        self._lock = threading.Lock()  # the link, up/down; taken before the in-flight's
         self._inflight = InFlight()
         self._mailboxes = Mailboxes()
-        self._down: EngineUnavailableError | None = None  # why requests are refused; None: up
+        self._state = PublishedState()  # what the child published (read without asking it)
+        self._handlers: dict[type, Callable[[Any], None]] = {
+            StepOut: self._inflight.on_step_out,
+            Reply: self._inflight.on_reply,
+            LoadDone: self._inflight.on_load_done,
+            StatePublish: self._state.apply,
+        }
+        self._max_loras = 0
+        # why requests are refused; None: up
+        self._down: EngineUnavailableError | None = EngineUnavailableError(
+            "the engine process is starting; retry shortly"
+        )
         self._num_restarts = 0
         # tenant settings not yet known to be applied by the child (see update_tenant_settings)
         self._tenants_unsent: dict[str, TenantSettings] | None = None
-        self.residency: dict[AdapterKey, tuple[Tier, ...]] = {}  # ready tiers per adapter
-        self.cache = RemoteCache(self)  # the child's adapter cache, for the admin API
+        self.cache = RemoteCache(self, self._state)  # the child's adapter cache, for the admin API
         self._link = self._spawn()
-        self._load = _idle_load(self._link.await_ready(start_timeout_s, self._closing))
-        self._backoff.up(time.monotonic())
+        if wait_ready:
+            self._first_start(self._link)
+            self._start_error_raise()
         self._supervisor = threading.Thread(
-            target=self._supervise, args=(self._link,), name="loraplex-engine-io", daemon=True
+            target=self._supervise,
+            args=(self._link, not wait_ready),
+            name="loraplex-engine-io",
+            daemon=True,
         )
         self._supervisor.start()
 
@@ -103,6 +136,41 @@ class EngineProcess:
     def pid(self) -> int | None:
         """The current child's process id (the dead one's while a restart is pending)."""
         return self._link.pid
+
+    @property
+    def num_state_updates(self) -> int:
+        """State publishes received so far (an idle child sends none: it publishes changes)."""
+        return self._state.num_updates
+
+    def wait_started(self, timeout_s: float | None = None) -> None:
+        """Waits for the first start; raises why it failed (the child's own error), or
+        EngineUnavailableError when it did not end within ``timeout_s``."""
+        if not self._started.wait(timeout_s):
+            raise EngineUnavailableError(f"the engine process did not start in {timeout_s} s")
+        self._start_error_raise()
+
+    def _start_error_raise(self) -> None:
+        if self._start_error is not None:
+            raise self._start_error
+
+    def _first_start(self, link: ChildLink) -> bool:
+        """Awaits the first child; False (and the error kept) when it failed."""
+        try:
+            max_loras = link.await_ready(self._start_timeout_s, self._closing)
+        except BaseException as exc:
+            self._start_error = exc
+            with self._lock:
+                self._down = EngineUnavailableError(
+                    f"the engine process failed to start ({type(exc).__name__})"
+                )
+            self._started.set()
+            return False
+        with self._lock:
+            self._max_loras = max_loras
+            self._down = None
+        self._backoff.up(time.monotonic())
+        self._started.set()
+        return True
 
     # --- EngineClient ------------------------------------------------------------------------
 
@@ -116,7 +184,7 @@ class EngineProcess:
                 self._check_up()
                 self._inflight.add_stream(rid, mailbox, outbox)
                 link = self._link  # NOTE: this child's, even if a restart follows at once
-            self._send(link, ("add", request))
+            self._send(link, AddRequest(request))
 
         def stop(finished: bool) -> None:
             if self._inflight.drop_stream(rid, outbox) and not finished:
@@ -132,12 +200,13 @@ class EngineProcess:
             link = self._link if self._down is None else None
         if link is not None:  # a dead child's requests are gone with it
             with contextlib.suppress(EngineUnavailableError):
-                self._send(link, ("abort", request_id))
+                self._send(link, AbortRequest(request_id))
 
     def load_snapshot(self) -> EngineLoad:
         with self._lock:
             self._check_up()
-            return self._load
+            max_loras = self._max_loras
+        return self._state.load(max_loras)
 
     def health(self) -> EngineHealth:
         with self._lock:
@@ -153,37 +222,38 @@ class EngineProcess:
             self._tenants_unsent = unsent
             if self._down is not None:
                 return
-        self.call("update_tenants", unsent)
+        self.call(UpdateTenants(unsent))
         with self._lock:
             if self._tenants_unsent is unsent:
                 self._tenants_unsent = None
 
     # --- calls --------------------------------------------------------------------------------
 
-    def call(self, method: str, *args: Any) -> Any:
-        """Runs ``method`` in the child and returns its result (or raises its error)."""
-        return self._call(method, args, None)
+    def call(self, command: CacheCommand) -> Any:
+        """Runs ``command`` in the child and returns its result (or raises its error)."""
+        return self._call(command, None)
 
-    def call_future(self, method: str, *args: Any) -> Future[None]:
-        """A pin/prefetch in the child: the future completes when its load does."""
+    def call_future(self, command: CacheCommand) -> Future[None]:
+        """A loading command (pin, prefetch): the future completes when its load does."""
         deferred: Future[None] = Future()
-        self._call(method, args, deferred)
+        self._call(command, deferred)
         return deferred
 
-    def _call(self, method: str, args: tuple[Any, ...], deferred: Future[None] | None) -> Any:
+    def _call(self, command: CacheCommand, deferred: Future[None] | None) -> Any:
         with self._lock:
             self._check_up()
             call_id, future = self._inflight.add_call(deferred)
             link = self._link
         answered = False
         try:
-            self._send(link, ("call", call_id, method, args))
+            self._send(link, CacheCall(call_id, command))
             result = future.result(self._call_timeout_s)
             answered = True
             return result
         except TimeoutError as exc:
             raise EngineUnavailableError(
-                f"the engine process did not answer {method!r} in {self._call_timeout_s} s"
+                f"the engine process did not answer {type(command).__name__} in "
+                f"{self._call_timeout_s} s"
             ) from exc
         finally:
             self._inflight.end_call(call_id, answered)
@@ -191,7 +261,7 @@ class EngineProcess:
     # --- supervision --------------------------------------------------------------------------
 
     @staticmethod
-    def _send(link: ChildLink, message: tuple[Any, ...]) -> None:
+    def _send(link: ChildLink, message: object) -> None:
         try:
             link.send(message)
         except (OSError, ValueError) as exc:
@@ -201,9 +271,11 @@ class EngineProcess:
         if self._down is not None:
             raise EngineUnavailableError(str(self._down))
 
-    def _supervise(self, link: ChildLink | None) -> None:
-        """The IO thread: reads the child's pipe; when the child dies, fails what it had in
-        flight and starts another one, until shutdown."""
+    def _supervise(self, link: ChildLink | None, first_start: bool) -> None:
+        """The IO thread: (starts the first child,) reads the child's pipe; when the child dies,
+        fails what it had in flight and starts another one, until shutdown."""
+        if first_start and link is not None and not self._first_start(link):
+            return  # a configuration error: wait_started() raises it, nothing is retried
         while link is not None:
             self._read(link)
             link.close()
@@ -212,9 +284,11 @@ class EngineProcess:
                 return
             how = link.describe_exit()
             _log.error("engine process %s %s; restarting it", link.pid, how)
-            self._fail_all(EngineUnavailableError(
-                f"the engine process {how}; it is being restarted, retry shortly"
-            ))  # fmt: skip
+            self._fail_all(
+                EngineUnavailableError(
+                    f"the engine process {how}; it is being restarted, retry shortly"
+                )
+            )
             link = self._restart()
 
     def _read(self, link: ChildLink) -> None:
@@ -224,13 +298,9 @@ class EngineProcess:
             except (EOFError, OSError):
                 return
             try:
-                if message[0] == "state":
-                    with self._lock:
-                        self._load, self.residency = message[1], message[2]
-                else:
-                    self._inflight.dispatch(message)
+                self._handlers[type(message)](message)
             except Exception:  # a malformed message must not kill the reader
-                _log.exception("engine process message %r failed", message[:1])
+                _log.exception("engine process message %s failed", type(message).__name__)
 
     def _restart(self) -> ChildLink | None:
         """Starts children, with backoff, until one is ready (returned) or shutdown (None)."""
@@ -264,9 +334,9 @@ class EngineProcess:
                 call_id, future = self._inflight.add_call(None)
                 future.add_done_callback(_log_failed_tenant_update)
                 with contextlib.suppress(EngineUnavailableError):
-                    self._send(link, ("call", call_id, "update_tenants", (self._tenants_unsent,)))
+                    self._send(link, CacheCall(call_id, UpdateTenants(self._tenants_unsent)))
             self._link = link
-            self._load = _idle_load(max_loras)
+            self._max_loras = max_loras
             self._down = None
         self._backoff.up(time.monotonic())
         _log.warning("engine process restarted (pid %s)", link.pid)
@@ -276,7 +346,7 @@ class EngineProcess:
         """The child is gone: the engine is down and everything it had in flight fails."""
         with self._lock:
             self._down = error
-            self.residency = {}
+            self._state.clear()
         self._inflight.fail_all(error)
 
     def shutdown(self, timeout_s: float = 30.0) -> None:

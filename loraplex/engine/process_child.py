@@ -1,15 +1,6 @@
 """The engine process's side: what a builder returns, errors across the pipe, and the loop
-that serves the parent's commands (``engine/process.py`` says why the engine has a process).
-
-Messages on the duplex pipe:
-
-- parent -> child: ``("add", EngineRequest)``, ``("abort", request_id)``,
-  ``("call", call_id, method, args)`` for the cache-control methods in ``_CALLS``, ``("stop",)``;
-- child -> parent: ``("ready", max_loras)`` or ``("failed", error)`` once; after every engine
-  step that produced output one ``("out", [(request_id, delta or error), ...])``;
-  ``("state", EngineLoad, {key: ready tiers})`` at most every ``state_interval_s``;
-  ``("reply", call_id, ok, value)`` and, for pin/prefetch, ``("done", call_id, error)`` when the
-  load finishes.
+that serves the parent's messages (``engine/process.py`` says why the engine has a process;
+``engine/messages.py`` lists the messages).
 
 Errors cross the pipe as (module, class name, args, attributes) and are rebuilt without calling
 the class's ``__init__``: domain errors have keyword-rich constructors that pickle cannot replay.
@@ -28,18 +19,34 @@ from dataclasses import dataclass
 from multiprocessing.connection import Connection
 from typing import Any
 
-from loraplex.artifacts.identity import AdapterKey
 from loraplex.engine.core import EngineCore
+from loraplex.engine.messages import (
+    AbortRequest,
+    AddRequest,
+    CacheCall,
+    CacheCommand,
+    Evict,
+    LoadDone,
+    PackedError,
+    Pin,
+    Prefetch,
+    Ready,
+    Reply,
+    SetWarm,
+    Snapshot,
+    StartFailed,
+    StatePublish,
+    StepOut,
+    Stop,
+    Unpin,
+    UpdateTenants,
+)
 from loraplex.engine.protocol import EngineRequest, TokenDelta
-from loraplex.engine.tenancy import TenantSettings
-from loraplex.engine.thread_client import EngineThread, engine_load
+from loraplex.engine.sched.stats import QueueView
+from loraplex.engine.tenant_shares import TenantSettings
+from loraplex.engine.thread_client import EngineThread
 from loraplex.errors import EngineUnavailableError
-from loraplex.residency.cache.tiered_cache import TieredAdapterCache
-from loraplex.residency.ledger import CACHED_TIERS, Tier
-
-# Cache-control methods the parent may call in the child (anything else is refused).
-_CALLS = ("snapshot", "pin", "prefetch", "unpin", "evict", "set_warm_policy", "update_tenants")
-_FUTURE_CALLS = ("pin", "prefetch")
+from loraplex.residency.cache import CacheSummary, TieredAdapterCache
 
 
 @dataclass(frozen=True)
@@ -54,8 +61,6 @@ class WorkerHandles:
 
 
 # --- errors across the pipe ------------------------------------------------------------------
-
-PackedError = tuple[str, str, tuple[Any, ...], dict[str, Any]]
 
 
 def pack_error(exc: BaseException) -> PackedError:
@@ -85,11 +90,34 @@ def _plain(value: object) -> bool:
     return value is None or isinstance(value, str | int | float | bool | tuple | list | dict)
 
 
+# --- cache commands --------------------------------------------------------------------------
+
+# How each cache command runs on the child's cache (UpdateTenants runs on the handles instead).
+_CACHE_COMMANDS: dict[type[CacheCommand], Callable[[TieredAdapterCache, Any], Any]] = {
+    Snapshot: lambda cache, c: cache.snapshot(),
+    Pin: lambda cache, c: cache.pin(c.key, c.tier),
+    Prefetch: lambda cache, c: cache.prefetch(c.key, c.tier),
+    Unpin: lambda cache, c: cache.unpin(c.key, c.tier),
+    Evict: lambda cache, c: cache.evict(c.key, c.tier),
+    SetWarm: lambda cache, c: cache.set_warm_policy(c.key, c.warm),
+}
+
+
 # --- the child ---------------------------------------------------------------------------------
 
 
+class _Published:
+    """What the parent was last told, so a publish carries only what changed since."""
+
+    def __init__(self) -> None:
+        self.queue: QueueView | None = None  # the last queue view sent
+        self.residency_version: int | None = None  # None: nothing sent (the first is full)
+        self.summary: CacheSummary | None = None  # the last cache summary sent
+        self.at_s = float("-inf")  # when changes were last looked for
+
+
 class _Child:
-    """The child's side of the pipe: commands in, batched output and state out."""
+    """The child's side of the pipe: messages in, batched output and state out."""
 
     def __init__(self, conn: Connection, handles: WorkerHandles, state_interval_s: float) -> None:
         self._conn = conn
@@ -100,38 +128,40 @@ class _Child:
         self._out_lock = threading.Lock()
         self._out: list[tuple[str, TokenDelta | PackedError]] = []
         self._state_interval_s = state_interval_s
-        self._last_state = 0.0
+        self._published = _Published()
+        self._handlers: dict[type, Callable[[Any], None]] = {
+            AddRequest: self._on_add,
+            AbortRequest: self._on_abort,
+            CacheCall: self._on_call,
+        }
         self._thread = EngineThread(handles.core, handles.idle_wait_s, self._deliver)
 
-    def send(self, message: tuple[Any, ...]) -> None:
+    def send(self, message: object) -> None:
         with self._send_lock:
             self._conn.send(message)
 
     def run(self) -> None:
-        """Answers commands until ``stop`` or until the parent is gone."""
+        """Answers messages until ``Stop`` or until the parent is gone."""
         try:
             while True:
                 try:
                     message = self._conn.recv()
                 except (EOFError, OSError):
                     return
-                if message[0] == "stop":
+                if isinstance(message, Stop):
                     return
-                self._command(message)
+                self._handlers[type(message)](message)
         finally:
             self._thread.stop()
             self._handles.close()
 
-    def _command(self, message: tuple[Any, ...]) -> None:
-        kind = message[0]
-        if kind == "add":
-            request: EngineRequest = message[1]
-            self._thread.submit(lambda: self._add(request))
-        elif kind == "abort":
-            request_id: str = message[1]
-            self._thread.submit(lambda: self._core.abort(request_id))
-        elif kind == "call":
-            self._call(message[1], message[2], message[3])
+    def _on_add(self, message: AddRequest) -> None:
+        request = message.request
+        self._thread.submit(lambda: self._add(request))
+
+    def _on_abort(self, message: AbortRequest) -> None:
+        request_id = message.request_id
+        self._thread.submit(lambda: self._core.abort(request_id))
 
     def _add(self, request: EngineRequest) -> None:
         rid = request.request_id
@@ -146,33 +176,31 @@ class _Child:
         except Exception as exc:  # queue full, prompt too long, duplicate id
             sink(exc)
 
-    def _call(self, call_id: int, method: str, args: tuple[Any, ...]) -> None:
+    def _on_call(self, call: CacheCall) -> None:
         try:
-            if method not in _CALLS:
-                raise ValueError(f"method {method!r} is invalid; expected one of {_CALLS}")
-            value = self._invoke(method, args)
+            value = self._run(call.command)
         except Exception as exc:
-            self.send(("reply", call_id, False, pack_error(exc)))
+            self.send(Reply(call.call_id, False, pack_error(exc)))
             return
-        if method in _FUTURE_CALLS:
+        if call.command.loads:
             future: Future[None] = value
-            self.send(("reply", call_id, True, future.done()))
-            future.add_done_callback(lambda f: self._done(call_id, f))
+            self.send(Reply(call.call_id, True, future.done()))
+            future.add_done_callback(lambda f: self._done(call.call_id, f))
         else:
-            self.send(("reply", call_id, True, value))
+            self.send(Reply(call.call_id, True, value))
 
-    def _invoke(self, method: str, args: tuple[Any, ...]) -> Any:
-        if method == "update_tenants":
-            self._handles.update_tenants(args[0])
+    def _run(self, command: CacheCommand) -> Any:
+        if isinstance(command, UpdateTenants):
+            self._handles.update_tenants(command.settings)
             return None
         if self._cache is None:
             raise EngineUnavailableError("this engine has no adapter cache")
-        return getattr(self._cache, method)(*args)
+        return _CACHE_COMMANDS[type(command)](self._cache, command)
 
     def _done(self, call_id: int, future: Future[None]) -> None:
         error = None if future.cancelled() else future.exception()
         with contextlib.suppress(OSError, ValueError):  # the parent may be gone
-            self.send(("done", call_id, None if error is None else pack_error(error)))
+            self.send(LoadDone(call_id, None if error is None else pack_error(error)))
 
     def _deliver(self) -> None:
         """Runs on the engine thread after the commands and after each step."""
@@ -180,39 +208,55 @@ class _Child:
             out, self._out = self._out, []
         try:
             if out:
-                self.send(("out", out))
+                self.send(StepOut(out))
             now = time.monotonic()
-            if now - self._last_state >= self._state_interval_s:
-                self._last_state = now
-                tiers = self._residency()
-                running = tuple(k for k, held in tiers.items() if Tier.L0 in held)
-                load = engine_load(self._core, self._handles.max_loras, running)
-                self.send(("state", load, tiers))
+            if now - self._published.at_s >= self._state_interval_s:
+                self._published.at_s = now
+                changes = self._changes()
+                if changes is not None:
+                    self.send(changes)
         except (OSError, ValueError):  # the parent is gone; run() sees EOF and stops
             pass
 
-    def _residency(self) -> dict[AdapterKey, tuple[Tier, ...]]:
-        tiers: dict[AdapterKey, tuple[Tier, ...]] = {}
+    def _changes(self) -> StatePublish | None:
+        """What changed since the last publish (None: nothing). Costs what changed, not what is
+        cached: residency comes as the cache's deltas, the rest as a few counters."""
+        published = self._published
+        queue = self._core.view
+        queue_changed = queue != published.queue
+        residency = summary = None
         if self._cache is not None:
-            for tier in CACHED_TIERS:
-                for key in self._cache.residency(tier):
-                    tiers[key] = (*tiers.get(key, ()), tier)
-        return tiers
+            since = published.residency_version
+            residency = self._cache.residency_changes(0 if since is None else since)
+            if residency.version == since:  # nothing changed (not even when the answer is full)
+                residency = None
+            summary = self._cache.summary()
+            if summary == published.summary:
+                summary = None
+        if not queue_changed and residency is None and summary is None:
+            return None
+        published.queue = queue
+        if residency is not None:
+            published.residency_version = residency.version
+        if summary is not None:
+            published.summary = summary
+        return StatePublish(queue if queue_changed else None, residency, summary)
 
 
 def child_main(
-    conn: Connection, builder: Callable[..., WorkerHandles], args: tuple[Any, ...],
+    conn: Connection,
+    builder: Callable[..., WorkerHandles],
+    args: tuple[Any, ...],
     state_interval_s: float,
-) -> None:  # fmt: skip
+) -> None:
     try:
         handles = builder(*args)
     except BaseException as exc:
-        conn.send(("failed", pack_error(exc)))
+        conn.send(StartFailed(pack_error(exc)))
         conn.close()
         return
-    child = _Child(conn, handles, state_interval_s)
     gc.collect()
     gc.freeze()  # the model and caches are built: keep collections from walking them
-    child.send(("ready", handles.max_loras))
-    child.run()
+    conn.send(Ready(handles.max_loras))  # NOTE: before the engine thread can publish anything
+    _Child(conn, handles, state_interval_s).run()
     conn.close()

@@ -1,7 +1,7 @@
 """What the server process has in flight in its engine child: streams waiting for deltas, calls
 waiting for their reply, pin/prefetch loads waiting for their ``done``.
 
-The IO thread routes the child's messages here (``engine/process_child.py`` lists them); when the
+The IO thread routes the child's messages here (``engine/messages.py`` lists them); when the
 child dies, everything in flight fails at once and nothing of it is carried to the next child.
 """
 
@@ -12,7 +12,8 @@ import threading
 from concurrent.futures import Future
 from typing import Any
 
-from loraplex.engine.process_child import PackedError, unpack_error
+from loraplex.engine.messages import LoadDone, Reply, StepOut
+from loraplex.engine.process_child import unpack_error
 from loraplex.engine.protocol import TokenDelta
 from loraplex.engine.thread_client import Mailbox, Outbox
 
@@ -59,36 +60,35 @@ class InFlight:
             if not answered:
                 self._deferred.pop(call_id, None)
 
-    def dispatch(self, message: tuple[Any, ...]) -> None:
-        """Routes one ``out``, ``reply`` or ``done`` message of the child."""
-        kind = message[0]
-        if kind == "out":
-            self._route(message[1])
-        elif kind == "reply":
-            _, call_id, ok, value = message
-            with self._lock:
-                future = self._calls.pop(call_id, None)
-                if not ok:
-                    self._deferred.pop(call_id, None)
-            if future is not None:
-                if ok:
-                    future.set_result(value)
-                else:
-                    future.set_exception(unpack_error(value))
-        elif kind == "done":
-            _, call_id, error = message
-            with self._lock:
-                deferred = self._deferred.pop(call_id, None)
-            if deferred is not None:
-                if error is None:
-                    deferred.set_result(None)
-                else:
-                    deferred.set_exception(unpack_error(error))
+    def on_reply(self, reply: Reply) -> None:
+        """A call's answer: its result, or its error (then its load is not waited for)."""
+        with self._lock:
+            future = self._calls.pop(reply.call_id, None)
+            if not reply.ok:
+                self._deferred.pop(reply.call_id, None)
+        if future is None:
+            return
+        if reply.ok:
+            future.set_result(reply.value)
+        else:
+            future.set_exception(unpack_error(reply.value))
 
-    def _route(self, out: list[tuple[str, TokenDelta | PackedError]]) -> None:
+    def on_load_done(self, done: LoadDone) -> None:
+        """A pin's or prefetch's load finished."""
+        with self._lock:
+            deferred = self._deferred.pop(done.call_id, None)
+        if deferred is None:
+            return
+        if done.error is None:
+            deferred.set_result(None)
+        else:
+            deferred.set_exception(unpack_error(done.error))
+
+    def on_step_out(self, out: StepOut) -> None:
+        """One engine step's deltas and errors, handed to their streams' event loops."""
         touched: set[Mailbox] = set()
         with self._lock:
-            for rid, item in out:
+            for rid, item in out.items:
                 stream = self._streams.get(rid)
                 if stream is None:  # aborted by its client meanwhile
                     continue

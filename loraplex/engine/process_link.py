@@ -16,6 +16,7 @@ import time
 from collections.abc import Callable
 from typing import Any
 
+from loraplex.engine.messages import Ready, StartFailed, Stop
 from loraplex.engine.process_child import WorkerHandles, child_main, unpack_error
 from loraplex.errors import EngineUnavailableError
 
@@ -32,9 +33,11 @@ class ChildLink:
         context = mp.get_context("spawn")
         self._conn, child_conn = context.Pipe(duplex=True)
         self._process = context.Process(
-            target=child_main, args=(child_conn, builder, args, state_interval_s),
-            name="loraplex-engine", daemon=True,
-        )  # fmt: skip
+            target=child_main,
+            args=(child_conn, builder, args, state_interval_s),
+            name="loraplex-engine",
+            daemon=True,
+        )
         try:
             self._process.start()
         except BaseException:
@@ -74,27 +77,28 @@ class ChildLink:
             message = self._conn.recv()
         except EOFError as exc:
             raise EngineUnavailableError("the engine process exited while starting") from exc
-        if message[0] == "failed":
+        if isinstance(message, StartFailed):
             self._process.join()  # it returns by itself after reporting
-            raise unpack_error(message[1])
-        max_loras: int = message[1]
-        return max_loras
+            raise unpack_error(message.error)
+        if not isinstance(message, Ready):
+            raise EngineUnavailableError(f"the engine process sent {type(message).__name__} first")
+        return message.max_loras
 
-    def send(self, message: tuple[Any, ...]) -> None:
+    def send(self, message: object) -> None:
         """Raises OSError or ValueError when the pipe is broken or closed."""
         with self._send_lock:
             self._conn.send(message)
 
-    def recv(self) -> tuple[Any, ...]:
+    def recv(self) -> object:
         """The child's next message; EOFError once it exited (or the link is closed)."""
-        message: tuple[Any, ...] = self._conn.recv()
+        message: object = self._conn.recv()
         return message
 
     def request_stop(self) -> None:
         """Asks the child to stop (its live requests end, its cache closes); it then exits and
         the reader sees EOF."""
         with contextlib.suppress(OSError, ValueError):
-            self.send(("stop",))
+            self.send(Stop())
 
     def kill(self) -> None:
         with self._state_lock:

@@ -3,8 +3,9 @@
 The server resolves tenants and aliases (control plane) and hands the engine an
 ``EngineRequest`` carrying the immutable ``AdapterKey``; the engine streams ``TokenDelta``s
 back. Errors surface from the stream as domain exceptions (``loraplex.errors``):
-``QueueTimeoutError`` (503 + Retry-After), ``QueueFullError`` (429 + Retry-After),
-``CapacityError`` (a request that can never fit), ``AdapterError`` subclasses and
+transient ``CapacityError`` subclasses (``QueueTimeoutError``, ``QueueFullError``,
+``EngineUnavailableError``: retry later), permanent ``UnservableError`` subclasses (a prompt too
+long, an adapter too large for any tier: never retry), ``AdapterError`` subclasses and
 ``LoadCancelledError`` (the revision failed to load). ``server/errors.py`` maps them.
 """
 
@@ -15,6 +16,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Protocol
 
 from loraplex.artifacts.identity import AdapterKey
+from loraplex.residency.ledger import Tier
 
 if TYPE_CHECKING:
     from loraplex.model.tokenizer import TextTokenizer
@@ -24,7 +26,6 @@ if TYPE_CHECKING:
 FINISH_STOP = "stop"
 FINISH_LENGTH = "length"
 FINISH_ABORT = "abort"
-FINISH_REASONS = (FINISH_STOP, FINISH_LENGTH, FINISH_ABORT)
 
 
 @dataclass(frozen=True)
@@ -60,8 +61,8 @@ class TokenDelta:
     completion_tokens: int  # tokens generated so far (including these)
     queue_s: float | None = None  # on a request's first delta: seconds queued before it ran
     # On an adapter request's first delta: the tier the engine found the adapter in when it
-    # leased it ("L0": already in a GPU slot), i.e. what its latency actually paid for.
-    adapter_tier: str | None = None
+    # leased it (Tier.L0: already in a GPU slot), i.e. what its latency actually paid for.
+    adapter_tier: Tier | None = None
 
 
 @dataclass(frozen=True)

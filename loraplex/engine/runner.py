@@ -5,6 +5,7 @@ A request whose row cannot be sampled (non-finite logits, a failed draw) is repo
 
 from __future__ import annotations
 
+import logging
 import threading
 from collections.abc import Mapping
 
@@ -16,6 +17,8 @@ from loraplex.model.kv_cache import SequenceChunk
 from loraplex.model.llama import ForwardBatch, LlamaModel, LoraApplier
 from loraplex.model.sampler import make_generator, sample_rows
 from loraplex.sampling import SamplingParams
+
+_log = logging.getLogger(__name__)
 
 # The op's tensor convention for "base model only" in token_slots.
 _NO_SLOT = -1
@@ -79,6 +82,35 @@ class ModelRunner:
         failed.update({ids[row]: reason for row, reason in picked.failures.items()})
         sampled = {ids[row]: token for row, token in picked.tokens.items()}
         return StepResult({r: t for r, t in sampled.items() if r not in failed}, failed)
+
+    def run_isolated(
+        self,
+        plan: StepPlan,
+        params: Mapping[str, SamplingParams],
+        banned: Mapping[str, frozenset[int]],
+    ) -> StepResult:
+        """``run``; if the forward raises, runs each chunk alone so that only the request whose
+        part raises fails (with its error's type only: its text may carry one tenant's values),
+        and the others still advance. Rerunning is safe: a chunk writes the same keys/values to
+        the same KV rows again."""
+        try:
+            return self.run(plan, params, banned)
+        except Exception:
+            _log.exception("engine step of %d chunks failed; isolating", len(plan.chunks))
+        sampled: dict[str, int] = {}
+        failed: dict[str, str] = {}
+        for chunk in plan.chunks:
+            rid = chunk.request_id
+            mine = {rid: params[rid]} if rid in params else {}
+            try:
+                result = self.run(StepPlan((chunk,), ()), mine, banned)
+            except Exception as exc:
+                _log.warning("request %s fails alone: %r", rid, exc)
+                failed[rid] = f"its part of the step raised {type(exc).__name__}"
+                continue
+            sampled.update(result.sampled)
+            failed.update(result.failed)
+        return StepResult(sampled, failed)
 
     def drop(self, request_id: str) -> None:
         """Forget a finished request's random stream."""

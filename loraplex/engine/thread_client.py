@@ -23,7 +23,7 @@ from loraplex.engine.core import EngineCore
 from loraplex.engine.protocol import EngineHealth, EngineLoad, EngineRequest, TokenDelta
 from loraplex.errors import EngineUnavailableError
 from loraplex.model.tokenizer import TextTokenizer
-from loraplex.residency.cache.tiered_cache import TieredAdapterCache
+from loraplex.residency.cache import TieredAdapterCache
 from loraplex.residency.ledger import Tier
 
 _log = logging.getLogger(__name__)
@@ -165,7 +165,8 @@ def merge_deltas(first: TokenDelta, second: TokenDelta) -> TokenDelta:
         prompt_tokens=second.prompt_tokens,
         completion_tokens=second.completion_tokens,
         queue_s=first.queue_s if first.queue_s is not None else second.queue_s,
-        adapter_tier=first.adapter_tier or second.adapter_tier,
+        # NOTE: not ``or``: Tier.L0 is 0, hence false
+        adapter_tier=first.adapter_tier if first.adapter_tier is not None else second.adapter_tier,
     )
 
 

@@ -18,13 +18,8 @@ from dataclasses import dataclass
 import torch
 
 from loraplex.artifacts.validate import AdapterTensor, InjectedModule, ValidatedAdapter
+from loraplex.dtypes import torch_dtype
 from loraplex.errors import CorruptArtifactError
-
-_TORCH_DTYPES: dict[str, torch.dtype] = {
-    "float32": torch.float32,
-    "float16": torch.float16,
-    "bfloat16": torch.bfloat16,
-}
 
 
 @dataclass(frozen=True)
@@ -127,9 +122,11 @@ def load_adapter_weights(
                 "expected lora_A and lora_B"
             )
         run, i = place[(injected.layer, injected.module)]
-        modules.append(ModuleWeights(
-            injected.layer, injected.module, run.lora_a[i], run.lora_b_t[i].T, injected.scale
-        ))  # fmt: skip
+        modules.append(
+            ModuleWeights(
+                injected.layer, injected.module, run.lora_a[i], run.lora_b_t[i].T, injected.scale
+            )
+        )
     return AdapterWeights(validated.digest, dtype, tuple(modules), tuple(runs))
 
 
@@ -157,7 +154,7 @@ def _runs_of(modules: Sequence[InjectedModule]) -> list[list[InjectedModule]]:
 
 def _read_tensor(fd: int, tensor: AdapterTensor) -> torch.Tensor:
     """Read one tensor's bytes at its validated offset into a fresh buffer."""
-    source_dtype = _TORCH_DTYPES[tensor.dtype]
+    source_dtype = torch_dtype(tensor.dtype)
     buffer = bytearray(tensor.num_bytes)
     view = memoryview(buffer)
     done = 0

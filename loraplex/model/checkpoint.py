@@ -65,10 +65,6 @@ def _verify_index(files: dict[str, Path]) -> dict[str, Path]:
     return files
 
 
-def expected_shapes(model: LlamaModel) -> dict[str, tuple[int, ...]]:
-    return {name: tuple(p.shape) for name, p in model.named_parameters()}
-
-
 def load_checkpoint(
     model_dir: Path, *, dtype: torch.dtype = torch.float32, device: torch.device | str = "cpu"
 ) -> LlamaModel:

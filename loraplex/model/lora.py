@@ -7,7 +7,8 @@ arena; ranges are packed (first fit, compacted when fragmented) so the rows of t
 adapters sit side by side and one matmul can cover them at their exact ranks.
 
 Storage and views live in :class:`~loraplex.model.lora_arena.ArenaStore` (per module one buffer
-stacked over layers, so a packed L1 copy moves in one op per module and matrix).
+stacked over layers, so a packed L1 copy moves in one op per module and matrix), which also
+checks that an adapter's modules fit its tables before anything is written.
 
 Invariants (``check_integrity``): ranges of occupied slots never overlap; every row outside them,
 and every row past a module's own rank inside one, is zero with scale 0; ``row_owner`` names the
@@ -21,8 +22,7 @@ from dataclasses import dataclass
 
 import torch
 
-from loraplex.artifacts.base_model import TARGET_MODULES, BaseModelSpec
-from loraplex.errors import BaseModelMismatchError, RankTooLargeError, TensorValidationError
+from loraplex.artifacts.base_model import TARGET_MODULES, BaseModelSpec, lora_bytes
 from loraplex.model.adapter_weights import AdapterWeights
 from loraplex.model.lora_arena import EMPTY_ROWS, ArenaStore
 from loraplex.ops import ArenaLayout, LoraBatch, ModuleLoraWeights, SlotRows, get_backend
@@ -65,20 +65,23 @@ class LoraSlotPool:
             raise ValueError(f"max_lora_rank {max_lora_rank} is invalid; expected >= 1")
         unknown = [m for m in target_modules if m not in TARGET_MODULES]
         if unknown or not target_modules:
-            raise ValueError(f"target_modules {target_modules} is invalid; expected a subset of "
-                             f"{TARGET_MODULES}")  # fmt: skip
+            raise ValueError(
+                f"target_modules {target_modules} is invalid; expected a subset of {TARGET_MODULES}"
+            )
         self.spec, self.max_loras, self.max_lora_rank = spec, max_loras, max_lora_rank
         self.dtype, self.device = dtype, torch.device(device)
         self.target_modules = target_modules
         self.backend = get_backend(backend)
         self.capacity_rows = max_loras * max_lora_rank
-        self._store = ArenaStore(spec, target_modules, self.capacity_rows, max_loras,
-                                 dtype=dtype, device=self.device)  # fmt: skip
+        self._store = ArenaStore(
+            spec, target_modules, self.capacity_rows, max_loras, dtype=dtype, device=self.device
+        )
         self._tables = self._store.tables
         self._arenas = self._store.arenas
         self._row_owner = torch.full((self.capacity_rows,), -1, dtype=torch.int64, device=device)
-        self._row_scale = torch.zeros((len(self._arenas), self.capacity_rows), dtype=dtype,
-                                      device=device)  # fmt: skip
+        self._row_scale = torch.zeros(
+            (len(self._arenas), self.capacity_rows), dtype=dtype, device=device
+        )
         self._module_bits = [0] * len(self._arenas)  # per table: bit s = slot s has rows there
         self._residents: list[_Resident | None] = [None] * max_loras
         self._publish(())
@@ -107,7 +110,7 @@ class LoraSlotPool:
     def load(self, slot: int, weights: AdapterWeights) -> None:
         """Copy ``weights`` into ``slot`` (replacing its occupant); nothing changes on error."""
         self._check_slot(slot)
-        pairs = self._check_weights(weights)
+        pairs = self._store.pairs_of(weights, self.max_lora_rank)
         packed = self._store.runs_cover(weights.runs, pairs)
         touched = set(pairs)
         previous = self._residents[slot]
@@ -155,8 +158,7 @@ class LoraSlotPool:
     @property
     def bytes_per_slot(self) -> int:
         """Device bytes one slot reserves (its capacity at ``max_lora_rank``)."""
-        widths = sum(a.shape[1] + b.shape[1] for a, b in self._arenas)
-        return self.max_lora_rank * widths * self._element_size()
+        return lora_bytes(self.spec, self.max_lora_rank, self._element_size(), self.target_modules)
 
     @property
     def total_bytes(self) -> int:
@@ -174,14 +176,6 @@ class LoraSlotPool:
         self._check_slot(slot)
         resident = self._residents[slot]
         return None if resident is None else resident.info
-
-    def rank_of(self, slot: int, layer: int, module: str) -> int:
-        """The loaded rank of ``module`` in ``slot`` (0 when free or untargeted)."""
-        return self.module_weights(layer, module).slots[slot].rank
-
-    def scale_of(self, slot: int, layer: int, module: str) -> float:
-        """The recorded PEFT scaling of ``module`` in ``slot`` (0.0 when free or untargeted)."""
-        return self.module_weights(layer, module).slots[slot].scale
 
     def module_weights(self, layer: int, module: str) -> ModuleLoraWeights:
         """The arena view one (layer, module) is computed from."""
@@ -209,34 +203,6 @@ class LoraSlotPool:
     def _check_slot(self, slot: int) -> None:
         if not 0 <= slot < self.max_loras:
             raise ValueError(f"slot {slot} is invalid; expected 0 <= slot < {self.max_loras}")
-
-    def _check_weights(self, weights: AdapterWeights) -> dict[int, tuple[int, float]]:
-        """Every module fits this pool; returns table index -> (rank, scale)."""
-        pairs: dict[int, tuple[int, float]] = {}
-        for module in weights.modules:
-            table = self._tables.get((module.layer, module.module))
-            rank = int(module.lora_a.shape[0])
-            if table is None:
-                raise BaseModelMismatchError(
-                    f"adapter {weights.digest[:12]}: layer {module.layer} {module.module} is not "
-                    f"served by this pool; expected layers < {self.spec.num_layers} and modules "
-                    f"in {self.target_modules}"
-                )
-            if rank > self.max_lora_rank:
-                raise RankTooLargeError(
-                    "rank", rank,
-                    f"<= max_lora_rank {self.max_lora_rank} (layer {module.layer} {module.module})",
-                )  # fmt: skip
-            d_in, d_out = self._store.table_shapes[table]
-            expected = ((rank, d_in), (d_out, rank))
-            shapes = (tuple(module.lora_a.shape), tuple(module.lora_b.shape))
-            if rank < 1 or shapes != expected or table in pairs:
-                raise TensorValidationError(
-                    f"adapter {weights.digest[:12]}: layer {module.layer} {module.module} has "
-                    f"A, B shapes {shapes}; expected {expected}, rank >= 1, once per module"
-                )
-            pairs[table] = (rank, module.scale)
-        return pairs
 
     def _release(self, slot: int) -> None:
         resident = self._residents[slot]

@@ -18,7 +18,8 @@ from collections.abc import Iterable
 import torch
 
 from loraplex.artifacts.base_model import BaseModelSpec
-from loraplex.model.adapter_weights import ModuleRun, ModuleWeights
+from loraplex.errors import BaseModelMismatchError, RankTooLargeError, TensorValidationError
+from loraplex.model.adapter_weights import AdapterWeights, ModuleRun, ModuleWeights
 from loraplex.ops import ModuleLoraWeights, SlotRows
 
 EMPTY_ROWS = SlotRows(0, 0, 0.0)
@@ -37,6 +38,8 @@ class ArenaStore:
         dtype: torch.dtype,
         device: torch.device,
     ) -> None:
+        self.num_layers = spec.num_layers
+        self.target_modules = target_modules
         self.stacks: dict[str, torch.Tensor] = {}  # module -> [layers, capacity, d_in + d_out]
         for module in target_modules:
             width = sum(spec.module_shape(module))
@@ -80,6 +83,36 @@ class ArenaStore:
                 if table is None or table not in pairs or pairs[table][0] != run.rank:
                     return False
         return True
+
+    def pairs_of(self, weights: AdapterWeights, max_lora_rank: int) -> dict[int, tuple[int, float]]:
+        """Every module of ``weights`` fits a table, once, at a rank <= ``max_lora_rank``;
+        returns table index -> (rank, scale). Raises before anything is written."""
+        pairs: dict[int, tuple[int, float]] = {}
+        for module in weights.modules:
+            table = self.tables.get((module.layer, module.module))
+            rank = int(module.lora_a.shape[0])
+            if table is None:
+                raise BaseModelMismatchError(
+                    f"adapter {weights.digest[:12]}: layer {module.layer} {module.module} is not "
+                    f"served by this pool; expected layers < {self.num_layers} and modules "
+                    f"in {self.target_modules}"
+                )
+            if rank > max_lora_rank:
+                raise RankTooLargeError(
+                    "rank",
+                    rank,
+                    f"<= max_lora_rank {max_lora_rank} (layer {module.layer} {module.module})",
+                )
+            d_in, d_out = self.table_shapes[table]
+            expected = ((rank, d_in), (d_out, rank))
+            shapes = (tuple(module.lora_a.shape), tuple(module.lora_b.shape))
+            if rank < 1 or shapes != expected or table in pairs:
+                raise TensorValidationError(
+                    f"adapter {weights.digest[:12]}: layer {module.layer} {module.module} has "
+                    f"A, B shapes {shapes}; expected {expected}, rank >= 1, once per module"
+                )
+            pairs[table] = (rank, module.scale)
+        return pairs
 
     def write_modules(
         self, start: int, modules: Iterable[ModuleWeights], non_blocking: bool

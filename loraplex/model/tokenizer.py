@@ -17,9 +17,17 @@ from loraplex.errors import CheckpointError
 
 # transformers' clean_up_tokenization: spaces it removes before punctuation and contractions.
 _CLEANUPS = (
-    (" .", "."), (" ?", "?"), (" !", "!"), (" ,", ","), (" ' ", "'"),
-    (" n't", "n't"), (" 'm", "'m"), (" 's", "'s"), (" 've", "'ve"), (" 're", "'re"),
-)  # fmt: skip
+    (" .", "."),
+    (" ?", "?"),
+    (" !", "!"),
+    (" ,", ","),
+    (" ' ", "'"),
+    (" n't", "n't"),
+    (" 'm", "'m"),
+    (" 's", "'s"),
+    (" 've", "'ve"),
+    (" 're", "'re"),
+)
 
 
 def _read_json(path: Path) -> dict[str, Any]:

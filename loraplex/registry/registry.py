@@ -77,6 +77,12 @@ class Registry:
     def close(self) -> None:
         self._db.close()
 
+    def ping(self) -> None:
+        """Readiness probe: one trivial query. Raises whatever the database raises when it
+        cannot answer (closed, unreachable); cheap enough for every /ready call."""
+        with self._db.transaction(write=False) as tx:
+            tx.query_one("SELECT 1")
+
     # --- tenants and keys ---------------------------------------------------------------------
 
     def create_tenant(

@@ -1,6 +1,6 @@
 """Tier levels, byte budgets and the per-tier ledger: what is resident where, and who pays.
 
-Torch-free bookkeeping only; the tier order (which tier fills which) lives in ``cache.py`` and
+Torch-free bookkeeping only; the tier order (which tier fills which) lives in the cache and
 the bytes themselves in the tier backends. A ledger entry exists from the moment room is taken
 for an adapter (``ready`` False while its bytes are being installed) until it is removed, so the
 ledger's totals always cover every byte a tier holds or is about to hold.
@@ -9,12 +9,12 @@ ledger's totals always cover every byte a tier holds or is about to hold.
 from __future__ import annotations
 
 import heapq
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass, field, replace
 from enum import IntEnum
 
 from loraplex.artifacts.identity import AdapterKey
-from loraplex.errors import CacheIntegrityError, CapacityError
+from loraplex.errors import AdapterTooLargeError, CacheIntegrityError
 
 
 class Tier(IntEnum):
@@ -93,32 +93,36 @@ class TierLedger:
         return self.entries.get(key)
 
     def check_admissible(self, tenant: str, size_bytes: int) -> None:
-        """Raises CapacityError when no amount of eviction could ever make room."""
+        """Raises AdapterTooLargeError when no amount of eviction could ever make room."""
         cap = self.budget.tenant_max_bytes.get(tenant)
         too_big = size_bytes > self.budget.capacity_bytes or (cap is not None and size_bytes > cap)
         if too_big or self.budget.num_slots == 0:
-            raise CapacityError(
+            raise AdapterTooLargeError(
                 f"tier {self.tier.name}: {size_bytes} bytes for tenant {tenant!r} exceed the "
                 f"capacity ({self.budget.capacity_bytes} bytes, tenant cap {cap})"
             )
 
     def plan_room(
-        self, tenant: str, size_bytes: int, ranked: Iterable[ResidentEntry]
+        self, tenant: str, size_bytes: int, ranked: Callable[[], Iterable[ResidentEntry]]
     ) -> list[ResidentEntry] | None:
-        """Victims (a prefix-greedy pick from ``ranked``, most evictable first) whose removal makes
-        room for ``size_bytes`` of ``tenant``; None when the evictable entries cannot suffice."""
-        victims: list[ResidentEntry] = []
+        """Victims (a prefix-greedy pick from ``ranked()``, most evictable first) whose removal
+        makes room for ``size_bytes`` of ``tenant``: [] when it fits now (``ranked`` is then never
+        called, so a load into free room costs nothing per cached copy); None when the evictable
+        entries cannot suffice. ``ranked()`` is consumed lazily, only as far as the pick goes."""
         free = self.budget.capacity_bytes - self.used_bytes
         cap = self.budget.tenant_max_bytes.get(tenant)
         tenant_free = None if cap is None else cap - self.tenant_bytes.get(tenant, 0)
         slots = len(self._free_slots) if self.budget.num_slots is not None else None
-        pool = [e for e in ranked if e.evictable]
+        if _fits(free, tenant_free, slots, size_bytes):
+            return []
+        victims: list[ResidentEntry] = []
+        pool = (e for e in ranked() if e.evictable)
+        passed: list[ResidentEntry] = []  # other tenants' entries passed over, in ranked order
         while not _fits(free, tenant_free, slots, size_bytes):
             need_own = tenant_free is not None and tenant_free < size_bytes
-            pick = next((e for e in pool if not need_own or e.key.tenant == tenant), None)
+            pick = _next_pick(passed, pool, tenant if need_own else None)
             if pick is None:
                 return None
-            pool.remove(pick)
             victims.append(pick)
             free += pick.size_bytes
             if tenant_free is not None and pick.key.tenant == tenant:
@@ -173,12 +177,12 @@ class TierLedger:
         """Raises CacheIntegrityError naming the first broken invariant."""
         name = self.tier.name
         total = sum(e.size_bytes for e in self.entries.values())
-        _require(
+        require_invariant(
             total == self.used_bytes,
             "accounting equals resident entries",
             f"{name}: used_bytes {self.used_bytes} != sum of entries {total}",
         )
-        _require(
+        require_invariant(
             self.used_bytes <= self.budget.capacity_bytes,
             "capacity respected",
             f"{name}: {self.used_bytes} > {self.budget.capacity_bytes} bytes",
@@ -186,19 +190,19 @@ class TierLedger:
         per_tenant: dict[str, int] = {}
         for entry in self.entries.values():
             per_tenant[entry.key.tenant] = per_tenant.get(entry.key.tenant, 0) + entry.size_bytes
-            _require(
+            require_invariant(
                 entry.refcount >= 0,
                 "refcounts non-negative",
                 f"{name}: {entry.key.ref} refcount {entry.refcount}",
             )
-        _require(
+        require_invariant(
             per_tenant == self.tenant_bytes,
             "tenant accounting equals resident entries",
             f"{name}: {self.tenant_bytes} != {per_tenant}",
         )
         for tenant, used in per_tenant.items():
             cap = self.budget.tenant_max_bytes.get(tenant)
-            _require(
+            require_invariant(
                 cap is None or used <= max(cap, self._over_cap.get(tenant, 0)),
                 "tenant budgets respected",
                 f"{name}: tenant {tenant!r} holds {used} > {cap} bytes",
@@ -209,25 +213,42 @@ class TierLedger:
         if self.budget.num_slots is None:
             return
         owned = [e.slot for e in self.entries.values()]
-        _require(None not in owned, "every L0 entry owns a slot", f"{self.tier.name}: {owned}")
+        require_invariant(
+            None not in owned, "every L0 entry owns a slot", f"{self.tier.name}: {owned}"
+        )
         owned_set = {s for s in owned if s is not None}
-        _require(
+        require_invariant(
             len(owned_set) == len(owned),
             "no slot owned twice",
             f"slots {sorted(owned_set)} from {len(owned)} entries",
         )
-        _require(
+        require_invariant(
             not owned_set & set(self._free_slots),
             "no slot both free and owned",
             f"owned {sorted(owned_set)}, free {sorted(self._free_slots)}",
         )
         everything = owned_set | set(self._free_slots)
-        _require(
+        require_invariant(
             everything == set(range(self.budget.num_slots))
             and len(self._free_slots) + len(owned) == self.budget.num_slots,
             "slots conserved",
             f"owned {sorted(owned_set)}, free {sorted(self._free_slots)}",
         )
+
+
+def _next_pick(
+    passed: list[ResidentEntry], pool: Iterator[ResidentEntry], tenant: str | None
+) -> ResidentEntry | None:
+    """The most evictable remaining entry (of ``tenant`` unless None): ``passed`` entries rank
+    before the rest of ``pool``; entries of other tenants met on the way join ``passed``."""
+    for i, entry in enumerate(passed):
+        if tenant is None or entry.key.tenant == tenant:
+            return passed.pop(i)
+    for entry in pool:
+        if tenant is None or entry.key.tenant == tenant:
+            return entry
+        passed.append(entry)
+    return None
 
 
 def _fits(free: int, tenant_free: int | None, slots: int | None, size: int) -> bool:
@@ -238,6 +259,7 @@ def _fits(free: int, tenant_free: int | None, slots: int | None, size: int) -> b
     )
 
 
-def _require(ok: bool, invariant: str, detail: str) -> None:
+def require_invariant(ok: bool, invariant: str, detail: str) -> None:
+    """Raises CacheIntegrityError naming ``invariant`` when ``ok`` is False."""
     if not ok:
         raise CacheIntegrityError(invariant, detail)

@@ -14,7 +14,8 @@ performs each move in two off-lock phases around the cache's placement decision:
     recover()                         verified L2 copies that survived a restart (at start)
 
 Implementations: ``loraplex.runtime.tier_backends.TierPipeline`` (real tiers) and
-``loraplex.bench.replay.SimulatedPipeline`` (measured costs, no bytes).
+``loraplex.residency.simulated.SimulatedPipeline`` (modelled costs, no bytes). ``drop`` and
+``discard`` run after the cache's lock is released (they may block on I/O or the slot lock).
 """
 
 from __future__ import annotations
@@ -126,7 +127,9 @@ class LoadResult:
     key: AdapterKey  # the adapter revision
     source: Tier  # the tier it came from (L0: it was already resident)
     seconds: dict[Stage, float]  # per-stage durations of the load (empty on an L0 hit)
+    room_wait_s: float = 0.0  # seconds its moves waited for room (not a pipeline stage)
 
     @property
     def total_s(self) -> float:
-        return sum(self.seconds.values())
+        """Seconds from the load's start to its lease: the stages plus the waits for room."""
+        return sum(self.seconds.values()) + self.room_wait_s

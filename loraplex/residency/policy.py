@@ -10,10 +10,17 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Protocol
+from typing import Protocol, TypeAlias
 
 from loraplex.artifacts.identity import AdapterKey
 from loraplex.residency.warm import RequestRates
+
+# A victim's sort key: compared lexicographically, the smallest goes first; it ends with the
+# adapter key, so no two copies of one tier tie.
+OrderKey: TypeAlias = tuple[object, ...]
+# Relative slack of a keep-score floor: absorbs the float rounding of two evaluations (exp and
+# the products are monotone only up to an ulp) so the floor stays below the exact score.
+_FLOOR_SLACK = 1e-9
 
 
 @dataclass(frozen=True)
@@ -34,8 +41,21 @@ class EvictionPolicy(Protocol):
 
     name: str
 
+    def order_key(self, c: Candidate, now_s: float) -> OrderKey:
+        """The sort key of ``c`` at ``now_s`` (most evictable smallest). It must not fall when
+        ``c``'s rates or ``reload_cost_s`` rise: the cache bounds it from below with the lowest
+        values those inputs can take before the bound is renewed."""
+        ...
+
+    def order_key_floor(self, c: Candidate, now_s: float, until_s: float) -> OrderKey:
+        """A key no greater than ``order_key(c2, t)`` for every ``t`` in [``now_s``,
+        ``until_s``] and every ``c2`` equal to ``c`` except for rates and ``reload_cost_s`` no
+        lower than ``c``'s. The cache passes ``c`` with the rates decayed to ``until_s`` (an idle
+        copy's rates only fall) and the lowest reload cost it allows until then."""
+        ...
+
     def order_victims(self, candidates: Sequence[Candidate], now_s: float) -> list[Candidate]:
-        """All candidates, most evictable first."""
+        """All candidates, most evictable first (sorted by ``order_key``)."""
         ...
 
     def deferral_s(
@@ -47,8 +67,9 @@ class EvictionPolicy(Protocol):
         now_s: float,
     ) -> float:
         """How much longer a demand load should wait for room rather than displace ``victims``
-        now (0: displace now). ``held`` are the tier's copies in use (evictable once their
-        leases end), ``waited_s`` how long the load has waited so far."""
+        now (0: displace now). ``held`` are the tier's other unpinned copies: in use, still
+        loading, or too young to evict (they may become victims soon); ``waited_s`` is how long
+        the load has waited so far."""
         ...
 
     def admits(self, incoming: Candidate, victims: Sequence[Candidate], now_s: float) -> bool:
@@ -61,8 +82,14 @@ class LruPolicy:
 
     name = "lru"
 
+    def order_key(self, c: Candidate, now_s: float) -> tuple[float, AdapterKey]:
+        return (c.last_access_s, c.key)
+
+    def order_key_floor(self, c: Candidate, now_s: float, until_s: float) -> OrderKey:
+        return self.order_key(c, now_s)  # constant until the next access
+
     def order_victims(self, candidates: Sequence[Candidate], now_s: float) -> list[Candidate]:
-        return sorted(candidates, key=lambda c: (c.last_access_s, c.key))
+        return sorted(candidates, key=lambda c: self.order_key(c, now_s))
 
     def admits(self, incoming: Candidate, victims: Sequence[Candidate], now_s: float) -> bool:
         return True
@@ -86,10 +113,10 @@ class CostAwareConfig:
     hysteresis: float = 0.25  # an optional load must beat its victims' score by this fraction
     recency_tau_s: float = 60.0  # recency term 1 / (age + tau): bounded for just-used adapters
     short_weight: float = 0.7  # weight of the 1-minute rate against the 5-minute one
-    # A demand load of a lower-priority tenant waits up to this long for a copy in use that is
-    # worth less than its victims to free up, rather than displace a higher-priority tenant's
-    # copy worth far more (a batch tenant's burst of one-off adapters then cycles through the
-    # slots its own requests hold, not through the hot set).
+    # A demand load of a lower-priority tenant waits up to this long for a held-back copy (in
+    # use, loading or too young) worth less than its victims to become evictable, rather than
+    # displace a higher-priority tenant's copy worth far more (a batch tenant's burst of
+    # one-off adapters then cycles through the slots its own requests hold, not the hot set).
     demand_defer_s: float = 1.0
 
     def __post_init__(self) -> None:
@@ -114,7 +141,7 @@ class CostAwarePolicy:
     far below a steadily used one, while a rotated hot set is recognised within about a minute.
 
     ``reload_cost_s`` is the cost of refilling *this* tier (a fixed per-miss stall plus the
-    bytes the refilling move reads over its source's bandwidth; see ``cache_config``). With
+    bytes the refilling move reads over its source's bandwidth; see ``ReloadCosts``). With
     uniform slots the L0 ordering is therefore frequency x priority (LFU with decay, which beats
     LRU when popularity is skewed), and in the byte-budgeted tiers the fixed stall favours
     small adapters at equal rates (more hits per byte), as GDSF does.
@@ -131,12 +158,21 @@ class CostAwarePolicy:
         recency = 1.0 / (max(0.0, now_s - c.last_access_s) + cfg.recency_tau_s)
         return c.priority * (rate + recency) * c.reload_cost_s / max(1, c.size_bytes)
 
-    def order_victims(self, candidates: Sequence[Candidate], now_s: float) -> list[Candidate]:
-        def rank(c: Candidate) -> tuple[bool, float, float, AdapterKey]:
-            young = now_s - c.loaded_at_s < self.config.min_residency_s
-            return (young, self.keep_score(c, now_s), c.last_access_s, c.key)
+    def order_key(self, c: Candidate, now_s: float) -> tuple[bool, float, float, AdapterKey]:
+        young = now_s - c.loaded_at_s < self.config.min_residency_s
+        return (young, self.keep_score(c, now_s), c.last_access_s, c.key)
 
-        return sorted(candidates, key=rank)
+    def order_key_floor(self, c: Candidate, now_s: float, until_s: float) -> OrderKey:
+        """Both terms fall with time: an idle copy's rates decay (``c`` holds them at
+        ``until_s``) and recency 1 / (age + tau) shrinks, so the score at ``until_s`` bounds
+        every earlier one (given priority >= 0). A copy young now is old by ``until_s`` if
+        ``young`` flips on the way: False < True, so the flag at ``until_s`` is the floor."""
+        young = until_s - c.loaded_at_s < self.config.min_residency_s
+        score = self.keep_score(c, until_s)
+        return (young, score - abs(score) * _FLOOR_SLACK, c.last_access_s, c.key)
+
+    def order_victims(self, candidates: Sequence[Candidate], now_s: float) -> list[Candidate]:
+        return sorted(candidates, key=lambda c: self.order_key(c, now_s))
 
     def admits(self, incoming: Candidate, victims: Sequence[Candidate], now_s: float) -> bool:
         if not victims:
@@ -153,9 +189,9 @@ class CostAwarePolicy:
         now_s: float,
     ) -> float:
         """Wait out the rest of ``demand_defer_s`` when a victim of a higher-priority tenant is
-        worth more than the newcomer by the hysteresis margin and a cheaper copy is only held
-        by leases. Within one priority class loads never wait (a rotating hot set must be able
-        to displace the old one at once)."""
+        worth more than the newcomer by the hysteresis margin and a cheaper copy is held back
+        (in use, loading or too young). Within one priority class loads never wait (a rotating
+        hot set must be able to displace the old one at once)."""
         left = self.config.demand_defer_s - waited_s
         above = [v for v in victims if v.priority > incoming.priority]
         if left <= 0 or not above or not held:

@@ -26,7 +26,6 @@ class Stage(StrEnum):
     VERIFY = "verify"  # digest, manifest and tensor validation of the quarantined bytes
     COMMIT = "commit"  # quarantine -> L2 (atomic rename)
     READ = "read"  # L2 -> L1 (parse into CPU tensors)
-    RESERVE = "reserve"  # waiting for and taking room (victims chosen and dropped)
     COPY = "copy"  # L1 -> L0 slot copy
 
 
@@ -65,7 +64,8 @@ class CacheStatsSnapshot:
     load_failures: int  # loads that failed or were cancelled (all undone)
     resident_count: dict[Tier, int]  # entries per tier
     resident_bytes: dict[Tier, int]  # bytes per tier
-    stages: dict[Stage, StageSummary]  # per-stage load durations
+    stages: dict[Stage, StageSummary]  # per-stage load durations (pipeline work only)
+    room_wait: StageSummary | None  # per move: waiting for room in its target (None: no moves)
 
     @property
     def thrash_ratio(self) -> float:
@@ -92,6 +92,10 @@ class CacheStats:
         self._stage_samples: dict[Stage, deque[float]] = {
             s: deque(maxlen=_MAX_STAGE_SAMPLES) for s in Stage
         }
+        # Waiting for room is no pipeline stage: kept apart so stage seconds stay work.
+        self._room_wait_count = 0
+        self._room_wait_total = 0.0
+        self._room_wait_samples: deque[float] = deque(maxlen=_MAX_STAGE_SAMPLES)
 
     def record_hit(self, tier: Tier, history: AdapterHistory) -> None:
         self.hits[tier] += 1
@@ -114,6 +118,11 @@ class CacheStats:
         self._stage_total[stage] += seconds
         self._stage_samples[stage].append(seconds)
 
+    def record_room_wait(self, seconds: float) -> None:
+        self._room_wait_count += 1
+        self._room_wait_total += seconds
+        self._room_wait_samples.append(seconds)
+
     def snapshot(
         self, resident_count: dict[Tier, int], resident_bytes: dict[Tier, int]
     ) -> CacheStatsSnapshot:
@@ -126,18 +135,28 @@ class CacheStats:
             load_failures=self.load_failures,
             resident_count=dict(resident_count),
             resident_bytes=dict(resident_bytes),
-            stages={s: self._summary(s) for s in Stage if self._stage_count[s]},
+            stages={
+                s: _summary(self._stage_count[s], self._stage_total[s], self._stage_samples[s])
+                for s in Stage
+                if self._stage_count[s]
+            },
+            room_wait=_summary(
+                self._room_wait_count, self._room_wait_total, self._room_wait_samples
+            )
+            if self._room_wait_count
+            else None,
         )
 
-    def _summary(self, stage: Stage) -> StageSummary:
-        samples = sorted(self._stage_samples[stage])
-        return StageSummary(
-            count=self._stage_count[stage],
-            total_s=self._stage_total[stage],
-            p50_s=percentile(samples, 0.50),
-            p95_s=percentile(samples, 0.95),
-            max_s=samples[-1],
-        )
+
+def _summary(count: int, total_s: float, retained: deque[float]) -> StageSummary:
+    samples = sorted(retained)
+    return StageSummary(
+        count=count,
+        total_s=total_s,
+        p50_s=percentile(samples, 0.50),
+        p95_s=percentile(samples, 0.95),
+        max_s=samples[-1],
+    )
 
 
 def percentile(sorted_values: list[float], q: float) -> float:

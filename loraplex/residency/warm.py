@@ -111,7 +111,9 @@ class PinBook:
     """Which tiers each revision is pinned in: explicit operator pins, plus its warm policy.
 
     The warm policy is the operator's when one was set (operator settings win), otherwise the
-    automatic one derived from the rolling request rates.
+    automatic one derived from the rolling request rates. Bounded: a revision is held only
+    while it has an operator pin or setting, or an automatic policy other than on-demand (which
+    pins it, so its copies stay); unpinned and demoted revisions are forgotten.
     """
 
     def __init__(self, auto: AutoWarmConfig | None, max_auto_gpu: int) -> None:
@@ -121,13 +123,21 @@ class PinBook:
         self._max_auto_gpu = max_auto_gpu
         self._pins: dict[AdapterKey, set[Tier]] = {}
         self._operator: dict[AdapterKey, WarmPolicy] = {}
-        self._auto: dict[AdapterKey, WarmPolicy] = {}
+        self._auto: dict[AdapterKey, WarmPolicy] = {}  # never ON_DEMAND (the default)
 
     def pin(self, key: AdapterKey, tier: Tier) -> None:
         self._pins.setdefault(key, set()).add(tier)
 
     def unpin(self, key: AdapterKey, tier: Tier) -> None:
-        self._pins.get(key, set()).discard(tier)
+        tiers = self._pins.get(key)
+        if tiers is not None:
+            tiers.discard(tier)
+            if not tiers:
+                del self._pins[key]
+
+    def num_keys(self) -> int:
+        """Revisions with an operator pin or setting, or an automatic warm policy."""
+        return len(self._pins.keys() | self._operator.keys() | self._auto.keys())
 
     def set_operator(self, key: AdapterKey, warm: WarmPolicy | None) -> None:
         if warm is None:
@@ -163,6 +173,9 @@ class PinBook:
             if current is WarmPolicy.GPU and wanted is not WarmPolicy.GPU:
                 num_gpu -= 1
             if wanted is not current:
-                self._auto[key] = wanted
+                if wanted is WarmPolicy.ON_DEMAND:
+                    del self._auto[key]
+                else:
+                    self._auto[key] = wanted
                 changes[key] = wanted
         return changes

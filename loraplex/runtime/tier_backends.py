@@ -181,8 +181,9 @@ class TierPipeline:
         """
         problem = self.disk.differs_from_record(key, self.resolver(key).config_digest)
         if problem is not None:
-            _log.warning("L2 copy of %s %s: dropped, refetching from the artifact store",
-                         key.ref, problem)  # fmt: skip
+            _log.warning(
+                "L2 copy of %s %s: dropped, refetching from the artifact store", key.ref, problem
+            )
             self.disk.remove(key)
             staged, _ = self._fetch_and_verify(key, cancel)
             self.disk.commit(key, staged.path, staged.validated)

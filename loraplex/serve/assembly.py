@@ -14,8 +14,12 @@ Two ways to run the engine (``ServeConfig.engine_process``):
   reach into the runtime use this).
 
 Tenants' priority classes and quotas reach the cache and the engine through
-``tenant_settings(registry)``; the admin API calls ``app.state.refresh_tenants()`` after it
-creates or changes a tenant, so the change applies without a restart.
+``tenant_settings(registry)``; the admin API calls ``deps.refresh_tenants()`` after it creates or
+changes a tenant, so the change applies without a restart.
+
+With ``wait_engine=False`` (process mode) ``build_server`` returns while the engine process still
+loads the model, so the listener can answer /health (liveness) at once; /ready answers 503 until
+the engine is up, and ``Server.wait_engine()`` raises why its first start failed.
 """
 
 from __future__ import annotations
@@ -31,7 +35,7 @@ from loraplex.artifacts.base_model import BaseModelSpec
 from loraplex.demo.manifest import DemoAssets
 from loraplex.engine.factory import AdapterRuntime
 from loraplex.engine.process import EngineProcess
-from loraplex.engine.tenancy import TenantSettings
+from loraplex.engine.tenant_shares import TenantSettings
 from loraplex.engine.thread_client import AsyncEngine
 from loraplex.model.tokenizer import TextTokenizer
 from loraplex.registry import Registry, open_registry
@@ -46,8 +50,9 @@ from loraplex.serve.engine_side import (
     tenant_settings,
 )
 from loraplex.server.app import create_app
+from loraplex.server.cache_control import CacheControl
 from loraplex.server.chat import ChatTemplate
-from loraplex.server.deps import CacheControl, ServerConfig, ServerDeps
+from loraplex.server.deps import ServerConfig, ServerDeps
 
 DEMO_DIR = "demo-assets"
 
@@ -63,6 +68,12 @@ class Server:
     registry: Registry  # control plane
     admin_key: str  # the admin credential
     sample_keys: dict[str, str] = field(default_factory=dict)  # demo tenant -> API key
+
+    def wait_engine(self, timeout_s: float | None = None) -> None:
+        """Returns once the engine took its first requests; raises why it could not start (the
+        engine child's own error). At once for an engine on a thread (built synchronously)."""
+        if isinstance(self.engine, EngineProcess):
+            self.engine.wait_started(timeout_s)
 
     def close(self) -> None:
         self.engine.shutdown()
@@ -95,8 +106,9 @@ class TenantRefresher:
             self._apply(tenant_settings(self._registry))
 
 
-def build_server(config: ServeConfig) -> Server:
-    """Everything ``loraplex serve`` runs, ready for uvicorn (close it after)."""
+def build_server(config: ServeConfig, *, wait_engine: bool = True) -> Server:
+    """Everything ``loraplex serve`` runs, ready for uvicorn (close it after). ``wait_engine``
+    False: an engine process may still be starting (see the module docstring)."""
     config.data_dir.mkdir(mode=0o700, parents=True, exist_ok=True)  # secrets inside
     assets = _demo_assets(config)
     model_dir = assets.base_model_dir if assets is not None else config.model
@@ -106,7 +118,7 @@ def build_server(config: ServeConfig) -> Server:
     registry = open_registry(registry_config(config), base=base)
     try:
         demo = assets if config.demo else None
-        return _assemble(config, model_dir, base, registry, demo)
+        return _assemble(config, model_dir, base, registry, demo, wait_engine=wait_engine)
     except BaseException:
         registry.close()
         raise
@@ -118,6 +130,8 @@ def _assemble(
     base: BaseModelSpec,
     registry: Registry,
     demo: DemoAssets | None,
+    *,
+    wait_engine: bool,
 ) -> Server:
     keys: dict[str, str] = {}
     if demo is not None:
@@ -128,7 +142,9 @@ def _assemble(
     cache: CacheControl
     runtime: AdapterRuntime | None = None
     if config.engine_process:
-        engine = EngineProcess(build_worker, (config, model_dir), TextTokenizer(model_dir))
+        engine = EngineProcess(
+            build_worker, (config, model_dir), TextTokenizer(model_dir), wait_ready=wait_engine
+        )
         cache, apply = engine.cache, engine.update_tenant_settings
     else:
         runtime = _runtime_here(config, base, registry)
@@ -139,17 +155,23 @@ def _assemble(
             raise
         cache, apply = runtime.cache, runtime.update_tenant_settings
     settings = ServerConfig(
-        base_model_name=base.name, admin_key=admin, import_dir=config.import_dir,
-        queue_deadline_s=config.queue_deadline_s, max_prompt_tokens=config.max_model_len - 1,
-        vocab_size=base.vocab_size, metrics_public=config.metrics_public,
-        max_body_bytes=config.max_body_bytes, max_upload_bytes=config.max_upload_bytes,
-        max_prompt_chars=config.prompt_chars(), body_read_timeout_s=config.body_read_timeout_s,
+        base_model_name=base.name,
+        admin_key=admin,
+        import_dir=config.import_dir,
+        queue_deadline_s=config.queue_deadline_s,
+        max_prompt_tokens=config.max_model_len - 1,
+        vocab_size=base.vocab_size,
+        metrics_public=config.metrics_public,
+        max_body_bytes=config.max_body_bytes,
+        max_upload_bytes=config.max_upload_bytes,
+        max_prompt_chars=config.prompt_chars(),
+        body_read_timeout_s=config.body_read_timeout_s,
         upload_read_timeout_s=config.upload_read_timeout_s,
-    )  # fmt: skip
-    deps = ServerDeps(settings, engine, registry, cache, ChatTemplate.from_model_dir(model_dir))
-    app = create_app(deps)
-    app.state.refresh_tenants = TenantRefresher(registry, apply)
-    return Server(app, deps, engine, runtime, registry, admin, keys)
+    )
+    chat = ChatTemplate.from_model_dir(model_dir)
+    refresh = TenantRefresher(registry, apply)
+    deps = ServerDeps(settings, engine, registry, cache, chat, refresh_tenants=refresh)
+    return Server(create_app(deps), deps, engine, runtime, registry, admin, keys)
 
 
 def _runtime_here(config: ServeConfig, base: BaseModelSpec, registry: Registry) -> AdapterRuntime:

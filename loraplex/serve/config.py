@@ -2,7 +2,7 @@
 
 Torch-free. Byte budgets are what the cache enforces; vLLM's count flags are translated into
 them with the bytes of one *slot*: an adapter of rank ``max_lora_rank`` on every target module of
-every layer, ``sum (d_in + d_out) * rank * bytes_per_param`` (DESIGN.md §2):
+every layer (``artifacts.base_model.lora_bytes``):
 
 - ``max_loras``: GPU slots; ``gpu_adapter_bytes`` (if set) lowers it to the slots that fit;
 - ``cpu_adapter_bytes``: the L1 budget; when unset, ``max_cpu_loras`` slots' worth (vLLM's
@@ -18,12 +18,44 @@ from dataclasses import dataclass, fields
 from pathlib import Path
 from typing import Any
 
-from loraplex.artifacts.base_model import TARGET_MODULES, BaseModelSpec
+from loraplex.artifacts.base_model import BaseModelSpec, lora_bytes
+from loraplex.dtypes import DEFAULT_DTYPE, bytes_per_element, check_dtype
+from loraplex.residency.policy import DEFAULT_POLICY, policy_names
 
 DEFAULT_CPU_ADAPTER_BYTES = 1 << 30
-_PARAM_BYTES = {"float32": 4, "bfloat16": 2, "float16": 2}
-POLICIES = ("cost_aware", "lru")
 PROMPT_CHARS_PER_TOKEN = 64  # the default prompt character cap per token of max_model_len
+# The default step token budget is at least this (and at least max_num_seqs, one decode each).
+MIN_DEFAULT_BATCHED_TOKENS = 512
+_POSITIVE = (
+    "max_loras",
+    "max_lora_rank",
+    "max_num_seqs",
+    "max_model_len",
+    "num_kv_blocks",
+    "block_size",
+    "max_queue_len",
+    "max_concurrent_loads",
+    "tenant_max_concurrent_loads",
+    "max_body_bytes",
+    "max_upload_bytes",
+    "keep_alive_timeout_s",
+    "max_connections",
+    "max_header_bytes",
+)
+_POSITIVE_OR_UNSET = (
+    "max_cpu_loras",
+    "gpu_adapter_bytes",
+    "cpu_adapter_bytes",
+    "torch_threads",
+    "max_prompt_chars",
+)
+_POSITIVE_SECONDS = (
+    "queue_deadline_s",
+    "auto_warm_interval_s",
+    "body_read_timeout_s",
+    "upload_read_timeout_s",
+    "header_read_timeout_s",
+)
 
 
 @dataclass(frozen=True)
@@ -46,10 +78,18 @@ class ServeConfig:
     gpu_adapter_bytes: int | None = None  # L0 byte budget (caps max_loras)
     cpu_adapter_bytes: int | None = None  # L1 byte budget
     disk_cache_bytes: int = 8 << 30  # L2 byte budget
-    policy: str = "cost_aware"  # eviction policy: cost_aware or lru
+    policy: str = DEFAULT_POLICY  # eviction policy: a name of residency.policy's registry
+    # adapter loads in flight (all tenants), and per tenant (the cold-load quota's default)
+    max_concurrent_loads: int = 4
+    tenant_max_concurrent_loads: int = 2
+    # promote/demote revisions between warm policies from their request rates (residency.warm)
+    auto_warm: bool = True
+    auto_warm_interval_s: float = 5.0  # seconds between two automatic warm rebalances
     device: str = "cpu"  # torch device of the model and the slots
-    dtype: str = "float32"  # model / adapter dtype
+    dtype: str = DEFAULT_DTYPE  # model / adapter dtype (loraplex.dtypes)
     max_num_seqs: int = 32  # sequences decoding at once
+    # tokens in one forward (decodes + prefill chunks); None: max(512, max_num_seqs)
+    max_num_batched_tokens: int | None = None
     max_model_len: int = 512  # prompt + output tokens of one sequence
     num_kv_blocks: int = 1024  # paged KV cache size in blocks
     block_size: int = 16  # tokens per KV block
@@ -82,10 +122,36 @@ class ServeConfig:
     max_header_bytes: int = 16 << 10  # largest request head (400 and closed beyond it)
 
     def __post_init__(self) -> None:
-        if not 0 <= self.port <= 65535:
-            raise ValueError(f"port {self.port} is invalid; expected 0-65535")
-        if self.admin_port is not None and not 0 <= self.admin_port <= 65535:
-            raise ValueError(f"admin_port {self.admin_port} is invalid; expected 0-65535")
+        self._check_listeners()
+        if self.policy not in policy_names():
+            raise ValueError(
+                f"policy {self.policy!r} is invalid; expected one of {list(policy_names())}"
+            )
+        check_dtype(self.dtype)
+        for name in _POSITIVE:
+            if getattr(self, name) < 1:
+                raise ValueError(f"{name} {getattr(self, name)} is invalid; expected >= 1")
+        for name in _POSITIVE_OR_UNSET:
+            value = getattr(self, name)
+            if value is not None and value < 1:
+                raise ValueError(f"{name} {value} is invalid; expected >= 1 or unset")
+        for name in _POSITIVE_SECONDS:
+            if not getattr(self, name) > 0:
+                raise ValueError(f"{name} {getattr(self, name)} is invalid; expected > 0")
+        if self.disk_cache_bytes < 0:
+            raise ValueError(f"disk_cache_bytes {self.disk_cache_bytes} is invalid; expected >= 0")
+        tokens = self.max_num_batched_tokens
+        if tokens is not None and tokens < self.max_num_seqs:
+            raise ValueError(
+                f"max_num_batched_tokens {tokens} is invalid; expected >= max_num_seqs "
+                f"{self.max_num_seqs} (every running sequence decodes each step) or unset"
+            )
+
+    def _check_listeners(self) -> None:
+        for name in ("port", "admin_port"):
+            value = getattr(self, name)
+            if value is not None and not 0 <= value <= 65535:
+                raise ValueError(f"{name} {value} is invalid; expected 0-65535")
         if (
             self.admin_port
             and self.admin_port == self.port
@@ -97,30 +163,12 @@ class ServeConfig:
             )
         if self.admin_host is not None and self.admin_port is None:
             raise ValueError("admin_host is set without admin_port; expected both or neither")
-        if self.policy not in POLICIES:
-            raise ValueError(f"policy {self.policy!r} is invalid; expected one of {POLICIES}")
-        if self.dtype not in _PARAM_BYTES:
-            raise ValueError(f"dtype {self.dtype!r} is invalid; expected {list(_PARAM_BYTES)}")
-        positive = ("max_loras", "max_lora_rank", "max_num_seqs", "max_model_len",
-                    "num_kv_blocks", "block_size", "max_queue_len", "max_body_bytes",
-                    "max_upload_bytes", "keep_alive_timeout_s", "max_connections",
-                    "max_header_bytes")  # fmt: skip
-        for name in positive:
-            if getattr(self, name) < 1:
-                raise ValueError(f"{name} {getattr(self, name)} is invalid; expected >= 1")
-        for name in ("body_read_timeout_s", "upload_read_timeout_s", "header_read_timeout_s"):
-            if not getattr(self, name) > 0:
-                raise ValueError(f"{name} {getattr(self, name)} is invalid; expected > 0")
-        optional = ("max_cpu_loras", "gpu_adapter_bytes", "cpu_adapter_bytes", "torch_threads",
-                    "max_prompt_chars")  # fmt: skip
-        for name in optional:
-            value = getattr(self, name)
-            if value is not None and value < 1:
-                raise ValueError(f"{name} {value} is invalid; expected >= 1 or unset")
-        if self.disk_cache_bytes < 0:
-            raise ValueError(f"disk_cache_bytes {self.disk_cache_bytes} is invalid; expected >= 0")
-        if not self.queue_deadline_s > 0:
-            raise ValueError(f"queue_deadline_s {self.queue_deadline_s} is invalid; expected > 0")
+
+    def batched_tokens(self) -> int:
+        """``max_num_batched_tokens``, or max(512, ``max_num_seqs``) when unset."""
+        if self.max_num_batched_tokens is not None:
+            return self.max_num_batched_tokens
+        return max(MIN_DEFAULT_BATCHED_TOKENS, self.max_num_seqs)
 
     def prompt_chars(self) -> int:
         """``max_prompt_chars``, or 64 characters per token of ``max_model_len``: far above
@@ -131,8 +179,7 @@ class ServeConfig:
 
     def slot_bytes(self, base: BaseModelSpec) -> int:
         """Bytes of one max-rank adapter on every target module of every layer."""
-        widths = sum(sum(base.module_shape(m)) for m in TARGET_MODULES) * base.num_layers
-        return widths * self.max_lora_rank * _PARAM_BYTES[self.dtype]
+        return lora_bytes(base, self.max_lora_rank, bytes_per_element(self.dtype))
 
     def gpu_slots(self, base: BaseModelSpec) -> int:
         """``max_loras``, lowered to what ``gpu_adapter_bytes`` holds."""

@@ -14,19 +14,20 @@ from pathlib import Path
 
 from loraplex.artifacts.base_model import BaseModelSpec
 from loraplex.artifacts.identity import AdapterKey
+from loraplex.dtypes import DTYPE_BYTES, bytes_per_element
 from loraplex.engine.config import EngineConfig, SchedulerConfig
 from loraplex.engine.factory import AdapterRuntime, AdapterRuntimeConfig, build_adapter_runtime
 from loraplex.engine.process_child import WorkerHandles
-from loraplex.engine.tenancy import TenantSettings
+from loraplex.engine.tenant_shares import TenantSettings
 from loraplex.errors import DigestMismatchError
 from loraplex.registry import Registry, RegistryConfig, Tenant, WarmPolicy, open_registry
+from loraplex.residency.warm import AutoWarmConfig
 from loraplex.runtime.tier_backends import ArtifactRef
 from loraplex.serve.config import ServeConfig
 
 ADAPTER_CACHE_DIR = "adapter-cache"
 # Disk bytes beyond the tensors: the safetensors header and adapter_config.json.
 _FILE_OVERHEAD_BYTES = 64 << 10
-_PARAM_BYTES = {"float32": 4, "bfloat16": 2, "float16": 2}
 
 
 class RegistryResolver:
@@ -34,7 +35,7 @@ class RegistryResolver:
 
     def __init__(self, registry: Registry, dtype: str) -> None:
         self._registry = registry
-        self._param_bytes = _PARAM_BYTES[dtype]
+        self._param_bytes = bytes_per_element(dtype)
         self._refs: dict[AdapterKey, ArtifactRef] = {}
         self._lock = threading.Lock()
 
@@ -45,9 +46,10 @@ class RegistryResolver:
             return cached
         revision = self._registry.get_revision(key.ref)
         if revision.adapter_digest != key.adapter_digest:
-            raise DigestMismatchError(f"{key.ref} in the registry", key.adapter_digest,
-                                      revision.adapter_digest)  # fmt: skip
-        stored_param_bytes = _PARAM_BYTES.get(revision.dtype, 4)
+            raise DigestMismatchError(
+                f"{key.ref} in the registry", key.adapter_digest, revision.adapter_digest
+            )
+        stored_param_bytes = DTYPE_BYTES.get(revision.dtype, DTYPE_BYTES["float32"])
         memory = revision.estimated_bytes * self._param_bytes // stored_param_bytes
         ref = ArtifactRef(
             config_digest=revision.config_digest,
@@ -86,7 +88,11 @@ def build_runtime(config: ServeConfig, base: BaseModelSpec, registry: Registry) 
         policy=config.policy,
         dtype=config.dtype,
         device=config.device,
+        max_concurrent_loads=config.max_concurrent_loads,
+        tenant_max_concurrent_loads=config.tenant_max_concurrent_loads,
         tenants=tenant_settings(registry),
+        auto_warm=AutoWarmConfig() if config.auto_warm else None,
+        auto_warm_interval_s=config.auto_warm_interval_s,
     )
     resolver = RegistryResolver(registry, config.dtype)
     disk = config.data_dir / ADAPTER_CACHE_DIR
@@ -109,7 +115,7 @@ def apply_warm_policies(registry: Registry, runtime: AdapterRuntime, base_digest
 def engine_config(config: ServeConfig) -> EngineConfig:
     scheduler = SchedulerConfig(
         max_num_seqs=config.max_num_seqs,
-        max_num_batched_tokens=max(512, config.max_num_seqs),
+        max_num_batched_tokens=config.batched_tokens(),
         max_model_len=config.max_model_len,
         default_deadline_s=config.queue_deadline_s,
         max_queue_len=config.max_queue_len,
@@ -126,9 +132,12 @@ def engine_config(config: ServeConfig) -> EngineConfig:
 
 def registry_config(config: ServeConfig) -> RegistryConfig:
     return RegistryConfig(
-        config.data_dir, config.database_url, config.store, config.s3_endpoint,
+        config.data_dir,
+        config.database_url,
+        config.store,
+        config.s3_endpoint,
         config.max_lora_rank,
-    )  # fmt: skip
+    )
 
 
 def build_worker(config: ServeConfig, model_dir: Path) -> WorkerHandles:
@@ -160,5 +169,6 @@ def build_worker(config: ServeConfig, model_dir: Path) -> WorkerHandles:
         runtime.cache.close()
         registry.close()
 
-    return WorkerHandles(core, engine.idle_wait_s, runtime.pool.max_loras,
-                         runtime.update_tenant_settings, close)  # fmt: skip
+    return WorkerHandles(
+        core, engine.idle_wait_s, runtime.pool.max_loras, runtime.update_tenant_settings, close
+    )

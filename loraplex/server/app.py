@@ -1,9 +1,14 @@
 """The FastAPI application: ``create_app(ServerDeps)`` wires routes, errors and metrics.
 
 Routes: the OpenAI-compatible API under /v1 (tenant keys), the admin API under /admin (the admin
-credential), /metrics (Prometheus text; the admin credential unless ``metrics_public``), /health
-(the process is up and so is its engine: 503 ``engine_down`` while the engine process restarts)
-and /ready (the engine answers and the registry database is reachable).
+credential), /metrics (Prometheus text; the admin credential unless ``metrics_public``), and the
+two probes (Kubernetes' split, the paths vLLM's server uses):
+
+- /health is liveness: 200 whenever this HTTP server answers, also while the engine process
+  starts or restarts (restarting the server would not help; the body says the engine is down);
+- /ready is readiness: 200 only once the engine takes requests and the registry database is
+  reachable, else 503 with the reason (send no traffic here yet).
+
 The engine runs on its own thread or process; handlers only await it.
 """
 
@@ -19,13 +24,12 @@ from loraplex.server.auth import admin_key_matches, bearer_token
 from loraplex.server.deps import ServerDeps
 from loraplex.server.errors import DEFAULT_RETRY_AFTER_S, install_error_handlers, unauthorized
 from loraplex.server.limits import RequestLimits
-from loraplex.server.metrics import CONTENT_TYPE, ServerMetrics
+from loraplex.server.metrics import CONTENT_TYPE
 
 
 def create_app(deps: ServerDeps) -> FastAPI:
     app = FastAPI(title="loraplex", docs_url=None, redoc_url=None, openapi_url=None)
     app.state.deps = deps
-    app.state.metrics = ServerMetrics(deps.engine, deps.cache)
     install_error_handlers(app)
     app.add_middleware(RequestLimits, deps=deps)  # credentials and body limits before parsing
     app.include_router(routes_openai.router)
@@ -40,30 +44,29 @@ _ENGINE_DOWN_HEADERS = {"Retry-After": str(int(DEFAULT_RETRY_AFTER_S))}
 
 
 async def health(request: Request) -> JSONResponse:
-    """Cheap (no I/O), and true: not 200 while there is no engine to serve."""
+    """Liveness: cheap (no I/O) and 200 while this server answers; says when the engine is down."""
     deps: ServerDeps = request.app.state.deps
     state = deps.engine.health()
     if state.up:
         return JSONResponse({"status": "ok"})
-    body = {"status": "engine_down", "reason": state.down_reason, "restarts": state.num_restarts}
-    return JSONResponse(body, status_code=503, headers=_ENGINE_DOWN_HEADERS)
-
-
-def _registry_reachable(deps: ServerDeps) -> None:
-    with deps.registry.db.transaction(write=False) as tx:
-        tx.query_one("SELECT 1")
+    reason, restarts = state.down_reason, state.num_restarts
+    return JSONResponse({"status": "ok", "engine": "down", "reason": reason, "restarts": restarts})
 
 
 async def ready(request: Request) -> JSONResponse:
+    """Readiness: 503 until the engine takes requests and the registry answers."""
     deps: ServerDeps = request.app.state.deps
     state = deps.engine.health()
-    if not state.up:  # until the restarted engine answers
-        body = {"status": "not_ready", "reason": EngineUnavailableError.__name__,
-                "detail": state.down_reason}  # fmt: skip
+    if not state.up:  # starting, or until the restarted engine answers
+        body = {
+            "status": "not_ready",
+            "reason": EngineUnavailableError.__name__,
+            "detail": state.down_reason,
+        }
         return JSONResponse(body, status_code=503, headers=_ENGINE_DOWN_HEADERS)
     try:
         deps.engine.load_snapshot()
-        await run_in_threadpool(_registry_reachable, deps)
+        await run_in_threadpool(deps.registry.ping)
     except Exception as exc:  # any failure means "not ready"; the reason is for operators
         body = {"status": "not_ready", "reason": type(exc).__name__}
         return JSONResponse(body, status_code=503)
@@ -76,6 +79,5 @@ async def metrics(request: Request) -> Response:
         token = bearer_token(request)
         if token is None or not admin_key_matches(token, deps.config.admin_key):
             return unauthorized("invalid admin credential").response()
-    server_metrics: ServerMetrics = request.app.state.metrics
-    body = await run_in_threadpool(server_metrics.exposition)
+    body = await run_in_threadpool(deps.metrics.exposition)
     return Response(body, media_type=CONTENT_TYPE)

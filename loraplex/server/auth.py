@@ -87,5 +87,4 @@ async def require_admin(request: Request, deps: Annotated[ServerDeps, Depends(ge
 
 
 TenantDep = Annotated[Tenant, Depends(require_tenant)]
-AdminDep = Annotated[str, Depends(require_admin)]
 DepsDep = Annotated[ServerDeps, Depends(get_deps)]

@@ -14,7 +14,7 @@ from pathlib import Path
 from jinja2 import TemplateError
 from jinja2.sandbox import ImmutableSandboxedEnvironment
 
-from loraplex.errors import CheckpointError
+from loraplex.errors import CheckpointError, InvalidRequestError
 from loraplex.model.tokenizer import TextTokenizer
 
 
@@ -67,7 +67,8 @@ class ChatTemplate:
         return cls(template, _special(settings, "bos_token"), _special(settings, "eos_token"))
 
     def render(self, messages: Sequence[ChatMessage]) -> str:
-        """The prompt text, ending with the assistant's turn opened."""
+        """The prompt text, ending with the assistant's turn opened; ``InvalidRequestError`` when
+        the template refuses the conversation (or breaks its sandbox's rules)."""
         payload = [{"role": m.role, "content": m.content} for m in messages]
         try:
             return self._template.render(
@@ -77,7 +78,9 @@ class ChatTemplate:
                 eos_token=self.eos_token,
             )
         except TemplateError as exc:
-            raise ValueError(f"messages cannot be rendered by the chat template: {exc}") from exc
+            raise InvalidRequestError(
+                f"messages cannot be rendered by the chat template: {exc}", "messages"
+            ) from exc
 
     def encode(self, messages: Sequence[ChatMessage], tokenizer: TextTokenizer) -> list[int]:
         """Token ids of the rendered prompt.

@@ -1,42 +1,21 @@
-"""What the HTTP layer is built from: its frozen config and the services it talks to."""
+"""What the HTTP layer is built from: its frozen config and the services it talks to
+(``CacheControl``, the cache's surface, is in ``server/cache_control.py``)."""
 
 from __future__ import annotations
 
-from concurrent.futures import Future
-from dataclasses import dataclass
+from collections.abc import Callable
+from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Protocol
 
-from loraplex.artifacts.identity import AdapterKey
-from loraplex.artifacts.warm_policy import WarmPolicy
 from loraplex.engine.protocol import EngineClient
 from loraplex.registry import Registry
-from loraplex.residency.cache.view import ResidencySnapshot
-from loraplex.residency.ledger import Tier
+from loraplex.server.cache_control import CacheControl
 from loraplex.server.chat import ChatTemplate
+from loraplex.server.metrics import ServerMetrics
 
 # Tenant API tokens start with this; an admin key must not, so the two can never be confused.
 TENANT_TOKEN_PREFIX = "lpx_"
 MIN_ADMIN_KEY_CHARS = 16
-
-
-class CacheControl(Protocol):
-    """What the HTTP layer asks of the adapter cache: ``TieredAdapterCache`` itself when the
-    engine runs in this process, ``engine.process.RemoteCache`` when it runs in a child."""
-
-    def snapshot(self) -> ResidencySnapshot: ...
-
-    def is_resident(self, key: AdapterKey, tier: Tier) -> bool: ...
-
-    def pin(self, key: AdapterKey, tier: Tier) -> Future[None]: ...
-
-    def prefetch(self, key: AdapterKey, tier: Tier) -> Future[None]: ...
-
-    def unpin(self, key: AdapterKey, tier: Tier) -> None: ...
-
-    def evict(self, key: AdapterKey, tier: Tier) -> bool: ...
-
-    def set_warm_policy(self, key: AdapterKey, warm: WarmPolicy | None) -> None: ...
 
 
 @dataclass(frozen=True)
@@ -96,3 +75,12 @@ class ServerDeps:
     registry: Registry  # tenants, keys, adapters and alias resolution
     cache: CacheControl | None = None  # residency admin and cache metrics; None: absent
     chat: ChatTemplate | None = None  # chat template; None: /v1/chat/completions answers 400
+    # Hands the registry's tenant settings to the engine and its cache after the admin API
+    # changed a tenant. Required: a server that forgot it would keep enforcing stale quotas.
+    refresh_tenants: Callable[[], None] = field(kw_only=True)
+    # The server's metrics registry, built from ``engine`` and ``cache`` (never passed in).
+    metrics: ServerMetrics = field(init=False, repr=False, compare=False)
+
+    def __post_init__(self) -> None:
+        # NOTE: frozen, so the derived field is set the one way a frozen dataclass allows.
+        object.__setattr__(self, "metrics", ServerMetrics(self.engine, self.cache))

@@ -2,14 +2,27 @@
 
 Every error a client sees has the body ``{"error": {"message", "type", "param", "code"}}`` that
 the official OpenAI clients parse. Handlers act on exception types, never on message text.
-Adapter problems depend on who asked: on the admin API they describe the adapter being
-registered (the caller's input, 422); on the tenant API they mean a registered revision failed to
-load (the service's fault, 500), so the tenant is told which revision and nothing about files.
+
+- Transient (``CapacityError``): the same request may succeed later: 429 (queue full, rate
+  limit) or 503 (queue timeout, engine down, a budget busy now), always with ``Retry-After``.
+- Permanent (``UnservableError``): this server can never serve the request as sent: 400 (prompt
+  too long, code ``context_length_exceeded`` as OpenAI's; adapters not served) or 422 (adapter
+  too large for any tier), never with ``Retry-After``, so clients do not retry in vain.
+- Bad input (``InvalidRequestError``, request validation): 400 naming the field.
+- Adapter problems depend on who asked: on the admin API they describe the adapter being
+  registered (the caller's input, 422); on the tenant API they mean a registered revision failed
+  to load (the service's fault, 500), so the tenant is told which revision and nothing about
+  files.
+- Anything else is a bug: a 500 whose body says "internal error" and an id, never the
+  exception's text (it may hold paths, or another tenant's values); the log has the text
+  under that id. A ``ValueError`` is a bug too, except on the admin API (see ``_admin_value``).
 """
 
 from __future__ import annotations
 
+import logging
 import math
+import secrets
 from dataclasses import dataclass, field
 from enum import StrEnum
 
@@ -21,22 +34,29 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from loraplex.errors import (
     AdapterError,
     AdapterNotFoundError,
+    AdapterTooLargeError,
     ArtifactNotFoundError,
     AuthenticationError,
     CapacityError,
     EngineUnavailableError,
     GenerationError,
+    InvalidRequestError,
     LoadCancelledError,
     LoraplexError,
+    NoAdapterCacheError,
     PathOutsideStoreError,
+    PromptTooLongError,
     QueueFullError,
     QueueTimeoutError,
     RateLimitError,
     RecordNotFoundError,
     RegistryError,
     RevisionConflictError,
+    UnservableError,
     clipped,
 )
+
+_log = logging.getLogger(__name__)
 
 # Retry-After (seconds) for capacity errors that carry no estimate of their own.
 DEFAULT_RETRY_AFTER_S = 1.0
@@ -109,8 +129,33 @@ def _capacity(exc: CapacityError) -> ApiError:
     return ApiError(503, str(exc), "server_error", "capacity_exceeded", None, headers)
 
 
-def to_api_error(exc: Exception, context: ErrorContext) -> ApiError:
-    """The response for ``exc``; unknown exceptions become a 500 that reveals nothing."""
+def _unservable(exc: UnservableError) -> ApiError:
+    kind = "invalid_request_error"
+    if isinstance(exc, PromptTooLongError):
+        return ApiError(400, str(exc), kind, "context_length_exceeded")
+    if isinstance(exc, AdapterTooLargeError):
+        return ApiError(422, str(exc), kind, "adapter_too_large", "model")
+    if isinstance(exc, NoAdapterCacheError):
+        return ApiError(400, str(exc), kind, "adapters_not_served", "model")
+    return ApiError(400, str(exc), kind, "unservable_request")
+
+
+def internal_error(exc: BaseException) -> ApiError:
+    """A 500 that names only an id; the exception, under that id, goes to the log."""
+    error_id = f"err-{secrets.token_hex(8)}"
+    _log.error("internal error %s: %r", error_id, exc, exc_info=exc)
+    return ApiError(500, f"internal error (id {error_id})", "server_error", "internal_error")
+
+
+def _admin_value(exc: ValueError) -> ApiError:
+    """NOTE: the admin API hands operators' values to the registry's records, which validate
+    them with ``ValueError`` naming the field (STYLE rule 3), so there it means bad input. The
+    tenant API validates its input itself and raises ``InvalidRequestError``."""
+    return invalid_request(str(exc))
+
+
+def to_api_error(exc: BaseException, context: ErrorContext) -> ApiError:
+    """The response for ``exc``; anything unexpected becomes a 500 that reveals nothing."""
     if isinstance(exc, ApiError):
         return exc
     if isinstance(exc, AuthenticationError):
@@ -118,8 +163,12 @@ def to_api_error(exc: Exception, context: ErrorContext) -> ApiError:
     if isinstance(exc, AdapterNotFoundError):
         # NOTE: the registry words this identically for missing and foreign-private adapters.
         return ApiError(404, str(exc), "invalid_request_error", "model_not_found", "model")
+    if isinstance(exc, InvalidRequestError):
+        return invalid_request(str(exc), exc.param)
     if isinstance(exc, CapacityError):
         return _capacity(exc)
+    if isinstance(exc, UnservableError):
+        return _unservable(exc)
     if isinstance(exc, GenerationError):
         return ApiError(422, str(exc), "invalid_request_error", "generation_failed")
     if isinstance(exc, AdapterError | LoadCancelledError | ArtifactNotFoundError):
@@ -133,11 +182,11 @@ def to_api_error(exc: Exception, context: ErrorContext) -> ApiError:
         return ApiError(409, str(exc), "invalid_request_error", "revision_conflict")
     if isinstance(exc, PathOutsideStoreError):
         return invalid_request(str(exc), "path")
-    if isinstance(exc, RegistryError | ValueError):
+    if isinstance(exc, RegistryError):
         return invalid_request(str(exc))
-    if isinstance(exc, LoraplexError):
-        return ApiError(500, str(exc), "server_error", "internal_error")
-    return ApiError(500, "internal server error", "server_error", "internal_error")
+    if isinstance(exc, ValueError) and context is ErrorContext.ADMIN:
+        return _admin_value(exc)
+    return internal_error(exc)
 
 
 def context_of(request: Request) -> ErrorContext:

@@ -105,11 +105,14 @@ class ListenerConfig(uvicorn.Config):
 
     def __init__(self, app: Any, limits: ConnectionLimits, log_level: str = "info") -> None:
         super().__init__(
-            app, http=BoundedH11Protocol, lifespan="off", log_level=log_level,
+            app,
+            http=BoundedH11Protocol,
+            lifespan="off",
+            log_level=log_level,
             timeout_keep_alive=limits.keep_alive_timeout_s,
             limit_concurrency=limits.max_connections,
             h11_max_incomplete_event_size=limits.max_header_bytes,
-        )  # fmt: skip
+        )
         self.limits = limits
 
 

@@ -5,7 +5,8 @@ while fields whose other values loraplex cannot honour (``n`` > 1, ``logprobs``)
 a 400. vLLM's ``ignore_eos`` and ``min_tokens`` extensions are honoured. No
 request field is a filesystem path or URL: ``model`` is a name the registry resolves.
 Every response carries ``loraplex.revision``: the exact ``tenant/name@revision`` that answered,
-and ``loraplex.tier``: where that revision was cached when the request arrived.
+and ``loraplex.tier``: the tier the engine leased that revision from (what the request's latency
+paid for; where it was cached on arrival only if the engine never reported a tier).
 """
 
 from __future__ import annotations
@@ -119,7 +120,7 @@ class RevisionInfo(BaseModel):
 
     revision: str | None  # tenant/name@revision
     adapter_digest: str | None  # sha256 of the revision's adapter_model.safetensors
-    tier: str | None = None  # "L0".."L3": where the revision was cached on arrival; None: base
+    tier: str | None = None  # "L0".."L3": the tier the engine leased it from; None: base model
 
 
 class Usage(BaseModel):

@@ -15,9 +15,9 @@ from concurrent.futures import Future
 from dataclasses import asdict
 from enum import IntEnum
 from pathlib import Path
-from typing import Any
+from typing import Annotated, Any
 
-from fastapi import APIRouter, Depends, Request
+from fastapi import APIRouter, Depends, Query, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
@@ -41,12 +41,14 @@ from loraplex.server.admin_models import (
     VisibilityBody,
 )
 from loraplex.server.auth import ADMIN_ACTOR, DepsDep, require_admin
-from loraplex.server.deps import CacheControl, ServerDeps
+from loraplex.server.cache_control import CacheControl
+from loraplex.server.deps import ServerDeps
 from loraplex.server.errors import ApiError, invalid_request
 from loraplex.server.upload import receive_upload
 
 router = APIRouter(prefix="/admin", dependencies=[Depends(require_admin)])
 ACTOR = ADMIN_ACTOR  # the audit log's actor for every change made here
+MAX_RESIDENCY_PAGE = 100  # most copies (and hot adapters) one /admin/residency answer lists
 _CHUNK_BYTES = 1 << 20
 
 
@@ -77,25 +79,18 @@ class TenantLimitsBody(BaseModel):
     quotas: QuotasBody = Field(default_factory=QuotasBody)
 
 
-def _refresh_tenants(request: Request) -> None:
-    """Hands the registry's tenant settings to the running cache and engine (if wired)."""
-    refresh = getattr(request.app.state, "refresh_tenants", None)
-    if refresh is not None:
-        refresh()
-
-
 @router.post("/tenants", status_code=201)
-def create_tenant(body: TenantBody, deps: DepsDep, request: Request) -> Any:
+def create_tenant(body: TenantBody, deps: DepsDep) -> Any:
     tenant = deps.registry.create_tenant(body.name, ACTOR, body.priority, body.quotas.quotas())
-    _refresh_tenants(request)
+    deps.refresh_tenants()  # the engine side enforces the new tenant's settings at once
     return asdict(tenant)
 
 
 @router.put("/tenants/{tenant}")
-def set_tenant_limits(tenant: str, body: TenantLimitsBody, deps: DepsDep, request: Request) -> Any:
+def set_tenant_limits(tenant: str, body: TenantLimitsBody, deps: DepsDep) -> Any:
     changes = body.quotas.model_dump(exclude_unset=True)
     updated = deps.registry.set_tenant_limits(tenant, ACTOR, body.priority, changes)
-    _refresh_tenants(request)
+    deps.refresh_tenants()
     return asdict(updated)
 
 
@@ -204,17 +199,24 @@ def audit_log(deps: DepsDep, after_seq: int = 0, limit: int = 100) -> list[Any]:
 
 
 @router.get("/residency")
-def residency(deps: DepsDep, top: int = 10) -> Any:
-    """Every copy in every tier, the cache counters, and the ``top`` most requested adapters."""
+def residency(
+    deps: DepsDep,
+    top: Annotated[int, Query(ge=0, le=MAX_RESIDENCY_PAGE)] = MAX_RESIDENCY_PAGE,
+    offset: Annotated[int, Query(ge=0)] = 0,
+) -> Any:
+    """A page of at most ``top`` copies (most requested first, from ``offset``), the cache
+    counters, the number of copies in all, and the ``top`` most requested adapters. ``top``
+    above ``MAX_RESIDENCY_PAGE`` is a 400: a cache of thousands of copies is read in pages."""
     snapshot = _cache(deps).snapshot()
-    entries = [_entry(asdict(e)) for e in snapshot.entries]
+    ranked = sorted(snapshot.entries, key=lambda e: (-e.hits, e.key.ref, e.tier))
     hits: dict[str, int] = {}
     for entry in snapshot.entries:
         hits[entry.key.ref] = hits.get(entry.key.ref, 0) + entry.hits
-    hot = sorted(hits.items(), key=lambda item: (-item[1], item[0]))[: max(0, top)]
+    hot = sorted(hits.items(), key=lambda item: (-item[1], item[0]))[:top]
     return _plain(
         {
-            "entries": entries,
+            "entries": [_entry(asdict(e)) for e in ranked[offset : offset + top]],
+            "num_entries": len(snapshot.entries),
             "stats": asdict(snapshot.stats),
             "num_loading": snapshot.num_loading,
             "num_blocked": snapshot.num_blocked,

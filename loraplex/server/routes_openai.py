@@ -73,14 +73,15 @@ class Started:
         if tier is None or self.target.info.tier in (None, tier):
             return self
         info = self.target.info.model_copy(update={"tier": tier})
-        fmt = ChunkFormat(self.fmt.request_id, self.fmt.created, self.fmt.model, info,
-                          self.fmt.chat)  # fmt: skip
+        fmt = ChunkFormat(
+            self.fmt.request_id, self.fmt.created, self.fmt.model, info, self.fmt.chat
+        )
         return replace(self, target=replace(self.target, info=info), fmt=fmt)
 
 
 def _metrics(request: Request) -> ServerMetrics:
-    metrics: ServerMetrics = request.app.state.metrics
-    return metrics
+    deps: ServerDeps = request.app.state.deps
+    return deps.metrics
 
 
 async def _start(
@@ -168,9 +169,13 @@ async def completions(
     choice = CompletionChoice(text=result.text, finish_reason=result.finish_reason)
     fmt = started.fmt
     reply = CompletionResponse(
-        id=fmt.request_id, created=fmt.created, model=fmt.model, choices=[choice],
-        usage=_usage(result), loraplex=fmt.info,
-    )  # fmt: skip
+        id=fmt.request_id,
+        created=fmt.created,
+        model=fmt.model,
+        choices=[choice],
+        usage=_usage(result),
+        loraplex=fmt.info,
+    )
     return _json(reply, started)
 
 
@@ -205,9 +210,13 @@ async def chat_completions(
     )
     fmt = started.fmt
     reply = ChatCompletionResponse(
-        id=fmt.request_id, created=fmt.created, model=fmt.model, choices=[choice],
-        usage=_usage(result), loraplex=fmt.info,
-    )  # fmt: skip
+        id=fmt.request_id,
+        created=fmt.created,
+        model=fmt.model,
+        choices=[choice],
+        usage=_usage(result),
+        loraplex=fmt.info,
+    )
     return _json(reply, started)
 
 

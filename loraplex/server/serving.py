@@ -21,6 +21,7 @@ from starlette.requests import Request
 
 from loraplex.artifacts.identity import AdapterKey
 from loraplex.engine.protocol import EngineRequest, TokenDelta
+from loraplex.errors import PromptTooLongError
 from loraplex.registry import Revision, Tenant
 from loraplex.residency.ledger import CACHED_TIERS, Tier
 from loraplex.sampling import SamplingParams
@@ -49,7 +50,8 @@ class Target:
 
     @property
     def headers(self) -> dict[str, str]:
-        """Response headers: the revision, and the tier on arrival (absent for the base model)."""
+        """Response headers: the revision, and its tier (absent for the base model): where it
+        was cached on arrival until the engine reports the tier it leased from."""
         if self.info.tier is None:
             return {REVISION_HEADER: self.header}
         return {REVISION_HEADER: self.header, TIER_HEADER: self.info.tier}
@@ -125,9 +127,9 @@ def engine_request(
     if not prompt_ids:
         raise invalid_request("the prompt is empty; expected at least one token", "prompt")
     limit = deps.config.max_prompt_tokens
-    if limit is not None and len(prompt_ids) > limit:
-        raise invalid_request(
-            f"the prompt has {len(prompt_ids)} tokens; expected at most {limit}", "prompt"
+    if limit is not None and len(prompt_ids) > limit:  # permanent: retrying cannot help
+        raise PromptTooLongError(
+            f"the prompt has {len(prompt_ids)} tokens; expected at most {limit}"
         )
     return EngineRequest(
         request_id=request_id,
@@ -156,7 +158,8 @@ def arrival_tier(deps: ServerDeps, key: AdapterKey | None) -> Tier | None:
 
 
 def admit(deps: ServerDeps, target: Target) -> Target:
-    """``target`` with the tier its adapter sits in on arrival (reported to the client)."""
+    """``target`` with the tier its adapter sits in on arrival (reported to the client unless
+    the engine reports the tier it leased from, see ``routes_openai.Started.confirmed``)."""
     tier = arrival_tier(deps, target.adapter_key)
     if tier is None:
         return target

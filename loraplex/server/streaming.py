@@ -1,27 +1,25 @@
 """Server-sent events for both OpenAI endpoints, and the chunk shapes that differ between them.
 
 A stream opens only after the engine produced its first delta (see ``serving.first_delta``), so
-errors before it get a real HTTP status. An error after it cannot change the status any more: it
-is sent as one ``data: {"error": ...}`` event (what the OpenAI clients raise on), and the stream
-ends. If the client goes away, the response task is cancelled and the engine request aborted.
+errors before it get a real HTTP status. An error after it cannot change the status any more:
+whatever its type (a domain error or a bug), it is sent as one ``data: {"error": ...}`` event
+(what the OpenAI clients raise on), mapped by ``server/errors.py`` like a status would be, and
+the stream ends. If the client goes away, the response task is cancelled and the engine request
+aborted.
 """
 
 from __future__ import annotations
 
 import json
-import logging
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from functools import cached_property
 
 from loraplex.engine.protocol import TokenDelta
-from loraplex.errors import LoraplexError
 from loraplex.server.deps import ServerDeps
 from loraplex.server.errors import ErrorContext, to_api_error
 from loraplex.server.protocol import RevisionInfo, Usage
 from loraplex.server.serving import abort_quietly, close_quietly
-
-_log = logging.getLogger(__name__)
 
 DONE = "data: [DONE]\n\n"
 
@@ -76,8 +74,10 @@ class ChunkFormat:
         if not self.chat:
             return []
         delta = '{"role":"assistant","content":""}'
-        return [f'{self._head}{{"index":0,"delta":{delta},"logprobs":null,'
-                f'"finish_reason":null}}{self._tail}']  # fmt: skip
+        return [
+            f'{self._head}{{"index":0,"delta":{delta},"logprobs":null,'
+            f'"finish_reason":null}}{self._tail}'
+        ]
 
     def text(self, text: str, finish_reason: str | None) -> str:
         """The event carrying one delta's text."""
@@ -124,9 +124,8 @@ async def sse_events(
         yield DONE
     except Exception as exc:  # any failure is an error event, never a silently cut stream
         ended = True
-        if not isinstance(exc, LoraplexError):
-            _log.exception("stream %s failed", fmt.request_id)
-        yield event(to_api_error(exc, ErrorContext.TENANT).body())  # unknown: reveals nothing
+        # to_api_error logs a bug under an id; its event names the id and nothing else.
+        yield event(to_api_error(exc, ErrorContext.TENANT).body())
     finally:
         if ended:
             await close_quietly(stream)

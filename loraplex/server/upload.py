@@ -28,8 +28,18 @@ from loraplex.server.errors import invalid_request
 from loraplex.server.limits import upload_too_large
 
 FILE_PARTS = {"config": CONFIG_FILE, "weights": WEIGHTS_FILE}  # form name -> staged file name
-TEXT_PARTS = frozenset({"tenant", "name", "revision", "state", "warm_policy", "visibility",
-                        "probe_prompt", "expected_continuation"})  # fmt: skip
+TEXT_PARTS = frozenset(
+    {
+        "tenant",
+        "name",
+        "revision",
+        "state",
+        "warm_policy",
+        "visibility",
+        "probe_prompt",
+        "expected_continuation",
+    }
+)
 MAX_TEXT_PART_BYTES = 64 << 10  # one text field (a probe prompt is the longest)
 _MAX_PART_HEADER_BYTES = 4096  # one part's header line (name and value)
 

@@ -268,14 +268,29 @@ _JSON = st.recursive(
     ),
     max_leaves=6,
 )
+# Config fields the parser reads, rejects or ignores, and one it has never heard of.
 _FIELDS = st.sampled_from(
     [
-        "r", "lora_alpha", "use_rslora", "target_modules", "rank_pattern", "alpha_pattern",
-        "layers_to_transform", "layers_pattern", "exclude_modules", "bias", "use_dora",
-        "modules_to_save", "fan_in_fan_out", "task_type", "peft_type", "init_lora_weights",
-        "base_model_name_or_path", "brand_new_field",
+        "r",
+        "lora_alpha",
+        "use_rslora",
+        "target_modules",
+        "rank_pattern",
+        "alpha_pattern",
+        "layers_to_transform",
+        "layers_pattern",
+        "exclude_modules",
+        "bias",
+        "use_dora",
+        "modules_to_save",
+        "fan_in_fan_out",
+        "task_type",
+        "peft_type",
+        "init_lora_weights",
+        "base_model_name_or_path",
+        "brand_new_field",
     ]
-)  # fmt: skip
+)
 
 
 @settings(max_examples=300, deadline=None)

@@ -58,7 +58,6 @@ def test_valid_adapter_is_fully_described(builder, base: BaseModelSpec) -> None:
     ]
     key = adapter.key("acme", "support-bot", "r1")
     assert key == AdapterKey(base.digest, "acme", "support-bot", "r1", adapter.digest)
-    assert AdapterKey.parse(str(key)) == key
 
 
 @pytest.mark.parametrize(
@@ -77,9 +76,13 @@ def test_rank_pattern_shapes_and_estimate(builder, base, kit) -> None:
     assert adapter.max_rank == 8
     ranks = {(m.layer, m.module): m.rank for m in adapter.modules}
     assert ranks == {
-        (0, "q_proj"): 4, (1, "q_proj"): 8, (0, "v_proj"): 2, (1, "v_proj"): 2,
-        (0, "down_proj"): 4, (1, "down_proj"): 4,
-    }  # fmt: skip
+        (0, "q_proj"): 4,
+        (1, "q_proj"): 8,
+        (0, "v_proj"): 2,
+        (1, "v_proj"): 2,
+        (0, "down_proj"): 4,
+        (1, "down_proj"): 4,
+    }
     assert adapter.estimated_bytes == 4 * (32 * 12 + 24 * 4 + 40 * 8)
 
 

@@ -223,10 +223,30 @@ def test_one_entry_per_module_of_a_large_model_still_fits(base: BaseModelSpec) -
 # --- parity with PEFT's ``re`` calls on ordinary patterns ------------------------------------
 
 FRAGMENTS = (
-    r".*", r".*\.", r"model\.", r"layers\.", r"\d+", r"[0-9]", r"[13]", r"\.", r"self_attn\.",
-    r"mlp\.", r"(self_attn|mlp)\.", r"(q|k|v)_proj", r"[a-z]+_proj", r"q_proj", r"down_proj",
-    r"\w+", r"(?:up|gate)_proj", r"(\.\d+)?", r"_proj", r"^", r"$", r"[^.]+", r"\.?",
-)  # fmt: skip
+    r".*",
+    r".*\.",
+    r"model\.",
+    r"layers\.",
+    r"\d+",
+    r"[0-9]",
+    r"[13]",
+    r"\.",
+    r"self_attn\.",
+    r"mlp\.",
+    r"(self_attn|mlp)\.",
+    r"(q|k|v)_proj",
+    r"[a-z]+_proj",
+    r"q_proj",
+    r"down_proj",
+    r"\w+",
+    r"(?:up|gate)_proj",
+    r"(\.\d+)?",
+    r"_proj",
+    r"^",
+    r"$",
+    r"[^.]+",
+    r"\.?",
+)
 PATHS = [
     BaseModelSpec.module_path(layer, module)
     for layer in (0, 1, 3, 12, 31)

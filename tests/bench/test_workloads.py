@@ -5,7 +5,6 @@ from __future__ import annotations
 import itertools
 import random
 from collections import Counter
-from pathlib import Path
 
 import pytest
 
@@ -60,23 +59,12 @@ def test_gamma_arrivals_rate_and_cv() -> None:
 
 def test_popularity_helpers() -> None:
     assert w.zipf_weights(3, 1.0) == [1.0, 0.5, pytest.approx(1 / 3)]
-    assert w.geometric_weights(3, 1.5) == [1.0, pytest.approx(1 / 1.5), pytest.approx(1 / 2.25)]
     rng = random.Random(0)
     uniform = Counter(w.slora_power_index(rng, 4, 1.0) for _ in range(8000))
     skewed = Counter(w.slora_power_index(rng, 4, 0.3) for _ in range(8000))
     assert max(uniform.values()) < 1.15 * min(uniform.values())
     assert skewed[0] > 3 * skewed[3]
     assert w.assign_ranks(6, w.S2_RANKS) == [64, 32, 16, 8, 64, 32]
-
-
-def test_trace_round_trip_and_bad_lines(tmp_path: Path) -> None:
-    wl = w.generate("uniform", 1, SMALL)
-    path = tmp_path / "trace.jsonl"
-    w.write_trace(wl.requests, path)
-    assert tuple(w.read_trace(path)) == wl.requests
-    path.write_text('{"t_s": 1.0, "tenant": "t"}\n')
-    with pytest.raises(ValueError, match="line 1"):
-        w.read_trace(path)
 
 
 def test_bad_names_and_params() -> None:

@@ -23,7 +23,7 @@ from loraplex.engine.factory import AdapterRuntime, build_engine
 from loraplex.engine.protocol import EngineRequest, TokenDelta
 from loraplex.engine.thread_client import AsyncEngine
 from loraplex.model.lora import LoraSlotPool
-from loraplex.residency.cache.tiered_cache import CacheConfig, TieredAdapterCache
+from loraplex.residency.cache import CacheConfig, TieredAdapterCache
 from loraplex.residency.ledger import Tier, TierBudget
 from loraplex.residency.pipeline import CancelToken, Move, Prepared
 from loraplex.runtime.tier_backends import ArtifactRef, DiskTier, TierPipeline
@@ -60,21 +60,28 @@ class Stack:
         self.runtime.cache.close()
 
 
-def build_stack(assets: DemoAssets, root: Path, *, max_loras: int, sched: SchedulerConfig) -> Stack:
-    base = BaseModelSpec.from_dir(assets.base_model_dir)
-    store = LocalArtifactStore(root / "store")
+def publish(
+    assets: DemoAssets, base: BaseModelSpec, store_dir: Path
+) -> tuple[LocalArtifactStore, dict[AdapterKey, ArtifactRef]]:
+    """Every demo adapter's files in a new store, and each revision's artifact reference (in
+    manifest order)."""
+    store = LocalArtifactStore(store_dir)
     refs: dict[AdapterKey, ArtifactRef] = {}
-    keys: dict[str, AdapterKey] = {}
     for adapter in assets.adapters:
         files = [adapter.path / "adapter_config.json", adapter.path / "adapter_model.safetensors"]
         digests = [sha256_file(f) for f in files]
         for f, d in zip(files, digests, strict=True):
             store.put_file(f, d)
-        key = adapter.key(base.digest)
         memory = validate_adapter_dir(adapter.path, base, 64).tensor_bytes
-        refs[key] = ArtifactRef(digests[0], digests[1], sum(f.stat().st_size for f in files),
-                                memory)  # fmt: skip
-        keys[adapter.ref] = key
+        size = sum(f.stat().st_size for f in files)
+        refs[adapter.key(base.digest)] = ArtifactRef(digests[0], digests[1], size, memory)
+    return store, refs
+
+
+def build_stack(assets: DemoAssets, root: Path, *, max_loras: int, sched: SchedulerConfig) -> Stack:
+    base = BaseModelSpec.from_dir(assets.base_model_dir)
+    store, refs = publish(assets, base, root / "store")
+    keys = {adapter.ref: adapter.key(base.digest) for adapter in assets.adapters}
     pool = LoraSlotPool(base, max_loras, 64, dtype=torch.float32, device=torch.device("cpu"))
     lock = threading.Lock()
     pipeline = GatedPipeline(refs.__getitem__, store, DiskTier(root / "l2"), pool, base,

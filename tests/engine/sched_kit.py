@@ -1,4 +1,5 @@
-"""A torch-free driver for the scheduler: fake leases, fake sampling, deterministic steps."""
+"""A torch-free driver for the scheduler: the engine core's calls with a set of resident adapters
+standing in for the cache (its leases are fakes), fake sampling, deterministic steps."""
 
 from __future__ import annotations
 
@@ -11,8 +12,10 @@ from loraplex.engine.blocks import BlockManager
 from loraplex.engine.config import SchedulerConfig
 from loraplex.engine.protocol import FINISH_ABORT, FINISH_LENGTH, EngineRequest
 from loraplex.engine.request import Request, RequestState
-from loraplex.engine.scheduler import Scheduler
-from loraplex.engine.step import StepPlan
+from loraplex.engine.sched.admission import AdapterLoads
+from loraplex.engine.sched.scheduler import Scheduler
+from loraplex.engine.step import StepPlan, StepResult
+from loraplex.engine.tenant_shares import TenantBook
 from loraplex.sampling import SamplingParams
 
 BASE = hashlib.sha256(b"base").hexdigest()
@@ -53,13 +56,16 @@ def request(
 
 @dataclass
 class Driver:
-    """Steps a Scheduler like the engine does; adapters in ``resident`` get leases at once."""
+    """Steps a Scheduler like the engine core does, through the scheduler's own lease methods;
+    adapters in ``resident`` are hits (leased at once), the others load until ``load``."""
 
     config: SchedulerConfig
     num_blocks: int = 64
     block_size: int = 4
     clock: ManualClock = field(default_factory=ManualClock)
     resident: set[AdapterKey] = field(default_factory=set)
+    tenants: TenantBook = field(default_factory=TenantBook)
+    leases: list[FakeLease] = field(default_factory=list)  # every lease handed out
     tokens_by_tenant: dict[str, int] = field(default_factory=dict)
     finished: list[str] = field(default_factory=list)
     expired: list[str] = field(default_factory=list)
@@ -67,25 +73,34 @@ class Driver:
 
     def __post_init__(self) -> None:
         self.blocks = BlockManager(self.num_blocks, self.block_size)
-        self.scheduler = Scheduler(self.config, self.blocks, self.clock)
+        self.scheduler = Scheduler(self.config, self.blocks, self.clock, self.tenants)
 
     def add(self, engine_request: EngineRequest) -> Request:
         return self.scheduler.add(engine_request)
 
-    def grant_leases(self) -> None:
-        for req in self.scheduler.lease_candidates():
+    def loads(self) -> AdapterLoads:
+        return AdapterLoads(self.resident.__contains__)
+
+    def lease(self, slot: int) -> FakeLease:
+        self.leases.append(FakeLease(slot))
+        return self.leases[-1]
+
+    def grant_leases(self) -> list[Request]:
+        """The lease window asks for its leases; returns the requests that asked."""
+        asked = self.scheduler.lease_candidates(self.loads())
+        for req in asked:
             if req.request.adapter_key in self.resident:
-                req.lease = FakeLease(slot=hash(req.request.adapter_key) % 8)
-            elif req.state is RequestState.WAITING:
-                req.transition(RequestState.ADAPTER_WAIT)
+                self.scheduler.on_lease(req, self.lease(hash(req.request.adapter_key) % 8))
+            else:
+                self.scheduler.wait_for_adapter(req)
+        return asked
 
     def load(self, key: AdapterKey) -> None:
         """The adapter finished loading: waiting requests get leases."""
         self.resident.add(key)
         for req in list(self.scheduler.requests.values()):
             if req.state is RequestState.ADAPTER_WAIT and req.request.adapter_key == key:
-                req.lease = FakeLease(slot=1)
-                req.transition(RequestState.WAITING)
+                self.scheduler.on_lease(req, self.lease(1))
 
     def step(self) -> StepPlan:
         for req in self.scheduler.expired(self.clock.now()):
@@ -101,7 +116,7 @@ class Driver:
         for c in plan.chunks:
             tenant = self.scheduler.requests[c.request_id].tenant
             self.tokens_by_tenant[tenant] = self.tokens_by_tenant.get(tenant, 0) + len(c.token_ids)
-        self.scheduler.update(plan, sampled)
+        self.scheduler.update(plan, StepResult(sampled, {}))
         for rid in sampled:
             req = self.scheduler.requests[rid]
             if len(req.output_token_ids) >= req.request.params.max_tokens:

@@ -12,7 +12,7 @@ from engine_kit import Stack, build_stack, collect, probe_request, text_of, wait
 from sched_kit import Driver, request
 
 from loraplex.engine.config import SchedulerConfig
-from loraplex.engine.tenancy import TenantBook, TenantSettings
+from loraplex.engine.tenant_shares import TenantBook, TenantSettings
 from loraplex.residency.ledger import Tier
 
 if TYPE_CHECKING:
@@ -24,11 +24,10 @@ BATCH = "globex"
 
 def test_priority_classes_weight_token_shares() -> None:
     cfg = SchedulerConfig(max_num_seqs=4, max_num_batched_tokens=32, max_model_len=64)
-    driver = Driver(cfg, num_blocks=256)
-    driver.scheduler.tenants = TenantBook({
-        "hi": TenantSettings.for_priority("high"),
-        "lo": TenantSettings.for_priority("normal"),
-    })  # fmt: skip
+    tenants = TenantBook(
+        {"hi": TenantSettings.for_priority("high"), "lo": TenantSettings.for_priority("normal")}
+    )
+    driver = Driver(cfg, num_blocks=256, tenants=tenants)
     for i in range(200):
         driver.add(request(f"hi{i}", "hi", prompt=8, out=4, first=i))
         driver.add(request(f"lo{i}", "lo", prompt=8, out=4, first=500 + i))
@@ -36,13 +35,6 @@ def test_priority_classes_weight_token_shares() -> None:
         driver.step()
     ratio = driver.tokens_by_tenant["hi"] / driver.tokens_by_tenant["lo"]
     assert 3.2 < ratio < 4.8, ratio
-
-
-def test_configured_weight_overrides_priority_class() -> None:
-    cfg = SchedulerConfig(tenant_weights={"a": 2.0})
-    driver = Driver(cfg)
-    driver.scheduler.tenants = TenantBook({"a": TenantSettings.for_priority("batch")})
-    assert driver.scheduler._weight("a") == 2.0
 
 
 def _adapters(assets: DemoAssets, tenant: str) -> list[DemoAdapter]:

@@ -84,10 +84,10 @@ def test_every_demo_probe_answers_through_the_engine(stack: Stack) -> None:
         queue_s = deltas[0].queue_s  # the queue wait rides on the first delta only
         assert queue_s is not None and queue_s >= 0
         assert all(d.queue_s is None for d in deltas[1:])
-        assert deltas[0].adapter_tier in ("L0", "L1", "L2", "L3")  # where its lease came from
+        assert isinstance(deltas[0].adapter_tier, Tier)  # where its lease came from
     for attempt in ("once", "again"):  # the second finds the adapter in its slot
         first = asyncio.run(collect(stack.engine, probe_request(stack, adapters[0], attempt)))
-    assert first[0].adapter_tier == "L0"
+    assert first[0].adapter_tier is Tier.L0
     _assert_idle(stack)
 
 

@@ -6,15 +6,13 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 import pytest
+from engine_kit import publish
 
 from loraplex.artifacts.base_model import BaseModelSpec
-from loraplex.artifacts.identity import AdapterKey, sha256_file
-from loraplex.artifacts.store import LocalArtifactStore
-from loraplex.artifacts.validate import validate_adapter_dir
+from loraplex.artifacts.identity import AdapterKey
 from loraplex.engine.factory import AdapterRuntime, AdapterRuntimeConfig, build_adapter_runtime
-from loraplex.engine.tenancy import PRIORITY_WEIGHTS, TenantSettings
+from loraplex.engine.tenant_shares import PRIORITY_WEIGHTS, TenantSettings
 from loraplex.residency.ledger import Tier
-from loraplex.runtime.tier_backends import ArtifactRef
 
 if TYPE_CHECKING:
     from loraplex.demo.assets import DemoAssets
@@ -32,16 +30,7 @@ def _runtime(
 ) -> tuple[AdapterRuntime, list[AdapterKey]]:
     """A real runtime (4 slots) over the demo adapters; keys in manifest order."""
     base = BaseModelSpec.from_dir(assets.base_model_dir)
-    store = LocalArtifactStore(root / "store")
-    refs: dict[AdapterKey, ArtifactRef] = {}
-    for adapter in assets.adapters:
-        files = [adapter.path / "adapter_config.json", adapter.path / "adapter_model.safetensors"]
-        digests = [sha256_file(f) for f in files]
-        for f, d in zip(files, digests, strict=True):
-            store.put_file(f, d)
-        memory = validate_adapter_dir(adapter.path, base, 64).tensor_bytes
-        size = sum(f.stat().st_size for f in files)
-        refs[adapter.key(base.digest)] = ArtifactRef(digests[0], digests[1], size, memory)
+    store, refs = publish(assets, base, root / "store")
     config = AdapterRuntimeConfig(max_loras=4, policy=policy, tenants=tenants or {})
     runtime = build_adapter_runtime(base, refs.__getitem__, store, root / "l2", config)
     return runtime, list(refs)

@@ -8,7 +8,8 @@ from sched_kit import Driver, adapter, request
 from loraplex.engine.config import SchedulerConfig
 from loraplex.engine.protocol import FINISH_ABORT
 from loraplex.engine.request import RequestState
-from loraplex.errors import CapacityError, QueueFullError
+from loraplex.engine.tenant_shares import TenantBook, TenantSettings
+from loraplex.errors import CapacityError, PromptTooLongError, QueueFullError
 
 
 def _run(driver: Driver, max_steps: int = 2000) -> None:
@@ -95,9 +96,8 @@ def test_two_tenants_get_equal_token_shares_despite_request_sizes() -> None:
 
 
 def test_tenant_weights_scale_token_shares() -> None:
-    cfg = SchedulerConfig(max_num_seqs=4, max_num_batched_tokens=32, max_model_len=64,
-                          tenant_weights={"a": 3.0})  # fmt: skip
-    driver = Driver(cfg, num_blocks=256)
+    cfg = SchedulerConfig(max_num_seqs=4, max_num_batched_tokens=32, max_model_len=64)
+    driver = Driver(cfg, num_blocks=256, tenants=TenantBook({"a": TenantSettings(weight=3.0)}))
     for i in range(200):
         driver.add(request(f"a{i}", "a", prompt=8, out=4, first=i))
         driver.add(request(f"b{i}", "b", prompt=8, out=4, first=500 + i))
@@ -206,18 +206,17 @@ def test_prefix_reuse_skips_cached_prompt_tokens() -> None:
 
 
 def test_queue_limits() -> None:
-    cfg = SchedulerConfig(max_queue_len=3, tenant_max_queued=2, max_model_len=16)
+    cfg = SchedulerConfig(max_queue_len=3, max_model_len=16, retry_hint_s=2.5)
     driver = Driver(cfg)
-    driver.add(request("a1"))
-    driver.add(request("a2"))
-    with pytest.raises(QueueFullError) as tenant_full:
-        driver.add(request("a3"))
-    assert tenant_full.value.retry_after_s == cfg.retry_after_s
-    driver.add(request("b1", "b"))
-    with pytest.raises(QueueFullError):
-        driver.add(request("c1", "c"))
-    with pytest.raises(CapacityError):
+    for rid, tenant in (("a1", "a"), ("b1", "b"), ("c1", "c")):
+        driver.add(request(rid, tenant))
+    with pytest.raises(QueueFullError) as full:  # every tenant holds one: no one yields
+        driver.add(request("d1", "d"))
+    assert full.value.retry_after_s == 2.5
+    with pytest.raises(PromptTooLongError):  # permanent, not a transient CapacityError
         Driver(cfg).add(request("huge", prompt=16))
+    assert not issubclass(PromptTooLongError, CapacityError)
+    Driver(cfg).add(request("fits", prompt=15))
     with pytest.raises(ValueError, match="unique"):
         driver.scheduler.check_can_add(request("a1"))
 
@@ -230,7 +229,7 @@ def test_lease_window_and_prefetch_follow_fair_order() -> None:
         driver.add(request(f"a{i}", "a", key=key))
     for i, key in enumerate(keys[3:]):
         driver.add(request(f"b{i}", "b", key=key))
-    window = [r.request_id for r in driver.scheduler.lease_candidates()]
+    window = [r.request_id for r in driver.scheduler.lease_candidates(driver.loads())]
     assert window == ["a0", "b0"]
     assert driver.scheduler.prefetch_keys() == [keys[1], keys[4]]
 
@@ -239,10 +238,17 @@ def _running(driver: Driver, tenant: str) -> int:
     return sum(r.tenant == tenant for r in driver.scheduler.running)
 
 
-def _classes(**config: object) -> Driver:
-    cfg = SchedulerConfig(max_num_seqs=8, max_num_batched_tokens=128, max_model_len=128,
-                          tenant_weights={"steady": 1.0, "batch": 0.25}, **config)  # type: ignore[arg-type]  # fmt: skip
-    return Driver(cfg, num_blocks=1024)
+CLASSES = TenantBook({"steady": TenantSettings(weight=1.0), "batch": TenantSettings(weight=0.25)})
+
+
+def _classes(class_reserve_seqs: int | None = None) -> Driver:
+    cfg = SchedulerConfig(
+        max_num_seqs=8,
+        max_num_batched_tokens=128,
+        max_model_len=128,
+        class_reserve_seqs=class_reserve_seqs,
+    )
+    return Driver(cfg, num_blocks=1024, tenants=CLASSES)
 
 
 def test_a_lower_class_leaves_seats_free_for_a_higher_one() -> None:
@@ -275,16 +281,16 @@ def test_alone_a_lower_class_uses_every_seat_and_reserve_zero_turns_it_off() -> 
 
 def test_a_capped_tenant_leases_only_what_it_may_run() -> None:
     keys = [adapter(f"b{i}", "batch") for i in range(12)]
-    weights = {"steady": 1.0, "batch": 0.25}
-    cfg = SchedulerConfig(max_num_seqs=8, max_num_batched_tokens=128, max_model_len=128,
-                          lease_lookahead=16, tenant_weights=weights)  # fmt: skip
-    driver = Driver(cfg, num_blocks=1024)
+    cfg = SchedulerConfig(
+        max_num_seqs=8, max_num_batched_tokens=128, max_model_len=128, lease_lookahead=16
+    )
+    driver = Driver(cfg, num_blocks=1024, tenants=CLASSES)
     for i in range(3):
         driver.add(request(f"steady{i}", "steady", prompt=4, out=100))
     for i, key in enumerate(keys):
         driver.add(request(f"batch{i}", "batch", prompt=4, out=30, key=key))
     driver.step()  # steady admitted; no batch adapter is resident, so batch waits
-    batch = [r for r in driver.scheduler.lease_candidates() if r.tenant == "batch"]
+    batch = [r for r in driver.scheduler.lease_candidates(driver.loads()) if r.tenant == "batch"]
     waiting = sum(r.tenant == "batch" and r.state is RequestState.ADAPTER_WAIT
                   for r in driver.scheduler.requests.values())  # fmt: skip
     assert len(batch) + waiting <= 8 - 3 - 2

@@ -82,8 +82,9 @@ def test_modules_are_views_of_packed_runs(builder, base, kit) -> None:  # type: 
     for run in weights.runs:
         for i in range(run.num_layers):
             module = next(
-                m for m in weights.modules
+                m
+                for m in weights.modules
                 if (m.layer, m.module) == (run.first_layer + i, run.module)
-            )  # fmt: skip
+            )
             assert module.lora_a.data_ptr() == run.lora_a[i].data_ptr()
             assert torch.equal(module.lora_b.T, run.lora_b_t[i])

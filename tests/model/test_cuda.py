@@ -9,8 +9,8 @@ import pytest
 import torch
 from tiny_models import rel_error, save_word_tokenizer
 
+from loraplex.engine.offline import OfflineConfig, OfflineEngine, OfflineRequest
 from loraplex.model.checkpoint import load_checkpoint
-from loraplex.model.generate import GenerationRequest, GeneratorConfig, OfflineGenerator
 from loraplex.model.kv_cache import ContiguousKVCache, SequenceChunk
 from loraplex.model.llama import ForwardBatch
 from loraplex.sampling import SamplingParams
@@ -43,11 +43,12 @@ def test_cuda_half_generation_tracks_cpu(tiny_model: Callable[..., Path]) -> Non
     model_dir = tiny_model("llama")
     save_word_tokenizer(model_dir)
     params = SamplingParams(max_tokens=4, temperature=0.8, seed=5, ignore_eos=True)
-    requests = [GenerationRequest(p, None, params) for p in ("w5 w6", "w9", "w40 w41 w42")]
-    cuda = OfflineGenerator(model_dir, GeneratorConfig(dtype=torch.float16, device="cuda"))
-    results = cuda.generate(requests)
-    assert cuda.generate(requests) == results  # seeded CUDA sampling repeats
-    greedy = [GenerationRequest(r.prompt, None, SamplingParams(4)) for r in requests]
-    cpu = OfflineGenerator(model_dir).generate(greedy)
-    half = cuda.generate(greedy)
+    requests = [OfflineRequest(p, None, params) for p in ("w5 w6", "w9", "w40 w41 w42")]
+    greedy = [OfflineRequest(r.prompt, None, SamplingParams(4)) for r in requests]
+    with OfflineEngine(model_dir, OfflineConfig(dtype="float16", device="cuda")) as cuda:
+        results = cuda.generate(requests)
+        assert cuda.generate(requests) == results  # seeded CUDA sampling repeats
+        half = cuda.generate(greedy)
+    with OfflineEngine(model_dir) as on_cpu:
+        cpu = on_cpu.generate(greedy)
     assert sum(a.token_ids[0] == b.token_ids[0] for a, b in zip(cpu, half, strict=True)) >= 2

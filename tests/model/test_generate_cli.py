@@ -1,4 +1,4 @@
-"""``loraplex generate`` end to end on a tiny model with a word tokenizer."""
+"""``loraplex generate`` end to end on a tiny model with a word tokenizer (through the engine)."""
 
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ from tiny_models import hf_model, save_tiny_model, save_word_tokenizer
 from typer.testing import CliRunner
 
 from loraplex.cli import app
-from loraplex.model.generate import GenerationRequest, OfflineGenerator
+from loraplex.engine.offline import OfflineEngine, OfflineRequest
 from loraplex.sampling import SamplingParams
 
 
@@ -43,12 +43,13 @@ def test_json_output_matches_the_python_api(model_and_adapter: tuple[Path, Path]
     result = CliRunner().invoke(app, args)
     assert result.exit_code == 0, result.output
     records = [json.loads(line) for line in result.stdout.splitlines()]
-    want = OfflineGenerator(base).generate(
-        [
-            GenerationRequest("w5 w6", adapter, SamplingParams(5)),
-            GenerationRequest("w7", None, SamplingParams(5)),
-        ]
-    )
+    with OfflineEngine(base) as engine:
+        want = engine.generate(
+            [
+                OfflineRequest("w5 w6", adapter, SamplingParams(5)),
+                OfflineRequest("w7", None, SamplingParams(5)),
+            ]
+        )
     assert [r["adapter"] for r in records] == [str(adapter), None]
     assert [r["token_ids"] for r in records] == [list(w.token_ids) for w in want]
     assert [r["text"] for r in records] == [w.text for w in want]

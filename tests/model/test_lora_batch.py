@@ -4,19 +4,20 @@ model), and greedy continuations are identical, across popularity patterns and r
 from __future__ import annotations
 
 import random
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import pytest
 import torch
-from tiny_models import hf_model, rel_error, save_tiny_model
+from tiny_models import hf_model, rel_error, save_tiny_model, save_word_tokenizer
 
 from loraplex.artifacts.base_model import BaseModelSpec
 from loraplex.artifacts.validate import validate_adapter_dir
+from loraplex.engine.offline import OfflineConfig, OfflineEngine, OfflineRequest
 from loraplex.model.adapter_weights import load_adapter_weights
 from loraplex.model.checkpoint import load_checkpoint
-from loraplex.model.decoding import SequenceInput, decode
 from loraplex.model.kv_cache import ContiguousKVCache, SequenceChunk
 from loraplex.model.llama import ForwardBatch, LlamaModel
 from loraplex.model.lora import LoraSlotPool
@@ -62,7 +63,16 @@ class MixSetup:
 
 @pytest.fixture(scope="module")
 def base_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    return save_tiny_model(tmp_path_factory.mktemp("lora") / "tiny-base", "llama")
+    base = save_tiny_model(tmp_path_factory.mktemp("lora") / "tiny-base", "llama")
+    save_word_tokenizer(base)  # the engine loads one; prompts here are token ids
+    return base
+
+
+@pytest.fixture(scope="module")
+def engine(base_dir: Path) -> Iterator[OfflineEngine]:
+    """The serving engine, offline, with a slot for every adapter of a mix."""
+    with OfflineEngine(base_dir, OfflineConfig(max_loras=NUM_ADAPTERS)) as offline:
+        yield offline
 
 
 @pytest.fixture(scope="module")
@@ -165,24 +175,25 @@ def mixed_logits(
     return model.forward_batch(batch, kv, setup.pool)
 
 
-class _NoText:
-    def decode(self, token_ids: Any) -> str:
-        return ""
-
-
 @pytest.mark.parametrize("mix", sorted(RANK_MIXES))
 @pytest.mark.parametrize("pattern", POPULARITY)
 def test_mixed_batch_equals_peft_alone(
-    mix: str, pattern: str, mixes: dict[str, MixSetup], prompts: list[list[int]]
+    mix: str,
+    pattern: str,
+    mixes: dict[str, MixSetup],
+    prompts: list[list[int]],
+    engine: OfflineEngine,
 ) -> None:
     setup = mixes[mix]
     slots = assign_slots(pattern)
     assert any(s is None for s in slots) and any(s is not None for s in slots)
     logits = mixed_logits(setup, prompts, slots)
     params = SamplingParams(max_tokens=NEW_TOKENS, ignore_eos=True)
-    inputs = [SequenceInput(tuple(p), s, params) for p, s in zip(prompts, slots, strict=True)]
-    outputs = decode(setup.model, inputs, eos_token_ids=frozenset(), detokenizer=_NoText(),
-                     lora=setup.pool)  # fmt: skip
+    requests = [
+        OfflineRequest(tuple(p), None if s is None else setup.dirs[s], params)
+        for p, s in zip(prompts, slots, strict=True)
+    ]
+    outputs = engine.generate(requests)
     offset = 0
     for prompt, slot, output in zip(prompts, slots, outputs, strict=True):
         key = (slot, len(prompt))

@@ -25,13 +25,20 @@ CPU = torch.device("cpu")
 PEFT_CONFIGS: dict[str, dict[str, Any]] = {
     "plain": {"r": 8, "lora_alpha": 16, "target_modules": ["q_proj", "v_proj"]},
     "patterns": {
-        "r": 4, "lora_alpha": 8, "target_modules": list(TARGET_MODULES),
+        "r": 4,
+        "lora_alpha": 8,
+        "target_modules": list(TARGET_MODULES),
         "rank_pattern": {"v_proj": 12, "layers.1.mlp.down_proj": 2},
         "alpha_pattern": {"o_proj": 3, "gate_proj": 40},
     },
-    "rslora": {"r": 16, "lora_alpha": 8, "use_rslora": True,
-               "target_modules": ["k_proj", "o_proj", "up_proj"], "layers_to_transform": [1]},
-}  # fmt: skip
+    "rslora": {
+        "r": 16,
+        "lora_alpha": 8,
+        "use_rslora": True,
+        "target_modules": ["k_proj", "o_proj", "up_proj"],
+        "layers_to_transform": [1],
+    },
+}
 
 
 def make_peft_adapter(model_dir: Path, out: Path, config: dict[str, Any], seed: int) -> Any:
@@ -90,11 +97,12 @@ def test_every_module_equals_peft(peft_setup: Callable[..., Any], name: str, bac
             want_lora = peft_layer(x) if targeted else base_layer(x)
             torch.testing.assert_close(out[[0, 2, 4]], want_lora[[0, 2, 4]], rtol=1e-5, atol=1e-5)
             assert torch.equal(out[[1, 3]], base_layer(x)[[1, 3]])
+            rows = pool.module_weights(layer, module).slots[1]
             if targeted:
-                assert pool.scale_of(1, layer, module) == peft_layer.scaling["default"]
-                assert pool.rank_of(1, layer, module) == peft_layer.r["default"]
+                assert rows.scale == peft_layer.scaling["default"]
+                assert rows.rank == peft_layer.r["default"]
             else:
-                assert (pool.rank_of(1, layer, module), pool.scale_of(1, layer, module)) == (0, 0.0)
+                assert (rows.rank, rows.scale) == (0, 0.0)
     pool.check_integrity()
 
 
@@ -208,13 +216,19 @@ def bad_weights() -> dict[str, tuple[AdapterWeights, type[Exception]]]:
     return {
         "rank": (weights_of(32, 5), RankTooLargeError),
         "layer": (weights_of(4, 6, layers=(0, 2)), BaseModelMismatchError),
-        "shape": (AdapterWeights("f" * 64, torch.float32, (*good.modules, wrong_shape)),
-                  TensorValidationError),
-        "ranks": (AdapterWeights("e" * 64, torch.float32, (mismatched_rank,)),
-                  TensorValidationError),
-        "twice": (AdapterWeights("d" * 64, torch.float32, (*good.modules, good.modules[0])),
-                  TensorValidationError),
-    }  # fmt: skip
+        "shape": (
+            AdapterWeights("f" * 64, torch.float32, (*good.modules, wrong_shape)),
+            TensorValidationError,
+        ),
+        "ranks": (
+            AdapterWeights("e" * 64, torch.float32, (mismatched_rank,)),
+            TensorValidationError,
+        ),
+        "twice": (
+            AdapterWeights("d" * 64, torch.float32, (*good.modules, good.modules[0])),
+            TensorValidationError,
+        ),
+    }
 
 
 @pytest.mark.parametrize("case", sorted(bad_weights()))
@@ -306,7 +320,7 @@ def test_runs_that_disagree_with_modules_are_not_trusted() -> None:
     pool = LoraSlotPool(SPEC, 2, 8, dtype=torch.float32, device=CPU)
     pool.load(0, stale)  # runs cover one module more than ``modules``: copied module by module
     last = weights.modules[-1]
-    assert pool.rank_of(0, last.layer, last.module) == 0
+    assert pool.module_weights(last.layer, last.module).slots[0].rank == 0
     assert not pool.module_weights(last.layer, last.module).lora_a.any()
     pool.check_integrity()
 
@@ -322,8 +336,9 @@ def test_arena_rows_move_down_without_mixing_overlaps(
     store.move_rows(source, target, num_rows)
     for module, stack in store.stacks.items():
         old = before[module]
-        torch.testing.assert_close(stack[:, target : target + num_rows],
-                                   old[:, source : source + num_rows])  # fmt: skip
+        torch.testing.assert_close(
+            stack[:, target : target + num_rows], old[:, source : source + num_rows]
+        )
         vacated = stack[:, max(target + num_rows, source) : source + num_rows]
         assert not vacated.any()
         torch.testing.assert_close(stack[:, source + num_rows :], old[:, source + num_rows :])

@@ -1,5 +1,5 @@
 """Test fakes for the adapter cache: a LoadPipeline that records every side effect it would have,
-with injectable failures, driven by the replay's deterministic SimExecutor."""
+with injectable failures, driven by the deterministic SimExecutor."""
 
 from __future__ import annotations
 
@@ -7,9 +7,8 @@ import hashlib
 from dataclasses import dataclass, field
 
 from loraplex.artifacts.identity import AdapterKey
-from loraplex.bench.replay import SimExecutor
 from loraplex.clock import ManualClock
-from loraplex.residency.cache.tiered_cache import CacheConfig, TieredAdapterCache
+from loraplex.residency.cache import CacheConfig, SimExecutor, TieredAdapterCache
 from loraplex.residency.ledger import Tier, TierBudget
 from loraplex.residency.pipeline import (
     CancelToken,
@@ -43,6 +42,7 @@ class FakePipeline:
     )
     slots: dict[int, AdapterKey] = field(default_factory=dict)
     resolves: int = 0
+    resolved: list[AdapterKey] = field(default_factory=list)  # keys in resolve order
     fetches: int = 0
     survivors: list[RecoveredCopy] = field(default_factory=list)  # what recover() reports
 
@@ -55,6 +55,7 @@ class FakePipeline:
     def resolve(self, key: AdapterKey, cancel: CancelToken) -> Resolved:
         self._maybe_fail(key, Stage.RESOLVE, cancel)
         self.resolves += 1
+        self.resolved.append(key)
         n = self.sizes.get(key, 1) * UNIT
         return Resolved(Footprint(UNIT, n, n), {Stage.RESOLVE: 0.001})
 
@@ -112,11 +113,9 @@ class Rig:
             ledger = set(self.cache.ledgers[tier].entries)
             ready = {k for k, e in self.cache.ledgers[tier].entries.items() if e.ready}
             assert ready <= keys <= ledger, (tier, keys, ledger)
-        # Staged bytes belong to a live move (prepared, or still in its prepare phase).
-        staged = {
-            (k, j.move.target) for k, j in self.cache._flow.jobs.items() if j.move is not None
-        }
-        assert self.pipeline.staged <= staged, (self.pipeline.staged, staged)
+        # Staged bytes belong to a live load (prepared, or still in its prepare phase).
+        loading = self.cache.snapshot().num_loading
+        assert loading or not self.pipeline.staged, self.pipeline.staged
 
 
 def budgets(
@@ -132,10 +131,14 @@ def budgets(
     }
 
 
-def make_rig(policy: str | EvictionPolicy = "cost_aware", **config: object) -> Rig:
+def make_rig(
+    policy: str | EvictionPolicy = "cost_aware",
+    pipeline: FakePipeline | None = None,
+    **config: object,
+) -> Rig:
     clock = ManualClock()
     executor = SimExecutor(clock)
-    pipeline = FakePipeline()
+    pipeline = pipeline or FakePipeline()
     budget_args = {k: config.pop(k) for k in ("slots", "l1", "l2", "tenant_l0") if k in config}
     cfg = CacheConfig(budgets=budgets(**budget_args), **config)  # type: ignore[arg-type]
     chosen = make_policy(policy) if isinstance(policy, str) else policy

@@ -15,10 +15,9 @@ from cache_kit import UNIT, key, make_rig
 from loraplex.artifacts.base_model import BaseModelSpec
 from loraplex.artifacts.identity import AdapterKey
 from loraplex.artifacts.store import LocalArtifactStore
-from loraplex.bench.replay import SimExecutor
 from loraplex.clock import ManualClock
 from loraplex.model.lora import LoraSlotPool
-from loraplex.residency.cache.tiered_cache import CacheConfig, TieredAdapterCache
+from loraplex.residency.cache import CacheConfig, SimExecutor, TieredAdapterCache
 from loraplex.residency.ledger import Tier, TierBudget
 from loraplex.residency.pipeline import RecoveredCopy
 from loraplex.runtime.disk_tier import SIDECAR_FILE, WEIGHTS_FILE

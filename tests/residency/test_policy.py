@@ -2,8 +2,12 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import pytest
 from cache_kit import key
+from hypothesis import given
+from hypothesis import strategies as st
 
 from loraplex.residency.policy import (
     Candidate,
@@ -119,3 +123,40 @@ def test_demand_deferral_protects_valuable_victims_for_a_bounded_time() -> None:
     same_class = cand("rising", rate=0.5, priority=4.0)
     assert policy.deferral_s(same_class, [hot], [busy_one_off], 0.0, NOW) == 0.0
     assert LruPolicy().deferral_s(one_off, [hot], [busy_one_off], 0.0, NOW) == 0.0
+
+
+@pytest.mark.parametrize("name", ["cost_aware", "lru"])
+@given(
+    hits=st.lists(st.floats(0.0, 500.0), max_size=8),
+    loaded=st.floats(0.0, 1000.0),
+    priority=st.sampled_from([0.0, 0.25, 1.0, 4.0]),
+    cost=st.floats(0.0, 5.0),
+    size=st.integers(1, 10**9),
+    wait_s=st.floats(0.0, 30.0),
+    at=st.floats(0.0, 1.0),
+)
+def test_order_key_floor_bounds_the_key_of_an_idle_copy_until_the_horizon(
+    name: str,
+    hits: list[float],
+    loaded: float,
+    priority: float,
+    cost: float,
+    size: int,
+    wait_s: float,
+    at: float,
+) -> None:
+    rolling = RollingRates()
+    for t in sorted(hits):
+        rolling.record(t)
+    last = max(hits, default=0.0)
+    now, until = 500.0, 500.0 + wait_s
+    t = now + at * wait_s
+
+    def at_time(when: float) -> Candidate:
+        rates = rolling.rates(when)
+        return Candidate(key("t", "x"), size, loaded, last, rates, priority, cost)
+
+    policy = make_policy(name)
+    floor = policy.order_key_floor(at_time(until), now, until)
+    assert floor <= policy.order_key(at_time(t), t)
+    assert floor <= policy.order_key(replace(at_time(t), reload_cost_s=cost * 2), t)

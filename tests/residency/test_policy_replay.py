@@ -9,12 +9,13 @@ from cache_kit import key, make_rig
 
 from loraplex.artifacts.base_model import BaseModelSpec
 from loraplex.artifacts.identity import AdapterKey
-from loraplex.bench.replay import ReplayResult, StageCosts, footprints_for, replay
+from loraplex.bench.replay import ReplayResult, footprints_for, replay
 from loraplex.bench.workloads import ScenarioParams, generate
 from loraplex.residency.cache.tiered_cache import CacheConfig
 from loraplex.residency.ledger import Tier, TierBudget
 from loraplex.residency.pipeline import Footprint
 from loraplex.residency.policy import make_policy
+from loraplex.residency.simulated import StageCosts
 
 SPEC = BaseModelSpec("replay", "LlamaForCausalLM", 256, 688, 4, 4, 4, 64, 1000, "0" * 64)
 COSTS = StageCosts(fetch_bytes_per_s=3e8, verify_bytes_per_s=6e8, read_bytes_per_s=4e8)

@@ -2,12 +2,15 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+
 import pytest
 from cache_kit import key
 
+from loraplex.artifacts.identity import AdapterKey
 from loraplex.artifacts.warm_policy import WarmPolicy
-from loraplex.errors import CacheIntegrityError, CapacityError
-from loraplex.residency.ledger import Tier, TierBudget, TierLedger
+from loraplex.errors import AdapterTooLargeError, CacheIntegrityError
+from loraplex.residency.ledger import ResidentEntry, Tier, TierBudget, TierLedger
 from loraplex.residency.warm import AutoWarmConfig, PinBook, RequestRates, auto_warm
 
 A, B, C = key("t", "a"), key("t", "b"), key("u", "c")
@@ -23,10 +26,20 @@ def test_plan_room_is_greedy_over_ranked_evictable_entries() -> None:
         ready(ledger, k, 100)
     ledger.entries[A].refcount = 1
     ranked = [ledger.entries[k] for k in (A, B, C)]
-    victims = ledger.plan_room("t", 150, ranked)
+    victims = ledger.plan_room("t", 150, lambda: ranked)
     assert victims is not None and [v.key for v in victims] == [B, C]
     ledger.entries[B].pinned = True
-    assert ledger.plan_room("t", 150, ranked) is None
+    assert ledger.plan_room("t", 150, lambda: ranked) is None
+
+
+def test_plan_room_never_ranks_when_the_load_fits_now() -> None:
+    ledger = TierLedger(Tier.L1, TierBudget(300))
+    ready(ledger, A, 100)
+
+    def ranked() -> list[ResidentEntry]:
+        raise AssertionError("ranked victims although the load fits")
+
+    assert ledger.plan_room("t", 200, ranked) == []
 
 
 def test_tenant_budget_makes_room_from_own_entries() -> None:
@@ -34,7 +47,7 @@ def test_tenant_budget_makes_room_from_own_entries() -> None:
     ready(ledger, C, 100)
     ready(ledger, A, 100)
     ready(ledger, B, 100)
-    victims = ledger.plan_room("t", 100, [ledger.entries[k] for k in (C, A, B)])
+    victims = ledger.plan_room("t", 100, lambda: [ledger.entries[k] for k in (C, A, B)])
     assert victims is not None and [v.key for v in victims] == [A]
 
 
@@ -67,7 +80,7 @@ def test_check_names_the_broken_invariant() -> None:
 
 def test_inadmissible_sizes_fail_fast() -> None:
     ledger = TierLedger(Tier.L1, TierBudget(300, tenant_max_bytes={"t": 100}))
-    with pytest.raises(CapacityError):
+    with pytest.raises(AdapterTooLargeError):
         ledger.check_admissible("t", 200)
     ledger.check_admissible("u", 200)
 
@@ -95,3 +108,35 @@ def test_pin_book_operator_wins_and_auto_gpu_is_bounded() -> None:
     book.pin(A, Tier.L2)
     assert book.pinned_tiers(A) == {Tier.L2}
     assert book.is_pinned(B, Tier.L1)
+
+
+def test_pin_book_forgets_unpinned_and_demoted_revisions() -> None:
+    book = PinBook(AutoWarmConfig(gpu_rps=1.0, cpu_rps=0.1), max_auto_gpu=4)
+    churn = [key("t", f"rev{i}") for i in range(50)]
+    for k in churn:
+        book.pin(k, Tier.L2)
+        book.unpin(k, Tier.L2)
+    hot, idle = RequestRates(5, 5, 5, 5), RequestRates(0, 0, 0, 0)
+    book.rebalance(dict.fromkeys(churn, hot))
+    assert book.num_keys() == len(churn)  # promoted: pinned while warm
+    changes = book.rebalance(dict.fromkeys(churn, idle))
+    assert set(changes.values()) == {WarmPolicy.ON_DEMAND}
+    assert book.num_keys() == 0
+    book.set_operator(A, WarmPolicy.ON_DEMAND)  # an operator's setting stays
+    assert book.num_keys() == 1
+
+
+def test_plan_room_reads_ranked_victims_only_as_far_as_it_picks() -> None:
+    ledger = TierLedger(Tier.L1, TierBudget(300))
+    for k in (A, B, C):
+        ready(ledger, k, 100)
+    read: list[AdapterKey] = []
+
+    def ranked() -> Iterator[ResidentEntry]:
+        for k in (B, A, C):
+            read.append(k)
+            yield ledger.entries[k]
+
+    victims = ledger.plan_room("t", 100, ranked)
+    assert victims is not None and [v.key for v in victims] == [B]
+    assert read == [B]

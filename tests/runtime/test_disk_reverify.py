@@ -19,12 +19,11 @@ from loraplex.artifacts.base_model import BaseModelSpec
 from loraplex.artifacts.identity import AdapterKey
 from loraplex.artifacts.store import LocalArtifactStore
 from loraplex.artifacts.validate import validate_adapter_dir
-from loraplex.bench.replay import SimExecutor
 from loraplex.clock import ManualClock
 from loraplex.errors import ArtifactNotFoundError
 from loraplex.model.adapter_weights import load_adapter_weights
 from loraplex.model.lora import LoraSlotPool
-from loraplex.residency.cache.tiered_cache import CacheConfig, TieredAdapterCache
+from loraplex.residency.cache import CacheConfig, SimExecutor, TieredAdapterCache
 from loraplex.residency.ledger import Tier, TierBudget
 from loraplex.runtime.disk_tier import CONFIG_FILE, SIDECAR_FILE, WEIGHTS_FILE
 from loraplex.runtime.tier_backends import ArtifactRef, DiskTier, TierPipeline
@@ -112,7 +111,8 @@ def assert_serves_registered(worker: Worker, adapter_dir: Path, base: BaseModelS
     for want, got in zip(true.modules, held.modules, strict=True):
         assert (got.layer, got.module, got.scale) == (want.layer, want.module, want.scale)
         assert torch.equal(got.lora_a, want.lora_a) and torch.equal(got.lora_b, want.lora_b)
-        assert worker.pipeline.pool.scale_of(slot, want.layer, want.module) == want.scale
+        rows = worker.pipeline.pool.module_weights(want.layer, want.module).slots[slot]
+        assert rows.scale == want.scale
 
 
 def test_a_copy_edited_with_its_sidecar_is_replaced_after_a_restart(

@@ -15,7 +15,6 @@ import torch
 from loraplex.artifacts.base_model import BaseModelSpec
 from loraplex.artifacts.identity import AdapterKey
 from loraplex.artifacts.store import LocalArtifactStore
-from loraplex.bench.replay import SimExecutor
 from loraplex.clock import ManualClock
 from loraplex.errors import (
     AdapterError,
@@ -28,7 +27,7 @@ from loraplex.errors import (
     RankTooLargeError,
 )
 from loraplex.model.lora import LoraSlotPool
-from loraplex.residency.cache.tiered_cache import CacheConfig, TieredAdapterCache
+from loraplex.residency.cache import CacheConfig, SimExecutor, TieredAdapterCache
 from loraplex.residency.ledger import Tier, TierBudget
 from loraplex.runtime.tier_backends import ArtifactRef, DiskTier, TierPipeline
 

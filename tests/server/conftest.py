@@ -14,7 +14,7 @@ from fastapi.testclient import TestClient
 from loraplex.artifacts.base_model import BaseModelSpec
 from loraplex.demo.assets import DemoAssets
 from loraplex.registry import Registry, RegistryConfig, open_registry
-from loraplex.residency.cache.tiered_cache import TieredAdapterCache
+from loraplex.residency.cache import TieredAdapterCache
 from loraplex.serve.bootstrap import DemoState, register_demo, sample_keys
 from loraplex.server.app import create_app
 from loraplex.server.chat import ChatTemplate
@@ -74,7 +74,7 @@ def make_app_deps(served: Served, engine: FakeEngine, **config: object) -> Serve
         **config,  # type: ignore[arg-type]
     )
     chat = ChatTemplate.from_model_dir(served.assets.base_model_dir)
-    return ServerDeps(settings, engine, served.registry, cache, chat)
+    return ServerDeps(settings, engine, served.registry, cache, chat, refresh_tenants=lambda: None)
 
 
 @pytest.fixture

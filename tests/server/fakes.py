@@ -49,7 +49,8 @@ def reply_for(request: EngineRequest) -> str:
 
 @dataclass
 class FakeEngine:
-    """Streams ``reply_for(request)`` one word per delta; errors and pauses on demand."""
+    """Streams ``reply_for(request)`` one word per delta (cut at max_tokens; stop strings are
+    ignored); errors and pauses on demand."""
 
     errors: dict[str, Exception] = field(default_factory=dict)  # who -> raised before any delta
     mid_stream_errors: dict[str, Exception] = field(default_factory=dict)  # raised after one delta
@@ -59,7 +60,7 @@ class FakeEngine:
     running: tuple[AdapterKey, ...] = ()  # reported as resident in load_snapshot()
     waiting: tuple[AdapterKey, ...] = ()  # reported as waiting in load_snapshot()
     char_tokenizer: CharTokenizer = field(default_factory=CharTokenizer)
-    leased_from: str | None = None  # the adapter tier reported on an adapter request's first delta
+    leased_from: Tier | None = None  # the adapter tier reported on an adapter request's first delta
 
     @property
     def tokenizer(self) -> TextTokenizer:
@@ -86,21 +87,14 @@ class FakeEngine:
         who = "base" if request.adapter_key is None else request.adapter_key.ref
         if who in self.errors:
             raise self.errors[who]
+        # NOTE: stop strings are not applied here: they are the engine's (tested against it).
         words = reply_for(request).split(" ")[1:]
-        text, finished = "", False
+        finished = False
         try:
             for count, word in enumerate(words, start=1):
                 piece = " " + word
-                stop = next((s for s in request.params.stop if s in text + piece), None)
-                if stop is not None:
-                    piece = (text + piece).split(stop)[0][len(text) :]
-                last = stop is not None or count == len(words) or count == request.params.max_tokens
-                reason = (
-                    ("stop" if stop is not None or count == len(words) else "length")
-                    if last
-                    else None
-                )
-                text += piece
+                last = count == len(words) or count == request.params.max_tokens
+                reason = ("stop" if count == len(words) else "length") if last else None
                 finished = last
                 first = count == 1
                 tier = self.leased_from if first and request.adapter_key is not None else None

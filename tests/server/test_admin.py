@@ -3,14 +3,18 @@
 from __future__ import annotations
 
 import time
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
-from conftest import Rig, Served, make_app_deps
+from conftest import ADMIN_KEY, Rig, Served, make_app_deps
 from fakes import FakeEngine
 from fastapi.testclient import TestClient
 
+from loraplex.residency.cache import TieredAdapterCache
 from loraplex.server.app import create_app
+from loraplex.server.deps import ServerDeps
+from loraplex.server.routes_admin import MAX_RESIDENCY_PAGE
 
 
 def _new_tenant(rig: Rig, name: str) -> dict[str, str]:
@@ -187,3 +191,41 @@ def test_residency_lists_hot_adapters(rig: Rig) -> None:
         rig.cache.acquire_future(rig.served.demo.revisions[0].key()).result(timeout=10).release()
     hot = rig.client.get("/admin/residency", params={"top": 1}, headers=rig.admin).json()["hot"]
     assert hot == [{"model": rig.served.demo.revisions[0].ref, "hits": 2}]
+
+
+def test_residency_pages_are_capped(rig: Rig) -> None:
+    for revision in rig.served.demo.revisions[:3]:
+        rig.cache.acquire_future(revision.key()).result(timeout=10).release()
+    listing = rig.client.get("/admin/residency", params={"top": 2}, headers=rig.admin).json()
+    total = listing["num_entries"]
+    assert total >= 3 and len(listing["entries"]) == 2 and len(listing["hot"]) == 2
+    rest = rig.client.get("/admin/residency", params={"offset": 2}, headers=rig.admin).json()
+    seen = {(e["model"], e["tier"]) for e in listing["entries"] + rest["entries"]}
+    assert len(seen) == total  # two pages: every copy once
+    too_many = rig.client.get(
+        "/admin/residency", params={"top": MAX_RESIDENCY_PAGE + 1}, headers=rig.admin
+    )
+    assert too_many.status_code == 400
+    assert "top" in too_many.json()["error"]["param"]
+
+
+def test_tenant_changes_reach_the_engine_side_through_deps(served: Served) -> None:
+    calls: list[str] = []
+    deps = replace(make_app_deps(served, FakeEngine()), refresh_tenants=lambda: calls.append("x"))
+    admin = {"Authorization": f"Bearer {ADMIN_KEY}"}
+    with TestClient(create_app(deps)) as client:
+        created = client.post("/admin/tenants", json={"name": "refreshco"}, headers=admin)
+        assert created.status_code == 201, created.text
+        changed = client.put("/admin/tenants/refreshco", json={"priority": "high"}, headers=admin)
+        assert changed.status_code == 200, changed.text
+    assert calls == ["x", "x"]
+    assert isinstance(deps.cache, TieredAdapterCache)
+    deps.cache.close()
+
+
+def test_server_deps_without_the_tenant_hook_are_refused(served: Served) -> None:
+    deps = make_app_deps(served, FakeEngine())
+    with pytest.raises(TypeError, match="refresh_tenants"):
+        ServerDeps(deps.config, deps.engine, deps.registry, deps.cache)  # type: ignore[call-arg]
+    assert isinstance(deps.cache, TieredAdapterCache)
+    deps.cache.close()

@@ -1,5 +1,7 @@
 """``build_server`` hands the registry's tenant classes and quotas to the cache and the engine,
-at start and live when the admin API creates or changes a tenant."""
+at start and live when the admin API creates or changes a tenant; the engine-side serve settings
+(step token budget, load concurrency, automatic warm policies) reach the cache of a server whose
+engine runs on a thread, and the engine core that the engine process builds."""
 
 from __future__ import annotations
 
@@ -9,9 +11,10 @@ from typing import TYPE_CHECKING
 from fastapi.testclient import TestClient
 
 from loraplex.residency.ledger import Tier
+from loraplex.residency.warm import AutoWarmConfig
 from loraplex.serve.assembly import Server, build_server
 from loraplex.serve.config import ServeConfig
-from loraplex.serve.engine_side import settings_of
+from loraplex.serve.engine_side import build_worker, settings_of
 
 if TYPE_CHECKING:
     from loraplex.demo.assets import DemoAssets
@@ -20,12 +23,22 @@ ADMIN = "test-admin-credential-0123456789"
 AUTH = {"Authorization": f"Bearer {ADMIN}"}
 
 
-def _server(assets: DemoAssets, data_dir: Path) -> Server:
+def _config(assets: DemoAssets, data_dir: Path, **settings: object) -> ServeConfig:
+    return ServeConfig(
+        data_dir=data_dir,
+        model=assets.base_model_dir,
+        demo=False,
+        admin_key=ADMIN,
+        max_loras=4,
+        max_num_seqs=4,
+        engine_process=False,
+        **settings,  # type: ignore[arg-type]
+    )
+
+
+def _server(assets: DemoAssets, data_dir: Path, **settings: object) -> Server:
     """The engine on a thread, so the test can read the runtime it shares with the app."""
-    config = ServeConfig(data_dir=data_dir, model=assets.base_model_dir, demo=False,
-                         admin_key=ADMIN, max_loras=4, max_num_seqs=4,
-                         engine_process=False)  # fmt: skip
-    return build_server(config)
+    return build_server(_config(assets, data_dir, **settings))
 
 
 def _caps(server: Server, tier: Tier) -> dict[str, int]:
@@ -36,9 +49,11 @@ def test_admin_changes_reach_the_running_cache(demo_assets: DemoAssets, tmp_path
     server = _server(demo_assets, tmp_path)
     try:
         with TestClient(server.app) as http:
-            body = {"name": "storm", "priority": "batch",
-                    "quotas": {"max_gpu_bytes": 4096, "max_cpu_bytes": 8192,
-                               "max_cold_loads": 1}}  # fmt: skip
+            body = {
+                "name": "storm",
+                "priority": "batch",
+                "quotas": {"max_gpu_bytes": 4096, "max_cpu_bytes": 8192, "max_cold_loads": 1},
+            }
             assert http.post("/admin/tenants", json=body, headers=AUTH).status_code == 201
             assert server.runtime.cache.config.tenant_priority == {"storm": 0.25}
             assert _caps(server, Tier.L0) == {"storm": 4096}
@@ -57,8 +72,9 @@ def test_admin_changes_reach_the_running_cache(demo_assets: DemoAssets, tmp_path
                 server.registry.get_tenant("storm")
             )
             key = server.registry.create_key("storm", "test").token
-            denied = http.put("/admin/tenants/storm", json=update,
-                              headers={"Authorization": f"Bearer {key}"})  # fmt: skip
+            denied = http.put(
+                "/admin/tenants/storm", json=update, headers={"Authorization": f"Bearer {key}"}
+            )
             assert denied.status_code == 401
             missing = http.put("/admin/tenants/nobody", json=update, headers=AUTH)
             assert missing.status_code == 404
@@ -71,3 +87,34 @@ def test_admin_changes_reach_the_running_cache(demo_assets: DemoAssets, tmp_path
         assert restarted.runtime.tenants.max_cold_loads("storm") == 3
     finally:
         restarted.close()
+
+
+def test_cache_settings_reach_the_running_cache(demo_assets: DemoAssets, tmp_path: Path) -> None:
+    server = _server(
+        demo_assets,
+        tmp_path,
+        max_concurrent_loads=3,
+        tenant_max_concurrent_loads=1,
+        auto_warm_interval_s=2.5,
+    )
+    try:
+        assert server.runtime is not None
+        cache = server.runtime.cache.config
+        assert (cache.max_concurrent_loads, cache.tenant_max_concurrent_loads) == (3, 1)
+        assert cache.auto_warm == AutoWarmConfig()  # on by default
+        assert server.runtime.rebalance_interval_s == 2.5
+    finally:
+        server.close()
+
+
+def test_engine_process_builder_gets_the_same_settings(
+    demo_assets: DemoAssets, tmp_path: Path
+) -> None:
+    """``build_worker`` (what the engine process runs) builds from the same settings."""
+    config = _config(demo_assets, tmp_path, max_num_batched_tokens=40, auto_warm=False)
+    handles = build_worker(config, demo_assets.base_model_dir)
+    try:
+        assert handles.core.scheduler.config.max_num_batched_tokens == 40
+        assert handles.core.cache is not None and handles.core.cache.config.auto_warm is None
+    finally:
+        handles.close()

@@ -7,6 +7,7 @@ from pathlib import Path
 import pytest
 
 from loraplex.demo.assets import DemoAssets
+from loraplex.errors import InvalidRequestError
 from loraplex.model.tokenizer import TextTokenizer
 from loraplex.server.chat import ChatMessage, ChatTemplate
 
@@ -30,7 +31,7 @@ def test_demo_template_renders_and_encodes_with_one_bos(demo_assets: DemoAssets)
 
 def test_templates_run_sandboxed() -> None:
     hostile = ChatTemplate("{{ ''.__class__.__mro__[1].__subclasses__() }}")
-    with pytest.raises(ValueError, match="chat template"):
+    with pytest.raises(InvalidRequestError, match="chat template"):
         hostile.render(MESSAGES)
 
 
@@ -38,8 +39,9 @@ def test_template_can_reject_a_conversation() -> None:
     strict = ChatTemplate(
         "{% if messages[0].role != 'user' %}{{ raise_exception('user first') }}{% endif %}"
     )
-    with pytest.raises(ValueError, match="user first"):
+    with pytest.raises(InvalidRequestError, match="user first") as refused:
         strict.render(MESSAGES)
+    assert refused.value.param == "messages"
 
 
 def test_missing_template_is_none(tmp_path: Path) -> None:

@@ -20,9 +20,9 @@ from loraplex.engine.config import EngineConfig, SchedulerConfig
 from loraplex.engine.factory import AdapterRuntimeConfig, build_adapter_runtime, build_engine
 from loraplex.engine.thread_client import AsyncEngine
 from loraplex.registry import RegistryConfig, open_registry
-from loraplex.residency.cache.tiered_cache import TieredAdapterCache
+from loraplex.residency.cache import TieredAdapterCache
 from loraplex.serve.bootstrap import register_demo, sample_keys
-from loraplex.serve.engine_side import RegistryResolver
+from loraplex.serve.engine_side import RegistryResolver, tenant_settings
 from loraplex.server.app import create_app
 from loraplex.server.chat import ChatTemplate
 from loraplex.server.deps import ServerConfig, ServerDeps
@@ -55,7 +55,14 @@ def storm(demo_assets: DemoAssets, tmp_path: Path) -> Iterator[Storm]:
     engine = build_engine(demo_assets.base_model_dir, EngineConfig(scheduler=sched), runtime)
     config = ServerConfig(base_model_name=base.name, admin_key=ADMIN_KEY, metrics_public=True)
     chat = ChatTemplate.from_model_dir(demo_assets.base_model_dir)
-    deps = ServerDeps(config, engine, registry, runtime.cache, chat)
+    deps = ServerDeps(
+        config,
+        engine,
+        registry,
+        runtime.cache,
+        chat,
+        refresh_tenants=lambda: runtime.update_tenant_settings(tenant_settings(registry)),
+    )
     try:
         with running(create_app(deps)) as url:
             yield Storm(url, keys, store, engine, runtime.cache, demo_assets)

@@ -1,25 +1,34 @@
-"""The one error mapping: statuses, OpenAI error bodies and Retry-After."""
+"""The one error mapping: statuses, OpenAI error bodies, Retry-After only for transient errors,
+and 500s that reveal nothing but an id."""
 
 from __future__ import annotations
+
+import logging
 
 import pytest
 
 from loraplex.errors import (
     AdapterNotFoundError,
+    AdapterTooLargeError,
     AuthenticationError,
+    CacheIntegrityError,
     CapacityError,
     CorruptArtifactError,
     DigestMismatchError,
     EngineUnavailableError,
     GenerationError,
+    InvalidRequestError,
     LoadCancelledError,
+    NoAdapterCacheError,
     PathOutsideStoreError,
+    PromptTooLongError,
     QueueFullError,
     QueueTimeoutError,
     RateLimitError,
     RegistryError,
     RevisionConflictError,
     TensorValidationError,
+    UnservableError,
 )
 from loraplex.server.errors import ErrorContext, to_api_error
 
@@ -46,7 +55,14 @@ ADMIN = ErrorContext.ADMIN
         (RevisionConflictError("differs"), ADMIN, 409, "revision_conflict"),
         (PathOutsideStoreError("../x"), ADMIN, 400, "invalid_request"),
         (RegistryError("tenant exists"), ADMIN, 400, "invalid_request"),
-        (ValueError("max_tokens 0 is invalid"), TENANT, 400, "invalid_request"),
+        (PromptTooLongError("2049 tokens"), TENANT, 400, "context_length_exceeded"),
+        (NoAdapterCacheError("base model only"), TENANT, 400, "adapters_not_served"),
+        (AdapterTooLargeError("9 GB"), TENANT, 422, "adapter_too_large"),
+        (UnservableError("never"), TENANT, 400, "unservable_request"),
+        (InvalidRequestError("bad template", "messages"), TENANT, 400, "invalid_request"),
+        (ValueError("tier 'L9' is invalid"), ADMIN, 400, "invalid_request"),
+        (ValueError("max_tokens 0 is invalid"), TENANT, 500, "internal_error"),
+        (CacheIntegrityError("refcount", "-1"), TENANT, 500, "internal_error"),
         (RuntimeError("secret internals"), TENANT, 500, "internal_error"),
     ],
 )  # fmt: skip
@@ -56,6 +72,36 @@ def test_mapping(exc: Exception, context: ErrorContext, status: int, code: str) 
     body = error.body()["error"]
     assert isinstance(body, dict)
     assert set(body) == {"message", "type", "param", "code"}
+
+
+TRANSIENT = [
+    QueueFullError("q", 8, 2.0),
+    RateLimitError("acme", 1.0, 2.0),
+    QueueTimeoutError("r", 1.0, 2.0),
+    EngineUnavailableError("restarting"),
+    CapacityError("busy"),
+]
+PERMANENT = [
+    PromptTooLongError("long"),
+    AdapterTooLargeError("big"),
+    NoAdapterCacheError("none"),
+    UnservableError("never"),
+]
+
+
+@pytest.mark.parametrize("exc", TRANSIENT)
+def test_transient_errors_are_429_or_503_with_retry_after(exc: CapacityError) -> None:
+    error = to_api_error(exc, TENANT)
+    assert error.status in (429, 503)
+    assert int(error.headers["Retry-After"]) >= 1
+
+
+@pytest.mark.parametrize("exc", PERMANENT)
+def test_permanent_errors_are_4xx_without_retry_after(exc: UnservableError) -> None:
+    error = to_api_error(exc, TENANT)
+    assert error.status in (400, 422)
+    assert "Retry-After" not in error.headers
+    assert error.message == str(exc)  # the client's own request: the reason is theirs to read
 
 
 def test_retry_after_rounds_up_and_is_at_least_one_second() -> None:
@@ -69,6 +115,34 @@ def test_tenant_never_sees_artifact_details_or_internals() -> None:
     assert "/srv" not in load.message
     crash = to_api_error(RuntimeError("password=hunter2"), TENANT)
     assert "hunter2" not in crash.message
+
+
+SECRET_BUGS = [
+    (RuntimeError("password=hunter2"), TENANT),
+    (RuntimeError("password=hunter2"), ADMIN),
+    (ValueError("row 7 of /srv/db: hunter2"), TENANT),  # on the admin API: the operator's input
+    (CacheIntegrityError("pins", "hunter2's copy"), TENANT),
+    (CacheIntegrityError("pins", "hunter2's copy"), ADMIN),
+]
+
+
+@pytest.mark.parametrize(("exc", "context"), SECRET_BUGS)
+def test_internal_errors_name_an_id_that_the_log_explains(
+    exc: Exception, context: ErrorContext, caplog: pytest.LogCaptureFixture
+) -> None:
+    with caplog.at_level(logging.ERROR, logger="loraplex.server.errors"):
+        error = to_api_error(exc, context)
+    assert error.status == 500 and "hunter2" not in error.message
+    error_id = error.message.removeprefix("internal error (id ").removesuffix(")")
+    assert error_id.startswith("err-") and error_id != error.message
+    logged = [r for r in caplog.records if error_id in r.getMessage()]
+    assert len(logged) == 1 and "hunter2" in logged[0].getMessage()
+    assert to_api_error(exc, context).message != error.message  # a fresh id per occurrence
+
+
+def test_invalid_request_names_its_field() -> None:
+    error = to_api_error(InvalidRequestError("cannot render", "messages"), TENANT)
+    assert (error.param, error.message) == ("messages", "cannot render")
 
 
 def test_not_found_names_the_model_parameter() -> None:

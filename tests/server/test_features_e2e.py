@@ -1,10 +1,12 @@
 """Request features over HTTP with the official openai client and the real engine and cache:
-vLLM's ``ignore_eos`` / ``min_tokens``, and the tier reported for a cold then warm adapter."""
+stop strings, vLLM's ``ignore_eos`` / ``min_tokens``, a prompt longer than the context, and the
+tier reported for a cold then warm adapter."""
 
 from __future__ import annotations
 
 from collections.abc import Iterator
 
+import openai
 import pytest
 from live import Live, client, live_server
 
@@ -56,3 +58,37 @@ def test_a_cold_adapter_reports_a_slower_tier_than_when_warm(live: Live) -> None
         assert raw.headers["x-loraplex-tier"] == reported
         tiers.append(reported)
     assert tiers[1] == "L0" and TIERS.index(tiers[0]) > TIERS.index(tiers[1])
+
+
+def test_stop_strings_cut_the_text_and_end_with_stop(live: Live) -> None:
+    adapter = live.assets.adapters[0]
+    expected = adapter.expected_continuation  # e.g. " is acme support r1 and early."
+    cut = expected.index(" and")
+    text, reason, tokens = _complete(live, adapter, stop=[" and", "never-produced"])
+    assert (text, reason) == (expected[:cut], "stop")
+    assert tokens < adapter.probe_max_tokens  # generation ended at the stop, not at EOS
+    api = client(live.url, live.key(adapter.tenant))
+    stream = api.completions.create(
+        model=f"{adapter.name}@{adapter.revision}",
+        prompt=adapter.probe_prompt,
+        temperature=0,
+        max_tokens=adapter.probe_max_tokens + 6,
+        stop=" and",
+        stream=True,
+    )
+    choices = [c.choices[0] for c in stream if c.choices]
+    assert "".join(c.text for c in choices) == expected[:cut]
+    assert choices[-1].finish_reason == "stop"
+
+
+def test_a_prompt_longer_than_the_context_is_a_400_without_retry(live: Live) -> None:
+    adapter = live.assets.adapters[0]
+    api = client(live.url, live.key(adapter.tenant))
+    limit = live.server.deps.config.max_prompt_tokens
+    assert limit is not None
+    with pytest.raises(openai.BadRequestError) as refused:
+        api.completions.create(
+            model=adapter.name, prompt="team " * (limit + 1), max_tokens=2, temperature=0
+        )
+    assert refused.value.code == "context_length_exceeded"
+    assert "retry-after" not in refused.value.response.headers

@@ -12,6 +12,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from prometheus_client.samples import Sample
 
 from loraplex.demo.assets import DemoAssets
+from loraplex.residency.ledger import Tier
 from loraplex.server.app import create_app
 
 
@@ -95,6 +96,23 @@ def test_cache_metrics_follow_design(rig: Rig) -> None:
         assert name in metrics, name
     tiers = {s.labels["tier"] for s in metrics["adapter_resident_bytes"]}
     assert tiers == {"L0", "L1", "L2"}
+
+
+def test_cache_metrics_read_the_cache_summary(rig: Rig) -> None:
+    for revision in rig.served.demo.revisions[:2]:
+        rig.cache.acquire_future(revision.key()).result(timeout=10).release()
+    summary = rig.cache.summary()
+    metrics = _scrape(rig)
+    misses = metrics["adapter_cache_misses"]
+    assert [s.value for s in misses if s.name == "adapter_cache_misses_total"] == [
+        summary.stats.misses
+    ]
+    assert summary.stats.misses >= 2
+    for sample in metrics["adapter_resident_count"]:
+        tier = Tier[sample.labels["tier"]]
+        assert sample.value == summary.num_copies.get(tier, 0)
+    for sample in metrics["adapter_resident_bytes"]:
+        assert sample.value == summary.used_bytes.get(Tier[sample.labels["tier"]], 0)
 
 
 def test_labels_stay_bounded(rig: Rig, demo_assets: DemoAssets) -> None:

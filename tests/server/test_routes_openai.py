@@ -6,9 +6,22 @@ import json
 from typing import Any
 
 import pytest
-from conftest import BASE_NAME, Rig
+from conftest import BASE_NAME, Rig, Served, make_app_deps
+from fakes import FakeEngine
+from fastapi.testclient import TestClient
 
-from loraplex.errors import CorruptArtifactError, QueueFullError, QueueTimeoutError
+from loraplex.errors import (
+    AdapterTooLargeError,
+    CacheIntegrityError,
+    CorruptArtifactError,
+    GenerationError,
+    NoAdapterCacheError,
+    PromptTooLongError,
+    QueueFullError,
+    QueueTimeoutError,
+)
+from loraplex.residency.ledger import Tier
+from loraplex.server.app import create_app
 from loraplex.server.chat import ChatMessage
 
 NOT_FOUND = "model {!r} does not name an adapter available to you"
@@ -71,14 +84,11 @@ def test_sampling_fields_reach_the_engine(rig: Rig) -> None:
     )  # fmt: skip
 
 
-def test_max_tokens_and_stop_finish_reasons(rig: Rig) -> None:
+def test_the_engine_finish_reason_reaches_the_choice(rig: Rig) -> None:
     short = _post(rig, "acme", "/v1/completions", model="support", prompt="a", max_tokens=1)
     assert short.json()["choices"][0] == {
         "index": 0, "text": " acme/support@r1", "logprobs": None, "finish_reason": "length"
     }  # fmt: skip
-    stopped = _post(rig, "acme", "/v1/completions", model="support", prompt="a", stop="@")
-    assert stopped.json()["choices"][0]["text"] == " acme/support"
-    assert stopped.json()["choices"][0]["finish_reason"] == "stop"
 
 
 @pytest.mark.parametrize(
@@ -191,6 +201,10 @@ def test_models_lists_only_the_callers_adapters(rig: Rig) -> None:
         (QueueTimeoutError("x", 30.0, 2.0), 503, "2"),
         (QueueFullError("tenant acme's queue", 4, 0.5), 429, "1"),
         (CorruptArtifactError("disk copy corrupt"), 500, None),
+        (PromptTooLongError("the prompt has 600 tokens"), 400, None),
+        (NoAdapterCacheError("this engine serves the base model only"), 400, None),
+        (AdapterTooLargeError("the adapter needs 9 GB; L0 holds 1 GB"), 422, None),
+        (ValueError("deep in the engine"), 500, None),
     ],
 )
 @pytest.mark.parametrize("stream", [False, True])
@@ -204,20 +218,42 @@ def test_engine_errors_before_the_first_token_get_a_status(
     assert set(response.json()["error"]) == {"message", "type", "param", "code"}
 
 
-def test_error_after_the_first_token_ends_the_stream_with_an_error_event(rig: Rig) -> None:
-    rig.engine.mid_stream_errors["acme/triage@r1"] = QueueTimeoutError("x", 1.0, 1.0)
-    response = _post(rig, "acme", "/v1/completions", model="triage", prompt="hi", stream=True)
+MID_STREAM = [
+    (QueueTimeoutError("x", 1.0, 1.0), "queue_timeout"),
+    (GenerationError("r1", "non-finite logits"), "generation_failed"),
+    (PromptTooLongError("too long"), "context_length_exceeded"),
+    (CacheIntegrityError("pins", "the secret"), "internal_error"),
+    (ValueError("the secret"), "internal_error"),
+    (KeyError("the secret"), "internal_error"),
+]
+
+
+@pytest.mark.parametrize(("exc", "code"), MID_STREAM)
+@pytest.mark.parametrize("path", ["/v1/completions", "/v1/chat/completions"])
+def test_any_error_after_the_first_token_ends_the_stream_with_an_error_event(
+    rig: Rig, exc: Exception, code: str, path: str
+) -> None:
+    rig.engine.mid_stream_errors["acme/triage@r1"] = exc
+    chat = path == "/v1/chat/completions"
+    prompt: dict[str, Any] = (
+        {"messages": [{"role": "user", "content": "hi"}]} if chat else {"prompt": "hi"}
+    )
+    response = _post(rig, "acme", path, model="triage", stream=True, **prompt)
     assert response.status_code == 200
-    lines = [line for line in response.text.split("\n\n") if line]
-    assert json.loads(lines[0].removeprefix("data: "))["choices"][0]["text"] == " acme/triage@r1"
-    assert json.loads(lines[-1].removeprefix("data: "))["error"]["code"] == "queue_timeout"
+    lines = [line.removeprefix("data: ") for line in response.text.split("\n\n") if line]
+    assert "[DONE]" not in lines  # a client must not mistake the cut stream for a whole one
+    choice = json.loads(lines[-2])["choices"][0]  # the first token went out before the error
+    assert (choice["delta"]["content"] if chat else choice["text"]) == " acme/triage@r1"
+    error = json.loads(lines[-1])["error"]
+    assert error["code"] == code
+    assert "secret" not in response.text
 
 
 @pytest.mark.parametrize("stream", [False, True])
 def test_the_tier_reported_is_where_the_engine_found_the_adapter(rig: Rig, stream: bool) -> None:
     arrival = _post(rig, "acme", "/v1/completions", model="support", prompt="hi", max_tokens=4)
     assert arrival.headers["x-loraplex-tier"] == "L3"  # the cache holds no copy on arrival
-    rig.engine.leased_from = "L0"  # e.g. a prefetch finished before the engine asked for it
+    rig.engine.leased_from = Tier.L0  # e.g. a prefetch finished before the engine asked for it
     reply = _post(rig, "acme", "/v1/completions", model="support", prompt="hi", max_tokens=4,
                   stream=stream)  # fmt: skip
     assert reply.headers["x-loraplex-tier"] == "L0"
@@ -235,4 +271,24 @@ def test_an_unexpected_error_mid_stream_is_an_error_event_that_reveals_nothing(r
         [line for line in response.text.split("\n\n") if line][-1].removeprefix("data: ")
     )
     assert last["error"]["code"] == "internal_error"
+    assert last["error"]["message"].startswith("internal error (id err-")
     assert "secret" not in response.text
+
+
+def test_a_prompt_longer_than_the_context_is_a_permanent_400(served: Served) -> None:
+    engine = FakeEngine()
+    deps = make_app_deps(served, engine, max_prompt_tokens=4)
+    try:
+        with TestClient(create_app(deps)) as client:
+            reply = client.post(
+                "/v1/completions",
+                json={"model": "support", "prompt": "five!"},  # BOS + 5 characters: 6 tokens
+                headers={"Authorization": f"Bearer {served.keys['acme']}"},
+            )
+    finally:
+        assert deps.cache is not None
+        deps.cache.close()
+    assert reply.status_code == 400, reply.text
+    assert reply.json()["error"]["code"] == "context_length_exceeded"
+    assert "retry-after" not in reply.headers
+    assert engine.requests == []

@@ -6,12 +6,17 @@ import stat
 from pathlib import Path
 
 import pytest
+import typer
 from conftest import Served
 from typer.testing import CliRunner
 
-from loraplex.artifacts.base_model import BaseModelSpec
+from loraplex.artifacts.base_model import BaseModelSpec, lora_bytes
 from loraplex.cli import app
+from loraplex.cli.serve import serve_settings
 from loraplex.demo.assets import DemoAssets
+from loraplex.dtypes import DTYPE_NAMES
+from loraplex.registry import open_registry
+from loraplex.residency.policy import DEFAULT_POLICY, policy_names
 from loraplex.serve.bootstrap import ADMIN_KEY_FILE, admin_key, register_demo, sample_keys
 from loraplex.serve.config import (
     DEFAULT_CPU_ADAPTER_BYTES,
@@ -19,6 +24,16 @@ from loraplex.serve.config import (
     merge,
     read_config_file,
 )
+from loraplex.serve.engine_side import engine_config, registry_config
+
+LOCATION_VARIABLES = ("LORAPLEX_DATABASE_URL", "LORAPLEX_STORE", "LORAPLEX_S3_ENDPOINT")
+
+
+def parsed_serve(args: list[str], environ: dict[str, str]) -> ServeConfig:
+    """The settings ``loraplex serve ARGS`` would run with (parsed, nothing started)."""
+    command = typer.main.get_command(app).commands["serve"]  # type: ignore[attr-defined]
+    context = command.make_context("serve", args)
+    return serve_settings(context.params, environ)
 
 
 def test_file_then_flags(tmp_path: Path) -> None:
@@ -52,7 +67,10 @@ def test_byte_budgets(demo_assets: DemoAssets, tmp_path: Path) -> None:
     modules = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
     per_layer = sum(sum(base.module_shape(m)) for m in modules)
     slot = per_layer * base.num_layers * 8 * 4
-    assert config.slot_bytes(base) == slot
+    assert config.slot_bytes(base) == slot == lora_bytes(base, 8, 4)
+    assert ServeConfig(data_dir=tmp_path, max_lora_rank=8, dtype="bfloat16").slot_bytes(base) == (
+        slot // 2
+    )
     assert config.gpu_slots(base) == 8
     assert (
         ServeConfig(data_dir=tmp_path, max_lora_rank=8, gpu_adapter_bytes=3 * slot + 1).gpu_slots(
@@ -89,3 +107,83 @@ def test_admin_key_is_generated_once(tmp_path: Path) -> None:
     key = admin_key(tmp_path)
     assert admin_key(tmp_path) == key and not key.startswith("lpx_") and len(key) > 32
     assert stat.S_IMODE((tmp_path / ADMIN_KEY_FILE).stat().st_mode) == 0o600
+
+
+def test_policy_and_dtype_names_come_from_their_one_source(tmp_path: Path) -> None:
+    assert ServeConfig(data_dir=tmp_path).policy == DEFAULT_POLICY
+    for name in policy_names():
+        assert ServeConfig(data_dir=tmp_path, policy=name).policy == name
+    for name in DTYPE_NAMES:
+        assert ServeConfig(data_dir=tmp_path, dtype=name).dtype == name
+    with pytest.raises(ValueError, match="dtype 'float64' is invalid; expected one of"):
+        ServeConfig(data_dir=tmp_path, dtype="float64")
+
+
+def test_step_token_budget_is_a_setting(tmp_path: Path) -> None:
+    default = ServeConfig(data_dir=tmp_path, max_num_seqs=8)
+    assert engine_config(default).scheduler.max_num_batched_tokens == 512
+    many = ServeConfig(data_dir=tmp_path, max_num_seqs=600)
+    assert engine_config(many).scheduler.max_num_batched_tokens == 600
+    chosen = ServeConfig(data_dir=tmp_path, max_num_seqs=8, max_num_batched_tokens=96)
+    assert engine_config(chosen).scheduler.max_num_batched_tokens == 96
+    with pytest.raises(ValueError, match="max_num_batched_tokens 4 is invalid; expected >= "):
+        ServeConfig(data_dir=tmp_path, max_num_seqs=8, max_num_batched_tokens=4)
+
+
+def test_new_flags_and_toml_keys_reach_the_settings(tmp_path: Path) -> None:
+    path = tmp_path / "serve.toml"
+    path.write_text("[serve]\nmax_num_batched_tokens = 128\nauto_warm = false\n")
+    args = [
+        "--config",
+        str(path),
+        "--data-dir",
+        str(tmp_path),
+        "--max-concurrent-loads",
+        "6",
+        "--tenant-max-concurrent-loads",
+        "3",
+        "--auto-warm-interval-s",
+        "2.5",
+    ]
+    settings = parsed_serve(args, {})
+    assert (settings.max_num_batched_tokens, settings.auto_warm) == (128, False)
+    assert (settings.max_concurrent_loads, settings.tenant_max_concurrent_loads) == (6, 3)
+    assert settings.auto_warm_interval_s == 2.5
+    flags = parsed_serve([*args, "--max-num-batched-tokens", "64", "--auto-warm"], {})
+    assert (flags.max_num_batched_tokens, flags.auto_warm) == (64, True)
+    assert parsed_serve(["--data-dir", str(tmp_path)], {}).auto_warm is True
+    with pytest.raises(ValueError, match="tenant_max_concurrent_loads 0 is invalid"):
+        ServeConfig(data_dir=tmp_path, tenant_max_concurrent_loads=0)
+
+
+def test_serve_reads_the_registry_location_variables(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The registry commands and ``serve`` given the same environment open the same registry."""
+    env = {
+        "LORAPLEX_DATA_DIR": str(tmp_path / "data"),
+        "LORAPLEX_DATABASE_URL": f"sqlite:///{tmp_path / 'elsewhere' / 'registry.db'}",
+        "LORAPLEX_STORE": str(tmp_path / "store"),
+    }
+    (tmp_path / "elsewhere").mkdir()
+    created = CliRunner().invoke(app, ["tenants", "create", "acme"], env=env)
+    assert created.exit_code == 0, created.output
+    for name, value in env.items():
+        monkeypatch.setenv(name, value)
+    settings = parsed_serve([], env)
+    assert (settings.database_url, settings.store) == (
+        env["LORAPLEX_DATABASE_URL"],
+        env["LORAPLEX_STORE"],
+    )
+    registry = open_registry(registry_config(settings))
+    try:
+        assert [t.name for t in registry.list_tenants()] == ["acme"]
+    finally:
+        registry.close()
+    assert not (tmp_path / "data" / "registry.sqlite3").exists()
+    monkeypatch.setenv("LORAPLEX_STORE", "s3://bucket/prefix")
+    monkeypatch.setenv("LORAPLEX_S3_ENDPOINT", "http://127.0.0.1:9000")
+    s3 = registry_config(parsed_serve([], env))
+    assert (s3.store_url, s3.s3_endpoint) == ("s3://bucket/prefix", "http://127.0.0.1:9000")
+    flagged = parsed_serve(["--store", str(tmp_path / "flag-store")], env)
+    assert flagged.store == str(tmp_path / "flag-store")  # a flag wins over its variable

@@ -40,6 +40,13 @@ class CacheConfig:
     miss_stall_s: float = 0.02
     auto_warm: AutoWarmConfig | None = None  # automatic promotion/demotion; None: off
     max_auto_gpu_slots: int = 0  # L0 slots automatic gpu promotion may pin
+    # Keys without any copy, load or pin whose history (request rates, counters) is kept so
+    # frequency survives eviction; beyond it the least recently active are forgotten.
+    max_idle_keys: int = 10_000
+    # How long the victim order's lower bounds hold: past it, the next placement that needs
+    # victims recomputes them for every copy of the tier (O(copies), once per horizon). Longer
+    # horizons rebuild less often but with looser bounds, so each placement refines more copies.
+    victim_order_horizon_s: float = 10.0
 
     def __post_init__(self) -> None:
         for tier in CACHED_TIERS:
@@ -47,7 +54,7 @@ class CacheConfig:
                 raise ValueError(f"budgets is missing tier {tier.name}; expected L0, L1 and L2")
         if self.budgets[Tier.L0].num_slots is None:
             raise ValueError("budgets[L0].num_slots is None; expected the slot pool's slot count")
-        for name in ("max_concurrent_loads", "tenant_max_concurrent_loads"):
+        for name in ("max_concurrent_loads", "tenant_max_concurrent_loads", "max_idle_keys"):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name} {getattr(self, name)} is invalid; expected >= 1")
         for tier in (Tier.L1, Tier.L2, Tier.L3):
@@ -59,6 +66,14 @@ class CacheConfig:
             )
         if self.miss_stall_s < 0:
             raise ValueError(f"miss_stall_s {self.miss_stall_s} is invalid; expected >= 0")
+        if not self.victim_order_horizon_s > 0:
+            raise ValueError(
+                f"victim_order_horizon_s {self.victim_order_horizon_s} is invalid; expected > 0"
+            )
+        for tenant, weight in self.tenant_priority.items():
+            # The victim order's bounds assume keep-scores that only fall while a copy idles.
+            if not weight >= 0:
+                raise ValueError(f"tenant_priority[{tenant!r}] {weight} is invalid; expected >= 0")
 
 
 class ReloadCosts:
@@ -68,13 +83,25 @@ class ReloadCosts:
         self._bandwidth = dict(config.bandwidth_bytes_per_s)
         self._stall_s = config.miss_stall_s
 
-    def reload_cost_s(self, tier: Tier, footprint: Footprint | None, size_bytes: int) -> float:
+    def reload_cost_s(
+        self,
+        tier: Tier,
+        footprint: Footprint | None,
+        size_bytes: int,
+        bandwidth: float | None = None,
+    ) -> float:
         """Seconds a miss in ``tier`` costs: the fixed stall plus the bytes the refilling move
         reads from the next tier down over that tier's bandwidth (``size_bytes`` when the
-        footprint is unknown, as for copies recovered at start)."""
+        footprint is unknown, as for copies recovered at start). ``bandwidth`` replaces the
+        current estimate (the victim order's bound prices copies at a ceiling)."""
         source = Tier(tier + 1)
         moved = size_bytes if footprint is None else footprint.bytes_in(source)
-        return self._stall_s + moved / self._bandwidth[source]
+        rate = self._bandwidth[source] if bandwidth is None else bandwidth
+        return self._stall_s + moved / rate
+
+    def bandwidth(self, source: Tier) -> float:
+        """The current estimate of ``source``'s read bandwidth (bytes per second)."""
+        return self._bandwidth[source]
 
     def measured(self, move: Move, moved_bytes: int, seconds: float) -> None:
         """Feeds one completed move into the bandwidth estimate of its source tier."""
@@ -82,6 +109,3 @@ class ReloadCosts:
             old = self._bandwidth[move.source]
             new = moved_bytes / seconds
             self._bandwidth[move.source] = (1 - _BANDWIDTH_EWMA) * old + _BANDWIDTH_EWMA * new
-
-    def bandwidth(self, tier: Tier) -> float:
-        return self._bandwidth[tier]

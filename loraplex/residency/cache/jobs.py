@@ -1,28 +1,25 @@
-"""Load jobs, leases and the executors that run pipeline phases off the cache's lock.
+"""Load jobs, their waiters and leases, and the job table that bounds them.
 
 Torch-free. One ``LoadJob`` per adapter key in flight (single flight): every acquirer and
-prefetcher of that key attaches a ``Waiter`` to it. Executors decide *where* phases run: worker
-threads for the real cache, a discrete-event queue for the replay and the simulator.
+prefetcher of that key attaches a ``Waiter`` to it. ``JobTable`` owns the jobs, the queue of
+jobs waiting for a load permit, the jobs blocked waiting for room and the per-tenant counts of
+started loads; everything here is mutated only under the cache's lock.
 """
 
 from __future__ import annotations
 
 import threading
-from collections.abc import Callable
-from concurrent.futures import Future, ThreadPoolExecutor
+from collections import deque
+from collections.abc import Callable, Iterator, Mapping
+from concurrent.futures import Future, InvalidStateError
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Protocol, TypeVar
+from typing import Any
 
 from loraplex.artifacts.identity import AdapterKey
-from loraplex.clock import Clock
-from loraplex.residency.ledger import ResidentEntry, Tier
+from loraplex.residency.cache.executors import TimerHandle
+from loraplex.residency.ledger import ResidentEntry, Tier, TierLedger, require_invariant
 from loraplex.residency.pipeline import CancelToken, Footprint, LoadResult, Move, Prepared
 from loraplex.residency.stats import Stage
-
-if TYPE_CHECKING:
-    from loraplex.residency.cache.tiered_cache import TieredAdapterCache
-
-T = TypeVar("T")
 
 
 class Lease:
@@ -32,31 +29,46 @@ class Lease:
     """
 
     def __init__(
-        self, cache: TieredAdapterCache, key: AdapterKey, slot: int, load: LoadResult
+        self,
+        key: AdapterKey,
+        slot: int,
+        load: LoadResult,
+        on_release: Callable[[AdapterKey], None],
     ) -> None:
         self.key = key  # the adapter revision
         self.slot = slot  # the L0 slot its weights are in
         self.load = load  # how it got there (source tier, per-stage seconds)
-        self._cache = cache
+        self._on_release = on_release
         self._released = False
         self._lock = threading.Lock()
-
-    @property
-    def released(self) -> bool:
-        return self._released
 
     def release(self) -> None:
         with self._lock:
             if self._released:
                 return
             self._released = True
-        self._cache.release(self.key)
+        self._on_release(self.key)
 
     def __enter__(self) -> Lease:
         return self
 
     def __exit__(self, *exc: object) -> None:
         self.release()
+
+
+def settle(
+    future: Future[Any], *, result: object = None, error: BaseException | None = None
+) -> bool:
+    """Completes a waiter's future exactly once; False when it was already cancelled or
+    completed (a lease granted to a waiter that just gave up is then handed straight back)."""
+    try:
+        if error is not None:
+            future.set_exception(error)
+        else:
+            future.set_result(result)
+    except InvalidStateError:
+        return False
+    return True
 
 
 @dataclass
@@ -86,55 +98,156 @@ class LoadJob:
     blocked_since_s: float | None = None  # waiting for room since
     defer_timer: TimerHandle | None = None  # retries a deferred placement (policy deferral)
     seconds: dict[Stage, float] = field(default_factory=dict)  # accumulated stage durations
+    room_wait_s: float = 0.0  # seconds spent waiting for room (not a pipeline stage)
     # NOTE: `busy` is True while a phase runs off-lock; deadline expiry then only sets `cancel`
     # and the phase's completion undoes the job.
     busy: bool = False
 
-    def add_seconds(self, seconds: dict[Stage, float]) -> None:
+    @property
+    def has_acquirer(self) -> bool:
+        return any(w.wants_lease for w in self.waiters)
+
+    def waited_s(self, now_s: float) -> float:
+        """Seconds this job has waited for room in its target tier."""
+        return 0.0 if self.blocked_since_s is None else now_s - self.blocked_since_s
+
+    def release_source(self) -> None:
+        """Lets go of the copy the current move was reading."""
+        if self.source_entry is not None:
+            self.source_entry.refcount -= 1
+            self.source_entry = None
+
+    def add_seconds(self, seconds: Mapping[Stage, float]) -> None:
         for stage, value in seconds.items():
             self.seconds[stage] = self.seconds.get(stage, 0.0) + value
 
 
-class TimerHandle(Protocol):
-    def cancel(self) -> None: ...
+class JobTable:
+    """The loads in flight: one job per key, a FIFO of jobs not started, the jobs blocked for
+    room, and started loads per tenant (bounded globally and per tenant)."""
 
+    def __init__(self, max_loads: int, tenant_max_loads: int) -> None:
+        self._max_loads = max_loads
+        self._tenant_max_loads = tenant_max_loads
+        self._jobs: dict[AdapterKey, LoadJob] = {}
+        self._queue: deque[LoadJob] = deque()
+        self._blocked: list[LoadJob] = []
+        self._running: dict[str, int] = {}
 
-class StepExecutor(Protocol):
-    """Runs pipeline phases and timers outside the cache's lock.
+    def __len__(self) -> int:
+        return len(self._jobs)
 
-    ``run`` must never call ``done`` before returning (no re-entry into the caller), and
-    ``done`` receives the work's result or the exception it raised.
-    """
+    def get(self, key: AdapterKey) -> LoadJob | None:
+        return self._jobs.get(key)
 
-    def run(self, work: Callable[[], T], done: Callable[[T | BaseException], None]) -> None: ...
+    def is_live(self, job: LoadJob) -> bool:
+        return self._jobs.get(job.key) is job
 
-    def call_at(self, when_s: float, fn: Callable[[], None]) -> TimerHandle: ...
+    @property
+    def num_blocked(self) -> int:
+        return len(self._blocked)
 
+    def running(self) -> dict[str, int]:
+        """Started loads per tenant (a copy)."""
+        return dict(self._running)
 
-class ThreadStepExecutor:
-    """Phases on a bounded worker pool; timers on ``threading.Timer`` (the real cache)."""
+    def add(self, job: LoadJob) -> None:
+        self._jobs[job.key] = job
+        self._queue.append(job)
 
-    def __init__(self, clock: Clock, max_workers: int) -> None:
-        if max_workers < 1:
-            raise ValueError(f"max_workers {max_workers} is invalid; expected >= 1")
-        self._clock = clock
-        self._pool = ThreadPoolExecutor(max_workers=max_workers, thread_name_prefix="adapter-load")
+    def start_next(self) -> Iterator[LoadJob]:
+        """Takes queued jobs out of the queue in FIFO order while the bounds allow, skipping
+        tenants at their own bound; each yielded job is counted as started."""
+        for job in list(self._queue):
+            if sum(self._running.values()) >= self._max_loads:
+                return
+            tenant = job.key.tenant
+            if self._running.get(tenant, 0) >= self._tenant_max_loads:
+                continue
+            self._queue.remove(job)
+            job.started = True
+            self._running[tenant] = self._running.get(tenant, 0) + 1
+            yield job
 
-    def run(self, work: Callable[[], T], done: Callable[[T | BaseException], None]) -> None:
-        def task() -> None:
-            try:
-                result: T | BaseException = work()
-            except Exception as error:
-                result = error
-            done(result)
+    def is_blocked(self, job: LoadJob) -> bool:
+        return job in self._blocked
 
-        self._pool.submit(task)
+    def block(self, job: LoadJob) -> None:
+        if job not in self._blocked:
+            self._blocked.append(job)
 
-    def call_at(self, when_s: float, fn: Callable[[], None]) -> TimerHandle:
-        timer = threading.Timer(max(0.0, when_s - self._clock.now()), fn)
-        timer.daemon = True
-        timer.start()
-        return timer
+    def unblock(self, job: LoadJob) -> None:
+        if job in self._blocked:
+            self._blocked.remove(job)
 
-    def shutdown(self) -> None:
-        self._pool.shutdown(wait=True, cancel_futures=False)
+    def blocked(self) -> list[LoadJob]:
+        """The blocked jobs, oldest first (a copy: retrying one may unblock others)."""
+        return list(self._blocked)
+
+    def drop_waiter(self, job: LoadJob, future: Future[Any]) -> bool:
+        """Removes the waiter holding ``future`` from a live ``job``; True when that left the job
+        without waiters (the caller aborts it). A job that already ended is left alone: a later
+        load of the same key is not the one the waiter attached to."""
+        if not self.is_live(job):
+            return False
+        job.waiters = [w for w in job.waiters if w.future is not future]
+        return not job.waiters
+
+    def retire(self, job: LoadJob) -> None:
+        """Forgets ``job`` everywhere and returns its load permit."""
+        if self._jobs.get(job.key) is job:
+            del self._jobs[job.key]
+        if job in self._queue:
+            self._queue.remove(job)
+        self.unblock(job)
+        if job.started:
+            job.started = False
+            left = self._running[job.key.tenant] - 1
+            if left:
+                self._running[job.key.tenant] = left
+            else:
+                del self._running[job.key.tenant]
+
+    def check(self, ledgers: Mapping[Tier, TierLedger]) -> None:
+        """Job-side invariants: bounded concurrency, live queued and blocked jobs, reserved
+        entries owned by their job, and lower-tier refcounts equal to the loads reading them."""
+        started = [j for j in self._jobs.values() if j.started]
+        require_invariant(
+            sum(self._running.values()) == len(started),
+            "running loads counted",
+            f"{self._running} vs {len(started)} started",
+        )
+        require_invariant(len(started) <= self._max_loads, "global load bound", f"{len(started)}")
+        for tenant, count in self._running.items():
+            require_invariant(0 < count <= self._tenant_max_loads, "per-tenant load bound", tenant)
+        for job in [*self._queue, *self._blocked]:
+            require_invariant(self.is_live(job), "queued and blocked loads are live", job.key.ref)
+        readers: dict[tuple[AdapterKey, Tier], int] = {}
+        for job in self._jobs.values():
+            if job.source_entry is not None:
+                ident = (job.key, job.source_entry.tier)
+                readers[ident] = readers.get(ident, 0) + 1
+            if job.reserved is not None:
+                owner = ledgers[job.reserved.tier].get(job.key)
+                require_invariant(
+                    owner is job.reserved, "reserved room owned by its load", job.key.ref
+                )
+        for tier, ledger in ledgers.items():
+            for entry in ledger.entries.values():
+                self._check_entry(tier, entry, readers)
+
+    def _check_entry(
+        self, tier: Tier, entry: ResidentEntry, readers: Mapping[tuple[AdapterKey, Tier], int]
+    ) -> None:
+        where = f"{entry.key.ref} in {tier.name}"
+        if not entry.ready:
+            loader = self._jobs.get(entry.key)
+            ok = loader is not None and loader.reserved is entry
+            require_invariant(ok, "unready entries are loading", where)
+        elif tier is not Tier.L0:
+            expected = readers.get((entry.key, tier), 0)
+            require_invariant(
+                entry.refcount == expected,
+                "lower-tier refcounts equal readers",
+                f"{where}: {entry.refcount} != {expected}",
+            )

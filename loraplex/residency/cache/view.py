@@ -1,19 +1,19 @@
-"""Read-only views of the adapter cache: residency snapshots and the job-side integrity checks.
+"""Read-only views of the adapter cache: residency snapshots and the cheap summary.
 
-Torch-free; called by ``cache.py`` under its lock.
+Torch-free; built under the cache's lock from ``TierState``. ``CacheSummary`` reads counters
+only (cost independent of the number of copies); a snapshot lists copies, capped by ``top``.
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+import heapq
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 
 from loraplex.artifacts.identity import AdapterKey
-from loraplex.errors import CacheIntegrityError
-from loraplex.residency.cache.load_flow import LoadFlow
-from loraplex.residency.ledger import ResidentEntry, Tier, TierLedger
-from loraplex.residency.stats import AdapterHistory, CacheStats, CacheStatsSnapshot
-from loraplex.residency.warm import PinBook
+from loraplex.residency.cache.tier_state import TierState
+from loraplex.residency.ledger import ResidentEntry, Tier
+from loraplex.residency.stats import AdapterHistory, CacheStatsSnapshot
 
 
 @dataclass(frozen=True)
@@ -35,20 +35,78 @@ class EntrySnapshot:
 
 @dataclass(frozen=True)
 class ResidencySnapshot:
-    """The whole cache at one instant."""
+    """The cache's copies at one instant (all of them, or the ``top`` hottest)."""
 
-    entries: tuple[EntrySnapshot, ...]  # every copy in every cached tier
+    entries: tuple[EntrySnapshot, ...]  # copies by tier then key, or hottest first with top
     stats: CacheStatsSnapshot  # telemetry
     num_loading: int  # loads in flight or queued
     num_blocked: int  # loads waiting for room
 
     def tier_of(self, key: AdapterKey) -> Tier | None:
-        """The fastest tier holding a ready copy of ``key``."""
+        """The fastest tier holding a ready copy of ``key`` (among the listed entries)."""
         tiers = [e.tier for e in self.entries if e.key == key and e.ready]
         return min(tiers) if tiers else None
 
 
-def entry_snapshot(entry: ResidentEntry, history: AdapterHistory) -> EntrySnapshot:
+@dataclass(frozen=True)
+class CacheSummary:
+    """Counters of the whole cache (no per-copy work)."""
+
+    stats: CacheStatsSnapshot  # telemetry
+    num_loading: int  # loads in flight or queued
+    num_blocked: int  # loads waiting for room
+    used_bytes: Mapping[Tier, int]  # bytes held or reserved per cached tier
+    capacity_bytes: Mapping[Tier, int]  # budget per cached tier
+    num_copies: Mapping[Tier, int]  # entries (ready or loading) per cached tier
+
+
+def stats_snapshot(state: TierState) -> CacheStatsSnapshot:
+    counts = {t: len(lg.entries) for t, lg in state.ledgers.items()}
+    used = {t: lg.used_bytes for t, lg in state.ledgers.items()}
+    return state.stats.snapshot(counts, used)
+
+
+def build_summary(state: TierState, num_loading: int, num_blocked: int) -> CacheSummary:
+    ledgers = state.ledgers
+    return CacheSummary(
+        stats=stats_snapshot(state),
+        num_loading=num_loading,
+        num_blocked=num_blocked,
+        used_bytes={t: lg.used_bytes for t, lg in ledgers.items()},
+        capacity_bytes={t: lg.budget.capacity_bytes for t, lg in ledgers.items()},
+        num_copies={t: len(lg.entries) for t, lg in ledgers.items()},
+    )
+
+
+def build_snapshot(
+    state: TierState, num_loading: int, num_blocked: int, top: int | None
+) -> ResidencySnapshot:
+    """Every copy by tier then key; with ``top``, at most ``top`` copies, most hits first
+    (a partial selection, not a sort of every copy)."""
+    if top is not None and top < 0:
+        raise ValueError(f"top {top} is invalid; expected >= 0")
+    if top is None:
+        entries = tuple(
+            _entry(e, state.history_of(e.key))
+            for ledger in state.ledgers.values()
+            for e in sorted(ledger.entries.values(), key=lambda e: e.key)
+        )
+    else:
+        hottest = heapq.nlargest(top, _all_entries(state), key=lambda e: _hits(state, e))
+        entries = tuple(_entry(e, state.history_of(e.key)) for e in hottest)
+    return ResidencySnapshot(entries, stats_snapshot(state), num_loading, num_blocked)
+
+
+def _all_entries(state: TierState) -> Iterator[ResidentEntry]:
+    for ledger in state.ledgers.values():
+        yield from ledger.entries.values()
+
+
+def _hits(state: TierState, entry: ResidentEntry) -> int:
+    return state.history_of(entry.key).hits.get(entry.tier, 0)
+
+
+def _entry(entry: ResidentEntry, history: AdapterHistory) -> EntrySnapshot:
     return EntrySnapshot(
         key=entry.key,
         tier=entry.tier,
@@ -62,82 +120,3 @@ def entry_snapshot(entry: ResidentEntry, history: AdapterHistory) -> EntrySnapsh
         evictions=history.evictions.get(entry.tier, 0),
         last_access_s=history.last_access_s,
     )
-
-
-def build_snapshot(
-    ledgers: Mapping[Tier, TierLedger],
-    history: Mapping[AdapterKey, AdapterHistory],
-    stats: CacheStats,
-    flow: LoadFlow,
-) -> ResidencySnapshot:
-    entries = tuple(
-        entry_snapshot(e, history[e.key])
-        for ledger in ledgers.values()
-        for e in sorted(ledger.entries.values(), key=lambda e: e.key)
-    )
-    counts = {t: len(lg.entries) for t, lg in ledgers.items()}
-    used = {t: lg.used_bytes for t, lg in ledgers.items()}
-    return ResidencySnapshot(
-        entries,
-        stats.snapshot(counts, used),
-        num_loading=len(flow.jobs),
-        num_blocked=len(flow.blocked),
-    )
-
-
-def check_pin_flags(ledgers: Mapping[Tier, TierLedger], pins: PinBook) -> None:
-    """Every ready copy's pinned flag equals what the pin book says."""
-    for ledger in ledgers.values():
-        for entry in ledger.entries.values():
-            _require(
-                not entry.ready or entry.pinned == pins.is_pinned(entry.key, entry.tier),
-                "pin flags match pins",
-                f"{entry.key.ref} in {entry.tier.name}",
-            )
-
-
-def check_jobs(flow: LoadFlow, ledgers: Mapping[Tier, TierLedger], bounds: tuple[int, int]) -> None:
-    """Job-side invariants: bounded concurrency, reserved entries owned by their job, and
-    refcounts of lower-tier copies equal to the loads reading them."""
-    jobs, running = flow.jobs, flow.running
-    tenant_max, total_max = bounds
-    started = [j for j in jobs.values() if j.started]
-    _require(
-        sum(running.values()) == len(started),
-        "running loads counted",
-        f"{dict(running)} vs {len(started)} started",
-    )
-    _require(len(started) <= total_max, "global load bound", f"{len(started)} > {total_max}")
-    for tenant, count in running.items():
-        _require(0 < count <= tenant_max, "per-tenant load bound", f"{tenant!r}: {count}")
-    for job in [*flow.queue, *flow.blocked]:
-        _require(jobs.get(job.key) is job, "queued and blocked loads are live", job.key.ref)
-    readers: dict[tuple[AdapterKey, Tier], int] = {}
-    for job in jobs.values():
-        if job.source_entry is not None:
-            ident = (job.key, job.source_entry.tier)
-            readers[ident] = readers.get(ident, 0) + 1
-        if job.reserved is not None:
-            owner = ledgers[job.reserved.tier].get(job.key)
-            _require(owner is job.reserved, "reserved room owned by its load", job.key.ref)
-    for tier, ledger in ledgers.items():
-        for entry in ledger.entries.values():
-            if not entry.ready:
-                loader = jobs.get(entry.key)
-                _require(
-                    loader is not None and loader.reserved is entry,
-                    "unready entries are loading",
-                    f"{entry.key.ref} in {tier.name}",
-                )
-            elif tier is not Tier.L0:
-                expected = readers.get((entry.key, tier), 0)
-                _require(
-                    entry.refcount == expected,
-                    "lower-tier refcounts equal readers",
-                    f"{entry.key.ref} in {tier.name}: {entry.refcount} != {expected}",
-                )
-
-
-def _require(ok: bool, invariant: str, detail: str) -> None:
-    if not ok:
-        raise CacheIntegrityError(invariant, detail)

@@ -1,86 +1,85 @@
-"""The waiter side of a load: handing out leases, typed failures, deadlines and abandonment.
+"""The waiter side of a load: handing out leases, deadlines and abandonment.
 
-Torch-free; every function runs under the cache's lock (callbacks retake it). A waiter's future
-is settled exactly once: ``settle`` reports False when the future was already cancelled or
-completed, so a lease granted to a waiter that just gave up is handed straight back.
+Torch-free. A finished job settles every waiter (a lease for acquirers, None for prefetchers;
+a lease granted to a waiter that just gave up is handed straight back). A waiter leaves its
+job in two other ways: its deadline passes
+(the future fails with CapacityError) or its future is cancelled. When the last waiter leaves,
+the job is aborted through ``abort`` (the flow then cancels it now or when its running phase
+returns). Timer and done-callbacks arrive on other threads and retake the cache's lock.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
-from concurrent.futures import Future, InvalidStateError
-from typing import TYPE_CHECKING, Any
+from concurrent.futures import Future
+from typing import Any
 
+from loraplex.artifacts.identity import AdapterKey
 from loraplex.errors import CapacityError, LoadCancelledError
-from loraplex.residency.cache.jobs import LoadJob, Waiter
+from loraplex.residency.cache.cache_lock import CacheLock
+from loraplex.residency.cache.executors import StepExecutor
+from loraplex.residency.cache.jobs import JobTable, LoadJob, Waiter, settle
+from loraplex.residency.cache.tier_state import TierState
 from loraplex.residency.ledger import Tier
 from loraplex.residency.pipeline import LoadResult
 
-if TYPE_CHECKING:
-    from loraplex.residency.cache.load_flow import LoadFlow
 
+class WaiterDesk:
+    """Settles the waiters of one cache's jobs: results, deadlines and cancellations."""
 
-def settle(
-    future: Future[Any], *, result: object = None, error: BaseException | None = None
-) -> bool:
-    """Completes a waiter's future; False when it was already cancelled or completed."""
-    try:
-        if error is not None:
-            future.set_exception(error)
-        else:
-            future.set_result(result)
-    except InvalidStateError:
-        return False
-    return True
+    def __init__(
+        self,
+        state: TierState,
+        lock: CacheLock,
+        jobs: JobTable,
+        executor: StepExecutor,
+        abort: Callable[[LoadJob, BaseException], None],
+    ) -> None:
+        self._state = state
+        self._lock = lock
+        self._jobs = jobs
+        self._executor = executor
+        self._abort = abort
 
+    def hand_out(self, job: LoadJob, on_release: Callable[[AdapterKey], None]) -> None:
+        """Settles every waiter of a finished job (its L0 copy, if any, is ready)."""
+        entry = self._state.ready_entry(job.key, Tier.L0)
+        for waiter in job.waiters:
+            if waiter.wants_lease and entry is not None:
+                load = LoadResult(job.key, waiter.source, dict(job.seconds), job.room_wait_s)
+                if not settle(waiter.future, result=self._state.grant(entry, load, on_release)):
+                    entry.refcount -= 1
+            elif waiter.wants_lease:
+                error = CapacityError(f"{job.key.ref} left L0 before its lease")
+                settle(waiter.future, error=error)
+            else:
+                settle(waiter.future, result=None)
 
-def hand_out(flow: LoadFlow, job: LoadJob) -> None:
-    """Settles every waiter of a finished job: a lease for acquirers, None for prefetchers."""
-    entry = flow.cache.ledgers[Tier.L0].get(job.key)
-    for waiter in job.waiters:
-        if waiter.wants_lease and entry is not None and entry.ready:
-            load = LoadResult(job.key, waiter.source, dict(job.seconds))
-            if not settle(waiter.future, result=flow.cache.grant(entry, load)):
-                entry.refcount -= 1
-        elif waiter.wants_lease:
-            settle(waiter.future, error=CapacityError(f"{job.key.ref} left L0 before its lease"))
-        else:
-            settle(waiter.future, result=None)
+    def watch(self, job: LoadJob, waiter: Waiter, deadline_at_s: float | None) -> None:
+        """Fails ``waiter`` at ``deadline_at_s`` (clock time) unless settled first, and abandons
+        it when its future is cancelled. A settled waiter's timer is cancelled, so a real
+        executor keeps no sleeping timer per finished acquire."""
+        if deadline_at_s is not None:
+            timer = self._executor.call_at(deadline_at_s, lambda: self._expire(job, waiter))
+            waiter.future.add_done_callback(lambda _: timer.cancel())
+        waiter.future.add_done_callback(lambda future: self._abandon(job, future))
 
+    def _expire(self, job: LoadJob, waiter: Waiter) -> None:
+        with self._lock:
+            if waiter.future.done() or waiter not in job.waiters:
+                return
+            state = "waiting for room" if self._jobs.is_blocked(job) else "loading"
+            error = CapacityError(
+                f"adapter {job.key.ref}: deadline passed while {state} (tier budgets full of "
+                "pinned or in-use adapters, or loads queued)"
+            )
+            settle(waiter.future, error=error)
+            if self._jobs.drop_waiter(job, waiter.future):
+                self._abort(job, LoadCancelledError(f"load of {job.key.ref} cancelled: no waiters"))
 
-def watch_deadline(flow: LoadFlow, job: LoadJob, waiter: Waiter, deadline_s: float) -> None:
-    """Fails ``waiter`` at ``deadline_s`` unless settled first (then the timer is cancelled, so
-    a real executor keeps no sleeping timer per finished acquire)."""
-    timer = flow.executor.call_at(deadline_s, lambda: expire(flow, job, waiter))
-    waiter.future.add_done_callback(lambda _: timer.cancel())
-
-
-def expire(flow: LoadFlow, job: LoadJob, waiter: Waiter) -> None:
-    with flow.cache.lock:
-        if waiter.future.done() or waiter not in job.waiters:
-            return
-        job.waiters.remove(waiter)
-        state = "waiting for room" if job in flow.blocked else "loading"
-        error = CapacityError(
-            f"adapter {job.key.ref}: deadline passed while {state} (tier budgets full of "
-            "pinned or in-use adapters, or loads queued)"
-        )
-        settle(waiter.future, error=error)
-        if not job.waiters and flow.jobs.get(job.key) is job:
-            flow.abort(job, LoadCancelledError(f"load of {job.key.ref} cancelled: no waiters"))
-
-
-def abandoner(flow: LoadFlow, job: LoadJob) -> Callable[[Future[Any]], None]:
-    """A done-callback that abandons the waiter of ``job`` whose future was cancelled."""
-
-    def abandon(future: Future[Any]) -> None:
+    def _abandon(self, job: LoadJob, future: Future[Any]) -> None:
         if not future.cancelled():
             return
-        with flow.cache.lock:
-            if flow.jobs.get(job.key) is not job:
-                return  # that load already ended; a later one for the key is not ours
-            job.waiters = [w for w in job.waiters if w.future is not future]
-            if not job.waiters:
-                flow.abort(job, LoadCancelledError(f"load of {job.key.ref} abandoned"))
-
-    return abandon
+        with self._lock:
+            if self._jobs.drop_waiter(job, future):
+                self._abort(job, LoadCancelledError(f"load of {job.key.ref} abandoned"))

@@ -2,9 +2,9 @@
 
 The registry says what a tenant is entitled to (a priority class and quotas); this module turns
 that into what the engine enforces. One ``TenantBook`` is shared by the scheduler (fair-share
-weights), the engine core (cold-load quota) and the cache wiring (priority and byte budgets), and
-is replaced as a whole when an operator changes a tenant, so a change takes effect at the next
-step without a restart.
+weights, class seat caps and the cold-load quota) and the cache wiring (priority and byte
+budgets), and is replaced as a whole when an operator changes a tenant, so a change takes effect
+at the next step without a restart.
 
 Priority class -> weight (``PRIORITY_WEIGHTS``): ``high`` 4, ``normal`` 1, ``batch`` 0.25. The
 same weight is the scheduler's fair share (a high tenant gets 16x the tokens of a batch tenant
@@ -94,21 +94,3 @@ class TenantBook:
     def replace(self, settings: Mapping[str, TenantSettings]) -> None:
         with self._lock:
             self._settings = MappingProxyType(dict(settings))
-
-
-def class_caps(
-    weights: Mapping[str, float], demand: Mapping[str, int], max_num_seqs: int, reserve: int
-) -> dict[str, int]:
-    """Running-sequence caps of the tenants below the highest priority class among
-    ``weights`` (the active tenants): the seats the classes above each one hold or queue for
-    (``demand``: running + queued) leave, minus ``reserve``, at least one. None below the top
-    class, or ``reserve`` 0: no caps (admission is then work-conserving)."""
-    if not reserve or not weights:
-        return {}
-    top = max(weights.values())
-    caps = {}
-    for tenant, weight in weights.items():
-        if weight < top:
-            above = sum(demand.get(t, 0) for t, w in weights.items() if w > weight)
-            caps[tenant] = max(1, max_num_seqs - above - reserve)
-    return caps

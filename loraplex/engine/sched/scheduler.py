@@ -1,0 +1,281 @@
+"""The step planner (torch-free): which tokens of which requests run in the next forward.
+
+Invariants:
+- Only the ``Scheduler`` changes a request's state, its lease and its KV sequence.
+- Each step, running sequences go first (decodes, then unfinished prefill chunks); then queued
+  requests are admitted in fair order (``fair_order``) within the sequence, token and KV-block
+  budgets and the class seat caps (``admission``).
+- A request is schedulable only while it holds its adapter's lease (or uses the base model):
+  one whose adapter is loading (ADAPTER_WAIT) is skipped and never blocks the others.
+- When KV blocks run out, the most recently admitted sequence is preempted (its blocks freed,
+  recomputed later; it keeps its lease).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from itertools import islice
+
+from loraplex.artifacts.identity import AdapterKey
+from loraplex.clock import Clock
+from loraplex.engine.blocks import BlockManager, namespace_of
+from loraplex.engine.config import SchedulerConfig
+from loraplex.engine.protocol import EngineRequest
+from loraplex.engine.request import QUEUED_STATES, HeldLease, Request, RequestState
+from loraplex.engine.sched.admission import (
+    AdapterLoads,
+    ColdLoadQuota,
+    admissible,
+    lease_room,
+    lease_window,
+    seat_caps,
+)
+from loraplex.engine.sched.fair_order import FairQueues
+from loraplex.engine.sched.stats import QueueView, queue_view
+from loraplex.engine.step import ScheduledChunk, StepPlan, StepResult
+from loraplex.engine.tenant_shares import TenantBook
+from loraplex.errors import CapacityError, PromptTooLongError, QueueFullError, QueueTimeoutError
+
+
+class Scheduler:
+    """Queues, running set, leases and budgets; mutated only by the engine thread."""
+
+    def __init__(
+        self,
+        config: SchedulerConfig,
+        blocks: BlockManager,
+        clock: Clock,
+        tenants: TenantBook | None = None,
+    ) -> None:
+        self.config = config
+        self.blocks = blocks
+        self.clock = clock
+        self.requests: dict[str, Request] = {}  # every live request by id
+        self.running: list[Request] = []  # admission order (the tail is preempted first)
+        self._queues = FairQueues(tenants or TenantBook())
+
+    # --- admission to the engine ------------------------------------------------------------
+
+    def check_can_add(self, request: EngineRequest) -> None:
+        """Raises PromptTooLongError (never fits) or QueueFullError (not now)."""
+        cfg = self.config
+        if request.request_id in self.requests:
+            raise ValueError(f"request_id {request.request_id!r} is invalid; expected unique")
+        if len(request.prompt_token_ids) >= cfg.max_model_len:
+            raise PromptTooLongError(
+                f"prompt has {len(request.prompt_token_ids)} tokens; max_model_len is "
+                f"{cfg.max_model_len}"
+            )
+        if self.num_queued >= cfg.max_queue_len and self.push_out_victim(request) is None:
+            raise QueueFullError("the engine queue", cfg.max_queue_len, cfg.retry_hint_s)
+
+    def push_out_victim(self, request: EngineRequest) -> Request | None:
+        """With the queue full, the queued request that makes room for ``request``: the newest
+        of the tenant holding the most, when it holds more than ``request``'s tenant would with
+        it. None: the queue has room, or ``request``'s tenant already holds a fair share."""
+        if self.num_queued < self.config.max_queue_len:
+            return None
+        return self._queues.push_out_victim(request.tenant)
+
+    def add(self, request: EngineRequest) -> Request:
+        """Queues ``request``; with the queue full the caller must first retire the
+        ``push_out_victim`` (the scheduler itself never drops a queued request)."""
+        self.check_can_add(request)
+        cfg = self.config
+        if self.num_queued >= cfg.max_queue_len:
+            raise QueueFullError("the engine queue", cfg.max_queue_len, cfg.retry_hint_s)
+        now = self.clock.now()
+        deadline = request.deadline_s or cfg.default_deadline_s
+        req = Request(request, arrival_s=now, deadline_at_s=now + deadline)
+        self._queues.push(req)
+        self.requests[req.request_id] = req
+        return req
+
+    def finish(self, req: Request, state: RequestState, reason: str) -> None:
+        """Retire a live request (FINISHED or ABORTED): frees its KV blocks, releases its
+        lease."""
+        if req.state in QUEUED_STATES:
+            self._queues.remove(req)
+        elif req.state is RequestState.RUNNING:
+            self.running.remove(req)
+        self._free_kv(req)
+        req.transition(state)
+        req.finish_reason = reason
+        if req.lease is not None:
+            req.lease.release()
+            req.lease = None
+        del self.requests[req.request_id]
+        running = any(r.tenant == req.tenant for r in self.running)
+        self._queues.forget_if_idle(req.tenant, running)
+
+    def expired(self, now_s: float) -> list[Request]:
+        """Queued requests past their deadline. Requests that already ran (even if preempted
+        since) never expire: their stream has started."""
+        return [
+            r
+            for q in self._queues.queued().values()
+            for r in q
+            if r.deadline_at_s <= now_s and r.first_scheduled_s is None
+        ]
+
+    # --- adapters: leases and loads ------------------------------------------------------------
+
+    def lease_candidates(self, loads: AdapterLoads) -> list[Request]:
+        """WAITING requests that should ask the cache for their adapter's lease now: the lease
+        window in fair order, within the class seat caps and the cold-load quota."""
+        cfg = self.config
+        caps = seat_caps(self._queues, self.running, cfg.max_num_seqs, cfg.reserve_seqs)
+        room = lease_room(self._queues, self.running, caps)
+        quota = ColdLoadQuota(self._queues.tenants, self._awaited_keys(), loads)
+        return lease_window(self._queues, cfg.lease_lookahead, room, quota)
+
+    def prefetch_keys(self) -> list[AdapterKey]:
+        """Adapters of the queued requests just past the lease window (prefetch to CPU)."""
+        cfg = self.config
+        order = self.queued_in_order(cfg.lease_lookahead + cfg.prefetch_lookahead)
+        keys = (r.request.adapter_key for r in order[cfg.lease_lookahead :] if r.lease is None)
+        return list(dict.fromkeys(k for k in keys if k is not None))
+
+    def admit_prefetches(self, keys: Iterable[AdapterKey], loads: AdapterLoads) -> list[AdapterKey]:
+        """Those of ``keys`` whose prefetch may start now, within the cold-load quota."""
+        quota = ColdLoadQuota(self._queues.tenants, self._awaited_keys(), loads)
+        return [key for key in keys if quota.take(key)]
+
+    def wait_for_adapter(self, req: Request) -> None:
+        """``req`` asked for a lease that the cache is still loading."""
+        req.transition(RequestState.ADAPTER_WAIT)
+
+    def on_lease(self, req: Request, lease: HeldLease) -> None:
+        """``req`` holds its adapter's lease: schedulable from now on."""
+        req.lease = lease
+        if req.state is RequestState.ADAPTER_WAIT:
+            req.transition(RequestState.WAITING)
+
+    def on_lease_failed(self, req: Request, error: BaseException) -> BaseException:
+        """The error ``req`` ends with (the caller retires it): a capacity failure once its
+        deadline has passed is a queue timeout."""
+        now = self.clock.now()
+        if isinstance(error, CapacityError) and now >= req.deadline_at_s:
+            return QueueTimeoutError(req.request_id, now - req.arrival_s, self.config.retry_hint_s)
+        return error
+
+    def _awaited_keys(self) -> list[AdapterKey]:
+        return [
+            r.request.adapter_key
+            for r in self.requests.values()
+            if r.state is RequestState.ADAPTER_WAIT and r.request.adapter_key is not None
+        ]
+
+    # --- views ---------------------------------------------------------------------------------
+
+    @property
+    def num_queued(self) -> int:
+        return self._queues.num_queued
+
+    def queued_in_order(self, limit: int) -> list[Request]:
+        """Up to ``limit`` queued requests in the order fair admission would take them."""
+        return list(islice(self._queues.order(), limit))
+
+    def make_stats(self) -> QueueView:
+        return queue_view(self.requests.values(), len(self.running), self.blocks.usage)
+
+    # --- planning ------------------------------------------------------------------------------
+
+    def schedule(self) -> StepPlan:
+        budget = self.config.max_num_batched_tokens
+        chunks: list[ScheduledChunk] = []
+        preempted: list[str] = []
+        # Decodes before unfinished prefills, so a long prompt never delays running streams.
+        order = sorted(self.running, key=lambda r: r.num_tokens - r.num_computed_tokens > 1)
+        for req in order:
+            if req.state is not RequestState.RUNNING or budget == 0:
+                continue
+            n = min(req.num_tokens - req.num_computed_tokens, budget)
+            if not self._make_room(req, n, {c.request_id for c in chunks}, preempted):
+                continue
+            chunks.append(self._chunk(req, n))
+            budget -= n
+        ready = self._queues.ready()
+        self._queues.catch_up(set(ready) | {r.tenant for r in self.running})
+        cfg = self.config
+        caps = seat_caps(self._queues, self.running, cfg.max_num_seqs, cfg.reserve_seqs)
+        for req in admissible(self._queues, ready, self.running, caps, cfg.max_num_seqs):
+            if len(self.running) >= self.config.max_num_seqs or budget == 0:
+                break
+            n = self._admit(req, budget)
+            if n == 0:
+                break  # KV blocks exhausted: admit nothing more this step
+            chunks.append(self._chunk(req, n))
+            budget -= n
+        return StepPlan(tuple(chunks), tuple(preempted))
+
+    def update(self, plan: StepPlan, result: StepResult) -> None:
+        """Record a step's result: KV now holds the chunks' tokens; append sampled tokens."""
+        for chunk in plan.chunks:
+            req = self.requests.get(chunk.request_id)
+            if req is None or req.state is not RequestState.RUNNING or req.seq_id != chunk.seq_id:
+                continue  # aborted or preempted since the plan was made
+            req.num_computed_tokens += len(chunk.token_ids)
+            token = result.sampled.get(req.request_id)
+            if token is not None:
+                req.output_token_ids.append(token)
+            self.blocks.record(chunk.seq_id, req.token_ids()[: req.num_computed_tokens])
+
+    # --- internals -------------------------------------------------------------------------------
+
+    def _admit(self, req: Request, budget: int) -> int:
+        """Move ``req`` to RUNNING with KV for its first chunk; returns that chunk's size (0 if
+        the blocks do not fit, leaving ``req`` queued)."""
+        seq_id = self.blocks.allocate(namespace_of(req.request.adapter_key))
+        cached = self.blocks.match_prefix(seq_id, req.token_ids())
+        n = min(req.num_tokens - cached, budget)
+        if not self.blocks.can_grow(seq_id, cached + n):
+            self.blocks.free(seq_id)
+            return 0
+        self.blocks.grow(seq_id, cached + n)
+        self._queues.remove(req)
+        req.transition(RequestState.RUNNING)
+        req.seq_id, req.num_computed_tokens = seq_id, cached
+        if req.first_scheduled_s is None:
+            req.first_scheduled_s = self.clock.now()
+        self.running.append(req)
+        return n
+
+    def _make_room(self, req: Request, n: int, scheduled: set[str], preempted: list[str]) -> bool:
+        """Ensure ``req`` has blocks for ``n`` more tokens, preempting the most recently
+        admitted sequence not yet ``scheduled`` this step; False when that was ``req``."""
+        assert req.seq_id is not None  # RUNNING requests always hold a sequence
+        while not self.blocks.can_grow(req.seq_id, req.num_computed_tokens + n):
+            victim = next(r for r in reversed(self.running) if r.request_id not in scheduled)
+            self._preempt(victim)
+            preempted.append(victim.request_id)
+            if victim is req:
+                return False
+        self.blocks.grow(req.seq_id, req.num_computed_tokens + n)
+        return True
+
+    def _preempt(self, req: Request) -> None:
+        self.running.remove(req)
+        self._free_kv(req)
+        req.transition(RequestState.WAITING)
+        self._queues.push_front(req)
+
+    def _free_kv(self, req: Request) -> None:
+        if req.seq_id is not None:
+            self.blocks.free(req.seq_id)
+        req.seq_id, req.num_computed_tokens = None, 0
+
+    def _chunk(self, req: Request, n: int) -> ScheduledChunk:
+        """The next ``n`` tokens of ``req``, charged to its tenant's virtual time."""
+        assert req.seq_id is not None  # scheduled requests are RUNNING
+        self._queues.charge(req.tenant, n)
+        start = req.num_computed_tokens
+        tokens = req.token_ids()[start : start + n]
+        return ScheduledChunk(
+            request_id=req.request_id,
+            seq_id=req.seq_id,
+            start_pos=start,
+            token_ids=tuple(tokens),
+            slot=req.slot,
+            samples=start + n == req.num_tokens,
+        )

@@ -1,0 +1,37 @@
+"""The scheduler's published counts (``Scheduler.make_stats``), read by other threads."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from dataclasses import dataclass
+
+from loraplex.artifacts.identity import AdapterKey
+from loraplex.engine.request import QUEUED_STATES, Request
+
+
+@dataclass(frozen=True)
+class QueueView:
+    """The scheduler's counts, published by the engine thread after each step."""
+
+    num_waiting: int  # queued and schedulable once admitted (base model or leased)
+    num_adapter_wait: int  # queued behind an adapter load (or a lease not yet requested)
+    num_running: int  # holding KV blocks
+    kv_usage: float  # fraction of KV blocks in use
+    queued_adapters: tuple[AdapterKey, ...]  # adapters of queued requests without a lease
+
+
+EMPTY_VIEW = QueueView(0, 0, 0, 0.0, ())
+
+
+def queue_view(requests: Iterable[Request], num_running: int, kv_usage: float) -> QueueView:
+    """The view of the live ``requests``."""
+    queued = [r for r in requests if r.state in QUEUED_STATES]
+    waiting = sum(r.adapter_ready for r in queued)
+    keys = (r.request.adapter_key for r in queued if not r.adapter_ready)
+    return QueueView(
+        num_waiting=waiting,
+        num_adapter_wait=len(queued) - waiting,
+        num_running=num_running,
+        kv_usage=kv_usage,
+        queued_adapters=tuple(dict.fromkeys(k for k in keys if k is not None)),
+    )

@@ -1,0 +1,152 @@
+"""Scrape-time collectors of ``server/metrics.py``: the engine's load (the vLLM-compatible
+family the endpoint picker reads), its supervision, and the adapter cache's counters. Each reads
+state that is already published (``engine.load_snapshot()``, ``engine.health()``,
+``cache.summary()``), so a scrape never waits on the engine."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable, Iterator, Mapping
+
+from prometheus_client.core import (
+    CounterMetricFamily,
+    GaugeMetricFamily,
+    Metric,
+    SummaryMetricFamily,
+)
+from prometheus_client.registry import Collector
+
+from loraplex.artifacts.identity import AdapterKey
+from loraplex.engine.protocol import EngineClient, EngineLoad
+from loraplex.errors import EngineUnavailableError
+from loraplex.residency.ledger import CACHED_TIERS, Tier
+from loraplex.server.cache_control import CacheControl
+
+
+def adapter_names(keys: Iterable[AdapterKey]) -> list[str]:
+    return sorted({f"{key.tenant}/{key.name}" for key in keys})
+
+
+def lora_info_labels(load: EngineLoad) -> tuple[str, str, str]:
+    """``max_lora``, ``running_lora_adapters``, ``waiting_lora_adapters`` (disjoint lists)."""
+    running = adapter_names(load.running_adapters)
+    waiting = [name for name in adapter_names(load.waiting_adapters) if name not in running]
+    return str(load.max_loras), ",".join(running), ",".join(waiting)
+
+
+class EngineCollector(Collector):
+    """The endpoint-picker family from ``engine.load_snapshot()`` at scrape time."""
+
+    def __init__(self, engine: EngineClient, wall_clock: Callable[[], float]) -> None:
+        self._engine = engine
+        self._wall_clock = wall_clock
+
+    def collect(self) -> Iterator[Metric]:
+        try:
+            load = self._engine.load_snapshot()
+        except EngineUnavailableError:  # down: an idle-looking replica would attract traffic
+            return
+        yield GaugeMetricFamily(
+            "vllm:num_requests_waiting",
+            "Requests queued, including those waiting for their adapter to load.",
+            value=load.num_waiting + load.num_adapter_wait,
+        )
+        yield GaugeMetricFamily(
+            "vllm:num_requests_running", "Requests prefilling or decoding.", value=load.num_running
+        )
+        yield GaugeMetricFamily(
+            "vllm:kv_cache_usage_perc", "Fraction (0-1) of KV-cache blocks in use.", load.kv_usage
+        )
+        info = GaugeMetricFamily(
+            "vllm:lora_requests_info",
+            "Adapters in GPU slots and adapters with queued requests; value: Unix time.",
+            labels=("max_lora", "running_lora_adapters", "waiting_lora_adapters"),
+        )
+        info.add_metric(lora_info_labels(load), self._wall_clock())
+        yield info
+        states = GaugeMetricFamily(
+            "engine_requests", "Requests in the engine by state.", labels=("state",)
+        )
+        states.add_metric(("waiting",), load.num_waiting)
+        states.add_metric(("adapter_wait",), load.num_adapter_wait)
+        states.add_metric(("running",), load.num_running)
+        yield states
+
+
+class HealthCollector(Collector):
+    """The engine's supervision from ``engine.health()`` at scrape time."""
+
+    def __init__(self, engine: EngineClient) -> None:
+        self._engine = engine
+
+    def collect(self) -> Iterator[Metric]:
+        health = self._engine.health()
+        yield GaugeMetricFamily(
+            "loraplex_engine_up",
+            "1 while the engine takes requests; 0 while it is down.",
+            value=1 if health.up else 0,
+        )
+        yield CounterMetricFamily(
+            "loraplex_engine_restarts",
+            "Engine process restart attempts since the server started.",
+            value=health.num_restarts,
+        )
+
+
+class CacheCollector(Collector):
+    """DESIGN.md §8 adapter-cache metrics from ``cache.summary()`` at scrape time."""
+
+    def __init__(self, cache: CacheControl) -> None:
+        self._cache = cache
+
+    def collect(self) -> Iterator[Metric]:
+        try:
+            summary = self._cache.summary()
+        except EngineUnavailableError:  # the engine process (holding the cache) is down
+            return
+        stats = summary.stats
+        per_tier = (
+            ("adapter_cache_hits", "Acquires served from L0, or filled from L1/L2.", stats.hits),
+            ("adapter_evictions", "Adapter copies evicted per tier.", stats.evictions),
+            ("adapter_loads", "Completed fills per tier.", stats.loads),
+        )
+        for name, doc, values in per_tier:
+            counter = CounterMetricFamily(name, doc, labels=("tier",))
+            for tier in CACHED_TIERS:
+                counter.add_metric((tier.name,), values.get(tier, 0))
+            yield counter
+        yield CounterMetricFamily(
+            "adapter_cache_misses", "Acquires that had to fetch from L3.", value=stats.misses
+        )
+        yield CounterMetricFamily(
+            "adapter_reload_after_eviction",
+            "Fills within the reload window after an eviction of the same copy.",
+            value=sum(stats.reloads_after_eviction.values()),
+        )
+        yield CounterMetricFamily(
+            "adapter_load_failures", "Loads that failed or were cancelled.", stats.load_failures
+        )
+        yield GaugeMetricFamily(
+            "adapter_thrash_ratio", "Reloads after eviction over evictions.", stats.thrash_ratio
+        )
+        yield GaugeMetricFamily(
+            "adapter_loads_in_flight", "Loads running, queued or blocked.", summary.num_loading
+        )
+        yield from _residency(summary.num_copies, summary.used_bytes)
+        stages = SummaryMetricFamily(
+            "adapter_load_stage_seconds", "Seconds spent per load stage.", labels=("stage",)
+        )
+        for stage, stage_summary in sorted(stats.stages.items()):
+            stages.add_metric(
+                (stage.value,), count_value=stage_summary.count, sum_value=stage_summary.total_s
+            )
+        yield stages
+
+
+def _residency(counts: Mapping[Tier, int], sizes: Mapping[Tier, int]) -> Iterator[Metric]:
+    count = GaugeMetricFamily("adapter_resident_count", "Adapters per tier.", labels=("tier",))
+    size = GaugeMetricFamily("adapter_resident_bytes", "Adapter bytes per tier.", labels=("tier",))
+    for tier in CACHED_TIERS:
+        count.add_metric((tier.name,), counts.get(tier, 0))
+        size.add_metric((tier.name,), sizes.get(tier, 0))
+    yield count
+    yield size

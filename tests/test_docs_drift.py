@@ -1,0 +1,114 @@
+"""docs/operations.md stays true to the code: every ``loraplex serve`` setting and flag is in it,
+it names no setting that does not exist, and each environment variable it lists is read by the
+commands it says read it (and every variable a command reads is listed for that command)."""
+
+from __future__ import annotations
+
+import importlib
+import re
+from collections.abc import Iterator
+from dataclasses import fields
+from pathlib import Path
+from typing import Any
+
+import typer
+
+from loraplex.cli import app
+from loraplex.serve.config import ServeConfig
+
+DOC = Path(__file__).resolve().parents[1] / "docs" / "operations.md"
+# The commands "every registry command" stands for: everything under these groups.
+REGISTRY_GROUPS = ("adapters", "tenants", "keys")
+_TICKED = re.compile(r"`([^`]+)`")
+
+
+def _commands(command: Any, path: tuple[str, ...] = ()) -> Iterator[tuple[str, Any]]:
+    """(space-separated name, click command) of every leaf command under ``command``."""
+    if isinstance(command, typer.core.TyperGroup):
+        for name, sub in command.commands.items():
+            yield from _commands(sub, (*path, name))
+    else:
+        yield " ".join(path), command
+
+
+COMMANDS = dict(_commands(typer.main.get_command(app)))
+
+
+def _section(title: str) -> str:
+    text = DOC.read_text(encoding="utf-8")
+    start = text.index(f"\n## {title}\n")
+    end = text.find("\n## ", start + 1)
+    return text[start : end if end >= 0 else len(text)]
+
+
+def _table_rows(section: str) -> list[list[str]]:
+    """The cells of every table row of ``section`` but the header and separator rows."""
+    lines = [line.strip() for line in section.splitlines() if line.startswith("|")]
+    rows = [[cell.strip() for cell in line.strip("|").split(" | ")] for line in lines]
+    return [r for r in rows if len(r) > 1 and not set(r[0]) <= {"-"} and r[0] != "variable"]
+
+
+def _serve_table() -> list[list[str]]:
+    section = _section("`loraplex serve`")
+    return [r for r in _table_rows(section.split("### ")[0]) if r[0].startswith("`")]
+
+
+def _reads(command: str, variable: str) -> bool:
+    """Whether ``command`` reads ``variable``: an option's envvar, or its module's code."""
+    click_command = COMMANDS[command]
+    if any(getattr(p, "envvar", None) == variable for p in click_command.params):
+        return True
+    module = importlib.import_module(click_command.callback.__module__)
+    return f'"{variable}"' in Path(str(module.__file__)).read_text(encoding="utf-8")
+
+
+def _documented_readers() -> dict[str, set[str]]:
+    """Variable -> the commands the *State and environment* table says read it."""
+    readers: dict[str, set[str]] = {}
+    for row in _table_rows(_section("State and environment")):
+        variable, read_by = _TICKED.match(row[0]), row[1]
+        assert variable is not None, row
+        named = {c for c in _TICKED.findall(read_by) if c in COMMANDS}
+        if "every registry command" in read_by:
+            named |= {c for c in COMMANDS if c.split()[0] in REGISTRY_GROUPS}
+        readers[variable.group(1)] = named
+    return readers
+
+
+def test_every_serve_setting_is_documented() -> None:
+    keys = {key for row in _serve_table() for key in _TICKED.findall(row[0])}
+    # `--flag`, `key` or `key = value`; the upper-case names are environment variables
+    toml_keys = {key.split(" ")[0] for key in keys if key[0].islower()}
+    missing = {f.name for f in fields(ServeConfig)} - toml_keys
+    assert not missing, f"ServeConfig fields missing from operations.md: {sorted(missing)}"
+    stale = toml_keys - {f.name for f in fields(ServeConfig)}
+    assert not stale, f"operations.md documents TOML keys ServeConfig lacks: {sorted(stale)}"
+
+
+def test_every_serve_flag_is_documented() -> None:
+    first_column = " ".join(row[0] for row in _serve_table())
+    documented = set(re.findall(r"--[a-z0-9-]+", first_column))
+    flags = {opt for p in COMMANDS["serve"].params for opt in (*p.opts, *p.secondary_opts)}
+    assert flags - documented == set(), "serve flags missing from operations.md"
+    assert documented - flags == set(), "operations.md documents serve flags that do not exist"
+
+
+def test_every_listed_variable_is_read_by_its_commands() -> None:
+    readers = _documented_readers()
+    whole_doc = DOC.read_text(encoding="utf-8")
+    unlisted = set(re.findall(r"LORAPLEX_[A-Z0-9_]+", whole_doc)) - set(readers)
+    assert not unlisted, f"variables used in operations.md but not in its table: {unlisted}"
+    for variable, commands in readers.items():
+        if variable.startswith("LORAPLEX_"):
+            assert commands, f"{variable}: the table names no command that reads it"
+        for command in commands:
+            assert _reads(command, variable), f"`{command}` does not read {variable}"
+
+
+def test_every_variable_a_command_reads_is_listed_for_it() -> None:
+    readers = _documented_readers()
+    for name, command in COMMANDS.items():
+        for param in command.params:
+            variable = getattr(param, "envvar", None)
+            if variable is not None:
+                assert name in readers.get(variable, set()), f"{variable} of `{name}` unlisted"
