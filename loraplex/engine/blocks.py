@@ -58,10 +58,6 @@ class BlockManager:
     # --- views ----------------------------------------------------------------------------
 
     @property
-    def num_free_blocks(self) -> int:
-        return len(self._free)
-
-    @property
     def usage(self) -> float:
         """Fraction of blocks referenced by a live sequence (0-1)."""
         return 1 - len(self._free) / self.num_blocks

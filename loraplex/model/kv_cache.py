@@ -131,10 +131,6 @@ class ContiguousKVCache:
             raise ValueError(f"seq_id {seq_id} is invalid; expected an allocated row")
         self._free_rows.append(seq_id)
 
-    @property
-    def num_free(self) -> int:
-        return len(self._free_rows)
-
     def plan(self, chunks: Sequence[SequenceChunk]) -> ContiguousPlan:
         rows = [c.seq_id for c in chunks]
         ends = [c.start_pos + c.num_tokens for c in chunks]

@@ -80,17 +80,3 @@ def sample_rows(
             except RuntimeError as exc:  # e.g. probabilities that are not a distribution
                 out.failures[row] = f"sampling failed: {str(exc)[:200]}"
     return out
-
-
-def sample_next(
-    logits: torch.Tensor,
-    params: Sequence[SamplingParams],
-    generators: Sequence[torch.Generator | None],
-) -> list[int]:
-    """One token per row of ``logits`` [num_rows, vocab]; ValueError if a row cannot sample
-    (offline decoding: one batch of the caller's own inputs)."""
-    sampled = sample_rows(logits, params, generators)
-    if sampled.failures:
-        row, reason = next(iter(sampled.failures.items()))
-        raise ValueError(f"row {row} cannot be sampled: {reason}")
-    return [sampled.tokens[row] for row in range(len(params))]

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from loraplex.model.sampler import filter_logits, make_generator, sample_next
+from loraplex.model.sampler import filter_logits, make_generator, sample_rows
 from loraplex.sampling import SamplingParams
 
 LOGITS = torch.log(torch.tensor([0.05, 0.4, 0.1, 0.3, 0.15]))
@@ -41,11 +41,11 @@ def test_seeded_draws_repeat_and_greedy_draws_nothing() -> None:
         SamplingParams(temperature=1.0, seed=4),
     ]
     draws = [
-        sample_next(logits, params, [make_generator(p, torch.device("cpu")) for p in params])
+        sample_rows(logits, params, [make_generator(p, torch.device("cpu")) for p in params])
         for _ in range(2)
     ]
-    assert draws[0] == draws[1]
-    assert draws[0][1] == int(logits[1].argmax())
+    assert not draws[0].failures and draws[0].tokens == draws[1].tokens
+    assert draws[0].tokens[1] == int(logits[1].argmax())
     assert make_generator(SamplingParams(), torch.device("cpu")) is None
 
 
