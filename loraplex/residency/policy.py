@@ -8,7 +8,8 @@ the cache, which never hand such entries to a policy as candidates.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+import math
+from collections.abc import Callable, Hashable, Sequence
 from dataclasses import dataclass
 from typing import Protocol, TypeAlias
 
@@ -21,6 +22,9 @@ OrderKey: TypeAlias = tuple[object, ...]
 # Relative slack of a keep-score floor: absorbs the float rounding of two evaluations (exp and
 # the products are monotone only up to an ulp) so the floor stays below the exact score.
 _FLOOR_SLACK = 1e-9
+# Relative margin before the end of a copy's youth at which its youth group lapses: the float
+# test ``now - loaded < min_residency`` is still true everywhere before it.
+_YOUTH_SLACK = 1e-9
 
 
 @dataclass(frozen=True)
@@ -34,6 +38,15 @@ class Candidate:
     rates: RequestRates  # rolling request rates
     priority: float  # its tenant's priority (1.0 = normal)
     reload_cost_s: float  # time to bring it back from the tier it would fall to
+
+
+@dataclass(frozen=True)
+class OrderGroup:
+    """Copies whose relative victim order stays fixed for a while (see ``order_group``)."""
+
+    group: Hashable  # equal for the members of one group
+    rank: OrderKey  # orders the members of a group as ``order_key`` does, while the group holds
+    until_s: float  # the group holds before then (math.inf: until the copy's inputs change)
 
 
 class EvictionPolicy(Protocol):
@@ -52,6 +65,13 @@ class EvictionPolicy(Protocol):
         ``until_s``] and every ``c2`` equal to ``c`` except for rates and ``reload_cost_s`` no
         lower than ``c``'s. The cache passes ``c`` with the rates decayed to ``until_s`` (an idle
         copy's rates only fall) and the lowest reload cost it allows until then."""
+        ...
+
+    def order_group(self, c: Candidate, now_s: float) -> OrderGroup | None:
+        """A group such that for any two candidates of one group, at every ``t`` in [``now_s``,
+        both ``until_s``), ``order_key`` orders them as their ranks do, given rates as of ``t``
+        (an idle copy's only fall) and any one ``reload_cost_s`` shared by both (the cache
+        prices the members of a group at one bandwidth). None: the copy is bounded alone."""
         ...
 
     def order_victims(self, candidates: Sequence[Candidate], now_s: float) -> list[Candidate]:
@@ -87,6 +107,9 @@ class LruPolicy:
 
     def order_key_floor(self, c: Candidate, now_s: float, until_s: float) -> OrderKey:
         return self.order_key(c, now_s)  # constant until the next access
+
+    def order_group(self, c: Candidate, now_s: float) -> OrderGroup | None:
+        return None  # the key is constant: its floor is exact, nothing to gain from a group
 
     def order_victims(self, candidates: Sequence[Candidate], now_s: float) -> list[Candidate]:
         return sorted(candidates, key=lambda c: self.order_key(c, now_s))
@@ -154,7 +177,7 @@ class CostAwarePolicy:
 
     def keep_score(self, c: Candidate, now_s: float) -> float:
         cfg = self.config
-        rate = cfg.short_weight * c.rates.per_1m + (1 - cfg.short_weight) * c.rates.per_5m
+        rate = self._rate(c)
         recency = 1.0 / (max(0.0, now_s - c.last_access_s) + cfg.recency_tau_s)
         return c.priority * (rate + recency) * c.reload_cost_s / max(1, c.size_bytes)
 
@@ -171,8 +194,31 @@ class CostAwarePolicy:
         score = self.keep_score(c, until_s)
         return (young, score - abs(score) * _FLOOR_SLACK, c.last_access_s, c.key)
 
+    def order_group(self, c: Candidate, now_s: float) -> OrderGroup | None:
+        """Copies with a zero request rate (it stays zero until a request: rates only decay)
+        score W / (age + tau) with W from priority, reload cost and size: given one W, a lower
+        last access never scores higher (each float step is monotone), and equal scores fall
+        to ``order_key``'s tie-breakers, last access then key. So (last access, key) ranks the
+        members of a group of equal W inputs and equal youth, for as long as the youth holds:
+        for good once old, until just before the end of ``min_residency_s`` while young."""
+        if self._rate(c) != 0.0:
+            return None
+        weight = (c.priority, c.reload_cost_s, max(1, c.size_bytes))
+        rank = (c.last_access_s, c.key)
+        min_residency_s = self.config.min_residency_s
+        if not now_s - c.loaded_at_s < min_residency_s:
+            return OrderGroup((False, *weight), rank, math.inf)
+        margin = _YOUTH_SLACK * (abs(c.loaded_at_s) + min_residency_s)
+        until_s = c.loaded_at_s + min_residency_s - margin
+        return OrderGroup((True, *weight), rank, until_s) if until_s > now_s else None
+
     def order_victims(self, candidates: Sequence[Candidate], now_s: float) -> list[Candidate]:
         return sorted(candidates, key=lambda c: self.order_key(c, now_s))
+
+    def _rate(self, c: Candidate) -> float:
+        """The blended request rate of the keep-score."""
+        weight = self.config.short_weight
+        return weight * c.rates.per_1m + (1 - weight) * c.rates.per_5m
 
     def admits(self, incoming: Candidate, victims: Sequence[Candidate], now_s: float) -> bool:
         if not victims:

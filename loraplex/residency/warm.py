@@ -113,7 +113,13 @@ class PinBook:
     The warm policy is the operator's when one was set (operator settings win), otherwise the
     automatic one derived from the rolling request rates. Bounded: a revision is held only
     while it has an operator pin or setting, or an automatic policy other than on-demand (which
-    pins it, so its copies stay); unpinned and demoted revisions are forgotten.
+    pins it, so its copies stay); unpinned and demoted revisions are forgotten. Revisions
+    requested since the last rebalance are held until it (or until ``forget``).
+
+    A rebalance judges only the revisions ``due``: those requested or released from an
+    operator setting since the last one, and the automatically promoted ones. Any other
+    revision was judged on-demand when last judged (or never requested) and its rates have only
+    decayed since, so it would stay on-demand: an idle cache's rebalance costs O(promoted).
     """
 
     def __init__(self, auto: AutoWarmConfig | None, max_auto_gpu: int) -> None:
@@ -124,6 +130,7 @@ class PinBook:
         self._pins: dict[AdapterKey, set[Tier]] = {}
         self._operator: dict[AdapterKey, WarmPolicy] = {}
         self._auto: dict[AdapterKey, WarmPolicy] = {}  # never ON_DEMAND (the default)
+        self._pending: set[AdapterKey] = set()  # requested or released since the last rebalance
 
     def pin(self, key: AdapterKey, tier: Tier) -> None:
         self._pins.setdefault(key, set()).add(tier)
@@ -141,9 +148,25 @@ class PinBook:
 
     def set_operator(self, key: AdapterKey, warm: WarmPolicy | None) -> None:
         if warm is None:
-            self._operator.pop(key, None)
+            if self._operator.pop(key, None) is not None and self._auto_config is not None:
+                self._pending.add(key)  # automatic again: judged at the next rebalance
         else:
             self._operator[key] = warm
+
+    def requested(self, key: AdapterKey) -> None:
+        """A request for ``key``: its rates rose, so the next rebalance judges it."""
+        if self._auto_config is not None:
+            self._pending.add(key)
+
+    def forget(self, key: AdapterKey) -> None:
+        """``key``'s request history is gone: no rebalance can judge it until a request."""
+        self._pending.discard(key)
+
+    def due(self) -> list[AdapterKey]:
+        """The revisions the next rebalance must judge (see the class docstring)."""
+        if self._auto_config is None:
+            return []
+        return sorted(self._pending | self._auto.keys())
 
     def warm_policy(self, key: AdapterKey) -> WarmPolicy:
         return self._operator.get(key) or self._auto.get(key, WarmPolicy.ON_DEMAND)
@@ -155,7 +178,10 @@ class PinBook:
         return tier in self.pinned_tiers(key)
 
     def rebalance(self, rates: Mapping[AdapterKey, RequestRates]) -> dict[AdapterKey, WarmPolicy]:
-        """Automatic promotion/demotion for revisions without an operator policy; the changes."""
+        """Automatic promotion/demotion for revisions without an operator policy; the changes.
+        ``rates`` must cover every revision ``due`` that has a request history; revisions
+        not due may be left out (their policy would not change)."""
+        self._pending.clear()
         changes: dict[AdapterKey, WarmPolicy] = {}
         if self._auto_config is None:
             return changes

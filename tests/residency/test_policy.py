@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from dataclasses import replace
 
 import pytest
@@ -160,3 +161,59 @@ def test_order_key_floor_bounds_the_key_of_an_idle_copy_until_the_horizon(
     floor = policy.order_key_floor(at_time(until), now, until)
     assert floor <= policy.order_key(at_time(t), t)
     assert floor <= policy.order_key(replace(at_time(t), reload_cost_s=cost * 2), t)
+
+
+@given(
+    lasts=st.lists(st.sampled_from([0.0, 990.0, 999.5, 1000.0, 1000.0 + 1e-9, 1e6]), min_size=2),
+    young=st.booleans(),
+    priority=st.sampled_from([0.0, 0.25, 1.0, 4.0]),
+    cost=st.floats(0.0, 5.0),
+    shared_cost=st.floats(0.0, 5.0),
+    size=st.integers(1, 10**9),
+    later=st.sampled_from([0.0, 1e-9, 0.1, 0.3, 60.0, 1e5, 1.0]),
+)
+def test_a_cost_aware_group_ranks_its_members_as_their_keys_while_it_holds(
+    lasts: list[float],
+    young: bool,
+    priority: float,
+    cost: float,
+    shared_cost: float,
+    size: int,
+    later: float,
+) -> None:
+    """Zero-rate copies of one priority, reload cost, size and youth keep their relative order
+    while time passes (a young group until its youth ends) and when all are priced at another
+    (shared) reload cost."""
+    policy = CostAwarePolicy(CostAwareConfig(min_residency_s=0.25))
+    loaded = [NOW - (0.1 + i * 0.01 if young else 100.0) for i in range(len(lasts))]
+    members = [
+        cand(f"m{i}", last=last, loaded=at, priority=priority, cost=cost, size=size)
+        for i, (last, at) in enumerate(zip(lasts, loaded, strict=True))
+    ]
+    grouped = [policy.order_group(c, NOW) for c in members]
+    groups = [g for g in grouped if g is not None]
+    assert len(groups) == len(members) and len({g.group for g in groups}) == 1
+    ranked = [c for _, c in sorted(zip([g.rank for g in groups], members, strict=True))]
+    t = NOW + later
+    if t >= min(g.until_s for g in groups):
+        assert young  # an old copy's group holds for good
+        return
+    repriced = [replace(c, reload_cost_s=shared_cost) for c in members]
+    for batch in (members, repriced):
+        by_key = policy.order_victims(batch, t)
+        assert [c.key for c in by_key] == [c.key for c in ranked]
+
+
+def test_only_zero_rate_copies_form_cost_aware_groups_and_youth_splits_them() -> None:
+    policy = CostAwarePolicy(CostAwareConfig(min_residency_s=5.0))
+    old = policy.order_group(cand("idle", loaded=NOW - 10), NOW)
+    assert old is not None and old.until_s == math.inf
+    assert policy.order_group(cand("requested", loaded=NOW - 10, rate=1e-300), NOW) is None
+    young = policy.order_group(cand("young", loaded=NOW - 1), NOW)
+    assert young is not None and young.group != old.group
+    assert NOW + 4 - 1e-3 < young.until_s < NOW + 4  # just before its youth ends
+    ending = policy.order_group(cand("ending", loaded=NOW - 5 + 1e-12), NOW)
+    assert ending is None  # young by a hair: bounded alone
+    cheap, dear = cand("a", loaded=0.0), cand("b", loaded=0.0, cost=0.02)
+    assert policy.order_group(cheap, NOW) != policy.order_group(dear, NOW)
+    assert LruPolicy().order_group(cheap, NOW) is None

@@ -20,7 +20,7 @@ from loraplex.residency.cache.room import TierRoom
 from loraplex.residency.cache.tier_state import TierState
 from loraplex.residency.ledger import CACHED_TIERS, ResidentEntry, Tier, TierBudget
 from loraplex.residency.pipeline import Footprint, Move, Resolved
-from loraplex.residency.policy import Candidate, EvictionPolicy, OrderKey, make_policy
+from loraplex.residency.policy import Candidate, EvictionPolicy, OrderGroup, OrderKey, make_policy
 
 HORIZON_S = 10.0
 # Bytes per size unit in the property test: large enough that the bandwidth term of a reload
@@ -127,6 +127,64 @@ def test_lazy_order_equals_the_full_sort(
         assert [e.key for e in state.ranked_victims(tier)] == _expected(state, tier)
 
 
+# Copies nobody requests: two shapes, so a few groups of equal W hold many members each.
+IDLE_KEYS = [key(t, f"z{i}") for t in ("p", "q", "r") for i in range(8)]
+idle_ops = st.one_of(
+    ops,
+    st.tuples(st.just("idle_reserve"), st.sampled_from(IDLE_KEYS), st.sampled_from(CACHED_TIERS)),
+    st.tuples(st.just("restore"), st.sampled_from(IDLE_KEYS), st.sampled_from([0.0, 0.0, 5.0])),
+    st.tuples(st.just("touch"), st.sampled_from(IDLE_KEYS)),
+    st.tuples(st.just("evict"), st.sampled_from(IDLE_KEYS), st.sampled_from(CACHED_TIERS)),
+    st.tuples(st.just("lease"), st.sampled_from(IDLE_KEYS), st.sampled_from(CACHED_TIERS)),
+    st.tuples(st.just("footprint"), st.sampled_from(IDLE_KEYS), st.integers(1, 2)),
+    st.tuples(st.just("wait"), st.sampled_from([0.05, 0.15])),  # youth ends one by one
+    st.tuples(st.just("query"), st.sampled_from(CACHED_TIERS), st.integers(0, 30)),
+)
+
+
+def _apply_idle(state: TierState, clock: ManualClock, op: tuple) -> None:  # type: ignore[type-arg]
+    """``_apply`` plus copies that are never requested and whose last access is restored."""
+    name, *args = op
+    if name == "idle_reserve" and args[0] not in state.ledgers[args[1]].entries:
+        size = (1 + IDLE_KEYS.index(args[0]) % 2) * BIG
+        state.mark_ready(state.reserve(args[1], args[0], size))
+    elif name == "restore":  # many copies share a last access (a recovery's file times)
+        state.restore_access(args[0], 100.0 + args[1])
+    else:
+        _apply(state, clock, op)
+
+
+@pytest.mark.parametrize("policy", ["cost_aware", "lru"])
+@settings(
+    max_examples=100, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
+)
+@given(
+    copies=st.lists(
+        st.tuples(st.sampled_from(IDLE_KEYS), st.sampled_from(CACHED_TIERS), st.integers(0, 2)),
+        min_size=5,
+        max_size=40,
+    ),
+    steps=st.lists(idle_ops, min_size=20, max_size=80),
+)
+def test_lazy_order_equals_the_full_sort_with_groups_of_idle_copies(
+    policy: str,
+    copies: list[tuple[AdapterKey, Tier, int]],
+    steps: list[tuple],  # type: ignore[type-arg]
+) -> None:
+    """Many never-requested copies of equal W with equal or close last accesses (groups), some
+    young, some requested or repriced later, among requested copies and priority changes."""
+    state, clock = _state(make_policy(policy), capacity=len(IDLE_KEYS) * 8 * BIG, slots=64)
+    for k, tier, step in copies:
+        _apply_idle(state, clock, ("restore", k, float(step)))
+        _apply_idle(state, clock, ("idle_reserve", k, tier))
+        clock.advance(0.1 * step)  # some copies share a load time too; the last ones are young
+    for step in steps:
+        _apply_idle(state, clock, step)
+        state.check()
+    for tier in CACHED_TIERS:
+        assert [e.key for e in state.ranked_victims(tier)] == _expected(state, tier)
+
+
 class CountingPolicy:
     """A real policy that counts the true keys and floors the cache asks it for."""
 
@@ -143,6 +201,9 @@ class CountingPolicy:
     def order_key_floor(self, c: Candidate, now_s: float, until_s: float) -> OrderKey:
         self.floors += 1
         return self.inner.order_key_floor(c, now_s, until_s)
+
+    def order_group(self, c: Candidate, now_s: float) -> OrderGroup | None:
+        return self.inner.order_group(c, now_s)
 
     def order_victims(self, candidates: Sequence[Candidate], now_s: float) -> list[Candidate]:
         self.keys += len(candidates)
@@ -277,3 +338,70 @@ def test_config_rejects_a_horizon_and_priorities_the_order_cannot_bound() -> Non
         CacheConfig(budgets, victim_order_horizon_s=0)
     with pytest.raises(ValueError, match=r"tenant_priority\['p'\] -1"):
         CacheConfig(budgets, tenant_priority={"p": -1.0})
+
+
+def test_a_placement_among_never_requested_copies_refines_group_heads_only() -> None:
+    """2,000 copies nobody requested (as after a recovery), equal W, last accesses equal in
+    runs of ten and otherwise close: each placement computes a few true keys, and a rebuild
+    past the horizon a floor per group, not per copy."""
+    n = 2000
+    counting = CountingPolicy(make_policy("cost_aware"))
+    state, clock = _state(counting, capacity=n * UNIT)
+    for i in range(n):
+        k = key("p", f"idle{i}")
+        state.restore_access(k, 100.0 - 1.0 + (i // 10) * 1e-4)
+        state.mark_ready(state.reserve(Tier.L1, k, UNIT))
+    clock.advance(1.0)  # past min_residency_s
+    for i in range(6):
+        expected = _expected(state, Tier.L1)[0]
+        counting.keys = counting.floors = 0
+        placement = _place(state, f"new{i}")
+        assert [v.key for v in placement.victims] == [expected]
+        assert counting.keys <= 30, counting.keys
+        assert counting.floors <= 10, counting.floors  # the group's head and the newcomers
+        state.evict(placement.victims[0])
+        state.mark_ready(state.reserve(Tier.L1, key("q", f"new{i}"), UNIT))
+        clock.advance(HORIZON_S / 4.5 if i < 4 else HORIZON_S)
+    state.check()
+
+
+def test_placements_among_young_never_requested_copies_refine_group_heads_only() -> None:
+    """Right after a recovery every copy is young (old by the horizon, so each floor is below
+    every young key): placements then, and once their youth ended, stay O(victims)."""
+    n = 2000
+    counting = CountingPolicy(make_policy("cost_aware"))
+    state, clock = _state(counting, capacity=n * UNIT)
+    for i in range(n):
+        k = key("p", f"idle{i}")
+        state.restore_access(k, 50.0 + i * 1e-3)
+        state.mark_ready(state.reserve(Tier.L1, k, UNIT))
+        clock.advance(1e-5)
+    for i in range(8):
+        if i == 5:
+            clock.advance(0.3)  # past min_residency_s: every member's youth group lapses
+        expected = _expected(state, Tier.L1)[0]
+        counting.keys = 0
+        placement = _place(state, f"new{i}")
+        assert [v.key for v in placement.victims] == [expected]
+        assert counting.keys <= 30, counting.keys
+        state.evict(placement.victims[0])
+        state.mark_ready(state.reserve(Tier.L1, key("q", f"new{i}"), UNIT))
+        clock.advance(0.01)
+        state.check()
+
+
+def test_a_copy_whose_youth_ends_leaves_its_youth_group() -> None:
+    """Two young, never-requested copies rank by last access; once the one loaded first is
+    old it goes first, although it was used later."""
+    state, clock = _state(make_policy("cost_aware"))
+    used_later, used_earlier = key("p", "later"), key("p", "earlier")
+    state.restore_access(used_later, 110.0)
+    state.mark_ready(state.reserve(Tier.L1, used_later, UNIT))
+    clock.advance(0.2)
+    state.restore_access(used_earlier, 100.0)
+    state.mark_ready(state.reserve(Tier.L1, used_earlier, UNIT))
+    clock.advance(0.01)
+    assert [e.key for e in state.ranked_victims(Tier.L1)] == [used_earlier, used_later]
+    clock.advance(0.1)  # only the first is past min_residency_s
+    assert [e.key for e in state.ranked_victims(Tier.L1)] == [used_later, used_earlier]
+    assert _expected(state, Tier.L1) == [used_later, used_earlier]

@@ -94,10 +94,13 @@ class ReloadCosts:
         reads from the next tier down over that tier's bandwidth (``size_bytes`` when the
         footprint is unknown, as for copies recovered at start). ``bandwidth`` replaces the
         current estimate (the victim order's bound prices copies at a ceiling)."""
-        source = Tier(tier + 1)
-        moved = size_bytes if footprint is None else footprint.bytes_in(source)
-        rate = self._bandwidth[source] if bandwidth is None else bandwidth
-        return self._stall_s + moved / rate
+        rate = self._bandwidth[Tier(tier + 1)] if bandwidth is None else bandwidth
+        return self._stall_s + self.refill_bytes(tier, footprint, size_bytes) / rate
+
+    @staticmethod
+    def refill_bytes(tier: Tier, footprint: Footprint | None, size_bytes: int) -> int:
+        """The bytes the move refilling ``tier`` reads from the next tier down."""
+        return size_bytes if footprint is None else footprint.bytes_in(Tier(tier + 1))
 
     def bandwidth(self, source: Tier) -> float:
         """The current estimate of ``source``'s read bandwidth (bytes per second)."""

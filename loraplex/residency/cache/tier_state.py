@@ -19,12 +19,14 @@ from collections import OrderedDict
 from collections.abc import Callable, Iterator
 
 from loraplex.artifacts.identity import AdapterKey
+from loraplex.artifacts.warm_policy import WarmPolicy
 from loraplex.clock import Clock
 from loraplex.errors import CacheIntegrityError
 from loraplex.residency.cache.changes import ChangeLog
 from loraplex.residency.cache.config import CacheConfig, ReloadCosts
 from loraplex.residency.cache.jobs import JobTable, Lease
-from loraplex.residency.cache.victim_index import PolicyOrder, VictimIndex
+from loraplex.residency.cache.victim_index import VictimIndex
+from loraplex.residency.cache.victim_order import PolicyOrder
 from loraplex.residency.ledger import CACHED_TIERS, ResidentEntry, Tier, TierLedger
 from loraplex.residency.ledger import require_invariant as require
 from loraplex.residency.pipeline import LoadResult, Move, Resolved
@@ -87,6 +89,7 @@ class TierState:
         history = self.history_of(key)
         history.rates.record(now_s)
         history.last_access_s = now_s
+        self.pins.requested(key)
         self._note(key)
         return history
 
@@ -96,6 +99,17 @@ class TierState:
         history.last_access_s = at_s
         self._note(key)
         return history
+
+    def rebalance_warm(self) -> dict[AdapterKey, WarmPolicy]:
+        """Automatic promotion/demotion of the keys a rebalance may change (``PinBook.due``):
+        the same changes as judging every key with a history, at O(due) cost."""
+        now = self._now()
+        rates = {
+            key: history.rates.rates(now)
+            for key in self.pins.due()
+            if (history := self._history.get(key)) is not None
+        }
+        return self.pins.rebalance(rates)
 
     def footprint_of(self, key: AdapterKey) -> Resolved | None:
         return self._footprints.get(key)
@@ -120,6 +134,7 @@ class TierState:
             if self._is_idle(oldest):
                 self._history.pop(oldest, None)
                 self._footprints.pop(oldest, None)
+                self.pins.forget(oldest)
 
     def _is_idle(self, key: AdapterKey) -> bool:
         return (
@@ -252,6 +267,12 @@ class TierState:
                 tier, None if resolved is None else resolved.footprint, size_bytes, bandwidth
             ),
         )
+
+    def refill_bytes(self, key: AdapterKey, tier: Tier, size_bytes: int) -> int:
+        """The bytes a refill of ``key``'s copy in ``tier`` reads (``ReloadCosts``)."""
+        resolved = self._footprints.get(key)
+        footprint = None if resolved is None else resolved.footprint
+        return self.costs.refill_bytes(tier, footprint, size_bytes)
 
     def check(self) -> None:
         """Ledger invariants, plus: every ready copy's pinned flag equals the pin book, and the

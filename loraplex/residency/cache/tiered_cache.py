@@ -136,9 +136,7 @@ class TieredAdapterCache:
     def rebalance(self) -> dict[AdapterKey, WarmPolicy]:
         """Automatic promotion/demotion from the rolling request statistics; returns changes."""
         with self._lock:
-            now = self._clock.now()
-            rates = {k: h.rates.rates(now) for k, h in self._state.histories()}
-            changes = self._state.pins.rebalance(rates)
+            changes = self._state.rebalance_warm()
             for key in changes:
                 self._apply_warm(key)
             return changes
