@@ -59,8 +59,14 @@ def execution(
     typer.echo(line)
 
 
+# Options of one mode of `bench cache` only: given in the other mode they would be ignored.
+_CACHE_ONLY = ("presets", "reps", "max_adapters", "no_peft", "duration_s", "report_to")
+_SCALE_ONLY = ("quick", "sizes")
+
+
 @bench_app.command("cache")
 def cache(
+    ctx: typer.Context,
     *,
     presets: str = typer.Option("small,large", help="demo presets to measure, comma-separated"),
     as_json: bool = typer.Option(False, "--json", help="print only the JSON line"),
@@ -85,6 +91,14 @@ def cache(
     (or, with --scale, what the cache costs as a function of how many copies it holds)."""
     import torch
 
+    given = [  # typer carries its own click: compare the source by name
+        name
+        for name in (_CACHE_ONLY if scale else _SCALE_ONLY)
+        if getattr(ctx.get_parameter_source(name), "name", None) == "COMMANDLINE"
+    ]
+    if given:
+        mode = "with --scale" if scale else "without --scale"
+        raise typer.BadParameter(f"{', '.join(given)} cannot be used {mode}")
     if scale:
         torch.set_num_threads(1)
         typer.echo(json.dumps(_scale_result(quick, sizes, seed, asset_dir)))

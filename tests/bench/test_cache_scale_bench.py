@@ -100,3 +100,17 @@ def test_ratios_and_labels() -> None:
         ScaleBenchConfig(sizes=(100,))
     with pytest.raises(ValueError, match="loads"):
         ScaleBenchConfig(loads=0)
+
+
+@pytest.mark.parametrize(
+    ("args", "named"),
+    [
+        (["--scale", "--reps", "3"], "reps cannot be used with --scale"),
+        (["--scale", "--presets", "small"], "presets cannot be used with --scale"),
+        (["--quick"], "quick cannot be used without --scale"),
+        (["--sizes", "5,10"], "sizes cannot be used without --scale"),
+    ],
+)
+def test_an_option_of_the_other_mode_is_refused_not_ignored(args: list[str], named: str) -> None:
+    result = CliRunner().invoke(app, ["bench", "cache", *args])
+    assert result.exit_code == 2 and named in " ".join(result.output.split())
