@@ -13,7 +13,7 @@ import threading
 from loraplex.artifacts.identity import AdapterKey
 from loraplex.engine.messages import StatePublish
 from loraplex.engine.protocol import EngineLoad
-from loraplex.engine.sched.stats import EMPTY_VIEW
+from loraplex.engine.sched.stats import EMPTY_VIEW, load_of
 from loraplex.residency.cache import CacheSummary
 from loraplex.residency.ledger import Tier
 
@@ -74,13 +74,4 @@ class PublishedState:
         with self._lock:
             queue = self._queue
             running = tuple(self._in_slots)
-        resident = set(running)
-        return EngineLoad(
-            num_waiting=queue.num_waiting,
-            num_adapter_wait=queue.num_adapter_wait,
-            num_running=queue.num_running,
-            kv_usage=queue.kv_usage,
-            running_adapters=running,
-            waiting_adapters=tuple(k for k in queue.queued_adapters if k not in resident),
-            max_loras=max_loras,
-        )
+        return load_of(queue, running, max_loras)

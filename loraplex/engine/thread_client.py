@@ -21,6 +21,7 @@ from collections.abc import AsyncGenerator, Callable
 from loraplex.artifacts.identity import AdapterKey
 from loraplex.engine.core import EngineCore
 from loraplex.engine.protocol import EngineHealth, EngineLoad, EngineRequest, TokenDelta
+from loraplex.engine.sched.stats import load_of
 from loraplex.errors import EngineUnavailableError
 from loraplex.model.tokenizer import TextTokenizer
 from loraplex.residency.cache import TieredAdapterCache
@@ -202,16 +203,7 @@ def engine_load(
     view = core.view
     if running is None:
         running = () if core.cache is None else tuple(core.cache.residency(Tier.L0))
-    resident = set(running)
-    return EngineLoad(
-        num_waiting=view.num_waiting,
-        num_adapter_wait=view.num_adapter_wait,
-        num_running=view.num_running,
-        kv_usage=view.kv_usage,
-        running_adapters=running,
-        waiting_adapters=tuple(k for k in view.queued_adapters if k not in resident),
-        max_loras=max_loras,
-    )
+    return load_of(view, running, max_loras)
 
 
 class AsyncEngine:

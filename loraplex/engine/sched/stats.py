@@ -6,6 +6,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 
 from loraplex.artifacts.identity import AdapterKey
+from loraplex.engine.protocol import EngineLoad
 from loraplex.engine.request import QUEUED_STATES, Request
 
 
@@ -34,4 +35,19 @@ def queue_view(requests: Iterable[Request], num_running: int, kv_usage: float) -
         num_running=num_running,
         kv_usage=kv_usage,
         queued_adapters=tuple(dict.fromkeys(k for k in keys if k is not None)),
+    )
+
+
+def load_of(view: QueueView, running: tuple[AdapterKey, ...], max_loras: int) -> EngineLoad:
+    """The engine's load as the server reports it: ``view`` plus the adapters in GPU slots
+    (``running``); an adapter in a slot is never also listed as waiting."""
+    resident = set(running)
+    return EngineLoad(
+        num_waiting=view.num_waiting,
+        num_adapter_wait=view.num_adapter_wait,
+        num_running=view.num_running,
+        kv_usage=view.kv_usage,
+        running_adapters=running,
+        waiting_adapters=tuple(k for k in view.queued_adapters if k not in resident),
+        max_loras=max_loras,
     )
