@@ -118,8 +118,10 @@ def register_many(
         if source.is_dir():
             visibility = Visibility.PUBLIC if public else Visibility.PRIVATE
             items = tree_items(source, state=state, warm_policy=warm_policy, visibility=visibility)
-        else:
+        elif source.is_file():
             items = manifest_items(source)
+        else:
+            raise ValueError(f"{source} does not exist; expected a directory tree or a manifest")
         base = BaseModelSpec.from_dir(base_model)
         with _opened(location.config(max_lora_rank), base) as registry:
             report = register_all(registry, items, _actor(actor))

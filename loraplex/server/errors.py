@@ -109,8 +109,11 @@ def unauthorized(message: str = "invalid API key") -> ApiError:
     return ApiError(401, message, "authentication_error", "invalid_api_key", None, headers)
 
 
+MAX_RETRY_AFTER_S = 3600  # a hint beyond an hour is no hint (an absurd quota cannot inflate it)
+
+
 def _retry_after(seconds: float) -> dict[str, str]:
-    return {"Retry-After": str(max(1, math.ceil(seconds)))}
+    return {"Retry-After": str(min(MAX_RETRY_AFTER_S, max(1, math.ceil(seconds))))}
 
 
 def _capacity(exc: CapacityError) -> ApiError:
@@ -129,10 +132,10 @@ def _capacity(exc: CapacityError) -> ApiError:
     return ApiError(503, str(exc), "server_error", "capacity_exceeded", None, headers)
 
 
-def _unservable(exc: UnservableError) -> ApiError:
+def _unservable(exc: UnservableError, prompt_param: str) -> ApiError:
     kind = "invalid_request_error"
     if isinstance(exc, PromptTooLongError):
-        return ApiError(400, str(exc), kind, "context_length_exceeded")
+        return ApiError(400, str(exc), kind, "context_length_exceeded", prompt_param)
     if isinstance(exc, AdapterTooLargeError):
         return ApiError(422, str(exc), kind, "adapter_too_large", "model")
     if isinstance(exc, NoAdapterCacheError):
@@ -154,8 +157,11 @@ def _admin_value(exc: ValueError) -> ApiError:
     return invalid_request(str(exc))
 
 
-def to_api_error(exc: BaseException, context: ErrorContext) -> ApiError:
-    """The response for ``exc``; anything unexpected becomes a 500 that reveals nothing."""
+def to_api_error(
+    exc: BaseException, context: ErrorContext, prompt_param: str = "prompt"
+) -> ApiError:
+    """The response for ``exc``; anything unexpected becomes a 500 that reveals nothing.
+    ``prompt_param`` names the field a too-long prompt came from (chat: ``messages``)."""
     if isinstance(exc, ApiError):
         return exc
     if isinstance(exc, AuthenticationError):
@@ -168,7 +174,7 @@ def to_api_error(exc: BaseException, context: ErrorContext) -> ApiError:
     if isinstance(exc, CapacityError):
         return _capacity(exc)
     if isinstance(exc, UnservableError):
-        return _unservable(exc)
+        return _unservable(exc, prompt_param)
     if isinstance(exc, GenerationError):
         return ApiError(422, str(exc), "invalid_request_error", "generation_failed")
     if isinstance(exc, AdapterError | LoadCancelledError | ArtifactNotFoundError):
@@ -197,10 +203,13 @@ def context_of(request: Request) -> ErrorContext:
 
 
 async def _on_error(request: Request, exc: Exception) -> JSONResponse:
-    return to_api_error(exc, context_of(request)).response()
+    chat = request.url.path.endswith("/chat/completions")
+    return to_api_error(exc, context_of(request), "messages" if chat else "prompt").response()
 
 
 _TYPE_TAGS = frozenset({"str", "int", "float", "bool", "list", "dict"})
+# Where FastAPI found a value; the field's name follows (``query.top`` is the field ``top``).
+_SOURCES = frozenset({"body", "query", "path", "header", "cookie"})
 
 
 def _is_union_tag(part: object) -> bool:
@@ -215,7 +224,10 @@ async def _on_validation(request: Request, exc: Exception) -> JSONResponse:
     errors = exc.errors()
     # A failed check of our own (a value error) says most; a union's other members say less.
     first = next((e for e in errors if e.get("type") == "value_error"), errors[0] if errors else {})
-    location = [str(p) for p in first.get("loc", ()) if p != "body" and not _is_union_tag(p)]
+    if first.get("type") == "json_invalid":  # its location is a character offset, not a field
+        where = "".join(str(p) for p in first.get("loc", ()) if p != "body")
+        return invalid_request(f"body is not valid JSON (at character {clipped(where)})").response()
+    location = [str(p) for p in first.get("loc", ()) if p not in _SOURCES and not _is_union_tag(p)]
     param = clipped(".".join(location)) or None  # an unknown key is the caller's own text
     reason = clipped(str(first.get("msg", "invalid value")), MAX_VALIDATION_MESSAGE_CHARS)
     message = f"{param or 'request'}: {reason}"
@@ -226,7 +238,8 @@ async def _on_http(request: Request, exc: Exception) -> JSONResponse:
     if not isinstance(exc, StarletteHTTPException):
         return await _on_error(request, exc)
     kind = "not_found_error" if exc.status_code == 404 else "invalid_request_error"
-    error = ApiError(exc.status_code, str(exc.detail), kind, None, None, dict(exc.headers or {}))
+    code = "invalid_request" if exc.status_code == 400 else None  # e.g. a body that is not UTF-8
+    error = ApiError(exc.status_code, str(exc.detail), kind, code, None, dict(exc.headers or {}))
     return error.response()
 
 

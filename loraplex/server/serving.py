@@ -111,8 +111,12 @@ def sampling_params(body: SamplingFields, max_tokens: int | None) -> SamplingPar
             ignore_eos=body.ignore_eos,
             min_tokens=body.min_tokens,
         )
-    except ValueError as exc:
-        raise invalid_request(str(exc)) from exc
+    except ValueError as exc:  # each message starts with the field it is about
+        field = str(exc).split(" ", 1)[0]
+        raise invalid_request(str(exc), field if field in _SAMPLING_FIELDS else None) from exc
+
+
+_SAMPLING_FIELDS = frozenset({"max_tokens", "temperature", "top_p", "seed", "stop", "min_tokens"})
 
 
 def engine_request(

@@ -119,3 +119,18 @@ def test_cli_register_many_exits_non_zero_when_an_item_failed(
     assert f"failed {broken}: " in result.output
     assert f"{NUM_GOOD} registered, 0 already registered, 1 failed" in result.output
     assert len(_registered(registry)) == NUM_GOOD
+
+
+def test_cli_register_many_on_a_missing_source_is_one_error_line(
+    registry_config: RegistryConfig, model_dir: Path, tmp_path: Path
+) -> None:
+    env = {
+        "LORAPLEX_DATA_DIR": str(registry_config.data_dir),
+        "LORAPLEX_DATABASE_URL": registry_config.database,
+        "LORAPLEX_BASE_MODEL": str(model_dir),
+    }
+    missing = tmp_path / "nowhere"
+    result = CliRunner().invoke(app, ["adapters", "register-many", str(missing)], env=env)
+    assert result.exit_code == 1, result.output
+    assert "Traceback" not in result.output
+    assert f"error: {missing} does not exist" in result.output

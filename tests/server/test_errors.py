@@ -110,6 +110,18 @@ def test_retry_after_rounds_up_and_is_at_least_one_second() -> None:
     assert "Retry-After" in to_api_error(CapacityError("x"), TENANT).headers
 
 
+def test_retry_after_is_capped_at_an_hour() -> None:
+    """An absurd quota (a rate of 1e-300/s) must not become a 300-digit header."""
+    refused = to_api_error(RateLimitError("acme", 1e-300, 1e300), TENANT)
+    assert refused.headers["Retry-After"] == "3600"
+
+
+def test_a_too_long_prompt_names_the_field_it_came_from() -> None:
+    assert to_api_error(PromptTooLongError("2049 tokens"), TENANT).param == "prompt"
+    chat = to_api_error(PromptTooLongError("2049 tokens"), TENANT, prompt_param="messages")
+    assert chat.param == "messages"
+
+
 def test_tenant_never_sees_artifact_details_or_internals() -> None:
     load = to_api_error(CorruptArtifactError("/srv/l2/abc/adapter_model.safetensors"), TENANT)
     assert "/srv" not in load.message

@@ -69,3 +69,41 @@ def _json_with_surrogates(body: dict[str, Any]) -> bytes:
     import json
 
     return json.dumps(body, ensure_ascii=True).encode("ascii")
+
+
+@pytest.mark.parametrize(
+    ("fields", "param"),
+    [
+        ({"stop": ["a", "b", "c", "d", "e"]}, "stop"),
+        ({"stop": ""}, "stop"),
+        ({"max_tokens": 5, "min_tokens": 10}, "min_tokens"),
+    ],
+)
+def test_values_checked_together_still_name_their_field(
+    rig: Rig, fields: dict[str, Any], param: str
+) -> None:
+    reply = _post(rig, "/v1/completions", model="support", prompt="hi", **fields)
+    assert reply.status_code == 400, reply.text
+    assert reply.json()["error"]["param"] == param
+    assert not rig.engine.requests
+
+
+def test_malformed_json_is_a_400_that_names_no_field(rig: Rig) -> None:
+    reply = rig.client.post(
+        "/v1/completions",
+        content=b'{"model": "support", "prompt": "hi"',
+        headers={**rig.headers("acme"), "Content-Type": "application/json"},
+    )
+    assert reply.status_code == 400, reply.text
+    error = reply.json()["error"]
+    assert error["param"] is None and error["message"].startswith("body is not valid JSON")
+
+
+def test_a_body_that_is_not_utf8_is_a_400_with_a_code(rig: Rig) -> None:
+    reply = rig.client.post(
+        "/v1/completions",
+        content=b'\xff\xfe{"model": "support"}',
+        headers={**rig.headers("acme"), "Content-Type": "application/json"},
+    )
+    assert reply.status_code == 400, reply.text
+    assert reply.json()["error"]["code"] == "invalid_request"

@@ -290,5 +290,6 @@ def test_a_prompt_longer_than_the_context_is_a_permanent_400(served: Served) -> 
         deps.cache.close()
     assert reply.status_code == 400, reply.text
     assert reply.json()["error"]["code"] == "context_length_exceeded"
+    assert reply.json()["error"]["param"] == "prompt"
     assert "retry-after" not in reply.headers
     assert engine.requests == []
