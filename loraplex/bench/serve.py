@@ -69,9 +69,20 @@ class ServeBenchConfig:
     adversarial: AdversarialConfig = field(default_factory=AdversarialConfig)  # its attacker
 
     def __post_init__(self) -> None:
-        for name in ("load", "trace_requests", "prompt_tokens", "output_tokens", "num_adapters",
-                     "max_loras", "hot_burst_max_loras", "cpu_adapter_bytes", "max_lora_rank",
-                     "throughput_requests", "throughput_rounds", "request_timeout_s"):  # fmt: skip
+        for name in (
+            "load",
+            "trace_requests",
+            "prompt_tokens",
+            "output_tokens",
+            "num_adapters",
+            "max_loras",
+            "hot_burst_max_loras",
+            "cpu_adapter_bytes",
+            "max_lora_rank",
+            "throughput_requests",
+            "throughput_rounds",
+            "request_timeout_s",
+        ):
             if not getattr(self, name) > 0:
                 raise ValueError(f"{name} {getattr(self, name)} is invalid; expected > 0")
         for name in ("duration_s", "rate"):
@@ -94,9 +105,12 @@ class ServeBenchConfig:
 
     def params(self, rate: float, duration_s: float) -> ScenarioParams:
         return ScenarioParams(
-            duration_s=duration_s, rate=rate, prompt_tokens=self.prompt_tokens,
-            output_tokens=self.output_tokens, num_adapters=self.num_adapters,
-        )  # fmt: skip
+            duration_s=duration_s,
+            rate=rate,
+            prompt_tokens=self.prompt_tokens,
+            output_tokens=self.output_tokens,
+            num_adapters=self.num_adapters,
+        )
 
 
 def run_serve_bench(config: ServeBenchConfig) -> dict[str, Any]:
@@ -110,20 +124,30 @@ def run_serve_bench(config: ServeBenchConfig) -> dict[str, Any]:
     draft = config.params(rate=1.0, duration_s=1.0)
     adapters = _union(_generate(name, config.seed, draft).adapters for name in config.scenarios)
     throughput_adapters = tuple((a.tenant, a.name) for a in adapters[:8])
-    drive = DriveConfig(request_timeout_s=config.request_timeout_s, vocab_size=vocab,
-                        seed=config.seed)  # fmt: skip
+    drive = DriveConfig(
+        request_timeout_s=config.request_timeout_s, vocab_size=vocab, seed=config.seed
+    )
     with tempfile.TemporaryDirectory(prefix="loraplex-bench-serve-") as tmp:
         root = Path(tmp)
         fleet = prepare_fleet(
             root / "fleet", assets.base_model_dir, adapters, config.max_lora_rank, config.seed
         )
         tput_config = ThroughputConfig(
-            throughput_adapters, config.throughput_requests, config.prompt_tokens,
-            2 * config.output_tokens, config.throughput_rounds, vocab, config.seed,
+            throughput_adapters,
+            config.throughput_requests,
+            config.prompt_tokens,
+            2 * config.output_tokens,
+            config.throughput_rounds,
+            vocab,
+            config.seed,
             capacity_output_tokens=config.output_tokens,
-        )  # fmt: skip
-        tput = measure_throughput(fleet, root / "throughput", _options(config, "cost_aware",
-                                  config.max_loras), tput_config)  # fmt: skip
+        )
+        tput = measure_throughput(
+            fleet,
+            root / "throughput",
+            _options(config, "cost_aware", config.max_loras),
+            tput_config,
+        )
         rate, duration = config.trace_shape(tput.capacity)
         params = config.params(rate, duration)
         workloads = {name: _generate(name, config.seed, params) for name in config.scenarios}
@@ -132,8 +156,14 @@ def run_serve_bench(config: ServeBenchConfig) -> dict[str, Any]:
         hostile = []
         if attack is not None:
             options = _options(config, "cost_aware", config.max_loras)
-            hostile = run_adversarial(fleet, root / ADVERSARIAL, attack, options=options,
-                                      drive=drive, config=config.adversarial)  # fmt: skip
+            hostile = run_adversarial(
+                fleet,
+                root / ADVERSARIAL,
+                attack,
+                options=options,
+                drive=drive,
+                config=config.adversarial,
+            )
             runs += [RunResult(run.name, run.records, run.residency) for run in hostile]
     summaries = {run.name: summarize(run) for run in runs}
     metrics = headline(summaries)
@@ -148,8 +178,7 @@ def run_serve_bench(config: ServeBenchConfig) -> dict[str, Any]:
     metrics["trace_duration_s"] = round(duration, 2)
     metrics["runs"] = summaries
     plain = {k: (str(v) if isinstance(v, Path) else v) for k, v in asdict(config).items()}
-    return {"name": "serve", "config": plain, "seed": config.seed, "metrics": metrics,
-            "runs": runs}  # fmt: skip
+    return {"name": "serve", "config": plain, "seed": config.seed, "metrics": metrics, "runs": runs}
 
 
 def _generate(name: str, seed: int, params: ScenarioParams) -> Workload:
@@ -167,8 +196,9 @@ def _union(groups: Any) -> tuple[TraceAdapter, ...]:
 
 
 def _options(config: ServeBenchConfig, policy: str, max_loras: int) -> ServerOptions:
-    return ServerOptions(policy, max_loras, config.cpu_adapter_bytes,
-                         queue_deadline_s=config.request_timeout_s / 2)  # fmt: skip
+    return ServerOptions(
+        policy, max_loras, config.cpu_adapter_bytes, queue_deadline_s=config.request_timeout_s / 2
+    )
 
 
 def _trace_runs(
@@ -182,8 +212,9 @@ def _trace_runs(
     for name, workload in workloads.items():
         if name == "cold-storm":
             calm = [r for r in workload.requests if r.tenant != "storm"]
-            quiet = Workload(workload.name, workload.seed, workload.duration_s,
-                             workload.adapters, tuple(calm))  # fmt: skip
+            quiet = Workload(
+                workload.name, workload.seed, workload.duration_s, workload.adapters, tuple(calm)
+            )
             options = _options(config, "cost_aware", config.max_loras)
             plan += [(f"{name}/storm", workload, options), (f"{name}/no-storm", quiet, options)]
             continue

@@ -80,12 +80,16 @@ def summarize(run: RunResult) -> dict[str, Any]:
         "ttft_ms": _ms([r.ttft_s for r in records if r.ok]),
         "by_tier": _grouped(records, lambda r: r.tier),
         "by_tenant": _grouped(records, lambda r: r.tenant),
-        **({} if run.burst_start_s is None else {
-            "from_burst_by_tenant": _grouped(
-                [r for r in records if r.t_s >= run.burst_start_s], lambda r: r.tenant
-            ),
-        }),
-    }  # fmt: skip
+        **(
+            {}
+            if run.burst_start_s is None
+            else {
+                "from_burst_by_tenant": _grouped(
+                    [r for r in records if r.t_s >= run.burst_start_s], lambda r: r.tenant
+                ),
+            }
+        ),
+    }
 
 
 def _thrash(stats: dict[str, object]) -> float | None:

@@ -207,12 +207,18 @@ def serve(
 
     try:
         config = ServeBenchConfig(
-            duration_s=duration_s, rate=rate, load=load, trace_requests=trace_requests,
-            num_adapters=num_adapters, throughput_requests=throughput_requests,
-            throughput_rounds=throughput_rounds, seed=seed, asset_dir=asset_dir,
+            duration_s=duration_s,
+            rate=rate,
+            load=load,
+            trace_requests=trace_requests,
+            num_adapters=num_adapters,
+            throughput_requests=throughput_requests,
+            throughput_rounds=throughput_rounds,
+            seed=seed,
+            asset_dir=asset_dir,
             scenarios=tuple(s for s in scenarios.split(",") if s),
             adversarial=AdversarialConfig(attack_rate=attack_rate, rounds=adversarial_rounds),
-        )  # fmt: skip
+        )
     except ValueError as exc:
         raise typer.BadParameter(str(exc)) from exc
     result = run_serve_bench(config)

@@ -88,13 +88,28 @@ def insert_revision(tx: Tx, rev: Revision) -> None:
         f"INSERT INTO revisions ({_REVISION_COLUMNS}) "
         "VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
         (
-            rev.tenant, rev.name, rev.revision, rev.adapter_digest, rev.config_digest,
-            rev.base_digest, rev.compat_version, rev.max_rank, rev.lora_alpha,
-            int(rev.use_rslora), json.dumps(list(rev.target_modules)), rev.dtype,
-            rev.tensor_bytes, rev.estimated_bytes, rev.store_url, rev.created_at,
-            rev.state.value, rev.warm_policy.value, rev.probe_prompt, rev.expected_continuation,
+            rev.tenant,
+            rev.name,
+            rev.revision,
+            rev.adapter_digest,
+            rev.config_digest,
+            rev.base_digest,
+            rev.compat_version,
+            rev.max_rank,
+            rev.lora_alpha,
+            int(rev.use_rslora),
+            json.dumps(list(rev.target_modules)),
+            rev.dtype,
+            rev.tensor_bytes,
+            rev.estimated_bytes,
+            rev.store_url,
+            rev.created_at,
+            rev.state.value,
+            rev.warm_policy.value,
+            rev.probe_prompt,
+            rev.expected_continuation,
         ),
-    )  # fmt: skip
+    )
 
 
 def get_revision(tx: Tx, tenant: str, name: str, revision: str) -> Revision | None:

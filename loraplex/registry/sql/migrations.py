@@ -92,10 +92,22 @@ _TABLES = (
 
 # Columns fixed at registration; the triggers below refuse any change to them.
 IMMUTABLE_REVISION_COLUMNS = (
-    "adapter_digest", "config_digest", "base_digest", "compat_version", "max_rank", "lora_alpha",
-    "use_rslora", "target_modules", "dtype", "tensor_bytes", "estimated_bytes", "store_url",
-    "created_at", "probe_prompt", "expected_continuation",
-)  # fmt: skip
+    "adapter_digest",
+    "config_digest",
+    "base_digest",
+    "compat_version",
+    "max_rank",
+    "lora_alpha",
+    "use_rslora",
+    "target_modules",
+    "dtype",
+    "tensor_bytes",
+    "estimated_bytes",
+    "store_url",
+    "created_at",
+    "probe_prompt",
+    "expected_continuation",
+)
 
 _SQLITE_GUARDS = (
     """CREATE TABLE audit_log (
