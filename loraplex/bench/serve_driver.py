@@ -188,7 +188,7 @@ async def send_one(
         "temperature": 0,
         "stream": True,
         "stream_options": {"include_usage": True},
-        # vLLM's extension; until the server honours it, EOS may end a response early.
+        # vLLM's extension: every response runs to max_tokens (the trace sets the work).
         "ignore_eos": True,
     }
     stream, status = _Stream(), 0

@@ -1,8 +1,8 @@
 """OpenAI-compatible request and response bodies (the subset loraplex serves).
 
-Requests accept the fields the official clients send; unknown fields are ignored (as vLLM does),
-while fields whose other values loraplex cannot honour (``n`` > 1, ``logprobs``) are refused with
-a 400. vLLM's ``ignore_eos`` and ``min_tokens`` extensions are honoured. No
+Nothing is silently ignored: an unknown field is a 400 naming it (unlike vLLM, which ignores
+it), and a field loraplex knows but does not implement is accepted only at its neutral value
+(``NEUTRAL``). vLLM's ``ignore_eos``, ``min_tokens`` and ``top_k`` are honoured. No
 request field is a filesystem path or URL: ``model`` is a name the registry resolves.
 Every response carries ``loraplex.revision``: the exact ``tenant/name@revision`` that answered,
 and ``loraplex.tier``: the tier the engine leased that revision from (what the request's latency
@@ -36,15 +36,20 @@ StopText = Annotated[Text, Field(max_length=MAX_STOP_CHARS)]
 
 
 class StreamOptions(BaseModel):
-    model_config = ConfigDict(extra="ignore")
+    model_config = ConfigDict(extra="forbid")
 
     include_usage: bool = False  # send a final chunk with token usage
 
 
 class SamplingFields(BaseModel):
-    """Fields shared by both endpoints (OpenAI's defaults)."""
+    """Fields shared by both endpoints (OpenAI's defaults).
 
-    model_config = ConfigDict(extra="ignore")
+    Nothing is silently ignored: a field loraplex does not know is a 400 naming it
+    (``extra="forbid"``), and a known field it does not implement is accepted only at the value
+    that changes nothing (``NEUTRAL``), so clients that send defaults explicitly keep working.
+    """
+
+    model_config = ConfigDict(extra="forbid")
 
     model: Text = Field(min_length=1, max_length=512)  # alias, tenant/name, ...@revision, or base
     max_tokens: int | None = Field(default=None, ge=1)  # None: the endpoint's default
@@ -58,9 +63,17 @@ class SamplingFields(BaseModel):
     user: Text | None = Field(default=None, max_length=256)  # accepted and ignored
     ignore_eos: bool = False  # vLLM extension: generate past end-of-sequence tokens
     min_tokens: int = Field(default=0, ge=0)  # vLLM extension: no EOS / stop before this many
-    # Unsupported: only absent / false / 0-top are accepted (completions send an int, chat a bool).
-    logprobs: bool | int | None = None
+    top_k: int | None = Field(default=None, ge=-1)  # keep the k most likely; -1, 0, None: off
+    # Not implemented: accepted only at their neutral values (``NEUTRAL``), else a 400.
+    logprobs: bool | int | None = None  # completions send an int, chat a bool
     top_logprobs: int | None = None
+    presence_penalty: float | None = None
+    frequency_penalty: float | None = None
+    repetition_penalty: float | None = None  # vLLM extension
+    min_p: float | None = None  # vLLM extension
+    logit_bias: dict[str, float] | None = None
+    stop_token_ids: list[int] | None = None  # vLLM extension
+    include_stop_str_in_output: bool | None = None  # vLLM extension
 
     def stop_strings(self) -> tuple[str, ...]:
         if self.stop is None:
@@ -82,20 +95,25 @@ class CompletionRequest(SamplingFields):
 
     prompt: Text | list[Text] | list[int]  # one text prompt, or one already tokenized
     max_tokens: int | None = Field(default=16, ge=1)  # OpenAI's default for completions
+    # Not implemented: accepted only at their neutral values (``NEUTRAL``), else a 400.
+    echo: bool | None = None
+    best_of: int | None = None
+    suffix: str | None = None
 
 
 class TextPart(BaseModel):
-    model_config = ConfigDict(extra="ignore")
+    model_config = ConfigDict(extra="forbid")
 
     type: Literal["text"]  # only text parts are supported
     text: Text
 
 
 class ChatMessageIn(BaseModel):
-    model_config = ConfigDict(extra="ignore")
+    model_config = ConfigDict(extra="forbid")
 
     role: Literal["system", "developer", "user", "assistant", "tool"]
     content: Text | list[TextPart] | None = None
+    name: Text | None = Field(default=None, max_length=256)  # a participant's name (not rendered)
 
     def text(self) -> str:
         if self.content is None:
@@ -110,6 +128,33 @@ class ChatCompletionRequest(SamplingFields):
 
     messages: list[ChatMessageIn] = Field(min_length=1)
     max_completion_tokens: int | None = Field(default=None, ge=1)  # newer name of max_tokens
+    # Not implemented: accepted only at their neutral values (``NEUTRAL``), else a 400.
+    tools: list[dict[str, object]] | None = None
+    tool_choice: str | dict[str, object] | None = None
+    response_format: dict[str, object] | None = None
+    add_generation_prompt: bool | None = None  # vLLM extension (the template always adds it)
+
+
+# Fields loraplex does not implement, with the values that change nothing (any other value is a
+# 400 naming the field). ``None`` (absent or null) is always neutral.
+NEUTRAL: dict[str, tuple[object, ...]] = {
+    "logprobs": (False,),
+    "top_logprobs": (0,),
+    "presence_penalty": (0, 0.0),
+    "frequency_penalty": (0, 0.0),
+    "repetition_penalty": (1, 1.0),
+    "min_p": (0, 0.0),
+    "logit_bias": ({},),
+    "stop_token_ids": ([],),
+    "include_stop_str_in_output": (False,),
+    "echo": (False,),
+    "best_of": (1,),
+    "suffix": ("",),
+    "tools": ([],),
+    "tool_choice": ("none",),
+    "response_format": ({"type": "text"},),
+    "add_generation_prompt": (True,),
+}
 
 
 # ---- responses ---------------------------------------------------------------------------------

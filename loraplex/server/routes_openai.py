@@ -36,6 +36,7 @@ from loraplex.server.protocol import (
     SamplingFields,
     Usage,
 )
+from loraplex.server.sampling_fields import sampling_params
 from loraplex.server.serving import (
     ClientDisconnectedError,
     Collected,
@@ -47,7 +48,6 @@ from loraplex.server.serving import (
     observe,
     observed,
     resolve_target,
-    sampling_params,
     start_stream,
 )
 from loraplex.server.streaming import ChunkFormat, sse_events

@@ -28,7 +28,7 @@ from loraplex.sampling import SamplingParams
 from loraplex.server.deps import ServerDeps
 from loraplex.server.errors import invalid_request
 from loraplex.server.metrics import RequestObservation, ServerMetrics
-from loraplex.server.protocol import RevisionInfo, SamplingFields
+from loraplex.server.protocol import RevisionInfo
 
 REVISION_HEADER = "x-loraplex-revision"
 TIER_HEADER = "x-loraplex-tier"
@@ -82,41 +82,6 @@ def _resolve(deps: ServerDeps, tenant: Tenant, model: str, request_id: str) -> T
 async def resolve_target(deps: ServerDeps, tenant: Tenant, model: str, request_id: str) -> Target:
     """The revision ``model`` names for ``tenant`` (a database read, run off the event loop)."""
     return await run_in_threadpool(_resolve, deps, tenant, model, request_id)
-
-
-def _refuse_unsupported(body: SamplingFields) -> None:
-    """A 400 for fields set to values loraplex cannot honour (rather than silently ignoring)."""
-    if body.n != 1:
-        raise invalid_request(f"n {body.n} is not supported; expected 1", "n")
-    if body.logprobs is not None and body.logprobs is not False:
-        raise invalid_request(
-            f"logprobs {body.logprobs} is not supported; expected null or false", "logprobs"
-        )
-    if body.top_logprobs:
-        raise invalid_request(
-            f"top_logprobs {body.top_logprobs} is not supported; expected null or 0",
-            "top_logprobs",
-        )
-
-
-def sampling_params(body: SamplingFields, max_tokens: int | None) -> SamplingParams:
-    _refuse_unsupported(body)
-    try:
-        return SamplingParams(
-            max_tokens=max_tokens or 16,
-            temperature=body.temperature,
-            top_p=body.top_p,
-            seed=body.seed,
-            stop=body.stop_strings(),
-            ignore_eos=body.ignore_eos,
-            min_tokens=body.min_tokens,
-        )
-    except ValueError as exc:  # each message starts with the field it is about
-        field = str(exc).split(" ", 1)[0]
-        raise invalid_request(str(exc), field if field in _SAMPLING_FIELDS else None) from exc
-
-
-_SAMPLING_FIELDS = frozenset({"max_tokens", "temperature", "top_p", "seed", "stop", "min_tokens"})
 
 
 def engine_request(

@@ -92,3 +92,24 @@ def test_a_prompt_longer_than_the_context_is_a_400_without_retry(live: Live) -> 
         )
     assert refused.value.code == "context_length_exceeded"
     assert "retry-after" not in refused.value.response.headers
+
+
+def test_top_k_one_at_temperature_one_is_the_greedy_text(live: Live) -> None:
+    """``top_k`` reaches the real sampler: keeping one token leaves nothing to draw from."""
+    adapter = live.assets.adapters[0]
+    api = client(live.url, live.key(adapter.tenant))
+
+    def text(temperature: float, **extra: object) -> str:
+        done = api.completions.create(
+            model=f"{adapter.name}@{adapter.revision}",
+            prompt=adapter.probe_prompt,
+            max_tokens=24,
+            temperature=temperature,
+            seed=7,
+            extra_body={"ignore_eos": True, **extra},
+        )
+        return done.choices[0].text
+
+    greedy = text(0.0)
+    assert text(1.0, top_k=1) == greedy
+    assert text(1.0) != greedy  # the same seed without top_k draws other tokens

@@ -1,0 +1,116 @@
+"""Nothing a tenant sends is silently ignored: unknown fields are a 400 naming them, known but
+unimplemented fields are accepted only at the value that changes nothing, and ``top_k`` reaches
+the sampler."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+from conftest import Rig
+
+from loraplex.server.protocol import NEUTRAL
+
+COMPLETIONS = "/v1/completions"
+CHAT = "/v1/chat/completions"
+_CHAT_ONLY = {"tools", "tool_choice", "response_format", "add_generation_prompt"}
+_COMPLETIONS_ONLY = {"echo", "best_of", "suffix"}
+
+
+def _body(path: str, **fields: Any) -> dict[str, Any]:
+    prompt: dict[str, Any] = (
+        {"prompt": "hi"}
+        if path == COMPLETIONS
+        else {"messages": [{"role": "user", "content": "hi"}]}
+    )
+    return {"model": "support", "max_tokens": 4, **prompt, **fields}
+
+
+def _paths(field: str) -> list[str]:
+    if field in _CHAT_ONLY:
+        return [CHAT]
+    if field in _COMPLETIONS_ONLY:
+        return [COMPLETIONS]
+    return [COMPLETIONS, CHAT]
+
+
+NEUTRAL_CASES = [(f, v, p) for f, values in NEUTRAL.items() for v in values for p in _paths(f)]
+REFUSED_CASES = [
+    ("presence_penalty", 0.5),
+    ("frequency_penalty", -1.0),
+    ("repetition_penalty", 1.2),
+    ("min_p", 0.1),
+    ("logit_bias", {"50256": -100}),
+    ("stop_token_ids", [2]),
+    ("include_stop_str_in_output", True),
+    ("echo", True),
+    ("best_of", 2),
+    ("logprobs", 0),  # completions: 0 asks for the chosen token's logprob (not "off")
+    ("suffix", "end"),
+    ("tools", [{"type": "function", "function": {"name": "f"}}]),
+    ("tool_choice", "auto"),
+    ("response_format", {"type": "json_object"}),
+    ("add_generation_prompt", False),
+    ("logprobs", 2),
+]
+
+
+@pytest.mark.parametrize(("field", "value", "path"), NEUTRAL_CASES)
+def test_an_unimplemented_field_at_its_neutral_value_is_accepted(
+    rig: Rig, field: str, value: object, path: str
+) -> None:
+    reply = rig.client.post(path, json=_body(path, **{field: value}), headers=rig.headers("acme"))
+    assert reply.status_code == 200, reply.text
+
+
+@pytest.mark.parametrize(
+    ("field", "value", "path"), [(f, v, p) for f, v in REFUSED_CASES for p in _paths(f)]
+)
+def test_an_unimplemented_field_that_would_change_the_output_is_refused(
+    rig: Rig, field: str, value: object, path: str
+) -> None:
+    before = len(rig.engine.requests)
+    reply = rig.client.post(path, json=_body(path, **{field: value}), headers=rig.headers("acme"))
+    assert reply.status_code == 400, reply.text
+    assert reply.json()["error"]["param"] == field
+    assert len(rig.engine.requests) == before  # refused before the engine saw it
+
+
+@pytest.mark.parametrize("path", [COMPLETIONS, CHAT])
+@pytest.mark.parametrize("field", ["nonsense_field", "guided_json", "temprature"])
+def test_an_unknown_field_is_a_400_naming_it(rig: Rig, path: str, field: str) -> None:
+    reply = rig.client.post(path, json=_body(path, **{field: 1}), headers=rig.headers("acme"))
+    assert reply.status_code == 400, reply.text
+    assert reply.json()["error"]["param"] == field
+
+
+def test_unknown_fields_inside_messages_and_stream_options_are_refused(rig: Rig) -> None:
+    message = {"role": "user", "content": "hi", "audio": {"id": "x"}}
+    body = {"model": "support", "messages": [message]}
+    reply = rig.client.post(CHAT, json=body, headers=rig.headers("acme"))
+    assert reply.status_code == 400 and reply.json()["error"]["param"] == "messages.0.audio"
+    body = _body(COMPLETIONS, stream=True, stream_options={"include_usage": True, "x": 1})
+    reply = rig.client.post(COMPLETIONS, json=body, headers=rig.headers("acme"))
+    assert reply.status_code == 400 and reply.json()["error"]["param"] == "stream_options.x"
+
+
+def test_stream_options_without_stream_is_refused(rig: Rig) -> None:
+    body = _body(COMPLETIONS, stream_options={"include_usage": True})
+    reply = rig.client.post(COMPLETIONS, json=body, headers=rig.headers("acme"))
+    assert reply.status_code == 400 and reply.json()["error"]["param"] == "stream_options"
+
+
+@pytest.mark.parametrize(("value", "expected"), [(None, None), (-1, None), (0, None), (3, 3)])
+def test_top_k_reaches_the_sampler(rig: Rig, value: int | None, expected: int | None) -> None:
+    reply = rig.client.post(
+        COMPLETIONS, json=_body(COMPLETIONS, top_k=value), headers=rig.headers("acme")
+    )
+    assert reply.status_code == 200, reply.text
+    assert rig.engine.requests[-1].params.top_k == expected
+
+
+def test_top_k_below_minus_one_is_refused(rig: Rig) -> None:
+    reply = rig.client.post(
+        COMPLETIONS, json=_body(COMPLETIONS, top_k=-2), headers=rig.headers("acme")
+    )
+    assert reply.status_code == 400 and reply.json()["error"]["param"] == "top_k"
