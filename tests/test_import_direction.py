@@ -21,6 +21,19 @@ import loraplex
 
 PACKAGE_ROOT = Path(loraplex.__file__).parent
 LEAVES = {"errors", "clock", "sampling", "dtypes"}
+# Benchmarks and commands sit on top: they may use every layer below them.
+_BELOW_BENCH = {
+    "serve",
+    "server",
+    "engine",
+    "runtime",
+    "model",
+    "registry",
+    "residency",
+    "artifacts",
+    "demo",
+    "ops",
+}
 ALLOWED: dict[str, set[str]] = {
     "ops": set(),
     "artifacts": set(),
@@ -42,31 +55,8 @@ ALLOWED: dict[str, set[str]] = {
         "demo",
         "ops",
     },
-    "bench": {
-        "serve",
-        "server",
-        "engine",
-        "runtime",
-        "model",
-        "registry",
-        "residency",
-        "artifacts",
-        "demo",
-        "ops",
-    },
-    "cli": {
-        "bench",
-        "serve",
-        "server",
-        "engine",
-        "runtime",
-        "model",
-        "registry",
-        "residency",
-        "artifacts",
-        "demo",
-        "ops",
-    },
+    "bench": _BELOW_BENCH,
+    "cli": _BELOW_BENCH | {"bench"},
 }
 
 
