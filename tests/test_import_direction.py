@@ -44,17 +44,7 @@ ALLOWED: dict[str, set[str]] = {
     "runtime": {"model", "residency", "artifacts"},
     "engine": {"runtime", "model", "residency", "artifacts", "ops"},
     "server": {"engine", "model", "registry", "residency", "artifacts"},
-    "serve": {
-        "server",
-        "engine",
-        "runtime",
-        "model",
-        "registry",
-        "residency",
-        "artifacts",
-        "demo",
-        "ops",
-    },
+    "serve": _BELOW_BENCH - {"serve"},
     "bench": _BELOW_BENCH,
     "cli": _BELOW_BENCH | {"bench"},
 }

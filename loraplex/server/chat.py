@@ -24,6 +24,7 @@ class ChatMessage:
 
     role: str  # "system" | "user" | "assistant" | ...
     content: str  # plain text
+    name: str | None = None  # a participant's name; the template decides whether to render it
 
 
 def _special(settings: dict[str, object], name: str) -> str:
@@ -69,7 +70,7 @@ class ChatTemplate:
     def render(self, messages: Sequence[ChatMessage]) -> str:
         """The prompt text, ending with the assistant's turn opened; ``InvalidRequestError`` when
         the template refuses the conversation (or breaks its sandbox's rules)."""
-        payload = [{"role": m.role, "content": m.content} for m in messages]
+        payload = [_payload(m) for m in messages]
         try:
             return self._template.render(
                 messages=payload,
@@ -93,3 +94,11 @@ class ChatTemplate:
         if added and ids[: 2 * len(added)] == added + added:
             return ids[len(added) :]
         return ids
+
+
+def _payload(message: ChatMessage) -> dict[str, str]:
+    """The message as transformers hands it to a template: ``name`` only when given."""
+    payload = {"role": message.role, "content": message.content}
+    if message.name is not None:
+        payload["name"] = message.name
+    return payload

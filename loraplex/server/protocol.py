@@ -113,7 +113,7 @@ class ChatMessageIn(BaseModel):
 
     role: Literal["system", "developer", "user", "assistant", "tool"]
     content: Text | list[TextPart] | None = None
-    name: Text | None = Field(default=None, max_length=256)  # a participant's name (not rendered)
+    name: Text | None = Field(default=None, max_length=256)  # participant's name, for the template
 
     def text(self) -> str:
         if self.content is None:

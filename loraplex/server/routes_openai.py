@@ -182,7 +182,7 @@ async def completions(
 def _chat_ids(deps: ServerDeps, body: ChatCompletionRequest) -> list[int]:
     if deps.chat is None:
         raise invalid_request("the served model has no chat template; use /v1/completions")
-    messages = [ChatMessage(m.role, m.text()) for m in body.messages]
+    messages = [ChatMessage(m.role, m.text(), m.name) for m in body.messages]
     num_chars = sum(len(m.content) for m in messages)
     check_prompt_chars(num_chars, deps.config.max_prompt_chars, "messages")
     return deps.chat.encode(messages, deps.engine.tokenizer)

@@ -48,3 +48,12 @@ def test_missing_template_is_none(tmp_path: Path) -> None:
     assert ChatTemplate.from_model_dir(tmp_path) is None
     (tmp_path / "tokenizer_config.json").write_text('{"bos_token": "<s>"}')
     assert ChatTemplate.from_model_dir(tmp_path) is None
+
+
+def test_a_message_name_reaches_the_template_only_when_given() -> None:
+    template = ChatTemplate(
+        "{% for m in messages %}{{ m.role }}{% if m.name is defined %}({{ m.name }}){% endif %}:"
+        "{{ m.content }};{% endfor %}"
+    )
+    named = [ChatMessage("user", "hi", "ana"), ChatMessage("user", "yo")]
+    assert template.render(named) == "user(ana):hi;user:yo;"
