@@ -27,6 +27,17 @@ class SamplingParams:
     stop: tuple[str, ...] = ()  # generation ends when the text contains one (it is cut off)
     ignore_eos: bool = False  # keep generating past end-of-sequence tokens
     min_tokens: int = 0  # neither EOS nor a stop string ends generation before this many tokens
+    # vLLM's definitions (issue 15). Penalties: presence/frequency over output tokens,
+    # repetition over prompt and output tokens (> 1 discourages, < 1 encourages).
+    presence_penalty: float = 0.0  # [-2, 2]: subtracted once from a token already generated
+    frequency_penalty: float = 0.0  # [-2, 2]: subtracted per time a token was generated
+    repetition_penalty: float = 1.0  # > 0: positive logits divided by it, negative multiplied
+    min_p: float = 0.0  # [0, 1]: drop tokens below min_p x the most likely token's probability
+    logit_bias: tuple[tuple[int, float], ...] = ()  # (token id, bias in [-100, 100]) added
+    stop_token_ids: tuple[int, ...] = ()  # generation ends after sampling one of these
+    include_stop_str_in_output: bool = False  # keep the matched stop string in the text
+    logprobs: int | None = None  # per output token: its logprob and this many top ones; None: off
+    prompt_logprobs: int | None = None  # per prompt token likewise (echo); None: off
 
     def __post_init__(self) -> None:
         if self.max_tokens < 1:

@@ -4,6 +4,7 @@ and no import, however deep in a function, goes against the arrows. Reading orde
     errors, clock, sampling, dtypes    leaves every layer may use
     ops, artifacts                     kernels; what an adapter is (identity, validation, store)
     model, registry, residency, demo   the model; the control plane; where copies live
+    release                            controlled releases (state machine, controller)
     runtime                            tier backends moving bytes between L3/L2/L1/L0
     engine                             scheduler, runner, engine loop and its process seam
     server                             HTTP only (OpenAI routes, admin API, metrics)
@@ -29,6 +30,7 @@ _BELOW_BENCH = {
     "runtime",
     "model",
     "registry",
+    "release",
     "residency",
     "artifacts",
     "demo",
@@ -41,9 +43,10 @@ ALLOWED: dict[str, set[str]] = {
     "residency": {"artifacts"},
     "model": {"ops", "artifacts"},
     "demo": {"artifacts"},
+    "release": {"registry", "artifacts"},
     "runtime": {"model", "residency", "artifacts"},
     "engine": {"runtime", "model", "residency", "artifacts", "ops"},
-    "server": {"engine", "model", "registry", "residency", "artifacts"},
+    "server": {"engine", "model", "registry", "release", "residency", "artifacts"},
     "serve": _BELOW_BENCH - {"serve"},
     "bench": _BELOW_BENCH,
     "cli": _BELOW_BENCH | {"bench"},

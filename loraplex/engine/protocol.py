@@ -38,6 +38,10 @@ class EngineRequest:
     prompt_token_ids: tuple[int, ...]  # the tokenized prompt (chat template already applied)
     params: SamplingParams  # sampling and stopping (loraplex.model.sampler)
     deadline_s: float | None = None  # max seconds queued before QueueTimeoutError; None: default
+    # A sibling's request id (same tenant, adapter and prompt; ``n`` > 1): this request is not
+    # scheduled until the sibling's prompt is in the KV cache (or the sibling is gone), so it
+    # reuses the sibling's prompt blocks instead of computing them again. None: no sibling.
+    prefix_leader: str | None = None
 
     def __post_init__(self) -> None:
         if not self.request_id:
@@ -48,6 +52,17 @@ class EngineRequest:
             raise ValueError("prompt_token_ids () is invalid; expected at least one token")
         if self.deadline_s is not None and not self.deadline_s > 0:
             raise ValueError(f"deadline_s {self.deadline_s} is invalid; expected > 0 or None")
+
+
+@dataclass(frozen=True)
+class TokenLogprob:
+    """One position's logprobs, from the raw (unprocessed) float32 logits of the forward that
+    sampled it, as vLLM's default ``raw_logprobs``."""
+
+    token_id: int  # the token at this position (sampled, or the prompt's)
+    logprob: float  # its log-probability
+    rank: int  # its rank among the vocabulary (1 = most likely)
+    top: tuple[tuple[int, float], ...]  # the most likely (token id, logprob), best first
 
 
 @dataclass(frozen=True)
@@ -63,6 +78,13 @@ class TokenDelta:
     # On an adapter request's first delta: the tier the engine found the adapter in when it
     # leased it (Tier.L0: already in a GPU slot), i.e. what its latency actually paid for.
     adapter_tier: Tier | None = None
+    # One per token of ``token_ids`` when the request asked for ``logprobs``; else None.
+    logprobs: tuple[TokenLogprob, ...] | None = None
+    # On the first delta of a request that asked for ``prompt_logprobs``: one per prompt token,
+    # the first None (nothing precedes it), as vLLM.
+    prompt_logprobs: tuple[TokenLogprob | None, ...] | None = None
+    # With finish_reason "stop": the stop string or stop token id that ended it; None for EOS.
+    stop_reason: str | int | None = None
 
 
 @dataclass(frozen=True)
