@@ -226,16 +226,24 @@ class Registry:
         return self.resolve_revision(caller, model_string, request_id).key()
 
     def resolve_revision(
-        self, caller: str, model_string: str, request_id: str | None = None
+        self,
+        caller: str,
+        model_string: str,
+        request_id: str | None = None,
+        sticky_key: str | None = None,
     ) -> Revision:
-        """Like ``resolve``; the whole revision record (warm policy, probe, sizes)."""
+        """Like ``resolve``; the whole revision record (warm policy, probe, sizes).
+        ``sticky_key`` (the caller's ``user`` or session id) keeps one caller on one revision
+        for a whole release's canary; None: the request id decides."""
         if request_id is None:
             unit = self._rng.random()
         else:
             unit = resolution.unit_from_request_id(request_id)
         base_digest = None if self._base is None else self._base.digest
         with self._db.transaction(write=False) as tx:
-            return resolution.resolve_in(tx, caller, model_string, base_digest, unit)
+            return resolution.resolve_in(
+                tx, caller, model_string, base_digest, unit, sticky_key=sticky_key or request_id
+            )
 
     # --- artifacts ----------------------------------------------------------------------------
 

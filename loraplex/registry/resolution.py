@@ -66,8 +66,17 @@ def choose_target(targets: tuple[AliasTarget, ...], unit: float) -> AliasTarget:
     return targets[-1]
 
 
-def resolve_in(tx: Tx, caller: str, text: str, base_digest: str | None, unit: float) -> Revision:
-    """Resolve ``text`` for ``caller`` inside ``tx``; see the module docstring."""
+def resolve_in(
+    tx: Tx,
+    caller: str,
+    text: str,
+    base_digest: str | None,
+    unit: float,
+    *,
+    sticky_key: str | None = None,
+) -> Revision:
+    """Resolve ``text`` for ``caller`` inside ``tx``; see the module docstring. ``sticky_key``
+    assigns the caller to a release's canary or not (the same key, the same side)."""
     ref = parse_model_string(text)
     if ref is None:
         raise not_found(text)

@@ -99,7 +99,19 @@ class ServerMetrics:
         self._arrivals = {True: 0, False: 0}  # adapter requests by cold-at-arrival
         self.registry.register(_RateCollector(self))
 
-    def start_request(self, priority_class: str, cold: bool, now_s: float) -> RequestObservation:
+    def start_request(
+        self,
+        priority_class: str,
+        cold: bool,
+        now_s: float,
+        *,
+        revision: str | None = None,
+        tenant: str | None = None,
+        response_id: str | None = None,
+    ) -> RequestObservation:
+        """Starts timing one request. ``revision`` (``tenant/name@revision``; None: the base
+        model), ``tenant`` and ``response_id`` (the ``id`` the client sees) feed the release
+        traffic windows and client feedback (issue 13)."""
         with self._lock:
             self._arrivals[cold] += 1
         return RequestObservation(self, priority_class, cold, now_s)

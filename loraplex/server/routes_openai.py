@@ -49,6 +49,7 @@ from loraplex.server.serving import (
     observed,
     resolve_target,
     start_stream,
+    sticky_key,
 )
 from loraplex.server.streaming import ChunkFormat, sse_events
 
@@ -97,11 +98,12 @@ async def _start(
     request_id = new_request_id("chatcmpl" if chat else "cmpl")
     params = sampling_params(body, max_tokens)
     prompt_ids = await run_in_threadpool(encode)  # a long prompt must not stall the loop
-    target = admit(deps, await resolve_target(deps, tenant, body.model, request_id))
+    sticky = sticky_key(request, body.user)
+    target = admit(deps, await resolve_target(deps, tenant, body.model, request_id, sticky))
     engine_req = engine_request(
         deps, request_id, tenant=tenant, target=target, prompt_ids=prompt_ids, params=params
     )
-    observation = observe(_metrics(request), tenant, target)
+    observation = observe(_metrics(request), tenant, target, request_id)
     stream = observed(deps.engine.generate(engine_req), observation)
     fmt = ChunkFormat(request_id, int(time.time()), body.model, target.info, chat)
     return Started(request_id, target, stream, fmt, observation)

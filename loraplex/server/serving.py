@@ -67,21 +67,50 @@ class Collected:
     completion_tokens: int  # generated tokens
 
 
+SESSION_HEADER = "x-session-id"
+MAX_SESSION_ID_CHARS = 256
+
+
+def sticky_key(request: Request, user: str | None) -> str | None:
+    """What keeps one caller on one revision during a release: the ``user`` field, else the
+    ``X-Session-Id`` header (printable ASCII, at most 256 characters), else None."""
+    if user:
+        return f"user:{user}"
+    session = request.headers.get(SESSION_HEADER)
+    if session is None:
+        return None
+    if not 0 < len(session) <= MAX_SESSION_ID_CHARS or not session.isprintable():
+        raise invalid_request(
+            f"header X-Session-Id is invalid; expected 1 to {MAX_SESSION_ID_CHARS} printable "
+            "characters",
+            "X-Session-Id",
+        )
+    return f"session:{session}"
+
+
 def new_request_id(prefix: str) -> str:
     return f"{prefix}-{secrets.token_hex(12)}"
 
 
-def _resolve(deps: ServerDeps, tenant: Tenant, model: str, request_id: str) -> Target:
+def _resolve(
+    deps: ServerDeps, tenant: Tenant, model: str, request_id: str, sticky_key: str | None
+) -> Target:
     if model == deps.config.base_model_name:
         return Target(model, None, RevisionInfo(revision=None, adapter_digest=None))
-    revision: Revision = deps.registry.resolve_revision(tenant.name, model, request_id)
+    revision: Revision = deps.registry.resolve_revision(
+        tenant.name, model, request_id, sticky_key=sticky_key
+    )
     info = RevisionInfo(revision=revision.ref, adapter_digest=revision.adapter_digest)
     return Target(model, revision.key(), info)
 
 
-async def resolve_target(deps: ServerDeps, tenant: Tenant, model: str, request_id: str) -> Target:
-    """The revision ``model`` names for ``tenant`` (a database read, run off the event loop)."""
-    return await run_in_threadpool(_resolve, deps, tenant, model, request_id)
+async def resolve_target(
+    deps: ServerDeps, tenant: Tenant, model: str, request_id: str, sticky_key: str | None = None
+) -> Target:
+    """The revision ``model`` names for ``tenant`` (a database read, run off the event loop).
+    ``sticky_key``: the caller's ``user`` field or ``X-Session-Id`` header (release canaries
+    keep one caller on one revision); None: the request id."""
+    return await run_in_threadpool(_resolve, deps, tenant, model, request_id, sticky_key)
 
 
 def engine_request(
@@ -135,10 +164,19 @@ def admit(deps: ServerDeps, target: Target) -> Target:
     return replace(target, info=target.info.model_copy(update={"tier": tier.name}))
 
 
-def observe(metrics: ServerMetrics, tenant: Tenant, target: Target) -> RequestObservation:
+def observe(
+    metrics: ServerMetrics, tenant: Tenant, target: Target, response_id: str
+) -> RequestObservation:
     """Starts timing a request; ``cold`` means its adapter was not in a GPU slot on arrival."""
     cold = target.adapter_key is not None and target.info.tier != Tier.L0.name
-    return metrics.start_request(tenant.priority.value, cold, time.monotonic())
+    return metrics.start_request(
+        tenant.priority.value,
+        cold,
+        time.monotonic(),
+        revision=target.info.revision,
+        tenant=tenant.name,
+        response_id=response_id,
+    )
 
 
 async def observed(
