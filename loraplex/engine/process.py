@@ -23,7 +23,9 @@ live stream and call fails with ``EngineUnavailableError`` (503) naming the rest
 reports itself down (``health()``: /ready answers 503, ``load_snapshot`` raises, new
 requests are refused at once), and the same thread starts a new child after a bounded
 exponential backoff (``engine/restart.py``) until one is ready; then the engine is up again.
-The child builds its tenant settings and warm policies from the registry, like the first one.
+The child builds its tenant settings and warm policies from the registry, like the first one;
+the pins and operator warm policies the previous child had accepted are replayed into it
+(``engine/standing.py``) before any request reaches it.
 The child exits by itself when the parent goes away (its pipe reaches EOF).
 
 With ``wait_ready=False`` the constructor returns as soon as the child is spawned (the engine is
@@ -66,6 +68,7 @@ from loraplex.engine.process_state import PublishedState
 from loraplex.engine.protocol import EngineHealth, EngineLoad, EngineRequest, TokenDelta
 from loraplex.engine.remote_cache import RemoteCache
 from loraplex.engine.restart import Backoff, RestartPolicy
+from loraplex.engine.standing import StandingSettings
 from loraplex.engine.tenant_shares import TenantSettings
 from loraplex.engine.thread_client import Mailboxes, Outbox, outbox_stream
 from loraplex.errors import EngineUnavailableError
@@ -115,6 +118,8 @@ class EngineProcess:
         self._num_restarts = 0
         # tenant settings not yet known to be applied by the child (see update_tenant_settings)
         self._tenants_unsent: dict[str, TenantSettings] | None = None
+        # pins and warm policies the child accepted: replayed into every restarted child
+        self._standing = StandingSettings()
         self.cache = RemoteCache(self, self._state)  # the child's adapter cache, for the admin API
         self._link = self._spawn()
         if wait_ready:
@@ -249,6 +254,7 @@ class EngineProcess:
             self._send(link, CacheCall(call_id, command))
             result = future.result(self._call_timeout_s)
             answered = True
+            self._standing.record(command)
             return result
         except TimeoutError as exc:
             raise EngineUnavailableError(
@@ -335,6 +341,14 @@ class EngineProcess:
                 future.add_done_callback(_log_failed_tenant_update)
                 with contextlib.suppress(EngineUnavailableError):
                     self._send(link, CacheCall(call_id, UpdateTenants(self._tenants_unsent)))
+            for command in self._standing.replay():  # pins held before the restart hold again
+                loaded: Future[None] | None = Future() if command.loads else None
+                call_id, future = self._inflight.add_call(loaded)
+                future.add_done_callback(_log_failed_replay)
+                if loaded is not None:
+                    loaded.add_done_callback(_log_failed_replay)
+                with contextlib.suppress(EngineUnavailableError):
+                    self._send(link, CacheCall(call_id, command))
             self._link = link
             self._max_loras = max_loras
             self._down = None
@@ -368,3 +382,11 @@ def _log_failed_tenant_update(future: Future[Any]) -> None:
     error = future.exception()
     if error is not None:
         _log.error("re-sending tenant settings to the restarted engine failed", exc_info=error)
+
+
+def _log_failed_replay(future: Future[Any]) -> None:
+    error = future.exception()
+    if error is not None:
+        _log.error(
+            "re-applying a pin or warm policy to the restarted engine failed", exc_info=error
+        )
