@@ -18,7 +18,7 @@ from loraplex.serve.config import ServeConfig
 
 DOC = Path(__file__).resolve().parents[1] / "docs" / "operations.md"
 # The commands "every registry command" stands for: everything under these groups.
-REGISTRY_GROUPS = ("adapters", "tenants", "keys")
+REGISTRY_GROUPS = ("adapters", "tenants", "keys", "release")
 _TICKED = re.compile(r"`([^`]+)`")
 
 

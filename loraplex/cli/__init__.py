@@ -11,7 +11,15 @@ import importlib
 
 import typer
 
-_COMMAND_MODULES: tuple[str, ...] = ("demo", "assets", "generate", "registry", "bench", "serve")
+_COMMAND_MODULES: tuple[str, ...] = (
+    "demo",
+    "assets",
+    "generate",
+    "registry",
+    "release",
+    "bench",
+    "serve",
+)
 
 app = typer.Typer(
     name="loraplex",

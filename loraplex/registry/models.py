@@ -172,14 +172,15 @@ class AliasTarget:
 class Alias:
     """``tenant/name`` -> weighted revisions, resolved per request (canary splits).
 
-    ``rollback_targets`` keeps what the alias pointed at before its last change, so a rollback
-    needs no memory outside the registry.
+    ``rollback_targets`` is the top of the alias's history (``alias_history`` table): what the
+    alias pointed at before its last change. A rollback pops it, so the next rollback goes one
+    step further back, with no memory outside the registry.
     """
 
     tenant: str  # owning tenant
     name: str  # adapter name (the alias is the adapter's name)
     targets: tuple[AliasTarget, ...]  # current split; at least one
-    rollback_targets: tuple[AliasTarget, ...]  # previous split; empty when there is none
+    rollback_targets: tuple[AliasTarget, ...]  # top of the history; empty when there is none
     updated_at: float  # wall-clock seconds since the epoch
 
     def __post_init__(self) -> None:

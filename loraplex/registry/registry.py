@@ -74,6 +74,15 @@ class Registry:
     def store(self) -> ArtifactStore:
         return self._store
 
+    @property
+    def base_digest(self) -> str | None:
+        """Digest of the served base model; None when this registry was opened without one."""
+        return None if self._base is None else self._base.digest
+
+    def now(self) -> float:
+        """The registry's wall clock (epoch seconds): what its records and audit rows carry."""
+        return self._wall_clock()
+
     def close(self) -> None:
         self._db.close()
 
@@ -185,6 +194,11 @@ class Registry:
     def rollback_alias(self, tenant: str, name: str, actor: str) -> Alias:
         now = self._wall_clock()
         return releases.rollback_alias(self._db, tenant, name, actor=actor, now=now)
+
+    def alias_history(self, tenant: str, name: str) -> list[tuple[tuple[AliasTarget, ...], float]]:
+        """Earlier targets of the alias, newest first (what successive rollbacks return to),
+        each with the time it was replaced."""
+        return releases.alias_history(self._db, tenant, name)
 
     # --- reading (administrators) -------------------------------------------------------------
 

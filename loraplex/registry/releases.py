@@ -1,8 +1,9 @@
 """Release metadata of existing adapters: visibility, revision state and warm policy, aliases.
 
 Revision content never changes here (the database refuses it); only what the release flow moves:
-which revisions an alias routes to with which weights, what a rollback returns to, and each
-revision's state and warm policy. Each change writes its audit row in the same transaction.
+which revisions an alias routes to with which weights, its history (what rollbacks return to, one
+step per rollback), and each revision's state and warm policy. Each change writes its audit row
+in the same transaction.
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ from loraplex.registry.models import (
 )
 from loraplex.registry.sql import adapters as rows
 from loraplex.registry.sql import audit
+from loraplex.registry.sql import releases as release_rows
 from loraplex.registry.sql.db import Database, Tx
 
 
@@ -82,34 +84,81 @@ def set_alias(
     actor: str,
     now: float,
 ) -> Alias:
-    """Point ``tenant/name`` at ``targets``; the previous targets become the rollback target."""
+    """Point ``tenant/name`` at ``targets``; the previous targets go on the alias's history."""
     with db.transaction() as tx:
-        require_adapter(tx, tenant, name)
-        _require_servable(tx, tenant, name, targets)
-        previous = rows.get_alias(tx, tenant, name)
-        rollback = () if previous is None else previous.targets
-        alias = Alias(tenant, name, targets, rollback, now)
-        rows.put_alias(tx, alias)
-        audit.append(
-            tx, "alias.set", f"{tenant}/{name}", _alias_details(alias), at=now, actor=actor
-        )
+        _require_no_release(tx, tenant, name)
+        return set_alias_in(tx, tenant, name, targets, actor=actor, now=now)
+
+
+def set_alias_in(
+    tx: Tx,
+    tenant: str,
+    name: str,
+    targets: tuple[AliasTarget, ...],
+    *,
+    actor: str,
+    now: float,
+    action: str = "alias.set",
+) -> Alias:
+    """``set_alias`` inside the caller's transaction (a release's promotion is one)."""
+    require_adapter(tx, tenant, name)
+    _require_servable(tx, tenant, name, targets)
+    previous = rows.get_alias(tx, tenant, name)
+    if previous is not None:
+        rows.push_history(tx, tenant, name, previous.targets, now)
+    rollback = () if previous is None else previous.targets
+    alias = Alias(tenant, name, targets, rollback, now)
+    rows.put_alias(tx, alias)
+    audit.append(tx, action, f"{tenant}/{name}", _alias_details(alias), at=now, actor=actor)
     return alias
 
 
 def rollback_alias(db: Database, tenant: str, name: str, *, actor: str, now: float) -> Alias:
-    """Swap an alias back to its rollback target (a second rollback undoes the first)."""
+    """Return the alias to the targets it had before its last change; each rollback goes one
+    step further back through the history (a second rollback does not undo the first)."""
     with db.transaction() as tx:
-        require_adapter(tx, tenant, name)
-        current = rows.get_alias(tx, tenant, name)
-        if current is None or not current.rollback_targets:
-            raise RegistryError(f"alias {tenant}/{name} has no rollback target")
-        _require_servable(tx, tenant, name, current.rollback_targets)
-        alias = Alias(tenant, name, current.rollback_targets, current.targets, now)
-        rows.put_alias(tx, alias)
-        audit.append(
-            tx, "alias.rollback", f"{tenant}/{name}", _alias_details(alias), at=now, actor=actor
-        )
+        _require_no_release(tx, tenant, name)
+        return rollback_alias_in(tx, tenant, name, actor=actor, now=now)
+
+
+def rollback_alias_in(
+    tx: Tx, tenant: str, name: str, *, actor: str, now: float, action: str = "alias.rollback"
+) -> Alias:
+    """``rollback_alias`` inside the caller's transaction."""
+    require_adapter(tx, tenant, name)
+    current = rows.get_alias(tx, tenant, name)
+    if current is None or not current.rollback_targets:
+        raise RegistryError(f"alias {tenant}/{name} has no rollback target")
+    _require_servable(tx, tenant, name, current.rollback_targets)
+    popped = rows.pop_history(tx, tenant, name)
+    # NOTE: rollback_targets mirrors the top of the history; the popped entry is that top.
+    targets = current.rollback_targets if popped is None else popped
+    history = rows.alias_history(tx, tenant, name)
+    below = history[0][0] if history else ()
+    alias = Alias(tenant, name, targets, below, now)
+    rows.put_alias(tx, alias)
+    audit.append(tx, action, f"{tenant}/{name}", _alias_details(alias), at=now, actor=actor)
     return alias
+
+
+def alias_history(
+    db: Database, tenant: str, name: str
+) -> list[tuple[tuple[AliasTarget, ...], float]]:
+    """Earlier targets of the alias, newest first, with when each was replaced."""
+    with db.transaction(write=False) as tx:
+        require_adapter(tx, tenant, name)
+        return rows.alias_history(tx, tenant, name)
+
+
+def _require_no_release(tx: Tx, tenant: str, name: str) -> None:
+    """While a release owns an alias, only the release moves it (else its baseline, holds and
+    comparison would describe an alias that no longer exists)."""
+    release_id = release_rows.active_release_id(tx, tenant, name)
+    if release_id is not None:
+        raise RegistryError(
+            f"alias {tenant}/{name} is being released by {release_id}; finish, roll back or "
+            "abort that release before moving the alias by hand"
+        )
 
 
 def _require_servable(tx: Tx, tenant: str, name: str, targets: tuple[AliasTarget, ...]) -> None:

@@ -2,7 +2,9 @@
 
 Accepted model strings: ``name`` (the caller's own adapter), ``tenant/name`` (an adapter the
 caller may use: its own, or another tenant's public one), each optionally pinned with
-``@revision``. Without a pin the adapter's alias picks a revision by weight, per request.
+``@revision``. Without a pin the adapter's alias picks a revision by weight, per request; while
+the alias's release is in canary, a sticky share of callers (by ``sticky_key``) gets the
+candidate instead (``sticky_unit``).
 
 NOTE: every "you cannot have this" outcome raises ``AdapterNotFoundError`` with the same message
 built from the model string alone, so another tenant's private adapter is indistinguishable from
@@ -19,6 +21,7 @@ from dataclasses import dataclass
 from loraplex.errors import AdapterNotFoundError, BaseModelMismatchError, quoted
 from loraplex.registry.models import Alias, AliasTarget, Revision, RevisionState
 from loraplex.registry.sql import adapters as rows
+from loraplex.registry.sql import releases as release_rows
 from loraplex.registry.sql.db import Tx
 
 _NAME = r"[A-Za-z0-9][A-Za-z0-9._-]{0,127}"
@@ -89,12 +92,38 @@ def resolve_in(
             raise not_found(text)
         _check_base(pinned, base_digest)
         return pinned
+    canary = _canary_pick(tx, owner, ref.name, base_digest, unit=unit, sticky_key=sticky_key)
+    if canary is not None:
+        return canary
     alias = rows.get_alias(tx, owner, ref.name)
     servable = [] if alias is None else _servable(tx, alias, base_digest)
     if not servable:
         raise not_found(text)
     chosen = choose_target(tuple(target for target, _ in servable), unit)
     return next(rev for target, rev in servable if target is chosen)
+
+
+def sticky_unit(release_id: str, sticky_key: str) -> float:
+    """A uniform number in [0, 1) fixed by (release, caller): the caller is on the candidate
+    iff it is below the step's share, so raising the share only adds callers."""
+    return unit_from_request_id(f"{release_id}\x00{sticky_key}")
+
+
+def _canary_pick(
+    tx: Tx, owner: str, name: str, base_digest: str | None, *, unit: float, sticky_key: str | None
+) -> Revision | None:
+    """The candidate when the alias's release is in canary and this caller falls in its share;
+    None sends the request through the alias (which still names the stable revision)."""
+    route = release_rows.canary_route(tx, owner, name)
+    if route is None:
+        return None
+    candidate = route.candidate
+    if candidate.state is RevisionState.DEPRECATED:
+        return None
+    if base_digest is not None and candidate.base_digest != base_digest:
+        return None
+    drawn = unit if sticky_key is None else sticky_unit(route.release_id, sticky_key)
+    return candidate if drawn < route.share else None
 
 
 def _servable(tx: Tx, alias: Alias, base_digest: str | None) -> list[tuple[AliasTarget, Revision]]:

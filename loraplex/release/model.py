@@ -1,8 +1,8 @@
 """What a release is: its states, the operator's plan, the thresholds it is judged by (torch-free).
 
     staged ──▶ prewarming ──▶ probing ──▶ canary(step 0..n-1) ──▶ promoted
-      │            │             │            │
-      └────────────┴─────────────┴────────────┴──▶ aborted | rolled_back
+      │            │             │            │                       │
+      └────────────┴─────────────┴────────────┴──▶ aborted | rolled_back ◀─┘ (operator)
 
 ``staged``: written by ``release start``; the controller picks it up. ``prewarming``: the
 candidate is loaded into CPU memory (L1; and GPU slots with ``gpu``) while the stable revision
@@ -13,11 +13,14 @@ the stable revision over the step. ``promoted``: the alias points at the candida
 stable revision stays pinned in L1 until ``hold_until`` (delayed eviction). ``rolled_back``:
 a probe or threshold failed, or an operator said so; all traffic is on the stable revision.
 ``aborted``: stopped before canary traffic, or the release could not go on (e.g. the candidate
-failed to load).
+failed to load). The one edge out of a terminal state: an operator may roll a ``promoted``
+release back (the alias returns to the baseline through its history). ``machine.py`` holds the
+graph; anything else raises ``InvalidTransitionError``.
 """
 
 from __future__ import annotations
 
+import itertools
 from dataclasses import dataclass, field
 from enum import StrEnum
 
@@ -47,6 +50,18 @@ class Thresholds:
     max_bad_feedback_ratio: float = 0.25  # bad / (good + bad) client feedback on the candidate
     min_requests: int = 10  # candidate requests a step needs before it can pass
 
+    def __post_init__(self) -> None:
+        for name in ("max_error_rate", "max_error_rate_over_stable", "max_bad_feedback_ratio"):
+            value = getattr(self, name)
+            if not 0.0 <= value <= 1.0:
+                raise ValueError(f"{name} {value} is invalid; expected 0 <= {name} <= 1")
+        for name in ("max_ttft_p99_ratio", "max_tpot_p99_ratio"):
+            value = getattr(self, name)
+            if not value > 0.0:
+                raise ValueError(f"{name} {value} is invalid; expected > 0")
+        if self.min_requests < 1:
+            raise ValueError(f"min_requests {self.min_requests} is invalid; expected >= 1")
+
 
 @dataclass(frozen=True)
 class ProbeCase:
@@ -56,6 +71,14 @@ class ProbeCase:
     expected: str | None = None  # the greedy continuation must start with this
     differ_from_stable: bool = False  # the candidate's continuation must differ from stable's
     max_tokens: int = 16  # tokens generated for the probe
+
+    def __post_init__(self) -> None:
+        if not self.prompt:
+            raise ValueError("prompt '' is invalid; expected a non-empty prompt")
+        if self.expected is None and not self.differ_from_stable:
+            raise ValueError("expected is None and differ_from_stable is False; a probe checks one")
+        if self.max_tokens < 1:
+            raise ValueError(f"max_tokens {self.max_tokens} is invalid; expected >= 1")
 
 
 @dataclass(frozen=True)
@@ -69,6 +92,17 @@ class ReleasePlan:
     auto_promote: bool = True  # promote after the last step passes; False: wait for an operator
     thresholds: Thresholds = field(default_factory=Thresholds)
     probes: tuple[ProbeCase, ...] = ()  # extra probes (the revision's own probe always runs)
+
+    def __post_init__(self) -> None:
+        ladder = self.ladder
+        if not ladder or any(not 0.0 < share <= 1.0 for share in ladder):
+            raise ValueError(f"ladder {ladder} is invalid; expected shares in (0, 1]")
+        if any(b <= a for a, b in itertools.pairwise(ladder)):
+            raise ValueError(f"ladder {ladder} is invalid; expected strictly increasing shares")
+        for name in ("dwell_s", "window_s"):
+            value = getattr(self, name)
+            if not value >= 0.0:
+                raise ValueError(f"{name} {value} is invalid; expected >= 0")
 
 
 @dataclass(frozen=True)
@@ -87,3 +121,58 @@ class RevisionWindow:
     @property
     def error_rate(self) -> float | None:
         return None if self.requests == 0 else self.errors / self.requests
+
+
+@dataclass(frozen=True)
+class Comparison:
+    """The latest judgement of a canary step, persisted so the CLI can show it."""
+
+    step: int  # ladder step judged
+    at: float  # controller clock seconds when judged
+    candidate: RevisionWindow  # the candidate's traffic since the step started
+    stable: RevisionWindow  # the baseline's traffic over the same time
+    breaches: tuple[str, ...] = ()  # thresholds crossed (empty: none)
+    passed: bool = False  # the step met its dwell and minimum requests with no breach
+
+
+@dataclass(frozen=True)
+class Release:
+    """One release of ``tenant/name`` as persisted (``store.py``); a change is a new record."""
+
+    release_id: str  # unique id, also salts the sticky canary hash
+    tenant: str  # owning tenant of the alias
+    name: str  # adapter (alias) name
+    candidate: str  # revision label on trial
+    baseline: str  # the alias's stable revision when the release started
+    state: ReleaseState
+    step: int  # current ladder step (meaningful in canary and after)
+    plan: ReleasePlan
+    created_at: float  # epoch seconds
+    updated_at: float  # epoch seconds of the last transition
+    step_started_at: float | None  # when the current canary step began (controller clock)
+    reason: str | None  # why it is where it is (failing probe, breach, operator)
+    actor: str  # who started it
+    hold_until: float | None  # baseline pinned until then; None when no hold is pending
+    version: int  # transitions so far; the compare-and-set token
+    comparison: Comparison | None = None  # latest canary judgement
+
+    @property
+    def alias_ref(self) -> str:
+        return f"{self.tenant}/{self.name}"
+
+    @property
+    def candidate_ref(self) -> str:
+        return f"{self.tenant}/{self.name}@{self.candidate}"
+
+    @property
+    def baseline_ref(self) -> str:
+        return f"{self.tenant}/{self.name}@{self.baseline}"
+
+    @property
+    def terminal(self) -> bool:
+        return self.state in TERMINAL_STATES
+
+    @property
+    def share(self) -> float:
+        """The candidate's sticky share of unpinned callers right now."""
+        return self.plan.ladder[self.step] if self.state is ReleaseState.CANARY else 0.0

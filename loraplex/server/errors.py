@@ -55,6 +55,7 @@ from loraplex.errors import (
     UnservableError,
     clipped,
 )
+from loraplex.release.errors import InvalidTransitionError, ReleaseConflictError
 
 _log = logging.getLogger(__name__)
 
@@ -186,6 +187,9 @@ def to_api_error(
         return ApiError(404, str(exc), "invalid_request_error", "not_found")
     if isinstance(exc, RevisionConflictError):
         return ApiError(409, str(exc), "invalid_request_error", "revision_conflict")
+    if isinstance(exc, InvalidTransitionError | ReleaseConflictError):
+        # the release is not in a state that allows it (or another actor moved it first)
+        return ApiError(409, str(exc), "invalid_request_error", "release_conflict")
     if isinstance(exc, PathOutsideStoreError):
         return invalid_request(str(exc), "path")
     if isinstance(exc, RegistryError):

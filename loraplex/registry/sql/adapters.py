@@ -1,4 +1,4 @@
-"""Rows of ``adapters``, ``revisions`` and ``aliases`` <-> their records."""
+"""Rows of ``adapters``, ``revisions``, ``aliases`` and ``alias_history`` <-> their records."""
 
 from __future__ import annotations
 
@@ -16,7 +16,7 @@ from loraplex.registry.models import (
 from loraplex.registry.sql.db import Row, Tx
 
 _ADAPTER_COLUMNS = "tenant, name, visibility, created_at"
-_REVISION_COLUMNS = (
+REVISION_COLUMNS = (
     "tenant, name, revision, adapter_digest, config_digest, base_digest, compat_version, "
     "max_rank, lora_alpha, use_rslora, target_modules, dtype, tensor_bytes, estimated_bytes, "
     "store_url, created_at, state, warm_policy, probe_prompt, expected_continuation"
@@ -85,7 +85,7 @@ def set_visibility(tx: Tx, tenant: str, name: str, visibility: Visibility) -> No
 
 def insert_revision(tx: Tx, rev: Revision) -> None:
     tx.execute(
-        f"INSERT INTO revisions ({_REVISION_COLUMNS}) "
+        f"INSERT INTO revisions ({REVISION_COLUMNS}) "
         "VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
         (
             rev.tenant,
@@ -114,24 +114,24 @@ def insert_revision(tx: Tx, rev: Revision) -> None:
 
 def get_revision(tx: Tx, tenant: str, name: str, revision: str) -> Revision | None:
     row = tx.query_one(
-        f"SELECT {_REVISION_COLUMNS} FROM revisions WHERE tenant = ? AND name = ? AND revision = ?",
+        f"SELECT {REVISION_COLUMNS} FROM revisions WHERE tenant = ? AND name = ? AND revision = ?",
         (tenant, name, revision),
     )
-    return None if row is None else _revision(row)
+    return None if row is None else revision_from_row(row)
 
 
 def list_revisions(tx: Tx, tenant: str, name: str) -> list[Revision]:
     rows = tx.query(
-        f"SELECT {_REVISION_COLUMNS} FROM revisions WHERE tenant = ? AND name = ? "
+        f"SELECT {REVISION_COLUMNS} FROM revisions WHERE tenant = ? AND name = ? "
         "ORDER BY created_at, revision",
         (tenant, name),
     )
-    return [_revision(row) for row in rows]
+    return [revision_from_row(row) for row in rows]
 
 
 def all_revisions(tx: Tx) -> list[Revision]:
-    rows = tx.query(f"SELECT {_REVISION_COLUMNS} FROM revisions ORDER BY tenant, name, revision")
-    return [_revision(row) for row in rows]
+    rows = tx.query(f"SELECT {REVISION_COLUMNS} FROM revisions ORDER BY tenant, name, revision")
+    return [revision_from_row(row) for row in rows]
 
 
 def set_revision_release(
@@ -166,6 +166,46 @@ def put_alias(tx: Tx, alias: Alias) -> None:
     )
 
 
+def push_history(
+    tx: Tx, tenant: str, name: str, targets: tuple[AliasTarget, ...], at: float
+) -> None:
+    """Put ``targets`` on top of the alias's history (what a rollback returns to)."""
+    row = tx.query_one(
+        "SELECT MAX(seq) FROM alias_history WHERE tenant = ? AND name = ?", (tenant, name)
+    )
+    seq = 1 if row is None or row[0] is None else int(row[0]) + 1
+    tx.execute(
+        "INSERT INTO alias_history (tenant, name, seq, targets, pushed_at) VALUES (?, ?, ?, ?, ?)",
+        (tenant, name, seq, targets_json(targets), at),
+    )
+
+
+def pop_history(tx: Tx, tenant: str, name: str) -> tuple[AliasTarget, ...] | None:
+    """Remove and return the top of the alias's history; None when it is empty."""
+    row = tx.query_one(
+        "SELECT seq, targets FROM alias_history WHERE tenant = ? AND name = ? "
+        "ORDER BY seq DESC LIMIT 1",
+        (tenant, name),
+    )
+    if row is None:
+        return None
+    tx.execute(
+        "DELETE FROM alias_history WHERE tenant = ? AND name = ? AND seq = ?",
+        (tenant, name, int(row[0])),
+    )
+    return _targets(str(row[1]))
+
+
+def alias_history(tx: Tx, tenant: str, name: str) -> list[tuple[tuple[AliasTarget, ...], float]]:
+    """The history, newest first: (targets, when they were replaced)."""
+    rows = tx.query(
+        "SELECT targets, pushed_at FROM alias_history WHERE tenant = ? AND name = ? "
+        "ORDER BY seq DESC",
+        (tenant, name),
+    )
+    return [(_targets(str(row[0])), float(row[1])) for row in rows]
+
+
 def targets_json(targets: tuple[AliasTarget, ...]) -> str:
     return json.dumps([{"revision": t.revision, "weight": t.weight} for t in targets])
 
@@ -183,7 +223,7 @@ def _adapter(row: Row) -> Adapter:
     )
 
 
-def _revision(row: Row) -> Revision:
+def revision_from_row(row: Row) -> Revision:
     return Revision(
         tenant=str(row[0]),
         name=str(row[1]),

@@ -150,6 +150,47 @@ _POSTGRES_GUARDS = (
         FOR EACH ROW EXECUTE FUNCTION loraplex_refuse_change()""",
 )
 
+# Version 2: controlled releases (loraplex/release) and the alias history. ``active`` is 1 while
+# a release is not terminal and NULL after: the partial unique index allows one active release
+# per alias, and the per-request canary lookup (``sql/releases.py``) reads through it.
+_RELEASES = (
+    """CREATE TABLE releases (
+        release_id TEXT PRIMARY KEY,
+        tenant TEXT NOT NULL,
+        name TEXT NOT NULL,
+        candidate TEXT NOT NULL,
+        baseline TEXT NOT NULL,
+        state TEXT NOT NULL,
+        active BIGINT,
+        step BIGINT NOT NULL,
+        canary_share DOUBLE PRECISION,
+        plan TEXT NOT NULL,
+        created_at DOUBLE PRECISION NOT NULL,
+        updated_at DOUBLE PRECISION NOT NULL,
+        step_started_at DOUBLE PRECISION,
+        reason TEXT,
+        actor TEXT NOT NULL,
+        hold_until DOUBLE PRECISION,
+        version BIGINT NOT NULL,
+        comparison TEXT,
+        FOREIGN KEY (tenant, name) REFERENCES adapters (tenant, name))""",
+    "CREATE UNIQUE INDEX releases_one_active ON releases (tenant, name) WHERE active = 1",
+    "CREATE INDEX releases_by_alias ON releases (tenant, name, created_at)",
+    "CREATE INDEX releases_held ON releases (hold_until) WHERE hold_until IS NOT NULL",
+    """CREATE TABLE alias_history (
+        tenant TEXT NOT NULL,
+        name TEXT NOT NULL,
+        seq BIGINT NOT NULL,
+        targets TEXT NOT NULL,
+        pushed_at DOUBLE PRECISION NOT NULL,
+        PRIMARY KEY (tenant, name, seq),
+        FOREIGN KEY (tenant, name) REFERENCES adapters (tenant, name))""",
+    # The one-level rollback target of version 1 becomes the first history entry.
+    """INSERT INTO alias_history (tenant, name, seq, targets, pushed_at)
+        SELECT tenant, name, 1, rollback_targets, updated_at FROM aliases
+        WHERE rollback_targets <> '[]'""",
+)
+
 MIGRATIONS: tuple[Migration, ...] = (
     Migration(
         version=1,
@@ -157,6 +198,7 @@ MIGRATIONS: tuple[Migration, ...] = (
         statements=_TABLES,
         dialect_statements={"sqlite": _SQLITE_GUARDS, "postgres": _POSTGRES_GUARDS},
     ),
+    Migration(version=2, name="releases, alias history", statements=_RELEASES),
 )
 
 _CREATE_VERSIONS = """CREATE TABLE IF NOT EXISTS schema_migrations (

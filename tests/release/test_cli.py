@@ -1,0 +1,131 @@
+"""``loraplex release ...`` and ``loraplex adapters alias ...`` through typer's CliRunner."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+from typer.testing import CliRunner
+
+from loraplex.cli import app
+from loraplex.registry import AliasTarget, Registry, RegistryConfig
+from loraplex.release.model import ReleaseState, RevisionWindow
+from loraplex.release.store import ReleaseStore
+
+
+@pytest.fixture
+def run(registry: Registry, registry_config: RegistryConfig):  # type: ignore[no-untyped-def]
+    location = [
+        "--data-dir",
+        str(registry_config.data_dir),
+        "--database-url",
+        str(registry_config.database_url),
+    ]
+
+    def _run(*args: str, code: int = 0) -> str:
+        result = CliRunner().invoke(app, [*args, *location])
+        assert result.exit_code == code, result.output
+        return result.output
+
+    return _run
+
+
+def test_start_takes_every_flag_into_the_plan(run, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
+    probes = tmp_path / "probes.jsonl"
+    probes.write_text(
+        '{"prompt": "2+2=", "expected": "4"}\n\n{"prompt": "hi", "differ_from_stable": true}\n'
+    )
+    out = run(
+        "release", "start", "acme/bot", "v2", "--ladder", "1%,5%,0.25", "--dwell", "2m",
+        "--window", "1h", "--gpu", "--probe-file", str(probes), "--no-auto-promote",
+        "--max-error-rate", "0.1", "--min-requests", "50", "--json",
+    )  # fmt: skip
+    body = json.loads(out)
+    plan = body["plan"]
+    assert body["state"] == "staged" and body["baseline"] == "v1"
+    assert plan["ladder"] == [0.01, 0.05, 0.25]
+    assert (plan["dwell_s"], plan["window_s"], plan["gpu"], plan["auto_promote"]) == (
+        120.0, 3600.0, True, False,
+    )  # fmt: skip
+    assert plan["thresholds"]["max_error_rate"] == 0.1
+    assert plan["thresholds"]["min_requests"] == 50
+    assert [p["prompt"] for p in plan["probes"]] == ["2+2=", "hi"]
+    assert plan["probes"][1]["differ_from_stable"] is True
+
+
+@pytest.mark.parametrize(
+    ("args", "flag"),
+    [
+        (("--share", "0%"), "--share"),
+        (("--share", "lots"), "--share"),
+        (("--ladder", "5%,1%"), "--ladder"),
+        (("--share", "5%", "--ladder", "1%,5%"), "--share and --ladder"),
+        (("--dwell", "soon"), "--dwell"),
+        (("--window", "-1m"), "--window"),
+        (("--max-error-rate", "2"), "max_error_rate"),
+    ],
+)
+def test_parse_errors_name_the_flag(
+    run, registry: Registry, args: tuple[str, ...], flag: str
+) -> None:  # type: ignore[no-untyped-def]
+    out = run("release", "start", "acme/bot", "v2", *args, code=1)
+    assert flag in out
+    assert ReleaseStore(registry).list_releases(include_terminal=True) == []
+
+
+def test_a_probe_file_with_an_unknown_key_is_refused(run, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
+    probes = tmp_path / "probes.jsonl"
+    probes.write_text('{"prompt": "x", "expect": "y"}\n')
+    out = run("release", "start", "acme/bot", "v2", "--probe-file", str(probes), code=1)
+    assert "line 1" in out and "'expect'" in out
+
+
+def test_status_prints_state_and_comparison_table(run, registry: Registry) -> None:  # type: ignore[no-untyped-def]
+    run("release", "start", "acme/bot", "v2", "--share", "5%")
+    store = ReleaseStore(registry)
+    staged = store.latest_release("acme", "bot")
+    now = registry.now()
+    for to in (ReleaseState.PREWARMING, ReleaseState.PROBING):
+        staged = store.transition(staged, to, actor="t", now=now)
+    canary = store.transition(staged, ReleaseState.CANARY, actor="t", now=now, step=0)
+    from loraplex.release.compare import judge
+    from loraplex.release.model import Thresholds
+
+    window = RevisionWindow(requests=20, errors=4, ttft_p99_s=0.25)
+    judged = judge(0, now, window, RevisionWindow(requests=40), limits=Thresholds(), dwelt=False)
+    store.save_observation(canary, comparison=judged)
+
+    out = run("release", "status", "acme/bot")
+    assert "v1 -> v2\tcanary step 1/1 (5.0%)" in out
+    assert "v2\tcandidate\t20\t4\t0.200\t250.0" in out
+    assert "v1\tstable\t40\t0\t0.000" in out
+    assert "breach\terror rate 0.200 > max_error_rate 0.05" in out
+    assert json.loads(run("release", "list", "--json"))[0]["share"] == 0.05
+
+
+def test_operator_commands_and_their_refusals(run, registry: Registry) -> None:  # type: ignore[no-untyped-def]
+    run("release", "start", "acme/bot", "v2")
+    assert "already has release" in run("release", "start", "acme/bot", "v3", code=1)
+    assert "cannot promote" in run("release", "promote", "acme/bot", code=1)
+    assert "cannot rollback" in run("release", "rollback", "acme/bot", code=1)
+    assert "aborted\n" in run("release", "abort", "acme/bot") + "\n"
+    assert run("release", "list") == ""
+    assert "\taborted" in run("release", "list", "--all")
+    assert "no release" in run("release", "status", "acme/nothing", code=1)
+    assert "expected tenant/name" in run("release", "status", "bot", code=1)
+
+
+def test_alias_commands_set_show_rollback_history(run, registry: Registry) -> None:  # type: ignore[no-untyped-def]
+    run("adapters", "alias", "set", "acme/bot", "v2")
+    run("adapters", "alias", "set", "acme/bot", "v3:95", "v2:5")
+    shown = json.loads(run("adapters", "alias", "show", "acme/bot", "--json"))
+    assert shown["targets"] == [{"revision": "v3", "weight": 95}, {"revision": "v2", "weight": 5}]
+    history = run("adapters", "alias", "history", "acme/bot")
+    assert history.splitlines()[0].startswith("-1\tv2:1") and "-2\tv1:1" in history
+
+    assert "targets     v2:1" in run("adapters", "alias", "rollback", "acme/bot")
+    assert "targets     v1:1" in run("adapters", "alias", "rollback", "acme/bot")
+    assert "no rollback target" in run("adapters", "alias", "rollback", "acme/bot", code=1)
+    assert registry.get_alias("acme", "bot").targets == (AliasTarget("v1", 1),)
+    assert "REVISION[:WEIGHT]" in run("adapters", "alias", "set", "acme/bot", "v2:x", code=1)

@@ -1,0 +1,339 @@
+"""The controller over a fake environment and a manual clock: every transition and failure."""
+
+from __future__ import annotations
+
+import pytest
+from conftest import FakeEnv
+
+from loraplex.clock import ManualClock
+from loraplex.registry import AliasTarget, Registry, RevisionState
+from loraplex.release.controller import ReleaseController
+from loraplex.release.errors import ReleaseConflictError
+from loraplex.release.model import (
+    ProbeCase,
+    ReleasePlan,
+    ReleaseState,
+    RevisionWindow,
+    Thresholds,
+)
+from loraplex.release.store import ReleaseStore
+
+S = ReleaseState
+PLAN = ReleasePlan(ladder=(0.1, 0.5), dwell_s=60.0, window_s=600.0, thresholds=Thresholds())
+HEALTHY = RevisionWindow(requests=20, errors=0, ttft_p99_s=0.1, tpot_p99_s=0.02)
+
+
+def _controller(registry: Registry, env: FakeEnv, clock: ManualClock) -> ReleaseController:
+    return ReleaseController(registry, env, clock, actor="controller")
+
+
+def _to_canary(registry: Registry, env: FakeEnv, clock: ManualClock, plan: ReleasePlan = PLAN):
+    store = ReleaseStore(registry)
+    store.start_release("acme", "bot", "v2", plan, actor="ops")
+    controller = _controller(registry, env, clock)
+    for _ in range(3):  # staged -> prewarming -> probing -> canary
+        controller.tick()
+    release = store.latest_release("acme", "bot")
+    assert release.state is S.CANARY, release
+    return store, controller
+
+
+def _audited(registry: Registry) -> list[str]:
+    return [e.action for e in registry.audit_log() if e.action.startswith("release.")]
+
+
+def _served(registry: Registry, num_callers: int = 200) -> set[str]:
+    return {
+        registry.resolve_revision("acme", "bot", sticky_key=f"user-{i}").revision
+        for i in range(num_callers)
+    }
+
+
+def test_a_good_release_climbs_the_ladder_and_is_promoted(
+    registry: Registry, env: FakeEnv, clock: ManualClock
+) -> None:
+    store, controller = _to_canary(registry, env, clock)
+    assert env.prewarmed == [("v2", False)]
+    assert env.pinned == {"v1", "v2"}  # the stable revision stays resident throughout
+    env.windows = {"acme/bot@v2": HEALTHY, "acme/bot@v1": HEALTHY}
+
+    clock.advance(30.0)
+    controller.tick()
+    assert store.latest_release("acme", "bot").step == 0  # dwell not over
+    clock.advance(31.0)
+    controller.tick()
+    stepped = store.latest_release("acme", "bot")
+    assert (stepped.state, stepped.step, stepped.step_started_at) == (S.CANARY, 1, clock.now())
+    clock.advance(61.0)
+    controller.tick()
+
+    promoted = store.latest_release("acme", "bot")
+    assert promoted.state is S.PROMOTED
+    assert promoted.hold_until == clock.now() + PLAN.window_s
+    assert promoted.comparison is not None and promoted.comparison.passed
+    assert registry.get_alias("acme", "bot").targets == (AliasTarget("v2", 1),)
+    assert registry.get_revision("acme/bot@v2").state is RevisionState.STABLE
+    assert _audited(registry) == [
+        "release.start",
+        "release.prewarming",
+        "release.probing",
+        "release.canary",
+        "release.canary",
+        "release.promoted",
+    ]
+
+
+def test_the_old_revision_stays_held_for_the_window_then_is_unheld(
+    registry: Registry, env: FakeEnv, clock: ManualClock
+) -> None:
+    store, controller = _to_canary(registry, env, clock)
+    store.promote("acme", "bot", actor="ops")
+    promoted = store.latest_release("acme", "bot")
+    assert promoted.hold_until is not None
+    clock.advance(1.0)
+    controller.tick()
+    assert env.pinned == {"v1"}  # candidate's prewarm pin dropped; baseline held
+
+    clock.advance(promoted.hold_until - clock.now() - 1.0)
+    controller.tick()
+    assert env.pinned == {"v1"}
+    clock.advance(2.0)
+    controller.tick()
+
+    assert env.pinned == set()
+    assert store.latest_release("acme", "bot").hold_until is None
+    assert _audited(registry)[-1] == "release.unhold"
+
+
+def test_a_failed_probe_rolls_back_before_any_canary_traffic(
+    registry: Registry, env: FakeEnv, clock: ManualClock
+) -> None:
+    env.outputs[("v2", "hello")] = " goodbye"
+    store = ReleaseStore(registry)
+    store.start_release("acme", "bot", "v2", PLAN, actor="ops")
+    controller = _controller(registry, env, clock)
+    for _ in range(4):
+        controller.tick()
+        assert _served(registry, 50) == {"v1"}
+
+    release = store.latest_release("acme", "bot")
+    assert release.state is S.ROLLED_BACK
+    assert release.reason is not None and "' goodbye'" in release.reason
+    assert "release.canary" not in _audited(registry)
+    assert env.window_since == []  # never judged live traffic: there was none
+
+
+def test_an_extra_probe_must_differ_from_stable(
+    registry: Registry, env: FakeEnv, clock: ManualClock
+) -> None:
+    env.outputs[("v1", "2+2=")] = "4"
+    env.outputs[("v2", "2+2=")] = "4"
+    plan = ReleasePlan(probes=(ProbeCase("2+2=", differ_from_stable=True),))
+    store = ReleaseStore(registry)
+    store.start_release("acme", "bot", "v2", plan, actor="ops")
+    controller = _controller(registry, env, clock)
+    for _ in range(3):
+        controller.tick()
+
+    release = store.latest_release("acme", "bot")
+    assert release.state is S.ROLLED_BACK
+    assert release.reason is not None and "the same as the stable revision" in release.reason
+    assert ("v1", "2+2=") in env.probed
+
+
+def test_a_load_failure_aborts_with_the_load_error(
+    registry: Registry, env: FakeEnv, clock: ManualClock
+) -> None:
+    env.load_errors["v2"] = RuntimeError("adapter too large for the CPU tier")
+    store = ReleaseStore(registry)
+    store.start_release("acme", "bot", "v2", PLAN, actor="ops")
+    controller = _controller(registry, env, clock)
+    for _ in range(3):
+        controller.tick()
+
+    release = store.latest_release("acme", "bot")
+    assert release.state is S.ABORTED
+    assert release.reason == "candidate failed to load: adapter too large for the CPU tier"
+    assert env.probed == []
+    assert env.pinned == set()  # the abort releases the baseline hold at once
+
+
+def test_an_error_rate_breach_rolls_back_before_the_dwell_ends(
+    registry: Registry, env: FakeEnv, clock: ManualClock
+) -> None:
+    store, controller = _to_canary(registry, env, clock)
+    assert "v2" in _served(registry)
+    env.windows = {"acme/bot@v2": RevisionWindow(requests=20, errors=5), "acme/bot@v1": HEALTHY}
+    clock.advance(1.0)
+    controller.tick()
+
+    release = store.latest_release("acme", "bot")
+    assert release.state is S.ROLLED_BACK
+    assert release.reason is not None and "max_error_rate" in release.reason
+    assert release.comparison is not None and release.comparison.candidate.errors == 5
+    assert _served(registry) == {"v1"}  # the whole share is back on stable at once
+    clock.advance(1.0)
+    controller.tick()
+    assert env.pinned == {"v1"}  # the candidate is unheld at once, the baseline kept
+
+
+def test_too_few_requests_never_breach_nor_pass(
+    registry: Registry, env: FakeEnv, clock: ManualClock
+) -> None:
+    store, controller = _to_canary(registry, env, clock)
+    env.windows = {"acme/bot@v2": RevisionWindow(requests=3, errors=3)}
+    clock.advance(120.0)
+    controller.tick()
+    release = store.latest_release("acme", "bot")
+    assert (release.state, release.step) == (S.CANARY, 0)
+    assert release.comparison is not None and release.comparison.breaches == ()
+
+
+def test_without_auto_promote_the_last_step_waits_for_an_operator(
+    registry: Registry, env: FakeEnv, clock: ManualClock
+) -> None:
+    plan = ReleasePlan(ladder=(0.2,), dwell_s=10.0, auto_promote=False)
+    store, controller = _to_canary(registry, env, clock, plan)
+    env.windows = {"acme/bot@v2": HEALTHY, "acme/bot@v1": HEALTHY}
+    clock.advance(11.0)
+    controller.tick()
+    waiting = store.latest_release("acme", "bot")
+    assert waiting.state is S.CANARY
+    assert waiting.comparison is not None and waiting.comparison.passed
+
+    assert store.promote("acme", "bot", actor="ops").state is S.PROMOTED
+    assert registry.resolve("acme", "bot").revision == "v2"
+
+
+def test_a_restart_mid_canary_resumes_and_restarts_the_step_dwell(
+    registry: Registry, env: FakeEnv, clock: ManualClock
+) -> None:
+    store, _ = _to_canary(registry, env, clock)
+    env.windows = {"acme/bot@v2": HEALTHY, "acme/bot@v1": HEALTHY}
+    clock.advance(50.0)
+    fresh_env = FakeEnv(outputs=env.outputs, windows=env.windows)
+    resumed = _controller(registry, fresh_env, clock)  # the old process is gone
+
+    resumed.tick()
+    release = store.latest_release("acme", "bot")
+    assert (release.state, release.step, release.step_started_at) == (S.CANARY, 0, clock.now())
+    assert fresh_env.pinned == {"v1", "v2"}  # holds and prewarm re-applied
+    clock.advance(50.0)  # 100 s into the step overall, 50 s since the restart
+    resumed.tick()
+    assert store.latest_release("acme", "bot").step == 0
+    clock.advance(11.0)
+    resumed.tick()
+    assert store.latest_release("acme", "bot").step == 1
+
+
+def test_a_restart_during_probing_redoes_the_probes(
+    registry: Registry, env: FakeEnv, clock: ManualClock
+) -> None:
+    store = ReleaseStore(registry)
+    store.start_release("acme", "bot", "v2", PLAN, actor="ops")
+    first = _controller(registry, env, clock)
+    first.tick()
+    first.tick()
+    assert store.latest_release("acme", "bot").state is S.PROBING
+
+    fresh_env = FakeEnv(outputs=env.outputs)
+    second = _controller(registry, fresh_env, clock)
+    second.tick()
+    assert store.latest_release("acme", "bot").state is S.CANARY
+    assert fresh_env.prewarmed == [("v2", False)]
+    assert fresh_env.probed == [("v2", "hello")]
+
+
+def test_a_restart_after_promotion_holds_the_old_revision_again_until_the_window_ends(
+    registry: Registry, env: FakeEnv, clock: ManualClock
+) -> None:
+    store, _ = _to_canary(registry, env, clock)
+    hold_until = store.promote("acme", "bot", actor="ops").hold_until
+    assert hold_until is not None
+    fresh_env = FakeEnv()
+    resumed = _controller(registry, fresh_env, clock)
+    resumed.tick()
+    assert fresh_env.pinned == {"v1"}
+    clock.advance(hold_until - clock.now() + 1.0)
+    resumed.tick()
+    assert fresh_env.pinned == set()
+
+
+def test_operator_and_controller_racing_one_wins_and_nothing_breaks(
+    registry: Registry, env: FakeEnv, clock: ManualClock, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    store, controller = _to_canary(registry, env, clock)
+    seen = store.needing_work()  # what the controller read ...
+    store.promote("acme", "bot", actor="ops")  # ... before the operator acted
+    env.windows = {"acme/bot@v2": RevisionWindow(requests=20, errors=20)}
+
+    with pytest.raises(ReleaseConflictError, match="moved to promoted"):
+        store.transition(seen[0], S.ROLLED_BACK, actor="controller", now=clock.now())
+    monkeypatch.setattr(controller.store, "needing_work", lambda: seen)
+    controller.tick()  # the stale decision loses; tick does not raise
+
+    release = store.latest_release("acme", "bot")
+    assert release.state is S.PROMOTED
+    assert _audited(registry).count("release.promoted") == 1
+    assert "release.rolled_back" not in _audited(registry)
+    assert registry.get_alias("acme", "bot").targets == (AliasTarget("v2", 1),)
+
+
+def test_a_tick_never_raises_when_the_environment_fails(
+    registry: Registry, env: FakeEnv, clock: ManualClock, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    store, controller = _to_canary(registry, env, clock)
+
+    def broken(*_: object) -> RevisionWindow:
+        raise ConnectionError("metrics unavailable")
+
+    monkeypatch.setattr(env, "window", broken)
+    clock.advance(120.0)
+    controller.tick()
+    assert store.latest_release("acme", "bot").state is S.CANARY
+
+
+def test_operator_rollback_of_a_canary_returns_all_traffic_to_stable(
+    registry: Registry, env: FakeEnv, clock: ManualClock
+) -> None:
+    store, controller = _to_canary(registry, env, clock)
+    assert "v2" in _served(registry)
+    rolled = store.rollback("acme", "bot", actor="ops")
+    assert rolled.state is S.ROLLED_BACK
+    assert rolled.reason == "rolled back by operator"
+    assert _served(registry) == {"v1"}
+    controller.tick()
+    assert env.pinned == {"v1"}
+
+
+def test_an_idle_tick_is_one_read_and_touches_nothing(
+    registry: Registry, env: FakeEnv, clock: ManualClock, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    controller = _controller(registry, env, clock)
+    opened: list[bool] = []
+    real = registry.db.transaction
+
+    def counting(write: bool = True):  # type: ignore[no-untyped-def]
+        opened.append(write)
+        return real(write)
+
+    monkeypatch.setattr(registry.db, "transaction", counting)
+    controller.tick()
+    assert opened == [False]
+    assert (env.prewarmed, env.pinned, env.window_since) == ([], set(), [])
+
+
+def test_a_prewarm_that_raises_at_once_aborts_like_a_failed_load(
+    registry: Registry, env: FakeEnv, clock: ManualClock, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    def refuse(*_: object, **__: object) -> None:
+        raise MemoryError("no room in L1")
+
+    monkeypatch.setattr(env, "prewarm", refuse)
+    store = ReleaseStore(registry)
+    store.start_release("acme", "bot", "v2", PLAN, actor="ops")
+    controller = _controller(registry, env, clock)
+    controller.tick()
+    controller.tick()
+    release = store.latest_release("acme", "bot")
+    assert (release.state, release.reason) == (S.ABORTED, "candidate failed to load: no room in L1")
