@@ -6,6 +6,7 @@ Torch-free, so the HTTP process builds engine requests without importing torch; 
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 # Below this temperature a request is greedy (as vLLM): dividing logits by a tinier one
@@ -13,6 +14,11 @@ from dataclasses import dataclass
 MIN_TEMPERATURE = 1e-5
 # torch.Generator.manual_seed takes a signed 64-bit seed (vLLM's range too).
 MIN_SEED, MAX_SEED = -(2**63), 2**63 - 1
+MAX_LOGPROBS = 20  # top-N alternatives per token at most (vLLM's default max_logprobs)
+MAX_LOGIT_BIAS_ENTRIES = 300  # OpenAI's cap on logit_bias
+MAX_BIAS = 100.0  # |bias| per token at most (OpenAI's range)
+MAX_PENALTY = 2.0  # |presence_penalty|, |frequency_penalty| at most (OpenAI's range)
+MAX_STOP_TOKEN_IDS = 64
 
 
 @dataclass(frozen=True)
@@ -60,7 +66,72 @@ class SamplingParams:
             )
         if any(not s for s in self.stop):
             raise ValueError(f"stop {self.stop!r} is invalid; expected non-empty strings")
+        self._check_processing()
+        for name in ("logprobs", "prompt_logprobs"):
+            value = getattr(self, name)
+            if value is not None and not 0 <= value <= MAX_LOGPROBS:
+                raise ValueError(
+                    f"{name} {value} is invalid; expected 0 <= {name} <= {MAX_LOGPROBS} or None"
+                )
+
+    def _check_processing(self) -> None:
+        """The logit processors' fields (issue 15), in OpenAI's / vLLM's ranges."""
+        for name in ("presence_penalty", "frequency_penalty"):
+            value = getattr(self, name)
+            if not -MAX_PENALTY <= value <= MAX_PENALTY:
+                raise ValueError(f"{name} {value} is invalid; expected -2 <= {name} <= 2")
+        if not (math.isfinite(self.repetition_penalty) and self.repetition_penalty > 0):
+            raise ValueError(
+                f"repetition_penalty {self.repetition_penalty} is invalid; expected a finite "
+                "value > 0"
+            )
+        if not 0 <= self.min_p <= 1:
+            raise ValueError(f"min_p {self.min_p} is invalid; expected 0 <= min_p <= 1")
+        if len(self.logit_bias) > MAX_LOGIT_BIAS_ENTRIES:
+            raise ValueError(
+                f"logit_bias has {len(self.logit_bias)} entries; expected at most "
+                f"{MAX_LOGIT_BIAS_ENTRIES}"
+            )
+        for token, bias in self.logit_bias:
+            if token < 0 or not -MAX_BIAS <= bias <= MAX_BIAS:
+                raise ValueError(
+                    f"logit_bias entry ({token}, {bias}) is invalid; expected a token id >= 0 "
+                    f"and a bias in [-{MAX_BIAS:g}, {MAX_BIAS:g}]"
+                )
+        if len({token for token, _ in self.logit_bias}) != len(self.logit_bias):
+            raise ValueError("logit_bias is invalid; expected each token id at most once")
+        if len(self.stop_token_ids) > MAX_STOP_TOKEN_IDS or any(t < 0 for t in self.stop_token_ids):
+            raise ValueError(
+                f"stop_token_ids {self.stop_token_ids!r} is invalid; expected at most "
+                f"{MAX_STOP_TOKEN_IDS} token ids >= 0"
+            )
 
     @property
     def greedy(self) -> bool:
         return self.temperature < MIN_TEMPERATURE
+
+    @property
+    def penalized(self) -> bool:
+        """Whether a penalty reads the token history (the sampler then needs it)."""
+        return (
+            self.presence_penalty != 0
+            or self.frequency_penalty != 0
+            or self.repetition_penalty != 1
+        )
+
+    @property
+    def processes_logits(self) -> bool:
+        """Whether any logit processor applies; when no row's does, the sampler's fast path
+        (one argmax for a greedy batch) runs and these features cost nothing."""
+        return self.penalized or bool(self.logit_bias) or (self.min_p > 0 and not self.greedy)
+
+
+@dataclass(frozen=True)
+class TokenLogprob:
+    """One position's logprobs, from the raw (unprocessed) float32 logits of the forward that
+    sampled it, as vLLM's default ``raw_logprobs``."""
+
+    token_id: int  # the token at this position (sampled, or the prompt's)
+    logprob: float  # its log-probability
+    rank: int  # its rank among the vocabulary (1 = most likely)
+    top: tuple[tuple[int, float], ...]  # the most likely (token id, logprob), best first

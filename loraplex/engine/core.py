@@ -24,7 +24,7 @@ from dataclasses import replace
 from loraplex.artifacts.identity import AdapterKey
 from loraplex.clock import Clock
 from loraplex.engine.output import OutputTracker
-from loraplex.engine.protocol import FINISH_ABORT, EngineRequest, TokenDelta
+from loraplex.engine.protocol import FINISH_ABORT, EngineRequest, TokenDelta, TokenLogprob
 from loraplex.engine.request import Request, RequestState
 from loraplex.engine.runner import ModelRunner
 from loraplex.engine.sched.admission import AdapterLoads
@@ -33,10 +33,12 @@ from loraplex.engine.sched.stats import EMPTY_VIEW, QueueView
 from loraplex.errors import (
     EngineUnavailableError,
     GenerationError,
+    InvalidRequestError,
     NoAdapterCacheError,
     QueueFullError,
     QueueTimeoutError,
 )
+from loraplex.model.sampler import RowHistory
 from loraplex.model.tokenizer import TextTokenizer
 from loraplex.residency.cache import Lease, TieredAdapterCache
 from loraplex.residency.ledger import Tier
@@ -72,6 +74,8 @@ class EngineCore:
         self._orphans: list[Future[Lease]] = []  # abandoned lease futures, released when done
         self._prefetching: dict[AdapterKey, Future[None]] = {}  # prefetch window's loads
         self._lease_tiers: dict[str, Tier] = {}  # request id -> tier its lease was served from
+        # request id -> prompt position -> its logprobs, until its first delta carries them
+        self._prompt_logprobs: dict[str, dict[int, TokenLogprob]] = {}
         self._rebalance_interval_s = rebalance_interval_s  # None: no automatic warm policies
         self._rebalance_at_s = clock.now() + (rebalance_interval_s or 0.0)
         self.on_lease_done: Callable[[], None] = lambda: None  # wakes the engine thread
@@ -82,6 +86,7 @@ class EngineCore:
     def add(self, request: EngineRequest, sink: Sink) -> None:
         if request.adapter_key is not None and self.cache is None:
             raise NoAdapterCacheError("this engine serves the base model only; no adapter cache")
+        self._check_token_ids(request.params)
         self.scheduler.check_can_add(request)
         victim = self.scheduler.push_out_victim(request)
         if victim is not None:  # the queue is full: the heaviest tenant's newest request yields
@@ -91,6 +96,8 @@ class EngineCore:
             self._retire(victim, RequestState.ABORTED, FINISH_ABORT, error)
         req = self.scheduler.add(request)
         self._sinks[req.request_id] = sink
+        if request.params.prompt_logprobs is not None:
+            self._prompt_logprobs[req.request_id] = {}
         self._outputs[req.request_id] = OutputTracker(
             request.params,
             len(request.prompt_token_ids),
@@ -131,34 +138,75 @@ class EngineCore:
             params = {
                 c.request_id: requests[c.request_id].request.params
                 for c in plan.chunks
-                if c.samples
+                if c.samples or c.logprob_targets is not None
             }
-            result = self.runner.run_isolated(plan, params, self._banned(params))
+            sampling = {c.request_id: params[c.request_id] for c in plan.chunks if c.samples}
+            result = self.runner.run_isolated(
+                plan, params, self._banned(sampling), self._histories(sampling)
+            )
             for request_id, reason in result.failed.items():
                 error = GenerationError(request_id, reason)
                 self._retire(requests[request_id], RequestState.ABORTED, FINISH_ABORT, error)
+            for request_id, part in result.prompt_logprobs.items():
+                owed = self._prompt_logprobs.get(request_id)  # None: retired just above
+                if owed is not None:  # by position: a preempted prefill's rerun overwrites
+                    first = part.first_position
+                    owed.update({first + i: entry for i, entry in enumerate(part.entries)})
             self.scheduler.update(plan, result)
             for request_id, token in result.sampled.items():
-                self._emit(requests[request_id], token)
+                self._emit(requests[request_id], token, result.logprobs.get(request_id))
         self.view = self.scheduler.make_stats()
         return worked
 
+    def _check_token_ids(self, params: SamplingParams) -> None:
+        """Token ids the sampler indexes must be in the model's vocabulary."""
+        vocab = self.runner.vocab_size
+        for name, ids in (
+            ("logit_bias", [t for t, _ in params.logit_bias]),
+            ("stop_token_ids", list(params.stop_token_ids)),
+        ):
+            if any(t >= vocab for t in ids):
+                raise InvalidRequestError(
+                    f"{name} token id {max(ids)} is invalid; expected < {vocab} (the vocabulary)",
+                    name,
+                )
+
     def _banned(self, params: dict[str, SamplingParams]) -> dict[str, frozenset[int]]:
-        """EOS ids per request still short of its ``min_tokens`` (as vLLM: unless ignore_eos)."""
+        """Stop token ids, and EOS ids unless ignore_eos, per request still short of its
+        ``min_tokens`` (as vLLM)."""
         eos = self.tokenizer.eos_token_ids
         return {
-            rid: eos
+            rid: frozenset(p.stop_token_ids) | (frozenset() if p.ignore_eos else eos)
             for rid, p in params.items()
-            if not p.ignore_eos and len(self._outputs[rid].token_ids) < p.min_tokens
+            if len(self._outputs[rid].token_ids) < p.min_tokens
         }
 
-    def _emit(self, req: Request, token: int) -> None:
+    def _histories(self, params: dict[str, SamplingParams]) -> dict[str, RowHistory]:
+        """Token histories of the requests with a penalty (the others need none)."""
+        requests = self.scheduler.requests
+        return {
+            rid: RowHistory(requests[rid].request.prompt_token_ids, requests[rid].output_token_ids)
+            for rid, p in params.items()
+            if p.penalized
+        }
+
+    def _emit(self, req: Request, token: int, logprob: TokenLogprob | None) -> None:
         at_limit = req.num_tokens >= self.scheduler.config.max_model_len
         delta = self._outputs[req.request_id].append(token, at_max_model_len=at_limit)
+        if logprob is not None:
+            delta = replace(delta, logprobs=(logprob,))
         if delta.completion_tokens == 1 and req.first_scheduled_s is not None:
             queued = max(0.0, req.first_scheduled_s - req.arrival_s)
             tier = self._lease_tiers.pop(req.request_id, None)
             delta = replace(delta, queue_s=queued, adapter_tier=tier)
+        owed = self._prompt_logprobs.pop(req.request_id, None)
+        if owed is not None:
+            # NOTE: complete by the scheduler's invariant: a request owed prompt logprobs reuses
+            # no cached prefix, so every prompt position ran before its first token was sampled.
+            prompt = req.request.prompt_token_ids
+            delta = replace(
+                delta, prompt_logprobs=(None, *(owed[i] for i in range(1, len(prompt))))
+            )
         self._send(req.request_id, delta)
         if delta.finish_reason is not None:
             self._retire(req, RequestState.FINISHED, delta.finish_reason, None)
@@ -245,6 +293,7 @@ class EngineCore:
         self.scheduler.finish(req, state, reason)
         self.runner.drop(req.request_id)
         self._lease_tiers.pop(req.request_id, None)
+        self._prompt_logprobs.pop(req.request_id, None)
         tracker = self._outputs.pop(req.request_id)
         if state is RequestState.ABORTED:
             closing: TokenDelta | BaseException = error or TokenDelta(

@@ -27,7 +27,7 @@ from loraplex.artifacts.validate import validate_adapter_dir
 from loraplex.dtypes import DTYPE_BYTES, bytes_per_element, check_dtype
 from loraplex.engine.config import EngineConfig, SchedulerConfig
 from loraplex.engine.factory import AdapterRuntimeConfig, build_adapter_runtime, build_engine_core
-from loraplex.engine.protocol import EngineRequest, TokenDelta
+from loraplex.engine.protocol import EngineRequest, TokenDelta, TokenLogprob
 from loraplex.errors import ArtifactNotFoundError, InvalidRequestError, quoted
 from loraplex.model.config import ModelConfig
 from loraplex.runtime.tier_backends import ArtifactRef
@@ -80,8 +80,11 @@ class OfflineResult:
 
     text: str  # generated text (special tokens skipped, cut before a stop string)
     token_ids: tuple[int, ...]  # every generated token, including an EOS or stop-completing one
-    finish_reason: str  # "stop" (EOS or a stop string) or "length" (max_tokens, max_model_len)
+    finish_reason: str  # "stop" (EOS, a stop string or token) or "length" (max_tokens, context)
     prompt_tokens: int  # tokens in the encoded prompt
+    stop_reason: str | int | None = None  # the stop string or token id that ended it; else None
+    logprobs: tuple[TokenLogprob, ...] | None = None  # per generated token, if params asked
+    prompt_logprobs: tuple[TokenLogprob | None, ...] | None = None  # per prompt token, if asked
 
 
 class AdapterDirStore:
@@ -293,4 +296,12 @@ def _result(deltas: list[TokenDelta]) -> OfflineResult:
         token_ids=tuple(t for d in deltas for t in d.token_ids),
         finish_reason=last.finish_reason,
         prompt_tokens=last.prompt_tokens,
+        stop_reason=last.stop_reason,
+        logprobs=None if deltas[0].logprobs is None else tuple(_logprobs(deltas)),
+        prompt_logprobs=deltas[0].prompt_logprobs,
     )
+
+
+def _logprobs(deltas: list[TokenDelta]) -> Iterator[TokenLogprob]:
+    for delta in deltas:
+        yield from delta.logprobs or ()

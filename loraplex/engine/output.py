@@ -1,4 +1,5 @@
-"""Per-request output: incremental detokenization, stop strings, finish reasons (torch-free).
+"""Per-request output: incremental detokenization, stop strings and stop token ids, finish and
+stop reasons (torch-free).
 
 Text is re-decoded from all output tokens each step (byte-level BPE may need several tokens for
 one character), and only text that can no longer change is emitted: a trailing replacement
@@ -7,7 +8,9 @@ string are held back until the next token decides them.
 
 ``min_tokens`` (vLLM's extension): before that many tokens neither EOS nor a stop string ends
 the request, and a stop string counts only if it ends in text produced from then on (as in
-vLLM, a stop string wholly inside the first tokens is kept as text).
+vLLM, a stop string wholly inside the first tokens is kept as text). A stop token id (and its
+text) or a stop string ends the request with ``stop_reason`` set to it; the matched text is cut
+off unless ``include_stop_str_in_output``.
 """
 
 from __future__ import annotations
@@ -50,7 +53,7 @@ class OutputTracker:
         if len(self.token_ids) == self.params.min_tokens > 1:
             self._stop_floor = len(self._detokenizer.decode(self.token_ids[:-1]))
         text = self._detokenizer.decode(self.token_ids)
-        finish, visible = self._finish(text, token, at_max_model_len)
+        finish, visible, reason = self._finish(text, token, at_max_model_len)
         if finish is None:
             visible = _settled(text, self.params.stop)
         delta = visible[len(self.emitted) :] if visible.startswith(self.emitted) else ""
@@ -61,25 +64,37 @@ class OutputTracker:
             finish_reason=finish,
             prompt_tokens=self.prompt_tokens,
             completion_tokens=len(self.token_ids),
+            stop_reason=reason,
         )
 
-    def _finish(self, text: str, token: int, at_limit: bool) -> tuple[str | None, str]:
+    def _finish(
+        self, text: str, token: int, at_limit: bool
+    ) -> tuple[str | None, str, str | int | None]:
+        """(finish reason, final text, stop reason) as vLLM: a stop token id (its text kept only
+        with ``include_stop_str_in_output``) or EOS ends first, else a stop string."""
         params = self.params
         if len(self.token_ids) >= params.min_tokens:
-            cut = self._stop_cut(text)
-            if cut is not None:
-                return FINISH_STOP, text[:cut]
+            if token in params.stop_token_ids:
+                if params.include_stop_str_in_output:
+                    return FINISH_STOP, text, token
+                return FINISH_STOP, self._detokenizer.decode(self.token_ids[:-1]), token
             if token in self._eos and not params.ignore_eos:
-                return FINISH_STOP, text
+                return FINISH_STOP, text, None
+            match = self._stop_match(text)
+            if match is not None:
+                start, stop = match
+                end = start + len(stop) if params.include_stop_str_in_output else start
+                return FINISH_STOP, text[:end], stop
         if len(self.token_ids) >= params.max_tokens or at_limit:
-            return FINISH_LENGTH, text
-        return None, text
+            return FINISH_LENGTH, text, None
+        return None, text, None
 
-    def _stop_cut(self, text: str) -> int | None:
-        """Where the earliest stop string that ends past the ``min_tokens`` floor starts."""
+    def _stop_match(self, text: str) -> tuple[int, str] | None:
+        """The earliest stop string that ends past the ``min_tokens`` floor, and where it
+        starts (the first listed wins a tie)."""
         floor = self._stop_floor
-        found = (text.find(s, max(0, floor - len(s) + 1)) for s in self.params.stop)
-        return min((i for i in found if i >= 0), default=None)
+        found = ((text.find(s, max(0, floor - len(s) + 1)), s) for s in self.params.stop)
+        return min(((i, s) for i, s in found if i >= 0), key=lambda m: m[0], default=None)
 
 
 def _settled(text: str, stops: tuple[str, ...]) -> str:

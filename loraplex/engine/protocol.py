@@ -18,9 +18,25 @@ from typing import TYPE_CHECKING, Protocol
 from loraplex.artifacts.identity import AdapterKey
 from loraplex.residency.ledger import Tier
 
+# Defined with SamplingParams (the sampler, below the engine, builds them); re-exported here as
+# part of the seam the server reads.
+from loraplex.sampling import TokenLogprob
+
 if TYPE_CHECKING:
     from loraplex.model.tokenizer import TextTokenizer
     from loraplex.sampling import SamplingParams
+
+__all__ = [
+    "FINISH_ABORT",
+    "FINISH_LENGTH",
+    "FINISH_STOP",
+    "EngineClient",
+    "EngineHealth",
+    "EngineLoad",
+    "EngineRequest",
+    "TokenDelta",
+    "TokenLogprob",
+]
 
 # Finish reasons a TokenDelta can carry (OpenAI's vocabulary plus "abort").
 FINISH_STOP = "stop"
@@ -52,17 +68,6 @@ class EngineRequest:
             raise ValueError("prompt_token_ids () is invalid; expected at least one token")
         if self.deadline_s is not None and not self.deadline_s > 0:
             raise ValueError(f"deadline_s {self.deadline_s} is invalid; expected > 0 or None")
-
-
-@dataclass(frozen=True)
-class TokenLogprob:
-    """One position's logprobs, from the raw (unprocessed) float32 logits of the forward that
-    sampled it, as vLLM's default ``raw_logprobs``."""
-
-    token_id: int  # the token at this position (sampled, or the prompt's)
-    logprob: float  # its log-probability
-    rank: int  # its rank among the vocabulary (1 = most likely)
-    top: tuple[tuple[int, float], ...]  # the most likely (token id, logprob), best first
 
 
 @dataclass(frozen=True)

@@ -1,21 +1,23 @@
 """Executes a StepPlan: builds the flattened batch with per-token LoRA slots, runs the model
 under the adapter cache's slot lock, and samples the chunks that reached their sequence's end.
 A request whose row cannot be sampled (non-finite logits, a failed draw) is reported in
-``StepResult.failed``; the other rows are unaffected."""
+``StepResult.failed``; the other rows are unaffected. Chunks of requests that asked for prompt
+logprobs get logits at every position; the others only at their last (they pay nothing)."""
 
 from __future__ import annotations
 
 import logging
 import threading
 from collections.abc import Mapping
+from itertools import accumulate
 
 import torch
 
 from loraplex.engine.kv_blocks import PagedKVCache
-from loraplex.engine.step import StepPlan, StepResult
+from loraplex.engine.step import PromptLogprobs, StepPlan, StepResult
 from loraplex.model.kv_cache import SequenceChunk
 from loraplex.model.llama import ForwardBatch, LlamaModel, LoraApplier
-from loraplex.model.sampler import make_generator, sample_rows
+from loraplex.model.sampler import RowHistory, make_generator, sample_rows, token_logprobs
 from loraplex.sampling import SamplingParams
 
 _log = logging.getLogger(__name__)
@@ -47,10 +49,12 @@ class ModelRunner:
         plan: StepPlan,
         params: Mapping[str, SamplingParams],
         banned: Mapping[str, frozenset[int]] | None = None,
+        histories: Mapping[str, RowHistory] | None = None,
     ) -> StepResult:
         """One forward over ``plan``; the sampled token of every sampling chunk, or why it
-        could not sample. ``banned`` token ids cannot be sampled for that request this step
-        (EOS before ``min_tokens``)."""
+        could not sample, with the logprobs its request asked for. ``params`` covers every
+        chunk that samples or has ``logprob_targets``; ``banned`` token ids cannot be sampled
+        for that request this step (EOS before ``min_tokens``); ``histories`` feed penalties."""
         chunks = [SequenceChunk(c.seq_id, c.start_pos, len(c.token_ids)) for c in plan.chunks]
         tokens = [t for c in plan.chunks for t in c.token_ids]
         slots = None
@@ -58,13 +62,21 @@ class ModelRunner:
             slots = [
                 _NO_SLOT if c.slot is None else c.slot for c in plan.chunks for _ in c.token_ids
             ]
-        batch = ForwardBatch.build(tokens, chunks, token_slots=slots, device=self.model.device)
+        full = [c.logprob_targets is not None for c in plan.chunks]
+        batch = ForwardBatch.build(
+            tokens, chunks, token_slots=slots, all_logits=full if any(full) else False,
+            device=self.model.device,
+        )  # fmt: skip
         with self.slot_lock:
             logits = self.model.forward_batch(batch, self.kv, self.lora)
-        rows = [i for i, c in enumerate(plan.chunks) if c.samples]
+        # Each chunk's logits rows end here (full chunks have one row per token, others one).
+        sizes = (len(c.token_ids) if f else 1 for c, f in zip(plan.chunks, full, strict=True))
+        ends = list(accumulate(sizes))
+        prompt_logprobs = _prompt_logprobs(plan, logits, ends, params)
+        rows = [ends[i] - 1 for i, c in enumerate(plan.chunks) if c.samples]
+        ids = [c.request_id for c in plan.chunks if c.samples]
         if not rows:
-            return StepResult({}, {})
-        ids = [plan.chunks[i].request_id for i in rows]
+            return StepResult({}, {}, prompt_logprobs=prompt_logprobs)
         generators: list[torch.Generator | None] = []
         failed: dict[str, str] = {}
         for request_id in ids:
@@ -78,39 +90,53 @@ class ModelRunner:
             [params[r] for r in ids],
             generators,
             [(banned or {}).get(r, frozenset()) for r in ids],
+            [(histories or {}).get(r) for r in ids],
         )
         failed.update({ids[row]: reason for row, reason in picked.failures.items()})
         sampled = {ids[row]: token for row, token in picked.tokens.items()}
-        return StepResult({r: t for r, t in sampled.items() if r not in failed}, failed)
+        logprobs = {ids[row]: lp for row, lp in picked.logprobs.items() if ids[row] not in failed}
+        return StepResult(
+            {r: t for r, t in sampled.items() if r not in failed},
+            failed,
+            logprobs,
+            {r: lp for r, lp in prompt_logprobs.items() if r not in failed},
+        )
 
     def run_isolated(
         self,
         plan: StepPlan,
         params: Mapping[str, SamplingParams],
         banned: Mapping[str, frozenset[int]],
+        histories: Mapping[str, RowHistory] | None = None,
     ) -> StepResult:
         """``run``; if the forward raises, runs each chunk alone so that only the request whose
         part raises fails (with its error's type only: its text may carry one tenant's values),
         and the others still advance. Rerunning is safe: a chunk writes the same keys/values to
         the same KV rows again."""
         try:
-            return self.run(plan, params, banned)
+            return self.run(plan, params, banned, histories)
         except Exception:
             _log.exception("engine step of %d chunks failed; isolating", len(plan.chunks))
-        sampled: dict[str, int] = {}
-        failed: dict[str, str] = {}
+        merged = StepResult({}, {})
         for chunk in plan.chunks:
             rid = chunk.request_id
             mine = {rid: params[rid]} if rid in params else {}
             try:
-                result = self.run(StepPlan((chunk,), ()), mine, banned)
+                result = self.run(StepPlan((chunk,), ()), mine, banned, histories)
             except Exception as exc:
                 _log.warning("request %s fails alone: %r", rid, exc)
-                failed[rid] = f"its part of the step raised {type(exc).__name__}"
+                merged.failed[rid] = f"its part of the step raised {type(exc).__name__}"
                 continue
-            sampled.update(result.sampled)
-            failed.update(result.failed)
-        return StepResult(sampled, failed)
+            merged.sampled.update(result.sampled)
+            merged.failed.update(result.failed)
+            merged.logprobs.update(result.logprobs)
+            merged.prompt_logprobs.update(result.prompt_logprobs)
+        return merged
+
+    @property
+    def vocab_size(self) -> int:
+        """Width of the logits: token ids the sampler may index are below it."""
+        return self.model.config.vocab_size
 
     def drop(self, request_id: str) -> None:
         """Forget a finished request's random stream."""
@@ -120,3 +146,22 @@ class ModelRunner:
         if request_id not in self._generators:
             self._generators[request_id] = make_generator(params, self.model.device)
         return self._generators[request_id]
+
+
+def _prompt_logprobs(
+    plan: StepPlan, logits: torch.Tensor, ends: list[int], params: Mapping[str, SamplingParams]
+) -> dict[str, PromptLogprobs]:
+    """Logprobs of the prompt tokens that the full-logits chunks' positions predict (position
+    p's logits score token p + 1), from the raw logits, as vLLM's prompt logprobs."""
+    out: dict[str, PromptLogprobs] = {}
+    for chunk, end in zip(plan.chunks, ends, strict=True):
+        targets = chunk.logprob_targets
+        if not targets:
+            continue
+        first = end - len(chunk.token_ids)
+        num_top = params[chunk.request_id].prompt_logprobs or 0
+        entries = token_logprobs(
+            logits[first : first + len(targets)], targets, [num_top] * len(targets)
+        )
+        out[chunk.request_id] = PromptLogprobs(chunk.start_pos + 1, tuple(entries))
+    return out

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+
+from loraplex.sampling import TokenLogprob
 
 
 @dataclass(frozen=True)
@@ -15,6 +17,10 @@ class ScheduledChunk:
     token_ids: tuple[int, ...]  # the tokens to run
     slot: int | None  # LoRA slot of its adapter lease; None = base model
     samples: bool  # the chunk ends at the sequence's last token: sample the next one
+    # The prompt tokens this chunk's positions predict (prompt[start_pos + 1 : start_pos + n
+    # + 1]) when its request asked for ``prompt_logprobs``: the forward then returns logits at
+    # every position of this chunk. None: only the last position's logits (if it samples).
+    logprob_targets: tuple[int, ...] | None = None
 
 
 @dataclass(frozen=True)
@@ -30,8 +36,20 @@ class StepPlan:
 
 
 @dataclass(frozen=True)
+class PromptLogprobs:
+    """Logprobs of consecutive prompt tokens, computed by one chunk."""
+
+    first_position: int  # prompt position of the token ``entries[0]`` scores (>= 1)
+    entries: tuple[TokenLogprob, ...]  # one per prompt token from there on
+
+
+@dataclass(frozen=True)
 class StepResult:
     """What one executed plan produced, per request."""
 
     sampled: dict[str, int]  # request id -> the token it sampled this step
     failed: dict[str, str]  # request id -> why its part of the step failed (it alone ends)
+    # request id -> the sampled token's logprobs (requests that asked for ``logprobs``)
+    logprobs: dict[str, TokenLogprob] = field(default_factory=dict)
+    # request id -> this step's prompt logprobs (requests whose chunk has logprob_targets)
+    prompt_logprobs: dict[str, PromptLogprobs] = field(default_factory=dict)

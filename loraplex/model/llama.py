@@ -61,11 +61,12 @@ class ForwardBatch:
         chunks: Sequence[SequenceChunk],
         *,
         token_slots: Sequence[int] | torch.Tensor | None = None,
-        all_logits: bool = False,
+        all_logits: bool | Sequence[bool] = False,
         device: torch.device | None = None,
     ) -> ForwardBatch:
-        """Derive positions from the chunks; logits for each chunk's last token unless
-        ``all_logits``."""
+        """Derive positions from the chunks; logits for each chunk's last token, or for every
+        token of every chunk (``all_logits=True``) or of the chunks flagged in ``all_logits``
+        (one flag per chunk: only those pay for the wider LM head)."""
         ids = torch.as_tensor(token_ids, dtype=torch.int64)
         counts = torch.tensor([c.num_tokens for c in chunks], dtype=torch.int64)
         if int(counts.sum()) != ids.numel():
@@ -76,7 +77,7 @@ class ForwardBatch:
         ends = torch.cumsum(counts, 0)
         within = torch.arange(ids.numel()) - torch.repeat_interleave(ends - counts, counts)
         positions = torch.repeat_interleave(starts, counts) + within
-        logits_indices = torch.arange(ids.numel()) if all_logits else ends - 1
+        logits_indices = _logits_indices(all_logits, counts, ends)
         slots = None
         if token_slots is not None:
             slots = torch.as_tensor(token_slots, dtype=torch.int64).to(device)
@@ -90,6 +91,22 @@ class ForwardBatch:
             token_slots=slots,
             logits_indices=logits_indices.to(device),
         )
+
+
+def _logits_indices(
+    all_logits: bool | Sequence[bool], counts: torch.Tensor, ends: torch.Tensor
+) -> torch.Tensor:
+    if isinstance(all_logits, bool):
+        return torch.arange(int(counts.sum())) if all_logits else ends - 1
+    if len(all_logits) != counts.numel():
+        raise ValueError(
+            f"all_logits has {len(all_logits)} flags; expected one per chunk ({counts.numel()})"
+        )
+    parts = [
+        torch.arange(int(end - count), int(end)) if every else end.view(1) - 1
+        for every, count, end in zip(all_logits, counts, ends, strict=True)
+    ]
+    return torch.cat(parts) if parts else ends - 1
 
 
 class Attention(nn.Module):

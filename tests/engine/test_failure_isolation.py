@@ -127,10 +127,10 @@ def test_a_raising_step_fails_only_the_request_whose_part_raises(
     runner = stack.engine._core.runner  # the engine thread's runner
     real_run = runner.run
 
-    def run(plan: StepPlan, params: object, banned: object = None) -> object:
+    def run(plan: StepPlan, params: object, *rest: object) -> object:
         if any(c.request_id == "bomb" for c in plan.chunks):
             raise RuntimeError("secret attacker text")
-        return real_run(plan, params, banned)  # type: ignore[arg-type]
+        return real_run(plan, params, *rest)  # type: ignore[arg-type]
 
     monkeypatch.setattr(runner, "run", run)
     prompt = tuple(stack.engine.tokenizer.encode("The globex"))

@@ -7,6 +7,7 @@ fair order) hold or await; within it, a lower priority class leases only what it
 once (``ColdLoadQuota``). A request held back by either takes no place in the window and the rest
 of its tenant's queue is passed over this step: a tenant waiting on its own bound never keeps the
 others out, and a storm of one tenant's cold adapters cannot take every load permit of the cache.
+A follower of ``n`` > 1 siblings waits for its leader's prompt (``hold_followers``).
 """
 
 from __future__ import annotations
@@ -143,3 +144,21 @@ def lease_window(
         out.append(req)
         window.add(key)
     return out
+
+
+def hold_followers(
+    ready: dict[str, deque[Request]], live: Mapping[str, Request]
+) -> dict[str, deque[Request]]:
+    """``ready`` minus followers whose ``prefix_leader`` is live and has not yet computed its
+    prompt (it samples its first token in the step that does): admitted later, they reuse the
+    leader's cached prompt blocks instead of computing them too."""
+
+    def leader_busy(leader_id: str | None) -> bool:
+        leader = None if leader_id is None else live.get(leader_id)
+        return leader is not None and not leader.output_token_ids
+
+    held = {r.request_id for q in ready.values() for r in q if leader_busy(r.request.prefix_leader)}
+    if not held:
+        return ready
+    kept = {t: deque(r for r in q if r.request_id not in held) for t, q in ready.items()}
+    return {t: q for t, q in kept.items() if q}

@@ -9,6 +9,8 @@ Invariants:
   one whose adapter is loading (ADAPTER_WAIT) is skipped and never blocks the others.
 - When KV blocks run out, the most recently admitted sequence is preempted (its blocks freed,
   recomputed later; it keeps its lease).
+- A follower (``EngineRequest.prefix_leader``) is not admitted while its leader is live and has
+  not computed its prompt; a request owed prompt logprobs reuses no cached prefix.
 """
 
 from __future__ import annotations
@@ -26,6 +28,7 @@ from loraplex.engine.sched.admission import (
     AdapterLoads,
     ColdLoadQuota,
     admissible,
+    hold_followers,
     lease_room,
     lease_window,
     seat_caps,
@@ -195,7 +198,7 @@ class Scheduler:
                 continue
             chunks.append(self._chunk(req, n))
             budget -= n
-        ready = self._queues.ready()
+        ready = hold_followers(self._queues.ready(), self.requests)
         self._queues.catch_up(set(ready) | {r.tenant for r in self.running})
         cfg = self.config
         caps = seat_caps(self._queues, self.running, cfg.max_num_seqs, cfg.reserve_seqs)
@@ -227,7 +230,10 @@ class Scheduler:
         """Move ``req`` to RUNNING with KV for its first chunk; returns that chunk's size (0 if
         the blocks do not fit, leaving ``req`` queued)."""
         seq_id = self.blocks.allocate(namespace_of(req.request.adapter_key))
-        cached = self.blocks.match_prefix(seq_id, req.token_ids())
+        # NOTE: prompt logprobs need logits at every prompt position: no cached prefix.
+        cached = (
+            0 if _wants_prompt_logprobs(req) else self.blocks.match_prefix(seq_id, req.token_ids())
+        )
         n = min(req.num_tokens - cached, budget)
         if not self.blocks.can_grow(seq_id, cached + n):
             self.blocks.free(seq_id)
@@ -271,6 +277,9 @@ class Scheduler:
         self._queues.charge(req.tenant, n)
         start = req.num_computed_tokens
         tokens = req.token_ids()[start : start + n]
+        targets = None
+        if _wants_prompt_logprobs(req):
+            targets = req.request.prompt_token_ids[start + 1 : start + n + 1]
         return ScheduledChunk(
             request_id=req.request_id,
             seq_id=req.seq_id,
@@ -278,4 +287,10 @@ class Scheduler:
             token_ids=tuple(tokens),
             slot=req.slot,
             samples=start + n == req.num_tokens,
+            logprob_targets=targets,
         )
+
+
+def _wants_prompt_logprobs(req: Request) -> bool:
+    """Its prompt's logprobs are still owed (they go out with the first token)."""
+    return req.request.params.prompt_logprobs is not None and not req.output_token_ids
