@@ -19,6 +19,7 @@ from loraplex.ops.base import (
 )
 from loraplex.ops.reference import ReferenceBackend
 from loraplex.ops.torch_ops import AutoBackend, AutoPolicy, GroupedBackend, MaskedBackend
+from loraplex.ops.triton_ops import TritonBackend  # imports triton only when one is built
 
 _REGISTRY: dict[str, Callable[[], LoraBackend]] = {}
 
@@ -46,6 +47,7 @@ register_backend("reference", ReferenceBackend)
 register_backend("masked", MaskedBackend)
 register_backend("grouped", GroupedBackend)
 register_backend("auto", AutoBackend)
+register_backend("triton", TritonBackend)
 
 __all__ = [
     "ArenaLayout",
