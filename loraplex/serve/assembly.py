@@ -20,6 +20,9 @@ changes a tenant, so the change applies without a restart.
 With ``wait_engine=False`` (process mode) ``build_server`` returns while the engine process still
 loads the model, so the listener can answer /health (liveness) at once; /ready answers 503 until
 the engine is up, and ``Server.wait_engine()`` raises why its first start failed.
+
+The release controller (``serve/release_env.py``) ticks on its own thread in this process from
+the start (it waits while the engine is down); ``Server.close()`` stops it before the engine.
 """
 
 from __future__ import annotations
@@ -49,10 +52,12 @@ from loraplex.serve.engine_side import (
     registry_config,
     tenant_settings,
 )
+from loraplex.serve.release_env import ReleaseService, release_traffic, start_releases
 from loraplex.server.app import create_app
 from loraplex.server.cache_control import CacheControl
 from loraplex.server.chat import ChatTemplate
 from loraplex.server.deps import ServerConfig, ServerDeps
+from loraplex.server.pin_owners import OwnedPins
 
 DEMO_DIR = "demo-assets"
 
@@ -68,6 +73,7 @@ class Server:
     registry: Registry  # control plane
     admin_key: str  # the admin credential
     sample_keys: dict[str, str] = field(default_factory=dict)  # demo tenant -> API key
+    releases: ReleaseService | None = None  # the release controller's thread; None: not started
 
     def wait_engine(self, timeout_s: float | None = None) -> None:
         """Returns once the engine took its first requests; raises why it could not start (the
@@ -76,6 +82,8 @@ class Server:
             self.engine.wait_started(timeout_s)
 
     def close(self) -> None:
+        if self.releases is not None:
+            self.releases.close()
         self.engine.shutdown()
         if self.runtime is not None:
             self.runtime.cache.close()
@@ -160,6 +168,7 @@ def _assemble(
         import_dir=config.import_dir,
         queue_deadline_s=config.queue_deadline_s,
         max_prompt_tokens=config.max_model_len - 1,
+        max_model_len=config.max_model_len,
         vocab_size=base.vocab_size,
         metrics_public=config.metrics_public,
         max_body_bytes=config.max_body_bytes,
@@ -169,9 +178,15 @@ def _assemble(
         upload_read_timeout_s=config.upload_read_timeout_s,
     )
     chat = ChatTemplate.from_model_dir(model_dir)
+    cache = OwnedPins(cache)  # a release's holds and an operator's pins never undo each other
     refresh = TenantRefresher(registry, apply)
-    deps = ServerDeps(settings, engine, registry, cache, chat, refresh_tenants=refresh)
-    return Server(create_app(deps), deps, engine, runtime, registry, admin, keys)
+    traffic = release_traffic(registry)
+    deps = ServerDeps(
+        settings, engine, registry, cache, chat, refresh_tenants=refresh, releases=traffic
+    )
+    server = Server(create_app(deps), deps, engine, runtime, registry, admin, keys)
+    server.releases = start_releases(registry, engine, cache, traffic)
+    return server
 
 
 def _runtime_here(config: ServeConfig, base: BaseModelSpec, registry: Registry) -> AdapterRuntime:

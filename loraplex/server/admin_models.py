@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
-from pydantic import BaseModel, ConfigDict, Field
+import itertools
+from typing import Annotated, Any
+
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from loraplex.errors import quoted
 from loraplex.registry import (
@@ -12,8 +15,13 @@ from loraplex.registry import (
     Visibility,
     WarmPolicy,
 )
+from loraplex.release.model import ProbeCase, ReleasePlan, Thresholds
 from loraplex.residency.ledger import Tier
 
+MAX_LADDER_STEPS = 16  # canary steps one release may have
+MAX_PROBES = 32  # extra probes one release may run
+MAX_PROBE_PROMPT_CHARS = 4096
+MAX_PROBE_TOKENS = 256
 TIER_NAMES = {"L0": Tier.L0, "gpu": Tier.L0, "L1": Tier.L1, "cpu": Tier.L1, "L2": Tier.L2}
 
 
@@ -94,3 +102,70 @@ class ResidencyBody(_Body):
                 f"tier {quoted(self.tier)} is invalid; expected one of {sorted(TIER_NAMES)}"
             )
         return TIER_NAMES[self.tier]
+
+
+# --- releases (issue 13) -------------------------------------------------------------------------
+
+
+class ThresholdsBody(_Body):
+    """Overrides of ``release.model.Thresholds``; a field left out keeps its documented default."""
+
+    max_error_rate: float | None = Field(default=None, ge=0.0, le=1.0)
+    max_error_rate_over_stable: float | None = Field(default=None, ge=0.0, le=1.0)
+    max_ttft_p99_ratio: float | None = Field(default=None, gt=0.0)
+    max_tpot_p99_ratio: float | None = Field(default=None, gt=0.0)
+    max_bad_feedback_ratio: float | None = Field(default=None, ge=0.0, le=1.0)
+    min_requests: int | None = Field(default=None, ge=1)
+
+    def thresholds(self) -> Thresholds:
+        return Thresholds(**self.model_dump(exclude_none=True))
+
+
+class ProbeBody(_Body):
+    """One extra output probe (``release.model.ProbeCase``)."""
+
+    prompt: str = Field(min_length=1, max_length=MAX_PROBE_PROMPT_CHARS)
+    expected: str | None = Field(default=None, min_length=1)
+    differ_from_stable: bool = False
+    max_tokens: int = Field(default=16, ge=1, le=MAX_PROBE_TOKENS)
+
+    @model_validator(mode="after")
+    def _checks_something(self) -> ProbeBody:
+        if self.expected is None and not self.differ_from_stable:
+            raise ValueError("a probe needs expected, or differ_from_stable true")
+        return self
+
+
+class StartReleaseBody(_Body):
+    """``POST /admin/releases``: release ``tenant/name@revision`` onto the alias ``tenant/name``.
+    Plan fields left out keep ``release.model.ReleasePlan``'s defaults."""
+
+    tenant: str = Field(min_length=1)
+    name: str = Field(min_length=1)
+    revision: str = Field(min_length=1)
+    ladder: list[Annotated[float, Field(gt=0.0, le=1.0)]] | None = Field(
+        default=None, min_length=1, max_length=MAX_LADDER_STEPS
+    )
+    dwell_s: float | None = Field(default=None, ge=0.0)
+    window_s: float | None = Field(default=None, ge=0.0)
+    gpu: bool = False
+    auto_promote: bool = True
+    probes: list[ProbeBody] = Field(default_factory=list, max_length=MAX_PROBES)
+    thresholds: ThresholdsBody = Field(default_factory=ThresholdsBody)
+
+    @field_validator("ladder")
+    @classmethod
+    def _increasing(cls, ladder: list[float] | None) -> list[float] | None:
+        if ladder is not None and any(b <= a for a, b in itertools.pairwise(ladder)):
+            raise ValueError("ladder shares must increase strictly")
+        return ladder
+
+    def plan(self) -> ReleasePlan:
+        fields: dict[str, Any] = {"gpu": self.gpu, "auto_promote": self.auto_promote}
+        if self.ladder is not None:
+            fields["ladder"] = tuple(self.ladder)
+        for name in ("dwell_s", "window_s"):
+            if getattr(self, name) is not None:
+                fields[name] = getattr(self, name)
+        probes = tuple(ProbeCase(**probe.model_dump()) for probe in self.probes)
+        return ReleasePlan(**fields, thresholds=self.thresholds.thresholds(), probes=probes)

@@ -1,8 +1,10 @@
 """The FastAPI application: ``create_app(ServerDeps)`` wires routes, errors and metrics.
 
-Routes: the OpenAI-compatible API under /v1 (tenant keys), the admin API under /admin (the admin
-credential), /metrics (Prometheus text; the admin credential unless ``metrics_public``), and the
-two probes (Kubernetes' split, the paths vLLM's server uses):
+Routes: the OpenAI-compatible API under /v1 and vLLM's /tokenize and /detokenize (tenant keys),
+the admin API under /admin and vLLM's /v1/load_lora_adapter and /v1/unload_lora_adapter (the
+admin credential), /metrics (Prometheus text; the admin credential unless ``metrics_public``),
+/version and /openapi.json (public; the admin document at /admin/openapi.json, see
+``openapi_docs.py``), and the two probes (Kubernetes' split, the paths vLLM's server uses):
 
 - /health is liveness: 200 whenever this HTTP server answers, also while the engine process
   starts or restarts (restarting the server would not help; the body says the engine is down);
@@ -14,13 +16,21 @@ The engine runs on its own thread or process; handlers only await it.
 
 from __future__ import annotations
 
-from fastapi import FastAPI, Request, Response
+from fastapi import Depends, FastAPI, Request, Response
 from fastapi.responses import JSONResponse
 from starlette.concurrency import run_in_threadpool
 
 from loraplex.errors import EngineUnavailableError
-from loraplex.server import routes_admin, routes_openai
-from loraplex.server.auth import admin_key_matches, bearer_token
+from loraplex.server import (
+    openapi_docs,
+    routes_admin,
+    routes_feedback,
+    routes_openai,
+    routes_release,
+    routes_tokenize,
+    routes_vllm_admin,
+)
+from loraplex.server.auth import admin_key_matches, bearer_token, require_admin
 from loraplex.server.deps import ServerDeps
 from loraplex.server.errors import DEFAULT_RETRY_AFTER_S, install_error_handlers, unauthorized
 from loraplex.server.limits import RequestLimits
@@ -28,15 +38,31 @@ from loraplex.server.metrics import CONTENT_TYPE
 
 
 def create_app(deps: ServerDeps) -> FastAPI:
-    app = FastAPI(title="loraplex", docs_url=None, redoc_url=None, openapi_url=None)
+    # NOTE: FastAPI's own /openapi.json would describe the admin routes to everyone.
+    app = FastAPI(
+        title="loraplex",
+        version=routes_tokenize.loraplex_version(),
+        docs_url=None,
+        redoc_url=None,
+        openapi_url=None,
+    )
     app.state.deps = deps
+    app.state.openapi_documents = {}  # built on first request (``openapi_docs.document``)
     install_error_handlers(app)
     app.add_middleware(RequestLimits, deps=deps)  # credentials and body limits before parsing
     app.include_router(routes_openai.router)
     app.include_router(routes_admin.router)
+    app.include_router(routes_tokenize.router)
+    app.include_router(routes_vllm_admin.router)
+    app.include_router(routes_feedback.router)
+    app.include_router(routes_release.router)
     app.add_api_route("/health", health, methods=["GET"])
     app.add_api_route("/ready", ready, methods=["GET"])
     app.add_api_route("/metrics", metrics, methods=["GET"])
+    app.add_api_route(openapi_docs.PUBLIC_PATH, public_openapi, methods=["GET"],
+                      include_in_schema=False)  # fmt: skip
+    app.add_api_route(openapi_docs.ADMIN_PATH, admin_openapi, methods=["GET"],
+                      include_in_schema=False, dependencies=[Depends(require_admin)])  # fmt: skip
     return app
 
 
@@ -81,3 +107,13 @@ async def metrics(request: Request) -> Response:
             return unauthorized("invalid admin credential").response()
     body = await run_in_threadpool(deps.metrics.exposition)
     return Response(body, media_type=CONTENT_TYPE)
+
+
+async def public_openapi(request: Request) -> JSONResponse:
+    """The tenant API's OpenAPI document (public, as vLLM's)."""
+    return JSONResponse(openapi_docs.document(request.app, admin=False))
+
+
+async def admin_openapi(request: Request) -> JSONResponse:
+    """Every route's OpenAPI document, admin routes included."""
+    return JSONResponse(openapi_docs.document(request.app, admin=True))

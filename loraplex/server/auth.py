@@ -5,13 +5,15 @@ read from the database on every request), on the thread pool, off the event loop
 credential is a different secret compared in constant time here; a tenant key never passes it,
 whatever the tenant. ``server/limits.py`` runs these checks from the headers before any byte of
 the body is read and leaves the tenant it found in the scope state, so the dependency below does
-not read the database a second time.
+not read the database a second time. Which credential a path needs is decided here, from the path
+alone (``required_credential``), for the middleware, the listener split and the OpenAPI documents.
 """
 
 from __future__ import annotations
 
 import hashlib
 import hmac
+from enum import StrEnum
 from typing import Annotated
 
 from fastapi import Depends, Request
@@ -25,6 +27,37 @@ from loraplex.server.errors import unauthorized
 ADMIN_ACTOR = "admin-api"  # the audit log's actor for changes made through /admin
 # The scope state key under which ``limits.RequestLimits`` leaves the tenant it authenticated.
 AUTHENTICATED_TENANT = "loraplex_tenant"
+
+TENANT_PREFIX = "/v1"
+ADMIN_PREFIX = "/admin"
+# vLLM's adapter loading lives under /v1 but is an operator's act: it needs the admin credential
+# (vLLM leaves it open to any client that can reach the port; its documentation warns about it).
+LOAD_LORA_PATH = "/v1/load_lora_adapter"
+UNLOAD_LORA_PATH = "/v1/unload_lora_adapter"
+# vLLM serves these tenant routes at the root, outside /v1.
+TOKENIZE_PATH = "/tokenize"
+DETOKENIZE_PATH = "/detokenize"
+
+
+class Credential(StrEnum):
+    """The key a route needs."""
+
+    TENANT = "tenant"  # a tenant API key
+    ADMIN = "admin"  # the administrative credential
+
+
+def _under(path: str, prefix: str) -> bool:
+    return path == prefix or path.startswith(prefix + "/")
+
+
+def required_credential(path: str) -> Credential | None:
+    """The key ``path`` needs before its body is read; None: public, or the route checks itself
+    (``/metrics``, public when ``metrics_public``)."""
+    if path in (LOAD_LORA_PATH, UNLOAD_LORA_PATH) or _under(path, ADMIN_PREFIX):
+        return Credential.ADMIN
+    if path in (TOKENIZE_PATH, DETOKENIZE_PATH) or _under(path, TENANT_PREFIX):
+        return Credential.TENANT
+    return None
 
 
 def get_deps(request: Request) -> ServerDeps:

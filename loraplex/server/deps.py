@@ -7,11 +7,20 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from loraplex.clock import MonotonicClock
 from loraplex.engine.protocol import EngineClient
 from loraplex.registry import Registry
 from loraplex.server.cache_control import CacheControl
 from loraplex.server.chat import ChatTemplate
 from loraplex.server.metrics import ServerMetrics
+from loraplex.server.release_traffic import RecentRequests, ReleaseTraffic
+
+
+def untracked_releases() -> ReleaseTraffic:
+    """Release traffic that tracks nothing until told (``set_tracked``): for a server built
+    without a release controller (tests, the bench); ``serve`` passes one fed by the registry."""
+    return ReleaseTraffic(MonotonicClock(), tuple)
+
 
 # Tenant API tokens start with this; an admin key must not, so the two can never be confused.
 TENANT_TOKEN_PREFIX = "lpx_"
@@ -33,6 +42,7 @@ class ServerConfig:
     queue_deadline_s: float | None = None  # max seconds a request may queue; None: engine default
     max_prompt_tokens: int | None = None  # longer prompts get a 400; None: no check here
     vocab_size: int | None = None  # token ids in a prompt must be below it; None: no check
+    max_model_len: int | None = None  # the engine's context length (prompt + output); None: unknown
     # /metrics without credentials. NOTE: it names adapters (tenant/name), so only enable it where
     # tenants cannot reach the port; otherwise scrapers send the admin key.
     metrics_public: bool = False
@@ -60,6 +70,10 @@ class ServerConfig:
             raise ValueError(
                 f"queue_deadline_s {self.queue_deadline_s} is invalid; expected > 0 or None"
             )
+        if self.max_model_len is not None and self.max_model_len < 1:
+            raise ValueError(
+                f"max_model_len {self.max_model_len} is invalid; expected >= 1 or None"
+            )
         if self.max_prompt_tokens is not None and self.max_prompt_tokens < 1:
             raise ValueError(
                 f"max_prompt_tokens {self.max_prompt_tokens} is invalid; expected >= 1 or None"
@@ -78,9 +92,13 @@ class ServerDeps:
     # Hands the registry's tenant settings to the engine and its cache after the admin API
     # changed a tenant. Required: a server that forgot it would keep enforcing stale quotas.
     refresh_tenants: Callable[[], None] = field(kw_only=True)
+    # The windows the release controller compares; its clock also stamps ``recent``.
+    releases: ReleaseTraffic = field(default_factory=untracked_releases, kw_only=True)
     # The server's metrics registry, built from ``engine`` and ``cache`` (never passed in).
     metrics: ServerMetrics = field(init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
         # NOTE: frozen, so the derived field is set the one way a frozen dataclass allows.
-        object.__setattr__(self, "metrics", ServerMetrics(self.engine, self.cache))
+        recent = RecentRequests(self.releases.clock)
+        metrics = ServerMetrics(self.engine, self.cache, releases=self.releases, recent=recent)
+        object.__setattr__(self, "metrics", metrics)

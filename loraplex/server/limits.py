@@ -4,10 +4,11 @@ FastAPI reads and parses the whole body before any dependency runs, so without t
 unauthenticated client could make the server buffer and parse any amount of data before its 401.
 ``RequestLimits`` runs first:
 
-- ``/v1/*`` needs a tenant key and ``/admin/*`` the admin key, checked from the headers alone: a
-  wrong one gets its 401 before a byte of the body is read (a tenant key costs one registry read,
-  on the thread pool), then the tenant's ``max_requests_per_s`` token bucket (429 with
-  Retry-After). The tenant found is left in the scope state for ``auth.require_tenant``.
+- ``/v1/*``, /tokenize and /detokenize need a tenant key, ``/admin/*`` and vLLM's
+  ``/v1/(un)load_lora_adapter`` the admin key (``auth.required_credential``), checked from the
+  headers alone: a wrong one gets its 401 before a byte of the body is read (a tenant key costs
+  one registry read, on the thread pool), then the tenant's ``max_requests_per_s`` token bucket
+  (429 with Retry-After). The tenant found is left in the scope state for ``auth.require_tenant``.
 - Every body is counted while the app reads it: a ``Content-Length`` over the cap is a 413 before
   reading, a chunked body a 413 as soon as the count passes the cap, and a body not complete by
   its deadline a 408. The app's own answer to the refused body (it sees an error from
@@ -23,13 +24,21 @@ from typing import NoReturn
 
 import anyio
 from starlette.datastructures import Headers
+from starlette.requests import Request
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from loraplex.errors import RateLimitError
-from loraplex.server.auth import AUTHENTICATED_TENANT, authenticate, check_admin, parse_bearer
+from loraplex.registry import Tenant
+from loraplex.server.auth import (
+    AUTHENTICATED_TENANT,
+    Credential,
+    authenticate,
+    check_admin,
+    parse_bearer,
+    required_credential,
+)
 from loraplex.server.deps import ServerDeps
 from loraplex.server.errors import (
-    ADMIN_PREFIX,
     ApiError,
     ErrorContext,
     invalid_request,
@@ -37,7 +46,6 @@ from loraplex.server.errors import (
 )
 from loraplex.server.ratelimit import RateLimiter
 
-TENANT_PREFIX = "/v1"
 UPLOAD_PATH = "/admin/adapters/upload"  # the one route whose body is an adapter's files
 _CLOSE = {"Connection": "close"}
 
@@ -125,6 +133,22 @@ class CountedBody:
         raise _BodyRefusedError(failure.message)
 
 
+RATE_LIMITER = "loraplex_rate_limiter"  # request state: the limiter that admitted the request
+
+
+def charge_engine_requests(request: Request, tenant: Tenant, count: int) -> None:
+    """Charges ``tenant``'s rate quota for the engine requests of one HTTP request beyond the
+    first (charged on arrival, before the body was read): a request fanning out into ``n``
+    choices over ``p`` prompts costs ``n * p``, so ``n`` cannot multiply a tenant's rate."""
+    limiter = request.scope.get("state", {}).get(RATE_LIMITER)
+    if count <= 1 or limiter is None:
+        return
+    try:
+        limiter.check(tenant, count - 1)
+    except RateLimitError as exc:
+        raise to_api_error(exc, ErrorContext.TENANT) from None
+
+
 class RequestLimits:
     """ASGI middleware: authentication from the headers, then a bounded body (module docstring)."""
 
@@ -149,15 +173,17 @@ class RequestLimits:
 
     async def _authenticate(self, scope: Scope, headers: Headers) -> None:
         token = parse_bearer(headers.get("authorization"))
-        path: str = scope["path"]
-        if _under(path, TENANT_PREFIX):
+        credential = required_credential(scope["path"])
+        if credential is Credential.TENANT:
             tenant = await authenticate(self.deps, token)
             try:  # the tenant's max_requests_per_s, before its body costs anything
                 self.rate_limiter.check(tenant)
             except RateLimitError as exc:
                 raise to_api_error(exc, ErrorContext.TENANT) from None
-            scope.setdefault("state", {})[AUTHENTICATED_TENANT] = tenant
-        elif _under(path, ADMIN_PREFIX):
+            state = scope.setdefault("state", {})
+            state[AUTHENTICATED_TENANT] = tenant
+            state[RATE_LIMITER] = self.rate_limiter
+        elif credential is Credential.ADMIN:
             check_admin(token, self.deps.config.admin_key)
 
     async def _run_counted(
@@ -192,7 +218,3 @@ def _check_declared_length(headers: Headers, limit: BodyLimit) -> None:
 
 def _closing(error: ApiError) -> ApiError:
     return replace(error, headers={**error.headers, **_CLOSE})
-
-
-def _under(path: str, prefix: str) -> bool:
-    return path == prefix or path.startswith(prefix + "/")

@@ -1,10 +1,11 @@
 """Where the server listens: the public API and, optionally, a separate admin address.
 
 With ``admin_port`` set, one uvicorn server serves two sockets and ``AdminBindGuard`` splits
-the routes by the socket a request arrived on: ``/admin`` and ``/metrics`` only on the admin
-socket (bind it to a private interface), everything else only on the public one; ``/health``
-and ``/ready`` on both. A route asked on the wrong socket gets the same 404 as a path that does
-not exist. Credentials still apply on both sockets.
+the routes by the socket a request arrived on: every route that needs the admin credential
+(``/admin``, vLLM's ``/v1/load_lora_adapter`` and ``/v1/unload_lora_adapter``) and ``/metrics``
+only on the admin socket (bind it to a private interface), everything else only on the public
+one; ``/health``, ``/ready`` and ``/version`` on both. A route asked on the wrong socket gets the
+same 404 as a path that does not exist. Credentials still apply on both sockets.
 
 Every accepted connection is bounded (``ConnectionLimits``): TCP_NODELAY (asyncio sets it only on
 sockets whose ``proto`` is IPPROTO_TCP, and ``socket.create_server`` leaves it 0, so responses on
@@ -25,13 +26,15 @@ import uvicorn
 from starlette.types import ASGIApp, Receive, Scope, Send
 from uvicorn.protocols.http.h11_impl import H11Protocol
 
+from loraplex.server.auth import Credential, required_credential
 from loraplex.server.errors import ApiError
 
-_BOTH = ("/health", "/ready")
+_BOTH = ("/health", "/ready", "/version")
 
 
 def is_admin_path(path: str) -> bool:
-    return path in ("/admin", "/metrics") or path.startswith("/admin/")
+    """Served on the admin socket only (when there is one)."""
+    return path == "/metrics" or required_credential(path) is Credential.ADMIN
 
 
 class AdminBindGuard:
@@ -46,7 +49,9 @@ class AdminBindGuard:
             server = scope.get("server")
             on_admin = server is not None and server[1] == self.admin_port
             if is_admin_path(scope["path"]) != on_admin:
-                error = ApiError(404, "not found", "invalid_request_error", "not_found")
+                # NOTE: the body of the router's own 404 (``errors._on_http``), so a tenant cannot
+                # tell a route of the other socket from a path that does not exist.
+                error = ApiError(404, "Not Found", "not_found_error")
                 await error.response()(scope, receive, send)
                 return
         await self.app(scope, receive, send)

@@ -25,7 +25,12 @@ the engine takes requests, 0 while its process is down or restarting) and
 endpoint-picker family, the adapter cache's) are left out rather than reported as idle.
 
 Every label takes values from a fixed set (tier, stage, cold, priority class, outcome); adapter ids
-appear only inside the one ``lora_requests_info`` sample and in the admin residency view.
+appear only inside the one ``lora_requests_info`` sample, in the admin residency view, and in the
+release family (``loraplex_release_*``, see ``metrics_collectors.ReleaseCollector``), whose series
+exist only for the revisions of active releases (``server/release_traffic.py``).
+
+Each request also feeds the release traffic windows (its revision, if under release) and the
+recent-requests map behind ``POST /v1/feedback``.
 """
 
 from __future__ import annotations
@@ -44,7 +49,13 @@ from prometheus_client.registry import Collector
 from loraplex.engine.protocol import EngineClient, TokenDelta
 from loraplex.residency.ledger import Tier
 from loraplex.server.cache_control import CacheControl
-from loraplex.server.metrics_collectors import CacheCollector, EngineCollector, HealthCollector
+from loraplex.server.metrics_collectors import (
+    CacheCollector,
+    EngineCollector,
+    HealthCollector,
+    ReleaseCollector,
+)
+from loraplex.server.release_traffic import RecentRequests, ReleaseTraffic, classify
 
 CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
 _LATENCY_BUCKETS_S = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0)
@@ -58,12 +69,18 @@ class ServerMetrics:
         engine: EngineClient,
         cache: CacheControl | None,
         wall_clock: Callable[[], float] = time.time,
+        *,
+        releases: ReleaseTraffic,
+        recent: RecentRequests,
     ) -> None:
+        self.releases = releases  # windows of the revisions under release
+        self.recent = recent  # response id -> tenant and revision (client feedback)
         self.registry = CollectorRegistry(auto_describe=True)
         self.registry.register(EngineCollector(engine, wall_clock))
         self.registry.register(HealthCollector(engine))
         if cache is not None:
             self.registry.register(CacheCollector(cache))
+        self.registry.register(ReleaseCollector(releases))
         labels = ("cold", "priority_class")
         self.ttft = Histogram(
             "request_ttft_seconds",
@@ -114,7 +131,11 @@ class ServerMetrics:
         traffic windows and client feedback (issue 13)."""
         with self._lock:
             self._arrivals[cold] += 1
-        return RequestObservation(self, priority_class, cold, now_s)
+        if response_id is not None and tenant is not None:
+            self.recent.remember(response_id, tenant, revision)
+        observation = RequestObservation(self, priority_class, cold, now_s)
+        observation.revision = revision
+        return observation
 
     def cold_start_rate(self) -> float:
         with self._lock:
@@ -154,6 +175,8 @@ class RequestObservation:
         # The name of the tier the engine leased the adapter from ("L0"), as the response
         # reports it (``RevisionInfo.tier``); None until the engine said so.
         self.engine_tier: str | None = None
+        self.revision: str | None = None  # tenant/name@revision answering; None: base model
+        self._error: BaseException | None = None  # what the stream raised, if it did
 
     def on_delta(self, delta: TokenDelta, now_s: float) -> None:
         if delta.adapter_tier is not None and self.engine_tier is None:
@@ -171,12 +194,22 @@ class RequestObservation:
             self._last_s = now_s
         self._tokens = delta.completion_tokens
 
+    def fail(self, error: BaseException) -> None:
+        """Records what failed the request (decides whether it counts against its revision:
+        ``release_traffic.classify``); ``finish("error")`` follows."""
+        self._error = error
+
     def finish(self, outcome: str) -> None:
         if self._finished:
             return
         self._finished = True
+        per_token: float | None = None
         if self._first_s is not None and self._tokens > 1:
             per_token = (self._last_s - self._first_s) / (self._tokens - 1)
             self._metrics.tpot.labels(*self._labels).observe(per_token)
         self._metrics.requests.labels(self._priority_class, outcome).inc()
         self._metrics.tokens.labels(self._priority_class).inc(self._tokens)
+        if self.revision is not None:
+            ttft = None if self._first_s is None else self._first_s - self._arrived_s
+            verdict = classify(outcome, self._error)
+            self._metrics.releases.record(self.revision, verdict, ttft, per_token)

@@ -1,7 +1,8 @@
 """Scrape-time collectors of ``server/metrics.py``: the engine's load (the vLLM-compatible
 family the endpoint picker reads), its supervision, and the adapter cache's counters. Each reads
 state that is already published (``engine.load_snapshot()``, ``engine.health()``,
-``cache.summary()``), so a scrape never waits on the engine."""
+``cache.summary()``, the release traffic's counters), so a scrape never waits on the engine or the
+database."""
 
 from __future__ import annotations
 
@@ -20,6 +21,7 @@ from loraplex.engine.protocol import EngineClient, EngineLoad
 from loraplex.errors import EngineUnavailableError
 from loraplex.residency.ledger import CACHED_TIERS, Tier
 from loraplex.server.cache_control import CacheControl
+from loraplex.server.release_traffic import CANDIDATE, ReleaseTraffic
 
 
 def adapter_names(keys: Iterable[AdapterKey]) -> list[str]:
@@ -150,3 +152,43 @@ def _residency(counts: Mapping[Tier, int], sizes: Mapping[Tier, int]) -> Iterato
         size.add_metric((tier.name,), sizes.get(tier, 0))
     yield count
     yield size
+
+
+class ReleaseCollector(Collector):
+    """Per-revision counters of the revisions under release, keyed by the revision (never only
+    the alias): ``loraplex_release_requests_total{adapter, revision, role, outcome}``,
+    ``loraplex_release_feedback_total{adapter, revision, rating}`` and
+    ``loraplex_release_state{adapter, revision, state}`` (1 on the candidate's release state).
+    A revision's series go when its release ends (cardinality: two revisions per active
+    release, at most ``ReleaseTraffic``'s ``max_tracked``)."""
+
+    def __init__(self, traffic: ReleaseTraffic) -> None:
+        self._traffic = traffic
+
+    def collect(self) -> Iterator[Metric]:
+        requests = CounterMetricFamily(
+            "loraplex_release_requests",
+            "Finished requests of revisions under release (excluded ones not counted).",
+            labels=("adapter", "revision", "role", "outcome"),
+        )
+        feedback = CounterMetricFamily(
+            "loraplex_release_feedback",
+            "Client ratings (POST /v1/feedback) of revisions under release.",
+            labels=("adapter", "revision", "rating"),
+        )
+        state = GaugeMetricFamily(
+            "loraplex_release_state",
+            "1 on the state of the release whose candidate is this revision.",
+            labels=("adapter", "revision", "state"),
+        )
+        for tracked, totals in self._traffic.totals():
+            who = (tracked.adapter, tracked.revision)
+            requests.add_metric((*who, tracked.role, "ok"), totals.ok)
+            requests.add_metric((*who, tracked.role, "error"), totals.error)
+            feedback.add_metric((*who, "good"), totals.good)
+            feedback.add_metric((*who, "bad"), totals.bad)
+            if tracked.role == CANDIDATE:
+                state.add_metric((*who, tracked.state), 1)
+        yield requests
+        yield feedback
+        yield state

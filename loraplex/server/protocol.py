@@ -2,7 +2,7 @@
 
 Nothing is silently ignored: an unknown field is a 400 naming it (unlike vLLM, which ignores
 it), and a field loraplex knows but does not implement is accepted only at its neutral value
-(``NEUTRAL``). vLLM's ``ignore_eos``, ``min_tokens`` and ``top_k`` are honoured. No
+(``NEUTRAL``). vLLM's sampling extensions it lists are honoured (docs/operations.md). No
 request field is a filesystem path or URL: ``model`` is a name the registry resolves.
 Every response carries ``loraplex.revision``: the exact ``tenant/name@revision`` that answered,
 and ``loraplex.tier``: the tier the engine leased that revision from (what the request's latency
@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from typing import Annotated, Literal
 
-from pydantic import AfterValidator, BaseModel, ConfigDict, Field
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field, StrictInt
 
 from loraplex.sampling import MAX_SEED, MIN_SEED  # the range torch's generators accept
 
@@ -38,11 +38,17 @@ StopText = Annotated[Text, Field(max_length=MAX_STOP_CHARS)]
 class StreamOptions(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
-    include_usage: bool = False  # send a final chunk with token usage
+    include_usage: bool = False  # send a final chunk with the usage of every choice together
+    continuous_usage_stats: bool = False  # vLLM extension; only false (see NEUTRAL)
+
+
+MAX_TOP_LOGPROBS = 20  # OpenAI's limit on top alternatives per token (vLLM's default too)
+TopLogprobs = Annotated[StrictInt, Field(ge=0, le=MAX_TOP_LOGPROBS)]
 
 
 class SamplingFields(BaseModel):
-    """Fields shared by both endpoints (OpenAI's defaults).
+    """Fields shared by both endpoints (OpenAI's defaults; vLLM's ranges for its extensions;
+    null means the default).
 
     Nothing is silently ignored: a field loraplex does not know is a 400 naming it
     (``extra="forbid"``), and a known field it does not implement is accepted only at the value
@@ -56,24 +62,23 @@ class SamplingFields(BaseModel):
     temperature: float = Field(default=1.0, ge=0.0, le=2.0)  # below 1e-5: greedy (as vLLM)
     top_p: float = Field(default=1.0, gt=0.0, le=1.0)  # nucleus mass
     stop: StopText | list[StopText] | None = None  # up to 4 (OpenAI's limit), 1024 chars each
-    seed: int | None = Field(default=None, ge=MIN_SEED, le=MAX_SEED)  # seeds the sampler
+    seed: int | None = Field(default=None, ge=MIN_SEED, le=MAX_SEED)  # choice i uses seed + i
     stream: bool = False  # server-sent events
     stream_options: StreamOptions | None = None  # include_usage
-    n: int = 1  # only 1 is supported
-    user: Text | None = Field(default=None, max_length=256)  # accepted and ignored
+    n: StrictInt | None = Field(
+        default=1, ge=1
+    )  # choices per prompt (at most the server's max_choices)
+    user: Text | None = Field(default=None, max_length=256)  # keeps a caller on one revision
     ignore_eos: bool = False  # vLLM extension: generate past end-of-sequence tokens
     min_tokens: int = Field(default=0, ge=0)  # vLLM extension: no EOS / stop before this many
     top_k: int | None = Field(default=None, ge=-1)  # keep the k most likely; -1, 0, None: off
-    # Not implemented: accepted only at their neutral values (``NEUTRAL``), else a 400.
-    logprobs: bool | int | None = None  # completions send an int, chat a bool
-    top_logprobs: int | None = None
-    presence_penalty: float | None = None
-    frequency_penalty: float | None = None
-    repetition_penalty: float | None = None  # vLLM extension
-    min_p: float | None = None  # vLLM extension
-    logit_bias: dict[str, float] | None = None
-    stop_token_ids: list[int] | None = None  # vLLM extension
-    include_stop_str_in_output: bool | None = None  # vLLM extension
+    presence_penalty: float | None = Field(default=0.0, ge=-2.0, le=2.0)
+    frequency_penalty: float | None = Field(default=0.0, ge=-2.0, le=2.0)
+    repetition_penalty: float | None = Field(default=1.0, gt=0.0, allow_inf_nan=False)
+    min_p: float | None = Field(default=0.0, ge=0.0, le=1.0)  # vLLM extension
+    logit_bias: dict[str, float] | None = None  # token id (a string) -> bias in [-100, 100]
+    stop_token_ids: list[int] | None = Field(default=None, max_length=64)  # vLLM extension
+    include_stop_str_in_output: bool | None = False  # vLLM extension
 
     def stop_strings(self) -> tuple[str, ...]:
         if self.stop is None:
@@ -86,18 +91,29 @@ class SamplingFields(BaseModel):
         return tuple(values)
 
     @property
+    def num_choices(self) -> int:
+        """``n`` (null: 1)."""
+        return 1 if self.n is None else self.n
+
+    @property
     def include_usage(self) -> bool:
         return self.stream_options is not None and self.stream_options.include_usage
+
+
+# One prompt: text, or token ids; a batch: a list of either (one choice per prompt x n).
+PromptIds = Annotated[list[StrictInt], Field(max_length=1 << 20)]
+Prompt = Text | list[Text] | PromptIds | list[PromptIds]
 
 
 class CompletionRequest(SamplingFields):
     """POST /v1/completions."""
 
-    prompt: Text | list[Text] | list[int]  # one text prompt, or one already tokenized
-    max_tokens: int | None = Field(default=16, ge=1)  # OpenAI's default for completions
+    prompt: Prompt
+    max_tokens: int | None = Field(default=16, ge=0)  # OpenAI's default; 0 only with echo
+    logprobs: TopLogprobs | None = None  # top-N per token (0: only the chosen token's)
+    echo: bool | None = False  # the prompt (and its logprobs) comes before the generated text
+    best_of: StrictInt | None = Field(default=None, ge=1)  # generated per prompt; best n returned
     # Not implemented: accepted only at their neutral values (``NEUTRAL``), else a 400.
-    echo: bool | None = None
-    best_of: int | None = None
     suffix: str | None = None
 
 
@@ -128,27 +144,18 @@ class ChatCompletionRequest(SamplingFields):
 
     messages: list[ChatMessageIn] = Field(min_length=1)
     max_completion_tokens: int | None = Field(default=None, ge=1)  # newer name of max_tokens
+    logprobs: bool | None = False  # each output token's logprob
+    top_logprobs: TopLogprobs | None = None  # and this many alternatives (needs logprobs true)
     # Not implemented: accepted only at their neutral values (``NEUTRAL``), else a 400.
     tools: list[dict[str, object]] | None = None
     tool_choice: str | dict[str, object] | None = None
-    response_format: dict[str, object] | None = None
+    response_format: dict[str, object] | None = None  # no structured output (operations.md)
     add_generation_prompt: bool | None = None  # vLLM extension (the template always adds it)
 
 
 # Fields loraplex does not implement, with the values that change nothing (any other value is a
 # 400 naming the field). ``None`` (absent or null) is always neutral.
 NEUTRAL: dict[str, tuple[object, ...]] = {
-    "logprobs": (False,),
-    "top_logprobs": (0,),
-    "presence_penalty": (0, 0.0),
-    "frequency_penalty": (0, 0.0),
-    "repetition_penalty": (1, 1.0),
-    "min_p": (0, 0.0),
-    "logit_bias": ({},),
-    "stop_token_ids": ([],),
-    "include_stop_str_in_output": (False,),
-    "echo": (False,),
-    "best_of": (1,),
     "suffix": ("",),
     "tools": ([],),
     "tool_choice": ("none",),
@@ -174,11 +181,36 @@ class Usage(BaseModel):
     total_tokens: int
 
 
+class CompletionLogprobs(BaseModel):
+    """OpenAI's legacy completions shape: one entry per token in each list (with ``echo``, the
+    prompt's tokens first, the first of them without a logprob)."""
+
+    text_offset: list[int]  # where each token starts in the choice's text
+    token_logprobs: list[float | None]  # the chosen token's logprob
+    tokens: list[str]  # each token as the tokenizer decodes it alone
+    top_logprobs: list[dict[str, float] | None]  # the top-N and the chosen token
+
+
+class TopLogprob(BaseModel):
+    token: str  # the tokenizer's decoding of this one token
+    logprob: float
+    bytes: list[int] | None  # UTF-8 of ``token``
+
+
+class ChatTokenLogprob(TopLogprob):
+    top_logprobs: list[TopLogprob]  # the most likely tokens at this position, best first
+
+
+class ChatLogprobs(BaseModel):
+    content: list[ChatTokenLogprob] | None
+
+
 class CompletionChoice(BaseModel):
     index: int = 0
     text: str
-    logprobs: None = None
+    logprobs: CompletionLogprobs | None = None
     finish_reason: str | None
+    stop_reason: str | int | None = None  # vLLM: the stop string or token id; None: EOS
 
 
 class CompletionResponse(BaseModel):
@@ -200,8 +232,9 @@ class ChatMessageOut(BaseModel):
 class ChatChoice(BaseModel):
     index: int = 0
     message: ChatMessageOut
-    logprobs: None = None
+    logprobs: ChatLogprobs | None = None
     finish_reason: str | None
+    stop_reason: str | int | None = None  # vLLM: the stop string or token id; None: EOS
 
 
 class ChatCompletionResponse(BaseModel):
@@ -223,8 +256,9 @@ class ChatDelta(BaseModel):
 class ChatChunkChoice(BaseModel):
     index: int = 0
     delta: ChatDelta
-    logprobs: None = None
+    logprobs: ChatLogprobs | None = None
     finish_reason: str | None
+    stop_reason: str | int | None = None  # on the last chunk of a choice
 
 
 class ChatCompletionChunk(BaseModel):
@@ -245,10 +279,81 @@ class ModelCard(BaseModel):
     object: Literal["model"] = "model"
     created: int  # Unix seconds
     owned_by: str  # owning tenant ("loraplex" for the base model)
-    root: str  # tenant/name of an adapter; the base model's own name
+    root: str  # tenant/name of an adapter (tenant/name@revision when pinned); the base model's name
     parent: str | None  # the base model for adapters; None for the base model
+    max_model_len: int | None  # prompt + output tokens one sequence may hold; None: not known
 
 
 class ModelList(BaseModel):
     object: Literal["list"] = "list"
     data: list[ModelCard]
+
+
+# ---- tokenize / admin ---------------------------------------------------------------------------
+
+TokenId = Annotated[int, Field(ge=0)]  # below the vocabulary size too (checked by the route)
+
+
+class TokenizeRequest(BaseModel):
+    """POST /tokenize: vLLM's two shapes in one body, ``prompt`` or chat ``messages``."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    model: Text | None = Field(default=None, min_length=1, max_length=512)  # None: the base model
+    prompt: Text | None = None  # text, encoded as /v1/completions encodes it
+    messages: list[ChatMessageIn] | None = Field(default=None, min_length=1)  # chat template
+    add_generation_prompt: bool | None = None  # messages only; only true (the template adds it)
+    add_special_tokens: bool | None = None  # only the encoding generation uses (module docstring)
+    return_token_strs: bool = False  # also return each token id decoded alone
+
+
+class TokenizeResponse(BaseModel):
+    count: int  # number of tokens
+    max_model_len: int | None  # the served context length; None: not known
+    tokens: list[int]  # token ids, exactly as generation would see the prompt
+    token_strs: list[str] | None = None  # each id decoded alone (with ``return_token_strs``)
+
+
+class DetokenizeRequest(BaseModel):
+    """POST /detokenize."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    model: Text | None = Field(default=None, min_length=1, max_length=512)  # None: the base model
+    tokens: list[TokenId]  # ids below the vocabulary size
+
+
+class DetokenizeResponse(BaseModel):
+    prompt: str  # the text the ids decode to (special tokens skipped, as in outputs)
+
+
+class LoadLoraAdapterRequest(BaseModel):
+    """vLLM's POST /v1/load_lora_adapter (admin credential, admin listener)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    lora_name: str = Field(min_length=1, max_length=512)  # tenant/name or tenant/name@revision
+    lora_path: str = Field(min_length=1, max_length=4096)  # a folder inside the import directory
+
+
+class UnloadLoraAdapterRequest(BaseModel):
+    """vLLM's POST /v1/unload_lora_adapter (admin credential, admin listener)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    lora_name: str = Field(min_length=1, max_length=512)  # tenant/name or tenant/name@revision
+
+
+class LoraAdapterLoaded(BaseModel):
+    lora_name: str  # as sent
+    model: str  # tenant/name@revision: the exact revision registered (send it as ``model``)
+    created: bool  # False: these bytes were already registered under that revision
+    tier: str  # the tier it was asked into ("L1": CPU memory)
+    status: Literal["resident", "deferred"]  # deferred: the cache declined to load it now
+    message: str  # human-readable outcome
+
+
+class LoraAdapterUnloaded(BaseModel):
+    lora_name: str  # as sent
+    evicted: dict[str, list[str]]  # tenant/name@revision -> tiers a copy was dropped from
+    message: str  # human-readable outcome

@@ -40,12 +40,17 @@ class RateLimiter:
         self._lock = threading.Lock()
         self._buckets: dict[str, _Bucket] = {}
 
-    def check(self, tenant: Tenant) -> None:
-        """Takes one token from ``tenant``'s bucket; RateLimitError when it is empty."""
+    def check(self, tenant: Tenant, cost: float = 1.0) -> None:
+        """Takes ``cost`` tokens (engine requests: a request with ``n`` choices over ``p``
+        prompts costs ``n * p``) from ``tenant``'s bucket; RateLimitError when it holds fewer.
+        A cost above the bucket's capacity takes a full bucket (it could never pass otherwise)."""
         rate = tenant.quotas.max_requests_per_s
         if rate is None:
             return
+        if not cost > 0:
+            raise ValueError(f"cost {cost} is invalid; expected > 0")
         capacity = max(1.0, rate * self.burst_s)
+        cost = min(cost, capacity)
         now = self._clock()
         with self._lock:
             bucket = self._buckets.get(tenant.name)
@@ -53,8 +58,8 @@ class RateLimiter:
                 bucket = self._buckets[tenant.name] = _Bucket(capacity, now)
             bucket.tokens = min(capacity, bucket.tokens + (now - bucket.updated_s) * rate)
             bucket.updated_s = now
-            if bucket.tokens >= 1.0:
-                bucket.tokens -= 1.0
+            if bucket.tokens >= cost:
+                bucket.tokens -= cost
                 return
-            wait_s = (1.0 - bucket.tokens) / rate
+            wait_s = (cost - bucket.tokens) / rate
         raise RateLimitError(tenant.name, rate, wait_s)

@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import shutil
 import tempfile
+from collections.abc import Callable
 from concurrent.futures import Future
 from dataclasses import asdict
 from enum import IntEnum
@@ -28,6 +29,7 @@ from loraplex.registry import (
     AliasTarget,
     PriorityClass,
     RegistrationRequest,
+    RegistrationResult,
 )
 from loraplex.registry.imports import staged_import
 from loraplex.server.admin_models import (
@@ -130,20 +132,33 @@ def show_adapter(tenant: str, name: str, deps: DepsDep) -> Any:
 
 
 def _register(deps: ServerDeps, request: RegistrationRequest) -> JSONResponse:
-    result = deps.registry.register(request, ACTOR)
+    return _registered(deps.registry.register(request, ACTOR))
+
+
+def _registered(result: RegistrationResult) -> JSONResponse:
     payload = {"created": result.created, "revision": asdict(result.revision)}
     return JSONResponse(_plain(payload), status_code=201 if result.created else 200)
 
 
-@router.post("/adapters", response_model=None)
-def register_from_import_dir(body: RegisterBody, deps: DepsDep) -> JSONResponse:
-    """Register a PEFT directory already on the server, inside the import directory (read
-    without following links, from a private copy: see ``registry/imports.py``)."""
+def register_import(
+    deps: ServerDeps, path: str, fields: dict[str, Any], revision_of: Callable[[Path], str]
+) -> RegistrationResult:
+    """Registers the PEFT folder ``path`` inside the import directory, read without following
+    links from a private copy (``registry/imports.py``); ``revision_of`` labels the revision from
+    that copy (vLLM's load route names it by content when the caller does not)."""
     if deps.config.import_dir is None:
         raise invalid_request("registration by server path is disabled (no import directory)")
-    fields = body.model_dump(exclude={"path"})
-    with staged_import(deps.config.import_dir, body.path) as adapter_dir:
-        return _register(deps, RegistrationRequest(adapter_dir=adapter_dir, **fields))
+    with staged_import(deps.config.import_dir, path) as adapter_dir:
+        revision = revision_of(adapter_dir)
+        request = RegistrationRequest(adapter_dir=adapter_dir, revision=revision, **fields)
+        return deps.registry.register(request, ACTOR)
+
+
+@router.post("/adapters", response_model=None)
+def register_from_import_dir(body: RegisterBody, deps: DepsDep) -> JSONResponse:
+    """Register a PEFT directory already on the server, inside the import directory."""
+    fields = body.model_dump(exclude={"path", "revision"})
+    return _registered(register_import(deps, body.path, fields, lambda _: body.revision))
 
 
 @router.post("/adapters/upload", response_model=None)

@@ -8,50 +8,65 @@ tenant only (no path or URL is ever accepted). Responses carry the revision that
 from __future__ import annotations
 
 import time
-from collections.abc import AsyncIterator, Callable
+from collections.abc import Callable
 from dataclasses import dataclass, replace
 
 from fastapi import APIRouter, Request, Response
 from fastapi.responses import StreamingResponse
 from starlette.concurrency import run_in_threadpool
 
-from loraplex.engine.protocol import TokenDelta
-from loraplex.registry import Adapter
+from loraplex.registry import Adapter, Revision
 from loraplex.server.auth import DepsDep, TenantDep
 from loraplex.server.chat import ChatMessage
+from loraplex.server.choices import (
+    DEFAULT_MAX_CHOICES,
+    ChoiceOutput,
+    Echo,
+    Fanout,
+    Shape,
+    Sibling,
+    shape_of,
+    siblings,
+)
 from loraplex.server.deps import ServerDeps
 from loraplex.server.errors import invalid_request
-from loraplex.server.limits import check_prompt_chars
+from loraplex.server.limits import charge_engine_requests, check_prompt_chars
+from loraplex.server.logprobs_format import TokenStrings
 from loraplex.server.metrics import RequestObservation, ServerMetrics
 from loraplex.server.protocol import (
-    ChatChoice,
     ChatCompletionRequest,
     ChatCompletionResponse,
-    ChatMessageOut,
-    CompletionChoice,
     CompletionRequest,
     CompletionResponse,
     ModelCard,
     ModelList,
+    Prompt,
     SamplingFields,
     Usage,
 )
-from loraplex.server.sampling_fields import sampling_params
+from loraplex.server.responses import chat_choices, completion_choices
+from loraplex.server.sampling_fields import (
+    fit_max_tokens,
+    output_logprobs,
+    sampling_params,
+    with_max_tokens,
+)
 from loraplex.server.serving import (
     ClientDisconnectedError,
-    Collected,
     Target,
     admit,
     collect,
     engine_request,
+    max_model_len,
     new_request_id,
     observe,
     observed,
     resolve_target,
+    response_id,
     start_stream,
     sticky_key,
 )
-from loraplex.server.streaming import ChunkFormat, sse_events
+from loraplex.server.streaming import ChunkFormat, StreamChoices, sse_events
 
 router = APIRouter(prefix="/v1")
 # nginx's status for "client closed the connection"; nobody reads it (the client is gone).
@@ -60,17 +75,19 @@ CLIENT_CLOSED_REQUEST = 499
 
 @dataclass(frozen=True)
 class Started:
-    """A request handed to the engine."""
+    """A request handed to the engine (one engine request per choice, see ``choices.py``)."""
 
-    request_id: str  # response id and engine request id
+    response_id: str  # the id the client sees (its X-Request-Id, else the server-made id)
     target: Target  # the revision answering
-    stream: AsyncIterator[TokenDelta]  # its output (observed for metrics)
+    fanout: Fanout  # every sibling's output (each observed for metrics)
     fmt: ChunkFormat  # how its chunks look
-    observation: RequestObservation  # its timing, and the tier the engine reports
+    observations: tuple[RequestObservation, ...]  # per sibling: timing and the engine's tier
+    shape: Shape  # prompts, n and best_of
+    prompt_ids: list[list[int]]  # the tokenized prompts
 
     def confirmed(self) -> Started:
         """This request with the tier the engine found its adapter in, once it said so."""
-        tier = self.observation.engine_tier
+        tier = next((o.engine_tier for o in self.observations if o.engine_tier), None)
         if tier is None or self.target.info.tier in (None, tier):
             return self
         info = self.target.info.model_copy(update={"tier": tier})
@@ -79,10 +96,22 @@ class Started:
         )
         return replace(self, target=replace(self.target, info=info), fmt=fmt)
 
+    @property
+    def headers(self) -> dict[str, str]:
+        return {**self.target.headers, "X-Request-Id": self.response_id}
+
 
 def _metrics(request: Request) -> ServerMetrics:
     deps: ServerDeps = request.app.state.deps
     return deps.metrics
+
+
+@dataclass(frozen=True)
+class Budget:
+    """What a request asked to generate per prompt."""
+
+    requested: int | None  # its max_tokens; None: the rest of the context; 0: echo only
+    param: str  # the field it came from (named in a 400)
 
 
 async def _start(
@@ -91,172 +120,226 @@ async def _start(
     tenant: TenantDep,
     *,
     body: SamplingFields,
-    encode: Callable[[], list[int]],
-    max_tokens: int | None,
-    chat: bool,
+    encode: Callable[[], list[list[int]]],
+    num_prompts: int,
+    budget: Budget,
 ) -> Started:
-    request_id = new_request_id("chatcmpl" if chat else "cmpl")
-    params = sampling_params(body, max_tokens)
+    chat = isinstance(body, ChatCompletionRequest)
+    engine_id = new_request_id("chatcmpl" if chat else "cmpl")  # never the client's
+    client_id = response_id(request, engine_id)
+    shape = shape_of(body, num_prompts, DEFAULT_MAX_CHOICES)
+    charge_engine_requests(request, tenant, shape.num_siblings)
+    placeholder = budget.requested or max(1, body.min_tokens)  # fitted per prompt below
+    params = sampling_params(body, placeholder, deps.config.vocab_size, rank_choices=shape.ranks)
     prompt_ids = await run_in_threadpool(encode)  # a long prompt must not stall the loop
     sticky = sticky_key(request, body.user)
-    target = admit(deps, await resolve_target(deps, tenant, body.model, request_id, sticky))
-    engine_req = engine_request(
-        deps, request_id, tenant=tenant, target=target, prompt_ids=prompt_ids, params=params
-    )
-    observation = observe(_metrics(request), tenant, target, request_id)
-    stream = observed(deps.engine.generate(engine_req), observation)
-    fmt = ChunkFormat(request_id, int(time.time()), body.model, target.info, chat)
-    return Started(request_id, target, stream, fmt, observation)
+    target = admit(deps, await resolve_target(deps, tenant, body.model, engine_id, sticky))
+    per_prompt = []
+    for ids in prompt_ids:
+        req = engine_request(
+            deps, engine_id, tenant=tenant, target=target, prompt_ids=ids, params=params
+        )
+        limit = 1 if budget.requested == 0 else None  # echo only: one token, never shown
+        fitted = limit or fit_max_tokens(
+            budget.requested, len(ids), max_model_len(deps), budget.param
+        )
+        per_prompt.append(replace(req, params=with_max_tokens(params, fitted)))
+    members, observations = [], []
+    for slot, req in enumerate(siblings(engine_id, per_prompt, shape)):
+        observation = observe(_metrics(request), tenant, target, client_id)
+        stream = observed(deps.engine.generate(req), observation)
+        members.append(Sibling(req.request_id, slot, stream))
+        observations.append(observation)
+    fanout = Fanout(deps.engine, members, show_prompt_only=budget.requested == 0)
+    fmt = ChunkFormat(client_id, int(time.time()), body.model, target.info, chat)
+    return Started(client_id, target, fanout, fmt, tuple(observations), shape, prompt_ids)
 
 
 async def _respond(
-    request: Request, deps: ServerDeps, started: Started, body: SamplingFields
-) -> tuple[Response | Collected, Started]:
-    """A streaming response, an empty one for a client that left, or the collected output;
+    request: Request, started: Started, body: SamplingFields, echo: list[Echo] | None
+) -> tuple[Response | list[ChoiceOutput], Started]:
+    """A streaming response, an empty one for a client that left, or every sibling's output;
     with ``started`` as the engine confirmed it (the tier it found the adapter in)."""
+    shape, fanout = started.shape, started.fanout
     try:
         if not body.stream:
-            collected = await collect(request, started.stream, deps, started.request_id)
-            return collected, started.confirmed()
-        first = await start_stream(request, started.stream, deps, started.request_id)
+            outputs = await collect(request, fanout, shape.num_siblings)
+            return outputs, started.confirmed()
+        first = await start_stream(request, fanout)
     except ClientDisconnectedError:
-        return Response(status_code=CLIENT_CLOSED_REQUEST, headers=started.target.headers), started
+        return Response(status_code=CLIENT_CLOSED_REQUEST, headers=started.headers), started
     started = started.confirmed()
-    events = sse_events(first, started.stream, started.fmt, body.include_usage, deps)
-    headers = started.target.headers
-    return StreamingResponse(events, media_type="text/event-stream", headers=headers), started
+    strings = TokenStrings(request.app.state.deps.engine.tokenizer)
+    choices = StreamChoices(started.fmt, shape.best_of, output_logprobs(body), strings, echo)
+    events = sse_events(first, fanout, choices, shape.num_siblings, body.include_usage)
+    return StreamingResponse(
+        events, media_type="text/event-stream", headers=started.headers
+    ), started
 
 
-def _usage(collected: Collected) -> Usage:
-    total = collected.prompt_tokens + collected.completion_tokens
+def _usage(outputs: list[ChoiceOutput], shape: Shape) -> Usage:
+    """Each prompt once, every generated token (best_of's unreturned choices too: they were
+    generated)."""
+    num_prompt = sum(outputs[p * shape.best_of].prompt_tokens for p in range(shape.num_prompts))
+    num_completion = sum(out.completion_tokens for out in outputs)
     return Usage(
-        prompt_tokens=collected.prompt_tokens,
-        completion_tokens=collected.completion_tokens,
-        total_tokens=total,
+        prompt_tokens=num_prompt,
+        completion_tokens=num_completion,
+        total_tokens=num_prompt + num_completion,
     )
 
 
-def _prompt_ids(deps: ServerDeps, prompt: str | list[str] | list[int]) -> list[int]:
+def _prompts(prompt: Prompt) -> list[str] | list[list[int]]:
+    """A request's prompts: one, or a batch (a list of texts or of token-id lists)."""
     if isinstance(prompt, str):
-        prompt = [prompt]
-    if all(isinstance(item, str) for item in prompt):
-        if len(prompt) != 1:
-            raise invalid_request(f"{len(prompt)} prompts given; expected exactly 1", "prompt")
-        text = str(prompt[0])
-        check_prompt_chars(len(text), deps.config.max_prompt_chars, "prompt")
-        return deps.engine.tokenizer.encode(text)
-    ids = [int(item) for item in prompt]
+        return [prompt]
+    if not prompt:
+        raise invalid_request("prompt is an empty list; expected at least one prompt", "prompt")
+    texts = [item for item in prompt if isinstance(item, str)]
+    if len(texts) == len(prompt):
+        return texts
+    ids = [item for item in prompt if isinstance(item, int)]
+    if len(ids) == len(prompt):
+        return [ids]
+    return [item for item in prompt if isinstance(item, list)]
+
+
+def _prompt_ids(deps: ServerDeps, prompt: str | list[int]) -> list[int]:
+    if isinstance(prompt, str):
+        check_prompt_chars(len(prompt), deps.config.max_prompt_chars, "prompt")
+        return deps.engine.tokenizer.encode(prompt)
     vocab = deps.config.vocab_size
-    if vocab is not None and any(not 0 <= token < vocab for token in ids):
+    if vocab is not None and any(not 0 <= token < vocab for token in prompt):
         raise invalid_request(f"prompt token ids must lie in [0, {vocab})", "prompt")
-    return ids
+    return prompt
 
 
 @router.post("/completions", response_model=None)
 async def completions(
     request: Request, body: CompletionRequest, tenant: TenantDep, deps: DepsDep
 ) -> Response | CompletionResponse:
+    prompts = _prompts(body.prompt)
+    if body.max_tokens == 0 and not body.echo:
+        raise invalid_request("max_tokens 0 is only allowed with echo true", "max_tokens")
     started = await _start(
         request,
         deps,
         tenant,
         body=body,
-        encode=lambda: _prompt_ids(deps, body.prompt),
-        max_tokens=body.max_tokens,
-        chat=False,
+        encode=lambda: [_prompt_ids(deps, p) for p in prompts],
+        num_prompts=len(prompts),
+        budget=Budget(body.max_tokens, "max_tokens"),
     )
-    result, started = await _respond(request, deps, started, body)
+    echo = _echoes(deps, prompts, started.prompt_ids) if body.echo else None
+    result, started = await _respond(request, started, body, echo)
     if isinstance(result, Response):
         return result
-    choice = CompletionChoice(text=result.text, finish_reason=result.finish_reason)
     fmt = started.fmt
     reply = CompletionResponse(
         id=fmt.request_id,
         created=fmt.created,
         model=fmt.model,
-        choices=[choice],
-        usage=_usage(result),
+        choices=completion_choices(
+            result, started.shape, body.logprobs, echo, TokenStrings(deps.engine.tokenizer)
+        ),
+        usage=_usage(result, started.shape),
         loraplex=fmt.info,
     )
     return _json(reply, started)
 
 
-def _chat_ids(deps: ServerDeps, body: ChatCompletionRequest) -> list[int]:
+def _echoes(
+    deps: ServerDeps, prompts: list[str] | list[list[int]], ids: list[list[int]]
+) -> list[Echo]:
+    texts = [p if isinstance(p, str) else deps.engine.tokenizer.decode(p) for p in prompts]
+    return [Echo(text, prompt_ids[0]) for text, prompt_ids in zip(texts, ids, strict=True)]
+
+
+def _chat_ids(deps: ServerDeps, body: ChatCompletionRequest) -> list[list[int]]:
     if deps.chat is None:
         raise invalid_request("the served model has no chat template; use /v1/completions")
     messages = [ChatMessage(m.role, m.text(), m.name) for m in body.messages]
     num_chars = sum(len(m.content) for m in messages)
     check_prompt_chars(num_chars, deps.config.max_prompt_chars, "messages")
-    return deps.chat.encode(messages, deps.engine.tokenizer)
+    return [deps.chat.encode(messages, deps.engine.tokenizer)]
 
 
 @router.post("/chat/completions", response_model=None)
 async def chat_completions(
     request: Request, body: ChatCompletionRequest, tenant: TenantDep, deps: DepsDep
 ) -> Response | ChatCompletionResponse:
-    max_tokens = body.max_completion_tokens or body.max_tokens
+    param = "max_completion_tokens" if body.max_completion_tokens else "max_tokens"
     started = await _start(
         request,
         deps,
         tenant,
         body=body,
         encode=lambda: _chat_ids(deps, body),
-        max_tokens=max_tokens,
-        chat=True,
+        num_prompts=1,
+        budget=Budget(body.max_completion_tokens or body.max_tokens, param),
     )
-    result, started = await _respond(request, deps, started, body)
+    result, started = await _respond(request, started, body, None)
     if isinstance(result, Response):
         return result
-    choice = ChatChoice(
-        message=ChatMessageOut(content=result.text), finish_reason=result.finish_reason
-    )
     fmt = started.fmt
     reply = ChatCompletionResponse(
         id=fmt.request_id,
         created=fmt.created,
         model=fmt.model,
-        choices=[choice],
-        usage=_usage(result),
+        choices=chat_choices(result, body, TokenStrings(deps.engine.tokenizer)),
+        usage=_usage(result, started.shape),
         loraplex=fmt.info,
     )
     return _json(reply, started)
 
 
 def _json(reply: CompletionResponse | ChatCompletionResponse, started: Started) -> Response:
-    headers = started.target.headers
-    return Response(reply.model_dump_json(), media_type="application/json", headers=headers)
+    return Response(reply.model_dump_json(), media_type="application/json", headers=started.headers)
 
 
-def _card(adapter: Adapter, caller: str, base: str) -> ModelCard:
-    own = adapter.tenant == caller
+def _card(
+    adapter: Adapter, caller: str, deps: ServerDeps, pinned: Revision | None = None
+) -> ModelCard:
+    """``pinned``: the card of one exact revision (``name@revision``), named in ``id`` and
+    ``root`` so that a pin is never reported as the alias."""
+    suffix = "" if pinned is None else f"@{pinned.revision}"
+    created = adapter.created_at if pinned is None else pinned.created_at
     return ModelCard(
-        id=adapter.name if own else adapter.ref,
-        created=int(adapter.created_at),
+        id=(adapter.name if adapter.tenant == caller else adapter.ref) + suffix,
+        created=int(created),
         owned_by=adapter.tenant,
-        root=adapter.ref,
-        parent=base,
+        root=adapter.ref + suffix,
+        parent=deps.config.base_model_name,
+        max_model_len=deps.config.max_model_len,
     )
 
 
 def _base_card(deps: ServerDeps) -> ModelCard:
     name = deps.config.base_model_name
-    return ModelCard(id=name, created=0, owned_by="loraplex", root=name, parent=None)
+    return ModelCard(
+        id=name,
+        created=0,
+        owned_by="loraplex",
+        root=name,
+        parent=None,
+        max_model_len=deps.config.max_model_len,
+    )
 
 
 @router.get("/models")
 def list_models(tenant: TenantDep, deps: DepsDep) -> ModelList:
     """The base model and exactly the adapters the caller may use (its own and public ones)."""
     adapters = deps.registry.usable_adapters(tenant.name)
-    base = deps.config.base_model_name
-    cards = [_base_card(deps), *(_card(a, tenant.name, base) for a in adapters)]
+    cards = [_base_card(deps), *(_card(a, tenant.name, deps) for a in adapters)]
     return ModelList(data=cards)
 
 
 @router.get("/models/{model:path}")
 async def get_model(model: str, tenant: TenantDep, deps: DepsDep) -> ModelCard:
-    """One model the caller may use; the registry's one 404 for anything else."""
+    """One model the caller may use; the registry's one 404 for anything else. A pinned
+    ``...@revision`` gets that revision's card."""
     if model == deps.config.base_model_name:
         return _base_card(deps)
     revision = await run_in_threadpool(deps.registry.resolve_revision, tenant.name, model)
     adapter = await run_in_threadpool(deps.registry.get_adapter, revision.tenant, revision.name)
-    return _card(adapter, tenant.name, deps.config.base_model_name)
+    return _card(adapter, tenant.name, deps, revision if "@" in model else None)

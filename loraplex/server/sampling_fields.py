@@ -1,18 +1,51 @@
 """From an OpenAI request's sampling fields to the engine's ``SamplingParams``: what is
-translated, and what is refused with a 400 naming the field rather than silently ignored."""
+translated, and what is refused with a 400 naming the field rather than silently ignored.
+
+Everything here runs before the prompt is tokenized or anything reaches the engine; only the
+output budget (``fit_max_tokens``) waits for the prompt's length.
+"""
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from dataclasses import replace
+
 from loraplex.errors import clipped
 from loraplex.sampling import SamplingParams
-from loraplex.server.errors import invalid_request
-from loraplex.server.protocol import NEUTRAL, SamplingFields
+from loraplex.server.errors import ApiError, invalid_request
+from loraplex.server.protocol import (
+    NEUTRAL,
+    ChatCompletionRequest,
+    CompletionRequest,
+    SamplingFields,
+)
+
+MAX_LOGIT_BIAS = 300  # entries in logit_bias (OpenAI's cap; each touches every step)
+MAX_ABS_BIAS = 100.0  # OpenAI's range for a bias
+# SamplingParams' field (the first word of its ValueError) -> the request field to name.
+_SAMPLING_FIELDS = {
+    name: name
+    for name in [
+        "max_tokens",
+        "temperature",
+        "top_p",
+        "top_k",
+        "seed",
+        "stop",
+        "min_tokens",
+        "presence_penalty",
+        "frequency_penalty",
+        "repetition_penalty",
+        "min_p",
+        "logit_bias",
+        "stop_token_ids",
+        "logprobs",
+    ]
+} | {"prompt_logprobs": "logprobs"}
 
 
 def _refuse_unsupported(body: SamplingFields) -> None:
     """A 400 for fields set to values loraplex cannot honour (rather than silently ignoring)."""
-    if body.n != 1:
-        raise invalid_request(f"n {body.n} is not supported; expected 1", "n")
     for field, neutral in NEUTRAL.items():
         value = getattr(body, field, None)
         if value is not None and not any(_same(value, n) for n in neutral):
@@ -21,8 +54,15 @@ def _refuse_unsupported(body: SamplingFields) -> None:
                 f"does not implement (accepted: null or {', '.join(map(repr, neutral))})",
                 field,
             )
-    if body.stream_options is not None and not body.stream:
+    options = body.stream_options
+    if options is not None and not body.stream:
         raise invalid_request("stream_options is only allowed with stream true", "stream_options")
+    if options is not None and options.continuous_usage_stats:
+        raise invalid_request(
+            "stream_options.continuous_usage_stats true is not supported; use include_usage "
+            "(one usage chunk at the end)",
+            "stream_options.continuous_usage_stats",
+        )
 
 
 def _same(value: object, neutral: object) -> bool:
@@ -30,11 +70,64 @@ def _same(value: object, neutral: object) -> bool:
     return value == neutral and isinstance(value, bool) == isinstance(neutral, bool)
 
 
-def sampling_params(body: SamplingFields, max_tokens: int | None) -> SamplingParams:
+def _token_id(value: int, vocab_size: int | None, field: str) -> int:
+    if value < 0 or (vocab_size is not None and value >= vocab_size):
+        bound = "..." if vocab_size is None else str(vocab_size)
+        raise invalid_request(
+            f"{field} token id {value} is invalid; expected one in [0, {bound})", field
+        )
+    return value
+
+
+def _logit_bias(
+    bias: dict[str, float] | None, vocab_size: int | None
+) -> tuple[tuple[int, float], ...]:
+    if not bias:
+        return ()
+    if len(bias) > MAX_LOGIT_BIAS:
+        raise invalid_request(
+            f"logit_bias has {len(bias)} entries; expected at most {MAX_LOGIT_BIAS}", "logit_bias"
+        )
+    entries = []
+    for key, value in bias.items():
+        if not (key.isascii() and key.isdigit()):
+            raise invalid_request(
+                f"logit_bias key {clipped(repr(key))} is invalid; expected a token id", "logit_bias"
+            )
+        if not -MAX_ABS_BIAS <= value <= MAX_ABS_BIAS:
+            raise invalid_request(
+                f"logit_bias value {value} is invalid; expected [-100, 100]", "logit_bias"
+            )
+        entries.append((_token_id(int(key), vocab_size, "logit_bias"), value))
+    return tuple(sorted(entries))
+
+
+def output_logprobs(body: SamplingFields) -> int | None:
+    """How many alternatives per output token the client asked for (0: only the chosen
+    token's logprob); None: no logprobs."""
+    if isinstance(body, CompletionRequest):
+        return body.logprobs
+    if isinstance(body, ChatCompletionRequest):
+        if body.top_logprobs is not None and not body.logprobs:
+            raise invalid_request("top_logprobs needs logprobs true", "top_logprobs")
+        return (body.top_logprobs or 0) if body.logprobs else None
+    return None
+
+
+def sampling_params(
+    body: SamplingFields, max_tokens: int, vocab_size: int | None, *, rank_choices: bool = False
+) -> SamplingParams:
+    """The engine's parameters for ``body`` (400 naming the field for any invalid value).
+    ``rank_choices``: best_of needs every token's logprob even when the client did not ask."""
     _refuse_unsupported(body)
-    try:
-        return SamplingParams(
-            max_tokens=max_tokens or 16,
+    logprobs = output_logprobs(body)
+    if rank_choices and logprobs is None:
+        logprobs = 0
+    echo = isinstance(body, CompletionRequest) and bool(body.echo)
+    stop_ids = tuple(_token_id(t, vocab_size, "stop_token_ids") for t in body.stop_token_ids or ())
+    return _checked(
+        lambda: SamplingParams(
+            max_tokens=max_tokens,
             temperature=body.temperature,
             top_p=body.top_p,
             seed=body.seed,
@@ -42,12 +135,59 @@ def sampling_params(body: SamplingFields, max_tokens: int | None) -> SamplingPar
             ignore_eos=body.ignore_eos,
             min_tokens=body.min_tokens,
             top_k=body.top_k if body.top_k is not None and body.top_k > 0 else None,
+            presence_penalty=_or(body.presence_penalty, 0.0),
+            frequency_penalty=_or(body.frequency_penalty, 0.0),
+            repetition_penalty=_or(body.repetition_penalty, 1.0),
+            min_p=_or(body.min_p, 0.0),
+            logit_bias=_logit_bias(body.logit_bias, vocab_size),
+            stop_token_ids=stop_ids,
+            include_stop_str_in_output=bool(body.include_stop_str_in_output),
+            logprobs=logprobs,
+            prompt_logprobs=logprobs if echo and output_logprobs(body) is not None else None,
         )
+    )
+
+
+def _or(value: float | None, default: float) -> float:
+    return default if value is None else value
+
+
+def _checked(build: Callable[[], SamplingParams]) -> SamplingParams:
+    try:
+        params = build()
     except ValueError as exc:  # each message starts with the field it is about
         field = str(exc).split(" ", 1)[0]
-        raise invalid_request(str(exc), field if field in _SAMPLING_FIELDS else None) from exc
+        raise invalid_request(str(exc), _SAMPLING_FIELDS.get(field)) from exc
+    return params
 
 
-_SAMPLING_FIELDS = frozenset(
-    {"max_tokens", "temperature", "top_p", "top_k", "seed", "stop", "min_tokens"}
-)
+def with_max_tokens(params: SamplingParams, max_tokens: int) -> SamplingParams:
+    """``params`` with the output budget fitted to one prompt (400 if ``min_tokens`` no
+    longer fits)."""
+    if max_tokens == params.max_tokens:
+        return params
+    return _checked(lambda: replace(params, max_tokens=max_tokens))
+
+
+def fit_max_tokens(
+    requested: int | None, num_prompt_tokens: int, max_model_len: int | None, param: str
+) -> int:
+    """The output budget of one prompt: ``requested``, or the rest of the context when None.
+    A prompt plus an explicit ``requested`` beyond the context is a 400 (vLLM's rule) rather
+    than a silently shorter output."""
+    if max_model_len is None:
+        return requested if requested is not None else 16
+    remaining = max_model_len - num_prompt_tokens
+    if requested is None:
+        return max(1, remaining)  # a prompt filling the context is refused by its own check
+    if requested > remaining:
+        raise ApiError(
+            400,
+            f"this model's maximum context length is {max_model_len} tokens; the request asks "
+            f"for {num_prompt_tokens + requested} ({num_prompt_tokens} in the prompt, "
+            f"{requested} in {param}); reduce the prompt or {param}",
+            "invalid_request_error",
+            "context_length_exceeded",
+            param,
+        )
+    return requested

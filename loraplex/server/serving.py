@@ -25,6 +25,7 @@ from loraplex.errors import PromptTooLongError
 from loraplex.registry import Revision, Tenant
 from loraplex.residency.ledger import CACHED_TIERS, Tier
 from loraplex.sampling import SamplingParams
+from loraplex.server.choices import ChoiceOutput, Fanout, Slotted
 from loraplex.server.deps import ServerDeps
 from loraplex.server.errors import invalid_request
 from loraplex.server.metrics import RequestObservation, ServerMetrics
@@ -57,16 +58,6 @@ class Target:
         return {REVISION_HEADER: self.header, TIER_HEADER: self.info.tier}
 
 
-@dataclass(frozen=True)
-class Collected:
-    """A finished non-streaming generation."""
-
-    text: str  # all generated text
-    finish_reason: str | None  # the last delta's reason
-    prompt_tokens: int  # prompt length
-    completion_tokens: int  # generated tokens
-
-
 SESSION_HEADER = "x-session-id"
 MAX_SESSION_ID_CHARS = 256
 
@@ -90,6 +81,34 @@ def sticky_key(request: Request, user: str | None) -> str | None:
 
 def new_request_id(prefix: str) -> str:
     return f"{prefix}-{secrets.token_hex(12)}"
+
+
+REQUEST_ID_HEADER = "x-request-id"
+MAX_REQUEST_ID_CHARS = 128
+
+
+def response_id(request: Request, generated: str) -> str:
+    """The ``id`` the client sees: its ``X-Request-Id`` header (printable ASCII, at most 128
+    characters), else ``generated``. NOTE: only the response id; engine request ids stay
+    server-made, so no tenant can collide with (or abort) another's request by naming one."""
+    chosen = request.headers.get(REQUEST_ID_HEADER)
+    if chosen is None:
+        return generated
+    if not 0 < len(chosen) <= MAX_REQUEST_ID_CHARS or not (
+        chosen.isascii() and chosen.isprintable()
+    ):
+        raise invalid_request(
+            f"header X-Request-Id is invalid; expected 1 to {MAX_REQUEST_ID_CHARS} printable "
+            "ASCII characters",
+            "X-Request-Id",
+        )
+    return chosen
+
+
+def max_model_len(deps: ServerDeps) -> int | None:
+    """Prompt plus output tokens of one sequence; None: unknown here (the engine still ends a
+    sequence at its own limit)."""
+    return deps.config.max_model_len
 
 
 def _resolve(
@@ -194,6 +213,9 @@ async def observed(
         if outcome == "error":  # closed before its last delta: the client went away
             outcome = "abort"
         raise
+    except Exception as exc:
+        observation.fail(exc)  # decides whether the failure counts against its revision
+        raise
     finally:
         observation.finish(outcome)
         with anyio.CancelScope(shield=True):
@@ -209,29 +231,6 @@ async def _aclose(stream: AsyncIterator[TokenDelta]) -> None:
 async def close_quietly(stream: AsyncIterator[TokenDelta]) -> None:
     """Closes a stream at once (not whenever the garbage collector gets to it)."""
     with anyio.CancelScope(shield=True):
-        await _aclose(stream)
-
-
-async def first_delta(
-    stream: AsyncIterator[TokenDelta], deps: ServerDeps, request_id: str
-) -> TokenDelta | None:
-    """The first delta, awaited before any response byte is sent so that queue timeouts and
-    load failures still get their own HTTP status (None when the stream ended at once)."""
-    try:
-        return await anext(stream)
-    except StopAsyncIteration:
-        return None
-    except BaseException:
-        await abort_quietly(deps, request_id, stream)
-        raise
-
-
-async def abort_quietly(
-    deps: ServerDeps, request_id: str, stream: AsyncIterator[TokenDelta]
-) -> None:
-    """Aborts the engine request and closes its stream, even inside a cancelled scope."""
-    with anyio.CancelScope(shield=True):
-        await deps.engine.abort(request_id)
         await _aclose(stream)
 
 
@@ -262,40 +261,43 @@ async def unless_disconnected(request: Request, work: Awaitable[T]) -> T:
     return task.result()
 
 
-async def _drain(stream: AsyncIterator[TokenDelta], first: TokenDelta | None) -> Collected:
-    parts: list[str] = []
-    last = first
-    if first is not None:
-        parts.append(first.text)
-        async for delta in stream:
-            parts.append(delta.text)
-            last = delta
-    await close_quietly(stream)
-    if last is None:
-        return Collected("", "abort", 0, 0)
-    return Collected("".join(parts), last.finish_reason, last.prompt_tokens, last.completion_tokens)
-
-
-async def start_stream(
-    request: Request, stream: AsyncIterator[TokenDelta], deps: ServerDeps, request_id: str
-) -> TokenDelta | None:
-    """The first delta (see ``first_delta``); the engine request is aborted if the client
-    leaves while it waits in the queue."""
+async def first_item(fanout: Fanout) -> Slotted | None:
+    """The first delta of any sibling, awaited before any response byte is sent so that queue
+    timeouts and load failures still get their own HTTP status (None: every stream ended at
+    once). An error has already aborted every sibling (``Fanout``)."""
     try:
-        return await unless_disconnected(request, first_delta(stream, deps, request_id))
+        return await anext(fanout)
+    except StopAsyncIteration:
+        return None
+
+
+async def start_stream(request: Request, fanout: Fanout) -> Slotted | None:
+    """The first delta (see ``first_item``); every sibling is aborted if the client leaves
+    while they wait in the queue."""
+    try:
+        return await unless_disconnected(request, first_item(fanout))
     except ClientDisconnectedError:
-        await abort_quietly(deps, request_id, stream)
+        await fanout.abort()
         raise
 
 
-async def collect(
-    request: Request, stream: AsyncIterator[TokenDelta], deps: ServerDeps, request_id: str
-) -> Collected:
-    """The whole output of a non-streaming request; ClientDisconnectedError if the client left
-    first (the engine request is then aborted and its lease released)."""
-    first = await start_stream(request, stream, deps, request_id)
+async def _drain(fanout: Fanout, first: Slotted | None, outputs: list[ChoiceOutput]) -> None:
+    item = first
+    while item is not None:
+        slot, delta = item
+        outputs[slot].add(delta)
+        item = await anext(fanout, None)
+    await fanout.abort()  # every sibling ended: this only closes the streams
+
+
+async def collect(request: Request, fanout: Fanout, num_slots: int) -> list[ChoiceOutput]:
+    """The whole output of every sibling, by slot; ClientDisconnectedError if the client left
+    first (every sibling is then aborted and its lease released)."""
+    outputs = [ChoiceOutput() for _ in range(num_slots)]
+    first = await start_stream(request, fanout)
     try:
-        return await unless_disconnected(request, _drain(stream, first))
+        await unless_disconnected(request, _drain(fanout, first, outputs))
     except ClientDisconnectedError:
-        await abort_quietly(deps, request_id, stream)
+        await fanout.abort()
         raise
+    return outputs

@@ -1,6 +1,6 @@
 """Server-sent events for both OpenAI endpoints, and the chunk shapes that differ between them.
 
-A stream opens only after the engine produced its first delta (see ``serving.first_delta``), so
+A stream opens only after the engine produced its first delta (see ``serving.first_item``), so
 errors before it get a real HTTP status. An error after it cannot change the status any more:
 whatever its type (a domain error or a bug), it is sent as one ``data: {"error": ...}`` event
 (what the OpenAI clients raise on), mapped by ``server/errors.py`` like a status would be, and
@@ -11,25 +11,17 @@ aborted.
 from __future__ import annotations
 
 import json
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Sequence
 from dataclasses import dataclass
 from functools import cached_property
 
-from loraplex.engine.protocol import TokenDelta
-from loraplex.server.deps import ServerDeps
+from loraplex.engine.protocol import TokenDelta, TokenLogprob
+from loraplex.server.choices import Echo, Fanout, Slotted
 from loraplex.server.errors import ErrorContext, to_api_error
+from loraplex.server.logprobs_format import TokenStrings, chat_logprobs, completion_logprobs
 from loraplex.server.protocol import RevisionInfo, Usage
-from loraplex.server.serving import abort_quietly, close_quietly
 
 DONE = "data: [DONE]\n\n"
-
-
-def usage_of(delta: TokenDelta) -> Usage:
-    return Usage(
-        prompt_tokens=delta.prompt_tokens,
-        completion_tokens=delta.completion_tokens,
-        total_tokens=delta.prompt_tokens + delta.completion_tokens,
-    )
 
 
 def _json(value: object) -> str:
@@ -69,27 +61,37 @@ class ChunkFormat:
         info = _json(self.info.model_dump())
         return f'],"usage":null,"system_fingerprint":null,"loraplex":{info}}}\n\n'
 
-    def opening(self) -> list[str]:
-        """Events sent before any text (chat announces the assistant role first)."""
+    def opening(self, num_choices: int = 1) -> list[str]:
+        """Events sent before any text (chat announces the assistant role of each choice)."""
         if not self.chat:
             return []
         delta = '{"role":"assistant","content":""}'
         return [
-            f'{self._head}{{"index":0,"delta":{delta},"logprobs":null,'
-            f'"finish_reason":null}}{self._tail}'
+            f'{self._head}{{"index":{index},"delta":{delta},"logprobs":null,'
+            f'"finish_reason":null,"stop_reason":null}}{self._tail}'
+            for index in range(num_choices)
         ]
 
-    def text(self, text: str, finish_reason: str | None) -> str:
-        """The event carrying one delta's text."""
-        reason = _json(finish_reason)
+    def text(
+        self,
+        text: str,
+        finish_reason: str | None,
+        *,
+        index: int = 0,
+        logprobs: object = None,
+        stop_reason: str | int | None = None,
+    ) -> str:
+        """The event carrying one delta of choice ``index`` (``logprobs``: its JSON-ready
+        value in the endpoint's shape)."""
+        rest = (
+            f'"logprobs":{_json(logprobs)},"finish_reason":{_json(finish_reason)},'
+            f'"stop_reason":{_json(stop_reason)}}}'
+        )
         if self.chat:
             content = _json(text) if text else "null"
-            choice = (
-                f'{{"index":0,"delta":{{"role":null,"content":{content}}},"logprobs":null,'
-                f'"finish_reason":{reason}}}'
-            )
+            choice = f'{{"index":{index},"delta":{{"role":null,"content":{content}}},{rest}'
         else:
-            choice = f'{{"index":0,"text":{_json(text)},"logprobs":null,"finish_reason":{reason}}}'
+            choice = f'{{"index":{index},"text":{_json(text)},{rest}'
         return f"{self._head}{choice}{self._tail}"
 
     def usage(self, usage: Usage) -> str:
@@ -98,36 +100,96 @@ class ChunkFormat:
         return f"{self._head}{tail}"
 
 
+class StreamChoices:
+    """Turns each sibling's deltas into events: choice index, echo, logprobs, usage."""
+
+    def __init__(
+        self,
+        fmt: ChunkFormat,
+        siblings_per_prompt: int,
+        num_top: int | None,
+        strings: TokenStrings,
+        echo: Sequence[Echo] | None = None,
+    ) -> None:
+        self.fmt = fmt
+        self._per_prompt = siblings_per_prompt  # streams never rank: slot == choice index
+        self._num_top = num_top  # logprobs the client asked for; None: none
+        self._strings = strings
+        self._echo = echo
+        self._offsets: dict[int, int] = {}  # completions: text sent per choice (text_offset)
+        self._last: dict[int, TokenDelta] = {}  # the latest delta of each choice (usage)
+
+    def event(self, slot: int, delta: TokenDelta) -> str | None:
+        first = slot not in self._last
+        self._last[slot] = delta
+        text, entries = delta.text, list[TokenLogprob | None](delta.logprobs or ())
+        echo = self._echo[slot // self._per_prompt] if self._echo and first else None
+        if echo is not None:
+            text = echo.text + text
+            entries = [*(delta.prompt_logprobs or ()), *entries]
+        if not (first or text or entries or delta.finish_reason is not None):
+            return None
+        return self.fmt.text(
+            text, delta.finish_reason, index=slot, stop_reason=delta.stop_reason,
+            logprobs=self._logprobs(slot, entries, echo),
+        )  # fmt: skip
+
+    def _logprobs(self, slot: int, entries: list[TokenLogprob | None], echo: Echo | None) -> object:
+        if self._num_top is None:
+            return None
+        if self.fmt.chat:
+            chosen = [e for e in entries if e is not None]
+            return {
+                "content": [
+                    c.model_dump() for c in chat_logprobs(chosen, self._strings, self._num_top)
+                ]
+            }
+        first_id = echo.first_token_id if echo is not None else None
+        out = completion_logprobs(
+            entries, self._strings, self._num_top,
+            first_token_id=first_id, text_offset=self._offsets.get(slot, 0),
+        )  # fmt: skip
+        if out.tokens:
+            self._offsets[slot] = out.text_offset[-1] + len(out.tokens[-1])
+        return out.model_dump()
+
+    def usage(self) -> Usage:
+        """Every choice's tokens together, each prompt counted once (as vLLM)."""
+        prompts = {slot // self._per_prompt: d.prompt_tokens for slot, d in self._last.items()}
+        num_prompt = sum(prompts.values())
+        num_completion = sum(d.completion_tokens for d in self._last.values())
+        return Usage(
+            prompt_tokens=num_prompt,
+            completion_tokens=num_completion,
+            total_tokens=num_prompt + num_completion,
+        )
+
+
 async def sse_events(
-    first: TokenDelta | None,
-    stream: AsyncIterator[TokenDelta],
-    fmt: ChunkFormat,
+    first: Slotted | None,
+    fanout: Fanout,
+    choices: StreamChoices,
+    num_choices: int,
     include_usage: bool,
-    deps: ServerDeps,
 ) -> AsyncIterator[str]:
-    """The event stream of one request, ``first`` being the delta already received."""
-    last, ended = first, first is None
+    """The event stream of one request, ``first`` being the delta already received. However
+    it ends (done, failed, or cancelled because the client left), every sibling still running
+    is aborted."""
+    fmt = choices.fmt
     try:
-        for opening in fmt.opening():
+        for opening in fmt.opening(num_choices):
             yield opening
-        delta = first
-        while delta is not None:
-            if delta is first or delta.text or delta.finish_reason is not None:
-                yield fmt.text(delta.text, delta.finish_reason)
-            last = delta
-            if delta.finish_reason is not None:
-                break
-            delta = await anext(stream, None)
-        ended = True
-        if include_usage and last is not None:
-            yield fmt.usage(usage_of(last))
+        item = first
+        while item is not None:
+            event_text = choices.event(*item)
+            if event_text is not None:
+                yield event_text
+            item = await anext(fanout, None)
+        if include_usage:
+            yield fmt.usage(choices.usage())
         yield DONE
     except Exception as exc:  # any failure is an error event, never a silently cut stream
-        ended = True
         # to_api_error logs a bug under an id; its event names the id and nothing else.
         yield event(to_api_error(exc, ErrorContext.TENANT).body())
     finally:
-        if ended:
-            await close_quietly(stream)
-        else:
-            await abort_quietly(deps, fmt.request_id, stream)
+        await fanout.abort()

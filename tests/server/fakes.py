@@ -4,12 +4,18 @@ and a cache pipeline that moves nothing (so residency admin and cache metrics ru
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
 from typing import cast
 
 from loraplex.artifacts.identity import AdapterKey
-from loraplex.engine.protocol import EngineHealth, EngineLoad, EngineRequest, TokenDelta
+from loraplex.engine.protocol import (
+    EngineHealth,
+    EngineLoad,
+    EngineRequest,
+    TokenDelta,
+    TokenLogprob,
+)
 from loraplex.model.tokenizer import TextTokenizer
 from loraplex.residency.cache.tiered_cache import CacheConfig, TieredAdapterCache
 from loraplex.residency.ledger import Tier, TierBudget
@@ -47,6 +53,45 @@ def reply_for(request: EngineRequest) -> str:
     return f" {who} answers."
 
 
+def fake_logprob(request: EngineRequest, count: int) -> float:
+    """The fake's logprob of output token ``count`` (1-based): lower for larger seeds modulo 4,
+    so best_of's siblings (seed + i) rank in a known order."""
+    seed = request.params.seed or 0
+    return -0.25 * (1 + seed % 4) - 0.01 * count
+
+
+def fake_logprobs(request: EngineRequest, count: int) -> tuple[TokenLogprob, ...] | None:
+    """One entry for output token ``count`` when the request asked for logprobs; its top list
+    holds ``params.logprobs`` alternatives (the chosen token first)."""
+    num_top = request.params.logprobs
+    if num_top is None:
+        return None
+    token, logprob = count + _OFFSET, fake_logprob(request, count)
+    top = tuple((token + k, logprob - k) for k in range(num_top))
+    return (TokenLogprob(token, logprob, 1, top),)
+
+
+def fake_prompt_logprobs(request: EngineRequest) -> tuple[TokenLogprob | None, ...] | None:
+    """Each prompt token after the first at logprob -1 - 0.5 x position, as asked."""
+    num_top = request.params.prompt_logprobs
+    if num_top is None:
+        return None
+    entries = [
+        TokenLogprob(
+            t, -1.0 - 0.5 * i, 1, tuple((t + k, -1.0 - 0.5 * i - k) for k in range(num_top))
+        )
+        for i, t in enumerate(request.prompt_token_ids[1:], start=1)
+    ]
+    return (None, *entries)
+
+
+def _stop_reason(request: EngineRequest, reason: str | None) -> int | None:
+    """A finished "stop" names the request's first stop token id, if it has any (as if the
+    fake's last word had been that token)."""
+    ids = request.params.stop_token_ids
+    return ids[0] if reason == "stop" and ids else None
+
+
 @dataclass
 class FakeEngine:
     """Streams ``reply_for(request)`` one word per delta (cut at max_tokens; stop strings are
@@ -61,6 +106,8 @@ class FakeEngine:
     waiting: tuple[AdapterKey, ...] = ()  # reported as waiting in load_snapshot()
     char_tokenizer: CharTokenizer = field(default_factory=CharTokenizer)
     leased_from: Tier | None = None  # the adapter tier reported on an adapter request's first delta
+    # Per request: an error raised after its first delta (a sibling failing mid-stream); None: none
+    fail: Callable[[EngineRequest], Exception | None] | None = None
 
     @property
     def tokenizer(self) -> TextTokenizer:
@@ -99,11 +146,17 @@ class FakeEngine:
                 first = count == 1
                 tier = self.leased_from if first and request.adapter_key is not None else None
                 yield TokenDelta((count + _OFFSET,), piece, reason, len(request.prompt_token_ids),
-                                 count, QUEUE_S if first else None, tier)  # fmt: skip
+                                 count, QUEUE_S if first else None, tier,
+                                 logprobs=fake_logprobs(request, count),
+                                 prompt_logprobs=fake_prompt_logprobs(request) if first else None,
+                                 stop_reason=_stop_reason(request, reason))  # fmt: skip
                 if last:
                     return
                 if count == 1 and who in self.mid_stream_errors:
                     raise self.mid_stream_errors[who]
+                failure = self.fail(request) if count == 1 and self.fail is not None else None
+                if failure is not None:
+                    raise failure
                 if count == 1 and self.gate is not None:
                     await self.gate.wait()
         finally:

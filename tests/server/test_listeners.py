@@ -13,6 +13,7 @@ import uvicorn
 from conftest import ADMIN_KEY, Served, make_app_deps
 from fakes import FakeEngine
 
+import loraplex
 from loraplex.serve.config import ServeConfig
 from loraplex.server.app import create_app
 from loraplex.server.listeners import bind_all, guarded
@@ -76,3 +77,39 @@ def test_a_busy_admin_port_closes_the_public_socket_too() -> None:
             bind_all("127.0.0.1", 0, None, port)
     finally:
         taken.close()
+
+
+@pytest.mark.parametrize("route", ["/v1/load_lora_adapter", "/v1/unload_lora_adapter"])
+def test_vllm_adapter_routes_answer_only_on_the_admin_socket(
+    urls: tuple[str, str], served: Served, route: str
+) -> None:
+    public, admin = urls
+    admin_auth = {"Authorization": f"Bearer {ADMIN_KEY}"}
+    body = {"lora_name": "no-tenant-given", "lora_path": "x"}
+    if route.endswith("unload_lora_adapter"):
+        del body["lora_path"]
+    reached = httpx.post(f"{admin}{route}", json=body, headers=admin_auth)
+    assert reached.status_code == 400 and reached.json()["error"]["param"] == "lora_name"
+    tenant_auth = {"Authorization": f"Bearer {served.keys['acme']}"}
+    for headers in (admin_auth, tenant_auth):
+        hidden = httpx.post(f"{public}{route}", json=body, headers=headers)
+        missing = httpx.post(f"{public}/v1/no-such-route", json=body, headers=tenant_auth)
+        assert hidden.status_code == missing.status_code == 404
+        assert hidden.json() == missing.json()
+    for headers in ({}, tenant_auth):
+        assert httpx.post(f"{admin}{route}", json=body, headers=headers).status_code == 401
+
+
+def test_openapi_documents_and_version_by_socket(urls: tuple[str, str]) -> None:
+    public, admin = urls
+    admin_auth = {"Authorization": f"Bearer {ADMIN_KEY}"}
+    tenant_doc = httpx.get(f"{public}/openapi.json")
+    assert tenant_doc.status_code == 200
+    assert "/v1/completions" in tenant_doc.json()["paths"]
+    assert httpx.get(f"{admin}/openapi.json").status_code == 404
+    admin_doc = httpx.get(f"{admin}/admin/openapi.json", headers=admin_auth)
+    assert admin_doc.status_code == 200 and "/v1/load_lora_adapter" in admin_doc.json()["paths"]
+    assert httpx.get(f"{admin}/admin/openapi.json").status_code == 401
+    assert httpx.get(f"{public}/admin/openapi.json", headers=admin_auth).status_code == 404
+    for url in (public, admin):
+        assert httpx.get(f"{url}/version").json() == {"version": loraplex.__version__}

@@ -82,3 +82,33 @@ def test_over_http_a_tenant_over_its_rate_gets_429_before_its_body_is_read(rig: 
         "/v1/completions", json={**body, "model": "support"}, headers=rig.headers("acme")
     )
     assert calm.status_code == 200  # another tenant's bucket is its own
+
+
+def test_a_costlier_check_takes_that_many_tokens_and_never_more_than_the_bucket() -> None:
+    clock = Clock()
+    limiter = RateLimiter(burst_s=1.0, clock=clock)
+    tenant = _tenant("acme", 4.0)
+    limiter.check(tenant, 3)
+    with pytest.raises(RateLimitError) as refused:
+        limiter.check(tenant, 2)  # one token left
+    assert refused.value.retry_after_s == pytest.approx(0.25)
+    clock.now = 10.0
+    limiter.check(tenant, 100)  # above the capacity: takes the full bucket
+    with pytest.raises(RateLimitError):
+        limiter.check(tenant)
+    with pytest.raises(ValueError, match="cost"):
+        limiter.check(tenant, 0)
+
+
+def test_over_http_n_choices_count_as_n_requests_against_the_rate(rig: Rig) -> None:
+    admin = rig.client
+    admin.post("/admin/tenants", json={"name": "fanner"}, headers=rig.admin)
+    quotas = {"quotas": {"max_requests_per_s": 3.0}}  # a bucket of 3 requests
+    assert admin.put("/admin/tenants/fanner", json=quotas, headers=rig.admin).status_code == 200
+    token = admin.post("/admin/tenants/fanner/keys", headers=rig.admin).json()["token"]
+    headers = {"Authorization": f"Bearer {token}"}
+    body = {"model": BASE_NAME, "prompt": "hi", "max_tokens": 2, "n": 3}
+    assert admin.post("/v1/completions", json=body, headers=headers).status_code == 200
+    refused = admin.post("/v1/completions", json=body, headers=headers)
+    assert refused.status_code == 429  # the first three choices used the whole bucket
+    assert refused.json()["error"]["code"] == "rate_limited"

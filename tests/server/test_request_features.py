@@ -43,9 +43,9 @@ def test_defaults_keep_eos_and_no_minimum(rig: Rig) -> None:
 @pytest.mark.parametrize(
     ("field", "value", "param"),
     [
-        ("n", 2, "n"),
-        ("logprobs", 1, "logprobs"),
-        ("logprobs", 0, "logprobs"),
+        ("n", 17, "n"),
+        ("logprobs", 21, "logprobs"),
+        ("logprobs", -1, "logprobs"),
         ("logprobs", True, "logprobs"),
         ("top_logprobs", 3, "top_logprobs"),
         ("min_tokens", 20, None),  # above max_tokens

@@ -1,6 +1,6 @@
 """Nothing a tenant sends is silently ignored: unknown fields are a 400 naming them, known but
-unimplemented fields are accepted only at the value that changes nothing, and ``top_k`` reaches
-the sampler."""
+unimplemented fields are accepted only at the value that changes nothing, and implemented fields
+reach the sampler."""
 
 from __future__ import annotations
 
@@ -14,7 +14,7 @@ from loraplex.server.protocol import NEUTRAL
 COMPLETIONS = "/v1/completions"
 CHAT = "/v1/chat/completions"
 _CHAT_ONLY = {"tools", "tool_choice", "response_format", "add_generation_prompt"}
-_COMPLETIONS_ONLY = {"echo", "best_of", "suffix"}
+_COMPLETIONS_ONLY = {"suffix"}
 
 
 def _body(path: str, **fields: Any) -> dict[str, Any]:
@@ -36,23 +36,19 @@ def _paths(field: str) -> list[str]:
 
 NEUTRAL_CASES = [(f, v, p) for f, values in NEUTRAL.items() for v in values for p in _paths(f)]
 REFUSED_CASES = [
-    ("presence_penalty", 0.5),
-    ("frequency_penalty", -1.0),
-    ("repetition_penalty", 1.2),
-    ("min_p", 0.1),
-    ("logit_bias", {"50256": -100}),
-    ("stop_token_ids", [2]),
-    ("include_stop_str_in_output", True),
-    ("echo", True),
-    ("best_of", 2),
-    ("logprobs", 0),  # completions: 0 asks for the chosen token's logprob (not "off")
     ("suffix", "end"),
     ("tools", [{"type": "function", "function": {"name": "f"}}]),
     ("tool_choice", "auto"),
     ("response_format", {"type": "json_object"}),
+    ("response_format", {"type": "json_schema", "json_schema": {"name": "x", "schema": {}}}),
     ("add_generation_prompt", False),
-    ("logprobs", 2),
 ]
+
+
+def test_neutral_lists_only_what_is_not_implemented() -> None:
+    assert set(NEUTRAL) == {"suffix", "tools", "tool_choice", "response_format"} | {
+        "add_generation_prompt"
+    }
 
 
 @pytest.mark.parametrize(("field", "value", "path"), NEUTRAL_CASES)
@@ -84,6 +80,14 @@ def test_an_unknown_field_is_a_400_naming_it(rig: Rig, path: str, field: str) ->
     assert reply.json()["error"]["param"] == field
 
 
+@pytest.mark.parametrize(
+    ("field", "path"), [("best_of", CHAT), ("echo", CHAT), ("top_logprobs", COMPLETIONS)]
+)
+def test_a_field_of_the_other_endpoint_is_a_400_naming_it(rig: Rig, field: str, path: str) -> None:
+    reply = rig.client.post(path, json=_body(path, **{field: 1}), headers=rig.headers("acme"))
+    assert reply.status_code == 400 and reply.json()["error"]["param"] == field
+
+
 def test_unknown_fields_inside_messages_and_stream_options_are_refused(rig: Rig) -> None:
     message = {"role": "user", "content": "hi", "audio": {"id": "x"}}
     body = {"model": "support", "messages": [message]}
@@ -100,6 +104,17 @@ def test_stream_options_without_stream_is_refused(rig: Rig) -> None:
     assert reply.status_code == 400 and reply.json()["error"]["param"] == "stream_options"
 
 
+def test_continuous_usage_stats_is_refused_unless_false(rig: Rig) -> None:
+    options = {"include_usage": True, "continuous_usage_stats": True}
+    body = _body(COMPLETIONS, stream=True, stream_options=options)
+    reply = rig.client.post(COMPLETIONS, json=body, headers=rig.headers("acme"))
+    assert reply.status_code == 400
+    assert reply.json()["error"]["param"] == "stream_options.continuous_usage_stats"
+    options["continuous_usage_stats"] = False
+    reply = rig.client.post(COMPLETIONS, json=body, headers=rig.headers("acme"))
+    assert reply.status_code == 200
+
+
 @pytest.mark.parametrize(("value", "expected"), [(None, None), (-1, None), (0, None), (3, 3)])
 def test_top_k_reaches_the_sampler(rig: Rig, value: int | None, expected: int | None) -> None:
     reply = rig.client.post(
@@ -114,3 +129,16 @@ def test_top_k_below_minus_one_is_refused(rig: Rig) -> None:
         COMPLETIONS, json=_body(COMPLETIONS, top_k=-2), headers=rig.headers("acme")
     )
     assert reply.status_code == 400 and reply.json()["error"]["param"] == "top_k"
+
+
+@pytest.mark.parametrize("path", [COMPLETIONS, CHAT])
+def test_null_sampling_fields_mean_their_defaults(rig: Rig, path: str) -> None:
+    nulls = dict.fromkeys(
+        ("n", "presence_penalty", "frequency_penalty", "repetition_penalty", "min_p")
+    ) | dict.fromkeys(("logit_bias", "stop_token_ids", "include_stop_str_in_output", "logprobs"))
+    reply = rig.client.post(path, json=_body(path, **nulls), headers=rig.headers("acme"))
+    assert reply.status_code == 200, reply.text
+    params = rig.engine.requests[-1].params
+    assert (params.presence_penalty, params.frequency_penalty) == (0.0, 0.0)
+    assert (params.repetition_penalty, params.min_p, params.logprobs) == (1.0, 0.0, None)
+    assert params.logit_bias == () and params.stop_token_ids == ()

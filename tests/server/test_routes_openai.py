@@ -87,14 +87,15 @@ def test_sampling_fields_reach_the_engine(rig: Rig) -> None:
 def test_the_engine_finish_reason_reaches_the_choice(rig: Rig) -> None:
     short = _post(rig, "acme", "/v1/completions", model="support", prompt="a", max_tokens=1)
     assert short.json()["choices"][0] == {
-        "index": 0, "text": " acme/support@r1", "logprobs": None, "finish_reason": "length"
+        "index": 0, "text": " acme/support@r1", "logprobs": None, "finish_reason": "length",
+        "stop_reason": None,
     }  # fmt: skip
 
 
 @pytest.mark.parametrize(
     ("field", "value"),
-    [("n", 2), ("temperature", -1), ("top_p", 0), ("max_tokens", 0), ("stop", ["a"] * 5),
-     ("prompt", ["a", "b"]), ("prompt", []), ("prompt", [1, 10**9])],
+    [("n", 17), ("temperature", -1), ("top_p", 0), ("max_tokens", 0), ("stop", ["a"] * 5),
+     ("prompt", ["a"] * 17), ("prompt", []), ("prompt", [1, 10**9])],
 )  # fmt: skip
 def test_bad_fields_get_400_and_reach_no_engine(rig: Rig, field: str, value: object) -> None:
     body: dict[str, object] = {"model": "support", "prompt": "hi", field: value}
@@ -183,7 +184,7 @@ def test_models_lists_only_the_callers_adapters(rig: Rig) -> None:
         data = rig.client.get("/v1/models", headers=rig.headers(tenant)).json()["data"]
         assert data[0] == {
             "id": BASE_NAME, "object": "model", "created": 0, "owned_by": "loraplex",
-            "root": BASE_NAME, "parent": None,
+            "root": BASE_NAME, "parent": None, "max_model_len": None,
         }  # fmt: skip
         adapters = data[1:]
         own = {a.name for a in rig.served.assets.adapters if a.tenant == tenant}

@@ -12,9 +12,11 @@ from starlette.requests import Request
 
 from loraplex.engine.protocol import EngineRequest
 from loraplex.sampling import SamplingParams
+from loraplex.server.choices import Fanout, Sibling
+from loraplex.server.logprobs_format import TokenStrings
 from loraplex.server.protocol import RevisionInfo
-from loraplex.server.serving import ClientDisconnectedError, collect, first_delta, start_stream
-from loraplex.server.streaming import ChunkFormat, sse_events
+from loraplex.server.serving import ClientDisconnectedError, collect, first_item, start_stream
+from loraplex.server.streaming import ChunkFormat, StreamChoices, sse_events
 
 
 class StubRequest:
@@ -35,14 +37,17 @@ def _request(request_id: str) -> EngineRequest:
     return EngineRequest(request_id, "acme", None, (1, 2), SamplingParams(max_tokens=8))
 
 
+def _one(engine: FakeEngine, request_id: str, stream: Any = None) -> Fanout:
+    stream = engine.generate(_request(request_id)) if stream is None else stream
+    return Fanout(engine, [Sibling(request_id, 0, stream)])
+
+
 def test_non_streaming_disconnect_aborts(served: Served) -> None:
     async def scenario() -> None:
         engine = FakeEngine(gate=asyncio.Event())
-        deps = make_app_deps(served, engine)
+        make_app_deps(served, engine)
         stub = StubRequest()
-        task = asyncio.ensure_future(
-            collect(cast(Request, stub), engine.generate(_request("r-1")), deps, "r-1")
-        )
+        task = asyncio.ensure_future(collect(cast(Request, stub), _one(engine, "r-1"), 1))
         await asyncio.sleep(0.01)
         assert not task.done() and engine.aborted == []
         stub.leave()
@@ -56,11 +61,9 @@ def test_non_streaming_disconnect_aborts(served: Served) -> None:
 def test_non_streaming_completes_without_abort(served: Served) -> None:
     async def scenario() -> None:
         engine = FakeEngine()
-        deps = make_app_deps(served, engine)
-        collected = await collect(
-            cast(Request, StubRequest()), engine.generate(_request("r-2")), deps, "r-2"
-        )
-        assert collected is not None and collected.text == " base answers."
+        make_app_deps(served, engine)
+        (collected,) = await collect(cast(Request, StubRequest()), _one(engine, "r-2"), 1)
+        assert collected.text == " base answers."
         assert collected.finish_reason == "stop" and engine.aborted == []
 
     asyncio.run(scenario())
@@ -70,10 +73,11 @@ def test_streaming_cancel_aborts(served: Served) -> None:
     async def scenario() -> None:
         engine = FakeEngine(gate=asyncio.Event())
         deps = make_app_deps(served, engine)
-        stream = engine.generate(_request("r-3"))
-        first = await first_delta(stream, deps, "r-3")
+        fanout = _one(engine, "r-3")
+        first = await first_item(fanout)
         fmt = ChunkFormat("r-3", 0, "m", RevisionInfo(revision=None, adapter_digest=None), False)
-        events = sse_events(first, stream, fmt, False, deps)
+        choices = StreamChoices(fmt, 1, None, TokenStrings(deps.engine.tokenizer))
+        events = sse_events(first, fanout, choices, 1, False)
 
         async def consume() -> list[str]:
             return [chunk async for chunk in events]
@@ -90,7 +94,7 @@ def test_streaming_cancel_aborts(served: Served) -> None:
 def test_disconnect_while_queued_aborts_before_any_token(served: Served) -> None:
     async def scenario() -> None:
         engine = FakeEngine()
-        deps = make_app_deps(served, engine)
+        make_app_deps(served, engine)
         never = asyncio.Event()
 
         async def queued() -> Any:
@@ -98,7 +102,9 @@ def test_disconnect_while_queued_aborts_before_any_token(served: Served) -> None
             yield None
 
         stub = StubRequest()
-        task = asyncio.ensure_future(start_stream(cast(Request, stub), queued(), deps, "r-4"))
+        task = asyncio.ensure_future(
+            start_stream(cast(Request, stub), _one(engine, "r-4", queued()))
+        )
         await asyncio.sleep(0.01)
         stub.leave()
         with pytest.raises(ClientDisconnectedError):

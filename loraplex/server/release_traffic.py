@@ -1,0 +1,323 @@
+"""Live traffic of the revisions under release: what the release controller compares.
+
+Only the candidate and the baseline (stable) revision of an active release are recorded, so
+memory is bounded by what is being released, not by the number of adapters: the tracked set
+comes from ``source`` (the registry's active releases), re-read by ``refresh`` at most once per
+``refresh_s`` from the release thread (never from the event loop: it reads the database); a
+revision that leaves the set loses its samples and its metric series. Per revision a ring keeps
+the newest ``max_samples`` outcomes and ``max_samples`` feedback ratings.
+
+What counts against a revision (``classify``):
+
+- ``ok``: the request finished (``stop`` / ``length``);
+- ``error``: the service failed it: a generation failure, the revision's load failing
+  (adapter errors, a cancelled load, an adapter too large for any tier), the engine being down,
+  a queue timeout (a 503: a candidate that loads slowly keeps its callers waiting), and any
+  unexpected exception (a 500);
+- ``excluded`` (not counted at all): what the client caused or was told to retry: the client
+  going away (``abort``), invalid input and a prompt too long (400), queue full and rate limits
+  (429: load shedding shared by every revision).
+
+Times are the release clock's (the controller's ``Clock``), stamped when a request finishes.
+Torch-free.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from collections import OrderedDict, deque
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
+from enum import StrEnum
+
+from loraplex.clock import Clock
+from loraplex.engine.protocol import FINISH_ABORT, FINISH_LENGTH, FINISH_STOP
+from loraplex.errors import (
+    AdapterNotFoundError,
+    AuthenticationError,
+    InvalidRequestError,
+    PromptTooLongError,
+    QueueFullError,
+    RateLimitError,
+)
+from loraplex.release.model import Release, RevisionWindow
+
+_log = logging.getLogger(__name__)
+CANDIDATE = "candidate"  # the revision being released
+BASELINE = "baseline"  # the stable revision it is compared with
+
+# Errors the client caused, or load shedding it is told to retry: never a revision's fault.
+_CLIENT_ERRORS = (
+    AdapterNotFoundError,
+    AuthenticationError,
+    InvalidRequestError,
+    PromptTooLongError,
+    QueueFullError,
+    RateLimitError,
+)
+
+
+class Verdict(StrEnum):
+    OK = "ok"
+    ERROR = "error"
+    EXCLUDED = "excluded"
+
+
+def classify(outcome: str, error: BaseException | None) -> Verdict:
+    """A finished request's verdict for its revision (see the module docstring).
+    ``outcome``: the finish reason, or "error" when the stream raised ``error``."""
+    if outcome in (FINISH_STOP, FINISH_LENGTH):
+        return Verdict.OK
+    if outcome == FINISH_ABORT or isinstance(error, _CLIENT_ERRORS):
+        return Verdict.EXCLUDED
+    return Verdict.ERROR
+
+
+@dataclass(frozen=True)
+class TrackedRevision:
+    """A revision whose traffic is recorded: a release's candidate or its baseline."""
+
+    ref: str  # tenant/name@revision
+    release_id: str  # the release it belongs to
+    role: str  # CANDIDATE or BASELINE
+    state: str  # the release's state (``ReleaseState`` value), for the state gauge
+
+    @property
+    def adapter(self) -> str:
+        return self.ref.partition("@")[0]
+
+    @property
+    def revision(self) -> str:
+        return self.ref.partition("@")[2]
+
+
+def tracked_revisions(releases: Iterable[Release]) -> list[TrackedRevision]:
+    """The candidate and baseline of every release in flight (finished ones are not tracked,
+    even while their baseline is still held)."""
+    tracked = []
+    for release in releases:
+        if release.terminal:
+            continue
+        state = release.state.value
+        tracked.append(TrackedRevision(release.candidate_ref, release.release_id, CANDIDATE, state))
+        tracked.append(TrackedRevision(release.baseline_ref, release.release_id, BASELINE, state))
+    return tracked
+
+
+@dataclass(frozen=True)
+class Sample:
+    """One finished request."""
+
+    at_s: float  # release-clock time it finished
+    ok: bool  # False: an error (excluded requests are not sampled)
+    ttft_s: float | None  # arrival to first token; None: no token
+    tpot_s: float | None  # mean seconds per output token after the first; None: < 2 tokens
+
+
+@dataclass
+class RevisionTotals:
+    """Counts since the revision was first tracked (the metric counters)."""
+
+    ok: int = 0
+    error: int = 0
+    good: int = 0
+    bad: int = 0
+
+
+class _Ring:
+    def __init__(self, max_samples: int) -> None:
+        self.samples: deque[Sample] = deque(maxlen=max_samples)
+        self.ratings: deque[tuple[float, bool]] = deque(maxlen=max_samples)  # (served at, good)
+        self.totals = RevisionTotals()
+
+
+def percentile(values: list[float], q: float) -> float | None:
+    """Nearest-rank percentile (``q`` in (0, 1]); None for no values."""
+    if not values:
+        return None
+    ordered = sorted(values)
+    rank = max(1, -(-len(ordered) * q // 1))  # ceil(n * q), at least 1
+    return ordered[int(rank) - 1]
+
+
+class ReleaseTraffic:
+    """Per-revision outcome rings of the revisions under release (see the module docstring)."""
+
+    def __init__(
+        self,
+        clock: Clock,
+        source: Callable[[], Iterable[TrackedRevision]],
+        *,
+        max_samples: int = 20_000,
+        max_tracked: int = 256,
+        refresh_s: float = 1.0,
+    ) -> None:
+        if max_samples < 1 or max_tracked < 1:
+            raise ValueError(
+                f"max_samples {max_samples} / max_tracked {max_tracked} is invalid; expected >= 1"
+            )
+        self.clock = clock
+        self._source = source
+        self._max_samples = max_samples
+        self._max_tracked = max_tracked
+        self._refresh_s = refresh_s
+        self._refreshed_s: float | None = None
+        self._lock = threading.Lock()
+        self._tracked: dict[str, TrackedRevision] = {}
+        self._rings: dict[str, _Ring] = {}
+
+    def refresh(self, *, force: bool = False) -> None:
+        """Re-reads the tracked set from ``source`` unless it was read less than ``refresh_s``
+        ago. Blocking (a database read): call it off the event loop."""
+        now = self.clock.now()
+        last = self._refreshed_s
+        if not force and last is not None and now - last < self._refresh_s:
+            return
+        self._refreshed_s = now
+        self.set_tracked(self._source())
+
+    def set_tracked(self, revisions: Iterable[TrackedRevision]) -> None:
+        """Tracks exactly ``revisions`` (the first ``max_tracked``; the rest is logged)."""
+        wanted: dict[str, TrackedRevision] = {}
+        for revision in revisions:
+            if len(wanted) == self._max_tracked and revision.ref not in wanted:
+                _log.warning("release traffic: %s not tracked (max_tracked)", revision.ref)
+                continue
+            wanted[revision.ref] = revision
+        with self._lock:
+            self._tracked = wanted
+            self._rings = {ref: self._rings.get(ref) or _Ring(self._max_samples) for ref in wanted}
+
+    def is_tracked(self, ref: str | None) -> bool:
+        with self._lock:
+            return ref is not None and ref in self._tracked
+
+    def tracked(self) -> list[TrackedRevision]:
+        with self._lock:
+            return list(self._tracked.values())
+
+    def record(
+        self, ref: str, verdict: Verdict, ttft_s: float | None, tpot_s: float | None
+    ) -> float | None:
+        """Records a finished request of ``ref``; returns its time, None if it is not
+        tracked or the verdict excludes it."""
+        if verdict is Verdict.EXCLUDED:
+            return None
+        with self._lock:
+            ring = self._rings.get(ref)
+            if ring is None:
+                return None
+            at_s = self.clock.now()
+            ring.samples.append(Sample(at_s, verdict is Verdict.OK, ttft_s, tpot_s))
+            if verdict is Verdict.OK:
+                ring.totals.ok += 1
+            else:
+                ring.totals.error += 1
+            return at_s
+
+    def record_feedback(self, ref: str, served_at_s: float, good: bool) -> bool:
+        """Counts a client's rating of a request ``ref`` served at ``served_at_s``; False (not
+        counted) when ``ref`` is not under release any more."""
+        with self._lock:
+            ring = self._rings.get(ref)
+            if ring is None:
+                return False
+            ring.ratings.append((served_at_s, good))
+            if good:
+                ring.totals.good += 1
+            else:
+                ring.totals.bad += 1
+            return True
+
+    def window(self, ref: str, since_s: float) -> RevisionWindow:
+        """``ref``'s requests that finished at or after ``since_s`` (and the ratings of
+        requests served since then); empty when ``ref`` is not tracked."""
+        with self._lock:
+            ring = self._rings.get(ref)
+            if ring is None:
+                return RevisionWindow()
+            samples = [s for s in ring.samples if s.at_s >= since_s]
+            ratings = [good for at_s, good in ring.ratings if at_s >= since_s]
+        ttfts = [s.ttft_s for s in samples if s.ok and s.ttft_s is not None]
+        tpots = [s.tpot_s for s in samples if s.ok and s.tpot_s is not None]
+        return RevisionWindow(
+            requests=len(samples),
+            errors=sum(1 for s in samples if not s.ok),
+            ttft_p50_s=percentile(ttfts, 0.5),
+            ttft_p99_s=percentile(ttfts, 0.99),
+            tpot_p50_s=percentile(tpots, 0.5),
+            tpot_p99_s=percentile(tpots, 0.99),
+            good=sum(ratings),
+            bad=len(ratings) - sum(ratings),
+        )
+
+    def totals(self) -> list[tuple[TrackedRevision, RevisionTotals]]:
+        """Every tracked revision with a copy of its counters (for /metrics)."""
+        with self._lock:
+            return [
+                (tracked, RevisionTotals(**vars(self._rings[ref].totals)))
+                for ref, tracked in self._tracked.items()
+            ]
+
+
+@dataclass(frozen=True)
+class Served:
+    """A recent response, as the feedback route needs it."""
+
+    tenant: str  # who asked (only this tenant may rate it)
+    revision: str | None  # tenant/name@revision that answered; None: the base model
+    at_s: float  # release-clock time it started
+    rated: bool = False  # a request is rated at most once
+
+
+class RecentRequests:
+    """Response id -> who asked and which revision answered, for ``POST /v1/feedback``: at
+    most ``max_entries`` (least recently added dropped first), each for ``ttl_s``."""
+
+    def __init__(self, clock: Clock, *, max_entries: int = 100_000, ttl_s: float = 3600.0):
+        if max_entries < 1 or not ttl_s > 0:
+            raise ValueError(
+                f"max_entries {max_entries} / ttl_s {ttl_s} is invalid; expected >= 1 / > 0"
+            )
+        self._clock = clock
+        self._max_entries = max_entries
+        self._ttl_s = ttl_s
+        self._lock = threading.Lock()
+        self._entries: OrderedDict[str, Served] = OrderedDict()
+
+    def remember(self, response_id: str, tenant: str, revision: str | None) -> None:
+        now = self._clock.now()
+        with self._lock:
+            self._entries[response_id] = Served(tenant, revision, now)
+            self._entries.move_to_end(response_id)
+            while len(self._entries) > self._max_entries:
+                self._entries.popitem(last=False)
+            self._expire(now)
+
+    def get(self, response_id: str) -> Served | None:
+        now = self._clock.now()
+        with self._lock:
+            self._expire(now)
+            return self._entries.get(response_id)
+
+    def mark_rated(self, response_id: str) -> bool:
+        """Marks a request rated; False when it already was (or is gone)."""
+        with self._lock:
+            entry = self._entries.get(response_id)
+            if entry is None or entry.rated:
+                return False
+            self._entries[response_id] = Served(entry.tenant, entry.revision, entry.at_s, True)
+            return True
+
+    def __len__(self) -> int:
+        with self._lock:
+            return len(self._entries)
+
+    def _expire(self, now: float) -> None:
+        # Entries are in insertion order, so expired ones are at the front.
+        while self._entries:
+            oldest = next(iter(self._entries.values()))
+            if now - oldest.at_s < self._ttl_s:
+                return
+            self._entries.popitem(last=False)

@@ -1,0 +1,67 @@
+"""``POST /v1/feedback``: a tenant rates one of its own recent responses good or bad.
+
+The rating counts in the answering revision's release window (``server/release_traffic.py``)
+when that revision is under release; the response says whether it was counted. Only the tenant
+that made the request may rate it: another tenant's request id gets the very 404 of an unknown
+or expired one (same status, same body, built from the id alone), so nothing about other
+tenants' traffic leaks. A request is rated at most once: a second rating is a 409 (changing a
+rating after the release judged it would rewrite history), asked only of its owner.
+
+Recent requests are kept in a bounded map (``RecentRequests``: 100,000 ids, one hour).
+"""
+
+from __future__ import annotations
+
+from enum import StrEnum
+
+from fastapi import APIRouter
+from pydantic import BaseModel, ConfigDict, Field
+
+from loraplex.errors import quoted
+from loraplex.server.auth import DepsDep, TenantDep
+from loraplex.server.errors import ApiError
+
+router = APIRouter(prefix="/v1")
+MAX_REQUEST_ID_CHARS = 128
+
+
+class Rating(StrEnum):
+    GOOD = "good"
+    BAD = "bad"
+
+
+class FeedbackBody(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    request_id: str = Field(min_length=1, max_length=MAX_REQUEST_ID_CHARS)  # a response's ``id``
+    rating: Rating
+
+
+class FeedbackResult(BaseModel):
+    request_id: str  # the rated response
+    rating: Rating  # as given
+    revision: str | None  # tenant/name@revision that answered it; None: the base model
+    counted: bool  # False: that revision is not under release, so no window counts it
+
+
+def _unknown(request_id: str) -> ApiError:
+    message = f"request_id {quoted(request_id)} names no recent request of yours"
+    return ApiError(404, message, "invalid_request_error", "request_not_found", "request_id")
+
+
+@router.post("/feedback")
+def feedback(body: FeedbackBody, tenant: TenantDep, deps: DepsDep) -> FeedbackResult:
+    recent = deps.metrics.recent
+    served = recent.get(body.request_id)
+    if served is None or served.tenant != tenant.name:
+        raise _unknown(body.request_id)
+    if not recent.mark_rated(body.request_id):
+        if recent.get(body.request_id) is None:  # expired in between
+            raise _unknown(body.request_id)
+        message = f"request_id {quoted(body.request_id)} was already rated"
+        raise ApiError(409, message, "invalid_request_error", "already_rated", "request_id")
+    counted = served.revision is not None and deps.releases.record_feedback(
+        served.revision, served.at_s, body.rating is Rating.GOOD
+    )
+    return FeedbackResult(
+        request_id=body.request_id, rating=body.rating, revision=served.revision, counted=counted
+    )

@@ -1,0 +1,130 @@
+"""vLLM's utility routes: POST /tokenize and /detokenize (a tenant key), GET /version (public).
+
+Adapters do not change the tokenizer, so every model shares the base model's; ``model`` is still
+resolved for the caller exactly as a generation request's is (a foreign private adapter gets the
+same 404 as a missing one), so the routes reveal nothing a tenant may not use. Bounds are
+generation's: prompt characters (``limits.check_prompt_chars``), token ids below the vocabulary
+size, the middleware's body cap and rate limit.
+
+Where loraplex differs from vLLM: ``model`` absent means the base model; ``token_strs`` are each
+id decoded alone (vLLM shows raw vocabulary pieces); ``add_special_tokens`` and
+``add_generation_prompt`` are accepted only at the values generation uses (prompt: special
+tokens added; chat: the template's own, with the assistant turn opened), else a 400 naming them.
+/version is public like vLLM's: it reveals the package version and nothing about tenants.
+"""
+
+from __future__ import annotations
+
+from importlib import metadata
+
+from fastapi import APIRouter
+from starlette.concurrency import run_in_threadpool
+
+from loraplex.registry import Tenant
+from loraplex.server.auth import DETOKENIZE_PATH, TOKENIZE_PATH, DepsDep, TenantDep
+from loraplex.server.chat import ChatMessage
+from loraplex.server.deps import ServerDeps
+from loraplex.server.errors import invalid_request
+from loraplex.server.limits import check_prompt_chars
+from loraplex.server.protocol import (
+    DetokenizeRequest,
+    DetokenizeResponse,
+    TokenizeRequest,
+    TokenizeResponse,
+)
+
+router = APIRouter()
+
+
+async def _check_model(deps: ServerDeps, tenant: Tenant, model: str | None) -> None:
+    """Nothing for a model the caller may use; the registry's 404 otherwise."""
+    if model is None or model == deps.config.base_model_name:
+        return
+    await run_in_threadpool(deps.registry.resolve_revision, tenant.name, model)
+
+
+def _check_fields(body: TokenizeRequest) -> None:
+    """Exactly one of prompt and messages, and only the encodings generation uses."""
+    if (body.prompt is None) == (body.messages is None):
+        raise invalid_request("expected exactly one of prompt and messages", "prompt")
+    if body.prompt is not None and body.add_generation_prompt is not None:
+        raise invalid_request(
+            "add_generation_prompt applies to messages only", "add_generation_prompt"
+        )
+    if body.add_generation_prompt is False:
+        raise invalid_request(
+            "add_generation_prompt false is not supported; the chat template always opens the "
+            "assistant's turn",
+            "add_generation_prompt",
+        )
+    chat = body.messages is not None
+    if body.add_special_tokens is not None and body.add_special_tokens is chat:
+        expected = "false (the chat template writes them)" if chat else "true"
+        raise invalid_request(
+            f"add_special_tokens {str(body.add_special_tokens).lower()} is not supported; "
+            f"expected {expected}",
+            "add_special_tokens",
+        )
+
+
+def _encode(deps: ServerDeps, body: TokenizeRequest) -> list[int]:
+    tokenizer = deps.engine.tokenizer
+    if body.prompt is not None:
+        check_prompt_chars(len(body.prompt), deps.config.max_prompt_chars, "prompt")
+        return tokenizer.encode(body.prompt)
+    if deps.chat is None:
+        raise invalid_request("the served model has no chat template; send prompt", "messages")
+    messages = [ChatMessage(m.role, m.text(), m.name) for m in body.messages or ()]
+    check_prompt_chars(
+        sum(len(m.content) for m in messages), deps.config.max_prompt_chars, "messages"
+    )
+    return deps.chat.encode(messages, tokenizer)
+
+
+def _token_strs(deps: ServerDeps, ids: list[int]) -> list[str]:
+    decode = deps.engine.tokenizer.decode
+    return [decode([token]) for token in ids]
+
+
+@router.post(TOKENIZE_PATH)
+async def tokenize(body: TokenizeRequest, tenant: TenantDep, deps: DepsDep) -> TokenizeResponse:
+    """The token ids generation would see for this prompt or conversation."""
+    _check_fields(body)
+    await _check_model(deps, tenant, body.model)
+    ids = await run_in_threadpool(_encode, deps, body)  # a long prompt must not stall the loop
+    strs = await run_in_threadpool(_token_strs, deps, ids) if body.return_token_strs else None
+    return TokenizeResponse(
+        count=len(ids), max_model_len=deps.config.max_model_len, tokens=ids, token_strs=strs
+    )
+
+
+def _check_ids(deps: ServerDeps, ids: list[int]) -> None:
+    vocab = deps.config.vocab_size
+    if vocab is not None and any(token >= vocab for token in ids):
+        raise invalid_request(f"tokens must lie in [0, {vocab})", "tokens")
+    limit = deps.config.max_model_len
+    if limit is not None and len(ids) > limit:  # no sequence of this server is longer
+        raise invalid_request(f"tokens has {len(ids)} ids; expected at most {limit}", "tokens")
+
+
+@router.post(DETOKENIZE_PATH)
+async def detokenize(
+    body: DetokenizeRequest, tenant: TenantDep, deps: DepsDep
+) -> DetokenizeResponse:
+    """The text ``tokens`` decode to, as output text is decoded (special tokens skipped)."""
+    _check_ids(deps, body.tokens)
+    await _check_model(deps, tenant, body.model)
+    text = await run_in_threadpool(deps.engine.tokenizer.decode, body.tokens)
+    return DetokenizeResponse(prompt=text)
+
+
+def loraplex_version() -> str:
+    """The installed distribution's version (NOTE: the server layer may not import the package
+    root, ``tests/test_import_direction.py``; the metadata holds the same number)."""
+    return metadata.version("loraplex")
+
+
+@router.get("/version")
+async def version() -> dict[str, str]:
+    """The loraplex version (public, as vLLM's)."""
+    return {"version": loraplex_version()}

@@ -1,0 +1,208 @@
+"""vLLM's runtime adapter routes, POST /v1/load_lora_adapter and /v1/unload_lora_adapter, so that
+operator scripts written for vLLM keep working, without the hole vLLM documents (any client
+that reaches its port may load a file path): here both need the admin credential, answer only on
+the admin listener when there is one (``listeners.is_admin_path``), and read folders only inside
+the import directory, through the same code as ``POST /admin/adapters``.
+
+How vLLM's calls map onto loraplex:
+
+- ``lora_name`` is ``tenant/name`` or ``tenant/name@revision``. Without a revision, the load
+  labels it by content: ``sha256-`` and the first 16 hex digits of the weights' digest, so
+  loading the same bytes again is idempotent and different bytes never collide.
+- load = registration (validated like any other) + a prefetch into CPU memory (L1), awaited.
+  Requests name it by the ``model`` the answer returns (the owning tenant's key). NOTE: as any
+  registration, only an adapter's first revision becomes what ``tenant/name`` resolves to; a
+  later one reaches the name through an alias change (the release flow), not through a load.
+- unload = the revision(s) are evicted from every cached tier (L0, L1, L2); without a revision,
+  every revision of the adapter. Unlike vLLM, the revision stays registered (the registry is
+  append-only) and its artifact stays in the store: the next request for it loads it again. A
+  copy that is pinned, in use or loading is kept: a 409 naming the tiers.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+from dataclasses import dataclass
+from pathlib import Path, PurePosixPath
+from typing import Literal
+
+from fastapi import APIRouter, Depends
+from starlette.concurrency import run_in_threadpool
+
+from loraplex.artifacts.identity import AdapterKey, check_name
+from loraplex.artifacts.validate import WEIGHTS_FILE
+from loraplex.errors import (
+    AdapterNotFoundError,
+    CapacityError,
+    PathOutsideStoreError,
+    RecordNotFoundError,
+)
+from loraplex.registry import Revision
+from loraplex.residency.ledger import CACHED_TIERS, Tier
+from loraplex.server.auth import LOAD_LORA_PATH, UNLOAD_LORA_PATH, DepsDep, require_admin
+from loraplex.server.cache_control import CacheControl
+from loraplex.server.deps import ServerDeps
+from loraplex.server.errors import ApiError, ErrorContext, invalid_request, to_api_error
+from loraplex.server.protocol import (
+    LoadLoraAdapterRequest,
+    LoraAdapterLoaded,
+    LoraAdapterUnloaded,
+    UnloadLoraAdapterRequest,
+)
+from loraplex.server.routes_admin import register_import
+
+router = APIRouter(dependencies=[Depends(require_admin)])
+LOAD_TIER = Tier.L1  # vLLM's load reads the weights into memory; the GPU slot is taken on use
+CONTENT_LABEL_PREFIX = "sha256-"
+CONTENT_LABEL_DIGITS = 16
+_CHUNK_BYTES = 1 << 20
+
+
+@dataclass(frozen=True)
+class LoraName:
+    """vLLM's ``lora_name`` read as a loraplex adapter reference."""
+
+    tenant: str  # owning tenant (must exist)
+    name: str  # adapter name
+    revision: str | None  # None: load labels it by content; unload takes every revision
+
+    @classmethod
+    def parse(cls, value: str) -> LoraName:
+        ref, at, revision = value.partition("@")
+        tenant, slash, name = ref.partition("/")
+        try:
+            if not slash:
+                raise ValueError(f"{value!r} names no tenant")
+            check_name("tenant", tenant)
+            check_name("name", name)
+            if at:
+                check_name("revision", revision)
+        except ValueError as exc:
+            raise invalid_request(
+                f"lora_name is invalid ({exc}); expected tenant/name or tenant/name@revision",
+                "lora_name",
+            ) from None
+        return cls(tenant, name, revision if at else None)
+
+
+def content_label(adapter_dir: Path) -> str:
+    """The revision label of an unlabelled load: a prefix of the weights' sha256."""
+    digest = hashlib.sha256()
+    with (adapter_dir / WEIGHTS_FILE).open("rb") as weights:
+        while chunk := weights.read(_CHUNK_BYTES):
+            digest.update(chunk)
+    return CONTENT_LABEL_PREFIX + digest.hexdigest()[:CONTENT_LABEL_DIGITS]
+
+
+def _cache(deps: ServerDeps) -> CacheControl:
+    if deps.cache is None:
+        raise ApiError(503, "this server has no adapter cache", "server_error", "no_cache")
+    return deps.cache
+
+
+def _import_path(deps: ServerDeps, lora_path: str) -> str:
+    """``lora_path`` relative to the import directory. vLLM scripts send absolute paths: one
+    lexically inside the import directory is taken relative to it; anything else is passed on
+    unchanged for ``staged_import`` to refuse (absolute, ``..``, links)."""
+    if deps.config.import_dir is None:
+        raise invalid_request(
+            "loading by server path is disabled (no import directory)", "lora_path"
+        )
+    path = PurePosixPath(lora_path)
+    root = PurePosixPath(deps.config.import_dir.absolute())
+    if path.is_absolute() and path.is_relative_to(root):
+        return str(path.relative_to(root))
+    return lora_path
+
+
+def _register(deps: ServerDeps, lora: LoraName, lora_path: str) -> tuple[Revision, bool]:
+    fields = {"tenant": lora.tenant, "name": lora.name}
+    label = content_label if lora.revision is None else (lambda _: str(lora.revision))
+    try:
+        result = register_import(deps, _import_path(deps, lora_path), fields, label)
+    except PathOutsideStoreError as exc:
+        raise invalid_request(str(exc), "lora_path") from None
+    return result.revision, result.created
+
+
+@router.post(LOAD_LORA_PATH)
+async def load_lora_adapter(body: LoadLoraAdapterRequest, deps: DepsDep) -> LoraAdapterLoaded:
+    """Registers the folder (validated like every registration) and loads it into CPU memory."""
+    lora = LoraName.parse(body.lora_name)
+    cache = _cache(deps)
+    try:
+        revision, created = await run_in_threadpool(_register, deps, lora, body.lora_path)
+        loading = await run_in_threadpool(cache.prefetch, revision.key(), LOAD_TIER)
+        status: Literal["resident", "deferred"] = "resident"
+        outcome = "loaded into CPU memory"
+        try:
+            await asyncio.wrap_future(loading)
+        except CapacityError as exc:  # registered; it loads when first requested
+            status, outcome = "deferred", f"registered; not loaded now ({exc})"
+    except Exception as exc:  # NOTE: under /v1, so the default mapping would treat it as a tenant's
+        raise to_api_error(exc, ErrorContext.ADMIN) from None
+    return LoraAdapterLoaded(
+        lora_name=body.lora_name,
+        model=revision.ref,
+        created=created,
+        tier=LOAD_TIER.name,
+        status=status,
+        message=f"LoRA adapter {body.lora_name!r} is {revision.ref}: {outcome}",
+    )
+
+
+def _revisions(deps: ServerDeps, lora: LoraName) -> list[Revision]:
+    try:
+        if lora.revision is None:
+            return deps.registry.list_revisions(lora.tenant, lora.name)
+        return [deps.registry.get_revision(f"{lora.tenant}/{lora.name}@{lora.revision}")]
+    except (AdapterNotFoundError, RecordNotFoundError) as exc:
+        raise ApiError(404, str(exc), "invalid_request_error", "not_found", "lora_name") from None
+
+
+def _evict(cache: CacheControl, key: AdapterKey) -> tuple[list[str], list[str]]:
+    """Tiers ``key`` was dropped from, and tiers still holding it (pinned, in use, loading);
+    fastest first, so a copy in a slot is gone before its host copy is tried."""
+    evicted: list[str] = []
+    kept: list[str] = []
+    for tier in CACHED_TIERS:
+        if cache.evict(key, tier):
+            evicted.append(tier.name)
+        elif cache.is_resident(key, tier):
+            kept.append(tier.name)
+    return evicted, kept
+
+
+def _unload(deps: ServerDeps, cache: CacheControl, lora: LoraName) -> dict[str, list[str]]:
+    evicted: dict[str, list[str]] = {}
+    kept: dict[str, list[str]] = {}
+    for revision in _revisions(deps, lora):
+        evicted[revision.ref], held = _evict(cache, revision.key())
+        if held:
+            kept[revision.ref] = held
+    if kept:
+        where = "; ".join(f"{ref} in {', '.join(tiers)}" for ref, tiers in sorted(kept.items()))
+        message = (
+            f"copies are pinned, in use or loading and were kept: {where} (other copies were "
+            "evicted); unpin them or retry when their requests finished"
+        )
+        raise ApiError(409, message, "invalid_request_error", "adapter_in_use", "lora_name")
+    return evicted
+
+
+@router.post(UNLOAD_LORA_PATH)
+async def unload_lora_adapter(body: UnloadLoraAdapterRequest, deps: DepsDep) -> LoraAdapterUnloaded:
+    """Evicts the revision(s) from every cached tier; they stay registered (module docstring)."""
+    lora = LoraName.parse(body.lora_name)
+    cache = _cache(deps)
+    try:
+        evicted = await run_in_threadpool(_unload, deps, cache, lora)
+    except Exception as exc:  # NOTE: as in load_lora_adapter
+        raise to_api_error(exc, ErrorContext.ADMIN) from None
+    num_copies = sum(len(tiers) for tiers in evicted.values())
+    return LoraAdapterUnloaded(
+        lora_name=body.lora_name,
+        evicted=evicted,
+        message=f"LoRA adapter {body.lora_name!r}: {num_copies} cached copies evicted",
+    )

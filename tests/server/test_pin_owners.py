@@ -1,0 +1,80 @@
+"""A release's pins and an operator's pins of the same revision never undo each other."""
+
+from __future__ import annotations
+
+from concurrent.futures import Future
+
+from loraplex.artifacts.identity import AdapterKey
+from loraplex.artifacts.warm_policy import WarmPolicy
+from loraplex.residency.cache import CacheSummary, ResidencySnapshot
+from loraplex.residency.ledger import Tier
+from loraplex.server.pin_owners import OPERATOR, RELEASE, OwnedPins
+
+KEY = AdapterKey("b" * 64, "acme", "support", "r1", "0" * 64)
+
+
+class RecordingCache:
+    """The cache's pin surface: which (revision, tier) are pinned, and every call."""
+
+    def __init__(self) -> None:
+        self.pinned: set[tuple[AdapterKey, Tier]] = set()
+        self.calls: list[str] = []
+
+    def pin(self, key: AdapterKey, tier: Tier) -> Future[None]:
+        self.pinned.add((key, tier))
+        self.calls.append(f"pin {tier.name}")
+        done: Future[None] = Future()
+        done.set_result(None)
+        return done
+
+    def unpin(self, key: AdapterKey, tier: Tier) -> None:
+        self.pinned.discard((key, tier))
+        self.calls.append(f"unpin {tier.name}")
+
+    def snapshot(self) -> ResidencySnapshot:
+        raise NotImplementedError
+
+    def summary(self) -> CacheSummary:
+        raise NotImplementedError
+
+    def is_resident(self, key: AdapterKey, tier: Tier) -> bool:
+        return (key, tier) in self.pinned
+
+    def prefetch(self, key: AdapterKey, tier: Tier) -> Future[None]:
+        raise NotImplementedError
+
+    def evict(self, key: AdapterKey, tier: Tier) -> bool:
+        return False
+
+    def set_warm_policy(self, key: AdapterKey, warm: WarmPolicy | None) -> None:
+        raise NotImplementedError
+
+
+def test_the_cache_stays_pinned_until_the_last_owner_lets_go() -> None:
+    cache = RecordingCache()
+    pins = OwnedPins(cache)
+    pins.pin(KEY, Tier.L1, RELEASE)
+    pins.pin(KEY, Tier.L1)  # an operator, through /admin/residency/pin
+    pins.unpin(KEY, Tier.L1, RELEASE)  # the release's window ended
+    assert (KEY, Tier.L1) in cache.pinned and pins.owners(KEY, Tier.L1) == {OPERATOR}
+    pins.unpin(KEY, Tier.L1)
+    assert (KEY, Tier.L1) not in cache.pinned and pins.owners(KEY, Tier.L1) == frozenset()
+
+
+def test_an_operator_unpin_does_not_lift_a_release_hold_and_tiers_are_separate() -> None:
+    cache = RecordingCache()
+    pins = OwnedPins(cache)
+    pins.pin(KEY, Tier.L1, RELEASE)
+    pins.pin(KEY, Tier.L0, OPERATOR)
+    pins.unpin(KEY, Tier.L1, OPERATOR)  # the operator never pinned L1: the hold stays
+    assert (KEY, Tier.L1) in cache.pinned
+    pins.unpin(KEY, Tier.L0, OPERATOR)
+    assert cache.pinned == {(KEY, Tier.L1)}
+
+
+def test_an_unpin_nobody_owns_still_reaches_the_cache() -> None:
+    """A pin made before this server tracked owners (or by a warm policy) can still be lifted."""
+    cache = RecordingCache()
+    cache.pin(KEY, Tier.L1)
+    OwnedPins(cache).unpin(KEY, Tier.L1)
+    assert cache.pinned == set() and cache.calls[-1] == "unpin L1"

@@ -1,0 +1,204 @@
+"""ReleaseTraffic: windows, bounds, error classification; RecentRequests: bounds and TTL."""
+
+from __future__ import annotations
+
+import pytest
+from fakes import FakeEngine
+
+from loraplex.clock import ManualClock
+from loraplex.errors import (
+    AdapterTooLargeError,
+    CorruptArtifactError,
+    EngineUnavailableError,
+    GenerationError,
+    InvalidRequestError,
+    LoadCancelledError,
+    PromptTooLongError,
+    QueueFullError,
+    QueueTimeoutError,
+    RateLimitError,
+)
+from loraplex.server.metrics import ServerMetrics
+from loraplex.server.release_traffic import (
+    BASELINE,
+    CANDIDATE,
+    RecentRequests,
+    ReleaseTraffic,
+    TrackedRevision,
+    Verdict,
+    classify,
+    percentile,
+)
+
+CAND = "acme/support@r2"
+BASE = "acme/support@r1"
+
+
+def _tracked(*refs: str) -> list[TrackedRevision]:
+    roles = [CANDIDATE, BASELINE]
+    return [TrackedRevision(ref, "rel-1", roles[i % 2], "canary") for i, ref in enumerate(refs)]
+
+
+def _traffic(clock: ManualClock, **kwargs: int) -> ReleaseTraffic:
+    traffic = ReleaseTraffic(clock, tuple, **kwargs)
+    traffic.set_tracked(_tracked(CAND, BASE))
+    return traffic
+
+
+@pytest.mark.parametrize(
+    ("outcome", "error", "verdict"),
+    [
+        ("stop", None, Verdict.OK),
+        ("length", None, Verdict.OK),
+        ("abort", None, Verdict.EXCLUDED),  # the client went away
+        ("error", InvalidRequestError("bad", "prompt"), Verdict.EXCLUDED),
+        ("error", PromptTooLongError("too long"), Verdict.EXCLUDED),
+        ("error", QueueFullError("queue", 4, 1.0), Verdict.EXCLUDED),
+        ("error", RateLimitError("acme", 1.0, 1.0), Verdict.EXCLUDED),
+        ("error", GenerationError("r", "nan logits"), Verdict.ERROR),
+        ("error", CorruptArtifactError("truncated"), Verdict.ERROR),  # the revision's load
+        ("error", LoadCancelledError("cancelled"), Verdict.ERROR),
+        ("error", AdapterTooLargeError("too big"), Verdict.ERROR),
+        ("error", QueueTimeoutError("r", 5.0, 1.0), Verdict.ERROR),
+        ("error", EngineUnavailableError("down"), Verdict.ERROR),
+        ("error", RuntimeError("bug"), Verdict.ERROR),
+        ("error", None, Verdict.ERROR),  # a failure of unknown cause counts
+    ],
+)
+def test_classify(outcome: str, error: BaseException | None, verdict: Verdict) -> None:
+    assert classify(outcome, error) is verdict
+
+
+def test_window_counts_percentiles_and_since() -> None:
+    clock = ManualClock(100.0)
+    traffic = _traffic(clock)
+    for i in range(10):
+        traffic.record(CAND, Verdict.OK, 0.01 * (i + 1), 0.001 * (i + 1))
+    clock.advance(5.0)
+    traffic.record(CAND, Verdict.ERROR, None, None)
+    traffic.record(CAND, Verdict.EXCLUDED, 9.0, 9.0)
+    traffic.record(BASE, Verdict.OK, 0.5, None)
+    window = traffic.window(CAND, 100.0)
+    assert (window.requests, window.errors) == (11, 1)
+    assert window.ttft_p50_s == pytest.approx(0.05)
+    assert window.ttft_p99_s == pytest.approx(0.10)
+    assert window.tpot_p99_s == pytest.approx(0.010)
+    later = traffic.window(CAND, 104.0)
+    assert (later.requests, later.errors, later.ttft_p50_s) == (1, 1, None)
+    assert later.error_rate == 1.0
+    baseline = traffic.window(BASE, 0.0)
+    assert (baseline.requests, baseline.ttft_p99_s, baseline.tpot_p50_s) == (1, 0.5, None)
+
+
+def test_ring_is_bounded_and_keeps_the_newest() -> None:
+    clock = ManualClock()
+    traffic = _traffic(clock, max_samples=3)
+    for i in range(5):
+        clock.advance(1.0)
+        traffic.record(CAND, Verdict.OK, float(i), None)
+    window = traffic.window(CAND, 0.0)
+    assert window.requests == 3
+    assert window.ttft_p50_s == 3.0  # samples 2, 3, 4 remain
+    (totals,) = [t for tracked, t in traffic.totals() if tracked.ref == CAND]
+    assert totals.ok == 5  # the counter is cumulative; only the ring is bounded
+
+
+def test_untracked_revisions_are_not_recorded_and_leave_with_their_release() -> None:
+    clock = ManualClock()
+    traffic = _traffic(clock)
+    assert traffic.record("acme/legal@r1", Verdict.OK, 0.1, None) is None
+    assert traffic.window("acme/legal@r1", 0.0).requests == 0
+    traffic.record(CAND, Verdict.OK, 0.1, None)
+    traffic.set_tracked(_tracked(BASE))  # the release of CAND ended
+    assert not traffic.is_tracked(CAND)
+    assert traffic.window(CAND, 0.0).requests == 0
+    assert [tracked.ref for tracked, _ in traffic.totals()] == [BASE]
+
+
+def test_max_tracked_caps_the_set() -> None:
+    traffic = ReleaseTraffic(ManualClock(), tuple, max_tracked=2)
+    traffic.set_tracked(_tracked("a/x@1", "a/x@2", "a/y@1", "a/y@2"))
+    assert [t.ref for t in traffic.tracked()] == ["a/x@1", "a/x@2"]
+
+
+def test_refresh_reads_the_source_at_most_once_per_interval() -> None:
+    clock = ManualClock()
+    calls: list[float] = []
+
+    def source() -> list[TrackedRevision]:
+        calls.append(clock.now())
+        return _tracked(CAND)
+
+    traffic = ReleaseTraffic(clock, source, refresh_s=1.0)
+    traffic.refresh()
+    traffic.refresh()
+    clock.advance(0.5)
+    traffic.refresh()
+    assert calls == [0.0]
+    clock.advance(0.5)
+    traffic.refresh()
+    traffic.refresh(force=True)
+    assert calls == [0.0, 1.0, 1.0]
+    assert traffic.is_tracked(CAND)
+
+
+def test_feedback_counts_by_when_the_request_was_served() -> None:
+    clock = ManualClock(10.0)
+    traffic = _traffic(clock)
+    assert traffic.record_feedback(CAND, 5.0, good=False)
+    assert traffic.record_feedback(CAND, 12.0, good=True)
+    assert not traffic.record_feedback("acme/legal@r1", 12.0, good=True)
+    window = traffic.window(CAND, 10.0)
+    assert (window.good, window.bad) == (1, 0)
+    assert (traffic.window(CAND, 0.0).good, traffic.window(CAND, 0.0).bad) == (1, 1)
+
+
+def test_percentile_nearest_rank() -> None:
+    assert percentile([], 0.5) is None
+    assert percentile([3.0, 1.0, 2.0], 0.5) == 2.0
+    assert percentile([float(i) for i in range(1, 101)], 0.99) == 99.0
+    assert percentile([7.0], 0.99) == 7.0
+
+
+def test_recent_requests_bounded_lru_and_ttl() -> None:
+    clock = ManualClock()
+    recent = RecentRequests(clock, max_entries=2, ttl_s=10.0)
+    recent.remember("a", "acme", CAND)
+    recent.remember("b", "acme", None)
+    recent.remember("c", "globex", BASE)
+    assert recent.get("a") is None and len(recent) == 2  # the oldest went first
+    served = recent.get("c")
+    assert served is not None and (served.tenant, served.revision) == ("globex", BASE)
+    clock.advance(10.0)
+    assert recent.get("c") is None and len(recent) == 0
+
+
+def test_recent_request_is_rated_once() -> None:
+    recent = RecentRequests(ManualClock())
+    recent.remember("a", "acme", CAND)
+    assert recent.mark_rated("a")
+    assert not recent.mark_rated("a")
+    assert not recent.mark_rated("missing")
+
+
+def test_observation_feeds_the_window_with_its_verdict() -> None:
+    clock = ManualClock()
+    traffic = _traffic(clock)
+    metrics = ServerMetrics(FakeEngine(), None, releases=traffic, recent=RecentRequests(clock))
+    shed = metrics.start_request("normal", False, 0.0, revision=CAND, tenant="acme")
+    shed.fail(QueueFullError("queue", 4, 1.0))
+    shed.finish("error")
+    failed = metrics.start_request("normal", False, 0.0, revision=CAND, tenant="acme")
+    failed.fail(GenerationError("x", "nan"))
+    failed.finish("error")
+    base = metrics.start_request("normal", False, 0.0, revision=None, tenant="acme")
+    base.finish("stop")
+    window = traffic.window(CAND, 0.0)
+    assert (window.requests, window.errors) == (1, 1)
+    kept = metrics.start_request(
+        "normal", False, 0.0, revision=CAND, tenant="acme", response_id="cmpl-1"
+    )
+    kept.finish("stop")
+    entry = metrics.recent.get("cmpl-1")
+    assert entry is not None and (entry.tenant, entry.revision) == ("acme", CAND)
+    assert traffic.window(CAND, 0.0).requests == 2
