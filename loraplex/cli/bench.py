@@ -1,4 +1,4 @@
-"""``loraplex bench``: benchmark commands (execution, cache, serve)."""
+"""``loraplex bench``: benchmark commands (execution, cache, serve, release)."""
 
 from __future__ import annotations
 
@@ -186,6 +186,12 @@ def serve(
         int, typer.Option(help="adversarial: (calm, attacked) run pairs, order alternating.")
     ] = 1,
     throughput_rounds: Annotated[int, typer.Option(help="HTTP vs in-process rounds.")] = 4,
+    hot_burst_slots: Annotated[
+        str, typer.Option(help="hot-burst: GPU slot counts, comma-separated (first: headline).")
+    ] = "9,12,16",
+    trace_repeats: Annotated[
+        int, typer.Option(help="Runs of each trace comparison, order alternating (ABBA).")
+    ] = 2,
     seed: Annotated[int, typer.Option(help="Workload and adapter-weight seed.")] = 0,
     asset_dir: Annotated[
         Path, typer.Option(help="Demo assets cache (the base model is <dir>/test-small).")
@@ -194,8 +200,8 @@ def serve(
         str, typer.Option(help="Where serve-run.md and the PNGs go; '' skips them.")
     ] = "docs/benchmarks",
 ) -> None:
-    """The real server over HTTP: lru vs cost_aware, storm vs none, HTTP vs in-process, and
-    (opt-in) the steady tenants with and without an attacker tenant."""
+    """The real server over HTTP: lru / lru_priority vs cost_aware, storm vs none, HTTP vs
+    in-process, and (opt-in) the steady tenants with and without an attacker tenant."""
     from loraplex.bench.serve import ServeBenchConfig, run_serve_bench
     from loraplex.bench.serve_adversarial import AdversarialConfig
     from loraplex.bench.serve_report import (
@@ -206,6 +212,10 @@ def serve(
     )
 
     try:
+        slots = tuple(int(n) for n in hot_burst_slots.split(",") if n.strip())
+    except ValueError as exc:
+        raise typer.BadParameter(f"hot-burst-slots {hot_burst_slots!r}: {exc}") from exc
+    try:
         config = ServeBenchConfig(
             duration_s=duration_s,
             rate=rate,
@@ -214,6 +224,8 @@ def serve(
             num_adapters=num_adapters,
             throughput_requests=throughput_requests,
             throughput_rounds=throughput_rounds,
+            hot_burst_slots=slots,
+            trace_repeats=trace_repeats,
             seed=seed,
             asset_dir=asset_dir,
             scenarios=tuple(s for s in scenarios.split(",") if s),
@@ -234,3 +246,64 @@ def serve(
         if not as_json:
             typer.echo(f"report: {report_dir}/serve-run.md", err=True)
     typer.echo(serve_json_line(result))
+
+
+@bench_app.command("release")
+def release(
+    *,
+    as_json: Annotated[bool, typer.Option("--json", help="Print only the JSON line.")] = False,
+    cycles: Annotated[int, typer.Option(help="Release cycles (a third of them bad).")] = 20,
+    baseline_s: Annotated[
+        float | None,
+        typer.Option(help="Seconds of each phase without releases; unset: as long as B1 took."),
+    ] = None,
+    warmup_s: Annotated[
+        float, typer.Option(help="Unmeasured traffic before the first phase.")
+    ] = 3.0,
+    rate: Annotated[float, typer.Option(help="Steady requests per second (Poisson).")] = 12.0,
+    users_per_tenant: Annotated[int, typer.Option(help="Distinct `user` values per tenant.")] = 16,
+    dwell_s: Annotated[float, typer.Option(help="Minimum seconds per canary step.")] = 3.0,
+    min_requests: Annotated[int, typer.Option(help="Candidate requests a canary step needs.")] = 4,
+    request_timeout_s: Annotated[
+        float, typer.Option(help="Bound on every request; failures count at this TTFT.")
+    ] = 30.0,
+    seed: Annotated[int, typer.Option(help="Traffic seed.")] = 0,
+    asset_dir: Annotated[
+        Path, typer.Option(help="Demo assets cache (the small set is <dir>/test-small).")
+    ] = Path(".loraplex-assets"),
+    report_dir: Annotated[
+        str, typer.Option(help="Where release-run.md goes; '' skips it.")
+    ] = "docs/benchmarks",
+) -> None:
+    """Release cycles (good, probe-fail, live-fail) under steady traffic through the real
+    server: wrong-revision answers, promotions, rollback time and the TTFT cost of releasing."""
+    from loraplex.bench.release import ReleaseBenchConfig, release_markdown, run_release_bench
+    from loraplex.bench.release_cycles import CycleSettings
+    from loraplex.bench.release_load import LoadConfig
+
+    try:
+        config = ReleaseBenchConfig(
+            cycles=cycles,
+            baseline_s=baseline_s,
+            warmup_s=warmup_s,
+            load=LoadConfig(
+                rate=rate,
+                users_per_tenant=users_per_tenant,
+                request_timeout_s=request_timeout_s,
+                seed=seed,
+            ),
+            cycle=CycleSettings(dwell_s=dwell_s, min_requests=min_requests),
+            asset_dir=asset_dir,
+        )
+    except ValueError as exc:
+        raise typer.BadParameter(str(exc)) from exc
+    result = run_release_bench(config)
+    if report_dir:
+        out = Path(report_dir)
+        out.mkdir(parents=True, exist_ok=True)
+        (out / "release-run.md").write_text(
+            "# Release benchmark: latest run\n\n" + release_markdown(result), encoding="utf-8"
+        )
+        if not as_json:
+            typer.echo(f"report: {report_dir}/release-run.md", err=True)
+    typer.echo(json.dumps({k: result[k] for k in ("name", "config", "seed", "metrics")}))
