@@ -18,9 +18,10 @@ def cache_markdown(result: dict[str, Any], plot_name: str | None) -> str:
             ["metric", "value"],
         ),
         "## Load latency into L0 by source tier (ms), next to raw costs of the same bytes",
-        "l3/l2/l1: the cache's load from that tier; raw: sha256 + safetensors read (tensors "
-        "touched); copy: a plain tensor copy into preallocated buffers; "
-        "peft: PeftModel.load_adapter.",
+        "l3/l2/l1: the cache's load from that tier, acquire to lease in hand; raw: sha256 + "
+        "safetensors read (tensors touched); copy: a plain tensor copy into buffers allocated "
+        "and touched before timing; peft: PeftModel.load_adapter. One clock (perf_counter) "
+        "around each whole call.",
     ]
     rows = []
     for preset, columns in result["latency"].items():
@@ -29,7 +30,11 @@ def cache_markdown(result: dict[str, Any], plot_name: str | None) -> str:
                 {"preset": preset, "variant": column, **{k: round(v, 3) for k, v in q.items()}}
             )
     parts.append(markdown_table(rows, ["preset", "variant", "p50_ms", "p95_ms", "p99_ms"]))
-    parts.append("## Trace replays (cache only; tier costs measured above), identical capacities")
+    parts.append(
+        "## Trace replays (cache only; tier costs measured above), identical capacities; "
+        "tenant priorities prio 4, batch 0.25; batch_p50_wait: the batch tenant's median "
+        "seconds from arrival to lease (simulated)"
+    )
     replay_rows = []
     for scenario, policies in result["replays"].items():
         for policy, row in policies.items():
@@ -43,6 +48,7 @@ def cache_markdown(result: dict[str, Any], plot_name: str | None) -> str:
                     "thrash": row["thrash_ratio"],
                     "hot_l0_during": prio.get("during", ""),
                     "hot_l0_after": prio.get("after", ""),
+                    "batch_p50_wait": row["tenant_wait_s"].get("batch", {}).get("p50", ""),
                 }
             )
     columns = [
@@ -56,6 +62,7 @@ def cache_markdown(result: dict[str, Any], plot_name: str | None) -> str:
         "thrash",
         "hot_l0_during",
         "hot_l0_after",
+        "batch_p50_wait",
     ]
     parts.append(markdown_table(replay_rows, columns))
     if plot_name:
@@ -73,7 +80,8 @@ def cache_plot(result: dict[str, Any], path: Path) -> None:
     fig, axes = plt.subplots(1, len(scenarios), figsize=(5 * len(scenarios), 3.5), squeeze=False)
     for ax, scenario in zip(axes[0], scenarios, strict=True):
         for policy, row in result["replays"][scenario].items():
-            times, ratios = zip(*row["timeline"], strict=True)
+            times = [t for t, _ in row["timeline"]]
+            ratios = [float("nan") if h is None else h for _, h in row["timeline"]]  # no requests
             ax.plot(times, ratios, label=policy)
         ax.set_title(scenario)
         ax.set_xlabel("trace time (s)")

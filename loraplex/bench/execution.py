@@ -9,6 +9,7 @@ from pathlib import Path
 import torch
 
 from loraplex.bench.execution_headline import headline, matrix_rows
+from loraplex.bench.execution_runners import KV_BLOCK_SIZE, KV_CACHE
 from loraplex.bench.execution_setup import (
     Case,
     ExecutionBenchConfig,
@@ -47,6 +48,9 @@ def run_execution_bench(
             "matrix": config.matrix,
             "peft": config.peft,
             "threads": torch.get_num_threads(),
+            "kv_cache": KV_CACHE,  # loraplex's side: the server's paged cache
+            "kv_block_size": KV_BLOCK_SIZE,
+            "batch_build_timed": True,  # both sides time their own input preparation
         },
         "seed": config.seed,
         "metrics": metrics,

@@ -2,6 +2,12 @@
 
 A timed step always does identical work: decode steps write the same KV position each call
 (the cache is preallocated, or cropped back for PEFT), prefill steps rewrite the same rows.
+Both sides time their own input preparation: loraplex builds its ``ForwardBatch`` (positions,
+sequence lengths, logits indices, per-token slots) inside the timed call, as the server's runner
+does every step, and the paged KV cache plans its block-table rows inside ``forward_batch``;
+PEFT's forward prepares positions, cache positions and masks, and its cache is cropped back.
+The KV cache is the server's (``engine.kv_blocks.PagedKVCache``, ``KV_BLOCK_SIZE`` tokens per
+block, the engine's default), not a contiguous one.
 """
 
 from __future__ import annotations
@@ -15,13 +21,17 @@ import torch
 
 from loraplex.artifacts.base_model import BaseModelSpec
 from loraplex.artifacts.validate import validate_adapter_dir
+from loraplex.engine.blocks import BlockManager
+from loraplex.engine.kv_blocks import PagedKVCache
 from loraplex.model.adapter_weights import AdapterWeights, ModuleWeights, load_adapter_weights
 from loraplex.model.checkpoint import load_checkpoint
-from loraplex.model.kv_cache import ContiguousKVCache, SequenceChunk
+from loraplex.model.kv_cache import SequenceChunk
 from loraplex.model.llama import ForwardBatch
 from loraplex.model.lora import LoraSlotPool
 
 CPU = torch.device("cpu")
+KV_BLOCK_SIZE = 16  # EngineConfig.block_size's default: the blocks the server attends over
+KV_CACHE = "paged"  # what the benchmark measures (reported with its results)
 
 
 @dataclass(frozen=True)
@@ -53,16 +63,19 @@ def padded(weights: AdapterWeights, rank: int) -> AdapterWeights:
 
 
 class LoraplexRunner:
-    """loraplex's model with one preallocated KV cache shared by every variant of a dtype."""
+    """loraplex's model with one paged KV cache (the server's kind) shared by every variant of a
+    dtype; each sequence's blocks are reserved up front, so a timed step allocates none."""
 
     def __init__(self, model_dir: Path, dtype: torch.dtype, max_seqs: int, max_seq_len: int):
         self.model_dir, self.dtype = model_dir, dtype
         self.spec = BaseModelSpec.from_dir(model_dir)
         self.model = load_checkpoint(model_dir, dtype=dtype, device=CPU)
-        self.kv = ContiguousKVCache(
-            self.model.attention_shape, max_seqs, max_seq_len, dtype=dtype, device=CPU
-        )
+        per_seq = -(-max_seq_len // KV_BLOCK_SIZE)
+        blocks = BlockManager(max_seqs * per_seq, KV_BLOCK_SIZE)
+        self.kv = PagedKVCache(self.model.attention_shape, blocks, dtype=dtype, device=CPU)
         self.seq_ids = [self.kv.allocate() for _ in range(max_seqs)]
+        for seq_id in self.seq_ids:
+            blocks.grow(seq_id, max_seq_len)
 
     def weights(self, adapter_dir: Path, max_lora_rank: int) -> AdapterWeights:
         validated = validate_adapter_dir(adapter_dir, self.spec, max_lora_rank)
@@ -91,10 +104,15 @@ class LoraplexRunner:
         slots = None
         if seq_slots is not None:
             slots = [slot for slot in seq_slots for _ in range(shape.tokens_per_seq)]
-        ids = token_ids(shape, self.spec.vocab_size).flatten()
-        batch = ForwardBatch.build(ids, chunks, token_slots=slots)
+        ids = token_ids(shape, self.spec.vocab_size).flatten().tolist()
         lora = pool if slots is not None else None
-        return lambda: self.model.forward_batch(batch, self.kv, lora)
+
+        def step() -> object:
+            # Built per call, from plain lists, as the server's runner builds it every step.
+            batch = ForwardBatch.build(ids, chunks, token_slots=slots)
+            return self.model.forward_batch(batch, self.kv, lora)
+
+        return step
 
     def weight_bytes(self) -> int:
         """Bytes a decode step must read: every weight but the embedding table (only a few

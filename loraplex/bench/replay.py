@@ -5,12 +5,14 @@ flight, deadlines); only the executor and the pipeline are simulated (both live 
 ``loraplex.residency``): ``SimExecutor`` orders phases and timers deterministically by (time,
 sequence) on a ManualClock, and ``SimulatedPipeline`` charges each stage the cost measured for
 it (``StageCosts``), moving no bytes. Each request holds its lease for
-``output_tokens * tpot_s``.
+``output_tokens * tpot_s``; its wait (arrival to lease, simulated seconds) is what residency
+costs it before its first token, the replay's stand-in for TTFT's adapter part.
 """
 
 from __future__ import annotations
 
 import hashlib
+import math
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -24,6 +26,7 @@ from loraplex.residency.ledger import Tier
 from loraplex.residency.pipeline import Footprint
 from loraplex.residency.policy import EvictionPolicy
 from loraplex.residency.simulated import SimulatedPipeline, StageCosts
+from loraplex.residency.stats import percentile
 
 _BASE_DIGEST = hashlib.sha256(b"replay-base").hexdigest()
 
@@ -55,13 +58,15 @@ class ReplayResult:
     num_requests: int  # requests replayed
     served_from: dict[str, int]  # requests by the tier their adapter came from (L0..L3)
     failed: int  # requests whose acquire failed (deadline, capacity)
-    tenant_windows: dict[str, dict[str, float]]  # tenant -> window name -> L0 hit ratio
+    tenant_windows: dict[str, dict[str, float | None]]  # tenant -> window -> L0 hit ratio
     evictions: dict[str, int]  # per tier
     reloads_after_eviction: dict[str, int]  # per tier
     thrash_ratio: float  # reloads-after-eviction / evictions
-    timeline: list[tuple[float, float]] = field(
-        default_factory=list
-    )  # (bucket start s, L0 hit ratio)
+    # tenant -> {"p50", "p99"}: seconds from arrival to lease over every request (a failed one
+    # at the end of the trace: it never got a lease); None when the tenant sent nothing
+    tenant_wait_s: dict[str, dict[str, float | None]] = field(default_factory=dict)
+    # (bucket start s, L0 hit ratio; None for a bucket without requests)
+    timeline: list[tuple[float, float | None]] = field(default_factory=list)
 
     @property
     def hit_ratio(self) -> dict[str, float]:
@@ -91,7 +96,7 @@ def replay(
         config, SimulatedPipeline(footprints, costs), policy=policy, clock=clock, executor=executor
     )
     keys = {(a.tenant, a.name): adapter_key(a) for a in workload.adapters}
-    outcomes: list[tuple[float, str, str]] = []  # (arrival, tenant, source tier name)
+    outcomes: list[Outcome] = []
     for request in workload.requests:
         executor.run_until(request.t_s)
         future = cache.acquire_future(keys[(request.tenant, request.adapter)])
@@ -109,19 +114,24 @@ def replay(
     )
 
 
+# One request's outcome: (arrival, tenant, source tier name or "failed", seconds to the lease).
+Outcome = tuple[float, str, str, float]
+
+
 def _on_lease(
     executor: SimExecutor,
-    outcomes: list[tuple[float, str, str]],
+    outcomes: list[Outcome],
     t_s: float,
     tenant: str,
     hold_s: float,
 ) -> Callable[[Any], None]:
     def done(future: Any) -> None:
+        wait_s = executor.clock.now() - t_s
         if future.exception() is not None:
-            outcomes.append((t_s, tenant, "failed"))
+            outcomes.append((t_s, tenant, "failed", math.inf))
             return
         lease: Lease = future.result()
-        outcomes.append((t_s, tenant, lease.load.source.name))
+        outcomes.append((t_s, tenant, lease.load.source.name, wait_s))
         executor.call_at(executor.clock.now() + hold_s, lease.release)
 
     return done
@@ -132,17 +142,17 @@ def _summarise(
     policy: str,
     *,
     cache: TieredAdapterCache,
-    outcomes: list[tuple[float, str, str]],
+    outcomes: list[Outcome],
     windows: Mapping[str, tuple[float, float]],
     num_buckets: int,
 ) -> ReplayResult:
     stats = cache.snapshot().stats
     served = {t.name: 0 for t in Tier}
-    for _, _, source in outcomes:
+    for _, _, source, _ in outcomes:
         if source in served:
             served[source] += 1
     duration = workload.duration_s
-    per_tenant: dict[str, dict[str, float]] = {}
+    per_tenant: dict[str, dict[str, float | None]] = {}
     for tenant in sorted({o[1] for o in outcomes}):
         per_tenant[tenant] = {
             name: _l0_ratio(
@@ -164,9 +174,22 @@ def _summarise(
         evictions={t.name: n for t, n in stats.evictions.items()},
         reloads_after_eviction={t.name: n for t, n in stats.reloads_after_eviction.items()},
         thrash_ratio=stats.thrash_ratio,
+        tenant_wait_s={
+            tenant: _wait_quantiles([o[3] for o in outcomes if o[1] == tenant], duration)
+            for tenant in per_tenant
+        },
         timeline=timeline,
     )
 
 
-def _l0_ratio(outcomes: Sequence[tuple[float, str, str]]) -> float:
-    return sum(1 for o in outcomes if o[2] == "L0") / len(outcomes) if outcomes else 0.0
+def _wait_quantiles(waits: Sequence[float], duration_s: float) -> dict[str, float | None]:
+    """P50/P99 of the waits; a failed request (inf) counts as the whole trace's length."""
+    ordered = sorted(min(w, duration_s) for w in waits)
+    if not ordered:
+        return {"p50": None, "p99": None}
+    return {"p50": percentile(ordered, 0.5), "p99": percentile(ordered, 0.99)}
+
+
+def _l0_ratio(outcomes: Sequence[Outcome]) -> float | None:
+    """Share of ``outcomes`` served from L0; None (undefined) without any."""
+    return sum(1 for o in outcomes if o[2] == "L0") / len(outcomes) if outcomes else None

@@ -1,19 +1,26 @@
 """``loraplex bench serve``: the real server over HTTP on the WORKLOADS.md traces.
 
 Side by side in one invocation (fresh server and cold cache per run, the same trace):
-hot-burst and zipf-longtail under lru and cost_aware; cold-storm with and without the storm
-tenant; HTTP vs in-process throughput; and, when asked for, the adversarial scenario
+hot-burst under lru, lru_priority (LRU within priority classes: the priority information
+cost_aware also sees) and cost_aware at several slot counts; zipf-longtail under lru and
+cost_aware; cold-storm with and without the storm tenant; HTTP vs in-process throughput (both
+with the engine in its own process); and, when asked for, the adversarial scenario
 (``serve_adversarial``: the steady tenants with and without an attacker tenant). Traces are
 generated at a wall-clock scale and replayed open-loop. Their rate is, unless given, ``load``
 times the server's measured capacity (completed trace-shaped requests per second at saturation,
 measured first), and their length ``trace_requests`` at that rate: a faster or slower machine
 then runs the same number of requests at the same utilisation, instead of idling or drowning at
 a fixed rate.
+
+Fairness between the runs compared (``serve_runs``): each comparison is repeated
+``trace_repeats`` times with the order alternating (ABBA) and the repeats pooled per run; before
+every run the artifact store's pages are dropped from the OS page cache, so no run fetches its
+L3 objects from pages an earlier run warmed. Failed and timed-out requests count in the TTFT
+percentiles at the timeout (``serve_summary``).
 """
 
 from __future__ import annotations
 
-import asyncio
 import tempfile
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -26,12 +33,12 @@ from loraplex.bench.serve_adversarial import (
     adversarial_workload,
     run_adversarial,
 )
-from loraplex.bench.serve_driver import DriveConfig, replay_over_http
-from loraplex.bench.serve_fleet import Fleet, ServerOptions, prepare_fleet, serving
+from loraplex.bench.serve_driver import DriveConfig
+from loraplex.bench.serve_fleet import ServerOptions, drop_page_cache, prepare_fleet
+from loraplex.bench.serve_runs import TracePlan, comparisons, trace_runs
 from loraplex.bench.serve_summary import RunResult, headline, summarize
 from loraplex.bench.serve_throughput import ThroughputConfig, measure_throughput
 from loraplex.bench.workloads import (
-    HOT_BURST_WINDOW,
     ScenarioParams,
     TraceAdapter,
     Workload,
@@ -57,7 +64,9 @@ class ServeBenchConfig:
     output_tokens: int = 16  # max tokens of every request
     num_adapters: int = 64  # zipf-longtail population and cold-storm's storm pool
     max_loras: int = 16  # GPU slots (zipf-longtail, cold-storm, throughput)
-    hot_burst_max_loras: int = 9  # hot-burst: the 8 hot adapters + 1
+    # hot-burst's slot counts (the 8 hot adapters + 1, + 4, x 2); the first is the headline's
+    hot_burst_slots: tuple[int, ...] = (9, 12, 16)
+    trace_repeats: int = 2  # runs of each trace comparison, order alternating (ABBA)
     cpu_adapter_bytes: int = 128 << 20  # L1 budget
     max_lora_rank: int = 64  # ranks above (WIDE's 128) are capped
     throughput_requests: int = 256  # requests per throughput round
@@ -76,7 +85,7 @@ class ServeBenchConfig:
             "output_tokens",
             "num_adapters",
             "max_loras",
-            "hot_burst_max_loras",
+            "trace_repeats",
             "cpu_adapter_bytes",
             "max_lora_rank",
             "throughput_requests",
@@ -89,15 +98,19 @@ class ServeBenchConfig:
             value = getattr(self, name)
             if value is not None and not value > 0:
                 raise ValueError(f"{name} {value} is invalid; expected > 0 or None (derived)")
+        if not self.hot_burst_slots or min(self.hot_burst_slots) < 1:
+            raise ValueError(
+                f"hot_burst_slots {self.hot_burst_slots} is invalid; expected slot counts >= 1"
+            )
         unknown = set(self.scenarios) - set(KNOWN_SCENARIOS)
         if unknown:
             raise ValueError(
                 f"scenarios {sorted(unknown)} is invalid; expected from {KNOWN_SCENARIOS}"
             )
 
-    def trace_shape(self, capacity_rps: float) -> tuple[float, float]:
-        """(rate, duration_s) of the traces, given the measured capacity."""
-        rate = self.rate if self.rate is not None else self.load * capacity_rps
+    def trace_shape(self, capacity_rps: float | None) -> tuple[float, float]:
+        """(rate, duration_s) of the traces, given the measured capacity (None: unmeasured)."""
+        rate = self.rate if self.rate is not None else self.load * (capacity_rps or 0.0)
         if not rate > 0:
             raise RuntimeError(f"measured capacity {capacity_rps} req/s leaves no trace rate")
         duration = self.duration_s if self.duration_s is not None else self.trace_requests / rate
@@ -152,7 +165,18 @@ def run_serve_bench(config: ServeBenchConfig) -> dict[str, Any]:
         params = config.params(rate, duration)
         workloads = {name: _generate(name, config.seed, params) for name in config.scenarios}
         attack = workloads.pop(ADVERSARIAL, None)
-        runs = _trace_runs(config, fleet, workloads, drive, root)
+        dropped = drop_page_cache(fleet.store)
+        plan = TracePlan(
+            comparisons(
+                workloads,
+                config.hot_burst_slots,
+                config.max_loras,
+                lambda policy, slots: _options(config, policy, slots),
+            ),
+            config.trace_repeats,
+            config.request_timeout_s,
+        )
+        runs = trace_runs(plan, fleet, drive, root)
         hostile = []
         if attack is not None:
             options = _options(config, "cost_aware", config.max_loras)
@@ -164,21 +188,32 @@ def run_serve_bench(config: ServeBenchConfig) -> dict[str, Any]:
                 drive=drive,
                 config=config.adversarial,
             )
-            runs += [RunResult(run.name, run.records, run.residency) for run in hostile]
+            timeout = config.request_timeout_s
+            runs += [RunResult(r.name, r.records, r.residency, timeout) for r in hostile]
     summaries = {run.name: summarize(run) for run in runs}
-    metrics = headline(summaries)
+    slots = config.hot_burst_slots if "hot-burst" in workloads else ()
+    metrics = headline(summaries, slots)
     if attack is not None:
         metrics.update(adversarial_metrics(hostile, attack, config.request_timeout_s))
-    metrics["http_over_offline_throughput"] = round(tput.ratio, 3)
+    metrics["http_over_offline_throughput"] = None if tput.ratio is None else round(tput.ratio, 3)
+    metrics["throughput_completed_ratio_http"] = _share(tput.http_completed, tput.http_requests)
+    metrics["throughput_completed_ratio_offline"] = _share(
+        tput.offline_completed, tput.offline_requests
+    )
     metrics["http_tokens_per_s"] = [round(v, 1) for v in tput.http_tokens_per_s]
     metrics["offline_tokens_per_s"] = [round(v, 1) for v in tput.offline_tokens_per_s]
     metrics["throughput_http_failures"] = tput.http_failures
     metrics["capacity_rps"] = [round(v, 1) for v in tput.capacity_rps]
     metrics["trace_rate"] = round(rate, 2)
     metrics["trace_duration_s"] = round(duration, 2)
+    metrics["page_cache_dropped_per_run"] = dropped
     metrics["runs"] = summaries
     plain = {k: (str(v) if isinstance(v, Path) else v) for k, v in asdict(config).items()}
     return {"name": "serve", "config": plain, "seed": config.seed, "metrics": metrics, "runs": runs}
+
+
+def _share(part: int, whole: int) -> float | None:
+    return round(part / whole, 4) if whole else None
 
 
 def _generate(name: str, seed: int, params: ScenarioParams) -> Workload:
@@ -199,34 +234,3 @@ def _options(config: ServeBenchConfig, policy: str, max_loras: int) -> ServerOpt
     return ServerOptions(
         policy, max_loras, config.cpu_adapter_bytes, queue_deadline_s=config.request_timeout_s / 2
     )
-
-
-def _trace_runs(
-    config: ServeBenchConfig,
-    fleet: Fleet,
-    workloads: dict[str, Workload],
-    drive: DriveConfig,
-    root: Path,
-) -> list[RunResult]:
-    plan: list[tuple[str, Workload, ServerOptions]] = []
-    for name, workload in workloads.items():
-        if name == "cold-storm":
-            calm = [r for r in workload.requests if r.tenant != "storm"]
-            quiet = Workload(
-                workload.name, workload.seed, workload.duration_s, workload.adapters, tuple(calm)
-            )
-            options = _options(config, "cost_aware", config.max_loras)
-            plan += [(f"{name}/storm", workload, options), (f"{name}/no-storm", quiet, options)]
-            continue
-        slots = config.hot_burst_max_loras if name == "hot-burst" else config.max_loras
-        for policy in ("lru", "cost_aware"):
-            plan.append((f"{name}/{policy}", workload, _options(config, policy, slots)))
-    runs = []
-    for index, (run_name, workload, options) in enumerate(plan):
-        with serving(fleet, root / f"run-{index}", options) as url:
-            records, view = asyncio.run(
-                replay_over_http(url, workload.requests, fleet.keys, fleet.admin_key, drive)
-            )
-        burst = HOT_BURST_WINDOW[0] * workload.duration_s if workload.name == "hot-burst" else None
-        runs.append(RunResult(run_name, tuple(records), view, burst))
-    return runs

@@ -137,6 +137,24 @@ class ServerOptions:
     torch_threads: int = 1  # OMP threads of the server process (stable on shared cores)
 
 
+def drop_page_cache(root: Path) -> bool:
+    """Asks the kernel to forget the cached pages of every file under ``root`` (the artifact
+    store), so each server run reads its L3 objects from disk, not from the page cache an
+    earlier run warmed. Needs no privileges (``posix_fadvise(DONTNEED)`` on clean pages; the
+    store is fsynced first). False where the platform lacks posix_fadvise."""
+    advise = getattr(os, "posix_fadvise", None)
+    if advise is None:
+        return False
+    for path in sorted(p for p in root.rglob("*") if p.is_file()):
+        fd = os.open(path, os.O_RDONLY)
+        try:
+            os.fsync(fd)  # dirty pages would stay cached
+            advise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
+        finally:
+            os.close(fd)
+    return True
+
+
 def _free_port() -> int:
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
         sock.bind(("127.0.0.1", 0))
@@ -161,6 +179,7 @@ def serve_values(
         "cpu_adapter_bytes": options.cpu_adapter_bytes,
         "max_num_seqs": options.max_num_seqs,
         "queue_deadline_s": options.queue_deadline_s,
+        "torch_threads": options.torch_threads,  # explicit: every side runs the same count
         "database_url": fleet.database_url,
         "store": str(fleet.store),
         "metrics_public": True,

@@ -8,7 +8,7 @@ from typing import Any
 
 from loraplex.bench.report import markdown_table
 from loraplex.bench.serve_driver import TIERS
-from loraplex.bench.serve_summary import RunResult
+from loraplex.bench.serve_summary import HOT_BURST_POLICIES, RunResult, ttft_or_timeout
 
 _SCALARS = (int, float, str, type(None))  # None: undefined (no data), shown as such
 
@@ -19,15 +19,18 @@ def serve_json_line(result: dict[str, Any]) -> str:
 
 def serve_markdown(result: dict[str, Any], cdf_png: str, hits_png: str) -> str:
     metrics = result["metrics"]
-    headline = [
-        {"metric": k, "value": v} for k, v in sorted(metrics.items()) if isinstance(v, _SCALARS)
-    ]
+    # In the JSON line's order: each headline ratio with its completed ratios right after it.
+    headline = [{"metric": k, "value": v} for k, v in metrics.items() if isinstance(v, _SCALARS)]
     parts = [
         "## Run",
         f"config: `{result['config']}`, seed {result['seed']}",
         "## Headline metrics",
         markdown_table(headline, ["metric", "value"]),
-        "## Runs (TTFT / TPOT in ms over completed requests; tier = adapter's tier at arrival)",
+        "## Hot-burst capacity sweep (gain: hot tenant P99 TTFT from the burst on, baseline "
+        "over cost_aware; price: batch tenant P50 TTFT, cost_aware over lru)",
+        markdown_table(_sweep_rows(metrics.get("hot_burst_sweep", {})), _SWEEP_COLUMNS),
+        "## Runs (TTFT in ms over every request, failed ones at the timeout; TPOT over "
+        "completed requests; tier = adapter's tier at arrival)",
         markdown_table(_run_rows(metrics["runs"]), _RUN_COLUMNS),
         "## TTFT by tier at arrival (ms)",
         markdown_table(_group_rows(metrics["runs"], "by_tier"), _GROUP_COLUMNS),
@@ -39,6 +42,38 @@ def serve_markdown(result: dict[str, Any], cdf_png: str, hits_png: str) -> str:
         "```json\n" + serve_json_line(result) + "\n```",
     ]
     return "\n\n".join(parts) + "\n"
+
+
+_SWEEP_COLUMNS = [
+    "slots",
+    "gain_lru",
+    "gain_lru_priority",
+    "price_vs_lru",
+    "price_vs_lru_priority",
+    *(f"hot_completed_{p}" for p in HOT_BURST_POLICIES),
+    *(f"batch_completed_{p}" for p in HOT_BURST_POLICIES),
+]
+
+
+def _sweep_rows(sweep: dict[str, dict[str, Any]]) -> list[dict[str, object]]:
+    return [
+        {
+            "slots": slots,
+            "gain_lru": m["hot_burst_p99_ttft_lru_over_cost_aware"],
+            "gain_lru_priority": m["hot_burst_p99_ttft_lru_priority_over_cost_aware"],
+            "price_vs_lru": m["hot_burst_batch_p50_ttft_cost_aware_over_lru"],
+            "price_vs_lru_priority": m["hot_burst_batch_p50_ttft_cost_aware_over_lru_priority"],
+            **{
+                f"hot_completed_{p}": m[f"hot_burst_hot_completed_ratio_{p}"]
+                for p in HOT_BURST_POLICIES
+            },
+            **{
+                f"batch_completed_{p}": m[f"hot_burst_batch_completed_ratio_{p}"]
+                for p in HOT_BURST_POLICIES
+            },
+        }
+        for slots, m in sweep.items()
+    ]
 
 
 _RUN_COLUMNS = [
@@ -60,6 +95,7 @@ _GROUP_COLUMNS = [
     "run",
     "group",
     "n",
+    "completed",
     "in_L0",
     "ttft_p50",
     "ttft_p90",
@@ -99,6 +135,7 @@ def _group_rows(runs: dict[str, dict[str, Any]], key: str) -> list[dict[str, obj
                     "run": name,
                     "group": group,
                     "n": ttft["n"],
+                    "completed": q["completed"],
                     "in_L0": q["tier_at_arrival"]["L0"],
                     "ttft_p50": ttft["p50"],
                     "ttft_p90": ttft["p90"],
@@ -111,7 +148,8 @@ def _group_rows(runs: dict[str, dict[str, Any]], key: str) -> list[dict[str, obj
 
 
 def ttft_cdf_plot(runs: list[RunResult], path: Path) -> None:
-    """One panel per run: the TTFT CDF of completed requests, one line per tier at arrival."""
+    """One panel per run: the TTFT CDF of every request (a failed one at the timeout), one
+    line per tier at arrival."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -124,9 +162,7 @@ def ttft_cdf_plot(runs: list[RunResult], path: Path) -> None:
     for ax, run in zip(axes.flat, runs, strict=False):
         for tier in TIERS:
             values = sorted(
-                r.ttft_s * 1000
-                for r in run.records
-                if r.ok and r.tier == tier and r.ttft_s is not None
+                ttft_or_timeout(r, run.timeout_s) * 1000 for r in run.records if r.tier == tier
             )
             if values:
                 ys = [(i + 1) / len(values) for i in range(len(values))]

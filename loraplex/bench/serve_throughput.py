@@ -1,7 +1,11 @@
 """HTTP vs in-process throughput, and the server's capacity the trace rates derive from.
 
-Throughput: the same saturating batch of prompts through the server over HTTP and through an
-identically configured engine in this process (no HTTP, no SSE, no auth). Both sides get the same
+Throughput: the same saturating batch of prompts through the server over HTTP and through the
+same engine driven from this process (no HTTP, no SSE, no auth). Both sides run the engine the
+same way, in its own process (``engine_process = true``, ``loraplex serve``'s default): the
+in-process side only swaps the HTTP front for direct ``EngineClient`` calls, so the ratio is the
+cost of the HTTP layer, not of a GIL shared with the client (the engine on a thread of this
+process would share it with the asyncio loop driving every stream). Both sides get the same
 engine settings, the same torch thread count and the same warm adapters; rounds alternate between
 them after one full-size warm-up round each (WORKLOADS.md: warm up, interleave, take medians), and
 every round index has its own prompts (no side is helped by prefixes cached in an earlier round).
@@ -69,20 +73,26 @@ class ThroughputResult:
     """Completion tokens per second of each round, per side."""
 
     http_tokens_per_s: tuple[float, ...]  # over HTTP, per round
-    offline_tokens_per_s: tuple[float, ...]  # in-process engine, per round
+    offline_tokens_per_s: tuple[float, ...]  # engine driven from this process, per round
     http_failures: int  # HTTP requests that did not complete (capacity rounds included)
     capacity_rps: tuple[float, ...] = ()  # completed trace-shaped requests per second, per round
+    http_requests: int = 0  # HTTP requests of the throughput rounds
+    http_completed: int = 0  # of which completed
+    offline_requests: int = 0  # in-process requests of the throughput rounds
+    offline_completed: int = 0  # of which completed
 
     @property
-    def ratio(self) -> float:
-        """Median HTTP throughput over median in-process throughput."""
+    def ratio(self) -> float | None:
+        """Median HTTP throughput over median in-process throughput; None when undefined."""
+        if not self.offline_tokens_per_s or not self.http_tokens_per_s:
+            return None
         offline = statistics.median(self.offline_tokens_per_s)
-        return statistics.median(self.http_tokens_per_s) / offline if offline else 0.0
+        return statistics.median(self.http_tokens_per_s) / offline if offline > 0 else None
 
     @property
-    def capacity(self) -> float:
-        """Median completed requests per second of the capacity rounds (0.0 without any)."""
-        return statistics.median(self.capacity_rps) if self.capacity_rps else 0.0
+    def capacity(self) -> float | None:
+        """Median completed requests per second of the capacity rounds; None without any."""
+        return statistics.median(self.capacity_rps) if self.capacity_rps else None
 
 
 Batch = list[tuple[TraceRequest, list[int]]]
@@ -126,24 +136,31 @@ async def _offline_round(
     keys: dict[tuple[str, str], AdapterKey],
     batch: Batch,
     tag: str,
-) -> float:
+) -> tuple[float, int]:
+    """Completion tokens per second of the completed requests, and how many completed (an
+    engine error fails that request, as a non-200 fails an HTTP one)."""
     from loraplex.engine.protocol import EngineRequest
+    from loraplex.errors import LoraplexError
     from loraplex.sampling import SamplingParams
 
-    async def one(index: int, request: TraceRequest, ids: list[int]) -> int:
+    async def one(index: int, request: TraceRequest, ids: list[int]) -> int | None:
         params = SamplingParams(
             max_tokens=request.output_tokens, temperature=0.0, ignore_eos=True
         )  # same work as the HTTP side, which sends ignore_eos
         key = keys[(request.tenant, request.adapter)]
         job = EngineRequest(f"{tag}-{index}", request.tenant, key, tuple(ids), params)
         tokens = 0
-        async for delta in engine.generate(job):
-            tokens = delta.completion_tokens
+        try:
+            async for delta in engine.generate(job):
+                tokens = delta.completion_tokens
+        except LoraplexError:
+            return None
         return tokens
 
     start = time.monotonic()
     counts = await asyncio.gather(*(one(i, r, ids) for i, (r, ids) in enumerate(batch)))
-    return sum(counts) / (time.monotonic() - start)
+    done = [c for c in counts if c is not None]
+    return sum(done) / (time.monotonic() - start), len(done)
 
 
 def measure_throughput(
@@ -158,11 +175,11 @@ def measure_throughput(
 
     torch.set_num_threads(options.torch_threads)
     values = serve_values(fleet, root / "in-process", options, 0)
-    local = build_server(merge({}, {**values, "engine_process": False}))
+    local = build_server(merge({}, {**values, "engine_process": True}))  # as `loraplex serve`
     http: list[float] = []
     offline: list[float] = []
     capacity: list[float] = []
-    failures = 0
+    failures = http_completed = offline_completed = 0
     try:
         keys = {(t, n): local.registry.resolve(t, n) for t, n in config.adapters}
         with serving(fleet, root / "http", options) as url:
@@ -184,7 +201,20 @@ def measure_throughput(
                 records, wall = asyncio.run(_http_round(url, fleet, batch))
                 http.append(sum(r.completion_tokens for r in records if r.ok) / wall)
                 failures += sum(not r.ok for r in records)
-                offline.append(asyncio.run(_offline_round(local.engine, keys, batch, f"r{index}")))
+                http_completed += sum(r.ok for r in records)
+                rate, done = asyncio.run(_offline_round(local.engine, keys, batch, f"r{index}"))
+                offline.append(rate)
+                offline_completed += done
     finally:
         local.close()
-    return ThroughputResult(tuple(http), tuple(offline), failures, tuple(capacity))
+    total = config.rounds * config.num_requests
+    return ThroughputResult(
+        tuple(http),
+        tuple(offline),
+        failures,
+        tuple(capacity),
+        http_requests=total,
+        http_completed=http_completed,
+        offline_requests=total,
+        offline_completed=offline_completed,
+    )

@@ -89,7 +89,9 @@ class EvictionPolicy(Protocol):
         """How much longer a demand load should wait for room rather than displace ``victims``
         now (0: displace now). ``held`` are the tier's other unpinned copies: in use, still
         loading, or too young to evict (they may become victims soon); ``waited_s`` is how long
-        the load has waited so far."""
+        the load's longest-waiting request has waited since it asked (queueing and earlier
+        moves included), so a policy's bound on it bounds the deferral per request. The cache
+        caps any answer at ``CacheConfig.max_request_deferral_s`` minus ``waited_s``."""
         ...
 
     def admits(self, incoming: Candidate, victims: Sequence[Candidate], now_s: float) -> bool:
@@ -128,6 +130,44 @@ class LruPolicy:
         return 0.0
 
 
+class LruPriorityPolicy:
+    """LRU within priority classes: a lower-priority tenant's copy goes before any copy of a
+    higher one, least recently used first within a class; never defers, admits everything.
+
+    The control for ``cost_aware``: it sees the same tenant priority, so a gain of cost_aware
+    over this policy is the keep-score's (frequency, reload cost, deferral), not the priority
+    information that plain ``lru`` ignores by design."""
+
+    name = "lru_priority"
+
+    def order_key(self, c: Candidate, now_s: float) -> tuple[float, float, AdapterKey]:
+        # NOTE: constant until the next access or a change of tenant priority (which makes the
+        # cache rebuild its victim order), so the floor below is exact.
+        return (c.priority, c.last_access_s, c.key)
+
+    def order_key_floor(self, c: Candidate, now_s: float, until_s: float) -> OrderKey:
+        return self.order_key(c, now_s)
+
+    def order_group(self, c: Candidate, now_s: float) -> OrderGroup | None:
+        return None  # the key is constant: its floor is exact
+
+    def order_victims(self, candidates: Sequence[Candidate], now_s: float) -> list[Candidate]:
+        return sorted(candidates, key=lambda c: self.order_key(c, now_s))
+
+    def admits(self, incoming: Candidate, victims: Sequence[Candidate], now_s: float) -> bool:
+        return True
+
+    def deferral_s(
+        self,
+        incoming: Candidate,
+        victims: Sequence[Candidate],
+        held: Sequence[Candidate],
+        waited_s: float,
+        now_s: float,
+    ) -> float:
+        return 0.0
+
+
 @dataclass(frozen=True)
 class CostAwareConfig:
     """Weights of the cost-aware keep-score."""
@@ -136,11 +176,12 @@ class CostAwareConfig:
     hysteresis: float = 0.25  # an optional load must beat its victims' score by this fraction
     recency_tau_s: float = 60.0  # recency term 1 / (age + tau): bounded for just-used adapters
     short_weight: float = 0.7  # weight of the 1-minute rate against the 5-minute one
-    # A demand load of a lower-priority tenant waits up to this long for a held-back copy (in
-    # use, loading or too young) worth less than its victims to become evictable, rather than
-    # displace a higher-priority tenant's copy worth far more (a batch tenant's burst of
-    # one-off adapters then cycles through the slots its own requests hold, not the hot set).
-    demand_defer_s: float = 1.0
+    # A demand load of a lower-priority tenant waits for a held-back copy (in use, loading or
+    # too young) worth less than its victims to become evictable, rather than displace a
+    # higher-priority tenant's copy worth far more (a batch tenant's burst of one-off adapters
+    # then cycles through the slots its own requests hold, not the hot set), until its request
+    # has waited this long in total since it asked: deferral never starves a request.
+    demand_defer_s: float = 0.5
 
     def __post_init__(self) -> None:
         if self.min_residency_s < 0:
@@ -234,7 +275,8 @@ class CostAwarePolicy:
         waited_s: float,
         now_s: float,
     ) -> float:
-        """Wait out the rest of ``demand_defer_s`` when a victim of a higher-priority tenant is
+        """Wait out the rest of ``demand_defer_s`` (per request, counted from when the request
+        asked) when a victim of a higher-priority tenant is
         worth more than the newcomer by the hysteresis margin and a cheaper copy is held back
         (in use, loading or too young). Within one priority class loads never wait (a rotating
         hot set must be able to displace the old one at once)."""
@@ -259,7 +301,7 @@ def register_policy(name: str, factory: Callable[[], EvictionPolicy]) -> None:
 
 
 def make_policy(name: str) -> EvictionPolicy:
-    """A fresh policy by name (``lru``, ``cost_aware``)."""
+    """A fresh policy by name (``lru``, ``lru_priority``, ``cost_aware``)."""
     if name not in _POLICIES:
         raise ValueError(f"eviction policy {name!r} is unknown; expected one of {policy_names()}")
     return _POLICIES[name]()
@@ -271,4 +313,5 @@ def policy_names() -> tuple[str, ...]:
 
 DEFAULT_POLICY = "cost_aware"
 register_policy("lru", LruPolicy)
+register_policy("lru_priority", LruPriorityPolicy)
 register_policy("cost_aware", CostAwarePolicy)

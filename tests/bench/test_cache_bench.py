@@ -32,17 +32,29 @@ def test_bench_cache_emits_one_json_line(demo_assets, tmp_path: Path) -> None:  
     )
     result = run_cache_bench(config)
     assert set(result["metrics"]) >= METRICS
-    assert set(result["replays"]) == {"hot-burst", "zipf-longtail", "drift"}
+    assert set(result["replays"]) == {
+        "hot-burst", "hot-burst@12", "hot-burst@16", "zipf-longtail", "drift"
+    }  # fmt: skip
+    assert set(result["replays"]["hot-burst"]) == {"lru", "lru_priority", "cost_aware"}
     metrics, burst = result["metrics"], result["replays"]["hot-burst"]
     assert metrics["l2_load_speedup_vs_peft"] is None  # PEFT was not run: undefined, not 0
     # Each headline comes from its replay (costs are measured in the run, so values vary).
-    for policy, suffix in (("cost_aware", ""), ("lru", "_lru")):
+    for policy, suffix in (("cost_aware", ""), ("lru", "_lru"), ("lru_priority", "_lru_priority")):
         during = burst[policy]["tenant_l0_hit_ratio"]["prio"]["during"]
         assert metrics[f"hot_burst_hot_l0_hit_ratio{suffix}"] == round(during, 4)
     reloads = {p: metrics[f"hot_burst_reloads_{p}"] for p in ("lru", "cost_aware")}
     assert reloads["lru"] == sum(burst["lru"]["reloads_after_eviction"].values())
-    expected = reloads["lru"] / max(1.0, reloads["cost_aware"])
-    assert metrics["hot_burst_reload_reduction_vs_lru"] == round(expected, 4)
+    if reloads["cost_aware"]:
+        expected = reloads["lru"] / reloads["cost_aware"]
+        assert metrics["hot_burst_reload_reduction_vs_lru"] == round(expected, 4)
+    else:  # undefined: null, never a made-up denominator
+        assert metrics["hot_burst_reload_reduction_vs_lru"] is None
+    # The price beside the gain: the batch tenant's P50 wait, cost_aware over lru.
+    waits = {p: burst[p]["tenant_wait_s"]["batch"]["p50"] for p in ("cost_aware", "lru")}
+    price = metrics["hot_burst_batch_p50_wait_cost_aware_over_lru"]
+    assert price == round(waits["cost_aware"] / waits["lru"], 4)
+    for slots in (9, 12, 16):
+        assert f"hot_burst_s{slots}_batch_p50_wait_cost_aware_over_lru" in metrics
     json.dumps(result)
     cache_plot(result, tmp_path / "cache.png")
     assert (tmp_path / "cache.png").stat().st_size > 0

@@ -24,9 +24,23 @@ def test_tiny_run_has_the_documented_metrics(
         dtypes=("float32",), rounds=1, calls_per_round=1, context_tokens=4,
         matrix_axes={"popularity": ("zipf",), "tokens": ("prefill-64",)},
     )  # fmt: skip
+    from loraplex.model.llama import ForwardBatch
+
+    builds = {"count": 0}
+    real_build = ForwardBatch.build
+
+    def counting_build(*args: object, **kwargs: object) -> object:
+        builds["count"] += 1
+        return real_build(*args, **kwargs)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(ForwardBatch, "build", counting_build)
     result = run_execution_bench(config, workdir=tmp_path)
     line = json.loads(json.dumps({k: result[k] for k in ("name", "config", "seed", "metrics")}))
     assert line["name"] == "execution" and line["seed"] == 0
+    # The server's KV cache was measured, and both sides timed their input preparation.
+    assert line["config"]["kv_cache"] == "paged" and line["config"]["kv_block_size"] == 16
+    assert line["config"]["batch_build_timed"] is True
+    assert builds["count"] > 0  # ForwardBatch.build ran inside the timed steps
     metrics = line["metrics"]
     for key in (
         "mixed_over_base",

@@ -22,8 +22,9 @@ from loraplex.demo.assets import DemoAssets
 
 # Headline ratios the tiny run always has data for (storm_warm_p99_ttft_ratio may not).
 MEASURED = ("http_over_offline_throughput", "hot_burst_p99_ttft_lru_over_cost_aware")
-RUNS = ("hot-burst/lru", "hot-burst/cost_aware", "zipf-longtail/lru",
-        "zipf-longtail/cost_aware", "cold-storm/storm", "cold-storm/no-storm")  # fmt: skip
+RUNS = ("hot-burst@9/lru", "hot-burst@9/lru_priority", "hot-burst@9/cost_aware",
+        "zipf-longtail/lru", "zipf-longtail/cost_aware",
+        "cold-storm/storm", "cold-storm/no-storm")  # fmt: skip
 # 200: completed; 429 / 503: shed by the queue (Retry-After); 0 only for a client-side timeout.
 EXPECTED_STATUSES = {"200", "429", "503"}
 
@@ -35,6 +36,7 @@ def bench(
     report = tmp_path_factory.mktemp("report")
     args = ["bench", "serve", "--json", "--duration-s", "2", "--rate", "3", "--num-adapters", "4",
             "--throughput-rounds", "1", "--throughput-requests", "8", "--report-dir", str(report),
+            "--hot-burst-slots", "9", "--trace-repeats", "1",
             "--asset-dir", str(demo_assets.root.parent)]  # fmt: skip
     result = CliRunner().invoke(app, args)
     assert result.exit_code == 0, result.output
@@ -63,6 +65,17 @@ def test_json_line_shape(bench: tuple[dict[str, Any], Path]) -> None:
     assert len(metrics["capacity_rps"]) == 2 and all(v > 0 for v in metrics["capacity_rps"])
     assert metrics["trace_rate"] == 3.0 and metrics["trace_duration_s"] == 2.0  # given, not derived
     assert set(metrics["runs"]) == set(RUNS)
+    # The price beside the gain, and completed ratios beside both (in this order).
+    keys = list(metrics)
+    gain = keys.index("hot_burst_p99_ttft_lru_over_cost_aware")
+    assert keys[gain + 2] == "hot_burst_hot_completed_ratio_lru"
+    price = metrics["hot_burst_batch_p50_ttft_cost_aware_over_lru"]
+    sides = [metrics[f"hot_burst_batch_p50_ttft_ms_{p}"] for p in ("cost_aware", "lru")]
+    assert price == (None if None in sides else round(sides[0] / sides[1], 3))
+    assert set(metrics["hot_burst_sweep"]) == {"9"} and metrics["hot_burst_slots"] == 9
+    assert metrics["throughput_completed_ratio_http"] == 1.0
+    assert metrics["throughput_completed_ratio_offline"] == 1.0
+    assert metrics["page_cache_dropped_per_run"] is True
 
 
 def test_every_request_completed_or_failed_as_expected(bench: tuple[dict[str, Any], Path]) -> None:
@@ -84,14 +97,15 @@ def test_every_request_completed_or_failed_as_expected(bench: tuple[dict[str, An
 
 def test_runs_split_by_tenant_and_tier(bench: tuple[dict[str, Any], Path]) -> None:
     runs = bench[0]["metrics"]["runs"]
-    assert set(runs["hot-burst/lru"]["by_tenant"]) == {"prio", "batch"}
+    assert set(runs["hot-burst@9/lru"]["by_tenant"]) == {"prio", "batch"}
     # The tiny trace may hold no storm request at all; the calm run never has one.
     assert runs["cold-storm/no-storm"]["requests"] <= runs["cold-storm/storm"]["requests"]
     assert "storm" not in runs["cold-storm/no-storm"]["by_tenant"]
     for run in runs.values():
         assert set(run["by_tier"]) <= set(TIERS)
-        completed = sum(group["ttft_ms"]["n"] for group in run["by_tier"].values())
-        assert completed == run["completed"]
+        # Every request counts in the TTFT percentiles (a failed one at the timeout).
+        assert sum(group["ttft_ms"]["n"] for group in run["by_tier"].values()) == run["requests"]
+        assert sum(group["completed"] for group in run["by_tier"].values()) == run["completed"]
 
 
 def test_report_and_plots_written(bench: tuple[dict[str, Any], Path]) -> None:

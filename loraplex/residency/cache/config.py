@@ -34,6 +34,9 @@ class CacheConfig:
     tenant_priority: Mapping[str, float] = field(default_factory=dict)  # 1.0 when absent
     reload_window_s: float = 300.0  # a fill this soon after an eviction counts as a reload
     default_deadline_s: float | None = 30.0  # how long an acquirer waits; None: forever
+    # The most a policy may defer a demand load (waiting for a cheaper copy rather than evict),
+    # counted per request from when it asked: past it the load displaces its victims at once.
+    max_request_deferral_s: float = 1.0
     bandwidth_bytes_per_s: Mapping[Tier, float] = field(default_factory=_default_bandwidth)
     # Fixed seconds every miss costs whatever its bytes: an L0 miss parks its request for at
     # least one engine step (~a decode step). It makes the keep-score count misses, not bytes.
@@ -63,6 +66,10 @@ class CacheConfig:
         if self.default_deadline_s is not None and self.default_deadline_s < 0:
             raise ValueError(
                 f"default_deadline_s {self.default_deadline_s} is invalid; expected >= 0"
+            )
+        if not self.max_request_deferral_s >= 0:
+            raise ValueError(
+                f"max_request_deferral_s {self.max_request_deferral_s} is invalid; expected >= 0"
             )
         if self.miss_stall_s < 0:
             raise ValueError(f"miss_stall_s {self.miss_stall_s} is invalid; expected >= 0")

@@ -78,6 +78,7 @@ class Waiter:
     future: Future[Any]  # a Lease for acquirers, None for prefetchers
     wants_lease: bool  # acquirer (needs L0 and a refcount) vs prefetcher
     source: Tier  # the tier it hit (for LoadResult)
+    asked_at_s: float | None = None  # clock time an acquirer asked (deferral budget); else None
 
 
 @dataclass
@@ -110,6 +111,13 @@ class LoadJob:
     def waited_s(self, now_s: float) -> float:
         """Seconds this job has waited for room in its target tier."""
         return 0.0 if self.blocked_since_s is None else now_s - self.blocked_since_s
+
+    def request_waited_s(self, now_s: float) -> float:
+        """Seconds the longest-waiting acquirer has waited since it asked (queue, earlier moves
+        and room included): the clock of the per-request deferral bound. Without a timed
+        acquirer, the room wait of the current move."""
+        asked = [w.asked_at_s for w in self.waiters if w.wants_lease and w.asked_at_s is not None]
+        return now_s - min(asked) if asked else self.waited_s(now_s)
 
     def release_source(self) -> None:
         """Lets go of the copy the current move was reading."""

@@ -188,9 +188,11 @@ class LoadFlow:
         move, footprint, prepared = job.move, job.footprint, job.prepared
         if move is None or footprint is None or prepared is None or job.busy:
             return
-        waited_s = job.waited_s(self._state.clock.now())
+        now = self._state.clock.now()
+        waited_s = job.waited_s(now)
         demand = Demand(job.key.ref, move.target, job.optional, job.has_acquirer)
-        placement = decide(demand, TierRoom(self._state, move, footprint, waited_s))
+        room = TierRoom(self._state, move, footprint, job.request_waited_s(now))
+        placement = decide(demand, room)
         if isinstance(placement, Defer):
             self._defer(job, placement.seconds)
         elif isinstance(placement, Block):

@@ -21,12 +21,14 @@ from loraplex.residency.policy import Candidate
 class TierRoom:
     """``Room`` over one tier's ledger and the policy (victims ranked on first need only)."""
 
-    def __init__(self, state: TierState, move: Move, footprint: Footprint, waited_s: float):
+    def __init__(
+        self, state: TierState, move: Move, footprint: Footprint, request_waited_s: float
+    ) -> None:
         self._state = state
         self._move = move
         self._ledger = state.ledgers[move.target]
         self._size = footprint.bytes_in(move.target)
-        self._waited_s = waited_s
+        self._waited_s = request_waited_s  # since the load's longest-waiting request asked
 
     def too_large(self) -> AdapterTooLargeError | None:
         try:
@@ -48,13 +50,19 @@ class TierRoom:
     def deferral_s(self, victims: Sequence[ResidentEntry]) -> float:
         """The copies a demand load may wait for are the tier's unpinned entries that are not
         victims: in use, still loading, or too young to go (an idle old one that is cheaper
-        would be a victim). They are listed only if the policy looks at them (O(copies))."""
+        would be a victim). They are listed only if the policy looks at them (O(copies)).
+        Whatever the policy answers, no request is deferred past ``max_request_deferral_s``
+        in total: protecting one tenant's copies never starves another's requests."""
         state = self._state
+        left = state.config.max_request_deferral_s - self._waited_s
+        if left <= 0:
+            return 0.0
         chosen = {v.key for v in victims}
         held = _Held(state, self._ledger.entries, chosen)
         outgoing = [state.candidate(v) for v in victims]
         now = state.clock.now()
-        return state.policy.deferral_s(self._incoming(), outgoing, held, self._waited_s, now)
+        wish = state.policy.deferral_s(self._incoming(), outgoing, held, self._waited_s, now)
+        return min(wish, left)
 
     def fits_beside_pins(self) -> bool:
         return self._ledger.fits_beside_pins(self._move.key.tenant, self._size)

@@ -99,7 +99,7 @@ class TieredAdapterCache:
             self._flow.attach(
                 key,
                 Tier.L0,
-                Waiter(future, wants_lease=True, source=source),
+                Waiter(future, wants_lease=True, source=source, asked_at_s=now),
                 optional=False,
                 deadline_at_s=None if wait_s is None else now + wait_s,
             )

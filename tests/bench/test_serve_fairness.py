@@ -1,0 +1,147 @@
+"""The serve benchmark's fairness rules on synthetic records (no server): failures count in the
+percentiles at the timeout, undefined ratios are null, completed ratios stand beside the
+headlines, hot-burst reports the price beside the gain at every capacity point, trace runs
+alternate their order and pool their repeats, and the throughput ratio is null when undefined."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from loraplex.bench.serve import ServeBenchConfig
+from loraplex.bench.serve_driver import RequestRecord, ResidencyView
+from loraplex.bench.serve_fleet import drop_page_cache
+from loraplex.bench.serve_runs import pooled_view, run_order
+from loraplex.bench.serve_summary import (
+    HOT_BURST_POLICIES,
+    RunResult,
+    headline,
+    hot_burst_run,
+    summarize,
+    ttft_or_timeout,
+)
+from loraplex.bench.serve_throughput import ThroughputResult
+
+TIMEOUT_S = 10.0
+
+
+def _record(
+    tenant: str, ttft_s: float | None, status: int = 200, t_s: float = 1.0
+) -> RequestRecord:
+    error = None if status == 200 and ttft_s is not None else "timeout"
+    return RequestRecord(t_s, tenant, "a", "L0", status, ttft_s, None, 4, "r1", error)
+
+
+def _run(name: str, records: list[RequestRecord], burst_s: float | None = None) -> RunResult:
+    return RunResult(name, tuple(records), ResidencyView(), TIMEOUT_S, burst_s)
+
+
+def test_a_failed_or_timed_out_request_counts_at_least_the_timeout() -> None:
+    assert ttft_or_timeout(_record("t", 0.2), TIMEOUT_S) == 0.2
+    assert ttft_or_timeout(_record("t", None, status=0), TIMEOUT_S) == TIMEOUT_S
+    assert ttft_or_timeout(_record("t", None, status=503), TIMEOUT_S) == TIMEOUT_S
+    # An error after the first token took longer than the timeout: the larger value counts.
+    assert ttft_or_timeout(_record("t", 12.0, status=0), TIMEOUT_S) == 12.0
+
+
+def test_percentiles_include_failures_and_the_completed_ratio_is_reported() -> None:
+    records = [_record("steady-a", 0.1) for _ in range(90)]
+    records += [_record("steady-a", None, 503) for _ in range(10)]
+    summary = summarize(_run("x", records))
+    assert summary["ttft_ms"]["n"] == 100
+    assert summary["ttft_ms"]["p50"] == 100.0
+    assert summary["ttft_ms"]["p99"] == TIMEOUT_S * 1000  # the shed requests are the tail
+    assert summary["completed"] == 90 and summary["completed_ratio"] == 0.9
+    assert summary["by_tenant"]["steady-a"]["completed_ratio"] == 0.9
+    # Survivorship: the same run without the failures would have looked uniformly fast.
+    assert summarize(_run("y", records[:90]))["ttft_ms"]["p99"] == 100.0
+
+
+def _burst_runs(slots: int, batch_ttft: dict[str, float]) -> dict[str, dict[str, object]]:
+    out = {}
+    for policy in HOT_BURST_POLICIES:
+        records = [_record("prio", 0.05 if policy == "cost_aware" else 0.2, t_s=5.0)] * 4
+        records += [_record("batch", batch_ttft[policy], t_s=5.0)] * 3
+        records += [_record("batch", None, status=0, t_s=5.0)] if policy == "cost_aware" else []
+        out[hot_burst_run(slots, policy)] = summarize(_run("r", records, burst_s=3.0))
+    return out
+
+
+def test_hot_burst_reports_gain_and_price_with_completed_ratios_beside() -> None:
+    summaries = {
+        **_burst_runs(9, {"lru": 0.1, "lru_priority": 0.2, "cost_aware": 0.3}),
+        **_burst_runs(12, {"lru": 0.1, "lru_priority": 0.1, "cost_aware": 0.1}),
+    }
+    metrics = headline(summaries, (9, 12))
+    assert metrics["hot_burst_p99_ttft_lru_over_cost_aware"] == 4.0
+    assert metrics["hot_burst_p99_ttft_lru_priority_over_cost_aware"] == 4.0
+    # Batch P50 under cost_aware: 3 x 0.3 s and one timeout -> median 0.3 s (lru 0.1 s).
+    assert metrics["hot_burst_batch_p50_ttft_cost_aware_over_lru"] == 3.0
+    assert metrics["hot_burst_batch_p50_ttft_cost_aware_over_lru_priority"] == 1.5
+    assert metrics["hot_burst_batch_completed_ratio_cost_aware"] == 0.75
+    assert metrics["hot_burst_batch_completed_ratio_lru"] == 1.0
+    keys = list(metrics)
+    gain = keys.index("hot_burst_p99_ttft_lru_priority_over_cost_aware")
+    assert keys[gain + 1 : gain + 4] == [
+        f"hot_burst_hot_completed_ratio_{p}" for p in HOT_BURST_POLICIES
+    ]
+    assert metrics["hot_burst_slots"] == 9
+    assert set(metrics["hot_burst_sweep"]) == {"9", "12"}
+    assert metrics["hot_burst_sweep"]["12"]["hot_burst_batch_p50_ttft_cost_aware_over_lru"] == 1.0
+
+
+def test_undefined_ratios_are_null_never_zero() -> None:
+    only_lru = {hot_burst_run(9, "lru"): summarize(_run("r", [_record("prio", 0.1, t_s=5.0)], 3.0))}
+    metrics = headline(only_lru, (9,))
+    assert metrics["hot_burst_p99_ttft_lru_over_cost_aware"] is None
+    assert metrics["hot_burst_batch_p50_ttft_cost_aware_over_lru"] is None  # no batch request
+    assert metrics["hot_burst_hot_completed_ratio_cost_aware"] is None
+    assert ThroughputResult((5.0,), (), 0).ratio is None
+    assert ThroughputResult((5.0,), (0.0,), 0).ratio is None
+    assert ThroughputResult((5.0,), (4.0,), 0).ratio == 1.25
+    assert ThroughputResult((5.0,), (4.0,), 0).capacity is None
+
+
+def test_storm_ratios_count_steady_failures_and_report_completed_ratios() -> None:
+    calm = [_record("steady-a", 0.1)] * 10
+    storm = [_record("steady-a", 0.1)] * 9 + [_record("steady-b", None, status=0)]
+    metrics = headline({"cold-storm/storm": summarize(_run("s", storm)),
+                        "cold-storm/no-storm": summarize(_run("c", calm))})  # fmt: skip
+    assert metrics["storm_steady_completed_ratio_storm"] == 0.9
+    assert metrics["storm_steady_completed_ratio_no_storm"] == 1.0
+    assert metrics["storm_warm_p99_ttft_ratio"] > 1.0  # the timed-out steady request counts
+
+
+def test_trace_runs_alternate_their_order_abba() -> None:
+    assert run_order([2], 2) == [(0, 0), (0, 1), (0, 1), (0, 0)]
+    assert run_order([2, 3], 1) == [(0, 0), (0, 1), (1, 2), (1, 1), (1, 0)]
+    order = run_order([3], 4)
+    firsts = [m for i, (_, m) in enumerate(order) if i % 3 == 0]
+    assert firsts == [0, 2, 0, 2]
+
+
+def test_repeats_pool_their_cache_counters() -> None:
+    a = ResidencyView(final={"hits": {"L0": 3, "L1": 1}, "misses": 2, "evictions": {"L0": 1}})
+    b = ResidencyView(final={"hits": {"L0": 5}, "misses": 1, "evictions": {"L0": 2, "L1": 1}})
+    pooled = pooled_view([a, b]).final
+    assert pooled["hits"] == {"L0": 8, "L1": 1}
+    assert pooled["misses"] == 3
+    assert pooled["evictions"] == {"L0": 3, "L1": 1}
+
+
+def test_drop_page_cache_leaves_the_store_intact(tmp_path: Path) -> None:
+    (tmp_path / "sub").mkdir()
+    (tmp_path / "sub" / "obj").write_bytes(b"x" * 10_000)
+    assert drop_page_cache(tmp_path) is True  # Linux: posix_fadvise exists
+    assert (tmp_path / "sub" / "obj").read_bytes() == b"x" * 10_000
+
+
+def test_hot_burst_slots_and_repeats_are_validated() -> None:
+    with pytest.raises(ValueError, match="hot_burst_slots"):
+        ServeBenchConfig(hot_burst_slots=())
+    with pytest.raises(ValueError, match="hot_burst_slots"):
+        ServeBenchConfig(hot_burst_slots=(9, 0))
+    with pytest.raises(ValueError, match="trace_repeats"):
+        ServeBenchConfig(trace_repeats=0)
+    assert ServeBenchConfig().hot_burst_slots[0] == 9  # the headline point: hot set + 1
