@@ -186,4 +186,13 @@ def _processed(
             logits[row] = process_logits(logits[row], params[row], history)
         except ValueError as exc:
             failures[row] = str(exc)
+            continue
+        # NOTE: finite logits can overflow here (a tiny repetition penalty divides them): an
+        # argmax among several +inf (or over NaN) picks an arbitrary token and reports success.
+        # -inf is fine (a banned or biased-away token); a row with no finite logit is not.
+        row_logits = logits[row]
+        if bool(torch.isnan(row_logits).any() | torch.isposinf(row_logits).any()) or not bool(
+            torch.isfinite(row_logits).any()
+        ):
+            failures[row] = "its sampling values made the logits non-finite (inf or NaN)"
     return logits

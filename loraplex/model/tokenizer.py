@@ -77,7 +77,15 @@ class TextTokenizer:
         return ids
 
     def decode(self, token_ids: Sequence[int]) -> str:
-        text: str = self._tokenizer.decode(list(token_ids), skip_special_tokens=True)
+        return self._decode(token_ids, skip_special=True)
+
+    def token_text(self, token_id: int) -> str:
+        """One token's text as logprobs show it: special tokens as themselves (``<|end|>``),
+        so two special tokens never share the empty string as vLLM's token strings do not."""
+        return self._decode([token_id], skip_special=False)
+
+    def _decode(self, token_ids: Sequence[int], *, skip_special: bool) -> str:
+        text: str = self._tokenizer.decode(list(token_ids), skip_special_tokens=skip_special)
         if self._clean_up:
             for before, after in _CLEANUPS:
                 text = text.replace(before, after)

@@ -45,6 +45,9 @@ def create_app(deps: ServerDeps) -> FastAPI:
         docs_url=None,
         redoc_url=None,
         openapi_url=None,
+        # NOTE: a redirect of ``/metrics/`` to ``/metrics`` would tell a tenant on the public
+        # socket that an admin route exists there (the guard's 404 hides it otherwise).
+        redirect_slashes=False,
     )
     app.state.deps = deps
     app.state.openapi_documents = {}  # built on first request (``openapi_docs.document``)

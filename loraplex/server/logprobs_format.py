@@ -1,7 +1,8 @@
 """The engine's ``TokenLogprob``s in OpenAI's two shapes: the legacy completions lists and chat's
-``content`` entries. A token's string is the tokenizer's decoding of that id alone (as vLLM;
-a token holding part of a UTF-8 character decodes to U+FFFD). ``-inf`` is sent as -9999.0
-(vLLM's value), since JSON has no infinity.
+``content`` entries. A token's string is the tokenizer's decoding of that id alone, special
+tokens included as themselves (as vLLM; a token holding part of a UTF-8 character decodes to
+U+FFFD), so the top-N entries of one position never collide on an empty string. ``-inf`` is
+sent as -9999.0 (vLLM's value), since JSON has no infinity.
 """
 
 from __future__ import annotations
@@ -29,7 +30,7 @@ class TokenStrings:
     def __call__(self, token_id: int) -> str:
         text = self._cache.get(token_id)
         if text is None:
-            text = self._cache[token_id] = self._tokenizer.decode([token_id])
+            text = self._cache[token_id] = self._tokenizer.token_text(token_id)
         return text
 
 

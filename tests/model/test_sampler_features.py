@@ -244,3 +244,15 @@ def test_feature_params_at_their_bounds_are_accepted() -> None:
                        stop_token_ids=tuple(range(64)), logprobs=20, prompt_logprobs=0)  # fmt: skip
     assert p.processes_logits and p.penalized
     assert not SamplingParams(min_p=0.5).processes_logits  # greedy: min-p cannot change argmax
+
+
+def test_a_row_whose_processing_yields_nan_fails_instead_of_picking_any_token() -> None:
+    """Validation bounds the penalties, but the sampler must not trust that: a greedy argmax
+    over NaN picks an arbitrary token and would report success."""
+    broken = SamplingParams(repetition_penalty=2.0)
+    object.__setattr__(broken, "repetition_penalty", 0.0)  # past validation: x / 0 is inf
+    logits = torch.ones(2, VOCAB)
+    history = RowHistory(prompt=(1, 2), output=())
+    out = sample_rows(logits, [broken, SamplingParams()], [None, None], histories=[history, None])
+    assert set(out.failures) == {0} and "non-finite" in out.failures[0]
+    assert out.tokens == {1: 0}

@@ -46,6 +46,10 @@ class CharTokenizer:
     def decode(self, token_ids: list[int]) -> str:
         return "".join(chr(t - _OFFSET) for t in token_ids if t >= _OFFSET)
 
+    def token_text(self, token_id: int) -> str:
+        """Special ids as themselves, like ``TextTokenizer.token_text``."""
+        return self.decode([token_id]) if token_id >= _OFFSET else f"<special:{token_id}>"
+
 
 def reply_for(request: EngineRequest) -> str:
     """What the fake engine answers: names the revision, so tests can see who answered."""

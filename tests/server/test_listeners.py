@@ -113,3 +113,20 @@ def test_openapi_documents_and_version_by_socket(urls: tuple[str, str]) -> None:
     assert httpx.get(f"{public}/admin/openapi.json", headers=admin_auth).status_code == 404
     for url in (public, admin):
         assert httpx.get(f"{url}/version").json() == {"version": loraplex.__version__}
+
+
+
+def test_a_trailing_slash_is_not_redirected_so_hidden_routes_stay_hidden(
+    urls: tuple[str, str], served: Served
+) -> None:
+    """FastAPI's slash redirect answered ``/metrics/`` with a 307 to ``/metrics`` on the public
+    socket while an unknown ``/v1/nope/`` got a 404: the redirect told a tenant that the admin
+    route exists. Without redirects both are the same 404."""
+    public, _ = urls
+    tenant = {"Authorization": f"Bearer {served.keys['acme']}"}
+    with httpx.Client(base_url=public, headers=tenant, follow_redirects=False) as http:
+        missing = http.post("/v1/nope/")
+        assert missing.status_code == 404
+        for path in ("/metrics/", "/v1/load_lora_adapter/", "/admin/tenants/"):
+            hidden = http.post(path)
+            assert (hidden.status_code, hidden.json()) == (404, missing.json()), path

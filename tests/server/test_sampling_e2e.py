@@ -88,3 +88,20 @@ def test_echo_with_zero_max_tokens_scores_the_prompt(live: Live) -> None:
     assert values[0] is None and len(values) > 2
     assert all(v is not None and v <= 0 for v in values[1:])
     assert done.usage is not None and done.usage.completion_tokens == 0
+
+
+def test_special_tokens_keep_their_own_strings_in_top_logprobs(live: Live) -> None:
+    """Special tokens decode to "" in text, but as logprob keys they must stay distinct: with
+    logprobs=20 every position lists 20 (or 21, with the chosen token) different strings."""
+    adapter = live.assets.adapters[0]
+    api = client(live.url, live.key(adapter.tenant))
+    specials = [1, 2, 3, 4]  # the demo tokenizer's special ids sit at the bottom of the vocab
+    done = api.completions.create(
+        model=f"{adapter.name}@{adapter.revision}", prompt=[[1, 40, 41, *specials, 42]],
+        max_tokens=1, echo=True, logprobs=20, temperature=0,
+    )  # fmt: skip
+    logprobs = done.choices[0].logprobs
+    assert logprobs is not None and logprobs.top_logprobs is not None
+    assert all(top is None or len(top) >= 20 for top in logprobs.top_logprobs)
+    assert logprobs.tokens is not None and logprobs.tokens[0] == "<|bos|>"
+    assert "" not in logprobs.tokens[: len(specials) + 4]
