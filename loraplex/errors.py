@@ -217,11 +217,14 @@ class EngineUnavailableError(CapacityError):
 
 class GenerationError(LoraplexError):
     """One request could not go on generating (its adapter produced non-finite logits, or its
-    part of a step raised); only that request fails, with this error (maps to 422)."""
+    part of a step raised); only that request fails, with this error (maps to 422).
+    ``model_fault`` False: the request's own sampling values broke its row (the model's logits
+    were finite), so it does not count against a revision under release."""
 
-    def __init__(self, request_id: str, reason: str) -> None:
+    def __init__(self, request_id: str, reason: str, *, model_fault: bool = True) -> None:
         self.request_id = request_id
         self.reason = reason
+        self.model_fault = model_fault
         super().__init__(f"request {request_id!r} failed during generation: {reason}")
 
 

@@ -19,6 +19,11 @@ MAX_LOGIT_BIAS_ENTRIES = 300  # OpenAI's cap on logit_bias
 MAX_BIAS = 100.0  # |bias| per token at most (OpenAI's range)
 MAX_PENALTY = 2.0  # |presence_penalty|, |frequency_penalty| at most (OpenAI's range)
 MAX_STOP_TOKEN_IDS = 64
+# The repetition penalty divides positive logits and multiplies negative ones. vLLM only asks
+# for > 0, but 1e-300 is 0 in float32, and x / 0 turns every logit inf or NaN; within these
+# bounds a float32 logit moves by 100x at most (bias, penalties and temperature >= 1e-5 keep
+# realistic logits far below float32's 3.4e38 too).
+MIN_REPETITION_PENALTY, MAX_REPETITION_PENALTY = 0.01, 100.0
 
 
 @dataclass(frozen=True)
@@ -37,7 +42,7 @@ class SamplingParams:
     # repetition over prompt and output tokens (> 1 discourages, < 1 encourages).
     presence_penalty: float = 0.0  # [-2, 2]: subtracted once from a token already generated
     frequency_penalty: float = 0.0  # [-2, 2]: subtracted per time a token was generated
-    repetition_penalty: float = 1.0  # > 0: positive logits divided by it, negative multiplied
+    repetition_penalty: float = 1.0  # [0.01, 100]: positive logits divided by it, negative x it
     min_p: float = 0.0  # [0, 1]: drop tokens below min_p x the most likely token's probability
     logit_bias: tuple[tuple[int, float], ...] = ()  # (token id, bias in [-100, 100]) added
     stop_token_ids: tuple[int, ...] = ()  # generation ends after sampling one of these
@@ -48,8 +53,9 @@ class SamplingParams:
     def __post_init__(self) -> None:
         if self.max_tokens < 1:
             raise ValueError(f"max_tokens {self.max_tokens} is invalid; expected >= 1")
-        if not self.temperature >= 0:
-            raise ValueError(f"temperature {self.temperature} is invalid; expected >= 0")
+        # NOTE: an infinite temperature turns the -inf of a banned token into NaN.
+        if not (math.isfinite(self.temperature) and self.temperature >= 0):
+            raise ValueError(f"temperature {self.temperature} is invalid; expected finite, >= 0")
         if not 0 < self.top_p <= 1:
             raise ValueError(f"top_p {self.top_p} is invalid; expected 0 < top_p <= 1")
         if self.seed is not None and not MIN_SEED <= self.seed <= MAX_SEED:
@@ -80,10 +86,10 @@ class SamplingParams:
             value = getattr(self, name)
             if not -MAX_PENALTY <= value <= MAX_PENALTY:
                 raise ValueError(f"{name} {value} is invalid; expected -2 <= {name} <= 2")
-        if not (math.isfinite(self.repetition_penalty) and self.repetition_penalty > 0):
+        if not MIN_REPETITION_PENALTY <= self.repetition_penalty <= MAX_REPETITION_PENALTY:
             raise ValueError(
-                f"repetition_penalty {self.repetition_penalty} is invalid; expected a finite "
-                "value > 0"
+                f"repetition_penalty {self.repetition_penalty} is invalid; expected "
+                f"{MIN_REPETITION_PENALTY:g} <= repetition_penalty <= {MAX_REPETITION_PENALTY:g}"
             )
         if not 0 <= self.min_p <= 1:
             raise ValueError(f"min_p {self.min_p} is invalid; expected 0 <= min_p <= 1")

@@ -62,15 +62,22 @@ def rollback(
 
 
 def history(location: Location, alias: AliasRef, as_json: Json = False) -> None:
-    """Earlier targets, newest first: what successive rollbacks return to."""
+    """Earlier targets, newest first: ROLLBACKS is how many ``alias rollback`` reach each."""
     with _failures(), _opened(location.config()) as registry:
         entries = registry.alias_history(*split_alias(alias))
     if as_json:
-        body = [{"targets": _targets(t), "replaced_at": at} for t, at in entries]
+        body = [
+            {"rollbacks": depth, "targets": _targets(t), "replaced_at": at}
+            for depth, (t, at) in enumerate(entries, start=1)
+        ]
         typer.echo(json.dumps(body, indent=2))
         return
+    if not entries:
+        typer.echo(f"alias {alias} has no history: it was never moved, so there is no rollback")
+        return
+    typer.echo("rollbacks\ttargets\treplaced_at")
     for depth, (targets, at) in enumerate(entries, start=1):
-        typer.echo(f"-{depth}\t{_split(targets)}\treplaced {_time(at)}")
+        typer.echo(f"{depth}\t{_split(targets)}\t{_time(at)}")
 
 
 def split_alias(text: str) -> tuple[str, str]:

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import itertools
 import json
+import time
 from dataclasses import asdict
 from pathlib import Path
 from typing import Annotated, Any
@@ -18,7 +19,7 @@ import typer
 from loraplex.artifacts.base_model import BaseModelSpec
 from loraplex.cli import alias
 from loraplex.cli.alias import split_alias
-from loraplex.cli.registry import Actor, _actor, _failures, _group, _opened
+from loraplex.cli.registry import Actor, _actor, _failures, _group, _opened, _time
 from loraplex.cli.registry_location import Location, located
 from loraplex.release.model import (
     ProbeCase,
@@ -34,6 +35,7 @@ AliasRef = Annotated[str, typer.Argument(help="tenant/name")]
 Json = Annotated[bool, typer.Option("--json", help="Print the release record as JSON")]
 _DEFAULT_PLAN = ReleasePlan()
 _DEFAULT_LIMITS = Thresholds()
+_DEFAULT_LADDER = ",".join(f"{share:.0%}" for share in _DEFAULT_PLAN.ladder)
 
 
 def register(app: typer.Typer) -> None:
@@ -53,7 +55,9 @@ def start(
     revision: Annotated[str, typer.Argument(help="The revision to release")],
     *,
     share: Annotated[str | None, typer.Option(help="One canary step: 5% or 0.05")] = None,
-    ladder: Annotated[str | None, typer.Option(help="Canary steps [default: 1%,5%,25%]")] = None,
+    ladder: Annotated[
+        str | None, typer.Option(help="Increasing canary steps", show_default=_DEFAULT_LADDER)
+    ] = None,
     dwell: Annotated[str, typer.Option(help="Minimum time per step: 60s, 10m, 1h")] = "60s",
     window: Annotated[str, typer.Option(help="Old revision kept pinned after it")] = "10m",
     gpu: Annotated[bool, typer.Option(help="Prewarm into GPU slots, not only CPU")] = False,
@@ -65,6 +69,16 @@ def start(
     max_tpot_p99_ratio: float = _DEFAULT_LIMITS.max_tpot_p99_ratio,
     max_bad_feedback_ratio: float = _DEFAULT_LIMITS.max_bad_feedback_ratio,
     min_requests: int = _DEFAULT_LIMITS.min_requests,
+    min_latency_samples: Annotated[
+        int, typer.Option(help="Latency samples per side before P99 ratios are judged")
+    ] = _DEFAULT_LIMITS.min_latency_samples,
+    max_step: Annotated[
+        str | None,
+        typer.Option(
+            help="A step without enough traffic by then is rolled back",
+            show_default="10 x --dwell, at least 1h",
+        ),
+    ] = None,
     base_model: Annotated[
         Path | None,
         typer.Option(envvar="LORAPLEX_BASE_MODEL", help="Served base model: checks the build"),
@@ -75,12 +89,14 @@ def start(
     """Stage a release of REVISION onto the alias; the server's controller runs it."""
     with _failures():
         limits = Thresholds(
-            max_error_rate,
-            max_error_rate_over_stable,
-            max_ttft_p99_ratio,
-            max_tpot_p99_ratio,
-            max_bad_feedback_ratio,
-            min_requests,
+            max_error_rate=max_error_rate,
+            max_error_rate_over_stable=max_error_rate_over_stable,
+            max_ttft_p99_ratio=max_ttft_p99_ratio,
+            max_tpot_p99_ratio=max_tpot_p99_ratio,
+            max_bad_feedback_ratio=max_bad_feedback_ratio,
+            min_requests=min_requests,
+            min_latency_samples=min_latency_samples,
+            max_step_s=None if max_step is None else parse_duration("--max-step", max_step),
         )
         plan = ReleasePlan(
             ladder=_ladder(share, ladder),
@@ -243,16 +259,21 @@ def _show(release: Release, as_json: bool) -> None:
     typer.echo(_headline(release))
     if release.reason:
         typer.echo(f"reason\t{release.reason}")
+    now = time.time()  # the registry's wall clock: hold_until and comparisons are epoch seconds
     if release.hold_until is not None:
-        typer.echo(f"holding {release.baseline} until {release.hold_until:.0f} (epoch s)")
+        left = release.hold_until - now
+        when = f"{left:.0f} s from now" if left > 0 else "over; released at the next tick"
+        typer.echo(f"holding {release.baseline} until {_time(release.hold_until)} ({when})")
     comparison = release.comparison
     if comparison is None:
         return
     typer.echo(
-        f"step {comparison.step + 1} compared at {comparison.at:.0f}"
-        f"{' (passed)' if comparison.passed else ''}"
+        f"step {comparison.step + 1} compared at {_time(comparison.at)} "
+        f"({max(now - comparison.at, 0.0):.0f} s ago){' (passed)' if comparison.passed else ''}"
     )
-    typer.echo("revision\trole\trequests\terrors\terror_rate\tttft_p99_ms\ttpot_p99_ms\tgood\tbad")
+    typer.echo(
+        "revision\trole\trequests\tcallers\terrors\terror_rate\tttft_p99_ms\ttpot_p99_ms\tgood\tbad"
+    )
     typer.echo(_row(release.candidate, "candidate", comparison.candidate))
     typer.echo(_row(release.baseline, "stable", comparison.stable))
     for breach in comparison.breaches:
@@ -265,6 +286,6 @@ def _row(revision: str, role: str, window: RevisionWindow) -> str:
 
     rate = "-" if window.error_rate is None else f"{window.error_rate:.3f}"
     return (
-        f"{revision}\t{role}\t{window.requests}\t{window.errors}\t{rate}"
+        f"{revision}\t{role}\t{window.requests}\t{window.callers}\t{window.errors}\t{rate}"
         f"\t{ms(window.ttft_p99_s)}\t{ms(window.tpot_p99_s)}\t{window.good}\t{window.bad}"
     )

@@ -145,7 +145,8 @@ class EngineCore:
                 plan, params, self._banned(sampling), self._histories(sampling)
             )
             for request_id, reason in result.failed.items():
-                error = GenerationError(request_id, reason)
+                model_fault = request_id not in result.request_faults
+                error = GenerationError(request_id, reason, model_fault=model_fault)
                 self._retire(requests[request_id], RequestState.ABORTED, FINISH_ABORT, error)
             for request_id, part in result.prompt_logprobs.items():
                 owed = self._prompt_logprobs.get(request_id)  # None: retired just above

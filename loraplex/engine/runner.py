@@ -92,14 +92,18 @@ class ModelRunner:
             [(banned or {}).get(r, frozenset()) for r in ids],
             [(histories or {}).get(r) for r in ids],
         )
+        picked_failed = {ids[row] for row in picked.failures}  # the rest: a bad seed
         failed.update({ids[row]: reason for row, reason in picked.failures.items()})
         sampled = {ids[row]: token for row, token in picked.tokens.items()}
         logprobs = {ids[row]: lp for row, lp in picked.logprobs.items() if ids[row] not in failed}
+        faults = {ids[row] for row in picked.request_faults}
+        faults |= {r for r in ids if r in failed and r not in picked_failed}
         return StepResult(
             {r: t for r, t in sampled.items() if r not in failed},
             failed,
             logprobs,
             {r: lp for r, lp in prompt_logprobs.items() if r not in failed},
+            faults,
         )
 
     def run_isolated(
@@ -131,6 +135,7 @@ class ModelRunner:
             merged.failed.update(result.failed)
             merged.logprobs.update(result.logprobs)
             merged.prompt_logprobs.update(result.prompt_logprobs)
+            merged.request_faults.update(result.request_faults)
         return merged
 
     @property

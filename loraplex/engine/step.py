@@ -53,3 +53,5 @@ class StepResult:
     logprobs: dict[str, TokenLogprob] = field(default_factory=dict)
     # request id -> this step's prompt logprobs (requests whose chunk has logprob_targets)
     prompt_logprobs: dict[str, PromptLogprobs] = field(default_factory=dict)
+    # failed request ids whose own sampling values (not the model) caused the failure
+    request_faults: set[str] = field(default_factory=set)

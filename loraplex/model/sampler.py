@@ -121,6 +121,8 @@ class Sampled:
 
     tokens: dict[int, int] = field(default_factory=dict)  # row -> sampled token id
     failures: dict[int, str] = field(default_factory=dict)  # row -> why it could not sample
+    # failed rows whose raw logits were finite: their own sampling values broke them
+    request_faults: set[int] = field(default_factory=set)
     logprobs: dict[int, TokenLogprob] = field(default_factory=dict)  # rows that asked for them
 
 
@@ -152,6 +154,7 @@ def sample_rows(
                 out.tokens[row] = int(torch.multinomial(probs, 1, generator=generator))
             except RuntimeError as exc:  # e.g. probabilities that are not a distribution
                 out.failures[row] = f"sampling failed: {str(exc)[:200]}"
+    out.request_faults.update(row for row in out.failures if finite[row])
     rows = [r for r, p in enumerate(params) if p.logprobs is not None and r in out.tokens]
     if rows:
         found = token_logprobs(

@@ -1,36 +1,46 @@
 """Judging a canary step: the candidate's live traffic against the stable revision's.
 
-A breach needs evidence: nothing is judged before the candidate has ``min_requests`` finished
-requests in the step. Ratios against the stable revision are judged only where the stable side
-has a figure (no stable traffic in the step: only the absolute limits apply).
+A breach needs evidence, and never one caller's alone:
+
+- nothing is judged before the candidate has ``min_requests`` finished requests in the step
+  not counting the caller that failed most (``RevisionWindow.without_top_callers``);
+- error rates and the bad-feedback ratio are judged without the caller that failed most and the
+  one that rated worst (on both sides), so one tenant cannot roll a release back by failing or
+  rating its own requests; two callers seeing the same failures still can;
+- a latency ratio is judged only when both sides have ``min_latency_samples`` samples of it
+  (below ~100 the nearest-rank P99 is the single slowest request);
+- ratios against the stable revision are judged only where the stable side has a figure (no
+  stable traffic in the step: only the absolute limits apply).
 """
 
 from __future__ import annotations
 
 from loraplex.release.model import Comparison, RevisionWindow, Thresholds
 
+NOT_ENOUGH_TRAFFIC = "not enough traffic to judge"  # the start of a timed-out step's reason
+
 
 def breaches(candidate: RevisionWindow, stable: RevisionWindow, limits: Thresholds) -> list[str]:
     """Each threshold the candidate crosses, worded for an operator; empty when none (or when
     there is not yet enough candidate traffic to say)."""
-    if candidate.requests < limits.min_requests:
+    mine, theirs = candidate.without_top_callers(), stable.without_top_callers()
+    if mine.requests < limits.min_requests:
         return []
     found = []
-    rate = candidate.error_rate or 0.0
+    rate = mine.error_rate or 0.0
     if rate > limits.max_error_rate:
         found.append(f"error rate {rate:.3f} > max_error_rate {limits.max_error_rate:g}")
-    stable_rate = stable.error_rate
+    stable_rate = theirs.error_rate
     if stable_rate is not None and rate - stable_rate > limits.max_error_rate_over_stable:
         found.append(
             f"error rate {rate:.3f} exceeds stable's {stable_rate:.3f} by more than "
             f"max_error_rate_over_stable {limits.max_error_rate_over_stable:g}"
         )
-    found += _ratio("ttft_p99", candidate.ttft_p99_s, stable.ttft_p99_s, limits.max_ttft_p99_ratio)
-    found += _ratio("tpot_p99", candidate.tpot_p99_s, stable.tpot_p99_s, limits.max_tpot_p99_ratio)
-    rated = candidate.good + candidate.bad
-    if rated > 0 and candidate.bad / rated > limits.max_bad_feedback_ratio:
+    found += _latency(candidate, stable, limits)
+    rated = mine.good + mine.bad
+    if rated > 0 and mine.bad / rated > limits.max_bad_feedback_ratio:
         found.append(
-            f"bad feedback {candidate.bad}/{rated} > max_bad_feedback_ratio "
+            f"bad feedback {mine.bad}/{rated} > max_bad_feedback_ratio "
             f"{limits.max_bad_feedback_ratio:g}"
         )
     return found
@@ -46,10 +56,29 @@ def judge(
     dwelt: bool,
 ) -> Comparison:
     """The step's comparison; ``passed`` once it has dwelt long enough, with enough candidate
-    requests and no breach."""
+    requests (besides the caller that failed most) and no breach."""
     found = tuple(breaches(candidate, stable, limits))
-    enough = candidate.requests >= limits.min_requests
+    enough = has_evidence(candidate, limits)
     return Comparison(step, at, candidate, stable, found, dwelt and enough and not found)
+
+
+def has_evidence(candidate: RevisionWindow, limits: Thresholds) -> bool:
+    """Whether the step has the candidate requests it needs to pass."""
+    return candidate.without_top_callers().requests >= limits.min_requests
+
+
+def _latency(candidate: RevisionWindow, stable: RevisionWindow, limits: Thresholds) -> list[str]:
+    least = limits.min_latency_samples
+    found = []
+    if min(candidate.ttft_samples, stable.ttft_samples) >= least:
+        found += _ratio(
+            "ttft_p99", candidate.ttft_p99_s, stable.ttft_p99_s, limits.max_ttft_p99_ratio
+        )
+    if min(candidate.tpot_samples, stable.tpot_samples) >= least:
+        found += _ratio(
+            "tpot_p99", candidate.tpot_p99_s, stable.tpot_p99_s, limits.max_tpot_p99_ratio
+        )
+    return found
 
 
 def _ratio(what: str, mine: float | None, theirs: float | None, limit: float) -> list[str]:

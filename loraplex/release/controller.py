@@ -6,6 +6,10 @@ futures, never waited on), reads each canary's live traffic and judges it. Every
 a compare-and-set (``store.transition``): an operator who moved the release first wins and the
 controller re-reads at its next tick.
 
+A canary step that has not passed after ``plan.effective_max_step_s`` (``Thresholds.max_step_s``)
+is rolled back as "not enough traffic to judge": a share nobody calls proves nothing, and
+waiting forever would hold two revisions resident with no end.
+
 Restart: a new controller on the same database resumes every release from its persisted state.
 Prewarming and probing redo their work (both idempotent); a canary restarts its current step's
 dwell, since live-traffic windows lived in the old process's memory; finished releases whose
@@ -29,7 +33,7 @@ from loraplex.registry import Registry
 from loraplex.release import compare, probes
 from loraplex.release.env import ReleaseEnv
 from loraplex.release.errors import ReleaseConflictError
-from loraplex.release.model import Release, ReleaseState
+from loraplex.release.model import Release, ReleaseState, RevisionWindow
 from loraplex.release.store import ReleaseStore
 
 S = ReleaseState
@@ -208,6 +212,9 @@ class ReleaseController:
             job.anchored_step, job.step_started_at = step, now
         elif judged.passed and release.plan.auto_promote:
             self._move(release, S.PROMOTED, now, reason="every step passed", comparison=judged)
+        elif not judged.passed and now - since >= release.plan.effective_max_step_s:
+            reason = _starved(release, cand, now - since)
+            self._move(release, S.ROLLED_BACK, now, reason=reason, comparison=judged)
         elif now - job.observed_at >= self._observe_every_s:
             self._store.save_observation(release, comparison=judged)
             job.observed_at = now
@@ -244,3 +251,14 @@ class ReleaseController:
         self._store.release_hold(release, actor=self._actor, now=now)
         self._pins.release(baseline, owner)
         self._holding.discard(owner)
+
+
+def _starved(release: Release, candidate: RevisionWindow, waited_s: float) -> str:
+    """Why a step that waited ``max_step_s`` without enough evidence is rolled back."""
+    counted = candidate.without_top_callers().requests
+    limits = release.plan.thresholds
+    return (
+        f"{compare.NOT_ENOUGH_TRAFFIC}: step {release.step + 1} saw {counted} counted candidate "
+        f"requests in {waited_s:.0f} s (min_requests {limits.min_requests}, "
+        f"max_step_s {release.plan.effective_max_step_s:g})"
+    )

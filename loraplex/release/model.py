@@ -9,7 +9,8 @@ candidate is loaded into CPU memory (L1; and GPU slots with ``gpu``) while the s
 stays resident. ``probing``: greedy output probes must pass; no tenant traffic reaches the
 candidate before they do. ``canary``: a sticky share (``plan.ladder[step]``) of the alias's
 callers gets the candidate; each step lasts at least ``plan.dwell_s`` and is compared against
-the stable revision over the step. ``promoted``: the alias points at the candidate; the old
+the stable revision over the step; one that has not passed after ``effective_max_step_s`` is
+rolled back (not enough traffic to judge). ``promoted``: the alias points at the candidate; the old
 stable revision stays pinned in L1 until ``hold_until`` (delayed eviction). ``rolled_back``:
 a probe or threshold failed, or an operator said so; all traffic is on the stable revision.
 ``aborted``: stopped before canary traffic, or the release could not go on (e.g. the candidate
@@ -21,7 +22,7 @@ graph; anything else raises ``InvalidTransitionError``.
 from __future__ import annotations
 
 import itertools
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from enum import StrEnum
 
 
@@ -49,6 +50,12 @@ class Thresholds:
     max_tpot_p99_ratio: float = 3.0  # candidate P99 TPOT / stable P99 TPOT
     max_bad_feedback_ratio: float = 0.25  # bad / (good + bad) client feedback on the candidate
     min_requests: int = 10  # candidate requests a step needs before it can pass
+    # Latency samples each side needs before a P99 ratio is judged (below ~100 samples the
+    # nearest-rank P99 is the one slowest request).
+    min_latency_samples: int = 50
+    # A step still short of evidence after this long ends: rolled back as "not enough traffic to
+    # judge" (a candidate nobody calls is not proven); None: 10 x dwell_s, at least 1 h.
+    max_step_s: float | None = None
 
     def __post_init__(self) -> None:
         for name in ("max_error_rate", "max_error_rate_over_stable", "max_bad_feedback_ratio"):
@@ -59,8 +66,11 @@ class Thresholds:
             value = getattr(self, name)
             if not value > 0.0:
                 raise ValueError(f"{name} {value} is invalid; expected > 0")
-        if self.min_requests < 1:
-            raise ValueError(f"min_requests {self.min_requests} is invalid; expected >= 1")
+        for name in ("min_requests", "min_latency_samples"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"{name} {getattr(self, name)} is invalid; expected >= 1")
+        if self.max_step_s is not None and not self.max_step_s > 0.0:
+            raise ValueError(f"max_step_s {self.max_step_s} is invalid; expected > 0")
 
 
 @dataclass(frozen=True)
@@ -93,6 +103,12 @@ class ReleasePlan:
     thresholds: Thresholds = field(default_factory=Thresholds)
     probes: tuple[ProbeCase, ...] = ()  # extra probes (the revision's own probe always runs)
 
+    @property
+    def effective_max_step_s(self) -> float:
+        """How long one canary step may wait for evidence (``Thresholds.max_step_s``)."""
+        limit = self.thresholds.max_step_s
+        return max(10.0 * self.dwell_s, 3600.0) if limit is None else limit
+
     def __post_init__(self) -> None:
         ladder = self.ladder
         if not ladder or any(not 0.0 < share <= 1.0 for share in ladder):
@@ -103,6 +119,11 @@ class ReleasePlan:
             value = getattr(self, name)
             if not value >= 0.0:
                 raise ValueError(f"{name} {value} is invalid; expected >= 0")
+        if self.effective_max_step_s < self.dwell_s:
+            raise ValueError(
+                f"max_step_s {self.effective_max_step_s} is invalid; expected >= dwell_s "
+                f"{self.dwell_s} (a step could never pass)"
+            )
 
 
 @dataclass(frozen=True)
@@ -117,10 +138,32 @@ class RevisionWindow:
     tpot_p99_s: float | None = None
     good: int = 0  # client feedback
     bad: int = 0
+    ttft_samples: int = 0  # requests behind the TTFT percentiles
+    tpot_samples: int = 0  # requests behind the TPOT percentiles
+    callers: int = 0  # distinct callers among ``requests`` (``release_traffic.caller_key``)
+    top_caller_requests: int = 0  # requests of the caller with the most errors (0: no errors)
+    top_caller_errors: int = 0  # that caller's errors
+    top_rater_good: int = 0  # good ratings of the caller with the most bad ones (0: none bad)
+    top_rater_bad: int = 0  # that caller's bad ratings
 
     @property
     def error_rate(self) -> float | None:
         return None if self.requests == 0 else self.errors / self.requests
+
+    def without_top_callers(self) -> RevisionWindow:
+        """The counts without the caller that failed most and the one that rated worst: what
+        error and feedback checks judge, so that no single caller decides a release alone."""
+        return replace(
+            self,
+            requests=self.requests - self.top_caller_requests,
+            errors=self.errors - self.top_caller_errors,
+            good=self.good - self.top_rater_good,
+            bad=self.bad - self.top_rater_bad,
+            top_caller_requests=0,
+            top_caller_errors=0,
+            top_rater_good=0,
+            top_rater_bad=0,
+        )
 
 
 @dataclass(frozen=True)

@@ -116,6 +116,8 @@ class ThresholdsBody(_Body):
     max_tpot_p99_ratio: float | None = Field(default=None, gt=0.0)
     max_bad_feedback_ratio: float | None = Field(default=None, ge=0.0, le=1.0)
     min_requests: int | None = Field(default=None, ge=1)
+    min_latency_samples: int | None = Field(default=None, ge=1)
+    max_step_s: float | None = Field(default=None, gt=0.0)  # left out: 10 x dwell_s, >= 1 h
 
     def thresholds(self) -> Thresholds:
         return Thresholds(**self.model_dump(exclude_none=True))

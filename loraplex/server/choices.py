@@ -24,9 +24,9 @@ import anyio
 from loraplex.engine.protocol import EngineClient, EngineRequest, TokenDelta, TokenLogprob
 from loraplex.sampling import MAX_SEED
 from loraplex.server.errors import invalid_request
-from loraplex.server.protocol import CompletionRequest, SamplingFields
+from loraplex.server.protocol import MAX_BATCH_PROMPTS, CompletionRequest, SamplingFields
 
-DEFAULT_MAX_CHOICES = 16  # engine requests one HTTP request may fan out into
+DEFAULT_MAX_CHOICES = MAX_BATCH_PROMPTS  # engine requests one HTTP request may fan out into
 Slotted = tuple[int, TokenDelta]  # a sibling's slot and one of its deltas
 
 

@@ -55,7 +55,12 @@ from loraplex.server.metrics_collectors import (
     HealthCollector,
     ReleaseCollector,
 )
-from loraplex.server.release_traffic import RecentRequests, ReleaseTraffic, classify
+from loraplex.server.release_traffic import (
+    RecentRequests,
+    ReleaseTraffic,
+    caller_key,
+    classify,
+)
 
 CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
 _LATENCY_BUCKETS_S = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0)
@@ -74,7 +79,7 @@ class ServerMetrics:
         recent: RecentRequests,
     ) -> None:
         self.releases = releases  # windows of the revisions under release
-        self.recent = recent  # response id -> tenant and revision (client feedback)
+        self.recent = recent  # (tenant, response id) -> revision (client feedback)
         self.registry = CollectorRegistry(auto_describe=True)
         self.registry.register(EngineCollector(engine, wall_clock))
         self.registry.register(HealthCollector(engine))
@@ -114,6 +119,7 @@ class ServerMetrics:
         )
         self._lock = threading.Lock()
         self._arrivals = {True: 0, False: 0}  # adapter requests by cold-at-arrival
+        self._started = 0  # requests started (tells apart callers that name no key)
         self.registry.register(_RateCollector(self))
 
     def start_request(
@@ -125,16 +131,24 @@ class ServerMetrics:
         revision: str | None = None,
         tenant: str | None = None,
         response_id: str | None = None,
+        sticky_key: str | None = None,
     ) -> RequestObservation:
         """Starts timing one request. ``revision`` (``tenant/name@revision``; None: the base
-        model), ``tenant`` and ``response_id`` (the ``id`` the client sees) feed the release
-        traffic windows and client feedback (issue 13)."""
+        model), ``tenant``, ``response_id`` (the ``id`` the client sees) and ``sticky_key``
+        (the caller's ``user`` / ``X-Session-Id``) feed the release traffic windows and client
+        feedback (issue 13)."""
         with self._lock:
             self._arrivals[cold] += 1
+            self._started += 1
+            fallback = f"{self._started}:{response_id}"  # unique even when ids are re-used
+        caller = ""
+        if revision is not None and tenant is not None:
+            caller = caller_key(revision, tenant, sticky_key, fallback)
         if response_id is not None and tenant is not None:
-            self.recent.remember(response_id, tenant, revision)
+            self.recent.remember(tenant, response_id, revision, caller)
         observation = RequestObservation(self, priority_class, cold, now_s)
         observation.revision = revision
+        observation.caller = caller
         return observation
 
     def cold_start_rate(self) -> float:
@@ -176,6 +190,7 @@ class RequestObservation:
         # reports it (``RevisionInfo.tier``); None until the engine said so.
         self.engine_tier: str | None = None
         self.revision: str | None = None  # tenant/name@revision answering; None: base model
+        self.caller = ""  # ``release_traffic.caller_key`` of who asked
         self._error: BaseException | None = None  # what the stream raised, if it did
 
     def on_delta(self, delta: TokenDelta, now_s: float) -> None:
@@ -212,4 +227,4 @@ class RequestObservation:
         if self.revision is not None:
             ttft = None if self._first_s is None else self._first_s - self._arrived_s
             verdict = classify(outcome, self._error)
-            self._metrics.releases.record(self.revision, verdict, ttft, per_token)
+            self._metrics.releases.record(self.revision, verdict, ttft, per_token, self.caller)

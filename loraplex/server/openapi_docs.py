@@ -110,8 +110,17 @@ def _corrected(doc: dict[str, Any]) -> dict[str, Any]:
                 operation["security"] = [{f"{credential.value}Key": []}]
             if path in _STREAMING_PATHS and "200" in responses:
                 content = responses["200"].setdefault("content", {})
-                content["text/event-stream"] = {"schema": {"type": "string"}}
+                content["text/event-stream"] = {"schema": _SSE_EVENT}
     return doc
+
+
+# One server-sent event (before OpenAPI 3.2, an event stream's ``schema`` describes each event):
+# ``data`` holds a chunk's JSON, an error's JSON, or ``[DONE]``.
+_SSE_EVENT = {
+    "type": "object",
+    "properties": {"event": {"type": "string"}, "data": {"type": "string"}},
+    "required": ["data"],
+}
 
 
 def _error_schemas() -> dict[str, Any]:

@@ -13,9 +13,17 @@ from __future__ import annotations
 
 from typing import Annotated, Literal
 
-from pydantic import AfterValidator, BaseModel, ConfigDict, Field, StrictInt
+from pydantic import AfterValidator, BaseModel, BeforeValidator, ConfigDict, Field, StrictInt
 
-from loraplex.sampling import MAX_SEED, MIN_SEED  # the range torch's generators accept
+from loraplex.errors import clipped
+from loraplex.sampling import (  # the engine's own bounds, so the two layers cannot disagree
+    MAX_LOGIT_BIAS_ENTRIES,
+    MAX_REPETITION_PENALTY,
+    MAX_SEED,
+    MAX_STOP_TOKEN_IDS,
+    MIN_REPETITION_PENALTY,
+    MIN_SEED,
+)
 
 
 def _valid_utf8(value: str) -> str:
@@ -30,7 +38,45 @@ def _valid_utf8(value: str) -> str:
 # Text a tenant sends: valid Unicode (checked before anything is tokenized).
 Text = Annotated[str, AfterValidator(_valid_utf8)]
 MAX_STOP_CHARS = 1024  # one stop string (each is searched for in the output after every token)
+MAX_STOP_STRINGS = 4  # OpenAI's limit
 StopText = Annotated[Text, Field(max_length=MAX_STOP_CHARS)]
+
+# Lists and maps a tenant sends are bounded in the schema. NOTE: pydantic stops reading a list at
+# its ``max_length``, but it reports every wrong item of a shorter one, so a union member given
+# 65,536 wrong items builds 65,536 errors on the event loop; ``_token_ids`` stops at the first.
+MAX_BATCH_PROMPTS = 16  # prompts in one completions request (= choices.DEFAULT_MAX_CHOICES)
+MAX_TOKEN_IDS = 1 << 16  # ids in one token-id list (the context length check still follows)
+MAX_CHAT_MESSAGES = 1024  # messages in one conversation
+MAX_CONTENT_PARTS = 16  # text parts in one message's content
+
+
+def _check_count(value: object, limit: int, what: str) -> object:
+    """A plain message for a list past ``limit`` (a union's members would each report it in
+    their own words, the first of them usually "Input should be a valid string")."""
+    if isinstance(value, list) and len(value) > limit:
+        raise ValueError(f"has {len(value)} {what}; expected at most {limit}")
+    return value
+
+
+def _token_ids(value: object) -> object:
+    """The first item that is not an id >= 0 ends validation (one error, not one per item)."""
+    if not isinstance(value, list):
+        return value
+    if len(value) > MAX_TOKEN_IDS:
+        raise ValueError(f"has {len(value)} token ids; expected at most {MAX_TOKEN_IDS}")
+    for index, item in enumerate(value):
+        if type(item) is not int or item < 0:  # NOTE: bool is an int subclass; refused too
+            shown = clipped(str(item)) if type(item) is int else f"a {type(item).__name__}"
+            raise ValueError(f"item {index} is {shown}; expected a token id >= 0")
+    return value
+
+
+# A list of token ids >= 0 (below the vocabulary size too, checked by the route).
+TokenIds = Annotated[
+    list[Annotated[StrictInt, Field(ge=0)]],
+    Field(max_length=MAX_TOKEN_IDS),
+    BeforeValidator(_token_ids),
+]
 
 # ---- requests ----------------------------------------------------------------------------------
 
@@ -61,7 +107,10 @@ class SamplingFields(BaseModel):
     max_tokens: int | None = Field(default=None, ge=1)  # None: the endpoint's default
     temperature: float = Field(default=1.0, ge=0.0, le=2.0)  # below 1e-5: greedy (as vLLM)
     top_p: float = Field(default=1.0, gt=0.0, le=1.0)  # nucleus mass
-    stop: StopText | list[StopText] | None = None  # up to 4 (OpenAI's limit), 1024 chars each
+    stop: Annotated[  # up to 4 (OpenAI's limit), 1024 chars each
+        StopText | Annotated[list[StopText], Field(max_length=MAX_STOP_STRINGS)] | None,
+        BeforeValidator(lambda value: _check_count(value, MAX_STOP_STRINGS, "stop strings")),
+    ] = None
     seed: int | None = Field(default=None, ge=MIN_SEED, le=MAX_SEED)  # choice i uses seed + i
     stream: bool = False  # server-sent events
     stream_options: StreamOptions | None = None  # include_usage
@@ -74,18 +123,22 @@ class SamplingFields(BaseModel):
     top_k: int | None = Field(default=None, ge=-1)  # keep the k most likely; -1, 0, None: off
     presence_penalty: float | None = Field(default=0.0, ge=-2.0, le=2.0)
     frequency_penalty: float | None = Field(default=0.0, ge=-2.0, le=2.0)
-    repetition_penalty: float | None = Field(default=1.0, gt=0.0, allow_inf_nan=False)
+    repetition_penalty: float | None = Field(  # vLLM: any value > 0 (see SamplingParams)
+        default=1.0, ge=MIN_REPETITION_PENALTY, le=MAX_REPETITION_PENALTY
+    )
     min_p: float | None = Field(default=0.0, ge=0.0, le=1.0)  # vLLM extension
-    logit_bias: dict[str, float] | None = None  # token id (a string) -> bias in [-100, 100]
-    stop_token_ids: list[int] | None = Field(default=None, max_length=64)  # vLLM extension
+    logit_bias: dict[str, float] | None = Field(  # token id (a string) -> bias in [-100, 100]
+        default=None, max_length=MAX_LOGIT_BIAS_ENTRIES
+    )
+    stop_token_ids: list[StrictInt] | None = Field(  # vLLM extension
+        default=None, max_length=MAX_STOP_TOKEN_IDS
+    )
     include_stop_str_in_output: bool | None = False  # vLLM extension
 
     def stop_strings(self) -> tuple[str, ...]:
         if self.stop is None:
             return ()
         values = [self.stop] if isinstance(self.stop, str) else list(self.stop)
-        if len(values) > 4:
-            raise ValueError(f"stop has {len(values)} strings; expected at most 4")
         if any(not value for value in values):
             raise ValueError("stop contains an empty string; expected non-empty strings")
         return tuple(values)
@@ -100,9 +153,34 @@ class SamplingFields(BaseModel):
         return self.stream_options is not None and self.stream_options.include_usage
 
 
+def _prompt_shape(value: object) -> object:
+    """One plain message for a malformed or oversized prompt, told apart by its first item
+    (the union's members would each report it, one error per wrong item, in their own words)."""
+    if not isinstance(value, list) or not value:
+        return value
+    first = value[0]
+    if type(first) is int:
+        return _token_ids(value)
+    _check_count(value, MAX_BATCH_PROMPTS, "prompts")
+    if isinstance(first, list):
+        for index, item in enumerate(value):
+            if not isinstance(item, list):
+                raise ValueError(f"item {index} is a {type(item).__name__}; expected token ids")
+            try:
+                _token_ids(item)
+            except ValueError as exc:
+                raise ValueError(f"prompt {index} {exc}") from None
+    return value
+
+
 # One prompt: text, or token ids; a batch: a list of either (one choice per prompt x n).
-PromptIds = Annotated[list[StrictInt], Field(max_length=1 << 20)]
-Prompt = Text | list[Text] | PromptIds | list[PromptIds]
+Prompt = Annotated[
+    Text
+    | Annotated[list[Text], Field(max_length=MAX_BATCH_PROMPTS)]
+    | TokenIds
+    | Annotated[list[TokenIds], Field(max_length=MAX_BATCH_PROMPTS)],
+    BeforeValidator(_prompt_shape),
+]
 
 
 class CompletionRequest(SamplingFields):
@@ -128,7 +206,10 @@ class ChatMessageIn(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
     role: Literal["system", "developer", "user", "assistant", "tool"]
-    content: Text | list[TextPart] | None = None
+    content: Annotated[
+        Text | Annotated[list[TextPart], Field(max_length=MAX_CONTENT_PARTS)] | None,
+        BeforeValidator(lambda value: _check_count(value, MAX_CONTENT_PARTS, "text parts")),
+    ] = None
     name: Text | None = Field(default=None, max_length=256)  # participant's name, for the template
 
     def text(self) -> str:
@@ -139,10 +220,15 @@ class ChatMessageIn(BaseModel):
         return "".join(part.text for part in self.content)
 
 
+# A conversation: bounded before any message is parsed past the cap (the chat template and the
+# tokenizer then see at most this many; ``chat.num_prompt_chars`` charges each one).
+Messages = Annotated[list[ChatMessageIn], Field(min_length=1, max_length=MAX_CHAT_MESSAGES)]
+
+
 class ChatCompletionRequest(SamplingFields):
     """POST /v1/chat/completions."""
 
-    messages: list[ChatMessageIn] = Field(min_length=1)
+    messages: Messages
     max_completion_tokens: int | None = Field(default=None, ge=1)  # newer name of max_tokens
     logprobs: bool | None = False  # each output token's logprob
     top_logprobs: TopLogprobs | None = None  # and this many alternatives (needs logprobs true)
@@ -291,8 +377,6 @@ class ModelList(BaseModel):
 
 # ---- tokenize / admin ---------------------------------------------------------------------------
 
-TokenId = Annotated[int, Field(ge=0)]  # below the vocabulary size too (checked by the route)
-
 
 class TokenizeRequest(BaseModel):
     """POST /tokenize: vLLM's two shapes in one body, ``prompt`` or chat ``messages``."""
@@ -301,7 +385,7 @@ class TokenizeRequest(BaseModel):
 
     model: Text | None = Field(default=None, min_length=1, max_length=512)  # None: the base model
     prompt: Text | None = None  # text, encoded as /v1/completions encodes it
-    messages: list[ChatMessageIn] | None = Field(default=None, min_length=1)  # chat template
+    messages: Messages | None = None  # chat template
     add_generation_prompt: bool | None = None  # messages only; only true (the template adds it)
     add_special_tokens: bool | None = None  # only the encoding generation uses (module docstring)
     return_token_strs: bool = False  # also return each token id decoded alone
@@ -320,7 +404,7 @@ class DetokenizeRequest(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
     model: Text | None = Field(default=None, min_length=1, max_length=512)  # None: the base model
-    tokens: list[TokenId]  # ids below the vocabulary size
+    tokens: TokenIds  # ids below the vocabulary size
 
 
 class DetokenizeResponse(BaseModel):

@@ -10,13 +10,18 @@ the newest ``max_samples`` outcomes and ``max_samples`` feedback ratings.
 What counts against a revision (``classify``):
 
 - ``ok``: the request finished (``stop`` / ``length``);
-- ``error``: the service failed it: a generation failure, the revision's load failing
+- ``error``: the service failed it: the model's generation failure (non-finite logits,
+  ``GenerationError.model_fault``), the revision's load failing
   (adapter errors, a cancelled load, an adapter too large for any tier), the engine being down,
   a queue timeout (a 503: a candidate that loads slowly keeps its callers waiting), and any
   unexpected exception (a 500);
 - ``excluded`` (not counted at all): what the client caused or was told to retry: the client
   going away (``abort``), invalid input and a prompt too long (400), queue full and rate limits
-  (429: load shedding shared by every revision).
+  (429: load shedding shared by every revision), and a generation failure its own sampling
+  values caused (a ``GenerationError`` whose ``model_fault`` is False).
+
+Each sample carries its caller (``caller_key``), so a window can leave out the caller that failed
+most: one tenant's requests alone never decide a release (``release/compare.py``).
 
 Times are the release clock's (the controller's ``Clock``), stamped when a request finishes.
 Torch-free.
@@ -28,7 +33,7 @@ import logging
 import threading
 from collections import OrderedDict, deque
 from collections.abc import Callable, Iterable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from enum import StrEnum
 
 from loraplex.clock import Clock
@@ -36,6 +41,7 @@ from loraplex.engine.protocol import FINISH_ABORT, FINISH_LENGTH, FINISH_STOP
 from loraplex.errors import (
     AdapterNotFoundError,
     AuthenticationError,
+    GenerationError,
     InvalidRequestError,
     PromptTooLongError,
     QueueFullError,
@@ -71,7 +77,19 @@ def classify(outcome: str, error: BaseException | None) -> Verdict:
         return Verdict.OK
     if outcome == FINISH_ABORT or isinstance(error, _CLIENT_ERRORS):
         return Verdict.EXCLUDED
+    if isinstance(error, GenerationError) and not error.model_fault:
+        return Verdict.EXCLUDED  # the request's own sampling values broke its row
     return Verdict.ERROR
+
+
+def caller_key(revision: str, tenant: str, sticky_key: str | None, fallback: str) -> str:
+    """Whose voice a request of ``revision`` (tenant/name@rev) is when a release is judged.
+    Another tenant than the alias's owner is one caller however many users or sessions it
+    names (it can invent any number); the owner's requests are told apart by ``sticky_key``
+    (its ``user`` / ``X-Session-Id``), else each (``fallback``: unique per request) stands alone."""
+    if tenant != revision.partition("/")[0]:
+        return f"tenant:{tenant}"
+    return f"owner:{sticky_key}" if sticky_key else f"request:{fallback}"
 
 
 @dataclass(frozen=True)
@@ -113,6 +131,16 @@ class Sample:
     ok: bool  # False: an error (excluded requests are not sampled)
     ttft_s: float | None  # arrival to first token; None: no token
     tpot_s: float | None  # mean seconds per output token after the first; None: < 2 tokens
+    caller: str = ""  # ``caller_key`` of who asked
+
+
+@dataclass(frozen=True)
+class Rating:
+    """One client rating of a request of the revision."""
+
+    served_at_s: float  # release-clock time the rated request started
+    good: bool
+    caller: str = ""  # ``caller_key`` of the rated request
 
 
 @dataclass
@@ -128,8 +156,20 @@ class RevisionTotals:
 class _Ring:
     def __init__(self, max_samples: int) -> None:
         self.samples: deque[Sample] = deque(maxlen=max_samples)
-        self.ratings: deque[tuple[float, bool]] = deque(maxlen=max_samples)  # (served at, good)
+        self.ratings: deque[Rating] = deque(maxlen=max_samples)
         self.totals = RevisionTotals()
+
+
+def _worst(events: Iterable[tuple[str, bool]]) -> tuple[int, int]:
+    """(events, failures) of the caller with the most failures (ties: most events); (0, 0)
+    when nothing failed."""
+    counts: dict[str, list[int]] = {}
+    for caller, failed in events:
+        count = counts.setdefault(caller, [0, 0])
+        count[0] += 1
+        count[1] += failed
+    worst = max(counts.values(), key=lambda c: (c[1], c[0]), default=[0, 0])
+    return (worst[0], worst[1]) if worst[1] else (0, 0)
 
 
 def percentile(values: list[float], q: float) -> float | None:
@@ -198,10 +238,15 @@ class ReleaseTraffic:
             return list(self._tracked.values())
 
     def record(
-        self, ref: str, verdict: Verdict, ttft_s: float | None, tpot_s: float | None
+        self,
+        ref: str,
+        verdict: Verdict,
+        ttft_s: float | None,
+        tpot_s: float | None,
+        caller: str = "",
     ) -> float | None:
-        """Records a finished request of ``ref``; returns its time, None if it is not
-        tracked or the verdict excludes it."""
+        """Records a finished request of ``ref`` by ``caller``; returns its time, None if it
+        is not tracked or the verdict excludes it."""
         if verdict is Verdict.EXCLUDED:
             return None
         with self._lock:
@@ -209,21 +254,21 @@ class ReleaseTraffic:
             if ring is None:
                 return None
             at_s = self.clock.now()
-            ring.samples.append(Sample(at_s, verdict is Verdict.OK, ttft_s, tpot_s))
+            ring.samples.append(Sample(at_s, verdict is Verdict.OK, ttft_s, tpot_s, caller))
             if verdict is Verdict.OK:
                 ring.totals.ok += 1
             else:
                 ring.totals.error += 1
             return at_s
 
-    def record_feedback(self, ref: str, served_at_s: float, good: bool) -> bool:
+    def record_feedback(self, ref: str, served_at_s: float, good: bool, caller: str = "") -> bool:
         """Counts a client's rating of a request ``ref`` served at ``served_at_s``; False (not
         counted) when ``ref`` is not under release any more."""
         with self._lock:
             ring = self._rings.get(ref)
             if ring is None:
                 return False
-            ring.ratings.append((served_at_s, good))
+            ring.ratings.append(Rating(served_at_s, good, caller))
             if good:
                 ring.totals.good += 1
             else:
@@ -238,9 +283,12 @@ class ReleaseTraffic:
             if ring is None:
                 return RevisionWindow()
             samples = [s for s in ring.samples if s.at_s >= since_s]
-            ratings = [good for at_s, good in ring.ratings if at_s >= since_s]
+            ratings = [r for r in ring.ratings if r.served_at_s >= since_s]
         ttfts = [s.ttft_s for s in samples if s.ok and s.ttft_s is not None]
         tpots = [s.tpot_s for s in samples if s.ok and s.tpot_s is not None]
+        top_requests, top_errors = _worst((s.caller, not s.ok) for s in samples)
+        top_ratings, top_bad = _worst((r.caller, not r.good) for r in ratings)
+        bad = sum(1 for r in ratings if not r.good)
         return RevisionWindow(
             requests=len(samples),
             errors=sum(1 for s in samples if not s.ok),
@@ -248,8 +296,15 @@ class ReleaseTraffic:
             ttft_p99_s=percentile(ttfts, 0.99),
             tpot_p50_s=percentile(tpots, 0.5),
             tpot_p99_s=percentile(tpots, 0.99),
-            good=sum(ratings),
-            bad=len(ratings) - sum(ratings),
+            good=len(ratings) - bad,
+            bad=bad,
+            ttft_samples=len(ttfts),
+            tpot_samples=len(tpots),
+            callers=len({s.caller for s in samples}),
+            top_caller_requests=top_requests,
+            top_caller_errors=top_errors,
+            top_rater_good=top_ratings - top_bad,
+            top_rater_bad=top_bad,
         )
 
     def totals(self) -> list[tuple[TrackedRevision, RevisionTotals]]:
@@ -265,59 +320,89 @@ class ReleaseTraffic:
 class Served:
     """A recent response, as the feedback route needs it."""
 
-    tenant: str  # who asked (only this tenant may rate it)
     revision: str | None  # tenant/name@revision that answered; None: the base model
     at_s: float  # release-clock time it started
+    caller: str  # ``caller_key`` of who asked (what its rating counts as)
     rated: bool = False  # a request is rated at most once
 
 
 class RecentRequests:
-    """Response id -> who asked and which revision answered, for ``POST /v1/feedback``: at
-    most ``max_entries`` (least recently added dropped first), each for ``ttl_s``."""
+    """(tenant, response id) -> the revision that answered, for ``POST /v1/feedback``.
 
-    def __init__(self, clock: Clock, *, max_entries: int = 100_000, ttl_s: float = 3600.0):
-        if max_entries < 1 or not ttl_s > 0:
+    Keyed by tenant too: response ids are client-chosen (``X-Request-Id``), so two tenants may
+    pick the same one, and neither can see, rate or displace the other's entry. A tenant that
+    re-uses one of its own ids replaces its entry (that newer request was served, so rating it
+    is legitimate; the older one can no longer be rated). Bounded twice: each tenant keeps at
+    most ``max_entries_per_tenant`` (its oldest dropped first) and all at most ``max_entries``
+    (then the oldest of the tenant holding the most goes), so a tenant's flood evicts only its
+    own entries while others hold fewer. An entry lives ``ttl_s``."""
+
+    def __init__(
+        self,
+        clock: Clock,
+        *,
+        max_entries: int = 100_000,
+        max_entries_per_tenant: int = 10_000,
+        ttl_s: float = 3600.0,
+    ):
+        if min(max_entries, max_entries_per_tenant) < 1 or not ttl_s > 0:
             raise ValueError(
-                f"max_entries {max_entries} / ttl_s {ttl_s} is invalid; expected >= 1 / > 0"
+                f"max_entries {max_entries} / max_entries_per_tenant {max_entries_per_tenant} "
+                f"/ ttl_s {ttl_s} is invalid; expected >= 1 / >= 1 / > 0"
             )
         self._clock = clock
         self._max_entries = max_entries
+        self._max_per_tenant = max_entries_per_tenant
         self._ttl_s = ttl_s
         self._lock = threading.Lock()
-        self._entries: OrderedDict[str, Served] = OrderedDict()
+        self._tenants: dict[str, OrderedDict[str, Served]] = {}  # each in insertion order
+        self._count = 0  # entries over all tenants
 
-    def remember(self, response_id: str, tenant: str, revision: str | None) -> None:
+    def remember(self, tenant: str, response_id: str, revision: str | None, caller: str) -> None:
         now = self._clock.now()
         with self._lock:
-            self._entries[response_id] = Served(tenant, revision, now)
-            self._entries.move_to_end(response_id)
-            while len(self._entries) > self._max_entries:
-                self._entries.popitem(last=False)
-            self._expire(now)
+            entries = self._tenants.setdefault(tenant, OrderedDict())
+            self._count -= len(entries)
+            entries.pop(response_id, None)  # a re-used id: the newer request replaces it
+            entries[response_id] = Served(revision, now, caller)
+            self._expire(entries, now)
+            while len(entries) > self._max_per_tenant:
+                entries.popitem(last=False)
+            self._count += len(entries)
+            while self._count > self._max_entries:
+                largest = max(self._tenants.values(), key=len)
+                largest.popitem(last=False)
+                self._count -= 1
 
-    def get(self, response_id: str) -> Served | None:
-        now = self._clock.now()
+    def get(self, tenant: str, response_id: str) -> Served | None:
+        """``tenant``'s entry for ``response_id``; None: unknown, expired or another's."""
         with self._lock:
-            self._expire(now)
-            return self._entries.get(response_id)
+            return self._live(tenant, response_id)
 
-    def mark_rated(self, response_id: str) -> bool:
-        """Marks a request rated; False when it already was (or is gone)."""
+    def claim(self, tenant: str, response_id: str) -> Served | None:
+        """Marks ``tenant``'s entry rated and returns it as it was (``rated`` True: it had been
+        rated before, nothing changed); None when there is no such live entry. One step, so
+        a concurrent re-use of the id cannot slip between the check and the mark."""
         with self._lock:
-            entry = self._entries.get(response_id)
-            if entry is None or entry.rated:
-                return False
-            self._entries[response_id] = Served(entry.tenant, entry.revision, entry.at_s, True)
-            return True
+            served = self._live(tenant, response_id)
+            if served is not None and not served.rated:
+                self._tenants[tenant][response_id] = replace(served, rated=True)
+            return served
 
     def __len__(self) -> int:
         with self._lock:
-            return len(self._entries)
+            return self._count
 
-    def _expire(self, now: float) -> None:
+    def _live(self, tenant: str, response_id: str) -> Served | None:
+        entries = self._tenants.get(tenant)
+        if entries is None:
+            return None
+        self._count -= len(entries)
+        self._expire(entries, self._clock.now())
+        self._count += len(entries)
+        return entries.get(response_id)
+
+    def _expire(self, entries: OrderedDict[str, Served], now: float) -> None:
         # Entries are in insertion order, so expired ones are at the front.
-        while self._entries:
-            oldest = next(iter(self._entries.values()))
-            if now - oldest.at_s < self._ttl_s:
-                return
-            self._entries.popitem(last=False)
+        while entries and now - next(iter(entries.values())).at_s >= self._ttl_s:
+            entries.popitem(last=False)

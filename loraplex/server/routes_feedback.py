@@ -2,12 +2,15 @@
 
 The rating counts in the answering revision's release window (``server/release_traffic.py``)
 when that revision is under release; the response says whether it was counted. Only the tenant
-that made the request may rate it: another tenant's request id gets the very 404 of an unknown
-or expired one (same status, same body, built from the id alone), so nothing about other
-tenants' traffic leaks. A request is rated at most once: a second rating is a 409 (changing a
-rating after the release judged it would rewrite history), asked only of its owner.
+that made the request may rate it: ids are looked up per tenant (two tenants may send the same
+``X-Request-Id``; each rates its own), so another tenant's id gets the very 404 of an unknown or
+expired one (same status, same body, built from the id alone) and nothing about other tenants'
+traffic leaks. A request is rated at most once: a second rating is a 409 (changing a rating
+after the release judged it would rewrite history). A tenant re-using one of its ids replaces
+the entry with the newer request, which may then be rated.
 
-Recent requests are kept in a bounded map (``RecentRequests``: 100,000 ids, one hour).
+Recent requests are kept in a bounded map (``RecentRequests``: 10,000 ids per tenant, 100,000 in
+all, one hour).
 """
 
 from __future__ import annotations
@@ -50,17 +53,14 @@ def _unknown(request_id: str) -> ApiError:
 
 @router.post("/feedback")
 def feedback(body: FeedbackBody, tenant: TenantDep, deps: DepsDep) -> FeedbackResult:
-    recent = deps.metrics.recent
-    served = recent.get(body.request_id)
-    if served is None or served.tenant != tenant.name:
+    served = deps.metrics.recent.claim(tenant.name, body.request_id)
+    if served is None:
         raise _unknown(body.request_id)
-    if not recent.mark_rated(body.request_id):
-        if recent.get(body.request_id) is None:  # expired in between
-            raise _unknown(body.request_id)
+    if served.rated:
         message = f"request_id {quoted(body.request_id)} was already rated"
         raise ApiError(409, message, "invalid_request_error", "already_rated", "request_id")
     counted = served.revision is not None and deps.releases.record_feedback(
-        served.revision, served.at_s, body.rating is Rating.GOOD
+        served.revision, served.at_s, body.rating is Rating.GOOD, served.caller
     )
     return FeedbackResult(
         request_id=body.request_id, rating=body.rating, revision=served.revision, counted=counted

@@ -3,6 +3,11 @@
 Every route authenticates a tenant key first; ``model`` is resolved by the registry for that
 tenant only (no path or URL is ever accepted). Responses carry the revision that answered in the
 ``x-loraplex-revision`` header and the ``loraplex`` body field.
+
+A generation request costs in this order: the schema's bounds (``protocol``), the sampling
+fields and the prompt's characters (cheap, on the event loop), the model's resolution (the
+registry's one 404), and only then the chat template and the tokenizer (on the thread pool), so
+a caller cannot spend CPU on a prompt for a model it may not use.
 """
 
 from __future__ import annotations
@@ -17,7 +22,7 @@ from starlette.concurrency import run_in_threadpool
 
 from loraplex.registry import Adapter, Revision
 from loraplex.server.auth import DepsDep, TenantDep
-from loraplex.server.chat import ChatMessage
+from loraplex.server.chat import ChatMessage, num_prompt_chars
 from loraplex.server.choices import (
     DEFAULT_MAX_CHOICES,
     ChoiceOutput,
@@ -131,9 +136,10 @@ async def _start(
     charge_engine_requests(request, tenant, shape.num_siblings)
     placeholder = budget.requested or max(1, body.min_tokens)  # fitted per prompt below
     params = sampling_params(body, placeholder, deps.config.vocab_size, rank_choices=shape.ranks)
-    prompt_ids = await run_in_threadpool(encode)  # a long prompt must not stall the loop
     sticky = sticky_key(request, body.user)
-    target = admit(deps, await resolve_target(deps, tenant, body.model, engine_id, sticky))
+    resolved = await resolve_target(deps, tenant, body.model, engine_id, sticky)
+    prompt_ids = await run_in_threadpool(encode)  # a long prompt must not stall the loop
+    target = admit(deps, resolved)
     per_prompt = []
     for ids in prompt_ids:
         req = engine_request(
@@ -146,7 +152,7 @@ async def _start(
         per_prompt.append(replace(req, params=with_max_tokens(params, fitted)))
     members, observations = [], []
     for slot, req in enumerate(siblings(engine_id, per_prompt, shape)):
-        observation = observe(_metrics(request), tenant, target, client_id)
+        observation = observe(_metrics(request), tenant, target, client_id, sticky)
         stream = observed(deps.engine.generate(req), observation)
         members.append(Sibling(req.request_id, slot, stream))
         observations.append(observation)
@@ -204,9 +210,19 @@ def _prompts(prompt: Prompt) -> list[str] | list[list[int]]:
     return [item for item in prompt if isinstance(item, list)]
 
 
+def _prompt_encoder(
+    deps: ServerDeps, prompts: list[str] | list[list[int]]
+) -> Callable[[], list[list[int]]]:
+    """Checks each text prompt's characters now; returns the tokenizing, run once the model is
+    resolved."""
+    for prompt in prompts:
+        if isinstance(prompt, str):
+            check_prompt_chars(len(prompt), deps.config.max_prompt_chars, "prompt")
+    return lambda: [_prompt_ids(deps, p) for p in prompts]
+
+
 def _prompt_ids(deps: ServerDeps, prompt: str | list[int]) -> list[int]:
     if isinstance(prompt, str):
-        check_prompt_chars(len(prompt), deps.config.max_prompt_chars, "prompt")
         return deps.engine.tokenizer.encode(prompt)
     vocab = deps.config.vocab_size
     if vocab is not None and any(not 0 <= token < vocab for token in prompt):
@@ -226,7 +242,7 @@ async def completions(
         deps,
         tenant,
         body=body,
-        encode=lambda: [_prompt_ids(deps, p) for p in prompts],
+        encode=_prompt_encoder(deps, prompts),
         num_prompts=len(prompts),
         budget=Budget(body.max_tokens, "max_tokens"),
     )
@@ -255,13 +271,16 @@ def _echoes(
     return [Echo(text, prompt_ids[0]) for text, prompt_ids in zip(texts, ids, strict=True)]
 
 
-def _chat_ids(deps: ServerDeps, body: ChatCompletionRequest) -> list[list[int]]:
-    if deps.chat is None:
+def _chat_encoder(deps: ServerDeps, body: ChatCompletionRequest) -> Callable[[], list[list[int]]]:
+    """Checks the conversation's characters now; returns the rendering and tokenizing, run once
+    the model is resolved."""
+    template = deps.chat
+    if template is None:
         raise invalid_request("the served model has no chat template; use /v1/completions")
     messages = [ChatMessage(m.role, m.text(), m.name) for m in body.messages]
-    num_chars = sum(len(m.content) for m in messages)
-    check_prompt_chars(num_chars, deps.config.max_prompt_chars, "messages")
-    return [deps.chat.encode(messages, deps.engine.tokenizer)]
+    check_prompt_chars(num_prompt_chars(messages), deps.config.max_prompt_chars, "messages")
+    tokenizer = deps.engine.tokenizer
+    return lambda: [template.encode(messages, tokenizer)]
 
 
 @router.post("/chat/completions", response_model=None)
@@ -274,7 +293,7 @@ async def chat_completions(
         deps,
         tenant,
         body=body,
-        encode=lambda: _chat_ids(deps, body),
+        encode=_chat_encoder(deps, body),
         num_prompts=1,
         budget=Budget(body.max_completion_tokens or body.max_tokens, param),
     )

@@ -3,8 +3,10 @@
 Adapters do not change the tokenizer, so every model shares the base model's; ``model`` is still
 resolved for the caller exactly as a generation request's is (a foreign private adapter gets the
 same 404 as a missing one), so the routes reveal nothing a tenant may not use. Bounds are
-generation's: prompt characters (``limits.check_prompt_chars``), token ids below the vocabulary
-size, the middleware's body cap and rate limit.
+generation's: the schema's list caps (``protocol``), prompt characters
+(``limits.check_prompt_chars``, each message charged ``chat.MESSAGE_OVERHEAD_CHARS`` too), token
+ids below the vocabulary size, the middleware's body cap and rate limit. As in generation, the
+cheap checks come first, then the model's resolution, and only then the template and tokenizer.
 
 Where loraplex differs from vLLM: ``model`` absent means the base model; ``token_strs`` are each
 id decoded alone (vLLM shows raw vocabulary pieces); ``add_special_tokens`` and
@@ -15,6 +17,7 @@ tokens added; chat: the template's own, with the assistant turn opened), else a 
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from importlib import metadata
 
 from fastapi import APIRouter
@@ -22,7 +25,7 @@ from starlette.concurrency import run_in_threadpool
 
 from loraplex.registry import Tenant
 from loraplex.server.auth import DETOKENIZE_PATH, TOKENIZE_PATH, DepsDep, TenantDep
-from loraplex.server.chat import ChatMessage
+from loraplex.server.chat import ChatMessage, num_prompt_chars
 from loraplex.server.deps import ServerDeps
 from loraplex.server.errors import invalid_request
 from loraplex.server.limits import check_prompt_chars
@@ -67,18 +70,21 @@ def _check_fields(body: TokenizeRequest) -> None:
         )
 
 
-def _encode(deps: ServerDeps, body: TokenizeRequest) -> list[int]:
+def _encoder(deps: ServerDeps, body: TokenizeRequest) -> Callable[[], list[int]]:
+    """Checks the prompt's characters now; returns the tokenizing (with the chat template for
+    messages), run once the model is resolved."""
     tokenizer = deps.engine.tokenizer
+    limit = deps.config.max_prompt_chars
     if body.prompt is not None:
-        check_prompt_chars(len(body.prompt), deps.config.max_prompt_chars, "prompt")
-        return tokenizer.encode(body.prompt)
-    if deps.chat is None:
+        prompt = body.prompt
+        check_prompt_chars(len(prompt), limit, "prompt")
+        return lambda: tokenizer.encode(prompt)
+    template = deps.chat
+    if template is None:
         raise invalid_request("the served model has no chat template; send prompt", "messages")
     messages = [ChatMessage(m.role, m.text(), m.name) for m in body.messages or ()]
-    check_prompt_chars(
-        sum(len(m.content) for m in messages), deps.config.max_prompt_chars, "messages"
-    )
-    return deps.chat.encode(messages, tokenizer)
+    check_prompt_chars(num_prompt_chars(messages), limit, "messages")
+    return lambda: template.encode(messages, tokenizer)
 
 
 def _token_strs(deps: ServerDeps, ids: list[int]) -> list[str]:
@@ -90,8 +96,9 @@ def _token_strs(deps: ServerDeps, ids: list[int]) -> list[str]:
 async def tokenize(body: TokenizeRequest, tenant: TenantDep, deps: DepsDep) -> TokenizeResponse:
     """The token ids generation would see for this prompt or conversation."""
     _check_fields(body)
+    encode = _encoder(deps, body)
     await _check_model(deps, tenant, body.model)
-    ids = await run_in_threadpool(_encode, deps, body)  # a long prompt must not stall the loop
+    ids = await run_in_threadpool(encode)  # a long prompt must not stall the loop
     strs = await run_in_threadpool(_token_strs, deps, ids) if body.return_token_strs else None
     return TokenizeResponse(
         count=len(ids), max_model_len=deps.config.max_model_len, tokens=ids, token_strs=strs

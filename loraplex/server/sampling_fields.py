@@ -11,7 +11,7 @@ from collections.abc import Callable
 from dataclasses import replace
 
 from loraplex.errors import clipped
-from loraplex.sampling import SamplingParams
+from loraplex.sampling import MAX_BIAS, SamplingParams
 from loraplex.server.errors import ApiError, invalid_request
 from loraplex.server.protocol import (
     NEUTRAL,
@@ -20,8 +20,9 @@ from loraplex.server.protocol import (
     SamplingFields,
 )
 
-MAX_LOGIT_BIAS = 300  # entries in logit_bias (OpenAI's cap; each touches every step)
-MAX_ABS_BIAS = 100.0  # OpenAI's range for a bias
+# Digits of a logit_bias key at most: any vocabulary's ids fit, and ``int()`` of a longer key
+# costs time (Python refuses past 4,300 digits, in its own words).
+MAX_TOKEN_ID_DIGITS = 10
 # SamplingParams' field (the first word of its ValueError) -> the request field to name.
 _SAMPLING_FIELDS = {
     name: name
@@ -82,19 +83,18 @@ def _token_id(value: int, vocab_size: int | None, field: str) -> int:
 def _logit_bias(
     bias: dict[str, float] | None, vocab_size: int | None
 ) -> tuple[tuple[int, float], ...]:
+    """Entries sorted by token id (the count is bounded by the schema)."""
     if not bias:
         return ()
-    if len(bias) > MAX_LOGIT_BIAS:
-        raise invalid_request(
-            f"logit_bias has {len(bias)} entries; expected at most {MAX_LOGIT_BIAS}", "logit_bias"
-        )
     entries = []
     for key, value in bias.items():
-        if not (key.isascii() and key.isdigit()):
+        if not (len(key) <= MAX_TOKEN_ID_DIGITS and key.isascii() and key.isdigit()):
             raise invalid_request(
-                f"logit_bias key {clipped(repr(key))} is invalid; expected a token id", "logit_bias"
+                f"logit_bias key {clipped(repr(key))} is invalid; expected a token id (at most "
+                f"{MAX_TOKEN_ID_DIGITS} digits)",
+                "logit_bias",
             )
-        if not -MAX_ABS_BIAS <= value <= MAX_ABS_BIAS:
+        if not -MAX_BIAS <= value <= MAX_BIAS:
             raise invalid_request(
                 f"logit_bias value {value} is invalid; expected [-100, 100]", "logit_bias"
             )

@@ -184,9 +184,14 @@ def admit(deps: ServerDeps, target: Target) -> Target:
 
 
 def observe(
-    metrics: ServerMetrics, tenant: Tenant, target: Target, response_id: str
+    metrics: ServerMetrics,
+    tenant: Tenant,
+    target: Target,
+    response_id: str,
+    sticky_key: str | None = None,
 ) -> RequestObservation:
-    """Starts timing a request; ``cold`` means its adapter was not in a GPU slot on arrival."""
+    """Starts timing a request; ``cold`` means its adapter was not in a GPU slot on arrival.
+    ``sticky_key`` tells the alias owner's end users apart when a release is judged."""
     cold = target.adapter_key is not None and target.info.tier != Tier.L0.name
     return metrics.start_request(
         tenant.priority.value,
@@ -195,6 +200,7 @@ def observe(
         revision=target.info.revision,
         tenant=tenant.name,
         response_id=response_id,
+        sticky_key=sticky_key,
     )
 
 

@@ -256,3 +256,11 @@ def test_a_row_whose_processing_yields_nan_fails_instead_of_picking_any_token() 
     out = sample_rows(logits, [broken, SamplingParams()], [None, None], histories=[history, None])
     assert set(out.failures) == {0} and "non-finite" in out.failures[0]
     assert out.tokens == {1: 0}
+    assert out.request_faults == {0}  # its own values broke it: not the model's fault
+
+
+def test_non_finite_model_logits_are_the_models_fault_not_the_requests() -> None:
+    logits = torch.zeros(2, VOCAB)
+    logits[0, 3] = float("nan")
+    out = sample_rows(logits, [SamplingParams(), SamplingParams()], [None, None])
+    assert set(out.failures) == {0} and out.request_faults == set()

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from datetime import UTC, datetime
 from pathlib import Path
 
 import pytest
@@ -39,7 +40,8 @@ def test_start_takes_every_flag_into_the_plan(run, tmp_path: Path) -> None:  # t
     out = run(
         "release", "start", "acme/bot", "v2", "--ladder", "1%,5%,0.25", "--dwell", "2m",
         "--window", "1h", "--gpu", "--probe-file", str(probes), "--no-auto-promote",
-        "--max-error-rate", "0.1", "--min-requests", "50", "--json",
+        "--max-error-rate", "0.1", "--min-requests", "50", "--min-latency-samples", "80",
+        "--max-step", "2h", "--json",
     )  # fmt: skip
     body = json.loads(out)
     plan = body["plan"]
@@ -50,6 +52,8 @@ def test_start_takes_every_flag_into_the_plan(run, tmp_path: Path) -> None:  # t
     )  # fmt: skip
     assert plan["thresholds"]["max_error_rate"] == 0.1
     assert plan["thresholds"]["min_requests"] == 50
+    assert plan["thresholds"]["min_latency_samples"] == 80
+    assert plan["thresholds"]["max_step_s"] == 7200.0
     assert [p["prompt"] for p in plan["probes"]] == ["2+2=", "hi"]
     assert plan["probes"][1]["differ_from_stable"] is True
 
@@ -64,6 +68,9 @@ def test_start_takes_every_flag_into_the_plan(run, tmp_path: Path) -> None:  # t
         (("--dwell", "soon"), "--dwell"),
         (("--window", "-1m"), "--window"),
         (("--max-error-rate", "2"), "max_error_rate"),
+        (("--max-step", "soon"), "--max-step"),
+        (("--max-step", "30s"), "max_step_s 30.0 is invalid; expected >= dwell_s 60.0"),
+        (("--min-latency-samples", "0"), "min_latency_samples"),
     ],
 )
 def test_parse_errors_name_the_flag(
@@ -72,6 +79,12 @@ def test_parse_errors_name_the_flag(
     out = run("release", "start", "acme/bot", "v2", *args, code=1)
     assert flag in out
     assert ReleaseStore(registry).list_releases(include_terminal=True) == []
+
+
+def test_start_help_shows_the_default_ladder() -> None:
+    out = CliRunner().invoke(app, ["release", "start", "--help"], env={"COLUMNS": "200"}).output
+    ladder = next(line for line in out.splitlines() if "--ladder" in line)
+    assert "default: (1%,5%,25%)" in ladder
 
 
 def test_a_probe_file_with_an_unknown_key_is_refused(run, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
@@ -98,8 +111,10 @@ def test_status_prints_state_and_comparison_table(run, registry: Registry) -> No
 
     out = run("release", "status", "acme/bot")
     assert "v1 -> v2\tcanary step 1/1 (5.0%)" in out
-    assert "v2\tcandidate\t20\t4\t0.200\t250.0" in out
-    assert "v1\tstable\t40\t0\t0.000" in out
+    assert "v2\tcandidate\t20\t0\t4\t0.200\t250.0" in out
+    assert "v1\tstable\t40\t0\t0\t0.000" in out
+    stamp = datetime.fromtimestamp(now, UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+    assert f"step 1 compared at {stamp} (" in out and f"{now:.0f}" not in out
     assert "breach\terror rate 0.200 > max_error_rate 0.05" in out
     assert json.loads(run("release", "list", "--json"))[0]["share"] == 0.05
 
@@ -117,12 +132,20 @@ def test_operator_commands_and_their_refusals(run, registry: Registry) -> None: 
 
 
 def test_alias_commands_set_show_rollback_history(run, registry: Registry) -> None:  # type: ignore[no-untyped-def]
+    empty = run("adapters", "alias", "history", "acme/bot")
+    assert empty == "alias acme/bot has no history: it was never moved, so there is no rollback\n"
     run("adapters", "alias", "set", "acme/bot", "v2")
     run("adapters", "alias", "set", "acme/bot", "v3:95", "v2:5")
     shown = json.loads(run("adapters", "alias", "show", "acme/bot", "--json"))
     assert shown["targets"] == [{"revision": "v3", "weight": 95}, {"revision": "v2", "weight": 5}]
-    history = run("adapters", "alias", "history", "acme/bot")
-    assert history.splitlines()[0].startswith("-1\tv2:1") and "-2\tv1:1" in history
+    history = run("adapters", "alias", "history", "acme/bot").splitlines()
+    assert history[0] == "rollbacks\ttargets\treplaced_at"
+    assert history[1].startswith("1\tv2:1\t20") and history[2].startswith("2\tv1:1\t20")
+    as_json = json.loads(run("adapters", "alias", "history", "acme/bot", "--json"))
+    assert [(e["rollbacks"], e["targets"][0]["revision"]) for e in as_json] == [
+        (1, "v2"),
+        (2, "v1"),
+    ]
 
     assert "targets     v2:1" in run("adapters", "alias", "rollback", "acme/bot")
     assert "targets     v1:1" in run("adapters", "alias", "rollback", "acme/bot")

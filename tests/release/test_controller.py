@@ -337,3 +337,56 @@ def test_a_prewarm_that_raises_at_once_aborts_like_a_failed_load(
     controller.tick()
     release = store.latest_release("acme", "bot")
     assert (release.state, release.reason) == (S.ABORTED, "candidate failed to load: no room in L1")
+
+
+def test_a_step_starved_of_traffic_is_rolled_back_after_max_step_s(
+    registry: Registry, env: FakeEnv, clock: ManualClock
+) -> None:
+    plan = ReleasePlan(ladder=(0.1,), dwell_s=60.0, thresholds=Thresholds(max_step_s=300.0))
+    store, controller = _to_canary(registry, env, clock, plan)
+    env.windows = {"acme/bot@v2": RevisionWindow(requests=3), "acme/bot@v1": HEALTHY}
+    clock.advance(299.0)
+    controller.tick()
+    assert store.latest_release("acme", "bot").state is S.CANARY  # still waiting
+    clock.advance(1.0)
+    controller.tick()
+    release = store.latest_release("acme", "bot")
+    assert release.state is S.ROLLED_BACK
+    assert release.reason == (
+        "not enough traffic to judge: step 1 saw 3 counted candidate requests in 300 s "
+        "(min_requests 10, max_step_s 300)"
+    )
+    assert _served(registry) == {"v1"}
+
+
+def test_max_step_s_defaults_to_ten_dwells_or_an_hour() -> None:
+    assert ReleasePlan(dwell_s=60.0).effective_max_step_s == 3600.0
+    assert ReleasePlan(dwell_s=600.0).effective_max_step_s == 6000.0
+    with pytest.raises(ValueError, match=r"max_step_s 30\.0 is invalid; expected >= dwell_s"):
+        ReleasePlan(dwell_s=60.0, thresholds=Thresholds(max_step_s=30.0))
+    with pytest.raises(ValueError, match="min_latency_samples 0 is invalid"):
+        Thresholds(min_latency_samples=0)
+
+
+def test_one_callers_failures_alone_do_not_roll_back(
+    registry: Registry, env: FakeEnv, clock: ManualClock
+) -> None:
+    store, controller = _to_canary(registry, env, clock)
+    # 12 failures, all from one tenant, beside 20 clean requests of others: not a breach.
+    attacked = RevisionWindow(
+        requests=32, errors=12, callers=21, top_caller_requests=12, top_caller_errors=12
+    )
+    env.windows = {"acme/bot@v2": attacked, "acme/bot@v1": HEALTHY}
+    clock.advance(61.0)
+    controller.tick()
+    release = store.latest_release("acme", "bot")
+    assert (release.state, release.step) == (S.CANARY, 1)  # judged on the other 20: passed
+    spread = RevisionWindow(
+        requests=32, errors=12, callers=12, top_caller_requests=2, top_caller_errors=2
+    )
+    env.windows = {"acme/bot@v2": spread, "acme/bot@v1": HEALTHY}
+    clock.advance(1.0)
+    controller.tick()
+    rolled = store.latest_release("acme", "bot")
+    assert rolled.state is S.ROLLED_BACK
+    assert rolled.reason is not None and "error rate 0.333 > max_error_rate" in rolled.reason

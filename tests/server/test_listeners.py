@@ -115,7 +115,6 @@ def test_openapi_documents_and_version_by_socket(urls: tuple[str, str]) -> None:
         assert httpx.get(f"{url}/version").json() == {"version": loraplex.__version__}
 
 
-
 def test_a_trailing_slash_is_not_redirected_so_hidden_routes_stay_hidden(
     urls: tuple[str, str], served: Served
 ) -> None:

@@ -138,11 +138,12 @@ def test_echo_prepends_the_prompt_and_its_logprobs(rig: Rig) -> None:
     assert request.params.prompt_logprobs == 1
     logprobs = done.choices[0].logprobs
     assert logprobs is not None
-    assert logprobs.tokens == ["", "h", "i", chr(1)]  # BOS decodes to nothing
+    assert logprobs.tokens == ["<special:1>", "h", "i", chr(1)]  # BOS as itself (token_text)
     assert logprobs.token_logprobs == [None, -1.5, -2.0, fake_logprob(request, 1)]
     assert logprobs.top_logprobs is not None
     assert cast(list[object], logprobs.top_logprobs)[0] is None
-    assert logprobs.text_offset == [0, 0, 1, 2]
+    # Cumulative token-string lengths (vLLM's definition), so BOS's own string counts.
+    assert logprobs.text_offset == [0, 11, 12, 13]
 
 
 def test_echo_with_zero_max_tokens_returns_only_the_prompt(rig: Rig) -> None:

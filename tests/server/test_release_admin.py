@@ -104,6 +104,8 @@ def test_release_routes_only_on_the_admin_listener(plant: Plant) -> None:
         ({"dwell_s": -1}, "dwell_s"),
         ({"thresholds": {"max_error_rate": 2}}, "max_error_rate"),
         ({"thresholds": {"p99": 2}}, "p99"),
+        ({"thresholds": {"min_latency_samples": 0}}, "min_latency_samples"),
+        ({"thresholds": {"max_step_s": 0}}, "max_step_s"),
         ({"probes": [{"prompt": "x"}]}, "probes"),
         ({"probes": [{"prompt": "", "expected": "y"}]}, "prompt"),
         ({"share": 0.05}, "share"),
@@ -116,14 +118,23 @@ def test_start_validation(plant: Plant, fields: dict[str, Any], param: str) -> N
     assert plant.client.get("/admin/releases", headers=ADMIN).json() == []  # nothing changed
 
 
+def test_max_step_s_shorter_than_the_dwell_is_refused(plant: Plant) -> None:
+    response = _start(plant, dwell_s=600, thresholds={"max_step_s": 60})
+    assert response.status_code == 400, response.text
+    assert "max_step_s 60.0 is invalid; expected >= dwell_s 600" in response.text
+    assert plant.client.get("/admin/releases", headers=ADMIN).json() == []
+
+
 def test_start_list_status_abort(plant: Plant) -> None:
-    thresholds = {"min_requests": 3}
+    thresholds = {"min_requests": 3, "min_latency_samples": 200, "max_step_s": 900}
     started = _start(plant, ladder=[0.1, 0.5], dwell_s=5, thresholds=thresholds, gpu=True)
     assert started.status_code == 201, started.text
     release = started.json()
     assert (release["state"], release["baseline"], release["candidate"]) == ("staged", "r1", "r2")
     assert release["plan"]["ladder"] == [0.1, 0.5]
     assert release["plan"]["thresholds"]["min_requests"] == 3
+    assert release["plan"]["thresholds"]["min_latency_samples"] == 200
+    assert release["plan"]["thresholds"]["max_step_s"] == 900
     assert release["plan"]["thresholds"]["max_error_rate"] == 0.05  # the default kept
     assert release["plan"]["gpu"] is True
     listed = plant.client.get("/admin/releases", headers=ADMIN).json()

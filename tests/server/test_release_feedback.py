@@ -30,9 +30,12 @@ def _track(rig: Rig) -> None:
     )
 
 
-def _complete(rig: Rig, tenant: str, model: str) -> Any:
+def _complete(rig: Rig, tenant: str, model: str, request_id: str | None = None) -> Any:
     body = {"model": model, "prompt": "hi", "max_tokens": 4}
-    response = rig.client.post("/v1/completions", json=body, headers=rig.headers(tenant))
+    headers = rig.headers(tenant)
+    if request_id is not None:
+        headers["X-Request-Id"] = request_id
+    response = rig.client.post("/v1/completions", json=body, headers=headers)
     return response
 
 
@@ -73,6 +76,19 @@ def test_another_tenant_gets_the_unknown_id_404(rig: Rig) -> None:
     assert foreign.json()["error"] == unknown_body
     # The owner can still rate it: the foreign attempt changed nothing.
     assert _rate(rig, "acme", request_id).status_code == 200
+
+
+def test_two_tenants_with_one_request_id_each_rate_their_own(rig: Rig) -> None:
+    _track(rig)
+    assert _complete(rig, "acme", "support@r2", "trace-0001").json()["id"] == "trace-0001"
+    assert _complete(rig, "globex", "search", "trace-0001").status_code == 200
+    acme = _rate(rig, "acme", "trace-0001", "bad")
+    globex = _rate(rig, "globex", "trace-0001", "good")
+    assert (acme.status_code, globex.status_code) == (200, 200)
+    assert (acme.json()["revision"], acme.json()["counted"]) == (CAND, True)
+    assert globex.json()["revision"].startswith("globex/search@")
+    window = _deps(rig).releases.window(CAND, 0.0)
+    assert (window.good, window.bad) == (0, 1)  # globex's rating did not land on acme's
 
 
 def test_untracked_revision_is_accepted_but_not_counted(rig: Rig) -> None:

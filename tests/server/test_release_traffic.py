@@ -26,6 +26,7 @@ from loraplex.server.release_traffic import (
     ReleaseTraffic,
     TrackedRevision,
     Verdict,
+    caller_key,
     classify,
     percentile,
 )
@@ -67,6 +68,47 @@ def _traffic(clock: ManualClock, **kwargs: int) -> ReleaseTraffic:
 )
 def test_classify(outcome: str, error: BaseException | None, verdict: Verdict) -> None:
     assert classify(outcome, error) is verdict
+
+
+def test_a_generation_failure_counts_only_when_it_is_the_models() -> None:
+    sampling = GenerationError("r", "penalty overflow", model_fault=False)
+    assert classify("error", sampling) is Verdict.EXCLUDED
+    assert classify("error", GenerationError("r", "non-finite logits")) is Verdict.ERROR
+
+
+def test_caller_key_is_the_tenant_unless_it_owns_the_alias() -> None:
+    assert caller_key(CAND, "globex", "user:a", "1") == caller_key(CAND, "globex", None, "2")
+    assert caller_key(CAND, "acme", "user:a", "1") == caller_key(CAND, "acme", "user:a", "2")
+    assert caller_key(CAND, "acme", "user:a", "1") != caller_key(CAND, "acme", "user:b", "1")
+    assert caller_key(CAND, "acme", None, "1") != caller_key(CAND, "acme", None, "2")
+
+
+def test_window_names_the_caller_that_failed_and_rated_worst() -> None:
+    clock = ManualClock(1.0)
+    traffic = _traffic(clock)
+    for _ in range(12):
+        traffic.record(CAND, Verdict.ERROR, None, None, "tenant:globex")
+        traffic.record_feedback(CAND, 1.0, good=False, caller="tenant:globex")
+    for i in range(10):
+        traffic.record(CAND, Verdict.OK, 0.1, None, f"owner:user:{i}")
+    traffic.record(CAND, Verdict.ERROR, None, None, "owner:user:0")
+    traffic.record_feedback(CAND, 1.0, good=True, caller="owner:user:3")
+    window = traffic.window(CAND, 0.0)
+    assert (window.requests, window.errors, window.callers) == (23, 13, 11)
+    assert (window.top_caller_requests, window.top_caller_errors) == (12, 12)
+    assert (window.good, window.bad, window.top_rater_good, window.top_rater_bad) == (1, 12, 0, 12)
+    rest = window.without_top_callers()
+    assert (rest.requests, rest.errors, rest.good, rest.bad) == (11, 1, 1, 0)
+    assert (window.ttft_samples, window.tpot_samples) == (10, 0)
+
+
+def test_window_without_errors_leaves_no_caller_out() -> None:
+    traffic = _traffic(ManualClock())
+    for _ in range(5):
+        traffic.record(CAND, Verdict.OK, 0.1, 0.01, "tenant:globex")
+    window = traffic.window(CAND, 0.0)
+    assert (window.callers, window.top_caller_requests, window.top_caller_errors) == (1, 0, 0)
+    assert window.without_top_callers().requests == 5
 
 
 def test_window_counts_percentiles_and_since() -> None:
@@ -163,22 +205,63 @@ def test_percentile_nearest_rank() -> None:
 def test_recent_requests_bounded_lru_and_ttl() -> None:
     clock = ManualClock()
     recent = RecentRequests(clock, max_entries=2, ttl_s=10.0)
-    recent.remember("a", "acme", CAND)
-    recent.remember("b", "acme", None)
-    recent.remember("c", "globex", BASE)
-    assert recent.get("a") is None and len(recent) == 2  # the oldest went first
-    served = recent.get("c")
-    assert served is not None and (served.tenant, served.revision) == ("globex", BASE)
+    recent.remember("acme", "a", CAND, "c1")
+    recent.remember("acme", "b", None, "c2")
+    recent.remember("globex", "c", BASE, "c3")
+    assert recent.get("acme", "a") is None and len(recent) == 2  # the largest tenant's oldest
+    served = recent.get("globex", "c")
+    assert served is not None and (served.revision, served.caller) == (BASE, "c3")
     clock.advance(10.0)
-    assert recent.get("c") is None and len(recent) == 0
+    assert recent.get("globex", "c") is None and recent.get("acme", "b") is None
+    assert len(recent) == 0
 
 
-def test_recent_request_is_rated_once() -> None:
+def test_recent_request_is_claimed_once() -> None:
     recent = RecentRequests(ManualClock())
-    recent.remember("a", "acme", CAND)
-    assert recent.mark_rated("a")
-    assert not recent.mark_rated("a")
-    assert not recent.mark_rated("missing")
+    recent.remember("acme", "a", CAND, "c1")
+    first = recent.claim("acme", "a")
+    assert first is not None and not first.rated
+    again = recent.claim("acme", "a")
+    assert again is not None and again.rated
+    assert recent.claim("acme", "missing") is None
+
+
+def test_same_id_from_two_tenants_keeps_two_entries() -> None:
+    recent = RecentRequests(ManualClock())
+    recent.remember("acme", "trace-0001", CAND, "owner")
+    recent.remember("globex", "trace-0001", BASE, "tenant:globex")
+    acme, globex = recent.claim("acme", "trace-0001"), recent.claim("globex", "trace-0001")
+    assert acme is not None and (acme.revision, acme.rated) == (CAND, False)
+    assert globex is not None and (globex.revision, globex.rated) == (BASE, False)
+    assert recent.claim("initech", "trace-0001") is None
+    assert len(recent) == 2
+
+
+def test_reused_id_within_a_tenant_is_the_newer_request() -> None:
+    clock = ManualClock()
+    recent = RecentRequests(clock)
+    recent.remember("acme", "trace-0001", CAND, "c1")
+    assert recent.claim("acme", "trace-0001") is not None
+    clock.advance(5.0)
+    recent.remember("acme", "trace-0001", BASE, "c2")
+    newer = recent.claim("acme", "trace-0001")
+    assert newer is not None and (newer.revision, newer.at_s, newer.rated) == (BASE, 5.0, False)
+    assert len(recent) == 1
+
+
+def test_a_flooding_tenant_evicts_only_its_own_entries() -> None:
+    recent = RecentRequests(ManualClock(), max_entries=6, max_entries_per_tenant=4)
+    recent.remember("acme", "mine-1", CAND, "c")
+    recent.remember("acme", "mine-2", CAND, "c")
+    for i in range(100):
+        recent.remember("globex", f"flood-{i}", BASE, "g")
+    assert recent.get("acme", "mine-1") is not None and recent.get("acme", "mine-2") is not None
+    assert recent.get("globex", "flood-95") is None and recent.get("globex", "flood-99")
+    assert len(recent) == 6
+    for i in range(3):  # a third tenant past the global cap: the largest (globex) pays
+        recent.remember("initech", f"i-{i}", None, "i")
+    assert recent.get("acme", "mine-1") is not None and len(recent) == 6
+    assert recent.get("globex", "flood-96") is None and recent.get("globex", "flood-99")
 
 
 def test_observation_feeds_the_window_with_its_verdict() -> None:
@@ -199,6 +282,7 @@ def test_observation_feeds_the_window_with_its_verdict() -> None:
         "normal", False, 0.0, revision=CAND, tenant="acme", response_id="cmpl-1"
     )
     kept.finish("stop")
-    entry = metrics.recent.get("cmpl-1")
-    assert entry is not None and (entry.tenant, entry.revision) == ("acme", CAND)
+    entry = metrics.recent.get("acme", "cmpl-1")
+    assert entry is not None and entry.revision == CAND
+    assert metrics.recent.get("globex", "cmpl-1") is None
     assert traffic.window(CAND, 0.0).requests == 2
