@@ -26,6 +26,7 @@ LEAVES = {"errors", "clock", "sampling", "dtypes"}
 _BELOW_BENCH = {
     "serve",
     "server",
+    "router",
     "engine",
     "runtime",
     "model",
@@ -41,6 +42,7 @@ ALLOWED: dict[str, set[str]] = {
     "artifacts": set(),
     "registry": {"artifacts"},
     "residency": {"artifacts"},
+    "router": set(),
     "model": {"ops", "artifacts"},
     "demo": {"artifacts"},
     "release": {"registry", "artifacts"},
@@ -48,8 +50,9 @@ ALLOWED: dict[str, set[str]] = {
     "engine": {"runtime", "model", "residency", "artifacts", "ops"},
     "server": {"engine", "model", "registry", "release", "residency", "artifacts"},
     "serve": _BELOW_BENCH - {"serve"},
+    "deploy": {"serve"},
     "bench": _BELOW_BENCH,
-    "cli": _BELOW_BENCH | {"bench"},
+    "cli": _BELOW_BENCH | {"bench", "deploy"},
 }
 
 

@@ -19,6 +19,7 @@ _COMMAND_MODULES: tuple[str, ...] = (
     "release",
     "bench",
     "serve",
+    "k8s",
 )
 
 app = typer.Typer(

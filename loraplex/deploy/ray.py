@@ -1,0 +1,118 @@
+"""The Ray path: a KubeRay ``RayService`` (``ray.io/v1``) running loraplex's Serve application.
+
+NOTE: the application (``loraplex.fleet.app:build``, issue 14 item 1) is not built yet. The
+manifest is rendered so the deployment shape (head, engine workers, registry settings) can be
+reviewed and applied once it exists; until then the RayService never becomes ready. The
+builder's ``args`` below are the settings this command knows; the fleet work fixes their names.
+
+API facts (KubeRay): ``spec.serveConfigV2`` is the Serve config as a YAML string
+(``applications``: name, route_prefix, import_path, args); ``spec.rayClusterConfig`` is a
+RayCluster spec whose ``headGroupSpec`` needs ``rayStartParams`` and ``template``, and each
+``workerGroupSpecs`` item ``groupName``, ``minReplicas``, ``maxReplicas``, ``rayStartParams`` and
+``template``.
+"""
+
+from __future__ import annotations
+
+import json
+
+from loraplex.deploy.replica import Manifest, metadata, pod_resources, registry_env
+from loraplex.deploy.spec import RAY_CLIENT_PORT, RAY_DASHBOARD_PORT, RAY_GCS_PORT, K8sSpec
+
+RAY_API = "ray.io/v1"
+FLEET_IMPORT_PATH = "loraplex.fleet.app:build"
+NOT_BUILT_NOTE = (
+    f"NOTE: the RayService runs {FLEET_IMPORT_PATH}, which is not built yet",
+    "(issue 14, item 1): it will not become ready until that application exists.",
+)
+
+
+def ray_manifests(spec: K8sSpec) -> list[Manifest]:
+    return [
+        {
+            "apiVersion": RAY_API,
+            "kind": "RayService",
+            "metadata": metadata(spec, spec.name, "ray"),
+            "spec": {
+                "serveConfigV2": serve_config_text(spec),
+                "rayClusterConfig": _cluster(spec),
+            },
+        }
+    ]
+
+
+def serve_application_args(spec: K8sSpec) -> dict[str, str | int]:
+    """What the builder receives; credentials stay in the pods' environment."""
+    args: dict[str, str | int] = {
+        "num_replicas": spec.replicas,
+        "max_loras": spec.max_loras,
+        "store": spec.store,
+        "device": "cuda" if spec.gpu else "cpu",
+    }
+    if spec.s3_endpoint is not None:
+        args["s3_endpoint"] = spec.s3_endpoint
+    if spec.model is not None:
+        args["model"] = spec.model
+    return args
+
+
+def serve_config_text(spec: K8sSpec) -> str:
+    """The Serve config (YAML text): one application at route ``/`` on Serve's port."""
+    lines = [
+        "http_options:",
+        "  host: 0.0.0.0",
+        f"  port: {spec.port}",
+        "applications:",
+        "- name: loraplex",
+        "  route_prefix: /",
+        f"  import_path: {FLEET_IMPORT_PATH}",
+        "  args:",
+    ]
+    lines += [
+        f"    {key}: {json.dumps(value)}" for key, value in serve_application_args(spec).items()
+    ]
+    return "\n".join(lines) + "\n"
+
+
+def _cluster(spec: K8sSpec) -> Manifest:
+    head_ports = [
+        {"name": "gcs", "containerPort": RAY_GCS_PORT},
+        {"name": "dashboard", "containerPort": RAY_DASHBOARD_PORT},
+        {"name": "client", "containerPort": RAY_CLIENT_PORT},
+        {"name": "serve", "containerPort": spec.port},
+    ]
+    head = _container(spec, "ray-head", head_ports, gpu=False)
+    worker = _container(spec, "ray-worker", [], gpu=spec.gpu)
+    return {
+        "rayVersion": spec.ray_version,
+        "headGroupSpec": {
+            # the head runs the control plane and the ingress, never an engine (no GPU)
+            "rayStartParams": {"dashboard-host": "0.0.0.0", "num-gpus": "0"},
+            "template": {"spec": {"containers": [head]}},
+        },
+        "workerGroupSpecs": [
+            {
+                "groupName": "engine",
+                "replicas": spec.replicas,
+                "minReplicas": spec.replicas,
+                "maxReplicas": spec.replicas,
+                "rayStartParams": {},
+                "template": {"spec": {"containers": [worker]}},
+            }
+        ],
+    }
+
+
+def _container(spec: K8sSpec, name: str, ports: list[Manifest], gpu: bool) -> Manifest:
+    resources = pod_resources(spec)
+    if not gpu:
+        resources["limits"].pop("nvidia.com/gpu", None)
+    container: Manifest = {
+        "name": name,
+        "image": spec.image,
+        "env": registry_env(spec),
+        "resources": resources,
+    }
+    if ports:
+        container["ports"] = ports
+    return container

@@ -1,0 +1,88 @@
+"""The ``loraplex serve`` settings a deployment passes through a TOML file in a ConfigMap.
+
+Flags cover what every deployment sets; the rest of ``ServeConfig`` (budgets, scheduler, limits,
+some keys TOML-only) travels as the ``[serve]`` table the operator gives, checked here with the
+same ``ServeConfig`` validation ``loraplex serve`` applies, so a bad value fails at render time
+and not in a crash-looping pod.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+from loraplex.serve.config import ServeConfig
+
+# Keys the rendered manifests set themselves (listeners, locations, credentials, the device)
+# or that name a path on the operator's machine rather than in the pod.
+RESERVED_SERVE_KEYS = frozenset(
+    {
+        "host",
+        "port",
+        "admin_port",
+        "admin_host",
+        "data_dir",
+        "database_url",
+        "store",
+        "s3_endpoint",
+        "admin_key",
+        "import_dir",
+        "model",
+        "demo",
+        "device",
+        "metrics_public",
+        "max_loras",
+    }
+)
+POD_DATA_DIR = "/var/lib/loraplex"
+
+
+class ServeFileError(ValueError):
+    """A ``[serve]`` key that cannot be rendered; ``key`` names it."""
+
+    def __init__(self, key: str, message: str) -> None:
+        super().__init__(message)
+        self.key = key
+
+
+def check_serve_values(values: Mapping[str, Any], max_loras: int) -> None:
+    """Refuses reserved keys, then builds the ``ServeConfig`` a replica would build."""
+    reserved = sorted(set(values) & RESERVED_SERVE_KEYS)
+    if reserved:
+        raise ServeFileError(
+            reserved[0],
+            f"serve config key {reserved[0]!r} is set by the rendered manifests "
+            "(use the k8s render flag of that name, if any); expected none of "
+            f"{sorted(RESERVED_SERVE_KEYS)}",
+        )
+    for key, value in values.items():
+        if not isinstance(value, bool | int | float | str):
+            raise ServeFileError(key, f"serve config key {key!r} is invalid; expected a scalar")
+    try:
+        ServeConfig(data_dir=Path(POD_DATA_DIR), max_loras=max_loras, **values)
+    except (TypeError, ValueError) as exc:
+        raise ServeFileError("serve_config", f"serve config: {exc}") from exc
+
+
+def toml_text(values: Mapping[str, Any]) -> str:
+    """A ``[serve]`` table holding ``values`` (scalars only), keys sorted."""
+    lines = ["[serve]"]
+    lines += [f"{key} = {_toml_scalar(values[key])}" for key in sorted(values)]
+    return "\n".join(lines) + "\n"
+
+
+def _toml_scalar(value: bool | int | float | str) -> str:
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, int):
+        return str(value)
+    if isinstance(value, float):
+        if math.isnan(value):
+            return "nan"
+        return repr(value) if math.isfinite(value) else ("inf" if value > 0 else "-inf")
+    # NOTE: a JSON string is a TOML basic string as long as '/' is not escaped (json never does)
+    # and non-ASCII stays raw (ensure_ascii=False: no surrogate-pair escapes, which TOML refuses).
+    return json.dumps(value, ensure_ascii=False)

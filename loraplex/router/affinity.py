@@ -1,0 +1,137 @@
+"""loraplex's policies: ``affinity`` (residency alone) and ``affinity_until_saturated``.
+
+``affinity_until_saturated`` decides in this order, first match wins:
+
+1. session: the session's last replica, while it is not saturated (its KV prefix is there);
+2. base model (no revision): power of two choices among the unsaturated replicas;
+3. residency: the best-scoring unsaturated replica holding the revision (L0, loading, L1, L2;
+   score = residency weight − load penalty);
+4. saturated: some replica holds it but all such are saturated — load wins: the least loaded
+   unsaturated replica (it becomes a new holder);
+5. placement: resident nowhere — the best unsaturated replica of its rendezvous set (widened
+   while the whole set is saturated, narrowed with hysteresis).
+
+Replicas without a fresh report rank after every replica with one.
+"""
+
+from __future__ import annotations
+
+import random
+from collections.abc import Sequence
+
+from loraplex.router.config import RouterConfig
+from loraplex.router.decision import Decision, Reason, RouteRequest, decision, no_report, pow2
+from loraplex.router.placement import PlacementWidths, rendezvous_order
+from loraplex.router.sessions import SessionTable
+from loraplex.router.view import (
+    ReplicaView,
+    Tier,
+    affinity,
+    is_saturated,
+    load_penalty,
+    score,
+    utilization,
+)
+
+_HIT_REASON = {
+    Tier.L0: Reason.GPU_HIT,
+    Tier.LOADING: Reason.PLACEMENT,
+    Tier.L1: Reason.CPU_HIT,
+    Tier.L2: Reason.DISK_HIT,
+    Tier.ABSENT: Reason.PLACEMENT,
+}
+
+
+def _least_loaded(views: Sequence[ReplicaView], config: RouterConfig) -> ReplicaView:
+    return min(views, key=lambda v: (load_penalty(v, config), v.replica_id))
+
+
+class AffinityPolicy:
+    """Pure residency: the fastest tier wins whatever the load (load only breaks ties). The
+    baseline that shows why saturation must override affinity: one replica gets every hot
+    revision's traffic."""
+
+    name = "affinity"
+
+    def __init__(self, config: RouterConfig, rng: random.Random) -> None:
+        self._config = config
+        self._rng = rng
+
+    def rank(self, request: RouteRequest, fleet: Sequence[ReplicaView], now_s: float) -> Decision:
+        key = request.adapter_key
+        known = [v for v in fleet if v.known]
+        if not known:
+            return no_report(fleet, self._rng)
+        if key is None:
+            return decision(pow2(known, self._rng), fleet, Reason.POW2)
+        order = sorted(
+            known,
+            key=lambda v: (-affinity(v, key, self._config), load_penalty(v, self._config)),
+        )
+        return decision(order, fleet, _HIT_REASON[order[0].tier_of(key)])
+
+
+class AffinityUntilSaturatedPolicy:
+    """Residency first until a replica is saturated, then load (the module docstring)."""
+
+    name = "affinity_until_saturated"
+
+    def __init__(self, config: RouterConfig, rng: random.Random) -> None:
+        self._config = config
+        self._rng = rng
+        self._sessions = SessionTable(config.session_ttl_s, config.max_sessions)
+        self._widths = PlacementWidths(
+            config.placement_k, config.narrow_below, config.max_tracked_adapters
+        )
+
+    def rank(self, request: RouteRequest, fleet: Sequence[ReplicaView], now_s: float) -> Decision:
+        known = [v for v in fleet if v.known]
+        if not known:
+            return no_report(fleet, self._rng)
+        chosen, reason = self._pick(request, known, now_s)
+        if request.session_key is not None:
+            self._sessions.put(request.session_key, chosen.replica_id, now_s)
+        key = request.adapter_key
+        by_score = sorted(
+            (v for v in known if v is not chosen),
+            key=lambda v: (
+                is_saturated(v, self._config),
+                -score(v, key, self._config) if key else load_penalty(v, self._config),
+                v.replica_id,
+            ),
+        )
+        return decision([chosen, *by_score], fleet, reason)
+
+    def _pick(
+        self, request: RouteRequest, known: list[ReplicaView], now_s: float
+    ) -> tuple[ReplicaView, Reason]:
+        config = self._config
+        open_ = [v for v in known if not is_saturated(v, config)]
+        if request.session_key is not None:
+            replica_id = self._sessions.get(request.session_key, now_s)
+            for view in open_:
+                if view.replica_id == replica_id:
+                    return view, Reason.SESSION
+        key = request.adapter_key
+        if key is None:
+            return pow2(open_ or known, self._rng)[0], Reason.POW2
+        holders = [v for v in open_ if v.tier_of(key) > Tier.ABSENT]
+        if holders:
+            best = min(holders, key=lambda v: (-score(v, key, config), v.replica_id))
+            return best, _HIT_REASON[best.tier_of(key)]
+        if any(v.tier_of(key) > Tier.ABSENT for v in known):
+            return _least_loaded(open_ or known, config), Reason.SATURATED
+        return self._place(key, known)
+
+    def _place(self, key: str, known: list[ReplicaView]) -> tuple[ReplicaView, Reason]:
+        """A revision resident nowhere: the best unsaturated replica of its rendezvous set."""
+        config = self._config
+        by_id = {v.replica_id: v for v in known}
+        order = rendezvous_order(key, list(by_id))
+        width = self._widths.update(key, order, lambda r: utilization(by_id[r], config))
+        candidates = [by_id[r] for r in order[:width] if not is_saturated(by_id[r], config)]
+        if not candidates:  # the set spans the fleet and every replica is saturated
+            return _least_loaded(known, config), Reason.SATURATED
+        # Least loaded; ties go to the earlier replica of the rendezvous order.
+        best = min(candidates, key=lambda v: load_penalty(v, config))
+        return best, Reason.PLACEMENT if width <= config.placement_k else Reason.WIDENED

@@ -1,0 +1,97 @@
+"""The typed seam between a caller (the Ray Serve request router, the simulator) and a policy."""
+
+from __future__ import annotations
+
+import random
+from collections.abc import Sequence
+from dataclasses import dataclass
+from enum import StrEnum
+from typing import Protocol
+
+from loraplex.router.view import ReplicaView
+
+
+class Reason(StrEnum):
+    """Why a replica was chosen; a fixed set, so it can label a metric."""
+
+    GPU_HIT = "gpu_hit"  # the revision is in its GPU slots
+    CPU_HIT = "cpu_hit"  # in its CPU tier
+    DISK_HIT = "disk_hit"  # on its disk
+    SESSION = "session"  # the session's replica, not saturated
+    PLACEMENT = "placement"  # a cold revision's placement set, or where it is being loaded
+    SATURATED = "saturated"  # load won: every replica holding the revision is saturated
+    WIDENED = "widened"  # a cold revision's placement set, widened because it was saturated
+    POW2 = "pow2"  # power of two choices (the base model, or the pow2 policy)
+    MULTIPLEX = "multiplex"  # Ray Serve multiplexing found the model loaded there
+    NO_REPORT = "no_report"  # no replica has a fresh report: power of two choices on own counts
+
+
+@dataclass(frozen=True)
+class RouteRequest:
+    """What the router needs to know about one request."""
+
+    adapter_key: str | None  # the revision's key (``str(AdapterKey)``); None for the base model
+    session_key: str | None  # the OpenAI ``user`` or session id; None when absent
+    num_prompt_tokens: int  # prompt length, added to the chosen replica's load until it reports
+
+    def __post_init__(self) -> None:
+        if self.adapter_key is not None and not self.adapter_key:
+            raise ValueError("adapter_key '' is invalid; expected a revision key or None")
+        if self.session_key is not None and not self.session_key:
+            raise ValueError("session_key '' is invalid; expected a session key or None")
+        if isinstance(self.num_prompt_tokens, bool) or self.num_prompt_tokens < 0:
+            raise ValueError(
+                f"num_prompt_tokens {self.num_prompt_tokens!r} is invalid; expected >= 0"
+            )
+
+
+@dataclass(frozen=True)
+class Decision:
+    """Every offered replica, best first; the caller tries them in order."""
+
+    ranked: tuple[str, ...]  # replica ids, a permutation of those offered
+    reason: Reason  # why ``ranked[0]`` came first
+
+    @property
+    def replica_id(self) -> str:
+        return self.ranked[0]
+
+
+class RoutingPolicy(Protocol):
+    """Ranks replicas for one request. ``fleet`` is sorted by replica id and never empty."""
+
+    name: str
+
+    def rank(
+        self, request: RouteRequest, fleet: Sequence[ReplicaView], now_s: float
+    ) -> Decision: ...
+
+
+def by_ongoing(views: Sequence[ReplicaView]) -> list[ReplicaView]:
+    return sorted(views, key=lambda v: (v.num_ongoing, v.replica_id))
+
+
+def pow2(views: Sequence[ReplicaView], rng: random.Random) -> list[ReplicaView]:
+    """Power of two choices, as Ray Serve's default router does it: two replicas drawn at
+    random, the one with fewer ongoing requests first (the first drawn on a tie), then the
+    rest by ongoing requests."""
+    if len(views) < 2:
+        return list(views)
+    a, b = rng.sample(range(len(views)), 2)
+    first, second = views[a], views[b]
+    if second.num_ongoing < first.num_ongoing:
+        first, second = second, first
+    rest = by_ongoing([v for i, v in enumerate(views) if i not in (a, b)])
+    return [first, second, *rest]
+
+
+def decision(head: Sequence[ReplicaView], fleet: Sequence[ReplicaView], reason: Reason) -> Decision:
+    """``head`` in its order, then the rest of ``fleet`` by ongoing requests."""
+    chosen = {v.replica_id for v in head}
+    rest = by_ongoing([v for v in fleet if v.replica_id not in chosen])
+    return Decision(tuple(v.replica_id for v in (*head, *rest)), reason)
+
+
+def no_report(fleet: Sequence[ReplicaView], rng: random.Random) -> Decision:
+    """The fallback of every report-driven policy while no replica has a fresh report."""
+    return decision(pow2(fleet, rng), fleet, Reason.NO_REPORT)

@@ -1,0 +1,78 @@
+"""The router's memory of its own decisions since each replica's last report.
+
+Reports come about once a second; a burst of requests for one cold revision arrives within
+milliseconds. Without this memory every request of the burst would see the revision absent
+everywhere and the replicas equally idle, and the burst would spread its cold loads over the
+fleet. With it, a request routed to replica r for revision a makes a count as "loading on r"
+and adds one waiting request (and its prompt tokens) to r's load, until a report from r
+newer than the decision, or ``recent_ttl_s``, says otherwise.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from dataclasses import dataclass, field
+
+
+@dataclass(frozen=True)
+class Pending:
+    """What the router sent to one replica that its latest report cannot yet reflect."""
+
+    num_requests: int  # requests routed there since the report
+    num_tokens: int  # their prompt tokens
+    adapter_keys: frozenset[str]  # revisions they asked for
+
+
+@dataclass
+class _Log:
+    """Decisions for one replica in time order, with running totals (amortized O(1) upkeep)."""
+
+    entries: deque[tuple[float, str | None, int]] = field(default_factory=deque)
+    num_tokens: int = 0
+    per_key: dict[str, int] = field(default_factory=dict)
+
+    def drop_before(self, cutoff_s: float) -> None:
+        while self.entries and self.entries[0][0] < cutoff_s:
+            _, key, tokens = self.entries.popleft()
+            self.num_tokens -= tokens
+            if key is not None:
+                left = self.per_key[key] - 1
+                if left:
+                    self.per_key[key] = left
+                else:
+                    del self.per_key[key]
+
+
+class DecisionMemory:
+    """Recent decisions per replica; entries older than the replica's report or the TTL lapse."""
+
+    def __init__(self, ttl_s: float) -> None:
+        self._ttl_s = ttl_s
+        self._logs: dict[str, _Log] = {}
+
+    def record(
+        self, replica_id: str, adapter_key: str | None, num_tokens: int, at_s: float
+    ) -> None:
+        self._logs.setdefault(replica_id, _Log()).entries.append((at_s, adapter_key, num_tokens))
+        log = self._logs[replica_id]
+        log.num_tokens += num_tokens
+        if adapter_key is not None:
+            log.per_key[adapter_key] = log.per_key.get(adapter_key, 0) + 1
+
+    def pending(self, replica_id: str, report_at_s: float | None, now_s: float) -> Pending:
+        """Decisions for ``replica_id`` made at or after its report (``report_at_s``; None: no
+        report) and within the TTL. A decision at the report's very instant still counts: the
+        report may have been taken before the request arrived."""
+        log = self._logs.get(replica_id)
+        if log is None:
+            return Pending(0, 0, frozenset())
+        cutoff_s = now_s - self._ttl_s
+        if report_at_s is not None:
+            cutoff_s = max(cutoff_s, report_at_s)
+        log.drop_before(cutoff_s)
+        return Pending(len(log.entries), log.num_tokens, frozenset(log.per_key))
+
+    def forget_except(self, replica_ids: set[str]) -> None:
+        """Drops replicas that left the fleet, so memory stays bounded by the fleet's size."""
+        for gone in [r for r in self._logs if r not in replica_ids]:
+            del self._logs[gone]

@@ -1,0 +1,98 @@
+"""``Router``: the replica choice for one request, by a named policy, over replica reports.
+
+Torch-free and Ray-free: the Ray Serve request router, the simulator and the benchmarks call the
+same ``choose``. Time and randomness are injected, so a seeded run decides identically.
+"""
+
+from __future__ import annotations
+
+import random
+from collections.abc import Callable, Mapping
+from typing import TypeAlias
+
+from loraplex.clock import Clock
+from loraplex.errors import quoted
+from loraplex.router.affinity import AffinityPolicy, AffinityUntilSaturatedPolicy
+from loraplex.router.baselines import Pow2Policy, RayMultiplexPolicy
+from loraplex.router.config import RouterConfig
+from loraplex.router.decision import Decision, RouteRequest, RoutingPolicy
+from loraplex.router.memory import DecisionMemory
+from loraplex.router.reports import ReplicaReport
+from loraplex.router.view import ReplicaView
+
+DEFAULT_POLICY = "affinity_until_saturated"
+
+PolicyFactory: TypeAlias = Callable[[RouterConfig, random.Random], RoutingPolicy]
+_POLICIES: dict[str, PolicyFactory] = {}
+
+
+def register_policy(name: str, factory: PolicyFactory) -> None:
+    """Adds a policy under ``name``; a name is registered once (a second is an error)."""
+    if name in _POLICIES:
+        raise ValueError(f"routing policy {name!r} is already registered")
+    _POLICIES[name] = factory
+
+
+def policy_names() -> tuple[str, ...]:
+    return tuple(sorted(_POLICIES))
+
+
+for _factory in (Pow2Policy, RayMultiplexPolicy, AffinityPolicy, AffinityUntilSaturatedPolicy):
+    register_policy(_factory.name, _factory)
+
+
+class Router:
+    """Ranks replicas for each request and remembers its own decisions between reports."""
+
+    def __init__(
+        self,
+        policy_name: str = DEFAULT_POLICY,
+        config: RouterConfig | None = None,
+        *,
+        clock: Clock,
+        rng: random.Random,
+    ) -> None:
+        if policy_name not in _POLICIES:
+            raise ValueError(
+                f"policy_name {quoted(policy_name)} is unknown; expected one of {policy_names()}"
+            )
+        self.config = config or RouterConfig()
+        self.policy: RoutingPolicy = _POLICIES[policy_name](self.config, rng)
+        self._clock = clock
+        self._memory = DecisionMemory(self.config.recent_ttl_s)
+
+    def view(self, replicas: Mapping[str, ReplicaReport | None]) -> list[ReplicaView]:
+        """What the router believes of each replica now (sorted by id): its report unless
+        stale, merged with the decisions made since."""
+        now_s = self._clock.now()
+        views = []
+        for replica_id in sorted(replicas):
+            report = replicas[replica_id]
+            if report is not None and report.replica_id != replica_id:
+                raise ValueError(
+                    f"replicas[{quoted(replica_id)}] is a report of "
+                    f"{quoted(report.replica_id)}; expected the same replica id"
+                )
+            if report is not None and now_s - report.at_s > self.config.max_report_age_s:
+                report = None
+            at_s = report.at_s if report is not None else None
+            views.append(
+                ReplicaView(replica_id, report, self._memory.pending(replica_id, at_s, now_s))
+            )
+        return views
+
+    def choose(
+        self, request: RouteRequest, replicas: Mapping[str, ReplicaReport | None]
+    ) -> Decision:
+        """The ranked replica ids for ``request`` among ``replicas`` (id → latest report, None
+        when it has not reported), and why the first came first. The first is remembered as
+        this request's destination until that replica reports again."""
+        if not replicas:
+            raise ValueError("replicas is empty; expected at least one replica id")
+        self._memory.forget_except(set(replicas))
+        now_s = self._clock.now()
+        result = self.policy.rank(request, self.view(replicas), now_s)
+        self._memory.record(
+            result.replica_id, request.adapter_key, request.num_prompt_tokens, now_s
+        )
+        return result

@@ -1,0 +1,117 @@
+"""The router's view of one replica for one decision: its fresh report (if any) merged with the
+router's own decisions since that report, and the score and saturation rules over it.
+
+Every policy reads replicas only through ``ReplicaView``, so "what the router believes" is
+decided here alone.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from enum import IntEnum
+
+from loraplex.router.config import RouterConfig
+from loraplex.router.memory import Pending
+from loraplex.router.reports import ReplicaReport
+
+
+class Tier(IntEnum):
+    """Where a replica holds a revision, slowest first (comparisons follow speed)."""
+
+    ABSENT = 0
+    L2 = 1  # local disk
+    L1 = 2  # CPU
+    LOADING = 3  # on its way to L0, or routed there since the last report
+    L0 = 4  # GPU slots
+
+
+@dataclass(frozen=True)
+class ReplicaView:
+    """One replica as the router sees it at decision time."""
+
+    replica_id: str  # the serving framework's replica id
+    report: ReplicaReport | None  # its latest report, None when absent or stale
+    pending: Pending  # the router's decisions for it since that report
+
+    @property
+    def known(self) -> bool:
+        """Whether a fresh report exists (unknown replicas rank after every known one)."""
+        return self.report is not None
+
+    @property
+    def num_queued(self) -> int:
+        """Waiting requests: reported, plus those routed here since."""
+        reported = self.report.load.num_queued if self.report else 0
+        return reported + self.pending.num_requests
+
+    @property
+    def num_ongoing(self) -> int:
+        """Queued and running requests (what Ray's replicas report as their queue length)."""
+        running = self.report.load.num_running if self.report else 0
+        return self.num_queued + running
+
+    @property
+    def num_active_tokens(self) -> int:
+        reported = self.report.load.num_active_tokens if self.report else 0
+        return reported + self.pending.num_tokens
+
+    def tier_of(self, adapter_key: str) -> Tier:
+        """The fastest place this replica holds ``adapter_key``, by report or recent decision."""
+        residency = self.report.residency if self.report else None
+        if residency is not None and adapter_key in residency.l0:
+            return Tier.L0
+        if adapter_key in self.pending.adapter_keys:
+            return Tier.LOADING
+        if residency is None:
+            return Tier.ABSENT
+        for tier, keys in (
+            (Tier.LOADING, residency.loading),
+            (Tier.L1, residency.l1),
+            (Tier.L2, residency.l2),
+        ):
+            if adapter_key in keys:
+                return tier
+        return Tier.ABSENT
+
+    def is_pinned(self, adapter_key: str) -> bool:
+        return self.report is not None and adapter_key in self.report.residency.pinned
+
+
+def utilization(view: ReplicaView, config: RouterConfig) -> float:
+    """Load as a fraction of the saturation point: 1.0 and above is saturated. The larger of the
+    queue and KV fractions (either one full stops new work from starting)."""
+    kv_usage = view.report.load.kv_usage if view.report else 0.0
+    return max(view.num_queued / config.max_queued, kv_usage / config.max_kv_usage)
+
+
+def is_saturated(view: ReplicaView, config: RouterConfig) -> bool:
+    return utilization(view, config) >= 1.0
+
+
+def load_penalty(view: ReplicaView, config: RouterConfig) -> float:
+    """What load subtracts from a replica's score (0 for an idle replica)."""
+    evictions = view.report.load.evictions_per_min if view.report else 0.0
+    return (
+        config.penalty_per_queued * view.num_queued
+        + config.penalty_per_1k_active_tokens * view.num_active_tokens / 1000
+        + config.penalty_per_eviction_per_min * evictions
+    )
+
+
+def affinity(view: ReplicaView, adapter_key: str, config: RouterConfig) -> float:
+    """The residency part of the score: the tier's weight, plus the pinned bonus."""
+    weights = {
+        Tier.L0: config.weight_l0,
+        Tier.LOADING: config.weight_loading,
+        Tier.L1: config.weight_l1,
+        Tier.L2: config.weight_l2,
+        Tier.ABSENT: 0.0,
+    }
+    tier = view.tier_of(adapter_key)
+    bonus = config.weight_pinned if tier > Tier.ABSENT and view.is_pinned(adapter_key) else 0.0
+    return weights[tier] + bonus
+
+
+def score(view: ReplicaView, adapter_key: str, config: RouterConfig) -> float:
+    """Affinity minus load: higher is better."""
+    return affinity(view, adapter_key, config) - load_penalty(view, config)

@@ -1,0 +1,111 @@
+"""``K8sSpec`` refuses what would not deploy or not work, naming the field (= the flag); the YAML
+writer's output reads back as exactly what it was given."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+import yaml  # type: ignore[import-untyped]
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from loraplex.deploy import K8sSpec, SpecError
+from loraplex.deploy.serve_file import RESERVED_SERVE_KEYS, toml_text
+from loraplex.deploy.yaml_text import dump_documents
+
+BASE: dict[str, Any] = {"image": "ghcr.io/acme/loraplex:1.0", "store": "s3://adapters/prod"}
+
+
+@pytest.mark.parametrize(
+    ("changes", "field"),
+    [
+        ({"replicas": 0}, "replicas"),
+        ({"max_loras": 0}, "max_loras"),
+        ({"port": 0}, "port"),
+        ({"admin_port": 70000}, "admin_port"),
+        ({"port": 8001}, "admin_port"),  # the same as the default admin port
+        ({"port": 6379, "ray": True}, "port"),  # Ray's own port on the head
+        ({"name": "Loraplex"}, "name"),
+        ({"name": "1st"}, "name"),  # a Service name starts with a letter
+        ({"name": "a" * 41}, "name"),
+        ({"name": "lpx\n"}, "name"),  # a trailing newline is not a name
+        ({"image": "img:1\n"}, "image"),
+        ({"namespace": "prod_eu"}, "namespace"),
+        ({"secret": "Bad_Name"}, "secret"),
+        ({"store": "/srv/adapters"}, "store"),
+        ({"store": "s3://"}, "store"),
+        ({"s3_endpoint": "ftp://minio:9000"}, "s3_endpoint"),
+        ({"s3_endpoint": "http://key:secret@minio:9000"}, "s3_endpoint"),
+        ({"database_url": "sqlite:///registry.sqlite3"}, "database_url"),
+        ({"database_url": "postgresql://u@h/db?password=hunter2"}, "database_url"),
+        ({"cpu": "four"}, "cpu"),
+        ({"memory": "16 GB"}, "memory"),
+        ({"model": "models/llama"}, "model"),
+        ({"image": "my image"}, "image"),
+        ({"epp_image": ""}, "epp_image"),
+        ({"ray_version": "latest"}, "ray_version"),
+        ({"serve_config": {"port": 9000}}, "serve_config"),
+        ({"serve_config": {"max_num_seqs": 0}}, "serve_config"),
+        ({"serve_config": {"no_such_key": 1}}, "serve_config"),
+    ],
+)
+def test_invalid_settings_are_refused_naming_the_field(changes: dict[str, Any], field: str) -> None:
+    with pytest.raises(SpecError) as caught:
+        K8sSpec(**{**BASE, **changes})
+    assert caught.value.field == field
+    assert field in str(caught.value) or field == "serve_config"
+
+
+def test_a_database_password_is_refused_without_being_repeated() -> None:
+    for url in ("postgresql://u:hunter2@h/db", "postgresql://u:hunter2@h/ db"):
+        with pytest.raises(SpecError) as caught:
+            K8sSpec(**BASE, database_url=url)
+        assert caught.value.field == "database_url"
+        assert "hunter2" not in str(caught.value)
+
+
+def test_every_reserved_serve_key_is_refused() -> None:
+    for key in sorted(RESERVED_SERVE_KEYS):
+        with pytest.raises(SpecError) as caught:
+            K8sSpec(**BASE, serve_config={key: 1})
+        assert repr(key) in str(caught.value)
+
+
+def test_defaults_are_valid_and_the_secret_is_named_after_the_deployment() -> None:
+    spec = K8sSpec(**BASE, name="lpx")
+    assert spec.secret_name == "lpx-secrets"
+    assert K8sSpec(**BASE, secret="creds").secret_name == "creds"
+
+
+def test_the_serve_table_is_toml_that_reads_back() -> None:
+    import tomllib
+
+    values = {"policy": "lru", "max_num_seqs": 16, "auto_warm": False, "queue_deadline_s": 2.5}
+    assert tomllib.loads(toml_text(values)) == {"serve": values}
+
+
+_text = st.text(st.characters(min_codepoint=0x20, max_codepoint=0x7E) | st.just("\n"), max_size=40)
+_scalars = st.one_of(st.booleans(), st.integers(-(2**40), 2**40), _text)
+_values = st.recursive(
+    _scalars,
+    lambda inner: (
+        st.lists(st.dictionaries(_text, inner, max_size=3) | _scalars, max_size=3)
+        | st.dictionaries(_text, inner, max_size=3)
+    ),
+    max_leaves=12,
+)
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.lists(st.dictionaries(_text, _values, min_size=1, max_size=4), min_size=1, max_size=3))
+def test_yaml_reads_back_exactly(documents: list[dict[str, Any]]) -> None:
+    text = dump_documents(documents, ["a comment", "another"])
+    assert list(yaml.safe_load_all(text)) == documents
+
+
+def test_embedded_files_are_literal_blocks_and_odd_keys_quoted() -> None:
+    text = dump_documents([{"data": {"f.yaml": "a: 1\nb:\n  - c\n"}, "yes": "on", "8000": 1}])
+    assert "  f.yaml: |\n    a: 1\n    b:\n      - c\n" in text
+    assert '"yes": "on"' in text and '"8000": 1' in text
+    assert yaml.safe_load(text) == {"data": {"f.yaml": "a: 1\nb:\n  - c\n"}, "yes": "on", "8000": 1}
