@@ -40,7 +40,10 @@ class CycleSettings:
     dwell_s: float = 3.0  # minimum seconds per ladder step
     window_s: float = 10.0  # old stable stays pinned this long after promotion
     min_requests: int = 4  # candidate requests a step needs before it passes or breaches
-    poll_s: float = 0.05  # admin API polling period while a release runs
+    # Prewarm the candidate into a GPU slot too (the release's ``gpu``), as an operator would
+    # for a hot adapter: its first canary requests then do not wait for an L1 -> L0 copy.
+    gpu: bool = True
+    poll_s: float = 0.25  # admin API polling period while a release runs (an operator's rate)
     cycle_timeout_s: float = 180.0  # a release not terminal by then is recorded as "timeout"
     rollback_deadline_s: float = 10.0  # how long the rollback timing may keep asking
 
@@ -56,6 +59,7 @@ class CycleSettings:
             "ladder": list(self.ladder),
             "dwell_s": self.dwell_s,
             "window_s": self.window_s,
+            "gpu": self.gpu,
             "thresholds": {"min_requests": self.min_requests},
         }
 

@@ -31,7 +31,7 @@ class LoadConfig:
 
     rate: float = 12.0  # mean requests per second (Poisson arrivals)
     zipf_s: float = 1.0  # popularity exponent over the routes, most popular first
-    users_per_tenant: int = 16  # size of each tenant's pool of ``user`` values
+    users_per_tenant: int = 64  # size of each tenant's pool of ``user`` values
     request_timeout_s: float = 30.0  # every request ends within this
     seed: int = 0  # arrivals, adapter and user draws
 

@@ -261,9 +261,12 @@ def release(
         float, typer.Option(help="Unmeasured traffic before the first phase.")
     ] = 3.0,
     rate: Annotated[float, typer.Option(help="Steady requests per second (Poisson).")] = 12.0,
-    users_per_tenant: Annotated[int, typer.Option(help="Distinct `user` values per tenant.")] = 16,
+    users_per_tenant: Annotated[int, typer.Option(help="Distinct `user` values per tenant.")] = 64,
     dwell_s: Annotated[float, typer.Option(help="Minimum seconds per canary step.")] = 3.0,
     min_requests: Annotated[int, typer.Option(help="Candidate requests a canary step needs.")] = 4,
+    gpu: Annotated[
+        bool, typer.Option("--gpu/--no-gpu", help="Prewarm each candidate into a GPU slot too.")
+    ] = True,
     request_timeout_s: Annotated[
         float, typer.Option(help="Bound on every request; failures count at this TTFT.")
     ] = 30.0,
@@ -292,7 +295,7 @@ def release(
                 request_timeout_s=request_timeout_s,
                 seed=seed,
             ),
-            cycle=CycleSettings(dwell_s=dwell_s, min_requests=min_requests),
+            cycle=CycleSettings(dwell_s=dwell_s, min_requests=min_requests, gpu=gpu),
             asset_dir=asset_dir,
         )
     except ValueError as exc:

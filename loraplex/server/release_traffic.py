@@ -35,6 +35,7 @@ from collections import OrderedDict, deque
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, replace
 from enum import StrEnum
+from typing import TypeVar
 
 from loraplex.clock import Clock
 from loraplex.engine.protocol import FINISH_ABORT, FINISH_LENGTH, FINISH_STOP
@@ -123,6 +124,21 @@ def tracked_revisions(releases: Iterable[Release]) -> list[TrackedRevision]:
     return tracked
 
 
+T = TypeVar("T")
+
+
+def _newest(ring: deque[T], recent: Callable[[T], bool]) -> list[T]:
+    """The entries at the end of ``ring`` (recording order) for which ``recent`` holds, oldest
+    first; the scan stops at the first older one."""
+    found: list[T] = []
+    for entry in reversed(ring):
+        if not recent(entry):
+            break
+        found.append(entry)
+    found.reverse()
+    return found
+
+
 @dataclass(frozen=True)
 class Sample:
     """One finished request."""
@@ -141,6 +157,7 @@ class Rating:
     served_at_s: float  # release-clock time the rated request started
     good: bool
     caller: str = ""  # ``caller_key`` of the rated request
+    rated_at_s: float = 0.0  # release-clock time the rating arrived (never before served_at_s)
 
 
 @dataclass
@@ -268,7 +285,7 @@ class ReleaseTraffic:
             ring = self._rings.get(ref)
             if ring is None:
                 return False
-            ring.ratings.append(Rating(served_at_s, good, caller))
+            ring.ratings.append(Rating(served_at_s, good, caller, self.clock.now()))
             if good:
                 ring.totals.good += 1
             else:
@@ -282,8 +299,15 @@ class ReleaseTraffic:
             ring = self._rings.get(ref)
             if ring is None:
                 return RevisionWindow()
-            samples = [s for s in ring.samples if s.at_s >= since_s]
-            ratings = [r for r in ring.ratings if r.served_at_s >= since_s]
+            # NOTE: both rings are in recording order, so the newest entries are scanned back to
+            # ``since_s`` only (a step's window is seconds; a stable revision's ring holds up to
+            # ``max_samples``): a rating recorded before ``since_s`` was served before it too.
+            samples = _newest(ring.samples, lambda s: s.at_s >= since_s)
+            ratings = [
+                r
+                for r in _newest(ring.ratings, lambda r: r.rated_at_s >= since_s)
+                if r.served_at_s >= since_s
+            ]
         ttfts = [s.ttft_s for s in samples if s.ok and s.ttft_s is not None]
         tpots = [s.tpot_s for s in samples if s.ok and s.tpot_s is not None]
         top_requests, top_errors = _worst((s.caller, not s.ok) for s in samples)

@@ -286,3 +286,22 @@ def test_observation_feeds_the_window_with_its_verdict() -> None:
     assert entry is not None and entry.revision == CAND
     assert metrics.recent.get("globex", "cmpl-1") is None
     assert traffic.window(CAND, 0.0).requests == 2
+
+
+def test_a_window_holds_what_finished_since_and_ratings_of_requests_served_since() -> None:
+    clock = ManualClock(1.0)
+    traffic = _traffic(clock)
+    old_served = clock.now()
+    traffic.record(CAND, Verdict.OK, 0.1, None, "u1")  # finished at 1.0
+    clock.advance(1.0)
+    since = clock.now()  # 2.0: the step starts
+    new_served = clock.now()
+    traffic.record(CAND, Verdict.OK, 0.2, None, "u2")
+    traffic.record(CAND, Verdict.ERROR, None, None, "u3")
+    clock.advance(1.0)
+    traffic.record_feedback(CAND, old_served, False, "u1")  # rated now, served before the step
+    traffic.record_feedback(CAND, new_served, True, "u2")
+    window = traffic.window(CAND, since)
+    assert (window.requests, window.errors, window.good, window.bad) == (2, 1, 1, 0)
+    assert window.ttft_p50_s == 0.2
+    assert traffic.window(CAND, clock.now() + 1).requests == 0
