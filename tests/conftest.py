@@ -6,10 +6,16 @@ returns at once when a complete set with the same preset and seed is already the
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 from typing import TYPE_CHECKING
 
 import pytest
+
+# NOTE: Triton reads TRITON_INTERPRET once, when it is first imported, and peft imports it on
+# its own; the Triton kernels are tested on CPU tensors through its interpreter
+# (tests/ops/test_triton_backend.py), so it is set before any test module is collected.
+os.environ.setdefault("TRITON_INTERPRET", "1")
 
 # Builders of adapter files byte by byte, and their fixtures, for every package's tests.
 pytest_plugins = ["adapter_builders"]

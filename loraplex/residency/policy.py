@@ -104,7 +104,7 @@ class LruPolicy:
 
     name = "lru"
 
-    def order_key(self, c: Candidate, now_s: float) -> tuple[float, AdapterKey]:
+    def order_key(self, c: Candidate, now_s: float) -> OrderKey:
         return (c.last_access_s, c.key)
 
     def order_key_floor(self, c: Candidate, now_s: float, until_s: float) -> OrderKey:
@@ -130,7 +130,7 @@ class LruPolicy:
         return 0.0
 
 
-class LruPriorityPolicy:
+class LruPriorityPolicy(LruPolicy):
     """LRU within priority classes: a lower-priority tenant's copy goes before any copy of a
     higher one, least recently used first within a class; never defers, admits everything.
 
@@ -140,32 +140,10 @@ class LruPriorityPolicy:
 
     name = "lru_priority"
 
-    def order_key(self, c: Candidate, now_s: float) -> tuple[float, float, AdapterKey]:
+    def order_key(self, c: Candidate, now_s: float) -> OrderKey:
         # NOTE: constant until the next access or a change of tenant priority (which makes the
-        # cache rebuild its victim order), so the floor below is exact.
+        # cache rebuild its victim order), so LRU's exact floor and its absent groups still hold.
         return (c.priority, c.last_access_s, c.key)
-
-    def order_key_floor(self, c: Candidate, now_s: float, until_s: float) -> OrderKey:
-        return self.order_key(c, now_s)
-
-    def order_group(self, c: Candidate, now_s: float) -> OrderGroup | None:
-        return None  # the key is constant: its floor is exact
-
-    def order_victims(self, candidates: Sequence[Candidate], now_s: float) -> list[Candidate]:
-        return sorted(candidates, key=lambda c: self.order_key(c, now_s))
-
-    def admits(self, incoming: Candidate, victims: Sequence[Candidate], now_s: float) -> bool:
-        return True
-
-    def deferral_s(
-        self,
-        incoming: Candidate,
-        victims: Sequence[Candidate],
-        held: Sequence[Candidate],
-        waited_s: float,
-        now_s: float,
-    ) -> float:
-        return 0.0
 
 
 @dataclass(frozen=True)
