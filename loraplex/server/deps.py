@@ -13,7 +13,8 @@ from loraplex.registry import Registry
 from loraplex.server.cache_control import CacheControl
 from loraplex.server.chat import ChatTemplate
 from loraplex.server.metrics import ServerMetrics
-from loraplex.server.release_traffic import RecentRequests, ReleaseTraffic
+from loraplex.server.recent_requests import RecentRequests
+from loraplex.server.release_traffic import ReleaseTraffic
 
 
 def untracked_releases() -> ReleaseTraffic:

@@ -55,8 +55,8 @@ from loraplex.server.metrics_collectors import (
     HealthCollector,
     ReleaseCollector,
 )
+from loraplex.server.recent_requests import RecentRequests
 from loraplex.server.release_traffic import (
-    RecentRequests,
     ReleaseTraffic,
     caller_key,
     classify,

@@ -31,9 +31,9 @@ from __future__ import annotations
 
 import logging
 import threading
-from collections import OrderedDict, deque
+from collections import deque
 from collections.abc import Callable, Iterable
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from enum import StrEnum
 from typing import TypeVar
 
@@ -338,95 +338,3 @@ class ReleaseTraffic:
                 (tracked, RevisionTotals(**vars(self._rings[ref].totals)))
                 for ref, tracked in self._tracked.items()
             ]
-
-
-@dataclass(frozen=True)
-class Served:
-    """A recent response, as the feedback route needs it."""
-
-    revision: str | None  # tenant/name@revision that answered; None: the base model
-    at_s: float  # release-clock time it started
-    caller: str  # ``caller_key`` of who asked (what its rating counts as)
-    rated: bool = False  # a request is rated at most once
-
-
-class RecentRequests:
-    """(tenant, response id) -> the revision that answered, for ``POST /v1/feedback``.
-
-    Keyed by tenant too: response ids are client-chosen (``X-Request-Id``), so two tenants may
-    pick the same one, and neither can see, rate or displace the other's entry. A tenant that
-    re-uses one of its own ids replaces its entry (that newer request was served, so rating it
-    is legitimate; the older one can no longer be rated). Bounded twice: each tenant keeps at
-    most ``max_entries_per_tenant`` (its oldest dropped first) and all at most ``max_entries``
-    (then the oldest of the tenant holding the most goes), so a tenant's flood evicts only its
-    own entries while others hold fewer. An entry lives ``ttl_s``."""
-
-    def __init__(
-        self,
-        clock: Clock,
-        *,
-        max_entries: int = 100_000,
-        max_entries_per_tenant: int = 10_000,
-        ttl_s: float = 3600.0,
-    ):
-        if min(max_entries, max_entries_per_tenant) < 1 or not ttl_s > 0:
-            raise ValueError(
-                f"max_entries {max_entries} / max_entries_per_tenant {max_entries_per_tenant} "
-                f"/ ttl_s {ttl_s} is invalid; expected >= 1 / >= 1 / > 0"
-            )
-        self._clock = clock
-        self._max_entries = max_entries
-        self._max_per_tenant = max_entries_per_tenant
-        self._ttl_s = ttl_s
-        self._lock = threading.Lock()
-        self._tenants: dict[str, OrderedDict[str, Served]] = {}  # each in insertion order
-        self._count = 0  # entries over all tenants
-
-    def remember(self, tenant: str, response_id: str, revision: str | None, caller: str) -> None:
-        now = self._clock.now()
-        with self._lock:
-            entries = self._tenants.setdefault(tenant, OrderedDict())
-            self._count -= len(entries)
-            entries.pop(response_id, None)  # a re-used id: the newer request replaces it
-            entries[response_id] = Served(revision, now, caller)
-            self._expire(entries, now)
-            while len(entries) > self._max_per_tenant:
-                entries.popitem(last=False)
-            self._count += len(entries)
-            while self._count > self._max_entries:
-                largest = max(self._tenants.values(), key=len)
-                largest.popitem(last=False)
-                self._count -= 1
-
-    def get(self, tenant: str, response_id: str) -> Served | None:
-        """``tenant``'s entry for ``response_id``; None: unknown, expired or another's."""
-        with self._lock:
-            return self._live(tenant, response_id)
-
-    def claim(self, tenant: str, response_id: str) -> Served | None:
-        """Marks ``tenant``'s entry rated and returns it as it was (``rated`` True: it had been
-        rated before, nothing changed); None when there is no such live entry. One step, so
-        a concurrent re-use of the id cannot slip between the check and the mark."""
-        with self._lock:
-            served = self._live(tenant, response_id)
-            if served is not None and not served.rated:
-                self._tenants[tenant][response_id] = replace(served, rated=True)
-            return served
-
-    def __len__(self) -> int:
-        with self._lock:
-            return self._count
-
-    def _live(self, tenant: str, response_id: str) -> Served | None:
-        entries = self._tenants.get(tenant)
-        if entries is None:
-            return None
-        self._count -= len(entries)
-        self._expire(entries, self._clock.now())
-        self._count += len(entries)
-        return entries.get(response_id)
-
-    def _expire(self, entries: OrderedDict[str, Served], now: float) -> None:
-        # Entries are in insertion order, so expired ones are at the front.
-        while entries and now - next(iter(entries.values())).at_s >= self._ttl_s:
-            entries.popitem(last=False)

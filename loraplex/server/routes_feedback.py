@@ -9,8 +9,8 @@ traffic leaks. A request is rated at most once: a second rating is a 409 (changi
 after the release judged it would rewrite history). A tenant re-using one of its ids replaces
 the entry with the newer request, which may then be rated.
 
-Recent requests are kept in a bounded map (``RecentRequests``: 10,000 ids per tenant, 100,000 in
-all, one hour).
+Recent requests are kept in a bounded map (``recent_requests.RecentRequests``: 10,000 ids per
+tenant, 100,000 in all, one hour).
 """
 
 from __future__ import annotations

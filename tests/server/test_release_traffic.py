@@ -19,10 +19,10 @@ from loraplex.errors import (
     RateLimitError,
 )
 from loraplex.server.metrics import ServerMetrics
+from loraplex.server.recent_requests import RecentRequests
 from loraplex.server.release_traffic import (
     BASELINE,
     CANDIDATE,
-    RecentRequests,
     ReleaseTraffic,
     TrackedRevision,
     Verdict,
