@@ -103,6 +103,7 @@ class EngineLoad:
     running_adapters: tuple[AdapterKey, ...]  # adapters resident in GPU slots (L0)
     waiting_adapters: tuple[AdapterKey, ...]  # adapters with queued requests, not resident
     max_loras: int  # GPU adapter slots
+    num_active_tokens: int  # prompt + output tokens of every live request (the router's load)
 
 
 @dataclass(frozen=True)

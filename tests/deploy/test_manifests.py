@@ -161,7 +161,7 @@ class _Engine:
 
     def load_snapshot(self) -> EngineLoad:
         key = AdapterKey("b" * 64, "acme", "support", "v1", "a" * 64, 1)
-        return EngineLoad(1, 2, 3, 0.5, (key,), (), 8)
+        return EngineLoad(1, 2, 3, 0.5, (key,), (), 8, 30)
 
 
 def test_the_endpoint_picker_reads_metrics_loraplex_exports() -> None:

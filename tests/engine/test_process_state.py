@@ -45,7 +45,7 @@ def test_a_full_answer_replaces_the_map() -> None:
 
 def test_load_combines_the_last_queue_view_with_the_slots() -> None:
     state = PublishedState()
-    state.apply(StatePublish(QueueView(2, 2, 1, 0.5, (A, B)), None, None))
+    state.apply(StatePublish(QueueView(2, 2, 1, 0.5, (A, B), 40), None, None))
     state.apply(_residency(1, {A: (L0,)}, full=True))  # a residency-only publish keeps the view
     load = state.load(max_loras=4)
     assert (load.num_waiting, load.num_adapter_wait, load.num_running) == (2, 2, 1)
@@ -58,7 +58,7 @@ def test_load_combines_the_last_queue_view_with_the_slots() -> None:
 
 def test_clear_forgets_everything_the_dead_child_published() -> None:
     state = PublishedState()
-    state.apply(StatePublish(QueueView(1, 0, 1, 0.1, ()), None, None))
+    state.apply(StatePublish(QueueView(1, 0, 1, 0.1, (), 7), None, None))
     state.apply(_residency(1, {A: (L0,)}, full=True))
     state.clear()
     assert not state.is_resident(A, L0)

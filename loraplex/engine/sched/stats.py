@@ -19,14 +19,16 @@ class QueueView:
     num_running: int  # holding KV blocks
     kv_usage: float  # fraction of KV blocks in use
     queued_adapters: tuple[AdapterKey, ...]  # adapters of queued requests without a lease
+    num_active_tokens: int  # prompt + output tokens of every live request (queued or running)
 
 
-EMPTY_VIEW = QueueView(0, 0, 0, 0.0, ())
+EMPTY_VIEW = QueueView(0, 0, 0, 0.0, (), 0)
 
 
 def queue_view(requests: Iterable[Request], num_running: int, kv_usage: float) -> QueueView:
     """The view of the live ``requests``."""
-    queued = [r for r in requests if r.state in QUEUED_STATES]
+    live = list(requests)
+    queued = [r for r in live if r.state in QUEUED_STATES]
     waiting = sum(r.adapter_ready for r in queued)
     keys = (r.request.adapter_key for r in queued if not r.adapter_ready)
     return QueueView(
@@ -35,6 +37,7 @@ def queue_view(requests: Iterable[Request], num_running: int, kv_usage: float) -
         num_running=num_running,
         kv_usage=kv_usage,
         queued_adapters=tuple(dict.fromkeys(k for k in keys if k is not None)),
+        num_active_tokens=sum(r.num_tokens for r in live),
     )
 
 
@@ -50,4 +53,5 @@ def load_of(view: QueueView, running: tuple[AdapterKey, ...], max_loras: int) ->
         running_adapters=running,
         waiting_adapters=tuple(k for k in view.queued_adapters if k not in resident),
         max_loras=max_loras,
+        num_active_tokens=view.num_active_tokens,
     )
