@@ -51,8 +51,9 @@ ALLOWED: dict[str, set[str]] = {
     "server": {"engine", "model", "registry", "release", "residency", "artifacts"},
     "serve": _BELOW_BENCH - {"serve"},
     "deploy": {"serve"},
-    "bench": _BELOW_BENCH,
-    "cli": _BELOW_BENCH | {"bench", "deploy"},
+    "fleet": _BELOW_BENCH,
+    "bench": _BELOW_BENCH | {"fleet"},
+    "cli": _BELOW_BENCH | {"bench", "deploy", "fleet"},
 }
 
 

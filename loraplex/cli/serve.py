@@ -50,6 +50,12 @@ def serve_command(
     database_url: DatabaseUrl = None,
     store: Store = None,
     s3_endpoint: S3Endpoint = None,
+    shared_state_url: Annotated[
+        str | None, Opt(help="Redis holding rate limits for all ingress processes (redis://).")
+    ] = None,
+    shared_state_prefix: Annotated[
+        str | None, Opt(help="Key prefix in that Redis (default: loraplex).")
+    ] = None,
     admin_key: Annotated[
         str | None,
         Opt(envvar="LORAPLEX_ADMIN_KEY", help="Admin credential (default: generated, saved)."),

@@ -103,6 +103,12 @@ _CACHE_COMMANDS: dict[type[CacheCommand], Callable[[TieredAdapterCache, Any], An
 }
 
 
+def run_cache_command(cache: TieredAdapterCache, command: CacheCommand) -> Any:
+    """``command`` run on ``cache`` (a loading command returns its load's Future); the engine
+    child and a fleet's engine replica run cache calls this one way."""
+    return _CACHE_COMMANDS[type(command)](cache, command)
+
+
 # --- the child ---------------------------------------------------------------------------------
 
 
@@ -195,7 +201,7 @@ class _Child:
             return None
         if self._cache is None:
             raise EngineUnavailableError("this engine has no adapter cache")
-        return _CACHE_COMMANDS[type(command)](self._cache, command)
+        return run_cache_command(self._cache, command)
 
     def _done(self, call_id: int, future: Future[None]) -> None:
         error = None if future.cancelled() else future.exception()

@@ -58,6 +58,9 @@ class EngineRequest:
     # scheduled until the sibling's prompt is in the KV cache (or the sibling is gone), so it
     # reuses the sibling's prompt blocks instead of computing them again. None: no sibling.
     prefix_leader: str | None = None
+    # The caller's session (``user`` field or X-Session-Id, as ``serving.sticky_key`` makes it):
+    # a fleet keeps one session on one replica, where its KV prefix is. None: no session.
+    session_key: str | None = None
 
     def __post_init__(self) -> None:
         if not self.request_id:

@@ -31,6 +31,7 @@ import threading
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Protocol
 
 from fastapi import FastAPI
 
@@ -38,6 +39,7 @@ from loraplex.artifacts.base_model import BaseModelSpec
 from loraplex.demo.manifest import DemoAssets
 from loraplex.engine.factory import AdapterRuntime
 from loraplex.engine.process import EngineProcess
+from loraplex.engine.protocol import EngineClient
 from loraplex.engine.tenant_shares import TenantSettings
 from loraplex.engine.thread_client import AsyncEngine
 from loraplex.model.tokenizer import TextTokenizer
@@ -52,14 +54,27 @@ from loraplex.serve.engine_side import (
     registry_config,
     tenant_settings,
 )
-from loraplex.serve.release_env import ReleaseService, release_traffic, start_releases
+from loraplex.serve.release_env import (
+    ReleaseService,
+    ServeReleaseEnv,
+    release_traffic,
+    start_releases,
+)
 from loraplex.server.app import create_app
 from loraplex.server.cache_control import CacheControl
 from loraplex.server.chat import ChatTemplate
 from loraplex.server.deps import ServerConfig, ServerDeps
+from loraplex.server.fleet_view import FleetStateSource
 from loraplex.server.pin_owners import OwnedPins
+from loraplex.server.release_traffic import ReleaseTraffic
 
 DEMO_DIR = "demo-assets"
+
+
+class RunningEngine(EngineClient, Protocol):
+    """An engine client the server owns: ``Server.close()`` shuts it down."""
+
+    def shutdown(self) -> None: ...
 
 
 @dataclass
@@ -68,7 +83,7 @@ class Server:
 
     app: FastAPI  # the ASGI application
     deps: ServerDeps  # what the app was built from
-    engine: AsyncEngine | EngineProcess  # the running engine (a thread here, or a child process)
+    engine: RunningEngine  # the running engine (a thread here, a child process, or a fleet)
     runtime: AdapterRuntime | None  # slot pool and adapter cache when the engine runs here
     registry: Registry  # control plane
     admin_key: str  # the admin credential
@@ -90,7 +105,7 @@ class Server:
         self.registry.close()
 
 
-def _demo_assets(config: ServeConfig) -> DemoAssets | None:
+def demo_assets(config: ServeConfig) -> DemoAssets | None:
     """The generated demo set when no model is configured (generation imports torch)."""
     if config.model is not None:
         return None
@@ -118,7 +133,7 @@ def build_server(config: ServeConfig, *, wait_engine: bool = True) -> Server:
     """Everything ``loraplex serve`` runs, ready for uvicorn (close it after). ``wait_engine``
     False: an engine process may still be starting (see the module docstring)."""
     config.data_dir.mkdir(mode=0o700, parents=True, exist_ok=True)  # secrets inside
-    assets = _demo_assets(config)
+    assets = demo_assets(config)
     model_dir = assets.base_model_dir if assets is not None else config.model
     if model_dir is None:
         raise ValueError("model None is invalid; expected a model directory or the demo assets")
@@ -162,9 +177,46 @@ def _assemble(
             runtime.cache.close()
             raise
         cache, apply = runtime.cache, runtime.update_tenant_settings
+    front = Front(engine, cache, apply, admin, keys)
+    try:
+        return build_front(config, model_dir, base, registry, front, runtime=runtime)
+    except BaseException:
+        engine.shutdown()
+        if runtime is not None:
+            runtime.cache.close()
+        raise
+
+
+@dataclass(frozen=True)
+class Front:
+    """The engine side as the HTTP side reaches it (a local engine, an engine process, or a
+    fleet's engine replicas), and the credentials the front is built with."""
+
+    engine: RunningEngine  # AsyncEngine | EngineProcess | a fleet's FleetEngineClient
+    cache: CacheControl  # the engine side's adapter cache(s)
+    apply_tenants: Callable[[Mapping[str, TenantSettings]], None]  # tenant settings to it
+    admin_key: str  # the admin credential
+    sample_keys: dict[str, str]  # demo tenant -> API key (printed once)
+
+
+def build_front(
+    config: ServeConfig,
+    model_dir: Path,
+    base: BaseModelSpec,
+    registry: Registry,
+    front: Front,
+    *,
+    runtime: AdapterRuntime | None = None,
+    release_env: Callable[[OwnedPins, ReleaseTraffic], ServeReleaseEnv] | None = None,
+    fleet: FleetStateSource | None = None,
+) -> Server:
+    """The HTTP app, its dependencies and the release controller over ``front``: what
+    ``loraplex serve`` and a fleet's ingress share. ``release_env``: the controller's
+    environment (default: ``ServeReleaseEnv`` over this engine and cache); ``fleet``: what
+    /admin/fleet shows (default: this server as a fleet of one)."""
     settings = ServerConfig(
         base_model_name=base.name,
-        admin_key=admin,
+        admin_key=front.admin_key,
         import_dir=config.import_dir,
         queue_deadline_s=config.queue_deadline_s,
         max_prompt_tokens=config.max_model_len - 1,
@@ -176,16 +228,27 @@ def _assemble(
         max_prompt_chars=config.prompt_chars(),
         body_read_timeout_s=config.body_read_timeout_s,
         upload_read_timeout_s=config.upload_read_timeout_s,
+        shared_state_url=config.shared_state_url,
+        shared_state_prefix=config.shared_state_prefix,
     )
     chat = ChatTemplate.from_model_dir(model_dir)
-    cache = OwnedPins(cache)  # a release's holds and an operator's pins never undo each other
-    refresh = TenantRefresher(registry, apply)
+    cache = OwnedPins(front.cache)  # a release's holds and an operator's pins never undo each other
+    refresh = TenantRefresher(registry, front.apply_tenants)
     traffic = release_traffic(registry)
     deps = ServerDeps(
-        settings, engine, registry, cache, chat, refresh_tenants=refresh, releases=traffic
+        settings,
+        front.engine,
+        registry,
+        cache,
+        chat,
+        refresh_tenants=refresh,
+        releases=traffic,
+        fleet=fleet,
     )
-    server = Server(create_app(deps), deps, engine, runtime, registry, admin, keys)
-    server.releases = start_releases(registry, engine, cache, traffic)
+    server = Server(
+        create_app(deps), deps, front.engine, runtime, registry, front.admin_key, front.sample_keys
+    )
+    server.releases = start_releases(registry, front.engine, cache, traffic, env=release_env)
     return server
 
 

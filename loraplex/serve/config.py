@@ -14,13 +14,18 @@ from __future__ import annotations
 
 import tomllib
 from collections.abc import Mapping
-from dataclasses import dataclass, fields
+from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
 from loraplex.artifacts.base_model import BaseModelSpec, lora_bytes
 from loraplex.dtypes import DEFAULT_DTYPE, bytes_per_element, check_dtype
 from loraplex.residency.policy import DEFAULT_POLICY, policy_names
+from loraplex.server.ratelimit import (
+    DEFAULT_KEY_PREFIX,
+    check_key_prefix,
+    check_shared_state_url,
+)
 
 DEFAULT_CPU_ADAPTER_BYTES = 1 << 30
 PROMPT_CHARS_PER_TOKEN = 64  # the default prompt character cap per token of max_model_len
@@ -101,6 +106,10 @@ class ServeConfig:
     database_url: str | None = None  # registry database; None: SQLite in data_dir
     store: str | None = None  # artifact store directory or s3://bucket/prefix
     s3_endpoint: str | None = None  # S3-compatible endpoint
+    # Redis shared by every ingress process for the tenants' rate buckets (redis:// or
+    # rediss://; not in repr: it may hold a password); None: buckets per process
+    shared_state_url: str | None = field(default=None, repr=False)
+    shared_state_prefix: str = DEFAULT_KEY_PREFIX  # its key prefix: one per deployment
     metrics_public: bool = False  # /metrics without the admin credential
     # run the engine in its own process (HTTP and model execution then do not share one
     # interpreter lock); false: on a thread of the server process
@@ -138,6 +147,9 @@ class ServeConfig:
         for name in _POSITIVE_SECONDS:
             if not getattr(self, name) > 0:
                 raise ValueError(f"{name} {getattr(self, name)} is invalid; expected > 0")
+        if self.shared_state_url is not None:
+            check_shared_state_url(self.shared_state_url)
+        check_key_prefix(self.shared_state_prefix)
         if self.disk_cache_bytes < 0:
             raise ValueError(f"disk_cache_bytes {self.disk_cache_bytes} is invalid; expected >= 0")
         tokens = self.max_num_batched_tokens

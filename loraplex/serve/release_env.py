@@ -182,15 +182,22 @@ class ReleaseService:
 
 
 def start_releases(
-    registry: Registry, engine: EngineClient, cache: OwnedPins, traffic: ReleaseTraffic
+    registry: Registry,
+    engine: EngineClient,
+    cache: OwnedPins,
+    traffic: ReleaseTraffic,
+    *,
+    env: Callable[[OwnedPins, ReleaseTraffic], ServeReleaseEnv] | None = None,
 ) -> ReleaseService:
     """The release controller of one server, ticking on its own thread. ``traffic`` must run
-    on the controller's clock (``WallClock``) and be the server's (``ServerDeps.releases``)."""
-    env = ServeReleaseEnv(cache, engine, traffic)
-    controller = ReleaseController(registry, env, traffic.clock)
+    on the controller's clock (``WallClock``) and be the server's (``ServerDeps.releases``).
+    ``env``: builds the controller's environment (a fleet's probes every replica); default
+    ``ServeReleaseEnv`` over ``engine``."""
+    release_env = ServeReleaseEnv(cache, engine, traffic) if env is None else env(cache, traffic)
+    controller = ReleaseController(registry, release_env, traffic.clock)
     loop = ReleaseLoop(controller.tick, traffic, engine_up=lambda: engine.health().up)
     loop.start()
-    return ReleaseService(env, loop, controller)
+    return ReleaseService(release_env, loop, controller)
 
 
 def release_traffic(registry: Registry) -> ReleaseTraffic:

@@ -4,7 +4,8 @@ Routes: the OpenAI-compatible API under /v1 and vLLM's /tokenize and /detokenize
 the admin API under /admin and vLLM's /v1/load_lora_adapter and /v1/unload_lora_adapter (the
 admin credential), /metrics (Prometheus text; the admin credential unless ``metrics_public``),
 /version and /openapi.json (public; the admin document at /admin/openapi.json, see
-``openapi_docs.py``), and the two probes (Kubernetes' split, the paths vLLM's server uses):
+``openapi_docs.py``), the live fleet page /admin/dashboard and its data /admin/fleet (see
+``routes_dashboard.py``), and the two probes (Kubernetes' split, the paths vLLM's server uses):
 
 - /health is liveness: 200 whenever this HTTP server answers, also while the engine process
   starts or restarts (restarting the server would not help; the body says the engine is down);
@@ -24,6 +25,7 @@ from loraplex.errors import EngineUnavailableError
 from loraplex.server import (
     openapi_docs,
     routes_admin,
+    routes_dashboard,
     routes_feedback,
     routes_openai,
     routes_release,
@@ -59,6 +61,8 @@ def create_app(deps: ServerDeps) -> FastAPI:
     app.include_router(routes_vllm_admin.router)
     app.include_router(routes_feedback.router)
     app.include_router(routes_release.router)
+    app.include_router(routes_dashboard.router)
+    app.state.fleet = routes_dashboard.fleet_source(deps)  # what /admin/fleet reads
     app.add_api_route("/health", health, methods=["GET"])
     app.add_api_route("/ready", ready, methods=["GET"])
     app.add_api_route("/metrics", metrics, methods=["GET"])

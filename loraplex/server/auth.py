@@ -37,6 +37,13 @@ UNLOAD_LORA_PATH = "/v1/unload_lora_adapter"
 # vLLM serves these tenant routes at the root, outside /v1.
 TOKENIZE_PATH = "/tokenize"
 DETOKENIZE_PATH = "/detokenize"
+# The admin dashboard's page and its scripts and style: public, since a browser cannot send a
+# bearer header when it navigates. They hold no data; the page reads /admin/fleet with the key.
+# NOTE: exact paths only: anything else under /admin, ``/admin/dashboard/../x`` included, needs
+# the admin key.
+DASHBOARD_PATH = "/admin/dashboard"
+DASHBOARD_ASSETS = ("dashboard.css", "chart.js", "dashboard.js")
+DASHBOARD_PATHS = frozenset((DASHBOARD_PATH, *(f"{DASHBOARD_PATH}/{n}" for n in DASHBOARD_ASSETS)))
 
 
 class Credential(StrEnum):
@@ -52,7 +59,9 @@ def _under(path: str, prefix: str) -> bool:
 
 def required_credential(path: str) -> Credential | None:
     """The key ``path`` needs before its body is read; None: public, or the route checks itself
-    (``/metrics``, public when ``metrics_public``)."""
+    (``/metrics``, public when ``metrics_public``; the dashboard's static files)."""
+    if path in DASHBOARD_PATHS:
+        return None
     if path in (LOAD_LORA_PATH, UNLOAD_LORA_PATH) or _under(path, ADMIN_PREFIX):
         return Credential.ADMIN
     if path in (TOKENIZE_PATH, DETOKENIZE_PATH) or _under(path, TENANT_PREFIX):

@@ -12,6 +12,7 @@ from loraplex.engine.protocol import EngineClient
 from loraplex.registry import Registry
 from loraplex.server.cache_control import CacheControl
 from loraplex.server.chat import ChatTemplate
+from loraplex.server.fleet_view import FleetStateSource
 from loraplex.server.metrics import ServerMetrics
 from loraplex.server.recent_requests import RecentRequests
 from loraplex.server.release_traffic import ReleaseTraffic
@@ -47,6 +48,10 @@ class ServerConfig:
     # /metrics without credentials. NOTE: it names adapters (tenant/name), so only enable it where
     # tenants cannot reach the port; otherwise scrapers send the admin key.
     metrics_public: bool = False
+    # Redis holding the tenants' rate buckets for every ingress process (redis:// or rediss://;
+    # not in repr: it may hold a password); None: buckets per process (``server/ratelimit.py``)
+    shared_state_url: str | None = field(default=None, repr=False)
+    shared_state_prefix: str = "loraplex"  # key prefix there: one per deployment sharing it
 
     def __post_init__(self) -> None:
         if not self.base_model_name:
@@ -79,6 +84,11 @@ class ServerConfig:
             raise ValueError(
                 f"max_prompt_tokens {self.max_prompt_tokens} is invalid; expected >= 1 or None"
             )
+        from loraplex.server.ratelimit import check_key_prefix, check_shared_state_url
+
+        if self.shared_state_url is not None:
+            check_shared_state_url(self.shared_state_url)
+        check_key_prefix(self.shared_state_prefix)
 
 
 @dataclass(frozen=True)
@@ -95,6 +105,8 @@ class ServerDeps:
     refresh_tenants: Callable[[], None] = field(kw_only=True)
     # The windows the release controller compares; its clock also stamps ``recent``.
     releases: ReleaseTraffic = field(default_factory=untracked_releases, kw_only=True)
+    # What /admin/fleet shows; None: this server alone (``LocalFleetState`` of engine and cache).
+    fleet: FleetStateSource | None = field(default=None, kw_only=True)
     # The server's metrics registry, built from ``engine`` and ``cache`` (never passed in).
     metrics: ServerMetrics = field(init=False, repr=False, compare=False)
 

@@ -122,3 +122,8 @@ def hits_of(summary: CacheSummary) -> dict[str, int]:
     }
     out["miss"] = summary.stats.misses
     return out
+
+
+def no_hits() -> dict[str, int]:
+    """The hits of a replica whose cache cannot be read (none, or its engine is down)."""
+    return {**dict.fromkeys(CACHED_TIER_NAMES, 0), "miss": 0}

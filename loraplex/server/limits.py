@@ -8,7 +8,9 @@ unauthenticated client could make the server buffer and parse any amount of data
   ``/v1/(un)load_lora_adapter`` the admin key (``auth.required_credential``), checked from the
   headers alone: a wrong one gets its 401 before a byte of the body is read (a tenant key costs
   one registry read, on the thread pool), then the tenant's ``max_requests_per_s`` token bucket
-  (429 with Retry-After). The tenant found is left in the scope state for ``auth.require_tenant``.
+  (429 with Retry-After; shared through Redis when ``shared_state_url`` is set, and then
+  checked on the thread pool). The tenant found is left in the scope state for
+  ``auth.require_tenant``.
 - Every body is counted while the app reads it: a ``Content-Length`` over the cap is a 413 before
   reading, a chunked body a 413 as soon as the count passes the cap, and a body not complete by
   its deadline a 408. The app's own answer to the refused body (it sees an error from
@@ -23,6 +25,7 @@ from dataclasses import dataclass, replace
 from typing import NoReturn
 
 import anyio
+from starlette.concurrency import run_in_threadpool
 from starlette.datastructures import Headers
 from starlette.requests import Request
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
@@ -44,7 +47,7 @@ from loraplex.server.errors import (
     invalid_request,
     to_api_error,
 )
-from loraplex.server.ratelimit import RateLimiter
+from loraplex.server.ratelimit import TenantRateLimiter, open_rate_limiter
 
 UPLOAD_PATH = "/admin/adapters/upload"  # the one route whose body is an adapter's files
 _CLOSE = {"Connection": "close"}
@@ -136,15 +139,19 @@ class CountedBody:
 RATE_LIMITER = "loraplex_rate_limiter"  # request state: the limiter that admitted the request
 
 
-def charge_engine_requests(request: Request, tenant: Tenant, count: int) -> None:
+async def charge_engine_requests(request: Request, tenant: Tenant, count: int) -> None:
     """Charges ``tenant``'s rate quota for the engine requests of one HTTP request beyond the
     first (charged on arrival, before the body was read): a request fanning out into ``n``
-    choices over ``p`` prompts costs ``n * p``, so ``n`` cannot multiply a tenant's rate."""
+    choices over ``p`` prompts costs ``n * p``, so ``n`` cannot multiply a tenant's rate.
+    A shared limiter (Redis) is asked on the thread pool, never on the event loop."""
     limiter = request.scope.get("state", {}).get(RATE_LIMITER)
     if count <= 1 or limiter is None:
         return
     try:
-        limiter.check(tenant, count - 1)
+        if limiter.blocking:
+            await run_in_threadpool(limiter.check, tenant, count - 1)
+        else:
+            limiter.check(tenant, count - 1)
     except RateLimitError as exc:
         raise to_api_error(exc, ErrorContext.TENANT) from None
 
@@ -155,7 +162,11 @@ class RequestLimits:
     def __init__(self, app: ASGIApp, deps: ServerDeps) -> None:
         self.app = app
         self.deps = deps
-        self.rate_limiter = RateLimiter()  # per-tenant token buckets (max_requests_per_s)
+        # per-tenant token buckets (max_requests_per_s): in this process, or shared in Redis
+        config = deps.config
+        self.rate_limiter: TenantRateLimiter = open_rate_limiter(
+            config.shared_state_url, config.shared_state_prefix
+        )
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
@@ -177,7 +188,7 @@ class RequestLimits:
         if credential is Credential.TENANT:
             tenant = await authenticate(self.deps, token)
             try:  # the tenant's max_requests_per_s, before its body costs anything
-                self.rate_limiter.check(tenant)
+                await _take_token(self.rate_limiter, tenant)
             except RateLimitError as exc:
                 raise to_api_error(exc, ErrorContext.TENANT) from None
             state = scope.setdefault("state", {})
@@ -208,6 +219,13 @@ class RequestLimits:
         # can only cut it short (uvicorn then closes the connection).
         if body.failure is not None and not started:
             await body.failure.response()(scope, receive, send)
+
+
+async def _take_token(limiter: TenantRateLimiter, tenant: Tenant) -> None:
+    if limiter.blocking:  # Redis: never on the event loop
+        await run_in_threadpool(limiter.check, tenant)
+    else:
+        limiter.check(tenant)
 
 
 def _check_declared_length(headers: Headers, limit: BodyLimit) -> None:

@@ -26,15 +26,17 @@ import uvicorn
 from starlette.types import ASGIApp, Receive, Scope, Send
 from uvicorn.protocols.http.h11_impl import H11Protocol
 
-from loraplex.server.auth import Credential, required_credential
+from loraplex.server.auth import DASHBOARD_PATHS, Credential, required_credential
 from loraplex.server.errors import ApiError
 
 _BOTH = ("/health", "/ready", "/version")
 
 
 def is_admin_path(path: str) -> bool:
-    """Served on the admin socket only (when there is one)."""
-    return path == "/metrics" or required_credential(path) is Credential.ADMIN
+    """Served on the admin socket only (when there is one); the dashboard's public files too."""
+    if path == "/metrics" or path in DASHBOARD_PATHS:
+        return True
+    return required_credential(path) is Credential.ADMIN
 
 
 class AdminBindGuard:

@@ -4,21 +4,104 @@ Each tenant's bucket refills at its quota's rate and holds at most ``burst_s`` s
 requests (at least one), so a tenant may send a short burst after idling but never more than
 its rate for long. A request finding the bucket empty is refused with ``RateLimitError`` (429)
 and a Retry-After of the time until the next token. The rate is read from the tenant record on
-every request (the registry reads it with the key), so a quota change applies at once. Buckets
-live in the HTTP process, one per tenant that has a quota; the registry bounds their number.
+every request (the registry reads it with the key), so a quota change applies at once.
+
+``RateLimiter`` keeps the buckets in the HTTP process, one per tenant that has a quota (the
+registry bounds their number): with N ingress processes a tenant gets N times its quota.
+``SharedRateLimiter`` keeps them in Redis, so every process using one Redis and key prefix
+draws on the same bucket. ``open_rate_limiter`` picks one from the ``shared_state_url`` setting.
 """
 
 from __future__ import annotations
 
+import hashlib
+import logging
+import math
+import re
 import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import TYPE_CHECKING, Protocol, cast
+from urllib.parse import urlsplit
 
-from loraplex.errors import RateLimitError
+from loraplex.artifacts.identity import check_name
+from loraplex.errors import RateLimitError, quoted
 from loraplex.registry import Tenant
 
+if TYPE_CHECKING:
+    import redis
+
+_log = logging.getLogger(__name__)
+
 DEFAULT_BURST_S = 1.0  # seconds of a tenant's rate its bucket holds
+DEFAULT_KEY_PREFIX = "loraplex"  # Redis keys are ``<prefix>:rl:<tenant>``
+# One deployment's keys in a Redis other deployments may share: a short name, no spaces.
+_KEY_PREFIX = re.compile(r"[A-Za-z0-9][A-Za-z0-9._:-]{0,63}")
+SHARED_STATE_SCHEMES = ("redis", "rediss")  # rediss: Redis over TLS
+# Redis sits on the request path: a slow or dead one must cost a request little. Connect and
+# read both give up after this, and redis-py's own retries are off (the fallback is ours).
+REDIS_CONNECT_TIMEOUT_S = 0.25
+REDIS_READ_TIMEOUT_S = 0.25
+# After Redis failed, checks use the in-process buckets this long before Redis is tried again,
+# so a dead Redis adds its timeout to one request per interval, not to every request.
+REDIS_RETRY_S = 1.0
+REDIS_MAX_CONNECTIONS = 64  # per process; above the thread pool's size, so none waits for one
+# A bucket left alone for a full refill holds exactly what a new one does, so its key may
+# expire then: after this many refill times (margin for clock steps), at least 1 s, at most a
+# week (a rate so low that a refill takes longer is then forgiven after a week).
+TTL_REFILLS = 3.0
+MIN_TTL_S = 1.0
+MAX_TTL_S = 7 * 24 * 3600.0
+
+# KEYS[1]: one tenant's bucket, a hash {tokens, updated_s}. ARGV: rate (tokens/s), capacity,
+# cost (at most the capacity), the key's TTL in ms, and optionally "now" in seconds (tests
+# only; otherwise Redis's TIME, the one clock every ingress process shares). Returns
+# {1, "0"} when the cost was taken, {0, seconds until it could be} when refused.
+# NOTE: TIME before a write needs effect replication (the default since Redis 5).
+_TAKE_SCRIPT = """
+local rate, capacity, cost = tonumber(ARGV[1]), tonumber(ARGV[2]), tonumber(ARGV[3])
+local now
+if ARGV[5] then
+  now = tonumber(ARGV[5])
+else
+  local t = redis.call('TIME')
+  now = tonumber(t[1]) + tonumber(t[2]) / 1000000
+end
+local state = redis.call('HMGET', KEYS[1], 'tokens', 'updated_s')
+local tokens, updated = tonumber(state[1]), tonumber(state[2])
+if not tokens or not updated then
+  tokens, updated = capacity, now
+end
+tokens = math.min(capacity, tokens + math.max(0, now - updated) * rate)
+local taken = tokens >= cost
+if taken then tokens = tokens - cost end
+redis.call('HSET', KEYS[1], 'tokens', string.format('%.17g', tokens),
+  'updated_s', string.format('%.17g', math.max(now, updated)))
+redis.call('PEXPIRE', KEYS[1], ARGV[4])
+if taken then return {1, '0'} end
+return {0, string.format('%.17g', (cost - tokens) / rate)}
+"""
+_TAKE_SHA = hashlib.sha1(_TAKE_SCRIPT.encode("utf-8"), usedforsecurity=False).hexdigest()
+
+
+class TenantRateLimiter(Protocol):
+    """Where ``RequestLimits`` charges a tenant's requests: in-process or shared buckets."""
+
+    blocking: bool  # check() may wait on the network: call it off the event loop
+    fallbacks: int  # checks answered by in-process buckets because Redis failed
+
+    def check(self, tenant: Tenant, cost: float = 1.0) -> None: ...
+
+
+def bucket_capacity(rate: float, burst_s: float) -> float:
+    """Tokens a full bucket holds: ``burst_s`` seconds of ``rate``, and at least one request."""
+    return max(1.0, rate * burst_s)
+
+
+def _check_cost(cost: float) -> None:
+    if not cost > 0:
+        raise ValueError(f"cost {cost} is invalid; expected > 0")
 
 
 @dataclass
@@ -28,7 +111,10 @@ class _Bucket:
 
 
 class RateLimiter:
-    """Token buckets per tenant, shared by every request handler (thread-safe)."""
+    """Token buckets per tenant in this process, shared by its request handlers (thread-safe)."""
+
+    blocking = False  # a lock and arithmetic: cheap enough for the event loop
+    fallbacks = 0  # never falls back: it is the fallback
 
     def __init__(
         self, burst_s: float = DEFAULT_BURST_S, clock: Callable[[], float] = time.monotonic
@@ -47,9 +133,8 @@ class RateLimiter:
         rate = tenant.quotas.max_requests_per_s
         if rate is None:
             return
-        if not cost > 0:
-            raise ValueError(f"cost {cost} is invalid; expected > 0")
-        capacity = max(1.0, rate * self.burst_s)
+        _check_cost(cost)
+        capacity = bucket_capacity(rate, self.burst_s)
         cost = min(cost, capacity)
         now = self._clock()
         with self._lock:
@@ -63,3 +148,167 @@ class RateLimiter:
                 return
             wait_s = (cost - bucket.tokens) / rate
         raise RateLimitError(tenant.name, rate, wait_s)
+
+
+def check_key_prefix(key_prefix: str) -> str:
+    if not isinstance(key_prefix, str) or not _KEY_PREFIX.fullmatch(key_prefix):
+        raise ValueError(
+            f"shared_state_prefix {quoted(key_prefix)} is invalid; expected 1-64 characters of "
+            "[A-Za-z0-9._:-] starting with a letter or digit"
+        )
+    return key_prefix
+
+
+def check_shared_state_url(url: str) -> str:
+    """A ``redis://`` or ``rediss://`` URL; the error names only the scheme, never the rest (it
+    may hold a password)."""
+    if not isinstance(url, str):
+        raise ValueError(
+            f"shared_state_url of type {type(url).__name__} is invalid; expected a URL"
+        )
+    scheme = urlsplit(url).scheme if "://" in url else ""
+    if scheme not in SHARED_STATE_SCHEMES:
+        raise ValueError(
+            f"shared_state_url scheme {scheme!r:.40} is invalid; expected redis:// or rediss:// "
+            "(redis://[[user]:password@]host[:port][/db])"
+        )
+    return url
+
+
+def redis_client(url: str) -> redis.Redis:
+    """A client for ``url`` with the short timeouts above and no retries of its own. Connects
+    lazily: a server started while Redis is down serves (per process) until it is up."""
+    import redis
+    from redis.backoff import NoBackoff
+    from redis.retry import Retry
+
+    check_shared_state_url(url)
+    try:
+        return redis.Redis.from_url(
+            url,
+            socket_connect_timeout=REDIS_CONNECT_TIMEOUT_S,
+            socket_timeout=REDIS_READ_TIMEOUT_S,
+            retry=Retry(NoBackoff(), 0),
+            max_connections=REDIS_MAX_CONNECTIONS,
+        )
+    except ValueError:  # its text may quote the URL
+        raise ValueError(
+            "shared_state_url is invalid; expected redis://[[user]:password@]host[:port][/db]"
+        ) from None
+
+
+class SharedRateLimiter:
+    """Token buckets per tenant in Redis: every ingress process with the same Redis and key
+    prefix draws on one bucket per tenant, so N processes admit a tenant's quota once.
+
+    Each check is one atomic Lua script (refill, take, expire) on Redis's clock, so the ingress
+    clocks do not matter. When Redis is unreachable or errors, the check is answered by an
+    in-process ``RateLimiter`` instead: each process then still bounds the tenant, but per
+    process (N processes admit up to N times the quota) until Redis answers again. An outage is
+    logged once, each check it answers is counted in ``fallbacks``, and Redis is tried again
+    only every ``REDIS_RETRY_S``.
+    """
+
+    blocking = True  # waits on Redis (at most the socket timeouts)
+
+    def __init__(
+        self,
+        client: redis.Redis,
+        *,
+        key_prefix: str = DEFAULT_KEY_PREFIX,
+        burst_s: float = DEFAULT_BURST_S,
+        clock: Callable[[], float] = time.monotonic,
+        bucket_clock: Callable[[], float] | None = None,
+    ) -> None:
+        """``clock`` times the retry interval and the fallback buckets; ``bucket_clock`` (tests
+        only) replaces Redis's TIME in the script."""
+        from redis.exceptions import NoScriptError, RedisError
+
+        self._local = RateLimiter(burst_s, clock)  # checks burst_s
+        self.key_prefix = check_key_prefix(key_prefix)
+        self.burst_s = burst_s
+        self.fallbacks = 0  # checks answered in-process because Redis failed
+        self._client = client
+        self._clock = clock
+        self._bucket_clock = bucket_clock
+        self._lock = threading.Lock()
+        self._retry_at_s: float | None = None  # set while Redis is failing: next try
+        self._no_script = NoScriptError
+        self._failures: tuple[type[Exception], ...] = (RedisError, OSError)
+
+    def key(self, tenant_name: str) -> str:
+        """The Redis key of ``tenant_name``'s bucket (a checked name: bounded, no spaces)."""
+        return f"{self.key_prefix}:rl:{check_name('tenant', tenant_name)}"
+
+    def check(self, tenant: Tenant, cost: float = 1.0) -> None:
+        """``RateLimiter.check``'s contract, on the shared bucket (class docstring)."""
+        rate = tenant.quotas.max_requests_per_s
+        if rate is None:
+            return
+        _check_cost(cost)
+        if not self._redis_due():
+            self._check_locally(tenant, cost)
+            return
+        capacity = bucket_capacity(rate, self.burst_s)
+        try:
+            taken, wait_s = self._take(self.key(tenant.name), rate, capacity, min(cost, capacity))
+        except self._failures as exc:
+            self._note_failure(exc)
+            self._check_locally(tenant, cost)
+            return
+        self._note_success()
+        if not taken:
+            raise RateLimitError(tenant.name, rate, wait_s)
+
+    def close(self) -> None:
+        self._client.close()
+
+    def _take(self, key: str, rate: float, capacity: float, cost: float) -> tuple[bool, float]:
+        ttl_s = min(MAX_TTL_S, max(MIN_TTL_S, TTL_REFILLS * capacity / rate))
+        args: list[float | int] = [rate, capacity, cost, math.ceil(ttl_s * 1000)]
+        if self._bucket_clock is not None:
+            args.append(self._bucket_clock())
+        try:
+            reply = self._client.evalsha(_TAKE_SHA, 1, key, *args)
+        except self._no_script:  # first use on this Redis, or its scripts were flushed
+            reply = self._client.eval(_TAKE_SCRIPT, 1, key, *args)
+        taken, wait_s = cast(list[int | bytes], reply)
+        return taken == 1, float(wait_s)
+
+    def _redis_due(self) -> bool:
+        with self._lock:
+            return self._retry_at_s is None or self._clock() >= self._retry_at_s
+
+    def _check_locally(self, tenant: Tenant, cost: float) -> None:
+        with self._lock:
+            self.fallbacks += 1
+        self._local.check(tenant, cost)
+
+    def _note_failure(self, exc: Exception) -> None:
+        with self._lock:
+            first = self._retry_at_s is None
+            self._retry_at_s = self._clock() + REDIS_RETRY_S
+        if first:
+            _log.warning(
+                "shared rate limits unavailable (%s: %s); each process limits tenants on its own "
+                "until Redis answers again",
+                type(exc).__name__,
+                exc,
+            )
+
+    def _note_success(self) -> None:
+        if self._retry_at_s is None:  # the common case, without the lock
+            return
+        with self._lock:
+            recovered = self._retry_at_s is not None
+            self._retry_at_s = None
+        if recovered:
+            _log.warning("shared rate limits restored: Redis answers again")
+
+
+def open_rate_limiter(url: str | None, key_prefix: str = DEFAULT_KEY_PREFIX) -> TenantRateLimiter:
+    """In-process buckets when ``url`` is None, else buckets shared through the Redis at
+    ``url`` (``redis://`` or ``rediss://``) under ``key_prefix``."""
+    if url is None:
+        return RateLimiter()
+    return SharedRateLimiter(redis_client(url), key_prefix=key_prefix)

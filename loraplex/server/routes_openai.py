@@ -133,7 +133,7 @@ async def _start(
     engine_id = new_request_id("chatcmpl" if chat else "cmpl")  # never the client's
     client_id = response_id(request, engine_id)
     shape = shape_of(body, num_prompts, DEFAULT_MAX_CHOICES)
-    charge_engine_requests(request, tenant, shape.num_siblings)
+    await charge_engine_requests(request, tenant, shape.num_siblings)
     placeholder = budget.requested or max(1, body.min_tokens)  # fitted per prompt below
     params = sampling_params(body, placeholder, deps.config.vocab_size, rank_choices=shape.ranks)
     sticky = sticky_key(request, body.user)
@@ -143,7 +143,13 @@ async def _start(
     per_prompt = []
     for ids in prompt_ids:
         req = engine_request(
-            deps, engine_id, tenant=tenant, target=target, prompt_ids=ids, params=params
+            deps,
+            engine_id,
+            tenant=tenant,
+            target=target,
+            prompt_ids=ids,
+            params=params,
+            session_key=sticky,
         )
         limit = 1 if budget.requested == 0 else None  # echo only: one token, never shown
         fitted = limit or fit_max_tokens(

@@ -140,6 +140,7 @@ def engine_request(
     target: Target,
     prompt_ids: list[int],
     params: SamplingParams,
+    session_key: str | None = None,
 ) -> EngineRequest:
     if not prompt_ids:
         raise invalid_request("the prompt is empty; expected at least one token", "prompt")
@@ -155,6 +156,7 @@ def engine_request(
         prompt_token_ids=tuple(prompt_ids),
         params=params,
         deadline_s=deps.config.queue_deadline_s,
+        session_key=session_key,
     )
 
 

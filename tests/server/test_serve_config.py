@@ -187,3 +187,40 @@ def test_serve_reads_the_registry_location_variables(
     assert (s3.store_url, s3.s3_endpoint) == ("s3://bucket/prefix", "http://127.0.0.1:9000")
     flagged = parsed_serve(["--store", str(tmp_path / "flag-store")], env)
     assert flagged.store == str(tmp_path / "flag-store")  # a flag wins over its variable
+
+
+def test_shared_state_key_and_flag_reach_the_settings(tmp_path: Path) -> None:
+    path = tmp_path / "serve.toml"
+    path.write_text(
+        '[serve]\nshared_state_url = "redis://:hunter2@cache:6379/1"\n'
+        'shared_state_prefix = "blue"\n'
+    )
+    base = ["--config", str(path), "--data-dir", str(tmp_path)]
+    from_file = parsed_serve(base, {})
+    assert (from_file.shared_state_url, from_file.shared_state_prefix) == (
+        "redis://:hunter2@cache:6379/1",
+        "blue",
+    )
+    assert "hunter2" not in repr(from_file)
+    flags = ["--shared-state-url", "rediss://cache:6380/0", "--shared-state-prefix", "green"]
+    flagged = parsed_serve([*base, *flags], {})  # a flag wins over the file
+    assert (flagged.shared_state_url, flagged.shared_state_prefix) == (
+        "rediss://cache:6380/0",
+        "green",
+    )
+    default = parsed_serve(["--data-dir", str(tmp_path)], {})
+    assert (default.shared_state_url, default.shared_state_prefix) == (None, "loraplex")
+
+
+def test_a_bad_shared_state_setting_is_refused_without_its_password(tmp_path: Path) -> None:
+    with pytest.raises(ValueError, match="shared_state_url scheme 'http' is invalid"):
+        ServeConfig(data_dir=tmp_path, shared_state_url="http://:hunter2@cache")
+    with pytest.raises(ValueError, match="shared_state_url of type int is invalid"):
+        ServeConfig(data_dir=tmp_path, shared_state_url=6379)  # type: ignore[arg-type]
+    with pytest.raises(ValueError, match="shared_state_prefix 'a b' is invalid"):
+        ServeConfig(data_dir=tmp_path, shared_state_prefix="a b")
+    args = ["serve", "--data-dir", str(tmp_path), "--shared-state-url", "tcp://:hunter2@cache"]
+    result = CliRunner().invoke(app, args)
+    assert result.exit_code == 2
+    assert "shared_state_url scheme 'tcp' is invalid" in result.output
+    assert "hunter2" not in result.output

@@ -1,0 +1,304 @@
+"""``loraplex bench peer``: loraplex and vLLM's CPU build side by side, one server at a time, on
+the same demo model and 16 adapters, with matched settings and the same client.
+
+For each ``max_loras`` setting the two servers take turns (ABBA: loraplex, vLLM, vLLM, loraplex,
+and so on for ``rounds``), never both alive at once. Every server run (a "lifetime") does, in
+this order: start to the first adapter answer; the 16 adapter probes; greedy continuations of
+random prompts; an unmeasured warm-up batch; the adapter batch (``requests`` at once over the 16
+adapters); the same prompts on the base model; and, once both sides' capacity is known (from
+the third lifetime on), the zipf trace at a rate common to both (``load`` times the slower
+side's capacity). Peak memory of the server's process tree is sampled throughout.
+
+The other server is a ``PeerServer``: vLLM (``peer_vllm.VllmServer``) in the benchmark, a
+stand-in in the tests. Summaries and ratios are in ``peer_report``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import random
+import tempfile
+import time
+from collections.abc import Callable, Sequence
+from contextlib import AbstractContextManager
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Protocol
+
+from loraplex.bench.peer_client import (
+    BatchResult,
+    Route,
+    Shot,
+    ShotShape,
+    answers,
+    batch_shots,
+    first_answer,
+    run_shots,
+    zipf_trace,
+)
+from loraplex.bench.peer_memory import RssSampler
+from loraplex.bench.peer_report import peer_result
+from loraplex.bench.peer_vllm import PeerSettings, check_cpu_bind
+from loraplex.bench.serve_driver import prompt_ids
+from loraplex.bench.serve_runs import run_order
+from loraplex.demo.manifest import DemoAssets
+
+
+class PeerServer(Protocol):
+    """One side of the comparison: a server it can start, and its names for the models."""
+
+    label: str  # "loraplex" or "vllm": the side's name in the results
+
+    def serving(self, data_dir: Path) -> AbstractContextManager[str]:
+        """Starts the server; yields its base URL once it answers health checks; stops it."""
+        ...
+
+    def routes(self) -> tuple[Route, ...]:
+        """The server's route to each demo adapter, in manifest order."""
+        ...
+
+    def base_route(self) -> Route:
+        """The server's route to the base model."""
+        ...
+
+
+@dataclass(frozen=True)
+class PeerBenchConfig:
+    """What one invocation measures."""
+
+    max_loras: tuple[int, ...] = (8, 16)  # GPU-slot settings compared, one after the other
+    requests: int = 64  # requests of the adapter batch (and of the base batch)
+    prompt_tokens: int = 64  # prompt length of the batches and the trace
+    output_tokens: int = 32  # tokens generated per batch or trace request (ignore_eos)
+    trace_requests: int = 128  # mean requests of the zipf trace
+    load: float = 0.5  # trace rate as a fraction of the slower side's capacity
+    greedy_prompts: int = 16  # random prompts whose greedy continuations are compared
+    greedy_tokens: int = 16  # max_tokens of each greedy continuation
+    rounds: int = 2  # lifetimes per side and setting (ABBA order)
+    request_timeout_s: float = 120.0  # bound on every request; failures count at it
+    start_timeout_s: float = 600.0  # bound on start to first answer; a failure counts at it
+    threads: int = 1  # compute threads of each server
+    vllm_cpu_bind: str = "nobind"  # VLLM_CPU_OMP_THREADS_BIND of the vLLM side
+    seed: int = 0  # prompts and trace
+    asset_dir: Path = Path(".loraplex-assets")  # demo assets cache (<dir>/test-small)
+
+    def __post_init__(self) -> None:
+        if not self.max_loras or min(self.max_loras) < 1:
+            raise ValueError(f"max_loras {self.max_loras} is invalid; expected counts >= 1")
+        for name in ("requests", "prompt_tokens", "output_tokens", "trace_requests"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"{name} {getattr(self, name)} is invalid; expected >= 1")
+        for name in ("greedy_prompts", "greedy_tokens", "threads"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"{name} {getattr(self, name)} is invalid; expected >= 1")
+        if self.rounds < 2:
+            raise ValueError(
+                f"rounds {self.rounds} is invalid; expected >= 2 (the trace needs both sides' "
+                "capacity from a first lifetime each)"
+            )
+        for name in ("load", "request_timeout_s", "start_timeout_s"):
+            if not getattr(self, name) > 0:
+                raise ValueError(f"{name} {getattr(self, name)} is invalid; expected > 0")
+        check_cpu_bind(self.vllm_cpu_bind)
+
+
+@dataclass(frozen=True)
+class Workloads:
+    """The requests every lifetime sends (the same for both sides)."""
+
+    probes: tuple[tuple[int, str, int], ...]  # (adapter index, probe prompt, max_tokens)
+    expected: tuple[str, ...]  # each probe's expected continuation
+    greedy: tuple[tuple[int, tuple[int, ...], int], ...]  # (route index, prompt ids, max_tokens)
+    warmup: tuple[Shot, ...]  # unmeasured batch over the adapters
+    adapter_batch: tuple[Shot, ...]  # measured batch over the adapters
+    base_batch: tuple[Shot, ...]  # the same prompts on the base model (route index = base)
+
+
+@dataclass(frozen=True)
+class Lifetime:
+    """What one server run measured."""
+
+    label: str  # the side
+    first_answer_s: float | None  # process start to the first adapter answer; None: none came
+    probes: tuple[str | None, ...]  # each probe's answer text (None: failed)
+    greedy: tuple[str | None, ...]  # each greedy prompt's continuation (None: failed)
+    adapter: BatchResult  # the adapter batch
+    base: BatchResult  # the base-model batch
+    trace: BatchResult | None  # the zipf trace; None before both capacities were known
+    peak_rss_bytes: int | None = None  # the process tree's peak; None without /proc
+
+
+@dataclass(frozen=True)
+class SettingRuns:
+    """Every lifetime of one max_loras setting, and the trace rate both sides ran."""
+
+    settings: PeerSettings  # what both servers ran with
+    labels: tuple[str, str]  # the sides' labels: loraplex's, then the other server's
+    lifetimes: tuple[Lifetime, ...]  # in run order
+    trace_rate: float | None  # requests/s of the common-rate trace; None: not run
+    expected: tuple[str, ...]  # each probe's expected continuation
+
+
+def shot_shape(config: PeerBenchConfig, vocab: int) -> ShotShape:
+    return ShotShape(config.prompt_tokens, config.output_tokens, vocab)
+
+
+def workloads(assets: DemoAssets, vocab: int, config: PeerBenchConfig) -> Workloads:
+    """The probes, greedy prompts and batches of every lifetime (seeded by ``config.seed``)."""
+    n = len(assets.adapters)
+    probes = tuple((i, a.probe_prompt, a.probe_max_tokens) for i, a in enumerate(assets.adapters))
+    rng = random.Random(f"greedy-{config.seed}")
+    greedy = tuple(  # route n is the base model: it is compared too
+        (i % (n + 1), tuple(prompt_ids(rng, config.prompt_tokens, vocab)), config.greedy_tokens)
+        for i in range(config.greedy_prompts)
+    )
+    shape = shot_shape(config, vocab)
+    adapter = batch_shots(config.requests, n, shape, f"batch-{config.seed}")
+    base = tuple(Shot(s.t_s, n, s.prompt, s.output_tokens) for s in adapter)
+    warmup = batch_shots(config.requests, n, shape, f"warmup-{config.seed}")
+    expected = tuple(a.expected_continuation for a in assets.adapters)
+    return Workloads(probes, expected, greedy, warmup, adapter, base)
+
+
+async def _exercise(
+    url: str,
+    server: PeerServer,
+    plan: Workloads,
+    config: PeerBenchConfig,
+    *,
+    started: float,
+    trace: Sequence[Shot] | None,
+) -> Lifetime:
+    routes = (*server.routes(), server.base_route())
+    timeout = config.request_timeout_s
+    _, prompt, max_tokens = plan.probes[0]
+    deadline = started + config.start_timeout_s
+    ok = await first_answer(url, routes[0], prompt, max_tokens, deadline)
+    first = time.monotonic() - started if ok else None
+    probes = await answers(url, routes, plan.probes, timeout)
+    greedy = await answers(url, routes, plan.greedy, timeout)
+    await run_shots(url, routes, plan.warmup, timeout)
+    adapter = await run_shots(url, routes, plan.adapter_batch, timeout)
+    base = await run_shots(url, routes, plan.base_batch, timeout)
+    traced = None if trace is None else await run_shots(url, routes, trace, timeout)
+    return Lifetime(server.label, first, tuple(probes), tuple(greedy), adapter, base, traced)
+
+
+def run_lifetime(
+    server: PeerServer,
+    plan: Workloads,
+    data_dir: Path,
+    config: PeerBenchConfig,
+    trace: Sequence[Shot] | None,
+) -> Lifetime:
+    """Starts ``server``, runs every workload against it, stops it; its memory peak beside."""
+    from dataclasses import replace
+
+    with RssSampler() as rss:
+        started = time.monotonic()  # just before the server's process starts
+        with server.serving(data_dir) as url:
+            lifetime = asyncio.run(
+                _exercise(url, server, plan, config, started=started, trace=trace)
+            )
+    return replace(lifetime, peak_rss_bytes=rss.peak_bytes)
+
+
+def common_rate(lifetimes: Sequence[Lifetime], labels: Sequence[str], load: float) -> float | None:
+    """``load`` times the slower side's capacity (completed adapter-batch requests per second
+    in its first lifetime); None while a side has none, or when one completed nothing."""
+    firsts = [next((lt for lt in lifetimes if lt.label == label), None) for label in labels]
+    if any(lt is None for lt in firsts):
+        return None
+    capacity = min(lt.adapter.completed_per_s for lt in firsts if lt is not None)
+    return load * capacity if capacity > 0 else None
+
+
+def run_setting(
+    pair: tuple[PeerServer, PeerServer],
+    settings: PeerSettings,
+    plan: Workloads,
+    config: PeerBenchConfig,
+    *,
+    vocab: int,
+    root: Path,
+) -> SettingRuns:
+    """Every lifetime of one setting in ABBA order; the trace from the third lifetime on."""
+    labels = [server.label for server in pair]
+    lifetimes: list[Lifetime] = []
+    rate: float | None = None
+    trace: tuple[Shot, ...] | None = None
+    for index, (_, member) in enumerate(run_order([2], config.rounds)):
+        if trace is None and index >= 2:
+            rate = common_rate(lifetimes, labels, config.load)
+            if rate is not None:
+                shape, n = shot_shape(config, vocab), len(plan.probes)
+                trace = zipf_trace(rate, config.trace_requests, n, shape, config.seed)
+        data_dir = root / f"max-loras-{settings.max_loras}" / f"run-{index}-{labels[member]}"
+        lifetimes.append(run_lifetime(pair[member], plan, data_dir, config, trace))
+    return SettingRuns(settings, (labels[0], labels[1]), tuple(lifetimes), rate, plan.expected)
+
+
+def run_peer_bench(
+    config: PeerBenchConfig,
+    assets: DemoAssets,
+    make_pair: Callable[[PeerSettings, Path], tuple[PeerServer, PeerServer]],
+) -> list[SettingRuns]:
+    """Every setting of ``config``; ``make_pair`` builds (loraplex, other) for one setting
+    (given a scratch directory it may prepare files in)."""
+    from loraplex.artifacts.base_model import BaseModelSpec
+
+    vocab = BaseModelSpec.from_dir(assets.base_model_dir).vocab_size
+    plan = workloads(assets, vocab, config)
+    results = []
+    with tempfile.TemporaryDirectory(prefix="loraplex-bench-peer-") as tmp:
+        root = Path(tmp)
+        for max_loras in config.max_loras:
+            settings = matched_settings(assets, config, max_loras)
+            pair = make_pair(settings, root)
+            results.append(run_setting(pair, settings, plan, config, vocab=vocab, root=root))
+    return results
+
+
+def matched_settings(assets: DemoAssets, config: PeerBenchConfig, max_loras: int) -> PeerSettings:
+    """The settings both servers run: loraplex's defaults for context length and KV-cache size
+    (``num_kv_blocks`` x ``block_size`` tokens of float32 K and V), which vLLM is given."""
+    from loraplex.artifacts.base_model import BaseModelSpec
+    from loraplex.serve.config import ServeConfig
+
+    defaults = ServeConfig(data_dir=Path("unused"))
+    base = BaseModelSpec.from_dir(assets.base_model_dir)
+    per_token = 2 * base.num_layers * base.num_kv_heads * base.head_dim * 4  # K and V, float32
+    return PeerSettings(
+        max_loras=max_loras,
+        max_lora_rank=defaults.max_lora_rank,
+        max_num_seqs=defaults.max_num_seqs,
+        max_model_len=defaults.max_model_len,
+        kv_cache_bytes=defaults.num_kv_blocks * defaults.block_size * per_token,
+        threads=config.threads,
+        vllm_cpu_bind=config.vllm_cpu_bind,
+    )
+
+
+def run_against_vllm(config: PeerBenchConfig, python: Path, version: str) -> dict[str, Any]:
+    """The whole benchmark: loraplex against vLLM ``version`` run by ``python``."""
+    from loraplex.bench.peer_loraplex import LoraplexServer, prepare_demo_fleet
+    from loraplex.bench.peer_vllm import VllmServer
+    from loraplex.demo.assets import generate_demo_assets
+
+    assets = generate_demo_assets(config.asset_dir / "test-small", preset="small", seed=0)
+
+    def make_pair(settings: PeerSettings, root: Path) -> tuple[PeerServer, PeerServer]:
+        fleet_root = root / f"fleet-{settings.max_loras}"
+        fleet = prepare_demo_fleet(fleet_root, assets, settings.max_lora_rank)
+        ours = LoraplexServer(
+            fleet,
+            assets,
+            settings,
+            queue_deadline_s=config.request_timeout_s,
+            start_timeout_s=config.start_timeout_s,
+        )
+        theirs = VllmServer(python, assets, settings, start_timeout_s=config.start_timeout_s)
+        return ours, theirs
+
+    runs = run_peer_bench(config, assets, make_pair)
+    return peer_result(config, runs, f"vllm {version} ({python})")

@@ -1,0 +1,82 @@
+"""The fleet board: every engine replica's latest status, as the ingress and ``fleet status``
+see them.
+
+Each engine replica pushes its ``EngineReplica.status()`` every ``PUSH_INTERVAL_S``; ``Board``
+keeps the latest per replica with the time it arrived (the board's clock, so replica clocks do
+not matter). A replica whose last push is older than ``STALE_AFTER_S`` is out of rotation for
+the ingress (``healthy`` False); one silent for ``FORGET_AFTER_S`` is dropped. The Serve
+deployment wrapping it is ``deployments.FleetBoard`` (one replica).
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+PUSH_INTERVAL_S = 0.5  # how often an engine replica pushes its status
+STALE_AFTER_S = 3.0  # a replica silent this long is out of rotation
+FORGET_AFTER_S = 60.0  # a replica silent this long is dropped from the board
+MAX_REPLICAS = 4096  # entries the board keeps (a bound on what replicas can make it hold)
+
+
+@dataclass(frozen=True)
+class BoardEntry:
+    """One replica's latest status and how old it is."""
+
+    replica_id: str
+    status: dict[str, Any]  # ``EngineReplica.status()``
+    age_s: float  # seconds since it arrived
+
+    @property
+    def fresh(self) -> bool:
+        return self.age_s <= STALE_AFTER_S
+
+    @property
+    def healthy(self) -> bool:
+        """Reported recently and took requests then."""
+        return self.fresh and bool(self.status.get("healthy"))
+
+
+class Board:
+    """Latest status per replica (thread-safe)."""
+
+    def __init__(self, clock: Callable[[], float] = time.monotonic) -> None:
+        self._clock = clock
+        self._lock = threading.Lock()
+        self._latest: dict[str, tuple[float, dict[str, Any]]] = {}
+        self.num_departed = 0  # replicas dropped after going silent
+
+    def put(self, status: dict[str, Any]) -> None:
+        replica_id = status.get("replica_id")
+        if not isinstance(replica_id, str) or not replica_id:
+            raise ValueError(f"status replica_id {replica_id!r} is invalid; expected a string")
+        now_s = self._clock()
+        with self._lock:
+            self._forget_silent(now_s)
+            if replica_id not in self._latest and len(self._latest) >= MAX_REPLICAS:
+                raise ValueError(f"the board holds {MAX_REPLICAS} replicas; expected fewer")
+            self._latest[replica_id] = (now_s, status)
+
+    def remove(self, replica_id: str) -> None:
+        """Drops a replica at once (it is shutting down)."""
+        with self._lock:
+            self._latest.pop(replica_id, None)
+
+    def entries(self) -> list[BoardEntry]:
+        """Every replica heard from within ``FORGET_AFTER_S``, by id."""
+        now_s = self._clock()
+        with self._lock:
+            self._forget_silent(now_s)
+            return [
+                BoardEntry(replica_id, status, now_s - at_s)
+                for replica_id, (at_s, status) in sorted(self._latest.items())
+            ]
+
+    def _forget_silent(self, now_s: float) -> None:
+        for replica_id, (at_s, _) in list(self._latest.items()):
+            if now_s - at_s > FORGET_AFTER_S:
+                del self._latest[replica_id]
+                self.num_departed += 1

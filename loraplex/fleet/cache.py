@@ -1,0 +1,222 @@
+"""``FleetCache``: the admin API's ``CacheControl`` over every engine replica's cache.
+
+An operator's (or a release's) pin, unpin, prefetch, eviction and warm policy apply to every
+healthy replica, and a pin's future completes only once every one of them holds the copy (the
+release controller's prewarm thus waits for the whole fleet before it probes and moves the
+alias). Standing pins, warm policies and tenant settings are remembered and replayed on a
+replica that joins later (a replacement after a crash, a scale-up), so it serves the same set.
+
+Reads answer from the board: ``summary`` sums the healthy replicas' summaries, ``is_resident``
+is true when any healthy replica holds the copy, ``snapshot`` lists every healthy replica's
+copies (one entry per copy: a revision on two replicas is listed twice).
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from collections import Counter
+from collections.abc import Callable, Mapping
+from concurrent.futures import Future
+from typing import Any
+
+from loraplex.artifacts.identity import AdapterKey
+from loraplex.artifacts.warm_policy import WarmPolicy
+from loraplex.engine.messages import (
+    CacheCommand,
+    Evict,
+    Pin,
+    Prefetch,
+    SetWarm,
+    Snapshot,
+    Unpin,
+    UpdateTenants,
+)
+from loraplex.engine.tenant_shares import TenantSettings
+from loraplex.errors import EngineUnavailableError
+from loraplex.fleet.board import BoardEntry
+from loraplex.fleet.link import FleetLink
+from loraplex.residency.cache.view import CacheSummary, ResidencySnapshot
+from loraplex.residency.ledger import Tier
+from loraplex.residency.stats import CacheStatsSnapshot, StageSummary
+from loraplex.serve.release_env import all_of
+
+_log = logging.getLogger(__name__)
+SYNC_CALL_TIMEOUT_S = 30.0  # unpin / evict / snapshot wait this long for every replica
+_TIER_SETS = {Tier.L0: "l0", Tier.L1: "l1", Tier.L2: "l2"}
+
+
+class FleetCache:
+    """``CacheControl`` over the fleet (see the module docstring)."""
+
+    def __init__(self, link: FleetLink) -> None:
+        self._link = link
+        self._lock = threading.Lock()
+        self._pins: Counter[tuple[AdapterKey, Tier]] = Counter()  # standing pins
+        self._warm: dict[AdapterKey, WarmPolicy] = {}  # non-default warm policies
+        self._tenants: dict[str, TenantSettings] | None = None  # the last settings sent
+        self._known: set[str] = set()  # replicas that got the standing state
+        link.on_entries(self._replay_to_new)
+
+    # --- reads ---------------------------------------------------------------------------
+
+    def summary(self) -> CacheSummary:
+        summaries = [e.status["summary"] for e in self._healthy()]
+        if not summaries:
+            raise EngineUnavailableError("no engine replica is in rotation")
+        return sum_summaries(summaries)
+
+    def is_resident(self, key: AdapterKey, tier: Tier) -> bool:
+        name = _TIER_SETS.get(tier)
+        if name is None:
+            return False
+        wanted = str(key)
+        return any(wanted in e.status["report"]["residency"][name] for e in self._healthy())
+
+    def snapshot(self) -> ResidencySnapshot:
+        replies = self._wait(self._link.call_each(Snapshot()))
+        snapshots: list[ResidencySnapshot] = list(replies.values())
+        if not snapshots:
+            raise EngineUnavailableError("no engine replica is in rotation")
+        entries = tuple(e for s in snapshots for e in s.entries)
+        stats = sum_stats([s.stats for s in snapshots])
+        loading = sum(s.num_loading for s in snapshots)
+        blocked = sum(s.num_blocked for s in snapshots)
+        return ResidencySnapshot(entries, stats, loading, blocked)
+
+    # --- changes (every healthy replica) -----------------------------------------------------
+
+    def pin(self, key: AdapterKey, tier: Tier) -> Future[None]:
+        with self._lock:
+            self._pins[(key, tier)] += 1
+        return self._everywhere(Pin(key, tier))
+
+    def prefetch(self, key: AdapterKey, tier: Tier) -> Future[None]:
+        return self._everywhere(Prefetch(key, tier))
+
+    def unpin(self, key: AdapterKey, tier: Tier) -> None:
+        with self._lock:
+            if self._pins[(key, tier)] > 0:
+                self._pins[(key, tier)] -= 1
+            if self._pins[(key, tier)] == 0:
+                del self._pins[(key, tier)]
+        self._wait(self._link.call_each(Unpin(key, tier)))
+
+    def evict(self, key: AdapterKey, tier: Tier) -> bool:
+        return any(self._wait(self._link.call_each(Evict(key, tier))).values())
+
+    def set_warm_policy(self, key: AdapterKey, warm: WarmPolicy | None) -> None:
+        with self._lock:
+            if warm is None or warm is WarmPolicy.ON_DEMAND:
+                self._warm.pop(key, None)
+            else:
+                self._warm[key] = warm
+        self._wait(self._link.call_each(SetWarm(key, warm)))
+
+    def update_tenant_settings(self, settings: Mapping[str, TenantSettings]) -> None:
+        """Every tenant's settings to every replica (the admin API changed a tenant)."""
+        with self._lock:
+            self._tenants = dict(settings)
+        self._wait(self._link.call_each(UpdateTenants(dict(settings))))
+
+    # --- internals -----------------------------------------------------------------------
+
+    def _healthy(self) -> list[BoardEntry]:
+        return [e for e in self._link.entries() if e.healthy]
+
+    def _everywhere(self, command: CacheCommand) -> Future[None]:
+        futures = list(self._link.call_each(command).values())
+        if not futures:
+            failed: Future[None] = Future()
+            failed.set_exception(EngineUnavailableError("no engine replica is in rotation"))
+            return failed
+        return all_of(futures)
+
+    def _wait(self, futures: dict[str, Future[Any]]) -> dict[str, Any]:
+        return {rid: f.result(SYNC_CALL_TIMEOUT_S) for rid, f in futures.items()}
+
+    def _replay_to_new(self, entries: list[BoardEntry]) -> None:
+        """Standing pins, warm policies and tenant settings to replicas seen the first time
+        (runs on the link's thread after each board poll; the calls run on its loop)."""
+        new = [e.replica_id for e in entries if e.healthy and e.replica_id not in self._known]
+        if not new:
+            return
+        self._known.update(new)
+        with self._lock:
+            commands: list[CacheCommand] = []
+            if self._tenants is not None:
+                commands.append(UpdateTenants(dict(self._tenants)))
+            commands += [SetWarm(key, warm) for key, warm in self._warm.items()]
+            commands += [Pin(key, tier) for (key, tier) in self._pins]
+        for command in commands:
+            for replica_id, future in self._link.call_each(command, new).items():
+                future.add_done_callback(_failure_logger(replica_id, command))
+
+
+def _failure_logger(replica_id: str, command: CacheCommand) -> Callable[[Future[Any]], None]:
+    def log_failure(future: Future[Any]) -> None:
+        error = None if future.cancelled() else future.exception()
+        if error is not None:
+            _log.warning("fleet: replaying %s on replica %s failed: %s", command, replica_id, error)
+
+    return log_failure
+
+
+def sum_stats(stats: list[CacheStatsSnapshot]) -> CacheStatsSnapshot:
+    """The fleet's cache counters: per-replica counters summed; stage timings merged by
+    ``merge_stages``."""
+
+    def add(field: str) -> dict[Any, int]:
+        total: Counter[Any] = Counter()
+        for s in stats:
+            total.update(getattr(s, field))
+        return dict(total)
+
+    stages: dict[Any, list[StageSummary]] = {}
+    for s in stats:
+        for stage, summary in s.stages.items():
+            stages.setdefault(stage, []).append(summary)
+    waits = [s.room_wait for s in stats if s.room_wait is not None]
+    return CacheStatsSnapshot(
+        hits=add("hits"),
+        misses=sum(s.misses for s in stats),
+        loads=add("loads"),
+        evictions=add("evictions"),
+        reloads_after_eviction=add("reloads_after_eviction"),
+        load_failures=sum(s.load_failures for s in stats),
+        resident_count=add("resident_count"),
+        resident_bytes=add("resident_bytes"),
+        stages={stage: merge_stages(parts) for stage, parts in stages.items()},
+        room_wait=merge_stages(waits) if waits else None,
+    )
+
+
+def merge_stages(parts: list[StageSummary]) -> StageSummary:
+    """Counts and seconds summed; the percentiles and maximum are the largest replica's (an
+    upper bound: percentiles of different replicas' samples do not combine exactly)."""
+    return StageSummary(
+        count=sum(p.count for p in parts),
+        total_s=sum(p.total_s for p in parts),
+        p50_s=max(p.p50_s for p in parts),
+        p95_s=max(p.p95_s for p in parts),
+        max_s=max(p.max_s for p in parts),
+    )
+
+
+def sum_summaries(summaries: list[CacheSummary]) -> CacheSummary:
+    """The fleet's cache summary: counters and per-tier totals summed over replicas."""
+
+    def add(field: str) -> dict[Tier, int]:
+        total: Counter[Tier] = Counter()
+        for s in summaries:
+            total.update(getattr(s, field))
+        return dict(total)
+
+    return CacheSummary(
+        stats=sum_stats([s.stats for s in summaries]),
+        num_loading=sum(s.num_loading for s in summaries),
+        num_blocked=sum(s.num_blocked for s in summaries),
+        used_bytes=add("used_bytes"),
+        capacity_bytes=add("capacity_bytes"),
+        num_copies=add("num_copies"),
+    )

@@ -1,0 +1,224 @@
+"""``fleet up``, ``fleet status`` and ``fleet down``: a Ray cluster, the Serve application on it,
+and what ``up`` started recorded so ``down`` stops exactly that.
+
+``up`` without an address starts a local Ray head (``ray start --head``, its GCS on a free port:
+the machine's Redis keeps 6379) and records it in ``<data dir>/fleet.json``; with an address it
+joins that cluster and ``down`` leaves the cluster running. Before deploying, ``up`` prepares
+what every deployment reads: the demo model and adapters (when no model is given), the demo
+registration and the keys (printed once), the admin key. It returns once ``/ready`` answers 200
+(every engine replica reported) or fails after ``ready_timeout_s``.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import socket
+import subprocess
+import sys
+import time
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+import httpx
+
+from loraplex.fleet.settings import APP_NAME, FleetSettings
+from loraplex.serve.config import ServeConfig
+
+STATE_FILE = "fleet.json"
+DEFAULT_READY_TIMEOUT_S = 300.0
+_RAY_ENV = {"RAY_USAGE_STATS_ENABLED": "0"}  # no usage reporting: no network at run time
+
+
+@dataclass(frozen=True)
+class FleetRecord:
+    """What ``up`` started (``<data dir>/fleet.json``)."""
+
+    address: str  # the Ray cluster's GCS address
+    started_cluster: bool  # True: ``up`` started it, ``down`` stops it
+    url: str  # the ingress's base URL
+    engine_replicas: int
+
+
+@dataclass(frozen=True)
+class Prepared:
+    model_dir: Path  # the base model every replica loads
+    admin_key: str
+    new_admin_key: bool  # created now (printed once)
+    sample_keys: dict[str, str]  # demo tenant -> API key, when issued now
+
+
+def prepare(config: ServeConfig) -> Prepared:
+    """The model, the demo registration and the keys, before any deployment starts (replicas
+    would otherwise race to generate and register them)."""
+    from loraplex.artifacts.base_model import BaseModelSpec
+    from loraplex.registry import open_registry
+    from loraplex.serve.assembly import demo_assets
+    from loraplex.serve.bootstrap import ADMIN_KEY_FILE, admin_key, register_demo, sample_keys
+    from loraplex.serve.engine_side import registry_config
+
+    config.data_dir.mkdir(mode=0o700, parents=True, exist_ok=True)
+    assets = demo_assets(config)
+    model_dir = assets.base_model_dir if assets is not None else config.model
+    if model_dir is None:
+        raise ValueError("model None is invalid; expected a model directory or the demo assets")
+    new_admin = config.admin_key is None and not (config.data_dir / ADMIN_KEY_FILE).exists()
+    admin = config.admin_key or admin_key(config.data_dir)
+    keys: dict[str, str] = {}
+    registry = open_registry(registry_config(config), base=BaseModelSpec.from_dir(model_dir))
+    try:
+        if assets is not None and config.demo:
+            state = register_demo(registry, assets)
+            keys = sample_keys(registry, state.tenants, config.data_dir)
+    finally:
+        registry.close()
+    return Prepared(model_dir, admin, new_admin, keys)
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port: int = sock.getsockname()[1]
+        return port
+
+
+def ray_executable() -> str:
+    """The ``ray`` CLI of this Python environment."""
+    candidate = Path(sys.executable).parent / "ray"
+    if candidate.exists():
+        return str(candidate)
+    found = shutil.which("ray")
+    if found is None:
+        raise RuntimeError("the ray CLI is not installed; install loraplex with the fleet extra")
+    return found
+
+
+def start_local_cluster(num_cpus: int | None = None) -> str:
+    """``ray start --head`` on this machine; its GCS address."""
+    port = free_port()
+    command = [
+        ray_executable(),
+        "start",
+        "--head",
+        f"--port={port}",
+        "--node-ip-address=127.0.0.1",
+        "--include-dashboard=false",
+        "--disable-usage-stats",
+    ]
+    if num_cpus is not None:
+        command.append(f"--num-cpus={num_cpus}")
+    env = {**os.environ, **_RAY_ENV}
+    done = subprocess.run(command, capture_output=True, text=True, env=env, check=False)
+    if done.returncode != 0:
+        raise RuntimeError(f"ray start failed ({done.returncode}): {done.stderr.strip()[-2000:]}")
+    return f"127.0.0.1:{port}"
+
+
+def stop_local_cluster() -> None:
+    env = {**os.environ, **_RAY_ENV}
+    subprocess.run([ray_executable(), "stop", "--force"], capture_output=True, env=env, check=False)
+
+
+def connect(address: str) -> None:
+    import ray
+
+    os.environ.update(_RAY_ENV)
+    if ray.is_initialized():
+        ray.shutdown()
+    ray.init(address=address, namespace="loraplex", logging_level="WARNING", log_to_driver=False)
+
+
+def deploy(settings: FleetSettings) -> None:
+    """The Serve application on the connected cluster (HTTP on ``serve.host:serve.port``)."""
+    from ray import serve
+
+    from loraplex.fleet.deployments import build_app
+
+    config = settings.serve
+    serve.start(http_options={"host": config.host, "port": config.port})
+    serve.run(build_app(settings), name=APP_NAME, route_prefix="/", blocking=False)
+
+
+def wait_ready(url: str, timeout_s: float) -> None:
+    """Returns once ``url``/ready answers 200; RuntimeError with the last answer after
+    ``timeout_s``."""
+    deadline = time.monotonic() + timeout_s
+    last = "no answer"
+    while time.monotonic() < deadline:
+        try:
+            reply = httpx.get(f"{url}/ready", timeout=5.0)
+            if reply.status_code == 200:
+                return
+            last = f"{reply.status_code} {reply.text[:200]}"
+        except httpx.HTTPError as exc:
+            last = str(exc)
+        time.sleep(1.0)
+    raise RuntimeError(f"the fleet at {url} was not ready within {timeout_s:g} s: {last}")
+
+
+def base_url(config: ServeConfig) -> str:
+    host = "127.0.0.1" if config.host in ("0.0.0.0", "::") else config.host
+    return f"http://{host}:{config.port}"
+
+
+def up(
+    settings: FleetSettings,
+    address: str | None,
+    *,
+    ready_timeout_s: float = DEFAULT_READY_TIMEOUT_S,
+) -> FleetRecord:
+    """Starts (or joins) the cluster, deploys, waits for /ready; records what it started."""
+    state_path = settings.serve.data_dir / STATE_FILE
+    if state_path.exists():
+        raise RuntimeError(f"a fleet is already recorded in {state_path}; run fleet down first")
+    started = address is None
+    cluster = start_local_cluster() if address is None else address
+    record = FleetRecord(cluster, started, base_url(settings.serve), settings.engine_replicas)
+    try:
+        connect(cluster)
+        deploy(settings)
+        state_path.write_text(json.dumps(asdict(record)), encoding="utf-8")
+        wait_ready(record.url, ready_timeout_s)
+    except BaseException:
+        if started:
+            stop_local_cluster()
+        state_path.unlink(missing_ok=True)
+        raise
+    return record
+
+
+def read_record(data_dir: Path) -> FleetRecord:
+    path = data_dir / STATE_FILE
+    try:
+        values = json.loads(path.read_text(encoding="utf-8"))
+    except FileNotFoundError:
+        raise RuntimeError(f"no fleet is recorded in {path}; run fleet up first") from None
+    return FleetRecord(**values)
+
+
+def board_entries(address: str) -> list[Any]:
+    """Every replica on the board (connects to the cluster)."""
+    from ray import serve
+
+    connect(address)
+    board = serve.get_deployment_handle("Board", app_name=APP_NAME)
+    entries: list[Any] = board.entries.remote().result(timeout_s=30.0)
+    return entries
+
+
+def down(data_dir: Path) -> FleetRecord:
+    """Deletes the application; stops the cluster when ``up`` started it."""
+    record = read_record(data_dir)
+    try:
+        from ray import serve
+
+        connect(record.address)
+        serve.delete(APP_NAME)
+        serve.shutdown()
+    finally:
+        if record.started_cluster:
+            stop_local_cluster()
+        (data_dir / STATE_FILE).unlink(missing_ok=True)
+    return record

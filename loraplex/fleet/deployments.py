@@ -1,0 +1,158 @@
+"""The fleet's Ray Serve deployments and the application they form.
+
+- ``Board`` (one replica): every engine replica's latest status (``board.Board``).
+- ``EngineReplica`` (``engine_replicas``): one ``EngineReplica`` each; Ray Serve routes calls
+  to them with ``LoraplexRequestRouter`` and collects ``record_routing_stats`` every
+  ``report_period_s``; each also pushes its status to the board.
+- ``Ingress`` (one replica): the same FastAPI app as ``loraplex serve``
+  (``ingress.build_ingress``), behind Ray Serve's HTTP proxy.
+
+Engines ask Ray for no logical CPUs: their compute threads are set by ``torch_threads`` (the
+fleet CLI splits the machine's cores among the replicas), so Ray's accounting never refuses a
+replica that the operator sized on purpose.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import threading
+from collections.abc import AsyncIterator
+from typing import Any
+
+from ray import serve
+from ray.serve.config import RequestRouterConfig
+from ray.serve.handle import DeploymentHandle
+
+from loraplex.engine.messages import CacheCommand
+from loraplex.engine.process_child import pack_error
+from loraplex.engine.protocol import EngineRequest, TokenDelta
+from loraplex.fleet.board import PUSH_INTERVAL_S, Board, BoardEntry
+from loraplex.fleet.replica import EngineReplica, build_replica_parts
+from loraplex.fleet.settings import FleetSettings
+from loraplex.fleet.wire import Accepted, Failed, RouteHint
+
+_log = logging.getLogger(__name__)
+HEALTH_CHECK_PERIOD_S = 2.0  # Ray Serve asks each engine replica this often
+HEALTH_CHECK_TIMEOUT_S = 10.0
+ROUTING_STATS_TIMEOUT_S = 5.0
+# By import path: Ray imports it in every process that holds the engine deployment's handle.
+ROUTER_CLASS = "loraplex.fleet.ray_router.LoraplexRequestRouter"
+
+
+class FleetBoardImpl:
+    """The board's one replica (wrapped by ``serve.deployment`` in ``build_app``)."""
+
+    def __init__(self) -> None:
+        self._board = Board()
+
+    def put(self, status: dict[str, Any]) -> None:
+        self._board.put(status)
+
+    def remove(self, replica_id: str) -> None:
+        self._board.remove(replica_id)
+
+    def entries(self) -> list[BoardEntry]:
+        return self._board.entries()
+
+
+class EngineDeploymentImpl:
+    """One engine replica inside Ray Serve (wrapped by ``serve.deployment`` in ``build_app``)."""
+
+    def __init__(self, settings: FleetSettings, board: DeploymentHandle) -> None:
+        replica_id = serve.get_replica_context().replica_id.unique_id
+        parts = build_replica_parts(settings.serve, settings.model_dir, replica_id)
+        self._replica = EngineReplica(replica_id, parts)
+        self._board = board
+        self._stop = threading.Event()
+        self._pusher = threading.Thread(
+            target=self._push_forever, name="loraplex-board-push", daemon=True
+        )
+        self._pusher.start()
+
+    async def generate(
+        self, request: EngineRequest, hint: RouteHint | None = None
+    ) -> AsyncIterator[Accepted | TokenDelta | Failed]:
+        async for item in self._replica.generate(request):
+            yield item
+
+    async def cache_call(self, command: CacheCommand, hint: RouteHint | None = None) -> Any:
+        """The command's result, or ``Failed`` with its domain error (so the class survives)."""
+        try:
+            return await self._replica.cache_call(command)
+        except Exception as exc:
+            return Failed(pack_error(exc))
+
+    def record_routing_stats(self) -> dict[str, Any]:
+        return self._replica.routing_stats()
+
+    def check_health(self) -> None:
+        self._replica.check_health()
+
+    def __del__(self) -> None:
+        self._stop.set()
+        with contextlib.suppress(Exception):  # the board may be gone first
+            self._board.remove.remote(self._replica.replica_id)
+        self._replica.close()
+
+    def _push_forever(self) -> None:
+        while not self._stop.wait(PUSH_INTERVAL_S):
+            try:
+                self._board.put.remote(self._replica.status()).result(timeout_s=10.0)
+            except Exception:  # the board restarting: push again next time
+                _log.warning("fleet: pushing status to the board failed", exc_info=True)
+
+
+class FleetIngressImpl:
+    """The ingress replica: ``loraplex serve``'s app over the fleet."""
+
+    def __init__(
+        self, settings: FleetSettings, engine: DeploymentHandle, board: DeploymentHandle
+    ) -> None:
+        from loraplex.fleet.ingress import build_ingress
+
+        self._server = build_ingress(settings, engine, board)
+
+    def __serve_build_asgi_app__(self) -> Any:
+        return self._server.app
+
+    def __del__(self) -> None:
+        self._server.close()
+
+
+def build_app(settings: FleetSettings) -> Any:
+    """The Serve application: board, engine replicas, ingress."""
+    engine_options = {
+        "num_replicas": settings.engine_replicas,
+        "ray_actor_options": {"num_cpus": 0},
+        # NOTE: the engine queues and bounds requests itself (max_queue_len, QueueFullError);
+        # Ray's per-replica cap only has to stay above that.
+        "max_ongoing_requests": settings.serve.max_queue_len + settings.serve.max_num_seqs,
+        "health_check_period_s": HEALTH_CHECK_PERIOD_S,
+        "health_check_timeout_s": HEALTH_CHECK_TIMEOUT_S,
+        "request_router_config": RequestRouterConfig(
+            request_router_class=ROUTER_CLASS,
+            request_router_kwargs={
+                "policy": settings.policy,
+                "router_config": dict(settings.router),
+                "seed": settings.seed,
+            },
+            request_routing_stats_period_s=settings.report_period_s,
+            request_routing_stats_timeout_s=ROUTING_STATS_TIMEOUT_S,
+        ),
+    }
+    engine_deployment = serve.deployment(EngineDeploymentImpl, name="EngineReplica").options(
+        **engine_options
+    )
+    ingress_class = serve.ingress()(FleetIngressImpl)
+    ingress_deployment = serve.deployment(ingress_class, name="Ingress").options(
+        num_replicas=settings.ingress_replicas,
+        ray_actor_options={"num_cpus": 0},
+        max_ongoing_requests=settings.serve.max_connections,
+    )
+    board_deployment = serve.deployment(FleetBoardImpl, name="Board").options(
+        num_replicas=1, ray_actor_options={"num_cpus": 0}
+    )
+    board = board_deployment.bind()
+    engine = engine_deployment.bind(settings, board)
+    return ingress_deployment.bind(settings, engine, board)

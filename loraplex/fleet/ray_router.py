@@ -1,0 +1,83 @@
+"""``LoraplexRequestRouter``: the router policy (``loraplex/router/``) plugged into Ray Serve.
+
+Ray Serve calls ``choose_replicas`` in the process that holds the engine deployment's handle
+(the ingress, or a benchmark driver) for every call through the handle. Each engine replica's
+``record_routing_stats()`` hands Ray its encoded ``ReplicaReport`` (every
+``request_routing_stats_period_s``); this router decodes it, stamps it on its own clock the first
+time it sees it (replica clocks are not comparable), and asks ``Router.choose`` for the ranking.
+A malformed report counts as none (that replica keeps its previous report, if fresh).
+
+A call carrying ``RouteHint(target=...)`` (a cache call or a probe that must reach one
+particular replica) goes to that replica only; ``RouteHint(avoid=...)`` leaves replicas out (a
+retry after a replica died), unless that would leave none.
+
+Every decision is counted by reason in ``routing.ROUTING_LOG`` (this process's), which the
+ingress's /metrics and ``/admin/fleet`` read. NOTE: Ray pickles this module by value into every
+process holding the handle: it defines nothing but the class, so everything the class uses is
+reached through its module (modules pickle by reference: one ``ROUTING_LOG`` per process).
+"""
+
+from __future__ import annotations
+
+import random
+import threading
+from collections.abc import Mapping
+from typing import Any
+
+from ray.serve.request_router import PendingRequest, RequestRouter, RunningReplica
+
+from loraplex.clock import MonotonicClock
+from loraplex.engine.protocol import EngineRequest
+from loraplex.fleet import routing
+from loraplex.fleet.wire import RouteHint
+from loraplex.router.config import RouterConfig
+from loraplex.router.router import DEFAULT_POLICY, Router
+
+
+class LoraplexRequestRouter(RequestRouter):  # type: ignore[misc]
+    """Ray Serve's request router running loraplex's policy (see the module docstring)."""
+
+    def initialize_state(
+        self,
+        policy: str = DEFAULT_POLICY,
+        router_config: Mapping[str, Any] | None = None,
+        seed: int | None = None,
+        **unknown: Any,
+    ) -> None:
+        if unknown:
+            raise ValueError(f"request_router_kwargs {sorted(unknown)} are unknown")
+        clock = MonotonicClock()
+        config = RouterConfig(**dict(router_config or {}))
+        self._clock = clock
+        self._router = Router(policy, config, clock=clock, rng=random.Random(seed))
+        self._stamps = routing.ReportStamps()
+        self._lock = threading.Lock()
+        routing.ROUTING_LOG.policy = policy
+
+    async def choose_replicas(
+        self,
+        candidate_replicas: list[RunningReplica],
+        pending_request: PendingRequest | None = None,
+    ) -> list[list[RunningReplica]]:
+        by_id = {r.replica_id.unique_id: r for r in candidate_replicas}
+        if not by_id:
+            return []
+        hint = pending_request.kwargs.get("hint") if pending_request is not None else None
+        if isinstance(hint, RouteHint) and hint.target is not None:
+            return [[by_id[hint.target]]] if hint.target in by_id else []
+        offered = by_id
+        if isinstance(hint, RouteHint) and hint.avoid:
+            offered = {i: r for i, r in by_id.items() if i not in hint.avoid} or by_id
+        args = pending_request.args if pending_request is not None else []
+        request = routing.route_request_of(args)
+        with self._lock:  # NOTE: several routing tasks may run; the router's memory is shared
+            now_s = self._clock.now()
+            self._stamps.forget_except(set(by_id))
+            reports = {
+                i: self._stamps.report_of(i, r.routing_stats or {}, now_s)
+                for i, r in offered.items()
+            }
+            decision = self._router.choose(request, reports)
+        if args and isinstance(args[0], EngineRequest):
+            routing.ROUTING_LOG.record(decision.reason.value)
+        return [[offered[i]] for i in decision.ranked]

@@ -1,0 +1,93 @@
+"""What the fleet's request router keeps in this process: decisions by reason (``ROUTING_LOG``,
+read by the ingress's /metrics and ``/admin/fleet``), report stamping, and the mapping of a
+handle call to the policy's ``RouteRequest``. Ray-free; ``ray_router`` holds only the Ray class
+(Ray pickles that module by value, so it must not define state of its own).
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from collections import Counter
+from collections.abc import Mapping
+from dataclasses import replace
+from typing import Any
+
+from loraplex.engine.protocol import EngineRequest
+from loraplex.router.decision import RouteRequest
+from loraplex.router.reports import MalformedReportError, ReplicaReport, decode_report
+
+_log = logging.getLogger(__name__)
+REPORT_KEY = "report"  # the routing stats key holding the encoded report
+
+
+class RoutingLog:
+    """Decisions by reason since this process started, and the policy that made them."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._reasons: Counter[str] = Counter()
+        self.policy: str | None = None
+        self.malformed_reports = 0  # reports this process refused (MalformedReportError)
+
+    def record(self, reason: str) -> None:
+        with self._lock:
+            self._reasons[reason] += 1
+
+    def counts(self) -> dict[str, int]:
+        with self._lock:
+            return dict(self._reasons)
+
+
+ROUTING_LOG = RoutingLog()
+
+
+def session_of(request: EngineRequest) -> str | None:
+    """The router's session key: the caller's session within its tenant (two tenants' users of
+    the same name are different sessions)."""
+    if request.session_key is None:
+        return None
+    return f"{request.tenant}/{request.session_key}"
+
+
+def route_request_of(args: list[Any] | tuple[Any, ...]) -> RouteRequest:
+    """What the policy needs of a handle call: a ``generate`` call's request, else (cache
+    calls, status) an adapter-less request of no tokens."""
+    request = args[0] if args else None
+    if not isinstance(request, EngineRequest):
+        return RouteRequest(None, None, 0)
+    key = None if request.adapter_key is None else str(request.adapter_key)
+    return RouteRequest(key, session_of(request), len(request.prompt_token_ids))
+
+
+class ReportStamps:
+    """The router-clock time each replica's current report was first seen."""
+
+    def __init__(self) -> None:
+        self._seen: dict[str, tuple[float, ReplicaReport]] = {}  # id -> (replica at_s, stamped)
+
+    def report_of(
+        self, replica_id: str, stats: Mapping[str, Any], now_s: float
+    ) -> ReplicaReport | None:
+        payload = stats.get(REPORT_KEY)
+        previous = self._seen.get(replica_id)
+        if payload is None:
+            return None if previous is None else previous[1]
+        try:
+            report = decode_report(payload)
+        except MalformedReportError as exc:
+            ROUTING_LOG.malformed_reports += 1
+            _log.warning("replica %s sent a malformed report: %s", replica_id, exc)
+            return None if previous is None else previous[1]
+        if report.replica_id != replica_id:
+            ROUTING_LOG.malformed_reports += 1
+            return None if previous is None else previous[1]
+        if previous is not None and previous[0] == report.at_s:
+            return previous[1]  # the same report as before: keep its first stamp
+        stamped = replace(report, at_s=now_s)
+        self._seen[replica_id] = (report.at_s, stamped)
+        return stamped
+
+    def forget_except(self, replica_ids: set[str]) -> None:
+        for gone in set(self._seen) - replica_ids:
+            del self._seen[gone]

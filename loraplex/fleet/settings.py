@@ -1,0 +1,77 @@
+"""``FleetSettings``: what every deployment of a fleet is built from (pickled by Ray).
+
+The engine replicas and the ingress run with ``serve``'s configuration (``ServeConfig``: the
+same keys, the same meaning) plus the fleet's own: how many replicas of each, the routing policy
+and its settings, how often replicas report. Keys of ``ServeConfig`` that a fleet cannot honour
+(the listener is Ray Serve's HTTP proxy; each replica runs its engine on a thread of its own
+process) are refused by ``check_fleet_config`` when set to anything but their default.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field, fields
+from pathlib import Path
+from typing import Any
+
+from loraplex.router.config import RouterConfig
+from loraplex.router.router import DEFAULT_POLICY, policy_names
+from loraplex.serve.config import ServeConfig
+
+APP_NAME = "loraplex"  # the Serve application
+DEFAULT_REPORT_PERIOD_S = 0.5  # replicas' routing stats period (the issue asks for <= 1 s)
+MAX_REPORT_PERIOD_S = 1.0
+# ServeConfig keys a fleet does not read: the listener is Ray Serve's proxy, the engine runs in
+# each replica's own process.
+NOT_IN_FLEET = (
+    "admin_port",
+    "admin_host",
+    "engine_process",
+    "header_read_timeout_s",
+    "keep_alive_timeout_s",
+    "max_connections",
+    "max_header_bytes",
+)
+
+
+@dataclass(frozen=True)
+class FleetSettings:
+    serve: ServeConfig  # every replica's engine settings and the ingress's HTTP settings
+    model_dir: Path  # the base model (the demo model when ``serve.model`` is None)
+    engine_replicas: int = 2  # engine replicas (one engine, slot pool, CPU tier, disk cache each)
+    ingress_replicas: int = 1  # ingress replicas (HTTP, auth, resolution, release controller)
+    policy: str = DEFAULT_POLICY  # routing policy (``loraplex.router``)
+    router: dict[str, Any] = field(default_factory=dict)  # RouterConfig fields to override
+    seed: int | None = None  # the router's random choices; None: unseeded
+    report_period_s: float = DEFAULT_REPORT_PERIOD_S  # replicas' routing stats period
+
+    def __post_init__(self) -> None:
+        for name in ("engine_replicas", "ingress_replicas"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+                raise ValueError(f"{name} {value!r} is invalid; expected an int >= 1")
+        if self.ingress_replicas != 1:
+            raise ValueError(
+                f"ingress_replicas {self.ingress_replicas} is invalid; expected 1 (the release "
+                "controller and its traffic windows live in the one ingress)"
+            )
+        if self.policy not in policy_names():
+            raise ValueError(f"policy {self.policy!r} is invalid; expected one of {policy_names()}")
+        RouterConfig(**self.router)  # raises naming a wrong key or value
+        if not 0 < self.report_period_s <= MAX_REPORT_PERIOD_S:
+            raise ValueError(
+                f"report_period_s {self.report_period_s} is invalid; expected > 0 and "
+                f"<= {MAX_REPORT_PERIOD_S}"
+            )
+        check_fleet_config(self.serve)
+
+
+def check_fleet_config(config: ServeConfig) -> None:
+    """Refuses ``serve`` keys a fleet would not read (set to anything but their default)."""
+    defaults = ServeConfig(data_dir=config.data_dir)
+    known = {f.name for f in fields(ServeConfig)}
+    for name in NOT_IN_FLEET:
+        if name in known and getattr(config, name) != getattr(defaults, name):
+            raise ValueError(
+                f"config key {name} is not used by a fleet (Ray Serve's HTTP proxy listens and "
+                "each engine replica runs its engine in its own process); remove it"
+            )

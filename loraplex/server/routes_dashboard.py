@@ -1,0 +1,87 @@
+"""The live fleet page: ``GET /admin/fleet`` (the data) and ``GET /admin/dashboard`` (the page).
+
+``/admin/fleet`` needs the admin key like every /admin route and returns ``FleetState.to_json()``
+of ``deps.fleet`` (the fleet's ingress) or, for one server, of a ``LocalFleetState``.
+
+The page and its script, chart library and style (``server/static/``) are public files holding
+no data (``auth.DASHBOARD_PATHS``): a browser cannot send a bearer header when it navigates. The
+page takes the admin key from the URL fragment (``#key=...``, never sent to a server) or a form,
+keeps it in the tab's sessionStorage, and polls ``/admin/fleet`` with it once a second. Its
+Content-Security-Policy allows scripts and styles from this origin only (nothing inline), so a
+replica id or reason shown on it cannot run as code; nothing is fetched from elsewhere.
+"""
+
+from __future__ import annotations
+
+import functools
+from importlib import resources
+
+from fastapi import APIRouter, Depends, Request, Response
+from fastapi.responses import JSONResponse
+from starlette.concurrency import run_in_threadpool
+
+from loraplex.clock import MonotonicClock
+from loraplex.server.auth import DASHBOARD_ASSETS, DASHBOARD_PATH, require_admin
+from loraplex.server.deps import ServerDeps
+from loraplex.server.fleet_view import FleetStateSource
+from loraplex.server.local_fleet import LocalFleetState
+
+router = APIRouter()
+
+PAGE_FILE = "dashboard.html"
+_CONTENT_TYPES = {
+    ".html": "text/html; charset=utf-8",
+    ".js": "text/javascript; charset=utf-8",
+    ".css": "text/css; charset=utf-8",
+}
+PAGE_HEADERS = {
+    "Content-Security-Policy": "default-src 'self'; script-src 'self'; style-src 'self'",
+    "X-Frame-Options": "DENY",
+    "Cache-Control": "no-store",
+    "X-Content-Type-Options": "nosniff",
+    "Referrer-Policy": "no-referrer",
+}
+
+
+def fleet_source(deps: ServerDeps) -> FleetStateSource:
+    """``deps.fleet``, else this server alone (one per app: it keeps the eviction window)."""
+    if deps.fleet is not None:
+        return deps.fleet
+    return LocalFleetState(deps.engine, deps.cache, MonotonicClock())
+
+
+@router.get("/admin/fleet", dependencies=[Depends(require_admin)])
+async def fleet(request: Request) -> JSONResponse:
+    """Every replica's occupancy, hits and load, and the router's decisions (cumulative)."""
+    source: FleetStateSource = request.app.state.fleet
+    # NOTE: on the thread pool: a fleet's source may wait on its replicas' reports.
+    state = await run_in_threadpool(source.fleet_state)
+    return JSONResponse(state.to_json(), headers={"Cache-Control": "no-store"})
+
+
+@functools.cache
+def static_file(name: str) -> bytes:
+    """A file of ``server/static/`` (read once: they never change while the server runs)."""
+    return resources.files("loraplex.server").joinpath("static", name).read_bytes()
+
+
+def _serve(name: str) -> Response:
+    suffix = name[name.rindex(".") :]
+    return Response(static_file(name), media_type=_CONTENT_TYPES[suffix], headers=PAGE_HEADERS)
+
+
+@router.get(DASHBOARD_PATH, include_in_schema=False)
+def dashboard_page() -> Response:
+    return _serve(PAGE_FILE)
+
+
+def _asset_route(name: str) -> None:
+    def asset() -> Response:
+        return _serve(name)
+
+    router.add_api_route(f"{DASHBOARD_PATH}/{name}", asset, methods=["GET"],
+                         include_in_schema=False, name=f"dashboard_{name}")  # fmt: skip
+
+
+for _name in DASHBOARD_ASSETS:
+    _asset_route(_name)
