@@ -20,6 +20,7 @@ _COMMAND_MODULES: tuple[str, ...] = (
     "bench",
     "serve",
     "k8s",
+    "fleet",
 )
 
 app = typer.Typer(

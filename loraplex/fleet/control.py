@@ -214,9 +214,12 @@ def down(data_dir: Path) -> FleetRecord:
     try:
         from ray import serve
 
+        import ray
+
         connect(record.address)
         serve.delete(APP_NAME)
         serve.shutdown()
+        ray.shutdown()  # NOTE: before the head stops, or the driver reports the raylet's death
     finally:
         if record.started_cluster:
             stop_local_cluster()

@@ -1,0 +1,199 @@
+"""``loraplex fleet up | status | down``: loraplex engine replicas on Ray Serve behind one
+ingress (``docs/fleet.md``).
+
+``up`` takes ``serve``'s configuration (the same ``--config`` TOML ``[serve]`` table, the common
+flags below) plus the fleet's own settings (flags, or a ``[fleet]`` table in the same file), starts
+a local Ray head or joins ``--address``, deploys, prints the keys it issued and returns once
+``/ready`` answers. ``status`` prints every replica from the fleet board; ``down`` removes the
+application and stops the Ray head ``up`` started.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import tomllib
+from dataclasses import replace
+from pathlib import Path
+from typing import Annotated, Any
+
+import typer
+
+from loraplex.cli.locations import DatabaseUrl, DataDir, S3Endpoint, Store
+from loraplex.registry import default_data_dir
+
+Opt = typer.Option
+fleet_app = typer.Typer(help="Engine replicas on Ray Serve with residency-aware routing.")
+FLEET_KEYS = ("replicas", "policy", "seed", "report_period_s", "router")
+
+
+def register(app: typer.Typer) -> None:
+    app.add_typer(fleet_app, name="fleet")
+
+
+def fleet_file_values(path: Path | None) -> dict[str, Any]:
+    """The ``[fleet]`` table of the config file (unknown keys refused)."""
+    if path is None:
+        return {}
+    try:
+        document = tomllib.loads(path.read_text(encoding="utf-8"))
+    except (OSError, tomllib.TOMLDecodeError) as exc:
+        raise ValueError(f"config file {path}: {exc}") from exc
+    table = document.get("fleet", {})
+    if not isinstance(table, dict):
+        raise ValueError(f"config file {path}: [fleet] is invalid; expected a table")
+    unknown = sorted(set(table) - set(FLEET_KEYS))
+    if unknown:
+        raise ValueError(
+            f"config file {path}: unknown [fleet] keys {unknown}; expected {FLEET_KEYS}"
+        )
+    return dict(table)
+
+
+def default_threads_per_replica(replicas: int, num_cores: int | None) -> int:
+    """torch threads of each engine replica when none were configured: the cores shared out,
+    at least one (the ingress and Ray's own processes take little CPU between requests)."""
+    return max(1, (num_cores or 1) // replicas)
+
+
+@fleet_app.command("up")
+def up_command(
+    *,
+    config: Annotated[
+        Path | None, Opt(help="TOML file: a [serve] table (as serve) and a [fleet] table.")
+    ] = None,
+    replicas: Annotated[int | None, Opt(help="Engine replicas (default: 2).")] = None,
+    policy: Annotated[
+        str | None, Opt(help="Routing policy (default: affinity_until_saturated).")
+    ] = None,
+    seed: Annotated[int | None, Opt(help="Seed of the router's random choices.")] = None,
+    address: Annotated[
+        str | None, Opt(help="Join this Ray cluster (host:port) instead of starting one.")
+    ] = None,
+    host: Annotated[str | None, Opt(help="HTTP listen address (default: 127.0.0.1).")] = None,
+    port: Annotated[int | None, Opt(help="HTTP port (default: 8000).")] = None,
+    model: Annotated[Path | None, Opt(help="Base model dir (default: the demo model).")] = None,
+    data_dir: DataDir = None,
+    database_url: DatabaseUrl = None,
+    store: Store = None,
+    s3_endpoint: S3Endpoint = None,
+    shared_state_url: Annotated[
+        str | None, Opt(help="Redis holding rate limits for all ingress processes (redis://).")
+    ] = None,
+    max_loras: Annotated[int | None, Opt(help="GPU adapter slots per replica (8).")] = None,
+    threads: Annotated[
+        int | None, Opt(help="torch threads per replica (default: cores / replicas).")
+    ] = None,
+    admin_key: Annotated[
+        str | None,
+        Opt(envvar="LORAPLEX_ADMIN_KEY", help="Admin credential (default: generated, saved)."),
+    ] = None,
+    no_demo: Annotated[bool, Opt("--no-demo", help="Do not register demo adapters.")] = False,
+    ready_timeout_s: Annotated[float, Opt(help="Wait this long for /ready.")] = 300.0,
+) -> None:
+    """Start (or join) a Ray cluster and deploy the fleet; returns once it is ready."""
+    from loraplex.fleet import control
+    from loraplex.fleet.settings import FleetSettings
+    from loraplex.serve.config import merge, read_config_file
+
+    flags: dict[str, Any] = {
+        "host": host,
+        "port": port,
+        "model": model,
+        "data_dir": data_dir,
+        "database_url": database_url,
+        "store": store,
+        "s3_endpoint": s3_endpoint,
+        "shared_state_url": shared_state_url,
+        "max_loras": max_loras,
+        "torch_threads": threads,
+        "admin_key": admin_key,
+        "demo": False if no_demo else None,
+    }
+    try:
+        file_values = read_config_file(config) if config is not None else {}
+        fleet_values = fleet_file_values(config)
+        if "data_dir" not in file_values and data_dir is None:
+            flags["data_dir"] = default_data_dir(os.environ, Path.home())
+        serve_config = merge(file_values, flags)
+        for name, value in (("replicas", replicas), ("policy", policy), ("seed", seed)):
+            if value is not None:
+                fleet_values[name] = value
+        num_replicas = fleet_values.pop("replicas", 2)
+        if serve_config.torch_threads is None:
+            per_replica = default_threads_per_replica(num_replicas, os.cpu_count())
+            serve_config = replace(serve_config, torch_threads=per_replica)
+        prepared = control.prepare(serve_config)
+        settings = FleetSettings(
+            serve=serve_config,
+            model_dir=prepared.model_dir,
+            engine_replicas=num_replicas,
+            **fleet_values,
+        )
+    except (ValueError, TypeError) as exc:
+        raise typer.BadParameter(str(exc)) from exc
+    try:
+        record = control.up(settings, address, ready_timeout_s=ready_timeout_s)
+    except RuntimeError as exc:
+        typer.echo(f"error: {exc}", err=True)
+        raise typer.Exit(1) from exc
+    where = "a local Ray head it started" if record.started_cluster else record.address
+    typer.echo(f"loraplex fleet: {record.engine_replicas} engine replicas on {where}")
+    typer.echo(f"serving on {record.url}  (OpenAI API at {record.url}/v1)")
+    typer.echo(f"dashboard:  {record.url}/admin/dashboard#key=<admin key>")
+    if prepared.new_admin_key:
+        typer.echo(f"admin key:   {prepared.admin_key}  (shown once; kept in the data dir)")
+    for tenant, key in sorted(prepared.sample_keys.items()):
+        typer.echo(f"{tenant + ' key:':<12} {key}")
+    typer.echo("stop it with: loraplex fleet down")
+
+
+@fleet_app.command("status")
+def status_command(
+    *,
+    data_dir: DataDir = None,
+    as_json: Annotated[bool, Opt("--json", help="One JSON object.")] = False,
+) -> None:
+    """Every engine replica: health, residency per tier and load."""
+    from loraplex.fleet import control
+    from loraplex.fleet.state import replica_state
+
+    directory = data_dir or default_data_dir(os.environ, Path.home())
+    try:
+        record = control.read_record(directory)
+        entries = control.board_entries(record.address)
+    except RuntimeError as exc:
+        typer.echo(f"error: {exc}", err=True)
+        raise typer.Exit(1) from exc
+    states = [replica_state(e) for e in entries]
+    if as_json:
+        typer.echo(json.dumps({"url": record.url, "replicas": [s.to_json() for s in states]}))
+        return
+    typer.echo(f"fleet at {record.url}: {len(states)} engine replicas")
+    typer.echo(
+        f"{'replica':<12} {'healthy':<8} {'age s':>6} {'L0':>4} {'L1':>4} {'L2':>4} "
+        f"{'queued':>7} {'running':>8} {'kv':>5}"
+    )
+    for s in states:
+        load = s.load
+        typer.echo(
+            f"{s.replica_id:<12} {str(s.healthy).lower():<8} {s.report_age_s or 0:>6.1f} "
+            f"{s.tiers['l0'].count:>4} {s.tiers['l1'].count:>4} {s.tiers['l2'].count:>4} "
+            f"{load.num_queued if load else 0:>7} {load.num_running if load else 0:>8} "
+            f"{load.kv_usage if load else 0:>5.2f}"
+        )
+
+
+@fleet_app.command("down")
+def down_command(*, data_dir: DataDir = None) -> None:
+    """Remove the fleet's application; stop the Ray head that fleet up started."""
+    from loraplex.fleet import control
+
+    directory = data_dir or default_data_dir(os.environ, Path.home())
+    try:
+        record = control.down(directory)
+    except RuntimeError as exc:
+        typer.echo(f"error: {exc}", err=True)
+        raise typer.Exit(1) from exc
+    stopped = " and stopped its Ray head" if record.started_cluster else ""
+    typer.echo(f"fleet at {record.url} removed{stopped}")
