@@ -1,0 +1,232 @@
+"""The fleet end to end: a real Ray cluster (local, in this process), the Serve application with
+two engine replicas and the ingress, reached over HTTP as a tenant would.
+
+Covers: streaming through the ingress; tenant isolation; a release that reaches both replicas
+(pinned in both GPU slot pools) before its canary starts and the alias moves; a killed replica's
+queued requests completing on the other replica, and the replica's replacement rejoining.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+
+ray = pytest.importorskip("ray")
+
+from loraplex.demo.assets import DemoAssets  # noqa: E402
+from loraplex.fleet import control  # noqa: E402
+from loraplex.fleet.settings import APP_NAME, FleetSettings  # noqa: E402
+from loraplex.serve.assembly import DEMO_DIR  # noqa: E402
+from loraplex.serve.config import ServeConfig  # noqa: E402
+
+pytestmark = pytest.mark.slow
+PROMPT = "The acme support team"
+WAIT_S = 180.0
+
+
+@dataclass(frozen=True)
+class Fleet:
+    url: str
+    admin_key: str
+    keys: dict[str, str]
+    assets: DemoAssets
+
+    def admin(self) -> httpx.Client:
+        headers = {"Authorization": f"Bearer {self.admin_key}"}
+        return httpx.Client(base_url=self.url, headers=headers, timeout=60)
+
+    def tenant(self, name: str) -> httpx.Client:
+        headers = {"Authorization": f"Bearer {self.keys[name]}"}
+        return httpx.Client(base_url=self.url, headers=headers, timeout=120)
+
+
+@pytest.fixture(scope="module")
+def fleet(demo_assets: DemoAssets, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Fleet]:
+    data_dir: Path = tmp_path_factory.mktemp("fleet")
+    (data_dir / DEMO_DIR).symlink_to(demo_assets.root, target_is_directory=True)
+    os.environ["RAY_USAGE_STATS_ENABLED"] = "0"
+    ray.init(num_cpus=2, include_dashboard=False, namespace="loraplex", log_to_driver=False)
+    try:
+        # max_num_seqs 1: a second request to a replica queues there (the kill test needs
+        # requests that were accepted but had not started).
+        config = ServeConfig(
+            data_dir=data_dir, port=control.free_port(), max_loras=4, max_num_seqs=1,
+            torch_threads=1, auto_warm=False,
+        )  # fmt: skip
+        prepared = control.prepare(config)
+        settings = FleetSettings(serve=config, model_dir=prepared.model_dir, engine_replicas=2)
+        control.deploy(settings)
+        url = control.base_url(config)
+        control.wait_ready(url, WAIT_S)
+        fleet = Fleet(url, prepared.admin_key, prepared.sample_keys, demo_assets)
+        _wait_replicas(fleet, 2)
+        yield fleet
+    finally:
+        from ray import serve
+
+        serve.shutdown()
+        ray.shutdown()
+
+
+def _state(fleet: Fleet) -> dict[str, Any]:
+    with fleet.admin() as admin:
+        reply = admin.get("/admin/fleet")
+        assert reply.status_code == 200, reply.text
+        state: dict[str, Any] = reply.json()
+        return state
+
+
+def _wait_replicas(fleet: Fleet, count: int, exclude: frozenset[str] = frozenset()) -> list[str]:
+    """Waits until ``count`` healthy replicas not in ``exclude`` are on the board."""
+    deadline = time.monotonic() + WAIT_S
+    while time.monotonic() < deadline:
+        healthy = [
+            r["replica_id"]
+            for r in _state(fleet)["replicas"]
+            if r["healthy"] and r["replica_id"] not in exclude
+        ]
+        if len(healthy) >= count:
+            return healthy
+        time.sleep(0.5)
+    raise AssertionError(f"fewer than {count} healthy replicas after {WAIT_S} s")
+
+
+def _expected(fleet: Fleet, revision: str) -> str:
+    return fleet.assets.adapter("acme", "support", revision).expected_continuation
+
+
+def _complete(client: httpx.Client, **body: Any) -> httpx.Response:
+    payload = {"model": "support", "prompt": PROMPT, "max_tokens": 9, "temperature": 0, **body}
+    return client.post("/v1/completions", json=payload)
+
+
+def test_streaming_through_the_ingress(fleet: Fleet) -> None:
+    payload = {"model": "support", "prompt": PROMPT, "max_tokens": 9, "temperature": 0}
+    with (
+        fleet.tenant("acme") as api,
+        api.stream("POST", "/v1/completions", json={**payload, "stream": True}) as reply,
+    ):
+        assert reply.status_code == 200
+        events = [line[6:] for line in reply.iter_lines() if line.startswith("data: ")]
+    assert events[-1] == "[DONE]"
+    chunks = [json.loads(e) for e in events[:-1]]
+    assert len(chunks) > 1  # streamed, not one block
+    text = "".join(c["choices"][0]["text"] for c in chunks)
+    assert text == _expected(fleet, "r1")
+    assert {c["loraplex"]["revision"] for c in chunks} == {"acme/support@r1"}
+
+
+def test_a_tenant_sees_and_uses_only_its_own_adapters(fleet: Fleet) -> None:
+    with fleet.tenant("globex") as other:
+        refused = _complete(other)  # acme's alias, asked by globex
+        assert refused.status_code == 404
+        assert "acme" not in refused.text
+        models = {m["id"] for m in other.get("/v1/models").json()["data"]}
+    assert not any("support" == m or m.startswith("acme/") for m in models)
+    with fleet.tenant("acme") as owner:
+        assert _complete(owner).json()["choices"][0]["text"] == _expected(fleet, "r1")
+
+
+def test_routing_is_counted_and_the_revision_stays_on_few_replicas(fleet: Fleet) -> None:
+    with fleet.tenant("acme") as api:
+        for _ in range(6):
+            assert _complete(api).status_code == 200
+    state = _state(fleet)
+    assert state["policy"] == "affinity_until_saturated"
+    assert sum(state["decisions"].values()) >= 6
+    assert state["decisions"].get("gpu_hit", 0) >= 1
+    with fleet.admin() as admin:
+        metrics = admin.get("/metrics").text
+    assert 'loraplex_fleet_routing_decisions_total{reason="gpu_hit"}' in metrics
+    assert "loraplex_fleet_replica_resident_adapters{" in metrics
+
+
+def _board_l0(entries: list[Any], key: str) -> dict[str, bool]:
+    return {e.replica_id: key in e.status["report"]["residency"]["l0"] for e in entries}
+
+
+def test_a_release_reaches_every_replica_before_the_alias_moves(fleet: Fleet) -> None:
+    r2 = fleet.assets.adapter("acme", "support", "r2")
+    from loraplex.artifacts.base_model import BaseModelSpec
+
+    base_digest = BaseModelSpec.from_dir(fleet.assets.base_model_dir).digest
+    r2_key = str(r2.key(base_digest))
+    from ray import serve
+
+    board = serve.get_deployment_handle("Board", app_name=APP_NAME)
+    body = {
+        "tenant": "acme", "name": "support", "revision": "r2", "ladder": [1.0], "dwell_s": 1,
+        "gpu": True,
+        "thresholds": {"min_requests": 1, "max_ttft_p99_ratio": 1e6, "max_tpot_p99_ratio": 1e6},
+    }  # fmt: skip
+    seen_states = []
+    with fleet.admin() as admin, fleet.tenant("acme") as api:
+        started = admin.post("/admin/releases", json=body)
+        assert started.status_code == 201, started.text
+        deadline = time.monotonic() + WAIT_S
+        while time.monotonic() < deadline:
+            status = admin.get("/admin/releases/acme/support").json()
+            state = status["state"]
+            if not seen_states or seen_states[-1][0] != state:
+                entries = board.entries.remote().result(timeout_s=30)
+                seen_states.append((state, _board_l0(entries, r2_key)))
+            if state in ("promoted", "rolled_back", "aborted"):
+                break
+            _complete(api, user=f"u{int(time.monotonic() * 10) % 7}")
+            time.sleep(0.2)
+    assert seen_states[-1][0] == "promoted", (seen_states, status)
+    # The first state after the prewarm and the probes (the canary, or promoted when the
+    # canary window passed between two polls) found r2 in the GPU slots of both replicas.
+    after = next(s for s in seen_states if s[0] in ("canary", "promoted"))
+    assert len(after[1]) == 2 and all(after[1].values()), seen_states
+    with fleet.tenant("acme") as api:
+        answer = _complete(api, user="after-release").json()
+    assert answer["loraplex"]["revision"] == "acme/support@r2"
+    assert answer["choices"][0]["text"] == _expected(fleet, "r2")
+
+
+def test_a_killed_replicas_queued_requests_complete_elsewhere(fleet: Fleet) -> None:
+    import concurrent.futures
+
+    before = set(_wait_replicas(fleet, 2))
+    payload = {"model": "support", "prompt": PROMPT, "max_tokens": 120, "temperature": 0,
+               "ignore_eos": True, "user": "one-session"}  # fmt: skip
+    with concurrent.futures.ThreadPoolExecutor(4) as pool, fleet.tenant("acme") as api:
+        futures = [pool.submit(api.post, "/v1/completions", json=payload) for _ in range(4)]
+        victim = None
+        deadline = time.monotonic() + 60
+        while victim is None and time.monotonic() < deadline:
+            for replica in _state(fleet)["replicas"]:
+                load = replica["load"] or {}
+                if load.get("num_queued", 0) >= 2 and load.get("num_running", 0) >= 1:
+                    victim = replica["replica_id"]
+            time.sleep(0.05)
+        assert victim is not None, "the session's requests never queued on one replica"
+        actor = ray.get_actor(
+            f"SERVE_REPLICA::{APP_NAME}#EngineReplica#{victim}", namespace="serve"
+        )
+        ray.kill(actor, no_restart=True)
+        replies = [f.result(timeout=WAIT_S) for f in futures]
+    codes = sorted(r.status_code for r in replies)
+    # The running one lost its tokens with its replica (503); the queued ones were sent again.
+    assert codes.count(200) >= 2, [(r.status_code, r.text[:200]) for r in replies]
+    assert set(codes) <= {200, 503}
+    with fleet.admin() as admin:
+        metrics = admin.get("/metrics").text
+    retries = next(
+        float(line.split()[-1])
+        for line in metrics.splitlines()
+        if line.startswith("loraplex_fleet_request_retries_total")
+    )
+    assert retries >= 2
+    # Ray Serve replaces the dead replica; the new one reports and joins the rotation.
+    rejoined = _wait_replicas(fleet, 2, exclude=frozenset({victim}))
+    assert set(rejoined) - before, rejoined
