@@ -21,7 +21,7 @@ import tempfile
 import time
 from collections.abc import Callable, Sequence
 from contextlib import AbstractContextManager
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any, Protocol
 
@@ -36,6 +36,7 @@ from loraplex.bench.peer_client import (
     run_shots,
     zipf_trace,
 )
+from loraplex.bench.peer_loraplex import matched_settings
 from loraplex.bench.peer_memory import RssSampler
 from loraplex.bench.peer_report import peer_result
 from loraplex.bench.peer_vllm import PeerSettings, check_cpu_bind
@@ -85,10 +86,15 @@ class PeerBenchConfig:
     def __post_init__(self) -> None:
         if not self.max_loras or min(self.max_loras) < 1:
             raise ValueError(f"max_loras {self.max_loras} is invalid; expected counts >= 1")
-        for name in ("requests", "prompt_tokens", "output_tokens", "trace_requests"):
-            if getattr(self, name) < 1:
-                raise ValueError(f"{name} {getattr(self, name)} is invalid; expected >= 1")
-        for name in ("greedy_prompts", "greedy_tokens", "threads"):
+        for name in (
+            "requests",
+            "prompt_tokens",
+            "output_tokens",
+            "trace_requests",
+            "greedy_prompts",
+            "greedy_tokens",
+            "threads",
+        ):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name} {getattr(self, name)} is invalid; expected >= 1")
         if self.rounds < 2:
@@ -192,8 +198,6 @@ def run_lifetime(
     trace: Sequence[Shot] | None,
 ) -> Lifetime:
     """Starts ``server``, runs every workload against it, stops it; its memory peak beside."""
-    from dataclasses import replace
-
     with RssSampler() as rss:
         started = time.monotonic()  # just before the server's process starts
         with server.serving(data_dir) as url:
@@ -224,6 +228,8 @@ def run_setting(
 ) -> SettingRuns:
     """Every lifetime of one setting in ABBA order; the trace from the third lifetime on."""
     labels = [server.label for server in pair]
+    if labels[0] == labels[1]:
+        raise ValueError(f"labels {labels} are invalid; expected two different sides")
     lifetimes: list[Lifetime] = []
     rate: float | None = None
     trace: tuple[Shot, ...] | None = None
@@ -253,30 +259,12 @@ def run_peer_bench(
     with tempfile.TemporaryDirectory(prefix="loraplex-bench-peer-") as tmp:
         root = Path(tmp)
         for max_loras in config.max_loras:
-            settings = matched_settings(assets, config, max_loras)
+            settings = matched_settings(
+                assets, max_loras, threads=config.threads, vllm_cpu_bind=config.vllm_cpu_bind
+            )
             pair = make_pair(settings, root)
             results.append(run_setting(pair, settings, plan, config, vocab=vocab, root=root))
     return results
-
-
-def matched_settings(assets: DemoAssets, config: PeerBenchConfig, max_loras: int) -> PeerSettings:
-    """The settings both servers run: loraplex's defaults for context length and KV-cache size
-    (``num_kv_blocks`` x ``block_size`` tokens of float32 K and V), which vLLM is given."""
-    from loraplex.artifacts.base_model import BaseModelSpec
-    from loraplex.serve.config import ServeConfig
-
-    defaults = ServeConfig(data_dir=Path("unused"))
-    base = BaseModelSpec.from_dir(assets.base_model_dir)
-    per_token = 2 * base.num_layers * base.num_kv_heads * base.head_dim * 4  # K and V, float32
-    return PeerSettings(
-        max_loras=max_loras,
-        max_lora_rank=defaults.max_lora_rank,
-        max_num_seqs=defaults.max_num_seqs,
-        max_model_len=defaults.max_model_len,
-        kv_cache_bytes=defaults.num_kv_blocks * defaults.block_size * per_token,
-        threads=config.threads,
-        vllm_cpu_bind=config.vllm_cpu_bind,
-    )
 
 
 def run_against_vllm(config: PeerBenchConfig, python: Path, version: str) -> dict[str, Any]:

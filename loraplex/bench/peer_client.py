@@ -143,7 +143,7 @@ async def complete_text(
 
     try:
         return await asyncio.wait_for(ask(), timeout_s)
-    except (TimeoutError, OSError, SseClientError, ValueError, KeyError, IndexError):
+    except (TimeoutError, OSError, SseClientError, ValueError, LookupError, TypeError):
         return None
 
 
@@ -160,12 +160,15 @@ async def first_answer(
     return False
 
 
+# One whole-answer request: (route index, prompt text or token ids, max_tokens).
+Ask = tuple[int, str | Sequence[int], int]
+
+
 async def answers(
-    url: str, routes: Sequence[Route], asks: Sequence[tuple[int, str | Sequence[int], int]],
-    timeout_s: float,
-) -> list[str | None]:  # fmt: skip
-    """The text of each (route index, prompt, max_tokens), one request at a time (probes and
-    greedy checks measure correctness, not speed)."""
+    url: str, routes: Sequence[Route], asks: Sequence[Ask], timeout_s: float
+) -> list[str | None]:
+    """The text of each ask, one request at a time (probes and greedy checks measure
+    correctness, not speed)."""
     out = []
     for route, prompt, max_tokens in asks:
         out.append(await complete_text(url, routes[route], prompt, max_tokens, timeout_s))

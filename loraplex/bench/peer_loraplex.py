@@ -82,3 +82,25 @@ class LoraplexServer:
     def base_route(self) -> Route:
         tenant = self._assets.adapters[0].tenant  # any tenant may call the base model
         return Route(self._assets.base_model_name, self._fleet.keys[tenant])
+
+
+def matched_settings(
+    assets: DemoAssets, max_loras: int, *, threads: int, vllm_cpu_bind: str
+) -> PeerSettings:
+    """The settings both servers run: loraplex's defaults for context length and KV-cache size
+    (``num_kv_blocks`` x ``block_size`` tokens of float32 K and V), which vLLM is given."""
+    from loraplex.artifacts.base_model import BaseModelSpec
+    from loraplex.serve.config import ServeConfig
+
+    defaults = ServeConfig(data_dir=Path("unused"))
+    base = BaseModelSpec.from_dir(assets.base_model_dir)
+    per_token = 2 * base.num_layers * base.num_kv_heads * base.head_dim * 4  # K and V, float32
+    return PeerSettings(
+        max_loras=max_loras,
+        max_lora_rank=defaults.max_lora_rank,
+        max_num_seqs=defaults.max_num_seqs,
+        max_model_len=defaults.max_model_len,
+        kv_cache_bytes=defaults.num_kv_blocks * defaults.block_size * per_token,
+        threads=threads,
+        vllm_cpu_bind=vllm_cpu_bind,
+    )

@@ -56,10 +56,14 @@ class PeerSettings:
     vllm_cpu_bind: str = "nobind"  # VLLM_CPU_OMP_THREADS_BIND: nobind or a core list, e.g. "1"
 
     def __post_init__(self) -> None:
-        for name in ("max_loras", "max_lora_rank", "max_num_seqs", "max_model_len"):
-            if getattr(self, name) < 1:
-                raise ValueError(f"{name} {getattr(self, name)} is invalid; expected >= 1")
-        for name in ("kv_cache_bytes", "threads"):
+        for name in (
+            "max_loras",
+            "max_lora_rank",
+            "max_num_seqs",
+            "max_model_len",
+            "kv_cache_bytes",
+            "threads",
+        ):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name} {getattr(self, name)} is invalid; expected >= 1")
         check_cpu_bind(self.vllm_cpu_bind)

@@ -23,11 +23,10 @@ from loraplex.bench.peer import (
     PeerBenchConfig,
     PeerServer,
     SettingRuns,
-    matched_settings,
     run_peer_bench,
 )
 from loraplex.bench.peer_client import BatchResult, Route
-from loraplex.bench.peer_loraplex import LoraplexServer, prepare_demo_fleet
+from loraplex.bench.peer_loraplex import LoraplexServer, matched_settings, prepare_demo_fleet
 from loraplex.bench.peer_memory import RssSampler, descendants, parent_map, rss_bytes
 from loraplex.bench.peer_report import (
     SIDES,
@@ -110,7 +109,7 @@ def test_the_command_reports_a_python_without_vllm(tmp_path: Path) -> None:
 
 
 def test_vllm_command_carries_the_matched_settings(demo_assets: DemoAssets) -> None:
-    settings = matched_settings(demo_assets, PeerBenchConfig(), max_loras=8)
+    settings = matched_settings(demo_assets, 8, threads=1, vllm_cpu_bind="nobind")
     # loraplex's defaults: 1024 blocks x 16 tokens x (K + V) x 4 layers x 2 heads x 32 x 4 bytes
     assert settings.kv_cache_bytes == 1024 * 16 * 2 * 4 * 2 * 32 * 4
     assert (settings.max_model_len, settings.max_num_seqs, settings.threads) == (512, 32, 1)
