@@ -49,7 +49,7 @@ def render_command(
     ] = None,
     epp_image: Annotated[str, Opt(help="Endpoint picker image.")] = DEFAULT_EPP_IMAGE,
     ray: Annotated[
-        bool, Opt("--ray", help="A KubeRay RayService instead (refused until the fleet exists).")
+        bool, Opt("--ray", help="A KubeRay RayService running the fleet instead.")
     ] = False,
     ray_version: Annotated[str, Opt(help="Ray release in the image.")] = DEFAULT_RAY_VERSION,
     serve_config: Annotated[
@@ -63,12 +63,6 @@ def render_command(
     --ray, a RayService) as multi-document YAML."""
     from loraplex.deploy.render import render
 
-    if ray:  # NOTE: the renderer exists (deploy/ray.py); the application it would run does not
-        raise typer.BadParameter(
-            "the Ray Serve application it would run (loraplex.fleet, issue 14) is not built yet, "
-            "so a RayService could never become ready; render without --ray",
-            param_hint="--ray",
-        )
     spec = _spec(
         image=image,
         store=store,

@@ -1,9 +1,7 @@
 """The Ray path: a KubeRay ``RayService`` (``ray.io/v1``) running loraplex's Serve application.
 
-NOTE: the application (``loraplex.fleet.app:build``, issue 14 item 1) is not built yet. The
-manifest is rendered so the deployment shape (head, engine workers, registry settings) can be
-reviewed and applied once it exists; until then the RayService never becomes ready. The
-builder's ``args`` below are the settings this command knows; the fleet work fixes their names.
+The application is ``loraplex.fleet.app:build`` (docs/fleet.md): its ``args`` are the fleet's
+keys and ``serve`` configuration keys; credentials come from the pods' environment.
 
 API facts (KubeRay): ``spec.serveConfigV2`` is the Serve config as a YAML string
 (``applications``: name, route_prefix, import_path, args); ``spec.rayClusterConfig`` is a
@@ -21,9 +19,9 @@ from loraplex.deploy.spec import RAY_CLIENT_PORT, RAY_DASHBOARD_PORT, RAY_GCS_PO
 
 RAY_API = "ray.io/v1"
 FLEET_IMPORT_PATH = "loraplex.fleet.app:build"
-NOT_BUILT_NOTE = (
-    f"NOTE: the RayService runs {FLEET_IMPORT_PATH}, which is not built yet",
-    "(issue 14, item 1): it will not become ready until that application exists.",
+RAY_NOTE = (
+    f"The RayService runs {FLEET_IMPORT_PATH} (docs/fleet.md); the model directory must be",
+    "the same path on every node (in the image or a shared volume).",
 )
 
 
@@ -44,7 +42,7 @@ def ray_manifests(spec: K8sSpec) -> list[Manifest]:
 def serve_application_args(spec: K8sSpec) -> dict[str, str | int]:
     """What the builder receives; credentials stay in the pods' environment."""
     args: dict[str, str | int] = {
-        "num_replicas": spec.replicas,
+        "replicas": spec.replicas,
         "max_loras": spec.max_loras,
         "store": spec.store,
         "device": "cuda" if spec.gpu else "cpu",

@@ -10,7 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from loraplex.deploy.pool import pool_manifests
-from loraplex.deploy.ray import NOT_BUILT_NOTE, ray_manifests
+from loraplex.deploy.ray import RAY_NOTE, ray_manifests
 from loraplex.deploy.replica import Manifest, replica_manifests
 from loraplex.deploy.spec import K8sSpec
 from loraplex.deploy.yaml_text import dump_documents
@@ -43,7 +43,7 @@ def render(spec: K8sSpec) -> Rendered:
         "aws-access-key-id and aws-secret-access-key (optional; absent: boto3's default chain).",
     ]
     if spec.ray:
-        comment += ["Needs the KubeRay operator (RayService, ray.io/v1).", *NOT_BUILT_NOTE]
+        comment += ["Needs the KubeRay operator (RayService, ray.io/v1).", *RAY_NOTE]
         return Rendered({"30-rayservice.yaml": ray_manifests(spec)}, tuple(comment))
     comment += [
         "Needs the Gateway API Inference Extension CRDs (InferencePool,",

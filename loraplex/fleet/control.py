@@ -212,9 +212,8 @@ def down(data_dir: Path) -> FleetRecord:
     """Deletes the application; stops the cluster when ``up`` started it."""
     record = read_record(data_dir)
     try:
-        from ray import serve
-
         import ray
+        from ray import serve
 
         connect(record.address)
         serve.delete(APP_NAME)

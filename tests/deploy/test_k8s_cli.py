@@ -35,9 +35,16 @@ def test_stdout_is_one_stream_of_every_document() -> None:
     assert text.startswith("# Rendered by `loraplex k8s render`")
 
 
-def test_ray_flag_is_refused_until_the_fleet_application_exists() -> None:
-    text = run("--ray", code=2)
-    assert "--ray" in text and "not built yet" in text and "apiVersion" not in text
+def test_ray_flag_renders_a_rayservice_whose_args_the_fleet_builder_accepts() -> None:
+    from loraplex.fleet.app import FLEET_ARGS
+    from loraplex.serve.config import ServeConfig
+
+    text = run("--ray", code=0)
+    [service] = [d for d in yaml.safe_load_all(text) if d and d["kind"] == "RayService"]
+    [application] = yaml.safe_load(service["spec"]["serveConfigV2"])["applications"]
+    assert application["import_path"] == "loraplex.fleet.app:build"
+    serve_keys = {f for f in ServeConfig.__dataclass_fields__}
+    assert set(application["args"]) <= set(FLEET_ARGS) | serve_keys
 
 
 def test_out_writes_one_file_per_part(tmp_path: Path) -> None:

@@ -1,0 +1,60 @@
+"""``loraplex.fleet.app:build``: the fleet as a Ray Serve application built from ``args``, for
+``serve run loraplex.fleet.app:build replicas=3 ...`` and a KubeRay ``RayService``
+(``loraplex k8s render --ray``), where the Serve controller calls it.
+
+``args`` holds the fleet's keys (``replicas``, ``policy``, ``seed``, ``report_period_s``,
+``router``) and any ``serve`` configuration key (``max_loras``, ``store``, ``model``, ...); the
+environment gives what ``loraplex serve`` reads from it (``LORAPLEX_DATA_DIR``,
+``LORAPLEX_DATABASE_URL``, ``LORAPLEX_STORE``, ``LORAPLEX_S3_ENDPOINT``, ``LORAPLEX_ADMIN_KEY``),
+so credentials stay in the pods' environment. An unknown key is refused naming it. Across hosts
+the model directory must be the same path on every node (in the image or a shared volume) and
+the registry PostgreSQL with an S3 store.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+from loraplex.fleet.control import prepare
+from loraplex.fleet.deployments import build_app
+from loraplex.fleet.settings import FleetSettings
+from loraplex.registry import default_data_dir
+from loraplex.serve.config import merge
+
+FLEET_ARGS = ("replicas", "policy", "seed", "report_period_s", "router")
+# serve configuration keys taken from the environment when ``args`` does not give them
+ENVIRONMENT_KEYS = {
+    "database_url": "LORAPLEX_DATABASE_URL",
+    "store": "LORAPLEX_STORE",
+    "s3_endpoint": "LORAPLEX_S3_ENDPOINT",
+    "admin_key": "LORAPLEX_ADMIN_KEY",
+}
+
+
+def settings_from_args(args: Mapping[str, Any], environ: Mapping[str, str]) -> FleetSettings:
+    """The fleet's settings from ``args`` over the environment over the defaults (prepares the
+    model, the demo registration and the admin key, as ``fleet up`` does)."""
+    values = dict(args)
+    fleet = {name: values.pop(name) for name in FLEET_ARGS if name in values}
+    for key, variable in ENVIRONMENT_KEYS.items():
+        if key not in values and environ.get(variable):
+            values[key] = environ[variable]
+    if "data_dir" not in values:
+        values["data_dir"] = default_data_dir(environ, Path.home())
+    try:
+        config = merge(values, {})
+    except TypeError as exc:  # an unknown keyword: name the accepted ones
+        raise ValueError(f"fleet args: {exc}; expected {FLEET_ARGS} or serve keys") from None
+    replicas = int(fleet.pop("replicas", 2))
+    prepared = prepare(config)
+    return FleetSettings(
+        serve=config, model_dir=prepared.model_dir, engine_replicas=replicas, **fleet
+    )
+
+
+def build(args: dict[str, Any]) -> Any:
+    """The Serve application (Ray Serve's application builder)."""
+    return build_app(settings_from_args(args, os.environ))
