@@ -1,9 +1,11 @@
 """``fleet up``, ``fleet status`` and ``fleet down``: a Ray cluster, the Serve application on it,
 and what ``up`` started recorded so ``down`` stops exactly that.
 
-``up`` without an address starts a local Ray head (``ray start --head``, its GCS on a free port:
-the machine's Redis keeps 6379) and records it in ``<data dir>/fleet.json``; with an address it
-joins that cluster and ``down`` leaves the cluster running. Before deploying, ``up`` prepares
+``up`` without an address starts a local Ray head (``ray start --head --block`` in its own
+process group, its GCS on a free port: the machine's Redis keeps 6379) and records it in
+``<data dir>/fleet.json``; ``down`` stops that process group only (never ``ray stop``, which
+would stop every Ray on the machine). With an address ``up`` joins that cluster and ``down``
+leaves it running. Before deploying, ``up`` prepares
 what every deployment reads: the demo model and adapters (when no model is given), the demo
 registration and the keys (printed once), the admin key. It returns once ``/ready`` answers 200
 (every engine replica reported) or fails after ``ready_timeout_s``.
@@ -11,9 +13,11 @@ registration and the keys (printed once), the admin key. It returns once ``/read
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import shutil
+import signal
 import socket
 import subprocess
 import sys
@@ -28,6 +32,7 @@ from loraplex.fleet.settings import APP_NAME, FleetSettings
 from loraplex.serve.config import ServeConfig
 
 STATE_FILE = "fleet.json"
+RAY_LOG = "ray-head.log"  # the local Ray head's output, in the data dir
 DEFAULT_READY_TIMEOUT_S = 300.0
 _RAY_ENV = {"RAY_USAGE_STATS_ENABLED": "0"}  # no usage reporting: no network at run time
 
@@ -38,6 +43,7 @@ class FleetRecord:
 
     address: str  # the Ray cluster's GCS address
     started_cluster: bool  # True: ``up`` started it, ``down`` stops it
+    process_group: int | None  # the Ray head's process group when ``up`` started it
     url: str  # the ingress's base URL
     engine_replicas: int
 
@@ -95,30 +101,54 @@ def ray_executable() -> str:
     return found
 
 
-def start_local_cluster(num_cpus: int | None = None) -> str:
-    """``ray start --head`` on this machine; its GCS address."""
+def start_local_cluster(log_path: Path, timeout_s: float = 120.0) -> tuple[str, int]:
+    """``ray start --head --block`` on this machine in its own process group (its log in
+    ``log_path``); (GCS address, process group id) once the GCS accepts connections. Only that
+    group is stopped later (``stop_local_cluster``), never another Ray on the machine."""
     port = free_port()
     command = [
         ray_executable(),
         "start",
         "--head",
+        "--block",
         f"--port={port}",
         "--node-ip-address=127.0.0.1",
         "--include-dashboard=false",
         "--disable-usage-stats",
     ]
-    if num_cpus is not None:
-        command.append(f"--num-cpus={num_cpus}")
     env = {**os.environ, **_RAY_ENV}
-    done = subprocess.run(command, capture_output=True, text=True, env=env, check=False)
-    if done.returncode != 0:
-        raise RuntimeError(f"ray start failed ({done.returncode}): {done.stderr.strip()[-2000:]}")
-    return f"127.0.0.1:{port}"
+    with log_path.open("ab") as log:
+        process = subprocess.Popen(
+            command, stdout=log, stderr=subprocess.STDOUT, env=env, start_new_session=True
+        )
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if process.poll() is not None:
+            raise RuntimeError(f"ray start exited with {process.returncode}; see {log_path}")
+        try:
+            with socket.create_connection(("127.0.0.1", port), timeout=1.0):
+                return f"127.0.0.1:{port}", process.pid
+        except OSError:
+            time.sleep(0.5)
+    stop_local_cluster(process.pid)
+    raise RuntimeError(f"the Ray head did not listen within {timeout_s:g} s; see {log_path}")
 
 
-def stop_local_cluster() -> None:
-    env = {**os.environ, **_RAY_ENV}
-    subprocess.run([ray_executable(), "stop", "--force"], capture_output=True, env=env, check=False)
+def stop_local_cluster(process_group: int, timeout_s: float = 30.0) -> None:
+    """Stops the Ray head ``start_local_cluster`` started (its whole process group)."""
+    try:
+        os.killpg(process_group, signal.SIGTERM)
+    except ProcessLookupError:
+        return
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        try:
+            os.killpg(process_group, 0)
+        except ProcessLookupError:
+            return
+        time.sleep(0.5)
+    with contextlib.suppress(ProcessLookupError):
+        os.killpg(process_group, signal.SIGKILL)
 
 
 def connect(address: str) -> None:
@@ -174,16 +204,19 @@ def up(
     if state_path.exists():
         raise RuntimeError(f"a fleet is already recorded in {state_path}; run fleet down first")
     started = address is None
-    cluster = start_local_cluster() if address is None else address
-    record = FleetRecord(cluster, started, base_url(settings.serve), settings.engine_replicas)
+    group = None
+    if address is None:
+        address, group = start_local_cluster(settings.serve.data_dir / RAY_LOG)
+    url = base_url(settings.serve)
+    record = FleetRecord(address, started, group, url, settings.engine_replicas)
     try:
-        connect(cluster)
+        connect(address)
         deploy(settings)
         state_path.write_text(json.dumps(asdict(record)), encoding="utf-8")
         wait_ready(record.url, ready_timeout_s)
     except BaseException:
-        if started:
-            stop_local_cluster()
+        if group is not None:
+            stop_local_cluster(group)
         state_path.unlink(missing_ok=True)
         raise
     return record
@@ -220,7 +253,7 @@ def down(data_dir: Path) -> FleetRecord:
         serve.shutdown()
         ray.shutdown()  # NOTE: before the head stops, or the driver reports the raylet's death
     finally:
-        if record.started_cluster:
-            stop_local_cluster()
+        if record.process_group is not None:
+            stop_local_cluster(record.process_group)
         (data_dir / STATE_FILE).unlink(missing_ok=True)
     return record
