@@ -1,10 +1,10 @@
-"""``loraplex bench``: benchmark commands (execution, cache, serve, release, peer)."""
+"""``loraplex bench``: benchmark commands (execution, cache, serve, release, peer, fleet)."""
 
 from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import Annotated
+from typing import Annotated, Any
 
 import typer
 
@@ -386,3 +386,90 @@ def peer(
     if not as_json:
         typer.echo(summary_markdown(result["metrics"], result["config"]["peer"]))
     typer.echo(json.dumps(result))
+
+
+def _names(value: str | None) -> tuple[str, ...] | None:
+    return None if value is None else tuple(n.strip() for n in value.split(",") if n.strip())
+
+
+@bench_app.command("fleet")
+def fleet(
+    *,
+    as_json: Annotated[bool, typer.Option("--json", help="Print only the JSON line.")] = False,
+    quick: Annotated[
+        bool,
+        typer.Option(
+            help="Smoke run: zipf-longtail, pow2 vs affinity_until_saturated, 32 requests at "
+            "3 req/s, one repeat (options given explicitly still apply)."
+        ),
+    ] = False,
+    traces: Annotated[
+        str | None,
+        typer.Option(help="Comma-separated from zipf-longtail,hot-burst (default both)."),
+    ] = None,
+    policies: Annotated[
+        str | None,
+        typer.Option(help="Routing policies, comma-separated, in forward run order (default all)."),
+    ] = None,
+    repeats: Annotated[
+        int | None, typer.Option(help="Runs of each policy per trace, order alternating (2).")
+    ] = None,
+    replicas: Annotated[int, typer.Option(help="Engine replicas per fleet.")] = 3,
+    max_loras: Annotated[int, typer.Option(help="GPU adapter slots per replica.")] = 3,
+    threads: Annotated[
+        int | None, typer.Option(help="torch threads per replica (default: cores / replicas).")
+    ] = None,
+    trace_requests: Annotated[
+        int | None, typer.Option(help="Mean requests per trace (sets the duration; 192).")
+    ] = None,
+    rate: Annotated[
+        float | None,
+        typer.Option(help="Mean requests per second of each trace; unset: load x capacity."),
+    ] = None,
+    load: Annotated[
+        float, typer.Option(help="Trace rate as a fraction of the measured capacity.")
+    ] = 0.5,
+    request_timeout_s: Annotated[
+        float, typer.Option(help="Bound on every request; failures count at this TTFT.")
+    ] = 30.0,
+    seed: Annotated[int, typer.Option(help="Workload, prompt, adapter and router seed.")] = 0,
+    asset_dir: Annotated[
+        Path, typer.Option(help="Demo assets cache (the base model is <dir>/test-small).")
+    ] = Path(".loraplex-assets"),
+) -> None:
+    """Routing policies side by side on a real fleet (Ray Serve, small slot pools): L0 hit
+    ratio, P99 TTFT, cold loads and decisions per policy on zipf-longtail and hot-burst."""
+    import os
+
+    from loraplex.bench.fleet import QUICK_SETTINGS, FleetBenchConfig, run_fleet_bench
+    from loraplex.bench.fleet_report import fleet_json_line, fleet_table
+    from loraplex.cli.fleet import default_threads_per_replica
+
+    given: dict[str, Any] = {
+        "traces": _names(traces),
+        "policies": _names(policies),
+        "repeats": repeats,
+        "trace_requests": trace_requests,
+        "rate": rate,
+    }
+    values = {k: v for k, v in given.items() if v is not None}
+    if quick:
+        values = {**QUICK_SETTINGS, **values}
+    per_replica = threads or default_threads_per_replica(max(1, replicas), os.cpu_count())
+    try:
+        config = FleetBenchConfig(
+            **values,
+            replicas=replicas,
+            max_loras=max_loras,
+            torch_threads=per_replica,
+            load=load,
+            request_timeout_s=request_timeout_s,
+            seed=seed,
+            asset_dir=asset_dir,
+        )
+    except ValueError as exc:
+        raise typer.BadParameter(str(exc)) from exc
+    result = run_fleet_bench(config)
+    if not as_json:
+        typer.echo(fleet_table(result))
+    typer.echo(fleet_json_line(result))

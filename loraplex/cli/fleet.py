@@ -111,7 +111,7 @@ def up_command(
         "demo": False if no_demo else None,
     }
     try:
-        file_values = read_config_file(config) if config is not None else {}
+        file_values = read_config_file(config, ("fleet",)) if config is not None else {}
         fleet_values = fleet_file_values(config)
         if "data_dir" not in file_values and data_dir is None:
             flags["data_dir"] = default_data_dir(os.environ, Path.home())
@@ -120,16 +120,18 @@ def up_command(
             if value is not None:
                 fleet_values[name] = value
         num_replicas = fleet_values.pop("replicas", 2)
-        if serve_config.torch_threads is None:
-            per_replica = default_threads_per_replica(num_replicas, os.cpu_count())
-            serve_config = replace(serve_config, torch_threads=per_replica)
-        prepared = control.prepare(serve_config)
-        settings = FleetSettings(
+        # NOTE: every setting is checked before ``prepare`` issues keys (shown once).
+        checked = FleetSettings(
             serve=serve_config,
-            model_dir=prepared.model_dir,
+            model_dir=serve_config.model or serve_config.data_dir,
             engine_replicas=num_replicas,
             **fleet_values,
         )
+        if serve_config.torch_threads is None:
+            per_replica = default_threads_per_replica(checked.engine_replicas, os.cpu_count())
+            serve_config = replace(serve_config, torch_threads=per_replica)
+        prepared = control.prepare(serve_config)
+        settings = replace(checked, serve=serve_config, model_dir=prepared.model_dir)
     except (ValueError, TypeError) as exc:
         raise typer.BadParameter(str(exc)) from exc
     try:
@@ -161,7 +163,7 @@ def status_command(
     directory = data_dir or default_data_dir(os.environ, Path.home())
     try:
         record = control.read_record(directory)
-        entries = control.board_entries(record.address)
+        entries = control.board_entries(record)
     except RuntimeError as exc:
         typer.echo(f"error: {exc}", err=True)
         raise typer.Exit(1) from exc

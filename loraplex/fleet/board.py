@@ -16,6 +16,9 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
+from loraplex.errors import quoted
+from loraplex.router.reports import MAX_REPLICA_ID_CHARS
+
 PUSH_INTERVAL_S = 0.5  # how often an engine replica pushes its status
 STALE_AFTER_S = 3.0  # a replica silent this long is out of rotation
 FORGET_AFTER_S = 60.0  # a replica silent this long is dropped from the board
@@ -51,8 +54,11 @@ class Board:
 
     def put(self, status: dict[str, Any]) -> None:
         replica_id = status.get("replica_id")
-        if not isinstance(replica_id, str) or not replica_id:
-            raise ValueError(f"status replica_id {replica_id!r} is invalid; expected a string")
+        if not isinstance(replica_id, str) or not 0 < len(replica_id) <= MAX_REPLICA_ID_CHARS:
+            raise ValueError(
+                f"status replica_id {quoted(replica_id)} is invalid; expected a string of "
+                f"1..{MAX_REPLICA_ID_CHARS} characters"
+            )
         now_s = self._clock()
         with self._lock:
             self._forget_silent(now_s)

@@ -5,6 +5,8 @@ healthy replica, and a pin's future completes only once every one of them holds 
 release controller's prewarm thus waits for the whole fleet before it probes and moves the
 alias). Standing pins, warm policies and tenant settings are remembered and replayed on a
 replica that joins later (a replacement after a crash, a scale-up), so it serves the same set.
+A standing pin is one per (revision, tier), as in a replica's cache: pinning twice and unpinning
+once lifts it.
 
 Reads answer from the board: ``summary`` sums the healthy replicas' summaries, ``is_resident``
 is true when any healthy replica holds the copy, ``snapshot`` lists every healthy replica's
@@ -39,6 +41,7 @@ from loraplex.fleet.link import FleetLink
 from loraplex.residency.cache.view import CacheSummary, ResidencySnapshot
 from loraplex.residency.ledger import Tier
 from loraplex.residency.stats import CacheStatsSnapshot, StageSummary
+from loraplex.router.reports import decode_report
 from loraplex.serve.release_env import all_of
 
 _log = logging.getLogger(__name__)
@@ -52,7 +55,7 @@ class FleetCache:
     def __init__(self, link: FleetLink) -> None:
         self._link = link
         self._lock = threading.Lock()
-        self._pins: Counter[tuple[AdapterKey, Tier]] = Counter()  # standing pins
+        self._pins: set[tuple[AdapterKey, Tier]] = set()  # standing pins
         self._warm: dict[AdapterKey, WarmPolicy] = {}  # non-default warm policies
         self._tenants: dict[str, TenantSettings] | None = None  # the last settings sent
         self._known: set[str] = set()  # replicas that got the standing state
@@ -71,7 +74,10 @@ class FleetCache:
         if name is None:
             return False
         wanted = str(key)
-        return any(wanted in e.status["report"]["residency"][name] for e in self._healthy())
+        # NOTE: decoded, not read as JSON: a set of more than MAX_EXACT_KEYS travels as a Bloom
+        # filter, whose JSON form holds no keys.
+        reports = [decode_report(e.status["report"]) for e in self._healthy()]
+        return any(wanted in getattr(r.residency, name) for r in reports)
 
     def snapshot(self) -> ResidencySnapshot:
         replies = self._wait(self._link.call_each(Snapshot()))
@@ -88,7 +94,7 @@ class FleetCache:
 
     def pin(self, key: AdapterKey, tier: Tier) -> Future[None]:
         with self._lock:
-            self._pins[(key, tier)] += 1
+            self._pins.add((key, tier))
         return self._everywhere(Pin(key, tier))
 
     def prefetch(self, key: AdapterKey, tier: Tier) -> Future[None]:
@@ -96,10 +102,7 @@ class FleetCache:
 
     def unpin(self, key: AdapterKey, tier: Tier) -> None:
         with self._lock:
-            if self._pins[(key, tier)] > 0:
-                self._pins[(key, tier)] -= 1
-            if self._pins[(key, tier)] == 0:
-                del self._pins[(key, tier)]
+            self._pins.discard((key, tier))
         self._wait(self._link.call_each(Unpin(key, tier)))
 
     def evict(self, key: AdapterKey, tier: Tier) -> bool:

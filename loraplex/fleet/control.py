@@ -16,6 +16,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import secrets
 import shutil
 import signal
 import socket
@@ -33,6 +34,8 @@ from loraplex.serve.config import ServeConfig
 
 STATE_FILE = "fleet.json"
 RAY_LOG = "ray-head.log"  # the local Ray head's output, in the data dir
+RAY_TOKEN = "ray-auth-token"  # the local Ray head's authentication token, in the data dir
+RAY_STARTED = "Ray runtime started."  # what ``ray start`` prints once the head is up
 DEFAULT_READY_TIMEOUT_S = 300.0
 _RAY_ENV = {"RAY_USAGE_STATS_ENABLED": "0"}  # no usage reporting: no network at run time
 
@@ -44,6 +47,7 @@ class FleetRecord:
     address: str  # the Ray cluster's GCS address
     started_cluster: bool  # True: ``up`` started it, ``down`` stops it
     process_group: int | None  # the Ray head's process group when ``up`` started it
+    token_path: str | None  # its authentication token (0600) when ``up`` started it
     url: str  # the ingress's base URL
     engine_replicas: int
 
@@ -101,11 +105,28 @@ def ray_executable() -> str:
     return found
 
 
-def start_local_cluster(log_path: Path, timeout_s: float = 120.0) -> tuple[str, int]:
+def write_token(path: Path) -> None:
+    """A new Ray authentication token in ``path`` (0600)."""
+    path.unlink(missing_ok=True)
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+    with os.fdopen(fd, "w", encoding="utf-8") as out:
+        out.write(secrets.token_hex(32))
+
+
+def token_env(token_path: Path) -> dict[str, str]:
+    """The environment that makes Ray require (a head) or send (a driver) the fleet's token."""
+    return {"RAY_AUTH_MODE": "token", "RAY_AUTH_TOKEN_PATH": str(token_path)}
+
+
+def start_local_cluster(
+    log_path: Path, token_path: Path, timeout_s: float = 120.0
+) -> tuple[str, int]:
     """``ray start --head --block`` on this machine in its own process group (its log in
-    ``log_path``); (GCS address, process group id) once the GCS accepts connections. Only that
-    group is stopped later (``stop_local_cluster``), never another Ray on the machine."""
+    ``log_path``), requiring the token in ``token_path`` (Ray's token authentication: a client
+    without it cannot reach the cluster); (GCS address, process group id) once the head is up.
+    Only that group is stopped later (``stop_local_cluster``), never another Ray."""
     port = free_port()
+    write_token(token_path)
     command = [
         ray_executable(),
         "start",
@@ -116,20 +137,20 @@ def start_local_cluster(log_path: Path, timeout_s: float = 120.0) -> tuple[str, 
         "--include-dashboard=false",
         "--disable-usage-stats",
     ]
-    env = {**os.environ, **_RAY_ENV}
+    env = {**os.environ, **_RAY_ENV, **token_env(token_path)}
     with log_path.open("ab") as log:
         process = subprocess.Popen(
             command, stdout=log, stderr=subprocess.STDOUT, env=env, start_new_session=True
         )
     deadline = time.monotonic() + timeout_s
+    # NOTE: the GCS port opens seconds before the head is done starting (a driver connecting
+    # then fails): wait for ``ray start``'s own "started" line.
     while time.monotonic() < deadline:
         if process.poll() is not None:
             raise RuntimeError(f"ray start exited with {process.returncode}; see {log_path}")
-        try:
-            with socket.create_connection(("127.0.0.1", port), timeout=1.0):
-                return f"127.0.0.1:{port}", process.pid
-        except OSError:
-            time.sleep(0.5)
+        if RAY_STARTED in log_path.read_text(encoding="utf-8", errors="replace"):
+            return f"127.0.0.1:{port}", process.pid
+        time.sleep(0.5)
     stop_local_cluster(process.pid)
     raise RuntimeError(f"the Ray head did not listen within {timeout_s:g} s; see {log_path}")
 
@@ -151,10 +172,14 @@ def stop_local_cluster(process_group: int, timeout_s: float = 30.0) -> None:
         os.killpg(process_group, signal.SIGKILL)
 
 
-def connect(address: str) -> None:
+def connect(address: str, token_path: Path | None = None) -> None:
+    """Connects this process as a driver; with ``token_path``, using that token."""
+    # NOTE: before ray is imported: Ray reads its authentication settings once, at import.
+    os.environ.update(_RAY_ENV)
+    if token_path is not None:
+        os.environ.update(token_env(token_path))
     import ray
 
-    os.environ.update(_RAY_ENV)
     if ray.is_initialized():
         ray.shutdown()
     ray.init(address=address, namespace="loraplex", logging_level="WARNING", log_to_driver=False)
@@ -205,12 +230,15 @@ def up(
         raise RuntimeError(f"a fleet is already recorded in {state_path}; run fleet down first")
     started = address is None
     group = None
+    token = None
     if address is None:
-        address, group = start_local_cluster(settings.serve.data_dir / RAY_LOG)
+        token = settings.serve.data_dir / RAY_TOKEN
+        address, group = start_local_cluster(settings.serve.data_dir / RAY_LOG, token)
     url = base_url(settings.serve)
-    record = FleetRecord(address, started, group, url, settings.engine_replicas)
+    token_text = None if token is None else str(token)
+    record = FleetRecord(address, started, group, token_text, url, settings.engine_replicas)
     try:
-        connect(address)
+        connect(address, token)
         deploy(settings)
         state_path.write_text(json.dumps(asdict(record)), encoding="utf-8")
         wait_ready(record.url, ready_timeout_s)
@@ -231,24 +259,28 @@ def read_record(data_dir: Path) -> FleetRecord:
     return FleetRecord(**values)
 
 
-def board_entries(address: str) -> list[Any]:
+def board_entries(record: FleetRecord) -> list[Any]:
     """Every replica on the board (connects to the cluster)."""
+    connect(record.address, _token(record))  # NOTE: before ray is imported (see connect)
     from ray import serve
 
-    connect(address)
     board = serve.get_deployment_handle("Board", app_name=APP_NAME)
     entries: list[Any] = board.entries.remote().result(timeout_s=30.0)
     return entries
+
+
+def _token(record: FleetRecord) -> Path | None:
+    return None if record.token_path is None else Path(record.token_path)
 
 
 def down(data_dir: Path) -> FleetRecord:
     """Deletes the application; stops the cluster when ``up`` started it."""
     record = read_record(data_dir)
     try:
+        connect(record.address, _token(record))  # NOTE: before ray is imported (see connect)
         import ray
         from ray import serve
 
-        connect(record.address)
         serve.delete(APP_NAME)
         serve.shutdown()
         ray.shutdown()  # NOTE: before the head stops, or the driver reports the raylet's death

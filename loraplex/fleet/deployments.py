@@ -27,6 +27,7 @@ from ray.serve.handle import DeploymentHandle
 from loraplex.engine.messages import CacheCommand
 from loraplex.engine.process_child import pack_error
 from loraplex.engine.protocol import EngineRequest, TokenDelta
+from loraplex.errors import EngineUnavailableError
 from loraplex.fleet.board import PUSH_INTERVAL_S, Board, BoardEntry
 from loraplex.fleet.replica import EngineReplica, build_replica_parts
 from loraplex.fleet.settings import FleetSettings
@@ -73,15 +74,29 @@ class EngineDeploymentImpl:
     async def generate(
         self, request: EngineRequest, hint: RouteHint | None = None
     ) -> AsyncIterator[Accepted | TokenDelta | Failed]:
+        misrouted = self._misrouted(hint)
+        if misrouted is not None:
+            yield misrouted
+            return
         async for item in self._replica.generate(request):
             yield item
 
     async def cache_call(self, command: CacheCommand, hint: RouteHint | None = None) -> Any:
         """The command's result, or ``Failed`` with its domain error (so the class survives)."""
+        misrouted = self._misrouted(hint)
+        if misrouted is not None:
+            return misrouted
         try:
             return await self._replica.cache_call(command)
         except Exception as exc:
             return Failed(pack_error(exc))
+
+    def _misrouted(self, hint: RouteHint | None) -> Failed | None:
+        """A call meant for another replica (it left): refused, never run here."""
+        if hint is None or hint.target is None or hint.target == self._replica.replica_id:
+            return None
+        error = EngineUnavailableError(f"engine replica {hint.target} is not in rotation")
+        return Failed(pack_error(error))
 
     def record_routing_stats(self) -> dict[str, Any]:
         return self._replica.routing_stats()

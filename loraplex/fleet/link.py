@@ -12,11 +12,12 @@ from __future__ import annotations
 import asyncio
 import logging
 import threading
-from collections.abc import Awaitable, Callable, Coroutine
+from collections.abc import Callable, Coroutine
 from concurrent.futures import Future
 from typing import Any, Protocol, TypeVar
 
 from loraplex.engine.messages import CacheCommand
+from loraplex.errors import EngineUnavailableError
 from loraplex.fleet.board import BoardEntry
 from loraplex.fleet.wire import RouteHint
 
@@ -68,12 +69,17 @@ class FleetLink:
         self._listeners.append(listener)
 
     def submit(self, coro: Coroutine[Any, Any, T]) -> Future[T]:
-        """Runs ``coro`` on the link's loop."""
+        """Runs ``coro`` on the link's loop; after ``close`` the future fails at once."""
+        if self._stopping:
+            coro.close()
+            closed: Future[T] = Future()
+            closed.set_exception(EngineUnavailableError("the fleet link is closed"))
+            return closed
         return asyncio.run_coroutine_threadsafe(coro, self._loop)
 
     def call(self, replica_id: str, command: CacheCommand) -> Future[Any]:
         """``command`` on one replica's cache."""
-        return self.submit(self._bounded(self._calls.cache_call(replica_id, command)))
+        return self.submit(self._call(replica_id, command))
 
     def call_each(
         self, command: CacheCommand, replica_ids: list[str] | None = None
@@ -83,17 +89,30 @@ class FleetLink:
         return {rid: self.call(rid, command) for rid in ids}
 
     def close(self) -> None:
+        """Stops polling; calls still running are cancelled (their futures raise
+        ``CancelledError``), so no caller waits for a loop that no longer runs."""
+        if self._stopping:
+            return
         self._stopping = True
-        self._poller.cancel()
-        self._loop.call_soon_threadsafe(self._loop.stop)
+        asyncio.run_coroutine_threadsafe(self._cancel_all(), self._loop)
         self._thread.join(timeout=10)
+        if not self._thread.is_alive():
+            self._loop.close()
 
     def _run(self) -> None:
         asyncio.set_event_loop(self._loop)
         self._loop.run_forever()
 
-    async def _bounded(self, call: Awaitable[T]) -> T:
-        return await asyncio.wait_for(call, CALL_TIMEOUT_S)
+    async def _cancel_all(self) -> None:
+        # NOTE: in a loop: a call submitted just before ``close`` may start while others end.
+        while tasks := asyncio.all_tasks() - {asyncio.current_task()}:
+            for task in tasks:
+                task.cancel()
+            await asyncio.gather(*tasks, return_exceptions=True)
+        asyncio.get_running_loop().stop()
+
+    async def _call(self, replica_id: str, command: CacheCommand) -> Any:
+        return await asyncio.wait_for(self._calls.cache_call(replica_id, command), CALL_TIMEOUT_S)
 
     async def _poll_forever(self) -> None:
         while not self._stopping:

@@ -64,7 +64,11 @@ class LoraplexRequestRouter(RequestRouter):  # type: ignore[misc]
             return []
         hint = pending_request.kwargs.get("hint") if pending_request is not None else None
         if isinstance(hint, RouteHint) and hint.target is not None:
-            return [[by_id[hint.target]]] if hint.target in by_id else []
+            if hint.target in by_id:
+                return [[by_id[hint.target]]]
+            # NOTE: the replica left: any replica takes the call and refuses it at once
+            # (``deployments``), rather than Ray retrying a choice that can never be made.
+            return [list(by_id.values())]
         offered = by_id
         if isinstance(hint, RouteHint) and hint.avoid:
             offered = {i: r for i, r in by_id.items() if i not in hint.avoid} or by_id

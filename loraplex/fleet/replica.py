@@ -16,6 +16,7 @@ import time
 from collections import deque
 from collections.abc import AsyncIterator, Callable
 from concurrent.futures import Future
+from contextlib import aclosing
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
@@ -67,8 +68,11 @@ class EngineReplica:
         Closing the stream (the ingress cancelled it) aborts the request in the engine."""
         yield Accepted(self.replica_id)
         try:
-            async for delta in self._engine.generate(request):
-                yield delta
+            # NOTE: closed explicitly: left to the garbage collector, the engine would go on
+            # generating for a request nobody reads.
+            async with aclosing(self._engine.generate(request)) as deltas:
+                async for delta in deltas:
+                    yield delta
         except Exception as exc:  # queue full, adapter failed to load, ...: the caller's error
             yield Failed(pack_error(exc))
 

@@ -81,6 +81,7 @@ class ReportStamps:
             return None if previous is None else previous[1]
         if report.replica_id != replica_id:
             ROUTING_LOG.malformed_reports += 1
+            _log.warning("replica %s sent a report of replica %s", replica_id, report.replica_id)
             return None if previous is None else previous[1]
         if previous is not None and previous[0] == report.at_s:
             return previous[1]  # the same report as before: keep its first stamp

@@ -32,6 +32,8 @@ NOT_IN_FLEET = (
     "max_header_bytes",
 )
 
+_ROUTER_KEYS = sorted(f.name for f in fields(RouterConfig))
+
 
 @dataclass(frozen=True)
 class FleetSettings:
@@ -54,23 +56,37 @@ class FleetSettings:
                 f"ingress_replicas {self.ingress_replicas} is invalid; expected 1 (the release "
                 "controller and its traffic windows live in the one ingress)"
             )
+        self._check_routing()
+        check_fleet_config(self.serve)
+
+    def _check_routing(self) -> None:
         if self.policy not in policy_names():
             raise ValueError(f"policy {self.policy!r} is invalid; expected one of {policy_names()}")
-        RouterConfig(**self.router)  # raises naming a wrong key or value
-        if not 0 < self.report_period_s <= MAX_REPORT_PERIOD_S:
+        if not isinstance(self.router, dict):
             raise ValueError(
-                f"report_period_s {self.report_period_s} is invalid; expected > 0 and "
-                f"<= {MAX_REPORT_PERIOD_S}"
+                f"router {self.router!r} is invalid; expected a table of RouterConfig keys"
             )
-        check_fleet_config(self.serve)
+        unknown = sorted(str(k) for k in self.router if k not in _ROUTER_KEYS)
+        if unknown:
+            raise ValueError(f"router keys {unknown} are unknown; expected some of {_ROUTER_KEYS}")
+        RouterConfig(**self.router)  # raises naming a wrong value
+        seed = self.seed
+        if seed is not None and (isinstance(seed, bool) or not isinstance(seed, int)):
+            raise ValueError(f"seed {seed!r} is invalid; expected an int or None")
+        period = self.report_period_s
+        if isinstance(period, bool) or not isinstance(period, int | float):
+            raise ValueError(f"report_period_s {period!r} is invalid; expected a number of seconds")
+        if not 0 < period <= MAX_REPORT_PERIOD_S:
+            raise ValueError(
+                f"report_period_s {period} is invalid; expected > 0 and <= {MAX_REPORT_PERIOD_S}"
+            )
 
 
 def check_fleet_config(config: ServeConfig) -> None:
     """Refuses ``serve`` keys a fleet would not read (set to anything but their default)."""
     defaults = ServeConfig(data_dir=config.data_dir)
-    known = {f.name for f in fields(ServeConfig)}
     for name in NOT_IN_FLEET:
-        if name in known and getattr(config, name) != getattr(defaults, name):
+        if getattr(config, name) != getattr(defaults, name):
             raise ValueError(
                 f"config key {name} is not used by a fleet (Ray Serve's HTTP proxy listens and "
                 "each engine replica runs its engine in its own process); remove it"

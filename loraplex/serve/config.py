@@ -216,13 +216,17 @@ class ServeConfig:
 _PATH_FIELDS = {"data_dir", "model", "import_dir"}
 
 
-def read_config_file(path: Path) -> dict[str, Any]:
-    """The ``[serve]`` table of a TOML file (or its top level when there is no such table)."""
+def read_config_file(path: Path, other_tables: tuple[str, ...] = ()) -> dict[str, Any]:
+    """The ``[serve]`` table of a TOML file (or its top level when there is no such table, less
+    ``other_tables``: the tables another reader takes, e.g. ``loraplex fleet``'s ``[fleet]``)."""
     try:
         document = tomllib.loads(path.read_text(encoding="utf-8"))
     except (OSError, tomllib.TOMLDecodeError) as exc:
         raise ValueError(f"config file {path}: {exc}") from exc
-    table = document.get("serve", document)
+    if "serve" in document:
+        table = document["serve"]
+    else:
+        table = {k: v for k, v in document.items() if k not in other_tables}
     if not isinstance(table, dict):
         raise ValueError(f"config file {path}: [serve] is invalid; expected a table")
     known = {f.name for f in fields(ServeConfig)}

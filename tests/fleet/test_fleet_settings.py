@@ -1,0 +1,244 @@
+"""``FleetSettings`` validation, ``check_fleet_config``, and ``loraplex fleet up``'s parsing (the
+``[fleet]`` table, flags, thread shares) with Ray and the preparation replaced: nothing starts."""
+
+from __future__ import annotations
+
+import os
+from dataclasses import fields
+from pathlib import Path
+from typing import Any
+
+import pytest
+from typer.testing import CliRunner
+
+from loraplex.cli import app
+from loraplex.cli.fleet import default_threads_per_replica, fleet_file_values
+from loraplex.fleet import control
+from loraplex.fleet.settings import (
+    MAX_REPORT_PERIOD_S,
+    NOT_IN_FLEET,
+    FleetSettings,
+    check_fleet_config,
+)
+from loraplex.serve.config import ServeConfig
+
+
+def _settings(tmp_path: Path, **kw: Any) -> FleetSettings:
+    return FleetSettings(serve=ServeConfig(data_dir=tmp_path), model_dir=tmp_path, **kw)
+
+
+# --- FleetSettings ----------------------------------------------------------------------------
+
+
+def test_defaults_are_valid(tmp_path: Path) -> None:
+    settings = _settings(tmp_path)
+    assert (settings.engine_replicas, settings.ingress_replicas) == (2, 1)
+    assert settings.report_period_s <= MAX_REPORT_PERIOD_S
+
+
+@pytest.mark.parametrize(
+    ("values", "message"),
+    [
+        ({"engine_replicas": 0}, "engine_replicas 0 is invalid; expected an int >= 1"),
+        ({"engine_replicas": True}, "engine_replicas True is invalid"),
+        ({"engine_replicas": "2"}, "engine_replicas '2' is invalid"),
+        ({"ingress_replicas": 2}, "ingress_replicas 2 is invalid; expected 1"),
+        ({"policy": "round_robin"}, "policy 'round_robin' is invalid; expected one of"),
+        ({"router": {"max_queued": 0}}, "max_queued"),
+        ({"router": {"colour": 1}}, r"router keys \['colour'\] are unknown; expected some of"),
+        ({"router": [("max_queued", 4)]}, "router .* is invalid; expected a table"),
+        ({"report_period_s": 0.0}, "report_period_s 0.0 is invalid; expected > 0"),
+        ({"report_period_s": 1.5}, "report_period_s 1.5 is invalid"),
+        ({"report_period_s": "fast"}, "report_period_s 'fast' is invalid"),
+        ({"seed": "seven"}, "seed 'seven' is invalid; expected an int or None"),
+        ({"seed": 1.5}, "seed 1.5 is invalid"),
+    ],
+)
+def test_bad_settings_are_refused_naming_the_field(
+    tmp_path: Path, values: dict[str, Any], message: str
+) -> None:
+    with pytest.raises(ValueError, match=message):
+        _settings(tmp_path, **values)
+
+
+def test_every_key_a_fleet_refuses_is_a_serve_key() -> None:
+    assert set(NOT_IN_FLEET) <= {f.name for f in fields(ServeConfig)}
+
+
+@pytest.mark.parametrize(
+    ("name", "values"),
+    [
+        ("admin_port", {"admin_port": 9001}),
+        ("admin_port", {"admin_port": 9001, "admin_host": "0.0.0.0"}),
+        ("engine_process", {"engine_process": False}),
+        ("header_read_timeout_s", {"header_read_timeout_s": 20.0}),
+        ("keep_alive_timeout_s", {"keep_alive_timeout_s": 9}),
+        ("max_connections", {"max_connections": 10}),
+        ("max_header_bytes", {"max_header_bytes": 1 << 12}),
+    ],
+)
+def test_serve_keys_a_fleet_does_not_read_are_refused(
+    tmp_path: Path, name: str, values: dict[str, Any]
+) -> None:
+    config = ServeConfig(data_dir=tmp_path, **values)
+    with pytest.raises(ValueError, match=f"config key {name} is not used by a fleet"):
+        check_fleet_config(config)
+    with pytest.raises(ValueError, match=name):
+        FleetSettings(serve=config, model_dir=tmp_path)
+
+
+def test_serve_keys_a_fleet_reads_pass(tmp_path: Path) -> None:
+    check_fleet_config(ServeConfig(data_dir=tmp_path, port=9000, max_loras=4, torch_threads=2))
+
+
+# --- the CLI ----------------------------------------------------------------------------------
+
+
+def test_fleet_file_values_reads_the_fleet_table(tmp_path: Path) -> None:
+    assert fleet_file_values(None) == {}
+    path = tmp_path / "fleet.toml"
+    path.write_text("[serve]\nport = 9000\n[fleet]\nreplicas = 3\nrouter = { max_queued = 4 }\n")
+    assert fleet_file_values(path) == {"replicas": 3, "router": {"max_queued": 4}}
+    path.write_text("[serve]\nport = 9000\n")
+    assert fleet_file_values(path) == {}
+
+
+@pytest.mark.parametrize(
+    ("text", "message"),
+    [
+        ("[fleet]\nreplica = 3\n", r"unknown \[fleet\] keys \['replica'\]"),
+        ("fleet = 3\n", r"\[fleet\] is invalid; expected a table"),
+        ("[fleet\n", "config file"),
+    ],
+)
+def test_fleet_file_values_refuses_what_it_cannot_read(
+    tmp_path: Path, text: str, message: str
+) -> None:
+    path = tmp_path / "fleet.toml"
+    path.write_text(text)
+    with pytest.raises(ValueError, match=message):
+        fleet_file_values(path)
+    with pytest.raises(ValueError, match="config file"):
+        fleet_file_values(tmp_path / "missing.toml")
+
+
+def test_threads_are_the_cores_shared_out() -> None:
+    assert default_threads_per_replica(2, 8) == 4
+    assert default_threads_per_replica(3, 8) == 2
+    assert default_threads_per_replica(4, 2) == 1
+    assert default_threads_per_replica(2, None) == 1
+
+
+class FakeControl:
+    """``control.prepare`` and ``control.up`` replaced: records what ``fleet up`` asked for."""
+
+    def __init__(self, model_dir: Path) -> None:
+        self.model_dir = model_dir
+        self.prepared: list[ServeConfig] = []
+        self.started: list[FleetSettings] = []
+
+    def prepare(self, config: ServeConfig) -> control.Prepared:
+        self.prepared.append(config)
+        return control.Prepared(self.model_dir, "admin-key", False, {})
+
+    def up(self, settings: FleetSettings, address: str | None, **_: Any) -> control.FleetRecord:
+        self.started.append(settings)
+        values = {
+            "address": "127.0.0.1:1",
+            "started_cluster": True,
+            "process_group": None,
+            "token_path": None,
+            "url": "http://127.0.0.1:8000",
+            "engine_replicas": settings.engine_replicas,
+        }
+        return control.FleetRecord(**{f.name: values[f.name] for f in fields(control.FleetRecord)})
+
+
+@pytest.fixture
+def fake_control(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> FakeControl:
+    fake = FakeControl(tmp_path)
+    monkeypatch.setattr(control, "prepare", fake.prepare)
+    monkeypatch.setattr(control, "up", fake.up)
+    monkeypatch.setattr(os, "cpu_count", lambda: 8)
+    return fake
+
+
+def _up(tmp_path: Path, *args: str) -> Any:
+    return CliRunner().invoke(app, ["fleet", "up", "--data-dir", str(tmp_path), *args])
+
+
+def test_up_help_lists_the_fleet_flags() -> None:
+    result = CliRunner().invoke(app, ["fleet", "up", "--help"])
+    assert result.exit_code == 0
+    for flag in ("--replicas", "--policy", "--seed", "--address", "--threads", "--config"):
+        assert flag in result.output
+
+
+def test_up_takes_the_fleet_table_and_flags_over_it(
+    tmp_path: Path, fake_control: FakeControl
+) -> None:
+    path = tmp_path / "fleet.toml"
+    path.write_text(
+        '[serve]\nmax_loras = 4\n[fleet]\nreplicas = 3\npolicy = "pow2"\n'
+        "report_period_s = 0.25\nrouter = { max_queued = 4 }\n"
+    )
+    result = _up(tmp_path, "--config", str(path), "--replicas", "4", "--seed", "7")
+    assert result.exit_code == 0, result.output
+    (settings,) = fake_control.started
+    assert (settings.engine_replicas, settings.policy, settings.seed) == (4, "pow2", 7)
+    assert settings.router == {"max_queued": 4} and settings.report_period_s == 0.25
+    assert settings.serve.max_loras == 4 and settings.serve.torch_threads == 2  # 8 cores / 4
+    assert settings.model_dir == fake_control.model_dir
+    assert "4 engine replicas on a local Ray head it started" in result.output
+
+
+def test_up_keeps_configured_threads(tmp_path: Path, fake_control: FakeControl) -> None:
+    assert _up(tmp_path, "--threads", "3").exit_code == 0
+    (settings,) = fake_control.started
+    assert (settings.engine_replicas, settings.serve.torch_threads) == (2, 3)
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["--policy", "nope"], "policy 'nope' is invalid"),
+        (["--replicas", "-1"], "engine_replicas -1 is invalid"),
+    ],
+)
+def test_up_refuses_bad_fleet_values_without_starting(
+    tmp_path: Path, fake_control: FakeControl, args: list[str], message: str
+) -> None:
+    result = _up(tmp_path, *args)
+    assert result.exit_code == 2
+    assert message in " ".join(result.output.split())
+    assert fake_control.started == []
+
+
+def test_up_refuses_an_unknown_fleet_key(tmp_path: Path, fake_control: FakeControl) -> None:
+    path = tmp_path / "fleet.toml"
+    path.write_text("[serve]\nport = 9000\n[fleet]\nworkers = 3\n")
+    result = _up(tmp_path, "--config", str(path))
+    assert result.exit_code == 2
+    assert "unknown [fleet] keys ['workers']" in " ".join(result.output.split())
+    assert fake_control.prepared == [] and fake_control.started == []
+
+
+def test_up_refuses_zero_replicas(tmp_path: Path, fake_control: FakeControl) -> None:
+    result = _up(tmp_path, "--replicas", "0")
+    if result.exception is not None and not isinstance(result.exception, SystemExit):
+        raise result.exception
+    assert result.exit_code == 2
+    assert "engine_replicas 0 is invalid" in " ".join(result.output.split())
+
+
+def test_up_checks_fleet_values_before_preparing(tmp_path: Path, fake_control: FakeControl) -> None:
+    assert _up(tmp_path, "--policy", "nope").exit_code == 2
+    assert fake_control.prepared == []
+
+
+def test_up_reads_a_file_with_only_a_fleet_table(tmp_path: Path, fake_control: FakeControl) -> None:
+    path = tmp_path / "fleet.toml"
+    path.write_text("[fleet]\nreplicas = 3\n")
+    result = _up(tmp_path, "--config", str(path))
+    assert result.exit_code == 0, result.output
+    assert fake_control.started[0].engine_replicas == 3

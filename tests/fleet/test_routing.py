@@ -1,0 +1,206 @@
+"""The request router's Ray-free parts (report stamps, the handle call's ``RouteRequest``,
+sessions, the decision log) and ``LoraplexRequestRouter.choose_replicas`` driven without a
+cluster: fake replicas carry ``replica_id.unique_id`` and ``routing_stats`` as Ray's do."""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+from types import SimpleNamespace
+from typing import Any
+
+import pytest
+from fleet_fakes import key, report, request
+
+from loraplex.engine.messages import Snapshot
+from loraplex.fleet.ray_router import LoraplexRequestRouter
+from loraplex.fleet.routing import (
+    REPORT_KEY,
+    ROUTING_LOG,
+    ReportStamps,
+    RoutingLog,
+    route_request_of,
+    session_of,
+)
+from loraplex.fleet.wire import RouteHint
+from loraplex.router.decision import RouteRequest
+from loraplex.router.reports import ReplicaReport, encode_report
+
+
+def _stats(reported: ReplicaReport) -> dict[str, Any]:
+    return {REPORT_KEY: encode_report(reported)}
+
+
+# --- ReportStamps ---------------------------------------------------------------------------
+
+
+def test_a_new_report_is_stamped_when_first_seen_and_keeps_that_stamp() -> None:
+    stamps = ReportStamps()
+    first = stamps.report_of("a", _stats(report("a", at_s=500.0, l0=["k"])), now_s=10.0)
+    assert first is not None and first.at_s == 10.0 and "k" in first.residency.l0
+    again = stamps.report_of("a", _stats(report("a", at_s=500.0, l0=["k"])), now_s=12.0)
+    assert again is not None and again.at_s == 10.0  # the same report: its first stamp
+    newer = stamps.report_of("a", _stats(report("a", at_s=501.0)), now_s=13.0)
+    assert newer is not None and newer.at_s == 13.0 and not newer.residency.l0
+
+
+def test_no_report_yet_is_none_and_a_missing_one_keeps_the_previous() -> None:
+    stamps = ReportStamps()
+    assert stamps.report_of("a", {}, now_s=1.0) is None
+    stamps.report_of("a", _stats(report("a", at_s=5.0)), now_s=2.0)
+    kept = stamps.report_of("a", {}, now_s=3.0)
+    assert kept is not None and kept.at_s == 2.0
+
+
+def test_malformed_and_mismatched_reports_are_counted_and_leave_the_previous() -> None:
+    stamps = ReportStamps()
+    before = ROUTING_LOG.malformed_reports
+    bad = encode_report(report("a", at_s=6.0))
+    bad["load"]["kv_usage"] = 2.0
+    assert stamps.report_of("a", {REPORT_KEY: bad}, now_s=1.0) is None
+    assert ROUTING_LOG.malformed_reports == before + 1
+    stamps.report_of("a", _stats(report("a", at_s=5.0, l0=["k"])), now_s=2.0)
+    kept = stamps.report_of("a", {REPORT_KEY: bad}, now_s=3.0)
+    assert kept is not None and kept.at_s == 2.0 and "k" in kept.residency.l0
+    other = stamps.report_of("a", _stats(report("b", at_s=9.0)), now_s=4.0)
+    assert other is not None and other.replica_id == "a" and other.at_s == 2.0
+    assert stamps.report_of("a", {REPORT_KEY: "not a report"}, now_s=5.0) == kept
+    assert ROUTING_LOG.malformed_reports == before + 4
+
+
+def test_forget_except_drops_the_others_stamps() -> None:
+    stamps = ReportStamps()
+    stamps.report_of("a", _stats(report("a", at_s=5.0)), now_s=1.0)
+    stamps.report_of("b", _stats(report("b", at_s=5.0)), now_s=1.0)
+    stamps.forget_except({"a"})
+    assert stamps.report_of("b", {}, now_s=2.0) is None
+    restamped = stamps.report_of("b", _stats(report("b", at_s=5.0)), now_s=3.0)
+    assert restamped is not None and restamped.at_s == 3.0  # seen anew
+    kept = stamps.report_of("a", _stats(report("a", at_s=5.0)), now_s=3.0)
+    assert kept is not None and kept.at_s == 1.0
+
+
+# --- the handle call's RouteRequest, sessions, the log --------------------------------------
+
+
+def test_a_generate_call_routes_by_its_request() -> None:
+    revision = key()
+    call = request(adapter=revision, session="u1", num_tokens=5)
+    assert route_request_of([call]) == RouteRequest(str(revision), "acme/u1", 5)
+    assert route_request_of((request(num_tokens=2),)) == RouteRequest(None, None, 2)
+
+
+def test_other_calls_route_as_an_empty_base_model_request() -> None:
+    empty = RouteRequest(None, None, 0)
+    assert route_request_of([]) == empty
+    assert route_request_of([Snapshot()]) == empty
+    assert route_request_of(["generate"]) == empty
+
+
+def test_sessions_are_scoped_to_their_tenant() -> None:
+    assert session_of(request(session=None)) is None
+    acme = session_of(request(tenant="acme", session="alice"))
+    globex = session_of(request(tenant="globex", session="alice"))
+    assert acme == "acme/alice" and globex == "globex/alice"
+
+
+def test_routing_log_counts_reasons_and_hands_out_copies() -> None:
+    log = RoutingLog()
+    threads = [
+        threading.Thread(target=lambda: [log.record("gpu_hit") for _ in range(500)])
+        for _ in range(4)
+    ]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    log.record("pow2")
+    counts = log.counts()
+    assert counts == {"gpu_hit": 2000, "pow2": 1}
+    counts["pow2"] = 99
+    assert log.counts()["pow2"] == 1
+
+
+# --- LoraplexRequestRouter.choose_replicas without a cluster ---------------------------------
+
+
+def _router(**kwargs: Any) -> LoraplexRequestRouter:
+    router = LoraplexRequestRouter.__new__(LoraplexRequestRouter)
+    router.initialize_state(**kwargs)
+    return router
+
+
+def _replica(replica_id: str, stats: dict[str, Any] | None = None) -> SimpleNamespace:
+    return SimpleNamespace(replica_id=SimpleNamespace(unique_id=replica_id), routing_stats=stats)
+
+
+def _pending(*args: Any, **kwargs: Any) -> SimpleNamespace:
+    return SimpleNamespace(args=list(args), kwargs=kwargs)
+
+
+def _choose(router: LoraplexRequestRouter, replicas: list[Any], pending: Any) -> list[str]:
+    ranked = asyncio.run(router.choose_replicas(replicas, pending))
+    assert all(len(group) == 1 for group in ranked)
+    return [group[0].replica_id.unique_id for group in ranked]
+
+
+def test_a_target_hint_returns_only_that_replica() -> None:
+    router = _router(seed=0)
+    replicas = [_replica("a"), _replica("b"), _replica("c")]
+    assert _choose(router, replicas, _pending(Snapshot(), hint=RouteHint(target="b"))) == ["b"]
+    # A target that left: every replica is offered, and the one that takes it refuses the call
+    # at once (deployments.EngineDeploymentImpl._misrouted), never Ray retrying forever.
+    absent = asyncio.run(
+        router.choose_replicas(replicas, _pending(Snapshot(), hint=RouteHint(target="z")))
+    )
+    assert [[r.replica_id.unique_id for r in group] for group in absent] == [["a", "b", "c"]]
+    assert _choose(router, [], _pending(request())) == []
+
+
+def test_avoided_replicas_are_left_out_unless_none_would_remain() -> None:
+    router = _router(seed=0)
+    replicas = [_replica("a"), _replica("b"), _replica("c")]
+    avoid_a = _pending(request(), hint=RouteHint(avoid=frozenset({"a"})))
+    assert sorted(_choose(router, replicas, avoid_a)) == ["b", "c"]
+    avoid_all = _pending(request(), hint=RouteHint(avoid=frozenset({"a", "b", "c"})))
+    assert sorted(_choose(router, replicas, avoid_all)) == ["a", "b", "c"]
+    assert sorted(_choose(router, replicas, _pending(request()))) == ["a", "b", "c"]
+
+
+def test_a_gpu_resident_revision_wins_and_only_generate_calls_are_counted() -> None:
+    router = _router(policy="affinity_until_saturated", seed=0)
+    revision = str(key())
+    replicas = [
+        _replica("a", _stats(report("a"))),
+        _replica("b", _stats(report("b", l0=[revision]))),
+        _replica("c", _stats(report("c"))),
+    ]
+    before = ROUTING_LOG.counts()
+    ranked = _choose(router, replicas, _pending(request(adapter=key())))
+    assert ranked[0] == "b" and sorted(ranked) == ["a", "b", "c"]
+    after = ROUTING_LOG.counts()
+    assert after.get("gpu_hit", 0) == before.get("gpu_hit", 0) + 1
+    _choose(router, replicas, _pending(Snapshot()))  # a cache call, routed by the policy
+    assert ROUTING_LOG.counts() == after
+    assert ROUTING_LOG.policy == "affinity_until_saturated"
+
+
+def test_a_malformed_report_counts_as_none() -> None:
+    router = _router(seed=0)
+    bad = encode_report(report("b", l0=[str(key())]))
+    bad["v"] = 2
+    replicas = [_replica("a", None), _replica("b", {REPORT_KEY: bad})]
+    before = ROUTING_LOG.counts().get("no_report", 0)
+    malformed = ROUTING_LOG.malformed_reports
+    _choose(router, replicas, _pending(request(adapter=key())))
+    assert ROUTING_LOG.counts().get("no_report", 0) == before + 1
+    assert ROUTING_LOG.malformed_reports == malformed + 1
+
+
+def test_unknown_router_kwargs_are_refused() -> None:
+    with pytest.raises(ValueError, match=r"request_router_kwargs \['colour'\] are unknown"):
+        _router(policy="pow2", colour="red")
+    with pytest.raises(ValueError, match="policy_name 'nope' is unknown"):
+        _router(policy="nope")
+    with pytest.raises(ValueError, match="max_queued"):
+        _router(router_config={"max_queued": 0})
