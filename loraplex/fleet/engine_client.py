@@ -26,7 +26,9 @@ from loraplex.fleet.link import FleetLink
 from loraplex.fleet.wire import Accepted, Failed, RouteHint
 from loraplex.model.tokenizer import TextTokenizer
 
-MAX_ATTEMPTS = 3  # sends of one request (the first and two retries after a lost replica)
+# Sends of one request: the first and one retry after a lost replica. NOTE: one, because a
+# request that itself brings its replica down (a poison request) must not take out more than two.
+MAX_ATTEMPTS = 2
 DEFAULT_ACCEPT_TIMEOUT_S = 30.0  # waiting for a replica to take a request without a deadline
 
 

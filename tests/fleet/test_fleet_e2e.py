@@ -1,6 +1,9 @@
 """The fleet end to end: a real Ray cluster (local, in this process), the Serve application with
 two engine replicas and the ingress, reached over HTTP as a tenant would.
 
+Run twice: the registry on SQLite with a local artifact store (one host), and on the machine's
+PostgreSQL with moto's S3 server (what replicas on several hosts share).
+
 Covers: streaming through the ingress; tenant isolation; a release that reaches both replicas
 (pinned in both GPU slot pools) before its canary starts and the alias moves; a killed replica's
 queued requests completing on the other replica, and the replica's replacement rejoining.
@@ -10,8 +13,10 @@ from __future__ import annotations
 
 import json
 import os
+import secrets
 import time
 from collections.abc import Iterator
+from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -48,18 +53,84 @@ class Fleet:
         return httpx.Client(base_url=self.url, headers=headers, timeout=120)
 
 
-@pytest.fixture(scope="module")
-def fleet(demo_assets: DemoAssets, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Fleet]:
+IN_CI = os.environ.get("CI", "").lower() == "true"
+DEFAULT_POSTGRES_URL = "postgresql://postgres@127.0.0.1:5432/postgres"
+
+
+def _unavailable(reason: str) -> None:
+    if IN_CI:
+        pytest.fail(f"{reason} (CI=true: these tests must run in CI)")
+    pytest.skip(reason)
+
+
+@contextmanager
+def _shared_registry() -> Iterator[dict[str, Any]]:
+    """PostgreSQL (a fresh schema on the machine's server) and an S3 store (moto's server):
+    what replicas on several hosts would share."""
+    psycopg = pytest.importorskip("psycopg")
+    from moto.server import ThreadedMotoServer
+
+    server_url = os.environ.get("LORAPLEX_TEST_POSTGRES_URL", DEFAULT_POSTGRES_URL)
+    try:
+        admin = psycopg.connect(server_url, autocommit=True, connect_timeout=3)
+    except psycopg.Error:
+        _unavailable(f"no PostgreSQL server reachable at {server_url}")
+    schema = f"fleet_{secrets.token_hex(6)}"
+    for key, value in {
+        "AWS_ACCESS_KEY_ID": "testing",
+        "AWS_SECRET_ACCESS_KEY": "testing",
+        "AWS_DEFAULT_REGION": "us-east-1",
+    }.items():
+        os.environ.setdefault(key, value)  # NOTE: before ray.init: the replicas inherit them
+    moto = ThreadedMotoServer(ip_address="127.0.0.1", port=0, verbose=False)
+    moto.start()
+    host, port = moto.get_host_and_port()
+    endpoint = f"http://{host}:{port}"
+    import boto3  # type: ignore[import-untyped]
+
+    bucket = f"loraplex-{secrets.token_hex(6)}"
+    boto3.client("s3", endpoint_url=endpoint).create_bucket(Bucket=bucket)
+    with admin:
+        admin.execute(f"CREATE SCHEMA {schema}")
+        separator = "&" if "?" in server_url else "?"
+        try:
+            yield {
+                "database_url": f"{server_url}{separator}options=-csearch_path%3D{schema}",
+                "store": f"s3://{bucket}/artifacts",
+                "s3_endpoint": endpoint,
+            }
+        finally:
+            admin.execute(f"DROP SCHEMA {schema} CASCADE")
+            moto.stop()
+
+
+@pytest.fixture(scope="module", params=["sqlite-local", "postgres-s3"])
+def fleet(
+    request: pytest.FixtureRequest,
+    demo_assets: DemoAssets,
+    tmp_path_factory: pytest.TempPathFactory,
+) -> Iterator[Fleet]:
+    """Two engine replicas and the ingress on a local Ray cluster; the registry on SQLite with
+    a local store (one host), or on PostgreSQL with an S3 store (what several hosts share)."""
     data_dir: Path = tmp_path_factory.mktemp("fleet")
     (data_dir / DEMO_DIR).symlink_to(demo_assets.root, target_is_directory=True)
-    os.environ["RAY_USAGE_STATS_ENABLED"] = "0"
-    ray.init(num_cpus=2, include_dashboard=False, namespace="loraplex", log_to_driver=False)
-    try:
+    with ExitStack() as stack:
+        shared = {} if request.param == "sqlite-local" else stack.enter_context(_shared_registry())
+        os.environ["RAY_USAGE_STATS_ENABLED"] = "0"
+        # address "local": a new cluster of this process, never one already running here
+        ray.init(
+            address="local", num_cpus=2, include_dashboard=False, namespace="loraplex",
+            log_to_driver=False,
+        )  # fmt: skip
+        stack.callback(ray.shutdown)
+        from ray import serve
+
+        stack.callback(serve.shutdown)
         # max_num_seqs 1: a second request to a replica queues there (the kill test needs
         # requests that were accepted but had not started).
         config = ServeConfig(
             data_dir=data_dir, port=control.free_port(), max_loras=4, max_num_seqs=1,
-            torch_threads=1, auto_warm=False,
+            torch_threads=1, auto_warm=False, **shared,
         )  # fmt: skip
         prepared = control.prepare(config)
         settings = FleetSettings(serve=config, model_dir=prepared.model_dir, engine_replicas=2)
@@ -69,11 +140,6 @@ def fleet(demo_assets: DemoAssets, tmp_path_factory: pytest.TempPathFactory) -> 
         fleet = Fleet(url, prepared.admin_key, prepared.sample_keys, demo_assets)
         _wait_replicas(fleet, 2)
         yield fleet
-    finally:
-        from ray import serve
-
-        serve.shutdown()
-        ray.shutdown()
 
 
 def _state(fleet: Fleet) -> dict[str, Any]:
