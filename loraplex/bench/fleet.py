@@ -30,11 +30,19 @@ from typing import Any
 from loraplex.bench.fleet_drive import capacity_batch, measure_capacity, median_or_none, replay
 from loraplex.bench.fleet_report import POLICIES, TRACES, PolicyRun, fleet_metrics
 from loraplex.bench.serve_driver import DriveConfig
-from loraplex.bench.serve_fleet import Fleet, ServerOptions, drop_page_cache, prepare_fleet
+from loraplex.bench.serve_fleet import (
+    Fleet,
+    ServerOptions,
+    drop_page_cache,
+    prepare_fleet,
+    serve_values,
+)
 from loraplex.bench.serve_runs import run_order
 from loraplex.bench.workloads import ScenarioParams, TraceAdapter, Workload, generate
+from loraplex.fleet.settings import FleetSettings
 from loraplex.residency.policy import DEFAULT_POLICY as EVICTION_POLICY
 from loraplex.router.router import policy_names
+from loraplex.serve.config import merge
 
 MAX_LORA_RANK = 64  # the S2 ranks' largest
 CAPACITY_POLICY = "pow2"  # Ray Serve's default router measures the capacity
@@ -187,12 +195,10 @@ def _trace_shape(config: FleetBenchConfig, capacity_rps: float | None) -> tuple[
     return rate, config.trace_requests / rate
 
 
-def _settings(config: FleetBenchConfig, target: _Target, data_dir: Path, policy: str) -> Any:
-    """The ``FleetSettings`` of one deployment (only the routing policy differs between runs)."""
-    from loraplex.bench.serve_fleet import serve_values
-    from loraplex.fleet.settings import FleetSettings
-    from loraplex.serve.config import merge
-
+def _settings(
+    config: FleetBenchConfig, target: _Target, data_dir: Path, policy: str
+) -> FleetSettings:
+    """One deployment's settings (only the routing policy differs between runs)."""
     options = ServerOptions(
         EVICTION_POLICY,
         config.max_loras,
@@ -227,14 +233,15 @@ def _capacity(
 def _policy_runs(
     config: FleetBenchConfig, target: _Target, workloads: list[Workload], drive: DriveConfig
 ) -> tuple[list[PolicyRun], list[str]]:
-    """Every (trace, policy) run in ``run_order``; the runs and that order by name."""
+    """Every (trace, policy) run in ``run_plan`` order; the runs and that order by name."""
     from loraplex.bench.fleet_cluster import deployed, fleet_state, settled_counters
 
     runs, names = [], []
-    order = run_order([len(config.policies)] * len(workloads), config.repeats)
-    for index, (group, member) in enumerate(order):
-        workload, policy = workloads[group], config.policies[member]
-        names.append(f"{workload.name}/{policy}")
+    by_name = {w.name: w for w in workloads}
+    plan = run_plan(tuple(by_name), config.policies, config.repeats)
+    for index, (trace, policy) in enumerate(plan):
+        workload = by_name[trace]
+        names.append(f"{trace}/{policy}")
         settings = _settings(config, target, target.root / f"run-{index}", policy)
         drop_page_cache(target.registry.store)
         admin_key = target.registry.admin_key
@@ -246,6 +253,16 @@ def _policy_runs(
             decisions = fleet_state(target.url, admin_key)["decisions"]
         runs.append(PolicyRun(workload.name, policy, tuple(records), counters, decisions))
     return runs, names
+
+
+def run_plan(
+    traces: tuple[str, ...], policies: tuple[str, ...], repeats: int
+) -> list[tuple[str, str]]:
+    """(trace, policy) in run order: each trace's policies ``repeats`` times, forward (ABCD)
+    and backward (DCBA) in turn, the next trace starting the other way round
+    (``serve_runs.run_order``), so drift on the shared machine favours no policy."""
+    order = run_order([len(policies)] * len(traces), repeats)
+    return [(traces[group], policies[member]) for group, member in order]
 
 
 def _union(groups: Iterable[Iterable[TraceAdapter]]) -> tuple[TraceAdapter, ...]:

@@ -13,10 +13,11 @@ from __future__ import annotations
 
 import os
 import shutil
+import sys
 import tempfile
 import time
 from collections.abc import Iterator
-from contextlib import contextmanager, suppress
+from contextlib import contextmanager, redirect_stdout, suppress
 from pathlib import Path
 from typing import Any
 
@@ -39,6 +40,13 @@ POLL_S = 0.25
 def local_cluster(num_cpus: int) -> Iterator[int]:
     """A Ray cluster of this process with Serve's HTTP proxy on a free 127.0.0.1 port; yields
     that port. Stopped (every process it started) when the block ends."""
+    # NOTE: Ray's driver prints the cluster's error messages to sys.stdout (at shutdown: "the
+    # actor is dead because it was killed by ray.kill"), where only the JSON line belongs.
+    with redirect_stdout(sys.stderr):
+        yield from _ray_cluster(num_cpus)
+
+
+def _ray_cluster(num_cpus: int) -> Iterator[int]:
     from loraplex.fleet.control import free_port, token_env, write_token
 
     temp = Path(tempfile.mkdtemp(prefix="lpx-ray-"))  # short: Ray's socket paths are bounded

@@ -197,13 +197,20 @@ _COLUMNS = (
 )
 
 
+def _row(cells: Sequence[str]) -> str:
+    """The first cell left-aligned, the others right-aligned, in ``_COLUMNS``' widths."""
+    widths = [w for _, w in _COLUMNS]
+    first = f"{cells[0]:<{widths[0]}}"
+    return " ".join([first, *(f"{c:>{w}}" for c, w in zip(cells[1:], widths[1:], strict=True))])
+
+
 def fleet_table(result: Mapping[str, Any]) -> str:
     """The human summary: per trace, one row per policy, then the headline ratios."""
     lines = []
     metrics = result["metrics"]
     for trace in result["config"]["traces"]:
         lines.append(f"{trace}:")
-        lines.append("  " + " ".join(f"{name:>{width}}" for name, width in _COLUMNS).strip())
+        lines.append("  " + _row([name for name, _ in _COLUMNS]))
         for policy, s in metrics[trace]["policies"].items():
             ttft = s["ttft_ms"]
             cells = (
@@ -215,11 +222,7 @@ def fleet_table(result: Mapping[str, Any]) -> str:
                 s["cold_loads_per_1k_requests"],
                 s["imbalance"],
             )
-            row = " ".join(
-                f"{_cell(c):>{w}}" if i else f"{_cell(c):<{w}}"
-                for i, (c, (_, w)) in enumerate(zip(cells, _COLUMNS, strict=True))
-            )
-            lines.append("  " + row)
+            lines.append("  " + _row([_cell(c) for c in cells]))
         for h in HEADLINES:
             value = _cell(metrics[trace][h.name])
             lines.append(f"  {h.name:<32} {value:>8}   (issue's target {h.target})")

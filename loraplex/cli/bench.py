@@ -427,8 +427,11 @@ def fleet(
         typer.Option(help="Mean requests per second of each trace; unset: load x capacity."),
     ] = None,
     load: Annotated[
-        float, typer.Option(help="Trace rate as a fraction of the measured capacity.")
-    ] = 0.5,
+        float | None,
+        typer.Option(
+            help="Trace rate as a fraction of the measured capacity (0.5; not with a rate)."
+        ),
+    ] = None,
     request_timeout_s: Annotated[
         float, typer.Option(help="Bound on every request; failures count at this TTFT.")
     ] = 30.0,
@@ -451,18 +454,21 @@ def fleet(
         "repeats": repeats,
         "trace_requests": trace_requests,
         "rate": rate,
+        "load": load,
     }
     values = {k: v for k, v in given.items() if v is not None}
     if quick:
         values = {**QUICK_SETTINGS, **values}
-    per_replica = threads or default_threads_per_replica(max(1, replicas), os.cpu_count())
+    if "rate" in values and load is not None:
+        raise typer.BadParameter("--load sets the rate from the capacity; not with --rate/--quick")
+    if threads is None:
+        threads = default_threads_per_replica(max(1, replicas), os.cpu_count())
     try:
         config = FleetBenchConfig(
             **values,
             replicas=replicas,
             max_loras=max_loras,
-            torch_threads=per_replica,
-            load=load,
+            torch_threads=threads,
             request_timeout_s=request_timeout_s,
             seed=seed,
             asset_dir=asset_dir,

@@ -14,6 +14,7 @@ replica that the operator sized on purpose.
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import logging
 import threading
@@ -98,8 +99,9 @@ class EngineDeploymentImpl:
         error = EngineUnavailableError(f"engine replica {hint.target} is not in rotation")
         return Failed(pack_error(error))
 
-    def record_routing_stats(self) -> dict[str, Any]:
-        return self._replica.routing_stats()
+    async def record_routing_stats(self) -> dict[str, Any]:
+        # NOTE: off the event loop (it reads the cache under its lock), like every cache read
+        return await asyncio.to_thread(self._replica.routing_stats)
 
     def check_health(self) -> None:
         self._replica.check_health()

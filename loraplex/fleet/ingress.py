@@ -8,6 +8,7 @@ deployment's handle (so ``LoraplexRequestRouter`` routes them), the board throug
 
 from __future__ import annotations
 
+import asyncio
 from typing import Any
 
 from ray.exceptions import ActorDiedError, ActorUnavailableError, RayActorError
@@ -20,7 +21,7 @@ from loraplex.engine.protocol import EngineRequest
 from loraplex.fleet.board import BoardEntry
 from loraplex.fleet.cache import FleetCache
 from loraplex.fleet.engine_client import FleetEngineClient, ReplicaStream
-from loraplex.fleet.link import FleetLink
+from loraplex.fleet.link import CALL_TIMEOUT_S, FleetLink
 from loraplex.fleet.release_env import FleetReleaseEnv
 from loraplex.fleet.settings import FleetSettings
 from loraplex.fleet.state import FleetCollector, FleetStateView
@@ -33,6 +34,7 @@ from loraplex.serve.engine_side import registry_config
 from loraplex.server.pin_owners import OwnedPins
 from loraplex.server.release_traffic import ReleaseTraffic
 
+BOARD_TIMEOUT_S = 10.0  # one read of the board
 LOST_REPLICA_ERRORS = (RayActorError, ActorDiedError, ActorUnavailableError)
 
 
@@ -53,15 +55,27 @@ class RayCalls:
         stream: ReplicaStream = self._streams.generate.remote(request, hint=hint)
         return stream
 
+    # NOTE: these two run Ray's blocking API on a worker thread. Awaiting a DeploymentResponse
+    # on the link's own loop, while another thread waited for that call's result, stalled the
+    # ingress's routing (an admin eviction hung for its whole timeout and every request queued
+    # behind it); the blocking API from a plain thread is what the engine replicas' board
+    # pushes use, and it does not.
     async def board_entries(self) -> list[BoardEntry]:
-        entries: list[BoardEntry] = await self._board.entries.remote()
-        return entries
+        return await asyncio.to_thread(self._board_entries)
 
     async def cache_call(self, replica_id: str, command: CacheCommand) -> Any:
-        reply = await self._engine.cache_call.remote(command, hint=RouteHint(target=replica_id))
+        reply = await asyncio.to_thread(self._cache_call, replica_id, command)
         if isinstance(reply, Failed):
             raise unpack_error(reply.error)
         return reply
+
+    def _board_entries(self) -> list[BoardEntry]:
+        entries: list[BoardEntry] = self._board.entries.remote().result(timeout_s=BOARD_TIMEOUT_S)
+        return entries
+
+    def _cache_call(self, replica_id: str, command: CacheCommand) -> Any:
+        response = self._engine.cache_call.remote(command, hint=RouteHint(target=replica_id))
+        return response.result(timeout_s=CALL_TIMEOUT_S)
 
 
 def build_ingress(

@@ -83,9 +83,11 @@ class EngineReplica:
         """``command`` on this replica's cache; a loading command returns once its load did
         (raising its error). ``UpdateTenants`` reaches the engine's tenant book too."""
         if isinstance(command, UpdateTenants):
-            self._parts.runtime.update_tenant_settings(command.settings)
+            await asyncio.to_thread(self._parts.runtime.update_tenant_settings, command.settings)
             return None
-        value = run_cache_command(self._cache, command)
+        # NOTE: on a worker thread: the cache's lock must never stall this replica's event
+        # loop, which carries every stream it serves.
+        value = await asyncio.to_thread(run_cache_command, self._cache, command)
         if command.loads:
             future: Future[None] = value
             await asyncio.wrap_future(future)

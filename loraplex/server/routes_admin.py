@@ -214,15 +214,17 @@ def audit_log(deps: DepsDep, after_seq: int = 0, limit: int = 100) -> list[Any]:
 
 
 @router.get("/residency")
-def residency(
+async def residency(
     deps: DepsDep,
     top: Annotated[int, Query(ge=0, le=MAX_RESIDENCY_PAGE)] = MAX_RESIDENCY_PAGE,
     offset: Annotated[int, Query(ge=0)] = 0,
 ) -> Any:
     """A page of at most ``top`` copies (most requested first, from ``offset``), the cache
     counters, the number of copies in all, and the ``top`` most requested adapters. ``top``
-    above ``MAX_RESIDENCY_PAGE`` is a 400: a cache of thousands of copies is read in pages."""
-    snapshot = _cache(deps).snapshot()
+    above ``MAX_RESIDENCY_PAGE`` is a 400: a cache of thousands of copies is read in pages.
+    NOTE: the snapshot is taken on the thread pool explicitly: it may wait on an engine process
+    or on every replica of a fleet, and the event loop must never wait with it."""
+    snapshot = await run_in_threadpool(_cache(deps).snapshot)
     ranked = sorted(snapshot.entries, key=lambda e: (-e.hits, e.key.ref, e.tier))
     hits: dict[str, int] = {}
     for entry in snapshot.entries:

@@ -296,3 +296,25 @@ def test_a_killed_replicas_queued_requests_complete_elsewhere(fleet: Fleet) -> N
     # Ray Serve replaces the dead replica; the new one reports and joins the rotation.
     rejoined = _wait_replicas(fleet, 2, exclude=frozenset({victim}))
     assert set(rejoined) - before, rejoined
+
+
+@pytest.mark.xfail(
+    reason="known defect (docs/fleet.md, Not done): on a fleet, admin calls that wait on every "
+    "replica can stall the ingress's routing until their 30 s timeout; root cause not found",
+    strict=False,
+)
+def test_admin_cache_calls_answer_from_every_replica(fleet: Fleet) -> None:
+    """The admin API's cache reads and changes wait on every replica (they hung for their whole
+    timeout when the ingress awaited Ray on the link's own loop)."""
+    with fleet.tenant("acme") as api:
+        assert _complete(api).status_code == 200
+    with fleet.admin() as admin:
+        listed = admin.get("/admin/residency")
+        assert listed.status_code == 200, listed.text
+        assert any(e["model"] == "acme/support@r1" for e in listed.json()["entries"])
+        evicted = admin.post(
+            "/admin/residency/evict", json={"model": "acme/support@r1", "tier": "L0"}
+        )
+        assert evicted.status_code == 200, evicted.text
+    with fleet.tenant("acme") as api:
+        assert _complete(api).json()["choices"][0]["text"] == _expected(fleet, "r1")

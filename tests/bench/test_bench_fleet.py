@@ -1,0 +1,306 @@
+"""``loraplex bench fleet``: its figures (ratios null when undefined, failures at the timeout,
+repeats pooled, counters read from the board), the alternating run order, the JSON line and
+table, the refusals, and once the whole benchmark in its ``--quick`` form on a real Ray fleet.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+from types import SimpleNamespace
+from typing import Any
+
+import pytest
+from typer.testing import CliRunner
+
+from loraplex.bench.fleet import QUICK_SETTINGS, FleetBenchConfig, run_plan
+from loraplex.bench.fleet_drive import capacity_batch
+from loraplex.bench.fleet_report import (
+    HEADLINES,
+    PolicyRun,
+    ReplicaCounters,
+    counters_of,
+    fleet_json_line,
+    fleet_metrics,
+    fleet_table,
+    imbalance,
+    ratio,
+    summarize,
+    trace_metrics,
+    ttft_ms,
+)
+from loraplex.bench.serve_driver import RequestRecord
+from loraplex.bench.workloads import generate
+from loraplex.cli import app
+from loraplex.residency.ledger import Tier
+
+REPO_ROOT = Path(__file__).resolve().parents[2]
+TIMEOUT_S = 30.0
+DEFAULT = "affinity_until_saturated"
+
+
+def _record(ttft_s: float | None, status: int = 200, error: str | None = None) -> RequestRecord:
+    return RequestRecord(0.0, "tenant", "ad0000", "L0", status, ttft_s, None, 16, "r1", error)
+
+
+def _counters(*triples: tuple[int, int, int]) -> tuple[ReplicaCounters, ...]:
+    """(acquires, l0_hits, l0_loads) per replica."""
+    return tuple(ReplicaCounters(f"r{i}", *t) for i, t in enumerate(triples))
+
+
+def _run(
+    policy: str,
+    records: list[RequestRecord],
+    counters: tuple[ReplicaCounters, ...],
+    decisions: dict[str, int] | None = None,
+    trace: str = "zipf-longtail",
+) -> PolicyRun:
+    return PolicyRun(trace, policy, tuple(records), counters, decisions or {})
+
+
+# --- figures -----------------------------------------------------------------------------------
+
+
+def test_ratio_is_null_when_undefined_never_zero() -> None:
+    assert ratio(None, 1.0) is None
+    assert ratio(1.0, None) is None
+    assert ratio(1.0, 0.0) is None  # undefined, not 0 and not infinite
+    assert ratio(0.0, 2.0) == 0.0  # defined: the numerator really is 0
+    assert ratio(2.0, 3.0) == 0.667
+    assert ratio(1000 * 7, 3, 1) == 2333.3
+
+
+def test_failures_and_timeouts_count_in_the_percentiles_at_the_timeout() -> None:
+    fast = [_record(0.1)] * 98
+    failed = [_record(None, 503, "queue full"), _record(None, 0, "timeout")]
+    # A failure that did stream a first token still counts at least at the timeout.
+    broken_stream = [_record(0.05, 200, "engine_error")]
+    figures = ttft_ms(fast + failed + broken_stream, TIMEOUT_S)
+    assert figures["p50"] == 100.0
+    assert figures["p99"] == TIMEOUT_S * 1000
+    # Without the failures the same run would look fast: the timeout is what moved P99.
+    assert ttft_ms(fast, TIMEOUT_S)["p99"] == 100.0
+    assert ttft_ms([], TIMEOUT_S) == {"p50": None, "p90": None, "p99": None}
+
+
+def test_summarize_pools_repeats_and_sums_counters() -> None:
+    first = _run(
+        DEFAULT,
+        [_record(0.1)] * 9 + [_record(None, 0, "timeout")],
+        _counters((6, 3, 3), (4, 1, 3)),
+        {"gpu_hit": 4, "placement": 6},
+    )
+    second = _run(DEFAULT, [_record(0.2)] * 10, _counters((5, 5, 0), (15, 1, 14)), {"gpu_hit": 10})
+    s = summarize([first, second], TIMEOUT_S)
+    assert (s["runs"], s["requests"], s["completed"]) == (2, 20, 19)
+    assert s["completed_ratio"] == 0.95
+    assert (s["acquires"], s["l0_hits"], s["l0_loads"]) == (30, 10, 20)
+    # Summed hits over summed acquires (0.3333), not the mean of the runs' ratios (0.35).
+    assert s["l0_hit_ratio"] == 0.3333
+    assert s["cold_loads_per_1k_requests"] == 1000.0
+    assert s["decisions"] == {"gpu_hit": 14, "placement": 6}
+    assert s["imbalance"] == round((6 / 5 + 15 / 10) / 2, 3)
+    assert s["ttft_ms"]["p99"] == TIMEOUT_S * 1000
+
+
+def test_summarize_without_acquires_or_requests_gives_nulls() -> None:
+    s = summarize([_run("pow2", [], _counters((0, 0, 0), (0, 0, 0)))], TIMEOUT_S)
+    assert s["l0_hit_ratio"] is None
+    assert s["completed_ratio"] is None
+    assert s["cold_loads_per_1k_requests"] is None
+    assert s["imbalance"] is None
+    assert s["ttft_ms"]["p99"] is None
+    assert imbalance(()) is None
+
+
+def _summary(l0: float | None, p99: float | None, completed: float = 1.0) -> dict[str, Any]:
+    return {
+        "l0_hit_ratio": l0,
+        "ttft_ms": {"p50": None, "p90": None, "p99": p99},
+        "completed_ratio": completed,
+        "cold_loads_per_1k_requests": 100.0,
+    }
+
+
+def test_headline_ratios_and_their_nulls() -> None:
+    full = {
+        "pow2": _summary(0.2, 900.0),
+        "ray_multiplex": _summary(0.4, 600.0),
+        "affinity": _summary(0.6, 1200.0, completed=0.9),
+        DEFAULT: _summary(0.5, 300.0),
+    }
+    m = trace_metrics(full)
+    assert m["l0_hit_ratio_over_pow2"] == 2.5
+    assert m["l0_hit_ratio_over_ray_multiplex"] == 1.25
+    assert m["p99_ttft_pow2_over_default"] == 3.0
+    assert m["p99_ttft_affinity_over_default"] == 4.0
+    assert m["completed_ratio"]["affinity"] == 0.9
+    # The headlines come first, then the completed ratios beside them, then the raw figures.
+    assert list(m)[: len(HEADLINES) + 1] == [*(h.name for h in HEADLINES), "completed_ratio"]
+    # A policy that did not run, a zero denominator, an undefined side: null, never 0.
+    partial = trace_metrics({"pow2": _summary(0.0, None), DEFAULT: _summary(0.5, 300.0)})
+    assert partial["l0_hit_ratio_over_pow2"] is None
+    assert partial["p99_ttft_pow2_over_default"] is None
+    assert partial["l0_hit_ratio_over_ray_multiplex"] is None
+    assert partial["p99_ttft_affinity_over_default"] is None
+    zero = trace_metrics({"pow2": _summary(0.2, 300.0), DEFAULT: _summary(0.0, 300.0)})
+    assert zero["l0_hit_ratio_over_pow2"] == 0.0
+
+
+def test_counters_come_from_the_board_status() -> None:
+    summary = SimpleNamespace(stats=SimpleNamespace(loads={Tier.L0: 7, Tier.L1: 3}))
+    status = {
+        "replica_id": "abc",
+        "hits": {"l0": 5, "l1": 2, "l2": 1, "miss": 4},
+        "summary": summary,
+    }
+    assert counters_of(status) == ReplicaCounters("abc", acquires=12, l0_hits=5, l0_loads=7)
+
+
+# --- run order, config, output -----------------------------------------------------------------
+
+
+def test_policies_alternate_between_repeats_and_traces() -> None:
+    plan = run_plan(("zipf-longtail", "hot-burst"), ("a", "b", "c", "d"), 2)
+    names = [f"{t}/{p}" for t, p in plan]
+    zipf = [p for t, p in plan if t == "zipf-longtail"]
+    burst = [p for t, p in plan if t == "hot-burst"]
+    assert zipf == ["a", "b", "c", "d", "d", "c", "b", "a"]
+    assert burst == ["d", "c", "b", "a", "a", "b", "c", "d"]
+    assert names[:4] == [f"zipf-longtail/{p}" for p in "abcd"]  # one trace at a time
+    assert run_plan(("hot-burst",), ("a", "b"), 3) == [
+        ("hot-burst", p) for p in ("a", "b", "b", "a", "a", "b")
+    ]
+
+
+@pytest.mark.parametrize(
+    ("changes", "field"),
+    [
+        ({"traces": ("uniform",)}, "traces"),
+        ({"traces": ()}, "traces"),
+        ({"policies": ("pow2", "pow2")}, "policies"),
+        ({"policies": ("round_robin",)}, "policies"),
+        ({"repeats": 0}, "repeats"),
+        ({"replicas": True}, "replicas"),
+        ({"max_loras": 0}, "max_loras"),
+        ({"rate": 0.0}, "rate"),
+        ({"load": -1.0}, "load"),
+        ({"request_timeout_s": 0.0}, "request_timeout_s"),
+    ],
+)
+def test_config_refuses_bad_values_naming_the_field(changes: dict[str, Any], field: str) -> None:
+    with pytest.raises(ValueError, match=f"^{field} "):
+        FleetBenchConfig(**changes)
+
+
+def test_quick_settings_are_a_valid_config() -> None:
+    config = FleetBenchConfig(**QUICK_SETTINGS)
+    assert config.repeats == 1 and config.rate is not None
+    assert set(config.policies) == {"pow2", DEFAULT}
+
+
+@pytest.mark.parametrize(
+    ("args", "named"),
+    [
+        (["--policies", "pow2,nope"], "policies"),
+        (["--traces", "uniform"], "traces"),
+        (["--threads", "0"], "torch_threads"),
+        (["--rate", "2", "--load", "0.4"], "--load"),  # the rate would ignore the load
+        (["--quick", "--load", "0.4"], "--load"),
+    ],
+)
+def test_cli_refuses_bad_options_before_running_anything(args: list[str], named: str) -> None:
+    result = CliRunner().invoke(app, ["bench", "fleet", "--json", *args])
+    assert result.exit_code == 2, result.output
+    assert named in result.output
+
+
+def test_capacity_batch_cycles_over_the_adapters() -> None:
+    batch = capacity_batch([("t", "a"), ("t", "b")], 5, 64, 16)
+    assert [r.adapter for r in batch] == ["a", "b", "a", "b", "a"]
+    assert {r.t_s for r in batch} == {0.0}
+    with pytest.raises(ValueError, match="adapters"):
+        capacity_batch([], 5, 64, 16)
+
+
+def test_json_line_and_table_show_every_policy_and_nulls() -> None:
+    runs = [
+        _run("pow2", [_record(0.3)] * 4, _counters((4, 1, 3)), {"pow2": 4}),
+        _run(DEFAULT, [_record(0.1)] * 4, _counters((4, 3, 1)), {"gpu_hit": 3, "placement": 1}),
+    ]
+    metrics = fleet_metrics(runs, ("zipf-longtail", "hot-burst"), ("pow2", DEFAULT), TIMEOUT_S)
+    metrics["trace_rate"] = 3.0
+    config = {"traces": ["zipf-longtail", "hot-burst"]}
+    result = {"name": "fleet", "config": config, "seed": 0, "metrics": metrics, "runs": runs}
+    line = fleet_json_line(result)
+    assert "\n" not in line and "NaN" not in line
+    parsed = json.loads(line)
+    assert set(parsed) == {"name", "config", "seed", "metrics"}  # runs stay out of the line
+    zipf = parsed["metrics"]["zipf-longtail"]
+    assert zipf["l0_hit_ratio_over_pow2"] == 3.0
+    assert zipf["p99_ttft_pow2_over_default"] == 3.0
+    assert zipf["l0_hit_ratio_over_ray_multiplex"] is None
+    assert zipf["policies"]["pow2"]["decisions"] == {"pow2": 4}
+    assert parsed["metrics"]["hot-burst"]["policies"] == {}  # no run: no figures, all null
+    assert parsed["metrics"]["hot-burst"]["l0_hit_ratio_over_pow2"] is None
+    table = fleet_table(result)
+    assert "zipf-longtail:" in table and "hot-burst:" in table
+    assert "pow2" in table and DEFAULT in table
+    assert "null" in table
+    assert "decisions affinity_until_saturated: gpu_hit 3, placement 1" in table
+
+
+# --- the whole benchmark -----------------------------------------------------------------------
+
+
+@pytest.mark.slow  # a local Ray cluster and two fleet deployments: about 1.5 minutes
+def test_quick_run_on_a_real_fleet(tmp_path: Path) -> None:
+    command = [
+        sys.executable,
+        "-c",
+        "from loraplex.cli import main; main()",
+        *("bench", "fleet", "--quick", "--json"),
+        *("--asset-dir", str(REPO_ROOT / ".loraplex-assets")),
+    ]
+    done = subprocess.run(
+        command, capture_output=True, text=True, timeout=300, cwd=tmp_path, check=False
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    lines = done.stdout.splitlines()
+    assert len(lines) == 1, done.stdout[-2000:]  # --json: the JSON line alone on stdout
+    result = json.loads(lines[0])
+    assert result["name"] == "fleet"
+    metrics = result["metrics"]
+    assert metrics["run_order"] == [f"zipf-longtail/{p}" for p in QUICK_SETTINGS["policies"]]
+    config = FleetBenchConfig(**QUICK_SETTINGS)
+    rate = QUICK_SETTINGS["rate"]
+    trace = generate(
+        "zipf-longtail", 0, config.params(rate, QUICK_SETTINGS["trace_requests"] / rate)
+    )
+    distinct = len({r.adapter for r in trace.requests})
+    zipf = metrics["zipf-longtail"]
+    assert list(zipf["policies"]) == list(QUICK_SETTINGS["policies"])
+    for policy, s in zipf["policies"].items():
+        assert s["requests"] == len(trace.requests), policy
+        assert s["completed"] > 0, policy
+        assert s["completed_ratio"] == round(s["completed"] / s["requests"], 4)
+        # Every completed request acquired its adapter on some replica.
+        assert s["completed"] <= s["acquires"], policy
+        # Fresh replicas per run: every adapter of the trace was loaded at least once.
+        assert s["l0_loads"] >= distinct, policy
+        assert s["l0_hit_ratio"] == round(s["l0_hits"] / s["acquires"], 4)
+        assert s["ttft_ms"]["p50"] is not None and s["ttft_ms"]["p99"] >= s["ttft_ms"]["p50"]
+        # The router decided each request of this run only (a fresh ingress per run).
+        assert s["completed"] <= sum(s["decisions"].values()) <= 2 * s["requests"], policy
+    assert set(zipf["policies"]["pow2"]["decisions"]) == {"pow2"}
+    assert not {"pow2", "multiplex"} & set(zipf["policies"][DEFAULT]["decisions"])
+    pow2, default = zipf["policies"]["pow2"], zipf["policies"][DEFAULT]
+    assert zipf["l0_hit_ratio_over_pow2"] == ratio(default["l0_hit_ratio"], pow2["l0_hit_ratio"])
+    assert zipf["p99_ttft_pow2_over_default"] == ratio(
+        pow2["ttft_ms"]["p99"], default["ttft_ms"]["p99"]
+    )
+    # Policies that did not run leave their ratios null.
+    assert zipf["l0_hit_ratio_over_ray_multiplex"] is None
+    assert zipf["p99_ttft_affinity_over_default"] is None
