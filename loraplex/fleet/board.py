@@ -50,7 +50,6 @@ class Board:
         self._clock = clock
         self._lock = threading.Lock()
         self._latest: dict[str, tuple[float, dict[str, Any]]] = {}
-        self.num_departed = 0  # replicas dropped after going silent
 
     def put(self, status: dict[str, Any]) -> None:
         replica_id = status.get("replica_id")
@@ -85,4 +84,3 @@ class Board:
         for replica_id, (at_s, _) in list(self._latest.items()):
             if now_s - at_s > FORGET_AFTER_S:
                 del self._latest[replica_id]
-                self.num_departed += 1

@@ -245,9 +245,22 @@ def up(
     except BaseException:
         if group is not None:
             stop_local_cluster(group)
+        else:  # a cluster up joined: remove what it deployed there, leave the cluster
+            _delete_app_quietly()
         state_path.unlink(missing_ok=True)
         raise
     return record
+
+
+def _delete_app_quietly() -> None:
+    import ray
+
+    if not ray.is_initialized():
+        return
+    from ray import serve
+
+    with contextlib.suppress(Exception):  # the failure being raised matters more
+        serve.delete(APP_NAME)
 
 
 def read_record(data_dir: Path) -> FleetRecord:

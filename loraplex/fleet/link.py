@@ -19,7 +19,6 @@ from typing import Any, Protocol, TypeVar
 from loraplex.engine.messages import CacheCommand
 from loraplex.errors import EngineUnavailableError
 from loraplex.fleet.board import BoardEntry
-from loraplex.fleet.wire import RouteHint
 
 _log = logging.getLogger(__name__)
 POLL_INTERVAL_S = 0.5  # how often the ingress reads the board
@@ -128,7 +127,3 @@ class FleetLink:
             except Exception:  # the board restarting: keep the last view, try again
                 _log.warning("fleet: reading the board failed", exc_info=True)
             await asyncio.sleep(self._poll_interval_s)
-
-
-def hint_for(replica_id: str) -> RouteHint:
-    return RouteHint(target=replica_id)

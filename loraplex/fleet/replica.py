@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import shutil
+import threading
 import time
 from collections import deque
 from collections.abc import AsyncIterator, Callable
@@ -60,6 +61,8 @@ class EngineReplica:
         self._cache = parts.runtime.cache
         self._clock = clock
         self._evictions: deque[tuple[float, int]] = deque()  # (time, cumulative evictions)
+        # NOTE: Ray's routing-stats call and the board push build reports on two threads.
+        self._evictions_lock = threading.Lock()
 
     async def generate(
         self, request: EngineRequest
@@ -75,9 +78,6 @@ class EngineReplica:
                     yield delta
         except Exception as exc:  # queue full, adapter failed to load, ...: the caller's error
             yield Failed(pack_error(exc))
-
-    async def abort(self, request_id: str) -> None:
-        await self._engine.abort(request_id)
 
     async def cache_call(self, command: CacheCommand) -> Any:
         """``command`` on this replica's cache; a loading command returns once its load did
@@ -159,10 +159,11 @@ class EngineReplica:
 
     def _evictions_per_min(self, now_s: float, total: int) -> float:
         window = self._evictions
-        window.append((now_s, total))
-        while len(window) > 1 and now_s - window[0][0] > EVICTION_WINDOW_S:
-            window.popleft()
-        oldest_s, oldest = window[0]
+        with self._evictions_lock:
+            window.append((now_s, total))
+            while len(window) > 1 and now_s - window[0][0] > EVICTION_WINDOW_S:
+                window.popleft()
+            oldest_s, oldest = window[0]
         # NOTE: over at least a whole window, so a young replica's first evictions do not read
         # as a high rate.
         return max(0, total - oldest) * 60.0 / max(now_s - oldest_s, EVICTION_WINDOW_S)

@@ -118,4 +118,9 @@ class FleetCollector(Collector):
             "loraplex_fleet_replicas_departed", "Replicas that left the board"
         )
         departed.add_metric([], self._link.num_departed)
-        yield from (healthy, copies, used, queued, running, decisions, retries, departed)
+        malformed = CounterMetricFamily(
+            "loraplex_fleet_malformed_reports",
+            "Replica routing reports the router refused (the replica kept its previous report)",
+        )
+        malformed.add_metric([], ROUTING_LOG.malformed_reports)
+        yield from (healthy, copies, used, queued, running, decisions, retries, departed, malformed)
