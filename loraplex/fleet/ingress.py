@@ -9,10 +9,12 @@ deployment's handle (so ``LoraplexRequestRouter`` routes them), the board throug
 from __future__ import annotations
 
 import asyncio
-from typing import Any
+import contextvars
+from collections.abc import Callable
+from typing import Any, TypeVar
 
 from ray.exceptions import ActorDiedError, ActorUnavailableError, RayActorError
-from ray.serve.handle import DeploymentHandle
+from ray.serve.handle import DeploymentHandle, DeploymentResponse
 
 from loraplex.artifacts.base_model import BaseModelSpec
 from loraplex.engine.messages import CacheCommand
@@ -36,6 +38,21 @@ from loraplex.server.release_traffic import ReleaseTraffic
 
 BOARD_TIMEOUT_S = 10.0  # one read of the board
 LOST_REPLICA_ERRORS = (RayActorError, ActorDiedError, ActorUnavailableError)
+T = TypeVar("T")
+
+
+def outside_request(call: Callable[..., T], *args: Any, **kwargs: Any) -> T:
+    """``call(*args, **kwargs)`` in an empty context, so a handle call made while serving an
+    HTTP request gets its own Ray Serve request identity.
+
+    NOTE: Ray Serve takes a handle call's internal request id from the calling request's
+    context, and its router indexes pending calls by that id. Several calls sharing one id at
+    once (a snapshot or an eviction on every replica, the choices of an ``n > 1`` completion)
+    left all but the first unmatched: their routing tasks spun on the router's loop, which
+    every handle in the process shares, and routing stalled for everyone until the calls
+    timed out.
+    """
+    return contextvars.Context().run(call, *args, **kwargs)
 
 
 def is_replica_lost(exc: BaseException) -> bool:
@@ -52,30 +69,32 @@ class RayCalls:
         self._board = board
 
     def open_stream(self, request: EngineRequest, hint: RouteHint) -> ReplicaStream:
-        stream: ReplicaStream = self._streams.generate.remote(request, hint=hint)
+        stream: ReplicaStream = outside_request(self._streams.generate.remote, request, hint=hint)
         return stream
 
-    # NOTE: these two run Ray's blocking API on a worker thread. Awaiting a DeploymentResponse
-    # on the link's own loop, while another thread waited for that call's result, stalled the
-    # ingress's routing (an admin eviction hung for its whole timeout and every request queued
-    # behind it); the blocking API from a plain thread is what the engine replicas' board
-    # pushes use, and it does not.
     async def board_entries(self) -> list[BoardEntry]:
-        return await asyncio.to_thread(self._board_entries)
+        entries: list[BoardEntry] = await _awaited(
+            outside_request(self._board.entries.remote), BOARD_TIMEOUT_S
+        )
+        return entries
 
     async def cache_call(self, replica_id: str, command: CacheCommand) -> Any:
-        reply = await asyncio.to_thread(self._cache_call, replica_id, command)
+        hint = RouteHint(target=replica_id)
+        response = outside_request(self._engine.cache_call.remote, command, hint=hint)
+        reply = await _awaited(response, CALL_TIMEOUT_S)
         if isinstance(reply, Failed):
             raise unpack_error(reply.error)
         return reply
 
-    def _board_entries(self) -> list[BoardEntry]:
-        entries: list[BoardEntry] = self._board.entries.remote().result(timeout_s=BOARD_TIMEOUT_S)
-        return entries
 
-    def _cache_call(self, replica_id: str, command: CacheCommand) -> Any:
-        response = self._engine.cache_call.remote(command, hint=RouteHint(target=replica_id))
-        return response.result(timeout_s=CALL_TIMEOUT_S)
+async def _awaited(response: DeploymentResponse, timeout_s: float) -> Any:
+    """``response``'s result within ``timeout_s``; cancelled (on the replica too) when the
+    caller gives up or is cancelled."""
+    try:
+        return await asyncio.wait_for(response, timeout_s)
+    except (asyncio.CancelledError, TimeoutError):
+        response.cancel()
+        raise
 
 
 def build_ingress(
