@@ -60,7 +60,7 @@ def default_threads_per_replica(replicas: int, num_cores: int | None) -> int:
 def up_command(
     *,
     config: Annotated[
-        Path | None, Opt(help="TOML file: a [serve] table (as serve) and a [fleet] table.")
+        Path | None, Opt(help="TOML file: a 'serve' table (as serve) and a 'fleet' table.")
     ] = None,
     replicas: Annotated[int | None, Opt(help="Engine replicas (default: 2).")] = None,
     policy: Annotated[

@@ -78,10 +78,15 @@ class ReplicaView:
 
 
 def utilization(view: ReplicaView, config: RouterConfig) -> float:
-    """Load as a fraction of the saturation point: 1.0 and above is saturated. The larger of the
-    queue and KV fractions (either one full stops new work from starting)."""
+    """Load as a fraction of the saturation point: 1.0 and above is saturated. The largest of the
+    queue, ongoing and KV fractions (a full queue or KV cache stops new work from starting; many
+    running sequences slow every step of every one of them)."""
     kv_usage = view.report.load.kv_usage if view.report else 0.0
-    return max(view.num_queued / config.max_queued, kv_usage / config.max_kv_usage)
+    return max(
+        view.num_queued / config.max_queued,
+        view.num_ongoing / config.max_ongoing,
+        kv_usage / config.max_kv_usage,
+    )
 
 
 def is_saturated(view: ReplicaView, config: RouterConfig) -> bool:
@@ -91,8 +96,10 @@ def is_saturated(view: ReplicaView, config: RouterConfig) -> bool:
 def load_penalty(view: ReplicaView, config: RouterConfig) -> float:
     """What load subtracts from a replica's score (0 for an idle replica)."""
     evictions = view.report.load.evictions_per_min if view.report else 0.0
+    running = view.report.load.num_running if view.report else 0
     return (
         config.penalty_per_queued * view.num_queued
+        + config.penalty_per_running * running
         + config.penalty_per_1k_active_tokens * view.num_active_tokens / 1000
         + config.penalty_per_eviction_per_min * evictions
     )

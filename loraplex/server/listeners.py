@@ -12,6 +12,12 @@ sockets whose ``proto`` is IPPROTO_TCP, and ``socket.create_server`` leaves it 0
 a reused connection waited out the client's delayed ACK, ~40 ms), a deadline for each request
 head, a cap on open connections, an idle keep-alive timeout and a largest request head. Body
 limits are the app's (``limits.py``).
+
+A connection answered before its request body ended (a 413 past the body cap, a 401 before the
+body is read) closes in stages, as RFC 9112 §9.6 asks: the answer is sent and the write side
+shut, then what the client still sends is read and dropped until it closes its side, for
+``linger_s`` at most. Closing at once with unread bytes in the socket makes the kernel send a
+reset, which can destroy the answer before the client read it.
 """
 
 from __future__ import annotations
@@ -96,12 +102,12 @@ class ConnectionLimits:
     keep_alive_timeout_s: int = 5  # an idle keep-alive connection is closed after this (uvicorn)
     max_connections: int = 1024  # open connections at most (see ``BoundedH11Protocol``)
     max_header_bytes: int = 16 << 10  # request head buffered before its end: beyond, 400 + close
+    linger_s: float = 2.0  # answered mid-body: the rest is read and dropped this long at most
 
     def __post_init__(self) -> None:
-        if not self.header_read_timeout_s > 0:
-            raise ValueError(
-                f"header_read_timeout_s {self.header_read_timeout_s} is invalid; expected > 0"
-            )
+        for name in ("header_read_timeout_s", "linger_s"):
+            if not getattr(self, name) > 0:
+                raise ValueError(f"{name} {getattr(self, name)} is invalid; expected > 0")
         for name in ("keep_alive_timeout_s", "max_connections", "max_header_bytes"):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name} {getattr(self, name)} is invalid; expected >= 1")
@@ -123,6 +129,40 @@ class ListenerConfig(uvicorn.Config):
         self.limits = limits
 
 
+class _LingeringTransport:
+    """The connection's transport, whose ``close`` lingers while the client is mid-body.
+
+    uvicorn closes the transport itself once a ``Connection: close`` answer is written, so the
+    staged close has to sit under it: here the write side is shut at once (the answer is flushed,
+    then a FIN), and the socket is closed when the client's FIN arrives (asyncio closes a
+    transport whose protocol's ``eof_received`` returns false) or after ``linger_s``.
+    """
+
+    def __init__(
+        self, transport: asyncio.Transport, protocol: BoundedH11Protocol, linger_s: float
+    ) -> None:
+        self._transport = transport
+        self._protocol = protocol
+        self._linger_s = linger_s
+        self.lingering = False
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._transport, name)
+
+    def is_closing(self) -> bool:
+        return self.lingering or self._transport.is_closing()
+
+    def close(self) -> None:
+        mid_body = self._protocol.conn.their_state is h11.SEND_BODY
+        if self.lingering or not mid_body or not self._transport.can_write_eof():
+            self._transport.close()
+            return
+        self.lingering = True
+        self._transport.write_eof()
+        self._transport.resume_reading()  # uvicorn's flow control may have paused it
+        self._protocol.loop.call_later(self._linger_s, self._transport.close)
+
+
 class BoundedH11Protocol(H11Protocol):
     """uvicorn's h11 protocol, bounded: TCP_NODELAY, a connection cap, a request-head deadline.
 
@@ -141,7 +181,8 @@ class BoundedH11Protocol(H11Protocol):
         self._head_timer: asyncio.TimerHandle | None = None
 
     def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
-        super().connection_made(transport)
+        lingering = _LingeringTransport(transport, self, self.limits.linger_s)
+        super().connection_made(lingering)  # type: ignore[arg-type]
         sock = transport.get_extra_info("socket")
         if sock is not None and sock.family in (socket.AF_INET, socket.AF_INET6):
             sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
@@ -151,6 +192,8 @@ class BoundedH11Protocol(H11Protocol):
         self._watch_head()
 
     def data_received(self, data: bytes) -> None:
+        if isinstance(self.transport, _LingeringTransport) and self.transport.lingering:
+            return  # the rest of a body already answered: dropped
         super().data_received(data)
         self._watch_head()
 

@@ -115,6 +115,8 @@ def test_every_decision_ranks_every_replica_once_and_is_reproducible(
     [
         ({"weight_l1": 200.0}, "weight_loading"),
         ({"max_queued": 0}, "max_queued"),
+        ({"max_ongoing": 0}, "max_ongoing"),
+        ({"penalty_per_running": -1.0}, "penalty_per_running"),
         ({"max_kv_usage": 0.0}, "max_kv_usage"),
         ({"narrow_below": 1.0}, "narrow_below"),
         ({"penalty_per_queued": -1.0}, "penalty_per_queued"),

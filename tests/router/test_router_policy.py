@@ -194,3 +194,25 @@ def test_bad_calls_are_refused() -> None:
         RouteRequest(A, None, -1)
     with pytest.raises(ValueError, match="adapter_key"):
         RouteRequest("", None, 1)
+
+
+def test_running_sequences_saturate_a_replica_and_count_in_its_load() -> None:
+    """A replica running ``max_ongoing`` sequences is saturated even with nothing waiting (on a
+    CPU or a busy GPU every running sequence slows each step); below that, running sequences
+    weigh in the load penalty like waiting ones."""
+    router, _ = make_router(max_ongoing=6)
+    key = "t/hot@1"
+    busy = {"a": report("a", l0=[key], running=6), "b": report("b"), "c": report("c")}
+    decision = router.choose(req(key), busy)
+    assert decision.reason is Reason.SATURATED and decision.replica_id != "a"
+    # Two holders below saturation: the one with fewer running sequences wins.
+    fleet = {"a": report("a", l0=[key], running=4), "b": report("b", l0=[key], running=1)}
+    decision = router.choose(req(key), fleet)
+    assert decision.reason is Reason.GPU_HIT and decision.replica_id == "b"
+
+
+def test_placement_goes_to_the_member_running_fewer_sequences() -> None:
+    router, _ = make_router(placement_k=3)
+    fleet = {"a": report("a", running=3), "b": report("b", running=0), "c": report("c", running=2)}
+    decision = router.choose(req("t/cold@1"), fleet)
+    assert decision.reason is Reason.PLACEMENT and decision.replica_id == "b"
