@@ -4,8 +4,10 @@ One invocation holds one local Ray cluster (``fleet_cluster``) and one registry 
 adapter (``serve_fleet.prepare_fleet``, as ``bench serve`` prepares it). For each trace
 (WORKLOADS.md's ``zipf-longtail`` and ``hot-burst``) and each routing policy, a fresh fleet is
 deployed (``replicas`` engine replicas with small slot pools and fresh caches, so every policy
-starts cold), the trace is replayed through the ingress's HTTP API (``fleet_drive``), the
-replicas' cache counters and the router's decisions are read, and the fleet is deleted.
+starts cold), an unmeasured warm-up of the trace's steady traffic brings it to a steady state
+(``warmup_workload``), the trace is replayed through the ingress's HTTP API (``fleet_drive``),
+the replicas' cache counters and the router's decisions over the replay alone are read, and the
+fleet is deleted.
 
 Fairness: every policy replays the same trace with the same prompts against the same fleet
 settings, timed by the same client clock; the policies run ``repeats`` times in alternating order
@@ -22,13 +24,21 @@ from __future__ import annotations
 import asyncio
 import tempfile
 import time
-from collections.abc import Iterable
-from dataclasses import asdict, dataclass
+from collections.abc import Iterable, Mapping
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Any
 
 from loraplex.bench.fleet_drive import capacity_batch, measure_capacity, median_or_none, replay
-from loraplex.bench.fleet_report import POLICIES, TRACES, PolicyRun, fleet_metrics
+from loraplex.bench.fleet_report import (
+    POLICIES,
+    TRACES,
+    PolicyRun,
+    ReplicaCounters,
+    counters_since,
+    decisions_since,
+    fleet_metrics,
+)
 from loraplex.bench.serve_driver import DriveConfig
 from loraplex.bench.serve_fleet import (
     Fleet,
@@ -38,7 +48,13 @@ from loraplex.bench.serve_fleet import (
     serve_values,
 )
 from loraplex.bench.serve_runs import run_order
-from loraplex.bench.workloads import ScenarioParams, TraceAdapter, Workload, generate
+from loraplex.bench.workloads import (
+    HOT_BURST_SWEEP_TENANT,
+    ScenarioParams,
+    TraceAdapter,
+    Workload,
+    generate,
+)
 from loraplex.fleet.settings import FleetSettings
 from loraplex.residency.policy import DEFAULT_POLICY as EVICTION_POLICY
 from loraplex.router.router import policy_names
@@ -54,6 +70,7 @@ QUICK_SETTINGS: dict[str, Any] = {
     "policies": ("pow2", "affinity_until_saturated"),
     "repeats": 1,
     "trace_requests": 32,
+    "warmup_requests": 16,
     "rate": 3.0,
 }
 _POSITIVE_INTS = (
@@ -84,6 +101,7 @@ class FleetBenchConfig:
     cpu_adapter_bytes: int = 64 << 20  # L1 budget per replica
     num_adapters: int = 64  # zipf-longtail's population
     trace_requests: int = 192  # mean requests of a trace (sets its duration at the rate)
+    warmup_requests: int = 192  # mean requests of the unmeasured warm-up before it (0: none)
     rate: float | None = None  # mean requests per second; None: load x measured capacity
     load: float = 0.5  # trace rate as a fraction of the measured capacity
     prompt_tokens: int = 64  # prompt length of every request
@@ -99,6 +117,9 @@ class FleetBenchConfig:
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
                 raise ValueError(f"{name} {value!r} is invalid; expected an int >= 1")
+        warmup = self.warmup_requests
+        if isinstance(warmup, bool) or not isinstance(warmup, int) or warmup < 0:
+            raise ValueError(f"warmup_requests {warmup!r} is invalid; expected an int >= 0")
         for name in ("load", "request_timeout_s"):
             if not getattr(self, name) > 0:
                 raise ValueError(f"{name} {getattr(self, name)} is invalid; expected > 0")
@@ -172,7 +193,8 @@ def run_fleet_bench(config: FleetBenchConfig) -> dict[str, Any]:
             rate, duration = _trace_shape(config, median_or_none(capacity))
             params = config.params(rate, duration)
             workloads = [generate(name, config.seed, params) for name in config.traces]
-            runs, order = _policy_runs(config, target, workloads, drive)
+            warmups = {name: warmup_workload(name, config, rate) for name in config.traces}
+            runs, order = _policy_runs(config, target, workloads, warmups, drive)
     metrics = fleet_metrics(runs, config.traces, config.policies, config.request_timeout_s)
     metrics["capacity_rps"] = [round(v, 2) for v in capacity]
     metrics["trace_rate"] = round(rate, 3)
@@ -193,6 +215,19 @@ def _trace_shape(config: FleetBenchConfig, capacity_rps: float | None) -> tuple[
     if not rate > 0:
         raise RuntimeError(f"measured capacity {capacity_rps} req/s leaves no trace rate")
     return rate, config.trace_requests / rate
+
+
+def warmup_workload(name: str, config: FleetBenchConfig, rate: float) -> Workload | None:
+    """The unmeasured traffic before trace ``name``: its steady part (zipf-longtail as it is,
+    hot-burst without the batch tenant's sweep) at the trace's rate, for ``warmup_requests``
+    requests on average, from another seed (other arrivals and picks than the measured trace).
+    None when ``warmup_requests`` is 0."""
+    if config.warmup_requests == 0:
+        return None
+    params = config.params(rate, config.warmup_requests / rate)
+    workload = generate(name, config.seed + 1, params)
+    steady = tuple(r for r in workload.requests if r.tenant != HOT_BURST_SWEEP_TENANT)
+    return replace(workload, requests=steady)
 
 
 def _settings(
@@ -231,9 +266,14 @@ def _capacity(
 
 
 def _policy_runs(
-    config: FleetBenchConfig, target: _Target, workloads: list[Workload], drive: DriveConfig
+    config: FleetBenchConfig,
+    target: _Target,
+    workloads: list[Workload],
+    warmups: Mapping[str, Workload | None],
+    drive: DriveConfig,
 ) -> tuple[list[PolicyRun], list[str]]:
-    """Every (trace, policy) run in ``run_plan`` order; the runs and that order by name."""
+    """Every (trace, policy) run in ``run_plan`` order; the runs and that order by name. Each
+    run's counters and decisions are those of its measured replay (less the warm-up's)."""
     from loraplex.bench.fleet_cluster import deployed, fleet_state, settled_counters
 
     runs, names = [], []
@@ -245,12 +285,19 @@ def _policy_runs(
         settings = _settings(config, target, target.root / f"run-{index}", policy)
         drop_page_cache(target.registry.store)
         admin_key = target.registry.admin_key
+        keys = target.registry.keys
         with deployed(settings, target.url, admin_key):
-            records = asyncio.run(
-                replay(target.url, workload.requests, target.registry.keys, drive)
-            )
-            counters = settled_counters(config.replicas, time.monotonic())
-            decisions = fleet_state(target.url, admin_key)["decisions"]
+            before: tuple[ReplicaCounters, ...] = ()
+            decided: dict[str, int] = {}
+            warmup = warmups.get(trace)
+            if warmup is not None:
+                warm_drive = replace(drive, seed=drive.seed + 1)
+                asyncio.run(replay(target.url, warmup.requests, keys, warm_drive))
+                before = settled_counters(config.replicas, time.monotonic())
+                decided = fleet_state(target.url, admin_key)["decisions"]
+            records = asyncio.run(replay(target.url, workload.requests, keys, drive))
+            counters = counters_since(settled_counters(config.replicas, time.monotonic()), before)
+            decisions = decisions_since(fleet_state(target.url, admin_key)["decisions"], decided)
         runs.append(PolicyRun(workload.name, policy, tuple(records), counters, decisions))
     return runs, names
 

@@ -61,6 +61,26 @@ class ReplicaCounters:
     l0_loads: int  # completed fills into GPU slots (the cold loads)
 
 
+def counters_since(
+    after: Sequence[ReplicaCounters], before: Sequence[ReplicaCounters]
+) -> tuple[ReplicaCounters, ...]:
+    """Each replica's counters over the measured replay: ``after`` less what it had counted
+    ``before`` it (the warm-up); a replica absent before (it joined since) counts from 0."""
+    earlier = {c.replica_id: c for c in before}
+    out = []
+    for c in after:
+        b = earlier.get(c.replica_id, ReplicaCounters(c.replica_id, 0, 0, 0))
+        hits, loads = c.l0_hits - b.l0_hits, c.l0_loads - b.l0_loads
+        out.append(ReplicaCounters(c.replica_id, c.acquires - b.acquires, hits, loads))
+    return tuple(out)
+
+
+def decisions_since(after: Mapping[str, int], before: Mapping[str, int]) -> dict[str, int]:
+    """Routing decisions by reason over the measured replay (reasons with none left out)."""
+    out = {k: v - before.get(k, 0) for k, v in after.items()}
+    return {k: v for k, v in out.items() if v}
+
+
 def counters_of(status: Mapping[str, Any]) -> ReplicaCounters:
     """A fleet board status (``EngineReplica.status()``) as counters."""
     hits = status["hits"]  # "l0" | "l1" | "l2" -> hits, "miss" -> misses

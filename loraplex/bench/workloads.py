@@ -117,6 +117,7 @@ class ScenarioParams:
 
 
 HOT_BURST_WINDOW = (0.3, 0.5)  # hot-burst's sweep, as fractions of the run
+HOT_BURST_SWEEP_TENANT = "batch"  # the tenant whose cold adapters hot-burst's sweep uses
 
 
 def hot_burst(seed: int, p: ScenarioParams) -> Workload:
@@ -124,7 +125,7 @@ def hot_burst(seed: int, p: ScenarioParams) -> Workload:
     the run a batch tenant sweeps 40 cold adapters, each used 1-3 times in a row."""
     rng = random.Random(seed)
     hot = make_adapters("prio", "hot", 8, S2_RANKS)
-    cold = make_adapters("batch", "cold", 40, S2_RANKS)
+    cold = make_adapters(HOT_BURST_SWEEP_TENANT, "cold", 40, S2_RANKS)
     start, end = (share * p.duration_s for share in HOT_BURST_WINDOW)
     hot_times = gamma_arrivals(rng, 0.8 * p.rate, p.cv, p.duration_s)
     picks = [(t, hot[rng.randrange(len(hot))]) for t in hot_times]

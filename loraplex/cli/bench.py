@@ -399,8 +399,8 @@ def fleet(
     quick: Annotated[
         bool,
         typer.Option(
-            help="Smoke run: zipf-longtail, pow2 vs affinity_until_saturated, 32 requests at "
-            "3 req/s, one repeat (options given explicitly still apply)."
+            help="Smoke run: zipf-longtail, pow2 vs affinity_until_saturated, 16 warm-up and 32 "
+            "measured requests at 3 req/s, one repeat (options given explicitly still apply)."
         ),
     ] = False,
     traces: Annotated[
@@ -421,6 +421,13 @@ def fleet(
     ] = None,
     trace_requests: Annotated[
         int | None, typer.Option(help="Mean requests per trace (sets the duration; 192).")
+    ] = None,
+    warmup_requests: Annotated[
+        int | None,
+        typer.Option(
+            help="Mean requests of the unmeasured steady warm-up before each trace (192; 0: "
+            "none, the trace starts on cold caches)."
+        ),
     ] = None,
     rate: Annotated[
         float | None,
@@ -453,6 +460,7 @@ def fleet(
         "policies": _names(policies),
         "repeats": repeats,
         "trace_requests": trace_requests,
+        "warmup_requests": warmup_requests,
         "rate": rate,
         "load": load,
     }

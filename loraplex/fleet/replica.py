@@ -124,7 +124,8 @@ class EngineReplica:
         now_s = self._clock()
         evictions = sum(snapshot.stats.evictions.values())
         replica_load = ReplicaLoad(
-            num_queued=load.num_waiting + load.num_adapter_wait,
+            num_queued=load.num_waiting,
+            num_adapter_wait=load.num_adapter_wait,
             num_running=load.num_running,
             num_active_tokens=load.num_active_tokens,
             kv_usage=min(1.0, max(0.0, load.kv_usage)),

@@ -34,7 +34,7 @@ def replica_state(entry: BoardEntry) -> ReplicaState:
         tiers={name: TierOccupancy(**status["tiers"][name]) for name in CACHED_TIER_NAMES},
         hits=dict(status["hits"]),
         load=ReplicaLoadView(
-            num_queued=load["num_queued"],
+            num_queued=load["num_queued"] + load["num_adapter_wait"],
             num_running=load["num_running"],
             num_active_tokens=load["num_active_tokens"],
             kv_usage=load["kv_usage"],

@@ -128,8 +128,10 @@ class AffinityUntilSaturatedPolicy:
         config = self._config
         by_id = {v.replica_id: v for v in known}
         order = rendezvous_order(key, list(by_id))
-        width = self._widths.update(key, order, lambda r: utilization(by_id[r], config))
-        candidates = [by_id[r] for r in order[:width] if not is_saturated(by_id[r], config)]
+        width = self._widths.update(key, order, lambda r: utilization(by_id[r], config, cold=True))
+        candidates = [
+            by_id[r] for r in order[:width] if not is_saturated(by_id[r], config, cold=True)
+        ]
         if not candidates:  # the set spans the fleet and every replica is saturated
             return _least_loaded(known, config), Reason.SATURATED
         # Least loaded; ties go to the earlier replica of the rendezvous order.

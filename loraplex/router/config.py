@@ -20,12 +20,12 @@ class RouterConfig:
     weight_l1: float = 30.0  # in its CPU tier
     weight_l2: float = 10.0  # on its local disk
     weight_pinned: float = 5.0  # bonus: pinned there, so it will not be evicted under us
-    penalty_per_queued: float = 4.0  # per waiting request (reported + routed since the report)
-    penalty_per_running: float = 4.0  # per running sequence (it shares every engine step)
+    penalty_per_queued: float = 4.0  # per waiting request (for a seat or its adapter; + routed)
+    penalty_per_running: float = 1.0  # per running sequence (it shares every engine step)
     penalty_per_1k_active_tokens: float = 1.0  # per 1,000 active tokens (reported + routed)
     penalty_per_eviction_per_min: float = 0.5  # per adapter eviction in the replica's last minute
     max_queued: int = 8  # saturated at this many waiting requests
-    max_ongoing: int = 8  # saturated at this many waiting and running requests together
+    max_ongoing: int = 16  # saturated at this many waiting and running requests together
     max_kv_usage: float = 0.9  # saturated at this KV cache usage
     placement_k: int = 2  # replicas a cold revision may go to (its rendezvous-hash top k)
     narrow_below: float = 0.5  # a widened set narrows when the narrower set is below this load

@@ -22,7 +22,7 @@ from typing import Any, TypeAlias, TypeGuard
 from loraplex.errors import LoraplexError, quoted
 from loraplex.router.bloom import MAX_BITS, BloomFilter
 
-REPORT_VERSION = 1
+REPORT_VERSION = 2  # 2: load.num_adapter_wait apart from load.num_queued
 # A set larger than this is sent as a Bloom filter (a few KiB however many revisions are
 # resident); below it, an exact list is about as small and has no false positives.
 MAX_EXACT_KEYS = 256
@@ -61,11 +61,12 @@ class Residency:
 class ReplicaLoad:
     """How busy a replica is when it reports."""
 
-    num_queued: int = 0  # requests waiting for admission
+    num_queued: int = 0  # requests waiting for a seat (their adapter resident, or the base model)
     num_running: int = 0  # sequences in the running batch
     num_active_tokens: int = 0  # prompt + generated tokens of queued and running requests
     kv_usage: float = 0.0  # fraction of KV cache blocks in use, 0..1
     evictions_per_min: float = 0.0  # adapter evictions (any tier) over the last minute
+    num_adapter_wait: int = 0  # requests waiting for their adapter to be loaded
 
     def __post_init__(self) -> None:
         for f in fields(self):

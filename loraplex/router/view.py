@@ -45,8 +45,13 @@ class ReplicaView:
         return reported + self.pending.num_requests
 
     @property
+    def num_adapter_wait(self) -> int:
+        """Reported requests waiting for their adapter to load (not for a seat)."""
+        return self.report.load.num_adapter_wait if self.report else 0
+
+    @property
     def num_ongoing(self) -> int:
-        """Queued and running requests (what Ray's replicas report as their queue length)."""
+        """Queued and running requests, those waiting for an adapter left out."""
         running = self.report.load.num_running if self.report else 0
         return self.num_queued + running
 
@@ -77,20 +82,27 @@ class ReplicaView:
         return self.report is not None and adapter_key in self.report.residency.pinned
 
 
-def utilization(view: ReplicaView, config: RouterConfig) -> float:
+def utilization(view: ReplicaView, config: RouterConfig, *, cold: bool = False) -> float:
     """Load as a fraction of the saturation point: 1.0 and above is saturated. The largest of the
     queue, ongoing and KV fractions (a full queue or KV cache stops new work from starting; many
-    running sequences slow every step of every one of them)."""
+    running sequences slow every step of every one of them).
+
+    Requests waiting for their adapter to load delay a request whose revision is resident there
+    not at all (it takes a seat at the next step), so they count only for a ``cold`` request,
+    which would queue its own load behind theirs. Counting them for every request made a
+    replica busy loading look saturated to its own resident revisions' traffic, which then went
+    to replicas without them and caused more loads (measured: docs/benchmarks/fleet.md)."""
     kv_usage = view.report.load.kv_usage if view.report else 0.0
+    queued = view.num_queued + (view.num_adapter_wait if cold else 0)
     return max(
-        view.num_queued / config.max_queued,
+        queued / config.max_queued,
         view.num_ongoing / config.max_ongoing,
         kv_usage / config.max_kv_usage,
     )
 
 
-def is_saturated(view: ReplicaView, config: RouterConfig) -> bool:
-    return utilization(view, config) >= 1.0
+def is_saturated(view: ReplicaView, config: RouterConfig, *, cold: bool = False) -> bool:
+    return utilization(view, config, cold=cold) >= 1.0
 
 
 def load_penalty(view: ReplicaView, config: RouterConfig) -> float:
@@ -98,7 +110,7 @@ def load_penalty(view: ReplicaView, config: RouterConfig) -> float:
     evictions = view.report.load.evictions_per_min if view.report else 0.0
     running = view.report.load.num_running if view.report else 0
     return (
-        config.penalty_per_queued * view.num_queued
+        config.penalty_per_queued * (view.num_queued + view.num_adapter_wait)
         + config.penalty_per_running * running
         + config.penalty_per_1k_active_tokens * view.num_active_tokens / 1000
         + config.penalty_per_eviction_per_min * evictions

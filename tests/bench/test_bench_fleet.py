@@ -15,13 +15,15 @@ from typing import Any
 import pytest
 from typer.testing import CliRunner
 
-from loraplex.bench.fleet import QUICK_SETTINGS, FleetBenchConfig, run_plan
+from loraplex.bench.fleet import QUICK_SETTINGS, FleetBenchConfig, run_plan, warmup_workload
 from loraplex.bench.fleet_drive import capacity_batch
 from loraplex.bench.fleet_report import (
     HEADLINES,
     PolicyRun,
     ReplicaCounters,
     counters_of,
+    counters_since,
+    decisions_since,
     fleet_json_line,
     fleet_metrics,
     fleet_table,
@@ -159,6 +161,36 @@ def test_counters_come_from_the_board_status() -> None:
     assert counters_of(status) == ReplicaCounters("abc", acquires=12, l0_hits=5, l0_loads=7)
 
 
+def test_measured_counters_and_decisions_leave_the_warm_up_out() -> None:
+    before = _counters((10, 4, 6), (3, 1, 2))
+    after = (*_counters((15, 8, 7), (3, 1, 2)), ReplicaCounters("joined", 2, 0, 2))
+    assert counters_since(after, before) == (
+        ReplicaCounters("r0", 5, 4, 1),
+        ReplicaCounters("r1", 0, 0, 0),
+        ReplicaCounters("joined", 2, 0, 2),  # absent before the replay: counts from 0
+    )
+    assert counters_since(after, ()) == after  # no warm-up: the totals
+    decided = decisions_since(
+        {"gpu_hit": 9, "placement": 4, "saturated": 1}, {"gpu_hit": 5, "placement": 4}
+    )
+    assert decided == {"gpu_hit": 4, "saturated": 1}
+
+
+def test_the_warm_up_is_the_traces_steady_traffic_from_another_seed() -> None:
+    config = FleetBenchConfig(warmup_requests=120)
+    measured = generate("hot-burst", config.seed, config.params(10.0, 12.0))
+    warmup = warmup_workload("hot-burst", config, 10.0)
+    assert warmup is not None and warmup.seed == config.seed + 1
+    assert warmup.duration_s == 12.0  # 120 requests at 10 req/s
+    assert {r.tenant for r in warmup.requests} == {"prio"}  # no batch sweep
+    assert {r.tenant for r in measured.requests} == {"prio", "batch"}
+    zipf = warmup_workload("zipf-longtail", config, 10.0)
+    assert zipf is not None and 80 < len(zipf.requests) < 160  # Poisson around 120
+    first = generate("zipf-longtail", config.seed, config.params(10.0, 12.0))
+    assert [r.t_s for r in zipf.requests] != [r.t_s for r in first.requests]
+    assert warmup_workload("zipf-longtail", FleetBenchConfig(warmup_requests=0), 10.0) is None
+
+
 # --- run order, config, output -----------------------------------------------------------------
 
 
@@ -188,6 +220,8 @@ def test_policies_alternate_between_repeats_and_traces() -> None:
         ({"rate": 0.0}, "rate"),
         ({"load": -1.0}, "load"),
         ({"request_timeout_s": 0.0}, "request_timeout_s"),
+        ({"warmup_requests": -1}, "warmup_requests"),
+        ({"warmup_requests": 1.5}, "warmup_requests"),
     ],
 )
 def test_config_refuses_bad_values_naming_the_field(changes: dict[str, Any], field: str) -> None:

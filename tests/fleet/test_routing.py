@@ -188,7 +188,7 @@ def test_a_gpu_resident_revision_wins_and_only_generate_calls_are_counted() -> N
 def test_a_malformed_report_counts_as_none() -> None:
     router = _router(seed=0)
     bad = encode_report(report("b", l0=[str(key())]))
-    bad["v"] = 2
+    bad["v"] = 99
     replicas = [_replica("a", None), _replica("b", {REPORT_KEY: bad})]
     before = ROUTING_LOG.counts().get("no_report", 0)
     malformed = ROUTING_LOG.malformed_reports

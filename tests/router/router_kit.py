@@ -30,13 +30,13 @@ def report(
     tokens: int = 0,
     kv: float = 0.0,
     evictions: float = 0.0,
+    adapter_wait: int = 0,
 ) -> ReplicaReport:
     residency = Residency(
         frozenset(l0), frozenset(l1), frozenset(l2), frozenset(loading), frozenset(pinned)
     )
-    return ReplicaReport(
-        replica_id, at_s, residency, ReplicaLoad(queued, running, tokens, kv, evictions)
-    )
+    load = ReplicaLoad(queued, running, tokens, kv, evictions, adapter_wait)
+    return ReplicaReport(replica_id, at_s, residency, load)
 
 
 def make_router(

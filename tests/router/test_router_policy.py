@@ -199,16 +199,38 @@ def test_bad_calls_are_refused() -> None:
 def test_running_sequences_saturate_a_replica_and_count_in_its_load() -> None:
     """A replica running ``max_ongoing`` sequences is saturated even with nothing waiting (on a
     CPU or a busy GPU every running sequence slows each step); below that, running sequences
-    weigh in the load penalty like waiting ones."""
+    weigh in the load penalty."""
     router, _ = make_router(max_ongoing=6)
     key = "t/hot@1"
     busy = {"a": report("a", l0=[key], running=6), "b": report("b"), "c": report("c")}
     decision = router.choose(req(key), busy)
     assert decision.reason is Reason.SATURATED and decision.replica_id != "a"
     # Two holders below saturation: the one with fewer running sequences wins.
+    router, _ = make_router(max_ongoing=6)
     fleet = {"a": report("a", l0=[key], running=4), "b": report("b", l0=[key], running=1)}
     decision = router.choose(req(key), fleet)
     assert decision.reason is Reason.GPU_HIT and decision.replica_id == "b"
+
+
+def test_requests_waiting_for_adapters_saturate_a_replica_only_for_cold_revisions() -> None:
+    """A replica busy loading other adapters still serves a revision in its GPU slots at once (a
+    request for it takes a seat at the next step), so its adapter waits do not move that
+    traffic; a cold revision's load would queue behind them, so for placement they count."""
+    key, cold = "t/hot@1", "t/cold@1"
+    loading = {"a": report("a", l0=[key], adapter_wait=20), "b": report("b"), "c": report("c")}
+    router, _ = make_router(max_queued=8, placement_k=3)
+    decision = router.choose(req(key), loading)
+    assert decision.reason is Reason.GPU_HIT and decision.replica_id == "a"
+    # The same wait for a seat saturates it for every revision.
+    router, _ = make_router(max_queued=8, placement_k=3)
+    seated = {**loading, "a": report("a", l0=[key], queued=8)}
+    assert router.choose(req(key), seated).reason is Reason.SATURATED
+    # Placement over the whole fleet: "a" is saturated for a cold revision, and of "b" and "c"
+    # the one with fewer adapter waits wins.
+    router, _ = make_router(max_queued=8, placement_k=3)
+    fleet = {**loading, "b": report("b", adapter_wait=3), "c": report("c", adapter_wait=1)}
+    decision = router.choose(req(cold), fleet)
+    assert decision.reason is Reason.PLACEMENT and decision.replica_id == "c"
 
 
 def test_placement_goes_to_the_member_running_fewer_sequences() -> None:

@@ -94,7 +94,8 @@ _DELETE = object()
 @pytest.mark.parametrize(
     ("path", "value", "field"),
     [
-        (["v"], 2, "v"),
+        (["v"], 1, "v"),  # the previous version: no num_adapter_wait
+        (["v"], 3, "v"),
         (["v"], True, "v"),
         (["replica_id"], "", "replica_id"),
         (["replica_id"], 7, "replica_id"),
