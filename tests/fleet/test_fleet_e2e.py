@@ -301,7 +301,10 @@ def test_a_killed_replicas_queued_requests_complete_elsewhere(fleet: Fleet) -> N
         for line in metrics.splitlines()
         if line.startswith("loraplex_fleet_request_retries_total")
     )
-    assert retries >= 2
+    # NOTE: at least one: the victim was chosen from board statuses up to 0.5 s old, and by the
+    # kill one of its queued requests may have started (it then fails with the running one) or
+    # finished; in most runs two or three are sent again.
+    assert retries >= 1
     # Ray Serve replaces the dead replica; the new one reports and joins the rotation.
     rejoined = _wait_replicas(fleet, 2, exclude=frozenset({victim}))
     assert set(rejoined) - before, rejoined
@@ -311,6 +314,7 @@ def test_admin_cache_calls_answer_from_every_replica_under_traffic(fleet: Fleet)
     """The admin API's cache reads and changes wait on every replica while tenants' requests
     flow. (They shared the admin request's Ray Serve request id: the router left all but one
     unmatched, spun, and stalled every request for up to 30 s.)"""
+    _wait_replicas(fleet, 2)  # a replica killed by an earlier test may still be rejoining
     stop = threading.Event()
     codes: list[int] = []
 
