@@ -137,7 +137,7 @@ def train_adapter(
     """Fine-tune a fresh LoRA on a copy of ``base`` until the probe wins by ``_MIN_MARGIN``."""
     model = get_peft_model(copy.deepcopy(base), lora_config(plan, preset.model_name))
     params = [param for param in model.parameters() if param.requires_grad]
-    optimizer = torch.optim.AdamW(params, lr=preset.adapter_lr, weight_decay=0.0)
+    optimizer = torch.optim.AdamW(params, lr=preset.adapter_lr_for(plan), weight_decay=0.0)
     probe_ids, probe_labels = _probe_batch(tokenizer, probe)
     steps = 0
     for _ in range(preset.adapter_max_rounds):

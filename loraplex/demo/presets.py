@@ -68,9 +68,11 @@ class DemoPreset:
     base_lr: float  # AdamW learning rate for the base model
     adapter_steps_per_round: int  # fine-tune steps between greedy checks
     adapter_max_rounds: int  # rounds before giving up on an adapter (generation fails)
-    adapter_lr: float  # AdamW learning rate for LoRA weights
+    adapter_lr: float  # AdamW learning rate for LoRA weights of rank <= lr_reference_rank
     num_threads: int  # torch intra-op threads while generating (fixed for reproducible bytes)
     adapters: tuple[AdapterPlan, ...]  # every adapter revision to generate
+    # Ranks above this train at adapter_lr * sqrt(lr_reference_rank / r); None: one rate for all.
+    lr_reference_rank: int | None = None
 
     def __post_init__(self) -> None:
         if self.num_kv_heads >= self.num_heads or self.num_heads % self.num_kv_heads:
@@ -81,6 +83,15 @@ class DemoPreset:
         refs = [plan.ref for plan in self.adapters]
         if len(set(refs)) != len(refs):
             raise ValueError(f"adapters {refs} is invalid; expected unique tenant/name@revision")
+
+    def adapter_lr_for(self, plan: AdapterPlan) -> float:
+        """The AdamW rate ``plan`` trains at. AdamW moves every LoRA weight by about the rate per
+        step, so ``B @ A`` moves about ``r`` times as far: a rate slow enough for rank 4 makes
+        rank 128 overshoot, hence the slower rate above ``lr_reference_rank``."""
+        reference = self.lr_reference_rank
+        if reference is None or plan.rank <= reference:
+            return self.adapter_lr
+        return self.adapter_lr * (reference / plan.rank) ** 0.5
 
     @property
     def model_name(self) -> str:
@@ -154,13 +165,14 @@ LARGE = DemoPreset(
     base_seq_tokens=48,
     base_lr=2e-3,
     adapter_steps_per_round=5,
-    adapter_max_rounds=40,
-    adapter_lr=1e-3,
+    adapter_max_rounds=80,
+    adapter_lr=1.5e-3,
     num_threads=2,
     adapters=(
         *_CATALOGUE,
         AdapterPlan("initech", "longform", "r1", 128, 256, _ALL),
     ),
+    lr_reference_rank=16,
 )
 
 PRESETS: dict[str, DemoPreset] = {preset.name: preset for preset in (SMALL, LARGE)}

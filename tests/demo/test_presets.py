@@ -44,3 +44,12 @@ def test_large_adds_a_rank_128_adapter() -> None:
     assert max(plan.rank for plan in LARGE.adapters) == 128
     assert max(plan.rank for plan in SMALL.adapters) == 64
     assert LARGE.model_name == "loraplex-demo-large"
+
+
+def test_ranks_above_the_reference_train_slower() -> None:
+    by_rank = {plan.rank: LARGE.adapter_lr_for(plan) for plan in LARGE.adapters}
+    assert by_rank[4] == by_rank[16] == LARGE.adapter_lr
+    assert by_rank[64] == pytest.approx(LARGE.adapter_lr / 2)
+    assert by_rank[128] < by_rank[64] < by_rank[32] < by_rank[16]
+    # The small preset keeps one rate for every rank.
+    assert {SMALL.adapter_lr_for(plan) for plan in SMALL.adapters} == {SMALL.adapter_lr}
