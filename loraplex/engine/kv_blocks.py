@@ -30,7 +30,6 @@ class PagedPlan:
     chunks: tuple[SequenceChunk, ...]  # the forward's sequences, in token order
     write_rows: torch.Tensor  # [num_tokens] int64 storage row of each new token
     write_pos: torch.Tensor  # [num_tokens] int64 position of each new token
-    chunk_rows: tuple[torch.Tensor, ...]  # per chunk: [end] int64 rows of positions 0..end-1
     chunk_offsets: tuple[int, ...]  # first token index of each chunk in the flattened batch
     all_decode: bool  # every chunk is one token: one batched attention call
     # The one-token chunks, attended together (all chunks when all_decode):
@@ -38,6 +37,7 @@ class PagedPlan:
     decode_mask: torch.Tensor | None  # [num_decodes, 1, 1, max_kv_len] additive 0/-inf
     decode_tokens: torch.Tensor | None  # [num_decodes] their token indices (mixed plans only)
     prefill_chunks: tuple[int, ...] = ()  # indices of the longer chunks, attended one by one
+    prefill_rows: tuple[torch.Tensor, ...] = ()  # per prefill chunk: [end] rows of 0..end-1
 
 
 class PagedKVCache:
@@ -72,50 +72,63 @@ class PagedKVCache:
         self.blocks.free(seq_id)
 
     def plan(self, chunks: Sequence[SequenceChunk]) -> PagedPlan:
+        # NOTE: built with a fixed handful of tensor ops whatever the batch (one padded block
+        # table for all chunks), not a few per chunk: at decode batch sizes the per-op overhead
+        # of a per-chunk loop cost more than the forward's attention.
         size = self.blocks.block_size
-        chunk_rows: list[torch.Tensor] = []
-        for c in chunks:
-            end = c.start_pos + c.num_tokens
+        ends = [c.start_pos + c.num_tokens for c in chunks]
+        longest = max(ends)
+        width = -(-longest // size)
+        tables = []
+        for c, end in zip(chunks, ends, strict=True):
             self.blocks.grow(c.seq_id, end)
-            table = torch.tensor(self.blocks.block_table(c.seq_id), dtype=torch.int64)
-            positions = torch.arange(end)
-            chunk_rows.append(table[positions // size] * size + positions % size)
-        write_rows = torch.cat([r[c.start_pos :] for r, c in zip(chunk_rows, chunks, strict=True)])
-        write_pos = torch.cat(
-            [torch.arange(c.start_pos, c.start_pos + c.num_tokens) for c in chunks]
-        )
+            table = self.blocks.block_table(c.seq_id)[:width]
+            tables.append(table + [0] * (width - len(table)))
+        positions = torch.arange(longest)
+        table_rows = torch.tensor(tables, dtype=torch.int64)[:, positions // size]
+        rows = table_rows * size + positions % size  # [num_chunks, longest]; past an end: junk
         offsets = tuple(accumulate((c.num_tokens for c in chunks[:-1]), initial=0))
+        flat = [i * longest + p for i, c in enumerate(chunks) for p in range(c.start_pos, ends[i])]
+        write_rows = rows.view(-1)[torch.tensor(flat, dtype=torch.int64)]
+        write_pos = torch.tensor(
+            [p for c, end in zip(chunks, ends, strict=True) for p in range(c.start_pos, end)],
+            dtype=torch.int64,
+        )
         decodes = [i for i, c in enumerate(chunks) if c.num_tokens == 1]
-        all_decode = len(decodes) == len(chunks)
+        prefills = tuple(i for i, c in enumerate(chunks) if c.num_tokens > 1)
+        all_decode = not prefills
         decode_rows = decode_mask = decode_tokens = None
         if decodes:
-            decode_rows, decode_mask = self._decode_layout([chunk_rows[i] for i in decodes])
+            decode_rows, decode_mask = self._decode_layout(
+                rows, decodes, [ends[i] for i in decodes]
+            )
             if not all_decode:
                 decode_tokens = torch.tensor([offsets[i] for i in decodes], device=self.device)
+        device = self.device
         return PagedPlan(
             chunks=tuple(chunks),
-            write_rows=write_rows.to(self.device),
-            write_pos=write_pos.to(self.device),
-            chunk_rows=tuple(r.to(self.device) for r in chunk_rows),
+            write_rows=write_rows.to(device),
+            write_pos=write_pos.to(device),
+            prefill_rows=tuple(rows[i, : ends[i]].to(device) for i in prefills),
             chunk_offsets=offsets,
             all_decode=all_decode,
             decode_rows=decode_rows,
             decode_mask=decode_mask,
             decode_tokens=decode_tokens,
-            prefill_chunks=tuple(i for i, c in enumerate(chunks) if c.num_tokens > 1),
+            prefill_chunks=prefills,
         )
 
-    def _decode_layout(self, chunk_rows: list[torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor]:
-        """Rows padded to the longest sequence (padding reads the all-zero pad row, masked out)
-        and the additive mask hiding the padding."""
-        lengths = torch.tensor([r.numel() for r in chunk_rows])
-        longest = int(lengths.max())
-        rows = torch.full((len(chunk_rows), longest), self._pad_row, dtype=torch.int64)
-        for i, r in enumerate(chunk_rows):
-            rows[i, : r.numel()] = r
-        beyond = torch.arange(longest)[None, :] >= lengths[:, None]
+    def _decode_layout(
+        self, rows: torch.Tensor, decodes: list[int], ends: list[int]
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """The one-token chunks' rows padded to the longest of them (padding reads the all-zero
+        pad row, masked out) and the additive mask hiding the padding."""
+        longest = max(ends)
+        picked = rows if len(decodes) == rows.shape[0] else rows[decodes]
+        beyond = torch.arange(longest)[None, :] >= torch.tensor(ends)[:, None]
+        padded = picked[:, :longest].masked_fill(beyond, self._pad_row)
         mask = torch.zeros(beyond.shape, dtype=self.dtype).masked_fill(beyond, -torch.inf)
-        return rows.to(self.device), mask[:, None, None, :].to(self.device)
+        return padded.to(self.device), mask[:, None, None, :].to(self.device)
 
     def attend(
         self, layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, plan: PagedPlan
@@ -141,10 +154,10 @@ class PagedKVCache:
                 window=window,
             )
             out.index_copy_(0, tokens, part)
-        for i in plan.prefill_chunks:
+        for i, rows in zip(plan.prefill_chunks, plan.prefill_rows, strict=True):
             chunk, offset = plan.chunks[i], plan.chunk_offsets[i]
             out[offset : offset + chunk.num_tokens] = self._attend_chunk(
-                q, keys, values, chunk=chunk, rows=plan.chunk_rows[i], offset=offset, window=window
+                q, keys, values, chunk=chunk, rows=rows, offset=offset, window=window
             )
         return out.reshape(q.shape[0], -1)
 

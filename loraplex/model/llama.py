@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
+from itertools import accumulate
 from typing import Protocol, TypeVar, cast
 
 import torch
@@ -67,16 +68,17 @@ class ForwardBatch:
         """Derive positions from the chunks; logits for each chunk's last token, or for every
         token of every chunk (``all_logits=True``) or of the chunks flagged in ``all_logits``
         (one flag per chunk: only those pay for the wider LM head)."""
+        # NOTE: positions and indices are built as Python lists and converted once each: a
+        # few tensor ops per chunk would cost more than a decode step's attention.
         ids = torch.as_tensor(token_ids, dtype=torch.int64)
-        counts = torch.tensor([c.num_tokens for c in chunks], dtype=torch.int64)
-        if int(counts.sum()) != ids.numel():
+        counts = [c.num_tokens for c in chunks]
+        ends = list(accumulate(counts))
+        if (ends[-1] if ends else 0) != ids.numel():
             raise ValueError(
-                f"token_ids has {ids.numel()} tokens; expected {int(counts.sum())} (the chunks)"
+                f"token_ids has {ids.numel()} tokens; expected {sum(counts)} (the chunks)"
             )
-        starts = torch.tensor([c.start_pos for c in chunks], dtype=torch.int64)
-        ends = torch.cumsum(counts, 0)
-        within = torch.arange(ids.numel()) - torch.repeat_interleave(ends - counts, counts)
-        positions = torch.repeat_interleave(starts, counts) + within
+        positions = [p for c in chunks for p in range(c.start_pos, c.start_pos + c.num_tokens)]
+        seq_lens = [c.start_pos + c.num_tokens for c in chunks for _ in range(c.num_tokens)]
         logits_indices = _logits_indices(all_logits, counts, ends)
         slots = None
         if token_slots is not None:
@@ -85,28 +87,27 @@ class ForwardBatch:
                 raise ValueError(f"token_slots has {slots.numel()} entries; expected {ids.numel()}")
         return cls(
             token_ids=ids.to(device),
-            positions=positions.to(device),
-            seq_lens=torch.repeat_interleave(starts + counts, counts).to(device),
+            positions=torch.tensor(positions, dtype=torch.int64, device=device),
+            seq_lens=torch.tensor(seq_lens, dtype=torch.int64, device=device),
             chunks=tuple(chunks),
             token_slots=slots,
-            logits_indices=logits_indices.to(device),
+            logits_indices=torch.tensor(logits_indices, dtype=torch.int64, device=device),
         )
 
 
 def _logits_indices(
-    all_logits: bool | Sequence[bool], counts: torch.Tensor, ends: torch.Tensor
-) -> torch.Tensor:
+    all_logits: bool | Sequence[bool], counts: Sequence[int], ends: Sequence[int]
+) -> list[int]:
     if isinstance(all_logits, bool):
-        return torch.arange(int(counts.sum())) if all_logits else ends - 1
-    if len(all_logits) != counts.numel():
+        return list(range(ends[-1] if ends else 0)) if all_logits else [end - 1 for end in ends]
+    if len(all_logits) != len(counts):
         raise ValueError(
-            f"all_logits has {len(all_logits)} flags; expected one per chunk ({counts.numel()})"
+            f"all_logits has {len(all_logits)} flags; expected one per chunk ({len(counts)})"
         )
-    parts = [
-        torch.arange(int(end - count), int(end)) if every else end.view(1) - 1
-        for every, count, end in zip(all_logits, counts, ends, strict=True)
-    ]
-    return torch.cat(parts) if parts else ends - 1
+    out: list[int] = []
+    for every, count, end in zip(all_logits, counts, ends, strict=True):
+        out.extend(range(end - count, end) if every else (end - 1,))
+    return out
 
 
 class Attention(nn.Module):
