@@ -71,7 +71,8 @@ class DemoPreset:
     adapter_lr: float  # AdamW learning rate for LoRA weights of rank <= lr_reference_rank
     num_threads: int  # torch intra-op threads while generating (fixed for reproducible bytes)
     adapters: tuple[AdapterPlan, ...]  # every adapter revision to generate
-    # Ranks above this train at adapter_lr * sqrt(lr_reference_rank / r); None: one rate for all.
+    # Wider adapters train at adapter_lr * sqrt(lr_reference_rank / width) (adapter_lr_for);
+    # None: one rate for all.
     lr_reference_rank: int | None = None
 
     def __post_init__(self) -> None:
@@ -86,12 +87,16 @@ class DemoPreset:
 
     def adapter_lr_for(self, plan: AdapterPlan) -> float:
         """The AdamW rate ``plan`` trains at. AdamW moves every LoRA weight by about the rate per
-        step, so ``B @ A`` moves about ``r`` times as far: a rate slow enough for rank 4 makes
-        rank 128 overshoot, hence the slower rate above ``lr_reference_rank``."""
+        step, so the delta ``scale * B @ A`` moves about ``scale * r`` times as far: a rate slow
+        enough for rank 4 makes rank 128, or a large rsLoRA scale, overshoot. The width compared
+        with ``lr_reference_rank`` is ``r * max(1, scale / 2)``: the rank itself for the
+        catalogue's usual ``lora_alpha = 2 r``, more for a larger scale."""
         reference = self.lr_reference_rank
-        if reference is None or plan.rank <= reference:
+        scale = plan.lora_alpha / (plan.rank**0.5 if plan.use_rslora else plan.rank)
+        width = plan.rank * max(1.0, scale / 2)
+        if reference is None or width <= reference:
             return self.adapter_lr
-        return self.adapter_lr * (reference / plan.rank) ** 0.5
+        return self.adapter_lr * (reference / width) ** 0.5
 
     @property
     def model_name(self) -> str:

@@ -47,9 +47,11 @@ def test_large_adds_a_rank_128_adapter() -> None:
 
 
 def test_ranks_above_the_reference_train_slower() -> None:
-    by_rank = {plan.rank: LARGE.adapter_lr_for(plan) for plan in LARGE.adapters}
-    assert by_rank[4] == by_rank[16] == LARGE.adapter_lr
-    assert by_rank[64] == pytest.approx(LARGE.adapter_lr / 2)
-    assert by_rank[128] < by_rank[64] < by_rank[32] < by_rank[16]
+    by_ref = {plan.ref: LARGE.adapter_lr_for(plan) for plan in LARGE.adapters}
+    assert by_ref["acme/legal@r1"] == by_ref["acme/billing@r1"] == LARGE.adapter_lr  # r 4, 16
+    assert by_ref["globex/summarize@r1"] == pytest.approx(LARGE.adapter_lr / 2)  # r 64, alpha 128
+    assert by_ref["initech/longform@r1"] < by_ref["globex/summarize@r1"]
+    # rsLoRA rank 8, alpha 32: scale 11.3, trains as if 45 wide.
+    assert by_ref["initech/chat@r1"] == pytest.approx(LARGE.adapter_lr * (16 / 45.25) ** 0.5, 1e-3)
     # The small preset keeps one rate for every rank.
     assert {SMALL.adapter_lr_for(plan) for plan in SMALL.adapters} == {SMALL.adapter_lr}
