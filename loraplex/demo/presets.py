@@ -96,7 +96,7 @@ class DemoPreset:
         width = plan.rank * max(1.0, scale / 2)
         if reference is None or width <= reference:
             return self.adapter_lr
-        return self.adapter_lr * (reference / width) ** 0.5
+        return self.adapter_lr * float((reference / width) ** 0.5)
 
     @property
     def model_name(self) -> str:

@@ -30,6 +30,7 @@ from loraplex.bench.peer_loraplex import LoraplexServer, matched_settings, prepa
 from loraplex.bench.peer_memory import RssSampler, descendants, parent_map, rss_bytes
 from loraplex.bench.peer_report import (
     SIDES,
+    cpu_description,
     headline_metrics,
     peer_result,
     ratio,
@@ -380,3 +381,15 @@ def test_harness_runs_abba_and_both_sides_agree(
         assert isinstance(metrics[name], float) and metrics[name] > 0, name
         assert metrics[name] == setting[name]
     assert metrics["probes_passed_loraplex"] == 16 and metrics["probes_passed_vllm"] == 16
+
+
+def test_the_cpu_and_its_vector_extensions_are_recorded(tmp_path: Path) -> None:
+    info = tmp_path / "cpuinfo"
+    info.write_text(
+        "processor\t: 0\nmodel name\t: AMD EPYC\nflags\t\t: fpu avx avx2 fma\n\n"
+        "processor\t: 1\nmodel name\t: AMD EPYC\nflags\t\t: fpu avx avx2 fma\n"
+    )
+    assert cpu_description(info) == {"model": "AMD EPYC", "isa": ["avx2"]}
+    info.write_text("model name : X\nflags : avx2 avx512f avx512_bf16 amx_tile\n")
+    assert cpu_description(info)["isa"] == ["avx2", "avx512f", "avx512_bf16", "amx_tile"]
+    assert cpu_description(tmp_path / "missing") == {"model": "unknown", "isa": []}
