@@ -216,8 +216,8 @@ def _cell(value: object) -> str:
     return "n/a" if value is None else str(value)
 
 
-# Vector extensions that decide which kernels both sides' CPU builds can run (vLLM's CPU
-# backend is built for AVX-512; on an AVX2-only machine it falls back to slower paths).
+# Vector extensions that decide which kernels both sides' CPU builds can run: the two sides'
+# ratios moved several-fold between an AVX-512 and an AVX2-only machine (docs/benchmarks/peer.md).
 _ISA_FLAGS = ("avx2", "avx512f", "avx512_bf16", "avx512_vnni", "amx_tile")
 
 

@@ -68,7 +68,7 @@ class DemoPreset:
     base_lr: float  # AdamW learning rate for the base model
     adapter_steps_per_round: int  # fine-tune steps between greedy checks
     adapter_max_rounds: int  # rounds before giving up on an adapter (generation fails)
-    adapter_lr: float  # AdamW learning rate for LoRA weights of rank <= lr_reference_rank
+    adapter_lr: float  # AdamW learning rate for LoRA weights up to lr_reference_rank wide
     num_threads: int  # torch intra-op threads while generating (fixed for reproducible bytes)
     adapters: tuple[AdapterPlan, ...]  # every adapter revision to generate
     # Wider adapters train at adapter_lr * sqrt(lr_reference_rank / width) (adapter_lr_for);

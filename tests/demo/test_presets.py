@@ -46,7 +46,7 @@ def test_large_adds_a_rank_128_adapter() -> None:
     assert LARGE.model_name == "loraplex-demo-large"
 
 
-def test_ranks_above_the_reference_train_slower() -> None:
+def test_adapters_wider_than_the_reference_train_slower() -> None:
     by_ref = {plan.ref: LARGE.adapter_lr_for(plan) for plan in LARGE.adapters}
     assert by_ref["acme/legal@r1"] == by_ref["acme/billing@r1"] == LARGE.adapter_lr  # r 4, 16
     assert by_ref["globex/summarize@r1"] == pytest.approx(LARGE.adapter_lr / 2)  # r 64, alpha 128
