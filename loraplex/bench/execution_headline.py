@@ -9,6 +9,7 @@ from loraplex.bench.execution_runners import LoraplexRunner, PeftRunner, StepSha
 from loraplex.bench.execution_setup import (
     DTYPES,
     MAX_RANK,
+    UNIFORM_MIX,
     Case,
     ExecutionBenchConfig,
     Workspace,
@@ -25,7 +26,8 @@ FORCED = {"mixed_masked": "masked", "mixed_grouped": "grouped", "mixed_loop": "r
 def headline(
     config: ExecutionBenchConfig, space: Workspace, dtype_name: str
 ) -> tuple[dict[str, float], list[dict[str, object]]]:
-    """Batch 16, 16 distinct S2 adapters: every variant interleaved, decode then prefill 64."""
+    """Batch 16, 16 distinct S2 adapters: every variant interleaved, decode then prefill 64;
+    beside them (decode) the same batch over 16 distinct rank-16 adapters."""
     runner = LoraplexRunner(
         space.model_dir, DTYPES[dtype_name], HEADLINE_ADAPTERS, config.context_tokens + 64
     )
@@ -34,6 +36,8 @@ def headline(
     pools = {name: runner.pool(weights, backend, MAX_RANK) for name, backend in FORCED.items()}
     pools["mixed"] = runner.pool(weights, "auto", MAX_RANK)
     pools["mixed_padded"] = runner.pool([padded(w, MAX_RANK) for w in weights], "masked", MAX_RANK)
+    uniform = [runner.weights(d, MAX_RANK) for d in space.adapters[UNIFORM_MIX][:HEADLINE_ADAPTERS]]
+    pools["mixed_r16"] = runner.pool(uniform, "auto", MAX_RANK)
     peft = PeftRunner(space.model_dir, dirs, DTYPES[dtype_name]) if config.peft else None
     distinct, single = list(range(HEADLINE_ADAPTERS)), [0] * HEADLINE_ADAPTERS
     metrics: dict[str, float] = {}
@@ -58,6 +62,8 @@ def headline(
         rows.extend(_rows("headline", dtype_name, step, seconds, shape=shape))
     floor_bytes = adapter_bytes(weights, distinct)
     metrics["bytes_floor"] = runner.weight_bytes() / (runner.weight_bytes() + floor_bytes)
+    uniform_bytes = adapter_bytes(uniform, distinct)
+    metrics["bytes_floor_r16"] = runner.weight_bytes() / (runner.weight_bytes() + uniform_bytes)
     return metrics, rows
 
 

@@ -1,8 +1,9 @@
 """``loraplex bench execution``: mixed-adapter execution speed next to base, single and PEFT.
 
 Headline (batch 16, 16 distinct adapters, S2 ranks on q/k/v/o, decode): tokens/s of base-only,
-one adapter, the mixed batch (loraplex's auto backend and each variant forced), and PEFT's mixed
-batch on the same weights, all interleaved in one run, for float32 and bfloat16. Then the
+one adapter, the mixed batch (loraplex's auto backend and each variant forced), the mixed batch
+of 16 distinct rank-16 adapters (``mixed_r16``), and PEFT's mixed batch on the S2 weights, all
+interleaved in one run, for float32 and bfloat16. Then the
 qualification matrix of WORKLOADS.md (float32, one axis varied at a time around the defaults).
 """
 
@@ -18,7 +19,9 @@ from loraplex.dtypes import torch_dtype
 from loraplex.model.adapter_weights import AdapterWeights
 
 ATTENTION = ("q_proj", "k_proj", "v_proj", "o_proj")
-RANK_MIXES = {"all-8": (8,), "S2": S2_RANKS, "all-64": (64,)}
+RANK_MIXES = {"all-8": (8,), "all-16": (16,), "S2": S2_RANKS, "all-64": (64,)}
+# The headline's second mix: one rank on q/k/v/o, as many real deployments serve (issue 16).
+UNIFORM_MIX = "all-16"
 POPULARITY = ("identical", "distinct", "uniform", "zipf", "geometric")
 TOKENS = {"decode": 1, "prefill-64": 64, "prefill-512": 512}
 DTYPES = {name: torch_dtype(name) for name in ("float32", "bfloat16")}  # the CPU-runnable ones

@@ -6,8 +6,10 @@ p % block_size``. ``plan`` grows block tables as needed (the scheduler has usual
 blocks already) and precomputes, once per forward, the rows every layer writes and gathers.
 The one-token (decode) sequences of a forward gather their rows padded to the longest and attend
 in one call under a length mask, also when the forward mixes them with prefill chunks (the usual
-step under continuous batching); prefill chunks attend one sequence at a time, as in
-``ContiguousKVCache``.
+step under continuous batching). Prompt chunks that start at position 0 read nothing from the
+cache (their own new keys are all there is) and attend in one call per chunk length; the other
+prefill chunks (after a cached prefix, or continuing a chunked prompt) gather their rows and
+attend one sequence at a time, as in ``ContiguousKVCache``.
 """
 
 from __future__ import annotations
@@ -19,7 +21,7 @@ from itertools import accumulate
 import torch
 
 from loraplex.engine.blocks import BASE_NAMESPACE, BlockManager
-from loraplex.model.attention import chunk_attention, decode_attention
+from loraplex.model.attention import chunk_attention, decode_attention, prompt_attention
 from loraplex.model.kv_cache import AttentionShape, SequenceChunk
 
 
@@ -36,8 +38,10 @@ class PagedPlan:
     decode_rows: torch.Tensor | None  # [num_decodes, max_kv_len] rows, padded; None: none
     decode_mask: torch.Tensor | None  # [num_decodes, 1, 1, max_kv_len] additive 0/-inf
     decode_tokens: torch.Tensor | None  # [num_decodes] their token indices (mixed plans only)
-    prefill_chunks: tuple[int, ...] = ()  # indices of the longer chunks, attended one by one
+    prefill_chunks: tuple[int, ...] = ()  # longer chunks after cached positions, one by one
     prefill_rows: tuple[torch.Tensor, ...] = ()  # per prefill chunk: [end] rows of 0..end-1
+    # Longer chunks from position 0, grouped by length (each group attended in one call):
+    prompt_groups: tuple[tuple[int, ...], ...] = ()
 
 
 class PagedKVCache:
@@ -95,8 +99,12 @@ class PagedKVCache:
             dtype=torch.int64,
         )
         decodes = [i for i, c in enumerate(chunks) if c.num_tokens == 1]
-        prefills = tuple(i for i, c in enumerate(chunks) if c.num_tokens > 1)
-        all_decode = not prefills
+        prefills = tuple(i for i, c in enumerate(chunks) if c.num_tokens > 1 and c.start_pos)
+        groups: dict[int, list[int]] = {}
+        for i, c in enumerate(chunks):
+            if c.num_tokens > 1 and not c.start_pos:
+                groups.setdefault(c.num_tokens, []).append(i)
+        all_decode = not prefills and not groups
         decode_rows = decode_mask = decode_tokens = None
         if decodes:
             decode_rows, decode_mask = self._decode_layout(
@@ -116,6 +124,7 @@ class PagedKVCache:
             decode_mask=decode_mask,
             decode_tokens=decode_tokens,
             prefill_chunks=prefills,
+            prompt_groups=tuple(tuple(group) for group in groups.values()),
         )
 
     def _decode_layout(
@@ -154,6 +163,8 @@ class PagedKVCache:
                 window=window,
             )
             out.index_copy_(0, tokens, part)
+        for group in plan.prompt_groups:
+            self._attend_prompts(q, k, v, out, plan=plan, group=group, window=window)
         for i, rows in zip(plan.prefill_chunks, plan.prefill_rows, strict=True):
             chunk, offset = plan.chunks[i], plan.chunk_offsets[i]
             out[offset : offset + chunk.num_tokens] = self._attend_chunk(
@@ -182,6 +193,32 @@ class PagedKVCache:
         return decode_attention(
             q, k_rows, v_rows, plan.decode_mask, write_pos, window=window, scale=self._scale
         )
+
+    def _attend_prompts(
+        self,
+        q: torch.Tensor,
+        k: torch.Tensor,
+        v: torch.Tensor,
+        out: torch.Tensor,
+        *,
+        plan: PagedPlan,
+        group: tuple[int, ...],
+        window: int | None,
+    ) -> None:
+        """Equal-length chunks from position 0 over their own new keys/values, into ``out``."""
+        n = plan.chunks[group[0]].num_tokens
+        offsets = [plan.chunk_offsets[i] for i in group]
+        first = offsets[0]
+        if offsets == list(range(first, first + n * len(group), n)):  # adjacent: views
+            span = slice(first, first + n * len(group))
+            parts = [t[span].reshape(len(group), n, *t.shape[1:]) for t in (q, k, v)]
+            result = prompt_attention(*parts, window=window, scale=self._scale)
+            out[span] = result.flatten(0, 1)
+            return
+        parts = [torch.stack([t[o : o + n] for o in offsets]) for t in (q, k, v)]
+        result = prompt_attention(*parts, window=window, scale=self._scale)
+        for row, o in enumerate(offsets):
+            out[o : o + n] = result[row]
 
     def _attend_chunk(
         self,

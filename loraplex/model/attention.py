@@ -68,3 +68,33 @@ def chunk_attention(
         enable_gqa=q.shape[1] != keys.shape[0],
     )
     return out[0].transpose(0, 1)
+
+
+def prompt_attention(
+    q: torch.Tensor,
+    keys: torch.Tensor,
+    values: torch.Tensor,
+    *,
+    window: int | None,
+    scale: float,
+) -> torch.Tensor:
+    """Prompt chunks of equal length that all start at position 0, attended in one call:
+    ``q`` [num_chunks, num_tokens, num_heads, head_dim] over the chunks' own ``keys`` /
+    ``values`` [num_chunks, num_tokens, num_kv_heads, head_dim], causal (and windowed). Nothing
+    before position 0 is cached, so the new keys are all there is to read. Returns
+    [num_chunks, num_tokens, num_heads, head_dim]."""
+    mask = None
+    if window is not None:
+        positions = torch.arange(q.shape[1], device=q.device)
+        q_pos, k_pos = positions[:, None], positions[None, :]
+        mask = (k_pos <= q_pos) & (k_pos > q_pos - window)
+    out = F.scaled_dot_product_attention(
+        q.transpose(1, 2),
+        keys.transpose(1, 2),
+        values.transpose(1, 2),
+        attn_mask=mask,
+        is_causal=mask is None,
+        scale=scale,
+        enable_gqa=q.shape[2] != keys.shape[2],
+    )
+    return out.transpose(1, 2)

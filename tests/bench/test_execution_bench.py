@@ -19,7 +19,9 @@ def test_tiny_run_has_the_documented_metrics(
 ) -> None:
     import loraplex.bench.execution_setup as setup
 
-    monkeypatch.setattr(setup, "RANK_MIXES", {"all-8": (8,), "S2": (64, 32, 16, 8)})
+    monkeypatch.setattr(
+        setup, "RANK_MIXES", {"all-8": (8,), "all-16": (16,), "S2": (64, 32, 16, 8)}
+    )
     config = ExecutionBenchConfig(
         dtypes=("float32",), rounds=1, calls_per_round=1, context_tokens=4,
         matrix_axes={"popularity": ("zipf",), "tokens": ("prefill-64",)},
@@ -50,9 +52,12 @@ def test_tiny_run_has_the_documented_metrics(
         "prefill_mixed_over_base",
         "mixed_loop_over_base",
         "mixed_padded_over_base",
+        "mixed_r16_over_base",
+        "bytes_floor_r16",
     ):
         assert isinstance(metrics[key], float) and metrics[key] > 0, key
-    assert 0 < metrics["bytes_floor"] < 1
+    # 16 rank-16 adapters move fewer bytes than the S2 mix (ranks 64/32/16/8, mean 30).
+    assert 0 < metrics["bytes_floor"] < metrics["bytes_floor_r16"] < 1
     rows = result["rows"]
     assert isinstance(rows, list)
     matrix = [r for r in rows if r["section"] == "matrix"]

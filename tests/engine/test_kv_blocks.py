@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
 from typing import TYPE_CHECKING
 
 import pytest
@@ -134,3 +135,38 @@ def test_decode_padding_never_reads_another_sequences_rows(model: LlamaModel) ->
         paged.values[layer][:4] = float("nan")
     logits = _forward(model, paged, [(short, 2, [40]), (long, 20, [41])])
     assert bool(torch.isfinite(logits).all())
+
+
+@pytest.mark.parametrize("window", [None, 3])
+def test_equal_length_prompts_from_position_zero_attend_together(
+    model: LlamaModel, window: int | None
+) -> None:
+    """Prompts of one length that start at position 0 attend in one call over their own keys,
+    adjacent in the batch or not (a decode and another length between them), windowed or not:
+    the same logits as each prompt alone on the contiguous cache."""
+    shape = replace(model.attention_shape, sliding_windows=(window,) * model.config.num_layers)
+    gen = torch.Generator().manual_seed(5)
+    prompts = [torch.randint(0, 97, (n,), generator=gen).tolist() for n in (6, 6, 4, 6, 3)]
+    paged = PagedKVCache(shape, BlockManager(32, 4), dtype=torch.float32,
+                         device=torch.device("cpu"))  # fmt: skip
+    decoding = paged.allocate()
+    _forward(model, paged, [(decoding, 0, [7, 8, 9])])  # a sequence that decodes beside them
+    order = [0, 1, 5, 2, 3, 4]  # two adjacent 6-token prompts, the decode, a 4, a third 6, a 3
+
+    def chunks(ids: list[int]) -> list[tuple[int, int, list[int]]]:
+        return [(decoding, 3, [10]) if i == 5 else (ids[i], 0, prompts[i]) for i in order]
+
+    planned = [paged.allocate() for _ in prompts]
+    plan = paged.plan([SequenceChunk(seq, start, len(t)) for seq, start, t in chunks(planned)])
+    assert plan.prompt_groups == ((0, 1, 4), (3,), (5,)) and plan.prefill_chunks == ()
+    got = _forward(model, paged, chunks(planned))
+    for row, i in enumerate(order):
+        alone = ContiguousKVCache(shape, 1, 16, dtype=torch.float32, device=torch.device("cpu"))
+        seq = alone.allocate()
+        if i == 5:
+            _forward(model, alone, [(seq, 0, [7, 8, 9])])
+            want = _forward(model, alone, [(seq, 3, [10])])
+        else:
+            want = _forward(model, alone, [(seq, 0, prompts[i])])
+        assert (got[row] - want[0]).abs().max().item() < TOL
+    paged.blocks.check_integrity()
