@@ -17,6 +17,7 @@ from __future__ import annotations
 import statistics
 import tempfile
 import time
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -189,6 +190,23 @@ def _quantiles(values: list[float]) -> dict[str, float]:
     return {f"p{q}_ms": 1000 * percentile(ordered, q / 100) for q in (50, 95, 99)}
 
 
+def load_metrics(
+    presets: Sequence[str], med: Callable[[str, str], float | None], *, peft: bool
+) -> dict[str, float | None]:
+    """Load-latency ratios of medians ``med(preset, column)``: the first preset's unprefixed,
+    every other preset's under ``<preset>_``. Undefined (a missing median) is None."""
+    metrics: dict[str, float | None] = {}
+    for index, preset in enumerate(presets):
+        prefix = "" if index == 0 else f"{preset}_"
+        metrics[f"{prefix}l2_load_over_raw"] = ratio(med(preset, "l2"), med(preset, "raw"))
+        if peft or index == 0:
+            metrics[f"{prefix}l2_load_speedup_vs_peft"] = ratio(
+                med(preset, "peft"), med(preset, "l2")
+            )
+        metrics[f"{prefix}l1_to_l0_over_copy"] = ratio(med(preset, "l1"), med(preset, "copy"))
+    return metrics
+
+
 def _result(
     config: CacheBenchConfig,
     samples: dict[str, dict[str, list[float]]],
@@ -199,19 +217,7 @@ def _result(
         values = samples[preset][column]
         return statistics.median(values) if values else None
 
-    first = config.presets[0]
-    metrics: dict[str, float | None] = {
-        "l2_load_over_raw": ratio(med(first, "l2"), med(first, "raw")),
-        "l2_load_speedup_vs_peft": ratio(med(first, "peft"), med(first, "l2")),
-        "l1_to_l0_over_copy": ratio(med(first, "l1"), med(first, "copy")),
-        **replay_metrics(replays),
-    }
-    for preset in config.presets[1:]:
-        metrics[f"{preset}_l2_load_over_raw"] = ratio(med(preset, "l2"), med(preset, "raw"))
-        if config.peft:
-            metrics[f"{preset}_l2_load_speedup_vs_peft"] = ratio(
-                med(preset, "peft"), med(preset, "l2")
-            )
+    metrics = {**load_metrics(config.presets, med, peft=config.peft), **replay_metrics(replays)}
     latency = {p: {c: _quantiles(v) for c, v in cols.items() if v} for p, cols in samples.items()}
     return {
         "name": "cache",

@@ -61,6 +61,27 @@ def test_bench_cache_emits_one_json_line(demo_assets, tmp_path: Path) -> None:  
     assert "Trace replays" in cache_markdown(result, "cache.png")
 
 
+def test_every_preset_reports_its_own_load_ratios() -> None:
+    from loraplex.bench.cache import load_metrics
+
+    medians = {
+        "small": {"l1": 0.5, "copy": 0.125, "l2": 2.0, "raw": 1.0, "peft": 30.0},
+        "large": {"l1": 2.0, "copy": 1.25, "l2": 15.0, "raw": 12.0},  # PEFT had no sample
+    }
+    metrics = load_metrics(("small", "large"), lambda p, c: medians[p].get(c), peft=True)
+    assert metrics == {
+        "l2_load_over_raw": 2.0,
+        "l2_load_speedup_vs_peft": 15.0,
+        "l1_to_l0_over_copy": 4.0,
+        "large_l2_load_over_raw": 1.25,
+        "large_l2_load_speedup_vs_peft": None,  # undefined, never 0
+        "large_l1_to_l0_over_copy": 1.6,
+    }
+    without_peft = load_metrics(("small", "large"), lambda p, c: medians[p].get(c), peft=False)
+    assert "large_l2_load_speedup_vs_peft" not in without_peft
+    assert without_peft["l2_load_speedup_vs_peft"] == 15.0
+
+
 def test_cli_registers_cache_command() -> None:
     out = CliRunner().invoke(app, ["bench", "cache", "--help"])
     assert out.exit_code == 0 and "--json" in out.output
