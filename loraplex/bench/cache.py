@@ -199,7 +199,7 @@ def load_metrics(
     for index, preset in enumerate(presets):
         prefix = "" if index == 0 else f"{preset}_"
         metrics[f"{prefix}l2_load_over_raw"] = ratio(med(preset, "l2"), med(preset, "raw"))
-        if peft or index == 0:
+        if peft or index == 0:  # the first preset's key is always there (null without PEFT)
             metrics[f"{prefix}l2_load_speedup_vs_peft"] = ratio(
                 med(preset, "peft"), med(preset, "l2")
             )

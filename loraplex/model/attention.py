@@ -50,14 +50,7 @@ def chunk_attention(
     """A chunk of one sequence's prompt: ``q`` [num_tokens, num_heads, head_dim] at positions
     ``start_pos ...`` against ``keys`` / ``values`` [num_kv_heads, start_pos + num_tokens,
     head_dim], causal (and windowed). Returns [num_tokens, num_heads, head_dim]."""
-    end = keys.shape[1]
-    mask = None
-    if start_pos or window is not None:
-        q_pos = torch.arange(start_pos, end, device=keys.device)[:, None]
-        k_pos = torch.arange(end, device=keys.device)[None, :]
-        mask = k_pos <= q_pos
-        if window is not None:
-            mask = mask & (k_pos > q_pos - window)
+    mask = _causal_mask(start_pos, keys.shape[1], window, keys.device)
     out = F.scaled_dot_product_attention(
         q.transpose(0, 1)[None],
         keys[None],
@@ -83,11 +76,7 @@ def prompt_attention(
     ``values`` [num_chunks, num_tokens, num_kv_heads, head_dim], causal (and windowed). Nothing
     before position 0 is cached, so the new keys are all there is to read. Returns
     [num_chunks, num_tokens, num_heads, head_dim]."""
-    mask = None
-    if window is not None:
-        positions = torch.arange(q.shape[1], device=q.device)
-        q_pos, k_pos = positions[:, None], positions[None, :]
-        mask = (k_pos <= q_pos) & (k_pos > q_pos - window)
+    mask = _causal_mask(0, q.shape[1], window, q.device)
     out = F.scaled_dot_product_attention(
         q.transpose(1, 2),
         keys.transpose(1, 2),
@@ -98,3 +87,17 @@ def prompt_attention(
         enable_gqa=q.shape[2] != keys.shape[2],
     )
     return out.transpose(1, 2)
+
+
+def _causal_mask(
+    start_pos: int, end: int, window: int | None, device: torch.device
+) -> torch.Tensor | None:
+    """Which of positions ``0 .. end-1`` each query at ``start_pos .. end-1`` sees (causal, and
+    within ``window``); None when plain causal attention from position 0 says it (SDPA's
+    ``is_causal``)."""
+    if not start_pos and window is None:
+        return None
+    q_pos = torch.arange(start_pos, end, device=device)[:, None]
+    k_pos = torch.arange(end, device=device)[None, :]
+    mask = k_pos <= q_pos
+    return mask if window is None else mask & (k_pos > q_pos - window)
