@@ -11,9 +11,10 @@ long, an adapter too large for any tier: never retry), ``AdapterError`` subclass
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
-from dataclasses import dataclass
-from typing import TYPE_CHECKING, Protocol
+from collections.abc import AsyncIterator, Callable, Mapping
+from dataclasses import dataclass, fields
+from types import MappingProxyType
+from typing import TYPE_CHECKING, Any, Protocol
 
 from loraplex.artifacts.identity import AdapterKey
 from loraplex.residency.ledger import Tier
@@ -27,6 +28,7 @@ if TYPE_CHECKING:
     from loraplex.sampling import SamplingParams
 
 __all__ = [
+    "DELTA_MERGE_RULES",
     "FINISH_ABORT",
     "FINISH_LENGTH",
     "FINISH_STOP",
@@ -36,6 +38,7 @@ __all__ = [
     "EngineRequest",
     "TokenDelta",
     "TokenLogprob",
+    "merge_deltas",
 ]
 
 # Finish reasons a TokenDelta can carry (OpenAI's vocabulary plus "abort").
@@ -93,6 +96,80 @@ class TokenDelta:
     prompt_logprobs: tuple[TokenLogprob | None, ...] | None = None
     # With finish_reason "stop": the stop string or stop token id that ended it; None for EOS.
     stop_reason: str | int | None = None
+
+
+# --- merging queued deltas ----------------------------------------------------------------------
+# A consumer that falls behind reads several queued deltas of one request as one. Every field of
+# TokenDelta has exactly one rule here, checked at import: a field added without a rule fails the
+# import, never silently drops out of merged output (issue 25: logprobs, prompt_logprobs and
+# stop_reason were lost under load that way).
+MergeRule = Callable[[Any, Any], Any]
+
+
+def _concat(first: Any, second: Any) -> Any:
+    """Per-token increments (token ids, text): both, in order."""
+    return first + second
+
+
+def _concat_optional(first: Any, second: Any) -> Any:
+    """Per-token increments that exist only when asked for (logprobs): both, in order; None
+    only when neither has any (a closing abort delta carries no tokens and no logprobs)."""
+    if first is None and second is None:
+        return None
+    return (first or ()) + (second or ())
+
+
+def _latest(first: Any, second: Any) -> Any:
+    """Running state (finish reason, token counts): the later delta's."""
+    return second
+
+
+def _earliest_set(first: Any, second: Any) -> Any:
+    """Sent once, on a request's first delta (queue time, tier, prompt logprobs).
+    NOTE: ``is not None``, not ``or``: Tier.L0 is 0 and an empty tuple is a value."""
+    return first if first is not None else second
+
+
+def _latest_set(first: Any, second: Any) -> Any:
+    """Sent once, on the last delta (stop reason)."""
+    return second if second is not None else first
+
+
+DELTA_MERGE_RULES: Mapping[str, MergeRule] = MappingProxyType(
+    {
+        "token_ids": _concat,
+        "text": _concat,
+        "finish_reason": _latest,
+        "prompt_tokens": _latest,
+        "completion_tokens": _latest,
+        "queue_s": _earliest_set,
+        "adapter_tier": _earliest_set,
+        "logprobs": _concat_optional,
+        "prompt_logprobs": _earliest_set,
+        "stop_reason": _latest_set,
+    }
+)
+
+
+def _check_rules_total(rules: Mapping[str, MergeRule]) -> None:
+    names = {f.name for f in fields(TokenDelta)}
+    if set(rules) != names:
+        missing, extra = sorted(names - set(rules)), sorted(set(rules) - names)
+        raise TypeError(f"TokenDelta merge rules: fields without a rule {missing}, unknown {extra}")
+
+
+_check_rules_total(DELTA_MERGE_RULES)
+
+
+def merge_deltas(
+    first: TokenDelta, second: TokenDelta, rules: Mapping[str, MergeRule] = DELTA_MERGE_RULES
+) -> TokenDelta:
+    """One delta for two consecutive ones of the same request (``first`` unfinished): what a
+    consumer reading both would have seen. ``rules`` is for tests (a mutated rule table)."""
+    _check_rules_total(rules)
+    return TokenDelta(
+        **{name: rule(getattr(first, name), getattr(second, name)) for name, rule in rules.items()}
+    )
 
 
 @dataclass(frozen=True)

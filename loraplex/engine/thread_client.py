@@ -20,7 +20,13 @@ from collections.abc import AsyncGenerator, Callable
 
 from loraplex.artifacts.identity import AdapterKey
 from loraplex.engine.core import EngineCore
-from loraplex.engine.protocol import EngineHealth, EngineLoad, EngineRequest, TokenDelta
+from loraplex.engine.protocol import (
+    EngineHealth,
+    EngineLoad,
+    EngineRequest,
+    TokenDelta,
+    merge_deltas,
+)
 from loraplex.engine.sched.stats import load_of
 from loraplex.errors import EngineUnavailableError
 from loraplex.model.tokenizer import TextTokenizer
@@ -155,20 +161,6 @@ async def outbox_stream(
             yield item
     finally:
         stop(finished)
-
-
-def merge_deltas(first: TokenDelta, second: TokenDelta) -> TokenDelta:
-    """One delta for two consecutive ones of the same request."""
-    return TokenDelta(
-        token_ids=first.token_ids + second.token_ids,
-        text=first.text + second.text,
-        finish_reason=second.finish_reason,
-        prompt_tokens=second.prompt_tokens,
-        completion_tokens=second.completion_tokens,
-        queue_s=first.queue_s if first.queue_s is not None else second.queue_s,
-        # NOTE: not ``or``: Tier.L0 is 0, hence false
-        adapter_tier=first.adapter_tier if first.adapter_tier is not None else second.adapter_tier,
-    )
 
 
 class Mailboxes:

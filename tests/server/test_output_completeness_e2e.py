@@ -1,0 +1,211 @@
+"""Every field of every output arrives under load (issue 25, item 1).
+
+64 concurrent mixed-adapter requests against the real server (engine in its child process),
+with ``logprobs``, ``echo``, ``best_of``, ``n``, ``stop``, chat and completions, streaming and
+not, five rounds. Under that load the HTTP side falls behind the engine and reads queued deltas
+merged (``merge_deltas``; the test checks that it did); every response must still be complete:
+
+- one logprob per generated token (``len(logprobs.tokens) == completion_tokens``, summed over a
+  request's choices), and ``max_tokens`` of them when the choice ended on length;
+- with ``echo``, prompt logprobs for every prompt token (the first one null, as vLLM);
+- ``stop_reason`` set to the stop string whenever a choice ended on ``stop`` (EOS is banned with
+  ``logit_bias`` so a stop string is the only way to stop);
+- ``best_of`` returns the best candidate by its own logprobs: the same request with
+  ``n = best_of`` and the same seed lists every candidate.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from typing import Any
+
+import httpx
+import pytest
+from live import Live, live_server
+
+import loraplex.engine.thread_client as thread_client
+from loraplex.demo.assets import DemoAssets
+from loraplex.engine.protocol import TokenDelta, merge_deltas
+
+pytestmark = pytest.mark.slow
+
+ROUNDS = 5
+CONCURRENCY = 64
+EOS_ID = 2  # the demo tokenizer's <|end|>
+STOP = " "  # a stop string the demo adapters produce within a few tokens
+MAX_TOKENS = 10
+BAN_EOS = {str(EOS_ID): -100}
+
+
+@pytest.fixture(scope="module")
+def live(demo_assets: DemoAssets, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Live]:
+    data_dir = tmp_path_factory.mktemp("complete")
+    with live_server(demo_assets, data_dir, max_loras=4, max_num_seqs=16) as server:
+        yield server
+
+
+@pytest.fixture
+def merges(monkeypatch: pytest.MonkeyPatch) -> list[int]:
+    """Counts the merges the server's streams made (the test means nothing without any)."""
+    count = [0]
+
+    def counting(first: TokenDelta, second: TokenDelta) -> TokenDelta:
+        count[0] += 1
+        return merge_deltas(first, second)
+
+    monkeypatch.setattr(thread_client, "merge_deltas", counting)
+    return count
+
+
+@dataclass
+class Choice:
+    """One choice as the client assembled it (streamed pieces joined)."""
+
+    text: str = ""
+    tokens: list[str] = field(default_factory=list)  # completions: logprobs.tokens
+    token_logprobs: list[float | None] = field(default_factory=list)
+    finish_reason: str | None = None
+    stop_reason: str | int | None = None
+
+
+@dataclass
+class Reply:
+    choices: dict[int, Choice]
+    usage: dict[str, int]
+
+
+def _absorb(choice: Choice, part: dict[str, Any], chat: bool) -> None:
+    if chat:
+        piece = part.get("delta") or part.get("message") or {}
+        choice.text += piece.get("content") or ""
+        content = (part.get("logprobs") or {}).get("content") or []
+        choice.tokens += [c["token"] for c in content]
+        choice.token_logprobs += [c["logprob"] for c in content]
+    else:
+        choice.text += part.get("text") or ""
+        logprobs = part.get("logprobs") or {}
+        choice.tokens += logprobs.get("tokens") or []
+        choice.token_logprobs += logprobs.get("token_logprobs") or []
+    if part.get("finish_reason") is not None:
+        choice.finish_reason = part["finish_reason"]
+        choice.stop_reason = part.get("stop_reason")
+
+
+async def _send(http: httpx.AsyncClient, key: str, path: str, body: dict[str, Any]) -> Reply:
+    chat = path.endswith("chat/completions")
+    headers = {"Authorization": f"Bearer {key}"}
+    choices: dict[int, Choice] = {}
+    if not body.get("stream"):
+        response = await http.post(path, json=body, headers=headers)
+        assert response.status_code == 200, response.text
+        payload = response.json()
+        for part in payload["choices"]:
+            _absorb(choices.setdefault(part["index"], Choice()), part, chat)
+        return Reply(choices, payload["usage"])
+    usage: dict[str, int] = {}
+    async with http.stream("POST", path, json=body, headers=headers) as response:
+        assert response.status_code == 200, await response.aread()
+        async for line in response.aiter_lines():
+            if not line.startswith("data: ") or line == "data: [DONE]":
+                continue
+            chunk = json.loads(line[6:])
+            assert "error" not in chunk, chunk
+            for part in chunk["choices"]:
+                _absorb(choices.setdefault(part["index"], Choice()), part, chat)
+            usage = chunk.get("usage") or usage
+    return Reply(choices, usage)
+
+
+def _check(reply: Reply, body: dict[str, Any], prompt_tokens: int | None = None) -> None:
+    """Complete: a logprob per token, stop reasons, prompt logprobs with echo."""
+    echo = prompt_tokens if body.get("echo") else 0
+    num_generated = 0
+    assert len(reply.choices) == body.get("n", 1), reply
+    for choice in reply.choices.values():
+        generated = len(choice.tokens) - echo
+        num_generated += generated
+        assert len(choice.token_logprobs) == len(choice.tokens)
+        assert choice.finish_reason in ("stop", "length"), choice
+        if choice.finish_reason == "length":
+            assert generated == body["max_tokens"], choice
+        elif "stop" in body:
+            assert choice.stop_reason == STOP, choice  # EOS is banned: a stop string ended it
+        if echo:
+            assert choice.token_logprobs[0] is None
+            assert None not in choice.token_logprobs[1:], choice
+    if "best_of" not in body:
+        assert num_generated == reply.usage["completion_tokens"], (reply, body)
+
+
+def _cumulative(choice: Choice) -> float:
+    return sum(lp for lp in choice.token_logprobs if lp is not None)
+
+
+async def _one(http: httpx.AsyncClient, live: Live, i: int, round_: int) -> str:
+    """Request ``i`` of a round: its kind, adapter and fields follow from ``i``."""
+    adapters = live.assets.adapters
+    adapter = adapters[i % len(adapters)]
+    key = live.key(adapter.tenant)
+    model = f"{adapter.name}@{adapter.revision}" if i % 5 else adapter.name
+    seed = 1000 * round_ + i
+    common = {"model": model, "max_tokens": MAX_TOKENS, "temperature": 1.0, "seed": seed,
+              "logit_bias": BAN_EOS}  # fmt: skip
+    prompt = adapter.probe_prompt
+    kind = i % 8
+    if kind == 0:  # plain, top-2 logprobs
+        body = {**common, "prompt": prompt, "logprobs": 2}
+    elif kind == 1:  # streamed
+        body = {**common, "prompt": prompt, "logprobs": 1, "stream": True,
+                "stream_options": {"include_usage": True}}  # fmt: skip
+    elif kind == 2:  # echo: prompt logprobs
+        body = {**common, "prompt": prompt, "logprobs": 1, "echo": True, "max_tokens": 4}
+        tokens = await http.post(
+            "/tokenize", json={"model": model, "prompt": prompt},
+            headers={"Authorization": f"Bearer {key}"},
+        )  # fmt: skip
+        assert tokens.status_code == 200, tokens.text
+        _check(await _send(http, key, "/v1/completions", body), body, tokens.json()["count"])
+        return "echo"
+    elif kind == 3:  # best_of: the best by its own logprobs
+        body = {**common, "prompt": prompt, "logprobs": 1, "best_of": 3}
+        best = await _send(http, key, "/v1/completions", body)
+        _check(best, body)
+        twin = {**common, "prompt": prompt, "logprobs": 1, "n": 3}
+        every = await _send(http, key, "/v1/completions", twin)
+        _check(every, twin)
+        top = max(_cumulative(c) for c in every.choices.values())
+        assert _cumulative(best.choices[0]) == pytest.approx(top, abs=1e-3), (best, every)
+        return "best_of"
+    elif kind == 4:  # n with a stop string
+        body = {**common, "prompt": prompt, "logprobs": 1, "n": 2, "stop": [STOP]}
+    elif kind == 5:  # streamed n with a stop string
+        body = {**common, "prompt": prompt, "logprobs": 1, "n": 2, "stop": [STOP],
+                "stream": True, "stream_options": {"include_usage": True}}  # fmt: skip
+    else:  # chat, streamed or not
+        body = {**common, "messages": [{"role": "user", "content": prompt}], "logprobs": True,
+                "top_logprobs": 1, "stream": kind == 7}  # fmt: skip
+        if kind == 7:
+            body["stream_options"] = {"include_usage": True}
+        _check(await _send(http, key, "/v1/chat/completions", body), body)
+        return "chat"
+    _check(await _send(http, key, "/v1/completions", body), body)
+    return "completions"
+
+
+def test_every_field_of_every_output_arrives_under_load(live: Live, merges: list[int]) -> None:
+    async def rounds() -> list[str]:
+        kinds: list[str] = []
+        limits = httpx.Limits(max_connections=CONCURRENCY)
+        async with httpx.AsyncClient(base_url=live.url, timeout=120, limits=limits) as http:
+            for round_ in range(ROUNDS):
+                kinds += await asyncio.gather(
+                    *(_one(http, live, i, round_) for i in range(CONCURRENCY))
+                )
+        return kinds
+
+    kinds = asyncio.run(rounds())
+    assert len(kinds) == ROUNDS * CONCURRENCY
+    assert merges[0] > 0, "no stream read merged deltas: the test did not exercise the merge"
