@@ -207,6 +207,11 @@ def context_of(request: Request) -> ErrorContext:
 
 
 async def _on_error(request: Request, exc: Exception) -> JSONResponse:
+    return error_response(request, exc)
+
+
+def error_response(request: Request, exc: Exception) -> JSONResponse:
+    """The OpenAI-shaped answer to ``exc`` raised while serving ``request``."""
     chat = request.url.path.endswith("/chat/completions")
     return to_api_error(exc, context_of(request), "messages" if chat else "prompt").response()
 

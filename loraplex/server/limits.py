@@ -44,6 +44,7 @@ from loraplex.server.deps import ServerDeps
 from loraplex.server.errors import (
     ApiError,
     ErrorContext,
+    error_response,
     invalid_request,
     to_api_error,
 )
@@ -212,9 +213,15 @@ class RequestLimits:
 
         try:
             await self.app(scope, body, send_unless_refused)
-        except Exception:
+        except Exception as exc:
             if body.failure is None:
-                raise
+                if started:
+                    raise  # the response began: it can only be cut short
+                # NOTE: answered here, not by Starlette's ServerErrorMiddleware: that one sends
+                # its 500 and re-raises, and uvicorn then drops the keep-alive connection (the
+                # client saw a reset, and its next request on the connection failed).
+                await error_response(Request(scope), exc)(scope, receive, send)
+                return
         # NOTE: every route reads its body before answering; a refusal after the response began
         # can only cut it short (uvicorn then closes the connection).
         if body.failure is not None and not started:

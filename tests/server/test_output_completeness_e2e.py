@@ -209,3 +209,30 @@ def test_every_field_of_every_output_arrives_under_load(live: Live, merges: list
     kinds = asyncio.run(rounds())
     assert len(kinds) == ROUNDS * CONCURRENCY
     assert merges[0] > 0, "no stream read merged deltas: the test did not exercise the merge"
+
+
+def test_a_500_leaves_the_keepalive_connection_usable(
+    live: Live, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Issue 25 saw the request after such a 500 fail on the same connection."""
+    import loraplex.server.responses as responses
+
+    real = responses._entries
+    calls = [0]
+
+    def failing_once(*args: Any, **kwargs: Any) -> Any:
+        calls[0] += 1
+        if calls[0] == 1:
+            raise RuntimeError("the engine returned no prompt logprobs although echo asked")
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(responses, "_entries", failing_once)
+    adapter = live.assets.adapters[0]
+    body = {"model": adapter.name, "prompt": adapter.probe_prompt, "max_tokens": 4,
+            "logprobs": 1, "echo": True}  # fmt: skip
+    headers = {"Authorization": f"Bearer {live.key(adapter.tenant)}"}
+    with httpx.Client(base_url=live.url, timeout=60) as http:
+        assert http.post("/v1/completions", json=body, headers=headers).status_code == 500
+        again = http.post("/v1/completions", json=body, headers=headers)
+        assert again.status_code == 200, again.text
+        assert again.json()["choices"][0]["logprobs"]["token_logprobs"][0] is None
