@@ -182,7 +182,10 @@ async def _respond(
         return Response(status_code=CLIENT_CLOSED_REQUEST, headers=started.headers), started
     started = started.confirmed()
     strings = TokenStrings(request.app.state.deps.engine.tokenizer)
-    choices = StreamChoices(started.fmt, shape.best_of, output_logprobs(body), strings, echo)
+    choices = StreamChoices(
+        started.fmt, shape.best_of, output_logprobs(body), strings, echo,
+        continuous_usage=body.continuous_usage,
+    )  # fmt: skip
     events = sse_events(first, fanout, choices, shape.num_siblings, body.include_usage)
     return StreamingResponse(
         events, media_type="text/event-stream", headers=started.headers

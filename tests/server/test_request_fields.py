@@ -104,17 +104,6 @@ def test_stream_options_without_stream_is_refused(rig: Rig) -> None:
     assert reply.status_code == 400 and reply.json()["error"]["param"] == "stream_options"
 
 
-def test_continuous_usage_stats_is_refused_unless_false(rig: Rig) -> None:
-    options = {"include_usage": True, "continuous_usage_stats": True}
-    body = _body(COMPLETIONS, stream=True, stream_options=options)
-    reply = rig.client.post(COMPLETIONS, json=body, headers=rig.headers("acme"))
-    assert reply.status_code == 400
-    assert reply.json()["error"]["param"] == "stream_options.continuous_usage_stats"
-    options["continuous_usage_stats"] = False
-    reply = rig.client.post(COMPLETIONS, json=body, headers=rig.headers("acme"))
-    assert reply.status_code == 200
-
-
 @pytest.mark.parametrize(("value", "expected"), [(None, None), (-1, None), (0, None), (3, 3)])
 def test_top_k_reaches_the_sampler(rig: Rig, value: int | None, expected: int | None) -> None:
     reply = rig.client.post(
