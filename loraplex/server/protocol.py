@@ -85,6 +85,7 @@ class StreamOptions(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
     include_usage: bool = False  # send a final chunk with the usage of every choice together
+    include_obfuscation: bool | None = None  # OpenAI's chunk padding: only false (NEUTRAL)
     # vLLM extension: with include_usage, every chunk also carries its choice's usage so far
     # (alone it changes nothing, as in vLLM)
     continuous_usage_stats: bool = False
@@ -247,6 +248,15 @@ class ChatCompletionRequest(SamplingFields):
     tool_choice: str | dict[str, object] | None = None
     response_format: dict[str, object] | None = None  # no structured output (operations.md)
     add_generation_prompt: bool | None = None  # vLLM extension (the template always adds it)
+    # Handed to the chat template as vLLM does (``chat.ChatTemplate.render``).
+    reasoning_effort: Literal["none", "minimal", "low", "medium", "high", "xhigh", "max"] | None = (
+        None
+    )
+    parallel_tool_calls: bool | None = None  # no tools are accepted, so either value is neutral
+    # OpenAI platform settings: loraplex stores no completions and has one service tier.
+    store: bool | None = None
+    metadata: dict[str, object] | None = Field(default=None, max_length=16)  # OpenAI's cap
+    service_tier: str | None = Field(default=None, max_length=32)
 
 
 # Fields loraplex does not implement, with the values that change nothing (any other value is a
@@ -257,6 +267,10 @@ NEUTRAL: dict[str, tuple[object, ...]] = {
     "tool_choice": ("none",),
     "response_format": ({"type": "text"},),
     "add_generation_prompt": (True,),
+    "parallel_tool_calls": (True, False),
+    "store": (False,),
+    "metadata": ({},),
+    "service_tier": ("auto", "default"),
 }
 
 

@@ -289,7 +289,7 @@ def _chat_encoder(deps: ServerDeps, body: ChatCompletionRequest) -> Callable[[],
     messages = [ChatMessage(m.role, m.text(), m.name) for m in body.messages]
     check_prompt_chars(num_prompt_chars(messages), deps.config.max_prompt_chars, "messages")
     tokenizer = deps.engine.tokenizer
-    return lambda: [template.encode(messages, tokenizer)]
+    return lambda: [template.encode(messages, tokenizer, body.reasoning_effort)]
 
 
 @router.post("/chat/completions", response_model=None)
