@@ -85,7 +85,6 @@ class StreamOptions(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
     include_usage: bool = False  # send a final chunk with the usage of every choice together
-    include_obfuscation: bool | None = None  # OpenAI's chunk padding: only false (NEUTRAL)
     # vLLM extension: with include_usage, every chunk also carries its choice's usage so far
     # (alone it changes nothing, as in vLLM)
     continuous_usage_stats: bool = False

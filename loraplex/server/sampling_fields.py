@@ -58,12 +58,6 @@ def _refuse_unsupported(body: SamplingFields) -> None:
     options = body.stream_options
     if options is not None and not body.stream:
         raise invalid_request("stream_options is only allowed with stream true", "stream_options")
-    if options is not None and options.include_obfuscation:
-        raise invalid_request(
-            "stream_options.include_obfuscation true is not supported; loraplex pads no chunks "
-            "(accepted: null or false)",
-            "stream_options.include_obfuscation",
-        )
 
 
 def _same(value: object, neutral: object) -> bool:
