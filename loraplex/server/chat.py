@@ -72,29 +72,46 @@ class ChatTemplate:
             return None
         return cls(template, _special(settings, "bos_token"), _special(settings, "eos_token"))
 
-    def render(self, messages: Sequence[ChatMessage]) -> str:
+    def render(self, messages: Sequence[ChatMessage], reasoning_effort: str | None = None) -> str:
         """The prompt text, ending with the assistant's turn opened; ``InvalidRequestError`` when
-        the template refuses the conversation (or breaks its sandbox's rules)."""
+        the template refuses the conversation (or breaks its sandbox's rules).
+
+        ``reasoning_effort`` reaches the template as vLLM hands it over: as ``reasoning_effort``,
+        with ``enable_thinking`` false for ``"none"`` and true otherwise (templates of
+        reasoning models read them; others ignore them).
+        """
         payload = [_payload(m) for m in messages]
+        effort = {}
+        if reasoning_effort is not None:
+            effort = {
+                "reasoning_effort": reasoning_effort,
+                "enable_thinking": reasoning_effort != "none",
+            }
         try:
             return self._template.render(
                 messages=payload,
                 add_generation_prompt=True,
                 bos_token=self.bos_token,
                 eos_token=self.eos_token,
+                **effort,
             )
         except TemplateError as exc:
             raise InvalidRequestError(
                 f"messages cannot be rendered by the chat template: {exc}", "messages"
             ) from exc
 
-    def encode(self, messages: Sequence[ChatMessage], tokenizer: TextTokenizer) -> list[int]:
+    def encode(
+        self,
+        messages: Sequence[ChatMessage],
+        tokenizer: TextTokenizer,
+        reasoning_effort: str | None = None,
+    ) -> list[int]:
         """Token ids of the rendered prompt.
 
         NOTE: ``TextTokenizer.encode`` adds the post-processor's special tokens (BOS) and most
         templates write ``{{ bos_token }}`` too; a doubled prefix is cut back to one copy.
         """
-        ids = tokenizer.encode(self.render(messages))
+        ids = tokenizer.encode(self.render(messages, reasoning_effort))
         added = tokenizer.encode("")
         if added and ids[: 2 * len(added)] == added + added:
             return ids[len(added) :]

@@ -85,7 +85,9 @@ class StreamOptions(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
     include_usage: bool = False  # send a final chunk with the usage of every choice together
-    continuous_usage_stats: bool = False  # vLLM extension; only false (see NEUTRAL)
+    # vLLM extension: with include_usage, every chunk also carries its choice's usage so far
+    # (alone it changes nothing, as in vLLM)
+    continuous_usage_stats: bool = False
 
 
 MAX_TOP_LOGPROBS = 20  # OpenAI's limit on top alternatives per token (vLLM's default too)
@@ -113,7 +115,7 @@ class SamplingFields(BaseModel):
     ] = None
     seed: int | None = Field(default=None, ge=MIN_SEED, le=MAX_SEED)  # choice i uses seed + i
     stream: bool = False  # server-sent events
-    stream_options: StreamOptions | None = None  # include_usage
+    stream_options: StreamOptions | None = None  # include_usage, continuous_usage_stats
     n: StrictInt | None = Field(
         default=1, ge=1
     )  # choices per prompt (at most the server's max_choices)
@@ -151,6 +153,14 @@ class SamplingFields(BaseModel):
     @property
     def include_usage(self) -> bool:
         return self.stream_options is not None and self.stream_options.include_usage
+
+    @property
+    def continuous_usage(self) -> bool:
+        """Usage on every chunk: vLLM honours ``continuous_usage_stats`` only together with
+        ``include_usage``."""
+        return self.include_usage and bool(
+            self.stream_options and self.stream_options.continuous_usage_stats
+        )
 
 
 def _prompt_shape(value: object) -> object:
@@ -237,6 +247,15 @@ class ChatCompletionRequest(SamplingFields):
     tool_choice: str | dict[str, object] | None = None
     response_format: dict[str, object] | None = None  # no structured output (operations.md)
     add_generation_prompt: bool | None = None  # vLLM extension (the template always adds it)
+    # Handed to the chat template as vLLM does (``chat.ChatTemplate.render``).
+    reasoning_effort: Literal["none", "minimal", "low", "medium", "high", "xhigh", "max"] | None = (
+        None
+    )
+    parallel_tool_calls: bool | None = None  # no tools are accepted, so either value is neutral
+    # OpenAI platform settings: loraplex stores no completions and has one service tier.
+    store: bool | None = None
+    metadata: dict[str, object] | None = Field(default=None, max_length=16)  # OpenAI's cap
+    service_tier: str | None = Field(default=None, max_length=32)
 
 
 # Fields loraplex does not implement, with the values that change nothing (any other value is a
@@ -247,6 +266,10 @@ NEUTRAL: dict[str, tuple[object, ...]] = {
     "tool_choice": ("none",),
     "response_format": ({"type": "text"},),
     "add_generation_prompt": (True,),
+    "parallel_tool_calls": (True, False),
+    "store": (False,),
+    "metadata": ({},),
+    "service_tier": ("auto", "default"),
 }
 
 

@@ -182,7 +182,10 @@ async def _respond(
         return Response(status_code=CLIENT_CLOSED_REQUEST, headers=started.headers), started
     started = started.confirmed()
     strings = TokenStrings(request.app.state.deps.engine.tokenizer)
-    choices = StreamChoices(started.fmt, shape.best_of, output_logprobs(body), strings, echo)
+    choices = StreamChoices(
+        started.fmt, shape.best_of, output_logprobs(body), strings, echo,
+        continuous_usage=body.continuous_usage,
+    )  # fmt: skip
     events = sse_events(first, fanout, choices, shape.num_siblings, body.include_usage)
     return StreamingResponse(
         events, media_type="text/event-stream", headers=started.headers
@@ -286,7 +289,7 @@ def _chat_encoder(deps: ServerDeps, body: ChatCompletionRequest) -> Callable[[],
     messages = [ChatMessage(m.role, m.text(), m.name) for m in body.messages]
     check_prompt_chars(num_prompt_chars(messages), deps.config.max_prompt_chars, "messages")
     tokenizer = deps.engine.tokenizer
-    return lambda: [template.encode(messages, tokenizer)]
+    return lambda: [template.encode(messages, tokenizer, body.reasoning_effort)]
 
 
 @router.post("/chat/completions", response_model=None)

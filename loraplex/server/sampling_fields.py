@@ -58,12 +58,6 @@ def _refuse_unsupported(body: SamplingFields) -> None:
     options = body.stream_options
     if options is not None and not body.stream:
         raise invalid_request("stream_options is only allowed with stream true", "stream_options")
-    if options is not None and options.continuous_usage_stats:
-        raise invalid_request(
-            "stream_options.continuous_usage_stats true is not supported; use include_usage "
-            "(one usage chunk at the end)",
-            "stream_options.continuous_usage_stats",
-        )
 
 
 def _same(value: object, neutral: object) -> bool:

@@ -61,14 +61,20 @@ class ChunkFormat:
         info = _json(self.info.model_dump())
         return f'],"usage":null,"system_fingerprint":null,"loraplex":{info}}}\n\n'
 
-    def opening(self, num_choices: int = 1) -> list[str]:
-        """Events sent before any text (chat announces the assistant role of each choice)."""
+    def _tail_with(self, usage: Usage | None) -> str:
+        if usage is None:
+            return self._tail
+        return self._tail.replace('"usage":null', f'"usage":{_json(usage.model_dump())}', 1)
+
+    def opening(self, num_choices: int = 1, usage: Usage | None = None) -> list[str]:
+        """Events sent before any text (chat announces the assistant role of each choice);
+        ``usage``: what each carries with ``continuous_usage_stats`` (no tokens generated)."""
         if not self.chat:
             return []
         delta = '{"role":"assistant","content":""}'
         return [
             f'{self._head}{{"index":{index},"delta":{delta},"logprobs":null,'
-            f'"finish_reason":null,"stop_reason":null}}{self._tail}'
+            f'"finish_reason":null,"stop_reason":null}}{self._tail_with(usage)}'
             for index in range(num_choices)
         ]
 
@@ -80,9 +86,10 @@ class ChunkFormat:
         index: int = 0,
         logprobs: object = None,
         stop_reason: str | int | None = None,
+        usage: Usage | None = None,
     ) -> str:
         """The event carrying one delta of choice ``index`` (``logprobs``: its JSON-ready
-        value in the endpoint's shape)."""
+        value in the endpoint's shape; ``usage``: this choice's so far, or None)."""
         rest = (
             f'"logprobs":{_json(logprobs)},"finish_reason":{_json(finish_reason)},'
             f'"stop_reason":{_json(stop_reason)}}}'
@@ -92,16 +99,21 @@ class ChunkFormat:
             choice = f'{{"index":{index},"delta":{{"role":null,"content":{content}}},{rest}'
         else:
             choice = f'{{"index":{index},"text":{_json(text)},{rest}'
-        return f"{self._head}{choice}{self._tail}"
+        return f"{self._head}{choice}{self._tail_with(usage)}"
 
     def usage(self, usage: Usage) -> str:
         """The final event with token usage and no choices."""
-        tail = self._tail.replace('"usage":null', f'"usage":{_json(usage.model_dump())}', 1)
-        return f"{self._head}{tail}"
+        return f"{self._head}{self._tail_with(usage)}"
 
 
 class StreamChoices:
-    """Turns each sibling's deltas into events: choice index, echo, logprobs, usage."""
+    """Turns each sibling's deltas into events: choice index, echo, logprobs, usage.
+
+    With ``continuous_usage`` (vLLM's ``stream_options.continuous_usage_stats``, honoured only
+    together with ``include_usage``, as vLLM) every event of a choice carries that choice's
+    usage so far: its prompt's tokens, the tokens it generated up to this event, and their sum
+    (chat's opening events: 0 generated). The final usage event still sums every choice.
+    """
 
     def __init__(
         self,
@@ -110,14 +122,25 @@ class StreamChoices:
         num_top: int | None,
         strings: TokenStrings,
         echo: Sequence[Echo] | None = None,
+        *,
+        continuous_usage: bool = False,
     ) -> None:
         self.fmt = fmt
         self._per_prompt = siblings_per_prompt  # streams never rank: slot == choice index
         self._num_top = num_top  # logprobs the client asked for; None: none
         self._strings = strings
         self._echo = echo
+        self._continuous = continuous_usage  # usage on every event, not only the last
         self._offsets: dict[int, int] = {}  # completions: text sent per choice (text_offset)
         self._last: dict[int, TokenDelta] = {}  # the latest delta of each choice (usage)
+
+    def opening(self, num_choices: int, first: TokenDelta | None) -> list[str]:
+        """Chat's role events, before any delta is shown (``first``: the delta already
+        received; every choice of a chat request shares its one prompt)."""
+        usage = None
+        if self._continuous and first is not None:
+            usage = _usage(first.prompt_tokens, 0)
+        return self.fmt.opening(num_choices, usage)
 
     def event(self, slot: int, delta: TokenDelta) -> str | None:
         first = slot not in self._last
@@ -129,9 +152,10 @@ class StreamChoices:
             entries = [*(delta.prompt_logprobs or ()), *entries]
         if not (first or text or entries or delta.finish_reason is not None):
             return None
+        usage = _usage(delta.prompt_tokens, delta.completion_tokens) if self._continuous else None
         return self.fmt.text(
             text, delta.finish_reason, index=slot, stop_reason=delta.stop_reason,
-            logprobs=self._logprobs(slot, entries, echo),
+            logprobs=self._logprobs(slot, entries, echo), usage=usage,
         )  # fmt: skip
 
     def _logprobs(self, slot: int, entries: list[TokenLogprob | None], echo: Echo | None) -> object:
@@ -158,11 +182,15 @@ class StreamChoices:
         prompts = {slot // self._per_prompt: d.prompt_tokens for slot, d in self._last.items()}
         num_prompt = sum(prompts.values())
         num_completion = sum(d.completion_tokens for d in self._last.values())
-        return Usage(
-            prompt_tokens=num_prompt,
-            completion_tokens=num_completion,
-            total_tokens=num_prompt + num_completion,
-        )
+        return _usage(num_prompt, num_completion)
+
+
+def _usage(num_prompt: int, num_completion: int) -> Usage:
+    return Usage(
+        prompt_tokens=num_prompt,
+        completion_tokens=num_completion,
+        total_tokens=num_prompt + num_completion,
+    )
 
 
 async def sse_events(
@@ -177,7 +205,7 @@ async def sse_events(
     is aborted."""
     fmt = choices.fmt
     try:
-        for opening in fmt.opening(num_choices):
+        for opening in choices.opening(num_choices, first[1] if first else None):
             yield opening
         item = first
         while item is not None:

@@ -57,3 +57,19 @@ def test_a_message_name_reaches_the_template_only_when_given() -> None:
     )
     named = [ChatMessage("user", "hi", "ana"), ChatMessage("user", "yo")]
     assert template.render(named) == "user(ana):hi;user:yo;"
+
+
+@pytest.mark.parametrize(
+    ("effort", "expected"),
+    [(None, "effort=-;thinking=-"), ("low", "effort=low;thinking=True"),
+     ("none", "effort=none;thinking=False")],
+)  # fmt: skip
+def test_reasoning_effort_reaches_the_template_as_vllm_hands_it(
+    effort: str | None, expected: str
+) -> None:
+    """vLLM passes ``reasoning_effort`` and ``enable_thinking`` (false only for "none")."""
+    template = ChatTemplate(
+        "effort={{ reasoning_effort if reasoning_effort is defined else '-' }};"
+        "thinking={{ enable_thinking if enable_thinking is defined else '-' }}"
+    )
+    assert template.render(MESSAGES, effort) == expected

@@ -60,9 +60,9 @@ def counted(served: Served, monkeypatch: pytest.MonkeyPatch) -> Iterator[Counted
     calls: list[str] = []
     render, encode = deps.chat.render, engine.char_tokenizer.encode
 
-    def counted_render(messages: Any) -> str:
+    def counted_render(messages: Any, reasoning_effort: str | None = None) -> str:
         calls.append("render")
-        return render(messages)
+        return render(messages, reasoning_effort)
 
     def counted_encode(text: str) -> list[int]:
         calls.append("encode")

@@ -4,16 +4,23 @@ reach the sampler."""
 
 from __future__ import annotations
 
+from dataclasses import replace
 from typing import Any
 
 import pytest
-from conftest import Rig
+from conftest import Rig, Served, make_app_deps
+from fakes import FakeEngine
+from fastapi.testclient import TestClient
 
+from loraplex.server.app import create_app
+from loraplex.server.chat import ChatTemplate
 from loraplex.server.protocol import NEUTRAL
 
 COMPLETIONS = "/v1/completions"
 CHAT = "/v1/chat/completions"
-_CHAT_ONLY = {"tools", "tool_choice", "response_format", "add_generation_prompt"}
+_CHAT_ONLY = {"tools", "tool_choice", "response_format", "add_generation_prompt"} | {
+    "parallel_tool_calls", "store", "metadata", "service_tier",
+}  # fmt: skip
 _COMPLETIONS_ONLY = {"suffix"}
 
 
@@ -42,13 +49,17 @@ REFUSED_CASES = [
     ("response_format", {"type": "json_object"}),
     ("response_format", {"type": "json_schema", "json_schema": {"name": "x", "schema": {}}}),
     ("add_generation_prompt", False),
+    ("store", True),
+    ("metadata", {"run": "a"}),
+    ("service_tier", "flex"),
+    ("service_tier", "priority"),
 ]
 
 
 def test_neutral_lists_only_what_is_not_implemented() -> None:
     assert set(NEUTRAL) == {"suffix", "tools", "tool_choice", "response_format"} | {
-        "add_generation_prompt"
-    }
+        "add_generation_prompt", "parallel_tool_calls", "store", "metadata", "service_tier"
+    }  # fmt: skip
 
 
 @pytest.mark.parametrize(("field", "value", "path"), NEUTRAL_CASES)
@@ -104,17 +115,6 @@ def test_stream_options_without_stream_is_refused(rig: Rig) -> None:
     assert reply.status_code == 400 and reply.json()["error"]["param"] == "stream_options"
 
 
-def test_continuous_usage_stats_is_refused_unless_false(rig: Rig) -> None:
-    options = {"include_usage": True, "continuous_usage_stats": True}
-    body = _body(COMPLETIONS, stream=True, stream_options=options)
-    reply = rig.client.post(COMPLETIONS, json=body, headers=rig.headers("acme"))
-    assert reply.status_code == 400
-    assert reply.json()["error"]["param"] == "stream_options.continuous_usage_stats"
-    options["continuous_usage_stats"] = False
-    reply = rig.client.post(COMPLETIONS, json=body, headers=rig.headers("acme"))
-    assert reply.status_code == 200
-
-
 @pytest.mark.parametrize(("value", "expected"), [(None, None), (-1, None), (0, None), (3, 3)])
 def test_top_k_reaches_the_sampler(rig: Rig, value: int | None, expected: int | None) -> None:
     reply = rig.client.post(
@@ -142,3 +142,34 @@ def test_null_sampling_fields_mean_their_defaults(rig: Rig, path: str) -> None:
     assert (params.presence_penalty, params.frequency_penalty) == (0.0, 0.0)
     assert (params.repetition_penalty, params.min_p, params.logprobs) == (1.0, 0.0, None)
     assert params.logit_bias == () and params.stop_token_ids == ()
+
+
+@pytest.mark.parametrize("path", [COMPLETIONS, CHAT])
+@pytest.mark.parametrize("value", [True, False])
+def test_include_obfuscation_is_a_400_naming_it(rig: Rig, path: str, value: bool) -> None:
+    """OpenAI's chunk padding (vLLM ignores it): loraplex pads no chunks and says so."""
+    options = {"include_usage": True, "include_obfuscation": value}
+    body = _body(path, stream=True, stream_options=options)
+    reply = rig.client.post(path, json=body, headers=rig.headers("acme"))
+    assert reply.status_code == 400
+    assert reply.json()["error"]["param"] == "stream_options.include_obfuscation"
+
+
+def test_reasoning_effort_reaches_the_chat_template(served: Served) -> None:
+    engine = FakeEngine()
+    template = ChatTemplate(
+        "{{ messages[0].content }} effort {{ reasoning_effort | default('-') }}"
+    )
+    deps = replace(make_app_deps(served, engine), chat=template)
+    headers = {"Authorization": f"Bearer {served.keys['acme']}"}
+    with TestClient(create_app(deps)) as client:
+        for effort in ("high", None):
+            body = _body(CHAT) | ({"reasoning_effort": effort} if effort else {})
+            assert client.post(CHAT, json=body, headers=headers).status_code == 200
+        refused = client.post(CHAT, json=_body(CHAT, reasoning_effort="lots"), headers=headers)
+    assert deps.cache is not None
+    deps.cache.close()
+    assert refused.status_code == 400
+    assert refused.json()["error"]["param"] == "reasoning_effort"
+    prompts = [engine.tokenizer.decode(r.prompt_token_ids) for r in engine.requests]
+    assert prompts == ["hi effort high", "hi effort -"]

@@ -74,3 +74,28 @@ def test_usage_chunk_equals_the_model(chat: bool) -> None:
         )
     # A model named like the field must not confuse the usage substitution.
     assert _fmt(chat, model="usage").usage(usage) == _sse(model)
+
+
+@pytest.mark.parametrize("chat", [False, True])
+def test_a_chunk_with_continuous_usage_equals_the_model(chat: bool) -> None:
+    usage = Usage(prompt_tokens=3, completion_tokens=1, total_tokens=4)
+    model: ChatCompletionChunk | CompletionResponse
+    if chat:
+        model = ChatCompletionChunk(
+            id="cmpl-1", created=1700000000, model="usage", loraplex=INFO, usage=usage,
+            choices=[ChatChunkChoice(delta=ChatDelta(content="x"), finish_reason=None)],
+        )  # fmt: skip
+    else:
+        model = CompletionResponse(
+            id="cmpl-1", created=1700000000, model="usage", loraplex=INFO, usage=usage,
+            choices=[CompletionChoice(text="x", finish_reason=None)],
+        )  # fmt: skip
+    assert _fmt(chat, model="usage").text("x", None, usage=usage) == _sse(model)
+    if chat:
+        opening = model.model_copy(
+            update={
+                "choices": [ChatChunkChoice(delta=ChatDelta(role="assistant", content=""),
+                                            finish_reason=None)],
+            }
+        )  # fmt: skip
+        assert _fmt(chat, model="usage").opening(1, usage) == [_sse(opening)]
