@@ -106,6 +106,12 @@ def serve_command(
         bool | None,
         Opt("--engine-process/--engine-thread", help="Engine in its own process (default)."),
     ] = None,
+    engine_hung_after_s: Annotated[
+        float | None, Opt(help="No engine progress with work pending: hung after, s (10).")
+    ] = None,
+    engine_hung_kill_after_s: Annotated[
+        float | None, Opt(help="A hung engine process is restarted after a further, s (20).")
+    ] = None,
     no_demo: Annotated[bool, Opt("--no-demo", help="Do not register demo adapters.")] = False,
     threads: Annotated[
         int | None, Opt(help="torch threads (default: OMP_NUM_THREADS, else cores - 1).")

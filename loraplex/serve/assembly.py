@@ -42,6 +42,7 @@ from loraplex.engine.process import EngineProcess
 from loraplex.engine.protocol import EngineClient
 from loraplex.engine.tenant_shares import TenantSettings
 from loraplex.engine.thread_client import AsyncEngine
+from loraplex.engine.watchdog import WatchdogPolicy
 from loraplex.model.tokenizer import TextTokenizer
 from loraplex.registry import Registry, open_registry
 from loraplex.serve.bootstrap import admin_key, register_demo, sample_keys
@@ -165,8 +166,13 @@ def _assemble(
     cache: CacheControl
     runtime: AdapterRuntime | None = None
     if config.engine_process:
+        watchdog = WatchdogPolicy(config.engine_hung_after_s, config.engine_hung_kill_after_s)
         engine = EngineProcess(
-            build_worker, (config, model_dir), TextTokenizer(model_dir), wait_ready=wait_engine
+            build_worker,
+            (config, model_dir),
+            TextTokenizer(model_dir),
+            wait_ready=wait_engine,
+            watchdog=watchdog,
         )
         cache, apply = engine.cache, engine.update_tenant_settings
     else:

@@ -60,6 +60,8 @@ _POSITIVE_SECONDS = (
     "body_read_timeout_s",
     "upload_read_timeout_s",
     "header_read_timeout_s",
+    "engine_hung_after_s",
+    "engine_hung_kill_after_s",
 )
 
 
@@ -114,6 +116,10 @@ class ServeConfig:
     # run the engine in its own process (HTTP and model execution then do not share one
     # interpreter lock); false: on a thread of the server process
     engine_process: bool = True
+    # an engine with work pending and no step progress this long is hung (not ready, new
+    # requests 503); hung this much longer, its process is killed and restarted
+    engine_hung_after_s: float = 10.0
+    engine_hung_kill_after_s: float = 20.0
     # torch intra-op threads; None: one per core but one (left to the event loop), unless
     # OMP_NUM_THREADS is set (the CLI resolves it)
     torch_threads: int | None = None
