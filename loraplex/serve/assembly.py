@@ -42,7 +42,6 @@ from loraplex.engine.process import EngineProcess
 from loraplex.engine.protocol import EngineClient
 from loraplex.engine.tenant_shares import TenantSettings
 from loraplex.engine.thread_client import AsyncEngine
-from loraplex.engine.watchdog import WatchdogPolicy
 from loraplex.model.tokenizer import TextTokenizer
 from loraplex.registry import Registry, open_registry
 from loraplex.serve.bootstrap import admin_key, register_demo, sample_keys
@@ -54,6 +53,7 @@ from loraplex.serve.engine_side import (
     engine_config,
     registry_config,
     tenant_settings,
+    watchdog_policy,
 )
 from loraplex.serve.release_env import (
     ReleaseService,
@@ -166,13 +166,12 @@ def _assemble(
     cache: CacheControl
     runtime: AdapterRuntime | None = None
     if config.engine_process:
-        watchdog = WatchdogPolicy(config.engine_hung_after_s, config.engine_hung_kill_after_s)
         engine = EngineProcess(
             build_worker,
             (config, model_dir),
             TextTokenizer(model_dir),
             wait_ready=wait_engine,
-            watchdog=watchdog,
+            watchdog=watchdog_policy(config),
         )
         cache, apply = engine.cache, engine.update_tenant_settings
     else:
@@ -271,4 +270,4 @@ def _runtime_here(config: ServeConfig, base: BaseModelSpec, registry: Registry) 
 def _start_engine(model_dir: Path, config: ServeConfig, runtime: AdapterRuntime) -> AsyncEngine:
     from loraplex.engine.factory import build_engine
 
-    return build_engine(model_dir, engine_config(config), runtime)
+    return build_engine(model_dir, engine_config(config), runtime, watchdog=watchdog_policy(config))

@@ -20,6 +20,7 @@ from typing import Any
 
 from loraplex.artifacts.base_model import BaseModelSpec, lora_bytes
 from loraplex.dtypes import DEFAULT_DTYPE, bytes_per_element, check_dtype
+from loraplex.engine.watchdog import DEFAULT_HUNG_AFTER_S, DEFAULT_KILL_AFTER_S
 from loraplex.residency.policy import DEFAULT_POLICY, policy_names
 from loraplex.server.ratelimit import (
     DEFAULT_KEY_PREFIX,
@@ -118,8 +119,8 @@ class ServeConfig:
     engine_process: bool = True
     # an engine with work pending and no step progress this long is hung (not ready, new
     # requests 503); hung this much longer, its process is killed and restarted
-    engine_hung_after_s: float = 10.0
-    engine_hung_kill_after_s: float = 20.0
+    engine_hung_after_s: float = DEFAULT_HUNG_AFTER_S
+    engine_hung_kill_after_s: float = DEFAULT_KILL_AFTER_S  # only an engine process is killed
     # torch intra-op threads; None: one per core but one (left to the event loop), unless
     # OMP_NUM_THREADS is set (the CLI resolves it)
     torch_threads: int | None = None
@@ -158,6 +159,11 @@ class ServeConfig:
         check_key_prefix(self.shared_state_prefix)
         if self.disk_cache_bytes < 0:
             raise ValueError(f"disk_cache_bytes {self.disk_cache_bytes} is invalid; expected >= 0")
+        if not self.engine_process and self.engine_hung_kill_after_s != DEFAULT_KILL_AFTER_S:
+            raise ValueError(
+                f"engine_hung_kill_after_s {self.engine_hung_kill_after_s} is invalid with "
+                "engine_process false; expected unset (an engine thread cannot be killed)"
+            )
         tokens = self.max_num_batched_tokens
         if tokens is not None and tokens < self.max_num_seqs:
             raise ValueError(

@@ -14,10 +14,14 @@ from pathlib import Path
 
 import httpx
 import openai
+import pytest
 from live import Live, client, live_server
 
 from loraplex.demo.assets import DemoAssets
 from loraplex.engine.process import EngineProcess
+from loraplex.engine.watchdog import WatchdogPolicy
+from loraplex.serve.config import ServeConfig
+from loraplex.serve.engine_side import watchdog_policy
 
 ADMIN = "test-admin-credential-0123456789"
 AUTH = {"Authorization": f"Bearer {ADMIN}"}
@@ -113,3 +117,14 @@ def test_a_stopped_engine_is_hung_only_with_work_pending_and_recovers_or_restart
         served = api.completions.create(model=adapter.name, prompt="hello", max_tokens=3,
                                         extra_body={"ignore_eos": True})  # fmt: skip
         assert served.usage is not None and served.usage.completion_tokens == 3
+
+
+def test_watchdog_bounds_are_checked_and_a_kill_bound_needs_an_engine_process(
+    tmp_path: Path,
+) -> None:
+    with pytest.raises(ValueError, match=r"^engine_hung_after_s 0 is invalid; expected > 0$"):
+        ServeConfig(data_dir=tmp_path, engine_hung_after_s=0)
+    with pytest.raises(ValueError, match=r"^engine_hung_kill_after_s 5 is invalid with"):
+        ServeConfig(data_dir=tmp_path, engine_process=False, engine_hung_kill_after_s=5)
+    threaded = ServeConfig(data_dir=tmp_path, engine_process=False, engine_hung_after_s=2)
+    assert watchdog_policy(threaded) == WatchdogPolicy(hung_after_s=2)
