@@ -96,6 +96,9 @@ def serve_command(
     metrics_public: Annotated[
         bool | None, Opt("--metrics-public/--metrics-private", help="/metrics without a key.")
     ] = None,
+    max_adapter_labels: Annotated[
+        int | None, Opt(help="Adapters named in /metrics labels; the rest __other__ (64).")
+    ] = None,
     admin_host: Annotated[
         str | None, Opt(help="Admin API address (default: --host; needs --admin-port).")
     ] = None,

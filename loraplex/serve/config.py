@@ -22,6 +22,7 @@ from loraplex.artifacts.base_model import BaseModelSpec, lora_bytes
 from loraplex.dtypes import DEFAULT_DTYPE, bytes_per_element, check_dtype
 from loraplex.engine.watchdog import DEFAULT_HUNG_AFTER_S, DEFAULT_KILL_AFTER_S
 from loraplex.residency.policy import DEFAULT_POLICY, policy_names
+from loraplex.server.adapter_labels import DEFAULT_MAX_NAMED
 from loraplex.server.ratelimit import (
     DEFAULT_KEY_PREFIX,
     check_key_prefix,
@@ -114,6 +115,8 @@ class ServeConfig:
     shared_state_url: str | None = field(default=None, repr=False)
     shared_state_prefix: str = DEFAULT_KEY_PREFIX  # its key prefix: one per deployment
     metrics_public: bool = False  # /metrics without the admin credential
+    # adapters named in /metrics labels at a time; the rest are counted as adapter="__other__"
+    max_adapter_labels: int = DEFAULT_MAX_NAMED
     # run the engine in its own process (HTTP and model execution then do not share one
     # interpreter lock); false: on a thread of the server process
     engine_process: bool = True
@@ -157,6 +160,10 @@ class ServeConfig:
         if self.shared_state_url is not None:
             check_shared_state_url(self.shared_state_url)
         check_key_prefix(self.shared_state_prefix)
+        if self.max_adapter_labels < 0:
+            raise ValueError(
+                f"max_adapter_labels {self.max_adapter_labels} is invalid; expected >= 0"
+            )
         if self.disk_cache_bytes < 0:
             raise ValueError(f"disk_cache_bytes {self.disk_cache_bytes} is invalid; expected >= 0")
         if not self.engine_process and self.engine_hung_kill_after_s != DEFAULT_KILL_AFTER_S:
