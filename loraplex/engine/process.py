@@ -41,8 +41,9 @@ model loads; ``wait_started()`` then waits for it. A failed first start is not r
 configuration error, raised by ``wait_started()``.
 
 NOTE: over 300 lines on purpose: the client half (generate, calls) and the supervision half
-(start, read, restart, attach) share one lock and one up/down state, and that invariant is
-easier to check in one class than across two.
+(start, read, watch, restart, attach) share one lock and one up/down/hung state, and that
+invariant is easier to check in one class than across two (the watchdog's arithmetic is apart,
+in ``engine/watchdog.py``).
 """
 
 from __future__ import annotations
@@ -328,6 +329,7 @@ class EngineProcess:
             link = self._restart()
 
     def _read(self, link: ChildLink) -> None:
+        watched_s = time.monotonic()
         while True:
             try:
                 message = link.recv() if link.poll(self._tick_s) else None
@@ -335,7 +337,10 @@ class EngineProcess:
                 return
             if message is not None:
                 self._dispatch(message)
-            self._watch(link)
+            now_s = time.monotonic()
+            if now_s - watched_s >= self._tick_s:  # once per tick, however busy the pipe
+                watched_s = now_s
+                self._watch(link, now_s)
 
     def _dispatch(self, message: object) -> None:
         try:
@@ -345,9 +350,8 @@ class EngineProcess:
         if isinstance(message, _PROGRESS):
             self._watchdog.progress(time.monotonic())
 
-    def _watch(self, link: ChildLink) -> None:
+    def _watch(self, link: ChildLink, now_s: float) -> None:
         """The watchdog's verdict on the current child, acted on (see the module docstring)."""
-        now_s = time.monotonic()
         verdict = self._watchdog.check(now_s, self._inflight.num_pending > 0)
         if verdict is Verdict.KILL:  # the reader then sees EOF, and the restart path follows
             _log.error("engine process %s is still hung; killing it", link.pid)
