@@ -75,7 +75,7 @@ def test_a_stopped_engine_is_hung_only_with_work_pending_and_recovers_or_restart
     demo_assets: DemoAssets, tmp_path: Path
 ) -> None:
     adapter = demo_assets.adapters[0]
-    bounds = {"engine_hung_after_s": 1.0, "engine_hung_kill_after_s": 8.0}
+    bounds = {"engine_hung_after_s": 1.0, "engine_hung_kill_after_s": 12.0}
     with live_server(demo_assets, tmp_path, admin_key=ADMIN, **bounds) as live:
         engine = _engine(live)
         http = httpx.Client(base_url=live.url, timeout=30)
