@@ -6,7 +6,8 @@ schema's own check (``protocol._token_ids``), pydantic's per item, the vocabular
 on the way to their 400. FastAPI has parsed the JSON body (its bytes capped by ``limits``) before
 any dependency runs and validates it against the schema only after them, so this dependency sees
 the parsed prompts first and refuses a token-id prompt that cannot fit in the context (the
-engine's rule: at least one token must follow it) and a text prompt past ``max_prompt_chars``.
+engine's rule: at least one token must follow it) and a text prompt past ``max_prompt_chars``;
+/detokenize's ``tokens`` past ``max_model_len`` likewise.
 Anything it does not recognise is left to the schema, which reports it in its own words.
 """
 
@@ -18,7 +19,7 @@ from typing import Annotated, Any
 from fastapi import Depends, Request
 
 from loraplex.server.auth import DepsDep
-from loraplex.server.errors import ApiError
+from loraplex.server.errors import ApiError, invalid_request
 from loraplex.server.limits import check_prompt_chars
 from loraplex.server.protocol import MAX_BATCH_PROMPTS
 
@@ -36,7 +37,17 @@ async def check_prompt_lengths(request: Request, deps: DepsDep) -> None:
             raise _context_exceeded(index, len(prompt), max_len)
 
 
+async def check_detokenize_length(request: Request, deps: DepsDep) -> None:
+    """/detokenize: more ``tokens`` than any sequence of this server holds is a 400."""
+    body = await _parsed_json(request)
+    tokens = body.get("tokens") if isinstance(body, dict) else None
+    limit = deps.config.max_model_len
+    if isinstance(tokens, list) and limit is not None and len(tokens) > limit:
+        raise invalid_request(f"tokens has {len(tokens)} ids; expected at most {limit}", "tokens")
+
+
 PromptLengthsDep = Annotated[None, Depends(check_prompt_lengths)]
+DetokenizeLengthDep = Annotated[None, Depends(check_detokenize_length)]
 
 
 async def _parsed_json(request: Request) -> Any:

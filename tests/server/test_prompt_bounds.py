@@ -15,7 +15,7 @@ from fakes import FakeEngine
 from fastapi.testclient import TestClient
 
 from loraplex.residency.cache import TieredAdapterCache
-from loraplex.server import protocol, routes_openai
+from loraplex.server import protocol, routes_openai, routes_tokenize
 from loraplex.server.app import create_app
 from loraplex.server.protocol import MAX_BATCH_PROMPTS
 
@@ -114,3 +114,27 @@ def test_without_a_json_content_type_the_body_is_left_to_the_schema(counted: Cou
         "/v1/completions", content=b'{"model": "support", "prompt": [5]}', headers=auth
     )
     assert reply.status_code in (400, 415, 422) and counted.engine.requests == []
+
+
+def test_detokenize_refuses_more_ids_than_the_context_before_walking_them(
+    counted: Counted, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    checked: list[int] = []
+    check_ids = routes_tokenize._check_ids
+
+    def counted_check_ids(deps: Any, ids: list[int]) -> None:
+        checked.append(len(ids))
+        check_ids(deps, ids)
+
+    monkeypatch.setattr(routes_tokenize, "_check_ids", counted_check_ids)
+    auth = {"Authorization": f"Bearer {counted.served.keys['acme']}"}
+    long = [5] * MAX_MODEL_LEN + ["not an id"]  # the schema would stop at the bad item
+    error = _error(counted.client.post("/detokenize", json={"tokens": long}, headers=auth))
+    assert (
+        error["param"] == "tokens"
+        and f"65 ids; expected at most {MAX_MODEL_LEN}" in (error["message"])
+    )
+    assert checked == []
+    fits = counted.client.post("/detokenize", json={"tokens": [5] * MAX_MODEL_LEN}, headers=auth)
+    assert fits.status_code == 200, fits.text
+    assert checked == [MAX_MODEL_LEN]
