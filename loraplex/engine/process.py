@@ -361,10 +361,10 @@ class EngineProcess:
             was_hung = self._hung is not None
             if verdict is Verdict.HUNG and not was_hung:
                 self._hung = EngineUnavailableError(
-                    f"the engine process {link.pid} is hung: no progress for "
+                    f"the engine process is hung: no progress for "
                     f"{self._watchdog.quiet_s(now_s):.1f} s with work pending; retry shortly"
                 )
-                _log.error("%s", self._hung)
+                _log.error("engine process %s: %s", link.pid, self._hung)
             elif verdict is Verdict.OK and was_hung:
                 self._recover(link)
 
