@@ -96,6 +96,9 @@ def serve_command(
     metrics_public: Annotated[
         bool | None, Opt("--metrics-public/--metrics-private", help="/metrics without a key.")
     ] = None,
+    max_adapter_labels: Annotated[
+        int | None, Opt(help="Adapters named in /metrics labels; the rest __other__ (64).")
+    ] = None,
     admin_host: Annotated[
         str | None, Opt(help="Admin API address (default: --host; needs --admin-port).")
     ] = None,
@@ -105,6 +108,12 @@ def serve_command(
     engine_process: Annotated[
         bool | None,
         Opt("--engine-process/--engine-thread", help="Engine in its own process (default)."),
+    ] = None,
+    engine_hung_after_s: Annotated[
+        float | None, Opt(help="No engine progress with work pending: hung after, s (10).")
+    ] = None,
+    engine_hung_kill_after_s: Annotated[
+        float | None, Opt(help="A hung engine process is restarted after a further, s (20).")
     ] = None,
     no_demo: Annotated[bool, Opt("--no-demo", help="Do not register demo adapters.")] = False,
     threads: Annotated[

@@ -39,6 +39,7 @@ from loraplex.engine.runner import ModelRunner
 from loraplex.engine.sched.scheduler import Scheduler
 from loraplex.engine.tenant_shares import TenantBook, TenantSettings
 from loraplex.engine.thread_client import AsyncEngine
+from loraplex.engine.watchdog import WatchdogPolicy
 from loraplex.model.checkpoint import load_checkpoint
 from loraplex.model.lora import LoraSlotPool
 from loraplex.model.tokenizer import TextTokenizer
@@ -164,11 +165,13 @@ def build_engine(
     runtime: AdapterRuntime | None,
     *,
     clock: Clock | None = None,
+    watchdog: WatchdogPolicy | None = None,
 ) -> AsyncEngine:
-    """Load the base model and start the engine thread; ``runtime`` None serves the base only."""
+    """Load the base model and start the engine thread; ``runtime`` None serves the base only;
+    ``watchdog``: when its loop counts as hung (None: the defaults)."""
     core = build_engine_core(model_dir, config, runtime, clock=clock)
     max_loras = 0 if runtime is None else runtime.pool.max_loras
-    return AsyncEngine(core, config.idle_wait_s, max_loras=max_loras)
+    return AsyncEngine(core, config.idle_wait_s, max_loras=max_loras, watchdog=watchdog)
 
 
 def build_engine_core(

@@ -9,7 +9,9 @@ call id), ``Stop``.
 
 child -> parent: ``Ready`` or ``StartFailed`` once; after every engine step that produced output
 one ``StepOut``; ``StatePublish`` when the queue view, the residency or the cache counters
-changed (checked at most every ``state_interval_s``); ``Reply`` to each ``CacheCall`` and, for the
+changed (checked at most every ``state_interval_s``); ``Heartbeat`` when the engine loop sent
+nothing else for ``beat_interval_s`` (the parent's progress watchdog, ``engine/watchdog.py``,
+counts these three as the engine's progress); ``Reply`` to each ``CacheCall`` and, for the
 loading commands (``Pin``, ``Prefetch``), ``LoadDone`` when the load finishes.
 
 Errors cross the pipe as a ``PackedError`` (``process_child.pack_error``).
@@ -135,6 +137,11 @@ class StatePublish:
     queue: QueueView | None  # the scheduler's counts and queued adapters
     residency: ResidencyChanges | None  # ready tiers per changed adapter (or all, ``full``)
     summary: CacheSummary | None  # the cache's counters and per-tier totals
+
+
+@dataclass(frozen=True)
+class Heartbeat:
+    """The engine loop turned (idle or not) and had nothing else to send."""
 
 
 @dataclass(frozen=True)

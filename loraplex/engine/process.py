@@ -26,6 +26,13 @@ exponential backoff (``engine/restart.py``) until one is ready; then the engine 
 The child builds its tenant settings and warm policies from the registry, like the first one;
 the pins and operator warm policies the previous child had accepted are replayed into it
 (``engine/standing.py``) before any request reaches it.
+
+A child that lives but makes no progress (stopped, wedged) is caught by a progress watchdog
+(``engine/watchdog.py``): the child's engine loop reports every step and a heartbeat, and the IO
+thread, which polls the pipe every ``tick`` rather than blocking on it, checks the gaps while work
+is pending. Hung, the engine refuses new requests at once and reports itself not up (``health()``
+names the hang); its live requests wait for it. Progress again: it is up. Hung past the kill
+bound: the child is killed and the restart path above takes over.
 The child exits by itself when the parent goes away (its pipe reaches EOF).
 
 With ``wait_ready=False`` the constructor returns as soon as the child is spawned (the engine is
@@ -34,8 +41,9 @@ model loads; ``wait_started()`` then waits for it. A failed first start is not r
 configuration error, raised by ``wait_started()``.
 
 NOTE: over 300 lines on purpose: the client half (generate, calls) and the supervision half
-(start, read, restart, attach) share one lock and one up/down state, and that invariant is
-easier to check in one class than across two.
+(start, read, watch, restart, attach) share one lock and one up/down/hung state, and that
+invariant is easier to check in one class than across two (the watchdog's arithmetic is apart,
+in ``engine/watchdog.py``).
 """
 
 from __future__ import annotations
@@ -55,6 +63,7 @@ from loraplex.engine.messages import (
     AddRequest,
     CacheCall,
     CacheCommand,
+    Heartbeat,
     LoadDone,
     Reply,
     StatePublish,
@@ -71,10 +80,13 @@ from loraplex.engine.restart import Backoff, RestartPolicy
 from loraplex.engine.standing import StandingSettings
 from loraplex.engine.tenant_shares import TenantSettings
 from loraplex.engine.thread_client import Mailboxes, Outbox, outbox_stream
+from loraplex.engine.watchdog import ProgressWatchdog, Verdict, WatchdogPolicy
 from loraplex.errors import EngineUnavailableError
 from loraplex.model.tokenizer import TextTokenizer
 
 _log = logging.getLogger(__name__)
+_PROGRESS = (StepOut, StatePublish, Heartbeat)  # sent by the child's engine loop only
+_MAX_TICK_S = 0.25  # the IO thread checks the watchdog at least this often
 
 
 class EngineProcess:
@@ -91,9 +103,14 @@ class EngineProcess:
         state_interval_s: float = 0.02,
         restart: RestartPolicy | None = None,
         wait_ready: bool = True,
+        watchdog: WatchdogPolicy | None = None,
     ) -> None:
         self._tokenizer = tokenizer
-        self._spawn = functools.partial(ChildLink, builder, args, state_interval_s)
+        policy = watchdog or WatchdogPolicy()
+        intervals = (state_interval_s, policy.beat_interval_s)
+        self._spawn = functools.partial(ChildLink, builder, args, intervals)
+        self._watchdog = ProgressWatchdog(policy, time.monotonic())  # the IO thread's alone
+        self._tick_s = min(_MAX_TICK_S, policy.hung_after_s / 4)
         self._start_timeout_s = start_timeout_s
         self._call_timeout_s = call_timeout_s
         self._backoff = Backoff(restart or RestartPolicy())
@@ -109,12 +126,16 @@ class EngineProcess:
             Reply: self._inflight.on_reply,
             LoadDone: self._inflight.on_load_done,
             StatePublish: self._state.apply,
+            Heartbeat: lambda beat: None,
         }
         self._max_loras = 0
         # why requests are refused; None: up
         self._down: EngineUnavailableError | None = EngineUnavailableError(
             "the engine process is starting; retry shortly"
         )
+        # why requests are refused while the child lives but makes no progress; None: it does
+        self._hung: EngineUnavailableError | None = None
+        self._hung_aborts: list[str] = []  # aborts held back while hung (sent on recovery)
         self._num_restarts = 0
         # tenant settings not yet known to be applied by the child (see update_tenant_settings)
         self._tenants_unsent: dict[str, TenantSettings] | None = None
@@ -173,6 +194,7 @@ class EngineProcess:
         with self._lock:
             self._max_loras = max_loras
             self._down = None
+        self._watchdog.progress(time.monotonic())
         self._backoff.up(time.monotonic())
         self._started.set()
         return True
@@ -203,6 +225,10 @@ class EngineProcess:
     def _abort(self, request_id: str) -> None:
         with self._lock:
             link = self._link if self._down is None else None
+            if link is not None and self._hung is not None:
+                # NOTE: a stopped child reads nothing: a send could block on a full pipe
+                self._hung_aborts.append(request_id)
+                return
         if link is not None:  # a dead child's requests are gone with it
             with contextlib.suppress(EngineUnavailableError):
                 self._send(link, AbortRequest(request_id))
@@ -215,8 +241,10 @@ class EngineProcess:
 
     def health(self) -> EngineHealth:
         with self._lock:
-            reason = None if self._down is None else str(self._down)
-            return EngineHealth(self._down is None, self._num_restarts, reason)
+            why = self._down or self._hung
+            hung = self._down is None and self._hung is not None
+            reason = None if why is None else str(why)
+            return EngineHealth(why is None, self._num_restarts, reason, hung=hung)
 
     def update_tenant_settings(self, settings: Mapping[str, TenantSettings]) -> None:
         """Applies ``settings`` in the child. Recorded first: while the engine is down (or if
@@ -225,7 +253,7 @@ class EngineProcess:
         unsent = dict(settings)
         with self._lock:
             self._tenants_unsent = unsent
-            if self._down is not None:
+            if self._down is not None or self._hung is not None:
                 return
         self.call(UpdateTenants(unsent))
         with self._lock:
@@ -274,8 +302,9 @@ class EngineProcess:
             raise EngineUnavailableError("the engine process is not running") from exc
 
     def _check_up(self) -> None:
-        if self._down is not None:
-            raise EngineUnavailableError(str(self._down))
+        why = self._down or self._hung
+        if why is not None:
+            raise EngineUnavailableError(str(why))
 
     def _supervise(self, link: ChildLink | None, first_start: bool) -> None:
         """The IO thread: (starts the first child,) reads the child's pipe; when the child dies,
@@ -289,6 +318,8 @@ class EngineProcess:
                 self._fail_all(EngineUnavailableError("the engine process was shut down"))
                 return
             how = link.describe_exit()
+            if self._watchdog.hung:
+                how = "was hung (no progress) and was killed"
             _log.error("engine process %s %s; restarting it", link.pid, how)
             self._fail_all(
                 EngineUnavailableError(
@@ -298,15 +329,55 @@ class EngineProcess:
             link = self._restart()
 
     def _read(self, link: ChildLink) -> None:
+        watched_s = time.monotonic()
         while True:
             try:
-                message = link.recv()
+                message = link.recv() if link.poll(self._tick_s) else None
             except (EOFError, OSError):
                 return
-            try:
-                self._handlers[type(message)](message)
-            except Exception:  # a malformed message must not kill the reader
-                _log.exception("engine process message %s failed", type(message).__name__)
+            if message is not None:
+                self._dispatch(message)
+            now_s = time.monotonic()
+            if now_s - watched_s >= self._tick_s:  # once per tick, however busy the pipe
+                watched_s = now_s
+                self._watch(link, now_s)
+
+    def _dispatch(self, message: object) -> None:
+        try:
+            self._handlers[type(message)](message)
+        except Exception:  # a malformed message must not kill the reader
+            _log.exception("engine process message %s failed", type(message).__name__)
+        if isinstance(message, _PROGRESS):
+            self._watchdog.progress(time.monotonic())
+
+    def _watch(self, link: ChildLink, now_s: float) -> None:
+        """The watchdog's verdict on the current child, acted on (see the module docstring)."""
+        verdict = self._watchdog.check(now_s, self._inflight.num_pending > 0)
+        if verdict is Verdict.KILL:  # the reader then sees EOF, and the restart path follows
+            _log.error("engine process %s is still hung; killing it", link.pid)
+            link.kill()
+            return
+        with self._lock:
+            was_hung = self._hung is not None
+            if verdict is Verdict.HUNG and not was_hung:
+                self._hung = EngineUnavailableError(
+                    f"the engine process is hung: no progress for "
+                    f"{self._watchdog.quiet_s(now_s):.1f} s with work pending; retry shortly"
+                )
+                _log.error("engine process %s: %s", link.pid, self._hung)
+            elif verdict is Verdict.OK and was_hung:
+                self._recover(link)
+
+    def _recover(self, link: ChildLink) -> None:
+        """The hung child made progress again (called under the lock): it takes requests, and
+        what was held back from it while it was hung reaches it now."""
+        self._hung = None
+        aborts, self._hung_aborts = self._hung_aborts, []
+        _log.warning("engine process %s made progress again; no longer hung", link.pid)
+        for request_id in aborts:
+            with contextlib.suppress(EngineUnavailableError):
+                self._send(link, AbortRequest(request_id))
+        self._send_unsent_tenants(link)
 
     def _restart(self) -> ChildLink | None:
         """Starts children, with backoff, until one is ready (returned) or shutdown (None)."""
@@ -336,11 +407,7 @@ class EngineProcess:
         with self._lock:
             if self._closing.is_set():
                 return False
-            if self._tenants_unsent is not None:  # before any request can reach the new child
-                call_id, future = self._inflight.add_call(None)
-                future.add_done_callback(_log_failed_tenant_update)
-                with contextlib.suppress(EngineUnavailableError):
-                    self._send(link, CacheCall(call_id, UpdateTenants(self._tenants_unsent)))
+            self._send_unsent_tenants(link)  # before any request can reach the new child
             for command in self._standing.replay():  # pins held before the restart hold again
                 loaded: Future[None] | None = Future() if command.loads else None
                 call_id, future = self._inflight.add_call(loaded)
@@ -352,9 +419,21 @@ class EngineProcess:
             self._link = link
             self._max_loras = max_loras
             self._down = None
+            self._hung, self._hung_aborts = None, []
+        self._watchdog.progress(time.monotonic())
         self._backoff.up(time.monotonic())
         _log.warning("engine process restarted (pid %s)", link.pid)
         return True
+
+    def _send_unsent_tenants(self, link: ChildLink) -> None:
+        """Tenant settings the child may not have, sent (under the lock); the reply is not
+        waited for: the child applies its messages in order, before any later request."""
+        if self._tenants_unsent is None:
+            return
+        call_id, future = self._inflight.add_call(None)
+        future.add_done_callback(_log_failed_tenant_update)
+        with contextlib.suppress(EngineUnavailableError):
+            self._send(link, CacheCall(call_id, UpdateTenants(self._tenants_unsent)))
 
     def _fail_all(self, error: EngineUnavailableError) -> None:
         """The child is gone: the engine is down and everything it had in flight fails."""

@@ -26,6 +26,7 @@ from loraplex.engine.messages import (
     CacheCall,
     CacheCommand,
     Evict,
+    Heartbeat,
     LoadDone,
     PackedError,
     Pin,
@@ -120,12 +121,15 @@ class _Published:
         self.residency_version: int | None = None  # None: nothing sent (the first is full)
         self.summary: CacheSummary | None = None  # the last cache summary sent
         self.at_s = float("-inf")  # when changes were last looked for
+        self.sent_s = float("-inf")  # when the engine loop last sent anything (progress)
 
 
 class _Child:
     """The child's side of the pipe: messages in, batched output and state out."""
 
-    def __init__(self, conn: Connection, handles: WorkerHandles, state_interval_s: float) -> None:
+    def __init__(
+        self, conn: Connection, handles: WorkerHandles, intervals: tuple[float, float]
+    ) -> None:
         self._conn = conn
         self._handles = handles
         self._core = handles.core
@@ -133,7 +137,7 @@ class _Child:
         self._send_lock = threading.Lock()
         self._out_lock = threading.Lock()
         self._out: list[tuple[str, TokenDelta | PackedError]] = []
-        self._state_interval_s = state_interval_s
+        self._state_interval_s, self._beat_interval_s = intervals
         self._published = _Published()
         self._handlers: dict[type, Callable[[Any], None]] = {
             AddRequest: self._on_add,
@@ -212,15 +216,23 @@ class _Child:
         """Runs on the engine thread after the commands and after each step."""
         with self._out_lock:
             out, self._out = self._out, []
+        published = self._published
         try:
+            now = time.monotonic()
+            sent = bool(out)
             if out:
                 self.send(StepOut(out))
-            now = time.monotonic()
-            if now - self._published.at_s >= self._state_interval_s:
-                self._published.at_s = now
+            if now - published.at_s >= self._state_interval_s:
+                published.at_s = now
                 changes = self._changes()
                 if changes is not None:
                     self.send(changes)
+                    sent = True
+            if sent:
+                published.sent_s = now
+            elif now - published.sent_s >= self._beat_interval_s:
+                published.sent_s = now
+                self.send(Heartbeat())  # NOTE: idle too, so the parent sees the loop turn
         except (OSError, ValueError):  # the parent is gone; run() sees EOF and stops
             pass
 
@@ -253,8 +265,9 @@ def child_main(
     conn: Connection,
     builder: Callable[..., WorkerHandles],
     args: tuple[Any, ...],
-    state_interval_s: float,
+    intervals: tuple[float, float],
 ) -> None:
+    """The child's entry point; ``intervals``: (state publish, heartbeat) seconds."""
     try:
         handles = builder(*args)
     except BaseException as exc:
@@ -264,5 +277,5 @@ def child_main(
     gc.collect()
     gc.freeze()  # the model and caches are built: keep collections from walking them
     conn.send(Ready(handles.max_loras))  # NOTE: before the engine thread can publish anything
-    _Child(conn, handles, state_interval_s).run()
+    _Child(conn, handles, intervals).run()
     conn.close()

@@ -28,6 +28,13 @@ class InFlight:
         self._deferred: dict[int, Future[None]] = {}  # pin/prefetch: waiting for their load
         self._call_ids = itertools.count()
 
+    @property
+    def num_pending(self) -> int:
+        """Streams and calls waiting on the child (a load after its reply is not: the engine
+        loop turns while it runs)."""
+        with self._lock:
+            return len(self._streams) + len(self._calls)
+
     def add_stream(self, rid: str, mailbox: Mailbox, outbox: Outbox) -> None:
         with self._lock:
             if rid in self._streams:

@@ -28,13 +28,17 @@ class ChildLink:
     """A spawned engine child and the parent's end of its duplex pipe."""
 
     def __init__(
-        self, builder: Callable[..., WorkerHandles], args: tuple[Any, ...], state_interval_s: float
+        self,
+        builder: Callable[..., WorkerHandles],
+        args: tuple[Any, ...],
+        intervals: tuple[float, float],
     ) -> None:
+        """``intervals``: the child's (state publish, heartbeat) periods in seconds."""
         context = mp.get_context("spawn")
         self._conn, child_conn = context.Pipe(duplex=True)
         self._process = context.Process(
             target=child_main,
-            args=(child_conn, builder, args, state_interval_s),
+            args=(child_conn, builder, args, intervals),
             name="loraplex-engine",
             daemon=True,
         )
@@ -88,6 +92,10 @@ class ChildLink:
         """Raises OSError or ValueError when the pipe is broken or closed."""
         with self._send_lock:
             self._conn.send(message)
+
+    def poll(self, timeout_s: float) -> bool:
+        """True when a message (or EOF) is there to ``recv`` within ``timeout_s``."""
+        return self._conn.poll(timeout_s)
 
     def recv(self) -> object:
         """The child's next message; EOFError once it exited (or the link is closed)."""

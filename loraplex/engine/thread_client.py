@@ -15,6 +15,7 @@ import asyncio
 import logging
 import queue
 import threading
+import time
 import weakref
 from collections.abc import AsyncGenerator, Callable
 
@@ -28,6 +29,7 @@ from loraplex.engine.protocol import (
     merge_deltas,
 )
 from loraplex.engine.sched.stats import load_of
+from loraplex.engine.watchdog import ProgressWatchdog, Verdict, WatchdogPolicy
 from loraplex.errors import EngineUnavailableError
 from loraplex.model.tokenizer import TextTokenizer
 from loraplex.residency.cache import TieredAdapterCache
@@ -50,6 +52,7 @@ class EngineThread:
         self._commands: queue.SimpleQueue[Callable[[], None]] = queue.SimpleQueue()
         self._wake = threading.Event()
         self._stop = threading.Event()
+        self.last_turn_s = time.monotonic()  # when the loop last turned (its progress)
         core.on_lease_done = self._wake.set
         self._thread = threading.Thread(target=self._loop, name="loraplex-engine", daemon=True)
         self._thread.start()
@@ -79,6 +82,7 @@ class EngineThread:
                 self.core.abort_all(EngineUnavailableError("the engine step failed; retry"))
                 worked = False
             self._deliver()
+            self.last_turn_s = time.monotonic()
             if not worked:
                 self._wake.wait(self._idle_wait_s)
                 self._wake.clear()
@@ -199,13 +203,26 @@ def engine_load(
 
 
 class AsyncEngine:
-    """EngineClient over an EngineThread (see ``protocol.EngineClient``)."""
+    """EngineClient over an EngineThread (see ``protocol.EngineClient``). A loop that stops
+    turning while requests are live is hung (``engine/watchdog.py``): not up, new requests
+    refused; there is nothing to kill on a thread (a fleet's replica is replaced by Ray Serve's
+    health check instead)."""
 
-    def __init__(self, core: EngineCore, idle_wait_s: float, max_loras: int) -> None:
+    def __init__(
+        self,
+        core: EngineCore,
+        idle_wait_s: float,
+        max_loras: int,
+        watchdog: WatchdogPolicy | None = None,
+    ) -> None:
         self._core = core
         self._max_loras = max_loras
         self._mailboxes = Mailboxes()
         self._thread = EngineThread(core, idle_wait_s, self._mailboxes.wake_all)
+        self._watch_lock = threading.Lock()
+        self._watchdog = ProgressWatchdog(watchdog or WatchdogPolicy(), time.monotonic())
+        self._seen_turn_s = self._thread.last_turn_s
+        self._num_live = 0  # streams started and not ended
 
     @property
     def tokenizer(self) -> TextTokenizer:
@@ -228,11 +245,26 @@ class AsyncEngine:
             except Exception as exc:  # queue full, prompt too long, duplicate id
                 sink(exc)
 
+        live = False
+
+        def start() -> None:
+            nonlocal live
+            hung = self._hung()
+            if hung is not None:
+                raise EngineUnavailableError(hung)
+            with self._watch_lock:
+                self._num_live += 1
+            live = True
+            self._thread.submit(add)
+
         def stop(finished: bool) -> None:
+            if live:
+                with self._watch_lock:
+                    self._num_live -= 1
             if not finished:
                 self._thread.submit(lambda: self._core.abort(request.request_id))
 
-        return outbox_stream(outbox, lambda: self._thread.submit(add), stop)
+        return outbox_stream(outbox, start, stop)
 
     async def abort(self, request_id: str) -> None:
         self._thread.submit(lambda: self._core.abort(request_id))
@@ -241,9 +273,25 @@ class AsyncEngine:
         return engine_load(self._core, self._max_loras)
 
     def health(self) -> EngineHealth:
-        if self._thread.is_alive():
-            return EngineHealth(True, 0, None)
-        return EngineHealth(False, 0, "the engine thread stopped")
+        if not self._thread.is_alive():
+            return EngineHealth(False, 0, "the engine thread stopped")
+        hung = self._hung()
+        return EngineHealth(hung is None, 0, hung, hung=hung is not None)
+
+    def _hung(self) -> str | None:
+        """Why the engine loop counts as hung now; None: it does not."""
+        with self._watch_lock:
+            now_s = time.monotonic()
+            turn_s = self._thread.last_turn_s
+            if turn_s != self._seen_turn_s:
+                self._seen_turn_s = turn_s
+                self._watchdog.progress(turn_s)
+            if self._watchdog.check(now_s, self._num_live > 0) is Verdict.OK:
+                return None
+            quiet_s = self._watchdog.quiet_s(now_s)
+        return (
+            f"the engine is hung: no progress for {quiet_s:.1f} s with work pending; retry shortly"
+        )
 
     def shutdown(self) -> None:
         """Stop the loop; live requests end with an error and every lease is released.

@@ -5,7 +5,9 @@ Ray Serve calls ``choose_replicas`` in the process that holds the engine deploym
 ``record_routing_stats()`` hands Ray its encoded ``ReplicaReport`` (every
 ``request_routing_stats_period_s``); this router decodes it, stamps it on its own clock the first
 time it sees it (replica clocks are not comparable), and asks ``Router.choose`` for the ranking.
-A malformed report counts as none (that replica keeps its previous report, if fresh).
+A malformed report counts as none (that replica keeps its previous report, if fresh). A
+replica whose stats say its engine is not up (down, or hung: ``engine/watchdog.py``) is out of
+the rotation until they say it is again, unless every replica is out.
 
 A call carrying ``RouteHint(target=...)`` (a cache call or a probe that must reach one
 particular replica) goes to that replica only; ``RouteHint(avoid=...)`` leaves replicas out (a
@@ -69,7 +71,7 @@ class LoraplexRequestRouter(RequestRouter):  # type: ignore[misc]
             # NOTE: the replica left: any replica takes the call and refuses it at once
             # (``deployments``), rather than Ray retrying a choice that can never be made.
             return [list(by_id.values())]
-        offered = by_id
+        offered = routing.in_rotation(by_id)  # an engine down or hung leaves the rotation
         if isinstance(hint, RouteHint) and hint.avoid:
             offered = {i: r for i, r in by_id.items() if i not in hint.avoid} or by_id
         args = pending_request.args if pending_request is not None else []

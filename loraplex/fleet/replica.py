@@ -29,6 +29,7 @@ from loraplex.engine.process_child import pack_error, run_cache_command
 from loraplex.engine.protocol import EngineRequest, TokenDelta
 from loraplex.engine.thread_client import AsyncEngine
 from loraplex.errors import EngineUnavailableError
+from loraplex.fleet.routing import REPORT_KEY, UP_KEY
 from loraplex.fleet.wire import Accepted, Failed
 from loraplex.registry import Registry, open_registry
 from loraplex.residency.ledger import Tier
@@ -134,8 +135,9 @@ class EngineReplica:
         return ReplicaReport(self.replica_id, now_s, residency, replica_load)
 
     def routing_stats(self) -> dict[str, Any]:
-        """What ``record_routing_stats`` hands Ray Serve: the encoded report."""
-        return {"report": encode_report(self.routing_report())}
+        """What ``record_routing_stats`` hands Ray Serve: the encoded report, and whether the
+        engine takes requests (a hung one leaves the router's rotation: ``routing.in_rotation``)."""
+        return {REPORT_KEY: encode_report(self.routing_report()), UP_KEY: self.healthy()}
 
     def status(self) -> dict[str, Any]:
         """The fleet board's entry: the encoded report, occupancy, hit counters, health."""
@@ -181,6 +183,7 @@ def build_replica_parts(config: ServeConfig, model_dir: Path, replica_id: str) -
         build_runtime,
         engine_config,
         registry_config,
+        watchdog_policy,
     )
 
     if config.torch_threads is not None:
@@ -195,7 +198,9 @@ def build_replica_parts(config: ServeConfig, model_dir: Path, replica_id: str) -
         raise
     try:
         apply_warm_policies(registry, runtime, base.digest)
-        engine = build_engine(model_dir, engine_config(config), runtime)
+        engine = build_engine(
+            model_dir, engine_config(config), runtime, watchdog=watchdog_policy(config)
+        )
     except BaseException:
         runtime.cache.close()
         registry.close()

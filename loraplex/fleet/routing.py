@@ -19,6 +19,7 @@ from loraplex.router.reports import MalformedReportError, ReplicaReport, decode_
 
 _log = logging.getLogger(__name__)
 REPORT_KEY = "report"  # the routing stats key holding the encoded report
+UP_KEY = "up"  # the routing stats key saying whether the replica's engine takes requests
 
 
 class RoutingLog:
@@ -40,6 +41,13 @@ class RoutingLog:
 
 
 ROUTING_LOG = RoutingLog()
+
+
+def in_rotation(replicas: Mapping[str, Any]) -> dict[str, Any]:
+    """The replicas (id -> Ray's running replica) whose latest routing stats do not say their
+    engine is down or hung; all of them when none would remain (each then refuses at once)."""
+    up = {i: r for i, r in replicas.items() if (r.routing_stats or {}).get(UP_KEY, True)}
+    return up or dict(replicas)
 
 
 def session_of(request: EngineRequest) -> str | None:

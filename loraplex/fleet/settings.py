@@ -26,6 +26,7 @@ NOT_IN_FLEET = (
     "admin_port",
     "admin_host",
     "engine_process",
+    "engine_hung_kill_after_s",
     "header_read_timeout_s",
     "keep_alive_timeout_s",
     "max_connections",

@@ -53,6 +53,7 @@ from loraplex.serve.engine_side import (
     engine_config,
     registry_config,
     tenant_settings,
+    watchdog_policy,
 )
 from loraplex.serve.release_env import (
     ReleaseService,
@@ -166,7 +167,11 @@ def _assemble(
     runtime: AdapterRuntime | None = None
     if config.engine_process:
         engine = EngineProcess(
-            build_worker, (config, model_dir), TextTokenizer(model_dir), wait_ready=wait_engine
+            build_worker,
+            (config, model_dir),
+            TextTokenizer(model_dir),
+            wait_ready=wait_engine,
+            watchdog=watchdog_policy(config),
         )
         cache, apply = engine.cache, engine.update_tenant_settings
     else:
@@ -223,6 +228,7 @@ def build_front(
         max_model_len=config.max_model_len,
         vocab_size=base.vocab_size,
         metrics_public=config.metrics_public,
+        max_adapter_labels=config.max_adapter_labels,
         max_body_bytes=config.max_body_bytes,
         max_upload_bytes=config.max_upload_bytes,
         max_prompt_chars=config.prompt_chars(),
@@ -265,4 +271,4 @@ def _runtime_here(config: ServeConfig, base: BaseModelSpec, registry: Registry) 
 def _start_engine(model_dir: Path, config: ServeConfig, runtime: AdapterRuntime) -> AsyncEngine:
     from loraplex.engine.factory import build_engine
 
-    return build_engine(model_dir, engine_config(config), runtime)
+    return build_engine(model_dir, engine_config(config), runtime, watchdog=watchdog_policy(config))

@@ -20,7 +20,9 @@ from typing import Any
 
 from loraplex.artifacts.base_model import BaseModelSpec, lora_bytes
 from loraplex.dtypes import DEFAULT_DTYPE, bytes_per_element, check_dtype
+from loraplex.engine.watchdog import DEFAULT_HUNG_AFTER_S, DEFAULT_KILL_AFTER_S
 from loraplex.residency.policy import DEFAULT_POLICY, policy_names
+from loraplex.server.adapter_labels import DEFAULT_MAX_NAMED
 from loraplex.server.ratelimit import (
     DEFAULT_KEY_PREFIX,
     check_key_prefix,
@@ -60,6 +62,8 @@ _POSITIVE_SECONDS = (
     "body_read_timeout_s",
     "upload_read_timeout_s",
     "header_read_timeout_s",
+    "engine_hung_after_s",
+    "engine_hung_kill_after_s",
 )
 
 
@@ -111,9 +115,15 @@ class ServeConfig:
     shared_state_url: str | None = field(default=None, repr=False)
     shared_state_prefix: str = DEFAULT_KEY_PREFIX  # its key prefix: one per deployment
     metrics_public: bool = False  # /metrics without the admin credential
+    # adapters named in /metrics labels at a time; the rest are counted as adapter="__other__"
+    max_adapter_labels: int = DEFAULT_MAX_NAMED
     # run the engine in its own process (HTTP and model execution then do not share one
     # interpreter lock); false: on a thread of the server process
     engine_process: bool = True
+    # an engine with work pending and no step progress this long is hung (not ready, new
+    # requests 503); hung this much longer, its process is killed and restarted
+    engine_hung_after_s: float = DEFAULT_HUNG_AFTER_S
+    engine_hung_kill_after_s: float = DEFAULT_KILL_AFTER_S  # only an engine process is killed
     # torch intra-op threads; None: one per core but one (left to the event loop), unless
     # OMP_NUM_THREADS is set (the CLI resolves it)
     torch_threads: int | None = None
@@ -150,8 +160,17 @@ class ServeConfig:
         if self.shared_state_url is not None:
             check_shared_state_url(self.shared_state_url)
         check_key_prefix(self.shared_state_prefix)
+        if self.max_adapter_labels < 0:
+            raise ValueError(
+                f"max_adapter_labels {self.max_adapter_labels} is invalid; expected >= 0"
+            )
         if self.disk_cache_bytes < 0:
             raise ValueError(f"disk_cache_bytes {self.disk_cache_bytes} is invalid; expected >= 0")
+        if not self.engine_process and self.engine_hung_kill_after_s != DEFAULT_KILL_AFTER_S:
+            raise ValueError(
+                f"engine_hung_kill_after_s {self.engine_hung_kill_after_s} is invalid with "
+                "engine_process false; expected unset (an engine thread cannot be killed)"
+            )
         tokens = self.max_num_batched_tokens
         if tokens is not None and tokens < self.max_num_seqs:
             raise ValueError(

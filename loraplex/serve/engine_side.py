@@ -19,6 +19,7 @@ from loraplex.engine.config import EngineConfig, SchedulerConfig
 from loraplex.engine.factory import AdapterRuntime, AdapterRuntimeConfig, build_adapter_runtime
 from loraplex.engine.process_child import WorkerHandles
 from loraplex.engine.tenant_shares import TenantSettings
+from loraplex.engine.watchdog import WatchdogPolicy
 from loraplex.errors import DigestMismatchError
 from loraplex.registry import Registry, RegistryConfig, Tenant, WarmPolicy, open_registry
 from loraplex.residency.warm import AutoWarmConfig
@@ -128,6 +129,11 @@ def engine_config(config: ServeConfig) -> EngineConfig:
         dtype=config.dtype,
         device=config.device,
     )
+
+
+def watchdog_policy(config: ServeConfig) -> WatchdogPolicy:
+    """When the engine counts as hung, and when a hung engine process is killed."""
+    return WatchdogPolicy(config.engine_hung_after_s, config.engine_hung_kill_after_s)
 
 
 def registry_config(config: ServeConfig) -> RegistryConfig:

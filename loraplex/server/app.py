@@ -83,7 +83,8 @@ async def health(request: Request) -> JSONResponse:
     if state.up:
         return JSONResponse({"status": "ok"})
     reason, restarts = state.down_reason, state.num_restarts
-    return JSONResponse({"status": "ok", "engine": "down", "reason": reason, "restarts": restarts})
+    engine = "hung" if state.hung else "down"
+    return JSONResponse({"status": "ok", "engine": engine, "reason": reason, "restarts": restarts})
 
 
 async def ready(request: Request) -> JSONResponse:

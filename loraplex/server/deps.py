@@ -10,6 +10,7 @@ from pathlib import Path
 from loraplex.clock import MonotonicClock
 from loraplex.engine.protocol import EngineClient
 from loraplex.registry import Registry
+from loraplex.server.adapter_labels import DEFAULT_MAX_NAMED
 from loraplex.server.cache_control import CacheControl
 from loraplex.server.chat import ChatTemplate
 from loraplex.server.fleet_view import FleetStateSource
@@ -45,6 +46,8 @@ class ServerConfig:
     max_prompt_tokens: int | None = None  # longer prompts get a 400; None: no check here
     vocab_size: int | None = None  # token ids in a prompt must be below it; None: no check
     max_model_len: int | None = None  # the engine's context length (prompt + output); None: unknown
+    # adapters named in /metrics labels at a time (the rest as __other__: server/adapter_labels.py)
+    max_adapter_labels: int = DEFAULT_MAX_NAMED
     # /metrics without credentials. NOTE: it names adapters (tenant/name), so only enable it where
     # tenants cannot reach the port; otherwise scrapers send the admin key.
     metrics_public: bool = False
@@ -75,6 +78,10 @@ class ServerConfig:
         if self.queue_deadline_s is not None and not self.queue_deadline_s > 0:
             raise ValueError(
                 f"queue_deadline_s {self.queue_deadline_s} is invalid; expected > 0 or None"
+            )
+        if self.max_adapter_labels < 0:
+            raise ValueError(
+                f"max_adapter_labels {self.max_adapter_labels} is invalid; expected >= 0"
             )
         if self.max_model_len is not None and self.max_model_len < 1:
             raise ValueError(
@@ -113,5 +120,11 @@ class ServerDeps:
     def __post_init__(self) -> None:
         # NOTE: frozen, so the derived field is set the one way a frozen dataclass allows.
         recent = RecentRequests(self.releases.clock)
-        metrics = ServerMetrics(self.engine, self.cache, releases=self.releases, recent=recent)
+        metrics = ServerMetrics(
+            self.engine,
+            self.cache,
+            releases=self.releases,
+            recent=recent,
+            max_adapter_labels=self.config.max_adapter_labels,
+        )
         object.__setattr__(self, "metrics", metrics)

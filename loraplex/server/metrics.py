@@ -24,8 +24,10 @@ the engine takes requests, 0 while its process is down or restarting) and
 ``loraplex_engine_restarts_total``. While the engine is down the families read from it (the
 endpoint-picker family, the adapter cache's) are left out rather than reported as idle.
 
-Every label takes values from a fixed set (tier, stage, cold, priority class, outcome); adapter ids
-appear only inside the one ``lora_requests_info`` sample, in the admin residency view, and in the
+Every label takes values from a fixed set (tier, stage, cold, priority class, outcome) or a
+bounded one: adapter names appear in ``lora_requests_info``'s lists and in
+``adapter_requests_total{adapter, priority_class}`` only for at most ``max_adapter_labels``
+adapters at a time, every other adapter as ``__other__`` (``server/adapter_labels.py``); and in the
 release family (``loraplex_release_*``, see ``metrics_collectors.ReleaseCollector``), whose series
 exist only for the revisions of active releases (``server/release_traffic.py``).
 
@@ -48,8 +50,10 @@ from prometheus_client.registry import Collector
 
 from loraplex.engine.protocol import EngineClient, TokenDelta
 from loraplex.residency.ledger import Tier
+from loraplex.server.adapter_labels import DEFAULT_MAX_NAMED, AdapterLabels
 from loraplex.server.cache_control import CacheControl
 from loraplex.server.metrics_collectors import (
+    AdapterRequestsCollector,
     CacheCollector,
     EngineCollector,
     HealthCollector,
@@ -77,11 +81,14 @@ class ServerMetrics:
         *,
         releases: ReleaseTraffic,
         recent: RecentRequests,
+        max_adapter_labels: int = DEFAULT_MAX_NAMED,
     ) -> None:
         self.releases = releases  # windows of the revisions under release
         self.recent = recent  # (tenant, response id) -> revision (client feedback)
+        self.adapter_labels = AdapterLabels(max_adapter_labels)  # adapters named in labels
         self.registry = CollectorRegistry(auto_describe=True)
-        self.registry.register(EngineCollector(engine, wall_clock))
+        self.registry.register(EngineCollector(engine, wall_clock, self.adapter_labels))
+        self.registry.register(AdapterRequestsCollector(self.adapter_labels))
         self.registry.register(HealthCollector(engine))
         if cache is not None:
             self.registry.register(CacheCollector(cache))
@@ -141,6 +148,8 @@ class ServerMetrics:
             self._arrivals[cold] += 1
             self._started += 1
             fallback = f"{self._started}:{response_id}"  # unique even when ids are re-used
+        if revision is not None:
+            self.adapter_labels.count_request(revision.partition("@")[0], priority_class)
         caller = ""
         if revision is not None and tenant is not None:
             caller = caller_key(revision, tenant, sticky_key, fallback)

@@ -20,6 +20,7 @@ from loraplex.artifacts.identity import AdapterKey
 from loraplex.engine.protocol import EngineClient, EngineLoad
 from loraplex.errors import EngineUnavailableError
 from loraplex.residency.ledger import CACHED_TIERS, Tier
+from loraplex.server.adapter_labels import AdapterLabels
 from loraplex.server.cache_control import CacheControl
 from loraplex.server.release_traffic import CANDIDATE, ReleaseTraffic
 
@@ -28,19 +29,26 @@ def adapter_names(keys: Iterable[AdapterKey]) -> list[str]:
     return sorted({f"{key.tenant}/{key.name}" for key in keys})
 
 
-def lora_info_labels(load: EngineLoad) -> tuple[str, str, str]:
-    """``max_lora``, ``running_lora_adapters``, ``waiting_lora_adapters`` (disjoint lists)."""
-    running = adapter_names(load.running_adapters)
-    waiting = [name for name in adapter_names(load.waiting_adapters) if name not in running]
+def lora_info_labels(load: EngineLoad, names: AdapterLabels) -> tuple[str, str, str]:
+    """``max_lora``, ``running_lora_adapters``, ``waiting_lora_adapters`` (disjoint lists of
+    the adapters' labels: their names, or ``OTHER`` past the cap on named adapters)."""
+    running = names.labels(adapter_names(load.running_adapters))
+    waiting = [n for n in names.labels(adapter_names(load.waiting_adapters)) if n not in running]
     return str(load.max_loras), ",".join(running), ",".join(waiting)
 
 
 class EngineCollector(Collector):
     """The endpoint-picker family from ``engine.load_snapshot()`` at scrape time."""
 
-    def __init__(self, engine: EngineClient, wall_clock: Callable[[], float]) -> None:
+    def __init__(
+        self,
+        engine: EngineClient,
+        wall_clock: Callable[[], float],
+        names: AdapterLabels | None = None,
+    ) -> None:
         self._engine = engine
         self._wall_clock = wall_clock
+        self._names = names or AdapterLabels()
 
     def collect(self) -> Iterator[Metric]:
         try:
@@ -63,7 +71,7 @@ class EngineCollector(Collector):
             "Adapters in GPU slots and adapters with queued requests; value: Unix time.",
             labels=("max_lora", "running_lora_adapters", "waiting_lora_adapters"),
         )
-        info.add_metric(lora_info_labels(load), self._wall_clock())
+        info.add_metric(lora_info_labels(load, self._names), self._wall_clock())
         yield info
         states = GaugeMetricFamily(
             "engine_requests", "Requests in the engine by state.", labels=("state",)
@@ -72,6 +80,24 @@ class EngineCollector(Collector):
         states.add_metric(("adapter_wait",), load.num_adapter_wait)
         states.add_metric(("running",), load.num_running)
         yield states
+
+
+class AdapterRequestsCollector(Collector):
+    """``adapter_requests_total{adapter, priority_class}``: requests per named adapter, the
+    rest under ``adapter="__other__"`` per class (``adapter_labels``)."""
+
+    def __init__(self, names: AdapterLabels) -> None:
+        self._names = names
+
+    def collect(self) -> Iterator[Metric]:
+        requests = CounterMetricFamily(
+            "adapter_requests",
+            "Adapter requests started, per adapter (past the cap on named ones: __other__).",
+            labels=("adapter", "priority_class"),
+        )
+        for label, priority_class, count in self._names.request_totals():
+            requests.add_metric((label, priority_class), count)
+        yield requests
 
 
 class HealthCollector(Collector):

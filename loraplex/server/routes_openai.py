@@ -4,7 +4,8 @@ Every route authenticates a tenant key first; ``model`` is resolved by the regis
 tenant only (no path or URL is ever accepted). Responses carry the revision that answered in the
 ``x-loraplex-revision`` header and the ``loraplex`` body field.
 
-A generation request costs in this order: the schema's bounds (``protocol``), the sampling
+A generation request costs in this order: the prompts' lengths (``prompt_bounds``: by
+``len()`` alone, before any per-token work), the schema's bounds (``protocol``), the sampling
 fields and the prompt's characters (cheap, on the event loop), the model's resolution (the
 registry's one 404), and only then the chat template and the tokenizer (on the thread pool), so
 a caller cannot spend CPU on a prompt for a model it may not use.
@@ -38,6 +39,7 @@ from loraplex.server.errors import invalid_request
 from loraplex.server.limits import charge_engine_requests, check_prompt_chars
 from loraplex.server.logprobs_format import TokenStrings
 from loraplex.server.metrics import RequestObservation, ServerMetrics
+from loraplex.server.prompt_bounds import PromptLengthsDep
 from loraplex.server.protocol import (
     ChatCompletionRequest,
     ChatCompletionResponse,
@@ -241,7 +243,11 @@ def _prompt_ids(deps: ServerDeps, prompt: str | list[int]) -> list[int]:
 
 @router.post("/completions", response_model=None)
 async def completions(
-    request: Request, body: CompletionRequest, tenant: TenantDep, deps: DepsDep
+    request: Request,
+    body: CompletionRequest,
+    tenant: TenantDep,
+    _lengths: PromptLengthsDep,  # NOTE: after the key, before the body's per-token validation
+    deps: DepsDep,
 ) -> Response | CompletionResponse:
     prompts = _prompts(body.prompt)
     if body.max_tokens == 0 and not body.echo:

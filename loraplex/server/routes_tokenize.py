@@ -29,6 +29,7 @@ from loraplex.server.chat import ChatMessage, num_prompt_chars
 from loraplex.server.deps import ServerDeps
 from loraplex.server.errors import invalid_request
 from loraplex.server.limits import check_prompt_chars
+from loraplex.server.prompt_bounds import DetokenizeLengthDep
 from loraplex.server.protocol import (
     DetokenizeRequest,
     DetokenizeResponse,
@@ -116,7 +117,10 @@ def _check_ids(deps: ServerDeps, ids: list[int]) -> None:
 
 @router.post(DETOKENIZE_PATH)
 async def detokenize(
-    body: DetokenizeRequest, tenant: TenantDep, deps: DepsDep
+    body: DetokenizeRequest,
+    tenant: TenantDep,
+    _length: DetokenizeLengthDep,  # NOTE: after the key, before the schema walks the ids
+    deps: DepsDep,
 ) -> DetokenizeResponse:
     """The text ``tokens`` decode to, as output text is decoded (special tokens skipped)."""
     _check_ids(deps, body.tokens)

@@ -22,6 +22,7 @@ from loraplex.engine.config import EngineConfig, SchedulerConfig
 from loraplex.engine.factory import AdapterRuntime, build_engine
 from loraplex.engine.protocol import EngineRequest, TokenDelta
 from loraplex.engine.thread_client import AsyncEngine
+from loraplex.engine.watchdog import WatchdogPolicy
 from loraplex.model.lora import LoraSlotPool
 from loraplex.residency.cache import CacheConfig, TieredAdapterCache
 from loraplex.residency.ledger import Tier, TierBudget
@@ -78,7 +79,14 @@ def publish(
     return store, refs
 
 
-def build_stack(assets: DemoAssets, root: Path, *, max_loras: int, sched: SchedulerConfig) -> Stack:
+def build_stack(
+    assets: DemoAssets,
+    root: Path,
+    *,
+    max_loras: int,
+    sched: SchedulerConfig,
+    watchdog: WatchdogPolicy | None = None,
+) -> Stack:
     base = BaseModelSpec.from_dir(assets.base_model_dir)
     store, refs = publish(assets, base, root / "store")
     keys = {adapter.ref: adapter.key(base.digest) for adapter in assets.adapters}
@@ -93,7 +101,7 @@ def build_stack(assets: DemoAssets, root: Path, *, max_loras: int, sched: Schedu
     cache.recover()
     runtime = AdapterRuntime(pool, lock, cache, pipeline)
     config = EngineConfig(scheduler=sched, block_size=8, num_kv_blocks=256, idle_wait_s=0.01)
-    engine = build_engine(assets.base_model_dir, config, runtime)
+    engine = build_engine(assets.base_model_dir, config, runtime, watchdog=watchdog)
     return Stack(assets, keys, runtime, pipeline, engine)
 
 

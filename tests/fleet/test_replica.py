@@ -18,9 +18,9 @@ from loraplex.artifacts.identity import AdapterKey
 from loraplex.demo.assets import DemoAssets
 from loraplex.engine.messages import Pin, Snapshot, Unpin, UpdateTenants
 from loraplex.engine.process_child import unpack_error
-from loraplex.engine.protocol import EngineLoad, EngineRequest, TokenDelta
+from loraplex.engine.protocol import EngineHealth, EngineLoad, EngineRequest, TokenDelta
 from loraplex.engine.tenant_shares import TenantSettings
-from loraplex.errors import LoraplexError
+from loraplex.errors import EngineUnavailableError, LoraplexError
 from loraplex.fleet.replica import EVICTION_WINDOW_S, EngineReplica, build_replica_parts
 from loraplex.fleet.wire import Accepted, Failed
 from loraplex.registry import open_registry
@@ -122,7 +122,7 @@ def test_tenant_settings_reach_the_engines_tenant_book(replica: EngineReplica) -
 
 def test_routing_stats_carry_the_encoded_report(replica: EngineReplica) -> None:
     stats = replica.routing_stats()
-    assert set(stats) == {"report"}
+    assert set(stats) == {"report", "up"} and stats["up"] is True
     assert decode_report(stats["report"]).replica_id == REPLICA_ID
     assert replica.healthy()
     replica.check_health()
@@ -165,6 +165,14 @@ def test_closing_the_stream_closes_the_engines_stream_at_once() -> None:
         return engine.closed  # before the loop had a chance to finalize anything
 
     assert asyncio.run(read_then_leave())
+
+
+def test_a_hung_engine_marks_its_replica_unhealthy_everywhere_the_fleet_looks() -> None:
+    hung = EngineHealth(False, 0, "the engine is hung: no progress for 10.0 s", hung=True)
+    replica = _fake_replica(SimpleNamespace(health=lambda: hung))
+    assert not replica.healthy()  # the board's ``healthy`` (the ingress's rotation)
+    with pytest.raises(EngineUnavailableError, match="hung"):
+        replica.check_health()  # Ray Serve's health check: the replica is replaced
 
 
 def test_evictions_per_min_counts_the_last_window() -> None:

@@ -17,6 +17,7 @@ from loraplex.fleet.ray_router import LoraplexRequestRouter
 from loraplex.fleet.routing import (
     REPORT_KEY,
     ROUTING_LOG,
+    UP_KEY,
     ReportStamps,
     RoutingLog,
     route_request_of,
@@ -165,6 +166,16 @@ def test_avoided_replicas_are_left_out_unless_none_would_remain() -> None:
     avoid_all = _pending(request(), hint=RouteHint(avoid=frozenset({"a", "b", "c"})))
     assert sorted(_choose(router, replicas, avoid_all)) == ["a", "b", "c"]
     assert sorted(_choose(router, replicas, _pending(request()))) == ["a", "b", "c"]
+
+
+def test_a_replica_whose_engine_is_not_up_leaves_the_rotation_unless_all_are_out() -> None:
+    router = _router(seed=0)
+    hung = {REPORT_KEY: encode_report(report("b", l0=[str(key())])), UP_KEY: False}
+    replicas = [_replica("a", {UP_KEY: True}), _replica("b", hung), _replica("c")]
+    for _ in range(5):  # b holds the revision in a GPU slot, and is never chosen
+        assert sorted(_choose(router, replicas, _pending(request(adapter=key())))) == ["a", "c"]
+    all_out = [_replica("a", {UP_KEY: False}), _replica("b", hung)]
+    assert sorted(_choose(router, all_out, _pending(request()))) == ["a", "b"]  # each refuses
 
 
 def test_a_gpu_resident_revision_wins_and_only_generate_calls_are_counted() -> None:

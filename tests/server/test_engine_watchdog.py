@@ -1,0 +1,130 @@
+"""A hung engine process (SIGSTOPped: alive, its pipe open, no progress) is caught by the
+progress watchdog: never while idle; with work pending, after the bound /ready is 503, /health
+names the hang, a new request gets a fast 503 with Retry-After; resumed, it serves again and the
+waiting request completes; stopped past the kill bound, it is killed and restarted."""
+
+from __future__ import annotations
+
+import os
+import signal
+import threading
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+import httpx
+import openai
+import pytest
+from live import Live, client, live_server
+
+from loraplex.demo.assets import DemoAssets
+from loraplex.engine.process import EngineProcess
+from loraplex.engine.watchdog import WatchdogPolicy
+from loraplex.serve.config import ServeConfig
+from loraplex.serve.engine_side import watchdog_policy
+
+ADMIN = "test-admin-credential-0123456789"
+AUTH = {"Authorization": f"Bearer {ADMIN}"}
+
+
+def _until(what: str, check: Callable[[], bool], timeout_s: float = 60.0) -> None:
+    deadline = time.monotonic() + timeout_s
+    while not check():
+        assert time.monotonic() < deadline, what
+        time.sleep(0.05)
+
+
+def _engine(live: Live) -> EngineProcess:
+    engine = live.server.engine
+    assert isinstance(engine, EngineProcess)
+    return engine
+
+
+class _Waiting:
+    """One request sent on its own thread (it waits while the engine is stopped)."""
+
+    def __init__(self, api: openai.OpenAI, model: str) -> None:
+        self.outcome: object = None
+        self._thread = threading.Thread(target=self._run, args=(api, model))
+        self._thread.start()
+
+    def _run(self, api: openai.OpenAI, model: str) -> None:
+        try:
+            self.outcome = api.completions.create(
+                model=model, prompt="hello", max_tokens=4, extra_body={"ignore_eos": True}
+            )
+        except Exception as exc:
+            self.outcome = exc
+
+    def result(self) -> object:
+        self._thread.join(60)
+        assert not self._thread.is_alive()
+        return self.outcome
+
+
+def _refused_fast(live: Live, tenant: str, model: str) -> httpx.Response:
+    return httpx.post(
+        f"{live.url}/v1/completions",
+        headers={"Authorization": f"Bearer {live.key(tenant)}"},
+        json={"model": model, "prompt": "hello", "max_tokens": 2},
+        timeout=30,
+    )
+
+
+def test_a_stopped_engine_is_hung_only_with_work_pending_and_recovers_or_restarts(
+    demo_assets: DemoAssets, tmp_path: Path
+) -> None:
+    adapter = demo_assets.adapters[0]
+    bounds = {"engine_hung_after_s": 1.0, "engine_hung_kill_after_s": 12.0}
+    with live_server(demo_assets, tmp_path, admin_key=ADMIN, **bounds) as live:
+        engine = _engine(live)
+        http = httpx.Client(base_url=live.url, timeout=30)
+        api = client(live.url, live.key(adapter.tenant))
+        _until("the engine never came up", lambda: http.get("/ready").status_code == 200)
+        pid = engine.pid
+        assert pid is not None
+
+        os.kill(pid, signal.SIGSTOP)  # idle and stopped: nothing waits on it, so not hung
+        try:
+            time.sleep(2.5)
+            assert http.get("/ready").status_code == 200
+            assert http.get("/health").json() == {"status": "ok"}
+
+            waiting = _Waiting(api, adapter.name)
+            _until("a stopped engine with work was never hung",
+                   lambda: http.get("/ready").status_code == 503)  # fmt: skip
+            health = http.get("/health").json()
+            assert health["engine"] == "hung" and "hung" in health["reason"], health
+            assert http.get("/ready").json()["reason"] == "EngineUnavailableError"
+            refused = _refused_fast(live, adapter.tenant, adapter.name)
+            assert refused.status_code == 503 and "Retry-After" in refused.headers
+            assert "hung" in refused.json()["error"]["message"]
+        finally:
+            os.kill(pid, signal.SIGCONT)
+        done = waiting.result()  # resumed: the request that waited completes
+        assert isinstance(done, openai.types.Completion), done
+        assert done.usage is not None and done.usage.completion_tokens == 4
+        _until("a resumed engine stayed hung", lambda: http.get("/ready").status_code == 200)
+        assert engine.pid == pid and engine.health().num_restarts == 0
+
+        os.kill(pid, signal.SIGSTOP)  # now past the kill bound: killed and restarted
+        waiting = _Waiting(api, adapter.name)
+        failed = waiting.result()
+        assert isinstance(failed, openai.APIStatusError) and failed.status_code == 503
+        assert "hung" in failed.message
+        _until("the hung engine was not restarted", lambda: http.get("/ready").status_code == 200)
+        assert engine.pid != pid and engine.health().num_restarts == 1
+        served = api.completions.create(model=adapter.name, prompt="hello", max_tokens=3,
+                                        extra_body={"ignore_eos": True})  # fmt: skip
+        assert served.usage is not None and served.usage.completion_tokens == 3
+
+
+def test_watchdog_bounds_are_checked_and_a_kill_bound_needs_an_engine_process(
+    tmp_path: Path,
+) -> None:
+    with pytest.raises(ValueError, match=r"^engine_hung_after_s 0 is invalid; expected > 0$"):
+        ServeConfig(data_dir=tmp_path, engine_hung_after_s=0)
+    with pytest.raises(ValueError, match=r"^engine_hung_kill_after_s 5 is invalid with"):
+        ServeConfig(data_dir=tmp_path, engine_process=False, engine_hung_kill_after_s=5)
+    threaded = ServeConfig(data_dir=tmp_path, engine_process=False, engine_hung_after_s=2)
+    assert watchdog_policy(threaded) == WatchdogPolicy(hung_after_s=2)

@@ -1,0 +1,140 @@
+"""Prompt lengths are refused before any per-token work: a token-id prompt that cannot fit in
+the context is a 400 ``context_length_exceeded`` before the schema checks its ids one by one and
+before the route checks them against the vocabulary (both counted here), and a text prompt past
+``max_prompt_chars`` before the schema reads it."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from dataclasses import dataclass
+from typing import Any
+
+import pytest
+from conftest import Served, make_app_deps
+from fakes import FakeEngine
+from fastapi.testclient import TestClient
+
+from loraplex.residency.cache import TieredAdapterCache
+from loraplex.server import protocol, routes_openai, routes_tokenize
+from loraplex.server.app import create_app
+from loraplex.server.protocol import MAX_BATCH_PROMPTS
+
+MAX_MODEL_LEN = 64
+MAX_PROMPT_CHARS = 200
+
+
+@dataclass
+class Counted:
+    client: TestClient
+    served: Served
+    engine: FakeEngine
+    calls: list[str]  # per-prompt checks that walk every id: "schema" / "vocabulary"
+
+    def post(self, **body: Any) -> Any:
+        auth = {"Authorization": f"Bearer {self.served.keys['acme']}"}
+        return self.client.post("/v1/completions", json={"model": "support", **body}, headers=auth)
+
+
+@pytest.fixture
+def counted(served: Served, monkeypatch: pytest.MonkeyPatch) -> Iterator[Counted]:
+    engine = FakeEngine()
+    deps = make_app_deps(
+        served, engine, max_model_len=MAX_MODEL_LEN, max_prompt_chars=MAX_PROMPT_CHARS
+    )
+    calls: list[str] = []
+    token_ids, prompt_ids = protocol._token_ids, routes_openai._prompt_ids
+
+    def counted_token_ids(value: object) -> object:
+        calls.append("schema")
+        return token_ids(value)
+
+    def counted_prompt_ids(deps: Any, prompt: Any) -> list[int]:
+        calls.append("vocabulary")
+        return prompt_ids(deps, prompt)
+
+    monkeypatch.setattr(protocol, "_token_ids", counted_token_ids)
+    monkeypatch.setattr(routes_openai, "_prompt_ids", counted_prompt_ids)
+    with TestClient(create_app(deps)) as client:
+        yield Counted(client, served, engine, calls)
+    assert isinstance(deps.cache, TieredAdapterCache)
+    deps.cache.close()
+
+
+def _error(reply: Any) -> dict[str, Any]:
+    assert reply.status_code == 400, reply.text
+    error: dict[str, Any] = reply.json()["error"]
+    return error
+
+
+def test_a_batch_of_huge_token_id_prompts_is_refused_before_any_id_is_checked(
+    counted: Counted,
+) -> None:
+    huge = [[5] * 4096] * MAX_BATCH_PROMPTS
+    error = _error(counted.post(prompt=huge, max_tokens=1))
+    assert error["code"] == "context_length_exceeded" and error["param"] == "prompt"
+    assert f"maximum context length is {MAX_MODEL_LEN}" in error["message"]
+    assert "prompt 0 has 4096 token ids" in error["message"]
+    assert counted.calls == [] and counted.engine.requests == []
+
+
+def test_the_length_is_refused_before_a_bad_id_is_found(counted: Counted) -> None:
+    """The order shows: a too-long prompt with a bad id at its end is refused for its length."""
+    error = _error(counted.post(prompt=[5] * MAX_MODEL_LEN + [-1]))
+    assert error["code"] == "context_length_exceeded"
+    assert "the prompt has 65 token ids" in error["message"]
+    assert counted.calls == []
+
+
+def test_the_one_long_prompt_of_a_batch_is_named(counted: Counted) -> None:
+    batch = [[5] * 4, [5] * 4, [5] * MAX_MODEL_LEN]
+    error = _error(counted.post(prompt=batch))
+    assert "prompt 2 has 64 token ids" in error["message"] and counted.calls == []
+
+
+def test_a_prompt_that_leaves_room_for_one_token_is_served(counted: Counted) -> None:
+    reply = counted.post(prompt=[5] * (MAX_MODEL_LEN - 1), max_tokens=1)
+    assert reply.status_code == 200, reply.text
+    assert counted.calls == ["schema", "vocabulary"]  # the counters count: the checks ran
+    counted.calls.clear()
+    assert counted.post(prompt=[[5] * 3, [6] * 3], max_tokens=1).status_code == 200
+    assert counted.calls.count("vocabulary") == 2
+
+
+def test_a_text_prompt_past_the_character_cap_is_refused_before_anything_reads_it(
+    counted: Counted,
+) -> None:
+    error = _error(counted.post(prompt=["fine", "x" * (MAX_PROMPT_CHARS + 1)]))
+    assert error["param"] == "prompt" and f"at most {MAX_PROMPT_CHARS}" in error["message"]
+    assert counted.calls == [] and counted.engine.requests == []
+
+
+def test_without_a_json_content_type_the_body_is_left_to_the_schema(counted: Counted) -> None:
+    auth = {"Authorization": f"Bearer {counted.served.keys['acme']}"}
+    reply = counted.client.post(
+        "/v1/completions", content=b'{"model": "support", "prompt": [5]}', headers=auth
+    )
+    assert reply.status_code in (400, 415, 422) and counted.engine.requests == []
+
+
+def test_detokenize_refuses_more_ids_than_the_context_before_walking_them(
+    counted: Counted, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    checked: list[int] = []
+    check_ids = routes_tokenize._check_ids
+
+    def counted_check_ids(deps: Any, ids: list[int]) -> None:
+        checked.append(len(ids))
+        check_ids(deps, ids)
+
+    monkeypatch.setattr(routes_tokenize, "_check_ids", counted_check_ids)
+    auth = {"Authorization": f"Bearer {counted.served.keys['acme']}"}
+    long = [5] * MAX_MODEL_LEN + ["not an id"]  # the schema would stop at the bad item
+    error = _error(counted.client.post("/detokenize", json={"tokens": long}, headers=auth))
+    assert (
+        error["param"] == "tokens"
+        and f"65 ids; expected at most {MAX_MODEL_LEN}" in (error["message"])
+    )
+    assert checked == []
+    fits = counted.client.post("/detokenize", json={"tokens": [5] * MAX_MODEL_LEN}, headers=auth)
+    assert fits.status_code == 200, fits.text
+    assert checked == [MAX_MODEL_LEN]
