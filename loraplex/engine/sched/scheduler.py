@@ -4,17 +4,21 @@ Invariants:
 - Only the ``Scheduler`` changes a request's state, its lease and its KV sequence.
 - Each step, running sequences go first (decodes, then unfinished prefill chunks); then queued
   requests are admitted in fair order (``fair_order``) within the sequence, token and KV-block
-  budgets and the class seat caps (``admission``).
+  budgets, the class seat caps (``admission``) and each tenant's seat share (``seats``).
+- A tenant under its seat share with a request ready takes a seat within the step: with none
+  free, the newest sequence of the tenant most over its share is preempted first.
 - A request is schedulable only while it holds its adapter's lease (or uses the base model):
   one whose adapter is loading (ADAPTER_WAIT) is skipped and never blocks the others.
-- When KV blocks run out, the most recently admitted sequence is preempted (its blocks freed,
-  recomputed later; it keeps its lease).
+- When KV blocks run out, the most recently admitted sequence of the tenant holding the most
+  blocks per unit of weight is preempted (its blocks freed, recomputed later; it keeps its
+  lease); a tenant at its ``max_kv_blocks`` preempts its own newest sequence to grow.
 - A follower (``EngineRequest.prefix_leader``) is not admitted while its leader is live and has
   not computed its prompt; a request owed prompt logprobs reuses no cached prefix.
 """
 
 from __future__ import annotations
 
+from collections import Counter
 from collections.abc import Iterable
 from itertools import islice
 
@@ -34,6 +38,7 @@ from loraplex.engine.sched.admission import (
     seat_caps,
 )
 from loraplex.engine.sched.fair_order import FairQueues
+from loraplex.engine.sched.seats import kv_victim_tenant, plan_seats, seat_shares
 from loraplex.engine.sched.stats import QueueView, queue_view
 from loraplex.engine.step import ScheduledChunk, StepPlan, StepResult
 from loraplex.engine.tenant_shares import TenantBook
@@ -125,12 +130,11 @@ class Scheduler:
 
     def lease_candidates(self, loads: AdapterLoads) -> list[Request]:
         """WAITING requests that should ask the cache for their adapter's lease now: the lease
-        window in fair order, within the class seat caps and the cold-load quota."""
-        cfg = self.config
-        caps = seat_caps(self._queues, self.running, cfg.max_num_seqs, cfg.reserve_seqs)
-        room = lease_room(self._queues, self.running, caps)
+        window in fair order, within the class seat caps, max_running_seqs and the cold-load
+        quota."""
+        room = lease_room(self._queues, self.running, self._seat_caps())
         quota = ColdLoadQuota(self._queues.tenants, self._awaited_keys(), loads)
-        return lease_window(self._queues, cfg.lease_lookahead, room, quota)
+        return lease_window(self._queues, self.config.lease_lookahead, room, quota)
 
     def prefetch_keys(self) -> list[AdapterKey]:
         """Adapters of the queued requests just past the lease window (prefetch to CPU)."""
@@ -187,7 +191,7 @@ class Scheduler:
     def schedule(self) -> StepPlan:
         budget = self.config.max_num_batched_tokens
         chunks: list[ScheduledChunk] = []
-        preempted: list[str] = []
+        caps, preempted = self._plan_seats()
         # Decodes before unfinished prefills, so a long prompt never delays running streams.
         order = sorted(self.running, key=lambda r: r.num_tokens - r.num_computed_tokens > 1)
         for req in order:
@@ -201,10 +205,11 @@ class Scheduler:
         ready = hold_followers(self._queues.ready(), self.requests)
         self._queues.catch_up(set(ready) | {r.tenant for r in self.running})
         cfg = self.config
-        caps = seat_caps(self._queues, self.running, cfg.max_num_seqs, cfg.reserve_seqs)
         for req in admissible(self._queues, ready, self.running, caps, cfg.max_num_seqs):
             if len(self.running) >= self.config.max_num_seqs or budget == 0:
                 break
+            if self._over_kv_cap(req):
+                continue  # its tenant is at its max_kv_blocks: the others may still fit
             n = self._admit(req, budget)
             if n == 0:
                 break  # KV blocks exhausted: admit nothing more this step
@@ -223,6 +228,86 @@ class Scheduler:
             if token is not None:
                 req.output_token_ids.append(token)
             self.blocks.record(chunk.seq_id, req.token_ids()[: req.num_computed_tokens])
+
+    # --- seats -----------------------------------------------------------------------------------
+
+    def _seat_caps(self) -> dict[str, int]:
+        """Running sequences each capped tenant may hold: its class seat cap or its
+        ``max_running_seqs``, whichever is less."""
+        cfg, book = self.config, self._queues.tenants
+        caps = seat_caps(self._queues, self.running, cfg.max_num_seqs, cfg.reserve_seqs)
+        for tenant in self._queues.active_tenants():
+            limit = book.get(tenant).max_running_seqs
+            if limit is not None:
+                caps[tenant] = min(caps.get(tenant, limit), limit)
+        return caps
+
+    def _plan_seats(self) -> tuple[dict[str, int], list[str]]:
+        """This step's seat caps (``_seat_caps``, and every share while a tenant is owed a
+        seat); preempts the sequences that give theirs up and returns their ids."""
+        caps = self._seat_caps()
+        ready = {t: len(q) for t, q in hold_followers(self._queues.ready(), self.requests).items()}
+        if not ready:
+            return caps, []
+        cfg, book = self.config, self._queues.tenants
+        shares = seat_shares(self._queues, self.running, cfg.max_num_seqs)
+        reserved = {t: book.get(t).reserved_running_seqs for t in shares}
+        free = cfg.max_num_seqs - len(self.running)
+        plan = plan_seats(
+            self.running,
+            shares,
+            reserved=reserved,
+            ready=ready,
+            vtime=self._queues.vtime,
+            free_seats=free,
+        )
+        for tenant, share in plan.caps.items():
+            caps[tenant] = min(caps.get(tenant, share), share)
+        for victim in plan.victims:
+            self._preempt(victim)
+        return caps, [v.request_id for v in plan.victims]
+
+    def _held_blocks(self) -> Counter[str]:
+        """KV blocks in the block tables of each tenant's running sequences (a prefix block
+        shared by two sequences counts for both)."""
+        held: Counter[str] = Counter()
+        for r in self.running:
+            if r.seq_id is not None:
+                held[r.tenant] += len(self.blocks.block_table(r.seq_id))
+        return held
+
+    def _over_kv_cap(self, req: Request) -> bool:
+        """Admitting ``req`` (every token it has, so the bound holds whatever its first chunk
+        and cached prefix) would take its tenant past its ``max_kv_blocks`` (a tenant with
+        nothing running may always start one)."""
+        cap = self._queues.tenants.get(req.tenant).max_kv_blocks
+        held = self._held_blocks()[req.tenant]
+        if cap is None or held == 0:
+            return False
+        return held + -(-req.num_tokens // self.blocks.block_size) > cap
+
+    def _at_kv_cap(self, req: Request, n: int) -> bool:
+        """Growing ``req`` by ``n`` tokens takes its tenant past its ``max_kv_blocks``. Its only
+        running sequence may pass it: the cap never starves a request, it bounds the rest."""
+        cap = self._queues.tenants.get(req.tenant).max_kv_blocks
+        if cap is None or sum(r.tenant == req.tenant for r in self.running) < 2:
+            return False
+        assert req.seq_id is not None  # RUNNING requests always hold a sequence
+        need = self.blocks.blocks_needed(req.seq_id, req.num_computed_tokens + n)
+        return need > 0 and self._held_blocks()[req.tenant] + need > cap
+
+    def _kv_victim(self, req: Request, n: int, scheduled: set[str]) -> Request:
+        """The sequence that gives up its blocks so ``req`` can grow by ``n``: at its tenant's
+        ``max_kv_blocks``, that tenant's newest; otherwise the newest of the tenant holding the
+        most blocks per unit of weight. Never one ``scheduled`` this step (``req`` may be it)."""
+        candidates = [r for r in self.running if r.request_id not in scheduled]
+        if self._at_kv_cap(req, n):
+            tenant = req.tenant
+        else:
+            held, book = self._held_blocks(), self._queues.tenants
+            mine = {r.tenant for r in candidates}
+            tenant = kv_victim_tenant({t: held[t] for t in mine}, {t: book.weight(t) for t in mine})
+        return next(r for r in reversed(candidates) if r.tenant == tenant)
 
     # --- internals -------------------------------------------------------------------------------
 
@@ -251,14 +336,20 @@ class Scheduler:
         """Ensure ``req`` has blocks for ``n`` more tokens, preempting the most recently
         admitted sequence not yet ``scheduled`` this step; False when that was ``req``."""
         assert req.seq_id is not None  # RUNNING requests always hold a sequence
-        while not self.blocks.can_grow(req.seq_id, req.num_computed_tokens + n):
-            victim = next(r for r in reversed(self.running) if r.request_id not in scheduled)
+        while not self._may_grow(req, n):
+            victim = self._kv_victim(req, n, scheduled)
             self._preempt(victim)
             preempted.append(victim.request_id)
             if victim is req:
                 return False
         self.blocks.grow(req.seq_id, req.num_computed_tokens + n)
         return True
+
+    def _may_grow(self, req: Request, n: int) -> bool:
+        """Blocks are free for ``n`` more tokens of ``req``, within its tenant's max_kv_blocks."""
+        assert req.seq_id is not None  # RUNNING requests always hold a sequence
+        total = req.num_computed_tokens + n
+        return self.blocks.can_grow(req.seq_id, total) and not self._at_kv_cap(req, n)
 
     def _preempt(self, req: Request) -> None:
         self.running.remove(req)
