@@ -242,3 +242,25 @@ def test_seat_and_kv_caps_hold_and_every_request_finishes(
         step += 1
         assert step < 3000, "scheduler made no progress"
     assert sorted(driver.finished) == sorted(f"r{i}" for i in range(len(reqs)))
+
+
+def test_seat_limits_cross_the_engine_process_pipe() -> None:
+    """The child's scheduler gets the same settings: ``UpdateTenants`` goes through a
+    ``multiprocessing`` pipe (pickled) with every field of ``TenantSettings``."""
+    import multiprocessing
+
+    from loraplex.engine.messages import UpdateTenants
+
+    limits = SeatLimits(max_running_seqs=6, reserved_running_seqs=2, max_kv_blocks=90)
+    sent = UpdateTenants({"fan": TenantSettings.for_priority("high", seats=limits)})
+    here, there = multiprocessing.Pipe()
+    here.send(sent)
+    received = there.recv()
+    assert received == sent
+    fan = received.settings["fan"]
+    assert (fan.weight, fan.max_running_seqs, fan.reserved_running_seqs, fan.max_kv_blocks) == (
+        4.0,
+        6,
+        2,
+        90,
+    )
