@@ -264,3 +264,20 @@ def test_seat_limits_cross_the_engine_process_pipe() -> None:
         2,
         90,
     )
+
+
+def test_no_sequence_is_preempted_for_a_seat_its_class_cap_forbids() -> None:
+    """A batch tenant's fair share may exceed what its class may run while a higher class
+    queues; the seat it cannot take is not owed to it, so nobody is preempted for it."""
+    book = TenantBook({"batch": TenantSettings.for_priority("batch")})
+    driver = Driver(_config(max_num_seqs=8), num_blocks=4096, tenants=book)
+    for i in range(10):
+        driver.add(request(f"n{i}", "normal", prompt=8, out=LONG, first=1 + i))
+    driver.add(request("b0", "batch", prompt=8, out=LONG, first=50))
+    driver.step()
+    for i in range(1, 10):
+        driver.add(request(f"b{i}", "batch", prompt=8, out=LONG, first=50 + i))
+    for _ in range(20):
+        driver.step()
+    assert _running(driver) == {"normal": 7, "batch": 1}  # the class cap: 8 - 10 queued - 2, >= 1
+    assert not any(plan.preempted for plan in driver.plans)

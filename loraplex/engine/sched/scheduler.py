@@ -250,7 +250,10 @@ class Scheduler:
         if not ready:
             return caps, []
         cfg, book = self.config, self._queues.tenants
-        shares = seat_shares(self._queues, self.running, cfg.max_num_seqs)
+        # A share the class cap (or max_running_seqs) cuts is not owed: preempting for it
+        # would free a seat its tenant may not take.
+        fair = seat_shares(self._queues, self.running, cfg.max_num_seqs)
+        shares = {t: min(share, caps.get(t, share)) for t, share in fair.items()}
         reserved = {t: book.get(t).reserved_running_seqs for t in shares}
         free = cfg.max_num_seqs - len(self.running)
         plan = plan_seats(
