@@ -9,7 +9,9 @@ at the next step without a restart.
 Priority class -> weight (``PRIORITY_WEIGHTS``): ``high`` 4, ``normal`` 1, ``batch`` 0.25. The
 same weight is the scheduler's fair share (a high tenant gets 16x the tokens of a batch tenant
 when both are backlogged) and the cache's keep-priority (the cost_aware policy multiplies an
-adapter's keep-score by it, so a batch tenant's adapters are evicted first).
+adapter's keep-score by it, so a batch tenant's adapters are evicted first). It also weighs the
+tenant's fair share of the engine's seats (``engine/sched/seats.py``), which its
+``max_running_seqs`` / ``reserved_running_seqs`` / ``max_kv_blocks`` bound.
 """
 
 from __future__ import annotations

@@ -5,8 +5,7 @@ weighted max-min fairness over their demand (running + queued sequences; every `
 ``best_of`` sibling is its own engine request, so its own seat): a tenant's
 ``reserved_running_seqs`` come first, then seats go one at a time to the tenant with the fewest
 per unit of weight (its priority class's), never past its demand or its ``max_running_seqs``.
-Every seat some tenant can use is handed out, so a lone tenant gets them all (work-conserving);
-a tenant holds more than its share only while nobody else asks for the difference.
+Every seat some tenant can use is handed out, so a lone tenant gets them all (work-conserving).
 
 The share is what a tenant can claim, not a ceiling: seats beyond it go by work (virtual time),
 as the fair order admits. A tenant under its share with a request ready is owed a seat when it
