@@ -281,3 +281,16 @@ def test_no_sequence_is_preempted_for_a_seat_its_class_cap_forbids() -> None:
         driver.step()
     assert _running(driver) == {"normal": 7, "batch": 1}  # the class cap: 8 - 10 queued - 2, >= 1
     assert not any(plan.preempted for plan in driver.plans)
+
+
+def test_a_higher_class_request_preempts_a_lower_class_that_filled_every_seat() -> None:
+    book = TenantBook({"batch": TenantSettings.for_priority("batch")})
+    driver = Driver(_config(max_num_seqs=8), num_blocks=4096, tenants=book)
+    for i in range(12):
+        driver.add(request(f"b{i}", "batch", prompt=8, out=LONG, first=1 + i))
+    driver.step()
+    assert _running(driver) == {"batch": 8}  # alone, a lower class uses every seat
+    driver.add(request("n0", "normal", prompt=8, out=LONG, first=50))
+    plan = driver.step()
+    assert plan.preempted == ("b7",)  # the newest batch sequence, and only as many as owed
+    assert _running(driver) == {"batch": 7, "normal": 1}
