@@ -18,7 +18,6 @@ Invariants:
 
 from __future__ import annotations
 
-from collections import Counter
 from collections.abc import Iterable
 from itertools import islice
 
@@ -35,10 +34,10 @@ from loraplex.engine.sched.admission import (
     hold_followers,
     lease_room,
     lease_window,
-    seat_caps,
 )
 from loraplex.engine.sched.fair_order import FairQueues
-from loraplex.engine.sched.seats import kv_victim_tenant, plan_seats, seat_shares
+from loraplex.engine.sched.kv_shares import KvShares
+from loraplex.engine.sched.seats import limit_caps, step_seats
 from loraplex.engine.sched.stats import QueueView, queue_view
 from loraplex.engine.step import ScheduledChunk, StepPlan, StepResult
 from loraplex.engine.tenant_shares import TenantBook
@@ -61,6 +60,7 @@ class Scheduler:
         self.requests: dict[str, Request] = {}  # every live request by id
         self.running: list[Request] = []  # admission order (the tail is preempted first)
         self._queues = FairQueues(tenants or TenantBook())
+        self._kv = KvShares(blocks, self._queues.tenants)  # max_kv_blocks, KV victims
 
     # --- admission to the engine ------------------------------------------------------------
 
@@ -208,7 +208,7 @@ class Scheduler:
         for req in admissible(self._queues, ready, self.running, caps, cfg.max_num_seqs):
             if len(self.running) >= self.config.max_num_seqs or budget == 0:
                 break
-            if self._over_kv_cap(req):
+            if self._kv.over_cap(req, self.running):
                 continue  # its tenant is at its max_kv_blocks: the others may still fit
             n = self._admit(req, budget)
             if n == 0:
@@ -232,85 +232,20 @@ class Scheduler:
     # --- seats -----------------------------------------------------------------------------------
 
     def _seat_caps(self) -> dict[str, int]:
-        """Running sequences each capped tenant may hold: its class seat cap or its
-        ``max_running_seqs``, whichever is less."""
-        cfg, book = self.config, self._queues.tenants
-        caps = seat_caps(self._queues, self.running, cfg.max_num_seqs, cfg.reserve_seqs)
-        for tenant in self._queues.active_tenants():
-            limit = book.get(tenant).max_running_seqs
-            if limit is not None:
-                caps[tenant] = min(caps.get(tenant, limit), limit)
-        return caps
+        cfg = self.config
+        return limit_caps(self._queues, self.running, cfg.max_num_seqs, cfg.reserve_seqs)
 
     def _plan_seats(self) -> tuple[dict[str, int], list[str]]:
-        """This step's seat caps (``_seat_caps``, and every share while a tenant is owed a
-        seat); preempts the sequences that give theirs up and returns their ids."""
-        caps = self._seat_caps()
-        ready = {t: len(q) for t, q in hold_followers(self._queues.ready(), self.requests).items()}
-        if not ready:
-            return caps, []
-        cfg, book = self.config, self._queues.tenants
-        # A share the class cap (or max_running_seqs) cuts is not owed: preempting for it
-        # would free a seat its tenant may not take.
-        fair = seat_shares(self._queues, self.running, cfg.max_num_seqs)
-        shares = {t: min(share, caps.get(t, share)) for t, share in fair.items()}
-        reserved = {t: book.get(t).reserved_running_seqs for t in shares}
-        free = cfg.max_num_seqs - len(self.running)
-        plan = plan_seats(
-            self.running,
-            shares,
-            reserved=reserved,
-            ready=ready,
-            vtime=self._queues.vtime,
-            free_seats=free,
+        """This step's seat caps; preempts the sequences that give their seats up (``seats``)
+        and returns their ids."""
+        cfg = self.config
+        ready = hold_followers(self._queues.ready(), self.requests)
+        caps, victims = step_seats(
+            self._queues, self.running, ready, cfg.max_num_seqs, cfg.reserve_seqs
         )
-        for tenant, share in plan.caps.items():
-            caps[tenant] = min(caps.get(tenant, share), share)
-        for victim in plan.victims:
+        for victim in victims:
             self._preempt(victim)
-        return caps, [v.request_id for v in plan.victims]
-
-    def _held_blocks(self) -> Counter[str]:
-        """KV blocks in the block tables of each tenant's running sequences (a prefix block
-        shared by two sequences counts for both)."""
-        held: Counter[str] = Counter()
-        for r in self.running:
-            if r.seq_id is not None:
-                held[r.tenant] += len(self.blocks.block_table(r.seq_id))
-        return held
-
-    def _over_kv_cap(self, req: Request) -> bool:
-        """Admitting ``req`` (every token it has, so the bound holds whatever its first chunk
-        and cached prefix) would take its tenant past its ``max_kv_blocks`` (a tenant with
-        nothing running may always start one)."""
-        cap = self._queues.tenants.get(req.tenant).max_kv_blocks
-        held = self._held_blocks()[req.tenant]
-        if cap is None or held == 0:
-            return False
-        return held + -(-req.num_tokens // self.blocks.block_size) > cap
-
-    def _at_kv_cap(self, req: Request, n: int) -> bool:
-        """Growing ``req`` by ``n`` tokens takes its tenant past its ``max_kv_blocks``. Its only
-        running sequence may pass it: the cap never starves a request, it bounds the rest."""
-        cap = self._queues.tenants.get(req.tenant).max_kv_blocks
-        if cap is None or sum(r.tenant == req.tenant for r in self.running) < 2:
-            return False
-        assert req.seq_id is not None  # RUNNING requests always hold a sequence
-        need = self.blocks.blocks_needed(req.seq_id, req.num_computed_tokens + n)
-        return need > 0 and self._held_blocks()[req.tenant] + need > cap
-
-    def _kv_victim(self, req: Request, n: int, scheduled: set[str]) -> Request:
-        """The sequence that gives up its blocks so ``req`` can grow by ``n``: at its tenant's
-        ``max_kv_blocks``, that tenant's newest; otherwise the newest of the tenant holding the
-        most blocks per unit of weight. Never one ``scheduled`` this step (``req`` may be it)."""
-        candidates = [r for r in self.running if r.request_id not in scheduled]
-        if self._at_kv_cap(req, n):
-            tenant = req.tenant
-        else:
-            held, book = self._held_blocks(), self._queues.tenants
-            mine = {r.tenant for r in candidates}
-            tenant = kv_victim_tenant({t: held[t] for t in mine}, {t: book.weight(t) for t in mine})
-        return next(r for r in reversed(candidates) if r.tenant == tenant)
+        return caps, [v.request_id for v in victims]
 
     # --- internals -------------------------------------------------------------------------------
 
@@ -340,7 +275,7 @@ class Scheduler:
         admitted sequence not yet ``scheduled`` this step; False when that was ``req``."""
         assert req.seq_id is not None  # RUNNING requests always hold a sequence
         while not self._may_grow(req, n):
-            victim = self._kv_victim(req, n, scheduled)
+            victim = self._kv.victim(req, n, self.running, scheduled)
             self._preempt(victim)
             preempted.append(victim.request_id)
             if victim is req:
@@ -352,7 +287,7 @@ class Scheduler:
         """Blocks are free for ``n`` more tokens of ``req``, within its tenant's max_kv_blocks."""
         assert req.seq_id is not None  # RUNNING requests always hold a sequence
         total = req.num_computed_tokens + n
-        return self.blocks.can_grow(req.seq_id, total) and not self._at_kv_cap(req, n)
+        return self.blocks.can_grow(req.seq_id, total) and not self._kv.at_cap(req, n, self.running)
 
     def _preempt(self, req: Request) -> None:
         self.running.remove(req)

@@ -18,11 +18,12 @@ waits one step, not for a long generation to end (``plan_seats``).
 from __future__ import annotations
 
 import heapq
-from collections import Counter
+from collections import Counter, deque
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 
 from loraplex.engine.request import Request
+from loraplex.engine.sched.admission import seat_caps
 from loraplex.engine.sched.fair_order import FairQueues
 
 
@@ -131,7 +132,42 @@ def _newest(running: list[Request], tenant: str, taken: list[Request]) -> Reques
     return next(r for r in reversed(running) if r.tenant == tenant and r not in taken)
 
 
-def kv_victim_tenant(held_blocks: Mapping[str, int], weights: Mapping[str, float]) -> str:
-    """The tenant that gives up a sequence when KV blocks run out: the one holding the most
-    blocks per unit of weight (so a tenant over its share of KV yields first)."""
-    return max(held_blocks, key=lambda t: (held_blocks[t] / weights[t], t))
+def limit_caps(
+    queues: FairQueues, running: list[Request], max_num_seqs: int, reserve: int
+) -> dict[str, int]:
+    """Running sequences each capped tenant may hold at most: its class seat cap
+    (``admission.seat_caps``) or its ``max_running_seqs``, whichever is less."""
+    caps = seat_caps(queues, running, max_num_seqs, reserve)
+    for tenant in queues.active_tenants():
+        limit = queues.tenants.get(tenant).max_running_seqs
+        if limit is not None:
+            caps[tenant] = min(caps.get(tenant, limit), limit)
+    return caps
+
+
+def step_seats(
+    queues: FairQueues,
+    running: list[Request],
+    ready: Mapping[str, deque[Request]],
+    max_num_seqs: int,
+    reserve: int,
+) -> tuple[dict[str, int], list[Request]]:
+    """This step's seat caps (``limit_caps``, and every share while a tenant is owed a seat)
+    and the running sequences to preempt first; ``ready``: the requests that may run now."""
+    caps = limit_caps(queues, running, max_num_seqs, reserve)
+    if not ready:
+        return caps, []
+    # A share the limits cut is not owed: preempting for it frees a seat nobody may take.
+    fair = seat_shares(queues, running, max_num_seqs)
+    shares = {t: min(share, caps.get(t, share)) for t, share in fair.items()}
+    plan = plan_seats(
+        running,
+        shares,
+        reserved={t: queues.tenants.get(t).reserved_running_seqs for t in shares},
+        ready={t: len(q) for t, q in ready.items()},
+        vtime=queues.vtime,
+        free_seats=max_num_seqs - len(running),
+    )
+    for tenant, share in plan.caps.items():
+        caps[tenant] = min(caps.get(tenant, share), share)
+    return caps, plan.victims
