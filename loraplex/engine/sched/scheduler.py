@@ -5,13 +5,15 @@ Invariants:
 - Each step, running sequences go first (decodes, then unfinished prefill chunks); then queued
   requests are admitted in fair order (``fair_order``) within the sequence, token and KV-block
   budgets, the class seat caps (``admission``) and each tenant's seat share (``seats``).
-- A tenant under its seat share with a request ready takes a seat within the step: with none
-  free, the newest sequence of the tenant most over its share is preempted first.
+- A tenant owed a seat (``seats``: under its share with a request ready, and below its
+  reservation or having done no more work than a tenant over its share) takes one within the
+  step: with none free, the newest sequence of the tenant most over its share is preempted.
 - A request is schedulable only while it holds its adapter's lease (or uses the base model):
   one whose adapter is loading (ADAPTER_WAIT) is skipped and never blocks the others.
 - When KV blocks run out, the most recently admitted sequence of the tenant holding the most
   blocks per unit of weight is preempted (its blocks freed, recomputed later; it keeps its
-  lease); a tenant at its ``max_kv_blocks`` preempts its own newest sequence to grow.
+  lease); a tenant at its ``max_kv_blocks`` preempts its own newest sequence to grow
+  (``kv_shares``).
 - A follower (``EngineRequest.prefix_leader``) is not admitted while its leader is live and has
   not computed its prompt; a request owed prompt logprobs reuses no cached prefix.
 """
