@@ -16,6 +16,7 @@ _COMMAND_MODULES: tuple[str, ...] = (
     "assets",
     "generate",
     "registry",
+    "tenants",
     "release",
     "bench",
     "serve",

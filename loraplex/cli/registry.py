@@ -27,6 +27,7 @@ from loraplex.registry import (
     Registry,
     RegistryConfig,
     RevisionState,
+    Tenant,
     TenantQuotas,
     Visibility,
     WarmPolicy,
@@ -38,6 +39,9 @@ BaseModelDir = Annotated[
     Path, typer.Option(envvar="LORAPLEX_BASE_MODEL", help="The served base model directory")
 ]
 MaxLoraRank = Annotated[int, typer.Option(help="Largest rank accepted")]
+MAX_RUNNING_SEQS_HELP = "Engine seats (running sequences) at most [default: no cap]"
+RESERVED_SEQS_HELP = "Engine seats it gets before any other tenant's fair share"
+MAX_KV_BLOCKS_HELP = "KV blocks its running sequences hold at most [default: no cap]"
 
 
 def register(app: typer.Typer) -> None:
@@ -183,12 +187,22 @@ def create_tenant(
     max_disk_bytes: Annotated[int | None, typer.Option()] = None,
     max_cold_loads: Annotated[int | None, typer.Option()] = None,
     max_requests_per_s: Annotated[float | None, typer.Option()] = None,
+    max_running_seqs: Annotated[int | None, typer.Option(help=MAX_RUNNING_SEQS_HELP)] = None,
+    reserved_running_seqs: Annotated[int, typer.Option(help=RESERVED_SEQS_HELP)] = 0,
+    max_kv_blocks: Annotated[int | None, typer.Option(help=MAX_KV_BLOCKS_HELP)] = None,
     actor: Actor = None,
 ) -> None:
-    """Create a tenant (quotas default to unlimited)."""
+    """Create a tenant (quotas default to unlimited, seats to a fair share)."""
     with _failures():
         quotas = TenantQuotas(
-            max_gpu_bytes, max_cpu_bytes, max_disk_bytes, max_cold_loads, max_requests_per_s
+            max_gpu_bytes,
+            max_cpu_bytes,
+            max_disk_bytes,
+            max_cold_loads,
+            max_requests_per_s,
+            max_running_seqs,
+            reserved_running_seqs,
+            max_kv_blocks,
         )
         with _opened(location.config()) as registry:
             tenant = registry.create_tenant(name, _actor(actor), priority, quotas)
@@ -201,12 +215,19 @@ def list_tenants(
     """List tenants and their limits."""
     with _failures(), _opened(location.config()) as registry:
         for tenant in registry.list_tenants():
-            q = tenant.quotas
-            typer.echo(
-                f"{tenant.name}\t{tenant.priority.value}\tgpu_bytes={q.max_gpu_bytes}"
-                f"\tcpu_bytes={q.max_cpu_bytes}\tdisk_bytes={q.max_disk_bytes}"
-                f"\tcold_loads={q.max_cold_loads}\trequests_per_s={q.max_requests_per_s}"
-            )
+            typer.echo(limits_line(tenant))
+
+
+def limits_line(tenant: Tenant) -> str:
+    """One tenant's class and limits, tab-separated (``tenants list`` and ``update``)."""
+    q = tenant.quotas
+    return (
+        f"{tenant.name}\t{tenant.priority.value}\tgpu_bytes={q.max_gpu_bytes}"
+        f"\tcpu_bytes={q.max_cpu_bytes}\tdisk_bytes={q.max_disk_bytes}"
+        f"\tcold_loads={q.max_cold_loads}\trequests_per_s={q.max_requests_per_s}"
+        f"\trunning_seqs={q.max_running_seqs}\treserved_seqs={q.reserved_running_seqs}"
+        f"\tkv_blocks={q.max_kv_blocks}"
+    )
 
 
 def create_key(

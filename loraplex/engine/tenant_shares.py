@@ -9,7 +9,9 @@ at the next step without a restart.
 Priority class -> weight (``PRIORITY_WEIGHTS``): ``high`` 4, ``normal`` 1, ``batch`` 0.25. The
 same weight is the scheduler's fair share (a high tenant gets 16x the tokens of a batch tenant
 when both are backlogged) and the cache's keep-priority (the cost_aware policy multiplies an
-adapter's keep-score by it, so a batch tenant's adapters are evicted first).
+adapter's keep-score by it, so a batch tenant's adapters are evicted first). It also weighs the
+tenant's fair share of the engine's seats (``engine/sched/seats.py``), which its
+``max_running_seqs`` / ``reserved_running_seqs`` / ``max_kv_blocks`` bound.
 """
 
 from __future__ import annotations
@@ -33,6 +35,9 @@ class TenantSettings:
     max_cpu_bytes: int | None = None  # adapter bytes in host memory (L1); None: no cap
     max_disk_bytes: int | None = None  # adapter bytes in the disk cache (L2); None: no cap
     max_cold_loads: int | None = None  # adapter loads the engine starts at once; None: no cap
+    max_running_seqs: int | None = None  # running sequences (seats) at most; None: no cap
+    reserved_running_seqs: int = 0  # seats handed to it before any fair share (see sched/seats)
+    max_kv_blocks: int | None = None  # KV blocks its running sequences hold; None: no cap
 
     def __post_init__(self) -> None:
         if not self.weight > 0:
@@ -45,6 +50,7 @@ class TenantSettings:
             raise ValueError(
                 f"max_cold_loads {self.max_cold_loads} is invalid; expected None or >= 1"
             )
+        check_seats(self.max_running_seqs, self.reserved_running_seqs, self.max_kv_blocks)
 
     @classmethod
     def for_priority(
@@ -55,6 +61,7 @@ class TenantSettings:
         max_cpu_bytes: int | None = None,
         max_disk_bytes: int | None = None,
         max_cold_loads: int | None = None,
+        seats: SeatLimits | None = None,
     ) -> TenantSettings:
         """Settings of a tenant of priority class ``priority`` (high, normal or batch)."""
         weight = PRIORITY_WEIGHTS.get(priority)
@@ -62,7 +69,46 @@ class TenantSettings:
             raise ValueError(
                 f"priority {priority!r} is invalid; expected one of {sorted(PRIORITY_WEIGHTS)}"
             )
-        return cls(weight, max_gpu_bytes, max_cpu_bytes, max_disk_bytes, max_cold_loads)
+        s = seats or SeatLimits()
+        return cls(
+            weight,
+            max_gpu_bytes,
+            max_cpu_bytes,
+            max_disk_bytes,
+            max_cold_loads,
+            s.max_running_seqs,
+            s.reserved_running_seqs,
+            s.max_kv_blocks,
+        )
+
+
+@dataclass(frozen=True)
+class SeatLimits:
+    """A tenant's running-sequence and KV-block limits (the registry's quotas of the same names)."""
+
+    max_running_seqs: int | None = None  # seats at most; None: its fair share, or all when alone
+    reserved_running_seqs: int = 0  # seats it gets before anyone's fair share
+    max_kv_blocks: int | None = None  # KV blocks at most; None: no cap
+
+    def __post_init__(self) -> None:
+        check_seats(self.max_running_seqs, self.reserved_running_seqs, self.max_kv_blocks)
+
+
+def check_seats(max_running_seqs: int | None, reserved: int, max_kv_blocks: int | None) -> None:
+    """Raises ValueError naming the first invalid seat limit."""
+    if max_running_seqs is not None and max_running_seqs < 1:
+        raise ValueError(
+            f"max_running_seqs {max_running_seqs} is invalid; expected None or an int >= 1"
+        )
+    if reserved < 0:
+        raise ValueError(f"reserved_running_seqs {reserved} is invalid; expected an int >= 0")
+    if max_running_seqs is not None and reserved > max_running_seqs:
+        raise ValueError(
+            f"reserved_running_seqs {reserved} is invalid; expected <= max_running_seqs "
+            f"{max_running_seqs}"
+        )
+    if max_kv_blocks is not None and max_kv_blocks < 1:
+        raise ValueError(f"max_kv_blocks {max_kv_blocks} is invalid; expected None or an int >= 1")
 
 
 _DEFAULT = TenantSettings()

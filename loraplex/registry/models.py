@@ -37,6 +37,9 @@ class Visibility(StrEnum):
     PUBLIC = "public"  # explicitly shared with every tenant
 
 
+MAX_SEAT_LIMIT = 1 << 31  # largest seat or KV-block limit stored (fits every BIGINT)
+
+
 @dataclass(frozen=True)
 class TenantQuotas:
     """Per-tenant limits. ``None`` means unlimited."""
@@ -46,6 +49,9 @@ class TenantQuotas:
     max_disk_bytes: int | None = None  # adapter bytes in the local disk cache (L2)
     max_cold_loads: int | None = None  # concurrent loads of non-resident adapters
     max_requests_per_s: float | None = None  # sustained request rate
+    max_running_seqs: int | None = None  # engine seats (running sequences) at most
+    reserved_running_seqs: int = 0  # engine seats it gets before any fair share
+    max_kv_blocks: int | None = None  # KV blocks its running sequences hold at most
 
     def __post_init__(self) -> None:
         for name in ("max_gpu_bytes", "max_cpu_bytes", "max_disk_bytes"):
@@ -59,6 +65,25 @@ class TenantQuotas:
         if self.max_requests_per_s is not None and not self.max_requests_per_s > 0:
             raise ValueError(
                 f"max_requests_per_s {self.max_requests_per_s} is invalid; expected None or > 0"
+            )
+        self._check_seats()
+
+    def _check_seats(self) -> None:
+        for name in ("max_running_seqs", "max_kv_blocks"):
+            value = getattr(self, name)
+            if value is not None and not 1 <= value <= MAX_SEAT_LIMIT:
+                raise ValueError(
+                    f"{name} {value} is invalid; expected None or an int in [1, {MAX_SEAT_LIMIT}]"
+                )
+        reserved, most = self.reserved_running_seqs, self.max_running_seqs
+        if reserved is None or not 0 <= reserved <= MAX_SEAT_LIMIT:  # null: the API's explicit
+            raise ValueError(
+                f"reserved_running_seqs {reserved} is invalid; expected an int in "
+                f"[0, {MAX_SEAT_LIMIT}]"
+            )
+        if most is not None and reserved > most:
+            raise ValueError(
+                f"reserved_running_seqs {reserved} is invalid; expected <= max_running_seqs {most}"
             )
 
 

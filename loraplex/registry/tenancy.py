@@ -119,4 +119,7 @@ def _limits(tenant: Tenant) -> dict[str, object]:
         "max_disk_bytes": quotas.max_disk_bytes,
         "max_cold_loads": quotas.max_cold_loads,
         "max_requests_per_s": quotas.max_requests_per_s,
+        "max_running_seqs": quotas.max_running_seqs,
+        "reserved_running_seqs": quotas.reserved_running_seqs,
+        "max_kv_blocks": quotas.max_kv_blocks,
     }

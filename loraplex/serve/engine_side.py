@@ -18,7 +18,7 @@ from loraplex.dtypes import DTYPE_BYTES, bytes_per_element
 from loraplex.engine.config import EngineConfig, SchedulerConfig
 from loraplex.engine.factory import AdapterRuntime, AdapterRuntimeConfig, build_adapter_runtime
 from loraplex.engine.process_child import WorkerHandles
-from loraplex.engine.tenant_shares import TenantSettings
+from loraplex.engine.tenant_shares import SeatLimits, TenantSettings
 from loraplex.engine.watchdog import WatchdogPolicy
 from loraplex.errors import DigestMismatchError
 from loraplex.registry import Registry, RegistryConfig, Tenant, WarmPolicy, open_registry
@@ -72,6 +72,9 @@ def settings_of(tenant: Tenant) -> TenantSettings:
         max_cpu_bytes=quotas.max_cpu_bytes,
         max_disk_bytes=quotas.max_disk_bytes,
         max_cold_loads=quotas.max_cold_loads,
+        seats=SeatLimits(
+            quotas.max_running_seqs, quotas.reserved_running_seqs, quotas.max_kv_blocks
+        ),
     )
 
 

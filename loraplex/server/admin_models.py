@@ -35,6 +35,9 @@ class QuotasBody(_Body):
     max_disk_bytes: int | None = None
     max_cold_loads: int | None = None
     max_requests_per_s: float | None = None
+    max_running_seqs: int | None = None
+    reserved_running_seqs: int = 0
+    max_kv_blocks: int | None = None
 
     def quotas(self) -> TenantQuotas:
         return TenantQuotas(**self.model_dump())

@@ -97,3 +97,44 @@ def test_default_locations_live_in_the_data_dir(tmp_path: Path) -> None:
     _run(env, "tenants", "create", "acme")
     assert (tmp_path / "d" / "registry.sqlite3").is_file()
     assert (tmp_path / "d" / "artifacts" / "sha256").is_dir()
+
+
+def test_tenants_update_sets_seats_and_keeps_what_it_does_not_name(tmp_path: Path) -> None:
+    env = {"LORAPLEX_DATA_DIR": str(tmp_path / "d")}
+    _run(env, "tenants", "create", "acme", "--max-cold-loads", "2", "--max-running-seqs", "8")
+    out = _run(env, "tenants", "update", "acme", "--reserved-running-seqs", "2",
+               "--max-kv-blocks", "64", "--priority", "high")  # fmt: skip
+    assert out.startswith("acme\thigh\t")
+    assert "cold_loads=2" in out and "running_seqs=8\treserved_seqs=2\tkv_blocks=64" in out
+    lifted = _run(env, "tenants", "update", "acme", "--unset", "max_running_seqs")
+    assert "running_seqs=None\treserved_seqs=2\tkv_blocks=64" in lifted
+    assert lifted.strip() in _run(env, "tenants", "list")
+    registry = open_registry(RegistryConfig(data_dir=tmp_path / "d"))
+    try:
+        quotas = registry.get_tenant("acme").quotas
+        assert (quotas.max_running_seqs, quotas.reserved_running_seqs) == (None, 2)
+        assert registry.audit_log()[-1].action == "tenant.set_limits"
+    finally:
+        registry.close()
+
+
+def test_tenants_update_refuses_bad_values_and_changes_nothing(tmp_path: Path) -> None:
+    env = {"LORAPLEX_DATA_DIR": str(tmp_path / "d")}
+    _run(env, "tenants", "create", "acme", "--max-running-seqs", "4")
+    before = _run(env, "tenants", "list")
+    cases = [
+        (
+            ("--reserved-running-seqs", "5"),
+            "reserved_running_seqs 5 is invalid; expected <= max_running_seqs 4",
+        ),
+        (("--reserved-running-seqs", "-1"), "reserved_running_seqs -1 is invalid"),
+        (("--max-running-seqs", "0"), "max_running_seqs 0 is invalid"),
+        (("--max-kv-blocks", "-4"), "max_kv_blocks -4 is invalid"),
+        (("--unset", "max_seats"), "--unset 'max_seats' is invalid"),
+        ((), "nothing to change"),
+    ]
+    for args, message in cases:
+        assert f"error: {message}" in _run(env, "tenants", "update", "acme", *args, code=1)
+    assert _run(env, "tenants", "list") == before
+    missing = _run(env, "tenants", "update", "ghost", "--max-running-seqs", "2", code=1)
+    assert "error: tenant 'ghost' does not exist" in missing

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 from registry_kit import OpenRegistry
 
-from loraplex.errors import AuthenticationError, RegistryError
+from loraplex.errors import AuthenticationError, RecordNotFoundError, RegistryError
 from loraplex.registry import PriorityClass, Registry, TenantQuotas
 from loraplex.registry.keys import TOKEN_PREFIX, hash_token
 
@@ -140,3 +140,70 @@ def test_keys_need_an_existing_tenant(registry: Registry) -> None:
     with pytest.raises(RegistryError, match="API key 'nope' does not exist"):
         registry.revoke_key("nope", "ops")
     assert registry.list_keys() == []
+
+
+def test_seat_limits_change_persist_and_are_audited(open_reg: OpenRegistry) -> None:
+    registry = open_reg()
+    registry.create_tenant("acme", "ops")
+    assert registry.get_tenant("acme").quotas.reserved_running_seqs == 0  # default: none
+    seats = {"max_running_seqs": 4, "reserved_running_seqs": 2, "max_kv_blocks": 64}
+    registry.set_tenant_limits("acme", "ops", quotas=seats)
+    reopened = open_reg()
+    quotas = reopened.get_tenant("acme").quotas
+    assert (quotas.max_running_seqs, quotas.reserved_running_seqs, quotas.max_kv_blocks) == (
+        4,
+        2,
+        64,
+    )
+    assert reopened.audit_log()[-1].details["reserved_running_seqs"] == 2
+    reopened.set_tenant_limits("acme", "ops", quotas={"max_running_seqs": None})
+    assert reopened.get_tenant("acme").quotas.reserved_running_seqs == 2  # untouched
+
+
+@pytest.mark.parametrize(
+    ("change", "message"),
+    [
+        (
+            {"reserved_running_seqs": 5},
+            "reserved_running_seqs 5 is invalid; expected <= max_running_seqs 4",
+        ),
+        ({"reserved_running_seqs": -1}, "reserved_running_seqs -1 is invalid"),
+        ({"reserved_running_seqs": None}, "reserved_running_seqs None is invalid"),
+        ({"max_running_seqs": 0}, "max_running_seqs 0 is invalid"),
+        ({"max_kv_blocks": -3}, "max_kv_blocks -3 is invalid"),
+        (
+            {"max_kv_blocks": 1 << 40},
+            r"max_kv_blocks 1099511627776 is invalid; expected None or an int in \[1, ",
+        ),
+    ],
+)
+def test_invalid_seat_limits_change_nothing(
+    registry: Registry, change: dict[str, int | None], message: str
+) -> None:
+    registry.create_tenant("acme", "ops", quotas=TenantQuotas(max_running_seqs=4))
+    with pytest.raises(ValueError, match=message):
+        registry.set_tenant_limits("acme", "ops", quotas=change)
+    assert registry.get_tenant("acme").quotas == TenantQuotas(max_running_seqs=4)
+
+
+def test_seat_limits_of_an_unknown_tenant_are_refused(registry: Registry) -> None:
+    with pytest.raises(RecordNotFoundError, match="tenant 'ghost' does not exist"):
+        registry.set_tenant_limits("ghost", "ops", quotas={"max_running_seqs": 2})
+
+
+def test_migration_3_gives_existing_tenants_no_seat_limits(database_url: str) -> None:
+    from loraplex.registry.sql.connect import open_database
+    from loraplex.registry.sql.migrations import MIGRATIONS, migrate
+    from loraplex.registry.sql.tenants import get_tenant
+
+    db = open_database(database_url)
+    try:
+        migrate(db, now=1.0, migrations=MIGRATIONS[:2])
+        with db.transaction() as tx:
+            tx.execute("INSERT INTO tenants (name, priority, created_at) VALUES ('t', 'normal', 0)")
+        assert migrate(db, now=2.0) >= 3
+        with db.transaction(write=False) as tx:
+            tenant = get_tenant(tx, "t")
+        assert tenant is not None and tenant.quotas == TenantQuotas()
+    finally:
+        db.close()

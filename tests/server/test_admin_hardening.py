@@ -95,6 +95,9 @@ def test_put_tenant_changes_only_what_the_body_names(rig: Rig) -> None:
     assert only_quota.json()["quotas"] == {**quotas, "max_cpu_bytes": 7} | {
         "max_disk_bytes": None,
         "max_requests_per_s": None,
+        "max_running_seqs": None,
+        "reserved_running_seqs": 0,
+        "max_kv_blocks": None,
     }
     assert only_priority.json()["priority"] == "batch"
     assert only_priority.json()["quotas"] == only_quota.json()["quotas"]

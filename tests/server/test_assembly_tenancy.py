@@ -118,3 +118,46 @@ def test_engine_process_builder_gets_the_same_settings(
         assert handles.core.cache is not None and handles.core.cache.config.auto_warm is None
     finally:
         handles.close()
+
+
+def test_admin_seat_limits_reach_the_engine_and_survive_restart(
+    demo_assets: DemoAssets, tmp_path: Path
+) -> None:
+    seats = {"max_running_seqs": 3, "reserved_running_seqs": 1, "max_kv_blocks": 40}
+    server = _server(demo_assets, tmp_path)
+    try:
+        with TestClient(server.app) as http:
+            body = {"name": "fan", "quotas": {"max_running_seqs": 2}}
+            assert http.post("/admin/tenants", json=body, headers=AUTH).status_code == 201
+            assert server.runtime.tenants.get("fan").max_running_seqs == 2
+            reply = http.put("/admin/tenants/fan", json={"quotas": seats}, headers=AUTH)
+            assert reply.status_code == 200, reply.text
+            assert reply.json()["quotas"] | seats == reply.json()["quotas"]
+            fan = server.runtime.tenants.get("fan")  # the book the engine's scheduler reads
+            assert (fan.max_running_seqs, fan.reserved_running_seqs, fan.max_kv_blocks) == (
+                3,
+                1,
+                40,
+            )
+            for bad, field in [
+                (
+                    {"reserved_running_seqs": 4},
+                    "reserved_running_seqs 4 is invalid; expected <= max_running_seqs 3",
+                ),
+                ({"max_running_seqs": -2}, "max_running_seqs -2 is invalid"),
+                ({"max_kv_blocks": 0}, "max_kv_blocks 0 is invalid"),
+                ({"reserved_running_seqs": None}, "reserved_running_seqs"),
+            ]:
+                refused = http.put("/admin/tenants/fan", json={"quotas": bad}, headers=AUTH)
+                assert refused.status_code in {400, 422}, refused.text
+                assert field in refused.json()["error"]["message"]
+            assert server.runtime.tenants.get("fan") == fan  # nothing changed
+            missing = http.put("/admin/tenants/ghost", json={"quotas": seats}, headers=AUTH)
+            assert missing.status_code == 404
+    finally:
+        server.close()
+    restarted = _server(demo_assets, tmp_path)
+    try:
+        assert restarted.runtime.tenants.get("fan") == fan
+    finally:
+        restarted.close()

@@ -4,11 +4,16 @@ Invariants:
 - Only the ``Scheduler`` changes a request's state, its lease and its KV sequence.
 - Each step, running sequences go first (decodes, then unfinished prefill chunks); then queued
   requests are admitted in fair order (``fair_order``) within the sequence, token and KV-block
-  budgets and the class seat caps (``admission``).
+  budgets, the class seat caps (``admission``) and each tenant's seat share (``seats``).
+- A tenant owed a seat (``seats``: under its share with a request ready, and below its
+  reservation or having done no more work than a tenant over its share) takes one within the
+  step: with none free, the newest sequence of the tenant most over its share is preempted.
 - A request is schedulable only while it holds its adapter's lease (or uses the base model):
   one whose adapter is loading (ADAPTER_WAIT) is skipped and never blocks the others.
-- When KV blocks run out, the most recently admitted sequence is preempted (its blocks freed,
-  recomputed later; it keeps its lease).
+- When KV blocks run out, the most recently admitted sequence of the tenant holding the most
+  blocks per unit of weight is preempted (its blocks freed, recomputed later; it keeps its
+  lease); a tenant at its ``max_kv_blocks`` preempts its own newest sequence to grow
+  (``kv_shares``).
 - A follower (``EngineRequest.prefix_leader``) is not admitted while its leader is live and has
   not computed its prompt; a request owed prompt logprobs reuses no cached prefix.
 """
@@ -31,9 +36,10 @@ from loraplex.engine.sched.admission import (
     hold_followers,
     lease_room,
     lease_window,
-    seat_caps,
 )
 from loraplex.engine.sched.fair_order import FairQueues
+from loraplex.engine.sched.kv_shares import KvShares
+from loraplex.engine.sched.seats import limit_caps, step_seats
 from loraplex.engine.sched.stats import QueueView, queue_view
 from loraplex.engine.step import ScheduledChunk, StepPlan, StepResult
 from loraplex.engine.tenant_shares import TenantBook
@@ -56,6 +62,7 @@ class Scheduler:
         self.requests: dict[str, Request] = {}  # every live request by id
         self.running: list[Request] = []  # admission order (the tail is preempted first)
         self._queues = FairQueues(tenants or TenantBook())
+        self._kv = KvShares(blocks, self._queues.tenants)  # max_kv_blocks, KV victims
 
     # --- admission to the engine ------------------------------------------------------------
 
@@ -125,12 +132,11 @@ class Scheduler:
 
     def lease_candidates(self, loads: AdapterLoads) -> list[Request]:
         """WAITING requests that should ask the cache for their adapter's lease now: the lease
-        window in fair order, within the class seat caps and the cold-load quota."""
-        cfg = self.config
-        caps = seat_caps(self._queues, self.running, cfg.max_num_seqs, cfg.reserve_seqs)
-        room = lease_room(self._queues, self.running, caps)
+        window in fair order, within the class seat caps, max_running_seqs and the cold-load
+        quota."""
+        room = lease_room(self._queues, self.running, self._seat_caps())
         quota = ColdLoadQuota(self._queues.tenants, self._awaited_keys(), loads)
-        return lease_window(self._queues, cfg.lease_lookahead, room, quota)
+        return lease_window(self._queues, self.config.lease_lookahead, room, quota)
 
     def prefetch_keys(self) -> list[AdapterKey]:
         """Adapters of the queued requests just past the lease window (prefetch to CPU)."""
@@ -187,7 +193,7 @@ class Scheduler:
     def schedule(self) -> StepPlan:
         budget = self.config.max_num_batched_tokens
         chunks: list[ScheduledChunk] = []
-        preempted: list[str] = []
+        caps, preempted = self._plan_seats()
         # Decodes before unfinished prefills, so a long prompt never delays running streams.
         order = sorted(self.running, key=lambda r: r.num_tokens - r.num_computed_tokens > 1)
         for req in order:
@@ -201,10 +207,11 @@ class Scheduler:
         ready = hold_followers(self._queues.ready(), self.requests)
         self._queues.catch_up(set(ready) | {r.tenant for r in self.running})
         cfg = self.config
-        caps = seat_caps(self._queues, self.running, cfg.max_num_seqs, cfg.reserve_seqs)
         for req in admissible(self._queues, ready, self.running, caps, cfg.max_num_seqs):
             if len(self.running) >= self.config.max_num_seqs or budget == 0:
                 break
+            if self._kv.over_cap(req, self.running):
+                continue  # its tenant is at its max_kv_blocks: the others may still fit
             n = self._admit(req, budget)
             if n == 0:
                 break  # KV blocks exhausted: admit nothing more this step
@@ -223,6 +230,24 @@ class Scheduler:
             if token is not None:
                 req.output_token_ids.append(token)
             self.blocks.record(chunk.seq_id, req.token_ids()[: req.num_computed_tokens])
+
+    # --- seats -----------------------------------------------------------------------------------
+
+    def _seat_caps(self) -> dict[str, int]:
+        cfg = self.config
+        return limit_caps(self._queues, self.running, cfg.max_num_seqs, cfg.reserve_seqs)
+
+    def _plan_seats(self) -> tuple[dict[str, int], list[str]]:
+        """This step's seat caps; preempts the sequences that give their seats up (``seats``)
+        and returns their ids."""
+        cfg = self.config
+        ready = hold_followers(self._queues.ready(), self.requests)
+        caps, victims = step_seats(
+            self._queues, self.running, ready, cfg.max_num_seqs, cfg.reserve_seqs
+        )
+        for victim in victims:
+            self._preempt(victim)
+        return caps, [v.request_id for v in victims]
 
     # --- internals -------------------------------------------------------------------------------
 
@@ -251,14 +276,20 @@ class Scheduler:
         """Ensure ``req`` has blocks for ``n`` more tokens, preempting the most recently
         admitted sequence not yet ``scheduled`` this step; False when that was ``req``."""
         assert req.seq_id is not None  # RUNNING requests always hold a sequence
-        while not self.blocks.can_grow(req.seq_id, req.num_computed_tokens + n):
-            victim = next(r for r in reversed(self.running) if r.request_id not in scheduled)
+        while not self._may_grow(req, n):
+            victim = self._kv.victim(req, n, self.running, scheduled)
             self._preempt(victim)
             preempted.append(victim.request_id)
             if victim is req:
                 return False
         self.blocks.grow(req.seq_id, req.num_computed_tokens + n)
         return True
+
+    def _may_grow(self, req: Request, n: int) -> bool:
+        """Blocks are free for ``n`` more tokens of ``req``, within its tenant's max_kv_blocks."""
+        assert req.seq_id is not None  # RUNNING requests always hold a sequence
+        total = req.num_computed_tokens + n
+        return self.blocks.can_grow(req.seq_id, total) and not self._kv.at_cap(req, n, self.running)
 
     def _preempt(self, req: Request) -> None:
         self.running.remove(req)

@@ -191,6 +191,14 @@ _RELEASES = (
         WHERE rollback_targets <> '[]'""",
 )
 
+# Version 3: per-tenant engine seats (loraplex/engine/sched/seats.py). NULL: no cap; a tenant
+# created before gets no reservation.
+_TENANT_SEATS = (
+    "ALTER TABLE tenants ADD COLUMN max_running_seqs BIGINT",
+    "ALTER TABLE tenants ADD COLUMN reserved_running_seqs BIGINT NOT NULL DEFAULT 0",
+    "ALTER TABLE tenants ADD COLUMN max_kv_blocks BIGINT",
+)
+
 MIGRATIONS: tuple[Migration, ...] = (
     Migration(
         version=1,
@@ -199,6 +207,7 @@ MIGRATIONS: tuple[Migration, ...] = (
         dialect_statements={"sqlite": _SQLITE_GUARDS, "postgres": _POSTGRES_GUARDS},
     ),
     Migration(version=2, name="releases, alias history", statements=_RELEASES),
+    Migration(version=3, name="tenant seats", statements=_TENANT_SEATS),
 )
 
 _CREATE_VERSIONS = """CREATE TABLE IF NOT EXISTS schema_migrations (

@@ -9,7 +9,7 @@ from loraplex.registry.sql.db import Row, Tx
 
 _TENANT_COLUMNS = (
     "name, priority, max_gpu_bytes, max_cpu_bytes, max_disk_bytes, max_cold_loads, "
-    "max_requests_per_s, created_at"
+    "max_requests_per_s, created_at, max_running_seqs, reserved_running_seqs, max_kv_blocks"
 )
 _KEY_COLUMNS = "key_id, tenant, created_at, revoked_at"
 
@@ -25,7 +25,7 @@ class StoredKey:
 def insert_tenant(tx: Tx, tenant: Tenant) -> None:
     quotas = tenant.quotas
     tx.execute(
-        f"INSERT INTO tenants ({_TENANT_COLUMNS}) VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
+        f"INSERT INTO tenants ({_TENANT_COLUMNS}) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
         (
             tenant.name,
             tenant.priority.value,
@@ -35,6 +35,9 @@ def insert_tenant(tx: Tx, tenant: Tenant) -> None:
             quotas.max_cold_loads,
             quotas.max_requests_per_s,
             tenant.created_at,
+            quotas.max_running_seqs,
+            quotas.reserved_running_seqs,
+            quotas.max_kv_blocks,
         ),
     )
 
@@ -43,7 +46,8 @@ def update_tenant(tx: Tx, tenant: Tenant) -> None:
     quotas = tenant.quotas
     tx.execute(
         "UPDATE tenants SET priority = ?, max_gpu_bytes = ?, max_cpu_bytes = ?, "
-        "max_disk_bytes = ?, max_cold_loads = ?, max_requests_per_s = ? WHERE name = ?",
+        "max_disk_bytes = ?, max_cold_loads = ?, max_requests_per_s = ?, max_running_seqs = ?, "
+        "reserved_running_seqs = ?, max_kv_blocks = ? WHERE name = ?",
         (
             tenant.priority.value,
             quotas.max_gpu_bytes,
@@ -51,6 +55,9 @@ def update_tenant(tx: Tx, tenant: Tenant) -> None:
             quotas.max_disk_bytes,
             quotas.max_cold_loads,
             quotas.max_requests_per_s,
+            quotas.max_running_seqs,
+            quotas.reserved_running_seqs,
+            quotas.max_kv_blocks,
             tenant.name,
         ),
     )
@@ -109,6 +116,9 @@ def _tenant(row: Row) -> Tenant:
             max_disk_bytes=_opt_int(row[4]),
             max_cold_loads=_opt_int(row[5]),
             max_requests_per_s=None if row[6] is None else float(row[6]),
+            max_running_seqs=_opt_int(row[8]),
+            reserved_running_seqs=_opt_int(row[9]) or 0,
+            max_kv_blocks=_opt_int(row[10]),
         ),
         created_at=float(row[7]),
     )
