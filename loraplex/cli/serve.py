@@ -123,6 +123,21 @@ def serve_command(
     keep_alive_timeout_s: Annotated[int | None, Opt(help="Idle keep-alive, s (5).")] = None,
     max_connections: Annotated[int | None, Opt(help="Open connections (1024).")] = None,
     max_header_bytes: Annotated[int | None, Opt(help="Largest request head (16 KiB).")] = None,
+    max_unauthenticated_connections: Annotated[
+        int | None, Opt(help="Open connections not yet authenticated (max_connections / 2).")
+    ] = None,
+    max_connections_per_address: Annotated[
+        int | None, Opt(help="Open connections from one client IP (512).")
+    ] = None,
+    accepts_per_s_per_address: Annotated[
+        int | None, Opt(help="New connections per second from one client IP (512).")
+    ] = None,
+    write_timeout_s: Annotated[
+        float | None, Opt(help="Cut off a client that takes no response bytes, s (30).")
+    ] = None,
+    max_stream_buffer_bytes: Annotated[
+        int | None, Opt(help="Unread stream bytes before the request is aborted (256 KiB).")
+    ] = None,
 ) -> None:
     """Serve the base model and its adapters over an OpenAI-compatible HTTP API."""
     try:
@@ -222,6 +237,10 @@ def connection_limits(settings: ServeConfig) -> ConnectionLimits:
         keep_alive_timeout_s=settings.keep_alive_timeout_s,
         max_connections=settings.max_connections,
         max_header_bytes=settings.max_header_bytes,
+        max_unauthenticated_connections=settings.max_unauthenticated_connections,
+        max_connections_per_address=settings.max_connections_per_address,
+        accepts_per_s_per_address=settings.accepts_per_s_per_address,
+        write_timeout_s=settings.write_timeout_s,
     )
 
 
