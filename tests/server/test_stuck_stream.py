@@ -186,11 +186,13 @@ def _read_all(sock: socket.socket) -> bytes:
 NUM_CHOICES = 16  # with max_num_seqs 2, far more generation than the limits below allow
 
 
+@pytest.mark.parametrize("engine_process", [False, True], ids=["thread", "process"])
 def test_a_client_that_does_not_read_is_cut_off_at_the_write_timeout(
-    demo_assets: DemoAssets, tmp_path: Path
+    demo_assets: DemoAssets, tmp_path: Path, engine_process: bool
 ) -> None:
     limits = ConnectionLimits(write_timeout_s=1.0)
-    config = {"engine_process": False, "max_num_seqs": 2, "max_stream_buffer_bytes": 64 << 20}
+    config = {"engine_process": engine_process, "max_num_seqs": 2,
+              "max_stream_buffer_bytes": 64 << 20}  # fmt: skip
     with serving(demo_assets, tmp_path, limits, **config) as (server, address, listener):
         with _open_not_reading(address, listener, server, NUM_CHOICES) as sock:
             _wait_engine_freed(server, NUM_CHOICES)
