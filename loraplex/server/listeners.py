@@ -195,7 +195,7 @@ class BoundedH11Protocol(H11Protocol):
     it is read. The head deadline starts when a connection opens or, on a kept-alive one, at the
     first byte of the next request; uvicorn's own keep-alive timer covers the idle time between
     requests. The write timer runs while the transport holds more than its high-water mark of
-    unsent bytes (uvicorn's flow control then stops the response's writer, see ``streaming.py``).
+    unsent bytes (uvicorn's flow control then stops the response's writer: ``stream_buffer.py``).
     """
 
     def __init__(self, config: uvicorn.Config, **kwargs: Any) -> None:
