@@ -200,7 +200,11 @@ def _run(settings: ServeConfig) -> None:
         _announce(settings, shown_admin_key, server.sample_keys)
         freeze_startup_objects()
         # The app has no startup/shutdown hooks: resources are built before and closed after.
-        config = ListenerConfig(guarded(server.app, sockets), connection_limits(settings))
+        config = ListenerConfig(
+            guarded(server.app, sockets),
+            connection_limits(settings),
+            metrics=server.deps.metrics.registry,
+        )
         listener = uvicorn.Server(config)
         threading.Thread(
             target=_stop_if_engine_fails, args=(server, listener, failed), daemon=True

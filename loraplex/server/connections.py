@@ -23,9 +23,12 @@ the flood's reach; connections of authenticated tenants are never closed for it.
 from __future__ import annotations
 
 from collections import Counter, OrderedDict
-from collections.abc import Callable, MutableMapping
+from collections.abc import Callable, Iterator, MutableMapping
 from dataclasses import dataclass
 from typing import Any, Protocol
+
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
+from prometheus_client.registry import Collector
 
 from loraplex.clock import Clock
 
@@ -181,3 +184,30 @@ class ConnectionGate:
             bucket.refill(rate, now_s)
             if bucket.tokens >= rate:
                 del self._buckets[address]
+
+
+class GateCollector(Collector):
+    """The gate's counts at scrape time (``/metrics``)."""
+
+    def __init__(self, gate: ConnectionGate) -> None:
+        self._gate = gate
+
+    def collect(self) -> Iterator[Metric]:
+        gate = self._gate
+        open_by_state = GaugeMetricFamily(
+            "loraplex_connections", "Open client connections by state.", labels=("state",)
+        )
+        num_unauthenticated = gate.num_unauthenticated
+        open_by_state.add_metric(("authenticated",), gate.num_open - num_unauthenticated)
+        open_by_state.add_metric(("unauthenticated",), num_unauthenticated)
+        yield open_by_state
+        yield CounterMetricFamily(
+            "loraplex_connections_refused",
+            "Connections closed as soon as they were accepted (a cap or the accept rate).",
+            value=gate.num_refused,
+        )
+        yield CounterMetricFamily(
+            "loraplex_connections_evicted",
+            "Idle unauthenticated connections closed to make room for a new one.",
+            value=gate.num_evicted,
+        )

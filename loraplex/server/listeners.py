@@ -32,12 +32,18 @@ from typing import Any
 
 import h11
 import uvicorn
+from prometheus_client.registry import CollectorRegistry
 from starlette.types import ASGIApp, Receive, Scope, Send
 from uvicorn.protocols.http.h11_impl import H11Protocol
 
 from loraplex.clock import MonotonicClock
 from loraplex.server.auth import DASHBOARD_PATHS, Credential, required_credential
-from loraplex.server.connections import MARK_AUTHENTICATED, ConnectionGate, GateLimits
+from loraplex.server.connections import (
+    MARK_AUTHENTICATED,
+    ConnectionGate,
+    GateCollector,
+    GateLimits,
+)
 from loraplex.server.errors import ApiError
 
 _BOTH = ("/health", "/ready", "/version")
@@ -138,7 +144,13 @@ class ListenerConfig(uvicorn.Config):
     """uvicorn's config for ``app`` with ``limits`` (uvicorn hands protocols only its config),
     and the one connection gate of this listener."""
 
-    def __init__(self, app: Any, limits: ConnectionLimits, log_level: str = "info") -> None:
+    def __init__(
+        self,
+        app: Any,
+        limits: ConnectionLimits,
+        log_level: str = "info",
+        metrics: CollectorRegistry | None = None,
+    ) -> None:
         # NOTE: no ``limit_concurrency``: at its cap uvicorn answers every request 503, those
         # of authenticated tenants on connections already open too; the gate bounds connections.
         super().__init__(
@@ -151,6 +163,8 @@ class ListenerConfig(uvicorn.Config):
         )
         self.limits = limits
         self.gate = ConnectionGate(limits.gate(), MonotonicClock())
+        if metrics is not None:  # the app's /metrics registry
+            metrics.register(GateCollector(self.gate))
 
 
 class _LingeringTransport:

@@ -22,6 +22,7 @@ import uvicorn
 from conftest import Served, make_app_deps
 from fakes import FakeEngine
 from live import listening
+from prometheus_client import CollectorRegistry, generate_latest
 
 from loraplex.clock import ManualClock
 from loraplex.server.app import create_app
@@ -116,6 +117,23 @@ def test_gate_limits_are_checked() -> None:
     with pytest.raises(ValueError, match="write_timeout_s 0 is invalid"):
         ConnectionLimits(write_timeout_s=0)
     assert ConnectionLimits(max_connections=10).gate().max_unauthenticated_connections == 5
+
+
+def test_the_gate_counts_are_in_metrics() -> None:
+    registry = CollectorRegistry()
+    config = ListenerConfig(object(), ConnectionLimits(max_connections=2), metrics=registry)
+    first, second = FakeMember(), FakeMember()
+    assert config.gate.admit(first, "a")
+    config.gate.authenticated(first)
+    assert config.gate.admit(second, "a")
+    assert config.gate.admit(FakeMember(idle=False), "a")  # second is idle: it makes room
+    assert second.evicted
+    assert not config.gate.admit(FakeMember(), "a")  # the newcomer is busy, first authenticated
+    text = generate_latest(registry).decode()
+    assert 'loraplex_connections{state="authenticated"} 1.0' in text
+    assert 'loraplex_connections{state="unauthenticated"} 1.0' in text
+    assert "loraplex_connections_refused_total 1.0" in text
+    assert "loraplex_connections_evicted_total 1.0" in text
 
 
 # --- real sockets ----------------------------------------------------------------------------

@@ -18,6 +18,7 @@ from urllib.parse import urlsplit
 
 import pytest
 import uvicorn
+from live import listening
 
 from loraplex.demo.assets import DemoAssets
 from loraplex.serve.assembly import DEMO_DIR, Server, build_server
@@ -25,8 +26,6 @@ from loraplex.serve.config import ServeConfig
 from loraplex.server.listeners import BoundedH11Protocol, ConnectionLimits
 from loraplex.server.stream_buffer import bounded
 from loraplex.server.streaming import not_read_event
-
-from live import listening  # isort: skip
 
 WAIT_S = 30.0  # far longer than any limit here: what has not happened by then never will
 
