@@ -19,7 +19,7 @@ from urllib.parse import urlsplit
 
 import pytest
 import uvicorn
-from conftest import Served, make_app_deps
+from conftest import ADMIN_KEY, Served, make_app_deps
 from fakes import FakeEngine
 from live import listening
 from prometheus_client import CollectorRegistry, generate_latest
@@ -280,3 +280,27 @@ def test_accepts_past_the_rate_of_one_address_are_closed(served: Served) -> None
         # a burst of four, plus what refilled while the twelve connected (well under a second)
         assert 4 <= sum(served_flags) < 12
         assert _gate_of(server).num_refused == 12 - sum(served_flags)
+
+
+@pytest.mark.parametrize(
+    ("path", "token", "authenticated"),
+    [("/health", None, False), ("/v1/models", "tenant", True), ("/admin/tenants", ADMIN_KEY, True),
+     ("/v1/models", "lpx_bad_key", False)],
+)  # fmt: skip
+def test_a_request_past_a_credential_check_authenticates_its_connection(
+    served: Served, path: str, token: str | None, authenticated: bool
+) -> None:
+    with serving(served, ConnectionLimits()) as (host, port, server):
+        conn = http.client.HTTPConnection(host, port, timeout=WAIT_S)
+        if token == "tenant":
+            token = served.keys["acme"]
+        conn.request("GET", path, headers={"Authorization": f"Bearer {token}"} if token else {})
+        status = conn.getresponse().status
+        gate = _gate_of(server)
+        if authenticated:
+            assert status == 200 and (gate.num_open, gate.num_unauthenticated) == (1, 0)
+        elif status == 200:  # a public path: served, still unauthenticated
+            assert (gate.num_open, gate.num_unauthenticated) == (1, 1)
+        else:  # a failed check answers 401 and closes the connection
+            assert status == 401
+        conn.close()
