@@ -10,8 +10,8 @@ request is aborted at once (its seat, KV blocks and adapter lease freed), the bu
 dropped and one error event takes their place, so a client that reads again learns why its
 stream ended; the listener's write timeout then closes a connection that still takes nothing.
 
-Memory per stream is at most ``max_bytes`` buffered, plus the piece the writer is sending (at
-most ``max_bytes`` too), plus the transport's high-water mark.
+Memory per stream is at most ``max_bytes`` buffered (or one larger event alone), plus the piece
+the writer is sending (as much again), plus the transport's high-water mark.
 """
 
 from __future__ import annotations
@@ -33,9 +33,11 @@ class _Buffer:
         self._changed = asyncio.Event()
 
     def put(self, text: str) -> bool:
-        """Appends ``text``; False (nothing appended) when it would pass ``max_bytes``.
+        """Appends ``text``; False (nothing appended) when it would pass ``max_bytes`` behind
+        events already waiting (one event alone always fits: an ``echo`` of a long prompt with
+        its logprobs is one large event, made whether or not it is buffered).
         NOTE: events are ASCII (``json.dumps`` escapes the rest), so characters are bytes."""
-        if self._num_bytes + len(text) > self.max_bytes:
+        if self._parts and self._num_bytes + len(text) > self.max_bytes:
             return False
         self._parts.append(text)
         self._num_bytes += len(text)

@@ -89,6 +89,16 @@ def test_a_writer_that_stops_taking_aborts_the_stream_past_the_bound() -> None:
     assert json.loads(pieces[-1][len("data: ") :])["error"]["code"] == "stream_not_read"
 
 
+def test_one_event_larger_than_the_bound_still_passes() -> None:
+    async def run() -> tuple[str, Aborts]:
+        events, aborts = Events(3, 5000), Aborts()  # e.g. an echoed prompt with its logprobs
+        pieces = [p async for p in bounded(events.stream(), 1000, not_read_event, aborts)]
+        return "".join(pieces), aborts
+
+    text, _ = asyncio.run(run())
+    assert text == "0" * 5000 + "1" * 5000 + "2" * 5000
+
+
 def test_closing_the_writer_closes_the_events_and_aborts() -> None:
     async def run() -> tuple[Events, Aborts]:
         events, aborts = Events(10_000, 10), Aborts()
