@@ -98,6 +98,7 @@ async def bounded(
     try:
         while (text := await buffer.take()) is not None:
             yield text
+        await reader  # what ended the reader, if it failed: a cut stream is never silent
     finally:
         reader.cancel()
         with anyio.CancelScope(shield=True):
