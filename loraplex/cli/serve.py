@@ -132,6 +132,21 @@ def serve_command(
     keep_alive_timeout_s: Annotated[int | None, Opt(help="Idle keep-alive, s (5).")] = None,
     max_connections: Annotated[int | None, Opt(help="Open connections (1024).")] = None,
     max_header_bytes: Annotated[int | None, Opt(help="Largest request head (16 KiB).")] = None,
+    max_unauthenticated_connections: Annotated[
+        int | None, Opt(help="Open connections not yet authenticated (max_connections / 2).")
+    ] = None,
+    max_connections_per_address: Annotated[
+        int | None, Opt(help="Open connections from one client IP (512).")
+    ] = None,
+    accepts_per_s_per_address: Annotated[
+        int | None, Opt(help="New connections per second from one client IP (512).")
+    ] = None,
+    write_timeout_s: Annotated[
+        float | None, Opt(help="Cut off a client that takes no response bytes, s (30).")
+    ] = None,
+    max_stream_buffer_bytes: Annotated[
+        int | None, Opt(help="Unread stream bytes before the request is aborted (256 KiB).")
+    ] = None,
 ) -> None:
     """Serve the base model and its adapters over an OpenAI-compatible HTTP API."""
     try:
@@ -194,7 +209,11 @@ def _run(settings: ServeConfig) -> None:
         _announce(settings, shown_admin_key, server.sample_keys)
         freeze_startup_objects()
         # The app has no startup/shutdown hooks: resources are built before and closed after.
-        config = ListenerConfig(guarded(server.app, sockets), connection_limits(settings))
+        config = ListenerConfig(
+            guarded(server.app, sockets),
+            connection_limits(settings),
+            metrics=server.deps.metrics.registry,
+        )
         listener = uvicorn.Server(config)
         threading.Thread(
             target=_stop_if_engine_fails, args=(server, listener, failed), daemon=True
@@ -231,6 +250,10 @@ def connection_limits(settings: ServeConfig) -> ConnectionLimits:
         keep_alive_timeout_s=settings.keep_alive_timeout_s,
         max_connections=settings.max_connections,
         max_header_bytes=settings.max_header_bytes,
+        max_unauthenticated_connections=settings.max_unauthenticated_connections,
+        max_connections_per_address=settings.max_connections_per_address,
+        accepts_per_s_per_address=settings.accepts_per_s_per_address,
+        write_timeout_s=settings.write_timeout_s,
     )
 
 

@@ -31,6 +31,10 @@ NOT_IN_FLEET = (
     "keep_alive_timeout_s",
     "max_connections",
     "max_header_bytes",
+    "max_unauthenticated_connections",
+    "max_connections_per_address",
+    "accepts_per_s_per_address",
+    "write_timeout_s",
 )
 
 _ROUTER_KEYS = sorted(f.name for f in fields(RouterConfig))

@@ -234,6 +234,7 @@ def build_front(
         max_prompt_chars=config.prompt_chars(),
         body_read_timeout_s=config.body_read_timeout_s,
         upload_read_timeout_s=config.upload_read_timeout_s,
+        max_stream_buffer_bytes=config.max_stream_buffer_bytes,
         shared_state_url=config.shared_state_url,
         shared_state_prefix=config.shared_state_prefix,
     )

@@ -48,6 +48,9 @@ _POSITIVE = (
     "keep_alive_timeout_s",
     "max_connections",
     "max_header_bytes",
+    "max_connections_per_address",
+    "accepts_per_s_per_address",
+    "max_stream_buffer_bytes",
 )
 _POSITIVE_OR_UNSET = (
     "max_cpu_loras",
@@ -55,6 +58,7 @@ _POSITIVE_OR_UNSET = (
     "cpu_adapter_bytes",
     "torch_threads",
     "max_prompt_chars",
+    "max_unauthenticated_connections",
 )
 _POSITIVE_SECONDS = (
     "queue_deadline_s",
@@ -64,6 +68,7 @@ _POSITIVE_SECONDS = (
     "header_read_timeout_s",
     "engine_hung_after_s",
     "engine_hung_kill_after_s",
+    "write_timeout_s",
 )
 
 
@@ -137,8 +142,17 @@ class ServeConfig:
     upload_read_timeout_s: float = 600.0  # an adapter upload must arrive within this (408)
     header_read_timeout_s: float = 10.0  # a request head must arrive within this (closed)
     keep_alive_timeout_s: int = 5  # an idle keep-alive connection is closed after this
-    max_connections: int = 1024  # open connections (503 at the cap, closed beyond it)
+    # open connections; a new one beyond a cap below takes the place of the oldest idle
+    # unauthenticated one, else is closed at once (server/connections.py)
+    max_connections: int = 1024
     max_header_bytes: int = 16 << 10  # largest request head (400 and closed beyond it)
+    # open with no request past a credential check; None: half of max_connections
+    max_unauthenticated_connections: int | None = None
+    max_connections_per_address: int = 512  # open from one client IP address
+    accepts_per_s_per_address: int = 512  # new connections per second from one IP (closed beyond)
+    write_timeout_s: float = 30.0  # a client taking no response bytes this long is cut off
+    # a stream's events its client has not taken, at most; beyond, the request is aborted
+    max_stream_buffer_bytes: int = 256 << 10
 
     def __post_init__(self) -> None:
         self._check_listeners()
@@ -157,6 +171,12 @@ class ServeConfig:
         for name in _POSITIVE_SECONDS:
             if not getattr(self, name) > 0:
                 raise ValueError(f"{name} {getattr(self, name)} is invalid; expected > 0")
+        unauthenticated = self.max_unauthenticated_connections
+        if unauthenticated is not None and unauthenticated > self.max_connections:
+            raise ValueError(
+                f"max_unauthenticated_connections {unauthenticated} is invalid; expected <= "
+                f"max_connections {self.max_connections} or unset"
+            )
         if self.shared_state_url is not None:
             check_shared_state_url(self.shared_state_url)
         check_key_prefix(self.shared_state_prefix)

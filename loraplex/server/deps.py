@@ -42,6 +42,8 @@ class ServerConfig:
     max_prompt_chars: int = 256 << 10  # longest prompt text, checked before tokenizing (400)
     body_read_timeout_s: float = 30.0  # a request body must arrive within this (408 after)
     upload_read_timeout_s: float = 600.0  # ... and an adapter upload within this
+    # a stream's events its client has not taken yet, at most (beyond: aborted, stream_buffer.py)
+    max_stream_buffer_bytes: int = 256 << 10
     queue_deadline_s: float | None = None  # max seconds a request may queue; None: engine default
     max_prompt_tokens: int | None = None  # longer prompts get a 400; None: no check here
     vocab_size: int | None = None  # token ids in a prompt must be below it; None: no check
@@ -69,7 +71,12 @@ class ServerConfig:
                 f"admin_key starting with {TENANT_TOKEN_PREFIX!r} is invalid; expected a "
                 "credential distinct from tenant API keys"
             )
-        for name in ("max_upload_bytes", "max_body_bytes", "max_prompt_chars"):
+        for name in (
+            "max_upload_bytes",
+            "max_body_bytes",
+            "max_prompt_chars",
+            "max_stream_buffer_bytes",
+        ):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name} {getattr(self, name)} is invalid; expected >= 1")
         for name in ("body_read_timeout_s", "upload_read_timeout_s"):

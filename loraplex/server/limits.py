@@ -40,6 +40,7 @@ from loraplex.server.auth import (
     parse_bearer,
     required_credential,
 )
+from loraplex.server.connections import mark_authenticated
 from loraplex.server.deps import ServerDeps
 from loraplex.server.errors import (
     ApiError,
@@ -188,15 +189,17 @@ class RequestLimits:
         credential = required_credential(scope["path"])
         if credential is Credential.TENANT:
             tenant = await authenticate(self.deps, token)
+            state = scope.setdefault("state", {})
+            mark_authenticated(state)  # a valid key, even if over its rate below
             try:  # the tenant's max_requests_per_s, before its body costs anything
                 await _take_token(self.rate_limiter, tenant)
             except RateLimitError as exc:
                 raise to_api_error(exc, ErrorContext.TENANT) from None
-            state = scope.setdefault("state", {})
             state[AUTHENTICATED_TENANT] = tenant
             state[RATE_LIMITER] = self.rate_limiter
         elif credential is Credential.ADMIN:
             check_admin(token, self.deps.config.admin_key)
+            mark_authenticated(scope.setdefault("state", {}))
 
     async def _run_counted(
         self, scope: Scope, receive: Receive, send: Send, limit: BodyLimit

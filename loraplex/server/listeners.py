@@ -9,9 +9,12 @@ same 404 as a path that does not exist. Credentials still apply on both sockets.
 
 Every accepted connection is bounded (``ConnectionLimits``): TCP_NODELAY (asyncio sets it only on
 sockets whose ``proto`` is IPPROTO_TCP, and ``socket.create_server`` leaves it 0, so responses on
-a reused connection waited out the client's delayed ACK, ~40 ms), a deadline for each request
-head, a cap on open connections, an idle keep-alive timeout and a largest request head. Body
-limits are the app's (``limits.py``).
+a reused connection waited out the client's delayed ACK, ~40 ms), the gate of ``connections.py``
+(connections in all, per address, not yet authenticated, and accepted per second per address), a
+deadline for each request head, an idle keep-alive timeout, a largest request head, and a write
+timeout: a client that takes none of its response for ``write_timeout_s`` while the server has
+more to send is cut off, which ends its request (a stream's engine request is aborted, its seat,
+KV blocks and adapter lease freed). Body limits are the app's (``limits.py``).
 
 A connection answered before its request body ended (a 413 past the body cap, a 401 before the
 body is read) closes in stages, as RFC 9112 §9.6 asks: the answer is sent and the write side
@@ -29,10 +32,18 @@ from typing import Any
 
 import h11
 import uvicorn
+from prometheus_client.registry import CollectorRegistry
 from starlette.types import ASGIApp, Receive, Scope, Send
 from uvicorn.protocols.http.h11_impl import H11Protocol
 
+from loraplex.clock import MonotonicClock
 from loraplex.server.auth import DASHBOARD_PATHS, Credential, required_credential
+from loraplex.server.connections import (
+    MARK_AUTHENTICATED,
+    ConnectionGate,
+    GateCollector,
+    GateLimits,
+)
 from loraplex.server.errors import ApiError
 
 _BOTH = ("/health", "/ready", "/version")
@@ -96,37 +107,64 @@ def guarded(app: Any, sockets: list[socket.socket]) -> Any:
 
 @dataclass(frozen=True)
 class ConnectionLimits:
-    """What one client connection may hold: time for a request head, idle time, count, size."""
+    """What client connections may hold: time for a request head, idle time, counts, size, and
+    time to take a response (the counts are ``connections.GateLimits``)."""
 
     header_read_timeout_s: float = 10.0  # a request head must be complete this long after it began
     keep_alive_timeout_s: int = 5  # an idle keep-alive connection is closed after this (uvicorn)
-    max_connections: int = 1024  # open connections at most (see ``BoundedH11Protocol``)
+    max_connections: int = 1024  # open connections at most (see ``connections.py``)
     max_header_bytes: int = 16 << 10  # request head buffered before its end: beyond, 400 + close
     linger_s: float = 2.0  # answered mid-body: the rest is read and dropped this long at most
+    # open connections with no authenticated request; None: half of ``max_connections``
+    max_unauthenticated_connections: int | None = None
+    max_connections_per_address: int = 512  # open connections from one client address
+    accepts_per_s_per_address: int = 512  # new connections per second from one client address
+    write_timeout_s: float = 30.0  # a client that takes no response bytes this long is cut off
 
     def __post_init__(self) -> None:
-        for name in ("header_read_timeout_s", "linger_s"):
+        for name in ("header_read_timeout_s", "linger_s", "write_timeout_s"):
             if not getattr(self, name) > 0:
                 raise ValueError(f"{name} {getattr(self, name)} is invalid; expected > 0")
         for name in ("keep_alive_timeout_s", "max_connections", "max_header_bytes"):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name} {getattr(self, name)} is invalid; expected >= 1")
+        self.gate()  # checks the counts
+
+    def gate(self) -> GateLimits:
+        return GateLimits(
+            max_connections=self.max_connections,
+            max_unauthenticated_connections=self.max_unauthenticated_connections
+            or max(1, self.max_connections // 2),
+            max_connections_per_address=self.max_connections_per_address,
+            accepts_per_s_per_address=self.accepts_per_s_per_address,
+        )
 
 
 class ListenerConfig(uvicorn.Config):
-    """uvicorn's config for ``app`` with ``limits`` (uvicorn hands protocols only its config)."""
+    """uvicorn's config for ``app`` with ``limits`` (uvicorn hands protocols only its config),
+    and the one connection gate of this listener."""
 
-    def __init__(self, app: Any, limits: ConnectionLimits, log_level: str = "info") -> None:
+    def __init__(
+        self,
+        app: Any,
+        limits: ConnectionLimits,
+        log_level: str = "info",
+        metrics: CollectorRegistry | None = None,
+    ) -> None:
+        # NOTE: no ``limit_concurrency``: at its cap uvicorn answers every request 503, those
+        # of authenticated tenants on connections already open too; the gate bounds connections.
         super().__init__(
             app,
             http=BoundedH11Protocol,
             lifespan="off",
             log_level=log_level,
             timeout_keep_alive=limits.keep_alive_timeout_s,
-            limit_concurrency=limits.max_connections,
             h11_max_incomplete_event_size=limits.max_header_bytes,
         )
         self.limits = limits
+        self.gate = ConnectionGate(limits.gate(), MonotonicClock())
+        if metrics is not None:  # the app's /metrics registry
+            metrics.register(GateCollector(self.gate))
 
 
 class _LingeringTransport:
@@ -164,13 +202,14 @@ class _LingeringTransport:
 
 
 class BoundedH11Protocol(H11Protocol):
-    """uvicorn's h11 protocol, bounded: TCP_NODELAY, a connection cap, a request-head deadline.
+    """uvicorn's h11 protocol, bounded: TCP_NODELAY, the connection gate, a request-head
+    deadline, a write timeout.
 
-    uvicorn answers a request that arrives while ``max_connections`` are open with 503 (its
-    ``limit_concurrency``); a connection beyond that many is closed as soon as it is accepted, so
-    idle sockets cannot pile up either. The head deadline starts when a connection opens or, on a
-    kept-alive one, at the first byte of the next request; uvicorn's own keep-alive timer covers
-    the idle time between requests.
+    A connection the gate does not admit is closed as soon as it is accepted, before anything of
+    it is read. The head deadline starts when a connection opens or, on a kept-alive one, at the
+    first byte of the next request; uvicorn's own keep-alive timer covers the idle time between
+    requests. The write timer runs while the transport holds more than its high-water mark of
+    unsent bytes (uvicorn's flow control then stops the response's writer: ``stream_buffer.py``).
     """
 
     def __init__(self, config: uvicorn.Config, **kwargs: Any) -> None:
@@ -178,7 +217,11 @@ class BoundedH11Protocol(H11Protocol):
             raise TypeError(f"config {type(config).__name__} is invalid; expected ListenerConfig")
         super().__init__(config, **kwargs)
         self.limits = config.limits
+        self.gate = config.gate
+        # every request's scope state: how the credential check marks this connection
+        self.app_state = {**self.app_state, MARK_AUTHENTICATED: self._on_authenticated}
         self._head_timer: asyncio.TimerHandle | None = None
+        self._write_timer: asyncio.TimerHandle | None = None
 
     def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
         lingering = _LingeringTransport(transport, self, self.limits.linger_s)
@@ -186,10 +229,41 @@ class BoundedH11Protocol(H11Protocol):
         sock = transport.get_extra_info("socket")
         if sock is not None and sock.family in (socket.AF_INET, socket.AF_INET6):
             sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-        if len(self.connections) > self.limits.max_connections:
+        if not self.gate.admit(self, self.client[0] if self.client else ""):
             transport.close()
             return
         self._watch_head()
+
+    def is_idle(self) -> bool:
+        """No request in flight (``connections.Member``)."""
+        return self.cycle is None or self.cycle.response_complete
+
+    def evict(self) -> None:
+        """Closed by the gate for a newcomer (``connections.Member``)."""
+        self.transport.close()
+
+    def _on_authenticated(self) -> None:
+        self.gate.authenticated(self)
+
+    def pause_writing(self) -> None:
+        super().pause_writing()
+        if self._write_timer is None:
+            timeout_s = self.limits.write_timeout_s
+            self._write_timer = self.loop.call_later(timeout_s, self._write_timed_out)
+
+    def resume_writing(self) -> None:
+        self._stop_write_timer()
+        super().resume_writing()
+
+    def _write_timed_out(self) -> None:
+        self._write_timer = None
+        # NOTE: abort, not close: close would wait to flush what the client does not take.
+        self.transport.abort()
+
+    def _stop_write_timer(self) -> None:
+        if self._write_timer is not None:
+            self._write_timer.cancel()
+            self._write_timer = None
 
     def data_received(self, data: bytes) -> None:
         if isinstance(self.transport, _LingeringTransport) and self.transport.lingering:
@@ -206,6 +280,8 @@ class BoundedH11Protocol(H11Protocol):
 
     def connection_lost(self, exc: Exception | None) -> None:
         self._stop_head_timer()
+        self._stop_write_timer()
+        self.gate.release(self)
         super().connection_lost(exc)
 
     def _reading_head(self) -> bool:

@@ -73,7 +73,8 @@ from loraplex.server.serving import (
     start_stream,
     sticky_key,
 )
-from loraplex.server.streaming import ChunkFormat, StreamChoices, sse_events
+from loraplex.server.stream_buffer import bounded
+from loraplex.server.streaming import ChunkFormat, StreamChoices, not_read_event, sse_events
 
 router = APIRouter(prefix="/v1")
 # nginx's status for "client closed the connection"; nobody reads it (the client is gone).
@@ -189,8 +190,10 @@ async def _respond(
         continuous_usage=body.continuous_usage,
     )  # fmt: skip
     events = sse_events(first, fanout, choices, shape.num_siblings, body.include_usage)
+    max_bytes = request.app.state.deps.config.max_stream_buffer_bytes
+    read_ahead = bounded(events, max_bytes, not_read_event, fanout.abort)
     return StreamingResponse(
-        events, media_type="text/event-stream", headers=started.headers
+        read_ahead, media_type="text/event-stream", headers=started.headers
     ), started
 
 

@@ -17,7 +17,7 @@ from functools import cached_property
 
 from loraplex.engine.protocol import TokenDelta, TokenLogprob
 from loraplex.server.choices import Echo, Fanout, Slotted
-from loraplex.server.errors import ErrorContext, to_api_error
+from loraplex.server.errors import ApiError, ErrorContext, to_api_error
 from loraplex.server.logprobs_format import TokenStrings, chat_logprobs, completion_logprobs
 from loraplex.server.protocol import RevisionInfo, Usage
 
@@ -30,6 +30,18 @@ def _json(value: object) -> str:
 
 def event(payload: object) -> str:
     return f"data: {_json(payload)}\n\n"
+
+
+def not_read_event(max_bytes: int) -> str:
+    """The last event of a stream whose client left more than ``max_bytes`` unread."""
+    error = ApiError(
+        408,
+        f"the stream was aborted: its client left more than {max_bytes} bytes of it unread "
+        "(max_stream_buffer_bytes)",
+        "invalid_request_error",
+        "stream_not_read",
+    )
+    return event(error.body())
 
 
 @dataclass(frozen=True)

@@ -75,6 +75,10 @@ def test_every_key_a_fleet_refuses_is_a_serve_key() -> None:
         ("keep_alive_timeout_s", {"keep_alive_timeout_s": 9}),
         ("max_connections", {"max_connections": 10}),
         ("max_header_bytes", {"max_header_bytes": 1 << 12}),
+        ("max_unauthenticated_connections", {"max_unauthenticated_connections": 3}),
+        ("max_connections_per_address", {"max_connections_per_address": 3}),
+        ("accepts_per_s_per_address", {"accepts_per_s_per_address": 3}),
+        ("write_timeout_s", {"write_timeout_s": 3.0}),
     ],
 )
 def test_serve_keys_a_fleet_does_not_read_are_refused(

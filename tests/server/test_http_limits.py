@@ -190,14 +190,20 @@ def test_an_oversized_head_is_refused(address: tuple[str, int]) -> None:
         assert _status(_until_closed(sock)) == 400
 
 
-def test_connections_beyond_the_cap_are_closed(served: Served) -> None:
-    with serving(served, ConnectionLimits(max_connections=2)) as address:
+def test_a_connection_beyond_the_cap_takes_the_place_of_the_oldest_idle_one(
+    served: Served,
+) -> None:
+    limits = ConnectionLimits(max_connections=2, max_unauthenticated_connections=2)
+    with serving(served, limits) as address:
         first, second = _connect(address), _connect(address)
         time.sleep(0.2)  # the server has accepted both
-        with _connect(address) as third, suppress(ConnectionResetError):  # closed, maybe reset
-            assert third.recv(1) == b""
-        first.sendall(_head("/health", {}, method="GET"))  # at the cap: uvicorn's 503
-        assert _status(_until_closed(first)) == 503
+        with _connect(address) as third:
+            third.sendall(_head("/health", {"Connection": "close"}, method="GET"))
+            assert _status(_until_closed(third)) == 200
+        with suppress(ConnectionResetError):  # closed for the newcomer, maybe reset
+            assert first.recv(1) == b""
+        second.sendall(_head("/health", {"Connection": "close"}, method="GET"))
+        assert _status(_until_closed(second)) == 200
         first.close()
         second.close()
 
@@ -286,7 +292,10 @@ def test_serve_flags_reach_the_limits(tmp_path: Path, monkeypatch: pytest.Monkey
     flags = ["--max-body-bytes", "11", "--max-upload-bytes", "12", "--max-prompt-chars", "13",
              "--body-read-timeout-s", "14", "--upload-read-timeout-s", "15",
              "--header-read-timeout-s", "16", "--keep-alive-timeout-s", "17",
-             "--max-connections", "18", "--max-header-bytes", "19"]  # fmt: skip
+             "--max-connections", "18", "--max-header-bytes", "19",
+             "--max-unauthenticated-connections", "5", "--max-connections-per-address", "6",
+             "--accepts-per-s-per-address", "7", "--write-timeout-s", "8",
+             "--max-stream-buffer-bytes", "9"]  # fmt: skip
     result = CliRunner().invoke(cli_app, ["serve", "--data-dir", str(tmp_path), *flags])
     assert result.exit_code == 0, result.output
     (settings,) = seen
@@ -294,4 +303,8 @@ def test_serve_flags_reach_the_limits(tmp_path: Path, monkeypatch: pytest.Monkey
         11, 12, 13
     )  # fmt: skip
     assert (settings.body_read_timeout_s, settings.upload_read_timeout_s) == (14, 15)
-    assert serve_cli.connection_limits(settings) == ConnectionLimits(16, 17, 18, 19)
+    assert serve_cli.connection_limits(settings) == ConnectionLimits(
+        16, 17, 18, 19, max_unauthenticated_connections=5, max_connections_per_address=6,
+        accepts_per_s_per_address=7, write_timeout_s=8,
+    )  # fmt: skip
+    assert settings.max_stream_buffer_bytes == 9

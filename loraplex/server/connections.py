@@ -1,0 +1,213 @@
+"""Which client connections the listener keeps: a gate every accepted connection passes.
+
+Half-open sockets that never send a request cost the server nothing but a file descriptor and a
+slot, yet ~1,100 of them, reopened as the server closed them, failed 95 % of every tenant's
+requests: uvicorn's one connection cap answered every request 503, authenticated or not. The
+gate keeps four bounds instead, and none of them ever refuses a request on a connection already
+open:
+
+- ``accepts_per_s_per_address``: new connections per second from one client address (a token
+  bucket holding one second's worth); beyond it a connection is closed as soon as it is accepted;
+- ``max_connections_per_address``: open connections from one client address;
+- ``max_unauthenticated_connections``: open connections on which no request has passed a
+  credential check yet (``authenticated``), a budget smaller than the whole;
+- ``max_connections``: open connections in all.
+
+A connection that would pass one of the last three bounds takes the place of the oldest *idle*
+unauthenticated connection (no request in flight) that counts against it, which is closed; only
+when there is none is the newcomer closed. So a flood of idle sockets can only push out its own
+kind: a new client's connection gets in, sends its request at once and, authenticated, is out of
+the flood's reach; connections of authenticated tenants are never closed for it.
+"""
+
+from __future__ import annotations
+
+from collections import Counter, OrderedDict
+from collections.abc import Callable, Iterator, MutableMapping
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
+from prometheus_client.registry import Collector
+
+from loraplex.clock import Clock
+
+# The scope state key under which the listener leaves the call that marks the request's
+# connection authenticated (absent outside ``loraplex serve``'s listener, e.g. in TestClient).
+MARK_AUTHENTICATED = "loraplex_mark_connection_authenticated"
+
+
+def mark_authenticated(state: MutableMapping[str, Any]) -> None:
+    """Called once a request passed its credential check: its connection leaves the
+    unauthenticated budget (``state``: the request's scope state)."""
+    mark: Callable[[], None] | None = state.get(MARK_AUTHENTICATED)
+    if mark is not None:
+        mark()
+
+
+@dataclass(frozen=True)
+class GateLimits:
+    """The gate's bounds (module docstring); each >= 1."""
+
+    max_connections: int = 1024  # open connections in all
+    max_unauthenticated_connections: int = 512  # open connections not yet authenticated
+    max_connections_per_address: int = 512  # open connections from one client address
+    accepts_per_s_per_address: int = 512  # new connections per second from one address
+
+    def __post_init__(self) -> None:
+        for name in (
+            "max_connections",
+            "max_unauthenticated_connections",
+            "max_connections_per_address",
+            "accepts_per_s_per_address",
+        ):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+                raise ValueError(f"{name} {value!r} is invalid; expected an int >= 1")
+        if self.max_unauthenticated_connections > self.max_connections:
+            raise ValueError(
+                f"max_unauthenticated_connections {self.max_unauthenticated_connections} is "
+                f"invalid; expected <= max_connections {self.max_connections} (it is a share)"
+            )
+
+
+class Member(Protocol):
+    """What the gate needs of a connection."""
+
+    def is_idle(self) -> bool:
+        """No request in flight: closing it loses nobody's answer."""
+        ...
+
+    def evict(self) -> None:
+        """Close it (the gate has already forgotten it)."""
+        ...
+
+
+class _Bucket:
+    """Accept tokens of one address: ``rate`` a second, at most ``rate`` held."""
+
+    def __init__(self, rate: int, now_s: float) -> None:
+        self.tokens = float(rate)
+        self.stamp_s = now_s
+
+    def refill(self, rate: int, now_s: float) -> None:
+        self.tokens = min(float(rate), self.tokens + (now_s - self.stamp_s) * rate)
+        self.stamp_s = now_s
+
+
+class ConnectionGate:
+    """The open connections and their budgets (module docstring); event-loop thread only."""
+
+    def __init__(self, limits: GateLimits, clock: Clock) -> None:
+        self.limits = limits
+        self._clock = clock
+        self._open: dict[Member, str] = {}  # every admitted connection -> its address
+        self._per_address: Counter[str] = Counter()
+        self._unauthenticated: OrderedDict[Member, None] = OrderedDict()  # oldest first
+        self._buckets: dict[str, _Bucket] = {}
+        self.num_refused = 0  # connections closed at accept
+        self.num_evicted = 0  # idle unauthenticated connections closed for a newcomer
+
+    @property
+    def num_open(self) -> int:
+        return len(self._open)
+
+    @property
+    def num_unauthenticated(self) -> int:
+        return len(self._unauthenticated)
+
+    def admit(self, member: Member, address: str) -> bool:
+        """Whether ``member``, just accepted from ``address``, may stay; False: close it."""
+        if not self._take_accept_token(address) or not self._make_room(address):
+            self.num_refused += 1
+            return False
+        self._open[member] = address
+        self._per_address[address] += 1
+        self._unauthenticated[member] = None
+        return True
+
+    def authenticated(self, member: Member) -> None:
+        """A request on ``member`` passed a credential check (idempotent)."""
+        self._unauthenticated.pop(member, None)
+
+    def release(self, member: Member) -> None:
+        """``member`` closed (idempotent; an evicted member is already released)."""
+        address = self._open.pop(member, None)
+        if address is None:
+            return
+        self._unauthenticated.pop(member, None)
+        self._per_address[address] -= 1
+        if not self._per_address[address]:
+            del self._per_address[address]
+
+    def _make_room(self, address: str) -> bool:
+        limits = self.limits
+        at_address_cap = self._per_address[address] >= limits.max_connections_per_address
+        if at_address_cap and not self._evict_oldest_idle(address):
+            return False
+        if (
+            len(self._unauthenticated) >= limits.max_unauthenticated_connections
+            or len(self._open) >= limits.max_connections
+        ):
+            return self._evict_oldest_idle(None)
+        return True
+
+    def _evict_oldest_idle(self, address: str | None) -> bool:
+        """Closes the oldest idle unauthenticated connection (from ``address`` when given)."""
+        for member in self._unauthenticated:
+            if (address is None or self._open[member] == address) and member.is_idle():
+                self.release(member)
+                self.num_evicted += 1
+                member.evict()
+                return True
+        return False
+
+    def _take_accept_token(self, address: str) -> bool:
+        rate, now_s = self.limits.accepts_per_s_per_address, self._clock.now()
+        bucket = self._buckets.get(address)
+        if bucket is None:
+            self._prune_buckets(now_s)
+            bucket = self._buckets[address] = _Bucket(rate, now_s)
+        bucket.refill(rate, now_s)
+        if bucket.tokens < 1:
+            return False
+        bucket.tokens -= 1
+        return True
+
+    def _prune_buckets(self, now_s: float) -> None:
+        """Forgets full buckets once there are many: a full bucket acts as a new one, so this
+        changes no decision and keeps the map at about the addresses active in the last second."""
+        if len(self._buckets) < 2 * self.limits.max_connections:
+            return
+        rate = self.limits.accepts_per_s_per_address
+        for address, bucket in list(self._buckets.items()):
+            bucket.refill(rate, now_s)
+            if bucket.tokens >= rate:
+                del self._buckets[address]
+
+
+class GateCollector(Collector):
+    """The gate's counts at scrape time (``/metrics``)."""
+
+    def __init__(self, gate: ConnectionGate) -> None:
+        self._gate = gate
+
+    def collect(self) -> Iterator[Metric]:
+        gate = self._gate
+        open_by_state = GaugeMetricFamily(
+            "loraplex_connections", "Open client connections by state.", labels=("state",)
+        )
+        num_unauthenticated = gate.num_unauthenticated
+        open_by_state.add_metric(("authenticated",), gate.num_open - num_unauthenticated)
+        open_by_state.add_metric(("unauthenticated",), num_unauthenticated)
+        yield open_by_state
+        yield CounterMetricFamily(
+            "loraplex_connections_refused",
+            "Connections closed as soon as they were accepted (a cap or the accept rate).",
+            value=gate.num_refused,
+        )
+        yield CounterMetricFamily(
+            "loraplex_connections_evicted",
+            "Idle unauthenticated connections closed to make room for a new one.",
+            value=gate.num_evicted,
+        )

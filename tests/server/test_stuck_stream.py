@@ -1,0 +1,236 @@
+"""Streams whose client does not read (issue 25, item 4): the events are read ahead into a
+bounded buffer (``server/stream_buffer.py``), a stream past it is aborted at once, and a
+connection that takes nothing for ``write_timeout_s`` is cut off; either way the engine request
+ends and its seats, KV blocks and adapter lease are freed. Before, generation ran to the end and
+every delta waited in the request's engine queue until the client read (8 MB per response).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import socket
+import time
+from collections.abc import AsyncIterator, Iterator
+from contextlib import contextmanager, suppress
+from pathlib import Path
+from urllib.parse import urlsplit
+
+import pytest
+import uvicorn
+from live import listening
+
+from loraplex.demo.assets import DemoAssets
+from loraplex.serve.assembly import DEMO_DIR, Server, build_server
+from loraplex.serve.config import ServeConfig
+from loraplex.server.listeners import BoundedH11Protocol, ConnectionLimits
+from loraplex.server.stream_buffer import bounded
+from loraplex.server.streaming import not_read_event
+
+WAIT_S = 30.0  # far longer than any limit here: what has not happened by then never will
+
+
+# --- the buffer alone ------------------------------------------------------------------------
+
+
+class Events:
+    """``count`` events of ``size`` characters; records how far it was read and its close."""
+
+    def __init__(self, count: int, size: int) -> None:
+        self.count, self.size = count, size
+        self.num_read = 0
+        self.closed = False
+
+    async def stream(self) -> AsyncIterator[str]:
+        try:
+            for index in range(self.count):
+                self.num_read += 1
+                yield f"{index % 10}" * self.size
+                await asyncio.sleep(0)
+        finally:
+            self.closed = True
+
+
+class Aborts:
+    def __init__(self) -> None:
+        self.num_calls = 0
+
+    async def __call__(self) -> None:
+        self.num_calls += 1
+
+
+def test_a_reading_writer_gets_every_event_in_order() -> None:
+    async def run() -> tuple[str, Events, Aborts]:
+        events, aborts = Events(50, 10), Aborts()
+        pieces = [p async for p in bounded(events.stream(), 1 << 20, not_read_event, aborts)]
+        return "".join(pieces), events, aborts
+
+    text, events, aborts = asyncio.run(run())
+    assert text == "".join(f"{i % 10}" * 10 for i in range(50))
+    assert events.closed and aborts.num_calls >= 1
+
+
+def test_a_writer_that_stops_taking_aborts_the_stream_past_the_bound() -> None:
+    async def run() -> tuple[list[str], Events, Aborts]:
+        events, aborts = Events(10_000, 100), Aborts()
+        stream = bounded(events.stream(), 1000, not_read_event, aborts)
+        pieces = [await anext(stream)]  # then the writer is stuck on its client
+        for _ in range(200):
+            await asyncio.sleep(0)
+        stuck_at = events.num_read
+        assert events.closed and aborts.num_calls == 1  # aborted without the writer
+        pieces += [piece async for piece in stream]  # the client reads again
+        assert events.num_read == stuck_at
+        return pieces, events, aborts
+
+    pieces, events, _ = asyncio.run(run())
+    assert events.num_read <= 12  # the first, ten in the buffer, the one that did not fit
+    assert pieces[-1] == not_read_event(1000)
+    assert json.loads(pieces[-1][len("data: ") :])["error"]["code"] == "stream_not_read"
+
+
+def test_one_event_larger_than_the_bound_still_passes() -> None:
+    async def run() -> tuple[str, Aborts]:
+        events, aborts = Events(3, 5000), Aborts()  # e.g. an echoed prompt with its logprobs
+        pieces = [p async for p in bounded(events.stream(), 1000, not_read_event, aborts)]
+        return "".join(pieces), aborts
+
+    text, _ = asyncio.run(run())
+    assert text == "0" * 5000 + "1" * 5000 + "2" * 5000
+
+
+def test_closing_the_writer_closes_the_events_and_aborts() -> None:
+    async def run() -> tuple[Events, Aborts]:
+        events, aborts = Events(10_000, 10), Aborts()
+        stream = bounded(events.stream(), 1 << 20, not_read_event, aborts)
+        await anext(stream)
+        await stream.aclose()
+        return events, aborts
+
+    events, aborts = asyncio.run(run())
+    assert events.closed and aborts.num_calls >= 1 and events.num_read < 10_000
+
+
+# --- a real server and engine ----------------------------------------------------------------
+
+
+@contextmanager
+def serving(
+    assets: DemoAssets, data_dir: Path, limits: ConnectionLimits, **config: object
+) -> Iterator[tuple[Server, tuple[str, int], uvicorn.Server]]:
+    (data_dir / DEMO_DIR).symlink_to(assets.root, target_is_directory=True)
+    server = build_server(ServeConfig(data_dir=data_dir, **config))  # type: ignore[arg-type]
+    try:
+        with listening(server.app, limits) as (url, listener):
+            address = urlsplit(url)
+            yield server, (address.hostname or "", address.port or 0), listener
+    finally:
+        server.close()
+
+
+def _num_aborted(server: Server) -> float:
+    return sum(
+        sample.value
+        for family in server.deps.metrics.requests.collect()
+        for sample in family.samples
+        if sample.name.endswith("_total") and sample.labels["outcome"] == "abort"
+    )
+
+
+def _open_not_reading(
+    address: tuple[str, int], listener: uvicorn.Server, server: Server, num_choices: int
+) -> socket.socket:
+    """A connection that asks for a long stream and reads none of it. NOTE: loopback's kernel
+    buffers hold megabytes; both ends' are made small so the stall shows after kilobytes."""
+    sock = socket.socket()
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+    sock.settimeout(WAIT_S)
+    sock.connect(address)
+    local_port = sock.getsockname()[1]
+    deadline = time.monotonic() + WAIT_S
+    accepted: list[BoundedH11Protocol] = []
+    while not accepted and time.monotonic() < deadline:
+        accepted = [
+            p
+            for p in listener.server_state.connections
+            if isinstance(p, BoundedH11Protocol) and p.client and p.client[1] == local_port
+        ]
+        time.sleep(0.01)
+    (protocol,) = accepted
+    protocol.transport.get_extra_info("socket").setsockopt(
+        socket.SOL_SOCKET, socket.SO_SNDBUF, 4096
+    )
+    body = json.dumps({"model": "support", "prompt": "The acme support team", "stream": True,
+                       "n": num_choices, "max_tokens": 480, "ignore_eos": True})  # fmt: skip
+    head = (
+        "POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+        f"Authorization: Bearer {server.sample_keys['acme']}\r\n"
+        f"Content-Length: {len(body)}\r\n\r\n"
+    )
+    sock.sendall(head.encode() + body.encode())
+    return sock
+
+
+def _wait_engine_freed(server: Server, num_choices: int) -> None:
+    """Every sibling aborted, nothing running or queued, no KV block held."""
+    deadline = time.monotonic() + WAIT_S
+    while time.monotonic() < deadline:
+        load = server.engine.load_snapshot()
+        aborted = _num_aborted(server) >= num_choices
+        if aborted and load.num_running == 0 and load.num_waiting == 0 and load.kv_usage == 0:
+            return
+        time.sleep(0.05)
+    load = server.engine.load_snapshot()
+    raise AssertionError(f"not freed: {_num_aborted(server)} aborted, {load}")
+
+
+def _read_all(sock: socket.socket) -> bytes:
+    received = b""
+    with suppress(ConnectionResetError):
+        while chunk := sock.recv(65536):
+            received += chunk
+    return received
+
+
+NUM_CHOICES = 16  # with max_num_seqs 2, far more generation than the limits below allow
+
+
+@pytest.mark.parametrize("engine_process", [False, True], ids=["thread", "process"])
+def test_a_client_that_does_not_read_is_cut_off_at_the_write_timeout(
+    demo_assets: DemoAssets, tmp_path: Path, engine_process: bool
+) -> None:
+    limits = ConnectionLimits(write_timeout_s=1.0)
+    config = {"engine_process": engine_process, "max_num_seqs": 2,
+              "max_stream_buffer_bytes": 64 << 20}  # fmt: skip
+    with serving(demo_assets, tmp_path, limits, **config) as (server, address, listener):
+        with _open_not_reading(address, listener, server, NUM_CHOICES) as sock:
+            _wait_engine_freed(server, NUM_CHOICES)
+            received = _read_all(sock)  # the connection was cut: its end comes at once
+        assert received.startswith(b"HTTP/1.1 200")
+        assert not received.endswith(b"0\r\n\r\n")  # cut, not complete
+        assert listener.server_state.connections == set() or all(
+            p.client is None or p.client[1] != sock.getsockname()[1]
+            for p in listener.server_state.connections
+        )
+
+
+def test_a_stream_past_its_buffer_is_aborted_and_says_why(
+    demo_assets: DemoAssets, tmp_path: Path
+) -> None:
+    limits = ConnectionLimits(write_timeout_s=600.0)
+    config = {"engine_process": False, "max_num_seqs": 2, "max_stream_buffer_bytes": 16 << 10}
+    with (
+        serving(demo_assets, tmp_path, limits, **config) as (server, address, listener),
+        _open_not_reading(address, listener, server, NUM_CHOICES) as sock,
+    ):
+        _wait_engine_freed(server, NUM_CHOICES)  # with the client still not reading
+        received = _read_all(sock)  # now it reads: the stream ends, and says why
+    assert b'"code":"stream_not_read"' in received
+    assert received.endswith(b"0\r\n\r\n")
+    assert b"data: [DONE]" not in received
+
+
+@pytest.mark.parametrize("name", ["write_timeout_s", "max_stream_buffer_bytes"])
+def test_stream_limits_are_checked(tmp_path: Path, name: str) -> None:
+    with pytest.raises(ValueError, match=f"{name} 0 is invalid"):
+        ServeConfig(data_dir=tmp_path, **{name: 0})  # type: ignore[arg-type]
