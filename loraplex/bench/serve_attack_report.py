@@ -2,8 +2,12 @@
 
 Per kind, over its attacked runs against its calm runs (the pooled victims' requests of each
 side): failed requests, the victims' P99 TTFT attacked over calm, the server's memory growth,
-and whether the kind's targets hold. As everywhere in ``bench serve``, a failed request counts in
-the percentile at the request timeout, and an undefined value is ``None`` (``null``), never 0.
+and whether the kind's targets hold. Memory: the server process tree's RSS grows by tens of MiB
+in a calm run too (the victims' adapters loaded into the CPU cache, the engine's first steps),
+so what an attack costs is its run's growth beyond the calm run's, the figure judged (largest
+attacked growth minus largest calm growth over the rounds); the raw growths stand beside it.
+As everywhere in ``bench serve``, a failed request counts in the percentile at the request
+timeout, and an undefined value is ``None`` (``null``), never 0.
 
 One exception, issue 25's own: under ``hung-engine`` a 503 is the answer the server should give
 while its engine is stopped. Those are taken out of the failed count and the percentile and
@@ -25,7 +29,7 @@ from loraplex.residency.stats import percentile
 
 MAX_P99_TTFT_RATIO = 1.5  # victims' P99 TTFT attacked / calm, every kind
 MAX_503_S = 1.0  # hung-engine: arrival to a 503's reply
-MAX_RSS_GROWTH_MIB = 16.0  # stuck-stream: server process tree RSS growth
+MAX_RSS_GROWTH_MIB = 16.0  # stuck-stream: server tree RSS growth beyond the calm run's
 _MIB = 1 << 20
 
 
@@ -85,6 +89,7 @@ def kind_entry(
     attacked = side([r for r in runs if r.attacked], workload, timeout_s, excuse_503=hung)
     calm = side([r for r in runs if not r.attacked], workload, timeout_s, excuse_503=hung)
     p99_ratio = ratio(attacked.p99_ttft_ms, calm.p99_ttft_ms)
+    growth, calm_growth = attacked.rss_growth_mib, calm.rss_growth_mib
     entry: dict[str, Any] = {
         "victim_requests": attacked.requests,
         "victim_failed": attacked.failed,
@@ -95,15 +100,18 @@ def kind_entry(
         "victim_503": attacked.excused_503 if hung else None,
         "victim_503_calm": calm.excused_503 if hung else None,
         "victim_503_max_ms": attacked.max_503_ms,
-        "server_rss_growth_mib": attacked.rss_growth_mib,
-        "server_rss_growth_mib_calm": calm.rss_growth_mib,
+        "server_rss_growth_mib_over_calm": (
+            None if growth is None or calm_growth is None else round(growth - calm_growth, 2)
+        ),
+        "server_rss_growth_mib": growth,
+        "server_rss_growth_mib_calm": calm_growth,
     }
     checks = [attacked.failed == 0, None if p99_ratio is None else p99_ratio <= MAX_P99_TTFT_RATIO]
     if hung:
         checks.append(attacked.max_503_ms is None or attacked.max_503_ms <= MAX_503_S * 1000)
     if kind == STUCK_STREAM:
-        growth = attacked.rss_growth_mib
-        checks.append(None if growth is None else growth <= MAX_RSS_GROWTH_MIB)
+        over = entry["server_rss_growth_mib_over_calm"]
+        checks.append(None if over is None else over <= MAX_RSS_GROWTH_MIB)
     entry["met"] = met(checks)
     entry["attacker"] = [r.attacker for r in runs if r.attacked]
     return entry

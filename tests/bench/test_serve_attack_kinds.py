@@ -83,6 +83,7 @@ def test_report_counts_failures_at_the_timeout_and_gives_the_ratio() -> None:
     assert entry["victim_p99_ttft_ratio"] == 6000.0
     assert entry["victim_503"] is None and entry["victim_503_max_ms"] is None
     assert entry["server_rss_growth_mib"] == 3.0 and entry["server_rss_growth_mib_calm"] == 0.0
+    assert entry["server_rss_growth_mib_over_calm"] == 3.0
     assert entry["met"] is False
     assert entry["attacker"] == [{"held": 32}]
 
@@ -123,8 +124,9 @@ def test_hung_engine_reports_503s_apart_with_their_slowest_latency() -> None:
 def test_stuck_stream_is_judged_on_memory_growth() -> None:
     workload = adversarial_workload(0, TINY)
     served = [_record(200, 0.010, TINY.output_tokens) for _ in workload.requests]
-    for growth, want in ((80 * MIB, False), (2 * MIB, True)):
-        runs = [_run("stuck-stream", False, served), _run("stuck-stream", True, served, growth)]
+    for growth, want in ((140 * MIB, False), (70 * MIB, True)):  # the calm run grew 60 MiB
+        runs = [_run("stuck-stream", False, served, 60 * MIB),
+                _run("stuck-stream", True, served, growth)]  # fmt: skip
         assert kind_metrics(runs, workload, 60.0)["stuck-stream"]["met"] is want
     assert met([True, None]) is None and met([None, False]) is False and met([True]) is True
 
