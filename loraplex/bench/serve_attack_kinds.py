@@ -121,7 +121,7 @@ async def hold_open(
 
     async def worker(first: int) -> None:
         index = first
-        while True:
+        while not stop.is_set():  # not ``while True``: see serve_attack_sockets' NOTE
             status, error = await send(index)
             statuses[status_label(status, error)] += 1
             index += count

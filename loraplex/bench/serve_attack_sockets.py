@@ -29,7 +29,11 @@ STUCK_STREAMS = 8
 STUCK_TOP_LOGPROBS = 20  # the server's maximum: the widest chunk per token
 STUCK_RCVBUF_BYTES = 4096  # asked for; Linux doubles it and keeps a floor of a few KB
 CONNECT_TIMEOUT_S = 10.0  # a connect not accepted by then counts as failed and is retried
-RECONNECT_PAUSE_S = 0.05  # after a failed connect (the server may be refusing on purpose)
+# Before reopening a socket the server closed, or retrying a failed connect: sockets beyond a
+# server's connection cap are closed as soon as accepted, and reopening them in a tight loop
+# would spend the 2 shared cores on the attacking client (whose CPU the victims would then
+# blame on the server) rather than on the server.
+REOPEN_PAUSE_S = 0.05
 
 
 def _address(url: str) -> tuple[str, int]:
@@ -54,13 +58,15 @@ async def half_open_flood(target: KindTarget, plan: KindPlan, stop: asyncio.Even
 
     async def hold() -> None:
         nonlocal open_now
-        while True:
+        # NOTE: not ``while True``: Python 3.11's wait_for can swallow a cancellation (gh-86296),
+        # and a holder that missed its cancel would then reconnect forever.
+        while not stop.is_set():
             try:
                 connect = asyncio.open_connection(host, port)
                 reader, writer = await asyncio.wait_for(connect, CONNECT_TIMEOUT_S)
             except (OSError, TimeoutError):
                 tally["connect_failed"] += 1
-                await asyncio.sleep(RECONNECT_PAUSE_S)
+                await asyncio.sleep(REOPEN_PAUSE_S)
                 continue
             tally["opened"] += 1
             open_now += 1
@@ -75,13 +81,14 @@ async def half_open_flood(target: KindTarget, plan: KindPlan, stop: asyncio.Even
                 open_now -= 1
                 writer.close()
             tally["closed_by_server"] += 1
+            await asyncio.sleep(REOPEN_PAUSE_S)
 
     holders = [asyncio.create_task(hold()) for _ in range(plan.flood_sockets)]
     await stop.wait()
     tally["open_at_stop"] = open_now
     for task in holders:
         task.cancel()
-    await asyncio.gather(*holders, return_exceptions=True)
+    await asyncio.wait(holders, timeout=CONNECT_TIMEOUT_S)  # each ends at its next await
     return tally
 
 
