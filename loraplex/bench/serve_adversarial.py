@@ -7,6 +7,8 @@ than one round the order alternates (calm first in even rounds). Both runs are t
 client clock around the same boundary (``serve_driver``), so the victims' P99 TTFT with the
 attacker over without it says what the attacker cost them. Before each trace, the server's
 keep-alive round trip is measured on its idle state: GET /v1/models on one reused connection.
+This module runs the mixed attacker (the selected ones of its four kinds); issue 25's kinds each
+run against a calm run of their own (``serve_attack_runs``, after these runs, on the same trace).
 """
 
 from __future__ import annotations
