@@ -29,12 +29,15 @@ from typing import Any
 from loraplex.bench.serve_adversarial import (
     ADVERSARIAL,
     AdversarialConfig,
+    AdversarialRun,
     adversarial_metrics,
     adversarial_workload,
     run_adversarial,
 )
+from loraplex.bench.serve_attack_report import kind_metrics
+from loraplex.bench.serve_attack_runs import KindRun, run_attack_kinds
 from loraplex.bench.serve_driver import DriveConfig
-from loraplex.bench.serve_fleet import ServerOptions, drop_page_cache, prepare_fleet
+from loraplex.bench.serve_fleet import Fleet, ServerOptions, drop_page_cache, prepare_fleet
 from loraplex.bench.serve_runs import TracePlan, comparisons, trace_runs
 from loraplex.bench.serve_summary import RunResult, headline, summarize
 from loraplex.bench.serve_throughput import ThroughputConfig, measure_throughput
@@ -177,24 +180,20 @@ def run_serve_bench(config: ServeBenchConfig) -> dict[str, Any]:
             config.request_timeout_s,
         )
         runs = trace_runs(plan, fleet, drive, root)
-        hostile = []
+        hostile: list[AdversarialRun] = []
+        isolated: list[KindRun] = []
         if attack is not None:
-            options = _options(config, "cost_aware", config.max_loras)
-            hostile = run_adversarial(
-                fleet,
-                root / ADVERSARIAL,
-                attack,
-                options=options,
-                drive=drive,
-                config=config.adversarial,
-            )
+            hostile, isolated = _adversarial(config, fleet, root, attack, drive)
             timeout = config.request_timeout_s
             runs += [RunResult(r.name, r.records, r.residency, timeout) for r in hostile]
+            runs += [RunResult(r.name, r.records, r.residency, timeout) for r in isolated]
     summaries = {run.name: summarize(run) for run in runs}
     slots = config.hot_burst_slots if "hot-burst" in workloads else ()
     metrics = headline(summaries, slots)
-    if attack is not None:
+    if hostile and attack is not None:
         metrics.update(adversarial_metrics(hostile, attack, config.request_timeout_s))
+    if isolated and attack is not None:
+        metrics["adversarial_kinds"] = kind_metrics(isolated, attack, config.request_timeout_s)
     metrics["http_over_offline_throughput"] = None if tput.ratio is None else round(tput.ratio, 3)
     metrics["throughput_completed_ratio_http"] = _share(tput.http_completed, tput.http_requests)
     metrics["throughput_completed_ratio_offline"] = _share(
@@ -210,6 +209,25 @@ def run_serve_bench(config: ServeBenchConfig) -> dict[str, Any]:
     metrics["runs"] = summaries
     plain = {k: (str(v) if isinstance(v, Path) else v) for k, v in asdict(config).items()}
     return {"name": "serve", "config": plain, "seed": config.seed, "metrics": metrics, "runs": runs}
+
+
+def _adversarial(
+    config: ServeBenchConfig, fleet: Fleet, root: Path, workload: Workload, drive: DriveConfig
+) -> tuple[list[AdversarialRun], list[KindRun]]:
+    """The mixed attacker's runs, then each isolated kind's (those selected of each)."""
+    options = _options(config, "cost_aware", config.max_loras)
+    attack = config.adversarial
+    hostile: list[AdversarialRun] = []
+    isolated: list[KindRun] = []
+    if attack.mixed_kinds:
+        hostile = run_adversarial(
+            fleet, root / ADVERSARIAL, workload, options=options, drive=drive, config=attack
+        )
+    if attack.isolated_kinds:
+        isolated = run_attack_kinds(
+            fleet, root / "kinds", workload, options=options, drive=drive, config=attack
+        )
+    return hostile, isolated
 
 
 def _share(part: int, whole: int) -> float | None:

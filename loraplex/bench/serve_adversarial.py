@@ -7,6 +7,8 @@ than one round the order alternates (calm first in even rounds). Both runs are t
 client clock around the same boundary (``serve_driver``), so the victims' P99 TTFT with the
 attacker over without it says what the attacker cost them. Before each trace, the server's
 keep-alive round trip is measured on its idle state: GET /v1/models on one reused connection.
+This module runs the mixed attacker (the selected ones of its four kinds); issue 25's kinds each
+run against a calm run of their own (``serve_attack_runs``, after these runs, on the same trace).
 """
 
 from __future__ import annotations
@@ -21,9 +23,11 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
 
+from loraplex.bench.serve_attack_kinds import ISOLATED_KINDS
 from loraplex.bench.serve_attacker import (
     ATTACKER,
     ATTACKER_ADAPTER,
+    KINDS,
     AttackPlan,
     AttackRecord,
     PathologicalAdapter,
@@ -44,6 +48,9 @@ from loraplex.residency.stats import percentile
 ADVERSARIAL = "adversarial"
 VICTIMS = ("steady-a", "steady-b")
 KEEPALIVE_REQUESTS = 50  # timed GET /v1/models per server (after one that opens the connection)
+# The mixed attacker's kinds (one attacked run cycling through those selected), then issue 25's
+# kinds (each its own attacked run against its own calm run: serve_attack_runs).
+ATTACK_KINDS = (*KINDS, *ISOLATED_KINDS)
 
 
 @dataclass(frozen=True)
@@ -56,6 +63,9 @@ class AdversarialConfig:
     prompt_bytes: int = 8 << 20  # characters of each oversized prompt
     header_bytes: int = 100_000_000  # safetensors header of the huge-header adapter
     regex_depth: int = 20  # the regex adapter's backtracking: about 2**depth steps per module
+    attack_kinds: tuple[str, ...] = ATTACK_KINDS  # which kinds run (a subset of ATTACK_KINDS)
+    flood_sockets: int = 1100  # half-open-flood: unauthenticated sockets held open at once
+    hang_s: float = 15.0  # hung-engine: seconds the engine process stays stopped
 
     def __post_init__(self) -> None:
         for name in (
@@ -65,9 +75,27 @@ class AdversarialConfig:
             "prompt_bytes",
             "header_bytes",
             "regex_depth",
+            "flood_sockets",
+            "hang_s",
         ):
             if not getattr(self, name) > 0:
                 raise ValueError(f"{name} {getattr(self, name)} is invalid; expected > 0")
+        unknown = [kind for kind in self.attack_kinds if kind not in ATTACK_KINDS]
+        if not self.attack_kinds or unknown or len(set(self.attack_kinds)) < len(self.attack_kinds):
+            raise ValueError(
+                f"attack_kinds {self.attack_kinds} is invalid; expected distinct names from "
+                f"{ATTACK_KINDS}"
+            )
+
+    @property
+    def mixed_kinds(self) -> tuple[str, ...]:
+        """The mixed attacker's selected kinds, in its cycle's order (none: no mixed run)."""
+        return tuple(kind for kind in KINDS if kind in self.attack_kinds)
+
+    @property
+    def isolated_kinds(self) -> tuple[str, ...]:
+        """Issue 25's selected kinds, in ISOLATED_KINDS' order."""
+        return tuple(kind for kind in ISOLATED_KINDS if kind in self.attack_kinds)
 
 
 @dataclass(frozen=True)
@@ -112,18 +140,9 @@ def run_adversarial(
     drive: DriveConfig,
     config: AdversarialConfig,
 ) -> list[AdversarialRun]:
-    """Every (calm, attacked) pair of runs, each on a fresh server with a cold cache."""
-    from loraplex.artifacts.base_model import BaseModelSpec
-    from loraplex.bench.serve_attack_adapters import write_pathological_adapters
-
-    base = BaseModelSpec.from_dir(fleet.model_dir)
-    hostile = write_pathological_adapters(
-        base,
-        fleet.model_dir,
-        root / "attack-files",
-        header_bytes=config.header_bytes,
-        regex_depth=config.regex_depth,
-    )
+    """Every (calm, attacked) pair of runs of the mixed attacker (its selected kinds), each on
+    a fresh server with a cold cache."""
+    hostile = _hostile_adapters(fleet, root, config) if "cold-adapter" in config.mixed_kinds else ()
     shared = _Shared(fleet, options, workload, drive, hostile)
     runs: list[AdversarialRun] = []
     for planned in run_order(config.rounds):
@@ -136,10 +155,27 @@ def run_adversarial(
             drive.request_timeout_s,
             drive.vocab_size,
             drive.seed,
+            config.mixed_kinds,
         )
         data_dir = root / f"run-{len(runs)}"
         runs.append(_run(shared, data_dir, planned.name, plan if planned.attacked else None))
     return runs
+
+
+def _hostile_adapters(
+    fleet: Fleet, root: Path, config: AdversarialConfig
+) -> tuple[PathologicalAdapter, ...]:
+    """The cold-adapter kind's adapters (its uploads are part of that kind)."""
+    from loraplex.artifacts.base_model import BaseModelSpec
+    from loraplex.bench.serve_attack_adapters import write_pathological_adapters
+
+    return write_pathological_adapters(
+        BaseModelSpec.from_dir(fleet.model_dir),
+        fleet.model_dir,
+        root / "attack-files",
+        header_bytes=config.header_bytes,
+        regex_depth=config.regex_depth,
+    )
 
 
 @dataclass(frozen=True)

@@ -75,8 +75,12 @@ class AttackPlan:
     timeout_s: float  # bound on every request and upload
     vocab_size: int  # prompt token ids are drawn below this
     seed: int  # prompt contents
+    kinds: tuple[str, ...] = KINDS  # the kinds cycled through (a subset of KINDS, in its order)
 
     def __post_init__(self) -> None:
+        unknown = [kind for kind in self.kinds if kind not in KINDS]
+        if not self.kinds or unknown:
+            raise ValueError(f"kinds {self.kinds} is invalid; expected a subset of {KINDS}")
         for name in (
             "duration_s",
             "rate",
@@ -113,7 +117,8 @@ class AttackRecord:
 
 
 def schedule(plan: AttackPlan, adapters: tuple[PathologicalAdapter, ...]) -> list[AttackRequest]:
-    """Request ``i`` is of kind ``KINDS[i % 4]`` and cycles through that kind's variants."""
+    """Request ``i`` is of kind ``plan.kinds[i % len(plan.kinds)]`` and cycles through that
+    kind's variants."""
     rng = random.Random(plan.seed)
     text = _junk_text(rng, plan.prompt_bytes)
     ok = {"model": ATTACKER_ADAPTER, "max_tokens": _MAX_TOKENS}
@@ -128,7 +133,7 @@ def schedule(plan: AttackPlan, adapters: tuple[PathologicalAdapter, ...]) -> lis
     )
     out = []
     for index in range(math.ceil(plan.duration_s * plan.rate - 1e-9)):
-        kind, turn = KINDS[index % len(KINDS)], index // len(KINDS)
+        kind, turn = plan.kinds[index % len(plan.kinds)], index // len(plan.kinds)
         prompt = prompt_ids(rng, _PROMPT_TOKENS, plan.vocab_size)
         base = {**ok, "prompt": prompt, "stream": True}
         if kind == "sampling":
@@ -186,7 +191,7 @@ async def run_attacker(
         if request.adapter is not None:
             await uploaded[request.adapter].wait()
         async with gate:
-            status, error = await _bounded(_exchange(url, key, request), plan.timeout_s)
+            status, error = await bounded_exchange(_exchange(url, key, request), plan.timeout_s)
         return AttackRecord(t_s, request.kind, request.detail, status, error)
 
     uploads = asyncio.create_task(_upload_all(url, admin_key, adapters, plan, uploaded))
@@ -194,9 +199,10 @@ async def run_attacker(
     return sorted([*await uploads, *requests], key=lambda record: record.t_s)
 
 
-async def _bounded(
+async def bounded_exchange(
     exchange: Coroutine[Any, Any, tuple[int, str | None]], timeout_s: float
 ) -> tuple[int, str | None]:
+    """(status, error) of ``exchange`` within ``timeout_s``; (0, why) without a reply."""
     try:
         return await asyncio.wait_for(exchange, timeout_s)
     except TimeoutError:
@@ -207,7 +213,13 @@ async def _bounded(
 
 async def _exchange(url: str, key: str, request: AttackRequest) -> tuple[int, str | None]:
     if request.kind == "oversized-prompt":
-        return await _post_oversized(url, key, request)
+        return await post_large(url, key, request)
+    return await post_streaming(url, key, request)
+
+
+async def post_streaming(url: str, key: str, request: AttackRequest) -> tuple[int, str | None]:
+    """Sends ``request`` and reads its stream (to the end, or ``cancel_after_tokens`` events);
+    (status, error event type or the first 200 characters of an error body)."""
     headers = {"Authorization": f"Bearer {key}"}
     async with StreamingPost(url, request.path, json.loads(request.body), headers) as post:
         assert post.reply is not None  # read on entry
@@ -227,7 +239,7 @@ async def _exchange(url: str, key: str, request: AttackRequest) -> tuple[int, st
         return post.reply.status, error
 
 
-async def _post_oversized(url: str, key: str, request: AttackRequest) -> tuple[int, str | None]:
+async def post_large(url: str, key: str, request: AttackRequest) -> tuple[int, str | None]:
     """POSTs a multi-MB body while reading the reply: a server that answers 413 before reading
     the whole body (as it should) and closes is seen answering, not as a reset connection."""
     parts = urlsplit(url)

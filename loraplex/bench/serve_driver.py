@@ -60,6 +60,7 @@ class RequestRecord:
     completion_tokens: int  # tokens received
     revision: str | None  # the revision the server reported
     error: str | None  # error type or body, None on success
+    reply_s: float | None = None  # arrival to the reply's status line; None without a reply
 
     @property
     def ok(self) -> bool:
@@ -135,6 +136,7 @@ class _Stream:
     revision: str | None = None  # loraplex.revision of the chunks
     tier: str | None = None  # the server's tier at arrival; None when it does not say
     error: str | None = None  # an error event's message
+    reply_s: float | None = None  # monotonic time the reply's status line arrived
 
 
 def _consume(line: str, stream: _Stream) -> None:
@@ -161,6 +163,7 @@ async def _send(url: str, key: str, body: dict[str, object], stream: _Stream) ->
     headers = {"Authorization": f"Bearer {key}"}
     async with StreamingPost(url, "/v1/completions", body, headers) as post:
         assert post.reply is not None  # read on entry
+        stream.reply_s = time.monotonic()
         if post.reply.status != 200:
             payload = await post.body()
             stream.error = payload.decode("utf-8", errors="replace")[:200]
@@ -214,6 +217,7 @@ async def send_one(
         stream.tokens,
         stream.revision,
         stream.error,
+        None if stream.reply_s is None else stream.reply_s - arrival,
     )
 
 

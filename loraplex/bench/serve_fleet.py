@@ -203,11 +203,29 @@ def _toml(value: object) -> str:
     return '"' + str(value).replace("\\", "\\\\").replace('"', '\\"') + '"'
 
 
+@dataclass(frozen=True)
+class Served:
+    """A running ``loraplex serve`` of one run."""
+
+    url: str  # its base URL
+    pid: int  # the server process (its engine is a child of it)
+
+
 @contextmanager
 def serving(
     fleet: Fleet, data_dir: Path, options: ServerOptions, start_timeout_s: float = 180.0
 ) -> Iterator[str]:
     """Runs ``loraplex serve`` until the block ends; yields its base URL once /ready answers."""
+    with serving_process(fleet, data_dir, options, start_timeout_s) as served:
+        yield served.url
+
+
+@contextmanager
+def serving_process(
+    fleet: Fleet, data_dir: Path, options: ServerOptions, start_timeout_s: float = 180.0
+) -> Iterator[Served]:
+    """``serving``, yielding the server's process id too (attacks that signal its engine or
+    measure its memory need it)."""
     port = _free_port()
     config = _write_config(fleet, data_dir, options, port)
     env = {**os.environ, "OMP_NUM_THREADS": str(options.torch_threads)}
@@ -223,7 +241,7 @@ def serving(
     url = f"http://127.0.0.1:{port}"
     try:
         _wait_ready(process, url, start_timeout_s, data_dir / "server.log")
-        yield url
+        yield Served(url, process.pid)
     finally:
         _stop(process)
         log.close()

@@ -36,6 +36,7 @@ def serve_markdown(result: dict[str, Any], cdf_png: str, hits_png: str) -> str:
         markdown_table(_group_rows(metrics["runs"], "by_tier"), _GROUP_COLUMNS),
         "## TTFT and TPOT by tenant (ms)",
         markdown_table(_group_rows(metrics["runs"], "by_tenant"), _GROUP_COLUMNS),
+        *_kind_section(metrics.get("adversarial_kinds", {})),
         f"![TTFT CDF per tier]({cdf_png})",
         f"![L0 hit ratio over time]({hits_png})",
         "## JSON line",
@@ -73,6 +74,31 @@ def _sweep_rows(sweep: dict[str, dict[str, Any]]) -> list[dict[str, object]]:
             },
         }
         for slots, m in sweep.items()
+    ]
+
+
+_KIND_COLUMNS = [
+    "kind",
+    "met",
+    "victim_failed",
+    "victim_p99_ttft_ratio",
+    "victim_p99_ttft_ms_attacked",
+    "victim_p99_ttft_ms_calm",
+    "victim_503",
+    "victim_503_max_ms",
+    "server_rss_growth_mib_over_calm",
+]
+
+
+def _kind_section(kinds: dict[str, dict[str, Any]]) -> list[str]:
+    """Issue 25's attacker kinds, one row each (none when the run had none)."""
+    if not kinds:
+        return []
+    rows = [{"kind": kind, **{c: e[c] for c in _KIND_COLUMNS[1:]}} for kind, e in kinds.items()]
+    return [
+        "## Attacker kinds, each against its own calm run (victims' figures; targets: 0 failed, "
+        "P99 ratio <= 1.5, hung-engine 503s <= 1 s, stuck-stream RSS growth over calm <= 16 MiB)",
+        markdown_table(rows, _KIND_COLUMNS),
     ]
 
 

@@ -4,9 +4,12 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import Annotated, Any
+from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
+
+if TYPE_CHECKING:
+    from loraplex.bench.serve_adversarial import AdversarialConfig
 
 bench_app = typer.Typer(help="Benchmarks: one JSON line on stdout, a markdown report under docs/.")
 
@@ -185,6 +188,21 @@ def serve(
     adversarial_rounds: Annotated[
         int, typer.Option(help="adversarial: (calm, attacked) run pairs, order alternating.")
     ] = 1,
+    attack_kinds: Annotated[
+        str,
+        typer.Option(
+            help="adversarial: comma-separated attacker kinds from "
+            "sampling,oversized-prompt,cold-adapter,cancel (one mixed attacker) and "
+            "seat-hog,fanout,half-open-flood,stuck-stream,token-id-batch,hung-engine "
+            "(each against its own calm run); default all."
+        ),
+    ] = "",
+    flood_sockets: Annotated[
+        int, typer.Option(help="adversarial half-open-flood: sockets held open at once.")
+    ] = 1100,
+    hang_s: Annotated[
+        float, typer.Option(help="adversarial hung-engine: seconds the engine stays stopped.")
+    ] = 15.0,
     throughput_rounds: Annotated[int, typer.Option(help="HTTP vs in-process rounds.")] = 4,
     hot_burst_slots: Annotated[
         str, typer.Option(help="hot-burst: GPU slot counts, comma-separated (first: headline).")
@@ -203,7 +221,6 @@ def serve(
     """The real server over HTTP: lru / lru_priority vs cost_aware, storm vs none, HTTP vs
     in-process, and (opt-in) the steady tenants with and without an attacker tenant."""
     from loraplex.bench.serve import ServeBenchConfig, run_serve_bench
-    from loraplex.bench.serve_adversarial import AdversarialConfig
     from loraplex.bench.serve_report import (
         hit_ratio_plot,
         serve_json_line,
@@ -229,7 +246,9 @@ def serve(
             seed=seed,
             asset_dir=asset_dir,
             scenarios=tuple(s for s in scenarios.split(",") if s),
-            adversarial=AdversarialConfig(attack_rate=attack_rate, rounds=adversarial_rounds),
+            adversarial=_adversarial_config(
+                attack_rate, adversarial_rounds, attack_kinds, flood_sockets, hang_s
+            ),
         )
     except ValueError as exc:
         raise typer.BadParameter(str(exc)) from exc
@@ -246,6 +265,20 @@ def serve(
         if not as_json:
             typer.echo(f"report: {report_dir}/serve-run.md", err=True)
     typer.echo(serve_json_line(result))
+
+
+def _adversarial_config(
+    attack_rate: float, rounds: int, kinds: str, flood_sockets: int, hang_s: float
+) -> AdversarialConfig:
+    from loraplex.bench.serve_adversarial import ATTACK_KINDS, AdversarialConfig
+
+    return AdversarialConfig(
+        attack_rate=attack_rate,
+        rounds=rounds,
+        attack_kinds=_names(kinds) or ATTACK_KINDS,
+        flood_sockets=flood_sockets,
+        hang_s=hang_s,
+    )
 
 
 @bench_app.command("release")

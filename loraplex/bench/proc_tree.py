@@ -1,0 +1,82 @@
+"""A server's process tree as Linux's ``/proc`` shows it: its descendants, their resident memory,
+and its engine child (``bench serve``'s hung-engine and stuck-stream attacks).
+
+Read from ``/proc`` directly (what psutil reads on Linux) rather than through psutil, which is
+not a dependency of the package. Elsewhere these raise ``RuntimeError``: the attacks that need
+them then stop the benchmark instead of reporting a number they could not measure.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+PROC = Path("/proc")
+# The command line of a multiprocessing "spawn" child: the server's engine runs in one.
+SPAWN_MARKER = b"spawn_main"
+
+
+def _require_proc() -> None:
+    if not (PROC / "self" / "stat").exists():
+        raise RuntimeError("the process tree needs Linux /proc; expected /proc/self/stat")
+
+
+def parent_of(pid: int) -> int | None:
+    """``pid``'s parent process id; None once it has exited."""
+    try:
+        stat = (PROC / str(pid) / "stat").read_bytes()
+    except (FileNotFoundError, ProcessLookupError):
+        return None
+    # "pid (comm) state ppid ...": comm may hold spaces and ")", so split after the last ")".
+    return int(stat[stat.rindex(b")") + 2 :].split()[1])
+
+
+def children_of(pid: int) -> list[int]:
+    """The live direct children of ``pid``, ascending."""
+    _require_proc()
+    pids = [int(entry.name) for entry in PROC.iterdir() if entry.name.isdigit()]
+    return sorted(child for child in pids if parent_of(child) == pid)
+
+
+def descendants_of(pid: int) -> list[int]:
+    """``pid``'s live children, their children, and so on."""
+    found, pending = [], children_of(pid)
+    while pending:
+        child = pending.pop()
+        found.append(child)
+        pending.extend(children_of(child))
+    return sorted(found)
+
+
+def rss_bytes(pid: int) -> int:
+    """Resident memory of one process (0 once it has exited)."""
+    try:
+        statm = (PROC / str(pid) / "statm").read_text(encoding="ascii")
+    except (FileNotFoundError, ProcessLookupError):
+        return 0
+    return int(statm.split()[1]) * os.sysconf("SC_PAGE_SIZE")
+
+
+def tree_rss_bytes(pid: int) -> int:
+    """Resident memory of ``pid`` and every descendant, summed."""
+    _require_proc()
+    return sum(rss_bytes(p) for p in (pid, *descendants_of(pid)))
+
+
+def engine_child(server_pid: int) -> int:
+    """The server's engine process: its one child started by multiprocessing's spawn (the other
+    child, the resource tracker, is not). RuntimeError when there is not exactly one."""
+    spawned = []
+    for child in children_of(server_pid):
+        try:
+            command = (PROC / str(child) / "cmdline").read_bytes()
+        except (FileNotFoundError, ProcessLookupError):
+            continue
+        if SPAWN_MARKER in command:
+            spawned.append(child)
+    if len(spawned) != 1:
+        raise RuntimeError(
+            f"server process {server_pid} has {len(spawned)} spawned children {spawned}; "
+            "expected exactly one engine process (engine_process = true)"
+        )
+    return spawned[0]
