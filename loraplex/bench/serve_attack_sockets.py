@@ -3,6 +3,7 @@ and streams whose client never reads.
 
 - ``half-open-flood``: ``flood_sockets`` connections without credentials, each sending the start
   of a request head (no blank line ending it) and holding; one the server closes is reopened.
+  Against a loopback server they come from ``FLOOD_SOURCE_HOST``, not the victims' address.
   Issue 25: about 1,100 such sockets made 95 % of all tenants' requests fail.
 - ``stuck-stream``: ``STUCK_STREAMS`` authenticated streaming requests for long, wide outputs
   (``n`` 16, 20 top logprobs per token: about 8 MB each) on sockets whose receive buffer is
@@ -34,6 +35,10 @@ CONNECT_TIMEOUT_S = 10.0  # a connect not accepted by then counts as failed and 
 # would spend the 2 shared cores on the attacking client (whose CPU the victims would then
 # blame on the server) rather than on the server.
 REOPEN_PAUSE_S = 0.05
+# The flood's own source address on loopback (an attacker connects from its address, the victims
+# from theirs: 127.0.0.1). NOTE: a flood from the victims' own address is, to a per-address
+# limit, the victims themselves; docs/operations.md "Connections and floods" says what that costs.
+FLOOD_SOURCE_HOST = "127.0.0.2"
 
 
 def _address(url: str) -> tuple[str, int]:
@@ -62,7 +67,8 @@ async def half_open_flood(target: KindTarget, plan: KindPlan, stop: asyncio.Even
         # and a holder that missed its cancel would then reconnect forever.
         while not stop.is_set():
             try:
-                connect = asyncio.open_connection(host, port)
+                source = (FLOOD_SOURCE_HOST, 0) if host == "127.0.0.1" else None
+                connect = asyncio.open_connection(host, port, local_addr=source)
                 reader, writer = await asyncio.wait_for(connect, CONNECT_TIMEOUT_S)
             except (OSError, TimeoutError):
                 tally["connect_failed"] += 1
