@@ -50,6 +50,11 @@ def create_app(deps: ServerDeps) -> FastAPI:
         # NOTE: a redirect of ``/metrics/`` to ``/metrics`` would tell a tenant on the public
         # socket that an admin route exists there (the guard's 404 hides it otherwise).
         redirect_slashes=False,
+        # A body without Content-Type is read as JSON, as FastAPI did before its strict default
+        # (and so vLLM's server on such versions). NOTE: that default guards cookie sessions
+        # against cross-site posts; every credential here is an Authorization header, which a
+        # browser never adds to a cross-site request without a CORS preflight.
+        strict_content_type=False,
     )
     app.state.deps = deps
     app.state.openapi_documents = {}  # built on first request (``openapi_docs.document``)
