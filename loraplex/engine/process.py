@@ -216,7 +216,8 @@ class EngineProcess:
     def health(self) -> EngineHealth:
         with self._lock:
             reason = None if self._down is None else str(self._down)
-            return EngineHealth(self._down is None, self._num_restarts, reason)
+            starting = not self._started.is_set()  # set when the first start ended, either way
+            return EngineHealth(self._down is None, self._num_restarts, reason, starting)
 
     def update_tenant_settings(self, settings: Mapping[str, TenantSettings]) -> None:
         """Applies ``settings`` in the child. Recorded first: while the engine is down (or if

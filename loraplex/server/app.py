@@ -82,12 +82,15 @@ _ENGINE_DOWN_HEADERS = {"Retry-After": str(int(DEFAULT_RETRY_AFTER_S))}
 
 
 async def health(request: Request) -> JSONResponse:
-    """Liveness: cheap (no I/O) and 200 while this server answers; says when the engine is down."""
+    """Liveness: cheap (no I/O) and 200 while this server answers; says when the engine is still
+    starting (``"status": "starting"``: it cannot serve yet) or down."""
     deps: ServerDeps = request.app.state.deps
     state = deps.engine.health()
     if state.up:
         return JSONResponse({"status": "ok"})
     reason, restarts = state.down_reason, state.num_restarts
+    if state.starting:
+        return JSONResponse({"status": "starting", "engine": "starting", "reason": reason})
     return JSONResponse({"status": "ok", "engine": "down", "reason": reason, "restarts": restarts})
 
 
