@@ -37,6 +37,18 @@ RAY_LOG = "ray-head.log"  # the local Ray head's output, in the data dir
 RAY_TOKEN = "ray-auth-token"  # the local Ray head's authentication token, in the data dir
 RAY_STARTED = "Ray runtime started."  # what ``ray start`` prints once the head is up
 DEFAULT_READY_TIMEOUT_S = 300.0
+# A local head serves this machine only. NOTE: Ray 2.60's GCS, raylet and object manager
+# listen on every interface whatever the node address (measured with ``ss -ltn``); the node
+# address keeps what Ray can place on loopback there, its token authentication (``write_token``)
+# refuses clients without the token, and the Ray client server (0.0.0.0:10001 by default, and
+# unused: ``connect`` joins through the GCS) is not started.
+LOCAL_HEAD_OPTIONS = (
+    "--node-ip-address=127.0.0.1",
+    "--dashboard-host=127.0.0.1",
+    "--include-dashboard=false",
+    "--ray-client-server-port=0",
+    "--disable-usage-stats",
+)
 _RAY_ENV = {"RAY_USAGE_STATS_ENABLED": "0"}  # no usage reporting: no network at run time
 
 
@@ -87,6 +99,22 @@ def prepare(config: ServeConfig) -> Prepared:
     return Prepared(model_dir, admin, new_admin, keys)
 
 
+def check_listen(config: ServeConfig) -> None:
+    """RuntimeError unless ``config.host:port`` is free, checked as ``serve`` binds (without
+    SO_REUSEPORT). NOTE: Ray Serve's proxy sets SO_REUSEPORT, so a second fleet's proxy binds
+    the port of a running one and the kernel splits connections between them (a key valid on
+    one fleet gets 401 from the other half the time); this bind fails instead."""
+    from loraplex.server.listeners import bind
+
+    try:
+        bind(config.host, config.port).close()
+    except OSError as exc:
+        raise RuntimeError(
+            f"cannot listen on {config.host}:{config.port}: {exc.strerror or exc} (another "
+            "fleet or server holds it? `loraplex fleet down`, or choose --port)"
+        ) from exc
+
+
 def free_port() -> int:
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
@@ -133,9 +161,7 @@ def start_local_cluster(
         "--head",
         "--block",
         f"--port={port}",
-        "--node-ip-address=127.0.0.1",
-        "--include-dashboard=false",
-        "--disable-usage-stats",
+        *LOCAL_HEAD_OPTIONS,
     ]
     env = {**os.environ, **_RAY_ENV, **token_env(token_path)}
     with log_path.open("ab") as log:
@@ -228,6 +254,7 @@ def up(
     state_path = settings.serve.data_dir / STATE_FILE
     if state_path.exists():
         raise RuntimeError(f"a fleet is already recorded in {state_path}; run fleet down first")
+    check_listen(settings.serve)
     started = address is None
     group = None
     token = None
