@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import logging
 import os
 import secrets
 import shutil
@@ -37,19 +38,19 @@ RAY_LOG = "ray-head.log"  # the local Ray head's output, in the data dir
 RAY_TOKEN = "ray-auth-token"  # the local Ray head's authentication token, in the data dir
 RAY_STARTED = "Ray runtime started."  # what ``ray start`` prints once the head is up
 DEFAULT_READY_TIMEOUT_S = 300.0
-# A local head serves this machine only. NOTE: Ray 2.60's GCS, raylet and object manager
-# listen on every interface whatever the node address (measured with ``ss -ltn``); the node
-# address keeps what Ray can place on loopback there, its token authentication (``write_token``)
-# refuses clients without the token, and the Ray client server (0.0.0.0:10001 by default, and
-# unused: ``connect`` joins through the GCS) is not started.
+# A local head serves this machine only: its node address is loopback. NOTE: that does not
+# keep Ray 2.60 off the network: its GCS, raylet, object manager and dashboard agent listened on
+# every interface and its client server (port 10001) on the machine's address too (measured
+# with ``ss -ltn``), and no ``ray start`` option binds them (a client server port of 0 is
+# refused). Ray's token authentication (``write_token``) is what refuses other clients;
+# docs/fleet.md asks for a firewall on shared hosts.
 LOCAL_HEAD_OPTIONS = (
     "--node-ip-address=127.0.0.1",
-    "--dashboard-host=127.0.0.1",
     "--include-dashboard=false",
-    "--ray-client-server-port=0",
     "--disable-usage-stats",
 )
 _RAY_ENV = {"RAY_USAGE_STATS_ENABLED": "0"}  # no usage reporting: no network at run time
+_RAY_LOGGERS = ("ray", "ray.serve")  # what a driver logs to stderr
 
 
 @dataclass(frozen=True)
@@ -205,7 +206,12 @@ def connect(address: str, token_path: Path | None = None) -> None:
     if token_path is not None:
         os.environ.update(token_env(token_path))
     import ray
+    import ray.serve  # NOTE: importing it sets its logger to INFO, on stderr
 
+    # the commands print their own summary: Ray's INFO lines ("Started Serve in namespace ...")
+    # are noise on a terminal and in anything that parses the output
+    for name in _RAY_LOGGERS:
+        logging.getLogger(name).setLevel(logging.WARNING)
     if ray.is_initialized():
         ray.shutdown()
     ray.init(address=address, namespace="loraplex", logging_level="WARNING", log_to_driver=False)

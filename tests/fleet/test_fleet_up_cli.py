@@ -1,10 +1,12 @@
 """What ``fleet up`` does before and after Ray: a port another fleet holds is refused before any
 key is issued (Ray's proxy sets SO_REUSEPORT, so a second fleet used to bind it too and get half
-its connections), keys issued for a fleet that then failed are still printed, a local head keeps
-off what it can of the network, and an unusable data directory is one line, not a traceback."""
+its connections), keys issued for a fleet that then failed are still printed, and an unusable
+data directory is one line, not a traceback."""
 
 from __future__ import annotations
 
+import logging
+import os
 import socket
 import subprocess
 from collections.abc import Iterator
@@ -92,7 +94,7 @@ def test_an_unusable_data_dir_is_one_line(tmp_path: Path) -> None:
     assert not isinstance(result.exception, OSError)
 
 
-def test_a_local_head_keeps_off_the_network_where_ray_lets_it(
+def test_a_local_head_has_a_loopback_node_address_and_a_token(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     commands: list[list[str]] = []
@@ -107,4 +109,22 @@ def test_a_local_head_keeps_off_the_network_where_ray_lets_it(
         control.start_local_cluster(tmp_path / "log", tmp_path / "token")
     (command,) = commands
     assert "--node-ip-address=127.0.0.1" in command
-    assert "--ray-client-server-port=0" in command  # its default listens on 0.0.0.0:10001
+    assert (tmp_path / "token").stat().st_mode & 0o777 == 0o600
+
+
+def test_a_command_connected_to_ray_prints_no_ray_info_lines(
+    monkeypatch: pytest.MonkeyPatch, capfd: pytest.CaptureFixture[str]
+) -> None:
+    """``fleet status`` printed Ray Serve's "INFO ... Started <...LongPollClient>" on stderr."""
+    ray = pytest.importorskip("ray")
+    pytest.importorskip("ray.serve")  # as a command does: its import sets its logger to INFO
+
+    monkeypatch.setattr(ray, "init", lambda **_: None)
+    monkeypatch.setattr(ray, "is_initialized", lambda: False)
+    monkeypatch.setattr(os, "environ", dict(os.environ))
+    control.connect("127.0.0.1:1")
+    capfd.readouterr()
+    logging.getLogger("ray.serve").info("Started Serve in namespace serve")
+    logging.getLogger("ray.serve").warning("a warning still shows")
+    err = capfd.readouterr().err
+    assert "Started Serve" not in err and "a warning still shows" in err
