@@ -241,7 +241,7 @@ def read_config_file(path: Path, other_tables: tuple[str, ...] = ()) -> dict[str
     table = _field_names(path, table)
     hints = typing.get_type_hints(ServeConfig)
     for key, value in table.items():
-        _check_type(path, _file_key(key), value, hints[key])
+        _check_type(path, file_key(key), value, hints[key])
     base = path.parent
     return {
         k: (base / v if k in _PATH_FIELDS and isinstance(v, str) else v) for k, v in table.items()
@@ -254,7 +254,8 @@ def file_keys() -> frozenset[str]:
     return frozenset(names | set(_FILE_KEYS))
 
 
-def _file_key(name: str) -> str:
+def file_key(name: str) -> str:
+    """The config file key of the field ``name``: its flag's name (``threads`` for a few)."""
     return next((key for key, field_name in _FILE_KEYS.items() if field_name == name), name)
 
 
