@@ -250,7 +250,10 @@ async def _on_http(request: Request, exc: Exception) -> JSONResponse:
     if exc.status_code == 400 and isinstance(exc.__cause__, ValueError):
         # FastAPI's "error parsing the body" (a JSON syntax error is a validation error instead);
         # the body was read, so ``body()`` returns it again
-        problem = huge_integer(await request.body())
+        try:
+            problem = huge_integer(await request.body())
+        except RuntimeError:  # read as a stream, not kept: nothing to say about it
+            problem = None
         if problem is not None:
             return invalid_request(problem.message, problem.param).response()
     kind = "not_found_error" if exc.status_code == 404 else "invalid_request_error"
