@@ -38,17 +38,6 @@ RAY_LOG = "ray-head.log"  # the local Ray head's output, in the data dir
 RAY_TOKEN = "ray-auth-token"  # the local Ray head's authentication token, in the data dir
 RAY_STARTED = "Ray runtime started."  # what ``ray start`` prints once the head is up
 DEFAULT_READY_TIMEOUT_S = 300.0
-# A local head serves this machine only: its node address is loopback. NOTE: that does not
-# keep Ray 2.60 off the network: its GCS, raylet, object manager and dashboard agent listened on
-# every interface and its client server (port 10001) on the machine's address too (measured
-# with ``ss -ltn``), and no ``ray start`` option binds them (a client server port of 0 is
-# refused). Ray's token authentication (``write_token``) is what refuses other clients;
-# docs/fleet.md asks for a firewall on shared hosts.
-LOCAL_HEAD_OPTIONS = (
-    "--node-ip-address=127.0.0.1",
-    "--include-dashboard=false",
-    "--disable-usage-stats",
-)
 _RAY_ENV = {"RAY_USAGE_STATS_ENABLED": "0"}  # no usage reporting: no network at run time
 _RAY_LOGGERS = ("ray", "ray.serve")  # what a driver logs to stderr
 
@@ -162,7 +151,14 @@ def start_local_cluster(
         "--head",
         "--block",
         f"--port={port}",
-        *LOCAL_HEAD_OPTIONS,
+        # NOTE: a loopback node address does not keep Ray 2.60 off the network: its GCS, raylet,
+        # object manager and dashboard agent listened on every interface and its client server
+        # (10001) on the machine's address too (measured with ``ss -ltn``), and no ``ray start``
+        # option binds them (a client server port of 0 is refused). The token is what refuses
+        # other clients; docs/fleet.md asks for a firewall on shared hosts.
+        "--node-ip-address=127.0.0.1",
+        "--include-dashboard=false",
+        "--disable-usage-stats",
     ]
     env = {**os.environ, **_RAY_ENV, **token_env(token_path)}
     with log_path.open("ab") as log:
