@@ -255,7 +255,7 @@ def file_keys() -> frozenset[str]:
 
 
 def file_key(name: str) -> str:
-    """The config file key of the field ``name``: its flag's name (``threads`` for a few)."""
+    """The config file key of the field ``name``: its flag's name (``torch_threads``: threads)."""
     return next((key for key, field_name in _FILE_KEYS.items() if field_name == name), name)
 
 

@@ -40,19 +40,21 @@ def _bounded_int(text: str) -> int | _HugeInteger:
     return _HugeInteger(digits) if limit and digits > limit else int(text)
 
 
-def _find_huge(value: object, path: str) -> tuple[str, _HugeInteger] | None:
-    if isinstance(value, _HugeInteger):
-        return path, value
-    if isinstance(value, dict):
-        items = [(f"{path}.{k}" if path else str(k), v) for k, v in value.items()]
-    elif isinstance(value, list):
-        items = [(f"{path}[{i}]", v) for i, v in enumerate(value)]
-    else:
-        return None
-    for where, item in items:
-        found = _find_huge(item, where)
-        if found is not None:
-            return found
+def _find_huge(parsed: object) -> tuple[str, _HugeInteger] | None:
+    """The first stand-in and where it is (``a.b[2]``), depth first; iterative, as the nesting
+    is the caller's (up to what ``json`` parses)."""
+    pending: list[tuple[str, object]] = [("", parsed)]
+    while pending:
+        path, value = pending.pop()
+        if isinstance(value, _HugeInteger):
+            return path, value
+        if isinstance(value, dict):
+            items = [(f"{path}.{k}" if path else str(k), v) for k, v in value.items()]
+        elif isinstance(value, list):
+            items = [(f"{path}[{i}]", v) for i, v in enumerate(value)]
+        else:
+            continue
+        pending.extend(reversed(items))
     return None
 
 
@@ -61,9 +63,9 @@ def huge_integer(body: bytes) -> BodyProblem | None:
     fails to parse for another reason (or parses)."""
     try:
         parsed = json.loads(body, parse_int=_bounded_int)
-    except ValueError:
+    except (ValueError, RecursionError):
         return None
-    found = _find_huge(parsed, "")
+    found = _find_huge(parsed)
     if found is None:
         return None
     where, number = found

@@ -66,3 +66,14 @@ def test_a_body_that_is_not_utf8_keeps_its_message(rig: Rig) -> None:
     headers = {**rig.headers("acme"), "Content-Type": "application/json"}
     reply = rig.client.post("/v1/completions", content=b'{"model": "\xff"}', headers=headers)
     assert reply.status_code == 400 and reply.json()["error"]["param"] is None, reply.text
+
+
+@pytest.mark.parametrize("depth", [900, 5000])  # near and past what json parses
+def test_a_long_integer_deep_in_the_body_is_a_400(rig: Rig, depth: int) -> None:
+    body = '{"model": "support", "prompt": "x", "stop": ' + "[" * depth + "9" * 5000
+    body += "]" * depth + "}"
+    headers = {**rig.headers("acme"), "Content-Type": "application/json"}
+    reply = rig.client.post("/v1/completions", content=body, headers=headers)
+    assert reply.status_code == 400, reply.text
+    param = reply.json()["error"]["param"]
+    assert param is None or param.startswith("stop[0][0]")
