@@ -113,7 +113,7 @@ def test_a_local_head_has_a_loopback_node_address_and_a_token(
 
 
 def test_a_command_connected_to_ray_prints_no_ray_info_lines(
-    monkeypatch: pytest.MonkeyPatch, capfd: pytest.CaptureFixture[str]
+    monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     """``fleet status`` printed Ray Serve's "INFO ... Started <...LongPollClient>" on stderr."""
     ray = pytest.importorskip("ray")
@@ -123,8 +123,8 @@ def test_a_command_connected_to_ray_prints_no_ray_info_lines(
     monkeypatch.setattr(ray, "is_initialized", lambda: False)
     monkeypatch.setattr(os, "environ", dict(os.environ))
     control.connect("127.0.0.1:1")
-    capfd.readouterr()
-    logging.getLogger("ray.serve").info("Started Serve in namespace serve")
-    logging.getLogger("ray.serve").warning("a warning still shows")
-    err = capfd.readouterr().err
-    assert "Started Serve" not in err and "a warning still shows" in err
+    # NOTE: levels, not captured text: Ray's handler holds whichever stderr was current when
+    # ray.serve was first imported in this test process
+    for name in ("ray", "ray.serve"):
+        assert not logging.getLogger(name).isEnabledFor(logging.INFO), name
+        assert logging.getLogger(name).isEnabledFor(logging.WARNING), name
