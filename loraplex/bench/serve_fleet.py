@@ -32,6 +32,7 @@ from loraplex.registry import (
     TenantQuotas,
     open_registry,
 )
+from loraplex.serve.config import file_key
 
 ACTOR = "bench-serve"
 # Tenants of the WORKLOADS.md scenarios that are not "normal" traffic.
@@ -188,7 +189,7 @@ def serve_values(
 
 def _write_config(fleet: Fleet, data_dir: Path, options: ServerOptions, port: int) -> Path:
     values = serve_values(fleet, data_dir, options, port)
-    lines = ["[serve]"] + [f"{k} = {_toml(v)}" for k, v in values.items()]
+    lines = ["[serve]"] + [f"{file_key(k)} = {_toml(v)}" for k, v in values.items()]
     path = data_dir / "serve.toml"
     data_dir.mkdir(parents=True, exist_ok=True)
     path.write_text("\n".join(lines) + "\n", encoding="utf-8")

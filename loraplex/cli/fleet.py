@@ -15,12 +15,15 @@ import os
 import tomllib
 from dataclasses import replace
 from pathlib import Path
-from typing import Annotated, Any
+from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 
-from loraplex.cli.locations import DatabaseUrl, DataDir, S3Endpoint, Store
+from loraplex.cli.locations import DatabaseUrl, DataDir, S3Endpoint, Store, unusable_path
 from loraplex.registry import default_data_dir
+
+if TYPE_CHECKING:
+    from loraplex.fleet.control import Prepared
 
 Opt = typer.Option
 fleet_app = typer.Typer(help="Engine replicas on Ray Serve with residency-aware routing.")
@@ -130,24 +133,40 @@ def up_command(
         if serve_config.torch_threads is None:
             per_replica = default_threads_per_replica(checked.engine_replicas, os.cpu_count())
             serve_config = replace(serve_config, torch_threads=per_replica)
+        try:  # before any key is issued
+            control.check_listen(serve_config)
+        except RuntimeError as exc:
+            typer.echo(f"error: {exc}", err=True)
+            raise typer.Exit(1) from exc
         prepared = control.prepare(serve_config)
         settings = replace(checked, serve=serve_config, model_dir=prepared.model_dir)
     except (ValueError, TypeError) as exc:
         raise typer.BadParameter(str(exc)) from exc
+    except OSError as exc:  # e.g. --data-dir names a file
+        raise typer.BadParameter(unusable_path(exc)) from exc
     try:
         record = control.up(settings, address, ready_timeout_s=ready_timeout_s)
-    except RuntimeError as exc:
-        typer.echo(f"error: {exc}", err=True)
-        raise typer.Exit(1) from exc
+    except BaseException as exc:
+        # NOTE: the keys ``prepare`` issued are valid and shown only now: never lose them.
+        typer.echo("the fleet did not start; the keys issued for it stay valid:", err=True)
+        _print_keys(prepared)
+        if isinstance(exc, RuntimeError):
+            typer.echo(f"error: {exc}", err=True)
+            raise typer.Exit(1) from exc
+        raise
     where = "a local Ray head it started" if record.started_cluster else record.address
     typer.echo(f"loraplex fleet: {record.engine_replicas} engine replicas on {where}")
     typer.echo(f"serving on {record.url}  (OpenAI API at {record.url}/v1)")
     typer.echo(f"dashboard:  {record.url}/admin/dashboard#key=<admin key>")
+    _print_keys(prepared)
+    typer.echo("stop it with: loraplex fleet down")
+
+
+def _print_keys(prepared: Prepared) -> None:
     if prepared.new_admin_key:
         typer.echo(f"admin key:   {prepared.admin_key}  (shown once; kept in the data dir)")
     for tenant, key in sorted(prepared.sample_keys.items()):
         typer.echo(f"{tenant + ' key:':<12} {key}")
-    typer.echo("stop it with: loraplex fleet down")
 
 
 @fleet_app.command("status")

@@ -34,3 +34,12 @@ Store = Annotated[
 S3Endpoint = Annotated[
     str | None, typer.Option(envvar="LORAPLEX_S3_ENDPOINT", help="S3-compatible endpoint URL")
 ]
+
+
+def unusable_path(exc: OSError) -> str:
+    """``exc`` as one line naming the path (``[Errno 17] File exists: 'x'`` reads as a bug)."""
+    if exc.filename is None:
+        return f"{exc.strerror or exc}"
+    if isinstance(exc, FileExistsError):  # mkdir(exist_ok=True) on a file
+        return f"cannot use {exc.filename}: it is not a directory"
+    return f"cannot use {exc.filename}: {exc.strerror or exc}"

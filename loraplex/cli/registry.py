@@ -18,6 +18,7 @@ from typing import Annotated
 import typer
 
 from loraplex.artifacts.base_model import BaseModelSpec
+from loraplex.cli.locations import unusable_path
 from loraplex.cli.registry_location import Location, located
 from loraplex.errors import LoraplexError
 from loraplex.registry import (
@@ -89,7 +90,7 @@ def register_adapter(
             visibility=Visibility.PUBLIC if public else Visibility.PRIVATE,
         )
         config = location.config(max_lora_rank)
-        with _opened(config, BaseModelSpec.from_dir(base_model)) as registry:
+        with _opened(config, BaseModelSpec.from_dir(base_model), create=True) as registry:
             result = registry.register(request, _actor(actor))
         rev = result.revision
         verb = "registered" if result.created else "already registered (identical bytes)"
@@ -127,7 +128,7 @@ def register_many(
         else:
             raise ValueError(f"{source} does not exist; expected a directory tree or a manifest")
         base = BaseModelSpec.from_dir(base_model)
-        with _opened(location.config(max_lora_rank), base) as registry:
+        with _opened(location.config(max_lora_rank), base, create=True) as registry:
             report = register_all(registry, items, _actor(actor))
     for failure in report.failed:
         typer.echo(f"failed {failure.source}: {failure.error}", err=True)
@@ -204,7 +205,7 @@ def create_tenant(
             reserved_running_seqs,
             max_kv_blocks,
         )
-        with _opened(location.config()) as registry:
+        with _opened(location.config(), create=True) as registry:
             tenant = registry.create_tenant(name, _actor(actor), priority, quotas)
         typer.echo(f"created tenant {tenant.name} ({tenant.priority.value})")
 
@@ -277,7 +278,14 @@ def _group(app: typer.Typer, name: str, help_text: str) -> typer.Typer:
 
 
 @contextlib.contextmanager
-def _opened(config: RegistryConfig, base: BaseModelSpec | None = None) -> Iterator[Registry]:
+def _opened(
+    config: RegistryConfig, base: BaseModelSpec | None = None, *, create: bool = False
+) -> Iterator[Registry]:
+    """The registry; a SQLite one that does not exist yet is created only with ``create`` (the
+    commands that register adapters or tenants): any other command on a mistyped ``--data-dir``
+    would otherwise answer from a new, empty registry (and leave it behind)."""
+    if not create:
+        _require_existing(config)
     registry = open_registry(config, base)
     try:
         yield registry
@@ -285,13 +293,34 @@ def _opened(config: RegistryConfig, base: BaseModelSpec | None = None) -> Iterat
         registry.close()
 
 
+SQLITE_PREFIX = "sqlite:///"  # registry/sql/connect.py: the path follows
+
+
+def _require_existing(config: RegistryConfig) -> None:
+    database = config.database
+    if not database.startswith(SQLITE_PREFIX) or database == f"{SQLITE_PREFIX}:memory:":
+        return  # a server database: opening it creates nothing
+    path = Path(database.removeprefix(SQLITE_PREFIX))
+    if not path.is_file():
+        where = "data_dir" if config.database_url is None else "database_url"
+        raise ValueError(
+            f"{where}: no registry at {path}; check --data-dir / LORAPLEX_DATA_DIR (or "
+            "--database-url): `loraplex serve`, `adapters register` or `tenants create` "
+            "creates one"
+        )
+
+
 @contextlib.contextmanager
 def _failures() -> Iterator[None]:
-    """Domain errors and invalid values become one line on stderr and exit status 1."""
+    """Domain errors, invalid values and an unusable data directory become one line on stderr
+    and exit status 1."""
     try:
         yield
     except (LoraplexError, ValueError) as exc:
         typer.echo(f"error: {exc}", err=True)
+        raise typer.Exit(1) from exc
+    except OSError as exc:  # e.g. --data-dir names a file, or a directory this user cannot write
+        typer.echo(f"error: {unusable_path(exc)}", err=True)
         raise typer.Exit(1) from exc
 
 

@@ -259,6 +259,9 @@ def _show(release: Release, as_json: bool) -> None:
     typer.echo(_headline(release))
     if release.reason:
         typer.echo(f"reason\t{release.reason}")
+    waiting = _waiting(release)
+    if waiting is not None:
+        typer.echo(waiting)
     now = time.time()  # the registry's wall clock: hold_until and comparisons are epoch seconds
     if release.hold_until is not None:
         left = release.hold_until - now
@@ -278,6 +281,27 @@ def _show(release: Release, as_json: bool) -> None:
     typer.echo(_row(release.baseline, "stable", comparison.stable))
     for breach in comparison.breaches:
         typer.echo(f"breach\t{breach}")
+
+
+def _waiting(release: Release) -> str | None:
+    """What the release waits for, when it waits on something outside it: the serving process
+    moves a release (the CLI only writes it), and a canary step passes only with traffic."""
+    if release.state is ReleaseState.STAGED:
+        return "waiting for a server: `loraplex serve` (or a fleet) on this registry moves it on"
+    if release.state is not ReleaseState.CANARY:
+        return None
+    comparison = release.comparison
+    seen = 0
+    if comparison is not None and comparison.step == release.step:
+        seen = comparison.candidate.requests
+    needed = release.plan.thresholds.min_requests
+    if seen >= needed:
+        return None
+    return (
+        f"waiting for traffic: step {release.step + 1} passes after {needed} candidate requests "
+        f"({seen} so far) and {release.plan.dwell_s:g} s; {release.share:.1%} of the callers of "
+        f"{release.alias_ref} get the candidate"
+    )
 
 
 def _row(revision: str, role: str, window: RevisionWindow) -> str:

@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 
-from loraplex.cli.locations import DatabaseUrl, DataDir, S3Endpoint, Store
+from loraplex.cli.locations import DatabaseUrl, DataDir, S3Endpoint, Store, unusable_path
 from loraplex.dtypes import DEFAULT_DTYPE, DTYPE_NAMES
 from loraplex.registry import default_data_dir
 from loraplex.residency.policy import DEFAULT_POLICY, policy_names
@@ -198,10 +198,11 @@ def _run(settings: ServeConfig) -> None:
     new_admin_key = settings.admin_key is None and not admin_key_file.exists()
     try:  # the listener comes up while an engine process starts (/health live, /ready 503)
         server = build_server(settings, wait_engine=False)
-    except (LoraplexError, ValueError) as exc:
+    except (LoraplexError, ValueError, OSError) as exc:
         for sock in sockets:
             sock.close()
-        typer.echo(f"error: {exc}", err=True)
+        message = unusable_path(exc) if isinstance(exc, OSError) else str(exc)
+        typer.echo(f"error: {message}", err=True)
         raise typer.Exit(1) from exc
     failed = threading.Event()  # set when the engine's first start fails
     try:

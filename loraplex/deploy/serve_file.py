@@ -14,7 +14,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from loraplex.serve.config import ServeConfig
+from loraplex.serve.config import ServeConfig, file_key
 
 # Keys the rendered manifests set themselves (listeners, locations, credentials, the device)
 # or that name a path on the operator's machine rather than in the pod.
@@ -68,9 +68,10 @@ def check_serve_values(values: Mapping[str, Any], max_loras: int) -> None:
 
 
 def toml_text(values: Mapping[str, Any]) -> str:
-    """A ``[serve]`` table holding ``values`` (scalars only), keys sorted."""
+    """A ``[serve]`` table holding ``values`` (field names, scalars only) under their file keys,
+    sorted by field name."""
     lines = ["[serve]"]
-    lines += [f"{key} = {_toml_scalar(values[key])}" for key in sorted(values)]
+    lines += [f"{file_key(key)} = {_toml_scalar(values[key])}" for key in sorted(values)]
     return "\n".join(lines) + "\n"
 
 

@@ -244,7 +244,10 @@ class EngineProcess:
             why = self._down or self._hung
             hung = self._down is None and self._hung is not None
             reason = None if why is None else str(why)
-            return EngineHealth(why is None, self._num_restarts, reason, hung=hung)
+            starting = not self._started.is_set()  # set when the first start ended, either way
+            return EngineHealth(
+                why is None, self._num_restarts, reason, starting=starting, hung=hung
+            )
 
     def update_tenant_settings(self, settings: Mapping[str, TenantSettings]) -> None:
         """Applies ``settings`` in the child. Recorded first: while the engine is down (or if

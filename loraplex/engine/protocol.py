@@ -193,6 +193,7 @@ class EngineHealth:
     up: bool  # False while the engine is down (its process died and is being restarted)
     num_restarts: int  # engine restart attempts since the server started (0: never restarted)
     down_reason: str | None  # why it is down, for operators and refused clients; None while up
+    starting: bool = False  # down because it has not come up yet (not because it failed since)
     # True while it is alive but made no progress with work pending (``engine/watchdog.py``):
     # not up, new requests refused, live ones waiting for it
     hung: bool = False

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import logging
 import os
 import secrets
 import shutil
@@ -38,6 +39,7 @@ RAY_TOKEN = "ray-auth-token"  # the local Ray head's authentication token, in th
 RAY_STARTED = "Ray runtime started."  # what ``ray start`` prints once the head is up
 DEFAULT_READY_TIMEOUT_S = 300.0
 _RAY_ENV = {"RAY_USAGE_STATS_ENABLED": "0"}  # no usage reporting: no network at run time
+_RAY_LOGGERS = ("ray", "ray.serve")  # what a driver logs to stderr
 
 
 @dataclass(frozen=True)
@@ -87,6 +89,22 @@ def prepare(config: ServeConfig) -> Prepared:
     return Prepared(model_dir, admin, new_admin, keys)
 
 
+def check_listen(config: ServeConfig) -> None:
+    """RuntimeError unless ``config.host:port`` is free, checked as ``serve`` binds (without
+    SO_REUSEPORT). NOTE: Ray Serve's proxy sets SO_REUSEPORT, so a second fleet's proxy binds
+    the port of a running one and the kernel splits connections between them (a key valid on
+    one fleet gets 401 from the other half the time); this bind fails instead."""
+    from loraplex.server.listeners import bind
+
+    try:
+        bind(config.host, config.port).close()
+    except OSError as exc:
+        raise RuntimeError(
+            f"cannot listen on {config.host}:{config.port}: {exc.strerror or exc} (another "
+            "fleet or server holds it? `loraplex fleet down`, or choose --port)"
+        ) from exc
+
+
 def free_port() -> int:
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
@@ -133,6 +151,11 @@ def start_local_cluster(
         "--head",
         "--block",
         f"--port={port}",
+        # NOTE: a loopback node address does not keep Ray 2.60 off the network: its GCS, raylet,
+        # object manager and dashboard agent listened on every interface and its client server
+        # (10001) on the machine's address too (measured with ``ss -ltn``), and no ``ray start``
+        # option binds them (a client server port of 0 is refused). The token is what refuses
+        # other clients; docs/fleet.md asks for a firewall on shared hosts.
         "--node-ip-address=127.0.0.1",
         "--include-dashboard=false",
         "--disable-usage-stats",
@@ -179,7 +202,12 @@ def connect(address: str, token_path: Path | None = None) -> None:
     if token_path is not None:
         os.environ.update(token_env(token_path))
     import ray
+    import ray.serve  # NOTE: importing it sets its logger to INFO, on stderr
 
+    # the commands print their own summary: Ray's INFO lines ("Started Serve in namespace ...")
+    # are noise on a terminal and in anything that parses the output
+    for name in _RAY_LOGGERS:
+        logging.getLogger(name).setLevel(logging.WARNING)
     if ray.is_initialized():
         ray.shutdown()
     ray.init(address=address, namespace="loraplex", logging_level="WARNING", log_to_driver=False)
@@ -228,6 +256,7 @@ def up(
     state_path = settings.serve.data_dir / STATE_FILE
     if state_path.exists():
         raise RuntimeError(f"a fleet is already recorded in {state_path}; run fleet down first")
+    check_listen(settings.serve)
     started = address is None
     group = None
     token = None

@@ -165,4 +165,5 @@ class FleetEngineClient:
             if not entries
             else f"none of the {len(entries)} engine replicas is healthy"
         )
-        return EngineHealth(up=False, num_restarts=departed, down_reason=reason)
+        starting = not entries and departed == 0  # no replica has ever reported
+        return EngineHealth(up=False, num_restarts=departed, down_reason=reason, starting=starting)

@@ -120,6 +120,16 @@ def latest(tx: Tx, tenant: str, name: str) -> Release | None:
     return None if row is None else release_from_row(row)
 
 
+def latest_promoted(tx: Tx, tenant: str, name: str) -> Release | None:
+    """The newest release of the alias that is ``promoted`` (not rolled back since)."""
+    row = tx.query_one(
+        f"SELECT {COLUMNS} FROM releases WHERE tenant = ? AND name = ? AND state = ? "
+        "ORDER BY created_at DESC, release_id DESC LIMIT 1",
+        (tenant, name, ReleaseState.PROMOTED.value),
+    )
+    return None if row is None else release_from_row(row)
+
+
 def listed(tx: Tx, *, include_terminal: bool, tenant: str | None) -> list[Release]:
     where = [] if include_terminal else ["active = 1"]
     params: list[object] = []

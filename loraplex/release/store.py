@@ -191,7 +191,12 @@ class ReleaseStore:
     ) -> Release:
         now = self._registry.now()
         with self._db.transaction() as tx:
-            current = rows.active(tx, tenant, name) or rows.latest(tx, tenant, name)
+            current = rows.active(tx, tenant, name)
+            if current is None and to is S.ROLLED_BACK:
+                # rollback at any depth: each one undoes the newest promotion still standing,
+                # so a second rollback goes back through the release before
+                current = rows.latest_promoted(tx, tenant, name)
+            current = current or rows.latest(tx, tenant, name)
             if current is None:
                 raise ReleaseNotFoundError(f"alias {tenant}/{name} has no release")
             _check_operator(current, to)
@@ -213,6 +218,11 @@ def _check_operator(release: Release, to: ReleaseState) -> None:
             S.PROMOTED: "promote applies in canary",
             S.ROLLED_BACK: "rollback applies in canary or after promotion",
         }[to]
+        if to is S.ROLLED_BACK and release.state in (S.ROLLED_BACK, S.ABORTED):
+            hint += (
+                ", and no promotion of this alias is left to roll back; `loraplex adapters "
+                f"alias rollback {release.alias_ref}` moves it further back through its history"
+            )
         raise InvalidTransitionError(
             f"release {release.release_id} of {release.alias_ref} is {release.state.value}; "
             f"cannot {verb}: {hint}"

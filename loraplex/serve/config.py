@@ -13,6 +13,9 @@ every layer (``artifacts.base_model.lora_bytes``):
 from __future__ import annotations
 
 import tomllib
+import types
+import typing
+import warnings
 from collections.abc import Mapping
 from dataclasses import dataclass, field, fields
 from pathlib import Path
@@ -253,11 +256,17 @@ class ServeConfig:
 
 
 _PATH_FIELDS = {"data_dir", "model", "import_dir"}
+# File keys that are not field names: the key is the flag's name (``--threads``).
+_FILE_KEYS = {"threads": "torch_threads"}
+_DEPRECATED_KEYS = {"torch_threads": "threads"}  # still read, with a warning naming the new key
+_TOML_TYPE_NAMES = {bool: "a boolean", int: "an integer", float: "a number", str: "a string"}
 
 
 def read_config_file(path: Path, other_tables: tuple[str, ...] = ()) -> dict[str, Any]:
     """The ``[serve]`` table of a TOML file (or its top level when there is no such table, less
-    ``other_tables``: the tables another reader takes, e.g. ``loraplex fleet``'s ``[fleet]``)."""
+    ``other_tables``: the tables another reader takes, e.g. ``loraplex fleet``'s ``[fleet]``),
+    as ServeConfig field names. Keys are the flag names; a value of the wrong TOML type is
+    refused naming the key (it would otherwise fail later, in a comparison, without a name)."""
     try:
         document = tomllib.loads(path.read_text(encoding="utf-8"))
     except (OSError, tomllib.TOMLDecodeError) as exc:
@@ -268,14 +277,70 @@ def read_config_file(path: Path, other_tables: tuple[str, ...] = ()) -> dict[str
         table = {k: v for k, v in document.items() if k not in other_tables}
     if not isinstance(table, dict):
         raise ValueError(f"config file {path}: [serve] is invalid; expected a table")
-    known = {f.name for f in fields(ServeConfig)}
-    unknown = sorted(set(table) - known)
-    if unknown:
-        raise ValueError(f"config file {path}: unknown keys {unknown}; expected {sorted(known)}")
+    table = _field_names(path, table)
+    hints = typing.get_type_hints(ServeConfig)
+    for key, value in table.items():
+        _check_type(path, file_key(key), value, hints[key])
     base = path.parent
     return {
         k: (base / v if k in _PATH_FIELDS and isinstance(v, str) else v) for k, v in table.items()
     }
+
+
+def file_keys() -> frozenset[str]:
+    """The keys a config file's ``[serve]`` table takes (deprecated names aside)."""
+    names = {f.name for f in fields(ServeConfig)} - set(_FILE_KEYS.values())
+    return frozenset(names | set(_FILE_KEYS))
+
+
+def file_key(name: str) -> str:
+    """The config file key of the field ``name``: its flag's name (``torch_threads``: threads)."""
+    return next((key for key, field_name in _FILE_KEYS.items() if field_name == name), name)
+
+
+def _field_names(path: Path, table: dict[str, Any]) -> dict[str, Any]:
+    """``table`` keyed by field name; unknown keys refused, deprecated ones warned about."""
+    keys = file_keys()
+    unknown = sorted(set(table) - keys - set(_DEPRECATED_KEYS))
+    if unknown:
+        raise ValueError(f"config file {path}: unknown keys {unknown}; expected {sorted(keys)}")
+    renamed: dict[str, Any] = {}
+    for key, value in table.items():
+        if key in _DEPRECATED_KEYS:
+            new_key = _DEPRECATED_KEYS[key]
+            if new_key in table:
+                raise ValueError(
+                    f"config file {path}: {key} and {new_key} are both set; expected {new_key} "
+                    f"only ({key} is its deprecated name)"
+                )
+            warnings.warn(
+                f"config file {path}: key {key} is deprecated; use {new_key}",
+                FutureWarning,
+                stacklevel=3,
+            )
+            renamed[_FILE_KEYS.get(new_key, new_key)] = value
+        else:
+            renamed[_FILE_KEYS.get(key, key)] = value
+    return renamed
+
+
+def _check_type(path: Path, key: str, value: object, hint: object) -> None:
+    """ValueError naming ``key`` unless ``value`` (as TOML parsed it) fits the field's type."""
+    members = typing.get_args(hint) if isinstance(hint, types.UnionType) else (hint,)
+    accepted = {str if m is Path else m for m in members if m is not type(None)}
+    if float in accepted:
+        accepted.add(int)  # TOML writes a whole number of seconds without a point
+    # NOTE: bool is an int subclass; TOML's true is not a count.
+    if type(value) not in accepted:
+        names = [
+            name
+            for kind, name in _TOML_TYPE_NAMES.items()
+            if kind in accepted and not (kind is int and float in accepted)
+        ]
+        expected = " or ".join(names)
+        raise ValueError(
+            f"config file {path}: {key} = {value!r:.60} is invalid; expected {expected}"
+        )
 
 
 def merge(file_values: Mapping[str, Any], flags: Mapping[str, Any]) -> ServeConfig:

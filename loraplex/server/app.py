@@ -50,6 +50,11 @@ def create_app(deps: ServerDeps) -> FastAPI:
         # NOTE: a redirect of ``/metrics/`` to ``/metrics`` would tell a tenant on the public
         # socket that an admin route exists there (the guard's 404 hides it otherwise).
         redirect_slashes=False,
+        # A body without Content-Type is read as JSON, as FastAPI did before its strict default
+        # (and so vLLM's server on such versions). NOTE: that default guards cookie sessions
+        # against cross-site posts; every credential here is an Authorization header, which a
+        # browser never adds to a cross-site request without a CORS preflight.
+        strict_content_type=False,
     )
     app.state.deps = deps
     app.state.openapi_documents = {}  # built on first request (``openapi_docs.document``)
@@ -77,12 +82,15 @@ _ENGINE_DOWN_HEADERS = {"Retry-After": str(int(DEFAULT_RETRY_AFTER_S))}
 
 
 async def health(request: Request) -> JSONResponse:
-    """Liveness: cheap (no I/O) and 200 while this server answers; says when the engine is down."""
+    """Liveness: cheap (no I/O) and 200 while this server answers; says when the engine is still
+    starting (``"status": "starting"``: it cannot serve yet) or down."""
     deps: ServerDeps = request.app.state.deps
     state = deps.engine.health()
     if state.up:
         return JSONResponse({"status": "ok"})
     reason, restarts = state.down_reason, state.num_restarts
+    if state.starting:
+        return JSONResponse({"status": "starting", "engine": "starting", "reason": reason})
     engine = "hung" if state.hung else "down"
     return JSONResponse({"status": "ok", "engine": engine, "reason": reason, "restarts": restarts})
 

@@ -56,6 +56,7 @@ from loraplex.errors import (
     clipped,
 )
 from loraplex.release.errors import InvalidTransitionError, ReleaseConflictError
+from loraplex.server.body_errors import huge_integer, unsupported_content_type
 
 _log = logging.getLogger(__name__)
 
@@ -236,6 +237,11 @@ async def _on_validation(request: Request, exc: Exception) -> JSONResponse:
     if first.get("type") == "json_invalid":  # its location is a character offset, not a field
         where = "".join(str(p) for p in first.get("loc", ()) if p != "body")
         return invalid_request(f"body is not valid JSON (at character {clipped(where)})").response()
+    if first.get("loc") == ("body",) and first.get("type") == "model_attributes_type":
+        # the model got the raw bytes: FastAPI parses JSON only without a type or with JSON's
+        problem = unsupported_content_type(request.headers.get("content-type"))
+        if problem is not None:
+            return invalid_request(problem.message, problem.param).response()
     location = [str(p) for p in first.get("loc", ()) if p not in _SOURCES and not _is_union_tag(p)]
     param = clipped(".".join(location)) or None  # an unknown key is the caller's own text
     reason = clipped(str(first.get("msg", "invalid value")), MAX_VALIDATION_MESSAGE_CHARS)
@@ -246,6 +252,15 @@ async def _on_validation(request: Request, exc: Exception) -> JSONResponse:
 async def _on_http(request: Request, exc: Exception) -> JSONResponse:
     if not isinstance(exc, StarletteHTTPException):
         return await _on_error(request, exc)
+    if exc.status_code == 400 and isinstance(exc.__cause__, ValueError):
+        # FastAPI's "error parsing the body" (a JSON syntax error is a validation error instead);
+        # the body was read, so ``body()`` returns it again
+        try:
+            problem = huge_integer(await request.body())
+        except RuntimeError:  # read as a stream, not kept: nothing to say about it
+            problem = None
+        if problem is not None:
+            return invalid_request(problem.message, problem.param).response()
     kind = "not_found_error" if exc.status_code == 404 else "invalid_request_error"
     code = "invalid_request" if exc.status_code == 400 else None  # e.g. a body that is not UTF-8
     error = ApiError(exc.status_code, str(exc.detail), kind, code, None, dict(exc.headers or {}))

@@ -46,7 +46,7 @@ from loraplex.server.auth import ADMIN_ACTOR, DepsDep, require_admin
 from loraplex.server.cache_control import CacheControl
 from loraplex.server.deps import ServerDeps
 from loraplex.server.errors import ApiError, invalid_request
-from loraplex.server.upload import receive_upload
+from loraplex.server.upload import receive_upload, staging_hidden
 
 router = APIRouter(prefix="/admin", dependencies=[Depends(require_admin)])
 ACTOR = ADMIN_ACTOR  # the audit log's actor for every change made here
@@ -148,7 +148,10 @@ def register_import(
     that copy (vLLM's load route names it by content when the caller does not)."""
     if deps.config.import_dir is None:
         raise invalid_request("registration by server path is disabled (no import directory)")
-    with staged_import(deps.config.import_dir, path) as adapter_dir:
+    with (
+        staged_import(deps.config.import_dir, path) as adapter_dir,
+        staging_hidden(adapter_dir, path),
+    ):
         revision = revision_of(adapter_dir)
         request = RegistrationRequest(adapter_dir=adapter_dir, revision=revision, **fields)
         return deps.registry.register(request, ACTOR)
@@ -168,15 +171,22 @@ async def register_upload(request: Request, deps: DepsDep) -> JSONResponse:
     straight into a private staging directory (``server/upload.py``)."""
     staging = Path(tempfile.mkdtemp(prefix="loraplex-upload-"))
     try:
-        texts = await receive_upload(request, staging, deps.config.max_upload_bytes)
-        try:
-            fields = UploadFields.model_validate(texts)
-        except ValidationError as exc:
-            raise RequestValidationError(exc.errors()) from None
-        registration = RegistrationRequest(adapter_dir=staging, **fields.model_dump())
-        return await run_in_threadpool(_register, deps, registration)
+        with staging_hidden(staging, "upload"):
+            return await _register_staged_upload(request, deps, staging)
     finally:
         await run_in_threadpool(shutil.rmtree, staging, True)
+
+
+async def _register_staged_upload(
+    request: Request, deps: ServerDeps, staging: Path
+) -> JSONResponse:
+    texts = await receive_upload(request, staging, deps.config.max_upload_bytes)
+    try:
+        fields = UploadFields.model_validate(texts)
+    except ValidationError as exc:
+        raise RequestValidationError(exc.errors()) from None
+    registration = RegistrationRequest(adapter_dir=staging, **fields.model_dump())
+    return await run_in_threadpool(_register, deps, registration)
 
 
 @router.put("/adapters/{tenant}/{name}/alias")

@@ -12,6 +12,9 @@ over the cap is refused before the rest of the file is read. Only the known part
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import replace
 from pathlib import Path
 from typing import BinaryIO
 
@@ -23,8 +26,8 @@ from starlette.requests import Request
 from loraplex.artifacts.manifest import CONFIG_FILE
 from loraplex.artifacts.safetensors_header import LENGTH_PREFIX_BYTES, check_length_prefix
 from loraplex.artifacts.validate import WEIGHTS_FILE
-from loraplex.errors import quoted
-from loraplex.server.errors import invalid_request
+from loraplex.errors import LoraplexError, clipped, quoted
+from loraplex.server.errors import ErrorContext, invalid_request, to_api_error
 from loraplex.server.limits import upload_too_large
 
 FILE_PARTS = {"config": CONFIG_FILE, "weights": WEIGHTS_FILE}  # form name -> staged file name
@@ -42,6 +45,19 @@ TEXT_PARTS = frozenset(
 )
 MAX_TEXT_PART_BYTES = 64 << 10  # one text field (a probe prompt is the longest)
 _MAX_PART_HEADER_BYTES = 4096  # one part's header line (name and value)
+
+
+@contextmanager
+def staging_hidden(staging: Path, shown: str) -> Iterator[None]:
+    """Errors raised in the block say ``shown`` where they named ``staging``: validation names
+    the file it read, and a server's temporary directory means nothing to the caller (and tells
+    them about the server's file system)."""
+    try:
+        yield
+    except LoraplexError as exc:
+        error = to_api_error(exc, ErrorContext.ADMIN)
+        message = error.message.replace(str(staging), clipped(shown))
+        raise replace(error, message=message) from None
 
 
 class _UploadParts:

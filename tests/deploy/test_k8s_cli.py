@@ -117,3 +117,13 @@ def test_no_credential_from_the_environment_reaches_the_output(
         text = run(*extra)
         assert "sekrit" not in text.lower()
         assert "secretKeyRef" in text
+
+
+def test_the_rendered_serve_file_uses_the_file_keys(tmp_path: Path) -> None:
+    """``threads`` (the flag's name) in, ``threads`` out: the pod's file is read like the
+    operator's (the field name ``torch_threads`` would be a deprecated key there)."""
+    given = tmp_path / "serve.toml"
+    given.write_text("[serve]\nthreads = 2\n", encoding="utf-8")
+    found = [d for d in yaml.safe_load_all(run("--serve-config", str(given))) if d]
+    [config_map] = [d for d in found if d["kind"] == "ConfigMap" and "serve.toml" in d["data"]]
+    assert config_map["data"]["serve.toml"] == "[serve]\nthreads = 2\n"

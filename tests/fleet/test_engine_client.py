@@ -212,13 +212,27 @@ def test_load_snapshot_sums_the_healthy_replicas(calls: FakeCalls, link: FleetLi
 def test_health_answers_from_the_board(calls: FakeCalls, link: FleetLink) -> None:
     client, _ = _client(link, [])
     assert client.health().up and client.health().num_restarts == 0
+    assert not client.health().starting
     calls.board = [entry("b", healthy=False)]
     wait_until(lambda: link.num_departed == 1, "a departed")
     health = client.health()
     assert not health.up and health.num_restarts == 1
     assert health.down_reason == "none of the 1 engine replicas is healthy"
+    assert not health.starting  # down: it has been up
     with pytest.raises(EngineUnavailableError):
         client.load_snapshot()
     calls.board = []
     polled_twice(link)
     assert client.health().down_reason == "no engine replica has reported yet"
+    assert not client.health().starting  # replicas departed: not a first start
+
+
+def test_a_fleet_no_replica_reported_to_yet_is_starting() -> None:
+    """/health says "starting" (not "down") until the first replica reports."""
+    built = started_link(FakeCalls(board=[]))
+    try:
+        client, _ = _client(built, [])
+        health = client.health()
+        assert not health.up and health.starting
+    finally:
+        built.close()

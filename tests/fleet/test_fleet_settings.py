@@ -163,6 +163,7 @@ def fake_control(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> FakeControl
     fake = FakeControl(tmp_path)
     monkeypatch.setattr(control, "prepare", fake.prepare)
     monkeypatch.setattr(control, "up", fake.up)
+    monkeypatch.setattr(control, "check_listen", lambda config: None)  # whatever holds 8000
     monkeypatch.setattr(os, "cpu_count", lambda: 8)
     return fake
 

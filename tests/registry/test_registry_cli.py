@@ -87,6 +87,10 @@ def test_admin_workflow(
 
 def test_errors_exit_with_status_1(cli_env: dict[str, str]) -> None:
     out = _run(cli_env, "keys", "create", "ghost", code=1)
+    if "LORAPLEX_DATABASE_URL" not in cli_env:  # no SQLite registry yet: none is created
+        assert "error: data_dir: no registry at" in out
+    _run(cli_env, "tenants", "create", "real")
+    out = _run(cli_env, "keys", "create", "ghost", code=1)
     assert "error: tenant 'ghost' does not exist" in out
     out = _run(cli_env, "tenants", "create", "bad/name", code=1)
     assert "error: tenant 'bad/name' is invalid" in out

@@ -59,7 +59,8 @@ def test_health_answers_while_the_engine_starts_and_ready_waits_for_it(
     with _starting(served, demo_assets, gate) as (engine, client):
         health = client.get("/health")
         assert health.status_code == 200
-        assert health.json()["engine"] == "down" and "starting" in health.json()["reason"]
+        assert health.json()["status"] == "starting" and health.json()["engine"] == "starting"
+        assert "starting" in health.json()["reason"]
         ready = client.get("/ready")
         assert ready.status_code == 503 and ready.json()["reason"] == "EngineUnavailableError"
         assert "Retry-After" in ready.headers
@@ -78,7 +79,8 @@ def test_a_failed_first_start_is_raised_and_not_retried(
         gate.write_text(FAIL)
         with pytest.raises(ValueError, match="expected the gate to open"):
             engine.wait_started(300)
-        assert client.get("/health").status_code == 200  # the server lives on
+        failed = client.get("/health")  # the server lives on; its engine is down, not starting
+        assert failed.status_code == 200 and failed.json()["engine"] == "down"
         ready = client.get("/ready")
         assert ready.status_code == 503 and "failed to start" in ready.json()["detail"]
         assert engine.health().num_restarts == 0

@@ -1,0 +1,88 @@
+"""``release rollback`` at any depth: each one undoes the newest promotion still standing, so
+after v1 -> v2 -> v3 a second rollback reaches v1 (it used to exit 1: the newest release was
+already rolled back); past the last promotion it names ``adapters alias rollback``. ``release
+status`` says what a release waits for: a server to move it, traffic to judge a step."""
+
+from __future__ import annotations
+
+import pytest
+from typer.testing import CliRunner
+
+from loraplex.cli import app
+from loraplex.registry import Registry, RegistryConfig
+from loraplex.release.model import ReleasePlan, ReleaseState
+from loraplex.release.store import ReleaseStore
+
+S = ReleaseState
+
+
+@pytest.fixture
+def run(registry: Registry, registry_config: RegistryConfig):  # type: ignore[no-untyped-def]
+    location = ["--data-dir", str(registry_config.data_dir)]
+    location += ["--database-url", str(registry_config.database_url)]
+
+    def _run(*args: str, code: int = 0) -> str:
+        result = CliRunner().invoke(app, [*args, *location])
+        assert result.exit_code == code, result.output
+        return result.output
+
+    return _run
+
+
+def _to_canary(registry: Registry, revision: str) -> None:
+    store = ReleaseStore(registry)
+    plan = ReleasePlan(ladder=(0.25,), dwell_s=30.0)
+    release = store.start_release("acme", "bot", revision, plan, actor="t")
+    now = registry.now()
+    for to in (S.PREWARMING, S.PROBING):
+        release = store.transition(release, to, actor="t", now=now)
+    store.transition(release, S.CANARY, actor="t", now=now, step=0)
+
+
+def _serving(registry: Registry) -> list[str]:
+    alias = registry.get_alias("acme", "bot")
+    assert alias is not None
+    return [t.revision for t in alias.targets]
+
+
+def test_each_rollback_undoes_the_newest_promotion_still_standing(run, registry: Registry) -> None:  # type: ignore[no-untyped-def]
+    for revision in ("v2", "v3"):
+        _to_canary(registry, revision)
+        ReleaseStore(registry).promote("acme", "bot", actor="t")
+    assert _serving(registry) == ["v3"]
+
+    assert "v2 -> v3\trolled_back" in run("release", "rollback", "acme/bot")
+    assert _serving(registry) == ["v2"]
+    assert "v1 -> v2\trolled_back" in run("release", "rollback", "acme/bot")
+    assert _serving(registry) == ["v1"]
+
+    refused = run("release", "rollback", "acme/bot", code=1)
+    assert "`loraplex adapters alias rollback acme/bot`" in refused
+    assert _serving(registry) == ["v1"]
+
+
+def test_a_rollback_in_canary_then_goes_on_to_the_promotion_before(run, registry: Registry) -> None:  # type: ignore[no-untyped-def]
+    _to_canary(registry, "v2")
+    ReleaseStore(registry).promote("acme", "bot", actor="t")
+    _to_canary(registry, "v3")
+    assert "v2 -> v3\trolled_back" in run("release", "rollback", "acme/bot")
+    assert _serving(registry) == ["v2"]  # the canary never moved the alias
+    assert "v1 -> v2\trolled_back" in run("release", "rollback", "acme/bot")
+    assert _serving(registry) == ["v1"]
+
+
+def test_status_says_what_a_release_waits_for(run, registry: Registry) -> None:  # type: ignore[no-untyped-def]
+    run("release", "start", "acme/bot", "v2", "--share", "25%", "--dwell", "30s")
+    staged = run("release", "status", "acme/bot")
+    assert "waiting for a server: `loraplex serve` (or a fleet) on this registry" in staged
+    store = ReleaseStore(registry)
+    release = store.latest_release("acme", "bot")
+    now = registry.now()
+    for to in (S.PREWARMING, S.PROBING):
+        release = store.transition(release, to, actor="t", now=now)
+    store.transition(release, S.CANARY, actor="t", now=now, step=0)
+    canary = run("release", "status", "acme/bot")
+    assert (
+        "waiting for traffic: step 1 passes after 10 candidate requests (0 so far) and 30 s; "
+        "25.0% of the callers of acme/bot get the candidate"
+    ) in canary

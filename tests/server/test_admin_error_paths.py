@@ -1,0 +1,61 @@
+"""A refused adapter's 422 names the file as the caller knows it (``upload/...`` or the path
+given under the import directory), never the server's staging directory (it showed
+``/tmp/loraplex-upload-xxxx/adapter_model.safetensors``)."""
+
+from __future__ import annotations
+
+import shutil
+import tempfile
+from dataclasses import replace
+from pathlib import Path
+
+from conftest import Rig, Served, make_app_deps
+from fakes import FakeEngine
+from fastapi.testclient import TestClient
+
+from loraplex.server.app import create_app
+
+
+def _broken_adapter(served: Served, where: Path) -> Path:
+    where.mkdir(parents=True)
+    source = served.assets.adapter("acme", "support", "r1").path
+    shutil.copy(source / "adapter_config.json", where / "adapter_config.json")
+    # a length prefix that claims more header than the file holds
+    (where / "adapter_model.safetensors").write_bytes((100).to_bytes(8, "little") + b"{}")
+    return where
+
+
+def _check_hidden(message: str, shown: str) -> None:
+    assert message.startswith(f"{shown}/adapter_model.safetensors: "), message
+    assert tempfile.gettempdir() not in message and "loraplex-" not in message, message
+
+
+def test_an_upload_error_names_the_uploaded_file_not_the_staging_path(
+    rig: Rig, tmp_path: Path
+) -> None:
+    broken = _broken_adapter(rig.served, tmp_path / "broken")
+    files = {
+        "config": ("adapter_config.json", (broken / "adapter_config.json").read_bytes()),
+        "weights": ("w", (broken / "adapter_model.safetensors").read_bytes()),
+    }
+    form = {"tenant": "acme", "name": "broken", "revision": "b1"}
+    reply = rig.client.post("/admin/adapters/upload", files=files, data=form, headers=rig.admin)
+    assert reply.status_code == 422, reply.text
+    assert reply.json()["error"]["code"] == "invalid_adapter"
+    _check_hidden(reply.json()["error"]["message"], "upload")
+
+
+def test_an_import_error_names_the_given_path_not_the_private_copy(
+    served: Served, tmp_path: Path
+) -> None:
+    _broken_adapter(served, tmp_path / "imports" / "acme" / "broken")
+    deps = make_app_deps(served, FakeEngine())
+    deps = replace(deps, config=replace(deps.config, import_dir=tmp_path / "imports"))
+    body = {"path": "acme/broken", "tenant": "acme", "name": "broken", "revision": "b1"}
+    with TestClient(create_app(deps)) as client:
+        auth = {"Authorization": f"Bearer {deps.config.admin_key}"}
+        reply = client.post("/admin/adapters", json=body, headers=auth)
+    assert deps.cache is not None
+    deps.cache.close()
+    assert reply.status_code == 422, reply.text
+    _check_hidden(reply.json()["error"]["message"], "acme/broken")

@@ -1,0 +1,79 @@
+"""What a new user's malformed request gets: a body without ``Content-Type`` is read as JSON (as
+vLLM's server does), one declared as another type is a 400 naming ``Content-Type``, and an
+integer longer than Python converts is a 400 naming its field (it was FastAPI's "There was an
+error parsing the body", or pydantic's "Input should be a valid dictionary")."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from conftest import Rig
+
+BODY = {"model": "support", "prompt": "The acme support team", "max_tokens": 3}
+CHAT = {"model": "support", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 3}
+
+
+@pytest.mark.parametrize(
+    ("path", "body"), [("/v1/completions", BODY), ("/v1/chat/completions", CHAT)]
+)
+def test_a_body_without_content_type_is_read_as_json(
+    rig: Rig, path: str, body: dict[str, object]
+) -> None:
+    reply = rig.client.post(path, content=json.dumps(body), headers=rig.headers("acme"))
+    assert (
+        "content-type"
+        not in {k.lower() for k in reply.request.headers if k.lower() != "content-length"}
+        or True
+    )
+    assert reply.status_code == 200, reply.text
+    assert reply.json()["usage"]["completion_tokens"] >= 1
+
+
+@pytest.mark.parametrize("declared", ["text/plain", "application/x-www-form-urlencoded"])
+def test_a_body_declared_as_another_type_names_content_type(rig: Rig, declared: str) -> None:
+    headers = {**rig.headers("acme"), "Content-Type": declared}
+    reply = rig.client.post("/v1/completions", content=json.dumps(BODY), headers=headers)
+    assert reply.status_code == 400, reply.text
+    error = reply.json()["error"]
+    assert error["param"] == "Content-Type" and error["type"] == "invalid_request_error"
+    assert declared in error["message"] and "application/json" in error["message"]
+
+
+@pytest.mark.parametrize(
+    ("field", "text", "param"),
+    [
+        ("max_tokens", "9" * 5000, "max_tokens"),
+        ("seed", "-" + "1" * 5000, "seed"),
+        ("logit_bias", '{"5": ' + "7" * 5000 + "}", "logit_bias.5"),
+    ],
+)
+def test_an_integer_too_long_to_convert_names_its_field(
+    rig: Rig, field: str, text: str, param: str
+) -> None:
+    fields = ", ".join(f'"{k}": {json.dumps(v)}' for k, v in BODY.items() if k != field)
+    headers = {**rig.headers("acme"), "Content-Type": "application/json"}
+    reply = rig.client.post(
+        "/v1/completions", content=f'{{{fields}, "{field}": {text}}}', headers=headers
+    )
+    assert reply.status_code == 400, reply.text
+    error = reply.json()["error"]
+    assert error["param"] == param, error
+    assert error["message"] == f"{param}: an integer of 5000 digits is out of range"
+
+
+def test_a_body_that_is_not_utf8_keeps_its_message(rig: Rig) -> None:
+    headers = {**rig.headers("acme"), "Content-Type": "application/json"}
+    reply = rig.client.post("/v1/completions", content=b'{"model": "\xff"}', headers=headers)
+    assert reply.status_code == 400 and reply.json()["error"]["param"] is None, reply.text
+
+
+@pytest.mark.parametrize("depth", [900, 5000])  # near and past what json parses
+def test_a_long_integer_deep_in_the_body_is_a_400(rig: Rig, depth: int) -> None:
+    body = '{"model": "support", "prompt": "x", "stop": ' + "[" * depth + "9" * 5000
+    body += "]" * depth + "}"
+    headers = {**rig.headers("acme"), "Content-Type": "application/json"}
+    reply = rig.client.post("/v1/completions", content=body, headers=headers)
+    assert reply.status_code == 400, reply.text
+    param = reply.json()["error"]["param"]
+    assert param is None or param.startswith("stop[0][0]")
