@@ -20,6 +20,7 @@ import asyncio
 import json
 from collections.abc import Iterator
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 import httpx
@@ -29,6 +30,7 @@ from live import Live, live_server
 import loraplex.engine.thread_client as thread_client
 from loraplex.demo.assets import DemoAssets
 from loraplex.engine.protocol import TokenDelta, merge_deltas
+from loraplex.engine.sched.scheduler import Scheduler
 
 pytestmark = pytest.mark.slow
 
@@ -195,20 +197,44 @@ async def _one(http: httpx.AsyncClient, live: Live, i: int, round_: int) -> str:
     return "completions"
 
 
-def test_every_field_of_every_output_arrives_under_load(live: Live, merges: list[int]) -> None:
-    async def rounds() -> list[str]:
+def _rounds(live: Live, rounds: int) -> list[str]:
+    async def run() -> list[str]:
         kinds: list[str] = []
         limits = httpx.Limits(max_connections=CONCURRENCY)
         async with httpx.AsyncClient(base_url=live.url, timeout=120, limits=limits) as http:
-            for round_ in range(ROUNDS):
+            for round_ in range(rounds):
                 kinds += await asyncio.gather(
                     *(_one(http, live, i, round_) for i in range(CONCURRENCY))
                 )
         return kinds
 
-    kinds = asyncio.run(rounds())
-    assert len(kinds) == ROUNDS * CONCURRENCY
+    return asyncio.run(run())
+
+
+def test_every_field_of_every_output_arrives_under_load(live: Live, merges: list[int]) -> None:
+    assert len(_rounds(live, ROUNDS)) == ROUNDS * CONCURRENCY
     assert merges[0] > 0, "no stream read merged deltas: the test did not exercise the merge"
+
+
+def test_outputs_stay_complete_when_sequences_are_preempted(
+    demo_assets: DemoAssets, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Per-tenant seats preempt a tenant over its share (recomputed later): its output must
+    neither lose nor repeat a token's logprob. The engine runs on a thread here, so the test
+    can count the preemptions (the three demo tenants compete for 8 seats)."""
+    count = [0]
+    real = Scheduler._preempt
+
+    def counting(self: Scheduler, req: Any) -> None:
+        count[0] += 1
+        real(self, req)
+
+    monkeypatch.setattr(Scheduler, "_preempt", counting)
+    with live_server(
+        demo_assets, tmp_path, max_loras=4, max_num_seqs=8, engine_process=False
+    ) as server:
+        assert len(_rounds(server, 2)) == 2 * CONCURRENCY
+    assert count[0] > 0, "no sequence was preempted: the test did not exercise preemption"
 
 
 def test_a_500_leaves_the_keepalive_connection_usable(
