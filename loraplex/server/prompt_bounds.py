@@ -52,9 +52,10 @@ DetokenizeLengthDep = Annotated[None, Depends(check_detokenize_length)]
 
 async def _parsed_json(request: Request) -> Any:
     """The body as FastAPI parsed it (Starlette keeps it); None when FastAPI did not parse it
-    as JSON (then the schema refuses it, and parsing it here would be work for nothing)."""
-    content_type = request.headers.get("content-type", "")
-    if "json" not in content_type.lower():
+    as JSON (then the schema refuses it, and parsing it here would be work for nothing). A body
+    without a Content-Type is JSON, as the app reads it (``strict_content_type=False``)."""
+    content_type = request.headers.get("content-type")
+    if content_type is not None and "json" not in content_type.lower():
         return None
     try:
         return await request.json()

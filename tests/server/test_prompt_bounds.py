@@ -108,12 +108,26 @@ def test_a_text_prompt_past_the_character_cap_is_refused_before_anything_reads_i
     assert counted.calls == [] and counted.engine.requests == []
 
 
-def test_without_a_json_content_type_the_body_is_left_to_the_schema(counted: Counted) -> None:
+def test_a_body_without_content_type_is_json_and_its_length_checked_first(
+    counted: Counted,
+) -> None:
+    """The app reads a body without Content-Type as JSON (as vLLM); its prompt's length is
+    refused before the schema walks the ids, like any JSON body's."""
     auth = {"Authorization": f"Bearer {counted.served.keys['acme']}"}
+    prompt = ",".join(["5"] * MAX_MODEL_LEN)
+    body = f'{{"model": "support", "prompt": [{prompt}]}}'.encode()
+    reply = counted.client.post("/v1/completions", content=body, headers=auth)
+    assert reply.status_code == 400 and _error(reply)["code"] == "context_length_exceeded"
+    assert counted.calls == [] and counted.engine.requests == []
+
+
+def test_another_declared_content_type_is_refused_before_the_schema(counted: Counted) -> None:
+    auth = {"Authorization": f"Bearer {counted.served.keys['acme']}", "Content-Type": "text/plain"}
     reply = counted.client.post(
         "/v1/completions", content=b'{"model": "support", "prompt": [5]}', headers=auth
     )
-    assert reply.status_code in (400, 415, 422) and counted.engine.requests == []
+    assert reply.status_code == 400 and _error(reply)["param"] == "Content-Type"
+    assert counted.engine.requests == []
 
 
 def test_detokenize_refuses_more_ids_than_the_context_before_walking_them(
