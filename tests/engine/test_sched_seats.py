@@ -13,7 +13,7 @@ from sched_kit import Driver, request
 from loraplex.engine.config import SchedulerConfig
 from loraplex.engine.protocol import EngineRequest
 from loraplex.engine.request import RequestState
-from loraplex.engine.sched.seats import fair_seats
+from loraplex.engine.sched.seats import fair_seats, seat_headroom
 from loraplex.engine.tenant_shares import SeatLimits, TenantBook, TenantSettings
 from loraplex.sampling import SamplingParams
 
@@ -62,6 +62,40 @@ def test_a_hogs_long_requests_leave_a_seat_for_another_tenant_within_one_step() 
         driver.step()
     assert "victim" in driver.finished
     assert _running(driver) == {"hog": SEATS}
+
+
+def test_while_another_tenant_is_active_the_hog_leaves_headroom_for_its_arrivals() -> None:
+    """A hog that retook every freed seat made each arrival of another tenant a preemption
+    (and a recompute of a long sequence); past its equal share it now leaves
+    ``seat_headroom`` seats free while another tenant is active, so a burst that size starts
+    without preempting anything."""
+    headroom = seat_headroom(SEATS)
+    assert headroom == 4
+    driver = Driver(_config(), num_blocks=8192)
+    driver.add(request("resident", "victim", prompt=8, out=LONG, first=900))  # stays active
+    driver.step()
+    _hog(driver, 60)
+    for _ in range(3):
+        driver.step()
+    assert _running(driver) == {"hog": SEATS - 1 - headroom, "victim": 1}
+    for i in range(headroom):
+        driver.add(request(f"burst{i}", "victim", prompt=8, out=4, first=950 + i))
+    plan = driver.step()
+    assert plan.preempted == ()
+    assert _running(driver) == {"hog": SEATS - 1 - headroom, "victim": 1 + headroom}
+    for _ in range(8):  # the burst ends; the hog grows back up to the headroom, no further
+        driver.step()
+    assert all(f"burst{i}" in driver.finished for i in range(headroom))
+    assert _running(driver) == {"hog": SEATS - 1 - headroom, "victim": 1}
+
+
+def test_headroom_caps_only_with_two_active_tenants_and_eight_seats() -> None:
+    driver = Driver(_config(max_num_seqs=7), num_blocks=4096)
+    driver.add(request("resident", "victim", prompt=8, out=LONG, first=900))
+    driver.step()
+    _hog(driver, 20)
+    driver.step()
+    assert seat_headroom(7) == 0 and _running(driver) == {"hog": 6, "victim": 1}
 
 
 def test_a_freed_seat_goes_to_the_waiting_tenant_not_the_hog() -> None:
