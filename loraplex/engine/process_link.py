@@ -3,6 +3,11 @@
 A link is started, awaited until its child says it is ready, read until its pipe reaches EOF
 (the child exited, whatever killed it), then closed: the child is reaped and the pipe and the
 process sentinel are closed, so a restart leaves no zombie and no file descriptor behind.
+
+What goes to the child is written by the link's own writer thread: ``send`` only queues. A child
+that does not read (stopped, wedged) fills the pipe's 64 KiB in a few dozen requests, and a
+write from the server's event loop would then block every route, ``/health`` included, until
+it read again (issue 25's hung engine; ``tests/server/test_engine_watchdog.py``).
 """
 
 from __future__ import annotations
@@ -10,6 +15,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import multiprocessing as mp
+import queue
 import signal
 import threading
 import time
@@ -22,6 +28,7 @@ from loraplex.errors import EngineUnavailableError
 
 _log = logging.getLogger(__name__)
 _POLL_S = 0.1  # how often a start checks for the child's death and for cancellation
+_CLOSE = object()  # ends the writer thread
 
 
 class ChildLink:
@@ -51,9 +58,14 @@ class ChildLink:
             child_conn.close()
         self.pid: int | None = self._process.pid
         self.exitcode: int | None = None  # set by close()
-        self._send_lock = threading.Lock()
         self._state_lock = threading.Lock()  # close() and kill() run on different threads
         self._closed = False
+        self._outbox: queue.SimpleQueue[object] = queue.SimpleQueue()  # to the writer, in order
+        self._broken: BaseException | None = None  # why the writer stopped early
+        self._writer = threading.Thread(
+            target=self._write_loop, name="loraplex-engine-writer", daemon=True
+        )
+        self._writer.start()
 
     def await_ready(self, timeout_s: float, cancel: threading.Event) -> int:
         """The child's ``max_loras`` once it is ready. On failure the link is closed and the
@@ -89,9 +101,20 @@ class ChildLink:
         return message.max_loras
 
     def send(self, message: object) -> None:
-        """Raises OSError or ValueError when the pipe is broken or closed."""
-        with self._send_lock:
-            self._conn.send(message)
+        """Queues ``message`` for the child, in order, and returns at once. Raises ValueError
+        once the pipe is known broken or the link closed (a child that died meanwhile is seen
+        by the reader: EOF)."""
+        if self._broken is not None or self._closed:
+            raise ValueError("the engine process pipe is closed")
+        self._outbox.put(message)
+
+    def _write_loop(self) -> None:
+        while (message := self._outbox.get()) is not _CLOSE:
+            try:
+                self._conn.send(message)
+            except (OSError, ValueError) as exc:  # the child is gone, or the link closed
+                self._broken = exc
+                return
 
     def poll(self, timeout_s: float) -> bool:
         """True when a message (or EOF) is there to ``recv`` within ``timeout_s``."""
@@ -126,6 +149,9 @@ class ChildLink:
                 self._process.kill()
                 self._process.join()
             self.exitcode = self._process.exitcode
+            # The child is gone: a write the writer is blocked in fails now, so it ends.
+            self._outbox.put(_CLOSE)
+            self._writer.join(grace_s)
             self._conn.close()
             self._process.close()
             self._closed = True

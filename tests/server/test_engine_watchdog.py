@@ -5,6 +5,7 @@ waiting request completes; stopped past the kill bound, it is killed and restart
 
 from __future__ import annotations
 
+import asyncio
 import os
 import signal
 import threading
@@ -128,3 +129,47 @@ def test_watchdog_bounds_are_checked_and_a_kill_bound_needs_an_engine_process(
         ServeConfig(data_dir=tmp_path, engine_process=False, engine_hung_kill_after_s=5)
     threaded = ServeConfig(data_dir=tmp_path, engine_process=False, engine_hung_after_s=2)
     assert watchdog_policy(threaded) == WatchdogPolicy(hung_after_s=2)
+
+
+def test_requests_to_a_stopped_engine_never_block_the_servers_event_loop(
+    demo_assets: DemoAssets, tmp_path: Path
+) -> None:
+    """Requests sent to a stopped child fill its pipe (about 1 KB each, 64 KiB of pipe): a
+    write to it from the event loop would block every route until the child reads again.
+    With a long hang bound (nothing refuses them yet), /health must still answer at once."""
+    adapter = demo_assets.adapters[0]
+    bounds = {"engine_hung_after_s": 60.0, "engine_hung_kill_after_s": 60.0}
+    with live_server(demo_assets, tmp_path, admin_key=ADMIN, **bounds) as live:
+        engine = _engine(live)
+        http = httpx.Client(base_url=live.url, timeout=30)
+        _until("the engine never came up", lambda: http.get("/ready").status_code == 200)
+        pid = engine.pid
+        assert pid is not None
+        headers = {"Authorization": f"Bearer {live.key(adapter.tenant)}"}
+        body = {"model": adapter.name, "prompt": [5] * 200, "max_tokens": 2}
+        os.kill(pid, signal.SIGSTOP)
+        try:
+
+            async def flood() -> float:
+                limits = httpx.Limits(max_connections=400)
+                async with httpx.AsyncClient(base_url=live.url, timeout=5, limits=limits) as sender:
+                    sends = [
+                        asyncio.ensure_future(sender.post("/v1/completions", json=body,
+                                                          headers=headers))  # fmt: skip
+                        for _ in range(400)
+                    ]
+                    await asyncio.sleep(2.0)  # every request reached the server
+                    started = time.monotonic()
+                    async with httpx.AsyncClient(base_url=live.url, timeout=5) as probe:
+                        reply = await probe.get("/health")  # its own connection
+                    waited = time.monotonic() - started
+                    assert reply.status_code == 200
+                    for send in sends:
+                        send.cancel()
+                    await asyncio.gather(*sends, return_exceptions=True)
+                    return waited
+
+            waited = asyncio.run(flood())
+        finally:
+            os.kill(pid, signal.SIGCONT)
+        assert waited < 2.0, f"/health took {waited:.1f} s while the engine was stopped"
