@@ -218,6 +218,11 @@ class RequestObservation:
             self._last_s = now_s
         self._tokens = delta.completion_tokens
 
+    @property
+    def failed(self) -> bool:
+        """Whether ``fail`` recorded an error."""
+        return self._error is not None
+
     def fail(self, error: BaseException) -> None:
         """Records what failed the request (decides whether it counts against its revision:
         ``release_traffic.classify``); ``finish("error")`` follows."""

@@ -60,6 +60,7 @@ from loraplex.server.sampling_fields import (
 )
 from loraplex.server.serving import (
     ClientDisconnectedError,
+    Observed,
     Target,
     admit,
     collect,
@@ -67,7 +68,6 @@ from loraplex.server.serving import (
     max_model_len,
     new_request_id,
     observe,
-    observed,
     resolve_target,
     response_id,
     start_stream,
@@ -162,7 +162,7 @@ async def _start(
     members, observations = [], []
     for slot, req in enumerate(siblings(engine_id, per_prompt, shape)):
         observation = observe(_metrics(request), tenant, target, client_id, sticky)
-        stream = observed(deps.engine.generate(req), observation)
+        stream = Observed(deps.engine.generate(req), observation)
         members.append(Sibling(req.request_id, slot, stream))
         observations.append(observation)
     fanout = Fanout(deps.engine, members, show_prompt_only=budget.requested == 0)

@@ -206,28 +206,49 @@ def observe(
     )
 
 
-async def observed(
-    stream: AsyncIterator[TokenDelta], observation: RequestObservation
-) -> AsyncIterator[TokenDelta]:
-    """``stream`` unchanged, with TTFT / TPOT / outcome recorded; closing it closes ``stream``."""
-    outcome = "error"
-    try:
-        async for delta in stream:
-            observation.on_delta(delta, time.monotonic())
-            if delta.finish_reason is not None:
-                outcome = delta.finish_reason
-            yield delta
-    except (GeneratorExit, asyncio.CancelledError):
-        if outcome == "error":  # closed before its last delta: the client went away
-            outcome = "abort"
-        raise
-    except Exception as exc:
-        observation.fail(exc)  # decides whether the failure counts against its revision
-        raise
-    finally:
-        observation.finish(outcome)
+class Observed:
+    """``stream`` unchanged, with TTFT / TPOT / outcome recorded; closing it closes ``stream``.
+
+    NOTE: a class, not an async generator: a generator closed before its first read (a sibling
+    whose pump task was cancelled before it ran, when the request was aborted) never runs its
+    ``finally``, and the request counted as arrived was never counted as ended."""
+
+    def __init__(self, stream: AsyncIterator[TokenDelta], observation: RequestObservation) -> None:
+        self._stream = stream
+        self._observation = observation
+        self._outcome = "error"  # the finish reason once the last delta came
+
+    def __aiter__(self) -> Observed:
+        return self
+
+    async def __anext__(self) -> TokenDelta:
+        try:
+            delta = await anext(self._stream)
+        except StopAsyncIteration:
+            await self._end(self._outcome)  # no last delta: "error", as a failure
+            raise
+        except asyncio.CancelledError:
+            await self.aclose()
+            raise
+        except Exception as exc:
+            self._observation.fail(exc)  # decides whether the failure counts against its revision
+            await self.aclose()
+            raise
+        self._observation.on_delta(delta, time.monotonic())
+        if delta.finish_reason is not None:
+            self._outcome = delta.finish_reason
+        return delta
+
+    async def aclose(self) -> None:
+        """Records the outcome (once): closed before its last delta, the client went away
+        (``abort``), unless a failure was recorded (``error``)."""
+        failed = self._observation.failed
+        await self._end("abort" if self._outcome == "error" and not failed else self._outcome)
+
+    async def _end(self, outcome: str) -> None:
+        self._observation.finish(outcome)  # only the first call counts
         with anyio.CancelScope(shield=True):
-            await _aclose(stream)
+            await _aclose(self._stream)
 
 
 async def _aclose(stream: AsyncIterator[TokenDelta]) -> None:

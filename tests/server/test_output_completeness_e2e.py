@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import asyncio
 import json
-from collections.abc import Iterator
+from collections.abc import AsyncIterator, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -27,6 +27,7 @@ import httpx
 import pytest
 from live import Live, live_server
 
+import loraplex.engine.process as engine_process
 import loraplex.engine.thread_client as thread_client
 from loraplex.demo.assets import DemoAssets
 from loraplex.engine.protocol import TokenDelta, merge_deltas
@@ -49,16 +50,35 @@ def live(demo_assets: DemoAssets, tmp_path_factory: pytest.TempPathFactory) -> I
         yield server
 
 
-@pytest.fixture
+LAG_S = 0.02  # a consumer's pause after each delta it reads (deltas queue up meanwhile)
+
+
+@pytest.fixture(autouse=True)
 def merges(monkeypatch: pytest.MonkeyPatch) -> list[int]:
-    """Counts the merges the server's streams made (the test means nothing without any)."""
+    """Counts the merges the server's streams made (the test means nothing without any), and
+    makes every stream's reader fall behind by ``LAG_S`` after each delta, so that the engine's
+    next deltas queue up and are read merged whatever the machine's speed (a fast reader, as the
+    stream buffer's, read one delta at a time in CI: no merge at all)."""
     count = [0]
 
     def counting(first: TokenDelta, second: TokenDelta) -> TokenDelta:
         count[0] += 1
         return merge_deltas(first, second)
 
+    real = thread_client.outbox_stream
+
+    async def lagging(outbox: Any, start: Any, stop: Any) -> AsyncIterator[TokenDelta]:
+        stream = real(outbox, start, stop)
+        try:
+            async for delta in stream:
+                yield delta
+                await asyncio.sleep(LAG_S)
+        finally:
+            await stream.aclose()
+
     monkeypatch.setattr(thread_client, "merge_deltas", counting)
+    monkeypatch.setattr(thread_client, "outbox_stream", lagging)
+    monkeypatch.setattr(engine_process, "outbox_stream", lagging)
     return count
 
 
@@ -217,7 +237,7 @@ def test_every_field_of_every_output_arrives_under_load(live: Live, merges: list
 
 
 def test_outputs_stay_complete_when_sequences_are_preempted(
-    demo_assets: DemoAssets, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    demo_assets: DemoAssets, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, merges: list[int]
 ) -> None:
     """Per-tenant seats preempt a tenant over its share (recomputed later): its output must
     neither lose nor repeat a token's logprob. The engine runs on a thread here, so the test
@@ -235,6 +255,7 @@ def test_outputs_stay_complete_when_sequences_are_preempted(
     ) as server:
         assert len(_rounds(server, 2)) == 2 * CONCURRENCY
     assert count[0] > 0, "no sequence was preempted: the test did not exercise preemption"
+    assert merges[0] > 0, "no stream read merged deltas"
 
 
 def test_a_500_leaves_the_keepalive_connection_usable(

@@ -112,3 +112,42 @@ def test_disconnect_while_queued_aborts_before_any_token(served: Served) -> None
         assert engine.aborted == ["r-4"]
 
     asyncio.run(scenario())
+
+
+def _metrics() -> Any:
+    from loraplex.clock import ManualClock
+    from loraplex.server.metrics import ServerMetrics
+    from loraplex.server.recent_requests import RecentRequests
+    from loraplex.server.release_traffic import ReleaseTraffic
+
+    clock = ManualClock()
+    return ServerMetrics(FakeEngine(), None, releases=ReleaseTraffic(clock, tuple),
+                         recent=RecentRequests(clock))  # fmt: skip
+
+
+def _outcomes(metrics: Any) -> dict[str, float]:
+    return {
+        sample.labels["outcome"]: sample.value
+        for family in metrics.requests.collect()
+        for sample in family.samples
+        if sample.name.endswith("_total")
+    }
+
+
+def test_a_stream_closed_before_its_first_read_still_records_its_outcome() -> None:
+    """A sibling whose pump task was cancelled before it ran (its request aborted at once) is
+    closed without ever being read: it was counted as arrived, so it must count as ended
+    (the async generator this replaced never ran its ``finally`` then)."""
+    from loraplex.server.serving import Observed
+
+    async def never_read() -> Any:
+        yield None  # pragma: no cover - never reached
+
+    async def run() -> dict[str, float]:
+        metrics = _metrics()
+        stream = Observed(never_read(), metrics.start_request("normal", False, 0.0))
+        await stream.aclose()
+        await stream.aclose()  # idempotent: counted once
+        return _outcomes(metrics)
+
+    assert asyncio.run(run()) == {"abort": 1.0}
