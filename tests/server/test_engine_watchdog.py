@@ -154,8 +154,9 @@ def test_requests_to_a_stopped_engine_never_block_the_servers_event_loop(
                 limits = httpx.Limits(max_connections=400)
                 async with httpx.AsyncClient(base_url=live.url, timeout=5, limits=limits) as sender:
                     sends = [
-                        asyncio.ensure_future(sender.post("/v1/completions", json=body,
-                                                          headers=headers))  # fmt: skip
+                        asyncio.ensure_future(
+                            sender.post("/v1/completions", json=body, headers=headers)
+                        )
                         for _ in range(400)
                     ]
                     await asyncio.sleep(2.0)  # every request reached the server
