@@ -36,6 +36,7 @@ from typing import Protocol
 from fastapi import FastAPI
 
 from loraplex.artifacts.base_model import BaseModelSpec
+from loraplex.clock import MonotonicClock
 from loraplex.demo.manifest import DemoAssets
 from loraplex.engine.factory import AdapterRuntime
 from loraplex.engine.process import EngineProcess
@@ -66,6 +67,7 @@ from loraplex.server.cache_control import CacheControl
 from loraplex.server.chat import ChatTemplate
 from loraplex.server.deps import ServerConfig, ServerDeps
 from loraplex.server.fleet_view import FleetStateSource
+from loraplex.server.history import HistorySampler
 from loraplex.server.pin_owners import OwnedPins
 from loraplex.server.release_traffic import ReleaseTraffic
 
@@ -90,6 +92,7 @@ class Server:
     admin_key: str  # the admin credential
     sample_keys: dict[str, str] = field(default_factory=dict)  # demo tenant -> API key
     releases: ReleaseService | None = None  # the release controller's thread; None: not started
+    history: HistorySampler | None = None  # samples the live page's history; None: not started
 
     def wait_engine(self, timeout_s: float | None = None) -> None:
         """Returns once the engine took its first requests; raises why it could not start (the
@@ -98,6 +101,8 @@ class Server:
             self.engine.wait_started(timeout_s)
 
     def close(self) -> None:
+        if self.history is not None:
+            self.history.close()
         if self.releases is not None:
             self.releases.close()
         self.engine.shutdown()
@@ -256,6 +261,8 @@ def build_front(
         create_app(deps), deps, front.engine, runtime, registry, front.admin_key, front.sample_keys
     )
     server.releases = start_releases(registry, front.engine, cache, traffic, env=release_env)
+    server.history = HistorySampler(server.app.state.history, MonotonicClock())
+    server.history.start()
     return server
 
 

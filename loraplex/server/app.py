@@ -68,6 +68,7 @@ def create_app(deps: ServerDeps) -> FastAPI:
     app.include_router(routes_release.router)
     app.include_router(routes_dashboard.router)
     app.state.fleet = routes_dashboard.fleet_source(deps)  # what /admin/fleet reads
+    app.state.history = routes_dashboard.fleet_history(deps, app.state.fleet)  # sampled by Server
     app.add_api_route("/health", health, methods=["GET"])
     app.add_api_route("/ready", ready, methods=["GET"])
     app.add_api_route("/metrics", metrics, methods=["GET"])

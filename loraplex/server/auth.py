@@ -42,7 +42,7 @@ DETOKENIZE_PATH = "/detokenize"
 # NOTE: exact paths only: anything else under /admin, ``/admin/dashboard/../x`` included, needs
 # the admin key.
 DASHBOARD_PATH = "/admin/dashboard"
-DASHBOARD_ASSETS = ("dashboard.css", "chart.js", "dashboard.js")
+DASHBOARD_ASSETS = ("dashboard.css", "chart.js", "dashboard.js", "traffic.js")
 DASHBOARD_PATHS = frozenset((DASHBOARD_PATH, *(f"{DASHBOARD_PATH}/{n}" for n in DASHBOARD_ASSETS)))
 
 

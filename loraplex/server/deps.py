@@ -14,9 +14,11 @@ from loraplex.server.adapter_labels import DEFAULT_MAX_NAMED
 from loraplex.server.cache_control import CacheControl
 from loraplex.server.chat import ChatTemplate
 from loraplex.server.fleet_view import FleetStateSource
+from loraplex.server.history import HistoryConfig
 from loraplex.server.metrics import ServerMetrics
 from loraplex.server.recent_requests import RecentRequests
 from loraplex.server.release_traffic import ReleaseTraffic
+from loraplex.server.traffic_tally import TrafficTally
 
 
 def untracked_releases() -> ReleaseTraffic:
@@ -121,6 +123,8 @@ class ServerDeps:
     releases: ReleaseTraffic = field(default_factory=untracked_releases, kw_only=True)
     # What /admin/fleet shows; None: this server alone (``LocalFleetState`` of engine and cache).
     fleet: FleetStateSource | None = field(default=None, kw_only=True)
+    # How much of the fleet's views and traffic the live page's history keeps (server/history.py).
+    history: HistoryConfig = field(default_factory=HistoryConfig, kw_only=True)
     # The server's metrics registry, built from ``engine`` and ``cache`` (never passed in).
     metrics: ServerMetrics = field(init=False, repr=False, compare=False)
 
@@ -133,5 +137,6 @@ class ServerDeps:
             releases=self.releases,
             recent=recent,
             max_adapter_labels=self.config.max_adapter_labels,
+            traffic=TrafficTally(self.history.max_tracked_revisions, self.history.top_revisions),
         )
         object.__setattr__(self, "metrics", metrics)

@@ -65,6 +65,7 @@ from loraplex.server.release_traffic import (
     caller_key,
     classify,
 )
+from loraplex.server.traffic_tally import TrafficTally
 
 CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
 _LATENCY_BUCKETS_S = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0)
@@ -82,7 +83,10 @@ class ServerMetrics:
         releases: ReleaseTraffic,
         recent: RecentRequests,
         max_adapter_labels: int = DEFAULT_MAX_NAMED,
+        traffic: TrafficTally | None = None,
     ) -> None:
+        # per-class and per-revision traffic between the live page's history samples
+        self.traffic = traffic if traffic is not None else TrafficTally()
         self.releases = releases  # windows of the revisions under release
         self.recent = recent  # (tenant, response id) -> revision (client feedback)
         self.adapter_labels = AdapterLabels(max_adapter_labels)  # adapters named in labels
@@ -238,6 +242,7 @@ class RequestObservation:
             self._metrics.tpot.labels(*self._labels).observe(per_token)
         self._metrics.requests.labels(self._priority_class, outcome).inc()
         self._metrics.tokens.labels(self._priority_class).inc(self._tokens)
+        self._metrics.traffic.record(self._priority_class, self.revision, self._tokens, outcome)
         if self.revision is not None:
             ttft = None if self._first_s is None else self._first_s - self._arrived_s
             verdict = classify(outcome, self._error)

@@ -1,12 +1,17 @@
-"""The live fleet page: ``GET /admin/fleet`` (the data) and ``GET /admin/dashboard`` (the page).
+"""The live fleet page: ``GET /admin/fleet`` (the data), ``GET /admin/fleet/history`` (the last
+hour of it) and ``GET /admin/dashboard`` (the page).
 
 ``/admin/fleet`` needs the admin key like every /admin route and returns ``FleetState.to_json()``
 of ``deps.fleet`` (the fleet's ingress) or, for one server, of a ``LocalFleetState``.
+``/admin/fleet/history`` (admin key too) returns ``FleetHistory.to_json()``: the samples the
+server took of that view plus per-tenant-class and top-revision traffic (``server/history.py``);
+``?after=N`` returns only the samples after sequence number N.
 
 The page and its script, chart library and style (``server/static/``) are public files holding
 no data (``auth.DASHBOARD_PATHS``): a browser cannot send a bearer header when it navigates. The
 page takes the admin key from the URL fragment (``#key=...``, never sent to a server) or a form,
-keeps it in the tab's sessionStorage, and polls ``/admin/fleet`` with it once a second. Its
+keeps it in the tab's sessionStorage, loads the history, then polls ``/admin/fleet`` once a
+second and the history for new samples. Its
 Content-Security-Policy allows scripts and styles from this origin only (nothing inline), so a
 replica id or reason shown on it cannot run as code; nothing is fetched from elsewhere.
 """
@@ -16,7 +21,7 @@ from __future__ import annotations
 import functools
 from importlib import resources
 
-from fastapi import APIRouter, Depends, Request, Response
+from fastapi import APIRouter, Depends, Query, Request, Response
 from fastapi.responses import JSONResponse
 from starlette.concurrency import run_in_threadpool
 
@@ -24,6 +29,7 @@ from loraplex.clock import MonotonicClock
 from loraplex.server.auth import DASHBOARD_ASSETS, DASHBOARD_PATH, require_admin
 from loraplex.server.deps import ServerDeps
 from loraplex.server.fleet_view import FleetStateSource
+from loraplex.server.history import FleetHistory
 from loraplex.server.local_fleet import LocalFleetState
 
 router = APIRouter()
@@ -50,6 +56,11 @@ def fleet_source(deps: ServerDeps) -> FleetStateSource:
     return LocalFleetState(deps.engine, deps.cache, MonotonicClock())
 
 
+def fleet_history(deps: ServerDeps, source: FleetStateSource) -> FleetHistory:
+    """The history of ``source`` and this server's traffic (``Server`` starts its sampler)."""
+    return FleetHistory(source, deps.metrics.traffic, deps.history, MonotonicClock())
+
+
 @router.get("/admin/fleet", dependencies=[Depends(require_admin)])
 async def fleet(request: Request) -> JSONResponse:
     """Every replica's occupancy, hits and load, and the router's decisions (cumulative)."""
@@ -57,6 +68,16 @@ async def fleet(request: Request) -> JSONResponse:
     # NOTE: on the thread pool: a fleet's source may wait on its replicas' reports.
     state = await run_in_threadpool(source.fleet_state)
     return JSONResponse(state.to_json(), headers={"Cache-Control": "no-store"})
+
+
+@router.get("/admin/fleet/history", dependencies=[Depends(require_admin)])
+async def fleet_history_route(
+    request: Request, after: int = Query(default=0, ge=0, le=1 << 62)
+) -> JSONResponse:
+    """The samples of the last ``length_s`` (those after sequence number ``after``)."""
+    history: FleetHistory = request.app.state.history
+    body = await run_in_threadpool(history.to_json, after)
+    return JSONResponse(body, headers={"Cache-Control": "no-store"})
 
 
 @functools.cache

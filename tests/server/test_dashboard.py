@@ -38,6 +38,7 @@ STATIC = {
     "/admin/dashboard/dashboard.js": "text/javascript; charset=utf-8",
     "/admin/dashboard/chart.js": "text/javascript; charset=utf-8",
     "/admin/dashboard/dashboard.css": "text/css; charset=utf-8",
+    "/admin/dashboard/traffic.js": "text/javascript; charset=utf-8",
 }
 EXPECTED_CSP = "default-src 'self'; script-src 'self'; style-src 'self'"
 

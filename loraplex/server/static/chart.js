@@ -67,6 +67,7 @@ export class LineChart {
     }
     this.renderLegend(series);
     this.markPlotBox(box);
+    this.markSeries(series, xMin);
   }
 
   // Sizes the backing store to the element (times the device pixel ratio) and clears it.
@@ -123,7 +124,7 @@ export class LineChart {
     for (let ago = 0; ago <= xMax - xMin; ago += xStep) {
       const px = Math.round(toX(xMax - ago)) + 0.5;
       this.line(ctx, GRID_COLOR, px, box.top, px, box.top + box.height);
-      const label = ago === 0 ? "now" : `-${ago} s`;
+      const label = ago === 0 ? "now" : ago % 60 === 0 ? `-${ago / 60} min` : `-${ago} s`;
       ctx.fillText(label, Math.min(px, box.left + box.width - 12), box.top + box.height + 6);
     }
     const bottom = box.top + box.height + 0.5;
@@ -202,5 +203,17 @@ export class LineChart {
     const left = Math.round(rect.left + window.scrollX + box.left);
     const top = Math.round(rect.top + window.scrollY + box.top);
     this.canvas.dataset.plotBox = `${left} ${top} ${Math.round(box.width)} ${Math.round(box.height)}`;
+  }
+
+  // What each series plots inside the window, for the same tools: its label, how many points
+  // have a value, the first and last of their x, and the mean of their y.
+  markSeries(series, xMin) {
+    const summary = series.map((s) => {
+      const shown = s.points.filter(([x, y]) => y !== null && x >= xMin);
+      const mean = shown.reduce((sum, [, y]) => sum + y, 0) / Math.max(1, shown.length);
+      return { label: s.label, points: shown.length, first_x: shown[0]?.[0] ?? null,
+        last_x: shown.at(-1)?.[0] ?? null, mean_y: shown.length > 0 ? mean : null };
+    });
+    this.canvas.dataset.series = JSON.stringify(summary);
   }
 }

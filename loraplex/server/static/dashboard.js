@@ -1,16 +1,20 @@
-// The fleet page: polls /admin/fleet once a second with the admin key, shows the replicas in a
-// table and charts the last five minutes, kept here in the tab (the server keeps no history).
+// The fleet page: on open it loads the last hour the server sampled (/admin/fleet/history),
+// then polls /admin/fleet once a second with the admin key and the history for new samples; it
+// shows the replicas in a table and charts the hour: fleet views (the history's, then the live
+// ones), traffic per tenant class and the top revisions (from the history's samples).
 //
 // The key comes from the URL fragment (#key=..., which a browser never sends to a server) or the
 // form, and is kept in this tab's sessionStorage only. Counters in a view are cumulative; rates
 // and ratios are the differences between consecutive views.
 
 import { LineChart } from "./chart.js";
+import { TrafficViews } from "./traffic.js";
 
 const POLL_MS = 1000;
+const HISTORY_POLL_MS = 5000; // new history samples are asked for this often
 const REQUEST_TIMEOUT_MS = 5000;
-const HISTORY_S = 300;
-const MAX_VIEWS = 600; // views kept at most, whatever the timestamps say
+const HISTORY_S = 3600;
+const MAX_VIEWS = 4000 + 3600; // views kept at most (one an hour at 1 s, plus the history's)
 const KEY_STORAGE = "loraplex.adminKey";
 const TIERS = ["l0", "l1", "l2"];
 const ACQUIRE_KEYS = ["l0", "l1", "l2", "miss"];
@@ -28,7 +32,7 @@ let adminKey = null;
 const status = document.getElementById("status");
 const keyForm = document.getElementById("key-form");
 const keyInput = document.getElementById("key-input");
-const commonOptions = { xWindow: HISTORY_S, xStep: 60 };
+const commonOptions = { xWindow: HISTORY_S, xStep: 600 };
 const charts = {
   occupancy: new LineChart(document.getElementById("chart-occupancy"),
     document.getElementById("legend-occupancy"),
@@ -44,6 +48,10 @@ const charts = {
     document.getElementById("legend-decisions"),
     { ...commonOptions, yFormat: (v) => `${v}/s`, empty: "no routing decisions" }),
 };
+const traffic = new TrafficViews(HISTORY_S, commonOptions);
+let historyLoaded = false; // the first history answer seeds the fleet views too
+let lastSeq = 0; // the newest history sample this page has
+let lastHistoryPoll = -Infinity; // performance.now() of the last history request
 
 function setStatus(text, isError) {
   status.textContent = text;
@@ -77,11 +85,11 @@ keyForm.addEventListener("submit", (event) => {
   poll();
 });
 
-async function fetchFleet() {
+async function fetchAdmin(path) {
   const abort = new AbortController();
   const timeout = setTimeout(() => abort.abort(), REQUEST_TIMEOUT_MS);
   try {
-    return await fetch("fleet", {
+    return await fetch(path, {
       headers: { Authorization: `Bearer ${adminKey}` },
       cache: "no-store",
       signal: abort.signal,
@@ -91,18 +99,49 @@ async function fetchFleet() {
   }
 }
 
+// The JSON of an admin path; null (and the key form shown) when the key was refused.
+async function getAdmin(path) {
+  const response = await fetchAdmin(path);
+  if (response.status === 401) {
+    askForKey("The admin key was refused (401 Unauthorized): enter the admin key.", true);
+    return null;
+  }
+  if (!response.ok) {
+    throw new Error(`/admin/${path.split("?")[0]} answered ${response.status}`);
+  }
+  return response.json();
+}
+
+// New history samples: traffic always; fleet views only on the first load (live polls cover
+// the time since).
+async function pollHistory() {
+  lastHistoryPoll = performance.now();
+  const history = await getAdmin(`fleet/history?after=${lastSeq}`);
+  if (history === null) {
+    return false;
+  }
+  for (const sample of history.samples) {
+    if (!historyLoaded) {
+      record(sample.fleet);
+    }
+    lastSeq = Math.max(lastSeq, sample.seq);
+  }
+  traffic.record(history);
+  historyLoaded = true;
+  return true;
+}
+
 async function poll() {
   const started = performance.now();
   try {
-    const response = await fetchFleet();
-    if (response.status === 401) {
-      askForKey("The admin key was refused (401 Unauthorized): enter the admin key.", true);
+    if (started - lastHistoryPoll >= HISTORY_POLL_MS && !(await pollHistory())) {
       return;
     }
-    if (!response.ok) {
-      throw new Error(`/admin/fleet answered ${response.status}`);
+    const view = await getAdmin("fleet");
+    if (view === null) {
+      return;
     }
-    record(await response.json());
+    record(view);
     render();
     setStatus(`updated ${new Date(views.at(-1).at_s * 1000).toLocaleTimeString()}`, false);
   } catch (error) {
@@ -112,6 +151,9 @@ async function poll() {
 }
 
 function record(view) {
+  if (views.length > 0 && view.at_s <= views.at(-1).at_s) {
+    return; // not newer than what the page has (a history sample after a live view)
+  }
   views.push(view);
   const start = view.at_s - HISTORY_S;
   // One view older than the window stays: the first interval inside it is differenced from it.
@@ -268,6 +310,7 @@ function render() {
   charts.hits.render(hitSeries(), latest.at_s);
   charts.load.render(loadSeries(), latest.at_s);
   charts.decisions.render(decisionSeries(), latest.at_s);
+  traffic.render(latest.at_s);
 }
 
 window.addEventListener("resize", render);
