@@ -204,6 +204,11 @@ class HistorySampler:
             return False
         return True
 
+    @property
+    def running(self) -> bool:
+        """Whether the sampling thread is alive."""
+        return self._thread is not None and self._thread.is_alive()
+
     def start(self) -> None:
         self._thread = threading.Thread(target=self._run, name="loraplex-history", daemon=True)
         self._thread.start()

@@ -8,11 +8,15 @@ import logging
 import time
 import tracemalloc
 from dataclasses import dataclass, field
+from pathlib import Path
 
+import httpx
 import pytest
-from conftest import Rig
+from conftest import ADMIN_KEY, Rig
+from live import client, live_server
 
 from loraplex.clock import ManualClock
+from loraplex.demo.assets import DemoAssets
 from loraplex.server.fleet_view import FleetState, ReplicaLoadView, ReplicaState, TierOccupancy
 from loraplex.server.history import (
     MEMORY_BOUND_BYTES,
@@ -251,3 +255,30 @@ def test_history_route_returns_the_traffic_served_before_it_was_asked(rig: Rig) 
     }  # fmt: skip
     later = rig.client.get(f"/admin/fleet/history?after={first.seq}", headers=rig.admin).json()
     assert [s["seq"] for s in later["samples"]] == [first.seq + 1]
+
+
+def test_a_built_server_samples_its_own_traffic_and_stops_its_sampler(
+    demo_assets: DemoAssets, tmp_path: Path
+) -> None:
+    with live_server(demo_assets, tmp_path, admin_key=ADMIN_KEY, engine_process=False) as live:
+        sampler = live.server.history
+        assert sampler is not None and sampler.running
+        tenant = next(iter(live.server.sample_keys))
+        models = client(live.url, live.key(tenant)).models.list().data
+        adapter = next(m.id for m in models if m.id != live.server.deps.config.base_model_name)
+        done = client(live.url, live.key(tenant)).completions.create(
+            model=adapter, prompt="hello", max_tokens=4
+        )
+        revision = done.model_extra["loraplex"]["revision"]  # type: ignore[index]
+        live.server.app.state.history.sample()  # the thread would take it within 10 s
+        with httpx.Client(base_url=live.url, timeout=30) as http:
+            body = http.get(
+                "/admin/fleet/history", headers={"Authorization": f"Bearer {ADMIN_KEY}"}
+            )
+        (sample,) = body.json()["samples"]
+        assert sample["classes"]["normal"] == {
+            "requests": 1, "tokens": done.usage.completion_tokens, "errors": 0,  # type: ignore[union-attr]
+        }  # fmt: skip
+        assert [r["revision"] for r in sample["top_revisions"]] == [revision]
+        assert sample["fleet"]["replicas"][0]["hits"]["miss"] >= 1
+    assert not sampler.running  # Server.close() stopped it
