@@ -144,6 +144,7 @@ class FleetHistory:
             "interval_s": self.config.interval_s,
             "length_s": self.config.length_s,
             "max_samples": self.config.max_samples,
+            "last_seq": kept[-1].seq if kept else 0,  # lower than a client's: a new server
             "samples": [s.to_json() for s in kept if s.seq > after_seq],
             "window": {
                 "num_samples": len(kept),

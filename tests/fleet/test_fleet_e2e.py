@@ -224,6 +224,29 @@ def test_routing_is_counted_and_the_revision_stays_on_few_replicas(fleet: Fleet)
     assert "loraplex_fleet_replica_resident_adapters{" in metrics
 
 
+def test_the_ingress_keeps_the_live_pages_history(fleet: Fleet) -> None:
+    """The ingress samples its fleet view and the requests it served (every 10 s): the history
+    shows both replicas and the revision the earlier tests asked for."""
+    with fleet.tenant("acme") as api:
+        assert _complete(api).status_code == 200
+    deadline = time.monotonic() + 40  # up to four sampling intervals on a busy machine
+    with fleet.admin() as admin:
+        while True:
+            body = admin.get("/admin/fleet/history").json()
+            top = [r["revision"] for r in body["window"]["top_revisions"]]
+            if "acme/support@r1" in top or time.monotonic() > deadline:
+                break
+            time.sleep(1)
+        assert admin.get("/admin/fleet/history").status_code == 200
+    with fleet.tenant("acme") as api:
+        assert api.get("/admin/fleet/history").status_code == 401
+    assert "acme/support@r1" in top, body["window"]
+    sample = body["samples"][-1]
+    assert len(sample["fleet"]["replicas"]) >= 2
+    assert sample["fleet"]["policy"] == "affinity_until_saturated"
+    assert sum(s["classes"].get("normal", {}).get("requests", 0) for s in body["samples"]) >= 1
+
+
 def _board_l0(entries: list[Any], key: str) -> dict[str, bool]:
     return {e.replica_id: key in e.status["report"]["residency"]["l0"] for e in entries}
 

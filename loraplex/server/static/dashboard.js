@@ -82,6 +82,7 @@ keyForm.addEventListener("submit", (event) => {
   keyInput.value = "";
   sessionStorage.setItem(KEY_STORAGE, adminKey);
   keyForm.hidden = true;
+  lastHistoryPoll = -Infinity; // the history first, with the new key
   poll();
 });
 
@@ -119,6 +120,12 @@ async function pollHistory() {
   const history = await getAdmin(`fleet/history?after=${lastSeq}`);
   if (history === null) {
     return false;
+  }
+  if (history.last_seq < lastSeq) { // the server restarted: its samples are numbered anew
+    lastSeq = 0;
+    traffic.clear();
+    lastHistoryPoll = -Infinity;
+    return true;
   }
   for (const sample of history.samples) {
     if (!historyLoaded) {

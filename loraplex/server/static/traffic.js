@@ -41,6 +41,12 @@ export class TrafficViews {
       { ...chartOptions, yFormat: (v) => `${v}/s`, empty: "no requests finished" });
   }
 
+  // Forgets every sample (the server restarted and numbers its samples anew).
+  clear() {
+    this.samples = [];
+    this.window = null;
+  }
+
   // Appends an answer of /admin/fleet/history (its samples newer than those kept).
   record(history) {
     this.maxSamples = history.max_samples;
