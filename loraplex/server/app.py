@@ -37,6 +37,7 @@ from loraplex.server.deps import ServerDeps
 from loraplex.server.errors import DEFAULT_RETRY_AFTER_S, install_error_handlers, unauthorized
 from loraplex.server.limits import RequestLimits
 from loraplex.server.metrics import CONTENT_TYPE
+from loraplex.server.metrics_status import CountStatuses
 
 
 def create_app(deps: ServerDeps) -> FastAPI:
@@ -60,6 +61,7 @@ def create_app(deps: ServerDeps) -> FastAPI:
     app.state.openapi_documents = {}  # built on first request (``openapi_docs.document``)
     install_error_handlers(app)
     app.add_middleware(RequestLimits, deps=deps)  # credentials and body limits before parsing
+    app.add_middleware(CountStatuses, counts=deps.metrics.statuses)  # outside: sees its 429s
     app.include_router(routes_openai.router)
     app.include_router(routes_admin.router)
     app.include_router(routes_tokenize.router)

@@ -113,6 +113,11 @@ class HealthCollector(Collector):
             "1 while the engine takes requests; 0 while it is down.",
             value=1 if health.up else 0,
         )
+        yield GaugeMetricFamily(
+            "loraplex_engine_hung",
+            "1 while the engine is alive but made no progress with work pending (watchdog).",
+            value=1 if health.hung else 0,
+        )
         yield CounterMetricFamily(
             "loraplex_engine_restarts",
             "Engine process restart attempts since the server started.",
@@ -136,6 +141,16 @@ class CacheCollector(Collector):
             ("adapter_cache_hits", "Acquires served from L0, or filled from L1/L2.", stats.hits),
             ("adapter_evictions", "Adapter copies evicted per tier.", stats.evictions),
             ("adapter_loads", "Completed fills per tier.", stats.loads),
+            (
+                "adapter_reload_after_eviction",
+                "Fills within the reload window after an eviction of the same copy, per tier.",
+                stats.reloads_after_eviction,
+            ),
+            (
+                "adapter_thrash_events",
+                "Reloads after eviction of a copy whose previous fill was one too (window).",
+                stats.thrash_events,
+            ),
         )
         for name, doc, values in per_tier:
             counter = CounterMetricFamily(name, doc, labels=("tier",))
@@ -144,11 +159,6 @@ class CacheCollector(Collector):
             yield counter
         yield CounterMetricFamily(
             "adapter_cache_misses", "Acquires that had to fetch from L3.", value=stats.misses
-        )
-        yield CounterMetricFamily(
-            "adapter_reload_after_eviction",
-            "Fills within the reload window after an eviction of the same copy.",
-            value=sum(stats.reloads_after_eviction.values()),
         )
         yield CounterMetricFamily(
             "adapter_load_failures", "Loads that failed or were cancelled.", stats.load_failures

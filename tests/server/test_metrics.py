@@ -14,6 +14,7 @@ from prometheus_client.samples import Sample
 from loraplex.demo.assets import DemoAssets
 from loraplex.residency.ledger import Tier
 from loraplex.server.app import create_app
+from loraplex.server.metrics_status import code_label
 
 
 def _scrape(rig: Rig) -> dict[str, list[Sample]]:
@@ -91,11 +92,16 @@ def test_cache_metrics_follow_design(rig: Rig) -> None:
     for name in (
         "adapter_cache_hits", "adapter_cache_misses", "adapter_resident_count",
         "adapter_resident_bytes", "adapter_evictions", "adapter_reload_after_eviction",
-        "adapter_thrash_ratio", "adapter_load_stage_seconds",
+        "adapter_thrash_ratio", "adapter_load_stage_seconds", "adapter_thrash_events",
     ):  # fmt: skip
         assert name in metrics, name
-    tiers = {s.labels["tier"] for s in metrics["adapter_resident_bytes"]}
-    assert tiers == {"L0", "L1", "L2"}
+    for name in (
+        "adapter_resident_bytes",
+        "adapter_reload_after_eviction",
+        "adapter_thrash_events",
+    ):
+        tiers = {s.labels["tier"] for s in metrics[name]}
+        assert tiers == {"L0", "L1", "L2"}, name
 
 
 def test_cache_metrics_read_the_cache_summary(rig: Rig) -> None:
@@ -121,6 +127,7 @@ def test_labels_stay_bounded(rig: Rig, demo_assets: DemoAssets) -> None:
             body = {"model": f"{adapter.name}@{adapter.revision}", "prompt": "x", "max_tokens": 1}
             rig.client.post("/v1/completions", json=body, headers=rig.headers("acme"))
     allowed = {"tier", "stage", "cold", "priority_class", "outcome", "state", "le", "quantile"}
+    allowed.add("code")  # 429, 503 or a status class (metrics_status.code_label)
     for name, samples in _scrape(rig).items():
         if name in ("vllm:lora_requests_info", "adapter_requests"):
             continue  # adapter names, at most max_adapter_labels of them: test_adapter_labels
@@ -140,3 +147,27 @@ def test_metrics_need_the_admin_key_unless_public(served: Served) -> None:
 def test_health_and_ready(rig: Rig) -> None:
     assert rig.client.get("/health").json() == {"status": "ok"}
     assert rig.client.get("/ready").json() == {"status": "ready"}
+
+
+def test_tenant_responses_count_by_class_and_status(rig: Rig, demo_assets: DemoAssets) -> None:
+    adapter = demo_assets.adapter("acme", "support", "r1")
+    ok = {"model": f"{adapter.name}@{adapter.revision}", "prompt": "x", "max_tokens": 1}
+    assert rig.client.post("/v1/completions", json=ok, headers=rig.headers("acme")).is_success
+    unknown = {**ok, "model": "no-such-adapter"}
+    refused = rig.client.post("/v1/completions", json=unknown, headers=rig.headers("acme"))
+    assert refused.status_code == 404
+    anonymous = rig.client.post("/v1/completions", json=ok)  # no key: no class, not counted
+    assert anonymous.status_code == 401
+    counts = {
+        (s.labels["priority_class"], s.labels["code"]): s.value
+        for s in _scrape(rig)["loraplex_tenant_responses"]
+        if s.name == "loraplex_tenant_responses_total"
+    }
+    assert counts == {("normal", "2xx"): 1, ("normal", "4xx"): 1}
+
+
+@pytest.mark.parametrize(
+    ("status", "label"), [(200, "2xx"), (429, "429"), (503, "503"), (500, "5xx"), (408, "4xx")]
+)
+def test_status_code_labels_are_a_fixed_set(status: int, label: str) -> None:
+    assert code_label(status) == label
