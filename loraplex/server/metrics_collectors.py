@@ -225,6 +225,14 @@ class ReleaseCollector(Collector):
             feedback.add_metric((*who, "bad"), totals.bad)
             if tracked.role == CANDIDATE:
                 state.add_metric((*who, tracked.state), 1)
+        transitions = CounterMetricFamily(
+            "loraplex_release_transitions",
+            "Releases moved into each state (rolled_back: rollbacks), controller and operator.",
+            labels=("state",),
+        )
+        for to, count in sorted(self._traffic.transitions().items()):
+            transitions.add_metric((to,), count)
         yield requests
         yield feedback
         yield state
+        yield transitions
