@@ -19,6 +19,7 @@ from prometheus_client.registry import Collector
 from loraplex.artifacts.identity import AdapterKey
 from loraplex.engine.protocol import EngineClient, EngineLoad
 from loraplex.errors import EngineUnavailableError
+from loraplex.release.model import ReleaseState
 from loraplex.residency.ledger import CACHED_TIERS, Tier
 from loraplex.server.adapter_labels import AdapterLabels
 from loraplex.server.cache_control import CacheControl
@@ -230,7 +231,9 @@ class ReleaseCollector(Collector):
             "Releases moved into each state (rolled_back: rollbacks), controller and operator.",
             labels=("state",),
         )
-        for to, count in sorted(self._traffic.transitions().items()):
+        # every state from 0: a series born at 1 hides its first increase from increase()
+        moved = {state.value: 0 for state in ReleaseState} | self._traffic.transitions()
+        for to, count in sorted(moved.items()):
             transitions.add_metric((to,), count)
         yield requests
         yield feedback

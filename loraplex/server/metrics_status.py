@@ -19,6 +19,8 @@ from prometheus_client.core import CounterMetricFamily, Metric
 from prometheus_client.registry import Collector
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
+from loraplex.registry.models import PriorityClass
+
 PRIORITY_CLASS_STATE = "loraplex_priority_class"  # request state: the caller's class (str)
 _OWN_CODES = frozenset({429, 503})  # statuses alerted on by name
 
@@ -33,7 +35,10 @@ class StatusCounts(Collector):
 
     def __init__(self) -> None:
         self._lock = threading.Lock()
-        self._counts: Counter[tuple[str, str]] = Counter()
+        # 429 and 503 of every class from 0: a series born at 1 hides its first increase
+        self._counts: Counter[tuple[str, str]] = Counter(
+            dict.fromkeys(((c.value, str(code)) for c in PriorityClass for code in _OWN_CODES), 0)
+        )
 
     def count(self, priority_class: str, status: int) -> None:
         with self._lock:

@@ -163,7 +163,8 @@ def test_tenant_responses_count_by_class_and_status(rig: Rig, demo_assets: DemoA
         for s in _scrape(rig)["loraplex_tenant_responses"]
         if s.name == "loraplex_tenant_responses_total"
     }
-    assert counts == {("normal", "2xx"): 1, ("normal", "4xx"): 1}
+    zeros = {(c, code): 0 for c in ("high", "normal", "batch") for code in ("429", "503")}
+    assert counts == {**zeros, ("normal", "2xx"): 1, ("normal", "4xx"): 1}
 
 
 @pytest.mark.parametrize(
