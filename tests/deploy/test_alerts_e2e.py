@@ -18,6 +18,7 @@ from typing import Any
 
 import httpx
 import pytest
+from fleet_exposition import Board, engine_request, exposed, route
 from prometheus_kit import (
     DASHBOARD,
     PROMETHEUS,
@@ -33,6 +34,8 @@ from prometheus_kit import (
 
 from loraplex.demo.assets import DemoAssets
 from loraplex.engine.process import EngineProcess
+from loraplex.engine.thread_client import AsyncEngine
+from loraplex.fleet.replica import EngineReplica, ReplicaParts
 
 pytestmark = pytest.mark.skipif(
     PROMETHEUS is None,
@@ -162,3 +165,42 @@ def test_alerts_fire_and_resolve_and_every_dashboard_panel_has_data(
                 _roll_back_release(served)  # by the operator: counted as a rollback too
             assert empty == []
             wait_until(lambda: _firing(prom, "LoraplexReleaseRolledBack"), 30, "rollback alert")
+
+
+def test_fleet_panels_return_data_and_replica_loss_alerts_fire(
+    demo_assets: DemoAssets, tmp_path: Path
+) -> None:
+    """The fleet row against a fleet ingress's family (``fleet_exposition``: the real collector
+    and link over live replica statuses, no Ray): every expression returns data; a replica whose
+    reports stop is out of rotation (unhealthy fires), and one that leaves the board fires
+    replica loss."""
+    rules = render_rules(RULES.read_text(), window=WINDOW, hold="1s")
+    config = {"admin_key": ADMIN, "max_loras": 2, "auto_warm": False, "engine_process": False}
+    with serving(demo_assets, tmp_path / "server", **config) as served:
+        server = served.server
+        assert isinstance(server.engine, AsyncEngine) and server.runtime is not None
+        parts = ReplicaParts(server.engine, server.runtime, server.registry, tmp_path / "replica")
+        board = Board({rid: EngineReplica(rid, parts) for rid in ("replica-a", "replica-b")})
+        _cycle(served, demo_assets)  # residency and hits for the replicas' statuses
+        route(board, [engine_request(f"route-{i}", "acme") for i in range(4)])
+        with (
+            exposed(board) as address,
+            running_prometheus(
+                tmp_path / "prometheus", [Target("loraplex-ingress", address)], rules
+            ) as prom,
+        ):
+            exprs = dashboard_exprs(FLEET_ROW)
+            assert exprs and all("loraplex_fleet_" in e for e in exprs)
+            wait_until(lambda: all(prom.query(e) for e in exprs), 30, "every fleet panel")
+            board.stale.add("replica-b")  # its reports stopped
+            wait_until(
+                lambda: _firing(prom, "LoraplexFleetReplicaUnhealthy", replica="replica-b"),
+                30, "replica-b unhealthy",
+            )  # fmt: skip
+            assert prom.state("LoraplexFleetReplicaUnhealthy", replica="replica-a") == "inactive"
+            del board.replicas["replica-b"]  # and it left the board
+            wait_until(lambda: _firing(prom, "LoraplexFleetReplicaLost"), 30, "replica lost")
+            wait_until(
+                lambda: prom.state("LoraplexFleetReplicaUnhealthy") == "inactive",
+                30, "unhealthy resolved once it left",
+            )  # fmt: skip
