@@ -3,12 +3,14 @@ tests (``promtool test rules``), and every alert has a unit test in which it fir
 
 from __future__ import annotations
 
+import re
 import shutil
 import subprocess
 from pathlib import Path
 
 import pytest
 import yaml
+from prometheus_kit import render_rules
 
 DEPLOY = Path(__file__).resolve().parents[2] / "deploy" / "prometheus"
 RULES = DEPLOY / "loraplex-rules.yml"
@@ -82,3 +84,27 @@ def test_the_seeds_and_serving_alerts_are_all_there() -> None:
         "LoraplexColdTtftP99High", "LoraplexWarmTtftP99High", "LoraplexReleaseRolledBack",
         "LoraplexFleetReplicaUnhealthy", "LoraplexFleetReplicaLost",
     }  # fmt: skip
+
+
+def test_rendering_shortens_every_window_and_hold_and_keeps_the_thresholds() -> None:
+    shipped = (
+        "groups:\n- name: g\n  rules:\n  - alert: A\n"
+        "    expr: rate(x[10m]) > 0.05 and increase(y[1h]) > 3\n    for: 10m\n"
+    )
+    rendered = render_rules(shipped, window="15s", hold="1s")
+    assert "rate(x[15s]) > 0.05 and increase(y[15s]) > 3" in rendered
+    assert "for: 1s" in rendered and "10m" not in rendered and "1h" not in rendered
+
+
+@needs_promtool
+def test_the_rendered_rules_are_valid_and_keep_every_alert(tmp_path: Path) -> None:
+    rendered = render_rules(RULES.read_text(), window="15s", hold="1s")
+    assert not re.search(r"\[\d+[mhd]\]", rendered)
+    (tmp_path / "rendered.yml").write_text(rendered)
+    assert PROMTOOL is not None
+    checked = subprocess.run(
+        [PROMTOOL, "check", "rules", "rendered.yml"],
+        cwd=tmp_path, capture_output=True, text=True, timeout=120, check=False,
+    )  # fmt: skip
+    assert checked.returncode == 0, checked.stdout + checked.stderr
+    assert f"SUCCESS: {len(_alert_names())} rules found" in checked.stdout
