@@ -61,7 +61,8 @@ def create_app(deps: ServerDeps) -> FastAPI:
     app.state.openapi_documents = {}  # built on first request (``openapi_docs.document``)
     install_error_handlers(app)
     app.add_middleware(RequestLimits, deps=deps)  # credentials and body limits before parsing
-    app.add_middleware(CountStatuses, counts=deps.metrics.statuses)  # outside: sees its 429s
+    # outside RequestLimits, so its 429s are counted; the counts are read when a response starts
+    app.add_middleware(CountStatuses, counts=lambda: deps.metrics.statuses)
     app.include_router(routes_openai.router)
     app.include_router(routes_admin.router)
     app.include_router(routes_tokenize.router)

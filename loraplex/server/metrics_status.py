@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import threading
 from collections import Counter
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 
 from prometheus_client.core import CounterMetricFamily, Metric
 from prometheus_client.registry import Collector
@@ -58,9 +58,9 @@ class StatusCounts(Collector):
 
 
 class CountStatuses:
-    """ASGI middleware: counts each tenant response in ``counts`` when it starts."""
+    """ASGI middleware: counts each tenant response in ``counts()`` when it starts."""
 
-    def __init__(self, app: ASGIApp, counts: StatusCounts) -> None:
+    def __init__(self, app: ASGIApp, counts: Callable[[], StatusCounts]) -> None:
         self.app = app
         self.counts = counts
 
@@ -73,7 +73,7 @@ class CountStatuses:
             if message["type"] == "http.response.start":
                 priority_class = scope.get("state", {}).get(PRIORITY_CLASS_STATE)
                 if isinstance(priority_class, str):
-                    self.counts.count(priority_class, int(message["status"]))
+                    self.counts().count(priority_class, int(message["status"]))
             await send(message)
 
         await self.app(scope, receive, counting_send)
