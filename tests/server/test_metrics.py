@@ -5,7 +5,7 @@ from __future__ import annotations
 import time
 
 import pytest
-from conftest import Rig, Served, make_app_deps
+from conftest import BASE_NAME, Rig, Served, make_app_deps
 from fakes import QUEUE_S, FakeEngine
 from fastapi.testclient import TestClient
 from prometheus_client.parser import text_string_to_metric_families
@@ -172,3 +172,24 @@ def test_tenant_responses_count_by_class_and_status(rig: Rig, demo_assets: DemoA
 )
 def test_status_code_labels_are_a_fixed_set(status: int, label: str) -> None:
     assert code_label(status) == label
+
+
+def test_a_rate_limited_request_is_counted_as_429_of_its_tenants_class(rig: Rig) -> None:
+    """Refused by ``RequestLimits`` before any route ran, and still counted (under batch)."""
+    created = rig.client.post("/admin/tenants", json={"name": "bursty"}, headers=rig.admin)
+    assert created.status_code in (200, 201)
+    settings = {"priority": "batch", "quotas": {"max_requests_per_s": 0.01}}  # then 1 per 100 s
+    changed = rig.client.put("/admin/tenants/bursty", json=settings, headers=rig.admin)
+    assert changed.status_code == 200, changed.text
+    token = rig.client.post("/admin/tenants/bursty/keys", headers=rig.admin).json()["token"]
+    headers = {"Authorization": f"Bearer {token}"}
+    body = {"model": BASE_NAME, "prompt": "hi", "max_tokens": 2}
+    assert rig.client.post("/v1/completions", json=body, headers=headers).status_code == 200
+    assert rig.client.post("/v1/completions", json=body, headers=headers).status_code == 429
+    counts = {
+        (s.labels["priority_class"], s.labels["code"]): s.value
+        for s in _scrape(rig)["loraplex_tenant_responses"]
+        if s.name == "loraplex_tenant_responses_total"
+    }
+    assert counts[("batch", "2xx")] == 1 and counts[("batch", "429")] == 1
+    assert counts[("normal", "429")] == 0
