@@ -191,6 +191,7 @@ def sum_stats(stats: list[CacheStatsSnapshot]) -> CacheStatsSnapshot:
         resident_bytes=add("resident_bytes"),
         stages={stage: merge_stages(parts) for stage, parts in stages.items()},
         room_wait=merge_stages(waits) if waits else None,
+        thrash_events=add("thrash_events"),
     )
 
 

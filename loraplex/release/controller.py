@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import logging
 import time
+from collections.abc import Callable
 from concurrent.futures import Future
 from dataclasses import dataclass, field
 
@@ -92,6 +93,7 @@ class ReleaseController:
         *,
         actor: str = "release-controller",
         observe_every_s: float = 1.0,
+        on_move: Callable[[ReleaseState], None] | None = None,
     ) -> None:
         self._registry = registry
         self._store = ReleaseStore(registry)
@@ -99,6 +101,7 @@ class ReleaseController:
         self._clock = clock
         self._actor = actor  # written to the audit rows of the controller's transitions
         self._observe_every_s = observe_every_s  # comparison writes per release, at most
+        self._on_move = on_move  # told each state a release moved into (metrics)
         self._jobs: dict[str, _Job] = {}
         self._pins = _Pins(env)
         self._settled: set[str] = set()  # finished releases whose candidate pin was dropped
@@ -222,6 +225,8 @@ class ReleaseController:
     def _move(self, release: Release, to: ReleaseState, now: float, **changes: object) -> Release:
         moved = self._store.transition(release, to, actor=self._actor, now=now, **changes)
         log.info("release %s: %s -> %s", release.release_id, release.state.value, to.value)
+        if self._on_move is not None:
+            self._on_move(to)
         if moved.terminal:
             self._jobs.pop(release.release_id, None)
         return moved

@@ -39,6 +39,7 @@ class AdapterHistory:
     loads: dict[Tier, int] = field(default_factory=dict)  # completed fills of each tier
     evictions: dict[Tier, int] = field(default_factory=dict)  # evictions from each tier
     evicted_at_s: dict[Tier, float] = field(default_factory=dict)  # last eviction per tier
+    reloaded_at_s: dict[Tier, float] = field(default_factory=dict)  # last reload-after-eviction
 
 
 @dataclass(frozen=True)
@@ -66,6 +67,9 @@ class CacheStatsSnapshot:
     resident_bytes: dict[Tier, int]  # bytes per tier
     stages: dict[Stage, StageSummary]  # per-stage load durations (pipeline work only)
     room_wait: StageSummary | None  # per move: waiting for room in its target (None: no moves)
+    # reloads after eviction of a copy whose previous fill was one too, both within the window:
+    # the same revision cycling in and out of a tier (thrash), not a one-off refill
+    thrash_events: dict[Tier, int] = field(default_factory=dict)
 
     @property
     def thrash_ratio(self) -> float:
@@ -86,6 +90,7 @@ class CacheStats:
         self.loads = dict.fromkeys(CACHED_TIERS, 0)
         self.evictions = dict.fromkeys(CACHED_TIERS, 0)
         self.reloads_after_eviction = dict.fromkeys(CACHED_TIERS, 0)
+        self.thrash_events = dict.fromkeys(CACHED_TIERS, 0)
         self.load_failures = 0
         self._stage_count = dict.fromkeys(Stage, 0)
         self._stage_total = dict.fromkeys(Stage, 0.0)
@@ -105,8 +110,13 @@ class CacheStats:
         self.loads[tier] += 1
         history.loads[tier] = history.loads.get(tier, 0) + 1
         evicted_at = history.evicted_at_s.get(tier)
-        if evicted_at is not None and now_s - evicted_at <= self.reload_window_s:
-            self.reloads_after_eviction[tier] += 1
+        if evicted_at is None or now_s - evicted_at > self.reload_window_s:
+            return
+        self.reloads_after_eviction[tier] += 1
+        reloaded_at = history.reloaded_at_s.get(tier)
+        if reloaded_at is not None and now_s - reloaded_at <= self.reload_window_s:
+            self.thrash_events[tier] += 1  # evicted and refilled again within the window
+        history.reloaded_at_s[tier] = now_s
 
     def record_eviction(self, tier: Tier, history: AdapterHistory, now_s: float) -> None:
         self.evictions[tier] += 1
@@ -145,6 +155,7 @@ class CacheStats:
             )
             if self._room_wait_count
             else None,
+            thrash_events=dict(self.thrash_events),
         )
 
 

@@ -21,7 +21,7 @@ from loraplex.artifacts.identity import AdapterKey
 from loraplex.engine.protocol import EngineClient, EngineRequest
 from loraplex.registry import Registry
 from loraplex.release.controller import ReleaseController, WallClock
-from loraplex.release.model import RevisionWindow
+from loraplex.release.model import ReleaseState, RevisionWindow
 from loraplex.release.store import ReleaseStore
 from loraplex.residency.ledger import Tier
 from loraplex.sampling import SamplingParams
@@ -194,7 +194,11 @@ def start_releases(
     ``env``: builds the controller's environment (a fleet's probes every replica); default
     ``ServeReleaseEnv`` over ``engine``."""
     release_env = ServeReleaseEnv(cache, engine, traffic) if env is None else env(cache, traffic)
-    controller = ReleaseController(registry, release_env, traffic.clock)
+
+    def on_move(to: ReleaseState) -> None:
+        traffic.count_transition(to.value)  # loraplex_release_transitions_total
+
+    controller = ReleaseController(registry, release_env, traffic.clock, on_move=on_move)
     loop = ReleaseLoop(controller.tick, traffic, engine_up=lambda: engine.health().up)
     loop.start()
     return ReleaseService(release_env, loop, controller)

@@ -37,6 +37,7 @@ from loraplex.server.deps import ServerDeps
 from loraplex.server.errors import DEFAULT_RETRY_AFTER_S, install_error_handlers, unauthorized
 from loraplex.server.limits import RequestLimits
 from loraplex.server.metrics import CONTENT_TYPE
+from loraplex.server.metrics_status import CountStatuses
 
 
 def create_app(deps: ServerDeps) -> FastAPI:
@@ -60,6 +61,8 @@ def create_app(deps: ServerDeps) -> FastAPI:
     app.state.openapi_documents = {}  # built on first request (``openapi_docs.document``)
     install_error_handlers(app)
     app.add_middleware(RequestLimits, deps=deps)  # credentials and body limits before parsing
+    # outside RequestLimits, so its 429s are counted; the counts are read when a response starts
+    app.add_middleware(CountStatuses, counts=lambda: deps.metrics.statuses)
     app.include_router(routes_openai.router)
     app.include_router(routes_admin.router)
     app.include_router(routes_tokenize.router)

@@ -49,6 +49,7 @@ from loraplex.server.errors import (
     invalid_request,
     to_api_error,
 )
+from loraplex.server.metrics_status import PRIORITY_CLASS_STATE
 from loraplex.server.ratelimit import TenantRateLimiter, open_rate_limiter
 
 UPLOAD_PATH = "/admin/adapters/upload"  # the one route whose body is an adapter's files
@@ -191,6 +192,7 @@ class RequestLimits:
             tenant = await authenticate(self.deps, token)
             state = scope.setdefault("state", {})
             mark_authenticated(state)  # a valid key, even if over its rate below
+            state[PRIORITY_CLASS_STATE] = tenant.priority.value  # its responses are counted
             try:  # the tenant's max_requests_per_s, before its body costs anything
                 await _take_token(self.rate_limiter, tenant)
             except RateLimitError as exc:

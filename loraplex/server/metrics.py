@@ -59,6 +59,7 @@ from loraplex.server.metrics_collectors import (
     HealthCollector,
     ReleaseCollector,
 )
+from loraplex.server.metrics_status import StatusCounts
 from loraplex.server.recent_requests import RecentRequests
 from loraplex.server.release_traffic import (
     ReleaseTraffic,
@@ -97,6 +98,8 @@ class ServerMetrics:
         if cache is not None:
             self.registry.register(CacheCollector(cache))
         self.registry.register(ReleaseCollector(releases))
+        self.statuses = StatusCounts()  # tenant responses by class and status (middleware)
+        self.registry.register(self.statuses)
         labels = ("cold", "priority_class")
         self.ttft = Histogram(
             "request_ttft_seconds",

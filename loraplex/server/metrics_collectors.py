@@ -19,6 +19,7 @@ from prometheus_client.registry import Collector
 from loraplex.artifacts.identity import AdapterKey
 from loraplex.engine.protocol import EngineClient, EngineLoad
 from loraplex.errors import EngineUnavailableError
+from loraplex.release.model import ReleaseState
 from loraplex.residency.ledger import CACHED_TIERS, Tier
 from loraplex.server.adapter_labels import AdapterLabels
 from loraplex.server.cache_control import CacheControl
@@ -113,6 +114,11 @@ class HealthCollector(Collector):
             "1 while the engine takes requests; 0 while it is down.",
             value=1 if health.up else 0,
         )
+        yield GaugeMetricFamily(
+            "loraplex_engine_hung",
+            "1 while the engine is alive but made no progress with work pending (watchdog).",
+            value=1 if health.hung else 0,
+        )
         yield CounterMetricFamily(
             "loraplex_engine_restarts",
             "Engine process restart attempts since the server started.",
@@ -136,6 +142,16 @@ class CacheCollector(Collector):
             ("adapter_cache_hits", "Acquires served from L0, or filled from L1/L2.", stats.hits),
             ("adapter_evictions", "Adapter copies evicted per tier.", stats.evictions),
             ("adapter_loads", "Completed fills per tier.", stats.loads),
+            (
+                "adapter_reload_after_eviction",
+                "Fills within the reload window after an eviction of the same copy, per tier.",
+                stats.reloads_after_eviction,
+            ),
+            (
+                "adapter_thrash_events",
+                "Reloads after eviction of a copy whose previous fill was one too (window).",
+                stats.thrash_events,
+            ),
         )
         for name, doc, values in per_tier:
             counter = CounterMetricFamily(name, doc, labels=("tier",))
@@ -144,11 +160,6 @@ class CacheCollector(Collector):
             yield counter
         yield CounterMetricFamily(
             "adapter_cache_misses", "Acquires that had to fetch from L3.", value=stats.misses
-        )
-        yield CounterMetricFamily(
-            "adapter_reload_after_eviction",
-            "Fills within the reload window after an eviction of the same copy.",
-            value=sum(stats.reloads_after_eviction.values()),
         )
         yield CounterMetricFamily(
             "adapter_load_failures", "Loads that failed or were cancelled.", stats.load_failures
@@ -215,6 +226,16 @@ class ReleaseCollector(Collector):
             feedback.add_metric((*who, "bad"), totals.bad)
             if tracked.role == CANDIDATE:
                 state.add_metric((*who, tracked.state), 1)
+        transitions = CounterMetricFamily(
+            "loraplex_release_transitions",
+            "Releases moved into each state (rolled_back: rollbacks), controller and operator.",
+            labels=("state",),
+        )
+        # every state from 0: a series born at 1 hides its first increase from increase()
+        moved = {state.value: 0 for state in ReleaseState} | self._traffic.transitions()
+        for to, count in sorted(moved.items()):
+            transitions.add_metric((to,), count)
         yield requests
         yield feedback
         yield state
+        yield transitions

@@ -31,7 +31,7 @@ from __future__ import annotations
 
 import logging
 import threading
-from collections import deque
+from collections import Counter, deque
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from enum import StrEnum
@@ -223,6 +223,18 @@ class ReleaseTraffic:
         self._lock = threading.Lock()
         self._tracked: dict[str, TrackedRevision] = {}
         self._rings: dict[str, _Ring] = {}
+        self._transitions: Counter[str] = Counter()  # release state -> moves into it
+
+    def count_transition(self, state: str) -> None:
+        """One release moved into ``state`` (a ``ReleaseState`` value), by the controller or an
+        operator: ``loraplex_release_transitions_total`` (rollbacks are alerted on)."""
+        with self._lock:
+            self._transitions[state] += 1
+
+    def transitions(self) -> dict[str, int]:
+        """Moves into each release state since the server started."""
+        with self._lock:
+            return dict(self._transitions)
 
     def refresh(self, *, force: bool = False) -> None:
         """Re-reads the tracked set from ``source`` unless it was read less than ``refresh_s``

@@ -110,14 +110,20 @@ def release_status(tenant: str, name: str, deps: DepsDep) -> Any:
 
 @router.post("/{tenant}/{name}/promote")
 def promote(tenant: str, name: str, deps: DepsDep) -> Any:
-    return release_view(_store(deps).promote(tenant, name, actor=ADMIN_ACTOR), deps)
+    promoted = _store(deps).promote(tenant, name, actor=ADMIN_ACTOR)
+    deps.releases.count_transition(promoted.state.value)
+    return release_view(promoted, deps)
 
 
 @router.post("/{tenant}/{name}/rollback")
 def rollback(tenant: str, name: str, deps: DepsDep) -> Any:
-    return release_view(_store(deps).rollback(tenant, name, actor=ADMIN_ACTOR), deps)
+    rolled_back = _store(deps).rollback(tenant, name, actor=ADMIN_ACTOR)
+    deps.releases.count_transition(rolled_back.state.value)
+    return release_view(rolled_back, deps)
 
 
 @router.post("/{tenant}/{name}/abort")
 def abort(tenant: str, name: str, deps: DepsDep) -> Any:
-    return release_view(_store(deps).abort(tenant, name, actor=ADMIN_ACTOR), deps)
+    aborted = _store(deps).abort(tenant, name, actor=ADMIN_ACTOR)
+    deps.releases.count_transition(aborted.state.value)
+    return release_view(aborted, deps)

@@ -390,3 +390,15 @@ def test_one_callers_failures_alone_do_not_roll_back(
     rolled = store.latest_release("acme", "bot")
     assert rolled.state is S.ROLLED_BACK
     assert rolled.reason is not None and "error rate 0.333 > max_error_rate" in rolled.reason
+
+
+def test_every_move_is_reported_to_on_move(
+    registry: Registry, env: FakeEnv, clock: ManualClock
+) -> None:
+    env.outputs[("v2", "hello")] = " goodbye"  # the probe fails: rolled back
+    ReleaseStore(registry).start_release("acme", "bot", "v2", PLAN, actor="ops")
+    moves: list[ReleaseState] = []
+    controller = ReleaseController(registry, env, clock, on_move=moves.append)
+    for _ in range(4):
+        controller.tick()
+    assert moves == [S.PREWARMING, S.PROBING, S.ROLLED_BACK]

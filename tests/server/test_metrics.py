@@ -5,7 +5,7 @@ from __future__ import annotations
 import time
 
 import pytest
-from conftest import Rig, Served, make_app_deps
+from conftest import BASE_NAME, Rig, Served, make_app_deps
 from fakes import QUEUE_S, FakeEngine
 from fastapi.testclient import TestClient
 from prometheus_client.parser import text_string_to_metric_families
@@ -14,6 +14,7 @@ from prometheus_client.samples import Sample
 from loraplex.demo.assets import DemoAssets
 from loraplex.residency.ledger import Tier
 from loraplex.server.app import create_app
+from loraplex.server.metrics_status import code_label
 
 
 def _scrape(rig: Rig) -> dict[str, list[Sample]]:
@@ -91,11 +92,16 @@ def test_cache_metrics_follow_design(rig: Rig) -> None:
     for name in (
         "adapter_cache_hits", "adapter_cache_misses", "adapter_resident_count",
         "adapter_resident_bytes", "adapter_evictions", "adapter_reload_after_eviction",
-        "adapter_thrash_ratio", "adapter_load_stage_seconds",
+        "adapter_thrash_ratio", "adapter_load_stage_seconds", "adapter_thrash_events",
     ):  # fmt: skip
         assert name in metrics, name
-    tiers = {s.labels["tier"] for s in metrics["adapter_resident_bytes"]}
-    assert tiers == {"L0", "L1", "L2"}
+    for name in (
+        "adapter_resident_bytes",
+        "adapter_reload_after_eviction",
+        "adapter_thrash_events",
+    ):
+        tiers = {s.labels["tier"] for s in metrics[name]}
+        assert tiers == {"L0", "L1", "L2"}, name
 
 
 def test_cache_metrics_read_the_cache_summary(rig: Rig) -> None:
@@ -121,6 +127,7 @@ def test_labels_stay_bounded(rig: Rig, demo_assets: DemoAssets) -> None:
             body = {"model": f"{adapter.name}@{adapter.revision}", "prompt": "x", "max_tokens": 1}
             rig.client.post("/v1/completions", json=body, headers=rig.headers("acme"))
     allowed = {"tier", "stage", "cold", "priority_class", "outcome", "state", "le", "quantile"}
+    allowed.add("code")  # 429, 503 or a status class (metrics_status.code_label)
     for name, samples in _scrape(rig).items():
         if name in ("vllm:lora_requests_info", "adapter_requests"):
             continue  # adapter names, at most max_adapter_labels of them: test_adapter_labels
@@ -140,3 +147,49 @@ def test_metrics_need_the_admin_key_unless_public(served: Served) -> None:
 def test_health_and_ready(rig: Rig) -> None:
     assert rig.client.get("/health").json() == {"status": "ok"}
     assert rig.client.get("/ready").json() == {"status": "ready"}
+
+
+def test_tenant_responses_count_by_class_and_status(rig: Rig, demo_assets: DemoAssets) -> None:
+    adapter = demo_assets.adapter("acme", "support", "r1")
+    ok = {"model": f"{adapter.name}@{adapter.revision}", "prompt": "x", "max_tokens": 1}
+    assert rig.client.post("/v1/completions", json=ok, headers=rig.headers("acme")).is_success
+    unknown = {**ok, "model": "no-such-adapter"}
+    refused = rig.client.post("/v1/completions", json=unknown, headers=rig.headers("acme"))
+    assert refused.status_code == 404
+    anonymous = rig.client.post("/v1/completions", json=ok)  # no key: no class, not counted
+    assert anonymous.status_code == 401
+    counts = {
+        (s.labels["priority_class"], s.labels["code"]): s.value
+        for s in _scrape(rig)["loraplex_tenant_responses"]
+        if s.name == "loraplex_tenant_responses_total"
+    }
+    zeros = {(c, code): 0 for c in ("high", "normal", "batch") for code in ("429", "503")}
+    assert counts == {**zeros, ("normal", "2xx"): 1, ("normal", "4xx"): 1}
+
+
+@pytest.mark.parametrize(
+    ("status", "label"), [(200, "2xx"), (429, "429"), (503, "503"), (500, "5xx"), (408, "4xx")]
+)
+def test_status_code_labels_are_a_fixed_set(status: int, label: str) -> None:
+    assert code_label(status) == label
+
+
+def test_a_rate_limited_request_is_counted_as_429_of_its_tenants_class(rig: Rig) -> None:
+    """Refused by ``RequestLimits`` before any route ran, and still counted (under batch)."""
+    created = rig.client.post("/admin/tenants", json={"name": "bursty"}, headers=rig.admin)
+    assert created.status_code in (200, 201)
+    settings = {"priority": "batch", "quotas": {"max_requests_per_s": 0.01}}  # then 1 per 100 s
+    changed = rig.client.put("/admin/tenants/bursty", json=settings, headers=rig.admin)
+    assert changed.status_code == 200, changed.text
+    token = rig.client.post("/admin/tenants/bursty/keys", headers=rig.admin).json()["token"]
+    headers = {"Authorization": f"Bearer {token}"}
+    body = {"model": BASE_NAME, "prompt": "hi", "max_tokens": 2}
+    assert rig.client.post("/v1/completions", json=body, headers=headers).status_code == 200
+    assert rig.client.post("/v1/completions", json=body, headers=headers).status_code == 429
+    counts = {
+        (s.labels["priority_class"], s.labels["code"]): s.value
+        for s in _scrape(rig)["loraplex_tenant_responses"]
+        if s.name == "loraplex_tenant_responses_total"
+    }
+    assert counts[("batch", "2xx")] == 1 and counts[("batch", "429")] == 1
+    assert counts[("normal", "429")] == 0

@@ -149,6 +149,10 @@ def test_start_list_status_abort(plant: Plant) -> None:
     aborted = plant.client.post("/admin/releases/acme/support/abort", headers=ADMIN)
     assert aborted.status_code == 200 and aborted.json()["state"] == "aborted"
     assert plant.client.post("/admin/releases/acme/support/abort", headers=ADMIN).status_code == 409
+    assert plant.deps.releases.transitions() == {"aborted": 1}  # the refused ones not counted
+    scraped = plant.client.get("/metrics", headers=ADMIN).text
+    assert 'loraplex_release_transitions_total{state="aborted"} 1.0' in scraped
+    assert 'loraplex_release_transitions_total{state="rolled_back"} 0.0' in scraped
     assert plant.client.get("/admin/releases", headers=ADMIN).json() == []
     finished = plant.client.get("/admin/releases?finished=true", headers=ADMIN).json()
     assert [r["state"] for r in finished] == ["aborted"]
