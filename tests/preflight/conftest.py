@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import sys
 from collections.abc import Iterator
+from dataclasses import dataclass
 from pathlib import Path
 
 import httpx
@@ -55,9 +56,17 @@ def ready_server(demo_assets: DemoAssets, tmp_path_factory: pytest.TempPathFacto
         yield live
 
 
+@dataclass(frozen=True)
+class Bare:
+    """A misconfigured server and its data directory (its registry database is there)."""
+
+    live: Live
+    data_dir: Path
+
+
 @pytest.fixture(scope="module")
-def bare_server(demo_assets: DemoAssets, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Live]:
+def bare_server(demo_assets: DemoAssets, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Bare]:
     """The demo as registered: no warm policy, no tenant budget, automatic warming off."""
     data_dir = tmp_path_factory.mktemp("bare")
     with live_server(demo_assets, data_dir, torch_threads=1, auto_warm=False) as live:
-        yield live
+        yield Bare(live, data_dir)
