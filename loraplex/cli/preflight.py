@@ -30,13 +30,15 @@ def _admin_key(admin_key: str | None, data_dir: Path | None) -> str:
     path = directory / ADMIN_KEY_FILE
     if not path.is_file():
         raise typer.BadParameter(
-            f"no --admin-key and no {path}; pass the deployment's admin key", param_hint="--admin-key"
+            f"no --admin-key and no {path}; pass the deployment's admin key",
+            param_hint="--admin-key",
         )
     return path.read_text(encoding="utf-8").strip()
 
 
 def preflight_command(
     url: Annotated[str, Opt(help="Base URL of the server or fleet ingress.")],
+    *,
     admin_key: Annotated[
         str | None, Opt(envvar="LORAPLEX_ADMIN_KEY", help="Admin credential (default: data dir).")
     ] = None,

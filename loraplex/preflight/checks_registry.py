@@ -97,7 +97,7 @@ def core_warm_policy(obs: Observation) -> Verdict:
     pinned = sorted({e["model"] for e in obs.residency.get("entries", []) if e.get("pinned")})
     hot = _hottest(obs.residency.get("hot", []))
     evidence = (
-        f"revisions with warm_policy gpu or cpu (PUT /admin/revisions/...): {_cited(core) or 'none'}",
+        f"revisions with a gpu or cpu warm_policy: {_cited(core) or 'none'}",
         f"pinned copies (GET /admin/residency): {_cited(pinned) or 'none'}",
         f"most requested adapters after the load test: {hot or 'none'}",
     )
@@ -115,7 +115,8 @@ def core_warm_policy(obs: Observation) -> Verdict:
 def tenant_pollution_bounded(obs: Observation) -> Verdict:
     item = "tenant_pollution_bounded"
     tenants = obs.registry.tenants
-    unbounded, rate_only = [], []
+    unbounded: list[str] = []
+    rate_only: list[str] = []
     for tenant in tenants:
         quotas = tenant["quotas"]
         if quotas.get("max_gpu_bytes") is not None or quotas.get("max_cpu_bytes") is not None:
@@ -125,7 +126,7 @@ def tenant_pollution_bounded(obs: Observation) -> Verdict:
         )
     evidence = (
         f"GET /admin/tenants: {len(tenants)} tenants",
-        f"no residency budget (max_gpu_bytes / max_cpu_bytes) nor rate: {_cited(unbounded) or 'none'}",
+        f"no max_gpu_bytes / max_cpu_bytes nor rate: {_cited(unbounded) or 'none'}",
         f"bounded by request rate only: {_cited(rate_only) or 'none'}",
     )
     if unbounded:

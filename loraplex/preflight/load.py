@@ -8,7 +8,6 @@ answered, so a check can compare them with the registry.
 
 from __future__ import annotations
 
-import statistics
 import threading
 import time
 from collections.abc import Callable
@@ -96,7 +95,9 @@ class LoadResult:
 
     def summary(self) -> dict[str, Any]:
         def p(phase: str, q: float) -> float | None:
-            values = sorted(o.latency_s for o in self.outcomes if o.phase == phase and o.status == 200)
+            values = sorted(
+                o.latency_s for o in self.outcomes if o.phase == phase and o.status == 200
+            )
             if not values:
                 return None
             return round(values[min(len(values) - 1, int(q * len(values)))], 4)
@@ -190,7 +191,3 @@ def run_load(
         for future in (*workers, *burst):
             future.result()
     return LoadResult(tuple(outcomes), tuple(hot), tuple(tail), clock() - started)
-
-
-def percentile(values: list[float], q: float) -> float | None:
-    return statistics.quantiles(values, n=100)[int(q * 100) - 1] if len(values) > 1 else None

@@ -93,9 +93,9 @@ def refusal_probes(deployment: Deployment, tenant: str, key: str | None) -> tupl
     return tuple(answers)
 
 
-def targets(registry: RegistryView, keys: dict[str, str], hits: dict[str, int]) -> tuple[
-    list[Target], list[Target]
-]:
+def targets(
+    registry: RegistryView, keys: dict[str, str], hits: dict[str, int]
+) -> tuple[list[Target], list[Target]]:
     """The hot set (the operator's core adapters, else the most requested) and the tail."""
     every: dict[str, Target] = {}
     for entry in registry.adapters:
@@ -134,9 +134,10 @@ def in_use_probe(deployment: Deployment, target: Target) -> InUseProbe:
     answer: Answer | None = None
     complete = False
     try:
-        with httpx.Client(base_url=deployment.url, timeout=120) as http, http.stream(
-            "POST", "/v1/completions", json=body, headers=headers
-        ) as stream:
+        with (
+            httpx.Client(base_url=deployment.url, timeout=120) as http,
+            http.stream("POST", "/v1/completions", json=body, headers=headers) as stream,
+        ):
             lines = stream.iter_lines()
             for line in lines:
                 if line.startswith("data:") and answer is None:

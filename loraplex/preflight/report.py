@@ -108,7 +108,9 @@ class Report:
         """The human-readable report: one line per item, its evidence indented below."""
         lines: list[str] = []
         for number, verdict in enumerate(self.verdicts, start=1):
-            lines.append(f"{number:2d}. {verdict.status.value:4s} {verdict.item_id}: {verdict.summary}")
+            lines.append(
+                f"{number:2d}. {verdict.status.value:4s} {verdict.item_id}: {verdict.summary}"
+            )
             lines.extend(f"      - {line}" for line in verdict.evidence)
         counts = self.counts()
         lines.append(

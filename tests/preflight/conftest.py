@@ -41,7 +41,9 @@ def make_launch_ready(live: Live) -> None:
     budget for every tenant."""
     tenant, name, revision = CORE_ADAPTER
     with admin_client(live) as admin:
-        reply = admin.put(f"/admin/revisions/{tenant}/{name}/{revision}", json={"warm_policy": "gpu"})
+        reply = admin.put(
+            f"/admin/revisions/{tenant}/{name}/{revision}", json={"warm_policy": "gpu"}
+        )
         assert reply.status_code == 200, reply.text
         for row in admin.get("/admin/tenants").json():
             reply = admin.put(f"/admin/tenants/{row['name']}", json={"quotas": TENANT_QUOTAS})
@@ -49,7 +51,9 @@ def make_launch_ready(live: Live) -> None:
 
 
 @pytest.fixture(scope="module")
-def ready_server(demo_assets: DemoAssets, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Live]:
+def ready_server(
+    demo_assets: DemoAssets, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[Live]:
     """``loraplex serve``'s defaults, made launch-ready through the admin API."""
     with live_server(demo_assets, tmp_path_factory.mktemp("ready"), torch_threads=1) as live:
         make_launch_ready(live)
@@ -65,7 +69,9 @@ class Bare:
 
 
 @pytest.fixture(scope="module")
-def bare_server(demo_assets: DemoAssets, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Bare]:
+def bare_server(
+    demo_assets: DemoAssets, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[Bare]:
     """The demo as registered: no warm policy, no tenant budget, automatic warming off."""
     data_dir = tmp_path_factory.mktemp("bare")
     with live_server(demo_assets, data_dir, torch_threads=1, auto_warm=False) as live:

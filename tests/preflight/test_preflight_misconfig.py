@@ -116,7 +116,5 @@ def test_cache_limits_too_small_for_the_adapters_fail_the_load_items(
     with live_server(demo_assets, tmp_path, torch_threads=1, cpu_adapter_bytes=2 << 20) as live:
         make_launch_ready(live)
         report = _run(live)
-    assert _failed(report) == {"cache_limits_load_tested", "hot_and_long_tail_load"}, (
-        report.text()
-    )
+    assert _failed(report) == {"cache_limits_load_tested", "hot_and_long_tail_load"}, report.text()
     assert "load-test requests failed" in report.verdict("cache_limits_load_tested").summary
