@@ -19,6 +19,27 @@ def _max_loras(metrics: Metrics) -> int | None:
     return max(int(v) for v in values) if values else None
 
 
+def _largest_rank(obs: Observation) -> int | None:
+    ranks = [int(r["max_rank"]) for r in obs.registry.revisions()]
+    return max(ranks) if ranks else None
+
+
+def _host_memory(obs: Observation) -> str:
+    """The CPU tier's capacity (every replica's) against the bytes of the adapters served."""
+    capacity = sum(
+        int(r.get("tiers", {}).get("l1", {}).get("capacity_bytes", 0))
+        for r in obs.fleet.get("replicas", [])
+    )
+    served = sum(
+        int(r["estimated_bytes"])
+        for a in obs.registry.adapters
+        if a["alias"] is not None
+        for r in a["revisions"]
+        if r["revision"] in {t["revision"] for t in a["alias"]["targets"]}
+    )
+    return f"CPU tier capacity {capacity} bytes (GET /admin/fleet); served adapters: {served} bytes"
+
+
 def _delta(obs: Observation, name: str, **labels: str) -> float | None:
     after = obs.after.total(name, **labels)
     if after is None:
@@ -38,6 +59,9 @@ def cache_limits_load_tested(obs: Observation) -> Verdict:
     evidence = (
         f"load test: {load.summary()}",
         f"vllm:lora_requests_info max_lora={max_loras}",
+        _host_memory(obs),
+        f"largest registered rank {_largest_rank(obs)} (registration refuses ranks above "
+        "max_lora_rank)",
         f"adapter_evictions_total rose by {evictions}",
         *(f"{o.model}: {o.status} {o.error}" for o in failed[:3]),
     )
@@ -122,7 +146,7 @@ def cold_warm_ttft_separate(obs: Observation) -> Verdict:
     labels = obs.after.label_values(name, "cold")
     counts = {v: obs.after.total(name, cold=v) for v in sorted(labels)}
     evidence = (f"{name} by cold label: {counts}",)
-    if not {"true", "false"} <= labels and not obs.after.named(name):
+    if not obs.after.named(name):
         return Verdict(item, Status.FAIL, "no TTFT histogram in /metrics", evidence)
     if not labels:
         return Verdict(item, Status.FAIL, "TTFT is not split by cold/warm", evidence)

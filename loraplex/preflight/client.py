@@ -86,6 +86,7 @@ class Deployment:
     def __init__(self, url: str, admin_key: str, timeout_s: float) -> None:
         self.url = url.rstrip("/")
         self._admin_key = admin_key
+        self.timeout_s = timeout_s  # per request
         self._http = httpx.Client(base_url=self.url, timeout=timeout_s)
 
     def close(self) -> None:

@@ -135,7 +135,7 @@ def in_use_probe(deployment: Deployment, target: Target) -> InUseProbe:
     complete = False
     try:
         with (
-            httpx.Client(base_url=deployment.url, timeout=120) as http,
+            httpx.Client(base_url=deployment.url, timeout=deployment.timeout_s) as http,
             http.stream("POST", "/v1/completions", json=body, headers=headers) as stream,
         ):
             lines = stream.iter_lines()

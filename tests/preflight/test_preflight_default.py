@@ -75,3 +75,17 @@ def test_a_wrong_admin_key_stops_before_judging(ready_server: Live) -> None:
     )
     assert result.exit_code == 2
     assert "401" in result.output
+
+
+def test_the_admin_key_is_read_from_the_data_dir(ready_server: Live, tmp_path: Path) -> None:
+    (tmp_path / "admin-key").write_text(ready_server.server.admin_key + "\n", encoding="utf-8")
+    args = ["preflight", "--url", ready_server.url, "--data-dir", str(tmp_path), "--json"]
+    result = CliRunner().invoke(app, [*args, "--load-seconds", "1"], env={"LORAPLEX_ADMIN_KEY": ""})
+    assert result.exit_code == 0, result.output
+    assert json.loads(result.output)["ok"] is True
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    args = ["preflight", "--url", ready_server.url, "--data-dir", str(empty)]
+    result = CliRunner().invoke(app, args, env={"LORAPLEX_ADMIN_KEY": ""})
+    assert result.exit_code == 2
+    assert "--admin-key" in result.output
