@@ -100,9 +100,11 @@ def no_eviction_in_use(obs: Observation) -> Verdict:
     if probe is None or probe.evict_answer is None:
         why = "no stream to hold an adapter in use: not judged"
         return Verdict(item, Status.WARN, why, () if probe is None else (probe.note,))
-    answer = probe.evict_answer
+    answer, copy = probe.evict_answer, probe.copy
+    held = "not listed" if copy is None else f"pinned {copy['pinned']}, refcount {copy['refcount']}"
     evidence = (
         f"streamed {probe.model}; during it {answer.cite()}: {answer.body}",
+        f"its GPU copy then (GET /admin/residency): {held}",
         f"stream: status {probe.stream_status}, {probe.note}",
     )
     evicted = isinstance(answer.body, dict) and answer.body.get("evicted") is True
@@ -111,6 +113,9 @@ def no_eviction_in_use(obs: Observation) -> Verdict:
         return Verdict(item, Status.FAIL, why, evidence)
     if not answer.ok():
         return Verdict(item, Status.WARN, "the eviction attempt was not answered", evidence)
+    if copy is not None and copy["pinned"]:
+        why = "the copy was pinned: its refusal says nothing of copies in use"
+        return Verdict(item, Status.WARN, why, evidence)
     return Verdict(item, Status.PASS, "eviction of the in-use copy was refused", evidence)
 
 

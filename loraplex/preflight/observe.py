@@ -17,7 +17,9 @@ from loraplex.preflight.load import PROMPT, LoadConfig, LoadResult, Target, run_
 CORE_WARM_POLICIES = ("gpu", "cpu")
 MAX_HOT = 4  # most adapters the hot traffic spreads over
 MAX_TAIL = 256  # most adapters the long-tail burst touches
-PROBE_TOKENS = 48  # tokens of the stream whose adapter the eviction attempt targets
+# tokens of the stream whose adapter the eviction attempt targets: enough that the stream is
+# still running when the attempt and the residency read are answered
+PROBE_TOKENS = 200
 
 
 @dataclass(frozen=True)
@@ -46,6 +48,9 @@ class InUseProbe:
 
     model: str  # the revision streamed and targeted
     evict_answer: Answer | None  # ``POST /admin/residency/evict`` while the stream ran
+    copy: (
+        dict[str, Any] | None
+    )  # its GPU copy in ``GET /admin/residency`` just after; None: unlisted
     stream_status: int  # the stream's HTTP status
     stream_complete: bool  # it ended with ``[DONE]`` and no error event
     note: str  # what happened, in words
@@ -121,10 +126,16 @@ def hits_by_adapter(residency: dict[str, Any]) -> dict[str, int]:
     return {h["model"].partition("@")[0]: h["hits"] for h in residency.get("hot", [])}
 
 
+def _gpu_copy(deployment: Deployment, ref: str) -> dict[str, Any] | None:
+    entries = deployment.admin_json("/admin/residency").get("entries", [])
+    return next((e for e in entries if e["model"] == ref and e["tier"] == "L0"), None)
+
+
 def in_use_probe(deployment: Deployment, target: Target) -> InUseProbe:
     """Streams ``target``; once its first token arrived, asks the admin API to evict its GPU
-    copy. Every other GPU copy of the revision is evicted first (nothing else is running), so
-    on a fleet too the only copy left is the one the stream holds."""
+    copy, then reads the copy's pin and reference count. Every GPU copy of the revision is
+    evicted first (nothing else asks for it), so on a fleet too the only copy left is the one
+    the stream holds."""
     ref = sorted(target.digests)[0]
     evict = {"model": ref, "tier": "L0"}
     deployment.admin("POST", "/admin/residency/evict", evict)
@@ -132,26 +143,26 @@ def in_use_probe(deployment: Deployment, target: Target) -> InUseProbe:
             "temperature": 0, "ignore_eos": True}  # fmt: skip
     headers = {"Authorization": f"Bearer {target.key}"}
     answer: Answer | None = None
+    copy: dict[str, Any] | None = None
     complete = False
     try:
         with (
             httpx.Client(base_url=deployment.url, timeout=deployment.timeout_s) as http,
             http.stream("POST", "/v1/completions", json=body, headers=headers) as stream,
         ):
-            lines = stream.iter_lines()
-            for line in lines:
+            for line in stream.iter_lines():
                 if line.startswith("data:") and answer is None:
                     answer = deployment.admin("POST", "/admin/residency/evict", evict)
-                if line.strip() == "data: [DONE]":
-                    complete = True
-                if '"error"' in line and line.startswith("data:"):
+                    copy = _gpu_copy(deployment, ref)
+                complete = line.strip() == "data: [DONE]" or complete
+                if line.startswith("data:") and '"error"' in line:
                     complete = False
                     break
             status = stream.status_code
     except httpx.HTTPError as exc:
-        return InUseProbe(ref, answer, 0, False, f"stream failed: {exc}")
+        return InUseProbe(ref, answer, copy, 0, False, f"stream failed: {exc}")
     note = "stream ran to [DONE]" if complete else "stream did not complete"
-    return InUseProbe(ref, answer, status, complete, note)
+    return InUseProbe(ref, answer, copy, status, complete, note)
 
 
 def observe(
@@ -169,7 +180,8 @@ def observe(
         before = deployment.metrics()
         hot, tail = targets(registry, keys, hits_by_adapter(residency))
         result = run_load(deployment, hot, tail, load) if hot else None
-        probe = in_use_probe(deployment, hot[0]) if hot else None
+        # NOTE: a tail adapter: the hot ones may be pinned, and a pinned copy is kept anyway
+        probe = in_use_probe(deployment, (tail or hot)[0]) if hot else None
     time.sleep(settle_s)  # NOTE: a fleet's replicas report their counters periodically
     note = f"throwaway keys for {len(owners)} tenants, revoked after"
     if not hot:

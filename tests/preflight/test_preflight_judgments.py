@@ -31,9 +31,10 @@ def _observation(**changes: Any) -> Observation:
     return Observation(**{**fields, **changes})
 
 
-def _probe(evicted: bool, complete: bool = True) -> InUseProbe:
+def _probe(evicted: bool, complete: bool = True, pinned: bool = False) -> InUseProbe:
     answer = Answer("POST", "/admin/residency/evict", 200, {"evicted": evicted})
-    return InUseProbe("acme/support@r1", answer, 200, complete, "stream ran to [DONE]")
+    copy = {"pinned": pinned, "refcount": 1}
+    return InUseProbe("acme/support@r1", answer, copy, 200, complete, "stream ran to [DONE]")
 
 
 def test_an_in_use_copy_evicted_fails() -> None:
@@ -44,6 +45,8 @@ def test_an_in_use_copy_evicted_fails() -> None:
     broken = no_eviction_in_use(_observation(in_use=_probe(False, complete=False)))
     assert broken.status is Status.FAIL
     assert no_eviction_in_use(_observation()).status is Status.WARN
+    pinned = no_eviction_in_use(_observation(in_use=_probe(False, pinned=True)))
+    assert pinned.status is Status.WARN  # a pinned copy is kept anyway: proves nothing
 
 
 @pytest.mark.parametrize(
