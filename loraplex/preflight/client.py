@@ -24,6 +24,10 @@ class PreflightError(LoraplexError):
     """The deployment could not be reached or answered something unreadable."""
 
 
+class KeyIssueError(PreflightError):
+    """The admin API issued no throwaway tenant key."""
+
+
 @dataclass(frozen=True)
 class Answer:
     """One HTTP exchange."""
@@ -130,17 +134,28 @@ class Deployment:
 
     @contextmanager
     def throwaway_keys(self, tenants: list[str]) -> Iterator[dict[str, str]]:
-        """A fresh API key per tenant (admin API), revoked when the block ends."""
+        """A fresh API key per tenant (admin API), revoked when the block ends; the keys
+        issued before a failure are revoked too."""
         issued: dict[str, str] = {}
         key_ids: list[str] = []
         try:
             for tenant in tenants:
                 answer = self.admin("POST", f"/admin/tenants/{tenant}/keys")
                 if not answer.ok():
-                    raise PreflightError(f"{answer.cite()}: cannot issue a throwaway key")
+                    raise KeyIssueError(f"{answer.cite()}: cannot issue a throwaway key")
                 issued[tenant] = answer.body["token"]
                 key_ids.append(answer.body["key_id"])
             yield issued
         finally:
             for key_id in key_ids:
                 self.admin("DELETE", f"/admin/keys/{key_id}")
+
+    def tenant_of(self, key: str) -> str | None:
+        """The tenant owning ``key``, read from the adapters ``GET /v1/models`` lists for it
+        (``root`` is ``tenant/name``); None when it lists none."""
+        answer = self.call("GET", "/v1/models", key)
+        if not answer.ok():
+            raise PreflightError(f"{answer.cite()}: the tenant key is refused")
+        roots = [m.get("root", "") for m in answer.body.get("data", []) if m.get("parent")]
+        owners = sorted({root.partition("/")[0] for root in roots if "/" in root})
+        return owners[0] if owners else None

@@ -6,12 +6,21 @@ probes with a tenant key, the load test, and an eviction attempt on a copy in us
 from __future__ import annotations
 
 import time
+from collections.abc import Iterator
+from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass
 from typing import Any
 
 import httpx
 
-from loraplex.preflight.client import MAX_LISTED, Answer, Deployment, Metrics, PreflightError
+from loraplex.preflight.client import (
+    MAX_LISTED,
+    Answer,
+    Deployment,
+    KeyIssueError,
+    Metrics,
+    PreflightError,
+)
 from loraplex.preflight.load import PROMPT, LoadConfig, LoadResult, Target, run_load
 
 CORE_WARM_POLICIES = ("gpu", "cpu")
@@ -165,6 +174,26 @@ def in_use_probe(deployment: Deployment, target: Target) -> InUseProbe:
     return InUseProbe(ref, answer, copy, status, complete, note)
 
 
+@contextmanager
+def load_keys(
+    deployment: Deployment, owners: list[str], tenant_key: str | None
+) -> Iterator[tuple[dict[str, str], str]]:
+    """Tenant keys for the load test, and how they were had: throwaway keys from the admin API
+    (revoked when the block ends), else ``tenant_key`` alone (its tenant's adapters only)."""
+    stack = ExitStack()
+    try:
+        keys = stack.enter_context(deployment.throwaway_keys(owners))
+        note = f"throwaway keys for {len(owners)} tenants, revoked after"
+    except KeyIssueError as exc:
+        if tenant_key is None:
+            raise
+        tenant = deployment.tenant_of(tenant_key)
+        keys = {} if tenant is None else {tenant: tenant_key}
+        note = f"--tenant-key of {tenant}, its adapters only ({exc})"
+    with stack:
+        yield keys, note
+
+
 def observe(
     deployment: Deployment, load: LoadConfig, tenant_key: str | None, settle_s: float = 1.0
 ) -> Observation:
@@ -174,7 +203,7 @@ def observe(
     residency = deployment.admin_json("/admin/residency")
     owners = sorted({a["adapter"]["tenant"] for a in registry.adapters})
     probe_tenant = owners[0] if owners else "preflight"
-    with deployment.throwaway_keys(owners) as keys:
+    with load_keys(deployment, owners, tenant_key) as (keys, note):
         refusal_key = tenant_key or keys.get(probe_tenant)
         refusals = refusal_probes(deployment, probe_tenant, refusal_key)
         before = deployment.metrics()
@@ -183,7 +212,6 @@ def observe(
         # NOTE: a tail adapter: the hot ones may be pinned, and a pinned copy is kept anyway
         probe = in_use_probe(deployment, (tail or hot)[0]) if hot else None
     time.sleep(settle_s)  # NOTE: a fleet's replicas report their counters periodically
-    note = f"throwaway keys for {len(owners)} tenants, revoked after"
     if not hot:
         note = "no adapter with an alias to load-test"
     return Observation(

@@ -1,10 +1,11 @@
-"""Misconfigured front ends, built by the tests, for the items no loraplex setting can break:
+"""Front ends, built by the tests, for the items no loraplex setting can break:
 ASGI layers an operator might put in front of a server (the server itself is the real one).
 
 - ``LabelDroppingMetrics``: an aggregating relabeler in front of ``/metrics`` that drops the
   ``tier`` and ``cold`` labels and sums the series they told apart.
 - ``AdminKeyInjector``: a gateway that adds the admin credential to vLLM's load/unload routes
   (the mistake that gives every caller vLLM's open ``/v1/load_lora_adapter``).
+- ``KeyIssueBlocked``: a gateway that refuses key issuance through the admin API.
 """
 
 from __future__ import annotations
@@ -68,4 +69,29 @@ class AdminKeyInjector:
         if scope["type"] == "http" and scope["path"] in INJECTED_PATHS:
             headers = [(k, v) for k, v in scope["headers"] if k != b"authorization"]
             scope = {**scope, "headers": [*headers, self.header]}
+        await self.app(scope, receive, send)
+
+
+class KeyIssueBlocked:
+    """A gateway that forbids issuing API keys through the admin API (``POST
+    /admin/tenants/{tenant}/keys``): the preflight must then take ``--tenant-key``."""
+
+    def __init__(self, app: Any) -> None:
+        self.app = app
+
+    async def __call__(self, scope: Scope, receive: Any, send: Any) -> None:
+        path = scope.get("path", "")
+        if (
+            scope["type"] == "http"
+            and path.startswith("/admin/tenants/")
+            and path.endswith("/keys")
+        ):
+            body = b'{"error": "key issuance is disabled at this gateway"}'
+            headers = [
+                (b"content-type", b"application/json"),
+                (b"content-length", b"%d" % len(body)),
+            ]
+            await send({"type": "http.response.start", "status": 403, "headers": headers})
+            await send({"type": "http.response.body", "body": body})
+            return
         await self.app(scope, receive, send)

@@ -5,15 +5,23 @@ from __future__ import annotations
 import sqlite3
 from collections.abc import Iterator
 from contextlib import contextmanager
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
 from conftest import RULES_TEXT, Bare, make_launch_ready
 from live import Live, live_server, running
-from proxies import AdminKeyInjector, LabelDroppingMetrics
+from proxies import AdminKeyInjector, KeyIssueBlocked, LabelDroppingMetrics
 
 from loraplex.demo.assets import DemoAssets
-from loraplex.preflight import LoadConfig, PreflightConfig, Report, Status, preflight
+from loraplex.preflight import (
+    LoadConfig,
+    PreflightConfig,
+    PreflightError,
+    Report,
+    Status,
+    preflight,
+)
 from loraplex.registry.config import DATABASE_FILE
 
 SHORT_LOAD = LoadConfig(load_s=1.5)
@@ -118,3 +126,16 @@ def test_cache_limits_too_small_for_the_adapters_fail_the_load_items(
         report = _run(live)
     assert _failed(report) == {"cache_limits_load_tested", "hot_and_long_tail_load"}, report.text()
     assert "load-test requests failed" in report.verdict("cache_limits_load_tested").summary
+
+
+def test_without_key_issuance_the_load_test_takes_the_tenant_key(bare_server: Bare) -> None:
+    live = bare_server.live
+    with running(KeyIssueBlocked(live.server.app)) as url:
+        config = PreflightConfig(url=url, admin_key=live.server.admin_key, load=SHORT_LOAD)
+        with pytest.raises(PreflightError, match="cannot issue a throwaway key"):
+            preflight(config)
+        report = preflight(replace(config, tenant_key=live.key("acme")))
+    load = report.verdict("hot_and_long_tail_load")
+    assert any("--tenant-key of acme" in line for line in load.evidence), report.text()
+    assert report.facts["load"]["distinct_adapters_answered"] == 4  # acme's adapters only
+    assert report.facts["load"]["statuses"] == {"200": report.facts["load"]["requests"]}
