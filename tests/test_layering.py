@@ -14,7 +14,8 @@ REPO_ROOT = Path(__file__).resolve().parent.parent
 # (the decision code the simulator reuses) and the HTTP layer (the server process stays torch-free
 # when the engine runs in its own process).
 TORCH_FREE = (
-    "registry", "release", "artifacts", "residency", "server", "router", "sim", "deploy", "preflight",
+    "registry", "release", "artifacts", "residency", "server", "router", "sim", "deploy",
+    "preflight",
 )  # fmt: skip
 # The engine's decision code (the simulator reuses the scheduler).
 _TORCH_FREE_ENGINE = (
