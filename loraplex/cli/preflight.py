@@ -45,7 +45,10 @@ def preflight_command(
     data_dir: DataDir = None,
     tenant_key: Annotated[
         str | None,
-        Opt(help="Tenant key for the refusal probes (default: a throwaway key, revoked after)."),
+        Opt(
+            help="Tenant key for the refusal probes, and for the load test when the admin API "
+            "issues no key (default: throwaway keys, revoked after)."
+        ),
     ] = None,
     load_seconds: Annotated[float, Opt(help="Wall time of the load test, 0 < s <= 600.")] = 6.0,
     concurrency: Annotated[int, Opt(help="Hot-traffic requests in flight (1-64).")] = 4,
@@ -73,6 +76,9 @@ def preflight_command(
         typer.echo(f"preflight: {exc}", err=True)
         raise typer.Exit(2) from None
     if report is not None:
-        report.write_text(result.json_line() + "\n", encoding="utf-8")
+        try:
+            report.write_text(result.json_line() + "\n", encoding="utf-8")
+        except OSError as exc:
+            raise typer.BadParameter(str(exc), param_hint="--report") from None
     typer.echo(result.json_line() if json_output else result.text())
     raise typer.Exit(result.exit_code())
