@@ -75,10 +75,11 @@ def preflight_command(
     except PreflightError as exc:
         typer.echo(f"preflight: {exc}", err=True)
         raise typer.Exit(2) from None
+    typer.echo(result.json_line() if json_output else result.text())
     if report is not None:
         try:
             report.write_text(result.json_line() + "\n", encoding="utf-8")
-        except OSError as exc:
-            raise typer.BadParameter(str(exc), param_hint="--report") from None
-    typer.echo(result.json_line() if json_output else result.text())
+        except OSError as exc:  # the report was printed; the file could not be written
+            typer.echo(f"preflight: --report {report}: {exc}", err=True)
+            raise typer.Exit(2) from None
     raise typer.Exit(result.exit_code())
