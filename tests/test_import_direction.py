@@ -9,6 +9,7 @@ and no import, however deep in a function, goes against the arrows. Reading orde
     engine                             scheduler, runner, engine loop and its process seam
     server                             HTTP only (OpenAI routes, admin API, metrics)
     serve                              the composition root of ``loraplex serve``
+    preflight                          the launch checklist, a client over HTTP (leaves only)
     bench, cli                         benchmarks and commands on top of everything
 """
 
@@ -53,7 +54,8 @@ ALLOWED: dict[str, set[str]] = {
     "deploy": {"serve"},
     "fleet": _BELOW_BENCH,
     "bench": _BELOW_BENCH | {"fleet"},
-    "cli": _BELOW_BENCH | {"bench", "deploy", "fleet"},
+    "preflight": set(),  # a client of a running deployment: HTTP only
+    "cli": _BELOW_BENCH | {"bench", "deploy", "fleet", "preflight"},
 }
 
 

@@ -13,7 +13,10 @@ REPO_ROOT = Path(__file__).resolve().parent.parent
 # Whole packages that never import torch: the control plane, what an adapter is, where it lives
 # (the decision code the simulator reuses) and the HTTP layer (the server process stays torch-free
 # when the engine runs in its own process).
-TORCH_FREE = ("registry", "release", "artifacts", "residency", "server", "router", "sim", "deploy")
+TORCH_FREE = (
+    "registry", "release", "artifacts", "residency", "server", "router", "sim", "deploy",
+    "preflight",
+)  # fmt: skip
 # The engine's decision code (the simulator reuses the scheduler).
 _TORCH_FREE_ENGINE = (
     "protocol",

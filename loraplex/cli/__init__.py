@@ -22,6 +22,7 @@ _COMMAND_MODULES: tuple[str, ...] = (
     "serve",
     "k8s",
     "fleet",
+    "preflight",
 )
 
 app = typer.Typer(

@@ -1,0 +1,224 @@
+"""What the preflight gathers from a running deployment before judging anything: the registry
+(through the admin API), the fleet view, ``/metrics`` before and after the load test, refusal
+probes with a tenant key, the load test, and an eviction attempt on a copy in use.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterator
+from contextlib import ExitStack, contextmanager
+from dataclasses import dataclass
+from typing import Any
+
+import httpx
+
+from loraplex.preflight.client import (
+    MAX_LISTED,
+    Answer,
+    Deployment,
+    KeyIssueError,
+    Metrics,
+    PreflightError,
+)
+from loraplex.preflight.load import PROMPT, LoadConfig, LoadResult, Target, run_load
+
+CORE_WARM_POLICIES = ("gpu", "cpu")
+MAX_HOT = 4  # most adapters the hot traffic spreads over
+MAX_TAIL = 256  # most adapters the long-tail burst touches
+# tokens of the stream whose adapter the eviction attempt targets: enough that the stream is
+# still running when the attempt and the residency read are answered
+PROBE_TOKENS = 200
+
+
+@dataclass(frozen=True)
+class RegistryView:
+    """The registry as the admin API lists it."""
+
+    tenants: list[dict[str, Any]]  # ``GET /admin/tenants``
+    adapters: list[dict[str, Any]]  # ``GET /admin/adapters/{tenant}/{name}`` of each adapter
+    truncated: bool  # more adapters than ``MAX_LISTED``: only the first were read
+
+    def revisions(self) -> list[dict[str, Any]]:
+        return [r for a in self.adapters for r in a["revisions"]]
+
+    def core_models(self) -> list[str]:
+        """Adapters with a revision the operator gave a warm policy (gpu or cpu)."""
+        return [
+            f"{a['adapter']['tenant']}/{a['adapter']['name']}"
+            for a in self.adapters
+            if any(r["warm_policy"] in CORE_WARM_POLICIES for r in a["revisions"])
+        ]
+
+
+@dataclass(frozen=True)
+class InUseProbe:
+    """An eviction attempt on the GPU copy of an adapter while a stream of it is running."""
+
+    model: str  # the revision streamed and targeted
+    evict_answer: Answer | None  # ``POST /admin/residency/evict`` while the stream ran
+    copy: (
+        dict[str, Any] | None
+    )  # its GPU copy in ``GET /admin/residency`` just after; None: unlisted
+    stream_status: int  # the stream's HTTP status
+    stream_complete: bool  # it ended with ``[DONE]`` and no error event
+    note: str  # what happened, in words
+
+
+@dataclass(frozen=True)
+class Observation:
+    """Everything the checks judge."""
+
+    registry: RegistryView
+    fleet: dict[str, Any]  # ``GET /admin/fleet``
+    releases: Answer  # ``GET /admin/releases``
+    before: Metrics  # ``/metrics`` before the load test
+    after: Metrics  # ``/metrics`` after it
+    residency: dict[str, Any]  # ``GET /admin/residency`` after it
+    refusals: tuple[Answer, ...]  # tenant-key calls of operator routes
+    load: LoadResult | None  # None when no adapter could be load-tested
+    load_note: str  # why there was no load test, or how its keys were obtained
+    in_use: InUseProbe | None  # None without a hot adapter
+
+
+def read_registry(deployment: Deployment) -> RegistryView:
+    tenants = deployment.admin_json("/admin/tenants")[:MAX_LISTED]
+    listed = deployment.admin_json("/admin/adapters")
+    adapters = [
+        deployment.admin_json(f"/admin/adapters/{a['tenant']}/{a['name']}")
+        for a in listed[:MAX_LISTED]
+    ]
+    return RegistryView(tenants, adapters, len(listed) > MAX_LISTED)
+
+
+def refusal_probes(deployment: Deployment, tenant: str, key: str | None) -> tuple[Answer, ...]:
+    """Operator-only calls made with a tenant key (and with none): each must be refused."""
+    lora = {"lora_name": f"{tenant}/preflight-probe", "lora_path": "preflight-probe"}
+    residency = {"model": f"{tenant}/preflight-probe@none", "tier": "L0"}
+    calls = (
+        ("POST", "/v1/load_lora_adapter", lora),
+        ("POST", "/v1/unload_lora_adapter", lora),
+        ("POST", "/admin/residency/evict", residency),
+        ("POST", "/admin/residency/pin", residency),
+        ("POST", "/admin/adapters", {"tenant": tenant, "name": "preflight-probe", "path": "x"}),
+    )
+    answers = [deployment.call(m, p, key, body) for m, p, body in calls]
+    answers += [deployment.call(m, p, None, body) for m, p, body in calls[:2]]
+    return tuple(answers)
+
+
+def targets(
+    registry: RegistryView, keys: dict[str, str], hits: dict[str, int]
+) -> tuple[list[Target], list[Target]]:
+    """The hot set (the operator's core adapters, else the most requested) and the tail."""
+    every: dict[str, Target] = {}
+    for entry in registry.adapters:
+        adapter, alias = entry["adapter"], entry["alias"]
+        if adapter["tenant"] not in keys or alias is None:
+            continue
+        model = f"{adapter['tenant']}/{adapter['name']}"
+        served = {t["revision"] for t in alias["targets"]}
+        digests = {
+            f"{model}@{r['revision']}": r["adapter_digest"]
+            for r in entry["revisions"]
+            if r["revision"] in served
+        }
+        every[model] = Target(model, keys[adapter["tenant"]], digests)
+    core = [m for m in registry.core_models() if m in every]
+    ranked = sorted(every, key=lambda m: (-hits.get(m, 0), m))
+    hot_models = (core or ranked[: min(2, len(ranked))])[:MAX_HOT]
+    tail_models = [m for m in ranked if m not in hot_models][:MAX_TAIL]
+    return [every[m] for m in hot_models], [every[m] for m in tail_models]
+
+
+def hits_by_adapter(residency: dict[str, Any]) -> dict[str, int]:
+    return {h["model"].partition("@")[0]: h["hits"] for h in residency.get("hot", [])}
+
+
+def _gpu_copy(deployment: Deployment, ref: str) -> dict[str, Any] | None:
+    entries = deployment.admin_json("/admin/residency").get("entries", [])
+    return next((e for e in entries if e["model"] == ref and e["tier"] == "L0"), None)
+
+
+def in_use_probe(deployment: Deployment, target: Target) -> InUseProbe:
+    """Streams ``target``; once its first token arrived, asks the admin API to evict its GPU
+    copy, then reads the copy's pin and reference count. Every GPU copy of the revision is
+    evicted first (nothing else asks for it), so on a fleet too the only copy left is the one
+    the stream holds."""
+    ref = sorted(target.digests)[0]
+    evict = {"model": ref, "tier": "L0"}
+    deployment.admin("POST", "/admin/residency/evict", evict)
+    body = {"model": ref, "prompt": PROMPT, "max_tokens": PROBE_TOKENS, "stream": True,
+            "temperature": 0, "ignore_eos": True}  # fmt: skip
+    headers = {"Authorization": f"Bearer {target.key}"}
+    answer: Answer | None = None
+    copy: dict[str, Any] | None = None
+    complete = False
+    try:
+        with (
+            httpx.Client(base_url=deployment.url, timeout=deployment.timeout_s) as http,
+            http.stream("POST", "/v1/completions", json=body, headers=headers) as stream,
+        ):
+            for line in stream.iter_lines():
+                if line.startswith("data:") and answer is None:
+                    answer = deployment.admin("POST", "/admin/residency/evict", evict)
+                    copy = _gpu_copy(deployment, ref)
+                complete = line.strip() == "data: [DONE]" or complete
+                if line.startswith("data:") and '"error"' in line:
+                    complete = False
+                    break
+            status = stream.status_code
+    except httpx.HTTPError as exc:
+        return InUseProbe(ref, answer, copy, 0, False, f"stream failed: {exc}")
+    note = "stream ran to [DONE]" if complete else "stream did not complete"
+    return InUseProbe(ref, answer, copy, status, complete, note)
+
+
+@contextmanager
+def load_keys(
+    deployment: Deployment, owners: list[str], tenant_key: str | None
+) -> Iterator[tuple[dict[str, str], str]]:
+    """Tenant keys for the load test, and how they were had: throwaway keys from the admin API
+    (revoked when the block ends), else ``tenant_key`` alone (its tenant's adapters only)."""
+    stack = ExitStack()
+    try:
+        keys = stack.enter_context(deployment.throwaway_keys(owners))
+        note = f"throwaway keys for {len(owners)} tenants, revoked after"
+    except KeyIssueError as exc:
+        if tenant_key is None:
+            raise
+        tenant = deployment.tenant_of(tenant_key)
+        keys = {} if tenant is None else {tenant: tenant_key}
+        note = f"--tenant-key of {tenant}, its adapters only ({exc})"
+    with stack:
+        yield keys, note
+
+
+def observe(
+    deployment: Deployment, load: LoadConfig, tenant_key: str | None, settle_s: float = 1.0
+) -> Observation:
+    registry = read_registry(deployment)
+    fleet = deployment.admin_json("/admin/fleet")
+    releases = deployment.admin("GET", "/admin/releases")
+    residency = deployment.admin_json("/admin/residency")
+    owners = sorted({a["adapter"]["tenant"] for a in registry.adapters})
+    probe_tenant = owners[0] if owners else "preflight"
+    with load_keys(deployment, owners, tenant_key) as (keys, note):
+        refusal_key = tenant_key or keys.get(probe_tenant)
+        refusals = refusal_probes(deployment, probe_tenant, refusal_key)
+        before = deployment.metrics()
+        hot, tail = targets(registry, keys, hits_by_adapter(residency))
+        result = run_load(deployment, hot, tail, load) if hot else None
+        # NOTE: a tail adapter: the hot ones may be pinned, and a pinned copy is kept anyway
+        probe = in_use_probe(deployment, (tail or hot)[0]) if hot else None
+    time.sleep(settle_s)  # NOTE: a fleet's replicas report their counters periodically
+    if not hot:
+        note = "no adapter with an alias to load-test"
+    return Observation(
+        registry=registry, fleet=fleet, releases=releases, before=before,
+        after=deployment.metrics(), residency=deployment.admin_json("/admin/residency"),
+        refusals=refusals, load=result, load_note=note, in_use=probe,
+    )  # fmt: skip
+
+
+__all__ = ["Observation", "PreflightError", "observe"]

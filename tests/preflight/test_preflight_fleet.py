@@ -1,0 +1,88 @@
+"""``loraplex preflight`` against a fleet: two engine replicas behind the Ray Serve ingress on a
+local Ray cluster (started as ``tests/fleet/test_fleet_e2e.py`` does), made launch-ready through
+the ingress's admin API."""
+
+from __future__ import annotations
+
+import os
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import httpx
+import pytest
+from conftest import RULES_TEXT, TENANT_QUOTAS
+
+ray = pytest.importorskip("ray")
+
+from loraplex.demo.assets import DemoAssets  # noqa: E402
+from loraplex.fleet import control  # noqa: E402
+from loraplex.fleet.settings import FleetSettings  # noqa: E402
+from loraplex.preflight import LoadConfig, PreflightConfig, Status, preflight  # noqa: E402
+from loraplex.serve.assembly import DEMO_DIR  # noqa: E402
+from loraplex.serve.config import ServeConfig  # noqa: E402
+
+pytestmark = pytest.mark.slow
+REPLICAS = 2
+WAIT_S = 180.0
+
+
+def _healthy(url: str, admin_key: str) -> int:
+    headers = {"Authorization": f"Bearer {admin_key}"}
+    reply = httpx.get(f"{url}/admin/fleet", headers=headers, timeout=30)
+    return sum(1 for r in reply.json()["replicas"] if r["healthy"]) if reply.is_success else 0
+
+
+@pytest.fixture(scope="module")
+def fleet(
+    demo_assets: DemoAssets, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[tuple[str, str]]:
+    data_dir: Path = tmp_path_factory.mktemp("fleet")
+    (data_dir / DEMO_DIR).symlink_to(demo_assets.root, target_is_directory=True)
+    os.environ["RAY_USAGE_STATS_ENABLED"] = "0"
+    ray.init(address="local", num_cpus=2, include_dashboard=False, namespace="loraplex-preflight",
+             log_to_driver=False)  # fmt: skip
+    from ray import serve
+
+    try:
+        # 4 GPU slots per replica: the demo's 12 adapters exceed the fleet's 8 (item 3 meets
+        # evictions); every other setting is serve's default.
+        config = ServeConfig(
+            data_dir=data_dir, port=control.free_port(), torch_threads=1, max_loras=4
+        )
+        prepared = control.prepare(config)
+        settings = FleetSettings(
+            serve=config, model_dir=prepared.model_dir, engine_replicas=REPLICAS
+        )
+        control.deploy(settings)
+        url = control.base_url(config)
+        control.wait_ready(url, WAIT_S)
+        deadline = time.monotonic() + WAIT_S
+        while _healthy(url, prepared.admin_key) < REPLICAS:
+            assert time.monotonic() < deadline, f"fewer than {REPLICAS} healthy replicas"
+            time.sleep(0.5)
+        yield url, prepared.admin_key
+    finally:
+        serve.shutdown()
+        ray.shutdown()
+
+
+def test_a_launch_ready_fleet_passes(fleet: tuple[str, str]) -> None:
+    url, admin_key = fleet
+    headers = {"Authorization": f"Bearer {admin_key}"}
+    with httpx.Client(base_url=url, headers=headers, timeout=60) as admin:
+        reply = admin.put("/admin/revisions/acme/support/r1", json={"warm_policy": "gpu"})
+        assert reply.status_code == 200, reply.text
+        for row in admin.get("/admin/tenants").json():
+            reply = admin.put(f"/admin/tenants/{row['name']}", json={"quotas": TENANT_QUOTAS})
+            assert reply.status_code == 200, reply.text
+    config = PreflightConfig(url=url, admin_key=admin_key, rules_text=RULES_TEXT,
+                             load=LoadConfig(load_s=4.0))  # fmt: skip
+    report = preflight(config)
+    assert report.exit_code() == 0, report.text()
+    statuses = {v.item_id: v.status for v in report.verdicts}
+    assert statuses["router_affinity_and_load"] is Status.PASS, report.text()
+    assert report.facts["replicas"] == REPLICAS
+    assert report.facts["policy"] == "affinity_until_saturated"
+    not_passed = {i: s for i, s in statuses.items() if s is not Status.PASS}
+    assert not not_passed, report.text()
