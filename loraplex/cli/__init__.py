@@ -17,6 +17,7 @@ _COMMAND_MODULES: tuple[str, ...] = (
     "generate",
     "registry",
     "tenants",
+    "signing",
     "release",
     "bench",
     "serve",
