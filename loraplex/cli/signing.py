@@ -24,7 +24,9 @@ from loraplex.cli.registry import (
 from loraplex.cli.registry_location import Location, located
 from loraplex.registry import PolicyKind
 
-PemFile = Annotated[Path | None, typer.Option(exists=True, dir_okay=False)]
+
+def _pem_option(help_text: str) -> typer.models.OptionInfo:
+    return typer.Option(exists=True, dir_okay=False, help=help_text)
 
 
 def register(app: typer.Typer) -> None:
@@ -45,8 +47,8 @@ def add_anchor(
     tenant: Annotated[str, typer.Argument()],
     name: Annotated[str, typer.Argument(help="Label; a key signs as key:<label>")],
     *,
-    key: Annotated[PemFile, typer.Option(help="Elliptic-curve public key (PEM)")] = None,
-    certificate: Annotated[PemFile, typer.Option(help="Certificate root (PEM)")] = None,
+    key: Annotated[Path | None, _pem_option("Elliptic-curve public key (PEM)")] = None,
+    certificate: Annotated[Path | None, _pem_option("Certificate root (PEM)")] = None,
     actor: Actor = None,
 ) -> None:
     """Trust a public key or a certificate root for the tenant's signatures."""
@@ -123,8 +125,8 @@ def verify_revision(
 def sign_adapter(
     adapter_dir: Annotated[Path, typer.Argument(help="PEFT adapter directory", file_okay=False)],
     *,
-    key: Annotated[Path, typer.Option(exists=True, help="Elliptic-curve private key (PEM)")],
-    certificate: Annotated[PemFile, typer.Option(help="Signing certificate (PEM)")] = None,
+    key: Annotated[Path, _pem_option("Elliptic-curve private key (PEM)")],
+    certificate: Annotated[Path | None, _pem_option("Signing certificate (PEM)")] = None,
     chain: Annotated[
         list[Path] | None, typer.Option(help="Intermediate/root certificates (repeatable)")
     ] = None,
