@@ -235,3 +235,19 @@ def test_anchors_are_validated(registry: Registry, keys: dict[str, KeyPair]) -> 
     with pytest.raises(ValueError, match="identities"):
         registry.set_trust_policy("acme", PolicyKind.SIGNED, ["key:ci"], "test")
     assert registry.trust_anchors("acme") == []
+
+
+def test_provenance_is_immutable_in_the_database(
+    registry: Registry, make_adapter: AdapterFactory, keys: dict[str, KeyPair]
+) -> None:
+    _trusting(registry, keys, PolicyKind.SIGNED)
+    _register(registry, _signed(make_adapter, keys["ci"]))
+    before = registry.get_revision("acme/bot@v1")
+    for statement in (
+        "UPDATE revisions SET signer = 'key:mallory'",
+        "UPDATE revisions SET signature_digest = NULL",
+        "UPDATE revisions SET verified_at = 0",
+    ):
+        with pytest.raises(Exception, match=r"(?i)revision"), registry.db.transaction() as tx:
+            tx.execute(statement)
+    assert registry.get_revision("acme/bot@v1") == before
