@@ -16,6 +16,7 @@ imported inside the functions, and its absence is a ``SignatureError`` naming th
 
 from __future__ import annotations
 
+import base64
 import hashlib
 import json
 import tempfile
@@ -99,9 +100,21 @@ def verify_dir(adapter_dir: Path, bundle: bytes, anchors: Sequence[Anchor]) -> V
 
 
 def covered_files(bundle: bytes) -> dict[str, str]:
-    """The signed manifest (path -> sha256), read without checking the signature."""
-    signature = _read(bundle)
-    return _signed_files(_manifest_of(signature))
+    """The signed manifest (path -> sha256), read without checking the signature.
+
+    NOTE: the fetch path calls this on every cold load, so it reads the bundle's JSON directly
+    (no protobuf, no temporary file) and hands the statement to model-signing's own reader.
+    """
+    if len(bundle) > MAX_SIGNATURE_BYTES:
+        raise _malformed(f"it exceeds {MAX_SIGNATURE_BYTES} bytes")
+    (signing,) = _modules("_signing.signing")
+    try:
+        envelope = json.loads(bundle)["dsseEnvelope"]
+        statement = json.loads(base64.b64decode(envelope["payload"], validate=True))
+        manifest = signing.dsse_payload_to_manifest(statement)
+    except Exception as exc:  # json, base64, key and model-signing's ValueError alike
+        raise _malformed(f"unreadable statement: {type(exc).__name__}") from exc
+    return _signed_files(manifest)
 
 
 def check_covers(bundle: bytes, expected: Mapping[str, str], what: str) -> None:

@@ -17,9 +17,9 @@ _COMMAND_MODULES: tuple[str, ...] = (
     "generate",
     "registry",
     "tenants",
-    "signing",
     "release",
     "bench",
+    "signing",  # after "bench": it adds `bench signing` to that group
     "serve",
     "k8s",
     "fleet",

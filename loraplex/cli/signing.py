@@ -7,7 +7,7 @@ Trust commands are registry-direct like the other registry commands (same locati
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Annotated
+from typing import Annotated, Any
 
 import typer
 
@@ -25,7 +25,7 @@ from loraplex.cli.registry_location import Location, located
 from loraplex.registry import PolicyKind
 
 
-def _pem_option(help_text: str) -> typer.models.OptionInfo:
+def _pem_option(help_text: str) -> Any:
     return typer.Option(exists=True, dir_okay=False, help=help_text)
 
 
@@ -40,6 +40,7 @@ def register(app: typer.Typer) -> None:
     adapters = _group(app, "adapters", "Adapter artifacts and revisions.")
     adapters.command("verify")(located(verify_revision))
     adapters.command("sign")(sign_adapter)
+    _group(app, "bench", "Benchmarks.").command("signing")(bench_signing)
 
 
 def add_anchor(
@@ -137,3 +138,38 @@ def sign_adapter(
             raise ValueError("--chain is invalid without --certificate")
         target = sign_dir(adapter_dir, key, certificate, chain or [])
     typer.echo(f"signed {adapter_dir} -> {target}")
+
+
+def bench_signing(
+    *,
+    preset: Annotated[str, typer.Option(help="Demo preset whose adapters are loaded")] = "small",
+    reps: Annotated[int, typer.Option(help="Repetitions over every adapter")] = 7,
+    max_adapters: Annotated[int, typer.Option(help="Adapters measured")] = 4,
+    asset_dir: Annotated[
+        Path | None,
+        typer.Option(help="The demo set's directory [default: .loraplex-assets/bench-PRESET]"),
+    ] = None,
+) -> None:
+    """Cold-load (L3 -> L0) cost of the fetch-time signature check: one JSON line."""
+    import json
+    import tempfile
+
+    from cryptography.hazmat.primitives import serialization
+    from cryptography.hazmat.primitives.asymmetric import ec
+
+    from loraplex.bench.signing_cost import SigningBenchConfig, run_signing_bench
+
+    with _failures(), tempfile.TemporaryDirectory() as tmp:
+        folder = asset_dir or Path(".loraplex-assets") / f"bench-{preset}"
+        config = SigningBenchConfig(preset, reps, max_adapters, folder)
+        key = ec.generate_private_key(ec.SECP256R1())
+        key_pem = Path(tmp) / "bench.key.pem"
+        key_pem.write_bytes(
+            key.private_bytes(
+                serialization.Encoding.PEM,
+                serialization.PrivateFormat.PKCS8,
+                serialization.NoEncryption(),
+            )
+        )
+        result = run_signing_bench(config, key_pem)
+    typer.echo(json.dumps(result))
