@@ -50,6 +50,7 @@ class SignatureProblem(StrEnum):
     MISSING_FILE = "missing_file"  # a signed file that is not there
     DIGEST_MISMATCH = "digest_mismatch"  # a signed file whose bytes changed
     SWAPPED_BUNDLE = "swapped_bundle"  # the bundle signs other content than these files
+    UNHASHABLE = "unhashable"  # the folder holds what model-signing will not hash (a link)
 
 
 class AnchorKind(StrEnum):
@@ -252,15 +253,6 @@ def _pem_file(pem: str) -> Iterator[Path]:
         yield path
 
 
-def _manifest_of(signature: Any) -> Any:
-    (signing,) = _modules("_signing.signing")
-    envelope = signature.bundle.dsse_envelope
-    try:
-        return signing.dsse_payload_to_manifest(json.loads(envelope.payload))
-    except Exception as exc:
-        raise _malformed(f"unreadable statement: {type(exc).__name__}") from exc
-
-
 def _signed_files(manifest: Any) -> dict[str, str]:
     params = manifest.serialization_type
     if params.get("method") != "files" or params.get("hash_type") != _HASH_TYPE:
@@ -275,7 +267,14 @@ def _signed_files(manifest: Any) -> dict[str, str]:
 
 def _hash_dir(adapter_dir: Path) -> dict[str, str]:
     (hashing,) = _modules("hashing")
-    manifest = _hashing_config(hashing).hash(adapter_dir)
+    try:
+        manifest = _hashing_config(hashing).hash(adapter_dir)
+    except (ValueError, OSError) as exc:  # model-signing refuses symbolic links, for one
+        raise SignatureError(
+            SignatureProblem.UNHASHABLE,
+            f"the folder cannot be hashed for its signature check ({type(exc).__name__}); "
+            "expected regular files only",
+        ) from exc
     return {rd.identifier: rd.digest.digest_hex for rd in manifest.resource_descriptors()}
 
 
@@ -317,19 +316,3 @@ def _certificate_subject(signature: Any) -> str:
     chain = signature.bundle.verification_material.x509_certificate_chain
     leaf = x509.load_der_x509_certificate(chain.certificates[0].raw_bytes)
     return leaf.subject.rfc4514_string()
-
-
-__all__ = [
-    "MAX_SIGNATURE_BYTES",
-    "SIGNATURE_FILE",
-    "Anchor",
-    "AnchorKind",
-    "SignatureProblem",
-    "VerifiedSignature",
-    "bundle_digest",
-    "check_covers",
-    "check_stored_bundle",
-    "covered_files",
-    "sign_dir",
-    "verify_dir",
-]

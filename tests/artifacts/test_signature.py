@@ -76,3 +76,12 @@ def test_the_bundle_file_itself_is_not_signed_or_required(tmp_path: Path) -> Non
     sign_dir(folder, key.private_path)
     bundle = sign_dir(folder, key.private_path).read_bytes()  # re-signing ignores the old one
     assert SIGNATURE_FILE not in covered_files(bundle)
+
+
+def test_a_link_in_the_folder_is_refused_by_name(tmp_path: Path) -> None:
+    folder = _folder(tmp_path)
+    key = key_pair(tmp_path / "keys", "ci")
+    bundle = sign_dir(folder, key.private_path).read_bytes()
+    (folder / "elsewhere").symlink_to(tmp_path / "keys" / "ci.pub.pem")
+    anchors = [Anchor("ci", AnchorKind.KEY, key.public_pem)]
+    assert _reason(lambda: verify_dir(folder, bundle, anchors)) == SignatureProblem.UNHASHABLE

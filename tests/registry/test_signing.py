@@ -41,7 +41,11 @@ def _signed(make_adapter: AdapterFactory, key: KeyPair, label: str = "a", seed: 
 
 
 def test_signed_adapter_registers_with_its_provenance(
-    registry: Registry, make_adapter: AdapterFactory, keys: dict[str, KeyPair], tmp_path: Path
+    store_choice: str,
+    registry: Registry,
+    make_adapter: AdapterFactory,
+    keys: dict[str, KeyPair],
+    tmp_path: Path,
 ) -> None:
     _trusting(registry, keys, PolicyKind.SIGNED)
     adapter_dir = _signed(make_adapter, keys["ci"])
