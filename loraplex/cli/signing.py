@@ -149,6 +149,9 @@ def bench_signing(
         Path | None,
         typer.Option(help="The demo set's directory [default: .loraplex-assets/bench-PRESET]"),
     ] = None,
+    synthetic: Annotated[
+        bool, typer.Option(help="The preset's shapes with random weights (no demo set needed)")
+    ] = False,
 ) -> None:
     """Cold-load (L3 -> L0) cost of the fetch-time signature check: one JSON line."""
     import json
@@ -161,7 +164,9 @@ def bench_signing(
 
     with _failures(), tempfile.TemporaryDirectory() as tmp:
         folder = asset_dir or Path(".loraplex-assets") / f"bench-{preset}"
-        config = SigningBenchConfig(preset, reps, max_adapters, folder)
+        if synthetic and asset_dir is not None:
+            raise ValueError("--asset-dir is invalid with --synthetic (nothing is read from it)")
+        config = SigningBenchConfig(preset, reps, max_adapters, folder, synthetic)
         key = ec.generate_private_key(ec.SECP256R1())
         key_pem = Path(tmp) / "bench.key.pem"
         key_pem.write_bytes(

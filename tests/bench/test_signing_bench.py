@@ -18,7 +18,7 @@ def test_bench_signing_emits_one_json_line(demo_assets, tmp_path: Path) -> None:
     assert result.exit_code == 0, result.output
     line = json.loads(result.output.strip().splitlines()[-1])
     assert line["name"] == "signing_fetch_check"
-    assert line["config"] == {"preset": "small", "reps": 2, "adapters": 2}
+    assert line["config"] == {"preset": "small", "reps": 2, "adapters": 2, "synthetic": False}
     metrics = line["metrics"]
     assert metrics["failures"] == 0  # every signed load passed the fetch-time check
     for name in ("l3_to_l0_unsigned", "l3_to_l0_signed", "check_alone"):
@@ -30,3 +30,13 @@ def test_bench_signing_emits_one_json_line(demo_assets, tmp_path: Path) -> None:
 def test_bench_signing_refuses_bad_sizes() -> None:
     result = CliRunner().invoke(app, ["bench", "signing", "--reps", "0"])
     assert result.exit_code == 1 and "reps 0 is invalid" in result.output
+
+
+def test_bench_signing_synthetic_shapes() -> None:
+    args = ["bench", "signing", "--synthetic", "--reps", "1", "--max-adapters", "1"]
+    result = CliRunner().invoke(app, args)
+    assert result.exit_code == 0, result.output
+    line = json.loads(result.output.strip().splitlines()[-1])
+    assert line["config"]["synthetic"] is True and line["metrics"]["failures"] == 0
+    refused = CliRunner().invoke(app, [*args, "--asset-dir", "x"])
+    assert refused.exit_code == 1 and "--asset-dir is invalid with --synthetic" in refused.output
