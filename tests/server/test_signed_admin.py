@@ -143,3 +143,19 @@ def test_models_listing_shows_signed_to_the_owner_only(
         assert other.json()["signed"] is None
     finally:
         registry.set_visibility(TENANT, "uploaded", Visibility.PRIVATE, "test")
+
+
+def test_vllm_load_lora_adapter_verifies_the_signature(
+    signed_rig: Rig, ci_key: KeyPair, tmp_path: Path
+) -> None:
+    rig = signed_rig
+    folder = _copy(rig.served, tmp_path / "imports" / "vllm")
+    unsigned = {"lora_name": f"{TENANT}/loaded@l0", "lora_path": "vllm"}
+    refused = rig.client.post("/v1/load_lora_adapter", json=unsigned, headers=rig.admin)
+    assert refused.status_code == 422 and "no signature" in refused.json()["error"]["message"]
+    sign_dir(folder, ci_key.private_path)
+    body = {"lora_name": f"{TENANT}/loaded@l1", "lora_path": "vllm"}
+    loaded = rig.client.post("/v1/load_lora_adapter", json=body, headers=rig.admin)
+    assert loaded.status_code == 200, loaded.text
+    provenance = rig.served.registry.get_revision(f"{TENANT}/loaded@l1").provenance
+    assert provenance is not None and provenance.signer == "key:ci"
