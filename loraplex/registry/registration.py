@@ -2,8 +2,10 @@
 
 Order is what makes a crash at any point harmless:
 
-1. validate the directory against the served base model (nothing written yet);
-2. write both files to the artifact store (atomic, content-addressed, verified);
+1. validate the directory against the served base model, then check its signature bundle
+   (``model.sig``) against the tenant's trust policy (nothing written yet);
+2. write both files (and a verified bundle) to the artifact store (atomic, content-addressed,
+   verified);
 3. in ONE transaction: adapter row (if new), revision row, alias (if new), audit row.
 
 A crash before 3 commits leaves at most unreferenced objects (garbage, never visible); a
