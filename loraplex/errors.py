@@ -80,6 +80,17 @@ class DigestMismatchError(AdapterError):
         super().__init__(f"{what}: sha256 is {actual}, expected {expected}")
 
 
+class SignatureError(AdapterError):
+    """A signature bundle fails the tenant's trust policy or does not cover the stored bytes.
+
+    ``reason`` says which check failed (tests and the audit log read it, never the message).
+    """
+
+    def __init__(self, reason: str, message: str) -> None:
+        self.reason = reason
+        super().__init__(message)
+
+
 # --- storage and resolution -------------------------------------------------------------------
 
 

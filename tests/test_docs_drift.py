@@ -18,6 +18,8 @@ from loraplex.serve.config import file_keys
 DOC = Path(__file__).resolve().parents[1] / "docs" / "operations.md"
 # The commands "every registry command" stands for: everything under these groups.
 REGISTRY_GROUPS = ("adapters", "tenants", "keys", "release")
+# Commands in those groups that open no registry (the table says "except" them).
+NO_REGISTRY = {"adapters sign"}  # signs a local folder with model-signing
 _TICKED = re.compile(r"`([^`]+)`")
 
 
@@ -69,7 +71,7 @@ def _documented_readers() -> dict[str, set[str]]:
         assert variable is not None, row
         named = {c for c in _TICKED.findall(read_by) if c in COMMANDS}
         if "every registry command" in read_by:
-            named |= {c for c in COMMANDS if c.split()[0] in REGISTRY_GROUPS}
+            named |= {c for c in COMMANDS if c.split()[0] in REGISTRY_GROUPS} - NO_REGISTRY
         readers[variable.group(1)] = named
     return readers
 

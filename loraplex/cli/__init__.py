@@ -19,6 +19,7 @@ _COMMAND_MODULES: tuple[str, ...] = (
     "tenants",
     "release",
     "bench",
+    "signing",  # after "bench": it adds `bench signing` to that group
     "serve",
     "k8s",
     "fleet",

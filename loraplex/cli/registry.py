@@ -24,6 +24,7 @@ from loraplex.errors import LoraplexError
 from loraplex.registry import (
     AliasTarget,
     PriorityClass,
+    Provenance,
     RegistrationRequest,
     Registry,
     RegistryConfig,
@@ -176,6 +177,10 @@ def show_adapter(
                 f"\tmodules={','.join(rev.target_modules)}\tcreated={_time(rev.created_at)}"
             )
             typer.echo(f"            sha256={rev.adapter_digest} base={rev.base_digest}")
+            if rev.provenance is not None:
+                typer.echo(provenance_line(rev.provenance))
+            else:
+                typer.echo("            unsigned")
 
 
 def create_tenant(
@@ -330,6 +335,15 @@ def _actor(actor: str | None) -> str:
 
 def _split(targets: tuple[AliasTarget, ...]) -> str:
     return " ".join(f"{t.revision}:{t.weight}" for t in targets)
+
+
+def provenance_line(p: Provenance) -> str:
+    """A signed revision's provenance, as ``adapters show`` and ``adapters verify`` print it."""
+    return (
+        f"            signed by {p.signer} (anchor {p.trust_anchor}) "
+        f"verified={_time(p.verified_at)} manifest={p.manifest_digest} "
+        f"bundle={p.signature_digest}"
+    )
 
 
 def _time(epoch_s: float) -> str:

@@ -14,6 +14,7 @@ from loraplex.registry.models import (
     AuditEntry,
     IssuedKey,
     PriorityClass,
+    Provenance,
     RegistrationRequest,
     RegistrationResult,
     Revision,
@@ -23,6 +24,7 @@ from loraplex.registry.models import (
     Visibility,
 )
 from loraplex.registry.registry import Registry
+from loraplex.registry.trust_models import PolicyKind, TrustAnchor, TrustPolicy
 
 __all__ = [
     "Adapter",
@@ -33,7 +35,9 @@ __all__ = [
     "AuditEntry",
     "IssuedKey",
     "LocalArtifactStore",
+    "PolicyKind",
     "PriorityClass",
+    "Provenance",
     "RegistrationRequest",
     "RegistrationResult",
     "Registry",
@@ -42,6 +46,8 @@ __all__ = [
     "RevisionState",
     "Tenant",
     "TenantQuotas",
+    "TrustAnchor",
+    "TrustPolicy",
     "Visibility",
     "WarmPolicy",
     "default_data_dir",

@@ -27,6 +27,7 @@ from contextlib import contextmanager
 from pathlib import Path, PurePosixPath
 
 from loraplex.artifacts.manifest import CONFIG_FILE
+from loraplex.artifacts.signature import SIGNATURE_FILE
 from loraplex.artifacts.validate import WEIGHTS_FILE
 from loraplex.errors import PathOutsideStoreError, RegistryError, UnsafeImportError, quoted
 
@@ -37,6 +38,8 @@ _DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW
 # O_NONBLOCK: opening a fifo swapped in after the walk must fail the fstat check, not hang.
 _FILE_FLAGS = os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK
 _CHUNK_BYTES = 1 << 20
+# A signed folder's other top-level files (README, the bundle) are copied to be verified.
+MAX_SIGNED_EXTRA_BYTES = 16 << 20
 
 
 @contextmanager
@@ -52,8 +55,9 @@ def staged_import(import_dir: Path, relative: str) -> Iterator[Path]:
         folder = _open_folder(import_dir, parts)
         try:
             names = _check_tree(folder, where)
+            signed = SIGNATURE_FILE in names
             for name in names:
-                _stage(folder, name, Path(staging) / name, f"{where}/{name}")
+                _stage(folder, name, Path(staging) / name, f"{where}/{name}", signed)
         except FileNotFoundError as exc:
             raise RegistryError(f"path {quoted(where)} changed while it was read") from exc
         finally:
@@ -144,11 +148,16 @@ def _check_file(info: os.stat_result, path: str) -> None:
         raise _unsafe(path, f"has {info.st_nlink} hard links")
 
 
-def _stage(folder: int, name: str, dest: Path, path: str) -> None:
-    """Copies one of the two PEFT files from its no-follow descriptor; mirrors other names."""
-    if name not in (CONFIG_FILE, WEIGHTS_FILE):
+def _stage(folder: int, name: str, dest: Path, path: str, signed: bool) -> None:
+    """Copies one of the two PEFT files from its no-follow descriptor; mirrors other names.
+
+    In a signed folder (one holding ``model.sig``) every top-level file is copied, since the
+    signature covers its bytes; each beyond the two PEFT files is bounded.
+    """
+    if name not in (CONFIG_FILE, WEIGHTS_FILE) and not signed:
         dest.touch(mode=0o600)
         return
+    bound = None if name in (CONFIG_FILE, WEIGHTS_FILE) else MAX_SIGNED_EXTRA_BYTES
     try:
         fd = os.open(name, _FILE_FLAGS, dir_fd=folder)
     except OSError as exc:
@@ -156,7 +165,16 @@ def _stage(folder: int, name: str, dest: Path, path: str) -> None:
             raise _unsafe(path, "is a symbolic link") from exc
         raise
     try:
-        _check_file(os.fstat(fd), path)
+        info = os.fstat(fd)
+        if stat.S_ISDIR(info.st_mode) and signed:
+            dest.touch(mode=0o600)  # signed folders: top-level files only (see docs/registry.md)
+            return
+        _check_file(info, path)
+        if bound is not None and info.st_size > bound:
+            raise UnsafeImportError(
+                f"path {quoted(path)} has {info.st_size} bytes; files of a signed folder beside "
+                f"the adapter's own are copied to verify them, up to {bound} bytes each"
+            )
         os.set_blocking(fd, True)
         _copy(fd, dest)
     finally:

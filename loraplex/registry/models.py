@@ -135,6 +135,17 @@ class Adapter:
 
 
 @dataclass(frozen=True)
+class Provenance:
+    """Who signed a revision's bytes, as verified at registration (never changed after)."""
+
+    signature_digest: str  # sha256 of the bundle (model.sig), stored as an artifact object
+    signer: str  # "key:<anchor>" or the signing certificate's subject
+    trust_anchor: str  # the tenant's trust anchor that verified it (may be removed since)
+    manifest_digest: str  # the signed statement's subject digest
+    verified_at: float  # wall-clock seconds since the epoch
+
+
+@dataclass(frozen=True)
 class Revision:
     """One immutable adapter revision: content identity plus mutable release metadata.
 
@@ -162,6 +173,7 @@ class Revision:
     warm_policy: WarmPolicy  # residency policy for the adapter cache
     probe_prompt: str | None  # fixed prompt for the output probe, if any
     expected_continuation: str | None  # what the probe prompt must produce
+    provenance: Provenance | None = None  # the verified signature; None when unsigned
 
     @property
     def ref(self) -> str:

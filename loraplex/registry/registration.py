@@ -2,8 +2,10 @@
 
 Order is what makes a crash at any point harmless:
 
-1. validate the directory against the served base model (nothing written yet);
-2. write both files to the artifact store (atomic, content-addressed, verified);
+1. validate the directory against the served base model, then check its signature bundle
+   (``model.sig``) against the tenant's trust policy (nothing written yet);
+2. write both files (and a verified bundle) to the artifact store (atomic, content-addressed,
+   verified);
 3. in ONE transaction: adapter row (if new), revision row, alias (if new), audit row.
 
 A crash before 3 commits leaves at most unreferenced objects (garbage, never visible); a
@@ -15,17 +17,27 @@ and become no-ops (identical bytes) or ``RevisionConflictError`` (different byte
 from __future__ import annotations
 
 from collections.abc import Callable
+from dataclasses import asdict, replace
+from pathlib import Path
 
 from loraplex.artifacts.base_model import TARGET_MODULES, BaseModelSpec
 from loraplex.artifacts.identity import RUNTIME_COMPAT_VERSION, sha256_file
 from loraplex.artifacts.manifest import CONFIG_FILE
+from loraplex.artifacts.signature import (
+    MAX_SIGNATURE_BYTES,
+    SIGNATURE_FILE,
+    SignatureProblem,
+    VerifiedSignature,
+)
 from loraplex.artifacts.store import ArtifactStore
 from loraplex.artifacts.validate import ValidatedAdapter, validate_adapter_dir
-from loraplex.errors import RegistryError, RevisionConflictError, quoted
+from loraplex.errors import RegistryError, RevisionConflictError, SignatureError, quoted
+from loraplex.registry import trust
 from loraplex.registry.models import (
     Adapter,
     Alias,
     AliasTarget,
+    Provenance,
     RegistrationRequest,
     RegistrationResult,
     Revision,
@@ -33,6 +45,7 @@ from loraplex.registry.models import (
 from loraplex.registry.sql import adapters as rows
 from loraplex.registry.sql import audit
 from loraplex.registry.sql import tenants as tenant_rows
+from loraplex.registry.sql import trust as trust_rows
 from loraplex.registry.sql.db import Database, Tx
 
 # Called with a stage name ("objects_stored", "rows_written") as registration passes it; the
@@ -49,16 +62,23 @@ def register_adapter(
     actor: str,
     now: float,
     hook: StageHook | None = None,
+    signed: VerifiedSignature | None = None,
 ) -> RegistrationResult:
-    """Record ``validated`` as ``request``'s revision (steps 2 and 3 above)."""
+    """Record ``validated`` (and ``signed``, its verified signature) as ``request``'s revision
+    (steps 2 and 3 above); the bundle is stored as an object beside the two files."""
     config_path = request.adapter_dir / CONFIG_FILE
     revision = _revision_record(request, validated, sha256_file(config_path), store.url, now)
+    if signed is not None:
+        revision = replace(revision, provenance=_provenance(signed, now))
     with db.transaction(write=False) as tx:
         existing = rows.get_revision(tx, request.tenant, request.name, request.revision)
     if existing is not None:
         return _same_or_conflict(existing, revision)
     store.put_file(config_path, revision.config_digest)
     store.put_file(validated.weights_path, revision.adapter_digest)
+    if revision.provenance is not None:
+        signature_path = request.adapter_dir / SIGNATURE_FILE
+        store.put_file(signature_path, revision.provenance.signature_digest)
     if hook is not None:
         hook("objects_stored")
     try:
@@ -88,6 +108,41 @@ def validate_request(
     return validate_adapter_dir(request.adapter_dir, base, max_lora_rank)
 
 
+def check_signature(db: Database, request: RegistrationRequest) -> VerifiedSignature | None:
+    """Step 1b: the offered bundle (``model.sig``) against the tenant's trust policy."""
+    with db.transaction(write=False) as tx:
+        policy = trust_rows.get_policy(tx, request.tenant)
+        anchors = trust_rows.list_anchors(tx, request.tenant)
+    bundle = read_bundle(request.adapter_dir)
+    return trust.check_offered(policy, anchors, request.adapter_dir, bundle)
+
+
+def read_bundle(adapter_dir: Path) -> bytes | None:
+    """``adapter_dir/model.sig``'s bytes (bounded); None when there is none."""
+    path = adapter_dir / SIGNATURE_FILE
+    try:
+        with path.open("rb") as handle:
+            bundle = handle.read(MAX_SIGNATURE_BYTES + 1)
+    except FileNotFoundError:
+        return None
+    if len(bundle) > MAX_SIGNATURE_BYTES:
+        raise SignatureError(
+            SignatureProblem.MALFORMED,
+            f"{SIGNATURE_FILE} exceeds {MAX_SIGNATURE_BYTES} bytes; expected a signature bundle",
+        )
+    return bundle
+
+
+def _provenance(signed: VerifiedSignature, now: float) -> Provenance:
+    return Provenance(
+        signature_digest=signed.bundle_digest,
+        signer=signed.signer,
+        trust_anchor=signed.anchor,
+        manifest_digest=signed.manifest_digest,
+        verified_at=now,
+    )
+
+
 def _record(tx: Tx, request: RegistrationRequest, revision: Revision, actor: str) -> None:
     now = revision.created_at
     adapter = Adapter(request.tenant, request.name, request.visibility, now)
@@ -108,6 +163,8 @@ def _record(tx: Tx, request: RegistrationRequest, revision: Revision, actor: str
         "created_adapter": created_adapter,
         "created_alias": created_alias,
     }
+    if revision.provenance is not None:
+        details["provenance"] = asdict(revision.provenance)
     audit.append(tx, "revision.register", revision.ref, details, at=now, actor=actor)
 
 

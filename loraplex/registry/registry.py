@@ -9,17 +9,25 @@ from __future__ import annotations
 
 import random
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 
 from loraplex.artifacts.base_model import BaseModelSpec
 from loraplex.artifacts.identity import AdapterKey
 from loraplex.artifacts.manifest import CONFIG_FILE
+from loraplex.artifacts.signature import AnchorKind
 from loraplex.artifacts.store import ArtifactStore, fetch_to_file
 from loraplex.artifacts.validate import WEIGHTS_FILE
 from loraplex.artifacts.warm_policy import WarmPolicy
 from loraplex.errors import quoted
-from loraplex.registry import registration, releases, resolution, tenancy
+from loraplex.registry import (
+    registration,
+    releases,
+    resolution,
+    stored_signature,
+    tenancy,
+    trust,
+)
 from loraplex.registry.models import (
     Adapter,
     Alias,
@@ -39,7 +47,9 @@ from loraplex.registry.models import (
 from loraplex.registry.sql import adapters as adapter_rows
 from loraplex.registry.sql import audit
 from loraplex.registry.sql import tenants as tenant_rows
+from loraplex.registry.sql import trust as trust_rows
 from loraplex.registry.sql.db import Database
+from loraplex.registry.trust_models import PolicyKind, TrustAnchor, TrustPolicy
 
 
 class Registry:
@@ -150,6 +160,7 @@ class Registry:
         validated = registration.validate_request(
             self._db, self._base, self._max_lora_rank, request
         )
+        signed = registration.check_signature(self._db, request)
         return registration.register_adapter(
             self._db,
             self._store,
@@ -158,6 +169,7 @@ class Registry:
             actor=actor,
             now=self._wall_clock(),
             hook=self._stage_hook,
+            signed=signed,
         )
 
     def set_visibility(self, tenant: str, name: str, visibility: Visibility, actor: str) -> Adapter:
@@ -259,10 +271,53 @@ class Registry:
                 tx, caller, model_string, base_digest, unit, sticky_key=sticky_key or request_id
             )
 
+    # --- signing (docs/registry.md, "Signed adapters") -----------------------------------------
+
+    def trust_policy(self, tenant: str) -> TrustPolicy:
+        with self._db.transaction(write=False) as tx:
+            tenancy.require_tenant(tx, tenant)
+            return trust_rows.get_policy(tx, tenant)
+
+    def set_trust_policy(
+        self, tenant: str, kind: PolicyKind, identities: Sequence[str], actor: str
+    ) -> TrustPolicy:
+        """Takes effect at the next registration; registered revisions keep their record."""
+        now = self._wall_clock()
+        return trust.set_policy(self._db, tenant, kind, identities, actor=actor, now=now)
+
+    def trust_anchors(self, tenant: str) -> list[TrustAnchor]:
+        with self._db.transaction(write=False) as tx:
+            tenancy.require_tenant(tx, tenant)
+            return trust_rows.list_anchors(tx, tenant)
+
+    def add_trust_anchor(
+        self, tenant: str, name: str, kind: AnchorKind, pem: str, actor: str
+    ) -> TrustAnchor:
+        now = self._wall_clock()
+        return trust.add_anchor(self._db, tenant, name, kind, pem, actor=actor, now=now)
+
+    def remove_trust_anchor(self, tenant: str, name: str, actor: str) -> TrustAnchor:
+        now = self._wall_clock()
+        return trust.remove_anchor(self._db, tenant, name, actor=actor, now=now)
+
+    def signed_adapters(self, tenant: str) -> dict[str, bool]:
+        """``tenant``'s adapter names -> whether what their alias serves is signed (the owner's
+        "signed: yes/no" in the model listing; never shown to other tenants)."""
+        with self._db.transaction(write=False) as tx:
+            return trust_rows.signed_adapters(tx, tenant)
+
+    def verify_revision(self, ref: str, actor: str) -> stored_signature.VerifyReport:
+        """Re-check a stored revision against today's policy and anchors (changes nothing)."""
+        revision = self.get_revision(ref)
+        now = self._wall_clock()
+        return stored_signature.reverify(self._db, self._store, revision, actor=actor, now=now)
+
     # --- artifacts ----------------------------------------------------------------------------
 
     def fetch(self, revision: Revision, dest_dir: Path) -> Path:
-        """Write the revision's PEFT directory to ``dest_dir`` from the store, verified."""
+        """Write the revision's PEFT directory to ``dest_dir`` from the store, verified (a signed
+        revision's stored bundle must sign exactly the two digests)."""
+        stored_signature.check(self._store, revision)
         fetch_to_file(self._store, revision.config_digest, dest_dir / CONFIG_FILE)
         fetch_to_file(self._store, revision.adapter_digest, dest_dir / WEIGHTS_FILE)
         return dest_dir

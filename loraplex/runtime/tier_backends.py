@@ -27,6 +27,7 @@ import torch
 
 from loraplex.artifacts.base_model import BaseModelSpec
 from loraplex.artifacts.identity import AdapterKey
+from loraplex.artifacts.signature import check_stored_bundle
 from loraplex.artifacts.store import ArtifactStore, fetch_to_file
 from loraplex.artifacts.validate import ValidatedAdapter, validate_adapter_dir
 from loraplex.errors import BaseModelMismatchError, DigestMismatchError
@@ -57,6 +58,7 @@ class ArtifactRef:
     weights_digest: str  # sha256 of adapter_model.safetensors (the key's adapter_digest)
     disk_bytes: int  # both files together
     memory_bytes: int  # tensor bytes in the serving dtype
+    signature_digest: str | None = None  # the stored model-signing bundle; None when unsigned
 
 
 class MemoryTier:
@@ -198,6 +200,9 @@ class TierPipeline:
         try:
             start = time.perf_counter()
             ref = self.resolver(key)
+            if ref.signature_digest is not None:  # the bundle must sign exactly these objects
+                expected = {CONFIG_FILE: ref.config_digest, WEIGHTS_FILE: ref.weights_digest}
+                check_stored_bundle(self.store, ref.signature_digest, expected, key.ref)
             fetch_to_file(self.store, ref.config_digest, staged / CONFIG_FILE)
             fetch_to_file(self.store, ref.weights_digest, staged / WEIGHTS_FILE)
             fetched = time.perf_counter()

@@ -50,6 +50,7 @@ class RegistryResolver:
             raise DigestMismatchError(
                 f"{key.ref} in the registry", key.adapter_digest, revision.adapter_digest
             )
+        signed = revision.provenance
         stored_param_bytes = DTYPE_BYTES.get(revision.dtype, DTYPE_BYTES["float32"])
         memory = revision.estimated_bytes * self._param_bytes // stored_param_bytes
         ref = ArtifactRef(
@@ -57,6 +58,7 @@ class RegistryResolver:
             weights_digest=revision.adapter_digest,
             disk_bytes=revision.tensor_bytes + _FILE_OVERHEAD_BYTES,
             memory_bytes=memory,
+            signature_digest=None if signed is None else signed.signature_digest,
         )
         with self._lock:
             self._refs[key] = ref

@@ -391,6 +391,7 @@ class ModelCard(BaseModel):
     root: str  # tenant/name of an adapter (tenant/name@revision when pinned); the base model's name
     parent: str | None  # the base model for adapters; None for the base model
     max_model_len: int | None  # prompt + output tokens one sequence may hold; None: not known
+    signed: bool | None = None  # the owner's own adapters: signed or not; None for the rest
 
 
 class ModelList(BaseModel):

@@ -166,9 +166,10 @@ def register_from_import_dir(body: RegisterBody, deps: DepsDep) -> JSONResponse:
 
 @router.post("/adapters/upload", response_model=None)
 async def register_upload(request: Request, deps: DepsDep) -> JSONResponse:
-    """Register an uploaded adapter (multipart parts ``config`` and ``weights`` plus the text
-    fields of ``UploadFields``), validated exactly like a directory on disk. The parts stream
-    straight into a private staging directory (``server/upload.py``)."""
+    """Register an uploaded adapter (multipart parts ``config`` and ``weights``, optionally
+    ``signature`` (a model-signing bundle), plus the text fields of ``UploadFields``),
+    validated exactly like a directory on disk. The parts stream straight into a private staging
+    directory (``server/upload.py``)."""
     staging = Path(tempfile.mkdtemp(prefix="loraplex-upload-"))
     try:
         with staging_hidden(staging, "upload"):

@@ -335,13 +335,21 @@ def _json(reply: CompletionResponse | ChatCompletionResponse, started: Started) 
 
 
 def _card(
-    adapter: Adapter, caller: str, deps: ServerDeps, pinned: Revision | None = None
+    adapter: Adapter,
+    caller: str,
+    deps: ServerDeps,
+    pinned: Revision | None = None,
+    signed: bool | None = None,
 ) -> ModelCard:
     """``pinned``: the card of one exact revision (``name@revision``), named in ``id`` and
-    ``root`` so that a pin is never reported as the alias."""
+    ``root`` so that a pin is never reported as the alias. ``signed`` is shown to the owner
+    only (another tenant learns nothing about a public adapter's provenance)."""
     suffix = "" if pinned is None else f"@{pinned.revision}"
     created = adapter.created_at if pinned is None else pinned.created_at
+    if pinned is not None:
+        signed = pinned.provenance is not None
     return ModelCard(
+        signed=signed if adapter.tenant == caller else None,
         id=(adapter.name if adapter.tenant == caller else adapter.ref) + suffix,
         created=int(created),
         owned_by=adapter.tenant,
@@ -367,7 +375,11 @@ def _base_card(deps: ServerDeps) -> ModelCard:
 def list_models(tenant: TenantDep, deps: DepsDep) -> ModelList:
     """The base model and exactly the adapters the caller may use (its own and public ones)."""
     adapters = deps.registry.usable_adapters(tenant.name)
-    cards = [_base_card(deps), *(_card(a, tenant.name, deps) for a in adapters)]
+    signed = deps.registry.signed_adapters(tenant.name)
+    cards = [
+        _base_card(deps),
+        *(_card(a, tenant.name, deps, signed=signed.get(a.name)) for a in adapters),
+    ]
     return ModelList(data=cards)
 
 
@@ -379,4 +391,10 @@ async def get_model(model: str, tenant: TenantDep, deps: DepsDep) -> ModelCard:
         return _base_card(deps)
     revision = await run_in_threadpool(deps.registry.resolve_revision, tenant.name, model)
     adapter = await run_in_threadpool(deps.registry.get_adapter, revision.tenant, revision.name)
-    return _card(adapter, tenant.name, deps, revision if "@" in model else None)
+    if "@" in model:
+        return _card(adapter, tenant.name, deps, revision)
+    signed = None
+    if adapter.tenant == tenant.name:
+        owned = await run_in_threadpool(deps.registry.signed_adapters, tenant.name)
+        signed = owned.get(adapter.name)
+    return _card(adapter, tenant.name, deps, signed=signed)

@@ -25,12 +25,15 @@ from starlette.requests import Request
 
 from loraplex.artifacts.manifest import CONFIG_FILE
 from loraplex.artifacts.safetensors_header import LENGTH_PREFIX_BYTES, check_length_prefix
+from loraplex.artifacts.signature import MAX_SIGNATURE_BYTES, SIGNATURE_FILE
 from loraplex.artifacts.validate import WEIGHTS_FILE
 from loraplex.errors import LoraplexError, clipped, quoted
 from loraplex.server.errors import ErrorContext, invalid_request, to_api_error
 from loraplex.server.limits import upload_too_large
 
 FILE_PARTS = {"config": CONFIG_FILE, "weights": WEIGHTS_FILE}  # form name -> staged file name
+# Optional file parts: the model-signing bundle, staged as model.sig beside the two files.
+OPTIONAL_FILE_PARTS = {"signature": SIGNATURE_FILE}
 TEXT_PARTS = frozenset(
     {
         "tenant",
@@ -75,6 +78,7 @@ class _UploadParts:
         self._part: str | None = None  # the form name of the part being read
         self._out: BinaryIO | None = None  # its staging file (file parts)
         self._prefix = bytearray()  # the weights part's first bytes, until checked
+        self._part_bytes = 0  # bytes of the file part being read
 
     def callbacks(self) -> dict[str, object]:
         return {
@@ -119,14 +123,18 @@ class _UploadParts:
         name = params.get(b"name", b"").decode("utf-8", "replace")
         if name in self.files or name in self.texts:
             raise invalid_request(f"upload part {quoted(name)} is repeated", name)
-        if name in FILE_PARTS:
+        if name in FILE_PARTS or name in OPTIONAL_FILE_PARTS:
             self.files.add(name)
-            self._out = (self.staging / FILE_PARTS[name]).open("xb")
+            staged = {**FILE_PARTS, **OPTIONAL_FILE_PARTS}[name]
+            self._out = (self.staging / staged).open("xb")
             self._prefix.clear()
+            self._part_bytes = 0
         elif name in TEXT_PARTS:
             self.texts[name] = bytearray()
         else:
-            expected = ", ".join(sorted(FILE_PARTS.keys() | TEXT_PARTS))
+            expected = ", ".join(
+                sorted(FILE_PARTS.keys() | OPTIONAL_FILE_PARTS.keys() | TEXT_PARTS)
+            )
             raise invalid_request(f"upload part {quoted(name)} is unknown; expected {expected}")
         self._part = name
 
@@ -136,6 +144,11 @@ class _UploadParts:
         if self._num_bytes > self.max_bytes:
             raise upload_too_large(self.max_bytes)
         if self._out is not None:
+            self._part_bytes += len(chunk)
+            if self._part == "signature" and self._part_bytes > MAX_SIGNATURE_BYTES:
+                raise invalid_request(
+                    f"upload part 'signature' exceeds {MAX_SIGNATURE_BYTES} bytes", "signature"
+                )
             if self._part == "weights" and len(self._prefix) < LENGTH_PREFIX_BYTES:
                 self._prefix += chunk[: LENGTH_PREFIX_BYTES - len(self._prefix)]
                 if len(self._prefix) == LENGTH_PREFIX_BYTES:
@@ -155,9 +168,10 @@ class _UploadParts:
 
 
 async def receive_upload(request: Request, staging: Path, max_bytes: int) -> dict[str, str]:
-    """Streams a multipart/form-data upload into ``staging`` (``adapter_config.json`` and
-    ``adapter_model.safetensors``); returns its text fields. 400 for a malformed or incomplete
-    upload, 413 past ``max_bytes``, 422 for a weights header over the cap."""
+    """Streams a multipart/form-data upload into ``staging`` (``adapter_config.json``,
+    ``adapter_model.safetensors`` and, when given, the ``model.sig`` bundle); returns its text
+    fields. 400 for a malformed or incomplete upload, 413 past ``max_bytes``, 422 for a weights
+    header over the cap."""
     media_type, params = parse_options_header(request.headers.get("content-type", ""))
     boundary = params.get(b"boundary")
     if media_type != b"multipart/form-data" or not boundary:

@@ -184,7 +184,7 @@ def test_models_lists_only_the_callers_adapters(rig: Rig) -> None:
         data = rig.client.get("/v1/models", headers=rig.headers(tenant)).json()["data"]
         assert data[0] == {
             "id": BASE_NAME, "object": "model", "created": 0, "owned_by": "loraplex",
-            "root": BASE_NAME, "parent": None, "max_model_len": None,
+            "root": BASE_NAME, "parent": None, "max_model_len": None, "signed": None,
         }  # fmt: skip
         adapters = data[1:]
         own = {a.name for a in rig.served.assets.adapters if a.tenant == tenant}
@@ -192,6 +192,7 @@ def test_models_lists_only_the_callers_adapters(rig: Rig) -> None:
         assert {a["owned_by"] for a in adapters} == {tenant}
         assert {a["parent"] for a in adapters} == {BASE_NAME}
         assert {a["root"] for a in adapters} == {f"{tenant}/{name}" for name in own}
+        assert {a["signed"] for a in adapters} == {False}  # the demo set is unsigned
     card = rig.client.get("/v1/models/support", headers=rig.headers("acme")).json()
     assert (card["id"], card["root"]) == ("support", "acme/support")
 

@@ -9,6 +9,7 @@ from loraplex.registry.models import (
     Adapter,
     Alias,
     AliasTarget,
+    Provenance,
     Revision,
     RevisionState,
     Visibility,
@@ -19,7 +20,8 @@ _ADAPTER_COLUMNS = "tenant, name, visibility, created_at"
 REVISION_COLUMNS = (
     "tenant, name, revision, adapter_digest, config_digest, base_digest, compat_version, "
     "max_rank, lora_alpha, use_rslora, target_modules, dtype, tensor_bytes, estimated_bytes, "
-    "store_url, created_at, state, warm_policy, probe_prompt, expected_continuation"
+    "store_url, created_at, state, warm_policy, probe_prompt, expected_continuation, "
+    "signature_digest, signer, trust_anchor, signed_manifest_digest, verified_at"
 )
 _ALIAS_COLUMNS = "tenant, name, targets, rollback_targets, updated_at"
 
@@ -85,8 +87,7 @@ def set_visibility(tx: Tx, tenant: str, name: str, visibility: Visibility) -> No
 
 def insert_revision(tx: Tx, rev: Revision) -> None:
     tx.execute(
-        f"INSERT INTO revisions ({REVISION_COLUMNS}) "
-        "VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+        f"INSERT INTO revisions ({REVISION_COLUMNS}) VALUES ({', '.join('?' * 25)})",
         (
             rev.tenant,
             rev.name,
@@ -108,8 +109,22 @@ def insert_revision(tx: Tx, rev: Revision) -> None:
             rev.warm_policy.value,
             rev.probe_prompt,
             rev.expected_continuation,
+            *_provenance_values(rev.provenance),
         ),
     )
+
+
+def _provenance_values(p: Provenance | None) -> tuple[object, ...]:
+    if p is None:
+        return (None, None, None, None, None)
+    return (p.signature_digest, p.signer, p.trust_anchor, p.manifest_digest, p.verified_at)
+
+
+def _provenance(row: Row) -> Provenance | None:
+    """Columns 20-24 of a revision row (all NULL for an unsigned revision)."""
+    if row[20] is None:
+        return None
+    return Provenance(str(row[20]), str(row[21]), str(row[22]), str(row[23]), float(row[24]))
 
 
 def get_revision(tx: Tx, tenant: str, name: str, revision: str) -> Revision | None:
@@ -245,6 +260,7 @@ def revision_from_row(row: Row) -> Revision:
         warm_policy=WarmPolicy(row[17]),
         probe_prompt=None if row[18] is None else str(row[18]),
         expected_continuation=None if row[19] is None else str(row[19]),
+        provenance=_provenance(row),
     )
 
 

@@ -199,6 +199,52 @@ _TENANT_SEATS = (
     "ALTER TABLE tenants ADD COLUMN max_kv_blocks BIGINT",
 )
 
+# Version 4: signed adapters (issue 32). A revision's provenance (bundle object, signer, trust
+# anchor, signed manifest digest, verification time) is fixed at registration like its content;
+# a tenant's trust policy and anchors (public keys, certificate roots) are its own tables.
+_PROVENANCE_COLUMNS = (
+    "signature_digest",
+    "signer",
+    "trust_anchor",
+    "signed_manifest_digest",
+    "verified_at",
+)
+_SIGNING = (
+    "ALTER TABLE revisions ADD COLUMN signature_digest TEXT",
+    "ALTER TABLE revisions ADD COLUMN signer TEXT",
+    "ALTER TABLE revisions ADD COLUMN trust_anchor TEXT",
+    "ALTER TABLE revisions ADD COLUMN signed_manifest_digest TEXT",
+    "ALTER TABLE revisions ADD COLUMN verified_at DOUBLE PRECISION",
+    """CREATE TABLE trust_policies (
+        tenant TEXT PRIMARY KEY REFERENCES tenants (name),
+        policy TEXT NOT NULL,
+        identities TEXT NOT NULL,
+        updated_at DOUBLE PRECISION NOT NULL)""",
+    """CREATE TABLE trust_anchors (
+        tenant TEXT NOT NULL REFERENCES tenants (name),
+        name TEXT NOT NULL,
+        kind TEXT NOT NULL,
+        pem TEXT NOT NULL,
+        fingerprint TEXT NOT NULL,
+        added_at DOUBLE PRECISION NOT NULL,
+        PRIMARY KEY (tenant, name))""",
+)
+_SIGNING_GUARDS: dict[str, tuple[str, ...]] = {
+    "sqlite": (
+        f"""CREATE TRIGGER revisions_provenance_immutable
+        BEFORE UPDATE OF {", ".join(_PROVENANCE_COLUMNS)} ON revisions
+        BEGIN SELECT RAISE(ABORT, 'revision provenance is immutable'); END""",
+    ),
+    "postgres": (
+        f"""CREATE TRIGGER revisions_provenance_immutable
+        BEFORE UPDATE OF {", ".join(_PROVENANCE_COLUMNS)} ON revisions
+        FOR EACH ROW
+        WHEN (({", ".join(f"OLD.{c}" for c in _PROVENANCE_COLUMNS)})
+              IS DISTINCT FROM ({", ".join(f"NEW.{c}" for c in _PROVENANCE_COLUMNS)}))
+        EXECUTE FUNCTION loraplex_refuse_change()""",
+    ),
+}
+
 MIGRATIONS: tuple[Migration, ...] = (
     Migration(
         version=1,
@@ -208,6 +254,12 @@ MIGRATIONS: tuple[Migration, ...] = (
     ),
     Migration(version=2, name="releases, alias history", statements=_RELEASES),
     Migration(version=3, name="tenant seats", statements=_TENANT_SEATS),
+    Migration(
+        version=4,
+        name="signed adapters: provenance, trust policies and anchors",
+        statements=_SIGNING,
+        dialect_statements=_SIGNING_GUARDS,
+    ),
 )
 
 _CREATE_VERSIONS = """CREATE TABLE IF NOT EXISTS schema_migrations (

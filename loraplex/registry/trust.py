@@ -1,0 +1,139 @@
+"""Tenant trust: policies, trust anchors, and the signature check registration runs.
+
+What is checked when (docs/registry.md, "Signed adapters"):
+
+- at registration, ``check_offered`` verifies the offered bundle with ``model-signing`` against
+  the tenant's anchors and policy, before anything is stored;
+- at every L3 -> L2 fetch, the stored bundle (pinned by digest in the revision) must sign exactly
+  the stored digests (``artifacts.signature.check_covers``);
+- ``reverify`` re-checks a stored revision against today's anchors and policy, changing nothing.
+
+Removing an anchor never touches revisions verified with it: their provenance names the anchor
+and the time of verification.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from collections.abc import Sequence
+from pathlib import Path
+
+from loraplex.artifacts.signature import (
+    Anchor,
+    AnchorKind,
+    SignatureProblem,
+    VerifiedSignature,
+    verify_dir,
+)
+from loraplex.errors import RecordNotFoundError, RegistryError, SignatureError, quoted
+from loraplex.registry.sql import audit
+from loraplex.registry.sql import trust as rows
+from loraplex.registry.sql.db import Database
+from loraplex.registry.tenancy import require_tenant
+from loraplex.registry.trust_models import PolicyKind, TrustAnchor, TrustPolicy
+
+
+def set_policy(
+    db: Database,
+    tenant: str,
+    kind: PolicyKind,
+    identities: Sequence[str],
+    *,
+    actor: str,
+    now: float,
+) -> TrustPolicy:
+    policy = TrustPolicy(tenant, kind, tuple(identities), now)
+    with db.transaction() as tx:
+        require_tenant(tx, tenant)
+        rows.put_policy(tx, policy, now)
+        details: dict[str, object] = {"policy": kind.value, "identities": list(identities)}
+        audit.append(tx, "trust.policy", tenant, details, at=now, actor=actor)
+    return policy
+
+
+def add_anchor(
+    db: Database, tenant: str, name: str, kind: AnchorKind, pem: str, *, actor: str, now: float
+) -> TrustAnchor:
+    """Trust ``pem`` (an EC public key or a certificate root) for ``tenant``'s signatures."""
+    anchor = TrustAnchor(tenant, name, kind, pem, _fingerprint(kind, pem), now)
+    with db.transaction() as tx:
+        require_tenant(tx, tenant)
+        if rows.get_anchor(tx, tenant, name) is not None:
+            raise RegistryError(f"trust anchor {quoted(name)} of tenant {quoted(tenant)} exists")
+        rows.insert_anchor(tx, anchor)
+        details: dict[str, object] = {"anchor": name, "kind": kind.value}
+        details["fingerprint"] = anchor.fingerprint
+        audit.append(tx, "trust.add", tenant, details, at=now, actor=actor)
+    return anchor
+
+
+def remove_anchor(db: Database, tenant: str, name: str, *, actor: str, now: float) -> TrustAnchor:
+    """Stop trusting an anchor for new registrations; verified revisions keep their record."""
+    with db.transaction() as tx:
+        anchor = rows.get_anchor(tx, tenant, name)
+        if anchor is None:
+            raise RecordNotFoundError(
+                f"trust anchor {quoted(name)} of tenant {quoted(tenant)} does not exist"
+            )
+        rows.delete_anchor(tx, tenant, name)
+        details: dict[str, object] = {"anchor": name, "fingerprint": anchor.fingerprint}
+        audit.append(tx, "trust.remove", tenant, details, at=now, actor=actor)
+    return anchor
+
+
+def check_offered(
+    policy: TrustPolicy, anchors: Sequence[TrustAnchor], adapter_dir: Path, bundle: bytes | None
+) -> VerifiedSignature | None:
+    """The verified signature of ``adapter_dir`` under ``policy``; None when unsigned and allowed.
+
+    NOTE: under policy ``none`` an offered bundle is still verified (and refused when it fails):
+    a signature is never silently ignored.
+    """
+    if bundle is None:
+        if policy.kind is PolicyKind.NONE:
+            return None
+        raise SignatureError(
+            SignatureProblem.UNSIGNED,
+            f"tenant {quoted(policy.tenant)} requires signed adapters (policy "
+            f"{policy.kind.value}); no signature (model.sig) was offered",
+        )
+    verified = verify_dir(adapter_dir, bundle, [_plain(a) for a in anchors])
+    if policy.kind is PolicyKind.IDENTITIES and verified.signer not in policy.identities:
+        raise SignatureError(
+            SignatureProblem.IDENTITY,
+            f"signer {quoted(verified.signer)} is not among tenant {quoted(policy.tenant)}'s "
+            f"required identities {quoted(list(policy.identities))}",
+        )
+    return verified
+
+
+def _plain(anchor: TrustAnchor) -> Anchor:
+    return Anchor(anchor.name, anchor.kind, anchor.pem)
+
+
+def _fingerprint(kind: AnchorKind, pem: str) -> str:
+    """sha256 of the DER form; ``ValueError`` naming ``pem`` when it is not a usable anchor."""
+    from cryptography import x509  # with model-signing: the signing extra
+    from cryptography.hazmat.primitives import serialization
+    from cryptography.hazmat.primitives.asymmetric import ec
+
+    data = pem.encode("ascii", "replace")
+    try:
+        if kind is AnchorKind.CERTIFICATE:
+            der = x509.load_pem_x509_certificate(data).public_bytes(serialization.Encoding.DER)
+        else:
+            key = serialization.load_pem_public_key(data)
+            if not isinstance(key, ec.EllipticCurvePublicKey):
+                raise ValueError("not an elliptic-curve key")
+            der = key.public_bytes(
+                serialization.Encoding.DER, serialization.PublicFormat.SubjectPublicKeyInfo
+            )
+    except ValueError as exc:
+        raise ValueError(f"pem is invalid; expected a PEM {_expected(kind)} ({exc})") from None
+    return hashlib.sha256(der).hexdigest()
+
+
+def _expected(kind: AnchorKind) -> str:
+    if kind is AnchorKind.KEY:
+        return "elliptic-curve public key (P-256, P-384 or P-521)"
+    return "X.509 certificate"
