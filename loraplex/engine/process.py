@@ -393,11 +393,11 @@ class EngineProcess:
         )
 
     def _recover(self, link: ChildLink) -> None:
-        """The hung child made progress again (called under the lock): it takes requests, and
-        what was held back from it while it was hung reaches it now."""
+        """The hung child gave what it lacked again, a sign of life or progress (called under the
+        lock): it takes requests, and what was held back from it while hung reaches it now."""
         self._hung = None
         aborts, self._hung_aborts = self._hung_aborts, []
-        _log.warning("engine process %s made progress again; no longer hung", link.pid)
+        _log.warning("engine process %s moves again; no longer hung", link.pid)
         for request_id in aborts:
             with contextlib.suppress(EngineUnavailableError):
                 self._send(link, AbortRequest(request_id))
