@@ -12,7 +12,10 @@ timeout, and an undefined value is ``None`` (``null``), never 0.
 One exception, issue 25's own: under ``hung-engine`` a 503 is the answer the server should give
 while its engine is stopped. Those are taken out of the failed count and the percentile and
 reported on their own (how many, and the slowest from arrival to the reply), with their own
-target (none slower than ``MAX_503_S``). Under every other kind a 503 is a failure like any.
+target (none slower than ``MAX_503_S``). Only a 503 of an attacked run, to a request in flight
+during the stop (give or take ``MAX_503_S``, from the attack's tally), is excused: one in the
+calm run, or long before or after the stop, is a failure. Under every other kind a 503 is a
+failure like any.
 """
 
 from __future__ import annotations
@@ -24,6 +27,7 @@ from typing import Any
 from loraplex.bench.serve_adversarial import victim_failed
 from loraplex.bench.serve_attack_kinds import HUNG_ENGINE, STUCK_STREAM
 from loraplex.bench.serve_attack_runs import KindRun
+from loraplex.bench.serve_driver import RequestRecord
 from loraplex.bench.workloads import Workload
 from loraplex.residency.stats import percentile
 
@@ -52,8 +56,9 @@ def side(
     ttfts: list[float] = []
     failed, latencies = 0, []
     for run in runs:
+        window = hang_window(run) if excuse_503 else None
         for record, request in zip(run.records, workload.requests, strict=True):
-            if excuse_503 and record.status == 503:
+            if window is not None and record.status == 503 and _during(record, window, timeout_s):
                 latencies.append(timeout_s if record.reply_s is None else record.reply_s)
                 continue
             bad = victim_failed(record, request)
@@ -68,6 +73,22 @@ def side(
         max_503_ms=_ms(max(latencies)) if latencies else None,
         rss_growth_mib=None if growth is None else round(growth / _MIB, 2),
     )
+
+
+def hang_window(run: KindRun) -> tuple[float, float] | None:
+    """When a 503 answers a stopped engine in a hung-engine run (seconds from the run's start):
+    the stop as the attack's tally recorded it, widened by ``MAX_503_S`` on each side (the
+    verdict and the recovery take that long at most); None: never (a calm run)."""
+    started_s, stopped_s = run.attacker.get("started_s"), run.attacker.get("stopped_s")
+    if not run.attacked or started_s is None or stopped_s is None:
+        return None
+    return started_s - MAX_503_S, started_s + stopped_s + MAX_503_S
+
+
+def _during(record: RequestRecord, window: tuple[float, float], timeout_s: float) -> bool:
+    """Whether ``record``'s request was in flight at some time within ``window``."""
+    reply_s = timeout_s if record.reply_s is None else record.reply_s
+    return record.t_s <= window[1] and record.t_s + reply_s >= window[0]
 
 
 def _ms(seconds: float) -> float:

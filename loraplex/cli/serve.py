@@ -115,6 +115,9 @@ def serve_command(
     engine_hung_kill_after_s: Annotated[
         float | None, Opt(help="A hung engine process is restarted after a further, s (20).")
     ] = None,
+    engine_unresponsive_after_s: Annotated[
+        float | None, Opt(help="Engine process silent with work pending: hung after, s (0.5).")
+    ] = None,
     no_demo: Annotated[bool, Opt("--no-demo", help="Do not register demo adapters.")] = False,
     threads: Annotated[
         int | None, Opt(help="torch threads (default: OMP_NUM_THREADS, else cores - 1).")

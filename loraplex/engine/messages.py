@@ -12,7 +12,9 @@ one ``StepOut``; ``StatePublish`` when the queue view, the residency or the cach
 changed (checked at most every ``state_interval_s``); ``Heartbeat`` when the engine loop sent
 nothing else for ``beat_interval_s`` (the parent's progress watchdog, ``engine/watchdog.py``,
 counts these three as the engine's progress); ``Reply`` to each ``CacheCall`` and, for the
-loading commands (``Pin``, ``Prefetch``), ``LoadDone`` when the load finishes.
+loading commands (``Pin``, ``Prefetch``), ``LoadDone`` when the load finishes; ``Alive`` every
+``alive_interval_s`` from a thread of its own, whatever the engine loop does (liveness: the
+watchdog counts every message as a sign of life, and silence as a frozen process).
 
 Errors cross the pipe as a ``PackedError`` (``process_child.pack_error``).
 """
@@ -142,6 +144,11 @@ class StatePublish:
 @dataclass(frozen=True)
 class Heartbeat:
     """The engine loop turned (idle or not) and had nothing else to send."""
+
+
+@dataclass(frozen=True)
+class Alive:
+    """The engine process runs (sent by its liveness thread, not by its engine loop)."""
 
 
 @dataclass(frozen=True)

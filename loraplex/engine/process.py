@@ -27,12 +27,16 @@ The child builds its tenant settings and warm policies from the registry, like t
 the pins and operator warm policies the previous child had accepted are replayed into it
 (``engine/standing.py``) before any request reaches it.
 
-A child that lives but makes no progress (stopped, wedged) is caught by a progress watchdog
-(``engine/watchdog.py``): the child's engine loop reports every step and a heartbeat, and the IO
-thread, which polls the pipe every ``tick`` rather than blocking on it, checks the gaps while work
-is pending. Hung, the engine refuses new requests at once and reports itself not up (``health()``
-names the hang); its live requests wait for it. Progress again: it is up. Hung past the kill
-bound: the child is killed and the restart path above takes over.
+A child that lives but makes no progress (stopped, wedged) is caught by a watchdog
+(``engine/watchdog.py``): the child beats from a liveness thread (a frozen process falls silent
+within ``unresponsive_after_s``), its engine loop reports every step and a heartbeat (a wedged
+loop stops within ``hung_after_s``), and the IO thread, which polls the pipe every ``tick``
+rather than blocking on it, checks the gaps while work is pending. Hung, the engine refuses new
+requests at once and reports itself not up (``health()`` names the hang); the requests that had
+no output yet fail at once with the same 503 (they cannot be served soon; the child is told to
+abort them when it recovers), and those already streaming wait for it (cutting them would turn a
+delay into a failure). Alive and progressing again: it is up. Hung past the kill bound: the
+child is killed and the restart path above takes over.
 The child exits by itself when the parent goes away (its pipe reaches EOF).
 
 With ``wait_ready=False`` the constructor returns as soon as the child is spawned (the engine is
@@ -61,6 +65,7 @@ from typing import Any
 from loraplex.engine.messages import (
     AbortRequest,
     AddRequest,
+    Alive,
     CacheCall,
     CacheCommand,
     Heartbeat,
@@ -80,7 +85,7 @@ from loraplex.engine.restart import Backoff, RestartPolicy
 from loraplex.engine.standing import StandingSettings
 from loraplex.engine.tenant_shares import TenantSettings
 from loraplex.engine.thread_client import Mailboxes, Outbox, outbox_stream
-from loraplex.engine.watchdog import ProgressWatchdog, Verdict, WatchdogPolicy
+from loraplex.engine.watchdog import Cause, ProgressWatchdog, Verdict, WatchdogPolicy
 from loraplex.errors import EngineUnavailableError
 from loraplex.model.tokenizer import TextTokenizer
 
@@ -107,10 +112,10 @@ class EngineProcess:
     ) -> None:
         self._tokenizer = tokenizer
         policy = watchdog or WatchdogPolicy()
-        intervals = (state_interval_s, policy.beat_interval_s)
+        intervals = (state_interval_s, policy.beat_interval_s, policy.alive_interval_s)
         self._spawn = functools.partial(ChildLink, builder, args, intervals)
         self._watchdog = ProgressWatchdog(policy, time.monotonic())  # the IO thread's alone
-        self._tick_s = min(_MAX_TICK_S, policy.hung_after_s / 4)
+        self._tick_s = min(_MAX_TICK_S, policy.hung_after_s / 4, policy.unresponsive_after_s / 4)
         self._start_timeout_s = start_timeout_s
         self._call_timeout_s = call_timeout_s
         self._backoff = Backoff(restart or RestartPolicy())
@@ -127,6 +132,7 @@ class EngineProcess:
             LoadDone: self._inflight.on_load_done,
             StatePublish: self._state.apply,
             Heartbeat: lambda beat: None,
+            Alive: lambda beat: None,
         }
         self._max_loras = 0
         # why requests are refused; None: up
@@ -209,7 +215,8 @@ class EngineProcess:
         def start() -> None:
             with self._lock:
                 self._check_up()
-                self._inflight.add_stream(rid, mailbox, outbox)
+                group = request.prefix_leader or rid  # its n siblings: one response
+                self._inflight.add_stream(rid, mailbox, outbox, group)
                 link = self._link  # NOTE: this child's, even if a restart follows at once
             self._send(link, AddRequest(request))
 
@@ -352,6 +359,8 @@ class EngineProcess:
             _log.exception("engine process message %s failed", type(message).__name__)
         if isinstance(message, _PROGRESS):
             self._watchdog.progress(time.monotonic())
+        else:  # any message is a sign of life
+            self._watchdog.alive(time.monotonic())
 
     def _watch(self, link: ChildLink, now_s: float) -> None:
         """The watchdog's verdict on the current child, acted on (see the module docstring)."""
@@ -363,20 +372,32 @@ class EngineProcess:
         with self._lock:
             was_hung = self._hung is not None
             if verdict is Verdict.HUNG and not was_hung:
-                self._hung = EngineUnavailableError(
-                    f"the engine process is hung: no progress for "
-                    f"{self._watchdog.quiet_s(now_s):.1f} s with work pending; retry shortly"
-                )
+                self._hung = EngineUnavailableError(self._hang_reason(now_s))
                 _log.error("engine process %s: %s", link.pid, self._hung)
+                # NOTE: not yet begun, they cannot be served soon; streaming ones wait for it
+                self._hung_aborts.extend(self._inflight.fail_unstarted(self._hung))
             elif verdict is Verdict.OK and was_hung:
                 self._recover(link)
 
+    def _hang_reason(self, now_s: float) -> str:
+        if self._watchdog.cause is Cause.UNRESPONSIVE:
+            silent_s = self._watchdog.silent_s(now_s)
+            return (
+                f"the engine process is hung: unresponsive (no sign of life) for {silent_s:.1f} s"
+                " with work pending; retry shortly"
+            )
+        quiet_s = self._watchdog.quiet_s(now_s)
+        return (
+            f"the engine process is hung: no progress for {quiet_s:.1f} s with work pending;"
+            " retry shortly"
+        )
+
     def _recover(self, link: ChildLink) -> None:
-        """The hung child made progress again (called under the lock): it takes requests, and
-        what was held back from it while it was hung reaches it now."""
+        """The hung child gave what it lacked again, a sign of life or progress (called under the
+        lock): it takes requests, and what was held back from it while hung reaches it now."""
         self._hung = None
         aborts, self._hung_aborts = self._hung_aborts, []
-        _log.warning("engine process %s made progress again; no longer hung", link.pid)
+        _log.warning("engine process %s moves again; no longer hung", link.pid)
         for request_id in aborts:
             with contextlib.suppress(EngineUnavailableError):
                 self._send(link, AbortRequest(request_id))

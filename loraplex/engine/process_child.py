@@ -23,6 +23,7 @@ from loraplex.engine.core import EngineCore
 from loraplex.engine.messages import (
     AbortRequest,
     AddRequest,
+    Alive,
     CacheCall,
     CacheCommand,
     Evict,
@@ -124,11 +125,38 @@ class _Published:
         self.sent_s = float("-inf")  # when the engine loop last sent anything (progress)
 
 
+class _Liveness:
+    """A thread of its own that sends ``Alive`` every ``interval_s`` whatever the engine loop
+    does: torch releases the interpreter lock inside its operations, so it beats during a long
+    forward too, and only a frozen process (stopped, a stalled VM) falls silent."""
+
+    def __init__(self, send: Callable[[object], None], interval_s: float) -> None:
+        self._send = send
+        self._interval_s = interval_s
+        self._stopped = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="loraplex-engine-alive", daemon=True)
+
+    def start(self) -> None:
+        self._thread.start()
+
+    def stop(self) -> None:
+        self._stopped.set()
+        if self._thread.is_alive():
+            self._thread.join(self._interval_s + 1.0)
+
+    def _run(self) -> None:
+        while not self._stopped.wait(self._interval_s):
+            try:
+                self._send(Alive())
+            except (OSError, ValueError):  # the parent is gone; run() sees EOF and stops
+                return
+
+
 class _Child:
     """The child's side of the pipe: messages in, batched output and state out."""
 
     def __init__(
-        self, conn: Connection, handles: WorkerHandles, intervals: tuple[float, float]
+        self, conn: Connection, handles: WorkerHandles, intervals: tuple[float, float, float]
     ) -> None:
         self._conn = conn
         self._handles = handles
@@ -137,7 +165,8 @@ class _Child:
         self._send_lock = threading.Lock()
         self._out_lock = threading.Lock()
         self._out: list[tuple[str, TokenDelta | PackedError]] = []
-        self._state_interval_s, self._beat_interval_s = intervals
+        self._state_interval_s, self._beat_interval_s, alive_interval_s = intervals
+        self._liveness = _Liveness(self.send, alive_interval_s)
         self._published = _Published()
         self._handlers: dict[type, Callable[[Any], None]] = {
             AddRequest: self._on_add,
@@ -152,6 +181,7 @@ class _Child:
 
     def run(self) -> None:
         """Answers messages until ``Stop`` or until the parent is gone."""
+        self._liveness.start()
         try:
             while True:
                 try:
@@ -162,6 +192,7 @@ class _Child:
                     return
                 self._handlers[type(message)](message)
         finally:
+            self._liveness.stop()
             self._thread.stop()
             self._handles.close()
 
@@ -265,9 +296,9 @@ def child_main(
     conn: Connection,
     builder: Callable[..., WorkerHandles],
     args: tuple[Any, ...],
-    intervals: tuple[float, float],
+    intervals: tuple[float, float, float],
 ) -> None:
-    """The child's entry point; ``intervals``: (state publish, heartbeat) seconds."""
+    """The child's entry point; ``intervals``: (state publish, heartbeat, alive) seconds."""
     try:
         handles = builder(*args)
     except BaseException as exc:

@@ -3,12 +3,16 @@ waiting for their reply, pin/prefetch loads waiting for their ``done``.
 
 The IO thread routes the child's messages here (``engine/messages.py`` lists them); when the
 child dies, everything in flight fails at once and nothing of it is carried to the next child.
+When it is declared hung, the streams whose request has had no output yet fail at once (they
+cannot be served soon); a request's ``n`` siblings count as one (``prefix_leader``): once one
+of them has output, the response has begun and none of them is cut.
 """
 
 from __future__ import annotations
 
 import itertools
 import threading
+from collections import Counter
 from concurrent.futures import Future
 from typing import Any
 
@@ -24,6 +28,9 @@ class InFlight:
     def __init__(self) -> None:
         self._lock = threading.Lock()
         self._streams: dict[str, tuple[Mailbox, Outbox]] = {}
+        self._group_of: dict[str, str] = {}  # live stream -> its request's group (its siblings)
+        self._group_size: Counter[str] = Counter()  # live streams per group
+        self._started: set[str] = set()  # groups of which a stream had output
         self._calls: dict[int, Future[Any]] = {}  # waiting for their reply
         self._deferred: dict[int, Future[None]] = {}  # pin/prefetch: waiting for their load
         self._call_ids = itertools.count()
@@ -35,11 +42,23 @@ class InFlight:
         with self._lock:
             return len(self._streams) + len(self._calls)
 
-    def add_stream(self, rid: str, mailbox: Mailbox, outbox: Outbox) -> None:
+    def add_stream(self, rid: str, mailbox: Mailbox, outbox: Outbox, group: str) -> None:
+        """``group``: the request's siblings share one (``prefix_leader``, else ``rid``)."""
         with self._lock:
             if rid in self._streams:
                 raise ValueError(f"request_id {rid!r} is invalid; expected unique")
             self._streams[rid] = (mailbox, outbox)
+            self._group_of[rid] = group
+            self._group_size[group] += 1
+
+    def _forget(self, rid: str) -> None:
+        """Forgets a live stream (under the lock)."""
+        del self._streams[rid]
+        group = self._group_of.pop(rid)
+        self._group_size[group] -= 1
+        if self._group_size[group] <= 0:
+            del self._group_size[group]
+            self._started.discard(group)
 
     def drop_stream(self, rid: str, outbox: Outbox) -> bool:
         """Forgets ``rid``'s stream; False when ``outbox`` was not the live one (a duplicate id,
@@ -47,7 +66,7 @@ class InFlight:
         with self._lock:
             if self._streams.get(rid, (None, None))[1] is not outbox:
                 return False
-            del self._streams[rid]
+            self._forget(rid)
             return True
 
     def add_call(self, deferred: Future[None] | None) -> tuple[int, Future[Any]]:
@@ -100,6 +119,8 @@ class InFlight:
                 if stream is None:  # aborted by its client meanwhile
                     continue
                 mailbox, outbox = stream
+                if isinstance(item, TokenDelta):
+                    self._started.add(self._group_of[rid])
                 value = item if isinstance(item, TokenDelta) else unpack_error(item)
                 mailbox.post(outbox, value)
                 touched.add(mailbox)
@@ -112,6 +133,9 @@ class InFlight:
             streams = list(self._streams.values())
             futures = [*self._calls.values(), *self._deferred.values()]
             self._streams.clear()
+            self._group_of.clear()
+            self._group_size.clear()
+            self._started.clear()
             self._calls.clear()
             self._deferred.clear()
         for mailbox, outbox in streams:
@@ -120,3 +144,16 @@ class InFlight:
         for future in futures:
             if not future.done():
                 future.set_exception(error)
+
+    def fail_unstarted(self, error: BaseException) -> list[str]:
+        """Every stream whose request (siblings included) has had no output yet fails with
+        ``error`` and is forgotten; their ids (the child still has them: abort them)."""
+        with self._lock:
+            unstarted = [r for r in self._streams if self._group_of[r] not in self._started]
+            failed = [(rid, self._streams[rid]) for rid in unstarted]
+            for rid in unstarted:
+                self._forget(rid)
+        for _, (mailbox, outbox) in failed:
+            mailbox.post(outbox, error)
+            mailbox.wake()
+        return unstarted

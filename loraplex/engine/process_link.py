@@ -38,9 +38,9 @@ class ChildLink:
         self,
         builder: Callable[..., WorkerHandles],
         args: tuple[Any, ...],
-        intervals: tuple[float, float],
+        intervals: tuple[float, float, float],
     ) -> None:
-        """``intervals``: the child's (state publish, heartbeat) periods in seconds."""
+        """``intervals``: the child's (state publish, heartbeat, alive) periods in seconds."""
         context = mp.get_context("spawn")
         self._conn, child_conn = context.Pipe(duplex=True)
         self._process = context.Process(

@@ -220,7 +220,9 @@ class AsyncEngine:
         self._mailboxes = Mailboxes()
         self._thread = EngineThread(core, idle_wait_s, self._mailboxes.wake_all)
         self._watch_lock = threading.Lock()
-        self._watchdog = ProgressWatchdog(watchdog or WatchdogPolicy(), time.monotonic())
+        self._watchdog = ProgressWatchdog(
+            watchdog or WatchdogPolicy(), time.monotonic(), liveness=False
+        )
         self._seen_turn_s = self._thread.last_turn_s
         self._num_live = 0  # streams started and not ended
 

@@ -27,6 +27,7 @@ NOT_IN_FLEET = (
     "admin_host",
     "engine_process",
     "engine_hung_kill_after_s",
+    "engine_unresponsive_after_s",
     "header_read_timeout_s",
     "keep_alive_timeout_s",
     "max_connections",

@@ -23,7 +23,11 @@ from typing import Any
 
 from loraplex.artifacts.base_model import BaseModelSpec, lora_bytes
 from loraplex.dtypes import DEFAULT_DTYPE, bytes_per_element, check_dtype
-from loraplex.engine.watchdog import DEFAULT_HUNG_AFTER_S, DEFAULT_KILL_AFTER_S
+from loraplex.engine.watchdog import (
+    DEFAULT_HUNG_AFTER_S,
+    DEFAULT_KILL_AFTER_S,
+    DEFAULT_UNRESPONSIVE_AFTER_S,
+)
 from loraplex.residency.policy import DEFAULT_POLICY, policy_names
 from loraplex.server.adapter_labels import DEFAULT_MAX_NAMED
 from loraplex.server.ratelimit import (
@@ -71,6 +75,7 @@ _POSITIVE_SECONDS = (
     "header_read_timeout_s",
     "engine_hung_after_s",
     "engine_hung_kill_after_s",
+    "engine_unresponsive_after_s",
     "write_timeout_s",
 )
 
@@ -132,6 +137,9 @@ class ServeConfig:
     # requests 503); hung this much longer, its process is killed and restarted
     engine_hung_after_s: float = DEFAULT_HUNG_AFTER_S
     engine_hung_kill_after_s: float = DEFAULT_KILL_AFTER_S  # only an engine process is killed
+    # an engine process with work pending and no sign of life (its liveness thread beats every
+    # fifth of this) this long is frozen (SIGSTOP, a stalled VM): hung at once, as above
+    engine_unresponsive_after_s: float = DEFAULT_UNRESPONSIVE_AFTER_S
     # torch intra-op threads; None: one per core but one (left to the event loop), unless
     # OMP_NUM_THREADS is set (the CLI resolves it)
     torch_threads: int | None = None
@@ -193,6 +201,12 @@ class ServeConfig:
             raise ValueError(
                 f"engine_hung_kill_after_s {self.engine_hung_kill_after_s} is invalid with "
                 "engine_process false; expected unset (an engine thread cannot be killed)"
+            )
+        unresponsive = self.engine_unresponsive_after_s
+        if not self.engine_process and unresponsive != DEFAULT_UNRESPONSIVE_AFTER_S:
+            raise ValueError(
+                f"engine_unresponsive_after_s {unresponsive} is invalid with engine_process "
+                "false; expected unset (an engine thread has no liveness signal of its own)"
             )
         tokens = self.max_num_batched_tokens
         if tokens is not None and tokens < self.max_num_seqs:

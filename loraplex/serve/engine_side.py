@@ -138,7 +138,11 @@ def engine_config(config: ServeConfig) -> EngineConfig:
 
 def watchdog_policy(config: ServeConfig) -> WatchdogPolicy:
     """When the engine counts as hung, and when a hung engine process is killed."""
-    return WatchdogPolicy(config.engine_hung_after_s, config.engine_hung_kill_after_s)
+    return WatchdogPolicy(
+        config.engine_hung_after_s,
+        config.engine_hung_kill_after_s,
+        config.engine_unresponsive_after_s,
+    )
 
 
 def registry_config(config: ServeConfig) -> RegistryConfig:

@@ -54,14 +54,17 @@ MIB = 1 << 20
 
 
 def _record(status: int, ttft_s: float | None, tokens: int, error: str | None = None,
-            reply_s: float | None = None) -> RequestRecord:  # fmt: skip
-    return RequestRecord(0.0, "steady-a", "ad0000", "L0", status, ttft_s, None, tokens, "r1",
+            reply_s: float | None = None, t_s: float = 0.0) -> RequestRecord:  # fmt: skip
+    return RequestRecord(t_s, "steady-a", "ad0000", "L0", status, ttft_s, None, tokens, "r1",
                          error, reply_s)  # fmt: skip
+
+
+HANG_TALLY = {"engine_pid": 1, "started_s": 0.5, "stopped_s": 1.0}  # stopped from 0.5 s to 1.5 s
 
 
 def _run(kind: str, attacked: bool, records: list[RequestRecord], growth: int = 0) -> KindRun:
     label = "attacked" if attacked else "calm"
-    tally = {"held": 32} if attacked else {}
+    tally = ({"held": 32} if kind != "hung-engine" else HANG_TALLY) if attacked else {}
     return KindRun(kind, f"adversarial/{kind}/{label}", attacked, tuple(records), ResidencyView(),
                    growth, tally)  # fmt: skip
 
@@ -119,6 +122,25 @@ def test_hung_engine_reports_503s_apart_with_their_slowest_latency() -> None:
     fast = [_record(503, None, 0, "engine hung", reply_s=0.2), *attacked[2:], attacked[2]]
     runs = [_run("hung-engine", True, fast), _run("hung-engine", False, calm)]
     assert kind_metrics(runs, workload, 60.0)["hung-engine"]["met"] is True
+
+
+def test_hung_engine_excuses_only_503s_in_flight_during_the_stop_of_an_attacked_run() -> None:
+    """The stop is 0.5 s to 1.5 s (``HANG_TALLY``), widened by 1 s: a 503 to a request that
+    ended before -0.5 s or arrived after 2.5 s, or any 503 in the calm run, is a failure."""
+    workload = adversarial_workload(0, TINY)
+    n, want = len(workload.requests), TINY.output_tokens
+    busy = _record(503, None, 0, "engine hung", reply_s=0.1, t_s=0.0)  # in flight at -0.5 s+
+    late = _record(503, None, 0, "engine hung", reply_s=0.1, t_s=2.6)  # after the window
+    during = _record(503, None, 0, "engine hung", reply_s=0.3, t_s=1.0)
+    served = [_record(200, 0.011, want) for _ in range(n - 2)]
+    runs = [_run("hung-engine", True, [busy, during, *served]),
+            _run("hung-engine", False, [busy, late, *served])]  # fmt: skip
+    entry = kind_metrics(runs, workload, 60.0)["hung-engine"]
+    assert entry["victim_503"] == 2 and entry["victim_failed"] == 0
+    assert entry["victim_503_calm"] == 0 and entry["victim_failed_calm"] == 2
+    runs = [_run("hung-engine", True, [late, during, *served])]
+    entry = kind_metrics(runs, workload, 60.0)["hung-engine"]
+    assert entry["victim_503"] == 1 and entry["victim_failed"] == 1 and entry["met"] is False
 
 
 def test_stuck_stream_is_judged_on_memory_growth() -> None:

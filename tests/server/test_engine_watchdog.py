@@ -1,7 +1,8 @@
 """A hung engine process (SIGSTOPped: alive, its pipe open, no progress) is caught by the
-progress watchdog: never while idle; with work pending, after the bound /ready is 503, /health
-names the hang, a new request gets a fast 503 with Retry-After; resumed, it serves again and the
-waiting request completes; stopped past the kill bound, it is killed and restarted."""
+watchdog: never while idle; with work pending, after the bound /ready is 503, /health names the
+hang, the waiting request (no output yet) and a new one get a fast 503 with Retry-After;
+resumed, it serves again; stopped past the kill bound, it is killed and restarted.
+(``test_engine_liveness.py``: a streaming request waits through the stop and completes.)"""
 
 from __future__ import annotations
 
@@ -100,12 +101,14 @@ def test_a_stopped_engine_is_hung_only_with_work_pending_and_recovers_or_restart
             refused = _refused_fast(live, adapter.tenant, adapter.name)
             assert refused.status_code == 503 and "Retry-After" in refused.headers
             assert "hung" in refused.json()["error"]["message"]
+            refused = waiting.result()  # no output yet: refused at the verdict, not held
+            assert isinstance(refused, openai.APIStatusError) and refused.status_code == 503
         finally:
             os.kill(pid, signal.SIGCONT)
-        done = waiting.result()  # resumed: the request that waited completes
-        assert isinstance(done, openai.types.Completion), done
-        assert done.usage is not None and done.usage.completion_tokens == 4
         _until("a resumed engine stayed hung", lambda: http.get("/ready").status_code == 200)
+        done = api.completions.create(model=adapter.name, prompt="hello", max_tokens=4,
+                                      extra_body={"ignore_eos": True})  # fmt: skip
+        assert done.usage is not None and done.usage.completion_tokens == 4
         assert engine.pid == pid and engine.health().num_restarts == 0
 
         os.kill(pid, signal.SIGSTOP)  # now past the kill bound: killed and restarted
