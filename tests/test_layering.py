@@ -13,7 +13,9 @@ REPO_ROOT = Path(__file__).resolve().parent.parent
 # Whole packages that never import torch: the control plane, what an adapter is, where it lives
 # (the decision code the simulator reuses) and the HTTP layer (the server process stays torch-free
 # when the engine runs in its own process).
-TORCH_FREE = ("registry", "release", "artifacts", "residency", "server", "router", "sim", "deploy")
+TORCH_FREE = (
+    "registry", "release", "artifacts", "residency", "server", "router", "sim", "deploy", "tracing",
+)  # fmt: skip
 # The engine's decision code (the simulator reuses the scheduler).
 _TORCH_FREE_ENGINE = (
     "protocol",
@@ -32,6 +34,7 @@ _TORCH_FREE_ENGINE = (
     "messages",
     "process_state",
     "remote_cache",
+    "trace_log",
 )
 TORCH_FREE_MODULES = (
     *(f"loraplex.engine.{name}" for name in _TORCH_FREE_ENGINE),

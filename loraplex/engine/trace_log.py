@@ -45,6 +45,7 @@ class EngineTrace:
     placement: str  # "base", "resident", "loaded", "failed:<ErrorType>", "none"
     load_stages: tuple[tuple[str, float], ...]  # (stage, seconds) of its adapter's load
     room_wait_s: float  # seconds its load waited for room in a tier
+    leased_offset_s: float | None  # when its lease came, seconds after arrival; None: no lease
     prefix_reused_tokens: int | None  # prompt tokens found in the KV prefix cache; None: unrun
     batches: tuple[BatchRun, ...]  # the batches it took part in (see the module docstring)
     num_batch_runs_dropped: int  # batch runs past MAX_BATCH_RUNS, counted only
@@ -61,6 +62,7 @@ class TraceLog:
         "_dropped",
         "_runs",
         "deferred_s",
+        "leased_offset_s",
         "load_stages",
         "placement",
         "prefix_reused_tokens",
@@ -78,6 +80,7 @@ class TraceLog:
         self.placement = "none"
         self.load_stages: tuple[tuple[str, float], ...] = ()
         self.room_wait_s = 0.0
+        self.leased_offset_s: float | None = None
         self.prefix_reused_tokens: int | None = None
 
     def defer(self, now_s: float) -> None:
@@ -92,6 +95,7 @@ class TraceLog:
         self.placement = "resident" if tier is Tier.L0 else "loaded"
         self.load_stages = tuple(stages.items())
         self.room_wait_s = room_s
+        self.leased_offset_s = now_s - self._arrival_s
 
     def lease_failed(self, now_s: float, error: BaseException) -> None:
         if self._deferred_at_s is not None:
@@ -122,6 +126,7 @@ class TraceLog:
             placement=placement,
             load_stages=self.load_stages,
             room_wait_s=self.room_wait_s,
+            leased_offset_s=self.leased_offset_s,
             prefix_reused_tokens=self.prefix_reused_tokens,
             batches=tuple(
                 BatchRun(float(a), float(b), int(n), int(s), int(r), str(k))

@@ -61,6 +61,7 @@ from loraplex.serve.release_env import (
     release_traffic,
     start_releases,
 )
+from loraplex.serve.tracing import build_tracer
 from loraplex.server.app import create_app
 from loraplex.server.cache_control import CacheControl
 from loraplex.server.chat import ChatTemplate
@@ -100,6 +101,8 @@ class Server:
     def close(self) -> None:
         if self.releases is not None:
             self.releases.close()
+        if self.deps.tracing is not None:
+            self.deps.tracing.shutdown()
         self.engine.shutdown()
         if self.runtime is not None:
             self.runtime.cache.close()
@@ -251,6 +254,7 @@ def build_front(
         refresh_tenants=refresh,
         releases=traffic,
         fleet=fleet,
+        tracing=build_tracer(config, base.name),
     )
     server = Server(
         create_app(deps), deps, front.engine, runtime, registry, front.admin_key, front.sample_keys

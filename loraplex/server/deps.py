@@ -17,6 +17,7 @@ from loraplex.server.fleet_view import FleetStateSource
 from loraplex.server.metrics import ServerMetrics
 from loraplex.server.recent_requests import RecentRequests
 from loraplex.server.release_traffic import ReleaseTraffic
+from loraplex.tracing.record import RequestTracing
 
 
 def untracked_releases() -> ReleaseTraffic:
@@ -121,6 +122,8 @@ class ServerDeps:
     releases: ReleaseTraffic = field(default_factory=untracked_releases, kw_only=True)
     # What /admin/fleet shows; None: this server alone (``LocalFleetState`` of engine and cache).
     fleet: FleetStateSource | None = field(default=None, kw_only=True)
+    # Request traces (``loraplex.tracing``); None: tracing off.
+    tracing: RequestTracing | None = field(default=None, kw_only=True)
     # The server's metrics registry, built from ``engine`` and ``cache`` (never passed in).
     metrics: ServerMetrics = field(init=False, repr=False, compare=False)
 
