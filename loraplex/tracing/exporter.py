@@ -58,8 +58,10 @@ class Tracer:
         self, traceparent: str | None, subject: Subject, authorization: Interval | None
     ) -> RequestTrace:
         """A new request's trace (under the caller's span when ``traceparent`` is valid)."""
+        # The request began with its key check (in the middleware, before the handler).
+        start_ns = self._now_ns() if authorization is None else authorization.start_ns
         trace = RequestTrace(
-            root_ids(traceparent, self._rng), subject, self._now_ns(), self._finish, self._now_ns
+            root_ids(traceparent, self._rng), subject, start_ns, self._finish, self._now_ns
         )
         trace.authorization = authorization
         return trace
