@@ -48,7 +48,7 @@ class EngineTrace:
     leased_offset_s: float | None  # when its lease came, seconds after arrival; None: no lease
     prefix_reused_tokens: int | None  # prompt tokens found in the KV prefix cache; None: unrun
     batches: tuple[BatchRun, ...]  # the batches it took part in (see the module docstring)
-    num_batch_runs_dropped: int  # batch runs past MAX_BATCH_RUNS, counted only
+    num_steps_dropped: int  # steps after MAX_BATCH_RUNS runs were kept, counted only
     end_offset_s: float  # its end, seconds after engine arrival
     replica_id: str | None = None  # the fleet replica that ran it (set by the replica)
 
@@ -104,6 +104,9 @@ class TraceLog:
 
     def batch(self, now_s: float, size: int, num_revisions: int, strategy: str) -> None:
         """One step it took part in; extends the last run when the shape is unchanged."""
+        if self._dropped:  # full: later steps are only counted (never glued onto the last run)
+            self._dropped += 1
+            return
         offset = now_s - self._arrival_s
         runs = self._runs
         if runs:
@@ -132,6 +135,6 @@ class TraceLog:
                 BatchRun(float(a), float(b), int(n), int(s), int(r), str(k))
                 for a, b, n, s, r, k in self._runs
             ),
-            num_batch_runs_dropped=self._dropped,
+            num_steps_dropped=self._dropped,
             end_offset_s=now_s - self._arrival_s,
         )

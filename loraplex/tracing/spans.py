@@ -256,8 +256,8 @@ def _engine_attributes(engine: EngineTrace) -> Attributes:
         attrs["loraplex.kv.prefix_reused_tokens"] = engine.prefix_reused_tokens
     if engine.replica_id is not None:
         attrs["loraplex.replica.id"] = engine.replica_id
-    if engine.num_batch_runs_dropped:
-        attrs["loraplex.batch.runs_dropped"] = engine.num_batch_runs_dropped
+    if engine.num_steps_dropped:
+        attrs["loraplex.batch.steps_dropped"] = engine.num_steps_dropped
     return attrs
 
 
