@@ -12,6 +12,7 @@ costs dropped spans, never requests.
 
 from __future__ import annotations
 
+import logging
 import random
 import secrets
 import time
@@ -27,6 +28,8 @@ from loraplex.tracing.context import ratio_keeps, root_ids
 from loraplex.tracing.names import NameMasker
 from loraplex.tracing.record import Interval, RequestTrace, Subject
 from loraplex.tracing.spans import SpanBuilder
+
+_log = logging.getLogger(__name__)
 
 
 class Tracer:
@@ -53,6 +56,7 @@ class Tracer:
         )
         self.num_kept = 0  # traces exported (handed to the processor)
         self.num_dropped = 0  # traces the sampling decision dropped
+        self.num_failed = 0  # kept traces whose spans could not be built (logged)
 
     def begin(
         self, traceparent: str | None, subject: Subject, authorization: Interval | None
@@ -91,6 +95,12 @@ class Tracer:
         if reason is None:
             self.num_dropped += 1
             return
+        try:
+            spans = self._builder.build(trace, reason)
+        except Exception:  # a trace is an observation: it must never fail the request
+            _log.exception("request trace %032x could not be built; dropped", trace.ids.trace_id)
+            self.num_failed += 1
+            return
         self.num_kept += 1
-        for span in self._builder.build(trace, reason):
+        for span in spans:
             self._processor.on_end(span)
