@@ -1,10 +1,13 @@
 """``loraplex bench traces``: what request traces cost in throughput.
 
-Two servers of the same configuration run side by side in this process, one without tracing and
-one tracing every request (``trace_sample_ratio`` 1, exporting over OTLP/HTTP to a local sink
-that reads and discards each POST). Rounds alternate between them (ABBA order, so drift and
-warm-up fall on both sides alike); each round sends the same requests (adapters and the base
-model, fixed output length with ``ignore_eos``) at a fixed concurrency. Throughput is generated
+One server (``loraplex serve``'s assembly, its engine in its own process by default) is built
+with tracing every request (``trace_sample_ratio`` 1, exporting over OTLP/HTTP to a local sink
+that reads and discards each POST); between rounds the bench switches its front's tracer off and
+on (``deps.tracing`` None is exactly a server without ``trace_endpoint``: no trace is begun and
+the engine gets no ``traceparent``). One server, not two, so that both sides share the same
+engine process, caches and cores. Rounds alternate (ABBA order, so drift and warm-up fall on
+both sides alike); each round sends the same requests (adapters and the base model, fixed
+output length with ``ignore_eos``) at a fixed concurrency. Throughput is generated
 tokens over wall-clock seconds on one clock; a failed request counts zero tokens and is
 counted. The ratio is traced over untraced; null when the untraced side produced nothing.
 """
@@ -24,19 +27,20 @@ from typing import Any
 import httpx
 import uvicorn
 
-from loraplex.serve.assembly import DEMO_DIR, Server, build_server, demo_assets
+from loraplex.serve.assembly import Server, build_server
 from loraplex.serve.config import ServeConfig
+from loraplex.tracing.record import RequestTracing
 
 MODELS = ("support", "loraplex-demo-small")  # an adapter alias (acme's) and the base model
 
 
 @dataclass(frozen=True)
 class TraceBenchConfig:
-    data_dir: Path  # where both servers keep their state (the demo set is generated once)
-    rounds: int = 8  # per side
-    requests_per_round: int = 24
+    data_dir: Path  # the server's state (the demo set is generated there)
+    rounds: int = 10  # per side
+    requests_per_round: int = 32
     concurrency: int = 8
-    max_tokens: int = 24  # generated per request (ignore_eos: always this many)
+    max_tokens: int = 32  # generated per request (ignore_eos: always this many)
     engine_process: bool = True  # the servers' engine in its own process (the default)
 
     def __post_init__(self) -> None:
@@ -106,39 +110,38 @@ async def _round(url: str, key: str, config: TraceBenchConfig) -> tuple[int, int
     return sum(r or 0 for r in results), sum(r is None for r in results), seconds
 
 
+def _switch(server: Server, tracer: RequestTracing | None) -> None:
+    """Turns the front's tracing off (None) or on between rounds.
+    NOTE: bench only: ``ServerDeps`` is frozen for the server's own code; the bench swaps the
+    one field every route reads per request, while no request is in flight."""
+    object.__setattr__(server.deps, "tracing", tracer)
+
+
 def run_trace_bench(config: TraceBenchConfig) -> dict[str, Any]:
     """Both sides' totals, the ratio and the run's settings (one JSON-able dict)."""
-    off_dir, on_dir = config.data_dir / "untraced", config.data_dir / "traced"
-    common: dict[str, Any] = {"engine_process": config.engine_process, "auto_warm": False}
-    demo_assets(ServeConfig(data_dir=off_dir))  # generated once, shared by both sides
-    on_dir.mkdir(parents=True, exist_ok=True)
-    if not (on_dir / DEMO_DIR).exists():
-        (on_dir / DEMO_DIR).symlink_to((off_dir / DEMO_DIR).resolve(), target_is_directory=True)
     sink = ThreadingHTTPServer(("127.0.0.1", 0), _Sink)
     threading.Thread(target=sink.serve_forever, daemon=True).start()
     endpoint = f"http://127.0.0.1:{sink.server_address[1]}/v1/traces"
+    serve_config = ServeConfig(
+        data_dir=config.data_dir, engine_process=config.engine_process, auto_warm=False,
+        trace_endpoint=endpoint, trace_sample_ratio=1.0,
+    )  # fmt: skip
     totals = {side: {"tokens": 0, "failed": 0, "seconds": 0.0} for side in ("off", "on")}
     with ExitStack() as stack:
-        servers = {
-            "off": build_server(ServeConfig(data_dir=off_dir, **common)),
-            "on": build_server(
-                ServeConfig(
-                    data_dir=on_dir, trace_endpoint=endpoint, trace_sample_ratio=1.0, **common
-                )
-            ),
-        }
-        for server in servers.values():
-            stack.callback(server.close)
-        urls = {side: stack.enter_context(_serving(s)) for side, s in servers.items()}
-        keys = {side: s.sample_keys["acme"] for side, s in servers.items()}
-        for side in ("off", "on"):  # warm-up: adapters loaded, not measured
-            asyncio.run(_round(urls[side], keys[side], config))
+        server = build_server(serve_config)
+        stack.callback(server.close)
+        tracer = server.deps.tracing
+        url = stack.enter_context(_serving(server))
+        key = server.sample_keys["acme"]
+        asyncio.run(_round(url, key, config))  # warm-up: adapters loaded, not measured
         for index in range(config.rounds * 2):
             side = ("off", "on", "on", "off")[index % 4]
-            tokens, failed, seconds = asyncio.run(_round(urls[side], keys[side], config))
+            _switch(server, tracer if side == "on" else None)
+            tokens, failed, seconds = asyncio.run(_round(url, key, config))
             totals[side]["tokens"] += tokens
             totals[side]["failed"] += failed
             totals[side]["seconds"] += seconds
+        _switch(server, tracer)  # closed as built
     sink.shutdown()
     sink.server_close()
     rate = {

@@ -525,15 +525,15 @@ def fleet(
 
 @bench_app.command("traces")
 def traces(  # noqa: PLR0917 (typer options)
-    rounds: Annotated[int, typer.Option(help="Measured rounds per side (ABBA order).")] = 8,
-    requests: Annotated[int, typer.Option(help="Requests per round.")] = 24,
+    rounds: Annotated[int, typer.Option(help="Measured rounds per side (ABBA order).")] = 10,
+    requests: Annotated[int, typer.Option(help="Requests per round.")] = 32,
     concurrency: Annotated[int, typer.Option(help="Requests in flight at once.")] = 8,
-    max_tokens: Annotated[int, typer.Option(help="Tokens generated per request.")] = 24,
+    max_tokens: Annotated[int, typer.Option(help="Tokens generated per request.")] = 32,
     engine_thread: Annotated[
-        bool, typer.Option("--engine-thread", help="Engines on a thread, not a process.")
+        bool, typer.Option("--engine-thread", help="The engine on a thread, not a process.")
     ] = False,
     data_dir: Annotated[
-        Path | None, typer.Option(help="Both servers' state; default: a temporary directory.")
+        Path | None, typer.Option(help="The server's state; default: a temporary directory.")
     ] = None,
 ) -> None:
     """Throughput with request traces at 100 % sampling over without (docs/observability.md)."""
