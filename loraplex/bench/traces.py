@@ -49,14 +49,23 @@ class TraceBenchConfig:
                 raise ValueError(f"{name} {getattr(self, name)} is invalid; expected >= 1")
 
 
-class _Sink(BaseHTTPRequestHandler):
+class _Sink(ThreadingHTTPServer):
     """An OTLP/HTTP endpoint that reads each export and answers 200 (counts bytes only)."""
 
-    received_bytes = 0
+    def __init__(self) -> None:
+        super().__init__(("127.0.0.1", 0), _SinkHandler)
+        self.received_bytes = 0
+        self.lock = threading.Lock()
+
+
+class _SinkHandler(BaseHTTPRequestHandler):
+    server: _Sink
 
     def do_POST(self) -> None:
         length = int(self.headers.get("Content-Length", "0"))
-        _Sink.received_bytes += len(self.rfile.read(length))
+        size = len(self.rfile.read(length))
+        with self.server.lock:
+            self.server.received_bytes += size
         self.send_response(200)
         self.send_header("Content-Length", "0")
         self.end_headers()
@@ -119,7 +128,7 @@ def _switch(server: Server, tracer: RequestTracing | None) -> None:
 
 def run_trace_bench(config: TraceBenchConfig) -> dict[str, Any]:
     """Both sides' totals, the ratio and the run's settings (one JSON-able dict)."""
-    sink = ThreadingHTTPServer(("127.0.0.1", 0), _Sink)
+    sink = _Sink()
     threading.Thread(target=sink.serve_forever, daemon=True).start()
     endpoint = f"http://127.0.0.1:{sink.server_address[1]}/v1/traces"
     serve_config = ServeConfig(
@@ -157,5 +166,5 @@ def run_trace_bench(config: TraceBenchConfig) -> dict[str, Any]:
         "tokens_per_s_traced": on_rate,
         "ratio_traced_over_untraced": ratio,
         "totals": totals,
-        "exported_bytes": _Sink.received_bytes,
+        "exported_bytes": sink.received_bytes,
     }
