@@ -136,6 +136,7 @@ def run_trace_bench(config: TraceBenchConfig) -> dict[str, Any]:
         trace_endpoint=endpoint, trace_sample_ratio=1.0,
     )  # fmt: skip
     totals = {side: {"tokens": 0, "failed": 0, "seconds": 0.0} for side in ("off", "on")}
+    rounds: list[dict[str, Any]] = []  # in the order run
     with ExitStack() as stack:
         server = build_server(serve_config)
         stack.callback(server.close)
@@ -147,6 +148,7 @@ def run_trace_bench(config: TraceBenchConfig) -> dict[str, Any]:
             side = ("off", "on", "on", "off")[index % 4]
             _switch(server, tracer if side == "on" else None)
             tokens, failed, seconds = asyncio.run(_round(url, key, config))
+            rounds.append({"side": side, "tokens": tokens, "failed": failed, "seconds": seconds})
             totals[side]["tokens"] += tokens
             totals[side]["failed"] += failed
             totals[side]["seconds"] += seconds
@@ -166,5 +168,6 @@ def run_trace_bench(config: TraceBenchConfig) -> dict[str, Any]:
         "tokens_per_s_traced": on_rate,
         "ratio_traced_over_untraced": ratio,
         "totals": totals,
+        "rounds": rounds,
         "exported_bytes": sink.received_bytes,
     }
