@@ -15,6 +15,7 @@ counted. The ratio is traced over untraced; null when the untraced side produced
 from __future__ import annotations
 
 import asyncio
+import os
 import threading
 import time
 from collections.abc import Iterator
@@ -22,13 +23,14 @@ from contextlib import ExitStack, contextmanager
 from dataclasses import asdict, dataclass
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import httpx
 import uvicorn
 
 from loraplex.serve.assembly import Server, build_server
 from loraplex.serve.config import ServeConfig
+from loraplex.tracing.exporter import Tracer
 from loraplex.tracing.record import RequestTracing
 
 MODELS = ("support", "loraplex-demo-small")  # an adapter alias (acme's) and the base model
@@ -119,6 +121,16 @@ async def _round(url: str, key: str, config: TraceBenchConfig) -> tuple[int, int
     return sum(r or 0 for r in results), sum(r is None for r in results), seconds
 
 
+def _cpu_s(engine_pid: int | None) -> float:
+    """CPU seconds used so far by this process (front, client, sink) and the engine child: less
+    sensitive than wall time to other load on a shared machine."""
+    total = time.process_time()
+    if engine_pid is not None:
+        fields = Path(f"/proc/{engine_pid}/stat").read_text().rpartition(")")[2].split()
+        total += (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")  # utime, stime
+    return total
+
+
 def _switch(server: Server, tracer: RequestTracing | None) -> None:
     """Turns the front's tracing off (None) or on between rounds.
     NOTE: bench only: ``ServerDeps`` is frozen for the server's own code; the bench swaps the
@@ -127,7 +139,7 @@ def _switch(server: Server, tracer: RequestTracing | None) -> None:
 
 
 def run_trace_bench(config: TraceBenchConfig) -> dict[str, Any]:
-    """Both sides' totals, the ratio and the run's settings (one JSON-able dict)."""
+    """Both sides' totals, the ratios and the run's settings (one JSON-able dict)."""
     sink = _Sink()
     threading.Thread(target=sink.serve_forever, daemon=True).start()
     endpoint = f"http://127.0.0.1:{sink.server_address[1]}/v1/traces"
@@ -135,39 +147,73 @@ def run_trace_bench(config: TraceBenchConfig) -> dict[str, Any]:
         data_dir=config.data_dir, engine_process=config.engine_process, auto_warm=False,
         trace_endpoint=endpoint, trace_sample_ratio=1.0,
     )  # fmt: skip
-    totals = {side: {"tokens": 0, "failed": 0, "seconds": 0.0} for side in ("off", "on")}
-    rounds: list[dict[str, Any]] = []  # in the order run
-    with ExitStack() as stack:
-        server = build_server(serve_config)
-        stack.callback(server.close)
-        tracer = server.deps.tracing
-        url = stack.enter_context(_serving(server))
-        key = server.sample_keys["acme"]
-        asyncio.run(_round(url, key, config))  # warm-up: adapters loaded, not measured
-        for index in range(config.rounds * 2):
-            side = ("off", "on", "on", "off")[index % 4]
-            _switch(server, tracer if side == "on" else None)
-            tokens, failed, seconds = asyncio.run(_round(url, key, config))
-            rounds.append({"side": side, "tokens": tokens, "failed": failed, "seconds": seconds})
-            totals[side]["tokens"] += tokens
-            totals[side]["failed"] += failed
-            totals[side]["seconds"] += seconds
-        _switch(server, tracer)  # closed as built
-    sink.shutdown()
-    sink.server_close()
-    rate = {
-        side: (t["tokens"] / t["seconds"] if t["seconds"] > 0 else None)
-        for side, t in totals.items()
-    }
-    off_rate, on_rate = rate["off"], rate["on"]
-    ratio = None if not off_rate or on_rate is None else on_rate / off_rate
+    try:
+        with ExitStack() as stack:
+            server = build_server(serve_config)
+            stack.callback(server.close)
+            url = stack.enter_context(_serving(server))
+            rounds = _measure(server, url, config)
+    finally:
+        sink.shutdown()
+        sink.server_close()
     return {
         "name": "traces_overhead",
         "config": {k: str(v) if isinstance(v, Path) else v for k, v in asdict(config).items()},
-        "tokens_per_s_untraced": off_rate,
-        "tokens_per_s_traced": on_rate,
-        "ratio_traced_over_untraced": ratio,
-        "totals": totals,
+        **_summary(rounds),
         "rounds": rounds,
         "exported_bytes": sink.received_bytes,
     }
+
+
+def _measure(server: Server, url: str, config: TraceBenchConfig) -> list[dict[str, Any]]:
+    """The measured rounds, in the order run (ABBA), after one unmeasured warm-up round."""
+    tracer = cast(Tracer, server.deps.tracing)
+    key = server.sample_keys["acme"]
+    asyncio.run(_round(url, key, config))  # warm-up: adapters loaded, not measured
+    engine_pid = getattr(server.engine, "pid", None)  # None: the engine runs on a thread
+    rounds = []
+    for index in range(config.rounds * 2):
+        side = ("off", "on", "on", "off")[index % 4]
+        _switch(server, tracer if side == "on" else None)
+        cpu_before = _cpu_s(engine_pid)
+        tokens, failed, seconds = asyncio.run(_round(url, key, config))
+        if side == "on":
+            # NOTE: the export of this round's spans is charged to it (else the batch
+            # processor's thread would export them during the next, maybe untraced, round).
+            flush_started = time.perf_counter()
+            tracer.flush(60.0)
+            seconds += time.perf_counter() - flush_started
+        cpu_s = _cpu_s(engine_pid) - cpu_before
+        rounds.append(
+            {"side": side, "tokens": tokens, "failed": failed, "seconds": seconds, "cpu_s": cpu_s}
+        )
+    _switch(server, tracer)  # closed as built
+    return rounds
+
+
+def _summary(rounds: list[dict[str, Any]]) -> dict[str, Any]:
+    totals = {
+        side: {k: sum(r[k] for r in rounds if r["side"] == side) for k in _SUMMED}
+        for side in ("off", "on")
+    }
+    rate = {s: t["tokens"] / t["seconds"] if t["seconds"] > 0 else None for s, t in totals.items()}
+    cpu = {s: t["cpu_s"] * 1000 / t["tokens"] if t["tokens"] else None for s, t in totals.items()}
+    return {
+        "tokens_per_s_untraced": rate["off"],
+        "tokens_per_s_traced": rate["on"],
+        "ratio_traced_over_untraced": _ratio(rate["on"], rate["off"]),
+        # CPU seconds per 1,000 tokens (this process and the engine child), and untraced over
+        # traced: the work left for serving with traces on, whatever else loads the machine
+        "cpu_s_per_1k_tokens_untraced": cpu["off"],
+        "cpu_s_per_1k_tokens_traced": cpu["on"],
+        "cpu_ratio_untraced_over_traced": _ratio(cpu["off"], cpu["on"]),
+        "totals": totals,
+    }
+
+
+_SUMMED = ("tokens", "failed", "seconds", "cpu_s")
+
+
+def _ratio(top: float | None, bottom: float | None) -> float | None:
+    """``top / bottom``; None (never 0) when either is missing or ``bottom`` is 0."""
+    return None if top is None or not bottom else top / bottom

@@ -27,6 +27,10 @@ def test_a_tiny_run_measures_both_sides(demo_assets: DemoAssets, tmp_path: Path)
     assert result["exported_bytes"] > 0  # the traced rounds reached the sink
     off, on = result["tokens_per_s_untraced"], result["tokens_per_s_traced"]
     assert result["ratio_traced_over_untraced"] == pytest.approx(on / off)
+    assert [r["side"] for r in result["rounds"]] == ["off", "on", "on", "off"]  # ABBA
+    cpu_off, cpu_on = totals["off"]["cpu_s"], totals["on"]["cpu_s"]
+    assert cpu_off > 0 and cpu_on > 0
+    assert result["cpu_ratio_untraced_over_traced"] == pytest.approx(cpu_off / cpu_on)
 
 
 def test_settings_are_validated() -> None:
