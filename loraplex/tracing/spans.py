@@ -54,6 +54,7 @@ class SpanBuilder:
         self._rng = rng
 
     def build(self, trace: RequestTrace, kept_by: str) -> list[ReadableSpan]:
+        """Every span of ``trace`` (see the module docstring); ``kept_by``: why it is kept."""
         ids = trace.ids
         root_ctx = SpanContext(ids.trace_id, ids.span_id, False, _SAMPLED)
         parent = (
@@ -74,13 +75,15 @@ class SpanBuilder:
                 error=trace.error_type or _first_error(trace),
             )
         ]
-        for name, interval in (
-            ("loraplex.authorization", trace.authorization),
-            ("loraplex.resolution", trace.resolution),
-        ):
-            if interval is not None:
-                attrs = self._resolution_attributes(trace) if "resolution" in name else {}
-                spans.append(self._child(name, root_ctx, interval.start_ns, interval.end_ns, attrs))
+        auth, resolution = trace.authorization, trace.resolution
+        if auth is not None:
+            spans.append(
+                self._child("loraplex.authorization", root_ctx, auth.start_ns, auth.end_ns, {})
+            )
+        if resolution is not None:
+            attrs = self._resolution_attributes(trace)
+            start, end = resolution.start_ns, resolution.end_ns
+            spans.append(self._child("loraplex.resolution", root_ctx, start, end, attrs))
         for sibling in trace.siblings:
             spans.extend(self._engine_spans(root_ctx, sibling, end_ns))
         return spans
