@@ -172,8 +172,9 @@ class EngineCore:
         if not self._traced:  # tracing off: one truth test per step
             return
         requests = self.scheduler.requests
-        traced = [(c, requests[c.request_id].trace_log) for c in plan.chunks]
-        traced = [(c, log) for c, log in traced if log is not None]
+        traced = [
+            (c, log) for c in plan.chunks if (log := requests[c.request_id].trace_log) is not None
+        ]
         if not traced:
             return
         now = self.clock.now()
@@ -181,7 +182,6 @@ class EngineCore:
         num_revisions = len({c.slot for c in plan.chunks})
         strategy = self.runner.last_strategy
         for chunk, log in traced:
-            assert log is not None  # filtered above
             if log.prefix_reused_tokens is None:  # its first chunk starts past the reused prefix
                 log.prefix_reused_tokens = chunk.start_pos
             log.batch(now, size, num_revisions, strategy)
