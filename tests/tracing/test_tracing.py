@@ -5,6 +5,7 @@ bounded per-request log."""
 from __future__ import annotations
 
 import random
+import sys
 from pathlib import Path
 
 import pytest
@@ -165,3 +166,13 @@ def test_the_engine_log_keeps_batch_runs_bounded() -> None:
     assert trace.placement == "loaded" and trace.adapter_tier is Tier.L2
     assert trace.load_stages == (("read", 0.3), ("copy", 0.1))
     assert TraceLog(0.0).finish(1.0, None, base=True).placement == "base"
+
+
+def test_an_endpoint_without_the_otel_extra_is_refused_naming_it(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # None in sys.modules makes the import raise ImportError, as without the extra installed.
+    monkeypatch.setitem(sys.modules, "loraplex.tracing.exporter", None)
+    config = ServeConfig(data_dir=tmp_path, trace_endpoint=URL)
+    with pytest.raises(ValueError, match=r"trace_endpoint .*loraplex\[otel\]"):
+        build_tracer(config, "base")
