@@ -7,6 +7,7 @@ and no import, however deep in a function, goes against the arrows. Reading orde
     release                            controlled releases (state machine, controller)
     runtime                            tier backends moving bytes between L3/L2/L1/L0
     engine                             scheduler, runner, engine loop and its process seam
+    tracing                            request traces: what the front records, OTLP export
     server                             HTTP only (OpenAI routes, admin API, metrics)
     serve                              the composition root of ``loraplex serve``
     preflight                          the launch checklist, a client over HTTP (leaves only)
@@ -25,6 +26,7 @@ PACKAGE_ROOT = Path(loraplex.__file__).parent
 LEAVES = {"errors", "clock", "sampling", "dtypes"}
 # Benchmarks and commands sit on top: they may use every layer below them.
 _BELOW_BENCH = {
+    "tracing",
     "serve",
     "server",
     "router",
@@ -49,7 +51,8 @@ ALLOWED: dict[str, set[str]] = {
     "release": {"registry", "artifacts"},
     "runtime": {"model", "residency", "artifacts"},
     "engine": {"runtime", "model", "residency", "artifacts", "ops"},
-    "server": {"engine", "model", "registry", "release", "residency", "artifacts"},
+    "tracing": {"engine", "residency", "artifacts"},
+    "server": {"engine", "model", "registry", "release", "residency", "artifacts", "tracing"},
     "serve": _BELOW_BENCH - {"serve"},
     "deploy": {"serve"},
     "fleet": _BELOW_BENCH,

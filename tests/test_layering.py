@@ -15,7 +15,7 @@ REPO_ROOT = Path(__file__).resolve().parent.parent
 # when the engine runs in its own process).
 TORCH_FREE = (
     "registry", "release", "artifacts", "residency", "server", "router", "sim", "deploy",
-    "preflight",
+    "preflight", "tracing",
 )  # fmt: skip
 # The engine's decision code (the simulator reuses the scheduler).
 _TORCH_FREE_ENGINE = (
@@ -35,6 +35,7 @@ _TORCH_FREE_ENGINE = (
     "messages",
     "process_state",
     "remote_cache",
+    "trace_log",
 )
 TORCH_FREE_MODULES = (
     *(f"loraplex.engine.{name}" for name in _TORCH_FREE_ENGINE),

@@ -30,6 +30,8 @@ from loraplex.engine.runner import ModelRunner
 from loraplex.engine.sched.admission import AdapterLoads
 from loraplex.engine.sched.scheduler import Scheduler
 from loraplex.engine.sched.stats import EMPTY_VIEW, QueueView
+from loraplex.engine.step import StepPlan
+from loraplex.engine.trace_log import EngineTrace, TraceLog
 from loraplex.errors import (
     EngineUnavailableError,
     GenerationError,
@@ -73,6 +75,7 @@ class EngineCore:
         self._pending: dict[str, Future[Lease]] = {}  # ADAPTER_WAIT requests' lease futures
         self._orphans: list[Future[Lease]] = []  # abandoned lease futures, released when done
         self._prefetching: dict[AdapterKey, Future[None]] = {}  # prefetch window's loads
+        self._traced: set[str] = set()  # live traced requests (``EngineRequest.traceparent``)
         self._lease_tiers: dict[str, Tier] = {}  # request id -> tier its lease was served from
         # request id -> prompt position -> its logprobs, until its first delta carries them
         self._prompt_logprobs: dict[str, dict[int, TokenLogprob]] = {}
@@ -95,6 +98,9 @@ class EngineCore:
             error = QueueFullError(share, cfg.max_queue_len, cfg.retry_hint_s)
             self._retire(victim, RequestState.ABORTED, FINISH_ABORT, error)
         req = self.scheduler.add(request)
+        if request.traceparent is not None:
+            req.trace_log = TraceLog(req.arrival_s)
+            self._traced.add(req.request_id)
         self._sinks[req.request_id] = sink
         if request.params.prompt_logprobs is not None:
             self._prompt_logprobs[req.request_id] = {}
@@ -153,11 +159,32 @@ class EngineCore:
                 if owed is not None:  # by position: a preempted prefill's rerun overwrites
                     first = part.first_position
                     owed.update({first + i: entry for i, entry in enumerate(part.entries)})
+            self._trace_batches(plan)
             self.scheduler.update(plan, result)
             for request_id, token in result.sampled.items():
                 self._emit(requests[request_id], token, result.logprobs.get(request_id))
         self.view = self.scheduler.make_stats()
         return worked
+
+    def _trace_batches(self, plan: StepPlan) -> None:
+        """Notes this step's batch shape in each traced request's log (a few compares per
+        traced request; nothing for the others)."""
+        if not self._traced:  # tracing off: one truth test per step
+            return
+        requests = self.scheduler.requests
+        traced = [
+            (c, log) for c in plan.chunks if (log := requests[c.request_id].trace_log) is not None
+        ]
+        if not traced:
+            return
+        now = self.clock.now()
+        size = len(plan.chunks)
+        num_revisions = len({c.slot for c in plan.chunks})
+        strategy = self.runner.last_strategy
+        for chunk, log in traced:
+            if log.prefix_reused_tokens is None:  # its first chunk starts past the reused prefix
+                log.prefix_reused_tokens = chunk.start_pos
+            log.batch(now, size, num_revisions, strategy)
 
     def _check_token_ids(self, params: SamplingParams) -> None:
         """Token ids the sampler indexes must be in the model's vocabulary."""
@@ -208,9 +235,19 @@ class EngineCore:
             delta = replace(
                 delta, prompt_logprobs=(None, *(owed[i] for i in range(1, len(prompt))))
             )
+        if delta.finish_reason is not None and req.trace_log is not None:
+            delta = replace(delta, trace=self._trace_of(req))
         self._send(req.request_id, delta)
         if delta.finish_reason is not None:
             self._retire(req, RequestState.FINISHED, delta.finish_reason, None)
+
+    def _trace_of(self, req: Request) -> EngineTrace | None:
+        log = req.trace_log
+        if log is None:
+            return None
+        first = req.first_scheduled_s
+        queued = None if first is None else max(0.0, first - req.arrival_s)
+        return log.finish(self.clock.now(), queued, req.request.adapter_key is None)
 
     def _rebalance(self) -> None:
         interval = self._rebalance_interval_s
@@ -253,17 +290,25 @@ class EngineCore:
                 self._settle(req, future)
             else:
                 self.scheduler.wait_for_adapter(req)
+                if req.trace_log is not None:
+                    req.trace_log.defer(self.clock.now())
                 self._pending[req.request_id] = future
                 future.add_done_callback(lambda _: self.on_lease_done())
 
     def _settle(self, req: Request, future: Future[Lease]) -> None:
         error = future.exception()
         if error is not None:
+            if req.trace_log is not None:
+                req.trace_log.lease_failed(self.clock.now(), error)
             ending = self.scheduler.on_lease_failed(req, error)
             self._retire(req, RequestState.ABORTED, FINISH_ABORT, ending)
             return
         lease = future.result()
         self._lease_tiers[req.request_id] = lease.load.source
+        if req.trace_log is not None:
+            load = lease.load
+            stages = {str(stage): s for stage, s in load.seconds.items()}
+            req.trace_log.leased(self.clock.now(), load.source, stages, load.room_wait_s)
         self.scheduler.on_lease(req, lease)
 
     def _prefetch(self) -> None:
@@ -294,11 +339,17 @@ class EngineCore:
         self.scheduler.finish(req, state, reason)
         self.runner.drop(req.request_id)
         self._lease_tiers.pop(req.request_id, None)
+        self._traced.discard(req.request_id)
         self._prompt_logprobs.pop(req.request_id, None)
         tracker = self._outputs.pop(req.request_id)
         if state is RequestState.ABORTED:
             closing: TokenDelta | BaseException = error or TokenDelta(
-                (), "", FINISH_ABORT, tracker.prompt_tokens, len(tracker.token_ids)
+                (),
+                "",
+                FINISH_ABORT,
+                tracker.prompt_tokens,
+                len(tracker.token_ids),
+                trace=self._trace_of(req),
             )
             self._send(req.request_id, closing)
         self._sinks.pop(req.request_id, None)

@@ -17,6 +17,7 @@ from types import MappingProxyType
 from typing import TYPE_CHECKING, Any, Protocol
 
 from loraplex.artifacts.identity import AdapterKey
+from loraplex.engine.trace_log import EngineTrace
 from loraplex.residency.ledger import Tier
 
 # Defined with SamplingParams (the sampler, below the engine, builds them); re-exported here as
@@ -64,6 +65,9 @@ class EngineRequest:
     # The caller's session (``user`` field or X-Session-Id, as ``serving.sticky_key`` makes it):
     # a fleet keeps one session on one replica, where its KV prefix is. None: no session.
     session_key: str | None = None
+    # The W3C ``traceparent`` of the front's request span when the request is traced (the
+    # engine then records its stages into ``TokenDelta.trace``); None: not traced.
+    traceparent: str | None = None
 
     def __post_init__(self) -> None:
         if not self.request_id:
@@ -96,6 +100,8 @@ class TokenDelta:
     prompt_logprobs: tuple[TokenLogprob | None, ...] | None = None
     # With finish_reason "stop": the stop string or stop token id that ended it; None for EOS.
     stop_reason: str | int | None = None
+    # On the last delta of a traced request (``EngineRequest.traceparent``): its engine stages.
+    trace: EngineTrace | None = None
 
 
 # --- merging queued deltas ----------------------------------------------------------------------
@@ -147,6 +153,7 @@ DELTA_MERGE_RULES: Mapping[str, MergeRule] = MappingProxyType(
         "logprobs": _concat_optional,
         "prompt_logprobs": _earliest_set,
         "stop_reason": _latest_set,
+        "trace": _latest_set,
     }
 )
 

@@ -17,6 +17,7 @@ from enum import Enum
 from typing import Protocol
 
 from loraplex.engine.protocol import EngineRequest
+from loraplex.engine.trace_log import TraceLog
 
 
 class RequestState(Enum):
@@ -70,6 +71,7 @@ class Request:
     lease: HeldLease | None = None  # adapter slot lease (None: base model or not yet leased)
     finish_reason: str | None = None  # set on FINISHED/ABORTED
     first_scheduled_s: float | None = None  # when it first ran (queue wait = this - arrival)
+    trace_log: TraceLog | None = None  # its stages when traced (``EngineRequest.traceparent``)
 
     @property
     def request_id(self) -> str:

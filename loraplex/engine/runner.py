@@ -43,6 +43,7 @@ class ModelRunner:
         # forward must not overlap that, so it holds the same lock.
         self.slot_lock = slot_lock
         self._generators: dict[str, torch.Generator | None] = {}
+        self.last_strategy = "none"  # the LoRA kernel strategy of the last forward (traces)
 
     def run(
         self,
@@ -69,6 +70,8 @@ class ModelRunner:
         )  # fmt: skip
         with self.slot_lock:
             logits = self.model.forward_batch(batch, self.kv, self.lora)
+        lora = self.lora
+        self.last_strategy = "none" if slots is None or lora is None else lora.last_strategy
         # Each chunk's logits rows end here (full chunks have one row per token, others one).
         sizes = (len(c.token_ids) if f else 1 for c, f in zip(plan.chunks, full, strict=True))
         ends = list(accumulate(sizes))

@@ -76,9 +76,15 @@ class EngineReplica:
             # generating for a request nobody reads.
             async with aclosing(self._engine.generate(request)) as deltas:
                 async for delta in deltas:
-                    yield delta
+                    yield self._signed(delta)
         except Exception as exc:  # queue full, adapter failed to load, ...: the caller's error
             yield Failed(pack_error(exc))
+
+    def _signed(self, delta: TokenDelta) -> TokenDelta:
+        """``delta``, its engine trace (a traced request's last delta) naming this replica."""
+        if delta.trace is None:
+            return delta
+        return replace(delta, trace=replace(delta.trace, replica_id=self.replica_id))
 
     async def cache_call(self, command: CacheCommand) -> Any:
         """``command`` on this replica's cache; a loading command returns once its load did

@@ -84,13 +84,16 @@ class LoraSlotPool:
         )
         self._module_bits = [0] * len(self._arenas)  # per table: bit s = slot s has rows there
         self._residents: list[_Resident | None] = [None] * max_loras
+        self.last_strategy = "none"  # the strategy of the last prepared step (traces read it)
         self._publish(())
 
     # --- execution ------------------------------------------------------------------------
 
     def prepare(self, token_slots: torch.Tensor) -> LoraBatch:
         """Per-step metadata for ``token_slots`` ([num_tokens] int64, -1 = base only)."""
-        return self.backend.prepare(token_slots.to(self.device, torch.int64), self._layout)
+        batch = self.backend.prepare(token_slots.to(self.device, torch.int64), self._layout)
+        self.last_strategy = batch.strategy.value  # a str already held by the enum: no alloc
+        return batch
 
     def apply(
         self, layer: int, module: str, x: torch.Tensor, out: torch.Tensor, batch: LoraBatch

@@ -62,6 +62,7 @@ from loraplex.serve.release_env import (
     release_traffic,
     start_releases,
 )
+from loraplex.serve.tracing import build_tracer
 from loraplex.server.app import create_app
 from loraplex.server.cache_control import CacheControl
 from loraplex.server.chat import ChatTemplate
@@ -105,6 +106,8 @@ class Server:
             self.history.close()
         if self.releases is not None:
             self.releases.close()
+        if self.deps.tracing is not None:
+            self.deps.tracing.shutdown()
         self.engine.shutdown()
         if self.runtime is not None:
             self.runtime.cache.close()
@@ -256,6 +259,7 @@ def build_front(
         refresh_tenants=refresh,
         releases=traffic,
         fleet=fleet,
+        tracing=build_tracer(config, base.name),
     )
     server = Server(
         create_app(deps), deps, front.engine, runtime, registry, front.admin_key, front.sample_keys

@@ -35,6 +35,7 @@ from loraplex.server.ratelimit import (
     check_key_prefix,
     check_shared_state_url,
 )
+from loraplex.tracing.config import check_trace_settings
 
 DEFAULT_CPU_ADAPTER_BYTES = 1 << 30
 PROMPT_CHARS_PER_TOKEN = 64  # the default prompt character cap per token of max_model_len
@@ -164,9 +165,15 @@ class ServeConfig:
     write_timeout_s: float = 30.0  # a client taking no response bytes this long is cut off
     # a stream's events its client has not taken, at most; beyond, the request is aborted
     max_stream_buffer_bytes: int = 256 << 10
+    # --- request traces (docs/observability.md, "Traces"; needs the ``otel`` extra) ---
+    trace_endpoint: str | None = None  # OTLP/HTTP traces URL; None: tracing off
+    trace_sample_ratio: float = 0.01  # fraction of requests traced (by trace id)
+    trace_slow_s: float = 10.0  # requests at least this long are always traced (errors too)
+    trace_export_names: bool = False  # tenant/adapter names in spans; false: keyed hashes
 
     def __post_init__(self) -> None:
         self._check_listeners()
+        check_trace_settings(self.trace_endpoint, self.trace_sample_ratio, self.trace_slow_s)
         if self.policy not in policy_names():
             raise ValueError(
                 f"policy {self.policy!r} is invalid; expected one of {list(policy_names())}"

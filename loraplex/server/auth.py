@@ -27,6 +27,8 @@ from loraplex.server.errors import unauthorized
 ADMIN_ACTOR = "admin-api"  # the audit log's actor for changes made through /admin
 # The scope state key under which ``limits.RequestLimits`` leaves the tenant it authenticated.
 AUTHENTICATED_TENANT = "loraplex_tenant"
+# Scope state key: (start, end) wall-clock ns of the tenant check and rate bucket (traces).
+AUTHORIZATION_NS = "loraplex_authorization_ns"
 
 TENANT_PREFIX = "/v1"
 ADMIN_PREFIX = "/admin"

@@ -19,6 +19,7 @@ from loraplex.server.metrics import ServerMetrics
 from loraplex.server.recent_requests import RecentRequests
 from loraplex.server.release_traffic import ReleaseTraffic
 from loraplex.server.traffic_tally import TrafficTally
+from loraplex.tracing.record import RequestTracing
 
 
 def untracked_releases() -> ReleaseTraffic:
@@ -125,6 +126,8 @@ class ServerDeps:
     fleet: FleetStateSource | None = field(default=None, kw_only=True)
     # How much of the fleet's views and traffic the live page's history keeps (server/history.py).
     history: HistoryConfig = field(default_factory=HistoryConfig, kw_only=True)
+    # Request traces (``loraplex.tracing``); None: tracing off.
+    tracing: RequestTracing | None = field(default=None, kw_only=True)
     # The server's metrics registry, built from ``engine`` and ``cache`` (never passed in).
     metrics: ServerMetrics = field(init=False, repr=False, compare=False)
 

@@ -21,6 +21,7 @@ Every refusal here closes the connection, so the rest of a body is never read.
 
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass, replace
 from typing import NoReturn
 
@@ -34,6 +35,7 @@ from loraplex.errors import RateLimitError
 from loraplex.registry import Tenant
 from loraplex.server.auth import (
     AUTHENTICATED_TENANT,
+    AUTHORIZATION_NS,
     Credential,
     authenticate,
     check_admin,
@@ -189,6 +191,7 @@ class RequestLimits:
         token = parse_bearer(headers.get("authorization"))
         credential = required_credential(scope["path"])
         if credential is Credential.TENANT:
+            started_ns = time.time_ns()
             tenant = await authenticate(self.deps, token)
             state = scope.setdefault("state", {})
             mark_authenticated(state)  # a valid key, even if over its rate below
@@ -198,6 +201,7 @@ class RequestLimits:
             except RateLimitError as exc:
                 raise to_api_error(exc, ErrorContext.TENANT) from None
             state[AUTHENTICATED_TENANT] = tenant
+            state[AUTHORIZATION_NS] = (started_ns, time.time_ns())
             state[RATE_LIMITER] = self.rate_limiter
         elif credential is Credential.ADMIN:
             check_admin(token, self.deps.config.admin_key)

@@ -71,10 +71,12 @@ from loraplex.server.serving import (
     resolve_target,
     response_id,
     start_stream,
+    start_trace,
     sticky_key,
 )
 from loraplex.server.stream_buffer import bounded
 from loraplex.server.streaming import ChunkFormat, StreamChoices, not_read_event, sse_events
+from loraplex.tracing.record import RequestTrace
 
 router = APIRouter(prefix="/v1")
 # nginx's status for "client closed the connection"; nobody reads it (the client is gone).
@@ -133,6 +135,31 @@ async def _start(
     budget: Budget,
 ) -> Started:
     chat = isinstance(body, ChatCompletionRequest)
+    operation = "chat" if chat else "text_completion"  # the GenAI operation names
+    trace = start_trace(request, deps, tenant, body.model, operation)
+    try:
+        return await _submit(
+            request, deps, tenant, body, encode=encode, num_prompts=num_prompts,
+            budget=budget, trace=trace,
+        )  # fmt: skip
+    except BaseException as exc:
+        if trace is not None:
+            trace.failed(exc)  # ends the trace unless a sibling still runs
+        raise
+
+
+async def _submit(
+    request: Request,
+    deps: ServerDeps,
+    tenant: TenantDep,
+    body: SamplingFields,
+    *,
+    encode: Callable[[], list[list[int]]],
+    num_prompts: int,
+    budget: Budget,
+    trace: RequestTrace | None,
+) -> Started:
+    chat = isinstance(body, ChatCompletionRequest)
     engine_id = new_request_id("chatcmpl" if chat else "cmpl")  # never the client's
     client_id = response_id(request, engine_id)
     shape = shape_of(body, num_prompts, DEFAULT_MAX_CHOICES)
@@ -140,9 +167,14 @@ async def _start(
     placeholder = budget.requested or max(1, body.min_tokens)  # fitted per prompt below
     params = sampling_params(body, placeholder, deps.config.vocab_size, rank_choices=shape.ranks)
     sticky = sticky_key(request, body.user)
+    resolve_ns = time.time_ns()
     resolved = await resolve_target(deps, tenant, body.model, engine_id, sticky)
+    if trace is not None:
+        trace.resolved(resolve_ns, resolved.info.revision, None)
     prompt_ids = await run_in_threadpool(encode)  # a long prompt must not stall the loop
     target = admit(deps, resolved)
+    if trace is not None:
+        trace.arrival_tier = target.info.tier
     per_prompt = []
     for ids in prompt_ids:
         req = engine_request(
@@ -158,11 +190,14 @@ async def _start(
         fitted = limit or fit_max_tokens(
             budget.requested, len(ids), max_model_len(deps), budget.param
         )
-        per_prompt.append(replace(req, params=with_max_tokens(params, fitted)))
+        traceparent = None if trace is None else trace.traceparent
+        per_prompt.append(
+            replace(req, params=with_max_tokens(params, fitted), traceparent=traceparent)
+        )
     members, observations = [], []
     for slot, req in enumerate(siblings(engine_id, per_prompt, shape)):
         observation = observe(_metrics(request), tenant, target, client_id, sticky)
-        stream = Observed(deps.engine.generate(req), observation)
+        stream = Observed(deps.engine.generate(req), observation, trace, req.request_id)
         members.append(Sibling(req.request_id, slot, stream))
         observations.append(observation)
     fanout = Fanout(deps.engine, members, show_prompt_only=budget.requested == 0)

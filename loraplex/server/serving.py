@@ -25,11 +25,14 @@ from loraplex.errors import PromptTooLongError
 from loraplex.registry import Revision, Tenant
 from loraplex.residency.ledger import CACHED_TIERS, Tier
 from loraplex.sampling import SamplingParams
+from loraplex.server.auth import AUTHORIZATION_NS
 from loraplex.server.choices import ChoiceOutput, Fanout, Slotted
 from loraplex.server.deps import ServerDeps
 from loraplex.server.errors import invalid_request
 from loraplex.server.metrics import RequestObservation, ServerMetrics
 from loraplex.server.protocol import RevisionInfo
+from loraplex.server.release_traffic import classify
+from loraplex.tracing.record import Interval, RequestTrace, Subject
 
 REVISION_HEADER = "x-loraplex-revision"
 TIER_HEADER = "x-loraplex-tier"
@@ -206,17 +209,44 @@ def observe(
     )
 
 
+TRACEPARENT_HEADER = "traceparent"
+
+
+def start_trace(
+    request: Request, deps: ServerDeps, tenant: Tenant, model: str, operation: str
+) -> RequestTrace | None:
+    """The request's trace (under the caller's W3C ``traceparent`` when valid); None when
+    tracing is off."""
+    tracing = deps.tracing
+    if tracing is None:
+        return None
+    stamps = request.scope.get("state", {}).get(AUTHORIZATION_NS)
+    authorization = None if stamps is None else Interval(*stamps)
+    subject = Subject(operation, model, tenant.name, tenant.priority.value)
+    return tracing.begin(request.headers.get(TRACEPARENT_HEADER), subject, authorization)
+
+
 class Observed:
     """``stream`` unchanged, with TTFT / TPOT / outcome recorded; closing it closes ``stream``.
+    With a ``trace``, the stream is one of its siblings (its deltas and its end are stamped).
 
     NOTE: a class, not an async generator: a generator closed before its first read (a sibling
     whose pump task was cancelled before it ran, when the request was aborted) never runs its
     ``finally``, and the request counted as arrived was never counted as ended."""
 
-    def __init__(self, stream: AsyncIterator[TokenDelta], observation: RequestObservation) -> None:
+    def __init__(
+        self,
+        stream: AsyncIterator[TokenDelta],
+        observation: RequestObservation,
+        trace: RequestTrace | None = None,
+        request_id: str = "",
+    ) -> None:
         self._stream = stream
         self._observation = observation
         self._outcome = "error"  # the finish reason once the last delta came
+        self._trace = trace
+        self._sibling = None if trace is None else trace.submit(request_id)
+        self._error: BaseException | None = None  # what the stream raised, if it did
 
     def __aiter__(self) -> Observed:
         return self
@@ -232,9 +262,12 @@ class Observed:
             raise
         except Exception as exc:
             self._observation.fail(exc)  # decides whether the failure counts against its revision
+            self._error = exc
             await self.aclose()
             raise
         self._observation.on_delta(delta, time.monotonic())
+        if self._sibling is not None:
+            self._sibling.on_delta(delta, time.time_ns())
         if delta.finish_reason is not None:
             self._outcome = delta.finish_reason
         return delta
@@ -247,6 +280,10 @@ class Observed:
 
     async def _end(self, outcome: str) -> None:
         self._observation.finish(outcome)  # only the first call counts
+        if self._trace is not None and self._sibling is not None:
+            revision = self._observation.revision
+            verdict = None if revision is None else classify(outcome, self._error).value
+            self._trace.sibling_ended(self._sibling, outcome, self._error, verdict)
         with anyio.CancelScope(shield=True):
             await _aclose(self._stream)
 

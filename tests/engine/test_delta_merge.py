@@ -28,6 +28,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from loraplex.engine.protocol import DELTA_MERGE_RULES, TokenDelta, TokenLogprob, merge_deltas
+from loraplex.engine.trace_log import TraceLog
 from loraplex.residency.ledger import Tier
 from loraplex.server.choices import ChoiceOutput
 
@@ -48,10 +49,13 @@ def _output(
     queue_s: float | None,
     tier: Tier | None,
     closing_abort: bool,
+    traced: bool = True,
 ) -> list[TokenDelta]:
     """One request's deltas as the engine sends them: one per token, the first carrying the
-    once-only fields, the last the finish (or an empty closing abort delta after them)."""
+    once-only fields, the last the finish and a traced request's engine trace (or an empty
+    closing abort delta after them, carrying the trace)."""
     prompt = 5
+    trace = TraceLog(0.0).finish(1.0, 0.1, base=True) if traced else None
     deltas = []
     for i in range(num_tokens):
         last = i == num_tokens - 1 and not closing_abort
@@ -71,10 +75,11 @@ def _output(
                     else None
                 ),
                 stop_reason=stop_reason if last and finish == "stop" else None,
+                trace=trace if last else None,
             )
         )
     if closing_abort:
-        deltas.append(TokenDelta((), "", "abort", prompt, num_tokens))
+        deltas.append(TokenDelta((), "", "abort", prompt, num_tokens, trace=trace))
     return deltas
 
 
@@ -95,6 +100,7 @@ def _read(deltas: Sequence[TokenDelta]) -> dict[str, Any]:
             (d.prompt_logprobs for d in deltas if d.prompt_logprobs is not None), None
         ),
         "stop_reason": deltas[-1].stop_reason,
+        "trace": deltas[-1].trace,
     }
 
 
@@ -139,6 +145,7 @@ outputs = st.builds(
     queue_s=st.one_of(st.none(), st.floats(0, 10)),
     tier=st.one_of(st.none(), st.sampled_from(list(Tier))),  # Tier.L0 is 0: falsy
     closing_abort=st.booleans(),
+    traced=st.booleans(),
 )
 
 

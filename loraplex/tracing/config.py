@@ -1,0 +1,53 @@
+"""``TracingConfig``: the tracing settings ``loraplex serve`` hands the front (torch-free)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from urllib.parse import urlsplit
+
+MIN_SECRET_BYTES = 16  # the HMAC key for exported names
+MAX_QUEUE_SPANS = 1 << 16  # spans waiting for export, at most (the batch processor drops beyond)
+
+
+@dataclass(frozen=True)
+class TracingConfig:
+    """Where and what to export."""
+
+    endpoint: str  # OTLP/HTTP traces URL, e.g. http://collector:4318/v1/traces
+    secret: bytes = field(repr=False)  # HMAC key hashing tenant/adapter names (never exported)
+    sample_ratio: float = 0.01  # fraction of requests kept by trace id (0-1)
+    slow_s: float | None = 10.0  # requests at least this long are always kept; None: no rule
+    export_names: bool = False  # tenant/adapter names as they are; false: keyed hashes
+    service_name: str = "loraplex"  # the ``service.name`` resource attribute
+    max_queue_spans: int = 8192  # spans waiting for export; beyond, new ones are dropped
+    export_timeout_s: float = 10.0  # one OTLP POST
+
+    def __post_init__(self) -> None:
+        check_trace_settings(self.endpoint, self.sample_ratio, self.slow_s)
+        if len(self.secret) < MIN_SECRET_BYTES:
+            raise ValueError(
+                f"trace secret of {len(self.secret)} bytes is invalid; expected at least "
+                f"{MIN_SECRET_BYTES}"
+            )
+        if not 1 <= self.max_queue_spans <= MAX_QUEUE_SPANS:
+            raise ValueError(
+                f"max_queue_spans {self.max_queue_spans} is invalid; expected 1 to "
+                f"{MAX_QUEUE_SPANS}"
+            )
+        if not self.export_timeout_s > 0:
+            raise ValueError(f"export_timeout_s {self.export_timeout_s} is invalid; expected > 0")
+
+
+def check_trace_settings(endpoint: str | None, sample_ratio: float, slow_s: float | None) -> None:
+    """ValueError naming the serve setting (``trace_*``) that is out of range."""
+    if endpoint is not None:
+        url = urlsplit(endpoint)
+        if url.scheme not in ("http", "https") or not url.netloc:
+            raise ValueError(
+                f"trace_endpoint {endpoint!r} is invalid; expected an http(s):// URL "
+                "(OTLP/HTTP, e.g. http://collector:4318/v1/traces)"
+            )
+    if not 0.0 <= sample_ratio <= 1.0:
+        raise ValueError(f"trace_sample_ratio {sample_ratio} is invalid; expected 0 to 1")
+    if slow_s is not None and not slow_s > 0:
+        raise ValueError(f"trace_slow_s {slow_s} is invalid; expected > 0")

@@ -1,0 +1,106 @@
+"""``Tracer``: keeps or drops each finished request's trace, and exports the kept ones over
+OTLP/HTTP (needs the ``otel`` extra).
+
+Tail sampling: the decision waits for the request's end, so that every failed request and every
+request slower than ``slow_s`` is kept whatever the ratio; the others are kept when the caller's
+``traceparent`` said sampled, else by ``sample_ratio`` on the trace id (as OpenTelemetry's
+TraceIdRatioBased, so an ingress and anything downstream agree). Until then a request costs only
+a few timestamps. Kept spans go to the SDK's ``BatchSpanProcessor`` (a bounded queue, exported
+on its own thread): the event loop never waits for the collector, and a collector that is down
+costs dropped spans, never requests.
+"""
+
+from __future__ import annotations
+
+import logging
+import random
+import secrets
+import time
+from collections.abc import Callable
+
+from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter
+from opentelemetry.sdk.resources import Resource
+from opentelemetry.sdk.trace import SpanProcessor
+from opentelemetry.sdk.trace.export import BatchSpanProcessor
+
+from loraplex.tracing.config import TracingConfig
+from loraplex.tracing.context import ratio_keeps, root_ids
+from loraplex.tracing.names import NameMasker
+from loraplex.tracing.record import Interval, RequestTrace, Subject
+from loraplex.tracing.spans import SpanBuilder
+
+_log = logging.getLogger(__name__)
+
+
+class Tracer:
+    """Starts request traces and exports the kept ones (see the module docstring)."""
+
+    def __init__(
+        self,
+        config: TracingConfig,
+        base_model: str,
+        *,
+        rng: random.Random | None = None,
+        now_ns: Callable[[], int] = time.time_ns,
+        processor: SpanProcessor | None = None,
+    ) -> None:
+        self.config = config
+        self._rng = rng or random.Random(secrets.randbits(64))
+        self._now_ns = now_ns
+        resource = Resource.create({"service.name": config.service_name})
+        mask = NameMasker(config.secret, config.export_names)
+        self._builder = SpanBuilder(resource, mask, base_model, self._rng)
+        self._processor = processor or BatchSpanProcessor(
+            OTLPSpanExporter(endpoint=config.endpoint, timeout=config.export_timeout_s),
+            max_queue_size=config.max_queue_spans,
+        )
+        self.num_kept = 0  # traces exported (handed to the processor)
+        self.num_dropped = 0  # traces the sampling decision dropped
+        self.num_failed = 0  # kept traces whose spans could not be built (logged)
+
+    def begin(
+        self, traceparent: str | None, subject: Subject, authorization: Interval | None
+    ) -> RequestTrace:
+        """A new request's trace (under the caller's span when ``traceparent`` is valid)."""
+        # The request began with its key check (in the middleware, before the handler).
+        start_ns = self._now_ns() if authorization is None else authorization.start_ns
+        trace = RequestTrace(
+            root_ids(traceparent, self._rng), subject, start_ns, self._finish, self._now_ns
+        )
+        trace.authorization = authorization
+        return trace
+
+    def kept_by(self, trace: RequestTrace) -> str | None:
+        """Why ``trace`` is kept ("error", "slow", "parent", "ratio"); None: dropped."""
+        slow_s = self.config.slow_s
+        if trace.is_error:
+            return "error"
+        if slow_s is not None and trace.duration_s >= slow_s:
+            return "slow"
+        if trace.ids.parent_sampled:
+            return "parent"
+        if ratio_keeps(trace.ids.trace_id, self.config.sample_ratio):
+            return "ratio"
+        return None
+
+    def flush(self, timeout_s: float = 10.0) -> bool:
+        """Exports what is queued; False when that did not finish within ``timeout_s``."""
+        return self._processor.force_flush(int(timeout_s * 1000))
+
+    def shutdown(self) -> None:
+        self._processor.shutdown()
+
+    def _finish(self, trace: RequestTrace) -> None:
+        reason = self.kept_by(trace)
+        if reason is None:
+            self.num_dropped += 1
+            return
+        try:
+            spans = self._builder.build(trace, reason)
+        except Exception:  # a trace is an observation: it must never fail the request
+            _log.exception("request trace %032x could not be built; dropped", trace.ids.trace_id)
+            self.num_failed += 1
+            return
+        self.num_kept += 1
+        for span in spans:
+            self._processor.on_end(span)
