@@ -43,11 +43,34 @@ class RoutingLog:
 ROUTING_LOG = RoutingLog()
 
 
-def in_rotation(replicas: Mapping[str, Any]) -> dict[str, Any]:
+def is_stale(report: ReplicaReport | None, now_s: float, stale_after_s: float) -> bool:
+    """Whether a replica's latest report (stamped on the router's clock) is older than
+    ``stale_after_s``. NOTE: Ray Serve keeps handing the router a frozen or unreachable replica's
+    last routing stats, "up" included, so only their age tells. A replica that has not reported
+    yet is not stale (it is starting; its first calls wait for it)."""
+    return report is not None and now_s - report.at_s > stale_after_s
+
+
+def in_rotation(
+    replicas: Mapping[str, Any],
+    reports: Mapping[str, ReplicaReport | None],
+    now_s: float,
+    stale_after_s: float,
+) -> dict[str, Any]:
     """The replicas (id -> Ray's running replica) whose latest routing stats do not say their
-    engine is down or hung; all of them when none would remain (each then refuses at once)."""
-    up = {i: r for i, r in replicas.items() if (r.routing_stats or {}).get(UP_KEY, True)}
+    engine is down or hung and whose report (``reports``, stamped) is not stale; all of them
+    when none would remain (each then refuses, or waits, rather than nothing being tried)."""
+    up = {
+        i: r
+        for i, r in replicas.items()
+        if (r.routing_stats or {}).get(UP_KEY, True)
+        and not is_stale(reports.get(i), now_s, stale_after_s)
+    }
     return up or dict(replicas)
+
+
+def without(replicas: Mapping[str, Any], avoid: frozenset[str]) -> dict[str, Any]:
+    return {i: r for i, r in replicas.items() if i not in avoid}
 
 
 def session_of(request: EngineRequest) -> str | None:
