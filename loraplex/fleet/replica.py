@@ -11,6 +11,7 @@ occupancy and hit counters, for the fleet board: ``fleet status``, ``/admin/flee
 from __future__ import annotations
 
 import asyncio
+import os
 import shutil
 import threading
 import time
@@ -146,6 +147,7 @@ class EngineReplica:
         health = self._engine.health()
         return {
             "replica_id": self.replica_id,
+            "pid": os.getpid(),  # this replica's process (an operator's handle on a frozen one)
             "healthy": health.up,
             "hung": health.hung,  # up is False then too; down_reason says for how long
             "down_reason": health.down_reason,

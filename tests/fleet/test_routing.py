@@ -38,14 +38,21 @@ def _stats(reported: ReplicaReport) -> dict[str, Any]:
 # --- ReportStamps ---------------------------------------------------------------------------
 
 
-def test_a_new_report_is_stamped_when_first_seen_and_keeps_that_stamp() -> None:
+def test_a_report_is_stamped_when_made_on_the_routers_clock_and_keeps_that_stamp() -> None:
     stamps = ReportStamps()
     first = stamps.report_of("a", _stats(report("a", at_s=500.0, l0=["k"])), now_s=10.0)
     assert first is not None and first.at_s == 10.0 and "k" in first.residency.l0
     again = stamps.report_of("a", _stats(report("a", at_s=500.0, l0=["k"])), now_s=12.0)
-    assert again is not None and again.at_s == 10.0  # the same report: its first stamp
+    assert again is not None and again.at_s == 10.0  # the same report: its stamp
+    # made 1 s after the first on a's clock, first seen 3 s after it (no routing meanwhile):
+    # stamped when made, so a frozen replica's last report does not look new after a lull
     newer = stamps.report_of("a", _stats(report("a", at_s=501.0)), now_s=13.0)
-    assert newer is not None and newer.at_s == 13.0 and not newer.residency.l0
+    assert newer is not None and newer.at_s == 11.0 and not newer.residency.l0
+    # a quicker delivery than any before lowers the offset; no stamp is later than now
+    quick = stamps.report_of("a", _stats(report("a", at_s=505.0)), now_s=14.5)
+    assert quick is not None and quick.at_s == 14.5
+    later = stamps.report_of("a", _stats(report("a", at_s=506.0)), now_s=20.0)
+    assert later is not None and later.at_s == 15.5
 
 
 def test_no_report_yet_is_none_and_a_missing_one_keeps_the_previous() -> None:
@@ -271,7 +278,7 @@ def test_a_retry_avoids_its_lost_replica_and_still_skips_stale_ones() -> None:
     replicas = [_replica(i, _stats(report(i, at_s=1.0))) for i in ("a", "b", "c")]
     _choose(router, replicas, _pending(request()))  # every report stamped at 0
     clock.advance(5.0)
-    replicas[1] = _replica("b", _stats(report("b", at_s=2.0)))  # only b reported since
+    replicas[1] = _replica("b", _stats(report("b", at_s=6.0)))  # only b reported since
     retry = _pending(request(), hint=RouteHint(avoid=frozenset({"b"})))
     assert sorted(_choose(router, replicas, retry)) == ["a", "c"]  # all else stale: not none
     retry_a = _pending(request(), hint=RouteHint(avoid=frozenset({"a"})))
