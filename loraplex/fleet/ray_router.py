@@ -3,8 +3,9 @@
 Ray Serve calls ``choose_replicas`` in the process that holds the engine deployment's handle
 (the ingress, or a benchmark driver) for every call through the handle. Each engine replica's
 ``record_routing_stats()`` hands Ray its encoded ``ReplicaReport`` (every
-``request_routing_stats_period_s``); this router decodes it, stamps it on its own clock the first
-time it sees it (replica clocks are not comparable), and asks ``Router.choose`` for the ranking.
+``request_routing_stats_period_s``); this router decodes it, stamps it on its own clock with
+when it was made (``routing.ReportStamps``: replica clocks are not comparable, so the replica's
+``at_s`` plus the smallest offset seen from it), and asks ``Router.choose`` for the ranking.
 A malformed report counts as none (that replica keeps its previous report, if fresh). A
 replica whose stats say its engine is not up (down, or hung: ``engine/watchdog.py``), or whose
 latest report is older than ``stale_after_s`` (its whole process frozen or unreachable: Ray
