@@ -27,7 +27,7 @@ if TYPE_CHECKING:
 
 Opt = typer.Option
 fleet_app = typer.Typer(help="Engine replicas on Ray Serve with residency-aware routing.")
-FLEET_KEYS = ("replicas", "policy", "seed", "report_period_s", "router")
+FLEET_KEYS = ("replicas", "policy", "seed", "report_period_s", "stale_after_s", "router")
 
 
 def register(app: typer.Typer) -> None:
@@ -202,6 +202,7 @@ def status_command(
             f"{s.tiers['l0'].count:>4} {s.tiers['l1'].count:>4} {s.tiers['l2'].count:>4} "
             f"{load.num_queued if load else 0:>7} {load.num_running if load else 0:>8} "
             f"{load.kv_usage if load else 0:>5.2f}"
+            + (f"  ({s.down_reason})" if s.down_reason else "")
         )
 
 

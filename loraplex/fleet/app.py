@@ -3,8 +3,8 @@
 (``loraplex k8s render --ray``), where the Serve controller calls it.
 
 ``args`` holds the fleet's keys (``replicas``, ``policy``, ``seed``, ``report_period_s``,
-``router``) and any ``serve`` configuration key (``max_loras``, ``store``, ``model``, ...); the
-environment gives what ``loraplex serve`` reads from it (``LORAPLEX_DATA_DIR``,
+``stale_after_s``, ``router``) and any ``serve`` configuration key (``max_loras``, ``store``,
+``model``, ...); the environment gives what ``loraplex serve`` reads from it (``LORAPLEX_DATA_DIR``,
 ``LORAPLEX_DATABASE_URL``, ``LORAPLEX_STORE``, ``LORAPLEX_S3_ENDPOINT``, ``LORAPLEX_ADMIN_KEY``),
 so credentials stay in the pods' environment. An unknown key is refused naming it. Across hosts
 the model directory must be the same path on every node (in the image or a shared volume) and
@@ -24,7 +24,7 @@ from loraplex.fleet.settings import FleetSettings
 from loraplex.registry import default_data_dir
 from loraplex.serve.config import merge
 
-FLEET_ARGS = ("replicas", "policy", "seed", "report_period_s", "router")
+FLEET_ARGS = ("replicas", "policy", "seed", "report_period_s", "stale_after_s", "router")
 # serve configuration keys taken from the environment when ``args`` does not give them
 ENVIRONMENT_KEYS = {
     "database_url": "LORAPLEX_DATABASE_URL",

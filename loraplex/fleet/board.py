@@ -3,8 +3,9 @@ see them.
 
 Each engine replica pushes its ``EngineReplica.status()`` every ``PUSH_INTERVAL_S``; ``Board``
 keeps the latest per replica with the time it arrived (the board's clock, so replica clocks do
-not matter). A replica whose last push is older than ``STALE_AFTER_S`` is out of rotation for
-the ingress (``healthy`` False); one silent for ``FORGET_AFTER_S`` is dropped. The Serve
+not matter). A replica whose last push is older than the fleet's ``stale_after_s`` (default
+``STALE_AFTER_S``) is out of rotation for the ingress (``healthy`` False, ``down_reason`` "stale
+report"); one silent for ``FORGET_AFTER_S`` is dropped. The Serve
 deployment wrapping it is ``deployments.FleetBoard`` (one replica).
 """
 
@@ -32,22 +33,40 @@ class BoardEntry:
     replica_id: str
     status: dict[str, Any]  # ``EngineReplica.status()``
     age_s: float  # seconds since it arrived
+    stale_after_s: float = STALE_AFTER_S  # older than this: stale, out of rotation
 
     @property
     def fresh(self) -> bool:
-        return self.age_s <= STALE_AFTER_S
+        return self.age_s <= self.stale_after_s
 
     @property
     def healthy(self) -> bool:
         """Reported recently and took requests then."""
         return self.fresh and bool(self.status.get("healthy"))
 
+    @property
+    def down_reason(self) -> str | None:
+        """Why the replica is out of rotation (a stale report, or what its engine said); None
+        while it is healthy."""
+        if not self.fresh:
+            return (
+                f"stale report: none for {self.age_s:.1f} s (bound {self.stale_after_s:g} s); "
+                "the replica is hung or unreachable"
+            )
+        if self.status.get("healthy"):
+            return None
+        reason = self.status.get("down_reason")
+        return str(reason) if reason else "its engine is down"
+
 
 class Board:
     """Latest status per replica (thread-safe)."""
 
-    def __init__(self, clock: Callable[[], float] = time.monotonic) -> None:
+    def __init__(
+        self, clock: Callable[[], float] = time.monotonic, stale_after_s: float = STALE_AFTER_S
+    ) -> None:
         self._clock = clock
+        self._stale_after_s = stale_after_s
         self._lock = threading.Lock()
         self._latest: dict[str, tuple[float, dict[str, Any]]] = {}
 
@@ -76,7 +95,7 @@ class Board:
         with self._lock:
             self._forget_silent(now_s)
             return [
-                BoardEntry(replica_id, status, now_s - at_s)
+                BoardEntry(replica_id, status, now_s - at_s, self._stale_after_s)
                 for replica_id, (at_s, status) in sorted(self._latest.items())
             ]
 

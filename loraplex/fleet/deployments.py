@@ -45,8 +45,8 @@ ROUTER_CLASS = "loraplex.fleet.ray_router.LoraplexRequestRouter"
 class FleetBoardImpl:
     """The board's one replica (wrapped by ``serve.deployment`` in ``build_app``)."""
 
-    def __init__(self) -> None:
-        self._board = Board()
+    def __init__(self, stale_after_s: float) -> None:
+        self._board = Board(stale_after_s=stale_after_s)
 
     def put(self, status: dict[str, Any]) -> None:
         self._board.put(status)
@@ -153,6 +153,7 @@ def build_app(settings: FleetSettings) -> Any:
                 "policy": settings.policy,
                 "router_config": dict(settings.router),
                 "seed": settings.seed,
+                "stale_after_s": settings.stale_bound_s,
             },
             request_routing_stats_period_s=settings.report_period_s,
             request_routing_stats_timeout_s=ROUTING_STATS_TIMEOUT_S,
@@ -170,6 +171,6 @@ def build_app(settings: FleetSettings) -> Any:
     board_deployment = serve.deployment(FleetBoardImpl, name="Board").options(
         num_replicas=1, ray_actor_options={"num_cpus": 0}
     )
-    board = board_deployment.bind()
+    board = board_deployment.bind(settings.stale_bound_s)
     engine = engine_deployment.bind(settings, board)
     return ingress_deployment.bind(settings, engine, board)

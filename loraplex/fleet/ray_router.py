@@ -3,11 +3,14 @@
 Ray Serve calls ``choose_replicas`` in the process that holds the engine deployment's handle
 (the ingress, or a benchmark driver) for every call through the handle. Each engine replica's
 ``record_routing_stats()`` hands Ray its encoded ``ReplicaReport`` (every
-``request_routing_stats_period_s``); this router decodes it, stamps it on its own clock the first
-time it sees it (replica clocks are not comparable), and asks ``Router.choose`` for the ranking.
+``request_routing_stats_period_s``); this router decodes it, stamps it on its own clock with
+when it was made (``routing.ReportStamps``: replica clocks are not comparable, so the replica's
+``at_s`` plus the smallest offset seen from it), and asks ``Router.choose`` for the ranking.
 A malformed report counts as none (that replica keeps its previous report, if fresh). A
-replica whose stats say its engine is not up (down, or hung: ``engine/watchdog.py``) is out of
-the rotation until they say it is again, unless every replica is out.
+replica whose stats say its engine is not up (down, or hung: ``engine/watchdog.py``), or whose
+latest report is older than ``stale_after_s`` (its whole process frozen or unreachable: Ray
+keeps the last stats it had), is out of the rotation until a fresh report says it is up again,
+unless every replica is out.
 
 A call carrying ``RouteHint(target=...)`` (a cache call or a probe that must reach one
 particular replica) goes to that replica only; ``RouteHint(avoid=...)`` leaves replicas out (a
@@ -28,9 +31,10 @@ from typing import Any
 
 from ray.serve.request_router import PendingRequest, RequestRouter, RunningReplica
 
-from loraplex.clock import MonotonicClock
+from loraplex.clock import Clock, MonotonicClock
 from loraplex.engine.protocol import EngineRequest
 from loraplex.fleet import routing
+from loraplex.fleet import settings as fleet_settings
 from loraplex.fleet.wire import RouteHint
 from loraplex.router.config import RouterConfig
 from loraplex.router.router import DEFAULT_POLICY, Router
@@ -44,13 +48,21 @@ class LoraplexRequestRouter(RequestRouter):  # type: ignore[misc]
         policy: str = DEFAULT_POLICY,
         router_config: Mapping[str, Any] | None = None,
         seed: int | None = None,
+        stale_after_s: float | None = None,
+        clock: Clock | None = None,
         **unknown: Any,
     ) -> None:
+        """``stale_after_s``: the fleet's bound (None: the default period's); ``clock``: the
+        router's clock (tests inject one; Ray passes none: monotonic)."""
         if unknown:
             raise ValueError(f"request_router_kwargs {sorted(unknown)} are unknown")
-        clock = MonotonicClock()
+        clock = clock or MonotonicClock()
         config = RouterConfig(**dict(router_config or {}))
         self._clock = clock
+        if stale_after_s is None:
+            periods = fleet_settings.STALE_REPORT_PERIODS
+            stale_after_s = periods * fleet_settings.DEFAULT_REPORT_PERIOD_S
+        self._stale_after_s = stale_after_s
         self._router = Router(policy, config, clock=clock, rng=random.Random(seed))
         self._stamps = routing.ReportStamps()
         self._lock = threading.Lock()
@@ -71,19 +83,20 @@ class LoraplexRequestRouter(RequestRouter):  # type: ignore[misc]
             # NOTE: the replica left: any replica takes the call and refuses it at once
             # (``deployments``), rather than Ray retrying a choice that can never be made.
             return [list(by_id.values())]
-        offered = routing.in_rotation(by_id)  # an engine down or hung leaves the rotation
-        if isinstance(hint, RouteHint) and hint.avoid:
-            offered = {i: r for i, r in by_id.items() if i not in hint.avoid} or by_id
+        avoid = hint.avoid if isinstance(hint, RouteHint) else frozenset()
         args = pending_request.args if pending_request is not None else []
         request = routing.route_request_of(args)
         with self._lock:  # NOTE: several routing tasks may run; the router's memory is shared
             now_s = self._clock.now()
             self._stamps.forget_except(set(by_id))
             reports = {
-                i: self._stamps.report_of(i, r.routing_stats or {}, now_s)
-                for i, r in offered.items()
+                i: self._stamps.report_of(i, r.routing_stats or {}, now_s) for i, r in by_id.items()
             }
-            decision = self._router.choose(request, reports)
+            # an engine down or hung, or a replica whose reports stopped, leaves the rotation
+            offered = routing.in_rotation(by_id, reports, now_s, self._stale_after_s)
+            if avoid:  # a retry: the replica it was lost on is left out, unless none remains
+                offered = routing.without(offered, avoid) or routing.without(by_id, avoid) or by_id
+            decision = self._router.choose(request, {i: reports[i] for i in offered})
         if args and isinstance(args[0], EngineRequest):
             routing.ROUTING_LOG.record(decision.reason.value)
         return [[offered[i]] for i in decision.ranked]

@@ -11,6 +11,7 @@ occupancy and hit counters, for the fleet board: ``fleet status``, ``/admin/flee
 from __future__ import annotations
 
 import asyncio
+import os
 import shutil
 import threading
 import time
@@ -146,11 +147,16 @@ class EngineReplica:
         return {REPORT_KEY: encode_report(self.routing_report()), UP_KEY: self.healthy()}
 
     def status(self) -> dict[str, Any]:
-        """The fleet board's entry: the encoded report, occupancy, hit counters, health."""
+        """The fleet board's entry: the encoded report, occupancy, hit counters, health (and
+        why it is down: the engine's own reason, "the engine is hung: ..." while hung)."""
         summary = self._cache.summary()
+        health = self._engine.health()
         return {
             "replica_id": self.replica_id,
-            "healthy": self.healthy(),
+            "pid": os.getpid(),  # this replica's process (an operator's handle on a frozen one)
+            "healthy": health.up,
+            "hung": health.hung,  # up is False then too; down_reason says for how long
+            "down_reason": health.down_reason,
             "report": encode_report(self.routing_report()),
             "tiers": {name: t.to_json() for name, t in tiers_of(summary).items()},
             "hits": hits_of(summary),

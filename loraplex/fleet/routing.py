@@ -7,6 +7,7 @@ handle call to the policy's ``RouteRequest``. Ray-free; ``ray_router`` holds onl
 from __future__ import annotations
 
 import logging
+import math
 import threading
 from collections import Counter
 from collections.abc import Mapping
@@ -43,11 +44,34 @@ class RoutingLog:
 ROUTING_LOG = RoutingLog()
 
 
-def in_rotation(replicas: Mapping[str, Any]) -> dict[str, Any]:
+def is_stale(report: ReplicaReport | None, now_s: float, stale_after_s: float) -> bool:
+    """Whether a replica's latest report (stamped on the router's clock) is older than
+    ``stale_after_s``. NOTE: Ray Serve keeps handing the router a frozen or unreachable replica's
+    last routing stats, "up" included, so only their age tells. A replica that has not reported
+    yet is not stale (it is starting; its first calls wait for it)."""
+    return report is not None and now_s - report.at_s > stale_after_s
+
+
+def in_rotation(
+    replicas: Mapping[str, Any],
+    reports: Mapping[str, ReplicaReport | None],
+    now_s: float,
+    stale_after_s: float,
+) -> dict[str, Any]:
     """The replicas (id -> Ray's running replica) whose latest routing stats do not say their
-    engine is down or hung; all of them when none would remain (each then refuses at once)."""
-    up = {i: r for i, r in replicas.items() if (r.routing_stats or {}).get(UP_KEY, True)}
+    engine is down or hung and whose report (``reports``, stamped) is not stale; all of them
+    when none would remain (each then refuses, or waits, rather than nothing being tried)."""
+    up = {
+        i: r
+        for i, r in replicas.items()
+        if (r.routing_stats or {}).get(UP_KEY, True)
+        and not is_stale(reports.get(i), now_s, stale_after_s)
+    }
     return up or dict(replicas)
+
+
+def without(replicas: Mapping[str, Any], avoid: frozenset[str]) -> dict[str, Any]:
+    return {i: r for i, r in replicas.items() if i not in avoid}
 
 
 def session_of(request: EngineRequest) -> str | None:
@@ -69,10 +93,17 @@ def route_request_of(args: list[Any] | tuple[Any, ...]) -> RouteRequest:
 
 
 class ReportStamps:
-    """The router-clock time each replica's current report was first seen."""
+    """Each replica's current report, stamped on the router's clock with when it was made.
+
+    The stamp is the replica's own ``at_s`` plus the smallest (router now - replica ``at_s``)
+    seen from that replica: its clock's offset plus the quickest delivery. NOTE: not the time
+    the router first saw it: the router sees stats only when it routes, so after a quiet spell
+    a frozen replica's last report would look new, and it would stay in rotation for a whole
+    ``stale_after_s`` more. Never later than now (a report is not from the future)."""
 
     def __init__(self) -> None:
         self._seen: dict[str, tuple[float, ReplicaReport]] = {}  # id -> (replica at_s, stamped)
+        self._offset_s: dict[str, float] = {}  # id -> smallest (router now - replica at_s)
 
     def report_of(
         self, replica_id: str, stats: Mapping[str, Any], now_s: float
@@ -92,11 +123,15 @@ class ReportStamps:
             _log.warning("replica %s sent a report of replica %s", replica_id, report.replica_id)
             return None if previous is None else previous[1]
         if previous is not None and previous[0] == report.at_s:
-            return previous[1]  # the same report as before: keep its first stamp
-        stamped = replace(report, at_s=now_s)
+            return previous[1]  # the same report as before: keep its stamp
+        offset_s = min(self._offset_s.get(replica_id, math.inf), now_s - report.at_s)
+        self._offset_s[replica_id] = offset_s
+        stamped = replace(report, at_s=min(now_s, report.at_s + offset_s))
         self._seen[replica_id] = (report.at_s, stamped)
         return stamped
 
     def forget_except(self, replica_ids: set[str]) -> None:
         for gone in set(self._seen) - replica_ids:
             del self._seen[gone]
+        for gone in set(self._offset_s) - replica_ids:
+            del self._offset_s[gone]

@@ -20,6 +20,12 @@ from loraplex.serve.config import ServeConfig
 APP_NAME = "loraplex"  # the Serve application
 DEFAULT_REPORT_PERIOD_S = 0.5  # replicas' routing stats period (the issue asks for <= 1 s)
 MAX_REPORT_PERIOD_S = 1.0
+# A replica whose latest report is this many report periods old leaves the rotation (its process
+# is frozen or unreachable: Ray Serve keeps handing the router its last routing stats, which say
+# "up", until its own health check gives up, after 3 × 10 s).
+STALE_REPORT_PERIODS = 6
+MIN_STALE_REPORT_PERIODS = 2  # a tighter bound would take healthy replicas out between reports
+MAX_STALE_AFTER_S = 60.0  # the board forgets a replica silent this long (``board.FORGET_AFTER_S``)
 # ServeConfig keys a fleet does not read: the listener is Ray Serve's proxy, the engine runs in
 # each replica's own process.
 NOT_IN_FLEET = (
@@ -51,6 +57,9 @@ class FleetSettings:
     router: dict[str, Any] = field(default_factory=dict)  # RouterConfig fields to override
     seed: int | None = None  # the router's random choices; None: unseeded
     report_period_s: float = DEFAULT_REPORT_PERIOD_S  # replicas' routing stats period
+    # a replica whose latest report (to the router, or status to the board) is older than this
+    # leaves the rotation until fresh ones resume; None: STALE_REPORT_PERIODS × report_period_s
+    stale_after_s: float | None = None
 
     def __post_init__(self) -> None:
         for name in ("engine_replicas", "ingress_replicas"):
@@ -63,7 +72,28 @@ class FleetSettings:
                 "controller and its traffic windows live in the one ingress)"
             )
         self._check_routing()
+        self._check_stale_after()
         check_fleet_config(self.serve)
+
+    @property
+    def stale_bound_s(self) -> float:
+        """The bound in force: ``stale_after_s``, or its default from the report period."""
+        if self.stale_after_s is None:
+            return STALE_REPORT_PERIODS * self.report_period_s
+        return float(self.stale_after_s)
+
+    def _check_stale_after(self) -> None:
+        value = self.stale_after_s
+        if value is None:
+            return
+        if isinstance(value, bool) or not isinstance(value, int | float):
+            raise ValueError(f"stale_after_s {value!r} is invalid; expected a number of seconds")
+        low = MIN_STALE_REPORT_PERIODS * self.report_period_s
+        if not low <= value <= MAX_STALE_AFTER_S:
+            raise ValueError(
+                f"stale_after_s {value} is invalid; expected >= {low:g} ({MIN_STALE_REPORT_PERIODS}"
+                f" report periods) and <= {MAX_STALE_AFTER_S:g}"
+            )
 
     def _check_routing(self) -> None:
         if self.policy not in policy_names():

@@ -40,6 +40,7 @@ def replica_state(entry: BoardEntry) -> ReplicaState:
             kv_usage=load["kv_usage"],
             evictions_per_min=load["evictions_per_min"],
         ),
+        down_reason=entry.down_reason,
     )
 
 

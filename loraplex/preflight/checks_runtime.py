@@ -124,13 +124,18 @@ def router_affinity_and_load(obs: Observation) -> Verdict:
     policy = obs.fleet.get("policy")
     replicas = obs.fleet.get("replicas", [])
     decisions = obs.fleet.get("decisions", {})
+    answered = 0 if obs.load is None else sum(1 for o in obs.load.outcomes if o.status == 200)
     evidence = (
-        f"GET /admin/fleet: policy {policy}, {len(replicas)} replicas, decisions {decisions}",
+        f"GET /admin/fleet after the load test: policy {policy}, {len(replicas)} replicas, "
+        f"decisions {decisions}; load requests answered: {answered}",
     )
     if policy is None:
         return Verdict(item, Status.WARN, "one server: there is no router to judge", evidence)
     if policy not in AFFINITY_AND_LOAD:
         why = f"routing policy {policy!r} does not weigh both affinity and load"
+        return Verdict(item, Status.FAIL, why, evidence)
+    if answered and not sum(decisions.values()):
+        why = f"the router counted no decisions although {answered} load requests were answered"
         return Verdict(item, Status.FAIL, why, evidence)
     return Verdict(item, Status.PASS, f"routing policy {policy}", evidence)
 

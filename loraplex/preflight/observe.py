@@ -70,7 +70,7 @@ class Observation:
     """Everything the checks judge."""
 
     registry: RegistryView
-    fleet: dict[str, Any]  # ``GET /admin/fleet``
+    fleet: dict[str, Any]  # ``GET /admin/fleet`` after the load test
     releases: Answer  # ``GET /admin/releases``
     before: Metrics  # ``/metrics`` before the load test
     after: Metrics  # ``/metrics`` after it
@@ -198,7 +198,6 @@ def observe(
     deployment: Deployment, load: LoadConfig, tenant_key: str | None, settle_s: float = 1.0
 ) -> Observation:
     registry = read_registry(deployment)
-    fleet = deployment.admin_json("/admin/fleet")
     releases = deployment.admin("GET", "/admin/releases")
     residency = deployment.admin_json("/admin/residency")
     owners = sorted({a["adapter"]["tenant"] for a in registry.adapters})
@@ -212,6 +211,9 @@ def observe(
         # NOTE: a tail adapter: the hot ones may be pinned, and a pinned copy is kept anyway
         probe = in_use_probe(deployment, (tail or hot)[0]) if hot else None
     time.sleep(settle_s)  # NOTE: a fleet's replicas report their counters periodically
+    # NOTE: after the load, so its routing decisions are counted in it (read before, a fresh
+    # fleet showed "decisions": {} although the load test had just routed 136 requests)
+    fleet = deployment.admin_json("/admin/fleet")
     if not hot:
         note = "no adapter with an alias to load-test"
     return Observation(

@@ -65,6 +65,8 @@ class ReplicaState:
     tiers: Mapping[str, TierOccupancy]  # "l0" | "l1" | "l2" -> occupancy
     hits: Mapping[str, int]  # "l0" | "l1" | "l2" -> cumulative hits; "miss" -> misses
     load: ReplicaLoadView | None  # None: never reported
+    # why it is out of rotation ("stale report: ...", "the engine is hung: ..."); None: healthy
+    down_reason: str | None = None
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -74,6 +76,7 @@ class ReplicaState:
             "tiers": {name: t.to_json() for name, t in self.tiers.items()},
             "hits": dict(self.hits),
             "load": self.load.to_json() if self.load is not None else None,
+            "down_reason": self.down_reason,
         }
 
 

@@ -82,7 +82,8 @@ class LocalFleetState:
         self._lock = threading.Lock()  # views are built on the thread pool, maybe two at once
 
     def fleet_state(self) -> FleetState:
-        up = self._engine.health().up
+        health = self._engine.health()
+        up = health.up
         load = self._load()
         summary = self._summary()
         with self._lock:
@@ -94,6 +95,7 @@ class LocalFleetState:
             tiers=tiers_of(summary) if summary is not None else {},
             hits=hits_of(summary) if summary is not None else no_hits(),
             load=_load_view(load, evictions_per_min) if load is not None else None,
+            down_reason=None if up else (health.down_reason or "the engine is down"),
         )
         return FleetState(at_s=self._wall_clock(), policy=None, replicas=(replica,))
 

@@ -79,6 +79,27 @@ def test_a_silent_replica_goes_stale_then_is_forgotten() -> None:
     assert _ids(board) == ["a"]
 
 
+def test_the_board_takes_the_fleets_bound_and_says_why_a_replica_is_out() -> None:
+    clock = Clock()
+    board = Board(clock, stale_after_s=1.5)
+    hung = "the engine is hung: no progress for 10.2 s with work pending; retry shortly"
+    board.put({"replica_id": "a", "healthy": True, "down_reason": None})
+    board.put({"replica_id": "b", "healthy": False, "hung": True, "down_reason": hung})
+    board.put({"replica_id": "c", "healthy": False})
+    a, b, c = board.entries()
+    assert a.healthy and a.down_reason is None
+    assert (b.healthy, b.down_reason) == (False, hung)
+    assert (c.healthy, c.down_reason) == (False, "its engine is down")
+    clock.now_s += 1.5
+    assert board.entries()[0].healthy  # at the bound: fresh
+    clock.now_s += 0.25
+    a, _, _ = board.entries()
+    assert not a.healthy and a.stale_after_s == 1.5
+    assert a.down_reason is not None and a.down_reason.startswith("stale report: none for 1.8 s")
+    board.put({"replica_id": "a", "healthy": True})  # its pushes resume
+    assert board.entries()[0].healthy and board.entries()[0].down_reason is None
+
+
 @pytest.mark.parametrize("replica_id", [None, "", 7, "x" * (MAX_REPLICA_ID_CHARS + 1)])
 def test_bad_replica_ids_are_refused(replica_id: Any) -> None:
     board = Board(Clock())

@@ -6,7 +6,8 @@ PostgreSQL with moto's S3 server (what replicas on several hosts share).
 
 Covers: streaming through the ingress; tenant isolation; a release that reaches both replicas
 (pinned in both GPU slot pools) before its canary starts and the alias moves; a killed replica's
-queued requests completing on the other replica, and the replica's replacement rejoining.
+queued requests completing on the other replica, and the replica's replacement rejoining; a
+replica whose whole process is frozen (SIGSTOP) leaving the rotation and rejoining it (SIGCONT).
 """
 
 from __future__ import annotations
@@ -14,9 +15,11 @@ from __future__ import annotations
 import json
 import os
 import secrets
+import signal
 import threading
 import time
 from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
 from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass
 from pathlib import Path
@@ -29,7 +32,12 @@ ray = pytest.importorskip("ray")
 
 from loraplex.demo.assets import DemoAssets  # noqa: E402
 from loraplex.fleet import control  # noqa: E402
-from loraplex.fleet.settings import APP_NAME, FleetSettings  # noqa: E402
+from loraplex.fleet.settings import (  # noqa: E402
+    APP_NAME,
+    DEFAULT_REPORT_PERIOD_S,
+    STALE_REPORT_PERIODS,
+    FleetSettings,
+)
 from loraplex.serve.assembly import DEMO_DIR  # noqa: E402
 from loraplex.serve.config import ServeConfig  # noqa: E402
 
@@ -377,3 +385,87 @@ def test_a_completion_with_several_choices(fleet: Fleet) -> None:
     assert reply.status_code == 200, reply.text
     texts = [c["text"] for c in reply.json()["choices"]]
     assert texts == [_expected(fleet, "r1")] * 3
+
+
+def _replica_view(fleet: Fleet, replica_id: str) -> dict[str, Any]:
+    return next(r for r in _state(fleet)["replicas"] if r["replica_id"] == replica_id)
+
+
+def _wait_for(check: Any, what: str, timeout_s: float = WAIT_S) -> float:
+    """Seconds until ``check()`` held (polled every 0.1 s); AssertionError after ``timeout_s``."""
+    start = time.monotonic()
+    while not check():
+        assert time.monotonic() - start < timeout_s, f"{what}: not within {timeout_s} s"
+        time.sleep(0.1)
+    return time.monotonic() - start
+
+
+def test_a_frozen_replica_leaves_the_rotation_and_returns_when_resumed(fleet: Fleet) -> None:
+    """SIGSTOP one replica's whole process: Ray Serve keeps handing the router its last routing
+    stats (engine "up") until its own health check gives up (3 × 10 s), so only the age of its
+    report tells. The victim holds ``legal@r1`` in a GPU slot, so a router that kept it in
+    rotation would send ``legal@r1`` there (a GPU hit) and the request would wait for it; and it
+    is frozen after a lull without routing, so the router has not yet seen its latest report
+    (stamped when first seen, that report looked new). It leaves the rotation within
+    ``stale_after_s`` (the board says "stale report"), ``legal@r1`` requests go on through the
+    other replica, and after SIGCONT it takes requests again."""
+    from ray import serve
+
+    _wait_replicas(fleet, 2)
+    with fleet.tenant("acme") as api:
+        assert _complete(api, model="legal@r1").status_code == 200
+    board = serve.get_deployment_handle("Board", app_name=APP_NAME)
+    legal = fleet.assets.adapter("acme", "legal", "r1")
+    from loraplex.artifacts.base_model import BaseModelSpec
+
+    legal_key = str(legal.key(BaseModelSpec.from_dir(fleet.assets.base_model_dir).digest))
+    holders: list[Any] = []
+
+    def held() -> bool:
+        holders[:] = [e for e in board.entries.remote().result() if legal_key in _l0(e)]
+        return bool(holders)
+
+    _wait_for(held, "legal@r1 in a GPU slot on the board", 30)
+    victim, pid = holders[0].replica_id, holders[0].status["pid"]
+    bound_s = STALE_REPORT_PERIODS * DEFAULT_REPORT_PERIOD_S
+    time.sleep(4 * DEFAULT_REPORT_PERIOD_S)  # the lull: the victim reports, nothing is routed
+    hits_before = _replica_view(fleet, victim)["hits"]["l0"]
+    os.kill(pid, signal.SIGSTOP)
+    frozen_at = time.monotonic()
+    try:
+        left_s = _wait_for(lambda: not _replica_view(fleet, victim)["healthy"], "out", 60)
+        view = _replica_view(fleet, victim)
+        assert view["down_reason"].startswith("stale report"), view
+        # the board's bound plus its poll and this loop's (generous: a shared, busy machine)
+        assert left_s <= bound_s + 5.0, left_s
+        time.sleep(max(0.0, frozen_at + bound_s + 0.5 - time.monotonic()))  # the router's too
+        with fleet.tenant("acme") as api:
+            for _ in range(4):  # one routed to the frozen replica would wait for it
+                reply = api.post(
+                    "/v1/completions",
+                    json={"model": "legal@r1", "prompt": PROMPT, "max_tokens": 9,
+                          "temperature": 0},
+                    timeout=20,
+                )  # fmt: skip
+                assert reply.status_code == 200, reply.text
+                assert reply.json()["choices"][0]["text"] == legal.expected_continuation
+        assert not _replica_view(fleet, victim)["healthy"]  # frozen all along
+    finally:
+        os.kill(pid, signal.SIGCONT)
+    _wait_for(lambda: _replica_view(fleet, victim)["healthy"], "healthy again", 60)
+    assert _replica_view(fleet, victim)["down_reason"] is None
+    with fleet.tenant("acme") as api, ThreadPoolExecutor(4) as pool:
+
+        def routed_to_victim() -> bool:
+            # both replicas hold legal@r1 now: concurrent requests spread by load
+            sent = [pool.submit(_complete, api, model="legal@r1") for _ in range(4)]
+            assert all(f.result().status_code == 200 for f in sent)
+            time.sleep(1.0)  # its hit counters reach the board with its next push
+            return bool(_replica_view(fleet, victim)["hits"]["l0"] > hits_before)
+
+        _wait_for(routed_to_victim, "a GPU hit on the resumed replica", 60)
+
+
+def _l0(entry: Any) -> list[str]:
+    l0: list[str] = entry.status["report"]["residency"]["l0"]
+    return l0

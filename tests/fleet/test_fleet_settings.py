@@ -34,6 +34,13 @@ def test_defaults_are_valid(tmp_path: Path) -> None:
     settings = _settings(tmp_path)
     assert (settings.engine_replicas, settings.ingress_replicas) == (2, 1)
     assert settings.report_period_s <= MAX_REPORT_PERIOD_S
+    assert settings.stale_after_s is None and settings.stale_bound_s == 3.0  # 6 × 0.5 s
+
+
+def test_the_stale_bound_follows_the_report_period_unless_set(tmp_path: Path) -> None:
+    assert _settings(tmp_path, report_period_s=1.0).stale_bound_s == 6.0
+    assert _settings(tmp_path, report_period_s=0.25).stale_bound_s == 1.5
+    assert _settings(tmp_path, stale_after_s=10).stale_bound_s == 10.0
 
 
 @pytest.mark.parametrize(
@@ -51,6 +58,11 @@ def test_defaults_are_valid(tmp_path: Path) -> None:
         ({"report_period_s": 1.5}, "report_period_s 1.5 is invalid"),
         ({"report_period_s": "fast"}, "report_period_s 'fast' is invalid"),
         ({"seed": "seven"}, "seed 'seven' is invalid; expected an int or None"),
+        ({"stale_after_s": 0.5}, r"stale_after_s 0.5 is invalid; expected >= 1 \(2 report periods"),
+        ({"stale_after_s": 61}, "stale_after_s 61 is invalid; expected .* <= 60"),
+        ({"stale_after_s": float("nan")}, "stale_after_s nan is invalid"),
+        ({"stale_after_s": True}, "stale_after_s True is invalid; expected a number"),
+        ({"stale_after_s": "3s"}, "stale_after_s '3s' is invalid; expected a number"),
         ({"seed": 1.5}, "seed 1.5 is invalid"),
     ],
 )
@@ -185,13 +197,14 @@ def test_up_takes_the_fleet_table_and_flags_over_it(
     path = tmp_path / "fleet.toml"
     path.write_text(
         '[serve]\nmax_loras = 4\n[fleet]\nreplicas = 3\npolicy = "pow2"\n'
-        "report_period_s = 0.25\nrouter = { max_queued = 4 }\n"
+        "report_period_s = 0.25\nstale_after_s = 2.5\nrouter = { max_queued = 4 }\n"
     )
     result = _up(tmp_path, "--config", str(path), "--replicas", "4", "--seed", "7")
     assert result.exit_code == 0, result.output
     (settings,) = fake_control.started
     assert (settings.engine_replicas, settings.policy, settings.seed) == (4, "pow2", 7)
     assert settings.router == {"max_queued": 4} and settings.report_period_s == 0.25
+    assert settings.stale_bound_s == 2.5
     assert settings.serve.max_loras == 4 and settings.serve.torch_threads == 2  # 8 cores / 4
     assert settings.model_dir == fake_control.model_dir
     assert "4 engine replicas on a local Ray head it started" in result.output

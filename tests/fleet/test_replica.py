@@ -22,6 +22,7 @@ from loraplex.engine.protocol import EngineHealth, EngineLoad, EngineRequest, To
 from loraplex.engine.tenant_shares import TenantSettings
 from loraplex.errors import EngineUnavailableError, LoraplexError
 from loraplex.fleet.replica import EVICTION_WINDOW_S, EngineReplica, build_replica_parts
+from loraplex.fleet.routing import UP_KEY
 from loraplex.fleet.wire import Accepted, Failed
 from loraplex.registry import open_registry
 from loraplex.residency.cache.view import CacheSummary, ResidencySnapshot
@@ -173,6 +174,20 @@ def test_a_hung_engine_marks_its_replica_unhealthy_everywhere_the_fleet_looks() 
     assert not replica.healthy()  # the board's ``healthy`` (the ingress's rotation)
     with pytest.raises(EngineUnavailableError, match="hung"):
         replica.check_health()  # Ray Serve's health check: the replica is replaced
+
+
+def test_a_hung_engines_status_and_routing_stats_say_hung_and_why(
+    replica: EngineReplica, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The board's entry (``fleet status``, ``/admin/fleet``) names the hang, not only
+    ``healthy: false``; the router's stats say not up."""
+    assert replica.status()["down_reason"] is None and not replica.status()["hung"]
+    why = "the engine is hung: no progress for 10.0 s with work pending; retry shortly"
+    hung = EngineHealth(False, 0, why, hung=True)
+    monkeypatch.setattr(replica._engine, "health", lambda: hung)
+    status = replica.status()
+    assert (status["healthy"], status["hung"], status["down_reason"]) == (False, True, why)
+    assert replica.routing_stats()[UP_KEY] is False
 
 
 def test_evictions_per_min_counts_the_last_window() -> None:

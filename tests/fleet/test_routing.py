@@ -12,6 +12,7 @@ from typing import Any
 import pytest
 from fleet_fakes import key, report, request
 
+from loraplex.clock import ManualClock
 from loraplex.engine.messages import Snapshot
 from loraplex.fleet.ray_router import LoraplexRequestRouter
 from loraplex.fleet.routing import (
@@ -20,6 +21,8 @@ from loraplex.fleet.routing import (
     UP_KEY,
     ReportStamps,
     RoutingLog,
+    in_rotation,
+    is_stale,
     route_request_of,
     session_of,
 )
@@ -35,14 +38,21 @@ def _stats(reported: ReplicaReport) -> dict[str, Any]:
 # --- ReportStamps ---------------------------------------------------------------------------
 
 
-def test_a_new_report_is_stamped_when_first_seen_and_keeps_that_stamp() -> None:
+def test_a_report_is_stamped_when_made_on_the_routers_clock_and_keeps_that_stamp() -> None:
     stamps = ReportStamps()
     first = stamps.report_of("a", _stats(report("a", at_s=500.0, l0=["k"])), now_s=10.0)
     assert first is not None and first.at_s == 10.0 and "k" in first.residency.l0
     again = stamps.report_of("a", _stats(report("a", at_s=500.0, l0=["k"])), now_s=12.0)
-    assert again is not None and again.at_s == 10.0  # the same report: its first stamp
+    assert again is not None and again.at_s == 10.0  # the same report: its stamp
+    # made 1 s after the first on a's clock, first seen 3 s after it (no routing meanwhile):
+    # stamped when made, so a frozen replica's last report does not look new after a lull
     newer = stamps.report_of("a", _stats(report("a", at_s=501.0)), now_s=13.0)
-    assert newer is not None and newer.at_s == 13.0 and not newer.residency.l0
+    assert newer is not None and newer.at_s == 11.0 and not newer.residency.l0
+    # a quicker delivery than any before lowers the offset; no stamp is later than now
+    quick = stamps.report_of("a", _stats(report("a", at_s=505.0)), now_s=14.5)
+    assert quick is not None and quick.at_s == 14.5
+    later = stamps.report_of("a", _stats(report("a", at_s=506.0)), now_s=20.0)
+    assert later is not None and later.at_s == 15.5
 
 
 def test_no_report_yet_is_none_and_a_missing_one_keeps_the_previous() -> None:
@@ -215,3 +225,61 @@ def test_unknown_router_kwargs_are_refused() -> None:
         _router(policy="nope")
     with pytest.raises(ValueError, match="max_queued"):
         _router(router_config={"max_queued": 0})
+
+
+# --- stale reports age out of the rotation (a frozen replica's last stats stay "up") ----------
+
+
+def test_a_report_is_stale_once_older_than_the_bound_and_none_is_never_stale() -> None:
+    stamped = report("a", at_s=10.0)
+    assert not is_stale(stamped, now_s=13.0, stale_after_s=3.0)  # exactly the bound: fresh
+    assert is_stale(stamped, now_s=13.01, stale_after_s=3.0)
+    assert not is_stale(None, now_s=1e9, stale_after_s=3.0)  # not reported yet: starting
+
+
+def test_in_rotation_drops_stale_and_down_replicas_unless_none_would_remain() -> None:
+    up = {UP_KEY: True}
+    replicas = {"a": _replica("a", up), "b": _replica("b", up), "c": _replica("c", None)}
+    reports = {"a": report("a", at_s=9.0), "b": report("b", at_s=5.0), "c": None}
+    assert sorted(in_rotation(replicas, reports, now_s=10.0, stale_after_s=3.0)) == ["a", "c"]
+    assert sorted(in_rotation(replicas, reports, now_s=10.0, stale_after_s=6.0)) == ["a", "b", "c"]
+    all_stale = {"a": report("a", at_s=1.0), "b": report("b", at_s=1.0), "c": report("c")}
+    assert len(in_rotation(replicas, all_stale, now_s=10.0, stale_after_s=3.0)) == 3
+
+
+def test_a_replica_whose_reports_stop_leaves_the_rotation_and_returns_when_they_resume() -> None:
+    """A frozen replica: Ray keeps handing the router its last routing stats (``up`` true, the
+    same report); once that report is older than ``stale_after_s`` on the router's clock the
+    replica is out, and its next new report brings it back."""
+    clock = ManualClock(100.0)
+    router = _router(seed=0, stale_after_s=3.0, clock=clock)
+    revision = str(key())
+    frozen = {REPORT_KEY: encode_report(report("b", at_s=7.0, l0=[revision])), UP_KEY: True}
+    a_stats = {**_stats(report("a", at_s=7.0)), UP_KEY: True}
+    replicas = [_replica("a", a_stats), _replica("b", frozen)]
+    pending = _pending(request(adapter=key()))
+    assert _choose(router, replicas, pending)[0] == "b"  # it holds the revision in L0
+    clock.advance(3.0)
+    assert _choose(router, replicas, pending)[0] == "b"  # at the bound: still fresh
+    clock.advance(0.5)
+    replicas[0] = _replica("a", {**_stats(report("a", at_s=10.5)), UP_KEY: True})
+    for _ in range(5):  # b's report is 3.5 s old; a reports on
+        assert _choose(router, replicas, pending) == ["a"]
+    resumed = {REPORT_KEY: encode_report(report("b", at_s=11.0, l0=[revision])), UP_KEY: True}
+    replicas[1] = _replica("b", resumed)
+    assert _choose(router, replicas, pending)[0] == "b"
+    clock.advance(10.0)  # both silent: every replica is offered rather than none
+    assert sorted(_choose(router, replicas, pending)) == ["a", "b"]
+
+
+def test_a_retry_avoids_its_lost_replica_and_still_skips_stale_ones() -> None:
+    clock = ManualClock(0.0)
+    router = _router(seed=0, stale_after_s=2.0, clock=clock)
+    replicas = [_replica(i, _stats(report(i, at_s=1.0))) for i in ("a", "b", "c")]
+    _choose(router, replicas, _pending(request()))  # every report stamped at 0
+    clock.advance(5.0)
+    replicas[1] = _replica("b", _stats(report("b", at_s=6.0)))  # only b reported since
+    retry = _pending(request(), hint=RouteHint(avoid=frozenset({"b"})))
+    assert sorted(_choose(router, replicas, retry)) == ["a", "c"]  # all else stale: not none
+    retry_a = _pending(request(), hint=RouteHint(avoid=frozenset({"a"})))
+    assert _choose(router, replicas, retry_a) == ["b"]

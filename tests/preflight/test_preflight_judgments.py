@@ -11,6 +11,7 @@ import pytest
 from loraplex.preflight.checks_registry import canary_prewarm_rollback
 from loraplex.preflight.checks_runtime import no_eviction_in_use, router_affinity_and_load
 from loraplex.preflight.client import Answer, Metrics
+from loraplex.preflight.load import LoadResult, Outcome
 from loraplex.preflight.observe import InUseProbe, Observation, RegistryView
 from loraplex.preflight.report import ITEM_IDS, Report, Status, Verdict
 
@@ -62,6 +63,22 @@ def test_an_in_use_copy_evicted_fails() -> None:
 def test_the_router_must_weigh_affinity_and_load(policy: str | None, status: Status) -> None:
     fleet = {"policy": policy, "replicas": [{}, {}], "decisions": {}}
     assert router_affinity_and_load(_observation(fleet=fleet)).status is status
+
+
+def test_a_fleet_router_that_counted_none_of_the_load_fails() -> None:
+    """Decisions are read after the load test (``observe``): a router that routed the load's
+    requests shows them; none counted means the fleet view does not show what it routed."""
+    answered = Outcome("support", "hot", 200, 0.1, "acme/support@r1", "d" * 64, None)
+    refused = Outcome("support", "hot", 503, 0.1, None, None, "no replica")
+    load = LoadResult((answered, answered, refused), (), (), 1.0)
+    policy = "affinity_until_saturated"
+    empty = {"policy": policy, "replicas": [{}, {}], "decisions": {}}
+    failed = router_affinity_and_load(_observation(fleet=empty, load=load))
+    assert failed.status is Status.FAIL
+    assert "no decisions although 2 load requests were answered" in failed.summary
+    counted = {**empty, "decisions": {"gpu_hit": 1, "placement": 1}}
+    passed = router_affinity_and_load(_observation(fleet=counted, load=load))
+    assert passed.status is Status.PASS and "gpu_hit" in passed.evidence[0]
 
 
 def test_no_release_api_fails() -> None:

@@ -297,6 +297,7 @@ function replicaRow(r) {
   const row = document.createElement("tr");
   row.dataset.replica = r.replica_id;
   row.classList.toggle("unhealthy", !r.healthy);
+  row.title = r.down_reason || ""; // why it is out of rotation (an attribute: text, not markup)
   for (const text of cells) {
     const cell = document.createElement("td");
     cell.textContent = text; // text, never markup: ids come from the replicas
