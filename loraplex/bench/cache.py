@@ -29,7 +29,8 @@ from loraplex.artifacts.identity import AdapterKey, sha256_file
 from loraplex.artifacts.store import LocalArtifactStore
 from loraplex.artifacts.validate import validate_adapter_dir
 from loraplex.bench.cache_baselines import PeftLoader, raw_read
-from loraplex.bench.cache_replays import ratio, replay_metrics, replay_row, run_replays
+from loraplex.bench.cache_replays import replay_metrics, replay_row, run_replays
+from loraplex.bench.harness.stats import ratio
 from loraplex.bench.replay import ReplayResult
 from loraplex.clock import ManualClock
 from loraplex.model.lora import LoraSlotPool
@@ -198,12 +199,12 @@ def load_metrics(
     metrics: dict[str, float | None] = {}
     for index, preset in enumerate(presets):
         prefix = "" if index == 0 else f"{preset}_"
-        metrics[f"{prefix}l2_load_over_raw"] = ratio(med(preset, "l2"), med(preset, "raw"))
+        metrics[f"{prefix}l2_load_over_raw"] = ratio(med(preset, "l2"), med(preset, "raw"), None)
         if peft or index == 0:  # the first preset's key is always there (null without PEFT)
             metrics[f"{prefix}l2_load_speedup_vs_peft"] = ratio(
-                med(preset, "peft"), med(preset, "l2")
+                med(preset, "peft"), med(preset, "l2"), None
             )
-        metrics[f"{prefix}l1_to_l0_over_copy"] = ratio(med(preset, "l1"), med(preset, "copy"))
+        metrics[f"{prefix}l1_to_l0_over_copy"] = ratio(med(preset, "l1"), med(preset, "copy"), None)
     return metrics
 
 

@@ -14,6 +14,7 @@ from typing import Any
 
 from loraplex.artifacts.base_model import BaseModelSpec
 from loraplex.artifacts.identity import AdapterKey
+from loraplex.bench.harness.stats import ratio
 from loraplex.bench.replay import ReplayResult, footprints_for, replay
 from loraplex.bench.workloads import ScenarioParams, generate
 from loraplex.residency.cache import CacheConfig
@@ -27,13 +28,6 @@ HOT_BURST_POLICIES = ("lru", "lru_priority", "cost_aware")
 # Tenant priorities of every replay (the keep-weights of PriorityClass HIGH and BATCH).
 REPLAY_PRIORITY = {"prio": 4.0, "batch": 0.25}
 _WINDOWS = {"before": (0.0, 0.3), "during": (0.3, 0.5), "after": (0.5, 1.0)}
-
-
-def ratio(numerator: float | None, denominator: float | None) -> float | None:
-    """None (null) when either side is unknown or the denominator is not > 0; never 0.0."""
-    if numerator is None or denominator is None or not denominator > 0:
-        return None
-    return numerator / denominator
 
 
 def run_replays(
@@ -80,7 +74,7 @@ def _burst_point(burst: dict[str, ReplayResult], prefix: str) -> dict[str, float
     wait = {p: r.tenant_wait_s.get("batch", {}).get("p50") for p, r in burst.items()}
     for base in ("lru", "lru_priority"):
         out[f"{prefix}_batch_p50_wait_cost_aware_over_{base}"] = ratio(
-            wait["cost_aware"], wait[base]
+            wait["cost_aware"], wait[base], None
         )
     for policy, value in wait.items():
         out[f"{prefix}_batch_p50_wait_s_{policy}"] = value
@@ -95,7 +89,7 @@ def replay_metrics(replays: dict[str, dict[str, ReplayResult]]) -> dict[str, flo
     metrics: dict[str, float | None] = {
         **_burst_point(burst, "hot_burst"),
         "hot_burst_hot_l0_hit_ratio_after": burst["cost_aware"].tenant_windows["prio"]["after"],
-        "hot_burst_reload_reduction_vs_lru": ratio(lru_reloads, ca_reloads),
+        "hot_burst_reload_reduction_vs_lru": ratio(lru_reloads, ca_reloads, None),
         "hot_burst_reloads_lru": float(lru_reloads),
         "hot_burst_reloads_cost_aware": float(ca_reloads),
     }

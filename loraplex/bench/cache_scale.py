@@ -39,6 +39,7 @@ from loraplex.artifacts.identity import AdapterKey, sha256_file
 from loraplex.artifacts.manifest import CONFIG_FILE
 from loraplex.artifacts.store import LocalArtifactStore
 from loraplex.artifacts.validate import WEIGHTS_FILE, validate_adapter_dir
+from loraplex.bench.harness.stats import ratio
 from loraplex.bench.synthetic import RANK, SyntheticAdapter, SyntheticAdapters
 from loraplex.engine.factory import AdapterRuntimeConfig, build_adapter_runtime
 from loraplex.errors import EngineUnavailableError
@@ -251,19 +252,12 @@ def size_label(n: int) -> str:
     return f"{n // 1000}k" if n >= 1000 and n % 1000 == 0 else str(n)
 
 
-def ratio(numerator: float | None, denominator: float | None) -> float | None:
-    """``numerator / denominator``; None when either is unknown or the denominator is not > 0."""
-    if numerator is None or denominator is None or not denominator > 0:
-        return None
-    return numerator / denominator
-
-
 def _result(config: ScaleBenchConfig, per_size: dict[int, dict[str, Any]]) -> dict[str, Any]:
     small, large = min(per_size), max(per_size)
     growth = f"{size_label(large)}_over_{size_label(small)}"
 
     def grow(field: str) -> float | None:
-        return ratio(per_size[large][field], per_size[small][field])
+        return ratio(per_size[large][field], per_size[small][field], None)
 
     free, evicting = grow("place_free_room_ms"), grow("place_eviction_ms")
     known = [r for r in (free, evicting) if r is not None]

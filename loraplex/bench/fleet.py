@@ -39,6 +39,7 @@ from loraplex.bench.fleet_report import (
     decisions_since,
     fleet_metrics,
 )
+from loraplex.bench.harness.order import run_order
 from loraplex.bench.serve_driver import DriveConfig
 from loraplex.bench.serve_fleet import (
     Fleet,
@@ -47,7 +48,6 @@ from loraplex.bench.serve_fleet import (
     prepare_fleet,
     serve_values,
 )
-from loraplex.bench.serve_runs import run_order
 from loraplex.bench.workloads import (
     HOT_BURST_SWEEP_TENANT,
     ScenarioParams,

@@ -16,6 +16,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from loraplex.bench.harness.stats import ratio
 from loraplex.bench.serve_driver import RequestRecord
 from loraplex.bench.serve_summary import ttft_or_timeout
 from loraplex.residency.ledger import Tier
@@ -102,13 +103,6 @@ class PolicyRun:
     records: tuple[RequestRecord, ...]  # one per trace request, in trace order
     replicas: tuple[ReplicaCounters, ...]  # every replica on the board at the end
     decisions: Mapping[str, int]  # routing decisions by reason (the ingress's /admin/fleet)
-
-
-def ratio(numerator: float | None, denominator: float | None, digits: int = 3) -> float | None:
-    """``numerator / denominator``; None when either is unknown or the denominator is not > 0."""
-    if numerator is None or denominator is None or not denominator > 0:
-        return None
-    return round(numerator / denominator, digits)
 
 
 def ttft_ms(records: Sequence[RequestRecord], timeout_s: float) -> dict[str, float | None]:

@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import asyncio
 import random
-import tempfile
 import time
 from collections.abc import Callable, Sequence
 from contextlib import AbstractContextManager
@@ -25,6 +24,8 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any, Protocol
 
+from loraplex.bench.harness.order import run_order
+from loraplex.bench.harness.process import fresh_run_dir
 from loraplex.bench.peer_client import (
     BatchResult,
     Route,
@@ -41,7 +42,6 @@ from loraplex.bench.peer_memory import RssSampler
 from loraplex.bench.peer_report import peer_result
 from loraplex.bench.peer_vllm import PeerSettings, check_cpu_bind
 from loraplex.bench.serve_driver import prompt_ids
-from loraplex.bench.serve_runs import run_order
 from loraplex.demo.manifest import DemoAssets
 
 
@@ -82,6 +82,7 @@ class PeerBenchConfig:
     vllm_cpu_bind: str = "nobind"  # VLLM_CPU_OMP_THREADS_BIND of the vLLM side
     seed: int = 0  # prompts and trace
     asset_dir: Path = Path(".loraplex-assets")  # demo assets cache (<dir>/test-small)
+    logs_dir: Path = Path(".loraplex-bench/peer")  # each invocation's server logs, kept
 
     def __post_init__(self) -> None:
         if not self.max_loras or min(self.max_loras) < 1:
@@ -248,22 +249,22 @@ def run_peer_bench(
     config: PeerBenchConfig,
     assets: DemoAssets,
     make_pair: Callable[[PeerSettings, Path], tuple[PeerServer, PeerServer]],
+    root: Path,
 ) -> list[SettingRuns]:
     """Every setting of ``config``; ``make_pair`` builds (loraplex, other) for one setting
-    (given a scratch directory it may prepare files in)."""
+    (given a directory it may prepare files in). Every server's data directory and log stay
+    under ``root``."""
     from loraplex.artifacts.base_model import BaseModelSpec
 
     vocab = BaseModelSpec.from_dir(assets.base_model_dir).vocab_size
     plan = workloads(assets, vocab, config)
     results = []
-    with tempfile.TemporaryDirectory(prefix="loraplex-bench-peer-") as tmp:
-        root = Path(tmp)
-        for max_loras in config.max_loras:
-            settings = matched_settings(
-                assets, max_loras, threads=config.threads, vllm_cpu_bind=config.vllm_cpu_bind
-            )
-            pair = make_pair(settings, root)
-            results.append(run_setting(pair, settings, plan, config, vocab=vocab, root=root))
+    for max_loras in config.max_loras:
+        settings = matched_settings(
+            assets, max_loras, threads=config.threads, vllm_cpu_bind=config.vllm_cpu_bind
+        )
+        pair = make_pair(settings, root)
+        results.append(run_setting(pair, settings, plan, config, vocab=vocab, root=root))
     return results
 
 
@@ -288,5 +289,8 @@ def run_against_vllm(config: PeerBenchConfig, python: Path, version: str) -> dic
         theirs = VllmServer(python, assets, settings, start_timeout_s=config.start_timeout_s)
         return ours, theirs
 
-    runs = run_peer_bench(config, assets, make_pair)
-    return peer_result(config, runs, f"vllm {version} ({python})")
+    root = fresh_run_dir(config.logs_dir, time.strftime("%Y%m%dT%H%M%SZ", time.gmtime()))
+    runs = run_peer_bench(config, assets, make_pair, root)
+    result = peer_result(config, runs, f"vllm {version} ({python})")
+    result["logs_dir"] = str(root)
+    return result

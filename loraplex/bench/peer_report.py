@@ -13,9 +13,10 @@ from __future__ import annotations
 import statistics
 from collections.abc import Sequence
 from dataclasses import dataclass
-from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from loraplex.bench.harness.machine import cpu_description, machine_record
+from loraplex.bench.harness.stats import ratio
 from loraplex.bench.peer_client import BatchResult
 from loraplex.bench.serve_summary import ttft_or_timeout
 from loraplex.residency.stats import percentile
@@ -50,13 +51,6 @@ HEADLINES = (
     ),
     Headline("peak_rss_over_vllm", "peak_rss_mib", None, False),
 )
-
-
-def ratio(numerator: float | None, denominator: float | None) -> float | None:
-    """numerator / denominator rounded; None when either is unknown or the denominator <= 0."""
-    if numerator is None or denominator is None or not denominator > 0:
-        return None
-    return round(numerator / denominator, 3)
 
 
 def _completed_ratio(done: int, total: int) -> float | None:
@@ -173,7 +167,9 @@ def peer_result(config: PeerBenchConfig, runs: Sequence[SettingRuns], peer: str)
     from dataclasses import asdict
 
     record = {**asdict(config), "asset_dir": str(config.asset_dir), "peer": peer}
+    record["logs_dir"] = str(config.logs_dir)
     record["cpu"] = cpu_description()
+    record["machine"] = machine_record()
     record["max_loras"] = list(config.max_loras)
     timeouts = (config.request_timeout_s, config.start_timeout_s)
     metrics = headline_metrics([setting_metrics(r, *timeouts) for r in runs])
@@ -214,25 +210,3 @@ def summary_markdown(metrics: dict[str, Any], peer: str) -> str:
 
 def _cell(value: object) -> str:
     return "n/a" if value is None else str(value)
-
-
-# Vector extensions that decide which kernels both sides' CPU builds can run: the two sides'
-# ratios moved several-fold between an AVX-512 and an AVX2-only machine (docs/benchmarks/peer.md).
-_ISA_FLAGS = ("avx2", "avx512f", "avx512_bf16", "avx512_vnni", "amx_tile")
-
-
-def cpu_description(cpuinfo: Path = Path("/proc/cpuinfo")) -> dict[str, Any]:
-    """The machine's CPU model and which of ``_ISA_FLAGS`` it has (ratios between the two
-    sides depend on them); model "unknown" and no flags where ``cpuinfo`` cannot be read."""
-    try:
-        text = cpuinfo.read_text()
-    except OSError:
-        return {"model": "unknown", "isa": []}
-    model, flags = "unknown", set[str]()
-    for line in text.splitlines():
-        key, _, value = line.partition(":")
-        if key.strip() == "model name" and model == "unknown":
-            model = value.strip()
-        elif key.strip() == "flags" and not flags:
-            flags = set(value.split())
-    return {"model": model, "isa": [flag for flag in _ISA_FLAGS if flag in flags]}

@@ -14,17 +14,13 @@ from __future__ import annotations
 import os
 import re
 import secrets
-import signal
-import socket
 import subprocess
-import time
 from collections.abc import Iterator, Mapping, Sequence
-from contextlib import AbstractContextManager, contextmanager, suppress
+from contextlib import AbstractContextManager, contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
-import httpx
-
+from loraplex.bench.harness.process import Launch, free_port, serving_process
 from loraplex.bench.peer_client import Route
 from loraplex.demo.manifest import DemoAdapter, DemoAssets
 
@@ -36,7 +32,6 @@ TCMALLOC_PATHS = (
 )
 IMPORT_CHECK_TIMEOUT_S = 300.0  # vllm's import pulls in torch and transformers: slow when cold
 _CORE_LIST = re.compile(r"[0-9]+(-[0-9]+)?(,[0-9]+(-[0-9]+)?)*")
-_READY_POLL_S = 0.2  # the same polling period as the loraplex side's /ready wait
 
 
 class VllmUnavailableError(RuntimeError):
@@ -185,57 +180,20 @@ def vllm_serving(
     command: list[str], env: dict[str, str], port: int, log_path: Path, start_timeout_s: float
 ) -> Iterator[str]:
     """Runs ``command`` (a server on 127.0.0.1:``port``) until the block ends; yields its base
-    URL once /health answers 200."""
-    url = f"http://127.0.0.1:{port}"
-    log_path.parent.mkdir(parents=True, exist_ok=True)
-    with log_path.open("wb") as log:
-        process = subprocess.Popen(
-            command, stdout=log, stderr=subprocess.STDOUT, env=env, start_new_session=True
-        )
-        try:
-            _wait_healthy(process, url, start_timeout_s, log_path)
-            yield url
-        finally:
-            _stop_group(process)
-
-
-def _wait_healthy(
-    process: subprocess.Popen[bytes], url: str, timeout_s: float, log_path: Path
-) -> None:
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        if process.poll() is not None:
-            tail = log_path.read_text(encoding="utf-8", errors="replace")[-3000:]
-            raise RuntimeError(f"vLLM exited with {process.returncode}:\n{tail}")
-        try:
-            if httpx.get(f"{url}/health", timeout=2.0).status_code == 200:
-                return
-        except httpx.HTTPError:
-            pass
-        time.sleep(_READY_POLL_S)
-    raise RuntimeError(f"vLLM did not become healthy within {timeout_s} s (log: {log_path})")
-
-
-def _stop_group(process: subprocess.Popen[bytes]) -> None:
-    """SIGINT to the server, which stops its engine core and worker itself; then SIGKILL to
-    whatever of its process group is left (signalling the whole group at once would interrupt
-    the children in the middle of the parent's orderly shutdown)."""
-    if process.poll() is None:
-        process.send_signal(signal.SIGINT)
-        try:
-            process.wait(timeout=30)
-        except subprocess.TimeoutExpired:
-            process.kill()
-            process.wait(timeout=30)
-    with suppress(ProcessLookupError):  # an engine process its parent left behind
-        os.killpg(process.pid, signal.SIGKILL)
-
-
-def _free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        sock.bind(("127.0.0.1", 0))
-        port: int = sock.getsockname()[1]
-        return port
+    URL once /health answers 200. The log stays at ``log_path``."""
+    launch = Launch(
+        name="vLLM",
+        command=command,
+        env=env,
+        url=f"http://127.0.0.1:{port}",
+        ready_path="/health",
+        log_path=log_path,
+        start_timeout_s=start_timeout_s,
+        stop_grace_s=30.0,
+        tail_chars=3000,
+    )
+    with serving_process(launch):
+        yield launch.url
 
 
 class VllmServer:
@@ -253,7 +211,7 @@ class VllmServer:
         self._api_key = "vllm-" + secrets.token_urlsafe(16)  # its port is open to local users
 
     def serving(self, data_dir: Path) -> AbstractContextManager[str]:
-        port = _free_port()
+        port = free_port()
         command = vllm_command(
             self._python, self._assets, self._settings, port=port, api_key=self._api_key
         )

@@ -10,6 +10,9 @@ from __future__ import annotations
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
+from loraplex.bench.harness.stats import nearest_rank
+from loraplex.bench.harness.stats import ratio as harness_ratio
+
 BASELINE = "baseline"  # phase kind: no release running
 RELEASING = "releasing"  # phase kind: release cycles running back to back
 PROMOTED = "promoted"
@@ -67,22 +70,13 @@ def wrong_revision(answer: Answer, truth: dict[str, str]) -> bool:
     return answer.text != truth[reported]
 
 
-def percentile(values: Sequence[float], q: float) -> float | None:
-    """Nearest-rank percentile (``q`` in (0, 1]); None for no values."""
-    if not values:
-        return None
-    ordered = sorted(values)
-    rank = max(1, -(-len(ordered) * q // 1))
-    return ordered[int(rank) - 1]
-
-
 def phase_figures(answers: Iterable[Answer], timeout_s: float) -> dict[str, object]:
     """TTFT of one phase kind; a failed or timed-out request counts at ``timeout_s`` (a run
     that fails its requests must not look fast)."""
     chosen = list(answers)
     ttfts = [a.ttft_s if a.ok and a.ttft_s is not None else timeout_s for a in chosen]
     completed = sum(1 for a in chosen if a.ok)
-    p50, p99 = percentile(ttfts, 0.5), percentile(ttfts, 0.99)
+    p50, p99 = nearest_rank(ttfts, 0.5), nearest_rank(ttfts, 0.99)
     return {
         "requests": len(chosen),
         "completed": completed,
@@ -96,7 +90,7 @@ def ratio(numerator: object, denominator: object) -> float | None:
     """None (null) when either side is unknown or the denominator is not > 0; never 0.0."""
     if not isinstance(numerator, int | float) or not isinstance(denominator, int | float):
         return None
-    return round(numerator / denominator, 3) if denominator > 0 else None
+    return harness_ratio(numerator, denominator)
 
 
 def release_metrics(
@@ -109,7 +103,7 @@ def release_metrics(
     baseline = phase_figures((a for a in answers if a.phase_kind == BASELINE), timeout_s)
     releasing = phase_figures((a for a in answers if a.phase_kind == RELEASING), timeout_s)
     rollbacks = [o.rollback_to_old_ms for o in outcomes if o.rollback_to_old_ms is not None]
-    p99_rollback = percentile(rollbacks, 0.99)
+    p99_rollback = nearest_rank(rollbacks, 0.99)
     bad = [o for o in outcomes if o.kind != "good"]
     probe_failed = {o.candidate for o in outcomes if o.kind == "probe_fail"}
     return {

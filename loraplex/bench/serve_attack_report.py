@@ -21,6 +21,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from loraplex.bench.harness.stats import ratio
 from loraplex.bench.serve_adversarial import victim_failed
 from loraplex.bench.serve_attack_kinds import HUNG_ENGINE, STUCK_STREAM
 from loraplex.bench.serve_attack_runs import KindRun
@@ -72,13 +73,6 @@ def side(
 
 def _ms(seconds: float) -> float:
     return round(seconds * 1000, 2)
-
-
-def ratio(attacked: float | None, calm: float | None) -> float | None:
-    """attacked / calm; None when either is undefined or calm is not positive."""
-    if attacked is None or calm is None or not calm > 0:
-        return None
-    return round(attacked / calm, 3)
 
 
 def kind_entry(

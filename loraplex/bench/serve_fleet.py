@@ -10,19 +10,15 @@ from __future__ import annotations
 
 import os
 import secrets
-import signal
-import socket
-import subprocess
 import sys
-import time
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
-import httpx
-
 from loraplex.artifacts.base_model import BaseModelSpec
+from loraplex.bench.harness.process import Launch, free_port
+from loraplex.bench.harness.process import serving_process as harness_serving
 from loraplex.bench.serve_driver import REVISION
 from loraplex.bench.workloads import TraceAdapter
 from loraplex.registry import (
@@ -156,13 +152,6 @@ def drop_page_cache(root: Path) -> bool:
     return True
 
 
-def _free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        sock.bind(("127.0.0.1", 0))
-        port: int = sock.getsockname()[1]
-        return port
-
-
 def serve_values(
     fleet: Fleet, data_dir: Path, options: ServerOptions, port: int
 ) -> dict[str, object]:
@@ -226,49 +215,18 @@ def serving_process(
     fleet: Fleet, data_dir: Path, options: ServerOptions, start_timeout_s: float = 180.0
 ) -> Iterator[Served]:
     """``serving``, yielding the server's process id too (attacks that signal its engine or
-    measure its memory need it)."""
-    port = _free_port()
+    measure its memory need it). The log stays at ``data_dir/server.log``."""
+    port = free_port()
     config = _write_config(fleet, data_dir, options, port)
-    env = {**os.environ, "OMP_NUM_THREADS": str(options.torch_threads)}
-    command = [sys.executable, "-c", _SERVE, "serve"]
-    log = (data_dir / "server.log").open("wb")
-    process = subprocess.Popen(
-        [*command, "--config", str(config)],
-        stdout=log,
-        stderr=subprocess.STDOUT,
-        env=env,
-        start_new_session=True,
+    launch = Launch(
+        name="loraplex serve",
+        command=[sys.executable, "-c", _SERVE, "serve", "--config", str(config)],
+        env={**os.environ, "OMP_NUM_THREADS": str(options.torch_threads)},
+        url=f"http://127.0.0.1:{port}",
+        ready_path="/ready",
+        log_path=data_dir / "server.log",
+        start_timeout_s=start_timeout_s,
+        stop_grace_s=20.0,
     )
-    url = f"http://127.0.0.1:{port}"
-    try:
-        _wait_ready(process, url, start_timeout_s, data_dir / "server.log")
-        yield Served(url, process.pid)
-    finally:
-        _stop(process)
-        log.close()
-
-
-def _wait_ready(process: subprocess.Popen[bytes], url: str, timeout_s: float, log: Path) -> None:
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        if process.poll() is not None:
-            tail = log.read_text(encoding="utf-8", errors="replace")[-2000:]
-            raise RuntimeError(f"loraplex serve exited with {process.returncode}:\n{tail}")
-        try:
-            if httpx.get(f"{url}/ready", timeout=2.0).status_code == 200:
-                return
-        except httpx.HTTPError:
-            pass
-        time.sleep(0.2)
-    raise RuntimeError(f"loraplex serve did not become ready within {timeout_s} s (log: {log})")
-
-
-def _stop(process: subprocess.Popen[bytes]) -> None:
-    if process.poll() is not None:
-        return
-    process.send_signal(signal.SIGINT)
-    try:
-        process.wait(timeout=20)
-    except subprocess.TimeoutExpired:
-        process.kill()
-        process.wait(timeout=20)
+    with harness_serving(launch) as process:
+        yield Served(launch.url, process.pid)

@@ -14,6 +14,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
+from loraplex.bench.harness.order import run_order
 from loraplex.bench.serve_driver import DriveConfig, RequestRecord, ResidencyView, replay_over_http
 from loraplex.bench.serve_fleet import Fleet, ServerOptions, drop_page_cache, serving
 from loraplex.bench.serve_summary import HOT_BURST_POLICIES, RunResult, hot_burst_run
@@ -64,18 +65,6 @@ def comparisons(
                 ]
             )
     return groups
-
-
-def run_order(group_sizes: Sequence[int], repeats: int) -> list[tuple[int, int]]:
-    """(group, member) in run order: each group's members run ``repeats`` times, the order
-    reversed every other repeat and every other group (ABBA, then BAAB), so machine drift and
-    warm-up do not favour one side."""
-    order = []
-    for group, size in enumerate(group_sizes):
-        for repeat in range(repeats):
-            members = range(size)
-            order += [(group, m) for m in (members[::-1] if (group + repeat) % 2 else members)]
-    return order
 
 
 def trace_runs(plan: TracePlan, fleet: Fleet, drive: DriveConfig, root: Path) -> list[RunResult]:

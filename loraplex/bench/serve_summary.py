@@ -12,6 +12,8 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from loraplex.bench.harness.stats import at_timeout
+from loraplex.bench.harness.stats import ratio as _ratio
 from loraplex.bench.serve_driver import TIERS, RequestRecord, ResidencyView
 from loraplex.residency.stats import percentile
 
@@ -41,9 +43,7 @@ def _ms(values: Sequence[float | None]) -> dict[str, float | None]:
 def ttft_or_timeout(record: RequestRecord, timeout_s: float) -> float:
     """A completed request's TTFT; a failed, shed or timed-out one counts as at least the
     timeout (WORKLOADS.md), so a run that sheds more does not get a better percentile."""
-    if record.ok and record.ttft_s is not None:
-        return record.ttft_s
-    return max(timeout_s, record.ttft_s or 0.0)
+    return at_timeout(record.ok, record.ttft_s, timeout_s)
 
 
 def _group(records: Sequence[RequestRecord], timeout_s: float) -> dict[str, Any]:
@@ -147,13 +147,6 @@ def _in_l0(summary: dict[str, Any] | None, tenant: str, groups: str) -> float | 
     if not group or not group["ttft_ms"]["n"]:
         return None
     return round(int(group["tier_at_arrival"]["L0"]) / int(group["ttft_ms"]["n"]), 4)
-
-
-def _ratio(numerator: float | None, denominator: float | None) -> float | None:
-    """None (null) when either side is unknown or the denominator is not > 0; never 0.0."""
-    if numerator is None or denominator is None or not denominator > 0:
-        return None
-    return round(numerator / denominator, 3)
 
 
 HOT_BURST_POLICIES = ("lru", "lru_priority", "cost_aware")

@@ -378,6 +378,10 @@ def peer(
     asset_dir: Annotated[
         Path, typer.Option(help="Demo assets cache (the model and adapters: <dir>/test-small).")
     ] = Path(".loraplex-assets"),
+    logs_dir: Annotated[
+        Path,
+        typer.Option(help="Each run's server logs and data are kept under <dir>/<UTC time>."),
+    ] = Path(".loraplex-bench/peer"),
 ) -> None:
     """loraplex and vLLM's CPU build on the same demo model and 16 adapters, one server at a
     time (ABBA): throughput with adapters and without, P99 TTFT at a common rate, start to
@@ -407,6 +411,7 @@ def peer(
             vllm_cpu_bind=vllm_cpu_bind,
             seed=seed,
             asset_dir=asset_dir,
+            logs_dir=logs_dir,
         )
     except ValueError as exc:
         raise typer.BadParameter(str(exc)) from exc

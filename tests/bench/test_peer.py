@@ -327,7 +327,9 @@ class OneAtATime:
 
 
 @pytest.fixture(scope="module")
-def harness(demo_assets: DemoAssets) -> tuple[dict[str, Any], list[SettingRuns], list[int]]:
+def harness(
+    demo_assets: DemoAssets, tmp_path_factory: pytest.TempPathFactory
+) -> tuple[dict[str, Any], list[SettingRuns], list[int]]:
     config = PeerBenchConfig(max_loras=(4,), requests=4, prompt_tokens=8, output_tokens=4,
                              trace_requests=4, load=0.5, greedy_prompts=3, greedy_tokens=4,
                              rounds=2, request_timeout_s=60.0, start_timeout_s=180.0)  # fmt: skip
@@ -343,7 +345,12 @@ def harness(demo_assets: DemoAssets) -> tuple[dict[str, Any], list[SettingRuns],
         standin = StandIn(theirs, demo_assets, settings)
         return OneAtATime(loraplex, alive, most), OneAtATime(standin, alive, most)
 
-    runs = run_peer_bench(config, demo_assets, make_pair)
+    root = tmp_path_factory.mktemp("peer-runs")
+    runs = run_peer_bench(config, demo_assets, make_pair, root)
+    # every run's server log is kept under the run directory (issue 26: they were deleted)
+    logs = sorted(p.relative_to(root).as_posix() for p in root.rglob("server.log"))
+    assert logs == [f"max-loras-4/run-{i}-{side}/server.log" for i, side in
+                    enumerate(["loraplex", "stand-in", "stand-in", "loraplex"])]  # fmt: skip
     return peer_result(config, runs, "stand-in"), runs, most
 
 

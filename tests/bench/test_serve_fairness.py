@@ -9,10 +9,11 @@ from pathlib import Path
 
 import pytest
 
+from loraplex.bench.harness.order import run_order
 from loraplex.bench.serve import ServeBenchConfig
 from loraplex.bench.serve_driver import RequestRecord, ResidencyView
 from loraplex.bench.serve_fleet import drop_page_cache
-from loraplex.bench.serve_runs import pooled_view, run_order
+from loraplex.bench.serve_runs import pooled_view
 from loraplex.bench.serve_summary import (
     HOT_BURST_POLICIES,
     RunResult,
