@@ -83,6 +83,9 @@ def serve_command(
     auto_warm_interval_s: Annotated[
         float | None, Opt(help="Seconds between automatic warm rebalances (default: 5).")
     ] = None,
+    max_auto_gpu_slots: Annotated[
+        int | None, Opt(help="GPU slots automatic warm promotion may pin (max_loras / 4).")
+    ] = None,
     device: Annotated[str | None, Opt(help="torch device (default: cpu).")] = None,
     dtype: Annotated[
         str | None, Opt(help=f"One of {', '.join(DTYPE_NAMES)} (default: {DEFAULT_DTYPE}).")
