@@ -13,16 +13,14 @@ from __future__ import annotations
 import statistics
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from loraplex.bench.harness.machine import cpu_description, machine_record
 from loraplex.bench.harness.stats import ratio
 from loraplex.bench.peer_client import BatchResult
+from loraplex.bench.peer_model import Lifetime, PeerBenchConfig, SettingRuns
 from loraplex.bench.serve_summary import ttft_or_timeout
 from loraplex.residency.stats import percentile
-
-if TYPE_CHECKING:
-    from loraplex.bench.peer import Lifetime, PeerBenchConfig, SettingRuns
 
 SIDES = ("loraplex", "vllm")  # the roles; the vLLM side may be a stand-in (config says which)
 

@@ -18,16 +18,11 @@ import pytest
 from typer.testing import CliRunner
 
 from loraplex.bench import peer as peer_module
-from loraplex.bench.peer import (
-    Lifetime,
-    PeerBenchConfig,
-    PeerServer,
-    SettingRuns,
-    run_peer_bench,
-)
+from loraplex.bench.peer import PeerServer, run_peer_bench
 from loraplex.bench.peer_client import BatchResult, Route
 from loraplex.bench.peer_loraplex import LoraplexServer, matched_settings, prepare_demo_fleet
 from loraplex.bench.peer_memory import RssSampler, descendants, parent_map, rss_bytes
+from loraplex.bench.peer_model import Lifetime, PeerBenchConfig, SettingRuns
 from loraplex.bench.peer_report import (
     SIDES,
     cpu_description,
