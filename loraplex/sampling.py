@@ -26,6 +26,11 @@ MAX_STOP_TOKEN_IDS = 64
 MIN_REPETITION_PENALTY, MAX_REPETITION_PENALTY = 0.01, 100.0
 
 
+# Finish reasons a generation ends with (OpenAI's vocabulary plus "abort").
+FINISH_STOP = "stop"
+FINISH_LENGTH = "length"
+FINISH_ABORT = "abort"
+
 # Output tokens of a request that names no max_tokens where its context length is not known
 # (OpenAI's completions default; ``loraplex serve`` always knows the context, and there the
 # default is the rest of it).

@@ -38,7 +38,6 @@ from enum import StrEnum
 from typing import TypeVar
 
 from loraplex.clock import Clock
-from loraplex.engine.protocol import FINISH_ABORT, FINISH_LENGTH, FINISH_STOP
 from loraplex.errors import (
     AdapterNotFoundError,
     AuthenticationError,
@@ -49,6 +48,7 @@ from loraplex.errors import (
     RateLimitError,
 )
 from loraplex.release.model import Release, RevisionWindow
+from loraplex.sampling import FINISH_ABORT, FINISH_LENGTH, FINISH_STOP
 
 _log = logging.getLogger(__name__)
 CANDIDATE = "candidate"  # the revision being released
