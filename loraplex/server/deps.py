@@ -10,13 +10,13 @@ from pathlib import Path
 from loraplex.clock import MonotonicClock
 from loraplex.engine.protocol import EngineClient
 from loraplex.registry import Registry
+from loraplex.release.traffic import ReleaseTraffic
 from loraplex.server.adapter_labels import DEFAULT_MAX_NAMED
 from loraplex.server.cache_control import CacheControl
 from loraplex.server.chat import ChatTemplate
 from loraplex.server.fleet_view import FleetStateSource
 from loraplex.server.metrics import ServerMetrics
 from loraplex.server.recent_requests import RecentRequests
-from loraplex.server.release_traffic import ReleaseTraffic
 
 
 def untracked_releases() -> ReleaseTraffic:

@@ -49,6 +49,11 @@ from prometheus_client.core import (
 from prometheus_client.registry import Collector
 
 from loraplex.engine.protocol import EngineClient, TokenDelta
+from loraplex.release.traffic import (
+    ReleaseTraffic,
+    caller_key,
+    classify,
+)
 from loraplex.residency.ledger import Tier
 from loraplex.server.adapter_labels import DEFAULT_MAX_NAMED, AdapterLabels
 from loraplex.server.cache_control import CacheControl
@@ -60,11 +65,6 @@ from loraplex.server.metrics_collectors import (
     ReleaseCollector,
 )
 from loraplex.server.recent_requests import RecentRequests
-from loraplex.server.release_traffic import (
-    ReleaseTraffic,
-    caller_key,
-    classify,
-)
 
 CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
 _LATENCY_BUCKETS_S = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0)
