@@ -5,6 +5,7 @@ and no import, however deep in a function, goes against the arrows. Reading orde
     ops, artifacts                     kernels; what an adapter is (identity, validation, store)
     model, registry, residency, demo   the model; the control plane; where copies live
     release                            controlled releases (state machine, controller)
+    quota                              per-tenant request-rate buckets (local or Redis)
     runtime                            tier backends moving bytes between L3/L2/L1/L0
     engine                             scheduler, runner, engine loop and its process seam
     server                             HTTP only (OpenAI routes, admin API, metrics)
@@ -32,6 +33,7 @@ _BELOW_BENCH = {
     "model",
     "registry",
     "release",
+    "quota",
     "residency",
     "artifacts",
     "demo",
@@ -46,9 +48,10 @@ ALLOWED: dict[str, set[str]] = {
     "model": {"ops", "artifacts"},
     "demo": {"artifacts"},
     "release": {"registry", "artifacts"},
+    "quota": {"registry", "artifacts"},
     "runtime": {"model", "residency", "artifacts"},
     "engine": {"runtime", "model", "residency", "artifacts", "ops"},
-    "server": {"engine", "model", "registry", "release", "residency", "artifacts"},
+    "server": {"engine", "model", "registry", "release", "quota", "residency", "artifacts"},
     "serve": _BELOW_BENCH - {"serve"},
     "deploy": {"serve"},
     "fleet": _BELOW_BENCH,

@@ -14,7 +14,16 @@ REPO_ROOT = Path(__file__).resolve().parent.parent
 # (the decision code a simulator would reuse) and the HTTP layer. NOTE: this checks packages,
 # not the HTTP process: its entry modules (serve/assembly.py) still load torch (issue 26 item 1).
 # A package not (yet) in the tree fails the test rather than passing with no modules.
-TORCH_FREE = ("registry", "release", "artifacts", "residency", "server", "router", "deploy")
+TORCH_FREE = (
+    "registry",
+    "release",
+    "quota",
+    "artifacts",
+    "residency",
+    "server",
+    "router",
+    "deploy",
+)
 # The engine's decision code (the simulator reuses the scheduler).
 _TORCH_FREE_ENGINE = (
     "protocol",

@@ -24,13 +24,13 @@ from typing import Any
 from loraplex.artifacts.base_model import BaseModelSpec, lora_bytes
 from loraplex.dtypes import DEFAULT_DTYPE, bytes_per_element, check_dtype
 from loraplex.engine.watchdog import DEFAULT_HUNG_AFTER_S, DEFAULT_KILL_AFTER_S
-from loraplex.residency.policy import DEFAULT_POLICY, policy_names
-from loraplex.server.adapter_labels import DEFAULT_MAX_NAMED
-from loraplex.server.ratelimit import (
+from loraplex.quota.ratelimit import (
     DEFAULT_KEY_PREFIX,
     check_key_prefix,
     check_shared_state_url,
 )
+from loraplex.residency.policy import DEFAULT_POLICY, policy_names
+from loraplex.server.adapter_labels import DEFAULT_MAX_NAMED
 
 DEFAULT_CPU_ADAPTER_BYTES = 1 << 30
 PROMPT_CHARS_PER_TOKEN = 64  # the default prompt character cap per token of max_model_len

@@ -54,7 +54,7 @@ class ServerConfig:
     # tenants cannot reach the port; otherwise scrapers send the admin key.
     metrics_public: bool = False
     # Redis holding the tenants' rate buckets for every ingress process (redis:// or rediss://;
-    # not in repr: it may hold a password); None: buckets per process (``server/ratelimit.py``)
+    # not in repr: it may hold a password); None: buckets per process (``quota/ratelimit.py``)
     shared_state_url: str | None = field(default=None, repr=False)
     shared_state_prefix: str = "loraplex"  # key prefix there: one per deployment sharing it
 
@@ -98,7 +98,7 @@ class ServerConfig:
             raise ValueError(
                 f"max_prompt_tokens {self.max_prompt_tokens} is invalid; expected >= 1 or None"
             )
-        from loraplex.server.ratelimit import check_key_prefix, check_shared_state_url
+        from loraplex.quota.ratelimit import check_key_prefix, check_shared_state_url
 
         if self.shared_state_url is not None:
             check_shared_state_url(self.shared_state_url)
