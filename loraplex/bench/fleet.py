@@ -39,6 +39,7 @@ from loraplex.bench.fleet_report import (
     decisions_since,
     fleet_metrics,
 )
+from loraplex.bench.harness.machine import machine_record
 from loraplex.bench.harness.order import run_order
 from loraplex.bench.serve_driver import DriveConfig
 from loraplex.bench.serve_fleet import (
@@ -202,7 +203,7 @@ def run_fleet_bench(config: FleetBenchConfig) -> dict[str, Any]:
     metrics["run_order"] = order
     return {
         "name": "fleet",
-        "config": config.plain(),
+        "config": {**config.plain(), "machine": machine_record()},
         "seed": config.seed,
         "metrics": metrics,
         "runs": runs,

@@ -20,6 +20,7 @@ from typing import Any
 
 import httpx
 
+from loraplex.bench.harness.machine import machine_record
 from loraplex.bench.release_check import (
     BASELINE,
     RELEASING,
@@ -99,7 +100,7 @@ def run_release_bench(config: ReleaseBenchConfig) -> dict[str, Any]:
     metrics["statuses"] = statuses(checked)
     metrics["feedback_statuses"] = feedback
     metrics["cycles"] = [asdict(o) for o in outcomes]
-    plain = _plain(asdict(config))
+    plain = {**_plain(asdict(config)), "machine": machine_record()}
     return {
         "name": "release",
         "config": plain,

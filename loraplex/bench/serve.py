@@ -26,6 +26,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
+from loraplex.bench.harness.machine import machine_record
 from loraplex.bench.serve_adversarial import (
     ADVERSARIAL,
     AdversarialConfig,
@@ -208,6 +209,7 @@ def run_serve_bench(config: ServeBenchConfig) -> dict[str, Any]:
     metrics["page_cache_dropped_per_run"] = dropped
     metrics["runs"] = summaries
     plain = {k: (str(v) if isinstance(v, Path) else v) for k, v in asdict(config).items()}
+    plain["machine"] = machine_record()
     return {"name": "serve", "config": plain, "seed": config.seed, "metrics": metrics, "runs": runs}
 
 

@@ -308,6 +308,7 @@ def test_quick_run_on_a_real_fleet(tmp_path: Path) -> None:
     assert len(lines) == 1, done.stdout[-2000:]  # --json: the JSON line alone on stdout
     result = json.loads(lines[0])
     assert result["name"] == "fleet"
+    assert result["config"]["machine"]["cores"] >= 1  # the harness's machine record (issue 26)
     metrics = result["metrics"]
     assert metrics["run_order"] == [f"zipf-longtail/{p}" for p in QUICK_SETTINGS["policies"]]
     config = FleetBenchConfig(**QUICK_SETTINGS)

@@ -50,6 +50,8 @@ def test_json_line_shape(bench: tuple[dict[str, Any], Path]) -> None:
     assert set(line) == {"name", "config", "seed", "metrics"}
     assert line["name"] == "serve" and line["seed"] == 0
     assert tuple(line["config"]["scenarios"]) == SCENARIOS
+    machine = line["config"]["machine"]  # the harness's machine record (issue 26)
+    assert machine["cores"] >= 1 and set(machine) == {"cpu", "cores", "load_1m", "python"}
     metrics = line["metrics"]
     for name in MEASURED:  # undefined ratios are null: a run that measured nothing fails here
         assert isinstance(metrics[name], float) and math.isfinite(metrics[name]), name
