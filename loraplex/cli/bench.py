@@ -386,10 +386,10 @@ def peer(
     """loraplex and vLLM's CPU build on the same demo model and 16 adapters, one server at a
     time (ABBA): throughput with adapters and without, P99 TTFT at a common rate, start to
     first answer, memory, probes and greedy agreement; ratios loraplex / vLLM."""
-    from loraplex.bench.peer import run_against_vllm
-    from loraplex.bench.peer_model import PeerBenchConfig
-    from loraplex.bench.peer_report import summary_markdown
-    from loraplex.bench.peer_vllm import VllmUnavailableError, check_vllm_python
+    from loraplex.bench.peer.bench import run_against_vllm
+    from loraplex.bench.peer.model import PeerBenchConfig
+    from loraplex.bench.peer.report import summary_markdown
+    from loraplex.bench.peer.vllm import VllmUnavailableError, check_vllm_python
 
     if vllm_python is None:
         typer.echo(

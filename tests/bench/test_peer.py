@@ -17,13 +17,13 @@ from typing import Any
 import pytest
 from typer.testing import CliRunner
 
-from loraplex.bench import peer as peer_module
-from loraplex.bench.peer import PeerServer, run_peer_bench
-from loraplex.bench.peer_client import BatchResult, Route
-from loraplex.bench.peer_loraplex import LoraplexServer, matched_settings, prepare_demo_fleet
-from loraplex.bench.peer_memory import RssSampler, descendants, parent_map, rss_bytes
-from loraplex.bench.peer_model import Lifetime, PeerBenchConfig, SettingRuns
-from loraplex.bench.peer_report import (
+from loraplex.bench.peer import bench as peer_module
+from loraplex.bench.peer.bench import PeerServer, run_peer_bench
+from loraplex.bench.peer.client import BatchResult, Route
+from loraplex.bench.peer.loraplex_side import LoraplexServer, matched_settings, prepare_demo_fleet
+from loraplex.bench.peer.memory import RssSampler, descendants, parent_map, rss_bytes
+from loraplex.bench.peer.model import Lifetime, PeerBenchConfig, SettingRuns
+from loraplex.bench.peer.report import (
     SIDES,
     cpu_description,
     headline_metrics,
@@ -32,7 +32,7 @@ from loraplex.bench.peer_report import (
     side_stats,
     ttft_ms,
 )
-from loraplex.bench.peer_vllm import (
+from loraplex.bench.peer.vllm import (
     PeerSettings,
     VllmUnavailableError,
     check_cpu_bind,
@@ -57,7 +57,7 @@ def nothing_runs(monkeypatch: pytest.MonkeyPatch) -> None:
         raise AssertionError("the benchmark ran")
 
     monkeypatch.setattr(peer_module, "run_against_vllm", refuse)
-    monkeypatch.setattr("loraplex.bench.peer_vllm.check_vllm_python", refuse)
+    monkeypatch.setattr("loraplex.bench.peer.vllm.check_vllm_python", refuse)
 
 
 def test_without_vllm_python_the_command_exits_2_and_runs_nothing(nothing_runs: None) -> None:

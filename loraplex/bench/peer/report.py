@@ -17,8 +17,8 @@ from typing import Any
 
 from loraplex.bench.harness.machine import cpu_description, machine_record
 from loraplex.bench.harness.stats import ratio
-from loraplex.bench.peer_client import BatchResult
-from loraplex.bench.peer_model import Lifetime, PeerBenchConfig, SettingRuns
+from loraplex.bench.peer.client import BatchResult
+from loraplex.bench.peer.model import Lifetime, PeerBenchConfig, SettingRuns
 from loraplex.bench.serve_summary import ttft_or_timeout
 from loraplex.residency.stats import percentile
 

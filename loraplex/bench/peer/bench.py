@@ -26,7 +26,7 @@ from typing import Any, Protocol
 
 from loraplex.bench.harness.order import run_order
 from loraplex.bench.harness.process import fresh_run_dir
-from loraplex.bench.peer_client import (
+from loraplex.bench.peer.client import (
     Route,
     Shot,
     ShotShape,
@@ -36,11 +36,11 @@ from loraplex.bench.peer_client import (
     run_shots,
     zipf_trace,
 )
-from loraplex.bench.peer_loraplex import matched_settings
-from loraplex.bench.peer_memory import RssSampler
-from loraplex.bench.peer_model import Lifetime, PeerBenchConfig, SettingRuns, Workloads
-from loraplex.bench.peer_report import peer_result
-from loraplex.bench.peer_vllm import PeerSettings
+from loraplex.bench.peer.loraplex_side import matched_settings
+from loraplex.bench.peer.memory import RssSampler
+from loraplex.bench.peer.model import Lifetime, PeerBenchConfig, SettingRuns, Workloads
+from loraplex.bench.peer.report import peer_result
+from loraplex.bench.peer.vllm import PeerSettings
 from loraplex.bench.serve_driver import prompt_ids
 from loraplex.demo.manifest import DemoAssets
 
@@ -187,8 +187,8 @@ def run_peer_bench(
 
 def run_against_vllm(config: PeerBenchConfig, python: Path, version: str) -> dict[str, Any]:
     """The whole benchmark: loraplex against vLLM ``version`` run by ``python``."""
-    from loraplex.bench.peer_loraplex import LoraplexServer, prepare_demo_fleet
-    from loraplex.bench.peer_vllm import VllmServer
+    from loraplex.bench.peer.loraplex_side import LoraplexServer, prepare_demo_fleet
+    from loraplex.bench.peer.vllm import VllmServer
     from loraplex.demo.assets import generate_demo_assets
 
     assets = generate_demo_assets(config.asset_dir / "test-small", preset="small", seed=0)

@@ -8,8 +8,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
-from loraplex.bench.peer_client import BatchResult, Shot
-from loraplex.bench.peer_vllm import PeerSettings, check_cpu_bind
+from loraplex.bench.peer.client import BatchResult, Shot
+from loraplex.bench.peer.vllm import PeerSettings, check_cpu_bind
 
 
 @dataclass(frozen=True)

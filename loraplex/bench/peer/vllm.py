@@ -21,7 +21,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from loraplex.bench.harness.process import Launch, free_port, serving_process
-from loraplex.bench.peer_client import Route
+from loraplex.bench.peer.client import Route
 from loraplex.demo.manifest import DemoAdapter, DemoAssets
 
 # Where Debian's libtcmalloc-minimal4 installs the allocator vLLM's CPU docs ask to preload.

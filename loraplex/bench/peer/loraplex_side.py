@@ -12,8 +12,8 @@ import secrets
 from contextlib import AbstractContextManager
 from pathlib import Path
 
-from loraplex.bench.peer_client import Route
-from loraplex.bench.peer_vllm import PeerSettings
+from loraplex.bench.peer.client import Route
+from loraplex.bench.peer.vllm import PeerSettings
 from loraplex.bench.serve_fleet import Fleet, ServerOptions, serving
 from loraplex.demo.manifest import DemoAssets
 from loraplex.residency.policy import DEFAULT_POLICY
