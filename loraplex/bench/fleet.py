@@ -41,8 +41,8 @@ from loraplex.bench.fleet_report import (
 )
 from loraplex.bench.harness.machine import machine_record
 from loraplex.bench.harness.order import run_order
-from loraplex.bench.serve_driver import DriveConfig
-from loraplex.bench.serve_fleet import (
+from loraplex.bench.serve.driver import DriveConfig
+from loraplex.bench.serve.fleet import (
     Fleet,
     ServerOptions,
     drop_page_cache,

@@ -18,7 +18,7 @@ import time
 from collections.abc import Sequence
 from dataclasses import replace
 
-from loraplex.bench.serve_driver import DriveConfig, RequestRecord, prompt_ids, send_one
+from loraplex.bench.serve.driver import DriveConfig, RequestRecord, prompt_ids, send_one
 from loraplex.bench.workloads import TraceRequest
 
 UNKNOWN_TIER = "L3"  # the tier recorded when the server does not report one

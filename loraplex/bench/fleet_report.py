@@ -17,8 +17,8 @@ from dataclasses import dataclass
 from typing import Any
 
 from loraplex.bench.harness.stats import ratio
-from loraplex.bench.serve_driver import RequestRecord
-from loraplex.bench.serve_summary import ttft_or_timeout
+from loraplex.bench.serve.driver import RequestRecord
+from loraplex.bench.serve.summary import ttft_or_timeout
 from loraplex.residency.ledger import Tier
 from loraplex.residency.stats import percentile
 from loraplex.router.router import DEFAULT_POLICY

@@ -41,7 +41,7 @@ from loraplex.bench.release_load import (
     to_answer,
 )
 from loraplex.bench.release_plan import CycleSpec, Lineage, plan_cycles
-from loraplex.bench.serve_fleet import Fleet, ServerOptions, serving
+from loraplex.bench.serve.fleet import Fleet, ServerOptions, serving
 from loraplex.demo.manifest import DemoAdapter, DemoAssets
 
 ACTOR = "bench-release"

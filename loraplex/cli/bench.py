@@ -9,7 +9,7 @@ from typing import TYPE_CHECKING, Annotated, Any
 import typer
 
 if TYPE_CHECKING:
-    from loraplex.bench.serve_adversarial import AdversarialConfig
+    from loraplex.bench.serve.adversarial import AdversarialConfig
 
 bench_app = typer.Typer(help="Benchmarks: one JSON line on stdout, a markdown report under docs/.")
 
@@ -220,8 +220,8 @@ def serve(
 ) -> None:
     """The real server over HTTP: lru / lru_priority vs cost_aware, storm vs none, HTTP vs
     in-process, and (opt-in) the steady tenants with and without an attacker tenant."""
-    from loraplex.bench.serve import ServeBenchConfig, run_serve_bench
-    from loraplex.bench.serve_report import (
+    from loraplex.bench.serve.bench import ServeBenchConfig, run_serve_bench
+    from loraplex.bench.serve.report import (
         hit_ratio_plot,
         serve_json_line,
         serve_markdown,
@@ -270,7 +270,7 @@ def serve(
 def _adversarial_config(
     attack_rate: float, rounds: int, kinds: str, flood_sockets: int, hang_s: float
 ) -> AdversarialConfig:
-    from loraplex.bench.serve_adversarial import ATTACK_KINDS, AdversarialConfig
+    from loraplex.bench.serve.adversarial import ATTACK_KINDS, AdversarialConfig
 
     return AdversarialConfig(
         attack_rate=attack_rate,

@@ -33,7 +33,7 @@ from loraplex.bench.fleet_report import (
     trace_metrics,
     ttft_ms,
 )
-from loraplex.bench.serve_driver import RequestRecord
+from loraplex.bench.serve.driver import RequestRecord
 from loraplex.bench.workloads import generate
 from loraplex.cli import app
 from loraplex.residency.ledger import Tier

@@ -41,8 +41,8 @@ from loraplex.bench.peer.vllm import (
     vllm_env,
     vllm_module_name,
 )
-from loraplex.bench.serve_driver import RequestRecord
-from loraplex.bench.serve_fleet import Fleet, ServerOptions, serving
+from loraplex.bench.serve.driver import RequestRecord
+from loraplex.bench.serve.fleet import Fleet, ServerOptions, serving
 from loraplex.cli import app
 from loraplex.demo.manifest import DemoAssets
 

@@ -41,7 +41,7 @@ from loraplex.bench.peer.memory import RssSampler
 from loraplex.bench.peer.model import Lifetime, PeerBenchConfig, SettingRuns, Workloads
 from loraplex.bench.peer.report import peer_result
 from loraplex.bench.peer.vllm import PeerSettings
-from loraplex.bench.serve_driver import prompt_ids
+from loraplex.bench.serve.driver import prompt_ids
 from loraplex.demo.manifest import DemoAssets
 
 

@@ -15,7 +15,7 @@ import time
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from loraplex.bench.serve_driver import DriveConfig, RequestRecord, prompt_ids, send_one
+from loraplex.bench.serve.driver import DriveConfig, RequestRecord, prompt_ids, send_one
 from loraplex.bench.sse_client import SseClientError, StreamingPost
 from loraplex.bench.workloads import TraceRequest, gamma_arrivals, zipf_weights
 

@@ -14,7 +14,7 @@ from pathlib import Path
 
 from loraplex.bench.peer.client import Route
 from loraplex.bench.peer.vllm import PeerSettings
-from loraplex.bench.serve_fleet import Fleet, ServerOptions, serving
+from loraplex.bench.serve.fleet import Fleet, ServerOptions, serving
 from loraplex.demo.manifest import DemoAssets
 from loraplex.residency.policy import DEFAULT_POLICY
 

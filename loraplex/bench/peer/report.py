@@ -19,7 +19,7 @@ from loraplex.bench.harness.machine import cpu_description, machine_record
 from loraplex.bench.harness.stats import ratio
 from loraplex.bench.peer.client import BatchResult
 from loraplex.bench.peer.model import Lifetime, PeerBenchConfig, SettingRuns
-from loraplex.bench.serve_summary import ttft_or_timeout
+from loraplex.bench.serve.summary import ttft_or_timeout
 from loraplex.residency.stats import percentile
 
 SIDES = ("loraplex", "vllm")  # the roles; the vLLM side may be a stand-in (config says which)

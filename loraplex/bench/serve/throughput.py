@@ -28,8 +28,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from loraplex.bench.serve_driver import DriveConfig, RequestRecord, prompt_ids, send_one
-from loraplex.bench.serve_fleet import Fleet, ServerOptions, serve_values, serving
+from loraplex.bench.serve.driver import DriveConfig, RequestRecord, prompt_ids, send_one
+from loraplex.bench.serve.fleet import Fleet, ServerOptions, serve_values, serving
 from loraplex.bench.workloads import TraceRequest
 
 if TYPE_CHECKING:

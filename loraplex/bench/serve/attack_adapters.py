@@ -17,7 +17,7 @@ from loraplex.artifacts.base_model import BaseModelSpec
 from loraplex.artifacts.manifest import CONFIG_FILE
 from loraplex.artifacts.validate import WEIGHTS_FILE
 from loraplex.bench.adapters import write_random_adapter
-from loraplex.bench.serve_attacker import PathologicalAdapter
+from loraplex.bench.serve.attacker import PathologicalAdapter
 
 HUGE_WEIGHT = 3e37  # float32 holds up to 3.4e38: finite on disk, inf after one matmul
 _TARGETS = ("q_proj", "v_proj")

@@ -17,9 +17,9 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from loraplex.bench.proc_tree import tree_rss_bytes
-from loraplex.bench.serve_adversarial import ADVERSARIAL, AdversarialConfig
-from loraplex.bench.serve_attack_hang import hung_engine
-from loraplex.bench.serve_attack_kinds import (
+from loraplex.bench.serve.adversarial import ADVERSARIAL, AdversarialConfig
+from loraplex.bench.serve.attack_hang import hung_engine
+from loraplex.bench.serve.attack_kinds import (
     FANOUT,
     HALF_OPEN_FLOOD,
     HUNG_ENGINE,
@@ -35,10 +35,10 @@ from loraplex.bench.serve_attack_kinds import (
     seat_hog,
     token_ids,
 )
-from loraplex.bench.serve_attack_sockets import half_open_flood, stuck_streams
-from loraplex.bench.serve_attacker import ATTACKER
-from loraplex.bench.serve_driver import DriveConfig, RequestRecord, ResidencyView, replay_over_http
-from loraplex.bench.serve_fleet import Fleet, ServerOptions, serving_process
+from loraplex.bench.serve.attack_sockets import half_open_flood, stuck_streams
+from loraplex.bench.serve.attacker import ATTACKER
+from loraplex.bench.serve.driver import DriveConfig, RequestRecord, ResidencyView, replay_over_http
+from loraplex.bench.serve.fleet import Fleet, ServerOptions, serving_process
 from loraplex.bench.workloads import Workload
 
 ATTACKS: dict[str, Attack] = {

@@ -15,9 +15,9 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from loraplex.bench.harness.order import run_order
-from loraplex.bench.serve_driver import DriveConfig, RequestRecord, ResidencyView, replay_over_http
-from loraplex.bench.serve_fleet import Fleet, ServerOptions, drop_page_cache, serving
-from loraplex.bench.serve_summary import HOT_BURST_POLICIES, RunResult, hot_burst_run
+from loraplex.bench.serve.driver import DriveConfig, RequestRecord, ResidencyView, replay_over_http
+from loraplex.bench.serve.fleet import Fleet, ServerOptions, drop_page_cache, serving
+from loraplex.bench.serve.summary import HOT_BURST_POLICIES, RunResult, hot_burst_run
 from loraplex.bench.workloads import HOT_BURST_WINDOW, Workload
 
 # One run of a comparison: its name, the trace it replays and the server settings.

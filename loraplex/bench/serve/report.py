@@ -7,8 +7,8 @@ from pathlib import Path
 from typing import Any
 
 from loraplex.bench.report import markdown_table
-from loraplex.bench.serve_driver import TIERS
-from loraplex.bench.serve_summary import HOT_BURST_POLICIES, RunResult, ttft_or_timeout
+from loraplex.bench.serve.driver import TIERS
+from loraplex.bench.serve.summary import HOT_BURST_POLICIES, RunResult, ttft_or_timeout
 
 _SCALARS = (int, float, str, type(None))  # None: undefined (no data), shown as such
 

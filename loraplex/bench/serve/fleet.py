@@ -19,7 +19,7 @@ from pathlib import Path
 from loraplex.artifacts.base_model import BaseModelSpec
 from loraplex.bench.harness.process import Launch, free_port
 from loraplex.bench.harness.process import serving_process as harness_serving
-from loraplex.bench.serve_driver import REVISION
+from loraplex.bench.serve.driver import REVISION
 from loraplex.bench.workloads import TraceAdapter
 from loraplex.registry import (
     PriorityClass,

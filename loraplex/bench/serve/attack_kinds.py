@@ -27,14 +27,14 @@ from collections.abc import Awaitable, Callable, Coroutine
 from dataclasses import dataclass
 from typing import Any
 
-from loraplex.bench.serve_attacker import (
+from loraplex.bench.serve.attacker import (
     ATTACKER_ADAPTER,
     AttackRequest,
     bounded_exchange,
     post_large,
     post_streaming,
 )
-from loraplex.bench.serve_driver import prompt_ids
+from loraplex.bench.serve.driver import prompt_ids
 
 SEAT_HOG, FANOUT, HALF_OPEN_FLOOD = "seat-hog", "fanout", "half-open-flood"
 STUCK_STREAM, TOKEN_ID_BATCH, HUNG_ENGINE = "stuck-stream", "token-id-batch", "hung-engine"

@@ -33,7 +33,7 @@ import httpx
 
 from loraplex.artifacts.manifest import CONFIG_FILE
 from loraplex.artifacts.validate import WEIGHTS_FILE
-from loraplex.bench.serve_driver import prompt_ids
+from loraplex.bench.serve.driver import prompt_ids
 from loraplex.bench.sse_client import SseClientError, StreamingPost
 
 ATTACKER = "attacker"  # the attacking tenant

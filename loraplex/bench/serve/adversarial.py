@@ -23,8 +23,8 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
 
-from loraplex.bench.serve_attack_kinds import ISOLATED_KINDS
-from loraplex.bench.serve_attacker import (
+from loraplex.bench.serve.attack_kinds import ISOLATED_KINDS
+from loraplex.bench.serve.attacker import (
     ATTACKER,
     ATTACKER_ADAPTER,
     KINDS,
@@ -33,8 +33,8 @@ from loraplex.bench.serve_attacker import (
     PathologicalAdapter,
     run_attacker,
 )
-from loraplex.bench.serve_driver import DriveConfig, RequestRecord, ResidencyView, replay_over_http
-from loraplex.bench.serve_fleet import Fleet, ServerOptions, serving
+from loraplex.bench.serve.driver import DriveConfig, RequestRecord, ResidencyView, replay_over_http
+from loraplex.bench.serve.fleet import Fleet, ServerOptions, serving
 from loraplex.bench.workloads import (
     ATTENTION_TARGETS,
     ScenarioParams,
@@ -167,7 +167,7 @@ def _hostile_adapters(
 ) -> tuple[PathologicalAdapter, ...]:
     """The cold-adapter kind's adapters (its uploads are part of that kind)."""
     from loraplex.artifacts.base_model import BaseModelSpec
-    from loraplex.bench.serve_attack_adapters import write_pathological_adapters
+    from loraplex.bench.serve.attack_adapters import write_pathological_adapters
 
     return write_pathological_adapters(
         BaseModelSpec.from_dir(fleet.model_dir),

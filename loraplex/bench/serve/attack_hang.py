@@ -17,7 +17,7 @@ import time
 from collections.abc import Callable, Iterator
 
 from loraplex.bench.proc_tree import engine_child
-from loraplex.bench.serve_attack_kinds import KindPlan, KindTarget, Tally
+from loraplex.bench.serve.attack_kinds import KindPlan, KindTarget, Tally
 
 HANG_START_S = 2.0  # seconds into the run the engine is stopped (a quarter of a shorter run)
 

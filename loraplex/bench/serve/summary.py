@@ -14,7 +14,7 @@ from typing import Any
 
 from loraplex.bench.harness.stats import at_timeout
 from loraplex.bench.harness.stats import ratio as _ratio
-from loraplex.bench.serve_driver import TIERS, RequestRecord, ResidencyView
+from loraplex.bench.serve.driver import TIERS, RequestRecord, ResidencyView
 from loraplex.residency.stats import percentile
 
 STEADY_TENANTS = ("steady-a", "steady-b")

@@ -18,7 +18,7 @@ import contextlib
 import socket
 from urllib.parse import urlsplit
 
-from loraplex.bench.serve_attack_kinds import (
+from loraplex.bench.serve.attack_kinds import (
     FANOUT_N,
     KindPlan,
     KindTarget,

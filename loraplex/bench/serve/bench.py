@@ -27,7 +27,7 @@ from pathlib import Path
 from typing import Any
 
 from loraplex.bench.harness.machine import machine_record
-from loraplex.bench.serve_adversarial import (
+from loraplex.bench.serve.adversarial import (
     ADVERSARIAL,
     AdversarialConfig,
     AdversarialRun,
@@ -35,13 +35,13 @@ from loraplex.bench.serve_adversarial import (
     adversarial_workload,
     run_adversarial,
 )
-from loraplex.bench.serve_attack_report import kind_metrics
-from loraplex.bench.serve_attack_runs import KindRun, run_attack_kinds
-from loraplex.bench.serve_driver import DriveConfig
-from loraplex.bench.serve_fleet import Fleet, ServerOptions, drop_page_cache, prepare_fleet
-from loraplex.bench.serve_runs import TracePlan, comparisons, trace_runs
-from loraplex.bench.serve_summary import RunResult, headline, summarize
-from loraplex.bench.serve_throughput import ThroughputConfig, measure_throughput
+from loraplex.bench.serve.attack_report import kind_metrics
+from loraplex.bench.serve.attack_runs import KindRun, run_attack_kinds
+from loraplex.bench.serve.driver import DriveConfig
+from loraplex.bench.serve.fleet import Fleet, ServerOptions, drop_page_cache, prepare_fleet
+from loraplex.bench.serve.runs import TracePlan, comparisons, trace_runs
+from loraplex.bench.serve.summary import RunResult, headline, summarize
+from loraplex.bench.serve.throughput import ThroughputConfig, measure_throughput
 from loraplex.bench.workloads import (
     ScenarioParams,
     TraceAdapter,

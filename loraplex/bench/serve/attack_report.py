@@ -22,9 +22,9 @@ from dataclasses import dataclass
 from typing import Any
 
 from loraplex.bench.harness.stats import ratio
-from loraplex.bench.serve_adversarial import victim_failed
-from loraplex.bench.serve_attack_kinds import HUNG_ENGINE, STUCK_STREAM
-from loraplex.bench.serve_attack_runs import KindRun
+from loraplex.bench.serve.adversarial import victim_failed
+from loraplex.bench.serve.attack_kinds import HUNG_ENGINE, STUCK_STREAM
+from loraplex.bench.serve.attack_runs import KindRun
 from loraplex.bench.workloads import Workload
 from loraplex.residency.stats import percentile
 
