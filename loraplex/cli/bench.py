@@ -106,8 +106,8 @@ def cache(
         torch.set_num_threads(1)
         typer.echo(json.dumps(_scale_result(quick, sizes, seed, asset_dir)))
         return
-    from loraplex.bench.cache import CacheBenchConfig, run_cache_bench
-    from loraplex.bench.cache_report import cache_markdown, cache_plot
+    from loraplex.bench.cache.bench import CacheBenchConfig, run_cache_bench
+    from loraplex.bench.cache.report import cache_markdown, cache_plot
 
     torch.set_num_threads(1)
     config = CacheBenchConfig(
@@ -134,7 +134,7 @@ def cache(
 
 
 def _scale_result(quick: bool, sizes: str, seed: int, asset_dir: Path) -> dict[str, object]:
-    from loraplex.bench.cache_scale import ScaleBenchConfig, run_scale_bench
+    from loraplex.bench.cache.scale import ScaleBenchConfig, run_scale_bench
 
     try:
         if sizes:

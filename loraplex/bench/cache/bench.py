@@ -28,8 +28,8 @@ from loraplex.artifacts.base_model import BaseModelSpec
 from loraplex.artifacts.identity import AdapterKey, sha256_file
 from loraplex.artifacts.store import LocalArtifactStore
 from loraplex.artifacts.validate import validate_adapter_dir
-from loraplex.bench.cache_baselines import PeftLoader, raw_read
-from loraplex.bench.cache_replays import replay_metrics, replay_row, run_replays
+from loraplex.bench.cache.baselines import PeftLoader, raw_read
+from loraplex.bench.cache.replays import replay_metrics, replay_row, run_replays
 from loraplex.bench.harness.stats import ratio
 from loraplex.bench.replay import ReplayResult
 from loraplex.clock import ManualClock
