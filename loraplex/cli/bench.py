@@ -35,7 +35,7 @@ def execution(
     """Mixed-adapter execution: base, single, mixed and PEFT side by side (WORKLOADS.md)."""
     import torch
 
-    from loraplex.bench.execution import ExecutionBenchConfig, run_execution_bench
+    from loraplex.bench.execution.bench import ExecutionBenchConfig, run_execution_bench
     from loraplex.bench.report import execution_markdown, execution_plot
 
     torch.set_num_threads(threads)

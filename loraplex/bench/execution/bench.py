@@ -8,9 +8,9 @@ from pathlib import Path
 
 import torch
 
-from loraplex.bench.execution_headline import headline, matrix_rows
-from loraplex.bench.execution_runners import KV_BLOCK_SIZE, KV_CACHE
-from loraplex.bench.execution_setup import (
+from loraplex.bench.execution.headline import headline, matrix_rows
+from loraplex.bench.execution.runners import KV_BLOCK_SIZE, KV_CACHE
+from loraplex.bench.execution.setup import (
     Case,
     ExecutionBenchConfig,
     Workspace,

@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from loraplex.bench.adapters import S2_RANKS, write_random_adapter, write_random_base
-from loraplex.bench.execution_runners import StepShape
+from loraplex.bench.execution.runners import StepShape
 from loraplex.dtypes import torch_dtype
 from loraplex.model.adapter_weights import AdapterWeights
 

@@ -5,8 +5,8 @@ from __future__ import annotations
 import random
 from collections.abc import Callable
 
-from loraplex.bench.execution_runners import LoraplexRunner, PeftRunner, StepShape, padded
-from loraplex.bench.execution_setup import (
+from loraplex.bench.execution.runners import LoraplexRunner, PeftRunner, StepShape, padded
+from loraplex.bench.execution.setup import (
     DTYPES,
     MAX_RANK,
     UNIFORM_MIX,
@@ -16,7 +16,7 @@ from loraplex.bench.execution_setup import (
     adapter_bytes,
     seq_slots,
 )
-from loraplex.bench.timing import interleaved_medians
+from loraplex.bench.execution.timing import interleaved_medians
 
 HEADLINE_ADAPTERS = 16
 # Forced backends measured next to "auto" in the headline (the choice, documented with numbers).
