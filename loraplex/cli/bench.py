@@ -490,8 +490,8 @@ def fleet(
     ratio, P99 TTFT, cold loads and decisions per policy on zipf-longtail and hot-burst."""
     import os
 
-    from loraplex.bench.fleet import QUICK_SETTINGS, FleetBenchConfig, run_fleet_bench
-    from loraplex.bench.fleet_report import fleet_json_line, fleet_table
+    from loraplex.bench.fleet.bench import QUICK_SETTINGS, FleetBenchConfig, run_fleet_bench
+    from loraplex.bench.fleet.report import fleet_json_line, fleet_table
     from loraplex.cli.fleet import default_threads_per_replica
 
     given: dict[str, Any] = {

@@ -15,9 +15,9 @@ from typing import Any
 import pytest
 from typer.testing import CliRunner
 
-from loraplex.bench.fleet import QUICK_SETTINGS, FleetBenchConfig, run_plan, warmup_workload
-from loraplex.bench.fleet_drive import capacity_batch
-from loraplex.bench.fleet_report import (
+from loraplex.bench.fleet.bench import QUICK_SETTINGS, FleetBenchConfig, run_plan, warmup_workload
+from loraplex.bench.fleet.drive import capacity_batch
+from loraplex.bench.fleet.report import (
     HEADLINES,
     PolicyRun,
     ReplicaCounters,

@@ -29,8 +29,8 @@ from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Any
 
-from loraplex.bench.fleet_drive import capacity_batch, measure_capacity, median_or_none, replay
-from loraplex.bench.fleet_report import (
+from loraplex.bench.fleet.drive import capacity_batch, measure_capacity, median_or_none, replay
+from loraplex.bench.fleet.report import (
     POLICIES,
     TRACES,
     PolicyRun,
@@ -166,7 +166,7 @@ class _Target:
 def run_fleet_bench(config: FleetBenchConfig) -> dict[str, Any]:
     """Every run of the benchmark; the result has name, config, seed, metrics and runs."""
     from loraplex.artifacts.base_model import BaseModelSpec
-    from loraplex.bench.fleet_cluster import local_cluster
+    from loraplex.bench.fleet.cluster import local_cluster
     from loraplex.demo.assets import generate_demo_assets
 
     assets = generate_demo_assets(config.asset_dir / "test-small", preset="small", seed=0)
@@ -255,7 +255,7 @@ def _settings(
 def _capacity(
     config: FleetBenchConfig, target: _Target, adapters: list[tuple[str, str]], drive: DriveConfig
 ) -> tuple[float, ...]:
-    from loraplex.bench.fleet_cluster import deployed
+    from loraplex.bench.fleet.cluster import deployed
 
     settings = _settings(config, target, target.root / "capacity", CAPACITY_POLICY)
     batch = capacity_batch(
@@ -275,7 +275,7 @@ def _policy_runs(
 ) -> tuple[list[PolicyRun], list[str]]:
     """Every (trace, policy) run in ``run_plan`` order; the runs and that order by name. Each
     run's counters and decisions are those of its measured replay (less the warm-up's)."""
-    from loraplex.bench.fleet_cluster import deployed, fleet_state, settled_counters
+    from loraplex.bench.fleet.cluster import deployed, fleet_state, settled_counters
 
     runs, names = [], []
     by_name = {w.name: w for w in workloads}

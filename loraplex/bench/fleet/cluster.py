@@ -23,7 +23,7 @@ from typing import Any
 
 import httpx
 
-from loraplex.bench.fleet_report import ReplicaCounters, counters_of
+from loraplex.bench.fleet.report import ReplicaCounters, counters_of
 from loraplex.fleet.settings import APP_NAME, FleetSettings
 
 RAY_NAMESPACE = "loraplex-bench-fleet"
