@@ -313,9 +313,9 @@ def release(
 ) -> None:
     """Release cycles (good, probe-fail, live-fail) under steady traffic through the real
     server: wrong-revision answers, promotions, rollback time and the TTFT cost of releasing."""
-    from loraplex.bench.release import ReleaseBenchConfig, release_markdown, run_release_bench
-    from loraplex.bench.release_cycles import CycleSettings
-    from loraplex.bench.release_load import LoadConfig
+    from loraplex.bench.release.bench import ReleaseBenchConfig, release_markdown, run_release_bench
+    from loraplex.bench.release.cycles import CycleSettings
+    from loraplex.bench.release.load import LoadConfig
 
     try:
         config = ReleaseBenchConfig(

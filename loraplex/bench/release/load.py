@@ -18,7 +18,7 @@ import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
 
-from loraplex.bench.release_check import Answer
+from loraplex.bench.release.check import Answer
 from loraplex.bench.sse_client import SseClientError, StreamingPost
 from loraplex.bench.workloads import zipf_weights
 

@@ -21,7 +21,7 @@ from typing import Any
 import httpx
 
 from loraplex.bench.harness.machine import machine_record
-from loraplex.bench.release_check import (
+from loraplex.bench.release.check import (
     BASELINE,
     RELEASING,
     Answer,
@@ -29,8 +29,8 @@ from loraplex.bench.release_check import (
     release_metrics,
     statuses,
 )
-from loraplex.bench.release_cycles import AdapterState, CycleRunner, CycleSettings
-from loraplex.bench.release_load import (
+from loraplex.bench.release.cycles import AdapterState, CycleRunner, CycleSettings
+from loraplex.bench.release.load import (
     Expectations,
     LoadConfig,
     Phase,
@@ -40,7 +40,7 @@ from loraplex.bench.release_load import (
     stream_completion,
     to_answer,
 )
-from loraplex.bench.release_plan import CycleSpec, Lineage, plan_cycles
+from loraplex.bench.release.plan import CycleSpec, Lineage, plan_cycles
 from loraplex.bench.serve.fleet import Fleet, ServerOptions, serving
 from loraplex.demo.manifest import DemoAdapter, DemoAssets
 

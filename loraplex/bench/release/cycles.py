@@ -17,8 +17,8 @@ from pathlib import Path
 
 import httpx
 
-from loraplex.bench.release_check import Answer, CycleOutcome
-from loraplex.bench.release_load import (
+from loraplex.bench.release.check import Answer, CycleOutcome
+from loraplex.bench.release.load import (
     Expectations,
     Route,
     SteadyLoad,
@@ -26,7 +26,7 @@ from loraplex.bench.release_load import (
     stream_completion,
     to_answer,
 )
-from loraplex.bench.release_plan import CycleKind, CycleSpec, Sources, choose_sources
+from loraplex.bench.release.plan import CycleKind, CycleSpec, Sources, choose_sources
 
 TERMINAL = frozenset({"promoted", "rolled_back", "aborted"})
 FOLLOWUP = "followup"  # phase kind of the rollback-timing requests (checked, not in TTFT)
