@@ -26,11 +26,22 @@ MAX_STOP_TOKEN_IDS = 64
 MIN_REPETITION_PENALTY, MAX_REPETITION_PENALTY = 0.01, 100.0
 
 
+# Finish reasons a generation ends with (OpenAI's vocabulary plus "abort").
+FINISH_STOP = "stop"
+FINISH_LENGTH = "length"
+FINISH_ABORT = "abort"
+
+# Output tokens of a request that names no max_tokens where its context length is not known
+# (OpenAI's completions default; ``loraplex serve`` always knows the context, and there the
+# default is the rest of it).
+DEFAULT_MAX_TOKENS = 16
+
+
 @dataclass(frozen=True)
 class SamplingParams:
     """How one request picks tokens and when it stops."""
 
-    max_tokens: int = 16  # tokens to generate at most
+    max_tokens: int = DEFAULT_MAX_TOKENS  # tokens to generate at most
     temperature: float = 0.0  # 0 = greedy (argmax); otherwise logits are divided by it
     top_p: float = 1.0  # keep the smallest set of tokens whose probability reaches top_p
     top_k: int | None = None  # keep the k most likely tokens; None = no limit

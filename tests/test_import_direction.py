@@ -5,6 +5,7 @@ and no import, however deep in a function, goes against the arrows. Reading orde
     ops, artifacts                     kernels; what an adapter is (identity, validation, store)
     model, registry, residency, demo   the model; the control plane; where copies live
     release                            controlled releases (state machine, controller)
+    quota                              per-tenant request-rate buckets (local or Redis)
     runtime                            tier backends moving bytes between L3/L2/L1/L0
     engine                             scheduler, runner, engine loop and its process seam
     tracing                            request traces: what the front records, OTLP export
@@ -35,6 +36,7 @@ _BELOW_BENCH = {
     "model",
     "registry",
     "release",
+    "quota",
     "residency",
     "artifacts",
     "demo",
@@ -49,10 +51,20 @@ ALLOWED: dict[str, set[str]] = {
     "model": {"ops", "artifacts"},
     "demo": {"artifacts"},
     "release": {"registry", "artifacts"},
+    "quota": {"registry", "artifacts"},
     "runtime": {"model", "residency", "artifacts"},
     "engine": {"runtime", "model", "residency", "artifacts", "ops"},
     "tracing": {"engine", "residency", "artifacts"},
-    "server": {"engine", "model", "registry", "release", "residency", "artifacts", "tracing"},
+    "server": {
+        "engine",
+        "model",
+        "registry",
+        "release",
+        "quota",
+        "residency",
+        "artifacts",
+        "tracing",
+    },
     "serve": _BELOW_BENCH - {"serve"},
     "deploy": {"serve"},
     "fleet": _BELOW_BENCH,
@@ -156,6 +168,31 @@ def test_no_module_import_cycle() -> None:
                 graph[module].add(target)
     cycles = _strongly_connected(graph)
     assert not cycles, "module import cycles: " + "; ".join(" <-> ".join(c) for c in cycles)
+
+
+# Cycles still allowed, each with its reason (issue 26 item 6).
+TYPE_CYCLES_ALLOWED = {
+    # remote_cache takes EngineProcess for typing only; the split waits until the engine
+    # transport moves to engine/transport/ (others were editing process.py in that round)
+    ("loraplex.engine.process", "loraplex.engine.remote_cache"),
+}
+
+
+def test_no_module_cycle_even_for_types() -> None:
+    """Issue 26: two files that import each other, even only for type checking, are a class
+    split by line count; split by responsibility instead (or keep the class whole)."""
+    modules = _modules()
+    graph: dict[str, set[str]] = defaultdict(set)
+    for module, path in modules.items():
+        for name, _, _ in _imports(path):
+            target = name
+            while target not in modules and "." in target:
+                target = target.rsplit(".", 1)[0]
+            if target != module and target in modules:
+                graph[module].add(target)
+    cycles = {tuple(sorted(c)) for c in _strongly_connected(graph)}
+    assert cycles - TYPE_CYCLES_ALLOWED == set(), f"module cycles: {sorted(cycles)}"
+    assert cycles >= TYPE_CYCLES_ALLOWED, "an allowed cycle is gone: drop it from the list"
 
 
 def _strongly_connected(graph: dict[str, set[str]]) -> list[list[str]]:

@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING, Annotated, Any
 import typer
 
 if TYPE_CHECKING:
-    from loraplex.bench.serve_adversarial import AdversarialConfig
+    from loraplex.bench.serve.adversarial import AdversarialConfig
 
 bench_app = typer.Typer(help="Benchmarks: one JSON line on stdout, a markdown report under docs/.")
 
@@ -36,7 +36,7 @@ def execution(
     """Mixed-adapter execution: base, single, mixed and PEFT side by side (WORKLOADS.md)."""
     import torch
 
-    from loraplex.bench.execution import ExecutionBenchConfig, run_execution_bench
+    from loraplex.bench.execution.bench import ExecutionBenchConfig, run_execution_bench
     from loraplex.bench.report import execution_markdown, execution_plot
 
     torch.set_num_threads(threads)
@@ -107,8 +107,8 @@ def cache(
         torch.set_num_threads(1)
         typer.echo(json.dumps(_scale_result(quick, sizes, seed, asset_dir)))
         return
-    from loraplex.bench.cache import CacheBenchConfig, run_cache_bench
-    from loraplex.bench.cache_report import cache_markdown, cache_plot
+    from loraplex.bench.cache.bench import CacheBenchConfig, run_cache_bench
+    from loraplex.bench.cache.report import cache_markdown, cache_plot
 
     torch.set_num_threads(1)
     config = CacheBenchConfig(
@@ -135,7 +135,7 @@ def cache(
 
 
 def _scale_result(quick: bool, sizes: str, seed: int, asset_dir: Path) -> dict[str, object]:
-    from loraplex.bench.cache_scale import ScaleBenchConfig, run_scale_bench
+    from loraplex.bench.cache.scale import ScaleBenchConfig, run_scale_bench
 
     try:
         if sizes:
@@ -221,8 +221,8 @@ def serve(
 ) -> None:
     """The real server over HTTP: lru / lru_priority vs cost_aware, storm vs none, HTTP vs
     in-process, and (opt-in) the steady tenants with and without an attacker tenant."""
-    from loraplex.bench.serve import ServeBenchConfig, run_serve_bench
-    from loraplex.bench.serve_report import (
+    from loraplex.bench.serve.bench import ServeBenchConfig, run_serve_bench
+    from loraplex.bench.serve.report import (
         hit_ratio_plot,
         serve_json_line,
         serve_markdown,
@@ -271,7 +271,7 @@ def serve(
 def _adversarial_config(
     attack_rate: float, rounds: int, kinds: str, flood_sockets: int, hang_s: float
 ) -> AdversarialConfig:
-    from loraplex.bench.serve_adversarial import ATTACK_KINDS, AdversarialConfig
+    from loraplex.bench.serve.adversarial import ATTACK_KINDS, AdversarialConfig
 
     return AdversarialConfig(
         attack_rate=attack_rate,
@@ -314,9 +314,9 @@ def release(
 ) -> None:
     """Release cycles (good, probe-fail, live-fail) under steady traffic through the real
     server: wrong-revision answers, promotions, rollback time and the TTFT cost of releasing."""
-    from loraplex.bench.release import ReleaseBenchConfig, release_markdown, run_release_bench
-    from loraplex.bench.release_cycles import CycleSettings
-    from loraplex.bench.release_load import LoadConfig
+    from loraplex.bench.release.bench import ReleaseBenchConfig, release_markdown, run_release_bench
+    from loraplex.bench.release.cycles import CycleSettings
+    from loraplex.bench.release.load import LoadConfig
 
     try:
         config = ReleaseBenchConfig(
@@ -379,13 +379,18 @@ def peer(
     asset_dir: Annotated[
         Path, typer.Option(help="Demo assets cache (the model and adapters: <dir>/test-small).")
     ] = Path(".loraplex-assets"),
+    logs_dir: Annotated[
+        Path,
+        typer.Option(help="Each run's server logs and data are kept under <dir>/<UTC time>."),
+    ] = Path(".loraplex-bench/peer"),
 ) -> None:
     """loraplex and vLLM's CPU build on the same demo model and 16 adapters, one server at a
     time (ABBA): throughput with adapters and without, P99 TTFT at a common rate, start to
     first answer, memory, probes and greedy agreement; ratios loraplex / vLLM."""
-    from loraplex.bench.peer import PeerBenchConfig, run_against_vllm
-    from loraplex.bench.peer_report import summary_markdown
-    from loraplex.bench.peer_vllm import VllmUnavailableError, check_vllm_python
+    from loraplex.bench.peer.bench import run_against_vllm
+    from loraplex.bench.peer.model import PeerBenchConfig
+    from loraplex.bench.peer.report import summary_markdown
+    from loraplex.bench.peer.vllm import VllmUnavailableError, check_vllm_python
 
     if vllm_python is None:
         typer.echo(
@@ -408,6 +413,7 @@ def peer(
             vllm_cpu_bind=vllm_cpu_bind,
             seed=seed,
             asset_dir=asset_dir,
+            logs_dir=logs_dir,
         )
     except ValueError as exc:
         raise typer.BadParameter(str(exc)) from exc
@@ -485,8 +491,8 @@ def fleet(
     ratio, P99 TTFT, cold loads and decisions per policy on zipf-longtail and hot-burst."""
     import os
 
-    from loraplex.bench.fleet import QUICK_SETTINGS, FleetBenchConfig, run_fleet_bench
-    from loraplex.bench.fleet_report import fleet_json_line, fleet_table
+    from loraplex.bench.fleet.bench import QUICK_SETTINGS, FleetBenchConfig, run_fleet_bench
+    from loraplex.bench.fleet.report import fleet_json_line, fleet_table
     from loraplex.cli.fleet import default_threads_per_replica
 
     given: dict[str, Any] = {
@@ -539,7 +545,7 @@ def traces(  # noqa: PLR0917 (typer options)
     """Throughput with request traces at 100 % sampling over without (docs/observability.md)."""
     import tempfile
 
-    from loraplex.bench.traces import TraceBenchConfig, run_trace_bench
+    from loraplex.bench.traces.bench import TraceBenchConfig, run_trace_bench
 
     with tempfile.TemporaryDirectory(prefix="loraplex-bench-traces-") as scratch:
         try:

@@ -20,6 +20,7 @@ from typing import TYPE_CHECKING, Annotated, Any
 import typer
 
 from loraplex.cli.locations import DatabaseUrl, DataDir, S3Endpoint, Store, unusable_path
+from loraplex.cli.serve_options import AdminKey, Host, MaxLoras, Model, NoDemo, Port, SharedStateUrl
 from loraplex.registry import default_data_dir
 
 if TYPE_CHECKING:
@@ -73,25 +74,20 @@ def up_command(
     address: Annotated[
         str | None, Opt(help="Join this Ray cluster (host:port) instead of starting one.")
     ] = None,
-    host: Annotated[str | None, Opt(help="HTTP listen address (default: 127.0.0.1).")] = None,
-    port: Annotated[int | None, Opt(help="HTTP port (default: 8000).")] = None,
-    model: Annotated[Path | None, Opt(help="Base model dir (default: the demo model).")] = None,
+    host: Host = None,
+    port: Port = None,
+    model: Model = None,
     data_dir: DataDir = None,
     database_url: DatabaseUrl = None,
     store: Store = None,
     s3_endpoint: S3Endpoint = None,
-    shared_state_url: Annotated[
-        str | None, Opt(help="Redis holding rate limits for all ingress processes (redis://).")
-    ] = None,
-    max_loras: Annotated[int | None, Opt(help="GPU adapter slots per replica (8).")] = None,
+    shared_state_url: SharedStateUrl = None,
+    max_loras: MaxLoras = None,
     threads: Annotated[
         int | None, Opt(help="torch threads per replica (default: cores / replicas).")
     ] = None,
-    admin_key: Annotated[
-        str | None,
-        Opt(envvar="LORAPLEX_ADMIN_KEY", help="Admin credential (default: generated, saved)."),
-    ] = None,
-    no_demo: Annotated[bool, Opt("--no-demo", help="Do not register demo adapters.")] = False,
+    admin_key: AdminKey = None,
+    no_demo: NoDemo = False,
     ready_timeout_s: Annotated[float, Opt(help="Wait this long for /ready.")] = 300.0,
 ) -> None:
     """Start (or join) a Ray cluster and deploy the fleet; returns once it is ready."""

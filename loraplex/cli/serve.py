@@ -19,6 +19,7 @@ from typing import TYPE_CHECKING, Annotated, Any
 import typer
 
 from loraplex.cli.locations import DatabaseUrl, DataDir, S3Endpoint, Store, unusable_path
+from loraplex.cli.serve_options import AdminKey, Host, MaxLoras, Model, NoDemo, Port, SharedStateUrl
 from loraplex.dtypes import DEFAULT_DTYPE, DTYPE_NAMES
 from loraplex.registry import default_data_dir
 from loraplex.residency.policy import DEFAULT_POLICY, policy_names
@@ -43,25 +44,20 @@ def serve_command(
     config: Annotated[
         Path | None, Opt(help="TOML file (a 'serve' table; keys are the flag names).")
     ] = None,
-    host: Annotated[str | None, Opt(help="Listen address (default: 127.0.0.1).")] = None,
-    port: Annotated[int | None, Opt(help="Listen port (default: 8000).")] = None,
-    model: Annotated[Path | None, Opt(help="Base model dir (default: the demo model).")] = None,
+    host: Host = None,
+    port: Port = None,
+    model: Model = None,
     data_dir: DataDir = None,
     database_url: DatabaseUrl = None,
     store: Store = None,
     s3_endpoint: S3Endpoint = None,
-    shared_state_url: Annotated[
-        str | None, Opt(help="Redis holding rate limits for all ingress processes (redis://).")
-    ] = None,
+    shared_state_url: SharedStateUrl = None,
     shared_state_prefix: Annotated[
         str | None, Opt(help="Key prefix in that Redis (default: loraplex).")
     ] = None,
-    admin_key: Annotated[
-        str | None,
-        Opt(envvar="LORAPLEX_ADMIN_KEY", help="Admin credential (default: generated, saved)."),
-    ] = None,
+    admin_key: AdminKey = None,
     import_dir: Annotated[Path | None, Opt(help="Admin registration by path: root.")] = None,
-    max_loras: Annotated[int | None, Opt(help="GPU adapter slots (default: 8).")] = None,
+    max_loras: MaxLoras = None,
     max_cpu_loras: Annotated[int | None, Opt(help="CPU cache size in max-rank adapters.")] = None,
     max_lora_rank: Annotated[int | None, Opt(help="Largest adapter rank (default: 64).")] = None,
     gpu_adapter_bytes: Annotated[int | None, Opt(help="GPU slot byte budget.")] = None,
@@ -82,6 +78,9 @@ def serve_command(
     ] = None,
     auto_warm_interval_s: Annotated[
         float | None, Opt(help="Seconds between automatic warm rebalances (default: 5).")
+    ] = None,
+    max_auto_gpu_slots: Annotated[
+        int | None, Opt(help="GPU slots automatic warm promotion may pin (max_loras / 4).")
     ] = None,
     device: Annotated[str | None, Opt(help="torch device (default: cpu).")] = None,
     dtype: Annotated[
@@ -118,7 +117,7 @@ def serve_command(
     engine_unresponsive_after_s: Annotated[
         float | None, Opt(help="Engine process silent with work pending: hung after, s (0.5).")
     ] = None,
-    no_demo: Annotated[bool, Opt("--no-demo", help="Do not register demo adapters.")] = False,
+    no_demo: NoDemo = False,
     threads: Annotated[
         int | None, Opt(help="torch threads (default: OMP_NUM_THREADS, else cores - 1).")
     ] = None,

@@ -160,7 +160,7 @@ def bench_signing(
     from cryptography.hazmat.primitives import serialization
     from cryptography.hazmat.primitives.asymmetric import ec
 
-    from loraplex.bench.signing_cost import SigningBenchConfig, run_signing_bench
+    from loraplex.bench.signing.bench import SigningBenchConfig, run_signing_bench
 
     with _failures(), tempfile.TemporaryDirectory() as tmp:
         folder = asset_dir or Path(".loraplex-assets") / f"bench-{preset}"

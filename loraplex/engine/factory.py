@@ -14,7 +14,8 @@ become the cache's per-tenant priority and per-tier byte caps, and the scheduler
 weights and cold-load quotas. ``runtime.update_tenant_settings`` applies a change live.
 
 Warm policies: with ``AdapterRuntimeConfig.auto_warm`` (the default) the engine core rebalances
-the cache every ``auto_warm_interval_s``, pinning revisions in L0/L1 by their request rates.
+the cache every ``auto_warm_interval_s``, pinning revisions in L1 by their request rates, and
+in L0 up to ``max_auto_gpu_slots`` of them (0, the default here: CPU only).
 """
 
 from __future__ import annotations
@@ -68,6 +69,7 @@ class AdapterRuntimeConfig:
     # (operator warm policies still apply).
     auto_warm: AutoWarmConfig | None = field(default_factory=AutoWarmConfig)
     auto_warm_interval_s: float = 5.0  # engine-clock seconds between two automatic rebalances
+    max_auto_gpu_slots: int = 0  # GPU slots automatic gpu promotion may pin (< max_loras)
 
     def __post_init__(self) -> None:
         for name in (
@@ -81,6 +83,11 @@ class AdapterRuntimeConfig:
         for name in ("cpu_adapter_bytes", "disk_cache_bytes"):
             if getattr(self, name) < 0:
                 raise ValueError(f"{name} {getattr(self, name)} is invalid; expected >= 0")
+        if not 0 <= self.max_auto_gpu_slots < self.max_loras:
+            raise ValueError(
+                f"max_auto_gpu_slots {self.max_auto_gpu_slots} is invalid; expected 0 to "
+                f"max_loras - 1 ({self.max_loras - 1})"
+            )
         check_dtype(self.dtype)
         if not self.auto_warm_interval_s > 0:
             raise ValueError(
@@ -149,6 +156,7 @@ def build_adapter_runtime(
         max_concurrent_loads=config.max_concurrent_loads,
         tenant_max_concurrent_loads=config.tenant_max_concurrent_loads,
         auto_warm=config.auto_warm,
+        max_auto_gpu_slots=config.max_auto_gpu_slots,
     )
     cache = TieredAdapterCache(
         cache_config, pipeline, policy=make_policy(config.policy), clock=clock or MonotonicClock()

@@ -21,8 +21,9 @@ from loraplex.engine.trace_log import EngineTrace
 from loraplex.residency.ledger import Tier
 
 # Defined with SamplingParams (the sampler, below the engine, builds them); re-exported here as
-# part of the seam the server reads.
-from loraplex.sampling import TokenLogprob
+# part of the seam the server reads. The finish reasons a TokenDelta carries live there too, so
+# the release traffic accounting reads them without importing the engine.
+from loraplex.sampling import FINISH_ABORT, FINISH_LENGTH, FINISH_STOP, TokenLogprob
 
 if TYPE_CHECKING:
     from loraplex.model.tokenizer import TextTokenizer
@@ -41,11 +42,6 @@ __all__ = [
     "TokenLogprob",
     "merge_deltas",
 ]
-
-# Finish reasons a TokenDelta can carry (OpenAI's vocabulary plus "abort").
-FINISH_STOP = "stop"
-FINISH_LENGTH = "length"
-FINISH_ABORT = "abort"
 
 
 @dataclass(frozen=True)

@@ -28,7 +28,6 @@ class RequestState(Enum):
     ABORTED = "aborted"  # client abort, deadline or load failure
 
 
-LIVE_STATES = frozenset({RequestState.WAITING, RequestState.ADAPTER_WAIT, RequestState.RUNNING})
 QUEUED_STATES = frozenset({RequestState.WAITING, RequestState.ADAPTER_WAIT})
 
 _LEGAL: dict[RequestState, frozenset[RequestState]] = {

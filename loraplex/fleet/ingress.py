@@ -30,11 +30,11 @@ from loraplex.fleet.state import FleetCollector, FleetStateView
 from loraplex.fleet.wire import Failed, RouteHint
 from loraplex.model.tokenizer import TextTokenizer
 from loraplex.registry import open_registry
+from loraplex.release.traffic import ReleaseTraffic
 from loraplex.serve.assembly import Front, Server, build_front
 from loraplex.serve.bootstrap import admin_key
 from loraplex.serve.engine_side import registry_config
 from loraplex.server.pin_owners import OwnedPins
-from loraplex.server.release_traffic import ReleaseTraffic
 
 BOARD_TIMEOUT_S = 10.0  # one read of the board
 LOST_REPLICA_ERRORS = (RayActorError, ActorDiedError, ActorUnavailableError)

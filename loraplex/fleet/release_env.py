@@ -17,10 +17,10 @@ from loraplex.engine.protocol import EngineRequest
 from loraplex.errors import EngineUnavailableError, LoraplexError
 from loraplex.fleet.engine_client import FleetEngineClient
 from loraplex.fleet.link import FleetLink
+from loraplex.release.traffic import ReleaseTraffic
 from loraplex.sampling import SamplingParams
 from loraplex.serve.release_env import PROBE_PREFIX, ServeReleaseEnv
 from loraplex.server.pin_owners import OwnedPins
-from loraplex.server.release_traffic import ReleaseTraffic
 
 
 class ReplicasDisagreeError(LoraplexError):

@@ -25,6 +25,7 @@ import torch
 from loraplex.artifacts.base_model import TARGET_MODULES, BaseModelSpec, lora_bytes
 from loraplex.model.adapter_weights import AdapterWeights
 from loraplex.model.lora_arena import EMPTY_ROWS, ArenaStore
+from loraplex.model.lora_check import check_pool_integrity
 from loraplex.ops import ArenaLayout, LoraBatch, ModuleLoraWeights, SlotRows, get_backend
 
 
@@ -190,8 +191,6 @@ class LoraSlotPool:
 
     def check_integrity(self) -> None:
         """Verify the invariants in the module docstring; raises RuntimeError when broken."""
-        from loraplex.model.lora_check import check_pool_integrity
-
         check_pool_integrity(self)
 
     # --- internals -----------------------------------------------------------------------------

@@ -1,16 +1,53 @@
-"""``LoraSlotPool.check_integrity``: the pool's invariants, checked from its public views."""
+"""A slot pool's invariants, checked from its public views only (``LoraSlotPool.check_integrity``
+calls this). It reads the pool through ``PoolView``, so it depends on what a pool shows, not on
+the pool's module: the checker is its own responsibility, not a method moved out to save lines."""
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from typing import Protocol
 
 import torch
 
-if TYPE_CHECKING:
-    from loraplex.model.lora import LoraSlotPool
+from loraplex.artifacts.base_model import BaseModelSpec
+from loraplex.ops import ArenaLayout, ModuleLoraWeights
 
 
-def check_pool_integrity(pool: LoraSlotPool) -> None:
+class RowRange(Protocol):
+    """The rows one resident adapter owns in the arena."""
+
+    @property
+    def start(self) -> int: ...
+
+    @property
+    def num_rows(self) -> int: ...
+
+
+class PoolView(Protocol):
+    """What the checker reads of a pool."""
+
+    @property
+    def spec(self) -> BaseModelSpec: ...
+
+    @property
+    def target_modules(self) -> tuple[str, ...]: ...
+
+    @property
+    def capacity_rows(self) -> int: ...
+
+    @property
+    def device(self) -> torch.device: ...
+
+    @property
+    def layout(self) -> ArenaLayout: ...
+
+    def occupied_slots(self) -> tuple[int, ...]: ...
+
+    def slot_info(self, slot: int) -> RowRange | None: ...
+
+    def module_weights(self, layer: int, module: str) -> ModuleLoraWeights: ...
+
+
+def check_pool_integrity(pool: PoolView) -> None:
     """Ranges never overlap, ``row_owner`` matches them, rows outside every live (slot, module)
     range are zero, and scales sit exactly on live rows. Raises RuntimeError when broken."""
     layout = pool.layout
@@ -30,7 +67,7 @@ def check_pool_integrity(pool: LoraSlotPool) -> None:
             _check_table(pool, layer, module)
 
 
-def _check_table(pool: LoraSlotPool, layer: int, module: str) -> None:
+def _check_table(pool: PoolView, layer: int, module: str) -> None:
     view = pool.module_weights(layer, module)
     layout = pool.layout
     live = torch.zeros(pool.capacity_rows, dtype=torch.bool, device=pool.device)

@@ -31,8 +31,6 @@ from triton.runtime.interpreter import (  # type: ignore[import-untyped, import-
     InterpretedFunction,
 )
 
-BLOCK_FIELDS = 4  # int32 columns of a block table row: pos_lo, pos_hi, row0, num_rows
-
 
 @triton.jit
 def shrink_kernel(  # noqa: PLR0917 (a kernel's arguments are positional at launch)

@@ -168,14 +168,6 @@ class TritonBackend:
             )
 
 
-def weights_scales(batch: LoraBatch, weights: ModuleLoraWeights) -> torch.Tensor:
-    raise NotImplementedError
-
-
-def batch_max_rows(batch: LoraBatch) -> int:
-    raise NotImplementedError
-
-
 def cdiv(a: int, b: int) -> int:
     return -(-a // b)
 

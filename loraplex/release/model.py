@@ -140,7 +140,7 @@ class RevisionWindow:
     bad: int = 0
     ttft_samples: int = 0  # requests behind the TTFT percentiles
     tpot_samples: int = 0  # requests behind the TPOT percentiles
-    callers: int = 0  # distinct callers among ``requests`` (``release_traffic.caller_key``)
+    callers: int = 0  # distinct callers among ``requests`` (``release.traffic.caller_key``)
     top_caller_requests: int = 0  # requests of the caller with the most errors (0: no errors)
     top_caller_errors: int = 0  # that caller's errors
     top_rater_good: int = 0  # good ratings of the caller with the most bad ones (0: none bad)

@@ -95,10 +95,6 @@ class ReleaseStore:
             raise ReleaseNotFoundError(f"release {release_id} does not exist")
         return found
 
-    def active_release(self, tenant: str, name: str) -> Release | None:
-        with self._db.transaction(write=False) as tx:
-            return rows.active(tx, tenant, name)
-
     def latest_release(self, tenant: str, name: str) -> Release:
         """The alias's active release, else its most recent one."""
         with self._db.transaction(write=False) as tx:

@@ -45,6 +45,7 @@ from loraplex.engine.tenant_shares import TenantSettings
 from loraplex.engine.thread_client import AsyncEngine
 from loraplex.model.tokenizer import TextTokenizer
 from loraplex.registry import Registry, open_registry
+from loraplex.release.traffic import ReleaseTraffic
 from loraplex.serve.bootstrap import admin_key, register_demo, sample_keys
 from loraplex.serve.config import ServeConfig
 from loraplex.serve.engine_side import (
@@ -70,7 +71,6 @@ from loraplex.server.deps import ServerConfig, ServerDeps
 from loraplex.server.fleet_view import FleetStateSource
 from loraplex.server.history import HistorySampler
 from loraplex.server.pin_owners import OwnedPins
-from loraplex.server.release_traffic import ReleaseTraffic
 
 DEMO_DIR = "demo-assets"
 

@@ -28,13 +28,13 @@ from loraplex.engine.watchdog import (
     DEFAULT_KILL_AFTER_S,
     DEFAULT_UNRESPONSIVE_AFTER_S,
 )
-from loraplex.residency.policy import DEFAULT_POLICY, policy_names
-from loraplex.server.adapter_labels import DEFAULT_MAX_NAMED
-from loraplex.server.ratelimit import (
+from loraplex.quota.ratelimit import (
     DEFAULT_KEY_PREFIX,
     check_key_prefix,
     check_shared_state_url,
 )
+from loraplex.residency.policy import DEFAULT_POLICY, policy_names
+from loraplex.server.adapter_labels import DEFAULT_MAX_NAMED
 from loraplex.tracing.config import check_trace_settings
 
 DEFAULT_CPU_ADAPTER_BYTES = 1 << 30
@@ -108,6 +108,9 @@ class ServeConfig:
     # promote/demote revisions between warm policies from their request rates (residency.warm)
     auto_warm: bool = True
     auto_warm_interval_s: float = 5.0  # seconds between two automatic warm rebalances
+    # GPU slots automatic ``gpu`` promotion may pin (the rest stay free for demand loads); None:
+    # a quarter of the GPU slots, rounded down
+    max_auto_gpu_slots: int | None = None
     device: str = "cpu"  # torch device of the model and the slots
     dtype: str = DEFAULT_DTYPE  # model / adapter dtype (loraplex.dtypes)
     max_num_seqs: int = 32  # sequences decoding at once
@@ -215,6 +218,12 @@ class ServeConfig:
                 f"engine_unresponsive_after_s {unresponsive} is invalid with engine_process "
                 "false; expected unset (an engine thread has no liveness signal of its own)"
             )
+        auto_gpu = self.max_auto_gpu_slots
+        if auto_gpu is not None and not 0 <= auto_gpu < self.max_loras:
+            raise ValueError(
+                f"max_auto_gpu_slots {auto_gpu} is invalid; expected 0 to max_loras - 1 "
+                f"({self.max_loras - 1}: one slot stays free for demand loads) or unset"
+            )
         tokens = self.max_num_batched_tokens
         if tokens is not None and tokens < self.max_num_seqs:
             raise ValueError(
@@ -267,6 +276,19 @@ class ServeConfig:
                 f"slot of {self.slot_bytes(base)} bytes (rank {self.max_lora_rank})"
             )
         return min(self.max_loras, fitting)
+
+    def auto_gpu_slots(self, base: BaseModelSpec) -> int:
+        """``max_auto_gpu_slots``, or a quarter of ``gpu_slots`` when unset; always fewer than
+        the GPU slots, so automatic pins never take every slot."""
+        slots = self.gpu_slots(base)
+        if self.max_auto_gpu_slots is None:
+            return slots // 4
+        if self.max_auto_gpu_slots >= slots:
+            raise ValueError(
+                f"max_auto_gpu_slots {self.max_auto_gpu_slots} is invalid; expected fewer than "
+                f"the {slots} GPU slots gpu_adapter_bytes {self.gpu_adapter_bytes} leaves"
+            )
+        return self.max_auto_gpu_slots
 
     def cpu_bytes(self, base: BaseModelSpec) -> int:
         if self.cpu_adapter_bytes is not None:

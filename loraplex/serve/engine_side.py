@@ -99,6 +99,7 @@ def build_runtime(config: ServeConfig, base: BaseModelSpec, registry: Registry) 
         tenants=tenant_settings(registry),
         auto_warm=AutoWarmConfig() if config.auto_warm else None,
         auto_warm_interval_s=config.auto_warm_interval_s,
+        max_auto_gpu_slots=config.auto_gpu_slots(base),
     )
     resolver = RegistryResolver(registry, config.dtype)
     disk = config.data_dir / ADAPTER_CACHE_DIR

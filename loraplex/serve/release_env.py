@@ -23,10 +23,10 @@ from loraplex.registry import Registry
 from loraplex.release.controller import ReleaseController, WallClock
 from loraplex.release.model import ReleaseState, RevisionWindow
 from loraplex.release.store import ReleaseStore
+from loraplex.release.traffic import ReleaseTraffic, tracked_revisions
 from loraplex.residency.ledger import Tier
 from loraplex.sampling import SamplingParams
 from loraplex.server.pin_owners import RELEASE, OwnedPins
-from loraplex.server.release_traffic import ReleaseTraffic, tracked_revisions
 
 _log = logging.getLogger(__name__)
 TICK_INTERVAL_S = 0.25  # how often the controller looks at its releases

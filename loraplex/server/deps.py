@@ -10,6 +10,7 @@ from pathlib import Path
 from loraplex.clock import MonotonicClock
 from loraplex.engine.protocol import EngineClient
 from loraplex.registry import Registry
+from loraplex.release.traffic import ReleaseTraffic
 from loraplex.server.adapter_labels import DEFAULT_MAX_NAMED
 from loraplex.server.cache_control import CacheControl
 from loraplex.server.chat import ChatTemplate
@@ -17,7 +18,6 @@ from loraplex.server.fleet_view import FleetStateSource
 from loraplex.server.history import HistoryConfig
 from loraplex.server.metrics import ServerMetrics
 from loraplex.server.recent_requests import RecentRequests
-from loraplex.server.release_traffic import ReleaseTraffic
 from loraplex.server.traffic_tally import TrafficTally
 from loraplex.tracing.record import RequestTracing
 
@@ -57,7 +57,7 @@ class ServerConfig:
     # tenants cannot reach the port; otherwise scrapers send the admin key.
     metrics_public: bool = False
     # Redis holding the tenants' rate buckets for every ingress process (redis:// or rediss://;
-    # not in repr: it may hold a password); None: buckets per process (``server/ratelimit.py``)
+    # not in repr: it may hold a password); None: buckets per process (``quota/ratelimit.py``)
     shared_state_url: str | None = field(default=None, repr=False)
     shared_state_prefix: str = "loraplex"  # key prefix there: one per deployment sharing it
 
@@ -101,7 +101,7 @@ class ServerConfig:
             raise ValueError(
                 f"max_prompt_tokens {self.max_prompt_tokens} is invalid; expected >= 1 or None"
             )
-        from loraplex.server.ratelimit import check_key_prefix, check_shared_state_url
+        from loraplex.quota.ratelimit import check_key_prefix, check_shared_state_url
 
         if self.shared_state_url is not None:
             check_shared_state_url(self.shared_state_url)

@@ -32,6 +32,7 @@ from starlette.requests import Request
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from loraplex.errors import RateLimitError
+from loraplex.quota.ratelimit import TenantRateLimiter, open_rate_limiter
 from loraplex.registry import Tenant
 from loraplex.server.auth import (
     AUTHENTICATED_TENANT,
@@ -52,7 +53,6 @@ from loraplex.server.errors import (
     to_api_error,
 )
 from loraplex.server.metrics_status import PRIORITY_CLASS_STATE
-from loraplex.server.ratelimit import TenantRateLimiter, open_rate_limiter
 
 UPLOAD_PATH = "/admin/adapters/upload"  # the one route whose body is an adapter's files
 _CLOSE = {"Connection": "close"}

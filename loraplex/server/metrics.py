@@ -29,7 +29,7 @@ bounded one: adapter names appear in ``lora_requests_info``'s lists and in
 ``adapter_requests_total{adapter, priority_class}`` only for at most ``max_adapter_labels``
 adapters at a time, every other adapter as ``__other__`` (``server/adapter_labels.py``); and in the
 release family (``loraplex_release_*``, see ``metrics_collectors.ReleaseCollector``), whose series
-exist only for the revisions of active releases (``server/release_traffic.py``).
+exist only for the revisions of active releases (``release/traffic.py``).
 
 Each request also feeds the release traffic windows (its revision, if under release) and the
 recent-requests map behind ``POST /v1/feedback``.
@@ -49,6 +49,11 @@ from prometheus_client.core import (
 from prometheus_client.registry import Collector
 
 from loraplex.engine.protocol import EngineClient, TokenDelta
+from loraplex.release.traffic import (
+    ReleaseTraffic,
+    caller_key,
+    classify,
+)
 from loraplex.residency.ledger import Tier
 from loraplex.server.adapter_labels import DEFAULT_MAX_NAMED, AdapterLabels
 from loraplex.server.cache_control import CacheControl
@@ -61,11 +66,6 @@ from loraplex.server.metrics_collectors import (
 )
 from loraplex.server.metrics_status import StatusCounts
 from loraplex.server.recent_requests import RecentRequests
-from loraplex.server.release_traffic import (
-    ReleaseTraffic,
-    caller_key,
-    classify,
-)
 from loraplex.server.traffic_tally import TrafficTally
 
 CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
@@ -206,7 +206,7 @@ class RequestObservation:
         # reports it (``RevisionInfo.tier``); None until the engine said so.
         self.engine_tier: str | None = None
         self.revision: str | None = None  # tenant/name@revision answering; None: base model
-        self.caller = ""  # ``release_traffic.caller_key`` of who asked
+        self.caller = ""  # ``release.traffic.caller_key`` of who asked
         self._error: BaseException | None = None  # what the stream raised, if it did
 
     def on_delta(self, delta: TokenDelta, now_s: float) -> None:
@@ -232,7 +232,7 @@ class RequestObservation:
 
     def fail(self, error: BaseException) -> None:
         """Records what failed the request (decides whether it counts against its revision:
-        ``release_traffic.classify``); ``finish("error")`` follows."""
+        ``release.traffic.classify``); ``finish("error")`` follows."""
         self._error = error
 
     def finish(self, outcome: str) -> None:

@@ -20,10 +20,10 @@ from loraplex.artifacts.identity import AdapterKey
 from loraplex.engine.protocol import EngineClient, EngineLoad
 from loraplex.errors import EngineUnavailableError
 from loraplex.release.model import ReleaseState
+from loraplex.release.traffic import CANDIDATE, ReleaseTraffic
 from loraplex.residency.ledger import CACHED_TIERS, Tier
 from loraplex.server.adapter_labels import AdapterLabels
 from loraplex.server.cache_control import CacheControl
-from loraplex.server.release_traffic import CANDIDATE, ReleaseTraffic
 
 
 def adapter_names(keys: Iterable[AdapterKey]) -> list[str]:

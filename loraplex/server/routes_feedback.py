@@ -1,6 +1,6 @@
 """``POST /v1/feedback``: a tenant rates one of its own recent responses good or bad.
 
-The rating counts in the answering revision's release window (``server/release_traffic.py``)
+The rating counts in the answering revision's release window (``release/traffic.py``)
 when that revision is under release; the response says whether it was counted. Only the tenant
 that made the request may rate it: ids are looked up per tenant (two tenants may send the same
 ``X-Request-Id``; each rates its own), so another tenant's id gets the very 404 of an unknown or

@@ -53,10 +53,10 @@ from loraplex.server.protocol import (
 )
 from loraplex.server.responses import chat_choices, completion_choices
 from loraplex.server.sampling_fields import (
+    check_sampling,
     fit_max_tokens,
     output_logprobs,
     sampling_params,
-    with_max_tokens,
 )
 from loraplex.server.serving import (
     ClientDisconnectedError,
@@ -164,8 +164,8 @@ async def _submit(
     client_id = response_id(request, engine_id)
     shape = shape_of(body, num_prompts, DEFAULT_MAX_CHOICES)
     await charge_engine_requests(request, tenant, shape.num_siblings)
-    placeholder = budget.requested or max(1, body.min_tokens)  # fitted per prompt below
-    params = sampling_params(body, placeholder, deps.config.vocab_size, rank_choices=shape.ranks)
+    vocab_size = deps.config.vocab_size
+    check_sampling(body, budget.requested, vocab_size, rank_choices=shape.ranks)
     sticky = sticky_key(request, body.user)
     resolve_ns = time.time_ns()
     resolved = await resolve_target(deps, tenant, body.model, engine_id, sticky)
@@ -177,6 +177,11 @@ async def _submit(
         trace.arrival_tier = target.info.tier
     per_prompt = []
     for ids in prompt_ids:
+        limit = 1 if budget.requested == 0 else None  # echo only: one token, never shown
+        fitted = limit or fit_max_tokens(
+            budget.requested, len(ids), max_model_len(deps), budget.param
+        )
+        params = sampling_params(body, fitted, vocab_size, rank_choices=shape.ranks)
         req = engine_request(
             deps,
             engine_id,
@@ -186,14 +191,7 @@ async def _submit(
             params=params,
             session_key=sticky,
         )
-        limit = 1 if budget.requested == 0 else None  # echo only: one token, never shown
-        fitted = limit or fit_max_tokens(
-            budget.requested, len(ids), max_model_len(deps), budget.param
-        )
-        traceparent = None if trace is None else trace.traceparent
-        per_prompt.append(
-            replace(req, params=with_max_tokens(params, fitted), traceparent=traceparent)
-        )
+        per_prompt.append(req if trace is None else replace(req, traceparent=trace.traceparent))
     members, observations = [], []
     for slot, req in enumerate(siblings(engine_id, per_prompt, shape)):
         observation = observe(_metrics(request), tenant, target, client_id, sticky)

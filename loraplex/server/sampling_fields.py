@@ -1,17 +1,17 @@
 """From an OpenAI request's sampling fields to the engine's ``SamplingParams``: what is
 translated, and what is refused with a 400 naming the field rather than silently ignored.
 
-Everything here runs before the prompt is tokenized or anything reaches the engine; only the
-output budget (``fit_max_tokens``) waits for the prompt's length.
+``check_sampling`` runs before the prompt is tokenized or anything reaches the engine; the
+parameters themselves are built once per prompt after it is encoded, with the output budget
+``fit_max_tokens`` decides from the prompt's length (max_tokens is decided in one place).
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import replace
 
 from loraplex.errors import clipped
-from loraplex.sampling import MAX_BIAS, SamplingParams
+from loraplex.sampling import DEFAULT_MAX_TOKENS, MAX_BIAS, SamplingParams
 from loraplex.server.errors import ApiError, invalid_request
 from loraplex.server.protocol import (
     NEUTRAL,
@@ -155,22 +155,26 @@ def _checked(build: Callable[[], SamplingParams]) -> SamplingParams:
     return params
 
 
-def with_max_tokens(params: SamplingParams, max_tokens: int) -> SamplingParams:
-    """``params`` with the output budget fitted to one prompt (400 if ``min_tokens`` no
-    longer fits)."""
-    if max_tokens == params.max_tokens:
-        return params
-    return _checked(lambda: replace(params, max_tokens=max_tokens))
+def check_sampling(
+    body: SamplingFields, requested: int | None, vocab_size: int | None, *, rank_choices: bool
+) -> None:
+    """Every sampling field of ``body`` valid (400 naming the first that is not), before the
+    prompt costs an encode. The output budget is not known yet: it is checked here at the
+    smallest value the request allows (``requested``, else enough for ``min_tokens``), and
+    decided per prompt by ``fit_max_tokens``."""
+    smallest = requested or max(1, body.min_tokens)
+    sampling_params(body, smallest, vocab_size, rank_choices=rank_choices)
 
 
 def fit_max_tokens(
     requested: int | None, num_prompt_tokens: int, max_model_len: int | None, param: str
 ) -> int:
-    """The output budget of one prompt: ``requested``, or the rest of the context when None.
-    A prompt plus an explicit ``requested`` beyond the context is a 400 (vLLM's rule) rather
-    than a silently shorter output."""
+    """The output budget of one prompt: ``requested``; when None, the rest of the context, or
+    ``DEFAULT_MAX_TOKENS`` (16) where the context length is not known (a server built without
+    one; ``loraplex serve`` always passes it). A prompt plus an explicit ``requested`` beyond
+    the context is a 400 (vLLM's rule) rather than a silently shorter output."""
     if max_model_len is None:
-        return requested if requested is not None else 16
+        return requested if requested is not None else DEFAULT_MAX_TOKENS
     remaining = max_model_len - num_prompt_tokens
     if requested is None:
         return max(1, remaining)  # a prompt filling the context is refused by its own check

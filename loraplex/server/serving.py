@@ -23,6 +23,7 @@ from loraplex.artifacts.identity import AdapterKey
 from loraplex.engine.protocol import EngineRequest, TokenDelta
 from loraplex.errors import PromptTooLongError
 from loraplex.registry import Revision, Tenant
+from loraplex.release.traffic import classify
 from loraplex.residency.ledger import CACHED_TIERS, Tier
 from loraplex.sampling import SamplingParams
 from loraplex.server.auth import AUTHORIZATION_NS
@@ -31,7 +32,6 @@ from loraplex.server.deps import ServerDeps
 from loraplex.server.errors import invalid_request
 from loraplex.server.metrics import RequestObservation, ServerMetrics
 from loraplex.server.protocol import RevisionInfo
-from loraplex.server.release_traffic import classify
 from loraplex.tracing.record import Interval, RequestTrace, Subject
 
 REVISION_HEADER = "x-loraplex-revision"

@@ -15,9 +15,9 @@ from typing import Any
 import pytest
 from typer.testing import CliRunner
 
-from loraplex.bench.fleet import QUICK_SETTINGS, FleetBenchConfig, run_plan, warmup_workload
-from loraplex.bench.fleet_drive import capacity_batch
-from loraplex.bench.fleet_report import (
+from loraplex.bench.fleet.bench import QUICK_SETTINGS, FleetBenchConfig, run_plan, warmup_workload
+from loraplex.bench.fleet.drive import capacity_batch
+from loraplex.bench.fleet.report import (
     HEADLINES,
     PolicyRun,
     ReplicaCounters,
@@ -33,7 +33,7 @@ from loraplex.bench.fleet_report import (
     trace_metrics,
     ttft_ms,
 )
-from loraplex.bench.serve_driver import RequestRecord
+from loraplex.bench.serve.driver import RequestRecord
 from loraplex.bench.workloads import generate
 from loraplex.cli import app
 from loraplex.residency.ledger import Tier
@@ -308,6 +308,7 @@ def test_quick_run_on_a_real_fleet(tmp_path: Path) -> None:
     assert len(lines) == 1, done.stdout[-2000:]  # --json: the JSON line alone on stdout
     result = json.loads(lines[0])
     assert result["name"] == "fleet"
+    assert result["config"]["machine"]["cores"] >= 1  # the harness's machine record (issue 26)
     metrics = result["metrics"]
     assert metrics["run_order"] == [f"zipf-longtail/{p}" for p in QUICK_SETTINGS["policies"]]
     config = FleetBenchConfig(**QUICK_SETTINGS)

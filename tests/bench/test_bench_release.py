@@ -14,8 +14,8 @@ from typing import Any
 import pytest
 from typer.testing import CliRunner
 
-from loraplex.bench.release import ReleaseBenchConfig, demo_lineages, run_release_bench
-from loraplex.bench.release_check import (
+from loraplex.bench.release.bench import ReleaseBenchConfig, demo_lineages, run_release_bench
+from loraplex.bench.release.check import (
     BASELINE,
     RELEASING,
     Answer,
@@ -23,9 +23,9 @@ from loraplex.bench.release_check import (
     release_metrics,
     wrong_revision,
 )
-from loraplex.bench.release_cycles import CycleSettings
-from loraplex.bench.release_load import LoadConfig
-from loraplex.bench.release_plan import CycleKind, choose_sources, cycle_kind, plan_cycles
+from loraplex.bench.release.cycles import CycleSettings
+from loraplex.bench.release.load import LoadConfig
+from loraplex.bench.release.plan import CycleKind, choose_sources, cycle_kind, plan_cycles
 from loraplex.cli import app
 from loraplex.demo.manifest import DemoAssets
 

@@ -24,8 +24,8 @@ def test_bench_cache_emits_one_json_line(demo_assets, tmp_path: Path) -> None:  
     asset_dir = tmp_path / "assets"
     asset_dir.mkdir()
     (asset_dir / "bench-small").symlink_to(demo_assets.root)
-    from loraplex.bench.cache import CacheBenchConfig, run_cache_bench
-    from loraplex.bench.cache_report import cache_markdown, cache_plot
+    from loraplex.bench.cache.bench import CacheBenchConfig, run_cache_bench
+    from loraplex.bench.cache.report import cache_markdown, cache_plot
 
     config = CacheBenchConfig(
         presets=("small",), reps=1, max_adapters=1, peft=False, duration_s=60.0, asset_dir=asset_dir
@@ -62,7 +62,7 @@ def test_bench_cache_emits_one_json_line(demo_assets, tmp_path: Path) -> None:  
 
 
 def test_every_preset_reports_its_own_load_ratios() -> None:
-    from loraplex.bench.cache import load_metrics
+    from loraplex.bench.cache.bench import load_metrics
 
     medians = {
         "small": {"l1": 0.5, "copy": 0.125, "l2": 2.0, "raw": 1.0, "peft": 30.0},

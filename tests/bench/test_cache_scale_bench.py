@@ -11,7 +11,7 @@ import pytest
 from typer.testing import CliRunner
 
 from loraplex.artifacts.base_model import BaseModelSpec
-from loraplex.bench.cache_scale import (
+from loraplex.bench.cache.scale import (
     ScaleBenchConfig,
     fill_disk_tier,
     ratio,

@@ -9,15 +9,20 @@ from pathlib import Path
 import pytest
 from typer.testing import CliRunner
 
-from loraplex.bench.execution import Case, ExecutionBenchConfig, run_execution_bench, seq_slots
-from loraplex.bench.timing import interleaved_medians
+from loraplex.bench.execution.bench import (
+    Case,
+    ExecutionBenchConfig,
+    run_execution_bench,
+    seq_slots,
+)
+from loraplex.bench.execution.timing import interleaved_medians
 from loraplex.cli import app
 
 
 def test_tiny_run_has_the_documented_metrics(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    import loraplex.bench.execution_setup as setup
+    import loraplex.bench.execution.setup as setup
 
     monkeypatch.setattr(
         setup, "RANK_MIXES", {"all-8": (8,), "all-16": (16,), "S2": (64, 32, 16, 8)}
@@ -71,7 +76,7 @@ def test_tiny_run_has_the_documented_metrics(
 
 
 def test_cli_prints_one_json_line(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    import loraplex.bench.execution as execution
+    import loraplex.bench.execution.bench as execution
 
     def tiny(config: ExecutionBenchConfig, workdir: Path | None = None) -> dict[str, object]:
         assert config.matrix is False and config.dtypes == ("float32",)

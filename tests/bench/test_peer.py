@@ -17,18 +17,13 @@ from typing import Any
 import pytest
 from typer.testing import CliRunner
 
-from loraplex.bench import peer as peer_module
-from loraplex.bench.peer import (
-    Lifetime,
-    PeerBenchConfig,
-    PeerServer,
-    SettingRuns,
-    run_peer_bench,
-)
-from loraplex.bench.peer_client import BatchResult, Route
-from loraplex.bench.peer_loraplex import LoraplexServer, matched_settings, prepare_demo_fleet
-from loraplex.bench.peer_memory import RssSampler, descendants, parent_map, rss_bytes
-from loraplex.bench.peer_report import (
+from loraplex.bench.peer import bench as peer_module
+from loraplex.bench.peer.bench import PeerServer, run_peer_bench
+from loraplex.bench.peer.client import BatchResult, Route
+from loraplex.bench.peer.loraplex_side import LoraplexServer, matched_settings, prepare_demo_fleet
+from loraplex.bench.peer.memory import RssSampler, descendants, parent_map, rss_bytes
+from loraplex.bench.peer.model import Lifetime, PeerBenchConfig, SettingRuns
+from loraplex.bench.peer.report import (
     SIDES,
     cpu_description,
     headline_metrics,
@@ -37,7 +32,7 @@ from loraplex.bench.peer_report import (
     side_stats,
     ttft_ms,
 )
-from loraplex.bench.peer_vllm import (
+from loraplex.bench.peer.vllm import (
     PeerSettings,
     VllmUnavailableError,
     check_cpu_bind,
@@ -46,8 +41,8 @@ from loraplex.bench.peer_vllm import (
     vllm_env,
     vllm_module_name,
 )
-from loraplex.bench.serve_driver import RequestRecord
-from loraplex.bench.serve_fleet import Fleet, ServerOptions, serving
+from loraplex.bench.serve.driver import RequestRecord
+from loraplex.bench.serve.fleet import Fleet, ServerOptions, serving
 from loraplex.cli import app
 from loraplex.demo.manifest import DemoAssets
 
@@ -62,7 +57,7 @@ def nothing_runs(monkeypatch: pytest.MonkeyPatch) -> None:
         raise AssertionError("the benchmark ran")
 
     monkeypatch.setattr(peer_module, "run_against_vllm", refuse)
-    monkeypatch.setattr("loraplex.bench.peer_vllm.check_vllm_python", refuse)
+    monkeypatch.setattr("loraplex.bench.peer.vllm.check_vllm_python", refuse)
 
 
 def test_without_vllm_python_the_command_exits_2_and_runs_nothing(nothing_runs: None) -> None:
@@ -327,7 +322,9 @@ class OneAtATime:
 
 
 @pytest.fixture(scope="module")
-def harness(demo_assets: DemoAssets) -> tuple[dict[str, Any], list[SettingRuns], list[int]]:
+def harness(
+    demo_assets: DemoAssets, tmp_path_factory: pytest.TempPathFactory
+) -> tuple[dict[str, Any], list[SettingRuns], list[int]]:
     config = PeerBenchConfig(max_loras=(4,), requests=4, prompt_tokens=8, output_tokens=4,
                              trace_requests=4, load=0.5, greedy_prompts=3, greedy_tokens=4,
                              rounds=2, request_timeout_s=60.0, start_timeout_s=180.0)  # fmt: skip
@@ -343,7 +340,12 @@ def harness(demo_assets: DemoAssets) -> tuple[dict[str, Any], list[SettingRuns],
         standin = StandIn(theirs, demo_assets, settings)
         return OneAtATime(loraplex, alive, most), OneAtATime(standin, alive, most)
 
-    runs = run_peer_bench(config, demo_assets, make_pair)
+    root = tmp_path_factory.mktemp("peer-runs")
+    runs = run_peer_bench(config, demo_assets, make_pair, root)
+    # every run's server log is kept under the run directory (issue 26: they were deleted)
+    logs = sorted(p.relative_to(root).as_posix() for p in root.rglob("server.log"))
+    assert logs == [f"max-loras-4/run-{i}-{side}/server.log" for i, side in
+                    enumerate(["loraplex", "stand-in", "stand-in", "loraplex"])]  # fmt: skip
     return peer_result(config, runs, "stand-in"), runs, most
 
 

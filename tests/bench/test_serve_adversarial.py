@@ -16,8 +16,7 @@ from typing import ClassVar
 import pytest
 from typer.testing import CliRunner
 
-from loraplex.bench.serve import ServeBenchConfig
-from loraplex.bench.serve_adversarial import (
+from loraplex.bench.serve.adversarial import (
     KEEPALIVE_REQUESTS,
     VICTIMS,
     AdversarialConfig,
@@ -28,7 +27,7 @@ from loraplex.bench.serve_adversarial import (
     run_adversarial,
     run_order,
 )
-from loraplex.bench.serve_attacker import (
+from loraplex.bench.serve.attacker import (
     ATTACKER,
     KINDS,
     SAMPLING_VARIANTS,
@@ -37,7 +36,8 @@ from loraplex.bench.serve_attacker import (
     PathologicalAdapter,
     schedule,
 )
-from loraplex.bench.serve_driver import DriveConfig, RequestRecord, ResidencyView
+from loraplex.bench.serve.bench import ServeBenchConfig
+from loraplex.bench.serve.driver import DriveConfig, RequestRecord, ResidencyView
 from loraplex.bench.workloads import ScenarioParams
 from loraplex.cli import app
 from loraplex.demo.assets import DemoAssets
@@ -101,7 +101,7 @@ def test_pathological_adapters_are_hostile_but_well_formed(
 
     from loraplex.artifacts.base_model import BaseModelSpec
     from loraplex.artifacts.safetensors_header import read_safetensors_header
-    from loraplex.bench.serve_attack_adapters import HUGE_WEIGHT, write_pathological_adapters
+    from loraplex.bench.serve.attack_adapters import HUGE_WEIGHT, write_pathological_adapters
 
     base = BaseModelSpec.from_dir(demo_assets.base_model_dir)
     written = write_pathological_adapters(
@@ -212,7 +212,7 @@ def test_runs_alternate_calm_and_attacked_between_rounds() -> None:
 @pytest.mark.slow  # two real server runs (about 20 s on 2 shared cores)
 def test_tiny_run_attacks_and_measures_both_sides(demo_assets: DemoAssets, tmp_path: Path) -> None:
     from loraplex.artifacts.base_model import BaseModelSpec
-    from loraplex.bench.serve_fleet import ServerOptions, prepare_fleet
+    from loraplex.bench.serve.fleet import ServerOptions, prepare_fleet
 
     model_dir = demo_assets.base_model_dir
     workload = adversarial_workload(0, TINY)

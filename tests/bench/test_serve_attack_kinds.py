@@ -18,9 +18,9 @@ import pytest
 from typer.testing import CliRunner
 
 from loraplex.bench.proc_tree import engine_child, rss_bytes, tree_rss_bytes
-from loraplex.bench.serve_adversarial import ATTACK_KINDS, AdversarialConfig, adversarial_workload
-from loraplex.bench.serve_attack_hang import hang_start_s, hold_stopped, stopped
-from loraplex.bench.serve_attack_kinds import (
+from loraplex.bench.serve.adversarial import ATTACK_KINDS, AdversarialConfig, adversarial_workload
+from loraplex.bench.serve.attack_hang import hang_start_s, hold_stopped, stopped
+from loraplex.bench.serve.attack_kinds import (
     ISOLATED_KINDS,
     LONG_MAX_TOKENS,
     TOKEN_ID_LENGTH,
@@ -32,16 +32,16 @@ from loraplex.bench.serve_attack_kinds import (
     paced,
     token_id_batch,
 )
-from loraplex.bench.serve_attack_report import kind_metrics, met, ratio
-from loraplex.bench.serve_attack_runs import ATTACKS, KindRun, attack_for, kind_run_order
-from loraplex.bench.serve_attack_sockets import (
+from loraplex.bench.serve.attack_report import kind_metrics, met, ratio
+from loraplex.bench.serve.attack_runs import ATTACKS, KindRun, attack_for, kind_run_order
+from loraplex.bench.serve.attack_sockets import (
     STUCK_STREAMS,
     half_open_flood,
     stuck_request,
     stuck_streams,
 )
-from loraplex.bench.serve_attacker import KINDS, AttackPlan, schedule
-from loraplex.bench.serve_driver import RequestRecord, ResidencyView
+from loraplex.bench.serve.attacker import KINDS, AttackPlan, schedule
+from loraplex.bench.serve.driver import RequestRecord, ResidencyView
 from loraplex.bench.workloads import ScenarioParams
 from loraplex.cli import app
 
@@ -435,7 +435,7 @@ def test_stuck_streams_send_an_authenticated_request_and_never_read() -> None:
 
 
 def test_report_page_has_a_row_per_kind_and_the_json_line_carries_them() -> None:
-    from loraplex.bench.serve_report import serve_json_line, serve_markdown
+    from loraplex.bench.serve.report import serve_json_line, serve_markdown
 
     workload = adversarial_workload(0, TINY)
     served = [_record(200, 0.010, TINY.output_tokens) for _ in workload.requests]

@@ -14,9 +14,9 @@ from typing import Any
 import pytest
 from typer.testing import CliRunner
 
-from loraplex.bench.serve import SCENARIOS, ServeBenchConfig
-from loraplex.bench.serve_driver import TIERS, ResidencyView
-from loraplex.bench.serve_summary import hit_ratios
+from loraplex.bench.serve.bench import SCENARIOS, ServeBenchConfig
+from loraplex.bench.serve.driver import TIERS, ResidencyView
+from loraplex.bench.serve.summary import hit_ratios
 from loraplex.cli import app
 from loraplex.demo.assets import DemoAssets
 
@@ -50,6 +50,8 @@ def test_json_line_shape(bench: tuple[dict[str, Any], Path]) -> None:
     assert set(line) == {"name", "config", "seed", "metrics"}
     assert line["name"] == "serve" and line["seed"] == 0
     assert tuple(line["config"]["scenarios"]) == SCENARIOS
+    machine = line["config"]["machine"]  # the harness's machine record (issue 26)
+    assert machine["cores"] >= 1 and set(machine) == {"cpu", "cores", "load_1m", "python"}
     metrics = line["metrics"]
     for name in MEASURED:  # undefined ratios are null: a run that measured nothing fails here
         assert isinstance(metrics[name], float) and math.isfinite(metrics[name]), name
@@ -153,7 +155,7 @@ def test_fleet_gives_the_storm_tenant_batch_class_and_quotas(
     demo_assets: DemoAssets, tmp_path: Path
 ) -> None:
     from loraplex.artifacts.base_model import BaseModelSpec
-    from loraplex.bench.serve_fleet import STORM_COLD_LOADS, STORM_GPU_SLOTS, prepare_fleet
+    from loraplex.bench.serve.fleet import STORM_COLD_LOADS, STORM_GPU_SLOTS, prepare_fleet
     from loraplex.bench.workloads import ScenarioParams, cold_storm
     from loraplex.registry import PriorityClass, RegistryConfig, open_registry
 

@@ -9,11 +9,12 @@ from pathlib import Path
 
 import pytest
 
-from loraplex.bench.serve import ServeBenchConfig
-from loraplex.bench.serve_driver import RequestRecord, ResidencyView
-from loraplex.bench.serve_fleet import drop_page_cache
-from loraplex.bench.serve_runs import pooled_view, run_order
-from loraplex.bench.serve_summary import (
+from loraplex.bench.harness.order import run_order
+from loraplex.bench.serve.bench import ServeBenchConfig
+from loraplex.bench.serve.driver import RequestRecord, ResidencyView
+from loraplex.bench.serve.fleet import drop_page_cache
+from loraplex.bench.serve.runs import pooled_view
+from loraplex.bench.serve.summary import (
     HOT_BURST_POLICIES,
     RunResult,
     headline,
@@ -21,7 +22,7 @@ from loraplex.bench.serve_summary import (
     summarize,
     ttft_or_timeout,
 )
-from loraplex.bench.serve_throughput import ThroughputResult
+from loraplex.bench.serve.throughput import ThroughputResult
 
 TIMEOUT_S = 10.0
 

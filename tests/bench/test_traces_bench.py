@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from loraplex.bench.traces import TraceBenchConfig, run_trace_bench
+from loraplex.bench.traces.bench import TraceBenchConfig, run_trace_bench
 from loraplex.demo.assets import DemoAssets
 from loraplex.serve.assembly import DEMO_DIR
 

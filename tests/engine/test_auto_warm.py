@@ -100,3 +100,7 @@ def test_auto_warm_settings_validate() -> None:
         AdapterRuntimeConfig(auto_warm_interval_s=0)
     assert AdapterRuntimeConfig().auto_warm == AutoWarmConfig()  # on by default
     AdapterRuntimeConfig(auto_warm=None)  # off
+    assert AdapterRuntimeConfig().max_auto_gpu_slots == 0  # built alone: CPU-only promotion
+    for bad in (-1, 8):
+        with pytest.raises(ValueError, match=f"max_auto_gpu_slots {bad} is invalid"):
+            AdapterRuntimeConfig(max_loras=8, max_auto_gpu_slots=bad)

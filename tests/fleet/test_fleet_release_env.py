@@ -29,10 +29,10 @@ from loraplex.fleet.engine_client import FleetEngineClient
 from loraplex.fleet.link import FleetLink
 from loraplex.fleet.release_env import FleetReleaseEnv, ReplicasDisagreeError
 from loraplex.fleet.wire import Accepted, Failed, RouteHint
+from loraplex.release.traffic import ReleaseTraffic
 from loraplex.residency.ledger import Tier
 from loraplex.serve.release_env import PROBE_PREFIX
 from loraplex.server.pin_owners import OwnedPins
-from loraplex.server.release_traffic import ReleaseTraffic
 
 
 class ProbeAnswers:

@@ -260,3 +260,27 @@ def test_up_reads_a_file_with_only_a_fleet_table(tmp_path: Path, fake_control: F
     result = _up(tmp_path, "--config", str(path))
     assert result.exit_code == 0, result.output
     assert fake_control.started[0].engine_replicas == 3
+
+
+def test_up_declares_its_serve_options_as_serve_does() -> None:
+    """Issue 26: ``fleet up`` re-declared ``serve``'s flags by hand, so a default or a type
+    could diverge. Every option of both that sets a ServeConfig field is the one shared alias,
+    and each sets the field of its name; ``threads`` (per replica) and ``policy`` (fleet up's is
+    the routing policy, serve's the eviction policy) are the named exceptions."""
+    import inspect
+
+    from loraplex.cli.fleet import up_command
+    from loraplex.cli.serve import serve_command
+    from loraplex.cli.serve_options import SHARED
+
+    up = inspect.signature(up_command, eval_str=True).parameters
+    serve = inspect.signature(serve_command, eval_str=True).parameters
+    serve_fields = {f.name for f in fields(ServeConfig)} | {"no_demo", "threads"}
+    common = (set(up) & set(serve) & serve_fields) - {"threads", "policy"}
+    locations = {"data_dir", "database_url", "store", "s3_endpoint"}  # cli/locations.py
+    assert common - locations == set(SHARED)
+    for name in common:
+        assert up[name].annotation is serve[name].annotation, name  # one declaration
+        assert up[name].default == serve[name].default, name
+    fleet_only = set(up) - set(serve)
+    assert fleet_only <= {"replicas", "policy", "seed", "address", "ready_timeout_s"}

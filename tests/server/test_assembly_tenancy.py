@@ -10,6 +10,9 @@ from typing import TYPE_CHECKING
 
 from fastapi.testclient import TestClient
 
+from loraplex.artifacts.base_model import BaseModelSpec
+from loraplex.artifacts.warm_policy import WarmPolicy
+from loraplex.registry import RegistrationRequest
 from loraplex.residency.ledger import Tier
 from loraplex.residency.warm import AutoWarmConfig
 from loraplex.serve.assembly import Server, build_server
@@ -161,3 +164,43 @@ def test_admin_seat_limits_reach_the_engine_and_survive_restart(
         assert restarted.runtime.tenants.get("fan") == fan
     finally:
         restarted.close()
+
+
+def test_automatic_gpu_promotion_happens_in_a_served_config(
+    demo_assets: DemoAssets, tmp_path: Path
+) -> None:
+    """Issue 26: ``loraplex serve`` built its cache with no automatic GPU slots, so a hot
+    revision could only ever be promoted to cpu. By default a quarter of the GPU slots (1 of
+    4 here) may be pinned automatically; the next hot revision gets cpu, not a second slot."""
+    server = _server(demo_assets, tmp_path)
+    try:
+        assert server.runtime is not None
+        cache = server.runtime.cache
+        assert cache.config.max_auto_gpu_slots == 1
+        base = BaseModelSpec.from_dir(demo_assets.base_model_dir)
+        server.registry.create_tenant("hot", "test")
+        keys = []
+        for adapter in demo_assets.adapters[:2]:
+            request = RegistrationRequest(adapter.path, "hot", adapter.name, adapter.revision)
+            keys.append(server.registry.register(request, "test").revision.key())
+            assert keys[-1].base_digest == base.digest
+        for key in keys:  # 300 requests at once: a 5-minute rate of 1/s, over gpu_rps 0.5
+            for _ in range(300):
+                cache.acquire_future(key).result(timeout=60).release()
+        assert cache.rebalance() == {keys[0]: WarmPolicy.GPU, keys[1]: WarmPolicy.CPU}
+        l0 = cache.ledgers[Tier.L0].entries  # both copies are in L0: only the first is pinned
+        assert l0[keys[0]].pinned and not l0[keys[1]].pinned
+        cache.check_integrity()
+    finally:
+        server.close()
+
+
+def test_max_auto_gpu_slots_zero_keeps_automatic_promotion_on_cpu(
+    demo_assets: DemoAssets, tmp_path: Path
+) -> None:
+    server = _server(demo_assets, tmp_path, max_auto_gpu_slots=0)
+    try:
+        assert server.runtime is not None
+        assert server.runtime.cache.config.max_auto_gpu_slots == 0
+    finally:
+        server.close()

@@ -14,6 +14,7 @@ from fastapi.testclient import TestClient
 from openai import OpenAI
 
 from loraplex.residency.cache import TieredAdapterCache
+from loraplex.sampling import DEFAULT_MAX_TOKENS
 from loraplex.server.app import create_app
 
 
@@ -205,3 +206,53 @@ def test_chat_max_tokens_defaults_to_the_rest_of_the_context(bounded: Any) -> No
     assert client.post("/v1/chat/completions", json=chat, headers=headers).status_code == 200
     request = engine.requests[-1]
     assert request.params.max_tokens == 48 - len(request.prompt_token_ids)
+
+
+def test_min_tokens_is_checked_against_the_budget_decided_from_the_prompt(
+    bounded: Any,
+) -> None:
+    """Issue 26: the parameters are built once, after the prompt is encoded, with its budget
+    (no placeholder replaced later): chat's default budget is the rest of the context, and a
+    min_tokens beyond it is a 400 naming min_tokens; nothing reaches the engine."""
+    client, engine, headers = bounded
+    chat = {"model": "support", "messages": [{"role": "user", "content": "x"}]}
+    assert client.post("/v1/chat/completions", json=chat, headers=headers).status_code == 200
+    rest = engine.requests[-1].params.max_tokens
+    fits = client.post("/v1/chat/completions", json=chat | {"min_tokens": rest}, headers=headers)
+    assert fits.status_code == 200 and engine.requests[-1].params.min_tokens == rest
+    sent = len(engine.requests)
+    reply = client.post(
+        "/v1/chat/completions", json=chat | {"min_tokens": rest + 1}, headers=headers
+    )
+    assert reply.status_code == 400 and reply.json()["error"]["param"] == "min_tokens"
+    assert len(engine.requests) == sent
+
+
+def test_a_bad_sampling_field_is_refused_before_the_prompt_is_encoded(
+    served: Served, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    engine = FakeEngine()
+    encoded: list[str] = []
+    original = engine.tokenizer.encode
+
+    def counting(text: str, *args: Any, **kwargs: Any) -> Any:
+        encoded.append(text)
+        return original(text, *args, **kwargs)
+
+    monkeypatch.setattr(engine.tokenizer, "encode", counting)
+    deps = make_app_deps(served, engine)
+    try:
+        with TestClient(create_app(deps)) as client:
+            headers = {"Authorization": f"Bearer {served.keys['acme']}"}
+            body = {"model": "support", "prompt": "hello", "temperature": -1}
+            reply = client.post("/v1/completions", json=body, headers=headers)
+            assert reply.status_code == 400 and reply.json()["error"]["param"] == "temperature"
+            assert encoded == [] and engine.requests == []
+            ok = client.post("/v1/completions", json={**body, "temperature": 0}, headers=headers)
+            assert ok.status_code == 200 and encoded == ["hello"]
+            # no context length known here: a chat without a budget gets DEFAULT_MAX_TOKENS
+            chat = {"model": "support", "messages": [{"role": "user", "content": "x"}]}
+            assert client.post("/v1/chat/completions", json=chat, headers=headers).is_success
+            assert engine.requests[-1].params.max_tokens == DEFAULT_MAX_TOKENS == 16
+    finally:
+        cast(TieredAdapterCache, deps.cache).close()

@@ -15,9 +15,10 @@ from fakes import FakeEngine
 from fastapi.testclient import TestClient
 
 from loraplex.residency.cache import TieredAdapterCache
-from loraplex.server import protocol, routes_openai, routes_tokenize
+from loraplex.server import routes_openai, routes_tokenize
 from loraplex.server.app import create_app
 from loraplex.server.protocol import MAX_BATCH_PROMPTS
+from loraplex.server.protocol import completions as protocol  # its prompt check
 
 MAX_MODEL_LEN = 64
 MAX_PROMPT_CHARS = 200

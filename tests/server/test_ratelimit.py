@@ -6,9 +6,9 @@ import pytest
 from conftest import BASE_NAME, Rig
 
 from loraplex.errors import RateLimitError
+from loraplex.quota.ratelimit import RateLimiter
 from loraplex.registry import PriorityClass, Tenant, TenantQuotas
 from loraplex.server.errors import ErrorContext, to_api_error
-from loraplex.server.ratelimit import RateLimiter
 
 
 class Clock:

@@ -20,13 +20,13 @@ from loraplex.clock import ManualClock
 from loraplex.demo.assets import DemoAssets
 from loraplex.registry import Registry, RegistryConfig, open_registry
 from loraplex.release.controller import ReleaseController
+from loraplex.release.traffic import ReleaseTraffic
 from loraplex.serve.bootstrap import register_demo, sample_keys
 from loraplex.serve.release_env import ReleaseLoop, ServeReleaseEnv
 from loraplex.server.app import create_app
 from loraplex.server.deps import ServerConfig, ServerDeps
 from loraplex.server.listeners import AdminBindGuard
 from loraplex.server.pin_owners import OwnedPins
-from loraplex.server.release_traffic import ReleaseTraffic
 
 ADMIN = {"Authorization": f"Bearer {ADMIN_KEY}"}
 WAIT_S = 30.0

@@ -12,16 +12,16 @@ from fakes import FakeEngine, null_cache, reply_for
 from loraplex.artifacts.identity import AdapterKey
 from loraplex.clock import ManualClock
 from loraplex.demo.assets import DemoAssets
-from loraplex.residency.cache import TieredAdapterCache
-from loraplex.residency.ledger import Tier
-from loraplex.serve.release_env import PROBE_PREFIX, ReleaseLoop, ServeReleaseEnv, all_of
-from loraplex.server.pin_owners import OwnedPins
-from loraplex.server.release_traffic import (
+from loraplex.release.traffic import (
     CANDIDATE,
     ReleaseTraffic,
     TrackedRevision,
     Verdict,
 )
+from loraplex.residency.cache import TieredAdapterCache
+from loraplex.residency.ledger import Tier
+from loraplex.serve.release_env import PROBE_PREFIX, ReleaseLoop, ServeReleaseEnv, all_of
+from loraplex.server.pin_owners import OwnedPins
 
 WAIT_S = 30.0
 

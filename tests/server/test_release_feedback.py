@@ -9,8 +9,8 @@ from conftest import Rig
 from prometheus_client.parser import text_string_to_metric_families
 
 from loraplex.errors import GenerationError
+from loraplex.release.traffic import BASELINE, CANDIDATE, TrackedRevision
 from loraplex.server.deps import ServerDeps
-from loraplex.server.release_traffic import BASELINE, CANDIDATE, TrackedRevision
 
 CAND = "acme/support@r2"
 BASE = "acme/support@r1"

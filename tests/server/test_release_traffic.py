@@ -18,9 +18,7 @@ from loraplex.errors import (
     QueueTimeoutError,
     RateLimitError,
 )
-from loraplex.server.metrics import ServerMetrics
-from loraplex.server.recent_requests import RecentRequests
-from loraplex.server.release_traffic import (
+from loraplex.release.traffic import (
     BASELINE,
     CANDIDATE,
     ReleaseTraffic,
@@ -30,6 +28,8 @@ from loraplex.server.release_traffic import (
     classify,
     percentile,
 )
+from loraplex.server.metrics import ServerMetrics
+from loraplex.server.recent_requests import RecentRequests
 
 CAND = "acme/support@r2"
 BASE = "acme/support@r1"

@@ -88,6 +88,24 @@ def test_byte_budgets(demo_assets: DemoAssets, tmp_path: Path) -> None:
     assert both.cpu_bytes(base) == 1234
 
 
+def test_automatic_gpu_slots(demo_assets: DemoAssets, tmp_path: Path) -> None:
+    base = BaseModelSpec.from_dir(demo_assets.base_model_dir)
+    assert ServeConfig(data_dir=tmp_path).auto_gpu_slots(base) == 2  # 8 // 4
+    assert ServeConfig(data_dir=tmp_path, max_loras=3).auto_gpu_slots(base) == 0
+    assert ServeConfig(data_dir=tmp_path, max_auto_gpu_slots=7).auto_gpu_slots(base) == 7
+    for bad in (-1, 8):
+        with pytest.raises(ValueError, match=f"max_auto_gpu_slots {bad} is invalid; expected 0"):
+            ServeConfig(data_dir=tmp_path, max_auto_gpu_slots=bad)
+    slot = ServeConfig(data_dir=tmp_path, max_lora_rank=8).slot_bytes(base)
+    fewer = ServeConfig(
+        data_dir=tmp_path, max_lora_rank=8, gpu_adapter_bytes=3 * slot, max_auto_gpu_slots=3
+    )
+    with pytest.raises(ValueError, match="fewer than the 3 GPU slots gpu_adapter_bytes"):
+        fewer.auto_gpu_slots(base)
+    flags = parsed_serve(["--data-dir", str(tmp_path), "--max-auto-gpu-slots", "1"], {})
+    assert flags.max_auto_gpu_slots == 1
+
+
 def test_cli_rejects_a_bad_config_before_starting(tmp_path: Path) -> None:
     path = tmp_path / "serve.toml"
     path.write_text("[serve]\nworkers = 4\n")

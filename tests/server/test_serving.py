@@ -116,9 +116,9 @@ def test_disconnect_while_queued_aborts_before_any_token(served: Served) -> None
 
 def _metrics() -> Any:
     from loraplex.clock import ManualClock
+    from loraplex.release.traffic import ReleaseTraffic
     from loraplex.server.metrics import ServerMetrics
     from loraplex.server.recent_requests import RecentRequests
-    from loraplex.server.release_traffic import ReleaseTraffic
 
     clock = ManualClock()
     return ServerMetrics(FakeEngine(), None, releases=ReleaseTraffic(clock, tuple),

@@ -118,10 +118,6 @@ class TierState:
         self._footprints[key] = resolved
         self._note(key)  # reload costs follow the footprint
 
-    def num_known_keys(self) -> int:
-        """Keys with a history or footprint (bounded; see the module docstring)."""
-        return len(self._history.keys() | self._footprints.keys())
-
     def settle_key(self, key: AdapterKey) -> None:
         """Call when ``key`` may have lost its last copy or load: it joins the idle keys, and
         the oldest idle keys beyond the bound are forgotten."""

@@ -1,0 +1,73 @@
+"""The execution benchmark's entry: the headline comparison, then (optionally) the matrix."""
+
+from __future__ import annotations
+
+import tempfile
+from dataclasses import replace
+from pathlib import Path
+
+import torch
+
+from loraplex.bench.execution.headline import headline, matrix_rows
+from loraplex.bench.execution.runners import KV_BLOCK_SIZE, KV_CACHE
+from loraplex.bench.execution.setup import (
+    Case,
+    ExecutionBenchConfig,
+    Workspace,
+    seq_slots,
+)
+
+__all__ = ["Case", "ExecutionBenchConfig", "run_execution_bench", "seq_slots"]
+
+
+def run_execution_bench(
+    config: ExecutionBenchConfig, workdir: Path | None = None
+) -> dict[str, object]:
+    """Run the benchmark; returns the JSON-line object (name, config, seed, metrics, rows)."""
+    with tempfile.TemporaryDirectory(dir=workdir) as tmp:
+        cases = _matrix_cases(config) if config.matrix else []
+        num_adapters = max([16, *[c.active for c in cases]])
+        space = Workspace.create(Path(tmp), config.preset, num_adapters, config.seed)
+        metrics: dict[str, object] = {}
+        rows: list[dict[str, object]] = []
+        for dtype_name in config.dtypes:
+            found, headline_rows = headline(config, space, dtype_name)
+            suffix = "" if dtype_name == "float32" else f"_{dtype_name}"
+            metrics.update({f"{key}{suffix}": value for key, value in found.items()})
+            rows.extend(headline_rows)
+        if cases:
+            rows.extend(matrix_rows(config, space, cases))
+    return {
+        "name": "execution",
+        "config": {
+            "preset": config.preset,
+            "dtypes": list(config.dtypes),
+            "context_tokens": config.context_tokens,
+            "rounds": config.rounds,
+            "calls_per_round": config.calls_per_round,
+            "matrix": config.matrix,
+            "peft": config.peft,
+            "threads": torch.get_num_threads(),
+            "kv_cache": KV_CACHE,  # loraplex's side: the server's paged cache
+            "kv_block_size": KV_BLOCK_SIZE,
+            "batch_build_timed": True,  # both sides time their own input preparation
+        },
+        "seed": config.seed,
+        "metrics": metrics,
+        "rows": rows,
+    }
+
+
+def _matrix_cases(config: ExecutionBenchConfig) -> list[Case]:
+    base = Case()
+    cases = [base]
+    for axis, values in config.matrix_axes.items():
+        for value in values:
+            case = replace(base, **{axis: value})  # type: ignore[arg-type]
+            if axis == "active":  # room for every active adapter in one batch
+                case = replace(case, batch_size=max(base.batch_size, case.active))
+            if axis == "batch_size":  # no more adapters than sequences
+                case = replace(case, active=min(base.active, case.batch_size))
+            if case not in cases:
+                cases.append(case)
+    return cases

@@ -1,0 +1,1 @@
+"""``loraplex bench fleet``: routing policies over engine replicas (``bench.py`` drives it)."""

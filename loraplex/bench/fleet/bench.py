@@ -1,0 +1,321 @@
+"""``loraplex bench fleet``: the routing policies side by side on a real fleet.
+
+One invocation holds one local Ray cluster (``fleet_cluster``) and one registry with every trace
+adapter (``serve_fleet.prepare_fleet``, as ``bench serve`` prepares it). For each trace
+(WORKLOADS.md's ``zipf-longtail`` and ``hot-burst``) and each routing policy, a fresh fleet is
+deployed (``replicas`` engine replicas with small slot pools and fresh caches, so every policy
+starts cold), an unmeasured warm-up of the trace's steady traffic brings it to a steady state
+(``warmup_workload``), the trace is replayed through the ingress's HTTP API (``fleet_drive``),
+the replicas' cache counters and the router's decisions over the replay alone are read, and the
+fleet is deleted.
+
+Fairness: every policy replays the same trace with the same prompts against the same fleet
+settings, timed by the same client clock; the policies run ``repeats`` times in alternating order
+(ABCD, then DCBA; the next trace starts the other way round) and the repeats are pooled; before
+each run the artifact store's pages are dropped from the OS page cache (``drop_page_cache``).
+
+Trace rate: unless given, ``load`` times the fleet's capacity, measured first on a fleet of its
+own (Ray Serve's default router, adapters resident); the trace length is ``trace_requests`` at
+that rate, so a faster machine runs as many requests at the same utilisation.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import tempfile
+import time
+from collections.abc import Iterable, Mapping
+from dataclasses import asdict, dataclass, replace
+from pathlib import Path
+from typing import Any
+
+from loraplex.bench.fleet.drive import capacity_batch, measure_capacity, median_or_none, replay
+from loraplex.bench.fleet.report import (
+    POLICIES,
+    TRACES,
+    PolicyRun,
+    ReplicaCounters,
+    counters_since,
+    decisions_since,
+    fleet_metrics,
+)
+from loraplex.bench.harness.machine import machine_record
+from loraplex.bench.harness.order import run_order
+from loraplex.bench.serve.driver import DriveConfig
+from loraplex.bench.serve.fleet import (
+    Fleet,
+    ServerOptions,
+    drop_page_cache,
+    prepare_fleet,
+    serve_values,
+)
+from loraplex.bench.workloads import (
+    HOT_BURST_SWEEP_TENANT,
+    ScenarioParams,
+    TraceAdapter,
+    Workload,
+    generate,
+)
+from loraplex.fleet.settings import FleetSettings
+from loraplex.residency.policy import DEFAULT_POLICY as EVICTION_POLICY
+from loraplex.router.router import policy_names
+from loraplex.serve.config import merge
+
+MAX_LORA_RANK = 64  # the S2 ranks' largest
+CAPACITY_POLICY = "pow2"  # Ray Serve's default router measures the capacity
+RAY_CPUS = 1  # logical CPUs of the cluster: every deployment asks for 0, Ray prestarts fewer
+# ``--quick``: a smoke run of two policies on one short trace at a fixed rate (no capacity
+# measurement); settings given explicitly win over these.
+QUICK_SETTINGS: dict[str, Any] = {
+    "traces": ("zipf-longtail",),
+    "policies": ("pow2", "affinity_until_saturated"),
+    "repeats": 1,
+    "trace_requests": 32,
+    "warmup_requests": 16,
+    "rate": 3.0,
+}
+_POSITIVE_INTS = (
+    "repeats",
+    "replicas",
+    "max_loras",
+    "torch_threads",
+    "cpu_adapter_bytes",
+    "num_adapters",
+    "trace_requests",
+    "prompt_tokens",
+    "output_tokens",
+    "capacity_requests",
+    "capacity_rounds",
+)
+
+
+@dataclass(frozen=True)
+class FleetBenchConfig:
+    """What one ``bench fleet`` invocation does."""
+
+    traces: tuple[str, ...] = TRACES  # from TRACES
+    policies: tuple[str, ...] = POLICIES  # routing policies, in forward run order
+    repeats: int = 2  # runs of each policy per trace, order alternating
+    replicas: int = 3  # engine replicas per fleet
+    max_loras: int = 3  # GPU slots per replica (a small pool: routing decides the hits)
+    torch_threads: int = 1  # torch threads per replica
+    cpu_adapter_bytes: int = 64 << 20  # L1 budget per replica
+    num_adapters: int = 64  # zipf-longtail's population
+    trace_requests: int = 192  # mean requests of a trace (sets its duration at the rate)
+    warmup_requests: int = 192  # mean requests of the unmeasured warm-up before it (0: none)
+    rate: float | None = None  # mean requests per second; None: load x measured capacity
+    load: float = 0.5  # trace rate as a fraction of the measured capacity
+    prompt_tokens: int = 64  # prompt length of every request
+    output_tokens: int = 16  # max tokens of every request
+    request_timeout_s: float = 30.0  # bound on a request; failures count at it
+    capacity_requests: int = 96  # requests of one capacity burst
+    capacity_rounds: int = 2  # measured capacity bursts (the median counts)
+    seed: int = 0  # workload, prompt, adapter-weight and router seed
+    asset_dir: Path = Path(".loraplex-assets")  # the demo base model is <dir>/test-small
+
+    def __post_init__(self) -> None:
+        for name in _POSITIVE_INTS:
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+                raise ValueError(f"{name} {value!r} is invalid; expected an int >= 1")
+        warmup = self.warmup_requests
+        if isinstance(warmup, bool) or not isinstance(warmup, int) or warmup < 0:
+            raise ValueError(f"warmup_requests {warmup!r} is invalid; expected an int >= 0")
+        for name in ("load", "request_timeout_s"):
+            if not getattr(self, name) > 0:
+                raise ValueError(f"{name} {getattr(self, name)} is invalid; expected > 0")
+        if self.rate is not None and not self.rate > 0:
+            raise ValueError(f"rate {self.rate} is invalid; expected > 0 or None (measured)")
+        _check_names("traces", self.traces, TRACES)
+        _check_names("policies", self.policies, policy_names())
+
+    def params(self, rate: float, duration_s: float) -> ScenarioParams:
+        return ScenarioParams(
+            duration_s=duration_s,
+            rate=rate,
+            prompt_tokens=self.prompt_tokens,
+            output_tokens=self.output_tokens,
+            num_adapters=self.num_adapters,
+        )
+
+    def plain(self) -> dict[str, Any]:
+        """The settings as JSON values."""
+        values = asdict(self)
+        values["asset_dir"] = str(self.asset_dir)
+        return {**values, "eviction_policy": EVICTION_POLICY, "max_lora_rank": MAX_LORA_RANK}
+
+
+def _check_names(field_name: str, names: tuple[str, ...], known: tuple[str, ...]) -> None:
+    unknown = [n for n in names if n not in known]
+    if not names or unknown or len(set(names)) != len(names):
+        raise ValueError(
+            f"{field_name} {list(names)} is invalid; expected distinct names from {list(known)}"
+        )
+
+
+@dataclass(frozen=True)
+class _Target:
+    """Where the runs go: the prepared registry, the ingress URL, a scratch directory."""
+
+    registry: Fleet  # every trace adapter, keys, the admin key
+    url: str  # the ingress (Serve's HTTP proxy)
+    port: int  # its port
+    root: Path  # per-run data directories go under it
+
+
+def run_fleet_bench(config: FleetBenchConfig) -> dict[str, Any]:
+    """Every run of the benchmark; the result has name, config, seed, metrics and runs."""
+    from loraplex.artifacts.base_model import BaseModelSpec
+    from loraplex.bench.fleet.cluster import local_cluster
+    from loraplex.demo.assets import generate_demo_assets
+
+    assets = generate_demo_assets(config.asset_dir / "test-small", preset="small", seed=0)
+    vocab = BaseModelSpec.from_dir(assets.base_model_dir).vocab_size
+    # A trace's adapters do not depend on its rate or length: one draft names them all.
+    drafts = [generate(name, config.seed, config.params(1.0, 1.0)) for name in config.traces]
+    drive = DriveConfig(
+        request_timeout_s=config.request_timeout_s, vocab_size=vocab, seed=config.seed
+    )
+    with tempfile.TemporaryDirectory(prefix="loraplex-bench-fleet-") as tmp:
+        root = Path(tmp)
+        registry = prepare_fleet(
+            root / "registry",
+            assets.base_model_dir,
+            _union(d.adapters for d in drafts),
+            MAX_LORA_RANK,
+            config.seed,
+        )
+        with local_cluster(RAY_CPUS) as port:
+            target = _Target(registry, f"http://127.0.0.1:{port}", port, root)
+            capacity: tuple[float, ...] = ()
+            if config.rate is None:
+                hot = [(a.tenant, a.name) for a in drafts[0].adapters[: config.max_loras]]
+                capacity = _capacity(config, target, hot, drive)
+            rate, duration = _trace_shape(config, median_or_none(capacity))
+            params = config.params(rate, duration)
+            workloads = [generate(name, config.seed, params) for name in config.traces]
+            warmups = {name: warmup_workload(name, config, rate) for name in config.traces}
+            runs, order = _policy_runs(config, target, workloads, warmups, drive)
+    metrics = fleet_metrics(runs, config.traces, config.policies, config.request_timeout_s)
+    metrics["capacity_rps"] = [round(v, 2) for v in capacity]
+    metrics["trace_rate"] = round(rate, 3)
+    metrics["trace_duration_s"] = round(duration, 2)
+    metrics["run_order"] = order
+    return {
+        "name": "fleet",
+        "config": {**config.plain(), "machine": machine_record()},
+        "seed": config.seed,
+        "metrics": metrics,
+        "runs": runs,
+    }
+
+
+def _trace_shape(config: FleetBenchConfig, capacity_rps: float | None) -> tuple[float, float]:
+    """(rate, duration_s) of the traces."""
+    rate = config.rate if config.rate is not None else config.load * (capacity_rps or 0.0)
+    if not rate > 0:
+        raise RuntimeError(f"measured capacity {capacity_rps} req/s leaves no trace rate")
+    return rate, config.trace_requests / rate
+
+
+def warmup_workload(name: str, config: FleetBenchConfig, rate: float) -> Workload | None:
+    """The unmeasured traffic before trace ``name``: its steady part (zipf-longtail as it is,
+    hot-burst without the batch tenant's sweep) at the trace's rate, for ``warmup_requests``
+    requests on average, from another seed (other arrivals and picks than the measured trace).
+    None when ``warmup_requests`` is 0."""
+    if config.warmup_requests == 0:
+        return None
+    params = config.params(rate, config.warmup_requests / rate)
+    workload = generate(name, config.seed + 1, params)
+    steady = tuple(r for r in workload.requests if r.tenant != HOT_BURST_SWEEP_TENANT)
+    return replace(workload, requests=steady)
+
+
+def _settings(
+    config: FleetBenchConfig, target: _Target, data_dir: Path, policy: str
+) -> FleetSettings:
+    """One deployment's settings (only the routing policy differs between runs)."""
+    options = ServerOptions(
+        EVICTION_POLICY,
+        config.max_loras,
+        config.cpu_adapter_bytes,
+        queue_deadline_s=config.request_timeout_s / 2,
+        torch_threads=config.torch_threads,
+    )
+    values = serve_values(target.registry, data_dir, options, target.port)
+    return FleetSettings(
+        serve=merge({}, values),
+        model_dir=target.registry.model_dir,
+        engine_replicas=config.replicas,
+        policy=policy,
+        seed=config.seed,
+    )
+
+
+def _capacity(
+    config: FleetBenchConfig, target: _Target, adapters: list[tuple[str, str]], drive: DriveConfig
+) -> tuple[float, ...]:
+    from loraplex.bench.fleet.cluster import deployed
+
+    settings = _settings(config, target, target.root / "capacity", CAPACITY_POLICY)
+    batch = capacity_batch(
+        adapters, config.capacity_requests, config.prompt_tokens, config.output_tokens
+    )
+    with deployed(settings, target.url, target.registry.admin_key):
+        keys = target.registry.keys
+        return measure_capacity(target.url, batch, keys, drive, config.capacity_rounds)
+
+
+def _policy_runs(
+    config: FleetBenchConfig,
+    target: _Target,
+    workloads: list[Workload],
+    warmups: Mapping[str, Workload | None],
+    drive: DriveConfig,
+) -> tuple[list[PolicyRun], list[str]]:
+    """Every (trace, policy) run in ``run_plan`` order; the runs and that order by name. Each
+    run's counters and decisions are those of its measured replay (less the warm-up's)."""
+    from loraplex.bench.fleet.cluster import deployed, fleet_state, settled_counters
+
+    runs, names = [], []
+    by_name = {w.name: w for w in workloads}
+    plan = run_plan(tuple(by_name), config.policies, config.repeats)
+    for index, (trace, policy) in enumerate(plan):
+        workload = by_name[trace]
+        names.append(f"{trace}/{policy}")
+        settings = _settings(config, target, target.root / f"run-{index}", policy)
+        drop_page_cache(target.registry.store)
+        admin_key = target.registry.admin_key
+        keys = target.registry.keys
+        with deployed(settings, target.url, admin_key):
+            before: tuple[ReplicaCounters, ...] = ()
+            decided: dict[str, int] = {}
+            warmup = warmups.get(trace)
+            if warmup is not None:
+                warm_drive = replace(drive, seed=drive.seed + 1)
+                asyncio.run(replay(target.url, warmup.requests, keys, warm_drive))
+                before = settled_counters(config.replicas, time.monotonic())
+                decided = fleet_state(target.url, admin_key)["decisions"]
+            records = asyncio.run(replay(target.url, workload.requests, keys, drive))
+            counters = counters_since(settled_counters(config.replicas, time.monotonic()), before)
+            decisions = decisions_since(fleet_state(target.url, admin_key)["decisions"], decided)
+        runs.append(PolicyRun(workload.name, policy, tuple(records), counters, decisions))
+    return runs, names
+
+
+def run_plan(
+    traces: tuple[str, ...], policies: tuple[str, ...], repeats: int
+) -> list[tuple[str, str]]:
+    """(trace, policy) in run order: each trace's policies ``repeats`` times, forward (ABCD)
+    and backward (DCBA) in turn, the next trace starting the other way round
+    (``serve_runs.run_order``), so drift on the shared machine favours no policy."""
+    order = run_order([len(policies)] * len(traces), repeats)
+    return [(traces[group], policies[member]) for group, member in order]
+
+
+def _union(groups: Iterable[Iterable[TraceAdapter]]) -> tuple[TraceAdapter, ...]:
+    seen: dict[tuple[str, str], TraceAdapter] = {}
+    for group in groups:
+        for adapter in group:
+            seen.setdefault((adapter.tenant, adapter.name), adapter)
+    return tuple(seen.values())

@@ -1,0 +1,248 @@
+"""``loraplex bench fleet``'s figures: each routing policy's statistics per trace (repeats
+pooled), the headline ratios between policies, the JSON line and the human table. Ray-free and
+HTTP-free: the tests feed it made-up runs.
+
+Rules (WORKLOADS.md): TTFT percentiles count every trace request, a failed or timed-out one at
+the client's timeout (``serve_summary.ttft_or_timeout``); the completed ratio stands beside every
+latency; a ratio with an unknown side or a denominator that is not > 0 is None (null), never 0.
+"""
+
+from __future__ import annotations
+
+import json
+import statistics
+from collections import Counter
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from loraplex.bench.harness.stats import ratio
+from loraplex.bench.serve.driver import RequestRecord
+from loraplex.bench.serve.summary import ttft_or_timeout
+from loraplex.residency.ledger import Tier
+from loraplex.residency.stats import percentile
+from loraplex.router.router import DEFAULT_POLICY
+
+# Every policy in the order of a forward run (ABCD); odd repeats run it backwards.
+POLICIES = ("pow2", "ray_multiplex", "affinity", DEFAULT_POLICY)
+TRACES = ("zipf-longtail", "hot-burst")
+
+
+@dataclass(frozen=True)
+class Headline:
+    """One headline ratio: ``figure`` of ``over`` divided by ``figure`` of ``under``."""
+
+    name: str  # its key in the JSON line
+    figure: str  # "l0_hit_ratio" or "p99_ttft_ms"
+    over: str  # the numerator's policy
+    under: str  # the denominator's policy
+    target: str  # what the issue expects (shown in the table, never used to pass or fail)
+
+
+HEADLINES = (
+    Headline("l0_hit_ratio_over_pow2", "l0_hit_ratio", DEFAULT_POLICY, "pow2", ">= 2"),
+    Headline(
+        "l0_hit_ratio_over_ray_multiplex", "l0_hit_ratio", DEFAULT_POLICY, "ray_multiplex", ">= 1.2"
+    ),
+    Headline("p99_ttft_pow2_over_default", "p99_ttft_ms", "pow2", DEFAULT_POLICY, ">= 1.5"),
+    Headline(
+        "p99_ttft_affinity_over_default", "p99_ttft_ms", "affinity", DEFAULT_POLICY, "> 1 hot-burst"
+    ),
+)
+
+
+@dataclass(frozen=True)
+class ReplicaCounters:
+    """One engine replica's cache counters at the end of a run (cumulative since it started,
+    and every run starts fresh replicas)."""
+
+    replica_id: str
+    acquires: int  # adapter acquires: served from L0, filled from L1 / L2, or misses to L3
+    l0_hits: int  # acquires served from a GPU slot
+    l0_loads: int  # completed fills into GPU slots (the cold loads)
+
+
+def counters_since(
+    after: Sequence[ReplicaCounters], before: Sequence[ReplicaCounters]
+) -> tuple[ReplicaCounters, ...]:
+    """Each replica's counters over the measured replay: ``after`` less what it had counted
+    ``before`` it (the warm-up); a replica absent before (it joined since) counts from 0."""
+    earlier = {c.replica_id: c for c in before}
+    out = []
+    for c in after:
+        b = earlier.get(c.replica_id, ReplicaCounters(c.replica_id, 0, 0, 0))
+        hits, loads = c.l0_hits - b.l0_hits, c.l0_loads - b.l0_loads
+        out.append(ReplicaCounters(c.replica_id, c.acquires - b.acquires, hits, loads))
+    return tuple(out)
+
+
+def decisions_since(after: Mapping[str, int], before: Mapping[str, int]) -> dict[str, int]:
+    """Routing decisions by reason over the measured replay (reasons with none left out)."""
+    out = {k: v - before.get(k, 0) for k, v in after.items()}
+    return {k: v for k, v in out.items() if v}
+
+
+def counters_of(status: Mapping[str, Any]) -> ReplicaCounters:
+    """A fleet board status (``EngineReplica.status()``) as counters."""
+    hits = status["hits"]  # "l0" | "l1" | "l2" -> hits, "miss" -> misses
+    loads = status["summary"].stats.loads
+    return ReplicaCounters(
+        replica_id=str(status["replica_id"]),
+        acquires=sum(int(v) for v in hits.values()),
+        l0_hits=int(hits["l0"]),
+        l0_loads=int(loads.get(Tier.L0, 0)),
+    )
+
+
+@dataclass(frozen=True)
+class PolicyRun:
+    """One deployment of one routing policy replaying one trace."""
+
+    trace: str  # the workload's name
+    policy: str  # the routing policy
+    records: tuple[RequestRecord, ...]  # one per trace request, in trace order
+    replicas: tuple[ReplicaCounters, ...]  # every replica on the board at the end
+    decisions: Mapping[str, int]  # routing decisions by reason (the ingress's /admin/fleet)
+
+
+def ttft_ms(records: Sequence[RequestRecord], timeout_s: float) -> dict[str, float | None]:
+    """P50 / P90 / P99 TTFT in ms over every request (failures at the timeout); None (null)
+    for a run without requests."""
+    ordered = sorted(ttft_or_timeout(r, timeout_s) * 1000 for r in records)
+    qs = {"p50": 0.5, "p90": 0.9, "p99": 0.99}
+    return {k: round(percentile(ordered, q), 2) if ordered else None for k, q in qs.items()}
+
+
+def imbalance(replicas: Sequence[ReplicaCounters]) -> float | None:
+    """The busiest replica's acquires over the mean (1.0: even); None without acquires."""
+    counts = [r.acquires for r in replicas]
+    return ratio(max(counts, default=0), statistics.fmean(counts) if counts else None)
+
+
+def summarize(runs: Sequence[PolicyRun], timeout_s: float) -> dict[str, Any]:
+    """One policy on one trace, its repeats pooled: requests and counters summed, percentiles
+    over every request of every repeat, ``imbalance`` the mean of the repeats'."""
+    records = [r for run in runs for r in run.records]
+    counters = [c for run in runs for c in run.replicas]
+    acquires = sum(c.acquires for c in counters)
+    l0_hits = sum(c.l0_hits for c in counters)
+    l0_loads = sum(c.l0_loads for c in counters)
+    decisions: Counter[str] = Counter()
+    for run in runs:
+        decisions.update(run.decisions)
+    spreads = [s for s in (imbalance(run.replicas) for run in runs) if s is not None]
+    completed = sum(r.ok for r in records)
+    per_1k = ratio(1000 * l0_loads, len(records), 1)
+    return {
+        "runs": len(runs),
+        "requests": len(records),
+        "completed": completed,
+        "completed_ratio": ratio(completed, len(records), 4),
+        "ttft_ms": ttft_ms(records, timeout_s),
+        "l0_hit_ratio": ratio(l0_hits, acquires, 4),
+        "cold_loads_per_1k_requests": per_1k,
+        "acquires": acquires,
+        "l0_hits": l0_hits,
+        "l0_loads": l0_loads,
+        "imbalance": round(statistics.fmean(spreads), 3) if spreads else None,
+        "decisions": dict(sorted(decisions.items())),
+    }
+
+
+def _figure(summary: Mapping[str, Any] | None, figure: str) -> float | None:
+    if summary is None:
+        return None
+    value = summary["ttft_ms"]["p99"] if figure == "p99_ttft_ms" else summary[figure]
+    return None if value is None else float(value)
+
+
+def trace_metrics(summaries: Mapping[str, Mapping[str, Any]]) -> dict[str, Any]:
+    """One trace's headline ratios (None where a policy did not run or a side is undefined),
+    then each policy's completed ratio and cold loads, then every policy's figures."""
+    out: dict[str, Any] = {}
+    for h in HEADLINES:
+        over, under = summaries.get(h.over), summaries.get(h.under)
+        out[h.name] = ratio(_figure(over, h.figure), _figure(under, h.figure))
+    out["completed_ratio"] = {p: s["completed_ratio"] for p, s in summaries.items()}
+    out["cold_loads_per_1k_requests"] = {
+        p: s["cold_loads_per_1k_requests"] for p, s in summaries.items()
+    }
+    out["policies"] = {p: dict(s) for p, s in summaries.items()}
+    return out
+
+
+def fleet_metrics(
+    runs: Sequence[PolicyRun], traces: Sequence[str], policies: Sequence[str], timeout_s: float
+) -> dict[str, Any]:
+    """Every trace's ``trace_metrics``, policies in ``policies`` order."""
+    out: dict[str, Any] = {}
+    for trace in traces:
+        summaries = {}
+        for policy in policies:
+            mine = [r for r in runs if r.trace == trace and r.policy == policy]
+            if mine:
+                summaries[policy] = summarize(mine, timeout_s)
+        out[trace] = trace_metrics(summaries)
+    return out
+
+
+def fleet_json_line(result: Mapping[str, Any]) -> str:
+    """The one JSON line: name, config, seed, metrics (no NaN: undefined values are null)."""
+    line = {k: result[k] for k in ("name", "config", "seed", "metrics")}
+    return json.dumps(line, allow_nan=False)
+
+
+def _cell(value: object) -> str:
+    if value is None:
+        return "null"
+    if isinstance(value, float):
+        return f"{value:g}"
+    return str(value)
+
+
+_COLUMNS = (
+    ("policy", 26),
+    ("L0 hit", 7),
+    ("p50 ms", 9),
+    ("p99 ms", 9),
+    ("done", 7),
+    ("cold/1k", 8),
+    ("imbal.", 7),
+)
+
+
+def _row(cells: Sequence[str]) -> str:
+    """The first cell left-aligned, the others right-aligned, in ``_COLUMNS``' widths."""
+    widths = [w for _, w in _COLUMNS]
+    first = f"{cells[0]:<{widths[0]}}"
+    return " ".join([first, *(f"{c:>{w}}" for c, w in zip(cells[1:], widths[1:], strict=True))])
+
+
+def fleet_table(result: Mapping[str, Any]) -> str:
+    """The human summary: per trace, one row per policy, then the headline ratios."""
+    lines = []
+    metrics = result["metrics"]
+    for trace in result["config"]["traces"]:
+        lines.append(f"{trace}:")
+        lines.append("  " + _row([name for name, _ in _COLUMNS]))
+        for policy, s in metrics[trace]["policies"].items():
+            ttft = s["ttft_ms"]
+            cells = (
+                policy,
+                s["l0_hit_ratio"],
+                ttft["p50"],
+                ttft["p99"],
+                s["completed_ratio"],
+                s["cold_loads_per_1k_requests"],
+                s["imbalance"],
+            )
+            lines.append("  " + _row([_cell(c) for c in cells]))
+        for h in HEADLINES:
+            value = _cell(metrics[trace][h.name])
+            lines.append(f"  {h.name:<32} {value:>8}   (issue's target {h.target})")
+        for policy, s in metrics[trace]["policies"].items():
+            reasons = ", ".join(f"{k} {v}" for k, v in s["decisions"].items()) or "none"
+            lines.append(f"  decisions {policy}: {reasons}")
+    extra = {k: v for k, v in metrics.items() if k not in result["config"]["traces"]}
+    lines += [f"{k}: {_cell(v)}" for k, v in extra.items()]
+    return "\n".join(lines)

@@ -1,0 +1,124 @@
+"""One server process's lifecycle for a benchmark: a free port, the launch with its output in a
+log file the caller keeps, the wait until an HTTP path answers 200, and the stop of its whole
+process group.
+
+Every benchmark that runs a server (``loraplex serve``, vLLM) goes through ``serving_process``,
+so the readiness rule, the stop sequence and where the logs go are the same on every side.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+import time
+from collections.abc import Iterator, Mapping, Sequence
+from contextlib import contextmanager, suppress
+from dataclasses import dataclass
+from pathlib import Path
+
+import httpx
+
+READY_POLL_S = 0.2  # how often the readiness path is asked while a server starts
+
+
+@dataclass(frozen=True)
+class Launch:
+    """How to start one server and how to know it is ready."""
+
+    name: str  # the server's name in errors ("loraplex serve", "vLLM")
+    command: Sequence[str]  # argv
+    env: Mapping[str, str]  # its whole environment
+    url: str  # its base URL, e.g. http://127.0.0.1:8000
+    ready_path: str  # answers 200 once the server takes requests, e.g. /ready
+    log_path: Path  # stdout and stderr; kept after the stop
+    start_timeout_s: float  # bound on start to ready
+    stop_grace_s: float  # after SIGINT, before SIGKILL
+    tail_chars: int = 2000  # of the log, quoted when the server exits early
+
+    def __post_init__(self) -> None:
+        for name in ("start_timeout_s", "stop_grace_s"):
+            if not getattr(self, name) > 0:
+                raise ValueError(f"{name} {getattr(self, name)} is invalid; expected > 0")
+        if not self.ready_path.startswith("/"):
+            raise ValueError(f"ready_path {self.ready_path!r} is invalid; expected a /path")
+
+
+def free_port() -> int:
+    """A TCP port on 127.0.0.1 that nothing listens on now."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.bind(("127.0.0.1", 0))
+        port: int = sock.getsockname()[1]
+        return port
+
+
+@contextmanager
+def serving_process(launch: Launch) -> Iterator[subprocess.Popen[bytes]]:
+    """Runs ``launch`` in a session of its own until the block ends; yields the process once
+    its ready path answers 200. The log stays at ``launch.log_path``."""
+    launch.log_path.parent.mkdir(parents=True, exist_ok=True)
+    with launch.log_path.open("wb") as log:
+        process = subprocess.Popen(
+            list(launch.command),
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            env=dict(launch.env),
+            start_new_session=True,
+        )
+        try:
+            wait_ready(process, launch)
+            yield process
+        finally:
+            stop_group(process, launch.stop_grace_s)
+
+
+def wait_ready(process: subprocess.Popen[bytes], launch: Launch) -> None:
+    """Returns once ``launch.ready_path`` answers 200; RuntimeError quoting the log's tail when
+    the process exits first, RuntimeError naming the log when the bound passes."""
+    deadline = time.monotonic() + launch.start_timeout_s
+    while time.monotonic() < deadline:
+        if process.poll() is not None:
+            text = launch.log_path.read_text(encoding="utf-8", errors="replace")
+            tail = text[-launch.tail_chars :]
+            raise RuntimeError(f"{launch.name} exited with {process.returncode}:\n{tail}")
+        try:
+            if httpx.get(launch.url + launch.ready_path, timeout=2.0).status_code == 200:
+                return
+        except httpx.HTTPError:
+            pass
+        time.sleep(READY_POLL_S)
+    raise RuntimeError(
+        f"{launch.name} did not become ready within {launch.start_timeout_s} s "
+        f"(log: {launch.log_path})"
+    )
+
+
+def stop_group(process: subprocess.Popen[bytes], grace_s: float) -> None:
+    """SIGINT to the server, which stops its own children in order; SIGKILL when it has not
+    exited after ``grace_s``; then SIGKILL to whatever of its process group is left (signalling
+    the whole group at once would interrupt the children in the middle of the parent's orderly
+    shutdown)."""
+    if process.poll() is None:
+        process.send_signal(signal.SIGINT)
+        try:
+            process.wait(timeout=grace_s)
+        except subprocess.TimeoutExpired:
+            process.kill()
+            process.wait(timeout=grace_s)
+    with suppress(ProcessLookupError):  # a child its parent left behind
+        os.killpg(process.pid, signal.SIGKILL)
+
+
+def fresh_run_dir(parent: Path, stamp: str) -> Path:
+    """A new, empty directory ``parent/stamp`` (``stamp-2``, ``-3``... when taken) for one
+    benchmark invocation's server logs and data, kept after the run so what each server was
+    configured with and said can be checked."""
+    for attempt in range(1, 1000):
+        path = parent / (stamp if attempt == 1 else f"{stamp}-{attempt}")
+        try:
+            path.mkdir(parents=True)
+        except FileExistsError:
+            continue
+        return path
+    raise RuntimeError(f"no free run directory under {parent} for {stamp}")

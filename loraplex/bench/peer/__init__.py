@@ -1,0 +1,1 @@
+"""``loraplex bench peer``: loraplex against vLLM's CPU build (``bench.py`` drives it)."""

@@ -1,0 +1,2 @@
+"""``loraplex bench release``: controlled releases under steady traffic (``bench.py`` drives
+it)."""

@@ -1,0 +1,2 @@
+"""``loraplex bench serve``: trace replays, throughput and attacks over HTTP (``bench.py``
+drives it)."""

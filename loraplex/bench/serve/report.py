@@ -1,0 +1,239 @@
+"""Markdown and PNG output of ``loraplex bench serve``."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+from loraplex.bench.report import markdown_table
+from loraplex.bench.serve.driver import TIERS
+from loraplex.bench.serve.summary import HOT_BURST_POLICIES, RunResult, ttft_or_timeout
+
+_SCALARS = (int, float, str, type(None))  # None: undefined (no data), shown as such
+
+
+def serve_json_line(result: dict[str, Any]) -> str:
+    return json.dumps({k: result[k] for k in ("name", "config", "seed", "metrics")})
+
+
+def serve_markdown(result: dict[str, Any], cdf_png: str, hits_png: str) -> str:
+    metrics = result["metrics"]
+    # In the JSON line's order: each headline ratio with its completed ratios right after it.
+    headline = [{"metric": k, "value": v} for k, v in metrics.items() if isinstance(v, _SCALARS)]
+    parts = [
+        "## Run",
+        f"config: `{result['config']}`, seed {result['seed']}",
+        "## Headline metrics",
+        markdown_table(headline, ["metric", "value"]),
+        "## Hot-burst capacity sweep (gain: hot tenant P99 TTFT from the burst on, baseline "
+        "over cost_aware; price: batch tenant P50 TTFT, cost_aware over lru)",
+        markdown_table(_sweep_rows(metrics.get("hot_burst_sweep", {})), _SWEEP_COLUMNS),
+        "## Runs (TTFT in ms over every request, failed ones at the timeout; TPOT over "
+        "completed requests; tier = adapter's tier at arrival)",
+        markdown_table(_run_rows(metrics["runs"]), _RUN_COLUMNS),
+        "## TTFT by tier at arrival (ms)",
+        markdown_table(_group_rows(metrics["runs"], "by_tier"), _GROUP_COLUMNS),
+        "## TTFT and TPOT by tenant (ms)",
+        markdown_table(_group_rows(metrics["runs"], "by_tenant"), _GROUP_COLUMNS),
+        *_kind_section(metrics.get("adversarial_kinds", {})),
+        f"![TTFT CDF per tier]({cdf_png})",
+        f"![L0 hit ratio over time]({hits_png})",
+        "## JSON line",
+        "```json\n" + serve_json_line(result) + "\n```",
+    ]
+    return "\n\n".join(parts) + "\n"
+
+
+_SWEEP_COLUMNS = [
+    "slots",
+    "gain_lru",
+    "gain_lru_priority",
+    "price_vs_lru",
+    "price_vs_lru_priority",
+    *(f"hot_completed_{p}" for p in HOT_BURST_POLICIES),
+    *(f"batch_completed_{p}" for p in HOT_BURST_POLICIES),
+]
+
+
+def _sweep_rows(sweep: dict[str, dict[str, Any]]) -> list[dict[str, object]]:
+    return [
+        {
+            "slots": slots,
+            "gain_lru": m["hot_burst_p99_ttft_lru_over_cost_aware"],
+            "gain_lru_priority": m["hot_burst_p99_ttft_lru_priority_over_cost_aware"],
+            "price_vs_lru": m["hot_burst_batch_p50_ttft_cost_aware_over_lru"],
+            "price_vs_lru_priority": m["hot_burst_batch_p50_ttft_cost_aware_over_lru_priority"],
+            **{
+                f"hot_completed_{p}": m[f"hot_burst_hot_completed_ratio_{p}"]
+                for p in HOT_BURST_POLICIES
+            },
+            **{
+                f"batch_completed_{p}": m[f"hot_burst_batch_completed_ratio_{p}"]
+                for p in HOT_BURST_POLICIES
+            },
+        }
+        for slots, m in sweep.items()
+    ]
+
+
+_KIND_COLUMNS = [
+    "kind",
+    "met",
+    "victim_failed",
+    "victim_p99_ttft_ratio",
+    "victim_p99_ttft_ms_attacked",
+    "victim_p99_ttft_ms_calm",
+    "victim_503",
+    "victim_503_max_ms",
+    "server_rss_growth_mib_over_calm",
+]
+
+
+def _kind_section(kinds: dict[str, dict[str, Any]]) -> list[str]:
+    """Issue 25's attacker kinds, one row each (none when the run had none)."""
+    if not kinds:
+        return []
+    rows = [{"kind": kind, **{c: e[c] for c in _KIND_COLUMNS[1:]}} for kind, e in kinds.items()]
+    return [
+        "## Attacker kinds, each against its own calm run (victims' figures; targets: 0 failed, "
+        "P99 ratio <= 1.5, hung-engine 503s <= 1 s, stuck-stream RSS growth over calm <= 16 MiB)",
+        markdown_table(rows, _KIND_COLUMNS),
+    ]
+
+
+_RUN_COLUMNS = [
+    "run",
+    "requests",
+    "completed",
+    "statuses",
+    "arrival_L0",
+    "arrival_L3",
+    "hit_L0",
+    "hit_L1",
+    "hit_L2",
+    "hit_L3",
+    "thrash",
+    "ttft_p50",
+    "ttft_p99",
+]
+_GROUP_COLUMNS = [
+    "run",
+    "group",
+    "n",
+    "completed",
+    "in_L0",
+    "ttft_p50",
+    "ttft_p90",
+    "ttft_p99",
+    "tpot_p50",
+    "tpot_p99",
+]
+
+
+def _run_rows(runs: dict[str, dict[str, Any]]) -> list[dict[str, object]]:
+    rows: list[dict[str, object]] = []
+    for name, s in runs.items():
+        rows.append(
+            {
+                "run": name,
+                "requests": s["requests"],
+                "completed": s["completed"],
+                "statuses": " ".join(f"{k}:{v}" for k, v in sorted(s["statuses"].items())),
+                "arrival_L0": s["tier_at_arrival"]["L0"],
+                "arrival_L3": s["tier_at_arrival"]["L3"],
+                **{f"hit_{t}": s["hit_ratio"][t] for t in TIERS},
+                "thrash": s["thrash_ratio"],
+                "ttft_p50": s["ttft_ms"]["p50"],
+                "ttft_p99": s["ttft_ms"]["p99"],
+            }
+        )
+    return rows
+
+
+def _group_rows(runs: dict[str, dict[str, Any]], key: str) -> list[dict[str, object]]:
+    rows: list[dict[str, object]] = []
+    for name, s in runs.items():
+        for group, q in s[key].items():
+            ttft, tpot = q["ttft_ms"], q["tpot_ms"]
+            rows.append(
+                {
+                    "run": name,
+                    "group": group,
+                    "n": ttft["n"],
+                    "completed": q["completed"],
+                    "in_L0": q["tier_at_arrival"]["L0"],
+                    "ttft_p50": ttft["p50"],
+                    "ttft_p90": ttft["p90"],
+                    "ttft_p99": ttft["p99"],
+                    "tpot_p50": tpot["p50"],
+                    "tpot_p99": tpot["p99"],
+                }
+            )
+    return rows
+
+
+def ttft_cdf_plot(runs: list[RunResult], path: Path) -> None:
+    """One panel per run: the TTFT CDF of every request (a failed one at the timeout), one
+    line per tier at arrival."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    from matplotlib.ticker import NullFormatter
+
+    cols = 3
+    rows = max(1, (len(runs) + cols - 1) // cols)
+    fig, axes = plt.subplots(rows, cols, figsize=(5 * cols, 3.5 * rows), squeeze=False)
+    for ax, run in zip(axes.flat, runs, strict=False):
+        for tier in TIERS:
+            values = sorted(
+                ttft_or_timeout(r, run.timeout_s) * 1000 for r in run.records if r.tier == tier
+            )
+            if values:
+                ys = [(i + 1) / len(values) for i in range(len(values))]
+                ax.step(
+                    values,
+                    ys,
+                    where="post",
+                    label=f"{tier} (n={len(values)})",
+                    color=f"C{TIERS.index(tier)}",
+                )
+        ax.set_xscale("log")
+        ax.xaxis.set_minor_formatter(NullFormatter())
+        ax.set_title(run.name)
+        ax.set_xlabel("TTFT (ms)")
+        ax.set_ylabel("fraction")
+        ax.legend(fontsize="small")
+    for ax in axes.flat[len(runs) :]:
+        ax.axis("off")
+    fig.tight_layout()
+    fig.savefig(path, dpi=90)
+    plt.close(fig)
+
+
+def hit_ratio_plot(runs: list[RunResult], path: Path, window: int = 10) -> None:
+    """L0 hit ratio over time: acquires in each window of residency polls, per run."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(9, 4))
+    for run in runs:
+        series = run.residency.hit_series
+        xs, ys = [], []
+        for (_, before), (t_s, after) in zip(series, series[window:], strict=False):
+            total = sum(after.values()) - sum(before.values())
+            if total > 0:
+                xs.append(t_s)
+                ys.append((after.get("L0", 0) - before.get("L0", 0)) / total)
+        if xs:
+            ax.plot(xs, ys, label=run.name)
+    ax.set_xlabel("seconds into the run")
+    ax.set_ylabel("L0 hit ratio (sliding window)")
+    ax.set_ylim(0, 1.05)
+    ax.legend(fontsize="small")
+    fig.tight_layout()
+    fig.savefig(path, dpi=90)
+    plt.close(fig)

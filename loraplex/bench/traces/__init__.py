@@ -1,0 +1,2 @@
+"""``loraplex bench traces``: throughput with request traces on over off (``bench.py`` drives
+it)."""

@@ -1,0 +1,134 @@
+"""POST /v1/chat/completions: its request (a bounded conversation of text messages), its
+response and its stream chunks."""
+
+from __future__ import annotations
+
+from typing import Annotated, Literal
+
+from pydantic import BaseModel, BeforeValidator, ConfigDict, Field
+
+from loraplex.server.protocol.fields import (
+    MAX_CHAT_MESSAGES,
+    MAX_CONTENT_PARTS,
+    RevisionInfo,
+    SamplingFields,
+    Text,
+    TopLogprobs,
+    Usage,
+    _check_count,
+)
+
+
+class TextPart(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    type: Literal["text"]  # only text parts are supported
+    text: Text
+
+
+class ChatMessageIn(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    role: Literal["system", "developer", "user", "assistant", "tool"]
+    content: Annotated[
+        Text | Annotated[list[TextPart], Field(max_length=MAX_CONTENT_PARTS)] | None,
+        BeforeValidator(lambda value: _check_count(value, MAX_CONTENT_PARTS, "text parts")),
+    ] = None
+    name: Text | None = Field(default=None, max_length=256)  # participant's name, for the template
+
+    def text(self) -> str:
+        if self.content is None:
+            return ""
+        if isinstance(self.content, str):
+            return self.content
+        return "".join(part.text for part in self.content)
+
+
+# A conversation: bounded before any message is parsed past the cap (the chat template and the
+# tokenizer then see at most this many; ``chat.num_prompt_chars`` charges each one).
+Messages = Annotated[list[ChatMessageIn], Field(min_length=1, max_length=MAX_CHAT_MESSAGES)]
+
+
+class ChatCompletionRequest(SamplingFields):
+    """POST /v1/chat/completions."""
+
+    messages: Messages
+    max_completion_tokens: int | None = Field(default=None, ge=1)  # newer name of max_tokens
+    logprobs: bool | None = False  # each output token's logprob
+    top_logprobs: TopLogprobs | None = None  # and this many alternatives (needs logprobs true)
+    # Not implemented: accepted only at their neutral values (``NEUTRAL``), else a 400.
+    tools: list[dict[str, object]] | None = None
+    tool_choice: str | dict[str, object] | None = None
+    response_format: dict[str, object] | None = None  # no structured output (operations.md)
+    add_generation_prompt: bool | None = None  # vLLM extension (the template always adds it)
+    # Handed to the chat template as vLLM does (``chat.ChatTemplate.render``).
+    reasoning_effort: Literal["none", "minimal", "low", "medium", "high", "xhigh", "max"] | None = (
+        None
+    )
+    parallel_tool_calls: bool | None = None  # no tools are accepted, so either value is neutral
+    # OpenAI platform settings: loraplex stores no completions and has one service tier.
+    store: bool | None = None
+    metadata: dict[str, object] | None = Field(default=None, max_length=16)  # OpenAI's cap
+    service_tier: str | None = Field(default=None, max_length=32)
+
+
+class TopLogprob(BaseModel):
+    token: str  # the tokenizer's decoding of this one token
+    logprob: float
+    bytes: list[int] | None  # UTF-8 of ``token``
+
+
+class ChatTokenLogprob(TopLogprob):
+    top_logprobs: list[TopLogprob]  # the most likely tokens at this position, best first
+
+
+class ChatLogprobs(BaseModel):
+    content: list[ChatTokenLogprob] | None
+
+
+class ChatMessageOut(BaseModel):
+    role: Literal["assistant"] = "assistant"
+    content: str
+
+
+class ChatChoice(BaseModel):
+    index: int = 0
+    message: ChatMessageOut
+    logprobs: ChatLogprobs | None = None
+    finish_reason: str | None
+    stop_reason: str | int | None = None  # vLLM: the stop string or token id; None: EOS
+
+
+class ChatCompletionResponse(BaseModel):
+    id: str
+    object: Literal["chat.completion"] = "chat.completion"
+    created: int
+    model: str
+    choices: list[ChatChoice]
+    usage: Usage
+    system_fingerprint: str | None = None
+    loraplex: RevisionInfo
+
+
+class ChatDelta(BaseModel):
+    role: Literal["assistant"] | None = None
+    content: str | None = None
+
+
+class ChatChunkChoice(BaseModel):
+    index: int = 0
+    delta: ChatDelta
+    logprobs: ChatLogprobs | None = None
+    finish_reason: str | None
+    stop_reason: str | int | None = None  # on the last chunk of a choice
+
+
+class ChatCompletionChunk(BaseModel):
+    id: str
+    object: Literal["chat.completion.chunk"] = "chat.completion.chunk"
+    created: int
+    model: str
+    choices: list[ChatChunkChoice]
+    usage: Usage | None = None
+    system_fingerprint: str | None = None
+    loraplex: RevisionInfo

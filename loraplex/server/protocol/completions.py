@@ -1,0 +1,91 @@
+"""POST /v1/completions: its request (a prompt, or a batch of them, as text or token ids) and
+its response."""
+
+from __future__ import annotations
+
+from typing import Annotated, Literal
+
+from pydantic import BaseModel, BeforeValidator, Field, StrictInt
+
+from loraplex.server.protocol.fields import (
+    MAX_BATCH_PROMPTS,
+    RevisionInfo,
+    SamplingFields,
+    Text,
+    TokenIds,
+    TopLogprobs,
+    Usage,
+    _check_count,
+    _token_ids,
+)
+
+
+def _prompt_shape(value: object) -> object:
+    """One plain message for a malformed or oversized prompt, told apart by its first item
+    (the union's members would each report it, one error per wrong item, in their own words)."""
+    if not isinstance(value, list) or not value:
+        return value
+    first = value[0]
+    if type(first) is int:
+        return _token_ids(value)
+    _check_count(value, MAX_BATCH_PROMPTS, "prompts")
+    if isinstance(first, list):
+        for index, item in enumerate(value):
+            if not isinstance(item, list):
+                raise ValueError(f"item {index} is a {type(item).__name__}; expected token ids")
+            try:
+                _token_ids(item)
+            except ValueError as exc:
+                raise ValueError(f"prompt {index} {exc}") from None
+    return value
+
+
+# One prompt: text, or token ids; a batch: a list of either (one choice per prompt x n).
+Prompt = Annotated[
+    Text
+    | Annotated[list[Text], Field(max_length=MAX_BATCH_PROMPTS)]
+    | TokenIds
+    | Annotated[list[TokenIds], Field(max_length=MAX_BATCH_PROMPTS)],
+    BeforeValidator(_prompt_shape),
+]
+
+
+class CompletionRequest(SamplingFields):
+    """POST /v1/completions."""
+
+    prompt: Prompt
+    max_tokens: int | None = Field(default=16, ge=0)  # OpenAI's default; 0 only with echo
+    logprobs: TopLogprobs | None = None  # top-N per token (0: only the chosen token's)
+    echo: bool | None = False  # the prompt (and its logprobs) comes before the generated text
+    best_of: StrictInt | None = Field(default=None, ge=1)  # generated per prompt; best n returned
+    # Not implemented: accepted only at their neutral values (``NEUTRAL``), else a 400.
+    suffix: str | None = None
+
+
+class CompletionLogprobs(BaseModel):
+    """OpenAI's legacy completions shape: one entry per token in each list (with ``echo``, the
+    prompt's tokens first, the first of them without a logprob)."""
+
+    text_offset: list[int]  # where each token starts in the choice's text
+    token_logprobs: list[float | None]  # the chosen token's logprob
+    tokens: list[str]  # each token as the tokenizer decodes it alone
+    top_logprobs: list[dict[str, float] | None]  # the top-N and the chosen token
+
+
+class CompletionChoice(BaseModel):
+    index: int = 0
+    text: str
+    logprobs: CompletionLogprobs | None = None
+    finish_reason: str | None
+    stop_reason: str | int | None = None  # vLLM: the stop string or token id; None: EOS
+
+
+class CompletionResponse(BaseModel):
+    id: str
+    object: Literal["text_completion"] = "text_completion"
+    created: int
+    model: str
+    choices: list[CompletionChoice]
+    usage: Usage | None = None
+    system_fingerprint: str | None = None
+    loraplex: RevisionInfo

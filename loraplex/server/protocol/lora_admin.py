@@ -1,0 +1,39 @@
+"""vLLM's POST /v1/load_lora_adapter and /v1/unload_lora_adapter (admin credential)."""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+
+class LoadLoraAdapterRequest(BaseModel):
+    """vLLM's POST /v1/load_lora_adapter (admin credential, admin listener)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    lora_name: str = Field(min_length=1, max_length=512)  # tenant/name or tenant/name@revision
+    lora_path: str = Field(min_length=1, max_length=4096)  # a folder inside the import directory
+
+
+class UnloadLoraAdapterRequest(BaseModel):
+    """vLLM's POST /v1/unload_lora_adapter (admin credential, admin listener)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    lora_name: str = Field(min_length=1, max_length=512)  # tenant/name or tenant/name@revision
+
+
+class LoraAdapterLoaded(BaseModel):
+    lora_name: str  # as sent
+    model: str  # tenant/name@revision: the exact revision registered (send it as ``model``)
+    created: bool  # False: these bytes were already registered under that revision
+    tier: str  # the tier it was asked into ("L1": CPU memory)
+    status: Literal["resident", "deferred"]  # deferred: the cache declined to load it now
+    message: str  # human-readable outcome
+
+
+class LoraAdapterUnloaded(BaseModel):
+    lora_name: str  # as sent
+    evicted: dict[str, list[str]]  # tenant/name@revision -> tiers a copy was dropped from
+    message: str  # human-readable outcome

@@ -1,0 +1,41 @@
+"""vLLM's POST /tokenize and /detokenize."""
+
+from __future__ import annotations
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from loraplex.server.protocol.chat import Messages
+from loraplex.server.protocol.fields import Text, TokenIds
+
+
+class TokenizeRequest(BaseModel):
+    """POST /tokenize: vLLM's two shapes in one body, ``prompt`` or chat ``messages``."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    model: Text | None = Field(default=None, min_length=1, max_length=512)  # None: the base model
+    prompt: Text | None = None  # text, encoded as /v1/completions encodes it
+    messages: Messages | None = None  # chat template
+    add_generation_prompt: bool | None = None  # messages only; only true (the template adds it)
+    add_special_tokens: bool | None = None  # only the encoding generation uses (module docstring)
+    return_token_strs: bool = False  # also return each token id decoded alone
+
+
+class TokenizeResponse(BaseModel):
+    count: int  # number of tokens
+    max_model_len: int | None  # the served context length; None: not known
+    tokens: list[int]  # token ids, exactly as generation would see the prompt
+    token_strs: list[str] | None = None  # each id decoded alone (with ``return_token_strs``)
+
+
+class DetokenizeRequest(BaseModel):
+    """POST /detokenize."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    model: Text | None = Field(default=None, min_length=1, max_length=512)  # None: the base model
+    tokens: TokenIds  # ids below the vocabulary size
+
+
+class DetokenizeResponse(BaseModel):
+    prompt: str  # the text the ids decode to (special tokens skipped, as in outputs)
