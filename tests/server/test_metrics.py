@@ -176,12 +176,12 @@ def test_status_code_labels_are_a_fixed_set(status: int, label: str) -> None:
 
 def test_a_rate_limited_request_is_counted_as_429_of_its_tenants_class(rig: Rig) -> None:
     """Refused by ``RequestLimits`` before any route ran, and still counted (under batch)."""
-    created = rig.client.post("/admin/tenants", json={"name": "bursty"}, headers=rig.admin)
+    created = rig.client.post("/admin/tenants", json={"name": "bursty-batch"}, headers=rig.admin)
     assert created.status_code in (200, 201)
     settings = {"priority": "batch", "quotas": {"max_requests_per_s": 0.01}}  # then 1 per 100 s
-    changed = rig.client.put("/admin/tenants/bursty", json=settings, headers=rig.admin)
+    changed = rig.client.put("/admin/tenants/bursty-batch", json=settings, headers=rig.admin)
     assert changed.status_code == 200, changed.text
-    token = rig.client.post("/admin/tenants/bursty/keys", headers=rig.admin).json()["token"]
+    token = rig.client.post("/admin/tenants/bursty-batch/keys", headers=rig.admin).json()["token"]
     headers = {"Authorization": f"Bearer {token}"}
     body = {"model": BASE_NAME, "prompt": "hi", "max_tokens": 2}
     assert rig.client.post("/v1/completions", json=body, headers=headers).status_code == 200
