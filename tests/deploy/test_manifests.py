@@ -21,6 +21,7 @@ from loraplex.deploy.pool import EPP_METRIC_FLAGS
 from loraplex.engine.protocol import EngineLoad
 from loraplex.serve.config import read_config_file
 from loraplex.server.app import create_app
+from loraplex.server.history import HistoryConfig
 from loraplex.server.listeners import is_admin_path
 from loraplex.server.metrics_collectors import EngineCollector
 
@@ -144,8 +145,10 @@ def test_ports_line_up(case: str) -> None:
 def test_probes_hit_the_servers_real_paths_on_the_public_port() -> None:
     found = docs(SPECS["full"])
     replica = container(one(found, "Deployment", "replica"))
-    # Only the route table is read: the app needs no real dependencies for it.
-    deps = SimpleNamespace(fleet=object())
+    # Only the route table is read: the app needs no real dependencies for it (the live page's
+    # history is built with the app, from the metrics' traffic tally and the history config).
+    history = HistoryConfig()
+    deps = SimpleNamespace(fleet=object(), metrics=SimpleNamespace(traffic=None), history=history)
     routes = {getattr(route, "path", None) for route in create_app(deps).routes}  # type: ignore[arg-type]
     live, ready = replica["livenessProbe"]["httpGet"], replica["readinessProbe"]["httpGet"]
     assert (live["path"], ready["path"]) == ("/health", "/ready")
