@@ -46,9 +46,12 @@ class AdmitGdsfConfig:
     admit_count: float = 1.5
     short_weight: float = 0.5  # weight of the 1-minute rate against the 5-minute one
     # Recency bonus 1 / (idle seconds + tau) added to the rate; None: frequency only.
-    recency_tau_s: float | None = None
+    recency_tau_s: float | None = 30.0
+    # Staleness cap: a copy idle for d seconds is credited at most idle_cap / d requests per
+    # second, so a rotated-out hot set stops looking hot within seconds, not minutes of decay.
+    idle_cap: float | None = 2.0
     hysteresis: float = 0.25  # an optional load must beat its victims' keep by this fraction
-    demand_defer_s: float = 0.5  # per-request bound on a lower-priority load's wait
+    demand_defer_s: float = 0.1  # per-request bound on a lower-priority load's wait
 
     def __post_init__(self) -> None:
         if not self.admit_count >= 0:
@@ -57,6 +60,8 @@ class AdmitGdsfConfig:
             raise ValueError(f"short_weight {self.short_weight} is invalid; expected in [0, 1]")
         if self.recency_tau_s is not None and not self.recency_tau_s > 0:
             raise ValueError(f"recency_tau_s {self.recency_tau_s} is invalid; expected > 0")
+        if self.idle_cap is not None and not self.idle_cap > 0:
+            raise ValueError(f"idle_cap {self.idle_cap} is invalid; expected > 0")
         if not self.hysteresis >= 0:
             raise ValueError(f"hysteresis {self.hysteresis} is invalid; expected >= 0")
         if not self.demand_defer_s >= 0:
@@ -78,8 +83,11 @@ class AdmitGdsfPolicy:
     def keep_score(self, c: Candidate, now_s: float) -> float:
         cfg = self.config
         rate = cfg.short_weight * c.rates.per_1m + (1 - cfg.short_weight) * c.rates.per_5m
+        idle_s = max(0.0, now_s - c.last_access_s)
+        if cfg.idle_cap is not None and idle_s > 0:
+            rate = min(rate, cfg.idle_cap / idle_s)
         if cfg.recency_tau_s is not None:
-            rate += 1.0 / (max(0.0, now_s - c.last_access_s) + cfg.recency_tau_s)
+            rate += 1.0 / (idle_s + cfg.recency_tau_s)
         return c.priority * rate * c.reload_cost_s / max(1, c.size_bytes)
 
     def worth(self, c: Candidate, now_s: float) -> tuple[int, float]:

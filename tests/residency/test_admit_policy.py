@@ -92,21 +92,23 @@ def test_protected_keep_ingredients(cheap: dict, dear: dict) -> None:  # type: i
 def test_an_optional_load_never_displaces_a_protected_copy_from_probation() -> None:
     protected = cand("p", requests=5)
     assert not POLICY.admits(cand("new", requests=1), [protected], NOW)
-    assert POLICY.admits(cand("new", requests=1.4), [cand("o", requests=1)], NOW)
+    assert POLICY.admits(cand("new", requests=1.4), [cand("o", requests=0.2)], NOW)
     assert POLICY.admits(cand("new", requests=50), [protected], NOW)
     assert not POLICY.admits(cand("new", requests=5.5), [protected], NOW)  # within hysteresis
     assert POLICY.admits(cand("new", requests=1), [], NOW)
 
 
 def test_a_lower_priority_load_defers_for_a_cheaper_held_copy_only_within_its_bound() -> None:
+    policy = AdmitGdsfPolicy(AdmitGdsfConfig(demand_defer_s=0.5))
     hot = cand("hot", requests=20, priority=4.0, tenant="prio")
     sweep = cand("sweep", requests=1, priority=0.25, tenant="batch")
     held = [cand("held", requests=1, priority=0.25, tenant="batch")]
-    assert POLICY.deferral_s(sweep, [hot], held, 0.1, NOW) == pytest.approx(0.4)
-    assert POLICY.deferral_s(sweep, [hot], held, 0.5, NOW) == 0.0  # its bound is spent
-    assert POLICY.deferral_s(sweep, [hot], [], 0.0, NOW) == 0.0  # nothing will free up
+    assert policy.deferral_s(sweep, [hot], held, 0.1, NOW) == pytest.approx(0.4)
+    assert policy.deferral_s(sweep, [hot], held, 0.5, NOW) == 0.0  # its bound is spent
+    assert policy.deferral_s(sweep, [hot], [], 0.0, NOW) == 0.0  # nothing will free up
     same_class = cand("peer", requests=20, tenant="batch", priority=0.25)
-    assert POLICY.deferral_s(sweep, [same_class], held, 0.0, NOW) == 0.0
+    assert policy.deferral_s(sweep, [same_class], held, 0.0, NOW) == 0.0
+    assert POLICY.config.demand_defer_s == 0.1  # the default: the batch tenant's P50 bound
 
 
 rates_st = st.floats(min_value=0.0, max_value=50.0, allow_nan=False)
