@@ -152,7 +152,7 @@ def drift_recovery_share(
     rotation period. The timeline's buckets are averaged over drift's rotations, aligned at the
     rotation (one bucket holds too few requests to resolve 5 pp); recovery is the end of the
     first aligned bucket within 5 pp of the steady state (the mean of the period's second
-    half). None when a bucket has no requests; 1.0 when it never comes back."""
+    half, so some bucket there always qualifies). None when a bucket has no requests."""
     per_phase = len(timeline) // DRIFT_PHASES
     curves = [timeline[p * per_phase : (p + 1) * per_phase] for p in range(1, DRIFT_PHASES)]
     if any(h is None for curve in curves for _, h in curve):
