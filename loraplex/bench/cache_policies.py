@@ -59,6 +59,7 @@ class PolicyBenchConfig:
     # Seconds each output token holds the request's slot (16 tokens a request): 0.02 is the
     # cache replay's; the real server on 2 shared cores holds slots several times longer.
     tpot_s: float = 0.02
+    traces: tuple[str, ...] = tuple(label for label, _, _ in POINTS)  # labels of POINTS to run
 
     def __post_init__(self) -> None:
         unknown = [p for p in self.policies if p not in policy_names()]
@@ -66,6 +67,9 @@ class PolicyBenchConfig:
             raise ValueError(
                 f"policies {list(self.policies)} is invalid; expected names from {policy_names()}"
             )
+        known = [label for label, _, _ in POINTS]
+        if not self.traces or set(self.traces) - set(known):
+            raise ValueError(f"traces {list(self.traces)} is invalid; expected labels from {known}")
         for name in ("repeats", "duration_s", "rate", "l1_adapters", "l2_adapters", "tpot_s"):
             if not getattr(self, name) > 0:
                 raise ValueError(f"{name} {getattr(self, name)} is invalid; expected > 0")
@@ -78,7 +82,7 @@ def run_policy_bench(config: PolicyBenchConfig) -> dict[str, Any]:
     rows: dict[str, dict[str, list[dict[str, Any]]]] = {}
     timelines: dict[str, dict[str, list[tuple[float, float | None]]]] = {}
     cdfs: dict[str, dict[str, list[float]]] = {}  # hot-burst@9, seed 0: tenant -> policy -> waits
-    for label, scenario, slots in POINTS:
+    for label, scenario, slots in (p for p in POINTS if p[0] in config.traces):
         rows[label] = {p: [] for p in config.policies}
         for seed in range(config.repeats):
             workload = generate(scenario, seed, params)
@@ -98,13 +102,13 @@ def run_policy_bench(config: PolicyBenchConfig) -> dict[str, Any]:
                 rows[label][policy].append(_row(result, scenario, config.duration_s))
                 if seed == 0:
                     timelines.setdefault(label, {})[policy] = result.timeline
-                if seed == 0 and label == POINTS[0][0]:
+                if seed == 0 and label == config.traces[0] and scenario == "hot-burst":
                     for tenant, waits in result.tenant_waits.items():
                         cdfs.setdefault(tenant, {})[policy] = [round(w, 6) for w in waits]
     summary = {label: {p: _pool(runs) for p, runs in pols.items()} for label, pols in rows.items()}
     return {
         "name": "residency",
-        "config": vars(config) | {"policies": list(config.policies)},
+        "config": vars(config) | {"policies": list(config.policies), "traces": list(config.traces)},
         "seed": list(range(config.repeats)),
         "metrics": headline(summary, config.policies),
         "traces": summary,
@@ -178,7 +182,7 @@ def _pool(runs: list[dict[str, float | None]]) -> dict[str, list[float] | None]:
 
 
 def _med(summary: dict[str, Any], label: str, policy: str, metric: str) -> float | None:
-    cell = summary[label].get(policy, {}).get(metric)
+    cell = summary.get(label, {}).get(policy, {}).get(metric)
     return None if cell is None else float(cell[0])
 
 

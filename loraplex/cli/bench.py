@@ -144,6 +144,11 @@ def residency(
     repeats: int = typer.Option(3, help="seeds per trace (0 .. repeats-1)"),
     duration_s: float = typer.Option(600.0, help="trace length (simulated seconds)"),
     tpot_s: float = typer.Option(0.02, help="seconds each output token holds its slot"),
+    rate: float = typer.Option(20.0, help="requests per second of every trace"),
+    traces: str = typer.Option(
+        "hot-burst@9,hot-burst@12,hot-burst@16,zipf-longtail,drift,cold-storm",
+        help="traces to replay, comma-separated",
+    ),
     report_to: str = typer.Option(
         "docs/benchmarks", "--report-dir", help="where residency-run.md and PNGs go; '' to skip"
     ),
@@ -159,6 +164,8 @@ def residency(
             repeats=repeats,
             duration_s=duration_s,
             tpot_s=tpot_s,
+            rate=rate,
+            traces=tuple(t for t in traces.split(",") if t),
         )
     except ValueError as error:
         raise typer.BadParameter(str(error)) from error
