@@ -67,6 +67,8 @@ class ReplayResult:
     tenant_wait_s: dict[str, dict[str, float | None]] = field(default_factory=dict)
     # (bucket start s, L0 hit ratio; None for a bucket without requests)
     timeline: list[tuple[float, float | None]] = field(default_factory=list)
+    # tenant -> every request's wait, ascending (failed ones at the trace's length): the CDF
+    tenant_waits: dict[str, list[float]] = field(default_factory=dict)
 
     @property
     def hit_ratio(self) -> dict[str, float]:
@@ -179,6 +181,10 @@ def _summarise(
             for tenant in per_tenant
         },
         timeline=timeline,
+        tenant_waits={
+            tenant: sorted(min(o[3], duration) for o in outcomes if o[1] == tenant)
+            for tenant in per_tenant
+        },
     )
 
 

@@ -1,5 +1,5 @@
-"""``loraplex bench``: benchmark commands (execution, cache, serve, release, peer, fleet,
-traces)."""
+"""``loraplex bench``: benchmark commands (execution, cache, residency, serve, release, peer,
+fleet, traces)."""
 
 from __future__ import annotations
 
@@ -131,6 +131,56 @@ def cache(
         )
     if not as_json:
         typer.echo(f"report: {report_dir}/cache-run.md", err=True)
+    typer.echo(json.dumps({k: result[k] for k in ("name", "config", "seed", "metrics")}))
+
+
+@bench_app.command("residency")
+def residency(
+    *,
+    as_json: bool = typer.Option(False, "--json", help="print only the JSON line"),
+    policies: str = typer.Option(
+        "lru,lru_priority,cost_aware,admit_gdsf", help="eviction policies, comma-separated"
+    ),
+    repeats: int = typer.Option(3, help="seeds per trace (0 .. repeats-1)"),
+    duration_s: float = typer.Option(600.0, help="trace length (simulated seconds)"),
+    tpot_s: float = typer.Option(0.02, help="seconds each output token holds its slot"),
+    rate: float = typer.Option(20.0, help="requests per second of every trace"),
+    traces: str = typer.Option(
+        "hot-burst@9,hot-burst@12,hot-burst@16,zipf-longtail,drift,cold-storm",
+        help="traces to replay, comma-separated",
+    ),
+    report_to: str = typer.Option(
+        "docs/benchmarks", "--report-dir", help="where residency-run.md and PNGs go; '' to skip"
+    ),
+) -> None:
+    """Eviction policies side by side on the cache replays (simulated time, fixed stage
+    costs): per-tier hit ratios, reloads after eviction, tenant waits, drift recovery."""
+    from loraplex.bench.cache.policies import PolicyBenchConfig, run_policy_bench
+    from loraplex.bench.cache.policies_report import policies_markdown, policies_plots
+
+    try:
+        config = PolicyBenchConfig(
+            policies=tuple(p for p in policies.split(",") if p),
+            repeats=repeats,
+            duration_s=duration_s,
+            tpot_s=tpot_s,
+            rate=rate,
+            traces=tuple(t for t in traces.split(",") if t),
+        )
+    except ValueError as error:
+        raise typer.BadParameter(str(error)) from error
+    result = run_policy_bench(config)
+    if report_to:
+        report_dir = Path(report_to)
+        report_dir.mkdir(parents=True, exist_ok=True)
+        names = ("residency-hit-ratio.png", "residency-wait-cdf.png")
+        policies_plots(result, report_dir / names[0], report_dir / names[1])
+        (report_dir / "residency-run.md").write_text(
+            "# Residency policies: latest run\n\n" + policies_markdown(result, names),
+            encoding="utf-8",
+        )
+        if not as_json:
+            typer.echo(f"report: {report_dir}/residency-run.md", err=True)
     typer.echo(json.dumps({k: result[k] for k in ("name", "config", "seed", "metrics")}))
 
 

@@ -9,94 +9,35 @@ the cache, which never hand such entries to a policy as candidates.
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Hashable, Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Protocol, TypeAlias
 
 from loraplex.artifacts.identity import AdapterKey
-from loraplex.residency.warm import RequestRates
+from loraplex.residency.admit_policy import AdmitGdsfPolicy
+from loraplex.residency.policy_base import (
+    FLOOR_SLACK,
+    YOUTH_SLACK,
+    Candidate,
+    EvictionPolicy,
+    OrderGroup,
+    OrderKey,
+)
 
-# A victim's sort key: compared lexicographically, the smallest goes first; it ends with the
-# adapter key, so no two copies of one tier tie.
-OrderKey: TypeAlias = tuple[object, ...]
-# Relative slack of a keep-score floor: absorbs the float rounding of two evaluations (exp and
-# the products are monotone only up to an ulp) so the floor stays below the exact score.
-_FLOOR_SLACK = 1e-9
-# Relative margin before the end of a copy's youth at which its youth group lapses: the float
-# test ``now - loaded < min_residency`` is still true everywhere before it.
-_YOUTH_SLACK = 1e-9
-
-
-@dataclass(frozen=True)
-class Candidate:
-    """What a policy may know about one adapter in one tier."""
-
-    key: AdapterKey  # the adapter revision
-    size_bytes: int  # bytes it holds in this tier
-    loaded_at_s: float  # when it entered this tier
-    last_access_s: float  # last request for it
-    rates: RequestRates  # rolling request rates
-    priority: float  # its tenant's priority (1.0 = normal)
-    reload_cost_s: float  # time to bring it back from the tier it would fall to
-
-
-@dataclass(frozen=True)
-class OrderGroup:
-    """Copies whose relative victim order stays fixed for a while (see ``order_group``)."""
-
-    group: Hashable  # equal for the members of one group
-    rank: OrderKey  # orders the members of a group as ``order_key`` does, while the group holds
-    until_s: float  # the group holds before then (math.inf: until the copy's inputs change)
-
-
-class EvictionPolicy(Protocol):
-    """Orders eviction candidates of one tier; time comes from the arguments (injected clock)."""
-
-    name: str
-
-    def order_key(self, c: Candidate, now_s: float) -> OrderKey:
-        """The sort key of ``c`` at ``now_s`` (most evictable smallest). It must not fall when
-        ``c``'s rates or ``reload_cost_s`` rise: the cache bounds it from below with the lowest
-        values those inputs can take before the bound is renewed."""
-        ...
-
-    def order_key_floor(self, c: Candidate, now_s: float, until_s: float) -> OrderKey:
-        """A key no greater than ``order_key(c2, t)`` for every ``t`` in [``now_s``,
-        ``until_s``] and every ``c2`` equal to ``c`` except for rates and ``reload_cost_s`` no
-        lower than ``c``'s. The cache passes ``c`` with the rates decayed to ``until_s`` (an idle
-        copy's rates only fall) and the lowest reload cost it allows until then."""
-        ...
-
-    def order_group(self, c: Candidate, now_s: float) -> OrderGroup | None:
-        """A group such that for any two candidates of one group, at every ``t`` in [``now_s``,
-        both ``until_s``), ``order_key`` orders them as their ranks do, given rates as of ``t``
-        (an idle copy's only fall) and any one ``reload_cost_s`` shared by both (the cache
-        prices the members of a group at one bandwidth). None: the copy is bounded alone."""
-        ...
-
-    def order_victims(self, candidates: Sequence[Candidate], now_s: float) -> list[Candidate]:
-        """All candidates, most evictable first (sorted by ``order_key``)."""
-        ...
-
-    def deferral_s(
-        self,
-        incoming: Candidate,
-        victims: Sequence[Candidate],
-        held: Sequence[Candidate],
-        waited_s: float,
-        now_s: float,
-    ) -> float:
-        """How much longer a demand load should wait for room rather than displace ``victims``
-        now (0: displace now). ``held`` are the tier's other unpinned copies: in use, still
-        loading, or too young to evict (they may become victims soon); ``waited_s`` is how long
-        the load's longest-waiting request has waited since it asked (queueing and earlier
-        moves included), so a policy's bound on it bounds the deferral per request. The cache
-        caps any answer at ``CacheConfig.max_request_deferral_s`` minus ``waited_s``."""
-        ...
-
-    def admits(self, incoming: Candidate, victims: Sequence[Candidate], now_s: float) -> bool:
-        """Whether an optional load (prefetch, promotion) may displace ``victims``."""
-        ...
+__all__ = [
+    "DEFAULT_POLICY",
+    "AdmitGdsfPolicy",
+    "Candidate",
+    "CostAwareConfig",
+    "CostAwarePolicy",
+    "EvictionPolicy",
+    "LruPolicy",
+    "LruPriorityPolicy",
+    "OrderGroup",
+    "OrderKey",
+    "make_policy",
+    "policy_names",
+    "register_policy",
+]
 
 
 class LruPolicy:
@@ -211,7 +152,7 @@ class CostAwarePolicy:
         ``young`` flips on the way: False < True, so the flag at ``until_s`` is the floor."""
         young = until_s - c.loaded_at_s < self.config.min_residency_s
         score = self.keep_score(c, until_s)
-        return (young, score - abs(score) * _FLOOR_SLACK, c.last_access_s, c.key)
+        return (young, score - abs(score) * FLOOR_SLACK, c.last_access_s, c.key)
 
     def order_group(self, c: Candidate, now_s: float) -> OrderGroup | None:
         """Copies with a zero request rate (it stays zero until a request: rates only decay)
@@ -227,7 +168,7 @@ class CostAwarePolicy:
         min_residency_s = self.config.min_residency_s
         if not now_s - c.loaded_at_s < min_residency_s:
             return OrderGroup((False, *weight), rank, math.inf)
-        margin = _YOUTH_SLACK * (abs(c.loaded_at_s) + min_residency_s)
+        margin = YOUTH_SLACK * (abs(c.loaded_at_s) + min_residency_s)
         until_s = c.loaded_at_s + min_residency_s - margin
         return OrderGroup((True, *weight), rank, until_s) if until_s > now_s else None
 
@@ -279,7 +220,7 @@ def register_policy(name: str, factory: Callable[[], EvictionPolicy]) -> None:
 
 
 def make_policy(name: str) -> EvictionPolicy:
-    """A fresh policy by name (``lru``, ``lru_priority``, ``cost_aware``)."""
+    """A fresh policy by name (``lru``, ``lru_priority``, ``cost_aware``, ``admit_gdsf``)."""
     if name not in _POLICIES:
         raise ValueError(f"eviction policy {name!r} is unknown; expected one of {policy_names()}")
     return _POLICIES[name]()
@@ -293,3 +234,4 @@ DEFAULT_POLICY = "cost_aware"
 register_policy("lru", LruPolicy)
 register_policy("lru_priority", LruPriorityPolicy)
 register_policy("cost_aware", CostAwarePolicy)
+register_policy("admit_gdsf", AdmitGdsfPolicy)

@@ -35,11 +35,22 @@ def test_bench_cache_emits_one_json_line(demo_assets, tmp_path: Path) -> None:  
     assert set(result["replays"]) == {
         "hot-burst", "hot-burst@12", "hot-burst@16", "zipf-longtail", "drift"
     }  # fmt: skip
-    assert set(result["replays"]["hot-burst"]) == {"lru", "lru_priority", "cost_aware"}
+    assert set(result["replays"]["hot-burst"]) == {
+        "lru",
+        "lru_priority",
+        "cost_aware",
+        "admit_gdsf",
+    }
+    assert set(result["replays"]["zipf-longtail"]) == {"lru", "cost_aware", "admit_gdsf"}
     metrics, burst = result["metrics"], result["replays"]["hot-burst"]
     assert metrics["l2_load_speedup_vs_peft"] is None  # PEFT was not run: undefined, not 0
     # Each headline comes from its replay (costs are measured in the run, so values vary).
-    for policy, suffix in (("cost_aware", ""), ("lru", "_lru"), ("lru_priority", "_lru_priority")):
+    for policy, suffix in (
+        ("cost_aware", ""),
+        ("lru", "_lru"),
+        ("lru_priority", "_lru_priority"),
+        ("admit_gdsf", "_admit_gdsf"),
+    ):
         during = burst[policy]["tenant_l0_hit_ratio"]["prio"]["during"]
         assert metrics[f"hot_burst_hot_l0_hit_ratio{suffix}"] == round(during, 4)
     reloads = {p: metrics[f"hot_burst_reloads_{p}"] for p in ("lru", "cost_aware")}

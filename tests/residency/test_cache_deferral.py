@@ -114,6 +114,35 @@ def test_the_cache_caps_any_policy_at_max_request_deferral_s() -> None:
     rig.check()
 
 
+class _DefersAnUlp(CostAwarePolicy):
+    """Asks for the rest of a bound that came out as a few ulps of the clock."""
+
+    def deferral_s(
+        self,
+        incoming: Candidate,
+        victims: Sequence[Candidate],
+        held: Sequence[Candidate],
+        waited_s: float,
+        now_s: float,
+    ) -> float:
+        return 1e-15
+
+
+def test_a_deferral_below_a_millisecond_displaces_at_once_instead_of_spinning() -> None:
+    """A timer a few ulps ahead fires at the same instant with the same waited time: without
+    the cache's minimum the load re-deferred forever at one simulated time."""
+    rig = _rig(_DefersAnUlp())
+    busy = rig.cache.acquire_future(BUSY)
+    rig.settle(0.5)
+    busy.result(timeout=0)
+    waiting = rig.cache.acquire_future(NEW)
+    for _ in range(1000):
+        if waiting.done() or not rig.executor.step():
+            break
+    assert waiting.result(timeout=0).key == NEW
+    rig.check()
+
+
 def test_max_request_deferral_s_is_validated() -> None:
     from cache_kit import budgets
 

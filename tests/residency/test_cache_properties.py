@@ -90,7 +90,9 @@ def _collect(pending: list[Future], leases: list[Lease]) -> None:  # type: ignor
 
 
 @settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
-@given(st.lists(ops, max_size=40), st.sampled_from(["lru", "lru_priority", "cost_aware"]))
+@given(
+    st.lists(ops, max_size=40), st.sampled_from(["lru", "lru_priority", "cost_aware", "admit_gdsf"])
+)
 def test_random_operations_keep_every_invariant(sequence: list[tuple], policy: str) -> None:  # type: ignore[type-arg]
     rig = make_rig(
         policy,

@@ -89,3 +89,20 @@ def test_l0_victim_ignores_where_the_lower_copies_happen_to_be() -> None:
     rig.check()
     assert rig.cache.is_resident(hot, Tier.L0)
     assert not rig.cache.is_resident(cold, Tier.L0)
+
+
+@pytest.mark.parametrize("scenario", ["zipf-longtail", "cold-storm"])
+def test_admit_gdsf_beats_lru_in_l0_and_l1_and_reloads_less(scenario: str) -> None:
+    params = ScenarioParams(duration_s=120.0, rate=10.0, num_adapters=64)
+    workload = generate(scenario, 0, params)
+    footprints = footprints_for(workload.adapters, SPEC, 64, 4)
+    config = _config(footprints, 8)
+    results = {
+        name: replay(workload, config, make_policy(name), footprints, COSTS)
+        for name in ("lru", "admit_gdsf")
+    }
+    lru, new = results["lru"].hit_ratio, results["admit_gdsf"].hit_ratio
+    assert results["lru"].failed == results["admit_gdsf"].failed == 0
+    assert new["L0"] >= lru["L0"] + 0.05
+    assert new["L0"] + new["L1"] >= lru["L0"] + lru["L1"] + 0.05
+    assert results["admit_gdsf"].total_reloads < results["lru"].total_reloads

@@ -98,7 +98,7 @@ def _apply(state: TierState, clock: ManualClock, op: tuple) -> None:  # type: ig
         assert got == _expected(state, args[0])[: args[1]]
 
 
-@pytest.mark.parametrize("policy", ["cost_aware", "lru"])
+@pytest.mark.parametrize("policy", ["cost_aware", "lru", "admit_gdsf"])
 @settings(
     max_examples=100, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
 )
@@ -154,7 +154,7 @@ def _apply_idle(state: TierState, clock: ManualClock, op: tuple) -> None:  # typ
         _apply(state, clock, op)
 
 
-@pytest.mark.parametrize("policy", ["cost_aware", "lru"])
+@pytest.mark.parametrize("policy", ["cost_aware", "lru", "admit_gdsf"])
 @settings(
     max_examples=100, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
 )

@@ -2,10 +2,11 @@
 measured in the same run, every policy on identical capacities.
 
 Hot-burst runs at several slot counts (the 8 hot adapters + 1, + 4, x 2), under lru,
-lru_priority and cost_aware, with the tenants' priorities set as the serve benchmark's registry
-sets them (prio HIGH, batch BATCH): lru_priority sees the same priority information cost_aware
-does, so cost_aware's gain over it is the keep-score's own. Beside the gain, the price: the batch
-tenant's median wait for its lease (simulated seconds), cost_aware over lru.
+lru_priority, cost_aware and admit_gdsf (issue 33; ``bench residency`` has the full study),
+with the tenants' priorities set as the serve benchmark's registry sets them (prio HIGH, batch
+BATCH): lru_priority sees the same priority information cost_aware does, so cost_aware's gain
+over it is the keep-score's own. Beside the gain, the price: the batch tenant's median wait for
+its lease (simulated seconds), cost_aware over lru.
 """
 
 from __future__ import annotations
@@ -24,7 +25,7 @@ from loraplex.residency.simulated import StageCosts
 
 REPLAYS = {"hot-burst": 9, "zipf-longtail": 16, "drift": 16}  # scenario -> L0 slots (headline)
 HOT_BURST_SLOTS = (9, 12, 16)  # the sweep; the first is the headline point
-HOT_BURST_POLICIES = ("lru", "lru_priority", "cost_aware")
+HOT_BURST_POLICIES = ("lru", "lru_priority", "cost_aware", "admit_gdsf")
 # Tenant priorities of every replay (the keep-weights of PriorityClass HIGH and BATCH).
 REPLAY_PRIORITY = {"prio": 4.0, "batch": 0.25}
 _WINDOWS = {"before": (0.0, 0.3), "during": (0.3, 0.5), "after": (0.5, 1.0)}
@@ -43,7 +44,9 @@ def run_replays(
         workload = generate(scenario, seed, params)
         footprints = footprints_for(workload.adapters, spec, 64, 4)
         cache_config = _replay_config(footprints, slots)
-        policies = HOT_BURST_POLICIES if scenario == "hot-burst" else ("lru", "cost_aware")
+        policies = (
+            HOT_BURST_POLICIES if scenario == "hot-burst" else ("lru", "cost_aware", "admit_gdsf")
+        )
         out[label] = {
             policy: replay(
                 workload, cache_config, make_policy(policy), footprints, costs, windows=_WINDOWS

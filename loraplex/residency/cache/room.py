@@ -17,6 +17,11 @@ from loraplex.residency.ledger import ResidentEntry
 from loraplex.residency.pipeline import Footprint, Move
 from loraplex.residency.policy import Candidate
 
+# A deferral shorter than this displaces at once. NOTE: the rest of a bound (the policy's or
+# max_request_deferral_s) can come out as a few ulps of the clock; a timer that short fires at
+# the same instant and re-decides with the same waited time, forever.
+MIN_DEFERRAL_S = 1e-3
+
 
 class TierRoom:
     """``Room`` over one tier's ledger and the policy (victims ranked on first need only)."""
@@ -55,14 +60,16 @@ class TierRoom:
         in total: protecting one tenant's copies never starves another's requests."""
         state = self._state
         left = state.config.max_request_deferral_s - self._waited_s
-        if left <= 0:
+        if left < MIN_DEFERRAL_S:
             return 0.0
         chosen = {v.key for v in victims}
         held = _Held(state, self._ledger.entries, chosen)
         outgoing = [state.candidate(v) for v in victims]
         now = state.clock.now()
-        wish = state.policy.deferral_s(self._incoming(), outgoing, held, self._waited_s, now)
-        return min(wish, left)
+        wish = min(
+            state.policy.deferral_s(self._incoming(), outgoing, held, self._waited_s, now), left
+        )
+        return wish if wish >= MIN_DEFERRAL_S else 0.0
 
     def fits_beside_pins(self) -> bool:
         return self._ledger.fits_beside_pins(self._move.key.tenant, self._size)

@@ -1,0 +1,79 @@
+"""``bench residency``: the policy replays' JSON shape, pooling, undefined ratios and the drift
+recovery measure (behaviour on tiny traces, not timings)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+from typer.testing import CliRunner
+
+from loraplex.bench.cache.policies import (
+    POINTS,
+    PolicyBenchConfig,
+    drift_recovery_share,
+    headline,
+    run_policy_bench,
+)
+from loraplex.bench.cache.policies_report import policies_markdown, policies_plots
+from loraplex.cli import app
+
+
+def test_a_tiny_run_reports_every_trace_policy_and_headline(tmp_path: Path) -> None:
+    config = PolicyBenchConfig(policies=("lru", "admit_gdsf"), repeats=2, duration_s=30.0)
+    result = run_policy_bench(config)
+    assert set(result["traces"]) == {label for label, _, _ in POINTS}
+    for policies in result["traces"].values():
+        assert set(policies) == {"lru", "admit_gdsf"}
+        for cells in policies.values():
+            hit = cells["hit_l0"]
+            assert hit is not None and hit[1] <= hit[0] <= hit[2]  # median within [min, max]
+            assert cells["failed"] == [0.0, 0.0, 0.0]
+            assert cells["hit_l0"][0] <= cells["hit_l0_l1"][0] <= cells["hit_l0_l2"][0]
+    zipf = result["traces"]["zipf-longtail"]
+    assert result["metrics"]["zipf_longtail_hit_l0_pp_over_lru"] == pytest.approx(
+        100 * (zipf["admit_gdsf"]["hit_l0"][0] - zipf["lru"]["hit_l0"][0]), abs=0.01
+    )
+    assert "drift_recovery_share" in result["traces"]["drift"]["lru"]
+    assert set(result["wait_cdfs"]) == {"prio", "batch"}
+    json.dumps(result)
+    policies_plots(result, tmp_path / "hit.png", tmp_path / "cdf.png")
+    assert (tmp_path / "hit.png").stat().st_size > 0 and (tmp_path / "cdf.png").stat().st_size > 0
+    assert "zipf-longtail" in policies_markdown(result, ("hit.png", "cdf.png"))
+
+
+def test_a_zero_denominator_is_null_never_zero() -> None:
+    cell = {"wait_p99_s_prio": [0.0, 0.0, 0.0], "wait_p50_s_batch": [0.02, 0.02, 0.02]}
+    cell |= {"reloads_per_1k": [0.0, 0.0, 0.0]}
+    summary = {label: {"lru": cell, "admit_gdsf": cell} for label, _, _ in POINTS}
+    metrics = headline(summary, ("lru", "admit_gdsf"))
+    assert metrics["hot_burst_s9_hot_p99_wait_lru_over_admit_gdsf"] is None
+    assert metrics["hot_burst_s9_reloads_lru_over_admit_gdsf"] is None
+    assert metrics["hot_burst_s9_batch_p50_wait_admit_gdsf_over_lru"] == 1.0
+
+
+def test_drift_recovery_is_read_from_the_rotation_aligned_mean() -> None:
+    # 5 phases x 20 buckets: each rotation dips to 0.1 for 3 buckets, steady 0.5 after.
+    phase = [0.1, 0.1, 0.1] + [0.5] * 17
+    timeline = [(float(i), h) for i, h in enumerate(phase * 5)]
+    assert drift_recovery_share(timeline, 100.0) == pytest.approx(4 / 20)
+    late = [0.1] * 10 + [0.9] * 10  # back only in the second half: 11 buckets
+    assert drift_recovery_share([(float(i), h) for i, h in enumerate(late * 5)], 100.0) == 0.55
+    gap: list[tuple[float, float | None]] = [(float(i), 0.5) for i in range(100)]
+    gap[30] = (30.0, None)
+    assert drift_recovery_share(gap, 100.0) is None
+
+
+@pytest.mark.parametrize(
+    ("field", "value"),
+    [("policies", ("nope",)), ("repeats", 0), ("duration_s", 0.0), ("tpot_s", -1.0)],
+)
+def test_config_refuses_bad_values_naming_the_field(field: str, value: object) -> None:
+    with pytest.raises(ValueError, match=field):
+        PolicyBenchConfig(**{field: value})  # type: ignore[arg-type]
+
+
+def test_cli_refuses_an_unknown_policy_by_name() -> None:
+    out = CliRunner().invoke(app, ["bench", "residency", "--policies", "lru,bogus"])
+    assert out.exit_code == 2 and "policies" in out.output
