@@ -35,6 +35,7 @@ _TORCH_FREE_ENGINE = (
     "messages",
     "process_state",
     "remote_cache",
+    "mode_policy",
 )
 TORCH_FREE_MODULES = (
     *(f"loraplex.engine.{name}" for name in _TORCH_FREE_ENGINE),

@@ -4,7 +4,8 @@ While an adapter is merged (``W' = W + s * B @ A`` on every (layer, module) it t
 in float32 and stored in the model's dtype), its tokens need no LoRA work at all. Every other
 token (another adapter's, or the base model's) gets the merged delta taken back out through the
 same batched LoRA op: a second slot holds the same adapter at negative scale, and a second op pass
-maps every non-merged token to it. Mixed batches therefore keep working and nothing is refused.
+maps every non-merged token to it (a one-slot pool of its own, so the adapter cache's slots
+and byte budgets are not touched). Mixed batches therefore keep working and nothing is refused.
 
 Unmerging restores the original weights from a host copy taken at merge time, bit for bit, so
 the base model after an unmerge is exactly the model before the merge (no drift from repeated
@@ -18,7 +19,7 @@ from dataclasses import dataclass, fields, replace
 import torch
 
 from loraplex.errors import LoraplexError
-from loraplex.model.adapter_weights import AdapterWeights
+from loraplex.model.adapter_weights import AdapterWeights, ModuleWeights
 from loraplex.model.layers import Linear
 from loraplex.model.llama import LlamaModel
 from loraplex.model.lora import LoraSlotPool
@@ -98,33 +99,56 @@ class MergedLoraBatch(LoraBatch):
     negative: LoraBatch | None = None  # the subtracting pass; None when no token needs it
 
 
-@dataclass(frozen=True)
-class MergedSlots:
-    """Where the merged adapter sits in the slot pool."""
+def negative_pool_for(pool: LoraSlotPool) -> LoraSlotPool:
+    """A one-slot pool like ``pool`` (same backend, dtype, ranks) for the negative copy: kept
+    apart from ``pool`` so the adapter cache's slots and budgets are untouched by a merge."""
+    return LoraSlotPool(
+        pool.spec,
+        1,
+        pool.max_lora_rank,
+        dtype=pool.dtype,
+        device=pool.device,
+        backend=pool.backend.name,
+        target_modules=pool.target_modules,
+    )
 
-    merged_slot: int  # slot leased to the merged revision (its tokens run without LoRA)
-    negative_slot: int  # slot holding the same adapter at negative scale
+
+def slot_weights(pool: LoraSlotPool, slot: int) -> AdapterWeights:
+    """A copy of the adapter in ``slot`` read back from the pool's arenas (device tensors)."""
+    info = pool.slot_info(slot)
+    if info is None:
+        raise MergeStateError(f"slot {slot} holds no adapter; expected a loaded slot to merge")
+    modules = []
+    for layer in range(pool.spec.num_layers):
+        for module in pool.target_modules:
+            view = pool.module_weights(layer, module)
+            rows = view.slots[slot]
+            if rows.rank == 0:
+                continue
+            span = slice(rows.start, rows.start + rows.rank)
+            lora_a, lora_b = view.lora_a[span].clone(), view.lora_b[span].T.clone()
+            modules.append(ModuleWeights(layer, module, lora_a, lora_b, rows.scale))
+    return AdapterWeights(info.digest, pool.dtype, tuple(modules))
 
 
 class MergedLoraApplier:
-    """A :class:`~loraplex.model.llama.LoraApplier` over ``pool`` while one slot is merged."""
+    """A :class:`~loraplex.model.llama.LoraApplier` over ``pool`` while ``merged_slot``'s adapter
+    is folded into the weights; ``negative`` (one slot) holds that adapter at negative scale."""
 
-    def __init__(self, pool: LoraSlotPool, slots: MergedSlots) -> None:
-        if slots.merged_slot == slots.negative_slot:
-            raise ValueError(
-                f"negative_slot {slots.negative_slot} is invalid; expected a slot other than "
-                f"merged_slot {slots.merged_slot}"
-            )
+    def __init__(self, pool: LoraSlotPool, merged_slot: int, negative: LoraSlotPool) -> None:
+        if negative.slot_info(0) is None:
+            raise MergeStateError("negative pool slot 0 is empty; expected the negated adapter")
         self.pool = pool
-        self.slots = slots
+        self.merged_slot = merged_slot
+        self.negative = negative
 
     def prepare(self, token_slots: torch.Tensor) -> LoraBatch:
         token_slots = token_slots.to(self.pool.device, torch.int64)
-        merged = token_slots == self.slots.merged_slot
+        merged = token_slots == self.merged_slot
         primary = self.pool.prepare(torch.where(merged, -1, token_slots))
         negative = None
         if not bool(merged.all()):
-            negative = self.pool.prepare(torch.where(merged, -1, self.slots.negative_slot))
+            negative = self.negative.prepare(torch.where(merged, -1, 0))
         values = {f.name: getattr(primary, f.name) for f in fields(LoraBatch)}
         return MergedLoraBatch(**values, negative=negative)
 
@@ -133,5 +157,5 @@ class MergedLoraApplier:
     ) -> torch.Tensor:
         out = self.pool.apply(layer, module, x, out, batch)
         if isinstance(batch, MergedLoraBatch) and batch.negative is not None:
-            out = self.pool.apply(layer, module, x, out, batch.negative)
+            out = self.negative.apply(layer, module, x, out, batch.negative)
         return out

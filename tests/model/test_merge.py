@@ -23,10 +23,11 @@ from loraplex.model.llama import ForwardBatch, LlamaModel, LoraApplier
 from loraplex.model.lora import LoraSlotPool
 from loraplex.model.merge import (
     MergedLoraApplier,
-    MergedSlots,
     MergeStateError,
     WeightMerger,
     negated,
+    negative_pool_for,
+    slot_weights,
 )
 
 peft = pytest.importorskip("peft")
@@ -109,17 +110,19 @@ def peft_logits(base_dir: Path, path: Path | None, *, merge: bool = False) -> to
 def merged_setup(
     base_dir: Path, weights: AdapterWeights, other: AdapterWeights, dtype: torch.dtype
 ) -> tuple[LlamaModel, LoraSlotPool, WeightMerger, MergedLoraApplier]:
-    """Slot 0: another adapter; slot 1: the merged one; slot 2: its negative copy."""
+    """Slot 0: another adapter; slot 1: the merged one, read back from the pool to merge."""
     model = load_checkpoint(base_dir, dtype=dtype)
     pool = LoraSlotPool(
-        BaseModelSpec.from_dir(base_dir), 3, MAX_RANK, dtype=dtype, device=torch.device("cpu")
+        BaseModelSpec.from_dir(base_dir), 2, MAX_RANK, dtype=dtype, device=torch.device("cpu")
     )
     pool.load(0, other)
     pool.load(1, weights)
-    pool.load(2, negated(weights))
+    from_slot = slot_weights(pool, 1)
+    negative = negative_pool_for(pool)
+    negative.load(0, negated(from_slot))
     merger = WeightMerger(model)
-    merger.merge(weights)
-    return model, pool, merger, MergedLoraApplier(pool, MergedSlots(1, 2))
+    merger.merge(from_slot)
+    return model, pool, merger, MergedLoraApplier(pool, 1, negative)
 
 
 @pytest.mark.parametrize("shape", sorted(SHAPES))
@@ -176,11 +179,13 @@ def test_merge_twice_or_unmerge_unmerged_is_refused(demo_assets: DemoAssets) -> 
         merger.merge(weights)
 
 
-def test_same_slot_for_both_roles_is_refused(demo_assets: DemoAssets) -> None:
+def test_empty_slots_cannot_be_merged(demo_assets: DemoAssets) -> None:
     pool = LoraSlotPool(BaseModelSpec.from_dir(demo_assets.base_model_dir), 2, 8,
                         dtype=torch.float32, device=torch.device("cpu"))  # fmt: skip
-    with pytest.raises(ValueError, match="negative_slot 1"):
-        MergedLoraApplier(pool, MergedSlots(1, 1))
+    with pytest.raises(MergeStateError, match="slot 1 holds no adapter"):
+        slot_weights(pool, 1)
+    with pytest.raises(MergeStateError, match="negative pool slot 0 is empty"):
+        MergedLoraApplier(pool, 1, negative_pool_for(pool))
 
 
 @pytest.mark.parametrize("shape", ["all-r64", "rslora-qv-r32", "layers-1-2", "rank128"])
