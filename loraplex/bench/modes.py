@@ -1,0 +1,313 @@
+"""``loraplex bench modes``: merged vs unmerged vs base execution, side by side in one run.
+
+Decode-shaped steps (one new token per sequence over a prefilled context) on a random model of a
+demo preset's shapes with 16 random adapters (ranks 8-64, every target module), timed with
+interleaved, warmed-up medians (WORKLOADS.md rules) on one clock. Scenarios:
+
+- ``single``: every sequence on one revision: base (no LoRA), unmerged, merged.
+- ``skewed``: per step 80 % of the sequences on the hot revision, the rest over 15 others:
+  unmerged vs ``auto`` (whatever :func:`~loraplex.engine.mode_policy.decide` picks from the
+  measured costs and the trace's token share).
+- ``uniform``: 16 revisions evenly: unmerged vs ``auto``.
+- flapping: a trace alternating its hot revision every 30 s replayed through ``decide`` in
+  simulated time with the measured costs.
+- probes: greedy continuations of every adapter unmerged, merged, and with another revision
+  merged (the negative-slot path): any difference fails the bench.
+"""
+
+from __future__ import annotations
+
+import random
+import statistics
+import tempfile
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+
+from loraplex.artifacts.base_model import TARGET_MODULES, BaseModelSpec
+from loraplex.artifacts.validate import validate_adapter_dir
+from loraplex.bench.adapters import write_random_adapter, write_random_base
+from loraplex.bench.timing import interleaved_medians
+from loraplex.engine.mode_policy import (
+    Action,
+    MeasuredCosts,
+    ModePolicyConfig,
+    TokenWindow,
+    decide,
+)
+from loraplex.model.adapter_weights import load_adapter_weights
+from loraplex.model.checkpoint import load_checkpoint
+from loraplex.model.kv_cache import ContiguousKVCache, SequenceChunk
+from loraplex.model.llama import ForwardBatch, LlamaModel, LoraApplier
+from loraplex.model.lora import LoraSlotPool
+from loraplex.model.merge import (
+    MergedLoraApplier,
+    WeightMerger,
+    negated,
+    negative_pool_for,
+    slot_weights,
+)
+
+NUM_ADAPTERS = 16
+RANKS = (8, 16, 32, 64)
+HOT = 0  # the hot revision's slot
+
+
+class ProbeMismatchError(RuntimeError):
+    """Greedy outputs differ between modes: the bench fails."""
+
+
+@dataclass(frozen=True)
+class ModesBenchConfig:
+    """What one run measures."""
+
+    preset: str = "small"  # demo preset whose shapes the random model has
+    batch_size: int = 16  # sequences per decode step
+    context_tokens: int = 64  # prefilled tokens per sequence
+    rounds: int = 7  # interleaved timing rounds
+    calls_per_round: int = 5  # steps per round and variant
+    num_transitions: int = 10  # merge/unmerge pairs timed
+    probe_tokens: int = 8  # greedy tokens per probe
+    seed: int = 0  # weights, traces
+
+    def __post_init__(self) -> None:
+        for name in ("batch_size", "context_tokens", "rounds", "calls_per_round"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"{name} {getattr(self, name)} is invalid; expected >= 1")
+        for name in ("num_transitions", "probe_tokens"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"{name} {getattr(self, name)} is invalid; expected >= 1")
+
+
+class Setup:
+    """The model, a pool with every adapter, and a merged applier for the hot revision."""
+
+    def __init__(self, root: Path, config: ModesBenchConfig) -> None:
+        model_dir = write_random_base(root / "base", config.preset, config.seed)
+        spec = BaseModelSpec.from_dir(model_dir)
+        self.model: LlamaModel = load_checkpoint(model_dir)
+        self.pool = LoraSlotPool(
+            spec, NUM_ADAPTERS, max(RANKS), dtype=torch.float32, device=torch.device("cpu")
+        )
+        for i in range(NUM_ADAPTERS):
+            path = write_random_adapter(
+                spec,
+                model_dir,
+                root / f"a{i}",
+                rank=RANKS[i % 4],
+                target_modules=TARGET_MODULES,
+                seed=config.seed + i,
+            )
+            validated = validate_adapter_dir(path, spec, max(RANKS))
+            self.pool.load(i, load_adapter_weights(validated, dtype=torch.float32))
+        self.merger = WeightMerger(self.model)
+        self.negative = negative_pool_for(self.pool)
+        self.config = config
+
+    def merge(self, slot: int) -> MergedLoraApplier:
+        weights = slot_weights(self.pool, slot)
+        self.negative.load(0, negated(weights))
+        self.merger.merge(weights)
+        return MergedLoraApplier(self.pool, slot, self.negative)
+
+    def unmerge(self) -> None:
+        self.merger.unmerge()
+        self.negative.clear(0)
+
+
+def decode_step(setup: Setup, slots: list[int | None]) -> Callable[[LoraApplier | None], None]:
+    """A function running one decode step of ``len(slots)`` sequences with a given applier."""
+    n, ctx = len(slots), setup.config.context_tokens
+    model = setup.model
+    kv = ContiguousKVCache(
+        model.attention_shape, n, ctx + 1, dtype=model.dtype, device=model.device
+    )
+    seqs = [kv.allocate() for _ in range(n)]
+    gen = torch.Generator().manual_seed(setup.config.seed)
+    prompt = torch.randint(3, model.config.vocab_size, (n * ctx,), generator=gen)
+    token_slots = [-1 if s is None else s for s in slots]
+    prefill = ForwardBatch.build(
+        prompt,
+        [SequenceChunk(s, 0, ctx) for s in seqs],
+        token_slots=[t for t in token_slots for _ in range(ctx)],
+    )
+    model.forward_batch(prefill, kv, setup.pool)
+    step = ForwardBatch.build(
+        prompt[:n], [SequenceChunk(s, ctx, 1) for s in seqs], token_slots=token_slots
+    )
+
+    def run(lora: LoraApplier | None) -> None:
+        model.forward_batch(step, kv, lora)  # rewrites the same KV row: a steady decode step
+
+    return run
+
+
+def throughput(
+    setup: Setup, variants: dict[str, tuple[list[int | None], LoraApplier | None]]
+) -> dict[str, float]:
+    """Tokens per second of each variant (same batch size, interleaved, one clock)."""
+    cfg = setup.config
+    fns: dict[str, Callable[[], object]] = {}
+    for name, (slots, lora) in variants.items():
+        step = decode_step(setup, slots)
+        fns[name] = lambda step=step, lora=lora: step(lora)  # type: ignore[misc]
+    medians = interleaved_medians(fns, rounds=cfg.rounds, calls_per_round=cfg.calls_per_round)
+    return {name: cfg.batch_size / seconds for name, seconds in medians.items()}
+
+
+def transition_ms(setup: Setup) -> tuple[list[float], list[float]]:
+    merges, unmerges = [], []
+    for _ in range(setup.config.num_transitions):
+        start = time.perf_counter()
+        setup.merge(HOT)
+        merges.append((time.perf_counter() - start) * 1000)
+        start = time.perf_counter()
+        setup.unmerge()
+        unmerges.append((time.perf_counter() - start) * 1000)
+    return merges, unmerges
+
+
+def pct(values: list[float], q: float) -> float:
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, round(q * (len(ordered) - 1)))]
+
+
+def ratio(a: float, b: float) -> float | None:
+    return None if not b else a / b
+
+
+def skewed_slots(rng: random.Random, n: int, hot_share: float) -> list[int | None]:
+    return [HOT if rng.random() < hot_share else rng.randrange(1, NUM_ADAPTERS) for _ in range(n)]
+
+
+def auto_decision(slots: list[int | None], costs: MeasuredCosts) -> int | None:
+    """The slot ``auto`` merges for a steady trace of ``slots`` steps at 50 steps/s."""
+    window = TokenWindow(ModePolicyConfig().window_s)
+    for t in range(60):
+        for slot in slots:
+            window.record(float(t), None if slot is None else str(slot), 50)
+    got = decide(None, None, window.share(59.0), costs, ModePolicyConfig())
+    return None if got.action is Action.STAY or got.revision is None else int(got.revision)
+
+
+def flaps_per_min(costs: MeasuredCosts, minutes: int, rng: random.Random) -> float:
+    """Transitions per minute on a trace alternating its hot revision every 30 s (1 step/s)."""
+    config = ModePolicyConfig()
+    window = TokenWindow(config.window_s)
+    merged: str | None = None
+    last: float | None = None
+    count = 0
+    for now in range(60 * minutes):
+        hot = "a" if (now // 30) % 2 == 0 else "b"
+        for _ in range(200):
+            window.record(float(now), hot if rng.random() < 0.8 else f"c{rng.randrange(15)}", 1)
+        got = decide(
+            merged, None if last is None else now - last, window.share(float(now)), costs, config
+        )
+        if got.action is not Action.STAY:
+            merged, last, count = got.revision, float(now), count + 1
+    return count / minutes
+
+
+def greedy(setup: Setup, slot: int | None, lora: LoraApplier, num_tokens: int) -> list[int]:
+    model = setup.model
+    prompt = [5 + (slot or 0), 17, 42, 8, 99, 3]
+    kv = ContiguousKVCache(
+        model.attention_shape, 1, len(prompt) + num_tokens, dtype=model.dtype, device=model.device
+    )
+    seq, tokens, start = kv.allocate(), list(prompt), 0
+    for _ in range(num_tokens):
+        chunk = SequenceChunk(seq, start, len(tokens) - start)
+        slots = [-1 if slot is None else slot] * chunk.num_tokens
+        batch = ForwardBatch.build(tokens[start:], [chunk], token_slots=slots)
+        start = len(tokens)
+        tokens.append(int(model.forward_batch(batch, kv, lora)[-1].argmax()))
+    return tokens[len(prompt) :]
+
+
+def probes(setup: Setup) -> int:
+    """Every adapter and the base model: unmerged == merged itself == another merged."""
+    n = setup.config.probe_tokens
+    count = 0
+    for slot in [None, *range(NUM_ADAPTERS)]:
+        want = greedy(setup, slot, setup.pool, n)
+        others = [s for s in (HOT, 1) if s != slot][:1]
+        for merged in ([slot] if slot is not None else []) + others:
+            applier = setup.merge(merged)
+            try:
+                got = greedy(setup, slot, applier, n)
+            finally:
+                setup.unmerge()
+            count += 1
+            if got != want:
+                raise ProbeMismatchError(
+                    f"probe of slot {slot} with slot {merged} merged: {got}; expected {want}"
+                )
+    return count
+
+
+def run_modes_bench(config: ModesBenchConfig) -> dict[str, object]:
+    """The JSON-line object: name, config, seed, metrics."""
+    rng = random.Random(config.seed)
+    with tempfile.TemporaryDirectory() as tmp:
+        setup = Setup(Path(tmp), config)
+        num_probes = probes(setup)
+        merges, unmerges = transition_ms(setup)
+        single: list[int | None] = [HOT] * config.batch_size
+        merged = setup.merge(HOT)
+        try:
+            single_tps = throughput(
+                setup,
+                {
+                    "base": (single, None),
+                    "unmerged": (single, setup.pool),
+                    "merged": (single, merged),
+                },
+            )
+        finally:
+            setup.unmerge()
+        lora_s = (1 / single_tps["unmerged"] - 1 / single_tps["base"]) if single_tps["base"] else 0
+        costs = MeasuredCosts(statistics.median(merges + unmerges) / 1000, max(lora_s, 0.0))
+        skewed = skewed_slots(rng, config.batch_size, 0.8)
+        uniform: list[int | None] = [i % NUM_ADAPTERS for i in range(config.batch_size)]
+        metrics: dict[str, object] = {}
+        for name, slots in (("skewed80", skewed), ("uniform16", uniform)):
+            choice = auto_decision(slots, costs)
+            auto = setup.merge(choice) if choice is not None else setup.pool
+            try:
+                tps = throughput(setup, {"unmerged": (slots, setup.pool), "auto": (slots, auto)})
+            finally:
+                if choice is not None:
+                    setup.unmerge()
+            metrics[f"{name}_auto_merged_slot"] = choice
+            metrics[f"{name}_auto_over_unmerged"] = ratio(tps["auto"], tps["unmerged"])
+    metrics.update(
+        {
+            "single_merged_over_base": ratio(single_tps["merged"], single_tps["base"]),
+            "single_merged_over_unmerged": ratio(single_tps["merged"], single_tps["unmerged"]),
+            "unmerged_lora_overhead": ratio(single_tps["base"], single_tps["unmerged"]),
+            "single_tokens_per_s": single_tps,
+            "mode_transition_ms_p50": pct(merges + unmerges, 0.5),
+            "mode_transition_ms_p99": pct(merges + unmerges, 0.99),
+            "merge_ms_p50": pct(merges, 0.5),
+            "unmerge_ms_p50": pct(unmerges, 0.5),
+            "mode_flaps_per_min": flaps_per_min(costs, 10, rng),
+            "probes_identical": num_probes,
+            "lora_s_per_token": costs.lora_s_per_token,
+        }
+    )
+    return {
+        "name": "modes",
+        "config": {
+            **config.__dict__,
+            "threads": torch.get_num_threads(),
+            "dtype": "float32",
+            "kv_cache": "contiguous",
+            "machine": "shared CPU (busy: read ratios with care)",
+        },
+        "seed": config.seed,
+        "metrics": metrics,
+    }
