@@ -9,6 +9,7 @@ the time each takes (device work included) is measured with the injected clock a
 from __future__ import annotations
 
 import enum
+import logging
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -26,6 +27,8 @@ from loraplex.model.merge import (
     slot_weights,
 )
 from loraplex.residency.cache.jobs import Lease
+
+_log = logging.getLogger(__name__)
 
 
 class TransitionKind(enum.Enum):
@@ -108,5 +111,11 @@ class ModeSwitcher:
         return self.clock.now() - start
 
     def _report(self, transition: Transition) -> Transition:
+        _log.info(
+            "mode transition: %s %s in %.1f ms",
+            transition.kind.value,
+            transition.revision,
+            transition.seconds * 1000,
+        )
         self.on_transition(transition)
         return transition
