@@ -249,6 +249,30 @@ def probes(setup: Setup) -> int:
     return count
 
 
+SWEEP_SHARES = (0.25, 0.5, 0.65, 0.8, 0.95, 1.0)
+
+
+def share_sweep(setup: Setup, rng: random.Random) -> list[dict[str, object]]:
+    """Tokens/s unmerged vs merged (the hot revision) as the hot revision's share grows."""
+    rows: list[dict[str, object]] = []
+    for share in SWEEP_SHARES:
+        slots = skewed_slots(rng, setup.config.batch_size, share)
+        merged = setup.merge(HOT)
+        try:
+            tps = throughput(setup, {"unmerged": (slots, setup.pool), "merged": (slots, merged)})
+        finally:
+            setup.unmerge()
+        actual = sum(s == HOT for s in slots) / len(slots)
+        rows.append(
+            {
+                "hot_share": actual,
+                **tps,
+                "merged_over_unmerged": ratio(tps["merged"], tps["unmerged"]),
+            }
+        )
+    return rows
+
+
 def run_modes_bench(config: ModesBenchConfig) -> dict[str, object]:
     """The JSON-line object: name, config, seed, metrics."""
     rng = random.Random(config.seed)
@@ -284,6 +308,7 @@ def run_modes_bench(config: ModesBenchConfig) -> dict[str, object]:
                     setup.unmerge()
             metrics[f"{name}_auto_merged_slot"] = choice
             metrics[f"{name}_auto_over_unmerged"] = ratio(tps["auto"], tps["unmerged"])
+        metrics["share_sweep"] = share_sweep(setup, rng)
     metrics.update(
         {
             "single_merged_over_base": ratio(single_tps["merged"], single_tps["base"]),
