@@ -9,7 +9,13 @@ import pytest
 import torch
 
 from loraplex.bench import modes
-from loraplex.bench.modes import ModesBenchConfig, ProbeMismatchError, Setup, probes
+from loraplex.bench.modes_setup import (
+    NUM_ADAPTERS,
+    ModesBenchConfig,
+    ProbeMismatchError,
+    Setup,
+    probes,
+)
 from loraplex.model.adapter_weights import AdapterWeights
 from loraplex.model.merge import linear_of
 
@@ -31,7 +37,7 @@ def test_one_run_reports_every_figure() -> None:
     assert metrics["mode_transition_ms_p50"] <= metrics["mode_transition_ms_p99"]
     assert metrics["uniform16_auto_merged_slot"] is None  # uniform traffic never merges
     assert metrics["mode_flaps_per_min"] <= 1.0
-    assert metrics["probes_identical"] == 1 + 2 * modes.NUM_ADAPTERS
+    assert metrics["probes_identical"] == 1 + 2 * NUM_ADAPTERS
 
 
 def test_a_wrong_merge_fails_the_probes(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
