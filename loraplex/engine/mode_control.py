@@ -5,8 +5,10 @@ between steps, merges, unmerges or switches through :class:`~loraplex.engine.mod
 - ``merged:<tenant/name@revision>``: the named revision is merged as soon as a lease on it is
   granted (asked for at the first step that names it), and stays merged.
 - ``auto``: :func:`~loraplex.engine.mode_policy.decide` on the recent token share, with the
-  transition cost measured by the switcher and the per-token LoRA cost given by the operator
-  (``lora_s_per_token``, measured by ``loraplex bench modes``).
+  transition cost measured by the switcher, the per-token LoRA cost given by the operator
+  (``lora_s_per_token``, measured by ``loraplex bench modes``), and whole steps' seconds per
+  token timed here in both modes: once merged steps are measured slower, auto unmerges and
+  stays unmerged.
 """
 
 from __future__ import annotations
@@ -23,6 +25,7 @@ from loraplex.engine.mode_policy import (
     ModeKind,
     ModePolicyConfig,
     ModeSetting,
+    StepCosts,
     TokenWindow,
     decide,
 )
@@ -68,10 +71,16 @@ class ModeController:
         self._pending: Future[Lease] | None = None  # lease asked for the revision to merge
         self._pending_ref: str | None = None
         self._last_s: float | None = None
+        self.step_costs = StepCosts()
+        self._step_start_s: float | None = None
 
     def after_step(self, plan: StepPlan, keys: Mapping[str, AdapterKey | None]) -> None:
         """Count the step's tokens; ``keys``: request id -> its revision (None: base model)."""
         now = self.clock.now()
+        if self._step_start_s is not None:
+            merged = self.switcher.merged_revision is not None
+            self.step_costs.record(merged, now - self._step_start_s, plan.num_tokens)
+            self._step_start_s = None
         for chunk in plan.chunks:
             key = keys.get(chunk.request_id)
             ref = None if key is None else ref_of(key)
@@ -81,6 +90,13 @@ class ModeController:
 
     def before_step(self) -> None:
         """Finish a pending merge, or decide whether one (or an unmerge) is due."""
+        self._step_start_s = None
+        try:
+            self._transition()
+        finally:  # the step that follows is timed from here, after any transition
+            self._step_start_s = self.clock.now()
+
+    def _transition(self) -> None:
         if self._pending is not None:
             self._finish_pending()
             return
@@ -91,7 +107,12 @@ class ModeController:
             return
         now = self.clock.now()
         since = None if self._last_s is None else now - self._last_s
-        costs = MeasuredCosts(self._transition_s(), self.lora_s_per_token)
+        costs = MeasuredCosts(
+            self._transition_s(),
+            self.lora_s_per_token,
+            self.step_costs.per_token(True),
+            self.step_costs.per_token(False),
+        )
         merged = self.switcher.merged_revision
         got = decide(merged, since, self.window.share(now), costs, self.policy)
         if got.action in (Action.UNMERGE, Action.SWITCH):

@@ -18,6 +18,7 @@ from collections import deque
 from dataclasses import dataclass
 
 MERGED_PREFIX = "merged:"
+SLOWER_MARGIN = 1.05  # merged steps must cost 5 % more per token to count as slower (noise)
 
 
 class ModeKind(enum.Enum):
@@ -97,6 +98,15 @@ class MeasuredCosts:
 
     transition_s: float  # one merge or unmerge (median of those seen; a prior before any)
     lora_s_per_token: float  # the unmerged LoRA op's cost per token (all layers)
+    # Whole steps' seconds per token seen merged / unmerged (StepCosts); None: not measured.
+    # When both are known and merged steps ran slower, the model above is overruled.
+    merged_step_s_per_token: float | None = None
+    unmerged_step_s_per_token: float | None = None
+
+    @property
+    def merged_measured_slower(self) -> bool:
+        merged, unmerged = self.merged_step_s_per_token, self.unmerged_step_s_per_token
+        return merged is not None and unmerged is not None and merged > unmerged * SLOWER_MARGIN
 
 
 class Action(enum.Enum):
@@ -124,6 +134,10 @@ def decide(
     seconds since the last transition (None: there was none)."""
     if since_transition_s is not None and since_transition_s < config.min_dwell_s:
         return ModeDecision(Action.STAY, None, "dwell: the last transition is too recent")
+    if costs.merged_measured_slower:
+        if merged is not None:
+            return ModeDecision(Action.UNMERGE, None, "merged steps measured slower per token")
+        return ModeDecision(Action.STAY, None, "merged steps measured slower per token")
     top, share = traffic.top_revision, traffic.top_share
     gain_s = (2.0 * share - 1.0) * traffic.tokens_per_s * costs.lora_s_per_token * config.payback_s
     hot = top is not None and top != merged and share >= config.merge_share
@@ -172,3 +186,29 @@ class TokenWindow:
             self._totals[revision] -= num_tokens
             if not self._totals[revision]:
                 del self._totals[revision]
+
+
+class StepCosts:
+    """Seconds per token of whole steps, merged and unmerged, as exponential moving averages
+    (a step's cost depends on its batch; per token is the comparable unit)."""
+
+    def __init__(self, weight: float = 0.1, min_steps: int = 8) -> None:
+        if not 0 < weight <= 1:
+            raise ValueError(f"weight {weight} is invalid; expected 0 < weight <= 1")
+        if min_steps < 1:
+            raise ValueError(f"min_steps {min_steps} is invalid; expected >= 1")
+        self.weight, self.min_steps = weight, min_steps
+        self._mean: dict[bool, float] = {}
+        self._count: dict[bool, int] = {True: 0, False: 0}
+
+    def record(self, merged: bool, seconds: float, num_tokens: int) -> None:
+        if num_tokens < 1 or seconds < 0:
+            return  # an idle or clock-less step says nothing about cost
+        value = seconds / num_tokens
+        old = self._mean.get(merged)
+        self._mean[merged] = value if old is None else old + self.weight * (value - old)
+        self._count[merged] += 1
+
+    def per_token(self, merged: bool) -> float | None:
+        """The average once ``min_steps`` steps were seen in that mode; None before."""
+        return self._mean[merged] if self._count[merged] >= self.min_steps else None

@@ -14,6 +14,7 @@ from loraplex.engine.mode_policy import (
     ModeKind,
     ModePolicyConfig,
     ModeSetting,
+    StepCosts,
     TokenWindow,
     TrafficShare,
     decide,
@@ -140,3 +141,24 @@ def test_bad_mode_setting_is_refused_naming_it(text: str) -> None:
 def test_policy_config_validates(field: str, value: float) -> None:
     with pytest.raises(ValueError, match=f"{field} {value}"):
         ModePolicyConfig(**{field: value})
+
+
+def test_merged_steps_measured_slower_unmerge_and_stop_merging() -> None:
+    slower = MeasuredCosts(0.01, 1e-4, merged_step_s_per_token=2e-3, unmerged_step_s_per_token=1e-3)
+    got = decide("a@1", 1e9, traffic(("a@1", 0.8)), slower, CONFIG)
+    assert got.action is Action.UNMERGE and "measured slower" in got.reason
+    assert decide(None, 1e9, traffic(("a@1", 0.9)), slower, CONFIG).action is Action.STAY
+    within_noise = MeasuredCosts(0.01, 1e-4, 1.04e-3, 1e-3)
+    assert decide(None, None, traffic(("a@1", 0.9)), within_noise, CONFIG).action is Action.MERGE
+
+
+def test_step_costs_average_per_token_after_enough_steps() -> None:
+    costs = StepCosts(weight=0.5, min_steps=2)
+    costs.record(True, 0.1, 10)
+    assert costs.per_token(True) is None  # one step is not a measurement
+    costs.record(True, 0.3, 10)
+    assert costs.per_token(True) == pytest.approx(0.02)
+    costs.record(False, 1.0, 0)  # an empty step says nothing
+    assert costs.per_token(False) is None
+    with pytest.raises(ValueError, match="weight 0"):
+        StepCosts(weight=0)
