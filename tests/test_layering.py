@@ -45,6 +45,7 @@ _TORCH_FREE_ENGINE = (
     "process_state",
     "remote_cache",
     "trace_log",
+    "mode_policy",
 )
 TORCH_FREE_MODULES = (
     *(f"loraplex.engine.{name}" for name in _TORCH_FREE_ENGINE),

@@ -610,3 +610,24 @@ def traces(  # noqa: PLR0917 (typer options)
         except ValueError as exc:
             raise typer.BadParameter(str(exc)) from exc
         typer.echo(json.dumps(run_trace_bench(config)))
+
+
+@bench_app.command("modes")
+def modes(
+    *,
+    preset: Annotated[str, typer.Option(help="Demo preset whose shapes the model has.")] = "small",
+    as_json: Annotated[bool, typer.Option("--json", help="Print only the JSON line.")] = False,
+    threads: Annotated[int, typer.Option(help="torch threads (1 is stable on shared cores).")] = 1,
+    rounds: Annotated[int, typer.Option(help="Interleaved timing rounds.")] = 7,
+    seed: Annotated[int, typer.Option(help="Seed of weights and traces.")] = 0,
+) -> None:
+    """Merged vs unmerged vs base execution and the auto mode policy, side by side (float32)."""
+    import torch
+
+    from loraplex.bench.modes.bench import ModesBenchConfig, run_modes_bench
+
+    torch.set_num_threads(threads)
+    result = run_modes_bench(ModesBenchConfig(preset=preset, rounds=rounds, seed=seed))
+    if not as_json:
+        typer.echo("merged/unmerged/base decode steps; see docs/modes.md", err=True)
+    typer.echo(json.dumps(result))

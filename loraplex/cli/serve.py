@@ -66,6 +66,9 @@ def serve_command(
     policy: Annotated[
         str | None, Opt(help=f"Eviction: {', '.join(policy_names())} ({DEFAULT_POLICY}).")
     ] = None,
+    mode: Annotated[
+        str | None, Opt(help="unmerged (default), merged:<tenant/name@revision> or auto.")
+    ] = None,
     max_concurrent_loads: Annotated[
         int | None, Opt(help="Adapter loads in flight, all tenants (default: 4).")
     ] = None,

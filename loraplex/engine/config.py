@@ -5,6 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from loraplex.dtypes import DEFAULT_DTYPE, check_dtype
+from loraplex.engine.mode_policy import ModeSetting
 
 _AT_LEAST_ONE = (
     "max_num_seqs",
@@ -81,12 +82,15 @@ class EngineConfig:
     dtype: str = DEFAULT_DTYPE  # model/KV dtype name (loraplex.dtypes)
     device: str = "cpu"  # torch device string
     idle_wait_s: float = 0.05  # how long the loop sleeps when nothing can run (woken early)
+    # unmerged | merged:<tenant/name@revision> | auto (engine.mode_policy; docs/modes.md)
+    mode: str = "unmerged"
 
     def __post_init__(self) -> None:
         for name in ("block_size", "num_kv_blocks"):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name} {getattr(self, name)} is invalid; expected >= 1")
         check_dtype(self.dtype)
+        ModeSetting.parse(self.mode)  # raises ValueError naming the mode
         if not self.idle_wait_s > 0:
             raise ValueError(f"idle_wait_s {self.idle_wait_s} is invalid; expected > 0")
         if self.num_kv_blocks * self.block_size < self.scheduler.max_model_len:

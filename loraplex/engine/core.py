@@ -23,6 +23,7 @@ from dataclasses import replace
 
 from loraplex.artifacts.identity import AdapterKey
 from loraplex.clock import Clock
+from loraplex.engine.mode_control import ModeController
 from loraplex.engine.output import OutputTracker
 from loraplex.engine.protocol import FINISH_ABORT, EngineRequest, TokenDelta, TokenLogprob
 from loraplex.engine.request import Request, RequestState
@@ -82,6 +83,7 @@ class EngineCore:
         self._rebalance_interval_s = rebalance_interval_s  # None: no automatic warm policies
         self._rebalance_at_s = clock.now() + (rebalance_interval_s or 0.0)
         self.on_lease_done: Callable[[], None] = lambda: None  # wakes the engine thread
+        self.modes: ModeController | None = None  # the ``mode`` setting (None: unmerged)
         self.view: QueueView = EMPTY_VIEW
 
     # --- commands (engine thread) --------------------------------------------------------------
@@ -127,6 +129,8 @@ class EngineCore:
         for future in self._orphans:
             future.add_done_callback(_release_if_granted)
         self._orphans.clear()
+        if self.modes is not None:  # the merged lease goes too; the base weights come back
+            self.modes.close()
 
     # --- the step -------------------------------------------------------------------------------
 
@@ -137,6 +141,8 @@ class EngineCore:
         self._collect_leases()
         self._request_leases()
         self._prefetch()
+        if self.modes is not None:  # merge/unmerge happen between steps only
+            self.modes.before_step()
         plan = self.scheduler.schedule()
         worked = bool(plan.chunks)
         if worked:
@@ -161,6 +167,11 @@ class EngineCore:
                     owed.update({first + i: entry for i, entry in enumerate(part.entries)})
             self._trace_batches(plan)
             self.scheduler.update(plan, result)
+            if self.modes is not None:
+                keys = {
+                    c.request_id: requests[c.request_id].request.adapter_key for c in plan.chunks
+                }
+                self.modes.after_step(plan, keys)
             for request_id, token in result.sampled.items():
                 self._emit(requests[request_id], token, result.logprobs.get(request_id))
         self.view = self.scheduler.make_stats()

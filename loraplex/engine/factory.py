@@ -36,6 +36,9 @@ from loraplex.engine.blocks import BlockManager
 from loraplex.engine.config import EngineConfig
 from loraplex.engine.core import EngineCore
 from loraplex.engine.kv_blocks import PagedKVCache
+from loraplex.engine.mode_control import ModeController
+from loraplex.engine.mode_policy import ModeKind, ModeSetting
+from loraplex.engine.modes import ModeSwitcher
 from loraplex.engine.runner import ModelRunner
 from loraplex.engine.sched.scheduler import Scheduler
 from loraplex.engine.tenant_shares import TenantBook, TenantSettings
@@ -202,4 +205,11 @@ def build_engine_core(
     cache = None if runtime is None else runtime.cache
     interval = None if runtime is None else runtime.rebalance_interval_s
     tokenizer = TextTokenizer(model_dir)
-    return EngineCore(scheduler, runner, cache, tokenizer, clock, rebalance_interval_s=interval)
+    core = EngineCore(scheduler, runner, cache, tokenizer, clock, rebalance_interval_s=interval)
+    setting = ModeSetting.parse(config.mode)
+    if setting.kind is not ModeKind.UNMERGED:
+        if runtime is None:
+            raise ValueError(f"mode {config.mode!r} is invalid without adapters; expected unmerged")
+        switcher = ModeSwitcher(runner, runtime.pool, clock)
+        core.modes = ModeController(setting, switcher, runtime.cache, clock)
+    return core

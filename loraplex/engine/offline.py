@@ -189,8 +189,13 @@ class OfflineEngine:
             idle_wait_s=_IDLE_WAIT_S,
         )
 
-    def generate(self, requests: Sequence[OfflineRequest]) -> list[OfflineResult]:
-        """Continue every request; results are in request order.
+    def generate(
+        self,
+        requests: Sequence[OfflineRequest],
+        between_steps: Callable[[int], None] | None = None,
+    ) -> list[OfflineResult]:
+        """Continue every request; results are in request order. ``between_steps`` is called
+        with the number of steps run so far before each step (mode transitions happen there).
 
         Every adapter is validated and every prompt encoded before any request starts, so bad
         input fails the call having changed nothing. A request that fails in the engine (its
@@ -198,8 +203,12 @@ class OfflineEngine:
         """
         keys = self._adapter_keys([r.adapter_dir for r in requests])
         prepared = [self._engine_request(r, k) for r, k in zip(requests, keys, strict=True)]
-        outputs = self._run(prepared)
+        outputs = self._run(prepared, between_steps)
         return [_result(outputs[p.request_id]) for p in prepared]
+
+    def adapter_key(self, adapter_dir: Path) -> AdapterKey:
+        """The cache key ``adapter_dir`` is served under (validated and registered)."""
+        return self._register(adapter_dir)
 
     def _adapter_keys(self, adapter_dirs: Sequence[Path | None]) -> list[AdapterKey | None]:
         """Validate each distinct adapter directory and make it resolvable by its key."""
@@ -237,7 +246,9 @@ class OfflineEngine:
         self._num_added += 1
         return EngineRequest(f"offline-{self._num_added}", _TENANT, key, prompt_ids, request.params)
 
-    def _run(self, requests: list[EngineRequest]) -> dict[str, list[TokenDelta]]:
+    def _run(
+        self, requests: list[EngineRequest], between_steps: Callable[[int], None] | None = None
+    ) -> dict[str, list[TokenDelta]]:
         """Steps the engine until every request has finished; their deltas by request id."""
         outputs: dict[str, list[TokenDelta]] = {r.request_id: [] for r in requests}
         failures: list[BaseException] = []
@@ -257,6 +268,7 @@ class OfflineEngine:
             return sink
 
         max_live = self.core.scheduler.config.max_queue_len
+        num_steps = 0
         try:
             while queued or live:
                 while queued and len(live) < max_live:  # the queue's bound is the engine's
@@ -265,6 +277,9 @@ class OfflineEngine:
                     self.core.add(request, sink_for(request.request_id))
                 if failures:
                     raise failures[0]
+                if between_steps is not None:
+                    between_steps(num_steps)
+                num_steps += 1
                 if not self.core.step() and live:
                     self._wake.wait(_IDLE_WAIT_S)  # only adapter loads are in progress
                     self._wake.clear()

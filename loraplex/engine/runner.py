@@ -17,6 +17,7 @@ from loraplex.engine.kv_blocks import PagedKVCache
 from loraplex.engine.step import PromptLogprobs, StepPlan, StepResult
 from loraplex.model.kv_cache import SequenceChunk
 from loraplex.model.llama import ForwardBatch, LlamaModel, LoraApplier
+from loraplex.model.merge import MergedLoraApplier
 from loraplex.model.sampler import RowHistory, make_generator, sample_rows, token_logprobs
 from loraplex.sampling import SamplingParams
 
@@ -59,7 +60,10 @@ class ModelRunner:
         chunks = [SequenceChunk(c.seq_id, c.start_pos, len(c.token_ids)) for c in plan.chunks]
         tokens = [t for c in plan.chunks for t in c.token_ids]
         slots = None
-        if self.lora is not None and any(c.slot is not None for c in plan.chunks):
+        # NOTE: while an adapter is merged, base-model tokens need the merged delta taken out,
+        # so slots are passed even when no chunk has one.
+        merged = isinstance(self.lora, MergedLoraApplier)
+        if self.lora is not None and (merged or any(c.slot is not None for c in plan.chunks)):
             slots = [
                 _NO_SLOT if c.slot is None else c.slot for c in plan.chunks for _ in c.token_ids
             ]

@@ -23,6 +23,7 @@ from typing import Any
 
 from loraplex.artifacts.base_model import BaseModelSpec, lora_bytes
 from loraplex.dtypes import DEFAULT_DTYPE, bytes_per_element, check_dtype
+from loraplex.engine.mode_policy import ModeSetting
 from loraplex.engine.watchdog import (
     DEFAULT_HUNG_AFTER_S,
     DEFAULT_KILL_AFTER_S,
@@ -102,6 +103,7 @@ class ServeConfig:
     cpu_adapter_bytes: int | None = None  # L1 byte budget
     disk_cache_bytes: int = 8 << 30  # L2 byte budget
     policy: str = DEFAULT_POLICY  # eviction policy: a name of residency.policy's registry
+    mode: str = "unmerged"  # unmerged | merged:<tenant/name@revision> | auto (docs/modes.md)
     # adapter loads in flight (all tenants), and per tenant (the cold-load quota's default)
     max_concurrent_loads: int = 4
     tenant_max_concurrent_loads: int = 2
@@ -177,6 +179,7 @@ class ServeConfig:
     def __post_init__(self) -> None:
         self._check_listeners()
         check_trace_settings(self.trace_endpoint, self.trace_sample_ratio, self.trace_slow_s)
+        ModeSetting.parse(self.mode)  # raises ValueError naming the mode
         if self.policy not in policy_names():
             raise ValueError(
                 f"policy {self.policy!r} is invalid; expected one of {list(policy_names())}"

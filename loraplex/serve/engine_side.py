@@ -134,6 +134,7 @@ def engine_config(config: ServeConfig) -> EngineConfig:
         num_kv_blocks=config.num_kv_blocks,
         dtype=config.dtype,
         device=config.device,
+        mode=config.mode,
     )
 
 

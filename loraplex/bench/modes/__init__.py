@@ -1,0 +1,1 @@
+"""``loraplex bench modes``: merged vs unmerged vs base execution (docs/modes.md)."""

@@ -1,0 +1,204 @@
+"""``loraplex bench modes``: merged vs unmerged vs base execution, side by side in one run.
+
+Decode-shaped steps (one new token per sequence over a prefilled context) on a random model of a
+demo preset's shapes with 16 random adapters (ranks 8-64, every target module), timed with
+interleaved, warmed-up medians (WORKLOADS.md rules) on one clock. Scenarios:
+
+- ``single``: every sequence on one revision: base (no LoRA), unmerged, merged.
+- ``skewed``: per step 80 % of the sequences on the hot revision, the rest over 15 others:
+  unmerged vs ``auto`` (whatever :func:`~loraplex.engine.mode_policy.decide` picks from the
+  measured costs and the trace's token share).
+- ``uniform``: 16 revisions evenly: unmerged vs ``auto``.
+- flapping: a trace alternating its hot revision every 30 s replayed through ``decide`` in
+  simulated time with the measured costs.
+- probes: greedy continuations of every adapter unmerged, merged, and with another revision
+  merged (the negative-slot path): any difference fails the bench.
+"""
+
+from __future__ import annotations
+
+import random
+import statistics
+import tempfile
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+import torch
+
+from loraplex.bench.execution.timing import interleaved_medians
+from loraplex.bench.modes.setup import (
+    HOT,
+    NUM_ADAPTERS,
+    ModesBenchConfig,
+    ProbeMismatchError,
+    Setup,
+    decode_step,
+    probes,
+)
+from loraplex.engine.mode_policy import (
+    Action,
+    MeasuredCosts,
+    ModePolicyConfig,
+    TokenWindow,
+    decide,
+)
+from loraplex.model.llama import LoraApplier
+
+__all__ = ["ModesBenchConfig", "ProbeMismatchError", "run_modes_bench"]
+
+
+def throughput(
+    setup: Setup, variants: dict[str, tuple[list[int | None], LoraApplier | None]]
+) -> dict[str, float]:
+    """Tokens per second of each variant (same batch size, interleaved, one clock)."""
+    cfg = setup.config
+    fns: dict[str, Callable[[], object]] = {}
+    for name, (slots, lora) in variants.items():
+        step = decode_step(setup, slots)
+        fns[name] = lambda step=step, lora=lora: step(lora)  # type: ignore[misc]
+    medians = interleaved_medians(fns, rounds=cfg.rounds, calls_per_round=cfg.calls_per_round)
+    return {name: cfg.batch_size / seconds for name, seconds in medians.items()}
+
+
+def transition_ms(setup: Setup) -> tuple[list[float], list[float]]:
+    merges, unmerges = [], []
+    for _ in range(setup.config.num_transitions):
+        start = time.perf_counter()
+        setup.merge(HOT)
+        merges.append((time.perf_counter() - start) * 1000)
+        start = time.perf_counter()
+        setup.unmerge()
+        unmerges.append((time.perf_counter() - start) * 1000)
+    return merges, unmerges
+
+
+def pct(values: list[float], q: float) -> float:
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, round(q * (len(ordered) - 1)))]
+
+
+def ratio(a: float, b: float) -> float | None:
+    return None if not b else a / b
+
+
+def skewed_slots(rng: random.Random, n: int, hot_share: float) -> list[int | None]:
+    return [HOT if rng.random() < hot_share else rng.randrange(1, NUM_ADAPTERS) for _ in range(n)]
+
+
+def auto_decision(slots: list[int | None], costs: MeasuredCosts) -> int | None:
+    """The slot ``auto`` merges for a steady trace of ``slots`` steps at 50 steps/s."""
+    window = TokenWindow(ModePolicyConfig().window_s)
+    for t in range(60):
+        for slot in slots:
+            window.record(float(t), None if slot is None else str(slot), 50)
+    got = decide(None, None, window.share(59.0), costs, ModePolicyConfig())
+    return None if got.action is Action.STAY or got.revision is None else int(got.revision)
+
+
+def flaps_per_min(costs: MeasuredCosts, minutes: int, rng: random.Random) -> float:
+    """Transitions per minute on a trace alternating its hot revision every 30 s (1 step/s)."""
+    config = ModePolicyConfig()
+    window = TokenWindow(config.window_s)
+    merged: str | None = None
+    last: float | None = None
+    count = 0
+    for now in range(60 * minutes):
+        hot = "a" if (now // 30) % 2 == 0 else "b"
+        for _ in range(200):
+            window.record(float(now), hot if rng.random() < 0.8 else f"c{rng.randrange(15)}", 1)
+        got = decide(
+            merged, None if last is None else now - last, window.share(float(now)), costs, config
+        )
+        if got.action is not Action.STAY:
+            merged, last, count = got.revision, float(now), count + 1
+    return count / minutes
+
+
+SWEEP_SHARES = (0.25, 0.5, 0.65, 0.8, 0.95, 1.0)
+
+
+def share_sweep(setup: Setup, rng: random.Random) -> list[dict[str, object]]:
+    """Tokens/s unmerged vs merged (the hot revision) as the hot revision's share grows."""
+    rows: list[dict[str, object]] = []
+    for share in SWEEP_SHARES:
+        slots = skewed_slots(rng, setup.config.batch_size, share)
+        merged = setup.merge(HOT)
+        try:
+            tps = throughput(setup, {"unmerged": (slots, setup.pool), "merged": (slots, merged)})
+        finally:
+            setup.unmerge()
+        actual = sum(s == HOT for s in slots) / len(slots)
+        rows.append(
+            {
+                "hot_share": actual,
+                **tps,
+                "merged_over_unmerged": ratio(tps["merged"], tps["unmerged"]),
+            }
+        )
+    return rows
+
+
+def run_modes_bench(config: ModesBenchConfig) -> dict[str, object]:
+    """The JSON-line object: name, config, seed, metrics."""
+    rng = random.Random(config.seed)
+    with tempfile.TemporaryDirectory() as tmp:
+        setup = Setup(Path(tmp), config)
+        num_probes = probes(setup)
+        merges, unmerges = transition_ms(setup)
+        single: list[int | None] = [HOT] * config.batch_size
+        merged = setup.merge(HOT)
+        try:
+            single_tps = throughput(
+                setup,
+                {
+                    "base": (single, None),
+                    "unmerged": (single, setup.pool),
+                    "merged": (single, merged),
+                },
+            )
+        finally:
+            setup.unmerge()
+        lora_s = (1 / single_tps["unmerged"] - 1 / single_tps["base"]) if single_tps["base"] else 0
+        costs = MeasuredCosts(statistics.median(merges + unmerges) / 1000, max(lora_s, 0.0))
+        skewed = skewed_slots(rng, config.batch_size, 0.8)
+        uniform: list[int | None] = [i % NUM_ADAPTERS for i in range(config.batch_size)]
+        metrics: dict[str, object] = {}
+        for name, slots in (("skewed80", skewed), ("uniform16", uniform)):
+            choice = auto_decision(slots, costs)
+            auto = setup.merge(choice) if choice is not None else setup.pool
+            try:
+                tps = throughput(setup, {"unmerged": (slots, setup.pool), "auto": (slots, auto)})
+            finally:
+                if choice is not None:
+                    setup.unmerge()
+            metrics[f"{name}_auto_merged_slot"] = choice
+            metrics[f"{name}_auto_over_unmerged"] = ratio(tps["auto"], tps["unmerged"])
+        metrics["share_sweep"] = share_sweep(setup, rng)
+    metrics.update(
+        {
+            "single_merged_over_base": ratio(single_tps["merged"], single_tps["base"]),
+            "single_merged_over_unmerged": ratio(single_tps["merged"], single_tps["unmerged"]),
+            "unmerged_lora_overhead": ratio(single_tps["base"], single_tps["unmerged"]),
+            "single_tokens_per_s": single_tps,
+            "mode_transition_ms_p50": pct(merges + unmerges, 0.5),
+            "mode_transition_ms_p99": pct(merges + unmerges, 0.99),
+            "merge_ms_p50": pct(merges, 0.5),
+            "unmerge_ms_p50": pct(unmerges, 0.5),
+            "mode_flaps_per_min": flaps_per_min(costs, 10, rng),
+            "probes_identical": num_probes,
+            "lora_s_per_token": costs.lora_s_per_token,
+        }
+    )
+    return {
+        "name": "modes",
+        "config": {
+            **config.__dict__,
+            "threads": torch.get_num_threads(),
+            "dtype": "float32",
+            "kv_cache": "contiguous",
+            "machine": "shared CPU (busy: read ratios with care)",
+        },
+        "seed": config.seed,
+        "metrics": metrics,
+    }

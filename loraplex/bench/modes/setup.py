@@ -1,0 +1,157 @@
+"""What ``bench modes`` runs on: a random model of a demo preset's shapes with 16 random adapters
+(ranks 8-64, every target module) in one slot pool, decode steps over it, and the greedy probes
+that fail the bench when any mode changes a continuation."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+
+from loraplex.artifacts.base_model import TARGET_MODULES, BaseModelSpec
+from loraplex.artifacts.validate import validate_adapter_dir
+from loraplex.bench.adapters import write_random_adapter, write_random_base
+from loraplex.model.adapter_weights import load_adapter_weights
+from loraplex.model.checkpoint import load_checkpoint
+from loraplex.model.kv_cache import ContiguousKVCache, SequenceChunk
+from loraplex.model.llama import ForwardBatch, LlamaModel, LoraApplier
+from loraplex.model.lora import LoraSlotPool
+from loraplex.model.merge import (
+    MergedLoraApplier,
+    WeightMerger,
+    negated,
+    negative_pool_for,
+    slot_weights,
+)
+
+NUM_ADAPTERS = 16
+RANKS = (8, 16, 32, 64)
+HOT = 0  # the hot revision's slot
+
+
+class ProbeMismatchError(RuntimeError):
+    """Greedy outputs differ between modes: the bench fails."""
+
+
+@dataclass(frozen=True)
+class ModesBenchConfig:
+    """What one run measures."""
+
+    preset: str = "small"  # demo preset whose shapes the random model has
+    batch_size: int = 16  # sequences per decode step
+    context_tokens: int = 64  # prefilled tokens per sequence
+    rounds: int = 7  # interleaved timing rounds
+    calls_per_round: int = 5  # steps per round and variant
+    num_transitions: int = 10  # merge/unmerge pairs timed
+    probe_tokens: int = 8  # greedy tokens per probe
+    seed: int = 0  # weights, traces
+
+    def __post_init__(self) -> None:
+        for name in ("batch_size", "context_tokens", "rounds", "calls_per_round"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"{name} {getattr(self, name)} is invalid; expected >= 1")
+        for name in ("num_transitions", "probe_tokens"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"{name} {getattr(self, name)} is invalid; expected >= 1")
+
+
+class Setup:
+    """The model, a pool with every adapter, and a merged applier for the hot revision."""
+
+    def __init__(self, root: Path, config: ModesBenchConfig) -> None:
+        model_dir = write_random_base(root / "base", config.preset, config.seed)
+        spec = BaseModelSpec.from_dir(model_dir)
+        self.model: LlamaModel = load_checkpoint(model_dir)
+        self.pool = LoraSlotPool(
+            spec, NUM_ADAPTERS, max(RANKS), dtype=torch.float32, device=torch.device("cpu")
+        )
+        for i in range(NUM_ADAPTERS):
+            path = write_random_adapter(
+                spec,
+                model_dir,
+                root / f"a{i}",
+                rank=RANKS[i % 4],
+                target_modules=TARGET_MODULES,
+                seed=config.seed + i,
+            )
+            validated = validate_adapter_dir(path, spec, max(RANKS))
+            self.pool.load(i, load_adapter_weights(validated, dtype=torch.float32))
+        self.merger = WeightMerger(self.model)
+        self.negative = negative_pool_for(self.pool)
+        self.config = config
+
+    def merge(self, slot: int) -> MergedLoraApplier:
+        weights = slot_weights(self.pool, slot)
+        self.negative.load(0, negated(weights))
+        self.merger.merge(weights)
+        return MergedLoraApplier(self.pool, slot, self.negative)
+
+    def unmerge(self) -> None:
+        self.merger.unmerge()
+        self.negative.clear(0)
+
+
+def decode_step(setup: Setup, slots: list[int | None]) -> Callable[[LoraApplier | None], None]:
+    """A function running one decode step of ``len(slots)`` sequences with a given applier."""
+    n, ctx = len(slots), setup.config.context_tokens
+    model = setup.model
+    kv = ContiguousKVCache(
+        model.attention_shape, n, ctx + 1, dtype=model.dtype, device=model.device
+    )
+    seqs = [kv.allocate() for _ in range(n)]
+    gen = torch.Generator().manual_seed(setup.config.seed)
+    prompt = torch.randint(3, model.config.vocab_size, (n * ctx,), generator=gen)
+    token_slots = [-1 if s is None else s for s in slots]
+    prefill = ForwardBatch.build(
+        prompt,
+        [SequenceChunk(s, 0, ctx) for s in seqs],
+        token_slots=[t for t in token_slots for _ in range(ctx)],
+    )
+    model.forward_batch(prefill, kv, setup.pool)
+    step = ForwardBatch.build(
+        prompt[:n], [SequenceChunk(s, ctx, 1) for s in seqs], token_slots=token_slots
+    )
+
+    def run(lora: LoraApplier | None) -> None:
+        model.forward_batch(step, kv, lora)  # rewrites the same KV row: a steady decode step
+
+    return run
+
+
+def greedy(setup: Setup, slot: int | None, lora: LoraApplier, num_tokens: int) -> list[int]:
+    model = setup.model
+    prompt = [5 + (slot or 0), 17, 42, 8, 99, 3]
+    kv = ContiguousKVCache(
+        model.attention_shape, 1, len(prompt) + num_tokens, dtype=model.dtype, device=model.device
+    )
+    seq, tokens, start = kv.allocate(), list(prompt), 0
+    for _ in range(num_tokens):
+        chunk = SequenceChunk(seq, start, len(tokens) - start)
+        slots = [-1 if slot is None else slot] * chunk.num_tokens
+        batch = ForwardBatch.build(tokens[start:], [chunk], token_slots=slots)
+        start = len(tokens)
+        tokens.append(int(model.forward_batch(batch, kv, lora)[-1].argmax()))
+    return tokens[len(prompt) :]
+
+
+def probes(setup: Setup) -> int:
+    """Every adapter and the base model: unmerged == merged itself == another merged."""
+    n = setup.config.probe_tokens
+    count = 0
+    for slot in [None, *range(NUM_ADAPTERS)]:
+        want = greedy(setup, slot, setup.pool, n)
+        others = [s for s in (HOT, 1) if s != slot][:1]
+        for merged in ([slot] if slot is not None else []) + others:
+            applier = setup.merge(merged)
+            try:
+                got = greedy(setup, slot, applier, n)
+            finally:
+                setup.unmerge()
+            count += 1
+            if got != want:
+                raise ProbeMismatchError(
+                    f"probe of slot {slot} with slot {merged} merged: {got}; expected {want}"
+                )
+    return count

@@ -1,0 +1,155 @@
+"""The ``mode`` setting at work in one engine: it counts each step's tokens per revision and,
+between steps, merges, unmerges or switches through :class:`~loraplex.engine.modes.ModeSwitcher`.
+
+- ``unmerged``: nothing happens (the controller is not even built).
+- ``merged:<tenant/name@revision>``: the named revision is merged as soon as a lease on it is
+  granted (asked for at the first step that names it), and stays merged.
+- ``auto``: :func:`~loraplex.engine.mode_policy.decide` on the recent token share, with the
+  transition cost measured by the switcher, the per-token LoRA cost given by the operator
+  (``lora_s_per_token``, measured by ``loraplex bench modes``), and whole steps' seconds per
+  token timed here in both modes: once merged steps are measured slower, auto unmerges and
+  stays unmerged.
+"""
+
+from __future__ import annotations
+
+import statistics
+from collections.abc import Mapping
+from concurrent.futures import Future
+
+from loraplex.artifacts.identity import AdapterKey
+from loraplex.clock import Clock
+from loraplex.engine.mode_policy import (
+    Action,
+    MeasuredCosts,
+    ModeKind,
+    ModePolicyConfig,
+    ModeSetting,
+    StepCosts,
+    TokenWindow,
+    decide,
+)
+from loraplex.engine.modes import ModeSwitcher, Transition
+from loraplex.engine.step import StepPlan
+from loraplex.residency.cache.jobs import Lease
+from loraplex.residency.cache.tiered_cache import TieredAdapterCache
+
+TRANSITION_PRIOR_S = 0.05  # assumed transition cost until one has been measured
+
+
+def ref_of(key: AdapterKey) -> str:
+    """``tenant/name@revision``: how settings and traces name a revision."""
+    return f"{key.tenant}/{key.name}@{key.revision}"
+
+
+class ModeController:
+    """Applies one engine's ``mode`` setting between steps."""
+
+    def __init__(
+        self,
+        setting: ModeSetting,
+        switcher: ModeSwitcher,
+        cache: TieredAdapterCache,
+        clock: Clock,
+        *,
+        policy: ModePolicyConfig | None = None,
+        lora_s_per_token: float = 2e-4,
+    ) -> None:
+        if setting.kind is ModeKind.UNMERGED:
+            raise ValueError("mode 'unmerged' is invalid here; expected no controller for it")
+        if not lora_s_per_token >= 0:
+            raise ValueError(f"lora_s_per_token {lora_s_per_token} is invalid; expected >= 0")
+        self.setting = setting
+        self.switcher = switcher
+        self.cache = cache
+        self.clock = clock
+        self.policy = policy or ModePolicyConfig()
+        self.lora_s_per_token = lora_s_per_token
+        self.window = TokenWindow(self.policy.window_s)
+        self.transitions: list[Transition] = []
+        self._keys: dict[str, AdapterKey] = {}  # ref -> key of revisions seen in steps
+        self._pending: Future[Lease] | None = None  # lease asked for the revision to merge
+        self._pending_ref: str | None = None
+        self._last_s: float | None = None
+        self.step_costs = StepCosts()
+        self._step_start_s: float | None = None
+
+    def after_step(self, plan: StepPlan, keys: Mapping[str, AdapterKey | None]) -> None:
+        """Count the step's tokens; ``keys``: request id -> its revision (None: base model)."""
+        now = self.clock.now()
+        if self._step_start_s is not None:
+            merged = self.switcher.merged_revision is not None
+            self.step_costs.record(merged, now - self._step_start_s, plan.num_tokens)
+            self._step_start_s = None
+        for chunk in plan.chunks:
+            key = keys.get(chunk.request_id)
+            ref = None if key is None else ref_of(key)
+            if key is not None and ref is not None:
+                self._keys[ref] = key
+            self.window.record(now, ref, len(chunk.token_ids))
+
+    def before_step(self) -> None:
+        """Finish a pending merge, or decide whether one (or an unmerge) is due."""
+        self._step_start_s = None
+        try:
+            self._transition()
+        finally:  # the step that follows is timed from here, after any transition
+            self._step_start_s = self.clock.now()
+
+    def _transition(self) -> None:
+        if self._pending is not None:
+            self._finish_pending()
+            return
+        if self.setting.kind is ModeKind.MERGED:
+            wanted = self.setting.revision
+            if self.switcher.merged_revision is None and wanted in self._keys:
+                self._ask(wanted)
+            return
+        now = self.clock.now()
+        since = None if self._last_s is None else now - self._last_s
+        costs = MeasuredCosts(
+            self._transition_s(),
+            self.lora_s_per_token,
+            self.step_costs.per_token(True),
+            self.step_costs.per_token(False),
+        )
+        merged = self.switcher.merged_revision
+        got = decide(merged, since, self.window.share(now), costs, self.policy)
+        if got.action in (Action.UNMERGE, Action.SWITCH):
+            self._record(self.switcher.unmerge())
+        if got.action in (Action.MERGE, Action.SWITCH) and got.revision is not None:
+            self._ask(got.revision)
+
+    def close(self) -> None:
+        """Unmerge (the base weights come back) and drop a pending lease."""
+        if self._pending is not None:
+            self._pending.add_done_callback(_release_if_granted)
+            self._pending = None
+        if self.switcher.merged_revision is not None:
+            self._record(self.switcher.unmerge())
+
+    def _ask(self, ref: str) -> None:
+        self._pending, self._pending_ref = self.cache.acquire_future(self._keys[ref]), ref
+        self._finish_pending()
+
+    def _finish_pending(self) -> None:
+        future, ref = self._pending, self._pending_ref
+        if future is None or ref is None or not future.done():
+            return
+        self._pending = self._pending_ref = None
+        if future.exception() is None:  # no slot now: asked again at a later decision
+            self._record(self.switcher.merge(ref, future.result()))
+
+    def _record(self, transition: Transition) -> None:
+        self.transitions.append(transition)
+        self._last_s = self.clock.now()
+
+    def _transition_s(self) -> float:
+        if not self.transitions:
+            return TRANSITION_PRIOR_S
+        return statistics.median(t.seconds for t in self.transitions)
+
+
+def _release_if_granted(future: Future[Lease]) -> None:
+    if future.exception() is None:
+        future.result().release()

@@ -1,0 +1,214 @@
+"""When to merge an adapter into the base weights: a pure, torch-free decision (the simulator
+reuses it unchanged).
+
+Merged, the top revision's tokens skip the LoRA op; every other token (other revisions and the
+base model) pays one extra LoRA pass to take the merged delta back out. With ``share`` the top
+revision's fraction of recent tokens, ``rate`` the tokens per second and ``c`` the measured LoRA
+cost per token, merging saves ``share * rate * c`` and costs ``(1 - share) * rate * c`` seconds
+per second, so it pays only above half the traffic, and only if the gain repays the measured
+transition cost within ``payback_s``. Hysteresis: merging needs ``merge_share``, unmerging
+needs the share to fall below the lower ``unmerge_share``, and no transition follows another
+within ``min_dwell_s``.
+"""
+
+from __future__ import annotations
+
+import enum
+from collections import deque
+from dataclasses import dataclass
+
+MERGED_PREFIX = "merged:"
+SLOWER_MARGIN = 1.05  # merged steps must cost 5 % more per token to count as slower (noise)
+
+
+class ModeKind(enum.Enum):
+    UNMERGED = "unmerged"  # always the batched LoRA op (the default)
+    MERGED = "merged"  # one revision, fixed (a dedicated replica)
+    AUTO = "auto"  # decided from measured traffic by :func:`decide`
+
+
+@dataclass(frozen=True)
+class ModeSetting:
+    """The ``mode`` setting: ``unmerged`` | ``merged:<model@revision>`` | ``auto``."""
+
+    kind: ModeKind  # which of the three
+    revision: str | None = None  # MERGED: the adapter ref to keep merged; None otherwise
+
+    @classmethod
+    def parse(cls, text: str) -> ModeSetting:
+        if text in (ModeKind.UNMERGED.value, ModeKind.AUTO.value):
+            return cls(ModeKind(text))
+        ref = text[len(MERGED_PREFIX) :] if text.startswith(MERGED_PREFIX) else ""
+        if "@" not in ref or ref.startswith("@") or ref.endswith("@"):
+            raise ValueError(
+                f"mode {text!r} is invalid; expected 'unmerged', 'auto' or "
+                "'merged:<model@revision>'"
+            )
+        return cls(ModeKind.MERGED, ref)
+
+
+@dataclass(frozen=True)
+class ModePolicyConfig:
+    """Thresholds of :func:`decide`."""
+
+    window_s: float = 30.0  # how far back "recent work" reaches
+    merge_share: float = 0.6  # top revision's token share needed to merge
+    unmerge_share: float = 0.45  # share below which a merged revision is unmerged
+    min_dwell_s: float = 60.0  # no transition sooner than this after the last one
+    payback_s: float = 10.0  # the gain must repay the transition cost within this time
+
+    def __post_init__(self) -> None:
+        for name in ("window_s", "min_dwell_s", "payback_s"):
+            if not getattr(self, name) > 0:
+                raise ValueError(f"{name} {getattr(self, name)} is invalid; expected > 0")
+        if not 0.5 <= self.merge_share <= 1.0:
+            raise ValueError(
+                f"merge_share {self.merge_share} is invalid; expected 0.5 <= share <= 1 "
+                "(below half, merging costs more LoRA work than it saves)"
+            )
+        if not 0.0 <= self.unmerge_share < self.merge_share:
+            raise ValueError(
+                f"unmerge_share {self.unmerge_share} is invalid; expected 0 <= share < "
+                f"merge_share {self.merge_share} (the hysteresis band)"
+            )
+
+
+@dataclass(frozen=True)
+class TrafficShare:
+    """Recent work as the policy sees it."""
+
+    shares: tuple[tuple[str, float], ...]  # (revision, fraction of recent tokens), largest first
+    tokens_per_s: float  # all recent tokens per second (base-model tokens count too)
+
+    @property
+    def top_revision(self) -> str | None:
+        return self.shares[0][0] if self.shares else None
+
+    @property
+    def top_share(self) -> float:
+        return self.shares[0][1] if self.shares else 0.0
+
+    def share_of(self, revision: str) -> float:
+        return next((share for name, share in self.shares if name == revision), 0.0)
+
+
+@dataclass(frozen=True)
+class MeasuredCosts:
+    """What the engine measured (seconds)."""
+
+    transition_s: float  # one merge or unmerge (median of those seen; a prior before any)
+    lora_s_per_token: float  # the unmerged LoRA op's cost per token (all layers)
+    # Whole steps' seconds per token seen merged / unmerged (StepCosts); None: not measured.
+    # When both are known and merged steps ran slower, the model above is overruled.
+    merged_step_s_per_token: float | None = None
+    unmerged_step_s_per_token: float | None = None
+
+    @property
+    def merged_measured_slower(self) -> bool:
+        merged, unmerged = self.merged_step_s_per_token, self.unmerged_step_s_per_token
+        return merged is not None and unmerged is not None and merged > unmerged * SLOWER_MARGIN
+
+
+class Action(enum.Enum):
+    STAY = "stay"
+    MERGE = "merge"  # merge ``revision`` (nothing is merged)
+    UNMERGE = "unmerge"  # back to unmerged
+    SWITCH = "switch"  # unmerge, then merge ``revision``
+
+
+@dataclass(frozen=True)
+class ModeDecision:
+    action: Action  # what to do between the next two steps
+    revision: str | None  # MERGE/SWITCH: the revision to merge
+    reason: str  # why, for traces and logs
+
+
+def decide(
+    merged: str | None,
+    since_transition_s: float | None,
+    traffic: TrafficShare,
+    costs: MeasuredCosts,
+    config: ModePolicyConfig,
+) -> ModeDecision:
+    """The ``auto`` mode's choice. ``merged``: the merged revision or None; ``since_transition_s``:
+    seconds since the last transition (None: there was none)."""
+    if since_transition_s is not None and since_transition_s < config.min_dwell_s:
+        return ModeDecision(Action.STAY, None, "dwell: the last transition is too recent")
+    if costs.merged_measured_slower:
+        if merged is not None:
+            return ModeDecision(Action.UNMERGE, None, "merged steps measured slower per token")
+        return ModeDecision(Action.STAY, None, "merged steps measured slower per token")
+    top, share = traffic.top_revision, traffic.top_share
+    gain_s = (2.0 * share - 1.0) * traffic.tokens_per_s * costs.lora_s_per_token * config.payback_s
+    hot = top is not None and top != merged and share >= config.merge_share
+    if merged is None:
+        if hot and gain_s > costs.transition_s:
+            return ModeDecision(Action.MERGE, top, f"{top} carries {share:.2f} of recent tokens")
+        return ModeDecision(Action.STAY, None, "no merge pays")
+    if hot and gain_s > 2.0 * costs.transition_s:  # a switch is two transitions
+        return ModeDecision(Action.SWITCH, top, f"{top} carries {share:.2f} of recent tokens")
+    mine = traffic.share_of(merged)
+    if mine < config.unmerge_share:
+        return ModeDecision(Action.UNMERGE, None, f"{merged} carries {mine:.2f} of recent tokens")
+    return ModeDecision(Action.STAY, None, "within the hysteresis band")
+
+
+class TokenWindow:
+    """Tokens per revision over the last ``window_s`` (events kept in time order)."""
+
+    def __init__(self, window_s: float) -> None:
+        if not window_s > 0:
+            raise ValueError(f"window_s {window_s} is invalid; expected > 0")
+        self.window_s = window_s
+        self._events: deque[tuple[float, str | None, int]] = deque()
+        self._totals: dict[str | None, int] = {}
+
+    def record(self, now_s: float, revision: str | None, num_tokens: int) -> None:
+        """``num_tokens`` of ``revision`` (None: the base model) ran at ``now_s``."""
+        if num_tokens < 0:
+            raise ValueError(f"num_tokens {num_tokens} is invalid; expected >= 0")
+        self._events.append((now_s, revision, num_tokens))
+        self._totals[revision] = self._totals.get(revision, 0) + num_tokens
+        self._expire(now_s)
+
+    def share(self, now_s: float) -> TrafficShare:
+        self._expire(now_s)
+        total = sum(self._totals.values())
+        adapters = sorted(
+            ((r, n / total) for r, n in self._totals.items() if r is not None and n > 0),
+            key=lambda item: (-item[1], item[0]),  # ties: the first name
+        )
+        return TrafficShare(tuple(adapters), total / self.window_s)
+
+    def _expire(self, now_s: float) -> None:
+        while self._events and self._events[0][0] < now_s - self.window_s:
+            _, revision, num_tokens = self._events.popleft()
+            self._totals[revision] -= num_tokens
+            if not self._totals[revision]:
+                del self._totals[revision]
+
+
+class StepCosts:
+    """Seconds per token of whole steps, merged and unmerged, as exponential moving averages
+    (a step's cost depends on its batch; per token is the comparable unit)."""
+
+    def __init__(self, weight: float = 0.1, min_steps: int = 8) -> None:
+        if not 0 < weight <= 1:
+            raise ValueError(f"weight {weight} is invalid; expected 0 < weight <= 1")
+        if min_steps < 1:
+            raise ValueError(f"min_steps {min_steps} is invalid; expected >= 1")
+        self.weight, self.min_steps = weight, min_steps
+        self._mean: dict[bool, float] = {}
+        self._count: dict[bool, int] = {True: 0, False: 0}
+
+    def record(self, merged: bool, seconds: float, num_tokens: int) -> None:
+        if num_tokens < 1 or seconds < 0:
+            return  # an idle or clock-less step says nothing about cost
+        value = seconds / num_tokens
+        old = self._mean.get(merged)
+        self._mean[merged] = value if old is None else old + self.weight * (value - old)
+        self._count[merged] += 1
+
+    def per_token(self, merged: bool) -> float | None:
+        """The average once ``min_steps`` steps were seen in that mode; None before."""
+        return self._mean[merged] if self._count[merged] >= self.min_steps else None

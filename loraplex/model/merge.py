@@ -1,0 +1,161 @@
+"""Merged execution: one adapter folded into the base weights, the others still batched.
+
+While an adapter is merged (``W' = W + s * B @ A`` on every (layer, module) it targets, computed
+in float32 and stored in the model's dtype), its tokens need no LoRA work at all. Every other
+token (another adapter's, or the base model's) gets the merged delta taken back out through the
+same batched LoRA op: a second slot holds the same adapter at negative scale, and a second op pass
+maps every non-merged token to it (a one-slot pool of its own, so the adapter cache's slots
+and byte budgets are not touched). Mixed batches therefore keep working and nothing is refused.
+
+Unmerging restores the original weights from a host copy taken at merge time, bit for bit, so
+the base model after an unmerge is exactly the model before the merge (no drift from repeated
+add/subtract rounding in low precision).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, fields, replace
+
+import torch
+
+from loraplex.errors import LoraplexError
+from loraplex.model.adapter_weights import AdapterWeights, ModuleWeights
+from loraplex.model.layers import Linear
+from loraplex.model.llama import LlamaModel
+from loraplex.model.lora import LoraSlotPool
+from loraplex.ops.base import LoraBatch
+
+_ATTENTION = ("q_proj", "k_proj", "v_proj", "o_proj")
+
+
+class MergeStateError(LoraplexError):
+    """A merge while merged, an unmerge while unmerged, or an action a merge forbids."""
+
+
+def negated(weights: AdapterWeights) -> AdapterWeights:
+    """``weights`` with every module's scale negated (the delta to subtract); same tensors."""
+    modules = tuple(replace(module, scale=-module.scale) for module in weights.modules)
+    return AdapterWeights(weights.digest, weights.dtype, modules, weights.runs)
+
+
+def linear_of(model: LlamaModel, layer: int, module: str) -> Linear:
+    """The decoder's linear layer for ``(layer, module)``."""
+    block = model.model.layers[layer]
+    parent = block.self_attn if module in _ATTENTION else block.mlp
+    found = getattr(parent, module)
+    if not isinstance(found, Linear):
+        raise ValueError(f"module {module!r} is invalid; expected a target module name")
+    return found
+
+
+class WeightMerger:
+    """Folds one adapter into ``model``'s weights in place and restores them exactly."""
+
+    def __init__(self, model: LlamaModel) -> None:
+        self.model = model
+        self._digest: str | None = None
+        self._backup: dict[tuple[int, str], torch.Tensor] = {}  # host copies of original W
+
+    @property
+    def merged_digest(self) -> str | None:
+        """Digest of the merged adapter; None when the weights are the base model's."""
+        return self._digest
+
+    def merge(self, weights: AdapterWeights) -> None:
+        """``W += scale * B @ A`` for every module of ``weights`` (float32 math, model dtype)."""
+        if self._digest is not None:
+            raise MergeStateError(
+                f"adapter {weights.digest[:12]} cannot be merged: {self._digest[:12]} is merged; "
+                "expected an unmerge first"
+            )
+        backup: dict[tuple[int, str], torch.Tensor] = {}
+        with torch.no_grad():
+            for module in weights.modules:
+                weight = linear_of(self.model, module.layer, module.module).weight
+                backup[(module.layer, module.module)] = weight.detach().to("cpu", copy=True)
+                lora_a = module.lora_a.to(weight.device, torch.float32)
+                lora_b = module.lora_b.to(weight.device, torch.float32)
+                merged = weight.float().addmm_(lora_b, lora_a, alpha=module.scale)
+                weight.copy_(merged.to(weight.dtype))
+        self._backup = backup
+        self._digest = weights.digest
+
+    def unmerge(self) -> None:
+        """Put back the original weights of every module the merge touched."""
+        if self._digest is None:
+            raise MergeStateError("nothing is merged; expected a merge before an unmerge")
+        with torch.no_grad():
+            for (layer, module), original in self._backup.items():
+                linear_of(self.model, layer, module).weight.copy_(original)
+        self._backup = {}
+        self._digest = None
+
+
+@dataclass(frozen=True)
+class MergedLoraBatch(LoraBatch):
+    """A step's batch while an adapter is merged: the ordinary pass (merged tokens mapped to
+    base-only) plus the pass subtracting the merged delta from every other token."""
+
+    negative: LoraBatch | None = None  # the subtracting pass; None when no token needs it
+
+
+def negative_pool_for(pool: LoraSlotPool) -> LoraSlotPool:
+    """A one-slot pool like ``pool`` (same backend, dtype, ranks) for the negative copy: kept
+    apart from ``pool`` so the adapter cache's slots and budgets are untouched by a merge."""
+    return LoraSlotPool(
+        pool.spec,
+        1,
+        pool.max_lora_rank,
+        dtype=pool.dtype,
+        device=pool.device,
+        backend=pool.backend.name,
+        target_modules=pool.target_modules,
+    )
+
+
+def slot_weights(pool: LoraSlotPool, slot: int) -> AdapterWeights:
+    """A copy of the adapter in ``slot`` read back from the pool's arenas (device tensors)."""
+    info = pool.slot_info(slot)
+    if info is None:
+        raise MergeStateError(f"slot {slot} holds no adapter; expected a loaded slot to merge")
+    modules = []
+    for layer in range(pool.spec.num_layers):
+        for module in pool.target_modules:
+            view = pool.module_weights(layer, module)
+            rows = view.slots[slot]
+            if rows.rank == 0:
+                continue
+            span = slice(rows.start, rows.start + rows.rank)
+            lora_a, lora_b = view.lora_a[span].clone(), view.lora_b[span].T.clone()
+            modules.append(ModuleWeights(layer, module, lora_a, lora_b, rows.scale))
+    return AdapterWeights(info.digest, pool.dtype, tuple(modules))
+
+
+class MergedLoraApplier:
+    """A :class:`~loraplex.model.llama.LoraApplier` over ``pool`` while ``merged_slot``'s adapter
+    is folded into the weights; ``negative`` (one slot) holds that adapter at negative scale."""
+
+    def __init__(self, pool: LoraSlotPool, merged_slot: int, negative: LoraSlotPool) -> None:
+        if negative.slot_info(0) is None:
+            raise MergeStateError("negative pool slot 0 is empty; expected the negated adapter")
+        self.pool = pool
+        self.merged_slot = merged_slot
+        self.negative = negative
+
+    def prepare(self, token_slots: torch.Tensor) -> LoraBatch:
+        token_slots = token_slots.to(self.pool.device, torch.int64)
+        merged = token_slots == self.merged_slot
+        primary = self.pool.prepare(torch.where(merged, -1, token_slots))
+        negative = None
+        if not bool(merged.all()):
+            negative = self.negative.prepare(torch.where(merged, -1, 0))
+        values = {f.name: getattr(primary, f.name) for f in fields(LoraBatch)}
+        return MergedLoraBatch(**values, negative=negative)
+
+    def apply(
+        self, layer: int, module: str, x: torch.Tensor, out: torch.Tensor, batch: LoraBatch
+    ) -> torch.Tensor:
+        out = self.pool.apply(layer, module, x, out, batch)
+        if isinstance(batch, MergedLoraBatch) and batch.negative is not None:
+            out = self.negative.apply(layer, module, x, out, batch.negative)
+        return out

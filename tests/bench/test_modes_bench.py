@@ -1,0 +1,55 @@
+"""``bench modes``: one short run reports every Done-when figure, and the probes guard it: a
+merge that changes a greedy continuation fails the bench."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import torch
+
+from loraplex.bench.modes import bench as modes
+from loraplex.bench.modes.setup import (
+    NUM_ADAPTERS,
+    ModesBenchConfig,
+    ProbeMismatchError,
+    Setup,
+    probes,
+)
+from loraplex.model.adapter_weights import AdapterWeights
+from loraplex.model.merge import linear_of
+
+QUICK = ModesBenchConfig(rounds=1, calls_per_round=1, num_transitions=2, probe_tokens=3)
+
+
+def test_one_run_reports_every_figure() -> None:
+    result = modes.run_modes_bench(QUICK)
+    metrics = result["metrics"]
+    assert isinstance(metrics, dict)
+    for key in (
+        "single_merged_over_base",
+        "single_merged_over_unmerged",
+        "unmerged_lora_overhead",
+        "skewed80_auto_over_unmerged",
+        "uniform16_auto_over_unmerged",
+    ):
+        assert metrics[key] is None or metrics[key] > 0, key
+    assert metrics["mode_transition_ms_p50"] <= metrics["mode_transition_ms_p99"]
+    assert metrics["uniform16_auto_merged_slot"] is None  # uniform traffic never merges
+    assert metrics["mode_flaps_per_min"] <= 1.0
+    assert metrics["probes_identical"] == 1 + 2 * NUM_ADAPTERS
+
+
+def test_a_wrong_merge_fails_the_probes(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    setup = Setup(tmp_path, QUICK)
+    real_merge = setup.merger.merge
+
+    def wrong(weights: AdapterWeights) -> None:
+        real_merge(weights)
+        for module in weights.modules:  # a far larger delta than the adapter's: a wrong merge
+            weight = linear_of(setup.model, module.layer, module.module).weight
+            weight.add_(module.scale * 50 * module.lora_b.float() @ module.lora_a.float())
+
+    monkeypatch.setattr(setup.merger, "merge", wrong)
+    with torch.no_grad(), pytest.raises(ProbeMismatchError, match="merged"):
+        probes(setup)

@@ -1,0 +1,81 @@
+"""The mode setting in a running engine: ``auto`` merges a revision that dominates the traffic
+and unmerges when it stops; ``merged:<ref>`` merges the named revision; outputs never change."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+import pytest
+
+from loraplex.clock import ManualClock
+from loraplex.demo.assets import DemoAssets
+from loraplex.engine.mode_control import ModeController, ref_of
+from loraplex.engine.mode_policy import ModePolicyConfig, ModeSetting
+from loraplex.engine.modes import ModeSwitcher, TransitionKind
+from loraplex.engine.offline import OfflineConfig, OfflineEngine, OfflineRequest
+from loraplex.sampling import SamplingParams
+
+GREEDY = SamplingParams(max_tokens=10, temperature=0.0, ignore_eos=True)
+POLICY = ModePolicyConfig(window_s=5.0, min_dwell_s=3.0, payback_s=10.0)
+
+
+@pytest.fixture
+def engine(demo_assets: DemoAssets) -> Iterator[OfflineEngine]:
+    config = OfflineConfig(max_loras=3, max_lora_rank=64)
+    with OfflineEngine(demo_assets.base_model_dir, config) as offline:
+        yield offline
+
+
+def controller(engine: OfflineEngine, mode: str, clock: ManualClock) -> ModeController:
+    switcher = ModeSwitcher(engine.core.runner, engine.runtime.pool, clock)
+    control = ModeController(ModeSetting.parse(mode), switcher, engine.runtime.cache, clock,
+                             policy=POLICY, lora_s_per_token=1e-3)  # fmt: skip
+    engine.core.modes = control
+    return control
+
+
+def ticking(clock: ManualClock) -> object:
+    def tick(_step: int) -> None:
+        clock.advance(1.0)
+
+    return tick
+
+
+def test_auto_merges_the_dominant_revision_then_unmerges(
+    engine: OfflineEngine, demo_assets: DemoAssets
+) -> None:
+    hot = demo_assets.adapter("acme", "billing", "r1")
+    cold = demo_assets.adapter("globex", "codegen", "r1")
+    skewed = [OfflineRequest(hot.probe_prompt, hot.path, GREEDY)] * 4 + [
+        OfflineRequest(cold.probe_prompt, cold.path, GREEDY)
+    ]
+    want = [r.token_ids for r in engine.generate(skewed)]
+    clock = ManualClock()
+    control = controller(engine, "auto", clock)
+    got = [r.token_ids for r in engine.generate(skewed, ticking(clock))]  # type: ignore[arg-type]
+    assert got == want
+    assert control.switcher.merged_revision == ref_of(engine.adapter_key(hot.path))
+    others = [OfflineRequest(cold.probe_prompt, cold.path, GREEDY)] * 3
+    want_others = [r.token_ids for r in engine.generate(others)]
+    clock.advance(POLICY.window_s)  # the hot revision's tokens leave the window
+    assert [r.token_ids for r in engine.generate(others, ticking(clock))] == want_others  # type: ignore[arg-type]
+    kinds = [t.kind for t in control.transitions]
+    assert kinds[:2] == [TransitionKind.MERGE, TransitionKind.UNMERGE]
+    control.close()
+    assert control.switcher.merged_revision is None
+    engine.runtime.cache.check_integrity()
+
+
+def test_static_merged_mode_merges_the_named_revision(
+    engine: OfflineEngine, demo_assets: DemoAssets
+) -> None:
+    hot = demo_assets.adapter("acme", "support", "r1")
+    mixed = [OfflineRequest(hot.probe_prompt, hot.path, GREEDY),
+             OfflineRequest(hot.probe_prompt, None, GREEDY)]  # fmt: skip
+    want = [r.token_ids for r in engine.generate(mixed)]
+    ref = ref_of(engine.adapter_key(hot.path))
+    control = controller(engine, f"merged:{ref}", ManualClock())
+    assert [r.token_ids for r in engine.generate(mixed)] == want
+    assert control.switcher.merged_revision == ref
+    engine.core.close()
+    assert control.switcher.merged_revision is None

@@ -1,0 +1,164 @@
+"""The merge/unmerge decision: thresholds, payback, hysteresis, dwell; the token window; the mode
+setting. Traces replayed through decide() count transitions (no flapping)."""
+
+from __future__ import annotations
+
+import itertools
+import random
+
+import pytest
+
+from loraplex.engine.mode_policy import (
+    Action,
+    MeasuredCosts,
+    ModeKind,
+    ModePolicyConfig,
+    ModeSetting,
+    StepCosts,
+    TokenWindow,
+    TrafficShare,
+    decide,
+)
+
+CONFIG = ModePolicyConfig()
+CHEAP = MeasuredCosts(transition_s=0.01, lora_s_per_token=1e-4)
+
+
+def traffic(*shares: tuple[str, float], rate: float = 1000.0) -> TrafficShare:
+    return TrafficShare(tuple(shares), rate)
+
+
+def test_a_dominant_revision_is_merged() -> None:
+    got = decide(None, None, traffic(("a@1", 0.8), ("b@1", 0.2)), CHEAP, CONFIG)
+    assert (got.action, got.revision) == (Action.MERGE, "a@1")
+
+
+@pytest.mark.parametrize("share", [0.0, 0.3, 0.5, 0.59])
+def test_below_the_merge_share_nothing_changes(share: float) -> None:
+    got = decide(None, None, traffic(("a@1", share)), CHEAP, CONFIG)
+    assert got.action is Action.STAY
+
+
+def test_a_merge_that_does_not_repay_its_transition_is_not_made() -> None:
+    slow = MeasuredCosts(transition_s=100.0, lora_s_per_token=1e-4)
+    assert decide(None, None, traffic(("a@1", 0.9)), slow, CONFIG).action is Action.STAY
+    idle = traffic(("a@1", 0.9), rate=0.1)
+    assert decide(None, None, idle, CHEAP, CONFIG).action is Action.STAY
+
+
+def test_hysteresis_band_keeps_a_merge_then_unmerges_below_it() -> None:
+    assert decide("a@1", 1e9, traffic(("a@1", 0.5)), CHEAP, CONFIG).action is Action.STAY
+    got = decide("a@1", 1e9, traffic(("b@1", 0.4), ("a@1", 0.3)), CHEAP, CONFIG)
+    assert got.action is Action.UNMERGE
+
+
+def test_a_new_dominant_revision_is_switched_to() -> None:
+    got = decide("a@1", 1e9, traffic(("b@1", 0.7), ("a@1", 0.1)), CHEAP, CONFIG)
+    assert (got.action, got.revision) == (Action.SWITCH, "b@1")
+
+
+def test_no_transition_within_the_dwell_time() -> None:
+    got = decide("a@1", CONFIG.min_dwell_s - 1, traffic(("b@1", 1.0)), CHEAP, CONFIG)
+    assert got.action is Action.STAY
+    assert "dwell" in got.reason
+
+
+def replay(hot_of: list[str], seconds: int, rng: random.Random) -> list[tuple[float, Action]]:
+    """One step per second: 100 tokens, 80 % to the hot revision of that second."""
+    window = TokenWindow(CONFIG.window_s)
+    merged: str | None = None
+    last: float | None = None
+    transitions = []
+    for now in range(seconds):
+        hot = hot_of[now]
+        for _ in range(100):
+            revision = hot if rng.random() < 0.8 else f"cold{rng.randrange(15)}@1"
+            window.record(float(now), revision, 1)
+        since = None if last is None else now - last
+        got = decide(merged, since, window.share(float(now)), CHEAP, CONFIG)
+        if got.action is not Action.STAY:
+            merged = got.revision if got.action is not Action.UNMERGE else None
+            last = float(now)
+            transitions.append((float(now), got.action))
+    return transitions
+
+
+def test_alternating_hot_revision_switches_at_most_once_a_minute() -> None:
+    minutes = 10
+    hot_of = ["a@1" if (t // 30) % 2 == 0 else "b@1" for t in range(60 * minutes)]
+    transitions = replay(hot_of, 60 * minutes, random.Random(0))
+    assert transitions  # it does follow the traffic
+    assert len(transitions) / minutes <= 1.0
+    times = [t for t, _ in transitions]
+    assert all(b - a >= CONFIG.min_dwell_s for a, b in itertools.pairwise(times))
+
+
+def test_uniform_traffic_never_merges() -> None:
+    window = TokenWindow(CONFIG.window_s)
+    rng = random.Random(1)
+    for now in range(300):
+        for _ in range(100):
+            window.record(float(now), f"r{rng.randrange(16)}@1", 1)
+        assert decide(None, None, window.share(float(now)), CHEAP, CONFIG).action is Action.STAY
+
+
+def test_token_window_counts_tokens_not_requests_and_forgets_old_work() -> None:
+    window = TokenWindow(10.0)
+    window.record(0.0, "a@1", 90)
+    window.record(1.0, "b@1", 10)
+    window.record(1.0, None, 100)
+    share = window.share(1.0)
+    assert share.shares == (("a@1", 0.45), ("b@1", 0.05))
+    assert share.tokens_per_s == 20.0
+    assert window.share(10.5).shares == (("b@1", 10 / 110),)
+    assert window.share(100.0) == TrafficShare((), 0.0)
+    with pytest.raises(ValueError, match="num_tokens -1"):
+        window.record(1.0, "a@1", -1)
+
+
+@pytest.mark.parametrize(
+    ("text", "kind", "revision"),
+    [
+        ("unmerged", ModeKind.UNMERGED, None),
+        ("auto", ModeKind.AUTO, None),
+        ("merged:acme/support@r1", ModeKind.MERGED, "acme/support@r1"),
+    ],
+)
+def test_mode_setting_parses(text: str, kind: ModeKind, revision: str | None) -> None:
+    assert ModeSetting.parse(text) == ModeSetting(kind, revision)
+
+
+@pytest.mark.parametrize("text", ["", "merged", "merged:", "merged:acme", "merged:@r1", "fast"])
+def test_bad_mode_setting_is_refused_naming_it(text: str) -> None:
+    with pytest.raises(ValueError, match=r"mode .* is invalid"):
+        ModeSetting.parse(text)
+
+
+@pytest.mark.parametrize(
+    ("field", "value"),
+    [("merge_share", 0.4), ("unmerge_share", 0.7), ("min_dwell_s", 0.0), ("window_s", -1.0)],
+)
+def test_policy_config_validates(field: str, value: float) -> None:
+    with pytest.raises(ValueError, match=f"{field} {value}"):
+        ModePolicyConfig(**{field: value})
+
+
+def test_merged_steps_measured_slower_unmerge_and_stop_merging() -> None:
+    slower = MeasuredCosts(0.01, 1e-4, merged_step_s_per_token=2e-3, unmerged_step_s_per_token=1e-3)
+    got = decide("a@1", 1e9, traffic(("a@1", 0.8)), slower, CONFIG)
+    assert got.action is Action.UNMERGE and "measured slower" in got.reason
+    assert decide(None, 1e9, traffic(("a@1", 0.9)), slower, CONFIG).action is Action.STAY
+    within_noise = MeasuredCosts(0.01, 1e-4, 1.04e-3, 1e-3)
+    assert decide(None, None, traffic(("a@1", 0.9)), within_noise, CONFIG).action is Action.MERGE
+
+
+def test_step_costs_average_per_token_after_enough_steps() -> None:
+    costs = StepCosts(weight=0.5, min_steps=2)
+    costs.record(True, 0.1, 10)
+    assert costs.per_token(True) is None  # one step is not a measurement
+    costs.record(True, 0.3, 10)
+    assert costs.per_token(True) == pytest.approx(0.02)
+    costs.record(False, 1.0, 0)  # an empty step says nothing
+    assert costs.per_token(False) is None
+    with pytest.raises(ValueError, match="weight 0"):
+        StepCosts(weight=0)

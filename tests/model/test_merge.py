@@ -1,0 +1,213 @@
+"""Merged execution: a merged adapter's logits equal PEFT's (and PEFT's merge_and_unload), other
+adapters and the base model are untouched in the same batch, and unmerging restores the base
+weights bit for bit. Demo adapter shapes (ranks 4-64, rsLoRA, partial targets, patterns,
+layers_to_transform) plus a rank-128 adapter, in float32 and bfloat16."""
+
+from __future__ import annotations
+
+from functools import cache
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+from tiny_models import rel_error
+
+from loraplex.artifacts.base_model import TARGET_MODULES, BaseModelSpec
+from loraplex.artifacts.validate import validate_adapter_dir
+from loraplex.demo.assets import DemoAssets
+from loraplex.model.adapter_weights import AdapterWeights, load_adapter_weights
+from loraplex.model.checkpoint import load_checkpoint
+from loraplex.model.kv_cache import ContiguousKVCache, SequenceChunk
+from loraplex.model.llama import ForwardBatch, LlamaModel, LoraApplier
+from loraplex.model.lora import LoraSlotPool
+from loraplex.model.merge import (
+    MergedLoraApplier,
+    MergeStateError,
+    WeightMerger,
+    negated,
+    negative_pool_for,
+    slot_weights,
+)
+
+peft = pytest.importorskip("peft")
+transformers = pytest.importorskip("transformers")
+
+# One demo revision per shape the catalogue has, plus "rank128" (generated here: only the large
+# preset has a rank-128 adapter).
+SHAPES = {
+    "attn-r8": "acme/support@r1",
+    "all-r16": "acme/billing@r1",
+    "sparse-r4": "acme/legal@r1",
+    "rslora-qv-r32": "acme/triage@r1",
+    "all-r64": "globex/summarize@r1",
+    "patterns": "globex/translate@r1",
+    "layers-1-2": "globex/codegen@r1",
+    "mlp-r32": "initech/extract@r1",
+    "rank128": "",
+}
+MAX_RANK = 128
+PROMPTS = ([5, 17, 42, 8, 99, 3, 61], [7, 7, 300, 12], [1, 2, 3, 4, 5, 6, 7, 8, 9])
+
+
+@pytest.fixture(scope="module")
+def rank128_dir(demo_assets: DemoAssets, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    base = transformers.AutoModelForCausalLM.from_pretrained(demo_assets.base_model_dir)
+    torch.manual_seed(11)
+    config = peft.LoraConfig(
+        r=128, lora_alpha=256, target_modules=list(TARGET_MODULES), init_lora_weights=False
+    )
+    model = peft.get_peft_model(base, config)
+    with torch.no_grad():  # random init at rank 128 would swamp the base model: scale it down
+        for name, param in model.named_parameters():
+            if "lora_B" in name:
+                param.mul_(0.05)
+    out = tmp_path_factory.mktemp("merge") / "rank128"
+    model.save_pretrained(out)
+    return out
+
+
+def adapter_dir(demo_assets: DemoAssets, shape: str, rank128_dir: Path) -> Path:
+    if not SHAPES[shape]:
+        return rank128_dir
+    tenant_name, revision = SHAPES[shape].split("@")
+    tenant, name = tenant_name.split("/")
+    return demo_assets.adapter(tenant, name, revision).path
+
+
+def load_weights(base_dir: Path, path: Path, dtype: torch.dtype) -> AdapterWeights:
+    spec = BaseModelSpec.from_dir(base_dir)
+    return load_adapter_weights(validate_adapter_dir(path, spec, MAX_RANK), dtype=dtype)
+
+
+def run(model: LlamaModel, slots: list[int | None], lora: LoraApplier | None) -> torch.Tensor:
+    """Logits at every position of every prompt, in one batch; ``slots`` per prompt."""
+    total = sum(len(p) for p in PROMPTS)
+    kv = ContiguousKVCache(
+        model.attention_shape, len(PROMPTS), total, dtype=model.dtype, device=model.device
+    )
+    chunks = [SequenceChunk(kv.allocate(), 0, len(p)) for p in PROMPTS]
+    token_slots = [-1 if s is None else s for s, p in zip(slots, PROMPTS, strict=True) for _ in p]
+    ids = [t for p in PROMPTS for t in p]
+    batch = ForwardBatch.build(ids, chunks, token_slots=token_slots, all_logits=True)
+    return model.forward_batch(batch, kv, lora).float()
+
+
+@cache  # HF/PEFT models are slow to build; each reference is computed once
+def peft_logits(base_dir: Path, path: Path | None, *, merge: bool = False) -> torch.Tensor:
+    """transformers (+ PEFT) float32 logits of each prompt alone, concatenated."""
+    model: Any = transformers.AutoModelForCausalLM.from_pretrained(
+        base_dir, attn_implementation="eager"
+    )
+    if path is not None:
+        model = peft.PeftModel.from_pretrained(model, path)
+        if merge:
+            model = model.merge_and_unload()
+    with torch.no_grad():
+        return torch.cat([model.eval()(torch.tensor([p])).logits[0] for p in PROMPTS])
+
+
+def merged_setup(
+    base_dir: Path, weights: AdapterWeights, other: AdapterWeights, dtype: torch.dtype
+) -> tuple[LlamaModel, LoraSlotPool, WeightMerger, MergedLoraApplier]:
+    """Slot 0: another adapter; slot 1: the merged one, read back from the pool to merge."""
+    model = load_checkpoint(base_dir, dtype=dtype)
+    pool = LoraSlotPool(
+        BaseModelSpec.from_dir(base_dir), 2, MAX_RANK, dtype=dtype, device=torch.device("cpu")
+    )
+    pool.load(0, other)
+    pool.load(1, weights)
+    from_slot = slot_weights(pool, 1)
+    negative = negative_pool_for(pool)
+    negative.load(0, negated(from_slot))
+    merger = WeightMerger(model)
+    merger.merge(from_slot)
+    return model, pool, merger, MergedLoraApplier(pool, 1, negative)
+
+
+@pytest.mark.parametrize("shape", sorted(SHAPES))
+def test_merged_float32_equals_peft_and_merge_and_unload(
+    demo_assets: DemoAssets, rank128_dir: Path, shape: str
+) -> None:
+    base_dir = demo_assets.base_model_dir
+    path = adapter_dir(demo_assets, shape, rank128_dir)
+    weights = load_weights(base_dir, path, torch.float32)
+    other = load_weights(base_dir, demo_assets.adapters[0].path, torch.float32)
+    model, pool, merger, applier = merged_setup(base_dir, weights, other, torch.float32)
+    assert merger.merged_digest == weights.digest
+    merged_rows = run(model, [1, 1, 1], applier)
+    want = peft_logits(base_dir, path)
+    assert rel_error(merged_rows, want) < 1e-4
+    assert rel_error(merged_rows, peft_logits(base_dir, path, merge=True)) < 1e-4
+    # Mixed while merged: the base model and another adapter get exactly their own outputs.
+    mixed = run(model, [None, 1, 0], applier)
+    n0, n1 = len(PROMPTS[0]), len(PROMPTS[0]) + len(PROMPTS[1])
+    base_want = peft_logits(base_dir, None)
+    other_want = peft_logits(base_dir, demo_assets.adapters[0].path)
+    assert rel_error(mixed[:n0], base_want[:n0]) < 1e-4
+    assert rel_error(mixed[n0:n1], want[n0:n1]) < 1e-4
+    assert rel_error(mixed[n1:], other_want[n1:]) < 1e-4
+    pool.check_integrity()
+
+
+def test_unmerge_restores_every_weight_bit_for_bit(demo_assets: DemoAssets) -> None:
+    base_dir = demo_assets.base_model_dir
+    weights = load_weights(base_dir, demo_assets.adapter("globex", "summarize", "r1").path,
+                           torch.bfloat16)  # fmt: skip
+    model = load_checkpoint(base_dir, dtype=torch.bfloat16)
+    before = {name: p.clone() for name, p in model.named_parameters()}
+    merger = WeightMerger(model)
+    for _ in range(3):  # repeated cycles do not drift
+        merger.merge(weights)
+        changed = [n for n, p in model.named_parameters() if not torch.equal(p, before[n])]
+        assert changed and all(".mlp." in n or ".self_attn." in n for n in changed)
+        merger.unmerge()
+        assert merger.merged_digest is None
+        for name, param in model.named_parameters():
+            assert torch.equal(param, before[name]), name
+
+
+def test_merge_twice_or_unmerge_unmerged_is_refused(demo_assets: DemoAssets) -> None:
+    base_dir = demo_assets.base_model_dir
+    weights = load_weights(base_dir, demo_assets.adapters[0].path, torch.float32)
+    merger = WeightMerger(load_checkpoint(base_dir))
+    with pytest.raises(MergeStateError, match="nothing is merged"):
+        merger.unmerge()
+    merger.merge(weights)
+    assert merger.merged_digest == weights.digest
+    with pytest.raises(MergeStateError, match="expected an unmerge first"):
+        merger.merge(weights)
+
+
+def test_empty_slots_cannot_be_merged(demo_assets: DemoAssets) -> None:
+    pool = LoraSlotPool(BaseModelSpec.from_dir(demo_assets.base_model_dir), 2, 8,
+                        dtype=torch.float32, device=torch.device("cpu"))  # fmt: skip
+    with pytest.raises(MergeStateError, match="slot 1 holds no adapter"):
+        slot_weights(pool, 1)
+    with pytest.raises(MergeStateError, match="negative pool slot 0 is empty"):
+        MergedLoraApplier(pool, 1, negative_pool_for(pool))
+
+
+@pytest.mark.parametrize("shape", ["all-r64", "rslora-qv-r32", "layers-1-2", "rank128"])
+def test_merged_bfloat16_is_as_close_to_float32_peft_as_unmerged_bfloat16(
+    demo_assets: DemoAssets, rank128_dir: Path, shape: str
+) -> None:
+    """bfloat16 keeps 8 significant bits: the unmerged bf16 path itself is ~1e-2 off the float32
+    reference. Merging adds one rounding of ``W + s*B*A`` to bf16 per weight, the same order as
+    the rounding every bf16 weight already has, so merged must stay within twice the unmerged
+    error (with a 1e-2 floor for lucky small unmerged errors); a wrong merge is off by far more."""
+    base_dir = demo_assets.base_model_dir
+    path = adapter_dir(demo_assets, shape, rank128_dir)
+    weights = load_weights(base_dir, path, torch.bfloat16)
+    other = load_weights(base_dir, demo_assets.adapters[0].path, torch.bfloat16)
+    want = peft_logits(base_dir, path)
+    base_want = peft_logits(base_dir, None)
+    model, pool, merger, applier = merged_setup(base_dir, weights, other, torch.bfloat16)
+    merged_rows = run(model, [1, None, 1], applier)
+    merger.unmerge()
+    unmerged_rows = run(model, [1, None, 1], pool)
+    n0, n1 = len(PROMPTS[0]), len(PROMPTS[0]) + len(PROMPTS[1])
+    for rows, reference in ((slice(0, n0), want), (slice(n0, n1), base_want)):
+        bound = max(2 * rel_error(unmerged_rows[rows], reference[rows]), 1e-2)
+        assert rel_error(merged_rows[rows], reference[rows]) <= bound
+    assert merged_rows[:n0].argmax(-1).tolist() == unmerged_rows[:n0].argmax(-1).tolist()
