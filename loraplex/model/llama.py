@@ -29,8 +29,10 @@ PlanT = TypeVar("PlanT")
 class LoraApplier(Protocol):
     """What the decoder needs from a LoRA slot pool (``loraplex.model.lora.LoraSlotPool``)."""
 
-    # The strategy (``ops.base.Strategy`` value) of the last ``prepare``: what traces report.
-    last_strategy: str
+    @property
+    def last_strategy(self) -> str:
+        """The strategy (``ops.base.Strategy`` value) of the last ``prepare``: what traces
+        report."""
 
     def prepare(self, token_slots: torch.Tensor) -> LoraBatch: ...
 

@@ -142,6 +142,11 @@ class MergedLoraApplier:
         self.merged_slot = merged_slot
         self.negative = negative
 
+    @property
+    def last_strategy(self) -> str:
+        """The strategy of the last prepared step, as traces report it (the primary pass's)."""
+        return self.pool.last_strategy
+
     def prepare(self, token_slots: torch.Tensor) -> LoraBatch:
         token_slots = token_slots.to(self.pool.device, torch.int64)
         merged = token_slots == self.merged_slot
