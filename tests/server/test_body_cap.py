@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 import socket
 from pathlib import Path
+from typing import Any
 from urllib.parse import urlsplit
 
 import pytest
@@ -67,7 +68,7 @@ def test_the_largest_valid_completions_body_fits_the_default_cap(
     assert len(ids) <= config.body_bytes()
 
 
-def _answer(url: str, key: str, content_length: int, body: bytes = b"") -> tuple[int, dict]:
+def _answer(url: str, key: str, content_length: int, body: bytes = b"") -> tuple[int, Any]:
     """Sends the head of a completions request declaring ``content_length``, then ``body``;
     the answer's status and error."""
     parts = urlsplit(url)
