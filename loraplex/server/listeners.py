@@ -206,7 +206,7 @@ class BoundedH11Protocol(H11Protocol):
     """uvicorn's h11 protocol, bounded: TCP_NODELAY, the connection gate, a request-head
     deadline, a write timeout.
 
-    A connection the gate does not admit is closed as soon as it is accepted, before anything of
+    A connection the gate does not admit is reset as soon as it is accepted, before anything of
     it is read. The head deadline starts when a connection opens or, on a kept-alive one, at the
     first byte of the next request; uvicorn's own keep-alive timer covers the idle time between
     requests. The write timer runs while the transport holds more than its high-water mark of
