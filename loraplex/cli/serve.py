@@ -124,7 +124,9 @@ def serve_command(
     threads: Annotated[
         int | None, Opt(help="torch threads (default: OMP_NUM_THREADS, else cores - 1).")
     ] = None,
-    max_body_bytes: Annotated[int | None, Opt(help="Largest request body (8 MiB).")] = None,
+    max_body_bytes: Annotated[
+        int | None, Opt(help="Largest request body (default: 4 x 16 x prompt chars + 1 MiB).")
+    ] = None,
     max_upload_bytes: Annotated[int | None, Opt(help="Largest adapter upload (1 GiB).")] = None,
     max_prompt_chars: Annotated[
         int | None, Opt(help="Longest prompt text (default: 64 x max_model_len).")

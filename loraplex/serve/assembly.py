@@ -237,7 +237,7 @@ def build_front(
         vocab_size=base.vocab_size,
         metrics_public=config.metrics_public,
         max_adapter_labels=config.max_adapter_labels,
-        max_body_bytes=config.max_body_bytes,
+        max_body_bytes=config.body_bytes(),
         max_upload_bytes=config.max_upload_bytes,
         max_prompt_chars=config.prompt_chars(),
         body_read_timeout_s=config.body_read_timeout_s,

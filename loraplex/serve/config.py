@@ -36,10 +36,15 @@ from loraplex.quota.ratelimit import (
 )
 from loraplex.residency.policy import DEFAULT_POLICY, policy_names
 from loraplex.server.adapter_labels import DEFAULT_MAX_NAMED
+from loraplex.server.protocol import MAX_BATCH_PROMPTS
 from loraplex.tracing.config import check_trace_settings
 
 DEFAULT_CPU_ADAPTER_BYTES = 1 << 30
 PROMPT_CHARS_PER_TOKEN = 64  # the default prompt character cap per token of max_model_len
+# The default body cap: every prompt of a full batch at its character cap, at UTF-8's widest
+# character, plus this much for every other field (each bounded on its own by the schema).
+BODY_BYTES_PER_PROMPT_CHAR = 4
+BODY_FIELDS_BYTES = 1 << 20
 # The default step token budget is at least this (and at least max_num_seqs, one decode each).
 MIN_DEFAULT_BATCHED_TOKENS = 512
 _POSITIVE = (
@@ -52,7 +57,6 @@ _POSITIVE = (
     "max_queue_len",
     "max_concurrent_loads",
     "tenant_max_concurrent_loads",
-    "max_body_bytes",
     "max_upload_bytes",
     "keep_alive_timeout_s",
     "max_connections",
@@ -67,6 +71,7 @@ _POSITIVE_OR_UNSET = (
     "cpu_adapter_bytes",
     "torch_threads",
     "max_prompt_chars",
+    "max_body_bytes",
     "max_unauthenticated_connections",
 )
 _POSITIVE_SECONDS = (
@@ -150,7 +155,9 @@ class ServeConfig:
     # OMP_NUM_THREADS is set (the CLI resolves it)
     torch_threads: int | None = None
     # --- bounded work per client (docs/operations.md, "Limits per client") ---
-    max_body_bytes: int = 8 << 20  # largest request body except an adapter upload (413)
+    # largest request body except an adapter upload (413); None: what a valid request can need
+    # (``body_bytes``)
+    max_body_bytes: int | None = None
     max_upload_bytes: int = 1 << 30  # largest adapter upload, config and weights together (413)
     # longest prompt text (chat: all messages), refused before tokenizing; None: 64 characters
     # per token of max_model_len
@@ -263,6 +270,17 @@ class ServeConfig:
         if self.max_prompt_chars is not None:
             return self.max_prompt_chars
         return PROMPT_CHARS_PER_TOKEN * self.max_model_len
+
+    def body_bytes(self) -> int:
+        """``max_body_bytes``, or the largest body a valid request can need: a full batch of
+        prompts (``MAX_BATCH_PROMPTS``) each at ``prompt_chars`` of 4-byte characters, plus
+        1 MiB for every other field. A token-id prompt of ``max_model_len`` ids is far smaller
+        than its text cap, so a body past this holds a prompt the server would refuse anyway,
+        and is refused from its ``Content-Length`` before a byte of it is read or parsed."""
+        if self.max_body_bytes is not None:
+            return self.max_body_bytes
+        prompts = MAX_BATCH_PROMPTS * self.prompt_chars() * BODY_BYTES_PER_PROMPT_CHAR
+        return prompts + BODY_FIELDS_BYTES
 
     def slot_bytes(self, base: BaseModelSpec) -> int:
         """Bytes of one max-rank adapter on every target module of every layer."""

@@ -118,7 +118,20 @@ class ConnectionGate:
 
     def admit(self, member: Member, address: str) -> bool:
         """Whether ``member``, just accepted from ``address``, may stay; False: close it."""
-        if not self._take_accept_token(address) or not self._make_room(address):
+        return self.accept(address) and self.admit_accepted(member, address)
+
+    def accept(self, address: str) -> bool:
+        """Takes ``address``'s accept token; False (counted refused): close the connection.
+        The listening socket asks this before the connection costs anything
+        (``gated_accept.py``); ``admit_accepted`` then checks the caps."""
+        if self._take_accept_token(address):
+            return True
+        self.num_refused += 1
+        return False
+
+    def admit_accepted(self, member: Member, address: str) -> bool:
+        """``admit`` for a connection whose accept token was taken (``accept``)."""
+        if not self._make_room(address):
             self.num_refused += 1
             return False
         self._open[member] = address

@@ -58,8 +58,8 @@ UPLOAD_PATH = "/admin/adapters/upload"  # the one route whose body is an adapter
 _CLOSE = {"Connection": "close"}
 
 
-def body_too_large(max_bytes: int) -> ApiError:
-    message = f"request body exceeds {max_bytes} bytes"
+def body_too_large(max_bytes: int, setting: str = "max_body_bytes") -> ApiError:
+    message = f"request body exceeds {max_bytes} bytes ({setting})"
     return ApiError(413, message, "invalid_request_error", "request_too_large", None, dict(_CLOSE))
 
 
@@ -87,6 +87,7 @@ class BodyLimit:
 
     max_bytes: int  # larger bodies get a 413
     timeout_s: float  # the whole body must arrive within this, from the request head on
+    setting: str = "max_body_bytes"  # the setting(s) ``max_bytes`` comes from, for the 413
 
 
 def body_limit(deps: ServerDeps, path: str) -> BodyLimit:
@@ -94,7 +95,8 @@ def body_limit(deps: ServerDeps, path: str) -> BodyLimit:
     config = deps.config
     if path == UPLOAD_PATH:
         max_bytes = config.max_upload_bytes + config.max_body_bytes
-        return BodyLimit(max_bytes, config.upload_read_timeout_s)
+        setting = "max_upload_bytes + max_body_bytes"
+        return BodyLimit(max_bytes, config.upload_read_timeout_s, setting)
     return BodyLimit(config.max_body_bytes, config.body_read_timeout_s)
 
 
@@ -134,7 +136,7 @@ class CountedBody:
         self._num_bytes += len(message.get("body", b""))
         self._complete = not message.get("more_body", False)
         if self._num_bytes > self._limit.max_bytes:
-            self._refuse(body_too_large(self._limit.max_bytes))
+            self._refuse(body_too_large(self._limit.max_bytes, self._limit.setting))
 
     def _refuse(self, failure: ApiError) -> NoReturn:
         self.failure = failure
@@ -247,7 +249,7 @@ async def _take_token(limiter: TenantRateLimiter, tenant: Tenant) -> None:
 def _check_declared_length(headers: Headers, limit: BodyLimit) -> None:
     declared = headers.get("content-length")
     if declared is not None and declared.isdigit() and int(declared) > limit.max_bytes:
-        raise body_too_large(limit.max_bytes)
+        raise body_too_large(limit.max_bytes, limit.setting)
 
 
 def _closing(error: ApiError) -> ApiError:

@@ -45,6 +45,7 @@ from loraplex.server.connections import (
     GateLimits,
 )
 from loraplex.server.errors import ApiError
+from loraplex.server.gated_accept import AcceptGate, refuse
 
 _BOTH = ("/health", "/ready", "/version")
 
@@ -155,7 +156,7 @@ class ListenerConfig(uvicorn.Config):
         # of authenticated tenants on connections already open too; the gate bounds connections.
         super().__init__(
             app,
-            http=BoundedH11Protocol,
+            http=GatedH11Protocol,
             lifespan="off",
             log_level=log_level,
             timeout_keep_alive=limits.keep_alive_timeout_s,
@@ -205,19 +206,20 @@ class BoundedH11Protocol(H11Protocol):
     """uvicorn's h11 protocol, bounded: TCP_NODELAY, the connection gate, a request-head
     deadline, a write timeout.
 
-    A connection the gate does not admit is closed as soon as it is accepted, before anything of
+    A connection the gate does not admit is reset as soon as it is accepted, before anything of
     it is read. The head deadline starts when a connection opens or, on a kept-alive one, at the
     first byte of the next request; uvicorn's own keep-alive timer covers the idle time between
     requests. The write timer runs while the transport holds more than its high-water mark of
     unsent bytes (uvicorn's flow control then stops the response's writer: ``stream_buffer.py``).
     """
 
-    def __init__(self, config: uvicorn.Config, **kwargs: Any) -> None:
+    def __init__(self, config: uvicorn.Config, *, accepted: bool = False, **kwargs: Any) -> None:
         if not isinstance(config, ListenerConfig):
             raise TypeError(f"config {type(config).__name__} is invalid; expected ListenerConfig")
         super().__init__(config, **kwargs)
         self.limits = config.limits
         self.gate = config.gate
+        self._accepted = accepted  # the accept token is taken (``GatedH11Protocol``)
         # every request's scope state: how the credential check marks this connection
         self.app_state = {**self.app_state, MARK_AUTHENTICATED: self._on_authenticated}
         self._head_timer: asyncio.TimerHandle | None = None
@@ -229,8 +231,9 @@ class BoundedH11Protocol(H11Protocol):
         sock = transport.get_extra_info("socket")
         if sock is not None and sock.family in (socket.AF_INET, socket.AF_INET6):
             sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-        if not self.gate.admit(self, self.client[0] if self.client else ""):
-            transport.close()
+        admit = self.gate.admit_accepted if self._accepted else self.gate.admit
+        if not admit(self, self.client[0] if self.client else ""):
+            refuse(transport)
             return
         self._watch_head()
 
@@ -304,3 +307,13 @@ class BoundedH11Protocol(H11Protocol):
         self._head_timer = None
         if self._reading_head() and not self.transport.is_closing():
             self.transport.close()
+
+
+class GatedH11Protocol(AcceptGate):
+    """The listener's protocol class: the accept-rate check (``gated_accept.py``), then a
+    ``BoundedH11Protocol`` for a connection within the rate."""
+
+    def __init__(self, config: uvicorn.Config, **kwargs: Any) -> None:
+        if not isinstance(config, ListenerConfig):
+            raise TypeError(f"config {type(config).__name__} is invalid; expected ListenerConfig")
+        super().__init__(config.gate, lambda: BoundedH11Protocol(config, accepted=True, **kwargs))
