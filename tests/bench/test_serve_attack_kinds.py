@@ -311,7 +311,7 @@ def test_requests_have_issue_25s_sizes() -> None:
     batch = token_id_batch(PLAN)
     prompts = json.loads(batch.body)["prompt"]
     assert len(prompts) == TOKEN_ID_PROMPTS and {len(p) for p in prompts} == {TOKEN_ID_LENGTH}
-    assert len(batch.body) < 8 << 20  # under the body cap: it reaches the parser
+    assert len(batch.body) < 8 << 20  # under an 8 MiB cap (the derived default is smaller: 413)
 
 
 # --- the attacks' mechanics against small local servers -----------------------------------------
