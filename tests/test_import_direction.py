@@ -12,7 +12,8 @@ and no import, however deep in a function, goes against the arrows. Reading orde
     server                             HTTP only (OpenAI routes, admin API, metrics)
     serve                              the composition root of ``loraplex serve``
     preflight                          the launch checklist, a client over HTTP (leaves only)
-    bench, cli                         benchmarks and commands on top of everything
+    sim                                the simulator over the torch-free decision code
+    bench, qualify, plan, cli          benchmarks, qualification, the planner, commands on top
 """
 
 from __future__ import annotations
@@ -68,9 +69,15 @@ ALLOWED: dict[str, set[str]] = {
     "serve": _BELOW_BENCH - {"serve"},
     "deploy": {"serve"},
     "fleet": _BELOW_BENCH,
-    "bench": _BELOW_BENCH | {"fleet"},
+    # The simulator drives the real torch-free decision code (scheduler, residency, router).
+    "sim": {"engine", "residency", "router", "release", "artifacts"},
+    "bench": _BELOW_BENCH | {"fleet", "sim"},
+    # Qualification runs against a deployment (or starts one with the bench harness).
+    "qualify": _BELOW_BENCH | {"bench", "fleet"},
+    # The capacity planner: simulated configurations priced per correct request.
+    "plan": {"sim", "qualify"},
     "preflight": set(),  # a client of a running deployment: HTTP only
-    "cli": _BELOW_BENCH | {"bench", "deploy", "fleet", "preflight"},
+    "cli": _BELOW_BENCH | {"bench", "deploy", "fleet", "preflight", "sim", "qualify", "plan"},
 }
 
 

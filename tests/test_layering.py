@@ -25,6 +25,7 @@ TORCH_FREE = (
     "deploy",
     "preflight",
     "tracing",
+    "sim",
 )
 # The engine's decision code (the simulator reuses the scheduler).
 _TORCH_FREE_ENGINE = (

@@ -1,0 +1,168 @@
+"""The simulator's cost model: what one engine step, one tier transfer and one hop cost.
+
+A cost-model file is JSON (``schema`` ``loraplex-sim-cost/1``), written by ``loraplex sim
+calibrate`` from measurements on a running server, or by hand for hardware that cannot be
+measured here, in which case every number cites its source in ``sources`` and ``validated`` is
+false until a calibration on that hardware replaces the file.
+
+Step time (seconds) of a batch with ``tokens`` tokens (prefill and decode together), ``revisions``
+distinct adapter revisions and ``rank_tokens`` = sum over the batch's tokens of their adapter's
+rank (0 for base-model tokens)::
+
+    step_s = step_fixed_s + per_token_s * tokens + per_revision_s * revisions
+             + per_rank_token_s * rank_tokens
+
+A tier transfer of ``n`` bytes over a link costs ``fixed_s + n / bytes_per_s``.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from dataclasses import asdict, dataclass, field, fields
+from pathlib import Path
+
+SCHEMA = "loraplex-sim-cost/1"
+LINKS = ("L3_to_L2", "L2_to_L1", "L1_to_L0")
+
+
+@dataclass(frozen=True)
+class Link:
+    """One tier-to-tier move: a fixed per-load cost plus bytes over bandwidth."""
+
+    fixed_s: float
+    bytes_per_s: float
+
+    def __post_init__(self) -> None:
+        _non_negative("Link.fixed_s", self.fixed_s)
+        if not (self.bytes_per_s > 0 and math.isfinite(self.bytes_per_s)):
+            raise ValueError(f"Link.bytes_per_s must be finite and > 0, got {self.bytes_per_s!r}")
+
+    def seconds(self, nbytes: int) -> float:
+        return self.fixed_s + nbytes / self.bytes_per_s
+
+
+@dataclass(frozen=True)
+class StepCost:
+    """Engine step time as a linear function of the batch's work (module docstring)."""
+
+    step_fixed_s: float
+    per_token_s: float
+    per_revision_s: float
+    per_rank_token_s: float
+
+    def __post_init__(self) -> None:
+        for name, value in asdict(self).items():
+            _non_negative(f"StepCost.{name}", value)
+
+    def seconds(self, tokens: int, revisions: int, rank_tokens: int) -> float:
+        return (
+            self.step_fixed_s
+            + self.per_token_s * tokens
+            + self.per_revision_s * revisions
+            + self.per_rank_token_s * rank_tokens
+        )
+
+
+@dataclass(frozen=True)
+class CostModel:
+    """Everything the simulator charges time for; one file per hardware profile."""
+
+    hardware: str
+    validated: bool
+    step: StepCost
+    links: dict[str, Link]
+    # Per-request overheads outside the engine step: the front process (parse, auth, resolve),
+    # the front<->engine hop, and in a fleet the ingress<->replica hop.
+    front_s: float = 0.0
+    ipc_s: float = 0.0
+    network_s: float = 0.0
+    # Where each number comes from: a calibration run (command, date, machine) or a citation.
+    sources: dict[str, str] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        if not self.hardware:
+            raise ValueError("CostModel.hardware must name the hardware profile")
+        missing = [name for name in LINKS if name not in self.links]
+        if missing:
+            raise ValueError(f"CostModel.links is missing {missing}; expected {list(LINKS)}")
+        unknown = sorted(set(self.links) - set(LINKS))
+        if unknown:
+            raise ValueError(f"CostModel.links has unknown links {unknown}; expected {list(LINKS)}")
+        for name in ("front_s", "ipc_s", "network_s"):
+            _non_negative(f"CostModel.{name}", getattr(self, name))
+        if not self.validated and not self.sources:
+            raise ValueError(
+                f"CostModel {self.hardware!r} is unvalidated and cites no sources: "
+                "every hand-written number must say where it comes from"
+            )
+
+    def to_json(self) -> str:
+        body = {"schema": SCHEMA, **asdict(self)}
+        return json.dumps(body, indent=2, sort_keys=True) + "\n"
+
+    def save(self, path: Path) -> None:
+        path.write_text(self.to_json())
+
+
+def load(path: Path) -> CostModel:
+    """Read a cost-model file; a wrong schema or a missing/unknown key is a ValueError naming it."""
+    body = json.loads(path.read_text())
+    return from_dict(body, origin=str(path))
+
+
+def from_dict(body: dict[str, object], origin: str = "<dict>") -> CostModel:
+    if body.get("schema") != SCHEMA:
+        raise ValueError(f"{origin}: schema must be {SCHEMA!r}, got {body.get('schema')!r}")
+    known = {"schema", "hardware", "validated", "step", "links", "front_s", "ipc_s"}
+    known |= {"network_s", "sources"}
+    unknown = sorted(set(body) - known)
+    if unknown:
+        raise ValueError(f"{origin}: unknown keys {unknown}")
+    step = body.get("step")
+    links = body.get("links")
+    if not isinstance(step, dict) or not isinstance(links, dict):
+        raise ValueError(f"{origin}: 'step' and 'links' must be objects")
+    sources = body.get("sources", {})
+    if not isinstance(sources, dict):
+        raise ValueError(f"{origin}: 'sources' must be an object")
+    return CostModel(
+        hardware=str(body.get("hardware", "")),
+        validated=bool(body.get("validated", False)),
+        step=StepCost(**_numbers(step, StepCost, f"{origin}: step")),
+        links={
+            str(name): Link(**_numbers(link, Link, f"{origin}: links.{name}"))
+            for name, link in links.items()
+        },
+        front_s=_float(body, "front_s"),
+        ipc_s=_float(body, "ipc_s"),
+        network_s=_float(body, "network_s"),
+        sources={str(k): str(v) for k, v in sources.items()},
+    )
+
+
+def _numbers(body: object, kind: type, where: str) -> dict[str, float]:
+    """An object's numeric fields for ``kind``, refusing unknown or missing keys by name."""
+    if not isinstance(body, dict):
+        raise ValueError(f"{where} must be an object")
+    expected = {f.name for f in fields(kind)}
+    if set(body) != expected:
+        raise ValueError(f"{where}: keys {sorted(body)} differ from {sorted(expected)}")
+    values: dict[str, float] = {}
+    for key, value in body.items():
+        if not isinstance(value, (int, float)) or isinstance(value, bool):
+            raise ValueError(f"{where}.{key} must be a number, got {value!r}")
+        values[key] = float(value)
+    return values
+
+
+def _float(body: dict[str, object], key: str) -> float:
+    value = body.get(key, 0.0)
+    if not isinstance(value, (int, float)) or isinstance(value, bool):
+        raise ValueError(f"{key} must be a number, got {value!r}")
+    return float(value)
+
+
+def _non_negative(name: str, value: float) -> None:
+    if not (value >= 0 and math.isfinite(value)):
+        raise ValueError(f"{name} must be finite and >= 0, got {value!r}")
