@@ -32,10 +32,10 @@ from loraplex.artifacts.identity import AdapterKey
 from loraplex.artifacts.store import ArtifactStore
 from loraplex.clock import Clock, MonotonicClock
 from loraplex.dtypes import DEFAULT_DTYPE, check_dtype, torch_dtype
-from loraplex.engine.blocks import BlockManager
 from loraplex.engine.config import EngineConfig
 from loraplex.engine.core import EngineCore
-from loraplex.engine.kv_blocks import PagedKVCache
+from loraplex.engine.kv.blocks import BlockManager
+from loraplex.engine.kv.paged import PagedKVCache
 from loraplex.engine.mode_control import ModeController
 from loraplex.engine.mode_policy import ModeKind, ModeSetting
 from loraplex.engine.modes import ModeSwitcher

@@ -13,7 +13,7 @@ from itertools import accumulate
 
 import torch
 
-from loraplex.engine.kv_blocks import PagedKVCache
+from loraplex.engine.kv.paged import PagedKVCache
 from loraplex.engine.step import PromptLogprobs, StepPlan, StepResult
 from loraplex.model.kv_cache import SequenceChunk
 from loraplex.model.llama import ForwardBatch, LlamaModel, LoraApplier

@@ -8,8 +8,8 @@ from dataclasses import dataclass, field
 
 from loraplex.artifacts.identity import AdapterKey
 from loraplex.clock import ManualClock
-from loraplex.engine.blocks import BlockManager
 from loraplex.engine.config import SchedulerConfig
+from loraplex.engine.kv.blocks import BlockManager
 from loraplex.engine.protocol import FINISH_ABORT, FINISH_LENGTH, EngineRequest
 from loraplex.engine.request import Request, RequestState
 from loraplex.engine.sched.admission import AdapterLoads

@@ -15,7 +15,7 @@ import pytest
 from live import Live, client, live_server
 
 from loraplex.demo.assets import DemoAssets
-from loraplex.engine.blocks import BlockManager, namespace_of
+from loraplex.engine.kv.blocks import BlockManager, namespace_of
 from loraplex.registry import RegistrationRequest
 
 WAIT_S = 120.0

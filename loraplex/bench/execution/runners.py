@@ -6,7 +6,7 @@ Both sides time their own input preparation: loraplex builds its ``ForwardBatch`
 sequence lengths, logits indices, per-token slots) inside the timed call, as the server's runner
 does every step, and the paged KV cache plans its block-table rows inside ``forward_batch``;
 PEFT's forward prepares positions, cache positions and masks, and its cache is cropped back.
-The KV cache is the server's (``engine.kv_blocks.PagedKVCache``, ``KV_BLOCK_SIZE`` tokens per
+The KV cache is the server's (``engine.kv.paged.PagedKVCache``, ``KV_BLOCK_SIZE`` tokens per
 block, the engine's default), not a contiguous one.
 """
 
@@ -21,8 +21,8 @@ import torch
 
 from loraplex.artifacts.base_model import BaseModelSpec
 from loraplex.artifacts.validate import validate_adapter_dir
-from loraplex.engine.blocks import BlockManager
-from loraplex.engine.kv_blocks import PagedKVCache
+from loraplex.engine.kv.blocks import BlockManager
+from loraplex.engine.kv.paged import PagedKVCache
 from loraplex.model.adapter_weights import AdapterWeights, ModuleWeights, load_adapter_weights
 from loraplex.model.checkpoint import load_checkpoint
 from loraplex.model.kv_cache import SequenceChunk

@@ -13,7 +13,7 @@ from __future__ import annotations
 from collections import Counter
 from collections.abc import Iterable
 
-from loraplex.engine.blocks import BlockManager
+from loraplex.engine.kv.blocks import BlockManager
 from loraplex.engine.request import Request
 from loraplex.engine.tenant_shares import TenantBook
 

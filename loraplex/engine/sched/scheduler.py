@@ -25,8 +25,8 @@ from itertools import islice
 
 from loraplex.artifacts.identity import AdapterKey
 from loraplex.clock import Clock
-from loraplex.engine.blocks import BlockManager, namespace_of
 from loraplex.engine.config import SchedulerConfig
+from loraplex.engine.kv.blocks import BlockManager, namespace_of
 from loraplex.engine.protocol import EngineRequest
 from loraplex.engine.request import QUEUED_STATES, HeldLease, Request, RequestState
 from loraplex.engine.sched.admission import (

@@ -20,7 +20,7 @@ from itertools import accumulate
 
 import torch
 
-from loraplex.engine.blocks import BASE_NAMESPACE, BlockManager
+from loraplex.engine.kv.blocks import BASE_NAMESPACE, BlockManager
 from loraplex.model.attention import chunk_attention, decode_attention, prompt_attention
 from loraplex.model.kv_cache import AttentionShape, SequenceChunk
 

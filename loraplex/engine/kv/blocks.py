@@ -1,5 +1,5 @@
 """KV block bookkeeping: fixed-size blocks, a block table per sequence, refcounts and prefix
-reuse keyed by adapter revision (torch-free; ``kv_blocks.PagedKVCache`` owns the tensors).
+reuse keyed by adapter revision (torch-free; ``paged.PagedKVCache`` owns the tensors).
 
 A full block is identified by a chain digest over (namespace, every token up to its end), where
 the namespace is the adapter revision's full identity (``str(AdapterKey)``) or ``"base"``. Keys
