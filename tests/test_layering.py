@@ -48,6 +48,8 @@ _TORCH_FREE_ENGINE = (
     "remote_cache",
     "trace_log",
     "mode_policy",
+    "live",
+    "lease_desk",
 )
 TORCH_FREE_MODULES = (
     *(f"loraplex.engine.{name}" for name in _TORCH_FREE_ENGINE),

@@ -154,6 +154,10 @@ class ModelRunner:
         """Forget a finished request's random stream."""
         self._generators.pop(request_id, None)
 
+    def stream_ids(self) -> frozenset[str]:
+        """Requests whose random stream is kept (``EngineCore.check_integrity``: live ones)."""
+        return frozenset(self._generators)
+
     def _generator(self, request_id: str, params: SamplingParams) -> torch.Generator | None:
         if request_id not in self._generators:
             self._generators[request_id] = make_generator(params, self.model.device)

@@ -1,0 +1,168 @@
+"""What the engine does before the scheduler plans a step: the residency phases.
+
+``LeaseDesk.advance`` runs them in this order, once per step:
+
+1. **rebalance**: automatic warm promotion/demotion (``cache.rebalance``), at most once per
+   ``rebalance_interval_s`` of the clock; between runs it costs a clock read.
+2. **expire**: queued requests past their deadline end with ``QueueTimeoutError``.
+3. **collect**: lease futures that completed since the last step are settled (the request
+   holds its lease, or ends with the load's error); abandoned futures that completed release
+   their lease.
+4. **request**: the scheduler's lease candidates ask the cache for their adapter; a lease not
+   granted at once leaves its request in ADAPTER_WAIT with the future in its ``Live`` record.
+5. **prefetch**: the adapters of the queued requests just past the lease window load to L1.
+
+The desk changes no request's state itself: the scheduler does (``wait_for_adapter``,
+``on_lease``, ``on_lease_failed``), and a request the desk ends is retired by the core
+(``retire``). A cold adapter costs its own requests a wait, never anyone else a step.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable, Mapping
+from concurrent.futures import Future
+
+from loraplex.artifacts.identity import AdapterKey
+from loraplex.clock import Clock
+from loraplex.engine.live import Live
+from loraplex.engine.request import Request
+from loraplex.engine.sched.admission import AdapterLoads
+from loraplex.engine.sched.scheduler import Scheduler
+from loraplex.errors import QueueTimeoutError
+from loraplex.residency.cache import Lease, TieredAdapterCache
+from loraplex.residency.ledger import Tier
+
+# Ends a live request as ABORTED with this error (the core's retire; engine thread).
+Retire = Callable[[Request, BaseException], None]
+
+_log = logging.getLogger(__name__)
+
+
+class LeaseDesk:
+    """Deadlines, adapter leases, prefetches and warm rebalancing, advanced once per step."""
+
+    def __init__(
+        self,
+        scheduler: Scheduler,
+        cache: TieredAdapterCache | None,
+        clock: Clock,
+        *,
+        lives: Mapping[str, Live],
+        retire: Retire,
+        wake: Callable[[], None],
+        rebalance_interval_s: float | None,
+    ) -> None:
+        self.scheduler = scheduler
+        self.cache = cache
+        self.clock = clock
+        self._lives = lives  # the core's records (read here; only the core adds and removes)
+        self._retire = retire
+        self._wake = wake  # called on a cache worker thread when a lease future completes
+        self._orphans: list[Future[Lease]] = []  # abandoned lease futures, released when done
+        self._prefetching: dict[AdapterKey, Future[None]] = {}  # prefetch window's loads
+        self._rebalance_interval_s = rebalance_interval_s  # None: no automatic warm policies
+        self._rebalance_at_s = clock.now() + (rebalance_interval_s or 0.0)
+
+    def advance(self) -> None:
+        """The five phases, in the module docstring's order."""
+        self._rebalance()
+        self._expire()
+        self._collect()
+        self._request()
+        self._prefetch()
+
+    def orphan(self, future: Future[Lease]) -> None:
+        """A retired request's unfinished lease future: released once it completes."""
+        self._orphans.append(future)
+
+    def close(self) -> None:
+        """Release every abandoned lease when its load completes (the engine is going away)."""
+        for future in self._orphans:
+            future.add_done_callback(_release_if_granted)
+        self._orphans.clear()
+
+    def _rebalance(self) -> None:
+        interval = self._rebalance_interval_s
+        if interval is None or self.cache is None or self.clock.now() < self._rebalance_at_s:
+            return
+        self._rebalance_at_s = self.clock.now() + interval
+        try:
+            changes = self.cache.rebalance()
+        except Exception:  # warm placement is an optimisation: it must never fail requests
+            _log.exception("automatic warm rebalance failed")
+            return
+        for key, warm in changes.items():
+            _log.info("adapter %s: automatic warm policy now %s", key.ref, warm.value)
+
+    def _expire(self) -> None:
+        now = self.clock.now()
+        for req in self.scheduler.expired(now):
+            retry = self.scheduler.config.retry_hint_s
+            self._retire(req, QueueTimeoutError(req.request_id, now - req.arrival_s, retry))
+
+    def _collect(self) -> None:
+        for live in list(self._lives.values()):
+            future = live.lease_future
+            if future is not None and future.done():
+                live.lease_future = None
+                self._settle(live, future)
+        self._orphans = [f for f in self._orphans if not _release_if_granted(f)]
+
+    def _request(self) -> None:
+        if self.cache is None:
+            return
+        for req in self.scheduler.lease_candidates(self._adapter_loads()):
+            key = req.request.adapter_key
+            assert key is not None  # lease candidates use an adapter
+            remaining = max(req.deadline_at_s - self.clock.now(), 1e-3)
+            future = self.cache.acquire_future(key, deadline_s=remaining)
+            live = self._lives[req.request_id]
+            if future.done():
+                self._settle(live, future)
+            else:
+                self.scheduler.wait_for_adapter(req)
+                if req.trace_log is not None:
+                    req.trace_log.defer(self.clock.now())
+                live.lease_future = future
+                future.add_done_callback(lambda _: self._wake())
+
+    def _settle(self, live: Live, future: Future[Lease]) -> None:
+        req = live.req
+        error = future.exception()
+        if error is not None:
+            if req.trace_log is not None:
+                req.trace_log.lease_failed(self.clock.now(), error)
+            self._retire(req, self.scheduler.on_lease_failed(req, error))
+            return
+        lease = future.result()
+        live.lease_tier = lease.load.source
+        if req.trace_log is not None:
+            load = lease.load
+            stages = {str(stage): s for stage, s in load.seconds.items()}
+            req.trace_log.leased(self.clock.now(), load.source, stages, load.room_wait_s)
+        self.scheduler.on_lease(req, lease)
+
+    def _prefetch(self) -> None:
+        if self.cache is None:
+            return
+        window = {k: self._prefetching.get(k) for k in self.scheduler.prefetch_keys()}
+        fresh = [k for k, f in window.items() if f is None]
+        for key in self.scheduler.admit_prefetches(fresh, self._adapter_loads()):
+            window[key] = self.cache.prefetch(key, Tier.L1)
+        self._prefetching = {k: f for k, f in window.items() if f is not None}
+
+    def _adapter_loads(self) -> AdapterLoads:
+        cache = self.cache
+        assert cache is not None  # only asked for by an engine with an adapter cache
+        in_flight = frozenset(k for k, f in self._prefetching.items() if not f.done())
+        return AdapterLoads(lambda key: cache.is_resident(key, Tier.L0), in_flight)
+
+
+def _release_if_granted(future: Future[Lease]) -> bool:
+    """Release the lease of a finished, abandoned future; True once the future is done."""
+    if not future.done():
+        return False
+    if not future.cancelled() and future.exception() is None:
+        future.result().release()
+    return True
