@@ -16,7 +16,7 @@ loading commands (``Pin``, ``Prefetch``), ``LoadDone`` when the load finishes; `
 ``alive_interval_s`` from a thread of its own, whatever the engine loop does (liveness: the
 watchdog counts every message as a sign of life, and silence as a frozen process).
 
-Errors cross the pipe as a ``PackedError`` (``process_child.pack_error``).
+Errors cross the pipe as a ``PackedError`` (``engine/packed_errors.py``).
 """
 
 from __future__ import annotations
@@ -26,15 +26,12 @@ from typing import Any, ClassVar
 
 from loraplex.artifacts.identity import AdapterKey
 from loraplex.artifacts.warm_policy import WarmPolicy
+from loraplex.engine.packed_errors import PackedError
 from loraplex.engine.protocol import EngineRequest, TokenDelta
 from loraplex.engine.sched.stats import QueueView
 from loraplex.engine.tenant_shares import TenantSettings
 from loraplex.residency.cache import CacheSummary, ResidencyChanges
 from loraplex.residency.ledger import Tier
-
-# (module, class name, args, attributes): an exception rebuilt by ``process_child.unpack_error``.
-PackedError = tuple[str, str, tuple[Any, ...], dict[str, Any]]
-
 
 # --- cache commands (run in the child, on its adapter cache) -----------------------------------
 

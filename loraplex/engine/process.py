@@ -16,7 +16,7 @@ when it changed (queue counts, residency as deltas, cache counters: ``engine/pro
 answers ``load_snapshot``, ``RemoteCache.is_resident`` and ``RemoteCache.summary`` (/metrics)
 without a round trip. Messages are typed (``engine/messages.py``) and routed by their type.
 
-Errors cross the pipe with their types and attributes (``process_child.pack_error``).
+Errors cross the pipe with their types and attributes (``engine/packed_errors.py``).
 
 The child is supervised. One IO thread reads its pipe; at EOF (the child died, however) every
 live stream and call fails with ``EngineUnavailableError`` (503) naming the restart, the engine
@@ -75,7 +75,6 @@ from loraplex.engine.messages import (
     StepOut,
     UpdateTenants,
 )
-from loraplex.engine.process_child import WorkerHandles
 from loraplex.engine.process_inflight import InFlight
 from loraplex.engine.process_link import ChildLink
 from loraplex.engine.process_state import PublishedState
@@ -83,9 +82,10 @@ from loraplex.engine.protocol import EngineHealth, EngineLoad, EngineRequest, To
 from loraplex.engine.remote_cache import RemoteCache
 from loraplex.engine.restart import Backoff, RestartPolicy
 from loraplex.engine.standing import StandingSettings
+from loraplex.engine.streams import Mailboxes, Outbox, outbox_stream
 from loraplex.engine.tenant_shares import TenantSettings
-from loraplex.engine.thread_client import Mailboxes, Outbox, outbox_stream
 from loraplex.engine.watchdog import Cause, ProgressWatchdog, Verdict, WatchdogPolicy
+from loraplex.engine.worker import WorkerHandles
 from loraplex.errors import EngineUnavailableError
 from loraplex.model.tokenizer import TextTokenizer
 

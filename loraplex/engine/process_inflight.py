@@ -17,9 +17,9 @@ from concurrent.futures import Future
 from typing import Any
 
 from loraplex.engine.messages import LoadDone, Reply, StepOut
-from loraplex.engine.process_child import unpack_error
+from loraplex.engine.packed_errors import unpack_error
 from loraplex.engine.protocol import TokenDelta
-from loraplex.engine.thread_client import Mailbox, Outbox
+from loraplex.engine.streams import Mailbox, Outbox
 
 
 class InFlight:

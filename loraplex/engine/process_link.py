@@ -23,7 +23,9 @@ from collections.abc import Callable
 from typing import Any
 
 from loraplex.engine.messages import Ready, StartFailed, Stop
-from loraplex.engine.process_child import WorkerHandles, child_main, unpack_error
+from loraplex.engine.packed_errors import unpack_error
+from loraplex.engine.process_child import child_main
+from loraplex.engine.worker import WorkerHandles
 from loraplex.errors import EngineUnavailableError
 
 _log = logging.getLogger(__name__)

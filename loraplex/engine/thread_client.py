@@ -1,194 +1,31 @@
-"""The engine loop on its own thread, and ``AsyncEngine``: the EngineClient the server uses.
+"""``AsyncEngine``: the EngineClient over an engine loop on a thread of this process
+(``engine_process = false``; a fleet's engine replica). Commands go to the loop's thread
+(``loop.EngineThread``); output comes back through the mailboxes of ``streams.py``.
 
-Commands from event-loop threads (submit, abort) go through a queue and run on the engine
-thread between steps, so the scheduler and the KV cache are only ever touched by that thread.
-Output travels back through one ``Mailbox`` per event loop into one asyncio queue per request:
-the engine thread appends during a step and wakes each loop once after it, so the deltas of a
-whole step cost one wakeup (one self-pipe write and one loop iteration), not one per request
-(per-token wakeups were a tenth of the engine thread's time at 32 running requests). The event
-loop never blocks on the engine.
+Torch-free at import time: it is handed a built core (``engine/factory.py`` builds one).
 """
 
 from __future__ import annotations
 
 import asyncio
-import logging
-import queue
 import threading
 import time
-import weakref
-from collections.abc import AsyncGenerator, Callable
+from collections.abc import AsyncGenerator
+from typing import TYPE_CHECKING
 
 from loraplex.artifacts.identity import AdapterKey
-from loraplex.engine.core import EngineCore
-from loraplex.engine.protocol import (
-    EngineHealth,
-    EngineLoad,
-    EngineRequest,
-    TokenDelta,
-    merge_deltas,
-)
+from loraplex.engine.loop import EngineThread
+from loraplex.engine.protocol import EngineHealth, EngineLoad, EngineRequest, TokenDelta
 from loraplex.engine.sched.stats import load_of
+from loraplex.engine.streams import Mailboxes, Outbox, outbox_stream
 from loraplex.engine.watchdog import ProgressWatchdog, Verdict, WatchdogPolicy
 from loraplex.errors import EngineUnavailableError
 from loraplex.model.tokenizer import TextTokenizer
-from loraplex.residency.cache import TieredAdapterCache
 from loraplex.residency.ledger import Tier
 
-_log = logging.getLogger(__name__)
-
-
-class EngineThread:
-    """Runs ``core.step`` in a loop; sleeps (woken early by commands and finished loads) when
-    there is nothing to run. ``deliver`` runs after the commands and after each step: it hands
-    what they sent to the requests' event loops."""
-
-    def __init__(
-        self, core: EngineCore, idle_wait_s: float, deliver: Callable[[], None] = lambda: None
-    ) -> None:
-        self.core = core
-        self._idle_wait_s = idle_wait_s
-        self._deliver = deliver
-        self._commands: queue.SimpleQueue[Callable[[], None]] = queue.SimpleQueue()
-        self._wake = threading.Event()
-        self._stop = threading.Event()
-        self.last_turn_s = time.monotonic()  # when the loop last turned (its progress)
-        core.on_lease_done = self._wake.set
-        self._thread = threading.Thread(target=self._loop, name="loraplex-engine", daemon=True)
-        self._thread.start()
-
-    def submit(self, command: Callable[[], None]) -> None:
-        self._commands.put(command)
-        self._wake.set()
-
-    def stop(self, timeout_s: float = 10.0) -> None:
-        self._stop.set()
-        self._wake.set()
-        self._thread.join(timeout_s)
-
-    def is_alive(self) -> bool:
-        return self._thread.is_alive()
-
-    def _loop(self) -> None:
-        while not self._stop.is_set():
-            self._drain()
-            self._deliver()
-            try:
-                worked = self.core.step()
-            except Exception:  # an engine bug outside the forward: fail the live requests, go on
-                _log.exception("engine step failed; aborting live requests")
-                # NOTE: a fresh error, not the one raised: its text may come from one request's
-                # values and must not reach every other tenant.
-                self.core.abort_all(EngineUnavailableError("the engine step failed; retry"))
-                worked = False
-            self._deliver()
-            self.last_turn_s = time.monotonic()
-            if not worked:
-                self._wake.wait(self._idle_wait_s)
-                self._wake.clear()
-        self._drain()
-        self.core.close()
-        self._deliver()
-
-    def _drain(self) -> None:
-        while True:
-            try:
-                command = self._commands.get_nowait()
-            except queue.Empty:
-                return
-            command()
-
-
-Outbox = asyncio.Queue[TokenDelta | BaseException]
-
-
-class Mailbox:
-    """Deliveries from the engine thread to one event loop, handed over in batches."""
-
-    def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
-        self._loop = loop
-        self._lock = threading.Lock()
-        self._items: list[tuple[Outbox, TokenDelta | BaseException]] = []
-        self._scheduled = False  # a flush is queued on the loop and has not run yet
-
-    def post(self, outbox: Outbox, item: TokenDelta | BaseException) -> None:
-        """Queue ``item`` for ``outbox``; it reaches the loop at the next ``wake``."""
-        with self._lock:
-            self._items.append((outbox, item))
-
-    def wake(self) -> None:
-        """Schedule one flush on the loop if items wait and none is scheduled."""
-        with self._lock:
-            if self._scheduled or not self._items:
-                return
-            self._scheduled = True
-        try:
-            self._loop.call_soon_threadsafe(self._flush)
-        except RuntimeError:  # the loop is closed: nobody is left to read these
-            with self._lock:
-                self._items.clear()
-                self._scheduled = False
-
-    def _flush(self) -> None:
-        with self._lock:
-            items, self._items = self._items, []
-            self._scheduled = False
-        for outbox, item in items:
-            outbox.put_nowait(item)
-
-
-async def outbox_stream(
-    outbox: Outbox, start: Callable[[], None], stop: Callable[[bool], None]
-) -> AsyncGenerator[TokenDelta, None]:
-    """Yields ``outbox``'s deltas until one finishes the request (an error item is raised).
-    Deltas that queued up while the consumer was busy come out merged into one (a consumer
-    that falls behind catches up with one SSE event, not one per token). ``start`` runs at the
-    first iteration; ``stop(finished)`` runs however the stream ends (``finished`` False: the
-    consumer left early, so the request must be aborted)."""
-    finished = False
-    pending: TokenDelta | BaseException | None = None
-    try:
-        start()
-        while not finished:
-            item = pending if pending is not None else await outbox.get()
-            pending = None
-            if isinstance(item, BaseException):
-                finished = True
-                raise item
-            while item.finish_reason is None and not outbox.empty():
-                following = outbox.get_nowait()
-                if isinstance(following, BaseException):
-                    pending = following
-                    break
-                item = merge_deltas(item, following)
-            finished = item.finish_reason is not None
-            yield item
-    finally:
-        stop(finished)
-
-
-class Mailboxes:
-    """One Mailbox per event loop, made on first use (the loops' threads add, the engine's
-    delivery reads)."""
-
-    def __init__(self) -> None:
-        self._lock = threading.Lock()
-        self._boxes: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, Mailbox] = (
-            weakref.WeakKeyDictionary()
-        )
-
-    def of(self, loop: asyncio.AbstractEventLoop) -> Mailbox:
-        with self._lock:
-            mailbox = self._boxes.get(loop)
-            if mailbox is None:
-                mailbox = self._boxes[loop] = Mailbox(loop)
-            return mailbox
-
-    def wake_all(self) -> None:
-        with self._lock:
-            mailboxes = list(self._boxes.values())
-        for mailbox in mailboxes:
-            mailbox.wake()
+if TYPE_CHECKING:
+    from loraplex.engine.core import EngineCore
+    from loraplex.residency.cache import TieredAdapterCache
 
 
 def engine_load(

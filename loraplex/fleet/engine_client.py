@@ -19,7 +19,7 @@ import time
 from collections.abc import AsyncIterator, Callable
 from typing import Any, Protocol
 
-from loraplex.engine.process_child import unpack_error
+from loraplex.engine.packed_errors import unpack_error
 from loraplex.engine.protocol import EngineHealth, EngineLoad, EngineRequest, TokenDelta
 from loraplex.errors import EngineUnavailableError, QueueTimeoutError
 from loraplex.fleet.link import FleetLink

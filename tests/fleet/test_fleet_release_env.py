@@ -21,7 +21,7 @@ from fleet_fakes import (
 
 from loraplex.clock import ManualClock
 from loraplex.engine.messages import Pin
-from loraplex.engine.process_child import pack_error
+from loraplex.engine.packed_errors import pack_error
 from loraplex.engine.protocol import EngineRequest, TokenDelta
 from loraplex.errors import CorruptArtifactError, EngineUnavailableError
 from loraplex.fleet.cache import FleetCache

@@ -17,7 +17,7 @@ from loraplex.artifacts.base_model import BaseModelSpec
 from loraplex.artifacts.identity import AdapterKey
 from loraplex.demo.assets import DemoAssets
 from loraplex.engine.messages import Pin, Snapshot, Unpin, UpdateTenants
-from loraplex.engine.process_child import unpack_error
+from loraplex.engine.packed_errors import unpack_error
 from loraplex.engine.protocol import EngineHealth, EngineLoad, EngineRequest, TokenDelta
 from loraplex.engine.tenant_shares import TenantSettings
 from loraplex.errors import EngineUnavailableError, LoraplexError
@@ -31,7 +31,7 @@ from loraplex.router.reports import decode_report
 from loraplex.sampling import SamplingParams
 from loraplex.serve.bootstrap import register_demo
 from loraplex.serve.config import ServeConfig
-from loraplex.serve.engine_side import registry_config
+from loraplex.serve.engine_settings import registry_config
 
 REPLICA_ID = "replica-1"
 
