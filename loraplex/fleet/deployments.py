@@ -25,9 +25,9 @@ from ray import serve
 from ray.serve.config import RequestRouterConfig
 from ray.serve.handle import DeploymentHandle
 
-from loraplex.engine.messages import CacheCommand
-from loraplex.engine.packed_errors import pack_error
 from loraplex.engine.protocol import EngineRequest, TokenDelta
+from loraplex.engine.transport.messages import CacheCommand
+from loraplex.engine.transport.packed_errors import pack_error
 from loraplex.errors import EngineUnavailableError
 from loraplex.fleet.board import PUSH_INTERVAL_S, Board, BoardEntry
 from loraplex.fleet.settings import FleetSettings

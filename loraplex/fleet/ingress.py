@@ -17,9 +17,9 @@ from ray.exceptions import ActorDiedError, ActorUnavailableError, RayActorError
 from ray.serve.handle import DeploymentHandle, DeploymentResponse
 
 from loraplex.artifacts.base_model import BaseModelSpec
-from loraplex.engine.messages import CacheCommand
-from loraplex.engine.packed_errors import unpack_error
 from loraplex.engine.protocol import EngineRequest
+from loraplex.engine.transport.messages import CacheCommand
+from loraplex.engine.transport.packed_errors import unpack_error
 from loraplex.fleet.board import BoardEntry
 from loraplex.fleet.cache import FleetCache
 from loraplex.fleet.engine_client import FleetEngineClient, ReplicaStream

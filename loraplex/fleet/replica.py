@@ -25,11 +25,11 @@ from typing import Any
 
 from loraplex.artifacts.base_model import BaseModelSpec
 from loraplex.engine.factory import AdapterRuntime
-from loraplex.engine.messages import CacheCommand, UpdateTenants
-from loraplex.engine.packed_errors import pack_error
-from loraplex.engine.process_child import run_cache_command
 from loraplex.engine.protocol import EngineRequest, TokenDelta
-from loraplex.engine.thread_client import AsyncEngine
+from loraplex.engine.transport.messages import CacheCommand, UpdateTenants
+from loraplex.engine.transport.packed_errors import pack_error
+from loraplex.engine.transport.process_child import run_cache_command
+from loraplex.engine.transport.thread_client import AsyncEngine
 from loraplex.errors import EngineUnavailableError
 from loraplex.fleet.routing import REPORT_KEY, UP_KEY
 from loraplex.fleet.wire import Accepted, Failed

@@ -38,7 +38,7 @@ from typing import TYPE_CHECKING
 from loraplex.artifacts.base_model import BaseModelSpec
 from loraplex.demo.assets import demo_assets_ready, generate_demo_assets, load_demo_assets
 from loraplex.demo.manifest import DemoAssets
-from loraplex.engine.process import EngineProcess
+from loraplex.engine.transport.process import EngineProcess
 from loraplex.model.tokenizer import TextTokenizer
 from loraplex.registry import Registry, open_registry
 from loraplex.serve.bootstrap import admin_key, register_demo, sample_keys

@@ -22,8 +22,8 @@ from loraplex.engine.factory import (
     build_engine,
     build_engine_core,
 )
-from loraplex.engine.thread_client import AsyncEngine
-from loraplex.engine.worker import WorkerHandles
+from loraplex.engine.transport.thread_client import AsyncEngine
+from loraplex.engine.transport.worker import WorkerHandles
 from loraplex.errors import DigestMismatchError
 from loraplex.registry import Registry, WarmPolicy, open_registry
 from loraplex.residency.warm import AutoWarmConfig

@@ -20,9 +20,9 @@ from fastapi import FastAPI
 
 from loraplex.artifacts.base_model import BaseModelSpec
 from loraplex.clock import MonotonicClock
-from loraplex.engine.process import EngineProcess
 from loraplex.engine.protocol import EngineClient
 from loraplex.engine.tenant_shares import TenantSettings
+from loraplex.engine.transport.process import EngineProcess
 from loraplex.registry import Registry
 from loraplex.release.traffic import ReleaseTraffic
 from loraplex.serve.config import ServeConfig

@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING
 from loraplex.serve.config import ServeConfig
 
 if TYPE_CHECKING:
-    from loraplex.engine.worker import WorkerHandles
+    from loraplex.engine.transport.worker import WorkerHandles
 
 
 def engine_worker(config: ServeConfig, model_dir: Path) -> WorkerHandles:

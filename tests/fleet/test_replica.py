@@ -16,10 +16,10 @@ import pytest
 from loraplex.artifacts.base_model import BaseModelSpec
 from loraplex.artifacts.identity import AdapterKey
 from loraplex.demo.assets import DemoAssets
-from loraplex.engine.messages import Pin, Snapshot, Unpin, UpdateTenants
-from loraplex.engine.packed_errors import unpack_error
 from loraplex.engine.protocol import EngineHealth, EngineLoad, EngineRequest, TokenDelta
 from loraplex.engine.tenant_shares import TenantSettings
+from loraplex.engine.transport.messages import Pin, Snapshot, Unpin, UpdateTenants
+from loraplex.engine.transport.packed_errors import unpack_error
 from loraplex.errors import EngineUnavailableError, LoraplexError
 from loraplex.fleet.replica import EVICTION_WINDOW_S, EngineReplica, build_replica_parts
 from loraplex.fleet.routing import UP_KEY

@@ -18,7 +18,7 @@ from loraplex.artifacts.base_model import BaseModelSpec
 from loraplex.demo.assets import DemoAdapter, DemoAssets
 from loraplex.engine.config import EngineConfig, SchedulerConfig
 from loraplex.engine.factory import AdapterRuntimeConfig, build_adapter_runtime, build_engine
-from loraplex.engine.thread_client import AsyncEngine
+from loraplex.engine.transport.thread_client import AsyncEngine
 from loraplex.registry import RegistryConfig, open_registry
 from loraplex.residency.cache import TieredAdapterCache
 from loraplex.serve.bootstrap import register_demo, sample_keys

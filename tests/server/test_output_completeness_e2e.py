@@ -27,9 +27,9 @@ import httpx
 import pytest
 from live import Live, live_server
 
-import loraplex.engine.process as engine_process
-import loraplex.engine.streams as streams
-import loraplex.engine.thread_client as thread_client
+import loraplex.engine.transport.process as engine_process
+import loraplex.engine.transport.streams as streams
+import loraplex.engine.transport.thread_client as thread_client
 from loraplex.demo.assets import DemoAssets
 from loraplex.engine.protocol import TokenDelta, merge_deltas
 from loraplex.engine.sched.scheduler import Scheduler

@@ -1,5 +1,5 @@
-"""Errors across a process boundary: the engine child's pipe (``engine/messages.py``) and a
-fleet's Ray calls (``fleet/wire.py``) carry an exception as a ``PackedError``.
+"""Errors across a process boundary: the engine child's pipe (``transport/messages.py``) and
+a fleet's Ray calls (``fleet/wire.py``) carry an exception as a ``PackedError``.
 
 An error crosses as (module, class name, args, attributes) and is rebuilt without calling the
 class's ``__init__``: domain errors have keyword-rich constructors that pickle cannot replay.

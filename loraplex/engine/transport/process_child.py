@@ -1,5 +1,5 @@
-"""The engine process's side: the loop that serves the parent's messages (``engine/process.py``
-says why the engine has a process; ``engine/messages.py`` lists the messages; a builder returns
+"""The engine process's side: the loop that serves the parent's messages (``process.py`` says
+why the engine has a process; ``messages.py`` lists the messages; a builder returns
 ``worker.WorkerHandles``; errors cross as ``packed_errors.PackedError``).
 
 Torch-free at import time: the builder it is given imports torch when it runs, here in the child.
@@ -17,7 +17,9 @@ from multiprocessing.connection import Connection
 from typing import Any
 
 from loraplex.engine.loop import EngineThread
-from loraplex.engine.messages import (
+from loraplex.engine.protocol import EngineRequest, TokenDelta
+from loraplex.engine.sched.stats import QueueView
+from loraplex.engine.transport.messages import (
     AbortRequest,
     AddRequest,
     Alive,
@@ -39,10 +41,8 @@ from loraplex.engine.messages import (
     Unpin,
     UpdateTenants,
 )
-from loraplex.engine.packed_errors import PackedError, pack_error
-from loraplex.engine.protocol import EngineRequest, TokenDelta
-from loraplex.engine.sched.stats import QueueView
-from loraplex.engine.worker import WorkerHandles
+from loraplex.engine.transport.packed_errors import PackedError, pack_error
+from loraplex.engine.transport.worker import WorkerHandles
 from loraplex.errors import EngineUnavailableError
 from loraplex.residency.cache import CacheSummary, TieredAdapterCache
 

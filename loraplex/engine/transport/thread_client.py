@@ -17,7 +17,7 @@ from loraplex.artifacts.identity import AdapterKey
 from loraplex.engine.loop import EngineThread
 from loraplex.engine.protocol import EngineHealth, EngineLoad, EngineRequest, TokenDelta
 from loraplex.engine.sched.stats import load_of
-from loraplex.engine.streams import Mailboxes, Outbox, outbox_stream
+from loraplex.engine.transport.streams import Mailboxes, Outbox, outbox_stream
 from loraplex.engine.watchdog import ProgressWatchdog, Verdict, WatchdogPolicy
 from loraplex.errors import EngineUnavailableError
 from loraplex.model.tokenizer import TextTokenizer
