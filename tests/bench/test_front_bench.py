@@ -22,9 +22,12 @@ def test_probe_sees_torch_mapped_here_and_not_in_a_plain_python() -> None:
     assert torch.ones(1).item() == 1.0
     assert torch_mapped(os.getpid())
     plain = subprocess.Popen(
-        [sys.executable, "-c", "import sys; sys.stdin.read()"], stdin=subprocess.PIPE
+        [sys.executable, "-c", "import sys; print('up', flush=True); sys.stdin.read()"],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
     )
     try:
+        assert plain.stdout is not None and plain.stdout.readline() == b"up\n"  # it runs
         assert mapped_libraries(plain.pid, "python")  # the probe reads its maps at all
         assert not torch_mapped(plain.pid)
         memory = memory_of(plain.pid)
