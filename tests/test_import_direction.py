@@ -177,17 +177,10 @@ def test_no_module_import_cycle() -> None:
     assert not cycles, "module import cycles: " + "; ".join(" <-> ".join(c) for c in cycles)
 
 
-# Cycles still allowed, each with its reason (issue 26 item 6).
-TYPE_CYCLES_ALLOWED = {
-    # remote_cache takes EngineProcess for typing only; the split waits until the engine
-    # transport moves to engine/transport/ (others were editing process.py in that round)
-    ("loraplex.engine.process", "loraplex.engine.remote_cache"),
-}
-
-
 def test_no_module_cycle_even_for_types() -> None:
     """Issue 26: two files that import each other, even only for type checking, are a class
-    split by line count; split by responsibility instead (or keep the class whole)."""
+    split by line count; split by responsibility instead (or keep the class whole). None is
+    allowed: the last one (``engine/transport/process.py`` <-> ``remote_cache.py``) is gone."""
     modules = _modules()
     graph: dict[str, set[str]] = defaultdict(set)
     for module, path in modules.items():
@@ -198,8 +191,7 @@ def test_no_module_cycle_even_for_types() -> None:
             if target != module and target in modules:
                 graph[module].add(target)
     cycles = {tuple(sorted(c)) for c in _strongly_connected(graph)}
-    assert cycles - TYPE_CYCLES_ALLOWED == set(), f"module cycles: {sorted(cycles)}"
-    assert cycles >= TYPE_CYCLES_ALLOWED, "an allowed cycle is gone: drop it from the list"
+    assert cycles == set(), f"module cycles: {sorted(cycles)}"
 
 
 def _strongly_connected(graph: dict[str, set[str]]) -> list[list[str]]:

@@ -11,8 +11,9 @@ import loraplex
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 # Whole packages that never import torch: the control plane, what an adapter is, where it lives
-# (the decision code a simulator would reuse) and the HTTP layer. NOTE: this checks packages,
-# not the HTTP process: its entry modules (serve/assembly.py) still load torch (issue 26 item 1).
+# (the decision code a simulator would reuse) and the HTTP layer. This checks packages; the HTTP
+# process is checked by its entry modules (FRONT_MODULES, below) and, running, by
+# tests/server/test_front_torch_free.py.
 # A package not (yet) in the tree fails the test rather than passing with no modules.
 TORCH_FREE = (
     "registry",
@@ -42,10 +43,21 @@ _TORCH_FREE_ENGINE = (
     "output",
     "tenant_shares",
     "step",
-    "restart",
-    "messages",
-    "process_state",
-    "remote_cache",
+    "loop",
+    # the transport the HTTP process runs (the engine child's builder imports torch, there)
+    "transport",
+    "transport.restart",
+    "transport.messages",
+    "transport.process_state",
+    "transport.remote_cache",
+    "transport.process",
+    "transport.process_link",
+    "transport.process_inflight",
+    "transport.process_child",
+    "transport.packed_errors",
+    "transport.worker",
+    "transport.streams",
+    "transport.thread_client",
     "trace_log",
     "mode_policy",
     "live",
@@ -59,6 +71,21 @@ TORCH_FREE_MODULES = (
     "loraplex.clock",
     "loraplex.errors",
     "loraplex.sampling",
+)
+
+
+# What the HTTP process of ``loraplex serve`` (engine process) and a fleet's ingress import: the
+# command, the assembly and front, the engine process client, and the fleet's ingress and
+# deployments (Ray imports the latter in the ingress's and the board's processes).
+FRONT_MODULES = (
+    "loraplex.cli",
+    "loraplex.cli.serve",
+    "loraplex.serve.assembly",
+    "loraplex.serve.front",
+    "loraplex.serve.worker",
+    "loraplex.engine.transport.process",
+    "loraplex.fleet.ingress",
+    "loraplex.fleet.deployments",
 )
 
 
@@ -89,6 +116,27 @@ def test_control_plane_never_imports_torch() -> None:
         [sys.executable, "-c", code], capture_output=True, text=True, check=True, cwd=REPO_ROOT
     )
     assert result.stdout.strip() == "", f"torch imported by {modules}: {result.stdout}"
+
+
+def test_the_front_process_modules_never_import_torch() -> None:
+    """Item 1 of issue 26: the HTTP process's own imports, each in a fresh interpreter (one
+    module's import must not hide another's by loading it first)."""
+    missing = [m for m in FRONT_MODULES if not _importable(m)]
+    assert not missing, f"listed as front modules but not modules: {missing}"
+    code = (
+        "import importlib, sys\n"
+        "importlib.import_module(sys.argv[1])\n"
+        "print('torch' in sys.modules)\n"
+    )
+    leaked = []
+    for module in FRONT_MODULES:
+        result = subprocess.run(
+            [sys.executable, "-c", code, module],
+            capture_output=True, text=True, check=True, cwd=REPO_ROOT,
+        )  # fmt: skip
+        if result.stdout.strip() != "False":
+            leaked.append(module)
+    assert not leaked, f"torch imported by the front process's modules: {leaked}"
 
 
 def _setup_commands_by_section(readme: str) -> dict[str, list[str]]:

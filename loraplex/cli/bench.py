@@ -10,6 +10,7 @@ from typing import TYPE_CHECKING, Annotated, Any
 import typer
 
 if TYPE_CHECKING:
+    from loraplex.bench.front.bench import Tree
     from loraplex.bench.serve.adversarial import AdversarialConfig
 
 bench_app = typer.Typer(help="Benchmarks: one JSON line on stdout, a markdown report under docs/.")
@@ -631,3 +632,38 @@ def modes(
     if not as_json:
         typer.echo("merged/unmerged/base decode steps; see docs/modes.md", err=True)
     typer.echo(json.dumps(result))
+
+
+@bench_app.command("front")
+def front(
+    *,
+    tree: Annotated[
+        list[str] | None,
+        typer.Option(help="NAME=PATH: a checkout to serve from; repeat to compare (default: .)."),
+    ] = None,
+    runs: Annotated[int, typer.Option(help="Server starts per tree (ABBA order).")] = 3,
+    asset_dir: Annotated[Path, typer.Option(help="Demo assets cache (<dir>/test-small).")] = Path(
+        ".loraplex-assets"
+    ),
+    report_dir: Annotated[
+        Path, typer.Option(help="Each invocation's server logs and data, kept.")
+    ] = Path(".loraplex-bench/front"),
+) -> None:
+    """The HTTP process of `loraplex serve` (engine process): RSS, torch mapped, start to ready."""
+    from loraplex.bench.front.bench import FrontBenchConfig, run_front_bench
+
+    try:
+        trees = tuple(_tree(value) for value in (tree or ["here=."]))
+        config = FrontBenchConfig(trees, report_dir, asset_dir=asset_dir, runs=runs)
+    except ValueError as exc:
+        raise typer.BadParameter(str(exc)) from exc
+    typer.echo(json.dumps(run_front_bench(config)))
+
+
+def _tree(value: str) -> Tree:
+    from loraplex.bench.front.bench import Tree
+
+    name, sep, path = value.partition("=")
+    if not sep or not name:
+        raise ValueError(f"tree {value!r} is invalid; expected NAME=PATH")
+    return Tree(name, Path(path).resolve())

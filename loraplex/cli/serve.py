@@ -27,8 +27,8 @@ from loraplex.residency.policy import DEFAULT_POLICY, policy_names
 if TYPE_CHECKING:
     import uvicorn
 
-    from loraplex.serve.assembly import Server
     from loraplex.serve.config import ServeConfig
+    from loraplex.serve.front import Server
     from loraplex.server.listeners import ConnectionLimits
 
 Opt = typer.Option

@@ -42,7 +42,7 @@ from loraplex.engine.modes import ModeSwitcher
 from loraplex.engine.runner import ModelRunner
 from loraplex.engine.sched.scheduler import Scheduler
 from loraplex.engine.tenant_shares import TenantBook, TenantSettings
-from loraplex.engine.thread_client import AsyncEngine
+from loraplex.engine.transport.thread_client import AsyncEngine
 from loraplex.engine.watchdog import WatchdogPolicy
 from loraplex.model.checkpoint import load_checkpoint
 from loraplex.model.lora import LoraSlotPool

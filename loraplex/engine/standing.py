@@ -12,7 +12,7 @@ import threading
 
 from loraplex.artifacts.identity import AdapterKey
 from loraplex.artifacts.warm_policy import WarmPolicy
-from loraplex.engine.messages import CacheCommand, Pin, SetWarm, Unpin
+from loraplex.engine.transport.messages import CacheCommand, Pin, SetWarm, Unpin
 from loraplex.residency.ledger import Tier
 
 

@@ -24,7 +24,8 @@ from typing import Any
 
 from loraplex.artifacts.identity import AdapterKey
 from loraplex.artifacts.warm_policy import WarmPolicy
-from loraplex.engine.messages import (
+from loraplex.engine.tenant_shares import TenantSettings
+from loraplex.engine.transport.messages import (
     CacheCommand,
     Evict,
     Pin,
@@ -34,7 +35,6 @@ from loraplex.engine.messages import (
     Unpin,
     UpdateTenants,
 )
-from loraplex.engine.tenant_shares import TenantSettings
 from loraplex.errors import EngineUnavailableError
 from loraplex.fleet.board import BoardEntry
 from loraplex.fleet.link import FleetLink

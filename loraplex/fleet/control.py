@@ -69,7 +69,7 @@ def prepare(config: ServeConfig) -> Prepared:
     from loraplex.registry import open_registry
     from loraplex.serve.assembly import demo_assets
     from loraplex.serve.bootstrap import ADMIN_KEY_FILE, admin_key, register_demo, sample_keys
-    from loraplex.serve.engine_side import registry_config
+    from loraplex.serve.engine_settings import registry_config
 
     config.data_dir.mkdir(mode=0o700, parents=True, exist_ok=True)
     assets = demo_assets(config)

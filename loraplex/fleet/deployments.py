@@ -19,20 +19,22 @@ import contextlib
 import logging
 import threading
 from collections.abc import AsyncIterator
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from ray import serve
 from ray.serve.config import RequestRouterConfig
 from ray.serve.handle import DeploymentHandle
 
-from loraplex.engine.messages import CacheCommand
-from loraplex.engine.process_child import pack_error
 from loraplex.engine.protocol import EngineRequest, TokenDelta
+from loraplex.engine.transport.messages import CacheCommand
+from loraplex.engine.transport.packed_errors import pack_error
 from loraplex.errors import EngineUnavailableError
 from loraplex.fleet.board import PUSH_INTERVAL_S, Board, BoardEntry
-from loraplex.fleet.replica import EngineReplica, build_replica_parts
 from loraplex.fleet.settings import FleetSettings
 from loraplex.fleet.wire import Accepted, Failed, RouteHint
+
+if TYPE_CHECKING:
+    from loraplex.fleet.replica import EngineReplica
 
 _log = logging.getLogger(__name__)
 HEALTH_CHECK_PERIOD_S = 2.0  # Ray Serve asks each engine replica this often
@@ -62,9 +64,13 @@ class EngineDeploymentImpl:
     """One engine replica inside Ray Serve (wrapped by ``serve.deployment`` in ``build_app``)."""
 
     def __init__(self, settings: FleetSettings, board: DeploymentHandle) -> None:
+        # NOTE: imported here: the replica imports torch, and the ingress's and the board's
+        # processes import this module too (they stay torch-free)
+        from loraplex.fleet.replica import EngineReplica, build_replica_parts
+
         replica_id = serve.get_replica_context().replica_id.unique_id
         parts = build_replica_parts(settings.serve, settings.model_dir, replica_id)
-        self._replica = EngineReplica(replica_id, parts)
+        self._replica: EngineReplica = EngineReplica(replica_id, parts)
         self._board = board
         self._stop = threading.Event()
         self._pusher = threading.Thread(

@@ -19,8 +19,8 @@ import time
 from collections.abc import AsyncIterator, Callable
 from typing import Any, Protocol
 
-from loraplex.engine.process_child import unpack_error
 from loraplex.engine.protocol import EngineHealth, EngineLoad, EngineRequest, TokenDelta
+from loraplex.engine.transport.packed_errors import unpack_error
 from loraplex.errors import EngineUnavailableError, QueueTimeoutError
 from loraplex.fleet.link import FleetLink
 from loraplex.fleet.wire import Accepted, Failed, RouteHint

@@ -1,4 +1,4 @@
-"""The fleet's ingress: ``loraplex serve``'s HTTP side (``serve.assembly.build_front``: the same
+"""The fleet's ingress: ``loraplex serve``'s HTTP side (``serve.front.build_front``: the same
 routes, auth, resolution, tokenization, limits and release controller) over the engine
 replicas instead of a local engine.
 
@@ -17,9 +17,9 @@ from ray.exceptions import ActorDiedError, ActorUnavailableError, RayActorError
 from ray.serve.handle import DeploymentHandle, DeploymentResponse
 
 from loraplex.artifacts.base_model import BaseModelSpec
-from loraplex.engine.messages import CacheCommand
-from loraplex.engine.process_child import unpack_error
 from loraplex.engine.protocol import EngineRequest
+from loraplex.engine.transport.messages import CacheCommand
+from loraplex.engine.transport.packed_errors import unpack_error
 from loraplex.fleet.board import BoardEntry
 from loraplex.fleet.cache import FleetCache
 from loraplex.fleet.engine_client import FleetEngineClient, ReplicaStream
@@ -31,9 +31,9 @@ from loraplex.fleet.wire import Failed, RouteHint
 from loraplex.model.tokenizer import TextTokenizer
 from loraplex.registry import open_registry
 from loraplex.release.traffic import ReleaseTraffic
-from loraplex.serve.assembly import Front, Server, build_front
 from loraplex.serve.bootstrap import admin_key
-from loraplex.serve.engine_side import registry_config
+from loraplex.serve.engine_settings import registry_config
+from loraplex.serve.front import Front, Server, build_front
 from loraplex.server.pin_owners import OwnedPins
 
 BOARD_TIMEOUT_S = 10.0  # one read of the board

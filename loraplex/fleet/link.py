@@ -16,7 +16,7 @@ from collections.abc import Callable, Coroutine
 from concurrent.futures import Future
 from typing import Any, Protocol, TypeVar
 
-from loraplex.engine.messages import CacheCommand
+from loraplex.engine.transport.messages import CacheCommand
 from loraplex.errors import EngineUnavailableError
 from loraplex.fleet.board import BoardEntry
 

@@ -25,10 +25,11 @@ from typing import Any
 
 from loraplex.artifacts.base_model import BaseModelSpec
 from loraplex.engine.factory import AdapterRuntime
-from loraplex.engine.messages import CacheCommand, UpdateTenants
-from loraplex.engine.process_child import pack_error, run_cache_command
 from loraplex.engine.protocol import EngineRequest, TokenDelta
-from loraplex.engine.thread_client import AsyncEngine
+from loraplex.engine.transport.messages import CacheCommand, UpdateTenants
+from loraplex.engine.transport.packed_errors import pack_error
+from loraplex.engine.transport.process_child import run_cache_command
+from loraplex.engine.transport.thread_client import AsyncEngine
 from loraplex.errors import EngineUnavailableError
 from loraplex.fleet.routing import REPORT_KEY, UP_KEY
 from loraplex.fleet.wire import Accepted, Failed
@@ -190,13 +191,8 @@ def build_replica_parts(config: ServeConfig, model_dir: Path, replica_id: str) -
     import torch
 
     from loraplex.engine.factory import build_engine
-    from loraplex.serve.engine_side import (
-        apply_warm_policies,
-        build_runtime,
-        engine_config,
-        registry_config,
-        watchdog_policy,
-    )
+    from loraplex.serve.engine_settings import engine_config, registry_config, watchdog_policy
+    from loraplex.serve.engine_side import apply_warm_policies, build_runtime
 
     if config.torch_threads is not None:
         torch.set_num_threads(config.torch_threads)

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from loraplex.engine.messages import PackedError
+from loraplex.engine.transport.packed_errors import PackedError
 
 
 @dataclass(frozen=True)

@@ -2,16 +2,19 @@
 
 Order matters: the registry first (demo bootstrap, keys), then the engine side
 (``serve/engine_side.py``: adapter runtime, whose ``recover()`` adopts the verified disk copies of
-the previous run, the operators' warm policies, the engine core), the app last.
-``Server.close()`` undoes it in reverse.
+the previous run, the operators' warm policies, the engine core), the front last
+(``serve/front.py``: the app and what it needs). ``Server.close()`` undoes it in reverse.
 
 Two ways to run the engine (``ServeConfig.engine_process``):
 
-- in a child process (the default): ``EngineProcess`` spawns it and ``build_worker`` builds
+- in a child process (the default): ``EngineProcess`` spawns it and ``serve/worker.py`` builds
   the engine side there; the HTTP process keeps the registry (auth, resolution, admin) and the
-  tokenizer, and reaches the cache through ``RemoteCache``;
-- on a thread of this process: ``AsyncEngine`` over the same pieces, built here (tests that
-  reach into the runtime use this).
+  tokenizer, reaches the cache through ``RemoteCache``, and loads no torch (this module and
+  ``serve/front.py`` import nothing that does; the demo set, when it must be generated, is
+  generated in a child process too);
+- on a thread of this process: ``AsyncEngine`` over the same pieces, built here
+  (``engine_side.start_engine_here``, imported only then; tests that reach into the runtime use
+  this).
 
 Tenants' priority classes and quotas reach the cache and the engine through
 ``tenant_settings(registry)``; the admin API calls ``deps.refresh_tenants()`` after it creates or
@@ -27,115 +30,42 @@ the start (it waits while the engine is down); ``Server.close()`` stops it befor
 
 from __future__ import annotations
 
-import threading
-from collections.abc import Callable, Mapping
-from dataclasses import dataclass, field
+import multiprocessing
+from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
-from typing import Protocol
-
-from fastapi import FastAPI
+from typing import TYPE_CHECKING
 
 from loraplex.artifacts.base_model import BaseModelSpec
-from loraplex.clock import MonotonicClock
+from loraplex.demo.assets import demo_assets_ready, generate_demo_assets, load_demo_assets
 from loraplex.demo.manifest import DemoAssets
-from loraplex.engine.factory import AdapterRuntime
-from loraplex.engine.process import EngineProcess
-from loraplex.engine.protocol import EngineClient
-from loraplex.engine.tenant_shares import TenantSettings
-from loraplex.engine.thread_client import AsyncEngine
+from loraplex.engine.transport.process import EngineProcess
 from loraplex.model.tokenizer import TextTokenizer
 from loraplex.registry import Registry, open_registry
-from loraplex.release.traffic import ReleaseTraffic
 from loraplex.serve.bootstrap import admin_key, register_demo, sample_keys
 from loraplex.serve.config import ServeConfig
-from loraplex.serve.engine_side import (
-    apply_warm_policies,
-    build_runtime,
-    build_worker,
-    engine_config,
-    registry_config,
-    tenant_settings,
-    watchdog_policy,
-)
-from loraplex.serve.release_env import (
-    ReleaseService,
-    ServeReleaseEnv,
-    release_traffic,
-    start_releases,
-)
-from loraplex.serve.tracing import build_tracer
-from loraplex.server.app import create_app
-from loraplex.server.cache_control import CacheControl
-from loraplex.server.chat import ChatTemplate
-from loraplex.server.deps import ServerConfig, ServerDeps
-from loraplex.server.fleet_view import FleetStateSource
-from loraplex.server.history import HistorySampler
-from loraplex.server.pin_owners import OwnedPins
+from loraplex.serve.engine_settings import registry_config, watchdog_policy
+from loraplex.serve.front import Front, RunningEngine, Server, build_front
+from loraplex.serve.worker import engine_worker
+
+if TYPE_CHECKING:
+    from loraplex.engine.factory import AdapterRuntime
+    from loraplex.server.cache_control import CacheControl
 
 DEMO_DIR = "demo-assets"
-
-
-class RunningEngine(EngineClient, Protocol):
-    """An engine client the server owns: ``Server.close()`` shuts it down."""
-
-    def shutdown(self) -> None: ...
-
-
-@dataclass
-class Server:
-    """A built server: the app and what must be closed after it stops."""
-
-    app: FastAPI  # the ASGI application
-    deps: ServerDeps  # what the app was built from
-    engine: RunningEngine  # the running engine (a thread here, a child process, or a fleet)
-    runtime: AdapterRuntime | None  # slot pool and adapter cache when the engine runs here
-    registry: Registry  # control plane
-    admin_key: str  # the admin credential
-    sample_keys: dict[str, str] = field(default_factory=dict)  # demo tenant -> API key
-    releases: ReleaseService | None = None  # the release controller's thread; None: not started
-    history: HistorySampler | None = None  # samples the live page's history; None: not started
-
-    def wait_engine(self, timeout_s: float | None = None) -> None:
-        """Returns once the engine took its first requests; raises why it could not start (the
-        engine child's own error). At once for an engine on a thread (built synchronously)."""
-        if isinstance(self.engine, EngineProcess):
-            self.engine.wait_started(timeout_s)
-
-    def close(self) -> None:
-        if self.history is not None:
-            self.history.close()
-        if self.releases is not None:
-            self.releases.close()
-        if self.deps.tracing is not None:
-            self.deps.tracing.shutdown()
-        self.engine.shutdown()
-        if self.runtime is not None:
-            self.runtime.cache.close()
-        self.registry.close()
+DEMO_PRESET, DEMO_SEED = "small", 0
 
 
 def demo_assets(config: ServeConfig) -> DemoAssets | None:
-    """The generated demo set when no model is configured (generation imports torch)."""
+    """The generated demo set when no model is configured. Generation trains with torch, so a
+    set not generated yet is generated in a child process: this one stays torch-free."""
     if config.model is not None:
         return None
-    from loraplex.demo.assets import generate_demo_assets
-
-    return generate_demo_assets(config.data_dir / DEMO_DIR, preset="small", seed=0)
-
-
-class TenantRefresher:
-    """Re-reads the registry's tenants into the engine side (the admin API's hook)."""
-
-    def __init__(
-        self, registry: Registry, apply: Callable[[Mapping[str, TenantSettings]], None]
-    ) -> None:
-        self._registry = registry
-        self._apply = apply
-        self._lock = threading.Lock()  # two admin calls must not apply out of order
-
-    def __call__(self) -> None:
-        with self._lock:
-            self._apply(tenant_settings(self._registry))
+    out = config.data_dir / DEMO_DIR
+    if not demo_assets_ready(out.resolve(), DEMO_PRESET, DEMO_SEED):
+        spawn = multiprocessing.get_context("spawn")
+        with ProcessPoolExecutor(max_workers=1, mp_context=spawn) as pool:
+            pool.submit(generate_demo_assets, out, DEMO_PRESET, DEMO_SEED).result()
+    return load_demo_assets(out)
 
 
 def build_server(config: ServeConfig, *, wait_engine: bool = True) -> Server:
@@ -170,25 +100,22 @@ def _assemble(
         state = register_demo(registry, demo)
         keys = sample_keys(registry, state.tenants, config.data_dir)
     admin = config.admin_key or admin_key(config.data_dir)
-    engine: AsyncEngine | EngineProcess
+    engine: RunningEngine
     cache: CacheControl
     runtime: AdapterRuntime | None = None
     if config.engine_process:
-        engine = EngineProcess(
-            build_worker,
+        process = EngineProcess(
+            engine_worker,
             (config, model_dir),
             TextTokenizer(model_dir),
             wait_ready=wait_engine,
             watchdog=watchdog_policy(config),
         )
-        cache, apply = engine.cache, engine.update_tenant_settings
-    else:
-        runtime = _runtime_here(config, base, registry)
-        try:
-            engine = _start_engine(model_dir, config, runtime)
-        except BaseException:
-            runtime.cache.close()
-            raise
+        engine, cache, apply = process, process.cache, process.update_tenant_settings
+    else:  # NOTE: the only path of ``loraplex serve`` that loads torch in this process
+        from loraplex.serve.engine_side import start_engine_here
+
+        engine, runtime = start_engine_here(config, base, registry, model_dir)
         cache, apply = runtime.cache, runtime.update_tenant_settings
     front = Front(engine, cache, apply, admin, keys)
     try:
@@ -198,89 +125,3 @@ def _assemble(
         if runtime is not None:
             runtime.cache.close()
         raise
-
-
-@dataclass(frozen=True)
-class Front:
-    """The engine side as the HTTP side reaches it (a local engine, an engine process, or a
-    fleet's engine replicas), and the credentials the front is built with."""
-
-    engine: RunningEngine  # AsyncEngine | EngineProcess | a fleet's FleetEngineClient
-    cache: CacheControl  # the engine side's adapter cache(s)
-    apply_tenants: Callable[[Mapping[str, TenantSettings]], None]  # tenant settings to it
-    admin_key: str  # the admin credential
-    sample_keys: dict[str, str]  # demo tenant -> API key (printed once)
-
-
-def build_front(
-    config: ServeConfig,
-    model_dir: Path,
-    base: BaseModelSpec,
-    registry: Registry,
-    front: Front,
-    *,
-    runtime: AdapterRuntime | None = None,
-    release_env: Callable[[OwnedPins, ReleaseTraffic], ServeReleaseEnv] | None = None,
-    fleet: FleetStateSource | None = None,
-) -> Server:
-    """The HTTP app, its dependencies and the release controller over ``front``: what
-    ``loraplex serve`` and a fleet's ingress share. ``release_env``: the controller's
-    environment (default: ``ServeReleaseEnv`` over this engine and cache); ``fleet``: what
-    /admin/fleet shows (default: this server as a fleet of one)."""
-    settings = ServerConfig(
-        base_model_name=base.name,
-        admin_key=front.admin_key,
-        import_dir=config.import_dir,
-        queue_deadline_s=config.queue_deadline_s,
-        max_prompt_tokens=config.max_model_len - 1,
-        max_model_len=config.max_model_len,
-        vocab_size=base.vocab_size,
-        metrics_public=config.metrics_public,
-        max_adapter_labels=config.max_adapter_labels,
-        max_body_bytes=config.body_bytes(),
-        max_upload_bytes=config.max_upload_bytes,
-        max_prompt_chars=config.prompt_chars(),
-        body_read_timeout_s=config.body_read_timeout_s,
-        upload_read_timeout_s=config.upload_read_timeout_s,
-        max_stream_buffer_bytes=config.max_stream_buffer_bytes,
-        shared_state_url=config.shared_state_url,
-        shared_state_prefix=config.shared_state_prefix,
-    )
-    chat = ChatTemplate.from_model_dir(model_dir)
-    cache = OwnedPins(front.cache)  # a release's holds and an operator's pins never undo each other
-    refresh = TenantRefresher(registry, front.apply_tenants)
-    traffic = release_traffic(registry)
-    deps = ServerDeps(
-        settings,
-        front.engine,
-        registry,
-        cache,
-        chat,
-        refresh_tenants=refresh,
-        releases=traffic,
-        fleet=fleet,
-        tracing=build_tracer(config, base.name),
-    )
-    server = Server(
-        create_app(deps), deps, front.engine, runtime, registry, front.admin_key, front.sample_keys
-    )
-    server.releases = start_releases(registry, front.engine, cache, traffic, env=release_env)
-    server.history = HistorySampler(server.app.state.history, MonotonicClock())
-    server.history.start()
-    return server
-
-
-def _runtime_here(config: ServeConfig, base: BaseModelSpec, registry: Registry) -> AdapterRuntime:
-    runtime = build_runtime(config, base, registry)
-    try:
-        apply_warm_policies(registry, runtime, base.digest)
-    except BaseException:
-        runtime.cache.close()
-        raise
-    return runtime
-
-
-def _start_engine(model_dir: Path, config: ServeConfig, runtime: AdapterRuntime) -> AsyncEngine:
-    from loraplex.engine.factory import build_engine
-
-    return build_engine(model_dir, engine_config(config), runtime, watchdog=watchdog_policy(config))

@@ -1,10 +1,10 @@
 """The engine side of ``loraplex serve``: registry-backed artifact resolution, the adapter runtime
-(slot pool + tiered cache), the operators' warm policies and the engine core.
+(slot pool + tiered cache), the operators' warm policies and the engine core. It imports torch:
+only the engine's child process (``build_worker``, reached through ``serve/worker.py``) and the
+thread mode (``start_engine_here``, ``engine_process = false``) import it.
 
-``build_server`` uses these pieces in its own process (``engine_process = false``) or hands
-``build_worker`` to ``EngineProcess``, which calls it in the engine's child process; there the
-worker opens its own registry connection (SQLite in WAL mode and PostgreSQL both serve several
-processes) for artifact lookups and the warm policies.
+In the child the worker opens its own registry connection (SQLite in WAL mode and PostgreSQL
+both serve several processes) for artifact lookups and the warm policies.
 """
 
 from __future__ import annotations
@@ -15,16 +15,26 @@ from pathlib import Path
 from loraplex.artifacts.base_model import BaseModelSpec
 from loraplex.artifacts.identity import AdapterKey
 from loraplex.dtypes import DTYPE_BYTES, bytes_per_element
-from loraplex.engine.config import EngineConfig, SchedulerConfig
-from loraplex.engine.factory import AdapterRuntime, AdapterRuntimeConfig, build_adapter_runtime
-from loraplex.engine.process_child import WorkerHandles
-from loraplex.engine.tenant_shares import SeatLimits, TenantSettings
-from loraplex.engine.watchdog import WatchdogPolicy
+from loraplex.engine.factory import (
+    AdapterRuntime,
+    AdapterRuntimeConfig,
+    build_adapter_runtime,
+    build_engine,
+    build_engine_core,
+)
+from loraplex.engine.transport.thread_client import AsyncEngine
+from loraplex.engine.transport.worker import WorkerHandles
 from loraplex.errors import DigestMismatchError
-from loraplex.registry import Registry, RegistryConfig, Tenant, WarmPolicy, open_registry
+from loraplex.registry import Registry, WarmPolicy, open_registry
 from loraplex.residency.warm import AutoWarmConfig
 from loraplex.runtime.tier_backends import ArtifactRef
 from loraplex.serve.config import ServeConfig
+from loraplex.serve.engine_settings import (
+    engine_config,
+    registry_config,
+    tenant_settings,
+    watchdog_policy,
+)
 
 ADAPTER_CACHE_DIR = "adapter-cache"
 # Disk bytes beyond the tensors: the safetensors header and adapter_config.json.
@@ -65,26 +75,6 @@ class RegistryResolver:
         return ref
 
 
-def settings_of(tenant: Tenant) -> TenantSettings:
-    """What the engine and the cache enforce for one registry tenant."""
-    quotas = tenant.quotas
-    return TenantSettings.for_priority(
-        tenant.priority.value,
-        max_gpu_bytes=quotas.max_gpu_bytes,
-        max_cpu_bytes=quotas.max_cpu_bytes,
-        max_disk_bytes=quotas.max_disk_bytes,
-        max_cold_loads=quotas.max_cold_loads,
-        seats=SeatLimits(
-            quotas.max_running_seqs, quotas.reserved_running_seqs, quotas.max_kv_blocks
-        ),
-    )
-
-
-def tenant_settings(registry: Registry) -> dict[str, TenantSettings]:
-    """Every registry tenant's settings (tenant name -> settings)."""
-    return {t.name: settings_of(t) for t in registry.list_tenants()}
-
-
 def build_runtime(config: ServeConfig, base: BaseModelSpec, registry: Registry) -> AdapterRuntime:
     runtime_config = AdapterRuntimeConfig(
         max_loras=config.gpu_slots(base),
@@ -119,50 +109,10 @@ def apply_warm_policies(registry: Registry, runtime: AdapterRuntime, base_digest
     return applied
 
 
-def engine_config(config: ServeConfig) -> EngineConfig:
-    scheduler = SchedulerConfig(
-        max_num_seqs=config.max_num_seqs,
-        max_num_batched_tokens=config.batched_tokens(),
-        max_model_len=config.max_model_len,
-        default_deadline_s=config.queue_deadline_s,
-        max_queue_len=config.max_queue_len,
-        class_reserve_seqs=config.class_reserve_seqs,
-    )
-    return EngineConfig(
-        scheduler=scheduler,
-        block_size=config.block_size,
-        num_kv_blocks=config.num_kv_blocks,
-        dtype=config.dtype,
-        device=config.device,
-        mode=config.mode,
-    )
-
-
-def watchdog_policy(config: ServeConfig) -> WatchdogPolicy:
-    """When the engine counts as hung, and when a hung engine process is killed."""
-    return WatchdogPolicy(
-        config.engine_hung_after_s,
-        config.engine_hung_kill_after_s,
-        config.engine_unresponsive_after_s,
-    )
-
-
-def registry_config(config: ServeConfig) -> RegistryConfig:
-    return RegistryConfig(
-        config.data_dir,
-        config.database_url,
-        config.store,
-        config.s3_endpoint,
-        config.max_lora_rank,
-    )
-
-
 def build_worker(config: ServeConfig, model_dir: Path) -> WorkerHandles:
     """Everything the engine process runs: its registry connection, the adapter runtime (its
     disk copies recovered), the warm policies and the engine core (torch threads set first)."""
     import torch
-
-    from loraplex.engine.factory import build_engine_core
 
     if config.torch_threads is not None:
         torch.set_num_threads(config.torch_threads)
@@ -189,3 +139,19 @@ def build_worker(config: ServeConfig, model_dir: Path) -> WorkerHandles:
     return WorkerHandles(
         core, engine.idle_wait_s, runtime.pool.max_loras, runtime.update_tenant_settings, close
     )
+
+
+def start_engine_here(
+    config: ServeConfig, base: BaseModelSpec, registry: Registry, model_dir: Path
+) -> tuple[AsyncEngine, AdapterRuntime]:
+    """The engine on a thread of this process (``engine_process = false``) and its runtime, the
+    operators' warm policies applied (the runtime's cache closed when either fails)."""
+    runtime = build_runtime(config, base, registry)
+    try:
+        apply_warm_policies(registry, runtime, base.digest)
+        watchdog = watchdog_policy(config)
+        engine = build_engine(model_dir, engine_config(config), runtime, watchdog=watchdog)
+    except BaseException:
+        runtime.cache.close()
+        raise
+    return engine, runtime

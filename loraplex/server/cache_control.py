@@ -13,7 +13,7 @@ from loraplex.residency.ledger import Tier
 
 class CacheControl(Protocol):
     """``TieredAdapterCache`` itself when the engine runs in this process,
-    ``engine.remote_cache.RemoteCache`` when it runs in a child."""
+    ``engine.transport.remote_cache.RemoteCache`` when it runs in a child."""
 
     def snapshot(self) -> ResidencySnapshot:
         """Every copy in every tier (the admin view; costs what is cached)."""

@@ -110,7 +110,7 @@ class ServerConfig:
 
 @dataclass(frozen=True)
 class ServerDeps:
-    """Everything ``create_app`` wires together (built by ``serve/assembly.py`` or a test)."""
+    """Everything ``create_app`` wires together (built by ``serve/front.py`` or a test)."""
 
     config: ServerConfig  # the HTTP layer's settings
     engine: EngineClient  # generation (the real AsyncEngine or a test fake)

@@ -19,10 +19,11 @@ Two families:
   string any gateway can send), comma-separated, sorted; an adapter is listed as running when a
   revision of it is in a GPU slot, and as waiting only when none is (the lists never overlap).
 
-Two gauges of the engine's supervision (``engine/process.py``): ``loraplex_engine_up`` (1 while
-the engine takes requests, 0 while its process is down or restarting) and
-``loraplex_engine_restarts_total``. While the engine is down the families read from it (the
-endpoint-picker family, the adapter cache's) are left out rather than reported as idle.
+Two gauges of the engine's supervision (``engine/transport/process.py``):
+``loraplex_engine_up`` (1 while the engine takes requests, 0 while its process is down or
+restarting) and ``loraplex_engine_restarts_total``. While the engine is down the families read
+from it (the endpoint-picker family, the adapter cache's) are left out rather than reported as
+idle.
 
 Every label takes values from a fixed set (tier, stage, cold, priority class, outcome) or a
 bounded one: adapter names appear in ``lora_requests_info``'s lists and in

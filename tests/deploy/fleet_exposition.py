@@ -17,8 +17,8 @@ from wsgiref.simple_server import WSGIRequestHandler, make_server
 from prometheus_client import CollectorRegistry, make_wsgi_app
 
 from loraplex.clock import MonotonicClock
-from loraplex.engine.messages import CacheCommand
 from loraplex.engine.protocol import EngineRequest
+from loraplex.engine.transport.messages import CacheCommand
 from loraplex.fleet import routing
 from loraplex.fleet.board import STALE_AFTER_S, BoardEntry
 from loraplex.fleet.link import FleetLink

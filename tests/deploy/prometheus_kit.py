@@ -27,8 +27,9 @@ import uvicorn
 import yaml
 
 from loraplex.demo.assets import DemoAssets
-from loraplex.serve.assembly import DEMO_DIR, Server, build_server
+from loraplex.serve.assembly import DEMO_DIR, build_server
 from loraplex.serve.config import ServeConfig
+from loraplex.serve.front import Server
 from loraplex.server.listeners import ConnectionLimits, ListenerConfig, bind
 
 PROMETHEUS = shutil.which("prometheus")

@@ -33,8 +33,8 @@ from prometheus_kit import (
 )
 
 from loraplex.demo.assets import DemoAssets
-from loraplex.engine.process import EngineProcess
-from loraplex.engine.thread_client import AsyncEngine
+from loraplex.engine.transport.process import EngineProcess
+from loraplex.engine.transport.thread_client import AsyncEngine
 from loraplex.fleet.replica import EngineReplica, ReplicaParts
 
 pytestmark = pytest.mark.skipif(

@@ -21,7 +21,7 @@ from loraplex.demo.assets import DemoAdapter, DemoAssets
 from loraplex.engine.config import EngineConfig, SchedulerConfig
 from loraplex.engine.factory import AdapterRuntime, build_engine
 from loraplex.engine.protocol import EngineRequest, TokenDelta
-from loraplex.engine.thread_client import AsyncEngine
+from loraplex.engine.transport.thread_client import AsyncEngine
 from loraplex.engine.watchdog import WatchdogPolicy
 from loraplex.model.lora import LoraSlotPool
 from loraplex.residency.cache import CacheConfig, TieredAdapterCache

@@ -7,7 +7,7 @@ import threading
 from typing import Any
 
 from loraplex.engine.protocol import TokenDelta
-from loraplex.engine.thread_client import Mailbox, Outbox
+from loraplex.engine.transport.streams import Mailbox, Outbox
 
 
 def _delta(n: int) -> TokenDelta:

@@ -7,7 +7,7 @@ import asyncio
 import pytest
 
 from loraplex.engine.protocol import TokenDelta
-from loraplex.engine.thread_client import Outbox, outbox_stream
+from loraplex.engine.transport.streams import Outbox, outbox_stream
 from loraplex.errors import QueueTimeoutError
 
 

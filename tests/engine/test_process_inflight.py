@@ -7,10 +7,10 @@ from __future__ import annotations
 
 import asyncio
 
-from loraplex.engine.messages import StepOut
-from loraplex.engine.process_inflight import InFlight
 from loraplex.engine.protocol import TokenDelta
-from loraplex.engine.thread_client import Mailbox, Outbox
+from loraplex.engine.transport.messages import StepOut
+from loraplex.engine.transport.process_inflight import InFlight
+from loraplex.engine.transport.streams import Mailbox, Outbox
 from loraplex.errors import EngineUnavailableError
 
 _DELTA = TokenDelta((7,), "x", None, prompt_tokens=3, completion_tokens=1)

@@ -5,9 +5,9 @@ for ``load_snapshot``, and the queue view and cache summary kept until they chan
 from __future__ import annotations
 
 from loraplex.artifacts.identity import AdapterKey
-from loraplex.engine.messages import StatePublish
-from loraplex.engine.process_state import PublishedState
 from loraplex.engine.sched.stats import QueueView
+from loraplex.engine.transport.messages import StatePublish
+from loraplex.engine.transport.process_state import PublishedState
 from loraplex.residency.cache import ResidencyChanges
 from loraplex.residency.ledger import Tier
 

@@ -283,7 +283,7 @@ def test_seat_limits_cross_the_engine_process_pipe() -> None:
     ``multiprocessing`` pipe (pickled) with every field of ``TenantSettings``."""
     import multiprocessing
 
-    from loraplex.engine.messages import UpdateTenants
+    from loraplex.engine.transport.messages import UpdateTenants
 
     limits = SeatLimits(max_running_seqs=6, reserved_running_seqs=2, max_kv_blocks=90)
     sent = UpdateTenants({"fan": TenantSettings.for_priority("high", seats=limits)})

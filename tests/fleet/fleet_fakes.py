@@ -11,8 +11,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from loraplex.artifacts.identity import AdapterKey
-from loraplex.engine.messages import CacheCommand
 from loraplex.engine.protocol import EngineLoad, EngineRequest, TokenDelta
+from loraplex.engine.transport.messages import CacheCommand
 from loraplex.fleet.board import BoardEntry
 from loraplex.fleet.link import FleetLink
 from loraplex.fleet.wire import RouteHint

@@ -23,7 +23,8 @@ from fleet_fakes import (
 )
 
 from loraplex.artifacts.warm_policy import WarmPolicy
-from loraplex.engine.messages import (
+from loraplex.engine.tenant_shares import TenantSettings
+from loraplex.engine.transport.messages import (
     CacheCommand,
     Evict,
     Pin,
@@ -33,7 +34,6 @@ from loraplex.engine.messages import (
     Unpin,
     UpdateTenants,
 )
-from loraplex.engine.tenant_shares import TenantSettings
 from loraplex.errors import EngineUnavailableError, QueueFullError
 from loraplex.fleet import board as board_module
 from loraplex.fleet.board import FORGET_AFTER_S, STALE_AFTER_S, Board

@@ -26,8 +26,8 @@ from fleet_fakes import (
     wait_until,
 )
 
-from loraplex.engine.process_child import pack_error
 from loraplex.engine.protocol import TokenDelta
+from loraplex.engine.transport.packed_errors import pack_error
 from loraplex.errors import EngineUnavailableError, QueueFullError, QueueTimeoutError
 from loraplex.fleet.engine_client import MAX_ATTEMPTS, FleetEngineClient
 from loraplex.fleet.link import FleetLink

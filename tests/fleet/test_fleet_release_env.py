@@ -20,9 +20,9 @@ from fleet_fakes import (
 )
 
 from loraplex.clock import ManualClock
-from loraplex.engine.messages import Pin
-from loraplex.engine.process_child import pack_error
 from loraplex.engine.protocol import EngineRequest, TokenDelta
+from loraplex.engine.transport.messages import Pin
+from loraplex.engine.transport.packed_errors import pack_error
 from loraplex.errors import CorruptArtifactError, EngineUnavailableError
 from loraplex.fleet.cache import FleetCache
 from loraplex.fleet.engine_client import FleetEngineClient

@@ -16,10 +16,10 @@ import pytest
 from loraplex.artifacts.base_model import BaseModelSpec
 from loraplex.artifacts.identity import AdapterKey
 from loraplex.demo.assets import DemoAssets
-from loraplex.engine.messages import Pin, Snapshot, Unpin, UpdateTenants
-from loraplex.engine.process_child import unpack_error
 from loraplex.engine.protocol import EngineHealth, EngineLoad, EngineRequest, TokenDelta
 from loraplex.engine.tenant_shares import TenantSettings
+from loraplex.engine.transport.messages import Pin, Snapshot, Unpin, UpdateTenants
+from loraplex.engine.transport.packed_errors import unpack_error
 from loraplex.errors import EngineUnavailableError, LoraplexError
 from loraplex.fleet.replica import EVICTION_WINDOW_S, EngineReplica, build_replica_parts
 from loraplex.fleet.routing import UP_KEY
@@ -31,7 +31,7 @@ from loraplex.router.reports import decode_report
 from loraplex.sampling import SamplingParams
 from loraplex.serve.bootstrap import register_demo
 from loraplex.serve.config import ServeConfig
-from loraplex.serve.engine_side import registry_config
+from loraplex.serve.engine_settings import registry_config
 
 REPLICA_ID = "replica-1"
 

@@ -13,7 +13,7 @@ import pytest
 from fleet_fakes import key, report, request
 
 from loraplex.clock import ManualClock
-from loraplex.engine.messages import Snapshot
+from loraplex.engine.transport.messages import Snapshot
 from loraplex.fleet.ray_router import LoraplexRequestRouter
 from loraplex.fleet.routing import (
     REPORT_KEY,

@@ -7,7 +7,7 @@ from __future__ import annotations
 import time
 from pathlib import Path
 
-from loraplex.engine.process_child import WorkerHandles
+from loraplex.engine.transport.worker import WorkerHandles
 from loraplex.serve.config import ServeConfig
 from loraplex.serve.engine_side import build_worker
 

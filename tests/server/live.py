@@ -17,8 +17,9 @@ from openai import AsyncOpenAI, OpenAI
 from loraplex.artifacts.identity import AdapterKey
 from loraplex.artifacts.store import ArtifactStore
 from loraplex.demo.assets import DemoAssets
-from loraplex.serve.assembly import DEMO_DIR, Server, build_server
+from loraplex.serve.assembly import DEMO_DIR, build_server
 from loraplex.serve.config import ServeConfig
+from loraplex.serve.front import Server
 from loraplex.server.listeners import ConnectionLimits, ListenerConfig, bind
 
 

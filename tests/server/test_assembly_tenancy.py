@@ -15,9 +15,11 @@ from loraplex.artifacts.warm_policy import WarmPolicy
 from loraplex.registry import RegistrationRequest
 from loraplex.residency.ledger import Tier
 from loraplex.residency.warm import AutoWarmConfig
-from loraplex.serve.assembly import Server, build_server
+from loraplex.serve.assembly import build_server
 from loraplex.serve.config import ServeConfig
-from loraplex.serve.engine_side import build_worker, settings_of
+from loraplex.serve.engine_settings import settings_of
+from loraplex.serve.engine_side import build_worker
+from loraplex.serve.front import Server
 
 if TYPE_CHECKING:
     from loraplex.demo.assets import DemoAssets

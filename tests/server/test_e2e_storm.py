@@ -18,11 +18,12 @@ from loraplex.artifacts.base_model import BaseModelSpec
 from loraplex.demo.assets import DemoAdapter, DemoAssets
 from loraplex.engine.config import EngineConfig, SchedulerConfig
 from loraplex.engine.factory import AdapterRuntimeConfig, build_adapter_runtime, build_engine
-from loraplex.engine.thread_client import AsyncEngine
+from loraplex.engine.transport.thread_client import AsyncEngine
 from loraplex.registry import RegistryConfig, open_registry
 from loraplex.residency.cache import TieredAdapterCache
 from loraplex.serve.bootstrap import register_demo, sample_keys
-from loraplex.serve.engine_side import RegistryResolver, tenant_settings
+from loraplex.serve.engine_settings import tenant_settings
+from loraplex.serve.engine_side import RegistryResolver
 from loraplex.server.app import create_app
 from loraplex.server.chat import ChatTemplate
 from loraplex.server.deps import ServerConfig, ServerDeps

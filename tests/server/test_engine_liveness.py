@@ -22,10 +22,10 @@ from live import client, running
 from slow_engine import slow_worker
 
 from loraplex.demo.assets import DemoAssets
-from loraplex.engine.process import EngineProcess
+from loraplex.engine.transport.process import EngineProcess
 from loraplex.model.tokenizer import TextTokenizer
 from loraplex.serve.config import ServeConfig
-from loraplex.serve.engine_side import watchdog_policy
+from loraplex.serve.engine_settings import watchdog_policy
 from loraplex.server.app import create_app
 from loraplex.server.deps import ServerConfig, ServerDeps
 

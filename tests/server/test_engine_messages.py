@@ -14,7 +14,7 @@ from live import Live, live_server
 from prometheus_client.parser import text_string_to_metric_families
 
 from loraplex.demo.assets import DemoAssets
-from loraplex.engine.process import EngineProcess
+from loraplex.engine.transport.process import EngineProcess
 from loraplex.residency.ledger import Tier
 
 ADMIN = "test-admin-credential-0123456789"

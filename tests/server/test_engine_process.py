@@ -19,9 +19,9 @@ import pytest
 from live import Live, client, live_server
 
 from loraplex.demo.assets import DemoAssets
-from loraplex.engine.process import EngineProcess
-from loraplex.engine.process_child import pack_error, unpack_error
 from loraplex.engine.protocol import EngineRequest
+from loraplex.engine.transport.packed_errors import pack_error, unpack_error
+from loraplex.engine.transport.process import EngineProcess
 from loraplex.errors import (
     CacheIntegrityError,
     CapacityError,

@@ -14,9 +14,9 @@ from live import live_server
 from loraplex.artifacts.identity import AdapterKey
 from loraplex.artifacts.warm_policy import WarmPolicy
 from loraplex.demo.assets import DemoAssets
-from loraplex.engine.messages import Evict, Pin, Prefetch, SetWarm, Unpin
-from loraplex.engine.process import EngineProcess
 from loraplex.engine.standing import StandingSettings
+from loraplex.engine.transport.messages import Evict, Pin, Prefetch, SetWarm, Unpin
+from loraplex.engine.transport.process import EngineProcess
 from loraplex.residency.ledger import Tier
 
 ADMIN = "test-admin-credential-0123456789"

@@ -15,7 +15,7 @@ from fastapi.testclient import TestClient
 from gated_engine import FAIL, gated_worker
 
 from loraplex.demo.assets import DemoAssets
-from loraplex.engine.process import EngineProcess
+from loraplex.engine.transport.process import EngineProcess
 from loraplex.errors import EngineUnavailableError
 from loraplex.model.tokenizer import TextTokenizer
 from loraplex.serve.assembly import build_server

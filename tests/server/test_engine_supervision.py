@@ -20,8 +20,8 @@ from live import Live, client, live_server
 from prometheus_client.parser import text_string_to_metric_families
 
 from loraplex.demo.assets import DemoAssets
-from loraplex.engine.process import EngineProcess
-from loraplex.engine.restart import Backoff, RestartPolicy
+from loraplex.engine.transport.process import EngineProcess
+from loraplex.engine.transport.restart import Backoff, RestartPolicy
 
 ADMIN = "test-admin-credential-0123456789"
 AUTH = {"Authorization": f"Bearer {ADMIN}"}

@@ -20,10 +20,10 @@ import pytest
 from live import Live, client, live_server
 
 from loraplex.demo.assets import DemoAssets
-from loraplex.engine.process import EngineProcess
+from loraplex.engine.transport.process import EngineProcess
 from loraplex.engine.watchdog import WatchdogPolicy
 from loraplex.serve.config import ServeConfig
-from loraplex.serve.engine_side import watchdog_policy
+from loraplex.serve.engine_settings import watchdog_policy
 
 ADMIN = "test-admin-credential-0123456789"
 AUTH = {"Authorization": f"Bearer {ADMIN}"}

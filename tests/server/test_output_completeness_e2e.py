@@ -27,8 +27,9 @@ import httpx
 import pytest
 from live import Live, live_server
 
-import loraplex.engine.process as engine_process
-import loraplex.engine.thread_client as thread_client
+import loraplex.engine.transport.process as engine_process
+import loraplex.engine.transport.streams as streams
+import loraplex.engine.transport.thread_client as thread_client
 from loraplex.demo.assets import DemoAssets
 from loraplex.engine.protocol import TokenDelta, merge_deltas
 from loraplex.engine.sched.scheduler import Scheduler
@@ -65,7 +66,7 @@ def merges(monkeypatch: pytest.MonkeyPatch) -> list[int]:
         count[0] += 1
         return merge_deltas(first, second)
 
-    real = thread_client.outbox_stream
+    real = streams.outbox_stream
 
     async def lagging(outbox: Any, start: Any, stop: Any) -> AsyncIterator[TokenDelta]:
         stream = real(outbox, start, stop)
@@ -76,7 +77,7 @@ def merges(monkeypatch: pytest.MonkeyPatch) -> list[int]:
         finally:
             await stream.aclose()
 
-    monkeypatch.setattr(thread_client, "merge_deltas", counting)
+    monkeypatch.setattr(streams, "merge_deltas", counting)
     monkeypatch.setattr(thread_client, "outbox_stream", lagging)
     monkeypatch.setattr(engine_process, "outbox_stream", lagging)
     return count

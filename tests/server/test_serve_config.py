@@ -24,7 +24,7 @@ from loraplex.serve.config import (
     merge,
     read_config_file,
 )
-from loraplex.serve.engine_side import engine_config, registry_config
+from loraplex.serve.engine_settings import engine_config, registry_config
 
 LOCATION_VARIABLES = ("LORAPLEX_DATABASE_URL", "LORAPLEX_STORE", "LORAPLEX_S3_ENDPOINT")
 

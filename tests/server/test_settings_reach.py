@@ -14,9 +14,9 @@ from loraplex.engine import factory
 from loraplex.engine.config import EngineConfig, SchedulerConfig
 from loraplex.engine.factory import AdapterRuntimeConfig
 from loraplex.residency.cache.config import CacheConfig
-from loraplex.serve import engine_side
+from loraplex.serve import engine_settings, engine_side
 from loraplex.serve.config import ServeConfig
-from loraplex.serve.engine_side import engine_config
+from loraplex.serve.engine_settings import engine_config
 
 INTERNAL: dict[type, dict[str, str]] = {
     AdapterRuntimeConfig: {},
@@ -76,8 +76,8 @@ def test_every_cache_field_is_set_from_the_runtime_config_or_internal() -> None:
 
 
 def test_every_scheduler_and_engine_field_is_set_from_the_serve_config() -> None:
-    _check(SchedulerConfig, _keywords(engine_side, "engine_config", "SchedulerConfig"))
-    _check(EngineConfig, _keywords(engine_side, "engine_config", "EngineConfig"))
+    _check(SchedulerConfig, _keywords(engine_settings, "engine_config", "SchedulerConfig"))
+    _check(EngineConfig, _keywords(engine_settings, "engine_config", "EngineConfig"))
 
 
 def test_the_scheduler_and_engine_fields_carry_the_serve_values(tmp_path: Path) -> None:

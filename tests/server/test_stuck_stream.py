@@ -21,8 +21,9 @@ import uvicorn
 from live import listening
 
 from loraplex.demo.assets import DemoAssets
-from loraplex.serve.assembly import DEMO_DIR, Server, build_server
+from loraplex.serve.assembly import DEMO_DIR, build_server
 from loraplex.serve.config import ServeConfig
+from loraplex.serve.front import Server
 from loraplex.server.listeners import BoundedH11Protocol, ConnectionLimits
 from loraplex.server.stream_buffer import bounded
 from loraplex.server.streaming import not_read_event

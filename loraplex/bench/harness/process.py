@@ -36,9 +36,10 @@ class Launch:
     start_timeout_s: float  # bound on start to ready
     stop_grace_s: float  # after SIGINT, before SIGKILL
     tail_chars: int = 2000  # of the log, quoted when the server exits early
+    poll_s: float = READY_POLL_S  # how often the ready path is asked (the timing's resolution)
 
     def __post_init__(self) -> None:
-        for name in ("start_timeout_s", "stop_grace_s"):
+        for name in ("start_timeout_s", "stop_grace_s", "poll_s"):
             if not getattr(self, name) > 0:
                 raise ValueError(f"{name} {getattr(self, name)} is invalid; expected > 0")
         if not self.ready_path.startswith("/"):
@@ -87,7 +88,7 @@ def wait_ready(process: subprocess.Popen[bytes], launch: Launch) -> None:
                 return
         except httpx.HTTPError:
             pass
-        time.sleep(READY_POLL_S)
+        time.sleep(launch.poll_s)
     raise RuntimeError(
         f"{launch.name} did not become ready within {launch.start_timeout_s} s "
         f"(log: {launch.log_path})"

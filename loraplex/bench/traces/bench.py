@@ -28,8 +28,9 @@ from typing import Any, cast
 import httpx
 import uvicorn
 
-from loraplex.serve.assembly import Server, build_server
+from loraplex.serve.assembly import build_server
 from loraplex.serve.config import ServeConfig
+from loraplex.serve.front import Server
 from loraplex.tracing.exporter import Tracer
 from loraplex.tracing.record import RequestTracing
 

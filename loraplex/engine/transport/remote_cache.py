@@ -1,20 +1,30 @@
-"""``RemoteCache``: the cache-control surface of an engine process's adapter cache."""
+"""``RemoteCache``: the cache-control surface of an engine process's adapter cache.
+
+It is handed the two calls it makes (``EngineProcess.call`` and ``call_future``), not the
+process: the process builds it, so naming the process here would make the two files import each
+other."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from concurrent.futures import Future
-from typing import TYPE_CHECKING
+from typing import Any
 
 from loraplex.artifacts.identity import AdapterKey
 from loraplex.artifacts.warm_policy import WarmPolicy
-from loraplex.engine.messages import Evict, Pin, Prefetch, SetWarm, Snapshot, Unpin
-from loraplex.engine.process_state import PublishedState
+from loraplex.engine.transport.messages import (
+    CacheCommand,
+    Evict,
+    Pin,
+    Prefetch,
+    SetWarm,
+    Snapshot,
+    Unpin,
+)
+from loraplex.engine.transport.process_state import PublishedState
 from loraplex.errors import EngineUnavailableError
 from loraplex.residency.cache import CacheSummary, ResidencySnapshot
 from loraplex.residency.ledger import Tier
-
-if TYPE_CHECKING:
-    from loraplex.engine.process import EngineProcess
 
 
 class RemoteCache:
@@ -23,14 +33,20 @@ class RemoteCache:
     ``is_resident`` and ``summary`` answer from the latest published state (at most
     ``state_interval_s`` old; nothing is resident while the engine is down); the other methods
     are calls into the child (``EngineUnavailableError`` while it is down). It holds the
-    ``EngineProcess``, not a child, so after a restart it answers from the new child."""
+    ``EngineProcess``'s calls, not a child's, so after a restart it answers from the new child."""
 
-    def __init__(self, engine: EngineProcess, state: PublishedState) -> None:
-        self._engine = engine
+    def __init__(
+        self,
+        call: Callable[[CacheCommand], Any],
+        call_future: Callable[[CacheCommand], Future[None]],
+        state: PublishedState,
+    ) -> None:
+        self._call = call  # runs a command in the child, returns its result
+        self._call_future = call_future  # a loading command: completes when its load does
         self._state = state
 
     def snapshot(self) -> ResidencySnapshot:
-        result: ResidencySnapshot = self._engine.call(Snapshot())
+        result: ResidencySnapshot = self._call(Snapshot())
         return result
 
     def summary(self) -> CacheSummary:
@@ -44,17 +60,17 @@ class RemoteCache:
         return self._state.is_resident(key, tier)
 
     def pin(self, key: AdapterKey, tier: Tier) -> Future[None]:
-        return self._engine.call_future(Pin(key, tier))
+        return self._call_future(Pin(key, tier))
 
     def prefetch(self, key: AdapterKey, tier: Tier) -> Future[None]:
-        return self._engine.call_future(Prefetch(key, tier))
+        return self._call_future(Prefetch(key, tier))
 
     def unpin(self, key: AdapterKey, tier: Tier) -> None:
-        self._engine.call(Unpin(key, tier))
+        self._call(Unpin(key, tier))
 
     def evict(self, key: AdapterKey, tier: Tier) -> bool:
-        evicted: bool = self._engine.call(Evict(key, tier))
+        evicted: bool = self._call(Evict(key, tier))
         return evicted
 
     def set_warm_policy(self, key: AdapterKey, warm: WarmPolicy | None) -> None:
-        self._engine.call(SetWarm(key, warm))
+        self._call(SetWarm(key, warm))

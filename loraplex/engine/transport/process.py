@@ -9,20 +9,20 @@ API server for the same reason).
 The child is started with ``spawn`` and builds everything that touches the model from a
 picklable ``builder`` (a module-level function and its arguments) returning ``WorkerHandles``:
 the engine core, its adapter cache, and how to apply tenant settings and close. It then runs an
-``EngineThread`` and answers one duplex pipe (``engine/process_link.py``):
+``EngineThread`` and answers one duplex pipe (``engine/transport/process_link.py``):
 
 after every step one message carries all of that step's deltas, and the state the child publishes
-when it changed (queue counts, residency as deltas, cache counters: ``engine/process_state.py``)
+when it changed (queue counts, residency as deltas, cache counters: ``process_state.py``)
 answers ``load_snapshot``, ``RemoteCache.is_resident`` and ``RemoteCache.summary`` (/metrics)
-without a round trip. Messages are typed (``engine/messages.py``) and routed by their type.
+without a round trip. Messages are typed (``messages.py``) and routed by their type.
 
-Errors cross the pipe with their types and attributes (``process_child.pack_error``).
+Errors cross the pipe with their types and attributes (``packed_errors.py``).
 
 The child is supervised. One IO thread reads its pipe; at EOF (the child died, however) every
 live stream and call fails with ``EngineUnavailableError`` (503) naming the restart, the engine
 reports itself down (``health()``: /ready answers 503, ``load_snapshot`` raises, new
 requests are refused at once), and the same thread starts a new child after a bounded
-exponential backoff (``engine/restart.py``) until one is ready; then the engine is up again.
+exponential backoff (``restart.py``) until one is ready; then the engine is up again.
 The child builds its tenant settings and warm policies from the registry, like the first one;
 the pins and operator warm policies the previous child had accepted are replayed into it
 (``engine/standing.py``) before any request reaches it.
@@ -62,7 +62,10 @@ from collections.abc import AsyncGenerator, Callable, Mapping
 from concurrent.futures import Future
 from typing import Any
 
-from loraplex.engine.messages import (
+from loraplex.engine.protocol import EngineHealth, EngineLoad, EngineRequest, TokenDelta
+from loraplex.engine.standing import StandingSettings
+from loraplex.engine.tenant_shares import TenantSettings
+from loraplex.engine.transport.messages import (
     AbortRequest,
     AddRequest,
     Alive,
@@ -75,16 +78,13 @@ from loraplex.engine.messages import (
     StepOut,
     UpdateTenants,
 )
-from loraplex.engine.process_child import WorkerHandles
-from loraplex.engine.process_inflight import InFlight
-from loraplex.engine.process_link import ChildLink
-from loraplex.engine.process_state import PublishedState
-from loraplex.engine.protocol import EngineHealth, EngineLoad, EngineRequest, TokenDelta
-from loraplex.engine.remote_cache import RemoteCache
-from loraplex.engine.restart import Backoff, RestartPolicy
-from loraplex.engine.standing import StandingSettings
-from loraplex.engine.tenant_shares import TenantSettings
-from loraplex.engine.thread_client import Mailboxes, Outbox, outbox_stream
+from loraplex.engine.transport.process_inflight import InFlight
+from loraplex.engine.transport.process_link import ChildLink
+from loraplex.engine.transport.process_state import PublishedState
+from loraplex.engine.transport.remote_cache import RemoteCache
+from loraplex.engine.transport.restart import Backoff, RestartPolicy
+from loraplex.engine.transport.streams import Mailboxes, Outbox, outbox_stream
+from loraplex.engine.transport.worker import WorkerHandles
 from loraplex.engine.watchdog import Cause, ProgressWatchdog, Verdict, WatchdogPolicy
 from loraplex.errors import EngineUnavailableError
 from loraplex.model.tokenizer import TextTokenizer
@@ -147,7 +147,8 @@ class EngineProcess:
         self._tenants_unsent: dict[str, TenantSettings] | None = None
         # pins and warm policies the child accepted: replayed into every restarted child
         self._standing = StandingSettings()
-        self.cache = RemoteCache(self, self._state)  # the child's adapter cache, for the admin API
+        # the child's adapter cache, for the admin API
+        self.cache = RemoteCache(self.call, self.call_future, self._state)
         self._link = self._spawn()
         if wait_ready:
             self._first_start(self._link)

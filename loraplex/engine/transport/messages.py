@@ -1,4 +1,4 @@
-"""The messages between the server process and its engine child (``engine/process.py``).
+"""The messages between the server process and its engine child (``engine/transport/process.py``).
 
 Every message is a frozen dataclass; each side routes what it receives through a table keyed by
 the message's type (``process_child._Child`` and ``process.EngineProcess``), and cache commands
@@ -16,7 +16,7 @@ loading commands (``Pin``, ``Prefetch``), ``LoadDone`` when the load finishes; `
 ``alive_interval_s`` from a thread of its own, whatever the engine loop does (liveness: the
 watchdog counts every message as a sign of life, and silence as a frozen process).
 
-Errors cross the pipe as a ``PackedError`` (``process_child.pack_error``).
+Errors cross the pipe as a ``PackedError`` (``engine/transport/packed_errors.py``).
 """
 
 from __future__ import annotations
@@ -29,12 +29,9 @@ from loraplex.artifacts.warm_policy import WarmPolicy
 from loraplex.engine.protocol import EngineRequest, TokenDelta
 from loraplex.engine.sched.stats import QueueView
 from loraplex.engine.tenant_shares import TenantSettings
+from loraplex.engine.transport.packed_errors import PackedError
 from loraplex.residency.cache import CacheSummary, ResidencyChanges
 from loraplex.residency.ledger import Tier
-
-# (module, class name, args, attributes): an exception rebuilt by ``process_child.unpack_error``.
-PackedError = tuple[str, str, tuple[Any, ...], dict[str, Any]]
-
 
 # --- cache commands (run in the child, on its adapter cache) -----------------------------------
 

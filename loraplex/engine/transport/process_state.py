@@ -11,9 +11,9 @@ from __future__ import annotations
 import threading
 
 from loraplex.artifacts.identity import AdapterKey
-from loraplex.engine.messages import StatePublish
 from loraplex.engine.protocol import EngineLoad
 from loraplex.engine.sched.stats import EMPTY_VIEW, load_of
+from loraplex.engine.transport.messages import StatePublish
 from loraplex.residency.cache import CacheSummary
 from loraplex.residency.ledger import Tier
 

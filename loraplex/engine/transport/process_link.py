@@ -1,4 +1,4 @@
-"""One engine child process and its pipe (``engine/process.py`` supervises a series of them).
+"""One engine child process and its pipe (``process.py`` supervises a series of them).
 
 A link is started, awaited until its child says it is ready, read until its pipe reaches EOF
 (the child exited, whatever killed it), then closed: the child is reaped and the pipe and the
@@ -22,8 +22,10 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from loraplex.engine.messages import Ready, StartFailed, Stop
-from loraplex.engine.process_child import WorkerHandles, child_main, unpack_error
+from loraplex.engine.transport.messages import Ready, StartFailed, Stop
+from loraplex.engine.transport.packed_errors import unpack_error
+from loraplex.engine.transport.process_child import child_main
+from loraplex.engine.transport.worker import WorkerHandles
 from loraplex.errors import EngineUnavailableError
 
 _log = logging.getLogger(__name__)

@@ -1,26 +1,25 @@
-"""The engine process's side: what a builder returns, errors across the pipe, and the loop
-that serves the parent's messages (``engine/process.py`` says why the engine has a process;
-``engine/messages.py`` lists the messages).
+"""The engine process's side: the loop that serves the parent's messages (``process.py`` says
+why the engine has a process; ``messages.py`` lists the messages; a builder returns
+``worker.WorkerHandles``; errors cross as ``packed_errors.PackedError``).
 
-Errors cross the pipe as (module, class name, args, attributes) and are rebuilt without calling
-the class's ``__init__``: domain errors have keyword-rich constructors that pickle cannot replay.
+Torch-free at import time: the builder it is given imports torch when it runs, here in the child.
 """
 
 from __future__ import annotations
 
 import contextlib
 import gc
-import importlib
 import threading
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable
 from concurrent.futures import Future
-from dataclasses import dataclass
 from multiprocessing.connection import Connection
 from typing import Any
 
-from loraplex.engine.core import EngineCore
-from loraplex.engine.messages import (
+from loraplex.engine.loop import EngineThread
+from loraplex.engine.protocol import EngineRequest, TokenDelta
+from loraplex.engine.sched.stats import QueueView
+from loraplex.engine.transport.messages import (
     AbortRequest,
     AddRequest,
     Alive,
@@ -29,7 +28,6 @@ from loraplex.engine.messages import (
     Evict,
     Heartbeat,
     LoadDone,
-    PackedError,
     Pin,
     Prefetch,
     Ready,
@@ -43,54 +41,10 @@ from loraplex.engine.messages import (
     Unpin,
     UpdateTenants,
 )
-from loraplex.engine.protocol import EngineRequest, TokenDelta
-from loraplex.engine.sched.stats import QueueView
-from loraplex.engine.tenant_shares import TenantSettings
-from loraplex.engine.thread_client import EngineThread
+from loraplex.engine.transport.packed_errors import PackedError, pack_error
+from loraplex.engine.transport.worker import WorkerHandles
 from loraplex.errors import EngineUnavailableError
 from loraplex.residency.cache import CacheSummary, TieredAdapterCache
-
-
-@dataclass(frozen=True)
-class WorkerHandles:
-    """What a builder returns in the child."""
-
-    core: EngineCore  # the engine core (driven by an EngineThread the child starts)
-    idle_wait_s: float  # the engine thread's idle sleep
-    max_loras: int  # GPU adapter slots
-    update_tenants: Callable[[Mapping[str, TenantSettings]], None]  # live tenant settings
-    close: Callable[[], None]  # after the engine thread stopped: close the cache, registry...
-
-
-# --- errors across the pipe ------------------------------------------------------------------
-
-
-def pack_error(exc: BaseException) -> PackedError:
-    """A picklable description of ``exc`` (its class by module and name, args and attributes)."""
-    cls = type(exc)
-    state = {k: v for k, v in vars(exc).items() if _plain(v)}
-    args = tuple(a for a in exc.args if _plain(a))
-    return (cls.__module__, cls.__qualname__, args, state)
-
-
-def unpack_error(packed: PackedError) -> BaseException:
-    """The exception ``pack_error`` described; RuntimeError when its class cannot be found."""
-    module, qualname, args, state = packed
-    try:
-        cls = getattr(importlib.import_module(module), qualname)
-        if not (isinstance(cls, type) and issubclass(cls, BaseException)):
-            raise TypeError(qualname)
-        exc = cls.__new__(cls)
-        BaseException.__init__(exc, *args)
-        exc.__dict__.update(state)
-        return exc
-    except Exception:  # an unknown class: keep the message
-        return RuntimeError(f"{module}.{qualname}: {args[0] if args else ''}")
-
-
-def _plain(value: object) -> bool:
-    return value is None or isinstance(value, str | int | float | bool | tuple | list | dict)
-
 
 # --- cache commands --------------------------------------------------------------------------
 

@@ -1,7 +1,7 @@
 """What the server process has in flight in its engine child: streams waiting for deltas, calls
 waiting for their reply, pin/prefetch loads waiting for their ``done``.
 
-The IO thread routes the child's messages here (``engine/messages.py`` lists them); when the
+The IO thread routes the child's messages here (``messages.py`` lists them); when the
 child dies, everything in flight fails at once and nothing of it is carried to the next child.
 When it is declared hung, the streams whose request has had no output yet fail at once (they
 cannot be served soon); a request's ``n`` siblings count as one (``prefix_leader``): once one
@@ -16,10 +16,10 @@ from collections import Counter
 from concurrent.futures import Future
 from typing import Any
 
-from loraplex.engine.messages import LoadDone, Reply, StepOut
-from loraplex.engine.process_child import unpack_error
 from loraplex.engine.protocol import TokenDelta
-from loraplex.engine.thread_client import Mailbox, Outbox
+from loraplex.engine.transport.messages import LoadDone, Reply, StepOut
+from loraplex.engine.transport.packed_errors import unpack_error
+from loraplex.engine.transport.streams import Mailbox, Outbox
 
 
 class InFlight:

@@ -1,0 +1,71 @@
+"""What the server process derives from ``ServeConfig`` and the registry for its engine side: the
+tenants' settings, the engine and watchdog configs, the registry location. Torch-free: the HTTP
+process reads these, the engine side (``serve/engine_side.py``, in the engine's child process or
+on a thread) builds with them.
+"""
+
+from __future__ import annotations
+
+from loraplex.engine.config import EngineConfig, SchedulerConfig
+from loraplex.engine.tenant_shares import SeatLimits, TenantSettings
+from loraplex.engine.watchdog import WatchdogPolicy
+from loraplex.registry import Registry, RegistryConfig, Tenant
+from loraplex.serve.config import ServeConfig
+
+
+def settings_of(tenant: Tenant) -> TenantSettings:
+    """What the engine and the cache enforce for one registry tenant."""
+    quotas = tenant.quotas
+    return TenantSettings.for_priority(
+        tenant.priority.value,
+        max_gpu_bytes=quotas.max_gpu_bytes,
+        max_cpu_bytes=quotas.max_cpu_bytes,
+        max_disk_bytes=quotas.max_disk_bytes,
+        max_cold_loads=quotas.max_cold_loads,
+        seats=SeatLimits(
+            quotas.max_running_seqs, quotas.reserved_running_seqs, quotas.max_kv_blocks
+        ),
+    )
+
+
+def tenant_settings(registry: Registry) -> dict[str, TenantSettings]:
+    """Every registry tenant's settings (tenant name -> settings)."""
+    return {t.name: settings_of(t) for t in registry.list_tenants()}
+
+
+def engine_config(config: ServeConfig) -> EngineConfig:
+    scheduler = SchedulerConfig(
+        max_num_seqs=config.max_num_seqs,
+        max_num_batched_tokens=config.batched_tokens(),
+        max_model_len=config.max_model_len,
+        default_deadline_s=config.queue_deadline_s,
+        max_queue_len=config.max_queue_len,
+        class_reserve_seqs=config.class_reserve_seqs,
+    )
+    return EngineConfig(
+        scheduler=scheduler,
+        block_size=config.block_size,
+        num_kv_blocks=config.num_kv_blocks,
+        dtype=config.dtype,
+        device=config.device,
+        mode=config.mode,
+    )
+
+
+def watchdog_policy(config: ServeConfig) -> WatchdogPolicy:
+    """When the engine counts as hung, and when a hung engine process is killed."""
+    return WatchdogPolicy(
+        config.engine_hung_after_s,
+        config.engine_hung_kill_after_s,
+        config.engine_unresponsive_after_s,
+    )
+
+
+def registry_config(config: ServeConfig) -> RegistryConfig:
+    return RegistryConfig(
+        config.data_dir,
+        config.database_url,
+        config.store,
+        config.s3_endpoint,
+        config.max_lora_rank,
+    )
