@@ -48,7 +48,7 @@ from loraplex.model.checkpoint import load_checkpoint
 from loraplex.model.lora import LoraSlotPool
 from loraplex.model.tokenizer import TextTokenizer
 from loraplex.residency.cache import CacheConfig, TieredAdapterCache
-from loraplex.residency.ledger import Tier, TierBudget
+from loraplex.residency.ledger import Tier, TierBudget, check_tier_share
 from loraplex.residency.policy import DEFAULT_POLICY, make_policy
 from loraplex.residency.warm import AutoWarmConfig
 from loraplex.runtime.tier_backends import ArtifactRef, DiskTier, TierPipeline
@@ -73,6 +73,8 @@ class AdapterRuntimeConfig:
     auto_warm: AutoWarmConfig | None = field(default_factory=AutoWarmConfig)
     auto_warm_interval_s: float = 5.0  # engine-clock seconds between two automatic rebalances
     max_auto_gpu_slots: int = 0  # GPU slots automatic gpu promotion may pin (< max_loras)
+    # the fraction of each tier a tenant without a byte cap of its own may hold (1.0: all)
+    default_tenant_tier_share: float = 1.0
 
     def __post_init__(self) -> None:
         for name in (
@@ -92,6 +94,7 @@ class AdapterRuntimeConfig:
                 f"max_loras - 1 ({self.max_loras - 1})"
             )
         check_dtype(self.dtype)
+        check_tier_share(self.default_tenant_tier_share)
         if not self.auto_warm_interval_s > 0:
             raise ValueError(
                 f"auto_warm_interval_s {self.auto_warm_interval_s} is invalid; expected > 0"
@@ -149,10 +152,11 @@ def build_adapter_runtime(
     pool = LoraSlotPool(base, config.max_loras, config.max_lora_rank, dtype=dtype, device=device)
     slot_lock = threading.Lock()
     pipeline = TierPipeline(resolver, store, DiskTier(disk_dir), pool, base, slot_lock=slot_lock)
+    share = config.default_tenant_tier_share
     budgets = {
-        Tier.L0: TierBudget(pool.total_bytes, config.max_loras),
-        Tier.L1: TierBudget(config.cpu_adapter_bytes),
-        Tier.L2: TierBudget(config.disk_cache_bytes),
+        Tier.L0: TierBudget(pool.total_bytes, config.max_loras, default_tenant_share=share),
+        Tier.L1: TierBudget(config.cpu_adapter_bytes, default_tenant_share=share),
+        Tier.L2: TierBudget(config.disk_cache_bytes, default_tenant_share=share),
     }
     cache_config = CacheConfig(
         budgets,

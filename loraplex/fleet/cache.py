@@ -223,4 +223,5 @@ def sum_summaries(summaries: list[CacheSummary]) -> CacheSummary:
         used_bytes=add("used_bytes"),
         capacity_bytes=add("capacity_bytes"),
         num_copies=add("num_copies"),
+        default_tenant_bytes=add("default_tenant_bytes"),
     )

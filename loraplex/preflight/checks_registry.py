@@ -112,30 +112,73 @@ def core_warm_policy(obs: Observation) -> Verdict:
     return Verdict(item, Status.PASS, f"{len(covered)} core adapters warm or pinned", evidence)
 
 
+def _default_shares(obs: Observation) -> dict[str, int | None]:
+    """Per tier (``l0``, ``l1``), the bytes a tenant without a cap of its own may hold on every
+    replica (``GET /admin/fleet``: the servers' effective default share); None where a replica
+    has none (its tenants may fill that tier) or no replica reports."""
+    replicas = obs.fleet.get("replicas", [])
+    shares: dict[str, int | None] = {}
+    for tier in ("l0", "l1"):
+        caps = [r.get("tiers", {}).get(tier, {}).get("tenant_default_max_bytes") for r in replicas]
+        known = [int(c) for c in caps if c is not None]
+        shares[tier] = min(known) if known and len(known) == len(caps) else None
+    return shares
+
+
+def _bounds(quotas: dict[str, Any], shares: dict[str, int | None]) -> dict[str, str | None]:
+    """Per tier, what bounds a tenant's residency there, in words; None: nothing."""
+    bounds: dict[str, str | None] = {}
+    for tier, field in (("l0", "max_gpu_bytes"), ("l1", "max_cpu_bytes")):
+        own, share = quotas.get(field), shares[tier]
+        bounds[tier] = (
+            f"{field} {own}" if own is not None
+            else None if share is None else f"default share {share} bytes"
+        )  # fmt: skip
+    return bounds
+
+
 def tenant_pollution_bounded(obs: Observation) -> Verdict:
     item = "tenant_pollution_bounded"
     tenants = obs.registry.tenants
+    shares = _default_shares(obs)
     unbounded: list[str] = []
     rate_only: list[str] = []
+    one_tier: list[str] = []
     for tenant in tenants:
-        quotas = tenant["quotas"]
-        if quotas.get("max_gpu_bytes") is not None or quotas.get("max_cpu_bytes") is not None:
+        bounds = _bounds(tenant["quotas"], shares)
+        if all(bounds.values()):
             continue
-        (rate_only if quotas.get("max_requests_per_s") is not None else unbounded).append(
-            tenant["name"]
-        )
+        if any(bounds.values()):
+            one_tier.append(tenant["name"])
+        elif tenant["quotas"].get("max_requests_per_s") is not None:
+            rate_only.append(tenant["name"])
+        else:
+            unbounded.append(tenant["name"])
     evidence = (
-        f"GET /admin/tenants: {len(tenants)} tenants",
-        f"no max_gpu_bytes / max_cpu_bytes nor rate: {_cited(unbounded) or 'none'}",
+        f"GET /admin/tenants: {len(tenants)} tenants; {_explicit(tenants)}",
+        f"GET /admin/fleet: default per-tenant share of the GPU tier {shares['l0']} bytes, of "
+        f"the CPU tier {shares['l1']} bytes (None: a tenant without a cap may fill the tier)",
+        f"bounded in neither tier, nor by rate: {_cited(unbounded) or 'none'}",
         f"bounded by request rate only: {_cited(rate_only) or 'none'}",
+        f"bounded in one of the GPU and CPU tiers only: {_cited(one_tier) or 'none'}",
     )
     if unbounded:
         why = f"tenants that can fill the cache without bound: {_cited(unbounded)}"
         return Verdict(item, Status.FAIL, why, evidence)
-    if rate_only:
-        why = f"bounded by request rate only (no residency budget): {_cited(rate_only)}"
+    if rate_only or one_tier:
+        why = f"residency not bounded in every tier: {_cited(rate_only + one_tier)}"
         return Verdict(item, Status.WARN, why, evidence)
-    return Verdict(item, Status.PASS, "every tenant has a residency budget", evidence)
+    why = "every tenant's GPU and CPU residency is bounded (its own cap or the default share)"
+    return Verdict(item, Status.PASS, why, evidence)
+
+
+def _explicit(tenants: list[dict[str, Any]]) -> str:
+    named = [
+        t["name"] for t in tenants
+        if t["quotas"].get("max_gpu_bytes") is not None
+        or t["quotas"].get("max_cpu_bytes") is not None
+    ]  # fmt: skip
+    return f"with a byte cap of their own: {_cited(named) or 'none'}"
 
 
 def cache_keys_base_and_revision(obs: Observation) -> Verdict:

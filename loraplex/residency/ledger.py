@@ -36,15 +36,25 @@ class TierBudget:
     capacity_bytes: int  # bytes the tier may hold
     num_slots: int | None = None  # L0 only: the slot pool's slot count
     tenant_max_bytes: Mapping[str, int] = field(default_factory=dict)  # per-tenant residency cap
+    # the fraction of capacity_bytes a tenant without a cap of its own may hold (1.0: all)
+    default_tenant_share: float = 1.0
 
     def __post_init__(self) -> None:
         if self.capacity_bytes < 0:
             raise ValueError(f"capacity_bytes {self.capacity_bytes} is invalid; expected >= 0")
+        check_tier_share(self.default_tenant_share, "default_tenant_share")
         if self.num_slots is not None and self.num_slots < 0:
             raise ValueError(f"num_slots {self.num_slots} is invalid; expected >= 0")
         for tenant, cap in self.tenant_max_bytes.items():
             if cap < 0:
                 raise ValueError(f"tenant_max_bytes[{tenant!r}] {cap} is invalid; expected >= 0")
+
+    @property
+    def default_tenant_max_bytes(self) -> int | None:
+        """The bytes a tenant without a cap of its own may hold; None: no default cap."""
+        if self.default_tenant_share >= 1:
+            return None
+        return int(self.capacity_bytes * self.default_tenant_share)
 
 
 @dataclass
@@ -84,10 +94,32 @@ class TierLedger:
         """Replaces the per-tenant byte caps of this tier (live tenant settings)."""
         self.budget = replace(self.budget, tenant_max_bytes=dict(caps))
         self._over_cap = {
-            tenant: self.tenant_bytes[tenant]
-            for tenant, cap in caps.items()
-            if self.tenant_bytes.get(tenant, 0) > cap
+            tenant: used
+            for tenant, used in self.tenant_bytes.items()
+            if not self.within_cap(tenant)
         }
+
+    def tenant_cap(self, tenant: str, size_bytes: int = 0) -> int | None:
+        """The bytes ``tenant`` may hold here with a copy of ``size_bytes`` among them: its own
+        cap, else the tier's default share, else None (no cap). NOTE: a default share never
+        refuses what the tier could hold alone: one copy larger than the share may stay, by
+        itself."""
+        cap = self.budget.tenant_max_bytes.get(tenant)
+        if cap is not None:
+            return cap
+        default = self.budget.default_tenant_max_bytes
+        return None if default is None else max(default, size_bytes)
+
+    def within_cap(self, tenant: str) -> bool:
+        """Whether ``tenant``'s bytes here respect ``tenant_cap`` (O(copies) only when a tenant
+        without a cap of its own holds more than the default share)."""
+        used = self.tenant_bytes.get(tenant, 0)
+        cap = self.tenant_cap(tenant)
+        if cap is None or used <= cap:
+            return True
+        if tenant in self.budget.tenant_max_bytes:
+            return False
+        return sum(1 for e in self.entries.values() if e.key.tenant == tenant) == 1
 
     def get(self, key: AdapterKey) -> ResidentEntry | None:
         return self.entries.get(key)
@@ -110,7 +142,7 @@ class TierLedger:
         called, so a load into free room costs nothing per cached copy); None when the evictable
         entries cannot suffice. ``ranked()`` is consumed lazily, only as far as the pick goes."""
         free = self.budget.capacity_bytes - self.used_bytes
-        cap = self.budget.tenant_max_bytes.get(tenant)
+        cap = self.tenant_cap(tenant, size_bytes)
         tenant_free = None if cap is None else cap - self.tenant_bytes.get(tenant, 0)
         slots = len(self._free_slots) if self.budget.num_slots is not None else None
         if _fits(free, tenant_free, slots, size_bytes):
@@ -136,7 +168,7 @@ class TierLedger:
         pins reserve their capacity, so a load that fails this can only wait for an unpin."""
         pinned = [e for e in self.entries.values() if e.pinned]
         free = self.budget.capacity_bytes - sum(e.size_bytes for e in pinned)
-        cap = self.budget.tenant_max_bytes.get(tenant)
+        cap = self.tenant_cap(tenant, size_bytes)
         own = sum(e.size_bytes for e in pinned if e.key.tenant == tenant)
         tenant_free = None if cap is None else cap - own
         slots = None if self.budget.num_slots is None else self.budget.num_slots - len(pinned)
@@ -166,8 +198,7 @@ class TierLedger:
         if entry.slot is not None:
             heapq.heappush(self._free_slots, entry.slot)
         if key.tenant in self._over_cap:
-            cap = self.budget.tenant_max_bytes.get(key.tenant)
-            if cap is None or left <= cap:
+            if self.within_cap(key.tenant):
                 del self._over_cap[key.tenant]
             else:
                 self._over_cap[key.tenant] = left
@@ -201,11 +232,10 @@ class TierLedger:
             f"{name}: {self.tenant_bytes} != {per_tenant}",
         )
         for tenant, used in per_tenant.items():
-            cap = self.budget.tenant_max_bytes.get(tenant)
             require_invariant(
-                cap is None or used <= max(cap, self._over_cap.get(tenant, 0)),
+                self.within_cap(tenant) or used <= self._over_cap.get(tenant, 0),
                 "tenant budgets respected",
-                f"{name}: tenant {tenant!r} holds {used} > {cap} bytes",
+                f"{name}: tenant {tenant!r} holds {used} > {self.tenant_cap(tenant)} bytes",
             )
         self._check_slots()
 
@@ -257,6 +287,12 @@ def _fits(free: int, tenant_free: int | None, slots: int | None, size: int) -> b
         and (tenant_free is None or tenant_free >= size)
         and (slots is None or slots > 0)
     )
+
+
+def check_tier_share(share: float, name: str = "default_tenant_tier_share") -> None:
+    """Raises ValueError naming ``name`` unless ``share`` is a fraction in (0, 1]."""
+    if not 0 < share <= 1:
+        raise ValueError(f"{name} {share} is invalid; expected a fraction in (0, 1]")
 
 
 def require_invariant(ok: bool, invariant: str, detail: str) -> None:

@@ -1,6 +1,11 @@
 """First-start state for ``loraplex serve``: the demo tenants and adapters, their first API
 keys, the admin credential. Idempotent: a restart on the same data directory reuses everything.
 
+Each demo tenant's core adapter (its first in the manifest, the revision its alias serves) is
+registered with the ``cpu`` warm policy, as a launch-ready deployment keeps its core adapters
+(the launch checklist's item 6): kept in host memory, so its first token never waits for a
+fetch. Only at registration: an operator's later change survives restarts.
+
 Torch-free. Tenant keys exist in plain text only when they are issued (``loraplex serve`` prints
 them once); the database keeps their hashes. The admin credential is kept in the data directory
 (0700), in a file only its owner can read (0600).
@@ -13,7 +18,8 @@ import secrets
 from dataclasses import dataclass
 from pathlib import Path
 
-from loraplex.demo.manifest import DemoAssets
+from loraplex.artifacts.warm_policy import WarmPolicy
+from loraplex.demo.manifest import DemoAdapter, DemoAssets
 from loraplex.registry import RegistrationRequest, Registry, Revision
 
 ADMIN_KEY_FILE = "admin-key"
@@ -21,6 +27,9 @@ ADMIN_KEY_FILE = "admin-key"
 LEGACY_SAMPLE_KEYS_FILE = "sample-keys.json"
 ADMIN_KEY_PREFIX = "lpxadmin_"
 BOOTSTRAP_ACTOR = "loraplex-serve"
+# The warm policy of each demo tenant's core adapter: host memory, not a GPU slot, so it holds
+# whatever max_loras is (three gpu pins would take every slot of a small deployment).
+CORE_WARM_POLICY = WarmPolicy.CPU
 
 
 @dataclass(frozen=True)
@@ -29,15 +38,27 @@ class DemoState:
 
     revisions: tuple[Revision, ...]  # every demo revision, in manifest order
     tenants: tuple[str, ...]  # the demo tenants
+    core: tuple[str, ...] = ()  # ``tenant/name@revision`` of each tenant's core adapter
+
+
+def core_adapters(assets: DemoAssets) -> tuple[DemoAdapter, ...]:
+    """Each demo tenant's first revision in manifest order: registered first, so its alias
+    serves it."""
+    first: dict[str, DemoAdapter] = {}
+    for adapter in assets.adapters:
+        first.setdefault(adapter.tenant, adapter)
+    return tuple(first.values())
 
 
 def register_demo(registry: Registry, assets: DemoAssets) -> DemoState:
-    """Create the demo tenants and register every demo revision with its output probe."""
+    """Create the demo tenants and register every demo revision with its output probe (each
+    tenant's core adapter with ``CORE_WARM_POLICY``)."""
     tenants = tuple(dict.fromkeys(a.tenant for a in assets.adapters))
     existing = {t.name for t in registry.list_tenants()}
     for tenant in tenants:
         if tenant not in existing:
             registry.create_tenant(tenant, BOOTSTRAP_ACTOR)
+    core = core_adapters(assets)
     revisions = []
     for adapter in assets.adapters:
         request = RegistrationRequest(
@@ -45,11 +66,12 @@ def register_demo(registry: Registry, assets: DemoAssets) -> DemoState:
             tenant=adapter.tenant,
             name=adapter.name,
             revision=adapter.revision,
+            warm_policy=CORE_WARM_POLICY if adapter in core else WarmPolicy.ON_DEMAND,
             probe_prompt=adapter.probe_prompt,
             expected_continuation=adapter.expected_continuation,
         )
         revisions.append(registry.register(request, BOOTSTRAP_ACTOR).revision)
-    return DemoState(tuple(revisions), tenants)
+    return DemoState(tuple(revisions), tenants, tuple(a.ref for a in core))
 
 
 def _write_secret(path: Path, text: str) -> None:

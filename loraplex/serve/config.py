@@ -34,6 +34,7 @@ from loraplex.quota.ratelimit import (
     check_key_prefix,
     check_shared_state_url,
 )
+from loraplex.residency.ledger import check_tier_share
 from loraplex.residency.policy import DEFAULT_POLICY, policy_names
 from loraplex.server.adapter_labels import DEFAULT_MAX_NAMED
 from loraplex.server.protocol import MAX_BATCH_PROMPTS
@@ -118,6 +119,10 @@ class ServeConfig:
     # GPU slots automatic ``gpu`` promotion may pin (the rest stay free for demand loads); None:
     # a quarter of the GPU slots, rounded down
     max_auto_gpu_slots: int | None = None
+    # the fraction of each cached tier (GPU slots, host memory, disk) a tenant without a byte
+    # cap of its own may hold (one adapter larger than that may still be held alone); 1.0: a
+    # tenant may fill a tier, as before
+    default_tenant_tier_share: float = 0.5
     device: str = "cpu"  # torch device of the model and the slots
     dtype: str = DEFAULT_DTYPE  # model / adapter dtype (loraplex.dtypes)
     max_num_seqs: int = 32  # sequences decoding at once
@@ -192,6 +197,7 @@ class ServeConfig:
                 f"policy {self.policy!r} is invalid; expected one of {list(policy_names())}"
             )
         check_dtype(self.dtype)
+        check_tier_share(self.default_tenant_tier_share)
         for name in _POSITIVE:
             if getattr(self, name) < 1:
                 raise ValueError(f"{name} {getattr(self, name)} is invalid; expected >= 1")

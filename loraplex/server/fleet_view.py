@@ -26,12 +26,15 @@ class TierOccupancy:
     count: int  # copies (ready or loading)
     used_bytes: int  # bytes held or reserved
     capacity_bytes: int  # the tier's budget
+    # what a tenant without a byte cap of its own may hold here; None: the whole tier
+    tenant_default_max_bytes: int | None = None
 
-    def to_json(self) -> dict[str, int]:
+    def to_json(self) -> dict[str, int | None]:
         return {
             "count": self.count,
             "used_bytes": self.used_bytes,
             "capacity_bytes": self.capacity_bytes,
+            "tenant_default_max_bytes": self.tenant_default_max_bytes,
         }
 
 
@@ -112,6 +115,7 @@ def tiers_of(summary: CacheSummary) -> dict[str, TierOccupancy]:
             count=summary.num_copies.get(tier, 0),
             used_bytes=summary.used_bytes.get(tier, 0),
             capacity_bytes=summary.capacity_bytes.get(tier, 0),
+            tenant_default_max_bytes=summary.default_tenant_bytes.get(tier),
         )
     return tiers
 

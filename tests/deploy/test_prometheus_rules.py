@@ -83,6 +83,7 @@ def test_the_seeds_and_serving_alerts_are_all_there() -> None:
         "LoraplexReloadAfterEviction", "LoraplexAdapterThrash", "LoraplexRemoteMissRatioHigh",
         "LoraplexColdTtftP99High", "LoraplexWarmTtftP99High", "LoraplexReleaseRolledBack",
         "LoraplexFleetReplicaUnhealthy", "LoraplexFleetReplicaLost",
+        "LoraplexAdapterEvictionsHigh",
     }  # fmt: skip
 
 

@@ -1,5 +1,5 @@
-"""Preflight fixtures: real servers (``tests/server/live.py``) made launch-ready the way an
-operator does it through the admin API, or left misconfigured."""
+"""Preflight fixtures: real servers (``tests/server/live.py``) on ``loraplex serve``'s embedded
+defaults, or misconfigured the way an operator could."""
 
 from __future__ import annotations
 
@@ -17,18 +17,10 @@ from live import Live, live_server
 
 from loraplex.demo.assets import DemoAssets
 
-CORE_ADAPTER = ("acme", "support", "r1")  # the demo's core adapter: given a gpu warm policy
-# Per-tenant residency budgets of a launch-ready demo: room for a few adapters per tier.
-TENANT_QUOTAS = {"max_gpu_bytes": 32 << 20, "max_cpu_bytes": 256 << 20}
-# Alert rules as a deployment would load them (the preflight reads which series they use).
-RULES_TEXT = """groups:
-- name: adapters
-  rules:
-  - alert: AdapterReloadAfterEviction
-    expr: rate(adapter_reload_after_eviction_total[5m]) > 0.1
-  - alert: AdapterEvictions
-    expr: rate(adapter_evictions_total[5m]) > 1
-"""
+# The alert rules loraplex ships (what a deployment loads; the preflight reads which series
+# they use).
+SHIPPED_RULES = Path(__file__).resolve().parents[2] / "deploy/prometheus/loraplex-rules.yml"
+RULES_TEXT = SHIPPED_RULES.read_text(encoding="utf-8")
 
 
 def admin_client(live: Live) -> httpx.Client:
@@ -36,27 +28,26 @@ def admin_client(live: Live) -> httpx.Client:
     return httpx.Client(base_url=live.url, headers=headers, timeout=60)
 
 
-def make_launch_ready(live: Live) -> None:
-    """What the checklist asks of an operator: a warm policy for the core adapter, a residency
-    budget for every tenant."""
-    tenant, name, revision = CORE_ADAPTER
+def drop_warm_policies(live: Live) -> None:
+    """What an operator who sets every revision back to ``on_demand`` leaves: no warm policy."""
     with admin_client(live) as admin:
-        reply = admin.put(
-            f"/admin/revisions/{tenant}/{name}/{revision}", json={"warm_policy": "gpu"}
-        )
-        assert reply.status_code == 200, reply.text
-        for row in admin.get("/admin/tenants").json():
-            reply = admin.put(f"/admin/tenants/{row['name']}", json={"quotas": TENANT_QUOTAS})
-            assert reply.status_code == 200, reply.text
+        for listed in admin.get("/admin/adapters").json():
+            path = f"/admin/adapters/{listed['tenant']}/{listed['name']}"
+            for revision in admin.get(path).json()["revisions"]:
+                if revision["warm_policy"] == "on_demand":
+                    continue
+                ref = f"{listed['tenant']}/{listed['name']}/{revision['revision']}"
+                reply = admin.put(f"/admin/revisions/{ref}", json={"warm_policy": "on_demand"})
+                assert reply.status_code == 200, reply.text
 
 
 @pytest.fixture(scope="module")
-def ready_server(
+def default_server(
     demo_assets: DemoAssets, tmp_path_factory: pytest.TempPathFactory
 ) -> Iterator[Live]:
-    """``loraplex serve``'s defaults, made launch-ready through the admin API."""
-    with live_server(demo_assets, tmp_path_factory.mktemp("ready"), torch_threads=1) as live:
-        make_launch_ready(live)
+    """``loraplex serve`` on its embedded defaults: nothing configured, nothing set through the
+    admin API (one torch thread: the test machine is shared)."""
+    with live_server(demo_assets, tmp_path_factory.mktemp("default"), torch_threads=1) as live:
         yield live
 
 
@@ -72,7 +63,10 @@ class Bare:
 def bare_server(
     demo_assets: DemoAssets, tmp_path_factory: pytest.TempPathFactory
 ) -> Iterator[Bare]:
-    """The demo as registered: no warm policy, no tenant budget, automatic warming off."""
+    """No warm policy (the operator dropped the demo's), no tenant budget (the default share
+    turned off, no tenant cap), automatic warming off."""
     data_dir = tmp_path_factory.mktemp("bare")
-    with live_server(demo_assets, data_dir, torch_threads=1, auto_warm=False) as live:
+    settings = {"torch_threads": 1, "auto_warm": False, "default_tenant_tier_share": 1.0}
+    with live_server(demo_assets, data_dir, **settings) as live:
+        drop_warm_policies(live)
         yield Bare(live, data_dir)

@@ -1,6 +1,6 @@
 """``loraplex preflight`` against a fleet: two engine replicas behind the Ray Serve ingress on a
-local Ray cluster (started as ``tests/fleet/test_fleet_e2e.py`` does), made launch-ready through
-the ingress's admin API."""
+local Ray cluster (started as ``tests/fleet/test_fleet_e2e.py`` does), on ``fleet up``'s
+defaults: no tenant configured, nothing set through the admin API."""
 
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ from pathlib import Path
 
 import httpx
 import pytest
-from conftest import RULES_TEXT, TENANT_QUOTAS
+from conftest import RULES_TEXT
 
 ray = pytest.importorskip("ray")
 
@@ -67,15 +67,8 @@ def fleet(
         ray.shutdown()
 
 
-def test_a_launch_ready_fleet_passes(fleet: tuple[str, str]) -> None:
+def test_the_default_fleet_passes(fleet: tuple[str, str]) -> None:
     url, admin_key = fleet
-    headers = {"Authorization": f"Bearer {admin_key}"}
-    with httpx.Client(base_url=url, headers=headers, timeout=60) as admin:
-        reply = admin.put("/admin/revisions/acme/support/r1", json={"warm_policy": "gpu"})
-        assert reply.status_code == 200, reply.text
-        for row in admin.get("/admin/tenants").json():
-            reply = admin.put(f"/admin/tenants/{row['name']}", json={"quotas": TENANT_QUOTAS})
-            assert reply.status_code == 200, reply.text
     config = PreflightConfig(url=url, admin_key=admin_key, rules_text=RULES_TEXT,
                              load=LoadConfig(load_s=4.0))  # fmt: skip
     report = preflight(config)
@@ -86,3 +79,7 @@ def test_a_launch_ready_fleet_passes(fleet: tuple[str, str]) -> None:
     assert report.facts["policy"] == "affinity_until_saturated"
     not_passed = {i: s for i, s in statuses.items() if s is not Status.PASS}
     assert not not_passed, report.text()
+    # item 7 on the replicas' default share: every replica reports one for both tiers
+    bounded = report.verdict("tenant_pollution_bounded").evidence
+    assert "with a byte cap of their own: none" in bounded[0]
+    assert "GPU tier None" not in bounded[1] and "CPU tier None" not in bounded[1]

@@ -9,7 +9,7 @@ from dataclasses import replace
 from pathlib import Path
 
 import pytest
-from conftest import RULES_TEXT, Bare, make_launch_ready
+from conftest import RULES_TEXT, Bare
 from live import Live, live_server, running
 from proxies import AdminKeyInjector, KeyIssueBlocked, LabelDroppingMetrics
 
@@ -70,7 +70,10 @@ def test_no_warm_policy_and_no_tenant_budget_fail_their_items(bare_server: Bare)
     assert _failed(report) == {"core_warm_policy", "tenant_pollution_bounded"}, report.text()
     warm = report.verdict("core_warm_policy")
     assert "no revision has a gpu/cpu warm policy and no copy is pinned" in warm.summary
-    assert "acme" in report.verdict("tenant_pollution_bounded").summary
+    bounded = report.verdict("tenant_pollution_bounded")
+    assert "acme" in bounded.summary
+    # default_tenant_tier_share 1.0: the server shows no default bound in either tier
+    assert "share of the GPU tier None bytes, of the CPU tier None bytes" in bounded.evidence[1]
 
 
 @pytest.mark.parametrize(
@@ -122,7 +125,6 @@ def test_cache_limits_too_small_for_the_adapters_fail_the_load_items(
 ) -> None:
     # 2 MiB of host memory: the demo's rank-32 and rank-64 adapters never fit in L1.
     with live_server(demo_assets, tmp_path, torch_threads=1, cpu_adapter_bytes=2 << 20) as live:
-        make_launch_ready(live)
         report = _run(live)
     assert _failed(report) == {"cache_limits_load_tested", "hot_and_long_tail_load"}, report.text()
     assert "load-test requests failed" in report.verdict("cache_limits_load_tested").summary

@@ -123,11 +123,14 @@ def budgets(
     l1: int = 5,
     l2: int = 8,
     tenant_l0: dict[str, int] | None = None,
+    share: float = 1.0,
 ) -> dict[Tier, TierBudget]:
     return {
-        Tier.L0: TierBudget(slots * UNIT, slots, tenant_max_bytes=tenant_l0 or {}),
-        Tier.L1: TierBudget(l1 * UNIT),
-        Tier.L2: TierBudget(l2 * UNIT),
+        Tier.L0: TierBudget(
+            slots * UNIT, slots, tenant_max_bytes=tenant_l0 or {}, default_tenant_share=share
+        ),
+        Tier.L1: TierBudget(l1 * UNIT, default_tenant_share=share),
+        Tier.L2: TierBudget(l2 * UNIT, default_tenant_share=share),
     }
 
 
@@ -139,7 +142,8 @@ def make_rig(
     clock = ManualClock()
     executor = SimExecutor(clock)
     pipeline = pipeline or FakePipeline()
-    budget_args = {k: config.pop(k) for k in ("slots", "l1", "l2", "tenant_l0") if k in config}
+    names = ("slots", "l1", "l2", "tenant_l0", "share")
+    budget_args = {k: config.pop(k) for k in names if k in config}
     cfg = CacheConfig(budgets=budgets(**budget_args), **config)  # type: ignore[arg-type]
     chosen = make_policy(policy) if isinstance(policy, str) else policy
     cache = TieredAdapterCache(cfg, pipeline, policy=chosen, clock=clock, executor=executor)

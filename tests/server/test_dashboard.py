@@ -54,7 +54,9 @@ def test_fleet_of_one_server_reads_engine_and_cache(rig: Rig) -> None:
     (replica,) = body["replicas"]
     assert replica["replica_id"] == "local" and replica["healthy"] is True
     assert replica["report_age_s"] == 0.0
-    assert replica["tiers"]["l0"] == {"count": 2, "used_bytes": 200, "capacity_bytes": 200}
+    assert replica["tiers"]["l0"] == {
+        "count": 2, "used_bytes": 200, "capacity_bytes": 200, "tenant_default_max_bytes": None,
+    }  # fmt: skip
     assert replica["tiers"]["l1"]["capacity_bytes"] == 1000
     assert replica["tiers"]["l2"]["capacity_bytes"] == 2000
     assert replica["hits"] == {"l0": 1, "l1": 0, "l2": 0, "miss": 2}

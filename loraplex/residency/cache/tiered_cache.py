@@ -156,11 +156,10 @@ class TieredAdapterCache:
                 replace(state.config, budgets=budgets, tenant_priority=dict(priority))
             )
             for tier, ledger in state.ledgers.items():
-                for tenant, cap in ledger.budget.tenant_max_bytes.items():
-                    if ledger.tenant_bytes.get(tenant, 0) <= cap:
-                        continue  # ranking every copy only for tenants above their cap
+                # ranking every copy only for tenants above their cap (or the default share)
+                for tenant in [t for t in ledger.tenant_bytes if not ledger.within_cap(t)]:
                     for entry in state.ranked_victims(tier):
-                        if ledger.tenant_bytes.get(tenant, 0) <= cap:
+                        if ledger.within_cap(tenant):
                             break
                         if entry.key.tenant == tenant:
                             state.evict(entry)

@@ -8,11 +8,11 @@ from __future__ import annotations
 
 import heapq
 from collections.abc import Iterator, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from loraplex.artifacts.identity import AdapterKey
 from loraplex.residency.cache.tier_state import TierState
-from loraplex.residency.ledger import ResidentEntry, Tier
+from loraplex.residency.ledger import ResidentEntry, Tier, TierLedger
 from loraplex.residency.stats import AdapterHistory, CacheStatsSnapshot
 
 
@@ -58,6 +58,9 @@ class CacheSummary:
     used_bytes: Mapping[Tier, int]  # bytes held or reserved per cached tier
     capacity_bytes: Mapping[Tier, int]  # budget per cached tier
     num_copies: Mapping[Tier, int]  # entries (ready or loading) per cached tier
+    # per cached tier, the bytes a tenant without a cap of its own may hold (its default share);
+    # a tier without a default share is absent
+    default_tenant_bytes: Mapping[Tier, int] = field(default_factory=dict)
 
 
 def stats_snapshot(state: TierState) -> CacheStatsSnapshot:
@@ -75,7 +78,13 @@ def build_summary(state: TierState, num_loading: int, num_blocked: int) -> Cache
         used_bytes={t: lg.used_bytes for t, lg in ledgers.items()},
         capacity_bytes={t: lg.budget.capacity_bytes for t, lg in ledgers.items()},
         num_copies={t: len(lg.entries) for t, lg in ledgers.items()},
+        default_tenant_bytes=_default_tenant_bytes(ledgers),
     )
+
+
+def _default_tenant_bytes(ledgers: Mapping[Tier, TierLedger]) -> dict[Tier, int]:
+    caps = {t: lg.budget.default_tenant_max_bytes for t, lg in ledgers.items()}
+    return {t: cap for t, cap in caps.items() if cap is not None}
 
 
 def build_snapshot(
