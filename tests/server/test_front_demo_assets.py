@@ -1,0 +1,63 @@
+"""``serve.assembly.demo_assets``: a demo set already there is adopted as is; a missing one is
+generated in a child process, so the server process that asked stays torch-free."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from loraplex.demo.assets import STAMP_NAME, DemoAssets, demo_assets_ready
+from loraplex.serve import assembly
+from loraplex.serve.config import ServeConfig
+
+REPO_ROOT = Path(__file__).resolve().parents[2]
+
+
+def _adopted(data_dir: Path) -> DemoAssets:
+    found = assembly.demo_assets(ServeConfig(data_dir=data_dir))
+    assert found is not None
+    return found
+
+
+def test_a_configured_model_needs_no_demo_set(tmp_path: Path) -> None:
+    assert assembly.demo_assets(ServeConfig(data_dir=tmp_path, model=tmp_path / "model")) is None
+    assert not (tmp_path / assembly.DEMO_DIR).exists()
+
+
+def test_a_demo_set_already_there_is_adopted(demo_assets: DemoAssets, tmp_path: Path) -> None:
+    (tmp_path / assembly.DEMO_DIR).symlink_to(demo_assets.root, target_is_directory=True)
+    adopted = _adopted(tmp_path)
+    assert adopted.root == demo_assets.root.resolve()
+    assert adopted.base_model_dir == demo_assets.base_model_dir
+
+
+@pytest.mark.slow  # generates the small demo set (about a minute)
+def test_a_missing_demo_set_is_generated_in_a_child(
+    demo_assets: DemoAssets, tmp_path: Path
+) -> None:
+    code = (
+        "import sys\n"
+        "from pathlib import Path\n"
+        "from loraplex.serve.assembly import demo_assets\n"
+        "from loraplex.serve.config import ServeConfig\n"
+        "assets = demo_assets(ServeConfig(data_dir=Path(sys.argv[1])))\n"
+        "print(assets.root, 'torch' in sys.modules)\n"
+    )
+    result = subprocess.run(
+        [sys.executable, "-P", "-c", code, str(tmp_path)],
+        capture_output=True, text=True, check=True, cwd=REPO_ROOT,
+        env={**os.environ, "PYTHONPATH": str(REPO_ROOT)},
+    )  # fmt: skip
+    root, torch_loaded = result.stdout.split()
+    assert Path(root) == (tmp_path / assembly.DEMO_DIR).resolve()
+    assert torch_loaded == "False"  # the generation trained with torch in a child
+    assert demo_assets_ready(Path(root), assembly.DEMO_PRESET, assembly.DEMO_SEED)
+    made = json.loads((Path(root) / STAMP_NAME).read_text())["files"]
+    session = json.loads((demo_assets.root / STAMP_NAME).read_text())["files"]
+    assert sorted(made) == sorted(session)  # the same preset: the same files
+    assert _adopted(tmp_path).root == Path(root)  # and a second start adopts it
