@@ -1,0 +1,242 @@
+"""One simulated engine replica: the real scheduler and adapter cache, stepped on the virtual
+clock, with the runner replaced by the cost model's step time.
+
+The glue mirrors ``engine.core.EngineCore.step`` (expire, collect leases, ask for leases in the
+scheduler's lease window, prefetch, schedule, update): every decision is the scheduler's or the
+cache's own; this class only carries them and charges time. A step is one event: planned at
+``t``, its result applied at ``t + step_s`` (no request can join a step already running), then
+the next step is planned at once. An idle replica plans again when a request arrives or a lease
+it waits for completes.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from concurrent.futures import Future
+
+from loraplex.artifacts.identity import AdapterKey
+from loraplex.engine.blocks import BlockManager
+from loraplex.engine.config import SchedulerConfig
+from loraplex.engine.protocol import EngineRequest
+from loraplex.engine.request import Request, RequestState
+from loraplex.engine.sched.admission import AdapterLoads
+from loraplex.engine.sched.scheduler import Scheduler
+from loraplex.engine.step import StepPlan, StepResult
+from loraplex.errors import LoraplexError, QueueFullError, QueueTimeoutError
+from loraplex.residency.cache import CacheConfig, Lease, SimExecutor, TieredAdapterCache
+from loraplex.residency.ledger import Tier, TierBudget
+from loraplex.residency.pipeline import Footprint
+from loraplex.residency.policy import make_policy
+from loraplex.sampling import FINISH_ABORT, FINISH_LENGTH
+from loraplex.sim.config import SimConfig
+from loraplex.sim.cost_model import CostModel
+from loraplex.sim.outcome import Outcome
+from loraplex.sim.pipeline import CostModelPipeline
+
+_TOKEN = 1  # the token every simulated step samples (no text is produced)
+
+
+def cache_config(config: SimConfig) -> CacheConfig:
+    slots = config.max_loras
+    return CacheConfig(
+        budgets={
+            Tier.L0: TierBudget(slots * config.slot_bytes, num_slots=slots),
+            Tier.L1: TierBudget(config.cpu_adapter_bytes),
+            Tier.L2: TierBudget(config.disk_cache_bytes),
+        },
+        max_concurrent_loads=config.max_concurrent_loads,
+        tenant_max_concurrent_loads=config.tenant_max_concurrent_loads,
+        default_deadline_s=config.queue_deadline_s,
+    )
+
+
+def scheduler_config(config: SimConfig) -> SchedulerConfig:
+    return SchedulerConfig(
+        max_num_seqs=config.max_num_seqs,
+        max_num_batched_tokens=config.max_num_batched_tokens,
+        max_model_len=config.max_model_len,
+        default_deadline_s=config.queue_deadline_s,
+        max_queue_len=config.max_queue_len,
+    )
+
+
+class SimReplica:
+    """Scheduler + adapter cache of one replica on the shared event queue."""
+
+    def __init__(
+        self,
+        index: int,
+        config: SimConfig,
+        cost: CostModel,
+        executor: SimExecutor,
+        footprints: Mapping[AdapterKey, Footprint],
+        ranks: Mapping[AdapterKey, int],
+    ) -> None:
+        self.index = index
+        self.replica_id = f"replica-{index:03d}"
+        self._executor = executor
+        self._clock = executor.clock
+        self._step_cost = cost.step
+        self._ranks = ranks
+        self.cache = TieredAdapterCache(
+            cache_config(config),
+            CostModelPipeline(footprints, cost),
+            policy=make_policy(config.eviction_policy),
+            clock=self._clock,
+            executor=executor,
+        )
+        blocks = BlockManager(config.num_kv_blocks, config.block_size)
+        self.scheduler = Scheduler(scheduler_config(config), blocks, self._clock)
+        self._outcomes: dict[str, Outcome] = {}  # live requests
+        self._pending: dict[str, Future[Lease]] = {}  # ADAPTER_WAIT requests' lease futures
+        self._prefetching: dict[AdapterKey, Future[None]] = {}
+        self._busy = False  # a step is in flight or planned
+        self.num_steps = 0  # steps executed (for the scale profile)
+
+    # --- requests ---------------------------------------------------------------------------
+
+    def submit(self, request: EngineRequest, outcome: Outcome) -> None:
+        """The engine receives ``request`` now; a refusal ends ``outcome`` at once."""
+        sched = self.scheduler
+        try:
+            sched.check_can_add(request)
+        except LoraplexError as error:
+            _end(outcome, self._clock.now(), error)
+            return
+        victim = sched.push_out_victim(request)
+        if victim is not None:
+            cfg = sched.config
+            share = f"tenant {victim.tenant!r}'s share of the engine queue"
+            self._retire(
+                victim,
+                RequestState.ABORTED,
+                QueueFullError(share, cfg.max_queue_len, cfg.retry_hint_s),
+            )
+        sched.add(request)
+        self._outcomes[request.request_id] = outcome
+        self._wake()
+
+    def _wake(self) -> None:
+        if not self._busy:
+            self._busy = True
+            self._executor.call_at(self._clock.now(), self._plan)
+
+    # --- the step ---------------------------------------------------------------------------
+
+    def _plan(self) -> None:
+        now = self._clock.now()
+        for req in self.scheduler.expired(now):
+            error = QueueTimeoutError(req.request_id, now - req.arrival_s, 1.0)
+            self._retire(req, RequestState.ABORTED, error)
+        self._collect_leases()
+        self._request_leases()
+        self._prefetch()
+        plan = self.scheduler.schedule()
+        if not plan.chunks:
+            self._busy = False  # idle until an arrival or a lease wakes it
+            return
+        seconds = self._seconds(plan)
+        self._executor.call_at(now + seconds, lambda: self._apply(plan))
+
+    def _apply(self, plan: StepPlan) -> None:
+        sched = self.scheduler
+        sampled = {c.request_id: _TOKEN for c in plan.chunks if c.samples}
+        sched.update(plan, StepResult(sampled, {}))
+        self.num_steps += 1
+        now = self._clock.now()
+        for request_id in sampled:
+            req = sched.requests.get(request_id)
+            outcome = self._outcomes.get(request_id)
+            if req is None or outcome is None:
+                continue
+            if outcome.first_token_s is None:
+                outcome.first_token_s = now
+            outcome.output_tokens = len(req.output_token_ids)
+            if outcome.output_tokens >= req.request.params.max_tokens:
+                self._retire(req, RequestState.FINISHED, None)
+        self._plan()
+
+    def _seconds(self, plan: StepPlan) -> float:
+        """The cost model's step time: tokens, distinct revisions and their rank mix."""
+        requests = self.scheduler.requests
+        keys: set[AdapterKey] = set()
+        rank_tokens = 0
+        for chunk in plan.chunks:
+            key = requests[chunk.request_id].request.adapter_key
+            if key is not None:
+                keys.add(key)
+                rank_tokens += len(chunk.token_ids) * self._ranks[key]
+        return self._step_cost.seconds(plan.num_tokens, len(keys), rank_tokens)
+
+    # --- leases (as EngineCore does) ----------------------------------------------------------
+
+    def _collect_leases(self) -> None:
+        for request_id, future in list(self._pending.items()):
+            if future.done():
+                del self._pending[request_id]
+                self._settle(self.scheduler.requests[request_id], future)
+
+    def _request_leases(self) -> None:
+        sched = self.scheduler
+        for req in sched.lease_candidates(self._adapter_loads()):
+            key = req.request.adapter_key
+            if key is None:
+                continue
+            remaining = max(req.deadline_at_s - self._clock.now(), 1e-3)
+            future = self.cache.acquire_future(key, deadline_s=remaining)
+            if future.done():
+                self._settle(req, future)
+            else:
+                sched.wait_for_adapter(req)
+                self._pending[req.request_id] = future
+                future.add_done_callback(lambda _: self._wake())
+
+    def _settle(self, req: Request, future: Future[Lease]) -> None:
+        error = future.exception()
+        if error is not None:
+            self._retire(req, RequestState.ABORTED, self.scheduler.on_lease_failed(req, error))
+            return
+        lease = future.result()
+        outcome = self._outcomes.get(req.request_id)
+        if outcome is not None:
+            outcome.tier = lease.load.source.name
+        self.scheduler.on_lease(req, lease)
+
+    def _prefetch(self) -> None:
+        sched = self.scheduler
+        window = {k: self._prefetching.get(k) for k in sched.prefetch_keys()}
+        fresh = [k for k, f in window.items() if f is None]
+        for key in sched.admit_prefetches(fresh, self._adapter_loads()):
+            window[key] = self.cache.prefetch(key, Tier.L1)
+        self._prefetching = {k: f for k, f in window.items() if f is not None}
+
+    def _adapter_loads(self) -> AdapterLoads:
+        cache = self.cache
+        in_flight = frozenset(k for k, f in self._prefetching.items() if not f.done())
+        return AdapterLoads(lambda key: cache.is_resident(key, Tier.L0), in_flight)
+
+    def _retire(self, req: Request, state: RequestState, error: BaseException | None) -> None:
+        future = self._pending.pop(req.request_id, None)
+        if future is not None:  # its lease may still come: release it then
+            future.add_done_callback(_release_if_granted)
+        reason = FINISH_LENGTH if state is RequestState.FINISHED else FINISH_ABORT
+        self.scheduler.finish(req, state, reason)
+        outcome = self._outcomes.pop(req.request_id, None)
+        if outcome is not None:
+            _end(outcome, self._clock.now(), error)
+
+    @property
+    def num_live(self) -> int:
+        return len(self._outcomes)
+
+
+def _end(outcome: Outcome, now_s: float, error: BaseException | None) -> None:
+    outcome.end_s = now_s
+    if error is not None:
+        outcome.error = type(error).__name__
+
+
+def _release_if_granted(future: Future[Lease]) -> None:
+    if not future.cancelled() and future.exception() is None:
+        future.result().release()
+
