@@ -15,7 +15,7 @@ from collections.abc import Sequence
 
 from loraplex.clock import ManualClock
 from loraplex.residency.ledger import Tier
-from loraplex.router import ReplicaLoad, ReplicaReport, Residency, RouteRequest, Router
+from loraplex.router import ReplicaLoad, ReplicaReport, Residency, Router, RouteRequest
 from loraplex.sim.config import SimConfig
 from loraplex.sim.replica import SimReplica
 

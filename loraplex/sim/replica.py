@@ -69,6 +69,7 @@ class SimReplica:
         config: SimConfig,
         cost: CostModel,
         executor: SimExecutor,
+        *,
         footprints: Mapping[AdapterKey, Footprint],
         ranks: Mapping[AdapterKey, int],
     ) -> None:
@@ -239,4 +240,3 @@ def _end(outcome: Outcome, now_s: float, error: BaseException | None) -> None:
 def _release_if_granted(future: Future[Lease]) -> None:
     if not future.cancelled() and future.exception() is None:
         future.result().release()
-

@@ -88,7 +88,7 @@ def simulate(trace: Sequence[TraceRecord], config: SimConfig, cost_model: CostMo
     footprints = {a.key: a.footprint for a in adapters.values()}
     ranks = {a.key: a.rank for a in adapters.values()}
     replicas = [
-        SimReplica(i, config, cost_model, executor, footprints, ranks)
+        SimReplica(i, config, cost_model, executor, footprints=footprints, ranks=ranks)
         for i in range(config.replicas)
     ]
     fleet = SimFleetRouter(config, clock, replicas) if config.replicas > 1 else None
@@ -113,7 +113,7 @@ def simulate(trace: Sequence[TraceRecord], config: SimConfig, cost_model: CostMo
     executor.drain()
     for replica in replicas:
         replica.cache.check_integrity()
-    return _result(trace, config, cost_model, replicas, fleet, outcomes)
+    return _result(trace, config, cost_model, replicas=replicas, fleet=fleet, outcomes=outcomes)
 
 
 def _engine_request(index: int, record: TraceRecord, adapter: SimAdapter | None) -> EngineRequest:
@@ -136,6 +136,7 @@ def _result(
     trace: Sequence[TraceRecord],
     config: SimConfig,
     cost_model: CostModel,
+    *,
     replicas: Sequence[SimReplica],
     fleet: SimFleetRouter | None,
     outcomes: Sequence[Outcome],
