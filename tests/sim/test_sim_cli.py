@@ -41,11 +41,12 @@ def test_sim_run_on_a_trace_file(tmp_path: Path) -> None:
 
 def test_bad_flags_are_refused_by_name(tmp_path: Path) -> None:
     cost = ["--cost-model", str(COST_FILE)]
+    uniform = ["--workload", "uniform"]
     cases = [
         (["sim", "run", *cost], "--trace/--workload"),
         (["sim", "run", *cost, "--workload", "nope"], "--workload"),
-        (["sim", "run", *cost, "--workload", "uniform", "--routing-policy", "x"], "--routing-policy"),
-        (["sim", "run", "--workload", "uniform", "--cost-model", str(tmp_path / "no")], "--cost-model"),
+        (["sim", "run", *cost, *uniform, "--routing-policy", "x"], "--routing-policy"),
+        (["sim", "run", *uniform, "--cost-model", str(tmp_path / "no")], "--cost-model"),
         (["sim", "scale", *cost, "--requests", "0"], "--requests"),
     ]  # fmt: skip
     for args, flag in cases:
