@@ -52,7 +52,7 @@ class SimConfig:
     max_queue_len: int = 1024  # queued requests per replica before one is refused
     max_concurrent_loads: int = 4  # adapter loads in flight per replica
     tenant_max_concurrent_loads: int = 2  # ... per tenant (the cold-load quota)
-    report_interval_s: float = 1.0  # a replica's report to the router is this old at most
+    report_interval_s: float = 0.5  # a replica's report is this old at most (fleet report_period_s)
     timeout_s: float = 60.0  # a failed request counts as this TTFT in the percentiles
     seed: int = 0  # the router's random choices
 
