@@ -52,6 +52,7 @@ class SimConfig:
     max_queue_len: int = 1024  # queued requests per replica before one is refused
     max_concurrent_loads: int = 4  # adapter loads in flight per replica
     tenant_max_concurrent_loads: int = 2  # ... per tenant (the cold-load quota)
+    idle_wait_s: float = 0.05  # an engine with nothing runnable plans again after this
     report_interval_s: float = 0.5  # a replica's report is this old at most (fleet report_period_s)
     timeout_s: float = 60.0  # a failed request counts as this TTFT in the percentiles
     seed: int = 0  # the router's random choices
@@ -64,7 +65,7 @@ class SimConfig:
         for name in ("cpu_adapter_bytes", "disk_cache_bytes"):
             if getattr(self, name) < 0:
                 raise ValueError(f"{name} {getattr(self, name)} is invalid; expected >= 0")
-        for name in ("queue_deadline_s", "report_interval_s", "timeout_s"):
+        for name in ("queue_deadline_s", "idle_wait_s", "report_interval_s", "timeout_s"):
             if not getattr(self, name) > 0:
                 raise ValueError(f"{name} {getattr(self, name)} is invalid; expected > 0")
         if self.routing_policy not in routing_names():

@@ -5,8 +5,10 @@ The glue mirrors ``engine.core.EngineCore.step`` (expire, collect leases, ask fo
 scheduler's lease window, prefetch, schedule, update): every decision is the scheduler's or the
 cache's own; this class only carries them and charges time. A step is one event: planned at
 ``t``, its result applied at ``t + step_s`` (no request can join a step already running), then
-the next step is planned at once. An idle replica plans again when a request arrives or a lease
-it waits for completes.
+the next step is planned at once. An idle replica plans again when a request arrives; one whose
+requests all wait (for adapter loads, a load quota) plans again when a lease it waits for
+completes, or after ``idle_wait_s`` (the engine loop's sleep when nothing can run), so queue
+deadlines expire on time.
 """
 
 from __future__ import annotations
@@ -24,6 +26,7 @@ from loraplex.engine.sched.scheduler import Scheduler
 from loraplex.engine.step import StepPlan, StepResult
 from loraplex.errors import LoraplexError, QueueFullError, QueueTimeoutError
 from loraplex.residency.cache import CacheConfig, Lease, SimExecutor, TieredAdapterCache
+from loraplex.residency.cache.executors import SimTimer
 from loraplex.residency.ledger import Tier, TierBudget
 from loraplex.residency.pipeline import Footprint
 from loraplex.residency.policy import make_policy
@@ -78,6 +81,7 @@ class SimReplica:
         self._executor = executor
         self._clock = executor.clock
         self._step_cost = cost.step
+        self._idle_wait_s = config.idle_wait_s
         self._ranks = ranks
         self.cache = TieredAdapterCache(
             cache_config(config),
@@ -91,7 +95,10 @@ class SimReplica:
         self._outcomes: dict[str, Outcome] = {}  # live requests
         self._pending: dict[str, Future[Lease]] = {}  # ADAPTER_WAIT requests' lease futures
         self._prefetching: dict[AdapterKey, Future[None]] = {}
-        self._busy = False  # a step is in flight or planned
+        self._in_step = False  # a step is running (its result not applied yet)
+        self._planning = False  # a plan is being made (a wake then changes nothing)
+        self._next_plan: SimTimer | None = None  # the plan event due, if any
+        self._next_plan_at = 0.0  # ... and when
         self.num_steps = 0  # steps executed (for the scale profile)
 
     # --- requests ---------------------------------------------------------------------------
@@ -118,31 +125,54 @@ class SimReplica:
         self._wake()
 
     def _wake(self) -> None:
-        if not self._busy:
-            self._busy = True
-            self._executor.call_at(self._clock.now(), self._plan)
+        """Plan now, unless a step runs (it plans when it ends), a plan is being made (it sees
+        the change) or one is due now."""
+        if self._in_step or self._planning:
+            return
+        now = self._clock.now()
+        if self._next_plan is not None:
+            if self._next_plan_at <= now:
+                return
+            self._next_plan.cancel()  # an idle poll: the engine is woken early
+        self._plan_at(now)
+
+    def _plan_at(self, at_s: float) -> None:
+        if self._next_plan is not None:
+            self._next_plan.cancel()  # one plan event at a time
+        self._next_plan_at = at_s
+        self._next_plan = self._executor.call_at(at_s, self._plan)
 
     # --- the step ---------------------------------------------------------------------------
 
     def _plan(self) -> None:
+        self._next_plan = None
+        self._planning = True
+        plan = self._decide(self._clock.now())
+        self._planning = False
         now = self._clock.now()
+        if not plan.chunks:
+            if self.scheduler.requests:  # all wait (loads, quotas): poll as the engine loop does
+                self._plan_at(now + self._idle_wait_s)
+            return  # else idle until an arrival wakes it
+        seconds = self._seconds(plan)
+        self._in_step = True
+        self._executor.call_at(now + seconds, lambda: self._apply(plan))
+
+    def _decide(self, now: float) -> StepPlan:
+        """EngineCore.step's bookkeeping, then the scheduler's plan."""
         for req in self.scheduler.expired(now):
             error = QueueTimeoutError(req.request_id, now - req.arrival_s, 1.0)
             self._retire(req, RequestState.ABORTED, error)
         self._collect_leases()
         self._request_leases()
         self._prefetch()
-        plan = self.scheduler.schedule()
-        if not plan.chunks:
-            self._busy = False  # idle until an arrival or a lease wakes it
-            return
-        seconds = self._seconds(plan)
-        self._executor.call_at(now + seconds, lambda: self._apply(plan))
+        return self.scheduler.schedule()
 
     def _apply(self, plan: StepPlan) -> None:
         sched = self.scheduler
         sampled = {c.request_id: _TOKEN for c in plan.chunks if c.samples}
         sched.update(plan, StepResult(sampled, {}))
+        self._in_step = False
         self.num_steps += 1
         now = self._clock.now()
         for request_id in sampled:
@@ -208,7 +238,9 @@ class SimReplica:
         window = {k: self._prefetching.get(k) for k in sched.prefetch_keys()}
         fresh = [k for k, f in window.items() if f is None]
         for key in sched.admit_prefetches(fresh, self._adapter_loads()):
-            window[key] = self.cache.prefetch(key, Tier.L1)
+            future = self.cache.prefetch(key, Tier.L1)
+            future.add_done_callback(lambda _: self._wake())  # its quota place is free again
+            window[key] = future
         self._prefetching = {k: f for k, f in window.items() if f is not None}
 
     def _adapter_loads(self) -> AdapterLoads:

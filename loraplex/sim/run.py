@@ -113,6 +113,8 @@ def simulate(trace: Sequence[TraceRecord], config: SimConfig, cost_model: CostMo
     executor.drain()
     for replica in replicas:
         replica.cache.check_integrity()
+        if replica.num_live:  # every request ends: by finishing, a refusal or its deadline
+            raise RuntimeError(f"{replica.replica_id} ended with {replica.num_live} live requests")
     return _result(trace, config, cost_model, replicas=replicas, fleet=fleet, outcomes=outcomes)
 
 

@@ -49,8 +49,9 @@ def test_switching_the_eviction_policy_changes_hits_as_the_real_policies_do() ->
         for policy in ("lru", "cost_aware")
     }
     lru, aware = runs["lru"], runs["cost_aware"]
-    assert aware["by_tenant"]["prio"]["tier_at_lease"]["L0"] > (
-        lru["by_tenant"]["prio"]["tier_at_lease"]["L0"]
+    assert (
+        aware["by_tenant"]["prio"]["tier_at_lease"]["L0"]
+        > (lru["by_tenant"]["prio"]["tier_at_lease"]["L0"])
     )
     assert sum(aware["reloads_after_eviction"].values()) < sum(
         lru["reloads_after_eviction"].values()
@@ -149,3 +150,19 @@ def test_an_adapter_above_the_slot_rank_is_refused_naming_it() -> None:
 def test_bad_settings_are_refused_naming_the_field(field: str, value: object) -> None:
     with pytest.raises(ValueError, match=field):
         SimConfig(**{field: value})  # type: ignore[arg-type]
+
+
+def test_every_request_ends_when_loads_are_scarce() -> None:
+    """cold-storm with one load at a time and a short deadline: requests waiting on loads and
+    quotas still end (finished or timed out); none is left live."""
+    trace = scenario("cold-storm", duration_s=10, rate=40)
+    config = SimConfig(
+        max_loras=2,
+        max_lora_rank=128,
+        max_concurrent_loads=1,
+        tenant_max_concurrent_loads=1,
+        queue_deadline_s=0.5,
+    )
+    metrics = simulate(trace, config, cost()).metrics
+    assert metrics["completed"] + sum(metrics["errors"].values()) == len(trace)
+    assert metrics["completed"] > 0 and metrics["errors"]
