@@ -161,7 +161,8 @@ class SimReplica:
     def _decide(self, now: float) -> StepPlan:
         """EngineCore.step's bookkeeping, then the scheduler's plan."""
         for req in self.scheduler.expired(now):
-            error = QueueTimeoutError(req.request_id, now - req.arrival_s, 1.0)
+            retry_s = self.scheduler.config.retry_hint_s
+            error = QueueTimeoutError(req.request_id, now - req.arrival_s, retry_s)
             self._retire(req, RequestState.ABORTED, error)
         self._collect_leases()
         self._request_leases()
@@ -183,7 +184,9 @@ class SimReplica:
             if outcome.first_token_s is None:
                 outcome.first_token_s = now
             outcome.output_tokens = len(req.output_token_ids)
-            if outcome.output_tokens >= req.request.params.max_tokens:
+            # Ends as the engine's output tracker ends it: max_tokens, or the context is full.
+            full = req.num_tokens >= sched.config.max_model_len
+            if full or outcome.output_tokens >= req.request.params.max_tokens:
                 self._retire(req, RequestState.FINISHED, None)
         self._plan()
 

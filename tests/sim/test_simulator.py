@@ -166,3 +166,10 @@ def test_every_request_ends_when_loads_are_scarce() -> None:
     metrics = simulate(trace, config, cost()).metrics
     assert metrics["completed"] + sum(metrics["errors"].values()) == len(trace)
     assert metrics["completed"] > 0 and metrics["errors"]
+
+
+def test_a_request_ends_when_its_context_is_full() -> None:
+    trace = [TraceRecord(0.0, "t", "a", 100, 500)]
+    metrics = simulate(trace, SimConfig(max_model_len=128), cost()).metrics
+    assert metrics["completed"] == 1
+    assert metrics["throughput_tokens_per_s"] == pytest.approx(28 / metrics["makespan_s"], 1e-3)
