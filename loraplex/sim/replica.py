@@ -159,7 +159,12 @@ class SimReplica:
         self._executor.call_at(now + seconds, lambda: self._apply(plan))
 
     def _decide(self, now: float) -> StepPlan:
-        """EngineCore.step's bookkeeping, then the scheduler's plan."""
+        """EngineCore.step's bookkeeping, then the scheduler's plan. With nothing queued the
+        bookkeeping has nothing to do (no request can expire, wait for a lease or be in the
+        prefetch window), so only its one effect is kept: the prefetch window empties."""
+        if not self.scheduler.num_queued:
+            self._prefetching = {}
+            return self.scheduler.schedule()
         for req in self.scheduler.expired(now):
             retry_s = self.scheduler.config.retry_hint_s
             error = QueueTimeoutError(req.request_id, now - req.arrival_s, retry_s)
