@@ -173,3 +173,35 @@ def test_a_request_ends_when_its_context_is_full() -> None:
     metrics = simulate(trace, SimConfig(max_model_len=128), cost()).metrics
     assert metrics["completed"] == 1
     assert metrics["throughput_tokens_per_s"] == pytest.approx(28 / metrics["makespan_s"], 1e-3)
+
+
+_RUN_ONE = """
+import sys
+sys.path.insert(0, {tests!r})
+from sim_inputs import cost, scenario
+from loraplex.sim.config import SimConfig
+from loraplex.sim.run import simulate
+print(simulate(scenario("zipf-longtail", duration_s=5), SimConfig(replicas=3), cost()).to_json())
+"""
+
+
+def test_the_result_does_not_depend_on_the_processs_hash_seed() -> None:
+    """Sets of keys and names are ordered per process: no decision may depend on that order."""
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    code = _RUN_ONE.format(tests=str(Path(__file__).resolve().parent))
+    outputs = [
+        subprocess.run(
+            [sys.executable, "-c", code],
+            env={**os.environ, "PYTHONHASHSEED": seed},
+            capture_output=True,
+            text=True,
+            check=True,
+            timeout=300,
+        ).stdout
+        for seed in ("1", "2")
+    ]
+    assert outputs[0] == outputs[1] and outputs[0].startswith("{")
