@@ -15,6 +15,7 @@ from typing import Annotated, Any
 
 import typer
 
+from loraplex.engine.tenant_shares import TenantSettings
 from loraplex.residency.policy import DEFAULT_POLICY as DEFAULT_EVICTION
 from loraplex.router import DEFAULT_POLICY as DEFAULT_ROUTING
 from loraplex.sim.trace import TraceRecord
@@ -46,6 +47,17 @@ def workload_trace(name: str, seed: int, duration_s: float, rate: float) -> list
     ]
 
 
+def tenant_settings(pairs: list[str]) -> dict[str, TenantSettings]:
+    """``TENANT=CLASS`` pairs as the settings a tenant of that priority class gets."""
+    settings = {}
+    for pair in pairs:
+        tenant, sep, priority = pair.partition("=")
+        if not sep or not tenant:
+            raise ValueError(f"{pair!r} is invalid; expected TENANT=high|normal|batch")
+        settings[tenant] = TenantSettings.for_priority(priority)
+    return settings
+
+
 def _fail(flag: str, error: Exception) -> typer.Exit:
     typer.echo(f"error: {flag}: {error}", err=True)
     return typer.Exit(2)
@@ -68,6 +80,9 @@ def run_command(
     disk_cache_bytes: Annotated[int, Opt(help="L2 budget per replica, bytes.")] = 8 << 30,
     bytes_per_rank: Annotated[int, Opt(help="An adapter's bytes per unit of rank.")] = 65536,
     max_num_seqs: Annotated[int, Opt(help="Sequences decoding at once.")] = 32,
+    tenant_priority: Annotated[
+        list[str] | None, Opt(help="TENANT=high|normal|batch (repeatable).")
+    ] = None,
     as_json: Annotated[bool, Opt("--json", help="One JSON line.")] = False,
 ) -> None:
     """Simulate a trace or a scenario on a deployment; print its figures."""
@@ -90,7 +105,12 @@ def run_command(
         )
     except (OSError, ValueError) as e:
         raise _fail("--trace" if trace is not None else "--workload", e) from e
+    try:
+        tenants = tenant_settings(tenant_priority or [])
+    except ValueError as e:
+        raise _fail("--tenant-priority", e) from e
     settings: dict[str, Any] = {
+        "tenants": tenants,
         "replicas": replicas,
         "routing_policy": routing_policy,
         "eviction_policy": eviction_policy,

@@ -6,8 +6,10 @@ Field names follow ``loraplex serve``'s settings where one exists (``max_loras``
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from collections.abc import Mapping
+from dataclasses import dataclass, field
 
+from loraplex.engine.tenant_shares import TenantSettings
 from loraplex.residency.policy import DEFAULT_POLICY as DEFAULT_EVICTION
 from loraplex.residency.policy import policy_names as eviction_names
 from loraplex.router import DEFAULT_POLICY as DEFAULT_ROUTING
@@ -56,6 +58,9 @@ class SimConfig:
     report_interval_s: float = 0.5  # a replica's report is this old at most (fleet report_period_s)
     timeout_s: float = 60.0  # a failed request counts as this TTFT in the percentiles
     seed: int = 0  # the router's random choices
+    # Per tenant: its weight (priority class), byte caps per tier, cold-load quota and seats, as
+    # the registry hands them to a server's scheduler and cache; absent tenants: the defaults.
+    tenants: Mapping[str, TenantSettings] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         for name in _AT_LEAST_ONE:
@@ -83,6 +88,11 @@ class SimConfig:
                 f"max_num_batched_tokens {self.max_num_batched_tokens} is invalid; expected >= "
                 f"max_num_seqs {self.max_num_seqs}"
             )
+        for tenant, settings in self.tenants.items():
+            if not tenant or not isinstance(settings, TenantSettings):
+                raise ValueError(
+                    f"tenants[{tenant!r}] is invalid; expected a tenant name -> TenantSettings"
+                )
         if self.default_rank > self.max_lora_rank:
             raise ValueError(
                 f"default_rank {self.default_rank} is invalid; expected <= max_lora_rank "

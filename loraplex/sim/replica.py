@@ -24,6 +24,7 @@ from loraplex.engine.request import Request, RequestState
 from loraplex.engine.sched.admission import AdapterLoads
 from loraplex.engine.sched.scheduler import Scheduler
 from loraplex.engine.step import StepPlan, StepResult
+from loraplex.engine.tenant_shares import TenantBook, TenantSettings
 from loraplex.errors import LoraplexError, QueueFullError, QueueTimeoutError
 from loraplex.residency.cache import CacheConfig, Lease, SimExecutor, TieredAdapterCache
 from loraplex.residency.cache.executors import SimTimer
@@ -63,6 +64,19 @@ def scheduler_config(config: SimConfig) -> SchedulerConfig:
     )
 
 
+_CAP_FIELDS = {Tier.L0: "max_gpu_bytes", Tier.L1: "max_cpu_bytes", Tier.L2: "max_disk_bytes"}
+
+
+def apply_tenants(cache: TieredAdapterCache, tenants: Mapping[str, TenantSettings]) -> None:
+    """The tenants' keep-priority weights and per-tier byte caps, handed to the cache as
+    ``engine.factory.apply_tenant_settings`` hands them (that module loads torch)."""
+    caps = {
+        tier: {t: cap for t, s in tenants.items() if (cap := getattr(s, name)) is not None}
+        for tier, name in _CAP_FIELDS.items()
+    }
+    cache.set_tenant_limits({t: s.weight for t, s in tenants.items()}, caps)
+
+
 class SimReplica:
     """Scheduler + adapter cache of one replica on the shared event queue."""
 
@@ -90,8 +104,10 @@ class SimReplica:
             clock=self._clock,
             executor=executor,
         )
+        apply_tenants(self.cache, config.tenants)
         blocks = BlockManager(config.num_kv_blocks, config.block_size)
-        self.scheduler = Scheduler(scheduler_config(config), blocks, self._clock)
+        tenants = TenantBook(config.tenants)
+        self.scheduler = Scheduler(scheduler_config(config), blocks, self._clock, tenants)
         self._outcomes: dict[str, Outcome] = {}  # live requests
         self._pending: dict[str, Future[Lease]] = {}  # ADAPTER_WAIT requests' lease futures
         self._prefetching: dict[AdapterKey, Future[None]] = {}

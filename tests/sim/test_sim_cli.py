@@ -70,3 +70,13 @@ def test_the_synthetic_trace_is_deterministic_and_skewed() -> None:
     top = sum(r.adapter == "adapter-00000" for r in trace)
     tail = sum(r.adapter == "adapter-00099" for r in trace)
     assert top > 10 * max(tail, 1)
+
+
+def test_tenant_priorities_from_the_command_line() -> None:
+    args = ["sim", "run", "--workload", "hot-burst", "--duration-s", "5", "--json"]
+    args += ["--cost-model", str(COST_FILE), "--tenant-priority", "batch=batch"]
+    result = runner.invoke(app, args)
+    assert result.exit_code == 0, result.output
+    assert json.loads(result.output)["config"]["tenants"]["batch"]["weight"] == 0.25
+    bad = runner.invoke(app, [*args[:-2], "--tenant-priority", "batch=urgent"])
+    assert bad.exit_code == 2 and "--tenant-priority" in bad.output
