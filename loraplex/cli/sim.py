@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import Annotated, Any
+from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 
@@ -19,6 +19,9 @@ from loraplex.engine.tenant_shares import TenantSettings
 from loraplex.residency.policy import DEFAULT_POLICY as DEFAULT_EVICTION
 from loraplex.router import DEFAULT_POLICY as DEFAULT_ROUTING
 from loraplex.sim.trace import TraceRecord
+
+if TYPE_CHECKING:
+    from loraplex.sim.cost_model import CostModel
 
 sim_app = typer.Typer(help="The trace-driven simulator (docs/simulator.md).", no_args_is_help=True)
 Opt = typer.Option
@@ -86,25 +89,11 @@ def run_command(
     as_json: Annotated[bool, Opt("--json", help="One JSON line.")] = False,
 ) -> None:
     """Simulate a trace or a scenario on a deployment; print its figures."""
-    from loraplex.sim import cost_model as costs
     from loraplex.sim.config import SimConfig
     from loraplex.sim.run import simulate
-    from loraplex.sim.trace import read_trace
 
-    if (trace is None) == (workload is None):
-        raise _fail("--trace/--workload", ValueError("give exactly one of them"))
-    try:
-        model = costs.load(cost_model)
-    except (OSError, ValueError) as e:
-        raise _fail("--cost-model", e) from e
-    try:
-        records = (
-            read_trace(trace)
-            if trace is not None
-            else workload_trace(str(workload), seed, duration_s, rate)
-        )
-    except (OSError, ValueError) as e:
-        raise _fail("--trace" if trace is not None else "--workload", e) from e
+    model = _cost_model(cost_model)
+    records = _records(trace, workload, seed, duration_s, rate)
     try:
         tenants = tenant_settings(tenant_priority or [])
     except ValueError as e:
@@ -132,8 +121,36 @@ def run_command(
     body = {"name": "sim", "source": str(trace or workload), **result.to_dict()}
     if as_json:
         typer.echo(json.dumps(body, sort_keys=True, allow_nan=False))
-        return
-    m = result.metrics
+    else:
+        _summary(result.metrics)
+
+
+def _cost_model(path: Path) -> CostModel:
+    from loraplex.sim import cost_model as costs
+
+    try:
+        return costs.load(path)
+    except (OSError, ValueError) as e:
+        raise _fail("--cost-model", e) from e
+
+
+def _records(
+    trace: Path | None, workload: str | None, seed: int, duration_s: float, rate: float
+) -> list[TraceRecord]:
+    """The trace file's records, or the scenario's; exactly one of the two."""
+    from loraplex.sim.trace import read_trace
+
+    if (trace is None) == (workload is None):
+        raise _fail("--trace/--workload", ValueError("give exactly one of them"))
+    try:
+        if trace is not None:
+            return read_trace(trace)
+        return workload_trace(str(workload), seed, duration_s, rate)
+    except (OSError, ValueError) as e:
+        raise _fail("--trace" if trace is not None else "--workload", e) from e
+
+
+def _summary(m: dict[str, Any]) -> None:
     typer.echo(f"requests {m['requests']}  completed_ratio {m['completed_ratio']}")
     typer.echo(f"hit_ratio {m['hit_ratio']}  cold_loads {m['cold_loads']}")
     typer.echo(f"ttft_ms {m['ttft_ms']}  warm {m['ttft_ms_warm']}  cold {m['ttft_ms_cold']}")
@@ -154,13 +171,9 @@ def scale_command(
     as_json: Annotated[bool, Opt("--json", help="One JSON line.")] = False,
 ) -> None:
     """Time one simulation of a synthetic trace; report wall seconds and peak RSS."""
-    from loraplex.sim import cost_model as costs
     from loraplex.sim.scale import scale_run
 
-    try:
-        model = costs.load(cost_model)
-    except (OSError, ValueError) as e:
-        raise _fail("--cost-model", e) from e
+    model = _cost_model(cost_model)
     try:
         line = scale_run(
             requests, adapters, replicas, model, rate_per_replica=rate_per_replica, seed=seed

@@ -37,6 +37,8 @@ def test_sim_run_on_a_trace_file(tmp_path: Path) -> None:
     body = json.loads(result.output)
     assert body["config"]["eviction_policy"] == "lru"
     assert body["metrics"]["completed"] == 2
+    text = runner.invoke(app, args)  # without --json: a few summary lines
+    assert text.exit_code == 0 and "requests 2  completed_ratio 1.0" in text.output
 
 
 def test_bad_flags_are_refused_by_name(tmp_path: Path) -> None:
