@@ -187,6 +187,9 @@ class ServeConfig:
     trace_sample_ratio: float = 0.01  # fraction of requests traced (by trace id)
     trace_slow_s: float = 10.0  # requests at least this long are always traced (errors too)
     trace_export_names: bool = False  # tenant/adapter names in spans; false: keyed hashes
+    # one JSONL line per finished request in the simulator's trace format (docs/simulator.md);
+    # None: off
+    request_log_path: Path | None = None
 
     def __post_init__(self) -> None:
         self._check_listeners()
@@ -325,7 +328,7 @@ class ServeConfig:
         return DEFAULT_CPU_ADAPTER_BYTES
 
 
-_PATH_FIELDS = {"data_dir", "model", "import_dir"}
+_PATH_FIELDS = {"data_dir", "model", "import_dir", "request_log_path"}
 # File keys that are not field names: the key is the flag's name (``--threads``).
 _FILE_KEYS = {"threads": "torch_threads"}
 _DEPRECATED_KEYS = {"torch_threads": "threads"}  # still read, with a warning naming the new key

@@ -145,6 +145,7 @@ def build_front(
         max_stream_buffer_bytes=config.max_stream_buffer_bytes,
         shared_state_url=config.shared_state_url,
         shared_state_prefix=config.shared_state_prefix,
+        request_log_path=config.request_log_path,
     )
     chat = ChatTemplate.from_model_dir(model_dir)
     cache = OwnedPins(front.cache)  # a release's holds and an operator's pins never undo each other

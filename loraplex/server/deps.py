@@ -18,6 +18,7 @@ from loraplex.server.fleet_view import FleetStateSource
 from loraplex.server.history import HistoryConfig
 from loraplex.server.metrics import ServerMetrics
 from loraplex.server.recent_requests import RecentRequests
+from loraplex.server.request_log import RequestLog
 from loraplex.server.traffic_tally import TrafficTally
 from loraplex.tracing.record import RequestTracing
 
@@ -60,6 +61,9 @@ class ServerConfig:
     # not in repr: it may hold a password); None: buckets per process (``quota/ratelimit.py``)
     shared_state_url: str | None = field(default=None, repr=False)
     shared_state_prefix: str = "loraplex"  # key prefix there: one per deployment sharing it
+    # one JSONL line per finished request, in the simulator's trace format (request_log.py);
+    # None: off
+    request_log_path: Path | None = None
 
     def __post_init__(self) -> None:
         if not self.base_model_name:
@@ -141,5 +145,10 @@ class ServerDeps:
             recent=recent,
             max_adapter_labels=self.config.max_adapter_labels,
             traffic=TrafficTally(self.history.max_tracked_revisions, self.history.top_revisions),
+            request_log=(
+                None
+                if self.config.request_log_path is None
+                else RequestLog(self.config.request_log_path)
+            ),
         )
         object.__setattr__(self, "metrics", metrics)

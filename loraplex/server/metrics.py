@@ -67,6 +67,7 @@ from loraplex.server.metrics_collectors import (
 )
 from loraplex.server.metrics_status import StatusCounts
 from loraplex.server.recent_requests import RecentRequests
+from loraplex.server.request_log import LoggedRequest, RequestLog
 from loraplex.server.traffic_tally import TrafficTally
 
 CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
@@ -86,7 +87,9 @@ class ServerMetrics:
         recent: RecentRequests,
         max_adapter_labels: int = DEFAULT_MAX_NAMED,
         traffic: TrafficTally | None = None,
+        request_log: RequestLog | None = None,
     ) -> None:
+        self.request_log = request_log  # one line per finished request; None: off
         # per-class and per-revision traffic between the live page's history samples
         self.traffic = traffic if traffic is not None else TrafficTally()
         self.releases = releases  # windows of the revisions under release
@@ -147,11 +150,13 @@ class ServerMetrics:
         tenant: str | None = None,
         response_id: str | None = None,
         sticky_key: str | None = None,
+        prompt_tokens: int = 0,
+        max_tokens: int = 0,
     ) -> RequestObservation:
         """Starts timing one request. ``revision`` (``tenant/name@revision``; None: the base
         model), ``tenant``, ``response_id`` (the ``id`` the client sees) and ``sticky_key``
         (the caller's ``user`` / ``X-Session-Id``) feed the release traffic windows and client
-        feedback (issue 13)."""
+        feedback (issue 13); ``prompt_tokens`` and ``max_tokens`` the request log."""
         with self._lock:
             self._arrivals[cold] += 1
             self._started += 1
@@ -166,6 +171,8 @@ class ServerMetrics:
         observation = RequestObservation(self, priority_class, cold, now_s)
         observation.revision = revision
         observation.caller = caller
+        if self.request_log is not None and tenant is not None:
+            observation.logged = (self.request_log, tenant, prompt_tokens, max_tokens)
         return observation
 
     def cold_start_rate(self) -> float:
@@ -209,6 +216,9 @@ class RequestObservation:
         self.revision: str | None = None  # tenant/name@revision answering; None: base model
         self.caller = ""  # ``release.traffic.caller_key`` of who asked
         self._error: BaseException | None = None  # what the stream raised, if it did
+        # The request log and what it records beside the timings (tenant, prompt tokens,
+        # max_tokens); None: not logged.
+        self.logged: tuple[RequestLog, str, int, int] | None = None
 
     def on_delta(self, delta: TokenDelta, now_s: float) -> None:
         if delta.adapter_tier is not None and self.engine_tier is None:
@@ -247,7 +257,29 @@ class RequestObservation:
         self._metrics.requests.labels(self._priority_class, outcome).inc()
         self._metrics.tokens.labels(self._priority_class).inc(self._tokens)
         self._metrics.traffic.record(self._priority_class, self.revision, self._tokens, outcome)
+        if self.logged is not None:
+            self._log(outcome, *self.logged)
         if self.revision is not None:
             ttft = None if self._first_s is None else self._first_s - self._arrived_s
             verdict = classify(outcome, self._error)
             self._metrics.releases.record(self.revision, verdict, ttft, per_token, self.caller)
+
+    def _log(
+        self, outcome: str, log: RequestLog, tenant: str, prompt_tokens: int, max_tokens: int
+    ) -> None:
+        """The request log's line for this request (``server/request_log.py``)."""
+        now_s = time.monotonic()
+        log.write(
+            LoggedRequest(
+                arrived_s=self._arrived_s,
+                tenant=tenant,
+                revision=self.revision,
+                prompt_tokens=prompt_tokens,
+                max_tokens=max_tokens,
+                completion_tokens=self._tokens,
+                outcome=outcome,
+                ttft_s=None if self._first_s is None else self._first_s - self._arrived_s,
+                tier=self.engine_tier,
+                latency_s=max(0.0, now_s - self._arrived_s),
+            )
+        )

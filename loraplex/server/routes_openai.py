@@ -194,7 +194,15 @@ async def _submit(
         per_prompt.append(req if trace is None else replace(req, traceparent=trace.traceparent))
     members, observations = [], []
     for slot, req in enumerate(siblings(engine_id, per_prompt, shape)):
-        observation = observe(_metrics(request), tenant, target, client_id, sticky)
+        observation = observe(
+            _metrics(request),
+            tenant,
+            target,
+            client_id,
+            sticky,
+            prompt_tokens=len(req.prompt_token_ids),
+            max_tokens=req.params.max_tokens,
+        )
         stream = Observed(deps.engine.generate(req), observation, trace, req.request_id)
         members.append(Sibling(req.request_id, slot, stream))
         observations.append(observation)

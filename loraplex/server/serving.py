@@ -194,6 +194,9 @@ def observe(
     target: Target,
     response_id: str,
     sticky_key: str | None = None,
+    *,
+    prompt_tokens: int = 0,
+    max_tokens: int = 0,
 ) -> RequestObservation:
     """Starts timing a request; ``cold`` means its adapter was not in a GPU slot on arrival.
     ``sticky_key`` tells the alias owner's end users apart when a release is judged."""
@@ -206,6 +209,8 @@ def observe(
         tenant=tenant.name,
         response_id=response_id,
         sticky_key=sticky_key,
+        prompt_tokens=prompt_tokens,
+        max_tokens=max_tokens,
     )
 
 

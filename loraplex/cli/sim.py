@@ -1,0 +1,190 @@
+"""``loraplex sim run`` and ``loraplex sim scale``: the simulator (docs/simulator.md).
+
+``run`` takes a JSONL trace (``--trace``, e.g. a server's request log) or a named WORKLOADS.md
+scenario (``--workload``, generated here: the simulator itself never imports ``bench``), a
+cost-model file, and the deployment's settings; it prints the run's figures (``--json``: one
+JSON line). Every flag is a ``SimConfig`` field or a scenario parameter; a value either refuses
+is reported against its flag.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import TYPE_CHECKING, Annotated, Any
+
+import typer
+
+from loraplex.engine.tenant_shares import TenantSettings
+from loraplex.residency.policy import DEFAULT_POLICY as DEFAULT_EVICTION
+from loraplex.router import DEFAULT_POLICY as DEFAULT_ROUTING
+from loraplex.sim.trace import TraceRecord
+
+if TYPE_CHECKING:
+    from loraplex.sim.cost_model import CostModel
+
+sim_app = typer.Typer(help="The trace-driven simulator (docs/simulator.md).", no_args_is_help=True)
+Opt = typer.Option
+
+
+def register(app: typer.Typer) -> None:
+    app.add_typer(sim_app, name="sim")
+
+
+def workload_trace(name: str, seed: int, duration_s: float, rate: float) -> list[TraceRecord]:
+    """A WORKLOADS.md scenario as simulator trace records (each adapter's rank carried along)."""
+    from loraplex.bench.workloads import ScenarioParams, generate
+
+    workload = generate(name, seed, ScenarioParams(duration_s=duration_s, rate=rate))
+    ranks = {(a.tenant, a.name): a.rank for a in workload.adapters}
+    return [
+        TraceRecord(
+            r.t_s,
+            r.tenant,
+            r.adapter,
+            r.prompt_tokens,
+            r.output_tokens,
+            rank=ranks[(r.tenant, r.adapter)],
+        )
+        for r in workload.requests
+    ]
+
+
+def tenant_settings(pairs: list[str]) -> dict[str, TenantSettings]:
+    """``TENANT=CLASS`` pairs as the settings a tenant of that priority class gets."""
+    settings = {}
+    for pair in pairs:
+        tenant, sep, priority = pair.partition("=")
+        if not sep or not tenant:
+            raise ValueError(f"{pair!r} is invalid; expected TENANT=high|normal|batch")
+        settings[tenant] = TenantSettings.for_priority(priority)
+    return settings
+
+
+def _fail(flag: str, error: Exception) -> typer.Exit:
+    typer.echo(f"error: {flag}: {error}", err=True)
+    return typer.Exit(2)
+
+
+@sim_app.command("run")
+def run_command(
+    *,
+    cost_model: Annotated[Path, Opt(help="Cost-model file (schema loraplex-sim-cost/1).")],
+    trace: Annotated[Path | None, Opt(help="JSONL trace (or a server's request log).")] = None,
+    workload: Annotated[str | None, Opt(help="A WORKLOADS.md scenario name.")] = None,
+    seed: Annotated[int, Opt(help="Scenario seed and the router's random choices.")] = 0,
+    duration_s: Annotated[float, Opt(help="Scenario length, s (with --workload).")] = 60.0,
+    rate: Annotated[float, Opt(help="Scenario requests per second (with --workload).")] = 20.0,
+    replicas: Annotated[int, Opt(help="Engine replicas (above 1: routed).")] = 1,
+    routing_policy: Annotated[str, Opt(help="Router policy name.")] = DEFAULT_ROUTING,
+    eviction_policy: Annotated[str, Opt(help="Adapter eviction policy name.")] = DEFAULT_EVICTION,
+    max_loras: Annotated[int, Opt(help="GPU slots per replica.")] = 8,
+    cpu_adapter_bytes: Annotated[int, Opt(help="L1 budget per replica, bytes.")] = 1 << 30,
+    disk_cache_bytes: Annotated[int, Opt(help="L2 budget per replica, bytes.")] = 8 << 30,
+    bytes_per_rank: Annotated[int, Opt(help="An adapter's bytes per unit of rank.")] = 65536,
+    max_num_seqs: Annotated[int, Opt(help="Sequences decoding at once.")] = 32,
+    tenant_priority: Annotated[
+        list[str] | None, Opt(help="TENANT=high|normal|batch (repeatable).")
+    ] = None,
+    as_json: Annotated[bool, Opt("--json", help="One JSON line.")] = False,
+) -> None:
+    """Simulate a trace or a scenario on a deployment; print its figures."""
+    from loraplex.sim.config import SimConfig
+    from loraplex.sim.run import simulate
+
+    model = _cost_model(cost_model)
+    records = _records(trace, workload, seed, duration_s, rate)
+    try:
+        tenants = tenant_settings(tenant_priority or [])
+    except ValueError as e:
+        raise _fail("--tenant-priority", e) from e
+    settings: dict[str, Any] = {
+        "tenants": tenants,
+        "replicas": replicas,
+        "routing_policy": routing_policy,
+        "eviction_policy": eviction_policy,
+        "max_loras": max_loras,
+        "cpu_adapter_bytes": cpu_adapter_bytes,
+        "disk_cache_bytes": disk_cache_bytes,
+        "bytes_per_rank": bytes_per_rank,
+        "max_num_seqs": max_num_seqs,
+        "seed": seed,
+    }
+    try:
+        config = SimConfig(**settings)
+    except ValueError as e:
+        raise _fail(_flag_of(e, settings), e) from e
+    try:
+        result = simulate(records, config, model)
+    except ValueError as e:
+        raise _fail("--trace" if trace is not None else "--workload", e) from e
+    body = {"name": "sim", "source": str(trace or workload), **result.to_dict()}
+    if as_json:
+        typer.echo(json.dumps(body, sort_keys=True, allow_nan=False))
+    else:
+        _summary(result.metrics)
+
+
+def _cost_model(path: Path) -> CostModel:
+    from loraplex.sim import cost_model as costs
+
+    try:
+        return costs.load(path)
+    except (OSError, ValueError) as e:
+        raise _fail("--cost-model", e) from e
+
+
+def _records(
+    trace: Path | None, workload: str | None, seed: int, duration_s: float, rate: float
+) -> list[TraceRecord]:
+    """The trace file's records, or the scenario's; exactly one of the two."""
+    from loraplex.sim.trace import read_trace
+
+    if (trace is None) == (workload is None):
+        raise _fail("--trace/--workload", ValueError("give exactly one of them"))
+    try:
+        if trace is not None:
+            return read_trace(trace)
+        return workload_trace(str(workload), seed, duration_s, rate)
+    except (OSError, ValueError) as e:
+        raise _fail("--trace" if trace is not None else "--workload", e) from e
+
+
+def _summary(m: dict[str, Any]) -> None:
+    typer.echo(f"requests {m['requests']}  completed_ratio {m['completed_ratio']}")
+    typer.echo(f"hit_ratio {m['hit_ratio']}  cold_loads {m['cold_loads']}")
+    typer.echo(f"ttft_ms {m['ttft_ms']}  warm {m['ttft_ms_warm']}  cold {m['ttft_ms_cold']}")
+    typer.echo(f"throughput_tokens_per_s {m['throughput_tokens_per_s']}")
+    if "decisions" in m:
+        typer.echo(f"decisions {m['decisions']}  imbalance {m['imbalance']}")
+
+
+@sim_app.command("scale")
+def scale_command(
+    *,
+    cost_model: Annotated[Path, Opt(help="Cost-model file (schema loraplex-sim-cost/1).")],
+    requests: Annotated[int, Opt(help="Requests in the synthetic trace.")] = 1_000_000,
+    adapters: Annotated[int, Opt(help="Adapters (zipf 1.0).")] = 10_000,
+    replicas: Annotated[int, Opt(help="Engine replicas.")] = 64,
+    rate_per_replica: Annotated[float, Opt(help="Arrivals per second per replica.")] = 20.0,
+    seed: Annotated[int, Opt(help="Trace seed and the router's random choices.")] = 0,
+    as_json: Annotated[bool, Opt("--json", help="One JSON line.")] = False,
+) -> None:
+    """Time one simulation of a synthetic trace; report wall seconds and peak RSS."""
+    from loraplex.sim.scale import scale_run
+
+    model = _cost_model(cost_model)
+    try:
+        line = scale_run(
+            requests, adapters, replicas, model, rate_per_replica=rate_per_replica, seed=seed
+        )
+    except ValueError as e:
+        raise _fail("--requests/--adapters/--replicas/--rate-per-replica", e) from e
+    body = {"name": "sim-scale", "seed": seed, "metrics": line}
+    typer.echo(json.dumps(body, sort_keys=True) if as_json else json.dumps(line, indent=2))
+
+
+def _flag_of(error: ValueError, settings: dict[str, Any]) -> str:
+    """The flag whose SimConfig field the error names (the message starts with it)."""
+    field = str(error).split(" ", 1)[0]
+    return f"--{field.replace('_', '-')}" if field in settings else "--options"

@@ -1,0 +1,76 @@
+"""``RequestLog``: one JSONL line per finished request, in the simulator's trace format.
+
+``request_log_path`` (docs/operations.md) turns it on. Each line has the trace fields the
+simulator replays (``t_s`` seconds since the log was opened on this server's monotonic clock,
+``tenant``, ``adapter`` as ``name@revision`` or null for the base model, ``prompt_tokens``,
+``output_tokens``) and the outcome (``outcome``: the finish reason or ``error``/``abort``,
+``ttft_s``, ``tier`` the adapter was leased from, ``latency_s``). ``output_tokens`` is what was
+generated when the request finished by ``stop``/``length``, and what it asked for (its
+``max_tokens``) otherwise: a replay then asks for the same work. It holds nothing the operator
+does not already see on /metrics and /admin (tenant names, adapter refs): no prompt, no text,
+no key, no session. Lines are appended under a lock (one ``write`` each), so concurrent
+requests never interleave within a line. Torch-free.
+"""
+
+from __future__ import annotations
+
+import json
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+FINISHED = ("stop", "length")  # outcomes whose generated count is the request's whole output
+
+
+@dataclass(frozen=True)
+class LoggedRequest:
+    """What the log records of one request."""
+
+    arrived_s: float  # monotonic arrival time (the log writes it relative to its opening)
+    tenant: str  # the requesting tenant's name
+    revision: str | None  # ``tenant/name@revision`` that answered; None: the base model
+    prompt_tokens: int  # prompt length in tokens
+    max_tokens: int  # what it asked for
+    completion_tokens: int  # what was generated
+    outcome: str  # the finish reason, "error" or "abort"
+    ttft_s: float | None  # arrival to first token; None: no token came
+    tier: str | None  # the tier its adapter was leased from; None: base model or unknown
+    latency_s: float  # arrival to the end
+
+
+class RequestLog:
+    """Appends finished requests to ``path`` (created if absent, never truncated)."""
+
+    def __init__(self, path: Path, clock: Callable[[], float] = time.monotonic) -> None:
+        if not path.parent.is_dir():
+            raise ValueError(f"request_log_path {path} is invalid; its directory does not exist")
+        self.path = path
+        self._opened_s = clock()
+        self._lock = threading.Lock()
+        with path.open("a", encoding="utf-8"):
+            pass  # an unwritable path fails at start, not at the first request
+
+    def line(self, request: LoggedRequest) -> str:
+        adapter = None
+        if request.revision is not None:
+            adapter = request.revision.partition("/")[2] or request.revision
+        finished = request.outcome in FINISHED
+        body = {
+            "t_s": round(max(0.0, request.arrived_s - self._opened_s), 6),
+            "tenant": request.tenant,
+            "adapter": adapter,
+            "prompt_tokens": max(1, request.prompt_tokens),
+            "output_tokens": max(1, request.completion_tokens if finished else request.max_tokens),
+            "outcome": request.outcome,
+            "ttft_s": None if request.ttft_s is None else round(request.ttft_s, 6),
+            "tier": request.tier,
+            "latency_s": round(request.latency_s, 6),
+        }
+        return json.dumps(body, sort_keys=True) + "\n"
+
+    def write(self, request: LoggedRequest) -> None:
+        text = self.line(request)
+        with self._lock, self.path.open("a", encoding="utf-8") as f:
+            f.write(text)

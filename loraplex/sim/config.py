@@ -1,0 +1,104 @@
+"""The simulator's one frozen config: the deployment a run simulates (docs/simulator.md).
+
+Field names follow ``loraplex serve``'s settings where one exists (``max_loras``,
+``max_num_seqs``, ...), so a simulated configuration reads as the served one.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+
+from loraplex.engine.tenant_shares import TenantSettings
+from loraplex.residency.policy import DEFAULT_POLICY as DEFAULT_EVICTION
+from loraplex.residency.policy import policy_names as eviction_names
+from loraplex.router import DEFAULT_POLICY as DEFAULT_ROUTING
+from loraplex.router import policy_names as routing_names
+
+_AT_LEAST_ONE = (
+    "replicas",
+    "max_loras",
+    "max_lora_rank",
+    "default_rank",
+    "bytes_per_rank",
+    "max_num_seqs",
+    "max_num_batched_tokens",
+    "max_model_len",
+    "num_kv_blocks",
+    "block_size",
+    "max_queue_len",
+    "max_concurrent_loads",
+    "tenant_max_concurrent_loads",
+)
+
+
+@dataclass(frozen=True)
+class SimConfig:
+    """One simulated deployment: N identical replicas, each an engine with its adapter cache."""
+
+    replicas: int = 1  # engine replicas; above 1 the router picks one per request
+    routing_policy: str = DEFAULT_ROUTING  # a name of ``router.policy_names()``
+    eviction_policy: str = DEFAULT_EVICTION  # a name of ``residency.policy.policy_names()``
+    max_loras: int = 8  # GPU slots per replica
+    max_lora_rank: int = 64  # a slot's rank (its bytes: max_lora_rank * bytes_per_rank)
+    default_rank: int = 16  # rank of a trace adapter that names none
+    bytes_per_rank: int = 65536  # an adapter's bytes per unit of rank (all layers, targets)
+    cpu_adapter_bytes: int = 1 << 30  # L1 budget per replica
+    disk_cache_bytes: int = 8 << 30  # L2 budget per replica
+    max_num_seqs: int = 32  # sequences decoding at once
+    max_num_batched_tokens: int = 512  # tokens in one step
+    max_model_len: int = 2048  # prompt + output tokens of one sequence
+    num_kv_blocks: int = 4096  # KV blocks per replica
+    block_size: int = 16  # tokens per KV block
+    queue_deadline_s: float = 30.0  # longest queue residence before the request fails
+    max_queue_len: int = 1024  # queued requests per replica before one is refused
+    max_concurrent_loads: int = 4  # adapter loads in flight per replica
+    tenant_max_concurrent_loads: int = 2  # ... per tenant (the cold-load quota)
+    idle_wait_s: float = 0.05  # an engine with nothing runnable plans again after this
+    report_interval_s: float = 0.5  # a replica's report is this old at most (fleet report_period_s)
+    timeout_s: float = 60.0  # a failed request counts as this TTFT in the percentiles
+    seed: int = 0  # the router's random choices
+    # Per tenant: its weight (priority class), byte caps per tier, cold-load quota and seats, as
+    # the registry hands them to a server's scheduler and cache; absent tenants: the defaults.
+    tenants: Mapping[str, TenantSettings] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        for name in _AT_LEAST_ONE:
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+                raise ValueError(f"{name} {value!r} is invalid; expected an integer >= 1")
+        for name in ("cpu_adapter_bytes", "disk_cache_bytes"):
+            if getattr(self, name) < 0:
+                raise ValueError(f"{name} {getattr(self, name)} is invalid; expected >= 0")
+        for name in ("queue_deadline_s", "idle_wait_s", "report_interval_s", "timeout_s"):
+            if not getattr(self, name) > 0:
+                raise ValueError(f"{name} {getattr(self, name)} is invalid; expected > 0")
+        if self.routing_policy not in routing_names():
+            raise ValueError(
+                f"routing_policy {self.routing_policy!r} is invalid; expected one of "
+                f"{list(routing_names())}"
+            )
+        if self.eviction_policy not in eviction_names():
+            raise ValueError(
+                f"eviction_policy {self.eviction_policy!r} is invalid; expected one of "
+                f"{list(eviction_names())}"
+            )
+        if self.max_num_batched_tokens < self.max_num_seqs:
+            raise ValueError(
+                f"max_num_batched_tokens {self.max_num_batched_tokens} is invalid; expected >= "
+                f"max_num_seqs {self.max_num_seqs}"
+            )
+        for tenant, settings in self.tenants.items():
+            if not tenant or not isinstance(settings, TenantSettings):
+                raise ValueError(
+                    f"tenants[{tenant!r}] is invalid; expected a tenant name -> TenantSettings"
+                )
+        if self.default_rank > self.max_lora_rank:
+            raise ValueError(
+                f"default_rank {self.default_rank} is invalid; expected <= max_lora_rank "
+                f"{self.max_lora_rank}"
+            )
+
+    @property
+    def slot_bytes(self) -> int:
+        return self.max_lora_rank * self.bytes_per_rank

@@ -1,0 +1,298 @@
+"""One simulated engine replica: the real scheduler and adapter cache, stepped on the virtual
+clock, with the runner replaced by the cost model's step time.
+
+The glue mirrors ``engine.core.EngineCore.step`` (expire, collect leases, ask for leases in the
+scheduler's lease window, prefetch, schedule, update): every decision is the scheduler's or the
+cache's own; this class only carries them and charges time. A step is one event: planned at
+``t``, its result applied at ``t + step_s`` (no request can join a step already running), then
+the next step is planned at once. An idle replica plans again when a request arrives; one whose
+requests all wait (for adapter loads, a load quota) plans again when a lease it waits for
+completes, or after ``idle_wait_s`` (the engine loop's sleep when nothing can run), so queue
+deadlines expire on time.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from concurrent.futures import Future
+
+from loraplex.artifacts.identity import AdapterKey
+from loraplex.engine.blocks import BlockManager
+from loraplex.engine.config import SchedulerConfig
+from loraplex.engine.protocol import EngineRequest
+from loraplex.engine.request import Request, RequestState
+from loraplex.engine.sched.admission import AdapterLoads
+from loraplex.engine.sched.scheduler import Scheduler
+from loraplex.engine.step import StepPlan, StepResult
+from loraplex.engine.tenant_shares import TenantBook, TenantSettings
+from loraplex.errors import LoraplexError, QueueFullError, QueueTimeoutError
+from loraplex.residency.cache import CacheConfig, Lease, SimExecutor, TieredAdapterCache
+from loraplex.residency.cache.executors import SimTimer
+from loraplex.residency.ledger import Tier, TierBudget
+from loraplex.residency.pipeline import Footprint
+from loraplex.residency.policy import make_policy
+from loraplex.sampling import FINISH_ABORT, FINISH_LENGTH
+from loraplex.sim.config import SimConfig
+from loraplex.sim.cost_model import CostModel
+from loraplex.sim.outcome import Outcome
+from loraplex.sim.pipeline import CostModelPipeline
+
+_TOKEN = 1  # the token every simulated step samples (no text is produced)
+
+
+def cache_config(config: SimConfig) -> CacheConfig:
+    slots = config.max_loras
+    return CacheConfig(
+        budgets={
+            Tier.L0: TierBudget(slots * config.slot_bytes, num_slots=slots),
+            Tier.L1: TierBudget(config.cpu_adapter_bytes),
+            Tier.L2: TierBudget(config.disk_cache_bytes),
+        },
+        max_concurrent_loads=config.max_concurrent_loads,
+        tenant_max_concurrent_loads=config.tenant_max_concurrent_loads,
+        default_deadline_s=config.queue_deadline_s,
+    )
+
+
+def scheduler_config(config: SimConfig) -> SchedulerConfig:
+    return SchedulerConfig(
+        max_num_seqs=config.max_num_seqs,
+        max_num_batched_tokens=config.max_num_batched_tokens,
+        max_model_len=config.max_model_len,
+        default_deadline_s=config.queue_deadline_s,
+        max_queue_len=config.max_queue_len,
+    )
+
+
+_CAP_FIELDS = {Tier.L0: "max_gpu_bytes", Tier.L1: "max_cpu_bytes", Tier.L2: "max_disk_bytes"}
+
+
+def apply_tenants(cache: TieredAdapterCache, tenants: Mapping[str, TenantSettings]) -> None:
+    """The tenants' keep-priority weights and per-tier byte caps, handed to the cache as
+    ``engine.factory.apply_tenant_settings`` hands them (that module loads torch)."""
+    caps = {
+        tier: {t: cap for t, s in tenants.items() if (cap := getattr(s, name)) is not None}
+        for tier, name in _CAP_FIELDS.items()
+    }
+    cache.set_tenant_limits({t: s.weight for t, s in tenants.items()}, caps)
+
+
+class SimReplica:
+    """Scheduler + adapter cache of one replica on the shared event queue."""
+
+    def __init__(
+        self,
+        index: int,
+        config: SimConfig,
+        cost: CostModel,
+        executor: SimExecutor,
+        *,
+        footprints: Mapping[AdapterKey, Footprint],
+        ranks: Mapping[AdapterKey, int],
+    ) -> None:
+        self.index = index
+        self.replica_id = f"replica-{index:03d}"
+        self._executor = executor
+        self._clock = executor.clock
+        self._step_cost = cost.step
+        self._idle_wait_s = config.idle_wait_s
+        self._ranks = ranks
+        self.cache = TieredAdapterCache(
+            cache_config(config),
+            CostModelPipeline(footprints, cost),
+            policy=make_policy(config.eviction_policy),
+            clock=self._clock,
+            executor=executor,
+        )
+        apply_tenants(self.cache, config.tenants)
+        blocks = BlockManager(config.num_kv_blocks, config.block_size)
+        tenants = TenantBook(config.tenants)
+        self.scheduler = Scheduler(scheduler_config(config), blocks, self._clock, tenants)
+        self._outcomes: dict[str, Outcome] = {}  # live requests
+        self._pending: dict[str, Future[Lease]] = {}  # ADAPTER_WAIT requests' lease futures
+        self._prefetching: dict[AdapterKey, Future[None]] = {}
+        self._in_step = False  # a step is running (its result not applied yet)
+        self._planning = False  # a plan is being made (a wake then changes nothing)
+        self._next_plan: SimTimer | None = None  # the plan event due, if any
+        self._next_plan_at = 0.0  # ... and when
+        self.num_steps = 0  # steps executed (for the scale profile)
+
+    # --- requests ---------------------------------------------------------------------------
+
+    def submit(self, request: EngineRequest, outcome: Outcome) -> None:
+        """The engine receives ``request`` now; a refusal ends ``outcome`` at once."""
+        sched = self.scheduler
+        try:
+            sched.check_can_add(request)
+        except LoraplexError as error:
+            _end(outcome, self._clock.now(), error)
+            return
+        victim = sched.push_out_victim(request)
+        if victim is not None:
+            cfg = sched.config
+            share = f"tenant {victim.tenant!r}'s share of the engine queue"
+            self._retire(
+                victim,
+                RequestState.ABORTED,
+                QueueFullError(share, cfg.max_queue_len, cfg.retry_hint_s),
+            )
+        sched.add(request)
+        self._outcomes[request.request_id] = outcome
+        self._wake()
+
+    def _wake(self) -> None:
+        """Plan now, unless a step runs (it plans when it ends), a plan is being made (it sees
+        the change) or one is due now."""
+        if self._in_step or self._planning:
+            return
+        now = self._clock.now()
+        if self._next_plan is not None:
+            if self._next_plan_at <= now:
+                return
+            self._next_plan.cancel()  # an idle poll: the engine is woken early
+        self._plan_at(now)
+
+    def _plan_at(self, at_s: float) -> None:
+        if self._next_plan is not None:
+            self._next_plan.cancel()  # one plan event at a time
+        self._next_plan_at = at_s
+        self._next_plan = self._executor.call_at(at_s, self._plan)
+
+    # --- the step ---------------------------------------------------------------------------
+
+    def _plan(self) -> None:
+        self._next_plan = None
+        self._planning = True
+        plan = self._decide(self._clock.now())
+        self._planning = False
+        now = self._clock.now()
+        if not plan.chunks:
+            if self.scheduler.requests:  # all wait (loads, quotas): poll as the engine loop does
+                self._plan_at(now + self._idle_wait_s)
+            return  # else idle until an arrival wakes it
+        seconds = self._seconds(plan)
+        self._in_step = True
+        self._executor.call_at(now + seconds, lambda: self._apply(plan))
+
+    def _decide(self, now: float) -> StepPlan:
+        """EngineCore.step's bookkeeping, then the scheduler's plan. With nothing queued the
+        bookkeeping has nothing to do (no request can expire, wait for a lease or be in the
+        prefetch window), so only its one effect is kept: the prefetch window empties."""
+        if not self.scheduler.num_queued:
+            self._prefetching = {}
+            return self.scheduler.schedule()
+        for req in self.scheduler.expired(now):
+            retry_s = self.scheduler.config.retry_hint_s
+            error = QueueTimeoutError(req.request_id, now - req.arrival_s, retry_s)
+            self._retire(req, RequestState.ABORTED, error)
+        self._collect_leases()
+        self._request_leases()
+        self._prefetch()
+        return self.scheduler.schedule()
+
+    def _apply(self, plan: StepPlan) -> None:
+        sched = self.scheduler
+        sampled = {c.request_id: _TOKEN for c in plan.chunks if c.samples}
+        sched.update(plan, StepResult(sampled, {}))
+        self._in_step = False
+        self.num_steps += 1
+        now = self._clock.now()
+        for request_id in sampled:
+            req = sched.requests.get(request_id)
+            outcome = self._outcomes.get(request_id)
+            if req is None or outcome is None:
+                continue
+            if outcome.first_token_s is None:
+                outcome.first_token_s = now
+            outcome.output_tokens = len(req.output_token_ids)
+            # Ends as the engine's output tracker ends it: max_tokens, or the context is full.
+            full = req.num_tokens >= sched.config.max_model_len
+            if full or outcome.output_tokens >= req.request.params.max_tokens:
+                self._retire(req, RequestState.FINISHED, None)
+        self._plan()
+
+    def _seconds(self, plan: StepPlan) -> float:
+        """The cost model's step time: tokens, distinct revisions and their rank mix."""
+        requests = self.scheduler.requests
+        keys: set[AdapterKey] = set()
+        rank_tokens = 0
+        for chunk in plan.chunks:
+            key = requests[chunk.request_id].request.adapter_key
+            if key is not None:
+                keys.add(key)
+                rank_tokens += len(chunk.token_ids) * self._ranks[key]
+        return self._step_cost.seconds(plan.num_tokens, len(keys), rank_tokens)
+
+    # --- leases (as EngineCore does) ----------------------------------------------------------
+
+    def _collect_leases(self) -> None:
+        for request_id, future in list(self._pending.items()):
+            if future.done():
+                del self._pending[request_id]
+                self._settle(self.scheduler.requests[request_id], future)
+
+    def _request_leases(self) -> None:
+        sched = self.scheduler
+        for req in sched.lease_candidates(self._adapter_loads()):
+            key = req.request.adapter_key
+            if key is None:
+                continue
+            remaining = max(req.deadline_at_s - self._clock.now(), 1e-3)
+            future = self.cache.acquire_future(key, deadline_s=remaining)
+            if future.done():
+                self._settle(req, future)
+            else:
+                sched.wait_for_adapter(req)
+                self._pending[req.request_id] = future
+                future.add_done_callback(lambda _: self._wake())
+
+    def _settle(self, req: Request, future: Future[Lease]) -> None:
+        error = future.exception()
+        if error is not None:
+            self._retire(req, RequestState.ABORTED, self.scheduler.on_lease_failed(req, error))
+            return
+        lease = future.result()
+        outcome = self._outcomes.get(req.request_id)
+        if outcome is not None:
+            outcome.tier = lease.load.source.name
+        self.scheduler.on_lease(req, lease)
+
+    def _prefetch(self) -> None:
+        sched = self.scheduler
+        window = {k: self._prefetching.get(k) for k in sched.prefetch_keys()}
+        fresh = [k for k, f in window.items() if f is None]
+        for key in sched.admit_prefetches(fresh, self._adapter_loads()):
+            future = self.cache.prefetch(key, Tier.L1)
+            future.add_done_callback(lambda _: self._wake())  # its quota place is free again
+            window[key] = future
+        self._prefetching = {k: f for k, f in window.items() if f is not None}
+
+    def _adapter_loads(self) -> AdapterLoads:
+        cache = self.cache
+        in_flight = frozenset(k for k, f in self._prefetching.items() if not f.done())
+        return AdapterLoads(lambda key: cache.is_resident(key, Tier.L0), in_flight)
+
+    def _retire(self, req: Request, state: RequestState, error: BaseException | None) -> None:
+        future = self._pending.pop(req.request_id, None)
+        if future is not None:  # its lease may still come: release it then
+            future.add_done_callback(_release_if_granted)
+        reason = FINISH_LENGTH if state is RequestState.FINISHED else FINISH_ABORT
+        self.scheduler.finish(req, state, reason)
+        outcome = self._outcomes.pop(req.request_id, None)
+        if outcome is not None:
+            _end(outcome, self._clock.now(), error)
+
+    @property
+    def num_live(self) -> int:
+        return len(self._outcomes)
+
+
+def _end(outcome: Outcome, now_s: float, error: BaseException | None) -> None:
+    outcome.end_s = now_s
+    if error is not None:
+        outcome.error = type(error).__name__
+
+
+def _release_if_granted(future: Future[Lease]) -> None:
+    if not future.cancelled() and future.exception() is None:
+        future.result().release()

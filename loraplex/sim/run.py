@@ -1,0 +1,161 @@
+"""``simulate(trace, config, cost_model)``: one deterministic run on a virtual clock.
+
+The event loop is the adapter cache's own discrete-event executor (``SimExecutor``): one heap
+ordered by (time, submission sequence) shared by every replica's cache loads, engine steps and
+request arrivals, on one ``ManualClock``; nothing reads wall time. Arrivals are fed in trace
+order (the heap holds only what is in flight, never the whole trace): the loop runs every event
+due by a request's ``t_s``, the router (a fleet) picks its replica, and the engine receives it
+after the cost model's front, IPC and (fleet) network overheads.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from collections.abc import Callable, Sequence
+from dataclasses import asdict, dataclass
+
+from loraplex.artifacts.identity import AdapterKey
+from loraplex.clock import ManualClock
+from loraplex.engine.protocol import EngineRequest
+from loraplex.residency.cache import SimExecutor
+from loraplex.residency.pipeline import Footprint
+from loraplex.router import RouteRequest
+from loraplex.sampling import SamplingParams
+from loraplex.sim.config import SimConfig
+from loraplex.sim.cost_model import CostModel
+from loraplex.sim.fleet import SimFleetRouter
+from loraplex.sim.outcome import Outcome
+from loraplex.sim.replica import SimReplica
+from loraplex.sim.result import SimResult, cache_figures, fleet_figures, request_figures
+from loraplex.sim.trace import TraceRecord
+
+_BASE_DIGEST = hashlib.sha256(b"loraplex-sim-base").hexdigest()
+_MAX_TOKEN_ID = 2**31 - 1
+
+
+@dataclass(frozen=True)
+class SimAdapter:
+    """A trace adapter as the simulated caches see it."""
+
+    key: AdapterKey  # a deterministic identity derived from (tenant, adapter)
+    rank: int  # for the step cost's rank mix
+    footprint: Footprint  # bytes per tier
+
+
+def adapter_key(tenant: str, adapter: str) -> AdapterKey:
+    """A deterministic key for a trace adapter (digests derived from its names)."""
+    name, _, revision = adapter.partition("@")
+    digest = hashlib.sha256(f"{tenant}/{adapter}".encode()).hexdigest()
+    return AdapterKey(_BASE_DIGEST, tenant, name, revision or "r1", digest)
+
+
+def trace_adapters(
+    trace: Sequence[TraceRecord], config: SimConfig
+) -> dict[tuple[str, str], SimAdapter]:
+    """Every adapter the trace names, with its rank and bytes (a rank above ``max_lora_rank``,
+    or one adapter given two shapes, is a ValueError naming it)."""
+    found: dict[tuple[str, str], SimAdapter] = {}
+    for record in trace:
+        if record.adapter is None:
+            continue
+        rank = record.rank or config.default_rank
+        size = record.size_bytes or rank * config.bytes_per_rank
+        where = (record.tenant, record.adapter)
+        if rank > config.max_lora_rank:
+            raise ValueError(
+                f"rank {rank} of adapter {record.tenant}/{record.adapter} is invalid; expected "
+                f"<= max_lora_rank {config.max_lora_rank}"
+            )
+        known = found.get(where)
+        if known is not None:
+            if (known.rank, known.footprint.memory_bytes) != (rank, size):
+                raise ValueError(
+                    f"adapter {record.tenant}/{record.adapter} has two shapes in the trace: "
+                    f"rank {known.rank} / {known.footprint.memory_bytes} bytes and {rank} / {size}"
+                )
+            continue
+        footprint = Footprint(slot_bytes=config.slot_bytes, memory_bytes=size, disk_bytes=size)
+        found[where] = SimAdapter(adapter_key(*where), rank, footprint)
+    return found
+
+
+def simulate(trace: Sequence[TraceRecord], config: SimConfig, cost_model: CostModel) -> SimResult:
+    """Runs ``trace`` (sorted by ``t_s``) through ``config``'s deployment, charged by
+    ``cost_model``; the same inputs give the same result."""
+    clock = ManualClock()
+    executor = SimExecutor(clock)
+    adapters = trace_adapters(trace, config)
+    footprints = {a.key: a.footprint for a in adapters.values()}
+    ranks = {a.key: a.rank for a in adapters.values()}
+    replicas = [
+        SimReplica(i, config, cost_model, executor, footprints=footprints, ranks=ranks)
+        for i in range(config.replicas)
+    ]
+    fleet = SimFleetRouter(config, clock, replicas) if config.replicas > 1 else None
+    hop_s = cost_model.front_s + cost_model.ipc_s + (cost_model.network_s if fleet else 0.0)
+    outcomes: list[Outcome] = []
+    last_t = 0.0
+    for index, record in enumerate(trace):
+        if record.t_s < last_t:
+            raise ValueError(f"trace[{index}].t_s {record.t_s} is invalid; expected sorted")
+        last_t = record.t_s
+        executor.run_until(record.t_s)
+        outcome = Outcome(record.t_s, record.tenant)
+        outcomes.append(outcome)
+        adapter = None if record.adapter is None else adapters[(record.tenant, record.adapter)]
+        request = _engine_request(index, record, adapter)
+        replica = replicas[0]
+        if fleet is not None:
+            key = None if adapter is None else str(adapter.key)
+            replica, outcome.reason = fleet.route(RouteRequest(key, None, record.prompt_tokens))
+        outcome.replica = replica.index
+        executor.call_at(record.t_s + hop_s, _submit(replica, request, outcome))
+    executor.drain()
+    for replica in replicas:
+        replica.cache.check_integrity()
+        if replica.num_live:  # every request ends: by finishing, a refusal or its deadline
+            raise RuntimeError(f"{replica.replica_id} ended with {replica.num_live} live requests")
+    return _result(trace, config, cost_model, replicas=replicas, fleet=fleet, outcomes=outcomes)
+
+
+def _engine_request(index: int, record: TraceRecord, adapter: SimAdapter | None) -> EngineRequest:
+    # Each request's prompt repeats one token of its own: no two requests share a KV prefix.
+    token = index % _MAX_TOKEN_ID
+    return EngineRequest(
+        request_id=f"sim-{index}",
+        tenant=record.tenant,
+        adapter_key=None if adapter is None else adapter.key,
+        prompt_token_ids=(token,) * record.prompt_tokens,
+        params=SamplingParams(max_tokens=record.output_tokens, ignore_eos=True),
+    )
+
+
+def _submit(replica: SimReplica, request: EngineRequest, outcome: Outcome) -> Callable[[], None]:
+    return lambda: replica.submit(request, outcome)
+
+
+def _result(
+    trace: Sequence[TraceRecord],
+    config: SimConfig,
+    cost_model: CostModel,
+    *,
+    replicas: Sequence[SimReplica],
+    fleet: SimFleetRouter | None,
+    outcomes: Sequence[Outcome],
+) -> SimResult:
+    summaries = [r.cache.summary() for r in replicas]
+    metrics = {
+        **request_figures(outcomes, config.timeout_s),
+        **cache_figures(summaries, len(outcomes)),
+        "engine_steps": sum(r.num_steps for r in replicas),
+    }
+    if fleet is not None:
+        metrics.update(fleet_figures(outcomes, fleet.decisions, config.replicas))
+    described = {
+        **asdict(config),
+        "hardware": cost_model.hardware,
+        "cost_model_validated": cost_model.validated,
+        "trace_requests": len(trace),
+        "trace_adapters": len({(r.tenant, r.adapter) for r in trace if r.adapter is not None}),
+    }
+    return SimResult(described, metrics)

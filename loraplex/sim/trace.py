@@ -1,0 +1,96 @@
+"""The simulator's input: one request per JSONL line, the WORKLOADS.md trace format.
+
+``t_s, tenant, adapter, prompt_tokens, output_tokens`` are required (``adapter`` null: the base
+model); ``rank`` and ``size_bytes`` optionally give the adapter's shape (else the sim config's
+defaults). A server's request log (``request_log_path``, docs/operations.md) writes the same
+lines plus the outcome fields ``OUTCOME_FIELDS``; a reader takes those too, so a log replays as
+is, and ignores them (a simulation decides its own outcomes). Any other key is an error naming it.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+TRACE_FIELDS = ("t_s", "tenant", "adapter", "prompt_tokens", "output_tokens")
+SHAPE_FIELDS = ("rank", "size_bytes")  # optional: the adapter's rank and bytes
+# What a server's request log adds per finished request: its outcome (the finish reason, or
+# "error"), seconds to its first token (null: none came), the tier its adapter was leased from
+# (null: the base model or unknown) and seconds from arrival to the end.
+OUTCOME_FIELDS = ("outcome", "ttft_s", "tier", "latency_s")
+
+
+@dataclass(frozen=True)
+class TraceRecord:
+    """One request of a trace."""
+
+    t_s: float  # arrival, seconds from the start of the trace
+    tenant: str  # the requesting tenant (owns the adapter)
+    adapter: str | None  # adapter name within the tenant (a revision ref may follow); None: base
+    prompt_tokens: int  # prompt length
+    output_tokens: int  # tokens to generate
+    rank: int | None = None  # the adapter's LoRA rank; None: the sim config's default
+    size_bytes: int | None = None  # the adapter's bytes in memory; None: from its rank
+
+    def __post_init__(self) -> None:
+        if not (isinstance(self.t_s, int | float) and math.isfinite(self.t_s) and self.t_s >= 0):
+            raise ValueError(f"t_s {self.t_s!r} is invalid; expected a finite number >= 0")
+        if not isinstance(self.tenant, str) or not self.tenant:
+            raise ValueError(f"tenant {self.tenant!r} is invalid; expected a non-empty string")
+        if self.adapter is not None and (not isinstance(self.adapter, str) or not self.adapter):
+            raise ValueError(f"adapter {self.adapter!r} is invalid; expected a name or null")
+        for name in ("prompt_tokens", "output_tokens", "rank", "size_bytes"):
+            value = getattr(self, name)
+            if value is None and name in SHAPE_FIELDS:
+                continue
+            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+                raise ValueError(f"{name} {value!r} is invalid; expected an integer >= 1")
+
+
+def parse_record(body: Mapping[str, Any], where: str = "trace") -> TraceRecord:
+    """One JSON object as a record; a missing or unknown key is a ValueError naming it."""
+    missing = [k for k in TRACE_FIELDS if k not in body]
+    if missing:
+        raise ValueError(f"{where}: missing keys {missing}; expected {list(TRACE_FIELDS)}")
+    unknown = sorted(set(body) - {*TRACE_FIELDS, *SHAPE_FIELDS, *OUTCOME_FIELDS})
+    if unknown:
+        raise ValueError(f"{where}: unknown keys {unknown}")
+    try:
+        return TraceRecord(**{k: body[k] for k in (*TRACE_FIELDS, *SHAPE_FIELDS) if k in body})
+    except ValueError as e:
+        raise ValueError(f"{where}: {e}") from e
+
+
+def read_trace(path: Path) -> list[TraceRecord]:
+    """Every record of a JSONL trace file, sorted by arrival (stable); blank lines skipped."""
+    records = []
+    with path.open(encoding="utf-8") as f:
+        for number, line in enumerate(f, start=1):
+            if not line.strip():
+                continue
+            where = f"{path}:{number}"
+            try:
+                body = json.loads(line)
+            except json.JSONDecodeError as e:
+                raise ValueError(f"{where}: not JSON ({e})") from e
+            if not isinstance(body, dict):
+                raise ValueError(f"{where}: expected a JSON object")
+            records.append(parse_record(body, where))
+    return sorted(records, key=lambda r: r.t_s)
+
+
+def record_dict(record: TraceRecord) -> dict[str, Any]:
+    """A record as its JSON object (shape fields only when set)."""
+    body: dict[str, Any] = {k: getattr(record, k) for k in TRACE_FIELDS}
+    body.update({k: getattr(record, k) for k in SHAPE_FIELDS if getattr(record, k) is not None})
+    return body
+
+
+def write_trace(records: Iterable[TraceRecord], path: Path) -> None:
+    with path.open("w", encoding="utf-8") as f:
+        for record in records:
+            f.write(json.dumps(record_dict(record), sort_keys=True) + "\n")

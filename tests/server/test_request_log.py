@@ -1,0 +1,104 @@
+"""``request_log_path``: one JSONL line per finished request in the simulator's trace format,
+readable by ``loraplex.sim.trace.read_trace`` and replayable by ``simulate`` (issue 30)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+from conftest import BASE_NAME, Served, make_app_deps
+from fakes import FakeEngine
+from fastapi.testclient import TestClient
+from httpx import Response
+
+from loraplex.residency.ledger import Tier
+from loraplex.serve.config import ServeConfig, read_config_file
+from loraplex.server.app import create_app
+from loraplex.server.request_log import LoggedRequest, RequestLog
+from loraplex.sim import cost_model
+from loraplex.sim.config import SimConfig
+from loraplex.sim.run import simulate
+from loraplex.sim.trace import OUTCOME_FIELDS, TRACE_FIELDS, read_trace
+
+COST = Path(__file__).resolve().parents[1] / "sim" / "cost_example.json"
+
+
+def _post(client: TestClient, served: Served, tenant: str, body: dict[str, object]) -> Response:
+    headers = {"Authorization": f"Bearer {served.keys[tenant]}"}
+    return client.post("/v1/completions", json=body, headers=headers)
+
+
+def test_finished_requests_are_logged_and_replay_in_the_simulator(
+    served: Served, tmp_path: Path
+) -> None:
+    log = tmp_path / "requests.jsonl"
+    engine = FakeEngine(leased_from=Tier.L1)
+    deps = make_app_deps(served, engine, request_log_path=log)
+    with TestClient(create_app(deps)) as client:
+        bodies = [
+            ("acme", {"model": "support", "prompt": "hi", "max_tokens": 3}),
+            ("globex", {"model": "search", "prompt": "hello", "max_tokens": 5}),
+            ("acme", {"model": BASE_NAME, "prompt": "x", "max_tokens": 2}),
+        ]
+        responses = [_post(client, served, tenant, body) for tenant, body in bodies]
+    assert [r.status_code for r in responses] == [200, 200, 200]
+    if deps.cache is not None:
+        deps.cache.close()
+    lines = [json.loads(line) for line in log.read_text().splitlines()]
+    assert len(lines) == 3
+    for line in lines:
+        assert set(line) == {*TRACE_FIELDS, *OUTCOME_FIELDS}
+        assert "hi" not in json.dumps(line) and "hello" not in json.dumps(line)  # no prompt text
+    first, second, base = lines
+    assert (first["tenant"], first["adapter"]) == ("acme", "support@r1")
+    assert (second["tenant"], second["adapter"]) == ("globex", "search@r1")
+    assert base["adapter"] is None and base["tier"] is None
+    usage = responses[0].json()["usage"]
+    assert first["outcome"] == responses[0].json()["choices"][0]["finish_reason"]
+    assert first["output_tokens"] == usage["completion_tokens"]
+    assert first["prompt_tokens"] == usage["prompt_tokens"]
+    assert first["tier"] == "L1" and first["ttft_s"] is not None
+    assert first["prompt_tokens"] == len(engine.requests[0].prompt_token_ids)
+    assert 0 <= first["t_s"] <= second["t_s"] <= base["t_s"]
+    trace = read_trace(log)
+    assert [r.adapter for r in trace] == ["support@r1", "search@r1", None]
+    result = simulate(trace, SimConfig(), cost_model.load(COST))
+    assert result.metrics["requests"] == 3 and result.metrics["completed"] == 3
+    assert result.metrics["acquires"] == 2  # the base-model request takes no adapter
+
+
+def test_a_failed_request_logs_what_it_asked_for(served: Served, tmp_path: Path) -> None:
+    log = tmp_path / "requests.jsonl"
+    engine = FakeEngine(mid_stream_errors={"acme/support@r1": RuntimeError("boom")})
+    deps = make_app_deps(served, engine, request_log_path=log)
+    with TestClient(create_app(deps), raise_server_exceptions=False) as client:
+        _post(client, served, "acme", {"model": "support", "prompt": "hi", "max_tokens": 7})
+    if deps.cache is not None:
+        deps.cache.close()
+    (line,) = [json.loads(line) for line in log.read_text().splitlines()]
+    assert line["outcome"] == "error" and line["output_tokens"] == 7
+
+
+def test_the_log_is_off_by_default_and_reached_from_the_serve_config(tmp_path: Path) -> None:
+    assert ServeConfig(data_dir=tmp_path).request_log_path is None
+    file = tmp_path / "serve.toml"
+    file.write_text('[serve]\nrequest_log_path = "logs/requests.jsonl"\n', encoding="utf-8")
+    values = read_config_file(file)
+    assert values["request_log_path"] == tmp_path / "logs" / "requests.jsonl"
+
+
+def test_a_log_in_a_missing_directory_is_refused_naming_the_key(tmp_path: Path) -> None:
+    with pytest.raises(ValueError, match=r"request_log_path .* directory does not exist"):
+        RequestLog(tmp_path / "absent" / "requests.jsonl")
+
+
+def test_lines_are_relative_to_the_log_opening(tmp_path: Path) -> None:
+    log = RequestLog(tmp_path / "r.jsonl", clock=lambda: 100.0)
+    request = LoggedRequest(
+        arrived_s=102.5, tenant="t", revision="t/a@r2", prompt_tokens=4, max_tokens=9,
+        completion_tokens=2, outcome="stop", ttft_s=0.1, tier="L0", latency_s=0.3,
+    )  # fmt: skip
+    log.write(request)
+    (line,) = [json.loads(x) for x in (tmp_path / "r.jsonl").read_text().splitlines()]
+    assert (line["t_s"], line["adapter"], line["output_tokens"]) == (2.5, "a@r2", 2)
