@@ -1,11 +1,11 @@
 """Service objectives the planner must meet, parsed from ``--slo`` text.
 
 Grammar: comma-separated ``METRIC OP VALUE``, OP ``<=`` or ``>=``. Metrics (what the simulator's
-outcome reports, ``bench/sim/compare.OUTCOME_KEYS``):
+result metrics report, ``sim/result.py``):
 
     ttft_p50, ttft_p99   milliseconds; VALUE may end in ``ms`` or ``s``
     completed_ratio      0..1
-    throughput_rps       completed requests per second
+    throughput_requests_per_s   completed requests per second
     hit_ratio_L0         share of acquires served from a GPU slot
 
 e.g. ``ttft_p99<=500ms,completed_ratio>=0.99``. Anything else is a ValueError naming it.
@@ -19,7 +19,13 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-METRICS = ("ttft_p50", "ttft_p99", "completed_ratio", "throughput_rps", "hit_ratio_L0")
+METRICS = (
+    "ttft_p50",
+    "ttft_p99",
+    "completed_ratio",
+    "throughput_requests_per_s",
+    "hit_ratio_L0",
+)
 _TIME_METRICS = ("ttft_p50", "ttft_p99")
 _TERM = re.compile(r"^\s*([A-Za-z0-9_]+)\s*(<=|>=)\s*([0-9.eE+-]+)\s*(ms|s)?\s*$")
 

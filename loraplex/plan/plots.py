@@ -6,6 +6,7 @@ from __future__ import annotations
 from collections import defaultdict
 from collections.abc import Sequence
 from pathlib import Path
+from typing import Any
 
 from loraplex.plan.select import Evaluation, Plan
 
@@ -13,7 +14,7 @@ TTFT_SAMPLES_KEY = "ttft_samples_ms"  # optional outcome key: every request's TT
 _MAX_CDF_LINES = 8  # the CDF plot shows the best few configurations, or it is unreadable
 
 
-def _pyplot():  # type: ignore[no-untyped-def]
+def _pyplot() -> Any:
     import matplotlib
 
     matplotlib.use("Agg")
@@ -37,7 +38,9 @@ def hit_ratio_vs_cpu(evaluations: Sequence[Evaluation], path: Path) -> None:
     for policy, points in sorted(series.items()):
         xs = sorted(points)
         ax.plot(
-            [x / (1 << 20) for x in xs], [sum(points[x]) / len(points[x]) for x in xs], "o-",
+            [x / (1 << 20) for x in xs],
+            [sum(points[x]) / len(points[x]) for x in xs],
+            "o-",
             label=policy,
         )
     ax.set_xlabel("CPU adapter budget per replica (MiB)")

@@ -1,12 +1,12 @@
 """The planner's sweep and choice: simulate every candidate, price what met the objectives, pick
 the cheapest per correct request, and say why the runner-up lost.
 
-``simulate`` is passed in (a function of a ``Candidate``, returning the simulator's outcome for
-the planned trace): the command line binds it to ``loraplex.sim.simulate``, the tests to a
-deterministic function of their own. An outcome has the keys the validation compares
-(``hit_ratio``, ``ttft_ms``, ``completed_ratio``, ``throughput_rps``...) plus ``completed``
-(requests that completed) and ``wall_s`` (simulated seconds from the first arrival to the last
-completion, the time the machines are paid for).
+``simulate`` is passed in (a function of a ``Candidate``, returning the simulator's result
+metrics for the planned trace): the command line binds it to the simulator (``sim/call.py``),
+the tests to a deterministic function of their own. The metrics used: ``hit_ratio``,
+``ttft_ms``, ``completed_ratio``, ``throughput_requests_per_s`` (the objectives), ``completed``
+(requests that completed) and ``makespan_s`` (simulated seconds from the first arrival to the
+last end: the time the machines are paid for).
 
 A correct request here is a completed one: the simulator serves the revision it was asked for by
 construction and does not model output quality, so completion is the only check it can fail
@@ -24,7 +24,7 @@ from loraplex.plan.space import Candidate
 from loraplex.qualify.cost import MachinePrice, cost_per_correct_request
 
 Simulate = Callable[[Candidate], Mapping[str, Any]]
-PLAN_KEYS = ("completed", "wall_s")
+PLAN_KEYS = ("completed", "makespan_s")
 
 
 @dataclass(frozen=True)
@@ -68,7 +68,7 @@ def evaluate(
             shown = "undefined" if value is None else f"{value:g}"
             violations.append(f"{objective.metric}={shown} (wants {objective.text()})")
     cost = cost_per_correct_request(
-        price, candidate.replicas, float(outcome["wall_s"]), int(outcome["completed"])
+        price, candidate.replicas, float(outcome["makespan_s"]), int(outcome["completed"])
     )
     return Evaluation(candidate, outcome, tuple(violations), cost)
 

@@ -100,7 +100,7 @@ def _solve_normal(rows: list[list[float]], ys: Sequence[float]) -> list[float] |
     b = [sum(x[i] * y for x, y in zip(xs, ys, strict=True)) for i in range(width)]
     for col in range(width):
         pivot = max(range(col, width), key=lambda r: abs(a[r][col]))
-        if abs(a[pivot][col]) < 1e-12 * max(1.0, max(abs(v) for v in a[col])):
+        if abs(a[pivot][col]) < 1e-12 * len(xs):  # columns are unit-scaled
             return None
         a[col], a[pivot] = a[pivot], a[col]
         b[col], b[pivot] = b[pivot], b[col]
@@ -115,7 +115,9 @@ def _solve_normal(rows: list[list[float]], ys: Sequence[float]) -> list[float] |
     return [out[j] / scale[j] for j in range(width)]
 
 
-def _quality(coefficients: tuple[float, ...], rows: Sequence[Sequence[float]], ys: Sequence[float]) -> Fit:
+def _quality(
+    coefficients: tuple[float, ...], rows: Sequence[Sequence[float]], ys: Sequence[float]
+) -> Fit:
     fitted = [sum(c * x for c, x in zip(coefficients, row, strict=True)) for row in rows]
     mean = sum(ys) / len(ys)
     ss_tot = sum((y - mean) ** 2 for y in ys)

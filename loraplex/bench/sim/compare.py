@@ -1,15 +1,16 @@
 """Real vs simulated, side by side: the figures both sides report and the errors between them.
 
-Both sides describe one (target, trace) run with the same keys (``OUTCOME_KEYS``), named as
-``bench serve`` / ``bench fleet`` name them:
+Both sides describe one (target, trace) run with the same keys (``OUTCOME_KEYS``), those of the
+simulator's result metrics (``sim/result.py``), which are named as ``bench serve`` / ``bench
+fleet`` name theirs:
 
-    hit_ratio         {"L0", "L1", "L2", "L3"} -> share of adapter acquires served from that
-                      tier (L3: misses to the artifact store); None when there was no acquire
-    cold_loads        fills of GPU slots (L0 loads) during the trace
-    decisions         routing decisions by reason (fleet; {} for a single server)
-    ttft_ms           {"p50", "p99"}: TTFT over every request, failures at the timeout
-    throughput_rps    completed requests / (last completion - first arrival)
-    completed_ratio   completed / requests
+    hit_ratio                  {"L0", "L1", "L2", "L3"} -> share of adapter acquires served from
+                               that tier (L3: misses to the store); None when there was none
+    l0_loads                   fills of GPU slots during the trace (the cold loads)
+    ttft_ms                    {"p50", "p99", ...}: TTFT over every request, failures at timeout
+    throughput_requests_per_s  completed requests / makespan (first arrival to last end)
+    completed_ratio            completed / requests
+    decisions                  routing decisions by reason (fleet only; optional)
 
 Errors (issue 30's "done when"), per target (``single``, ``fleet``), each the max over traces:
 ``hit_ratio_abs_error_pp`` (max also over tiers, percentage points), ``ttft_p50_rel_error``,
@@ -26,12 +27,12 @@ from typing import Any
 TIERS = ("L0", "L1", "L2", "L3")
 OUTCOME_KEYS = (
     "hit_ratio",
-    "cold_loads",
-    "decisions",
+    "l0_loads",
     "ttft_ms",
-    "throughput_rps",
+    "throughput_requests_per_s",
     "completed_ratio",
 )
+THROUGHPUT = "throughput_requests_per_s"
 ERROR_KEYS = (
     "hit_ratio_abs_error_pp",
     "ttft_p50_rel_error",
@@ -87,7 +88,7 @@ def trace_errors(real: Outcome, sim: Outcome) -> dict[str, float | None]:
         "hit_ratio_abs_error_pp": hit_ratio_error_pp(real, sim),
         "ttft_p50_rel_error": rel_error(real["ttft_ms"]["p50"], sim["ttft_ms"]["p50"]),
         "ttft_p99_rel_error": rel_error(real["ttft_ms"]["p99"], sim["ttft_ms"]["p99"]),
-        "throughput_rel_error": rel_error(real["throughput_rps"], sim["throughput_rps"]),
+        "throughput_rel_error": rel_error(real[THROUGHPUT], sim[THROUGHPUT]),
     }
 
 
@@ -120,7 +121,7 @@ def compare_target(
             "real": dict(real[name]),
             "sim": dict(sim[name]),
             "errors": trace_errors(real[name], sim[name]),
-            "cold_loads_rel_error": rel_error(real[name]["cold_loads"], sim[name]["cold_loads"]),
+            "l0_loads_rel_error": rel_error(real[name]["l0_loads"], sim[name]["l0_loads"]),
         }
     return {"errors": worst([t["errors"] for t in traces.values()]), "traces": traces}
 
