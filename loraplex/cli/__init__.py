@@ -25,6 +25,7 @@ _COMMAND_MODULES: tuple[str, ...] = (
     "fleet",
     "preflight",
     "plan",
+    "bench_sim",  # after "bench": it adds `bench sim` to that group
 )
 
 app = typer.Typer(

@@ -89,7 +89,9 @@ def calibrate_command(
         raise typer.BadParameter(
             "--hardware must name the measured hardware", param_hint="--hardware"
         )
-    command = shlex.join(["loraplex", *(a for a in _redacted(sys.argv[1:]))])
+    argv = sys.argv[1:]
+    given = argv[argv.index("calibrate") + 1 :] if "calibrate" in argv else argv
+    command = shlex.join(["loraplex", "sim", "calibrate", *_redacted(given)])
     with _target(
         url, admin_key, own, max_adapters=max_adapters, asset_dir=asset_dir, max_loras=max_loras
     ) as target:

@@ -73,10 +73,8 @@ def _drive(target: Target, config: CalibrateConfig) -> DriveConfig:
 
 def prefetch(client: httpx.Client, adapter: ServedAdapter, tier: str) -> None:
     """Loads ``adapter`` into ``tier`` and waits for it."""
-    model = f"{adapter.tenant}/{adapter.name}"
-    reply = client.post(
-        "/admin/residency/prefetch", json={"model": model, "tier": tier, "wait": True}
-    )
+    body = {"model": adapter.ref, "tier": tier, "wait": True}
+    reply = client.post("/admin/residency/prefetch", json=body)
     reply.raise_for_status()
 
 
@@ -89,13 +87,12 @@ def stage_totals(client: httpx.Client) -> dict[str, float]:
 
 def copy_sizes(client: httpx.Client, adapter: ServedAdapter) -> dict[str, int]:
     """tier -> size_bytes of ``adapter``'s copies."""
-    prefix = f"{adapter.tenant}/{adapter.name}@"
     reply = client.get("/admin/residency")
     reply.raise_for_status()
     return {
         str(e["tier"]): int(e["size_bytes"])
         for e in reply.json()["entries"]
-        if str(e["model"]).startswith(prefix)
+        if e["model"] == adapter.ref
     }
 
 
@@ -103,8 +100,7 @@ def evict_everywhere(client: httpx.Client, adapter: ServedAdapter) -> None:
     """Drops the adapter's copies (L0, then L1, then L2); a copy that is absent, pinned or in
     use stays (the load that follows then measures less, which the fit's residuals show)."""
     for tier in ("L0", "L1", "L2"):
-        model = f"{adapter.tenant}/{adapter.name}"
-        client.post("/admin/residency/evict", json={"model": model, "tier": tier})
+        client.post("/admin/residency/evict", json={"model": adapter.ref, "tier": tier})
 
 
 def load_samples(client: httpx.Client, adapters: Sequence[ServedAdapter]) -> list[LoadSample]:

@@ -31,7 +31,13 @@ class ServedAdapter:
 
     tenant: str  # owning tenant
     name: str  # the alias requests name
-    rank: int  # its revision's (largest) rank
+    revision: str  # the one revision the alias names
+    rank: int  # that revision's (largest) rank
+
+    @property
+    def ref(self) -> str:
+        """``tenant/name@revision``, as the admin API names a revision."""
+        return f"{self.tenant}/{self.name}@{self.revision}"
 
 
 @dataclass(frozen=True)
@@ -67,11 +73,10 @@ def _single_revision_adapters(client: httpx.Client, limit: int) -> list[ServedAd
         targets = alias.get("targets") or []
         if len(targets) != 1:
             continue
-        ranks = [
-            r["max_rank"] for r in body["revisions"] if r["revision"] == targets[0]["revision"]
-        ]
+        revision = str(targets[0]["revision"])
+        ranks = [r["max_rank"] for r in body["revisions"] if r["revision"] == revision]
         if ranks:
-            found.append(ServedAdapter(tenant, name, int(ranks[0])))
+            found.append(ServedAdapter(tenant, name, revision, int(ranks[0])))
     return found
 
 
@@ -103,6 +108,7 @@ def self_target(
     """A fresh ``loraplex serve`` of the demo model with ``copies`` adapters of each rank
     (attention targets), ``max_loras`` slots, the cost_aware policy."""
     from loraplex.artifacts.base_model import BaseModelSpec
+    from loraplex.bench.serve.driver import REVISION
     from loraplex.bench.serve.fleet import ServerOptions, prepare_fleet, serving
     from loraplex.demo.assets import generate_demo_assets
 
@@ -118,5 +124,5 @@ def self_target(
         fleet = prepare_fleet(root / "fleet", assets.base_model_dir, wanted, max(ranks), seed)
         options = ServerOptions("cost_aware", max_loras, 256 << 20)
         with serving(fleet, root / "run", options) as url:
-            served = tuple(ServedAdapter(a.tenant, a.name, a.rank) for a in wanted)
+            served = tuple(ServedAdapter(a.tenant, a.name, REVISION, a.rank) for a in wanted)
             yield Target(url, fleet.admin_key, served, dict(fleet.keys), vocab)

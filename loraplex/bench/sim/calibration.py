@@ -14,6 +14,12 @@ from loraplex.sim.calibrate import Fit, calibrated_model, fit_link
 from loraplex.sim.cost_model import LINKS, CostModel
 
 
+def _cpu(cpu: object) -> str:
+    if isinstance(cpu, dict):
+        return f"{cpu.get('model', 'unknown CPU')} ({' '.join(cpu.get('isa', []))})"
+    return str(cpu)
+
+
 def _fit_text(fit: Fit, samples: int) -> str:
     r2 = "undefined" if fit.r_squared is None else f"{fit.r_squared:.4f}"
     return f"{samples} samples, R^2 {r2}, largest residual {fit.max_rel_residual:.1%}"
@@ -30,8 +36,8 @@ def calibrate(
     sources = {
         "command": command,
         "date": when,
-        "machine": f"{machine['cpu']}, {machine['cores']} cores, load {machine['load_1m']} "
-        f"at the end, {platform.node() or 'unknown host'}",
+        "machine": f"{_cpu(machine['cpu'])}, {machine['cores']} cores, load "
+        f"{machine['load_1m']} at the end, host {platform.node() or 'unknown'}",
         "step": "median TPOT of controlled decode mixes (bench/sim/calibrate_run.py), "
         "non-negative least squares: " + _fit_text(measured["step_fit"], len(steps)),
         "front_s": "median latency of an authenticated GET /v1/models",
