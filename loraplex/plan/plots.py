@@ -91,6 +91,7 @@ def cost_vs_replicas(evaluations: Sequence[Evaluation], path: Path) -> None:
         xs = sorted(best[feasible])
         if xs:
             ax.plot(xs, [best[feasible][x] for x in xs], style, label=label)
+    ax.set_xticks(sorted({*best[True], *best[False]}))
     ax.set_xlabel("replicas")
     ax.set_ylabel("USD per correct request (cheapest candidate)")
     ax.legend()
