@@ -230,3 +230,18 @@ def test_plan_end_to_end_on_the_simulator(tmp_path: Path) -> None:
     line = json.loads(result.output.strip().splitlines()[-1])
     assert line["candidates"] == 4 and line["best"] is not None
     assert line["best"]["config"]["replicas"] == 1  # one machine is cheaper when both complete
+
+
+def test_the_scale_run_happens_in_a_child_and_reports_its_own_peak_rss() -> None:
+    from loraplex.bench.sim.scale import scale_in_child
+    from loraplex.sim.call import available
+    from loraplex.sim.profiles import load_profile
+
+    model = load_profile("h100-sxm-llama2-7b-bf16")
+    if not available():
+        with pytest.raises(RuntimeError, match="simulator core"):
+            scale_in_child(100, 10, 2, model)
+        return
+    out = scale_in_child(200, 10, 2, model)
+    assert out["sim_seconds_200_requests_10_adapters_2_replicas"] > 0
+    assert out["scale_requests"] == 200 and out["scale_peak_rss_bytes"] > 0
