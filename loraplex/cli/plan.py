@@ -86,34 +86,29 @@ def plan_command(
     from loraplex.plan.objectives import parse_objectives
     from loraplex.plan.plots import write_plots
     from loraplex.plan.select import plan, plan_record
-    from loraplex.plan.space import SweepSpace
-    from loraplex.residency.policy import policy_names as eviction_names
-    from loraplex.router.router import policy_names as routing_names
-    from loraplex.sim.call import read_trace
+    from loraplex.sim.call import SimulatorMissing, read_trace
     from loraplex.sim.profiles import load_profile
 
+    if bytes_per_rank is not None and bytes_per_rank < 1:
+        raise typer.BadParameter(
+            f"{bytes_per_rank} is invalid; expected >= 1", param_hint="--bytes-per-rank"
+        )
     try:
         objectives = parse_objectives(slo)
         cost_model = load_profile(hardware)
-        space = SweepSpace(
-            replicas=ints(replicas, "--replicas"),
-            max_loras=ints(max_loras, "--max-loras"),
-            cpu_adapter_bytes=byte_sizes(cpu_bytes, "--cpu-bytes"),
-            disk_cache_bytes=byte_sizes(disk_bytes, "--disk-bytes"),
-            eviction_policies=names(eviction, eviction_names(), "--eviction"),
-            routing_policies=names(routing, routing_names(), "--routing"),
-            merged_replicas=ints(merged_replicas, "--merged-replicas"),
-        )
         price = machine_price(hardware, cost_model.hardware, usd_per_hour, price_source)
-        candidates = list(space.candidates())
-    except ValueError as exc:
+        candidates = _candidates(
+            replicas=replicas, max_loras=max_loras, cpu_bytes=cpu_bytes, disk_bytes=disk_bytes,
+            eviction=eviction, routing=routing, merged_replicas=merged_replicas,
+        )  # fmt: skip
+        records = read_trace(trace)
+    except SimulatorMissing as exc:
+        typer.echo(f"plan: {exc}", err=True)
+        raise typer.Exit(1) from None
+    except (ValueError, OSError) as exc:
         raise typer.BadParameter(str(exc)) from exc
-    if any(c.merged_replicas for c in candidates):
-        raise typer.BadParameter(
-            "the simulator does not model merged replicas yet", param_hint="--merged-replicas"
-        )
     base: dict[str, Any] = {} if bytes_per_rank is None else {"bytes_per_rank": bytes_per_rank}
-    result = plan(candidates, simulator(read_trace(trace), cost_model, base), objectives, price)
+    result = plan(candidates, simulator(records, cost_model, base), objectives, price)
     record = {
         "name": "plan",
         "trace": str(trace),
@@ -128,6 +123,30 @@ def plan_command(
     if not as_json:
         typer.echo(summary(record), err=True)
     typer.echo(json.dumps(record, allow_nan=False))
+
+
+def _candidates(
+    *, replicas: str, max_loras: str, cpu_bytes: str, disk_bytes: str, eviction: str,
+    routing: str, merged_replicas: str,
+) -> list[Any]:  # fmt: skip
+    """The sweep's candidates; a merged replica is refused (the simulator has none yet)."""
+    from loraplex.plan.space import SweepSpace
+    from loraplex.residency.policy import policy_names as eviction_names
+    from loraplex.router.router import policy_names as routing_names
+
+    space = SweepSpace(
+        replicas=ints(replicas, "--replicas"),
+        max_loras=ints(max_loras, "--max-loras"),
+        cpu_adapter_bytes=byte_sizes(cpu_bytes, "--cpu-bytes"),
+        disk_cache_bytes=byte_sizes(disk_bytes, "--disk-bytes"),
+        eviction_policies=names(eviction, eviction_names(), "--eviction"),
+        routing_policies=names(routing, routing_names(), "--routing"),
+        merged_replicas=ints(merged_replicas, "--merged-replicas"),
+    )
+    candidates = list(space.candidates())
+    if any(c.merged_replicas for c in candidates):
+        raise ValueError("--merged-replicas: the simulator does not model merged replicas yet")
+    return candidates
 
 
 def machine_price(name: str, hardware: str, usd_per_hour: float | None, source: str) -> Any:

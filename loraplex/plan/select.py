@@ -16,7 +16,7 @@ construction and does not model output quality, so completion is the only check 
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from typing import Any
 
 from loraplex.plan.objectives import Objective
@@ -117,7 +117,7 @@ def plan_record(result: Plan) -> dict[str, Any]:
         if e is None:
             return None
         return {
-            "config": e.candidate.__dict__ | {"label": e.candidate.label()},
+            "config": asdict(e.candidate) | {"label": e.candidate.label()},
             "usd_per_correct_request": e.usd_per_correct,
             "violations": list(e.violations),
             "ttft_ms": dict(e.outcome["ttft_ms"]),

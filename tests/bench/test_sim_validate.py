@@ -182,6 +182,7 @@ def _trace(tmp_path: Path) -> Path:
         (["--cpu-bytes", "lots"], "no size"),
         (["--replicas", "0"], "replicas"),
         (["--merged-replicas", "1"], "merged replicas"),
+        (["--bytes-per-rank", "0"], "--bytes-per-rank"),
         (["--usd-per-hour", "3"], "--price-source"),
         (["--price-source", "x"], "only read with --usd-per-hour"),
     ],

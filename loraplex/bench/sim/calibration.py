@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import datetime
 import platform
+from dataclasses import asdict
 from typing import Any
 
 from loraplex.bench.harness.machine import machine_record
@@ -53,8 +54,8 @@ def calibrate(
     model = calibrated_model(hardware, steps, loads, {**overheads, "network_s": 0.0}, sources)
     report = {
         "hardware": hardware,
-        "step_samples": [s.__dict__ for s in steps],
-        "load_samples": [s.__dict__ for s in loads],
+        "step_samples": [asdict(s) for s in steps],
+        "load_samples": [asdict(s) for s in loads],
         "overheads": overheads,
         "machine": machine,
         "target": target.url,
