@@ -27,6 +27,7 @@ TORCH_FREE = (
     "preflight",
     "tracing",
     "sim",
+    "plan",
 )
 # The engine's decision code (the simulator reuses the scheduler).
 _TORCH_FREE_ENGINE = (

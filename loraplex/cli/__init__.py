@@ -25,6 +25,8 @@ _COMMAND_MODULES: tuple[str, ...] = (
     "fleet",
     "preflight",
     "sim",
+    "plan",
+    "bench_sim",  # after "bench": it adds `bench sim` to that group
 )
 
 app = typer.Typer(

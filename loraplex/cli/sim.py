@@ -28,6 +28,9 @@ Opt = typer.Option
 
 
 def register(app: typer.Typer) -> None:
+    from loraplex.cli.sim_calibrate import register_calibrate
+
+    register_calibrate(sim_app)
     app.add_typer(sim_app, name="sim")
 
 

@@ -1,0 +1,1 @@
+"""``loraplex bench sim``: the simulator against real runs (calibration, validation, scale)."""

@@ -1,0 +1,176 @@
+"""``loraplex bench sim``: the simulator side by side with real runs, and at scale.
+
+1. A cost model: a file given (``--cost-model``), or a calibration of a fresh demo server
+   (``loraplex sim calibrate --self``): controlled step mixes and cold loads, never the traces
+   validated below, so the simulator is calibrated on other traffic than it is judged on.
+2. Real runs (``validate.py``): each trace on a real single server and on a real fleet.
+3. The same traces through ``simulate`` with a config mirroring the real settings.
+4. Errors per target (``compare.py``), and the scale run (1M requests, 10k adapters, 64
+   replicas) in a child process of its own, so its peak RSS is the simulator's alone.
+"""
+
+from __future__ import annotations
+
+import tempfile
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+from loraplex.bench.harness.machine import machine_record
+from loraplex.bench.serve.driver import DriveConfig
+from loraplex.bench.sim.compare import compare_target, flat_errors
+from loraplex.bench.sim.validate import MAX_LORA_RANK, RealSettings
+from loraplex.bench.workloads import ScenarioParams, TraceAdapter, Workload, generate
+from loraplex.sim.cost_model import CostModel
+
+TRACES = ("zipf-longtail", "hot-burst", "cold-storm")
+TARGETS = ("single", "fleet")
+SCALE = (1_000_000, 10_000, 64)  # requests, adapters, replicas (issue 30)
+BYTES_PER_PARAM = 4  # the demo server serves float32
+
+
+@dataclass(frozen=True)
+class SimBenchConfig:
+    """What one ``bench sim`` invocation runs."""
+
+    traces: tuple[str, ...] = TRACES  # validated traces
+    targets: tuple[str, ...] = TARGETS  # single server, fleet
+    trace_requests: int = 96  # mean requests per trace
+    rate: float = 2.0  # mean requests per second
+    num_adapters: int = 32  # zipf-longtail's population, cold-storm's storm pool
+    prompt_tokens: int = 16  # per request
+    output_tokens: int = 8  # per request
+    settings: RealSettings = field(default_factory=RealSettings)  # both sides' deployment
+    cost_model: Path | None = None  # None: calibrate a fresh demo server first
+    scale: tuple[int, int, int] | None = SCALE  # (requests, adapters, replicas); None: skip
+    seed: int = 0  # workloads, prompts, router
+    asset_dir: Path = Path(".loraplex-assets")  # the demo base model is <dir>/test-small
+
+    def __post_init__(self) -> None:
+        unknown = [t for t in self.traces if t not in TRACES]
+        if not self.traces or unknown:
+            raise ValueError(f"traces {list(self.traces)} is invalid; expected from {TRACES}")
+        wrong = [t for t in self.targets if t not in TARGETS]
+        if not self.targets or wrong:
+            raise ValueError(f"targets {list(self.targets)} is invalid; expected from {TARGETS}")
+        for name in ("trace_requests", "num_adapters", "prompt_tokens", "output_tokens"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"{name} {getattr(self, name)} is invalid; expected >= 1")
+        if not self.rate > 0:
+            raise ValueError(f"rate {self.rate} is invalid; expected > 0")
+        if self.scale is not None and min(self.scale) < 1:
+            raise ValueError(f"scale {self.scale} is invalid; expected three counts >= 1")
+
+    def workloads(self) -> list[Workload]:
+        params = ScenarioParams(
+            duration_s=self.trace_requests / self.rate,
+            rate=self.rate,
+            prompt_tokens=self.prompt_tokens,
+            output_tokens=self.output_tokens,
+            num_adapters=self.num_adapters,
+        )
+        return [generate(name, self.seed, params) for name in self.traces]
+
+
+def sim_config(config: SimBenchConfig, target: str, bytes_per_rank: int) -> dict[str, Any]:
+    """SimConfig fields mirroring the real deployment of ``target``."""
+    s = config.settings
+    return {
+        "replicas": s.replicas if target == "fleet" else 1,
+        "eviction_policy": "cost_aware",
+        "max_loras": s.max_loras,
+        "max_lora_rank": MAX_LORA_RANK,
+        "bytes_per_rank": bytes_per_rank,
+        "cpu_adapter_bytes": s.cpu_adapter_bytes,
+        "max_num_seqs": s.max_num_seqs,
+        "queue_deadline_s": s.request_timeout_s / 2,
+        "timeout_s": s.request_timeout_s,
+        "seed": s.seed,
+    }
+
+
+def adapter_sizes(
+    model_dir: Path, adapters: list[TraceAdapter]
+) -> tuple[dict[tuple[str, str], int], int]:
+    """Each adapter's bytes as served (float32, rank capped) and the slot bytes per rank."""
+    from loraplex.artifacts.base_model import TARGET_MODULES, BaseModelSpec, lora_bytes
+
+    spec = BaseModelSpec.from_dir(model_dir)
+    sizes = {
+        (a.tenant, a.name): lora_bytes(spec, min(a.rank, MAX_LORA_RANK), BYTES_PER_PARAM, a.targets)
+        for a in adapters
+    }
+    return sizes, lora_bytes(spec, 1, BYTES_PER_PARAM, TARGET_MODULES)
+
+
+def simulated(
+    config: SimBenchConfig, workloads: list[Workload], cost_model: CostModel, model_dir: Path
+) -> dict[str, dict[str, Any]]:
+    """target -> trace -> the simulator's metrics."""
+    from loraplex.bench.sim.traces import workload_rows
+    from loraplex.sim.call import records, simulate_metrics
+
+    adapters = [a for w in workloads for a in w.adapters]
+    sizes, per_rank = adapter_sizes(model_dir, adapters)
+    out: dict[str, dict[str, Any]] = {}
+    for target in config.targets:
+        values = sim_config(config, target, per_rank)
+        out[target] = {
+            w.name: simulate_metrics(
+                records(workload_rows(w, MAX_LORA_RANK, sizes)), values, cost_model
+            )
+            for w in workloads
+        }
+    return out
+
+
+def real(
+    config: SimBenchConfig, workloads: list[Workload], model_dir: Path, vocab: int
+) -> dict[str, dict[str, Any]]:
+    """target -> trace -> the real run's outcome."""
+    from loraplex.bench.fleet.cluster import local_cluster
+    from loraplex.bench.serve.fleet import prepare_fleet
+    from loraplex.bench.sim.validate import fleet_outcome, single_outcome
+
+    union = {(a.tenant, a.name): a for w in workloads for a in w.adapters}
+    s = config.settings
+    drive = DriveConfig(request_timeout_s=s.request_timeout_s, vocab_size=vocab, seed=s.seed)
+    out: dict[str, dict[str, Any]] = {t: {} for t in config.targets}
+    with tempfile.TemporaryDirectory(prefix="loraplex-bench-sim-") as tmp:
+        root = Path(tmp)
+        registry = prepare_fleet(
+            root / "registry", model_dir, list(union.values()), MAX_LORA_RANK, config.seed
+        )
+        if "single" in config.targets:
+            for i, w in enumerate(workloads):
+                out["single"][w.name] = single_outcome(registry, w, s, drive, root / f"single-{i}")
+        if "fleet" in config.targets:
+            with local_cluster(1) as port:
+                target = (registry, f"http://127.0.0.1:{port}", port)
+                for i, w in enumerate(workloads):
+                    out["fleet"][w.name] = fleet_outcome(target, w, s, drive, root / f"fleet-{i}")
+    return out
+
+
+def run_sim_bench(config: SimBenchConfig, cost_model: CostModel) -> dict[str, Any]:
+    """Real and simulated runs of every trace and target, their errors, and the scale run."""
+    from loraplex.artifacts.base_model import BaseModelSpec
+    from loraplex.bench.sim.scale import scale_in_child
+    from loraplex.demo.assets import generate_demo_assets
+
+    assets = generate_demo_assets(config.asset_dir / "test-small", preset="small", seed=0)
+    vocab = BaseModelSpec.from_dir(assets.base_model_dir).vocab_size
+    workloads = config.workloads()
+    sims = simulated(config, workloads, cost_model, assets.base_model_dir)
+    reals = real(config, workloads, assets.base_model_dir, vocab)
+    by_target = {t: compare_target(reals[t], sims[t], t) for t in config.targets}
+    metrics: dict[str, Any] = dict(flat_errors(by_target))
+    if config.scale is not None:
+        metrics.update(scale_in_child(*config.scale, cost_model))
+    metrics["cost_model"] = {"hardware": cost_model.hardware, "validated": cost_model.validated}
+    metrics["targets"] = by_target
+    plain = asdict(config)
+    plain["cost_model"] = None if config.cost_model is None else str(config.cost_model)
+    plain["asset_dir"] = str(config.asset_dir)
+    plain["machine"] = machine_record()
+    return {"name": "sim", "config": plain, "seed": config.seed, "metrics": metrics}

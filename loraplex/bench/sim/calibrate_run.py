@@ -1,0 +1,243 @@
+"""``loraplex sim calibrate``'s measurements of a server (``calibrate_target``), fitted by
+``sim/calibrate.py`` into a validated cost-model file.
+
+- Step time: controlled mixes sent at once (``batch`` requests over ``revisions`` distinct
+  adapters, the lowest or the highest ranks), every adapter in a GPU slot first; each request
+  decodes ``output_tokens`` tokens with ``ignore_eos``, so while they run each engine step holds
+  ``batch`` decode tokens, and the median time per output token (TPOT) is the step time of that
+  mix. NOTE: decode batches span 1..max(batch_sizes) tokens; longer prefill steps extrapolate.
+- Tier links: cold loads of adapters of known bytes, one tier at a time through the admin API
+  (``/admin/residency/prefetch`` with ``wait``), timed by the server's own stage counters
+  (``stats.stages`` of ``/admin/residency``): resolve + fetch + verify + commit for L3 -> L2,
+  read for L2 -> L1, copy for L1 -> L0; bytes are the copy's ``size_bytes`` in L2 and L1.
+- Overheads: ``front_s`` is the median latency of an authenticated ``GET /v1/models`` (HTTP,
+  auth, no engine); ``ipc_s`` the median warm TTFT of a short request less ``front_s`` and the
+  fitted prefill step (floored at 0); ``network_s`` is not measured on one server (0, said so).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import statistics
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import httpx
+
+from loraplex.bench.serve.driver import DriveConfig, prompt_ids, send_one
+from loraplex.bench.sim.calibrate_target import ServedAdapter, Target
+from loraplex.bench.workloads import TraceRequest
+from loraplex.sim.calibrate import LoadSample, StepSample
+from loraplex.sim.cost_model import StepCost
+
+L3_STAGES = ("resolve", "fetch", "verify", "commit")
+LINK_STAGES = {"L3_to_L2": L3_STAGES, "L2_to_L1": ("read",), "L1_to_L0": ("copy",)}
+LINK_TIERS = {"L3_to_L2": "L2", "L2_to_L1": "L1", "L1_to_L0": "L0"}
+LINK_SIZE_TIER = {"L3_to_L2": "L2", "L2_to_L1": "L1", "L1_to_L0": "L1"}
+
+
+@dataclass(frozen=True)
+class CalibrateConfig:
+    """What one calibration measures."""
+
+    batch_sizes: tuple[int, ...] = (1, 2, 4, 8)  # decode tokens per step in the mixes
+    revision_counts: tuple[int, ...] = (1, 2, 4)  # distinct adapters per mix (<= batch)
+    prompt_tokens: int = 8  # prompt of every calibration request
+    output_tokens: int = 24  # decode steps of every mix request
+    repeats: int = 2  # runs of each mix (medians pooled)
+    overhead_requests: int = 8  # requests timed for front_s and ipc_s
+    request_timeout_s: float = 60.0  # bound on every request
+    seed: int = 0  # prompt contents
+
+    def __post_init__(self) -> None:
+        for name in ("batch_sizes", "revision_counts"):
+            values = getattr(self, name)
+            if not values or min(values) < 1:
+                raise ValueError(f"{name} {values!r} is invalid; expected counts >= 1")
+        for name in ("prompt_tokens", "repeats", "overhead_requests", "request_timeout_s"):
+            if not getattr(self, name) > 0:
+                raise ValueError(f"{name} {getattr(self, name)!r} is invalid; expected > 0")
+        if self.output_tokens < 3:
+            raise ValueError(f"output_tokens {self.output_tokens} is invalid; expected >= 3")
+
+
+def _drive(target: Target, config: CalibrateConfig) -> DriveConfig:
+    return DriveConfig(
+        request_timeout_s=config.request_timeout_s,
+        vocab_size=target.vocab_size,
+        seed=config.seed,
+    )
+
+
+def prefetch(client: httpx.Client, adapter: ServedAdapter, tier: str) -> None:
+    """Loads ``adapter`` into ``tier`` and waits for it."""
+    body = {"model": adapter.ref, "tier": tier, "wait": True}
+    reply = client.post("/admin/residency/prefetch", json=body)
+    reply.raise_for_status()
+
+
+def stage_totals(client: httpx.Client) -> dict[str, float]:
+    reply = client.get("/admin/residency", params={"top": 0})
+    reply.raise_for_status()
+    stages = reply.json()["stats"]["stages"]
+    return {str(k): float(v["total_s"]) for k, v in stages.items()}
+
+
+def copy_sizes(client: httpx.Client, adapter: ServedAdapter) -> dict[str, int]:
+    """tier -> size_bytes of ``adapter``'s copies."""
+    reply = client.get("/admin/residency")
+    reply.raise_for_status()
+    return {
+        str(e["tier"]): int(e["size_bytes"])
+        for e in reply.json()["entries"]
+        if e["model"] == adapter.ref
+    }
+
+
+def evict_everywhere(client: httpx.Client, adapter: ServedAdapter) -> None:
+    """Drops the adapter's copies (L0, then L1, then L2); a copy that is absent, pinned or in
+    use stays (the load that follows then measures less, which the fit's residuals show)."""
+    for tier in ("L0", "L1", "L2"):
+        client.post("/admin/residency/evict", json={"model": adapter.ref, "tier": tier})
+
+
+def load_samples(client: httpx.Client, adapters: Sequence[ServedAdapter]) -> list[LoadSample]:
+    """One cold load per adapter, tier by tier, timed by the server's stage counters."""
+    samples: list[LoadSample] = []
+    for adapter in adapters:
+        evict_everywhere(client, adapter)
+        for link, tier in LINK_TIERS.items():
+            before = stage_totals(client)
+            prefetch(client, adapter, tier)
+            after = stage_totals(client)
+            seconds = sum(after.get(s, 0.0) - before.get(s, 0.0) for s in LINK_STAGES[link])
+            nbytes = copy_sizes(client, adapter).get(LINK_SIZE_TIER[link], 0)
+            if nbytes > 0 and seconds > 0:
+                samples.append(LoadSample(link, nbytes, seconds))
+    return samples
+
+
+def mixes(
+    adapters: Sequence[ServedAdapter], config: CalibrateConfig
+) -> list[tuple[int, tuple[ServedAdapter, ...]]]:
+    """(batch, adapters) per mix: every batch size x revision count that fits, with the
+    lowest-rank and the highest-rank adapters (rank-tokens vary apart from revisions)."""
+    by_rank = sorted(adapters, key=lambda a: (a.rank, a.tenant, a.name))
+    out = []
+    for batch in config.batch_sizes:
+        for revisions in config.revision_counts:
+            if revisions > batch or revisions > len(by_rank):
+                continue
+            low, high = tuple(by_rank[:revisions]), tuple(by_rank[-revisions:])
+            out += [(batch, low)] + ([(batch, high)] if high != low else [])
+    return out
+
+
+async def _mix_tpot(
+    target: Target, batch: int, chosen: Sequence[ServedAdapter], config: CalibrateConfig, seed: int
+) -> float | None:
+    """The median TPOT of ``batch`` requests over ``chosen`` sent at once; None if none decoded."""
+    import random
+
+    rng = random.Random(seed)
+    drive = _drive(target, config)
+    now = time.monotonic()
+    sends = []
+    for i in range(batch):
+        adapter = chosen[i % len(chosen)]
+        request = TraceRequest(
+            0.0, adapter.tenant, adapter.name, config.prompt_tokens, config.output_tokens
+        )
+        ids = prompt_ids(rng, config.prompt_tokens, target.vocab_size)
+        sends.append(
+            send_one(
+                target.url,
+                request,
+                key=target.keys[adapter.tenant],
+                ids=ids,
+                arrival=now,
+                tier="L0",
+                config=drive,
+            )
+        )
+    records = await asyncio.gather(*sends)
+    tpots = [r.tpot_s for r in records if r.ok and r.tpot_s is not None]
+    return statistics.median(tpots) if tpots else None
+
+
+def step_samples(client: httpx.Client, target: Target, config: CalibrateConfig) -> list[StepSample]:
+    """One sample per mix and repeat (the mix's adapters prefetched into L0 first)."""
+    samples = []
+    for index, (batch, chosen) in enumerate(mixes(target.adapters, config)):
+        for adapter in chosen:
+            prefetch(client, adapter, "L0")
+        for repeat in range(config.repeats):
+            seed = config.seed + 1000 * index + repeat
+            tpot = asyncio.run(_mix_tpot(target, batch, chosen, config, seed))
+            if tpot is None or tpot <= 0:
+                continue
+            rank_tokens = sum(chosen[i % len(chosen)].rank for i in range(batch))
+            samples.append(StepSample(batch, len(chosen), rank_tokens, tpot))
+    return samples
+
+
+def overheads(
+    client: httpx.Client, target: Target, config: CalibrateConfig, step: StepCost
+) -> dict[str, float]:
+    """front_s and ipc_s (module docstring); network_s is not measured here."""
+    adapter = min(target.adapters, key=lambda a: a.rank)
+    key = target.keys[adapter.tenant]
+    front = []
+    for _ in range(config.overhead_requests):
+        start = time.perf_counter()
+        client.get("/v1/models", headers={"Authorization": f"Bearer {key}"}).raise_for_status()
+        front.append(time.perf_counter() - start)
+    front_s = statistics.median(front)
+    prefetch(client, adapter, "L0")
+    ttfts = asyncio.run(_warm_ttfts(target, adapter, config))
+    prefill = step.seconds(config.prompt_tokens, 1, config.prompt_tokens * adapter.rank)
+    ipc_s = max(0.0, statistics.median(ttfts) - front_s - prefill) if ttfts else 0.0
+    return {"front_s": front_s, "ipc_s": ipc_s}
+
+
+async def _warm_ttfts(
+    target: Target, adapter: ServedAdapter, config: CalibrateConfig
+) -> list[float]:
+    import random
+
+    rng = random.Random(config.seed + 7)
+    drive = _drive(target, config)
+    out: list[float] = []
+    for _ in range(config.overhead_requests):  # one at a time: no queueing in the figure
+        request = TraceRequest(0.0, adapter.tenant, adapter.name, config.prompt_tokens, 1)
+        ids = prompt_ids(rng, config.prompt_tokens, target.vocab_size)
+        record = await send_one(
+            target.url,
+            request,
+            key=target.keys[adapter.tenant],
+            ids=ids,
+            arrival=time.monotonic(),
+            tier="L0",
+            config=drive,
+        )
+        if record.ok and record.ttft_s is not None:
+            out.append(record.ttft_s)
+    return out
+
+
+def measure(target: Target, config: CalibrateConfig) -> dict[str, Any]:
+    """Every sample of one calibration: loads first (adapters still cold), then steps, then
+    overheads (which need the fitted step)."""
+    from loraplex.sim.calibrate import fit_step
+
+    headers = {"Authorization": f"Bearer {target.admin_key}"}
+    with httpx.Client(
+        base_url=target.url, headers=headers, timeout=config.request_timeout_s
+    ) as client:
+        loads = load_samples(client, target.adapters)
+        steps = step_samples(client, target, config)
+        step, fit = fit_step(steps)
+        extra = overheads(client, target, config, step)
+    return {"loads": loads, "steps": steps, "step_fit": fit, "overheads": extra}

@@ -1,0 +1,128 @@
+"""What ``loraplex sim calibrate`` measures: a running server reached over HTTP (``--url`` with
+the admin key) or one it starts itself on the demo model (``--self``).
+
+A remote server's adapters are discovered through the admin API (each alias that names one
+revision, with that revision's rank); one API key per tenant used is created for the run and
+revoked when it ends, so a calibration leaves no credential behind. With ``--self`` the
+adapters are written and registered first (``bench serve``'s registry), one per rank and
+target set asked for, and the server runs with the demo preset's small model.
+"""
+
+from __future__ import annotations
+
+import tempfile
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import httpx
+
+from loraplex.bench.workloads import ATTENTION_TARGETS, TraceAdapter
+
+SELF_TENANT = "calibration"
+REMOTE_VOCAB = 256  # prompt token ids stay below this on a server of unknown vocabulary
+
+
+@dataclass(frozen=True)
+class ServedAdapter:
+    """One adapter the calibration may request."""
+
+    tenant: str  # owning tenant
+    name: str  # the alias requests name
+    revision: str  # the one revision the alias names
+    rank: int  # that revision's (largest) rank
+
+    @property
+    def ref(self) -> str:
+        """``tenant/name@revision``, as the admin API names a revision."""
+        return f"{self.tenant}/{self.name}@{self.revision}"
+
+
+@dataclass(frozen=True)
+class Target:
+    """A server to measure."""
+
+    url: str  # base URL
+    admin_key: str  # the admin credential
+    adapters: tuple[ServedAdapter, ...]  # what may be requested
+    keys: dict[str, str]  # tenant -> API key
+    vocab_size: int  # prompt token ids are drawn below this
+
+
+def _admin(url: str, admin_key: str) -> httpx.Client:
+    return httpx.Client(
+        base_url=url, headers={"Authorization": f"Bearer {admin_key}"}, timeout=60.0
+    )
+
+
+def _single_revision_adapters(client: httpx.Client, limit: int) -> list[ServedAdapter]:
+    """Adapters whose alias names one revision, with that revision's rank (at most ``limit``)."""
+    found: list[ServedAdapter] = []
+    listing = client.get("/admin/adapters")
+    listing.raise_for_status()
+    for adapter in listing.json():
+        if len(found) >= limit:
+            break
+        tenant, name = str(adapter["tenant"]), str(adapter["name"])
+        shown = client.get(f"/admin/adapters/{tenant}/{name}")
+        shown.raise_for_status()
+        body: dict[str, Any] = shown.json()
+        alias = body.get("alias") or {}
+        targets = alias.get("targets") or []
+        if len(targets) != 1:
+            continue
+        revision = str(targets[0]["revision"])
+        ranks = [r["max_rank"] for r in body["revisions"] if r["revision"] == revision]
+        if ranks:
+            found.append(ServedAdapter(tenant, name, revision, int(ranks[0])))
+    return found
+
+
+@contextmanager
+def remote_target(url: str, admin_key: str, max_adapters: int) -> Iterator[Target]:
+    """The server at ``url``; keys created for the run are revoked when it ends."""
+    with _admin(url, admin_key) as client:
+        adapters = _single_revision_adapters(client, max_adapters)
+        if not adapters:
+            raise ValueError(f"{url} serves no adapter whose alias names one revision")
+        issued: list[str] = []
+        keys: dict[str, str] = {}
+        try:
+            for tenant in dict.fromkeys(a.tenant for a in adapters):
+                reply = client.post(f"/admin/tenants/{tenant}/keys")
+                reply.raise_for_status()
+                issued.append(str(reply.json()["key_id"]))
+                keys[tenant] = str(reply.json()["token"])
+            yield Target(url.rstrip("/"), admin_key, tuple(adapters), keys, REMOTE_VOCAB)
+        finally:
+            for key_id in issued:
+                client.delete(f"/admin/keys/{key_id}")
+
+
+@contextmanager
+def self_target(
+    asset_dir: Path, ranks: tuple[int, ...], copies: int, max_loras: int, seed: int
+) -> Iterator[Target]:
+    """A fresh ``loraplex serve`` of the demo model with ``copies`` adapters of each rank
+    (attention targets), ``max_loras`` slots, the cost_aware policy."""
+    from loraplex.artifacts.base_model import BaseModelSpec
+    from loraplex.bench.serve.driver import REVISION
+    from loraplex.bench.serve.fleet import ServerOptions, prepare_fleet, serving
+    from loraplex.demo.assets import generate_demo_assets
+
+    assets = generate_demo_assets(asset_dir / "test-small", preset="small", seed=0)
+    vocab = BaseModelSpec.from_dir(assets.base_model_dir).vocab_size
+    wanted = [
+        TraceAdapter(SELF_TENANT, f"r{rank}-{i}", rank, ATTENTION_TARGETS)
+        for rank in ranks
+        for i in range(copies)
+    ]
+    with tempfile.TemporaryDirectory(prefix="loraplex-calibrate-") as tmp:
+        root = Path(tmp)
+        fleet = prepare_fleet(root / "fleet", assets.base_model_dir, wanted, max(ranks), seed)
+        options = ServerOptions("cost_aware", max_loras, 256 << 20)
+        with serving(fleet, root / "run", options) as url:
+            served = tuple(ServedAdapter(a.tenant, a.name, REVISION, a.rank) for a in wanted)
+            yield Target(url, fleet.admin_key, served, dict(fleet.keys), vocab)

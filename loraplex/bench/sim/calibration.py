@@ -1,0 +1,63 @@
+"""One calibration: measure a target, fit, and write the cost model with its sources (the command,
+the date and the machine, and how each part was measured and fitted)."""
+
+from __future__ import annotations
+
+import datetime
+import platform
+from dataclasses import asdict
+from typing import Any
+
+from loraplex.bench.harness.machine import machine_record
+from loraplex.bench.sim.calibrate_run import CalibrateConfig, measure
+from loraplex.bench.sim.calibrate_target import Target
+from loraplex.sim.calibrate import Fit, calibrated_model, fit_link
+from loraplex.sim.cost_model import LINKS, CostModel
+
+
+def _cpu(cpu: object) -> str:
+    if isinstance(cpu, dict):
+        return f"{cpu.get('model', 'unknown CPU')} ({' '.join(cpu.get('isa', []))})"
+    return str(cpu)
+
+
+def _fit_text(fit: Fit, samples: int) -> str:
+    r2 = "undefined" if fit.r_squared is None else f"{fit.r_squared:.4f}"
+    return f"{samples} samples, R^2 {r2}, largest residual {fit.max_rel_residual:.1%}"
+
+
+def calibrate(
+    target: Target, config: CalibrateConfig, hardware: str, command: str
+) -> tuple[CostModel, dict[str, Any]]:
+    """The validated cost model of ``target`` and a report of what was measured."""
+    measured = measure(target, config)
+    loads, steps, overheads = measured["loads"], measured["steps"], measured["overheads"]
+    machine = machine_record()
+    when = datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds")
+    sources = {
+        "command": command,
+        "date": when,
+        "machine": f"{_cpu(machine['cpu'])}, {machine['cores']} cores, load "
+        f"{machine['load_1m']} at the end, host {platform.node() or 'unknown'}",
+        "step": "median TPOT of controlled decode mixes (bench/sim/calibrate_run.py), "
+        "non-negative least squares: " + _fit_text(measured["step_fit"], len(steps)),
+        "front_s": "median latency of an authenticated GET /v1/models",
+        "ipc_s": "median warm TTFT less front_s and the fitted prefill step (floored at 0)",
+        "network_s": "not measured: one server, no ingress-to-replica hop (0)",
+    }
+    for link in LINKS:
+        mine = [s for s in loads if s.link == link]
+        fit_text = (
+            _fit_text(fit_link(mine)[1], len(mine)) if len({s.nbytes for s in mine}) > 1 else ""
+        )
+        sources[f"links.{link}"] = f"cold loads timed by the server's stage counters; {fit_text}"
+    model = calibrated_model(hardware, steps, loads, {**overheads, "network_s": 0.0}, sources)
+    report = {
+        "hardware": hardware,
+        "step_samples": [asdict(s) for s in steps],
+        "load_samples": [asdict(s) for s in loads],
+        "overheads": overheads,
+        "machine": machine,
+        "target": target.url,
+    }
+    return model, report

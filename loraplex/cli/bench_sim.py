@@ -1,0 +1,90 @@
+"""``loraplex bench sim``: the simulator against real single-server and fleet runs, and at scale
+(one JSON line; docs/simulator.md, "Calibration, validation, planner")."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import TYPE_CHECKING, Annotated
+
+import typer
+
+from loraplex.cli.registry import _group
+
+if TYPE_CHECKING:
+    from loraplex.sim.cost_model import CostModel
+
+
+def register(app: typer.Typer) -> None:
+    _group(app, "bench", "Benchmarks.").command("sim")(bench_sim)
+
+
+def _names(text: str) -> tuple[str, ...]:
+    return tuple(p.strip() for p in text.split(",") if p.strip())
+
+
+def bench_sim(
+    *,
+    as_json: Annotated[bool, typer.Option("--json", help="Print only the JSON line.")] = False,
+    traces: Annotated[
+        str, typer.Option(help="Validated traces.")
+    ] = "zipf-longtail,hot-burst,cold-storm",
+    targets: Annotated[str, typer.Option(help="single and/or fleet.")] = "single,fleet",
+    trace_requests: Annotated[int, typer.Option(help="Mean requests per trace.")] = 96,
+    rate: Annotated[float, typer.Option(help="Mean requests per second of each trace.")] = 2.0,
+    num_adapters: Annotated[int, typer.Option(help="zipf-longtail's adapters.")] = 32,
+    max_loras: Annotated[int, typer.Option(help="GPU slots per server / replica.")] = 4,
+    replicas: Annotated[int, typer.Option(help="Fleet engine replicas.")] = 3,
+    cost_model: Annotated[
+        Path | None,
+        typer.Option(help="Cost-model file (default: calibrate a fresh demo server first)."),
+    ] = None,
+    no_scale: Annotated[
+        bool, typer.Option("--no-scale", help="Skip the 1M-request scale run.")
+    ] = False,
+    seed: Annotated[int, typer.Option(help="Workload, prompt and router seed.")] = 0,
+    asset_dir: Annotated[
+        Path, typer.Option(help="Demo assets cache (the base model is <dir>/test-small).")
+    ] = Path(".loraplex-assets"),
+) -> None:
+    """Real vs simulated per-tier hit ratios, TTFT P50/P99 and throughput on a single server and
+    a fleet (errors per target), and the simulator's time for 1M requests."""
+    from loraplex.bench.sim.bench import SimBenchConfig, run_sim_bench
+    from loraplex.bench.sim.validate import RealSettings
+    from loraplex.sim.cost_model import load
+
+    try:
+        config = SimBenchConfig(
+            traces=_names(traces),
+            targets=_names(targets),
+            trace_requests=trace_requests,
+            rate=rate,
+            num_adapters=num_adapters,
+            settings=RealSettings(max_loras=max_loras, replicas=replicas, seed=seed),
+            cost_model=cost_model,
+            scale=None if no_scale else (1_000_000, 10_000, 64),
+            seed=seed,
+            asset_dir=asset_dir,
+        )
+        model = load(cost_model) if cost_model is not None else None
+    except (ValueError, OSError) as exc:
+        raise typer.BadParameter(str(exc)) from exc
+    if model is None:
+        model = _calibrated(asset_dir, max_loras)
+    result = run_sim_bench(config, model)
+    if not as_json:
+        typer.echo(f"cost model: {model.hardware} (validated {model.validated})", err=True)
+    typer.echo(json.dumps(result, allow_nan=False))
+
+
+def _calibrated(asset_dir: Path, max_loras: int) -> CostModel:
+    """A cost model from ``sim calibrate --self`` on a fresh demo server."""
+    from loraplex.bench.sim.calibrate_run import CalibrateConfig
+    from loraplex.bench.sim.calibrate_target import self_target
+    from loraplex.bench.sim.calibration import calibrate
+
+    with self_target(asset_dir, (8, 16, 32, 64), 2, max(max_loras, 4), seed=0) as target:
+        model, _ = calibrate(
+            target, CalibrateConfig(), "cpu-demo-small", "loraplex bench sim (calibrate --self)"
+        )
+    return model

@@ -1,0 +1,121 @@
+"""``loraplex sim calibrate``: measure a running server (``--url`` + ``--admin-key``) or one started
+for the purpose (``--self``) and write a validated cost-model file (docs/simulator.md,
+"Calibration, validation, planner"). ``register_calibrate(sim_app)`` adds it to the ``sim``
+group; ``loraplex sim calibrate`` exists once that group is registered."""
+
+from __future__ import annotations
+
+import json
+import shlex
+import sys
+from contextlib import AbstractContextManager
+from pathlib import Path
+from typing import TYPE_CHECKING, Annotated
+
+import typer
+
+from loraplex.cli.plan import ints
+
+if TYPE_CHECKING:
+    from loraplex.bench.sim.calibrate_target import Target
+
+
+def register_calibrate(sim_app: typer.Typer) -> None:
+    sim_app.command("calibrate")(calibrate_command)
+
+
+def _target(
+    url: str | None, admin_key: str | None, own: bool, *, max_adapters: int, asset_dir: Path,
+    max_loras: int,
+) -> AbstractContextManager[Target]:  # fmt: skip
+    from loraplex.bench.sim.calibrate_target import remote_target, self_target
+
+    if own == (url is not None):
+        raise typer.BadParameter("give exactly one of --url and --self", param_hint="--url")
+    if own:
+        if admin_key is not None:
+            raise typer.BadParameter(
+                "--self starts its own server; no --admin-key", param_hint="--admin-key"
+            )
+        return self_target(asset_dir, (8, 16, 32, 64), 2, max_loras, seed=0)
+    if url is None or not admin_key:
+        raise typer.BadParameter("--url needs the server's --admin-key", param_hint="--admin-key")
+    return remote_target(url, admin_key, max_adapters)
+
+
+def calibrate_command(
+    *,
+    out: Annotated[Path, typer.Option(help="Cost-model file to write (JSON).")],
+    hardware: Annotated[str, typer.Option(help="Name of the measured hardware profile.")],
+    url: Annotated[str | None, typer.Option(help="Base URL of the server to measure.")] = None,
+    admin_key: Annotated[
+        str | None, typer.Option(envvar="LORAPLEX_ADMIN_KEY", help="Its admin credential.")
+    ] = None,
+    own: Annotated[
+        bool, typer.Option("--self", help="Start and measure a demo-model server instead.")
+    ] = False,
+    max_adapters: Annotated[int, typer.Option(help="--url: adapters discovered at most.")] = 8,
+    max_loras: Annotated[int, typer.Option(help="--self: the server's GPU slots.")] = 8,
+    batch_sizes: Annotated[
+        str, typer.Option(help="Decode batch sizes of the step mixes.")
+    ] = "1,2,4,8",
+    revisions: Annotated[str, typer.Option(help="Distinct adapters per step mix.")] = "1,2,4",
+    output_tokens: Annotated[int, typer.Option(help="Decode steps per mix request (>= 3).")] = 24,
+    repeats: Annotated[int, typer.Option(help="Runs of each step mix.")] = 2,
+    report: Annotated[
+        Path | None, typer.Option(help="Also write every sample here (JSON).")
+    ] = None,
+    asset_dir: Annotated[
+        Path, typer.Option(help="--self: demo assets cache (base model <dir>/test-small).")
+    ] = Path(".loraplex-assets"),
+) -> None:
+    """Fit the simulator's cost model to a server: step time vs batch tokens, distinct
+    revisions and rank mix; per-tier load costs; front and IPC overheads."""
+    from loraplex.bench.sim.calibrate_run import CalibrateConfig
+    from loraplex.bench.sim.calibration import calibrate
+
+    try:
+        config = CalibrateConfig(
+            batch_sizes=ints(batch_sizes, "--batch-sizes"),
+            revision_counts=ints(revisions, "--revisions"),
+            output_tokens=output_tokens,
+            repeats=repeats,
+        )
+    except ValueError as exc:
+        raise typer.BadParameter(str(exc)) from exc
+    if max_adapters < 1 or max_loras < 1:
+        raise typer.BadParameter("--max-adapters and --max-loras must be >= 1")
+    if not hardware.strip():
+        raise typer.BadParameter(
+            "--hardware must name the measured hardware", param_hint="--hardware"
+        )
+    argv = sys.argv[1:]
+    given = argv[argv.index("calibrate") + 1 :] if "calibrate" in argv else argv
+    command = shlex.join(["loraplex", "sim", "calibrate", *_redacted(given)])
+    with _target(
+        url, admin_key, own, max_adapters=max_adapters, asset_dir=asset_dir, max_loras=max_loras
+    ) as target:
+        model, measured = calibrate(target, config, hardware, command)
+    model.save(out)
+    if report is not None:
+        report.write_text(json.dumps(measured, sort_keys=True) + "\n", encoding="utf-8")
+    typer.echo(
+        json.dumps({"name": "sim-calibrate", "out": str(out), **json.loads(model.to_json())})
+    )
+
+
+def _redacted(argv: list[str]) -> list[str]:
+    """argv without the admin key's value (the command is recorded in the file)."""
+    out, hide = [], False
+    for arg in argv:
+        if hide:
+            out.append("<redacted>")
+            hide = False
+        elif arg == "--admin-key":
+            out.append(arg)
+            hide = True
+        elif arg.startswith("--admin-key="):
+            out.append("--admin-key=<redacted>")
+        else:
+            out.append(arg)
+    return out

@@ -1,0 +1,134 @@
+"""The planner's sweep and choice: simulate every candidate, price what met the objectives, pick
+the cheapest per correct request, and say why the runner-up lost.
+
+``simulate`` is passed in (a function of a ``Candidate``, returning the simulator's result
+metrics for the planned trace): the command line binds it to the simulator (``sim/call.py``),
+the tests to a deterministic function of their own. The metrics used: ``hit_ratio``,
+``ttft_ms``, ``completed_ratio``, ``throughput_requests_per_s`` (the objectives), ``completed``
+(requests that completed) and ``makespan_s`` (simulated seconds from the first arrival to the
+last end: the time the machines are paid for).
+
+A correct request here is a completed one: the simulator serves the revision it was asked for by
+construction and does not model output quality, so completion is the only check it can fail
+(besides the objectives, which apply to the whole run).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import asdict, dataclass
+from typing import Any
+
+from loraplex.plan.objectives import Objective
+from loraplex.plan.space import Candidate
+from loraplex.qualify.cost import MachinePrice, cost_per_correct_request
+
+Simulate = Callable[[Candidate], Mapping[str, Any]]
+PLAN_KEYS = ("completed", "makespan_s")
+
+
+@dataclass(frozen=True)
+class Evaluation:
+    """One simulated candidate, judged and priced."""
+
+    candidate: Candidate
+    outcome: Mapping[str, Any]  # the simulator's outcome
+    violations: tuple[str, ...]  # objectives missed, as "metric=value (wants op bound)"
+    usd_per_correct: float | None  # None: no request completed (undefined, not free)
+
+    @property
+    def feasible(self) -> bool:
+        return not self.violations and self.usd_per_correct is not None
+
+
+@dataclass(frozen=True)
+class Plan:
+    """The planner's answer."""
+
+    best: Evaluation | None  # the cheapest feasible candidate; None when none was feasible
+    runner_up: Evaluation | None  # the next feasible one
+    why_runner_up_lost: str | None  # in words
+    cheapest_rejected: Evaluation | None  # the cheapest candidate that missed an objective
+    evaluations: tuple[Evaluation, ...]  # every candidate, in sweep order
+
+
+def evaluate(
+    candidate: Candidate,
+    outcome: Mapping[str, Any],
+    objectives: Sequence[Objective],
+    price: MachinePrice,
+) -> Evaluation:
+    missing = [k for k in PLAN_KEYS if k not in outcome]
+    if missing:
+        raise ValueError(f"the simulator's outcome lacks {missing} (planner keys {PLAN_KEYS})")
+    violations = []
+    for objective in objectives:
+        if not objective.met_by(outcome):
+            value = objective.value(outcome)
+            shown = "undefined" if value is None else f"{value:g}"
+            violations.append(f"{objective.metric}={shown} (wants {objective.text()})")
+    cost = cost_per_correct_request(
+        price, candidate.replicas, float(outcome["makespan_s"]), int(outcome["completed"])
+    )
+    return Evaluation(candidate, outcome, tuple(violations), cost)
+
+
+def _rank(evaluation: Evaluation) -> tuple[float, tuple[int, ...]]:
+    cost = evaluation.usd_per_correct
+    return (float("inf") if cost is None else cost, evaluation.candidate.footprint())
+
+
+def choose(evaluations: Iterable[Evaluation]) -> Plan:
+    """The cheapest feasible candidate (ties: the smaller footprint), the runner-up, and the
+    cheapest candidate the objectives rejected."""
+    every = tuple(evaluations)
+    feasible = sorted((e for e in every if e.feasible), key=_rank)
+    rejected = sorted((e for e in every if not e.feasible), key=_rank)
+    best = feasible[0] if feasible else None
+    runner_up = feasible[1] if len(feasible) > 1 else None
+    why = None if best is None or runner_up is None else _why_lost(best, runner_up)
+    return Plan(best, runner_up, why, rejected[0] if rejected else None, every)
+
+
+def _why_lost(best: Evaluation, other: Evaluation) -> str:
+    a, b = best.usd_per_correct, other.usd_per_correct
+    if a is not None and b is not None and b > a:
+        return f"costs {b / a - 1:.1%} more per correct request ({b:.3g} vs {a:.3g} USD)"
+    return (
+        "costs the same per correct request and holds more resources "
+        f"({other.candidate.label()} vs {best.candidate.label()})"
+    )
+
+
+def plan(
+    candidates: Iterable[Candidate],
+    simulate: Simulate,
+    objectives: Sequence[Objective],
+    price: MachinePrice,
+) -> Plan:
+    """Simulates every candidate once, in order, and chooses."""
+    return choose(evaluate(c, simulate(c), objectives, price) for c in candidates)
+
+
+def plan_record(result: Plan) -> dict[str, Any]:
+    """The plan as JSON values."""
+
+    def one(e: Evaluation | None) -> dict[str, Any] | None:
+        if e is None:
+            return None
+        return {
+            "config": asdict(e.candidate) | {"label": e.candidate.label()},
+            "usd_per_correct_request": e.usd_per_correct,
+            "violations": list(e.violations),
+            "ttft_ms": dict(e.outcome["ttft_ms"]),
+            "completed_ratio": e.outcome.get("completed_ratio"),
+        }
+
+    return {
+        "best": one(result.best),
+        "runner_up": one(result.runner_up),
+        "why_runner_up_lost": result.why_runner_up_lost,
+        "cheapest_rejected": one(result.cheapest_rejected),
+        "candidates": len(result.evaluations),
+        "feasible": sum(e.feasible for e in result.evaluations),
+    }

@@ -1,0 +1,183 @@
+"""Calibration: measured samples in, a cost model (``cost_model.CostModel``) out.
+
+Torch-free and HTTP-free: the measuring side (``bench/sim/calibrate_run.py``) talks to a server
+and hands this module plain samples; here they are fitted. Step time is fitted by ordinary least
+squares on the cost model's four regressors (constant, tokens, distinct revisions, rank-tokens);
+a coefficient the data drives below zero is dropped (fixed at 0) and the rest refitted, because a
+negative cost is physically meaningless and the cost model refuses it. Each tier link is a
+straight line, seconds = fixed_s + bytes / bytes_per_s, fitted the same way per link.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from loraplex.sim.cost_model import LINKS, CostModel, Link, StepCost
+
+STEP_TERMS = ("step_fixed_s", "per_token_s", "per_revision_s", "per_rank_token_s")
+
+
+@dataclass(frozen=True)
+class StepSample:
+    """One measured engine step (or the mean of many alike): its batch and its seconds."""
+
+    tokens: int  # tokens in the step (prefill and decode)
+    revisions: int  # distinct adapter revisions in the step
+    rank_tokens: int  # sum over the step's tokens of their adapter's rank
+    step_s: float  # measured seconds
+
+    def __post_init__(self) -> None:
+        for name in ("tokens", "revisions", "rank_tokens"):
+            if getattr(self, name) < 0:
+                raise ValueError(f"StepSample.{name} must be >= 0, got {getattr(self, name)}")
+        if not (self.step_s > 0 and math.isfinite(self.step_s)):
+            raise ValueError(f"StepSample.step_s must be finite and > 0, got {self.step_s!r}")
+
+    def row(self) -> tuple[float, float, float, float]:
+        return (1.0, float(self.tokens), float(self.revisions), float(self.rank_tokens))
+
+
+@dataclass(frozen=True)
+class LoadSample:
+    """One measured tier move of an adapter of known size."""
+
+    link: str  # one of cost_model.LINKS
+    nbytes: int  # the adapter's bytes
+    seconds: float  # measured seconds of the move
+
+    def __post_init__(self) -> None:
+        if self.link not in LINKS:
+            raise ValueError(f"LoadSample.link {self.link!r} is invalid; expected one of {LINKS}")
+        if self.nbytes <= 0:
+            raise ValueError(f"LoadSample.nbytes must be > 0, got {self.nbytes}")
+        if not (self.seconds >= 0 and math.isfinite(self.seconds)):
+            raise ValueError(f"LoadSample.seconds must be finite and >= 0, got {self.seconds!r}")
+
+
+@dataclass(frozen=True)
+class Fit:
+    """A least-squares fit: the coefficients and how well they explain the samples."""
+
+    coefficients: tuple[float, ...]  # one per regressor, >= 0
+    r_squared: float | None  # 1 - SS_res / SS_tot; None when the samples do not vary
+    max_rel_residual: float  # largest |measured - fitted| / measured over the samples
+
+
+def least_squares(rows: Sequence[Sequence[float]], ys: Sequence[float]) -> Fit:
+    """Non-negative least squares by active set: fit every regressor; while a coefficient is
+    negative, fix the most negative one at 0 and refit the others."""
+    if len(rows) != len(ys) or not rows:
+        raise ValueError(f"need as many rows as values, and some; got {len(rows)} / {len(ys)}")
+    width = len(rows[0])
+    active = list(range(width))
+    while True:
+        solved = _solve_normal([[row[i] for i in active] for row in rows], ys)
+        if solved is None:
+            raise ValueError(
+                "the samples do not determine the fit: vary every regressor "
+                f"({width} terms, {len(rows)} samples)"
+            )
+        worst = min(range(len(active)), key=lambda i: solved[i])
+        if solved[worst] >= 0 or len(active) == 1:
+            break
+        active.pop(worst)
+    coefficients = [0.0] * width
+    for index, value in zip(active, solved, strict=True):
+        coefficients[index] = max(0.0, value)
+    return _quality(tuple(coefficients), rows, ys)
+
+
+def _solve_normal(rows: list[list[float]], ys: Sequence[float]) -> list[float] | None:
+    """Solves (XᵀX) b = Xᵀy by Gaussian elimination with partial pivoting (columns scaled to
+    unit size first, so seconds and thousands of tokens stay well conditioned); None when
+    singular."""
+    width = len(rows[0])
+    scale = [max((abs(r[j]) for r in rows), default=0.0) or 1.0 for j in range(width)]
+    xs = [[r[j] / scale[j] for j in range(width)] for r in rows]
+    a = [[sum(x[i] * x[j] for x in xs) for j in range(width)] for i in range(width)]
+    b = [sum(x[i] * y for x, y in zip(xs, ys, strict=True)) for i in range(width)]
+    for col in range(width):
+        pivot = max(range(col, width), key=lambda r: abs(a[r][col]))
+        if abs(a[pivot][col]) < 1e-12 * len(xs):  # columns are unit-scaled
+            return None
+        a[col], a[pivot] = a[pivot], a[col]
+        b[col], b[pivot] = b[pivot], b[col]
+        for r in range(col + 1, width):
+            factor = a[r][col] / a[col][col]
+            for c in range(col, width):
+                a[r][c] -= factor * a[col][c]
+            b[r] -= factor * b[col]
+    out = [0.0] * width
+    for r in reversed(range(width)):
+        out[r] = (b[r] - sum(a[r][c] * out[c] for c in range(r + 1, width))) / a[r][r]
+    return [out[j] / scale[j] for j in range(width)]
+
+
+def _quality(
+    coefficients: tuple[float, ...], rows: Sequence[Sequence[float]], ys: Sequence[float]
+) -> Fit:
+    fitted = [sum(c * x for c, x in zip(coefficients, row, strict=True)) for row in rows]
+    mean = sum(ys) / len(ys)
+    ss_tot = sum((y - mean) ** 2 for y in ys)
+    ss_res = sum((y - f) ** 2 for y, f in zip(ys, fitted, strict=True))
+    worst = max((abs(y - f) / y for y, f in zip(ys, fitted, strict=True) if y > 0), default=0.0)
+    r2 = None if ss_tot == 0 else 1 - ss_res / ss_tot
+    return Fit(coefficients, r2, worst)
+
+
+def fit_step(samples: Sequence[StepSample]) -> tuple[StepCost, Fit]:
+    """The step-time model of ``samples`` (at least four, varying tokens, revisions and
+    rank-tokens independently, or the fit is refused)."""
+    if len(samples) < len(STEP_TERMS):
+        raise ValueError(f"fit_step needs >= {len(STEP_TERMS)} samples, got {len(samples)}")
+    fit = least_squares([s.row() for s in samples], [s.step_s for s in samples])
+    return StepCost(**dict(zip(STEP_TERMS, fit.coefficients, strict=True))), fit
+
+
+def fit_link(samples: Sequence[LoadSample]) -> tuple[Link, Fit]:
+    """One link's fixed seconds and bandwidth from moves of at least two distinct sizes.
+    NOTE: a slope fitted at 0 (size made no measurable difference) would be an infinite
+    bandwidth; the bandwidth is then the bound the samples support, the largest size over
+    the fastest move."""
+    links = {s.link for s in samples}
+    if len(links) != 1:
+        raise ValueError(f"fit_link takes samples of one link, got {sorted(links)}")
+    if len({s.nbytes for s in samples}) < 2:
+        raise ValueError(f"fit_link needs >= 2 distinct sizes on {links.pop()}")
+    fit = least_squares([(1.0, float(s.nbytes)) for s in samples], [s.seconds for s in samples])
+    fixed_s, per_byte_s = fit.coefficients
+    if per_byte_s > 0:
+        return Link(fixed_s=fixed_s, bytes_per_s=1.0 / per_byte_s), fit
+    fastest = min(s.seconds for s in samples) or 1e-9
+    return Link(fixed_s=fixed_s, bytes_per_s=max(s.nbytes for s in samples) / fastest), fit
+
+
+def calibrated_model(
+    hardware: str,
+    steps: Sequence[StepSample],
+    loads: Sequence[LoadSample],
+    overheads: dict[str, float],
+    sources: dict[str, str],
+) -> CostModel:
+    """A validated cost model from measurements; ``overheads`` holds front_s, ipc_s and
+    network_s (each optional, 0 when not measured, and said so in ``sources``)."""
+    unknown = sorted(set(overheads) - {"front_s", "ipc_s", "network_s"})
+    if unknown:
+        raise ValueError(f"overheads has unknown keys {unknown}")
+    step, _ = fit_step(steps)
+    links = {}
+    for name in LINKS:
+        mine = [s for s in loads if s.link == name]
+        if not mine:
+            raise ValueError(f"no load samples for link {name}: every link must be measured")
+        links[name], _ = fit_link(mine)
+    return CostModel(
+        hardware=hardware,
+        validated=True,
+        step=step,
+        links=links,
+        sources=dict(sources),
+        **overheads,
+    )

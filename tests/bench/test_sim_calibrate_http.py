@@ -1,0 +1,37 @@
+"""``sim calibrate``'s server side against a real ``loraplex serve``: the ``--self`` server, then
+the same server reached as ``--url`` would reach it (discovery, throwaway keys revoked), and one
+cold load timed by the server's stage counters."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import httpx
+import pytest
+
+from loraplex.bench.sim.calibrate_run import load_samples
+from loraplex.bench.sim.calibrate_target import remote_target, self_target
+from loraplex.sim.cost_model import LINKS
+
+pytestmark = pytest.mark.slow
+
+
+def test_remote_discovery_keys_and_a_cold_load(demo_assets, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
+    assert demo_assets.base_model_dir.is_dir()  # generated once per checkout
+    asset_dir = Path(__file__).resolve().parents[2] / ".loraplex-assets"
+    with self_target(asset_dir, (8, 32), 1, max_loras=2, seed=0) as own:
+        assert sorted(a.rank for a in own.adapters) == [8, 32]
+        admin = {"Authorization": f"Bearer {own.admin_key}"}
+        with remote_target(own.url, own.admin_key, max_adapters=8) as remote:
+            found = {(a.tenant, a.name, a.revision, a.rank) for a in remote.adapters}
+            assert found == {(a.tenant, a.name, a.revision, a.rank) for a in own.adapters}
+            token = remote.keys["calibration"]
+            ok = httpx.get(f"{own.url}/v1/models", headers={"Authorization": f"Bearer {token}"})
+            assert ok.status_code == 200
+            with httpx.Client(base_url=own.url, headers=admin, timeout=60) as client:
+                samples = load_samples(client, remote.adapters[:1])
+        # The run's key no longer authenticates.
+        refused = httpx.get(f"{own.url}/v1/models", headers={"Authorization": f"Bearer {token}"})
+        assert refused.status_code == 401
+    assert {s.link for s in samples} == set(LINKS)
+    assert all(s.nbytes > 0 and s.seconds > 0 for s in samples)

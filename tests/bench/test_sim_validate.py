@@ -1,0 +1,235 @@
+"""The real side's reductions (records and counters to outcomes), the simulated side's config,
+the workload rows, and the `bench sim` / `sim calibrate` / `plan` command-line checks."""
+
+from __future__ import annotations
+
+import json
+import re
+from pathlib import Path
+from types import SimpleNamespace
+
+import pytest
+import typer
+from typer.testing import CliRunner
+
+from loraplex.bench.serve.driver import RequestRecord
+from loraplex.bench.sim.bench import SimBenchConfig, adapter_sizes, sim_config
+from loraplex.bench.sim.calibrate_run import CalibrateConfig, mixes
+from loraplex.bench.sim.calibrate_target import ServedAdapter
+from loraplex.bench.sim.compare import OUTCOME_KEYS, check_outcome
+from loraplex.bench.sim.traces import workload_rows
+from loraplex.bench.sim.validate import (
+    RealSettings,
+    fleet_cache_outcome,
+    request_outcome,
+)
+from loraplex.bench.workloads import ScenarioParams, generate
+from loraplex.cli import app
+from loraplex.cli.sim_calibrate import _redacted, register_calibrate
+from loraplex.residency.ledger import Tier
+
+
+def _flat(output: str) -> str:
+    """The CLI's message without rich's box drawing and line wrapping."""
+    return " ".join(re.sub("[│╭╮╰╯─]", " ", output).split())
+
+
+def _record(t_s: float, ttft: float | None, status: int = 200, tokens: int = 5) -> RequestRecord:
+    return RequestRecord(
+        t_s, "a", "x", "L0", status, ttft, 0.01 if ttft is not None else None, tokens, "r1",
+        None if status == 200 else "boom", None if status == 0 else 0.001,
+    )  # fmt: skip
+
+
+def test_request_outcome_counts_failures_at_the_timeout_and_spans_the_makespan() -> None:
+    records = [_record(0.0, 0.1), _record(1.0, 0.2), _record(2.0, None, status=503)]
+    out = request_outcome(records, timeout_s=10.0)
+    assert out["completed"] == 2 and out["completed_ratio"] == pytest.approx(0.6667)
+    assert out["ttft_ms"]["p99"] == pytest.approx(10_000.0, rel=0.01)  # the failure
+    # Last end: the 503 replied at 2.001; the second request ended at 1.0 + 0.2 + 4 x 0.01.
+    assert out["makespan_s"] == pytest.approx(2.001)
+    assert out["throughput_requests_per_s"] == pytest.approx(2 / 2.001, rel=1e-3)
+    assert request_outcome([], 1.0)["throughput_requests_per_s"] is None
+
+
+def test_fleet_statuses_sum_into_per_tier_hit_ratios() -> None:
+    def status(l0: int, l1: int, l2: int, miss: int, loads: int) -> dict[str, object]:
+        stats = SimpleNamespace(loads={Tier.L0: loads})
+        return {"hits": {"l0": l0, "l1": l1, "l2": l2, "miss": miss},
+                "summary": SimpleNamespace(stats=stats)}  # fmt: skip
+
+    out = fleet_cache_outcome([status(6, 1, 0, 1, 3), status(2, 1, 1, 0, 2)])
+    assert out["hit_ratio"] == {"L0": 0.6667, "L1": 0.1667, "L2": 0.0833, "L3": 0.0833}
+    assert out["l0_loads"] == 5
+    empty = fleet_cache_outcome([])
+    assert empty["hit_ratio"] == {"L0": None, "L1": None, "L2": None, "L3": None}
+
+
+def test_real_and_simulated_outcomes_carry_the_compared_keys() -> None:
+    outcome = request_outcome([_record(0.0, 0.1)], 5.0)
+    outcome.update(fleet_cache_outcome([]))
+    check_outcome(outcome, "real")
+    assert set(OUTCOME_KEYS) <= set(outcome)
+
+
+def test_the_simulated_config_mirrors_the_real_settings(tmp_path: Path) -> None:
+    config = SimBenchConfig(settings=RealSettings(max_loras=5, replicas=3, request_timeout_s=20))
+    single, fleet = sim_config(config, "single", 1024), sim_config(config, "fleet", 1024)
+    assert single["replicas"] == 1 and fleet["replicas"] == 3
+    assert single["max_loras"] == 5 and single["queue_deadline_s"] == 10.0
+    assert single["timeout_s"] == 20 and single["eviction_policy"] == "cost_aware"
+
+
+def test_adapter_sizes_follow_rank_and_targets(demo_assets) -> None:  # type: ignore[no-untyped-def]
+    workload = generate("zipf-longtail", 0, ScenarioParams(duration_s=5, rate=4, num_adapters=8))
+    sizes, per_rank = adapter_sizes(demo_assets.base_model_dir, list(workload.adapters))
+    for a in workload.adapters:
+        assert sizes[(a.tenant, a.name)] > 0
+    ranked = sorted(workload.adapters, key=lambda a: (len(a.targets), a.rank))
+    assert sizes[(ranked[0].tenant, ranked[0].name)] <= sizes[(ranked[-1].tenant, ranked[-1].name)]
+    assert per_rank > 0
+
+
+def test_workload_rows_cap_ranks_and_attach_sizes() -> None:
+    workload = generate("hot-burst", 0, ScenarioParams(duration_s=5, rate=4))
+    sizes = {(a.tenant, a.name): 100 for a in workload.adapters}
+    rows = workload_rows(workload, 32, sizes)
+    assert len(rows) == len(workload.requests)
+    assert all(r["rank"] <= 32 and r["size_bytes"] == 100 for r in rows)
+    assert set(rows[0]) == {"t_s", "tenant", "adapter", "prompt_tokens", "output_tokens",
+                            "rank", "size_bytes"}  # fmt: skip
+
+
+def test_calibration_mixes_vary_revisions_and_rank_tokens_apart() -> None:
+    adapters = [ServedAdapter("t", f"a{r}", "r1", r) for r in (8, 16, 32, 64)]
+    config = CalibrateConfig(batch_sizes=(1, 4), revision_counts=(1, 2))
+    got = mixes(adapters, config)
+    # batch 1: one revision, low and high rank; batch 4: 1 and 2 revisions, low and high.
+    assert [(b, tuple(a.rank for a in c)) for b, c in got] == [
+        (1, (8,)), (1, (64,)), (4, (8,)), (4, (64,)), (4, (8, 16)), (4, (32, 64)),
+    ]  # fmt: skip
+    with pytest.raises(ValueError, match="output_tokens"):
+        CalibrateConfig(output_tokens=2)
+    with pytest.raises(ValueError, match="batch_sizes"):
+        CalibrateConfig(batch_sizes=())
+
+
+def test_the_recorded_command_hides_the_admin_key() -> None:
+    assert _redacted(["--url", "u", "--admin-key", "secret", "--out", "f"]) == [
+        "--url", "u", "--admin-key", "<redacted>", "--out", "f"
+    ]  # fmt: skip
+    assert _redacted(["--admin-key=secret"]) == ["--admin-key=<redacted>"]
+
+
+def _sim_group() -> typer.Typer:
+    group = typer.Typer()
+
+    @group.callback()
+    def _root() -> None:
+        """sim"""
+
+    register_calibrate(group)
+    return group
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["--out", "o.json", "--hardware", "h"], "exactly one of --url and --self"),
+        (["--out", "o.json", "--hardware", "h", "--self", "--url", "http://x"], "exactly one"),
+        (["--out", "o.json", "--hardware", "h", "--url", "http://x"], "--admin-key"),
+        (["--out", "o.json", "--hardware", "h", "--self", "--admin-key", "k"], "no --admin-key"),
+        (["--out", "o.json", "--hardware", " ", "--self"], "--hardware"),
+        (["--out", "o.json", "--hardware", "h", "--self", "--output-tokens", "2"], "output_tokens"),
+        (["--out", "o.json", "--hardware", "h", "--self", "--batch-sizes", "1,x"], "integers"),
+    ],
+)
+def test_calibrate_options_are_checked_before_anything_runs(args: list[str], message: str) -> None:
+    result = CliRunner().invoke(_sim_group(), ["calibrate", *args], env={"LORAPLEX_ADMIN_KEY": ""})
+    assert result.exit_code == 2, result.output
+    assert message in _flat(result.output)
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["--traces", "drift"], "traces"),
+        (["--targets", "cluster"], "targets"),
+        (["--rate", "0"], "rate"),
+        (["--cost-model", "/nonexistent.json"], "nonexistent"),
+    ],
+)
+def test_bench_sim_options_are_checked(args: list[str], message: str) -> None:
+    result = CliRunner().invoke(app, ["bench", "sim", "--json", *args])
+    assert result.exit_code == 2, result.output
+    assert message in _flat(result.output)
+
+
+def _trace(tmp_path: Path) -> Path:
+    path = tmp_path / "t.jsonl"
+    path.write_text(json.dumps({"t_s": 0.0, "tenant": "a", "adapter": "x", "prompt_tokens": 4,
+                                "output_tokens": 2}) + "\n")  # fmt: skip
+    return path
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["--slo", "ttft_p99<500"], "malformed"),
+        (["--hardware", "tpu-v9"], "tpu-v9"),
+        (["--eviction", "fifo"], "fifo"),
+        (["--routing", "random"], "random"),
+        (["--cpu-bytes", "lots"], "no size"),
+        (["--replicas", "0"], "replicas"),
+        (["--merged-replicas", "1"], "merged replicas"),
+        (["--bytes-per-rank", "0"], "--bytes-per-rank"),
+        (["--usd-per-hour", "3"], "--price-source"),
+        (["--price-source", "x"], "only read with --usd-per-hour"),
+    ],
+)
+def test_plan_options_are_checked(tmp_path: Path, args: list[str], message: str) -> None:
+    base = {"--trace": str(_trace(tmp_path)), "--slo": "ttft_p99<=500ms",
+            "--hardware": "h100-sxm-llama2-7b-bf16"}  # fmt: skip
+    given = dict(zip(args[::2], args[1::2], strict=True))
+    argv = [item for k, v in {**base, **given}.items() for item in (k, v)]
+    result = CliRunner().invoke(app, ["plan", "--json", *argv])
+    assert result.exit_code == 2, result.output
+    assert message in _flat(result.output)
+
+
+def test_the_simulator_core_is_called() -> None:
+    from loraplex.sim.call import records, simulate_metrics
+    from loraplex.sim.profiles import load_profile
+
+    workload = generate("zipf-longtail", 0, ScenarioParams(duration_s=4, rate=4, num_adapters=8))
+    metrics = simulate_metrics(
+        records(workload_rows(workload, 64)),
+        {"max_loras": 2},
+        load_profile("h100-sxm-llama2-7b-bf16"),
+    )
+    check_outcome(metrics, "sim")
+    assert metrics["completed"] >= 1 and metrics["makespan_s"] > 0
+
+
+def test_plan_end_to_end_on_the_simulator(tmp_path: Path) -> None:
+    workload = generate("zipf-longtail", 0, ScenarioParams(duration_s=6, rate=6, num_adapters=16))
+    trace = tmp_path / "t.jsonl"
+    trace.write_text("".join(json.dumps(r) + "\n" for r in workload_rows(workload, 64)))
+    argv = ["plan", "--json", "--trace", str(trace), "--slo", "completed_ratio>=0.99",
+            "--hardware", "h100-sxm-llama2-7b-bf16", "--replicas", "1,2", "--max-loras", "2,8",
+            "--cpu-bytes", "64MiB", "--eviction", "lru", "--routing", "pow2"]  # fmt: skip
+    result = CliRunner().invoke(app, argv)
+    assert result.exit_code == 0, result.output
+    line = json.loads(result.output.strip().splitlines()[-1])
+    assert line["candidates"] == 4 and line["best"] is not None
+    assert line["best"]["config"]["replicas"] == 1  # one machine is cheaper when both complete
+
+
+def test_the_scale_run_happens_in_a_child_and_reports_its_own_peak_rss() -> None:
+    from loraplex.bench.sim.scale import scale_in_child
+    from loraplex.sim.profiles import load_profile
+
+    model = load_profile("h100-sxm-llama2-7b-bf16")
+    out = scale_in_child(200, 10, 2, model)
+    assert out["sim_seconds_200_requests_10_adapters_2_replicas"] > 0
+    assert out["scale_requests"] == 200 and out["scale_peak_rss_bytes"] > 0

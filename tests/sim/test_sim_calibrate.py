@@ -1,0 +1,113 @@
+import random
+
+import pytest
+
+from loraplex.sim.calibrate import (
+    LoadSample,
+    StepSample,
+    calibrated_model,
+    fit_link,
+    fit_step,
+    least_squares,
+)
+from loraplex.sim.cost_model import LINKS, StepCost
+
+TRUE_STEP = StepCost(
+    step_fixed_s=0.004, per_token_s=2.5e-5, per_revision_s=3e-4, per_rank_token_s=4e-7
+)
+
+
+def _steps(noise: float, seed: int = 0) -> list[StepSample]:
+    """Controlled mixes (tokens x revisions x ranks) timed by the true model, with noise."""
+    rng = random.Random(seed)
+    out = []
+    for tokens in (1, 4, 16, 32):
+        for revisions in (1, 2, 4):
+            for rank in (8, 64):
+                rank_tokens = tokens * rank
+                exact = TRUE_STEP.seconds(tokens, revisions, rank_tokens)
+                out.append(
+                    StepSample(tokens, revisions, rank_tokens, exact * (1 + rng.gauss(0, noise)))
+                )
+    return out
+
+
+def test_fit_step_recovers_known_coefficients_exactly() -> None:
+    step, fit = fit_step(_steps(noise=0.0))
+    for name in ("step_fixed_s", "per_token_s", "per_revision_s", "per_rank_token_s"):
+        assert getattr(step, name) == pytest.approx(getattr(TRUE_STEP, name), rel=1e-6)
+    assert fit.r_squared == pytest.approx(1.0)
+    assert fit.max_rel_residual < 1e-9
+
+
+def test_fit_step_recovers_coefficients_under_noise() -> None:
+    step, fit = fit_step(_steps(noise=0.01, seed=3))
+    assert step.step_fixed_s == pytest.approx(TRUE_STEP.step_fixed_s, rel=0.1)
+    assert step.per_token_s == pytest.approx(TRUE_STEP.per_token_s, rel=0.15)
+    assert step.per_rank_token_s == pytest.approx(TRUE_STEP.per_rank_token_s, rel=0.1)
+    assert fit.r_squared is not None and fit.r_squared > 0.99
+
+
+def test_a_coefficient_driven_negative_is_dropped_not_kept() -> None:
+    # y = 1 + 2x exactly, plus a regressor z whose unconstrained coefficient comes out < 0.
+    rows = [(1.0, float(x), float(z)) for x, z in ((0, 0), (1, 1), (2, 0), (3, 1), (4, 2))]
+    ys = [1 + 2 * x - 0.5 * z for _, x, z in rows]
+    fit = least_squares(rows, ys)
+    assert all(c >= 0 for c in fit.coefficients)
+    assert fit.coefficients[2] == 0.0
+
+
+def test_fit_step_refuses_samples_that_do_not_vary_every_term() -> None:
+    same = [StepSample(8, 1, 64, 0.01 + i * 1e-4) for i in range(6)]
+    with pytest.raises(ValueError, match="do not determine"):
+        fit_step(same)
+    with pytest.raises(ValueError, match=">= 4 samples"):
+        fit_step(_steps(0.0)[:3])
+
+
+def test_fit_link_recovers_fixed_cost_and_bandwidth() -> None:
+    samples = [LoadSample("L2_to_L1", n, 0.002 + n / 5e8) for n in (1 << 20, 4 << 20, 16 << 20)]
+    link, fit = fit_link(samples)
+    assert link.fixed_s == pytest.approx(0.002, rel=1e-6)
+    assert link.bytes_per_s == pytest.approx(5e8, rel=1e-6)
+    assert fit.r_squared == pytest.approx(1.0)
+
+
+def test_fit_link_with_flat_times_bounds_the_bandwidth_by_the_samples() -> None:
+    samples = [LoadSample("L1_to_L0", n, 0.001) for n in (1000, 2000)]
+    link, _ = fit_link(samples)
+    assert link.fixed_s == pytest.approx(0.001)
+    assert link.bytes_per_s == pytest.approx(2000 / 0.001)
+
+
+def test_fit_link_refuses_one_size_or_mixed_links() -> None:
+    with pytest.raises(ValueError, match="distinct sizes"):
+        fit_link([LoadSample("L1_to_L0", 10, 0.1), LoadSample("L1_to_L0", 10, 0.2)])
+    with pytest.raises(ValueError, match="one link"):
+        fit_link([LoadSample("L1_to_L0", 10, 0.1), LoadSample("L2_to_L1", 20, 0.2)])
+
+
+def test_samples_validate_their_fields() -> None:
+    with pytest.raises(ValueError, match="link"):
+        LoadSample("L0_to_L9", 10, 0.1)
+    with pytest.raises(ValueError, match="step_s"):
+        StepSample(1, 1, 8, 0.0)
+    with pytest.raises(ValueError, match="tokens"):
+        StepSample(-1, 1, 8, 0.1)
+
+
+def test_calibrated_model_is_validated_and_cites_its_run() -> None:
+    loads = [
+        LoadSample(link, n, 0.001 * (i + 1) + n / 1e9)
+        for i, link in enumerate(LINKS)
+        for n in (1 << 20, 8 << 20)
+    ]
+    model = calibrated_model(
+        "cpu-test", _steps(0.0), loads, {"front_s": 0.001}, {"command": "loraplex sim calibrate"}
+    )
+    assert model.validated and model.front_s == 0.001 and model.ipc_s == 0.0
+    assert model.links["L1_to_L0"].fixed_s == pytest.approx(0.003)  # third of LINKS
+    with pytest.raises(ValueError, match="no load samples"):
+        calibrated_model("x", _steps(0.0), loads[:2], {}, {"command": "c"})
+    with pytest.raises(ValueError, match="unknown keys"):
+        calibrated_model("x", _steps(0.0), loads, {"gpu_s": 1.0}, {"command": "c"})
