@@ -24,6 +24,7 @@ _COMMAND_MODULES: tuple[str, ...] = (
     "k8s",
     "fleet",
     "preflight",
+    "qualify",
 )
 
 app = typer.Typer(
