@@ -80,7 +80,9 @@ def _run(plan, url, admin_key, data_dir, assets, preset, run_dir, quick):  # typ
             url, key = server.url, server.admin_key
         else:
             key = _admin_key(admin_key, data_dir)
-        where = Deployment(url, key, assets.resolve(), preset, run_dir, quick)
+        where = Deployment(
+            url, key, assets.resolve(), preset, run_dir, run_dir.parent / f"adapters-{preset}", quick
+        )
         report = qualify(plan, where)
     (run_dir / "report.json").write_text(report.json_line() + "\n", encoding="utf-8")
     (run_dir / "report.html").write_text(render(report), encoding="utf-8")

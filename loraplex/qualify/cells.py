@@ -81,13 +81,14 @@ def _hot_burst(n: int, requests: int, rng: random.Random) -> list[int]:
     picks = []
     sweep = iter(cold)
     for i in range(requests):
-        in_burst = start <= i < end
-        if cold and (in_burst or rng.random() > HOT_SHARE):
+        if cold and start <= i < end:
             nxt = next(sweep, None)
-            if nxt is None:
+            if nxt is None:  # more burst requests than cold adapters: sweep again
                 sweep = iter(cold)
                 nxt = next(sweep)
-            picks.append(nxt if in_burst else rng.choice(cold))
+            picks.append(nxt)
+        elif cold and rng.random() > HOT_SHARE:
+            picks.append(rng.choice(cold))
         else:
             picks.append(rng.randrange(hot))
     return picks

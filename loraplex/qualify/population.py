@@ -9,6 +9,7 @@ tier. The files stay in the deployment's artifact store (docs/qualification.md).
 
 from __future__ import annotations
 
+import zlib
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -71,17 +72,19 @@ def plan_adapters(needed: dict[str, int], hostile: int, workdir: Path) -> list[G
 
 
 def write_adapters(adapters: list[GeneratedAdapter], model_dir: Path, seed: int) -> None:
-    """The PEFT files (random non-zero weights; the same seed writes the same bytes, so a
-    rerun registers the same revisions again idempotently)."""
+    """The PEFT files (random non-zero weights seeded by the plan's seed and the adapter's
+    tenant and name: a rerun, whatever its plan, writes and registers the same bytes, so files
+    already written are kept and registration is idempotent)."""
     from loraplex.bench.adapters import write_random_adapter  # imports torch
 
     base = BaseModelSpec.from_dir(model_dir)
-    for index, adapter in enumerate(adapters):
+    for adapter in adapters:
         if (adapter.path / "adapter_model.safetensors").is_file():
             continue
+        own_seed = seed * 1_000_003 + zlib.crc32(adapter.ref.encode("utf-8"))
         write_random_adapter(
             base, model_dir, adapter.path, rank=adapter.rank, target_modules=adapter.targets,
-            seed=seed * 1_000_003 + index,
+            seed=own_seed,
         )  # fmt: skip
 
 

@@ -48,7 +48,8 @@ class Deployment:
     admin_key: str  # its admin credential
     assets_dir: Path  # demo assets: the base model the deployment serves (references, shapes)
     preset: str  # demo preset name
-    workdir: Path  # generated adapters and the comparators' scratch space
+    workdir: Path  # this run's files and the comparators' scratch space
+    adapters_dir: Path  # generated adapters (kept between runs: the same bytes every time)
     quick: bool  # the --quick run
 
 
@@ -57,7 +58,7 @@ def qualify(plan: QualifyPlan, where: Deployment) -> QualifyReport:
     model_dir = _model_dir(where.assets_dir)
     all_cells = cells(plan.matrix)
     generated = plan_adapters(
-        adapters_needed(all_cells), plan.isolation.hostile_adapters, where.workdir / "adapters"
+        adapters_needed(all_cells), plan.isolation.hostile_adapters, where.adapters_dir
     )
     write_adapters(generated, model_dir, plan.traffic.seed)
     start = time.monotonic()
