@@ -10,12 +10,16 @@ import os
 import time
 from contextlib import ExitStack
 from pathlib import Path
-from typing import Annotated
+from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 
-from loraplex.cli.preflight import _admin_key
 from loraplex.cli.locations import DataDir
+from loraplex.cli.preflight import _admin_key
+
+if TYPE_CHECKING:
+    from loraplex.qualify.plan import QualifyPlan
+    from loraplex.qualify.report import QualifyReport
 
 Opt = typer.Option
 DEFAULT_ASSETS = Path(".loraplex-assets/test-small")  # the checkout's generated small demo set
@@ -35,7 +39,9 @@ def qualify_command(
     self_serve: Annotated[
         bool, Opt("--self", help="Start a loraplex serve of its own (demo assets) and qualify it.")
     ] = False,
-    plan: Annotated[Path | None, Opt(help="Plan file (TOML or JSON); default: the defaults.")] = None,
+    plan: Annotated[
+        Path | None, Opt(help="Plan file (TOML or JSON); default: the defaults.")
+    ] = None,
     quick: Annotated[bool, Opt("--quick", help="Covering design over 1 and 16 adapters.")] = False,
     json_output: Annotated[bool, Opt("--json", help="Print the report as one JSON line.")] = False,
     report_dir: Annotated[
@@ -61,7 +67,10 @@ def qualify_command(
     run_dir = report_dir / time.strftime("%Y%m%dT%H%M%S")
     run_dir.mkdir(parents=True, exist_ok=True)
     try:
-        report = _run(loaded, url, admin_key, data_dir, assets, preset, run_dir, quick)
+        report = _run(
+            loaded, url, admin_key=admin_key, data_dir=data_dir, assets=assets, preset=preset,
+            run_dir=run_dir, quick=quick,
+        )  # fmt: skip
     except (QualifyError, RuntimeError, OSError) as exc:
         typer.echo(f"qualify: {exc}", err=True)
         raise typer.Exit(2) from None
@@ -69,7 +78,10 @@ def qualify_command(
     raise typer.Exit(report.exit_code())
 
 
-def _run(plan, url, admin_key, data_dir, assets, preset, run_dir, quick):  # type: ignore[no-untyped-def]
+def _run(
+    plan: QualifyPlan, url: str | None, *, admin_key: str | None, data_dir: Path | None,
+    assets: Path, preset: str, run_dir: Path, quick: bool,
+) -> QualifyReport:  # fmt: skip
     from loraplex.qualify.html import render
     from loraplex.qualify.run import Deployment, qualify
     from loraplex.qualify.selfserve import self_server
@@ -81,7 +93,13 @@ def _run(plan, url, admin_key, data_dir, assets, preset, run_dir, quick):  # typ
         else:
             key = _admin_key(admin_key, data_dir)
         where = Deployment(
-            url, key, assets.resolve(), preset, run_dir, run_dir.parent / f"adapters-{preset}", quick
+            url,
+            key,
+            assets.resolve(),
+            preset,
+            run_dir,
+            run_dir.parent / f"adapters-{preset}",
+            quick,
         )
         report = qualify(plan, where)
     (run_dir / "report.json").write_text(report.json_line() + "\n", encoding="utf-8")
@@ -89,9 +107,13 @@ def _run(plan, url, admin_key, data_dir, assets, preset, run_dir, quick):  # typ
     return report
 
 
-def _summary(payload, run_dir: Path) -> str:  # type: ignore[no-untyped-def]
+def _summary(payload: dict[str, Any], run_dir: Path) -> str:
     failed = payload["failed_cells"]
     lines = [f"{payload['num_cells']} cells, {len(failed)} failed; report in {run_dir}"]
-    lines += [f"  FAIL {c['cell_id']}: {'; '.join(c['reasons'])}" for c in payload["cells"] if not c["passed"]]
+    lines += [
+        f"  FAIL {c['cell_id']}: {'; '.join(c['reasons'])}"
+        for c in payload["cells"]
+        if not c["passed"]
+    ]
     lines.append(f"headline: {payload['headline']}")
     return os.linesep.join(lines)

@@ -31,23 +31,31 @@ class Cell:
 
     @property
     def cell_id(self) -> str:
-        return f"a{self.active_adapters}-{self.rank_distribution}-{self.shape.name}-{self.popularity}"
+        return (
+            f"a{self.active_adapters}-{self.rank_distribution}-{self.shape.name}-{self.popularity}"
+        )
 
 
 def cells(matrix: MatrixPlan) -> list[Cell]:
     """The plan's cells, in run order."""
-    axes = (
+    active, ranks, popularities = (
         matrix.active_adapters,
         matrix.rank_distributions,
-        tuple(TOKEN_SHAPES[name] for name in matrix.token_shapes),
         matrix.popularities,
     )
+    shapes = tuple(TOKEN_SHAPES[name] for name in matrix.token_shapes)
     if matrix.design == "factorial":
-        combos = list(itertools.product(*axes))
-    else:
-        width = max(len(axis) for axis in axes)
-        combos = [tuple(axis[i % len(axis)] for axis in axes) for i in range(width)]
-    return [Cell(int(a), str(r), s, str(p)) for a, r, s, p in combos]  # type: ignore[arg-type]
+        return [Cell(*combo) for combo in itertools.product(active, ranks, shapes, popularities)]
+    width = max(len(active), len(ranks), len(shapes), len(popularities))
+    return [
+        Cell(
+            active[i % len(active)],
+            ranks[i % len(ranks)],
+            shapes[i % len(shapes)],
+            popularities[i % len(popularities)],
+        )
+        for i in range(width)
+    ]
 
 
 def adapters_needed(all_cells: list[Cell]) -> dict[str, int]:

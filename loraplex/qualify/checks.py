@@ -14,6 +14,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from pathlib import Path
 
 from loraplex.qualify.plan import QualifyPlan
 from loraplex.qualify.reference import Ask
@@ -24,7 +25,7 @@ WARM_TIER = "L0"  # leased from a GPU slot: warm; any other tier: the answer wai
 
 def reference_asks(run: CellRun) -> list[Ask]:
     """The offline generations the cell's judgement needs."""
-    asks = []
+    asks: list[Ask] = []
     for sent in run.sent:
         if sent.kind == "probe" and sent.target.probe_expected is None:
             asks.extend(_ask(sent, d) for d in sent.target.revisions.values() if d is not None)
@@ -33,11 +34,11 @@ def reference_asks(run: CellRun) -> list[Ask]:
     return asks
 
 
-def _ask(sent: Sent, adapter_dir: object) -> Ask:
-    return Ask(adapter_dir, sent.prompt, sent.max_tokens, sent.ignore_eos)  # type: ignore[arg-type]
+def _ask(sent: Sent, adapter_dir: Path) -> Ask:
+    return Ask(adapter_dir, sent.prompt, sent.max_tokens, sent.ignore_eos)
 
 
-def _local_dir(sent: Sent) -> object:
+def _local_dir(sent: Sent) -> Path | None:
     revision = sent.answer.revision
     return None if revision is None else sent.target.revisions.get(revision)
 
@@ -84,8 +85,16 @@ def judge(run: CellRun, refs: dict[Ask, str], plan: QualifyPlan) -> CellVerdict:
         "isolation": _ratio(sum(r[3] for r in rows), len(rows)),
     }
     reasons = _reasons(ratios, run, plan, failures)
-    warm = [s.answer.ttft_s for s in traffic if s.answer.ttft_s is not None and s.answer.tier == WARM_TIER]
-    cold = [s.answer.ttft_s for s in traffic if s.answer.ttft_s is not None and s.answer.tier != WARM_TIER]
+    warm = [
+        s.answer.ttft_s
+        for s in traffic
+        if s.answer.ttft_s is not None and s.answer.tier == WARM_TIER
+    ]
+    cold = [
+        s.answer.ttft_s
+        for s in traffic
+        if s.answer.ttft_s is not None and s.answer.tier != WARM_TIER
+    ]
     return CellVerdict(
         ratios, sum(1 for r in rows if all(r)), len(rows), not reasons, reasons,
         _quality_rows(probes, probe_ok, refs), unverified, warm, cold,
@@ -144,7 +153,9 @@ def _latency_ok(sent: Sent, plan: QualifyPlan) -> bool:
     if answer.status != 200 or answer.ttft_s is None:
         return False
     ttft_slo = objectives.ttft_warm_s if answer.tier == WARM_TIER else objectives.ttft_cold_s
-    return answer.ttft_s <= ttft_slo and (answer.tpot_s is None or answer.tpot_s <= objectives.tpot_s)
+    return answer.ttft_s <= ttft_slo and (
+        answer.tpot_s is None or answer.tpot_s <= objectives.tpot_s
+    )
 
 
 def _ratio(passed: int, total: int) -> float | None:

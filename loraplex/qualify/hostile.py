@@ -62,7 +62,7 @@ def _complete(admin: Admin, key: str, model: str) -> tuple[int, Any]:
 
 
 async def storm(
-    url: str, key: str, aliases: list[str], requests: int, timeout_s: float,
+    url: str, key: str, aliases: list[str], *, requests: int, timeout_s: float,
     report: HostileReport,
 ) -> None:  # fmt: skip
     """``requests`` completions spread over the hostile tenant's own adapters, all at once."""

@@ -28,7 +28,8 @@ def render(report: QualifyReport) -> str:
         f"<h1>loraplex qualify</h1><p>{html.escape(report.payload['url'])}: "
         f"{report.payload['num_cells']} cells, failed: "
         f"{html.escape(', '.join(report.payload['failed_cells']) or 'none')}</p>"
-        f"<h2>Headline</h2><pre>{html.escape(json.dumps(report.payload['headline'], indent=1))}</pre>"
+        f"<h2>Headline</h2><pre>{html.escape(json.dumps(report.payload['headline'], indent=1))}"
+        "</pre>"
         + "".join(f"<img alt='plot' src='data:image/png;base64,{img}'>" for img in images)
         + f"<h2>Cells</h2><table><tr>{head}</tr>{rows}</table></body></html>"
     )

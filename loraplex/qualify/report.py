@@ -30,7 +30,9 @@ class CellReport:
     def to_json(self) -> dict[str, Any]:
         cell, verdict = self.run.cell, self.verdict
         methods = {"loraplex": asdict(self.loraplex)}
-        methods.update({k: asdict(v) if isinstance(v, MethodResult) else v for k, v in self.others.items()})
+        methods.update(
+            {k: asdict(v) if isinstance(v, MethodResult) else v for k, v in self.others.items()}
+        )
         return {
             "cell_id": cell.cell_id, "active_adapters": cell.active_adapters,
             "rank_distribution": cell.rank_distribution, "token_shape": cell.shape.name,
@@ -39,8 +41,7 @@ class CellReport:
             **{f"{k}_ratio": v for k, v in verdict.pass_ratios.items()},
             "requests": verdict.traffic_requests, "correct_requests": verdict.correct_requests,
             "unverified_texts": verdict.unverified_texts, "quality_per_revision": verdict.quality,
-            "ttft_warm_p50_s": _p(verdict.ttft_warm_s, 0.5), "ttft_warm_p99_s": _p(verdict.ttft_warm_s, 0.99),
-            "ttft_cold_p50_s": _p(verdict.ttft_cold_s, 0.5), "ttft_cold_p99_s": _p(verdict.ttft_cold_s, 0.99),
+            **_ttft("warm", verdict.ttft_warm_s), **_ttft("cold", verdict.ttft_cold_s),
             "num_warm": len(verdict.ttft_warm_s), "num_cold": len(verdict.ttft_cold_s),
             "hostile": asdict(self.run.hostile), "wall_s": round(self.run.wall_s, 3),
             "methods": methods,
@@ -91,12 +92,16 @@ def headline(reports: list[CellReport]) -> dict[str, Any]:
     out["cost_per_correct_request_over_in_context"] = median_or_none(
         [r.ratio("in_context") for r in reports]
     )
-    out["quality_ratio_loraplex"] = median_or_none([r.verdict.pass_ratios["quality"] for r in reports])
+    out["quality_ratio_loraplex"] = median_or_none(
+        [r.verdict.pass_ratios["quality"] for r in reports]
+    )
     in_context = [r.others.get("in_context") for r in reports]
     out["quality_ratio_in_context"] = median_or_none(
         [m.pass_ratios.get("quality") for m in in_context if isinstance(m, MethodResult)]
     )
-    out["correct_revision_ratio_min"] = _min([r.verdict.pass_ratios["correct_revision"] for r in reports])
+    out["correct_revision_ratio_min"] = _min(
+        [r.verdict.pass_ratios["correct_revision"] for r in reports]
+    )
     out["isolation_ratio_min"] = _min([r.verdict.pass_ratios["isolation"] for r in reports])
     return out
 
@@ -109,3 +114,7 @@ def _min(values: list[float | None]) -> float | None:
 def _p(values: list[float], q: float) -> float | None:
     value = nearest_rank(values, q)
     return None if value is None else round(value, 4)
+
+
+def _ttft(kind: str, values: list[float]) -> dict[str, float | None]:
+    return {f"ttft_{kind}_p50_s": _p(values, 0.5), f"ttft_{kind}_p99_s": _p(values, 0.99)}

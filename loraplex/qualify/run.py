@@ -64,7 +64,9 @@ def qualify(plan: QualifyPlan, where: Deployment) -> QualifyReport:
     start = time.monotonic()
     admin = Admin(where.url, where.admin_key, plan.traffic.request_timeout_s)
     try:
-        runs, retired_failed = _run_cells(plan, where, admin, all_cells, generated, model_dir)
+        runs, retired_failed = _run_cells(
+            plan, where, admin, all_cells=all_cells, generated=generated, model_dir=model_dir
+        )
     finally:
         admin.close()
     refs = compute(model_dir, [a for r in runs for a in reference_asks(r)], _max_rank(generated))
@@ -79,7 +81,7 @@ def qualify(plan: QualifyPlan, where: Deployment) -> QualifyReport:
 
 
 def _run_cells(
-    plan: QualifyPlan, where: Deployment, admin: Admin, all_cells: list[Cell],
+    plan: QualifyPlan, where: Deployment, admin: Admin, *, all_cells: list[Cell],
     generated: list[GeneratedAdapter], model_dir: Path,
 ) -> tuple[list[CellRun], list[str]]:  # fmt: skip
     ensure_tenants(admin)
@@ -91,14 +93,24 @@ def _run_cells(
             register(admin, adapter)
             registered.append(adapter)
         with tenant_keys(admin, tenants) as keys:
-            runs = asyncio.run(_cells(plan, where, admin, all_cells, generated, keys, model_dir))
+            runs = asyncio.run(
+                _cells(
+                    plan,
+                    where,
+                    admin,
+                    all_cells=all_cells,
+                    generated=generated,
+                    keys=keys,
+                    model_dir=model_dir,
+                )
+            )
     finally:
         failed = retire(admin, registered)
     return runs, failed
 
 
 async def _cells(
-    plan: QualifyPlan, where: Deployment, admin: Admin, all_cells: list[Cell],
+    plan: QualifyPlan, where: Deployment, admin: Admin, *, all_cells: list[Cell],
     generated: list[GeneratedAdapter], keys: dict[str, str], model_dir: Path,
 ) -> list[CellRun]:  # fmt: skip
     by_distribution: dict[str, list[Target]] = {}

@@ -71,10 +71,14 @@ def plan_sends(cell: Cell, inputs: CellInputs, plan: QualifyPlan, rng: random.Ra
     sends = []
     for i, target in enumerate(picks):
         ids = tuple(rng.randrange(FIRST_TOKEN_ID, inputs.vocab_size) for _ in range(n_prompt))
-        sends.append(Sent("traffic", target, ids, cell.shape.output_tokens, True, i in sampled, Answer()))
+        sends.append(
+            Sent("traffic", target, ids, cell.shape.output_tokens, True, i in sampled, Answer())
+        )
     for target in {t.alias: t for t in picks}.values():
         sends.append(
-            Sent("probe", target, target.probe_prompt, target.probe_max_tokens, False, True, Answer())
+            Sent(
+                "probe", target, target.probe_prompt, target.probe_max_tokens, False, True, Answer()
+            )
         )
     return sends
 
@@ -90,7 +94,8 @@ async def run_cell(
     start = time.monotonic()
     storm_task = asyncio.create_task(
         storm(inputs.url, hostile_key, inputs.hostile_aliases,
-              plan.isolation.hostile_requests_per_cell, plan.traffic.request_timeout_s, report)
+              requests=plan.isolation.hostile_requests_per_cell,
+              timeout_s=plan.traffic.request_timeout_s, report=report)
     )  # fmt: skip
     probe_task = asyncio.to_thread(probe_foreign, admin, hostile_key, victims, report)
     traffic = [s for s in sends if s.kind == "traffic"]
