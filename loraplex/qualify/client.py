@@ -87,9 +87,12 @@ class Answer:
     token_times: list[float] = field(default_factory=list)  # monotonic, per text chunk
 
 
-async def stream_completion(url: str, key: str, body: dict[str, Any], timeout_s: float) -> Answer:
-    """POST /v1/completions with ``stream: true``; never raises for what the server answers."""
-    answer = Answer()
+async def stream_completion(
+    url: str, key: str, body: dict[str, Any], timeout_s: float, answer: Answer | None = None
+) -> Answer:
+    """POST /v1/completions with ``stream: true``, filling ``answer`` (a new one when None);
+    never raises for what the server answers."""
+    answer = Answer() if answer is None else answer
     start = time.monotonic()
     try:
         await asyncio.wait_for(_read(url, key, body, answer), timeout_s)

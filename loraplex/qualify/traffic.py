@@ -30,7 +30,7 @@ class Sent:
     max_tokens: int  # as sent
     ignore_eos: bool  # as sent (traffic runs to max_tokens; probes stop at EOS)
     sampled: bool  # its text is checked against the offline reference
-    answer: Answer  # what the client saw
+    answer: Answer  # what the client saw (filled in when it is sent)
 
 
 @dataclass(frozen=True)
@@ -118,9 +118,9 @@ async def _send_all(inputs: CellInputs, sends: list[Sent], plan: QualifyPlan) ->
             "ignore_eos": sent.ignore_eos,
         }
         async with gate:
-            got = await stream_completion(
-                inputs.url, inputs.keys[sent.target.tenant], body, plan.traffic.request_timeout_s
+            key = inputs.keys[sent.target.tenant]
+            await stream_completion(
+                inputs.url, key, body, plan.traffic.request_timeout_s, sent.answer
             )
-        sent.answer.__dict__.update(got.__dict__)
 
     await asyncio.gather(*(one(s) for s in sends))
