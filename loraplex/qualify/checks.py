@@ -115,7 +115,8 @@ def _revision_ok(sent: Sent, refs: dict[Ask, str]) -> tuple[bool, bool]:
     return answer.text == refs.get(_ask(sent, local)), True
 
 
-def _expected(probe: Sent, refs: dict[Ask, str]) -> str | None:
+def probe_expectation(probe: Sent, refs: dict[Ask, str]) -> str | None:
+    """The registered expectation, else the offline reference; None without either."""
     if probe.target.probe_expected is not None:
         return probe.target.probe_expected
     local = next(iter(probe.target.revisions.values()))
@@ -123,7 +124,7 @@ def _expected(probe: Sent, refs: dict[Ask, str]) -> str | None:
 
 
 def _probe_passes(probe: Sent, refs: dict[Ask, str]) -> bool:
-    expected = _expected(probe, refs)
+    expected = probe_expectation(probe, refs)
     answer = probe.answer
     ok = answer.status == 200 and answer.revision in probe.target.revisions
     return ok and expected is not None and answer.text == expected
@@ -140,7 +141,7 @@ def _quality_rows(
         seen.setdefault(ref, []).append(probe_ok[id(p)])
         local = p.target.revisions.get(ref)
         reference = None if local is None else refs.get(_ask(p, local))
-        expected = _expected(p, refs)
+        expected = probe_expectation(p, refs)
         score[ref] = None if reference is None or expected is None else float(reference == expected)
     return {
         ref: {"pass_ratio": sum(oks) / len(oks), "reference_score": score[ref]}

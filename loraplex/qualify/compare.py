@@ -15,9 +15,10 @@ from collections.abc import Callable
 from typing import Any
 
 from loraplex.qualify.baselines.types import BaselineContext, CellTraffic, MethodResult, Probe
-from loraplex.qualify.checks import CellVerdict
+from loraplex.qualify.checks import CellVerdict, probe_expectation
 from loraplex.qualify.cost import cost_per_correct_request
 from loraplex.qualify.plan import QualifyPlan
+from loraplex.qualify.reference import Ask
 from loraplex.qualify.traffic import CellRun
 
 MEASURES = {"separate": "measure_separate", "in_context": "measure_in_context"}
@@ -34,13 +35,19 @@ def loraplex_result(run: CellRun, verdict: CellVerdict, plan: QualifyPlan) -> Me
     return MethodResult("loraplex", verdict.pass_ratios, cost, plan.machines, run.wall_s, terms)
 
 
-def cell_traffic(run: CellRun, verdict: CellVerdict, plan: QualifyPlan) -> CellTraffic:
+def cell_traffic(
+    run: CellRun, verdict: CellVerdict, plan: QualifyPlan, refs: dict[Ask, str]
+) -> CellTraffic:
+    """The cell as a comparator sees it: shape, volume, demand per revision and the probes
+    with their expectations (registered, or the offline reference)."""
     traffic = [s for s in run.sent if s.kind == "traffic"]
     counts = Counter(next(iter(s.target.revisions)) for s in traffic)
     wall = max(run.wall_s, 1e-9)
     probes = [
-        Probe(ref, s.target.probe_prompt, s.target.probe_expected or s.answer.text)
-        for s in run.sent if s.kind == "probe" for ref in s.target.revisions
+        Probe(ref, s.target.probe_prompt, expected)
+        for s in run.sent if s.kind == "probe"
+        if (expected := probe_expectation(s, refs)) is not None
+        for ref in s.target.revisions
     ]  # fmt: skip
     return CellTraffic(
         run.cell.cell_id, run.cell.shape, verdict.traffic_requests, run.wall_s,

@@ -75,7 +75,9 @@ def qualify(plan: QualifyPlan, where: Deployment) -> QualifyReport:
     for run in runs:
         verdict = judge(run, refs, plan)
         mine = loraplex_result(run, verdict, plan)
-        others = comparators(plan, ctx, cell_traffic(run, verdict, plan)) if plan.compare else {}
+        others = (
+            comparators(plan, ctx, cell_traffic(run, verdict, plan, refs)) if plan.compare else {}
+        )
         reports.append(CellReport(run, verdict, mine, others))
     return build_report(plan, where.url, reports, retired_failed, time.monotonic() - start)
 
