@@ -13,6 +13,7 @@ from typing import Any
 from loraplex.qualify.report import QualifyReport
 
 METHODS = ("loraplex", "separate", "in_context")
+COLORS = {"loraplex": "tab:blue", "separate": "tab:orange", "in_context": "tab:green"}
 CHECK_KEYS = ("correct_revision_ratio", "quality_ratio", "latency_ratio", "isolation_ratio")
 
 
@@ -66,15 +67,23 @@ def _png(pyplot: Any, fig: Any) -> str:
 
 def _cost_plot(cells: list[dict[str, Any]]) -> str:
     pyplot = _figure()
+    from matplotlib import patches
+
     fig, ax = pyplot.subplots(figsize=(max(6, len(cells) * 0.12), 3.5))
+    handles = []
     for offset, method in enumerate(METHODS):
-        xs = [i + offset * 0.25 for i, c in enumerate(cells) if _method_cost(c, method)]
-        ys = [_method_cost(c, method) for c in cells if _method_cost(c, method)]
-        ax.bar(xs, ys, width=0.25, label=method)
+        costs = [(i, _method_cost(c, method)) for i, c in enumerate(cells)]
+        defined = [(i, cost) for i, cost in costs if cost]
+        xs = [i + (offset - 1) * 0.27 for i, _ in defined]
+        ax.bar(xs, [cost for _, cost in defined], width=0.27, color=COLORS[method])
+        label = f"{method} ({len(defined)} of {len(cells)} cells defined)"
+        handles.append(patches.Patch(color=COLORS[method], label=label))
+    ax.legend(handles=handles)
+    ax.set_xticks(range(len(cells)))
+    ax.set_xticklabels([str(i) for i in range(len(cells))], fontsize="x-small")
     ax.set_yscale("log")
     ax.set_ylabel("USD per correct request")
     ax.set_xlabel("cell (report order); no bar: undefined")
-    ax.legend()
     return _png(pyplot, fig)
 
 
