@@ -115,19 +115,21 @@ def _revision_ok(sent: Sent, refs: dict[Ask, str]) -> tuple[bool, bool]:
     return answer.text == refs.get(_ask(sent, local)), True
 
 
-def probe_expectation(probe: Sent, refs: dict[Ask, str]) -> str | None:
-    """The registered expectation, else the offline reference; None without either."""
+def probe_expectation(probe: Sent, refs: dict[Ask, str], revision: str | None) -> str | None:
+    """What ``revision``'s probe must answer: its registered expectation, else its offline
+    reference; None without either (or for a revision the alias does not name)."""
+    if revision is None or revision not in probe.target.revisions:
+        return None
     if probe.target.probe_expected is not None:
-        return probe.target.probe_expected
-    local = next(iter(probe.target.revisions.values()))
+        return probe.target.probe_expected.get(revision)
+    local = probe.target.revisions[revision]
     return None if local is None else refs.get(_ask(probe, local))
 
 
 def _probe_passes(probe: Sent, refs: dict[Ask, str]) -> bool:
-    expected = probe_expectation(probe, refs)
     answer = probe.answer
-    ok = answer.status == 200 and answer.revision in probe.target.revisions
-    return ok and expected is not None and answer.text == expected
+    expected = probe_expectation(probe, refs, answer.revision)
+    return answer.status == 200 and expected is not None and answer.text == expected
 
 
 def _quality_rows(
@@ -141,7 +143,7 @@ def _quality_rows(
         seen.setdefault(ref, []).append(probe_ok[id(p)])
         local = p.target.revisions.get(ref)
         reference = None if local is None else refs.get(_ask(p, local))
-        expected = probe_expectation(p, refs)
+        expected = probe_expectation(p, refs, p.answer.revision)
         score[ref] = None if reference is None or expected is None else float(reference == expected)
     return {
         ref: {"pass_ratio": sum(oks) / len(oks), "reference_score": score[ref]}

@@ -41,13 +41,12 @@ def cell_traffic(
     """The cell as a comparator sees it: shape, volume, demand per revision and the probes
     with their expectations (registered, or the offline reference)."""
     traffic = [s for s in run.sent if s.kind == "traffic"]
-    counts = Counter(next(iter(s.target.revisions)) for s in traffic)
+    counts = Counter(s.answer.revision or next(iter(s.target.revisions)) for s in traffic)
     wall = max(run.wall_s, 1e-9)
     probes = [
         Probe(ref, s.target.probe_prompt, expected)
-        for s in run.sent if s.kind == "probe"
-        if (expected := probe_expectation(s, refs)) is not None
-        for ref in s.target.revisions
+        for s in run.sent if s.kind == "probe" for ref in s.target.revisions
+        if (expected := probe_expectation(s, refs, ref)) is not None
     ]  # fmt: skip
     return CellTraffic(
         run.cell.cell_id, run.cell.shape, verdict.traffic_requests, run.wall_s,

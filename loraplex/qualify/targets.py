@@ -22,7 +22,8 @@ class Target:
     alias: str  # tenant/name
     revisions: dict[str, Path | None]  # refs the alias names now -> local PEFT dir (None: absent)
     probe_prompt: str  # the quality probe's prompt
-    probe_expected: str | None  # its expected text; None: the offline reference (generated ones)
+    # revision ref -> its registered expected text; None: the offline reference (generated ones)
+    probe_expected: dict[str, str] | None
     probe_max_tokens: int  # tokens the probe may generate
     private: bool = True  # only private adapters are foreign to the hostile tenant
 
@@ -42,18 +43,20 @@ def deployed_target(admin: Admin, alias: str, local: dict[str, Path]) -> Target:
     if shown.get("alias") is None:
         raise QualifyError(f"deployment adapter {alias} has no alias")
     rows = {row["revision"]: row for row in shown["revisions"]}
-    refs = [t["revision"] for t in shown["alias"]["targets"]]
-    probes = {(rows[r]["probe_prompt"], rows[r]["expected_continuation"]) for r in refs}
-    if len(probes) != 1 or None in next(iter(probes)):
+    targets = [rows[t["revision"]] for t in shown["alias"]["targets"]]
+    prompts = {row["probe_prompt"] for row in targets}
+    unprobed = [r["revision"] for r in targets if r["expected_continuation"] is None]
+    if len(prompts) != 1 or None in prompts or unprobed:
         raise QualifyError(
-            f"deployment adapter {alias}: its alias targets must carry one registered probe "
-            f"(probe_prompt and expected_continuation), got {sorted(map(str, probes))}"
+            f"deployment adapter {alias}: every alias target must carry a registered probe "
+            f"with one prompt; prompts {sorted(map(str, prompts))}, unprobed {unprobed}"
         )
-    prompt, expected = next(iter(probes))
-    revisions = {f"{alias}@{r}": local.get(rows[r]["adapter_digest"]) for r in refs}
-    max_tokens = max(1, len(expected.split()) * 4 + 4)  # words to tokens, with room for EOS
+    expected = {f"{alias}@{r['revision']}": str(r["expected_continuation"]) for r in targets}
+    revisions = {f"{alias}@{r['revision']}": local.get(r["adapter_digest"]) for r in targets}
+    longest = max(len(text.split()) for text in expected.values())
+    max_tokens = longest * 4 + 4  # words to tokens, with room for the EOS that ends it
     private = shown["adapter"]["visibility"] == "private"
-    return Target(tenant, alias, revisions, prompt, expected, max_tokens, private)
+    return Target(tenant, alias, revisions, prompts.pop(), expected, max_tokens, private)
 
 
 def local_adapter_dirs(assets_dir: Path | None) -> dict[str, Path]:

@@ -91,9 +91,26 @@ def test_victim_failures_count_against_isolation_beyond_the_bound() -> None:
 
 
 def test_unknown_files_leave_the_text_unverified() -> None:
-    absent = replace(TARGET, revisions={"t/a@r1": None}, probe_expected="probe-ref")
+    absent = replace(TARGET, revisions={"t/a@r1": None}, probe_expected={"t/a@r1": "probe-ref"})
     sent = [Sent("traffic", absent, PROMPT, 16, True, True, _answer(text="anything")),
             Sent("probe", absent, "probe", 8, False, True, _answer(text="probe-ref"))]  # fmt: skip
     verdict = judge(CellRun(CELL, 32, sent, 1.0, HostileReport()), {}, PLAN)
     assert verdict.unverified_texts == 1 and verdict.pass_ratios["correct_revision"] == 1.0
     assert verdict.quality["t/a@r1"]["reference_score"] is None
+
+
+def test_a_canary_probe_is_judged_by_the_revision_that_answered() -> None:
+    both = replace(
+        TARGET,
+        revisions={"t/a@r1": None, "t/a@r2": None},
+        probe_expected={"t/a@r1": "one", "t/a@r2": "two"},
+    )
+    probes = [
+        Sent("probe", both, "probe", 8, False, True, _answer(revision="t/a@r2", text="two")),
+        Sent("probe", both, "probe", 8, False, True, _answer(revision="t/a@r1", text="two")),
+        Sent("probe", both, "probe", 8, False, True, _answer(revision="t/a@r3", text="two")),
+    ]
+    verdict = judge(CellRun(CELL, 32, probes, 1.0, HostileReport()), {}, PLAN)
+    assert verdict.pass_ratios["quality"] == pytest.approx(1 / 3)
+    assert verdict.quality["t/a@r2"]["pass_ratio"] == 1.0
+    assert verdict.quality["t/a@r1"]["pass_ratio"] == 0.0
