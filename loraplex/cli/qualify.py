@@ -75,6 +75,9 @@ def qualify_command(
         typer.echo(f"qualify: {exc}", err=True)
         raise typer.Exit(2) from None
     typer.echo(report.json_line() if json_output else _summary(report.payload, run_dir))
+    from loraplex.qualify.html import render  # after the report is out: plotting is slow
+
+    (run_dir / "report.html").write_text(render(report), encoding="utf-8")
     raise typer.Exit(report.exit_code())
 
 
@@ -82,7 +85,6 @@ def _run(
     plan: QualifyPlan, url: str | None, *, admin_key: str | None, data_dir: Path | None,
     assets: Path, preset: str, run_dir: Path, quick: bool,
 ) -> QualifyReport:  # fmt: skip
-    from loraplex.qualify.html import render
     from loraplex.qualify.run import Deployment, qualify
     from loraplex.qualify.selfserve import self_server
 
@@ -103,7 +105,6 @@ def _run(
         )
         report = qualify(plan, where)
     (run_dir / "report.json").write_text(report.json_line() + "\n", encoding="utf-8")
-    (run_dir / "report.html").write_text(render(report), encoding="utf-8")
     return report
 
 

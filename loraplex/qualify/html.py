@@ -79,9 +79,10 @@ def _cost_plot(cells: list[dict[str, Any]]) -> str:
         label = f"{method} ({len(defined)} of {len(cells)} cells defined)"
         handles.append(patches.Patch(color=COLORS[method], label=label))
     ax.legend(handles=handles)
+    if any(_method_cost(c, m) for c in cells for m in METHODS):
+        ax.set_yscale("log")  # NOTE: only with a bar: log-scaling an empty axis raises
     ax.set_xticks(range(len(cells)))
     ax.set_xticklabels([str(i) for i in range(len(cells))], fontsize="x-small")
-    ax.set_yscale("log")
     ax.set_ylabel("USD per correct request")
     ax.set_xlabel("cell (report order); no bar: undefined")
     return _png(pyplot, fig)

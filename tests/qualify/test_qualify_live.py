@@ -56,7 +56,9 @@ def _qualify(live: Live, tmp_path: Path, *extra: str) -> tuple[int, dict[str, An
     ]  # fmt: skip
     result = CliRunner().invoke(app, args)
     lines = [line for line in result.stdout.splitlines() if line.startswith("{")]
-    assert lines, f"no JSON line (exit {result.exit_code}): {result.output[-2000:]}"
+    assert lines, (
+        f"no JSON line (exit {result.exit_code}): {result.output[-2000:]!r} {result.exception!r}"
+    )
     return result.exit_code, json.loads(lines[-1])
 
 
@@ -148,6 +150,9 @@ def test_serving_a_foreign_tenants_adapter_fails_the_cell(
     assert cell["hostile"]["breaches"], cell["hostile"]
     assert any("hostile asked" in b for b in cell["hostile"]["breaches"])
     assert HOSTILE not in json.dumps(cell["quality_per_revision"])
+    # No cell defines a cost here: the HTML report is still written.
+    (run_dir,) = [p for p in (tmp_path / "reports").iterdir() if p.name[0].isdigit()]
+    assert "data:image/png;base64," in (run_dir / "report.html").read_text(encoding="utf-8")
 
 
 def test_url_and_self_are_exclusive_and_plan_errors_exit_2(tmp_path: Path) -> None:
