@@ -77,6 +77,7 @@ ALLOWED: dict[str, set[str]] = {
     # The capacity planner: simulated configurations priced per correct request.
     "plan": {"sim", "qualify"},
     "preflight": set(),  # a client of a running deployment: HTTP only
+    "__main__": {"cli"},  # `python -m loraplex`: the command, nothing else
     "cli": _BELOW_BENCH | {"bench", "deploy", "fleet", "preflight", "sim", "qualify", "plan"},
 }
 

@@ -28,6 +28,7 @@ TORCH_FREE = (
     "tracing",
     "sim",
     "plan",
+    "qualify",  # a client of the deployment; the offline references import torch lazily
 )
 # The engine's decision code (the simulator reuses the scheduler).
 _TORCH_FREE_ENGINE = (

@@ -27,6 +27,7 @@ _COMMAND_MODULES: tuple[str, ...] = (
     "sim",
     "plan",
     "bench_sim",  # after "bench": it adds `bench sim` to that group
+    "qualify",
 )
 
 app = typer.Typer(

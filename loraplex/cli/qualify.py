@@ -1,0 +1,120 @@
+"""``loraplex qualify``: the qualification matrix against a running deployment (``--url`` and
+its admin key) or a server of its own (``--self``); docs/qualification.md.
+
+Exit 0 when every cell passed, 1 when a cell failed, 2 when the run could not be made (a bad
+plan, an unreachable deployment, a refused setup)."""
+
+from __future__ import annotations
+
+import os
+import time
+from contextlib import ExitStack
+from pathlib import Path
+from typing import TYPE_CHECKING, Annotated, Any
+
+import typer
+
+from loraplex.cli.locations import DataDir
+from loraplex.cli.preflight import _admin_key
+
+if TYPE_CHECKING:
+    from loraplex.qualify.plan import QualifyPlan
+    from loraplex.qualify.report import QualifyReport
+
+Opt = typer.Option
+DEFAULT_ASSETS = Path(".loraplex-assets/test-small")  # the checkout's generated small demo set
+
+
+def register(app: typer.Typer) -> None:
+    app.command("qualify")(qualify_command)
+
+
+def qualify_command(
+    url: Annotated[str | None, Opt(help="Base URL of the server or fleet ingress.")] = None,
+    *,
+    admin_key: Annotated[
+        str | None, Opt(envvar="LORAPLEX_ADMIN_KEY", help="Admin credential (default: data dir).")
+    ] = None,
+    data_dir: DataDir = None,
+    self_serve: Annotated[
+        bool, Opt("--self", help="Start a loraplex serve of its own (demo assets) and qualify it.")
+    ] = False,
+    plan: Annotated[
+        Path | None, Opt(help="Plan file (TOML or JSON); default: the defaults.")
+    ] = None,
+    quick: Annotated[bool, Opt("--quick", help="Covering design over 1 and 16 adapters.")] = False,
+    json_output: Annotated[bool, Opt("--json", help="Print the report as one JSON line.")] = False,
+    report_dir: Annotated[
+        Path, Opt(help="Where report.json, report.html, adapters and logs go.")
+    ] = Path("qualify-reports"),
+    assets: Annotated[
+        Path, Opt(help="Demo assets the deployment serves (base model for references).")
+    ] = DEFAULT_ASSETS,
+    preset: Annotated[str, Opt(help="The demo preset of --assets.")] = "small",
+) -> None:
+    """Run the qualification matrix: four checks per answer, cost per correct request."""
+    from loraplex.qualify.client import QualifyError
+    from loraplex.qualify.plan import PlanError, load_plan
+    from loraplex.qualify.plan import quick as quick_plan
+
+    if self_serve == (url is not None):
+        raise typer.BadParameter("give exactly one of --url and --self", param_hint="--url")
+    try:
+        loaded = load_plan(plan)
+    except PlanError as exc:
+        raise typer.BadParameter(str(exc), param_hint="--plan") from None
+    loaded = quick_plan(loaded) if quick else loaded
+    run_dir = report_dir / time.strftime("%Y%m%dT%H%M%S")
+    run_dir.mkdir(parents=True, exist_ok=True)
+    try:
+        report = _run(
+            loaded, url, admin_key=admin_key, data_dir=data_dir, assets=assets, preset=preset,
+            run_dir=run_dir, quick=quick,
+        )  # fmt: skip
+    except (QualifyError, RuntimeError, OSError) as exc:
+        typer.echo(f"qualify: {exc}", err=True)
+        raise typer.Exit(2) from None
+    typer.echo(report.json_line() if json_output else _summary(report.payload, run_dir))
+    from loraplex.qualify.html import render  # after the report is out: plotting is slow
+
+    (run_dir / "report.html").write_text(render(report), encoding="utf-8")
+    raise typer.Exit(report.exit_code())
+
+
+def _run(
+    plan: QualifyPlan, url: str | None, *, admin_key: str | None, data_dir: Path | None,
+    assets: Path, preset: str, run_dir: Path, quick: bool,
+) -> QualifyReport:  # fmt: skip
+    from loraplex.qualify.run import Deployment, qualify
+    from loraplex.qualify.selfserve import self_server
+
+    with ExitStack() as stack:
+        if url is None:
+            server = stack.enter_context(self_server(assets, run_dir))
+            url, key = server.url, server.admin_key
+        else:
+            key = _admin_key(admin_key, data_dir)
+        where = Deployment(
+            url,
+            key,
+            assets.resolve(),
+            preset,
+            run_dir,
+            run_dir.parent / f"adapters-{preset}",
+            quick,
+        )
+        report = qualify(plan, where)
+    (run_dir / "report.json").write_text(report.json_line() + "\n", encoding="utf-8")
+    return report
+
+
+def _summary(payload: dict[str, Any], run_dir: Path) -> str:
+    failed = payload["failed_cells"]
+    lines = [f"{payload['num_cells']} cells, {len(failed)} failed; report in {run_dir}"]
+    lines += [
+        f"  FAIL {c['cell_id']}: {'; '.join(c['reasons'])}"
+        for c in payload["cells"]
+        if not c["passed"]
+    ]
+    lines.append(f"headline: {payload['headline']}")
+    return os.linesep.join(lines)

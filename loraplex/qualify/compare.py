@@ -1,0 +1,93 @@
+"""The three methods side by side per cell: loraplex as measured, and the comparators of
+``loraplex.qualify.baselines`` (separate merged deployments, in-context examples on the base
+model) priced for the same traffic.
+
+NOTE: the one module that calls the comparators. They are looked up when a run asks for them;
+a build without them reports each as unavailable (null costs and ratios, never 0).
+"""
+
+from __future__ import annotations
+
+import importlib
+import statistics
+from collections import Counter
+from collections.abc import Callable
+from typing import Any
+
+from loraplex.qualify.baselines.types import BaselineContext, CellTraffic, MethodResult, Probe
+from loraplex.qualify.checks import CellVerdict, probe_expectation
+from loraplex.qualify.cost import cost_per_correct_request
+from loraplex.qualify.plan import QualifyPlan
+from loraplex.qualify.reference import Ask
+from loraplex.qualify.traffic import CellRun
+
+MEASURES = {"separate": "measure_separate", "in_context": "measure_in_context"}
+
+
+def loraplex_result(run: CellRun, verdict: CellVerdict, plan: QualifyPlan) -> MethodResult:
+    """The deployment under test, priced: price x machines x the cell's wall time / correct."""
+    cost = cost_per_correct_request(plan.price, plan.machines, run.wall_s, verdict.correct_requests)
+    terms: dict[str, object] = {
+        "price": plan.price.name, "usd_per_hour": plan.price.usd_per_hour,
+        "price_source": plan.price.source, "machines": plan.machines, "wall_s": run.wall_s,
+        "requests": verdict.traffic_requests, "correct_requests": verdict.correct_requests,
+    }  # fmt: skip
+    return MethodResult("loraplex", verdict.pass_ratios, cost, plan.machines, run.wall_s, terms)
+
+
+def cell_traffic(
+    run: CellRun, verdict: CellVerdict, plan: QualifyPlan, refs: dict[Ask, str]
+) -> CellTraffic:
+    """The cell as a comparator sees it: shape, volume, demand per revision and the probes
+    with their expectations (registered, or the offline reference)."""
+    traffic = [s for s in run.sent if s.kind == "traffic"]
+    counts = Counter(s.answer.revision or next(iter(s.target.revisions)) for s in traffic)
+    wall = max(run.wall_s, 1e-9)
+    probes = [
+        Probe(ref, s.target.probe_prompt, expected)
+        for s in run.sent if s.kind == "probe" for ref in s.target.revisions
+        if (expected := probe_expectation(s, refs, ref)) is not None
+    ]  # fmt: skip
+    return CellTraffic(
+        run.cell.cell_id, run.cell.shape, verdict.traffic_requests, run.wall_s,
+        {ref: n / wall for ref, n in counts.items()}, plan.objectives.ttft_warm_s,
+        plan.objectives.tpot_s, probes,
+    )  # fmt: skip
+
+
+def comparators(
+    plan: QualifyPlan, ctx: BaselineContext, traffic: CellTraffic
+) -> dict[str, MethodResult | dict[str, Any]]:
+    """Each method the plan compares against: its result, or why it has none."""
+    out: dict[str, MethodResult | dict[str, Any]] = {}
+    for method in plan.compare:
+        measure = _measure(method)
+        if measure is None:
+            out[method] = {"status": "unavailable", "reason": "not in this build"}
+            continue
+        out[method] = measure(ctx, traffic)
+    return out
+
+
+def _measure(method: str) -> Callable[[BaselineContext, CellTraffic], MethodResult] | None:
+    try:
+        module = importlib.import_module("loraplex.qualify.baselines")
+    except ImportError:
+        return None
+    found: Callable[[BaselineContext, CellTraffic], MethodResult] | None
+    found = getattr(module, MEASURES[method], None)
+    return found
+
+
+def cost_ratio(mine: MethodResult, other: MethodResult | dict[str, Any]) -> float | None:
+    """loraplex's cost per correct request over the other's; None when either is undefined."""
+    if not isinstance(other, MethodResult):
+        return None
+    if mine.cost_per_correct_request is None or not other.cost_per_correct_request:
+        return None
+    return mine.cost_per_correct_request / other.cost_per_correct_request
+
+
+def median_or_none(values: list[float | None]) -> float | None:
+    defined = [v for v in values if v is not None]
+    return statistics.median(defined) if defined else None

@@ -1,0 +1,144 @@
+"""The adapters qualification adds to the deployment: real PEFT files of the base model's shapes
+(``bench/adapters.write_random_adapter``), registered through the public admin API under two
+victim tenants and one hostile tenant, and retired at the end, even after a failure.
+
+NOTE: the admin API has no delete; "removed" means each revision is set ``deprecated`` (no alias
+resolves to it), its alias is left pointing at it, and its cached copies are evicted from every
+tier. The files stay in the deployment's artifact store (docs/qualification.md).
+"""
+
+from __future__ import annotations
+
+import zlib
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+
+from loraplex.artifacts.base_model import ATTENTION_MODULES, TARGET_MODULES, BaseModelSpec
+from loraplex.qualify.client import Admin, QualifyError
+
+VICTIMS = ("qualify-a", "qualify-b")  # the tenants whose traffic is judged
+HOSTILE = "qualify-hostile"  # the tenant that attacks them
+REVISION = "q1"  # every generated adapter's revision label
+_HEAVY_TAIL = (128, 8, 8, 16, 8, 64, 8, 16, 32, 8, 8, 16)  # one 128 in 12, most at rank 8
+
+
+@dataclass(frozen=True)
+class GeneratedAdapter:
+    """One adapter this run wrote and registered."""
+
+    tenant: str  # owner
+    name: str  # adapter name
+    rank: int  # LoRA rank
+    targets: tuple[str, ...]  # target modules
+    path: Path  # the PEFT directory on this machine (for offline references)
+
+    @property
+    def alias(self) -> str:
+        return f"{self.tenant}/{self.name}"
+
+    @property
+    def ref(self) -> str:
+        return f"{self.tenant}/{self.name}@{REVISION}"
+
+
+def rank_and_targets(distribution: str, index: int) -> tuple[int, tuple[str, ...]]:
+    """The ``index``-th adapter of a rank distribution (plan.RANK_DISTRIBUTIONS)."""
+    attention = tuple(ATTENTION_MODULES)
+    if distribution == "all-8":
+        return 8, attention
+    if distribution == "mixed":  # 4 to 64, attention-only and attention+MLP alternating
+        rank = (4, 8, 16, 32, 64)[index % 5]
+        return rank, attention if index % 2 else tuple(TARGET_MODULES)
+    rank = _HEAVY_TAIL[index % len(_HEAVY_TAIL)]
+    return rank, attention if rank < 64 else tuple(TARGET_MODULES)
+
+
+def plan_adapters(needed: dict[str, int], hostile: int, workdir: Path) -> list[GeneratedAdapter]:
+    """Every adapter to write: ``needed[distribution]`` per rank distribution (alternating
+    between the victim tenants) and ``hostile`` rank-8 ones for the hostile tenant."""
+    out = []
+    for distribution, count in needed.items():
+        for i in range(count):
+            rank, targets = rank_and_targets(distribution, i)
+            name = f"{distribution}-{i:04d}"
+            tenant = VICTIMS[i % len(VICTIMS)]
+            out.append(GeneratedAdapter(tenant, name, rank, targets, workdir / tenant / name))
+    for i in range(hostile):
+        path = workdir / HOSTILE / f"storm-{i:04d}"
+        out.append(GeneratedAdapter(HOSTILE, f"storm-{i:04d}", 8, tuple(ATTENTION_MODULES), path))
+    return out
+
+
+def write_adapters(adapters: list[GeneratedAdapter], model_dir: Path, seed: int) -> None:
+    """The PEFT files (random non-zero weights seeded by the plan's seed and the adapter's
+    tenant and name: a rerun, whatever its plan, writes and registers the same bytes, so files
+    already written are kept and registration is idempotent)."""
+    from loraplex.bench.adapters import write_random_adapter  # imports torch
+
+    base = BaseModelSpec.from_dir(model_dir)
+    for adapter in adapters:
+        if (adapter.path / "adapter_model.safetensors").is_file():
+            continue
+        own_seed = seed * 1_000_003 + zlib.crc32(adapter.ref.encode("utf-8"))
+        write_random_adapter(
+            base, model_dir, adapter.path, rank=adapter.rank, target_modules=adapter.targets,
+            seed=own_seed,
+        )  # fmt: skip
+
+
+def ensure_tenants(admin: Admin) -> None:
+    """The victim and hostile tenants (kept if they exist: the admin API deletes no tenant)."""
+    existing = {row["name"] for row in admin.must("GET", "/admin/tenants")}
+    for tenant in (*VICTIMS, HOSTILE):
+        if tenant not in existing:
+            admin.must("POST", "/admin/tenants", json={"name": tenant})
+
+
+@contextmanager
+def tenant_keys(admin: Admin, tenants: list[str]) -> Iterator[dict[str, str]]:
+    """A fresh API key per tenant, revoked when the block ends (those issued before a failure
+    too)."""
+    keys: dict[str, str] = {}
+    key_ids: list[str] = []
+    try:
+        for tenant in tenants:
+            issued = admin.must("POST", f"/admin/tenants/{tenant}/keys")
+            keys[tenant] = issued["token"]
+            key_ids.append(issued["key_id"])
+        yield keys
+    finally:
+        for key_id in key_ids:
+            admin.call("DELETE", f"/admin/keys/{key_id}")
+
+
+def register(admin: Admin, adapter: GeneratedAdapter) -> None:
+    """Upload, make the revision stable (a rerun finds it deprecated) and point the alias at it."""
+    fields = {"tenant": adapter.tenant, "name": adapter.name, "revision": REVISION}
+    reply = admin.upload(adapter.path, fields)
+    if reply.status not in (200, 201):
+        raise QualifyError(f"registering {adapter.ref}: {reply.status} {str(reply.body)[:300]}")
+    path = f"/admin/revisions/{adapter.tenant}/{adapter.name}/{REVISION}"
+    admin.must("PUT", path, json={"state": "stable"})
+    alias = f"/admin/adapters/{adapter.tenant}/{adapter.name}/alias"
+    admin.must("PUT", alias, json={"targets": [{"revision": REVISION}]})
+
+
+def retire(admin: Admin, adapters: list[GeneratedAdapter]) -> list[str]:
+    """Deprecate every registered revision and evict its copies; the refs that could not be
+    retired (reported, never raised: this runs in ``finally``)."""
+    failed = []
+    for adapter in adapters:
+        path = f"/admin/revisions/{adapter.tenant}/{adapter.name}/{REVISION}"
+        try:
+            reply = admin.call("PUT", path, json={"state": "deprecated"})
+            for tier in ("L0", "L1", "L2"):
+                body = {"model": adapter.ref, "tier": tier}
+                admin.call("POST", "/admin/residency/evict", json=body)
+        except QualifyError:
+            failed.append(adapter.ref)
+            continue
+        if reply.status not in (200, 404):
+            failed.append(adapter.ref)
+    return failed

@@ -1,0 +1,69 @@
+"""Pricing and the comparators' seam: loraplex's cost terms, the traffic a comparator is given,
+and null (never 0) wherever a ratio is undefined."""
+
+from __future__ import annotations
+
+from test_checks import CELL, PLAN, REFS, _answer, _run
+
+from loraplex.qualify.baselines.types import MethodResult
+from loraplex.qualify.checks import judge
+from loraplex.qualify.compare import (
+    cell_traffic,
+    cost_ratio,
+    loraplex_result,
+    median_or_none,
+)
+from loraplex.qualify.plan import QualifyPlan
+from loraplex.qualify.report import CellReport, build_report
+
+
+def _priced() -> tuple[MethodResult, object]:
+    run = _run([_answer(), _answer(status=503, error="busy")], _answer(text="probe-ref"))
+    verdict = judge(run, REFS, PLAN)
+    return loraplex_result(run, verdict, PLAN), (run, verdict)
+
+
+def test_loraplex_is_priced_per_correct_request_with_every_term() -> None:
+    mine, _ = _priced()
+    price = PLAN.price.usd_per_hour
+    assert mine.cost_per_correct_request == price * 1.0 * (1.0 / 3600) / 1
+    assert mine.terms["correct_requests"] == 1 and mine.terms["requests"] == 2
+    assert mine.terms["price_source"] == PLAN.price.source and mine.terms["machines"] == 1.0
+
+
+def test_no_correct_request_is_an_undefined_cost_not_zero() -> None:
+    run = _run([_answer(status=503, error="busy")], _answer(text="wrong"))
+    mine = loraplex_result(run, judge(run, REFS, PLAN), PLAN)
+    assert mine.cost_per_correct_request is None
+    assert cost_ratio(mine, mine) is None
+    assert median_or_none([None, None]) is None and median_or_none([None, 2.0]) == 2.0
+
+
+def test_a_comparator_gets_the_cell_with_reference_expectations() -> None:
+    _, (run, verdict) = _priced()
+    traffic = cell_traffic(run, verdict, PLAN, REFS)  # type: ignore[arg-type]
+    assert traffic.cell_id == CELL.cell_id and traffic.requests == 2
+    assert traffic.demand_per_adapter_rps == {"t/a@r1": 2.0}
+    assert [(p.adapter_ref, p.expected) for p in traffic.probes] == [("t/a@r1", "probe-ref")]
+
+
+def test_a_comparator_without_a_result_leaves_its_ratios_null() -> None:
+    mine, (run, verdict) = _priced()
+    unavailable = {"status": "unavailable", "reason": "not in this build"}
+    separate = MethodResult("separate", {"quality": 1.0}, mine.cost_per_correct_request * 4, 3.0,
+                            1.0, {})  # type: ignore[operator]  # fmt: skip
+    others = {"separate": separate, "in_context": unavailable}
+    report = build_report(
+        QualifyPlan(),
+        "http://x",
+        [CellReport(run, verdict, mine, others)],
+        [],
+        1.0,  # type: ignore[arg-type]
+    )
+    (cell,) = report.payload["cells"]
+    assert cell["methods"]["in_context"] == unavailable
+    assert cell["cost_per_correct_request_over_in_context"] is None
+    assert cell["cost_per_correct_request_over_separate"] == 0.25
+    assert report.payload["headline"]["cost_per_correct_request_over_in_context"] is None
+    assert report.payload["headline"]["cost_per_correct_request_over_separate_at_256"] is None
+    assert report.exit_code() == 1 and report.payload["failed_cells"] == [CELL.cell_id]
