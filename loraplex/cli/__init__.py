@@ -24,6 +24,7 @@ _COMMAND_MODULES: tuple[str, ...] = (
     "k8s",
     "fleet",
     "preflight",
+    "baselines",  # after "bench": it adds `bench baselines` to that group
 )
 
 app = typer.Typer(
