@@ -15,8 +15,9 @@ from __future__ import annotations
 import os
 import statistics
 from dataclasses import dataclass
+from pathlib import Path
 
-from loraplex.demo.manifest import DemoAssets
+from loraplex.demo.manifest import DemoAssets, read_manifest
 from loraplex.qualify.baselines import measure
 from loraplex.qualify.baselines.demo_set import (
     cache_of,
@@ -96,20 +97,16 @@ def _sweep_key(cell: CellTraffic) -> str:
     return f"separate/sweep/{cell.shape.prompt_tokens}/{cell.shape.output_tokens}"
 
 
-def _run_job(ctx: BaselineContext, cell: CellTraffic, job: _Job, assets: DemoAssets) -> None:
+def _run_job(ctx: BaselineContext, cell: CellTraffic, job: _Job, model: Path) -> None:
     """Start the merged model's server, time its first answer, judge the probes, sweep."""
     cache = measure.RunCache(cache_of(ctx))
-    adapter = next(a for a in assets.adapters if a.ref == job.ref)
-    model = merged_models(
-        assets.base_model_dir, {job.ref: adapter.path}, ctx.workdir / "merged-models"
-    )[job.ref]
     shape = cell.shape
     spec = ServerSpec(
         model,
         server_dir(ctx, "separate"),
         max_model_len(shape.prompt_tokens, shape.output_tokens),
     )
-    vocab = vocab_size(assets)
+    vocab = vocab_size(read_manifest(ctx.assets_dir))
     with comparator_server(spec) as server:
         cold_s = first_answer_s(server, LoadSpec(1, 1, shape.prompt_tokens, 1, vocab, seed=0))
         cache.put(_COLD_STARTS, [*_cold_starts(cache), cold_s])
@@ -144,8 +141,16 @@ def measure_separate(
     ``scale_to_zero``: an adapter without traffic has no replica, and the first request of
     one with traffic pays the measured cold start against the TTFT objective."""
     assets = load_assets(ctx)
-    for job in _jobs(ctx, cell, assets):
-        _run_job(ctx, cell, job, assets)
+    jobs = _jobs(ctx, cell, assets)
+    paths = {a.ref: a.path for a in assets.adapters}
+    # One merge subprocess for every model this cell needs (one torch and PEFT import).
+    models = merged_models(
+        assets.base_model_dir,
+        {job.ref: paths[job.ref] for job in jobs},
+        ctx.workdir / "merged-models",
+    )
+    for job in jobs:
+        _run_job(ctx, cell, job, models[job.ref])
     cache = measure.RunCache(cache_of(ctx))
     raw = cache.get(_sweep_key(cell))
     if not isinstance(raw, dict):
