@@ -18,8 +18,9 @@ from loraplex.qualify.baselines.load import LoadSpec, closed_loop, complete
 from loraplex.qualify.baselines.pricing import LoadLevel, Sample
 from loraplex.qualify.baselines.server import Running
 
-# Closed-loop concurrencies swept per token shape: from one client to past saturation.
-LEVELS = (1, 2, 4, 8, 16)
+# Closed-loop concurrencies swept per token shape: from one client to the server's
+# max_num_seqs (32, every sequence decoding at once).
+LEVELS = (1, 2, 4, 8, 16, 32)
 QUICK_LEVELS = (1, 4)
 
 
@@ -28,9 +29,9 @@ def levels_for(quick: bool) -> tuple[int, ...]:
 
 
 def requests_at(concurrency: int, quick: bool) -> int:
-    """Requests one level sends: a few rounds of every client (steady state outweighs ramp-up
-    and drain), fewer in quick mode."""
-    return max(4, 2 * concurrency) if quick else max(8, 4 * concurrency)
+    """Requests one level sends: at least two rounds of every client (so a level is not all
+    ramp-up and drain), fewer in quick mode."""
+    return max(4, 2 * concurrency) if quick else max(8, 2 * concurrency)
 
 
 class RunCache:

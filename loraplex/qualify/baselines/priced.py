@@ -15,6 +15,7 @@ from loraplex.qualify.baselines.pricing import (
     machines_for,
     operating_point,
     replicas_needed,
+    saturated,
 )
 from loraplex.qualify.baselines.types import CellTraffic, MethodResult, Probe
 from loraplex.qualify.cost import MachinePrice, cost_per_correct_request
@@ -122,6 +123,7 @@ def price_separate(
         "levels": level_terms(footprint.levels, cell.ttft_slo_s, cell.tpot_slo_s),
         "operating_concurrency": point.concurrency,
         "capacity_rps": point.capacity_rps,
+        "sweep_saturated": saturated(footprint.levels),
         "warm_latency_pass_ratio": point.latency_pass_ratio,
         "replica_peak_rss_bytes": footprint.peak_rss_bytes,
         "machine_memory_bytes": footprint.machine_memory_bytes,
@@ -170,6 +172,7 @@ def price_in_context(
         "levels": level_terms(footprint.levels, cell.ttft_slo_s, cell.tpot_slo_s),
         "operating_concurrency": point.concurrency,
         "capacity_rps": point.capacity_rps,
+        "sweep_saturated": saturated(footprint.levels),
         "replica_peak_rss_bytes": footprint.peak_rss_bytes,
         "machine_memory_bytes": footprint.machine_memory_bytes,
         "replicas": None if replicas is None else replicas["base"],

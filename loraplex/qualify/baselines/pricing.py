@@ -89,6 +89,16 @@ def operating_point(
     return best
 
 
+def saturated(levels: Sequence[LoadLevel], margin: float = 0.1) -> bool:
+    """Whether the sweep reached the server's plateau: its highest concurrency completed no
+    more than ``margin`` above the best lower level. False: capacity is a lower bound."""
+    ordered = sorted(levels, key=lambda lv: lv.concurrency)
+    if len(ordered) < 2:
+        return False
+    best_below = max(lv.completed_rps for lv in ordered[:-1])
+    return ordered[-1].completed_rps <= best_below * (1.0 + margin)
+
+
 def replicas_needed(
     demand_rps: Mapping[str, float], capacity_rps: float, *, scale_to_zero: bool
 ) -> dict[str, int]:

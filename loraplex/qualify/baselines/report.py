@@ -18,6 +18,7 @@ from loraplex.qualify.cost import TOKEN_SHAPES
 _SEPARATE_KEYS = (
     "capacity_rps",
     "operating_concurrency",
+    "sweep_saturated",
     "replica_peak_rss_bytes",
     "cold_start_s",
     "cold_start_samples_s",
@@ -28,6 +29,7 @@ _SEPARATE_KEYS = (
 _IN_CONTEXT_KEYS = (
     "capacity_rps",
     "operating_concurrency",
+    "sweep_saturated",
     "replica_peak_rss_bytes",
     "extra_prompt_tokens_per_request",
     "swept_prompt_tokens",

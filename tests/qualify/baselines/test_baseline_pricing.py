@@ -15,6 +15,7 @@ from loraplex.qualify.baselines.pricing import (
     machines_for,
     operating_point,
     replicas_needed,
+    saturated,
 )
 from loraplex.qualify.baselines.types import CellTraffic, Probe
 from loraplex.qualify.cost import TOKEN_SHAPES, MachinePrice
@@ -164,3 +165,11 @@ def test_in_context_serves_all_traffic_on_base_replicas() -> None:
     assert (result.terms["replicas"], result.machines) == (2, 2.0)
     assert result.terms["correct_requests"] == 50
     assert result.cost_per_correct_request == pytest.approx(3.6 * 2 * (100 / 3600) / 50)
+
+
+def test_a_sweep_still_climbing_at_its_top_level_is_not_saturated() -> None:
+    climbing = [level(1, 1.0, [0.1] * 2), level(2, 1.0, [0.1] * 4), level(4, 1.0, [0.1] * 8)]
+    assert not saturated(climbing)
+    plateau = [level(1, 1.0, [0.1] * 2), level(2, 1.0, [0.1] * 8), level(4, 1.0, [0.1] * 8)]
+    assert saturated(plateau)
+    assert not saturated([level(1, 1.0, [0.1])])  # one level says nothing
