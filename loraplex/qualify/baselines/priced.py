@@ -9,6 +9,7 @@ from dataclasses import dataclass
 from loraplex.qualify.baselines.pricing import (
     LoadLevel,
     Machines,
+    OperatingPoint,
     cold_share,
     correct_requests,
     latency_with_cold_starts,
@@ -20,6 +21,10 @@ from loraplex.qualify.baselines.pricing import (
 from loraplex.qualify.baselines.types import CellTraffic, MethodResult, Probe
 from loraplex.qualify.cost import MachinePrice, cost_per_correct_request
 
+SEPARATE_DEPLOYMENT = (
+    "one dense model per adapter (PEFT merge_and_unload), loraplex serve with it as the base "
+    "model and no adapter"
+)
 BY_CONSTRUCTION = "1.0 by construction: each deployment serves one adapter and nothing else"
 
 
@@ -44,6 +49,21 @@ def level_terms(levels: Sequence[LoadLevel], ttft_slo_s: float, tpot_slo_s: floa
         }
         for level in levels
     ]
+
+
+def _sweep_terms(
+    footprint: Footprint, point: OperatingPoint, cell: CellTraffic
+) -> dict[str, object]:
+    """The replica as measured and the operating point chosen from its sweep."""
+    return {
+        "levels": level_terms(footprint.levels, cell.ttft_slo_s, cell.tpot_slo_s),
+        "operating_concurrency": point.concurrency,
+        "capacity_rps": point.capacity_rps,
+        "sweep_saturated": saturated(footprint.levels),
+        "warm_latency_pass_ratio": point.latency_pass_ratio,
+        "replica_peak_rss_bytes": footprint.peak_rss_bytes,
+        "machine_memory_bytes": footprint.machine_memory_bytes,
+    }
 
 
 def quality_ratio(judged: Mapping[Probe, bool | None]) -> tuple[float | None, int, int]:
@@ -114,25 +134,18 @@ def price_separate(
     quality, num_judged, not_judged = quality_ratio(judged)
     correct = correct_requests(cell.requests, [1.0, quality, latency, 1.0])
     terms: dict[str, object] = {
-        "deployment": "one dense model per adapter (PEFT merge_and_unload), loraplex serve "
-        "with it as the base model and no adapter",
+        "deployment": SEPARATE_DEPLOYMENT,
         "correct_revision": BY_CONSTRUCTION,
         "isolation": BY_CONSTRUCTION,
         "quality_probes_judged": num_judged,
         "quality_probes_not_judged": not_judged,
-        "levels": level_terms(footprint.levels, cell.ttft_slo_s, cell.tpot_slo_s),
-        "operating_concurrency": point.concurrency,
-        "capacity_rps": point.capacity_rps,
-        "sweep_saturated": saturated(footprint.levels),
-        "warm_latency_pass_ratio": point.latency_pass_ratio,
-        "replica_peak_rss_bytes": footprint.peak_rss_bytes,
-        "machine_memory_bytes": footprint.machine_memory_bytes,
+        **_sweep_terms(footprint, point, cell),
         "cold_start_s": cold_start_s,
         "scale_to_zero": scale_to_zero,
         "cold_share": share,
         "deployments": len(demand),
         "replicas": None if replicas is None else sum(replicas.values()),
-        "deployments_at_zero": None if replicas is None else sum(not r for r in replicas.values()),
+        "deployments_at_zero": None if replicas is None else list(replicas.values()).count(0),
         **_price_terms(price, cell, machines, correct),
     }
     return MethodResult(
@@ -169,12 +182,7 @@ def price_in_context(
         "quality_probes_judged": num_judged,
         "quality_probes_not_judged": not_judged,
         **terms,
-        "levels": level_terms(footprint.levels, cell.ttft_slo_s, cell.tpot_slo_s),
-        "operating_concurrency": point.concurrency,
-        "capacity_rps": point.capacity_rps,
-        "sweep_saturated": saturated(footprint.levels),
-        "replica_peak_rss_bytes": footprint.peak_rss_bytes,
-        "machine_memory_bytes": footprint.machine_memory_bytes,
+        **_sweep_terms(footprint, point, cell),
         "replicas": None if replicas is None else replicas["base"],
         **_price_terms(price, cell, machines, correct),
     }
