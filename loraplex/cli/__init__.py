@@ -28,6 +28,7 @@ _COMMAND_MODULES: tuple[str, ...] = (
     "plan",
     "bench_sim",  # after "bench": it adds `bench sim` to that group
     "qualify",
+    "baselines",  # after "bench": it adds `bench baselines` to that group
 )
 
 app = typer.Typer(

@@ -2,18 +2,18 @@
 ``loraplex.qualify.baselines`` (separate merged deployments, in-context examples on the base
 model) priced for the same traffic.
 
-NOTE: the one module that calls the comparators. They are looked up when a run asks for them;
-a build without them reports each as unavailable (null costs and ratios, never 0).
+The one module that calls the comparators. A comparator that raises leaves its method without
+a result (null costs and ratios, never 0) and the reason in the report.
 """
 
 from __future__ import annotations
 
-import importlib
 import statistics
 from collections import Counter
 from collections.abc import Callable
 from typing import Any
 
+from loraplex.qualify.baselines import measure_in_context, measure_separate
 from loraplex.qualify.baselines.types import BaselineContext, CellTraffic, MethodResult, Probe
 from loraplex.qualify.checks import CellVerdict, probe_expectation
 from loraplex.qualify.cost import cost_per_correct_request
@@ -21,7 +21,10 @@ from loraplex.qualify.plan import QualifyPlan
 from loraplex.qualify.reference import Ask
 from loraplex.qualify.traffic import CellRun
 
-MEASURES = {"separate": "measure_separate", "in_context": "measure_in_context"}
+MEASURES: dict[str, Callable[[BaselineContext, CellTraffic], MethodResult]] = {
+    "separate": measure_separate,
+    "in_context": measure_in_context,
+}
 
 
 def loraplex_result(run: CellRun, verdict: CellVerdict, plan: QualifyPlan) -> MethodResult:
@@ -61,22 +64,11 @@ def comparators(
     """Each method the plan compares against: its result, or why it has none."""
     out: dict[str, MethodResult | dict[str, Any]] = {}
     for method in plan.compare:
-        measure = _measure(method)
-        if measure is None:
-            out[method] = {"status": "unavailable", "reason": "not in this build"}
-            continue
-        out[method] = measure(ctx, traffic)
+        try:
+            out[method] = MEASURES[method](ctx, traffic)
+        except (OSError, RuntimeError, ValueError, TimeoutError) as exc:
+            out[method] = {"status": "failed", "reason": f"{type(exc).__name__}: {exc}"}
     return out
-
-
-def _measure(method: str) -> Callable[[BaselineContext, CellTraffic], MethodResult] | None:
-    try:
-        module = importlib.import_module("loraplex.qualify.baselines")
-    except ImportError:
-        return None
-    found: Callable[[BaselineContext, CellTraffic], MethodResult] | None
-    found = getattr(module, MEASURES[method], None)
-    return found
 
 
 def cost_ratio(mine: MethodResult, other: MethodResult | dict[str, Any]) -> float | None:

@@ -1,94 +1,116 @@
-"""What ``loraplex qualify`` hands the comparators (separate deployments, in-context examples)
-and what they answer: one cell's traffic in, one priced method out.
+"""What ``loraplex qualify`` hands the comparators and what they hand back (torch-free).
 
-Shared by both sides of the comparison; the shapes are fixed by issue 29's split of work.
+One cell of the qualification matrix is described by its traffic (``CellTraffic``); each
+comparator measures what it must on a real server, prices the deployment that traffic would
+need, and returns a ``MethodResult`` in the same terms as loraplex's own.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+import math
+from dataclasses import dataclass
 from pathlib import Path
 
 from loraplex.qualify.cost import MachinePrice, TokenShape
 
-CHECKS = ("correct_revision", "quality", "latency", "isolation")  # the four pass ratios
+# The four checks every answer is judged on (issue 29), the keys of MethodResult.pass_ratios.
+CHECKS = ("correct_revision", "quality", "latency", "isolation")
 
 
 @dataclass(frozen=True)
 class Probe:
-    """One probe of an adapter revision: a prompt and the greedy text it must produce."""
+    """One quality probe: the greedy continuation of ``prompt`` must start with ``expected``."""
 
-    adapter_ref: str  # tenant/name@revision
-    prompt: str  # probe prompt
-    expected: str  # expected greedy continuation
+    adapter_ref: str  # tenant/name@revision the probe judges
+    prompt: str  # the probe's prompt text
+    expected: str  # the continuation that passes (prefix match, as release probes judge)
 
     def __post_init__(self) -> None:
-        if "@" not in self.adapter_ref:
-            raise ValueError(f"Probe.adapter_ref {self.adapter_ref!r} must be tenant/name@revision")
+        if "/" not in self.adapter_ref or "@" not in self.adapter_ref:
+            raise ValueError(
+                f"Probe.adapter_ref {self.adapter_ref!r} is invalid; expected tenant/name@revision"
+            )
         if not self.prompt:
             raise ValueError("Probe.prompt must not be empty")
+        if not self.expected:
+            raise ValueError("Probe.expected must not be empty")
 
 
 @dataclass(frozen=True)
 class BaselineContext:
-    """Where a comparator finds the model and adapters and how it prices machines."""
+    """What every comparator of one qualification run shares."""
 
-    assets_dir: Path  # the demo assets (base model, adapters) the deployment serves
-    preset: str  # demo preset name
-    price: MachinePrice  # machine price per hour
-    workdir: Path  # scratch space for the comparator's servers and files
-    quick: bool  # the --quick run: smallest measurements that still mean something
+    assets_dir: Path  # a generated demo set (its manifest.json, base model and adapters)
+    preset: str  # the preset that set was generated with (checked against its manifest)
+    price: MachinePrice  # what a machine-hour costs
+    workdir: Path  # servers' data, merged models and the run's measurement cache
+    quick: bool  # fewer, shorter measurements (the CI run)
 
     def __post_init__(self) -> None:
         if not self.preset:
             raise ValueError("BaselineContext.preset must not be empty")
+        if not self.assets_dir.is_dir():
+            raise ValueError(
+                f"BaselineContext.assets_dir {str(self.assets_dir)!r} is invalid; "
+                "expected a generated demo asset directory"
+            )
 
 
 @dataclass(frozen=True)
 class CellTraffic:
-    """One cell's traffic as loraplex served it, for a comparator to price."""
+    """The traffic of one matrix cell, as the comparators must serve it."""
 
-    cell_id: str  # the cell's id in the report
+    cell_id: str  # the cell's name in the report
     shape: TokenShape  # prompt and output tokens per request
-    requests: int  # requests sent in the cell
-    wall_s: float  # wall time loraplex took for them
-    demand_per_adapter_rps: dict[str, float]  # adapter ref -> requests per second
-    ttft_slo_s: float  # the plan's TTFT objective (warm)
-    tpot_slo_s: float  # the plan's TPOT objective
-    probes: list[Probe] = field(default_factory=list)  # quality probes of the cell's revisions
+    requests: int  # requests the cell sends
+    wall_s: float  # how long the cell's traffic lasts
+    demand_per_adapter_rps: dict[str, float]  # adapter ref -> mean requests per second
+    ttft_slo_s: float  # time-to-first-token objective
+    tpot_slo_s: float  # time-per-output-token objective
+    probes: list[Probe]  # quality probes of the cell's adapters
 
     def __post_init__(self) -> None:
         if not self.cell_id:
             raise ValueError("CellTraffic.cell_id must not be empty")
-        if self.requests < 0:
-            raise ValueError(f"CellTraffic.requests must be >= 0, got {self.requests}")
+        if self.requests < 1:
+            raise ValueError(f"CellTraffic.requests must be >= 1, got {self.requests}")
         for name in ("wall_s", "ttft_slo_s", "tpot_slo_s"):
-            if not getattr(self, name) >= 0:
-                raise ValueError(f"CellTraffic.{name} must be >= 0, got {getattr(self, name)}")
-        bad = {ref: rps for ref, rps in self.demand_per_adapter_rps.items() if not rps >= 0}
-        if bad:
-            raise ValueError(f"CellTraffic.demand_per_adapter_rps must be >= 0, got {bad}")
+            value = getattr(self, name)
+            if not (math.isfinite(value) and value > 0):
+                raise ValueError(f"CellTraffic.{name} must be finite and > 0, got {value!r}")
+        if not self.demand_per_adapter_rps:
+            raise ValueError("CellTraffic.demand_per_adapter_rps must name at least one adapter")
+        for ref, rps in self.demand_per_adapter_rps.items():
+            if not (math.isfinite(rps) and rps >= 0):
+                raise ValueError(
+                    f"CellTraffic.demand_per_adapter_rps[{ref!r}] must be finite and >= 0, "
+                    f"got {rps!r}"
+                )
 
 
 @dataclass(frozen=True)
 class MethodResult:
-    """One method's result for one cell: the four pass ratios and the price of a correct one."""
+    """One method's outcome on one cell, priced like loraplex's own."""
 
     method: str  # "loraplex", "separate" or "in_context"
-    pass_ratios: dict[str, float | None]  # CHECKS -> ratio; None where undefined
+    pass_ratios: dict[str, float | None]  # CHECKS -> ratio; None: undefined (nothing judged)
     cost_per_correct_request: float | None  # USD; None when no request passed
-    machines: float  # machines the method needs for the cell's traffic
-    wall_s: float  # wall time the cost is priced over
-    terms: dict[str, object]  # every term of the price, for the report
+    machines: float  # machines the deployment needs for the cell's traffic
+    wall_s: float  # hours priced = wall_s / 3600
+    terms: dict[str, object]  # every term of the price and how it was measured
 
     def __post_init__(self) -> None:
         if not self.method:
             raise ValueError("MethodResult.method must not be empty")
-        unknown = set(self.pass_ratios) - set(CHECKS)
-        if unknown:
-            raise ValueError(f"MethodResult.pass_ratios has unknown checks {sorted(unknown)}")
-        for check, ratio in self.pass_ratios.items():
+        if set(self.pass_ratios) != set(CHECKS):
+            raise ValueError(
+                f"MethodResult.pass_ratios keys {sorted(self.pass_ratios)} are invalid; "
+                f"expected {list(CHECKS)}"
+            )
+        for name, ratio in self.pass_ratios.items():
             if ratio is not None and not 0.0 <= ratio <= 1.0:
-                raise ValueError(f"MethodResult.pass_ratios[{check!r}] {ratio} not in [0, 1]")
-        if self.machines < 0 or self.wall_s < 0:
-            raise ValueError("MethodResult.machines and wall_s must be >= 0")
+                raise ValueError(f"MethodResult.pass_ratios[{name!r}] {ratio} is not in [0, 1]")
+        if self.machines < 0:
+            raise ValueError(f"MethodResult.machines must be >= 0, got {self.machines}")
+        if self.wall_s < 0:
+            raise ValueError(f"MethodResult.wall_s must be >= 0, got {self.wall_s}")

@@ -1,0 +1,45 @@
+"""The demo set a comparator run measures on, and the per-run places its servers use."""
+
+from __future__ import annotations
+
+import tempfile
+from pathlib import Path
+
+from loraplex.artifacts.base_model import BaseModelSpec
+from loraplex.demo.manifest import DemoAssets, read_manifest
+from loraplex.qualify.baselines.types import BaselineContext
+
+
+def load_assets(ctx: BaselineContext) -> DemoAssets:
+    """The demo set of ``ctx``; ValueError when it was generated with another preset."""
+    assets = read_manifest(ctx.assets_dir)
+    if assets.preset != ctx.preset:
+        raise ValueError(
+            f"BaselineContext.preset {ctx.preset!r} does not match the assets in "
+            f"{ctx.assets_dir} (preset {assets.preset!r})"
+        )
+    return assets
+
+
+def vocab_size(assets: DemoAssets) -> int:
+    """The base model's vocabulary size (random prompt ids are drawn below it)."""
+    return BaseModelSpec.from_dir(assets.base_model_dir).vocab_size
+
+
+def max_model_len(prompt_tokens: int, output_tokens: int) -> int:
+    """A server's sequence bound for a shape: the shape, rounded up to a 16-token block, and
+    never below loraplex serve's default."""
+    need = prompt_tokens + output_tokens
+    return max(512, -(-need // 16) * 16)
+
+
+def server_dir(ctx: BaselineContext, kind: str) -> Path:
+    """A new data directory for one comparator server (kept: its log and config stay)."""
+    root = ctx.workdir / "servers"
+    root.mkdir(parents=True, exist_ok=True)
+    return Path(tempfile.mkdtemp(prefix=f"{kind}-", dir=root))
+
+
+def cache_of(ctx: BaselineContext) -> Path:
+    """Where the run's measurements are kept."""
+    return ctx.workdir / "baselines-cache"

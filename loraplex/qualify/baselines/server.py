@@ -1,0 +1,151 @@
+"""A comparator's server: ``loraplex serve`` on one model directory, as a subprocess, with a
+registry of its own that holds one tenant and nothing else (torch-free: the model loads in the
+server's process, never in this one).
+
+The server is started through the bench harness (free port, log file kept, process group
+stopped), and the launch instant is recorded so the caller can time the cold start: process
+start to first answer, a full model load included.
+"""
+
+from __future__ import annotations
+
+import os
+import secrets
+import sys
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+
+from loraplex.artifacts.base_model import BaseModelSpec
+from loraplex.bench.harness.process import Launch, free_port, serving_process
+from loraplex.bench.proc_tree import descendants_of
+from loraplex.registry import RegistryConfig, open_registry
+from loraplex.serve.config import file_key
+
+TENANT = "qualify"  # the one tenant of a comparator's registry
+_ACTOR = "qualify-baselines"
+# ``loraplex serve``, asking Linux (prctl PR_SET_PDEATHSIG) to SIGTERM it when this process
+# dies, so no comparator server outlives a killed run.
+_SERVE = (
+    "import ctypes, signal, sys\n"
+    "if sys.platform == 'linux':\n"
+    "    ctypes.CDLL(None).prctl(1, signal.SIGTERM)\n"
+    "from loraplex.cli import main; main()"
+)
+
+
+@dataclass(frozen=True)
+class ServerSpec:
+    """One comparator server: which model it serves and with which limits."""
+
+    model_dir: Path  # a Hugging Face checkpoint directory, served as the base model
+    data_dir: Path  # a fresh directory: registry, logs, secrets
+    max_model_len: int  # prompt + output tokens of one sequence
+    torch_threads: int = 1  # the same on every side (shared cores)
+    max_num_seqs: int = 32  # sequences decoding at once
+    start_timeout_s: float = 300.0  # start to ready
+
+    def __post_init__(self) -> None:
+        for name in ("max_model_len", "torch_threads", "max_num_seqs"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"ServerSpec.{name} must be >= 1, got {getattr(self, name)}")
+        if not self.start_timeout_s > 0:
+            raise ValueError(f"ServerSpec.start_timeout_s must be > 0, got {self.start_timeout_s}")
+
+
+@dataclass(frozen=True)
+class Running:
+    """A started comparator server."""
+
+    url: str  # base URL
+    pid: int  # the server process (its engine runs in a child)
+    key: str  # the tenant's API key
+    model: str  # the name requests give for the base model
+    launched_at: float  # time.monotonic() just before the process was started
+    ready_at: float  # time.monotonic() when /ready first answered 200
+    log_path: Path  # the server's output
+
+
+def _tenant_key(spec: ServerSpec, base: BaseModelSpec) -> str:
+    registry = open_registry(RegistryConfig(spec.data_dir), base=base)
+    try:
+        registry.create_tenant(TENANT, _ACTOR)
+        return registry.create_key(TENANT, _ACTOR).token
+    finally:
+        registry.close()
+
+
+def _config_text(spec: ServerSpec, port: int) -> str:
+    values: dict[str, object] = {
+        "data_dir": str(spec.data_dir),
+        "host": "127.0.0.1",
+        "port": port,
+        "model": str(spec.model_dir),
+        "demo": False,
+        "admin_key": "lpxadmin_" + secrets.token_urlsafe(24),
+        "max_loras": 1,  # no adapter is served: the smallest slot pool there is
+        "max_lora_rank": 8,
+        "auto_warm": False,
+        "max_model_len": spec.max_model_len,
+        "max_num_seqs": spec.max_num_seqs,
+        "torch_threads": spec.torch_threads,
+    }
+    lines = ["[serve]"] + [f"{file_key(k)} = {_toml(v)}" for k, v in values.items()]
+    return "\n".join(lines) + "\n"
+
+
+def _toml(value: object) -> str:
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, int | float):
+        return repr(value)
+    return '"' + str(value).replace("\\", "\\\\").replace('"', '\\"') + '"'
+
+
+@contextmanager
+def comparator_server(spec: ServerSpec) -> Iterator[Running]:
+    """Runs ``loraplex serve`` on ``spec.model_dir`` until the block ends."""
+    base = BaseModelSpec.from_dir(spec.model_dir)
+    spec.data_dir.mkdir(mode=0o700, parents=True, exist_ok=True)
+    key = _tenant_key(spec, base)
+    port = free_port()
+    config = spec.data_dir / "serve.toml"
+    config.write_text(_config_text(spec, port), encoding="utf-8")
+    launch = Launch(
+        name="loraplex serve (qualify comparator)",
+        command=[sys.executable, "-c", _SERVE, "serve", "--config", str(config)],
+        env={**os.environ, "OMP_NUM_THREADS": str(spec.torch_threads)},
+        url=f"http://127.0.0.1:{port}",
+        ready_path="/ready",
+        log_path=spec.data_dir / "server.log",
+        start_timeout_s=spec.start_timeout_s,
+        stop_grace_s=20.0,
+    )
+    launched_at = time.monotonic()
+    with serving_process(launch) as process:
+        ready_at = time.monotonic()
+        yield Running(
+            launch.url, process.pid, key, base.name, launched_at, ready_at, launch.log_path
+        )
+
+
+def peak_rss_bytes(pid: int) -> int:
+    """Peak resident memory (``VmHWM``) of ``pid`` and its live descendants, summed: what one
+    replica needs at the most (the engine child holds the model)."""
+    total = 0
+    for process in (pid, *descendants_of(pid)):
+        try:
+            status = Path(f"/proc/{process}/status").read_text(encoding="ascii")
+        except (FileNotFoundError, ProcessLookupError):
+            continue
+        for line in status.splitlines():
+            if line.startswith("VmHWM:"):
+                total += int(line.split()[1]) * 1024  # kB
+    return total
+
+
+def machine_memory_bytes() -> int:
+    """Physical memory of this machine (the one the replica's footprint was measured on)."""
+    return os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
