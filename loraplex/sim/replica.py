@@ -17,8 +17,8 @@ from collections.abc import Mapping
 from concurrent.futures import Future
 
 from loraplex.artifacts.identity import AdapterKey
-from loraplex.engine.kv.blocks import BlockManager
 from loraplex.engine.config import SchedulerConfig
+from loraplex.engine.kv.blocks import BlockManager
 from loraplex.engine.protocol import EngineRequest
 from loraplex.engine.request import Request, RequestState
 from loraplex.engine.sched.admission import AdapterLoads
