@@ -3,9 +3,12 @@ and null (never 0) wherever a ratio is undefined."""
 
 from __future__ import annotations
 
+from pathlib import Path
+
+import pytest
 from test_checks import CELL, PLAN, REFS, _answer, _run
 
-from loraplex.qualify.baselines.types import MethodResult
+from loraplex.qualify.baselines.types import BaselineContext, CellTraffic, MethodResult
 from loraplex.qualify.checks import judge
 from loraplex.qualify.compare import (
     cell_traffic,
@@ -49,8 +52,9 @@ def test_a_comparator_gets_the_cell_with_reference_expectations() -> None:
 
 def test_a_comparator_without_a_result_leaves_its_ratios_null() -> None:
     mine, (run, verdict) = _priced()
-    unavailable = {"status": "unavailable", "reason": "not in this build"}
-    separate = MethodResult("separate", {"quality": 1.0}, mine.cost_per_correct_request * 4, 3.0,
+    unavailable = {"status": "failed", "reason": "RuntimeError: the server did not start"}
+    ratios = {"correct_revision": 1.0, "quality": 1.0, "latency": 1.0, "isolation": 1.0}
+    separate = MethodResult("separate", ratios, mine.cost_per_correct_request * 4, 3.0,
                             1.0, {})  # type: ignore[operator]  # fmt: skip
     others = {"separate": separate, "in_context": unavailable}
     report = build_report(
@@ -67,3 +71,31 @@ def test_a_comparator_without_a_result_leaves_its_ratios_null() -> None:
     assert report.payload["headline"]["cost_per_correct_request_over_in_context"] is None
     assert report.payload["headline"]["cost_per_correct_request_over_separate_at_256"] is None
     assert report.exit_code() == 1 and report.payload["failed_cells"] == [CELL.cell_id]
+
+
+def test_a_comparator_that_raises_is_reported_failed_and_the_run_goes_on(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from loraplex.qualify import compare
+
+    def broken(ctx: BaselineContext, cell: CellTraffic) -> MethodResult:
+        raise RuntimeError("the dedicated server did not start")
+
+    seen: list[str] = []
+
+    def fine(ctx: BaselineContext, cell: CellTraffic) -> MethodResult:
+        seen.append(cell.cell_id)
+        ratios = {"correct_revision": None, "quality": 0.0, "latency": 1.0, "isolation": None}
+        return MethodResult("in_context", ratios, None, 1.0, 1.0, {})
+
+    monkeypatch.setitem(compare.MEASURES, "separate", broken)
+    monkeypatch.setitem(compare.MEASURES, "in_context", fine)
+    _, (run, verdict) = _priced()
+    traffic = cell_traffic(run, verdict, PLAN, REFS)  # type: ignore[arg-type]
+    ctx = BaselineContext(tmp_path, "small", PLAN.price, tmp_path, quick=True)
+    out = compare.comparators(PLAN, ctx, traffic)
+    assert out["separate"] == {
+        "status": "failed",
+        "reason": "RuntimeError: the dedicated server did not start",
+    }
+    assert isinstance(out["in_context"], MethodResult) and seen == [CELL.cell_id]
