@@ -175,6 +175,8 @@ class EngineCore:
             for request_id, token in result.sampled.items():
                 self._emit(requests[request_id], token, result.logprobs.get(request_id))
         self.view = self.scheduler.make_stats()
+        if self.modes is not None:  # the merged revision and transition times ride along
+            self.view = self.modes.stamp(self.view)
         return worked
 
     def _trace_batches(self, plan: StepPlan) -> None:

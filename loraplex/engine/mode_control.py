@@ -16,6 +16,7 @@ from __future__ import annotations
 import statistics
 from collections.abc import Mapping
 from concurrent.futures import Future
+from dataclasses import replace
 
 from loraplex.artifacts.identity import AdapterKey
 from loraplex.clock import Clock
@@ -29,7 +30,9 @@ from loraplex.engine.mode_policy import (
     TokenWindow,
     decide,
 )
+from loraplex.engine.mode_report import ModeReport
 from loraplex.engine.modes import ModeSwitcher, Transition
+from loraplex.engine.sched.stats import QueueView
 from loraplex.engine.step import StepPlan
 from loraplex.residency.cache.jobs import Lease
 from loraplex.residency.cache.tiered_cache import TieredAdapterCache
@@ -73,6 +76,12 @@ class ModeController:
         self._last_s: float | None = None
         self.step_costs = StepCosts()
         self._step_start_s: float | None = None
+        text = ModeKind.AUTO.value if setting.revision is None else f"merged:{setting.revision}"
+        self.report = ModeReport(text, None)  # published with every queue view (``stamp``)
+
+    def stamp(self, view: QueueView) -> QueueView:
+        """``view`` carrying this engine's mode report (to /metrics, admin guards, routers)."""
+        return replace(view, mode=self.report)
 
     def after_step(self, plan: StepPlan, keys: Mapping[str, AdapterKey | None]) -> None:
         """Count the step's tokens; ``keys``: request id -> its revision (None: base model)."""
@@ -143,6 +152,8 @@ class ModeController:
     def _record(self, transition: Transition) -> None:
         self.transitions.append(transition)
         self._last_s = self.clock.now()
+        merged = self.switcher.merged_revision
+        self.report = self.report.observed(transition.kind.value, transition.seconds, merged)
 
     def _transition_s(self) -> float:
         if not self.transitions:
