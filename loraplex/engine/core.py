@@ -24,6 +24,7 @@ from dataclasses import replace
 from loraplex.artifacts.identity import AdapterKey
 from loraplex.clock import Clock
 from loraplex.engine.mode_control import ModeController
+from loraplex.engine.modes import Transition
 from loraplex.engine.output import OutputTracker
 from loraplex.engine.protocol import FINISH_ABORT, EngineRequest, TokenDelta, TokenLogprob
 from loraplex.engine.request import Request, RequestState
@@ -142,7 +143,7 @@ class EngineCore:
         self._request_leases()
         self._prefetch()
         if self.modes is not None:  # merge/unmerge happen between steps only
-            self.modes.before_step()
+            self._trace_transitions(self.modes.before_step())
         plan = self.scheduler.schedule()
         worked = bool(plan.chunks)
         if worked:
@@ -178,6 +179,20 @@ class EngineCore:
         if self.modes is not None:  # the merged revision and transition times ride along
             self.view = self.modes.stamp(self.view)
         return worked
+
+    def _trace_transitions(self, transitions: list[Transition]) -> None:
+        """Notes each merge/unmerge in every live traced request's log (all of them waited)."""
+        if not self._traced or not transitions:
+            return
+        now = self.clock.now()
+        requests = self.scheduler.requests
+        for request_id in self._traced:
+            req = requests.get(request_id)
+            log = None if req is None else req.trace_log
+            if log is None:
+                continue
+            for t in transitions:
+                log.mode_transition(now, t.seconds, t.kind.value, t.revision)
 
     def _trace_batches(self, plan: StepPlan) -> None:
         """Notes this step's batch shape in each traced request's log (a few compares per

@@ -97,13 +97,16 @@ class ModeController:
                 self._keys[ref] = key
             self.window.record(now, ref, len(chunk.token_ids))
 
-    def before_step(self) -> None:
-        """Finish a pending merge, or decide whether one (or an unmerge) is due."""
+    def before_step(self) -> list[Transition]:
+        """Finish a pending merge, or decide whether one (or an unmerge) is due; returns the
+        transitions made (live traced requests note them: they waited for them)."""
         self._step_start_s = None
+        seen = len(self.transitions)
         try:
             self._transition()
         finally:  # the step that follows is timed from here, after any transition
             self._step_start_s = self.clock.now()
+        return self.transitions[seen:]
 
     def _transition(self) -> None:
         if self._pending is not None:
