@@ -47,6 +47,7 @@ _TORCH_FREE_ENGINE = (
     "remote_cache",
     "trace_log",
     "mode_policy",
+    "mode_report",
 )
 TORCH_FREE_MODULES = (
     *(f"loraplex.engine.{name}" for name in _TORCH_FREE_ENGINE),
