@@ -126,7 +126,14 @@ def ratio(a: float, b: float) -> float | None:
 
 
 def skewed_slots(rng: random.Random, n: int, hot_share: float) -> list[int | None]:
-    return [HOT if rng.random() < hot_share else rng.randrange(1, NUM_ADAPTERS) for _ in range(n)]
+    """``n`` sequences, ``round(hot_share * n)`` of them on the hot revision (exactly the share
+    the scenario names, as near as ``n`` allows: a random draw per sequence gave 0.69 for 0.8
+    at 16), the rest spread at random over the 15 others, in shuffled order."""
+    num_hot = round(hot_share * n)
+    slots: list[int | None] = [HOT] * num_hot
+    slots += [rng.randrange(1, NUM_ADAPTERS) for _ in range(n - num_hot)]
+    rng.shuffle(slots)
+    return slots
 
 
 def auto_decision(slots: list[int | None], costs: MeasuredCosts) -> int | None:
