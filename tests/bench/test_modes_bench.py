@@ -39,8 +39,9 @@ def test_one_run_reports_every_figure(tmp_path: Path) -> None:
         assert metrics[key] is None or metrics[key] > 0, key
     assert 0.5 < metrics["skewed80_hot_share"] < 1.0
     assert metrics["skewed80_gain_bound"] == modes.gain_bound(
-        metrics["skewed80_hot_share"], metrics["unmerged_lora_overhead"]
+        metrics["skewed80_hot_share"], metrics["skewed80_lora_overhead"]
     )
+    assert metrics["prefill_skewed80_lora_overhead"] > 0
     modes_plot(result, tmp_path / "modes.png")
     assert (tmp_path / "modes.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     assert metrics["mode_transition_ms_p50"] <= metrics["mode_transition_ms_p99"]

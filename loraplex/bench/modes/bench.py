@@ -70,9 +70,10 @@ def throughput(
 
 def gain_bound(hot_share: float, overhead: float | None) -> float | None:
     """The most ``auto`` / unmerged can reach with ``hot_share`` of the tokens on the merged
-    revision when the unmerged LoRA op costs ``overhead`` (base / unmerged) and LoRA work is
-    per token: merged, the hot tokens' LoRA work goes and every other token pays one more
-    pass, so the step loses ``(2 share - 1)`` of its LoRA fraction ``1 - 1 / overhead``.
+    revision when the unmerged LoRA op costs ``overhead`` (base / unmerged, on that same mixed
+    batch: a mixed batch's LoRA op costs more than one revision's) and LoRA work is per token:
+    merged, the hot tokens' LoRA work goes and every other token pays one more pass, so the
+    step loses ``(2 share - 1)`` of its LoRA fraction ``1 - 1 / overhead``.
     Launch-bound steps (a pass per adapter whatever its tokens) get less (docs/modes.md)."""
     if overhead is None or overhead <= 0:
         return None
@@ -90,16 +91,20 @@ def prefill_figures(setup: Setup, skewed: list[int | None]) -> dict[str, object]
             setup, {"base": (single, None), "unmerged": (single, setup.pool)}, prefill=True
         )
         mixed = throughput(
-            setup, {"unmerged": (skewed, setup.pool), "merged": (skewed, merged)}, prefill=True
+            setup,
+            {"base": (skewed, None), "unmerged": (skewed, setup.pool), "merged": (skewed, merged)},
+            prefill=True,
         )
     finally:
         setup.unmerge()
     overhead = ratio(one["base"], one["unmerged"])
+    mixed_overhead = ratio(mixed["base"], mixed["unmerged"])
     hot = sum(s == HOT for s in skewed) / len(skewed)
     return {
         "prefill_unmerged_lora_overhead": overhead,
         "prefill_skewed80_merged_over_unmerged": ratio(mixed["merged"], mixed["unmerged"]),
-        "prefill_skewed80_gain_bound": gain_bound(hot, overhead),
+        "prefill_skewed80_lora_overhead": mixed_overhead,
+        "prefill_skewed80_gain_bound": gain_bound(hot, mixed_overhead),
         "prefill_tokens_per_s": {**one, **{f"skewed80_{k}": v for k, v in mixed.items()}},
     }
 
@@ -218,23 +223,33 @@ def run_modes_bench(config: ModesBenchConfig) -> dict[str, object]:
             choice = auto_decision(slots, costs)
             auto = setup.merge(choice) if choice is not None else setup.pool
             try:
-                tps = throughput(setup, {"unmerged": (slots, setup.pool), "auto": (slots, auto)})
+                variants: dict[str, tuple[list[int | None], LoraApplier | None]] = {
+                    "base": (slots, None),
+                    "unmerged": (slots, setup.pool),
+                    "auto": (slots, auto),
+                }
+                tps = throughput(setup, variants)
             finally:
                 if choice is not None:
                     setup.unmerge()
             metrics[f"{name}_auto_merged_slot"] = choice
             metrics[f"{name}_auto_over_unmerged"] = ratio(tps["auto"], tps["unmerged"])
+            # the LoRA overhead of this very batch (base / unmerged, same group and clock)
+            metrics[f"{name}_lora_overhead"] = ratio(tps["base"], tps["unmerged"])
         metrics["share_sweep"] = share_sweep(setup, rng)
         metrics.update(prefill_figures(setup, skewed))
     hot = sum(s == HOT for s in skewed) / len(skewed)
     overhead = ratio(single_tps["base"], single_tps["unmerged"])
+    skewed_overhead = metrics["skewed80_lora_overhead"]
+    if not isinstance(skewed_overhead, float | None):
+        raise TypeError("skewed80_lora_overhead is not a ratio")
     metrics.update(
         {
             "single_merged_over_base": ratio(single_tps["merged"], single_tps["base"]),
             "single_merged_over_unmerged": ratio(single_tps["merged"], single_tps["unmerged"]),
             "unmerged_lora_overhead": overhead,
             "skewed80_hot_share": hot,
-            "skewed80_gain_bound": gain_bound(hot, overhead),
+            "skewed80_gain_bound": gain_bound(hot, skewed_overhead),
             "single_tokens_per_s": single_tps,
             "mode_transition_ms_p50": pct(merges + unmerges, 0.5),
             "mode_transition_ms_p99": pct(merges + unmerges, 0.99),
