@@ -126,6 +126,19 @@ class RevisionConflictError(RegistryError):
     """An immutable revision was re-registered with different content."""
 
 
+class MergedRevisionError(RegistryError):
+    """An operator asked to deprecate a revision, or move an alias off it, while it is merged
+    into the engine's base weights (docs/modes.md): it must be unmerged first (409)."""
+
+    def __init__(self, revision: str, action: str) -> None:
+        self.revision = revision  # tenant/name@revision in the base weights
+        super().__init__(
+            f"revision {revision} cannot be {action}: it is merged into the engine's base "
+            "weights; unmerge it first (mode 'auto' unmerges once its traffic leaves; "
+            "'merged:<ref>' needs the server's mode changed)"
+        )
+
+
 # --- requests -----------------------------------------------------------------------------------
 
 

@@ -64,6 +64,7 @@ _TORCH_FREE_ENGINE = (
     "mode_policy",
     "live",
     "lease_desk",
+    "mode_report",
 )
 TORCH_FREE_MODULES = (
     *(f"loraplex.engine.{name}" for name in _TORCH_FREE_ENGINE),

@@ -621,14 +621,31 @@ def modes(
     threads: Annotated[int, typer.Option(help="torch threads (1 is stable on shared cores).")] = 1,
     rounds: Annotated[int, typer.Option(help="Interleaved timing rounds.")] = 7,
     seed: Annotated[int, typer.Option(help="Seed of weights and traces.")] = 0,
+    batch_size: Annotated[int, typer.Option(help="Sequences per step.")] = 16,
+    context_tokens: Annotated[
+        int, typer.Option(help="Prompt tokens per sequence (the prefill steps' chunk).")
+    ] = 64,
+    plot: Annotated[
+        str, typer.Option(help="Where to write the share plot (PNG); '' skips it.")
+    ] = "",
 ) -> None:
     """Merged vs unmerged vs base execution and the auto mode policy, side by side (float32)."""
     import torch
 
     from loraplex.bench.modes.bench import ModesBenchConfig, run_modes_bench
+    from loraplex.bench.modes.plot import modes_plot
 
     torch.set_num_threads(threads)
-    result = run_modes_bench(ModesBenchConfig(preset=preset, rounds=rounds, seed=seed))
+    config = ModesBenchConfig(
+        preset=preset,
+        rounds=rounds,
+        seed=seed,
+        batch_size=batch_size,
+        context_tokens=context_tokens,
+    )
+    result = run_modes_bench(config)
+    if plot:
+        modes_plot(result, Path(plot))
     if not as_json:
         typer.echo("merged/unmerged/base decode steps; see docs/modes.md", err=True)
     typer.echo(json.dumps(result))

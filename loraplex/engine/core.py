@@ -28,6 +28,7 @@ from loraplex.clock import Clock
 from loraplex.engine.lease_desk import LeaseDesk
 from loraplex.engine.live import Live, Sink, check_records
 from loraplex.engine.mode_control import ModeController
+from loraplex.engine.modes import Transition
 from loraplex.engine.output import OutputTracker
 from loraplex.engine.protocol import FINISH_ABORT, EngineRequest, TokenDelta, TokenLogprob
 from loraplex.engine.request import Request, RequestState
@@ -140,11 +141,13 @@ class EngineCore:
         """One iteration; False when there was nothing to run (the loop may then sleep)."""
         self.leases.advance()
         if self.modes is not None:  # merge/unmerge happen between steps only
-            self.modes.before_step()
+            self._trace_transitions(self.modes.before_step())
         plan = self.scheduler.schedule()
         if plan.chunks:
             self._update(plan, self._run(plan))
         self.view = self.scheduler.make_stats()
+        if self.modes is not None:  # the merged revision and transition times ride along
+            self.view = self.modes.stamp(self.view)
         return bool(plan.chunks)
 
     def _run(self, plan: StepPlan) -> StepResult:
@@ -179,6 +182,18 @@ class EngineCore:
             self.modes.after_step(plan, keys)
         for request_id, token in result.sampled.items():
             self._emit(self._live[request_id], token, result.logprobs.get(request_id))
+
+    def _trace_transitions(self, transitions: list[Transition]) -> None:
+        """Notes each merge/unmerge in every live traced request's log (all of them waited)."""
+        if not self._num_traced or not transitions:
+            return
+        now = self.clock.now()
+        for live in self._live.values():
+            log = live.req.trace_log
+            if log is None:
+                continue
+            for t in transitions:
+                log.mode_transition(now, t.seconds, t.kind.value, t.revision)
 
     def _trace_batches(self, plan: StepPlan) -> None:
         """Notes this step's batch shape in each traced request's log (a few compares per

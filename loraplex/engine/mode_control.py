@@ -16,6 +16,7 @@ from __future__ import annotations
 import statistics
 from collections.abc import Mapping
 from concurrent.futures import Future
+from dataclasses import replace
 
 from loraplex.artifacts.identity import AdapterKey
 from loraplex.clock import Clock
@@ -29,7 +30,9 @@ from loraplex.engine.mode_policy import (
     TokenWindow,
     decide,
 )
+from loraplex.engine.mode_report import ModeReport
 from loraplex.engine.modes import ModeSwitcher, Transition
+from loraplex.engine.sched.stats import QueueView
 from loraplex.engine.step import StepPlan
 from loraplex.residency.cache.jobs import Lease
 from loraplex.residency.cache.tiered_cache import TieredAdapterCache
@@ -73,6 +76,12 @@ class ModeController:
         self._last_s: float | None = None
         self.step_costs = StepCosts()
         self._step_start_s: float | None = None
+        text = ModeKind.AUTO.value if setting.revision is None else f"merged:{setting.revision}"
+        self.report = ModeReport(text, None)  # published with every queue view (``stamp``)
+
+    def stamp(self, view: QueueView) -> QueueView:
+        """``view`` carrying this engine's mode report (to /metrics, admin guards, routers)."""
+        return replace(view, mode=self.report)
 
     def after_step(self, plan: StepPlan, keys: Mapping[str, AdapterKey | None]) -> None:
         """Count the step's tokens; ``keys``: request id -> its revision (None: base model)."""
@@ -88,13 +97,16 @@ class ModeController:
                 self._keys[ref] = key
             self.window.record(now, ref, len(chunk.token_ids))
 
-    def before_step(self) -> None:
-        """Finish a pending merge, or decide whether one (or an unmerge) is due."""
+    def before_step(self) -> list[Transition]:
+        """Finish a pending merge, or decide whether one (or an unmerge) is due; returns the
+        transitions made (live traced requests note them: they waited for them)."""
         self._step_start_s = None
+        seen = len(self.transitions)
         try:
             self._transition()
         finally:  # the step that follows is timed from here, after any transition
             self._step_start_s = self.clock.now()
+        return self.transitions[seen:]
 
     def _transition(self) -> None:
         if self._pending is not None:
@@ -143,6 +155,8 @@ class ModeController:
     def _record(self, transition: Transition) -> None:
         self.transitions.append(transition)
         self._last_s = self.clock.now()
+        merged = self.switcher.merged_revision
+        self.report = self.report.observed(transition.kind.value, transition.seconds, merged)
 
     def _transition_s(self) -> float:
         if not self.transitions:

@@ -17,6 +17,7 @@ from types import MappingProxyType
 from typing import TYPE_CHECKING, Any, Protocol
 
 from loraplex.artifacts.identity import AdapterKey
+from loraplex.engine.mode_report import ModeReport
 from loraplex.engine.trace_log import EngineTrace
 from loraplex.residency.ledger import Tier
 
@@ -187,6 +188,7 @@ class EngineLoad:
     waiting_adapters: tuple[AdapterKey, ...]  # adapters with queued requests, not resident
     max_loras: int  # GPU adapter slots
     num_active_tokens: int  # prompt + output tokens of every live request (the router's load)
+    mode: ModeReport | None = None  # merged revision and transition times; None: unmerged
 
 
 @dataclass(frozen=True)

@@ -21,6 +21,7 @@ from dataclasses import dataclass
 from loraplex.residency.ledger import Tier
 
 MAX_BATCH_RUNS = 32  # batch runs kept per request; later ones are only counted
+MAX_MODE_TRANSITIONS = 8  # mode transitions kept per request (auto dwells a minute between two)
 
 
 @dataclass(frozen=True)
@@ -33,6 +34,17 @@ class BatchRun:
     batch_size: int  # requests (chunks) in each step's forward
     num_revisions: int  # distinct adapter revisions in the batch (the base model counts one)
     strategy: str  # the LoRA kernel strategy the step ran (ops.base.Strategy value)
+
+
+@dataclass(frozen=True)
+class ModeTransitionMark:
+    """A merge or unmerge (docs/modes.md) that ran between two steps while the request was live:
+    every live request waited for it."""
+
+    start_offset_s: float  # when it began, seconds after engine arrival
+    seconds: float  # how long it took
+    direction: str  # "merge" or "unmerge"
+    revision: str  # the adapter ref merged or unmerged
 
 
 @dataclass(frozen=True)
@@ -51,6 +63,7 @@ class EngineTrace:
     num_steps_dropped: int  # steps after MAX_BATCH_RUNS runs were kept, counted only
     end_offset_s: float  # its end, seconds after engine arrival
     replica_id: str | None = None  # the fleet replica that ran it (set by the replica)
+    mode_transitions: tuple[ModeTransitionMark, ...] = ()  # at most MAX_MODE_TRANSITIONS
 
 
 class TraceLog:
@@ -61,6 +74,7 @@ class TraceLog:
         "_deferred_at_s",
         "_dropped",
         "_runs",
+        "_transitions",
         "deferred_s",
         "leased_offset_s",
         "load_stages",
@@ -75,6 +89,7 @@ class TraceLog:
         self._deferred_at_s: float | None = None
         self._runs: list[list[float | int | str]] = []  # BatchRun fields, mutable
         self._dropped = 0
+        self._transitions: list[ModeTransitionMark] = []
         self.deferred_s: float | None = None
         self.tier: Tier | None = None
         self.placement = "none"
@@ -120,6 +135,12 @@ class TraceLog:
             return
         runs.append([offset, offset, 1, size, num_revisions, strategy])
 
+    def mode_transition(self, end_s: float, seconds: float, direction: str, revision: str) -> None:
+        """A merge or unmerge of ``seconds`` ended at ``end_s`` while this request was live."""
+        if len(self._transitions) < MAX_MODE_TRANSITIONS:
+            start = end_s - seconds - self._arrival_s
+            self._transitions.append(ModeTransitionMark(start, seconds, direction, revision))
+
     def finish(self, now_s: float, queue_s: float | None, base: bool) -> EngineTrace:
         placement = "base" if base and self.placement == "none" else self.placement
         return EngineTrace(
@@ -137,4 +158,5 @@ class TraceLog:
             ),
             num_steps_dropped=self._dropped,
             end_offset_s=now_s - self._arrival_s,
+            mode_transitions=tuple(self._transitions),
         )

@@ -122,14 +122,17 @@ class EngineReplica:
             tier: {str(e.key) for e in snapshot.entries if e.tier is tier and e.ready}
             for tier in (Tier.L0, Tier.L1, Tier.L2)
         }
+        load = self._engine.load_snapshot()
+        merged_ref = None if load.mode is None else load.mode.merged_revision
+        merged = {str(e.key) for e in snapshot.entries if e.key.ref == merged_ref}
         residency = Residency(
             l0=frozenset(tiers[Tier.L0]),
             l1=frozenset(tiers[Tier.L1]),
             l2=frozenset(tiers[Tier.L2]),
             loading=frozenset(loading),
             pinned=frozenset(pinned),
+            merged=frozenset(merged),
         )
-        load = self._engine.load_snapshot()
         now_s = self._clock()
         evictions = sum(snapshot.stats.evictions.values())
         replica_load = ReplicaLoad(

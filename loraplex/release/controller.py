@@ -241,17 +241,25 @@ class ReleaseController:
 
     def _settle(self, release: Release, now: float) -> None:
         """Drop the candidate's pins once; hold the baseline until ``hold_until``, then unpin
-        it and clear the hold (delayed eviction)."""
+        it and clear the hold (delayed eviction). The revision the alias left (the baseline
+        when promoted, the candidate otherwise) is released only once it is not merged into
+        the engine's weights (docs/modes.md): until then every tick looks again."""
         owner = release.release_id
         baseline = self._key(release.baseline_ref)
+        candidate = self._key(release.candidate_ref)
+        promoted = release.state is S.PROMOTED
         if owner not in self._settled:
-            self._pins.release(self._key(release.candidate_ref), owner)
+            if not promoted and self._env.is_merged(candidate):
+                return  # the hold below is not cleared either, so ticks keep coming
+            self._pins.release(candidate, owner)
             self._settled.add(owner)
         hold_until = release.hold_until
         if hold_until is not None and now < hold_until:
             if owner not in self._holding:
                 self._pins.hold(baseline, owner)
                 self._holding.add(owner)
+            return
+        if promoted and self._env.is_merged(baseline):
             return
         self._store.release_hold(release, actor=self._actor, now=now)
         self._pins.release(baseline, owner)

@@ -28,6 +28,11 @@ class ReleaseEnv(Protocol):
         """Undo ``hold`` / ``prewarm`` pins; the revision is left to normal eviction."""
         ...
 
+    def is_merged(self, key: AdapterKey) -> bool:
+        """Whether ``key`` is merged into the engine's base weights now (docs/modes.md): the
+        controller releases no revision while it is."""
+        ...
+
     def probe(self, key: AdapterKey, tenant: str, prompt: str, max_tokens: int) -> Future[str]:
         """The greedy completion of ``prompt`` by revision ``key`` (as tenant ``tenant``)."""
         ...

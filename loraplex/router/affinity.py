@@ -5,7 +5,8 @@
 1. session: the session's last replica, while it is not saturated (its KV prefix is there);
 2. base model (no revision): power of two choices among the unsaturated replicas;
 3. residency: the best-scoring unsaturated replica holding the revision (L0, loading, L1, L2;
-   score = residency weight − load penalty);
+   score = residency weight − load penalty; a replica that merged it into its base weights
+   gets ``weight_merged`` on top of L0, reason ``merged``);
 4. saturated: some replica holds it but all such are saturated — load wins: the least loaded
    unsaturated replica (it becomes a new holder);
 5. placement: resident nowhere — the best unsaturated replica of its rendezvous set (widened
@@ -42,6 +43,11 @@ _HIT_REASON = {
 }
 
 
+def _hit_reason(view: ReplicaView, key: str) -> Reason:
+    tier = view.tier_of(key)
+    return Reason.MERGED if tier is Tier.L0 and view.is_merged(key) else _HIT_REASON[tier]
+
+
 def _least_loaded(views: Sequence[ReplicaView], config: RouterConfig) -> ReplicaView:
     return min(views, key=lambda v: (load_penalty(v, config), v.replica_id))
 
@@ -68,7 +74,7 @@ class AffinityPolicy:
             known,
             key=lambda v: (-affinity(v, key, self._config), load_penalty(v, self._config)),
         )
-        return decision(order, fleet, _HIT_REASON[order[0].tier_of(key)])
+        return decision(order, fleet, _hit_reason(order[0], key))
 
 
 class AffinityUntilSaturatedPolicy:
@@ -118,7 +124,7 @@ class AffinityUntilSaturatedPolicy:
         holders = [v for v in open_ if v.tier_of(key) > Tier.ABSENT]
         if holders:
             best = min(holders, key=lambda v: (-score(v, key, config), v.replica_id))
-            return best, _HIT_REASON[best.tier_of(key)]
+            return best, _hit_reason(best, key)
         if any(v.tier_of(key) > Tier.ABSENT for v in known):
             return _least_loaded(open_ or known, config), Reason.SATURATED
         return self._place(key, known)

@@ -12,7 +12,8 @@ class RouterConfig:
     """Weights, thresholds and bounds of the replica choice.
 
     A replica's score for a request is its residency weight for the revision (plus the pinned
-    bonus) minus its load penalty; the weights are ordered GPU ≫ loading > CPU > disk > absent.
+    and merged bonuses) minus its load penalty; the weights are ordered GPU ≫ loading > CPU >
+    disk > absent.
     """
 
     weight_l0: float = 100.0  # revision in the replica's GPU slots
@@ -20,6 +21,7 @@ class RouterConfig:
     weight_l1: float = 30.0  # in its CPU tier
     weight_l2: float = 10.0  # on its local disk
     weight_pinned: float = 5.0  # bonus: pinned there, so it will not be evicted under us
+    weight_merged: float = 20.0  # bonus: merged into its base weights (its tokens skip LoRA)
     penalty_per_queued: float = 4.0  # per waiting request (for a seat or its adapter; + routed)
     penalty_per_running: float = 1.0  # per running sequence (it shares every engine step)
     penalty_per_1k_active_tokens: float = 1.0  # per 1,000 active tokens (reported + routed)

@@ -14,6 +14,7 @@ from loraplex.router.view import ReplicaView
 class Reason(StrEnum):
     """Why a replica was chosen; a fixed set, so it can label a metric."""
 
+    MERGED = "merged"  # the revision is merged into its base weights (no LoRA work there)
     GPU_HIT = "gpu_hit"  # the revision is in its GPU slots
     CPU_HIT = "cpu_hit"  # in its CPU tier
     DISK_HIT = "disk_hit"  # on its disk

@@ -22,7 +22,8 @@ from typing import Any, TypeAlias, TypeGuard
 from loraplex.errors import LoraplexError, quoted
 from loraplex.router.bloom import MAX_BITS, BloomFilter
 
-REPORT_VERSION = 2  # 2: load.num_adapter_wait apart from load.num_queued
+# 2: load.num_adapter_wait apart from load.num_queued; 3: residency.merged
+REPORT_VERSION = 3
 # A set larger than this is sent as a Bloom filter (a few KiB however many revisions are
 # resident); below it, an exact list is about as small and has no false positives.
 MAX_EXACT_KEYS = 256
@@ -55,6 +56,8 @@ class Residency:
     l2: KeySet = frozenset()  # local disk
     loading: KeySet = frozenset()  # being brought into L0 right now
     pinned: KeySet = frozenset()  # pinned by an operator or a release: never evicted
+    # merged into the replica's base weights (docs/modes.md): its tokens skip the LoRA op there
+    merged: KeySet = frozenset()
 
 
 @dataclass(frozen=True)

@@ -81,6 +81,10 @@ class ReplicaView:
     def is_pinned(self, adapter_key: str) -> bool:
         return self.report is not None and adapter_key in self.report.residency.pinned
 
+    def is_merged(self, adapter_key: str) -> bool:
+        """Whether the replica reported ``adapter_key`` merged into its base weights."""
+        return self.report is not None and adapter_key in self.report.residency.merged
+
 
 def utilization(view: ReplicaView, config: RouterConfig, *, cold: bool = False) -> float:
     """Load as a fraction of the saturation point: 1.0 and above is saturated. The largest of the
@@ -118,7 +122,8 @@ def load_penalty(view: ReplicaView, config: RouterConfig) -> float:
 
 
 def affinity(view: ReplicaView, adapter_key: str, config: RouterConfig) -> float:
-    """The residency part of the score: the tier's weight, plus the pinned bonus."""
+    """The residency part of the score: the tier's weight, plus the pinned and merged
+    bonuses (a merged revision runs there with no LoRA work: docs/modes.md)."""
     weights = {
         Tier.L0: config.weight_l0,
         Tier.LOADING: config.weight_loading,
@@ -128,6 +133,8 @@ def affinity(view: ReplicaView, adapter_key: str, config: RouterConfig) -> float
     }
     tier = view.tier_of(adapter_key)
     bonus = config.weight_pinned if tier > Tier.ABSENT and view.is_pinned(adapter_key) else 0.0
+    if tier is Tier.L0 and view.is_merged(adapter_key):
+        bonus += config.weight_merged
     return weights[tier] + bonus
 
 

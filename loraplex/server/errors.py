@@ -43,6 +43,7 @@ from loraplex.errors import (
     InvalidRequestError,
     LoadCancelledError,
     LoraplexError,
+    MergedRevisionError,
     NoAdapterCacheError,
     PathOutsideStoreError,
     PromptTooLongError,
@@ -188,6 +189,8 @@ def to_api_error(
         return ApiError(404, str(exc), "invalid_request_error", "not_found")
     if isinstance(exc, RevisionConflictError):
         return ApiError(409, str(exc), "invalid_request_error", "revision_conflict")
+    if isinstance(exc, MergedRevisionError):
+        return ApiError(409, str(exc), "invalid_request_error", "revision_merged")
     if isinstance(exc, InvalidTransitionError | ReleaseConflictError):
         # the release is not in a state that allows it (or another actor moved it first)
         return ApiError(409, str(exc), "invalid_request_error", "release_conflict")

@@ -65,6 +65,7 @@ from loraplex.server.metrics_collectors import (
     HealthCollector,
     ReleaseCollector,
 )
+from loraplex.server.metrics_modes import ModeCollector
 from loraplex.server.metrics_status import StatusCounts
 from loraplex.server.recent_requests import RecentRequests
 from loraplex.server.request_log import LoggedRequest, RequestLog
@@ -99,6 +100,7 @@ class ServerMetrics:
         self.registry.register(EngineCollector(engine, wall_clock, self.adapter_labels))
         self.registry.register(AdapterRequestsCollector(self.adapter_labels))
         self.registry.register(HealthCollector(engine))
+        self.registry.register(ModeCollector(engine))
         if cache is not None:
             self.registry.register(CacheCollector(cache))
         self.registry.register(ReleaseCollector(releases))

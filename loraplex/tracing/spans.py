@@ -9,6 +9,7 @@ The tree (one trace per request)::
         ├── loraplex.queue              arrival in the engine -> first scheduled
         ├── loraplex.residency          tier found, placement, deferral (until the lease)
         │   └── loraplex.load.<stage>   resolve, fetch, verify, commit, read (decode), copy
+        ├── loraplex.mode_transition    a merge/unmerge it waited for (docs/modes.md)
         └── loraplex.batch              one per run of same-shaped steps (size, revisions,
                                         kernel strategy)
 
@@ -168,6 +169,17 @@ class SpanBuilder:
             spans.append(self._child("loraplex.queue", parent, start, at(engine.queue_s), {}))
         if engine.placement not in ("base", "none") or engine.deferred_s is not None:
             spans.extend(self._residency_spans(parent, start, at, engine))
+        for mark in engine.mode_transitions:
+            start_ns = at(mark.start_offset_s)
+            mode_attrs: Attributes = {
+                "loraplex.mode.direction": mark.direction,
+                "loraplex.mode.revision": self._mask(mark.revision),
+                "loraplex.mode.transition_s": mark.seconds,
+            }
+            end_ns = at(mark.start_offset_s + mark.seconds)
+            spans.append(
+                self._child("loraplex.mode_transition", parent, start_ns, end_ns, mode_attrs)
+            )
         for run in engine.batches:
             attrs: Attributes = {
                 "loraplex.batch.size": run.batch_size,

@@ -9,6 +9,7 @@ import pytest
 import torch
 
 from loraplex.bench.modes import bench as modes
+from loraplex.bench.modes.plot import modes_plot
 from loraplex.bench.modes.setup import (
     NUM_ADAPTERS,
     ModesBenchConfig,
@@ -22,7 +23,7 @@ from loraplex.model.merge import linear_of
 QUICK = ModesBenchConfig(rounds=1, calls_per_round=1, num_transitions=2, probe_tokens=3)
 
 
-def test_one_run_reports_every_figure() -> None:
+def test_one_run_reports_every_figure(tmp_path: Path) -> None:
     result = modes.run_modes_bench(QUICK)
     metrics = result["metrics"]
     assert isinstance(metrics, dict)
@@ -32,12 +33,29 @@ def test_one_run_reports_every_figure() -> None:
         "unmerged_lora_overhead",
         "skewed80_auto_over_unmerged",
         "uniform16_auto_over_unmerged",
+        "prefill_unmerged_lora_overhead",
+        "prefill_skewed80_merged_over_unmerged",
     ):
         assert metrics[key] is None or metrics[key] > 0, key
+    assert 0.5 < metrics["skewed80_hot_share"] < 1.0
+    assert metrics["skewed80_gain_bound"] == modes.gain_bound(
+        metrics["skewed80_hot_share"], metrics["skewed80_lora_overhead"]
+    )
+    assert metrics["prefill_skewed80_lora_overhead"] > 0
+    modes_plot(result, tmp_path / "modes.png")
+    assert (tmp_path / "modes.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     assert metrics["mode_transition_ms_p50"] <= metrics["mode_transition_ms_p99"]
     assert metrics["uniform16_auto_merged_slot"] is None  # uniform traffic never merges
     assert metrics["mode_flaps_per_min"] <= 1.0
     assert metrics["probes_identical"] == 1 + 2 * NUM_ADAPTERS
+
+
+def test_the_gain_bound_follows_the_per_token_model() -> None:
+    assert modes.gain_bound(0.8, 1.15) == pytest.approx(1 / (1 - 0.6 * (1 - 1 / 1.15)))
+    assert modes.gain_bound(0.5, 1.15) == pytest.approx(1.0)  # half the traffic: no gain
+    assert modes.gain_bound(1.0, 1.15) == pytest.approx(1.15)  # all of it: the whole overhead
+    assert modes.gain_bound(0.3, 1.15) < 1.0  # a minority revision merged: a loss
+    assert modes.gain_bound(0.8, None) is None
 
 
 def test_a_wrong_merge_fails_the_probes(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:

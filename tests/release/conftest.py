@@ -40,6 +40,7 @@ class FakeEnv:
     prewarmed: list[tuple[str, bool]] = field(default_factory=list)
     probed: list[tuple[str, str]] = field(default_factory=list)
     window_since: list[float] = field(default_factory=list)
+    merged: set[str] = field(default_factory=set)  # revision labels merged into the weights
 
     def prewarm(self, key: AdapterKey, *, gpu: bool) -> Future[None]:
         self.prewarmed.append((key.revision, gpu))
@@ -56,6 +57,9 @@ class FakeEnv:
 
     def unhold(self, key: AdapterKey) -> None:
         self.pinned.discard(key.revision)
+
+    def is_merged(self, key: AdapterKey) -> bool:
+        return key.revision in self.merged
 
     def probe(self, key: AdapterKey, tenant: str, prompt: str, max_tokens: int) -> Future[str]:
         self.probed.append((key.revision, prompt))

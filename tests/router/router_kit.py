@@ -31,9 +31,15 @@ def report(
     kv: float = 0.0,
     evictions: float = 0.0,
     adapter_wait: int = 0,
+    merged: Iterable[str] = (),
 ) -> ReplicaReport:
     residency = Residency(
-        frozenset(l0), frozenset(l1), frozenset(l2), frozenset(loading), frozenset(pinned)
+        frozenset(l0),
+        frozenset(l1),
+        frozenset(l2),
+        frozenset(loading),
+        frozenset(pinned),
+        frozenset(merged),
     )
     load = ReplicaLoad(queued, running, tokens, kv, evictions, adapter_wait)
     return ReplicaReport(replica_id, at_s, residency, load)

@@ -27,6 +27,7 @@ def test_report_round_trips_through_json() -> None:
         l2=["t/c@3"],
         loading=["t/d@1"],
         pinned=["t/a@1"],
+        merged=["t/a@1"],
         queued=3,
         running=5,
         tokens=900,
@@ -94,8 +95,9 @@ _DELETE = object()
 @pytest.mark.parametrize(
     ("path", "value", "field"),
     [
-        (["v"], 1, "v"),  # the previous version: no num_adapter_wait
-        (["v"], 3, "v"),
+        (["v"], 1, "v"),  # an older version: no num_adapter_wait
+        (["v"], 2, "v"),  # the previous version: no residency.merged
+        (["v"], 4, "v"),
         (["v"], True, "v"),
         (["replica_id"], "", "replica_id"),
         (["replica_id"], 7, "replica_id"),

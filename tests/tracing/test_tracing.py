@@ -12,7 +12,7 @@ import pytest
 from opentelemetry.sdk.trace import ReadableSpan, SpanProcessor
 
 from loraplex.engine.protocol import TokenDelta
-from loraplex.engine.trace_log import MAX_BATCH_RUNS, TraceLog
+from loraplex.engine.trace_log import MAX_BATCH_RUNS, MAX_MODE_TRANSITIONS, TraceLog
 from loraplex.residency.ledger import Tier
 from loraplex.serve.config import ServeConfig
 from loraplex.serve.tracing import build_tracer, trace_secret
@@ -176,3 +176,15 @@ def test_an_endpoint_without_the_otel_extra_is_refused_naming_it(
     config = ServeConfig(data_dir=tmp_path, trace_endpoint=URL)
     with pytest.raises(ValueError, match=r"trace_endpoint .*loraplex\[otel\]"):
         build_tracer(config, "base")
+
+
+def test_the_engine_log_keeps_mode_transitions_bounded() -> None:
+    log = TraceLog(arrival_s=100.0)
+    log.mode_transition(102.0, 0.5, "merge", "acme/bot@v1")
+    for step in range(2 * MAX_MODE_TRANSITIONS):
+        log.mode_transition(110.0 + step, 0.1, "unmerge", "acme/bot@v1")
+    marks = log.finish(200.0, queue_s=1.0, base=False).mode_transitions
+    assert len(marks) == MAX_MODE_TRANSITIONS
+    assert marks[0].start_offset_s == pytest.approx(1.5) and marks[0].seconds == 0.5
+    assert (marks[0].direction, marks[1].direction) == ("merge", "unmerge")
+    assert TraceLog(0.0).finish(1.0, None, base=True).mode_transitions == ()

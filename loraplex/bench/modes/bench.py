@@ -34,6 +34,7 @@ from loraplex.bench.modes.setup import (
     ProbeMismatchError,
     Setup,
     decode_step,
+    prefill_step,
     probes,
 )
 from loraplex.engine.mode_policy import (
@@ -49,16 +50,63 @@ __all__ = ["ModesBenchConfig", "ProbeMismatchError", "run_modes_bench"]
 
 
 def throughput(
-    setup: Setup, variants: dict[str, tuple[list[int | None], LoraApplier | None]]
+    setup: Setup,
+    variants: dict[str, tuple[list[int | None], LoraApplier | None]],
+    *,
+    prefill: bool = False,
 ) -> dict[str, float]:
-    """Tokens per second of each variant (same batch size, interleaved, one clock)."""
+    """Tokens per second of each variant (same batch, interleaved, one clock): decode steps,
+    or with ``prefill`` whole-prompt prefill steps (``context_tokens`` per sequence)."""
     cfg = setup.config
     fns: dict[str, Callable[[], object]] = {}
+    make = prefill_step if prefill else decode_step
     for name, (slots, lora) in variants.items():
-        step = decode_step(setup, slots)
+        step = make(setup, slots)
         fns[name] = lambda step=step, lora=lora: step(lora)  # type: ignore[misc]
     medians = interleaved_medians(fns, rounds=cfg.rounds, calls_per_round=cfg.calls_per_round)
-    return {name: cfg.batch_size / seconds for name, seconds in medians.items()}
+    tokens = cfg.batch_size * (cfg.context_tokens if prefill else 1)
+    return {name: tokens / seconds for name, seconds in medians.items()}
+
+
+def gain_bound(hot_share: float, overhead: float | None) -> float | None:
+    """The most ``auto`` / unmerged can reach with ``hot_share`` of the tokens on the merged
+    revision when the unmerged LoRA op costs ``overhead`` (base / unmerged, on that same mixed
+    batch: a mixed batch's LoRA op costs more than one revision's) and LoRA work is per token:
+    merged, the hot tokens' LoRA work goes and every other token pays one more pass, so the
+    step loses ``(2 share - 1)`` of its LoRA fraction ``1 - 1 / overhead``.
+    Launch-bound steps (a pass per adapter whatever its tokens) get less (docs/modes.md)."""
+    if overhead is None or overhead <= 0:
+        return None
+    saved = (2 * hot_share - 1) * (1 - 1 / overhead)
+    return None if saved >= 1 else 1 / (1 - saved)
+
+
+def prefill_figures(setup: Setup, skewed: list[int | None]) -> dict[str, object]:
+    """Prefill steps: the unmerged LoRA overhead on one revision, and the skewed trace merged
+    (the hot revision) over unmerged; same work on both sides, one clock."""
+    single: list[int | None] = [HOT] * setup.config.batch_size
+    merged = setup.merge(HOT)
+    try:
+        one = throughput(
+            setup, {"base": (single, None), "unmerged": (single, setup.pool)}, prefill=True
+        )
+        mixed = throughput(
+            setup,
+            {"base": (skewed, None), "unmerged": (skewed, setup.pool), "merged": (skewed, merged)},
+            prefill=True,
+        )
+    finally:
+        setup.unmerge()
+    overhead = ratio(one["base"], one["unmerged"])
+    mixed_overhead = ratio(mixed["base"], mixed["unmerged"])
+    hot = sum(s == HOT for s in skewed) / len(skewed)
+    return {
+        "prefill_unmerged_lora_overhead": overhead,
+        "prefill_skewed80_merged_over_unmerged": ratio(mixed["merged"], mixed["unmerged"]),
+        "prefill_skewed80_lora_overhead": mixed_overhead,
+        "prefill_skewed80_gain_bound": gain_bound(hot, mixed_overhead),
+        "prefill_tokens_per_s": {**one, **{f"skewed80_{k}": v for k, v in mixed.items()}},
+    }
 
 
 def transition_ms(setup: Setup) -> tuple[list[float], list[float]]:
@@ -83,7 +131,14 @@ def ratio(a: float, b: float) -> float | None:
 
 
 def skewed_slots(rng: random.Random, n: int, hot_share: float) -> list[int | None]:
-    return [HOT if rng.random() < hot_share else rng.randrange(1, NUM_ADAPTERS) for _ in range(n)]
+    """``n`` sequences, ``round(hot_share * n)`` of them on the hot revision (exactly the share
+    the scenario names, as near as ``n`` allows: a random draw per sequence gave 0.69 for 0.8
+    at 16), the rest spread at random over the 15 others, in shuffled order."""
+    num_hot = round(hot_share * n)
+    slots: list[int | None] = [HOT] * num_hot
+    slots += [rng.randrange(1, NUM_ADAPTERS) for _ in range(n - num_hot)]
+    rng.shuffle(slots)
+    return slots
 
 
 def auto_decision(slots: list[int | None], costs: MeasuredCosts) -> int | None:
@@ -168,18 +223,33 @@ def run_modes_bench(config: ModesBenchConfig) -> dict[str, object]:
             choice = auto_decision(slots, costs)
             auto = setup.merge(choice) if choice is not None else setup.pool
             try:
-                tps = throughput(setup, {"unmerged": (slots, setup.pool), "auto": (slots, auto)})
+                variants: dict[str, tuple[list[int | None], LoraApplier | None]] = {
+                    "base": (slots, None),
+                    "unmerged": (slots, setup.pool),
+                    "auto": (slots, auto),
+                }
+                tps = throughput(setup, variants)
             finally:
                 if choice is not None:
                     setup.unmerge()
             metrics[f"{name}_auto_merged_slot"] = choice
             metrics[f"{name}_auto_over_unmerged"] = ratio(tps["auto"], tps["unmerged"])
+            # the LoRA overhead of this very batch (base / unmerged, same group and clock)
+            metrics[f"{name}_lora_overhead"] = ratio(tps["base"], tps["unmerged"])
         metrics["share_sweep"] = share_sweep(setup, rng)
+        metrics.update(prefill_figures(setup, skewed))
+    hot = sum(s == HOT for s in skewed) / len(skewed)
+    overhead = ratio(single_tps["base"], single_tps["unmerged"])
+    skewed_overhead = metrics["skewed80_lora_overhead"]
+    if not isinstance(skewed_overhead, float | None):
+        raise TypeError("skewed80_lora_overhead is not a ratio")
     metrics.update(
         {
             "single_merged_over_base": ratio(single_tps["merged"], single_tps["base"]),
             "single_merged_over_unmerged": ratio(single_tps["merged"], single_tps["unmerged"]),
-            "unmerged_lora_overhead": ratio(single_tps["base"], single_tps["unmerged"]),
+            "unmerged_lora_overhead": overhead,
+            "skewed80_hot_share": hot,
+            "skewed80_gain_bound": gain_bound(hot, skewed_overhead),
             "single_tokens_per_s": single_tps,
             "mode_transition_ms_p50": pct(merges + unmerges, 0.5),
             "mode_transition_ms_p99": pct(merges + unmerges, 0.99),

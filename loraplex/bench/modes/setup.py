@@ -120,6 +120,28 @@ def decode_step(setup: Setup, slots: list[int | None]) -> Callable[[LoraApplier 
     return run
 
 
+def prefill_step(setup: Setup, slots: list[int | None]) -> Callable[[LoraApplier | None], None]:
+    """A function running one prefill step: every sequence's ``context_tokens`` prompt tokens
+    (``len(slots) * context_tokens`` tokens, one revision per sequence) in one forward."""
+    n, ctx = len(slots), setup.config.context_tokens
+    model = setup.model
+    kv = ContiguousKVCache(model.attention_shape, n, ctx, dtype=model.dtype, device=model.device)
+    seqs = [kv.allocate() for _ in range(n)]
+    gen = torch.Generator().manual_seed(setup.config.seed + 1)
+    prompt = torch.randint(3, model.config.vocab_size, (n * ctx,), generator=gen)
+    token_slots = [-1 if s is None else s for s in slots]
+    batch = ForwardBatch.build(
+        prompt,
+        [SequenceChunk(s, 0, ctx) for s in seqs],
+        token_slots=[t for t in token_slots for _ in range(ctx)],
+    )
+
+    def run(lora: LoraApplier | None) -> None:
+        model.forward_batch(batch, kv, lora)  # rewrites the same KV rows: a steady prefill
+
+    return run
+
+
 def greedy(setup: Setup, slot: int | None, lora: LoraApplier, num_tokens: int) -> list[int]:
     model = setup.model
     prompt = [5 + (slot or 0), 17, 42, 8, 99, 3]

@@ -6,6 +6,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 
 from loraplex.artifacts.identity import AdapterKey
+from loraplex.engine.mode_report import ModeReport
 from loraplex.engine.protocol import EngineLoad
 from loraplex.engine.request import QUEUED_STATES, Request
 
@@ -20,6 +21,7 @@ class QueueView:
     kv_usage: float  # fraction of KV blocks in use
     queued_adapters: tuple[AdapterKey, ...]  # adapters of queued requests without a lease
     num_active_tokens: int  # prompt + output tokens of every live request (queued or running)
+    mode: ModeReport | None = None  # merged revision and transition times; None: unmerged
 
 
 EMPTY_VIEW = QueueView(0, 0, 0, 0.0, (), 0)
@@ -54,4 +56,5 @@ def load_of(view: QueueView, running: tuple[AdapterKey, ...], max_loras: int) ->
         waiting_adapters=tuple(k for k in view.queued_adapters if k not in resident),
         max_loras=max_loras,
         num_active_tokens=view.num_active_tokens,
+        mode=view.mode,
     )

@@ -1,0 +1,45 @@
+"""``loraplex_mode_transition_seconds{direction}``: the engine's measured merge and unmerge times
+(docs/modes.md), and ``loraplex_mode_merged`` (1 while a revision is in its base weights).
+
+Read at scrape time from the engine's published report (``EngineLoad.mode``, cumulative: it
+crosses the engine-process pipe with the queue view), so a scrape never waits on the engine. An
+engine in ``unmerged`` mode reports nothing, and neither family appears.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+from prometheus_client.core import GaugeMetricFamily, HistogramMetricFamily, Metric
+from prometheus_client.registry import Collector
+
+from loraplex.engine.protocol import EngineClient
+from loraplex.errors import EngineUnavailableError
+
+
+class ModeCollector(Collector):
+    """The execution mode's families from ``engine.load_snapshot().mode`` at scrape time."""
+
+    def __init__(self, engine: EngineClient) -> None:
+        self._engine = engine
+
+    def collect(self) -> Iterator[Metric]:
+        try:
+            report = self._engine.load_snapshot().mode
+        except EngineUnavailableError:  # down: its counts are gone with it
+            return
+        if report is None:
+            return
+        family = HistogramMetricFamily(
+            "loraplex_mode_transition_seconds",
+            "Seconds one merge or unmerge of an adapter into the base weights took.",
+            labels=("direction",),
+        )
+        for direction, histogram in (("merge", report.merge), ("unmerge", report.unmerge)):
+            family.add_metric([direction], histogram.cumulative(), histogram.sum_s)
+        yield family
+        yield GaugeMetricFamily(
+            "loraplex_mode_merged",
+            "1 while an adapter revision is merged into the engine's base weights.",
+            value=0 if report.merged_revision is None else 1,
+        )
