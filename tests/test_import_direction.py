@@ -4,6 +4,7 @@ and no import, however deep in a function, goes against the arrows. Reading orde
     errors, clock, sampling, dtypes    leaves every layer may use
     ops, artifacts                     kernels; what an adapter is (identity, validation, store)
     model, registry, residency, demo   the model; the control plane; where copies live
+    router                             replica selection, replica reports, the fleet view
     release                            controlled releases (state machine, controller)
     quota                              per-tenant request-rate buckets (local or Redis)
     runtime                            tier backends moving bytes between L3/L2/L1/L0
@@ -48,7 +49,8 @@ ALLOWED: dict[str, set[str]] = {
     "artifacts": set(),
     "registry": {"artifacts"},
     "residency": {"artifacts"},
-    "router": set(),
+    # The fleet's replica reports and views (``router/fleet_state.py`` reads cache summaries).
+    "router": {"residency", "artifacts"},
     "model": {"ops", "artifacts"},
     "demo": {"artifacts"},
     "release": {"registry", "artifacts"},
@@ -65,6 +67,7 @@ ALLOWED: dict[str, set[str]] = {
         "residency",
         "artifacts",
         "tracing",
+        "router",  # the fleet view /admin/fleet shows (``router/fleet_state.py``)
     },
     "serve": _BELOW_BENCH - {"serve"},
     "deploy": {"serve"},

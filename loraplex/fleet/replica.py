@@ -35,9 +35,9 @@ from loraplex.fleet.routing import REPORT_KEY, UP_KEY
 from loraplex.fleet.wire import Accepted, Failed
 from loraplex.registry import Registry, open_registry
 from loraplex.residency.ledger import Tier
+from loraplex.router.fleet_state import hits_of, tiers_of
 from loraplex.router.reports import ReplicaLoad, ReplicaReport, Residency, encode_report
 from loraplex.serve.config import ServeConfig
-from loraplex.server.fleet_view import hits_of, tiers_of
 
 EVICTION_WINDOW_S = 60.0  # ``evictions_per_min`` counts evictions over this window
 

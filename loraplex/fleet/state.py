@@ -15,7 +15,7 @@ from prometheus_client.registry import Collector
 from loraplex.fleet.board import BoardEntry
 from loraplex.fleet.link import FleetLink
 from loraplex.fleet.routing import ROUTING_LOG
-from loraplex.server.fleet_view import (
+from loraplex.router.fleet_state import (
     CACHED_TIER_NAMES,
     FleetState,
     ReplicaLoadView,

@@ -25,8 +25,10 @@ from loraplex.engine.tenant_shares import TenantSettings
 from loraplex.engine.transport.process import EngineProcess
 from loraplex.registry import Registry
 from loraplex.release.traffic import ReleaseTraffic
+from loraplex.router.fleet_state import FleetStateSource
 from loraplex.serve.config import ServeConfig
 from loraplex.serve.engine_settings import tenant_settings
+from loraplex.serve.local_fleet import LocalFleetState
 from loraplex.serve.release_env import (
     ReleaseService,
     ServeReleaseEnv,
@@ -38,7 +40,6 @@ from loraplex.server.app import create_app
 from loraplex.server.cache_control import CacheControl
 from loraplex.server.chat import ChatTemplate
 from loraplex.server.deps import ServerConfig, ServerDeps
-from loraplex.server.fleet_view import FleetStateSource
 from loraplex.server.history import HistorySampler
 from loraplex.server.pin_owners import OwnedPins
 
@@ -159,7 +160,8 @@ def build_front(
         chat,
         refresh_tenants=refresh,
         releases=traffic,
-        fleet=fleet,
+        # one per app: it keeps the eviction window
+        fleet=fleet or LocalFleetState(front.engine, cache, MonotonicClock()),
         tracing=build_tracer(config, base.name),
     )
     server = Server(

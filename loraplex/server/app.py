@@ -70,8 +70,8 @@ def create_app(deps: ServerDeps) -> FastAPI:
     app.include_router(routes_feedback.router)
     app.include_router(routes_release.router)
     app.include_router(routes_dashboard.router)
-    app.state.fleet = routes_dashboard.fleet_source(deps)  # what /admin/fleet reads
-    app.state.history = routes_dashboard.fleet_history(deps, app.state.fleet)  # sampled by Server
+    app.state.fleet = deps.fleet  # what /admin/fleet reads (None: 503 no_fleet)
+    app.state.history = routes_dashboard.fleet_history(deps)  # sampled by Server; None: no fleet
     app.add_api_route("/health", health, methods=["GET"])
     app.add_api_route("/ready", ready, methods=["GET"])
     app.add_api_route("/metrics", metrics, methods=["GET"])

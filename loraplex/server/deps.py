@@ -11,10 +11,10 @@ from loraplex.clock import MonotonicClock
 from loraplex.engine.protocol import EngineClient
 from loraplex.registry import Registry
 from loraplex.release.traffic import ReleaseTraffic
+from loraplex.router.fleet_state import FleetStateSource
 from loraplex.server.adapter_labels import DEFAULT_MAX_NAMED
 from loraplex.server.cache_control import CacheControl
 from loraplex.server.chat import ChatTemplate
-from loraplex.server.fleet_view import FleetStateSource
 from loraplex.server.history import HistoryConfig
 from loraplex.server.metrics import ServerMetrics
 from loraplex.server.recent_requests import RecentRequests
@@ -126,7 +126,8 @@ class ServerDeps:
     refresh_tenants: Callable[[], None] = field(kw_only=True)
     # The windows the release controller compares; its clock also stamps ``recent``.
     releases: ReleaseTraffic = field(default_factory=untracked_releases, kw_only=True)
-    # What /admin/fleet shows; None: this server alone (``LocalFleetState`` of engine and cache).
+    # What /admin/fleet and its history show (``serve/front.py`` passes the fleet's ingress or
+    # this server alone, ``serve/local_fleet.py``); None: those routes answer 503 ``no_fleet``.
     fleet: FleetStateSource | None = field(default=None, kw_only=True)
     # How much of the fleet's views and traffic the live page's history keeps (server/history.py).
     history: HistoryConfig = field(default_factory=HistoryConfig, kw_only=True)

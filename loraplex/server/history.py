@@ -26,7 +26,7 @@ from dataclasses import dataclass, replace
 from typing import Any
 
 from loraplex.clock import Clock
-from loraplex.server.fleet_view import FleetState, FleetStateSource
+from loraplex.router.fleet_state import FleetState, FleetStateSource
 from loraplex.server.traffic_tally import (
     NO_TRAFFIC,
     RevisionTraffic,

@@ -2,10 +2,12 @@
 hour of it) and ``GET /admin/dashboard`` (the page).
 
 ``/admin/fleet`` needs the admin key like every /admin route and returns ``FleetState.to_json()``
-of ``deps.fleet`` (the fleet's ingress) or, for one server, of a ``LocalFleetState``.
-``/admin/fleet/history`` (admin key too) returns ``FleetHistory.to_json()``: the samples the
-server took of that view plus per-tenant-class and top-revision traffic (``server/history.py``);
-``?after=N`` returns only the samples after sequence number N.
+of ``deps.fleet``: the fleet's ingress, or for one ``loraplex serve`` its ``LocalFleetState``
+(``serve/local_fleet.py``; ``serve/front.py`` always passes one). ``/admin/fleet/history``
+(admin key too) returns ``FleetHistory.to_json()``: the samples the server took of that view
+plus per-tenant-class and top-revision traffic (``server/history.py``); ``?after=N`` returns
+only the samples after sequence number N. An app built without a fleet source (``deps.fleet``
+None, e.g. a test of other routes) answers both 503 ``no_fleet``: HTTP does not build the view.
 
 The page and its script, chart library and style (``server/static/``) are public files holding
 no data (``auth.DASHBOARD_PATHS``): a browser cannot send a bearer header when it navigates. The
@@ -26,11 +28,11 @@ from fastapi.responses import JSONResponse
 from starlette.concurrency import run_in_threadpool
 
 from loraplex.clock import MonotonicClock
+from loraplex.router.fleet_state import FleetStateSource
 from loraplex.server.auth import DASHBOARD_ASSETS, DASHBOARD_PATH, require_admin
 from loraplex.server.deps import ServerDeps
-from loraplex.server.fleet_view import FleetStateSource
+from loraplex.server.errors import ApiError
 from loraplex.server.history import FleetHistory
-from loraplex.server.local_fleet import LocalFleetState
 
 router = APIRouter()
 
@@ -49,22 +51,24 @@ PAGE_HEADERS = {
 }
 
 
-def fleet_source(deps: ServerDeps) -> FleetStateSource:
-    """``deps.fleet``, else this server alone (one per app: it keeps the eviction window)."""
-    if deps.fleet is not None:
-        return deps.fleet
-    return LocalFleetState(deps.engine, deps.cache, MonotonicClock())
+def fleet_history(deps: ServerDeps) -> FleetHistory | None:
+    """The history of ``deps.fleet`` and this server's traffic (``Server`` starts its sampler);
+    None without a fleet source."""
+    if deps.fleet is None:
+        return None
+    return FleetHistory(deps.fleet, deps.metrics.traffic, deps.history, MonotonicClock())
 
 
-def fleet_history(deps: ServerDeps, source: FleetStateSource) -> FleetHistory:
-    """The history of ``source`` and this server's traffic (``Server`` starts its sampler)."""
-    return FleetHistory(source, deps.metrics.traffic, deps.history, MonotonicClock())
+def _no_fleet() -> ApiError:
+    return ApiError(503, "this server has no fleet view", "server_error", "no_fleet")
 
 
 @router.get("/admin/fleet", dependencies=[Depends(require_admin)])
 async def fleet(request: Request) -> JSONResponse:
     """Every replica's occupancy, hits and load, and the router's decisions (cumulative)."""
-    source: FleetStateSource = request.app.state.fleet
+    source: FleetStateSource | None = request.app.state.fleet
+    if source is None:
+        raise _no_fleet()
     # NOTE: on the thread pool: a fleet's source may wait on its replicas' reports.
     state = await run_in_threadpool(source.fleet_state)
     return JSONResponse(state.to_json(), headers={"Cache-Control": "no-store"})
@@ -75,7 +79,9 @@ async def fleet_history_route(
     request: Request, after: int = Query(default=0, ge=0, le=1 << 62)
 ) -> JSONResponse:
     """The samples of the last ``length_s`` (those after sequence number ``after``)."""
-    history: FleetHistory = request.app.state.history
+    history: FleetHistory | None = request.app.state.history
+    if history is None:
+        raise _no_fleet()
     body = await run_in_threadpool(history.to_json, after)
     return JSONResponse(body, headers={"Cache-Control": "no-store"})
 

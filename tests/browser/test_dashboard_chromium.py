@@ -39,9 +39,9 @@ from PIL import Image
 from loraplex.clock import ManualClock
 from loraplex.engine.protocol import EngineClient, EngineHealth, EngineLoad, TokenDelta
 from loraplex.registry import RegistryConfig, open_registry
+from loraplex.router.fleet_state import FleetState, ReplicaLoadView, ReplicaState, TierOccupancy
 from loraplex.server.app import create_app
 from loraplex.server.deps import ServerConfig, ServerDeps
-from loraplex.server.fleet_view import FleetState, ReplicaLoadView, ReplicaState, TierOccupancy
 from loraplex.server.history import FleetHistory, HistoryConfig
 from loraplex.server.listeners import ConnectionLimits, ListenerConfig, bind
 

@@ -12,10 +12,12 @@ from fakes import FakeEngine, null_cache
 from fastapi.testclient import TestClient
 
 from loraplex.artifacts.base_model import BaseModelSpec
+from loraplex.clock import MonotonicClock
 from loraplex.demo.assets import DemoAssets
 from loraplex.registry import Registry, RegistryConfig, open_registry
 from loraplex.residency.cache import TieredAdapterCache
 from loraplex.serve.bootstrap import DemoState, register_demo, sample_keys
+from loraplex.serve.local_fleet import LocalFleetState
 from loraplex.server.app import create_app
 from loraplex.server.chat import ChatTemplate
 from loraplex.server.deps import ServerConfig, ServerDeps
@@ -74,7 +76,10 @@ def make_app_deps(served: Served, engine: FakeEngine, **config: object) -> Serve
         **config,  # type: ignore[arg-type]
     )
     chat = ChatTemplate.from_model_dir(served.assets.base_model_dir)
-    return ServerDeps(settings, engine, served.registry, cache, chat, refresh_tenants=lambda: None)
+    fleet = LocalFleetState(engine, cache, MonotonicClock())  # what `loraplex serve` passes
+    return ServerDeps(
+        settings, engine, served.registry, cache, chat, refresh_tenants=lambda: None, fleet=fleet
+    )
 
 
 @pytest.fixture

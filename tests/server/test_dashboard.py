@@ -26,11 +26,11 @@ from loraplex.errors import EngineUnavailableError
 from loraplex.residency.cache import CacheSummary
 from loraplex.residency.ledger import Tier
 from loraplex.residency.stats import CacheStatsSnapshot
+from loraplex.router.fleet_state import FleetState, ReplicaState, TierOccupancy
+from loraplex.serve.local_fleet import EvictionWindow, LocalFleetState
 from loraplex.server.app import create_app
 from loraplex.server.auth import DASHBOARD_PATHS, Credential, required_credential
-from loraplex.server.fleet_view import FleetState, ReplicaState, TierOccupancy
 from loraplex.server.listeners import bind_all, guarded
-from loraplex.server.local_fleet import EvictionWindow, LocalFleetState
 from loraplex.server.routes_dashboard import PAGE_HEADERS
 
 STATIC = {
@@ -171,10 +171,12 @@ def test_engine_down_is_an_unhealthy_replica_not_an_error(served: Served) -> Non
     assert replica.hits == {"l0": 0, "l1": 0, "l2": 0, "miss": 0}
     no_cache = LocalFleetState(FakeEngine(), None, ManualClock()).fleet_state().replicas[0]
     assert no_cache.healthy is True and dict(no_cache.tiers) == {}
-    built = make_app_deps(served, _DownEngine())
+    engine = _DownEngine()
+    built = make_app_deps(served, engine)
     assert built.cache is not None
     built.cache.close()  # the app below runs without a cache
-    with TestClient(create_app(replace(built, cache=None))) as client:
+    alone = LocalFleetState(engine, None, ManualClock())
+    with TestClient(create_app(replace(built, cache=None, fleet=alone))) as client:
         answer = client.get("/admin/fleet", headers={"Authorization": f"Bearer {ADMIN_KEY}"})
     assert answer.status_code == 200, answer.text
     assert answer.json()["replicas"][0]["healthy"] is False
@@ -192,6 +194,21 @@ def test_a_given_fleet_source_is_what_fleet_shows(served: Served) -> None:
         body = client.get("/admin/fleet", headers={"Authorization": f"Bearer {ADMIN_KEY}"}).json()
     assert body == _TwoReplicas().fleet_state().to_json()
     assert [r["replica_id"] for r in body["replicas"]] == ["a", "b"]
+    assert deps.cache is not None
+    deps.cache.close()
+
+
+def test_an_app_without_a_fleet_source_answers_503_naming_it(served: Served) -> None:
+    """HTTP does not build a fleet view: without ``deps.fleet`` both fleet routes refuse."""
+    deps = replace(make_app_deps(served, FakeEngine()), fleet=None)
+    admin = {"Authorization": f"Bearer {ADMIN_KEY}"}
+    with TestClient(create_app(deps)) as client:
+        assert client.get("/admin/fleet").status_code == 401  # the admin key still comes first
+        for path in ("/admin/fleet", "/admin/fleet/history"):
+            answer = client.get(path, headers=admin)
+            assert answer.status_code == 503, answer.text
+            assert answer.json()["error"]["code"] == "no_fleet"
+        assert client.get("/admin/dashboard").status_code == 200  # the page itself holds no data
     assert deps.cache is not None
     deps.cache.close()
 

@@ -17,7 +17,7 @@ from live import client, live_server
 
 from loraplex.clock import ManualClock
 from loraplex.demo.assets import DemoAssets
-from loraplex.server.fleet_view import FleetState, ReplicaLoadView, ReplicaState, TierOccupancy
+from loraplex.router.fleet_state import FleetState, ReplicaLoadView, ReplicaState, TierOccupancy
 from loraplex.server.history import (
     MEMORY_BOUND_BYTES,
     FleetHistory,

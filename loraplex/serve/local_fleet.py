@@ -17,8 +17,7 @@ from loraplex.clock import Clock
 from loraplex.engine.protocol import EngineClient, EngineLoad
 from loraplex.errors import EngineUnavailableError
 from loraplex.residency.cache.view import CacheSummary
-from loraplex.server.cache_control import CacheControl
-from loraplex.server.fleet_view import (
+from loraplex.router.fleet_state import (
     LOCAL_REPLICA_ID,
     FleetState,
     ReplicaLoadView,
@@ -27,6 +26,7 @@ from loraplex.server.fleet_view import (
     no_hits,
     tiers_of,
 )
+from loraplex.server.cache_control import CacheControl
 
 EVICTION_WINDOW_S = 60.0  # evictions_per_min counts the evictions of this many seconds
 # One eviction sample per this many seconds at most, so the window holds ~61 samples however
