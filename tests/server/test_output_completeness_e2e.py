@@ -221,7 +221,10 @@ async def _one(http: httpx.AsyncClient, live: Live, i: int, round_: int) -> str:
 def _rounds(live: Live, rounds: int) -> list[str]:
     async def run() -> list[str]:
         kinds: list[str] = []
-        limits = httpx.Limits(max_connections=CONCURRENCY)
+        # NOTE: the client drops an idle connection (2 s) before the server's keep-alive timeout
+        # (5 s) can close it; otherwise a POST sent on a connection the server is closing at
+        # that instant fails with ReadError (a keep-alive race, seen in CI under load).
+        limits = httpx.Limits(max_connections=CONCURRENCY, keepalive_expiry=2.0)
         async with httpx.AsyncClient(base_url=live.url, timeout=120, limits=limits) as http:
             for round_ in range(rounds):
                 kinds += await asyncio.gather(

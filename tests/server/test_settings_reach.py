@@ -109,6 +109,6 @@ def test_the_scheduler_and_engine_fields_carry_the_serve_values(tmp_path: Path) 
 
 def test_the_request_log_path_reaches_the_server_config() -> None:
     """Issue 30: ``request_log_path`` is handed from the serve config to the HTTP layer."""
-    from loraplex.serve import assembly
+    from loraplex.serve import front
 
-    assert "request_log_path" in _keywords(assembly, "build_front", "ServerConfig")
+    assert "request_log_path" in _keywords(front, "build_front", "ServerConfig")
