@@ -30,6 +30,17 @@ def execution(
     threads: Annotated[int, typer.Option(help="torch threads (1 is stable on shared cores).")] = 1,
     rounds: Annotated[int, typer.Option(help="Interleaved timing rounds.")] = 12,
     seed: Annotated[int, typer.Option(help="Seed of adapter weights and popularity.")] = 0,
+    device: Annotated[str, typer.Option(help="cpu or cuda: where the models run.")] = "cpu",
+    dtype: Annotated[
+        str,
+        typer.Option(help="Headline dtypes, comma-separated; '' = float32 (--quick) or both."),
+    ] = "",
+    backend: Annotated[
+        str, typer.Option(help="LoRA op backend of the mixed pools (auto, triton, grouped, ...).")
+    ] = "auto",
+    batch_size: Annotated[
+        int, typer.Option(help="Headline sequences per step, over its 16 adapters.")
+    ] = 16,
     report_dir: Annotated[
         str, typer.Option(help="Where execution-run.md and execution.png go; '' skips them.")
     ] = "docs/benchmarks",
@@ -41,15 +52,24 @@ def execution(
     from loraplex.bench.report import execution_markdown, execution_plot
 
     torch.set_num_threads(threads)
-    config = ExecutionBenchConfig(
-        preset=preset,
-        dtypes=("float32",) if quick else ("float32", "bfloat16"),
-        rounds=3 if quick else rounds,
-        matrix=not quick,
-        peft=not no_peft,
-        seed=seed,
+    dtypes = tuple(d for d in dtype.split(",") if d) or (
+        ("float32",) if quick else ("float32", "bfloat16")
     )
-    result = run_execution_bench(config)
+    try:
+        config = ExecutionBenchConfig(
+            preset=preset,
+            dtypes=dtypes,
+            rounds=3 if quick else rounds,
+            matrix=not quick,
+            peft=not no_peft,
+            seed=seed,
+            device=device,
+            backend=backend,
+            batch_size=batch_size,
+        )
+        result = run_execution_bench(config)
+    except ValueError as exc:
+        raise typer.BadParameter(str(exc)) from exc
     if report_dir:
         out = Path(report_dir)
         out.mkdir(parents=True, exist_ok=True)

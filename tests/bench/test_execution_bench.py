@@ -119,3 +119,29 @@ def test_config_rejects_bad_values() -> None:
         ExecutionBenchConfig(dtypes=("float64",))
     with pytest.raises(ValueError, match="rounds"):
         ExecutionBenchConfig(rounds=0)
+
+
+def test_device_and_backend_are_validated() -> None:
+    with pytest.raises(ValueError, match="device 'tpu'"):
+        ExecutionBenchConfig(device="tpu")
+    with pytest.raises(ValueError, match="backend 'fast'"):
+        ExecutionBenchConfig(backend="fast")
+    with pytest.raises(ValueError, match="batch_size"):
+        ExecutionBenchConfig(batch_size=0)
+
+
+def test_cuda_without_a_device_is_refused_by_name(tmp_path: Path) -> None:
+    import torch
+
+    if torch.cuda.is_available():
+        pytest.skip("checks the refusal without CUDA")
+    out = CliRunner().invoke(app, ["bench", "execution", "--quick", "--device", "cuda",
+                                   "--report-dir", str(tmp_path)])  # fmt: skip
+    assert out.exit_code == 2 and "torch sees no CUDA device" in out.output
+
+
+def test_sync_brackets_every_timed_block() -> None:
+    events: list[str] = []
+    interleaved_medians({"a": lambda: events.append("call")}, rounds=2, calls_per_round=2,
+                        warmup_calls=1, sync=lambda: events.append("sync"))  # fmt: skip
+    assert events == ["call"] + ["sync", "call", "call", "sync"] * 2

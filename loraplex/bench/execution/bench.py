@@ -11,6 +11,7 @@ import torch
 from loraplex.bench.execution.headline import headline, matrix_rows
 from loraplex.bench.execution.runners import KV_BLOCK_SIZE, KV_CACHE
 from loraplex.bench.execution.setup import (
+    UNIFORM_MIX,
     Case,
     ExecutionBenchConfig,
     Workspace,
@@ -24,10 +25,14 @@ def run_execution_bench(
     config: ExecutionBenchConfig, workdir: Path | None = None
 ) -> dict[str, object]:
     """Run the benchmark; returns the JSON-line object (name, config, seed, metrics, rows)."""
+    if config.device == "cuda" and not torch.cuda.is_available():
+        raise ValueError("device 'cuda' is invalid here: torch sees no CUDA device")
     with tempfile.TemporaryDirectory(dir=workdir) as tmp:
         cases = _matrix_cases(config) if config.matrix else []
         num_adapters = max([16, *[c.active for c in cases]])
-        space = Workspace.create(Path(tmp), config.preset, num_adapters, config.seed)
+        # The headline reads two mixes; the matrix may read every one.
+        mixes = None if cases else ("S2", UNIFORM_MIX)
+        space = Workspace.create(Path(tmp), config.preset, num_adapters, config.seed, mixes)
         metrics: dict[str, object] = {}
         rows: list[dict[str, object]] = []
         for dtype_name in config.dtypes:
@@ -48,6 +53,11 @@ def run_execution_bench(
             "matrix": config.matrix,
             "peft": config.peft,
             "threads": torch.get_num_threads(),
+            "device": config.device,
+            "device_name": _device_name(config.device),
+            "backend": config.backend,
+            "batch_size": config.batch_size,
+            "torch": torch.__version__,
             "kv_cache": KV_CACHE,  # loraplex's side: the server's paged cache
             "kv_block_size": KV_BLOCK_SIZE,
             "batch_build_timed": True,  # both sides time their own input preparation
@@ -56,6 +66,11 @@ def run_execution_bench(
         "metrics": metrics,
         "rows": rows,
     }
+
+
+def _device_name(device: str) -> str | None:
+    """The accelerator's name, so a recorded line says what it ran on (None on the CPU)."""
+    return torch.cuda.get_device_name(0) if device == "cuda" else None
 
 
 def _matrix_cases(config: ExecutionBenchConfig) -> list[Case]:

@@ -5,6 +5,8 @@ from __future__ import annotations
 import random
 from collections.abc import Callable
 
+import torch
+
 from loraplex.bench.execution.runners import LoraplexRunner, PeftRunner, StepShape, padded
 from loraplex.bench.execution.setup import (
     DTYPES,
@@ -26,24 +28,28 @@ FORCED = {"mixed_masked": "masked", "mixed_grouped": "grouped", "mixed_loop": "r
 def headline(
     config: ExecutionBenchConfig, space: Workspace, dtype_name: str
 ) -> tuple[dict[str, float], list[dict[str, object]]]:
-    """Batch 16, 16 distinct S2 adapters: every variant interleaved, decode then prefill 64;
-    beside them (decode) the same batch over 16 distinct rank-16 adapters."""
+    """``config.batch_size`` sequences (16 by default) round-robin over 16 distinct S2 adapters:
+    every variant interleaved, decode then prefill 64; beside them (decode) the same batch over
+    16 distinct rank-16 adapters. ``mixed`` and ``mixed_r16`` use ``config.backend``."""
+    device = torch.device(config.device)
+    batch = config.batch_size
     runner = LoraplexRunner(
-        space.model_dir, DTYPES[dtype_name], HEADLINE_ADAPTERS, config.context_tokens + 64
+        space.model_dir, DTYPES[dtype_name], batch, config.context_tokens + 64, device
     )
     dirs = space.adapters["S2"][:HEADLINE_ADAPTERS]
     weights = [runner.weights(d, MAX_RANK) for d in dirs]
     pools = {name: runner.pool(weights, backend, MAX_RANK) for name, backend in FORCED.items()}
-    pools["mixed"] = runner.pool(weights, "auto", MAX_RANK)
+    pools["mixed"] = runner.pool(weights, config.backend, MAX_RANK)
     pools["mixed_padded"] = runner.pool([padded(w, MAX_RANK) for w in weights], "masked", MAX_RANK)
     uniform = [runner.weights(d, MAX_RANK) for d in space.adapters[UNIFORM_MIX][:HEADLINE_ADAPTERS]]
-    pools["mixed_r16"] = runner.pool(uniform, "auto", MAX_RANK)
-    peft = PeftRunner(space.model_dir, dirs, DTYPES[dtype_name]) if config.peft else None
-    distinct, single = list(range(HEADLINE_ADAPTERS)), [0] * HEADLINE_ADAPTERS
+    pools["mixed_r16"] = runner.pool(uniform, config.backend, MAX_RANK)
+    peft = PeftRunner(space.model_dir, dirs, DTYPES[dtype_name], device) if config.peft else None
+    distinct = [i % HEADLINE_ADAPTERS for i in range(batch)]
+    single = [0] * batch
     metrics: dict[str, float] = {}
     rows: list[dict[str, object]] = []
     for step, tokens in (("decode", 1), ("prefill-64", 64)):
-        shape = StepShape(HEADLINE_ADAPTERS, tokens, config.context_tokens)
+        shape = StepShape(batch, tokens, config.context_tokens)
         variants: dict[str, Callable[[], object]] = {
             "base": runner.step(shape, None, None),
             "single": runner.step(shape, single, pools["mixed"]),
@@ -55,7 +61,7 @@ def headline(
             variants["peft_mixed"] = peft.step(shape, distinct)
         rounds = config.rounds if step == "decode" else max(3, config.rounds // 3)
         seconds = interleaved_medians(
-            variants, rounds=rounds, calls_per_round=config.calls_per_round
+            variants, rounds=rounds, calls_per_round=config.calls_per_round, sync=runner.sync
         )
         found = _ratios(seconds, shape, prefix="" if step == "decode" else "prefill_")
         metrics.update(found)
@@ -117,6 +123,7 @@ def matrix_rows(
         DTYPES["float32"],
         max(max_batch, num_adapters),
         config.context_tokens + 512,
+        torch.device(config.device),
     )
     weights = {
         mix: [runner.weights(d, MAX_RANK) for d in dirs] for mix, dirs in space.adapters.items()
@@ -139,6 +146,7 @@ def matrix_rows(
             rounds=rounds,
             calls_per_round=1 if heavy else config.calls_per_round,
             warmup_calls=1 if heavy else 3,
+            sync=runner.sync,
         )
         used = adapter_bytes(weights[case.mix], slots)
         extra: dict[str, object] = {

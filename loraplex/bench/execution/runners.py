@@ -29,7 +29,6 @@ from loraplex.model.kv_cache import SequenceChunk
 from loraplex.model.llama import ForwardBatch
 from loraplex.model.lora import LoraSlotPool
 
-CPU = torch.device("cpu")
 KV_BLOCK_SIZE = 16  # EngineConfig.block_size's default: the blocks the server attends over
 KV_CACHE = "paged"  # what the benchmark measures (reported with its results)
 
@@ -66,13 +65,21 @@ class LoraplexRunner:
     """loraplex's model with one paged KV cache (the server's kind) shared by every variant of a
     dtype; each sequence's blocks are reserved up front, so a timed step allocates none."""
 
-    def __init__(self, model_dir: Path, dtype: torch.dtype, max_seqs: int, max_seq_len: int):
+    def __init__(
+        self,
+        model_dir: Path,
+        dtype: torch.dtype,
+        max_seqs: int,
+        max_seq_len: int,
+        device: torch.device | None = None,
+    ):
         self.model_dir, self.dtype = model_dir, dtype
+        self.device = device if device is not None else torch.device("cpu")
         self.spec = BaseModelSpec.from_dir(model_dir)
-        self.model = load_checkpoint(model_dir, dtype=dtype, device=CPU)
+        self.model = load_checkpoint(model_dir, dtype=dtype, device=self.device)
         per_seq = -(-max_seq_len // KV_BLOCK_SIZE)
         blocks = BlockManager(max_seqs * per_seq, KV_BLOCK_SIZE)
-        self.kv = PagedKVCache(self.model.attention_shape, blocks, dtype=dtype, device=CPU)
+        self.kv = PagedKVCache(self.model.attention_shape, blocks, dtype=dtype, device=self.device)
         self.seq_ids = [self.kv.allocate() for _ in range(max_seqs)]
         for seq_id in self.seq_ids:
             blocks.grow(seq_id, max_seq_len)
@@ -85,7 +92,12 @@ class LoraplexRunner:
         self, adapters: Sequence[AdapterWeights], backend: str, max_lora_rank: int
     ) -> LoraSlotPool:
         pool = LoraSlotPool(
-            self.spec, len(adapters), max_lora_rank, dtype=self.dtype, device=CPU, backend=backend
+            self.spec,
+            len(adapters),
+            max_lora_rank,
+            dtype=self.dtype,
+            device=self.device,
+            backend=backend,
         )
         for slot, weights in enumerate(adapters):
             pool.load(slot, weights)
@@ -109,10 +121,15 @@ class LoraplexRunner:
 
         def step() -> object:
             # Built per call, from plain lists, as the server's runner builds it every step.
-            batch = ForwardBatch.build(ids, chunks, token_slots=slots)
+            batch = ForwardBatch.build(ids, chunks, token_slots=slots, device=self.device)
             return self.model.forward_batch(batch, self.kv, lora)
 
         return step
+
+    def sync(self) -> None:
+        """Wait for the device's queued work (a no-op on the CPU)."""
+        if self.device.type == "cuda":
+            torch.cuda.synchronize(self.device)
 
     def weight_bytes(self) -> int:
         """Bytes a decode step must read: every weight but the embedding table (only a few
@@ -128,11 +145,19 @@ class LoraplexRunner:
 class PeftRunner:
     """Transformers + PEFT with every adapter loaded; mixed batches via ``adapter_names``."""
 
-    def __init__(self, model_dir: Path, adapter_dirs: Sequence[Path], dtype: torch.dtype):
+    def __init__(
+        self,
+        model_dir: Path,
+        adapter_dirs: Sequence[Path],
+        dtype: torch.dtype,
+        device: torch.device | None = None,
+    ):
         from peft import PeftModel
         from transformers import AutoModelForCausalLM
 
+        self.device = device if device is not None else torch.device("cpu")
         model: Any = AutoModelForCausalLM.from_pretrained(model_dir, dtype=dtype)
+        model.to(self.device)
         model.eval()
         # NOTE: PEFT's frozen lm_head over a non-contiguous hidden-state slice can turn into a
         # huge batched matmul in bfloat16 on CPU; a contiguous input keeps PEFT at its best.
@@ -141,6 +166,7 @@ class PeftRunner:
         peft_model = PeftModel.from_pretrained(model, adapter_dirs[0], adapter_name="a0")
         for name, adapter_dir in zip(self.names[1:], adapter_dirs[1:], strict=True):
             peft_model.load_adapter(adapter_dir, adapter_name=name)
+        peft_model.to(self.device)
         peft_model.eval()
         self.model: Any = peft_model
         self.vocab_size = int(model.config.vocab_size)
@@ -148,11 +174,12 @@ class PeftRunner:
     def step(self, shape: StepShape, seq_slots: Sequence[int] | None) -> Callable[[], object]:
         names = None if seq_slots is None else [self.names[s] for s in seq_slots]
         if shape.tokens_per_seq > 1:
-            ids = token_ids(shape, self.vocab_size)
+            ids = token_ids(shape, self.vocab_size).to(self.device)
             return lambda: self._forward(ids, names, None, use_cache=False)
         from transformers import DynamicCache
 
-        context = token_ids(StepShape(shape.batch_size, shape.context_tokens, 0), self.vocab_size)
+        context_shape = StepShape(shape.batch_size, shape.context_tokens, 0)
+        context = token_ids(context_shape, self.vocab_size).to(self.device)
         cache = DynamicCache()
         self._forward(context, names, cache, use_cache=True)
         next_ids = context[:, -1:].contiguous()

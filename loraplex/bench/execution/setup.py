@@ -26,6 +26,7 @@ POPULARITY = ("identical", "distinct", "uniform", "zipf", "geometric")
 TOKENS = {"decode": 1, "prefill-64": 64, "prefill-512": 512}
 DTYPES = {name: torch_dtype(name) for name in ("float32", "bfloat16")}  # the CPU-runnable ones
 MAX_RANK = 64
+DEVICES = ("cpu", "cuda")
 
 
 @dataclass(frozen=True)
@@ -63,14 +64,25 @@ class ExecutionBenchConfig:
     )  # axis -> values, varied one at a time around Case()
     peft: bool = True  # include PEFT's mixed batch in the headline
     seed: int = 0  # adapter weights and popularity draws
+    device: str = "cpu"  # where the model, KV cache and slot pools live (a DEVICES entry)
+    backend: str = "auto"  # LoRA op backend of the headline's "mixed" and "mixed_r16" pools
+    batch_size: int = 16  # headline sequences per step, round-robin over its 16 adapters
 
     def __post_init__(self) -> None:
+        from loraplex.ops import backend_names
+
         unknown = [d for d in self.dtypes if d not in DTYPES]
         if unknown or not self.dtypes:
             raise ValueError(f"dtypes {self.dtypes} is invalid; expected some of {list(DTYPES)}")
-        for name in ("context_tokens", "rounds", "calls_per_round"):
+        for name in ("context_tokens", "rounds", "calls_per_round", "batch_size"):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name} {getattr(self, name)} is invalid; expected >= 1")
+        if self.device not in DEVICES:
+            raise ValueError(f"device {self.device!r} is invalid; expected one of {DEVICES}")
+        if self.backend not in backend_names():
+            raise ValueError(
+                f"backend {self.backend!r} is invalid; expected one of {backend_names()}"
+            )
 
 
 def seq_slots(case: Case, batch_size: int, rng: random.Random) -> list[int]:
@@ -103,13 +115,24 @@ class Workspace:
     adapters: dict[str, list[Path]]  # rank mix -> adapter dirs (ranks round-robin)
 
     @classmethod
-    def create(cls, root: Path, preset: str, num_adapters: int, seed: int) -> Workspace:
+    def create(
+        cls,
+        root: Path,
+        preset: str,
+        num_adapters: int,
+        seed: int,
+        mixes: tuple[str, ...] | None = None,
+    ) -> Workspace:
+        """Generate the base and ``num_adapters`` adapters of each rank mix (``mixes``, default
+        every RANK_MIXES key)."""
         from loraplex.artifacts.base_model import BaseModelSpec
 
         model_dir = write_random_base(root / "models" / f"bench-{preset}", preset, seed)
         spec = BaseModelSpec.from_dir(model_dir)
         adapters: dict[str, list[Path]] = {}
         for mix, ranks in RANK_MIXES.items():
+            if mixes is not None and mix not in mixes:
+                continue
             adapters[mix] = [
                 write_random_adapter(
                     spec,

@@ -13,12 +13,16 @@ def interleaved_medians(
     rounds: int,
     calls_per_round: int,
     warmup_calls: int = 3,
+    sync: Callable[[], object] | None = None,
 ) -> dict[str, float]:
     """Median seconds per call of each variant.
 
     Every variant is warmed up first (the first calls of a matmul are many times slower), then
     the variants take turns round by round so drift on a shared machine hits all of them alike.
+    ``sync`` (a device's synchronize) runs before the clock starts and before it stops, so an
+    asynchronous device is timed on the work it finished, not on the work it was handed.
     """
+    wait = sync if sync is not None else _no_sync
     if rounds < 1 or calls_per_round < 1:
         raise ValueError(
             f"rounds {rounds} / calls_per_round {calls_per_round} are invalid; expected >= 1"
@@ -29,8 +33,14 @@ def interleaved_medians(
     samples: dict[str, list[float]] = {name: [] for name in variants}
     for _ in range(rounds):
         for name, fn in variants.items():
+            wait()
             start = time.perf_counter()
             for _ in range(calls_per_round):
                 fn()
+            wait()
             samples[name].append((time.perf_counter() - start) / calls_per_round)
     return {name: statistics.median(values) for name, values in samples.items()}
+
+
+def _no_sync() -> None:
+    """A synchronous device (the CPU) has nothing to wait for."""
