@@ -3,9 +3,9 @@
 While a revision is merged into the engine's base weights (``mode`` ``auto`` or
 ``merged:<ref>``, docs/modes.md), deprecating it, or moving its alias off it (a new target set
 or a rollback), is refused with a 409 naming it (``MergedRevisionError``): it must be unmerged
-first. The engine says what is merged in its published report (``EngineLoad.mode``), so the
-check never waits on it. An engine that is down has nothing merged: a restarted engine starts
-unmerged.
+first. The engine says what is merged in its published report (``EngineLoad.mode``; behind a
+fleet ingress every replica's, ``EngineLoad.replicas_merged``), so the check never waits on it.
+An engine that is down has nothing merged: a restarted engine starts unmerged.
 """
 
 from __future__ import annotations
@@ -16,20 +16,20 @@ from loraplex.engine.protocol import EngineClient
 from loraplex.errors import EngineUnavailableError, MergedRevisionError
 
 
-def merged_revision(engine: EngineClient) -> str | None:
-    """``tenant/name@revision`` merged into ``engine``'s base weights now; None: none."""
+def merged_revisions(engine: EngineClient) -> frozenset[str]:
+    """``tenant/name@revision`` of every revision merged into base weights behind ``engine``
+    now: its own, or in a fleet every replica's (``EngineLoad.merged_revisions``)."""
     try:
-        report = engine.load_snapshot().mode
+        return engine.load_snapshot().merged_revisions
     except EngineUnavailableError:
-        return None
-    return None if report is None else report.merged_revision
+        return frozenset()
 
 
 def refuse_if_merged(engine: EngineClient, revisions: Iterable[str], action: str) -> None:
     """Raises ``MergedRevisionError`` when one of ``revisions`` (refs) is merged now."""
-    merged = merged_revision(engine)
-    if merged is not None and merged in set(revisions):
-        raise MergedRevisionError(merged, action)
+    merged = sorted(merged_revisions(engine) & set(revisions))
+    if merged:
+        raise MergedRevisionError(merged[0], action)
 
 
 def refuse_moving_off(

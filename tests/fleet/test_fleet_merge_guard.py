@@ -1,0 +1,71 @@
+"""Behind a fleet ingress the admin guard and a release read every replica's merged revision
+(docs/modes.md, "What a merge forbids"): a revision merged on any replica, a hung one included,
+cannot be deprecated or left by its alias, and a release does not let it go."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from dataclasses import replace
+from typing import Any
+
+import pytest
+from fleet_fakes import CharTokenizer, FakeCalls, StreamOpener, entry, is_lost, key, load
+from fleet_fakes import started_link as _started_link
+
+from loraplex.clock import ManualClock
+from loraplex.engine.mode_report import ModeReport
+from loraplex.errors import MergedRevisionError
+from loraplex.fleet.cache import FleetCache
+from loraplex.fleet.engine_client import FleetEngineClient
+from loraplex.fleet.link import FleetLink
+from loraplex.fleet.release_env import FleetReleaseEnv
+from loraplex.release.traffic import ReleaseTraffic
+from loraplex.server.merge_guard import refuse_if_merged, refuse_moving_off
+from loraplex.server.pin_owners import OwnedPins
+
+MERGED = "acme/support@r1"  # merged on replica "b" only
+
+
+def _merged_load(revision: str) -> Any:
+    return replace(load(), mode=ModeReport("auto", revision))
+
+
+@pytest.fixture(params=[True, False], ids=["healthy", "hung"])
+def link(request: pytest.FixtureRequest) -> Iterator[FleetLink]:
+    merged = entry("b", healthy=request.param, engine_load=_merged_load(MERGED))
+    built = _started_link(FakeCalls(board=[entry("a"), merged]))
+    yield built
+    built.close()
+
+
+def _client(link: FleetLink) -> FleetEngineClient:
+    tokenizer: Any = CharTokenizer()
+    return FleetEngineClient(StreamOpener([]), is_lost, link, tokenizer)
+
+
+def test_the_fleet_load_names_a_revision_merged_on_any_replica(link: FleetLink) -> None:
+    snapshot = _client(link).load_snapshot()
+    assert snapshot.mode is None  # no engine of its own
+    assert snapshot.merged_revisions == {MERGED}
+
+
+def test_deprecating_or_leaving_a_revision_merged_on_one_replica_is_refused(
+    link: FleetLink,
+) -> None:
+    client = _client(link)
+    with pytest.raises(MergedRevisionError) as refused:
+        refuse_if_merged(client, (MERGED,), "deprecated")
+    assert MERGED in str(refused.value)
+    with pytest.raises(MergedRevisionError):
+        refuse_moving_off(client, "acme", "support", ("r1",), ("r2",))
+    # moving onto it, and other revisions, are not refused
+    refuse_moving_off(client, "acme", "support", ("r2",), ("r1", "r2"))
+    refuse_if_merged(client, ("acme/support@r2",), "deprecated")
+
+
+def test_a_fleet_release_sees_the_merge_of_one_replica(link: FleetLink) -> None:
+    client = _client(link)
+    traffic = ReleaseTraffic(ManualClock(), tuple)
+    env = FleetReleaseEnv(OwnedPins(FleetCache(link)), client, traffic, link)
+    assert env.is_merged(key(revision="r1"))
+    assert not env.is_merged(key(revision="r2"))
