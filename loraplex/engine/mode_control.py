@@ -149,8 +149,11 @@ class ModeController:
         if future is None or ref is None or not future.done():
             return
         self._pending = self._pending_ref = None
-        if future.exception() is None:  # no slot now: asked again at a later decision
-            self._record(self.switcher.merge(ref, future.result()))
+        if future.exception() is not None:  # no slot now: asked again at a later decision
+            return
+        transition = self.switcher.merge(ref, future.result())
+        if transition is not None:  # None: an admin action holds it; asked again later
+            self._record(transition)
 
     def _record(self, transition: Transition) -> None:
         self.transitions.append(transition)

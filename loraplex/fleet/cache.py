@@ -28,6 +28,7 @@ from loraplex.engine.tenant_shares import TenantSettings
 from loraplex.engine.transport.messages import (
     CacheCommand,
     Evict,
+    HoldMerges,
     Pin,
     Prefetch,
     SetWarm,
@@ -225,3 +226,48 @@ def sum_summaries(summaries: list[CacheSummary]) -> CacheSummary:
         num_copies=add("num_copies"),
         default_tenant_bytes=add("default_tenant_bytes"),
     )
+
+
+class FleetMergeHolds:
+    """Merge holds on every healthy replica (``engine.merge_holds.MergeHoldControl``): a hold
+    answers the revisions merged on any of them. A replica that cannot answer fails the hold
+    (the admin action is refused), since its merge could not be ruled out. A release goes to
+    exactly the replicas the hold reached: a release elsewhere would drop another's hold."""
+
+    def __init__(self, link: FleetLink) -> None:
+        self._link = link
+        self._lock = threading.Lock()
+        self._reached: dict[frozenset[str], list[list[str]]] = {}  # refs -> replica ids, per hold
+
+    def hold(self, refs: frozenset[str]) -> frozenset[str]:
+        futures = self._link.call_each(HoldMerges(refs, hold=True))
+        merged: set[str] = set()
+        try:
+            for future in futures.values():
+                merged |= future.result(SYNC_CALL_TIMEOUT_S)
+        except BaseException:
+            self._release_on(refs, sorted(futures))
+            raise
+        with self._lock:
+            self._reached.setdefault(refs, []).append(sorted(futures))
+        return frozenset(merged)
+
+    def release(self, refs: frozenset[str]) -> None:
+        with self._lock:
+            holds = self._reached.get(refs, [])
+            replica_ids = holds.pop() if holds else []
+            if not holds:
+                self._reached.pop(refs, None)
+        self._release_on(refs, replica_ids)
+
+    def _release_on(self, refs: frozenset[str], replica_ids: list[str]) -> None:
+        """NOTE: a replica that cannot be reached keeps its hold (it stays unmerged for these
+        revisions, the safe side); a restarted one has no holds anyway."""
+        futures = self._link.call_each(HoldMerges(refs, hold=False), replica_ids)
+        for replica_id, future in futures.items():
+            try:
+                future.result(SYNC_CALL_TIMEOUT_S)
+            except Exception:
+                _log.warning(
+                    "merge holds on %s not released on replica %s", sorted(refs), replica_id
+                )

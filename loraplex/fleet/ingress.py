@@ -21,7 +21,7 @@ from loraplex.engine.protocol import EngineRequest
 from loraplex.engine.transport.messages import CacheCommand
 from loraplex.engine.transport.packed_errors import unpack_error
 from loraplex.fleet.board import BoardEntry
-from loraplex.fleet.cache import FleetCache
+from loraplex.fleet.cache import FleetCache, FleetMergeHolds
 from loraplex.fleet.engine_client import FleetEngineClient, ReplicaStream
 from loraplex.fleet.link import CALL_TIMEOUT_S, FleetLink
 from loraplex.fleet.release_env import FleetReleaseEnv
@@ -113,7 +113,8 @@ def build_ingress(
         )
         cache = FleetCache(link)
         admin = config.admin_key or admin_key(config.data_dir)
-        front = Front(client, cache, cache.update_tenant_settings, admin, {})
+        holds = FleetMergeHolds(link)
+        front = Front(client, cache, cache.update_tenant_settings, admin, {}, holds)
 
         def release_env(pins: OwnedPins, traffic: ReleaseTraffic) -> FleetReleaseEnv:
             return FleetReleaseEnv(pins, client, traffic, link)

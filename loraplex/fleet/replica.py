@@ -26,9 +26,9 @@ from typing import Any
 from loraplex.artifacts.base_model import BaseModelSpec
 from loraplex.engine.factory import AdapterRuntime
 from loraplex.engine.protocol import EngineRequest, TokenDelta
-from loraplex.engine.transport.messages import CacheCommand, UpdateTenants
+from loraplex.engine.transport.messages import CacheCommand, HoldMerges, UpdateTenants
 from loraplex.engine.transport.packed_errors import pack_error
-from loraplex.engine.transport.process_child import run_cache_command
+from loraplex.engine.transport.process_child import run_cache_command, run_hold_command
 from loraplex.engine.transport.thread_client import AsyncEngine
 from loraplex.errors import EngineUnavailableError
 from loraplex.fleet.routing import REPORT_KEY, UP_KEY
@@ -94,6 +94,10 @@ class EngineReplica:
         if isinstance(command, UpdateTenants):
             await asyncio.to_thread(self._parts.runtime.update_tenant_settings, command.settings)
             return None
+        if isinstance(command, HoldMerges):  # may wait for a merge running now: off the loop
+            return await asyncio.to_thread(
+                run_hold_command, self._parts.runtime.merge_holds, command
+            )
         # NOTE: on a worker thread: the cache's lock must never stall this replica's event
         # loop, which carries every stream it serves.
         value = await asyncio.to_thread(run_cache_command, self._cache, command)

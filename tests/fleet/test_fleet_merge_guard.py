@@ -1,6 +1,7 @@
 """Behind a fleet ingress the admin guard and a release read every replica's merged revision
 (docs/modes.md, "What a merge forbids"): a revision merged on any replica, a hung one included,
-cannot be deprecated or left by its alias, and a release does not let it go."""
+cannot be deprecated or left by its alias, and a release does not let it go; the guard's merge
+holds reach every replica and are released exactly where they were taken."""
 
 from __future__ import annotations
 
@@ -9,18 +10,28 @@ from dataclasses import replace
 from typing import Any
 
 import pytest
-from fleet_fakes import CharTokenizer, FakeCalls, StreamOpener, entry, is_lost, key, load
+from fleet_fakes import (
+    CharTokenizer,
+    FakeCalls,
+    StreamOpener,
+    entry,
+    is_lost,
+    key,
+    load,
+    polled_twice,
+)
 from fleet_fakes import started_link as _started_link
 
 from loraplex.clock import ManualClock
 from loraplex.engine.mode_report import ModeReport
+from loraplex.engine.transport.messages import HoldMerges
 from loraplex.errors import MergedRevisionError
-from loraplex.fleet.cache import FleetCache
+from loraplex.fleet.cache import FleetCache, FleetMergeHolds
 from loraplex.fleet.engine_client import FleetEngineClient
 from loraplex.fleet.link import FleetLink
 from loraplex.fleet.release_env import FleetReleaseEnv
 from loraplex.release.traffic import ReleaseTraffic
-from loraplex.server.merge_guard import refuse_if_merged, refuse_moving_off
+from loraplex.server.merge_guard import guarded, left_by, refuse_if_merged
 from loraplex.server.pin_owners import OwnedPins
 
 MERGED = "acme/support@r1"  # merged on replica "b" only
@@ -56,11 +67,36 @@ def test_deprecating_or_leaving_a_revision_merged_on_one_replica_is_refused(
     with pytest.raises(MergedRevisionError) as refused:
         refuse_if_merged(client, (MERGED,), "deprecated")
     assert MERGED in str(refused.value)
-    with pytest.raises(MergedRevisionError):
-        refuse_moving_off(client, "acme", "support", ("r1",), ("r2",))
+    left = left_by("acme", "support", ("r1",), ("r2",))
+    with pytest.raises(MergedRevisionError), guarded(client, None, left, "left"):
+        raise AssertionError("the alias change must not run")
     # moving onto it, and other revisions, are not refused
-    refuse_moving_off(client, "acme", "support", ("r2",), ("r1", "r2"))
+    with guarded(client, None, left_by("acme", "support", ("r2",), ("r1", "r2")), "left"):
+        pass
     refuse_if_merged(client, ("acme/support@r2",), "deprecated")
+
+
+def test_fleet_holds_answer_every_replicas_merge_and_release_where_they_held() -> None:
+    merged_on = {"a": frozenset(), "b": frozenset({MERGED})}
+
+    def reply(replica_id: str, command: Any) -> Any:
+        assert isinstance(command, HoldMerges)
+        return merged_on[replica_id] & command.refs if command.hold else frozenset()
+
+    calls = FakeCalls(board=[entry("a"), entry("b")], reply=reply)
+    link = _started_link(calls)
+    try:
+        holds = FleetMergeHolds(link)
+        refs = frozenset({MERGED, "acme/support@r2"})
+        assert holds.hold(refs) == {MERGED}
+        calls.board = [entry("a"), entry("b"), entry("c")]  # a replica joins after the hold
+        polled_twice(link)
+        holds.release(refs)
+        releases = [(rid, c) for rid, c in calls.calls if isinstance(c, HoldMerges) and not c.hold]
+        assert sorted(rid for rid, _ in releases) == ["a", "b"]  # not "c": it held nothing
+        assert all(c.refs == refs for _, c in releases)
+    finally:
+        link.close()
 
 
 def test_a_fleet_release_sees_the_merge_of_one_replica(link: FleetLink) -> None:

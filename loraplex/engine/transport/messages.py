@@ -87,6 +87,15 @@ class UpdateTenants(CacheCommand):
     settings: dict[str, TenantSettings]  # tenant name -> settings
 
 
+@dataclass(frozen=True)
+class HoldMerges(CacheCommand):
+    """Holds (or releases) revisions against merging; a hold answers those merged now
+    (``engine/merge_holds.py``). Runs on the engine's ``MergeHolds``, not on the cache."""
+
+    refs: frozenset[str]  # ``tenant/name@revision`` of each
+    hold: bool  # True: hold them; False: release one hold on each
+
+
 # --- parent -> child -------------------------------------------------------------------------
 
 

@@ -17,6 +17,7 @@ from multiprocessing.connection import Connection
 from typing import Any
 
 from loraplex.engine.loop import EngineThread
+from loraplex.engine.merge_holds import MergeHolds
 from loraplex.engine.protocol import EngineRequest, TokenDelta
 from loraplex.engine.sched.stats import QueueView
 from loraplex.engine.transport.messages import (
@@ -27,6 +28,7 @@ from loraplex.engine.transport.messages import (
     CacheCommand,
     Evict,
     Heartbeat,
+    HoldMerges,
     LoadDone,
     Pin,
     Prefetch,
@@ -63,6 +65,15 @@ def run_cache_command(cache: TieredAdapterCache, command: CacheCommand) -> Any:
     """``command`` run on ``cache`` (a loading command returns its load's Future); the engine
     child and a fleet's engine replica run cache calls this one way."""
     return _CACHE_COMMANDS[type(command)](cache, command)
+
+
+def run_hold_command(holds: MergeHolds, command: HoldMerges) -> frozenset[str]:
+    """``command`` on an engine's merge holds: the refs merged now (none for a release); the
+    engine child and a fleet's engine replica run it this one way."""
+    if command.hold:
+        return holds.hold(command.refs)
+    holds.release(command.refs)
+    return frozenset()
 
 
 # --- the child ---------------------------------------------------------------------------------
@@ -188,6 +199,8 @@ class _Child:
         if isinstance(command, UpdateTenants):
             self._handles.update_tenants(command.settings)
             return None
+        if isinstance(command, HoldMerges):
+            return run_hold_command(self._handles.merge_holds, command)
         if self._cache is None:
             raise EngineUnavailableError("this engine has no adapter cache")
         return run_cache_command(self._cache, command)
