@@ -8,6 +8,9 @@ held, the engine refuses to merge them (``ModeSwitcher.merge`` asks ``merge_if_f
 the merge landed first (the hold answers it, 409) or it comes after the hold is released, when
 the registry has already changed. Holds count, so two admin actions on one revision nest.
 
+The same object carries a fleet's dedication (``dedicate``): the revision the fleet's topology
+asked this engine's ``auto`` mode to merge (docs/modes.md, "Topology").
+
 Torch-free: the server names ``MergeHoldControl``; the engine side owns ``MergeHolds``
 (``AdapterRuntime.merge_holds``), reached in this process directly, in an engine child through
 the ``HoldMerges`` cache command, and on a fleet's replicas through each replica's cache call.
@@ -42,6 +45,7 @@ class MergeHolds:
         self._lock = threading.Lock()
         self._held: Counter[str] = Counter()  # ref -> holds on it
         self._merged: str | None = None  # the ref in the base weights; None: unmerged
+        self._dedicated: str | None = None  # the ref the fleet asked ``auto`` to merge
 
     def hold(self, refs: frozenset[str]) -> frozenset[str]:
         with self._lock:
@@ -71,3 +75,14 @@ class MergeHolds:
         """The merged revision left the weights."""
         with self._lock:
             self._merged = None
+
+    @property
+    def dedicated(self) -> str | None:
+        """The revision a fleet dedicated this engine to (``router/topology.py``): ``auto``
+        merges it and keeps it merged while set; None: ``auto`` decides alone."""
+        with self._lock:
+            return self._dedicated
+
+    def dedicate(self, ref: str | None) -> None:
+        with self._lock:
+            self._dedicated = ref

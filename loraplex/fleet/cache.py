@@ -27,6 +27,7 @@ from loraplex.artifacts.warm_policy import WarmPolicy
 from loraplex.engine.tenant_shares import TenantSettings
 from loraplex.engine.transport.messages import (
     CacheCommand,
+    Dedicate,
     Evict,
     HoldMerges,
     Pin,
@@ -271,3 +272,9 @@ class FleetMergeHolds:
                 _log.warning(
                     "merge holds on %s not released on replica %s", sorted(refs), replica_id
                 )
+
+    def dedicate(self, replica_id: str, adapter_key: str | None) -> Future[Any]:
+        """``FleetTopology``'s ``ask``: replica ``replica_id``'s ``auto`` mode is to merge
+        ``adapter_key`` (a routing key, ``str(AdapterKey)``; None: decide alone again)."""
+        ref = None if adapter_key is None else adapter_key.split("#", 1)[0]
+        return self._link.call(replica_id, Dedicate(ref))

@@ -1,6 +1,7 @@
 """Merge holds close the admin guard's check-then-act window (docs/modes.md): a revision held
 by an admin action is never merged, a hold answers a merge that landed first, and a merge
-attempted between the guard's check and its registry change is refused, deterministically."""
+attempted between the guard's check and its registry change is refused, deterministically; a
+fleet's dedication (the same object) makes ``auto`` merge the dedicated revision."""
 
 from __future__ import annotations
 
@@ -12,7 +13,7 @@ from loraplex.clock import ManualClock
 from loraplex.demo.assets import DemoAssets
 from loraplex.engine.merge_holds import MergeHolds
 from loraplex.engine.mode_control import ModeController, ref_of
-from loraplex.engine.mode_policy import ModeSetting
+from loraplex.engine.mode_policy import ModePolicyConfig, ModeSetting
 from loraplex.engine.modes import ModeSwitcher
 from loraplex.engine.offline import OfflineConfig, OfflineEngine, OfflineRequest
 from loraplex.engine.protocol import EngineLoad
@@ -79,5 +80,37 @@ def test_a_merge_between_the_check_and_the_change_is_refused(
     with pytest.raises(MergedRevisionError), guarded(published, holds, (ref,), "deprecated"):  # type: ignore[arg-type]
         raise AssertionError("the change must not run while the revision is merged")
     assert not holds.is_held(ref)
+    control.close()
+    engine.runtime.cache.check_integrity()
+
+
+def test_a_fleet_dedication_overrides_auto_until_it_is_given_back(
+    engine: OfflineEngine, demo_assets: DemoAssets
+) -> None:
+    hot = demo_assets.adapter("acme", "support", "r1")
+    cold = demo_assets.adapter("globex", "codegen", "r1")
+    mixed = [OfflineRequest(hot.probe_prompt, hot.path, GREEDY)] + [
+        OfflineRequest(cold.probe_prompt, cold.path, GREEDY)
+    ] * 2  # the hot revision has a third of the tokens: auto alone would not merge it
+    want = [r.token_ids for r in engine.generate(mixed)]
+    ref = ref_of(engine.adapter_key(hot.path))
+    clock = ManualClock()
+    holds = engine.runtime.merge_holds
+    switcher = ModeSwitcher(engine.core.runner, engine.runtime.pool, clock, holds=holds)
+    policy = ModePolicyConfig(window_s=5.0, min_dwell_s=3.0, payback_s=10.0)
+    control = ModeController(ModeSetting.parse("auto"), switcher, engine.runtime.cache, clock,
+                             policy=policy, lora_s_per_token=1e-3)  # fmt: skip
+    engine.core.modes = control
+
+    def tick(_step: int) -> None:
+        clock.advance(1.0)
+
+    holds.dedicate(ref)  # what FleetMergeHolds.dedicate asks of a replica
+    assert [r.token_ids for r in engine.generate(mixed, tick)] == want
+    assert switcher.merged_revision == ref
+    holds.dedicate(None)  # given back: auto decides alone, and the hot share is low
+    clock.advance(policy.window_s)
+    assert [r.token_ids for r in engine.generate(mixed, tick)] == want
+    assert switcher.merged_revision != ref
     control.close()
     engine.runtime.cache.check_integrity()

@@ -11,6 +11,7 @@ from typing import Any
 
 import pytest
 from fleet_fakes import (
+    WAIT_S,
     CharTokenizer,
     FakeCalls,
     StreamOpener,
@@ -24,7 +25,7 @@ from fleet_fakes import started_link as _started_link
 
 from loraplex.clock import ManualClock
 from loraplex.engine.mode_report import ModeReport
-from loraplex.engine.transport.messages import HoldMerges
+from loraplex.engine.transport.messages import Dedicate, HoldMerges
 from loraplex.errors import MergedRevisionError
 from loraplex.fleet.cache import FleetCache, FleetMergeHolds
 from loraplex.fleet.engine_client import FleetEngineClient
@@ -105,3 +106,16 @@ def test_a_fleet_release_sees_the_merge_of_one_replica(link: FleetLink) -> None:
     env = FleetReleaseEnv(OwnedPins(FleetCache(link)), client, traffic, link)
     assert env.is_merged(key(revision="r1"))
     assert not env.is_merged(key(revision="r2"))
+
+
+def test_a_dedication_reaches_the_one_replica_by_its_revision_ref() -> None:
+    calls = FakeCalls(board=[entry("a"), entry("b")])
+    link = _started_link(calls)
+    try:
+        holds = FleetMergeHolds(link)
+        holds.dedicate("b", f"{MERGED}#{'d' * 8}~{'b' * 8}~v1").result(WAIT_S)
+        holds.dedicate("b", None).result(WAIT_S)
+        assert calls.commands_to("b") == [Dedicate(MERGED), Dedicate(None)]
+        assert calls.commands_to("a") == []
+    finally:
+        link.close()

@@ -96,6 +96,14 @@ class HoldMerges(CacheCommand):
     hold: bool  # True: hold them; False: release one hold on each
 
 
+@dataclass(frozen=True)
+class Dedicate(CacheCommand):
+    """The revision a fleet's topology asks this engine's ``auto`` mode to merge (None: decide
+    alone again); runs on the engine's ``MergeHolds`` (docs/modes.md, "Topology")."""
+
+    ref: str | None  # ``tenant/name@revision``; None: no dedication
+
+
 # --- parent -> child -------------------------------------------------------------------------
 
 

@@ -26,6 +26,7 @@ from loraplex.engine.transport.messages import (
     Alive,
     CacheCall,
     CacheCommand,
+    Dedicate,
     Evict,
     Heartbeat,
     HoldMerges,
@@ -67,9 +68,12 @@ def run_cache_command(cache: TieredAdapterCache, command: CacheCommand) -> Any:
     return _CACHE_COMMANDS[type(command)](cache, command)
 
 
-def run_hold_command(holds: MergeHolds, command: HoldMerges) -> frozenset[str]:
-    """``command`` on an engine's merge holds: the refs merged now (none for a release); the
-    engine child and a fleet's engine replica run it this one way."""
+def run_hold_command(holds: MergeHolds, command: HoldMerges | Dedicate) -> frozenset[str]:
+    """``command`` on an engine's merge holds: the refs merged now (none for a release or a
+    dedication); the engine child and a fleet's engine replica run it this one way."""
+    if isinstance(command, Dedicate):
+        holds.dedicate(command.ref)
+        return frozenset()
     if command.hold:
         return holds.hold(command.refs)
     holds.release(command.refs)
@@ -199,7 +203,7 @@ class _Child:
         if isinstance(command, UpdateTenants):
             self._handles.update_tenants(command.settings)
             return None
-        if isinstance(command, HoldMerges):
+        if isinstance(command, HoldMerges | Dedicate):
             return run_hold_command(self._handles.merge_holds, command)
         if self._cache is None:
             raise EngineUnavailableError("this engine has no adapter cache")
