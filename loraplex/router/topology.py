@@ -120,6 +120,8 @@ class FleetTopology:
         self._clock = clock
         self._ask = ask
         self._routed: deque[tuple[float, str | None, int]] = deque()  # (at_s, key, tokens)
+        self._tokens: dict[str, int] = {}  # revision -> its tokens in ``_routed``
+        self._total = 0  # all tokens in ``_routed``, base-model ones included
         self.dedication: Dedication | None = None
         self._changed_s: float | None = None
         self.num_changes = 0  # dedications made or given back (a flap counter)
@@ -127,20 +129,16 @@ class FleetTopology:
     def record(self, request: RouteRequest) -> None:
         """One routed request's prompt tokens (at least 1: every request is work)."""
         now_s = self._clock.now()
-        self._routed.append((now_s, request.adapter_key, max(1, request.num_prompt_tokens)))
+        key, tokens = request.adapter_key, max(1, request.num_prompt_tokens)
+        self._routed.append((now_s, key, tokens))
+        self._count(key, tokens)
         self._expire(now_s)
 
     def shares(self) -> dict[str, float]:
         """Each revision's fraction of the window's routed tokens (base-model tokens count in
         the total, so the shares may sum below 1)."""
         self._expire(self._clock.now())
-        per_key: dict[str, int] = {}
-        total = 0
-        for _, key, tokens in self._routed:
-            total += tokens
-            if key is not None:
-                per_key[key] = per_key.get(key, 0) + tokens
-        return {key: tokens / total for key, tokens in per_key.items()}
+        return {key: tokens / self._total for key, tokens in self._tokens.items()}
 
     def update(self, reports: Mapping[str, ReplicaReport | None]) -> Dedication | None:
         """Decides on ``reports`` now; asks the replicas concerned when the dedication changes."""
@@ -157,6 +155,16 @@ class FleetTopology:
                 self._ask(wanted.replica_id, wanted.adapter_key)
         return self.dedication
 
+    def _count(self, key: str | None, tokens: int) -> None:
+        self._total += tokens
+        if key is not None:
+            left = self._tokens.get(key, 0) + tokens
+            if left:
+                self._tokens[key] = left
+            else:
+                del self._tokens[key]
+
     def _expire(self, now_s: float) -> None:
         while self._routed and now_s - self._routed[0][0] > self.config.window_s:
-            self._routed.popleft()
+            _, key, tokens = self._routed.popleft()
+            self._count(key, -tokens)
