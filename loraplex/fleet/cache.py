@@ -37,7 +37,7 @@ from loraplex.engine.transport.messages import (
     Unpin,
     UpdateTenants,
 )
-from loraplex.errors import EngineUnavailableError
+from loraplex.errors import CapacityError, EngineUnavailableError
 from loraplex.fleet.board import BoardEntry
 from loraplex.fleet.link import FleetLink
 from loraplex.residency.cache.view import CacheSummary, ResidencySnapshot
@@ -243,12 +243,17 @@ class FleetMergeHolds:
     def hold(self, refs: frozenset[str]) -> frozenset[str]:
         futures = self._link.call_each(HoldMerges(refs, hold=True))
         merged: set[str] = set()
+        asking = ""  # the replica whose answer is awaited
         try:
-            for future in futures.values():
-                merged |= future.result(SYNC_CALL_TIMEOUT_S)
-        except BaseException:
+            for replica_id in sorted(futures):
+                asking = replica_id
+                merged |= futures[replica_id].result(SYNC_CALL_TIMEOUT_S)
+        except Exception as exc:
             self._release_on(refs, sorted(futures))
-            raise
+            # NOTE: not EngineUnavailableError, which the guard reads as "nothing can merge"
+            raise CapacityError(
+                f"replica {asking} could not hold {sorted(refs)} against merging: {exc}"
+            ) from exc
         with self._lock:
             self._reached.setdefault(refs, []).append(sorted(futures))
         return frozenset(merged)

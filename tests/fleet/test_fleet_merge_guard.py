@@ -26,7 +26,7 @@ from fleet_fakes import started_link as _started_link
 from loraplex.clock import ManualClock
 from loraplex.engine.mode_report import ModeReport
 from loraplex.engine.transport.messages import Dedicate, HoldMerges
-from loraplex.errors import MergedRevisionError
+from loraplex.errors import CapacityError, MergedRevisionError
 from loraplex.fleet.cache import FleetCache, FleetMergeHolds
 from loraplex.fleet.engine_client import FleetEngineClient
 from loraplex.fleet.link import FleetLink
@@ -117,5 +117,23 @@ def test_a_dedication_reaches_the_one_replica_by_its_revision_ref() -> None:
         holds.dedicate("b", None).result(WAIT_S)
         assert calls.commands_to("b") == [Dedicate(MERGED), Dedicate(None)]
         assert calls.commands_to("a") == []
+    finally:
+        link.close()
+
+
+def test_a_replica_that_cannot_hold_fails_the_hold_and_the_others_are_released() -> None:
+    def reply(replica_id: str, command: Any) -> Any:
+        if replica_id == "b" and command.hold:
+            raise RuntimeError("replica b is stuck")
+        return frozenset()
+
+    calls = FakeCalls(board=[entry("a"), entry("b")], reply=reply)
+    link = _started_link(calls)
+    try:
+        refs = frozenset({MERGED})
+        with pytest.raises(CapacityError, match="replica b could not hold"):
+            FleetMergeHolds(link).hold(refs)
+        released = sorted(rid for rid, c in calls.calls if isinstance(c, HoldMerges) and not c.hold)
+        assert released == ["a", "b"]
     finally:
         link.close()
