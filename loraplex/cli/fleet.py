@@ -28,7 +28,15 @@ if TYPE_CHECKING:
 
 Opt = typer.Option
 fleet_app = typer.Typer(help="Engine replicas on Ray Serve with residency-aware routing.")
-FLEET_KEYS = ("replicas", "policy", "seed", "report_period_s", "stale_after_s", "router")
+FLEET_KEYS = (
+    "replicas",
+    "policy",
+    "seed",
+    "report_period_s",
+    "stale_after_s",
+    "router",
+    "topology",
+)
 
 
 def register(app: typer.Typer) -> None:

@@ -36,6 +36,7 @@ from loraplex.engine.config import EngineConfig
 from loraplex.engine.core import EngineCore
 from loraplex.engine.kv.blocks import BlockManager
 from loraplex.engine.kv.paged import PagedKVCache
+from loraplex.engine.merge_holds import MergeHolds
 from loraplex.engine.mode_control import ModeController
 from loraplex.engine.mode_policy import ModeKind, ModeSetting
 from loraplex.engine.modes import ModeSwitcher
@@ -111,6 +112,8 @@ class AdapterRuntime:
     pipeline: TierPipeline  # its tier pipeline (L1 memory, L2 disk)
     tenants: TenantBook = field(default_factory=TenantBook)  # shared with the engine
     rebalance_interval_s: float | None = None  # automatic warm rebalance period; None: off
+    # revisions an admin action is taking away: the engine does not merge them (docs/modes.md)
+    merge_holds: MergeHolds = field(default_factory=MergeHolds)
 
     def update_tenant_settings(self, settings: Mapping[str, TenantSettings]) -> None:
         """Replaces every tenant's settings (thread-safe; the next step and the next eviction
@@ -214,6 +217,6 @@ def build_engine_core(
     if setting.kind is not ModeKind.UNMERGED:
         if runtime is None:
             raise ValueError(f"mode {config.mode!r} is invalid without adapters; expected unmerged")
-        switcher = ModeSwitcher(runner, runtime.pool, clock)
+        switcher = ModeSwitcher(runner, runtime.pool, clock, holds=runtime.merge_holds)
         core.modes = ModeController(setting, switcher, runtime.cache, clock)
     return core

@@ -4,6 +4,8 @@ between steps, merges, unmerges or switches through :class:`~loraplex.engine.mod
 - ``unmerged``: nothing happens (the controller is not even built).
 - ``merged:<tenant/name@revision>``: the named revision is merged as soon as a lease on it is
   granted (asked for at the first step that names it), and stays merged.
+- ``auto`` with a fleet's dedication (``MergeHolds.dedicate``, docs/modes.md "Topology"): the
+  dedicated revision is merged as soon as a lease on it is granted, like ``merged:<ref>``.
 - ``auto``: :func:`~loraplex.engine.mode_policy.decide` on the recent token share, with the
   transition cost measured by the switcher, the per-token LoRA cost given by the operator
   (``lora_s_per_token``, measured by ``loraplex bench modes``), and whole steps' seconds per
@@ -117,6 +119,10 @@ class ModeController:
             if self.switcher.merged_revision is None and wanted in self._keys:
                 self._ask(wanted)
             return
+        dedicated = self.switcher.holds.dedicated  # a fleet's topology overrides ``auto``
+        if dedicated is not None:
+            self._follow(dedicated)
+            return
         now = self.clock.now()
         since = None if self._last_s is None else now - self._last_s
         costs = MeasuredCosts(
@@ -131,6 +137,16 @@ class ModeController:
             self._record(self.switcher.unmerge())
         if got.action in (Action.MERGE, Action.SWITCH) and got.revision is not None:
             self._ask(got.revision)
+
+    def _follow(self, ref: str) -> None:
+        """Merge ``ref`` (the fleet dedicated this engine to it), unmerging another first."""
+        merged = self.switcher.merged_revision
+        if merged == ref:
+            return
+        if merged is not None:
+            self._record(self.switcher.unmerge())
+        if ref in self._keys:
+            self._ask(ref)
 
     def close(self) -> None:
         """Unmerge (the base weights come back) and drop a pending lease."""
@@ -149,8 +165,11 @@ class ModeController:
         if future is None or ref is None or not future.done():
             return
         self._pending = self._pending_ref = None
-        if future.exception() is None:  # no slot now: asked again at a later decision
-            self._record(self.switcher.merge(ref, future.result()))
+        if future.exception() is not None:  # no slot now: asked again at a later decision
+            return
+        transition = self.switcher.merge(ref, future.result())
+        if transition is not None:  # None: an admin action holds it; asked again later
+            self._record(transition)
 
     def _record(self, transition: Transition) -> None:
         self.transitions.append(transition)

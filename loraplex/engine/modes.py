@@ -16,6 +16,7 @@ from dataclasses import dataclass
 import torch
 
 from loraplex.clock import Clock
+from loraplex.engine.merge_holds import MergeHolds
 from loraplex.engine.runner import ModelRunner
 from loraplex.model.lora import LoraSlotPool
 from loraplex.model.merge import (
@@ -54,8 +55,10 @@ class ModeSwitcher:
         pool: LoraSlotPool,
         clock: Clock,
         on_transition: Callable[[Transition], None] = lambda _: None,
+        holds: MergeHolds | None = None,
     ) -> None:
         self.runner = runner
+        self.holds = holds or MergeHolds()  # an admin action's holds: those are never merged
         self.pool = pool
         self.clock = clock
         self.on_transition = on_transition
@@ -73,13 +76,21 @@ class ModeSwitcher:
         """True while ``revision`` is merged: it cannot be evicted, deprecated or rolled back."""
         return self._revision == revision
 
-    def merge(self, revision: str, lease: Lease) -> Transition:
-        """Merge the adapter ``lease`` holds; the switcher keeps the lease until unmerged."""
+    def merge(self, revision: str, lease: Lease) -> Transition | None:
+        """Merge the adapter ``lease`` holds; the switcher keeps the lease until unmerged.
+        None (the lease released, nothing changed) while an admin action holds ``revision``."""
         if self._lease is not None:
             lease.release()
             raise MergeStateError(
                 f"{revision} cannot be merged: {self._revision} is merged; expected an unmerge"
             )
+        transition = self.holds.merge_if_free(revision, lambda: self._merge(revision, lease))
+        if transition is None:
+            lease.release()
+            _log.info("mode transition: merge %s refused: an admin action holds it", revision)
+        return transition
+
+    def _merge(self, revision: str, lease: Lease) -> Transition:
         with self.runner.slot_lock:
             start = self.clock.now()
             weights = slot_weights(self.pool, lease.slot)
@@ -102,6 +113,7 @@ class ModeSwitcher:
             self._negative.clear(0)
             seconds = self._finish(start)
         self._lease = self._revision = None
+        self.holds.unmerged()
         lease.release()
         return self._report(Transition(TransitionKind.UNMERGE, revision, seconds))
 

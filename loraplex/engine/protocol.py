@@ -189,6 +189,17 @@ class EngineLoad:
     max_loras: int  # GPU adapter slots
     num_active_tokens: int  # prompt + output tokens of every live request (the router's load)
     mode: ModeReport | None = None  # merged revision and transition times; None: unmerged
+    # Revisions (``tenant/name@revision``) merged into the base weights of the replicas this
+    # load sums (a fleet ingress's view: ``mode`` is None there). Empty for one engine, whose
+    # own merge is in ``mode``; read both through ``merged_revisions``.
+    replicas_merged: frozenset[str] = frozenset()
+
+    @property
+    def merged_revisions(self) -> frozenset[str]:
+        """Every revision merged into base weights behind this load (the admin guard's and a
+        release's question: docs/modes.md)."""
+        own = None if self.mode is None else self.mode.merged_revision
+        return self.replicas_merged if own is None else self.replicas_merged | {own}
 
 
 @dataclass(frozen=True)

@@ -24,7 +24,15 @@ from loraplex.fleet.settings import FleetSettings
 from loraplex.registry import default_data_dir
 from loraplex.serve.config import merge
 
-FLEET_ARGS = ("replicas", "policy", "seed", "report_period_s", "stale_after_s", "router")
+FLEET_ARGS = (
+    "replicas",
+    "policy",
+    "seed",
+    "report_period_s",
+    "stale_after_s",
+    "router",
+    "topology",
+)
 # serve configuration keys taken from the environment when ``args`` does not give them
 ENVIRONMENT_KEYS = {
     "database_url": "LORAPLEX_DATABASE_URL",

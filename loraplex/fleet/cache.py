@@ -27,7 +27,9 @@ from loraplex.artifacts.warm_policy import WarmPolicy
 from loraplex.engine.tenant_shares import TenantSettings
 from loraplex.engine.transport.messages import (
     CacheCommand,
+    Dedicate,
     Evict,
+    HoldMerges,
     Pin,
     Prefetch,
     SetWarm,
@@ -35,7 +37,7 @@ from loraplex.engine.transport.messages import (
     Unpin,
     UpdateTenants,
 )
-from loraplex.errors import EngineUnavailableError
+from loraplex.errors import CapacityError, EngineUnavailableError
 from loraplex.fleet.board import BoardEntry
 from loraplex.fleet.link import FleetLink
 from loraplex.residency.cache.view import CacheSummary, ResidencySnapshot
@@ -225,3 +227,59 @@ def sum_summaries(summaries: list[CacheSummary]) -> CacheSummary:
         num_copies=add("num_copies"),
         default_tenant_bytes=add("default_tenant_bytes"),
     )
+
+
+class FleetMergeHolds:
+    """Merge holds on every healthy replica (``engine.merge_holds.MergeHoldControl``): a hold
+    answers the revisions merged on any of them. A replica that cannot answer fails the hold
+    (the admin action is refused), since its merge could not be ruled out. A release goes to
+    exactly the replicas the hold reached: a release elsewhere would drop another's hold."""
+
+    def __init__(self, link: FleetLink) -> None:
+        self._link = link
+        self._lock = threading.Lock()
+        self._reached: dict[frozenset[str], list[list[str]]] = {}  # refs -> replica ids, per hold
+
+    def hold(self, refs: frozenset[str]) -> frozenset[str]:
+        futures = self._link.call_each(HoldMerges(refs, hold=True))
+        merged: set[str] = set()
+        asking = ""  # the replica whose answer is awaited
+        try:
+            for replica_id in sorted(futures):
+                asking = replica_id
+                merged |= futures[replica_id].result(SYNC_CALL_TIMEOUT_S)
+        except Exception as exc:
+            self._release_on(refs, sorted(futures))
+            # NOTE: not EngineUnavailableError, which the guard reads as "nothing can merge"
+            raise CapacityError(
+                f"replica {asking} could not hold {sorted(refs)} against merging: {exc}"
+            ) from exc
+        with self._lock:
+            self._reached.setdefault(refs, []).append(sorted(futures))
+        return frozenset(merged)
+
+    def release(self, refs: frozenset[str]) -> None:
+        with self._lock:
+            holds = self._reached.get(refs, [])
+            replica_ids = holds.pop() if holds else []
+            if not holds:
+                self._reached.pop(refs, None)
+        self._release_on(refs, replica_ids)
+
+    def _release_on(self, refs: frozenset[str], replica_ids: list[str]) -> None:
+        """NOTE: a replica that cannot be reached keeps its hold (it stays unmerged for these
+        revisions, the safe side); a restarted one has no holds anyway."""
+        futures = self._link.call_each(HoldMerges(refs, hold=False), replica_ids)
+        for replica_id, future in futures.items():
+            try:
+                future.result(SYNC_CALL_TIMEOUT_S)
+            except Exception:
+                _log.warning(
+                    "merge holds on %s not released on replica %s", sorted(refs), replica_id
+                )
+
+    def dedicate(self, replica_id: str, adapter_key: str | None) -> Future[Any]:
+        """``FleetTopology``'s ``ask``: replica ``replica_id``'s ``auto`` mode is to merge
+        ``adapter_key`` (a routing key, ``str(AdapterKey)``; None: decide alone again)."""
+        ref = None if adapter_key is None else adapter_key.split("#", 1)[0]
+        return self._link.call(replica_id, Dedicate(ref))

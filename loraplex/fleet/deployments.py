@@ -160,6 +160,7 @@ def build_app(settings: FleetSettings) -> Any:
                 "router_config": dict(settings.router),
                 "seed": settings.seed,
                 "stale_after_s": settings.stale_bound_s,
+                "topology": settings.topology,
             },
             request_routing_stats_period_s=settings.report_period_s,
             request_routing_stats_timeout_s=ROUTING_STATS_TIMEOUT_S,

@@ -9,7 +9,9 @@ yet. Once a token was streamed a lost replica ends the request with ``EngineUnav
 queue deadline fails with ``QueueTimeoutError``.
 
 ``load_snapshot`` and ``health`` answer from the board (``FleetLink``): the sums over healthy
-replicas, and up while at least one replica is healthy.
+replicas, and up while at least one replica is healthy. The load also names every revision
+merged into some replica's base weights (``EngineLoad.replicas_merged``), which the admin guard
+and a release read as a single engine's merge (docs/modes.md, "In a fleet").
 """
 
 from __future__ import annotations
@@ -138,7 +140,11 @@ class FleetEngineClient:
             stream.cancel()
 
     def load_snapshot(self) -> EngineLoad:
-        loads = [e.status["load"] for e in self._link.entries() if e.healthy]
+        entries = self._link.entries()
+        loads = [e.status["load"] for e in entries if e.healthy]
+        # NOTE: every replica on the board, healthy or not: a hung replica's merge is still in
+        # its weights, and the admin guard must not let its revision go (docs/modes.md).
+        merged = {r for e in entries for r in e.status["load"].merged_revisions}
         if not loads:
             raise EngineUnavailableError("no engine replica is in rotation")
         running = {key: None for load in loads for key in load.running_adapters}
@@ -152,6 +158,7 @@ class FleetEngineClient:
             waiting_adapters=tuple(k for k in waiting if k not in running),
             max_loras=sum(load.max_loras for load in loads),
             num_active_tokens=sum(load.num_active_tokens for load in loads),
+            replicas_merged=frozenset(merged),
         )
 
     def health(self) -> EngineHealth:

@@ -20,8 +20,9 @@ from loraplex.artifacts.base_model import BaseModelSpec
 from loraplex.engine.protocol import EngineRequest
 from loraplex.engine.transport.messages import CacheCommand
 from loraplex.engine.transport.packed_errors import unpack_error
+from loraplex.fleet import routing
 from loraplex.fleet.board import BoardEntry
-from loraplex.fleet.cache import FleetCache
+from loraplex.fleet.cache import FleetCache, FleetMergeHolds
 from loraplex.fleet.engine_client import FleetEngineClient, ReplicaStream
 from loraplex.fleet.link import CALL_TIMEOUT_S, FleetLink
 from loraplex.fleet.release_env import FleetReleaseEnv
@@ -113,7 +114,9 @@ def build_ingress(
         )
         cache = FleetCache(link)
         admin = config.admin_key or admin_key(config.data_dir)
-        front = Front(client, cache, cache.update_tenant_settings, admin, {})
+        holds = FleetMergeHolds(link)
+        routing.TOPOLOGY_ASKS.send = holds.dedicate  # this process's request router asks
+        front = Front(client, cache, cache.update_tenant_settings, admin, {}, holds)
 
         def release_env(pins: OwnedPins, traffic: ReleaseTraffic) -> FleetReleaseEnv:
             return FleetReleaseEnv(pins, client, traffic, link)

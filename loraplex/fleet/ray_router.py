@@ -12,6 +12,10 @@ latest report is older than ``stale_after_s`` (its whole process frozen or unrea
 keeps the last stats it had), is out of the rotation until a fresh report says it is up again,
 unless every replica is out.
 
+With ``topology`` set, every ``generate`` call is counted by ``FleetTopology`` and the router
+steers the dedicated revision to its replica (docs/modes.md, "Topology"); the asks go through
+``routing.TOPOLOGY_ASKS``, which the ingress connects to its link.
+
 A call carrying ``RouteHint(target=...)`` (a cache call or a probe that must reach one
 particular replica) goes to that replica only; ``RouteHint(avoid=...)`` leaves replicas out (a
 retry after a replica died), unless that would leave none.
@@ -38,6 +42,7 @@ from loraplex.fleet import settings as fleet_settings
 from loraplex.fleet.wire import RouteHint
 from loraplex.router.config import RouterConfig
 from loraplex.router.router import DEFAULT_POLICY, Router
+from loraplex.router.topology import FleetTopology, TopologyConfig
 
 
 class LoraplexRequestRouter(RequestRouter):  # type: ignore[misc]
@@ -49,11 +54,14 @@ class LoraplexRequestRouter(RequestRouter):  # type: ignore[misc]
         router_config: Mapping[str, Any] | None = None,
         seed: int | None = None,
         stale_after_s: float | None = None,
+        *,
+        topology: Mapping[str, Any] | None = None,
         clock: Clock | None = None,
         **unknown: Any,
     ) -> None:
-        """``stale_after_s``: the fleet's bound (None: the default period's); ``clock``: the
-        router's clock (tests inject one; Ray passes none: monotonic)."""
+        """``stale_after_s``: the fleet's bound (None: the default period's); ``topology``:
+        ``TopologyConfig`` fields (None: no dedication); ``clock``: the router's clock (tests
+        inject one; Ray passes none: monotonic)."""
         if unknown:
             raise ValueError(f"request_router_kwargs {sorted(unknown)} are unknown")
         clock = clock or MonotonicClock()
@@ -64,6 +72,11 @@ class LoraplexRequestRouter(RequestRouter):  # type: ignore[misc]
             stale_after_s = periods * fleet_settings.DEFAULT_REPORT_PERIOD_S
         self._stale_after_s = stale_after_s
         self._router = Router(policy, config, clock=clock, rng=random.Random(seed))
+        self._topology = (
+            None
+            if topology is None
+            else FleetTopology(TopologyConfig(**topology), clock, routing.TOPOLOGY_ASKS.ask)
+        )
         self._stamps = routing.ReportStamps()
         self._lock = threading.Lock()
         routing.ROUTING_LOG.policy = policy
@@ -96,7 +109,11 @@ class LoraplexRequestRouter(RequestRouter):  # type: ignore[misc]
             offered = routing.in_rotation(by_id, reports, now_s, self._stale_after_s)
             if avoid:  # a retry: the replica it was lost on is left out, unless none remains
                 offered = routing.without(offered, avoid) or routing.without(by_id, avoid) or by_id
-            decision = self._router.choose(request, {i: reports[i] for i in offered})
+            offered_reports = {i: reports[i] for i in offered}
+            if self._topology is not None and args and isinstance(args[0], EngineRequest):
+                self._topology.record(request)
+                self._router.dedication = self._topology.update(offered_reports)
+            decision = self._router.choose(request, offered_reports)
         if args and isinstance(args[0], EngineRequest):
             routing.ROUTING_LOG.record(decision.reason.value)
         return [[offered[i]] for i in decision.ranked]

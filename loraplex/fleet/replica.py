@@ -26,9 +26,14 @@ from typing import Any
 from loraplex.artifacts.base_model import BaseModelSpec
 from loraplex.engine.factory import AdapterRuntime
 from loraplex.engine.protocol import EngineRequest, TokenDelta
-from loraplex.engine.transport.messages import CacheCommand, UpdateTenants
+from loraplex.engine.transport.messages import (
+    CacheCommand,
+    Dedicate,
+    HoldMerges,
+    UpdateTenants,
+)
 from loraplex.engine.transport.packed_errors import pack_error
-from loraplex.engine.transport.process_child import run_cache_command
+from loraplex.engine.transport.process_child import run_cache_command, run_hold_command
 from loraplex.engine.transport.thread_client import AsyncEngine
 from loraplex.errors import EngineUnavailableError
 from loraplex.fleet.routing import REPORT_KEY, UP_KEY
@@ -90,10 +95,15 @@ class EngineReplica:
 
     async def cache_call(self, command: CacheCommand) -> Any:
         """``command`` on this replica's cache; a loading command returns once its load did
-        (raising its error). ``UpdateTenants`` reaches the engine's tenant book too."""
+        (raising its error). ``UpdateTenants`` reaches the engine's tenant book too, ``HoldMerges``
+        and ``Dedicate`` its merge holds (docs/modes.md)."""
         if isinstance(command, UpdateTenants):
             await asyncio.to_thread(self._parts.runtime.update_tenant_settings, command.settings)
             return None
+        if isinstance(command, HoldMerges | Dedicate):  # may wait for a running merge
+            return await asyncio.to_thread(
+                run_hold_command, self._parts.runtime.merge_holds, command
+            )
         # NOTE: on a worker thread: the cache's lock must never stall this replica's event
         # loop, which carries every stream it serves.
         value = await asyncio.to_thread(run_cache_command, self._cache, command)

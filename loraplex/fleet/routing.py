@@ -10,7 +10,7 @@ import logging
 import math
 import threading
 from collections import Counter
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import replace
 from typing import Any
 
@@ -42,6 +42,29 @@ class RoutingLog:
 
 
 ROUTING_LOG = RoutingLog()
+
+
+class TopologyAsks:
+    """Where this process's request router sends ``FleetTopology``'s asks: the ingress sets
+    ``send`` (``FleetMergeHolds.dedicate``, over its link) when it starts. An ask made before
+    that, or in a process with no ingress (a benchmark driver), is counted and logged."""
+
+    def __init__(self) -> None:
+        self.send: Callable[[str, str | None], object] | None = None
+        self.num_unsent = 0  # asks made with no ``send`` set
+
+    def ask(self, replica_id: str, adapter_key: str | None) -> None:
+        send = self.send
+        if send is None:
+            self.num_unsent += 1
+            _log.warning(
+                "topology: no ingress link to ask replica %s (%s)", replica_id, adapter_key
+            )
+            return
+        send(replica_id, adapter_key)
+
+
+TOPOLOGY_ASKS = TopologyAsks()
 
 
 def is_stale(report: ReplicaReport | None, now_s: float, stale_after_s: float) -> bool:

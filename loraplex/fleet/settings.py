@@ -15,6 +15,7 @@ from typing import Any
 
 from loraplex.router.config import RouterConfig
 from loraplex.router.router import DEFAULT_POLICY, policy_names
+from loraplex.router.topology import TopologyConfig
 from loraplex.serve.config import ServeConfig
 
 APP_NAME = "loraplex"  # the Serve application
@@ -45,6 +46,7 @@ NOT_IN_FLEET = (
 )
 
 _ROUTER_KEYS = sorted(f.name for f in fields(RouterConfig))
+_TOPOLOGY_KEYS = sorted(f.name for f in fields(TopologyConfig))
 
 
 @dataclass(frozen=True)
@@ -60,6 +62,9 @@ class FleetSettings:
     # a replica whose latest report (to the router, or status to the board) is older than this
     # leaves the rotation until fresh ones resume; None: STALE_REPORT_PERIODS × report_period_s
     stale_after_s: float | None = None
+    # TopologyConfig fields (router/topology.py): one replica dedicated to a revision that
+    # would fill one; None: no dedication (each replica's own ``mode`` decides alone)
+    topology: dict[str, Any] | None = None
 
     def __post_init__(self) -> None:
         for name in ("engine_replicas", "ingress_replicas"):
@@ -95,6 +100,20 @@ class FleetSettings:
                 f" report periods) and <= {MAX_STALE_AFTER_S:g}"
             )
 
+    def _check_topology(self) -> None:
+        if self.topology is None:
+            return
+        if not isinstance(self.topology, dict):
+            raise ValueError(
+                f"topology {self.topology!r} is invalid; expected a table of TopologyConfig keys"
+            )
+        unknown = sorted(str(k) for k in self.topology if k not in _TOPOLOGY_KEYS)
+        if unknown:
+            raise ValueError(
+                f"topology keys {unknown} are unknown; expected some of {_TOPOLOGY_KEYS}"
+            )
+        TopologyConfig(**self.topology)  # raises naming a wrong value
+
     def _check_routing(self) -> None:
         if self.policy not in policy_names():
             raise ValueError(f"policy {self.policy!r} is invalid; expected one of {policy_names()}")
@@ -106,6 +125,7 @@ class FleetSettings:
         if unknown:
             raise ValueError(f"router keys {unknown} are unknown; expected some of {_ROUTER_KEYS}")
         RouterConfig(**self.router)  # raises naming a wrong value
+        self._check_topology()
         seed = self.seed
         if seed is not None and (isinstance(seed, bool) or not isinstance(seed, int)):
             raise ValueError(f"seed {seed!r} is invalid; expected an int or None")

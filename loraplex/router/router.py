@@ -18,6 +18,7 @@ from loraplex.router.config import RouterConfig
 from loraplex.router.decision import Decision, RouteRequest, RoutingPolicy
 from loraplex.router.memory import DecisionMemory
 from loraplex.router.reports import ReplicaReport
+from loraplex.router.topology import Dedication
 from loraplex.router.view import ReplicaView
 
 DEFAULT_POLICY = "affinity_until_saturated"
@@ -60,6 +61,8 @@ class Router:
         self.policy: RoutingPolicy = _POLICIES[policy_name](self.config, rng)
         self._clock = clock
         self._memory = DecisionMemory(self.config.recent_ttl_s)
+        # the replica the fleet dedicated to one revision (``FleetTopology.update``); None: none
+        self.dedication: Dedication | None = None
 
     def view(self, replicas: Mapping[str, ReplicaReport | None]) -> list[ReplicaView]:
         """What the router believes of each replica now (sorted by id): its report unless
@@ -76,10 +79,15 @@ class Router:
             if report is not None and now_s - report.at_s > self.config.max_report_age_s:
                 report = None
             at_s = report.at_s if report is not None else None
-            views.append(
-                ReplicaView(replica_id, report, self._memory.pending(replica_id, at_s, now_s))
-            )
+            pending = self._memory.pending(replica_id, at_s, now_s)
+            views.append(ReplicaView(replica_id, report, pending, self._dedicated(replica_id)))
         return views
+
+    def _dedicated(self, replica_id: str) -> str | None:
+        dedication = self.dedication
+        if dedication is None or dedication.replica_id != replica_id:
+            return None
+        return dedication.adapter_key
 
     def choose(
         self, request: RouteRequest, replicas: Mapping[str, ReplicaReport | None]

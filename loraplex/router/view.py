@@ -32,6 +32,8 @@ class ReplicaView:
     replica_id: str  # the serving framework's replica id
     report: ReplicaReport | None  # its latest report, None when absent or stale
     pending: Pending  # the router's decisions for it since that report
+    # a revision the fleet asked this replica to merge (``router/topology.py``); None: none
+    dedicated: str | None = None
 
     @property
     def known(self) -> bool:
@@ -82,7 +84,10 @@ class ReplicaView:
         return self.report is not None and adapter_key in self.report.residency.pinned
 
     def is_merged(self, adapter_key: str) -> bool:
-        """Whether the replica reported ``adapter_key`` merged into its base weights."""
+        """Whether the replica reported ``adapter_key`` merged into its base weights, or was
+        dedicated to it (asked to merge it: its traffic is steered there before it lands)."""
+        if adapter_key == self.dedicated:
+            return True
         return self.report is not None and adapter_key in self.report.residency.merged
 
 

@@ -38,6 +38,7 @@ from typing import TYPE_CHECKING
 from loraplex.artifacts.base_model import BaseModelSpec
 from loraplex.demo.assets import demo_assets_ready, generate_demo_assets, load_demo_assets
 from loraplex.demo.manifest import DemoAssets
+from loraplex.engine.merge_holds import MergeHoldControl
 from loraplex.engine.transport.process import EngineProcess
 from loraplex.model.tokenizer import TextTokenizer
 from loraplex.registry import Registry, open_registry
@@ -103,6 +104,7 @@ def _assemble(
     engine: RunningEngine
     cache: CacheControl
     runtime: AdapterRuntime | None = None
+    holds: MergeHoldControl
     if config.engine_process:
         process = EngineProcess(
             engine_worker,
@@ -112,12 +114,13 @@ def _assemble(
             watchdog=watchdog_policy(config),
         )
         engine, cache, apply = process, process.cache, process.update_tenant_settings
+        holds = process.merge_holds
     else:  # NOTE: the only path of ``loraplex serve`` that loads torch in this process
         from loraplex.serve.engine_side import start_engine_here
 
         engine, runtime = start_engine_here(config, base, registry, model_dir)
-        cache, apply = runtime.cache, runtime.update_tenant_settings
-    front = Front(engine, cache, apply, admin, keys)
+        cache, apply, holds = runtime.cache, runtime.update_tenant_settings, runtime.merge_holds
+    front = Front(engine, cache, apply, admin, keys, holds)
     try:
         return build_front(config, model_dir, base, registry, front, runtime=runtime)
     except BaseException:

@@ -138,7 +138,12 @@ def build_worker(config: ServeConfig, model_dir: Path) -> WorkerHandles:
         registry.close()
 
     return WorkerHandles(
-        core, engine.idle_wait_s, runtime.pool.max_loras, runtime.update_tenant_settings, close
+        core,
+        engine.idle_wait_s,
+        runtime.pool.max_loras,
+        runtime.update_tenant_settings,
+        close,
+        runtime.merge_holds,
     )
 
 

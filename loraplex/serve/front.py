@@ -20,6 +20,7 @@ from fastapi import FastAPI
 
 from loraplex.artifacts.base_model import BaseModelSpec
 from loraplex.clock import MonotonicClock
+from loraplex.engine.merge_holds import MergeHoldControl
 from loraplex.engine.protocol import EngineClient
 from loraplex.engine.tenant_shares import TenantSettings
 from loraplex.engine.transport.process import EngineProcess
@@ -111,6 +112,8 @@ class Front:
     apply_tenants: Callable[[Mapping[str, TenantSettings]], None]  # tenant settings to it
     admin_key: str  # the admin credential
     sample_keys: dict[str, str]  # demo tenant -> API key (printed once)
+    # the engine side's holds against merging (admin guard, docs/modes.md); None: it never merges
+    merge_holds: MergeHoldControl | None = None
 
 
 def build_front(
@@ -163,6 +166,7 @@ def build_front(
         # one per app: it keeps the eviction window
         fleet=fleet or LocalFleetState(front.engine, cache, MonotonicClock()),
         tracing=build_tracer(config, base.name),
+        merge_holds=front.merge_holds,
     )
     server = Server(
         create_app(deps), deps, front.engine, runtime, registry, front.admin_key, front.sample_keys

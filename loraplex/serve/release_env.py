@@ -26,7 +26,7 @@ from loraplex.release.store import ReleaseStore
 from loraplex.release.traffic import ReleaseTraffic, tracked_revisions
 from loraplex.residency.ledger import Tier
 from loraplex.sampling import SamplingParams
-from loraplex.server.merge_guard import merged_revision
+from loraplex.server.merge_guard import merged_revisions
 from loraplex.server.pin_owners import RELEASE, OwnedPins
 
 _log = logging.getLogger(__name__)
@@ -87,7 +87,7 @@ class ServeReleaseEnv:
         self._cache.unpin(key, Tier.L1, RELEASE)
 
     def is_merged(self, key: AdapterKey) -> bool:
-        return merged_revision(self._engine) == key.ref
+        return key.ref in merged_revisions(self._engine)
 
     def probe(self, key: AdapterKey, tenant: str, prompt: str, max_tokens: int) -> Future[str]:
         request = EngineRequest(

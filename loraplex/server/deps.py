@@ -8,6 +8,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from loraplex.clock import MonotonicClock
+from loraplex.engine.merge_holds import MergeHoldControl
 from loraplex.engine.protocol import EngineClient
 from loraplex.registry import Registry
 from loraplex.release.traffic import ReleaseTraffic
@@ -133,6 +134,9 @@ class ServerDeps:
     history: HistoryConfig = field(default_factory=HistoryConfig, kw_only=True)
     # Request traces (``loraplex.tracing``); None: tracing off.
     tracing: RequestTracing | None = field(default=None, kw_only=True)
+    # Holds the admin guard takes on the engine side before it changes a revision's state
+    # (server/merge_guard.py); None: the published report alone (an engine that never merges).
+    merge_holds: MergeHoldControl | None = field(default=None, kw_only=True)
     # The server's metrics registry, built from ``engine`` and ``cache`` (never passed in).
     metrics: ServerMetrics = field(init=False, repr=False, compare=False)
 

@@ -13,6 +13,7 @@ import shutil
 import tempfile
 from collections.abc import Callable
 from concurrent.futures import Future
+from contextlib import AbstractContextManager
 from dataclasses import asdict
 from enum import IntEnum
 from pathlib import Path
@@ -47,7 +48,7 @@ from loraplex.server.auth import ADMIN_ACTOR, DepsDep, require_admin
 from loraplex.server.cache_control import CacheControl
 from loraplex.server.deps import ServerDeps
 from loraplex.server.errors import ApiError, invalid_request
-from loraplex.server.merge_guard import refuse_if_merged, refuse_moving_off
+from loraplex.server.merge_guard import guarded, left_by
 from loraplex.server.upload import receive_upload, staging_hidden
 
 router = APIRouter(prefix="/admin", dependencies=[Depends(require_admin)])
@@ -195,26 +196,28 @@ async def _register_staged_upload(
 @router.put("/adapters/{tenant}/{name}/alias")
 def set_alias(tenant: str, name: str, body: AliasBody, deps: DepsDep) -> Any:
     targets = tuple(AliasTarget(t.revision, t.weight) for t in body.targets)
-    _refuse_leaving_merged(deps, tenant, name, targets)
-    return asdict(deps.registry.set_alias(tenant, name, targets, ACTOR))
+    with _guard_leaving(deps, tenant, name, targets):
+        return asdict(deps.registry.set_alias(tenant, name, targets, ACTOR))
 
 
 @router.post("/adapters/{tenant}/{name}/rollback")
 def rollback_alias(tenant: str, name: str, deps: DepsDep) -> Any:
     alias = deps.registry.get_alias(tenant, name)
-    if alias is not None and alias.rollback_targets:
-        _refuse_leaving_merged(deps, tenant, name, alias.rollback_targets)
-    return asdict(deps.registry.rollback_alias(tenant, name, ACTOR))
+    if alias is None or not alias.rollback_targets:  # nothing to roll back to: the registry says
+        return asdict(deps.registry.rollback_alias(tenant, name, ACTOR))
+    with _guard_leaving(deps, tenant, name, alias.rollback_targets):
+        return asdict(deps.registry.rollback_alias(tenant, name, ACTOR))
 
 
-def _refuse_leaving_merged(
+def _guard_leaving(
     deps: ServerDeps, tenant: str, name: str, targets: tuple[AliasTarget, ...]
-) -> None:
-    """409 when the alias would move off the revision merged into the engine (docs/modes.md)."""
+) -> AbstractContextManager[None]:
+    """409 when the alias would move off a merged revision; else the change runs with the
+    revisions it leaves held against merging (docs/modes.md)."""
     alias = deps.registry.get_alias(tenant, name)
-    if alias is not None:
-        current = (t.revision for t in alias.targets)
-        refuse_moving_off(deps.engine, tenant, name, current, (t.revision for t in targets))
+    current = () if alias is None else (t.revision for t in alias.targets)
+    left = left_by(tenant, name, current, (t.revision for t in targets))
+    return guarded(deps.engine, deps.merge_holds, left, f"left by alias {tenant}/{name}")
 
 
 @router.put("/adapters/{tenant}/{name}/visibility")
@@ -226,9 +229,9 @@ def set_visibility(tenant: str, name: str, body: VisibilityBody, deps: DepsDep) 
 def set_release(tenant: str, name: str, revision: str, body: ReleaseBody, deps: DepsDep) -> Any:
     """Release state and/or warm policy; a new warm policy also applies to this server's cache."""
     ref = f"{tenant}/{name}@{revision}"
-    if body.state is RevisionState.DEPRECATED:
-        refuse_if_merged(deps.engine, (ref,), "deprecated")
-    updated = deps.registry.set_release(ref, ACTOR, body.state, body.warm_policy)
+    taken = (ref,) if body.state is RevisionState.DEPRECATED else ()
+    with guarded(deps.engine, deps.merge_holds, taken, "deprecated"):
+        updated = deps.registry.set_release(ref, ACTOR, body.state, body.warm_policy)
     if body.warm_policy is not None and deps.cache is not None:
         deps.cache.set_warm_policy(updated.key(), body.warm_policy)
     return asdict(updated)

@@ -64,6 +64,9 @@ def test_the_stale_bound_follows_the_report_period_unless_set(tmp_path: Path) ->
         ({"stale_after_s": True}, "stale_after_s True is invalid; expected a number"),
         ({"stale_after_s": "3s"}, "stale_after_s '3s' is invalid; expected a number"),
         ({"seed": 1.5}, "seed 1.5 is invalid"),
+        ({"topology": {"colour": 1}}, r"topology keys \['colour'\] are unknown; expected some"),
+        ({"topology": {"release_demand": 2.0}}, "release_demand 2.0 is invalid"),
+        ({"topology": [("window_s", 5)]}, "topology .* is invalid; expected a table"),
     ],
 )
 def test_bad_settings_are_refused_naming_the_field(

@@ -18,6 +18,7 @@ from loraplex.fleet.ray_router import LoraplexRequestRouter
 from loraplex.fleet.routing import (
     REPORT_KEY,
     ROUTING_LOG,
+    TOPOLOGY_ASKS,
     UP_KEY,
     ReportStamps,
     RoutingLog,
@@ -283,3 +284,23 @@ def test_a_retry_avoids_its_lost_replica_and_still_skips_stale_ones() -> None:
     assert sorted(_choose(router, replicas, retry)) == ["a", "c"]  # all else stale: not none
     retry_a = _pending(request(), hint=RouteHint(avoid=frozenset({"a"})))
     assert _choose(router, replicas, retry_a) == ["b"]
+
+
+def test_a_topology_dedicates_a_replica_asks_it_and_steers_its_revision_there(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    asked: list[tuple[str, str | None]] = []
+    monkeypatch.setattr(TOPOLOGY_ASKS, "send", lambda rid, adapter: asked.append((rid, adapter)))
+    router = _router(seed=0, topology={"window_s": 30.0}, clock=ManualClock())
+    revision = str(key())
+    replicas = [
+        _replica("a", _stats(report("a", l0=[revision], num_queued=1))),
+        _replica("b", _stats(report("b", l0=[revision]))),
+    ]
+    before = ROUTING_LOG.counts().get("merged", 0)
+    for _ in range(3):  # all the routed work: two replicas' worth, so one is dedicated
+        assert _choose(router, replicas, _pending(request(adapter=key())))[0] == "b"
+    assert asked == [("b", revision)]  # asked once, the less loaded holder
+    assert ROUTING_LOG.counts()["merged"] == before + 3
+    _choose(router, replicas, _pending(Snapshot()))  # cache calls are not counted as work
+    assert asked == [("b", revision)]

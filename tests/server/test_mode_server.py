@@ -101,3 +101,8 @@ def _metrics_and_the_admin_guard(live: Live) -> None:
     assert {r["revision"]: r["state"] for r in revisions}["r2"] != "deprecated"
     other = http.put("/admin/revisions/acme/support/r1", json={"state": "deprecated"})
     assert other.status_code == 200, other.text  # only the merged revision is guarded
+    engine = live.server.engine
+    assert isinstance(engine, EngineProcess)
+    both = frozenset({MERGED, "acme/support@r1"})
+    assert engine.merge_holds.hold(both) == {MERGED}  # answered by the child, across the pipe
+    engine.merge_holds.release(both)

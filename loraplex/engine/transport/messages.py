@@ -87,6 +87,23 @@ class UpdateTenants(CacheCommand):
     settings: dict[str, TenantSettings]  # tenant name -> settings
 
 
+@dataclass(frozen=True)
+class HoldMerges(CacheCommand):
+    """Holds (or releases) revisions against merging; a hold answers those merged now
+    (``engine/merge_holds.py``). Runs on the engine's ``MergeHolds``, not on the cache."""
+
+    refs: frozenset[str]  # ``tenant/name@revision`` of each
+    hold: bool  # True: hold them; False: release one hold on each
+
+
+@dataclass(frozen=True)
+class Dedicate(CacheCommand):
+    """The revision a fleet's topology asks this engine's ``auto`` mode to merge (None: decide
+    alone again); runs on the engine's ``MergeHolds`` (docs/modes.md, "Topology")."""
+
+    ref: str | None  # ``tenant/name@revision``; None: no dedication
+
+
 # --- parent -> child -------------------------------------------------------------------------
 
 

@@ -81,7 +81,7 @@ from loraplex.engine.transport.messages import (
 from loraplex.engine.transport.process_inflight import InFlight
 from loraplex.engine.transport.process_link import ChildLink
 from loraplex.engine.transport.process_state import PublishedState
-from loraplex.engine.transport.remote_cache import RemoteCache
+from loraplex.engine.transport.remote_cache import RemoteCache, RemoteMergeHolds
 from loraplex.engine.transport.restart import Backoff, RestartPolicy
 from loraplex.engine.transport.streams import Mailboxes, Outbox, outbox_stream
 from loraplex.engine.transport.worker import WorkerHandles
@@ -149,6 +149,7 @@ class EngineProcess:
         self._standing = StandingSettings()
         # the child's adapter cache, for the admin API
         self.cache = RemoteCache(self.call, self.call_future, self._state)
+        self.merge_holds = RemoteMergeHolds(self.call)  # the admin guard's (docs/modes.md)
         self._link = self._spawn()
         if wait_ready:
             self._first_start(self._link)

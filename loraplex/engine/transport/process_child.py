@@ -17,6 +17,7 @@ from multiprocessing.connection import Connection
 from typing import Any
 
 from loraplex.engine.loop import EngineThread
+from loraplex.engine.merge_holds import MergeHolds
 from loraplex.engine.protocol import EngineRequest, TokenDelta
 from loraplex.engine.sched.stats import QueueView
 from loraplex.engine.transport.messages import (
@@ -25,8 +26,10 @@ from loraplex.engine.transport.messages import (
     Alive,
     CacheCall,
     CacheCommand,
+    Dedicate,
     Evict,
     Heartbeat,
+    HoldMerges,
     LoadDone,
     Pin,
     Prefetch,
@@ -63,6 +66,18 @@ def run_cache_command(cache: TieredAdapterCache, command: CacheCommand) -> Any:
     """``command`` run on ``cache`` (a loading command returns its load's Future); the engine
     child and a fleet's engine replica run cache calls this one way."""
     return _CACHE_COMMANDS[type(command)](cache, command)
+
+
+def run_hold_command(holds: MergeHolds, command: HoldMerges | Dedicate) -> frozenset[str]:
+    """``command`` on an engine's merge holds: the refs merged now (none for a release or a
+    dedication); the engine child and a fleet's engine replica run it this one way."""
+    if isinstance(command, Dedicate):
+        holds.dedicate(command.ref)
+        return frozenset()
+    if command.hold:
+        return holds.hold(command.refs)
+    holds.release(command.refs)
+    return frozenset()
 
 
 # --- the child ---------------------------------------------------------------------------------
@@ -188,6 +203,8 @@ class _Child:
         if isinstance(command, UpdateTenants):
             self._handles.update_tenants(command.settings)
             return None
+        if isinstance(command, HoldMerges | Dedicate):
+            return run_hold_command(self._handles.merge_holds, command)
         if self._cache is None:
             raise EngineUnavailableError("this engine has no adapter cache")
         return run_cache_command(self._cache, command)

@@ -15,6 +15,7 @@ from loraplex.artifacts.warm_policy import WarmPolicy
 from loraplex.engine.transport.messages import (
     CacheCommand,
     Evict,
+    HoldMerges,
     Pin,
     Prefetch,
     SetWarm,
@@ -74,3 +75,18 @@ class RemoteCache:
 
     def set_warm_policy(self, key: AdapterKey, warm: WarmPolicy | None) -> None:
         self._call(SetWarm(key, warm))
+
+
+class RemoteMergeHolds:
+    """The merge holds of an engine process's child (``engine.merge_holds.MergeHoldControl``):
+    each call runs in the child (``EngineUnavailableError`` while it is down)."""
+
+    def __init__(self, call: Callable[[CacheCommand], Any]) -> None:
+        self._call = call  # runs a command in the child, returns its result
+
+    def hold(self, refs: frozenset[str]) -> frozenset[str]:
+        merged: frozenset[str] = self._call(HoldMerges(refs, hold=True))
+        return merged
+
+    def release(self, refs: frozenset[str]) -> None:
+        self._call(HoldMerges(refs, hold=False))

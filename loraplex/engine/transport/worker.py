@@ -8,9 +8,10 @@ builds an engine: the builder imports torch when it runs, in the child.
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
+from loraplex.engine.merge_holds import MergeHolds
 from loraplex.engine.tenant_shares import TenantSettings
 
 if TYPE_CHECKING:
@@ -26,3 +27,5 @@ class WorkerHandles:
     max_loras: int  # GPU adapter slots
     update_tenants: Callable[[Mapping[str, TenantSettings]], None]  # live tenant settings
     close: Callable[[], None]  # after the engine thread stopped: close the cache, registry...
+    # the engine's holds against merging (the admin guard's ``HoldMerges``, docs/modes.md)
+    merge_holds: MergeHolds = field(default_factory=MergeHolds)

@@ -1,0 +1,106 @@
+"""Fleet topology (router/topology.py, docs/modes.md "In a fleet"): one replica is dedicated to a
+revision whose work would fill a replica of its own, with hysteresis and a dwell, and the
+router steers that revision's traffic to it (reason ``merged``) until it saturates."""
+
+from __future__ import annotations
+
+import pytest
+from router_kit import make_router, report, req
+
+from loraplex.clock import ManualClock
+from loraplex.router import Reason, ReplicaReport
+from loraplex.router.topology import (
+    Dedication,
+    FleetTopology,
+    TopologyConfig,
+    decide_topology,
+)
+
+HOT, WARM = "t/hot@1", "t/warm@1"
+CONFIG = TopologyConfig(dedicate_demand=1.0, release_demand=0.6, min_dwell_s=60.0)
+
+
+def fleet(num: int = 4, **overrides: ReplicaReport | None) -> dict[str, ReplicaReport | None]:
+    replicas: dict[str, ReplicaReport | None] = {f"r{i}": report(f"r{i}") for i in range(num)}
+    replicas.update(overrides)
+    return replicas
+
+
+def test_a_revision_that_would_fill_a_replica_gets_one() -> None:
+    # 4 replicas: a share of 0.25 is one replica's worth of work
+    assert decide_topology(None, None, {HOT: 0.24}, fleet(), CONFIG) is None
+    got = decide_topology(None, None, {HOT: 0.3, WARM: 0.2}, fleet(), CONFIG)
+    assert got == Dedication("r0", HOT)  # all idle and cold: the lower id
+
+
+def test_the_replica_chosen_already_merged_it_else_holds_it_else_is_least_loaded() -> None:
+    shares = {HOT: 0.5}
+    busy = fleet(r0=report("r0", tokens=900), r1=report("r1", tokens=100))
+    assert decide_topology(None, None, shares, busy, CONFIG) == Dedication("r2", HOT)
+    holding = fleet(r3=report("r3", l0=[HOT], tokens=5000))
+    assert decide_topology(None, None, shares, holding, CONFIG) == Dedication("r3", HOT)
+    merged = fleet(r2=report("r2", l0=[HOT], merged=[HOT]), r3=report("r3", l0=[HOT]))
+    assert decide_topology(None, None, shares, merged, CONFIG) == Dedication("r2", HOT)
+
+
+def test_hysteresis_and_dwell_keep_a_dedication_from_flapping() -> None:
+    current = Dedication("r1", HOT)
+    # within the band (0.6 <= demand < 1.0): kept
+    assert decide_topology(current, 120.0, {HOT: 0.2}, fleet(), CONFIG) == current
+    # below the band, but within the dwell: kept; after it: released
+    assert decide_topology(current, 30.0, {HOT: 0.1}, fleet(), CONFIG) == current
+    assert decide_topology(current, 120.0, {HOT: 0.1}, fleet(), CONFIG) is None
+    # a hotter revision does not take the replica while the dedicated one holds its band
+    assert decide_topology(current, 120.0, {HOT: 0.2, WARM: 0.7}, fleet(), CONFIG) == current
+    # no new dedication within the dwell of the last change either
+    assert decide_topology(None, 30.0, {HOT: 0.9}, fleet(), CONFIG) is None
+
+
+def test_a_lost_replica_or_a_small_fleet_ends_the_dedication() -> None:
+    current = Dedication("r1", HOT)
+    gone = fleet(r1=None)  # no fresh report: it does not count
+    assert decide_topology(current, 1.0, {HOT: 0.9}, gone, CONFIG) == Dedication("r0", HOT)
+    one = {"r0": report("r0")}
+    assert decide_topology(current, 120.0, {HOT: 1.0}, one, CONFIG) is None
+
+
+@pytest.mark.parametrize(
+    ("field", "value"),
+    [("window_s", 0.0), ("release_demand", 1.0), ("min_replicas", 1), ("min_dwell_s", -1.0)],
+)
+def test_a_bad_setting_is_refused_naming_it(field: str, value: float) -> None:
+    with pytest.raises(ValueError, match=field):
+        TopologyConfig(**{field: value})  # type: ignore[arg-type]
+
+
+def test_fleet_topology_counts_routed_tokens_asks_replicas_and_steers_the_router() -> None:
+    clock = ManualClock()
+    asked: list[tuple[str, str | None]] = []
+    topology = FleetTopology(CONFIG, clock, lambda rid, key: asked.append((rid, key)))
+    router, _ = make_router()
+    replicas = fleet(
+        2, r0=report("r0", l0=[HOT], tokens=500), r1=report("r1", l0=[HOT], tokens=100)
+    )
+    for _ in range(3):
+        topology.record(req(HOT, tokens=100))
+    topology.record(req(None, tokens=100))  # base-model work counts in the total: 0.75 of it
+    router.dedication = topology.update(replicas)
+    assert router.dedication == Dedication("r1", HOT)  # both hold it: the less loaded
+    assert asked == [("r1", HOT)]
+    decision = router.choose(req(HOT), replicas)
+    assert (decision.replica_id, decision.reason) == ("r1", Reason.MERGED)
+    assert router.choose(req(WARM), replicas).reason is not Reason.MERGED
+    # the window empties: after the dwell the replica is given back, once
+    clock.advance(CONFIG.min_dwell_s + CONFIG.window_s + 1.0)
+    router.dedication = topology.update(replicas)
+    assert router.dedication is None
+    assert asked == [("r1", HOT), ("r1", None)]
+    assert topology.update(replicas) is None and topology.num_changes == 2
+
+
+def test_a_dedicated_replica_that_saturates_is_not_chosen() -> None:
+    router, _ = make_router(max_queued=8)
+    router.dedication = Dedication("r0", HOT)
+    replicas = fleet(2, r0=report("r0", l0=[HOT], queued=8), r1=report("r1", l0=[HOT]))
+    decision = router.choose(req(HOT), replicas)
+    assert decision.replica_id == "r1" and decision.reason is Reason.GPU_HIT
