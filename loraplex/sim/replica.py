@@ -31,6 +31,7 @@ from loraplex.residency.cache.executors import SimTimer
 from loraplex.residency.ledger import Tier, TierBudget
 from loraplex.residency.pipeline import Footprint
 from loraplex.residency.policy import make_policy
+from loraplex.residency.warm import AutoWarmConfig
 from loraplex.sampling import FINISH_ABORT, FINISH_LENGTH
 from loraplex.sim.config import SimConfig
 from loraplex.sim.cost_model import CostModel
@@ -41,16 +42,19 @@ _TOKEN = 1  # the token every simulated step samples (no text is produced)
 
 
 def cache_config(config: SimConfig) -> CacheConfig:
-    slots = config.max_loras
+    """The cache ``engine.factory.build_adapter_runtime`` builds for the same settings."""
+    slots, share = config.max_loras, config.default_tenant_tier_share
     return CacheConfig(
         budgets={
-            Tier.L0: TierBudget(slots * config.slot_bytes, num_slots=slots),
-            Tier.L1: TierBudget(config.cpu_adapter_bytes),
-            Tier.L2: TierBudget(config.disk_cache_bytes),
+            Tier.L0: TierBudget(slots * config.slot_bytes, slots, default_tenant_share=share),
+            Tier.L1: TierBudget(config.cpu_adapter_bytes, default_tenant_share=share),
+            Tier.L2: TierBudget(config.disk_cache_bytes, default_tenant_share=share),
         },
         max_concurrent_loads=config.max_concurrent_loads,
         tenant_max_concurrent_loads=config.tenant_max_concurrent_loads,
         default_deadline_s=config.queue_deadline_s,
+        auto_warm=AutoWarmConfig() if config.auto_warm else None,
+        max_auto_gpu_slots=config.auto_gpu_slots,
     )
 
 
@@ -116,6 +120,9 @@ class SimReplica:
         self._next_plan: SimTimer | None = None  # the plan event due, if any
         self._next_plan_at = 0.0  # ... and when
         self.num_steps = 0  # steps executed (for the scale profile)
+        # Automatic warm rebalancing (the engine's LeaseDesk: once per interval, at a step).
+        self._rebalance_interval_s = config.auto_warm_interval_s if config.auto_warm else None
+        self._rebalance_at_s = self._clock.now() + (self._rebalance_interval_s or 0.0)
 
     # --- requests ---------------------------------------------------------------------------
 
@@ -178,6 +185,7 @@ class SimReplica:
         """EngineCore.step's bookkeeping, then the scheduler's plan. With nothing queued the
         bookkeeping has nothing to do (no request can expire, wait for a lease or be in the
         prefetch window), so only its one effect is kept: the prefetch window empties."""
+        self._rebalance(now)
         if not self.scheduler.num_queued:
             self._prefetching = {}
             return self.scheduler.schedule()
@@ -222,6 +230,14 @@ class SimReplica:
                 keys.add(key)
                 rank_tokens += len(chunk.token_ids) * self._ranks[key]
         return self._step_cost.seconds(plan.num_tokens, len(keys), rank_tokens)
+
+    def _rebalance(self, now: float) -> None:
+        """Automatic warm promotion/demotion, at most once per interval (LeaseDesk._rebalance)."""
+        interval = self._rebalance_interval_s
+        if interval is None or now < self._rebalance_at_s:
+            return
+        self._rebalance_at_s = now + interval
+        self.cache.rebalance()
 
     # --- leases (as EngineCore does) ----------------------------------------------------------
 
