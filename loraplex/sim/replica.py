@@ -101,9 +101,13 @@ class SimReplica:
         self._step_cost = cost.step
         self._idle_wait_s = config.idle_wait_s
         self._ranks = ranks
+        self._in_step = False  # a step is running (its result not applied yet)
+        self._load_debt_s = 0.0  # load CPU seconds that overlapped steps, due at the next step
         self.cache = TieredAdapterCache(
             cache_config(config),
-            CostModelPipeline(footprints, cost),
+            CostModelPipeline(
+                footprints, cost, self._on_load_cpu if cost.load_cpu_shared else None
+            ),
             policy=make_policy(config.eviction_policy),
             clock=self._clock,
             executor=executor,
@@ -115,7 +119,6 @@ class SimReplica:
         self._outcomes: dict[str, Outcome] = {}  # live requests
         self._pending: dict[str, Future[Lease]] = {}  # ADAPTER_WAIT requests' lease futures
         self._prefetching: dict[AdapterKey, Future[None]] = {}
-        self._in_step = False  # a step is running (its result not applied yet)
         self._planning = False  # a plan is being made (a wake then changes nothing)
         self._next_plan: SimTimer | None = None  # the plan event due, if any
         self._next_plan_at = 0.0  # ... and when
@@ -177,7 +180,8 @@ class SimReplica:
             if self.scheduler.requests:  # all wait (loads, quotas): poll as the engine loop does
                 self._plan_at(now + self._idle_wait_s)
             return  # else idle until an arrival wakes it
-        seconds = self._seconds(plan)
+        seconds = self._seconds(plan) + self._load_debt_s
+        self._load_debt_s = 0.0
         self._in_step = True
         self._executor.call_at(now + seconds, lambda: self._apply(plan))
 
@@ -218,6 +222,12 @@ class SimReplica:
             if full or outcome.output_tokens >= req.request.params.max_tokens:
                 self._retire(req, RequestState.FINISHED, None)
         self._plan()
+
+    def _on_load_cpu(self, seconds: float) -> None:
+        """A load stage starts (``load_cpu_shared``): a running step's engine loses its CPU for
+        that long, so the next step pays it; an idle engine leaves the CPU to the loader."""
+        if self._in_step:
+            self._load_debt_s += seconds
 
     def _seconds(self, plan: StepPlan) -> float:
         """The cost model's step time: tokens, distinct revisions and their rank mix."""

@@ -270,3 +270,19 @@ def test_automatic_warm_rebalancing_runs_on_the_virtual_clock(
     calls.clear()
     simulate(hot, replace(config, auto_warm=False), cost())
     assert calls == []
+
+
+def test_loads_delay_the_steps_they_overlap_when_the_cpu_is_shared() -> None:
+    """One long request decodes while another tenant's adapter loads: on a CPU-only server
+    (load_cpu_shared) the load's stages delay the running request's steps; otherwise not. The
+    decisions are the same either way (same steps, same tiers)."""
+    trace = [TraceRecord(0.0, "a", "x", 8, 40), TraceRecord(0.05, "b", "y", 8, 2)]
+    runs = [
+        simulate(trace, SimConfig(), replace(cost(), load_cpu_shared=s)).metrics
+        for s in (False, True)
+    ]
+    alone, shared = runs
+    assert shared["engine_steps"] == alone["engine_steps"]
+    assert shared["tier_at_lease"] == alone["tier_at_lease"]
+    assert shared["by_tenant"]["a"]["ttft_ms"] == alone["by_tenant"]["a"]["ttft_ms"]
+    assert shared["makespan_s"] > alone["makespan_s"]
