@@ -177,6 +177,7 @@ class SimReplica:
         self._planning = False
         now = self._clock.now()
         if not plan.chunks:
+            self._load_debt_s = 0.0  # no step to delay
             if self.scheduler.requests:  # all wait (loads, quotas): poll as the engine loop does
                 self._plan_at(now + self._idle_wait_s)
             return  # else idle until an arrival wakes it
@@ -224,9 +225,10 @@ class SimReplica:
         self._plan()
 
     def _on_load_cpu(self, seconds: float) -> None:
-        """A load stage starts (``load_cpu_shared``): a running step's engine loses its CPU for
-        that long, so the next step pays it; an idle engine leaves the CPU to the loader."""
-        if self._in_step:
+        """A load stage starts (``load_cpu_shared``) while the engine steps or plans a step: the
+        engine loses its CPU for that long, so its next step pays it. An idle engine (a plan
+        with nothing to run drops the debt) leaves the CPU to the loader."""
+        if self._in_step or self._planning:
             self._load_debt_s += seconds
 
     def _seconds(self, plan: StepPlan) -> float:
