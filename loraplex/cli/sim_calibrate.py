@@ -58,7 +58,10 @@ def calibrate_command(
     max_loras: Annotated[int, typer.Option(help="--self: the server's GPU slots.")] = 8,
     load_cpu_shared: Annotated[
         bool,
-        typer.Option(help="--url: the server loads adapters on its engine's CPU (CPU-only)."),
+        typer.Option(
+            "--load-cpu-shared",
+            help="--url: the server loads adapters on its engine's CPU (--self always does).",
+        ),
     ] = False,
     batch_sizes: Annotated[
         str, typer.Option(help="Decode batch sizes of the step mixes.")
