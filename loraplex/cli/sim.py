@@ -86,6 +86,14 @@ def run_command(
     disk_cache_bytes: Annotated[int, Opt(help="L2 budget per replica, bytes.")] = 8 << 30,
     bytes_per_rank: Annotated[int, Opt(help="An adapter's bytes per unit of rank.")] = 65536,
     max_num_seqs: Annotated[int, Opt(help="Sequences decoding at once.")] = 32,
+    default_tenant_tier_share: Annotated[
+        float, Opt(help="Share of each tier a tenant without a cap of its own may hold.")
+    ] = 0.5,
+    auto_warm: Annotated[bool, Opt(help="Automatic warm promotion from request rates.")] = True,
+    auto_warm_interval_s: Annotated[float, Opt(help="Seconds between rebalances.")] = 5.0,
+    max_auto_gpu_slots: Annotated[
+        int | None, Opt(help="Slots automatic promotion may pin (default: a quarter).")
+    ] = None,
     tenant_priority: Annotated[
         list[str] | None, Opt(help="TENANT=high|normal|batch (repeatable).")
     ] = None,
@@ -111,6 +119,10 @@ def run_command(
         "disk_cache_bytes": disk_cache_bytes,
         "bytes_per_rank": bytes_per_rank,
         "max_num_seqs": max_num_seqs,
+        "default_tenant_tier_share": default_tenant_tier_share,
+        "auto_warm": auto_warm,
+        "auto_warm_interval_s": auto_warm_interval_s,
+        "max_auto_gpu_slots": max_auto_gpu_slots,
         "seed": seed,
     }
     try:

@@ -56,6 +56,13 @@ def calibrate_command(
     ] = False,
     max_adapters: Annotated[int, typer.Option(help="--url: adapters discovered at most.")] = 8,
     max_loras: Annotated[int, typer.Option(help="--self: the server's GPU slots.")] = 8,
+    load_cpu_shared: Annotated[
+        bool,
+        typer.Option(
+            "--load-cpu-shared",
+            help="--url: the server loads adapters on its engine's CPU (--self always does).",
+        ),
+    ] = False,
     batch_sizes: Annotated[
         str, typer.Option(help="Decode batch sizes of the step mixes.")
     ] = "1,2,4,8",
@@ -95,7 +102,8 @@ def calibrate_command(
     with _target(
         url, admin_key, own, max_adapters=max_adapters, asset_dir=asset_dir, max_loras=max_loras
     ) as target:
-        model, measured = calibrate(target, config, hardware, command)
+        # The --self demo server is CPU-only: its loader and engine always share the CPU.
+        model, measured = calibrate(target, config, hardware, command, own or load_cpu_shared)
     model.save(out)
     if report is not None:
         report.write_text(json.dumps(measured, sort_keys=True) + "\n", encoding="utf-8")

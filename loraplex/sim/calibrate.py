@@ -160,9 +160,12 @@ def calibrated_model(
     loads: Sequence[LoadSample],
     overheads: dict[str, float],
     sources: dict[str, str],
+    *,
+    load_cpu_shared: bool = False,
 ) -> CostModel:
     """A validated cost model from measurements; ``overheads`` holds front_s, ipc_s and
-    network_s (each optional, 0 when not measured, and said so in ``sources``)."""
+    network_s (each optional, 0 when not measured, and said so in ``sources``);
+    ``load_cpu_shared`` says whether the measured server's loader and engine share its CPU."""
     unknown = sorted(set(overheads) - {"front_s", "ipc_s", "network_s"})
     if unknown:
         raise ValueError(f"overheads has unknown keys {unknown}")
@@ -179,5 +182,6 @@ def calibrated_model(
         step=step,
         links=links,
         sources=dict(sources),
+        load_cpu_shared=load_cpu_shared,
         **overheads,
     )

@@ -10,6 +10,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 
 from loraplex.engine.tenant_shares import TenantSettings
+from loraplex.residency.ledger import check_tier_share
 from loraplex.residency.policy import DEFAULT_POLICY as DEFAULT_EVICTION
 from loraplex.residency.policy import policy_names as eviction_names
 from loraplex.router import DEFAULT_POLICY as DEFAULT_ROUTING
@@ -54,6 +55,13 @@ class SimConfig:
     max_queue_len: int = 1024  # queued requests per replica before one is refused
     max_concurrent_loads: int = 4  # adapter loads in flight per replica
     tenant_max_concurrent_loads: int = 2  # ... per tenant (the cold-load quota)
+    # The share of each tier's bytes (and GPU slots) a tenant without a cap of its own may hold:
+    # ``loraplex serve``'s default_tenant_tier_share, 0.5 there too.
+    default_tenant_tier_share: float = 0.5
+    auto_warm: bool = True  # automatic warm promotion/demotion from request rates, as served
+    auto_warm_interval_s: float = 5.0  # virtual seconds between two automatic rebalances
+    # GPU slots automatic promotion may pin; None: a quarter of max_loras (the server's default)
+    max_auto_gpu_slots: int | None = None
     idle_wait_s: float = 0.05  # an engine with nothing runnable plans again after this
     report_interval_s: float = 0.5  # a replica's report is this old at most (fleet report_period_s)
     timeout_s: float = 60.0  # a failed request counts as this TTFT in the percentiles
@@ -70,7 +78,15 @@ class SimConfig:
         for name in ("cpu_adapter_bytes", "disk_cache_bytes"):
             if getattr(self, name) < 0:
                 raise ValueError(f"{name} {getattr(self, name)} is invalid; expected >= 0")
-        for name in ("queue_deadline_s", "idle_wait_s", "report_interval_s", "timeout_s"):
+        check_tier_share(self.default_tenant_tier_share)
+        auto_gpu = self.max_auto_gpu_slots
+        if auto_gpu is not None and not 0 <= auto_gpu < self.max_loras:
+            raise ValueError(
+                f"max_auto_gpu_slots {auto_gpu} is invalid; expected 0 to max_loras - 1 "
+                f"({self.max_loras - 1})"
+            )
+        timed = ("queue_deadline_s", "idle_wait_s", "report_interval_s", "timeout_s")
+        for name in (*timed, "auto_warm_interval_s"):
             if not getattr(self, name) > 0:
                 raise ValueError(f"{name} {getattr(self, name)} is invalid; expected > 0")
         if self.routing_policy not in routing_names():
@@ -102,3 +118,10 @@ class SimConfig:
     @property
     def slot_bytes(self) -> int:
         return self.max_lora_rank * self.bytes_per_rank
+
+    @property
+    def auto_gpu_slots(self) -> int:
+        """``max_auto_gpu_slots``, or a quarter of the slots as ``loraplex serve`` resolves it."""
+        if self.max_auto_gpu_slots is None:
+            return self.max_loras // 4
+        return self.max_auto_gpu_slots

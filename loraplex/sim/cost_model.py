@@ -12,7 +12,9 @@ rank (0 for base-model tokens)::
     step_s = step_fixed_s + per_token_s * tokens + per_revision_s * revisions
              + per_rank_token_s * rank_tokens
 
-A tier transfer of ``n`` bytes over a link costs ``fixed_s + n / bytes_per_s``.
+A tier transfer of ``n`` bytes over a link costs ``fixed_s + n / bytes_per_s``. With
+``load_cpu_shared`` (a CPU-only server, whose loader and engine share one core), a transfer
+stage that starts while a step runs also delays that replica's next step by its seconds.
 """
 
 from __future__ import annotations
@@ -77,6 +79,9 @@ class CostModel:
     front_s: float = 0.0
     ipc_s: float = 0.0
     network_s: float = 0.0
+    # The loader and the engine share one CPU (a CPU-only server: torch_threads 1 and the GIL):
+    # a load stage that starts while a step runs delays the engine's next step by its seconds.
+    load_cpu_shared: bool = False
     # Where each number comes from: a calibration run (command, date, machine) or a citation.
     sources: dict[str, str] = field(default_factory=dict)
 
@@ -115,7 +120,7 @@ def from_dict(body: dict[str, object], origin: str = "<dict>") -> CostModel:
     if body.get("schema") != SCHEMA:
         raise ValueError(f"{origin}: schema must be {SCHEMA!r}, got {body.get('schema')!r}")
     known = {"schema", "hardware", "validated", "step", "links", "front_s", "ipc_s"}
-    known |= {"network_s", "sources"}
+    known |= {"network_s", "sources", "load_cpu_shared"}
     unknown = sorted(set(body) - known)
     if unknown:
         raise ValueError(f"{origin}: unknown keys {unknown}")
@@ -126,6 +131,9 @@ def from_dict(body: dict[str, object], origin: str = "<dict>") -> CostModel:
     sources = body.get("sources", {})
     if not isinstance(sources, dict):
         raise ValueError(f"{origin}: 'sources' must be an object")
+    shared = body.get("load_cpu_shared", False)
+    if not isinstance(shared, bool):
+        raise ValueError(f"{origin}: load_cpu_shared must be true or false, got {shared!r}")
     return CostModel(
         hardware=str(body.get("hardware", "")),
         validated=bool(body.get("validated", False)),
@@ -137,6 +145,7 @@ def from_dict(body: dict[str, object], origin: str = "<dict>") -> CostModel:
         front_s=_float(body, "front_s"),
         ipc_s=_float(body, "ipc_s"),
         network_s=_float(body, "network_s"),
+        load_cpu_shared=shared,
         sources={str(k): str(v) for k, v in sources.items()},
     )
 

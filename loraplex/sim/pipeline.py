@@ -4,7 +4,7 @@ cost model's links say (``cost_model.Link.seconds``), and the real cache decides
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 
 from loraplex.artifacts.identity import AdapterKey
 from loraplex.residency.ledger import Tier
@@ -24,9 +24,21 @@ class CostModelPipeline:
     """A ``LoadPipeline`` charging L3->L2 (fetch, verify, commit), L2->L1 (read, parse) and
     L1->L0 (host-to-device copy) their link's fixed seconds plus bytes over bandwidth."""
 
-    def __init__(self, footprints: Mapping[AdapterKey, Footprint], cost: CostModel) -> None:
+    def __init__(
+        self,
+        footprints: Mapping[AdapterKey, Footprint],
+        cost: CostModel,
+        on_charge: Callable[[float], None] | None = None,
+    ) -> None:
         self._footprints = footprints
         self._links = cost.links
+        self._on_charge = on_charge  # told each stage's seconds (the engine's shared CPU)
+
+    def _charge(self, stage: Stage, link: str, nbytes: int) -> dict[Stage, float]:
+        seconds = self._links[link].seconds(nbytes)
+        if self._on_charge is not None:
+            self._on_charge(seconds)
+        return {stage: seconds}
 
     def resolve(self, key: AdapterKey, cancel: CancelToken) -> Resolved:
         cancel.check(Stage.RESOLVE)
@@ -36,10 +48,10 @@ class CostModelPipeline:
         fp = self._footprints[move.key]
         if move.target is Tier.L2:
             cancel.check(Stage.FETCH)
-            return Prepared(None, {Stage.FETCH: self._links["L3_to_L2"].seconds(fp.disk_bytes)})
+            return Prepared(None, self._charge(Stage.FETCH, "L3_to_L2", fp.disk_bytes))
         if move.target is Tier.L1:
             cancel.check(Stage.READ)
-            return Prepared(None, {Stage.READ: self._links["L2_to_L1"].seconds(fp.disk_bytes)})
+            return Prepared(None, self._charge(Stage.READ, "L2_to_L1", fp.disk_bytes))
         return Prepared(None, {})
 
     def install(
@@ -47,8 +59,7 @@ class CostModelPipeline:
     ) -> dict[Stage, float]:
         if move.target is Tier.L0:
             cancel.check(Stage.COPY)
-            fp = self._footprints[move.key]
-            return {Stage.COPY: self._links["L1_to_L0"].seconds(fp.memory_bytes)}
+            return self._charge(Stage.COPY, "L1_to_L0", self._footprints[move.key].memory_bytes)
         return {}
 
     def discard(self, move: Move, prepared: Prepared) -> None:

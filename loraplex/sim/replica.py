@@ -31,6 +31,7 @@ from loraplex.residency.cache.executors import SimTimer
 from loraplex.residency.ledger import Tier, TierBudget
 from loraplex.residency.pipeline import Footprint
 from loraplex.residency.policy import make_policy
+from loraplex.residency.warm import AutoWarmConfig
 from loraplex.sampling import FINISH_ABORT, FINISH_LENGTH
 from loraplex.sim.config import SimConfig
 from loraplex.sim.cost_model import CostModel
@@ -41,16 +42,19 @@ _TOKEN = 1  # the token every simulated step samples (no text is produced)
 
 
 def cache_config(config: SimConfig) -> CacheConfig:
-    slots = config.max_loras
+    """The cache ``engine.factory.build_adapter_runtime`` builds for the same settings."""
+    slots, share = config.max_loras, config.default_tenant_tier_share
     return CacheConfig(
         budgets={
-            Tier.L0: TierBudget(slots * config.slot_bytes, num_slots=slots),
-            Tier.L1: TierBudget(config.cpu_adapter_bytes),
-            Tier.L2: TierBudget(config.disk_cache_bytes),
+            Tier.L0: TierBudget(slots * config.slot_bytes, slots, default_tenant_share=share),
+            Tier.L1: TierBudget(config.cpu_adapter_bytes, default_tenant_share=share),
+            Tier.L2: TierBudget(config.disk_cache_bytes, default_tenant_share=share),
         },
         max_concurrent_loads=config.max_concurrent_loads,
         tenant_max_concurrent_loads=config.tenant_max_concurrent_loads,
         default_deadline_s=config.queue_deadline_s,
+        auto_warm=AutoWarmConfig() if config.auto_warm else None,
+        max_auto_gpu_slots=config.auto_gpu_slots,
     )
 
 
@@ -97,9 +101,13 @@ class SimReplica:
         self._step_cost = cost.step
         self._idle_wait_s = config.idle_wait_s
         self._ranks = ranks
+        self._in_step = False  # a step is running (its result not applied yet)
+        self._load_debt_s = 0.0  # load CPU seconds that overlapped steps, due at the next step
         self.cache = TieredAdapterCache(
             cache_config(config),
-            CostModelPipeline(footprints, cost),
+            CostModelPipeline(
+                footprints, cost, self._on_load_cpu if cost.load_cpu_shared else None
+            ),
             policy=make_policy(config.eviction_policy),
             clock=self._clock,
             executor=executor,
@@ -111,11 +119,13 @@ class SimReplica:
         self._outcomes: dict[str, Outcome] = {}  # live requests
         self._pending: dict[str, Future[Lease]] = {}  # ADAPTER_WAIT requests' lease futures
         self._prefetching: dict[AdapterKey, Future[None]] = {}
-        self._in_step = False  # a step is running (its result not applied yet)
         self._planning = False  # a plan is being made (a wake then changes nothing)
         self._next_plan: SimTimer | None = None  # the plan event due, if any
         self._next_plan_at = 0.0  # ... and when
         self.num_steps = 0  # steps executed (for the scale profile)
+        # Automatic warm rebalancing (the engine's LeaseDesk: once per interval, at a step).
+        self._rebalance_interval_s = config.auto_warm_interval_s if config.auto_warm else None
+        self._rebalance_at_s = self._clock.now() + (self._rebalance_interval_s or 0.0)
 
     # --- requests ---------------------------------------------------------------------------
 
@@ -167,10 +177,12 @@ class SimReplica:
         self._planning = False
         now = self._clock.now()
         if not plan.chunks:
+            self._load_debt_s = 0.0  # no step to delay
             if self.scheduler.requests:  # all wait (loads, quotas): poll as the engine loop does
                 self._plan_at(now + self._idle_wait_s)
             return  # else idle until an arrival wakes it
-        seconds = self._seconds(plan)
+        seconds = self._seconds(plan) + self._load_debt_s
+        self._load_debt_s = 0.0
         self._in_step = True
         self._executor.call_at(now + seconds, lambda: self._apply(plan))
 
@@ -178,6 +190,7 @@ class SimReplica:
         """EngineCore.step's bookkeeping, then the scheduler's plan. With nothing queued the
         bookkeeping has nothing to do (no request can expire, wait for a lease or be in the
         prefetch window), so only its one effect is kept: the prefetch window empties."""
+        self._rebalance(now)
         if not self.scheduler.num_queued:
             self._prefetching = {}
             return self.scheduler.schedule()
@@ -211,6 +224,13 @@ class SimReplica:
                 self._retire(req, RequestState.FINISHED, None)
         self._plan()
 
+    def _on_load_cpu(self, seconds: float) -> None:
+        """A load stage starts (``load_cpu_shared``) while the engine steps or plans a step: the
+        engine loses its CPU for that long, so its next step pays it. An idle engine (a plan
+        with nothing to run drops the debt) leaves the CPU to the loader."""
+        if self._in_step or self._planning:
+            self._load_debt_s += seconds
+
     def _seconds(self, plan: StepPlan) -> float:
         """The cost model's step time: tokens, distinct revisions and their rank mix."""
         requests = self.scheduler.requests
@@ -222,6 +242,14 @@ class SimReplica:
                 keys.add(key)
                 rank_tokens += len(chunk.token_ids) * self._ranks[key]
         return self._step_cost.seconds(plan.num_tokens, len(keys), rank_tokens)
+
+    def _rebalance(self, now: float) -> None:
+        """Automatic warm promotion/demotion, at most once per interval (LeaseDesk._rebalance)."""
+        interval = self._rebalance_interval_s
+        if interval is None or now < self._rebalance_at_s:
+            return
+        self._rebalance_at_s = now + interval
+        self.cache.rebalance()
 
     # --- leases (as EngineCore does) ----------------------------------------------------------
 

@@ -13,7 +13,14 @@ import typer
 from typer.testing import CliRunner
 
 from loraplex.bench.serve.driver import RequestRecord
-from loraplex.bench.sim.bench import SimBenchConfig, adapter_sizes, sim_config
+from loraplex.bench.serve.fleet import STORM_COLD_LOADS
+from loraplex.bench.sim.bench import (
+    SimBenchConfig,
+    adapter_sizes,
+    prepared,
+    registry_tenants,
+    sim_config,
+)
 from loraplex.bench.sim.calibrate_run import CalibrateConfig, mixes
 from loraplex.bench.sim.calibrate_target import ServedAdapter
 from loraplex.bench.sim.compare import OUTCOME_KEYS, check_outcome
@@ -26,7 +33,9 @@ from loraplex.bench.sim.validate import (
 from loraplex.bench.workloads import ScenarioParams, generate
 from loraplex.cli import app
 from loraplex.cli.sim_calibrate import _redacted, register_calibrate
+from loraplex.engine.tenant_shares import TenantSettings
 from loraplex.residency.ledger import Tier
+from loraplex.sim.config import SimConfig
 
 
 def _flat(output: str) -> str:
@@ -74,10 +83,33 @@ def test_real_and_simulated_outcomes_carry_the_compared_keys() -> None:
 
 def test_the_simulated_config_mirrors_the_real_settings(tmp_path: Path) -> None:
     config = SimBenchConfig(settings=RealSettings(max_loras=5, replicas=3, request_timeout_s=20))
-    single, fleet = sim_config(config, "single", 1024), sim_config(config, "fleet", 1024)
+    tenants = {"batch": TenantSettings.for_priority("batch")}
+    single, fleet = (sim_config(config, t, 1024, tenants) for t in ("single", "fleet"))
     assert single["replicas"] == 1 and fleet["replicas"] == 3
     assert single["max_loras"] == 5 and single["queue_deadline_s"] == 10.0
     assert single["timeout_s"] == 20 and single["eviction_policy"] == "cost_aware"
+    assert single["tenants"] == tenants
+    # The server's defaults where the simulator's own differ.
+    assert (single["max_model_len"], single["num_kv_blocks"]) == (512, 1024)
+    SimConfig(**single)  # every field is one the simulator takes
+
+
+def test_the_simulated_tenants_are_the_registrys_as_the_server_reads_them(
+    tmp_path: Path,
+    demo_assets,  # type: ignore[no-untyped-def]
+) -> None:
+    """cold-storm's tenants: the storm tenant is in the batch class with its slot and cold-load
+    quotas, the steady ones are normal: the settings a server on that registry enforces."""
+    workload = generate("cold-storm", 0, ScenarioParams(duration_s=2, rate=2, num_adapters=2))
+    config = SimBenchConfig(traces=("cold-storm",), trace_requests=4, num_adapters=2)
+    registry = prepared(config, [workload], tmp_path, demo_assets.base_model_dir)
+    tenants = registry_tenants(registry)
+    assert set(tenants) == {a.tenant for a in workload.adapters}
+    storm = tenants["storm"]
+    assert storm.weight == TenantSettings.for_priority("batch").weight
+    assert storm.max_cold_loads == STORM_COLD_LOADS and storm.max_gpu_bytes is not None
+    assert all(s.weight == 1.0 and s.max_gpu_bytes is None for t, s in tenants.items()
+               if t != "storm")  # fmt: skip
 
 
 def test_adapter_sizes_follow_rank_and_targets(demo_assets) -> None:  # type: ignore[no-untyped-def]

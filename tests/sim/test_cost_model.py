@@ -1,4 +1,5 @@
 import json
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -23,6 +24,12 @@ def test_round_trip(tmp_path: Path) -> None:
     model = _model()
     model.save(tmp_path / "m.json")
     assert load(tmp_path / "m.json") == model
+    shared = replace(model, load_cpu_shared=True)
+    shared.save(tmp_path / "s.json")
+    assert load(tmp_path / "s.json").load_cpu_shared is True
+    body = json.loads(model.to_json())
+    del body["load_cpu_shared"]  # files written before the key existed: not shared
+    assert from_dict(body).load_cpu_shared is False
     assert model.step.seconds(10, 2, 80) == pytest.approx(0.002 + 1e-4 + 2e-4 + 8e-6)
     assert model.links["L1_to_L0"].seconds(10**9) == pytest.approx(1.001)
 
@@ -43,6 +50,7 @@ def test_unvalidated_model_must_cite_sources() -> None:
         (lambda b: b["links"]["L1_to_L0"].update(bytes_per_s=0), "bytes_per_s"),
         (lambda b: b["step"].update(per_token_s="fast"), "must be a number"),
         (lambda b: b.update(front_s=-1), "front_s"),
+        (lambda b: b.update(load_cpu_shared="yes"), "load_cpu_shared"),
     ],
 )
 def test_bad_files_are_refused_by_name(mutate, message) -> None:  # type: ignore[no-untyped-def]

@@ -107,6 +107,10 @@ def test_calibrated_model_is_validated_and_cites_its_run() -> None:
     )
     assert model.validated and model.front_s == 0.001 and model.ipc_s == 0.0
     assert model.links["L1_to_L0"].fixed_s == pytest.approx(0.003)  # third of LINKS
+    assert model.load_cpu_shared is False
+    sources = {"command": "c"}
+    shared = calibrated_model("x", _steps(0.0), loads, {}, sources, load_cpu_shared=True)
+    assert shared.load_cpu_shared is True
     with pytest.raises(ValueError, match="no load samples"):
         calibrated_model("x", _steps(0.0), loads[:2], {}, {"command": "c"})
     with pytest.raises(ValueError, match="unknown keys"):

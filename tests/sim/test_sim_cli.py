@@ -50,6 +50,10 @@ def test_bad_flags_are_refused_by_name(tmp_path: Path) -> None:
         (["sim", "run", *cost, *uniform, "--routing-policy", "x"], "--routing-policy"),
         (["sim", "run", *uniform, "--cost-model", str(tmp_path / "no")], "--cost-model"),
         (["sim", "scale", *cost, "--requests", "0"], "--requests"),
+        (["sim", "run", *cost, *uniform, "--default-tenant-tier-share", "0"],
+         "--default-tenant-tier-share"),
+        (["sim", "run", *cost, *uniform, "--max-auto-gpu-slots", "8"], "--max-auto-gpu-slots"),
+        (["sim", "run", *cost, *uniform, "--auto-warm-interval-s", "0"], "--auto-warm-interval-s"),
     ]  # fmt: skip
     for args, flag in cases:
         result = runner.invoke(app, args)
@@ -82,3 +86,14 @@ def test_tenant_priorities_from_the_command_line() -> None:
     assert json.loads(result.output)["config"]["tenants"]["batch"]["weight"] == 0.25
     bad = runner.invoke(app, [*args[:-2], "--tenant-priority", "batch=urgent"])
     assert bad.exit_code == 2 and "--tenant-priority" in bad.output
+
+
+def test_tier_share_and_warm_settings_from_the_command_line() -> None:
+    args = ["sim", "run", "--workload", "hot-burst", "--duration-s", "5", "--json"]
+    args += ["--cost-model", str(COST_FILE), "--default-tenant-tier-share", "1.0"]
+    args += ["--no-auto-warm", "--auto-warm-interval-s", "2", "--max-auto-gpu-slots", "1"]
+    result = runner.invoke(app, args)
+    assert result.exit_code == 0, result.output
+    config = json.loads(result.output)["config"]
+    assert config["default_tenant_tier_share"] == 1.0 and config["auto_warm"] is False
+    assert (config["auto_warm_interval_s"], config["max_auto_gpu_slots"]) == (2.0, 1)

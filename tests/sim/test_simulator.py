@@ -43,7 +43,13 @@ def test_switching_the_eviction_policy_changes_hits_as_the_real_policies_do() ->
     runs = {
         policy: simulate(
             trace,
-            SimConfig(max_loras=10, eviction_policy=policy, cpu_adapter_bytes=8 << 20),
+            # The whole pool to each tenant: the policies alone decide who keeps a slot.
+            SimConfig(
+                max_loras=10,
+                eviction_policy=policy,
+                cpu_adapter_bytes=8 << 20,
+                default_tenant_tier_share=1.0,
+            ),
             cost(),
         ).metrics
         for policy in ("lru", "cost_aware")
@@ -145,6 +151,10 @@ def test_an_adapter_above_the_slot_rank_is_refused_naming_it() -> None:
         ("max_loras", True),
         ("report_interval_s", 0.0),
         ("default_rank", 128),
+        ("default_tenant_tier_share", 0.0),
+        ("default_tenant_tier_share", 1.5),
+        ("max_auto_gpu_slots", 8),
+        ("auto_warm_interval_s", 0.0),
     ],
 )
 def test_bad_settings_are_refused_naming_the_field(field: str, value: object) -> None:
@@ -217,8 +227,62 @@ def test_tenant_priorities_reach_the_scheduler_and_the_cache() -> None:
         "prio": TenantSettings.for_priority("high"),
         "batch": TenantSettings.for_priority("batch"),
     }
-    runs = [
-        simulate(trace, SimConfig(max_loras=6, tenants=t), cost()).metrics for t in ({}, classes)
-    ]
+    whole = SimConfig(max_loras=6, default_tenant_tier_share=1.0)  # slots held by none
+    runs = [simulate(trace, replace(whole, tenants=t), cost()).metrics for t in ({}, classes)]
     plain, ranked = (m["by_tenant"]["batch"]["ttft_ms"]["p50"] for m in runs)
     assert ranked > 2 * plain
+
+
+def _cycle(adapters: int, rounds: int) -> list[TraceRecord]:
+    """One tenant's requests for ``adapters`` adapters in turn, far apart (no overlap)."""
+    return [TraceRecord(0.5 * i, "t", f"a{i % adapters}", 8, 2) for i in range(adapters * rounds)]
+
+
+def test_a_tenant_holds_at_most_its_share_of_the_slots() -> None:
+    """Four adapters over four slots: with the whole pool they all stay (4 fills); held to half
+    of it, as a server's default_tenant_tier_share holds a tenant, they evict each other."""
+    trace = _cycle(4, 3)
+    whole, half = (
+        simulate(trace, SimConfig(max_loras=4, default_tenant_tier_share=s), cost()).metrics
+        for s in (1.0, 0.5)
+    )
+    assert whole["l0_loads"] == 4 and whole["l0_hits"] == 8
+    assert half["l0_loads"] == 12 and half["l0_hits"] == 0
+
+
+def test_automatic_warm_rebalancing_runs_on_the_virtual_clock(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The real cache's rebalance runs once per auto_warm_interval_s of steps, and never when
+    auto_warm is off."""
+    calls: list[float] = []
+    real = TieredAdapterCache.rebalance
+
+    def counted(self: TieredAdapterCache) -> object:
+        calls.append(self._clock.now())  # type: ignore[attr-defined]
+        return real(self)
+
+    monkeypatch.setattr(TieredAdapterCache, "rebalance", counted)
+    hot = [TraceRecord(0.05 * i, "t", "hot", 8, 2) for i in range(400)]  # 20/s for 20 s
+    config = SimConfig(max_loras=4, auto_warm_interval_s=5.0)
+    simulate(hot, config, cost())
+    assert [round(t) for t in calls] == [5, 10, 15]
+    calls.clear()
+    simulate(hot, replace(config, auto_warm=False), cost())
+    assert calls == []
+
+
+def test_loads_delay_the_steps_they_overlap_when_the_cpu_is_shared() -> None:
+    """One long request decodes while another tenant's adapter loads: on a CPU-only server
+    (load_cpu_shared) the load's stages delay the running request's steps; otherwise not. The
+    decisions are the same either way (same steps, same tiers)."""
+    trace = [TraceRecord(0.0, "a", "x", 8, 40), TraceRecord(0.05, "b", "y", 8, 2)]
+    runs = [
+        simulate(trace, SimConfig(), replace(cost(), load_cpu_shared=s)).metrics
+        for s in (False, True)
+    ]
+    alone, shared = runs
+    assert shared["engine_steps"] == alone["engine_steps"]
+    assert shared["tier_at_lease"] == alone["tier_at_lease"]
+    assert shared["by_tenant"]["a"]["ttft_ms"] == alone["by_tenant"]["a"]["ttft_ms"]
+    assert shared["makespan_s"] > alone["makespan_s"]

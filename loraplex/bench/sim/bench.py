@@ -12,21 +12,27 @@
 from __future__ import annotations
 
 import tempfile
-from dataclasses import asdict, dataclass, field
+from collections.abc import Mapping
+from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
 from loraplex.bench.harness.machine import machine_record
 from loraplex.bench.serve.driver import DriveConfig
+from loraplex.bench.serve.fleet import Fleet
 from loraplex.bench.sim.compare import compare_target, flat_errors
 from loraplex.bench.sim.validate import MAX_LORA_RANK, RealSettings
 from loraplex.bench.workloads import ScenarioParams, TraceAdapter, Workload, generate
+from loraplex.engine.tenant_shares import TenantSettings
+from loraplex.serve.config import ServeConfig
 from loraplex.sim.cost_model import CostModel
 
 TRACES = ("zipf-longtail", "hot-burst", "cold-storm")
 TARGETS = ("single", "fleet")
 SCALE = (1_000_000, 10_000, 64)  # requests, adapters, replicas (issue 30)
 BYTES_PER_PARAM = 4  # the demo server serves float32
+# The server's defaults the real runs keep and the simulator's own defaults differ from.
+SERVED_DEFAULTS = {f.name: f.default for f in fields(ServeConfig)}
 
 
 @dataclass(frozen=True)
@@ -72,8 +78,15 @@ class SimBenchConfig:
         return [generate(name, self.seed, params) for name in self.traces]
 
 
-def sim_config(config: SimBenchConfig, target: str, bytes_per_rank: int) -> dict[str, Any]:
-    """SimConfig fields mirroring the real deployment of ``target``."""
+def sim_config(
+    config: SimBenchConfig,
+    target: str,
+    bytes_per_rank: int,
+    tenants: Mapping[str, TenantSettings],
+) -> dict[str, Any]:
+    """SimConfig fields mirroring the real deployment of ``target``: its settings, the server's
+    defaults where the simulator's differ (context length, KV blocks), and ``tenants`` as the
+    server's engine reads them from the registry (priority classes, quotas)."""
     s = config.settings
     return {
         "replicas": s.replicas if target == "fleet" else 1,
@@ -83,10 +96,26 @@ def sim_config(config: SimBenchConfig, target: str, bytes_per_rank: int) -> dict
         "bytes_per_rank": bytes_per_rank,
         "cpu_adapter_bytes": s.cpu_adapter_bytes,
         "max_num_seqs": s.max_num_seqs,
+        "max_model_len": SERVED_DEFAULTS["max_model_len"],
+        "num_kv_blocks": SERVED_DEFAULTS["num_kv_blocks"],
         "queue_deadline_s": s.request_timeout_s / 2,
         "timeout_s": s.request_timeout_s,
         "seed": s.seed,
+        "tenants": dict(tenants),
     }
+
+
+def registry_tenants(registry: Fleet) -> dict[str, TenantSettings]:
+    """Every tenant's settings as a server on ``registry`` hands them to its engine."""
+    from loraplex.registry import RegistryConfig, open_registry
+    from loraplex.serve.engine_settings import tenant_settings
+
+    where = RegistryConfig(registry.root, registry.database_url, str(registry.store))
+    opened = open_registry(where)
+    try:
+        return tenant_settings(opened)
+    finally:
+        opened.close()
 
 
 def adapter_sizes(
@@ -104,17 +133,18 @@ def adapter_sizes(
 
 
 def simulated(
-    config: SimBenchConfig, workloads: list[Workload], cost_model: CostModel, model_dir: Path
+    config: SimBenchConfig, workloads: list[Workload], cost_model: CostModel, registry: Fleet
 ) -> dict[str, dict[str, Any]]:
     """target -> trace -> the simulator's metrics."""
     from loraplex.bench.sim.traces import workload_rows
     from loraplex.sim.call import records, simulate_metrics
 
     adapters = [a for w in workloads for a in w.adapters]
-    sizes, per_rank = adapter_sizes(model_dir, adapters)
+    sizes, per_rank = adapter_sizes(registry.model_dir, adapters)
+    tenants = registry_tenants(registry)
     out: dict[str, dict[str, Any]] = {}
     for target in config.targets:
-        values = sim_config(config, target, per_rank)
+        values = sim_config(config, target, per_rank, tenants)
         out[target] = {
             w.name: simulate_metrics(
                 records(workload_rows(w, MAX_LORA_RANK, sizes)), values, cost_model
@@ -124,31 +154,35 @@ def simulated(
     return out
 
 
+def prepared(
+    config: SimBenchConfig, workloads: list[Workload], root: Path, model_dir: Path
+) -> Fleet:
+    """The registry every real run shares: each trace adapter, each tenant's class and quotas."""
+    from loraplex.bench.serve.fleet import prepare_fleet
+
+    union = {(a.tenant, a.name): a for w in workloads for a in w.adapters}
+    adapters = list(union.values())
+    return prepare_fleet(root / "registry", model_dir, adapters, MAX_LORA_RANK, config.seed)
+
+
 def real(
-    config: SimBenchConfig, workloads: list[Workload], model_dir: Path, vocab: int
+    config: SimBenchConfig, workloads: list[Workload], registry: Fleet, root: Path, vocab: int
 ) -> dict[str, dict[str, Any]]:
     """target -> trace -> the real run's outcome."""
     from loraplex.bench.fleet.cluster import local_cluster
-    from loraplex.bench.serve.fleet import prepare_fleet
     from loraplex.bench.sim.validate import fleet_outcome, single_outcome
 
-    union = {(a.tenant, a.name): a for w in workloads for a in w.adapters}
     s = config.settings
     drive = DriveConfig(request_timeout_s=s.request_timeout_s, vocab_size=vocab, seed=s.seed)
     out: dict[str, dict[str, Any]] = {t: {} for t in config.targets}
-    with tempfile.TemporaryDirectory(prefix="loraplex-bench-sim-") as tmp:
-        root = Path(tmp)
-        registry = prepare_fleet(
-            root / "registry", model_dir, list(union.values()), MAX_LORA_RANK, config.seed
-        )
-        if "single" in config.targets:
+    if "single" in config.targets:
+        for i, w in enumerate(workloads):
+            out["single"][w.name] = single_outcome(registry, w, s, drive, root / f"single-{i}")
+    if "fleet" in config.targets:
+        with local_cluster(1) as port:
+            target = (registry, f"http://127.0.0.1:{port}", port)
             for i, w in enumerate(workloads):
-                out["single"][w.name] = single_outcome(registry, w, s, drive, root / f"single-{i}")
-        if "fleet" in config.targets:
-            with local_cluster(1) as port:
-                target = (registry, f"http://127.0.0.1:{port}", port)
-                for i, w in enumerate(workloads):
-                    out["fleet"][w.name] = fleet_outcome(target, w, s, drive, root / f"fleet-{i}")
+                out["fleet"][w.name] = fleet_outcome(target, w, s, drive, root / f"fleet-{i}")
     return out
 
 
@@ -161,8 +195,11 @@ def run_sim_bench(config: SimBenchConfig, cost_model: CostModel) -> dict[str, An
     assets = generate_demo_assets(config.asset_dir / "test-small", preset="small", seed=0)
     vocab = BaseModelSpec.from_dir(assets.base_model_dir).vocab_size
     workloads = config.workloads()
-    sims = simulated(config, workloads, cost_model, assets.base_model_dir)
-    reals = real(config, workloads, assets.base_model_dir, vocab)
+    with tempfile.TemporaryDirectory(prefix="loraplex-bench-sim-") as tmp:
+        root = Path(tmp)
+        registry = prepared(config, workloads, root, assets.base_model_dir)
+        sims = simulated(config, workloads, cost_model, registry)
+        reals = real(config, workloads, registry, root, vocab)
     by_target = {t: compare_target(reals[t], sims[t], t) for t in config.targets}
     metrics: dict[str, Any] = dict(flat_errors(by_target))
     if config.scale is not None:

@@ -14,6 +14,11 @@ from loraplex.bench.sim.calibrate_target import Target
 from loraplex.sim.calibrate import Fit, calibrated_model, fit_link
 from loraplex.sim.cost_model import LINKS, CostModel
 
+SHARED_CPU = (
+    "given by the caller: a CPU-only server (the --self demo server, torch_threads 1) runs its "
+    "loader and its engine on the same core, so loads delay steps"
+)
+
 
 def _cpu(cpu: object) -> str:
     if isinstance(cpu, dict):
@@ -27,9 +32,14 @@ def _fit_text(fit: Fit, samples: int) -> str:
 
 
 def calibrate(
-    target: Target, config: CalibrateConfig, hardware: str, command: str
+    target: Target,
+    config: CalibrateConfig,
+    hardware: str,
+    command: str,
+    load_cpu_shared: bool = False,
 ) -> tuple[CostModel, dict[str, Any]]:
-    """The validated cost model of ``target`` and a report of what was measured."""
+    """The validated cost model of ``target`` and a report of what was measured;
+    ``load_cpu_shared``: the target's loader and engine share one CPU (a CPU-only server)."""
     measured = measure(target, config)
     loads, steps, overheads = measured["loads"], measured["steps"], measured["overheads"]
     machine = machine_record()
@@ -44,6 +54,7 @@ def calibrate(
         "front_s": "median latency of an authenticated GET /v1/models",
         "ipc_s": "median warm TTFT less front_s and the fitted prefill step (floored at 0)",
         "network_s": "not measured: one server, no ingress-to-replica hop (0)",
+        "load_cpu_shared": SHARED_CPU if load_cpu_shared else "not shared (given by the caller)",
     }
     for link in LINKS:
         mine = [s for s in loads if s.link == link]
@@ -51,7 +62,10 @@ def calibrate(
             _fit_text(fit_link(mine)[1], len(mine)) if len({s.nbytes for s in mine}) > 1 else ""
         )
         sources[f"links.{link}"] = f"cold loads timed by the server's stage counters; {fit_text}"
-    model = calibrated_model(hardware, steps, loads, {**overheads, "network_s": 0.0}, sources)
+    overheads = {**overheads, "network_s": 0.0}
+    model = calibrated_model(
+        hardware, steps, loads, overheads, sources, load_cpu_shared=load_cpu_shared
+    )
     report = {
         "hardware": hardware,
         "step_samples": [asdict(s) for s in steps],
