@@ -10,6 +10,7 @@ import pytest
 from typer.testing import CliRunner
 
 from loraplex.bench.cache.policies import (
+    BELADY,
     POINTS,
     PolicyBenchConfig,
     drift_recovery_share,
@@ -25,8 +26,13 @@ def test_a_tiny_run_reports_every_trace_policy_and_headline(tmp_path: Path) -> N
     result = run_policy_bench(config)
     assert set(result["traces"]) == {label for label, _, _ in POINTS}
     for policies in result["traces"].values():
-        assert set(policies) == {"lru", "admit_gdsf"}
+        assert set(policies) == {"lru", "admit_gdsf", BELADY}
+        floor = policies.pop(BELADY)["reloads_per_1k_l0"]
         for cells in policies.values():
+            # No replayed policy has fewer L0 reloads than Belady's floor in any seed, so
+            # neither in the median, the min or the max over seeds.
+            reloads = cells["reloads_per_1k_l0"]
+            assert floor is not None and all(f <= r for f, r in zip(floor, reloads, strict=True))
             hit = cells["hit_l0"]
             assert hit is not None and hit[1] <= hit[0] <= hit[2]  # median within [min, max]
             assert cells["failed"] == [0.0, 0.0, 0.0]

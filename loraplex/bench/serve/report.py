@@ -8,7 +8,12 @@ from typing import Any
 
 from loraplex.bench.report import markdown_table
 from loraplex.bench.serve.driver import TIERS
-from loraplex.bench.serve.summary import HOT_BURST_POLICIES, RunResult, ttft_or_timeout
+from loraplex.bench.serve.summary import (
+    HOT_BURST_CANDIDATES,
+    HOT_BURST_POLICIES,
+    RunResult,
+    ttft_or_timeout,
+)
 
 _SCALARS = (int, float, str, type(None))  # None: undefined (no data), shown as such
 
@@ -27,7 +32,7 @@ def serve_markdown(result: dict[str, Any], cdf_png: str, hits_png: str) -> str:
         "## Headline metrics",
         markdown_table(headline, ["metric", "value"]),
         "## Hot-burst capacity sweep (gain: hot tenant P99 TTFT from the burst on, baseline "
-        "over cost_aware; price: batch tenant P50 TTFT, cost_aware over lru)",
+        "over candidate; price: batch tenant P50 TTFT, candidate over baseline)",
         markdown_table(_sweep_rows(metrics.get("hot_burst_sweep", {})), _SWEEP_COLUMNS),
         "## Runs (TTFT in ms over every request, failed ones at the timeout; TPOT over "
         "completed requests; tier = adapter's tier at arrival)",
@@ -47,34 +52,28 @@ def serve_markdown(result: dict[str, Any], cdf_png: str, hits_png: str) -> str:
 
 _SWEEP_COLUMNS = [
     "slots",
-    "gain_lru",
-    "gain_lru_priority",
-    "price_vs_lru",
-    "price_vs_lru_priority",
+    *(f"gain_{b}_over_{n}" for n in HOT_BURST_CANDIDATES for b in ("lru", "lru_priority")),
+    *(f"price_{n}_over_{b}" for n in HOT_BURST_CANDIDATES for b in ("lru", "lru_priority")),
     *(f"hot_completed_{p}" for p in HOT_BURST_POLICIES),
     *(f"batch_completed_{p}" for p in HOT_BURST_POLICIES),
 ]
 
 
 def _sweep_rows(sweep: dict[str, dict[str, Any]]) -> list[dict[str, object]]:
-    return [
-        {
-            "slots": slots,
-            "gain_lru": m["hot_burst_p99_ttft_lru_over_cost_aware"],
-            "gain_lru_priority": m["hot_burst_p99_ttft_lru_priority_over_cost_aware"],
-            "price_vs_lru": m["hot_burst_batch_p50_ttft_cost_aware_over_lru"],
-            "price_vs_lru_priority": m["hot_burst_batch_p50_ttft_cost_aware_over_lru_priority"],
-            **{
-                f"hot_completed_{p}": m[f"hot_burst_hot_completed_ratio_{p}"]
-                for p in HOT_BURST_POLICIES
-            },
-            **{
-                f"batch_completed_{p}": m[f"hot_burst_batch_completed_ratio_{p}"]
-                for p in HOT_BURST_POLICIES
-            },
-        }
-        for slots, m in sweep.items()
-    ]
+    rows: list[dict[str, object]] = []
+    for slots, m in sweep.items():
+        row: dict[str, object] = {"slots": slots}
+        for column in _SWEEP_COLUMNS[1:]:
+            kind, _, rest = column.partition("_")
+            key = {
+                "gain": f"hot_burst_p99_ttft_{rest}",
+                "price": f"hot_burst_batch_p50_ttft_{rest}",
+                "hot": f"hot_burst_hot_{rest.replace('completed_', 'completed_ratio_')}",
+                "batch": f"hot_burst_batch_{rest.replace('completed_', 'completed_ratio_')}",
+            }[kind]
+            row[column] = m.get(key)
+        rows.append(row)
+    return rows
 
 
 _KIND_COLUMNS = [
