@@ -13,6 +13,7 @@ from loraplex.bench.harness.order import run_order
 from loraplex.bench.serve.bench import ServeBenchConfig
 from loraplex.bench.serve.driver import RequestRecord, ResidencyView
 from loraplex.bench.serve.fleet import drop_page_cache
+from loraplex.bench.serve.report import serve_markdown
 from loraplex.bench.serve.runs import pooled_view
 from loraplex.bench.serve.summary import (
     HOT_BURST_POLICIES,
@@ -96,6 +97,14 @@ def test_hot_burst_reports_gain_and_price_with_completed_ratios_beside() -> None
     assert metrics["hot_burst_slots"] == 9
     assert set(metrics["hot_burst_sweep"]) == {"9", "12"}
     assert metrics["hot_burst_sweep"]["12"]["hot_burst_batch_p50_ttft_cost_aware_over_lru"] == 1.0
+    # The report's sweep table has each candidate's gain and price per capacity point.
+    result = {"name": "serve", "config": {}, "seed": 0, "metrics": {**metrics, "runs": summaries}}
+    page = serve_markdown(result, "cdf.png", "hits.png")
+    header = next(line for line in page.splitlines() if line.startswith("| slots |"))
+    row = next(line for line in page.splitlines() if line.startswith("| 9 |"))
+    cells = dict(zip(header.split("|"), row.split("|"), strict=True))
+    assert cells[" gain_lru_over_admit_gdsf "].strip() == "5.000"
+    assert cells[" price_admit_gdsf_over_lru "].strip() == "1.500"
 
 
 def test_undefined_ratios_are_null_never_zero() -> None:

@@ -9,6 +9,7 @@ from typing import Any
 from loraplex.bench.report import markdown_table
 from loraplex.bench.serve.driver import TIERS
 from loraplex.bench.serve.summary import (
+    HOT_BURST_BASELINES,
     HOT_BURST_CANDIDATES,
     HOT_BURST_POLICIES,
     RunResult,
@@ -50,30 +51,29 @@ def serve_markdown(result: dict[str, Any], cdf_png: str, hits_png: str) -> str:
     return "\n\n".join(parts) + "\n"
 
 
-_SWEEP_COLUMNS = [
-    "slots",
-    *(f"gain_{b}_over_{n}" for n in HOT_BURST_CANDIDATES for b in ("lru", "lru_priority")),
-    *(f"price_{n}_over_{b}" for n in HOT_BURST_CANDIDATES for b in ("lru", "lru_priority")),
-    *(f"hot_completed_{p}" for p in HOT_BURST_POLICIES),
-    *(f"batch_completed_{p}" for p in HOT_BURST_POLICIES),
-]
+# Report column -> metric key of one hot-burst point (gain, price, then completed ratios).
+_SWEEP_KEYS = {
+    **{
+        f"gain_{b}_over_{n}": f"hot_burst_p99_ttft_{b}_over_{n}"
+        for n in HOT_BURST_CANDIDATES
+        for b in HOT_BURST_BASELINES
+    },
+    **{
+        f"price_{n}_over_{b}": f"hot_burst_batch_p50_ttft_{n}_over_{b}"
+        for n in HOT_BURST_CANDIDATES
+        for b in HOT_BURST_BASELINES
+    },
+    **{f"hot_completed_{p}": f"hot_burst_hot_completed_ratio_{p}" for p in HOT_BURST_POLICIES},
+    **{f"batch_completed_{p}": f"hot_burst_batch_completed_ratio_{p}" for p in HOT_BURST_POLICIES},
+}
+_SWEEP_COLUMNS = ["slots", *_SWEEP_KEYS]
 
 
 def _sweep_rows(sweep: dict[str, dict[str, Any]]) -> list[dict[str, object]]:
-    rows: list[dict[str, object]] = []
-    for slots, m in sweep.items():
-        row: dict[str, object] = {"slots": slots}
-        for column in _SWEEP_COLUMNS[1:]:
-            kind, _, rest = column.partition("_")
-            key = {
-                "gain": f"hot_burst_p99_ttft_{rest}",
-                "price": f"hot_burst_batch_p50_ttft_{rest}",
-                "hot": f"hot_burst_hot_{rest.replace('completed_', 'completed_ratio_')}",
-                "batch": f"hot_burst_batch_{rest.replace('completed_', 'completed_ratio_')}",
-            }[kind]
-            row[column] = m.get(key)
-        rows.append(row)
-    return rows
+    return [
+        {"slots": slots, **{column: m.get(key) for column, key in _SWEEP_KEYS.items()}}
+        for slots, m in sweep.items()
+    ]
 
 
 _KIND_COLUMNS = [
