@@ -10,6 +10,7 @@ import pytest
 from typer.testing import CliRunner
 
 from loraplex.bench.cache.policies import (
+    BELADY,
     POINTS,
     PolicyBenchConfig,
     drift_recovery_share,
@@ -17,6 +18,7 @@ from loraplex.bench.cache.policies import (
     run_policy_bench,
 )
 from loraplex.bench.cache.policies_report import policies_markdown, policies_plots
+from loraplex.bench.workloads import HOT_BURST_WINDOW, ScenarioParams, generate
 from loraplex.cli import app
 
 
@@ -25,8 +27,13 @@ def test_a_tiny_run_reports_every_trace_policy_and_headline(tmp_path: Path) -> N
     result = run_policy_bench(config)
     assert set(result["traces"]) == {label for label, _, _ in POINTS}
     for policies in result["traces"].values():
-        assert set(policies) == {"lru", "admit_gdsf"}
+        assert set(policies) == {"lru", "admit_gdsf", BELADY}
+        floor = policies.pop(BELADY)["reloads_per_1k_l0"]
         for cells in policies.values():
+            # No replayed policy has fewer L0 reloads than Belady's floor in any seed, so
+            # neither in the median, the min or the max over seeds.
+            reloads = cells["reloads_per_1k_l0"]
+            assert floor is not None and all(f <= r for f, r in zip(floor, reloads, strict=True))
             hit = cells["hit_l0"]
             assert hit is not None and hit[1] <= hit[0] <= hit[2]  # median within [min, max]
             assert cells["failed"] == [0.0, 0.0, 0.0]
@@ -37,6 +44,11 @@ def test_a_tiny_run_reports_every_trace_policy_and_headline(tmp_path: Path) -> N
     )
     assert "drift_recovery_share" in result["traces"]["drift"]["lru"]
     assert set(result["wait_cdfs"]) == {"prio", "batch"}
+    # Hot-burst's waits count from the sweep on (as bench serve reads the hot tenant's TTFT).
+    trace = generate("hot-burst", 0, ScenarioParams(duration_s=30.0, rate=config.rate))
+    from_sweep = [r for r in trace.requests if r.t_s >= HOT_BURST_WINDOW[0] * 30.0]
+    assert len(result["wait_cdfs"]["prio"]["lru"]) == sum(r.tenant == "prio" for r in from_sweep)
+    assert len(from_sweep) < len(trace.requests)
     json.dumps(result)
     policies_plots(result, tmp_path / "hit.png", tmp_path / "cdf.png")
     assert (tmp_path / "hit.png").stat().st_size > 0 and (tmp_path / "cdf.png").stat().st_size > 0

@@ -23,6 +23,7 @@ from loraplex.demo.assets import DemoAssets
 # Headline ratios the tiny run always has data for (storm_warm_p99_ttft_ratio may not).
 MEASURED = ("http_over_offline_throughput", "hot_burst_p99_ttft_lru_over_cost_aware")
 RUNS = ("hot-burst@9/lru", "hot-burst@9/lru_priority", "hot-burst@9/cost_aware",
+        "hot-burst@9/admit_gdsf",
         "zipf-longtail/lru", "zipf-longtail/cost_aware",
         "cold-storm/storm", "cold-storm/no-storm")  # fmt: skip
 # 200: completed; 429 / 503: shed by the queue (Retry-After); 0 only for a client-side timeout.
@@ -69,8 +70,8 @@ def test_json_line_shape(bench: tuple[dict[str, Any], Path]) -> None:
     assert set(metrics["runs"]) == set(RUNS)
     # The price beside the gain, and completed ratios beside both (in this order).
     keys = list(metrics)
-    gain = keys.index("hot_burst_p99_ttft_lru_over_cost_aware")
-    assert keys[gain + 2] == "hot_burst_hot_completed_ratio_lru"
+    gain = keys.index("hot_burst_p99_ttft_lru_priority_over_admit_gdsf")
+    assert keys[gain + 1] == "hot_burst_hot_completed_ratio_lru"
     price = metrics["hot_burst_batch_p50_ttft_cost_aware_over_lru"]
     sides = [metrics[f"hot_burst_batch_p50_ttft_ms_{p}"] for p in ("cost_aware", "lru")]
     assert price == (None if None in sides else round(sides[0] / sides[1], 3))

@@ -13,6 +13,7 @@ from loraplex.bench.harness.order import run_order
 from loraplex.bench.serve.bench import ServeBenchConfig
 from loraplex.bench.serve.driver import RequestRecord, ResidencyView
 from loraplex.bench.serve.fleet import drop_page_cache
+from loraplex.bench.serve.report import serve_markdown
 from loraplex.bench.serve.runs import pooled_view
 from loraplex.bench.serve.summary import (
     HOT_BURST_POLICIES,
@@ -62,7 +63,8 @@ def test_percentiles_include_failures_and_the_completed_ratio_is_reported() -> N
 def _burst_runs(slots: int, batch_ttft: dict[str, float]) -> dict[str, dict[str, object]]:
     out = {}
     for policy in HOT_BURST_POLICIES:
-        records = [_record("prio", 0.05 if policy == "cost_aware" else 0.2, t_s=5.0)] * 4
+        hot_s = {"cost_aware": 0.05, "admit_gdsf": 0.04}.get(policy, 0.2)
+        records = [_record("prio", hot_s, t_s=5.0)] * 4
         records += [_record("batch", batch_ttft[policy], t_s=5.0)] * 3
         records += [_record("batch", None, status=0, t_s=5.0)] if policy == "cost_aware" else []
         out[hot_burst_run(slots, policy)] = summarize(_run("r", records, burst_s=3.0))
@@ -71,8 +73,8 @@ def _burst_runs(slots: int, batch_ttft: dict[str, float]) -> dict[str, dict[str,
 
 def test_hot_burst_reports_gain_and_price_with_completed_ratios_beside() -> None:
     summaries = {
-        **_burst_runs(9, {"lru": 0.1, "lru_priority": 0.2, "cost_aware": 0.3}),
-        **_burst_runs(12, {"lru": 0.1, "lru_priority": 0.1, "cost_aware": 0.1}),
+        **_burst_runs(9, {"lru": 0.1, "lru_priority": 0.2, "cost_aware": 0.3, "admit_gdsf": 0.15}),
+        **_burst_runs(12, dict.fromkeys(HOT_BURST_POLICIES, 0.1)),
     }
     metrics = headline(summaries, (9, 12))
     assert metrics["hot_burst_p99_ttft_lru_over_cost_aware"] == 4.0
@@ -82,14 +84,27 @@ def test_hot_burst_reports_gain_and_price_with_completed_ratios_beside() -> None
     assert metrics["hot_burst_batch_p50_ttft_cost_aware_over_lru_priority"] == 1.5
     assert metrics["hot_burst_batch_completed_ratio_cost_aware"] == 0.75
     assert metrics["hot_burst_batch_completed_ratio_lru"] == 1.0
+    # The second candidate against the same baselines, in the same run.
+    assert metrics["hot_burst_p99_ttft_lru_over_admit_gdsf"] == 5.0
+    assert metrics["hot_burst_p99_ttft_lru_priority_over_admit_gdsf"] == 5.0
+    assert metrics["hot_burst_batch_p50_ttft_admit_gdsf_over_lru"] == 1.5
+    assert metrics["hot_burst_batch_p50_ttft_admit_gdsf_over_lru_priority"] == 0.75
     keys = list(metrics)
-    gain = keys.index("hot_burst_p99_ttft_lru_priority_over_cost_aware")
-    assert keys[gain + 1 : gain + 4] == [
+    gain = keys.index("hot_burst_p99_ttft_lru_priority_over_admit_gdsf")
+    assert keys[gain + 1 : gain + 1 + len(HOT_BURST_POLICIES)] == [
         f"hot_burst_hot_completed_ratio_{p}" for p in HOT_BURST_POLICIES
     ]
     assert metrics["hot_burst_slots"] == 9
     assert set(metrics["hot_burst_sweep"]) == {"9", "12"}
     assert metrics["hot_burst_sweep"]["12"]["hot_burst_batch_p50_ttft_cost_aware_over_lru"] == 1.0
+    # The report's sweep table has each candidate's gain and price per capacity point.
+    result = {"name": "serve", "config": {}, "seed": 0, "metrics": {**metrics, "runs": summaries}}
+    page = serve_markdown(result, "cdf.png", "hits.png")
+    header = next(line for line in page.splitlines() if line.startswith("| slots |"))
+    row = next(line for line in page.splitlines() if line.startswith("| 9 |"))
+    cells = dict(zip(header.split("|"), row.split("|"), strict=True))
+    assert cells[" gain_lru_over_admit_gdsf "].strip() == "5.000"
+    assert cells[" price_admit_gdsf_over_lru "].strip() == "1.500"
 
 
 def test_undefined_ratios_are_null_never_zero() -> None:

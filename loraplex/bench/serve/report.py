@@ -8,7 +8,13 @@ from typing import Any
 
 from loraplex.bench.report import markdown_table
 from loraplex.bench.serve.driver import TIERS
-from loraplex.bench.serve.summary import HOT_BURST_POLICIES, RunResult, ttft_or_timeout
+from loraplex.bench.serve.summary import (
+    HOT_BURST_BASELINES,
+    HOT_BURST_CANDIDATES,
+    HOT_BURST_POLICIES,
+    RunResult,
+    ttft_or_timeout,
+)
 
 _SCALARS = (int, float, str, type(None))  # None: undefined (no data), shown as such
 
@@ -27,7 +33,7 @@ def serve_markdown(result: dict[str, Any], cdf_png: str, hits_png: str) -> str:
         "## Headline metrics",
         markdown_table(headline, ["metric", "value"]),
         "## Hot-burst capacity sweep (gain: hot tenant P99 TTFT from the burst on, baseline "
-        "over cost_aware; price: batch tenant P50 TTFT, cost_aware over lru)",
+        "over candidate; price: batch tenant P50 TTFT, candidate over baseline)",
         markdown_table(_sweep_rows(metrics.get("hot_burst_sweep", {})), _SWEEP_COLUMNS),
         "## Runs (TTFT in ms over every request, failed ones at the timeout; TPOT over "
         "completed requests; tier = adapter's tier at arrival)",
@@ -45,34 +51,27 @@ def serve_markdown(result: dict[str, Any], cdf_png: str, hits_png: str) -> str:
     return "\n\n".join(parts) + "\n"
 
 
-_SWEEP_COLUMNS = [
-    "slots",
-    "gain_lru",
-    "gain_lru_priority",
-    "price_vs_lru",
-    "price_vs_lru_priority",
-    *(f"hot_completed_{p}" for p in HOT_BURST_POLICIES),
-    *(f"batch_completed_{p}" for p in HOT_BURST_POLICIES),
-]
+# Report column -> metric key of one hot-burst point (gain, price, then completed ratios).
+_SWEEP_KEYS = {
+    **{
+        f"gain_{b}_over_{n}": f"hot_burst_p99_ttft_{b}_over_{n}"
+        for n in HOT_BURST_CANDIDATES
+        for b in HOT_BURST_BASELINES
+    },
+    **{
+        f"price_{n}_over_{b}": f"hot_burst_batch_p50_ttft_{n}_over_{b}"
+        for n in HOT_BURST_CANDIDATES
+        for b in HOT_BURST_BASELINES
+    },
+    **{f"hot_completed_{p}": f"hot_burst_hot_completed_ratio_{p}" for p in HOT_BURST_POLICIES},
+    **{f"batch_completed_{p}": f"hot_burst_batch_completed_ratio_{p}" for p in HOT_BURST_POLICIES},
+}
+_SWEEP_COLUMNS = ["slots", *_SWEEP_KEYS]
 
 
 def _sweep_rows(sweep: dict[str, dict[str, Any]]) -> list[dict[str, object]]:
     return [
-        {
-            "slots": slots,
-            "gain_lru": m["hot_burst_p99_ttft_lru_over_cost_aware"],
-            "gain_lru_priority": m["hot_burst_p99_ttft_lru_priority_over_cost_aware"],
-            "price_vs_lru": m["hot_burst_batch_p50_ttft_cost_aware_over_lru"],
-            "price_vs_lru_priority": m["hot_burst_batch_p50_ttft_cost_aware_over_lru_priority"],
-            **{
-                f"hot_completed_{p}": m[f"hot_burst_hot_completed_ratio_{p}"]
-                for p in HOT_BURST_POLICIES
-            },
-            **{
-                f"batch_completed_{p}": m[f"hot_burst_batch_completed_ratio_{p}"]
-                for p in HOT_BURST_POLICIES
-            },
-        }
+        {"slots": slots, **{column: m.get(key) for column, key in _SWEEP_KEYS.items()}}
         for slots, m in sweep.items()
     ]
 

@@ -149,7 +149,10 @@ def _in_l0(summary: dict[str, Any] | None, tenant: str, groups: str) -> float | 
     return round(int(group["tier_at_arrival"]["L0"]) / int(group["ttft_ms"]["n"]), 4)
 
 
-HOT_BURST_POLICIES = ("lru", "lru_priority", "cost_aware")
+HOT_BURST_POLICIES = ("lru", "lru_priority", "cost_aware", "admit_gdsf")
+# The policies whose gain and price are reported against the two LRU baselines.
+HOT_BURST_CANDIDATES = ("cost_aware", "admit_gdsf")
+HOT_BURST_BASELINES = ("lru", "lru_priority")  # the gain and price are against these
 _WINDOW = "from_burst_by_tenant"  # the hot tenant "during and after the burst" (WORKLOADS.md)
 
 
@@ -160,21 +163,22 @@ def hot_burst_run(slots: int, policy: str) -> str:
 
 def hot_burst_point(summaries: dict[str, dict[str, Any]], slots: int) -> dict[str, Any]:
     """One capacity point of hot-burst. The gain: the hot tenant's P99 TTFT from the burst on,
-    under lru and under lru_priority (which sees tenant priority too) over cost_aware. The
-    price: the batch tenant's P50 TTFT, cost_aware over lru. Completed ratios stand beside
-    each (in this order in the JSON line and the report); missing runs give None."""
+    under lru and under lru_priority (which sees tenant priority too) over each candidate
+    (cost_aware, admit_gdsf). The price: the batch tenant's P50 TTFT, candidate over lru and
+    over lru_priority. Completed ratios stand beside each (in this order in the JSON line and
+    the report); missing runs give None."""
     sides = {p: summaries.get(hot_burst_run(slots, p)) for p in HOT_BURST_POLICIES}
     hot = {p: _quantile(s, "prio", groups=_WINDOW) for p, s in sides.items()}
     batch = {p: _quantile(s, "batch", "p50") for p, s in sides.items()}
     out: dict[str, Any] = {}
-    for base in ("lru", "lru_priority"):
-        out[f"hot_burst_p99_ttft_{base}_over_cost_aware"] = _ratio(hot[base], hot["cost_aware"])
+    for new in HOT_BURST_CANDIDATES:
+        for base in HOT_BURST_BASELINES:
+            out[f"hot_burst_p99_ttft_{base}_over_{new}"] = _ratio(hot[base], hot[new])
     for p, s in sides.items():
         out[f"hot_burst_hot_completed_ratio_{p}"] = _completed(s, "prio", _WINDOW)
-    out["hot_burst_batch_p50_ttft_cost_aware_over_lru"] = _ratio(batch["cost_aware"], batch["lru"])
-    out["hot_burst_batch_p50_ttft_cost_aware_over_lru_priority"] = _ratio(
-        batch["cost_aware"], batch["lru_priority"]
-    )
+    for new in HOT_BURST_CANDIDATES:
+        for base in HOT_BURST_BASELINES:
+            out[f"hot_burst_batch_p50_ttft_{new}_over_{base}"] = _ratio(batch[new], batch[base])
     for p, s in sides.items():
         out[f"hot_burst_batch_completed_ratio_{p}"] = _completed(s, "batch", "by_tenant")
     for p, s in sides.items():
