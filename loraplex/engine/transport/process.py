@@ -114,8 +114,10 @@ class EngineProcess:
         policy = watchdog or WatchdogPolicy()
         intervals = (state_interval_s, policy.beat_interval_s, policy.alive_interval_s)
         self._spawn = functools.partial(ChildLink, builder, args, intervals)
-        self._watchdog = ProgressWatchdog(policy, time.monotonic())  # the IO thread's alone
         self._tick_s = min(_MAX_TICK_S, policy.hung_after_s / 4, policy.unresponsive_after_s / 4)
+        self._watchdog = ProgressWatchdog(  # the IO thread's alone
+            policy, time.monotonic(), judge_every_s=self._tick_s
+        )
         self._start_timeout_s = start_timeout_s
         self._call_timeout_s = call_timeout_s
         self._backoff = Backoff(restart or RestartPolicy())
