@@ -16,7 +16,11 @@ arrives.
   too, and the beats sent meanwhile sit unread in the pipe; a gap between two checks longer than
   ``_ON_TIME_CHECKS`` judge intervals counts as that long, not as the whole gap. A frozen
   process is one whose beats stop while the judge itself runs on time (measured on a loaded
-  ``qualify`` run: 15 false 503s from the wall-clock silence).
+  ``qualify`` run: 15 false 503s from the wall-clock silence). Nor does silence while the
+  process was seen runnable (``check``'s ``runnable``: a thread of it on a CPU or waiting for
+  one, read from ``/proc``): that process is starved by the machine's load, not stopped; a
+  stopped process's threads are never runnable. A process busy but silent for long (a loop that
+  holds the interpreter lock) is left to the progress rule.
 - **Progress**: the engine loop reports every step and a heartbeat at least every
   ``beat_interval_s`` while it loops. No progress for ``hung_after_s``: **hung** (a wedged loop
   that still beats). This bound is not a guess: one forward longer than it is declared hung too;
@@ -141,13 +145,17 @@ class ProgressWatchdog:
         self.cause = None
         self._killed = False
 
-    def check(self, now_s: float, pending: bool) -> Verdict:
-        """The verdict at ``now_s``; ``pending``: work is waiting on the engine."""
+    def check(self, now_s: float, pending: bool, *, runnable: bool = False) -> Verdict:
+        """The verdict at ``now_s``; ``pending``: work is waiting on the engine; ``runnable``:
+        its process was seen running or waiting for a CPU just now (the silence since the last
+        check is then the machine's load, not a freeze, and is not counted)."""
         if not pending:
             self._pending_since_s = None
             self._silence_s = 0.0
         elif self._pending_since_s is None:
             self._pending_since_s = now_s
+        if runnable:
+            self._checked_s = max(self._checked_s, now_s)
         self._observe_silence(now_s)
         if self._hung_since_s is None:
             self.cause = self._cause(now_s)
@@ -183,6 +191,11 @@ class ProgressWatchdog:
     def quiet_s(self, now_s: float) -> float:
         """Seconds since the last progress report."""
         return now_s - self._progress_s
+
+    @property
+    def silence_s(self) -> float:
+        """Silence counted toward the liveness bound (seen on time, the process not runnable)."""
+        return self._silence_s
 
     def silent_s(self, now_s: float) -> float:
         """Seconds since the last sign of life."""

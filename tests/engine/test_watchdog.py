@@ -164,3 +164,18 @@ def test_the_judge_interval_is_checked() -> None:
 def test_a_bad_watchdog_policy_is_refused_naming_its_field(field: str) -> None:
     with pytest.raises(ValueError, match=f"^{field} 0 is invalid; expected > 0$"):
         WatchdogPolicy(**{field: 0})
+
+
+def test_silence_while_the_process_is_runnable_is_the_machines_load_not_a_freeze() -> None:
+    """A starved engine process (a thread of it waiting in the run queue) is silent as long as a
+    stopped one; only the stopped one's silence counts."""
+    starved, stopped = _judged(), _judged()
+    for dog in (starved, stopped):
+        dog.check(0.0, pending=True)
+    on_time = [TICK_S * i for i in range(1, 9)]  # 1 s of on-time checks, no beat
+    assert [starved.check(t, pending=True, runnable=True) for t in on_time] == [Verdict.OK] * 8
+    assert starved.silence_s == 0.0
+    assert _on_time(stopped, 0.0, 4)[-1] is Verdict.HUNG  # silent 0.5 s, not runnable
+    # runnable for a while, then not (stopped while starved): its silence counts from then
+    assert starved.check(1.125, pending=True) is Verdict.OK
+    assert _on_time(starved, 1.125, 3) == [Verdict.OK, Verdict.OK, Verdict.HUNG]

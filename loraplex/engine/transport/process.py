@@ -367,7 +367,10 @@ class EngineProcess:
 
     def _watch(self, link: ChildLink, now_s: float) -> None:
         """The watchdog's verdict on the current child, acted on (see the module docstring)."""
-        verdict = self._watchdog.check(now_s, self._inflight.num_pending > 0)
+        # Read /proc only once beats are missing (a few reads of tiny files per tick then).
+        silent = self._watchdog.silence_s > 0 or self._watchdog.silent_s(now_s) >= self._tick_s
+        runnable = silent and link.runnable()
+        verdict = self._watchdog.check(now_s, self._inflight.num_pending > 0, runnable=runnable)
         if verdict is Verdict.KILL:  # the reader then sees EOF, and the restart path follows
             _log.error("engine process %s is still hung; killing it", link.pid)
             link.kill()
