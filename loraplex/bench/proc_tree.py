@@ -1,5 +1,5 @@
-"""A server's process tree as Linux's ``/proc`` shows it: its descendants, their resident memory,
-and its engine child (``bench serve``'s hung-engine and stuck-stream attacks).
+"""A server's process tree as Linux's ``/proc`` shows it: its descendants, their resident memory
+and CPU time, and its engine child (``bench serve``'s hung-engine and stuck-stream attacks).
 
 Read from ``/proc`` directly (what psutil reads on Linux) rather than through psutil, which is
 not a dependency of the package. Elsewhere these raise ``RuntimeError``: the attacks that need
@@ -61,6 +61,22 @@ def tree_rss_bytes(pid: int) -> int:
     """Resident memory of ``pid`` and every descendant, summed."""
     _require_proc()
     return sum(rss_bytes(p) for p in (pid, *descendants_of(pid)))
+
+
+def cpu_s(pid: int) -> float:
+    """CPU seconds (user + system, every thread) one process has used (0 once it has exited)."""
+    try:
+        stat = (PROC / str(pid) / "stat").read_bytes()
+    except (FileNotFoundError, ProcessLookupError):
+        return 0.0
+    fields = stat[stat.rindex(b")") + 2 :].split()  # fields from the 3rd (state) on
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")  # utime, stime
+
+
+def tree_cpu_s(pid: int) -> float:
+    """CPU seconds of ``pid`` and every live descendant, summed (an exited one's are lost)."""
+    _require_proc()
+    return sum(cpu_s(p) for p in (pid, *descendants_of(pid)))
 
 
 def engine_child(server_pid: int) -> int:

@@ -11,7 +11,16 @@ arrives.
   (``process_child``), whatever its engine loop does; torch releases the interpreter lock inside
   its operations, so the beats go on during a long forward. Silence for ``unresponsive_after_s``
   means the whole process is frozen (SIGSTOP, a stalled VM, a debugger): **hung** at once. Any
-  message from the process counts as a beat.
+  message from the process counts as a beat. Only silence the judge saw while it ran on time
+  counts (``judge_every_s``): on an overloaded machine the judge's own thread waits for the CPU
+  too, and the beats sent meanwhile sit unread in the pipe; a gap between two checks longer than
+  ``_ON_TIME_CHECKS`` judge intervals counts as that long, not as the whole gap. A frozen
+  process is one whose beats stop while the judge itself runs on time (measured on a loaded
+  ``qualify`` run: 15 false 503s from the wall-clock silence). Nor does silence while the
+  process was seen runnable (``check``'s ``runnable``: a thread of it on a CPU or waiting for
+  one, read from ``/proc``): that process is starved by the machine's load, not stopped; a
+  stopped process's threads are never runnable. A process busy but silent for long (a loop that
+  holds the interpreter lock) is left to the progress rule.
 - **Progress**: the engine loop reports every step and a heartbeat at least every
   ``beat_interval_s`` while it loops. No progress for ``hung_after_s``: **hung** (a wedged loop
   that still beats). This bound is not a guess: one forward longer than it is declared hung too;
@@ -38,6 +47,9 @@ DEFAULT_UNRESPONSIVE_AFTER_S = 0.5
 _BEATS_PER_BOUND = 4
 # Liveness beats per unresponsive_after_s: a few late beats on a busy machine are not a freeze.
 _ALIVE_BEATS_PER_BOUND = 5
+# A gap between two checks up to this many judge intervals is the judge on time (a check waits
+# out a tick, and one that a message cut short waits for the next); past it, the judge was late.
+_ON_TIME_CHECKS = 2
 
 
 @dataclass(frozen=True)
@@ -81,11 +93,26 @@ class Cause(enum.Enum):
 class ProgressWatchdog:
     """The verdict on one engine from its progress and liveness reports (times are passed in).
 
-    ``liveness=False``: no liveness reports come (an engine thread); only progress is read."""
+    ``liveness=False``: no liveness reports come (an engine thread); only progress is read.
+    ``judge_every_s``: how often the caller checks; a longer gap between checks is the judge's
+    own delay, counted as silence only up to ``_ON_TIME_CHECKS`` intervals (None: every gap
+    counts whole)."""
 
-    def __init__(self, policy: WatchdogPolicy, now_s: float, *, liveness: bool = True) -> None:
+    def __init__(
+        self,
+        policy: WatchdogPolicy,
+        now_s: float,
+        *,
+        liveness: bool = True,
+        judge_every_s: float | None = None,
+    ) -> None:
+        if judge_every_s is not None and not judge_every_s > 0:
+            raise ValueError(f"judge_every_s {judge_every_s} is invalid; expected > 0")
         self.policy = policy
         self._liveness = liveness
+        self._max_gap_s = None if judge_every_s is None else _ON_TIME_CHECKS * judge_every_s
+        self._checked_s = now_s  # the last check (or the start)
+        self._silence_s = 0.0  # silence seen on time since the last sign of life, work pending
         self._progress_s = now_s  # the last progress report (or the start)
         self._alive_s = now_s  # the last sign of life (or the start)
         self._pending_since_s: float | None = None  # work pending since; None: none pending
@@ -109,6 +136,7 @@ class ProgressWatchdog:
         if now_s - self._alive_s >= self.policy.unresponsive_after_s:
             self._progress_s = max(self._progress_s, now_s)
         self._alive_s = now_s
+        self._silence_s = 0.0
         if self.cause is Cause.UNRESPONSIVE:
             self._clear()
 
@@ -117,12 +145,18 @@ class ProgressWatchdog:
         self.cause = None
         self._killed = False
 
-    def check(self, now_s: float, pending: bool) -> Verdict:
-        """The verdict at ``now_s``; ``pending``: work is waiting on the engine."""
+    def check(self, now_s: float, pending: bool, *, runnable: bool = False) -> Verdict:
+        """The verdict at ``now_s``; ``pending``: work is waiting on the engine; ``runnable``:
+        its process was seen running or waiting for a CPU just now (the silence since the last
+        check is then the machine's load, not a freeze, and is not counted)."""
         if not pending:
             self._pending_since_s = None
+            self._silence_s = 0.0
         elif self._pending_since_s is None:
             self._pending_since_s = now_s
+        if runnable:
+            self._checked_s = max(self._checked_s, now_s)
+        self._observe_silence(now_s)
         if self._hung_since_s is None:
             self.cause = self._cause(now_s)
             if self.cause is None:
@@ -133,14 +167,22 @@ class ProgressWatchdog:
             return Verdict.KILL
         return Verdict.HUNG
 
+    def _observe_silence(self, now_s: float) -> None:
+        """Adds the silence since the last check, sign of life or arrival of work (whichever
+        came last), up to ``_max_gap_s``: beyond it the judge itself was late."""
+        if self._pending_since_s is not None:
+            gap_s = now_s - max(self._checked_s, self._alive_s, self._pending_since_s)
+            if self._max_gap_s is not None:
+                gap_s = min(gap_s, self._max_gap_s)
+            self._silence_s += max(0.0, gap_s)
+        self._checked_s = max(self._checked_s, now_s)
+
     def _cause(self, now_s: float) -> Cause | None:
         """Why the engine is hung at ``now_s`` (None: it is not), work pending or not."""
         if self._pending_since_s is None:
             return None
-        if self._liveness:
-            silent_since_s = max(self._alive_s, self._pending_since_s)
-            if now_s - silent_since_s >= self.policy.unresponsive_after_s:
-                return Cause.UNRESPONSIVE
+        if self._liveness and self._silence_s >= self.policy.unresponsive_after_s:
+            return Cause.UNRESPONSIVE
         quiet_since_s = max(self._progress_s, self._pending_since_s)
         if now_s - quiet_since_s >= self.policy.hung_after_s:
             return Cause.NO_PROGRESS
@@ -149,6 +191,11 @@ class ProgressWatchdog:
     def quiet_s(self, now_s: float) -> float:
         """Seconds since the last progress report."""
         return now_s - self._progress_s
+
+    @property
+    def silence_s(self) -> float:
+        """Silence counted toward the liveness bound (seen on time, the process not runnable)."""
+        return self._silence_s
 
     def silent_s(self, now_s: float) -> float:
         """Seconds since the last sign of life."""

@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 from typer.testing import CliRunner
 
-from loraplex.bench.proc_tree import engine_child, rss_bytes, tree_rss_bytes
+from loraplex.bench.proc_tree import cpu_s, engine_child, rss_bytes, tree_cpu_s, tree_rss_bytes
 from loraplex.bench.serve.adversarial import ATTACK_KINDS, AdversarialConfig, adversarial_workload
 from loraplex.bench.serve.attack_hang import hang_start_s, hold_stopped, stopped
 from loraplex.bench.serve.attack_kinds import (
@@ -33,7 +33,7 @@ from loraplex.bench.serve.attack_kinds import (
     token_id_batch,
 )
 from loraplex.bench.serve.attack_report import kind_metrics, met, ratio
-from loraplex.bench.serve.attack_runs import ATTACKS, KindRun, attack_for, kind_run_order
+from loraplex.bench.serve.attack_runs import ATTACKS, KindRun, RunCpu, attack_for, kind_run_order
 from loraplex.bench.serve.attack_sockets import (
     STUCK_STREAMS,
     half_open_flood,
@@ -65,8 +65,9 @@ HANG_TALLY = {"engine_pid": 1, "started_s": 0.5, "stopped_s": 1.0}  # stopped fr
 def _run(kind: str, attacked: bool, records: list[RequestRecord], growth: int = 0) -> KindRun:
     label = "attacked" if attacked else "calm"
     tally = ({"held": 32} if kind != "hung-engine" else HANG_TALLY) if attacked else {}
+    cpu = RunCpu(server_s=3.0, client_s=2.0 if attacked else 1.5)
     return KindRun(kind, f"adversarial/{kind}/{label}", attacked, tuple(records), ResidencyView(),
-                   growth, tally)  # fmt: skip
+                   growth, tally, cpu)  # fmt: skip
 
 
 def test_report_counts_failures_at_the_timeout_and_gives_the_ratio() -> None:
@@ -87,6 +88,8 @@ def test_report_counts_failures_at_the_timeout_and_gives_the_ratio() -> None:
     assert entry["victim_503"] is None and entry["victim_503_max_ms"] is None
     assert entry["server_rss_growth_mib"] == 3.0 and entry["server_rss_growth_mib_calm"] == 0.0
     assert entry["server_rss_growth_mib_over_calm"] == 3.0
+    assert (entry["server_cpu_s"], entry["server_cpu_s_calm"]) == (3.0, 3.0)
+    assert (entry["client_cpu_s"], entry["client_cpu_s_calm"]) == (2.0, 1.5)
     assert entry["met"] is False
     assert entry["attacker"] == [{"held": 32}]
 
@@ -255,6 +258,19 @@ def test_engine_child_is_the_spawned_child_and_the_tree_counts_it(tmp_path: Path
         process.wait()
     with pytest.raises(RuntimeError, match="expected exactly one engine process"):
         engine_child(os.getpid())
+
+
+@pytest.mark.skipif(not Path("/proc/self/stat").exists(), reason="reads /proc")
+def test_cpu_seconds_of_a_process_grow_with_its_work_and_are_zero_once_gone() -> None:
+    before = cpu_s(os.getpid())
+    deadline = time.process_time() + 0.1
+    while time.process_time() < deadline:  # 0.1 s of this process's CPU
+        pass
+    assert cpu_s(os.getpid()) - before >= 0.05  # /proc counts in clock ticks (10 ms)
+    assert tree_cpu_s(os.getpid()) >= cpu_s(os.getpid())
+    process = subprocess.Popen([sys.executable, "-c", "pass"])
+    process.wait()
+    assert cpu_s(process.pid) == 0.0
 
 
 # --- configuration, order and requests ---------------------------------------------------------

@@ -13,7 +13,7 @@ from sched_kit import Driver, request
 from loraplex.engine.config import SchedulerConfig
 from loraplex.engine.protocol import EngineRequest
 from loraplex.engine.request import RequestState
-from loraplex.engine.sched.seats import fair_seats, seat_headroom
+from loraplex.engine.sched.seats import MIN_SEATS_FOR_HEADROOM, fair_seats
 from loraplex.engine.tenant_shares import SeatLimits, TenantBook, TenantSettings
 from loraplex.sampling import SamplingParams
 
@@ -64,38 +64,62 @@ def test_a_hogs_long_requests_leave_a_seat_for_another_tenant_within_one_step() 
     assert _running(driver) == {"hog": SEATS}
 
 
-def test_while_another_tenant_is_active_the_hog_leaves_headroom_for_its_arrivals() -> None:
+def test_while_another_tenant_is_active_the_hog_leaves_its_equal_share_free() -> None:
     """A hog that retook every freed seat made each arrival of another tenant a preemption
-    (and a recompute of a long sequence); past its equal share it now leaves
-    ``seat_headroom`` seats free while another tenant is active, so a burst that size starts
-    without preempting anything."""
-    headroom = seat_headroom(SEATS)
-    assert headroom == 4
+    (and a recompute of a long sequence), and ran every seat's decode in the steps the other
+    tenant's requests waited on; past its equal share it now leaves the other active tenants'
+    unclaimed equal shares free, so a burst up to that size starts without preempting."""
+    equal = SEATS // 2
     driver = Driver(_config(), num_blocks=8192)
     driver.add(request("resident", "victim", prompt=8, out=LONG, first=900))  # stays active
     driver.step()
     _hog(driver, 60)
     for _ in range(3):
         driver.step()
-    assert _running(driver) == {"hog": SEATS - 1 - headroom, "victim": 1}
-    for i in range(headroom):
+    assert _running(driver) == {"hog": equal, "victim": 1}
+    burst = equal - 1  # the victim's unclaimed seats
+    for i in range(burst):
         driver.add(request(f"burst{i}", "victim", prompt=8, out=4, first=950 + i))
     plan = driver.step()
     assert plan.preempted == ()
-    assert _running(driver) == {"hog": SEATS - 1 - headroom, "victim": 1 + headroom}
-    for _ in range(8):  # the burst ends; the hog grows back up to the headroom, no further
+    assert _running(driver) == {"hog": equal, "victim": equal}
+    for _ in range(8):  # the burst ends; the hog does not grow into the victim's share
         driver.step()
-    assert all(f"burst{i}" in driver.finished for i in range(headroom))
-    assert _running(driver) == {"hog": SEATS - 1 - headroom, "victim": 1}
+    assert all(f"burst{i}" in driver.finished for i in range(burst))
+    assert _running(driver) == {"hog": equal, "victim": 1}
+
+
+def test_with_three_tenants_the_hog_keeps_to_what_the_others_leave_of_their_shares() -> None:
+    driver = Driver(_config(), num_blocks=8192)
+    for tenant in ("a", "b"):  # two light tenants, one long request each
+        driver.add(request(f"{tenant}0", tenant, prompt=8, out=LONG, first=900))
+    driver.step()
+    _hog(driver, 60)
+    for _ in range(3):
+        driver.step()
+    equal = SEATS // 3
+    assert _running(driver) == {"hog": SEATS - 2 - 2 * (equal - 1), "a": 1, "b": 1}
+
+
+def test_the_hog_grows_back_when_the_others_leave() -> None:
+    driver = Driver(_config(), num_blocks=8192)
+    driver.add(request("short", "victim", prompt=8, out=2, first=900))
+    driver.step()
+    _hog(driver, 60)
+    for _ in range(6):
+        driver.step()
+    assert "short" in driver.finished
+    assert _running(driver) == {"hog": SEATS}
 
 
 def test_headroom_caps_only_with_two_active_tenants_and_eight_seats() -> None:
+    assert MIN_SEATS_FOR_HEADROOM == 8
     driver = Driver(_config(max_num_seqs=7), num_blocks=4096)
     driver.add(request("resident", "victim", prompt=8, out=LONG, first=900))
     driver.step()
     _hog(driver, 20)
     driver.step()
-    assert seat_headroom(7) == 0 and _running(driver) == {"hog": 6, "victim": 1}
+    assert _running(driver) == {"hog": 6, "victim": 1}
 
 
 def test_a_freed_seat_goes_to_the_waiting_tenant_not_the_hog() -> None:
@@ -328,3 +352,38 @@ def test_a_higher_class_request_preempts_a_lower_class_that_filled_every_seat() 
     plan = driver.step()
     assert plan.preempted == ("b7",)  # the newest batch sequence, and only as many as owed
     assert _running(driver) == {"batch": 7, "normal": 1}
+
+
+@settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(
+    arrivals=st.lists(
+        st.tuples(st.integers(0, 30), st.integers(1, 24), st.integers(1, 20)),
+        min_size=1,
+        max_size=16,
+    )
+)
+def test_a_backlogged_hog_never_grows_into_another_active_tenants_equal_share(
+    arrivals: list[tuple[int, int, int]],
+) -> None:
+    """Property: whenever the victim was active before a step, the hog grows in that step only
+    up to what leaves the victim its equal share (or what it holds, if more); every request
+    still finishes (the caps never starve anyone)."""
+    driver = Driver(_config(max_num_seqs=16), num_blocks=4096)
+    for i in range(24):  # a backlog: more long requests than seats
+        driver.add(request(f"hog{i}", "hog", prompt=8, out=40, first=1 + i))
+    pending = sorted(enumerate(arrivals), key=lambda item: item[1][0])
+    equal, step = 8, 0
+    while pending or driver.scheduler.requests:
+        while pending and pending[0][1][0] <= step:
+            i, (_, prompt, out) = pending.pop(0)
+            driver.add(request(f"v{i}", "victim", prompt=prompt, out=out, first=1000 + i))
+        before = _running(driver)
+        victim_active = any(r.tenant == "victim" for r in driver.scheduler.requests.values())
+        driver.step()
+        after = _running(driver)
+        if victim_active and after["hog"] > before["hog"]:
+            assert after["hog"] <= max(equal, 16 - max(equal, after["victim"]))
+        driver.blocks.check_integrity()
+        step += 1
+        assert step < 5000, "scheduler made no progress"
+    assert sum(name.startswith("v") for name in driver.finished) == len(arrivals)

@@ -48,6 +48,8 @@ class Side:
     excused_503: int  # hung-engine's 503s (0 elsewhere: there a 503 is a failure)
     max_503_ms: float | None  # the slowest of them, arrival to reply; None without one
     rss_growth_mib: float | None  # largest server tree RSS growth of the side's runs
+    server_cpu_s: float  # the server tree's CPU seconds over the side's runs, summed
+    client_cpu_s: float  # the benchmark client's CPU seconds (attacker's included), summed
 
 
 def side(
@@ -73,6 +75,8 @@ def side(
         excused_503=len(latencies),
         max_503_ms=_ms(max(latencies)) if latencies else None,
         rss_growth_mib=None if growth is None else round(growth / _MIB, 2),
+        server_cpu_s=round(sum(run.cpu.server_s for run in runs), 2),
+        client_cpu_s=round(sum(run.cpu.client_s for run in runs), 2),
     )
 
 
@@ -120,6 +124,10 @@ def kind_entry(
         ),
         "server_rss_growth_mib": growth,
         "server_rss_growth_mib_calm": calm_growth,
+        "server_cpu_s": attacked.server_cpu_s,
+        "server_cpu_s_calm": calm.server_cpu_s,
+        "client_cpu_s": attacked.client_cpu_s,
+        "client_cpu_s_calm": calm.client_cpu_s,
     }
     checks = [attacked.failed == 0, None if p99_ratio is None else p99_ratio <= MAX_P99_TTFT_RATIO]
     if hung:

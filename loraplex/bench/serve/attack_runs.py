@@ -12,11 +12,12 @@ streams still stuck).
 from __future__ import annotations
 
 import asyncio
+import time
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from loraplex.bench.proc_tree import tree_rss_bytes
+from loraplex.bench.proc_tree import tree_cpu_s, tree_rss_bytes
 from loraplex.bench.serve.adversarial import ADVERSARIAL, AdversarialConfig
 from loraplex.bench.serve.attack_hang import hung_engine
 from loraplex.bench.serve.attack_kinds import (
@@ -59,6 +60,17 @@ def attack_for(kind: str) -> Attack:
 
 
 @dataclass(frozen=True)
+class RunCpu:
+    """CPU seconds over one run's trace (from when the server was ready to the trace's end).
+
+    On one machine the benchmark client's CPU is taken from the server's: attacked minus calm
+    ``client_s`` is about what the attacker's own client side cost the shared cores."""
+
+    server_s: float  # the server process tree (front and engine), user + system
+    client_s: float  # this benchmark process: the victims' client and, attacked, the attacker
+
+
+@dataclass(frozen=True)
 class KindRun:
     """One server run of the victims' trace for one kind, with or without its attack."""
 
@@ -69,6 +81,7 @@ class KindRun:
     residency: ResidencyView  # the server's cache, as for every other run
     rss_growth_bytes: int  # server tree RSS when the trace ended minus when the server was ready
     attacker: Tally  # what the attack got ({} when calm)
+    cpu: RunCpu  # CPU seconds the run cost, server side and benchmark client side
 
 
 @dataclass(frozen=True)
@@ -119,9 +132,9 @@ def run_attack_kinds(
             target = KindTarget(served.url, fleet.keys[ATTACKER], served.pid)
             attack = attack_for(planned.kind) if planned.attacked else None
             victims = _Victims(workload, fleet.keys, fleet.admin_key, drive)
-            records, view, growth, tally = asyncio.run(_both(victims, target, plan, attack))
+            records, view, growth, tally, cpu = asyncio.run(_both(victims, target, plan, attack))
         runs.append(KindRun(planned.kind, planned.name, planned.attacked, tuple(records), view,
-                            growth, tally))  # fmt: skip
+                            growth, tally, cpu))  # fmt: skip
     return runs
 
 
@@ -137,8 +150,9 @@ class _Victims:
 
 async def _both(
     victims: _Victims, target: KindTarget, plan: KindPlan, attack: Attack | None
-) -> tuple[list[RequestRecord], ResidencyView, int, Tally]:
+) -> tuple[list[RequestRecord], ResidencyView, int, Tally, RunCpu]:
     before = tree_rss_bytes(target.server_pid)
+    server_cpu_s, client_cpu_s = tree_cpu_s(target.server_pid), time.process_time()
     stop = asyncio.Event()
     running = None if attack is None else asyncio.create_task(attack(target, plan, stop))
     try:
@@ -146,7 +160,11 @@ async def _both(
             target.url, victims.workload.requests, victims.keys, victims.admin_key, victims.drive
         )
         growth = tree_rss_bytes(target.server_pid) - before
+        cpu = RunCpu(
+            round(tree_cpu_s(target.server_pid) - server_cpu_s, 2),
+            round(time.process_time() - client_cpu_s, 2),
+        )
     finally:
         stop.set()  # on an error too: no attack outlives its run (hung-engine resumes the engine)
     tally = {} if running is None else await running
-    return records, view, growth, tally
+    return records, view, growth, tally, cpu

@@ -175,31 +175,42 @@ def step_seats(
     return caps, plan.victims
 
 
-def seat_headroom(max_num_seqs: int) -> int:
-    """Seats a tenant at or past its equal share leaves free while others are active (none
-    below 8 seats: there a kept-free seat is an eighth of the engine or more)."""
-    return max_num_seqs // 8
+MIN_SEATS_FOR_HEADROOM = 8  # below this an engine is not capped: a kept-free seat is an eighth
+
+
+def equal_shares(queues: FairQueues, max_num_seqs: int) -> dict[str, int]:
+    """Each active tenant's equal share of ``max_num_seqs`` by weight, rounded down."""
+    active = queues.active_tenants()
+    total_weight = sum(queues.weight(t) for t in active)
+    return {t: int(max_num_seqs * queues.weight(t) / total_weight) for t in active}
 
 
 def headroom_caps(queues: FairQueues, running: list[Request], max_num_seqs: int) -> dict[str, int]:
-    """Caps that keep ``seat_headroom`` seats free for the other active tenants' arrivals.
+    """Caps that keep seats free for the other active tenants up to their equal shares.
 
     While two or more tenants are active, a tenant past its equal share (of ``max_num_seqs``
-    by weight) and its reservation grows only into free seats beyond the headroom. Without it a
+    by weight) and its reservation grows only into free seats beyond what the others of its
+    priority class or a lower one may still claim within their own equal shares (an equal share
+    less the seats it holds). Without it a
     tenant with a backlog retakes every seat the moment one frees, and each arrival of another
-    tenant preempts one of its sequences, to be recomputed: measured on ``bench serve``'s
-    ``seat-hog`` (32 long streams against a 20 requests/s trace), 149 preemptions and 19,588
-    tokens recomputed in 15 s, about as many tokens as the engine decodes in that time. A lone
-    tenant is never capped (every seat is used).
+    tenant preempts one of its sequences, to be recomputed (measured on ``bench serve``'s
+    ``seat-hog``: 149 preemptions and 19,588 tokens recomputed in 15 s); with a fixed headroom of
+    an eighth of the seats, the hog still ran 28 decodes in every step the victims' requests
+    waited on (victims' P99 TTFT 7.3x calm, ``docs/benchmarks/serve.md``). A lone tenant is
+    never capped (every seat is used), and a tenant's share grows as the others leave.
     """
     active = queues.active_tenants()
-    if len(active) < 2 or not seat_headroom(max_num_seqs):
+    if len(active) < 2 or max_num_seqs < MIN_SEATS_FOR_HEADROOM:
         return {}
     held = Counter(r.tenant for r in running)
-    total_weight = sum(queues.weight(t) for t in active)
-    grow = max(0, max_num_seqs - len(running) - seat_headroom(max_num_seqs))
+    equal = equal_shares(queues, max_num_seqs)
+    unclaimed = {t: max(0, equal[t] - held[t]) for t in active}
+    free = max_num_seqs - len(running)
     caps = {}
     for t in active:
-        equal = int(max_num_seqs * queues.weight(t) / total_weight)
-        caps[t] = max(equal, queues.tenants.get(t).reserved_running_seqs, held[t] + grow)
+        # NOTE: a higher class is kept seats by the class reserve (``admission.class_caps``).
+        weight = queues.weight(t)
+        kept = sum(n for u, n in unclaimed.items() if u != t and queues.weight(u) <= weight)
+        grow = max(0, free - kept)
+        caps[t] = max(equal[t], queues.tenants.get(t).reserved_running_seqs, held[t] + grow)
     return caps

@@ -114,8 +114,10 @@ class EngineProcess:
         policy = watchdog or WatchdogPolicy()
         intervals = (state_interval_s, policy.beat_interval_s, policy.alive_interval_s)
         self._spawn = functools.partial(ChildLink, builder, args, intervals)
-        self._watchdog = ProgressWatchdog(policy, time.monotonic())  # the IO thread's alone
         self._tick_s = min(_MAX_TICK_S, policy.hung_after_s / 4, policy.unresponsive_after_s / 4)
+        self._watchdog = ProgressWatchdog(  # the IO thread's alone
+            policy, time.monotonic(), judge_every_s=self._tick_s
+        )
         self._start_timeout_s = start_timeout_s
         self._call_timeout_s = call_timeout_s
         self._backoff = Backoff(restart or RestartPolicy())
@@ -366,7 +368,10 @@ class EngineProcess:
 
     def _watch(self, link: ChildLink, now_s: float) -> None:
         """The watchdog's verdict on the current child, acted on (see the module docstring)."""
-        verdict = self._watchdog.check(now_s, self._inflight.num_pending > 0)
+        # Read /proc only once beats are missing (a few reads of tiny files per tick then).
+        silent = self._watchdog.silence_s > 0 or self._watchdog.silent_s(now_s) >= self._tick_s
+        runnable = silent and link.runnable()
+        verdict = self._watchdog.check(now_s, self._inflight.num_pending > 0, runnable=runnable)
         if verdict is Verdict.KILL:  # the reader then sees EOF, and the restart path follows
             _log.error("engine process %s is still hung; killing it", link.pid)
             link.kill()

@@ -24,6 +24,7 @@ from typing import Any
 
 from loraplex.engine.transport.messages import Ready, StartFailed, Stop
 from loraplex.engine.transport.packed_errors import unpack_error
+from loraplex.engine.transport.proc_threads import any_thread_runnable
 from loraplex.engine.transport.process_child import child_main
 from loraplex.engine.transport.worker import WorkerHandles
 from loraplex.errors import EngineUnavailableError
@@ -126,6 +127,11 @@ class ChildLink:
         """The child's next message; EOFError once it exited (or the link is closed)."""
         message: object = self._conn.recv()
         return message
+
+    def runnable(self) -> bool:
+        """Whether a thread of the child is running or waiting for a CPU (Linux ``/proc``; False
+        where it cannot be read): its silence is then the machine's load, not a freeze."""
+        return self.pid is not None and any_thread_runnable(self.pid)
 
     def request_stop(self) -> None:
         """Asks the child to stop (its live requests end, its cache closes); it then exits and
