@@ -47,12 +47,14 @@ class ModesBenchConfig:
     num_transitions: int = 10  # merge/unmerge pairs timed
     probe_tokens: int = 8  # greedy tokens per probe
     seed: int = 0  # weights, traces
+    replay_requests: int = 64  # requests per request-level replay (bench/modes/replay.py)
+    replay_rounds: int = 1  # ABBA rounds of the replay (after one warm-up pair)
 
     def __post_init__(self) -> None:
         for name in ("batch_size", "context_tokens", "rounds", "calls_per_round"):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name} {getattr(self, name)} is invalid; expected >= 1")
-        for name in ("num_transitions", "probe_tokens"):
+        for name in ("num_transitions", "probe_tokens", "replay_requests", "replay_rounds"):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name} {getattr(self, name)} is invalid; expected >= 1")
 
