@@ -634,8 +634,9 @@ def modes(
     replay_rounds: Annotated[
         int, typer.Option(help="ABBA rounds of each replay, after a warm-up pair.")
     ] = 1,
+    dtype: Annotated[str, typer.Option(help="float32, bfloat16 or float16.")] = "float32",
 ) -> None:
-    """Merged vs unmerged vs base execution and the auto mode policy, side by side (float32).
+    """Merged vs unmerged vs base execution and the auto mode policy, side by side.
     Exits 1 when any greedy output differs between modes."""
     import torch
 
@@ -652,6 +653,7 @@ def modes(
             context_tokens=context_tokens,
             replay_requests=replay_requests,
             replay_rounds=replay_rounds,
+            dtype=dtype,
         )
     except ValueError as exc:
         raise typer.BadParameter(str(exc)) from exc

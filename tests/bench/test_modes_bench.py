@@ -80,3 +80,9 @@ def test_a_wrong_merge_fails_the_probes(tmp_path: Path, monkeypatch: pytest.Monk
     monkeypatch.setattr(setup.merger, "merge", wrong)
     with torch.no_grad(), pytest.raises(ProbeMismatchError, match="merged"):
         probes(setup)
+
+
+def test_the_config_refuses_an_unknown_dtype() -> None:
+    with pytest.raises(ValueError, match="int8"):
+        ModesBenchConfig(dtype="int8")
+    assert ModesBenchConfig(dtype="bfloat16").dtype == "bfloat16"

@@ -286,7 +286,6 @@ def run_modes_bench(config: ModesBenchConfig) -> dict[str, object]:
         "config": {
             **config.__dict__,
             "threads": torch.get_num_threads(),
-            "dtype": "float32",
             "kv_cache": "contiguous",
             "machine": "shared CPU (busy: read ratios with care)",
         },
