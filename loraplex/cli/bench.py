@@ -648,22 +648,40 @@ def modes(
     plot: Annotated[
         str, typer.Option(help="Where to write the share plot (PNG); '' skips it.")
     ] = "",
+    replay_requests: Annotated[
+        int, typer.Option(help="Requests per request-level replay (TTFT, closed loop).")
+    ] = 64,
+    replay_rounds: Annotated[
+        int, typer.Option(help="ABBA rounds of each replay, after a warm-up pair.")
+    ] = 1,
+    dtype: Annotated[str, typer.Option(help="float32, bfloat16 or float16.")] = "float32",
 ) -> None:
-    """Merged vs unmerged vs base execution and the auto mode policy, side by side (float32)."""
+    """Merged vs unmerged vs base execution and the auto mode policy, side by side.
+    Exits 1 when any greedy output differs between modes."""
     import torch
 
-    from loraplex.bench.modes.bench import ModesBenchConfig, run_modes_bench
+    from loraplex.bench.modes.bench import ModesBenchConfig, ProbeMismatchError, run_modes_bench
     from loraplex.bench.modes.plot import modes_plot
 
     torch.set_num_threads(threads)
-    config = ModesBenchConfig(
-        preset=preset,
-        rounds=rounds,
-        seed=seed,
-        batch_size=batch_size,
-        context_tokens=context_tokens,
-    )
-    result = run_modes_bench(config)
+    try:
+        config = ModesBenchConfig(
+            preset=preset,
+            rounds=rounds,
+            seed=seed,
+            batch_size=batch_size,
+            context_tokens=context_tokens,
+            replay_requests=replay_requests,
+            replay_rounds=replay_rounds,
+            dtype=dtype,
+        )
+    except ValueError as exc:
+        raise typer.BadParameter(str(exc)) from exc
+    try:
+        result = run_modes_bench(config)
+    except ProbeMismatchError as exc:
+        typer.echo(f"bench modes failed: {exc}", err=True)
+        raise typer.Exit(1) from exc
     if plot:
         modes_plot(result, Path(plot))
     if not as_json:

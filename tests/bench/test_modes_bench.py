@@ -20,7 +20,9 @@ from loraplex.bench.modes.setup import (
 from loraplex.model.adapter_weights import AdapterWeights
 from loraplex.model.merge import linear_of
 
-QUICK = ModesBenchConfig(rounds=1, calls_per_round=1, num_transitions=2, probe_tokens=3)
+QUICK = ModesBenchConfig(
+    rounds=1, calls_per_round=1, num_transitions=2, probe_tokens=3, replay_requests=4
+)
 
 
 def test_one_run_reports_every_figure(tmp_path: Path) -> None:
@@ -48,6 +50,13 @@ def test_one_run_reports_every_figure(tmp_path: Path) -> None:
     assert metrics["uniform16_auto_merged_slot"] is None  # uniform traffic never merges
     assert metrics["mode_flaps_per_min"] <= 1.0
     assert metrics["probes_identical"] == 1 + 2 * NUM_ADAPTERS
+    for name in ("skewed80_replay", "uniform16_replay"):  # request-level, both modes
+        replay = metrics[name]
+        assert isinstance(replay, dict) and replay["replays_per_mode"] == 2, name
+        for key in ("throughput_auto_over_unmerged", "ttft_p99_auto_over_unmerged"):
+            assert replay[key] > 0, (name, key)
+        assert replay["unmerged_ttft_ms_p50"] <= replay["unmerged_ttft_ms_p99"]
+    assert metrics["uniform16_replay"]["auto_transitions"] == 0  # uniform: auto never merges
 
 
 def test_the_gain_bound_follows_the_per_token_model() -> None:
@@ -71,3 +80,9 @@ def test_a_wrong_merge_fails_the_probes(tmp_path: Path, monkeypatch: pytest.Monk
     monkeypatch.setattr(setup.merger, "merge", wrong)
     with torch.no_grad(), pytest.raises(ProbeMismatchError, match="merged"):
         probes(setup)
+
+
+def test_the_config_refuses_an_unknown_dtype() -> None:
+    with pytest.raises(ValueError, match="int8"):
+        ModesBenchConfig(dtype="int8")
+    assert ModesBenchConfig(dtype="bfloat16").dtype == "bfloat16"

@@ -27,6 +27,7 @@ from pathlib import Path
 import torch
 
 from loraplex.bench.execution.timing import interleaved_medians
+from loraplex.bench.modes.replay import compare_modes, hot_token_share, trace
 from loraplex.bench.modes.setup import (
     HOT,
     NUM_ADAPTERS,
@@ -151,9 +152,15 @@ def auto_decision(slots: list[int | None], costs: MeasuredCosts) -> int | None:
     return None if got.action is Action.STAY or got.revision is None else int(got.revision)
 
 
-def flaps_per_min(costs: MeasuredCosts, minutes: int, rng: random.Random) -> float:
-    """Transitions per minute on a trace alternating its hot revision every 30 s (1 step/s)."""
-    config = ModePolicyConfig()
+def flaps_per_min(
+    costs: MeasuredCosts,
+    minutes: int,
+    rng: random.Random,
+    config: ModePolicyConfig | None = None,
+) -> float:
+    """Transitions per minute on a trace alternating its hot revision every 30 s (1 step/s,
+    200 tokens a step, 80 % on the hot one), replayed through ``decide`` in simulated time."""
+    config = config or ModePolicyConfig()
     window = TokenWindow(config.window_s)
     merged: str | None = None
     last: float | None = None
@@ -192,6 +199,19 @@ def share_sweep(setup: Setup, rng: random.Random) -> list[dict[str, object]]:
             }
         )
     return rows
+
+
+def replay_figures(setup: Setup, costs: MeasuredCosts, rng: random.Random) -> dict[str, object]:
+    """Request-level replays (bench/modes/replay.py), unmerged vs ``auto``: the 80 % trace and
+    the uniform one, ``batch_size`` closed-loop clients, ``context_tokens``-token prompts."""
+    cfg = setup.config
+    vocab = setup.model.config.vocab_size
+    out: dict[str, object] = {}
+    for name, share in (("skewed80", 0.8), ("uniform16", None)):
+        requests = trace(rng, cfg.replay_requests, share, cfg.context_tokens, vocab)
+        figures = compare_modes(setup, requests, cfg.batch_size, costs, cfg.replay_rounds)
+        out[f"{name}_replay"] = {"hot_token_share": hot_token_share(requests), **figures}
+    return out
 
 
 def run_modes_bench(config: ModesBenchConfig) -> dict[str, object]:
@@ -237,6 +257,7 @@ def run_modes_bench(config: ModesBenchConfig) -> dict[str, object]:
             # the LoRA overhead of this very batch (base / unmerged, same group and clock)
             metrics[f"{name}_lora_overhead"] = ratio(tps["base"], tps["unmerged"])
         metrics["share_sweep"] = share_sweep(setup, rng)
+        metrics.update(replay_figures(setup, costs, rng))
         metrics.update(prefill_figures(setup, skewed))
     hot = sum(s == HOT for s in skewed) / len(skewed)
     overhead = ratio(single_tps["base"], single_tps["unmerged"])
@@ -265,7 +286,6 @@ def run_modes_bench(config: ModesBenchConfig) -> dict[str, object]:
         "config": {
             **config.__dict__,
             "threads": torch.get_num_threads(),
-            "dtype": "float32",
             "kv_cache": "contiguous",
             "machine": "shared CPU (busy: read ratios with care)",
         },

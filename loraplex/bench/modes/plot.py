@@ -37,9 +37,11 @@ def modes_plot(result: dict[str, object], path: Path) -> None:
     right.axhline(1.0, color="grey", linewidth=0.8)
     right.set_xlabel("hot revision's share of the step's tokens")
     right.legend()
-    config = result.get("config", {})
-    batch = config.get("batch_size") if isinstance(config, dict) else None
-    fig.suptitle(f"bench modes: {batch} sequences per decode step, float32, 16 adapters")
+    config = result.get("config")
+    if not isinstance(config, dict):
+        config = {}
+    batch, dtype = config.get("batch_size"), config.get("dtype")
+    fig.suptitle(f"bench modes: {batch} sequences per decode step, {dtype}, 16 adapters")
     fig.tight_layout()
     fig.savefig(path, dpi=100)
     plt.close(fig)

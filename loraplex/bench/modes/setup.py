@@ -13,6 +13,7 @@ import torch
 from loraplex.artifacts.base_model import TARGET_MODULES, BaseModelSpec
 from loraplex.artifacts.validate import validate_adapter_dir
 from loraplex.bench.adapters import write_random_adapter, write_random_base
+from loraplex.dtypes import check_dtype, torch_dtype
 from loraplex.model.adapter_weights import load_adapter_weights
 from loraplex.model.checkpoint import load_checkpoint
 from loraplex.model.kv_cache import ContiguousKVCache, SequenceChunk
@@ -40,6 +41,7 @@ class ModesBenchConfig:
     """What one run measures."""
 
     preset: str = "small"  # demo preset whose shapes the random model has
+    dtype: str = "float32"  # model, KV and adapter dtype (loraplex.dtypes)
     batch_size: int = 16  # sequences per decode step
     context_tokens: int = 64  # prefilled tokens per sequence
     rounds: int = 7  # interleaved timing rounds
@@ -47,12 +49,15 @@ class ModesBenchConfig:
     num_transitions: int = 10  # merge/unmerge pairs timed
     probe_tokens: int = 8  # greedy tokens per probe
     seed: int = 0  # weights, traces
+    replay_requests: int = 64  # requests per request-level replay (bench/modes/replay.py)
+    replay_rounds: int = 1  # ABBA rounds of the replay (after one warm-up pair)
 
     def __post_init__(self) -> None:
+        check_dtype(self.dtype)
         for name in ("batch_size", "context_tokens", "rounds", "calls_per_round"):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name} {getattr(self, name)} is invalid; expected >= 1")
-        for name in ("num_transitions", "probe_tokens"):
+        for name in ("num_transitions", "probe_tokens", "replay_requests", "replay_rounds"):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name} {getattr(self, name)} is invalid; expected >= 1")
 
@@ -63,9 +68,10 @@ class Setup:
     def __init__(self, root: Path, config: ModesBenchConfig) -> None:
         model_dir = write_random_base(root / "base", config.preset, config.seed)
         spec = BaseModelSpec.from_dir(model_dir)
-        self.model: LlamaModel = load_checkpoint(model_dir)
+        dtype = torch_dtype(config.dtype)
+        self.model: LlamaModel = load_checkpoint(model_dir, dtype=dtype)
         self.pool = LoraSlotPool(
-            spec, NUM_ADAPTERS, max(RANKS), dtype=torch.float32, device=torch.device("cpu")
+            spec, NUM_ADAPTERS, max(RANKS), dtype=dtype, device=torch.device("cpu")
         )
         for i in range(NUM_ADAPTERS):
             path = write_random_adapter(
@@ -77,7 +83,7 @@ class Setup:
                 seed=config.seed + i,
             )
             validated = validate_adapter_dir(path, spec, max(RANKS))
-            self.pool.load(i, load_adapter_weights(validated, dtype=torch.float32))
+            self.pool.load(i, load_adapter_weights(validated, dtype=dtype))
         self.merger = WeightMerger(self.model)
         self.negative = negative_pool_for(self.pool)
         self.config = config

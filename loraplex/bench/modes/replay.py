@@ -1,0 +1,279 @@
+"""Request-level replay for ``bench modes``: TTFT and throughput of whole requests, unmerged vs
+``auto``, on the same work and the same clock.
+
+A closed loop of ``concurrency`` clients: each submits a request (a revision, a prompt, a number
+of tokens to generate) and the next one as soon as its previous request finished. Each step is
+one forward over every new request's whole prompt (its prefill; the step's last logits give its
+first token) and one token of every running request (greedy). Who runs in which step depends
+only on step counts, never on the clock, so both modes do exactly the same work and must emit
+exactly the same tokens (:class:`~loraplex.bench.modes.setup.ProbeMismatchError` otherwise).
+
+``auto`` decides before every step with the production decision code
+(:func:`~loraplex.engine.mode_policy.decide`) over a :class:`TokenWindow` of the replay's own
+tokens on the wall clock, and its merged / unmerged step costs (:class:`StepCosts`), as
+``engine/mode_control.py`` does; transitions are paid inside the timed replay. TTFT is from a
+request's submission to the end of the step that produced its first token.
+"""
+
+from __future__ import annotations
+
+import random
+import time
+from dataclasses import dataclass, field, replace
+
+import torch
+
+from loraplex.bench.modes.setup import HOT, NUM_ADAPTERS, ProbeMismatchError, Setup
+from loraplex.engine.mode_policy import (
+    Action,
+    MeasuredCosts,
+    ModePolicyConfig,
+    StepCosts,
+    TokenWindow,
+    decide,
+)
+from loraplex.model.kv_cache import ContiguousKVCache, SequenceChunk
+from loraplex.model.llama import ForwardBatch, LoraApplier
+
+
+@dataclass(frozen=True)
+class ReplayRequest:
+    """One request of a trace."""
+
+    slot: int | None  # adapter slot (None: the base model)
+    prompt: tuple[int, ...]  # prompt token ids
+    max_tokens: int  # tokens to generate
+
+
+@dataclass
+class ReplayRun:
+    """What one replay of a trace measured."""
+
+    seconds: float  # wall time from the first submission to the last token
+    tokens: int  # prompt + generated tokens processed
+    ttft_s: list[float]  # per request, in trace order
+    outputs: list[list[int]]  # generated tokens per request, in trace order
+    steps: int  # forwards run
+    transitions: int = 0  # merges + unmerges made (auto)
+    merged_steps: int = 0  # steps run with a revision merged (auto)
+
+
+def trace(
+    rng: random.Random,
+    num: int,
+    hot_share: float | None,
+    prompt_tokens: int,
+    vocab: int,
+    *,
+    output_tokens: tuple[int, int] = (8, 24),
+) -> list[ReplayRequest]:
+    """``num`` requests: ``round(hot_share * num)`` on the hot revision and the rest over the 15
+    others at random (``hot_share`` None: the 16 revisions in turn), shuffled; output lengths
+    drawn from ``output_tokens`` (inclusive) so clients drift apart."""
+    if hot_share is None:
+        slots: list[int | None] = [i % NUM_ADAPTERS for i in range(num)]
+    else:
+        num_hot = round(hot_share * num)
+        slots = [HOT] * num_hot
+        slots += [rng.randrange(1, NUM_ADAPTERS) for _ in range(num - num_hot)]
+    rng.shuffle(slots)
+    return [
+        ReplayRequest(
+            slot,
+            tuple(rng.randrange(3, vocab) for _ in range(prompt_tokens)),
+            rng.randint(*output_tokens),
+        )
+        for slot in slots
+    ]
+
+
+def hot_token_share(requests: list[ReplayRequest]) -> float:
+    """The hot revision's share of the trace's tokens (prompt + generated)."""
+    total = sum(len(r.prompt) + r.max_tokens for r in requests)
+    hot = sum(len(r.prompt) + r.max_tokens for r in requests if r.slot == HOT)
+    return hot / total
+
+
+@dataclass
+class _Live:
+    index: int  # position in the trace
+    seq: int  # KV row
+    submitted_s: float  # when its client submitted it
+    cached: int = 0  # tokens in the KV cache
+    out: list[int] = field(default_factory=list)  # generated so far
+
+
+class AutoMode:
+    """``auto`` inside a replay: the engine's decision loop over the bench's ``Setup``."""
+
+    def __init__(self, setup: Setup, costs: MeasuredCosts, config: ModePolicyConfig) -> None:
+        self.setup, self.costs, self.config = setup, costs, config
+        self.window = TokenWindow(config.window_s)
+        self.step_costs = StepCosts()
+        self.merged: int | None = None
+        self.applier: LoraApplier = setup.pool
+        self.last_s: float | None = None
+        self.transitions = 0
+
+    def before_step(self, now: float) -> None:
+        costs = replace(
+            self.costs,
+            merged_step_s_per_token=self.step_costs.per_token(True),
+            unmerged_step_s_per_token=self.step_costs.per_token(False),
+        )
+        since = None if self.last_s is None else now - self.last_s
+        merged = None if self.merged is None else str(self.merged)
+        got = decide(merged, since, self.window.share(now), costs, self.config)
+        if got.action is Action.STAY:
+            return
+        if self.merged is not None:
+            self.setup.unmerge()
+            self.merged, self.applier = None, self.setup.pool
+            self.transitions += 1
+        if got.action in (Action.MERGE, Action.SWITCH) and got.revision is not None:
+            self.merged = int(got.revision)
+            self.applier = self.setup.merge(self.merged)
+            self.transitions += 1
+        self.last_s = time.perf_counter()
+
+    def after_step(self, now: float, seconds: float, chunks: list[tuple[int | None, int]]) -> None:
+        self.step_costs.record(self.merged is not None, seconds, sum(n for _, n in chunks))
+        for slot, num_tokens in chunks:
+            self.window.record(now, None if slot is None else str(slot), num_tokens)
+
+    def close(self) -> None:
+        if self.merged is not None:
+            self.setup.unmerge()
+            self.merged, self.applier = None, self.setup.pool
+
+
+def _forward(
+    setup: Setup,
+    requests: list[ReplayRequest],
+    live: list[_Live],
+    kv: ContiguousKVCache,
+    applier: LoraApplier,
+) -> tuple[list[SequenceChunk], list[int]]:
+    """One step: each live request's prompt (new) or last token (running); the greedy picks."""
+    ids: list[int] = []
+    chunks: list[SequenceChunk] = []
+    slots: list[int] = []
+    for item in live:
+        request = requests[item.index]
+        new = list(request.prompt) if not item.out else item.out[-1:]
+        ids += new
+        chunks.append(SequenceChunk(item.seq, item.cached, len(new)))
+        slots += [-1 if request.slot is None else request.slot] * len(new)
+    logits = setup.model.forward_batch(
+        ForwardBatch.build(ids, chunks, token_slots=slots), kv, applier
+    )
+    return chunks, [int(t) for t in logits.argmax(dim=-1).tolist()]
+
+
+def replay(
+    setup: Setup, requests: list[ReplayRequest], concurrency: int, auto: AutoMode | None
+) -> ReplayRun:
+    """Runs ``requests`` through ``concurrency`` closed-loop clients, unmerged (``auto`` None)
+    or under ``auto``; see the module docstring."""
+    model = setup.model
+    longest = max(len(r.prompt) + r.max_tokens for r in requests)
+    kv = ContiguousKVCache(
+        model.attention_shape, concurrency, longest, dtype=model.dtype, device=model.device
+    )
+    start = time.perf_counter()
+    run = ReplayRun(0.0, 0, [0.0] * len(requests), [[] for _ in requests], 0)
+    live = [_Live(i, kv.allocate(), start) for i in range(min(concurrency, len(requests)))]
+    next_index = len(live)
+    with torch.no_grad():
+        while live:
+            if auto is not None:
+                auto.before_step(time.perf_counter())
+                run.merged_steps += auto.merged is not None
+            step_start = time.perf_counter()
+            applier = setup.pool if auto is None else auto.applier
+            chunks, picked = _forward(setup, requests, live, kv, applier)
+            now = time.perf_counter()
+            run.tokens += sum(c.num_tokens for c in chunks)
+            run.steps += 1
+            if auto is not None:
+                slots = [requests[item.index].slot for item in live]
+                work = [(slot, c.num_tokens) for slot, c in zip(slots, chunks, strict=True)]
+                auto.after_step(now, now - step_start, work)
+            still: list[_Live] = []
+            for item, chunk, token in zip(live, chunks, picked, strict=True):
+                item.cached += chunk.num_tokens
+                if not item.out:
+                    run.ttft_s[item.index] = now - item.submitted_s
+                item.out.append(token)
+                if len(item.out) < requests[item.index].max_tokens:
+                    still.append(item)
+                    continue
+                run.outputs[item.index] = item.out
+                kv.free(item.seq)
+                if next_index < len(requests):
+                    still.append(_Live(next_index, kv.allocate(), now))
+                    next_index += 1
+            live = still
+    run.seconds = time.perf_counter() - start
+    run.transitions = 0 if auto is None else auto.transitions
+    return run
+
+
+def pct(values: list[float], q: float) -> float:
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, round(q * (len(ordered) - 1)))]
+
+
+def compare_modes(
+    setup: Setup,
+    requests: list[ReplayRequest],
+    concurrency: int,
+    costs: MeasuredCosts,
+    rounds: int,
+) -> dict[str, object]:
+    """Unmerged vs ``auto`` replays of ``requests``: a warm-up pair (not counted), then
+    ``rounds`` times ABBA (unmerged, auto, auto, unmerged). Raises ProbeMismatchError when any
+    request's tokens differ between any two replays."""
+    order = ["unmerged", "auto"] + ["unmerged", "auto", "auto", "unmerged"] * rounds
+    runs: dict[str, list[ReplayRun]] = {"unmerged": [], "auto": []}
+    want: list[list[int]] | None = None
+    for number, name in enumerate(order):
+        auto = AutoMode(setup, costs, ModePolicyConfig()) if name == "auto" else None
+        try:
+            run = replay(setup, requests, concurrency, auto)
+        finally:
+            if auto is not None:
+                auto.close()
+        want = want or run.outputs
+        for index, (got, expected) in enumerate(zip(run.outputs, want, strict=True)):
+            if got != expected:
+                raise ProbeMismatchError(
+                    f"replay request {index} (slot {requests[index].slot}) under {name}: "
+                    f"{got}; expected {expected}"
+                )
+        if number >= 2:
+            runs[name].append(run)
+    return summary(runs["unmerged"], runs["auto"])
+
+
+def summary(unmerged: list[ReplayRun], auto: list[ReplayRun]) -> dict[str, object]:
+    """Tokens/s (all replays' tokens over their seconds) and TTFT P50/P99 (every request of
+    every replay) per mode, and auto over unmerged for both (None when undefined)."""
+    out: dict[str, object] = {"replays_per_mode": len(unmerged)}
+    figures: dict[str, tuple[float, float]] = {}
+    for name, done in (("unmerged", unmerged), ("auto", auto)):
+        ttft = [t for run in done for t in run.ttft_s]
+        seconds = sum(r.seconds for r in done)
+        tps = sum(r.tokens for r in done) / seconds if seconds else 0.0
+        p99 = pct(ttft, 0.99) * 1000
+        figures[name] = (tps, p99)
+        out[f"{name}_tokens_per_s"] = tps
+        out[f"{name}_ttft_ms_p50"] = pct(ttft, 0.5) * 1000
+        out[f"{name}_ttft_ms_p99"] = p99
+    out["auto_transitions"] = sum(r.transitions for r in auto)
+    steps = sum(r.steps for r in auto)
+    out["auto_merged_step_share"] = sum(r.merged_steps for r in auto) / steps if steps else None
+    (tps_u, p99_u), (tps_a, p99_a) = figures["unmerged"], figures["auto"]
+    out["throughput_auto_over_unmerged"] = tps_a / tps_u if tps_u else None
+    out["ttft_p99_auto_over_unmerged"] = p99_a / p99_u if p99_u else None
+    return out
