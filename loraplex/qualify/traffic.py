@@ -120,7 +120,8 @@ async def _send_all(inputs: CellInputs, sends: list[Sent], plan: QualifyPlan) ->
         async with gate:
             key = inputs.keys[sent.target.tenant]
             await stream_completion(
-                inputs.url, key, body, plan.traffic.request_timeout_s, sent.answer
-            )
+                inputs.url, key, body, plan.traffic.request_timeout_s, sent.answer,
+                max_retries=plan.traffic.max_retries,
+            )  # fmt: skip
 
     await asyncio.gather(*(one(s) for s in sends))
