@@ -80,7 +80,7 @@ def judge(run: CellRun, refs: dict[Ask, str], plan: QualifyPlan) -> CellVerdict:
     unverified = 0
     for sent in traffic:
         revision_ok, checked = _revision_ok(sent, refs)
-        unverified += 0 if checked or not sent.answer.answered else 1
+        unverified += 0 if checked else 1
         rows.append((
             revision_ok, alias_ok.get(sent.target.alias, False),
             _latency_ok(sent, plan), not breach and (sent.answer.answered or within),
