@@ -1,7 +1,10 @@
 """The four checks on every answer of a cell (docs/qualification.md, "The four checks").
 
-- correct revision: the reported revision is one the alias named at send time, and a sampled
-  answer's text equals that revision's offline reference;
+- correct revision: of the answers the deployment gave (a 200 stream without an error event),
+  the reported revision is one the alias named at send time, and a sampled answer's text equals
+  that revision's offline reference. A refused or failed request (429, 503, a timeout, an error
+  event) carries no revision to judge: it counts against availability (answered / sent), never
+  as a wrong revision, and it is not a correct request (cost per correct request pays for it);
 - quality: every probe of a revision the cell reached returns its expectation (the registered
   probe, or a generated adapter's own offline reference); a traffic answer passes when every
   probe of its adapter did;
@@ -48,8 +51,12 @@ class CellVerdict:
     """One cell judged."""
 
     pass_ratios: dict[str, float | None]  # the four checks; None when nothing was judged
-    correct_requests: int  # traffic answers that passed all four
-    traffic_requests: int  # traffic answers judged
+    correct_requests: int  # traffic requests answered that passed all four
+    traffic_requests: int  # traffic requests sent
+    answered: int  # traffic requests the deployment answered (200, no error event)
+    failures: dict[str, int]  # refused or failed traffic requests by final status or error
+    retries: int  # re-sends after a 429/503 with Retry-After, over the cell's traffic
+    retried_requests: int  # traffic requests sent more than once
     passed: bool  # the cell meets every objective of the plan
     reasons: list[str]  # why it did not (empty when passed)
     quality: dict[str, dict[str, float | None]]  # revision -> pass_ratio, reference_score
@@ -65,7 +72,8 @@ def judge(run: CellRun, refs: dict[Ask, str], plan: QualifyPlan) -> CellVerdict:
     alias_ok = {p.target.alias: True for p in probes}
     for p in probes:
         alias_ok[p.target.alias] &= probe_ok[id(p)]
-    failures = sum(1 for s in traffic if s.answer.status != 200 or s.answer.error)
+    answered = [s for s in traffic if s.answer.answered]
+    failures = len(traffic) - len(answered)
     breach = bool(run.hostile.breaches)
     within = failures <= plan.isolation.max_victim_failures
     rows = []
@@ -73,18 +81,20 @@ def judge(run: CellRun, refs: dict[Ask, str], plan: QualifyPlan) -> CellVerdict:
     for sent in traffic:
         revision_ok, checked = _revision_ok(sent, refs)
         unverified += 0 if checked else 1
-        ok = sent.answer.status == 200 and not sent.answer.error
         rows.append((
             revision_ok, alias_ok.get(sent.target.alias, False),
-            _latency_ok(sent, plan), not breach and (ok or within),
+            _latency_ok(sent, plan), not breach and (sent.answer.answered or within),
         ))  # fmt: skip
+    revisions_right = sum(_revision_ok(s, refs)[0] for s in answered)
     ratios = {
-        "correct_revision": _ratio(sum(r[0] for r in rows), len(rows)),
+        "correct_revision": _ratio(revisions_right, len(answered)),
         "quality": _ratio(sum(probe_ok.values()), len(probes)),
         "latency": _ratio(sum(r[2] for r in rows), len(rows)),
         "isolation": _ratio(sum(r[3] for r in rows), len(rows)),
     }
     reasons = _reasons(ratios, run, plan, failures)
+    if failures:
+        reasons.append(f"availability_ratio {len(answered) / len(traffic)} < 1.0")
     warm = [
         s.answer.ttft_s
         for s in traffic
@@ -96,16 +106,28 @@ def judge(run: CellRun, refs: dict[Ask, str], plan: QualifyPlan) -> CellVerdict:
         if s.answer.ttft_s is not None and s.answer.tier != WARM_TIER
     ]
     return CellVerdict(
-        ratios, sum(1 for r in rows if all(r)), len(rows), not reasons, reasons,
-        _quality_rows(probes, probe_ok, refs), unverified, warm, cold,
+        ratios, sum(1 for r in rows if all(r)), len(rows), len(answered), _failures(traffic),
+        sum(len(s.answer.retried) for s in traffic), sum(1 for s in traffic if s.answer.retried),
+        not reasons, reasons, _quality_rows(probes, probe_ok, refs), unverified, warm, cold,
     )  # fmt: skip
 
 
+def _failures(traffic: list[Sent]) -> dict[str, int]:
+    """Refused or failed requests by what ended them: the HTTP status, else the error."""
+    out: dict[str, int] = {}
+    for sent in traffic:
+        if not sent.answer.answered:
+            answer = sent.answer
+            why = str(answer.status) if answer.status not in (0, 200) else answer.error or "none"
+            out[why] = out.get(why, 0) + 1
+    return out
+
+
 def _revision_ok(sent: Sent, refs: dict[Ask, str]) -> tuple[bool, bool]:
-    """(passes, text checked): the reported revision is one the alias named; a sampled answer's
-    text equals the reference when the revision's files are here."""
+    """(passes, text checked): the deployment answered, the reported revision is one the alias
+    named, and a sampled answer's text equals the reference when the revision's files are here."""
     answer = sent.answer
-    if answer.status != 200 or answer.revision not in sent.target.revisions:
+    if not answer.answered or answer.revision not in sent.target.revisions:
         return False, True
     local = sent.target.revisions[answer.revision]
     if not sent.sampled:

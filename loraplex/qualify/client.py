@@ -85,17 +85,32 @@ class Answer:
     error: str | None = None  # error event, body or transport failure
     body: str = ""  # a non-200 reply's body (isolation compares them)
     token_times: list[float] = field(default_factory=list)  # monotonic, per text chunk
+    retried: list[int] = field(default_factory=list)  # statuses of the attempts retried, in order
+    retry_after_s: float | None = None  # the last non-200 reply's Retry-After (None: none sent)
+
+    @property
+    def answered(self) -> bool:
+        """The deployment answered: a 200 stream with no error event (else refused or failed)."""
+        return self.status == 200 and not self.error
+
+
+# A refusal a client may retry: the server says when (Retry-After), never a client error.
+RETRYABLE_STATUSES = frozenset({429, 503})
 
 
 async def stream_completion(
-    url: str, key: str, body: dict[str, Any], timeout_s: float, answer: Answer | None = None
-) -> Answer:
+    url: str, key: str, body: dict[str, Any], timeout_s: float, answer: Answer | None = None,
+    *, max_retries: int = 0,
+) -> Answer:  # fmt: skip
     """POST /v1/completions with ``stream: true``, filling ``answer`` (a new one when None);
-    never raises for what the server answers."""
+    never raises for what the server answers. A 429 or 503 with Retry-After is sent again after
+    the wait it names, at most ``max_retries`` times (each counted in ``answer.retried``), as a
+    client would; ``timeout_s`` bounds the whole request, retries and waits included, and TTFT
+    counts from the first send."""
     answer = Answer() if answer is None else answer
     start = time.monotonic()
     try:
-        await asyncio.wait_for(_read(url, key, body, answer), timeout_s)
+        await asyncio.wait_for(_attempts(url, key, body, answer, max_retries), timeout_s)
     except TimeoutError:
         answer.error = "timeout"
     except (OSError, SseClientError) as exc:
@@ -108,6 +123,19 @@ async def stream_completion(
     return answer
 
 
+async def _attempts(
+    url: str, key: str, body: dict[str, Any], answer: Answer, max_retries: int
+) -> None:
+    while True:
+        await _read(url, key, body, answer)
+        retryable = answer.status in RETRYABLE_STATUSES and answer.retry_after_s is not None
+        if not retryable or len(answer.retried) >= max_retries:
+            return
+        answer.retried.append(answer.status)
+        await asyncio.sleep(answer.retry_after_s or 0.0)
+        answer.status, answer.body, answer.error, answer.retry_after_s = 0, "", None, None
+
+
 async def _read(url: str, key: str, body: dict[str, Any], answer: Answer) -> None:
     headers = {"Authorization": f"Bearer {key}"}
     async with StreamingPost(url, "/v1/completions", {**body, "stream": True}, headers) as post:
@@ -118,10 +146,19 @@ async def _read(url: str, key: str, body: dict[str, Any], answer: Answer) -> Non
         if reply.status != 200:
             answer.body = (await post.body()).decode("utf-8", errors="replace")
             answer.error = answer.body[:200]
+            answer.retry_after_s = _seconds(reply.headers.get("retry-after"))
             return
         answer.tier = reply.headers.get("x-loraplex-tier")
         async for line in post.lines():
             _consume(line, answer)
+
+
+def _seconds(header: str | None) -> float | None:
+    """A Retry-After of delta-seconds (the form loraplex sends); None when absent or a date."""
+    try:
+        return None if header is None else max(0.0, float(header))
+    except ValueError:
+        return None
 
 
 def _consume(line: str, answer: Answer) -> None:

@@ -41,10 +41,12 @@ def loraplex_result(run: CellRun, verdict: CellVerdict, plan: QualifyPlan) -> Me
 def cell_traffic(
     run: CellRun, verdict: CellVerdict, plan: QualifyPlan, refs: dict[Ask, str]
 ) -> CellTraffic:
-    """The cell as a comparator sees it: shape, volume, demand per revision and the probes
-    with their expectations (registered, or the offline reference)."""
+    """The cell as a comparator sees it: shape, volume, demand per revision (every active
+    revision, 0 for one the cell's traffic did not reach: a separate deployment still runs it)
+    and the probes with their expectations (registered, or the offline reference)."""
     traffic = [s for s in run.sent if s.kind == "traffic"]
-    counts = Counter(s.answer.revision or next(iter(s.target.revisions)) for s in traffic)
+    counts = Counter(dict.fromkeys(run.active_refs, 0))
+    counts.update(s.answer.revision or next(iter(s.target.revisions)) for s in traffic)
     wall = max(run.wall_s, 1e-9)
     probes = [
         Probe(ref, s.target.probe_prompt, expected)

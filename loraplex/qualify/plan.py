@@ -59,13 +59,15 @@ class TrafficPlan:
     reference_sample: int = 2  # traffic requests per cell whose text is checked offline
     seed: int = 0  # adapters, prompts and popularity draws
     deployment_adapters: tuple[str, ...] = ()  # tenant/name aliases already deployed, also sent
-    request_timeout_s: float = 120.0  # one request, start to last token
+    request_timeout_s: float = 120.0  # one request, start to last token (its retries included)
+    max_retries: int = 2  # re-sends of a request refused 429/503 with Retry-After, after its wait
 
     def __post_init__(self) -> None:
         _at_least("traffic.requests_per_cell", self.requests_per_cell, 1)
         _at_least("traffic.concurrency", self.concurrency, 1)
         _at_least("traffic.reference_sample", self.reference_sample, 0)
         _at_least("traffic.seed", self.seed, 0)
+        _at_least("traffic.max_retries", self.max_retries, 0)
         if self.reference_sample > self.requests_per_cell:
             raise PlanError("traffic.reference_sample must be <= traffic.requests_per_cell")
         for alias in self.deployment_adapters:

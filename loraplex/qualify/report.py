@@ -39,7 +39,11 @@ class CellReport:
             "prompt_tokens": self.run.prompt_tokens, "output_tokens": cell.shape.output_tokens,
             "popularity": cell.popularity, "passed": verdict.passed, "reasons": verdict.reasons,
             **{f"{k}_ratio": v for k, v in verdict.pass_ratios.items()},
-            "requests": verdict.traffic_requests, "correct_requests": verdict.correct_requests,
+            "availability_ratio": _fraction(verdict.answered, verdict.traffic_requests),
+            "requests": verdict.traffic_requests, "answered": verdict.answered,
+            "failures": verdict.failures, "retries": verdict.retries,
+            "retried_requests": verdict.retried_requests,
+            "correct_requests": verdict.correct_requests,
             "unverified_texts": verdict.unverified_texts, "quality_per_revision": verdict.quality,
             **_ttft("warm", verdict.ttft_warm_s), **_ttft("cold", verdict.ttft_cold_s),
             "num_warm": len(verdict.ttft_warm_s), "num_cold": len(verdict.ttft_cold_s),
@@ -103,7 +107,15 @@ def headline(reports: list[CellReport]) -> dict[str, Any]:
         [r.verdict.pass_ratios["correct_revision"] for r in reports]
     )
     out["isolation_ratio_min"] = _min([r.verdict.pass_ratios["isolation"] for r in reports])
+    out["availability_ratio_min"] = _min(
+        [_fraction(r.verdict.answered, r.verdict.traffic_requests) for r in reports]
+    )
+    out["retries"] = sum(r.verdict.retries for r in reports)
     return out
+
+
+def _fraction(part: int, whole: int) -> float | None:
+    return None if whole == 0 else part / whole
 
 
 def _min(values: list[float | None]) -> float | None:

@@ -12,6 +12,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from loraplex.qualify.baselines.server import ServerPool
 from loraplex.qualify.baselines.types import BaselineContext
 from loraplex.qualify.cells import Cell, adapters_needed, cells
 from loraplex.qualify.checks import judge, reference_asks
@@ -70,15 +71,20 @@ def qualify(plan: QualifyPlan, where: Deployment) -> QualifyReport:
     finally:
         admin.close()
     refs = compute(model_dir, [a for r in runs for a in reference_asks(r)], _max_rank(generated))
-    ctx = BaselineContext(where.assets_dir, where.preset, plan.price, where.workdir, where.quick)
+    servers = ServerPool()
+    ctx = BaselineContext(
+        where.assets_dir, where.preset, plan.price, where.workdir, where.quick, servers
+    )
     reports = []
-    for run in runs:
-        verdict = judge(run, refs, plan)
-        mine = loraplex_result(run, verdict, plan)
-        others = (
-            comparators(plan, ctx, cell_traffic(run, verdict, plan, refs)) if plan.compare else {}
-        )
-        reports.append(CellReport(run, verdict, mine, others))
+    try:
+        for run in runs:
+            verdict = judge(run, refs, plan)
+            mine = loraplex_result(run, verdict, plan)
+            traffic = cell_traffic(run, verdict, plan, refs)
+            others = comparators(plan, ctx, traffic) if plan.compare else {}
+            reports.append(CellReport(run, verdict, mine, others))
+    finally:
+        servers.close()
     return build_report(plan, where.url, reports, retired_failed, time.monotonic() - start)
 
 

@@ -42,6 +42,9 @@ class CellRun:
     sent: list[Sent]  # traffic then probes
     wall_s: float  # first send to last answer, traffic and probes
     hostile: HostileReport  # the hostile tenant's view
+    # Every revision the cell's active and deployment adapters name, traffic or not (a separate
+    # deployment needs a replica for each, docs/qualification.md "Separate deployments").
+    active_refs: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -103,7 +106,9 @@ async def run_cell(
     await _send_all(inputs, [s for s in sends if s.kind == "probe"], plan)
     wall_s = time.monotonic() - start
     await asyncio.gather(storm_task, probe_task)
-    return CellRun(cell, fitted_prompt_tokens(cell, inputs.max_model_len), sends, wall_s, report)
+    refs = tuple(dict.fromkeys(r for t in [*inputs.active, *inputs.extra] for r in t.revisions))
+    prompt_tokens = fitted_prompt_tokens(cell, inputs.max_model_len)
+    return CellRun(cell, prompt_tokens, sends, wall_s, report, refs)
 
 
 async def _send_all(inputs: CellInputs, sends: list[Sent], plan: QualifyPlan) -> None:
@@ -120,7 +125,8 @@ async def _send_all(inputs: CellInputs, sends: list[Sent], plan: QualifyPlan) ->
         async with gate:
             key = inputs.keys[sent.target.tenant]
             await stream_completion(
-                inputs.url, key, body, plan.traffic.request_timeout_s, sent.answer
-            )
+                inputs.url, key, body, plan.traffic.request_timeout_s, sent.answer,
+                max_retries=plan.traffic.max_retries,
+            )  # fmt: skip
 
     await asyncio.gather(*(one(s) for s in sends))

@@ -114,3 +114,27 @@ def test_a_canary_probe_is_judged_by_the_revision_that_answered() -> None:
     assert verdict.pass_ratios["quality"] == pytest.approx(1 / 3)
     assert verdict.quality["t/a@r2"]["pass_ratio"] == 1.0
     assert verdict.quality["t/a@r1"]["pass_ratio"] == 0.0
+
+
+def test_a_refused_request_counts_against_availability_not_revision() -> None:
+    refused = _answer(status=503, error="engine unresponsive", revision=None, text="")
+    run = _run([_answer(), refused], _answer(text="probe-ref"))
+    verdict = judge(run, REFS, PLAN)
+    assert verdict.pass_ratios["correct_revision"] == 1.0
+    assert verdict.answered == 1 and verdict.failures == {"503": 1}
+    assert verdict.correct_requests == 1 and verdict.traffic_requests == 2
+    assert "availability_ratio 0.5 < 1.0" in verdict.reasons and not verdict.passed
+
+
+def test_an_error_event_or_timeout_is_a_failure_by_its_error() -> None:
+    broken = _answer(error="engine_error", text="")
+    late = _answer(status=0, error="timeout", revision=None, text="")
+    verdict = judge(_run([broken, late], _answer(text="probe-ref")), REFS, PLAN)
+    assert verdict.failures == {"engine_error": 1, "timeout": 1}
+    assert verdict.pass_ratios["correct_revision"] is None and verdict.correct_requests == 0
+
+
+def test_retries_are_counted_per_cell() -> None:
+    retried = _answer(retried=[503, 503])
+    verdict = judge(_run([retried, _answer()], _answer(text="probe-ref")), REFS, PLAN)
+    assert verdict.retries == 2 and verdict.retried_requests == 1 and verdict.passed

@@ -64,8 +64,11 @@ def test_toml_and_json_plans_load(tmp_path: Path) -> None:
     assert plan.objectives.ttft_warm_s == 1.5 and plan.price.usd_per_hour == 3.0
     assert plan.machines == 2 and plan.compare == ()
     as_json = tmp_path / "plan.json"
-    as_json.write_text(json.dumps({"traffic": {"requests_per_cell": 3}}), encoding="utf-8")
+    as_json.write_text(
+        json.dumps({"traffic": {"requests_per_cell": 3, "max_retries": 0}}), encoding="utf-8"
+    )
     assert load_plan(as_json).traffic.requests_per_cell == 3
+    assert load_plan(as_json).traffic.max_retries == 0
 
 
 @pytest.mark.parametrize(
@@ -96,6 +99,7 @@ def test_unknown_keys_are_refused_by_name(raw: dict[str, object], named: str) ->
         ({"traffic": {"concurrency": 1.5}}, "traffic.concurrency"),
         ({"traffic": {"reference_sample": 50}}, "traffic.reference_sample"),
         ({"traffic": {"deployment_adapters": ["acme"]}}, "traffic.deployment_adapters"),
+        ({"traffic": {"max_retries": -1}}, "traffic.max_retries"),
         ({"objectives": {"tpot_s": 0}}, "objectives.tpot_s"),
         ({"objectives": {"min_latency_ratio": 2}}, "objectives.min_latency_ratio"),
         ({"isolation": {"hostile_adapters": 0}}, "isolation.hostile_adapters"),

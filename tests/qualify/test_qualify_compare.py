@@ -3,11 +3,13 @@ and null (never 0) wherever a ratio is undefined."""
 
 from __future__ import annotations
 
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
 from test_checks import CELL, PLAN, REFS, _answer, _run
 
+from loraplex.qualify.baselines.pricing import replicas_needed
 from loraplex.qualify.baselines.types import BaselineContext, CellTraffic, MethodResult
 from loraplex.qualify.checks import judge
 from loraplex.qualify.compare import (
@@ -48,6 +50,15 @@ def test_a_comparator_gets_the_cell_with_reference_expectations() -> None:
     assert traffic.cell_id == CELL.cell_id and traffic.requests == 2
     assert traffic.demand_per_adapter_rps == {"t/a@r1": 2.0}
     assert [(p.adapter_ref, p.expected) for p in traffic.probes] == [("t/a@r1", "probe-ref")]
+
+
+def test_an_active_adapter_without_traffic_still_needs_its_deployment() -> None:
+    _, (run, verdict) = _priced()
+    active = replace(run, active_refs=("t/a@r1", "t/b@r1", "t/c@r1"))  # type: ignore[attr-defined]
+    traffic = cell_traffic(active, verdict, PLAN, REFS)  # type: ignore[arg-type]
+    assert traffic.demand_per_adapter_rps == {"t/a@r1": 2.0, "t/b@r1": 0.0, "t/c@r1": 0.0}
+    replicas = replicas_needed(traffic.demand_per_adapter_rps, 10.0, scale_to_zero=False)
+    assert replicas == {"t/a@r1": 1, "t/b@r1": 1, "t/c@r1": 1}
 
 
 def test_a_comparator_without_a_result_leaves_its_ratios_null() -> None:

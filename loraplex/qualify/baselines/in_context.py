@@ -28,9 +28,9 @@ from loraplex.qualify.baselines.demo_set import (
 from loraplex.qualify.baselines.priced import Footprint, price_in_context
 from loraplex.qualify.baselines.server import (
     ServerSpec,
-    comparator_server,
     machine_memory_bytes,
     peak_rss_bytes,
+    pooled_server,
 )
 from loraplex.qualify.baselines.types import (
     CHECKS,
@@ -122,7 +122,7 @@ def _measure(
         max_model_len(shape.prompt_tokens + longest, shape.output_tokens),
     )
     vocab = vocab_size(assets)
-    with comparator_server(spec) as server:
+    with pooled_server(ctx.servers, spec) as server:
         for probe, prompt in prompts.items():
             passed, tokens = measure.judge(server, prompt.text, probe.expected)
             cache.put(_judgment_key(prompt, probe), {"passed": passed, "prompt_tokens": tokens})

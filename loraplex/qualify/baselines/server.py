@@ -14,8 +14,8 @@ import secrets
 import sys
 import time
 from collections.abc import Iterator
-from contextlib import contextmanager
-from dataclasses import dataclass
+from contextlib import ExitStack, contextmanager
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 from loraplex.artifacts.base_model import BaseModelSpec
@@ -129,6 +129,40 @@ def comparator_server(spec: ServerSpec) -> Iterator[Running]:
         yield Running(
             launch.url, process.pid, key, base.name, launched_at, ready_at, launch.log_path
         )
+
+
+class ServerPool:
+    """Comparator servers kept running across the cells of one run, one per configuration
+    (``ServerSpec`` less its data directory): a later cell that needs the same model with the
+    same limits reuses the server instead of paying another model load. ``close`` stops them."""
+
+    def __init__(self) -> None:
+        self._stack = ExitStack()
+        self._running: dict[ServerSpec, Running] = {}
+        self.started = 0  # servers started (a reuse starts none)
+
+    def get(self, spec: ServerSpec) -> Running:
+        """The running server of ``spec``'s configuration, started (in ``spec.data_dir``) when
+        there is none yet."""
+        key = replace(spec, data_dir=Path())
+        if key not in self._running:
+            self._running[key] = self._stack.enter_context(comparator_server(spec))
+            self.started += 1
+        return self._running[key]
+
+    def close(self) -> None:
+        self._running.clear()
+        self._stack.close()
+
+
+@contextmanager
+def pooled_server(pool: ServerPool | None, spec: ServerSpec) -> Iterator[Running]:
+    """``spec``'s server from ``pool`` (left running), or one of its own for the block."""
+    if pool is None:
+        with comparator_server(spec) as server:
+            yield server
+    else:
+        yield pool.get(spec)
 
 
 def peak_rss_bytes(pid: int) -> int:

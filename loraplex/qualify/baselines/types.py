@@ -10,8 +10,12 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from loraplex.qualify.cost import MachinePrice, TokenShape
+
+if TYPE_CHECKING:
+    from loraplex.qualify.baselines.server import ServerPool
 
 # The four checks every answer is judged on (issue 29), the keys of MethodResult.pass_ratios.
 CHECKS = ("correct_revision", "quality", "latency", "isolation")
@@ -45,6 +49,8 @@ class BaselineContext:
     price: MachinePrice  # what a machine-hour costs
     workdir: Path  # servers' data, merged models and the run's measurement cache
     quick: bool  # fewer, shorter measurements (the CI run)
+    # Servers kept across cells (the in-context base model); None: each cell starts its own.
+    servers: ServerPool | None = None
 
     def __post_init__(self) -> None:
         if not self.preset:

@@ -1,6 +1,8 @@
 """One real quick measurement of both comparators: the PEFT merge, real ``loraplex serve``
 subprocesses on the merged model and on the base model, a load sweep each, the cold start, and
-the run cache that keeps a second cell of the same shape from starting a server again.
+the run cache that keeps a second cell of the same shape from starting a server again, and the
+server pool that lets a later cell with new probes reuse the in-context server of its
+configuration.
 
 Slow by nature (three model loads: the merge, two servers): about a minute on a loaded 2-core
 machine."""
@@ -8,6 +10,8 @@ machine."""
 from __future__ import annotations
 
 import json
+from collections.abc import Iterator
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -21,16 +25,25 @@ from loraplex.qualify.baselines import (
     measure_separate,
 )
 from loraplex.qualify.baselines.dense import dense_name
+from loraplex.qualify.baselines.server import ServerPool
 from loraplex.qualify.cost import TOKEN_SHAPES, MachinePrice
 
 REFS = ("acme/support@r1", "acme/billing@r1", "acme/legal@r1")
 
 
 @pytest.fixture(scope="module")
-def ctx(demo_assets: DemoAssets, tmp_path_factory: pytest.TempPathFactory) -> BaselineContext:
+def ctx(
+    demo_assets: DemoAssets, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[BaselineContext]:
     price = MachinePrice("this-machine", 0.2, "test figure")
     workdir = tmp_path_factory.mktemp("baselines")
-    return BaselineContext(demo_assets.root, demo_assets.preset, price, workdir, quick=True)
+    pool = ServerPool()  # the in-context base-model server, kept across cells as a run keeps it
+    try:
+        yield BaselineContext(
+            demo_assets.root, demo_assets.preset, price, workdir, quick=True, servers=pool
+        )
+    finally:
+        pool.close()
 
 
 @pytest.fixture(scope="module")
@@ -88,6 +101,7 @@ def test_in_context_measures_the_base_model_with_examples(
     assert result.pass_ratios["latency"] == 1.0
     assert result.machines == 1.0
     assert len(servers(ctx)) == before + 1
+    assert ctx.servers is not None and ctx.servers.started == 1
 
 
 def test_a_second_cell_of_the_same_shape_reuses_the_measurements(
@@ -111,3 +125,13 @@ def test_a_second_cell_of_the_same_shape_reuses_the_measurements(
     assert isinstance(replicas, int) and replicas > 3  # 1,000 rps each is past one replica
     measure_in_context(ctx, heavier)
     assert len(servers(ctx)) == before
+
+
+def test_a_later_cell_of_the_same_configuration_reuses_the_pooled_server(
+    ctx: BaselineContext, traffic: CellTraffic
+) -> None:
+    assert ctx.servers is not None and ctx.servers.started == 1
+    fewer = replace(traffic, cell_id="quick-short-3", probes=traffic.probes[:2])  # not cached
+    result = measure_in_context(ctx, fewer)
+    assert result.terms["quality_probes_judged"] == 2
+    assert ctx.servers.started == 1
