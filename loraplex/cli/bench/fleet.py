@@ -1,0 +1,106 @@
+"""``loraplex bench fleet``: routing policies side by side on a real fleet (Ray Serve)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated, Any
+
+import typer
+
+from loraplex.cli.bench.options import (
+    ASSET_DIR,
+    AsJson,
+    Rate,
+    RequestTimeoutS,
+    bad_parameter,
+    names,
+)
+
+
+def fleet(
+    *,
+    as_json: AsJson = False,
+    quick: Annotated[
+        bool,
+        typer.Option(
+            help="Smoke run: zipf-longtail, pow2 vs affinity_until_saturated, 16 warm-up and 32 "
+            "measured requests at 3 req/s, one repeat (options given explicitly still apply)."
+        ),
+    ] = False,
+    traces: Annotated[
+        str | None,
+        typer.Option(help="Comma-separated from zipf-longtail,hot-burst (default both)."),
+    ] = None,
+    policies: Annotated[
+        str | None,
+        typer.Option(help="Routing policies, comma-separated, in forward run order (default all)."),
+    ] = None,
+    repeats: Annotated[
+        int | None, typer.Option(help="Runs of each policy per trace, order alternating (2).")
+    ] = None,
+    replicas: Annotated[int, typer.Option(help="Engine replicas per fleet.")] = 3,
+    max_loras: Annotated[int, typer.Option(help="GPU adapter slots per replica.")] = 3,
+    threads: Annotated[
+        int | None, typer.Option(help="torch threads per replica (default: cores / replicas).")
+    ] = None,
+    trace_requests: Annotated[
+        int | None, typer.Option(help="Mean requests per trace (sets the duration; 192).")
+    ] = None,
+    warmup_requests: Annotated[
+        int | None,
+        typer.Option(
+            help="Mean requests of the unmeasured steady warm-up before each trace (192; 0: "
+            "none, the trace starts on cold caches)."
+        ),
+    ] = None,
+    rate: Rate = None,
+    load: Annotated[
+        float | None,
+        typer.Option(
+            help="Trace rate as a fraction of the measured capacity (0.5; not with a rate)."
+        ),
+    ] = None,
+    request_timeout_s: RequestTimeoutS = 30.0,
+    seed: Annotated[int, typer.Option(help="Workload, prompt, adapter and router seed.")] = 0,
+    asset_dir: Annotated[
+        Path, typer.Option(help="Demo assets cache (the base model is <dir>/test-small).")
+    ] = ASSET_DIR,
+) -> None:
+    """Routing policies side by side on a real fleet (Ray Serve, small slot pools): L0 hit
+    ratio, P99 TTFT, cold loads and decisions per policy on zipf-longtail and hot-burst."""
+    import os
+
+    from loraplex.bench.fleet.bench import QUICK_SETTINGS, FleetBenchConfig, run_fleet_bench
+    from loraplex.bench.fleet.report import fleet_json_line, fleet_table
+    from loraplex.cli.fleet import default_threads_per_replica
+
+    given: dict[str, Any] = {
+        "traces": names(traces),
+        "policies": names(policies),
+        "repeats": repeats,
+        "trace_requests": trace_requests,
+        "warmup_requests": warmup_requests,
+        "rate": rate,
+        "load": load,
+    }
+    values = {k: v for k, v in given.items() if v is not None}
+    if quick:
+        values = {**QUICK_SETTINGS, **values}
+    if "rate" in values and load is not None:
+        raise typer.BadParameter("--load sets the rate from the capacity; not with --rate/--quick")
+    if threads is None:
+        threads = default_threads_per_replica(max(1, replicas), os.cpu_count())
+    with bad_parameter():
+        config = FleetBenchConfig(
+            **values,
+            replicas=replicas,
+            max_loras=max_loras,
+            torch_threads=threads,
+            request_timeout_s=request_timeout_s,
+            seed=seed,
+            asset_dir=asset_dir,
+        )
+    result = run_fleet_bench(config)
+    if not as_json:
+        typer.echo(fleet_table(result))
+    typer.echo(fleet_json_line(result))

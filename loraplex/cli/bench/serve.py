@@ -1,0 +1,144 @@
+"""``loraplex bench serve``: the real server over HTTP, eviction and storm policies side by side,
+HTTP vs in-process, and (opt-in) steady tenants with and without an attacker tenant."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import TYPE_CHECKING, Annotated
+
+import typer
+
+from loraplex.cli.bench.options import (
+    ASSET_DIR,
+    REPORT_DIR,
+    AsJson,
+    Rate,
+    bad_parameter,
+    names,
+    report_folder,
+    write_report,
+)
+
+if TYPE_CHECKING:
+    from loraplex.bench.serve.adversarial import AdversarialConfig
+
+
+def serve(
+    *,
+    as_json: AsJson = False,
+    duration_s: Annotated[
+        float | None,
+        typer.Option(help="Wall seconds of each trace replay; unset: trace-requests / rate."),
+    ] = None,
+    rate: Rate = None,
+    load: Annotated[
+        float, typer.Option(help="Trace rate as a fraction of the measured capacity.")
+    ] = 0.6,
+    trace_requests: Annotated[
+        int, typer.Option(help="Mean requests per trace (sets the duration at the rate).")
+    ] = 720,
+    throughput_requests: Annotated[
+        int, typer.Option(help="Requests per HTTP vs in-process throughput round.")
+    ] = 256,
+    num_adapters: Annotated[
+        int, typer.Option(help="zipf-longtail population and storm pool.")
+    ] = 64,
+    scenarios: Annotated[
+        str,
+        typer.Option(
+            help="Comma-separated from hot-burst,zipf-longtail,cold-storm,adversarial "
+            "(adversarial is opt-in)."
+        ),
+    ] = "hot-burst,zipf-longtail,cold-storm",
+    attack_rate: Annotated[
+        float, typer.Option(help="adversarial: attacker requests per second.")
+    ] = 4.0,
+    adversarial_rounds: Annotated[
+        int, typer.Option(help="adversarial: (calm, attacked) run pairs, order alternating.")
+    ] = 1,
+    attack_kinds: Annotated[
+        str,
+        typer.Option(
+            help="adversarial: comma-separated attacker kinds from "
+            "sampling,oversized-prompt,cold-adapter,cancel (one mixed attacker) and "
+            "seat-hog,fanout,half-open-flood,stuck-stream,token-id-batch,hung-engine "
+            "(each against its own calm run); default all."
+        ),
+    ] = "",
+    flood_sockets: Annotated[
+        int, typer.Option(help="adversarial half-open-flood: sockets held open at once.")
+    ] = 1100,
+    hang_s: Annotated[
+        float, typer.Option(help="adversarial hung-engine: seconds the engine stays stopped.")
+    ] = 15.0,
+    throughput_rounds: Annotated[int, typer.Option(help="HTTP vs in-process rounds.")] = 4,
+    hot_burst_slots: Annotated[
+        str, typer.Option(help="hot-burst: GPU slot counts, comma-separated (first: headline).")
+    ] = "9,12,16",
+    trace_repeats: Annotated[
+        int, typer.Option(help="Runs of each trace comparison, order alternating (ABBA).")
+    ] = 2,
+    seed: Annotated[int, typer.Option(help="Workload and adapter-weight seed.")] = 0,
+    asset_dir: Annotated[
+        Path, typer.Option(help="Demo assets cache (the base model is <dir>/test-small).")
+    ] = ASSET_DIR,
+    report_dir: Annotated[
+        str, typer.Option(help="Where serve-run.md and the PNGs go; '' skips them.")
+    ] = REPORT_DIR,
+) -> None:
+    """The real server over HTTP: lru / lru_priority vs cost_aware, storm vs none, HTTP vs
+    in-process, and (opt-in) the steady tenants with and without an attacker tenant."""
+    from loraplex.bench.serve.bench import ServeBenchConfig, run_serve_bench
+    from loraplex.bench.serve.report import (
+        hit_ratio_plot,
+        serve_json_line,
+        serve_markdown,
+        ttft_cdf_plot,
+    )
+
+    try:
+        slots = tuple(int(n) for n in hot_burst_slots.split(",") if n.strip())
+    except ValueError as exc:
+        raise typer.BadParameter(f"hot-burst-slots {hot_burst_slots!r}: {exc}") from exc
+    with bad_parameter():
+        config = ServeBenchConfig(
+            duration_s=duration_s,
+            rate=rate,
+            load=load,
+            trace_requests=trace_requests,
+            num_adapters=num_adapters,
+            throughput_requests=throughput_requests,
+            throughput_rounds=throughput_rounds,
+            hot_burst_slots=slots,
+            trace_repeats=trace_repeats,
+            seed=seed,
+            asset_dir=asset_dir,
+            scenarios=tuple(s for s in scenarios.split(",") if s),
+            adversarial=_adversarial_config(
+                attack_rate, adversarial_rounds, attack_kinds, flood_sockets, hang_s
+            ),
+        )
+    result = run_serve_bench(config)
+    out = report_folder(report_dir)
+    if out is not None:
+        ttft_cdf_plot(result["runs"], out / "serve-ttft-cdf.png")
+        hit_ratio_plot(result["runs"], out / "serve-hit-ratio.png")
+        markdown = serve_markdown(result, "serve-ttft-cdf.png", "serve-hit-ratio.png")
+        write_report(out, "serve", "Serve benchmark", markdown)
+        if not as_json:
+            typer.echo(f"report: {report_dir}/serve-run.md", err=True)
+    typer.echo(serve_json_line(result))
+
+
+def _adversarial_config(
+    attack_rate: float, rounds: int, kinds: str, flood_sockets: int, hang_s: float
+) -> AdversarialConfig:
+    from loraplex.bench.serve.adversarial import ATTACK_KINDS, AdversarialConfig
+
+    return AdversarialConfig(
+        attack_rate=attack_rate,
+        rounds=rounds,
+        attack_kinds=names(kinds) or ATTACK_KINDS,
+        flood_sockets=flood_sockets,
+        hang_s=hang_s,
+    )
