@@ -21,6 +21,7 @@ import typer
 
 from loraplex.cli.locations import DatabaseUrl, DataDir, S3Endpoint, Store, unusable_path
 from loraplex.cli.serve_options import AdminKey, Host, MaxLoras, Model, NoDemo, Port, SharedStateUrl
+from loraplex.fleet.settings import FLEET_KEYS
 from loraplex.registry import default_data_dir
 
 if TYPE_CHECKING:
@@ -28,15 +29,6 @@ if TYPE_CHECKING:
 
 Opt = typer.Option
 fleet_app = typer.Typer(help="Engine replicas on Ray Serve with residency-aware routing.")
-FLEET_KEYS = (
-    "replicas",
-    "policy",
-    "seed",
-    "report_period_s",
-    "stale_after_s",
-    "router",
-    "topology",
-)
 
 
 def register(app: typer.Typer) -> None:

@@ -2,13 +2,13 @@
 ``serve run loraplex.fleet.app:build replicas=3 ...`` and a KubeRay ``RayService``
 (``loraplex k8s render --ray``), where the Serve controller calls it.
 
-``args`` holds the fleet's keys (``replicas``, ``policy``, ``seed``, ``report_period_s``,
-``stale_after_s``, ``router``) and any ``serve`` configuration key (``max_loras``, ``store``,
-``model``, ...); the environment gives what ``loraplex serve`` reads from it (``LORAPLEX_DATA_DIR``,
-``LORAPLEX_DATABASE_URL``, ``LORAPLEX_STORE``, ``LORAPLEX_S3_ENDPOINT``, ``LORAPLEX_ADMIN_KEY``),
-so credentials stay in the pods' environment. An unknown key is refused naming it. Across hosts
-the model directory must be the same path on every node (in the image or a shared volume) and
-the registry PostgreSQL with an S3 store.
+``args`` holds the fleet's keys (``settings.FLEET_KEYS``: ``replicas``, ``policy``, ``seed``,
+``report_period_s``, ``stale_after_s``, ``router``, ``topology``) and any ``serve`` configuration
+key (``max_loras``, ``store``, ``model``, ...); the environment gives what ``loraplex serve``
+reads from it (``LORAPLEX_DATA_DIR``, ``LORAPLEX_DATABASE_URL``, ``LORAPLEX_STORE``,
+``LORAPLEX_S3_ENDPOINT``, ``LORAPLEX_ADMIN_KEY``), so credentials stay in the pods' environment.
+An unknown key is refused naming it. Across hosts the model directory must be the same path on
+every node (in the image or a shared volume) and the registry PostgreSQL with an S3 store.
 """
 
 from __future__ import annotations
@@ -20,19 +20,10 @@ from typing import Any
 
 from loraplex.fleet.control import prepare
 from loraplex.fleet.deployments import build_app
-from loraplex.fleet.settings import FleetSettings
+from loraplex.fleet.settings import FLEET_KEYS, FleetSettings
 from loraplex.registry import default_data_dir
 from loraplex.serve.config import merge
 
-FLEET_ARGS = (
-    "replicas",
-    "policy",
-    "seed",
-    "report_period_s",
-    "stale_after_s",
-    "router",
-    "topology",
-)
 # serve configuration keys taken from the environment when ``args`` does not give them
 ENVIRONMENT_KEYS = {
     "database_url": "LORAPLEX_DATABASE_URL",
@@ -46,7 +37,7 @@ def settings_from_args(args: Mapping[str, Any], environ: Mapping[str, str]) -> F
     """The fleet's settings from ``args`` over the environment over the defaults (prepares the
     model, the demo registration and the admin key, as ``fleet up`` does)."""
     values = dict(args)
-    fleet = {name: values.pop(name) for name in FLEET_ARGS if name in values}
+    fleet = {name: values.pop(name) for name in FLEET_KEYS if name in values}
     for key, variable in ENVIRONMENT_KEYS.items():
         if key not in values and environ.get(variable):
             values[key] = environ[variable]
@@ -55,7 +46,7 @@ def settings_from_args(args: Mapping[str, Any], environ: Mapping[str, str]) -> F
     try:
         config = merge(values, {})
     except TypeError as exc:  # an unknown keyword: name the accepted ones
-        raise ValueError(f"fleet args: {exc}; expected {FLEET_ARGS} or serve keys") from None
+        raise ValueError(f"fleet args: {exc}; expected {FLEET_KEYS} or serve keys") from None
     replicas = int(fleet.pop("replicas", 2))
     prepared = prepare(config)
     return FleetSettings(

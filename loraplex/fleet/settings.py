@@ -45,6 +45,18 @@ NOT_IN_FLEET = (
     "write_timeout_s",
 )
 
+# The fleet's own keys, as a user writes them: a ``[fleet]`` table of ``fleet up --config`` and
+# the ``args`` of ``loraplex.fleet.app:build`` (next to serve's keys). Each names the
+# FleetSettings field it sets, but ``replicas`` (``engine_replicas``); a test keeps the two true.
+FLEET_KEYS = (
+    "replicas",
+    "policy",
+    "seed",
+    "report_period_s",
+    "stale_after_s",
+    "router",
+    "topology",
+)
 _ROUTER_KEYS = sorted(f.name for f in fields(RouterConfig))
 _TOPOLOGY_KEYS = sorted(f.name for f in fields(TopologyConfig))
 

@@ -36,7 +36,7 @@ def test_stdout_is_one_stream_of_every_document() -> None:
 
 
 def test_ray_flag_renders_a_rayservice_whose_args_the_fleet_builder_accepts() -> None:
-    from loraplex.fleet.app import FLEET_ARGS
+    from loraplex.fleet.settings import FLEET_KEYS
     from loraplex.serve.config import ServeConfig
 
     text = run("--ray", code=0)
@@ -44,7 +44,7 @@ def test_ray_flag_renders_a_rayservice_whose_args_the_fleet_builder_accepts() ->
     [application] = yaml.safe_load(service["spec"]["serveConfigV2"])["applications"]
     assert application["import_path"] == "loraplex.fleet.app:build"
     serve_keys = {f for f in ServeConfig.__dataclass_fields__}
-    assert set(application["args"]) <= set(FLEET_ARGS) | serve_keys
+    assert set(application["args"]) <= set(FLEET_KEYS) | serve_keys
 
 
 def test_out_writes_one_file_per_part(tmp_path: Path) -> None:

@@ -15,6 +15,7 @@ from loraplex.cli import app
 from loraplex.cli.fleet import default_threads_per_replica, fleet_file_values
 from loraplex.fleet import control
 from loraplex.fleet.settings import (
+    FLEET_KEYS,
     MAX_REPORT_PERIOD_S,
     NOT_IN_FLEET,
     FleetSettings,
@@ -108,6 +109,16 @@ def test_serve_keys_a_fleet_does_not_read_are_refused(
 
 def test_serve_keys_a_fleet_reads_pass(tmp_path: Path) -> None:
     check_fleet_config(ServeConfig(data_dir=tmp_path, port=9000, max_loras=4, torch_threads=2))
+
+
+def test_fleet_keys_are_the_settings_a_user_sets() -> None:
+    """``FLEET_KEYS`` (the ``[fleet]`` table, ``fleet.app:build``'s args) names every field of
+    FleetSettings but those set another way (serve's configuration, the model it prepares, the
+    one ingress); ``replicas`` sets ``engine_replicas``."""
+    filled_in = {"serve", "model_dir", "ingress_replicas"}
+    settable = {f.name for f in fields(FleetSettings)} - filled_in
+    assert set(FLEET_KEYS) == settable - {"engine_replicas"} | {"replicas"}
+    assert len(FLEET_KEYS) == len(set(FLEET_KEYS))
 
 
 # --- the CLI ----------------------------------------------------------------------------------
