@@ -5,6 +5,10 @@ from __future__ import annotations
 import itertools
 import math
 from dataclasses import dataclass, fields
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from _typeshed import DataclassInstance
 
 
 @dataclass(frozen=True)
@@ -38,12 +42,7 @@ class RouterConfig:
     max_tracked_adapters: int = 65536  # widened placements remembered (LRU)
 
     def __post_init__(self) -> None:
-        for f in fields(self):
-            value = getattr(self, f.name)
-            if isinstance(value, bool) or not isinstance(value, int | float):
-                raise ValueError(f"{f.name} {value!r} is invalid; expected a number")
-            if not math.isfinite(value) or value < 0:
-                raise ValueError(f"{f.name} {value!r} is invalid; expected a finite number >= 0")
+        check_non_negative_numbers(self)
         order = ("weight_l0", "weight_loading", "weight_l1", "weight_l2")
         for higher, lower in itertools.pairwise(order):
             if getattr(self, higher) < getattr(self, lower):
@@ -71,3 +70,14 @@ class RouterConfig:
         for name in ("max_report_age_s", "recent_ttl_s", "session_ttl_s"):
             if getattr(self, name) <= 0:
                 raise ValueError(f"{name} {getattr(self, name)} is invalid; expected > 0")
+
+
+def check_non_negative_numbers(config: DataclassInstance) -> None:
+    """Refuses the first field of ``config`` that is not a finite number >= 0 (a bool is not a
+    number here), naming it: the shared first check of the router's numeric configs."""
+    for f in fields(config):
+        value = getattr(config, f.name)
+        if isinstance(value, bool) or not isinstance(value, int | float):
+            raise ValueError(f"{f.name} {value!r} is invalid; expected a number")
+        if not math.isfinite(value) or value < 0:
+            raise ValueError(f"{f.name} {value!r} is invalid; expected a finite number >= 0")

@@ -17,12 +17,12 @@ tokens, applies decisions and asks replicas through an injected callback. Torch-
 
 from __future__ import annotations
 
-import math
 from collections import deque
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass, fields
+from dataclasses import dataclass
 
 from loraplex.clock import Clock
+from loraplex.router.config import check_non_negative_numbers
 from loraplex.router.decision import RouteRequest
 from loraplex.router.reports import ReplicaReport
 
@@ -38,12 +38,7 @@ class TopologyConfig:
     min_replicas: int = 2  # a fleet with fewer reporting replicas dedicates none
 
     def __post_init__(self) -> None:
-        for f in fields(self):
-            value = getattr(self, f.name)
-            if isinstance(value, bool) or not isinstance(value, int | float):
-                raise ValueError(f"{f.name} {value!r} is invalid; expected a number")
-            if not math.isfinite(value) or value < 0:
-                raise ValueError(f"{f.name} {value!r} is invalid; expected a finite number >= 0")
+        check_non_negative_numbers(self)
         if self.window_s <= 0:
             raise ValueError(f"window_s {self.window_s} is invalid; expected > 0")
         if not self.release_demand < self.dedicate_demand:
