@@ -55,6 +55,7 @@ _TORCH_FREE_ENGINE = (
     "transport.process",
     "transport.process_link",
     "transport.process_inflight",
+    "transport.process_replay",
     "transport.process_child",
     "transport.packed_errors",
     "transport.worker",

@@ -7,7 +7,8 @@ first. The engine says what is merged in its published report (``EngineLoad.mode
 fleet ingress every replica's, ``EngineLoad.replicas_merged``), so the check never waits on it.
 An engine that is down has nothing merged: a restarted engine starts unmerged. ``guarded``
 also holds the revisions against merging while the registry changes (``engine/merge_holds.py``),
-which closes the window between the check and the change.
+which closes the window between the check and the change; an engine child restarted meanwhile
+gets the hold again (``engine/standing.py``).
 """
 
 from __future__ import annotations

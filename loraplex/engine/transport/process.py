@@ -24,8 +24,9 @@ reports itself down (``health()``: /ready answers 503, ``load_snapshot`` raises,
 requests are refused at once), and the same thread starts a new child after a bounded
 exponential backoff (``restart.py``) until one is ready; then the engine is up again.
 The child builds its tenant settings and warm policies from the registry, like the first one;
-the pins and operator warm policies the previous child had accepted are replayed into it
-(``engine/standing.py``) before any request reaches it.
+the pins, operator warm policies, merge holds and dedication the previous child had accepted are
+replayed into it (``engine/standing.py``, ``process_replay.py``) before any request reaches it;
+a hold released meanwhile, even while the engine was down, is not.
 
 A child that lives but makes no progress (stopped, wedged) is caught by a watchdog
 (``engine/watchdog.py``): the child beats from a liveness thread (a frozen process falls silent
@@ -80,6 +81,7 @@ from loraplex.engine.transport.messages import (
 )
 from loraplex.engine.transport.process_inflight import InFlight
 from loraplex.engine.transport.process_link import ChildLink
+from loraplex.engine.transport.process_replay import send_unawaited
 from loraplex.engine.transport.process_state import PublishedState
 from loraplex.engine.transport.remote_cache import RemoteCache, RemoteMergeHolds
 from loraplex.engine.transport.restart import Backoff, RestartPolicy
@@ -147,7 +149,7 @@ class EngineProcess:
         self._num_restarts = 0
         # tenant settings not yet known to be applied by the child (see update_tenant_settings)
         self._tenants_unsent: dict[str, TenantSettings] | None = None
-        # pins and warm policies the child accepted: replayed into every restarted child
+        # pins, warm policies, merge holds the child accepted: replayed into every restarted child
         self._standing = StandingSettings()
         # the child's adapter cache, for the admin API
         self.cache = RemoteCache(self.call, self.call_future, self._state)
@@ -288,6 +290,9 @@ class EngineProcess:
 
     def _call(self, command: CacheCommand, deferred: Future[None] | None) -> Any:
         with self._lock:
+            # NOTE: under the lock the restart replays under: a release noted before the replay
+            # is left out of it (and goes to the old child, or nowhere); one after reaches the new
+            self._standing.withdraw(command)
             self._check_up()
             call_id, future = self._inflight.add_call(deferred)
             link = self._link
@@ -439,14 +444,8 @@ class EngineProcess:
             if self._closing.is_set():
                 return False
             self._send_unsent_tenants(link)  # before any request can reach the new child
-            for command in self._standing.replay():  # pins held before the restart hold again
-                loaded: Future[None] | None = Future() if command.loads else None
-                call_id, future = self._inflight.add_call(loaded)
-                future.add_done_callback(_log_failed_replay)
-                if loaded is not None:
-                    loaded.add_done_callback(_log_failed_replay)
-                with contextlib.suppress(EngineUnavailableError):
-                    self._send(link, CacheCall(call_id, command))
+            for command in self._standing.replay():  # what held before the restart holds again
+                send_unawaited(link, self._inflight, command, type(command).__name__)
             self._link = link
             self._max_loras = max_loras
             self._down = None
@@ -457,14 +456,10 @@ class EngineProcess:
         return True
 
     def _send_unsent_tenants(self, link: ChildLink) -> None:
-        """Tenant settings the child may not have, sent (under the lock); the reply is not
-        waited for: the child applies its messages in order, before any later request."""
-        if self._tenants_unsent is None:
-            return
-        call_id, future = self._inflight.add_call(None)
-        future.add_done_callback(_log_failed_tenant_update)
-        with contextlib.suppress(EngineUnavailableError):
-            self._send(link, CacheCall(call_id, UpdateTenants(self._tenants_unsent)))
+        """Tenant settings the child may not have, sent (under the lock) and not awaited."""
+        if self._tenants_unsent is not None:
+            command = UpdateTenants(self._tenants_unsent)
+            send_unawaited(link, self._inflight, command, "tenant settings")
 
     def _fail_all(self, error: EngineUnavailableError) -> None:
         """The child is gone: the engine is down and everything it had in flight fails."""
@@ -486,17 +481,3 @@ class EngineProcess:
             link.kill()
             self._supervisor.join(timeout_s)
         self._fail_all(EngineUnavailableError("the engine process was shut down"))
-
-
-def _log_failed_tenant_update(future: Future[Any]) -> None:
-    error = future.exception()
-    if error is not None:
-        _log.error("re-sending tenant settings to the restarted engine failed", exc_info=error)
-
-
-def _log_failed_replay(future: Future[Any]) -> None:
-    error = future.exception()
-    if error is not None:
-        _log.error(
-            "re-applying a pin or warm policy to the restarted engine failed", exc_info=error
-        )
