@@ -4,6 +4,7 @@ the victims' client's process, and what it returns reaches the report unchanged.
 from __future__ import annotations
 
 import asyncio
+import functools
 import os
 
 import pytest
@@ -27,7 +28,7 @@ async def failing_attack(target: KindTarget, plan: KindPlan, stop: asyncio.Event
 
 
 def test_the_attack_runs_in_its_own_process_and_its_tally_comes_back_unchanged() -> None:
-    process = AttackProcess(reporting_attack, TARGET, PLAN)
+    process = AttackProcess(functools.partial(reporting_attack, TARGET, PLAN))
     try:
         process.start()
         process.go()
@@ -41,7 +42,7 @@ def test_the_attack_runs_in_its_own_process_and_its_tally_comes_back_unchanged()
 
 
 def test_a_failing_attack_fails_the_run_naming_its_error() -> None:
-    process = AttackProcess(failing_attack, TARGET, PLAN)
+    process = AttackProcess(functools.partial(failing_attack, TARGET, PLAN))
     try:
         process.start()
         process.go()
@@ -52,6 +53,6 @@ def test_a_failing_attack_fails_the_run_naming_its_error() -> None:
 
 
 def test_close_ends_a_child_that_never_got_go() -> None:
-    process = AttackProcess(reporting_attack, TARGET, PLAN)
+    process = AttackProcess(functools.partial(reporting_attack, TARGET, PLAN))
     process.start()
     process.close()  # no hang: ``close`` releases a child still waiting for go

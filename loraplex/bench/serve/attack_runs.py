@@ -12,6 +12,7 @@ streams still stuck).
 from __future__ import annotations
 
 import asyncio
+import functools
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -154,7 +155,7 @@ async def _both(
     victims: _Victims, target: KindTarget, plan: KindPlan, attack: Attack | None
 ) -> tuple[list[RequestRecord], ResidencyView, int, Tally, RunCpu]:
     """The victims' trace here, the attack (if any) in its own process (``attack_process``)."""
-    process = None if attack is None else AttackProcess(attack, target, plan)
+    process = None if attack is None else AttackProcess(functools.partial(attack, target, plan))
     try:
         if process is not None:
             await asyncio.to_thread(process.start)  # its imports before any clock starts
