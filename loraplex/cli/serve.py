@@ -154,6 +154,13 @@ def serve_command(
     max_stream_buffer_bytes: Annotated[
         int | None, Opt(help="Unread stream bytes before the request is aborted (256 KiB).")
     ] = None,
+    send_buffer_bytes: Annotated[
+        int | None, Opt(help="Kernel send buffer per connection, SO_SNDBUF (256 KiB).")
+    ] = None,
+    stream_pause_bytes: Annotated[
+        int | None,
+        Opt(help="Unread stream bytes from which its generation pauses until read (64 KiB)."),
+    ] = None,
 ) -> None:
     """Serve the base model and its adapters over an OpenAI-compatible HTTP API."""
     try:
@@ -262,6 +269,7 @@ def connection_limits(settings: ServeConfig) -> ConnectionLimits:
         max_connections_per_address=settings.max_connections_per_address,
         accepts_per_s_per_address=settings.accepts_per_s_per_address,
         write_timeout_s=settings.write_timeout_s,
+        send_buffer_bytes=settings.send_buffer_bytes,
     )
 
 

@@ -113,6 +113,18 @@ class EngineCore:
         if req is not None:
             self._retire(req, RequestState.ABORTED, FINISH_ABORT, error)
 
+    def pause(self, request_id: str) -> None:
+        """Its consumer stopped reading: not scheduled until ``resume`` (``Scheduler.pause``);
+        unknown ids (retired meanwhile): no-op."""
+        req = self.scheduler.requests.get(request_id)
+        if req is not None and self.scheduler.pause(req):
+            self.view = self.scheduler.make_stats()
+
+    def resume(self, request_id: str) -> None:
+        """Its consumer reads again: scheduled as a preempted request; not paused: no-op."""
+        if self.scheduler.resume(request_id):
+            self.view = self.scheduler.make_stats()
+
     def abort_all(self, error: BaseException) -> None:
         for req in list(self.scheduler.requests.values()):
             self._retire(req, RequestState.ABORTED, FINISH_ABORT, error)

@@ -193,6 +193,9 @@ class EngineLoad:
     # load sums (a fleet ingress's view: ``mode`` is None there). Empty for one engine, whose
     # own merge is in ``mode``; read both through ``merged_revisions``.
     replicas_merged: frozenset[str] = frozenset()
+    # live requests paused because their consumers stopped reading (``EngineClient.pause``):
+    # neither waiting nor running, holding no seat and no KV block
+    num_paused: int = 0
 
     @property
     def merged_revisions(self) -> frozenset[str]:
@@ -228,6 +231,16 @@ class EngineClient(Protocol):
 
     async def abort(self, request_id: str) -> None:
         """Abort a live request (its stream ends with finish_reason "abort"); unknown ids: no-op."""
+        ...
+
+    async def pause(self, request_id: str) -> None:
+        """The request's consumer stopped reading: stop generating for it (its seat and KV
+        blocks freed) until ``resume``. Advisory: a request that ended meanwhile, an unknown
+        id, or an engine that cannot pause (a fleet ingress: docs/operations.md) is a no-op."""
+        ...
+
+    async def resume(self, request_id: str) -> None:
+        """The request's consumer reads again: generate for it again (undoes ``pause``)."""
         ...
 
     def load_snapshot(self) -> EngineLoad:

@@ -134,6 +134,15 @@ class FleetEngineClient:
             raise unpack_error(first.error)
         return first
 
+    async def pause(self, request_id: str) -> None:
+        """NOTE: not passed on: the replica's stream is a Ray Serve streaming call, with no
+        channel back to the replica's engine but its cancellation. Through a fleet, a stream
+        whose client stops reading is aborted at ``max_stream_buffer_bytes`` instead
+        (docs/operations.md, "Clients that stop reading")."""
+
+    async def resume(self, request_id: str) -> None:
+        """Nothing was paused (``pause``)."""
+
     async def abort(self, request_id: str) -> None:
         stream = self._live.get(request_id)
         if stream is not None:
@@ -159,6 +168,7 @@ class FleetEngineClient:
             max_loras=sum(load.max_loras for load in loads),
             num_active_tokens=sum(load.num_active_tokens for load in loads),
             replicas_merged=frozenset(merged),
+            num_paused=sum(load.num_paused for load in loads),
         )
 
     def health(self) -> EngineHealth:

@@ -65,6 +65,8 @@ _POSITIVE = (
     "max_connections_per_address",
     "accepts_per_s_per_address",
     "max_stream_buffer_bytes",
+    "stream_pause_bytes",
+    "send_buffer_bytes",
 )
 _POSITIVE_OR_UNSET = (
     "max_cpu_loras",
@@ -180,8 +182,12 @@ class ServeConfig:
     max_connections_per_address: int = 512  # open from one client IP address
     accepts_per_s_per_address: int = 512  # new connections per second from one IP (closed beyond)
     write_timeout_s: float = 30.0  # a client taking no response bytes this long is cut off
+    send_buffer_bytes: int = 256 << 10  # SO_SNDBUF per connection (the kernel's share of a reply)
     # a stream's events its client has not taken, at most; beyond, the request is aborted
     max_stream_buffer_bytes: int = 256 << 10
+    # a stream's untaken events from which its engine request is paused (seat and KV freed)
+    # until its client reads again; at or above max_stream_buffer_bytes: never paused
+    stream_pause_bytes: int = 64 << 10
     # --- request traces (docs/observability.md, "Traces"; needs the ``otel`` extra) ---
     trace_endpoint: str | None = None  # OTLP/HTTP traces URL; None: tracing off
     trace_sample_ratio: float = 0.01  # fraction of requests traced (by trace id)

@@ -244,6 +244,19 @@ class Fanout:
         self._finished.add(member.slot)
         queue.put_nowait((member.slot, None))
 
+    async def pause(self) -> None:
+        """Its client stopped reading: every sibling still running stops generating until
+        ``resume`` (``EngineClient.pause``)."""
+        for member in self._members:
+            if member.slot not in self._finished and not self._closed:
+                await self._engine.pause(member.engine_id)
+
+    async def resume(self) -> None:
+        """Its client reads again: every sibling still running generates again."""
+        for member in self._members:
+            if member.slot not in self._finished and not self._closed:
+                await self._engine.resume(member.engine_id)
+
     async def abort(self) -> None:
         """Aborts every sibling still running and closes every stream (idempotent)."""
         if self._closed:

@@ -49,6 +49,9 @@ class ServerConfig:
     upload_read_timeout_s: float = 600.0  # ... and an adapter upload within this
     # a stream's events its client has not taken yet, at most (beyond: aborted, stream_buffer.py)
     max_stream_buffer_bytes: int = 256 << 10
+    # from this many untaken bytes a stream's engine request is paused until its client reads
+    # (stream_buffer.py); at or above max_stream_buffer_bytes it never is
+    stream_pause_bytes: int = 64 << 10
     queue_deadline_s: float | None = None  # max seconds a request may queue; None: engine default
     max_prompt_tokens: int | None = None  # longer prompts get a 400; None: no check here
     vocab_size: int | None = None  # token ids in a prompt must be below it; None: no check
@@ -84,6 +87,7 @@ class ServerConfig:
             "max_body_bytes",
             "max_prompt_chars",
             "max_stream_buffer_bytes",
+            "stream_pause_bytes",
         ):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name} {getattr(self, name)} is invalid; expected >= 1")

@@ -74,7 +74,7 @@ from loraplex.server.serving import (
     start_trace,
     sticky_key,
 )
-from loraplex.server.stream_buffer import bounded
+from loraplex.server.stream_buffer import Backpressure, bounded
 from loraplex.server.streaming import ChunkFormat, StreamChoices, not_read_event, sse_events
 from loraplex.tracing.record import RequestTrace
 
@@ -231,8 +231,11 @@ async def _respond(
         continuous_usage=body.continuous_usage,
     )  # fmt: skip
     events = sse_events(first, fanout, choices, shape.num_siblings, body.include_usage)
-    max_bytes = request.app.state.deps.config.max_stream_buffer_bytes
-    read_ahead = bounded(events, max_bytes, not_read_event, fanout.abort)
+    config = request.app.state.deps.config
+    backpressure = Backpressure(config.stream_pause_bytes, fanout.pause, fanout.resume)
+    read_ahead = bounded(
+        events, config.max_stream_buffer_bytes, not_read_event, fanout.abort, backpressure
+    )
     return StreamingResponse(
         read_ahead, media_type="text/event-stream", headers=started.headers
     ), started

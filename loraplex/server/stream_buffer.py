@@ -12,14 +12,51 @@ stream ended; the listener's write timeout then closes a connection that still t
 
 Memory per stream is at most ``max_bytes`` buffered (or one larger event alone), plus the piece
 the writer is sending (as much again), plus the transport's high-water mark.
+
+Backpressure (``Backpressure``): once ``pause_bytes`` wait untaken, the writer is stuck on its
+client, and every further step the request ran would only add to what waits; its engine
+request is paused (out of the running batch: its seat and KV blocks go to other tenants) until
+the writer takes the buffer again, which it does only once its client has read. A client that
+never reads again is cut off at the listener's write timeout, which ends the request. The
+overflow abort stays as the bound for an engine that cannot pause, and for a ``pause_bytes`` at
+or above ``max_bytes`` (then a stream is never paused).
 """
 
 from __future__ import annotations
 
 import asyncio
 from collections.abc import AsyncIterator, Awaitable, Callable
+from dataclasses import dataclass
 
 import anyio
+
+
+@dataclass(frozen=True)
+class Backpressure:
+    """How a stream whose client stopped reading stops costing the engine."""
+
+    pause_bytes: int  # untaken bytes from which the request is paused
+    pause: Callable[[], Awaitable[None]]  # stop generating (idempotent, advisory)
+    resume: Callable[[], Awaitable[None]]  # generate again
+
+
+class _Flow:
+    """Whether the request is paused now (the reader pauses it, the writer resumes it)."""
+
+    def __init__(self, backpressure: Backpressure | None) -> None:
+        self.backpressure = backpressure
+        self.paused = False
+
+    async def after_put(self, num_bytes: int) -> None:
+        bp = self.backpressure
+        if bp is not None and not self.paused and num_bytes >= bp.pause_bytes:
+            self.paused = True  # NOTE: before the await: the writer may resume meanwhile
+            await bp.pause()
+
+    async def after_take(self) -> None:
+        if self.backpressure is not None and self.paused:
+            self.paused = False
+            await self.backpressure.resume()
 
 
 class _Buffer:
@@ -31,6 +68,10 @@ class _Buffer:
         self._num_bytes = 0
         self._ended = False
         self._changed = asyncio.Event()
+
+    @property
+    def num_bytes(self) -> int:
+        return self._num_bytes
 
     def put(self, text: str) -> bool:
         """Appends ``text``; False (nothing appended) when it would pass ``max_bytes`` behind
@@ -70,12 +111,14 @@ async def _read_ahead(
     buffer: _Buffer,
     overflow_event: Callable[[int], str],
     abort: Callable[[], Awaitable[None]],
+    flow: _Flow,
 ) -> None:
     try:
         async for text in events:
             if not buffer.put(text):
                 buffer.replace_all(overflow_event(buffer.max_bytes))
                 return
+            await flow.after_put(buffer.num_bytes)
     finally:
         buffer.end()
         with anyio.CancelScope(shield=True):
@@ -88,15 +131,20 @@ async def bounded(
     max_bytes: int,
     overflow_event: Callable[[int], str],
     abort: Callable[[], Awaitable[None]],
+    backpressure: Backpressure | None = None,
 ) -> AsyncIterator[str]:
     """``events`` as the writer takes them, read ahead into at most ``max_bytes`` (module
     docstring); past it, ``events`` is closed and ``overflow_event(max_bytes)`` is the last
     text. ``abort`` (idempotent) ends the request: it runs however this ends, even when the
-    reader never started."""
-    buffer = _Buffer(max_bytes)
-    reader = asyncio.ensure_future(_read_ahead(events, buffer, overflow_event, abort))
+    reader never started. With ``backpressure``, the request is paused while its writer is
+    stuck (module docstring)."""
+    if backpressure is not None and backpressure.pause_bytes >= max_bytes:
+        backpressure = None  # the overflow abort comes first: never paused
+    buffer, flow = _Buffer(max_bytes), _Flow(backpressure)
+    reader = asyncio.ensure_future(_read_ahead(events, buffer, overflow_event, abort, flow))
     try:
         while (text := await buffer.take()) is not None:
+            await flow.after_take()
             yield text
         await reader  # what ended the reader, if it failed: a cut stream is never silent
     finally:

@@ -65,7 +65,7 @@ HANG_TALLY = {"engine_pid": 1, "started_s": 0.5, "stopped_s": 1.0}  # stopped fr
 def _run(kind: str, attacked: bool, records: list[RequestRecord], growth: int = 0) -> KindRun:
     label = "attacked" if attacked else "calm"
     tally = ({"held": 32} if kind != "hung-engine" else HANG_TALLY) if attacked else {}
-    cpu = RunCpu(server_s=3.0, client_s=2.0 if attacked else 1.5)
+    cpu = RunCpu(server_s=3.0, client_s=1.5, attacker_s=0.7 if attacked else None)
     return KindRun(kind, f"adversarial/{kind}/{label}", attacked, tuple(records), ResidencyView(),
                    growth, tally, cpu)  # fmt: skip
 
@@ -89,7 +89,8 @@ def test_report_counts_failures_at_the_timeout_and_gives_the_ratio() -> None:
     assert entry["server_rss_growth_mib"] == 3.0 and entry["server_rss_growth_mib_calm"] == 0.0
     assert entry["server_rss_growth_mib_over_calm"] == 3.0
     assert (entry["server_cpu_s"], entry["server_cpu_s_calm"]) == (3.0, 3.0)
-    assert (entry["client_cpu_s"], entry["client_cpu_s_calm"]) == (2.0, 1.5)
+    assert (entry["client_cpu_s"], entry["client_cpu_s_calm"]) == (1.5, 1.5)
+    assert entry["attacker_cpu_s"] == 0.7  # the attack's own process (calm runs have none)
     assert entry["met"] is False
     assert entry["attacker"] == [{"held": 32}]
 

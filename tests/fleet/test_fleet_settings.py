@@ -95,6 +95,8 @@ def test_every_key_a_fleet_refuses_is_a_serve_key() -> None:
         ("max_connections_per_address", {"max_connections_per_address": 3}),
         ("accepts_per_s_per_address", {"accepts_per_s_per_address": 3}),
         ("write_timeout_s", {"write_timeout_s": 3.0}),
+        ("send_buffer_bytes", {"send_buffer_bytes": 1 << 20}),
+        ("stream_pause_bytes", {"stream_pause_bytes": 1 << 12}),
     ],
 )
 def test_serve_keys_a_fleet_does_not_read_are_refused(

@@ -106,6 +106,8 @@ class FakeEngine:
     gate: asyncio.Event | None = None  # when set, each stream waits on it after its first delta
     requests: list[EngineRequest] = field(default_factory=list)  # every request received
     aborted: list[str] = field(default_factory=list)  # ids aborted (abort() or closed stream)
+    paused: list[str] = field(default_factory=list)  # ids paused (pause()), in call order
+    resumed: list[str] = field(default_factory=list)  # ids resumed (resume()), in call order
     running: tuple[AdapterKey, ...] = ()  # reported as resident in load_snapshot()
     waiting: tuple[AdapterKey, ...] = ()  # reported as waiting in load_snapshot()
     char_tokenizer: CharTokenizer = field(default_factory=CharTokenizer)
@@ -126,6 +128,12 @@ class FakeEngine:
 
     def health(self) -> EngineHealth:
         return EngineHealth(up=True, num_restarts=0, down_reason=None)
+
+    async def pause(self, request_id: str) -> None:
+        self.paused.append(request_id)
+
+    async def resume(self, request_id: str) -> None:
+        self.resumed.append(request_id)
 
     async def abort(self, request_id: str) -> None:
         if request_id not in self.aborted:

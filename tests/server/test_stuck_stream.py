@@ -16,6 +16,7 @@ from contextlib import contextmanager, suppress
 from pathlib import Path
 from urllib.parse import urlsplit
 
+import httpx
 import pytest
 import uvicorn
 from live import listening
@@ -25,7 +26,7 @@ from loraplex.serve.assembly import DEMO_DIR, build_server
 from loraplex.serve.config import ServeConfig
 from loraplex.serve.front import Server
 from loraplex.server.listeners import BoundedH11Protocol, ConnectionLimits
-from loraplex.server.stream_buffer import bounded
+from loraplex.server.stream_buffer import Backpressure, bounded
 from loraplex.server.streaming import not_read_event
 
 WAIT_S = 30.0  # far longer than any limit here: what has not happened by then never will
@@ -110,6 +111,52 @@ def test_closing_the_writer_closes_the_events_and_aborts() -> None:
 
     events, aborts = asyncio.run(run())
     assert events.closed and aborts.num_calls >= 1 and events.num_read < 10_000
+
+
+class Flow:
+    """Records pauses and resumes, in order."""
+
+    def __init__(self) -> None:
+        self.calls: list[str] = []
+
+    async def pause(self) -> None:
+        self.calls.append("pause")
+
+    async def resume(self) -> None:
+        self.calls.append("resume")
+
+
+def test_a_stuck_writer_pauses_the_request_and_a_reading_one_resumes_it() -> None:
+    async def run() -> tuple[list[str], Events, Aborts, Flow]:
+        events, aborts, flow = Events(40, 100), Aborts(), Flow()
+        backpressure = Backpressure(500, flow.pause, flow.resume)
+        stream = bounded(events.stream(), 1 << 20, not_read_event, aborts, backpressure)
+        pieces = [await anext(stream)]  # then the writer is stuck on its client
+        for _ in range(200):
+            await asyncio.sleep(0)
+        assert flow.calls == ["pause"]  # once, however much more the (fake) source sends
+        pieces += [piece async for piece in stream]  # the client reads again
+        return pieces, events, aborts, flow
+
+    pieces, _, _, flow = asyncio.run(run())
+    assert "".join(pieces) == "".join(f"{i % 10}" * 100 for i in range(40))  # nothing lost
+    assert flow.calls[:2] == ["pause", "resume"]
+    assert flow.calls.count("pause") == flow.calls.count("resume")  # never left paused
+
+
+def test_a_pause_bound_at_or_above_the_buffer_never_pauses() -> None:
+    async def run() -> tuple[Aborts, Flow]:
+        events, aborts, flow = Events(10_000, 100), Aborts(), Flow()
+        backpressure = Backpressure(1000, flow.pause, flow.resume)
+        stream = bounded(events.stream(), 1000, not_read_event, aborts, backpressure)
+        await anext(stream)
+        for _ in range(200):
+            await asyncio.sleep(0)
+        await stream.aclose()
+        return aborts, flow
+
+    aborts, flow = asyncio.run(run())
+    assert flow.calls == [] and aborts.num_calls >= 1  # the overflow abort, as without it
 
 
 # --- a real server and engine ----------------------------------------------------------------
@@ -224,7 +271,8 @@ def test_a_stream_past_its_buffer_is_aborted_and_says_why(
     demo_assets: DemoAssets, tmp_path: Path
 ) -> None:
     limits = ConnectionLimits(write_timeout_s=600.0)
-    config = {"engine_process": False, "max_num_seqs": 2, "max_stream_buffer_bytes": 16 << 10}
+    config = {"engine_process": False, "max_num_seqs": 2, "max_stream_buffer_bytes": 16 << 10,
+              "stream_pause_bytes": 1 << 30}  # fmt: skip  # never paused: the abort path
     with (
         serving(demo_assets, tmp_path, limits, **config) as (server, address, listener),
         _open_not_reading(address, listener, server, NUM_CHOICES) as sock,
@@ -234,6 +282,45 @@ def test_a_stream_past_its_buffer_is_aborted_and_says_why(
     assert b'"code":"stream_not_read"' in received
     assert received.endswith(b"0\r\n\r\n")
     assert b"data: [DONE]" not in received
+
+
+@pytest.mark.parametrize("engine_process", [False, True], ids=["thread", "process"])
+def test_a_client_that_does_not_read_is_paused_and_another_tenant_is_served(
+    demo_assets: DemoAssets, tmp_path: Path, engine_process: bool
+) -> None:
+    """Its siblings stop being scheduled (no request running, no KV block held) while the
+    stream stays open and unaborted; another tenant's request then completes."""
+    limits = ConnectionLimits(write_timeout_s=600.0)
+    config = {"engine_process": engine_process, "max_num_seqs": 2,
+              "max_stream_buffer_bytes": 64 << 20, "stream_pause_bytes": 8 << 10}  # fmt: skip
+    with (
+        serving(demo_assets, tmp_path, limits, **config) as (server, address, listener),
+        _open_not_reading(address, listener, server, NUM_CHOICES),
+    ):
+        deadline = time.monotonic() + WAIT_S
+        while time.monotonic() < deadline:
+            load = server.engine.load_snapshot()
+            if load.num_paused > 0 and load.num_running == load.num_waiting == 0:
+                break  # every unfinished sibling paused: none queued, none running
+            time.sleep(0.05)
+        load = server.engine.load_snapshot()
+        assert load.num_paused > 0 and load.num_running == load.num_waiting == 0, load
+        assert load.kv_usage == 0  # their KV blocks freed too
+        assert _num_ended(server, "abort") == 0  # paused, not aborted
+        host, port = address
+        reply = httpx.post(
+            f"http://{host}:{port}/v1/completions",
+            json={"model": "search", "prompt": "hello", "max_tokens": 4},
+            headers={"Authorization": f"Bearer {server.sample_keys['globex']}"},
+            timeout=WAIT_S,
+        )
+        assert reply.status_code == 200 and reply.json()["usage"]["completion_tokens"] == 4
+        # NOTE: an engine process publishes its counts every few ms: the victim's end may show late
+        deadline = time.monotonic() + WAIT_S
+        while server.engine.load_snapshot().num_running and time.monotonic() < deadline:
+            time.sleep(0.05)
+        after = server.engine.load_snapshot()  # the stuck stream still paused, nothing running
+        assert after.num_paused == load.num_paused and after.num_running == 0, after
 
 
 @pytest.mark.parametrize("name", ["write_timeout_s", "max_stream_buffer_bytes"])

@@ -17,21 +17,22 @@ import asyncio
 import http.client
 import statistics
 import time
-from collections.abc import Sequence
+from collections.abc import Coroutine, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
 
 from loraplex.bench.serve.attack_kinds import ISOLATED_KINDS
+from loraplex.bench.serve.attack_process import AttackProcess
 from loraplex.bench.serve.attacker import (
     ATTACKER,
     ATTACKER_ADAPTER,
     KINDS,
     AttackPlan,
     AttackRecord,
+    MixedAttack,
     PathologicalAdapter,
-    run_attacker,
 )
 from loraplex.bench.serve.driver import DriveConfig, RequestRecord, ResidencyView, replay_over_http
 from loraplex.bench.serve.fleet import Fleet, ServerOptions, serving
@@ -204,13 +205,22 @@ def _run(shared: _Shared, data_dir: Path, name: str, plan: AttackPlan | None) ->
         rtts = keepalive_rtts(url, fleet.keys[VICTIMS[0]], KEEPALIVE_REQUESTS)
 
         async def both() -> tuple[list[RequestRecord], ResidencyView, list[AttackRecord]]:
-            requests = shared.workload.requests
-            victims = replay_over_http(url, requests, fleet.keys, fleet.admin_key, drive)
+            def victims() -> Coroutine[Any, Any, tuple[list[RequestRecord], ResidencyView]]:
+                requests = shared.workload.requests
+                return replay_over_http(url, requests, fleet.keys, fleet.admin_key, drive)
+
             if plan is None:
-                return (*await victims, [])
+                return (*await victims(), [])
             key = fleet.keys[ATTACKER]
-            attacker = run_attacker(url, key, fleet.admin_key, shared.hostile, plan)
-            (records, view), attacks = await asyncio.gather(victims, attacker)
+            # Its own process (``attack_process``): its client work is not the victims' loop's.
+            process = AttackProcess(MixedAttack(url, key, fleet.admin_key, shared.hostile, plan))
+            try:
+                await asyncio.to_thread(process.start)
+                process.go()
+                records, view = await victims()
+                attacks = (await asyncio.to_thread(process.finish)).tally
+            finally:
+                await asyncio.to_thread(process.close)
             return records, view, attacks
 
         records, view, attacks = asyncio.run(both())

@@ -20,7 +20,7 @@ failure like any.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -49,7 +49,8 @@ class Side:
     max_503_ms: float | None  # the slowest of them, arrival to reply; None without one
     rss_growth_mib: float | None  # largest server tree RSS growth of the side's runs
     server_cpu_s: float  # the server tree's CPU seconds over the side's runs, summed
-    client_cpu_s: float  # the benchmark client's CPU seconds (attacker's included), summed
+    client_cpu_s: float  # the victims' client's CPU seconds (the benchmark's process), summed
+    attacker_cpu_s: float | None  # the attack's own process's CPU seconds, summed; None: calm
 
 
 def side(
@@ -77,7 +78,14 @@ def side(
         rss_growth_mib=None if growth is None else round(growth / _MIB, 2),
         server_cpu_s=round(sum(run.cpu.server_s for run in runs), 2),
         client_cpu_s=round(sum(run.cpu.client_s for run in runs), 2),
+        attacker_cpu_s=_sum_defined(run.cpu.attacker_s for run in runs),
     )
+
+
+def _sum_defined(values: Iterable[float | None]) -> float | None:
+    """The sum of the defined values, rounded; None when none is defined."""
+    defined = [value for value in values if value is not None]
+    return round(sum(defined), 2) if defined else None
 
 
 def hang_window(run: KindRun) -> tuple[float, float] | None:
@@ -128,6 +136,7 @@ def kind_entry(
         "server_cpu_s_calm": calm.server_cpu_s,
         "client_cpu_s": attacked.client_cpu_s,
         "client_cpu_s_calm": calm.client_cpu_s,
+        "attacker_cpu_s": attacked.attacker_cpu_s,
     }
     checks = [attacked.failed == 0, None if p99_ratio is None else p99_ratio <= MAX_P99_TTFT_RATIO]
     if hung:

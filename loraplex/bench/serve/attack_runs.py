@@ -12,6 +12,7 @@ streams still stuck).
 from __future__ import annotations
 
 import asyncio
+import functools
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -36,6 +37,7 @@ from loraplex.bench.serve.attack_kinds import (
     seat_hog,
     token_ids,
 )
+from loraplex.bench.serve.attack_process import AttackProcess
 from loraplex.bench.serve.attack_sockets import half_open_flood, stuck_streams
 from loraplex.bench.serve.attacker import ATTACKER
 from loraplex.bench.serve.driver import DriveConfig, RequestRecord, ResidencyView, replay_over_http
@@ -63,11 +65,12 @@ def attack_for(kind: str) -> Attack:
 class RunCpu:
     """CPU seconds over one run's trace (from when the server was ready to the trace's end).
 
-    On one machine the benchmark client's CPU is taken from the server's: attacked minus calm
-    ``client_s`` is about what the attacker's own client side cost the shared cores."""
+    On one machine the benchmark's CPU is taken from the server's: ``attacker_s`` is what the
+    attacker's own process cost the shared cores (it runs apart from the victims' client)."""
 
     server_s: float  # the server process tree (front and engine), user + system
-    client_s: float  # this benchmark process: the victims' client and, attacked, the attacker
+    client_s: float  # this benchmark process: the victims' client only
+    attacker_s: float | None = None  # the attack's own process, go to end; None: calm run
 
 
 @dataclass(frozen=True)
@@ -151,20 +154,25 @@ class _Victims:
 async def _both(
     victims: _Victims, target: KindTarget, plan: KindPlan, attack: Attack | None
 ) -> tuple[list[RequestRecord], ResidencyView, int, Tally, RunCpu]:
-    before = tree_rss_bytes(target.server_pid)
-    server_cpu_s, client_cpu_s = tree_cpu_s(target.server_pid), time.process_time()
-    stop = asyncio.Event()
-    running = None if attack is None else asyncio.create_task(attack(target, plan, stop))
+    """The victims' trace here, the attack (if any) in its own process (``attack_process``)."""
+    process = None if attack is None else AttackProcess(functools.partial(attack, target, plan))
     try:
+        if process is not None:
+            await asyncio.to_thread(process.start)  # its imports before any clock starts
+        before = tree_rss_bytes(target.server_pid)
+        server_cpu_s, client_cpu_s = tree_cpu_s(target.server_pid), time.process_time()
+        if process is not None:
+            process.go()
         records, view = await replay_over_http(
             target.url, victims.workload.requests, victims.keys, victims.admin_key, victims.drive
         )
         growth = tree_rss_bytes(target.server_pid) - before
-        cpu = RunCpu(
-            round(tree_cpu_s(target.server_pid) - server_cpu_s, 2),
-            round(time.process_time() - client_cpu_s, 2),
-        )
+        server_s = round(tree_cpu_s(target.server_pid) - server_cpu_s, 2)
+        client_s = round(time.process_time() - client_cpu_s, 2)
+        result = None if process is None else await asyncio.to_thread(process.finish)
     finally:
-        stop.set()  # on an error too: no attack outlives its run (hung-engine resumes the engine)
-    tally = {} if running is None else await running
+        if process is not None:  # on an error too: no attack outlives its run
+            await asyncio.to_thread(process.close)
+    tally = {} if result is None else result.tally
+    cpu = RunCpu(server_s, client_s, None if result is None else result.cpu_s)
     return records, view, growth, tally, cpu

@@ -199,6 +199,22 @@ async def run_attacker(
     return sorted([*await uploads, *requests], key=lambda record: record.t_s)
 
 
+@dataclass(frozen=True)
+class MixedAttack:
+    """``run_attacker`` as ``attack_process`` calls it (pickled into the attack's process)."""
+
+    url: str  # the server
+    key: str  # the attacker tenant's API key
+    admin_key: str  # for the uploads of the pathological adapters
+    adapters: tuple[PathologicalAdapter, ...]  # uploaded at the start
+    plan: AttackPlan  # what it sends
+
+    async def __call__(self, stop: asyncio.Event) -> list[AttackRecord]:
+        """NOTE: ``stop`` is not awaited: the mixed attacker sends its whole schedule (bounded
+        by ``plan.duration_s`` and its timeouts), as it did alongside the victims."""
+        return await run_attacker(self.url, self.key, self.admin_key, self.adapters, self.plan)
+
+
 async def bounded_exchange(
     exchange: Coroutine[Any, Any, tuple[int, str | None]], timeout_s: float
 ) -> tuple[int, str | None]:

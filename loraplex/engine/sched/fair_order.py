@@ -58,7 +58,11 @@ class FairQueues:
         self.num_queued += 1
 
     def push_front(self, req: Request) -> None:
-        """Requeue a preempted request at its (active) tenant's head."""
+        """Requeue a preempted or resumed request at its tenant's head (a resumed request's
+        tenant may have gone idle meanwhile: it is activated as ``push`` does)."""
+        if req.tenant not in self._queues:
+            self.push(req)
+            return
         self._queues[req.tenant].appendleft(req)
         self.num_queued += 1
 
@@ -69,8 +73,8 @@ class FairQueues:
     def forget_if_idle(self, tenant: str, running: bool) -> None:
         """Deactivate ``tenant`` once it has nothing queued or ``running`` (its virtual time is
         kept: returning later, it starts at the floor or where it was, whichever is later)."""
-        if not self._queues[tenant] and not running:
-            del self._queues[tenant]
+        if not self._queues.get(tenant) and not running:
+            self._queues.pop(tenant, None)  # NOTE: a paused request's tenant may be idle already
 
     def charge(self, tenant: str, num_tokens: int) -> None:
         self._vtime[tenant] += num_tokens / self.weight(tenant)

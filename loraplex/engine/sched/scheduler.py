@@ -14,6 +14,9 @@ Invariants:
   blocks per unit of weight is preempted (its blocks freed, recomputed later; it keeps its
   lease); a tenant at its ``max_kv_blocks`` preempts its own newest sequence to grow
   (``kv_shares``).
+- A paused request (``pause``: its consumer stopped reading its output) is in neither the
+  queues nor ``running``: it holds no seat and no KV block (freed as by a preemption, recomputed
+  after ``resume``), keeps its lease, and is never scheduled until resumed or retired.
 - A follower (``EngineRequest.prefix_leader``) is not admitted while its leader is live and has
   not computed its prompt; a request owed prompt logprobs reuses no cached prefix.
 """
@@ -63,6 +66,7 @@ class Scheduler:
         self.running: list[Request] = []  # admission order (the tail is preempted first)
         self._queues = FairQueues(tenants or TenantBook())
         self._kv = KvShares(blocks, self._queues.tenants)  # max_kv_blocks, KV victims
+        self._paused: dict[str, Request] = {}  # out of scheduling until resumed (``pause``)
 
     # --- admission to the engine ------------------------------------------------------------
 
@@ -104,7 +108,9 @@ class Scheduler:
     def finish(self, req: Request, state: RequestState, reason: str) -> None:
         """Retire a live request (FINISHED or ABORTED): frees its KV blocks, releases its
         lease."""
-        if req.state in QUEUED_STATES:
+        if self._paused.pop(req.request_id, None) is not None:
+            pass  # neither queued nor running: nothing to take it out of
+        elif req.state in QUEUED_STATES:
             self._queues.remove(req)
         elif req.state is RequestState.RUNNING:
             self.running.remove(req)
@@ -127,6 +133,40 @@ class Scheduler:
             for r in q
             if r.deadline_at_s <= now_s and r.first_scheduled_s is None
         ]
+
+    # --- consumers that stopped reading --------------------------------------------------------
+
+    def pause(self, req: Request) -> bool:
+        """Takes ``req`` out of scheduling until ``resume``: its consumer has stopped reading its
+        output, so every step it ran would only grow what waits undelivered. Running, it gives
+        up its seat and KV blocks as a preempted sequence does (recomputed once resumed; the
+        lease is kept); queued, it leaves the queue. False, nothing changed: already paused, or
+        waiting for its adapter (NOTE: a lease being loaded must find it in the queue; such a
+        request has produced no output to fall behind on)."""
+        if req.request_id in self._paused or req.state is RequestState.ADAPTER_WAIT:
+            return False
+        if req.state is RequestState.RUNNING:
+            self._unseat(req)
+        else:
+            self._queues.remove(req)
+        self._paused[req.request_id] = req
+        return True
+
+    def resume(self, request_id: str) -> bool:
+        """Puts a paused request back at its tenant's head (its consumer reads again); False
+        when ``request_id`` is not paused (never paused, resumed already, or retired)."""
+        req = self._paused.pop(request_id, None)
+        if req is None:
+            return False
+        self._queues.push_front(req)
+        return True
+
+    def is_paused(self, request_id: str) -> bool:
+        return request_id in self._paused
+
+    @property
+    def num_paused(self) -> int:
+        return len(self._paused)
 
     # --- adapters: leases and loads ------------------------------------------------------------
 
@@ -186,7 +226,9 @@ class Scheduler:
         return list(islice(self._queues.order(), limit))
 
     def make_stats(self) -> QueueView:
-        return queue_view(self.requests.values(), len(self.running), self.blocks.usage)
+        return queue_view(
+            self.requests.values(), len(self.running), self.blocks.usage, self._paused.keys()
+        )
 
     # --- planning ------------------------------------------------------------------------------
 
@@ -292,10 +334,14 @@ class Scheduler:
         return self.blocks.can_grow(req.seq_id, total) and not self._kv.at_cap(req, n, self.running)
 
     def _preempt(self, req: Request) -> None:
+        self._unseat(req)
+        self._queues.push_front(req)
+
+    def _unseat(self, req: Request) -> None:
+        """A running request gives up its seat and KV blocks (recomputed when it runs again)."""
         self.running.remove(req)
         self._free_kv(req)
         req.transition(RequestState.WAITING)
-        self._queues.push_front(req)
 
     def _free_kv(self, req: Request) -> None:
         if req.seq_id is not None:

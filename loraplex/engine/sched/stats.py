@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Container, Iterable
 from dataclasses import dataclass
 
 from loraplex.artifacts.identity import AdapterKey
@@ -22,15 +22,18 @@ class QueueView:
     queued_adapters: tuple[AdapterKey, ...]  # adapters of queued requests without a lease
     num_active_tokens: int  # prompt + output tokens of every live request (queued or running)
     mode: ModeReport | None = None  # merged revision and transition times; None: unmerged
+    num_paused: int = 0  # out of scheduling: their consumers stopped reading (Scheduler.pause)
 
 
 EMPTY_VIEW = QueueView(0, 0, 0, 0.0, (), 0)
 
 
-def queue_view(requests: Iterable[Request], num_running: int, kv_usage: float) -> QueueView:
-    """The view of the live ``requests``."""
+def queue_view(
+    requests: Iterable[Request], num_running: int, kv_usage: float, paused: Container[str] = ()
+) -> QueueView:
+    """The view of the live ``requests`` (those in ``paused`` are counted apart: not queued)."""
     live = list(requests)
-    queued = [r for r in live if r.state in QUEUED_STATES]
+    queued = [r for r in live if r.state in QUEUED_STATES and r.request_id not in paused]
     waiting = sum(r.adapter_ready for r in queued)
     keys = (r.request.adapter_key for r in queued if not r.adapter_ready)
     return QueueView(
@@ -40,6 +43,7 @@ def queue_view(requests: Iterable[Request], num_running: int, kv_usage: float) -
         kv_usage=kv_usage,
         queued_adapters=tuple(dict.fromkeys(k for k in keys if k is not None)),
         num_active_tokens=sum(r.num_tokens for r in live),
+        num_paused=sum(r.request_id in paused for r in live),
     )
 
 
@@ -57,4 +61,5 @@ def load_of(view: QueueView, running: tuple[AdapterKey, ...], max_loras: int) ->
         max_loras=max_loras,
         num_active_tokens=view.num_active_tokens,
         mode=view.mode,
+        num_paused=view.num_paused,
     )

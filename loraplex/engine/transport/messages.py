@@ -118,6 +118,12 @@ class AbortRequest:
 
 
 @dataclass(frozen=True)
+class PauseRequest:
+    request_id: str  # a live request whose consumer stopped (or resumed) reading its output
+    paused: bool  # True: stop generating for it; False: generate again (unknown ids: no-op)
+
+
+@dataclass(frozen=True)
 class CacheCall:
     call_id: int  # answered by the Reply (and LoadDone) carrying this id
     command: CacheCommand  # what to run

@@ -74,6 +74,7 @@ from loraplex.engine.transport.messages import (
     CacheCommand,
     Heartbeat,
     LoadDone,
+    PauseRequest,
     Reply,
     StatePublish,
     StepOut,
@@ -146,6 +147,7 @@ class EngineProcess:
         # why requests are refused while the child lives but makes no progress; None: it does
         self._hung: EngineUnavailableError | None = None
         self._hung_aborts: list[str] = []  # aborts held back while hung (sent on recovery)
+        self._hung_pauses: dict[str, bool] = {}  # pauses and resumes held back likewise
         self._num_restarts = 0
         # tenant settings not yet known to be applied by the child (see update_tenant_settings)
         self._tenants_unsent: dict[str, TenantSettings] | None = None
@@ -245,6 +247,23 @@ class EngineProcess:
         if link is not None:  # a dead child's requests are gone with it
             with contextlib.suppress(EngineUnavailableError):
                 self._send(link, AbortRequest(request_id))
+
+    async def pause(self, request_id: str) -> None:
+        self._pause(request_id, True)
+
+    async def resume(self, request_id: str) -> None:
+        self._pause(request_id, False)
+
+    def _pause(self, request_id: str, paused: bool) -> None:
+        with self._lock:
+            link = self._link if self._down is None else None
+            if link is not None and self._hung is not None:
+                # as for aborts: held back while hung, the latest per request sent on recovery
+                self._hung_pauses[request_id] = paused
+                return
+        if link is not None:  # a dead child's requests are gone with it
+            with contextlib.suppress(EngineUnavailableError):
+                self._send(link, PauseRequest(request_id, paused))
 
     def load_snapshot(self) -> EngineLoad:
         with self._lock:
@@ -413,6 +432,10 @@ class EngineProcess:
         for request_id in aborts:
             with contextlib.suppress(EngineUnavailableError):
                 self._send(link, AbortRequest(request_id))
+        pauses, self._hung_pauses = self._hung_pauses, {}
+        for request_id, paused in pauses.items():
+            with contextlib.suppress(EngineUnavailableError):
+                self._send(link, PauseRequest(request_id, paused))
         self._send_unsent_tenants(link)
 
     def _restart(self) -> ChildLink | None:
@@ -449,7 +472,7 @@ class EngineProcess:
             self._link = link
             self._max_loras = max_loras
             self._down = None
-            self._hung, self._hung_aborts = None, []
+            self._hung, self._hung_aborts, self._hung_pauses = None, [], {}
         self._watchdog.progress(time.monotonic())
         self._backoff.up(time.monotonic())
         _log.warning("engine process restarted (pid %s)", link.pid)

@@ -31,6 +31,7 @@ from loraplex.engine.transport.messages import (
     Heartbeat,
     HoldMerges,
     LoadDone,
+    PauseRequest,
     Pin,
     Prefetch,
     Ready,
@@ -140,6 +141,7 @@ class _Child:
         self._handlers: dict[type, Callable[[Any], None]] = {
             AddRequest: self._on_add,
             AbortRequest: self._on_abort,
+            PauseRequest: self._on_pause,
             CacheCall: self._on_call,
         }
         self._thread = EngineThread(handles.core, handles.idle_wait_s, self._deliver)
@@ -172,6 +174,11 @@ class _Child:
     def _on_abort(self, message: AbortRequest) -> None:
         request_id = message.request_id
         self._thread.submit(lambda: self._core.abort(request_id))
+
+    def _on_pause(self, message: PauseRequest) -> None:
+        request_id, core = message.request_id, self._core
+        act = core.pause if message.paused else core.resume
+        self._thread.submit(lambda: act(request_id))
 
     def _add(self, request: EngineRequest) -> None:
         rid = request.request_id

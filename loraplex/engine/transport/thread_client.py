@@ -108,6 +108,12 @@ class AsyncEngine:
     async def abort(self, request_id: str) -> None:
         self._thread.submit(lambda: self._core.abort(request_id))
 
+    async def pause(self, request_id: str) -> None:
+        self._thread.submit(lambda: self._core.pause(request_id))
+
+    async def resume(self, request_id: str) -> None:
+        self._thread.submit(lambda: self._core.resume(request_id))
+
     def load_snapshot(self) -> EngineLoad:
         return engine_load(self._core, self._max_loras)
 
