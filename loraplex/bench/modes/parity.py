@@ -11,7 +11,7 @@ differing position, each side's token must be among the other side's ``top_k`` l
 the unmerged side's gap, ``logprob(its token) - logprob(the merged side's token)``, must be
 below ``max_gap_nats``; later positions are not compared. Anything else is a wrong answer.
 
-``max_gap_nats`` comes from a measurement (docs/modes.md, "bfloat16 parity"): on the bench's
+``max_gap_nats`` comes from a measurement (docs/modes.md, "Parity rule"): on the bench's
 small random model in bfloat16, the unmerged path's logprobs of the float32 reference's top-5
 tokens were at most ``BF16_UNMERGED_ERROR_NATS`` off the float32 ones (teacher-forced over every
 probe). The test of ``tests/model/test_merge.py`` lets merged logits be off by twice the
