@@ -17,8 +17,9 @@ reference's top-5 tokens were at most ``BF16_UNMERGED_ERROR_NATS`` off the float
 (teacher-forced over every probe; the larger of the two presets' figures). The test of
 ``tests/model/test_merge.py`` lets merged logits be off by twice the unmerged error, so a flip
 between merged and unmerged needs a gap of at most about ``(1 + 2) * 2 * error`` (each of the
-two tokens' logprobs moves by up to three errors, in opposite directions): ``max_gap_nats = 6 * error``. A wrong merge (a wrong adapter, a wrong
-scale) moves logprobs by whole nats and fails it.
+two tokens' logprobs moves by up to three errors, in opposite directions):
+``max_gap_nats = 6 * error``. A wrong merge (a wrong adapter, a wrong scale) moves logprobs by
+whole nats and fails it.
 """
 
 from __future__ import annotations
