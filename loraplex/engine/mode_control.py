@@ -9,8 +9,9 @@ between steps, merges, unmerges or switches through :class:`~loraplex.engine.mod
 - ``auto``: :func:`~loraplex.engine.mode_policy.decide` on the recent token share, with the
   transition cost measured by the switcher, the per-token LoRA cost given by the operator
   (``lora_s_per_token``, measured by ``loraplex bench modes``), and whole steps' seconds per
-  token timed here in both modes: once merged steps are measured slower, auto unmerges and
-  stays unmerged.
+  token timed here in both modes: nothing is merged before ``min_measured_steps`` unmerged
+  steps were timed, and once merged steps are measured slower, auto unmerges and stays
+  unmerged.
 """
 
 from __future__ import annotations
@@ -76,7 +77,7 @@ class ModeController:
         self._pending: Future[Lease] | None = None  # lease asked for the revision to merge
         self._pending_ref: str | None = None
         self._last_s: float | None = None
-        self.step_costs = StepCosts()
+        self.step_costs = StepCosts(min_steps=self.policy.min_measured_steps)
         self._step_start_s: float | None = None
         text = ModeKind.AUTO.value if setting.revision is None else f"merged:{setting.revision}"
         self.report = ModeReport(text, None)  # published with every queue view (``stamp``)

@@ -8,7 +8,9 @@ cost per token, merging saves ``share * rate * c`` and costs ``(1 - share) * rat
 per second, so it pays only above half the traffic, and only if the gain repays the measured
 transition cost within ``payback_s``. Hysteresis: merging needs ``merge_share``, unmerging
 needs the share to fall below the lower ``unmerge_share``, and no transition follows another
-within ``min_dwell_s``.
+within ``min_dwell_s``. Baseline: nothing is merged before ``min_measured_steps`` unmerged steps
+were measured, so the veto on merged steps measured slower (:class:`StepCosts`) always has an
+unmerged figure to compare with.
 """
 
 from __future__ import annotations
@@ -56,11 +58,18 @@ class ModePolicyConfig:
     unmerge_share: float = 0.45  # share below which a merged revision is unmerged
     min_dwell_s: float = 60.0  # no transition sooner than this after the last one
     payback_s: float = 10.0  # the gain must repay the transition cost within this time
+    # steps timed in a mode before its per-token cost counts (StepCosts); no merge before this
+    # many unmerged steps were timed, so the merged-slower veto has a baseline
+    min_measured_steps: int = 8
 
     def __post_init__(self) -> None:
         for name in ("window_s", "min_dwell_s", "payback_s"):
             if not getattr(self, name) > 0:
                 raise ValueError(f"{name} {getattr(self, name)} is invalid; expected > 0")
+        if self.min_measured_steps < 1:
+            raise ValueError(
+                f"min_measured_steps {self.min_measured_steps} is invalid; expected >= 1"
+            )
         if not 0.5 <= self.merge_share <= 1.0:
             raise ValueError(
                 f"merge_share {self.merge_share} is invalid; expected 0.5 <= share <= 1 "
@@ -99,7 +108,8 @@ class MeasuredCosts:
     transition_s: float  # one merge or unmerge (median of those seen; a prior before any)
     lora_s_per_token: float  # the unmerged LoRA op's cost per token (all layers)
     # Whole steps' seconds per token seen merged / unmerged (StepCosts); None: not measured.
-    # When both are known and merged steps ran slower, the model above is overruled.
+    # No merge while the unmerged figure is None; when both are known and merged steps ran
+    # slower, the model above is overruled.
     merged_step_s_per_token: float | None = None
     unmerged_step_s_per_token: float | None = None
 
@@ -141,6 +151,10 @@ def decide(
     top, share = traffic.top_revision, traffic.top_share
     gain_s = (2.0 * share - 1.0) * traffic.tokens_per_s * costs.lora_s_per_token * config.payback_s
     hot = top is not None and top != merged and share >= config.merge_share
+    if hot and costs.unmerged_step_s_per_token is None:  # the veto needs a baseline first
+        hot = False
+        if merged is None:
+            return ModeDecision(Action.STAY, None, "unmerged steps not measured yet")
     if merged is None:
         if hot and gain_s > costs.transition_s:
             return ModeDecision(Action.MERGE, top, f"{top} carries {share:.2f} of recent tokens")

@@ -9,14 +9,9 @@ import pytest
 import torch
 
 from loraplex.bench.modes import bench as modes
+from loraplex.bench.modes.parity import ParityReport, ParityRule, ProbeMismatchError
 from loraplex.bench.modes.plot import modes_plot
-from loraplex.bench.modes.setup import (
-    NUM_ADAPTERS,
-    ModesBenchConfig,
-    ProbeMismatchError,
-    Setup,
-    probes,
-)
+from loraplex.bench.modes.setup import NUM_ADAPTERS, ModesBenchConfig, Setup, probes
 from loraplex.model.adapter_weights import AdapterWeights
 from loraplex.model.merge import linear_of
 
@@ -50,6 +45,9 @@ def test_one_run_reports_every_figure(tmp_path: Path) -> None:
     assert metrics["uniform16_auto_merged_slot"] is None  # uniform traffic never merges
     assert metrics["mode_flaps_per_min"] <= 1.0
     assert metrics["probes_identical"] == 1 + 2 * NUM_ADAPTERS
+    parity = metrics["parity"]  # float32: exact, every probe and replayed request identical
+    assert parity["rule"]["exact"] and parity["num_divergences"] == 0
+    assert parity["compared"] == parity["identical"] > 1 + 2 * NUM_ADAPTERS
     for name in ("skewed80_replay", "uniform16_replay"):  # request-level, both modes
         replay = metrics[name]
         assert isinstance(replay, dict) and replay["replays_per_mode"] == 2, name
@@ -79,7 +77,7 @@ def test_a_wrong_merge_fails_the_probes(tmp_path: Path, monkeypatch: pytest.Monk
 
     monkeypatch.setattr(setup.merger, "merge", wrong)
     with torch.no_grad(), pytest.raises(ProbeMismatchError, match="merged"):
-        probes(setup)
+        probes(setup, ParityReport(ParityRule(exact=True)))
 
 
 def test_the_config_refuses_an_unknown_dtype() -> None:

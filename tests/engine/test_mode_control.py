@@ -3,20 +3,22 @@ and unmerges when it stops; ``merged:<ref>`` merges the named revision; outputs 
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 
 import pytest
 
+from loraplex.artifacts.identity import AdapterKey
 from loraplex.clock import ManualClock
 from loraplex.demo.assets import DemoAssets
 from loraplex.engine.mode_control import ModeController, ref_of
 from loraplex.engine.mode_policy import ModePolicyConfig, ModeSetting
 from loraplex.engine.modes import ModeSwitcher, TransitionKind
 from loraplex.engine.offline import OfflineConfig, OfflineEngine, OfflineRequest
+from loraplex.engine.step import StepPlan
 from loraplex.sampling import SamplingParams
 
 GREEDY = SamplingParams(max_tokens=10, temperature=0.0, ignore_eos=True)
-POLICY = ModePolicyConfig(window_s=5.0, min_dwell_s=3.0, payback_s=10.0)
+POLICY = ModePolicyConfig(window_s=5.0, min_dwell_s=3.0, payback_s=10.0, min_measured_steps=3)
 
 
 @pytest.fixture
@@ -26,10 +28,12 @@ def engine(demo_assets: DemoAssets) -> Iterator[OfflineEngine]:
         yield offline
 
 
-def controller(engine: OfflineEngine, mode: str, clock: ManualClock) -> ModeController:
+def controller(
+    engine: OfflineEngine, mode: str, clock: ManualClock, lora_s_per_token: float = 1e-3
+) -> ModeController:
     switcher = ModeSwitcher(engine.core.runner, engine.runtime.pool, clock)
     control = ModeController(ModeSetting.parse(mode), switcher, engine.runtime.cache, clock,
-                             policy=POLICY, lora_s_per_token=1e-3)  # fmt: skip
+                             policy=POLICY, lora_s_per_token=lora_s_per_token)  # fmt: skip
     engine.core.modes = control
     return control
 
@@ -79,3 +83,40 @@ def test_static_merged_mode_merges_the_named_revision(
     assert control.switcher.merged_revision == ref
     engine.core.close()
     assert control.switcher.merged_revision is None
+
+
+def test_auto_measures_unmerged_steps_first_and_unmerges_when_merged_is_slower(
+    engine: OfflineEngine, demo_assets: DemoAssets
+) -> None:
+    """Merging at start-up left no unmerged steps to compare with, so the merged-slower veto
+    never acted (issue 28). Here each step costs 1 ms per token unmerged and 2 ms merged (the
+    clock advances by that before ``after_step`` times the step): auto must time
+    ``min_measured_steps`` unmerged steps, merge, find merged slower, unmerge and stay so."""
+    hot = demo_assets.adapter("acme", "billing", "r1")
+    cold = demo_assets.adapter("globex", "codegen", "r1")
+    params = SamplingParams(max_tokens=16, temperature=0.0, ignore_eos=True)
+    skewed = [OfflineRequest(hot.probe_prompt, hot.path, params)] * 4 + [
+        OfflineRequest(cold.probe_prompt, cold.path, params)
+    ]
+    want = [r.token_ids for r in engine.generate(skewed)]
+    clock = ManualClock()
+    control = controller(engine, "auto", clock, lora_s_per_token=0.1)  # the model says: merge
+    timed = control.after_step
+    merged_steps = 0
+
+    def costed(plan: StepPlan, keys: Mapping[str, AdapterKey | None]) -> None:
+        nonlocal merged_steps
+        merged = control.switcher.merged_revision is not None
+        merged_steps += merged
+        clock.advance((2e-3 if merged else 1e-3) * plan.num_tokens)
+        timed(plan, keys)
+
+    control.after_step = costed  # type: ignore[method-assign]
+    got = [r.token_ids for r in engine.generate(skewed, ticking(clock))]  # type: ignore[arg-type]
+    assert got == want
+    assert [t.kind for t in control.transitions] == [TransitionKind.MERGE, TransitionKind.UNMERGE]
+    assert control.switcher.merged_revision is None
+    assert merged_steps >= POLICY.min_measured_steps
+    assert control.step_costs.per_token(True) > control.step_costs.per_token(False)  # type: ignore[operator]
+    control.close()
+    engine.runtime.cache.check_integrity()

@@ -21,7 +21,7 @@ from loraplex.engine.mode_policy import (
 )
 
 CONFIG = ModePolicyConfig()
-CHEAP = MeasuredCosts(transition_s=0.01, lora_s_per_token=1e-4)
+CHEAP = MeasuredCosts(transition_s=0.01, lora_s_per_token=1e-4, unmerged_step_s_per_token=1e-3)
 
 
 def traffic(*shares: tuple[str, float], rate: float = 1000.0) -> TrafficShare:
@@ -40,7 +40,7 @@ def test_below_the_merge_share_nothing_changes(share: float) -> None:
 
 
 def test_a_merge_that_does_not_repay_its_transition_is_not_made() -> None:
-    slow = MeasuredCosts(transition_s=100.0, lora_s_per_token=1e-4)
+    slow = MeasuredCosts(transition_s=100.0, lora_s_per_token=1e-4, unmerged_step_s_per_token=1e-3)
     assert decide(None, None, traffic(("a@1", 0.9)), slow, CONFIG).action is Action.STAY
     idle = traffic(("a@1", 0.9), rate=0.1)
     assert decide(None, None, idle, CHEAP, CONFIG).action is Action.STAY
@@ -136,7 +136,13 @@ def test_bad_mode_setting_is_refused_naming_it(text: str) -> None:
 
 @pytest.mark.parametrize(
     ("field", "value"),
-    [("merge_share", 0.4), ("unmerge_share", 0.7), ("min_dwell_s", 0.0), ("window_s", -1.0)],
+    [
+        ("merge_share", 0.4),
+        ("unmerge_share", 0.7),
+        ("min_dwell_s", 0.0),
+        ("window_s", -1.0),
+        ("min_measured_steps", 0),
+    ],
 )
 def test_policy_config_validates(field: str, value: float) -> None:
     with pytest.raises(ValueError, match=f"{field} {value}"):
@@ -150,6 +156,17 @@ def test_merged_steps_measured_slower_unmerge_and_stop_merging() -> None:
     assert decide(None, 1e9, traffic(("a@1", 0.9)), slower, CONFIG).action is Action.STAY
     within_noise = MeasuredCosts(0.01, 1e-4, 1.04e-3, 1e-3)
     assert decide(None, None, traffic(("a@1", 0.9)), within_noise, CONFIG).action is Action.MERGE
+
+
+def test_nothing_is_merged_before_unmerged_steps_were_measured() -> None:
+    """The merged-slower veto compares both modes' measured steps: a merge made before any
+    unmerged step was timed would leave it nothing to compare with (issue 28)."""
+    unmeasured = MeasuredCosts(transition_s=0.01, lora_s_per_token=1e-4)
+    got = decide(None, None, traffic(("a@1", 0.9)), unmeasured, CONFIG)
+    assert got.action is Action.STAY and "not measured" in got.reason
+    # merged without a baseline (a fleet's dedication): no switch, the unmerge rule still holds
+    assert decide("a@1", 1e9, traffic(("b@1", 0.9)), unmeasured, CONFIG).action is Action.UNMERGE
+    assert decide(None, None, traffic(("a@1", 0.9)), CHEAP, CONFIG).action is Action.MERGE
 
 
 def test_step_costs_average_per_token_after_enough_steps() -> None:

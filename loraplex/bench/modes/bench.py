@@ -12,7 +12,9 @@ interleaved, warmed-up medians (WORKLOADS.md rules) on one clock. Scenarios:
 - flapping: a trace alternating its hot revision every 30 s replayed through ``decide`` in
   simulated time with the measured costs.
 - probes: greedy continuations of every adapter unmerged, merged, and with another revision
-  merged (the negative-slot path): any difference fails the bench.
+  merged (the negative-slot path), judged by the parity rule (bench/modes/parity.py): float32
+  exact, 16-bit dtypes a near-tie only; any other difference fails the bench. Every accepted
+  divergence is reported (``parity``).
 """
 
 from __future__ import annotations
@@ -27,12 +29,12 @@ from pathlib import Path
 import torch
 
 from loraplex.bench.execution.timing import interleaved_medians
+from loraplex.bench.modes.parity import ParityReport, ParityRule, ProbeMismatchError
 from loraplex.bench.modes.replay import compare_modes, hot_token_share, trace
 from loraplex.bench.modes.setup import (
     HOT,
     NUM_ADAPTERS,
     ModesBenchConfig,
-    ProbeMismatchError,
     Setup,
     decode_step,
     prefill_step,
@@ -201,7 +203,9 @@ def share_sweep(setup: Setup, rng: random.Random) -> list[dict[str, object]]:
     return rows
 
 
-def replay_figures(setup: Setup, costs: MeasuredCosts, rng: random.Random) -> dict[str, object]:
+def replay_figures(
+    setup: Setup, costs: MeasuredCosts, rng: random.Random, report: ParityReport
+) -> dict[str, object]:
     """Request-level replays (bench/modes/replay.py), unmerged vs ``auto``: the 80 % trace and
     the uniform one, ``batch_size`` closed-loop clients, ``context_tokens``-token prompts."""
     cfg = setup.config
@@ -209,7 +213,9 @@ def replay_figures(setup: Setup, costs: MeasuredCosts, rng: random.Random) -> di
     out: dict[str, object] = {}
     for name, share in (("skewed80", 0.8), ("uniform16", None)):
         requests = trace(rng, cfg.replay_requests, share, cfg.context_tokens, vocab)
-        figures = compare_modes(setup, requests, cfg.batch_size, costs, cfg.replay_rounds)
+        figures = compare_modes(
+            setup, requests, cfg.batch_size, costs, cfg.replay_rounds, report=report
+        )
         out[f"{name}_replay"] = {"hot_token_share": hot_token_share(requests), **figures}
     return out
 
@@ -219,7 +225,9 @@ def run_modes_bench(config: ModesBenchConfig) -> dict[str, object]:
     rng = random.Random(config.seed)
     with tempfile.TemporaryDirectory() as tmp:
         setup = Setup(Path(tmp), config)
-        num_probes = probes(setup)
+        parity = ParityReport(ParityRule.for_dtype(config.dtype))
+        probes(setup, parity)
+        num_probes = parity.compared - len(parity.accepted)
         merges, unmerges = transition_ms(setup)
         single: list[int | None] = [HOT] * config.batch_size
         merged = setup.merge(HOT)
@@ -235,7 +243,11 @@ def run_modes_bench(config: ModesBenchConfig) -> dict[str, object]:
         finally:
             setup.unmerge()
         lora_s = (1 / single_tps["unmerged"] - 1 / single_tps["base"]) if single_tps["base"] else 0
-        costs = MeasuredCosts(statistics.median(merges + unmerges) / 1000, max(lora_s, 0.0))
+        costs = MeasuredCosts(  # the unmerged steps just timed are the veto's baseline
+            statistics.median(merges + unmerges) / 1000,
+            max(lora_s, 0.0),
+            unmerged_step_s_per_token=1 / single_tps["unmerged"],
+        )
         skewed = skewed_slots(rng, config.batch_size, 0.8)
         uniform: list[int | None] = [i % NUM_ADAPTERS for i in range(config.batch_size)]
         metrics: dict[str, object] = {}
@@ -257,7 +269,7 @@ def run_modes_bench(config: ModesBenchConfig) -> dict[str, object]:
             # the LoRA overhead of this very batch (base / unmerged, same group and clock)
             metrics[f"{name}_lora_overhead"] = ratio(tps["base"], tps["unmerged"])
         metrics["share_sweep"] = share_sweep(setup, rng)
-        metrics.update(replay_figures(setup, costs, rng))
+        metrics.update(replay_figures(setup, costs, rng, parity))
         metrics.update(prefill_figures(setup, skewed))
     hot = sum(s == HOT for s in skewed) / len(skewed)
     overhead = ratio(single_tps["base"], single_tps["unmerged"])
@@ -278,6 +290,7 @@ def run_modes_bench(config: ModesBenchConfig) -> dict[str, object]:
             "unmerge_ms_p50": pct(unmerges, 0.5),
             "mode_flaps_per_min": flaps_per_min(costs, 10, rng),
             "probes_identical": num_probes,
+            "parity": parity.describe(),
             "lora_s_per_token": costs.lora_s_per_token,
         }
     )
