@@ -32,12 +32,13 @@ def reference_asks(run: CellRun) -> list[Ask]:
     for sent in run.sent:
         if sent.kind == "probe" and sent.target.probe_expected is None:
             asks.extend(_ask(sent, d) for d in sent.target.revisions.values() if d is not None)
+            asks.append(_ask(sent, None))  # the base model's answer: does the probe discriminate?
         elif sent.sampled and (local := _local_dir(sent)) is not None:
             asks.append(_ask(sent, local))
     return asks
 
 
-def _ask(sent: Sent, adapter_dir: Path) -> Ask:
+def _ask(sent: Sent, adapter_dir: Path | None) -> Ask:
     return Ask(adapter_dir, sent.prompt, sent.max_tokens, sent.ignore_eos)
 
 
@@ -61,6 +62,9 @@ class CellVerdict:
     reasons: list[str]  # why it did not (empty when passed)
     quality: dict[str, dict[str, float | None]]  # revision -> pass_ratio, reference_score
     unverified_texts: int  # sampled answers whose revision's files are not on this machine
+    # generated probes the bare base model answers exactly as the adapter (tell nothing apart;
+    # left out of the comparators' probes)
+    undiscriminating_probes: int
     ttft_warm_s: list[float] = field(default_factory=list)  # TTFTs leased from L0
     ttft_cold_s: list[float] = field(default_factory=list)  # TTFTs that waited for a load
 
@@ -108,7 +112,8 @@ def judge(run: CellRun, refs: dict[Ask, str], plan: QualifyPlan) -> CellVerdict:
     return CellVerdict(
         ratios, sum(1 for r in rows if all(r)), len(rows), len(answered), _failures(traffic),
         sum(len(s.answer.retried) for s in traffic), sum(1 for s in traffic if s.answer.retried),
-        not reasons, reasons, _quality_rows(probes, probe_ok, refs), unverified, warm, cold,
+        not reasons, reasons, _quality_rows(probes, probe_ok, refs), unverified,
+        sum(not discriminates(p, refs, p.answer.revision) for p in probes), warm, cold,
     )  # fmt: skip
 
 
@@ -146,6 +151,17 @@ def probe_expectation(probe: Sent, refs: dict[Ask, str], revision: str | None) -
         return probe.target.probe_expected.get(revision)
     local = probe.target.revisions[revision]
     return None if local is None else refs.get(_ask(probe, local))
+
+
+def discriminates(probe: Sent, refs: dict[Ask, str], revision: str | None) -> bool:
+    """Whether ``revision``'s probe tells the adapter from the base model: a generated probe's
+    expectation (the adapter's offline reference) differs from the base model's own answer to
+    the same prompt. A registered probe is taken as it was registered (True)."""
+    if probe.target.probe_expected is not None:
+        return True
+    expected = probe_expectation(probe, refs, revision)
+    base = refs.get(_ask(probe, None))
+    return expected is not None and base is not None and expected != base
 
 
 def _probe_passes(probe: Sent, refs: dict[Ask, str]) -> bool:

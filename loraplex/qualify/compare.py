@@ -15,7 +15,7 @@ from typing import Any
 
 from loraplex.qualify.baselines import measure_in_context, measure_separate
 from loraplex.qualify.baselines.types import BaselineContext, CellTraffic, MethodResult, Probe
-from loraplex.qualify.checks import CellVerdict, probe_expectation
+from loraplex.qualify.checks import CellVerdict, discriminates, probe_expectation
 from loraplex.qualify.cost import cost_per_correct_request
 from loraplex.qualify.plan import QualifyPlan
 from loraplex.qualify.reference import Ask
@@ -43,7 +43,8 @@ def cell_traffic(
 ) -> CellTraffic:
     """The cell as a comparator sees it: shape, volume, demand per revision (every active
     revision, 0 for one the cell's traffic did not reach: a separate deployment still runs it)
-    and the probes with their expectations (registered, or the offline reference)."""
+    and the probes with their expectations (registered, or the offline reference), less those
+    the bare base model passes as well (an in-context prompt would pass them with no example)."""
     traffic = [s for s in run.sent if s.kind == "traffic"]
     counts = Counter(dict.fromkeys(run.active_refs, 0))
     counts.update(s.answer.revision or next(iter(s.target.revisions)) for s in traffic)
@@ -52,6 +53,7 @@ def cell_traffic(
         Probe(ref, s.target.probe_prompt, expected)
         for s in run.sent if s.kind == "probe" for ref in s.target.revisions
         if (expected := probe_expectation(s, refs, ref)) is not None
+        and discriminates(s, refs, ref)
     ]  # fmt: skip
     return CellTraffic(
         run.cell.cell_id, run.cell.shape, verdict.traffic_requests, run.wall_s,
@@ -80,6 +82,17 @@ def cost_ratio(mine: MethodResult, other: MethodResult | dict[str, Any]) -> floa
     if mine.cost_per_correct_request is None or not other.cost_per_correct_request:
         return None
     return mine.cost_per_correct_request / other.cost_per_correct_request
+
+
+def spend_ratio(mine: MethodResult, other: MethodResult | dict[str, Any]) -> float | None:
+    """loraplex's machine-hours for the cell's traffic over the other's, whatever either got
+    right: the defined comparison where the other answered nothing correctly (its cost per
+    correct request is then undefined). The same requests on both sides, so this is also the
+    ratio of cost per request sent. None when either side needs no machine time."""
+    if not isinstance(other, MethodResult):
+        return None
+    theirs = other.machines * other.wall_s
+    return None if theirs <= 0 else mine.machines * mine.wall_s / theirs
 
 
 def median_or_none(values: list[float | None]) -> float | None:

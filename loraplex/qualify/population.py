@@ -20,7 +20,12 @@ from loraplex.qualify.client import Admin, QualifyError
 
 VICTIMS = ("qualify-a", "qualify-b")  # the tenants whose traffic is judged
 HOSTILE = "qualify-hostile"  # the tenant that attacks them
-REVISION = "q1"  # every generated adapter's revision label
+REVISION = "q2"  # every generated adapter's revision label (q1: weaker weights, before probes
+# had to tell an adapter from the base model; its files are not reused)
+# B's standard deviation at rank 8; other ranks scale it by sqrt(8 / rank), so every rank moves
+# the output about as far. Measured on the small demo model: 0.02 (bench/adapters' default) left
+# 9 of 24 rank-8 probes answering as the base model, 0.15 none of 24 (docs/qualification.md).
+PROBE_B_STD_AT_RANK_8 = 0.15
 _HEAVY_TAIL = (128, 8, 8, 16, 8, 64, 8, 16, 32, 8, 8, 16)  # one 128 in 12, most at rank 8
 
 
@@ -64,9 +69,11 @@ def plan_adapters(needed: dict[str, int], hostile: int, workdir: Path) -> list[G
             rank, targets = rank_and_targets(distribution, i)
             name = f"{distribution}-{i:04d}"
             tenant = VICTIMS[i % len(VICTIMS)]
-            out.append(GeneratedAdapter(tenant, name, rank, targets, workdir / tenant / name))
+            out.append(
+                GeneratedAdapter(tenant, name, rank, targets, workdir / REVISION / tenant / name)
+            )
     for i in range(hostile):
-        path = workdir / HOSTILE / f"storm-{i:04d}"
+        path = workdir / REVISION / HOSTILE / f"storm-{i:04d}"
         out.append(GeneratedAdapter(HOSTILE, f"storm-{i:04d}", 8, tuple(ATTENTION_MODULES), path))
     return out
 
@@ -84,7 +91,7 @@ def write_adapters(adapters: list[GeneratedAdapter], model_dir: Path, seed: int)
         own_seed = seed * 1_000_003 + zlib.crc32(adapter.ref.encode("utf-8"))
         write_random_adapter(
             base, model_dir, adapter.path, rank=adapter.rank, target_modules=adapter.targets,
-            seed=own_seed,
+            seed=own_seed, b_std=PROBE_B_STD_AT_RANK_8 * (8 / adapter.rank) ** 0.5,
         )  # fmt: skip
 
 

@@ -18,7 +18,7 @@ VOCAB_FIRST_ID = 3  # the demo tokenizer's first ordinary token (0-2 are special
 class Ask:
     """One greedy generation to reproduce offline."""
 
-    adapter_dir: Path  # the revision's PEFT directory on this machine
+    adapter_dir: Path | None  # the revision's PEFT directory on this machine; None: base model
     prompt: str | tuple[int, ...]  # text, or token ids as sent
     max_tokens: int  # tokens to generate at most
     ignore_eos: bool  # as sent

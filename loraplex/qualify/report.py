@@ -10,7 +10,7 @@ from typing import Any
 from loraplex.bench.harness.stats import nearest_rank
 from loraplex.qualify.baselines.types import MethodResult
 from loraplex.qualify.checks import CellVerdict
-from loraplex.qualify.compare import cost_ratio, median_or_none
+from loraplex.qualify.compare import cost_ratio, median_or_none, spend_ratio
 from loraplex.qualify.plan import QualifyPlan
 from loraplex.qualify.traffic import CellRun
 
@@ -45,17 +45,23 @@ class CellReport:
             "retried_requests": verdict.retried_requests,
             "correct_requests": verdict.correct_requests,
             "unverified_texts": verdict.unverified_texts, "quality_per_revision": verdict.quality,
+            "undiscriminating_probes": verdict.undiscriminating_probes,
             **_ttft("warm", verdict.ttft_warm_s), **_ttft("cold", verdict.ttft_cold_s),
             "num_warm": len(verdict.ttft_warm_s), "num_cold": len(verdict.ttft_cold_s),
             "hostile": asdict(self.run.hostile), "wall_s": round(self.run.wall_s, 3),
             "methods": methods,
             "cost_per_correct_request_over_separate": self.ratio("separate"),
             "cost_per_correct_request_over_in_context": self.ratio("in_context"),
+            "cost_per_request_over_in_context": self.spend("in_context"),
         }  # fmt: skip
 
     def ratio(self, method: str) -> float | None:
         other = self.others.get(method)
         return None if other is None else cost_ratio(self.loraplex, other)
+
+    def spend(self, method: str) -> float | None:
+        other = self.others.get(method)
+        return None if other is None else spend_ratio(self.loraplex, other)
 
 
 @dataclass(frozen=True)
@@ -96,6 +102,9 @@ def headline(reports: list[CellReport]) -> dict[str, Any]:
     out["cost_per_correct_request_over_in_context"] = median_or_none(
         [r.ratio("in_context") for r in reports]
     )
+    out["cost_per_request_over_in_context"] = median_or_none(
+        [r.spend("in_context") for r in reports]
+    )
     out["quality_ratio_loraplex"] = median_or_none(
         [r.verdict.pass_ratios["quality"] for r in reports]
     )
@@ -111,6 +120,7 @@ def headline(reports: list[CellReport]) -> dict[str, Any]:
         [_fraction(r.verdict.answered, r.verdict.traffic_requests) for r in reports]
     )
     out["retries"] = sum(r.verdict.retries for r in reports)
+    out["undiscriminating_probes"] = sum(r.verdict.undiscriminating_probes for r in reports)
     return out
 
 

@@ -36,7 +36,11 @@ def _run(traffic: list[Answer], probe: Answer, sampled: bool = True, **hostile: 
     return CellRun(CELL, 32, sent, 1.0, HostileReport(**hostile))  # type: ignore[arg-type]
 
 
-REFS = {Ask(FILES, PROMPT, 16, True): "ref", Ask(FILES, "probe", 8, False): "probe-ref"}
+REFS = {
+    Ask(FILES, PROMPT, 16, True): "ref",
+    Ask(FILES, "probe", 8, False): "probe-ref",
+    Ask(None, "probe", 8, False): "base-ref",  # the base model's answer to the probe
+}
 
 
 def test_a_clean_cell_passes_every_check() -> None:
@@ -47,6 +51,21 @@ def test_a_clean_cell_passes_every_check() -> None:
     assert verdict.pass_ratios == dict.fromkeys(verdict.pass_ratios, 1.0)
     assert verdict.correct_requests == 2
     assert verdict.quality == {"t/a@r1": {"pass_ratio": 1.0, "reference_score": 1.0}}
+    assert verdict.undiscriminating_probes == 0
+
+
+def test_a_probe_the_base_model_passes_too_is_counted_and_not_handed_to_comparators() -> None:
+    """A generated probe whose reference equals the bare base model's answer tells nothing
+    apart: counted per cell, and left out of the probes an in-context prompt is judged on."""
+    from loraplex.qualify.compare import cell_traffic
+
+    refs = {**REFS, Ask(None, "probe", 8, False): "probe-ref"}
+    run = _run([_answer()], _answer(text="probe-ref"))
+    verdict = judge(run, refs, PLAN)
+    assert verdict.undiscriminating_probes == 1
+    assert cell_traffic(run, verdict, PLAN, refs).probes == []
+    verdict = judge(run, REFS, PLAN)
+    assert [p.expected for p in cell_traffic(run, verdict, PLAN, REFS).probes] == ["probe-ref"]
 
 
 def test_wrong_revision_or_text_fails_correct_revision() -> None:

@@ -110,3 +110,21 @@ def test_a_comparator_that_raises_is_reported_failed_and_the_run_goes_on(
         "reason": "RuntimeError: the dedicated server did not start",
     }
     assert isinstance(out["in_context"], MethodResult) and seen == [CELL.cell_id]
+
+
+def test_in_context_with_no_correct_answer_still_gets_a_spend_ratio() -> None:
+    """Quality 0 leaves in-context's cost per correct request undefined (null ratio); the
+    machine-hours for the same requests are still compared, and reported beside quality."""
+    mine, (run, verdict) = _priced()
+    ratios = {"correct_revision": None, "quality": 0.0, "latency": 1.0, "isolation": None}
+    in_context = MethodResult("in_context", ratios, None, 4.0, 1.0, {})
+    report = build_report(
+        QualifyPlan(), "http://x", [CellReport(run, verdict, mine, {"in_context": in_context})],
+        [], 1.0,
+    )  # fmt: skip
+    (cell,) = report.payload["cells"]
+    assert cell["cost_per_correct_request_over_in_context"] is None
+    assert cell["cost_per_request_over_in_context"] == 0.25  # 1 machine x 1 s over 4 x 1 s
+    headline = report.payload["headline"]
+    assert headline["cost_per_request_over_in_context"] == 0.25
+    assert headline["quality_ratio_in_context"] == 0.0
