@@ -288,10 +288,11 @@ def test_a_stream_past_its_buffer_is_aborted_and_says_why(
 def test_a_client_that_does_not_read_is_paused_and_another_tenant_is_served(
     demo_assets: DemoAssets, tmp_path: Path, engine_process: bool
 ) -> None:
-    """Its siblings stop being scheduled (no request running, no KV block held) while the
-    stream stays open and unaborted; another tenant's request then completes."""
+    """Its siblings stop being scheduled (no request running, no KV block held) and stop
+    pinning their adapter's GPU slot while the stream stays open and unaborted; another
+    tenant's request on another adapter then takes that one slot and completes."""
     limits = ConnectionLimits(write_timeout_s=600.0)
-    config = {"engine_process": engine_process, "max_num_seqs": 2,
+    config = {"engine_process": engine_process, "max_num_seqs": 2, "max_loras": 1,
               "max_stream_buffer_bytes": 64 << 20, "stream_pause_bytes": 8 << 10}  # fmt: skip
     with (
         serving(demo_assets, tmp_path, limits, **config) as (server, address, listener),
@@ -321,6 +322,46 @@ def test_a_client_that_does_not_read_is_paused_and_another_tenant_is_served(
             time.sleep(0.05)
         after = server.engine.load_snapshot()  # the stuck stream still paused, nothing running
         assert after.num_paused == load.num_paused and after.num_running == 0, after
+
+
+def _read_response(sock: socket.socket) -> bytes:
+    """One chunked response to its end (the connection stays open: keep-alive)."""
+    received = b""
+    while not received.endswith(b"0\r\n\r\n") and (chunk := sock.recv(65536)):
+        received += chunk
+    return received
+
+
+def test_a_paused_stream_whose_slot_was_taken_completes_once_its_client_reads(
+    demo_assets: DemoAssets, tmp_path: Path
+) -> None:
+    """Resumed, a paused request asks for its adapter's lease again (the one slot went to
+    another tenant's adapter meanwhile) and its stream completes: nothing lost."""
+    limits = ConnectionLimits(write_timeout_s=600.0)
+    config = {"engine_process": False, "max_num_seqs": 2, "max_loras": 1,
+              "max_stream_buffer_bytes": 64 << 20, "stream_pause_bytes": 8 << 10}  # fmt: skip
+    with (
+        serving(demo_assets, tmp_path, limits, **config) as (server, address, listener),
+        _open_not_reading(address, listener, server, 1) as sock,
+    ):
+        deadline = time.monotonic() + WAIT_S
+        while not server.engine.load_snapshot().num_paused and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert server.engine.load_snapshot().num_paused == 1
+        host, port = address
+        reply = httpx.post(
+            f"http://{host}:{port}/v1/completions",
+            json={"model": "search", "prompt": "hello", "max_tokens": 4},
+            headers={"Authorization": f"Bearer {server.sample_keys['globex']}"},
+            timeout=WAIT_S,
+        )
+        assert reply.status_code == 200
+        received = _read_response(sock)  # now it reads
+        load = server.engine.load_snapshot()
+    assert b"data: [DONE]" in received
+    assert b'"finish_reason":"length"' in received and b'"error"' not in received
+    assert load.num_resumes >= 1 and load.num_pauses >= load.num_resumes
+    assert _num_ended(server, "abort") == 0
 
 
 @pytest.mark.parametrize("name", ["write_timeout_s", "max_stream_buffer_bytes"])
