@@ -161,6 +161,10 @@ def serve_command(
         int | None,
         Opt(help="Unread stream bytes from which its generation pauses until read (64 KiB)."),
     ] = None,
+    max_stream_resumes: Annotated[
+        int | None,
+        Opt(help="Times a paused stream may resume (each recomputes it) before it is cut (16)."),
+    ] = None,
 ) -> None:
     """Serve the base model and its adapters over an OpenAI-compatible HTTP API."""
     try:

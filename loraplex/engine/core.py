@@ -114,10 +114,12 @@ class EngineCore:
             self._retire(req, RequestState.ABORTED, FINISH_ABORT, error)
 
     def pause(self, request_id: str) -> None:
-        """Its consumer stopped reading: not scheduled until ``resume`` (``Scheduler.pause``);
+        """Its consumer stopped reading: not scheduled until ``resume`` (``Scheduler.pause``:
+        its lease released, so the tier its first delta reports is the next lease's);
         unknown ids (retired meanwhile): no-op."""
         req = self.scheduler.requests.get(request_id)
         if req is not None and self.scheduler.pause(req):
+            self._live[request_id].lease_tier = None
             self.view = self.scheduler.make_stats()
 
     def resume(self, request_id: str) -> None:

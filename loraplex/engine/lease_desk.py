@@ -136,6 +136,9 @@ class LeaseDesk:
             self._retire(req, self.scheduler.on_lease_failed(req, error))
             return
         lease = future.result()
+        if req.output_token_ids:  # a resumed request's lease again (``Scheduler.pause``)
+            self.scheduler.on_lease(req, lease)
+            return
         live.lease_tier = lease.load.source
         if req.trace_log is not None:
             load = lease.load

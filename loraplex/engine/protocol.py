@@ -196,6 +196,8 @@ class EngineLoad:
     # live requests paused because their consumers stopped reading (``EngineClient.pause``):
     # neither waiting nor running, holding no seat and no KV block
     num_paused: int = 0
+    num_pauses: int = 0  # requests paused since the engine (re)started (a counter)
+    num_resumes: int = 0  # paused requests resumed since the engine (re)started (a counter)
 
     @property
     def merged_revisions(self) -> frozenset[str]:

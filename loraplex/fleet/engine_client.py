@@ -169,6 +169,8 @@ class FleetEngineClient:
             num_active_tokens=sum(load.num_active_tokens for load in loads),
             replicas_merged=frozenset(merged),
             num_paused=sum(load.num_paused for load in loads),
+            num_pauses=sum(load.num_pauses for load in loads),
+            num_resumes=sum(load.num_resumes for load in loads),
         )
 
     def health(self) -> EngineHealth:

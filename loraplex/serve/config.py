@@ -38,6 +38,7 @@ from loraplex.residency.ledger import check_tier_share
 from loraplex.residency.policy import DEFAULT_POLICY, policy_names
 from loraplex.server.adapter_labels import DEFAULT_MAX_NAMED
 from loraplex.server.protocol import MAX_BATCH_PROMPTS
+from loraplex.server.stream_buffer import DEFAULT_MAX_STREAM_RESUMES
 from loraplex.tracing.config import check_trace_settings
 
 DEFAULT_CPU_ADAPTER_BYTES = 1 << 30
@@ -77,6 +78,7 @@ _POSITIVE_OR_UNSET = (
     "max_body_bytes",
     "max_unauthenticated_connections",
 )
+_NON_NEGATIVE = ("max_adapter_labels", "disk_cache_bytes", "max_stream_resumes")
 _POSITIVE_SECONDS = (
     "queue_deadline_s",
     "auto_warm_interval_s",
@@ -188,6 +190,9 @@ class ServeConfig:
     # a stream's untaken events from which its engine request is paused (seat and KV freed)
     # until its client reads again; at or above max_stream_buffer_bytes: never paused
     stream_pause_bytes: int = 64 << 10
+    # times a paused stream may be resumed (each resume recomputes its prompt and output so
+    # far); a client that falls behind once more is cut off with an error event
+    max_stream_resumes: int = DEFAULT_MAX_STREAM_RESUMES
     # --- request traces (docs/observability.md, "Traces"; needs the ``otel`` extra) ---
     trace_endpoint: str | None = None  # OTLP/HTTP traces URL; None: tracing off
     trace_sample_ratio: float = 0.01  # fraction of requests traced (by trace id)
@@ -226,12 +231,9 @@ class ServeConfig:
         if self.shared_state_url is not None:
             check_shared_state_url(self.shared_state_url)
         check_key_prefix(self.shared_state_prefix)
-        if self.max_adapter_labels < 0:
-            raise ValueError(
-                f"max_adapter_labels {self.max_adapter_labels} is invalid; expected >= 0"
-            )
-        if self.disk_cache_bytes < 0:
-            raise ValueError(f"disk_cache_bytes {self.disk_cache_bytes} is invalid; expected >= 0")
+        for name in _NON_NEGATIVE:
+            if getattr(self, name) < 0:
+                raise ValueError(f"{name} {getattr(self, name)} is invalid; expected >= 0")
         if not self.engine_process and self.engine_hung_kill_after_s != DEFAULT_KILL_AFTER_S:
             raise ValueError(
                 f"engine_hung_kill_after_s {self.engine_hung_kill_after_s} is invalid with "

@@ -148,6 +148,7 @@ def build_front(
         upload_read_timeout_s=config.upload_read_timeout_s,
         max_stream_buffer_bytes=config.max_stream_buffer_bytes,
         stream_pause_bytes=config.stream_pause_bytes,
+        max_stream_resumes=config.max_stream_resumes,
         shared_state_url=config.shared_state_url,
         shared_state_prefix=config.shared_state_prefix,
         request_log_path=config.request_log_path,

@@ -20,6 +20,7 @@ from loraplex.server.history import HistoryConfig
 from loraplex.server.metrics import ServerMetrics
 from loraplex.server.recent_requests import RecentRequests
 from loraplex.server.request_log import RequestLog
+from loraplex.server.stream_buffer import DEFAULT_MAX_STREAM_RESUMES
 from loraplex.server.traffic_tally import TrafficTally
 from loraplex.tracing.record import RequestTracing
 
@@ -52,6 +53,8 @@ class ServerConfig:
     # from this many untaken bytes a stream's engine request is paused until its client reads
     # (stream_buffer.py); at or above max_stream_buffer_bytes it never is
     stream_pause_bytes: int = 64 << 10
+    # times a paused stream may be resumed; once more and it ends (stream_buffer.py)
+    max_stream_resumes: int = DEFAULT_MAX_STREAM_RESUMES
     queue_deadline_s: float | None = None  # max seconds a request may queue; None: engine default
     max_prompt_tokens: int | None = None  # longer prompts get a 400; None: no check here
     vocab_size: int | None = None  # token ids in a prompt must be below it; None: no check
@@ -91,6 +94,10 @@ class ServerConfig:
         ):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name} {getattr(self, name)} is invalid; expected >= 1")
+        if self.max_stream_resumes < 0:
+            raise ValueError(
+                f"max_stream_resumes {self.max_stream_resumes} is invalid; expected >= 0"
+            )
         for name in ("body_read_timeout_s", "upload_read_timeout_s"):
             if not getattr(self, name) > 0:
                 raise ValueError(f"{name} {getattr(self, name)} is invalid; expected > 0")

@@ -80,7 +80,18 @@ class EngineCollector(Collector):
         states.add_metric(("waiting",), load.num_waiting)
         states.add_metric(("adapter_wait",), load.num_adapter_wait)
         states.add_metric(("running",), load.num_running)
+        states.add_metric(("paused",), load.num_paused)  # their clients stopped reading
         yield states
+        yield CounterMetricFamily(
+            "engine_request_pauses",
+            "Requests paused because their clients stopped reading (since the engine started).",
+            value=load.num_pauses,
+        )
+        yield CounterMetricFamily(
+            "engine_request_resumes",
+            "Paused requests resumed once their clients read again (since the engine started).",
+            value=load.num_resumes,
+        )
 
 
 class AdapterRequestsCollector(Collector):

@@ -75,7 +75,13 @@ from loraplex.server.serving import (
     sticky_key,
 )
 from loraplex.server.stream_buffer import Backpressure, bounded
-from loraplex.server.streaming import ChunkFormat, StreamChoices, not_read_event, sse_events
+from loraplex.server.streaming import (
+    ChunkFormat,
+    StreamChoices,
+    not_read_event,
+    resumed_too_often_event,
+    sse_events,
+)
 from loraplex.tracing.record import RequestTrace
 
 router = APIRouter(prefix="/v1")
@@ -232,7 +238,13 @@ async def _respond(
     )  # fmt: skip
     events = sse_events(first, fanout, choices, shape.num_siblings, body.include_usage)
     config = request.app.state.deps.config
-    backpressure = Backpressure(config.stream_pause_bytes, fanout.pause, fanout.resume)
+    backpressure = Backpressure(
+        config.stream_pause_bytes,
+        fanout.pause,
+        fanout.resume,
+        config.max_stream_resumes,
+        resumed_too_often_event,
+    )
     read_ahead = bounded(
         events, config.max_stream_buffer_bytes, not_read_event, fanout.abort, backpressure
     )

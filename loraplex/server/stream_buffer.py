@@ -19,7 +19,10 @@ request is paused (out of the running batch: its seat and KV blocks go to other 
 the writer takes the buffer again, which it does only once its client has read. A client that
 never reads again is cut off at the listener's write timeout, which ends the request. The
 overflow abort stays as the bound for an engine that cannot pause, and for a ``pause_bytes`` at
-or above ``max_bytes`` (then a stream is never paused).
+or above ``max_bytes`` (then a stream is never paused). Each resume recomputes the request's
+prompt and output so far, so a client that keeps falling behind (reading a byte at a time)
+would have the engine recompute again and again: past ``max_resumes`` resumes, a client that
+reads again gets what was buffered and the ``resumes_event`` instead, and the request ends.
 """
 
 from __future__ import annotations
@@ -30,6 +33,11 @@ from dataclasses import dataclass
 
 import anyio
 
+# Resumes of one paused stream before it is cut off instead (``Backpressure.max_resumes``):
+# enough for a reader that falls behind now and then, few enough that a stream costs at most
+# this many recomputes of itself.
+DEFAULT_MAX_STREAM_RESUMES = 16
+
 
 @dataclass(frozen=True)
 class Backpressure:
@@ -38,6 +46,8 @@ class Backpressure:
     pause_bytes: int  # untaken bytes from which the request is paused
     pause: Callable[[], Awaitable[None]]  # stop generating (idempotent, advisory)
     resume: Callable[[], Awaitable[None]]  # generate again
+    max_resumes: int  # resumes allowed; at the next one the stream ends instead
+    resumes_event: Callable[[int], str]  # that end's last event, given ``max_resumes``
 
 
 class _Flow:
@@ -46,6 +56,7 @@ class _Flow:
     def __init__(self, backpressure: Backpressure | None) -> None:
         self.backpressure = backpressure
         self.paused = False
+        self.num_resumes = 0
 
     async def after_put(self, num_bytes: int) -> None:
         bp = self.backpressure
@@ -53,10 +64,18 @@ class _Flow:
             self.paused = True  # NOTE: before the await: the writer may resume meanwhile
             await bp.pause()
 
-    async def after_take(self) -> None:
-        if self.backpressure is not None and self.paused:
-            self.paused = False
-            await self.backpressure.resume()
+    async def after_take(self) -> str | None:
+        """Resumes a paused request; once it was resumed ``max_resumes`` times, leaves it
+        paused and returns the stream's last event instead (the stream must end)."""
+        bp = self.backpressure
+        if bp is None or not self.paused:
+            return None
+        if self.num_resumes >= bp.max_resumes:
+            return bp.resumes_event(bp.max_resumes)
+        self.paused = False
+        self.num_resumes += 1
+        await bp.resume()
+        return None
 
 
 class _Buffer:
@@ -137,14 +156,17 @@ async def bounded(
     docstring); past it, ``events`` is closed and ``overflow_event(max_bytes)`` is the last
     text. ``abort`` (idempotent) ends the request: it runs however this ends, even when the
     reader never started. With ``backpressure``, the request is paused while its writer is
-    stuck (module docstring)."""
+    stuck and cut off past its resumes (module docstring)."""
     if backpressure is not None and backpressure.pause_bytes >= max_bytes:
         backpressure = None  # the overflow abort comes first: never paused
     buffer, flow = _Buffer(max_bytes), _Flow(backpressure)
     reader = asyncio.ensure_future(_read_ahead(events, buffer, overflow_event, abort, flow))
     try:
         while (text := await buffer.take()) is not None:
-            await flow.after_take()
+            last = await flow.after_take()
+            if last is not None:  # resumed too often: cut off (the request is aborted below)
+                yield text + last
+                return
             yield text
         await reader  # what ended the reader, if it failed: a cut stream is never silent
     finally:

@@ -183,6 +183,30 @@ def test_retiring_leaves_no_per_request_state(
     rig.cache.check_integrity()
 
 
+def test_a_paused_request_holds_no_lease_and_is_leased_again_when_resumed(
+    rig: Rig, demo_assets: DemoAssets
+) -> None:
+    """Paused mid-stream, a request releases its adapter's lease (the slot may be evicted);
+    resumed, it is leased again through the lease window and its stream completes, whole."""
+    core = rig.core
+    key = demo_assets.adapters[0].key(_base_digest(demo_assets))
+    request = _request(core, "p", "acme", "The acme support team", max_tokens=12)
+    rig.add(dataclasses.replace(request, adapter_key=key))
+    rig.step_until(lambda: len(rig.out["p"]) >= 3)
+    core.pause("p")
+    core.check_integrity()
+    assert _leases_held(rig.cache) == 0 and core.view.num_paused == 1
+    assert not core.step()  # nothing to run while paused
+    core.resume("p")
+    rig.step_until(lambda: not rig.live("p"))
+    deltas = [d for d in rig.out["p"] if isinstance(d, TokenDelta)]
+    assert len(deltas) == len(rig.out["p"]) and deltas[-1].finish_reason == "length"
+    assert sum(len(d.token_ids) for d in deltas) == deltas[-1].completion_tokens == 12
+    assert (core.view.num_pauses, core.view.num_resumes) == (1, 1)
+    assert _leases_held(rig.cache) == 0
+    rig.cache.check_integrity()
+
+
 def _base_digest(assets: DemoAssets) -> str:
     return BaseModelSpec.from_dir(assets.base_model_dir).digest
 

@@ -90,3 +90,34 @@ def test_resuming_after_the_tenant_went_idle_requeues_it() -> None:
     for _ in range(30):
         driver.step()
     assert driver.finished == ["y", "x"]
+
+
+def test_a_paused_request_releases_its_lease_and_asks_for_it_again_when_resumed() -> None:
+    """A paused request does no work: its adapter's slot must not stay pinned for it (one
+    tenant's stuck streams on many adapters would hold every slot); resumed, it goes through
+    the lease window again, and its wait for the lease gets a fresh deadline."""
+    key = adapter("a1", "hog")
+    driver = Driver(ONE_SEAT, resident={key})
+    driver.add(request("stuck", "hog", key=key, out=20, deadline_s=1.0))
+    driver.step()
+    stuck = driver.scheduler.requests["stuck"]
+    (first,) = driver.leases
+    assert stuck.state is RequestState.RUNNING and stuck.lease is first
+    assert driver.scheduler.pause(stuck)
+    assert first.released and stuck.lease is None  # the slot is free for other adapters
+    assert driver.scheduler.make_stats().num_pauses == 1
+    driver.clock.advance(5.0)  # paused past its deadline: the client's time, not the queue's
+    driver.step()
+    assert driver.leases == [first]  # not asked for while paused
+    driver.resident.clear()  # its adapter was evicted meanwhile: resumed, it must load again
+    assert driver.scheduler.resume("stuck")
+    assert stuck.deadline_at_s > driver.clock.now()
+    driver.step()
+    assert stuck.state is RequestState.ADAPTER_WAIT  # asked through the lease window
+    driver.load(key)
+    for _ in range(40):
+        driver.step()
+    assert driver.finished == ["stuck"] and len(stuck.output_token_ids) == 20
+    assert stuck.lease is None and all(lease.released for lease in driver.leases)
+    stats = driver.scheduler.make_stats()
+    assert (stats.num_pauses, stats.num_resumes, stats.num_paused) == (1, 1, 0)

@@ -137,11 +137,18 @@ def test_watchdog_bounds_are_checked_and_a_kill_bound_needs_an_engine_process(
 def test_requests_to_a_stopped_engine_never_block_the_servers_event_loop(
     demo_assets: DemoAssets, tmp_path: Path
 ) -> None:
-    """Requests sent to a stopped child fill its pipe (about 1 KB each, 64 KiB of pipe): a
+    """Requests sent to a stopped child fill its pipe (about 1.3 KB each; the pipe, a
+    socketpair, took 94 of them on Linux's default socket buffers: 200 are twice that): a
     write to it from the event loop would block every route until the child reads again.
-    With a long hang bound (nothing refuses them yet), /health must still answer at once."""
+    With a long hang bound (nothing refuses them yet), /health must still answer while the
+    child is stopped. NOTE: no duration is asserted (timing is for benchmarks): the probe
+    starts once every request was handed to the engine client (a loop blocked in a write
+    never gets them all there), and the child is resumed only after the probe returns, so a
+    blocked loop would answer it only after the probe's own timeout had failed the test; the
+    child's process state shows it was still stopped when the answer came, and the answer's
+    content that no hang was declared."""
     adapter = demo_assets.adapters[0]
-    bounds = {"engine_hung_after_s": 60.0, "engine_hung_kill_after_s": 60.0}
+    bounds = {"engine_hung_after_s": 300.0, "engine_hung_kill_after_s": 300.0}
     with live_server(demo_assets, tmp_path, admin_key=ADMIN, **bounds) as live:
         engine = _engine(live)
         http = httpx.Client(base_url=live.url, timeout=30)
@@ -153,27 +160,43 @@ def test_requests_to_a_stopped_engine_never_block_the_servers_event_loop(
         os.kill(pid, signal.SIGSTOP)
         try:
 
-            async def flood() -> float:
-                limits = httpx.Limits(max_connections=400)
-                async with httpx.AsyncClient(base_url=live.url, timeout=5, limits=limits) as sender:
+            async def flood() -> tuple[httpx.Response, str]:
+                limits = httpx.Limits(max_connections=NUM_FLOOD)
+                async with httpx.AsyncClient(
+                    base_url=live.url, timeout=120, limits=limits
+                ) as sender:
                     sends = [
                         asyncio.ensure_future(
                             sender.post("/v1/completions", json=body, headers=headers)
                         )
-                        for _ in range(400)
+                        for _ in range(NUM_FLOOD)
                     ]
-                    await asyncio.sleep(2.0)  # every request reached the server
-                    started = time.monotonic()
-                    async with httpx.AsyncClient(base_url=live.url, timeout=5) as probe:
+                    # Every request handed to the engine client: with writes on the event loop
+                    # it would stop there, the pipe full (about a hundred of them).
+                    deadline = time.monotonic() + 60
+                    while engine.num_in_flight < len(sends):
+                        in_flight = engine.num_in_flight
+                        assert time.monotonic() < deadline, f"only {in_flight} reached the engine"
+                        await asyncio.sleep(0.05)
+                    async with httpx.AsyncClient(base_url=live.url, timeout=30) as probe:
                         reply = await probe.get("/health")  # its own connection
-                    waited = time.monotonic() - started
-                    assert reply.status_code == 200
+                    state = _process_state(pid)  # still stopped: SIGCONT comes after
                     for send in sends:
                         send.cancel()
                     await asyncio.gather(*sends, return_exceptions=True)
-                    return waited
+                    return reply, state
 
-            waited = asyncio.run(flood())
+            reply, state = asyncio.run(flood())
         finally:
             os.kill(pid, signal.SIGCONT)
-        assert waited < 2.0, f"/health took {waited:.1f} s while the engine was stopped"
+        assert state == "T", f"the engine process was in state {state!r}, not stopped"
+        assert reply.status_code == 200 and reply.json() == {"status": "ok"}  # not hung yet
+
+
+NUM_FLOOD = 200
+
+
+def _process_state(pid: int) -> str:
+    """The one-letter state of process ``pid`` (``T``: stopped by a signal), from /proc."""
+    stat = Path(f"/proc/{pid}/stat").read_text()
+    return stat[stat.rindex(")") + 2]

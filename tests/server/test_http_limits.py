@@ -295,7 +295,8 @@ def test_serve_flags_reach_the_limits(tmp_path: Path, monkeypatch: pytest.Monkey
              "--max-connections", "18", "--max-header-bytes", "19",
              "--max-unauthenticated-connections", "5", "--max-connections-per-address", "6",
              "--accepts-per-s-per-address", "7", "--write-timeout-s", "8",
-             "--max-stream-buffer-bytes", "9"]  # fmt: skip
+             "--max-stream-buffer-bytes", "9", "--stream-pause-bytes", "4",
+             "--max-stream-resumes", "3"]  # fmt: skip
     result = CliRunner().invoke(cli_app, ["serve", "--data-dir", str(tmp_path), *flags])
     assert result.exit_code == 0, result.output
     (settings,) = seen
@@ -308,3 +309,4 @@ def test_serve_flags_reach_the_limits(tmp_path: Path, monkeypatch: pytest.Monkey
         accepts_per_s_per_address=7, write_timeout_s=8,
     )  # fmt: skip
     assert settings.max_stream_buffer_bytes == 9
+    assert (settings.stream_pause_bytes, settings.max_stream_resumes) == (4, 3)

@@ -50,6 +50,17 @@ def test_endpoint_picker_family(rig: Rig, demo_assets: DemoAssets) -> None:
     assert before - 1 <= info.value <= time.time() + 1
 
 
+def test_engine_requests_by_state_and_pauses(rig: Rig) -> None:
+    """Paused requests (their clients stopped reading) are a state of their own, and pauses
+    and resumes are counted (a resume costs a recompute: a client that keeps falling behind
+    shows as resumes growing)."""
+    metrics = _scrape(rig)
+    states = {s.labels["state"]: s.value for s in metrics["engine_requests"]}
+    assert states == {"waiting": 1, "adapter_wait": 0, "running": 2, "paused": 3}
+    assert metrics["engine_request_pauses"][0].value == 5
+    assert metrics["engine_request_resumes"][0].value == 2
+
+
 def test_empty_adapter_lists_are_empty_strings(rig: Rig) -> None:
     (info,) = _scrape(rig)["vllm:lora_requests_info"]
     assert info.labels["running_lora_adapters"] == ""

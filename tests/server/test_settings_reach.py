@@ -112,3 +112,11 @@ def test_the_request_log_path_reaches_the_server_config() -> None:
     from loraplex.serve import front
 
     assert "request_log_path" in _keywords(front, "build_front", "ServerConfig")
+
+
+def test_the_stream_pause_settings_reach_the_server_config() -> None:
+    """Issue 25: what bounds a stuck stream's pauses is handed to the HTTP layer."""
+    from loraplex.serve import front
+
+    passed = _keywords(front, "build_front", "ServerConfig")
+    assert {"stream_pause_bytes", "max_stream_resumes"} <= passed

@@ -27,7 +27,7 @@ from loraplex.serve.config import ServeConfig
 from loraplex.serve.front import Server
 from loraplex.server.listeners import BoundedH11Protocol, ConnectionLimits
 from loraplex.server.stream_buffer import Backpressure, bounded
-from loraplex.server.streaming import not_read_event
+from loraplex.server.streaming import not_read_event, resumed_too_often_event
 
 WAIT_S = 30.0  # far longer than any limit here: what has not happened by then never will
 
@@ -129,7 +129,7 @@ class Flow:
 def test_a_stuck_writer_pauses_the_request_and_a_reading_one_resumes_it() -> None:
     async def run() -> tuple[list[str], Events, Aborts, Flow]:
         events, aborts, flow = Events(40, 100), Aborts(), Flow()
-        backpressure = Backpressure(500, flow.pause, flow.resume)
+        backpressure = Backpressure(500, flow.pause, flow.resume, 16, resumed_too_often_event)
         stream = bounded(events.stream(), 1 << 20, not_read_event, aborts, backpressure)
         pieces = [await anext(stream)]  # then the writer is stuck on its client
         for _ in range(200):
@@ -147,7 +147,7 @@ def test_a_stuck_writer_pauses_the_request_and_a_reading_one_resumes_it() -> Non
 def test_a_pause_bound_at_or_above_the_buffer_never_pauses() -> None:
     async def run() -> tuple[Aborts, Flow]:
         events, aborts, flow = Events(10_000, 100), Aborts(), Flow()
-        backpressure = Backpressure(1000, flow.pause, flow.resume)
+        backpressure = Backpressure(1000, flow.pause, flow.resume, 16, resumed_too_often_event)
         stream = bounded(events.stream(), 1000, not_read_event, aborts, backpressure)
         await anext(stream)
         for _ in range(200):
@@ -288,14 +288,18 @@ def test_a_stream_past_its_buffer_is_aborted_and_says_why(
 def test_a_client_that_does_not_read_is_paused_and_another_tenant_is_served(
     demo_assets: DemoAssets, tmp_path: Path, engine_process: bool
 ) -> None:
-    """Its siblings stop being scheduled (no request running, no KV block held) while the
-    stream stays open and unaborted; another tenant's request then completes."""
+    """Its siblings stop being scheduled (no request running, no KV block held) and stop
+    pinning their adapter's GPU slot while the stream stays open and unaborted; another
+    tenant's request on another adapter then takes that one slot and completes. With no
+    resume allowed (``max_stream_resumes`` 0), the client reading again gets what was buffered
+    and an error event, and the request is aborted."""
     limits = ConnectionLimits(write_timeout_s=600.0)
-    config = {"engine_process": engine_process, "max_num_seqs": 2,
-              "max_stream_buffer_bytes": 64 << 20, "stream_pause_bytes": 8 << 10}  # fmt: skip
+    config = {"engine_process": engine_process, "max_num_seqs": 2, "max_loras": 1,
+              "max_stream_buffer_bytes": 64 << 20, "stream_pause_bytes": 8 << 10,
+              "max_stream_resumes": 0}  # fmt: skip
     with (
         serving(demo_assets, tmp_path, limits, **config) as (server, address, listener),
-        _open_not_reading(address, listener, server, NUM_CHOICES),
+        _open_not_reading(address, listener, server, NUM_CHOICES) as sock,
     ):
         deadline = time.monotonic() + WAIT_S
         while time.monotonic() < deadline:
@@ -321,9 +325,94 @@ def test_a_client_that_does_not_read_is_paused_and_another_tenant_is_served(
             time.sleep(0.05)
         after = server.engine.load_snapshot()  # the stuck stream still paused, nothing running
         assert after.num_paused == load.num_paused and after.num_running == 0, after
+        received = _read_response(sock)  # it reads again: no resume left
+        deadline = time.monotonic() + WAIT_S  # the engine takes the aborts in its next turn
+        while server.engine.load_snapshot().num_paused and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert server.engine.load_snapshot().num_paused == 0  # aborted: nothing left of it
+        assert _num_ended(server, "abort") >= 1
+    assert received.endswith(b"0\r\n\r\n") and b"data: [DONE]" not in received
+    assert b'"code":"stream_resumed_too_often"' in received
+
+
+def _read_response(sock: socket.socket) -> bytes:
+    """One chunked response to its end (the connection stays open: keep-alive)."""
+    received = b""
+    while not received.endswith(b"0\r\n\r\n") and (chunk := sock.recv(65536)):
+        received += chunk
+    return received
+
+
+def test_a_paused_stream_whose_slot_was_taken_completes_once_its_client_reads(
+    demo_assets: DemoAssets, tmp_path: Path
+) -> None:
+    """Resumed, a paused request asks for its adapter's lease again (the one slot went to
+    another tenant's adapter meanwhile) and its stream completes: nothing lost."""
+    limits = ConnectionLimits(write_timeout_s=600.0)
+    config = {"engine_process": False, "max_num_seqs": 2, "max_loras": 1,
+              "max_stream_buffer_bytes": 64 << 20, "stream_pause_bytes": 8 << 10}  # fmt: skip
+    with (
+        serving(demo_assets, tmp_path, limits, **config) as (server, address, listener),
+        _open_not_reading(address, listener, server, 1) as sock,
+    ):
+        deadline = time.monotonic() + WAIT_S
+        while not server.engine.load_snapshot().num_paused and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert server.engine.load_snapshot().num_paused == 1
+        host, port = address
+        reply = httpx.post(
+            f"http://{host}:{port}/v1/completions",
+            json={"model": "search", "prompt": "hello", "max_tokens": 4},
+            headers={"Authorization": f"Bearer {server.sample_keys['globex']}"},
+            timeout=WAIT_S,
+        )
+        assert reply.status_code == 200
+        received = _read_response(sock)  # now it reads
+        load = server.engine.load_snapshot()
+    assert b"data: [DONE]" in received
+    assert b'"finish_reason":"length"' in received and b'"error"' not in received
+    assert load.num_resumes >= 1 and load.num_pauses >= load.num_resumes
+    assert _num_ended(server, "abort") == 0
+
+
+def test_a_stream_resumed_too_often_is_cut_off_and_says_why() -> None:
+    """Each resume recomputes the request: a client that keeps falling behind (reading a byte
+    at a time) is resumed ``max_resumes`` times; falling behind once more ends its stream with
+    an error event after what was buffered, and aborts the request."""
+
+    async def run() -> tuple[list[str], Events, Aborts, Flow]:
+        events, aborts, flow = Events(10_000, 100), Aborts(), Flow()
+        backpressure = Backpressure(500, flow.pause, flow.resume, 2, resumed_too_often_event)
+        stream = bounded(events.stream(), 1 << 20, not_read_event, aborts, backpressure)
+        pieces = [await anext(stream)]
+        for _ in range(4):  # stuck (paused), then the client reads what waits
+            for _ in range(50):
+                await asyncio.sleep(0)
+            pieces += [piece async for piece in _one(stream)]
+        return pieces, events, aborts, flow
+
+    pieces, events, aborts, flow = asyncio.run(run())
+    assert flow.calls == ["pause", "resume", "pause", "resume", "pause"]  # no third resume
+    assert pieces[-1].endswith(resumed_too_often_event(2)) and len(pieces) == 4  # then it ended
+    text = "".join(pieces)[: -len(resumed_too_often_event(2))]
+    assert text == "".join(f"{i % 10}" * 100 for i in range(len(text) // 100))  # nothing lost
+    assert events.closed and aborts.num_calls >= 1
+    error = json.loads(resumed_too_often_event(2)[len("data: ") :])["error"]
+    assert error["code"] == "stream_resumed_too_often" and "max_stream_resumes" in error["message"]
+
+
+async def _one(stream: AsyncIterator[str]) -> AsyncIterator[str]:
+    """The next piece of ``stream``, if there is one."""
+    with suppress(StopAsyncIteration):
+        yield await anext(stream)
 
 
 @pytest.mark.parametrize("name", ["write_timeout_s", "max_stream_buffer_bytes"])
 def test_stream_limits_are_checked(tmp_path: Path, name: str) -> None:
     with pytest.raises(ValueError, match=f"{name} 0 is invalid"):
         ServeConfig(data_dir=tmp_path, **{name: 0})  # type: ignore[arg-type]
+
+
+def test_max_stream_resumes_is_checked(tmp_path: Path) -> None:
+    with pytest.raises(ValueError, match=r"^max_stream_resumes -1 is invalid; expected >= 0$"):
+        ServeConfig(data_dir=tmp_path, max_stream_resumes=-1)

@@ -15,8 +15,9 @@ Invariants:
   lease); a tenant at its ``max_kv_blocks`` preempts its own newest sequence to grow
   (``kv_shares``).
 - A paused request (``pause``: its consumer stopped reading its output) is in neither the
-  queues nor ``running``: it holds no seat and no KV block (freed as by a preemption, recomputed
-  after ``resume``), keeps its lease, and is never scheduled until resumed or retired.
+  queues nor ``running``: it holds no seat, no KV block (freed as by a preemption, recomputed
+  after ``resume``) and no lease (its adapter's slot is free for others; resumed, it asks for
+  the lease again through the lease window), and is never scheduled until resumed or retired.
 - A follower (``EngineRequest.prefix_leader``) is not admitted while its leader is live and has
   not computed its prompt; a request owed prompt logprobs reuses no cached prefix.
 """
@@ -43,7 +44,7 @@ from loraplex.engine.sched.admission import (
 from loraplex.engine.sched.fair_order import FairQueues
 from loraplex.engine.sched.kv_shares import KvShares
 from loraplex.engine.sched.seats import limit_caps, step_seats
-from loraplex.engine.sched.stats import QueueView, queue_view
+from loraplex.engine.sched.stats import PauseCounts, QueueView, queue_view
 from loraplex.engine.step import ScheduledChunk, StepPlan, StepResult
 from loraplex.engine.tenant_shares import TenantBook
 from loraplex.errors import CapacityError, PromptTooLongError, QueueFullError, QueueTimeoutError
@@ -67,6 +68,7 @@ class Scheduler:
         self._queues = FairQueues(tenants or TenantBook())
         self._kv = KvShares(blocks, self._queues.tenants)  # max_kv_blocks, KV victims
         self._paused: dict[str, Request] = {}  # out of scheduling until resumed (``pause``)
+        self._pause_counts = PauseCounts()  # pauses and resumes so far (published)
 
     # --- admission to the engine ------------------------------------------------------------
 
@@ -139,26 +141,38 @@ class Scheduler:
     def pause(self, req: Request) -> bool:
         """Takes ``req`` out of scheduling until ``resume``: its consumer has stopped reading its
         output, so every step it ran would only grow what waits undelivered. Running, it gives
-        up its seat and KV blocks as a preempted sequence does (recomputed once resumed; the
-        lease is kept); queued, it leaves the queue. False, nothing changed: already paused, or
-        waiting for its adapter (NOTE: a lease being loaded must find it in the queue; such a
-        request has produced no output to fall behind on)."""
+        up its seat and KV blocks as a preempted sequence does (recomputed once resumed);
+        queued, it leaves the queue. Either way its adapter lease is released: a request that
+        does no work must not pin a GPU slot that other tenants' adapters need (one tenant's
+        stuck streams on many adapters would hold them all). False, nothing changed: already
+        paused, or waiting for its adapter (NOTE: a lease being loaded must find it in the
+        queue; such a request has produced no output to fall behind on)."""
         if req.request_id in self._paused or req.state is RequestState.ADAPTER_WAIT:
             return False
         if req.state is RequestState.RUNNING:
             self._unseat(req)
         else:
             self._queues.remove(req)
+        if req.lease is not None:
+            req.lease.release()
+            req.lease = None
         self._paused[req.request_id] = req
+        self._pause_counts.num_pauses += 1
         return True
 
     def resume(self, request_id: str) -> bool:
         """Puts a paused request back at its tenant's head (its consumer reads again); False
-        when ``request_id`` is not paused (never paused, resumed already, or retired)."""
+        when ``request_id`` is not paused (never paused, resumed already, or retired). Without
+        its lease it waits in the lease window like any queued request (the tenant's seat share,
+        cold-load quota and the slots bound it again), given a fresh deadline for that wait:
+        the time it spent paused was its client's, not the queue's."""
         req = self._paused.pop(request_id, None)
         if req is None:
             return False
+        now = self.clock.now()
+        req.deadline_at_s = now + (req.request.deadline_s or self.config.default_deadline_s)
         self._queues.push_front(req)
+        self._pause_counts.num_resumes += 1
         return True
 
     def is_paused(self, request_id: str) -> bool:
@@ -227,7 +241,11 @@ class Scheduler:
 
     def make_stats(self) -> QueueView:
         return queue_view(
-            self.requests.values(), len(self.running), self.blocks.usage, self._paused.keys()
+            self.requests.values(),
+            len(self.running),
+            self.blocks.usage,
+            self._paused.keys(),
+            self._pause_counts,
         )
 
     # --- planning ------------------------------------------------------------------------------

@@ -23,15 +23,31 @@ class QueueView:
     num_active_tokens: int  # prompt + output tokens of every live request (queued or running)
     mode: ModeReport | None = None  # merged revision and transition times; None: unmerged
     num_paused: int = 0  # out of scheduling: their consumers stopped reading (Scheduler.pause)
+    num_pauses: int = 0  # requests paused since the engine started (a counter)
+    num_resumes: int = 0  # paused requests resumed since the engine started (a counter)
 
 
 EMPTY_VIEW = QueueView(0, 0, 0, 0.0, (), 0)
 
 
+@dataclass
+class PauseCounts:
+    """The scheduler's running totals of ``pause`` and ``resume`` (for /metrics' counters)."""
+
+    num_pauses: int = 0  # requests taken out of scheduling
+    num_resumes: int = 0  # paused requests put back
+
+
 def queue_view(
-    requests: Iterable[Request], num_running: int, kv_usage: float, paused: Container[str] = ()
+    requests: Iterable[Request],
+    num_running: int,
+    kv_usage: float,
+    paused: Container[str] = (),
+    pauses: PauseCounts | None = None,
 ) -> QueueView:
-    """The view of the live ``requests`` (those in ``paused`` are counted apart: not queued)."""
+    """The view of the live ``requests`` (those in ``paused`` are counted apart: not queued;
+    ``pauses``: how many pauses and resumes there were so far)."""
+    pauses = pauses or PauseCounts()
     live = list(requests)
     queued = [r for r in live if r.state in QUEUED_STATES and r.request_id not in paused]
     waiting = sum(r.adapter_ready for r in queued)
@@ -44,6 +60,8 @@ def queue_view(
         queued_adapters=tuple(dict.fromkeys(k for k in keys if k is not None)),
         num_active_tokens=sum(r.num_tokens for r in live),
         num_paused=sum(r.request_id in paused for r in live),
+        num_pauses=pauses.num_pauses,
+        num_resumes=pauses.num_resumes,
     )
 
 
@@ -62,4 +80,6 @@ def load_of(view: QueueView, running: tuple[AdapterKey, ...], max_loras: int) ->
         num_active_tokens=view.num_active_tokens,
         mode=view.mode,
         num_paused=view.num_paused,
+        num_pauses=view.num_pauses,
+        num_resumes=view.num_resumes,
     )

@@ -178,6 +178,11 @@ class EngineProcess:
         return self._link.pid
 
     @property
+    def num_in_flight(self) -> int:
+        """Streams and calls the current child owes an answer (sent, or queued to be)."""
+        return self._inflight.num_pending
+
+    @property
     def num_state_updates(self) -> int:
         """State publishes received so far (an idle child sends none: it publishes changes)."""
         return self._state.num_updates
