@@ -44,7 +44,9 @@ def cell_traffic(
     """The cell as a comparator sees it: shape, volume, demand per revision (every active
     revision, 0 for one the cell's traffic did not reach: a separate deployment still runs it)
     and the probes with their expectations (registered, or the offline reference), less those
-    the bare base model passes as well (an in-context prompt would pass them with no example)."""
+    the bare base model passes as well (an in-context prompt would pass them with no example)
+    and those expecting no text at all (a comparator judges a probe by prefix, which "" is of
+    every answer)."""
     traffic = [s for s in run.sent if s.kind == "traffic"]
     counts = Counter(dict.fromkeys(run.active_refs, 0))
     counts.update(s.answer.revision or next(iter(s.target.revisions)) for s in traffic)
@@ -52,7 +54,7 @@ def cell_traffic(
     probes = [
         Probe(ref, s.target.probe_prompt, expected)
         for s in run.sent if s.kind == "probe" for ref in s.target.revisions
-        if (expected := probe_expectation(s, refs, ref)) is not None
+        if (expected := probe_expectation(s, refs, ref))  # "": EOS at once, no prefix to test
         and discriminates(s, refs, ref)
     ]  # fmt: skip
     return CellTraffic(

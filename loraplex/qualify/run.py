@@ -13,9 +13,9 @@ from pathlib import Path
 from typing import Any
 
 from loraplex.qualify.baselines.server import ServerPool
-from loraplex.qualify.baselines.types import BaselineContext
+from loraplex.qualify.baselines.types import BaselineContext, MethodResult
 from loraplex.qualify.cells import Cell, adapters_needed, cells
-from loraplex.qualify.checks import judge, reference_asks
+from loraplex.qualify.checks import CellVerdict, judge, reference_asks
 from loraplex.qualify.client import Admin, QualifyError
 from loraplex.qualify.compare import cell_traffic, comparators, loraplex_result
 from loraplex.qualify.plan import QualifyPlan
@@ -30,7 +30,7 @@ from loraplex.qualify.population import (
     tenant_keys,
     write_adapters,
 )
-from loraplex.qualify.reference import compute
+from loraplex.qualify.reference import Ask, compute
 from loraplex.qualify.report import CellReport, QualifyReport, build_report
 from loraplex.qualify.targets import (
     Target,
@@ -80,12 +80,30 @@ def qualify(plan: QualifyPlan, where: Deployment) -> QualifyReport:
         for run in runs:
             verdict = judge(run, refs, plan)
             mine = loraplex_result(run, verdict, plan)
-            traffic = cell_traffic(run, verdict, plan, refs)
-            others = comparators(plan, ctx, traffic) if plan.compare else {}
+            others = _compared(plan, ctx, run, verdict, refs)
             reports.append(CellReport(run, verdict, mine, others))
     finally:
         servers.close()
     return build_report(plan, where.url, reports, retired_failed, time.monotonic() - start)
+
+
+def _compared(
+    plan: QualifyPlan,
+    ctx: BaselineContext,
+    run: CellRun,
+    verdict: CellVerdict,
+    refs: dict[Ask, str],
+) -> dict[str, MethodResult | dict[str, Any]]:
+    """The comparators' results for one cell; a cell whose traffic they cannot be given fails
+    them (reported, null ratios) and the run goes on: the cells measured stay measured."""
+    if not plan.compare:
+        return {}
+    try:
+        traffic = cell_traffic(run, verdict, plan, refs)
+    except ValueError as exc:
+        failed = {"status": "failed", "reason": f"{type(exc).__name__}: {exc}"}
+        return dict.fromkeys(plan.compare, failed)
+    return comparators(plan, ctx, traffic)
 
 
 def _run_cells(

@@ -68,6 +68,18 @@ def test_a_probe_the_base_model_passes_too_is_counted_and_not_handed_to_comparat
     assert [p.expected for p in cell_traffic(run, verdict, PLAN, REFS).probes] == ["probe-ref"]
 
 
+def test_a_probe_expecting_no_text_passes_loraplex_and_is_not_a_comparator_probe() -> None:
+    """An adapter that ends its probe at once (EOS first) expects "": the served answer is held
+    to it, but a comparator's prefix test cannot use it (every answer starts with "")."""
+    from loraplex.qualify.compare import cell_traffic
+
+    refs = {**REFS, Ask(FILES, "probe", 8, False): ""}
+    run = _run([_answer()], _answer(text=""))
+    verdict = judge(run, refs, PLAN)
+    assert verdict.pass_ratios["quality"] == 1.0 and verdict.undiscriminating_probes == 0
+    assert cell_traffic(run, verdict, PLAN, refs).probes == []
+
+
 def test_wrong_revision_or_text_fails_correct_revision() -> None:
     run = _run([_answer(revision="t/a@r2"), _answer(text="other")], _answer(text="probe-ref"))
     verdict = judge(run, REFS, PLAN)
