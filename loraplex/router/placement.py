@@ -57,12 +57,17 @@ class PlacementWidths:
         (``utilization`` of a replica id: 1.0 and above is saturated) and returns its width."""
         n = len(order)
         width = min(self.width(adapter_key), n)
-        while width > self._k and all(
+        # Narrowing one at a time while the set but its last is calm ends at placement_k once
+        # it starts (a shorter prefix stays calm); widening while the whole set is saturated
+        # ends just past the first unsaturated replica of the order. Both in one pass.
+        if width > self._k and all(
             utilization(r) <= self._narrow_below for r in order[: width - 1]
         ):
-            width -= 1
-        while width < n and all(utilization(r) >= 1.0 for r in order[:width]):
-            width += 1
+            width = self._k
+        if width < n:
+            first_open = next((i for i, r in enumerate(order) if utilization(r) < 1.0), n)
+            if first_open >= width:
+                width = min(first_open + 1, n)
         self._store(adapter_key, width)
         return width
 

@@ -7,7 +7,7 @@ decided here alone.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from enum import IntEnum
 
 from loraplex.router.config import RouterConfig
@@ -34,36 +34,44 @@ class ReplicaView:
     pending: Pending  # the router's decisions for it since that report
     # a revision the fleet asked this replica to merge (``router/topology.py``); None: none
     dedicated: str | None = None
+    # ``utilization`` per ``cold``, with the config it was computed for (a view lives for one
+    # decision, whose policy asks for it once per rule that reads load)
+    utilizations: dict[bool, tuple[RouterConfig, float]] = field(
+        default_factory=dict, repr=False, compare=False
+    )
+    # ``tier_of`` per revision asked (a decision asks for its one revision on every rule)
+    tiers: dict[str, Tier] = field(default_factory=dict, repr=False, compare=False)
+
+    # the load it reports plus the router's decisions since (set from the two above)
+    num_queued: int = field(init=False)  # waiting requests: reported, plus those routed since
+    num_adapter_wait: int = field(init=False)  # reported requests waiting for their adapter
+    num_ongoing: int = field(init=False)  # queued and running, adapter waits left out
+    num_active_tokens: int = field(init=False)  # reported active tokens, plus routed prompts
+
+    def __post_init__(self) -> None:
+        # NOTE: computed once: a decision reads them hundreds of times over a large fleet.
+        load, pending = (self.report.load if self.report else None), self.pending
+        queued = (load.num_queued if load else 0) + pending.num_requests
+        setattr_ = object.__setattr__  # frozen
+        setattr_(self, "num_queued", queued)
+        setattr_(self, "num_adapter_wait", load.num_adapter_wait if load else 0)
+        setattr_(self, "num_ongoing", queued + (load.num_running if load else 0))
+        tokens = (load.num_active_tokens if load else 0) + pending.num_tokens
+        setattr_(self, "num_active_tokens", tokens)
 
     @property
     def known(self) -> bool:
         """Whether a fresh report exists (unknown replicas rank after every known one)."""
         return self.report is not None
 
-    @property
-    def num_queued(self) -> int:
-        """Waiting requests: reported, plus those routed here since."""
-        reported = self.report.load.num_queued if self.report else 0
-        return reported + self.pending.num_requests
-
-    @property
-    def num_adapter_wait(self) -> int:
-        """Reported requests waiting for their adapter to load (not for a seat)."""
-        return self.report.load.num_adapter_wait if self.report else 0
-
-    @property
-    def num_ongoing(self) -> int:
-        """Queued and running requests, those waiting for an adapter left out."""
-        running = self.report.load.num_running if self.report else 0
-        return self.num_queued + running
-
-    @property
-    def num_active_tokens(self) -> int:
-        reported = self.report.load.num_active_tokens if self.report else 0
-        return reported + self.pending.num_tokens
-
     def tier_of(self, adapter_key: str) -> Tier:
         """The fastest place this replica holds ``adapter_key``, by report or recent decision."""
+        tier = self.tiers.get(adapter_key)
+        if tier is None:
+            tier = self.tiers[adapter_key] = self._tier_of(adapter_key)
+        return tier
+
+    def _tier_of(self, adapter_key: str) -> Tier:
         residency = self.report.residency if self.report else None
         if residency is not None and adapter_key in residency.l0:
             return Tier.L0
@@ -101,13 +109,18 @@ def utilization(view: ReplicaView, config: RouterConfig, *, cold: bool = False) 
     which would queue its own load behind theirs. Counting them for every request made a
     replica busy loading look saturated to its own resident revisions' traffic, which then went
     to replicas without them and caused more loads (measured: docs/benchmarks/fleet.md)."""
+    known = view.utilizations.get(cold)
+    if known is not None and known[0] is config:
+        return known[1]
     kv_usage = view.report.load.kv_usage if view.report else 0.0
     queued = view.num_queued + (view.num_adapter_wait if cold else 0)
-    return max(
+    value = max(
         queued / config.max_queued,
         view.num_ongoing / config.max_ongoing,
         kv_usage / config.max_kv_usage,
     )
+    view.utilizations[cold] = (config, value)
+    return value
 
 
 def is_saturated(view: ReplicaView, config: RouterConfig, *, cold: bool = False) -> bool:
