@@ -193,7 +193,7 @@ class SimReplica:
         self._rebalance(now)
         if not self.scheduler.num_queued:
             self._prefetching = {}
-            return self.scheduler.schedule()
+            return self.scheduler.schedule_decodes() or self.scheduler.schedule()
         for req in self.scheduler.expired(now):
             retry_s = self.scheduler.config.retry_hint_s
             error = QueueTimeoutError(req.request_id, now - req.arrival_s, retry_s)

@@ -263,6 +263,35 @@ class Scheduler:
             budget -= n
         return StepPlan(tuple(chunks), tuple(preempted))
 
+    def schedule_decodes(self) -> StepPlan | None:
+        """``schedule()``'s plan in the steady state between arrivals and finishes, made without
+        its seat and admission passes: nothing queued, every running request decodes its one
+        sampled token, the blocks for them are free and no tenant has a ``max_kv_blocks``.
+        None, with nothing changed, in any other state (then ``schedule()`` plans)."""
+        running = self.running
+        if self._queues.num_queued or len(running) > self.config.max_num_batched_tokens:
+            return None
+        blocks, needed = self.blocks, 0
+        for req in running:
+            if (
+                req.state is not RequestState.RUNNING
+                or req.num_tokens - req.num_computed_tokens != 1
+                or _wants_prompt_logprobs(req)
+                or self._kv.tenants.get(req.tenant).max_kv_blocks is not None
+            ):
+                return None
+            assert req.seq_id is not None  # RUNNING requests always hold a sequence
+            needed += blocks.blocks_needed(req.seq_id, req.num_tokens)
+        if not running or needed > blocks.num_free:
+            return None
+        chunks = []
+        for req in running:  # schedule()'s order: decodes first, stable
+            assert req.seq_id is not None
+            blocks.grow(req.seq_id, req.num_tokens)
+            chunks.append(self._chunk(req, 1))
+        self._queues.catch_up({r.tenant for r in running})
+        return StepPlan(tuple(chunks), ())
+
     def update(self, plan: StepPlan, result: StepResult) -> None:
         """Record a step's result: KV now holds the chunks' tokens; append sampled tokens."""
         for chunk in plan.chunks:
