@@ -49,6 +49,7 @@ class SimFleetRouter:
                 self._reports[replica_id] = self._report(self._replicas[replica_id], now)
 
     def _report(self, replica: SimReplica, now_s: float) -> ReplicaReport:
+        replica.settle()  # its skipped steps, up to now
         snapshot = replica.cache.snapshot()
         entries = snapshot.entries
         tiers = {

@@ -6,6 +6,11 @@ from __future__ import annotations
 
 import pytest
 from sim_golden import CASES, digest
+from sim_inputs import cost
+
+from loraplex.sim.config import SimConfig
+from loraplex.sim.run import simulate
+from loraplex.sim.scale import synthetic_trace
 
 RECORDED = {
     "zipf-single": "90fce466ae5dd73c2594d77976af3ab76d7b2729454c65db8401460b43b6cbad",
@@ -20,3 +25,13 @@ RECORDED = {
 @pytest.mark.parametrize("name", sorted(CASES))
 def test_the_result_is_the_one_recorded_before_the_speed_work(name: str) -> None:
     assert digest(CASES[name]()) == RECORDED[name]
+
+
+def test_steady_decode_steps_in_bulk_give_the_step_by_step_result() -> None:
+    """The same trace with every step its own event and with steady decode runs in bulk
+    (``sim/decode_run.py``): the same result, byte for byte, the same engine steps."""
+    trace = synthetic_trace(400, 60, 20.0 * 3, seed=1)
+    config = SimConfig(replicas=3, max_loras=4, auto_warm_interval_s=1.0)
+    slow, fast = (simulate(trace, config, cost(), skip_steps=s) for s in (False, True))
+    assert fast.to_json() == slow.to_json()
+    assert fast.metrics["engine_steps"] == slow.metrics["engine_steps"] > 5 * len(trace)
