@@ -17,6 +17,9 @@ from __future__ import annotations
 import hashlib
 from collections import OrderedDict
 from collections.abc import Callable, Sequence
+from functools import lru_cache
+
+ORDERS_CACHED = 4096  # rendezvous orders remembered (revision x fleet), least recently used out
 
 
 def _weight(adapter_key: str, replica_id: str) -> int:
@@ -27,7 +30,14 @@ def _weight(adapter_key: str, replica_id: str) -> int:
 def rendezvous_order(adapter_key: str, replica_ids: Sequence[str]) -> list[str]:
     """``replica_ids`` in ``adapter_key``'s fixed preference order (ties by id, for a total
     order)."""
-    return sorted(replica_ids, key=lambda r: (-_weight(adapter_key, r), r))
+    return list(_order(adapter_key, tuple(replica_ids)))
+
+
+@lru_cache(maxsize=ORDERS_CACHED)
+def _order(adapter_key: str, replica_ids: tuple[str, ...]) -> tuple[str, ...]:
+    # NOTE: a pure function of its arguments, remembered: a revision placed again over the same
+    # fleet costs one lookup instead of a hash per replica.
+    return tuple(sorted(replica_ids, key=lambda r: (-_weight(adapter_key, r), r)))
 
 
 class PlacementWidths:
