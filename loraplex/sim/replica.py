@@ -215,7 +215,7 @@ class SimReplica:
         self._collect_leases()
         self._request_leases()
         self._prefetch()
-        return self.scheduler.schedule()
+        return self.scheduler.schedule_decodes() or self.scheduler.schedule()
 
     def _apply(self, plan: StepPlan) -> None:
         sched = self.scheduler

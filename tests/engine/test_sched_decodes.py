@@ -73,8 +73,9 @@ def test_decode_plans_are_the_plans_schedule_makes(
 
 
 def test_a_steady_batch_is_planned_by_schedule_decodes_alone() -> None:
-    """Two requests decoding side by side: after their prompts every step is a decode plan; a
-    queued request (here: its adapter still loading) hands planning back to ``schedule()``."""
+    """Two requests decoding side by side: after their prompts every step is a decode plan, also
+    while a queued request waits for its adapter to load; a queued request ready to run hands
+    planning back to ``schedule()``."""
     cfg = SchedulerConfig(max_num_seqs=4, max_num_batched_tokens=16, max_model_len=64)
     driver = Driver(cfg, num_blocks=32, resident={adapter("x")}, decodes_first=True)
     driver.add(request("r0", prompt=4, out=6, key=adapter("x")))
@@ -87,4 +88,7 @@ def test_a_steady_batch_is_planned_by_schedule_decodes_alone() -> None:
     assert driver.num_decode_plans == 3
     driver.add(request("r2", prompt=4, out=2, key=adapter("cold")))
     driver.step()
-    assert driver.num_decode_plans == 3
+    assert driver.num_decode_plans == 4
+    driver.add(request("r3", "c", prompt=4, out=2))  # the base model: ready at once
+    plan = driver.step()
+    assert driver.num_decode_plans == 4 and "r3" in {c.request_id for c in plan.chunks}

@@ -265,11 +265,15 @@ class Scheduler:
 
     def schedule_decodes(self) -> StepPlan | None:
         """``schedule()``'s plan in the steady state between arrivals and finishes, made without
-        its seat and admission passes: nothing queued, every running request decodes its one
-        sampled token, the blocks for them are free and no tenant has a ``max_kv_blocks``.
-        None, with nothing changed, in any other state (then ``schedule()`` plans)."""
+        its seat and admission passes: no queued request is ready to run (none queued, or all
+        waiting for their adapters), every running request decodes its one sampled token, the
+        blocks for them are free and no tenant has a ``max_kv_blocks`` (so nobody is preempted
+        or admitted: the seat caps would go unused). None, with nothing changed, in any other
+        state (then ``schedule()`` plans)."""
         running = self.running
-        if self._queues.num_queued or len(running) > self.config.max_num_batched_tokens:
+        if len(running) > self.config.max_num_batched_tokens:
+            return None
+        if self._queues.num_queued and self._queues.ready():
             return None
         blocks, needed = self.blocks, 0
         for req in running:
