@@ -30,11 +30,14 @@ class _Log:
     entries: deque[tuple[float, str | None, int]] = field(default_factory=deque)
     num_tokens: int = 0
     per_key: dict[str, int] = field(default_factory=dict)
+    # ``pending()``'s answer while no entry came or went since (None: to be rebuilt)
+    pending: Pending | None = None
 
     def drop_before(self, cutoff_s: float) -> None:
         while self.entries and self.entries[0][0] < cutoff_s:
             _, key, tokens = self.entries.popleft()
             self.num_tokens -= tokens
+            self.pending = None
             if key is not None:
                 left = self.per_key[key] - 1
                 if left:
@@ -56,6 +59,7 @@ class DecisionMemory:
         self._logs.setdefault(replica_id, _Log()).entries.append((at_s, adapter_key, num_tokens))
         log = self._logs[replica_id]
         log.num_tokens += num_tokens
+        log.pending = None
         if adapter_key is not None:
             log.per_key[adapter_key] = log.per_key.get(adapter_key, 0) + 1
 
@@ -70,7 +74,9 @@ class DecisionMemory:
         if report_at_s is not None:
             cutoff_s = max(cutoff_s, report_at_s)
         log.drop_before(cutoff_s)
-        return Pending(len(log.entries), log.num_tokens, frozenset(log.per_key))
+        if log.pending is None:
+            log.pending = Pending(len(log.entries), log.num_tokens, frozenset(log.per_key))
+        return log.pending
 
     def forget_except(self, replica_ids: set[str]) -> None:
         """Drops replicas that left the fleet, so memory stays bounded by the fleet's size."""

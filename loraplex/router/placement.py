@@ -17,6 +17,9 @@ from __future__ import annotations
 import hashlib
 from collections import OrderedDict
 from collections.abc import Callable, Sequence
+from functools import lru_cache
+
+ORDERS_CACHED = 4096  # rendezvous orders remembered (revision x fleet), least recently used out
 
 
 def _weight(adapter_key: str, replica_id: str) -> int:
@@ -27,7 +30,14 @@ def _weight(adapter_key: str, replica_id: str) -> int:
 def rendezvous_order(adapter_key: str, replica_ids: Sequence[str]) -> list[str]:
     """``replica_ids`` in ``adapter_key``'s fixed preference order (ties by id, for a total
     order)."""
-    return sorted(replica_ids, key=lambda r: (-_weight(adapter_key, r), r))
+    return list(_order(adapter_key, tuple(replica_ids)))
+
+
+@lru_cache(maxsize=ORDERS_CACHED)
+def _order(adapter_key: str, replica_ids: tuple[str, ...]) -> tuple[str, ...]:
+    # NOTE: a pure function of its arguments, remembered: a revision placed again over the same
+    # fleet costs one lookup instead of a hash per replica.
+    return tuple(sorted(replica_ids, key=lambda r: (-_weight(adapter_key, r), r)))
 
 
 class PlacementWidths:
@@ -57,12 +67,17 @@ class PlacementWidths:
         (``utilization`` of a replica id: 1.0 and above is saturated) and returns its width."""
         n = len(order)
         width = min(self.width(adapter_key), n)
-        while width > self._k and all(
+        # Narrowing one at a time while the set but its last is calm ends at placement_k once
+        # it starts (a shorter prefix stays calm); widening while the whole set is saturated
+        # ends just past the first unsaturated replica of the order. Both in one pass.
+        if width > self._k and all(
             utilization(r) <= self._narrow_below for r in order[: width - 1]
         ):
-            width -= 1
-        while width < n and all(utilization(r) >= 1.0 for r in order[:width]):
-            width += 1
+            width = self._k
+        if width < n:
+            first_open = next((i for i, r in enumerate(order) if utilization(r) < 1.0), n)
+            if first_open >= width:
+                width = min(first_open + 1, n)
         self._store(adapter_key, width)
         return width
 

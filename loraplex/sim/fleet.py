@@ -13,6 +13,7 @@ import random
 from collections import Counter, deque
 from collections.abc import Sequence
 
+from loraplex.artifacts.identity import AdapterKey
 from loraplex.clock import ManualClock
 from loraplex.residency.ledger import Tier
 from loraplex.router import ReplicaLoad, ReplicaReport, Residency, Router, RouteRequest
@@ -33,6 +34,8 @@ class SimFleetRouter:
         self._reports: dict[str, ReplicaReport | None] = dict.fromkeys(self._replicas)
         self._evictions: dict[str, deque[tuple[float, int]]] = {r: deque() for r in self._replicas}
         self.decisions: Counter[str] = Counter()  # reason -> requests
+        self._names: dict[AdapterKey, str] = {}  # str(key), made once per key
+        self._oldest_s: float | None = None  # the oldest report's time (None: none yet)
 
     def route(self, request: RouteRequest) -> tuple[SimReplica, str]:
         """The replica ``request`` goes to and the router's reason."""
@@ -44,26 +47,42 @@ class SimFleetRouter:
 
     def _refresh(self) -> None:
         now = self._clock.now()
+        # NOTE: the oldest report is the first due (a later one's age is never larger).
+        if self._oldest_s is not None and now - self._oldest_s < self._interval_s:
+            return
         for replica_id, report in self._reports.items():
             if report is None or now - report.at_s >= self._interval_s:
                 self._reports[replica_id] = self._report(self._replicas[replica_id], now)
+        self._oldest_s = min(r.at_s for r in self._reports.values() if r is not None)
 
     def _report(self, replica: SimReplica, now_s: float) -> ReplicaReport:
-        snapshot = replica.cache.snapshot()
-        entries = snapshot.entries
-        tiers = {
-            tier: frozenset(str(e.key) for e in entries if e.tier is tier and e.ready)
-            for tier in (Tier.L0, Tier.L1, Tier.L2)
-        }
+        replica.settle()  # its skipped steps, up to now
+        # The sets a snapshot's entries give (fleet.replica.routing_report), read from the
+        # cache's ledgers directly: a snapshot also sorts every copy and copies its history.
+        names = self._names
+        tiers: dict[Tier, set[str]] = {Tier.L0: set(), Tier.L1: set(), Tier.L2: set()}
+        loading: set[str] = set()
+        pinned: set[str] = set()
+        for tier, ledger in replica.cache.ledgers.items():
+            for key, entry in ledger.entries.items():
+                name = names.get(key)
+                if name is None:
+                    name = names[key] = str(key)
+                if entry.ready:
+                    tiers[tier].add(name)
+                elif tier is Tier.L0:
+                    loading.add(name)
+                if entry.pinned:
+                    pinned.add(name)
         residency = Residency(
-            l0=tiers[Tier.L0],
-            l1=tiers[Tier.L1],
-            l2=tiers[Tier.L2],
-            loading=frozenset(str(e.key) for e in entries if e.tier is Tier.L0 and not e.ready),
-            pinned=frozenset(str(e.key) for e in entries if e.pinned),
+            l0=frozenset(tiers[Tier.L0]),
+            l1=frozenset(tiers[Tier.L1]),
+            l2=frozenset(tiers[Tier.L2]),
+            loading=frozenset(loading),
+            pinned=frozenset(pinned),
         )
         view = replica.scheduler.make_stats()
-        evictions = sum(snapshot.stats.evictions.values())
+        evictions = sum(replica.cache.summary().stats.evictions.values())
         load = ReplicaLoad(
             num_queued=view.num_waiting,
             num_adapter_wait=view.num_adapter_wait,

@@ -8,7 +8,8 @@ cache's own; this class only carries them and charges time. A step is one event:
 the next step is planned at once. An idle replica plans again when a request arrives; one whose
 requests all wait (for adapter loads, a load quota) plans again when a lease it waits for
 completes, or after ``idle_wait_s`` (the engine loop's sleep when nothing can run), so queue
-deadlines expire on time.
+deadlines expire on time. A steady decode batch runs its identical steps as one event
+(``sim/decode_run.py``), caught up whenever something touches the replica first.
 """
 
 from __future__ import annotations
@@ -35,6 +36,7 @@ from loraplex.residency.warm import AutoWarmConfig
 from loraplex.sampling import FINISH_ABORT, FINISH_LENGTH
 from loraplex.sim.config import SimConfig
 from loraplex.sim.cost_model import CostModel
+from loraplex.sim.decode_run import DecodeRun, run_length
 from loraplex.sim.outcome import Outcome
 from loraplex.sim.pipeline import CostModelPipeline
 
@@ -93,6 +95,7 @@ class SimReplica:
         *,
         footprints: Mapping[AdapterKey, Footprint],
         ranks: Mapping[AdapterKey, int],
+        skip_steps: bool = True,
     ) -> None:
         self.index = index
         self.replica_id = f"replica-{index:03d}"
@@ -123,6 +126,10 @@ class SimReplica:
         self._next_plan: SimTimer | None = None  # the plan event due, if any
         self._next_plan_at = 0.0  # ... and when
         self.num_steps = 0  # steps executed (for the scale profile)
+        self._skip_steps = skip_steps  # steady decode steps in bulk (``sim/decode_run.py``)
+        self._steady = False  # the plan just made is a steady decode step
+        self._run: DecodeRun | None = None  # the decode run in flight, if any
+        self._run_end: SimTimer | None = None  # ... and its last step's event
         # Automatic warm rebalancing (the engine's LeaseDesk: once per interval, at a step).
         self._rebalance_interval_s = config.auto_warm_interval_s if config.auto_warm else None
         self._rebalance_at_s = self._clock.now() + (self._rebalance_interval_s or 0.0)
@@ -131,6 +138,7 @@ class SimReplica:
 
     def submit(self, request: EngineRequest, outcome: Outcome) -> None:
         """The engine receives ``request`` now; a refusal ends ``outcome`` at once."""
+        self._stop_run()  # the next plan sees the request
         sched = self.scheduler
         try:
             sched.check_can_add(request)
@@ -181,19 +189,25 @@ class SimReplica:
             if self.scheduler.requests:  # all wait (loads, quotas): poll as the engine loop does
                 self._plan_at(now + self._idle_wait_s)
             return  # else idle until an arrival wakes it
-        seconds = self._seconds(plan) + self._load_debt_s
+        seconds = self._seconds(plan)
+        steady = self._steady and not self._load_debt_s
+        seconds += self._load_debt_s
         self._load_debt_s = 0.0
         self._in_step = True
-        self._executor.call_at(now + seconds, lambda: self._apply(plan))
+        if not (steady and self._start_run(plan, now, seconds)):
+            self._executor.call_at(now + seconds, lambda: self._apply(plan))
 
     def _decide(self, now: float) -> StepPlan:
         """EngineCore.step's bookkeeping, then the scheduler's plan. With nothing queued the
         bookkeeping has nothing to do (no request can expire, wait for a lease or be in the
         prefetch window), so only its one effect is kept: the prefetch window empties."""
         self._rebalance(now)
+        self._steady = False
         if not self.scheduler.num_queued:
             self._prefetching = {}
-            return self.scheduler.schedule()
+            plan = self.scheduler.schedule_decodes()
+            self._steady = plan is not None
+            return plan or self.scheduler.schedule()
         for req in self.scheduler.expired(now):
             retry_s = self.scheduler.config.retry_hint_s
             error = QueueTimeoutError(req.request_id, now - req.arrival_s, retry_s)
@@ -201,7 +215,7 @@ class SimReplica:
         self._collect_leases()
         self._request_leases()
         self._prefetch()
-        return self.scheduler.schedule()
+        return self.scheduler.schedule_decodes() or self.scheduler.schedule()
 
     def _apply(self, plan: StepPlan) -> None:
         sched = self.scheduler
@@ -224,11 +238,67 @@ class SimReplica:
                 self._retire(req, RequestState.FINISHED, None)
         self._plan()
 
+    # --- decode runs (``sim/decode_run.py``) ----------------------------------------------------
+
+    def settle(self) -> None:
+        """Brings a decode run's skipped steps up to now, before the replica's state is read."""
+        if self._run is not None:
+            self._run.catch_up(self._clock.now())
+
+    def _start_run(self, plan: StepPlan, now: float, seconds: float) -> bool:
+        """Runs ``plan`` and the identical steps after it as one event, if there are enough."""
+        steps = run_length(self.scheduler, plan, self.scheduler.config.max_model_len)
+        if not self._skip_steps or not steps:
+            return False
+        ends, end = [], now
+        for _ in range(steps):
+            end += seconds  # the step-by-step loop's float sums
+            ends.append(end)
+        if self._rebalance_interval_s is not None:  # plans before the next rebalance only
+            while len(ends) > 1 and ends[-2] >= self._rebalance_at_s:
+                ends.pop()
+        if len(ends) < 2:
+            return False
+        self._run = DecodeRun(self.scheduler, plan, ends, self._apply_decode)
+        self._run_end = self._executor.call_at(ends[-1], self._finish_run)
+        return True
+
+    def _finish_run(self) -> None:
+        run, self._run, self._run_end = self._run, None, None
+        assert run is not None  # the event is cancelled when the run stops early
+        run.finish()
+        self._in_step = False
+        self._plan()
+
+    def _stop_run(self) -> None:
+        """Ends the run now (its next plans would differ): the step in flight ends as usual."""
+        run, timer = self._run, self._run_end
+        if run is None or timer is None:
+            return
+        run.catch_up(self._clock.now())
+        timer.cancel()
+        self._run, self._run_end = None, None
+        plan = run.plan
+        self._executor.call_at(run.in_flight_end, lambda: self._apply(plan))
+
+    def _apply_decode(self, plan: StepPlan) -> None:
+        """A run's step applied: ``_apply`` less what cannot happen in a run (a first token, a
+        finish, the next plan)."""
+        sched = self.scheduler
+        sampled = dict.fromkeys((c.request_id for c in plan.chunks), _TOKEN)
+        sched.update(plan, StepResult(sampled, {}))
+        self.num_steps += 1
+        for request_id in sampled:
+            req, outcome = sched.requests.get(request_id), self._outcomes.get(request_id)
+            if req is not None and outcome is not None:
+                outcome.output_tokens = len(req.output_token_ids)
+
     def _on_load_cpu(self, seconds: float) -> None:
         """A load stage starts (``load_cpu_shared``) while the engine steps or plans a step: the
         engine loses its CPU for that long, so its next step pays it. An idle engine (a plan
         with nothing to run drops the debt) leaves the CPU to the loader."""
         if self._in_step or self._planning:
+            self._stop_run()  # the next step pays the debt
             self._load_debt_s += seconds
 
     def _seconds(self, plan: StepPlan) -> float:

@@ -79,16 +79,31 @@ def trace_adapters(
     return found
 
 
-def simulate(trace: Sequence[TraceRecord], config: SimConfig, cost_model: CostModel) -> SimResult:
+def simulate(
+    trace: Sequence[TraceRecord],
+    config: SimConfig,
+    cost_model: CostModel,
+    *,
+    skip_steps: bool = True,
+) -> SimResult:
     """Runs ``trace`` (sorted by ``t_s``) through ``config``'s deployment, charged by
-    ``cost_model``; the same inputs give the same result."""
+    ``cost_model``; the same inputs give the same result. ``skip_steps`` False steps every
+    steady decode batch one event at a time (``sim/decode_run.py``; the same result, slower)."""
     clock = ManualClock()
     executor = SimExecutor(clock)
     adapters = trace_adapters(trace, config)
     footprints = {a.key: a.footprint for a in adapters.values()}
     ranks = {a.key: a.rank for a in adapters.values()}
     replicas = [
-        SimReplica(i, config, cost_model, executor, footprints=footprints, ranks=ranks)
+        SimReplica(
+            i,
+            config,
+            cost_model,
+            executor,
+            footprints=footprints,
+            ranks=ranks,
+            skip_steps=skip_steps,
+        )
         for i in range(config.replicas)
     ]
     fleet = SimFleetRouter(config, clock, replicas) if config.replicas > 1 else None

@@ -6,7 +6,9 @@ arrivals at ``rate_per_replica * R`` requests per second, 64 prompt and 16 outpu
 short fixed lengths WORKLOADS.md uses for cache studies). The run is a plain ``simulate``: the
 real scheduler at every step, the real caches and the real router at every request.
 
-Reported: wall seconds of the simulation alone (trace generation apart), the process's peak
+Reported: wall seconds of the simulation alone (trace generation apart) and the CPU seconds
+the process spent in it (on a shared machine the wall seconds grow with the load, the CPU
+seconds much less), the process's peak
 RSS (``ru_maxrss``: the whole process's peak so far, so a run after others reports at least
 theirs), simulated seconds, engine steps, and the run's headline figures.
 """
@@ -75,9 +77,9 @@ def scale_run(
     """One timed simulation of the synthetic trace (module docstring); a JSON-able dict."""
     trace = synthetic_trace(requests, adapters, rate_per_replica * replicas, seed)
     config = SimConfig(replicas=replicas, seed=seed)
-    start = time.perf_counter()
+    start, start_cpu = time.perf_counter(), time.process_time()
     result = simulate(trace, config, cost_model)
-    wall_s = time.perf_counter() - start
+    wall_s, cpu_s = time.perf_counter() - start, time.process_time() - start_cpu
     m = result.metrics
     key = f"sim_seconds_{_short(requests)}_requests_{_short(adapters)}_adapters_{replicas}_replicas"
     return {
@@ -87,6 +89,7 @@ def scale_run(
         "replicas": replicas,
         "rate_per_s": rate_per_replica * replicas,
         "sim_wall_s": round(wall_s, 3),
+        "sim_cpu_s": round(cpu_s, 3),  # this process's CPU seconds: less sensitive to load
         "requests_per_wall_s": round(requests / wall_s, 1) if wall_s > 0 else None,
         "peak_rss_bytes": peak_rss_bytes(),
         "simulated_s": m["makespan_s"],

@@ -24,9 +24,9 @@ SHAPE_FIELDS = ("rank", "size_bytes")  # optional: the adapter's rank and bytes
 OUTCOME_FIELDS = ("outcome", "ttft_s", "tier", "latency_s")
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class TraceRecord:
-    """One request of a trace."""
+    """One request of a trace (slotted: a scale run holds a million)."""
 
     t_s: float  # arrival, seconds from the start of the trace
     tenant: str  # the requesting tenant (owns the adapter)

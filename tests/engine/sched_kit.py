@@ -70,6 +70,8 @@ class Driver:
     finished: list[str] = field(default_factory=list)
     expired: list[str] = field(default_factory=list)
     plans: list[StepPlan] = field(default_factory=list)
+    decodes_first: bool = False  # plan by schedule_decodes() where it plans (the simulator's way)
+    num_decode_plans: int = 0  # plans schedule_decodes() made
 
     def __post_init__(self) -> None:
         self.blocks = BlockManager(self.num_blocks, self.block_size)
@@ -107,7 +109,9 @@ class Driver:
             self.scheduler.finish(req, RequestState.ABORTED, FINISH_ABORT)
             self.expired.append(req.request_id)
         self.grant_leases()
-        plan = self.scheduler.schedule()
+        plan = self.scheduler.schedule_decodes() if self.decodes_first else None
+        self.num_decode_plans += plan is not None
+        plan = plan or self.scheduler.schedule()
         self.plans.append(plan)
         for c in plan.chunks:  # every scheduled token has a KV position
             table = self.blocks.block_table(c.seq_id)

@@ -67,6 +67,7 @@ def test_scale_run_reports_the_headline_key_and_peak_rss() -> None:
     line = scale_run(300, 1000, 4, load(COST_FILE))
     assert line["sim_seconds_300_requests_1k_adapters_4_replicas"] == line["sim_wall_s"] > 0
     assert line["peak_rss_bytes"] > 0 and line["requests"] == 300
+    assert line["sim_cpu_s"] > 0
     assert sum(line["decisions"].values()) == 300
 
 

@@ -58,6 +58,11 @@ class BlockManager:
     # --- views ----------------------------------------------------------------------------
 
     @property
+    def num_free(self) -> int:
+        """Blocks no live sequence references."""
+        return len(self._free)
+
+    @property
     def usage(self) -> float:
         """Fraction of blocks referenced by a live sequence (0-1)."""
         return 1 - len(self._free) / self.num_blocks

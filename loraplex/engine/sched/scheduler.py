@@ -253,7 +253,9 @@ class Scheduler:
     def schedule(self) -> StepPlan:
         budget = self.config.max_num_batched_tokens
         chunks: list[ScheduledChunk] = []
-        caps, preempted = self._plan_seats()
+        # Nothing queued: no seat to plan or give up for, nobody to admit (seat planning is
+        # pure then, and costs more than the decodes of a small batch).
+        caps, preempted = self._plan_seats() if self._queues.num_queued else ({}, [])
         # Decodes before unfinished prefills, so a long prompt never delays running streams.
         order = sorted(self.running, key=lambda r: r.num_tokens - r.num_computed_tokens > 1)
         for req in order:
@@ -278,6 +280,39 @@ class Scheduler:
             chunks.append(self._chunk(req, n))
             budget -= n
         return StepPlan(tuple(chunks), tuple(preempted))
+
+    def schedule_decodes(self) -> StepPlan | None:
+        """``schedule()``'s plan in the steady state between arrivals and finishes, made without
+        its seat and admission passes: no queued request is ready to run (none queued, or all
+        waiting for their adapters), every running request decodes its one sampled token, the
+        blocks for them are free and no tenant has a ``max_kv_blocks`` (so nobody is preempted
+        or admitted: the seat caps would go unused). None, with nothing changed, in any other
+        state (then ``schedule()`` plans)."""
+        running = self.running
+        if len(running) > self.config.max_num_batched_tokens:
+            return None
+        if self._queues.num_queued and self._queues.ready():
+            return None
+        blocks, needed = self.blocks, 0
+        for req in running:
+            if (
+                req.state is not RequestState.RUNNING
+                or req.num_tokens - req.num_computed_tokens != 1
+                or _wants_prompt_logprobs(req)
+                or self._kv.tenants.get(req.tenant).max_kv_blocks is not None
+            ):
+                return None
+            assert req.seq_id is not None  # RUNNING requests always hold a sequence
+            needed += blocks.blocks_needed(req.seq_id, req.num_tokens)
+        if not running or needed > blocks.num_free:
+            return None
+        chunks = []
+        for req in running:  # schedule()'s order: decodes first, stable
+            assert req.seq_id is not None
+            blocks.grow(req.seq_id, req.num_tokens)
+            chunks.append(self._chunk(req, 1))
+        self._queues.catch_up({r.tenant for r in running})
+        return StepPlan(tuple(chunks), ())
 
     def update(self, plan: StepPlan, result: StepResult) -> None:
         """Record a step's result: KV now holds the chunks' tokens; append sampled tokens."""

@@ -1,0 +1,95 @@
+"""Steps skipped in bulk: a replica's steady decode batch advanced by one event, not one per step.
+
+Between two events that touch a replica (a request reaching it, a request finishing, a load
+stage delaying its steps, a routing report reading it) a batch where nothing is queued and every
+running request decodes one token is planned the same way at every step (the scheduler's
+``schedule_decodes``) and costs the same time. A ``DecodeRun`` stands for such steps: it knows
+when each would end (each end is the previous one plus the step's seconds, the float sum the
+step-by-step loop makes), and applies them to the scheduler only when their effects are read:
+
+- at its last step (one event, at that step's end), after which the replica plans as usual;
+- when something touches the replica first (``catch_up(now)``): the steps that ended before
+  ``now`` are applied and the next one is planned, exactly the state the step-by-step loop has
+  at ``now``; a touch that changes what the next plan sees (a request arriving, a load's CPU
+  debt) then ends the run and the step in flight continues as an ordinary step event.
+
+The run is sized so that no step in it finishes a request or plans at or after the next
+automatic warm rebalance, and so that the KV blocks for all of it are free; every plan made in
+it is the scheduler's own (``schedule_decodes``), so a run computes what the step-by-step loop
+computes. An event at the very instant a skipped step ends is taken to come before that step's
+end (the step-by-step loop orders such ties by when each event was scheduled).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+from loraplex.engine.sched.scheduler import Scheduler
+from loraplex.engine.step import StepPlan
+
+MIN_STEPS = 2  # a run shorter than this saves nothing
+
+
+def run_length(sched: Scheduler, plan: StepPlan, max_model_len: int) -> int:
+    """How many steps, ``plan`` first, can run before one of them finishes a request (the step
+    that finishes one is the run's successor, planned as usual), within the free KV blocks."""
+    requests = sched.requests
+    steps = None
+    for chunk in plan.chunks:
+        req = requests[chunk.request_id]
+        # Applying the run's i-th step (1-based) leaves len(output) + i tokens out, and the
+        # context at num_tokens + i; the request ends at max_tokens or a full context.
+        left = req.request.params.max_tokens - len(req.output_token_ids)
+        room = max_model_len - req.num_tokens
+        fits = min(left, room) - 1
+        steps = fits if steps is None else min(steps, fits)
+    if steps is None or steps < MIN_STEPS:
+        return 0
+    # Plans 2..steps grow each sequence to num_tokens + steps - 1 positions.
+    blocks = sched.blocks
+    needed = sum(blocks.blocks_needed(c.seq_id, c.start_pos + steps) for c in plan.chunks)
+    return steps if needed <= blocks.num_free else 0
+
+
+class DecodeRun:
+    """Steps ``plan`` and the ``num_steps - 1`` identical decode steps after it, ending at
+    ``ends``; ``apply`` records one step's result (the replica's per-step bookkeeping)."""
+
+    def __init__(
+        self,
+        sched: Scheduler,
+        plan: StepPlan,
+        ends: list[float],
+        apply: Callable[[StepPlan], None],
+    ) -> None:
+        self._sched = sched
+        self._apply = apply
+        self.plan = plan  # the step in flight: planned, not applied
+        self.ends = ends  # when each step of the run ends, in order
+        self.applied = 0  # steps of the run applied so far
+
+    @property
+    def in_flight_end(self) -> float:
+        """When the step in flight ends."""
+        return self.ends[self.applied]
+
+    def catch_up(self, now_s: float) -> None:
+        """Applies the steps that ended before ``now_s`` and plans the one in flight then."""
+        last = len(self.ends) - 1
+        while self.applied < last and self.ends[self.applied] < now_s:
+            self._step()
+
+    def finish(self) -> None:
+        """Applies every step left but the last, then the last (its end is now)."""
+        while self.applied < len(self.ends) - 1:
+            self._step()
+        self._apply(self.plan)
+        self.applied += 1
+
+    def _step(self) -> None:
+        self._apply(self.plan)
+        self.applied += 1
+        plan = self._sched.schedule_decodes()
+        if plan is None:  # the run was sized so that this cannot happen
+            raise RuntimeError("a decode run's next step is not a steady decode step")
+        self.plan = plan
