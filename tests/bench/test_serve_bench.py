@@ -14,9 +14,11 @@ from typing import Any
 import pytest
 from typer.testing import CliRunner
 
+from loraplex.bench.serve import bench as bench_module
 from loraplex.bench.serve.bench import SCENARIOS, ServeBenchConfig
 from loraplex.bench.serve.driver import TIERS, ResidencyView
 from loraplex.bench.serve.summary import hit_ratios
+from loraplex.bench.serve.throughput import ThroughputConfig, measure_throughput
 from loraplex.cli import app
 from loraplex.demo.assets import DemoAssets
 
@@ -30,6 +32,16 @@ RUNS = ("hot-burst@9/lru", "hot-burst@9/lru_priority", "hot-burst@9/cost_aware",
 EXPECTED_STATUSES = {"200", "429", "503"}
 
 
+CAPACITY_REQUESTS = 16  # per capacity round (128 by default): enough to saturate the server
+# The ThroughputConfig each measure_throughput call of the module's run received.
+MEASURED_WITH: list[ThroughputConfig] = []
+
+
+def _recording_measure(*args: Any, **kwargs: Any) -> Any:
+    MEASURED_WITH.append(args[3])
+    return measure_throughput(*args, **kwargs)
+
+
 @pytest.fixture(scope="module")
 def bench(
     demo_assets: DemoAssets, tmp_path_factory: pytest.TempPathFactory
@@ -37,9 +49,12 @@ def bench(
     report = tmp_path_factory.mktemp("report")
     args = ["bench", "serve", "--json", "--duration-s", "2", "--rate", "3", "--num-adapters", "4",
             "--throughput-rounds", "1", "--throughput-requests", "8", "--report-dir", str(report),
+            "--capacity-requests", str(CAPACITY_REQUESTS),
             "--hot-burst-slots", "9", "--trace-repeats", "1",
             "--asset-dir", str(demo_assets.root.parent)]  # fmt: skip
-    result = CliRunner().invoke(app, args)
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(bench_module, "measure_throughput", _recording_measure)
+        result = CliRunner().invoke(app, args)
     assert result.exit_code == 0, result.output
     lines = [line for line in result.stdout.splitlines() if line.startswith("{")]
     assert len(lines) == 1
@@ -66,6 +81,8 @@ def test_json_line_shape(bench: tuple[dict[str, Any], Path]) -> None:
         assert metrics["storm_warm_p99_ttft_ratio"] == round(sides[0] / sides[1], 3)
     assert metrics["http_over_offline_throughput"] > 0
     assert len(metrics["capacity_rps"]) == 2 and all(v > 0 for v in metrics["capacity_rps"])
+    assert line["config"]["capacity_requests"] == CAPACITY_REQUESTS
+    assert [c.capacity_requests for c in MEASURED_WITH] == [CAPACITY_REQUESTS]
     assert metrics["trace_rate"] == 3.0 and metrics["trace_duration_s"] == 2.0  # given, not derived
     assert set(metrics["runs"]) == set(RUNS)
     # The price beside the gain, and completed ratios beside both (in this order).
@@ -144,6 +161,8 @@ def test_hit_ratios_and_config_validation() -> None:
         ServeBenchConfig(rate=0)
     with pytest.raises(ValueError, match="load"):
         ServeBenchConfig(load=0)
+    with pytest.raises(ValueError, match="capacity_requests"):
+        ServeBenchConfig(capacity_requests=0)
     derived = ServeBenchConfig(load=0.5, trace_requests=600)
     assert derived.trace_shape(capacity_rps=40.0) == (20.0, 30.0)  # half of capacity, 600 requests
     fixed = ServeBenchConfig(rate=8.0, duration_s=5.0)

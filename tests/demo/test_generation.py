@@ -7,12 +7,14 @@ import os
 import shutil
 import subprocess
 import sys
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
 from typer.testing import CliRunner
 
 from loraplex.cli import app
+from loraplex.demo import assets as assets_module
 from loraplex.demo import generate as generate_module
 from loraplex.demo.assets import (
     STAMP_NAME,
@@ -20,12 +22,7 @@ from loraplex.demo.assets import (
     demo_assets_ready,
     generate_demo_assets,
 )
-from loraplex.demo.presets import DemoPreset
-
-
-def _file_digests(root: Path) -> dict[str, str]:
-    stamp = json.loads((root / STAMP_NAME).read_text(encoding="utf-8"))
-    return {name: entry["sha256"] for name, entry in stamp["files"].items()}
+from loraplex.demo.presets import DemoPreset, get_preset
 
 
 def _file_states(root: Path) -> dict[str, tuple[int, int]]:
@@ -35,32 +32,30 @@ def _file_states(root: Path) -> dict[str, tuple[int, int]]:
     }
 
 
-@pytest.mark.slow
-def test_same_seed_gives_identical_bytes(demo_assets: DemoAssets, tmp_path: Path) -> None:
-    again = generate_demo_assets(tmp_path / "again", "small", 0)
-    assert _file_digests(again.root) == _file_digests(demo_assets.root)
-    for path in demo_assets.root.rglob("*"):
-        if path.is_file():
-            assert (
-                path.read_bytes() == (again.root / path.relative_to(demo_assets.root)).read_bytes()
-            )
-    assert [a.digest for a in again.adapters] == [a.digest for a in demo_assets.adapters]
-    assert again.base_digest == demo_assets.base_digest
+# Same preset and seed -> identical bytes: checked where the session set is regenerated anyway,
+# in a child (tests/server/test_front_demo_assets.py), so the suite trains that set only twice.
+
+# One adapter and 30 base steps (of 100) for both seeds: the adapter still learns its probe
+# (in about 60 of its 200 steps), and a set costs a tenth of the full preset. The property is
+# the seed's, not the preset's: it reaches the corpus, the base weights and every adapter.
+_REDUCED = replace(get_preset("small"), base_steps=30, adapters=get_preset("small").adapters[:1])
 
 
 @pytest.mark.slow
 def test_other_seed_differs_and_second_call_is_cached(
-    demo_assets: DemoAssets, tmp_path: Path
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
+    monkeypatch.setattr(assets_module, "get_preset", {"small": _REDUCED}.__getitem__)
+    first = generate_demo_assets(tmp_path / "seed0", "small", 0)
     other = generate_demo_assets(tmp_path / "seed1", "small", 1)
-    assert other.base_digest != demo_assets.base_digest
-    assert {a.digest for a in other.adapters}.isdisjoint(a.digest for a in demo_assets.adapters)
+    assert other.base_digest != first.base_digest
+    assert {a.digest for a in other.adapters}.isdisjoint(a.digest for a in first.adapters)
     before = _file_states(other.root)
     root_state = (other.root.stat().st_ino, other.root.stat().st_mtime_ns)
     assert generate_demo_assets(tmp_path / "seed1", "small", 1) == other
     assert _file_states(other.root) == before
     assert (other.root.stat().st_ino, other.root.stat().st_mtime_ns) == root_state
-    assert sorted(p.name for p in tmp_path.iterdir()) == ["seed1"]
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["seed0", "seed1"]
 
 
 def test_ready_checks_arguments_presence_and_sizes(demo_assets: DemoAssets, tmp_path: Path) -> None:

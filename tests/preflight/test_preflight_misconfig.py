@@ -123,8 +123,10 @@ def test_alert_rules_without_reload_after_eviction_fail(bare_server: Bare) -> No
 def test_cache_limits_too_small_for_the_adapters_fail_the_load_items(
     demo_assets: DemoAssets, tmp_path: Path
 ) -> None:
-    # 2 MiB of host memory: the demo's rank-32 and rank-64 adapters never fit in L1.
-    with live_server(demo_assets, tmp_path, torch_threads=1, cpu_adapter_bytes=2 << 20) as live:
+    # 2 MiB of host memory: the demo's rank-32 and rank-64 adapters never fit in L1. Their
+    # requests fail at the queue deadline: 10 s (of 30 by default) keeps the test short.
+    settings = {"torch_threads": 1, "cpu_adapter_bytes": 2 << 20, "queue_deadline_s": 10.0}
+    with live_server(demo_assets, tmp_path, **settings) as live:
         report = _run(live)
     assert _failed(report) == {"cache_limits_load_tested", "hot_and_long_tail_load"}, report.text()
     assert "load-test requests failed" in report.verdict("cache_limits_load_tested").summary

@@ -1,5 +1,6 @@
 """``serve.assembly.demo_assets``: a demo set already there is adopted as is; a missing one is
-generated in a child process, so the server process that asked stays torch-free."""
+generated in a child process, so the server process that asked stays torch-free, and with the
+same bytes as the session's set of the same preset and seed."""
 
 from __future__ import annotations
 
@@ -40,6 +41,9 @@ def test_a_demo_set_already_there_is_adopted(demo_assets: DemoAssets, tmp_path: 
 def test_a_missing_demo_set_is_generated_in_a_child(
     demo_assets: DemoAssets, tmp_path: Path
 ) -> None:
+    """Also the generator's reproducibility check: the child trains the session set's preset
+    and seed again, in another process, and must write the same bytes."""
+    assert (demo_assets.preset, demo_assets.seed) == (assembly.DEMO_PRESET, assembly.DEMO_SEED)
     code = (
         "import sys\n"
         "from pathlib import Path\n"
@@ -59,5 +63,12 @@ def test_a_missing_demo_set_is_generated_in_a_child(
     assert demo_assets_ready(Path(root), assembly.DEMO_PRESET, assembly.DEMO_SEED)
     made = json.loads((Path(root) / STAMP_NAME).read_text())["files"]
     session = json.loads((demo_assets.root / STAMP_NAME).read_text())["files"]
-    assert sorted(made) == sorted(session)  # the same preset: the same files
-    assert _adopted(tmp_path).root == Path(root)  # and a second start adopts it
+    assert made == session  # the same preset and seed: the same files, sizes and sha256
+    for path in demo_assets.root.rglob("*"):
+        if path.is_file():
+            again = Path(root) / path.relative_to(demo_assets.root)
+            assert path.read_bytes() == again.read_bytes(), path
+    adopted = _adopted(tmp_path)
+    assert adopted.root == Path(root)  # and a second start adopts it
+    assert [a.digest for a in adopted.adapters] == [a.digest for a in demo_assets.adapters]
+    assert adopted.base_digest == demo_assets.base_digest

@@ -75,6 +75,7 @@ class ServeBenchConfig:
     max_lora_rank: int = 64  # ranks above (WIDE's 128) are capped
     throughput_requests: int = 256  # requests per throughput round
     throughput_rounds: int = 4  # alternating rounds per side
+    capacity_requests: int = 128  # requests per capacity round (HTTP, all at once)
     request_timeout_s: float = 60.0  # bound on every request
     seed: int = 0  # workload and weight seed
     asset_dir: Path = Path(".loraplex-assets")  # where the demo base model is generated / reused
@@ -94,6 +95,7 @@ class ServeBenchConfig:
             "max_lora_rank",
             "throughput_requests",
             "throughput_rounds",
+            "capacity_requests",
             "request_timeout_s",
         ):
             if not getattr(self, name) > 0:
@@ -157,6 +159,7 @@ def run_serve_bench(config: ServeBenchConfig) -> dict[str, Any]:
             config.throughput_rounds,
             vocab,
             config.seed,
+            capacity_requests=config.capacity_requests,
             capacity_output_tokens=config.output_tokens,
         )
         tput = measure_throughput(

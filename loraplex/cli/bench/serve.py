@@ -72,6 +72,9 @@ def serve(
         float, typer.Option(help="adversarial hung-engine: seconds the engine stays stopped.")
     ] = 15.0,
     throughput_rounds: Annotated[int, typer.Option(help="HTTP vs in-process rounds.")] = 4,
+    capacity_requests: Annotated[
+        int, typer.Option(help="Requests per capacity round (HTTP, all at once).")
+    ] = 128,
     hot_burst_slots: Annotated[
         str, typer.Option(help="hot-burst: GPU slot counts, comma-separated (first: headline).")
     ] = "9,12,16",
@@ -109,6 +112,7 @@ def serve(
             num_adapters=num_adapters,
             throughput_requests=throughput_requests,
             throughput_rounds=throughput_rounds,
+            capacity_requests=capacity_requests,
             hot_burst_slots=slots,
             trace_repeats=trace_repeats,
             seed=seed,
