@@ -61,6 +61,7 @@ def cell_traffic(
         run.cell.cell_id, run.cell.shape, verdict.traffic_requests, run.wall_s,
         {ref: n / wall for ref, n in counts.items()}, plan.objectives.ttft_warm_s,
         plan.objectives.tpot_s, probes,
+        {ref: d for s in run.sent for ref, d in s.target.revisions.items() if d is not None},
     )  # fmt: skip
 
 

@@ -40,6 +40,12 @@ from loraplex.qualify.baselines.types import BaselineContext, CellTraffic, Metho
 # Adapters whose merged model is started for quality in one quick run (each start is a full
 # model load); the rest of the cell's probes are reported as not measured.
 QUICK_QUALITY_ADAPTERS = 1
+# Adapters outside the demo set (qualification's generated ones, files from
+# ``CellTraffic.adapter_dirs``) merged and judged in one full run: a cell reaches up to a dozen
+# of them and a run over a thousand, each a merge and a full model load. Those already judged
+# are judged again in every cell that reaches them; the rest are reported as not judged.
+# (Demo-set adapters, 16 at most, are all judged, as before.)
+FULL_GENERATED_QUALITY_ADAPTERS = 8
 _COLD_STARTS = "separate/cold-starts"
 _QUALITY_REFS = "separate/quality-refs"
 
@@ -55,13 +61,25 @@ class _Job:
 
 def _jobs(ctx: BaselineContext, cell: CellTraffic, assets: DemoAssets) -> list[_Job]:
     cache = measure.RunCache(cache_of(ctx))
-    known = {a.ref for a in assets.adapters}
+    demo = {a.ref for a in assets.adapters}
+    known = demo | set(cell.adapter_dirs)
     todo: dict[str, list[Probe]] = {}
     for probe in cell.probes:
         if probe.adapter_ref in known and cache.get(_quality_key(probe)) is None:
             todo.setdefault(probe.adapter_ref, []).append(probe)
+    # the cell's most requested adapters first: a budget goes where the traffic is
+    demand = cell.demand_per_adapter_rps
+    todo = dict(sorted(todo.items(), key=lambda item: -demand.get(item[0], 0.0)))
+    measured = set(_measured_refs(cache))
     if ctx.quick:
-        todo = _within_quick_room(todo, set(_measured_refs(cache)))
+        todo = _within_room(todo, measured, QUICK_QUALITY_ADAPTERS)
+    else:  # every demo adapter; generated ones up to their budget
+        generated = _within_room(
+            {r: p for r, p in todo.items() if r not in demo},
+            measured - demo,
+            FULL_GENERATED_QUALITY_ADAPTERS,
+        )
+        todo = {r: p for r, p in todo.items() if r in demo or r in generated}
     need_sweep = cache.get(_sweep_key(cell)) is None
     jobs = [_Job(ref, tuple(probes), False) for ref, probes in todo.items()]
     if need_sweep:
@@ -72,9 +90,11 @@ def _jobs(ctx: BaselineContext, cell: CellTraffic, assets: DemoAssets) -> list[_
     return jobs
 
 
-def _within_quick_room(todo: dict[str, list[Probe]], measured: set[str]) -> dict[str, list[Probe]]:
-    """The adapters already started, and new ones up to QUICK_QUALITY_ADAPTERS in all."""
-    room = QUICK_QUALITY_ADAPTERS - len(measured)
+def _within_room(
+    todo: dict[str, list[Probe]], measured: set[str], budget: int
+) -> dict[str, list[Probe]]:
+    """The adapters already started, and new ones up to ``budget`` in all."""
+    room = budget - len(measured)
     kept = {}
     for ref, probes in todo.items():
         if ref in measured or room > 0:
@@ -142,7 +162,7 @@ def measure_separate(
     one with traffic pays the measured cold start against the TTFT objective."""
     assets = load_assets(ctx)
     jobs = _jobs(ctx, cell, assets)
-    paths = {a.ref: a.path for a in assets.adapters}
+    paths = {**cell.adapter_dirs, **{a.ref: a.path for a in assets.adapters}}
     # One merge subprocess for every model this cell needs (one torch and PEFT import).
     models = merged_models(
         assets.base_model_dir,

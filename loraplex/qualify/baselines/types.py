@@ -8,7 +8,7 @@ need, and returns a ``MethodResult`` in the same terms as loraplex's own.
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -74,6 +74,9 @@ class CellTraffic:
     ttft_slo_s: float  # time-to-first-token objective
     tpot_slo_s: float  # time-per-output-token objective
     probes: list[Probe]  # quality probes of the cell's adapters
+    # adapter ref -> its PEFT directory on this machine, for adapters outside the demo set
+    # (qualification's generated ones): a separate deployment can merge and judge them too
+    adapter_dirs: dict[str, Path] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         if not self.cell_id:
