@@ -253,9 +253,7 @@ class Scheduler:
     def schedule(self) -> StepPlan:
         budget = self.config.max_num_batched_tokens
         chunks: list[ScheduledChunk] = []
-        # Nothing queued: no seat to plan or give up for, nobody to admit (seat planning is
-        # pure then, and costs more than the decodes of a small batch).
-        caps, preempted = self._plan_seats() if self._queues.num_queued else ({}, [])
+        caps, preempted = self._plan_seats()
         # Decodes before unfinished prefills, so a long prompt never delays running streams.
         order = sorted(self.running, key=lambda r: r.num_tokens - r.num_computed_tokens > 1)
         for req in order:
