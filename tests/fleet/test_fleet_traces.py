@@ -90,7 +90,9 @@ def test_one_trace_spans_the_ingress_and_the_replica(
     }
     # acme's billing adapter: no warm policy (the demo keeps support warm in host memory), so
     # on a fresh fleet the request pays every load stage and the trace shows each one
-    payload = {"model": "billing", "prompt": "The acme billing team", "max_tokens": 5}
+    # ignore_eos: exactly 5 tokens (a sampled EOS at token 4 once made the counts below 4)
+    payload = {"model": "billing", "prompt": "The acme billing team", "max_tokens": 5,
+               "ignore_eos": True}  # fmt: skip
     reply = httpx.post(f"{url}/v1/completions", json=payload, headers=headers, timeout=120)
     assert reply.status_code == 200, reply.text
     # The ingress's batch processor exports within its schedule delay (5 s by default).

@@ -26,6 +26,17 @@ def _to(revision: str) -> dict[str, object]:
     return {"targets": [{"revision": revision, "weight": 1}]}
 
 
+def _scrape_until(live: Live, series: str) -> str:
+    """/metrics once ``series`` is in it: the engine process publishes its first state (with
+    the mode's series) a moment after the server answers, and a scrape before shows none."""
+    deadline = time.monotonic() + 60
+    while True:
+        text = httpx.get(f"{live.url}/metrics", headers=AUTH, timeout=30).text
+        if series in text or time.monotonic() > deadline:
+            return text
+        time.sleep(0.1)
+
+
 def _scrape_until_merged(live: Live) -> str:
     deadline = time.monotonic() + 60
     while True:
@@ -44,8 +55,9 @@ def test_merged_mode_exports_its_transition_and_guards_the_merged_revision(
         tracing = {"trace_endpoint": receiver.url, "trace_sample_ratio": 0.0}
         with live_server(demo_assets, tmp_path, **config, **tracing) as live:
             assert isinstance(live.server.engine, EngineProcess)  # across the process boundary
-            before = httpx.get(f"{live.url}/metrics", headers=AUTH, timeout=30).text
-            assert 'loraplex_mode_transition_seconds_count{direction="merge"} 0.0' in before
+            series = 'loraplex_mode_transition_seconds_count{direction="merge"}'
+            before = _scrape_until(live, series)
+            assert f"{series} 0.0" in before
             assert "loraplex_mode_merged 0.0" in before
             _the_first_request_waits_for_the_merge_in_its_trace(live, receiver)
             _metrics_and_the_admin_guard(live)
