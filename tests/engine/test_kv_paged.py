@@ -87,7 +87,8 @@ def test_decodes_mixed_with_prefill_chunks_batch_together_in_any_order(model: Ll
     plan = paged.plan([SequenceChunk(p_ids[i], lengths[i], 1) for i in (0, 2)]
                       + [SequenceChunk(p_ids[4], lengths[4], 3)])  # fmt: skip
     assert not plan.all_decode and plan.prefill_chunks == (2,)
-    assert plan.decode_tokens is not None and plan.decode_tokens.tolist() == [0, 1]
+    (bucket,) = plan.decode_buckets
+    assert bucket.tokens is not None and bucket.tokens.tolist() == [0, 1]
     step([(2, [65]), (4, prompts[4][3:]), (0, [66]), (1, [67]), (3, [68])])
     paged.blocks.check_integrity()
 

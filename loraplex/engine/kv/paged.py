@@ -4,12 +4,15 @@ Per layer, keys and values live in one flat tensor ``[num_blocks * block_size, k
 head_dim]``; a sequence's position ``p`` is row ``table[p // block_size] * block_size +
 p % block_size``. ``plan`` grows block tables as needed (the scheduler has usually reserved the
 blocks already) and precomputes, once per forward, the rows every layer writes and gathers.
-The one-token (decode) sequences of a forward gather their rows padded to the longest and attend
-in one call under a length mask, also when the forward mixes them with prefill chunks (the usual
-step under continuous batching). Prompt chunks that start at position 0 read nothing from the
-cache (their own new keys are all there is) and attend in one call per chunk length; the other
-prefill chunks (after a cached prefix, or continuing a chunked prompt) gather their rows and
-attend one sequence at a time, as in ``ContiguousKVCache``.
+The one-token (decode) sequences of a forward, also when the forward mixes them with prefill
+chunks (the usual step under continuous batching), split into at most ``MAX_DECODE_BUCKETS``
+buckets of similar KV length (``kv.buckets.partition_by_length``: padded positions against a
+per-bucket overhead); each bucket gathers its rows padded to its own longest and attends in one
+call under a length mask. Uniform lengths make one bucket, attended exactly as one padded batch
+(an all-decode forward: no gather of queries, no scatter of results). Prompt chunks that start
+at position 0 read nothing from the cache (their own new keys are all there is) and attend in
+one call per chunk length; the other prefill chunks (after a cached prefix, or continuing a
+chunked prompt) gather their rows and attend one sequence at a time, as in ``ContiguousKVCache``.
 """
 
 from __future__ import annotations
@@ -21,8 +24,23 @@ from itertools import accumulate
 import torch
 
 from loraplex.engine.kv.blocks import BASE_NAMESPACE, BlockManager
+from loraplex.engine.kv.buckets import partition_by_length
 from loraplex.model.attention import chunk_attention, decode_attention, prompt_attention
 from loraplex.model.kv_cache import AttentionShape, SequenceChunk
+
+
+@dataclass(frozen=True)
+class DecodeBucket:
+    """One-token chunks of similar KV length, gathered padded to the longest of them and
+    attended in one call: a bucket per length range keeps short sequences from padding to a long
+    one's length (see ``kv.buckets``)."""
+
+    rows: torch.Tensor  # [n, max_kv_len] int64 storage rows; past an end: the never-written pad row
+    mask: torch.Tensor  # [n, 1, 1, max_kv_len] additive 0/-inf hiding the padding
+    positions: torch.Tensor  # [n] int64 position of each chunk's new token
+    # [n] int64 the chunks' token indices in the batch, ascending; None: the whole batch in order
+    # (an all-decode plan with one bucket: no gather of queries, no scatter of results)
+    tokens: torch.Tensor | None
 
 
 @dataclass(frozen=True)
@@ -33,11 +51,8 @@ class PagedPlan:
     write_rows: torch.Tensor  # [num_tokens] int64 storage row of each new token
     write_pos: torch.Tensor  # [num_tokens] int64 position of each new token
     chunk_offsets: tuple[int, ...]  # first token index of each chunk in the flattened batch
-    all_decode: bool  # every chunk is one token: one batched attention call
-    # The one-token chunks, attended together (all chunks when all_decode):
-    decode_rows: torch.Tensor | None  # [num_decodes, max_kv_len] rows, padded; None: none
-    decode_mask: torch.Tensor | None  # [num_decodes, 1, 1, max_kv_len] additive 0/-inf
-    decode_tokens: torch.Tensor | None  # [num_decodes] their token indices (mixed plans only)
+    all_decode: bool  # every chunk is one token
+    decode_buckets: tuple[DecodeBucket, ...]  # the one-token chunks by length; (): none
     prefill_chunks: tuple[int, ...] = ()  # longer chunks after cached positions, one by one
     prefill_rows: tuple[torch.Tensor, ...] = ()  # per prefill chunk: [end] rows of 0..end-1
     # Longer chunks from position 0, grouped by length (each group attended in one call):
@@ -105,13 +120,7 @@ class PagedKVCache:
             if c.num_tokens > 1 and not c.start_pos:
                 groups.setdefault(c.num_tokens, []).append(i)
         all_decode = not prefills and not groups
-        decode_rows = decode_mask = decode_tokens = None
-        if decodes:
-            decode_rows, decode_mask = self._decode_layout(
-                rows, decodes, [ends[i] for i in decodes]
-            )
-            if not all_decode:
-                decode_tokens = torch.tensor([offsets[i] for i in decodes], device=self.device)
+        buckets = partition_by_length([ends[i] for i in decodes])
         device = self.device
         return PagedPlan(
             chunks=tuple(chunks),
@@ -120,24 +129,44 @@ class PagedKVCache:
             prefill_rows=tuple(rows[i, : ends[i]].to(device) for i in prefills),
             chunk_offsets=offsets,
             all_decode=all_decode,
-            decode_rows=decode_rows,
-            decode_mask=decode_mask,
-            decode_tokens=decode_tokens,
+            decode_buckets=tuple(
+                self._decode_bucket(
+                    rows,
+                    [decodes[j] for j in bucket],
+                    ends,
+                    offsets,
+                    whole=all_decode and len(buckets) == 1,
+                )
+                for bucket in buckets
+            ),
             prefill_chunks=prefills,
             prompt_groups=tuple(tuple(group) for group in groups.values()),
         )
 
-    def _decode_layout(
-        self, rows: torch.Tensor, decodes: list[int], ends: list[int]
-    ) -> tuple[torch.Tensor, torch.Tensor]:
-        """The one-token chunks' rows padded to the longest of them (padding reads the all-zero
-        pad row, masked out) and the additive mask hiding the padding."""
-        longest = max(ends)
-        picked = rows if len(decodes) == rows.shape[0] else rows[decodes]
-        beyond = torch.arange(longest)[None, :] >= torch.tensor(ends)[:, None]
+    def _decode_bucket(
+        self,
+        rows: torch.Tensor,
+        members: list[int],
+        ends: list[int],
+        offsets: tuple[int, ...],
+        *,
+        whole: bool,
+    ) -> DecodeBucket:
+        """The ``members`` one-token chunks' rows padded to the longest of them (padding reads
+        the all-zero pad row, masked out) and the additive mask hiding the padding."""
+        member_ends = [ends[i] for i in members]
+        longest = max(member_ends)
+        picked = rows if len(members) == rows.shape[0] else rows[members]
+        beyond = torch.arange(longest)[None, :] >= torch.tensor(member_ends)[:, None]
         padded = picked[:, :longest].masked_fill(beyond, self._pad_row)
         mask = torch.zeros(beyond.shape, dtype=self.dtype).masked_fill(beyond, -torch.inf)
-        return padded.to(self.device), mask[:, None, None, :].to(self.device)
+        tokens = None if whole else torch.tensor([offsets[i] for i in members], device=self.device)
+        return DecodeBucket(
+            rows=padded.to(self.device),
+            mask=mask[:, None, None, :].to(self.device),
+            positions=torch.tensor([e - 1 for e in member_ends], device=self.device),
+            tokens=tokens,
+        )
 
     def attend(
         self, layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, plan: PagedPlan
@@ -146,23 +175,18 @@ class PagedKVCache:
         keys.index_copy_(0, plan.write_rows, k)
         values.index_copy_(0, plan.write_rows, v)
         window = self.shape.sliding_windows[layer]
-        if plan.all_decode:
-            out = self._attend_decode(
-                q, plan.write_pos, keys=keys, values=values, plan=plan, window=window
-            )
+        buckets = plan.decode_buckets
+        if buckets and buckets[0].tokens is None:  # all decodes, one bucket: as they come
+            out = self._attend_decode(q, keys, values, bucket=buckets[0], window=window)
             return out.reshape(q.shape[0], -1)
         out = torch.empty_like(q)
-        if plan.decode_tokens is not None:
-            tokens = plan.decode_tokens
+        for bucket in buckets:
+            if bucket.tokens is None:
+                raise ValueError("a whole-batch decode bucket must be its plan's only one")
             part = self._attend_decode(
-                q.index_select(0, tokens),
-                plan.write_pos.index_select(0, tokens),
-                keys=keys,
-                values=values,
-                plan=plan,
-                window=window,
+                q.index_select(0, bucket.tokens), keys, values, bucket=bucket, window=window
             )
-            out.index_copy_(0, tokens, part)
+            out.index_copy_(0, bucket.tokens, part)
         for group in plan.prompt_groups:
             self._attend_prompts(q, k, v, out, plan=plan, group=group, window=window)
         for i, rows in zip(plan.prefill_chunks, plan.prefill_rows, strict=True):
@@ -175,23 +199,20 @@ class PagedKVCache:
     def _attend_decode(
         self,
         q: torch.Tensor,
-        write_pos: torch.Tensor,
-        *,
         keys: torch.Tensor,
         values: torch.Tensor,
-        plan: PagedPlan,
+        *,
+        bucket: DecodeBucket,
         window: int | None,
     ) -> torch.Tensor:
-        if plan.decode_rows is None or plan.decode_mask is None:
-            raise ValueError("plan has no decode layout; expected one-token chunks")
-        num_seqs, length = plan.decode_rows.shape
+        num_seqs, length = bucket.rows.shape
         num_kv_heads = self.shape.num_kv_heads
-        flat = plan.decode_rows.reshape(-1)
+        flat = bucket.rows.reshape(-1)
         k_rows = keys.index_select(0, flat).view(num_seqs, length, num_kv_heads, -1).transpose(1, 2)
         v_rows = values.index_select(0, flat).view(num_seqs, length, num_kv_heads, -1)
         v_rows = v_rows.transpose(1, 2)
         return decode_attention(
-            q, k_rows, v_rows, plan.decode_mask, write_pos, window=window, scale=self._scale
+            q, k_rows, v_rows, bucket.mask, bucket.positions, window=window, scale=self._scale
         )
 
     def _attend_prompts(
