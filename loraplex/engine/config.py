@@ -36,6 +36,11 @@ class SchedulerConfig:
     # seat. 0: work-conserving admission (weights then only order it); None: a quarter of
     # max_num_seqs.
     class_reserve_seqs: int | None = None
+    # Per-step work share (``sched.step_share``): while two or more tenants have work in a
+    # step, the busiest (per unit of weight) decodes only as many of its sequences as keep its
+    # work within this many times the next busiest tenant's (at least one; the rest keep their
+    # seats and run in the next steps). 0: off, every running sequence decodes every step.
+    step_work_ratio: float = 1.0
 
     def __post_init__(self) -> None:
         for name in _AT_LEAST_ONE:
@@ -61,6 +66,8 @@ class SchedulerConfig:
                 f"max_num_batched_tokens {self.max_num_batched_tokens} is invalid; expected >= "
                 f"max_num_seqs {self.max_num_seqs} (every running sequence decodes each step)"
             )
+        if not self.step_work_ratio >= 0:
+            raise ValueError(f"step_work_ratio {self.step_work_ratio} is invalid; expected >= 0")
         if self.retry_hint_s < 0:
             raise ValueError(f"retry_hint_s {self.retry_hint_s} is invalid; expected >= 0")
 

@@ -140,6 +140,9 @@ class ServeConfig:
     # sequences kept free for a higher priority class while one is active (None: a quarter of
     # max_num_seqs; 0: lower classes may fill every seat)
     class_reserve_seqs: int | None = None
+    # the busiest tenant's work in one step at most this many times the next busiest tenant's
+    # (engine/sched/step_share.py); 0: off, every running sequence decodes every step
+    step_work_ratio: float = 1.0
     database_url: str | None = None  # registry database; None: SQLite in data_dir
     store: str | None = None  # artifact store directory or s3://bucket/prefix
     s3_endpoint: str | None = None  # S3-compatible endpoint
@@ -251,6 +254,8 @@ class ServeConfig:
                 f"max_auto_gpu_slots {auto_gpu} is invalid; expected 0 to max_loras - 1 "
                 f"({self.max_loras - 1}: one slot stays free for demand loads) or unset"
             )
+        if not self.step_work_ratio >= 0:
+            raise ValueError(f"step_work_ratio {self.step_work_ratio} is invalid; expected >= 0")
         tokens = self.max_num_batched_tokens
         if tokens is not None and tokens < self.max_num_seqs:
             raise ValueError(

@@ -41,6 +41,7 @@ def engine_config(config: ServeConfig) -> EngineConfig:
         default_deadline_s=config.queue_deadline_s,
         max_queue_len=config.max_queue_len,
         class_reserve_seqs=config.class_reserve_seqs,
+        step_work_ratio=config.step_work_ratio,
     )
     return EngineConfig(
         scheduler=scheduler,

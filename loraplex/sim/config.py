@@ -53,6 +53,8 @@ class SimConfig:
     block_size: int = 16  # tokens per KV block
     queue_deadline_s: float = 30.0  # longest queue residence before the request fails
     max_queue_len: int = 1024  # queued requests per replica before one is refused
+    # ``loraplex serve``'s step_work_ratio (engine/sched/step_share.py); 0: off
+    step_work_ratio: float = 1.0
     max_concurrent_loads: int = 4  # adapter loads in flight per replica
     tenant_max_concurrent_loads: int = 2  # ... per tenant (the cold-load quota)
     # The share of each tier's bytes (and GPU slots) a tenant without a cap of its own may hold:
@@ -79,6 +81,8 @@ class SimConfig:
             if getattr(self, name) < 0:
                 raise ValueError(f"{name} {getattr(self, name)} is invalid; expected >= 0")
         check_tier_share(self.default_tenant_tier_share)
+        if not self.step_work_ratio >= 0:
+            raise ValueError(f"step_work_ratio {self.step_work_ratio} is invalid; expected >= 0")
         auto_gpu = self.max_auto_gpu_slots
         if auto_gpu is not None and not 0 <= auto_gpu < self.max_loras:
             raise ValueError(

@@ -67,6 +67,7 @@ def scheduler_config(config: SimConfig) -> SchedulerConfig:
         max_model_len=config.max_model_len,
         default_deadline_s=config.queue_deadline_s,
         max_queue_len=config.max_queue_len,
+        step_work_ratio=config.step_work_ratio,
     )
 
 

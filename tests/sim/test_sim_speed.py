@@ -1,6 +1,11 @@
 """The simulator's speed work changed how fast it runs, not what it computes: every case of
 ``sim_golden.py`` gives the result (its ``to_json()``, hashed) that the code before that work
-gave (commit ba7c122, recorded with ``sim_golden.CASES``)."""
+gave (commit ba7c122, recorded with ``sim_golden.CASES``).
+
+Recorded again when ``SimConfig`` gained ``step_work_ratio`` (the engine's per-step work share,
+``engine/sched/step_share.py``): every result now carries that field; with it 0 (off) the
+``hot-classes-shared-cpu`` result was compared field for field with the one recorded at ba7c122
+and was the same but for the new field. The hashes below are with the default (1.0)."""
 
 from __future__ import annotations
 
@@ -13,12 +18,12 @@ from loraplex.sim.run import simulate
 from loraplex.sim.scale import synthetic_trace
 
 RECORDED = {
-    "zipf-single": "90fce466ae5dd73c2594d77976af3ab76d7b2729454c65db8401460b43b6cbad",
-    "hot-fleet": "a930df17953aac91f999f6fa40a65fa4f3b56befbc6778ea9caa4260bf1fb2af",
-    "cold-scarce": "f2a6856bd04eee48d6b0cd586ede46abd0a9d468499e0a2feb643dc460dc462b",
-    "hot-classes-shared-cpu": "345314b24bdf246c0d14a5b4b633f82c7b0327fa228b263c8fd167177d3275ac",
-    "zipf-tight-kv": "29752995d2c9405982cb5041e54dc3c3cc90a1b89aa88c4bd546e7029389d8e4",
-    "scale-8": "a0979dab707a89fd995eab5de721c2640586f8aead653b8e294e682c0501d76b",
+    "zipf-single": "d1e7489150fdffbac54caf41aa944301818f3b60c844e4c7d72b1949090d695b",
+    "hot-fleet": "f94085cbf8ddc2c0efc9ebf3f5f58b444a765e2e2f6b7486a31557aa0977bddd",
+    "cold-scarce": "6f53964a6f04fcca45c07fa2e9fe5250d7f762682074efa029bef4f8c7390f7c",
+    "hot-classes-shared-cpu": "d33bd3299a49e6f4408c44c088d5ce9d5b978aaec87eef8995c6118bae05b382",
+    "zipf-tight-kv": "6e48815b8e5f68a965223808619e1437e62283da017c8fae39c9ff26bab5f3d4",
+    "scale-8": "f540d029e8ccdcafd0b9f64c855f14e57142f335e068653b21852f90838e46c1",
 }
 
 

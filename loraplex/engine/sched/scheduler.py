@@ -24,7 +24,8 @@ Invariants:
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections import Counter
+from collections.abc import Iterable, Mapping
 from itertools import islice
 
 from loraplex.artifacts.identity import AdapterKey
@@ -43,8 +44,14 @@ from loraplex.engine.sched.admission import (
 )
 from loraplex.engine.sched.fair_order import FairQueues
 from loraplex.engine.sched.kv_shares import KvShares
-from loraplex.engine.sched.seats import limit_caps, step_seats
+from loraplex.engine.sched.seats import (
+    MIN_SEATS_FOR_HEADROOM,
+    equal_shares,
+    limit_caps,
+    step_seats,
+)
 from loraplex.engine.sched.stats import PauseCounts, QueueView, queue_view
+from loraplex.engine.sched.step_share import StepShares, chunk_work
 from loraplex.engine.step import ScheduledChunk, StepPlan, StepResult
 from loraplex.engine.tenant_shares import TenantBook
 from loraplex.errors import CapacityError, PromptTooLongError, QueueFullError, QueueTimeoutError
@@ -69,6 +76,8 @@ class Scheduler:
         self._kv = KvShares(blocks, self._queues.tenants)  # max_kv_blocks, KV victims
         self._paused: dict[str, Request] = {}  # out of scheduling until resumed (``pause``)
         self._pause_counts = PauseCounts()  # pauses and resumes so far (published)
+        self._step = 0  # plans made so far (``step_share`` takes the longest-waiting first)
+        self._last_run: dict[str, int] = {}  # request id -> the plan it last ran in
 
     # --- admission to the engine ------------------------------------------------------------
 
@@ -123,6 +132,7 @@ class Scheduler:
             req.lease.release()
             req.lease = None
         del self.requests[req.request_id]
+        self._last_run.pop(req.request_id, None)
         running = any(r.tenant == req.tenant for r in self.running)
         self._queues.forget_if_idle(req.tenant, running)
 
@@ -253,12 +263,15 @@ class Scheduler:
     def schedule(self) -> StepPlan:
         budget = self.config.max_num_batched_tokens
         chunks: list[ScheduledChunk] = []
-        caps, preempted = self._plan_seats()
+        waiting = self._step_waits(hold_followers(self._queues.ready(), self.requests))
+        caps, preempted = self._plan_seats({self.requests[i].tenant for i in waiting})
         # Decodes before unfinished prefills, so a long prompt never delays running streams.
         order = sorted(self.running, key=lambda r: r.num_tokens - r.num_computed_tokens > 1)
         for req in order:
             if req.state is not RequestState.RUNNING or budget == 0:
                 continue
+            if req.request_id in waiting:
+                continue  # its tenant's work in this step is at its share (``step_share``)
             n = min(req.num_tokens - req.num_computed_tokens, budget)
             if not self._make_room(req, n, {c.request_id for c in chunks}, preempted):
                 continue
@@ -277,6 +290,7 @@ class Scheduler:
                 break  # KV blocks exhausted: admit nothing more this step
             chunks.append(self._chunk(req, n))
             budget -= n
+        self._step += 1
         return StepPlan(tuple(chunks), tuple(preempted))
 
     def schedule_decodes(self) -> StepPlan | None:
@@ -304,12 +318,15 @@ class Scheduler:
             needed += blocks.blocks_needed(req.seq_id, req.num_tokens)
         if not running or needed > blocks.num_free:
             return None
+        if self._step_waits({}):
+            return None  # some decodes wait out this step: ``schedule()`` plans it
         chunks = []
         for req in running:  # schedule()'s order: decodes first, stable
             assert req.seq_id is not None
             blocks.grow(req.seq_id, req.num_tokens)
             chunks.append(self._chunk(req, 1))
         self._queues.catch_up({r.tenant for r in running})
+        self._step += 1
         return StepPlan(tuple(chunks), ())
 
     def update(self, plan: StepPlan, result: StepResult) -> None:
@@ -330,17 +347,48 @@ class Scheduler:
         cfg = self.config
         return limit_caps(self._queues, self.running, cfg.max_num_seqs, cfg.reserve_seqs)
 
-    def _plan_seats(self) -> tuple[dict[str, int], list[str]]:
+    def _plan_seats(self, held_back: set[str]) -> tuple[dict[str, int], list[str]]:
         """This step's seat caps; preempts the sequences that give their seats up (``seats``)
-        and returns their ids."""
+        and returns their ids. ``held_back``: the tenant held to its share of this step's work
+        (``step_share``), which gives seats up first."""
         cfg = self.config
         ready = hold_followers(self._queues.ready(), self.requests)
         caps, victims = step_seats(
-            self._queues, self.running, ready, cfg.max_num_seqs, cfg.reserve_seqs
+            self._queues,
+            self.running,
+            ready,
+            cfg.max_num_seqs,
+            cfg.reserve_seqs,
+            held_back=held_back,
         )
         for victim in victims:
             self._preempt(victim)
         return caps, [v.request_id for v in victims]
+
+    def _step_waits(self, ready: Mapping[str, Iterable[Request]]) -> set[str]:
+        """Running sequences that wait out this step: the busiest tenant's past its share of the
+        step's work (``step_share``); none with ``step_work_ratio`` 0 (off), or in an engine
+        of fewer than ``MIN_SEATS_FOR_HEADROOM`` seats, where an equal share is a seat or two and
+        holding one more than it is no sign of a hog (as for the seat headroom, ``seats``)."""
+        ratio = self.config.step_work_ratio
+        if not ratio or self.config.max_num_seqs < MIN_SEATS_FOR_HEADROOM:
+            return set()
+        if len({r.tenant for r in self.running} | set(ready)) < 2:
+            return set()
+        budget = self.config.max_num_batched_tokens
+        running = [r for r in self.running if r.state is RequestState.RUNNING]
+        queued = Counter[str]()
+        # A ready request counts whether or not a seat is free for it now: the tenant held back
+        # gives seats up first (``seats.step_seats``), so it runs in this step all the same.
+        for tenant, waiting in ready.items():
+            first = next(iter(waiting), None)  # what the tenant may start this step at least
+            if first is not None:
+                queued[tenant] += chunk_work(min(first.num_tokens, budget))
+        held = Counter(r.tenant for r in self.running)
+        equal = equal_shares(self._queues, self.config.max_num_seqs)
+        over = {t for t, n in held.items() if n > equal.get(t, 0)}
+        shares = StepShares(self._queues.weight, ratio, budget)
+        return shares.waiting(running, queued, self._last_run, over)
 
     # --- internals -------------------------------------------------------------------------------
 
@@ -403,6 +451,7 @@ class Scheduler:
         """The next ``n`` tokens of ``req``, charged to its tenant's virtual time."""
         assert req.seq_id is not None  # scheduled requests are RUNNING
         self._queues.charge(req.tenant, n)
+        self._last_run[req.request_id] = self._step
         start = req.num_computed_tokens
         tokens = req.token_ids()[start : start + n]
         targets = None

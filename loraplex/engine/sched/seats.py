@@ -18,8 +18,9 @@ waits one step, not for a long generation to end (``plan_seats``).
 from __future__ import annotations
 
 import heapq
+import math
 from collections import Counter, deque
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Container, Iterable, Mapping
 from dataclasses import dataclass
 
 from loraplex.engine.request import Request
@@ -151,9 +152,14 @@ def step_seats(
     ready: Mapping[str, deque[Request]],
     max_num_seqs: int,
     reserve: int,
+    *,
+    held_back: Container[str] = (),
 ) -> tuple[dict[str, int], list[Request]]:
     """This step's seat caps (``limit_caps``, and every share while a tenant is owed a seat)
-    and the running sequences to preempt first; ``ready``: the requests that may run now."""
+    and the running sequences to preempt first; ``ready``: the requests that may run now.
+    ``held_back``: the tenant held to its share of this step's work (``step_share``): over its
+    share it counts as having done the most work, so it gives a seat up to a tenant owed one
+    (its virtual time lags only because it is held back)."""
     caps = limit_caps(queues, running, max_num_seqs, reserve)
     for tenant, cap in headroom_caps(queues, running, max_num_seqs).items():
         caps[tenant] = min(caps.get(tenant, cap), cap)
@@ -167,7 +173,7 @@ def step_seats(
         shares,
         reserved={t: queues.tenants.get(t).reserved_running_seqs for t in shares},
         ready={t: len(q) for t, q in ready.items()},
-        vtime=queues.vtime,
+        vtime=lambda t: math.inf if t in held_back else queues.vtime(t),
         free_seats=max_num_seqs - len(running),
     )
     for tenant, share in plan.caps.items():
