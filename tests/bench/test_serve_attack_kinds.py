@@ -12,6 +12,7 @@ import subprocess
 import sys
 import time
 from collections.abc import Iterator
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -155,6 +156,23 @@ def test_stuck_stream_is_judged_on_memory_growth() -> None:
                 _run("stuck-stream", True, served, growth)]  # fmt: skip
         assert kind_metrics(runs, workload, 60.0)["stuck-stream"]["met"] is want
     assert met([True, None]) is None and met([None, False]) is False and met([True]) is True
+
+
+def test_half_open_flood_is_undefined_unless_the_flood_held_the_budget_full() -> None:
+    workload = adversarial_workload(0, TINY)
+    served = [_record(200, 0.010, TINY.output_tokens) for _ in workload.requests]
+    for peak, delivered, want in ((511, False, None), (512, True, True)):
+        attacked = _run("half-open-flood", True, served)
+        attacked = replace(attacked, attacker={"sockets": 1100, "peak_open": peak})
+        runs = [_run("half-open-flood", False, served), attacked]
+        entry = kind_metrics(runs, workload, 60.0)["half-open-flood"]
+        assert (entry["attack_delivered"], entry["met"]) == (delivered, want)
+
+
+def test_cli_refuses_an_unknown_attacker_priority() -> None:
+    args = ["bench", "serve", "--scenarios", "adversarial", "--attacker-priority", "low"]
+    result = CliRunner().invoke(app, args)
+    assert result.exit_code == 2 and "attacker_priority" in result.output
 
 
 def test_kinds_keep_their_run_order_and_pool_rounds() -> None:

@@ -56,3 +56,30 @@ def test_close_ends_a_child_that_never_got_go() -> None:
     process = AttackProcess(functools.partial(reporting_attack, TARGET, PLAN))
     process.start()
     process.close()  # no hang: ``close`` releases a child still waiting for go
+
+
+async def policy_attack(target: KindTarget, plan: KindPlan, stop: asyncio.Event) -> Tally:
+    """Reports the scheduling policy its process (and a thread it starts) runs under."""
+    await stop.wait()
+    in_thread = await asyncio.to_thread(os.sched_getscheduler, 0)
+    return {"policy": os.sched_getscheduler(0), "thread_policy": in_thread}
+
+
+@pytest.mark.parametrize(
+    ("priority", "policy"), [("idle", os.SCHED_IDLE), ("normal", os.SCHED_OTHER)]
+)
+def test_the_attack_process_runs_at_the_priority_asked(priority: str, policy: int) -> None:
+    process = AttackProcess(functools.partial(policy_attack, TARGET, PLAN), priority)
+    try:
+        process.start()
+        process.go()
+        result = process.finish()
+    finally:
+        process.close()
+    assert result.tally == {"policy": policy, "thread_policy": policy}
+    assert os.sched_getscheduler(0) == os.SCHED_OTHER  # the victims' client is left as it was
+
+
+def test_an_unknown_priority_is_refused() -> None:
+    with pytest.raises(ValueError, match="priority 'low' is invalid"):
+        AttackProcess(functools.partial(policy_attack, TARGET, PLAN), "low")

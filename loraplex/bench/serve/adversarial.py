@@ -24,7 +24,7 @@ from typing import Any
 from urllib.parse import urlsplit
 
 from loraplex.bench.serve.attack_kinds import ISOLATED_KINDS
-from loraplex.bench.serve.attack_process import AttackProcess
+from loraplex.bench.serve.attack_process import PRIORITIES, AttackProcess
 from loraplex.bench.serve.attacker import (
     ATTACKER,
     ATTACKER_ADAPTER,
@@ -67,6 +67,8 @@ class AdversarialConfig:
     attack_kinds: tuple[str, ...] = ATTACK_KINDS  # which kinds run (a subset of ATTACK_KINDS)
     flood_sockets: int = 1100  # half-open-flood: unauthenticated sockets held open at once
     hang_s: float = 15.0  # hung-engine: seconds the engine process stays stopped
+    # how the attack's own process competes for the cores (``attack_process.PRIORITIES``)
+    attacker_priority: str = "idle"
 
     def __post_init__(self) -> None:
         for name in (
@@ -81,6 +83,11 @@ class AdversarialConfig:
         ):
             if not getattr(self, name) > 0:
                 raise ValueError(f"{name} {getattr(self, name)} is invalid; expected > 0")
+        if self.attacker_priority not in PRIORITIES:
+            raise ValueError(
+                f"attacker_priority {self.attacker_priority!r} is invalid; expected one of "
+                f"{PRIORITIES}"
+            )
         unknown = [kind for kind in self.attack_kinds if kind not in ATTACK_KINDS]
         if not self.attack_kinds or unknown or len(set(self.attack_kinds)) < len(self.attack_kinds):
             raise ValueError(
@@ -130,6 +137,7 @@ class _Shared:
     workload: Workload  # the victims' trace
     drive: DriveConfig  # how it is replayed
     hostile: tuple[PathologicalAdapter, ...]  # the attacker's adapters, written once
+    attacker_priority: str  # how the attack's process competes for the cores
 
 
 def run_adversarial(
@@ -144,7 +152,7 @@ def run_adversarial(
     """Every (calm, attacked) pair of runs of the mixed attacker (its selected kinds), each on
     a fresh server with a cold cache."""
     hostile = _hostile_adapters(fleet, root, config) if "cold-adapter" in config.mixed_kinds else ()
-    shared = _Shared(fleet, options, workload, drive, hostile)
+    shared = _Shared(fleet, options, workload, drive, hostile, config.attacker_priority)
     runs: list[AdversarialRun] = []
     for planned in run_order(config.rounds):
         plan = AttackPlan(
@@ -213,7 +221,8 @@ def _run(shared: _Shared, data_dir: Path, name: str, plan: AttackPlan | None) ->
                 return (*await victims(), [])
             key = fleet.keys[ATTACKER]
             # Its own process (``attack_process``): its client work is not the victims' loop's.
-            process = AttackProcess(MixedAttack(url, key, fleet.admin_key, shared.hostile, plan))
+            attack = MixedAttack(url, key, fleet.admin_key, shared.hostile, plan)
+            process = AttackProcess(attack, shared.attacker_priority)
             try:
                 await asyncio.to_thread(process.start)
                 process.go()

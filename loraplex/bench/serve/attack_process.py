@@ -4,9 +4,19 @@ Before this, the attacker shared the victims' client's process and event loop, s
 client-side work (reopening 1,100 sockets, encoding 4 MB bodies) delayed the victims' measured
 TTFT: an artifact, since a real attacker is another machine. Now the victims' client stays in
 the benchmark's process and the attack runs in a child of it, started before the victims'
-trace and stopped after it. NOTE: both still run on this machine and share its cores with the
-server (the child is not niced: that would flatter the server); what the child's CPU costs
-the shared cores is reported as ``attacker_cpu_s``.
+trace and stopped after it. Both still share this machine's cores with the server; what the
+child's CPU costs them is reported as ``attacker_cpu_s``.
+
+``priority`` says how the child competes for those cores. ``"normal"`` (as the server and the
+victims' client) charges the server with the attacker's own client-side work: on 2 cores the
+half-open flood's client took 7.8-8.5 CPU s per 10 s run, most of a core, which a remote
+attacker takes from its own machine. ``"idle"`` (Linux ``SCHED_IDLE``) runs the child only on
+cycles nobody else wants: its traffic still reaches the server (the report checks the flood
+still held the server's unauthenticated budget full), but its own CPU no longer competes with
+the server's. NOTE: on loopback the kernel's TCP work for a connection runs in the sender's
+context, so an idle attacker also sends more slowly while the machine is busy; ``bench serve``
+reports what each attack achieved (sockets opened, peak open, requests sent) beside the
+victims' figures, and docs/benchmarks/serve.md records runs at both priorities.
 
 The handshake keeps the timings of the in-process attack: the child imports the attack's
 modules and reports ready before the parent starts its clocks, then starts attacking when told
@@ -20,6 +30,7 @@ from __future__ import annotations
 
 import asyncio
 import multiprocessing as mp
+import os
 import time
 from collections.abc import Callable, Coroutine
 from dataclasses import dataclass
@@ -35,6 +46,7 @@ AttackCall = Callable[[asyncio.Event], Coroutine[Any, Any, T]]
 READY_TIMEOUT_S = 120.0  # the child's imports and start (a loaded machine: tens of seconds)
 STOP_TIMEOUT_S = 120.0  # after ``stop``: an attack ends its exchanges (hung-engine its stop)
 _CONTEXT = mp.get_context("spawn")  # never fork: the parent holds threads and an event loop
+PRIORITIES = ("normal", "idle")  # how the attack's process competes for the cores (above)
 
 
 class AttackProcessError(RuntimeError):
@@ -49,8 +61,10 @@ class AttackResult(Generic[T]):
     cpu_s: float  # the process's CPU seconds (user + system) from ``go`` to its end
 
 
-def _child(call: AttackCall[T], events: _Events) -> None:
+def _child(call: AttackCall[T], events: _Events, priority: str) -> None:
     """The child's entry: ready, wait for ``go``, attack until ``stop``, send the result."""
+    if priority == "idle":  # before any thread starts: Linux schedules each thread on its own
+        os.sched_setscheduler(0, os.SCHED_IDLE, os.sched_param(0))
     events.conn.send("ready")
     events.go.wait()
     began = time.process_time()
@@ -84,12 +98,14 @@ class AttackProcess(Generic[T]):
     """One attack in a child process: ``start`` (blocks until the child is ready), ``go``,
     ``finish`` (stop and collect). ``close`` ends the child however the run ended."""
 
-    def __init__(self, call: AttackCall[T]) -> None:
+    def __init__(self, call: AttackCall[T], priority: str = "normal") -> None:
+        if priority not in PRIORITIES:
+            raise ValueError(f"priority {priority!r} is invalid; expected one of {PRIORITIES}")
         receive, send = _CONTEXT.Pipe(duplex=False)
         self._receive = receive
         self._events = _Events(send, _CONTEXT.Event(), _CONTEXT.Event())
         self._process = _CONTEXT.Process(
-            target=_child, args=(call, self._events), name="loraplex-attacker"
+            target=_child, args=(call, self._events, priority), name="loraplex-attacker"
         )
 
     def start(self) -> None:

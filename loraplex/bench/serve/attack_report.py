@@ -26,7 +26,7 @@ from typing import Any
 
 from loraplex.bench.harness.stats import ratio
 from loraplex.bench.serve.adversarial import victim_failed
-from loraplex.bench.serve.attack_kinds import HUNG_ENGINE, STUCK_STREAM
+from loraplex.bench.serve.attack_kinds import HALF_OPEN_FLOOD, HUNG_ENGINE, STUCK_STREAM
 from loraplex.bench.serve.attack_runs import KindRun
 from loraplex.bench.serve.driver import RequestRecord
 from loraplex.bench.workloads import Workload
@@ -35,6 +35,11 @@ from loraplex.residency.stats import percentile
 MAX_P99_TTFT_RATIO = 1.5  # victims' P99 TTFT attacked / calm, every kind
 MAX_503_S = 1.0  # hung-engine: arrival to a 503's reply
 MAX_RSS_GROWTH_MIB = 16.0  # stuck-stream: server tree RSS growth beyond the calm run's
+# half-open-flood: the flood must have held at least this many sockets open at once in every
+# attacked run (the benchmark server's unauthenticated budget: half of its 1,024 connections),
+# or the attack was not delivered and the kind's verdict is undefined (``met`` null), however
+# calm the victims were: an attacker too slow to fill the budget proves nothing.
+FLOOD_MUST_HOLD = 512
 _MIB = 1 << 20
 
 
@@ -144,6 +149,10 @@ def kind_entry(
     if kind == STUCK_STREAM:
         over = entry["server_rss_growth_mib_over_calm"]
         checks.append(None if over is None else over <= MAX_RSS_GROWTH_MIB)
+    if kind == HALF_OPEN_FLOOD:
+        peaks = [r.attacker.get("peak_open", 0) for r in runs if r.attacked]
+        entry["attack_delivered"] = bool(peaks) and min(peaks) >= FLOOD_MUST_HOLD
+        checks.append(True if entry["attack_delivered"] else None)
     entry["met"] = met(checks)
     entry["attacker"] = [r.attacker for r in runs if r.attacked]
     return entry

@@ -135,7 +135,8 @@ def run_attack_kinds(
             target = KindTarget(served.url, fleet.keys[ATTACKER], served.pid)
             attack = attack_for(planned.kind) if planned.attacked else None
             victims = _Victims(workload, fleet.keys, fleet.admin_key, drive)
-            records, view, growth, tally, cpu = asyncio.run(_both(victims, target, plan, attack))
+            both = _both(victims, target, plan, attack, config.attacker_priority)
+            records, view, growth, tally, cpu = asyncio.run(both)
         runs.append(KindRun(planned.kind, planned.name, planned.attacked, tuple(records), view,
                             growth, tally, cpu))  # fmt: skip
     return runs
@@ -152,10 +153,12 @@ class _Victims:
 
 
 async def _both(
-    victims: _Victims, target: KindTarget, plan: KindPlan, attack: Attack | None
+    victims: _Victims, target: KindTarget, plan: KindPlan, attack: Attack | None, priority: str
 ) -> tuple[list[RequestRecord], ResidencyView, int, Tally, RunCpu]:
-    """The victims' trace here, the attack (if any) in its own process (``attack_process``)."""
-    process = None if attack is None else AttackProcess(functools.partial(attack, target, plan))
+    """The victims' trace here, the attack (if any) in its own process (``attack_process``) at
+    ``priority``."""
+    call = None if attack is None else functools.partial(attack, target, plan)
+    process = None if call is None else AttackProcess(call, priority)
     try:
         if process is not None:
             await asyncio.to_thread(process.start)  # its imports before any clock starts

@@ -71,6 +71,14 @@ def serve(
     hang_s: Annotated[
         float, typer.Option(help="adversarial hung-engine: seconds the engine stays stopped.")
     ] = 15.0,
+    attacker_priority: Annotated[
+        str,
+        typer.Option(
+            help="adversarial: how the attack's own process competes for this machine's cores: "
+            "idle (SCHED_IDLE: its traffic, not its client CPU, reaches the server, as from "
+            "another machine) or normal (as the server)."
+        ),
+    ] = "idle",
     throughput_rounds: Annotated[int, typer.Option(help="HTTP vs in-process rounds.")] = 4,
     capacity_requests: Annotated[
         int, typer.Option(help="Requests per capacity round (HTTP, all at once).")
@@ -119,7 +127,12 @@ def serve(
             asset_dir=asset_dir,
             scenarios=tuple(s for s in scenarios.split(",") if s),
             adversarial=_adversarial_config(
-                attack_rate, adversarial_rounds, attack_kinds, flood_sockets, hang_s
+                attack_rate,
+                adversarial_rounds,
+                attack_kinds,
+                flood_sockets=flood_sockets,
+                hang_s=hang_s,
+                priority=attacker_priority,
             ),
         )
     result = run_serve_bench(config)
@@ -135,7 +148,7 @@ def serve(
 
 
 def _adversarial_config(
-    attack_rate: float, rounds: int, kinds: str, flood_sockets: int, hang_s: float
+    attack_rate: float, rounds: int, kinds: str, *, flood_sockets: int, hang_s: float, priority: str
 ) -> AdversarialConfig:
     from loraplex.bench.serve.adversarial import ATTACK_KINDS, AdversarialConfig
 
@@ -145,4 +158,5 @@ def _adversarial_config(
         attack_kinds=names(kinds) or ATTACK_KINDS,
         flood_sockets=flood_sockets,
         hang_s=hang_s,
+        attacker_priority=priority,
     )
