@@ -46,6 +46,7 @@ from loraplex.server.connections import (
 )
 from loraplex.server.errors import ApiError
 from loraplex.server.gated_accept import AcceptGate, refuse
+from loraplex.server.tarpit import Tarpit
 
 _BOTH = ("/health", "/ready", "/version")
 
@@ -173,8 +174,9 @@ class ListenerConfig(uvicorn.Config):
         )
         self.limits = limits
         self.gate = ConnectionGate(limits.gate(), MonotonicClock())
+        self.tarpit = Tarpit()  # connections held off (``tarpit.py``)
         if metrics is not None:  # the app's /metrics registry
-            metrics.register(GateCollector(self.gate))
+            metrics.register(GateCollector(self.gate, self.tarpit))
 
 
 class _LingeringTransport:
@@ -327,4 +329,8 @@ class GatedH11Protocol(AcceptGate):
     def __init__(self, config: uvicorn.Config, **kwargs: Any) -> None:
         if not isinstance(config, ListenerConfig):
             raise TypeError(f"config {type(config).__name__} is invalid; expected ListenerConfig")
-        super().__init__(config.gate, lambda: BoundedH11Protocol(config, accepted=True, **kwargs))
+        super().__init__(
+            config.gate,
+            lambda: BoundedH11Protocol(config, accepted=True, **kwargs),
+            config.tarpit,
+        )

@@ -28,6 +28,7 @@ from loraplex.clock import ManualClock
 from loraplex.server.app import create_app
 from loraplex.server.connections import ConnectionGate, GateLimits
 from loraplex.server.listeners import ConnectionLimits, ListenerConfig
+from loraplex.server.tarpit import Tarpit
 
 WAIT_S = 5.0
 
@@ -149,6 +150,34 @@ def serving(served: Served, limits: ConnectionLimits) -> Iterator[tuple[str, int
     deps.cache.close()
 
 
+def _tarpit_of(server: uvicorn.Server) -> Tarpit:
+    config = server.config
+    assert isinstance(config, ListenerConfig)
+    return config.tarpit
+
+
+def test_a_connection_past_the_rate_is_held_then_reset_and_its_client_waits(
+    served: Served,
+) -> None:
+    limits = ConnectionLimits(accepts_per_s_per_address=1)
+    with serving(served, limits) as (host, port, server):
+        tarpit = _tarpit_of(server)
+        tarpit.hold_s = 1.0
+        first = socket.create_connection((host, port), timeout=WAIT_S)  # the one token
+        held = socket.create_connection((host, port), timeout=WAIT_S)
+        began = time.monotonic()
+        held.settimeout(0.3)
+        with pytest.raises(TimeoutError):
+            held.recv(1)  # neither answered nor closed at once: its client has to wait
+        held.settimeout(WAIT_S)
+        with pytest.raises(ConnectionResetError):
+            held.recv(1)  # then reset (no FIN, no TIME_WAIT)
+        assert time.monotonic() - began >= 0.9
+        assert tarpit.num_held >= 1 and len(tarpit) == 0
+        held.close()
+        first.close()
+
+
 def _gate_of(server: uvicorn.Server) -> ConnectionGate:
     config = server.config
     assert isinstance(config, ListenerConfig)
@@ -252,8 +281,8 @@ def _answers(address: tuple[str, int], sock: socket.socket | None) -> bool:
     try:
         sock.sendall(b"GET /health HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n")
         return sock.recv(12).startswith(b"HTTP/1.1 200")
-    except (ConnectionResetError, BrokenPipeError):
-        return False
+    except (ConnectionResetError, BrokenPipeError, TimeoutError):
+        return False  # reset, or held and never answered (``tarpit.py``)
 
 
 def _connect(address: tuple[str, int]) -> socket.socket | None:
@@ -293,6 +322,7 @@ def test_connections_from_one_address_past_its_cap_are_closed(served: Served) ->
 def test_accepts_past_the_rate_of_one_address_are_closed(served: Served) -> None:
     limits = ConnectionLimits(accepts_per_s_per_address=4)
     with serving(served, limits) as (host, port, server):
+        _tarpit_of(server).hold_s = 0.5  # held, then reset: not answered either way
         sockets = [_connect((host, port)) for _ in range(12)]
         served_flags = [_answers((host, port), sock) for sock in sockets]
         for sock in sockets:

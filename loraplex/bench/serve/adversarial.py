@@ -68,7 +68,7 @@ class AdversarialConfig:
     flood_sockets: int = 1100  # half-open-flood: unauthenticated sockets held open at once
     hang_s: float = 15.0  # hung-engine: seconds the engine process stays stopped
     # how the attack's own process competes for the cores (``attack_process.PRIORITIES``)
-    attacker_priority: str = "idle"
+    attacker_priority: str = "normal"
 
     def __post_init__(self) -> None:
         for name in (

@@ -7,16 +7,16 @@ the benchmark's process and the attack runs in a child of it, started before the
 trace and stopped after it. Both still share this machine's cores with the server; what the
 child's CPU costs them is reported as ``attacker_cpu_s``.
 
-``priority`` says how the child competes for those cores. ``"normal"`` (as the server and the
-victims' client) charges the server with the attacker's own client-side work: on 2 cores the
-half-open flood's client took 7.8-8.5 CPU s per 10 s run, most of a core, which a remote
-attacker takes from its own machine. ``"idle"`` (Linux ``SCHED_IDLE``) runs the child only on
-cycles nobody else wants: its traffic still reaches the server (the report checks the flood
-still held the server's unauthenticated budget full), but its own CPU no longer competes with
-the server's. NOTE: on loopback the kernel's TCP work for a connection runs in the sender's
-context, so an idle attacker also sends more slowly while the machine is busy; ``bench serve``
-reports what each attack achieved (sockets opened, peak open, requests sent) beside the
-victims' figures, and docs/benchmarks/serve.md records runs at both priorities.
+``priority`` says how the child competes for those cores. ``"normal"`` (the default, as the
+server and the victims' client) charges the server with the attacker's own client-side work.
+``"idle"`` (Linux ``SCHED_IDLE``) runs the child only on cycles nobody else wants, as if its
+client work ran on another machine; its traffic still reaches the server (``bench serve``
+reports what each attack achieved: sockets opened and held, requests sent). NOTE: measured, it
+is not neutral: with an idle attacker sending 4 MB bodies (``token-id-batch``) the victims' P99
+TTFT was 2.0-2.3x calm against 1.03x with a normal one (two runs of two rounds each,
+docs/benchmarks/serve.md). One explanation, not verified here: a starved sender holding a
+socket's kernel lock that the server then waits on, an inversion a remote attacker would not
+cause. So the default stays ``"normal"``.
 
 The handshake keeps the timings of the in-process attack: the child imports the attack's
 modules and reports ready before the parent starts its clocks, then starts attacking when told

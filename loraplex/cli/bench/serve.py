@@ -75,10 +75,11 @@ def serve(
         str,
         typer.Option(
             help="adversarial: how the attack's own process competes for this machine's cores: "
-            "idle (SCHED_IDLE: its traffic, not its client CPU, reaches the server, as from "
-            "another machine) or normal (as the server)."
+            "normal (as the server) or idle (SCHED_IDLE: only its traffic, not its client CPU, "
+            "competes; NOTE: it slowed the server on token-id-batch, see "
+            "docs/benchmarks/serve.md)."
         ),
-    ] = "idle",
+    ] = "normal",
     throughput_rounds: Annotated[int, typer.Option(help="HTTP vs in-process rounds.")] = 4,
     capacity_requests: Annotated[
         int, typer.Option(help="Requests per capacity round (HTTP, all at once).")
