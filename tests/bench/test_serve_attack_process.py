@@ -10,7 +10,7 @@ import os
 import pytest
 
 from loraplex.bench.serve.attack_kinds import KindPlan, KindTarget, Tally
-from loraplex.bench.serve.attack_process import AttackProcess, AttackProcessError
+from loraplex.bench.serve.attack_process import AttackProcess, AttackProcessError, AttackResult
 
 PLAN = KindPlan(1.0, 1.0, 1, 1, 1.0, 5.0, 100, 0)
 TARGET = KindTarget("http://127.0.0.1:1", "key", os.getpid())
@@ -27,14 +27,18 @@ async def failing_attack(target: KindTarget, plan: KindPlan, stop: asyncio.Event
     raise OSError("no route")
 
 
-def test_the_attack_runs_in_its_own_process_and_its_tally_comes_back_unchanged() -> None:
-    process = AttackProcess(functools.partial(reporting_attack, TARGET, PLAN))
+def _attacked(process: AttackProcess[Tally]) -> AttackResult[Tally]:
+    """Runs ``process`` from start to its result, closing it however that ends."""
     try:
         process.start()
         process.go()
-        result = process.finish()
+        return process.finish()
     finally:
         process.close()
+
+
+def test_the_attack_runs_in_its_own_process_and_its_tally_comes_back_unchanged() -> None:
+    result = _attacked(AttackProcess(functools.partial(reporting_attack, TARGET, PLAN)))
     assert result.tally["pid"] != os.getpid()  # not this (the victims' client's) process
     assert result.tally["server_pid"] == os.getpid() and result.tally["hang_s"] == 1.0
     assert result.tally["statuses"] == {"200": 3}  # nested counters survive as they were
@@ -69,13 +73,7 @@ async def policy_attack(target: KindTarget, plan: KindPlan, stop: asyncio.Event)
     ("priority", "policy"), [("idle", os.SCHED_IDLE), ("normal", os.SCHED_OTHER)]
 )
 def test_the_attack_process_runs_at_the_priority_asked(priority: str, policy: int) -> None:
-    process = AttackProcess(functools.partial(policy_attack, TARGET, PLAN), priority)
-    try:
-        process.start()
-        process.go()
-        result = process.finish()
-    finally:
-        process.close()
+    result = _attacked(AttackProcess(functools.partial(policy_attack, TARGET, PLAN), priority))
     assert result.tally == {"policy": policy, "thread_policy": policy}
     assert os.sched_getscheduler(0) == os.SCHED_OTHER  # the victims' client is left as it was
 
