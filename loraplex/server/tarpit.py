@@ -7,7 +7,8 @@ another handshake a few milliseconds later (``bench serve``'s ``half-open-flood`
 reopened 50 ms after each close made about 2,300 connection attempts a second, whose kernel and
 client work on the shared cores slowed every tenant). Held, a socket costs a file descriptor and
 an entry here, and its client waits. At most ``MAX_HELD`` are held; past that a newcomer is reset
-at once, as before. A held connection whose client closes it first leaves at once.
+at once, as before. NOTE: reading is paused, so a held connection whose client closes it first
+is not noticed: it stays held (one file descriptor) until its reset, at most ``HOLD_S``.
 """
 
 from __future__ import annotations
