@@ -84,6 +84,8 @@ class LoraSlotPool:
             (len(self._arenas), self.capacity_rows), dtype=dtype, device=device
         )
         self._module_bits = [0] * len(self._arenas)  # per table: bit s = slot s has rows there
+        widths = [a.shape[1] + b.shape[1] for a, b in self._arenas]
+        self._width = round(sum(widths) / len(widths))  # ArenaLayout.width
         self._residents: list[_Resident | None] = [None] * max_loras
         self.last_strategy = "none"  # the strategy of the last prepared step (traces read it)
         self._publish(())
@@ -181,6 +183,10 @@ class LoraSlotPool:
         resident = self._residents[slot]
         return None if resident is None else resident.info
 
+    def targets(self, layer: int, module: str) -> bool:
+        """Whether ``(layer, module)`` has an arena (a target module of this pool)."""
+        return (layer, module) in self._tables
+
     def module_weights(self, layer: int, module: str) -> ModuleLoraWeights:
         """The arena view one (layer, module) is computed from."""
         return self._store.views[self._tables[(layer, module)]]
@@ -275,5 +281,10 @@ class LoraSlotPool:
             if resident is not None:
                 starts[slot], rows[slot] = resident.info.start, resident.info.num_rows
         self._layout = ArenaLayout(
-            self._row_owner, self._row_scale, tuple(starts), tuple(rows), tuple(self._module_bits)
+            self._row_owner,
+            self._row_scale,
+            tuple(starts),
+            tuple(rows),
+            tuple(self._module_bits),
+            width=self._width,
         )

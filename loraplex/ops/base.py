@@ -54,6 +54,9 @@ class ArenaLayout:
     slot_starts: tuple[int, ...]  # first row per slot (0 for empty slots)
     slot_rows: tuple[int, ...]  # rows reserved per slot (its largest rank; 0 = empty slot)
     module_slot_bits: tuple[int, ...]  # per table: bit s set when slot s has rank > 0 there
+    # mean ``d_in + d_out`` over the pool's modules: the multiply-adds one rank row costs a token
+    # per module (AutoBackend weighs the masked op's wasted rows with it); 0 = unknown
+    width: int = 0
 
 
 class Strategy(enum.Enum):

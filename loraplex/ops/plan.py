@@ -29,6 +29,16 @@ def active_slots(token_slots: torch.Tensor, layout: ArenaLayout) -> list[int]:
     return [slot for slot in used if slot >= 0 and layout.slot_rows[slot] > 0]
 
 
+def active_slot_tokens(token_slots: torch.Tensor, layout: ArenaLayout) -> dict[int, int]:
+    """Like :func:`active_slots`, with each slot's number of tokens."""
+    used, counts = torch.unique(token_slots, return_counts=True)
+    return {
+        slot: count
+        for slot, count in zip(used.tolist(), counts.tolist(), strict=True)
+        if slot >= 0 and layout.slot_rows[slot] > 0
+    }
+
+
 def bits_of(slots: list[int]) -> int:
     bits = 0
     for slot in slots:

@@ -18,6 +18,7 @@ import torch
 
 from loraplex.ops.base import ArenaLayout, LoraBatch, ModuleLoraWeights, Strategy
 from loraplex.ops.plan import (
+    active_slot_tokens,
     active_slots,
     check_token_slots,
     covered_rows,
@@ -110,24 +111,41 @@ class GroupedBackend:
 class AutoPolicy:
     """When the masked computation beats the grouped one (measured; docs/benchmarks/execution.md).
 
-    Masked costs ``num_tokens x covered rows`` multiply-adds per module but three launches;
-    grouped costs exact work but two launches per run of equal slots.
+    Masked does ``num_tokens x covered rows`` multiply-adds per unit of module width in four
+    launches; grouped does the exact ``sum(tokens x rank)`` in about two launches per run of
+    equal slots (plus a gather and a scatter when they are scattered). Masked is picked when
+    the rows it wastes, weighted by the pool's width (``ArenaLayout.width``), cost less than
+    the launches it saves, each launch priced at ``launch_macs`` multiply-adds.
     """
 
-    max_masked_cells: int = 16384  # masked only while num_tokens * covered rows stays below this
+    # One op launch in multiply-adds. Measured on the project's 2-core Xeon (float32, one
+    # thread): about 5 us a launch against about 40 G multiply-adds/s in these skinny matmuls,
+    # i.e. ~200 k; 262,144 puts the small preset's 16-adapter decode batch on masked and its
+    # 80 %-one-adapter batch and every large-preset batch on grouped, as measured.
+    launch_macs: int = 262144
     min_runs_for_masked: int = 2  # a single run is always grouped (it is already exact)
 
     def __post_init__(self) -> None:
-        if self.max_masked_cells < 0:
-            raise ValueError(f"max_masked_cells {self.max_masked_cells} is invalid; expected >= 0")
+        if self.launch_macs < 0:
+            raise ValueError(f"launch_macs {self.launch_macs} is invalid; expected >= 0")
         if self.min_runs_for_masked < 1:
             raise ValueError(
                 f"min_runs_for_masked {self.min_runs_for_masked} is invalid; expected >= 1"
             )
 
+    def masked(
+        self, num_tokens: int, covered_rows: int, exact_rows: int, runs: int, width: int
+    ) -> bool:
+        """``exact_rows``: sum over active slots of tokens x rows; ``runs``: active slots."""
+        if runs < self.min_runs_for_masked:
+            return False
+        wasted = (num_tokens * covered_rows - exact_rows) * max(width, 1)
+        return wasted <= self.launch_macs * (2 * runs - 1)
+
 
 class AutoBackend:
-    """Masked for decode-like steps, grouped for prefill-like ones, per :class:`AutoPolicy`."""
+    """Masked for launch-bound steps (many runs, few tokens, narrow modules), grouped otherwise,
+    per :class:`AutoPolicy`."""
 
     name = "auto"
 
@@ -136,13 +154,14 @@ class AutoBackend:
 
     def prepare(self, token_slots: torch.Tensor, layout: ArenaLayout) -> LoraBatch:
         check_token_slots(token_slots, len(layout.slot_rows))
-        slots = active_slots(token_slots, layout)
+        tokens = active_slot_tokens(token_slots, layout)
+        slots = list(tokens)
         if not slots:
             return none_batch(token_slots)
-        if len(slots) < self.policy.min_runs_for_masked:
-            return grouped_batch(token_slots, layout, slots)
         row_lo, row_hi = covered_rows(layout, slots)
-        if token_slots.numel() * (row_hi - row_lo) <= self.policy.max_masked_cells:
+        exact = sum(count * layout.slot_rows[slot] for slot, count in tokens.items())
+        num_tokens = int(token_slots.numel())
+        if self.policy.masked(num_tokens, row_hi - row_lo, exact, len(slots), layout.width):
             return masked_batch(token_slots, layout, slots)
         return grouped_batch(token_slots, layout, slots)
 

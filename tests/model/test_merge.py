@@ -211,3 +211,34 @@ def test_merged_bfloat16_is_as_close_to_float32_peft_as_unmerged_bfloat16(
         bound = max(2 * rel_error(unmerged_rows[rows], reference[rows]), 1e-2)
         assert rel_error(merged_rows[rows], reference[rows]) <= bound
     assert merged_rows[:n0].argmax(-1).tolist() == unmerged_rows[:n0].argmax(-1).tolist()
+
+
+@pytest.mark.parametrize("shape", ["sparse-r4", "layers-1-2", "mlp-r32"])
+def test_fused_negative_pass_equals_the_two_pass_subtraction(
+    demo_assets: DemoAssets, rank128_dir: Path, shape: str
+) -> None:
+    """Torch backends fold the negative copy into the grouped pass (one gather, one scatter);
+    any other backend (here ``reference``) subtracts in a second pass of its own. Both give the
+    same logits on a batch mixing the merged revision, another adapter and the base model, with
+    modules only one side targets; a batch of the merged revision alone does no LoRA work."""
+    base_dir = demo_assets.base_model_dir
+    weights = load_weights(base_dir, adapter_dir(demo_assets, shape, rank128_dir), torch.float32)
+    other = load_weights(base_dir, demo_assets.adapters[0].path, torch.float32)
+    model, _, _, fused = merged_setup(base_dir, weights, other, torch.float32)
+    spec = BaseModelSpec.from_dir(base_dir)
+    two_pass_pool = LoraSlotPool(
+        spec, 2, MAX_RANK, dtype=torch.float32, device=torch.device("cpu"), backend="reference"
+    )
+    two_pass_pool.load(0, other)
+    two_pass_pool.load(1, weights)
+    negative = negative_pool_for(two_pass_pool)
+    negative.load(0, negated(slot_weights(two_pass_pool, 1)))
+    two_pass = MergedLoraApplier(two_pass_pool, 1, negative)
+    assert fused.fused and not two_pass.fused
+    for slots in ([None, 1, 0], [0, None, 1], [1, 0, 0]):
+        got, want = run(model, slots, fused), run(model, slots, two_pass)
+        assert fused.last_strategy == "grouped"
+        assert rel_error(got, want) < 1e-5, slots
+    merged_only = run(model, [1, 1, 1], fused)
+    assert fused.last_strategy == "none"
+    assert rel_error(merged_only, run(model, [1, 1, 1], two_pass)) < 1e-5

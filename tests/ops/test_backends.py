@@ -7,10 +7,10 @@ import random
 import pytest
 import torch
 
-from loraplex.artifacts.base_model import BaseModelSpec
+from loraplex.artifacts.base_model import TARGET_MODULES, BaseModelSpec
 from loraplex.model.adapter_weights import AdapterWeights, ModuleWeights
 from loraplex.model.lora import LoraSlotPool
-from loraplex.ops import Strategy, backend_names, get_backend, register_backend
+from loraplex.ops import AutoPolicy, Strategy, backend_names, get_backend, register_backend
 from loraplex.ops.reference import ReferenceBackend
 
 SPEC = BaseModelSpec("tiny", "LlamaForCausalLM", 48, 80, 2, 4, 2, 12, 64, "0" * 64)
@@ -157,6 +157,31 @@ def test_auto_picks_masked_for_decode_and_grouped_for_prefill() -> None:
     assert (decode.strategy, prefill.strategy) == (Strategy.MASKED, Strategy.GROUPED)
     assert single.strategy is Strategy.GROUPED
     assert prefill.order is None and len(prefill.segments) == NUM_SLOTS
+
+
+def test_pool_layout_width_is_the_mean_module_width() -> None:
+    pool, _ = filled_pool("auto", RANK_MIXES["S2"])
+    widths = [sum(SPEC.module_shape(m)) for m in TARGET_MODULES]
+    assert pool.layout.width == round(sum(widths) / len(widths))
+
+
+@pytest.mark.parametrize(
+    ("tokens", "rows", "exact", "runs", "width", "masked"),
+    [
+        # the small preset (width 642): 16 tokens on 16 adapters (480 rows) -> masked
+        (16, 480, 480, 16, 642, True),
+        # the same preset, 20 tokens with 16 on one rank-8 adapter, 4 on 4 others -> grouped
+        (20, 480, 256, 5, 642, False),
+        # the large preset (width 2597), 16 tokens on 16 adapters -> grouped
+        (16, 480, 480, 16, 2597, False),
+        # one run is already exact
+        (4, 8, 32, 1, 642, False),
+    ],
+)
+def test_auto_weighs_wasted_rows_by_width_against_saved_launches(
+    tokens: int, rows: int, exact: int, runs: int, width: int, masked: bool
+) -> None:
+    assert AutoPolicy().masked(tokens, rows, exact, runs, width) is masked
 
 
 def test_grouped_sorts_scattered_tokens_stably() -> None:

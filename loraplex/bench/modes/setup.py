@@ -31,7 +31,13 @@ from loraplex.model.merge import (
 
 NUM_ADAPTERS = 16
 RANKS = (8, 16, 32, 64)
-HOT = 0  # the hot revision's slot
+HOT = 0  # the hot revision's slot (its rank: ModesBenchConfig.hot_rank)
+
+
+def slot_rank(slot: int, hot_rank: int) -> int:
+    """Slot ``slot``'s rank: the 16 slots cycle through RANKS (four of each) starting at
+    ``hot_rank`` for the hot slot, so every run has the same rank mix whichever the hot one."""
+    return RANKS[(RANKS.index(hot_rank) + slot) % len(RANKS)]
 
 
 @dataclass(frozen=True)
@@ -49,9 +55,12 @@ class ModesBenchConfig:
     seed: int = 0  # weights, traces
     replay_requests: int = 64  # requests per request-level replay (bench/modes/replay.py)
     replay_rounds: int = 1  # ABBA rounds of the replay (after one warm-up pair)
+    hot_rank: int = 16  # the hot revision's rank (one of RANKS; the others keep the same mix)
 
     def __post_init__(self) -> None:
         check_dtype(self.dtype)
+        if self.hot_rank not in RANKS:
+            raise ValueError(f"hot_rank {self.hot_rank} is invalid; expected one of {RANKS}")
         for name in ("batch_size", "context_tokens", "rounds", "calls_per_round"):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name} {getattr(self, name)} is invalid; expected >= 1")
@@ -76,7 +85,7 @@ class Setup:
                 spec,
                 model_dir,
                 root / f"a{i}",
-                rank=RANKS[i % 4],
+                rank=slot_rank(i, config.hot_rank),
                 target_modules=TARGET_MODULES,
                 seed=config.seed + i,
             )

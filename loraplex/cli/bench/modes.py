@@ -32,6 +32,9 @@ def modes(
         int, typer.Option(help="ABBA rounds of each replay, after a warm-up pair.")
     ] = 1,
     dtype: Annotated[str, typer.Option(help="float32, bfloat16 or float16.")] = "float32",
+    hot_rank: Annotated[
+        int, typer.Option(help="Rank of the hot revision (8, 16, 32 or 64; same mix for the rest).")
+    ] = 16,
 ) -> None:
     """Merged vs unmerged vs base execution and the auto mode policy, side by side.
     Exits 1 when a greedy output differs between modes beyond the parity rule (float32:
@@ -52,6 +55,7 @@ def modes(
             replay_requests=replay_requests,
             replay_rounds=replay_rounds,
             dtype=dtype,
+            hot_rank=hot_rank,
         )
     try:
         result = run_modes_bench(config)
