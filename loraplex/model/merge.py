@@ -7,13 +7,11 @@ same batched LoRA op: a second slot holds the same adapter at negative scale (a 
 its own, so the adapter cache's slots and byte budgets are not touched), applied to every
 non-merged token. Mixed batches therefore keep working and nothing is refused.
 
-With the torch backends the subtraction rides the grouped pass itself (:func:`fused_batch`):
-the non-merged tokens are gathered once, sorted by slot, each run gets its own adapter's
-matmul pair and all of them one more pair with the negative copy, and the sum is scattered
-back once. Against the unmerged grouped pass that is the same number of launches (the merged
-revision's run is gone, the negative pair takes its place) over fewer tokens: the merged
-revision's tokens cost no LoRA work and no gather at all. Other backends (Triton) run the
-subtraction as a second pass of their own op.
+With the torch backends the subtraction rides the ordinary pass (ops/merged_op.py): the
+non-merged tokens are gathered once, get their own adapter's delta and the negative copy's in
+one pass, and the sum is scattered back once; the merged revision's tokens cost no LoRA work
+and no gather at all. Other backends (Triton) run the subtraction as a second pass of their
+own op.
 
 Unmerging restores the original weights from a host copy taken at merge time, bit for bit, so
 the base model after an unmerge is exactly the model before the merge (no drift from repeated
@@ -23,7 +21,6 @@ add/subtract rounding in low precision).
 from __future__ import annotations
 
 from dataclasses import dataclass, fields, replace
-from typing import Any
 
 import torch
 
@@ -32,11 +29,9 @@ from loraplex.model.adapter_weights import AdapterWeights, ModuleWeights
 from loraplex.model.layers import Linear
 from loraplex.model.llama import LlamaModel
 from loraplex.model.lora import LoraSlotPool
-from loraplex.ops.base import LoraBatch, ModuleLoraWeights, Strategy
-from loraplex.ops.plan import active_slots, active_tables, bits_of, none_batch, segments_of
-
-# Backends whose grouped computation is plain torch ops: the negative pass can ride it.
-FUSED_BACKENDS = frozenset({"auto", "grouped", "masked"})
+from loraplex.ops.base import LoraBatch
+from loraplex.ops.merged_op import FUSED_BACKENDS, FusedMergedBatch, apply_fused, fused_plan
+from loraplex.ops.torch_ops import AutoBackend
 
 _ATTENTION = ("q_proj", "k_proj", "v_proj", "o_proj")
 
@@ -110,65 +105,6 @@ class MergedLoraBatch(LoraBatch):
     base-only) plus the pass subtracting the merged delta from every other token."""
 
     negative: LoraBatch | None = None  # the subtracting pass; None when no token needs it
-    # fused (torch backends): ``order``/``segments`` gather every non-merged token (base-only
-    # ones too) and ``apply`` adds the negative copy's delta to all of them in the same pass
-    fused: bool = False
-
-
-def fused_batch(token_slots: torch.Tensor, merged_slot: int, pool: LoraSlotPool) -> LoraBatch:
-    """The grouped plan of a merged step: every token not on ``merged_slot`` (base-only tokens
-    included: they need the merged delta taken out too) in one gather sorted by slot, a run per
-    active adapter slot; NONE when every token is the merged revision's."""
-    others = torch.nonzero(token_slots != merged_slot).flatten()
-    if others.numel() == 0:
-        return MergedLoraBatch(**_fields(none_batch(token_slots)))
-    order = others[torch.argsort(token_slots[others], stable=True)]
-    slots = [s for s in active_slots(token_slots[others], pool.layout) if s != merged_slot]
-    bits = bits_of(slots)
-    return MergedLoraBatch(
-        token_slots,
-        int(token_slots.numel()),
-        Strategy.GROUPED,
-        active_bits=bits,
-        segments=segments_of(token_slots[order], bits),
-        order=order,
-        active_tables=active_tables(pool.layout, bits),
-        fused=True,
-    )
-
-
-def apply_fused(
-    x: torch.Tensor,
-    out: torch.Tensor,
-    weights: ModuleLoraWeights,
-    negative: ModuleLoraWeights,
-    batch: LoraBatch,
-) -> torch.Tensor:
-    """``out[t] += delta_{slot(t)}(x[t]) - delta_merged(x[t])`` for every token ``t`` in
-    ``batch.order``; one gather, one scatter."""
-    order = batch.order
-    if order is None:
-        raise ValueError("a fused merged batch needs its gather order; expected fused_batch output")
-    source = x.index_select(0, order)
-    target = out.new_zeros((order.numel(), out.shape[1]))
-    for segment in batch.segments:
-        rows = weights.slots[segment.slot]
-        if rows.rank == 0:
-            continue
-        lora_a = weights.lora_a[rows.start : rows.start + rows.rank]
-        lora_b_t = weights.lora_b[rows.start : rows.start + rows.rank]
-        hidden = torch.mm(source[segment.start : segment.end], lora_a.T)
-        target[segment.start : segment.end].addmm_(hidden, lora_b_t, alpha=rows.scale)
-    rows = negative.slots[0]
-    if rows.rank:
-        span = slice(rows.start, rows.start + rows.rank)
-        hidden = torch.mm(source, negative.lora_a[span].T)
-        target.addmm_(hidden, negative.lora_b[span], alpha=rows.scale)
-    return out.index_add_(0, order, target)
-
-
-def _fields(batch: LoraBatch) -> dict[str, Any]:
-    return {f.name: getattr(batch, f.name) for f in fields(LoraBatch)}
 
 
 def negative_pool_for(pool: LoraSlotPool) -> LoraSlotPool:
@@ -224,20 +160,23 @@ class MergedLoraApplier:
     def prepare(self, token_slots: torch.Tensor) -> LoraBatch:
         token_slots = token_slots.to(self.pool.device, torch.int64)
         if self.fused:
-            batch = fused_batch(token_slots, self.merged_slot, self.pool)
-            self._last_strategy = batch.strategy.value
-            return batch
+            backend = self.pool.backend
+            policy = backend.policy if isinstance(backend, AutoBackend) else None
+            plan = fused_plan(token_slots, self.merged_slot, self.pool.layout, backend.name, policy)
+            self._last_strategy = plan.strategy.value
+            return plan
         merged = token_slots == self.merged_slot
         primary = self.pool.prepare(torch.where(merged, -1, token_slots))
         negative = None
         if not bool(merged.all()):
             negative = self.negative.prepare(torch.where(merged, -1, 0))
-        return MergedLoraBatch(**_fields(primary), negative=negative)
+        values = {f.name: getattr(primary, f.name) for f in fields(LoraBatch)}
+        return MergedLoraBatch(**values, negative=negative)
 
     def apply(
         self, layer: int, module: str, x: torch.Tensor, out: torch.Tensor, batch: LoraBatch
     ) -> torch.Tensor:
-        if isinstance(batch, MergedLoraBatch) and batch.fused:
+        if isinstance(batch, FusedMergedBatch):
             if not self.pool.targets(layer, module):
                 return out
             return apply_fused(

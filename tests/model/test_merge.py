@@ -29,6 +29,7 @@ from loraplex.model.merge import (
     negative_pool_for,
     slot_weights,
 )
+from loraplex.ops import get_backend
 
 peft = pytest.importorskip("peft")
 transformers = pytest.importorskip("transformers")
@@ -224,7 +225,7 @@ def test_fused_negative_pass_equals_the_two_pass_subtraction(
     base_dir = demo_assets.base_model_dir
     weights = load_weights(base_dir, adapter_dir(demo_assets, shape, rank128_dir), torch.float32)
     other = load_weights(base_dir, demo_assets.adapters[0].path, torch.float32)
-    model, _, _, fused = merged_setup(base_dir, weights, other, torch.float32)
+    model, pool, _, fused = merged_setup(base_dir, weights, other, torch.float32)
     spec = BaseModelSpec.from_dir(base_dir)
     two_pass_pool = LoraSlotPool(
         spec, 2, MAX_RANK, dtype=torch.float32, device=torch.device("cpu"), backend="reference"
@@ -235,10 +236,12 @@ def test_fused_negative_pass_equals_the_two_pass_subtraction(
     negative.load(0, negated(slot_weights(two_pass_pool, 1)))
     two_pass = MergedLoraApplier(two_pass_pool, 1, negative)
     assert fused.fused and not two_pass.fused
-    for slots in ([None, 1, 0], [0, None, 1], [1, 0, 0]):
-        got, want = run(model, slots, fused), run(model, slots, two_pass)
-        assert fused.last_strategy == "grouped"
-        assert rel_error(got, want) < 1e-5, slots
+    for backend in ("masked", "grouped"):  # the two computations the fused pass can ride
+        pool.backend = get_backend(backend)
+        for slots in ([None, 1, 0], [0, None, 1], [1, 0, 0]):
+            got, want = run(model, slots, fused), run(model, slots, two_pass)
+            assert fused.last_strategy == backend
+            assert rel_error(got, want) < 1e-5, (backend, slots)
     merged_only = run(model, [1, 1, 1], fused)
     assert fused.last_strategy == "none"
     assert rel_error(merged_only, run(model, [1, 1, 1], two_pass)) < 1e-5

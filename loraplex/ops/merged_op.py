@@ -1,0 +1,126 @@
+"""The batched LoRA op while one adapter is merged into the base weights (torch backends).
+
+Every token not on the merged slot needs its own adapter's delta (none for base-only tokens)
+minus the merged adapter's delta, which a one-slot negative copy holds (model/merge.py). Those
+tokens are gathered once (``order``) and get both in one pass; the sum is scattered back once.
+The merged revision's tokens are not gathered at all: they cost no LoRA work.
+
+The pass over the gathered tokens is masked or grouped, chosen by :class:`AutoPolicy` on the
+gathered tokens alone (a decode step with a few foreign tokens among many merged ones is
+masked over those few; a prefill step grouped), or fixed by a ``masked``/``grouped`` backend.
+Against the unmerged op that is at most the same launches plus the negative matmul pair, over
+fewer tokens.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from loraplex.ops.base import ArenaLayout, LoraBatch, ModuleLoraWeights, Strategy
+from loraplex.ops.plan import (
+    active_slot_tokens,
+    active_tables,
+    bits_of,
+    covered_rows,
+    masked_batch,
+    none_batch,
+    segments_of,
+)
+from loraplex.ops.torch_ops import AutoPolicy
+
+# Backends whose computations are plain torch ops: the negative pass can ride them.
+FUSED_BACKENDS = frozenset({"auto", "grouped", "masked"})
+
+
+@dataclass(frozen=True)
+class FusedMergedBatch(LoraBatch):
+    """A merged step's plan: ``order`` gathers every token not on the merged slot (base-only
+    ones too); MASKED rows/mask or GROUPED segments index the gathered tokens."""
+
+
+def fused_plan(
+    token_slots: torch.Tensor,
+    merged_slot: int,
+    layout: ArenaLayout,
+    backend: str,
+    policy: AutoPolicy | None = None,
+) -> LoraBatch:
+    """The step's plan (NONE when every token is the merged revision's)."""
+    others = torch.nonzero(token_slots != merged_slot).flatten()
+    if others.numel() == 0:
+        return none_batch(token_slots)
+    sub = token_slots[others]
+    tokens = active_slot_tokens(sub, layout)
+    slots = list(tokens)
+    bits = bits_of(slots)
+    if slots and backend != "grouped":
+        row_lo, row_hi = covered_rows(layout, slots)
+        exact = sum(count * layout.slot_rows[slot] for slot, count in tokens.items())
+        choose = (policy or AutoPolicy()).masked
+        if backend == "masked" or choose(
+            len(sub), row_hi - row_lo, exact, len(slots), layout.width
+        ):
+            plan = masked_batch(sub, layout, slots)
+            return FusedMergedBatch(
+                token_slots,
+                int(token_slots.numel()),
+                Strategy.MASKED,
+                active_bits=bits,
+                order=others,
+                row_lo=plan.row_lo,
+                row_hi=plan.row_hi,
+                mask=plan.mask,
+                misses=plan.misses,
+                active_tables=plan.active_tables,
+            )
+    order = others[torch.argsort(sub, stable=True)]
+    return FusedMergedBatch(
+        token_slots,
+        int(token_slots.numel()),
+        Strategy.GROUPED,
+        active_bits=bits,
+        segments=segments_of(token_slots[order], bits),
+        order=order,
+        active_tables=active_tables(layout, bits),
+    )
+
+
+def apply_fused(
+    x: torch.Tensor,
+    out: torch.Tensor,
+    weights: ModuleLoraWeights,
+    negative: ModuleLoraWeights,
+    batch: FusedMergedBatch,
+) -> torch.Tensor:
+    """``out[t] += delta_{slot(t)}(x[t]) - delta_merged(x[t])`` for every gathered token."""
+    order = batch.order
+    if order is None:
+        raise ValueError("a fused merged batch needs its gather order; expected fused_plan output")
+    source = x.index_select(0, order)
+    own = batch.active_tables[weights.table_index]
+    if batch.strategy is Strategy.MASKED and own:
+        if batch.mask is None or batch.misses is None:
+            raise ValueError("a masked fused batch needs its mask; expected fused_plan output")
+        hidden = torch.mm(source, weights.lora_a[batch.row_lo : batch.row_hi].T)
+        hidden.mul_(batch.mask[weights.table_index])
+        hidden.masked_fill_(batch.misses, 0.0)  # see apply_masked: inf * 0 must not leak
+        target = torch.mm(hidden, weights.lora_b[batch.row_lo : batch.row_hi])
+    else:
+        target = out.new_zeros((order.numel(), out.shape[1]))
+        for segment in batch.segments if own else ():
+            rows = weights.slots[segment.slot]
+            if rows.rank == 0:
+                continue
+            span = slice(rows.start, rows.start + rows.rank)
+            hidden = torch.mm(source[segment.start : segment.end], weights.lora_a[span].T)
+            target[segment.start : segment.end].addmm_(
+                hidden, weights.lora_b[span], alpha=rows.scale
+            )
+    rows = negative.slots[0]
+    if rows.rank:
+        span = slice(rows.start, rows.start + rows.rank)
+        hidden = torch.mm(source, negative.lora_a[span].T)
+        target.addmm_(hidden, negative.lora_b[span], alpha=rows.scale)
+    return out.index_add_(0, order, target)
