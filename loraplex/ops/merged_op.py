@@ -23,12 +23,11 @@ from loraplex.ops.plan import (
     active_slot_tokens,
     active_tables,
     bits_of,
-    covered_rows,
     masked_batch,
     none_batch,
     segments_of,
 )
-from loraplex.ops.torch_ops import AutoPolicy
+from loraplex.ops.torch_ops import AutoPolicy, StepShape
 
 # Backends whose computations are plain torch ops: the negative pass can ride them.
 FUSED_BACKENDS = frozenset({"auto", "grouped", "masked"})
@@ -56,12 +55,8 @@ def fused_plan(
     slots = list(tokens)
     bits = bits_of(slots)
     if slots and backend != "grouped":
-        row_lo, row_hi = covered_rows(layout, slots)
-        exact = sum(count * layout.slot_rows[slot] for slot, count in tokens.items())
-        choose = (policy or AutoPolicy()).masked
-        if backend == "masked" or choose(
-            len(sub), row_hi - row_lo, exact, len(slots), layout.width
-        ):
+        shape = StepShape.of(len(sub), tokens, layout)
+        if backend == "masked" or (policy or AutoPolicy()).masked(shape, layout.width):
             plan = masked_batch(sub, layout, slots)
             return FusedMergedBatch(
                 token_slots,

@@ -111,36 +111,64 @@ class GroupedBackend:
 class AutoPolicy:
     """When the masked computation beats the grouped one (measured; docs/benchmarks/execution.md).
 
-    Masked does ``num_tokens x covered rows`` multiply-adds per unit of module width in four
-    launches; grouped does the exact ``sum(tokens x rank)`` in about two launches per run of
-    equal slots (plus a gather and a scatter when they are scattered). Masked is picked when
-    the rows it wastes, weighted by the pool's width (``ArenaLayout.width``), cost less than
-    the launches it saves, each launch priced at ``launch_macs`` multiply-adds.
+    Masked multiplies every token by every covered row (``num_tokens x covered rows`` per unit of
+    module width) and reads every covered row's weights, active or not, in four launches;
+    grouped does the exact ``sum(tokens x rank)`` and reads only the active slots' rows, in about
+    two launches per run of equal slots (plus a gather and a scatter when scattered). Masked is
+    picked when what it wastes, weighted by the pool's width (``ArenaLayout.width``), costs less
+    than the launches it saves. Costs are in multiply-adds: a launch ``launch_macs``, a weight
+    element read ``read_macs`` (decode-sized steps are bound by reading the weights).
     """
 
-    # One op launch in multiply-adds. Measured on the project's 2-core Xeon (float32, one
-    # thread): about 5 us a launch against about 40 G multiply-adds/s in these skinny matmuls,
-    # i.e. ~200 k; 262,144 puts the small preset's 16-adapter decode batch on masked and its
-    # 80 %-one-adapter batch and every large-preset batch on grouped, as measured.
-    launch_macs: int = 262144
+    # Measured on the project's 2-core Xeon (float32, one thread): a small op launch ~5 us
+    # against ~40 G multiply-adds/s in these skinny matmuls, and a skinny matmul over few tokens
+    # runs at the speed of reading its weights (~16 multiply-adds per element read). They put
+    # the small preset's 16-adapter decode batch on masked, and its 80 %-one-adapter batches
+    # (4 foreign tokens among 20) and every large-preset batch on grouped, as measured.
+    launch_macs: int = 196608
+    read_macs: int = 16
     min_runs_for_masked: int = 2  # a single run is always grouped (it is already exact)
 
     def __post_init__(self) -> None:
-        if self.launch_macs < 0:
-            raise ValueError(f"launch_macs {self.launch_macs} is invalid; expected >= 0")
+        for name in ("launch_macs", "read_macs"):
+            if getattr(self, name) < 0:
+                raise ValueError(f"{name} {getattr(self, name)} is invalid; expected >= 0")
         if self.min_runs_for_masked < 1:
             raise ValueError(
                 f"min_runs_for_masked {self.min_runs_for_masked} is invalid; expected >= 1"
             )
 
-    def masked(
-        self, num_tokens: int, covered_rows: int, exact_rows: int, runs: int, width: int
-    ) -> bool:
-        """``exact_rows``: sum over active slots of tokens x rows; ``runs``: active slots."""
-        if runs < self.min_runs_for_masked:
+    def masked(self, shape: StepShape, width: int) -> bool:
+        """Whether a step of ``shape`` over modules ``width`` wide is cheaper masked."""
+        if shape.runs < self.min_runs_for_masked:
             return False
-        wasted = (num_tokens * covered_rows - exact_rows) * max(width, 1)
-        return wasted <= self.launch_macs * (2 * runs - 1)
+        wasted_cells = shape.num_tokens * shape.covered_rows - shape.exact_cells
+        wasted_reads = shape.covered_rows - shape.active_rows
+        wasted = (wasted_cells + self.read_macs * wasted_reads) * max(width, 1)
+        return wasted <= self.launch_macs * (2 * shape.runs - 1)
+
+
+@dataclass(frozen=True)
+class StepShape:
+    """What :class:`AutoPolicy` weighs, per unit of module width."""
+
+    num_tokens: int  # tokens the op sees
+    runs: int  # active slots (grouped: one run each once sorted)
+    covered_rows: int  # masked: rows from the first to the last active slot's block
+    active_rows: int  # rows the active slots own
+    exact_cells: int  # sum over active slots of tokens x rows
+
+    @classmethod
+    def of(cls, num_tokens: int, tokens: dict[int, int], layout: ArenaLayout) -> StepShape:
+        """``tokens``: active slot -> its tokens (plan.active_slot_tokens)."""
+        row_lo, row_hi = covered_rows(layout, list(tokens))
+        return cls(
+            num_tokens,
+            len(tokens),
+            row_hi - row_lo,
+            sum(layout.slot_rows[slot] for slot in tokens),
+            sum(count * layout.slot_rows[slot] for slot, count in tokens.items()),
+        )
 
 
 class AutoBackend:
@@ -158,10 +186,8 @@ class AutoBackend:
         slots = list(tokens)
         if not slots:
             return none_batch(token_slots)
-        row_lo, row_hi = covered_rows(layout, slots)
-        exact = sum(count * layout.slot_rows[slot] for slot, count in tokens.items())
-        num_tokens = int(token_slots.numel())
-        if self.policy.masked(num_tokens, row_hi - row_lo, exact, len(slots), layout.width):
+        shape = StepShape.of(int(token_slots.numel()), tokens, layout)
+        if self.policy.masked(shape, layout.width):
             return masked_batch(token_slots, layout, slots)
         return grouped_batch(token_slots, layout, slots)
 

@@ -12,6 +12,7 @@ from loraplex.model.adapter_weights import AdapterWeights, ModuleWeights
 from loraplex.model.lora import LoraSlotPool
 from loraplex.ops import AutoPolicy, Strategy, backend_names, get_backend, register_backend
 from loraplex.ops.reference import ReferenceBackend
+from loraplex.ops.torch_ops import StepShape
 
 SPEC = BaseModelSpec("tiny", "LlamaForCausalLM", 48, 80, 2, 4, 2, 12, 64, "0" * 64)
 MODULES = ("q_proj", "k_proj", "o_proj", "down_proj")
@@ -166,22 +167,24 @@ def test_pool_layout_width_is_the_mean_module_width() -> None:
 
 
 @pytest.mark.parametrize(
-    ("tokens", "rows", "exact", "runs", "width", "masked"),
+    ("shape", "width", "masked"),
     [
-        # the small preset (width 642): 16 tokens on 16 adapters (480 rows) -> masked
-        (16, 480, 480, 16, 642, True),
-        # the same preset, 20 tokens with 16 on one rank-8 adapter, 4 on 4 others -> grouped
-        (20, 480, 256, 5, 642, False),
+        # the small preset (width 642): 16 tokens on 16 adapters (480 rows, all active) -> masked
+        (StepShape(16, 16, 480, 480, 480), 642, True),
+        # the same preset, 20 tokens: 16 on one rank-16 adapter, 4 on 4 others -> grouped
+        (StepShape(20, 5, 480, 150, 376), 642, False),
+        # merged, the 4 foreign tokens gathered: few active rows inside a wide covered range
+        (StepShape(4, 4, 270, 120, 120), 642, False),
         # the large preset (width 2597), 16 tokens on 16 adapters -> grouped
-        (16, 480, 480, 16, 2597, False),
+        (StepShape(16, 16, 480, 480, 480), 2597, False),
         # one run is already exact
-        (4, 8, 32, 1, 642, False),
+        (StepShape(4, 1, 8, 8, 32), 642, False),
     ],
 )
-def test_auto_weighs_wasted_rows_by_width_against_saved_launches(
-    tokens: int, rows: int, exact: int, runs: int, width: int, masked: bool
+def test_auto_weighs_wasted_work_and_reads_by_width_against_saved_launches(
+    shape: StepShape, width: int, masked: bool
 ) -> None:
-    assert AutoPolicy().masked(tokens, rows, exact, runs, width) is masked
+    assert AutoPolicy().masked(shape, width) is masked
 
 
 def test_grouped_sorts_scattered_tokens_stably() -> None:
