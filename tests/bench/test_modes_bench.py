@@ -55,6 +55,10 @@ def test_one_run_reports_every_figure(tmp_path: Path) -> None:
             assert replay[key] > 0, (name, key)
         assert replay["unmerged_ttft_ms_p50"] <= replay["unmerged_ttft_ms_p99"]
     assert metrics["uniform16_replay"]["auto_transitions"] == 0  # uniform: auto never merges
+    forced = metrics["skewed80_unmerged_strategies"]  # each strategy timed on the same batch
+    assert set(forced["tokens_per_s"]) == {"masked", "grouped", "auto"}
+    assert forced["auto_chose"] in ("masked", "grouped")
+    assert forced["auto_over_best_forced"] > 0
 
 
 def test_the_gain_bound_follows_the_per_token_model() -> None:
@@ -84,3 +88,14 @@ def test_the_config_refuses_an_unknown_dtype() -> None:
     with pytest.raises(ValueError, match="int8"):
         ModesBenchConfig(dtype="int8")
     assert ModesBenchConfig(dtype="bfloat16").dtype == "bfloat16"
+
+
+def test_the_hot_revision_takes_the_rank_asked_and_the_mix_stays() -> None:
+    from loraplex.bench.modes.setup import RANKS, slot_rank
+
+    for hot_rank in RANKS:
+        ranks = [slot_rank(slot, hot_rank) for slot in range(NUM_ADAPTERS)]
+        assert ranks[0] == hot_rank
+        assert sorted(ranks) == sorted(RANKS * (NUM_ADAPTERS // len(RANKS)))
+    with pytest.raises(ValueError, match="hot_rank 12 is invalid"):
+        modes.ModesBenchConfig(hot_rank=12)

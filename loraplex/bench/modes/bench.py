@@ -34,6 +34,7 @@ from loraplex.bench.modes.replay import compare_modes, hot_token_share, trace
 from loraplex.bench.modes.setup import (
     HOT,
     NUM_ADAPTERS,
+    BackendView,
     ModesBenchConfig,
     Setup,
     decode_step,
@@ -179,6 +180,19 @@ def flaps_per_min(
     return count / minutes
 
 
+def strategies(setup: Setup, slots: list[int | None]) -> dict[str, object]:
+    """Unmerged decode tokens/s of ``slots`` with each torch strategy forced and with ``auto``
+    (interleaved, one clock), and the strategy ``auto`` chose: does it pick the faster one?"""
+    views = {name: BackendView(setup.pool, name) for name in ("masked", "grouped", "auto")}
+    tps = throughput(setup, {name: (slots, view) for name, view in views.items()})
+    best = max(tps["masked"], tps["grouped"])
+    return {
+        "tokens_per_s": tps,
+        "auto_chose": views["auto"].last_strategy,
+        "auto_over_best_forced": ratio(tps["auto"], best),
+    }
+
+
 SWEEP_SHARES = (0.25, 0.5, 0.65, 0.8, 0.95, 1.0)
 
 
@@ -268,6 +282,7 @@ def run_modes_bench(config: ModesBenchConfig) -> dict[str, object]:
             metrics[f"{name}_auto_over_unmerged"] = ratio(tps["auto"], tps["unmerged"])
             # the LoRA overhead of this very batch (base / unmerged, same group and clock)
             metrics[f"{name}_lora_overhead"] = ratio(tps["base"], tps["unmerged"])
+        metrics["skewed80_unmerged_strategies"] = strategies(setup, skewed)
         metrics["share_sweep"] = share_sweep(setup, rng)
         metrics.update(replay_figures(setup, costs, rng, parity))
         metrics.update(prefill_figures(setup, skewed))

@@ -28,6 +28,7 @@ from loraplex.model.merge import (
     negative_pool_for,
     slot_weights,
 )
+from loraplex.ops import LoraBatch, get_backend
 
 NUM_ADAPTERS = 16
 RANKS = (8, 16, 32, 64)
@@ -104,6 +105,29 @@ class Setup:
     def unmerge(self) -> None:
         self.merger.unmerge()
         self.negative.clear(0)
+
+
+class BackendView:
+    """``pool`` computed by another registered backend (``masked``, ``grouped``, ``auto``): the
+    same weights and slots, for timing the strategies against each other on one batch."""
+
+    def __init__(self, pool: LoraSlotPool, backend: str) -> None:
+        self.pool, self.backend = pool, get_backend(backend)
+        self.last_strategy = "none"
+
+    def prepare(self, token_slots: torch.Tensor) -> LoraBatch:
+        batch = self.backend.prepare(
+            token_slots.to(self.pool.device, torch.int64), self.pool.layout
+        )
+        self.last_strategy = batch.strategy.value
+        return batch
+
+    def apply(
+        self, layer: int, module: str, x: torch.Tensor, out: torch.Tensor, batch: LoraBatch
+    ) -> torch.Tensor:
+        if not self.pool.targets(layer, module):
+            return out
+        return self.backend.apply(x, out, self.pool.module_weights(layer, module), batch)
 
 
 def decode_step(setup: Setup, slots: list[int | None]) -> Callable[[LoraApplier | None], None]:
