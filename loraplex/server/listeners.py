@@ -45,6 +45,7 @@ from loraplex.server.connections import (
     GateLimits,
 )
 from loraplex.server.errors import ApiError
+from loraplex.server.fd_limit import ensure_fd_limit
 from loraplex.server.gated_accept import AcceptGate, refuse
 from loraplex.server.tarpit import Tarpit
 
@@ -175,6 +176,7 @@ class ListenerConfig(uvicorn.Config):
         self.limits = limits
         self.gate = ConnectionGate(limits.gate(), MonotonicClock())
         self.tarpit = Tarpit()  # connections held off (``tarpit.py``)
+        ensure_fd_limit(limits.max_connections, self.tarpit.max_held)  # fd_limit.py
         if metrics is not None:  # the app's /metrics registry
             metrics.register(GateCollector(self.gate, self.tarpit))
 
