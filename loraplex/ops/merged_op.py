@@ -93,8 +93,11 @@ def apply_fused(
     order = batch.order
     if order is None:
         raise ValueError("a fused merged batch needs its gather order; expected fused_plan output")
-    source = x.index_select(0, order)
     own = batch.active_tables[weights.table_index]
+    merged = negative.slots[0]
+    if not own and merged.rank == 0:  # neither side targets this module
+        return out
+    source = x.index_select(0, order)
     if batch.strategy is Strategy.MASKED and own:
         if batch.mask is None or batch.misses is None:
             raise ValueError("a masked fused batch needs its mask; expected fused_plan output")
@@ -113,9 +116,8 @@ def apply_fused(
             target[segment.start : segment.end].addmm_(
                 hidden, weights.lora_b[span], alpha=rows.scale
             )
-    rows = negative.slots[0]
-    if rows.rank:
-        span = slice(rows.start, rows.start + rows.rank)
+    if merged.rank:
+        span = slice(merged.start, merged.start + merged.rank)
         hidden = torch.mm(source, negative.lora_a[span].T)
-        target.addmm_(hidden, negative.lora_b[span], alpha=rows.scale)
+        target.addmm_(hidden, negative.lora_b[span], alpha=merged.scale)
     return out.index_add_(0, order, target)
