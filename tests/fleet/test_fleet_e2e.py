@@ -85,12 +85,8 @@ def _shared_registry() -> Iterator[dict[str, Any]]:
     except psycopg.Error:
         _unavailable(f"no PostgreSQL server reachable at {server_url}")
     schema = f"fleet_{secrets.token_hex(6)}"
-    for key, value in {
-        "AWS_ACCESS_KEY_ID": "testing",
-        "AWS_SECRET_ACCESS_KEY": "testing",
-        "AWS_DEFAULT_REGION": "us-east-1",
-    }.items():
-        os.environ.setdefault(key, value)  # NOTE: before ray.init: the replicas inherit them
+    # NOTE: moto's credentials are in the cluster's environment (ray_cluster.CLUSTER_ENV, set
+    # before the cluster started: the replicas inherit them) and in this process's.
     moto = ThreadedMotoServer(ip_address="127.0.0.1", port=0, verbose=False)
     moto.start()
     host, port = moto.get_host_and_port()
@@ -118,20 +114,15 @@ def fleet(
     request: pytest.FixtureRequest,
     demo_assets: DemoAssets,
     tmp_path_factory: pytest.TempPathFactory,
+    ray_cluster: None,
 ) -> Iterator[Fleet]:
-    """Two engine replicas and the ingress on a local Ray cluster; the registry on SQLite with
-    a local store (one host), or on PostgreSQL with an S3 store (what several hosts share)."""
+    """Two engine replicas and the ingress on the local Ray cluster (a fresh Ray Serve); the
+    registry on SQLite with a local store (one host), or on PostgreSQL with an S3 store (what
+    several hosts share)."""
     data_dir: Path = tmp_path_factory.mktemp("fleet")
     (data_dir / DEMO_DIR).symlink_to(demo_assets.root, target_is_directory=True)
     with ExitStack() as stack:
         shared = {} if request.param == "sqlite-local" else stack.enter_context(_shared_registry())
-        os.environ["RAY_USAGE_STATS_ENABLED"] = "0"
-        # address "local": a new cluster of this process, never one already running here
-        ray.init(
-            address="local", num_cpus=2, include_dashboard=False, namespace="loraplex",
-            log_to_driver=False,
-        )  # fmt: skip
-        stack.callback(ray.shutdown)
         from ray import serve
 
         stack.callback(serve.shutdown)
