@@ -223,6 +223,12 @@ def test_routing_is_counted_and_the_revision_stays_on_few_replicas(fleet: Fleet)
     assert "loraplex_fleet_replica_resident_adapters{" in metrics
 
 
+# The ingress's own sampling and the board's report ages: what these two tests check never
+# reads the registry or the store, so they run on one registry (the SQLite one) of the two.
+ONE_REGISTRY = pytest.mark.parametrize("fleet", ["sqlite-local"], indirect=True)
+
+
+@ONE_REGISTRY
 def test_the_ingress_keeps_the_live_pages_history(fleet: Fleet) -> None:
     """The ingress samples its fleet view and the requests it served (every 10 s): the history
     shows both replicas and the revision the earlier tests asked for."""
@@ -391,6 +397,7 @@ def _wait_for(check: Any, what: str, timeout_s: float = WAIT_S) -> float:
     return time.monotonic() - start
 
 
+@ONE_REGISTRY
 def test_a_frozen_replica_leaves_the_rotation_and_returns_when_resumed(fleet: Fleet) -> None:
     """SIGSTOP one replica's whole process: Ray Serve keeps handing the router its last routing
     stats (engine "up") until its own health check gives up (3 × 10 s), so only the age of its
