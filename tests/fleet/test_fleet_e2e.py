@@ -2,7 +2,8 @@
 two engine replicas and the ingress, reached over HTTP as a tenant would.
 
 Run twice: the registry on SQLite with a local artifact store (one host), and on the machine's
-PostgreSQL with moto's S3 server (what replicas on several hosts share).
+PostgreSQL with moto's S3 server (what replicas on several hosts share); the two tests that
+never touch the registry or the store (ONE_REGISTRY) run on the first only.
 
 Covers: streaming through the ingress; tenant isolation; a release that reaches both replicas
 (pinned in both GPU slot pools) before its canary starts and the alias moves; a killed replica's
