@@ -2,8 +2,8 @@
 two engine replicas and the ingress, reached over HTTP as a tenant would.
 
 Run twice: the registry on SQLite with a local artifact store (one host), and on the machine's
-PostgreSQL with moto's S3 server (what replicas on several hosts share); the two tests that
-never touch the registry or the store (ONE_REGISTRY) run on the first only.
+PostgreSQL with moto's S3 server (what replicas on several hosts share); the two tests whose
+subject does not depend on the registry's backend (ONE_REGISTRY) run on the first only.
 
 Covers: streaming through the ingress; tenant isolation; a release that reaches both replicas
 (pinned in both GPU slot pools) before its canary starts and the alias moves; a killed replica's
@@ -224,8 +224,9 @@ def test_routing_is_counted_and_the_revision_stays_on_few_replicas(fleet: Fleet)
     assert "loraplex_fleet_replica_resident_adapters{" in metrics
 
 
-# The ingress's own sampling and the board's report ages: what these two tests check never
-# reads the registry or the store, so they run on one registry (the SQLite one) of the two.
+# The ingress's own sampling and the board's report ages: what these two tests check does not
+# depend on the registry's backend (their requests resolve and load as every other test's do,
+# on both), so they run on one registry (the SQLite one) of the two.
 ONE_REGISTRY = pytest.mark.parametrize("fleet", ["sqlite-local"], indirect=True)
 
 
