@@ -17,8 +17,9 @@ import pytest
 # (tests/ops/test_triton_backend.py), so it is set before any test module is collected.
 os.environ.setdefault("TRITON_INTERPRET", "1")
 
-# Builders of adapter files byte by byte, and their fixtures, for every package's tests.
-pytest_plugins = ["adapter_builders"]
+# Builders of adapter files byte by byte, and their fixtures, for every package's tests; the
+# local Ray cluster the fleet tests share.
+pytest_plugins = ["adapter_builders", "ray_cluster"]
 
 if TYPE_CHECKING:
     from loraplex.demo.assets import DemoAssets

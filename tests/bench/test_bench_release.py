@@ -120,7 +120,7 @@ def test_cli_refuses_a_bad_value_naming_it() -> None:
 def small_run(demo_assets: DemoAssets) -> dict[str, Any]:
     config = ReleaseBenchConfig(
         cycles=3,
-        baseline_s=4.0,
+        baseline_s=2.0,  # each of the two A phases: about 20 baseline requests at 10/s
         warmup_s=1.0,
         # NOTE: release ids are random, so which users land in a canary is too. The live-fail
         # cycle needs two canary users (the worst rater is left out of each judgement): with 8

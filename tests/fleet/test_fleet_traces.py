@@ -4,7 +4,6 @@ the ingress's spans and the replica's engine stages, the replica named."""
 
 from __future__ import annotations
 
-import os
 import time
 from collections.abc import Iterator
 from contextlib import ExitStack
@@ -51,18 +50,12 @@ def _wait_replicas(url: str, admin_key: str, count: int) -> None:
 
 @pytest.fixture(scope="module")
 def fleet_and_receiver(
-    demo_assets: DemoAssets, tmp_path_factory: pytest.TempPathFactory
+    demo_assets: DemoAssets, tmp_path_factory: pytest.TempPathFactory, ray_cluster: None
 ) -> Iterator[tuple[str, dict[str, str], OtlpReceiver]]:
     data_dir: Path = tmp_path_factory.mktemp("fleet-traces")
     (data_dir / DEMO_DIR).symlink_to(demo_assets.root, target_is_directory=True)
     with ExitStack() as stack:
         receiver = stack.enter_context(OtlpReceiver())
-        os.environ["RAY_USAGE_STATS_ENABLED"] = "0"
-        ray.init(
-            address="local", num_cpus=2, include_dashboard=False, namespace="loraplex",
-            log_to_driver=False,
-        )  # fmt: skip
-        stack.callback(ray.shutdown)
         from ray import serve
 
         stack.callback(serve.shutdown)

@@ -4,7 +4,6 @@ defaults: no tenant configured, nothing set through the admin API."""
 
 from __future__ import annotations
 
-import os
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -35,13 +34,11 @@ def _healthy(url: str, admin_key: str) -> int:
 
 @pytest.fixture(scope="module")
 def fleet(
-    demo_assets: DemoAssets, tmp_path_factory: pytest.TempPathFactory
+    demo_assets: DemoAssets, tmp_path_factory: pytest.TempPathFactory, ray_cluster: None
 ) -> Iterator[tuple[str, str]]:
+    """The fleet on the local Ray cluster the fleet tests share (a fresh Ray Serve)."""
     data_dir: Path = tmp_path_factory.mktemp("fleet")
     (data_dir / DEMO_DIR).symlink_to(demo_assets.root, target_is_directory=True)
-    os.environ["RAY_USAGE_STATS_ENABLED"] = "0"
-    ray.init(address="local", num_cpus=2, include_dashboard=False, namespace="loraplex-preflight",
-             log_to_driver=False)  # fmt: skip
     from ray import serve
 
     try:
@@ -64,7 +61,6 @@ def fleet(
         yield url, prepared.admin_key
     finally:
         serve.shutdown()
-        ray.shutdown()
 
 
 def test_the_default_fleet_passes(fleet: tuple[str, str]) -> None:

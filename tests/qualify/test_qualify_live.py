@@ -70,7 +70,13 @@ def _plan(tmp_path: Path) -> str:
 
 def test_quick_run_passes_with_four_ratios_per_cell(server: Live, tmp_path: Path) -> None:
     plan = tmp_path / "plan.toml"
-    plan.write_text('[traffic]\ndeployment_adapters = ["acme/support"]\n', encoding="utf-8")
+    # One comparator, in-context: the run's comparator path (cell traffic -> measure -> priced
+    # beside loraplex -> cost plot) is the same for both; the separate deployments' merge and
+    # servers (40 s of this run) are measured in tests/qualify/baselines/test_baseline_measure.py.
+    plan.write_text(
+        'compare = ["in_context"]\n[traffic]\ndeployment_adapters = ["acme/support"]\n',
+        encoding="utf-8",
+    )
     code, report = _qualify(server, tmp_path, "--quick", "--plan", str(plan))
     assert code == 0, report["failed_cells"]
     assert report["num_cells"] == 4 and report["failed_cells"] == []
@@ -78,6 +84,8 @@ def test_quick_run_passes_with_four_ratios_per_cell(server: Live, tmp_path: Path
         assert all(cell[k] is not None for k in CHECKS), cell
         assert cell["correct_revision_ratio"] == 1.0 and cell["isolation_ratio"] == 1.0
         assert cell["methods"]["loraplex"]["cost_per_correct_request"] > 0
+        assert set(cell["methods"]) == {"loraplex", "in_context"}
+        assert cell["methods"]["in_context"]["method"] == "in_context", cell["methods"]
         assert cell["hostile"]["breaches"] == [] and cell["hostile"]["probes"] > 0
         assert "qualify-a/" in json.dumps(cell["quality_per_revision"])
     assert report["retire_failures"] == []
