@@ -80,13 +80,10 @@ class PlanMemo:
         self._plans[key] = (ref, plan)
         return plan
 
-    def __len__(self) -> int:
-        return len(self._plans)
-
     def _forget(self, key: int, dead: weakref.ref[AdapterWeights]) -> None:
         held = self._plans.get(key)
         if held is not None and held[0] is dead:
-            del self._plans[key]
+            self._plans.pop(key, None)
 
 
 class ArenaStore:
