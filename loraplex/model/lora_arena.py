@@ -32,7 +32,7 @@ from loraplex.ops import ModuleLoraWeights, SlotRows
 EMPTY_ROWS = SlotRows(0, 0, 0.0)
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, eq=False)  # holds tensors: compared by identity
 class Placement:
     """A plan's rows and destinations at one start row (views into the pool's own stacks)."""
 
@@ -40,7 +40,7 @@ class Placement:
     destinations: tuple[torch.Tensor, ...]  # one per source tensor, in ``sources`` order
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, eq=False)  # holds tensors: compared by identity
 class LoadPlan:
     """What loading one L1 copy writes, checked once (``ArenaStore.plan``). It holds no source
     tensor: a resident slot keeps its plan, and must not keep an evicted L1 copy alive."""
