@@ -24,7 +24,7 @@ import torch
 
 from loraplex.artifacts.base_model import TARGET_MODULES, BaseModelSpec, lora_bytes
 from loraplex.model.adapter_weights import AdapterWeights
-from loraplex.model.lora_arena import EMPTY_ROWS, ArenaStore
+from loraplex.model.lora_arena import ArenaStore, LoadPlan, PlanMemo, plan_sources
 from loraplex.model.lora_check import check_pool_integrity
 from loraplex.ops import ArenaLayout, LoraBatch, ModuleLoraWeights, SlotRows, get_backend
 
@@ -42,8 +42,7 @@ class SlotInfo:
 @dataclass(frozen=True)
 class _Resident:
     info: SlotInfo  # public view
-    pairs: dict[int, tuple[int, float]]  # table index -> (rank, scale) of targeted modules
-    modules: frozenset[str]  # target modules it has rows in (the stacks a release must zero)
+    plan: LoadPlan  # its tables, ranks, scales and modules
 
 
 class LoraSlotPool:
@@ -87,6 +86,7 @@ class LoraSlotPool:
         widths = [a.shape[1] + b.shape[1] for a, b in self._arenas]
         self._width = round(sum(widths) / len(widths))  # ArenaLayout.width
         self._residents: list[_Resident | None] = [None] * max_loras
+        self._plans = PlanMemo()  # per live L1 copy: checked once, not on every load
         self.last_strategy = "none"  # the strategy of the last prepared step (traces read it)
         self._publish(())
 
@@ -116,34 +116,25 @@ class LoraSlotPool:
     def load(self, slot: int, weights: AdapterWeights) -> None:
         """Copy ``weights`` into ``slot`` (replacing its occupant); nothing changes on error."""
         self._check_slot(slot)
-        pairs = self._store.pairs_of(weights, self.max_lora_rank)
-        packed = self._store.runs_cover(weights.runs, pairs)
-        touched = set(pairs)
+        plan = self._plans.get(weights, lambda: self._store.plan(weights, self.max_lora_rank))
+        touched = set(plan.pairs)
         previous = self._residents[slot]
         if previous is not None:
-            touched.update(previous.pairs)
+            touched.update(previous.plan.pairs)
             self._release(slot)
-        num_rows = max((rank for rank, _ in pairs.values()), default=0)
-        start = self._find_rows(num_rows)
+        start = self._find_rows(plan.num_rows)
         if start is None:
             start = self._compact()
             touched = set(range(len(self._arenas)))
-        non_blocking = self.device.type == "cuda"
-        if packed:
-            self._store.write_runs(start, weights.runs, non_blocking)
-        else:
-            self._store.write_modules(start, weights.modules, non_blocking)
-        rows = slice(start, start + num_rows)
+        placement = self._store.place(plan, weights, start)
+        self._store.write(placement, plan_sources(plan, weights), self.device.type == "cuda")
+        rows = slice(start, start + plan.num_rows)
         self._row_owner[rows] = slot
-        scales = [0.0] * len(self._arenas)
-        for table, (_, scale) in pairs.items():
-            scales[table] = scale
-        self._row_scale[:, rows] = torch.tensor(scales, dtype=self.dtype).unsqueeze(1)
-        info = SlotInfo(weights.digest, start, num_rows, self._bytes_of(pairs))
-        modules = frozenset(self._store.table_module[t] for t in pairs)
-        self._residents[slot] = _Resident(info, pairs, modules)
-        self._store.set_slot(slot, {t: SlotRows(start, r, s) for t, (r, s) in pairs.items()})
-        for table in pairs:
+        self._row_scale[:, rows] = plan.scales
+        info = SlotInfo(weights.digest, start, plan.num_rows, plan.num_bytes)
+        self._residents[slot] = _Resident(info, plan)
+        self._store.set_slot(slot, placement.rows)
+        for table in plan.pairs:
             self._module_bits[table] |= 1 << slot
         self._publish(touched)
 
@@ -153,7 +144,7 @@ class LoraSlotPool:
         resident = self._residents[slot]
         if resident is not None:
             self._release(slot)
-            self._publish(resident.pairs)
+            self._publish(resident.plan.pairs)
 
     # --- introspection -----------------------------------------------------------------------
 
@@ -204,10 +195,6 @@ class LoraSlotPool:
     def _element_size(self) -> int:
         return torch.empty((), dtype=self.dtype).element_size()
 
-    def _bytes_of(self, pairs: dict[int, tuple[int, float]]) -> int:
-        shapes = self._store.table_shapes
-        return self._element_size() * sum(r * sum(shapes[t]) for t, (r, _) in pairs.items())
-
     def _check_slot(self, slot: int) -> None:
         if not 0 <= slot < self.max_loras:
             raise ValueError(f"slot {slot} is invalid; expected 0 <= slot < {self.max_loras}")
@@ -217,12 +204,12 @@ class LoraSlotPool:
         if resident is None:
             return
         start, num_rows = resident.info.start, resident.info.num_rows
-        self._store.zero_rows(start, num_rows, resident.modules)
+        self._store.zero_rows(start, num_rows, resident.plan.modules)
         rows = slice(start, start + num_rows)
         self._row_owner[rows] = -1
         self._row_scale[:, rows] = 0
-        self._store.set_slot(slot, dict.fromkeys(resident.pairs, EMPTY_ROWS))
-        for table in resident.pairs:
+        self._store.set_slot(slot, resident.plan.released)
+        for table in resident.plan.pairs:
             self._module_bits[table] &= ~(1 << slot)
         self._residents[slot] = None
 
@@ -251,10 +238,9 @@ class LoraSlotPool:
             if start != cursor:
                 self._move_rows(start, cursor, num_rows)
                 info = SlotInfo(resident.info.digest, cursor, num_rows, resident.info.num_bytes)
-                self._residents[slot] = _Resident(info, resident.pairs, resident.modules)
-                self._store.set_slot(
-                    slot, {t: SlotRows(cursor, r, s) for t, (r, s) in resident.pairs.items()}
-                )
+                self._residents[slot] = _Resident(info, resident.plan)
+                moved = {t: SlotRows(cursor, r, s) for t, (r, s) in resident.plan.pairs.items()}
+                self._store.set_slot(slot, moved)
             cursor += num_rows
         return cursor
 

@@ -9,20 +9,81 @@ module, and a release is one zeroing per module, instead of two ops per (layer, 
 
 The per-table slot views are kept in mutable lists and only the tables a load or a release
 touches are re-frozen, so a load's bookkeeping does not grow with ``num_slots x num_tables``.
+
+An L1 copy is immutable and goes back to L0 many times, so what the pool derives from it (the
+checked table map, its scales as one device column, the destination views at a start row) is a
+:class:`LoadPlan`, built once per copy (``PlanMemo``) rather than on every load: for a small
+adapter those checks cost several times its copy.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+import weakref
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field
 
 import torch
 
 from loraplex.artifacts.base_model import BaseModelSpec
 from loraplex.errors import BaseModelMismatchError, RankTooLargeError, TensorValidationError
-from loraplex.model.adapter_weights import AdapterWeights, ModuleRun, ModuleWeights
+from loraplex.model.adapter_weights import AdapterWeights, ModuleRun
 from loraplex.ops import ModuleLoraWeights, SlotRows
 
 EMPTY_ROWS = SlotRows(0, 0, 0.0)
+
+
+@dataclass(frozen=True, eq=False)  # holds tensors: compared by identity
+class Placement:
+    """A plan's rows and destinations at one start row (views into the pool's own stacks)."""
+
+    rows: dict[int, SlotRows]  # table index -> the slot's rows there
+    destinations: tuple[torch.Tensor, ...]  # one per source tensor, in ``sources`` order
+
+
+@dataclass(frozen=True, eq=False)  # holds tensors: compared by identity
+class LoadPlan:
+    """What loading one L1 copy writes, checked once (``ArenaStore.plan``). It holds no source
+    tensor: a resident slot keeps its plan, and must not keep an evicted L1 copy alive."""
+
+    pairs: dict[int, tuple[int, float]]  # table index -> (rank, scale) of targeted modules
+    packed: bool  # the copy's runs hold exactly ``pairs``: one copy per run, else per module
+    num_rows: int  # rows reserved in every arena (the copy's largest rank)
+    num_bytes: int  # bytes of the copy's own A and B rows (its resident size)
+    modules: frozenset[str]  # target modules it has rows in (the stacks a release must zero)
+    scales: torch.Tensor  # [num_tables, 1] scale per table, 0 where untargeted (pool's device)
+    released: dict[int, SlotRows]  # table index -> EMPTY_ROWS for every targeted table
+    # start row -> placement there (at most capacity_rows entries; starts repeat)
+    placements: dict[int, Placement] = field(default_factory=dict, compare=False)
+
+
+def plan_sources(plan: LoadPlan, weights: AdapterWeights) -> list[torch.Tensor]:
+    """The tensors ``plan``'s destinations are filled from, in order."""
+    if plan.packed:
+        return [run.rows for run in weights.runs]
+    return [t for m in weights.modules for t in (m.lora_a, m.lora_b.T)]
+
+
+class PlanMemo:
+    """Plans of the L1 copies that are still alive, by identity (weak: a plan never outlives
+    its copy here, so a recycled ``id`` cannot return another copy's plan)."""
+
+    def __init__(self) -> None:
+        self._plans: dict[int, tuple[weakref.ref[AdapterWeights], LoadPlan]] = {}
+
+    def get(self, weights: AdapterWeights, build: Callable[[], LoadPlan]) -> LoadPlan:
+        held = self._plans.get(id(weights))
+        if held is not None and held[0]() is weights:
+            return held[1]
+        plan = build()  # raises before anything is remembered
+        key = id(weights)
+        ref = weakref.ref(weights, lambda dead: self._forget(key, dead))
+        self._plans[key] = (ref, plan)
+        return plan
+
+    def _forget(self, key: int, dead: weakref.ref[AdapterWeights]) -> None:
+        held = self._plans.get(key)
+        if held is not None and held[0] is dead:
+            self._plans.pop(key, None)
 
 
 class ArenaStore:
@@ -63,14 +124,60 @@ class ArenaStore:
             for table, ((a, b), rows) in enumerate(zip(self.arenas, self._rows, strict=True))
         ]
 
+    # --- plans ---------------------------------------------------------------------------------
+
+    def plan(self, weights: AdapterWeights, max_lora_rank: int) -> LoadPlan:
+        """Checks ``weights`` against the tables (``pairs_of``: raises before anything is
+        written) and derives everything a load of it needs but its start row."""
+        pairs = self.pairs_of(weights, max_lora_rank)
+        scales = [0.0] * len(self.arenas)
+        for table, (_, scale) in pairs.items():
+            scales[table] = scale
+        stack = next(iter(self.stacks.values()))
+        shapes, element = self.table_shapes, stack.element_size()
+        return LoadPlan(
+            pairs,
+            self.runs_cover(weights.runs, pairs),
+            max((rank for rank, _ in pairs.values()), default=0),
+            element * sum(r * sum(shapes[t]) for t, (r, _) in pairs.items()),
+            frozenset(self.table_module[t] for t in pairs),
+            torch.tensor(scales, dtype=stack.dtype).unsqueeze(1).to(stack.device),
+            dict.fromkeys(pairs, EMPTY_ROWS),
+        )
+
+    def place(self, plan: LoadPlan, weights: AdapterWeights, start: int) -> Placement:
+        """``plan``'s rows and destinations at ``start`` (made once per start row)."""
+        placement = plan.placements.get(start)
+        if placement is None:
+            rows = {t: SlotRows(start, r, s) for t, (r, s) in plan.pairs.items()}
+            placement = Placement(rows, self._destinations(plan, weights, start))
+            plan.placements[start] = placement
+        return placement
+
+    def _destinations(
+        self, plan: LoadPlan, weights: AdapterWeights, start: int
+    ) -> tuple[torch.Tensor, ...]:
+        if plan.packed:  # the run's layers land at rows ``start..start+rank``: one copy per run
+            return tuple(
+                self.stacks[run.module][
+                    run.first_layer : run.first_layer + run.num_layers, start : start + run.rank
+                ]
+                for run in weights.runs
+            )
+        views: list[torch.Tensor] = []
+        for module in weights.modules:
+            lora_a, lora_b_t = self.arenas[self.tables[(module.layer, module.module)]]
+            rows = slice(start, start + module.rank)
+            views += (lora_a[rows], lora_b_t[rows])
+        return tuple(views)
+
     # --- weights ------------------------------------------------------------------------------
 
-    def write_runs(self, start: int, runs: Iterable[ModuleRun], non_blocking: bool) -> None:
-        """One copy per run: the run's layers land at rows ``start..start+rank``."""
-        for run in runs:
-            layers = slice(run.first_layer, run.first_layer + run.num_layers)
-            rows = slice(start, start + run.rank)
-            self.stacks[run.module][layers, rows].copy_(run.rows, non_blocking=non_blocking)
+    @staticmethod
+    def write(placement: Placement, sources: Iterable[torch.Tensor], non_blocking: bool) -> None:
+        """Copies every source into its destination."""
+        for destination, source in zip(placement.destinations, sources, strict=True):
+            destination.copy_(source, non_blocking=non_blocking)
 
     def runs_cover(self, runs: tuple[ModuleRun, ...], pairs: dict[int, tuple[int, float]]) -> bool:
         """True when ``runs`` hold exactly the checked pairs (table -> (rank, scale)) at their
@@ -113,16 +220,6 @@ class ArenaStore:
                 )
             pairs[table] = (rank, module.scale)
         return pairs
-
-    def write_modules(
-        self, start: int, modules: Iterable[ModuleWeights], non_blocking: bool
-    ) -> None:
-        """Module by module (weights built without runs)."""
-        for module in modules:
-            lora_a, lora_b_t = self.arenas[self.tables[(module.layer, module.module)]]
-            rows = slice(start, start + module.rank)
-            lora_a[rows].copy_(module.lora_a, non_blocking=non_blocking)
-            lora_b_t[rows].copy_(module.lora_b.T, non_blocking=non_blocking)
 
     def zero_rows(self, start: int, num_rows: int, modules: Iterable[str]) -> None:
         """Zero rows ``start..start+num_rows`` of every layer of ``modules`` (the only stacks a

@@ -20,7 +20,6 @@ Implementations: ``loraplex.runtime.tier_backends.TierPipeline`` (real tiers) an
 
 from __future__ import annotations
 
-import threading
 from dataclasses import dataclass
 from typing import Protocol
 
@@ -44,8 +43,9 @@ class Footprint:
                 raise ValueError(f"{name} {getattr(self, name)} is invalid; expected >= 0")
 
     def bytes_in(self, tier: Tier) -> int:
-        sizes = {Tier.L0: self.slot_bytes, Tier.L1: self.memory_bytes, Tier.L2: self.disk_bytes}
-        return sizes.get(tier, self.disk_bytes)
+        if tier == Tier.L0:
+            return self.slot_bytes
+        return self.memory_bytes if tier == Tier.L1 else self.disk_bytes
 
 
 @dataclass(frozen=True)
@@ -85,18 +85,20 @@ class RecoveredCopy:
 class CancelToken:
     """Set when every waiter of a load gave up; checked by the pipeline between stages."""
 
+    # NOTE: a plain flag, not a threading.Event: nothing waits on it, and a load creates one
+    # (an Event is a Condition and two locks). Setting and reading a bool is atomic under the GIL.
     def __init__(self) -> None:
-        self._event = threading.Event()
+        self._cancelled = False
 
     def cancel(self) -> None:
-        self._event.set()
+        self._cancelled = True
 
     @property
     def cancelled(self) -> bool:
-        return self._event.is_set()
+        return self._cancelled
 
     def check(self, stage: Stage) -> None:
-        if self._event.is_set():
+        if self._cancelled:
             raise LoadCancelledError(f"load cancelled before stage {stage.value}")
 
 

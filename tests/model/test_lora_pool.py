@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import gc
+import weakref
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -322,6 +324,43 @@ def test_runs_that_disagree_with_modules_are_not_trusted() -> None:
     last = weights.modules[-1]
     assert pool.module_weights(last.layer, last.module).slots[0].rank == 0
     assert not pool.module_weights(last.layer, last.module).lora_a.any()
+    pool.check_integrity()
+
+
+@pytest.mark.parametrize("pack", [False, True])
+def test_a_copy_reloaded_at_other_rows_equals_a_fresh_load(pack: bool) -> None:
+    """The checks and destinations derived from an L1 copy are kept per copy and start row;
+    loading the same copy again, elsewhere, still writes it exactly like a fresh pool."""
+    weights, other = weights_of(8, 11), weights_of(4, 12)
+    if pack:
+        weights, other = packed(weights), packed(other)
+    fresh = LoraSlotPool(SPEC, 3, 8, dtype=torch.float32, device=CPU)
+    fresh.load(0, weights)
+    pool = LoraSlotPool(SPEC, 3, 8, dtype=torch.float32, device=CPU)
+    pool.load(0, weights)
+    pool.load(1, other)
+    pool.clear(0)
+    pool.load(0, other)  # the copy's old rows are taken: it lands at other rows
+    pool.load(2, weights)
+    info = pool.slot_info(2)
+    assert info is not None and info.start != 0 and info.num_bytes == weights.num_bytes
+    assert torch.equal(delta(pool, 2), delta(fresh, 0))
+    pool.check_integrity()
+
+
+def test_a_resident_slot_does_not_keep_its_l1_copy_alive() -> None:
+    """Evicting an L1 copy frees its tensors even while its adapter stays in a slot."""
+    weights = packed(weights_of(8, 13))
+    pool = LoraSlotPool(SPEC, 2, 8, dtype=torch.float32, device=CPU)
+    pool.load(0, weights)
+    want = delta(pool, 0)
+    copy, rows = weakref.ref(weights), weakref.ref(weights.runs[0].rows)
+    del weights
+    gc.collect()
+    assert copy() is None and rows() is None
+    assert torch.equal(delta(pool, 0), want)
+    pool.load(1, packed(weights_of(8, 13)))  # an equal copy, a new object: checked again
+    assert torch.equal(delta(pool, 1), want)
     pool.check_integrity()
 
 
