@@ -20,7 +20,7 @@ are kept zero by the pool; backends may read them (they add exactly nothing).
 from __future__ import annotations
 
 import enum
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Protocol
 
 import torch
@@ -43,6 +43,21 @@ class ModuleLoraWeights:
     lora_b: torch.Tensor  # [capacity_rows, d_out] B^T rows of every slot, packed like lora_a
     slots: tuple[SlotRows, ...]  # per slot index (length max_loras)
     table_index: int  # this module's row in ArenaLayout.row_scale and LoraBatch.mask
+    # (start, rank) -> (A rows transposed, B^T rows): a slot's views, made on first use and kept
+    # as long as this arena view (a step's per-run slicing cost as much as its matmuls on a CPU)
+    _pairs: dict[tuple[int, int], tuple[torch.Tensor, torch.Tensor]] = field(
+        default_factory=dict, compare=False, repr=False
+    )
+
+    def pair(self, rows: SlotRows) -> tuple[torch.Tensor, torch.Tensor]:
+        """``(A.T, B^T)`` of the slot whose rows are ``rows`` (``rows.rank`` > 0): ``x @ A.T``
+        is the shrink, ``hidden @ B^T`` the expand."""
+        key = (rows.start, rows.rank)
+        got = self._pairs.get(key)
+        if got is None:
+            span = slice(rows.start, rows.start + rows.rank)
+            got = self._pairs[key] = (self.lora_a[span].T, self.lora_b[span])
+        return got
 
 
 @dataclass(frozen=True)

@@ -111,13 +111,10 @@ def apply_fused(
             rows = weights.slots[segment.slot]
             if rows.rank == 0:
                 continue
-            span = slice(rows.start, rows.start + rows.rank)
-            hidden = torch.mm(source[segment.start : segment.end], weights.lora_a[span].T)
-            target[segment.start : segment.end].addmm_(
-                hidden, weights.lora_b[span], alpha=rows.scale
-            )
+            lora_a_t, lora_b_t = weights.pair(rows)
+            hidden = torch.mm(source[segment.start : segment.end], lora_a_t)
+            target[segment.start : segment.end].addmm_(hidden, lora_b_t, alpha=rows.scale)
     if merged.rank:
-        span = slice(merged.start, merged.start + merged.rank)
-        hidden = torch.mm(source, negative.lora_a[span].T)
-        target.addmm_(hidden, negative.lora_b[span], alpha=merged.scale)
+        lora_a_t, lora_b_t = negative.pair(merged)
+        target.addmm_(torch.mm(source, lora_a_t), lora_b_t, alpha=merged.scale)
     return out.index_add_(0, order, target)

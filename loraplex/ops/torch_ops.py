@@ -53,9 +53,8 @@ def apply_grouped(
         rows = weights.slots[segment.slot]
         if rows.rank == 0:
             continue
-        lora_a = weights.lora_a[rows.start : rows.start + rows.rank]
-        lora_b_t = weights.lora_b[rows.start : rows.start + rows.rank]
-        hidden = torch.mm(source[segment.start : segment.end], lora_a.T)
+        lora_a_t, lora_b_t = weights.pair(rows)
+        hidden = torch.mm(source[segment.start : segment.end], lora_a_t)
         target[segment.start : segment.end].addmm_(hidden, lora_b_t, alpha=rows.scale)
     if order is not None:
         out.index_add_(0, order, target)

@@ -266,3 +266,14 @@ def test_cuda_matches_cpu(backend: str) -> None:
             pool_gpu.prepare(token_slots.cuda()),
         )
         torch.testing.assert_close(got.cpu(), want, rtol=1e-4, atol=1e-3)
+
+
+def test_a_slots_views_are_made_once_per_arena_view_and_match_its_rows() -> None:
+    pool, _ = filled_pool("grouped", RANK_MIXES["S2"])
+    view = pool.module_weights(0, "q_proj")
+    rows = next(r for r in view.slots if r.rank)
+    lora_a_t, lora_b_t = view.pair(rows)
+    span = slice(rows.start, rows.start + rows.rank)
+    assert torch.equal(lora_a_t, view.lora_a[span].T) and torch.equal(lora_b_t, view.lora_b[span])
+    assert view.pair(rows)[0] is lora_a_t  # kept, not sliced again each step
+    assert lora_a_t.data_ptr() == view.lora_a[span].data_ptr()  # a view: loads show through
