@@ -107,8 +107,24 @@ def evict_everywhere(client: httpx.Client, adapter: ServedAdapter) -> None:
         client.post("/admin/residency/evict", json={"model": adapter.ref, "tier": tier})
 
 
+def into_slots(
+    client: httpx.Client, adapters: Sequence[ServedAdapter], wanted: Sequence[ServedAdapter]
+) -> None:
+    """Prefetches ``wanted`` into L0 after dropping every other adapter's L0 copy.
+    NOTE: a server holds one tenant to ``default_tenant_tier_share`` of the slots (half by
+    default) and refuses a prefetch its eviction policy finds not worth its victims (503), so
+    the calibration frees the slots itself rather than asking the policy to evict."""
+    for adapter in adapters:
+        if adapter not in wanted:
+            client.post("/admin/residency/evict", json={"model": adapter.ref, "tier": "L0"})
+    for adapter in wanted:
+        prefetch(client, adapter, "L0")
+
+
 def load_samples(client: httpx.Client, adapters: Sequence[ServedAdapter]) -> list[LoadSample]:
-    """One cold load per adapter, tier by tier, timed by the server's stage counters."""
+    """One cold load per adapter, tier by tier, timed by the server's stage counters; each
+    adapter is dropped again after its loads, so every load lands in free space (no eviction
+    in the figure, no tier share in the way)."""
     samples: list[LoadSample] = []
     for adapter in adapters:
         evict_everywhere(client, adapter)
@@ -120,6 +136,7 @@ def load_samples(client: httpx.Client, adapters: Sequence[ServedAdapter]) -> lis
             nbytes = copy_sizes(client, adapter).get(LINK_SIZE_TIER[link], 0)
             if nbytes > 0 and seconds > 0:
                 samples.append(LoadSample(link, nbytes, seconds))
+        evict_everywhere(client, adapter)
     return samples
 
 
@@ -175,8 +192,7 @@ def step_samples(client: httpx.Client, target: Target, config: CalibrateConfig) 
     """One sample per mix and repeat (the mix's adapters prefetched into L0 first)."""
     samples = []
     for index, (batch, chosen) in enumerate(mixes(target.adapters, config)):
-        for adapter in chosen:
-            prefetch(client, adapter, "L0")
+        into_slots(client, target.adapters, chosen)
         for repeat in range(config.repeats):
             seed = config.seed + 1000 * index + repeat
             tpot = asyncio.run(_mix_tpot(target, batch, chosen, config, seed))
@@ -206,8 +222,8 @@ def prefill_samples(
     by_rank = sorted(target.adapters, key=lambda a: (a.rank, a.tenant, a.name))
     chosen = dict.fromkeys((by_rank[0], by_rank[-1]))
     samples = []
+    into_slots(client, target.adapters, tuple(chosen))
     for adapter in chosen:
-        prefetch(client, adapter, "L0")
         for index, length in enumerate(config.prefill_lengths):
             seed = config.seed + 7 + 100 * index + adapter.rank
             ttfts = asyncio.run(_warm_ttfts(target, adapter, config, length, seed))
