@@ -68,6 +68,9 @@ def calibrate_command(
     ] = "1,2,4,8",
     revisions: Annotated[str, typer.Option(help="Distinct adapters per step mix.")] = "1,2,4",
     output_tokens: Annotated[int, typer.Option(help="Decode steps per mix request (>= 3).")] = 24,
+    prefill_lengths: Annotated[
+        str, typer.Option(help="Prompt lengths of the lone prefill requests.")
+    ] = "8,16,32,64",
     repeats: Annotated[int, typer.Option(help="Runs of each step mix.")] = 2,
     report: Annotated[
         Path | None, typer.Option(help="Also write every sample here (JSON).")
@@ -76,8 +79,8 @@ def calibrate_command(
         Path, typer.Option(help="--self: demo assets cache (base model <dir>/test-small).")
     ] = Path(".loraplex-assets"),
 ) -> None:
-    """Fit the simulator's cost model to a server: step time vs batch tokens, distinct
-    revisions and rank mix; per-tier load costs; front and IPC overheads."""
+    """Fit the simulator's cost model to a server: step time vs decode and prompt tokens,
+    distinct revisions and rank mix; per-tier load costs; front and IPC overheads."""
     from loraplex.bench.sim.calibrate_run import CalibrateConfig
     from loraplex.bench.sim.calibration import calibrate
 
@@ -86,6 +89,7 @@ def calibrate_command(
             batch_sizes=ints(batch_sizes, "--batch-sizes"),
             revision_counts=ints(revisions, "--revisions"),
             output_tokens=output_tokens,
+            prefill_lengths=ints(prefill_lengths, "--prefill-lengths"),
             repeats=repeats,
         )
     except ValueError as exc:

@@ -1,11 +1,17 @@
 """Calibration: measured samples in, a cost model (``cost_model.CostModel``) out.
 
 Torch-free and HTTP-free: the measuring side (``bench/sim/calibrate_run.py``) talks to a server
-and hands this module plain samples; here they are fitted. Step time is fitted by ordinary least
-squares on the cost model's four regressors (constant, tokens, distinct revisions, rank-tokens);
-a coefficient the data drives below zero is dropped (fixed at 0) and the rest refitted, because a
-negative cost is physically meaningless and the cost model refuses it. Each tier link is a
-straight line, seconds = fixed_s + bytes / bytes_per_s, fitted the same way per link.
+and hands this module plain samples; here they are fitted. Step time is fitted by least squares
+on the cost model's five regressors (constant, decode tokens, prompt tokens, distinct revisions,
+rank-tokens); a coefficient the data drives below zero is dropped (fixed at 0) and the rest
+refitted, because a negative cost is physically meaningless and the cost model refuses it.
+
+Decode samples (a mix's time per output token) are steps alone. Prefill samples are a lone warm
+request's TTFT less ``front_s``: one prefill step plus the front-to-engine hop, the time the
+simulator charges as ``ipc_s`` before the step. They carry ``hop`` = 1, a sixth regressor whose
+coefficient is ``ipc_s``: fitted with the step terms, not left over after them, so the prompt
+term, the constant and the hop are each identified (the decode samples have no hop). Each tier
+link is a straight line, seconds = fixed_s + bytes / bytes_per_s, fitted the same way per link.
 """
 
 from __future__ import annotations
@@ -16,27 +22,44 @@ from dataclasses import dataclass
 
 from loraplex.sim.cost_model import LINKS, CostModel, Link, StepCost
 
-STEP_TERMS = ("step_fixed_s", "per_token_s", "per_revision_s", "per_rank_token_s")
+STEP_TERMS = (
+    "step_fixed_s",
+    "per_token_s",
+    "per_prefill_token_s",
+    "per_revision_s",
+    "per_rank_token_s",
+)
 
 
 @dataclass(frozen=True)
 class StepSample:
     """One measured engine step (or the mean of many alike): its batch and its seconds."""
 
-    tokens: int  # tokens in the step (prefill and decode)
+    decode_tokens: int  # decode tokens in the step (one per decoding sequence)
+    prefill_tokens: int  # prompt tokens in the step
     revisions: int  # distinct adapter revisions in the step
     rank_tokens: int  # sum over the step's tokens of their adapter's rank
     step_s: float  # measured seconds
+    # step_s also holds the front-to-engine hop (a lone request's TTFT less front_s)
+    hop: bool = False
 
     def __post_init__(self) -> None:
-        for name in ("tokens", "revisions", "rank_tokens"):
+        for name in ("decode_tokens", "prefill_tokens", "revisions", "rank_tokens"):
             if getattr(self, name) < 0:
                 raise ValueError(f"StepSample.{name} must be >= 0, got {getattr(self, name)}")
         if not (self.step_s > 0 and math.isfinite(self.step_s)):
             raise ValueError(f"StepSample.step_s must be finite and > 0, got {self.step_s!r}")
 
-    def row(self) -> tuple[float, float, float, float]:
-        return (1.0, float(self.tokens), float(self.revisions), float(self.rank_tokens))
+    def row(self) -> tuple[float, ...]:
+        """The regressors: STEP_TERMS' in order, then the hop."""
+        return (
+            1.0,
+            float(self.decode_tokens),
+            float(self.prefill_tokens),
+            float(self.revisions),
+            float(self.rank_tokens),
+            float(self.hop),
+        )
 
 
 @dataclass(frozen=True)
@@ -127,13 +150,31 @@ def _quality(
     return Fit(coefficients, r2, worst)
 
 
-def fit_step(samples: Sequence[StepSample]) -> tuple[StepCost, Fit]:
-    """The step-time model of ``samples`` (at least four, varying tokens, revisions and
-    rank-tokens independently, or the fit is refused)."""
-    if len(samples) < len(STEP_TERMS):
-        raise ValueError(f"fit_step needs >= {len(STEP_TERMS)} samples, got {len(samples)}")
+@dataclass(frozen=True)
+class StepFit:
+    """The fitted step model and the hop fitted with it."""
+
+    step: StepCost  # every term fitted, per_prefill_token_s included
+    ipc_s: float  # the front-to-engine hop (the prefill samples' sixth regressor)
+    fit: Fit  # coefficients in STEP_TERMS order, then the hop
+
+
+def fit_step(samples: Sequence[StepSample]) -> StepFit:
+    """The step-time model and ``ipc_s`` of ``samples``: decode mixes and lone-request prefills
+    that vary every regressor independently, or the fit is refused (a step model without
+    measured prompt tokens would price prefill by extrapolating decode)."""
+    width = len(STEP_TERMS) + 1
+    if len(samples) < width:
+        raise ValueError(f"fit_step needs >= {width} samples, got {len(samples)}")
+    for kind, present in (
+        ("decode", any(s.decode_tokens for s in samples)),
+        ("prefill (prompt tokens with the hop)", any(s.prefill_tokens and s.hop for s in samples)),
+    ):
+        if not present:
+            raise ValueError(f"fit_step needs {kind} samples: every term must be measured")
     fit = least_squares([s.row() for s in samples], [s.step_s for s in samples])
-    return StepCost(**dict(zip(STEP_TERMS, fit.coefficients, strict=True))), fit
+    step = StepCost(**dict(zip(STEP_TERMS, fit.coefficients, strict=False)))
+    return StepFit(step, fit.coefficients[-1], fit)
 
 
 def fit_link(samples: Sequence[LoadSample]) -> tuple[Link, Fit]:
@@ -163,13 +204,17 @@ def calibrated_model(
     *,
     load_cpu_shared: bool = False,
 ) -> CostModel:
-    """A validated cost model from measurements; ``overheads`` holds front_s, ipc_s and
-    network_s (each optional, 0 when not measured, and said so in ``sources``);
-    ``load_cpu_shared`` says whether the measured server's loader and engine share its CPU."""
-    unknown = sorted(set(overheads) - {"front_s", "ipc_s", "network_s"})
+    """A validated cost model from measurements; ``overheads`` holds front_s and network_s
+    (each optional, 0 when not measured, and said so in ``sources``); ``ipc_s`` is fitted with
+    the step (``fit_step``); ``load_cpu_shared`` says whether the measured server's loader and
+    engine share its CPU."""
+    unknown = sorted(set(overheads) - {"front_s", "network_s"})
     if unknown:
-        raise ValueError(f"overheads has unknown keys {unknown}")
-    step, _ = fit_step(steps)
+        raise ValueError(
+            f"overheads has unknown keys {unknown}; expected front_s, network_s "
+            "(ipc_s is fitted with the step)"
+        )
+    fitted = fit_step(steps)
     links = {}
     for name in LINKS:
         mine = [s for s in loads if s.link == name]
@@ -179,8 +224,9 @@ def calibrated_model(
     return CostModel(
         hardware=hardware,
         validated=True,
-        step=step,
+        step=fitted.step,
         links=links,
+        ipc_s=fitted.ipc_s,
         sources=dict(sources),
         load_cpu_shared=load_cpu_shared,
         **overheads,

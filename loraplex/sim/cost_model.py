@@ -5,12 +5,21 @@ calibrate`` from measurements on a running server, or by hand for hardware that 
 measured here, in which case every number cites its source in ``sources`` and ``validated`` is
 false until a calibration on that hardware replaces the file.
 
-Step time (seconds) of a batch with ``tokens`` tokens (prefill and decode together), ``revisions``
-distinct adapter revisions and ``rank_tokens`` = sum over the batch's tokens of their adapter's
-rank (0 for base-model tokens)::
+Step time (seconds) of a batch with ``decode_tokens`` decode tokens (one per decoding sequence),
+``prefill_tokens`` prompt tokens (prompt chunks and recomputes), ``revisions`` distinct adapter
+revisions and ``rank_tokens`` = sum over the batch's tokens of their adapter's rank (0 for
+base-model tokens)::
 
-    step_s = step_fixed_s + per_token_s * tokens + per_revision_s * revisions
-             + per_rank_token_s * rank_tokens
+    step_s = step_fixed_s + per_token_s * decode_tokens
+             + per_prefill_token_s * prefill_tokens
+             + per_revision_s * revisions + per_rank_token_s * rank_tokens
+
+A decode row pays its sequence's per-row work (sampling, the attention call, the row's
+bookkeeping) with its one token; a prompt chunk pays it once for many tokens, so a prompt token
+costs less than a decode token, and a line fitted on decode batches over-prices prefill. A file
+without ``step.per_prefill_token_s`` (written before the term existed) keeps the old model:
+prompt tokens cost ``per_token_s`` (``StepCost.per_prefill_token_s`` None), and saving such a
+model writes no such key.
 
 A tier transfer of ``n`` bytes over a link costs ``fixed_s + n / bytes_per_s``. With
 ``load_cpu_shared`` (a CPU-only server, whose loader and engine share one core), a transfer
@@ -26,6 +35,8 @@ from pathlib import Path
 
 SCHEMA = "loraplex-sim-cost/1"
 LINKS = ("L3_to_L2", "L2_to_L1", "L1_to_L0")
+# Step keys a file may leave out (module docstring: the model before prefill was measured).
+STEP_OPTIONAL = ("per_prefill_token_s",)
 
 
 @dataclass(frozen=True)
@@ -49,21 +60,35 @@ class StepCost:
     """Engine step time as a linear function of the batch's work (module docstring)."""
 
     step_fixed_s: float
-    per_token_s: float
+    per_token_s: float  # per decode token
     per_revision_s: float
     per_rank_token_s: float
+    # Per prompt token; None: a model fitted before prefill was measured, prompt tokens cost
+    # per_token_s (the old single-token-term model, exactly).
+    per_prefill_token_s: float | None = None
 
     def __post_init__(self) -> None:
         for name, value in asdict(self).items():
-            _non_negative(f"StepCost.{name}", value)
+            if value is not None:  # only per_prefill_token_s may be None
+                _non_negative(f"StepCost.{name}", value)
 
-    def seconds(self, tokens: int, revisions: int, rank_tokens: int) -> float:
+    def seconds(
+        self, decode_tokens: int, prefill_tokens: int, revisions: int, rank_tokens: int
+    ) -> float:
+        if self.per_prefill_token_s is None:
+            tokens_s = self.per_token_s * (decode_tokens + prefill_tokens)
+        else:
+            tokens_s = self.per_token_s * decode_tokens + self.per_prefill_token_s * prefill_tokens
         return (
             self.step_fixed_s
-            + self.per_token_s * tokens
+            + tokens_s
             + self.per_revision_s * revisions
             + self.per_rank_token_s * rank_tokens
         )
+
+    def to_dict(self) -> dict[str, float]:
+        """The file's ``step`` object: every term set (no null for an absent prefill term)."""
+        return {k: v for k, v in asdict(self).items() if v is not None}
 
 
 @dataclass(frozen=True)
@@ -103,7 +128,7 @@ class CostModel:
             )
 
     def to_json(self) -> str:
-        body = {"schema": SCHEMA, **asdict(self)}
+        body = {"schema": SCHEMA, **asdict(self), "step": self.step.to_dict()}
         return json.dumps(body, indent=2, sort_keys=True) + "\n"
 
     def save(self, path: Path) -> None:
@@ -137,9 +162,9 @@ def from_dict(body: dict[str, object], origin: str = "<dict>") -> CostModel:
     return CostModel(
         hardware=str(body.get("hardware", "")),
         validated=bool(body.get("validated", False)),
-        step=StepCost(**_numbers(step, StepCost, f"{origin}: step")),
+        step=StepCost(**_numbers(step, StepCost, f"{origin}: step", STEP_OPTIONAL)),
         links={
-            str(name): Link(**_numbers(link, Link, f"{origin}: links.{name}"))
+            str(name): Link(**_numbers(link, Link, f"{origin}: links.{name}", ()))
             for name, link in links.items()
         },
         front_s=_float(body, "front_s"),
@@ -150,13 +175,17 @@ def from_dict(body: dict[str, object], origin: str = "<dict>") -> CostModel:
     )
 
 
-def _numbers(body: object, kind: type, where: str) -> dict[str, float]:
-    """An object's numeric fields for ``kind``, refusing unknown or missing keys by name."""
+def _numbers(body: object, kind: type, where: str, optional: tuple[str, ...]) -> dict[str, float]:
+    """An object's numeric fields for ``kind``, refusing unknown or missing keys by name
+    (``optional`` ones may be missing: the field's default then holds)."""
     if not isinstance(body, dict):
         raise ValueError(f"{where} must be an object")
     expected = {f.name for f in fields(kind)}
-    if set(body) != expected:
-        raise ValueError(f"{where}: keys {sorted(body)} differ from {sorted(expected)}")
+    if not expected - set(optional) <= set(body) <= expected:
+        raise ValueError(
+            f"{where}: keys {sorted(body)} differ from {sorted(expected)} "
+            f"({sorted(optional)} optional)"
+        )
     values: dict[str, float] = {}
     for key, value in body.items():
         if not isinstance(value, (int, float)) or isinstance(value, bool):

@@ -303,16 +303,23 @@ class SimReplica:
             self._load_debt_s += seconds
 
     def _seconds(self, plan: StepPlan) -> float:
-        """The cost model's step time: tokens, distinct revisions and their rank mix."""
+        """The cost model's step time: decode and prompt tokens, distinct revisions and their
+        rank mix. A decode chunk is one token past the prompt (the last sampled token); every
+        other chunk (a prompt chunk, a recompute after preemption) is prefill."""
         requests = self.scheduler.requests
         keys: set[AdapterKey] = set()
-        rank_tokens = 0
+        rank_tokens = decode_tokens = 0
         for chunk in plan.chunks:
-            key = requests[chunk.request_id].request.adapter_key
+            request = requests[chunk.request_id].request
+            num = len(chunk.token_ids)
+            if num == 1 and chunk.start_pos >= len(request.prompt_token_ids):
+                decode_tokens += 1
+            key = request.adapter_key
             if key is not None:
                 keys.add(key)
-                rank_tokens += len(chunk.token_ids) * self._ranks[key]
-        return self._step_cost.seconds(plan.num_tokens, len(keys), rank_tokens)
+                rank_tokens += num * self._ranks[key]
+        prefill_tokens = plan.num_tokens - decode_tokens
+        return self._step_cost.seconds(decode_tokens, prefill_tokens, len(keys), rank_tokens)
 
     def _rebalance(self, now: float) -> None:
         """Automatic warm promotion/demotion, at most once per interval (LeaseDesk._rebalance)."""

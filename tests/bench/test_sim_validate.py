@@ -144,6 +144,8 @@ def test_calibration_mixes_vary_revisions_and_rank_tokens_apart() -> None:
         CalibrateConfig(output_tokens=2)
     with pytest.raises(ValueError, match="batch_sizes"):
         CalibrateConfig(batch_sizes=())
+    with pytest.raises(ValueError, match="prefill_lengths"):
+        CalibrateConfig(prefill_lengths=())
 
 
 def test_the_recorded_command_hides_the_admin_key() -> None:
@@ -174,6 +176,11 @@ def _sim_group() -> typer.Typer:
         (["--out", "o.json", "--hardware", " ", "--self"], "--hardware"),
         (["--out", "o.json", "--hardware", "h", "--self", "--output-tokens", "2"], "output_tokens"),
         (["--out", "o.json", "--hardware", "h", "--self", "--batch-sizes", "1,x"], "integers"),
+        (
+            ["--out", "o.json", "--hardware", "h", "--self", "--prefill-lengths", "8,0"],
+            "prefill_lengths",
+        ),
+        (["--out", "o.json", "--hardware", "h", "--self", "--prefill-lengths", "8,x"], "integers"),
     ],
 )
 def test_calibrate_options_are_checked_before_anything_runs(args: list[str], message: str) -> None:

@@ -30,8 +30,43 @@ def test_round_trip(tmp_path: Path) -> None:
     body = json.loads(model.to_json())
     del body["load_cpu_shared"]  # files written before the key existed: not shared
     assert from_dict(body).load_cpu_shared is False
-    assert model.step.seconds(10, 2, 80) == pytest.approx(0.002 + 1e-4 + 2e-4 + 8e-6)
+    assert model.step.seconds(10, 0, 2, 80) == pytest.approx(0.002 + 1e-4 + 2e-4 + 8e-6)
     assert model.links["L1_to_L0"].seconds(10**9) == pytest.approx(1.001)
+    priced = replace(model, step=replace(model.step, per_prefill_token_s=3e-6))
+    priced.save(tmp_path / "p.json")
+    assert load(tmp_path / "p.json") == priced
+    assert json.loads(priced.to_json())["step"]["per_prefill_token_s"] == 3e-6
+
+
+def test_prompt_tokens_are_priced_by_the_prefill_term() -> None:
+    step = StepCost(
+        step_fixed_s=0.002,
+        per_token_s=1e-3,
+        per_revision_s=1e-4,
+        per_rank_token_s=1e-7,
+        per_prefill_token_s=2e-5,
+    )
+    # 4 decode tokens, 100 prompt tokens, 2 revisions, 104 tokens of rank 8
+    expected = 0.002 + 4 * 1e-3 + 100 * 2e-5 + 2 * 1e-4 + 832 * 1e-7
+    assert step.seconds(4, 100, 2, 832) == pytest.approx(expected)
+    assert step.seconds(4, 101, 2, 832) - step.seconds(4, 100, 2, 832) == pytest.approx(2e-5)
+    assert step.seconds(5, 100, 2, 832) - step.seconds(4, 100, 2, 832) == pytest.approx(1e-3)
+    with pytest.raises(ValueError, match="per_prefill_token_s"):
+        replace(step, per_prefill_token_s=-1e-6)
+
+
+def test_a_file_without_the_prefill_term_keeps_the_old_model(tmp_path: Path) -> None:
+    """Files written before the prefill term price a prompt token as a decode token, exactly
+    (the same float expression), and are written back without the key."""
+    body = json.loads(_model().to_json())
+    assert "per_prefill_token_s" not in body["step"]
+    old = from_dict(body)
+    assert old.step.per_prefill_token_s is None
+    step = old.step
+    tokens = 0.002 + step.per_token_s * 110 + step.per_revision_s * 2 + step.per_rank_token_s * 880
+    assert step.seconds(10, 100, 2, 880) == tokens
+    old.save(tmp_path / "old.json")
+    assert json.loads((tmp_path / "old.json").read_text())["step"] == body["step"]
 
 
 def test_unvalidated_model_must_cite_sources() -> None:
@@ -49,6 +84,9 @@ def test_unvalidated_model_must_cite_sources() -> None:
         (lambda b: b["links"].pop("L2_to_L1"), "missing"),
         (lambda b: b["links"]["L1_to_L0"].update(bytes_per_s=0), "bytes_per_s"),
         (lambda b: b["step"].update(per_token_s="fast"), "must be a number"),
+        (lambda b: b["step"].update(per_prefill_token_s=None), "per_prefill_token_s"),
+        (lambda b: b["step"].update(per_prefill_token_s=-1.0), "per_prefill_token_s"),
+        (lambda b: b["step"].update(per_context_token_s=1e-6), "differ"),
         (lambda b: b.update(front_s=-1), "front_s"),
         (lambda b: b.update(load_cpu_shared="yes"), "load_cpu_shared"),
     ],

@@ -1,4 +1,5 @@
 import random
+from dataclasses import replace
 
 import pytest
 
@@ -13,39 +14,61 @@ from loraplex.sim.calibrate import (
 from loraplex.sim.cost_model import LINKS, StepCost
 
 TRUE_STEP = StepCost(
-    step_fixed_s=0.004, per_token_s=2.5e-5, per_revision_s=3e-4, per_rank_token_s=4e-7
+    step_fixed_s=0.004,
+    per_token_s=2.5e-5,
+    per_revision_s=3e-4,
+    per_rank_token_s=4e-7,
+    per_prefill_token_s=6e-6,
 )
+TRUE_IPC_S = 0.003
+TERMS = ("step_fixed_s", "per_token_s", "per_prefill_token_s", "per_revision_s", "per_rank_token_s")
 
 
 def _steps(noise: float, seed: int = 0) -> list[StepSample]:
-    """Controlled mixes (tokens x revisions x ranks) timed by the true model, with noise."""
+    """What a calibration measures, timed by the true model with noise: decode mixes (tokens x
+    revisions x ranks) and lone prefills (prompt lengths x ranks) that include the hop."""
     rng = random.Random(seed)
     out = []
     for tokens in (1, 4, 16, 32):
         for revisions in (1, 2, 4):
             for rank in (8, 64):
-                rank_tokens = tokens * rank
-                exact = TRUE_STEP.seconds(tokens, revisions, rank_tokens)
-                out.append(
-                    StepSample(tokens, revisions, rank_tokens, exact * (1 + rng.gauss(0, noise)))
-                )
+                exact = TRUE_STEP.seconds(tokens, 0, revisions, tokens * rank)
+                noisy = exact * (1 + rng.gauss(0, noise))
+                out.append(StepSample(tokens, 0, revisions, tokens * rank, noisy))
+    for length in (8, 16, 32, 64):
+        for rank in (8, 64):
+            exact = TRUE_IPC_S + TRUE_STEP.seconds(0, length, 1, length * rank)
+            noisy = exact * (1 + rng.gauss(0, noise))
+            out.append(StepSample(0, length, 1, length * rank, noisy, hop=True))
     return out
 
 
 def test_fit_step_recovers_known_coefficients_exactly() -> None:
-    step, fit = fit_step(_steps(noise=0.0))
-    for name in ("step_fixed_s", "per_token_s", "per_revision_s", "per_rank_token_s"):
-        assert getattr(step, name) == pytest.approx(getattr(TRUE_STEP, name), rel=1e-6)
-    assert fit.r_squared == pytest.approx(1.0)
-    assert fit.max_rel_residual < 1e-9
+    fitted = fit_step(_steps(noise=0.0))
+    for name in TERMS:
+        assert getattr(fitted.step, name) == pytest.approx(getattr(TRUE_STEP, name), rel=1e-6)
+    assert fitted.ipc_s == pytest.approx(TRUE_IPC_S, rel=1e-6)
+    assert fitted.fit.r_squared == pytest.approx(1.0)
+    assert fitted.fit.max_rel_residual < 1e-9
 
 
 def test_fit_step_recovers_coefficients_under_noise() -> None:
-    step, fit = fit_step(_steps(noise=0.01, seed=3))
+    fitted = fit_step(_steps(noise=0.01, seed=3))
+    step = fitted.step
     assert step.step_fixed_s == pytest.approx(TRUE_STEP.step_fixed_s, rel=0.1)
     assert step.per_token_s == pytest.approx(TRUE_STEP.per_token_s, rel=0.15)
+    assert step.per_prefill_token_s == pytest.approx(TRUE_STEP.per_prefill_token_s, rel=0.25)
     assert step.per_rank_token_s == pytest.approx(TRUE_STEP.per_rank_token_s, rel=0.1)
-    assert fit.r_squared is not None and fit.r_squared > 0.99
+    assert fitted.ipc_s == pytest.approx(TRUE_IPC_S, rel=0.25)
+    assert fitted.fit.r_squared is not None and fitted.fit.r_squared > 0.99
+
+
+def test_a_decode_only_fit_would_over_price_prefill() -> None:
+    """Why the prefill samples exist: a prompt token here costs a quarter of a decode token,
+    which a line through decode batches alone cannot know."""
+    fitted = fit_step(_steps(noise=0.0))
+    assert fitted.step.per_prefill_token_s is not None
+    assert fitted.step.per_prefill_token_s < fitted.step.per_token_s / 4
 
 
 def test_a_coefficient_driven_negative_is_dropped_not_kept() -> None:
@@ -58,11 +81,15 @@ def test_a_coefficient_driven_negative_is_dropped_not_kept() -> None:
 
 
 def test_fit_step_refuses_samples_that_do_not_vary_every_term() -> None:
-    same = [StepSample(8, 1, 64, 0.01 + i * 1e-4) for i in range(6)]
-    with pytest.raises(ValueError, match="do not determine"):
-        fit_step(same)
-    with pytest.raises(ValueError, match=">= 4 samples"):
-        fit_step(_steps(0.0)[:3])
+    samples = _steps(0.0)
+    with pytest.raises(ValueError, match="do not determine"):  # rank-tokens follow decode
+        fit_step([replace(s, rank_tokens=8 * s.decode_tokens) for s in samples])
+    with pytest.raises(ValueError, match=">= 6 samples"):
+        fit_step(samples[:5])
+    with pytest.raises(ValueError, match="prefill"):
+        fit_step([s for s in samples if not s.hop])  # decode mixes alone: prefill extrapolated
+    with pytest.raises(ValueError, match="decode"):
+        fit_step([s for s in samples if s.hop])
 
 
 def test_fit_link_recovers_fixed_cost_and_bandwidth() -> None:
@@ -91,9 +118,11 @@ def test_samples_validate_their_fields() -> None:
     with pytest.raises(ValueError, match="link"):
         LoadSample("L0_to_L9", 10, 0.1)
     with pytest.raises(ValueError, match="step_s"):
-        StepSample(1, 1, 8, 0.0)
-    with pytest.raises(ValueError, match="tokens"):
-        StepSample(-1, 1, 8, 0.1)
+        StepSample(1, 0, 1, 8, 0.0)
+    with pytest.raises(ValueError, match="decode_tokens"):
+        StepSample(-1, 0, 1, 8, 0.1)
+    with pytest.raises(ValueError, match="prefill_tokens"):
+        StepSample(0, -1, 1, 8, 0.1, hop=True)
 
 
 def test_calibrated_model_is_validated_and_cites_its_run() -> None:
@@ -105,7 +134,9 @@ def test_calibrated_model_is_validated_and_cites_its_run() -> None:
     model = calibrated_model(
         "cpu-test", _steps(0.0), loads, {"front_s": 0.001}, {"command": "loraplex sim calibrate"}
     )
-    assert model.validated and model.front_s == 0.001 and model.ipc_s == 0.0
+    assert model.validated and model.front_s == 0.001
+    assert model.ipc_s == pytest.approx(TRUE_IPC_S, rel=1e-6)  # fitted with the step
+    assert model.step.per_prefill_token_s == pytest.approx(6e-6, rel=1e-6)
     assert model.links["L1_to_L0"].fixed_s == pytest.approx(0.003)  # third of LINKS
     assert model.load_cpu_shared is False
     sources = {"command": "c"}
@@ -115,3 +146,5 @@ def test_calibrated_model_is_validated_and_cites_its_run() -> None:
         calibrated_model("x", _steps(0.0), loads[:2], {}, {"command": "c"})
     with pytest.raises(ValueError, match="unknown keys"):
         calibrated_model("x", _steps(0.0), loads, {"gpu_s": 1.0}, {"command": "c"})
+    with pytest.raises(ValueError, match="ipc_s is fitted"):
+        calibrated_model("x", _steps(0.0), loads, {"ipc_s": 1.0}, {"command": "c"})

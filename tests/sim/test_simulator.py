@@ -125,6 +125,35 @@ def test_the_cost_model_is_what_charges_time() -> None:
     assert simulate(trace, SimConfig(replicas=2), far).metrics["ttft_ms"]["p50"] >= 1000
 
 
+def test_prompt_tokens_cost_the_prefill_term_and_decode_tokens_the_token_term() -> None:
+    """A warm request's TTFT is front_s + ipc_s + one prefill step of its prompt; its decode
+    steps are priced by per_token_s. Without a prefill term (an old file) a prompt token costs
+    per_token_s."""
+    trace = [TraceRecord(0.0, "t", "a", 32, 8, rank=16), TraceRecord(5.0, "t", "a", 32, 8, rank=16)]
+    base = cost()
+    assert base.step.per_prefill_token_s is None  # the example file predates the term
+
+    def run(per_token_s: float, per_prefill_token_s: float | None) -> dict[str, float]:
+        step = replace(base.step, per_token_s=per_token_s, per_prefill_token_s=per_prefill_token_s)
+        metrics = simulate(trace, SimConfig(), replace(base, step=step)).metrics
+        return {"ttft": metrics["ttft_ms_warm"]["p50"], "end": metrics["makespan_s"]}
+
+    def warm_ttft_ms(step_s: float) -> float:
+        return (base.front_s + base.ipc_s + step_s) * 1000
+
+    token = base.step.per_token_s
+    old = run(token, None)
+    assert old["ttft"] == pytest.approx(warm_ttft_ms(base.step.seconds(32, 0, 1, 512)), abs=1e-3)
+    cheap = run(token, token / 10)
+    prefill_s = replace(base.step, per_prefill_token_s=token / 10).seconds(0, 32, 1, 512)
+    assert cheap["ttft"] == pytest.approx(warm_ttft_ms(prefill_s), abs=1e-3)
+    assert old["ttft"] - cheap["ttft"] == pytest.approx(32 * 0.9 * token * 1000, abs=2e-3)
+    # Decode tokens: per_token_s alone moves the end, not the warm prefill.
+    slow_decode = run(token * 2, token / 10)
+    assert slow_decode["ttft"] == cheap["ttft"]
+    assert slow_decode["end"] - cheap["end"] == pytest.approx(7 * token, abs=1e-6)
+
+
 def test_cold_and_warm_ttft_and_failures_count() -> None:
     trace = [TraceRecord(0.0, "t", "a", 32, 4), TraceRecord(2.0, "t", "a", 32, 4)]
     trace.append(TraceRecord(3.0, "t", "b", 4096, 4))  # longer than max_model_len: refused

@@ -1,18 +1,22 @@
 """``loraplex sim calibrate``'s measurements of a server (``calibrate_target``), fitted by
 ``sim/calibrate.py`` into a validated cost-model file.
 
-- Step time: controlled mixes sent at once (``batch`` requests over ``revisions`` distinct
+- Decode steps: controlled mixes sent at once (``batch`` requests over ``revisions`` distinct
   adapters, the lowest or the highest ranks), every adapter in a GPU slot first; each request
   decodes ``output_tokens`` tokens with ``ignore_eos``, so while they run each engine step holds
   ``batch`` decode tokens, and the median time per output token (TPOT) is the step time of that
-  mix. NOTE: decode batches span 1..max(batch_sizes) tokens; longer prefill steps extrapolate.
+  mix.
+- Prefill steps: lone warm requests (one at a time, so nothing queues) with prompts of each of
+  ``prefill_lengths`` tokens and ``max_tokens`` 1, on the lowest- and the highest-rank adapter:
+  the median TTFT less ``front_s`` is one prefill step plus the front-to-engine hop, fitted
+  together with the decode samples (``sim/calibrate.py``), which gives ``ipc_s`` too.
 - Tier links: cold loads of adapters of known bytes, one tier at a time through the admin API
   (``/admin/residency/prefetch`` with ``wait``), timed by the server's own stage counters
   (``stats.stages`` of ``/admin/residency``): resolve + fetch + verify + commit for L3 -> L2,
   read for L2 -> L1, copy for L1 -> L0; bytes are the copy's ``size_bytes`` in L2 and L1.
 - Overheads: ``front_s`` is the median latency of an authenticated ``GET /v1/models`` (HTTP,
-  auth, no engine); ``ipc_s`` the median warm TTFT of a short request less ``front_s`` and the
-  fitted prefill step (floored at 0); ``network_s`` is not measured on one server (0, said so).
+  auth, no engine); ``ipc_s`` is fitted with the step (above); ``network_s`` is not measured on
+  one server (0, said so).
 """
 
 from __future__ import annotations
@@ -30,7 +34,6 @@ from loraplex.bench.serve.driver import DriveConfig, prompt_ids, send_one
 from loraplex.bench.sim.calibrate_target import ServedAdapter, Target
 from loraplex.bench.workloads import TraceRequest
 from loraplex.sim.calibrate import LoadSample, StepSample
-from loraplex.sim.cost_model import StepCost
 
 L3_STAGES = ("resolve", "fetch", "verify", "commit")
 LINK_STAGES = {"L3_to_L2": L3_STAGES, "L2_to_L1": ("read",), "L1_to_L0": ("copy",)}
@@ -44,15 +47,16 @@ class CalibrateConfig:
 
     batch_sizes: tuple[int, ...] = (1, 2, 4, 8)  # decode tokens per step in the mixes
     revision_counts: tuple[int, ...] = (1, 2, 4)  # distinct adapters per mix (<= batch)
-    prompt_tokens: int = 8  # prompt of every calibration request
+    prompt_tokens: int = 8  # prompt of every decode-mix request
+    prefill_lengths: tuple[int, ...] = (8, 16, 32, 64)  # prompts of the lone prefill requests
     output_tokens: int = 24  # decode steps of every mix request
     repeats: int = 2  # runs of each mix (medians pooled)
-    overhead_requests: int = 8  # requests timed for front_s and ipc_s
+    overhead_requests: int = 8  # front_s requests; lone requests per prefill length and rank
     request_timeout_s: float = 60.0  # bound on every request
     seed: int = 0  # prompt contents
 
     def __post_init__(self) -> None:
-        for name in ("batch_sizes", "revision_counts"):
+        for name in ("batch_sizes", "revision_counts", "prefill_lengths"):
             values = getattr(self, name)
             if not values or min(values) < 1:
                 raise ValueError(f"{name} {values!r} is invalid; expected counts >= 1")
@@ -103,8 +107,24 @@ def evict_everywhere(client: httpx.Client, adapter: ServedAdapter) -> None:
         client.post("/admin/residency/evict", json={"model": adapter.ref, "tier": tier})
 
 
+def into_slots(
+    client: httpx.Client, adapters: Sequence[ServedAdapter], wanted: Sequence[ServedAdapter]
+) -> None:
+    """Prefetches ``wanted`` into L0 after dropping every other adapter's L0 copy.
+    NOTE: a server holds one tenant to ``default_tenant_tier_share`` of the slots (half by
+    default) and refuses a prefetch its eviction policy finds not worth its victims (503), so
+    the calibration frees the slots itself rather than asking the policy to evict."""
+    for adapter in adapters:
+        if adapter not in wanted:
+            client.post("/admin/residency/evict", json={"model": adapter.ref, "tier": "L0"})
+    for adapter in wanted:
+        prefetch(client, adapter, "L0")
+
+
 def load_samples(client: httpx.Client, adapters: Sequence[ServedAdapter]) -> list[LoadSample]:
-    """One cold load per adapter, tier by tier, timed by the server's stage counters."""
+    """One cold load per adapter, tier by tier, timed by the server's stage counters; each
+    adapter is dropped again after its loads, so every load lands in free space (no eviction
+    in the figure, no tier share in the way)."""
     samples: list[LoadSample] = []
     for adapter in adapters:
         evict_everywhere(client, adapter)
@@ -116,6 +136,7 @@ def load_samples(client: httpx.Client, adapters: Sequence[ServedAdapter]) -> lis
             nbytes = copy_sizes(client, adapter).get(LINK_SIZE_TIER[link], 0)
             if nbytes > 0 and seconds > 0:
                 samples.append(LoadSample(link, nbytes, seconds))
+        evict_everywhere(client, adapter)
     return samples
 
 
@@ -171,48 +192,59 @@ def step_samples(client: httpx.Client, target: Target, config: CalibrateConfig) 
     """One sample per mix and repeat (the mix's adapters prefetched into L0 first)."""
     samples = []
     for index, (batch, chosen) in enumerate(mixes(target.adapters, config)):
-        for adapter in chosen:
-            prefetch(client, adapter, "L0")
+        into_slots(client, target.adapters, chosen)
         for repeat in range(config.repeats):
             seed = config.seed + 1000 * index + repeat
             tpot = asyncio.run(_mix_tpot(target, batch, chosen, config, seed))
             if tpot is None or tpot <= 0:
                 continue
             rank_tokens = sum(chosen[i % len(chosen)].rank for i in range(batch))
-            samples.append(StepSample(batch, len(chosen), rank_tokens, tpot))
+            samples.append(StepSample(batch, 0, len(chosen), rank_tokens, tpot))
     return samples
 
 
-def overheads(
-    client: httpx.Client, target: Target, config: CalibrateConfig, step: StepCost
-) -> dict[str, float]:
-    """front_s and ipc_s (module docstring); network_s is not measured here."""
-    adapter = min(target.adapters, key=lambda a: a.rank)
-    key = target.keys[adapter.tenant]
+def front_seconds(client: httpx.Client, target: Target, config: CalibrateConfig) -> float:
+    """front_s: the median latency of an authenticated ``GET /v1/models``."""
+    key = target.keys[min(target.adapters, key=lambda a: a.rank).tenant]
     front = []
     for _ in range(config.overhead_requests):
         start = time.perf_counter()
         client.get("/v1/models", headers={"Authorization": f"Bearer {key}"}).raise_for_status()
         front.append(time.perf_counter() - start)
-    front_s = statistics.median(front)
-    prefetch(client, adapter, "L0")
-    ttfts = asyncio.run(_warm_ttfts(target, adapter, config))
-    prefill = step.seconds(config.prompt_tokens, 1, config.prompt_tokens * adapter.rank)
-    ipc_s = max(0.0, statistics.median(ttfts) - front_s - prefill) if ttfts else 0.0
-    return {"front_s": front_s, "ipc_s": ipc_s}
+    return statistics.median(front)
+
+
+def prefill_samples(
+    client: httpx.Client, target: Target, config: CalibrateConfig, front_s: float
+) -> list[StepSample]:
+    """One hop sample per prefill length and adapter (lowest and highest rank): the median TTFT
+    of lone warm requests less ``front_s``; none where that is not > 0."""
+    by_rank = sorted(target.adapters, key=lambda a: (a.rank, a.tenant, a.name))
+    chosen = dict.fromkeys((by_rank[0], by_rank[-1]))
+    samples = []
+    into_slots(client, target.adapters, tuple(chosen))
+    for adapter in chosen:
+        for index, length in enumerate(config.prefill_lengths):
+            seed = config.seed + 7 + 100 * index + adapter.rank
+            ttfts = asyncio.run(_warm_ttfts(target, adapter, config, length, seed))
+            step_s = statistics.median(ttfts) - front_s if ttfts else 0.0
+            if step_s > 0:
+                rank_tokens = length * adapter.rank
+                samples.append(StepSample(0, length, 1, rank_tokens, step_s, hop=True))
+    return samples
 
 
 async def _warm_ttfts(
-    target: Target, adapter: ServedAdapter, config: CalibrateConfig
+    target: Target, adapter: ServedAdapter, config: CalibrateConfig, length: int, seed: int
 ) -> list[float]:
     import random
 
-    rng = random.Random(config.seed + 7)
+    rng = random.Random(seed)
     drive = _drive(target, config)
     out: list[float] = []
     for _ in range(config.overhead_requests):  # one at a time: no queueing in the figure
-        request = TraceRequest(0.0, adapter.tenant, adapter.name, config.prompt_tokens, 1)
-        ids = prompt_ids(rng, config.prompt_tokens, target.vocab_size)
+        request = TraceRequest(0.0, adapter.tenant, adapter.name, length, 1)
+        ids = prompt_ids(rng, length, target.vocab_size)
         record = await send_one(
             target.url,
             request,
@@ -228,8 +260,8 @@ async def _warm_ttfts(
 
 
 def measure(target: Target, config: CalibrateConfig) -> dict[str, Any]:
-    """Every sample of one calibration: loads first (adapters still cold), then steps, then
-    overheads (which need the fitted step)."""
+    """Every sample of one calibration: loads first (adapters still cold), then decode mixes,
+    front_s and the prefill samples (which need front_s), and the step fit."""
     from loraplex.sim.calibrate import fit_step
 
     headers = {"Authorization": f"Bearer {target.admin_key}"}
@@ -238,6 +270,7 @@ def measure(target: Target, config: CalibrateConfig) -> dict[str, Any]:
     ) as client:
         loads = load_samples(client, target.adapters)
         steps = step_samples(client, target, config)
-        step, fit = fit_step(steps)
-        extra = overheads(client, target, config, step)
-    return {"loads": loads, "steps": steps, "step_fit": fit, "overheads": extra}
+        front_s = front_seconds(client, target, config)
+        steps += prefill_samples(client, target, config, front_s)
+    fitted = fit_step(steps)
+    return {"loads": loads, "steps": steps, "step_fit": fitted, "front_s": front_s}

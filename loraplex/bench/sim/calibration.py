@@ -41,7 +41,8 @@ def calibrate(
     """The validated cost model of ``target`` and a report of what was measured;
     ``load_cpu_shared``: the target's loader and engine share one CPU (a CPU-only server)."""
     measured = measure(target, config)
-    loads, steps, overheads = measured["loads"], measured["steps"], measured["overheads"]
+    loads, steps, fitted = measured["loads"], measured["steps"], measured["step_fit"]
+    decodes = sum(1 for s in steps if not s.hop)
     machine = machine_record()
     when = datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds")
     sources = {
@@ -49,10 +50,12 @@ def calibrate(
         "date": when,
         "machine": f"{_cpu(machine['cpu'])}, {machine['cores']} cores, load "
         f"{machine['load_1m']} at the end, host {platform.node() or 'unknown'}",
-        "step": "median TPOT of controlled decode mixes (bench/sim/calibrate_run.py), "
-        "non-negative least squares: " + _fit_text(measured["step_fit"], len(steps)),
+        "step": f"median TPOT of {decodes} controlled decode mixes and median TTFT less front_s "
+        f"of lone warm requests at prompt lengths {list(config.prefill_lengths)} "
+        f"({len(steps) - decodes} samples; bench/sim/calibrate_run.py), fitted together with "
+        "ipc_s by non-negative least squares: " + _fit_text(fitted.fit, len(steps)),
         "front_s": "median latency of an authenticated GET /v1/models",
-        "ipc_s": "median warm TTFT less front_s and the fitted prefill step (floored at 0)",
+        "ipc_s": "fitted with the step: the hop term of the lone requests' TTFT less front_s",
         "network_s": "not measured: one server, no ingress-to-replica hop (0)",
         "load_cpu_shared": SHARED_CPU if load_cpu_shared else "not shared (given by the caller)",
     }
@@ -62,7 +65,7 @@ def calibrate(
             _fit_text(fit_link(mine)[1], len(mine)) if len({s.nbytes for s in mine}) > 1 else ""
         )
         sources[f"links.{link}"] = f"cold loads timed by the server's stage counters; {fit_text}"
-    overheads = {**overheads, "network_s": 0.0}
+    overheads = {"front_s": measured["front_s"], "network_s": 0.0}
     model = calibrated_model(
         hardware, steps, loads, overheads, sources, load_cpu_shared=load_cpu_shared
     )
@@ -70,7 +73,7 @@ def calibrate(
         "hardware": hardware,
         "step_samples": [asdict(s) for s in steps],
         "load_samples": [asdict(s) for s in loads],
-        "overheads": overheads,
+        "overheads": {**overheads, "ipc_s": model.ipc_s},
         "machine": machine,
         "target": target.url,
     }

@@ -18,7 +18,13 @@ from loraplex.sim.cost_model import LINKS, CostModel, load
 PROFILE_DIR = Path(__file__).parent
 _PRICES = "prices.json"
 OVERHEADS = ("front_s", "ipc_s", "network_s")
-STEP_FIELDS = ("step_fixed_s", "per_token_s", "per_revision_s", "per_rank_token_s")
+STEP_FIELDS = (
+    "step_fixed_s",
+    "per_token_s",
+    "per_prefill_token_s",
+    "per_revision_s",
+    "per_rank_token_s",
+)
 
 
 def profile_names() -> tuple[str, ...]:
