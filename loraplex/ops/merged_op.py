@@ -27,7 +27,7 @@ from loraplex.ops.plan import (
     none_batch,
     segments_of,
 )
-from loraplex.ops.torch_ops import AutoPolicy, StepShape
+from loraplex.ops.torch_ops import AutoPolicy, StepShape, add_runs
 
 # Backends whose computations are plain torch ops: the negative pass can ride them.
 FUSED_BACKENDS = frozenset({"auto", "grouped", "masked"})
@@ -107,13 +107,8 @@ def apply_fused(
         target = torch.mm(hidden, weights.lora_b[batch.row_lo : batch.row_hi])
     else:
         target = out.new_zeros((order.numel(), out.shape[1]))
-        for segment in batch.segments if own else ():
-            rows = weights.slots[segment.slot]
-            if rows.rank == 0:
-                continue
-            lora_a_t, lora_b_t = weights.pair(rows)
-            hidden = torch.mm(source[segment.start : segment.end], lora_a_t)
-            target[segment.start : segment.end].addmm_(hidden, lora_b_t, alpha=rows.scale)
+        if own:
+            add_runs(source, target, weights, batch.segments)
     if merged.rank:
         lora_a_t, lora_b_t = negative.pair(merged)
         target.addmm_(torch.mm(source, lora_a_t), lora_b_t, alpha=merged.scale)

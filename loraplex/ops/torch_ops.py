@@ -16,7 +16,7 @@ from dataclasses import dataclass
 
 import torch
 
-from loraplex.ops.base import ArenaLayout, LoraBatch, ModuleLoraWeights, Strategy
+from loraplex.ops.base import ArenaLayout, LoraBatch, ModuleLoraWeights, Segment, Strategy
 from loraplex.ops.plan import (
     active_slot_tokens,
     active_slots,
@@ -43,19 +43,29 @@ def apply_masked(
     return out.addmm_(hidden, lora_b_t)
 
 
-def apply_grouped(
-    x: torch.Tensor, out: torch.Tensor, weights: ModuleLoraWeights, batch: LoraBatch
-) -> torch.Tensor:
-    order = batch.order
-    source = x if order is None else x.index_select(0, order)
-    target = out if order is None else out.new_zeros((order.numel(), out.shape[1]))
-    for segment in batch.segments:
+def add_runs(
+    source: torch.Tensor,
+    target: torch.Tensor,
+    weights: ModuleLoraWeights,
+    segments: tuple[Segment, ...],
+) -> None:
+    """``target[run] += scale * source[run] @ A.T @ B^T`` for each run of equal slots."""
+    for segment in segments:
         rows = weights.slots[segment.slot]
         if rows.rank == 0:
             continue
         lora_a_t, lora_b_t = weights.pair(rows)
         hidden = torch.mm(source[segment.start : segment.end], lora_a_t)
         target[segment.start : segment.end].addmm_(hidden, lora_b_t, alpha=rows.scale)
+
+
+def apply_grouped(
+    x: torch.Tensor, out: torch.Tensor, weights: ModuleLoraWeights, batch: LoraBatch
+) -> torch.Tensor:
+    order = batch.order
+    source = x if order is None else x.index_select(0, order)
+    target = out if order is None else out.new_zeros((order.numel(), out.shape[1]))
+    add_runs(source, target, weights, batch.segments)
     if order is not None:
         out.index_add_(0, order, target)
     return out
