@@ -205,6 +205,14 @@ def _run(settings: ServeConfig) -> None:
         import torch
 
         torch.set_num_threads(threads)
+    from loraplex.server.fd_limit import ensure_fd_limit
+    from loraplex.server.tarpit import MAX_HELD
+
+    try:  # before anything is built: the caps must fit the descriptors (ListenerConfig rechecks)
+        ensure_fd_limit(settings.max_connections, MAX_HELD)
+    except ValueError as exc:
+        typer.echo(f"error: {exc}", err=True)
+        raise typer.Exit(1) from exc
     try:  # bind first: a busy port fails before the model loads
         sockets = bind_all(settings.host, settings.port, settings.admin_host, settings.admin_port)
     except OSError as exc:

@@ -4,9 +4,11 @@ a lowered hard limit cannot be raised again)."""
 
 from __future__ import annotations
 
+import resource
 import subprocess
 import sys
 import textwrap
+from pathlib import Path
 
 from loraplex.server.fd_limit import RESERVED_FDS, needed_fds
 from loraplex.server.tarpit import MAX_HELD
@@ -45,3 +47,20 @@ def test_a_hard_limit_below_the_caps_refuses_to_start_naming_the_setting() -> No
     assert "soft: 512" in out  # nothing changed
     fits = run_child(512, 1500, 1500 - MAX_HELD - RESERVED_FDS).stdout
     assert "refused" not in fits and "soft: 1500" in fits
+
+
+def test_serve_refuses_before_building_anything(tmp_path: Path) -> None:
+    def low_hard_limit() -> None:
+        resource.setrlimit(resource.RLIMIT_NOFILE, (512, 1500))
+
+    done = subprocess.run(
+        [sys.executable, "-m", "loraplex", "serve", "--data-dir", str(tmp_path), "--port", "0"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        preexec_fn=low_hard_limit,
+        check=False,
+    )
+    assert done.returncode == 1
+    assert "error: max_connections 1024 is invalid here" in done.stderr
+    assert not any(tmp_path.iterdir())  # nothing was built in the data dir
