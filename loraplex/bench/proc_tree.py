@@ -12,8 +12,10 @@ import os
 from pathlib import Path
 
 PROC = Path("/proc")
-# The command line of a multiprocessing "spawn" child: the server's engine runs in one.
+# The command line of a multiprocessing "spawn" child: the server's engine runs in one, unless it
+# was forked (``loraplex serve``'s first engine process): then its name says it.
 SPAWN_MARKER = b"spawn_main"
+ENGINE_NAME = b"loraplex-engine"  # engine.transport.process_child.ENGINE_PROCESS_NAME
 
 
 def _require_proc() -> None:
@@ -80,19 +82,21 @@ def tree_cpu_s(pid: int) -> float:
 
 
 def engine_child(server_pid: int) -> int:
-    """The server's engine process: its one child started by multiprocessing's spawn (the other
-    child, the resource tracker, is not). RuntimeError when there is not exactly one."""
-    spawned = []
+    """The server's engine process: its one child named as the engine, or started by
+    multiprocessing's spawn (the resource tracker, another child, is neither). RuntimeError when
+    there is not exactly one."""
+    engines = []
     for child in children_of(server_pid):
         try:
             command = (PROC / str(child) / "cmdline").read_bytes()
+            name = (PROC / str(child) / "comm").read_bytes().strip()
         except (FileNotFoundError, ProcessLookupError):
             continue
-        if SPAWN_MARKER in command:
-            spawned.append(child)
-    if len(spawned) != 1:
+        if name == ENGINE_NAME or SPAWN_MARKER in command:
+            engines.append(child)
+    if len(engines) != 1:
         raise RuntimeError(
-            f"server process {server_pid} has {len(spawned)} spawned children {spawned}; "
+            f"server process {server_pid} has {len(engines)} engine children {engines}; "
             "expected exactly one engine process (engine_process = true)"
         )
-    return spawned[0]
+    return engines[0]

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import gc
 import os
+import socket
 import threading
 from collections.abc import Mapping
 from dataclasses import replace
@@ -27,6 +28,7 @@ from loraplex.residency.policy import DEFAULT_POLICY, policy_names
 if TYPE_CHECKING:
     import uvicorn
 
+    from loraplex.engine.transport.process_link import ChildLink
     from loraplex.serve.config import ServeConfig
     from loraplex.serve.front import Server
     from loraplex.server.listeners import ConnectionLimits
@@ -191,67 +193,121 @@ def serve_settings(params: Mapping[str, Any], environ: Mapping[str, str]) -> Ser
 
 
 def _run(settings: ServeConfig) -> None:
-    import uvicorn
-
-    from loraplex.errors import LoraplexError
-    from loraplex.serve.assembly import build_server
-    from loraplex.server.listeners import ListenerConfig, bind_all, guarded
-
     threads = settings.torch_threads
     if threads is None:
         threads = default_torch_threads(os.environ.get("OMP_NUM_THREADS"), os.cpu_count())
     settings = replace(settings, torch_threads=threads)  # the engine process sets them too
-    if threads is not None and not settings.engine_process:
-        import torch
+    _check_fds(settings)
+    # Then the engine child, at once: it imports torch (a second or more) while this process
+    # binds, imports its HTTP side and opens the registry; build_server then tells it what to
+    # build. It is killed if anything before that fails.
+    engine_child = _spawn_engine_child() if settings.engine_process else None
+    try:
+        if threads is not None and not settings.engine_process:
+            import torch
 
-        torch.set_num_threads(threads)
-    from loraplex.server.fd_limit import ensure_fd_limit
-    from loraplex.server.tarpit import MAX_HELD
-
-    try:  # before anything is built: the caps must fit the descriptors (ListenerConfig rechecks)
-        ensure_fd_limit(settings.max_connections, MAX_HELD)
-    except ValueError as exc:
-        typer.echo(f"error: {exc}", err=True)
-        raise typer.Exit(1) from exc
-    try:  # bind first: a busy port fails before the model loads
-        sockets = bind_all(settings.host, settings.port, settings.admin_host, settings.admin_port)
-    except OSError as exc:
-        typer.echo(f"error: cannot listen: {exc}", err=True)
-        raise typer.Exit(1) from exc
+            torch.set_num_threads(threads)
+        sockets = _bind(settings)
+    except BaseException:
+        _discard(engine_child)
+        raise
     from loraplex.serve.bootstrap import ADMIN_KEY_FILE
 
-    admin_key_file = settings.data_dir / ADMIN_KEY_FILE
-    new_admin_key = settings.admin_key is None and not admin_key_file.exists()
-    try:  # the listener comes up while an engine process starts (/health live, /ready 503)
-        server = build_server(settings, wait_engine=False)
-    except (LoraplexError, ValueError, OSError) as exc:
-        for sock in sockets:
-            sock.close()
-        message = unusable_path(exc) if isinstance(exc, OSError) else str(exc)
-        typer.echo(f"error: {message}", err=True)
-        raise typer.Exit(1) from exc
+    new_admin_key = settings.admin_key is None and not (settings.data_dir / ADMIN_KEY_FILE).exists()
+    server = _build_server(settings, engine_child, sockets)
     failed = threading.Event()  # set when the engine's first start fails
     try:
         shown_admin_key = server.admin_key if new_admin_key else None
         _announce(settings, shown_admin_key, server.sample_keys)
         freeze_startup_objects()
-        # The app has no startup/shutdown hooks: resources are built before and closed after.
-        config = ListenerConfig(
-            guarded(server.app, sockets),
-            connection_limits(settings),
-            metrics=server.deps.metrics.registry,
-        )
-        listener = uvicorn.Server(config)
-        threading.Thread(
-            target=_stop_if_engine_fails, args=(server, listener, failed), daemon=True
-        ).start()
-        listener.run(sockets=sockets)
+        _listen(settings, server, sockets, failed)
     except KeyboardInterrupt:
         typer.echo("stopped")
     finally:
         server.close()
     if failed.is_set():
         raise typer.Exit(1)
+
+
+def _check_fds(settings: ServeConfig) -> None:
+    """Before anything is started or built: the connection caps must fit the descriptors
+    (ListenerConfig rechecks); an 'error:' line and exit 1 when they do not."""
+    from loraplex.server.fd_limit import ensure_fd_limit
+    from loraplex.server.tarpit import MAX_HELD
+
+    try:
+        ensure_fd_limit(settings.max_connections, MAX_HELD)
+    except ValueError as exc:
+        typer.echo(f"error: {exc}", err=True)
+        raise typer.Exit(1) from exc
+
+
+def _bind(settings: ServeConfig) -> list[socket.socket]:
+    """The listening sockets; an 'error:' line and exit 1 when one is taken (before the model
+    loads)."""
+    from loraplex.server.listeners import bind_all
+
+    try:
+        return bind_all(settings.host, settings.port, settings.admin_host, settings.admin_port)
+    except OSError as exc:
+        typer.echo(f"error: cannot listen: {exc}", err=True)
+        raise typer.Exit(1) from exc
+
+
+def _spawn_engine_child() -> ChildLink:
+    from loraplex.serve.worker import spawn_engine_child
+
+    return spawn_engine_child()
+
+
+def _discard(engine_child: ChildLink | None) -> None:
+    """Kills an engine child nothing will build (a no-op once its engine closed it)."""
+    if engine_child is not None:
+        engine_child.kill()
+        engine_child.close()
+
+
+def _build_server(
+    settings: ServeConfig, engine_child: ChildLink | None, sockets: list[socket.socket]
+) -> Server:
+    """The whole server, its engine process left starting (/health live, /ready 503 until it
+    is up); an 'error:' line and exit 1 on a configuration error, the sockets closed."""
+    from loraplex.errors import LoraplexError
+
+    try:
+        from loraplex.serve.assembly import build_server  # the HTTP side: a while to import
+    except BaseException:
+        _discard(engine_child)
+        raise
+    try:  # build_server owns the child from here (and kills it when it fails)
+        return build_server(settings, wait_engine=False, engine_child=engine_child)
+    except (LoraplexError, ValueError, OSError) as exc:
+        for sock in sockets:
+            sock.close()
+        message = unusable_path(exc) if isinstance(exc, OSError) else str(exc)
+        typer.echo(f"error: {message}", err=True)
+        raise typer.Exit(1) from exc
+
+
+def _listen(
+    settings: ServeConfig, server: Server, sockets: list[socket.socket], failed: threading.Event
+) -> None:
+    """Serves on ``sockets`` until stopped, or until the engine's first start fails."""
+    import uvicorn
+
+    from loraplex.server.listeners import ListenerConfig, guarded
+
+    # The app has no startup/shutdown hooks: resources are built before and closed after.
+    config = ListenerConfig(
+        guarded(server.app, sockets),
+        connection_limits(settings),
+        metrics=server.deps.metrics.registry,
+    )
+    listener = uvicorn.Server(config)
+    threading.Thread(
+        target=_stop_if_engine_fails, args=(server, listener, failed), daemon=True
+    ).start()
+    listener.run(sockets=sockets)
 
 
 def _stop_if_engine_fails(

@@ -20,6 +20,7 @@ import torch
 
 from loraplex.errors import CapacityError
 from loraplex.model.attention import chunk_attention, decode_attention
+from loraplex.model.buffers import zeroed
 
 
 @dataclass(frozen=True)
@@ -116,8 +117,9 @@ class ContiguousKVCache:
         self.device = device
         self.dtype = dtype
         dims = (max_seqs, shape.num_kv_heads, max_seq_len, shape.head_dim)
-        self.keys = [torch.zeros(dims, dtype=dtype, device=device) for _ in range(shape.num_layers)]
-        self.values = [torch.zeros_like(k) for k in self.keys]
+        layers = range(shape.num_layers)
+        self.keys = [zeroed(dims, dtype=dtype, device=device) for _ in layers]
+        self.values = [zeroed(dims, dtype=dtype, device=device) for _ in layers]
         self._free_rows = list(range(max_seqs - 1, -1, -1))
         self._scale = shape.head_dim**-0.5
 

@@ -27,6 +27,7 @@ import torch
 from loraplex.artifacts.base_model import BaseModelSpec
 from loraplex.errors import BaseModelMismatchError, RankTooLargeError, TensorValidationError
 from loraplex.model.adapter_weights import AdapterWeights, ModuleRun
+from loraplex.model.buffers import zeroed
 from loraplex.ops import ModuleLoraWeights, SlotRows
 
 EMPTY_ROWS = SlotRows(0, 0, 0.0)
@@ -105,7 +106,7 @@ class ArenaStore:
         for module in target_modules:
             width = sum(spec.module_shape(module))
             shape = (spec.num_layers, capacity_rows, width)
-            self.stacks[module] = torch.zeros(shape, dtype=dtype, device=device)
+            self.stacks[module] = zeroed(shape, dtype=dtype, device=device)
         self.tables: dict[tuple[int, str], int] = {}
         self.table_shapes: list[tuple[int, int]] = []  # per table: (d_in, d_out)
         self.table_module: list[str] = []  # per table: its target module

@@ -7,9 +7,10 @@ the previous run, the operators' warm policies, the engine core), the front last
 
 Two ways to run the engine (``ServeConfig.engine_process``):
 
-- in a child process (the default): ``EngineProcess`` spawns it and ``serve/worker.py`` builds
-  the engine side there; the HTTP process keeps the registry (auth, resolution, admin) and the
-  tokenizer, reaches the cache through ``RemoteCache``, and loads no torch (this module and
+- in a child process (the default): ``EngineProcess`` spawns it (or takes the one ``loraplex
+  serve`` started first, ``engine_child``) and ``serve/worker.py`` builds the engine side
+  there; the HTTP process keeps the registry (auth, resolution, admin) and the tokenizer,
+  reaches the cache through ``RemoteCache``, and loads no torch (this module and
   ``serve/front.py`` import nothing that does; the demo set, when it must be generated, is
   generated in a child process too);
 - on a thread of this process: ``AsyncEngine`` over the same pieces, built here
@@ -46,10 +47,11 @@ from loraplex.serve.bootstrap import admin_key, register_demo, sample_keys
 from loraplex.serve.config import ServeConfig
 from loraplex.serve.engine_settings import registry_config, watchdog_policy
 from loraplex.serve.front import Front, RunningEngine, Server, build_front
-from loraplex.serve.worker import engine_worker
+from loraplex.serve.worker import ENGINE_PRELOAD, engine_worker
 
 if TYPE_CHECKING:
     from loraplex.engine.factory import AdapterRuntime
+    from loraplex.engine.transport.process_link import ChildLink
     from loraplex.server.cache_control import CacheControl
 
 DEMO_DIR = "demo-assets"
@@ -69,9 +71,27 @@ def demo_assets(config: ServeConfig) -> DemoAssets | None:
     return load_demo_assets(out)
 
 
-def build_server(config: ServeConfig, *, wait_engine: bool = True) -> Server:
+def build_server(
+    config: ServeConfig, *, wait_engine: bool = True, engine_child: ChildLink | None = None
+) -> Server:
     """Everything ``loraplex serve`` runs, ready for uvicorn (close it after). ``wait_engine``
-    False: an engine process may still be starting (see the module docstring)."""
+    False: an engine process may still be starting (see the module docstring).
+    ``engine_child``: the engine process, spawned ahead (``serve.worker.spawn_engine_child``)
+    and owned from here on: it builds once the registry is ready, and is killed if this fails."""
+    if engine_child is not None and not config.engine_process:
+        engine_child.kill()
+        engine_child.close()
+        raise ValueError("engine_child is invalid with engine_process = false; expected None")
+    try:
+        return _build(config, wait_engine, engine_child)
+    except BaseException:
+        if engine_child is not None:  # a no-op when the engine took it and closed it
+            engine_child.kill()
+            engine_child.close()
+        raise
+
+
+def _build(config: ServeConfig, wait_engine: bool, engine_child: ChildLink | None) -> Server:
     config.data_dir.mkdir(mode=0o700, parents=True, exist_ok=True)  # secrets inside
     assets = demo_assets(config)
     model_dir = assets.base_model_dir if assets is not None else config.model
@@ -81,7 +101,9 @@ def build_server(config: ServeConfig, *, wait_engine: bool = True) -> Server:
     registry = open_registry(registry_config(config), base=base)
     try:
         demo = assets if config.demo else None
-        return _assemble(config, model_dir, base, registry, demo, wait_engine=wait_engine)
+        return _assemble(
+            config, model_dir, base, registry, demo, wait_engine=wait_engine, child=engine_child
+        )
     except BaseException:
         registry.close()
         raise
@@ -95,6 +117,7 @@ def _assemble(
     demo: DemoAssets | None,
     *,
     wait_engine: bool,
+    child: ChildLink | None,
 ) -> Server:
     keys: dict[str, str] = {}
     if demo is not None:
@@ -112,6 +135,8 @@ def _assemble(
             TextTokenizer(model_dir),
             wait_ready=wait_engine,
             watchdog=watchdog_policy(config),
+            preload=ENGINE_PRELOAD,
+            child=child,
         )
         engine, cache, apply = process, process.cache, process.update_tenant_settings
         holds = process.merge_holds

@@ -37,7 +37,7 @@ from loraplex.quota.ratelimit import (
 from loraplex.residency.ledger import check_tier_share
 from loraplex.residency.policy import DEFAULT_POLICY, policy_names
 from loraplex.server.adapter_labels import DEFAULT_MAX_NAMED
-from loraplex.server.protocol import MAX_BATCH_PROMPTS
+from loraplex.server.batch_limit import MAX_BATCH_PROMPTS
 from loraplex.server.stream_buffer import DEFAULT_MAX_STREAM_RESUMES
 from loraplex.tracing.config import check_trace_settings
 

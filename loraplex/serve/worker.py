@@ -1,17 +1,27 @@
 """The engine child's builder as the server process names it. ``EngineProcess`` pickles
 ``engine_worker`` by reference into its spawned child; there it imports the engine side (and
 torch) and builds. This module imports neither, so the HTTP process never loads torch.
+
+``loraplex serve`` starts the child first (``spawn_engine_child``), before it imports its HTTP
+side or opens the registry: the child imports ``ENGINE_PRELOAD`` (torch alone takes a second or
+more) while the parent does that, and builds once ``build_server`` tells it what to build.
 """
 
 from __future__ import annotations
 
+import sys
+import threading
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from loraplex.engine.transport.process_link import ChildLink
 from loraplex.serve.config import ServeConfig
 
 if TYPE_CHECKING:
     from loraplex.engine.transport.worker import WorkerHandles
+
+# What ``engine_worker`` imports: the engine side, with torch, the model and the adapter cache.
+ENGINE_PRELOAD = ("loraplex.serve.engine_side",)
 
 
 def engine_worker(config: ServeConfig, model_dir: Path) -> WorkerHandles:
@@ -19,3 +29,16 @@ def engine_worker(config: ServeConfig, model_dir: Path) -> WorkerHandles:
     from loraplex.serve.engine_side import build_worker
 
     return build_worker(config, model_dir)
+
+
+def spawn_engine_child() -> ChildLink:
+    """An engine child importing ``ENGINE_PRELOAD`` from now on, not yet told what to build
+    (``build_server(..., engine_child=...)`` does; kill and close it if that never happens).
+
+    On Linux, while this process runs no other thread, the child is forked: it starts within
+    milliseconds with what the command line imported (the configuration, the registry), where a
+    spawned interpreter would import them again first (and, under the ``loraplex`` script or
+    ``python -m loraplex``, the whole command line with them: a second or more). A restarted
+    child is spawned: by then the server runs threads, which a fork must not copy."""
+    fork = sys.platform == "linux" and threading.active_count() == 1
+    return ChildLink(ENGINE_PRELOAD, fork=fork)

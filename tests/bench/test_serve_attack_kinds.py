@@ -279,6 +279,35 @@ def test_engine_child_is_the_spawned_child_and_the_tree_counts_it(tmp_path: Path
         engine_child(os.getpid())
 
 
+_FORKS_AN_ENGINE = """
+import os, sys, time
+from pathlib import Path
+from loraplex.engine.transport.process_child import ENGINE_PROCESS_NAME
+pid = os.fork()
+if pid == 0:
+    Path("/proc/self/comm").write_text(ENGINE_PROCESS_NAME)  # as the engine child names itself
+    print(os.getpid(), flush=True)
+    time.sleep(60)
+    os._exit(0)
+time.sleep(60)
+"""
+
+
+@pytest.mark.skipif(not Path("/proc/self/stat").exists(), reason="reads /proc")
+def test_engine_child_is_found_by_its_name_when_forked() -> None:
+    """``loraplex serve`` forks its first engine process: it shares the server's command line
+    and is told apart by its name."""
+    process = subprocess.Popen([sys.executable, "-c", _FORKS_AN_ENGINE], stdout=subprocess.PIPE)
+    try:
+        assert process.stdout is not None
+        child = int(process.stdout.readline())
+        assert engine_child(process.pid) == child
+    finally:
+        os.kill(child, 9)
+        process.kill()
+        process.wait()
+
+
 @pytest.mark.skipif(not Path("/proc/self/stat").exists(), reason="reads /proc")
 def test_cpu_seconds_of_a_process_grow_with_its_work_and_are_zero_once_gone() -> None:
     before = cpu_s(os.getpid())

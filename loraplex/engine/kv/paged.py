@@ -26,6 +26,7 @@ import torch
 from loraplex.engine.kv.blocks import BASE_NAMESPACE, BlockManager
 from loraplex.engine.kv.buckets import partition_by_length
 from loraplex.model.attention import chunk_attention, decode_attention, prompt_attention
+from loraplex.model.buffers import zeroed
 from loraplex.model.kv_cache import AttentionShape, SequenceChunk
 
 
@@ -80,8 +81,9 @@ class PagedKVCache:
         # (an adapter with huge weights), and -inf masking cannot hide NaN (NaN * 0 is NaN).
         self._pad_row = rows
         dims = (rows + 1, shape.num_kv_heads, shape.head_dim)
-        self.keys = [torch.zeros(dims, dtype=dtype, device=device) for _ in range(shape.num_layers)]
-        self.values = [torch.zeros_like(k) for k in self.keys]
+        layers = range(shape.num_layers)
+        self.keys = [zeroed(dims, dtype=dtype, device=self.device) for _ in layers]
+        self.values = [zeroed(dims, dtype=dtype, device=self.device) for _ in layers]
         self._scale = shape.head_dim**-0.5
 
     def allocate(self, namespace: str = BASE_NAMESPACE) -> int:

@@ -4,8 +4,9 @@ Every message is a frozen dataclass; each side routes what it receives through a
 the message's type (``process_child._Child`` and ``process.EngineProcess``), and cache commands
 run through one more such table in the child. Nothing is dispatched on a method name.
 
-parent -> child: ``AddRequest``, ``AbortRequest``, ``CacheCall`` (a ``CacheCommand`` with its
-call id), ``Stop``.
+parent -> child: ``Build`` once, first (what to build: the child may be spawned before it is
+known, and imports its heavy modules meanwhile); then ``AddRequest``, ``AbortRequest``,
+``CacheCall`` (a ``CacheCommand`` with its call id), ``Stop``.
 
 child -> parent: ``Ready`` or ``StartFailed`` once; after every engine step that produced output
 one ``StepOut``; ``StatePublish`` when the queue view, the residency or the cache counters
@@ -21,6 +22,7 @@ Errors cross the pipe as a ``PackedError`` (``engine/transport/packed_errors.py`
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
@@ -30,6 +32,7 @@ from loraplex.engine.protocol import EngineRequest, TokenDelta
 from loraplex.engine.sched.stats import QueueView
 from loraplex.engine.tenant_shares import TenantSettings
 from loraplex.engine.transport.packed_errors import PackedError
+from loraplex.engine.transport.worker import WorkerHandles
 from loraplex.residency.cache import CacheSummary, ResidencyChanges
 from loraplex.residency.ledger import Tier
 
@@ -105,6 +108,15 @@ class Dedicate(CacheCommand):
 
 
 # --- parent -> child -------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Build:
+    """What the child builds and serves: sent once, before anything else."""
+
+    builder: Callable[..., WorkerHandles]  # a module-level function (pickled by reference)
+    args: tuple[Any, ...]  # its arguments
+    intervals: tuple[float, float, float]  # the child's (state publish, heartbeat, alive) s
 
 
 @dataclass(frozen=True)

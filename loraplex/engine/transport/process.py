@@ -6,8 +6,10 @@ torch call the engine makes can wait up to a switch interval for the event loop 
 A child process gives the engine its own interpreter (vLLM's V1 engine core runs apart from its
 API server for the same reason).
 
-The child is started with ``spawn`` and builds everything that touches the model from a
-picklable ``builder`` (a module-level function and its arguments) returning ``WorkerHandles``:
+The child is started with ``spawn`` (the first may be handed over already started, even
+forked, see ``serve/worker.py``), imports the ``preload`` modules at once, and builds everything
+that touches the model from a picklable ``builder`` (a module-level function and its arguments,
+sent to it as ``Build``) returning ``WorkerHandles``:
 the engine core, its adapter cache, and how to apply tenant settings and close. It then runs an
 ``EngineThread`` and answers one duplex pipe (``engine/transport/process_link.py``):
 
@@ -112,11 +114,17 @@ class EngineProcess:
         restart: RestartPolicy | None = None,
         wait_ready: bool = True,
         watchdog: WatchdogPolicy | None = None,
+        preload: tuple[str, ...] = (),
+        child: ChildLink | None = None,
     ) -> None:
+        """``preload``: modules every child imports before it builds; ``child``: the first
+        child, already spawned (``ChildLink(preload)``, not yet told what to build), which this
+        client then owns."""
         self._tokenizer = tokenizer
         policy = watchdog or WatchdogPolicy()
         intervals = (state_interval_s, policy.beat_interval_s, policy.alive_interval_s)
-        self._spawn = functools.partial(ChildLink, builder, args, intervals)
+        self._build = functools.partial(_built, builder, args, intervals)
+        self._preload = preload
         self._tick_s = min(_MAX_TICK_S, policy.hung_after_s / 4, policy.unresponsive_after_s / 4)
         self._watchdog = ProgressWatchdog(  # the IO thread's alone
             policy, time.monotonic(), judge_every_s=self._tick_s
@@ -156,7 +164,7 @@ class EngineProcess:
         # the child's adapter cache, for the admin API
         self.cache = RemoteCache(self.call, self.call_future, self._state)
         self.merge_holds = RemoteMergeHolds(self.call)  # the admin guard's (docs/modes.md)
-        self._link = self._spawn()
+        self._link = self._build(child if child is not None else ChildLink(preload))
         if wait_ready:
             self._first_start(self._link)
             self._start_error_raise()
@@ -449,7 +457,7 @@ class EngineProcess:
             with self._lock:
                 self._num_restarts += 1
             try:
-                link = self._spawn()
+                link = self._build(ChildLink(self._preload))
                 max_loras = link.await_ready(self._start_timeout_s, self._closing)
             except Exception as exc:  # its build failed, it died or timed out while starting
                 _log.error("engine process restart failed", exc_info=exc)
@@ -509,3 +517,19 @@ class EngineProcess:
             link.kill()
             self._supervisor.join(timeout_s)
         self._fail_all(EngineUnavailableError("the engine process was shut down"))
+
+
+def _built(
+    builder: Callable[..., WorkerHandles],
+    args: tuple[Any, ...],
+    intervals: tuple[float, float, float],
+    link: ChildLink,
+) -> ChildLink:
+    """``link`` told to build ``builder(*args)``; killed and closed when that fails."""
+    try:
+        link.build(builder, args, intervals)
+    except BaseException:
+        link.kill()
+        link.close()
+        raise
+    return link

@@ -9,11 +9,13 @@ from __future__ import annotations
 
 import contextlib
 import gc
+import importlib
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from concurrent.futures import Future
 from multiprocessing.connection import Connection
+from pathlib import Path
 from typing import Any
 
 from loraplex.engine.loop import EngineThread
@@ -24,6 +26,7 @@ from loraplex.engine.transport.messages import (
     AbortRequest,
     AddRequest,
     Alive,
+    Build,
     CacheCall,
     CacheCommand,
     Dedicate,
@@ -49,6 +52,9 @@ from loraplex.engine.transport.packed_errors import PackedError, pack_error
 from loraplex.engine.transport.worker import WorkerHandles
 from loraplex.errors import EngineUnavailableError
 from loraplex.residency.cache import CacheSummary, TieredAdapterCache
+
+# The engine process's name (Linux truncates it to 15 bytes): ``_name_process``.
+ENGINE_PROCESS_NAME = "loraplex-engine"
 
 # --- cache commands --------------------------------------------------------------------------
 
@@ -270,21 +276,72 @@ class _Child:
         return StatePublish(queue if queue_changed else None, residency, summary)
 
 
-def child_main(
-    conn: Connection,
-    builder: Callable[..., WorkerHandles],
-    args: tuple[Any, ...],
-    intervals: tuple[float, float, float],
-) -> None:
-    """The child's entry point; ``intervals``: (state publish, heartbeat, alive) seconds."""
+@contextlib.contextmanager
+def startup_collections() -> Iterator[None]:
+    """No garbage collection inside the block, then one, and what survives it frozen.
+
+    Start-up allocates objects that live as long as the process (modules, the model, caches):
+    collections during it (about a fifth of torch's import time) free next to nothing, and later
+    ones need not walk what survives the start. ``gc.freeze()`` inside the block (after imports)
+    spares the one collection the imports too; what garbage they left, a few dozen objects,
+    then stays."""
+    gc.disable()
     try:
-        handles = builder(*args)
-    except BaseException as exc:
-        conn.send(StartFailed(pack_error(exc)))
-        conn.close()
+        yield
+    finally:
+        gc.collect()
+        gc.freeze()
+        gc.enable()
+
+
+def child_main(conn: Connection, preload: tuple[str, ...]) -> None:
+    """The child's entry point: imports ``preload`` (module names) at once, then builds what the
+    parent's ``Build`` names and serves it. The parent may spawn the child before it knows what
+    to build, so the imports (torch: seconds) overlap the parent's own start."""
+    _name_process()
+    with startup_collections():
+        built = _built(conn, preload)
+    if built is None:
         return
-    gc.collect()
-    gc.freeze()  # the model and caches are built: keep collections from walking them
+    handles, build = built
     conn.send(Ready(handles.max_loras))  # NOTE: before the engine thread can publish anything
-    _Child(conn, handles, intervals).run()
+    _Child(conn, handles, build.intervals).run()
+    conn.close()
+
+
+def _built(conn: Connection, preload: tuple[str, ...]) -> tuple[WorkerHandles, Build] | None:
+    """The preloads imported, then what the parent's ``Build`` names built (with the Build);
+    None, the pipe closed, when that failed (reported to the parent) or no Build came."""
+    try:
+        for name in preload:
+            importlib.import_module(name)
+    except BaseException as exc:
+        _fail(conn, exc)  # the parent reads it once it has sent the Build
+        return None
+    gc.freeze()  # the imports: see startup_collections
+    try:
+        build = conn.recv()
+    except (EOFError, OSError):  # the parent went away (or gave up) before it sent one
+        return None
+    if not isinstance(build, Build):  # Stop: the parent no longer wants this child
+        conn.close()
+        return None
+    try:
+        return build.builder(*build.args), build
+    except BaseException as exc:
+        _fail(conn, exc)
+        return None
+
+
+def _name_process() -> None:
+    """``ENGINE_PROCESS_NAME`` as this process's name (Linux ``comm``: what ``ps`` and ``top``
+    show, and how ``bench.proc_tree.engine_child`` tells a forked engine from its parent, whose
+    command line it shares). Elsewhere it keeps its name."""
+    with contextlib.suppress(OSError):
+        Path("/proc/self/comm").write_text(ENGINE_PROCESS_NAME, encoding="ascii")
+
+
+def _fail(conn: Connection, error: BaseException) -> None:
+    with contextlib.suppress(OSError, ValueError):  # the parent may be gone
+        conn.send(StartFailed(pack_error(error)))
     conn.close()

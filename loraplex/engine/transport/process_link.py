@@ -1,6 +1,8 @@
 """One engine child process and its pipe (``process.py`` supervises a series of them).
 
-A link is started, awaited until its child says it is ready, read until its pipe reaches EOF
+A link is started (its child imports ``preload`` while it waits to be told what to build: a link
+may be started before the server knows that, see ``serve/worker.py``), given its ``Build``,
+awaited until its child says it is ready, read until its pipe reaches EOF
 (the child exited, whatever killed it), then closed: the child is reaped and the pipe and the
 process sentinel are closed, so a restart leaves no zombie and no file descriptor behind.
 
@@ -22,7 +24,7 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from loraplex.engine.transport.messages import Ready, StartFailed, Stop
+from loraplex.engine.transport.messages import Build, Ready, StartFailed, Stop
 from loraplex.engine.transport.packed_errors import unpack_error
 from loraplex.engine.transport.proc_threads import any_thread_runnable
 from loraplex.engine.transport.process_child import child_main
@@ -37,18 +39,18 @@ _CLOSE = object()  # ends the writer thread
 class ChildLink:
     """A spawned engine child and the parent's end of its duplex pipe."""
 
-    def __init__(
-        self,
-        builder: Callable[..., WorkerHandles],
-        args: tuple[Any, ...],
-        intervals: tuple[float, float, float],
-    ) -> None:
-        """``intervals``: the child's (state publish, heartbeat, alive) periods in seconds."""
-        context = mp.get_context("spawn")
+    def __init__(self, preload: tuple[str, ...] = (), *, fork: bool = False) -> None:
+        """``preload``: modules the child imports at once, before it is told what to build.
+        ``fork``: the child is a fork of this process (it starts at once, with what this process
+        imported so far) instead of a fresh interpreter; only for a caller that has started no
+        thread yet (``serve.worker.spawn_engine_child``: the first child)."""
+        if fork and threading.active_count() > 1:
+            raise ValueError("fork is invalid with threads running; expected a spawned child")
+        context = mp.get_context("fork") if fork else mp.get_context("spawn")
         self._conn, child_conn = context.Pipe(duplex=True)
         self._process = context.Process(
             target=child_main,
-            args=(child_conn, builder, args, intervals),
+            args=(child_conn, preload),
             name="loraplex-engine",
             daemon=True,
         )
@@ -69,6 +71,20 @@ class ChildLink:
             target=self._write_loop, name="loraplex-engine-writer", daemon=True
         )
         self._writer.start()
+        self._built = False
+
+    def build(
+        self,
+        builder: Callable[..., WorkerHandles],
+        args: tuple[Any, ...],
+        intervals: tuple[float, float, float],
+    ) -> None:
+        """Tells the child what to build (``builder(*args)``, picklable) and its (state publish,
+        heartbeat, alive) periods in seconds; once per link, before ``await_ready``."""
+        if self._built:
+            raise ValueError("the engine process was already told what to build")
+        self._built = True
+        self.send(Build(builder, args, intervals))
 
     def await_ready(self, timeout_s: float, cancel: threading.Event) -> int:
         """The child's ``max_loras`` once it is ready. On failure the link is closed and the
@@ -81,6 +97,8 @@ class ChildLink:
             raise
 
     def _await_ready(self, timeout_s: float, cancel: threading.Event) -> int:
+        if not self._built:
+            raise EngineUnavailableError("the engine process was not told what to build")
         deadline = time.monotonic() + timeout_s
         while not self._conn.poll(_POLL_S):
             if not self._process.is_alive():

@@ -15,6 +15,7 @@ import ``loraplex.server.protocol`` as before.
 
 from __future__ import annotations
 
+from loraplex.server.batch_limit import MAX_BATCH_PROMPTS
 from loraplex.server.protocol.chat import (
     ChatChoice,
     ChatChunkChoice,
@@ -38,7 +39,6 @@ from loraplex.server.protocol.completions import (
     Prompt,
 )
 from loraplex.server.protocol.fields import (
-    MAX_BATCH_PROMPTS,
     MAX_CHAT_MESSAGES,
     MAX_CONTENT_PARTS,
     MAX_STOP_CHARS,

@@ -7,8 +7,8 @@ from typing import Annotated, Literal
 
 from pydantic import BaseModel, BeforeValidator, Field, StrictInt
 
+from loraplex.server.batch_limit import MAX_BATCH_PROMPTS
 from loraplex.server.protocol.fields import (
-    MAX_BATCH_PROMPTS,
     RevisionInfo,
     SamplingFields,
     Text,

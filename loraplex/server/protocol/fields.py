@@ -37,7 +37,6 @@ StopText = Annotated[Text, Field(max_length=MAX_STOP_CHARS)]
 # Lists and maps a tenant sends are bounded in the schema. NOTE: pydantic stops reading a list at
 # its ``max_length``, but it reports every wrong item of a shorter one, so a union member given
 # 65,536 wrong items builds 65,536 errors on the event loop; ``_token_ids`` stops at the first.
-MAX_BATCH_PROMPTS = 16  # prompts in one completions request (= choices.DEFAULT_MAX_CHOICES)
 MAX_TOKEN_IDS = 1 << 16  # ids in one token-id list (the context length check still follows)
 MAX_CHAT_MESSAGES = 1024  # messages in one conversation
 MAX_CONTENT_PARTS = 16  # text parts in one message's content
