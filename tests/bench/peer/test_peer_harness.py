@@ -220,3 +220,35 @@ def test_the_cpu_and_its_vector_extensions_are_recorded(tmp_path: Path) -> None:
     info.write_text("model name : X\nflags : avx2 avx512f avx512_bf16 amx_tile\n")
     assert cpu_description(info)["isa"] == ["avx2", "avx512f", "avx512_bf16", "amx_tile"]
     assert cpu_description(tmp_path / "missing") == {"model": "unknown", "isa": []}
+
+
+@pytest.mark.slow  # one real server run
+def test_the_r16_mix_is_registered_and_served(demo_assets: DemoAssets, tmp_path: Path) -> None:
+    """The r16 adapters (no probes) reach a real ``loraplex serve`` as the peer side runs it:
+    registered under their tenant with max rank 16, and each one answers through its route."""
+    import asyncio
+
+    from loraplex.bench.peer.client import answers
+    from loraplex.bench.peer.loraplex_side import matched_settings
+    from loraplex.registry import RegistryConfig, open_registry
+
+    assets = peer_assets(demo_assets, "r16", tmp_path / "r16", seed=0)
+    settings = matched_settings(assets, 4, threads=1, vllm_cpu_bind="auto")
+    fleet = prepare_fleet(tmp_path / "fleet", assets, settings.max_lora_rank)
+    config = RegistryConfig(tmp_path / "fleet", fleet.database_url, str(fleet.store), None, 16)
+    registry = open_registry(config)
+    try:
+        revisions = [registry.get_revision(f"{a.tenant}/{a.name}@{a.revision}")
+                     for a in assets.adapters]  # fmt: skip
+    finally:
+        registry.close()
+    assert {r.max_rank for r in revisions} == {16} and len(
+        {r.adapter_digest for r in revisions}
+    ) == 16
+    assert set(fleet.keys) == {"bench"}
+    server = LoraplexServer(fleet, assets, settings, queue_deadline_s=60.0, start_timeout_s=180.0)
+    probes = tuple((i, a.probe_prompt, 4) for i, a in enumerate(assets.adapters))
+    with server.serving(tmp_path / "run") as url:
+        routes = (*server.routes(), server.base_route())
+        texts = asyncio.run(answers(url, routes, probes, 60.0))
+    assert all(isinstance(text, str) for text in texts)  # every adapter answered
