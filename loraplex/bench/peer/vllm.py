@@ -94,7 +94,8 @@ def vllm_module_name(adapter: PeerAdapter) -> str:
 
 
 def find_tcmalloc(candidates: Sequence[Path] = TCMALLOC_PATHS) -> Path | None:
-    """The first tcmalloc library present, or None (vLLM then preloads the one it bundles)."""
+    """The first tcmalloc library present, or None (vLLM then preloads one it bundles under
+    ``vllm/libs`` if its wheel has one, else runs with glibc's allocator)."""
     return next((path for path in candidates if path.is_file()), None)
 
 
