@@ -1,16 +1,19 @@
 """``loraplex bench peer``: loraplex and vLLM's CPU build side by side, one server at a time, on
 the same demo model and 16 adapters, with matched settings and the same client.
 
-For each ``max_loras`` setting the two servers take turns (ABBA: loraplex, vLLM, vLLM, loraplex,
-and so on for ``rounds``), never both alive at once. Every server run (a "lifetime") does, in
-this order: start to the first adapter answer; the 16 adapter probes; greedy continuations of
-random prompts; an unmeasured warm-up batch; the adapter batch (``requests`` at once over the 16
-adapters); the same prompts on the base model; and, once both sides' capacity is known (from
-the third lifetime on), the zipf trace at a rate common to both (``load`` times the slower
-side's capacity). Peak memory of the server's process tree is sampled throughout.
+Three kinds of server run per ``max_loras`` setting: loraplex (L), vLLM with LoRA enabled (V)
+and vLLM without LoRA (N, the base model at vLLM's best), in ABBA order over the kinds
+(L V N, N V L, ...) for ``rounds`` rounds, never two alive at once. Every L and V server run
+(a "lifetime") does, in this order: start to the first adapter answer; the 16 adapter probes;
+greedy continuations of random prompts; an unmeasured warm-up batch; the adapter batch
+(``requests`` at once over the 16 adapters); the same prompts on the base model; and, once both
+L's and V's capacity is known, the zipf trace at a rate common to both (``load`` times the
+slower one's capacity). An N lifetime does only what it can: start to the first base answer,
+the same warm-up batch on the base model, the base batch. Peak memory of the server's process
+tree is sampled throughout.
 
-The other server is a ``PeerServer``: vLLM (``peer_vllm.VllmServer``) in the benchmark, a
-stand-in in the tests. Summaries and ratios are in ``peer_report``.
+The other servers are ``PeerServer``s: vLLM (``peer.vllm.VllmServer``) in the benchmark,
+stand-ins in the tests. Summaries and ratios are in ``peer.report``.
 """
 
 from __future__ import annotations
@@ -22,11 +25,12 @@ from collections.abc import Callable, Sequence
 from contextlib import AbstractContextManager
 from dataclasses import replace
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Protocol
 
 from loraplex.bench.harness.order import run_order
-from loraplex.bench.harness.process import fresh_run_dir
+from loraplex.bench.peer.assets import PeerAssets
 from loraplex.bench.peer.client import (
+    BatchResult,
     Route,
     Shot,
     ShotShape,
@@ -39,23 +43,22 @@ from loraplex.bench.peer.client import (
 from loraplex.bench.peer.loraplex_side import matched_settings
 from loraplex.bench.peer.memory import RssSampler
 from loraplex.bench.peer.model import Lifetime, PeerBenchConfig, SettingRuns, Workloads
-from loraplex.bench.peer.report import peer_result
 from loraplex.bench.peer.vllm import PeerSettings
 from loraplex.bench.serve.driver import prompt_ids
-from loraplex.demo.manifest import DemoAssets
 
 
 class PeerServer(Protocol):
-    """One side of the comparison: a server it can start, and its names for the models."""
+    """One kind of server in the comparison: one it can start, and its names for the models."""
 
-    label: str  # "loraplex" or "vllm": the side's name in the results
+    label: str  # the kind's name in the results: "loraplex", "vllm", "vllm-nolora"
+    serves_adapters: bool  # False: the base model only (the adapter workloads are skipped)
 
     def serving(self, data_dir: Path) -> AbstractContextManager[str]:
         """Starts the server; yields its base URL once it answers health checks; stops it."""
         ...
 
     def routes(self) -> tuple[Route, ...]:
-        """The server's route to each demo adapter, in manifest order."""
+        """The server's route to each adapter, in route order (none without adapters)."""
         ...
 
     def base_route(self) -> Route:
@@ -67,7 +70,7 @@ def shot_shape(config: PeerBenchConfig, vocab: int) -> ShotShape:
     return ShotShape(config.prompt_tokens, config.output_tokens, vocab)
 
 
-def workloads(assets: DemoAssets, vocab: int, config: PeerBenchConfig) -> Workloads:
+def workloads(assets: PeerAssets, vocab: int, config: PeerBenchConfig) -> Workloads:
     """The probes, greedy prompts and batches of every lifetime (seeded by ``config.seed``)."""
     n = len(assets.adapters)
     probes = tuple((i, a.probe_prompt, a.probe_max_tokens) for i, a in enumerate(assets.adapters))
@@ -78,10 +81,15 @@ def workloads(assets: DemoAssets, vocab: int, config: PeerBenchConfig) -> Worklo
     )
     shape = shot_shape(config, vocab)
     adapter = batch_shots(config.requests, n, shape, f"batch-{config.seed}")
-    base = tuple(Shot(s.t_s, n, s.prompt, s.output_tokens) for s in adapter)
+    base = on_base(adapter, n)
     warmup = batch_shots(config.requests, n, shape, f"warmup-{config.seed}")
     expected = tuple(a.expected_continuation for a in assets.adapters)
     return Workloads(probes, expected, greedy, warmup, adapter, base)
+
+
+def on_base(shots: Sequence[Shot], base_route: int) -> tuple[Shot, ...]:
+    """The same requests, every one on the base model's route."""
+    return tuple(Shot(s.t_s, base_route, s.prompt, s.output_tokens) for s in shots)
 
 
 async def _exercise(
@@ -108,6 +116,21 @@ async def _exercise(
     return Lifetime(server.label, first, tuple(probes), tuple(greedy), adapter, base, traced)
 
 
+async def _exercise_base(
+    url: str, server: PeerServer, plan: Workloads, config: PeerBenchConfig, *, started: float
+) -> Lifetime:
+    """A server without adapters: first base answer, the warm-up on the base, the base batch."""
+    n = len(plan.probes)
+    routes = tuple(server.base_route() for _ in range(n + 1))  # every route index: the base
+    _, prompt, max_tokens = plan.probes[0]
+    deadline = started + config.start_timeout_s
+    ok = await first_answer(url, routes[n], prompt, max_tokens, deadline)
+    first = time.monotonic() - started if ok else None
+    await run_shots(url, routes, on_base(plan.warmup, n), config.request_timeout_s)
+    base = await run_shots(url, routes, plan.base_batch, config.request_timeout_s)
+    return Lifetime(server.label, first, (), (), None, base, None)
+
+
 def run_lifetime(
     server: PeerServer,
     plan: Workloads,
@@ -115,28 +138,34 @@ def run_lifetime(
     config: PeerBenchConfig,
     trace: Sequence[Shot] | None,
 ) -> Lifetime:
-    """Starts ``server``, runs every workload against it, stops it; its memory peak beside."""
+    """Starts ``server``, runs its workloads against it, stops it; its memory peak beside."""
     with RssSampler() as rss:
         started = time.monotonic()  # just before the server's process starts
         with server.serving(data_dir) as url:
-            lifetime = asyncio.run(
-                _exercise(url, server, plan, config, started=started, trace=trace)
-            )
+            if server.serves_adapters:
+                work = _exercise(url, server, plan, config, started=started, trace=trace)
+            else:
+                work = _exercise_base(url, server, plan, config, started=started)
+            lifetime = asyncio.run(work)
     return replace(lifetime, peak_rss_bytes=rss.peak_bytes)
 
 
 def common_rate(lifetimes: Sequence[Lifetime], labels: Sequence[str], load: float) -> float | None:
-    """``load`` times the slower side's capacity (completed adapter-batch requests per second
-    in its first lifetime); None while a side has none, or when one completed nothing."""
-    firsts = [next((lt for lt in lifetimes if lt.label == label), None) for label in labels]
-    if any(lt is None for lt in firsts):
-        return None
-    capacity = min(lt.adapter.completed_per_s for lt in firsts if lt is not None)
+    """``load`` times the slower kind's capacity (completed adapter-batch requests per second
+    in its first lifetime) over the kinds ``labels``; None while one has none, or when one
+    completed nothing."""
+    batches: list[BatchResult] = []
+    for label in labels:
+        first = next((lt for lt in lifetimes if lt.label == label), None)
+        if first is None or first.adapter is None:
+            return None
+        batches.append(first.adapter)
+    capacity = min(batch.completed_per_s for batch in batches)
     return load * capacity if capacity > 0 else None
 
 
 def run_setting(
-    pair: tuple[PeerServer, PeerServer],
+    servers: Sequence[PeerServer],
     settings: PeerSettings,
     plan: Workloads,
     config: PeerBenchConfig,
@@ -144,33 +173,37 @@ def run_setting(
     vocab: int,
     root: Path,
 ) -> SettingRuns:
-    """Every lifetime of one setting in ABBA order; the trace from the third lifetime on."""
-    labels = [server.label for server in pair]
-    if labels[0] == labels[1]:
-        raise ValueError(f"labels {labels} are invalid; expected two different sides")
+    """Every lifetime of one setting in ABBA order over the kinds (loraplex first, then the
+    other server, then, if given, the other server without adapters); the trace once the
+    first two kinds' capacities are known."""
+    labels = [server.label for server in servers]
+    if len(set(labels)) != len(labels) or not 2 <= len(labels) <= 3:
+        raise ValueError(f"labels {labels} are invalid; expected two or three different kinds")
+    if not all(server.serves_adapters for server in servers[:2]):
+        raise ValueError("servers are invalid; expected the first two to serve adapters")
     lifetimes: list[Lifetime] = []
     rate: float | None = None
     trace: tuple[Shot, ...] | None = None
-    for index, (_, member) in enumerate(run_order([2], config.rounds)):
-        if trace is None and index >= 2:
-            rate = common_rate(lifetimes, labels, config.load)
+    for index, (_, member) in enumerate(run_order([len(servers)], config.rounds)):
+        if trace is None:
+            rate = common_rate(lifetimes, labels[:2], config.load)
             if rate is not None:
                 shape, n = shot_shape(config, vocab), len(plan.probes)
                 trace = zipf_trace(rate, config.trace_requests, n, shape, config.seed)
         data_dir = root / f"max-loras-{settings.max_loras}" / f"run-{index}-{labels[member]}"
-        lifetimes.append(run_lifetime(pair[member], plan, data_dir, config, trace))
-    return SettingRuns(settings, (labels[0], labels[1]), tuple(lifetimes), rate, plan.expected)
+        lifetimes.append(run_lifetime(servers[member], plan, data_dir, config, trace))
+    return SettingRuns(settings, tuple(labels), tuple(lifetimes), rate, plan.expected)
 
 
 def run_peer_bench(
     config: PeerBenchConfig,
-    assets: DemoAssets,
-    make_pair: Callable[[PeerSettings, Path], tuple[PeerServer, PeerServer]],
+    assets: PeerAssets,
+    make_servers: Callable[[PeerSettings, Path], Sequence[PeerServer]],
     root: Path,
 ) -> list[SettingRuns]:
-    """Every setting of ``config``; ``make_pair`` builds (loraplex, other) for one setting
-    (given a directory it may prepare files in). Every server's data directory and log stay
-    under ``root``."""
+    """Every setting of ``config``; ``make_servers`` builds (loraplex, other[, other without
+    adapters]) for one setting (given a directory it may prepare files in). Every server's
+    data directory and log stay under ``root``."""
     from loraplex.artifacts.base_model import BaseModelSpec
 
     vocab = BaseModelSpec.from_dir(assets.base_model_dir).vocab_size
@@ -180,34 +213,6 @@ def run_peer_bench(
         settings = matched_settings(
             assets, max_loras, threads=config.threads, vllm_cpu_bind=config.vllm_cpu_bind
         )
-        pair = make_pair(settings, root)
-        results.append(run_setting(pair, settings, plan, config, vocab=vocab, root=root))
+        servers = make_servers(settings, root)
+        results.append(run_setting(servers, settings, plan, config, vocab=vocab, root=root))
     return results
-
-
-def run_against_vllm(config: PeerBenchConfig, python: Path, version: str) -> dict[str, Any]:
-    """The whole benchmark: loraplex against vLLM ``version`` run by ``python``."""
-    from loraplex.bench.peer.loraplex_side import LoraplexServer, prepare_demo_fleet
-    from loraplex.bench.peer.vllm import VllmServer
-    from loraplex.demo.assets import generate_demo_assets
-
-    assets = generate_demo_assets(config.asset_dir / "test-small", preset="small", seed=0)
-
-    def make_pair(settings: PeerSettings, root: Path) -> tuple[PeerServer, PeerServer]:
-        fleet_root = root / f"fleet-{settings.max_loras}"
-        fleet = prepare_demo_fleet(fleet_root, assets, settings.max_lora_rank)
-        ours = LoraplexServer(
-            fleet,
-            assets,
-            settings,
-            queue_deadline_s=config.request_timeout_s,
-            start_timeout_s=config.start_timeout_s,
-        )
-        theirs = VllmServer(python, assets, settings, start_timeout_s=config.start_timeout_s)
-        return ours, theirs
-
-    root = fresh_run_dir(config.logs_dir, time.strftime("%Y%m%dT%H%M%SZ", time.gmtime()))
-    runs = run_peer_bench(config, assets, make_pair, root)
-    result = peer_result(config, runs, f"vllm {version} ({python})")
-    result["logs_dir"] = str(root)
-    return result

@@ -1,4 +1,4 @@
-"""The loraplex side of ``loraplex bench peer``: the demo adapters registered once (same files
+"""The loraplex side of ``loraplex bench peer``: the peer adapters registered once (same files
 as the vLLM side reads), and a real ``loraplex serve`` subprocess per run, started by the same
 machinery as ``bench serve`` (``serve_fleet.serving``) with the comparison's settings.
 
@@ -12,23 +12,48 @@ import secrets
 from contextlib import AbstractContextManager
 from pathlib import Path
 
+from loraplex.bench.peer.assets import PeerAssets
 from loraplex.bench.peer.client import Route
 from loraplex.bench.peer.vllm import PeerSettings
 from loraplex.bench.serve.fleet import Fleet, ServerOptions, serving
-from loraplex.demo.manifest import DemoAssets
+from loraplex.registry import Registry
 from loraplex.residency.policy import DEFAULT_POLICY
 
 ACTOR = "bench-peer"
-# L1 budget: far above the 16 demo adapters' bytes, so every adapter stays in CPU memory, as
-# on the vLLM side (--max-cpu-loras = all of them).
-CPU_ADAPTER_BYTES = 256 << 20
+# L1 budget: far above the 16 adapters' bytes (the large preset's r16 ones: 8 MiB each), so
+# every adapter stays in CPU memory, as on the vLLM side (--max-cpu-loras = all of them).
+CPU_ADAPTER_BYTES = 1 << 30
 
 
-def prepare_demo_fleet(root: Path, assets: DemoAssets, max_lora_rank: int) -> Fleet:
-    """A registry holding every demo revision (with its probe) and one API key per tenant."""
+def _register(registry: Registry, assets: PeerAssets) -> tuple[str, ...]:
+    """Registers the adapters; the tenants that own them. The s2 mix registers the demo set
+    as ``loraplex serve --demo`` does (probes, the core adapters warm): what a user gets."""
+    from loraplex.registry import RegistrationRequest
+    from loraplex.serve.bootstrap import register_demo
+
+    if assets.mix == "s2":
+        return register_demo(registry, assets.demo).tenants
+    tenants = tuple(dict.fromkeys(a.tenant for a in assets.adapters))
+    for tenant in tenants:
+        registry.create_tenant(tenant, ACTOR)
+    for a in assets.adapters:
+        expected = a.expected_continuation
+        request = RegistrationRequest(
+            adapter_dir=a.path,
+            tenant=a.tenant,
+            name=a.name,
+            revision=a.revision,
+            probe_prompt=None if expected is None else a.probe_prompt,
+            expected_continuation=expected,
+        )
+        registry.register(request, ACTOR)
+    return tenants
+
+
+def prepare_fleet(root: Path, assets: PeerAssets, max_lora_rank: int) -> Fleet:
+    """A registry holding every peer adapter and one API key per tenant."""
     from loraplex.artifacts.base_model import BaseModelSpec
     from loraplex.registry import RegistryConfig, open_registry
-    from loraplex.serve.bootstrap import register_demo
 
     base = BaseModelSpec.from_dir(assets.base_model_dir)
     admin = "lpxadmin_" + secrets.token_urlsafe(24)
@@ -36,8 +61,7 @@ def prepare_demo_fleet(root: Path, assets: DemoAssets, max_lora_rank: int) -> Fl
     config = RegistryConfig(root, fleet.database_url, str(fleet.store), None, max_lora_rank)
     registry = open_registry(config, base=base)
     try:
-        state = register_demo(registry, assets)
-        for tenant in state.tenants:
+        for tenant in _register(registry, assets):
             fleet.keys[tenant] = registry.create_key(tenant, ACTOR).token
     finally:
         registry.close()
@@ -45,14 +69,15 @@ def prepare_demo_fleet(root: Path, assets: DemoAssets, max_lora_rank: int) -> Fl
 
 
 class LoraplexServer:
-    """``loraplex serve`` on a prepared demo fleet, with one comparison's settings."""
+    """``loraplex serve`` on a prepared fleet, with one comparison's settings."""
 
     label = "loraplex"
+    serves_adapters = True
 
     def __init__(
         self,
         fleet: Fleet,
-        assets: DemoAssets,
+        assets: PeerAssets,
         settings: PeerSettings,
         *,
         queue_deadline_s: float,
@@ -68,6 +93,7 @@ class LoraplexServer:
             # shed only when the client would give up too: a shed request counts as a failure
             queue_deadline_s=queue_deadline_s,
             torch_threads=settings.threads,
+            max_num_batched_tokens=settings.max_num_batched_tokens,
         )
         self._start_timeout_s = start_timeout_s
 
@@ -75,7 +101,7 @@ class LoraplexServer:
         return serving(self._fleet, data_dir, self._options, self._start_timeout_s)
 
     def routes(self) -> tuple[Route, ...]:
-        """One route per demo adapter, in manifest order."""
+        """One route per adapter, in route order."""
         keys = self._fleet.keys
         return tuple(Route(f"{a.name}@{a.revision}", keys[a.tenant]) for a in self._assets.adapters)
 
@@ -84,23 +110,32 @@ class LoraplexServer:
         return Route(self._assets.base_model_name, self._fleet.keys[tenant])
 
 
-def matched_settings(
-    assets: DemoAssets, max_loras: int, *, threads: int, vllm_cpu_bind: str
-) -> PeerSettings:
-    """The settings both servers run: loraplex's defaults for context length and KV-cache size
-    (``num_kv_blocks`` x ``block_size`` tokens of float32 K and V), which vLLM is given."""
+def kv_cache_bytes(assets: PeerAssets, num_blocks: int, block_size: int) -> int:
+    """loraplex's KV-cache bytes: layers x (K and V) x kv_heads x head_dim x 4 (float32) bytes
+    per token, ``num_blocks`` x ``block_size`` tokens."""
     from loraplex.artifacts.base_model import BaseModelSpec
+
+    base = BaseModelSpec.from_dir(assets.base_model_dir)
+    per_token = base.num_layers * 2 * base.num_kv_heads * base.head_dim * 4
+    return per_token * num_blocks * block_size
+
+
+def matched_settings(
+    assets: PeerAssets, max_loras: int, *, threads: int, vllm_cpu_bind: str
+) -> PeerSettings:
+    """The settings both servers run: loraplex's defaults for context length, step token
+    budget and KV-cache size, which vLLM is given; the smallest max LoRA rank vLLM accepts
+    that fits the adapters, given to both."""
     from loraplex.serve.config import ServeConfig
 
     defaults = ServeConfig(data_dir=Path("unused"))
-    base = BaseModelSpec.from_dir(assets.base_model_dir)
-    per_token = 2 * base.num_layers * base.num_kv_heads * base.head_dim * 4  # K and V, float32
     return PeerSettings(
         max_loras=max_loras,
-        max_lora_rank=defaults.max_lora_rank,
+        max_lora_rank=assets.max_lora_rank,
         max_num_seqs=defaults.max_num_seqs,
         max_model_len=defaults.max_model_len,
-        kv_cache_bytes=defaults.num_kv_blocks * defaults.block_size * per_token,
+        max_num_batched_tokens=defaults.batched_tokens(),
+        kv_cache_bytes=kv_cache_bytes(assets, defaults.num_kv_blocks, defaults.block_size),
         threads=threads,
         vllm_cpu_bind=vllm_cpu_bind,
     )

