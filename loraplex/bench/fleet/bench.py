@@ -2,21 +2,24 @@
 
 One invocation holds one local Ray cluster (``fleet_cluster``) and one registry with every trace
 adapter (``serve_fleet.prepare_fleet``, as ``bench serve`` prepares it). For each trace
-(WORKLOADS.md's ``zipf-longtail`` and ``hot-burst``) and each routing policy, a fresh fleet is
-deployed (``replicas`` engine replicas with small slot pools and fresh caches, so every policy
-starts cold), an unmeasured warm-up of the trace's steady traffic brings it to a steady state
-(``warmup_workload``), the trace is replayed through the ingress's HTTP API (``fleet_drive``),
-the replicas' cache counters and the router's decisions over the replay alone are read, and the
-fleet is deleted.
+(WORKLOADS.md's ``zipf-longtail`` and ``hot-burst``; ``hot-one``) and each routing policy, a
+fresh fleet is deployed (``replicas`` engine replicas with small slot pools and fresh caches, so
+every policy starts cold), an unmeasured warm-up of the trace's steady traffic brings it to a
+steady state (``warmup_workload``), the trace is replayed through the ingress's HTTP API
+(``fleet_drive``), the replicas' cache counters and the router's decisions over the replay alone
+are read, and the fleet is deleted.
 
 Fairness: every policy replays the same trace with the same prompts against the same fleet
 settings, timed by the same client clock; the policies run ``repeats`` times in alternating order
-(ABCD, then DCBA; the next trace starts the other way round) and the repeats are pooled; before
+(ABCD, then DCBA; the next trace starts the other way round) and each figure is the median over
+the repeats, with its min and max (``fleet_repeats``); before
 each run the artifact store's pages are dropped from the OS page cache (``drop_page_cache``).
 
 Trace rate: unless given, ``load`` times the fleet's capacity, measured first on a fleet of its
-own (Ray Serve's default router, adapters resident); the trace length is ``trace_requests`` at
-that rate, so a faster machine runs as many requests at the same utilisation.
+own (Ray Serve's default router, adapters resident), and for ``hot-one`` the rate at which its
+hot revision asks ``hot_load`` replicas' worth (``trace_rates``); the trace length is
+``trace_requests`` at that rate, so a faster machine runs as many requests at the same
+utilisation.
 """
 
 from __future__ import annotations
@@ -51,6 +54,7 @@ from loraplex.bench.serve.fleet import (
 )
 from loraplex.bench.workloads import (
     HOT_BURST_SWEEP_TENANT,
+    HOT_ONE_SHARE,
     ScenarioParams,
     TraceAdapter,
     Workload,
@@ -95,7 +99,7 @@ class FleetBenchConfig:
 
     traces: tuple[str, ...] = TRACES  # from TRACES
     policies: tuple[str, ...] = POLICIES  # routing policies, in forward run order
-    repeats: int = 2  # runs of each policy per trace, order alternating
+    repeats: int = 3  # runs of each policy per trace, order alternating (medians over them)
     replicas: int = 3  # engine replicas per fleet
     max_loras: int = 3  # GPU slots per replica (a small pool: routing decides the hits)
     torch_threads: int = 1  # torch threads per replica
@@ -105,6 +109,8 @@ class FleetBenchConfig:
     warmup_requests: int = 192  # mean requests of the unmeasured warm-up before it (0: none)
     rate: float | None = None  # mean requests per second; None: load x measured capacity
     load: float = 0.5  # trace rate as a fraction of the measured capacity
+    # hot-one: its hot revision's demand in replicas' capacity (measured capacity / replicas)
+    hot_load: float = 1.5
     prompt_tokens: int = 64  # prompt length of every request
     output_tokens: int = 16  # max tokens of every request
     request_timeout_s: float = 30.0  # bound on a request; failures count at it
@@ -121,7 +127,7 @@ class FleetBenchConfig:
         warmup = self.warmup_requests
         if isinstance(warmup, bool) or not isinstance(warmup, int) or warmup < 0:
             raise ValueError(f"warmup_requests {warmup!r} is invalid; expected an int >= 0")
-        for name in ("load", "request_timeout_s"):
+        for name in ("load", "hot_load", "request_timeout_s"):
             if not getattr(self, name) > 0:
                 raise ValueError(f"{name} {getattr(self, name)} is invalid; expected > 0")
         if self.rate is not None and not self.rate > 0:
@@ -191,15 +197,17 @@ def run_fleet_bench(config: FleetBenchConfig) -> dict[str, Any]:
             if config.rate is None:
                 hot = [(a.tenant, a.name) for a in drafts[0].adapters[: config.max_loras]]
                 capacity = _capacity(config, target, hot, drive)
-            rate, duration = _trace_shape(config, median_or_none(capacity))
-            params = config.params(rate, duration)
-            workloads = [generate(name, config.seed, params) for name in config.traces]
-            warmups = {name: warmup_workload(name, config, rate) for name in config.traces}
+            rates = trace_rates(config, median_or_none(capacity))
+            workloads = [
+                generate(name, config.seed, config.params(rate, config.trace_requests / rate))
+                for name, rate in rates.items()
+            ]
+            warmups = {name: warmup_workload(name, config, rate) for name, rate in rates.items()}
             runs, order = _policy_runs(config, target, workloads, warmups, drive)
     metrics = fleet_metrics(runs, config.traces, config.policies, config.request_timeout_s)
     metrics["capacity_rps"] = [round(v, 2) for v in capacity]
-    metrics["trace_rate"] = round(rate, 3)
-    metrics["trace_duration_s"] = round(duration, 2)
+    metrics["trace_rate"] = {name: round(rate, 3) for name, rate in rates.items()}
+    metrics["trace_duration_s"] = {w.name: round(w.duration_s, 2) for w in workloads}
     metrics["run_order"] = order
     return {
         "name": "fleet",
@@ -210,12 +218,23 @@ def run_fleet_bench(config: FleetBenchConfig) -> dict[str, Any]:
     }
 
 
-def _trace_shape(config: FleetBenchConfig, capacity_rps: float | None) -> tuple[float, float]:
-    """(rate, duration_s) of the traces."""
-    rate = config.rate if config.rate is not None else config.load * (capacity_rps or 0.0)
-    if not rate > 0:
+def trace_rates(config: FleetBenchConfig, capacity_rps: float | None) -> dict[str, float]:
+    """Each trace's mean requests per second (its length is ``trace_requests`` at that rate).
+
+    ``rate`` when given, for every trace. Otherwise ``load`` x the measured capacity, except
+    hot-one: its hot revision (``HOT_ONE_SHARE`` of the requests) must ask ``hot_load`` times
+    what one replica serves, taken as the fleet's measured capacity / ``replicas``, so its
+    total rate is ``hot_load`` x capacity / replicas / ``HOT_ONE_SHARE`` (defaults: 1.5 x
+    capacity / 3 / 0.6 = 0.83 x capacity)."""
+    if config.rate is not None:
+        return dict.fromkeys(config.traces, config.rate)
+    capacity = capacity_rps or 0.0
+    if not capacity > 0:
         raise RuntimeError(f"measured capacity {capacity_rps} req/s leaves no trace rate")
-    return rate, config.trace_requests / rate
+    hot_one = config.hot_load * capacity / config.replicas / HOT_ONE_SHARE
+    return {
+        name: hot_one if name == "hot-one" else config.load * capacity for name in config.traces
+    }
 
 
 def warmup_workload(name: str, config: FleetBenchConfig, rate: float) -> Workload | None:

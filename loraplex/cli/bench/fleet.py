@@ -29,14 +29,19 @@ def fleet(
     ] = False,
     traces: Annotated[
         str | None,
-        typer.Option(help="Comma-separated from zipf-longtail,hot-burst (default both)."),
+        typer.Option(
+            help="Comma-separated from zipf-longtail,hot-burst,hot-one (default all three)."
+        ),
     ] = None,
     policies: Annotated[
         str | None,
         typer.Option(help="Routing policies, comma-separated, in forward run order (default all)."),
     ] = None,
     repeats: Annotated[
-        int | None, typer.Option(help="Runs of each policy per trace, order alternating (2).")
+        int | None,
+        typer.Option(
+            help="Runs of each policy per trace, order alternating; medians over them (3)."
+        ),
     ] = None,
     replicas: Annotated[int, typer.Option(help="Engine replicas per fleet.")] = 3,
     max_loras: Annotated[int, typer.Option(help="GPU adapter slots per replica.")] = 3,
@@ -60,6 +65,13 @@ def fleet(
             help="Trace rate as a fraction of the measured capacity (0.5; not with a rate)."
         ),
     ] = None,
+    hot_load: Annotated[
+        float | None,
+        typer.Option(
+            help="hot-one: its hot revision's demand in one replica's capacity (measured "
+            "capacity / replicas; 1.5; not with a rate)."
+        ),
+    ] = None,
     request_timeout_s: RequestTimeoutS = 30.0,
     seed: Annotated[int, typer.Option(help="Workload, prompt, adapter and router seed.")] = 0,
     asset_dir: Annotated[
@@ -67,7 +79,8 @@ def fleet(
     ] = ASSET_DIR,
 ) -> None:
     """Routing policies side by side on a real fleet (Ray Serve, small slot pools): L0 hit
-    ratio, P99 TTFT, cold loads and decisions per policy on zipf-longtail and hot-burst."""
+    ratio, P99 TTFT, cold loads and decisions per policy on zipf-longtail, hot-burst and
+    hot-one (one revision asking more than a replica serves), medians over the repeats."""
     import os
 
     from loraplex.bench.fleet.bench import QUICK_SETTINGS, FleetBenchConfig, run_fleet_bench
@@ -82,12 +95,16 @@ def fleet(
         "warmup_requests": warmup_requests,
         "rate": rate,
         "load": load,
+        "hot_load": hot_load,
     }
     values = {k: v for k, v in given.items() if v is not None}
     if quick:
         values = {**QUICK_SETTINGS, **values}
-    if "rate" in values and load is not None:
-        raise typer.BadParameter("--load sets the rate from the capacity; not with --rate/--quick")
+    for flag, value in (("--load", load), ("--hot-load", hot_load)):
+        if "rate" in values and value is not None:
+            raise typer.BadParameter(
+                f"{flag} sets a rate from the capacity; not with --rate/--quick"
+            )
     if threads is None:
         threads = default_threads_per_replica(max(1, replicas), os.cpu_count())
     with bad_parameter():
