@@ -33,13 +33,13 @@ from loraplex.bench.fleet.report import (
     decisions_since,
     fleet_json_line,
     fleet_metrics,
-    fleet_table,
     imbalance,
     ratio,
     summarize,
     trace_metrics,
     ttft_ms,
 )
+from loraplex.bench.fleet.table import fleet_table
 from loraplex.bench.serve.driver import RequestRecord
 from loraplex.bench.workloads import generate
 from loraplex.cli import app

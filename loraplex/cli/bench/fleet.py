@@ -84,7 +84,8 @@ def fleet(
     import os
 
     from loraplex.bench.fleet.bench import QUICK_SETTINGS, FleetBenchConfig, run_fleet_bench
-    from loraplex.bench.fleet.report import fleet_json_line, fleet_table
+    from loraplex.bench.fleet.report import fleet_json_line
+    from loraplex.bench.fleet.table import fleet_table
     from loraplex.cli.fleet import default_threads_per_replica
 
     given: dict[str, Any] = {
