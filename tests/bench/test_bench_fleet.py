@@ -330,6 +330,8 @@ def test_quick_settings_are_a_valid_config() -> None:
         (["--rate", "2", "--hot-load", "2"], "--hot-load"),  # the rate would ignore it
         (["--quick", "--hot-load", "2"], "--hot-load"),
         (["--traces", "hot-one", "--hot-load", "-1"], "hot_load"),
+        (["--traces", "zipf-longtail", "--hot-load", "2"], "--hot-load"),  # no hot-one: unread
+        (["--traces", "hot-one", "--load", "0.4"], "--load"),  # hot-one's rate ignores it
     ],
 )
 def test_cli_refuses_bad_options_before_running_anything(args: list[str], named: str) -> None:

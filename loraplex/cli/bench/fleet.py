@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Annotated, Any
+from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 
@@ -15,6 +15,11 @@ from loraplex.cli.bench.options import (
     bad_parameter,
     names,
 )
+
+if TYPE_CHECKING:
+    from loraplex.bench.fleet.config import FleetBenchConfig
+
+HOT_ONE = "hot-one"  # the trace whose rate --hot-load sets
 
 
 def fleet(
@@ -101,11 +106,6 @@ def fleet(
     values = {k: v for k, v in given.items() if v is not None}
     if quick:
         values = {**QUICK_SETTINGS, **values}
-    for flag, value in (("--load", load), ("--hot-load", hot_load)):
-        if "rate" in values and value is not None:
-            raise typer.BadParameter(
-                f"{flag} sets a rate from the capacity; not with --rate/--quick"
-            )
     if threads is None:
         threads = default_threads_per_replica(max(1, replicas), os.cpu_count())
     with bad_parameter():
@@ -118,7 +118,24 @@ def fleet(
             seed=seed,
             asset_dir=asset_dir,
         )
+    _refuse_unread_rates(config, load, hot_load)
     result = run_fleet_bench(config)
     if not as_json:
         typer.echo(fleet_table(result))
     typer.echo(fleet_json_line(result))
+
+
+def _refuse_unread_rates(
+    config: FleetBenchConfig, load: float | None, hot_load: float | None
+) -> None:
+    """``--load`` and ``--hot-load`` set trace rates from the measured capacity: refused where
+    no trace would read them (a fixed rate, or no trace of theirs)."""
+    for flag, value in (("--load", load), ("--hot-load", hot_load)):
+        if value is not None and config.rate is not None:
+            raise typer.BadParameter(
+                f"{flag} sets a rate from the capacity; not with --rate/--quick"
+            )
+    if hot_load is not None and HOT_ONE not in config.traces:
+        raise typer.BadParameter("--hot-load sets hot-one's rate; hot-one is not among --traces")
+    if load is not None and set(config.traces) <= {HOT_ONE}:
+        raise typer.BadParameter("--load sets the rate of traces other than hot-one; none runs")
