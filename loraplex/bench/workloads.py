@@ -135,6 +135,29 @@ def hot_burst(seed: int, p: ScenarioParams) -> Workload:
     return _workload("hot-burst", seed, p, (*hot, *cold), picks)
 
 
+HOT_ONE_SHARE = 0.6  # hot-one's hot revision: this share of the requests
+HOT_ONE_TENANT = "hot"  # the tenant owning hot-one's hot revision
+HOT_ONE_TAIL_TENANT = "tail"  # the tenant owning hot-one's Zipf tail
+
+
+def hot_one(seed: int, p: ScenarioParams) -> Workload:
+    """One hot revision carries ``HOT_ONE_SHARE`` (60 %) of the requests; the rest is zipf(1.0)
+    over ``num_adapters - 1`` tail adapters of another tenant (S2 ranks); Gamma arrivals. The
+    case where one revision's demand exceeds a replica (bench fleet sets the rate so that it
+    does): a router must spread it, pure affinity keeps it on its one holder."""
+    if p.num_adapters < 2:
+        raise ValueError(f"num_adapters {p.num_adapters} is invalid; hot-one expects >= 2")
+    rng = random.Random(seed)
+    (hot,) = make_adapters(HOT_ONE_TENANT, "hot", 1, S2_RANKS)
+    tail = make_adapters(HOT_ONE_TAIL_TENANT, "ad", p.num_adapters - 1, S2_RANKS)
+    weights = zipf_weights(len(tail), 1.0)
+    picks = [
+        (t, hot if rng.random() < HOT_ONE_SHARE else rng.choices(tail, weights)[0])
+        for t in gamma_arrivals(rng, p.rate, p.cv, p.duration_s)
+    ]
+    return _workload("hot-one", seed, p, (hot, *tail), picks)
+
+
 def zipf_longtail(seed: int, p: ScenarioParams, s: float = 1.0) -> Workload:
     """``num_adapters`` adapters (S2 ranks), zipf(s) popularity, Gamma arrivals."""
     rng = random.Random(seed)
@@ -186,6 +209,7 @@ def uniform(seed: int, p: ScenarioParams) -> Workload:
 
 SCENARIOS: dict[str, Callable[[int, ScenarioParams], Workload]] = {
     "hot-burst": hot_burst,
+    "hot-one": hot_one,
     "zipf-longtail": zipf_longtail,
     "drift": drift,
     "cold-storm": cold_storm,

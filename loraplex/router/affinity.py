@@ -8,7 +8,8 @@
    score = residency weight − load penalty; a replica that merged it into its base weights
    gets ``weight_merged`` on top of L0, reason ``merged``);
 4. saturated: some replica holds it but all such are saturated — load wins: the least loaded
-   unsaturated replica (it becomes a new holder);
+   unsaturated replica (it becomes a new holder, so a revision past one replica's capacity
+   spreads); when every replica is saturated, the best score over all of them;
 5. placement: resident nowhere — the best unsaturated replica of its rendezvous set (widened
    while the whole set is saturated, narrowed with hysteresis).
 
@@ -126,7 +127,12 @@ class AffinityUntilSaturatedPolicy:
             best = min(holders, key=lambda v: (-score(v, key, config), v.replica_id))
             return best, _hit_reason(best, key)
         if any(v.tier_of(key) > Tier.ABSENT for v in known):
-            return _least_loaded(open_ or known, config), Reason.SATURATED
+            if open_:
+                return _least_loaded(open_, config), Reason.SATURATED
+            # Every replica is saturated: no move buys capacity, and the least loaded one would
+            # take a load and evict for it, so the score (residency minus load) decides.
+            best = min(known, key=lambda v: (-score(v, key, config), v.replica_id))
+            return best, Reason.SATURATED
         return self._place(key, known)
 
     def _place(self, key: str, known: list[ReplicaView]) -> tuple[ReplicaView, Reason]:

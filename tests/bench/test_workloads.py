@@ -35,6 +35,27 @@ def test_hot_burst_shape() -> None:
     assert set(uses.values()) <= {1, 2, 3}
 
 
+def test_hot_one_shape() -> None:
+    wl = w.generate("hot-one", 0, SMALL)
+    hot = [r for r in wl.requests if r.tenant == w.HOT_ONE_TENANT]
+    tail = Counter(r.adapter for r in wl.requests if r.tenant == w.HOT_ONE_TAIL_TENANT)
+    assert {r.adapter for r in hot} == {"hot0000"}  # one revision
+    assert len(hot) + sum(tail.values()) == len(wl.requests)
+    assert len(hot) / len(wl.requests) == pytest.approx(w.HOT_ONE_SHARE, abs=0.02)
+    assert len(wl.requests) / SMALL.duration_s == pytest.approx(SMALL.rate, rel=0.05)
+    # The tail: zipf over the other num_adapters - 1 adapters, the first far above the 20th.
+    assert len(wl.adapters) == SMALL.num_adapters and wl.adapters[0].name == "hot0000"
+    ranked = tail.most_common()
+    assert ranked[0][0] == "ad0000" and ranked[0][1] > 5 * ranked[20][1]
+    # Hot and tail requests interleave throughout the run (no phases).
+    for start in (0.0, 100.0):
+        window = [r for r in wl.requests if start <= r.t_s < start + 100.0]
+        share = sum(r.tenant == w.HOT_ONE_TENANT for r in window) / len(window)
+        assert share == pytest.approx(w.HOT_ONE_SHARE, abs=0.04)
+    with pytest.raises(ValueError, match="num_adapters"):
+        w.generate("hot-one", 0, w.ScenarioParams(num_adapters=1))
+
+
 def test_zipf_popularity_is_skewed_and_drift_rotates() -> None:
     wl = w.generate("zipf-longtail", 0, SMALL)
     counts = Counter(r.adapter for r in wl.requests).most_common()

@@ -85,11 +85,21 @@ def test_an_unsaturated_holder_beats_an_idle_non_holder() -> None:
     assert (decision.replica_id, decision.reason) == ("holder", Reason.DISK_HIT)
 
 
-def test_every_replica_saturated_goes_to_the_least_loaded() -> None:
+def test_every_replica_saturated_lets_the_score_decide() -> None:
+    # No replica has room: moving the revision buys no capacity and costs a load (and an
+    # eviction) where it lands, so residency minus load decides, as it does below saturation.
     router, _ = make_router()
     fleet = {"a": report("a", l0=[A], queued=20), "b": report("b", queued=9)}
     decision = router.choose(req(), fleet)
-    assert (decision.replica_id, decision.reason) == ("b", Reason.SATURATED)
+    assert (decision.replica_id, decision.reason) == ("a", Reason.SATURATED)
+    # Load still counts: 25 more waiting requests (4 each) outweigh GPU residency (100).
+    router, _ = make_router()
+    fleet = {"a": report("a", l0=[A], queued=35), "b": report("b", queued=9)}
+    assert router.choose(req(), fleet).replica_id == "b"
+    # With an unsaturated replica, load wins outright (rule 4): it becomes a new holder.
+    router, _ = make_router()
+    fleet = {"a": report("a", l0=[A], queued=20), "b": report("b", queued=7)}
+    assert router.choose(req(), fleet).replica_id == "b"
 
 
 def test_session_sticks_while_unsaturated_and_moves_when_saturated() -> None:

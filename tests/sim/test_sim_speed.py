@@ -5,7 +5,12 @@ gave (commit ba7c122, recorded with ``sim_golden.CASES``).
 Recorded again when ``SimConfig`` gained ``step_work_ratio`` (the engine's per-step work share,
 ``engine/sched/step_share.py``): every result now carries that field; with it 0 (off) the
 ``hot-classes-shared-cpu`` result was compared field for field with the one recorded at ba7c122
-and was the same but for the new field. The hashes below are with the default (1.0)."""
+and was the same but for the new field. The hashes below are with the default (1.0).
+
+Recorded again for ``hot-fleet`` and ``scale-8`` (the fleet cases) when the router's rule 4
+changed (every replica saturated: the score decides, not the least loaded replica;
+docs/router.md): they route differently now (L0 hit ratio 0.4817 -> 0.5138 and 0.488 -> 0.544,
+P99 TTFT 63.6 -> 58.3 and 58.0 -> 58.2 ms); the single-replica cases are unchanged."""
 
 from __future__ import annotations
 
@@ -19,11 +24,11 @@ from loraplex.sim.scale import synthetic_trace
 
 RECORDED = {
     "zipf-single": "d1e7489150fdffbac54caf41aa944301818f3b60c844e4c7d72b1949090d695b",
-    "hot-fleet": "f94085cbf8ddc2c0efc9ebf3f5f58b444a765e2e2f6b7486a31557aa0977bddd",
+    "hot-fleet": "c8fd5e38e9165592a5d6d17bf1332399598a1339be83572b4a22d4e97209b69d",
     "cold-scarce": "6f53964a6f04fcca45c07fa2e9fe5250d7f762682074efa029bef4f8c7390f7c",
     "hot-classes-shared-cpu": "d33bd3299a49e6f4408c44c088d5ce9d5b978aaec87eef8995c6118bae05b382",
     "zipf-tight-kv": "6e48815b8e5f68a965223808619e1437e62283da017c8fae39c9ff26bab5f3d4",
-    "scale-8": "f540d029e8ccdcafd0b9f64c855f14e57142f335e068653b21852f90838e46c1",
+    "scale-8": "a573727330b072ed6e5ad88891707d006e370885dbd8885a454f1f75098725bf",
 }
 
 

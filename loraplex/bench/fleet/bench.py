@@ -2,21 +2,24 @@
 
 One invocation holds one local Ray cluster (``fleet_cluster``) and one registry with every trace
 adapter (``serve_fleet.prepare_fleet``, as ``bench serve`` prepares it). For each trace
-(WORKLOADS.md's ``zipf-longtail`` and ``hot-burst``) and each routing policy, a fresh fleet is
-deployed (``replicas`` engine replicas with small slot pools and fresh caches, so every policy
-starts cold), an unmeasured warm-up of the trace's steady traffic brings it to a steady state
-(``warmup_workload``), the trace is replayed through the ingress's HTTP API (``fleet_drive``),
-the replicas' cache counters and the router's decisions over the replay alone are read, and the
-fleet is deleted.
+(WORKLOADS.md's ``zipf-longtail`` and ``hot-burst``; ``hot-one``) and each routing policy, a
+fresh fleet is deployed (``replicas`` engine replicas with small slot pools and fresh caches, so
+every policy starts cold), an unmeasured warm-up of the trace's steady traffic brings it to a
+steady state (``warmup_workload``), the trace is replayed through the ingress's HTTP API
+(``fleet_drive``), the replicas' cache counters and the router's decisions over the replay alone
+are read, and the fleet is deleted.
 
 Fairness: every policy replays the same trace with the same prompts against the same fleet
 settings, timed by the same client clock; the policies run ``repeats`` times in alternating order
-(ABCD, then DCBA; the next trace starts the other way round) and the repeats are pooled; before
+(ABCD, then DCBA; the next trace starts the other way round) and each figure is the median over
+the repeats, with its min and max (``fleet_repeats``); before
 each run the artifact store's pages are dropped from the OS page cache (``drop_page_cache``).
 
 Trace rate: unless given, ``load`` times the fleet's capacity, measured first on a fleet of its
-own (Ray Serve's default router, adapters resident); the trace length is ``trace_requests`` at
-that rate, so a faster machine runs as many requests at the same utilisation.
+own (Ray Serve's default router, adapters resident), and for ``hot-one`` the rate at which its
+hot revision asks ``hot_load`` replicas' worth (``trace_rates``); the trace length is
+``trace_requests`` at that rate, so a faster machine runs as many requests at the same
+utilisation.
 """
 
 from __future__ import annotations
@@ -25,14 +28,18 @@ import asyncio
 import tempfile
 import time
 from collections.abc import Iterable, Mapping
-from dataclasses import asdict, dataclass, replace
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
+from loraplex.bench.fleet.config import (
+    MAX_LORA_RANK,
+    QUICK_SETTINGS,
+    FleetBenchConfig,
+    trace_rates,
+)
 from loraplex.bench.fleet.drive import capacity_batch, measure_capacity, median_or_none, replay
 from loraplex.bench.fleet.report import (
-    POLICIES,
-    TRACES,
     PolicyRun,
     ReplicaCounters,
     counters_since,
@@ -49,108 +56,14 @@ from loraplex.bench.serve.fleet import (
     prepare_fleet,
     serve_values,
 )
-from loraplex.bench.workloads import (
-    HOT_BURST_SWEEP_TENANT,
-    ScenarioParams,
-    TraceAdapter,
-    Workload,
-    generate,
-)
+from loraplex.bench.workloads import HOT_BURST_SWEEP_TENANT, TraceAdapter, Workload, generate
 from loraplex.fleet.settings import FleetSettings
 from loraplex.residency.policy import DEFAULT_POLICY as EVICTION_POLICY
-from loraplex.router.router import policy_names
 from loraplex.serve.config import merge
 
-MAX_LORA_RANK = 64  # the S2 ranks' largest
+__all__ = ["QUICK_SETTINGS", "FleetBenchConfig", "run_fleet_bench", "run_plan", "trace_rates"]
 CAPACITY_POLICY = "pow2"  # Ray Serve's default router measures the capacity
 RAY_CPUS = 1  # logical CPUs of the cluster: every deployment asks for 0, Ray prestarts fewer
-# ``--quick``: a smoke run of two policies on one short trace at a fixed rate (no capacity
-# measurement); settings given explicitly win over these.
-QUICK_SETTINGS: dict[str, Any] = {
-    "traces": ("zipf-longtail",),
-    "policies": ("pow2", "affinity_until_saturated"),
-    "repeats": 1,
-    "trace_requests": 32,
-    "warmup_requests": 16,
-    "rate": 3.0,
-}
-_POSITIVE_INTS = (
-    "repeats",
-    "replicas",
-    "max_loras",
-    "torch_threads",
-    "cpu_adapter_bytes",
-    "num_adapters",
-    "trace_requests",
-    "prompt_tokens",
-    "output_tokens",
-    "capacity_requests",
-    "capacity_rounds",
-)
-
-
-@dataclass(frozen=True)
-class FleetBenchConfig:
-    """What one ``bench fleet`` invocation does."""
-
-    traces: tuple[str, ...] = TRACES  # from TRACES
-    policies: tuple[str, ...] = POLICIES  # routing policies, in forward run order
-    repeats: int = 2  # runs of each policy per trace, order alternating
-    replicas: int = 3  # engine replicas per fleet
-    max_loras: int = 3  # GPU slots per replica (a small pool: routing decides the hits)
-    torch_threads: int = 1  # torch threads per replica
-    cpu_adapter_bytes: int = 64 << 20  # L1 budget per replica
-    num_adapters: int = 64  # zipf-longtail's population
-    trace_requests: int = 192  # mean requests of a trace (sets its duration at the rate)
-    warmup_requests: int = 192  # mean requests of the unmeasured warm-up before it (0: none)
-    rate: float | None = None  # mean requests per second; None: load x measured capacity
-    load: float = 0.5  # trace rate as a fraction of the measured capacity
-    prompt_tokens: int = 64  # prompt length of every request
-    output_tokens: int = 16  # max tokens of every request
-    request_timeout_s: float = 30.0  # bound on a request; failures count at it
-    capacity_requests: int = 96  # requests of one capacity burst
-    capacity_rounds: int = 2  # measured capacity bursts (the median counts)
-    seed: int = 0  # workload, prompt, adapter-weight and router seed
-    asset_dir: Path = Path(".loraplex-assets")  # the demo base model is <dir>/test-small
-
-    def __post_init__(self) -> None:
-        for name in _POSITIVE_INTS:
-            value = getattr(self, name)
-            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-                raise ValueError(f"{name} {value!r} is invalid; expected an int >= 1")
-        warmup = self.warmup_requests
-        if isinstance(warmup, bool) or not isinstance(warmup, int) or warmup < 0:
-            raise ValueError(f"warmup_requests {warmup!r} is invalid; expected an int >= 0")
-        for name in ("load", "request_timeout_s"):
-            if not getattr(self, name) > 0:
-                raise ValueError(f"{name} {getattr(self, name)} is invalid; expected > 0")
-        if self.rate is not None and not self.rate > 0:
-            raise ValueError(f"rate {self.rate} is invalid; expected > 0 or None (measured)")
-        _check_names("traces", self.traces, TRACES)
-        _check_names("policies", self.policies, policy_names())
-
-    def params(self, rate: float, duration_s: float) -> ScenarioParams:
-        return ScenarioParams(
-            duration_s=duration_s,
-            rate=rate,
-            prompt_tokens=self.prompt_tokens,
-            output_tokens=self.output_tokens,
-            num_adapters=self.num_adapters,
-        )
-
-    def plain(self) -> dict[str, Any]:
-        """The settings as JSON values."""
-        values = asdict(self)
-        values["asset_dir"] = str(self.asset_dir)
-        return {**values, "eviction_policy": EVICTION_POLICY, "max_lora_rank": MAX_LORA_RANK}
-
-
-def _check_names(field_name: str, names: tuple[str, ...], known: tuple[str, ...]) -> None:
-    unknown = [n for n in names if n not in known]
-    if not names or unknown or len(set(names)) != len(names):
-        raise ValueError(
-            f"{field_name} {list(names)} is invalid; expected distinct names from {list(known)}"
-        )
 
 
 @dataclass(frozen=True)
@@ -191,15 +104,17 @@ def run_fleet_bench(config: FleetBenchConfig) -> dict[str, Any]:
             if config.rate is None:
                 hot = [(a.tenant, a.name) for a in drafts[0].adapters[: config.max_loras]]
                 capacity = _capacity(config, target, hot, drive)
-            rate, duration = _trace_shape(config, median_or_none(capacity))
-            params = config.params(rate, duration)
-            workloads = [generate(name, config.seed, params) for name in config.traces]
-            warmups = {name: warmup_workload(name, config, rate) for name in config.traces}
+            rates = trace_rates(config, median_or_none(capacity))
+            workloads = [
+                generate(name, config.seed, config.params(rate, config.trace_requests / rate))
+                for name, rate in rates.items()
+            ]
+            warmups = {name: warmup_workload(name, config, rate) for name, rate in rates.items()}
             runs, order = _policy_runs(config, target, workloads, warmups, drive)
     metrics = fleet_metrics(runs, config.traces, config.policies, config.request_timeout_s)
     metrics["capacity_rps"] = [round(v, 2) for v in capacity]
-    metrics["trace_rate"] = round(rate, 3)
-    metrics["trace_duration_s"] = round(duration, 2)
+    metrics["trace_rate"] = {name: round(rate, 3) for name, rate in rates.items()}
+    metrics["trace_duration_s"] = {w.name: round(w.duration_s, 2) for w in workloads}
     metrics["run_order"] = order
     return {
         "name": "fleet",
@@ -208,14 +123,6 @@ def run_fleet_bench(config: FleetBenchConfig) -> dict[str, Any]:
         "metrics": metrics,
         "runs": runs,
     }
-
-
-def _trace_shape(config: FleetBenchConfig, capacity_rps: float | None) -> tuple[float, float]:
-    """(rate, duration_s) of the traces."""
-    rate = config.rate if config.rate is not None else config.load * (capacity_rps or 0.0)
-    if not rate > 0:
-        raise RuntimeError(f"measured capacity {capacity_rps} req/s leaves no trace rate")
-    return rate, config.trace_requests / rate
 
 
 def warmup_workload(name: str, config: FleetBenchConfig, rate: float) -> Workload | None:

@@ -16,6 +16,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from loraplex.bench.fleet.repeats import Spread, aggregate, median_of, spread_of
 from loraplex.bench.harness.stats import ratio
 from loraplex.bench.serve.driver import RequestRecord
 from loraplex.bench.serve.summary import ttft_or_timeout
@@ -25,7 +26,7 @@ from loraplex.router.router import DEFAULT_POLICY
 
 # Every policy in the order of a forward run (ABCD); odd repeats run it backwards.
 POLICIES = ("pow2", "ray_multiplex", "affinity", DEFAULT_POLICY)
-TRACES = ("zipf-longtail", "hot-burst")
+TRACES = ("zipf-longtail", "hot-burst", "hot-one")
 
 
 @dataclass(frozen=True)
@@ -119,34 +120,60 @@ def imbalance(replicas: Sequence[ReplicaCounters]) -> float | None:
     return ratio(max(counts, default=0), statistics.fmean(counts) if counts else None)
 
 
-def summarize(runs: Sequence[PolicyRun], timeout_s: float) -> dict[str, Any]:
-    """One policy on one trace, its repeats pooled: requests and counters summed, percentiles
-    over every request of every repeat, ``imbalance`` the mean of the repeats'."""
-    records = [r for run in runs for r in run.records]
-    counters = [c for run in runs for c in run.replicas]
-    acquires = sum(c.acquires for c in counters)
-    l0_hits = sum(c.l0_hits for c in counters)
-    l0_loads = sum(c.l0_loads for c in counters)
-    decisions: Counter[str] = Counter()
-    for run in runs:
-        decisions.update(run.decisions)
-    spreads = [s for s in (imbalance(run.replicas) for run in runs) if s is not None]
-    completed = sum(r.ok for r in records)
-    per_1k = ratio(1000 * l0_loads, len(records), 1)
+def repeat_figures(run: PolicyRun, timeout_s: float) -> dict[str, Any]:
+    """One repeat's figures: its requests, counters and decisions; TTFT percentiles over every
+    request (failures at the timeout)."""
+    acquires = sum(c.acquires for c in run.replicas)
+    l0_hits = sum(c.l0_hits for c in run.replicas)
+    l0_loads = sum(c.l0_loads for c in run.replicas)
+    completed = sum(r.ok for r in run.records)
     return {
-        "runs": len(runs),
-        "requests": len(records),
+        "requests": len(run.records),
         "completed": completed,
-        "completed_ratio": ratio(completed, len(records), 4),
-        "ttft_ms": ttft_ms(records, timeout_s),
+        "completed_ratio": ratio(completed, len(run.records), 4),
+        "ttft_ms": ttft_ms(run.records, timeout_s),
         "l0_hit_ratio": ratio(l0_hits, acquires, 4),
-        "cold_loads_per_1k_requests": per_1k,
+        "cold_loads_per_1k_requests": ratio(1000 * l0_loads, len(run.records), 1),
         "acquires": acquires,
         "l0_hits": l0_hits,
         "l0_loads": l0_loads,
-        "imbalance": round(statistics.fmean(spreads), 3) if spreads else None,
-        "decisions": dict(sorted(decisions.items())),
+        "imbalance": imbalance(run.replicas),
     }
+
+
+# Figures given as the median over the repeats (with their spread); the counts are summed.
+MEDIAN_FIGURES = (
+    "completed_ratio",
+    "ttft_ms",
+    "l0_hit_ratio",
+    "cold_loads_per_1k_requests",
+    "imbalance",
+)
+SUMMED_COUNTS = ("requests", "completed", "acquires", "l0_hits", "l0_loads")
+
+
+def summarize(runs: Sequence[PolicyRun], timeout_s: float) -> dict[str, Any]:
+    """One policy on one trace over its repeats (``policy_summary``)."""
+    figures = [repeat_figures(run, timeout_s) for run in runs]
+    return policy_summary(figures, summed_decisions(runs))
+
+
+def summed_decisions(runs: Sequence[PolicyRun]) -> dict[str, int]:
+    """Routing decisions by reason, summed over ``runs``, reasons sorted."""
+    decisions: Counter[str] = Counter()
+    for run in runs:
+        decisions.update(run.decisions)
+    return dict(sorted(decisions.items()))
+
+
+def policy_summary(
+    figures: Sequence[Mapping[str, Any]], decisions: Mapping[str, int]
+) -> dict[str, Any]:
+    """One policy's repeats (``repeat_figures`` each): every rate, ratio and percentile the
+    median of the repeats' (``spread``: their [min, max]), counts and ``decisions`` summed."""
+    counts = {k: sum(f[k] for f in figures) for k in SUMMED_COUNTS}
+    medians = aggregate(figures, MEDIAN_FIGURES)
+    return {"runs": len(figures), **counts, **medians, "decisions": dict(decisions)}
 
 
 def _figure(summary: Mapping[str, Any] | None, figure: str) -> float | None:
@@ -156,18 +183,42 @@ def _figure(summary: Mapping[str, Any] | None, figure: str) -> float | None:
     return None if value is None else float(value)
 
 
-def trace_metrics(summaries: Mapping[str, Mapping[str, Any]]) -> dict[str, Any]:
-    """One trace's headline ratios (None where a policy did not run or a side is undefined),
-    then each policy's completed ratio and cold loads, then every policy's figures."""
+def headline_repeats(
+    figures: Mapping[str, Sequence[Mapping[str, Any]]], h: Headline
+) -> list[float | None]:
+    """``h``'s ratio per repeat: repeat k of ``h.over`` over repeat k of ``h.under``; [None]
+    when a side did not run or the two ran a different number of times."""
+    over, under = figures.get(h.over, ()), figures.get(h.under, ())
+    if not over or len(over) != len(under):
+        return [None]
+    return [
+        ratio(_figure(a, h.figure), _figure(b, h.figure)) for a, b in zip(over, under, strict=True)
+    ]
+
+
+def trace_metrics(
+    figures: Mapping[str, Sequence[Mapping[str, Any]]],
+    decisions: Mapping[str, Mapping[str, int]] | None = None,
+) -> dict[str, Any]:
+    """One trace from each policy's ``repeat_figures`` (in run order) and its decisions by
+    reason: the headline ratios (the median of the per-repeat ratios; None where a side did not
+    run or is undefined), their ``spread`` and ``per_repeat`` values, each policy's completed
+    ratio and cold loads, then every policy's ``policy_summary``."""
     out: dict[str, Any] = {}
+    spreads: dict[str, Spread | None] = {}
+    per_repeat: dict[str, list[float | None]] = {}
     for h in HEADLINES:
-        over, under = summaries.get(h.over), summaries.get(h.under)
-        out[h.name] = ratio(_figure(over, h.figure), _figure(under, h.figure))
+        values = headline_repeats(figures, h)
+        out[h.name] = median_of(values, 3)
+        spreads[h.name], per_repeat[h.name] = spread_of(values), values
+    out["spread"], out["per_repeat"] = spreads, per_repeat
+    decided = decisions or {}
+    summaries = {p: policy_summary(f, decided.get(p, {})) for p, f in figures.items()}
     out["completed_ratio"] = {p: s["completed_ratio"] for p, s in summaries.items()}
     out["cold_loads_per_1k_requests"] = {
         p: s["cold_loads_per_1k_requests"] for p, s in summaries.items()
     }
-    out["policies"] = {p: dict(s) for p, s in summaries.items()}
+    out["policies"] = summaries
     return out
 
 
@@ -177,12 +228,13 @@ def fleet_metrics(
     """Every trace's ``trace_metrics``, policies in ``policies`` order."""
     out: dict[str, Any] = {}
     for trace in traces:
-        summaries = {}
+        figures, decisions = {}, {}
         for policy in policies:
             mine = [r for r in runs if r.trace == trace and r.policy == policy]
             if mine:
-                summaries[policy] = summarize(mine, timeout_s)
-        out[trace] = trace_metrics(summaries)
+                figures[policy] = [repeat_figures(r, timeout_s) for r in mine]
+                decisions[policy] = summed_decisions(mine)
+        out[trace] = trace_metrics(figures, decisions)
     return out
 
 
@@ -190,59 +242,3 @@ def fleet_json_line(result: Mapping[str, Any]) -> str:
     """The one JSON line: name, config, seed, metrics (no NaN: undefined values are null)."""
     line = {k: result[k] for k in ("name", "config", "seed", "metrics")}
     return json.dumps(line, allow_nan=False)
-
-
-def _cell(value: object) -> str:
-    if value is None:
-        return "null"
-    if isinstance(value, float):
-        return f"{value:g}"
-    return str(value)
-
-
-_COLUMNS = (
-    ("policy", 26),
-    ("L0 hit", 7),
-    ("p50 ms", 9),
-    ("p99 ms", 9),
-    ("done", 7),
-    ("cold/1k", 8),
-    ("imbal.", 7),
-)
-
-
-def _row(cells: Sequence[str]) -> str:
-    """The first cell left-aligned, the others right-aligned, in ``_COLUMNS``' widths."""
-    widths = [w for _, w in _COLUMNS]
-    first = f"{cells[0]:<{widths[0]}}"
-    return " ".join([first, *(f"{c:>{w}}" for c, w in zip(cells[1:], widths[1:], strict=True))])
-
-
-def fleet_table(result: Mapping[str, Any]) -> str:
-    """The human summary: per trace, one row per policy, then the headline ratios."""
-    lines = []
-    metrics = result["metrics"]
-    for trace in result["config"]["traces"]:
-        lines.append(f"{trace}:")
-        lines.append("  " + _row([name for name, _ in _COLUMNS]))
-        for policy, s in metrics[trace]["policies"].items():
-            ttft = s["ttft_ms"]
-            cells = (
-                policy,
-                s["l0_hit_ratio"],
-                ttft["p50"],
-                ttft["p99"],
-                s["completed_ratio"],
-                s["cold_loads_per_1k_requests"],
-                s["imbalance"],
-            )
-            lines.append("  " + _row([_cell(c) for c in cells]))
-        for h in HEADLINES:
-            value = _cell(metrics[trace][h.name])
-            lines.append(f"  {h.name:<32} {value:>8}   (issue's target {h.target})")
-        for policy, s in metrics[trace]["policies"].items():
-            reasons = ", ".join(f"{k} {v}" for k, v in s["decisions"].items()) or "none"
-            lines.append(f"  decisions {policy}: {reasons}")
-    extra = {k: v for k, v in metrics.items() if k not in result["config"]["traces"]}
-    lines += [f"{k}: {_cell(v)}" for k, v in extra.items()]
-    return "\n".join(lines)

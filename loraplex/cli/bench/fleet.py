@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Annotated, Any
+from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 
@@ -15,6 +15,11 @@ from loraplex.cli.bench.options import (
     bad_parameter,
     names,
 )
+
+if TYPE_CHECKING:
+    from loraplex.bench.fleet.config import FleetBenchConfig
+
+HOT_ONE = "hot-one"  # the trace whose rate --hot-load sets
 
 
 def fleet(
@@ -29,14 +34,19 @@ def fleet(
     ] = False,
     traces: Annotated[
         str | None,
-        typer.Option(help="Comma-separated from zipf-longtail,hot-burst (default both)."),
+        typer.Option(
+            help="Comma-separated from zipf-longtail,hot-burst,hot-one (default all three)."
+        ),
     ] = None,
     policies: Annotated[
         str | None,
         typer.Option(help="Routing policies, comma-separated, in forward run order (default all)."),
     ] = None,
     repeats: Annotated[
-        int | None, typer.Option(help="Runs of each policy per trace, order alternating (2).")
+        int | None,
+        typer.Option(
+            help="Runs of each policy per trace, order alternating; medians over them (3)."
+        ),
     ] = None,
     replicas: Annotated[int, typer.Option(help="Engine replicas per fleet.")] = 3,
     max_loras: Annotated[int, typer.Option(help="GPU adapter slots per replica.")] = 3,
@@ -60,6 +70,13 @@ def fleet(
             help="Trace rate as a fraction of the measured capacity (0.5; not with a rate)."
         ),
     ] = None,
+    hot_load: Annotated[
+        float | None,
+        typer.Option(
+            help="hot-one: its hot revision's demand in one replica's capacity (measured "
+            "capacity / replicas; 1.5; not with a rate)."
+        ),
+    ] = None,
     request_timeout_s: RequestTimeoutS = 30.0,
     seed: Annotated[int, typer.Option(help="Workload, prompt, adapter and router seed.")] = 0,
     asset_dir: Annotated[
@@ -67,11 +84,13 @@ def fleet(
     ] = ASSET_DIR,
 ) -> None:
     """Routing policies side by side on a real fleet (Ray Serve, small slot pools): L0 hit
-    ratio, P99 TTFT, cold loads and decisions per policy on zipf-longtail and hot-burst."""
+    ratio, P99 TTFT, cold loads and decisions per policy on zipf-longtail, hot-burst and
+    hot-one (one revision asking more than a replica serves), medians over the repeats."""
     import os
 
     from loraplex.bench.fleet.bench import QUICK_SETTINGS, FleetBenchConfig, run_fleet_bench
-    from loraplex.bench.fleet.report import fleet_json_line, fleet_table
+    from loraplex.bench.fleet.report import fleet_json_line
+    from loraplex.bench.fleet.table import fleet_table
     from loraplex.cli.fleet import default_threads_per_replica
 
     given: dict[str, Any] = {
@@ -82,12 +101,11 @@ def fleet(
         "warmup_requests": warmup_requests,
         "rate": rate,
         "load": load,
+        "hot_load": hot_load,
     }
     values = {k: v for k, v in given.items() if v is not None}
     if quick:
         values = {**QUICK_SETTINGS, **values}
-    if "rate" in values and load is not None:
-        raise typer.BadParameter("--load sets the rate from the capacity; not with --rate/--quick")
     if threads is None:
         threads = default_threads_per_replica(max(1, replicas), os.cpu_count())
     with bad_parameter():
@@ -100,7 +118,24 @@ def fleet(
             seed=seed,
             asset_dir=asset_dir,
         )
+    _refuse_unread_rates(config, load, hot_load)
     result = run_fleet_bench(config)
     if not as_json:
         typer.echo(fleet_table(result))
     typer.echo(fleet_json_line(result))
+
+
+def _refuse_unread_rates(
+    config: FleetBenchConfig, load: float | None, hot_load: float | None
+) -> None:
+    """``--load`` and ``--hot-load`` set trace rates from the measured capacity: refused where
+    no trace would read them (a fixed rate, or no trace of theirs)."""
+    for flag, value in (("--load", load), ("--hot-load", hot_load)):
+        if value is not None and config.rate is not None:
+            raise typer.BadParameter(
+                f"{flag} sets a rate from the capacity; not with --rate/--quick"
+            )
+    if hot_load is not None and HOT_ONE not in config.traces:
+        raise typer.BadParameter("--hot-load sets hot-one's rate; hot-one is not among --traces")
+    if load is not None and set(config.traces) <= {HOT_ONE}:
+        raise typer.BadParameter("--load sets the rate of traces other than hot-one; none runs")
