@@ -165,6 +165,27 @@ def test_auto_chooses_the_cheapest(shape: StepShape, width: int, strategy: Strat
     assert AutoPolicy().choose(shape, width) is strategy
 
 
+def test_16_bit_weights_on_a_cpu_make_skinny_matmuls_dearer() -> None:
+    r16 = {"num_tokens": 16, "runs": 16, "covered_rows": 256, "active_rows": 256}
+    shape = StepShape(**r16, exact_cells=256, block_rows=256, padded_cells=256)
+    half = StepShape(**r16, exact_cells=256, block_rows=256, padded_cells=256, half_on_cpu=True)
+    assert AutoPolicy().choose(shape, 1664) is Strategy.BATCHED
+    assert AutoPolicy().choose(half, 1664) is Strategy.MASKED
+    assert AutoPolicy(half_cpu_read_factor=1).choose(half, 1664) is Strategy.BATCHED
+    with pytest.raises(ValueError, match="half_cpu_read_factor"):
+        AutoPolicy(half_cpu_read_factor=-1)
+
+
+def test_the_pool_dtype_sets_half_on_cpu() -> None:
+    pool32, adapters = filled_pool("auto", EQUAL_RANKS)
+    pool16 = LoraSlotPool(SPEC, 8, 64, dtype=torch.bfloat16, device=torch.device("cpu"))
+    for slot, weights in enumerate(adapters):
+        pool16.load(slot, weights)
+    tokens = {slot: 1 for slot in range(8)}
+    assert not StepShape.of(8, tokens, pool32.layout).half_on_cpu
+    assert StepShape.of(8, tokens, pool16.layout).half_on_cpu
+
+
 def test_auto_runs_batched_on_equal_ranks() -> None:
     pool, adapters = filled_pool("auto", EQUAL_RANKS)
     slots = [*range(8), -1]
