@@ -158,20 +158,9 @@ def batched_batch(
     block_of = [-1] * len(layout.slot_rows)
     for slot in slots:
         block_of[slot] = (layout.slot_starts[slot] - row_lo) // block_rows
-    device = token_slots.device
-    blocks = torch.tensor(block_of, dtype=torch.int64, device=device)[token_slots.clamp(min=0)]
-    blocks[token_slots < 0] = -1
-    keep = torch.nonzero(blocks >= 0).flatten()
-    kept = blocks[keep]
-    # A token's place in its block: how many tokens of the same block come before it.
-    by_block = torch.argsort(kept, stable=True)
-    sorted_blocks = kept[by_block]
-    firsts = torch.searchsorted(sorted_blocks, sorted_blocks)
-    place = torch.empty_like(kept)
-    place[by_block] = torch.arange(kept.numel(), device=device) - firsts
-    positions = kept * per_block + place
-    in_order = torch.arange(kept.numel(), device=device)
-    direct = num_blocks * per_block == kept.numel() and bool(
+    keep, positions = block_positions(token_slots, block_of, per_block)
+    in_order = torch.arange(keep.numel(), device=keep.device)
+    direct = num_blocks * per_block == keep.numel() and bool(
         torch.equal(keep, in_order) and torch.equal(positions, in_order)
     )
     scales = layout.row_scale[:, row_lo : row_lo + num_blocks * block_rows : block_rows]
@@ -195,6 +184,25 @@ def batched_batch(
         active_tables=active_tables(layout, bits),
         grid=plan,
     )
+
+
+def block_positions(
+    token_slots: torch.Tensor, block_of: list[int], per_block: int
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """The adapter tokens (``block_of[slot] >= 0``) and each one's row in the padded input:
+    its block x ``per_block`` + how many tokens of its block come before it."""
+    device = token_slots.device
+    blocks = torch.tensor(block_of, dtype=torch.int64, device=device)[token_slots.clamp(min=0)]
+    blocks[token_slots < 0] = -1
+    keep = torch.nonzero(blocks >= 0).flatten()
+    kept = blocks[keep]
+    by_block = torch.argsort(kept, stable=True)
+    sorted_blocks = kept[by_block]
+    place = torch.empty_like(kept)
+    place[by_block] = torch.arange(kept.numel(), device=device) - torch.searchsorted(
+        sorted_blocks, sorted_blocks
+    )
+    return keep, kept * per_block + place
 
 
 def common_scale(scales: list[float]) -> float | None:
