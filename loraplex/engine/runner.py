@@ -9,6 +9,7 @@ from __future__ import annotations
 import logging
 import threading
 from collections.abc import Mapping
+from dataclasses import replace
 from itertools import accumulate
 
 import torch
@@ -57,6 +58,8 @@ class ModelRunner:
         could not sample, with the logprobs its request asked for. ``params`` covers every
         chunk that samples or has ``logprob_targets``; ``banned`` token ids cannot be sampled
         for that request this step (EOS before ``min_tokens``); ``histories`` feed penalties."""
+        if self.lora is not None:
+            plan = by_slot(plan)
         chunks = [SequenceChunk(c.seq_id, c.start_pos, len(c.token_ids)) for c in plan.chunks]
         tokens = [t for c in plan.chunks for t in c.token_ids]
         slots = None
@@ -162,6 +165,16 @@ class ModelRunner:
         if request_id not in self._generators:
             self._generators[request_id] = make_generator(params, self.model.device)
         return self._generators[request_id]
+
+
+def by_slot(plan: StepPlan) -> StepPlan:
+    """``plan`` with its chunks in slot order, base-only ones last (stable): each adapter's
+    tokens are then one run, which the LoRA op computes in place, with no gather and scatter
+    per module. Results are keyed by request, so the order of rows is free."""
+    chunks = sorted(plan.chunks, key=lambda c: (c.slot is None, c.slot or 0))
+    if all(a is b for a, b in zip(chunks, plan.chunks, strict=True)):
+        return plan
+    return replace(plan, chunks=tuple(chunks))
 
 
 def _prompt_logprobs(

@@ -17,8 +17,9 @@ from loraplex.ops.base import (
     SlotRows,
     Strategy,
 )
+from loraplex.ops.policy import AutoPolicy
 from loraplex.ops.reference import ReferenceBackend
-from loraplex.ops.torch_ops import AutoBackend, AutoPolicy, GroupedBackend, MaskedBackend
+from loraplex.ops.torch_ops import AutoBackend, BatchedBackend, GroupedBackend, MaskedBackend
 from loraplex.ops.triton_ops import TritonBackend  # imports triton only when one is built
 
 _REGISTRY: dict[str, Callable[[], LoraBackend]] = {}
@@ -46,6 +47,7 @@ def backend_names() -> tuple[str, ...]:
 register_backend("reference", ReferenceBackend)
 register_backend("masked", MaskedBackend)
 register_backend("grouped", GroupedBackend)
+register_backend("batched", BatchedBackend)
 register_backend("auto", AutoBackend)
 register_backend("triton", TritonBackend)
 
@@ -53,6 +55,7 @@ __all__ = [
     "ArenaLayout",
     "AutoBackend",
     "AutoPolicy",
+    "BatchedBackend",
     "GroupedBackend",
     "LoraBackend",
     "LoraBatch",

@@ -48,6 +48,10 @@ class ModuleLoraWeights:
     _pairs: dict[tuple[int, int], tuple[torch.Tensor, torch.Tensor]] = field(
         default_factory=dict, compare=False, repr=False
     )
+    # (row_lo, num_blocks, block_rows) -> the block views of :meth:`blocks`, kept likewise
+    _blocks: dict[tuple[int, int, int], tuple[torch.Tensor, torch.Tensor]] = field(
+        default_factory=dict, compare=False, repr=False
+    )
 
     def pair(self, rows: SlotRows) -> tuple[torch.Tensor, torch.Tensor]:
         """``(A.T, B^T)`` of the slot whose rows are ``rows`` (``rows.rank`` > 0): ``x @ A.T``
@@ -57,6 +61,18 @@ class ModuleLoraWeights:
         if got is None:
             span = slice(rows.start, rows.start + rows.rank)
             got = self._pairs[key] = (self.lora_a[span].T, self.lora_b[span])
+        return got
+
+    def blocks(self, plan: BlockPlan) -> tuple[torch.Tensor, torch.Tensor]:
+        """``(A.T, B^T)`` of ``plan``'s blocks as batches, ``[num_blocks, d_in, block_rows]``
+        and ``[num_blocks, block_rows, d_out]``: strided views of the arena, never copies."""
+        key = (plan.row_lo, plan.num_blocks, plan.block_rows)
+        got = self._blocks.get(key)
+        if got is None:
+            span = slice(plan.row_lo, plan.row_lo + plan.num_blocks * plan.block_rows)
+            lora_a = self.lora_a[span].view(plan.num_blocks, plan.block_rows, -1)
+            lora_b = self.lora_b[span].view(plan.num_blocks, plan.block_rows, -1)
+            got = self._blocks[key] = (lora_a.transpose(1, 2), lora_b)
         return got
 
 
@@ -80,6 +96,7 @@ class Strategy(enum.Enum):
     NONE = "none"  # no token uses an adapter: apply adds nothing
     MASKED = "masked"  # one matmul over the active row range, per-token scaled mask, one matmul
     GROUPED = "grouped"  # one (A, B) matmul pair per run of tokens sharing a slot, rank-exact
+    BATCHED = "batched"  # one batched (A, B) matmul pair over equal-rank slots' row blocks
     LOOP = "loop"  # reference: per active slot, gather its tokens, PEFT's expression
 
 
@@ -90,6 +107,26 @@ class Segment:
     start: int  # first token position of the run
     end: int  # one past the last token position
     slot: int  # the slot every token in the run uses (never -1: base-only runs are dropped)
+
+
+@dataclass(frozen=True, eq=False)  # holds tensors: compared by identity
+class BlockPlan:
+    """BATCHED: the active slots all reserve ``block_rows`` rows, on a grid starting at
+    ``row_lo``, so rows ``[row_lo, row_lo + num_blocks * block_rows)`` are ``num_blocks`` equal
+    blocks (one per slot, or unused) that one batched matmul reads in place. Each block gets
+    ``tokens_per_block`` input rows: its slot's tokens, then zero rows (padding)."""
+
+    row_lo: int  # first arena row of block 0
+    num_blocks: int  # blocks from the first to the last active slot's (unused ones between)
+    block_rows: int  # rows per block: every active slot's reservation (its largest rank)
+    tokens_per_block: int  # most tokens any active slot has this step
+    scales: torch.Tensor  # [num_tables, num_blocks, 1, 1] each block's scale per module (device)
+    # per table: the scale every active block shares there (one matmul's alpha), else None
+    alphas: tuple[float | None, ...]
+    # adapter tokens' indices in x, and their rows in the padded [num_blocks * tokens_per_block]
+    # input; both None when that input is exactly x's first rows (sorted, no padding)
+    tokens: torch.Tensor | None = None
+    positions: torch.Tensor | None = None
 
 
 @dataclass(frozen=True)
@@ -108,6 +145,7 @@ class LoraBatch:
     # MASKED: [num_tokens, row_hi-row_lo] True where a token does not use that row's adapter
     misses: torch.Tensor | None = None
     active_tables: tuple[bool, ...] = ()  # per table: some active slot has a LoRA pair there
+    grid: BlockPlan | None = None  # BATCHED: the row blocks and where each token goes
 
 
 class LoraBackend(Protocol):

@@ -27,7 +27,8 @@ from loraplex.ops.plan import (
     none_batch,
     segments_of,
 )
-from loraplex.ops.torch_ops import AutoPolicy, StepShape, add_runs
+from loraplex.ops.policy import AutoPolicy, StepShape
+from loraplex.ops.torch_ops import add_runs
 
 # Backends whose computations are plain torch ops: the negative pass can ride them.
 FUSED_BACKENDS = frozenset({"auto", "grouped", "masked"})

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import torch
 
-from loraplex.ops.base import ArenaLayout, LoraBatch, Segment, Strategy
+from loraplex.ops.base import ArenaLayout, BlockPlan, LoraBatch, Segment, Strategy
 
 
 def check_token_slots(token_slots: torch.Tensor, num_slots: int) -> None:
@@ -129,3 +129,86 @@ def loop_batch(token_slots: torch.Tensor, layout: ArenaLayout, slots: list[int])
         segments=tuple(Segment(0, 0, slot) for slot in sorted(slots)),
         active_tables=active_tables(layout, bits),
     )
+
+
+def block_grid(layout: ArenaLayout, slots: list[int]) -> tuple[int, int, int] | None:
+    """``(row_lo, num_blocks, block_rows)`` when every slot in ``slots`` reserves the same rows
+    and starts on one grid of that many rows, so their row range is equal blocks; else None."""
+    block_rows = layout.slot_rows[slots[0]]
+    starts = [layout.slot_starts[slot] for slot in slots]
+    row_lo = min(starts)
+    if any(layout.slot_rows[s] != block_rows for s in slots) or any(
+        (start - row_lo) % block_rows for start in starts
+    ):
+        return None
+    return row_lo, (max(starts) - row_lo) // block_rows + 1, block_rows
+
+
+def batched_batch(
+    token_slots: torch.Tensor, layout: ArenaLayout, tokens: dict[int, int]
+) -> LoraBatch:
+    """Every adapter token placed in its slot's block (``tokens``: active slot -> its tokens;
+    the slots must be on one grid, :func:`block_grid`)."""
+    slots = list(tokens)
+    grid = block_grid(layout, slots)
+    if grid is None:
+        raise ValueError(f"slots {slots} do not share one row grid; expected block_grid's slots")
+    row_lo, num_blocks, block_rows = grid
+    per_block = max(tokens.values())
+    block_of = [-1] * len(layout.slot_rows)
+    for slot in slots:
+        block_of[slot] = (layout.slot_starts[slot] - row_lo) // block_rows
+    keep, positions = block_positions(token_slots, block_of, per_block)
+    in_order = torch.arange(keep.numel(), device=keep.device)
+    direct = num_blocks * per_block == keep.numel() and bool(
+        torch.equal(keep, in_order) and torch.equal(positions, in_order)
+    )
+    scales = layout.row_scale[:, row_lo : row_lo + num_blocks * block_rows : block_rows]
+    active = scales[:, sorted({block_of[slot] for slot in slots})].tolist()
+    plan = BlockPlan(
+        row_lo,
+        num_blocks,
+        block_rows,
+        per_block,
+        scales.reshape(*scales.shape, 1, 1),
+        tuple(common_scale(row) for row in active),
+        None if direct else keep,
+        None if direct else positions,
+    )
+    bits = bits_of(slots)
+    return LoraBatch(
+        token_slots,
+        int(token_slots.numel()),
+        Strategy.BATCHED,
+        active_bits=bits,
+        active_tables=active_tables(layout, bits),
+        grid=plan,
+    )
+
+
+def block_positions(
+    token_slots: torch.Tensor, block_of: list[int], per_block: int
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """The adapter tokens (``block_of[slot] >= 0``) and each one's row in the padded input:
+    its block x ``per_block`` + how many tokens of its block come before it."""
+    device = token_slots.device
+    blocks = torch.tensor(block_of, dtype=torch.int64, device=device)[token_slots.clamp(min=0)]
+    blocks[token_slots < 0] = -1
+    keep = torch.nonzero(blocks >= 0).flatten()
+    kept = blocks[keep]
+    by_block = torch.argsort(kept, stable=True)
+    sorted_blocks = kept[by_block]
+    place = torch.empty_like(kept)
+    place[by_block] = torch.arange(kept.numel(), device=device) - torch.searchsorted(
+        sorted_blocks, sorted_blocks
+    )
+    return keep, kept * per_block + place
+
+
+def common_scale(scales: list[float]) -> float | None:
+    """The one non-zero scale among ``scales``, if they have one (0.0 when all are zero).
+    A zero scale is a slot without this module: its rows are zero, so any alpha suits it."""
+    nonzero = {scale for scale in scales if scale != 0.0}
+    if len(nonzero) > 1:
+        return None
+    return nonzero.pop() if nonzero else 0.0

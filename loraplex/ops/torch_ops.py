@@ -7,12 +7,15 @@
 - ``grouped``: tokens grouped by slot (stable sort only when scattered); one A/B matmul pair per
   group at the module's exact rank. Work is exact; each group costs two op launches, so it suits
   prefill (few long runs).
-- ``auto``: picks one of the two per step from the step's shape (see :class:`AutoPolicy`).
+- ``batched``: when every active slot reserves the same rows on one row grid (one rank served,
+  the usual case), their row range viewed as equal blocks: one batched A matmul and one batched
+  B matmul for every slot at once, exact rank, each token against its own block only (tokens
+  padded per block, gathered only when not already in block order). Otherwise grouped.
+- ``auto``: picks one of them per step from the step's shape (see
+  :class:`~loraplex.ops.policy.AutoPolicy`).
 """
 
 from __future__ import annotations
-
-from dataclasses import dataclass
 
 import torch
 
@@ -20,12 +23,13 @@ from loraplex.ops.base import ArenaLayout, LoraBatch, ModuleLoraWeights, Segment
 from loraplex.ops.plan import (
     active_slot_tokens,
     active_slots,
+    batched_batch,
     check_token_slots,
-    covered_rows,
     grouped_batch,
     masked_batch,
     none_batch,
 )
+from loraplex.ops.policy import AutoPolicy, StepShape
 
 
 def apply_masked(
@@ -71,6 +75,34 @@ def apply_grouped(
     return out
 
 
+def apply_batched(
+    x: torch.Tensor, out: torch.Tensor, weights: ModuleLoraWeights, batch: LoraBatch
+) -> torch.Tensor:
+    plan = batch.grid
+    if plan is None:
+        raise ValueError("batch strategy BATCHED requires a grid; expected batched_batch output")
+    lora_a_t, lora_b_t = weights.blocks(plan)
+    shape = (plan.num_blocks, plan.tokens_per_block)
+    count = plan.num_blocks * plan.tokens_per_block
+    tokens, positions = plan.tokens, plan.positions
+    if tokens is None or positions is None:  # x's first rows are the blocks' rows, in order
+        source = x[:count].reshape(*shape, x.shape[1])
+    else:  # NOTE: padding rows stay zero; what other blocks give them is never read back
+        gathered = x.index_select(0, tokens)
+        padded = x.new_zeros((count, x.shape[1])).index_copy_(0, positions, gathered)
+        source = padded.view(*shape, x.shape[1])
+    hidden = torch.bmm(source, lora_a_t)  # [blocks, tokens_per_block, block_rows]
+    alpha = plan.alphas[weights.table_index]
+    if alpha is None:
+        hidden.mul_(plan.scales[weights.table_index])
+        alpha = 1.0
+    if tokens is None or positions is None:
+        out[:count].view(*shape, out.shape[1]).baddbmm_(hidden, lora_b_t, alpha=alpha)
+        return out
+    delta = torch.bmm(hidden, lora_b_t).view(count, out.shape[1])
+    return out.index_add_(0, tokens, delta.index_select(0, positions), alpha=alpha)
+
+
 def apply_batch(
     x: torch.Tensor, out: torch.Tensor, weights: ModuleLoraWeights, batch: LoraBatch
 ) -> torch.Tensor:
@@ -81,6 +113,8 @@ def apply_batch(
         return apply_masked(x, out, weights, batch)
     if batch.strategy is Strategy.GROUPED:
         return apply_grouped(x, out, weights, batch)
+    if batch.strategy is Strategy.BATCHED:
+        return apply_batched(x, out, weights, batch)
     raise ValueError(f"batch strategy {batch.strategy} is not run by torch backends")
 
 
@@ -116,73 +150,31 @@ class GroupedBackend:
         return apply_batch(x, out, weights, batch)
 
 
-@dataclass(frozen=True)
-class AutoPolicy:
-    """When the masked computation beats the grouped one (measured; docs/benchmarks/execution.md).
+class BatchedBackend:
+    """The batched computation whenever the step's active slots share a row grid, else grouped
+    (the step's ``LoraBatch.strategy`` says which ran)."""
 
-    Masked multiplies every token by every covered row (``num_tokens x covered rows`` per unit of
-    module width) and reads every covered row's weights, active or not, in four launches;
-    grouped does the exact ``sum(tokens x rank)`` and reads only the active slots' rows, in about
-    two launches per run of equal slots (plus a gather and a scatter when scattered). Masked is
-    picked when what it wastes, weighted by the pool's width (``ArenaLayout.width``), costs less
-    than the launches it saves. Costs are in multiply-adds: a launch ``launch_macs``, a weight
-    element read ``read_macs`` (decode-sized steps are bound by reading the weights).
-    """
+    name = "batched"
 
-    # Measured on the project's 2-core Xeon (float32, one thread): a small op launch ~5 us
-    # against ~40 G multiply-adds/s in these skinny matmuls, and a skinny matmul over few tokens
-    # runs at the speed of reading its weights (~16 multiply-adds per element read). They put
-    # the small preset's 16-adapter decode batch on masked, and its 80 %-one-adapter batches
-    # (4 foreign tokens among 20) and every large-preset batch on grouped, as measured.
-    launch_macs: int = 196608
-    read_macs: int = 16
-    min_runs_for_masked: int = 2  # a single run is always grouped (it is already exact)
+    def prepare(self, token_slots: torch.Tensor, layout: ArenaLayout) -> LoraBatch:
+        check_token_slots(token_slots, len(layout.slot_rows))
+        tokens = active_slot_tokens(token_slots, layout)
+        if not tokens:
+            return none_batch(token_slots)
+        if StepShape.of(int(token_slots.numel()), tokens, layout).block_rows:
+            return batched_batch(token_slots, layout, tokens)
+        return grouped_batch(token_slots, layout, list(tokens))
 
-    def __post_init__(self) -> None:
-        for name in ("launch_macs", "read_macs"):
-            if getattr(self, name) < 0:
-                raise ValueError(f"{name} {getattr(self, name)} is invalid; expected >= 0")
-        if self.min_runs_for_masked < 1:
-            raise ValueError(
-                f"min_runs_for_masked {self.min_runs_for_masked} is invalid; expected >= 1"
-            )
-
-    def masked(self, shape: StepShape, width: int) -> bool:
-        """Whether a step of ``shape`` over modules ``width`` wide is cheaper masked."""
-        if shape.runs < self.min_runs_for_masked:
-            return False
-        wasted_cells = shape.num_tokens * shape.covered_rows - shape.exact_cells
-        wasted_reads = shape.covered_rows - shape.active_rows
-        wasted = (wasted_cells + self.read_macs * wasted_reads) * max(width, 1)
-        return wasted <= self.launch_macs * (2 * shape.runs - 1)
-
-
-@dataclass(frozen=True)
-class StepShape:
-    """What :class:`AutoPolicy` weighs, per unit of module width."""
-
-    num_tokens: int  # tokens the op sees
-    runs: int  # active slots (grouped: one run each once sorted)
-    covered_rows: int  # masked: rows from the first to the last active slot's block
-    active_rows: int  # rows the active slots own
-    exact_cells: int  # sum over active slots of tokens x rows
-
-    @classmethod
-    def of(cls, num_tokens: int, tokens: dict[int, int], layout: ArenaLayout) -> StepShape:
-        """``tokens``: active slot -> its tokens (plan.active_slot_tokens)."""
-        row_lo, row_hi = covered_rows(layout, list(tokens))
-        return cls(
-            num_tokens,
-            len(tokens),
-            row_hi - row_lo,
-            sum(layout.slot_rows[slot] for slot in tokens),
-            sum(count * layout.slot_rows[slot] for slot, count in tokens.items()),
-        )
+    def apply(
+        self, x: torch.Tensor, out: torch.Tensor, weights: ModuleLoraWeights, batch: LoraBatch
+    ) -> torch.Tensor:
+        return apply_batch(x, out, weights, batch)
 
 
 class AutoBackend:
-    """Masked for launch-bound steps (many runs, few tokens, narrow modules), grouped otherwise,
-    per :class:`AutoPolicy`."""
+    """The cheapest computation for each step's shape (:class:`AutoPolicy`): masked for
+    launch-bound steps over scattered ranks, batched over slots on one row grid, grouped for
+    long runs."""
 
     name = "auto"
 
@@ -196,8 +188,11 @@ class AutoBackend:
         if not slots:
             return none_batch(token_slots)
         shape = StepShape.of(int(token_slots.numel()), tokens, layout)
-        if self.policy.masked(shape, layout.width):
+        strategy = self.policy.choose(shape, layout.width)
+        if strategy is Strategy.MASKED:
             return masked_batch(token_slots, layout, slots)
+        if strategy is Strategy.BATCHED:
+            return batched_batch(token_slots, layout, tokens)
         return grouped_batch(token_slots, layout, slots)
 
     def apply(

@@ -49,7 +49,7 @@ def load_kernels() -> ModuleType:
             raise
         raise ModuleNotFoundError(
             "backend 'triton' needs the 'triton' package, which is not installed; "
-            "expected `pip install triton` (or another backend: masked, grouped, auto)",
+            "expected `pip install triton` (or another backend: masked, grouped, batched, auto)",
             name="triton",
         ) from exc
 

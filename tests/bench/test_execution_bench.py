@@ -58,6 +58,7 @@ def test_tiny_run_has_the_documented_metrics(
         "mixed_loop_over_base",
         "mixed_padded_over_base",
         "mixed_r16_over_base",
+        "mixed_r16_grouped_over_base",
         "bytes_floor_r16",
     ):
         assert isinstance(metrics[key], float) and metrics[key] > 0, key
@@ -110,6 +111,10 @@ def test_interleaved_medians_calls_each_variant() -> None:
     seconds = interleaved_medians({"a": lambda: bump("a"), "b": lambda: bump("b")},
                                   rounds=3, calls_per_round=2, warmup_calls=1)  # fmt: skip
     assert calls == {"a": 7, "b": 7} and set(seconds) == {"a", "b"}
+    order: list[str] = []
+    interleaved_medians({"a": lambda: order.append("a"), "b": lambda: order.append("b")},
+                        rounds=4, calls_per_round=1, warmup_calls=0)  # fmt: skip
+    assert order == ["a", "b", "b", "a", "a", "b", "b", "a"]  # ABBA
     with pytest.raises(ValueError, match="rounds"):
         interleaved_medians({}, rounds=0, calls_per_round=1)
 

@@ -81,7 +81,7 @@ def peft_setup(tiny_model: Callable[..., Path], tmp_path: Path) -> Callable[...,
 
 
 @pytest.mark.parametrize("name", sorted(PEFT_CONFIGS))
-@pytest.mark.parametrize("backend", ["reference", "auto"])
+@pytest.mark.parametrize("backend", ["reference", "batched", "auto"])
 def test_every_module_equals_peft(peft_setup: Callable[..., Any], name: str, backend: str) -> None:
     peft_model, weights, spec = peft_setup(PEFT_CONFIGS[name])
     pool = LoraSlotPool(spec, 3, 16, dtype=torch.float32, device=CPU, backend=backend)

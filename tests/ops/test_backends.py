@@ -11,8 +11,8 @@ from loraplex.artifacts.base_model import TARGET_MODULES, BaseModelSpec
 from loraplex.model.adapter_weights import AdapterWeights, ModuleWeights
 from loraplex.model.lora import LoraSlotPool
 from loraplex.ops import AutoPolicy, Strategy, backend_names, get_backend, register_backend
+from loraplex.ops.policy import StepShape
 from loraplex.ops.reference import ReferenceBackend
-from loraplex.ops.torch_ops import StepShape
 
 SPEC = BaseModelSpec("tiny", "LlamaForCausalLM", 48, 80, 2, 4, 2, 12, 64, "0" * 64)
 MODULES = ("q_proj", "k_proj", "o_proj", "down_proj")
@@ -24,7 +24,7 @@ RANK_MIXES = {
     "hetero": [3, 64, 1, 17, 40, 5, 64, 2],
 }
 PATTERNS = ("identical", "distinct", "uniform", "zipf", "geometric")
-BACKENDS = ("reference", "masked", "grouped", "auto")
+BACKENDS = ("reference", "masked", "grouped", "batched", "auto")
 
 
 def make_weights(rank: int, seed: int, *, modules: tuple[str, ...] = MODULES) -> AdapterWeights:

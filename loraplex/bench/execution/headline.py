@@ -30,7 +30,8 @@ def headline(
 ) -> tuple[dict[str, float], list[dict[str, object]]]:
     """``config.batch_size`` sequences (16 by default) round-robin over 16 distinct S2 adapters:
     every variant interleaved, decode then prefill 64; beside them (decode) the same batch over
-    16 distinct rank-16 adapters. ``mixed`` and ``mixed_r16`` use ``config.backend``."""
+    16 distinct rank-16 adapters, with ``config.backend`` and forced grouped. ``mixed`` and
+    ``mixed_r16`` use ``config.backend``."""
     device = torch.device(config.device)
     batch = config.batch_size
     runner = LoraplexRunner(
@@ -43,6 +44,8 @@ def headline(
     pools["mixed_padded"] = runner.pool([padded(w, MAX_RANK) for w in weights], "masked", MAX_RANK)
     uniform = [runner.weights(d, MAX_RANK) for d in space.adapters[UNIFORM_MIX][:HEADLINE_ADAPTERS]]
     pools["mixed_r16"] = runner.pool(uniform, config.backend, MAX_RANK)
+    # What auto ran on these adapters before the batched computation (the choice, measured).
+    pools["mixed_r16_grouped"] = runner.pool(uniform, "grouped", MAX_RANK)
     peft = PeftRunner(space.model_dir, dirs, DTYPES[dtype_name], device) if config.peft else None
     distinct = [i % HEADLINE_ADAPTERS for i in range(batch)]
     single = [0] * batch

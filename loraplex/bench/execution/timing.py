@@ -18,7 +18,8 @@ def interleaved_medians(
     """Median seconds per call of each variant.
 
     Every variant is warmed up first (the first calls of a matmul are many times slower), then
-    the variants take turns round by round so drift on a shared machine hits all of them alike.
+    the variants take turns round by round so drift on a shared machine hits all of them alike;
+    odd rounds run them in reverse order (ABBA), so no variant always follows the same one.
     ``sync`` (a device's synchronize) runs before the clock starts and before it stops, so an
     asynchronous device is timed on the work it finished, not on the work it was handed.
     """
@@ -31,8 +32,10 @@ def interleaved_medians(
         for _ in range(warmup_calls):
             fn()
     samples: dict[str, list[float]] = {name: [] for name in variants}
-    for _ in range(rounds):
-        for name, fn in variants.items():
+    names = list(variants)
+    for index in range(rounds):
+        for name in names if index % 2 == 0 else reversed(names):
+            fn = variants[name]
             wait()
             start = time.perf_counter()
             for _ in range(calls_per_round):

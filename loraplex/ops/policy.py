@@ -1,0 +1,119 @@
+"""Which computation a step's LoRA delta uses: the cost model behind the ``auto`` backend.
+
+Kept apart from the computations (``torch_ops``) so the merged pass (``merged_op``) weighs its
+gathered tokens with the same rule.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from loraplex.ops.base import ArenaLayout, Strategy
+from loraplex.ops.plan import block_grid, covered_rows
+
+
+@dataclass(frozen=True)
+class StepShape:
+    """What :class:`AutoPolicy` weighs, per unit of module width."""
+
+    num_tokens: int  # tokens the op sees
+    runs: int  # active slots (grouped: one run each once sorted)
+    covered_rows: int  # masked: rows from the first to the last active slot's block
+    active_rows: int  # rows the active slots own
+    exact_cells: int  # sum over active slots of tokens x rows
+    # batched: rows its blocks span (0: the active slots share no row grid, so it cannot run)
+    block_rows: int = 0
+    padded_cells: int = 0  # batched: blocks x most tokens of a slot x rows per block
+    half_on_cpu: bool = False  # 16-bit weights on a CPU (skinny matmuls read them slowly)
+
+    @classmethod
+    def of(cls, num_tokens: int, tokens: dict[int, int], layout: ArenaLayout) -> StepShape:
+        """``tokens``: active slot -> its tokens (plan.active_slot_tokens)."""
+        row_lo, row_hi = covered_rows(layout, list(tokens))
+        grid = block_grid(layout, list(tokens))
+        spanned = 0 if grid is None else grid[1] * grid[2]
+        scales = layout.row_scale
+        return cls(
+            num_tokens,
+            len(tokens),
+            row_hi - row_lo,
+            sum(layout.slot_rows[slot] for slot in tokens),
+            sum(count * layout.slot_rows[slot] for slot, count in tokens.items()),
+            spanned,
+            spanned * max(tokens.values()),
+            scales.device.type == "cpu" and scales.element_size() == 2,
+        )
+
+
+@dataclass(frozen=True)
+class AutoPolicy:
+    """The cheapest of the masked, grouped and batched computations for a step's shape
+    (measured; docs/benchmarks/execution.md).
+
+    Masked multiplies every token by every covered row (``num_tokens x covered rows`` per unit of
+    module width) and reads every covered row's weights, active or not, in four launches;
+    grouped does the exact ``sum(tokens x rank)`` and reads only the active slots' rows, in about
+    two launches per run of equal slots (plus a gather and a scatter when scattered); batched
+    (only when the active slots share a row grid) pads every slot to the most tokens any has and
+    reads every block it spans, in about as many launches as masked. Costs are in multiply-adds
+    per unit of width (``ArenaLayout.width``): a launch ``launch_macs``, a weight element read
+    ``read_macs`` (decode-sized steps are bound by reading the weights).
+    """
+
+    # Measured on the project's 2-core Xeon (float32, one thread): a small op launch ~5 us
+    # against ~40 G multiply-adds/s in these skinny matmuls, and a skinny matmul over few tokens
+    # runs at the speed of reading its weights (~16 multiply-adds per element read). They put
+    # the small preset's 16-adapter decode batch on masked, and its 80 %-one-adapter batches
+    # (4 foreign tokens among 20) and every large-preset batch on grouped, as measured.
+    launch_macs: int = 196608
+    read_macs: int = 16
+    min_runs_for_masked: int = 2  # a single run is always grouped (it is already exact)
+    # On a CPU, bfloat16/float16 matmuls of one or a few tokens (grouped's and batched's) read
+    # their weights about 4x slower than float32's, while masked's 16-token matmul gets faster
+    # (large preset, 16 rank-16 adapters, LoRA only: masked 12 ms, batched 24, grouped 48).
+    half_cpu_read_factor: int = 4
+
+    def __post_init__(self) -> None:
+        for name in ("launch_macs", "read_macs", "half_cpu_read_factor"):
+            if getattr(self, name) < 0:
+                raise ValueError(f"{name} {getattr(self, name)} is invalid; expected >= 0")
+        if self.min_runs_for_masked < 1:
+            raise ValueError(
+                f"min_runs_for_masked {self.min_runs_for_masked} is invalid; expected >= 1"
+            )
+
+    def masked(self, shape: StepShape, width: int) -> bool:
+        """Whether a step of ``shape`` over modules ``width`` wide is cheaper masked than
+        grouped."""
+        if shape.runs < self.min_runs_for_masked:
+            return False
+        return self._masked_cost(shape, width) <= self._grouped_cost(shape, width)
+
+    def choose(self, shape: StepShape, width: int) -> Strategy:
+        """The cheapest strategy for ``shape`` (ties: masked, then batched, then grouped)."""
+        if shape.runs < self.min_runs_for_masked:
+            return Strategy.GROUPED
+        costs = [
+            (self._masked_cost(shape, width), Strategy.MASKED),
+            (self._grouped_cost(shape, width), Strategy.GROUPED),
+        ]
+        if shape.block_rows:
+            costs.insert(1, (self._batched_cost(shape, width), Strategy.BATCHED))
+        return min(costs, key=lambda cost: cost[0])[1]
+
+    # The launch terms count launches beyond masked's (its few fixed ops are the unit 0).
+    def _masked_cost(self, shape: StepShape, width: int) -> int:
+        cells = shape.num_tokens * shape.covered_rows
+        return (cells + self.read_macs * shape.covered_rows) * max(width, 1)
+
+    def _grouped_cost(self, shape: StepShape, width: int) -> int:
+        reads = self._skinny_read_macs(shape) * shape.active_rows
+        work = (shape.exact_cells + reads) * max(width, 1)
+        return work + self.launch_macs * (2 * shape.runs - 1)
+
+    def _batched_cost(self, shape: StepShape, width: int) -> int:
+        reads = self._skinny_read_macs(shape) * shape.block_rows
+        return (shape.padded_cells + reads) * max(width, 1)
+
+    def _skinny_read_macs(self, shape: StepShape) -> int:
+        return self.read_macs * (self.half_cpu_read_factor if shape.half_on_cpu else 1)

@@ -1,0 +1,193 @@
+"""The batched computation: equal-rank slots' row blocks in one batched matmul pair, checked
+against the per-token definition on shuffled rows, base rows, padded and unused blocks, partial
+target modules and per-module scales; and when ``auto`` picks it."""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+import torch
+from test_backends import SPEC, expected_delta, filled_pool, run_all_modules
+
+from loraplex.model.adapter_weights import AdapterWeights, ModuleWeights
+from loraplex.model.lora import LoraSlotPool
+from loraplex.ops import AutoPolicy, Strategy
+from loraplex.ops.policy import StepShape
+
+EQUAL_RANKS = [16] * 8
+
+
+def weights_on(modules: tuple[str, ...], rank: int, seed: int, scale: float) -> AdapterWeights:
+    """A rank-``rank`` adapter on ``modules`` of both layers, one scale everywhere."""
+    gen = torch.Generator().manual_seed(seed)
+    pairs = []
+    for layer in range(SPEC.num_layers):
+        for module in modules:
+            d_in, d_out = SPEC.module_shape(module)
+            lora_a = torch.randn(rank, d_in, generator=gen)
+            lora_b = torch.randn(d_out, rank, generator=gen)
+            pairs.append(ModuleWeights(layer, module, lora_a, lora_b, scale))
+    return AdapterWeights(f"{seed + 100:064x}", torch.float32, tuple(pairs))
+
+
+def pool_of(adapters: list[AdapterWeights], backend: str = "batched") -> LoraSlotPool:
+    pool = LoraSlotPool(SPEC, len(adapters), 64, dtype=torch.float32, device=torch.device("cpu"),
+                        backend=backend)  # fmt: skip
+    for slot, weights in enumerate(adapters):
+        pool.load(slot, weights)
+    return pool
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_shuffled_rows_with_base_rows_equal_the_definition(seed: int) -> None:
+    pool, adapters = filled_pool("batched", EQUAL_RANKS)
+    rng = random.Random(seed)
+    slots = [rng.randrange(-1, 8) for _ in range(rng.randrange(3, 24))]
+    slots[0] = rng.randrange(8)  # at least one adapter token
+    batch = pool.prepare(torch.tensor(slots))
+    assert batch.strategy is Strategy.BATCHED
+    run_all_modules(pool, adapters, slots, seed=seed)
+
+
+def test_tokens_in_block_order_are_read_in_place_and_base_rows_may_trail() -> None:
+    pool, adapters = filled_pool("batched", EQUAL_RANKS)
+    slots = [0, 0, 1, 1, 2, 2, 3, 3, 4, 4, 5, 5, 6, 6, 7, 7, -1, -1]
+    batch = pool.prepare(torch.tensor(slots))
+    assert batch.grid is not None
+    assert (batch.grid.num_blocks, batch.grid.tokens_per_block) == (8, 2)
+    assert batch.grid.tokens is None and batch.grid.positions is None  # no gather
+    run_all_modules(pool, adapters, slots, seed=7)
+
+
+def test_scattered_tokens_are_placed_in_their_blocks() -> None:
+    pool, _ = filled_pool("batched", EQUAL_RANKS)
+    batch = pool.prepare(torch.tensor([5, -1, 2, 5, 2, 2]))
+    plan = batch.grid
+    assert plan is not None and plan.tokens is not None and plan.positions is not None
+    # slots 2 and 5 span blocks 0..3 (1 and 2 unused); the most tokens a slot has is 3
+    assert (plan.num_blocks, plan.tokens_per_block) == (4, 3)
+    assert plan.tokens.tolist() == [0, 2, 3, 4, 5]
+    assert plan.positions.tolist() == [9, 0, 10, 1, 2]
+
+
+def test_partial_target_modules_and_untargeted_slots_add_only_their_own() -> None:
+    adapters = [
+        weights_on(("q_proj",), 8, seed=0, scale=2.0),
+        weights_on(("q_proj", "k_proj"), 8, seed=1, scale=2.0),
+        weights_on(("down_proj",), 8, seed=2, scale=0.5),
+        weights_on(("k_proj", "down_proj"), 8, seed=3, scale=3.0),
+    ]
+    pool = pool_of(adapters)
+    slots = [3, 0, -1, 2, 1, 3, 0]
+    batch = pool.prepare(torch.tensor(slots))
+    assert batch.strategy is Strategy.BATCHED and batch.grid is not None
+    alphas = dict(zip(("q", "k", "v", "o"), batch.grid.alphas[:4], strict=True))
+    # q: one non-zero scale (slots without q have zero rows there); k: 2.0 and 3.0 differ
+    assert alphas == {"q": 2.0, "k": None, "v": 0.0, "o": 0.0}
+    run_all_modules(pool, adapters, slots, seed=11)
+
+
+def test_one_adapters_overflow_does_not_reach_other_tokens() -> None:
+    adapters = [weights_on(("q_proj",), 8, seed=s, scale=1.0) for s in range(3)]
+    huge = adapters[2].modules[0]
+    adapters[2] = AdapterWeights(
+        adapters[2].digest,
+        torch.float32,
+        (ModuleWeights(0, "q_proj", huge.lora_a * 3e38, huge.lora_b * 3e38, 1.0),),
+    )
+    pool = pool_of(adapters)
+    slots = [0, 2, 1, 0]  # scattered: the padded input has zero rows in slot 2's block
+    x = torch.randn(4, 48)
+    out = pool.apply(0, "q_proj", x, torch.zeros(4, 48), pool.prepare(torch.tensor(slots)))
+    want = expected_delta(x, slots, adapters, 0, "q_proj", 48)
+    keep = [0, 2, 3]
+    torch.testing.assert_close(out[keep].double(), want[keep], rtol=1e-5, atol=1e-4)
+
+
+def test_unequal_ranks_fall_back_to_grouped() -> None:
+    pool, adapters = filled_pool("batched", [16, 8, 16, 16, 16, 16, 16, 16])
+    slots = [0, 1, 2]
+    assert pool.prepare(torch.tensor(slots)).strategy is Strategy.GROUPED
+    # slot 1's 8 rows shift the slots after it off slot 0's 16-row grid; 2..4 share one
+    assert pool.prepare(torch.tensor([0, 2])).strategy is Strategy.GROUPED
+    assert pool.prepare(torch.tensor([2, 3, 4])).strategy is Strategy.BATCHED
+    run_all_modules(pool, adapters, slots, seed=5)
+
+
+def test_block_views_are_views_made_once() -> None:
+    pool, _ = filled_pool("batched", EQUAL_RANKS)
+    batch = pool.prepare(torch.arange(8))
+    assert batch.grid is not None
+    view = pool.module_weights(0, "q_proj")
+    lora_a_t, lora_b_t = view.blocks(batch.grid)
+    assert lora_a_t.shape == (8, 48, 16) and lora_b_t.shape == (8, 16, 48)
+    assert lora_a_t.data_ptr() == view.lora_a.data_ptr()  # no copy: loads show through
+    assert torch.equal(lora_a_t[3], view.lora_a[48:64].T)
+    assert view.blocks(batch.grid)[0] is lora_a_t
+
+
+def test_bfloat16_batched_close_to_float32() -> None:
+    pool32, adapters = filled_pool("batched", EQUAL_RANKS)
+    pool16 = LoraSlotPool(SPEC, 8, 64, dtype=torch.bfloat16, device=torch.device("cpu"),
+                          backend="batched")  # fmt: skip
+    for slot, weights in enumerate(adapters):
+        pool16.load(slot, weights)
+    slots = torch.tensor([4, 0, 1, -1, 7, 4])
+    x = torch.randn(6, 48, generator=torch.Generator().manual_seed(3))
+    out32 = pool32.apply(0, "q_proj", x, torch.zeros(6, 48), pool32.prepare(slots))
+    out16 = pool16.apply(
+        0, "q_proj", x.bfloat16(), torch.zeros(6, 48, dtype=torch.bfloat16), pool16.prepare(slots)
+    ).float()
+    assert torch.equal(out16[3], torch.zeros(48))
+    adapted = [0, 1, 2, 4, 5]
+    error = (out16[adapted] - out32[adapted]).norm(dim=1) / out32[adapted].norm(dim=1)
+    assert error.max().item() < 0.02, error
+
+
+@pytest.mark.parametrize(
+    ("shape", "width", "strategy"),
+    [
+        # the large preset (width 1664 on q/k/v/o), 16 tokens on 16 rank-16 adapters
+        (StepShape(16, 16, 256, 256, 256, 256, 256), 1664, Strategy.BATCHED),
+        # the same adapters, prefill: 16 runs of 64 tokens pad nothing either
+        (StepShape(1024, 16, 256, 256, 16384, 256, 16384), 1664, Strategy.BATCHED),
+        # one hot adapter (17 tokens) among 15 others: padding every block to 17 costs more
+        (StepShape(32, 16, 256, 256, 512, 256, 4352), 1664, Strategy.GROUPED),
+        # S2 ranks share no grid: as before the grid existed
+        (StepShape(16, 16, 480, 480, 480), 2597, Strategy.GROUPED),
+        (StepShape(16, 16, 480, 480, 480), 642, Strategy.MASKED),
+        # one run is already exact
+        (StepShape(4, 1, 16, 16, 64, 16, 64), 642, Strategy.GROUPED),
+    ],
+)
+def test_auto_chooses_the_cheapest(shape: StepShape, width: int, strategy: Strategy) -> None:
+    assert AutoPolicy().choose(shape, width) is strategy
+
+
+def test_16_bit_weights_on_a_cpu_make_skinny_matmuls_dearer() -> None:
+    r16 = {"num_tokens": 16, "runs": 16, "covered_rows": 256, "active_rows": 256}
+    shape = StepShape(**r16, exact_cells=256, block_rows=256, padded_cells=256)
+    half = StepShape(**r16, exact_cells=256, block_rows=256, padded_cells=256, half_on_cpu=True)
+    assert AutoPolicy().choose(shape, 1664) is Strategy.BATCHED
+    assert AutoPolicy().choose(half, 1664) is Strategy.MASKED
+    assert AutoPolicy(half_cpu_read_factor=1).choose(half, 1664) is Strategy.BATCHED
+    with pytest.raises(ValueError, match="half_cpu_read_factor"):
+        AutoPolicy(half_cpu_read_factor=-1)
+
+
+def test_the_pool_dtype_sets_half_on_cpu() -> None:
+    pool32, adapters = filled_pool("auto", EQUAL_RANKS)
+    pool16 = LoraSlotPool(SPEC, 8, 64, dtype=torch.bfloat16, device=torch.device("cpu"))
+    for slot, weights in enumerate(adapters):
+        pool16.load(slot, weights)
+    tokens = {slot: 1 for slot in range(8)}
+    assert not StepShape.of(8, tokens, pool32.layout).half_on_cpu
+    assert StepShape.of(8, tokens, pool16.layout).half_on_cpu
+
+
+def test_auto_runs_batched_on_equal_ranks() -> None:
+    pool, adapters = filled_pool("auto", EQUAL_RANKS)
+    slots = [*range(8), -1]
+    assert pool.prepare(torch.tensor(slots)).strategy is Strategy.BATCHED
+    run_all_modules(pool, adapters, slots, seed=9)
