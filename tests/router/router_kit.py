@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import random
+from collections import OrderedDict
 from collections.abc import Iterable
+from dataclasses import dataclass, field
 
 from loraplex.clock import ManualClock
 from loraplex.router import (
@@ -61,3 +63,39 @@ def req(
 
 def idle(*replica_ids: str, at_s: float = 0.0) -> dict[str, ReplicaReport | None]:
     return {r: report(r, at_s=at_s) for r in replica_ids}
+
+
+@dataclass
+class ToyReplica:
+    """One engine replica reduced to an LRU of GPU slots and a backlog of work units, for the
+    seeded fleet simulations: a hit costs one unit, a miss (its load) ``miss_cost``, and every
+    tick finishes ``capacity_per_tick`` units and reports the backlog as the queue."""
+
+    replica_id: str
+    num_slots: int
+    capacity_per_tick: float
+    miss_cost: float
+    slots: OrderedDict[str, None] = field(default_factory=OrderedDict)
+    backlog: float = 0.0
+    evictions: int = 0  # since the last report
+
+    def serve(self, key: str) -> bool:
+        hit = key in self.slots
+        if hit:
+            self.slots.move_to_end(key)
+        else:
+            self.slots[key] = None
+            if len(self.slots) > self.num_slots:
+                self.slots.popitem(last=False)
+                self.evictions += 1
+        self.backlog += 1.0 if hit else self.miss_cost
+        return hit
+
+    def tick(self, now_s: float, *, report_evictions: bool = True) -> ReplicaReport:
+        """The report at ``now_s`` (evictions as a per-minute rate of the last 1 s tick)."""
+        self.backlog = max(0.0, self.backlog - self.capacity_per_tick)
+        rate = self.evictions * 60.0 if report_evictions else 0.0
+        self.evictions = 0
+        return report(
+            self.replica_id, at_s=now_s, l0=self.slots, queued=int(self.backlog), evictions=rate
+        )

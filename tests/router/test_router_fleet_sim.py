@@ -5,11 +5,10 @@ a request to a saturated replica while an unsaturated one holds the revision."""
 from __future__ import annotations
 
 import random
-from collections import OrderedDict
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 import pytest
-from router_kit import make_router, report, req
+from router_kit import ToyReplica, make_router, req
 
 from loraplex.router import ReplicaReport, ReplicaView, RouterConfig
 from loraplex.router.view import is_saturated
@@ -21,40 +20,6 @@ CAPACITY_PER_TICK = 10.0  # work units a replica finishes per 1 s tick
 MISS_COST = 2.0  # a cold request costs this many units (the load), a hit costs 1
 ARRIVALS_PER_TICK = 16
 NUM_TICKS = 120
-
-
-@dataclass
-class SimReplica:
-    """One engine replica, reduced to an LRU of GPU slots and a backlog of work."""
-
-    replica_id: str
-    slots: OrderedDict[str, None] = field(default_factory=OrderedDict)
-    backlog: float = 0.0
-    evictions: int = 0
-
-    def serve(self, key: str) -> bool:
-        hit = key in self.slots
-        if hit:
-            self.slots.move_to_end(key)
-        else:
-            self.slots[key] = None
-            if len(self.slots) > NUM_SLOTS:
-                self.slots.popitem(last=False)
-                self.evictions += 1
-        self.backlog += 1.0 if hit else MISS_COST
-        return hit
-
-    def tick(self, now_s: float) -> ReplicaReport:
-        self.backlog = max(0.0, self.backlog - CAPACITY_PER_TICK)
-        made = report(
-            self.replica_id,
-            at_s=now_s,
-            l0=self.slots,
-            queued=int(self.backlog),
-            evictions=self.evictions * 60.0,
-        )
-        self.evictions = 0
-        return made
 
 
 def _zipf_stream(seed: int) -> list[str]:
@@ -73,7 +38,10 @@ class Outcome:
 
 def _run(policy: str, seed: int) -> Outcome:
     router, clock = make_router(policy, seed=seed, max_queued=6)
-    replicas = {f"r{i}": SimReplica(f"r{i}") for i in range(NUM_REPLICAS)}
+    replicas = {
+        f"r{i}": ToyReplica(f"r{i}", NUM_SLOTS, CAPACITY_PER_TICK, MISS_COST)
+        for i in range(NUM_REPLICAS)
+    }
     reports: dict[str, ReplicaReport | None] = {r: s.tick(0.0) for r, s in replicas.items()}
     outcome = Outcome()
     stream = _zipf_stream(seed)

@@ -10,11 +10,11 @@ it waits behind."""
 from __future__ import annotations
 
 import random
-from collections import Counter, OrderedDict
+from collections import Counter
 from dataclasses import dataclass, field
 
 import pytest
-from router_kit import make_router, report, req
+from router_kit import ToyReplica, make_router, req
 
 from loraplex.residency.stats import percentile
 from loraplex.router import Reason, ReplicaReport
@@ -29,30 +29,6 @@ HOT_SHARE = 0.6  # of the requests
 ARRIVALS_PER_TICK = round(HOT_DEMAND * CAPACITY_PER_TICK / HOT_SHARE)  # 25
 NUM_TAIL = 63
 NUM_TICKS = 60
-
-
-@dataclass
-class Replica:
-    """One engine replica: an LRU of GPU slots and a backlog of work units."""
-
-    replica_id: str
-    slots: OrderedDict[str, None] = field(default_factory=OrderedDict)
-    backlog: float = 0.0
-
-    def serve(self, key: str) -> bool:
-        hit = key in self.slots
-        if hit:
-            self.slots.move_to_end(key)
-        else:
-            self.slots[key] = None
-            if len(self.slots) > NUM_SLOTS:
-                self.slots.popitem(last=False)
-        self.backlog += 1.0 if hit else MISS_COST
-        return hit
-
-    def tick(self, now_s: float) -> ReplicaReport:
-        self.backlog = max(0.0, self.backlog - CAPACITY_PER_TICK)
-        return report(self.replica_id, at_s=now_s, l0=self.slots, queued=int(self.backlog))
 
 
 def _stream(seed: int) -> list[str]:
@@ -75,8 +51,13 @@ class Outcome:
 
 def _run(policy: str, seed: int) -> Outcome:
     router, clock = make_router(policy, seed=seed, max_queued=6, max_ongoing=1000)
-    replicas = {f"r{i}": Replica(f"r{i}") for i in range(NUM_REPLICAS)}
-    reports: dict[str, ReplicaReport | None] = {r: s.tick(0.0) for r, s in replicas.items()}
+    replicas = {
+        f"r{i}": ToyReplica(f"r{i}", NUM_SLOTS, CAPACITY_PER_TICK, MISS_COST)
+        for i in range(NUM_REPLICAS)
+    }
+    reports: dict[str, ReplicaReport | None] = {
+        r: s.tick(0.0, report_evictions=False) for r, s in replicas.items()
+    }
     out = Outcome()
     stream = _stream(seed)
     for tick in range(NUM_TICKS):
@@ -89,7 +70,7 @@ def _run(policy: str, seed: int) -> Outcome:
             out.reasons[decision.reason.value] += 1
             if key == HOT:
                 out.hot_replicas[chosen.replica_id] += 1
-        reports = {r: s.tick(clock.now()) for r, s in replicas.items()}
+        reports = {r: s.tick(clock.now(), report_evictions=False) for r, s in replicas.items()}
     return out
 
 
