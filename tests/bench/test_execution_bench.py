@@ -93,6 +93,24 @@ def test_cli_prints_one_json_line(tmp_path: Path, monkeypatch: pytest.MonkeyPatc
     assert (tmp_path / "execution-run.md").is_file() and (tmp_path / "execution.png").is_file()
 
 
+def test_quick_takes_an_explicit_rounds(monkeypatch: pytest.MonkeyPatch) -> None:
+    """--quick means 3 rounds, but a --rounds given beside it is used, not silently dropped."""
+    import loraplex.bench.execution.bench as execution
+
+    seen: list[int] = []
+
+    def tiny(config: ExecutionBenchConfig, workdir: Path | None = None) -> dict[str, object]:
+        seen.append(config.rounds)
+        return {"name": "execution", "config": {}, "seed": 0, "rows": [], "metrics": {}}
+
+    monkeypatch.setattr(execution, "run_execution_bench", tiny)
+    for extra, rounds in (([], 3), (["--rounds", "6"], 6)):
+        out = CliRunner().invoke(app, ["bench", "execution", "--quick", "--json",
+                                       "--report-dir", "", *extra])  # fmt: skip
+        assert out.exit_code == 0, out.output
+        assert seen[-1] == rounds
+
+
 def test_popularity_patterns() -> None:
     rng = random.Random(0)
     assert seq_slots(Case(popularity="identical"), 4, rng) == [0, 0, 0, 0]

@@ -20,10 +20,13 @@ from loraplex.cli.bench.options import (
 
 
 def execution(
+    ctx: typer.Context,
     *,
     preset: Preset = "small",
     as_json: AsJson = False,
-    quick: Annotated[bool, typer.Option(help="Headline only, float32, 3 rounds.")] = False,
+    quick: Annotated[
+        bool, typer.Option(help="Headline only, float32, 3 rounds (an explicit --rounds wins).")
+    ] = False,
     no_peft: Annotated[bool, typer.Option("--no-peft", help="Skip PEFT's mixed batch.")] = False,
     threads: Threads = 1,
     rounds: Rounds = 12,
@@ -57,7 +60,7 @@ def execution(
         config = ExecutionBenchConfig(
             preset=preset,
             dtypes=dtypes,
-            rounds=3 if quick else rounds,
+            rounds=3 if quick and not _given(ctx, "rounds") else rounds,
             matrix=not quick,
             peft=not no_peft,
             seed=seed,
@@ -75,3 +78,9 @@ def execution(
     if not as_json:
         typer.echo(f"report: {report_dir}/execution-run.md", err=True)
     typer.echo(line)
+
+
+def _given(ctx: typer.Context, name: str) -> bool:
+    """Whether ``name`` was given on the command line (not its default)."""
+    source = ctx.get_parameter_source(name)  # NOTE: typer's own click: compare the member's name
+    return source is not None and source.name == "COMMANDLINE"
