@@ -35,11 +35,16 @@ GENERATOR_VERSION = 2
 STAMP_NAME = "stamp.json"
 
 
-def generate_demo_assets(out: Path, preset: str = "small", seed: int = 0) -> DemoAssets:
-    """The demo set for ``preset``/``seed`` in ``out``, generated unless already there."""
+def generate_demo_assets(
+    out: Path, preset: str = "small", seed: int = 0, *, adapters: bool = True
+) -> DemoAssets:
+    """The demo set for ``preset``/``seed`` in ``out``, generated unless already there. With
+    ``adapters=False``, the base model alone (its manifest lists no adapters): what a
+    benchmark that writes its own adapters needs, without the adapters' fine-tunes (most of
+    the large preset's generation time)."""
     preset_spec = get_preset(preset)
     out = out.resolve()
-    if demo_assets_ready(out, preset, seed):
+    if demo_assets_ready(out, preset, seed, adapters=adapters):
         return read_manifest(out)
     from loraplex.demo.generate import generate
 
@@ -49,8 +54,8 @@ def generate_demo_assets(out: Path, preset: str = "small", seed: int = 0) -> Dem
     shutil.rmtree(staging, ignore_errors=True)
     staging.mkdir()
     try:
-        generate(staging, preset_spec, seed)
-        _write_stamp(staging, preset, seed)
+        generate(staging, preset_spec, seed, adapters=adapters)
+        _write_stamp(staging, preset, seed, adapters)
         _move_into_place(staging, out)
     finally:
         shutil.rmtree(staging, ignore_errors=True)
@@ -62,14 +67,17 @@ def load_demo_assets(out: Path) -> DemoAssets:
     return read_manifest(out.resolve())
 
 
-def demo_assets_ready(root: Path, preset: str, seed: int) -> bool:
-    """True when ``root`` holds a complete set for these arguments (stamp, presence, sizes)."""
+def demo_assets_ready(root: Path, preset: str, seed: int, *, adapters: bool = True) -> bool:
+    """True when ``root`` holds a complete set for these arguments (stamp, presence, sizes);
+    a stamp without ``adapters`` (written before base-only sets existed) is a whole set."""
     try:
         stamp = json.loads((root / STAMP_NAME).read_text(encoding="utf-8"))
     except (OSError, ValueError):
         return False
     expected = {"generator_version": GENERATOR_VERSION, "preset": preset, "seed": seed}
     if not isinstance(stamp, dict) or any(stamp.get(k) != v for k, v in expected.items()):
+        return False
+    if stamp.get("adapters", True) is not adapters:
         return False
     files = stamp.get("files")
     if not isinstance(files, dict) or not files:
@@ -81,14 +89,20 @@ def demo_assets_ready(root: Path, preset: str, seed: int) -> bool:
     return True
 
 
-def _write_stamp(root: Path, preset: str, seed: int) -> None:
+def _write_stamp(root: Path, preset: str, seed: int, adapters: bool) -> None:
     files: dict[str, Any] = {}
     for path in sorted(p for p in root.rglob("*") if p.is_file()):
         files[path.relative_to(root).as_posix()] = {
             "bytes": path.stat().st_size,
             "sha256": sha256_file(path),
         }
-    stamp = {"generator_version": GENERATOR_VERSION, "preset": preset, "seed": seed, "files": files}
+    stamp = {
+        "generator_version": GENERATOR_VERSION,
+        "preset": preset,
+        "seed": seed,
+        "adapters": adapters,
+        "files": files,
+    }
     text = json.dumps(stamp, indent=2, sort_keys=True) + "\n"
     (root / STAMP_NAME).write_text(text, encoding="utf-8")
 

@@ -42,8 +42,10 @@ class _Context:
     probes: dict[str, adapters.Probe]  # plan.ref -> its probe
 
 
-def generate(root: Path, preset: DemoPreset, seed: int) -> DemoAssets:
-    """Generate every asset of ``preset`` into the (new, empty) directory ``root``."""
+def generate(root: Path, preset: DemoPreset, seed: int, *, adapters: bool = True) -> DemoAssets:
+    """Generate every asset of ``preset`` into the (new, empty) directory ``root``; with
+    ``adapters=False`` only the tokenizer and the base model (the same bytes as in the whole
+    set: the adapters are trained after the base model is saved)."""
     model_dir = root / "models" / preset.model_name
     model_dir.mkdir(parents=True)
     texts = base.base_texts(random.Random(seed), _NUM_BASE_TEXTS, preset.adapters)
@@ -55,8 +57,10 @@ def generate(root: Path, preset: DemoPreset, seed: int) -> DemoAssets:
         base.train_base(model, base.token_stream(bpe, texts), preset)
         model.name_or_path = preset.model_name
         base.save_model(model, model_dir)
-        context = _context(preset, seed, model, bpe)
-        generated = tuple(_generate_adapter(root, context, plan) for plan in preset.adapters)
+        generated: tuple[DemoAdapter, ...] = ()
+        if adapters:
+            context = _context(preset, seed, model, bpe)
+            generated = tuple(_generate_adapter(root, context, plan) for plan in preset.adapters)
     assets = DemoAssets(
         root=root,
         base_model_dir=model_dir,

@@ -56,6 +56,14 @@ def test_other_seed_differs_and_second_call_is_cached(
     assert _file_states(other.root) == before
     assert (other.root.stat().st_ino, other.root.stat().st_mtime_ns) == root_state
     assert sorted(p.name for p in tmp_path.iterdir()) == ["seed0", "seed1"]
+    # A base-only set: the whole set's base model bytes, no adapters; each kind of set is
+    # ready only as itself, so neither stands in for the other.
+    base = generate_demo_assets(tmp_path / "base0", "small", 0, adapters=False)
+    assert base.adapters == () and base.base_digest == first.base_digest
+    assert demo_assets_ready(base.root, "small", 0, adapters=False)
+    assert not demo_assets_ready(base.root, "small", 0)
+    assert not demo_assets_ready(first.root, "small", 0, adapters=False)
+    assert generate_demo_assets(tmp_path / "base0", "small", 0, adapters=False) == base
 
 
 def test_ready_checks_arguments_presence_and_sizes(demo_assets: DemoAssets, tmp_path: Path) -> None:

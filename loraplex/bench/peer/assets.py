@@ -23,6 +23,7 @@ PRESET_MIX = {"small": "s2", "large": "r16"}  # each preset's default mix
 R16_RANK = 16
 R16_TARGETS = ("q_proj", "k_proj", "v_proj", "o_proj")
 R16_TENANT = "bench"
+R16_PROBE_MAX_TOKENS = 16  # a random adapter's probe is answered, not checked
 # vLLM accepts these --max-lora-rank values only (vllm/config/lora.py, MaxLoRARanks, 0.32)
 VLLM_MAX_LORA_RANKS = (1, 8, 16, 32, 64, 128, 256, 320, 512)
 
@@ -95,6 +96,7 @@ def r16_adapters(demo: DemoAssets, out: Path, seed: int) -> tuple[PeerAdapter, .
     from loraplex.bench.adapters import write_random_adapter
 
     spec = BaseModelSpec.from_dir(demo.base_model_dir)
+    prompts = r16_probe_prompts(demo.preset)
     adapters = []
     for i in range(NUM_ADAPTERS):
         path = write_random_adapter(
@@ -105,7 +107,6 @@ def r16_adapters(demo: DemoAssets, out: Path, seed: int) -> tuple[PeerAdapter, .
             target_modules=R16_TARGETS,
             seed=seed * 1000 + i,
         )
-        probe = demo.adapters[i % len(demo.adapters)]
         adapters.append(
             PeerAdapter(
                 R16_TENANT,
@@ -113,12 +114,22 @@ def r16_adapters(demo: DemoAssets, out: Path, seed: int) -> tuple[PeerAdapter, .
                 "r1",
                 path,
                 R16_RANK,
-                probe.probe_prompt,
-                probe.probe_max_tokens,
+                prompts[i % len(prompts)],
+                R16_PROBE_MAX_TOKENS,
                 None,
             )
         )
     return tuple(adapters)
+
+
+def r16_probe_prompts(preset: str) -> tuple[str, ...]:
+    """The demo catalogue's probe prompts (``The <tenant> <name> team``, as the demo generator
+    writes them), one per logical adapter: they need no trained adapter, so a base-only demo
+    set has them too."""
+    from loraplex.demo.presets import get_preset
+
+    plans = get_preset(preset).adapters
+    return tuple(dict.fromkeys(f"The {p.tenant} {p.name} team" for p in plans))
 
 
 def peer_assets(demo: DemoAssets, mix: str, scratch: Path, seed: int) -> PeerAssets:
@@ -129,9 +140,15 @@ def peer_assets(demo: DemoAssets, mix: str, scratch: Path, seed: int) -> PeerAss
     return PeerAssets(demo.preset, mix, demo.base_model_dir, demo.base_model_name, adapters, demo)
 
 
-def load_preset(asset_dir: Path, preset: str) -> DemoAssets:
-    """The demo set of ``preset`` under ``asset_dir/test-<preset>``, generated once if missing
-    (the large one trains a model: tens of minutes, see docs/benchmarks/demo-assets.md)."""
-    from loraplex.demo.assets import generate_demo_assets
+def load_preset(asset_dir: Path, preset: str, mix: str) -> DemoAssets:
+    """The demo set ``mix`` needs. ``s2``: the whole set of ``preset`` under
+    ``asset_dir/test-<preset>``, generated once if missing (the large one trains 17 adapters:
+    tens of minutes, see docs/benchmarks/demo-assets.md). ``r16`` writes its own adapters and
+    needs only the base model: the whole set's when it is there, else the base-only set under
+    ``asset_dir/test-<preset>-base`` (the same base model bytes; minutes on large)."""
+    from loraplex.demo.assets import demo_assets_ready, generate_demo_assets
 
-    return generate_demo_assets(asset_dir / f"test-{preset}", preset=preset, seed=0)
+    whole = asset_dir / f"test-{preset}"
+    if mix == "s2" or demo_assets_ready(whole.resolve(), preset, 0):
+        return generate_demo_assets(whole, preset=preset, seed=0)
+    return generate_demo_assets(asset_dir / f"test-{preset}-base", preset, 0, adapters=False)

