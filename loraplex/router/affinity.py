@@ -31,6 +31,7 @@ from loraplex.router.view import (
     affinity,
     is_saturated,
     load_penalty,
+    load_rank,
     score,
     utilization,
 )
@@ -98,15 +99,16 @@ class AffinityUntilSaturatedPolicy:
         chosen, reason = self._pick(request, known, now_s)
         if request.session_key is not None:
             self._sessions.put(request.session_key, chosen.replica_id, now_s)
-        key = request.adapter_key
-        by_score = sorted(
-            (v for v in known if v is not chosen),
-            key=lambda v: (
-                is_saturated(v, self._config),
-                -score(v, key, self._config) if key else load_penalty(v, self._config),
-                v.replica_id,
-            ),
-        )
+        key, config = request.adapter_key, self._config
+
+        def rank_key(v: ReplicaView) -> tuple[bool, float, str]:
+            # (saturated, -score, id); where the revision is absent -score is the load penalty,
+            # which ``load_rank`` remembers per view
+            if key is None or v.tier_of(key) is Tier.ABSENT:
+                return load_rank(v, config)
+            return (is_saturated(v, config), -score(v, key, config), v.replica_id)
+
+        by_score = sorted((v for v in known if v is not chosen), key=rank_key)
         return decision([chosen, *by_score], fleet, reason)
 
     def _pick(

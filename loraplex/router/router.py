@@ -61,6 +61,7 @@ class Router:
         self.policy: RoutingPolicy = _POLICIES[policy_name](self.config, rng)
         self._clock = clock
         self._memory = DecisionMemory(self.config.recent_ttl_s)
+        self._views: dict[str, ReplicaView] = {}  # the last view of each replica (``view``)
         # the replica the fleet dedicated to one revision (``FleetTopology.update``); None: none
         self.dedication: Dedication | None = None
 
@@ -68,6 +69,8 @@ class Router:
         """What the router believes of each replica now (sorted by id): its report unless
         stale, merged with the decisions made since."""
         now_s = self._clock.now()
+        max_age_s = self.config.max_report_age_s
+        known = self._views
         views = []
         for replica_id in sorted(replicas):
             report = replicas[replica_id]
@@ -76,11 +79,23 @@ class Router:
                     f"replicas[{quoted(replica_id)}] is a report of "
                     f"{quoted(report.replica_id)}; expected the same replica id"
                 )
-            if report is not None and now_s - report.at_s > self.config.max_report_age_s:
+            if report is not None and now_s - report.at_s > max_age_s:
                 report = None
             at_s = report.at_s if report is not None else None
             pending = self._memory.pending(replica_id, at_s, now_s)
-            views.append(ReplicaView(replica_id, report, pending, self._dedicated(replica_id)))
+            dedicated = self._dedicated(replica_id)
+            view = known.get(replica_id)
+            # NOTE: a view is a pure function of these three (the memory hands out the same
+            # ``Pending`` while no decision for the replica came or lapsed), so one that was
+            # built from the very same objects is still true; any other is rebuilt.
+            if (
+                view is None
+                or view.report is not report
+                or view.pending is not pending
+                or view.dedicated != dedicated
+            ):
+                view = known[replica_id] = ReplicaView(replica_id, report, pending, dedicated)
+            views.append(view)
         return views
 
     def _dedicated(self, replica_id: str) -> str | None:
@@ -97,7 +112,10 @@ class Router:
         this request's destination until that replica reports again."""
         if not replicas:
             raise ValueError("replicas is empty; expected at least one replica id")
-        self._memory.forget_except(set(replicas))
+        offered = set(replicas)
+        self._memory.forget_except(offered)
+        for gone in [r for r in self._views if r not in offered]:
+            del self._views[gone]
         now_s = self._clock.now()
         result = self.policy.rank(request, self.view(replicas), now_s)
         self._memory.record(

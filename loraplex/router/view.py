@@ -1,8 +1,10 @@
-"""The router's view of one replica for one decision: its fresh report (if any) merged with the
-router's own decisions since that report, and the score and saturation rules over it.
+"""The router's view of one replica: its fresh report (if any) merged with the router's own
+decisions since that report, and the score and saturation rules over it.
 
 Every policy reads replicas only through ``ReplicaView``, so "what the router believes" is
-decided here alone.
+decided here alone. A view is a pure function of (report, pending decisions, dedication), so the
+router reuses one across decisions while those three are the same objects; what a view
+computes (tiers, utilization, load penalty) it remembers for as long as it lives.
 """
 
 from __future__ import annotations
@@ -24,19 +26,24 @@ class Tier(IntEnum):
     L0 = 4  # GPU slots
 
 
+MAX_TIERS_CACHED = 4096  # revisions whose tier one view remembers (then it forgets them all)
+
+
 class ReplicaView:
     """One replica as the router sees it at decision time (read only).
 
-    NOTE: a plain slotted class, not a frozen dataclass: a decision builds one per replica, and
-    building frozen dataclasses field by field took a tenth of a 64-replica simulation.
+    NOTE: a plain slotted class, not a frozen dataclass: building frozen dataclasses field by
+    field took a tenth of a 64-replica simulation.
     """
 
     __slots__ = (
         "dedicated",
+        "load_ranks",
         "num_active_tokens",
         "num_adapter_wait",
         "num_ongoing",
         "num_queued",
+        "penalties",
         "pending",
         "replica_id",
         "report",
@@ -66,9 +73,12 @@ class ReplicaView:
         # queued and running requests, those waiting for an adapter left out
         self.num_ongoing = queued + (load.num_running if load else 0)
         self.num_active_tokens = (load.num_active_tokens if load else 0) + pending.num_tokens
-        # ``utilization`` per ``cold`` with the config it was computed for, and ``tier_of`` per
-        # revision asked: a decision asks for each once per rule that reads it
+        # ``utilization`` per ``cold``, ``load_penalty`` and ``load_rank``, each with the config
+        # it was computed for, and ``tier_of`` per revision asked: a decision asks for each once
+        # per rule that reads it, and a reused view keeps them
         self.utilizations: dict[bool, tuple[RouterConfig, float]] = {}
+        self.penalties: tuple[RouterConfig, float] | None = None
+        self.load_ranks: tuple[RouterConfig, tuple[bool, float, str]] | None = None
         self.tiers: dict[str, Tier] = {}
 
     def __repr__(self) -> str:
@@ -81,9 +91,12 @@ class ReplicaView:
 
     def tier_of(self, adapter_key: str) -> Tier:
         """The fastest place this replica holds ``adapter_key``, by report or recent decision."""
-        tier = self.tiers.get(adapter_key)
+        tiers = self.tiers
+        tier = tiers.get(adapter_key)
         if tier is None:
-            tier = self.tiers[adapter_key] = self._tier_of(adapter_key)
+            if len(tiers) >= MAX_TIERS_CACHED:  # a long-lived view asked for many revisions
+                tiers.clear()
+            tier = tiers[adapter_key] = self._tier_of(adapter_key)
         return tier
 
     def _tier_of(self, adapter_key: str) -> Tier:
@@ -144,14 +157,32 @@ def is_saturated(view: ReplicaView, config: RouterConfig, *, cold: bool = False)
 
 def load_penalty(view: ReplicaView, config: RouterConfig) -> float:
     """What load subtracts from a replica's score (0 for an idle replica)."""
+    known = view.penalties
+    if known is not None and known[0] is config:
+        return known[1]
     evictions = view.report.load.evictions_per_min if view.report else 0.0
     running = view.report.load.num_running if view.report else 0
-    return (
+    value = (
         config.penalty_per_queued * (view.num_queued + view.num_adapter_wait)
         + config.penalty_per_running * running
         + config.penalty_per_1k_active_tokens * view.num_active_tokens / 1000
         + config.penalty_per_eviction_per_min * evictions
     )
+    view.penalties = (config, value)
+    return value
+
+
+def load_rank(view: ReplicaView, config: RouterConfig) -> tuple[bool, float, str]:
+    """A replica's place when load alone orders it: unsaturated first, then the lower penalty,
+    then the replica id. For a revision the replica does not hold this is the score order
+    (``score`` is then ``0.0 - load_penalty``), so it is computed once per view, not per
+    decision."""
+    known = view.load_ranks
+    if known is not None and known[0] is config:
+        return known[1]
+    value = (is_saturated(view, config), load_penalty(view, config), view.replica_id)
+    view.load_ranks = (config, value)
+    return value
 
 
 def affinity(view: ReplicaView, adapter_key: str, config: RouterConfig) -> float:
