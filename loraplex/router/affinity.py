@@ -29,6 +29,7 @@ from loraplex.router.view import (
     ReplicaView,
     Tier,
     affinity,
+    holders,
     is_saturated,
     load_penalty,
     load_rank,
@@ -96,24 +97,33 @@ class AffinityUntilSaturatedPolicy:
         known = [v for v in fleet if v.known]
         if not known:
             return no_report(fleet, self._rng)
-        chosen, reason = self._pick(request, known, now_s)
+        key, config = request.adapter_key, self._config
+        holding = holders(known, key) if key is not None else []
+        chosen, reason = self._pick(request, known, holding, now_s)
         if request.session_key is not None:
             self._sessions.put(request.session_key, chosen.replica_id, now_s)
-        key, config = request.adapter_key, self._config
+        held_by = set(holding)
 
         def rank_key(v: ReplicaView) -> tuple[bool, float, str]:
             # (saturated, -score, id); where the revision is absent -score is the load penalty,
             # which ``load_rank`` remembers per view
-            if key is None or v.tier_of(key) is Tier.ABSENT:
+            if v not in held_by:
                 return load_rank(v, config)
+            assert key is not None  # only a revision has holders
             return (is_saturated(v, config), -score(v, key, config), v.replica_id)
 
         by_score = sorted((v for v in known if v is not chosen), key=rank_key)
         return decision([chosen, *by_score], fleet, reason)
 
     def _pick(
-        self, request: RouteRequest, known: list[ReplicaView], now_s: float
+        self,
+        request: RouteRequest,
+        known: list[ReplicaView],
+        holding: list[ReplicaView],
+        now_s: float,
     ) -> tuple[ReplicaView, Reason]:
+        """Rules 1-5 of the module docstring; ``holding``: the ``known`` replicas that hold the
+        revision anywhere (``holders``)."""
         config = self._config
         open_ = [v for v in known if not is_saturated(v, config)]
         if request.session_key is not None:
@@ -124,11 +134,11 @@ class AffinityUntilSaturatedPolicy:
         key = request.adapter_key
         if key is None:
             return pow2(open_ or known, self._rng)[0], Reason.POW2
-        holders = [v for v in open_ if v.tier_of(key) > Tier.ABSENT]
-        if holders:
-            best = min(holders, key=lambda v: (-score(v, key, config), v.replica_id))
+        open_holders = [v for v in holding if not is_saturated(v, config)]
+        if open_holders:
+            best = min(open_holders, key=lambda v: (-score(v, key, config), v.replica_id))
             return best, _hit_reason(best, key)
-        if any(v.tier_of(key) > Tier.ABSENT for v in known):
+        if holding:
             if open_:
                 return _least_loaded(open_, config), Reason.SATURATED
             # Every replica is saturated: no move buys capacity, and the least loaded one would

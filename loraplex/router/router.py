@@ -19,7 +19,7 @@ from loraplex.router.decision import Decision, RouteRequest, RoutingPolicy
 from loraplex.router.memory import DecisionMemory
 from loraplex.router.reports import ReplicaReport
 from loraplex.router.topology import Dedication
-from loraplex.router.view import ReplicaView
+from loraplex.router.view import ReplicaView, held_keys
 
 DEFAULT_POLICY = "affinity_until_saturated"
 
@@ -62,6 +62,8 @@ class Router:
         self._clock = clock
         self._memory = DecisionMemory(self.config.recent_ttl_s)
         self._views: dict[str, ReplicaView] = {}  # the last view of each replica (``view``)
+        # each replica's last report seen by ``view`` (None: none or stale), with its held keys
+        self._held: dict[str, tuple[ReplicaReport | None, frozenset[str] | None]] = {}
         # the replica the fleet dedicated to one revision (``FleetTopology.update``); None: none
         self.dedication: Dedication | None = None
 
@@ -84,6 +86,7 @@ class Router:
             at_s = report.at_s if report is not None else None
             pending = self._memory.pending(replica_id, at_s, now_s)
             dedicated = self._dedicated(replica_id)
+            held = self._held_keys(replica_id, report)
             view = known.get(replica_id)
             # NOTE: a view is a pure function of these three (the memory hands out the same
             # ``Pending`` while no decision for the replica came or lapsed), so one that was
@@ -94,9 +97,17 @@ class Router:
                 or view.pending is not pending
                 or view.dedicated != dedicated
             ):
-                view = known[replica_id] = ReplicaView(replica_id, report, pending, dedicated)
+                view = ReplicaView(replica_id, report, pending, dedicated, held)
+                known[replica_id] = view
             views.append(view)
         return views
+
+    def _held_keys(self, replica_id: str, report: ReplicaReport | None) -> frozenset[str] | None:
+        """``held_keys(report)``, joined once per report, not once per view built on it."""
+        known = self._held.get(replica_id)
+        if known is None or known[0] is not report:
+            known = self._held[replica_id] = (report, held_keys(report))
+        return known[1]
 
     def _dedicated(self, replica_id: str) -> str | None:
         dedication = self.dedication
@@ -115,7 +126,7 @@ class Router:
         offered = set(replicas)
         self._memory.forget_except(offered)
         for gone in [r for r in self._views if r not in offered]:
-            del self._views[gone]
+            del self._views[gone], self._held[gone]
         now_s = self._clock.now()
         result = self.policy.rank(request, self.view(replicas), now_s)
         self._memory.record(

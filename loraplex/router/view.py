@@ -9,6 +9,7 @@ computes (tiers, utilization, load penalty) it remembers for as long as it lives
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from enum import IntEnum
 
 from loraplex.router.config import RouterConfig
@@ -38,6 +39,7 @@ class ReplicaView:
 
     __slots__ = (
         "dedicated",
+        "held",
         "load_ranks",
         "num_active_tokens",
         "num_adapter_wait",
@@ -57,12 +59,16 @@ class ReplicaView:
         report: ReplicaReport | None,
         pending: Pending,
         dedicated: str | None = None,
+        held: frozenset[str] | None = None,
     ) -> None:
         self.replica_id = replica_id  # the serving framework's replica id
         self.report = report  # its latest report, None when absent or stale
         self.pending = pending  # the router's decisions for it since that report
         # a revision the fleet asked this replica to merge (``router/topology.py``); None: none
         self.dedicated = dedicated
+        # ``held_keys`` of the report (frozenset() without one), so ``holders`` tests one set;
+        # None: not given, or a Bloom filter in the report (``holders`` asks ``tier_of``)
+        self.held = held
         # The load it reports plus the router's decisions since, computed once (a decision
         # reads them hundreds of times over a large fleet).
         load = report.load if report else None
@@ -125,6 +131,32 @@ class ReplicaView:
         if adapter_key == self.dedicated:
             return True
         return self.report is not None and adapter_key in self.report.residency.merged
+
+
+def held_keys(report: ReplicaReport | None) -> frozenset[str] | None:
+    """Every revision ``report`` places in L0, loading, L1 or L2, as one set (empty without a
+    report); None when one of those is a Bloom filter, which cannot be joined."""
+    if report is None:
+        return frozenset()
+    r = report.residency
+    parts = (r.l0, r.loading, r.l1, r.l2)
+    if not all(isinstance(part, frozenset) for part in parts):
+        return None
+    return frozenset().union(*parts)
+
+
+def holders(views: Sequence[ReplicaView], adapter_key: str) -> list[ReplicaView]:
+    """The views that hold ``adapter_key`` anywhere (``tier_of`` above ABSENT), in order: one set
+    lookup or two per view where ``held`` is known, instead of up to five."""
+    found = []
+    for view in views:
+        held = view.held
+        if held is None:
+            if view.tier_of(adapter_key) > Tier.ABSENT:
+                found.append(view)
+        elif adapter_key in held or adapter_key in view.pending.adapter_keys:
+            found.append(view)
+    return found
 
 
 def utilization(view: ReplicaView, config: RouterConfig, *, cold: bool = False) -> float:
