@@ -72,7 +72,7 @@ class Router:
         stale, merged with the decisions made since."""
         now_s = self._clock.now()
         max_age_s = self.config.max_report_age_s
-        known = self._views
+        known, pending_of, dedication = self._views, self._memory.pending, self.dedication
         views = []
         for replica_id in sorted(replicas):
             report = replicas[replica_id]
@@ -83,10 +83,10 @@ class Router:
                 )
             if report is not None and now_s - report.at_s > max_age_s:
                 report = None
-            at_s = report.at_s if report is not None else None
-            pending = self._memory.pending(replica_id, at_s, now_s)
-            dedicated = self._dedicated(replica_id)
-            held = self._held_keys(replica_id, report)
+            pending = pending_of(replica_id, None if report is None else report.at_s, now_s)
+            dedicated = None
+            if dedication is not None and dedication.replica_id == replica_id:
+                dedicated = dedication.adapter_key
             view = known.get(replica_id)
             # NOTE: a view is a pure function of these three (the memory hands out the same
             # ``Pending`` while no decision for the replica came or lapsed), so one that was
@@ -97,8 +97,10 @@ class Router:
                 or view.pending is not pending
                 or view.dedicated != dedicated
             ):
-                view = ReplicaView(replica_id, report, pending, dedicated, held)
-                known[replica_id] = view
+                held = self._held_keys(replica_id, report)
+                view = known[replica_id] = ReplicaView(
+                    replica_id, report, pending, dedicated, held
+                )
             views.append(view)
         return views
 
@@ -108,12 +110,6 @@ class Router:
         if known is None or known[0] is not report:
             known = self._held[replica_id] = (report, held_keys(report))
         return known[1]
-
-    def _dedicated(self, replica_id: str) -> str | None:
-        dedication = self.dedication
-        if dedication is None or dedication.replica_id != replica_id:
-            return None
-        return dedication.adapter_key
 
     def choose(
         self, request: RouteRequest, replicas: Mapping[str, ReplicaReport | None]

@@ -305,17 +305,18 @@ class Scheduler:
             return None
         if self._queues.num_queued and self._queues.ready():
             return None
-        blocks, needed = self.blocks, 0
+        blocks, needed, tenants = self.blocks, 0, self._kv.tenants
         for req in running:
+            num_tokens = req.num_tokens
             if (
                 req.state is not RequestState.RUNNING
-                or req.num_tokens - req.num_computed_tokens != 1
+                or num_tokens - req.num_computed_tokens != 1
                 or _wants_prompt_logprobs(req)
-                or self._kv.tenants.get(req.tenant).max_kv_blocks is not None
+                or tenants.get(req.tenant).max_kv_blocks is not None
             ):
                 return None
             assert req.seq_id is not None  # RUNNING requests always hold a sequence
-            needed += blocks.blocks_needed(req.seq_id, req.num_tokens)
+            needed += blocks.blocks_needed(req.seq_id, num_tokens)
         if not running or needed > blocks.num_free:
             return None
         if self._step_waits({}):
@@ -387,6 +388,8 @@ class Scheduler:
         held = Counter(r.tenant for r in self.running)
         equal = equal_shares(self._queues, self.config.max_num_seqs)
         over = {t for t, n in held.items() if n > equal.get(t, 0)}
+        if not over:
+            return set()  # only a tenant over its equal share is held back (``StepShares``)
         shares = StepShares(self._queues.weight, ratio, budget)
         return shares.waiting(running, queued, self._last_run, over)
 
@@ -453,7 +456,11 @@ class Scheduler:
         self._queues.charge(req.tenant, n)
         self._last_run[req.request_id] = self._step
         start = req.num_computed_tokens
-        tokens = req.token_ids()[start : start + n]
+        prompt = req.request.prompt_token_ids
+        if start >= len(prompt):  # a decode: its tokens are all output (no full copy)
+            tokens = req.output_token_ids[start - len(prompt) : start - len(prompt) + n]
+        else:
+            tokens = req.token_ids()[start : start + n]
         targets = None
         if _wants_prompt_logprobs(req):
             targets = req.request.prompt_token_ids[start + 1 : start + n + 1]
