@@ -98,9 +98,7 @@ class Router:
                 or view.dedicated != dedicated
             ):
                 held = self._held_keys(replica_id, report)
-                view = known[replica_id] = ReplicaView(
-                    replica_id, report, pending, dedicated, held
-                )
+                view = known[replica_id] = ReplicaView(replica_id, report, pending, dedicated, held)
             views.append(view)
         return views
 

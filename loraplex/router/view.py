@@ -139,10 +139,12 @@ def held_keys(report: ReplicaReport | None) -> frozenset[str] | None:
     if report is None:
         return frozenset()
     r = report.residency
-    parts = (r.l0, r.loading, r.l1, r.l2)
-    if not all(isinstance(part, frozenset) for part in parts):
-        return None
-    return frozenset().union(*parts)
+    joined: frozenset[str] = frozenset()
+    for part in (r.l0, r.loading, r.l1, r.l2):
+        if not isinstance(part, frozenset):
+            return None
+        joined |= part
+    return joined
 
 
 def holders(views: Sequence[ReplicaView], adapter_key: str) -> list[ReplicaView]:
