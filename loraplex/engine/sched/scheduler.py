@@ -374,8 +374,13 @@ class Scheduler:
         ratio = self.config.step_work_ratio
         if not ratio or self.config.max_num_seqs < MIN_SEATS_FOR_HEADROOM:
             return set()
-        if len({r.tenant for r in self.running} | set(ready)) < 2:
+        held = Counter(r.tenant for r in self.running)
+        if len(held.keys() | ready.keys()) < 2:
             return set()
+        equal = equal_shares(self._queues, self.config.max_num_seqs)
+        over = {t for t, n in held.items() if n > equal.get(t, 0)}
+        if not over:
+            return set()  # only a tenant over its equal share is held back (``StepShares``)
         budget = self.config.max_num_batched_tokens
         running = [r for r in self.running if r.state is RequestState.RUNNING]
         queued = Counter[str]()
@@ -385,11 +390,6 @@ class Scheduler:
             first = next(iter(waiting), None)  # what the tenant may start this step at least
             if first is not None:
                 queued[tenant] += chunk_work(min(first.num_tokens, budget))
-        held = Counter(r.tenant for r in self.running)
-        equal = equal_shares(self._queues, self.config.max_num_seqs)
-        over = {t for t, n in held.items() if n > equal.get(t, 0)}
-        if not over:
-            return set()  # only a tenant over its equal share is held back (``StepShares``)
         shares = StepShares(self._queues.weight, ratio, budget)
         return shares.waiting(running, queued, self._last_run, over)
 
