@@ -222,18 +222,15 @@ def load_rank(view: ReplicaView, config: RouterConfig) -> tuple[bool, float, str
 def affinity(view: ReplicaView, adapter_key: str, config: RouterConfig) -> float:
     """The residency part of the score: the tier's weight, plus the pinned and merged
     bonuses (a merged revision runs there with no LoRA work: docs/modes.md)."""
-    weights = {
-        Tier.L0: config.weight_l0,
-        Tier.LOADING: config.weight_loading,
-        Tier.L1: config.weight_l1,
-        Tier.L2: config.weight_l2,
-        Tier.ABSENT: 0.0,
-    }
     tier = view.tier_of(adapter_key)
-    bonus = config.weight_pinned if tier > Tier.ABSENT and view.is_pinned(adapter_key) else 0.0
+    if tier is Tier.ABSENT:
+        return 0.0
+    # by tier value: L2 1, L1 2, LOADING 3, L0 4
+    weights = (config.weight_l2, config.weight_l1, config.weight_loading, config.weight_l0)
+    bonus = config.weight_pinned if view.is_pinned(adapter_key) else 0.0
     if tier is Tier.L0 and view.is_merged(adapter_key):
         bonus += config.weight_merged
-    return weights[tier] + bonus
+    return weights[tier - 1] + bonus
 
 
 def score(view: ReplicaView, adapter_key: str, config: RouterConfig) -> float:
