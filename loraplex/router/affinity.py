@@ -98,32 +98,31 @@ class AffinityUntilSaturatedPolicy:
         if not known:
             return no_report(fleet, self._rng)
         key, config = request.adapter_key, self._config
-        holding = holders(known, key) if key is not None else []
+        # Each replica's rank is (saturated, -score, id). Where the revision is absent -score is
+        # the load penalty, which ``load_rank`` remembers per view; the holders' are made here,
+        # once for the pick and the ranking both.
+        holding: dict[ReplicaView, tuple[bool, float, str]] = {}
+        if key is not None:
+            for v in holders(known, key):
+                holding[v] = (is_saturated(v, config), -score(v, key, config), v.replica_id)
         chosen, reason = self._pick(request, known, holding, now_s)
         if request.session_key is not None:
             self._sessions.put(request.session_key, chosen.replica_id, now_s)
-        held_by = set(holding)
-
-        def rank_key(v: ReplicaView) -> tuple[bool, float, str]:
-            # (saturated, -score, id); where the revision is absent -score is the load penalty,
-            # which ``load_rank`` remembers per view
-            if v not in held_by:
-                return load_rank(v, config)
-            assert key is not None  # only a revision has holders
-            return (is_saturated(v, config), -score(v, key, config), v.replica_id)
-
-        by_score = sorted((v for v in known if v is not chosen), key=rank_key)
+        by_score = sorted(
+            (v for v in known if v is not chosen),
+            key=lambda v: holding.get(v) or load_rank(v, config),
+        )
         return decision([chosen, *by_score], fleet, reason)
 
     def _pick(
         self,
         request: RouteRequest,
         known: list[ReplicaView],
-        holding: list[ReplicaView],
+        holding: dict[ReplicaView, tuple[bool, float, str]],
         now_s: float,
     ) -> tuple[ReplicaView, Reason]:
         """Rules 1-5 of the module docstring; ``holding``: the ``known`` replicas that hold the
-        revision anywhere (``holders``)."""
+        revision anywhere (``holders``), each with its (saturated, -score, id)."""
         config = self._config
         open_ = [v for v in known if not is_saturated(v, config)]
         if request.session_key is not None:
@@ -134,9 +133,9 @@ class AffinityUntilSaturatedPolicy:
         key = request.adapter_key
         if key is None:
             return pow2(open_ or known, self._rng)[0], Reason.POW2
-        open_holders = [v for v in holding if not is_saturated(v, config)]
+        open_holders = [v for v, (saturated, _, _) in holding.items() if not saturated]
         if open_holders:
-            best = min(open_holders, key=lambda v: (-score(v, key, config), v.replica_id))
+            best = min(open_holders, key=lambda v: holding[v][1:])
             return best, _hit_reason(best, key)
         if holding:
             if open_:
