@@ -124,7 +124,7 @@ class AffinityUntilSaturatedPolicy:
         """Rules 1-5 of the module docstring; ``holding``: the ``known`` replicas that hold the
         revision anywhere (``holders``), each with its (saturated, -score, id)."""
         config = self._config
-        open_ = [v for v in known if not is_saturated(v, config)]
+        open_ = [v for v in known if utilization(v, config) < 1.0]  # not ``is_saturated``
         if request.session_key is not None:
             replica_id = self._sessions.get(request.session_key, now_s)
             for view in open_:
