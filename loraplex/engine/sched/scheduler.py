@@ -205,6 +205,8 @@ class Scheduler:
     def prefetch_keys(self) -> list[AdapterKey]:
         """Adapters of the queued requests just past the lease window (prefetch to CPU)."""
         cfg = self.config
+        if self.num_queued <= cfg.lease_lookahead:
+            return []  # every queued request is in the lease window
         order = self.queued_in_order(cfg.lease_lookahead + cfg.prefetch_lookahead)
         keys = (r.request.adapter_key for r in order[cfg.lease_lookahead :] if r.lease is None)
         return list(dict.fromkeys(k for k in keys if k is not None))
