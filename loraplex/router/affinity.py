@@ -29,8 +29,10 @@ from loraplex.router.view import (
     ReplicaView,
     Tier,
     affinity,
+    holders,
     is_saturated,
     load_penalty,
+    load_rank,
     score,
     utilization,
 )
@@ -95,25 +97,34 @@ class AffinityUntilSaturatedPolicy:
         known = [v for v in fleet if v.known]
         if not known:
             return no_report(fleet, self._rng)
-        chosen, reason = self._pick(request, known, now_s)
+        key, config = request.adapter_key, self._config
+        # Each replica's rank is (saturated, -score, id). Where the revision is absent -score is
+        # the load penalty, which ``load_rank`` remembers per view; the holders' are made here,
+        # once for the pick and the ranking both.
+        holding: dict[ReplicaView, tuple[bool, float, str]] = {}
+        if key is not None:
+            for v in holders(known, key):
+                holding[v] = (is_saturated(v, config), -score(v, key, config), v.replica_id)
+        chosen, reason = self._pick(request, known, holding, now_s)
         if request.session_key is not None:
             self._sessions.put(request.session_key, chosen.replica_id, now_s)
-        key = request.adapter_key
         by_score = sorted(
             (v for v in known if v is not chosen),
-            key=lambda v: (
-                is_saturated(v, self._config),
-                -score(v, key, self._config) if key else load_penalty(v, self._config),
-                v.replica_id,
-            ),
+            key=lambda v: holding.get(v) or load_rank(v, config),
         )
         return decision([chosen, *by_score], fleet, reason)
 
     def _pick(
-        self, request: RouteRequest, known: list[ReplicaView], now_s: float
+        self,
+        request: RouteRequest,
+        known: list[ReplicaView],
+        holding: dict[ReplicaView, tuple[bool, float, str]],
+        now_s: float,
     ) -> tuple[ReplicaView, Reason]:
+        """Rules 1-5 of the module docstring; ``holding``: the ``known`` replicas that hold the
+        revision anywhere (``holders``), each with its (saturated, -score, id)."""
         config = self._config
-        open_ = [v for v in known if not is_saturated(v, config)]
+        open_ = [v for v in known if utilization(v, config) < 1.0]  # not ``is_saturated``
         if request.session_key is not None:
             replica_id = self._sessions.get(request.session_key, now_s)
             for view in open_:
@@ -122,11 +133,11 @@ class AffinityUntilSaturatedPolicy:
         key = request.adapter_key
         if key is None:
             return pow2(open_ or known, self._rng)[0], Reason.POW2
-        holders = [v for v in open_ if v.tier_of(key) > Tier.ABSENT]
-        if holders:
-            best = min(holders, key=lambda v: (-score(v, key, config), v.replica_id))
+        open_holders = [v for v, (saturated, _, _) in holding.items() if not saturated]
+        if open_holders:
+            best = min(open_holders, key=lambda v: holding[v][1:])
             return best, _hit_reason(best, key)
-        if any(v.tier_of(key) > Tier.ABSENT for v in known):
+        if holding:
             if open_:
                 return _least_loaded(open_, config), Reason.SATURATED
             # Every replica is saturated: no move buys capacity, and the least loaded one would

@@ -89,7 +89,9 @@ def pow2(views: Sequence[ReplicaView], rng: random.Random) -> list[ReplicaView]:
 def decision(head: Sequence[ReplicaView], fleet: Sequence[ReplicaView], reason: Reason) -> Decision:
     """``head`` in its order, then the rest of ``fleet`` by ongoing requests."""
     chosen = {v.replica_id for v in head}
-    rest = by_ongoing([v for v in fleet if v.replica_id not in chosen])
+    rest: list[ReplicaView] = []
+    if len(chosen) < len(fleet):  # ``head`` is drawn from ``fleet``: else it names them all
+        rest = by_ongoing([v for v in fleet if v.replica_id not in chosen])
     return Decision(tuple(v.replica_id for v in (*head, *rest)), reason)
 
 

@@ -23,6 +23,9 @@ class Pending:
     adapter_keys: frozenset[str]  # revisions they asked for
 
 
+NO_PENDING = Pending(0, 0, frozenset())  # one object, so a view built on it can be reused
+
+
 @dataclass
 class _Log:
     """Decisions for one replica in time order, with running totals (amortized O(1) upkeep)."""
@@ -69,11 +72,12 @@ class DecisionMemory:
         report may have been taken before the request arrived."""
         log = self._logs.get(replica_id)
         if log is None:
-            return Pending(0, 0, frozenset())
+            return NO_PENDING
         cutoff_s = now_s - self._ttl_s
-        if report_at_s is not None:
-            cutoff_s = max(cutoff_s, report_at_s)
-        log.drop_before(cutoff_s)
+        if report_at_s is not None and report_at_s > cutoff_s:
+            cutoff_s = report_at_s
+        if log.entries and log.entries[0][0] < cutoff_s:
+            log.drop_before(cutoff_s)
         if log.pending is None:
             log.pending = Pending(len(log.entries), log.num_tokens, frozenset(log.per_key))
         return log.pending

@@ -22,11 +22,6 @@ from functools import lru_cache
 ORDERS_CACHED = 4096  # rendezvous orders remembered (revision x fleet), least recently used out
 
 
-def _weight(adapter_key: str, replica_id: str) -> int:
-    data = f"{adapter_key}\x00{replica_id}".encode()
-    return int.from_bytes(hashlib.blake2b(data, digest_size=8).digest(), "big")
-
-
 def rendezvous_order(adapter_key: str, replica_ids: Sequence[str]) -> list[str]:
     """``replica_ids`` in ``adapter_key``'s fixed preference order (ties by id, for a total
     order)."""
@@ -36,8 +31,14 @@ def rendezvous_order(adapter_key: str, replica_ids: Sequence[str]) -> list[str]:
 @lru_cache(maxsize=ORDERS_CACHED)
 def _order(adapter_key: str, replica_ids: tuple[str, ...]) -> tuple[str, ...]:
     # NOTE: a pure function of its arguments, remembered: a revision placed again over the same
-    # fleet costs one lookup instead of a hash per replica.
-    return tuple(sorted(replica_ids, key=lambda r: (-_weight(adapter_key, r), r)))
+    # fleet costs one lookup instead of a hash per replica. Replica r's weight is the blake2b-64
+    # of "{adapter_key}\0{r}" (the key encoded once: UTF-8 of a join is the join of the UTF-8s).
+    prefix = adapter_key.encode() + b"\x00"
+    weights = {
+        r: int.from_bytes(hashlib.blake2b(prefix + r.encode(), digest_size=8).digest(), "big")
+        for r in replica_ids
+    }
+    return tuple(sorted(replica_ids, key=lambda r: (-weights[r], r)))
 
 
 class PlacementWidths:

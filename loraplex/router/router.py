@@ -19,7 +19,7 @@ from loraplex.router.decision import Decision, RouteRequest, RoutingPolicy
 from loraplex.router.memory import DecisionMemory
 from loraplex.router.reports import ReplicaReport
 from loraplex.router.topology import Dedication
-from loraplex.router.view import ReplicaView
+from loraplex.router.view import ReplicaView, held_keys
 
 DEFAULT_POLICY = "affinity_until_saturated"
 
@@ -61,6 +61,9 @@ class Router:
         self.policy: RoutingPolicy = _POLICIES[policy_name](self.config, rng)
         self._clock = clock
         self._memory = DecisionMemory(self.config.recent_ttl_s)
+        self._views: dict[str, ReplicaView] = {}  # the last view of each replica (``view``)
+        # each replica's last report seen by ``view`` (None: none or stale), with its held keys
+        self._held: dict[str, tuple[ReplicaReport | None, frozenset[str] | None]] = {}
         # the replica the fleet dedicated to one revision (``FleetTopology.update``); None: none
         self.dedication: Dedication | None = None
 
@@ -68,6 +71,8 @@ class Router:
         """What the router believes of each replica now (sorted by id): its report unless
         stale, merged with the decisions made since."""
         now_s = self._clock.now()
+        max_age_s = self.config.max_report_age_s
+        known, pending_of, dedication = self._views, self._memory.pending, self.dedication
         views = []
         for replica_id in sorted(replicas):
             report = replicas[replica_id]
@@ -76,18 +81,33 @@ class Router:
                     f"replicas[{quoted(replica_id)}] is a report of "
                     f"{quoted(report.replica_id)}; expected the same replica id"
                 )
-            if report is not None and now_s - report.at_s > self.config.max_report_age_s:
+            if report is not None and now_s - report.at_s > max_age_s:
                 report = None
-            at_s = report.at_s if report is not None else None
-            pending = self._memory.pending(replica_id, at_s, now_s)
-            views.append(ReplicaView(replica_id, report, pending, self._dedicated(replica_id)))
+            pending = pending_of(replica_id, None if report is None else report.at_s, now_s)
+            dedicated = None
+            if dedication is not None and dedication.replica_id == replica_id:
+                dedicated = dedication.adapter_key
+            view = known.get(replica_id)
+            # NOTE: a view is a pure function of these three (the memory hands out the same
+            # ``Pending`` while no decision for the replica came or lapsed), so one that was
+            # built from the very same objects is still true; any other is rebuilt.
+            if (
+                view is None
+                or view.report is not report
+                or view.pending is not pending
+                or view.dedicated != dedicated
+            ):
+                held = self._held_keys(replica_id, report)
+                view = known[replica_id] = ReplicaView(replica_id, report, pending, dedicated, held)
+            views.append(view)
         return views
 
-    def _dedicated(self, replica_id: str) -> str | None:
-        dedication = self.dedication
-        if dedication is None or dedication.replica_id != replica_id:
-            return None
-        return dedication.adapter_key
+    def _held_keys(self, replica_id: str, report: ReplicaReport | None) -> frozenset[str] | None:
+        """``held_keys(report)``, joined once per report, not once per view built on it."""
+        known = self._held.get(replica_id)
+        if known is None or known[0] is not report:
+            known = self._held[replica_id] = (report, held_keys(report))
+        return known[1]
 
     def choose(
         self, request: RouteRequest, replicas: Mapping[str, ReplicaReport | None]
@@ -97,7 +117,10 @@ class Router:
         this request's destination until that replica reports again."""
         if not replicas:
             raise ValueError("replicas is empty; expected at least one replica id")
-        self._memory.forget_except(set(replicas))
+        offered = set(replicas)
+        self._memory.forget_except(offered)
+        for gone in [r for r in self._views if r not in offered]:
+            del self._views[gone], self._held[gone]
         now_s = self._clock.now()
         result = self.policy.rank(request, self.view(replicas), now_s)
         self._memory.record(

@@ -1,12 +1,15 @@
-"""The router's view of one replica for one decision: its fresh report (if any) merged with the
-router's own decisions since that report, and the score and saturation rules over it.
+"""The router's view of one replica: its fresh report (if any) merged with the router's own
+decisions since that report, and the score and saturation rules over it.
 
 Every policy reads replicas only through ``ReplicaView``, so "what the router believes" is
-decided here alone.
+decided here alone. A view is a pure function of (report, pending decisions, dedication), so the
+router reuses one across decisions while those three are the same objects; what a view
+computes (tiers, utilization, load penalty) it remembers for as long as it lives.
 """
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from enum import IntEnum
 
 from loraplex.router.config import RouterConfig
@@ -24,19 +27,25 @@ class Tier(IntEnum):
     L0 = 4  # GPU slots
 
 
+MAX_TIERS_CACHED = 4096  # revisions whose tier one view remembers (then it forgets them all)
+
+
 class ReplicaView:
     """One replica as the router sees it at decision time (read only).
 
-    NOTE: a plain slotted class, not a frozen dataclass: a decision builds one per replica, and
-    building frozen dataclasses field by field took a tenth of a 64-replica simulation.
+    NOTE: a plain slotted class, not a frozen dataclass: building frozen dataclasses field by
+    field took a tenth of a 64-replica simulation.
     """
 
     __slots__ = (
         "dedicated",
+        "held",
+        "load_ranks",
         "num_active_tokens",
         "num_adapter_wait",
         "num_ongoing",
         "num_queued",
+        "penalties",
         "pending",
         "replica_id",
         "report",
@@ -50,12 +59,16 @@ class ReplicaView:
         report: ReplicaReport | None,
         pending: Pending,
         dedicated: str | None = None,
+        held: frozenset[str] | None = None,
     ) -> None:
         self.replica_id = replica_id  # the serving framework's replica id
         self.report = report  # its latest report, None when absent or stale
         self.pending = pending  # the router's decisions for it since that report
         # a revision the fleet asked this replica to merge (``router/topology.py``); None: none
         self.dedicated = dedicated
+        # ``held_keys`` of the report (frozenset() without one), so ``holders`` tests one set;
+        # None: not given, or a Bloom filter in the report (``holders`` asks ``tier_of``)
+        self.held = held
         # The load it reports plus the router's decisions since, computed once (a decision
         # reads them hundreds of times over a large fleet).
         load = report.load if report else None
@@ -66,9 +79,12 @@ class ReplicaView:
         # queued and running requests, those waiting for an adapter left out
         self.num_ongoing = queued + (load.num_running if load else 0)
         self.num_active_tokens = (load.num_active_tokens if load else 0) + pending.num_tokens
-        # ``utilization`` per ``cold`` with the config it was computed for, and ``tier_of`` per
-        # revision asked: a decision asks for each once per rule that reads it
+        # ``utilization`` per ``cold``, ``load_penalty`` and ``load_rank``, each with the config
+        # it was computed for, and ``tier_of`` per revision asked: a decision asks for each once
+        # per rule that reads it, and a reused view keeps them
         self.utilizations: dict[bool, tuple[RouterConfig, float]] = {}
+        self.penalties: tuple[RouterConfig, float] | None = None
+        self.load_ranks: tuple[RouterConfig, tuple[bool, float, str]] | None = None
         self.tiers: dict[str, Tier] = {}
 
     def __repr__(self) -> str:
@@ -81,9 +97,12 @@ class ReplicaView:
 
     def tier_of(self, adapter_key: str) -> Tier:
         """The fastest place this replica holds ``adapter_key``, by report or recent decision."""
-        tier = self.tiers.get(adapter_key)
+        tiers = self.tiers
+        tier = tiers.get(adapter_key)
         if tier is None:
-            tier = self.tiers[adapter_key] = self._tier_of(adapter_key)
+            if len(tiers) >= MAX_TIERS_CACHED:  # a long-lived view asked for many revisions
+                tiers.clear()
+            tier = tiers[adapter_key] = self._tier_of(adapter_key)
         return tier
 
     def _tier_of(self, adapter_key: str) -> Tier:
@@ -112,6 +131,34 @@ class ReplicaView:
         if adapter_key == self.dedicated:
             return True
         return self.report is not None and adapter_key in self.report.residency.merged
+
+
+def held_keys(report: ReplicaReport | None) -> frozenset[str] | None:
+    """Every revision ``report`` places in L0, loading, L1 or L2, as one set (empty without a
+    report); None when one of those is a Bloom filter, which cannot be joined."""
+    if report is None:
+        return frozenset()
+    r = report.residency
+    joined: frozenset[str] = frozenset()
+    for part in (r.l0, r.loading, r.l1, r.l2):
+        if not isinstance(part, frozenset):
+            return None
+        joined |= part
+    return joined
+
+
+def holders(views: Sequence[ReplicaView], adapter_key: str) -> list[ReplicaView]:
+    """The views that hold ``adapter_key`` anywhere (``tier_of`` above ABSENT), in order: one set
+    lookup or two per view where ``held`` is known, instead of up to five."""
+    found = []
+    for view in views:
+        held = view.held
+        if held is None:
+            if view.tier_of(adapter_key) > Tier.ABSENT:
+                found.append(view)
+        elif adapter_key in held or adapter_key in view.pending.adapter_keys:
+            found.append(view)
+    return found
 
 
 def utilization(view: ReplicaView, config: RouterConfig, *, cold: bool = False) -> float:
@@ -144,31 +191,46 @@ def is_saturated(view: ReplicaView, config: RouterConfig, *, cold: bool = False)
 
 def load_penalty(view: ReplicaView, config: RouterConfig) -> float:
     """What load subtracts from a replica's score (0 for an idle replica)."""
+    known = view.penalties
+    if known is not None and known[0] is config:
+        return known[1]
     evictions = view.report.load.evictions_per_min if view.report else 0.0
     running = view.report.load.num_running if view.report else 0
-    return (
+    value = (
         config.penalty_per_queued * (view.num_queued + view.num_adapter_wait)
         + config.penalty_per_running * running
         + config.penalty_per_1k_active_tokens * view.num_active_tokens / 1000
         + config.penalty_per_eviction_per_min * evictions
     )
+    view.penalties = (config, value)
+    return value
+
+
+def load_rank(view: ReplicaView, config: RouterConfig) -> tuple[bool, float, str]:
+    """A replica's place when load alone orders it: unsaturated first, then the lower penalty,
+    then the replica id. For a revision the replica does not hold this is the score order
+    (``score`` is then ``0.0 - load_penalty``), so it is computed once per view, not per
+    decision."""
+    known = view.load_ranks
+    if known is not None and known[0] is config:
+        return known[1]
+    value = (is_saturated(view, config), load_penalty(view, config), view.replica_id)
+    view.load_ranks = (config, value)
+    return value
 
 
 def affinity(view: ReplicaView, adapter_key: str, config: RouterConfig) -> float:
     """The residency part of the score: the tier's weight, plus the pinned and merged
     bonuses (a merged revision runs there with no LoRA work: docs/modes.md)."""
-    weights = {
-        Tier.L0: config.weight_l0,
-        Tier.LOADING: config.weight_loading,
-        Tier.L1: config.weight_l1,
-        Tier.L2: config.weight_l2,
-        Tier.ABSENT: 0.0,
-    }
     tier = view.tier_of(adapter_key)
-    bonus = config.weight_pinned if tier > Tier.ABSENT and view.is_pinned(adapter_key) else 0.0
+    if tier is Tier.ABSENT:
+        return 0.0
+    # by tier value: L2 1, L1 2, LOADING 3, L0 4
+    weights = (config.weight_l2, config.weight_l1, config.weight_loading, config.weight_l0)
+    bonus = config.weight_pinned if view.is_pinned(adapter_key) else 0.0
     if tier is Tier.L0 and view.is_merged(adapter_key):
         bonus += config.weight_merged
-    return weights[tier] + bonus
+    return weights[tier - 1] + bonus
 
 
 def score(view: ReplicaView, adapter_key: str, config: RouterConfig) -> float:

@@ -53,7 +53,9 @@ def run_length(sched: Scheduler, plan: StepPlan, max_model_len: int) -> int:
 
 class DecodeRun:
     """Steps ``plan`` and the ``num_steps - 1`` identical decode steps after it, ending at
-    ``ends``; ``apply`` records one step's result (the replica's per-step bookkeeping)."""
+    ``ends``; ``apply`` records one step's result (the replica's per-step bookkeeping),
+    ``advance`` applies several and plans the next (``Scheduler.advance_decodes`` with the
+    replica's bookkeeping; None: not in bulk, then they are stepped one by one)."""
 
     def __init__(
         self,
@@ -61,9 +63,11 @@ class DecodeRun:
         plan: StepPlan,
         ends: list[float],
         apply: Callable[[StepPlan], None],
+        advance: Callable[[StepPlan, int], StepPlan | None],
     ) -> None:
         self._sched = sched
         self._apply = apply
+        self._advance = advance
         self.plan = plan  # the step in flight: planned, not applied
         self.ends = ends  # when each step of the run ends, in order
         self.applied = 0  # steps of the run applied so far
@@ -75,16 +79,28 @@ class DecodeRun:
 
     def catch_up(self, now_s: float) -> None:
         """Applies the steps that ended before ``now_s`` and plans the one in flight then."""
-        last = len(self.ends) - 1
-        while self.applied < last and self.ends[self.applied] < now_s:
-            self._step()
+        last, ended = len(self.ends) - 1, self.applied
+        while ended < last and self.ends[ended] < now_s:
+            ended += 1
+        self._steps(ended - self.applied)
 
     def finish(self) -> None:
         """Applies every step left but the last, then the last (its end is now)."""
-        while self.applied < len(self.ends) - 1:
-            self._step()
+        self._steps(len(self.ends) - 1 - self.applied)
         self._apply(self.plan)
         self.applied += 1
+
+    def _steps(self, num_steps: int) -> None:
+        """Applies ``num_steps`` steps and plans the next: in bulk, or one by one."""
+        if num_steps < 1:
+            return
+        plan = self._advance(self.plan, num_steps)
+        if plan is not None:
+            self.plan = plan
+            self.applied += num_steps
+            return
+        for _ in range(num_steps):
+            self._step()
 
     def _step(self) -> None:
         self._apply(self.plan)

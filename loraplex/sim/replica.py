@@ -260,7 +260,7 @@ class SimReplica:
                 ends.pop()
         if len(ends) < 2:
             return False
-        self._run = DecodeRun(self.scheduler, plan, ends, self._apply_decode)
+        self._run = DecodeRun(self.scheduler, plan, ends, self._apply_decode, self._advance_decodes)
         self._run_end = self._executor.call_at(ends[-1], self._finish_run)
         return True
 
@@ -293,6 +293,20 @@ class SimReplica:
             req, outcome = sched.requests.get(request_id), self._outcomes.get(request_id)
             if req is not None and outcome is not None:
                 outcome.output_tokens = len(req.output_token_ids)
+
+    def _advance_decodes(self, plan: StepPlan, num_steps: int) -> StepPlan | None:
+        """``num_steps`` of ``_apply_decode`` and the scheduler's next plans at once (its
+        ``advance_decodes``); None, nothing changed, where the scheduler declines."""
+        following = self.scheduler.advance_decodes(plan, _TOKEN, num_steps)
+        if following is None:
+            return None
+        self.num_steps += num_steps
+        requests = self.scheduler.requests
+        for chunk in plan.chunks:
+            req, outcome = requests.get(chunk.request_id), self._outcomes.get(chunk.request_id)
+            if req is not None and outcome is not None:
+                outcome.output_tokens = len(req.output_token_ids)
+        return following
 
     def _on_load_cpu(self, seconds: float) -> None:
         """A load stage starts (``load_cpu_shared``) while the engine steps or plans a step: the

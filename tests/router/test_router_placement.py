@@ -89,3 +89,17 @@ def test_widened_entries_are_bounded() -> None:
     for i in range(10):
         widths.update(f"k{i}", ["a", "b"], {"a": 1.0, "b": 0.0}.__getitem__)
     assert [widths.width(f"k{i}") for i in range(10)] == [1] * 7 + [2] * 3
+
+
+def test_rendezvous_order_is_by_the_blake2b_of_key_and_replica() -> None:
+    """The weight every fleet member computes alike (a replica's place must not depend on
+    which process ranks): blake2b-64 of "key\\0replica", highest first, ties by id."""
+    import hashlib
+
+    key, replicas = "tenant-ü/a@1", [f"replica-{i:03d}" for i in range(9)]
+
+    def weight(r: str) -> int:
+        digest = hashlib.blake2b(f"{key}\x00{r}".encode(), digest_size=8).digest()
+        return int.from_bytes(digest, "big")
+
+    assert rendezvous_order(key, replicas) == sorted(replicas, key=lambda r: (-weight(r), r))

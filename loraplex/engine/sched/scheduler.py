@@ -205,6 +205,8 @@ class Scheduler:
     def prefetch_keys(self) -> list[AdapterKey]:
         """Adapters of the queued requests just past the lease window (prefetch to CPU)."""
         cfg = self.config
+        if self.num_queued <= cfg.lease_lookahead:
+            return []  # every queued request is in the lease window
         order = self.queued_in_order(cfg.lease_lookahead + cfg.prefetch_lookahead)
         keys = (r.request.adapter_key for r in order[cfg.lease_lookahead :] if r.lease is None)
         return list(dict.fromkeys(k for k in keys if k is not None))
@@ -305,17 +307,18 @@ class Scheduler:
             return None
         if self._queues.num_queued and self._queues.ready():
             return None
-        blocks, needed = self.blocks, 0
+        blocks, needed, tenants = self.blocks, 0, self._kv.tenants
         for req in running:
+            num_tokens = req.num_tokens
             if (
                 req.state is not RequestState.RUNNING
-                or req.num_tokens - req.num_computed_tokens != 1
+                or num_tokens - req.num_computed_tokens != 1
                 or _wants_prompt_logprobs(req)
-                or self._kv.tenants.get(req.tenant).max_kv_blocks is not None
+                or tenants.get(req.tenant).max_kv_blocks is not None
             ):
                 return None
             assert req.seq_id is not None  # RUNNING requests always hold a sequence
-            needed += blocks.blocks_needed(req.seq_id, req.num_tokens)
+            needed += blocks.blocks_needed(req.seq_id, num_tokens)
         if not running or needed > blocks.num_free:
             return None
         if self._step_waits({}):
@@ -328,6 +331,61 @@ class Scheduler:
         self._queues.catch_up({r.tenant for r in running})
         self._step += 1
         return StepPlan(tuple(chunks), ())
+
+    def advance_decodes(self, plan: StepPlan, token: int, num_steps: int) -> StepPlan | None:
+        """``num_steps`` rounds of ``update(plan)`` (every chunk sampling ``token``) and then
+        ``schedule_decodes()``, each round's plan the next round's, for a ``plan`` that
+        ``schedule_decodes`` made last: the same state, without building the plans between
+        (the simulator's steady decode runs). Returns the last round's plan, not applied. None,
+        with nothing changed, where a round could plan otherwise: ``plan`` is not the running
+        batch's decode step, a queued request is ready, or a tenant is over its equal share
+        (the step-share rule may then hold some of its sequences back as contexts grow). The
+        caller sizes ``num_steps`` so that no request ends and the KV blocks suffice
+        (RuntimeError otherwise)."""
+        running = self.running
+        if (
+            num_steps < 1
+            or len(plan.chunks) != len(running)
+            or not all(map(_is_decode_of, plan.chunks, running))
+            or (self._queues.num_queued and self._queues.ready())
+            or self._over_share({})
+        ):
+            return None
+        for _ in range(num_steps - 1):
+            self._apply_decodes(token)
+            self._replan_decodes()
+        self._apply_decodes(token)
+        following = self.schedule_decodes()
+        if following is None:
+            raise RuntimeError("advance_decodes: a round is not a steady decode step")
+        return following
+
+    def _apply_decodes(self, token: int) -> None:
+        """``update`` of the running batch's decode step, every sequence sampling ``token``."""
+        blocks = self.blocks
+        for req in self.running:
+            assert req.seq_id is not None  # RUNNING requests always hold a sequence
+            req.num_computed_tokens += 1
+            req.output_token_ids.append(token)
+            blocks.record(req.seq_id, req.token_ids()[: req.num_computed_tokens])
+
+    def _replan_decodes(self) -> None:
+        """``schedule_decodes``' effects, its plan not built: its checks hold in a decode run
+        but the KV blocks', checked here. NOTE: its last-run steps and its ``catch_up`` are left
+        out: the round's last plan, a real ``schedule_decodes``, sets every running request's
+        last run, and ``catch_up`` with the tenants the previous plan had is a no-op."""
+        blocks, running = self.blocks, self.running
+        needed = 0
+        for req in running:
+            assert req.seq_id is not None
+            needed += blocks.blocks_needed(req.seq_id, req.num_tokens)
+        if needed > blocks.num_free:
+            raise RuntimeError("advance_decodes: the KV blocks ran out in a decode run")
+        for req in running:
+            assert req.seq_id is not None
+            blocks.grow(req.seq_id, req.num_tokens)
+            self._queues.charge(req.tenant, 1)
+        self._step += 1
 
     def update(self, plan: StepPlan, result: StepResult) -> None:
         """Record a step's result: KV now holds the chunks' tokens; append sampled tokens."""
@@ -370,12 +428,10 @@ class Scheduler:
         step's work (``step_share``); none with ``step_work_ratio`` 0 (off), or in an engine
         of fewer than ``MIN_SEATS_FOR_HEADROOM`` seats, where an equal share is a seat or two and
         holding one more than it is no sign of a hog (as for the seat headroom, ``seats``)."""
-        ratio = self.config.step_work_ratio
-        if not ratio or self.config.max_num_seqs < MIN_SEATS_FOR_HEADROOM:
-            return set()
-        if len({r.tenant for r in self.running} | set(ready)) < 2:
-            return set()
-        budget = self.config.max_num_batched_tokens
+        over = self._over_share(ready)
+        if not over:
+            return set()  # only a tenant over its equal share is held back (``StepShares``)
+        ratio, budget = self.config.step_work_ratio, self.config.max_num_batched_tokens
         running = [r for r in self.running if r.state is RequestState.RUNNING]
         queued = Counter[str]()
         # A ready request counts whether or not a seat is free for it now: the tenant held back
@@ -384,11 +440,21 @@ class Scheduler:
             first = next(iter(waiting), None)  # what the tenant may start this step at least
             if first is not None:
                 queued[tenant] += chunk_work(min(first.num_tokens, budget))
-        held = Counter(r.tenant for r in self.running)
-        equal = equal_shares(self._queues, self.config.max_num_seqs)
-        over = {t for t, n in held.items() if n > equal.get(t, 0)}
         shares = StepShares(self._queues.weight, ratio, budget)
         return shares.waiting(running, queued, self._last_run, over)
+
+    def _over_share(self, ready: Mapping[str, Iterable[Request]]) -> set[str]:
+        """The tenants ``_step_waits`` may hold back: those running more sequences than their
+        equal share, while two or more tenants have work (none while the rule is off)."""
+        if not self.config.step_work_ratio or self.config.max_num_seqs < MIN_SEATS_FOR_HEADROOM:
+            return set()
+        held: dict[str, int] = {}
+        for req in self.running:
+            held[req.tenant] = held.get(req.tenant, 0) + 1
+        if len(held.keys() | ready.keys()) < 2:
+            return set()
+        equal = equal_shares(self._queues, self.config.max_num_seqs)
+        return {t for t, n in held.items() if n > equal.get(t, 0)}
 
     # --- internals -------------------------------------------------------------------------------
 
@@ -453,7 +519,11 @@ class Scheduler:
         self._queues.charge(req.tenant, n)
         self._last_run[req.request_id] = self._step
         start = req.num_computed_tokens
-        tokens = req.token_ids()[start : start + n]
+        prompt = req.request.prompt_token_ids
+        if start >= len(prompt):  # a decode: its tokens are all output (no full copy)
+            tokens = req.output_token_ids[start - len(prompt) : start - len(prompt) + n]
+        else:
+            tokens = req.token_ids()[start : start + n]
         targets = None
         if _wants_prompt_logprobs(req):
             targets = req.request.prompt_token_ids[start + 1 : start + n + 1]
@@ -466,6 +536,18 @@ class Scheduler:
             samples=start + n == req.num_tokens,
             logprob_targets=targets,
         )
+
+
+def _is_decode_of(chunk: ScheduledChunk, req: Request) -> bool:
+    """``chunk`` is running ``req``'s one decode token, planned and not applied yet."""
+    return (
+        chunk.request_id == req.request_id
+        and req.state is RequestState.RUNNING
+        and chunk.seq_id == req.seq_id
+        and chunk.start_pos == req.num_computed_tokens == req.num_tokens - 1
+        and len(chunk.token_ids) == 1
+        and not _wants_prompt_logprobs(req)
+    )
 
 
 def _wants_prompt_logprobs(req: Request) -> bool:
