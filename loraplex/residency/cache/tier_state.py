@@ -93,6 +93,14 @@ class TierState:
         self._note(key)
         return history
 
+    def record_reads(self, key: AdapterKey, source: Tier, now_s: float) -> None:
+        """A request that missed L0 reads L1, and L2 too when L1 had no copy (``source``: the
+        nearest tier holding one); call after ``touch`` (which re-indexes the key)."""
+        history = self.history_of(key)
+        for tier in (Tier.L1, Tier.L2):
+            if tier <= source:
+                history.reads[tier].record(now_s)
+
     def restore_access(self, key: AdapterKey, at_s: float) -> AdapterHistory:
         """Sets ``key``'s last access (a copy recovered at start was last used at ``at_s``)."""
         history = self.history_of(key)
@@ -176,7 +184,7 @@ class TierState:
 
     def reserve(self, tier: Tier, key: AdapterKey, size_bytes: int) -> ResidentEntry:
         entry = self.ledgers[tier].reserve(key, size_bytes, self.clock.now())
-        self._victims[tier].note(key, self._now())
+        self._note(key)  # its copies below are now cached above (``Candidate.cached_above``)
         return entry
 
     def mark_ready(self, entry: ResidentEntry) -> None:
@@ -189,6 +197,7 @@ class TierState:
         """Removes a copy (ready or not) and queues the drop of its bytes."""
         self.ledgers[entry.tier].remove(entry.key)
         self._victims[entry.tier].note(entry.key, self._now())
+        self._note(entry.key)  # its copies below may no longer be cached above
         self._on_drop(entry.tier, entry.key, entry.slot)
         if entry.ready:
             self.changes.note(entry.key)
@@ -252,17 +261,28 @@ class TierState:
         reload cost at ``bandwidth`` (default the current estimate)."""
         history = self.history_of(key)
         resolved = self._footprints.get(key)
+        at = self._now() if at_s is None else at_s
+        reads = history.reads.get(tier)
         return Candidate(
             key=key,
             size_bytes=size_bytes,
             loaded_at_s=loaded_at_s,
             last_access_s=history.last_access_s,
-            rates=history.rates.rates(self._now() if at_s is None else at_s),
+            rates=history.rates.rates(at),
             priority=self.config.tenant_priority.get(key.tenant, 1.0),
             reload_cost_s=self.costs.reload_cost_s(
                 tier, None if resolved is None else resolved.footprint, size_bytes, bandwidth
             ),
+            cached_above=any(key in self.ledgers[t].entries for t in CACHED_TIERS if t < tier),
+            reads=None if reads is None else reads.rates(at),
+            refill_moves=self._refill_moves(key, tier),
         )
+
+    def _refill_moves(self, key: AdapterKey, tier: Tier) -> int:
+        """Fills a refill of ``key`` into ``tier`` takes, from the nearest tier below holding a
+        copy (reserved or ready: reserve and remove re-index the key; L3 always holds one)."""
+        below = (t for t in CACHED_TIERS if t > tier and key in self.ledgers[t].entries)
+        return next(below, Tier.L3) - tier
 
     def refill_bytes(self, key: AdapterKey, tier: Tier, size_bytes: int) -> int:
         """The bytes a refill of ``key``'s copy in ``tier`` reads (``ReloadCosts``)."""

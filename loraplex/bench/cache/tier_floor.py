@@ -1,0 +1,168 @@
+"""A lower bound on L1 and L2 reloads for ``bench residency``: how few refills of the CPU and
+disk tiers any policy could have on a trace (Belady's L0 floor, ``belady.py``, covers L0).
+
+Why a union: every request is served from an L0 copy, and fills go one tier at a time (L3 ->
+L2 -> L1 -> L0), so a request that finds no copy in L0..Lk fills Lk. Such misses of the union
+``U_k`` = L0 + .. + Lk are therefore a floor on Lk's fills. In a replay nothing fills a tier
+between two requests of an adapter (no prefetch), so its set of tiers only shrinks there: it is
+still in ``U_k`` at its next request iff one tier of ``U_k`` held it over the whole gap.
+
+The bound is the linear relaxation of that problem (FOO's idea, Berger et al., SIGMETRICS '18,
+with one capacity per tier): for every gap between two requests of an adapter, a hit fraction
+``h`` no greater than the sum of the fractions ``y_t`` it is held in each tier ``t``; at every
+instant the held gaps fit each tier (L0: slots; L1, L2: bytes). Maximising the hits of the gaps
+that end in a *recent* return (previous request at most ``reload_window_s`` back) bounds them
+from above; the rest are recent misses, each an Lk fill of an adapter requested within the
+window: what the cache counts as a reload after eviction, except when a policy had dropped that
+tier's copy more than the window earlier while L0 (or, for L2, L0 and L1) kept the adapter.
+Like the L0 floor it is played on the arrivals alone: loads are instantaneous, no slot is held
+by a request in flight. Every real policy can only do worse.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Hashable, Mapping, Sequence
+from dataclasses import dataclass
+
+import numpy as np
+from scipy.optimize import linprog
+from scipy.sparse import coo_matrix
+
+from loraplex.residency.cache import CacheConfig
+from loraplex.residency.ledger import Tier
+
+_MIB = float(1 << 20)  # bytes are scaled to MiB: the solver's tolerances are absolute
+
+
+@dataclass(frozen=True)
+class TierCapacity:
+    """One tier of a union: how much it holds and what one adapter costs it."""
+
+    capacity: float  # slots (L0) or bytes (L1, L2)
+    per_slot: bool  # True: every adapter costs 1 (GPU slots); False: its size in bytes
+
+
+@dataclass(frozen=True)
+class UnionFloor:
+    """The bound for one union of tiers on one trace."""
+
+    num_requests: int  # requests of the trace
+    recent_returns: int  # requests whose adapter was requested at most the window before
+    max_recent_hits: int  # the relaxation's most hits among them (rounded down)
+
+    @property
+    def reload_floor(self) -> int:
+        return self.recent_returns - self.max_recent_hits
+
+    @property
+    def reload_floor_per_1k(self) -> float:
+        return 1000 * self.reload_floor / self.num_requests if self.num_requests else 0.0
+
+
+def tier_floors(
+    arrivals: Sequence[tuple[float, Hashable]], sizes: Mapping[Hashable, int], config: CacheConfig
+) -> dict[str, float]:
+    """The floors of L1 and L2 reloads per 1k requests at ``config``'s budgets. For L2 the two
+    byte tiers are merged into one of their summed bytes (a copy held in either counts once): a
+    further relaxation, so still a floor, and an LP of two capacities instead of three (the
+    three-capacity LP did not solve within ten minutes on a 600 s trace)."""
+    l0 = TierCapacity(float(config.budgets[Tier.L0].num_slots or 0), per_slot=True)
+    l1_bytes = float(config.budgets[Tier.L1].capacity_bytes)
+    l2_bytes = float(config.budgets[Tier.L2].capacity_bytes)
+    window = config.reload_window_s
+    l1 = union_floor(arrivals, sizes, [l0, TierCapacity(l1_bytes, False)], window)
+    l2 = union_floor(arrivals, sizes, [l0, TierCapacity(l1_bytes + l2_bytes, False)], window)
+    return {
+        "reloads_per_1k_l1": l1.reload_floor_per_1k,
+        "reloads_per_1k_l2": l2.reload_floor_per_1k,
+    }
+
+
+def union_floor(
+    arrivals: Sequence[tuple[float, Hashable]],
+    sizes: Mapping[Hashable, int],
+    tiers: Sequence[TierCapacity],
+    reload_window_s: float,
+) -> UnionFloor:
+    """The floor on fills of the deepest of ``tiers`` (L0 first) after a recent request."""
+    if not tiers or any(not t.capacity >= 0 for t in tiers):
+        raise ValueError(f"tiers {list(tiers)} is invalid; expected capacities >= 0")
+    gaps = _recent_gaps(arrivals, reload_window_s)
+    if not gaps:
+        return UnionFloor(len(arrivals), 0, 0)
+    hits = _max_hits(arrivals, gaps, sizes, tiers)
+    # The LP's optimum bounds the integer one; the slack absorbs the solver's tolerance.
+    return UnionFloor(len(arrivals), len(gaps), min(len(gaps), math.floor(hits + 1e-6)))
+
+
+def _recent_gaps(
+    arrivals: Sequence[tuple[float, Hashable]], reload_window_s: float
+) -> list[tuple[int, int]]:
+    """(start request, end request) of every gap that ends in a recent return."""
+    last: dict[Hashable, tuple[int, float]] = {}
+    gaps = []
+    for j, (t_s, key) in enumerate(arrivals):
+        previous = last.get(key)
+        if previous is not None and t_s - previous[1] <= reload_window_s:
+            gaps.append((previous[0], j))
+        last[key] = (j, t_s)
+    return gaps
+
+
+def _max_hits(
+    arrivals: Sequence[tuple[float, Hashable]],
+    gaps: Sequence[tuple[int, int]],
+    sizes: Mapping[Hashable, int],
+    tiers: Sequence[TierCapacity],
+) -> float:
+    """The LP: variables h_g, then y_{g,t}, then the load of tier t after request j.
+
+    Rows: h_g - sum_t y_{g,t} <= 0; and per tier the load after request j equals the load
+    after j - 1 plus the gaps starting at j minus those ending at j (an interval matrix in
+    cumulative form: 3 entries a row instead of one per held gap)."""
+    n, g, k = len(arrivals), len(gaps), len(tiers)
+    num_y, load0 = g, g + g * k
+    rows, cols, vals = [], [], []
+    for i in range(g):
+        rows.append(i)
+        cols.append(i)
+        vals.append(1.0)
+        for t in range(k):
+            rows.append(i)
+            cols.append(num_y + i * k + t)
+            vals.append(-1.0)
+    a_ub = coo_matrix((vals, (rows, cols)), shape=(g, load0 + n * k))
+    rows, cols, vals = [], [], []
+    for t, tier in enumerate(tiers):
+        for j in range(n):
+            row = t * n + j
+            rows.append(row)
+            cols.append(load0 + t * n + j)
+            vals.append(1.0)
+            if j > 0:
+                rows.append(row)
+                cols.append(load0 + t * n + j - 1)
+                vals.append(-1.0)
+        for i, (start, end) in enumerate(gaps):
+            cost = 1.0 if tier.per_slot else sizes[arrivals[start][1]] / _MIB
+            rows += [t * n + start, t * n + end]
+            cols += [num_y + i * k + t] * 2
+            vals += [-cost, cost]
+    a_eq = coo_matrix((vals, (rows, cols)), shape=(n * k, load0 + n * k))
+    caps = [t.capacity if t.per_slot else t.capacity / _MIB for t in tiers]
+    bounds = [(0.0, 1.0)] * load0 + [(0.0, caps[t]) for t in range(k) for _ in range(n)]
+    objective = np.zeros(load0 + n * k)
+    objective[:g] = -1.0
+    result = linprog(
+        objective,
+        A_ub=a_ub.tocsr(),
+        b_ub=np.zeros(g),
+        A_eq=a_eq.tocsr(),
+        b_eq=np.zeros(n * k),
+        bounds=bounds,
+        method="highs-ipm",
+    )
+    if result.status != 0:
+        raise RuntimeError(f"the tier-floor LP did not solve: {result.message}")
+    return float(-result.fun)
