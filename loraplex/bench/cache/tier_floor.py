@@ -24,6 +24,7 @@ from __future__ import annotations
 import math
 from collections.abc import Hashable, Mapping, Sequence
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 from scipy.optimize import linprog
@@ -116,49 +117,49 @@ def _max_hits(
     sizes: Mapping[Hashable, int],
     tiers: Sequence[TierCapacity],
 ) -> float:
-    """The LP: variables h_g, then y_{g,t}, then the load of tier t after request j.
-
-    Rows: h_g - sum_t y_{g,t} <= 0; and per tier the load after request j equals the load
-    after j - 1 plus the gaps starting at j minus those ending at j (an interval matrix in
-    cumulative form: 3 entries a row instead of one per held gap)."""
+    """The LP: variables h_g (hit of gap g), y_{g,t} (g held in tier t), then the load of tier
+    t after request j. Rows: h_g <= sum_t y_{g,t}; per tier, load after j = load after j - 1 +
+    gaps starting at j - gaps ending at j (cumulative form: 3 entries a row instead of one per
+    held gap); and in a slot tier the requested adapter takes a slot itself at its request,
+    beside the gaps held across it (load after j less the gap starting at j <= slots - 1)."""
     n, g, k = len(arrivals), len(gaps), len(tiers)
-    num_y, load0 = g, g + g * k
-    rows, cols, vals = [], [], []
+    layout = _Layout(n, g, k)
+    ub: _Rows = ([], [], [])
     for i in range(g):
-        rows.append(i)
-        cols.append(i)
-        vals.append(1.0)
-        for t in range(k):
-            rows.append(i)
-            cols.append(num_y + i * k + t)
-            vals.append(-1.0)
-    a_ub = coo_matrix((vals, (rows, cols)), shape=(g, load0 + n * k))
-    rows, cols, vals = [], [], []
+        ub_row = [(layout.hit(i), 1.0)] + [(layout.held(i, t), -1.0) for t in range(k)]
+        _add(ub, i, ub_row)
+    b_ub = [0.0] * g
+    starts = {start: i for i, (start, _) in enumerate(gaps)}
+    for t, tier in enumerate(tiers):
+        if not tier.per_slot or tier.capacity < 1:
+            continue
+        for j in range(n):
+            row = [(layout.load(t, j), 1.0)]
+            if j in starts:
+                row.append((layout.held(starts[j], t), -1.0))
+            _add(ub, len(b_ub), row)
+            b_ub.append(tier.capacity - 1)
+    eq: _Rows = ([], [], [])
     for t, tier in enumerate(tiers):
         for j in range(n):
-            row = t * n + j
-            rows.append(row)
-            cols.append(load0 + t * n + j)
-            vals.append(1.0)
-            if j > 0:
-                rows.append(row)
-                cols.append(load0 + t * n + j - 1)
-                vals.append(-1.0)
+            _add(
+                eq,
+                t * n + j,
+                [(layout.load(t, j), 1.0)] + ([(layout.load(t, j - 1), -1.0)] if j else []),
+            )
         for i, (start, end) in enumerate(gaps):
             cost = 1.0 if tier.per_slot else sizes[arrivals[start][1]] / _MIB
-            rows += [t * n + start, t * n + end]
-            cols += [num_y + i * k + t] * 2
-            vals += [-cost, cost]
-    a_eq = coo_matrix((vals, (rows, cols)), shape=(n * k, load0 + n * k))
+            _add(eq, t * n + start, [(layout.held(i, t), -cost)])
+            _add(eq, t * n + end, [(layout.held(i, t), cost)])
     caps = [t.capacity if t.per_slot else t.capacity / _MIB for t in tiers]
-    bounds = [(0.0, 1.0)] * load0 + [(0.0, caps[t]) for t in range(k) for _ in range(n)]
-    objective = np.zeros(load0 + n * k)
+    bounds = [(0.0, 1.0)] * layout.first_load + [(0.0, caps[t]) for t in range(k) for _ in range(n)]
+    objective = np.zeros(layout.size)
     objective[:g] = -1.0
     result = linprog(
         objective,
-        A_ub=a_ub.tocsr(),
-        b_ub=np.zeros(g),
-        A_eq=a_eq.tocsr(),
+        A_ub=_matrix(ub, len(b_ub), layout.size),
+        b_ub=np.array(b_ub),
+        A_eq=_matrix(eq, n * k, layout.size),
         b_eq=np.zeros(n * k),
         bounds=bounds,
         method="highs-ipm",
@@ -166,3 +167,44 @@ def _max_hits(
     if result.status != 0:
         raise RuntimeError(f"the tier-floor LP did not solve: {result.message}")
     return float(-result.fun)
+
+
+# A sparse matrix being built: (rows, columns, values).
+_Rows = tuple[list[int], list[int], list[float]]
+
+
+def _add(rows: _Rows, row: int, entries: list[tuple[int, float]]) -> None:
+    for column, value in entries:
+        rows[0].append(row)
+        rows[1].append(column)
+        rows[2].append(value)
+
+
+def _matrix(rows: _Rows, num_rows: int, num_columns: int) -> Any:
+    return coo_matrix((rows[2], (rows[0], rows[1])), shape=(num_rows, num_columns)).tocsr()
+
+
+@dataclass(frozen=True)
+class _Layout:
+    """Where each LP variable sits: hits, then holdings (gap-major), then tier loads."""
+
+    n: int  # requests
+    g: int  # recent gaps
+    k: int  # tiers
+
+    def hit(self, i: int) -> int:
+        return i
+
+    def held(self, i: int, t: int) -> int:
+        return self.g + i * self.k + t
+
+    @property
+    def first_load(self) -> int:
+        return self.g + self.g * self.k
+
+    def load(self, t: int, j: int) -> int:
+        return self.first_load + t * self.n + j
+
+    @property
+    def size(self) -> int:
+        return self.first_load + self.n * self.k
