@@ -4,7 +4,7 @@
 from __future__ import annotations
 
 import pytest
-from cache_kit import key, make_rig
+from cache_kit import key, make_rig, use
 from hypothesis import given
 from hypothesis import strategies as st
 
@@ -102,15 +102,6 @@ def test_floor_bounds_a_byte_tier_key_while_the_copy_idles(
 # --- in the real cache -------------------------------------------------------------------------
 
 
-def _use(rig, adapter, times: int = 1) -> None:  # type: ignore[no-untyped-def]
-    for _ in range(times):
-        future = rig.cache.acquire_future(adapter)
-        rig.settle()
-        future.result(timeout=0).release()
-        rig.clock.advance(1.0)
-        rig.check()
-
-
 @pytest.mark.parametrize("policy", ["tiered_gdsf", "admit_gdsf"])
 def test_the_cpu_tier_drops_the_copy_of_an_adapter_that_lives_in_a_gpu_slot(policy: str) -> None:
     """h is used six times and stays in its GPU slot (its CPU copy is read once); p and q
@@ -118,11 +109,11 @@ def test_the_cpu_tier_drops_the_copy_of_an_adapter_that_lives_in_a_gpu_slot(poli
     CPU room: tiered_gdsf drops h's unread CPU copy, admit_gdsf (request rates) drops p's."""
     rig = make_rig(policy, slots=2, l1=3, l2=8)
     h, p, q, n = (key("t", name) for name in ("h", "p", "q", "n"))
-    _use(rig, h, 6)
+    use(rig, h, 6)
     for _ in range(3):
-        _use(rig, p)
-        _use(rig, q)
-    _use(rig, n)
+        use(rig, p)
+        use(rig, q)
+    use(rig, n)
     assert rig.cache.is_resident(h, Tier.L0)
     in_l1 = {k.name for k in (h, p, q) if rig.cache.is_resident(k, Tier.L1)}
     assert in_l1 == ({"p", "q"} if policy == "tiered_gdsf" else {"h", "q"})
@@ -135,25 +126,12 @@ def test_a_returning_adapter_is_remembered_and_outlasts_one_offs(policy: str) ->
     through probation around it. LRU (the control) loses it."""
     rig = make_rig(policy, slots=2, l1=2, l2=2)
     a = key("t", "a")
-    _use(rig, a)
+    use(rig, a)
     for name in ("x", "y"):
-        _use(rig, key("t", name))
+        use(rig, key("t", name))
     assert not any(rig.cache.is_resident(a, t) for t in (Tier.L0, Tier.L1, Tier.L2))
-    _use(rig, a)
+    use(rig, a)
     for name in ("w", "z"):
-        _use(rig, key("t", name))
+        use(rig, key("t", name))
     kept = all(rig.cache.is_resident(a, t) for t in (Tier.L0, Tier.L1, Tier.L2))
     assert kept == (policy == "tiered_gdsf")
-
-
-@pytest.mark.parametrize("policy", ["tiered_gdsf", "lru"])
-def test_a_sweep_of_one_offs_keeps_the_hot_set_in_every_tier(policy: str) -> None:
-    rig = make_rig(policy, slots=4, l1=5, l2=6, tenant_priority={"prio": 4.0, "batch": 0.25})
-    hot = [key("prio", f"hot{i}") for i in range(3)]
-    for _ in range(3):
-        for adapter in hot:
-            _use(rig, adapter)
-    for i in range(8):
-        _use(rig, key("batch", f"cold{i}"))
-    kept = {t: all(rig.cache.is_resident(h, t) for h in hot) for t in (Tier.L0, Tier.L1, Tier.L2)}
-    assert kept == dict.fromkeys((Tier.L0, Tier.L1, Tier.L2), policy == "tiered_gdsf")

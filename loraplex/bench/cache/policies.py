@@ -115,7 +115,8 @@ def run_policy_bench(config: PolicyBenchConfig) -> dict[str, Any]:
                 }
                 floor |= tier_floors(arrivals, sizes, cache_config)
                 floor["reloads_per_1k"] = sum(floor.values())
-            floors.setdefault(label, []).append(floor)
+            row: dict[str, float | None] = {**floor}
+            floors.setdefault(label, []).append(row)
             order = config.policies if seed % 2 == 0 else config.policies[::-1]
             for policy in order:
                 result = replay(

@@ -24,7 +24,7 @@ from __future__ import annotations
 import math
 from collections.abc import Hashable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, TypeVar
 
 import numpy as np
 from scipy.optimize import linprog
@@ -34,6 +34,7 @@ from loraplex.residency.cache import CacheConfig
 from loraplex.residency.ledger import Tier
 
 _MIB = float(1 << 20)  # bytes are scaled to MiB: the solver's tolerances are absolute
+K = TypeVar("K", bound=Hashable)  # an adapter's key in the trace
 
 
 @dataclass(frozen=True)
@@ -62,7 +63,7 @@ class UnionFloor:
 
 
 def tier_floors(
-    arrivals: Sequence[tuple[float, Hashable]], sizes: Mapping[Hashable, int], config: CacheConfig
+    arrivals: Sequence[tuple[float, K]], sizes: Mapping[K, int], config: CacheConfig
 ) -> dict[str, float]:
     """The floors of L1 and L2 reloads per 1k requests at ``config``'s budgets. For L2 the two
     byte tiers are merged into one of their summed bytes (a copy held in either counts once): a
@@ -81,8 +82,8 @@ def tier_floors(
 
 
 def union_floor(
-    arrivals: Sequence[tuple[float, Hashable]],
-    sizes: Mapping[Hashable, int],
+    arrivals: Sequence[tuple[float, K]],
+    sizes: Mapping[K, int],
     tiers: Sequence[TierCapacity],
     reload_window_s: float,
 ) -> UnionFloor:
@@ -112,9 +113,9 @@ def _recent_gaps(
 
 
 def _max_hits(
-    arrivals: Sequence[tuple[float, Hashable]],
+    arrivals: Sequence[tuple[float, K]],
     gaps: Sequence[tuple[int, int]],
-    sizes: Mapping[Hashable, int],
+    sizes: Mapping[K, int],
     tiers: Sequence[TierCapacity],
 ) -> float:
     """The LP: variables h_g (hit of gap g), y_{g,t} (g held in tier t), then the load of tier
