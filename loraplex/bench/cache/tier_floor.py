@@ -10,13 +10,15 @@ still in ``U_k`` at its next request iff one tier of ``U_k`` held it over the wh
 The bound is the linear relaxation of that problem (FOO's idea, Berger et al., SIGMETRICS '18,
 with one capacity per tier): for every gap between two requests of an adapter, a hit fraction
 ``h`` no greater than the sum of the fractions ``y_t`` it is held in each tier ``t``; at every
-instant the held gaps fit each tier (L0: slots; L1, L2: bytes). Maximising the hits of the gaps
+instant the held gaps fit each tier (L0: slots; L1, L2: bytes), and at each request the
+requested adapter takes an L0 slot beside the gaps held across it. Maximising the hits of the gaps
 that end in a *recent* return (previous request at most ``reload_window_s`` back) bounds them
 from above; the rest are recent misses, each an Lk fill of an adapter requested within the
 window: what the cache counts as a reload after eviction, except when a policy had dropped that
 tier's copy more than the window earlier while L0 (or, for L2, L0 and L1) kept the adapter.
 Like the L0 floor it is played on the arrivals alone: loads are instantaneous, no slot is held
-by a request in flight. Every real policy can only do worse.
+by a request in flight. No real policy fills less; the cache's reload counter can fall below
+the floor only by the exception above (the replay tests check it does not).
 """
 
 from __future__ import annotations
