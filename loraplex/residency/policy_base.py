@@ -35,15 +35,9 @@ class Candidate:
     rates: RequestRates  # rolling request rates
     priority: float  # its tenant's priority (1.0 = normal)
     reload_cost_s: float  # time to bring it back from the tier it would fall to
-    # A faster tier holds a copy too (an L1 copy of an adapter in a GPU slot): requests are
-    # served there, so this copy is read only once that one is gone. Always False in L0.
-    cached_above: bool = False
-    # Rates of the requests that read this tier (missed every faster one); in L0 the request
-    # rates. None: not known (a policy then reads ``rates``).
+    # Rates of the requests that read this tier (missed every faster one). None in L0, where
+    # every request reads it (``rates``), and where a caller does not know them.
     reads: RequestRates | None = None
-    # Fills a refill of this copy takes: 1 when the next tier down holds a copy, 2 when only
-    # the one below that does, and so on (L3 always has one): the reloads its loss would cause.
-    refill_moves: int = 1
 
 
 @dataclass(frozen=True)

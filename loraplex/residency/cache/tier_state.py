@@ -184,7 +184,7 @@ class TierState:
 
     def reserve(self, tier: Tier, key: AdapterKey, size_bytes: int) -> ResidentEntry:
         entry = self.ledgers[tier].reserve(key, size_bytes, self.clock.now())
-        self._note(key)  # its copies below are now cached above (``Candidate.cached_above``)
+        self._victims[tier].note(key, self._now())
         return entry
 
     def mark_ready(self, entry: ResidentEntry) -> None:
@@ -197,7 +197,6 @@ class TierState:
         """Removes a copy (ready or not) and queues the drop of its bytes."""
         self.ledgers[entry.tier].remove(entry.key)
         self._victims[entry.tier].note(entry.key, self._now())
-        self._note(entry.key)  # its copies below may no longer be cached above
         self._on_drop(entry.tier, entry.key, entry.slot)
         if entry.ready:
             self.changes.note(entry.key)
@@ -273,16 +272,8 @@ class TierState:
             reload_cost_s=self.costs.reload_cost_s(
                 tier, None if resolved is None else resolved.footprint, size_bytes, bandwidth
             ),
-            cached_above=any(key in self.ledgers[t].entries for t in CACHED_TIERS if t < tier),
             reads=None if reads is None else reads.rates(at),
-            refill_moves=self._refill_moves(key, tier),
         )
-
-    def _refill_moves(self, key: AdapterKey, tier: Tier) -> int:
-        """Fills a refill of ``key`` into ``tier`` takes, from the nearest tier below holding a
-        copy (reserved or ready: reserve and remove re-index the key; L3 always holds one)."""
-        below = (t for t in CACHED_TIERS if t > tier and key in self.ledgers[t].entries)
-        return next(below, Tier.L3) - tier
 
     def refill_bytes(self, key: AdapterKey, tier: Tier, size_bytes: int) -> int:
         """The bytes a refill of ``key``'s copy in ``tier`` reads (``ReloadCosts``)."""
