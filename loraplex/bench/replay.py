@@ -69,6 +69,7 @@ class ReplayResult:
     timeline: list[tuple[float, float | None]] = field(default_factory=list)
     # tenant -> every request's wait, ascending (failed ones at the trace's length): the CDF
     tenant_waits: dict[str, list[float]] = field(default_factory=dict)
+    loads: dict[str, int] = field(default_factory=dict)  # completed fills per tier (L0..L2)
 
     @property
     def hit_ratio(self) -> dict[str, float]:
@@ -187,6 +188,7 @@ def _summarise(
             for tenant in per_tenant
         },
         timeline=timeline,
+        loads={t.name: n for t, n in stats.loads.items()},
         tenant_waits={
             tenant: sorted(min(o[3], duration) for o in waited if o[1] == tenant)
             for tenant in per_tenant

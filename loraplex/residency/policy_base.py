@@ -35,6 +35,9 @@ class Candidate:
     rates: RequestRates  # rolling request rates
     priority: float  # its tenant's priority (1.0 = normal)
     reload_cost_s: float  # time to bring it back from the tier it would fall to
+    # Rates of the requests that read this tier (missed every faster one). None in L0, where
+    # every request reads it (``rates``), and where a caller does not know them.
+    reads: RequestRates | None = None
 
 
 @dataclass(frozen=True)

@@ -34,6 +34,11 @@ class AdapterHistory:
     """Per-adapter counters, kept across evictions (frequency must survive residency)."""
 
     rates: RollingRates = field(default_factory=RollingRates)  # request rate windows
+    # Rates of the requests that read each lower tier: those that missed every faster tier
+    # (L1: missed L0; L2: missed L0 and L1). What a copy there is worth, not the raw rate.
+    reads: dict[Tier, RollingRates] = field(
+        default_factory=lambda: {Tier.L1: RollingRates(), Tier.L2: RollingRates()}
+    )
     last_access_s: float = 0.0  # last acquire
     hits: dict[Tier, int] = field(default_factory=dict)  # acquires served from each tier
     loads: dict[Tier, int] = field(default_factory=dict)  # completed fills of each tier

@@ -23,23 +23,33 @@ from loraplex.cli import app
 
 
 def test_a_tiny_run_reports_every_trace_policy_and_headline(tmp_path: Path) -> None:
-    config = PolicyBenchConfig(policies=("lru", "admit_gdsf"), repeats=2, duration_s=30.0)
+    config = PolicyBenchConfig(
+        policies=("lru", "admit_gdsf", "tiered_gdsf"), repeats=2, duration_s=30.0
+    )
     result = run_policy_bench(config)
     assert set(result["traces"]) == {label for label, _, _ in POINTS}
     for policies in result["traces"].values():
-        assert set(policies) == {"lru", "admit_gdsf", BELADY}
-        floor = policies.pop(BELADY)["reloads_per_1k_l0"]
+        assert set(policies) == {"lru", "admit_gdsf", "tiered_gdsf", BELADY}
+        floors = policies.pop(BELADY)
         for cells in policies.values():
-            # No replayed policy has fewer L0 reloads than Belady's floor in any seed, so
-            # neither in the median, the min or the max over seeds.
-            reloads = cells["reloads_per_1k_l0"]
-            assert floor is not None and all(f <= r for f, r in zip(floor, reloads, strict=True))
+            # No replayed policy has fewer reloads than the floor of its tier (L0: Belady; L1,
+            # L2: the LP) or of all tiers in any seed, so neither in the median, min or max.
+            for metric in ("l0", "l1", "l2"):
+                floor, reloads = (
+                    floors[f"reloads_per_1k_{metric}"],
+                    cells[f"reloads_per_1k_{metric}"],
+                )
+                assert floor is not None and all(
+                    f <= r for f, r in zip(floor, reloads, strict=True)
+                )
+            total = zip(floors["reloads_per_1k"], cells["reloads_per_1k"], strict=True)
+            assert all(f <= r for f, r in total)
             hit = cells["hit_l0"]
             assert hit is not None and hit[1] <= hit[0] <= hit[2]  # median within [min, max]
             assert cells["failed"] == [0.0, 0.0, 0.0]
             assert cells["hit_l0"][0] <= cells["hit_l0_l1"][0] <= cells["hit_l0_l2"][0]
     zipf = result["traces"]["zipf-longtail"]
-    assert result["metrics"]["zipf_longtail_hit_l0_pp_over_lru"] == pytest.approx(
+    assert result["metrics"]["zipf_longtail_hit_l0_admit_gdsf_pp_over_lru"] == pytest.approx(
         100 * (zipf["admit_gdsf"]["hit_l0"][0] - zipf["lru"]["hit_l0"][0]), abs=0.01
     )
     assert "drift_recovery_share" in result["traces"]["drift"]["lru"]
@@ -53,6 +63,16 @@ def test_a_tiny_run_reports_every_trace_policy_and_headline(tmp_path: Path) -> N
     policies_plots(result, tmp_path / "hit.png", tmp_path / "cdf.png")
     assert (tmp_path / "hit.png").stat().st_size > 0 and (tmp_path / "cdf.png").stat().st_size > 0
     assert "zipf-longtail" in policies_markdown(result, ("hit.png", "cdf.png"))
+
+
+def test_without_tier_floors_only_l0_is_bounded() -> None:
+    config = PolicyBenchConfig(
+        policies=("lru",), repeats=1, duration_s=30.0, traces=("zipf-longtail",), tier_floors=False
+    )
+    result = run_policy_bench(config)
+    assert set(result["traces"]["zipf-longtail"][BELADY]) == {"reloads_per_1k_l0"}
+    assert result["metrics"]["zipf_longtail_l1_reloads_lru_over_floor"] is None
+    assert result["metrics"]["zipf_longtail_reloads_lru_over_floor"] is None
 
 
 def test_a_zero_denominator_is_null_never_zero() -> None:

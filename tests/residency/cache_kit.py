@@ -148,3 +148,14 @@ def make_rig(
     chosen = make_policy(policy) if isinstance(policy, str) else policy
     cache = TieredAdapterCache(cfg, pipeline, policy=chosen, clock=clock, executor=executor)
     return Rig(cache, pipeline, executor, clock)
+
+
+def use(rig: Rig, adapter: AdapterKey, times: int = 1) -> None:
+    """Acquires and releases ``adapter`` ``times`` times, one second apart, checking the cache's
+    integrity after each."""
+    for _ in range(times):
+        future = rig.cache.acquire_future(adapter)
+        rig.settle()
+        future.result(timeout=0).release()
+        rig.clock.advance(1.0)
+        rig.check()

@@ -5,7 +5,7 @@ may rely on; then the policy in the real cache (every tier) with check_integrity
 from __future__ import annotations
 
 import pytest
-from cache_kit import key, make_rig
+from cache_kit import key, make_rig, use
 from hypothesis import given
 from hypothesis import strategies as st
 
@@ -198,29 +198,22 @@ def test_config_refuses_bad_values_naming_the_field(field: str, value: float) ->
 # --- in the real cache -------------------------------------------------------------------------
 
 
-def _use(rig, adapter, times: int = 1) -> None:  # type: ignore[no-untyped-def]
-    for _ in range(times):
-        future = rig.cache.acquire_future(adapter)
-        rig.settle()
-        future.result(timeout=0).release()
-        rig.clock.advance(1.0)
-
-
-@pytest.mark.parametrize("policy", ["admit_gdsf", "lru"])
+@pytest.mark.parametrize("policy", ["admit_gdsf", "tiered_gdsf", "lru"])
 def test_a_sweep_of_one_offs_keeps_the_hot_set_in_every_tier(policy: str) -> None:
     """Three hot adapters used often; then a sweep of eight one-offs of a batch tenant through
-    a 4-slot L0, a 5-copy L1 and a 6-copy L2. admit_gdsf keeps every hot copy in every tier (the
-    one-offs cycle through probation); LRU loses them (the control: the test can fail)."""
+    a 4-slot L0, a 5-copy L1 and a 6-copy L2. admit_gdsf and tiered_gdsf keep every hot copy in
+    every tier (the one-offs cycle through probation); LRU loses them (the control: the test
+    can fail)."""
     rig = make_rig(policy, slots=4, l1=5, l2=6, tenant_priority={"prio": 4.0, "batch": 0.25})
     hot = [key("prio", f"hot{i}") for i in range(3)]
     for _ in range(3):
         for adapter in hot:
-            _use(rig, adapter)
+            use(rig, adapter)
     for i in range(8):
-        _use(rig, key("batch", f"cold{i}"))
+        use(rig, key("batch", f"cold{i}"))
         rig.check()
     kept = {t: all(rig.cache.is_resident(h, t) for h in hot) for t in (Tier.L0, Tier.L1, Tier.L2)}
-    if policy == "admit_gdsf":
+    if policy != "lru":
         assert kept == {Tier.L0: True, Tier.L1: True, Tier.L2: True}
     else:
         assert kept == {Tier.L0: False, Tier.L1: False, Tier.L2: False}

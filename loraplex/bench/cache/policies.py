@@ -25,8 +25,9 @@ from typing import Any
 from loraplex.artifacts.base_model import BaseModelSpec
 from loraplex.bench.cache.belady import optimal_reloads
 from loraplex.bench.cache.replays import REPLAY_PRIORITY
+from loraplex.bench.cache.tier_floor import tier_floors
 from loraplex.bench.harness.stats import ratio as rounded_ratio
-from loraplex.bench.replay import ReplayResult, footprints_for, replay
+from loraplex.bench.replay import ReplayResult, adapter_key, footprints_for, replay
 from loraplex.bench.workloads import HOT_BURST_WINDOW, ScenarioParams, generate
 from loraplex.residency.cache import CacheConfig
 from loraplex.residency.ledger import Tier, TierBudget
@@ -39,7 +40,9 @@ def ratio(numerator: float | None, denominator: float | None) -> float | None:
     return rounded_ratio(numerator, denominator, None)
 
 
-POLICIES = ("lru", "lru_priority", "cost_aware", "admit_gdsf")
+POLICIES = ("lru", "lru_priority", "cost_aware", "admit_gdsf", "tiered_gdsf")
+# The policies the headline compares with lru (issue 33's candidates), each where it ran.
+NEW_POLICIES = ("admit_gdsf", "tiered_gdsf")
 # (label, scenario, L0 slots); hot-burst at several capacities.
 POINTS = (
     ("hot-burst@9", "hot-burst", 9),
@@ -52,7 +55,8 @@ POINTS = (
 DRIFT_PHASES = 5  # workloads.drift's default: the hot set rotates every 20 % of the run
 _DRIFT_BUCKETS = DRIFT_PHASES * 20  # 5 % of a rotation period per timeline bucket
 _RECOVERY_PP = 0.05
-# The row of Belady's lower bound on L0 reloads (bench/cache/belady.py) beside the policies.
+# The row of the lower bounds on reloads beside the policies: Belady's in L0 (belady.py), the
+# union relaxation's in L1 and L2 (tier_floor.py), and their sum.
 BELADY = "belady_l0_floor"
 
 
@@ -70,6 +74,8 @@ class PolicyBenchConfig:
     # cache replay's; the real server on 2 shared cores holds slots several times longer.
     tpot_s: float = 0.02
     traces: tuple[str, ...] = tuple(label for label, _, _ in POINTS)  # labels of POINTS to run
+    # Also bound L1 and L2 reloads (an LP per trace, seed and tier: seconds to a minute each).
+    tier_floors: bool = True
 
     def __post_init__(self) -> None:
         unknown = [p for p in self.policies if p not in policy_names()]
@@ -101,7 +107,16 @@ def run_policy_bench(config: PolicyBenchConfig) -> dict[str, Any]:
             cache_config = _cache_config(footprints, slots, config)
             arrivals = [(r.t_s, (r.tenant, r.adapter)) for r in workload.requests]
             bound = optimal_reloads(arrivals, slots, cache_config.reload_window_s)
-            floors.setdefault(label, []).append({"reloads_per_1k_l0": bound.reload_floor_per_1k})
+            floor = {"reloads_per_1k_l0": bound.reload_floor_per_1k}
+            if config.tier_floors:
+                sizes = {
+                    (a.tenant, a.name): footprints[adapter_key(a)].memory_bytes
+                    for a in workload.adapters
+                }
+                floor |= tier_floors(arrivals, sizes, cache_config)
+                floor["reloads_per_1k"] = sum(floor.values())
+            row: dict[str, float | None] = {**floor}
+            floors.setdefault(label, []).append(row)
             order = config.policies if seed % 2 == 0 else config.policies[::-1]
             for policy in order:
                 result = replay(
@@ -164,6 +179,9 @@ def _row(result: ReplayResult, scenario: str, duration_s: float) -> dict[str, fl
     for tier, count in result.reloads_after_eviction.items():
         row[f"reloads_per_1k_{tier.lower()}"] = 1000 * count / n
     row["reloads_per_1k"] = 1000 * result.total_reloads / n
+    for tier, count in result.loads.items():
+        # Every fill, reload or not: a policy cannot look better on reloads by refilling later.
+        row[f"fills_per_1k_{tier.lower()}"] = 1000 * count / n
     for tenant, waits in result.tenant_wait_s.items():
         for q, value in waits.items():
             row[f"wait_{q}_s_{tenant}"] = value
@@ -210,10 +228,39 @@ def _med(summary: dict[str, Any], label: str, policy: str, metric: str) -> float
 
 
 def headline(summary: dict[str, Any], policies: Sequence[str]) -> dict[str, float | None]:
-    """The issue's targets as medians and ratios: new policy (admit_gdsf) against lru."""
-    new, out = "admit_gdsf", {}
-    if new not in policies or "lru" not in policies:
+    """The issue's targets as medians and ratios: each new policy against lru, then the floors."""
+    out: dict[str, float | None] = {}
+    if "lru" not in policies:
         return {}
+    for new in (p for p in NEW_POLICIES if p in policies):
+        out |= _policy_headline(summary, policies, new)
+    for label, _, _ in POINTS:
+        prefix = label.replace("-", "_").replace("@", "_s")
+        # The most any policy could cut lru's reloads, per tier and all tiers together (with
+        # the tier floors; without them L1 and L2 enter at their trivial floor 0).
+        for tier in ("l0", "l1", "l2"):
+            out[f"{prefix}_{tier}_reloads_lru_over_floor"] = ratio(
+                _med(summary, label, "lru", f"reloads_per_1k_{tier}"),
+                _med(summary, label, BELADY, f"reloads_per_1k_{tier}"),
+            )
+        base = _med(summary, label, "lru", "reloads_per_1k")
+        out[f"{prefix}_reloads_lru_over_floor"] = ratio(
+            base, _med(summary, label, BELADY, "reloads_per_1k")
+        )
+        out[f"{prefix}_reloads_lru_over_belady_l0_floor"] = ratio(
+            base, _med(summary, label, BELADY, "reloads_per_1k_l0")
+        )
+    for policy in policies:
+        out[f"drift_recovery_share_{policy}"] = _med(
+            summary, "drift", policy, "drift_recovery_share"
+        )
+    return {k: None if v is None else round(v, 4) for k, v in out.items()}
+
+
+def _policy_headline(
+    summary: dict[str, Any], policies: Sequence[str], new: str
+) -> dict[str, float | None]:
+    out: dict[str, float | None] = {}
     for slots in (9, 12, 16):
         label = f"hot-burst@{slots}"
         hot = {p: _med(summary, label, p, "wait_p99_s_prio") for p in policies}
@@ -228,20 +275,13 @@ def headline(summary: dict[str, Any], policies: Sequence[str]) -> dict[str, floa
         prefix = label.replace("-", "_")
         for metric in ("hit_l0", "hit_l0_l1", "hit_l1_local"):
             mine, base = _med(summary, label, new, metric), _med(summary, label, "lru", metric)
-            out[f"{prefix}_{metric}_pp_over_lru"] = (
+            out[f"{prefix}_{metric}_{new}_pp_over_lru"] = (
                 None if mine is None or base is None else round(100 * (mine - base), 2)
             )
     for label, _, _ in POINTS:
         prefix = label.replace("-", "_").replace("@", "_s")
-        base, mine = (_med(summary, label, p, "reloads_per_1k") for p in ("lru", new))
-        out[f"{prefix}_reloads_lru_over_{new}"] = ratio(base, mine)
-        # The most any policy could cut L0 reloads, and all reloads (the other tiers' >= 0).
-        floor = _med(summary, label, BELADY, "reloads_per_1k_l0")
-        base_l0 = _med(summary, label, "lru", "reloads_per_1k_l0")
-        out[f"{prefix}_l0_reloads_lru_over_belady_floor"] = ratio(base_l0, floor)
-        out[f"{prefix}_reloads_lru_over_belady_l0_floor"] = ratio(base, floor)
-    for policy in policies:
-        out[f"drift_recovery_share_{policy}"] = _med(
-            summary, "drift", policy, "drift_recovery_share"
+        out[f"{prefix}_reloads_lru_over_{new}"] = ratio(
+            _med(summary, label, "lru", "reloads_per_1k"),
+            _med(summary, label, new, "reloads_per_1k"),
         )
-    return {k: None if v is None else round(v, 4) for k, v in out.items()}
+    return out

@@ -15,6 +15,9 @@ _COLUMNS = (
     "reloads_per_1k_l0",
     "reloads_per_1k_l1",
     "reloads_per_1k_l2",
+    "reloads_per_1k",
+    "fills_per_1k_l1",
+    "fills_per_1k_l2",
     "wait_p99_s_prio",
     "wait_p50_s_batch",
     "drift_recovery_share",
@@ -33,7 +36,7 @@ def policies_markdown(result: dict[str, Any], plot_names: tuple[str, str] | None
     parts = [
         "## Run",
         f"config: `{result['config']}`, seeds {result['seed']}",
-        "## Headline (medians over seeds; admit_gdsf against the baselines)",
+        "## Headline (medians over seeds; admit_gdsf and tiered_gdsf against lru, and the floors)",
         markdown_table(
             [{"metric": k, "value": v} for k, v in result["metrics"].items()], ["metric", "value"]
         ),

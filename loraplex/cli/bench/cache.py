@@ -103,7 +103,8 @@ def residency(
     *,
     as_json: bool = typer.Option(False, "--json", help="print only the JSON line"),
     policies: str = typer.Option(
-        "lru,lru_priority,cost_aware,admit_gdsf", help="eviction policies, comma-separated"
+        "lru,lru_priority,cost_aware,admit_gdsf,tiered_gdsf",
+        help="eviction policies, comma-separated",
     ),
     repeats: int = typer.Option(3, help="seeds per trace (0 .. repeats-1)"),
     duration_s: float = typer.Option(600.0, help="trace length (simulated seconds)"),
@@ -115,6 +116,9 @@ def residency(
     ),
     report_to: str = typer.Option(
         REPORT_DIR, "--report-dir", help="where residency-run.md and PNGs go; '' to skip"
+    ),
+    tier_floors: bool = typer.Option(
+        True, help="also bound L1 and L2 reloads (an LP per trace and seed: slower)"
     ),
 ) -> None:
     """Eviction policies side by side on the cache replays (simulated time, fixed stage
@@ -130,6 +134,7 @@ def residency(
             tpot_s=tpot_s,
             rate=rate,
             traces=tuple(t for t in traces.split(",") if t),
+            tier_floors=tier_floors,
         )
     result = run_policy_bench(config)
     out = report_folder(report_to)

@@ -93,6 +93,14 @@ class TierState:
         self._note(key)
         return history
 
+    def record_reads(self, key: AdapterKey, source: Tier, now_s: float) -> None:
+        """A request that missed L0 reads L1, and L2 too when L1 had no copy (``source``: the
+        nearest tier holding one); call after ``touch`` (which re-indexes the key)."""
+        history = self.history_of(key)
+        for tier in (Tier.L1, Tier.L2):
+            if tier <= source:
+                history.reads[tier].record(now_s)
+
     def restore_access(self, key: AdapterKey, at_s: float) -> AdapterHistory:
         """Sets ``key``'s last access (a copy recovered at start was last used at ``at_s``)."""
         history = self.history_of(key)
@@ -252,16 +260,19 @@ class TierState:
         reload cost at ``bandwidth`` (default the current estimate)."""
         history = self.history_of(key)
         resolved = self._footprints.get(key)
+        at = self._now() if at_s is None else at_s
+        reads = history.reads.get(tier)
         return Candidate(
             key=key,
             size_bytes=size_bytes,
             loaded_at_s=loaded_at_s,
             last_access_s=history.last_access_s,
-            rates=history.rates.rates(self._now() if at_s is None else at_s),
+            rates=history.rates.rates(at),
             priority=self.config.tenant_priority.get(key.tenant, 1.0),
             reload_cost_s=self.costs.reload_cost_s(
                 tier, None if resolved is None else resolved.footprint, size_bytes, bandwidth
             ),
+            reads=None if reads is None else reads.rates(at),
         )
 
     def refill_bytes(self, key: AdapterKey, tier: Tier, size_bytes: int) -> int:

@@ -91,6 +91,7 @@ class TieredAdapterCache:
                 future.set_result(state.grant(entry, LoadResult(key, Tier.L0, {}), self._release))
                 return future
             source = state.source_tier(key, Tier.L0)
+            state.record_reads(key, source, now)
             if source is Tier.L3:
                 state.stats.misses += 1
             else:
