@@ -21,7 +21,7 @@ from loraplex.bench.sim.bench import (
     registry_tenants,
     sim_config,
 )
-from loraplex.bench.sim.calibrate_run import CalibrateConfig, mixes
+from loraplex.bench.sim.calibrate_run import CalibrateConfig, mixes, weight_regressors
 from loraplex.bench.sim.calibrate_target import ServedAdapter
 from loraplex.bench.sim.compare import OUTCOME_KEYS, check_outcome
 from loraplex.bench.sim.traces import workload_rows
@@ -148,6 +148,25 @@ def test_calibration_mixes_vary_revisions_and_rank_tokens_apart() -> None:
         CalibrateConfig(prefill_lengths=())
 
 
+def test_calibration_mixes_cover_each_target_set_and_both_in_one_step() -> None:
+    """Attention-only (1,000 bytes per rank) and all-linear (3,000) adapters: each set's low
+    and high ranks, and the two sets' lowest ranks together, so bytes vary apart from rank."""
+    adapters = [
+        ServedAdapter("t", f"{kind}{r}", "r1", r, width * r)
+        for kind, width in (("all", 3000), ("attn", 1000))
+        for r in (8, 64)
+    ]
+    got = mixes(adapters, CalibrateConfig(batch_sizes=(1, 2), revision_counts=(1,)))
+    assert [(b, tuple(a.name for a in c)) for b, c in got] == [
+        (1, ("attn8",)), (1, ("attn64",)), (1, ("all8",)), (1, ("all64",)),
+        (2, ("attn8",)), (2, ("attn64",)), (2, ("all8",)), (2, ("all64",)), (2, ("attn8", "all8")),
+    ]  # fmt: skip
+    attn8, all8 = adapters[2], adapters[0]
+    # three tokens (two of attn8), two distinct revisions
+    assert weight_regressors((attn8, attn8, all8)) == (2 * 8000 + 24000, 4000.0)
+    assert weight_regressors((ServedAdapter("t", "x", "r1", 8),)) == (0, 0.0)  # size unknown
+
+
 def test_the_recorded_command_hides_the_admin_key() -> None:
     assert _redacted(["--url", "u", "--admin-key", "secret", "--out", "f"]) == [
         "--url", "u", "--admin-key", "<redacted>", "--out", "f"
@@ -181,6 +200,12 @@ def _sim_group() -> typer.Typer:
             "prefill_lengths",
         ),
         (["--out", "o.json", "--hardware", "h", "--self", "--prefill-lengths", "8,x"], "integers"),
+        (["--out", "o.json", "--hardware", "h", "--self", "--target-sets", "attn,mlp"], "--target"),
+        (["--out", "o.json", "--hardware", "h", "--self", "--target-sets", "all,all"], "distinct"),
+        (
+            ["--out", "o.json", "--hardware", "h", "--url", "http://x", "--target-sets", "attn"],
+            "--target-sets is for --self",
+        ),
     ],
 )
 def test_calibrate_options_are_checked_before_anything_runs(args: list[str], message: str) -> None:

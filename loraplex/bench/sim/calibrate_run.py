@@ -22,10 +22,11 @@
 from __future__ import annotations
 
 import asyncio
+import math
 import statistics
 import time
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 import httpx
@@ -121,6 +122,19 @@ def into_slots(
         prefetch(client, adapter, "L0")
 
 
+def with_sizes(client: httpx.Client, target: Target) -> Target:
+    """``target`` with every adapter's ``size_bytes`` known: a remote server's are read from
+    its L1 copy (loaded for the purpose), the bytes a trace's ``size_bytes`` carries."""
+    adapters = []
+    for adapter in target.adapters:
+        sized = adapter
+        if adapter.size_bytes <= 0:
+            prefetch(client, adapter, "L1")
+            sized = replace(adapter, size_bytes=copy_sizes(client, adapter).get("L1", 0))
+        adapters.append(sized)
+    return replace(target, adapters=tuple(adapters))
+
+
 def load_samples(client: httpx.Client, adapters: Sequence[ServedAdapter]) -> list[LoadSample]:
     """One cold load per adapter, tier by tier, timed by the server's stage counters; each
     adapter is dropped again after its loads, so every load lands in free space (no eviction
@@ -140,20 +154,44 @@ def load_samples(client: httpx.Client, adapters: Sequence[ServedAdapter]) -> lis
     return samples
 
 
+def target_sets(adapters: Sequence[ServedAdapter]) -> list[list[ServedAdapter]]:
+    """The adapters grouped by bytes per rank (one group per target set; one group when no
+    size is known), each group by rank, the narrowest group first."""
+    groups: dict[float, list[ServedAdapter]] = {}
+    for adapter in adapters:
+        groups.setdefault(adapter.size_bytes / adapter.rank, []).append(adapter)
+    return [
+        sorted(groups[width], key=lambda a: (a.rank, a.tenant, a.name)) for width in sorted(groups)
+    ]
+
+
 def mixes(
     adapters: Sequence[ServedAdapter], config: CalibrateConfig
 ) -> list[tuple[int, tuple[ServedAdapter, ...]]]:
     """(batch, adapters) per mix: every batch size x revision count that fits, with the
-    lowest-rank and the highest-rank adapters (rank-tokens vary apart from revisions)."""
-    by_rank = sorted(adapters, key=lambda a: (a.rank, a.tenant, a.name))
+    lowest-rank and the highest-rank adapters of each target set (rank-tokens and bytes vary
+    apart from revisions), and with two target sets the lowest ranks of both in one step."""
+    groups = target_sets(adapters)
     out = []
     for batch in config.batch_sizes:
         for revisions in config.revision_counts:
-            if revisions > batch or revisions > len(by_rank):
-                continue
-            low, high = tuple(by_rank[:revisions]), tuple(by_rank[-revisions:])
-            out += [(batch, low)] + ([(batch, high)] if high != low else [])
+            for by_rank in groups:
+                if revisions > batch or revisions > len(by_rank):
+                    continue
+                low, high = tuple(by_rank[:revisions]), tuple(by_rank[-revisions:])
+                out += [(batch, low)] + ([(batch, high)] if high != low else [])
+        if len(groups) > 1 and batch >= 2:
+            out.append((batch, (groups[0][0], groups[-1][0])))
     return out
+
+
+def weight_regressors(adapters: Sequence[ServedAdapter]) -> tuple[int, float]:
+    """``byte_tokens`` and ``revision_widths`` of a step holding one token of each of
+    ``adapters`` (repeats allowed); (0, 0.0) when a size is unknown."""
+    if any(a.size_bytes <= 0 for a in adapters):
+        return 0, 0.0
+    distinct = dict.fromkeys(adapters)
+    return sum(a.size_bytes for a in adapters), math.fsum(a.size_bytes / a.rank for a in distinct)
 
 
 async def _mix_tpot(
@@ -198,8 +236,12 @@ def step_samples(client: httpx.Client, target: Target, config: CalibrateConfig) 
             tpot = asyncio.run(_mix_tpot(target, batch, chosen, config, seed))
             if tpot is None or tpot <= 0:
                 continue
-            rank_tokens = sum(chosen[i % len(chosen)].rank for i in range(batch))
-            samples.append(StepSample(batch, 0, len(chosen), rank_tokens, tpot))
+            rows = [chosen[i % len(chosen)] for i in range(batch)]
+            byte_tokens, widths = weight_regressors(rows)
+            rank_tokens = sum(a.rank for a in rows)
+            samples.append(
+                StepSample(batch, 0, len(chosen), rank_tokens, tpot, False, byte_tokens, widths)
+            )
     return samples
 
 
@@ -219,18 +261,23 @@ def prefill_samples(
 ) -> list[StepSample]:
     """One hop sample per prefill length and adapter (lowest and highest rank): the median TTFT
     of lone warm requests less ``front_s``; none where that is not > 0."""
-    by_rank = sorted(target.adapters, key=lambda a: (a.rank, a.tenant, a.name))
-    chosen = dict.fromkeys((by_rank[0], by_rank[-1]))
+    chosen = dict.fromkeys(
+        a for group in target_sets(target.adapters) for a in (group[0], group[-1])
+    )
     samples = []
     into_slots(client, target.adapters, tuple(chosen))
     for adapter in chosen:
+        byte_tokens, width = weight_regressors((adapter,))
         for index, length in enumerate(config.prefill_lengths):
             seed = config.seed + 7 + 100 * index + adapter.rank
             ttfts = asyncio.run(_warm_ttfts(target, adapter, config, length, seed))
             step_s = statistics.median(ttfts) - front_s if ttfts else 0.0
             if step_s > 0:
                 rank_tokens = length * adapter.rank
-                samples.append(StepSample(0, length, 1, rank_tokens, step_s, hop=True))
+                sample = StepSample(
+                    0, length, 1, rank_tokens, step_s, True, length * byte_tokens, width
+                )
+                samples.append(sample)
     return samples
 
 
@@ -269,6 +316,7 @@ def measure(target: Target, config: CalibrateConfig) -> dict[str, Any]:
         base_url=target.url, headers=headers, timeout=config.request_timeout_s
     ) as client:
         loads = load_samples(client, target.adapters)
+        target = with_sizes(client, target)
         steps = step_samples(client, target, config)
         front_s = front_seconds(client, target, config)
         steps += prefill_samples(client, target, config, front_s)

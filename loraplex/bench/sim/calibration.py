@@ -31,6 +31,13 @@ def _fit_text(fit: Fit, samples: int) -> str:
     return f"{samples} samples, R^2 {r2}, largest residual {fit.max_rel_residual:.1%}"
 
 
+def _shapes(target: Target) -> str:
+    """The measured adapters' shapes, e.g. ``ranks [8, 64] x 2 target sets (bytes per rank)``."""
+    ranks = sorted({a.rank for a in target.adapters})
+    widths = {a.size_bytes / a.rank for a in target.adapters if a.size_bytes > 0}
+    return f"ranks {ranks} x {len(widths)} target sets (bytes per rank)"
+
+
 def calibrate(
     target: Target,
     config: CalibrateConfig,
@@ -52,8 +59,9 @@ def calibrate(
         f"{machine['load_1m']} at the end, host {platform.node() or 'unknown'}",
         "step": f"median TPOT of {decodes} controlled decode mixes and median TTFT less front_s "
         f"of lone warm requests at prompt lengths {list(config.prefill_lengths)} "
-        f"({len(steps) - decodes} samples; bench/sim/calibrate_run.py), fitted together with "
-        "ipc_s by non-negative least squares: " + _fit_text(fitted.fit, len(steps)),
+        f"({len(steps) - decodes} samples; bench/sim/calibrate_run.py) over adapters of "
+        f"{_shapes(target)}, fitted together with ipc_s by non-negative least squares: "
+        + _fit_text(fitted.fit, len(steps)),
         "front_s": "median latency of an authenticated GET /v1/models",
         "ipc_s": "fitted with the step: the hop term of the lone requests' TTFT less front_s",
         "network_s": "not measured: one server, no ingress-to-replica hop (0)",
