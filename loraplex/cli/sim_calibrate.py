@@ -71,7 +71,9 @@ def calibrate_command(
     prefill_lengths: Annotated[
         str, typer.Option(help="Prompt lengths of the lone prefill requests.")
     ] = "8,16,32,64",
-    repeats: Annotated[int, typer.Option(help="Runs of each step mix.")] = 2,
+    repeats: Annotated[
+        int, typer.Option(help="Runs of each step mix (its sample: the runs' median).")
+    ] = 3,
     report: Annotated[
         Path | None, typer.Option(help="Also write every sample here (JSON).")
     ] = None,

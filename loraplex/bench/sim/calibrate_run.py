@@ -51,7 +51,7 @@ class CalibrateConfig:
     prompt_tokens: int = 8  # prompt of every decode-mix request
     prefill_lengths: tuple[int, ...] = (8, 16, 32, 64)  # prompts of the lone prefill requests
     output_tokens: int = 24  # decode steps of every mix request
-    repeats: int = 2  # runs of each mix (medians pooled)
+    repeats: int = 3  # runs of each mix (one sample: the median of the runs' median TPOTs)
     overhead_requests: int = 8  # front_s requests; lone requests per prefill length and rank
     request_timeout_s: float = 60.0  # bound on every request
     seed: int = 0  # prompt contents
@@ -227,21 +227,27 @@ async def _mix_tpot(
 
 
 def step_samples(client: httpx.Client, target: Target, config: CalibrateConfig) -> list[StepSample]:
-    """One sample per mix and repeat (the mix's adapters prefetched into L0 first)."""
+    """One sample per mix (its adapters prefetched into L0 first): the median over the mix's
+    repeats of their median TPOT, so one disturbed run (a loaded machine) does not make a
+    sample of its own."""
     samples = []
     for index, (batch, chosen) in enumerate(mixes(target.adapters, config)):
         into_slots(client, target.adapters, chosen)
+        tpots = []
         for repeat in range(config.repeats):
             seed = config.seed + 1000 * index + repeat
             tpot = asyncio.run(_mix_tpot(target, batch, chosen, config, seed))
-            if tpot is None or tpot <= 0:
-                continue
-            rows = [chosen[i % len(chosen)] for i in range(batch)]
-            byte_tokens, widths = weight_regressors(rows)
-            rank_tokens = sum(a.rank for a in rows)
-            samples.append(
-                StepSample(batch, 0, len(chosen), rank_tokens, tpot, False, byte_tokens, widths)
-            )
+            if tpot is not None and tpot > 0:
+                tpots.append(tpot)
+        if not tpots:
+            continue
+        rows = [chosen[i % len(chosen)] for i in range(batch)]
+        byte_tokens, widths = weight_regressors(rows)
+        rank_tokens = sum(a.rank for a in rows)
+        step_s = statistics.median(tpots)
+        samples.append(
+            StepSample(batch, 0, len(chosen), rank_tokens, step_s, False, byte_tokens, widths)
+        )
     return samples
 
 
