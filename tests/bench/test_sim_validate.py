@@ -4,6 +4,7 @@ the workload rows, and the `bench sim` / `sim calibrate` / `plan` command-line c
 from __future__ import annotations
 
 import json
+from dataclasses import replace
 import re
 from pathlib import Path
 from types import SimpleNamespace
@@ -59,6 +60,12 @@ def test_request_outcome_counts_failures_at_the_timeout_and_spans_the_makespan()
     assert out["makespan_s"] == pytest.approx(2.001)
     assert out["throughput_requests_per_s"] == pytest.approx(2 / 2.001, rel=1e-3)
     assert request_outcome([], 1.0)["throughput_requests_per_s"] is None
+    # Warm / cold by the tier at arrival: all three arrived at L0 here; a cold one moves.
+    assert out["ttft_ms_warm"] == out["ttft_ms"] and out["ttft_ms_cold"]["p50"] is None
+    cold = replace(records[0], tier="L3", ttft_s=0.5)
+    split = request_outcome([cold, *records[1:]], timeout_s=10.0)
+    assert split["ttft_ms_cold"]["p50"] == pytest.approx(500.0)
+    assert split["ttft_ms_warm"]["p99"] == pytest.approx(10_000.0, rel=0.01)  # the failure
 
 
 def test_fleet_statuses_sum_into_per_tier_hit_ratios() -> None:
