@@ -4,8 +4,8 @@ the workload rows, and the `bench sim` / `sim calibrate` / `plan` command-line c
 from __future__ import annotations
 
 import json
-from dataclasses import replace
 import re
+from dataclasses import replace
 from pathlib import Path
 from types import SimpleNamespace
 
