@@ -27,6 +27,7 @@ import statistics
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
+from pathlib import Path
 from typing import Any
 
 import httpx
@@ -135,13 +136,20 @@ def with_sizes(client: httpx.Client, target: Target) -> Target:
     return replace(target, adapters=tuple(adapters))
 
 
-def load_samples(client: httpx.Client, adapters: Sequence[ServedAdapter]) -> list[LoadSample]:
+def load_samples(
+    client: httpx.Client, adapters: Sequence[ServedAdapter], store: Path | None = None
+) -> list[LoadSample]:
     """One cold load per adapter, tier by tier, timed by the server's stage counters; each
     adapter is dropped again after its loads, so every load lands in free space (no eviction
-    in the figure, no tier share in the way)."""
+    in the figure, no tier share in the way). With ``store`` (the server's artifact store on
+    this machine) its cached pages are dropped first, so L3 reads come from disk."""
+    from loraplex.bench.serve.fleet import drop_page_cache
+
     samples: list[LoadSample] = []
     for adapter in adapters:
         evict_everywhere(client, adapter)
+        if store is not None:
+            drop_page_cache(store)
         for link, tier in LINK_TIERS.items():
             before = stage_totals(client)
             prefetch(client, adapter, tier)
@@ -321,7 +329,7 @@ def measure(target: Target, config: CalibrateConfig) -> dict[str, Any]:
     with httpx.Client(
         base_url=target.url, headers=headers, timeout=config.request_timeout_s
     ) as client:
-        loads = load_samples(client, target.adapters)
+        loads = load_samples(client, target.adapters, target.store)
         target = with_sizes(client, target)
         steps = step_samples(client, target, config)
         front_s = front_seconds(client, target, config)

@@ -50,6 +50,9 @@ class Target:
     adapters: tuple[ServedAdapter, ...]  # what may be requested
     keys: dict[str, str]  # tenant -> API key
     vocab_size: int  # prompt token ids are drawn below this
+    # The server's artifact store when it is on this machine (--self): its cached pages are
+    # dropped before each cold load, as bench sim's real runs drop them; None: remote.
+    store: Path | None = None
 
 
 def _admin(url: str, admin_key: str) -> httpx.Client:
@@ -154,4 +157,4 @@ def self_target(
                 )
                 for a in wanted
             )
-            yield Target(url, fleet.admin_key, served, dict(fleet.keys), vocab)
+            yield Target(url, fleet.admin_key, served, dict(fleet.keys), vocab, fleet.store)

@@ -72,7 +72,10 @@ def calibrate(
         fit_text = (
             _fit_text(fit_link(mine)[1], len(mine)) if len({s.nbytes for s in mine}) > 1 else ""
         )
-        sources[f"links.{link}"] = f"cold loads timed by the server's stage counters; {fit_text}"
+        dropped = ", the store's cached pages dropped before each" if target.store else ""
+        sources[f"links.{link}"] = (
+            f"cold loads timed by the server's stage counters{dropped}; {fit_text}"
+        )
     overheads = {"front_s": measured["front_s"], "network_s": 0.0}
     model = calibrated_model(
         hardware, steps, loads, overheads, sources, load_cpu_shared=load_cpu_shared
