@@ -221,11 +221,15 @@ def calibrated_model(
     sources: dict[str, str],
     *,
     load_cpu_shared: bool = False,
+    load_handoff_s: float = 0.0,
 ) -> CostModel:
     """A validated cost model from measurements; ``overheads`` holds front_s and network_s
     (each optional, 0 when not measured, and said so in ``sources``); ``ipc_s`` is fitted with
     the step (``fit_step``); ``load_cpu_shared`` says whether the measured server's loader and
-    engine share its CPU."""
+    engine share its CPU; ``load_handoff_s``, a cold request's measured wait beyond its load's
+    stage seconds, is added to the L3 -> L2 link's fixed seconds (where a cold load starts)."""
+    if not (load_handoff_s >= 0 and math.isfinite(load_handoff_s)):
+        raise ValueError(f"load_handoff_s {load_handoff_s!r} is invalid; expected finite >= 0")
     unknown = sorted(set(overheads) - {"front_s", "network_s"})
     if unknown:
         raise ValueError(
@@ -239,6 +243,8 @@ def calibrated_model(
         if not mine:
             raise ValueError(f"no load samples for link {name}: every link must be measured")
         links[name], _ = fit_link(mine)
+    first = links["L3_to_L2"]
+    links["L3_to_L2"] = Link(first.fixed_s + load_handoff_s, first.bytes_per_s)
     return CostModel(
         hardware=hardware,
         validated=True,

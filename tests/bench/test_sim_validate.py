@@ -22,6 +22,7 @@ from loraplex.bench.sim.bench import (
     registry_tenants,
     sim_config,
 )
+from loraplex.bench.sim.calibrate_cold import ColdSample, handoff_seconds
 from loraplex.bench.sim.calibrate_run import CalibrateConfig, mixes, weight_regressors
 from loraplex.bench.sim.calibrate_target import ServedAdapter
 from loraplex.bench.sim.compare import OUTCOME_KEYS, check_outcome
@@ -172,6 +173,18 @@ def test_calibration_mixes_cover_each_target_set_and_both_in_one_step() -> None:
     # three tokens (two of attn8), two distinct revisions
     assert weight_regressors((attn8, attn8, all8)) == (2 * 8000 + 24000, 4000.0)
     assert weight_regressors((ServedAdapter("t", "x", "r1", 8),)) == (0, 0.0)  # size unknown
+
+
+def test_the_cold_handoff_is_what_neither_the_warm_ttft_nor_the_stages_explain() -> None:
+    samples = [
+        ColdSample("t/a@r1", cold_ttft_s=0.060, warm_ttft_s=0.020, stage_s=0.025),  # 15 ms
+        ColdSample("t/b@r1", cold_ttft_s=0.050, warm_ttft_s=0.020, stage_s=0.020),  # 10 ms
+        ColdSample("t/c@r1", cold_ttft_s=0.090, warm_ttft_s=0.020, stage_s=0.030),  # 40 ms
+    ]
+    assert samples[0].handoff_s == pytest.approx(0.015)
+    assert handoff_seconds(samples) == pytest.approx(0.015)  # the median
+    faster = [ColdSample("t/a@r1", 0.030, 0.020, 0.015)]  # stages overlapped the warm path
+    assert handoff_seconds(faster) == 0.0 and handoff_seconds([]) == 0.0
 
 
 def test_the_recorded_command_hides_the_admin_key() -> None:

@@ -198,3 +198,17 @@ def test_one_target_set_cannot_identify_the_weight_terms() -> None:
         fit_step(attention_only)
     with pytest.raises(ValueError, match="byte_tokens"):
         StepSample(1, 0, 1, 8, 0.1, byte_tokens=-1)
+
+
+def test_a_measured_cold_handoff_is_charged_where_a_cold_load_starts() -> None:
+    loads = [LoadSample(link, n, 0.001 + n / 1e9) for link in LINKS for n in (1 << 20, 8 << 20)]
+    args = ("cpu-test", _steps(0.0), loads, {}, {"command": "c"})
+    plain = calibrated_model(*args)
+    handed = calibrated_model(*args, load_handoff_s=0.014)
+    assert handed.links["L3_to_L2"].fixed_s == pytest.approx(
+        plain.links["L3_to_L2"].fixed_s + 0.014
+    )
+    assert handed.links["L3_to_L2"].bytes_per_s == plain.links["L3_to_L2"].bytes_per_s
+    assert handed.links["L2_to_L1"] == plain.links["L2_to_L1"]
+    with pytest.raises(ValueError, match="load_handoff_s"):
+        calibrated_model(*args, load_handoff_s=-0.001)

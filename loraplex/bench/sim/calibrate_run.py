@@ -69,7 +69,7 @@ class CalibrateConfig:
             raise ValueError(f"output_tokens {self.output_tokens} is invalid; expected >= 3")
 
 
-def _drive(target: Target, config: CalibrateConfig) -> DriveConfig:
+def drive_config(target: Target, config: CalibrateConfig) -> DriveConfig:
     return DriveConfig(
         request_timeout_s=config.request_timeout_s,
         vocab_size=target.vocab_size,
@@ -209,7 +209,7 @@ async def _mix_tpot(
     import random
 
     rng = random.Random(seed)
-    drive = _drive(target, config)
+    drive = drive_config(target, config)
     now = time.monotonic()
     sends = []
     for i in range(batch):
@@ -301,7 +301,7 @@ async def _warm_ttfts(
     import random
 
     rng = random.Random(seed)
-    drive = _drive(target, config)
+    drive = drive_config(target, config)
     out: list[float] = []
     for _ in range(config.overhead_requests):  # one at a time: no queueing in the figure
         request = TraceRequest(0.0, adapter.tenant, adapter.name, length, 1)
@@ -322,7 +322,9 @@ async def _warm_ttfts(
 
 def measure(target: Target, config: CalibrateConfig) -> dict[str, Any]:
     """Every sample of one calibration: loads first (adapters still cold), then decode mixes,
-    front_s and the prefill samples (which need front_s), and the step fit."""
+    front_s and the prefill samples (which need front_s), cold requests end to end
+    (``calibrate_cold``), and the step fit."""
+    from loraplex.bench.sim.calibrate_cold import cold_samples
     from loraplex.sim.calibrate import fit_step
 
     headers = {"Authorization": f"Bearer {target.admin_key}"}
@@ -334,5 +336,6 @@ def measure(target: Target, config: CalibrateConfig) -> dict[str, Any]:
         steps = step_samples(client, target, config)
         front_s = front_seconds(client, target, config)
         steps += prefill_samples(client, target, config, front_s)
+        cold = cold_samples(client, target, config)
     fitted = fit_step(steps)
-    return {"loads": loads, "steps": steps, "step_fit": fitted, "front_s": front_s}
+    return {"loads": loads, "steps": steps, "step_fit": fitted, "front_s": front_s, "cold": cold}

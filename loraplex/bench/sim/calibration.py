@@ -9,6 +9,7 @@ from dataclasses import asdict
 from typing import Any
 
 from loraplex.bench.harness.machine import machine_record
+from loraplex.bench.sim.calibrate_cold import handoff_seconds
 from loraplex.bench.sim.calibrate_run import CalibrateConfig, measure
 from loraplex.bench.sim.calibrate_target import Target
 from loraplex.sim.calibrate import Fit, calibrated_model, fit_link
@@ -76,14 +77,28 @@ def calibrate(
         sources[f"links.{link}"] = (
             f"cold loads timed by the server's stage counters{dropped}; {fit_text}"
         )
+    cold = measured["cold"]
+    handoff_s = handoff_seconds(cold)
+    sources["links.L3_to_L2"] += (
+        f"; fixed_s includes {handoff_s * 1000:.2f} ms, the median over {len(cold)} lone cold "
+        "requests of their TTFT less the same adapter's warm TTFT and the load's stage seconds "
+        "(hand-offs no stage counter holds; bench/sim/calibrate_cold.py)"
+    )
     overheads = {"front_s": measured["front_s"], "network_s": 0.0}
     model = calibrated_model(
-        hardware, steps, loads, overheads, sources, load_cpu_shared=load_cpu_shared
+        hardware,
+        steps,
+        loads,
+        overheads,
+        sources,
+        load_cpu_shared=load_cpu_shared,
+        load_handoff_s=handoff_s,
     )
     report = {
         "hardware": hardware,
         "step_samples": [asdict(s) for s in steps],
         "load_samples": [asdict(s) for s in loads],
+        "cold_samples": [{**asdict(s), "handoff_s": s.handoff_s} for s in cold],
         "overheads": {**overheads, "ipc_s": model.ipc_s},
         "machine": machine,
         "target": target.url,
