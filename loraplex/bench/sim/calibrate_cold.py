@@ -18,6 +18,7 @@ from loraplex.bench.serve.driver import prompt_ids, send_one
 from loraplex.bench.serve.fleet import drop_page_cache
 from loraplex.bench.sim.calibrate_run import (
     CalibrateConfig,
+    copy_sizes,
     drive_config,
     evict_everywhere,
     into_slots,
@@ -63,7 +64,8 @@ async def _lone_ttft(
 
 def cold_samples(client: httpx.Client, target: Target, config: CalibrateConfig) -> list[ColdSample]:
     """``config.repeats`` cold-then-warm pairs on the lowest- and highest-rank adapter of each
-    target set, every slot emptied first (no eviction in the figure)."""
+    target set, every slot emptied first (no eviction in the figure); an adapter the server
+    would not drop from every tier (a copy pinned or in use) gives no sample."""
     chosen = dict.fromkeys(
         a for group in target_sets(target.adapters) for a in (group[0], group[-1])
     )
@@ -72,6 +74,8 @@ def cold_samples(client: httpx.Client, target: Target, config: CalibrateConfig) 
         for index, adapter in enumerate(chosen):
             into_slots(client, target.adapters, ())
             evict_everywhere(client, adapter)
+            if copy_sizes(client, adapter):  # a copy stayed (pinned, in use): not a cold load
+                continue
             if target.store is not None:
                 drop_page_cache(target.store)
             seed = config.seed + 31 + 100 * repeat + index

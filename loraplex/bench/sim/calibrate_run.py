@@ -321,9 +321,9 @@ async def _warm_ttfts(
 
 
 def measure(target: Target, config: CalibrateConfig) -> dict[str, Any]:
-    """Every sample of one calibration: loads first (adapters still cold), then decode mixes,
-    front_s and the prefill samples (which need front_s), cold requests end to end
-    (``calibrate_cold``), and the step fit."""
+    """Every sample of one calibration: loads and cold requests end to end first (adapters
+    still cold; ``calibrate_cold``), then decode mixes, front_s and the prefill samples (which
+    need front_s), and the step fit."""
     from loraplex.bench.sim.calibrate_cold import cold_samples
     from loraplex.sim.calibrate import fit_step
 
@@ -332,10 +332,12 @@ def measure(target: Target, config: CalibrateConfig) -> dict[str, Any]:
         base_url=target.url, headers=headers, timeout=config.request_timeout_s
     ) as client:
         loads = load_samples(client, target.adapters, target.store)
+        # While every adapter is still cold and no warm policy holds one (they drop nothing
+        # pinned later, after the mixes' traffic).
+        cold = cold_samples(client, target, config)
         target = with_sizes(client, target)
         steps = step_samples(client, target, config)
         front_s = front_seconds(client, target, config)
         steps += prefill_samples(client, target, config, front_s)
-        cold = cold_samples(client, target, config)
     fitted = fit_step(steps)
     return {"loads": loads, "steps": steps, "step_fit": fitted, "front_s": front_s, "cold": cold}
