@@ -1,13 +1,16 @@
 """``loraplex sim calibrate``'s measurements of a server (``calibrate_target``), fitted by
-``sim/calibrate.py`` into a validated cost-model file.
+``sim/calibrate.py`` into a validated cost-model file (``calibration.measure`` runs them in
+order, with the cold requests of ``calibrate_cold``).
 
 - Decode steps: controlled mixes sent at once (``batch`` requests over ``revisions`` distinct
-  adapters, the lowest or the highest ranks), every adapter in a GPU slot first; each request
+  adapters, the lowest or the highest ranks of each target set, and with two target sets both
+  sets' lowest ranks together), every adapter in a GPU slot first; each request
   decodes ``output_tokens`` tokens with ``ignore_eos``, so while they run each engine step holds
   ``batch`` decode tokens, and the median time per output token (TPOT) is the step time of that
   mix.
 - Prefill steps: lone warm requests (one at a time, so nothing queues) with prompts of each of
-  ``prefill_lengths`` tokens and ``max_tokens`` 1, on the lowest- and the highest-rank adapter:
+  ``prefill_lengths`` tokens and ``max_tokens`` 1, on each target set's lowest- and
+  highest-rank adapter:
   the median TTFT less ``front_s`` is one prefill step plus the front-to-engine hop, fitted
   together with the decode samples (``sim/calibrate.py``), which gives ``ipc_s`` too.
 - Tier links: cold loads of adapters of known bytes, one tier at a time through the admin API
@@ -28,7 +31,6 @@ import time
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import Any
 
 import httpx
 
@@ -318,26 +320,3 @@ async def _warm_ttfts(
         if record.ok and record.ttft_s is not None:
             out.append(record.ttft_s)
     return out
-
-
-def measure(target: Target, config: CalibrateConfig) -> dict[str, Any]:
-    """Every sample of one calibration: loads and cold requests end to end first (adapters
-    still cold; ``calibrate_cold``), then decode mixes, front_s and the prefill samples (which
-    need front_s), and the step fit."""
-    from loraplex.bench.sim.calibrate_cold import cold_samples
-    from loraplex.sim.calibrate import fit_step
-
-    headers = {"Authorization": f"Bearer {target.admin_key}"}
-    with httpx.Client(
-        base_url=target.url, headers=headers, timeout=config.request_timeout_s
-    ) as client:
-        loads = load_samples(client, target.adapters, target.store)
-        # While every adapter is still cold and no warm policy holds one (they drop nothing
-        # pinned later, after the mixes' traffic).
-        cold = cold_samples(client, target, config)
-        target = with_sizes(client, target)
-        steps = step_samples(client, target, config)
-        front_s = front_seconds(client, target, config)
-        steps += prefill_samples(client, target, config, front_s)
-    fitted = fit_step(steps)
-    return {"loads": loads, "steps": steps, "step_fit": fitted, "front_s": front_s, "cold": cold}

@@ -8,11 +8,20 @@ import platform
 from dataclasses import asdict
 from typing import Any
 
+import httpx
+
 from loraplex.bench.harness.machine import machine_record
-from loraplex.bench.sim.calibrate_cold import handoff_seconds
-from loraplex.bench.sim.calibrate_run import CalibrateConfig, measure
+from loraplex.bench.sim.calibrate_cold import cold_samples, handoff_seconds
+from loraplex.bench.sim.calibrate_run import (
+    CalibrateConfig,
+    front_seconds,
+    load_samples,
+    prefill_samples,
+    step_samples,
+    with_sizes,
+)
 from loraplex.bench.sim.calibrate_target import Target
-from loraplex.sim.calibrate import Fit, calibrated_model, fit_link
+from loraplex.sim.calibrate import Fit, calibrated_model, fit_link, fit_step
 from loraplex.sim.cost_model import LINKS, CostModel
 
 SHARED_CPU = (
@@ -30,6 +39,26 @@ def _cpu(cpu: object) -> str:
 def _fit_text(fit: Fit, samples: int) -> str:
     r2 = "undefined" if fit.r_squared is None else f"{fit.r_squared:.4f}"
     return f"{samples} samples, R^2 {r2}, largest residual {fit.max_rel_residual:.1%}"
+
+
+def measure(target: Target, config: CalibrateConfig) -> dict[str, Any]:
+    """Every sample of one calibration: loads and cold requests end to end first (adapters
+    still cold; ``calibrate_cold``), then decode mixes, front_s and the prefill samples (which
+    need front_s), and the step fit."""
+    headers = {"Authorization": f"Bearer {target.admin_key}"}
+    with httpx.Client(
+        base_url=target.url, headers=headers, timeout=config.request_timeout_s
+    ) as client:
+        loads = load_samples(client, target.adapters, target.store)
+        # While every adapter is still cold and no warm policy holds one (they drop nothing
+        # pinned later, after the mixes' traffic).
+        cold = cold_samples(client, target, config)
+        target = with_sizes(client, target)
+        steps = step_samples(client, target, config)
+        front_s = front_seconds(client, target, config)
+        steps += prefill_samples(client, target, config, front_s)
+    fitted = fit_step(steps)
+    return {"loads": loads, "steps": steps, "step_fit": fitted, "front_s": front_s, "cold": cold}
 
 
 def _shapes(target: Target) -> str:
