@@ -9,24 +9,21 @@ from __future__ import annotations
 import asyncio
 import random
 import statistics
-import time
 from dataclasses import dataclass
 
 import httpx
 
-from loraplex.bench.serve.driver import prompt_ids, send_one
 from loraplex.bench.serve.fleet import drop_page_cache
 from loraplex.bench.sim.calibrate_run import (
     CalibrateConfig,
     copy_sizes,
-    drive_config,
     evict_everywhere,
     into_slots,
+    lone_ttft,
     stage_totals,
     target_sets,
 )
-from loraplex.bench.sim.calibrate_target import ServedAdapter, Target
-from loraplex.bench.workloads import TraceRequest
+from loraplex.bench.sim.calibrate_target import Target
 
 
 @dataclass(frozen=True)
@@ -44,24 +41,6 @@ class ColdSample:
         return self.cold_ttft_s - self.warm_ttft_s - self.stage_s
 
 
-async def _lone_ttft(
-    target: Target, adapter: ServedAdapter, config: CalibrateConfig, seed: int
-) -> float | None:
-    length = min(config.prefill_lengths)
-    request = TraceRequest(0.0, adapter.tenant, adapter.name, length, 1)
-    ids = prompt_ids(random.Random(seed), length, target.vocab_size)
-    record = await send_one(
-        target.url,
-        request,
-        key=target.keys[adapter.tenant],
-        ids=ids,
-        arrival=time.monotonic(),
-        tier="L3",
-        config=drive_config(target, config),
-    )
-    return record.ttft_s if record.ok else None
-
-
 def cold_samples(client: httpx.Client, target: Target, config: CalibrateConfig) -> list[ColdSample]:
     """``config.repeats`` cold-then-warm pairs on the lowest- and highest-rank adapter of each
     target set, every slot emptied first (no eviction in the figure); an adapter the server
@@ -69,6 +48,7 @@ def cold_samples(client: httpx.Client, target: Target, config: CalibrateConfig) 
     chosen = dict.fromkeys(
         a for group in target_sets(target.adapters) for a in (group[0], group[-1])
     )
+    length = min(config.prefill_lengths)
     samples = []
     for repeat in range(config.repeats):
         for index, adapter in enumerate(chosen):
@@ -80,9 +60,11 @@ def cold_samples(client: httpx.Client, target: Target, config: CalibrateConfig) 
                 drop_page_cache(target.store)
             seed = config.seed + 31 + 100 * repeat + index
             before = stage_totals(client)
-            cold = asyncio.run(_lone_ttft(target, adapter, config, seed))
+            cold = asyncio.run(
+                lone_ttft(target, adapter, config, length, random.Random(seed), tier="L3")
+            )
             stage_s = sum(stage_totals(client).values()) - sum(before.values())
-            warm = asyncio.run(_lone_ttft(target, adapter, config, seed + 1))
+            warm = asyncio.run(lone_ttft(target, adapter, config, length, random.Random(seed + 1)))
             if cold is not None and warm is not None:
                 samples.append(ColdSample(adapter.ref, cold, warm, stage_s))
     return samples

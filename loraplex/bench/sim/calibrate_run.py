@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import asyncio
 import math
+import random
 import statistics
 import time
 from collections.abc import Sequence
@@ -208,8 +209,6 @@ async def _mix_tpot(
     target: Target, batch: int, chosen: Sequence[ServedAdapter], config: CalibrateConfig, seed: int
 ) -> float | None:
     """The median TPOT of ``batch`` requests over ``chosen`` sent at once; None if none decoded."""
-    import random
-
     rng = random.Random(seed)
     drive = drive_config(target, config)
     now = time.monotonic()
@@ -297,26 +296,37 @@ def prefill_samples(
     return samples
 
 
+async def lone_ttft(
+    target: Target,
+    adapter: ServedAdapter,
+    config: CalibrateConfig,
+    length: int,
+    rng: random.Random,
+    *,
+    tier: str = "L0",
+) -> float | None:
+    """One request of ``length`` prompt tokens and ``max_tokens`` 1 on ``adapter``, alone: its
+    TTFT in seconds (None if it failed); ``tier`` is where the caller put the adapter."""
+    request = TraceRequest(0.0, adapter.tenant, adapter.name, length, 1)
+    record = await send_one(
+        target.url,
+        request,
+        key=target.keys[adapter.tenant],
+        ids=prompt_ids(rng, length, target.vocab_size),
+        arrival=time.monotonic(),
+        tier=tier,
+        config=drive_config(target, config),
+    )
+    return record.ttft_s if record.ok else None
+
+
 async def _warm_ttfts(
     target: Target, adapter: ServedAdapter, config: CalibrateConfig, length: int, seed: int
 ) -> list[float]:
-    import random
-
     rng = random.Random(seed)
-    drive = drive_config(target, config)
     out: list[float] = []
     for _ in range(config.overhead_requests):  # one at a time: no queueing in the figure
-        request = TraceRequest(0.0, adapter.tenant, adapter.name, length, 1)
-        ids = prompt_ids(rng, length, target.vocab_size)
-        record = await send_one(
-            target.url,
-            request,
-            key=target.keys[adapter.tenant],
-            ids=ids,
-            arrival=time.monotonic(),
-            tier="L0",
-            config=drive,
-        )
-        if record.ok and record.ttft_s is not None:
-            out.append(record.ttft_s)
+        ttft = await lone_ttft(target, adapter, config, length, rng)
+        if ttft is not None:
+            out.append(ttft)
     return out
