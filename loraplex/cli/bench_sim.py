@@ -83,7 +83,10 @@ def _calibrated(asset_dir: Path, max_loras: int) -> CostModel:
     from loraplex.bench.sim.calibrate_target import self_target
     from loraplex.bench.sim.calibration import calibrate
 
-    with self_target(asset_dir, (8, 16, 32, 64), 2, max(max_loras, 4), seed=0) as target:
+    sets = ("attn", "all")  # both target sets: the weight terms are fitted
+    with self_target(
+        asset_dir, (8, 16, 32, 64), 2, max(max_loras, 4), 0, target_sets=sets
+    ) as target:
         model, _ = calibrate(
             target, CalibrateConfig(), "cpu-demo-small", "loraplex bench sim (calibrate --self)"
         )

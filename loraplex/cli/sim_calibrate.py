@@ -26,7 +26,7 @@ def register_calibrate(sim_app: typer.Typer) -> None:
 
 def _target(
     url: str | None, admin_key: str | None, own: bool, *, max_adapters: int, asset_dir: Path,
-    max_loras: int,
+    max_loras: int, target_sets: tuple[str, ...],
 ) -> AbstractContextManager[Target]:  # fmt: skip
     from loraplex.bench.sim.calibrate_target import remote_target, self_target
 
@@ -37,7 +37,7 @@ def _target(
             raise typer.BadParameter(
                 "--self starts its own server; no --admin-key", param_hint="--admin-key"
             )
-        return self_target(asset_dir, (8, 16, 32, 64), 2, max_loras, seed=0)
+        return self_target(asset_dir, (8, 16, 32, 64), 2, max_loras, 0, target_sets=target_sets)
     if url is None or not admin_key:
         raise typer.BadParameter("--url needs the server's --admin-key", param_hint="--admin-key")
     return remote_target(url, admin_key, max_adapters)
@@ -71,17 +71,28 @@ def calibrate_command(
     prefill_lengths: Annotated[
         str, typer.Option(help="Prompt lengths of the lone prefill requests.")
     ] = "8,16,32,64",
-    repeats: Annotated[int, typer.Option(help="Runs of each step mix.")] = 2,
+    repeats: Annotated[
+        int, typer.Option(help="Runs of each step mix (its sample: the runs' median).")
+    ] = 3,
     report: Annotated[
         Path | None, typer.Option(help="Also write every sample here (JSON).")
     ] = None,
     asset_dir: Annotated[
         Path, typer.Option(help="--self: demo assets cache (base model <dir>/test-small).")
     ] = Path(".loraplex-assets"),
+    target_sets: Annotated[
+        str | None,
+        typer.Option(
+            help="--self: adapters' target sets, from 'attn' (q/k/v/o) and 'all' (every "
+            "linear layer); two or more price LoRA work by the adapters' bytes "
+            "[default: attn,all]."
+        ),
+    ] = None,
 ) -> None:
     """Fit the simulator's cost model to a server: step time vs decode and prompt tokens,
     distinct revisions and rank mix; per-tier load costs; front and IPC overheads."""
     from loraplex.bench.sim.calibrate_run import CalibrateConfig
+    from loraplex.bench.sim.calibrate_target import SELF_TARGET_SETS
     from loraplex.bench.sim.calibration import calibrate
 
     try:
@@ -94,6 +105,19 @@ def calibrate_command(
         )
     except ValueError as exc:
         raise typer.BadParameter(str(exc)) from exc
+    if target_sets is not None and url is not None:
+        raise typer.BadParameter(
+            "--url measures the server's own adapters; --target-sets is for --self",
+            param_hint="--target-sets",
+        )
+    given_sets = "attn,all" if target_sets is None else target_sets
+    sets = tuple(t.strip() for t in given_sets.split(",") if t.strip())
+    if not sets or not set(sets) <= set(SELF_TARGET_SETS) or len(set(sets)) != len(sets):
+        raise typer.BadParameter(
+            f"--target-sets {target_sets!r} is invalid; expected distinct names from "
+            f"{list(SELF_TARGET_SETS)}",
+            param_hint="--target-sets",
+        )
     if max_adapters < 1 or max_loras < 1:
         raise typer.BadParameter("--max-adapters and --max-loras must be >= 1")
     if not hardware.strip():
@@ -104,7 +128,13 @@ def calibrate_command(
     given = argv[argv.index("calibrate") + 1 :] if "calibrate" in argv else argv
     command = shlex.join(["loraplex", "sim", "calibrate", *_redacted(given)])
     with _target(
-        url, admin_key, own, max_adapters=max_adapters, asset_dir=asset_dir, max_loras=max_loras
+        url,
+        admin_key,
+        own,
+        max_adapters=max_adapters,
+        asset_dir=asset_dir,
+        max_loras=max_loras,
+        target_sets=sets,
     ) as target:
         # The --self demo server is CPU-only: its loader and engine always share the CPU.
         model, measured = calibrate(target, config, hardware, command, own or load_cpu_shared)

@@ -12,6 +12,11 @@ simulator charges as ``ipc_s`` before the step. They carry ``hop`` = 1, a sixth 
 coefficient is ``ipc_s``: fitted with the step terms, not left over after them, so the prompt
 term, the constant and the hop are each identified (the decode samples have no hop). Each tier
 link is a straight line, seconds = fixed_s + bytes / bytes_per_s, fitted the same way per link.
+
+Samples that carry their adapters' bytes (``byte_tokens``, ``revision_widths``) fit the two LoRA
+weight terms too (``cost_model.StepCost.per_byte_token_s``, ``per_revision_width_s``); they are
+identified only by adapters of several ranks *and* several target sets (bytes per rank), which
+the fit then requires. Samples without bytes fit the older five-term model.
 """
 
 from __future__ import annotations
@@ -29,6 +34,7 @@ STEP_TERMS = (
     "per_revision_s",
     "per_rank_token_s",
 )
+WEIGHT_TERMS = ("per_byte_token_s", "per_revision_width_s")  # fitted when samples carry bytes
 
 
 @dataclass(frozen=True)
@@ -42,22 +48,29 @@ class StepSample:
     step_s: float  # measured seconds
     # step_s also holds the front-to-engine hop (a lone request's TTFT less front_s)
     hop: bool = False
+    byte_tokens: int = 0  # sum over the step's tokens of their adapter's bytes; 0: not known
+    revision_widths: float = 0.0  # sum over its distinct revisions of bytes / rank
 
     def __post_init__(self) -> None:
         for name in ("decode_tokens", "prefill_tokens", "revisions", "rank_tokens"):
             if getattr(self, name) < 0:
                 raise ValueError(f"StepSample.{name} must be >= 0, got {getattr(self, name)}")
+        for name in ("byte_tokens", "revision_widths"):
+            if not (getattr(self, name) >= 0 and math.isfinite(getattr(self, name))):
+                raise ValueError(f"StepSample.{name} must be >= 0, got {getattr(self, name)!r}")
         if not (self.step_s > 0 and math.isfinite(self.step_s)):
             raise ValueError(f"StepSample.step_s must be finite and > 0, got {self.step_s!r}")
 
-    def row(self) -> tuple[float, ...]:
-        """The regressors: STEP_TERMS' in order, then the hop."""
+    def row(self, weights: bool = False) -> tuple[float, ...]:
+        """The regressors: STEP_TERMS' in order, WEIGHT_TERMS' if ``weights``, then the hop."""
+        extra = (float(self.byte_tokens), self.revision_widths) if weights else ()
         return (
             1.0,
             float(self.decode_tokens),
             float(self.prefill_tokens),
             float(self.revisions),
             float(self.rank_tokens),
+            *extra,
             float(self.hop),
         )
 
@@ -162,18 +175,23 @@ class StepFit:
 def fit_step(samples: Sequence[StepSample]) -> StepFit:
     """The step-time model and ``ipc_s`` of ``samples``: decode mixes and lone-request prefills
     that vary every regressor independently, or the fit is refused (a step model without
-    measured prompt tokens would price prefill by extrapolating decode)."""
-    width = len(STEP_TERMS) + 1
+    measured prompt tokens would price prefill by extrapolating decode). Samples with adapter
+    bytes fit WEIGHT_TERMS too, and then need adapters of two or more bytes per rank."""
+    weights = any(s.byte_tokens for s in samples)
+    terms = STEP_TERMS + (WEIGHT_TERMS if weights else ())
+    width = len(terms) + 1
     if len(samples) < width:
         raise ValueError(f"fit_step needs >= {width} samples, got {len(samples)}")
+    widths = {round(s.revision_widths / s.revisions, 6) for s in samples if s.revisions}
     for kind, present in (
         ("decode", any(s.decode_tokens for s in samples)),
         ("prefill (prompt tokens with the hop)", any(s.prefill_tokens and s.hop for s in samples)),
+        ("adapters of two or more target sets (bytes per rank)", not weights or len(widths) > 1),
     ):
         if not present:
             raise ValueError(f"fit_step needs {kind} samples: every term must be measured")
-    fit = least_squares([s.row() for s in samples], [s.step_s for s in samples])
-    step = StepCost(**dict(zip(STEP_TERMS, fit.coefficients, strict=False)))
+    fit = least_squares([s.row(weights) for s in samples], [s.step_s for s in samples])
+    step = StepCost(**dict(zip(terms, fit.coefficients, strict=False)))
     return StepFit(step, fit.coefficients[-1], fit)
 
 
@@ -203,11 +221,15 @@ def calibrated_model(
     sources: dict[str, str],
     *,
     load_cpu_shared: bool = False,
+    load_handoff_s: float = 0.0,
 ) -> CostModel:
     """A validated cost model from measurements; ``overheads`` holds front_s and network_s
     (each optional, 0 when not measured, and said so in ``sources``); ``ipc_s`` is fitted with
     the step (``fit_step``); ``load_cpu_shared`` says whether the measured server's loader and
-    engine share its CPU."""
+    engine share its CPU; ``load_handoff_s``, a cold request's measured wait beyond its load's
+    stage seconds, is added to the L3 -> L2 link's fixed seconds (where a cold load starts)."""
+    if not (load_handoff_s >= 0 and math.isfinite(load_handoff_s)):
+        raise ValueError(f"load_handoff_s {load_handoff_s!r} is invalid; expected finite >= 0")
     unknown = sorted(set(overheads) - {"front_s", "network_s"})
     if unknown:
         raise ValueError(
@@ -221,6 +243,8 @@ def calibrated_model(
         if not mine:
             raise ValueError(f"no load samples for link {name}: every link must be measured")
         links[name], _ = fit_link(mine)
+    first = links["L3_to_L2"]
+    links["L3_to_L2"] = Link(first.fixed_s + load_handoff_s, first.bytes_per_s)
     return CostModel(
         hardware=hardware,
         validated=True,

@@ -14,6 +14,18 @@ base-model tokens)::
              + per_prefill_token_s * prefill_tokens
              + per_revision_s * revisions + per_rank_token_s * rank_tokens
 
+plus, when the file prices LoRA work by the adapters' weights (both terms optional)::
+
+             + per_byte_token_s * byte_tokens + per_revision_width_s * revision_widths
+
+with ``byte_tokens`` = sum over the batch's tokens of their adapter's A+B bytes (``size_bytes``
+of a trace: the LoRA FLOPs of a token grow with its adapter's parameters) and
+``revision_widths`` = sum over the distinct revisions of ``size_bytes / rank`` (the bytes of
+one rank of the adapter: layers x the summed widths of its target modules; the fixed work of
+each LoRA op a revision makes the step run, whatever its rank and tokens). ``rank_tokens``
+cannot tell an attention-only adapter from one on every linear layer; these can. A file
+without them (written before they existed) prices neither, the old model exactly.
+
 A decode row pays its sequence's per-row work (sampling, the attention call, the row's
 bookkeeping) with its one token; a prompt chunk pays it once for many tokens, so a prompt token
 costs less than a decode token, and a line fitted on decode batches over-prices prefill. A file
@@ -36,7 +48,7 @@ from pathlib import Path
 SCHEMA = "loraplex-sim-cost/1"
 LINKS = ("L3_to_L2", "L2_to_L1", "L1_to_L0")
 # Step keys a file may leave out (module docstring: the model before prefill was measured).
-STEP_OPTIONAL = ("per_prefill_token_s",)
+STEP_OPTIONAL = ("per_prefill_token_s", "per_byte_token_s", "per_revision_width_s")
 
 
 @dataclass(frozen=True)
@@ -66,28 +78,49 @@ class StepCost:
     # Per prompt token; None: a model fitted before prefill was measured, prompt tokens cost
     # per_token_s (the old single-token-term model, exactly).
     per_prefill_token_s: float | None = None
+    # Per token per byte of its adapter's weights, and per distinct revision per byte of one
+    # rank of it (module docstring); None: a model fitted before they were measured, unpriced.
+    per_byte_token_s: float | None = None
+    per_revision_width_s: float | None = None
 
     def __post_init__(self) -> None:
         for name, value in asdict(self).items():
-            if value is not None:  # only per_prefill_token_s may be None
+            if value is not None:  # only the STEP_OPTIONAL terms may be None
                 _non_negative(f"StepCost.{name}", value)
 
+    @property
+    def prices_weights(self) -> bool:
+        """Whether the price reads adapter bytes (``byte_tokens``, ``revision_widths``)."""
+        return self.per_byte_token_s is not None or self.per_revision_width_s is not None
+
     def seconds(
-        self, decode_tokens: int, prefill_tokens: int, revisions: int, rank_tokens: int
+        self,
+        decode_tokens: int,
+        prefill_tokens: int,
+        revisions: int,
+        rank_tokens: int,
+        *,
+        byte_tokens: int = 0,
+        revision_widths: float = 0.0,
     ) -> float:
         if self.per_prefill_token_s is None:
             tokens_s = self.per_token_s * (decode_tokens + prefill_tokens)
         else:
             tokens_s = self.per_token_s * decode_tokens + self.per_prefill_token_s * prefill_tokens
-        return (
+        step_s = (
             self.step_fixed_s
             + tokens_s
             + self.per_revision_s * revisions
             + self.per_rank_token_s * rank_tokens
         )
+        if self.per_byte_token_s is not None:
+            step_s += self.per_byte_token_s * byte_tokens
+        if self.per_revision_width_s is not None:
+            step_s += self.per_revision_width_s * revision_widths
+        return step_s
 
     def to_dict(self) -> dict[str, float]:
-        """The file's ``step`` object: every term set (no null for an absent prefill term)."""
+        """The file's ``step`` object: every term set (no null for an absent optional term)."""
         return {k: v for k, v in asdict(self).items() if v is not None}
 
 
@@ -181,10 +214,12 @@ def _numbers(body: object, kind: type, where: str, optional: tuple[str, ...]) ->
     if not isinstance(body, dict):
         raise ValueError(f"{where} must be an object")
     expected = {f.name for f in fields(kind)}
-    if not expected - set(optional) <= set(body) <= expected:
+    unknown = sorted(set(body) - expected)
+    missing = sorted(expected - set(optional) - set(body))
+    if unknown or missing:
         raise ValueError(
-            f"{where}: keys {sorted(body)} differ from {sorted(expected)} "
-            f"({sorted(optional)} optional)"
+            f"{where}: unknown keys {unknown}, missing keys {missing}; expected "
+            f"{sorted(expected)} ({sorted(optional)} optional)"
         )
     values: dict[str, float] = {}
     for key, value in body.items():

@@ -14,6 +14,7 @@ deadlines expire on time. A steady decode batch runs its identical steps as one 
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping
 from concurrent.futures import Future
 
@@ -105,6 +106,9 @@ class SimReplica:
         self._step_cost = cost.step
         self._idle_wait_s = config.idle_wait_s
         self._ranks = ranks
+        # adapter -> its bytes, and its bytes per rank, when the cost model prices them
+        self._bytes = {k: f.memory_bytes for k, f in footprints.items()}
+        self._widths = {k: f.memory_bytes / ranks[k] for k, f in footprints.items()}
         self._in_step = False  # a step is running (its result not applied yet)
         self._load_debt_s = 0.0  # load CPU seconds that overlapped steps, due at the next step
         self.cache = TieredAdapterCache(
@@ -322,7 +326,7 @@ class SimReplica:
         other chunk (a prompt chunk, a recompute after preemption) is prefill."""
         requests = self.scheduler.requests
         keys: set[AdapterKey] = set()
-        rank_tokens = decode_tokens = 0
+        rank_tokens = decode_tokens = byte_tokens = 0
         for chunk in plan.chunks:
             request = requests[chunk.request_id].request
             num = len(chunk.token_ids)
@@ -332,8 +336,20 @@ class SimReplica:
             if key is not None:
                 keys.add(key)
                 rank_tokens += num * self._ranks[key]
+                byte_tokens += num * self._bytes[key]
         prefill_tokens = plan.num_tokens - decode_tokens
-        return self._step_cost.seconds(decode_tokens, prefill_tokens, len(keys), rank_tokens)
+        cost = self._step_cost
+        if not cost.prices_weights:  # an older file: the old model's inputs, exactly
+            return cost.seconds(decode_tokens, prefill_tokens, len(keys), rank_tokens)
+        widths = math.fsum(self._widths[k] for k in keys)  # exact sum: any set order
+        return cost.seconds(
+            decode_tokens,
+            prefill_tokens,
+            len(keys),
+            rank_tokens,
+            byte_tokens=byte_tokens,
+            revision_widths=widths,
+        )
 
     def _rebalance(self, now: float) -> None:
         """Automatic warm promotion/demotion, at most once per interval (LeaseDesk._rebalance)."""

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import re
+from dataclasses import replace
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -21,7 +22,8 @@ from loraplex.bench.sim.bench import (
     registry_tenants,
     sim_config,
 )
-from loraplex.bench.sim.calibrate_run import CalibrateConfig, mixes
+from loraplex.bench.sim.calibrate_cold import ColdSample, handoff_seconds
+from loraplex.bench.sim.calibrate_run import CalibrateConfig, mixes, weight_regressors
 from loraplex.bench.sim.calibrate_target import ServedAdapter
 from loraplex.bench.sim.compare import OUTCOME_KEYS, check_outcome
 from loraplex.bench.sim.traces import workload_rows
@@ -59,6 +61,12 @@ def test_request_outcome_counts_failures_at_the_timeout_and_spans_the_makespan()
     assert out["makespan_s"] == pytest.approx(2.001)
     assert out["throughput_requests_per_s"] == pytest.approx(2 / 2.001, rel=1e-3)
     assert request_outcome([], 1.0)["throughput_requests_per_s"] is None
+    # Warm / cold by the tier at arrival: all three arrived at L0 here; a cold one moves.
+    assert out["ttft_ms_warm"] == out["ttft_ms"] and out["ttft_ms_cold"]["p50"] is None
+    cold = replace(records[0], tier="L3", ttft_s=0.5)
+    split = request_outcome([cold, *records[1:]], timeout_s=10.0)
+    assert split["ttft_ms_cold"]["p50"] == pytest.approx(500.0)
+    assert split["ttft_ms_warm"]["p99"] == pytest.approx(10_000.0, rel=0.01)  # the failure
 
 
 def test_fleet_statuses_sum_into_per_tier_hit_ratios() -> None:
@@ -148,6 +156,37 @@ def test_calibration_mixes_vary_revisions_and_rank_tokens_apart() -> None:
         CalibrateConfig(prefill_lengths=())
 
 
+def test_calibration_mixes_cover_each_target_set_and_both_in_one_step() -> None:
+    """Attention-only (1,000 bytes per rank) and all-linear (3,000) adapters: each set's low
+    and high ranks, and the two sets' lowest ranks together, so bytes vary apart from rank."""
+    adapters = [
+        ServedAdapter("t", f"{kind}{r}", "r1", r, width * r)
+        for kind, width in (("all", 3000), ("attn", 1000))
+        for r in (8, 64)
+    ]
+    got = mixes(adapters, CalibrateConfig(batch_sizes=(1, 2), revision_counts=(1,)))
+    assert [(b, tuple(a.name for a in c)) for b, c in got] == [
+        (1, ("attn8",)), (1, ("attn64",)), (1, ("all8",)), (1, ("all64",)),
+        (2, ("attn8",)), (2, ("attn64",)), (2, ("all8",)), (2, ("all64",)), (2, ("attn8", "all8")),
+    ]  # fmt: skip
+    attn8, all8 = adapters[2], adapters[0]
+    # three tokens (two of attn8), two distinct revisions
+    assert weight_regressors((attn8, attn8, all8)) == (2 * 8000 + 24000, 4000.0)
+    assert weight_regressors((ServedAdapter("t", "x", "r1", 8),)) == (0, 0.0)  # size unknown
+
+
+def test_the_cold_handoff_is_what_neither_the_warm_ttft_nor_the_stages_explain() -> None:
+    samples = [
+        ColdSample("t/a@r1", cold_ttft_s=0.060, warm_ttft_s=0.020, stage_s=0.025),  # 15 ms
+        ColdSample("t/b@r1", cold_ttft_s=0.050, warm_ttft_s=0.020, stage_s=0.020),  # 10 ms
+        ColdSample("t/c@r1", cold_ttft_s=0.090, warm_ttft_s=0.020, stage_s=0.030),  # 40 ms
+    ]
+    assert samples[0].handoff_s == pytest.approx(0.015)
+    assert handoff_seconds(samples) == pytest.approx(0.015)  # the median
+    faster = [ColdSample("t/a@r1", 0.030, 0.020, 0.015)]  # stages overlapped the warm path
+    assert handoff_seconds(faster) == 0.0 and handoff_seconds([]) == 0.0
+
+
 def test_the_recorded_command_hides_the_admin_key() -> None:
     assert _redacted(["--url", "u", "--admin-key", "secret", "--out", "f"]) == [
         "--url", "u", "--admin-key", "<redacted>", "--out", "f"
@@ -181,6 +220,12 @@ def _sim_group() -> typer.Typer:
             "prefill_lengths",
         ),
         (["--out", "o.json", "--hardware", "h", "--self", "--prefill-lengths", "8,x"], "integers"),
+        (["--out", "o.json", "--hardware", "h", "--self", "--target-sets", "attn,mlp"], "--target"),
+        (["--out", "o.json", "--hardware", "h", "--self", "--target-sets", "all,all"], "distinct"),
+        (
+            ["--out", "o.json", "--hardware", "h", "--url", "http://x", "--target-sets", "attn"],
+            "--target-sets is for --self",
+        ),
     ],
 )
 def test_calibrate_options_are_checked_before_anything_runs(args: list[str], message: str) -> None:

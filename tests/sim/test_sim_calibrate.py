@@ -148,3 +148,67 @@ def test_calibrated_model_is_validated_and_cites_its_run() -> None:
         calibrated_model("x", _steps(0.0), loads, {"gpu_s": 1.0}, {"command": "c"})
     with pytest.raises(ValueError, match="ipc_s is fitted"):
         calibrated_model("x", _steps(0.0), loads, {"ipc_s": 1.0}, {"command": "c"})
+
+
+TRUE_WEIGHTED = replace(TRUE_STEP, per_byte_token_s=2e-12, per_revision_width_s=5e-9)
+SHAPES = ((8, 1 << 20), (64, 8 << 20), (8, 3 << 20), (64, 24 << 20))  # (rank, bytes): 2 widths
+
+
+def _weighted_steps(noise: float, seed: int = 0) -> list[StepSample]:
+    """A calibration over attention-only and all-linear adapters (bytes per rank 131072 and
+    393216), timed by a model whose LoRA work follows the bytes, not the rank alone."""
+    rng = random.Random(seed)
+    out = []
+    for rank, nbytes in SHAPES:
+        width = nbytes / rank
+        for tokens in (1, 4, 16):
+            for revisions in (1, 2, 4):
+                regressors = (tokens, 0, revisions, tokens * rank)
+                extra = {"byte_tokens": tokens * nbytes, "revision_widths": revisions * width}
+                exact = TRUE_WEIGHTED.seconds(*regressors, **extra)
+                step_s = exact * (1 + rng.gauss(0, noise))
+                out.append(StepSample(*regressors, step_s, False, **extra))
+        for length in (8, 32, 64):
+            regressors = (0, length, 1, length * rank)
+            extra = {"byte_tokens": length * nbytes, "revision_widths": width}
+            exact = TRUE_IPC_S + TRUE_WEIGHTED.seconds(*regressors, **extra)
+            out.append(StepSample(*regressors, exact * (1 + rng.gauss(0, noise)), True, **extra))
+    return out
+
+
+def test_fit_step_recovers_the_weight_terms_from_several_shapes() -> None:
+    fitted = fit_step(_weighted_steps(noise=0.0))
+    for name in (*TERMS, "per_byte_token_s", "per_revision_width_s"):
+        assert getattr(fitted.step, name) == pytest.approx(getattr(TRUE_WEIGHTED, name), rel=1e-6)
+    assert fitted.ipc_s == pytest.approx(TRUE_IPC_S, rel=1e-6)
+    noisy = fit_step(_weighted_steps(noise=0.01, seed=5)).step
+    assert noisy.per_byte_token_s == pytest.approx(2e-12, rel=0.25)
+    assert noisy.per_revision_width_s == pytest.approx(5e-9, rel=0.25)
+
+
+def test_samples_without_bytes_fit_the_old_terms_only() -> None:
+    step = fit_step(_steps(noise=0.0)).step
+    assert step.per_byte_token_s is None and step.per_revision_width_s is None
+    assert not step.prices_weights
+
+
+def test_one_target_set_cannot_identify_the_weight_terms() -> None:
+    attention_only = [s for s in _weighted_steps(0.0) if s.revision_widths / s.revisions == 131072]
+    with pytest.raises(ValueError, match="two or more target sets"):
+        fit_step(attention_only)
+    with pytest.raises(ValueError, match="byte_tokens"):
+        StepSample(1, 0, 1, 8, 0.1, byte_tokens=-1)
+
+
+def test_a_measured_cold_handoff_is_charged_where_a_cold_load_starts() -> None:
+    loads = [LoadSample(link, n, 0.001 + n / 1e9) for link in LINKS for n in (1 << 20, 8 << 20)]
+    args = ("cpu-test", _steps(0.0), loads, {}, {"command": "c"})
+    plain = calibrated_model(*args)
+    handed = calibrated_model(*args, load_handoff_s=0.014)
+    assert handed.links["L3_to_L2"].fixed_s == pytest.approx(
+        plain.links["L3_to_L2"].fixed_s + 0.014
+    )
+    assert handed.links["L3_to_L2"].bytes_per_s == plain.links["L3_to_L2"].bytes_per_s
+    assert handed.links["L2_to_L1"] == plain.links["L2_to_L1"]
+    with pytest.raises(ValueError, match="load_handoff_s"):
+        calibrated_model(*args, load_handoff_s=-0.001)

@@ -58,3 +58,12 @@ def test_uncited_lists_missing_sources() -> None:
     bare = replace(model, sources={"model": "x"})
     assert "step.per_token_s" in uncited(bare)
     assert "links.L3_to_L2.fixed_s" in uncited(bare)
+
+
+def test_a_weight_term_a_profile_sets_must_be_cited() -> None:
+    from dataclasses import replace
+
+    model = load_profile("h100-sxm-llama2-7b-bf16")
+    assert "step.per_byte_token_s" not in uncited(model)  # not set: nothing to cite
+    priced = replace(model, step=replace(model.step, per_byte_token_s=1e-15))
+    assert uncited(priced) == ["step.per_byte_token_s"]

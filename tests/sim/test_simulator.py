@@ -12,6 +12,7 @@ from sim_inputs import cost, scenario
 from loraplex.residency.cache import TieredAdapterCache
 from loraplex.router import Reason, Router
 from loraplex.sim.config import SimConfig
+from loraplex.sim.cost_model import CostModel
 from loraplex.sim.run import simulate
 from loraplex.sim.trace import TraceRecord
 
@@ -152,6 +153,34 @@ def test_prompt_tokens_cost_the_prefill_term_and_decode_tokens_the_token_term() 
     slow_decode = run(token * 2, token / 10)
     assert slow_decode["ttft"] == cheap["ttft"]
     assert slow_decode["end"] - cheap["end"] == pytest.approx(7 * token, abs=1e-6)
+
+
+def test_an_all_linear_adapter_costs_its_bytes_where_the_file_prices_them() -> None:
+    """Two adapters of one rank, one with three times the bytes (every linear layer): with the
+    weight terms the wider one's warm TTFT is higher by exactly its extra bytes' price; a file
+    without them prices the two alike (rank_tokens cannot tell them apart)."""
+    narrow, wide = 16 * 4096, 16 * 3 * 4096  # bytes of rank 16
+    trace = [
+        TraceRecord(0.0, "t", "attn", 32, 4, rank=16, size_bytes=narrow),
+        TraceRecord(2.0, "t", "attn", 32, 4, rank=16, size_bytes=narrow),
+        TraceRecord(4.0, "t", "all", 32, 4, rank=16, size_bytes=wide),
+        TraceRecord(6.0, "t", "all", 32, 4, rank=16, size_bytes=wide),
+    ]
+    base = cost()
+    priced = replace(
+        base, step=replace(base.step, per_byte_token_s=1e-11, per_revision_width_s=1e-7)
+    )
+
+    def warm_ms(model: CostModel) -> dict[str, float]:
+        ttfts = simulate(trace, SimConfig(), model).metrics["ttft_ms_warm"]
+        assert ttfts["n"] == 2  # the second request of each adapter: one each
+        return {"min": ttfts["p50"], "max": ttfts["p99"]}
+
+    old = warm_ms(base)
+    assert old["max"] == pytest.approx(old["min"], abs=1e-6)
+    new = warm_ms(priced)
+    extra_s = 32 * (wide - narrow) * 1e-11 + (wide - narrow) / 16 * 1e-7
+    assert new["max"] - new["min"] == pytest.approx(extra_s * 1000, rel=0.02)
 
 
 def test_cold_and_warm_ttft_and_failures_count() -> None:

@@ -1,13 +1,16 @@
 """``loraplex sim calibrate``'s measurements of a server (``calibrate_target``), fitted by
-``sim/calibrate.py`` into a validated cost-model file.
+``sim/calibrate.py`` into a validated cost-model file (``calibration.measure`` runs them in
+order, with the cold requests of ``calibrate_cold``).
 
 - Decode steps: controlled mixes sent at once (``batch`` requests over ``revisions`` distinct
-  adapters, the lowest or the highest ranks), every adapter in a GPU slot first; each request
+  adapters, the lowest or the highest ranks of each target set, and with two target sets both
+  sets' lowest ranks together), every adapter in a GPU slot first; each request
   decodes ``output_tokens`` tokens with ``ignore_eos``, so while they run each engine step holds
   ``batch`` decode tokens, and the median time per output token (TPOT) is the step time of that
   mix.
 - Prefill steps: lone warm requests (one at a time, so nothing queues) with prompts of each of
-  ``prefill_lengths`` tokens and ``max_tokens`` 1, on the lowest- and the highest-rank adapter:
+  ``prefill_lengths`` tokens and ``max_tokens`` 1, on each target set's lowest- and
+  highest-rank adapter:
   the median TTFT less ``front_s`` is one prefill step plus the front-to-engine hop, fitted
   together with the decode samples (``sim/calibrate.py``), which gives ``ipc_s`` too.
 - Tier links: cold loads of adapters of known bytes, one tier at a time through the admin API
@@ -22,11 +25,13 @@
 from __future__ import annotations
 
 import asyncio
+import math
+import random
 import statistics
 import time
 from collections.abc import Sequence
-from dataclasses import dataclass
-from typing import Any
+from dataclasses import dataclass, replace
+from pathlib import Path
 
 import httpx
 
@@ -50,7 +55,7 @@ class CalibrateConfig:
     prompt_tokens: int = 8  # prompt of every decode-mix request
     prefill_lengths: tuple[int, ...] = (8, 16, 32, 64)  # prompts of the lone prefill requests
     output_tokens: int = 24  # decode steps of every mix request
-    repeats: int = 2  # runs of each mix (medians pooled)
+    repeats: int = 3  # runs of each mix (one sample: the median of the runs' median TPOTs)
     overhead_requests: int = 8  # front_s requests; lone requests per prefill length and rank
     request_timeout_s: float = 60.0  # bound on every request
     seed: int = 0  # prompt contents
@@ -67,7 +72,7 @@ class CalibrateConfig:
             raise ValueError(f"output_tokens {self.output_tokens} is invalid; expected >= 3")
 
 
-def _drive(target: Target, config: CalibrateConfig) -> DriveConfig:
+def drive_config(target: Target, config: CalibrateConfig) -> DriveConfig:
     return DriveConfig(
         request_timeout_s=config.request_timeout_s,
         vocab_size=target.vocab_size,
@@ -121,13 +126,33 @@ def into_slots(
         prefetch(client, adapter, "L0")
 
 
-def load_samples(client: httpx.Client, adapters: Sequence[ServedAdapter]) -> list[LoadSample]:
+def with_sizes(client: httpx.Client, target: Target) -> Target:
+    """``target`` with every adapter's ``size_bytes`` known: a remote server's are read from
+    its L1 copy (loaded for the purpose), the bytes a trace's ``size_bytes`` carries."""
+    adapters = []
+    for adapter in target.adapters:
+        sized = adapter
+        if adapter.size_bytes <= 0:
+            prefetch(client, adapter, "L1")
+            sized = replace(adapter, size_bytes=copy_sizes(client, adapter).get("L1", 0))
+        adapters.append(sized)
+    return replace(target, adapters=tuple(adapters))
+
+
+def load_samples(
+    client: httpx.Client, adapters: Sequence[ServedAdapter], store: Path | None = None
+) -> list[LoadSample]:
     """One cold load per adapter, tier by tier, timed by the server's stage counters; each
     adapter is dropped again after its loads, so every load lands in free space (no eviction
-    in the figure, no tier share in the way)."""
+    in the figure, no tier share in the way). With ``store`` (the server's artifact store on
+    this machine) its cached pages are dropped first, so L3 reads come from disk."""
+    from loraplex.bench.serve.fleet import drop_page_cache
+
     samples: list[LoadSample] = []
     for adapter in adapters:
         evict_everywhere(client, adapter)
+        if store is not None:
+            drop_page_cache(store)
         for link, tier in LINK_TIERS.items():
             before = stage_totals(client)
             prefetch(client, adapter, tier)
@@ -140,30 +165,52 @@ def load_samples(client: httpx.Client, adapters: Sequence[ServedAdapter]) -> lis
     return samples
 
 
+def target_sets(adapters: Sequence[ServedAdapter]) -> list[list[ServedAdapter]]:
+    """The adapters grouped by bytes per rank (one group per target set; one group when no
+    size is known), each group by rank, the narrowest group first."""
+    groups: dict[float, list[ServedAdapter]] = {}
+    for adapter in adapters:
+        groups.setdefault(adapter.size_bytes / adapter.rank, []).append(adapter)
+    return [
+        sorted(groups[width], key=lambda a: (a.rank, a.tenant, a.name)) for width in sorted(groups)
+    ]
+
+
 def mixes(
     adapters: Sequence[ServedAdapter], config: CalibrateConfig
 ) -> list[tuple[int, tuple[ServedAdapter, ...]]]:
     """(batch, adapters) per mix: every batch size x revision count that fits, with the
-    lowest-rank and the highest-rank adapters (rank-tokens vary apart from revisions)."""
-    by_rank = sorted(adapters, key=lambda a: (a.rank, a.tenant, a.name))
+    lowest-rank and the highest-rank adapters of each target set (rank-tokens and bytes vary
+    apart from revisions), and with two target sets the lowest ranks of both in one step."""
+    groups = target_sets(adapters)
     out = []
     for batch in config.batch_sizes:
         for revisions in config.revision_counts:
-            if revisions > batch or revisions > len(by_rank):
-                continue
-            low, high = tuple(by_rank[:revisions]), tuple(by_rank[-revisions:])
-            out += [(batch, low)] + ([(batch, high)] if high != low else [])
+            for by_rank in groups:
+                if revisions > batch or revisions > len(by_rank):
+                    continue
+                low, high = tuple(by_rank[:revisions]), tuple(by_rank[-revisions:])
+                out += [(batch, low)] + ([(batch, high)] if high != low else [])
+        if len(groups) > 1 and batch >= 2:
+            out.append((batch, (groups[0][0], groups[-1][0])))
     return out
+
+
+def weight_regressors(adapters: Sequence[ServedAdapter]) -> tuple[int, float]:
+    """``byte_tokens`` and ``revision_widths`` of a step holding one token of each of
+    ``adapters`` (repeats allowed); (0, 0.0) when a size is unknown."""
+    if any(a.size_bytes <= 0 for a in adapters):
+        return 0, 0.0
+    distinct = dict.fromkeys(adapters)
+    return sum(a.size_bytes for a in adapters), math.fsum(a.size_bytes / a.rank for a in distinct)
 
 
 async def _mix_tpot(
     target: Target, batch: int, chosen: Sequence[ServedAdapter], config: CalibrateConfig, seed: int
 ) -> float | None:
     """The median TPOT of ``batch`` requests over ``chosen`` sent at once; None if none decoded."""
-    import random
-
     rng = random.Random(seed)
-    drive = _drive(target, config)
+    drive = drive_config(target, config)
     now = time.monotonic()
     sends = []
     for i in range(batch):
@@ -189,17 +236,27 @@ async def _mix_tpot(
 
 
 def step_samples(client: httpx.Client, target: Target, config: CalibrateConfig) -> list[StepSample]:
-    """One sample per mix and repeat (the mix's adapters prefetched into L0 first)."""
+    """One sample per mix (its adapters prefetched into L0 first): the median over the mix's
+    repeats of their median TPOT, so one disturbed run (a loaded machine) does not make a
+    sample of its own."""
     samples = []
     for index, (batch, chosen) in enumerate(mixes(target.adapters, config)):
         into_slots(client, target.adapters, chosen)
+        tpots = []
         for repeat in range(config.repeats):
             seed = config.seed + 1000 * index + repeat
             tpot = asyncio.run(_mix_tpot(target, batch, chosen, config, seed))
-            if tpot is None or tpot <= 0:
-                continue
-            rank_tokens = sum(chosen[i % len(chosen)].rank for i in range(batch))
-            samples.append(StepSample(batch, 0, len(chosen), rank_tokens, tpot))
+            if tpot is not None and tpot > 0:
+                tpots.append(tpot)
+        if not tpots:
+            continue
+        rows = [chosen[i % len(chosen)] for i in range(batch)]
+        byte_tokens, widths = weight_regressors(rows)
+        rank_tokens = sum(a.rank for a in rows)
+        step_s = statistics.median(tpots)
+        samples.append(
+            StepSample(batch, 0, len(chosen), rank_tokens, step_s, False, byte_tokens, widths)
+        )
     return samples
 
 
@@ -219,58 +276,57 @@ def prefill_samples(
 ) -> list[StepSample]:
     """One hop sample per prefill length and adapter (lowest and highest rank): the median TTFT
     of lone warm requests less ``front_s``; none where that is not > 0."""
-    by_rank = sorted(target.adapters, key=lambda a: (a.rank, a.tenant, a.name))
-    chosen = dict.fromkeys((by_rank[0], by_rank[-1]))
+    chosen = dict.fromkeys(
+        a for group in target_sets(target.adapters) for a in (group[0], group[-1])
+    )
     samples = []
     into_slots(client, target.adapters, tuple(chosen))
     for adapter in chosen:
+        byte_tokens, width = weight_regressors((adapter,))
         for index, length in enumerate(config.prefill_lengths):
             seed = config.seed + 7 + 100 * index + adapter.rank
             ttfts = asyncio.run(_warm_ttfts(target, adapter, config, length, seed))
             step_s = statistics.median(ttfts) - front_s if ttfts else 0.0
             if step_s > 0:
                 rank_tokens = length * adapter.rank
-                samples.append(StepSample(0, length, 1, rank_tokens, step_s, hop=True))
+                sample = StepSample(
+                    0, length, 1, rank_tokens, step_s, True, length * byte_tokens, width
+                )
+                samples.append(sample)
     return samples
+
+
+async def lone_ttft(
+    target: Target,
+    adapter: ServedAdapter,
+    config: CalibrateConfig,
+    length: int,
+    rng: random.Random,
+    *,
+    tier: str = "L0",
+) -> float | None:
+    """One request of ``length`` prompt tokens and ``max_tokens`` 1 on ``adapter``, alone: its
+    TTFT in seconds (None if it failed); ``tier`` is where the caller put the adapter."""
+    request = TraceRequest(0.0, adapter.tenant, adapter.name, length, 1)
+    record = await send_one(
+        target.url,
+        request,
+        key=target.keys[adapter.tenant],
+        ids=prompt_ids(rng, length, target.vocab_size),
+        arrival=time.monotonic(),
+        tier=tier,
+        config=drive_config(target, config),
+    )
+    return record.ttft_s if record.ok else None
 
 
 async def _warm_ttfts(
     target: Target, adapter: ServedAdapter, config: CalibrateConfig, length: int, seed: int
 ) -> list[float]:
-    import random
-
     rng = random.Random(seed)
-    drive = _drive(target, config)
     out: list[float] = []
     for _ in range(config.overhead_requests):  # one at a time: no queueing in the figure
-        request = TraceRequest(0.0, adapter.tenant, adapter.name, length, 1)
-        ids = prompt_ids(rng, length, target.vocab_size)
-        record = await send_one(
-            target.url,
-            request,
-            key=target.keys[adapter.tenant],
-            ids=ids,
-            arrival=time.monotonic(),
-            tier="L0",
-            config=drive,
-        )
-        if record.ok and record.ttft_s is not None:
-            out.append(record.ttft_s)
+        ttft = await lone_ttft(target, adapter, config, length, rng)
+        if ttft is not None:
+            out.append(ttft)
     return out
-
-
-def measure(target: Target, config: CalibrateConfig) -> dict[str, Any]:
-    """Every sample of one calibration: loads first (adapters still cold), then decode mixes,
-    front_s and the prefill samples (which need front_s), and the step fit."""
-    from loraplex.sim.calibrate import fit_step
-
-    headers = {"Authorization": f"Bearer {target.admin_key}"}
-    with httpx.Client(
-        base_url=target.url, headers=headers, timeout=config.request_timeout_s
-    ) as client:
-        loads = load_samples(client, target.adapters)
-        steps = step_samples(client, target, config)
-        front_s = front_seconds(client, target, config)
-        steps += prefill_samples(client, target, config, front_s)
-    fitted = fit_step(steps)
-    return {"loads": loads, "steps": steps, "step_fit": fitted, "front_s": front_s}

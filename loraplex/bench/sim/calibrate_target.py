@@ -19,7 +19,7 @@ from typing import Any
 
 import httpx
 
-from loraplex.bench.workloads import ATTENTION_TARGETS, TraceAdapter
+from loraplex.bench.workloads import ALL_TARGETS, ATTENTION_TARGETS, TraceAdapter
 
 SELF_TENANT = "calibration"
 REMOTE_VOCAB = 256  # prompt token ids stay below this on a server of unknown vocabulary
@@ -33,6 +33,7 @@ class ServedAdapter:
     name: str  # the alias requests name
     revision: str  # the one revision the alias names
     rank: int  # that revision's (largest) rank
+    size_bytes: int = 0  # its A+B weights' bytes as served; 0: not known yet (measure() asks)
 
     @property
     def ref(self) -> str:
@@ -49,6 +50,9 @@ class Target:
     adapters: tuple[ServedAdapter, ...]  # what may be requested
     keys: dict[str, str]  # tenant -> API key
     vocab_size: int  # prompt token ids are drawn below this
+    # The server's artifact store when it is on this machine (--self): its cached pages are
+    # dropped before each cold load, as bench sim's real runs drop them; None: remote.
+    store: Path | None = None
 
 
 def _admin(url: str, admin_key: str) -> httpx.Client:
@@ -101,21 +105,40 @@ def remote_target(url: str, admin_key: str, max_adapters: int) -> Iterator[Targe
                 client.delete(f"/admin/keys/{key_id}")
 
 
+# --self's target sets: attention-only and every linear layer, so the LoRA work term
+# (cost_model.StepCost.per_byte_token_s) is measured apart from the rank.
+SELF_TARGET_SETS = {"attn": ATTENTION_TARGETS, "all": ALL_TARGETS}
+SELF_BYTES_PER_PARAM = 4  # the demo server serves float32
+
+
 @contextmanager
 def self_target(
-    asset_dir: Path, ranks: tuple[int, ...], copies: int, max_loras: int, seed: int
+    asset_dir: Path,
+    ranks: tuple[int, ...],
+    copies: int,
+    max_loras: int,
+    seed: int,
+    *,
+    target_sets: tuple[str, ...] = ("attn",),
 ) -> Iterator[Target]:
-    """A fresh ``loraplex serve`` of the demo model with ``copies`` adapters of each rank
-    (attention targets), ``max_loras`` slots, the cost_aware policy."""
-    from loraplex.artifacts.base_model import BaseModelSpec
+    """A fresh ``loraplex serve`` of the demo model with ``copies`` adapters of each rank and
+    each of ``target_sets`` (``SELF_TARGET_SETS`` names), ``max_loras`` slots, cost_aware."""
+    from loraplex.artifacts.base_model import BaseModelSpec, lora_bytes
     from loraplex.bench.serve.driver import REVISION
     from loraplex.bench.serve.fleet import ServerOptions, prepare_fleet, serving
     from loraplex.demo.assets import generate_demo_assets
 
+    unknown = sorted(set(target_sets) - set(SELF_TARGET_SETS))
+    if not target_sets or unknown:
+        raise ValueError(
+            f"target_sets {list(target_sets)} is invalid; expected from {list(SELF_TARGET_SETS)}"
+        )
     assets = generate_demo_assets(asset_dir / "test-small", preset="small", seed=0)
-    vocab = BaseModelSpec.from_dir(assets.base_model_dir).vocab_size
+    spec = BaseModelSpec.from_dir(assets.base_model_dir)
+    vocab = spec.vocab_size
     wanted = [
-        TraceAdapter(SELF_TENANT, f"r{rank}-{i}", rank, ATTENTION_TARGETS)
+        TraceAdapter(SELF_TENANT, f"{kind}-r{rank}-{i}", rank, SELF_TARGET_SETS[kind])
+        for kind in target_sets
         for rank in ranks
         for i in range(copies)
     ]
@@ -124,5 +147,14 @@ def self_target(
         fleet = prepare_fleet(root / "fleet", assets.base_model_dir, wanted, max(ranks), seed)
         options = ServerOptions("cost_aware", max_loras, 256 << 20)
         with serving(fleet, root / "run", options) as url:
-            served = tuple(ServedAdapter(a.tenant, a.name, REVISION, a.rank) for a in wanted)
-            yield Target(url, fleet.admin_key, served, dict(fleet.keys), vocab)
+            served = tuple(
+                ServedAdapter(
+                    a.tenant,
+                    a.name,
+                    REVISION,
+                    a.rank,
+                    lora_bytes(spec, a.rank, SELF_BYTES_PER_PARAM, a.targets),
+                )
+                for a in wanted
+            )
+            yield Target(url, fleet.admin_key, served, dict(fleet.keys), vocab, fleet.store)

@@ -8,10 +8,20 @@ import platform
 from dataclasses import asdict
 from typing import Any
 
+import httpx
+
 from loraplex.bench.harness.machine import machine_record
-from loraplex.bench.sim.calibrate_run import CalibrateConfig, measure
+from loraplex.bench.sim.calibrate_cold import cold_samples, handoff_seconds
+from loraplex.bench.sim.calibrate_run import (
+    CalibrateConfig,
+    front_seconds,
+    load_samples,
+    prefill_samples,
+    step_samples,
+    with_sizes,
+)
 from loraplex.bench.sim.calibrate_target import Target
-from loraplex.sim.calibrate import Fit, calibrated_model, fit_link
+from loraplex.sim.calibrate import Fit, calibrated_model, fit_link, fit_step
 from loraplex.sim.cost_model import LINKS, CostModel
 
 SHARED_CPU = (
@@ -29,6 +39,33 @@ def _cpu(cpu: object) -> str:
 def _fit_text(fit: Fit, samples: int) -> str:
     r2 = "undefined" if fit.r_squared is None else f"{fit.r_squared:.4f}"
     return f"{samples} samples, R^2 {r2}, largest residual {fit.max_rel_residual:.1%}"
+
+
+def measure(target: Target, config: CalibrateConfig) -> dict[str, Any]:
+    """Every sample of one calibration: loads and cold requests end to end first (adapters
+    still cold; ``calibrate_cold``), then decode mixes, front_s and the prefill samples (which
+    need front_s), and the step fit."""
+    headers = {"Authorization": f"Bearer {target.admin_key}"}
+    with httpx.Client(
+        base_url=target.url, headers=headers, timeout=config.request_timeout_s
+    ) as client:
+        loads = load_samples(client, target.adapters, target.store)
+        # While every adapter is still cold and no warm policy holds one (they drop nothing
+        # pinned later, after the mixes' traffic).
+        cold = cold_samples(client, target, config)
+        target = with_sizes(client, target)
+        steps = step_samples(client, target, config)
+        front_s = front_seconds(client, target, config)
+        steps += prefill_samples(client, target, config, front_s)
+    fitted = fit_step(steps)
+    return {"loads": loads, "steps": steps, "step_fit": fitted, "front_s": front_s, "cold": cold}
+
+
+def _shapes(target: Target) -> str:
+    """The measured adapters' shapes, e.g. ``ranks [8, 64] x 2 target sets (bytes per rank)``."""
+    ranks = sorted({a.rank for a in target.adapters})
+    widths = {a.size_bytes / a.rank for a in target.adapters if a.size_bytes > 0}
+    return f"ranks {ranks} x {len(widths)} target sets (bytes per rank)"
 
 
 def calibrate(
@@ -52,8 +89,9 @@ def calibrate(
         f"{machine['load_1m']} at the end, host {platform.node() or 'unknown'}",
         "step": f"median TPOT of {decodes} controlled decode mixes and median TTFT less front_s "
         f"of lone warm requests at prompt lengths {list(config.prefill_lengths)} "
-        f"({len(steps) - decodes} samples; bench/sim/calibrate_run.py), fitted together with "
-        "ipc_s by non-negative least squares: " + _fit_text(fitted.fit, len(steps)),
+        f"({len(steps) - decodes} samples; bench/sim/calibrate_run.py) over adapters of "
+        f"{_shapes(target)}, fitted together with ipc_s by non-negative least squares: "
+        + _fit_text(fitted.fit, len(steps)),
         "front_s": "median latency of an authenticated GET /v1/models",
         "ipc_s": "fitted with the step: the hop term of the lone requests' TTFT less front_s",
         "network_s": "not measured: one server, no ingress-to-replica hop (0)",
@@ -64,15 +102,32 @@ def calibrate(
         fit_text = (
             _fit_text(fit_link(mine)[1], len(mine)) if len({s.nbytes for s in mine}) > 1 else ""
         )
-        sources[f"links.{link}"] = f"cold loads timed by the server's stage counters; {fit_text}"
+        dropped = ", the store's cached pages dropped before each" if target.store else ""
+        sources[f"links.{link}"] = (
+            f"cold loads timed by the server's stage counters{dropped}; {fit_text}"
+        )
+    cold = measured["cold"]
+    handoff_s = handoff_seconds(cold)
+    sources["links.L3_to_L2"] += (
+        f"; fixed_s includes {handoff_s * 1000:.2f} ms, the median over {len(cold)} lone cold "
+        "requests of their TTFT less the same adapter's warm TTFT and the load's stage seconds "
+        "(hand-offs no stage counter holds; bench/sim/calibrate_cold.py)"
+    )
     overheads = {"front_s": measured["front_s"], "network_s": 0.0}
     model = calibrated_model(
-        hardware, steps, loads, overheads, sources, load_cpu_shared=load_cpu_shared
+        hardware,
+        steps,
+        loads,
+        overheads,
+        sources,
+        load_cpu_shared=load_cpu_shared,
+        load_handoff_s=handoff_s,
     )
     report = {
         "hardware": hardware,
         "step_samples": [asdict(s) for s in steps],
         "load_samples": [asdict(s) for s in loads],
+        "cold_samples": [{**asdict(s), "handoff_s": s.handoff_s} for s in cold],
         "overheads": {**overheads, "ipc_s": model.ipc_s},
         "machine": machine,
         "target": target.url,

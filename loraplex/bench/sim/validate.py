@@ -75,6 +75,10 @@ def request_outcome(records: Sequence[RequestRecord], timeout_s: float) -> dict[
         "completed": done,
         "completed_ratio": ratio(done, len(records), 4),
         "ttft_ms": ttft_ms(records, timeout_s),
+        # Diagnostics beside the simulator's (not errors): by the adapter's tier at arrival as
+        # the client saw it, where the simulator splits by its lease's tier.
+        "ttft_ms_warm": ttft_ms([r for r in records if r.tier == "L0"], timeout_s),
+        "ttft_ms_cold": ttft_ms([r for r in records if r.tier != "L0"], timeout_s),
         "makespan_s": round(makespan, 4),
         "throughput_requests_per_s": ratio(done, makespan, 3),
     }

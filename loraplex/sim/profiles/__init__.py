@@ -25,6 +25,7 @@ STEP_FIELDS = (
     "per_revision_s",
     "per_rank_token_s",
 )
+WEIGHT_FIELDS = ("per_byte_token_s", "per_revision_width_s")  # optional: cited where set
 
 
 def profile_names() -> tuple[str, ...]:
@@ -55,8 +56,10 @@ def cited_fields() -> tuple[str, ...]:
 
 
 def uncited(model: CostModel) -> list[str]:
-    """The numbers of ``model`` whose source is missing or empty."""
-    return [key for key in cited_fields() if not model.sources.get(key, "").strip()]
+    """The numbers of ``model`` whose source is missing or empty (an optional weight term
+    counts only where the profile sets it)."""
+    weights = [f"step.{name}" for name in WEIGHT_FIELDS if getattr(model.step, name) is not None]
+    return [key for key in (*cited_fields(), *weights) if not model.sources.get(key, "").strip()]
 
 
 def price_of(hardware: str) -> tuple[float, str] | None:

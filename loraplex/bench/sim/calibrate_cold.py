@@ -1,0 +1,77 @@
+"""End-to-end cold loads: what a lone request for an adapter only in the store waits beyond the
+same adapter's warm TTFT and the stage seconds the server's counters hold (the hand-offs between
+the loader's stages and the engine's steps, which no stage counter times). ``sim calibrate``
+adds the median to the L3 -> L2 link's fixed seconds, so the simulator charges a cold load what
+a request sees, not only what its stages spend."""
+
+from __future__ import annotations
+
+import asyncio
+import random
+import statistics
+from dataclasses import dataclass
+
+import httpx
+
+from loraplex.bench.serve.fleet import drop_page_cache
+from loraplex.bench.sim.calibrate_run import (
+    CalibrateConfig,
+    copy_sizes,
+    evict_everywhere,
+    into_slots,
+    lone_ttft,
+    stage_totals,
+    target_sets,
+)
+from loraplex.bench.sim.calibrate_target import Target
+
+
+@dataclass(frozen=True)
+class ColdSample:
+    """One lone request for an adapter in the store, and the same request warm right after."""
+
+    adapter: str  # tenant/name@revision
+    cold_ttft_s: float  # TTFT with the adapter only in L3 (its store pages dropped on --self)
+    warm_ttft_s: float  # TTFT of the next request, the adapter in L0
+    stage_s: float  # the server's stage seconds spent on the cold request's load
+
+    @property
+    def handoff_s(self) -> float:
+        """The cold request's wait that neither its warm TTFT nor its stages explain."""
+        return self.cold_ttft_s - self.warm_ttft_s - self.stage_s
+
+
+def cold_samples(client: httpx.Client, target: Target, config: CalibrateConfig) -> list[ColdSample]:
+    """``config.repeats`` cold-then-warm pairs on the lowest- and highest-rank adapter of each
+    target set, every slot emptied first (no eviction in the figure); an adapter the server
+    would not drop from every tier (a copy pinned or in use) gives no sample."""
+    chosen = dict.fromkeys(
+        a for group in target_sets(target.adapters) for a in (group[0], group[-1])
+    )
+    length = min(config.prefill_lengths)
+    samples = []
+    for repeat in range(config.repeats):
+        for index, adapter in enumerate(chosen):
+            into_slots(client, target.adapters, ())
+            evict_everywhere(client, adapter)
+            if copy_sizes(client, adapter):  # a copy stayed (pinned, in use): not a cold load
+                continue
+            if target.store is not None:
+                drop_page_cache(target.store)
+            seed = config.seed + 31 + 100 * repeat + index
+            before = stage_totals(client)
+            cold = asyncio.run(
+                lone_ttft(target, adapter, config, length, random.Random(seed), tier="L3")
+            )
+            stage_s = sum(stage_totals(client).values()) - sum(before.values())
+            warm = asyncio.run(lone_ttft(target, adapter, config, length, random.Random(seed + 1)))
+            if cold is not None and warm is not None:
+                samples.append(ColdSample(adapter.ref, cold, warm, stage_s))
+    return samples
+
+
+def handoff_seconds(samples: list[ColdSample]) -> float:
+    """The median hand-off over ``samples``, at least 0 (0 without samples)."""
+    if not samples:
+        return 0.0
+    return max(0.0, statistics.median(s.handoff_s for s in samples))
