@@ -197,3 +197,37 @@ def _marked(mark: str) -> list[int]:
         if mark.encode() in environ and _alive(int(entry.name)):
             pids.append(int(entry.name))
     return pids
+
+
+_DIES_UNCLEANLY = """
+import os, sys
+from loraplex.engine.transport.process_link import ChildLink
+child = ChildLink(("colorsys",), fork=True)
+print(child.pid, flush=True)
+sys.stdin.readline()  # the test reads the pid, then lets this process die
+os._exit(0)  # no close, no kill: as after SIGKILL
+"""
+
+
+def test_a_forked_child_exits_when_its_parent_dies_without_cleanup() -> None:
+    # The fork inherits the parent's end of the pipe; unless the child closes it, the pipe never
+    # reaches EOF in the child and an orphaned engine runs on (found after a killed benchmark).
+    parent = subprocess.Popen(
+        [sys.executable, "-c", _DIES_UNCLEANLY],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    assert parent.stdout is not None and parent.stdin is not None
+    pid = int(parent.stdout.readline())
+    assert _alive(pid)
+    parent.stdin.write("\n")
+    parent.stdin.flush()
+    assert parent.wait(30) == 0
+    deadline = time.monotonic() + 30
+    while _alive(pid) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    orphaned = _alive(pid)
+    if orphaned:
+        os.kill(pid, 9)
+    assert not orphaned, "the forked engine child outlived its parent"

@@ -294,10 +294,16 @@ def startup_collections() -> Iterator[None]:
         gc.enable()
 
 
-def child_main(conn: Connection, preload: tuple[str, ...]) -> None:
+def child_main(
+    conn: Connection, preload: tuple[str, ...], parent_end: Connection | None = None
+) -> None:
     """The child's entry point: imports ``preload`` (module names) at once, then builds what the
     parent's ``Build`` names and serves it. The parent may spawn the child before it knows what
-    to build, so the imports (torch: seconds) overlap the parent's own start."""
+    to build, so the imports (torch: seconds) overlap the parent's own start. ``parent_end``:
+    the parent's end of the pipe, which a forked child inherited; closed at once, so the pipe
+    reaches EOF here when the parent dies, however it dies."""
+    if parent_end is not None:
+        parent_end.close()
     _name_process()
     with startup_collections():
         built = _built(conn, preload)

@@ -48,9 +48,12 @@ class ChildLink:
             raise ValueError("fork is invalid with threads running; expected a spawned child")
         context = mp.get_context("fork") if fork else mp.get_context("spawn")
         self._conn, child_conn = context.Pipe(duplex=True)
+        # NOTE: a forked child inherits every descriptor, this end of the pipe too: it closes
+        # it first (``child_main``), or it would never read EOF when this process dies, and an
+        # orphaned engine would keep running (found after a killed benchmark run).
         self._process = context.Process(
             target=child_main,
-            args=(child_conn, preload),
+            args=(child_conn, preload, self._conn if fork else None),
             name="loraplex-engine",
             daemon=True,
         )
