@@ -93,7 +93,7 @@ def test_stale_set_is_replaced_whole(
     stamp["generator_version"] = 0
     (out / STAMP_NAME).write_text(json.dumps(stamp), encoding="utf-8")
 
-    def fake_generate(root: Path, preset: DemoPreset, seed: int) -> None:
+    def fake_generate(root: Path, preset: DemoPreset, seed: int, *, adapters: bool) -> None:
         for item in demo_assets.root.iterdir():
             if item.is_dir():
                 shutil.copytree(item, root / item.name)
@@ -109,7 +109,7 @@ def test_stale_set_is_replaced_whole(
 
 
 def test_interrupted_run_leaves_nothing(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    def failing_generate(root: Path, preset: DemoPreset, seed: int) -> None:
+    def failing_generate(root: Path, preset: DemoPreset, seed: int, *, adapters: bool) -> None:
         (root / "manifest.json").write_text("{}", encoding="utf-8")
         raise KeyboardInterrupt
 
@@ -130,7 +130,7 @@ def test_staging_left_by_a_killed_run_is_removed(
         staging.mkdir()
         (staging / "config.json").write_text("{}", encoding="utf-8")
 
-    def failing_generate(root: Path, preset: DemoPreset, seed: int) -> None:
+    def failing_generate(root: Path, preset: DemoPreset, seed: int, *, adapters: bool) -> None:
         raise KeyboardInterrupt
 
     monkeypatch.setattr(generate_module, "generate", failing_generate)
