@@ -293,10 +293,7 @@ class SimReplica:
         sampled = dict.fromkeys((c.request_id for c in plan.chunks), _TOKEN)
         sched.update(plan, StepResult(sampled, {}))
         self.num_steps += 1
-        for request_id in sampled:
-            req, outcome = sched.requests.get(request_id), self._outcomes.get(request_id)
-            if req is not None and outcome is not None:
-                outcome.output_tokens = len(req.output_token_ids)
+        self._count_outputs(plan)
 
     def _advance_decodes(self, plan: StepPlan, num_steps: int) -> StepPlan | None:
         """``num_steps`` of ``_apply_decode`` and the scheduler's next plans at once (its
@@ -305,12 +302,16 @@ class SimReplica:
         if following is None:
             return None
         self.num_steps += num_steps
+        self._count_outputs(plan)
+        return following
+
+    def _count_outputs(self, plan: StepPlan) -> None:
+        """Each decoded request's outcome takes its output token count after a run's steps."""
         requests = self.scheduler.requests
         for chunk in plan.chunks:
             req, outcome = requests.get(chunk.request_id), self._outcomes.get(chunk.request_id)
             if req is not None and outcome is not None:
                 outcome.output_tokens = len(req.output_token_ids)
-        return following
 
     def _on_load_cpu(self, seconds: float) -> None:
         """A load stage starts (``load_cpu_shared``) while the engine steps or plans a step: the
