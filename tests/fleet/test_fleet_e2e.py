@@ -443,8 +443,8 @@ def test_a_frozen_replica_leaves_the_rotation_and_returns_when_resumed(fleet: Fl
             for _ in range(4):  # one routed to the frozen replica would wait for it
                 reply = api.post(
                     "/v1/completions",
-                    json={"model": "legal@r1", "prompt": PROMPT, "max_tokens": 9,
-                          "temperature": 0},
+                    json={"model": "legal@r1", "prompt": legal.probe_prompt,
+                          "max_tokens": legal.probe_max_tokens, "temperature": 0},
                     timeout=20,
                 )  # fmt: skip
                 assert reply.status_code == 200, reply.text
