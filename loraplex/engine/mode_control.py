@@ -7,8 +7,9 @@ between steps, merges, unmerges or switches through :class:`~loraplex.engine.mod
 - ``auto`` with a fleet's dedication (``MergeHolds.dedicate``, docs/modes.md "Topology"): the
   dedicated revision is merged as soon as a lease on it is granted, like ``merged:<ref>``.
 - ``auto``: :func:`~loraplex.engine.mode_policy.decide` on the recent token share, with the
-  transition cost measured by the switcher, the per-token LoRA cost given by the operator
-  (``lora_s_per_token``, measured by ``loraplex bench modes``), and whole steps' seconds per
+  transition cost measured by the switcher, the per-token LoRA cost measured here (the pool's
+  LoRA work timed on one unmerged step in ``LORA_TIMING_EVERY``; ``lora_s_per_token`` is only
+  the prior until ``min_measured_steps`` such steps were timed), and whole steps' seconds per
   token timed here in both modes: nothing is merged before ``min_measured_steps`` unmerged
   steps were timed, and once merged steps are measured slower, auto unmerges and stays
   unmerged.
@@ -25,6 +26,7 @@ from loraplex.artifacts.identity import AdapterKey
 from loraplex.clock import Clock
 from loraplex.engine.mode_policy import (
     Action,
+    LoraCostMeter,
     MeasuredCosts,
     ModeKind,
     ModePolicyConfig,
@@ -37,10 +39,14 @@ from loraplex.engine.mode_report import ModeReport
 from loraplex.engine.modes import ModeSwitcher, Transition
 from loraplex.engine.sched.stats import QueueView
 from loraplex.engine.step import StepPlan
+from loraplex.model.lora import OpTimer
 from loraplex.residency.cache.jobs import Lease
 from loraplex.residency.cache.tiered_cache import TieredAdapterCache
 
 TRANSITION_PRIOR_S = 0.05  # assumed transition cost until one has been measured
+# ``auto`` times the pool's LoRA work on one unmerged step in this many (the rest run untimed;
+# on a CUDA device a timed step synchronizes around each LoRA call)
+LORA_TIMING_EVERY = 8
 
 
 def ref_of(key: AdapterKey) -> str:
@@ -70,7 +76,8 @@ class ModeController:
         self.cache = cache
         self.clock = clock
         self.policy = policy or ModePolicyConfig()
-        self.lora_s_per_token = lora_s_per_token
+        # the prior until measured (LoraCostMeter)
+        self.lora_cost = LoraCostMeter(lora_s_per_token, min_samples=self.policy.min_measured_steps)
         self.window = TokenWindow(self.policy.window_s)
         self.transitions: list[Transition] = []
         self._keys: dict[str, AdapterKey] = {}  # ref -> key of revisions seen in steps
@@ -79,6 +86,8 @@ class ModeController:
         self._last_s: float | None = None
         self.step_costs = StepCosts(min_steps=self.policy.min_measured_steps)
         self._step_start_s: float | None = None
+        self._steps_run = 0  # steps that ran a batch (the LoRA timing samples among them)
+        self._timer: OpTimer | None = None  # the pool's LoRA work on this step, when measured
         text = ModeKind.AUTO.value if setting.revision is None else f"merged:{setting.revision}"
         self.report = ModeReport(text, None)  # published with every queue view (``stamp``)
 
@@ -93,23 +102,47 @@ class ModeController:
             merged = self.switcher.merged_revision is not None
             self.step_costs.record(merged, now - self._step_start_s, plan.num_tokens)
             self._step_start_s = None
+        self._steps_run += 1
+        lora_tokens = 0
         for chunk in plan.chunks:
             key = keys.get(chunk.request_id)
             ref = None if key is None else ref_of(key)
             if key is not None and ref is not None:
                 self._keys[ref] = key
+                lora_tokens += len(chunk.token_ids)
             self.window.record(now, ref, len(chunk.token_ids))
+        timer = self._stop_timing()
+        if timer is not None:
+            self.lora_cost.record(timer.seconds, lora_tokens)
+            if self.lora_cost.measured:
+                self.report = replace(self.report, lora_s_per_token=self.lora_cost.per_token())
 
     def before_step(self) -> list[Transition]:
         """Finish a pending merge, or decide whether one (or an unmerge) is due; returns the
         transitions made (live traced requests note them: they waited for them)."""
         self._step_start_s = None
+        self._stop_timing()  # a timed step that ran no batch
         seen = len(self.transitions)
         try:
             self._transition()
         finally:  # the step that follows is timed from here, after any transition
             self._step_start_s = self.clock.now()
+            self._start_timing()
         return self.transitions[seen:]
+
+    def _start_timing(self) -> None:
+        """Time the pool's LoRA work in the coming step when it is an unmerged ``auto`` step
+        due for a sample (merged steps run another op: they say nothing of the unmerged one)."""
+        if self.setting.kind is not ModeKind.AUTO or self.switcher.merged_revision is not None:
+            return
+        if self._steps_run % LORA_TIMING_EVERY == 0:
+            self._timer = self.switcher.pool.op_timer = OpTimer(self.switcher.pool.device)
+
+    def _stop_timing(self) -> OpTimer | None:
+        timer, self._timer = self._timer, None
+        if timer is not None:
+            self.switcher.pool.op_timer = None
+        return timer
 
     def _transition(self) -> None:
         if self._pending is not None:
@@ -128,7 +161,7 @@ class ModeController:
         since = None if self._last_s is None else now - self._last_s
         costs = MeasuredCosts(
             self._transition_s(),
-            self.lora_s_per_token,
+            self.lora_cost.per_token(),
             self.step_costs.per_token(True),
             self.step_costs.per_token(False),
         )
@@ -151,6 +184,7 @@ class ModeController:
 
     def close(self) -> None:
         """Unmerge (the base weights come back) and drop a pending lease."""
+        self._stop_timing()
         if self._pending is not None:
             self._pending.add_done_callback(_release_if_granted)
             self._pending = None

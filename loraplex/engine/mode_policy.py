@@ -226,3 +226,38 @@ class StepCosts:
     def per_token(self, merged: bool) -> float | None:
         """The average once ``min_steps`` steps were seen in that mode; None before."""
         return self._mean[merged] if self._count[merged] >= self.min_steps else None
+
+
+class LoraCostMeter:
+    """The unmerged LoRA op's seconds per LoRA token, measured on sampled steps (an exponential
+    moving average): the figure ``decide`` weighs merging with. Until ``min_samples`` steps were
+    measured it is ``prior`` (the operator's estimate, or ``loraplex bench modes``'s)."""
+
+    def __init__(self, prior: float, weight: float = 0.1, min_samples: int = 8) -> None:
+        if not prior >= 0:
+            raise ValueError(f"lora_s_per_token {prior} is invalid; expected >= 0")
+        if not 0 < weight <= 1:
+            raise ValueError(f"weight {weight} is invalid; expected 0 < weight <= 1")
+        if min_samples < 1:
+            raise ValueError(f"min_samples {min_samples} is invalid; expected >= 1")
+        self.prior, self.weight, self.min_samples = prior, weight, min_samples
+        self.num_samples = 0
+        self._mean: float | None = None
+
+    def record(self, seconds: float, num_lora_tokens: int) -> None:
+        """One measured step: its LoRA work took ``seconds`` for ``num_lora_tokens`` tokens that
+        carry an adapter (a step without any says nothing and is skipped)."""
+        if num_lora_tokens < 1 or seconds < 0:
+            return
+        value = seconds / num_lora_tokens
+        old = self._mean
+        self._mean = value if old is None else old + self.weight * (value - old)
+        self.num_samples += 1
+
+    @property
+    def measured(self) -> bool:
+        return self._mean is not None and self.num_samples >= self.min_samples
+
+    def per_token(self) -> float:
+        """The measured average once ``min_samples`` steps were seen; ``prior`` before."""
+        return self._mean if self._mean is not None and self.measured else self.prior

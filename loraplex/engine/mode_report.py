@@ -12,7 +12,7 @@ starts again from zero, as a Prometheus counter may.
 from __future__ import annotations
 
 import bisect
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 # Upper bounds (seconds) of the transition histogram's buckets: milliseconds on the small
 # preset, seconds on a large model on a contended CPU (docs/modes.md).
@@ -70,11 +70,13 @@ class ModeReport:
     merged_revision: str | None  # ``tenant/name@revision`` in the base weights; None: unmerged
     merge: TransitionHistogram = TransitionHistogram()  # merges so far
     unmerge: TransitionHistogram = TransitionHistogram()  # unmerges so far
+    # ``auto``: the unmerged LoRA op's measured seconds per token (None: not measured yet)
+    lora_s_per_token: float | None = None
 
     def observed(self, direction: str, seconds: float, merged: str | None) -> ModeReport:
         """This report after a ``direction`` ("merge" / "unmerge") of ``seconds``."""
         if direction == "merge":
-            return ModeReport(self.setting, merged, self.merge.observe(seconds), self.unmerge)
+            return replace(self, merged_revision=merged, merge=self.merge.observe(seconds))
         if direction == "unmerge":
-            return ModeReport(self.setting, merged, self.merge, self.unmerge.observe(seconds))
+            return replace(self, merged_revision=merged, unmerge=self.unmerge.observe(seconds))
         raise ValueError(f"direction {direction!r} is invalid; expected 'merge' or 'unmerge'")

@@ -17,6 +17,7 @@ slot of every occupied row and -1 elsewhere.
 
 from __future__ import annotations
 
+import time
 from collections.abc import Iterable
 from dataclasses import dataclass
 
@@ -37,6 +38,26 @@ class SlotInfo:
     start: int  # first arena row
     num_rows: int  # rows reserved in every arena (the adapter's largest rank)
     num_bytes: int  # bytes of the adapter's own A and B rows (its resident size)
+
+
+class OpTimer:
+    """Seconds the pool's LoRA work (``prepare`` and every ``apply``) took during one measured
+    step. On a CUDA device each timed call is bracketed by synchronizations, so the figure is the
+    device's work, not the launch; only the measured steps pay for that."""
+
+    def __init__(self, device: torch.device) -> None:
+        self.seconds = 0.0  # accumulated over the step's calls
+        self._cuda = device if device.type == "cuda" else None
+
+    def start(self) -> float:
+        if self._cuda is not None:
+            torch.cuda.synchronize(self._cuda)
+        return time.perf_counter()
+
+    def stop(self, started: float) -> None:
+        if self._cuda is not None:
+            torch.cuda.synchronize(self._cuda)
+        self.seconds += time.perf_counter() - started
 
 
 @dataclass(frozen=True)
@@ -88,14 +109,20 @@ class LoraSlotPool:
         self._residents: list[_Resident | None] = [None] * max_loras
         self._plans = PlanMemo()  # per live L1 copy: checked once, not on every load
         self.last_strategy = "none"  # the strategy of the last prepared step (traces read it)
+        # set for one step whose LoRA work is measured (engine.mode_control); None: not timed
+        self.op_timer: OpTimer | None = None
         self._publish(())
 
     # --- execution ------------------------------------------------------------------------
 
     def prepare(self, token_slots: torch.Tensor) -> LoraBatch:
         """Per-step metadata for ``token_slots`` ([num_tokens] int64, -1 = base only)."""
+        timer = self.op_timer
+        started = 0.0 if timer is None else timer.start()
         batch = self.backend.prepare(token_slots.to(self.device, torch.int64), self._layout)
         self.last_strategy = batch.strategy.value  # a str already held by the enum: no alloc
+        if timer is not None:
+            timer.stop(started)
         return batch
 
     def apply(
@@ -109,7 +136,13 @@ class LoraSlotPool:
         table = self._tables.get((layer, module))
         if table is None:
             return out
-        return self.backend.apply(x, out, self._store.views[table], batch)
+        timer = self.op_timer
+        if timer is None:
+            return self.backend.apply(x, out, self._store.views[table], batch)
+        started = timer.start()
+        result = self.backend.apply(x, out, self._store.views[table], batch)
+        timer.stop(started)
+        return result
 
     # --- residency --------------------------------------------------------------------------
 

@@ -1,5 +1,7 @@
 """``loraplex_mode_transition_seconds{direction}``: the engine's measured merge and unmerge times
-(docs/modes.md), and ``loraplex_mode_merged`` (1 while a revision is in its base weights).
+(docs/modes.md), ``loraplex_mode_merged`` (1 while a revision is in its base weights) and, once
+``auto`` has measured it, ``loraplex_mode_lora_seconds_per_token`` (the unmerged LoRA op's cost
+per adapter token, the figure ``auto`` weighs merging with).
 
 Read at scrape time from the engine's published report (``EngineLoad.mode``, cumulative: it
 crosses the engine-process pipe with the queue view), so a scrape never waits on the engine. An
@@ -43,3 +45,9 @@ class ModeCollector(Collector):
             "1 while an adapter revision is merged into the engine's base weights.",
             value=0 if report.merged_revision is None else 1,
         )
+        if report.lora_s_per_token is not None:
+            yield GaugeMetricFamily(
+                "loraplex_mode_lora_seconds_per_token",
+                "Measured seconds of the unmerged LoRA op per adapter token (auto mode).",
+                value=report.lora_s_per_token,
+            )

@@ -120,3 +120,30 @@ def test_auto_measures_unmerged_steps_first_and_unmerges_when_merged_is_slower(
     assert control.step_costs.per_token(True) > control.step_costs.per_token(False)  # type: ignore[operator]
     control.close()
     engine.runtime.cache.check_integrity()
+
+
+def test_auto_measures_the_lora_cost_it_decides_with(
+    engine: OfflineEngine, demo_assets: DemoAssets
+) -> None:
+    """The per-token LoRA cost is measured on unmerged steps, not taken from the setting: with a
+    prior of 0 the model says merging never pays, and only the measured cost (a long payback
+    makes any measured cost pay) lets ``auto`` merge the dominant revision."""
+    hot = demo_assets.adapter("acme", "billing", "r1")
+    cold = demo_assets.adapter("globex", "codegen", "r1")
+    params = SamplingParams(max_tokens=40, temperature=0.0, ignore_eos=True)
+    skewed = [OfflineRequest(hot.probe_prompt, hot.path, params)] * 4 + [
+        OfflineRequest(cold.probe_prompt, cold.path, params)
+    ]
+    want = [r.token_ids for r in engine.generate(skewed)]
+    clock = ManualClock()
+    switcher = ModeSwitcher(engine.core.runner, engine.runtime.pool, clock)
+    policy = ModePolicyConfig(window_s=5.0, min_dwell_s=3.0, payback_s=1e9, min_measured_steps=2)
+    control = ModeController(ModeSetting.parse("auto"), switcher, engine.runtime.cache, clock,
+                             policy=policy, lora_s_per_token=0.0)  # fmt: skip
+    engine.core.modes = control
+    got = [r.token_ids for r in engine.generate(skewed, ticking(clock))]  # type: ignore[arg-type]
+    assert got == want
+    assert control.lora_cost.measured and control.lora_cost.per_token() > 0
+    assert control.transitions and control.transitions[0].kind is TransitionKind.MERGE
+    assert engine.runtime.pool.op_timer is None  # merged steps are not timed; none left set
+    control.close()

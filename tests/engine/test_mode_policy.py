@@ -10,6 +10,7 @@ import pytest
 
 from loraplex.engine.mode_policy import (
     Action,
+    LoraCostMeter,
     MeasuredCosts,
     ModeKind,
     ModePolicyConfig,
@@ -179,3 +180,19 @@ def test_step_costs_average_per_token_after_enough_steps() -> None:
     assert costs.per_token(False) is None
     with pytest.raises(ValueError, match="weight 0"):
         StepCosts(weight=0)
+
+
+def test_the_lora_cost_is_the_prior_until_measured_then_an_average_per_lora_token() -> None:
+    meter = LoraCostMeter(2e-4, weight=0.5, min_samples=2)
+    assert meter.per_token() == 2e-4 and not meter.measured
+    meter.record(0.01, 0)  # no adapter token in the step: says nothing
+    meter.record(0.01, 100)
+    assert meter.per_token() == 2e-4  # one timed step is not a measurement
+    meter.record(0.03, 100)
+    assert meter.measured and meter.per_token() == pytest.approx(2e-4)  # (1e-4 + 3e-4) / 2
+    meter.record(0.0, 100)
+    assert meter.per_token() == pytest.approx(1e-4)
+    with pytest.raises(ValueError, match="lora_s_per_token -1"):
+        LoraCostMeter(-1.0)
+    with pytest.raises(ValueError, match="min_samples 0"):
+        LoraCostMeter(1e-4, min_samples=0)

@@ -28,3 +28,23 @@ def test_a_report_counts_each_direction_and_tracks_the_merged_revision() -> None
     assert report.merged_revision is None and report.setting == "auto"
     with pytest.raises(ValueError, match="direction 'sideways' is invalid"):
         report.observed("sideways", 0.1, None)
+
+
+def test_the_measured_lora_cost_survives_transitions_and_reaches_metrics() -> None:
+    from types import SimpleNamespace
+    from typing import cast
+
+    from prometheus_client import CollectorRegistry, generate_latest
+
+    from loraplex.engine.protocol import EngineClient
+    from loraplex.server.metrics_modes import ModeCollector
+
+    report = ModeReport("auto", None, lora_s_per_token=2.5e-5).observed("merge", 0.01, "a/b@c")
+    assert report.lora_s_per_token == 2.5e-5  # a transition keeps every field
+    reports = [ModeReport("auto", None), report]
+    engine = SimpleNamespace(load_snapshot=lambda: SimpleNamespace(mode=reports[0]))
+    registry = CollectorRegistry()
+    registry.register(ModeCollector(cast(EngineClient, engine)))
+    assert b"loraplex_mode_lora_seconds_per_token" not in generate_latest(registry)  # unmeasured
+    reports.pop(0)
+    assert b"loraplex_mode_lora_seconds_per_token 2.5e-05" in generate_latest(registry)

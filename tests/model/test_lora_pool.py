@@ -20,7 +20,7 @@ from loraplex.model.adapter_weights import (
     ModuleWeights,
     load_adapter_weights,
 )
-from loraplex.model.lora import LoraSlotPool
+from loraplex.model.lora import LoraSlotPool, OpTimer
 from loraplex.model.lora_arena import ArenaStore
 
 CPU = torch.device("cpu")
@@ -209,6 +209,19 @@ def test_mixed_slots_sum_their_own_adapters() -> None:
             0, "q_proj", x[slot : slot + 1], torch.zeros(1, 32), pool.prepare(torch.tensor([slot]))
         )
         torch.testing.assert_close(together[slot : slot + 1], alone, rtol=1e-5, atol=1e-5)
+
+
+def test_an_op_timer_counts_the_pools_lora_work_only_while_set() -> None:
+    pool = LoraSlotPool(SPEC, 2, 8, dtype=torch.float32, device=CPU)
+    pool.load(0, weights_of(8, 0))
+    want = delta(pool, 0)
+    timer = pool.op_timer = OpTimer(pool.device)
+    torch.testing.assert_close(delta(pool, 0), want)  # timing changes no result
+    timed = timer.seconds
+    assert timed > 0
+    pool.op_timer = None
+    delta(pool, 0)
+    assert timer.seconds == timed
 
 
 def bad_weights() -> dict[str, tuple[AdapterWeights, type[Exception]]]:

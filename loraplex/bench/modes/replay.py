@@ -12,8 +12,10 @@ the same tokens: every unmerged replay exactly, every ``auto`` replay within the
 
 ``auto`` decides before every step with the production decision code
 (:func:`~loraplex.engine.mode_policy.decide`) over a :class:`TokenWindow` of the replay's own
-tokens on the wall clock, and its merged / unmerged step costs (:class:`StepCosts`), as
-``engine/mode_control.py`` does; transitions are paid inside the timed replay. TTFT is from a
+tokens on the wall clock, its merged / unmerged step costs (:class:`StepCosts`) and the LoRA
+op's cost per token timed on one unmerged step in ``LORA_TIMING_EVERY`` (:class:`LoraCostMeter`;
+the bench's base / unmerged pair is only its prior), as ``engine/mode_control.py`` does;
+transitions and the timing are paid inside the timed replay. TTFT is from a
 request's submission to the end of the step that produced its first token.
 """
 
@@ -27,8 +29,10 @@ import torch
 
 from loraplex.bench.modes.parity import ParityReport, ParityRule, StepTop, step_tops
 from loraplex.bench.modes.setup import HOT, NUM_ADAPTERS, Setup
+from loraplex.engine.mode_control import LORA_TIMING_EVERY
 from loraplex.engine.mode_policy import (
     Action,
+    LoraCostMeter,
     MeasuredCosts,
     ModePolicyConfig,
     StepCosts,
@@ -37,6 +41,7 @@ from loraplex.engine.mode_policy import (
 )
 from loraplex.model.kv_cache import ContiguousKVCache, SequenceChunk
 from loraplex.model.llama import ForwardBatch, LoraApplier
+from loraplex.model.lora import OpTimer
 
 
 @dataclass(frozen=True)
@@ -58,6 +63,8 @@ class ReplayRun:
     outputs: list[list[StepTop]]  # generated tokens (with top logprobs) per request, in order
     steps: int  # forwards run
     transitions: int = 0  # merges + unmerges made (auto)
+    # auto: the LoRA op's seconds per token it measured (None: fewer timed steps than needed)
+    lora_s_per_token: float | None = None
     merged_steps: int = 0  # steps run with a revision merged (auto)
 
 
@@ -113,14 +120,26 @@ class AutoMode:
         self.setup, self.costs, self.config = setup, costs, config
         self.window = TokenWindow(config.window_s)
         self.step_costs = StepCosts(min_steps=config.min_measured_steps)
+        self.lora_cost = LoraCostMeter(
+            costs.lora_s_per_token, min_samples=config.min_measured_steps
+        )
+        self._steps = 0  # steps run (one unmerged step in LORA_TIMING_EVERY is timed)
+        self._timer: OpTimer | None = None
         self.merged: int | None = None
         self.applier: LoraApplier = setup.pool
         self.last_s: float | None = None
         self.transitions = 0
 
     def before_step(self, now: float) -> None:
+        self._decide(now)
+        if self.merged is None and self._steps % LORA_TIMING_EVERY == 0:
+            pool = self.setup.pool
+            self._timer = pool.op_timer = OpTimer(pool.device)
+
+    def _decide(self, now: float) -> None:
         costs = replace(
             self.costs,
+            lora_s_per_token=self.lora_cost.per_token(),
             merged_step_s_per_token=self.step_costs.per_token(True),
             unmerged_step_s_per_token=self.step_costs.per_token(False),
         )
@@ -143,8 +162,15 @@ class AutoMode:
         self.step_costs.record(self.merged is not None, seconds, sum(n for _, n in chunks))
         for slot, num_tokens in chunks:
             self.window.record(now, None if slot is None else str(slot), num_tokens)
+        self._steps += 1
+        timer, self._timer = self._timer, None
+        if timer is not None:
+            self.setup.pool.op_timer = None
+            self.lora_cost.record(timer.seconds, sum(n for s, n in chunks if s is not None))
 
     def close(self) -> None:
+        if self._timer is not None:
+            self._timer = self.setup.pool.op_timer = None
         if self.merged is not None:
             self.setup.unmerge()
             self.merged, self.applier = None, self.setup.pool
@@ -219,6 +245,8 @@ def replay(
             live = still
     run.seconds = time.perf_counter() - start
     run.transitions = 0 if auto is None else auto.transitions
+    if auto is not None and auto.lora_cost.measured:
+        run.lora_s_per_token = auto.lora_cost.per_token()
     return run
 
 
@@ -276,6 +304,8 @@ def summary(unmerged: list[ReplayRun], auto: list[ReplayRun]) -> dict[str, objec
         out[f"{name}_ttft_ms_p50"] = pct(ttft, 0.5) * 1000
         out[f"{name}_ttft_ms_p99"] = p99
     out["auto_transitions"] = sum(r.transitions for r in auto)
+    measured = sorted(r.lora_s_per_token for r in auto if r.lora_s_per_token is not None)
+    out["auto_lora_s_per_token"] = measured[len(measured) // 2] if measured else None
     steps = sum(r.steps for r in auto)
     out["auto_merged_step_share"] = sum(r.merged_steps for r in auto) / steps if steps else None
     (tps_u, p99_u), (tps_a, p99_a) = figures["unmerged"], figures["auto"]
