@@ -38,6 +38,16 @@ def controller(
     return control
 
 
+def skewed_requests(demo_assets: DemoAssets, max_tokens: int) -> list[OfflineRequest]:
+    """Four requests of one revision and one of another, greedy, ``max_tokens`` each."""
+    hot = demo_assets.adapter("acme", "billing", "r1")
+    cold = demo_assets.adapter("globex", "codegen", "r1")
+    params = SamplingParams(max_tokens=max_tokens, temperature=0.0, ignore_eos=True)
+    return [OfflineRequest(hot.probe_prompt, hot.path, params)] * 4 + [
+        OfflineRequest(cold.probe_prompt, cold.path, params)
+    ]
+
+
 def ticking(clock: ManualClock) -> object:
     def tick(_step: int) -> None:
         clock.advance(1.0)
@@ -92,12 +102,7 @@ def test_auto_measures_unmerged_steps_first_and_unmerges_when_merged_is_slower(
     never acted (issue 28). Here each step costs 1 ms per token unmerged and 2 ms merged (the
     clock advances by that before ``after_step`` times the step): auto must time
     ``min_measured_steps`` unmerged steps, merge, find merged slower, unmerge and stay so."""
-    hot = demo_assets.adapter("acme", "billing", "r1")
-    cold = demo_assets.adapter("globex", "codegen", "r1")
-    params = SamplingParams(max_tokens=16, temperature=0.0, ignore_eos=True)
-    skewed = [OfflineRequest(hot.probe_prompt, hot.path, params)] * 4 + [
-        OfflineRequest(cold.probe_prompt, cold.path, params)
-    ]
+    skewed = skewed_requests(demo_assets, 16)
     want = [r.token_ids for r in engine.generate(skewed)]
     clock = ManualClock()
     control = controller(engine, "auto", clock, lora_s_per_token=0.1)  # the model says: merge
@@ -128,12 +133,7 @@ def test_auto_measures_the_lora_cost_it_decides_with(
     """The per-token LoRA cost is measured on unmerged steps, not taken from the setting: with a
     prior of 0 the model says merging never pays, and only the measured cost (a long payback
     makes any measured cost pay) lets ``auto`` merge the dominant revision."""
-    hot = demo_assets.adapter("acme", "billing", "r1")
-    cold = demo_assets.adapter("globex", "codegen", "r1")
-    params = SamplingParams(max_tokens=40, temperature=0.0, ignore_eos=True)
-    skewed = [OfflineRequest(hot.probe_prompt, hot.path, params)] * 4 + [
-        OfflineRequest(cold.probe_prompt, cold.path, params)
-    ]
+    skewed = skewed_requests(demo_assets, 40)
     want = [r.token_ids for r in engine.generate(skewed)]
     clock = ManualClock()
     switcher = ModeSwitcher(engine.core.runner, engine.runtime.pool, clock)
