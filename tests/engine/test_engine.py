@@ -19,6 +19,7 @@ from loraplex.engine.protocol import (
     EngineClient,
     EngineRequest,
 )
+from loraplex.engine.step import StepPlan
 from loraplex.errors import QueueFullError, QueueTimeoutError
 from loraplex.residency.ledger import Tier
 from loraplex.sampling import SamplingParams
@@ -233,4 +234,27 @@ def test_eos_cannot_be_sampled_before_min_tokens(stack: Stack) -> None:
     assert len(out) >= floor
     assert not set(out[:floor]) & eos
     assert text_of(constrained).startswith(adapter.expected_continuation)
+    _assert_idle(stack)
+
+
+def test_steady_decode_steps_are_planned_by_schedule_decodes(stack: Stack) -> None:
+    """With nothing queued, the core plans with ``schedule_decodes`` (the same plans as
+    ``schedule``: tests/engine/test_sched_decodes.py) and the answer is unchanged."""
+    scheduler = stack.engine._core.scheduler
+    original = scheduler.schedule_decodes
+    planned: list[bool] = []
+
+    def spy() -> StepPlan | None:
+        plan = original()
+        planned.append(plan is not None)
+        return plan
+
+    scheduler.schedule_decodes = spy  # type: ignore[method-assign]
+    try:
+        adapter = stack.assets.adapters[0]
+        deltas = asyncio.run(collect(stack.engine, probe_request(stack, adapter, "steady")))
+    finally:
+        del scheduler.schedule_decodes
+    assert text_of(deltas) == adapter.expected_continuation
+    assert any(planned)  # at least one step was the steady decode state's
     _assert_idle(stack)

@@ -32,15 +32,23 @@ def request(rid: str, prompt: tuple[int, ...], leader: str | None = None) -> Eng
 def run(
     core: EngineCore, requests: list[EngineRequest], monkeypatch: pytest.MonkeyPatch
 ) -> tuple[list[StepPlan], dict[str, list[TokenDelta]]]:
-    """Add ``requests`` and step until all finish; every plan and each request's deltas."""
+    """Add ``requests`` and step until all finish; every plan (``schedule``'s, and the steady
+    decode steps' ``schedule_decodes`` made) and each request's deltas."""
     plans: list[StepPlan] = []
-    schedule = core.scheduler.schedule
+    schedule, schedule_decodes = core.scheduler.schedule, core.scheduler.schedule_decodes
 
     def spy() -> StepPlan:
         plans.append(schedule())
         return plans[-1]
 
+    def decodes_spy() -> StepPlan | None:
+        plan = schedule_decodes()
+        if plan is not None:
+            plans.append(plan)
+        return plan
+
     monkeypatch.setattr(core.scheduler, "schedule", spy)
+    monkeypatch.setattr(core.scheduler, "schedule_decodes", decodes_spy)
     deltas: dict[str, list[TokenDelta]] = {r.request_id: [] for r in requests}
     for r in requests:
         core.add(r, deltas[r.request_id].append)  # type: ignore[arg-type]

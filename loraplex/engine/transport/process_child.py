@@ -22,6 +22,7 @@ from loraplex.engine.loop import EngineThread
 from loraplex.engine.merge_holds import MergeHolds
 from loraplex.engine.protocol import EngineRequest, TokenDelta
 from loraplex.engine.sched.stats import QueueView
+from loraplex.engine.transport.child_outbox import ChildOutbox
 from loraplex.engine.transport.messages import (
     AbortRequest,
     AddRequest,
@@ -55,6 +56,8 @@ from loraplex.residency.cache import CacheSummary, TieredAdapterCache
 
 # The engine process's name (Linux truncates it to 15 bytes): ``_name_process``.
 ENGINE_PROCESS_NAME = "loraplex-engine"
+# How long a stopping child waits for its outbox to reach the parent before it closes the pipe.
+_FLUSH_TIMEOUT_S = 10.0
 
 # --- cache commands --------------------------------------------------------------------------
 
@@ -138,7 +141,7 @@ class _Child:
         self._handles = handles
         self._core = handles.core
         self._cache: TieredAdapterCache | None = handles.core.cache
-        self._send_lock = threading.Lock()
+        self._outbox = ChildOutbox(conn)  # NOTE: before the engine thread can deliver anything
         self._out_lock = threading.Lock()
         self._out: list[tuple[str, TokenDelta | PackedError]] = []
         self._state_interval_s, self._beat_interval_s, alive_interval_s = intervals
@@ -153,8 +156,8 @@ class _Child:
         self._thread = EngineThread(handles.core, handles.idle_wait_s, self._deliver)
 
     def send(self, message: object) -> None:
-        with self._send_lock:
-            self._conn.send(message)
+        """Queues ``message`` for the parent (``child_outbox``: the writer thread sends it)."""
+        self._outbox.send(message)
 
     def run(self) -> None:
         """Answers messages until ``Stop`` or until the parent is gone."""
@@ -172,6 +175,7 @@ class _Child:
             self._liveness.stop()
             self._thread.stop()
             self._handles.close()
+            self._outbox.close(_FLUSH_TIMEOUT_S)  # the loop's last output reaches the parent
 
     def _on_add(self, message: AddRequest) -> None:
         request = message.request
