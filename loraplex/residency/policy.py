@@ -22,7 +22,7 @@ from loraplex.residency.policy_base import (
     OrderGroup,
     OrderKey,
 )
-from loraplex.residency.tiered_policy import TieredGdsfPolicy
+from loraplex.residency.tiered_policy import TieredGdsfFetchPolicy, TieredGdsfPolicy
 
 __all__ = [
     "DEFAULT_POLICY",
@@ -35,6 +35,7 @@ __all__ = [
     "LruPriorityPolicy",
     "OrderGroup",
     "OrderKey",
+    "TieredGdsfFetchPolicy",
     "TieredGdsfPolicy",
     "make_policy",
     "policy_names",
@@ -223,7 +224,7 @@ def register_policy(name: str, factory: Callable[[], EvictionPolicy]) -> None:
 
 def make_policy(name: str) -> EvictionPolicy:
     """A fresh policy by name (``lru``, ``lru_priority``, ``cost_aware``, ``admit_gdsf``,
-    ``tiered_gdsf``)."""
+    ``tiered_gdsf``, ``tiered_gdsf_fetch``)."""
     if name not in _POLICIES:
         raise ValueError(f"eviction policy {name!r} is unknown; expected one of {policy_names()}")
     return _POLICIES[name]()
@@ -239,3 +240,4 @@ register_policy("lru_priority", LruPriorityPolicy)
 register_policy("cost_aware", CostAwarePolicy)
 register_policy("admit_gdsf", AdmitGdsfPolicy)
 register_policy("tiered_gdsf", TieredGdsfPolicy)
+register_policy("tiered_gdsf_fetch", TieredGdsfFetchPolicy)

@@ -11,6 +11,7 @@ from dataclasses import dataclass
 from typing import Protocol, TypeAlias
 
 from loraplex.artifacts.identity import AdapterKey
+from loraplex.residency.ledger import Tier
 from loraplex.residency.warm import RequestRates
 
 # A victim's sort key: compared lexicographically, the smallest goes first; it ends with the
@@ -38,6 +39,8 @@ class Candidate:
     # Rates of the requests that read this tier (missed every faster one). None in L0, where
     # every request reads it (``rates``), and where a caller does not know them.
     reads: RequestRates | None = None
+    # The tier the copy is in; None where a caller does not say (tests, the planner).
+    tier: Tier | None = None
 
 
 @dataclass(frozen=True)

@@ -26,6 +26,7 @@ adapter that keeps falling out of L0 stays.
 from __future__ import annotations
 
 from loraplex.residency.admit_policy import AdmitGdsfPolicy
+from loraplex.residency.ledger import Tier
 from loraplex.residency.policy_base import Candidate
 
 
@@ -38,3 +39,22 @@ class TieredGdsfPolicy(AdmitGdsfPolicy):
         if c.reads is None:  # L0 (or a caller that does not know the tier's reads)
             return super().keep_score(c, now_s)
         return c.priority * c.reads.per_5m / max(1, c.size_bytes)
+
+
+class TieredGdsfFetchPolicy(TieredGdsfPolicy):
+    """tiered_gdsf whose L2 keep weighs the remote fetch a miss there costs.
+
+    An L2 miss refetches from the remote store, whose time grows with the adapter's bytes (at
+    100 MB/s a 20 MB adapter takes about 0.2 s, a 1 MB one 0.01 s beside the fixed 20 ms stall),
+    so in L2 the keep is GDSF's refill seconds saved per byte held: **priority x reads (5-minute
+    rate) x reload_cost_s / size_bytes**. tiered_gdsf's misses per byte sends the large adapters
+    to the remote store (fewest misses, but the slowest ones: on drift they set every tenant's
+    P99 wait); this keeps more of them on disk at the price of more, cheaper, small misses. L1
+    (refilled from the local disk, where the fixed stall dominates) and L0 are tiered_gdsf's.
+    """
+
+    name = "tiered_gdsf_fetch"
+
+    def keep_score(self, c: Candidate, now_s: float) -> float:
+        keep = super().keep_score(c, now_s)
+        return keep * c.reload_cost_s if c.reads is not None and c.tier is Tier.L2 else keep

@@ -24,12 +24,14 @@ from loraplex.cli import app
 
 def test_a_tiny_run_reports_every_trace_policy_and_headline(tmp_path: Path) -> None:
     config = PolicyBenchConfig(
-        policies=("lru", "admit_gdsf", "tiered_gdsf"), repeats=2, duration_s=30.0
+        policies=("lru", "admit_gdsf", "tiered_gdsf", "tiered_gdsf_fetch"),
+        repeats=2,
+        duration_s=30.0,
     )
     result = run_policy_bench(config)
     assert set(result["traces"]) == {label for label, _, _ in POINTS}
     for policies in result["traces"].values():
-        assert set(policies) == {"lru", "admit_gdsf", "tiered_gdsf", BELADY}
+        assert set(policies) == {"lru", "admit_gdsf", "tiered_gdsf", "tiered_gdsf_fetch", BELADY}
         floors = policies.pop(BELADY)
         for cells in policies.values():
             # No replayed policy has fewer reloads than the floor of its tier (L0: Belady; L1,
@@ -52,6 +54,18 @@ def test_a_tiny_run_reports_every_trace_policy_and_headline(tmp_path: Path) -> N
     assert result["metrics"]["zipf_longtail_hit_l0_admit_gdsf_pp_over_lru"] == pytest.approx(
         100 * (zipf["admit_gdsf"]["hit_l0"][0] - zipf["lru"]["hit_l0"][0]), abs=0.01
     )
+    # Every tenant's wait against lru's, per new policy (no tenant may pay for the gain).
+    drift = result["traces"]["drift"]
+    assert result["metrics"]["drift_p99_wait_tenant_tiered_gdsf_fetch_over_lru"] == pytest.approx(
+        drift["tiered_gdsf_fetch"]["wait_p99_s_tenant"][0] / drift["lru"]["wait_p99_s_tenant"][0],
+        abs=1e-4,
+    )
+    storm = [k for k in result["metrics"] if k.startswith("cold_storm_p50_wait_")]
+    assert {k.split("_wait_")[1].split("_", 1)[0] for k in storm} == {
+        "steady-a",
+        "steady-b",
+        "storm",
+    }
     assert "drift_recovery_share" in result["traces"]["drift"]["lru"]
     assert set(result["wait_cdfs"]) == {"prio", "batch"}
     # Hot-burst's waits count from the sweep on (as bench serve reads the hot tenant's TTFT).

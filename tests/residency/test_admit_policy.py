@@ -198,7 +198,7 @@ def test_config_refuses_bad_values_naming_the_field(field: str, value: float) ->
 # --- in the real cache -------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("policy", ["admit_gdsf", "tiered_gdsf", "lru"])
+@pytest.mark.parametrize("policy", ["admit_gdsf", "tiered_gdsf", "tiered_gdsf_fetch", "lru"])
 def test_a_sweep_of_one_offs_keeps_the_hot_set_in_every_tier(policy: str) -> None:
     """Three hot adapters used often; then a sweep of eight one-offs of a batch tenant through
     a 4-slot L0, a 5-copy L1 and a 6-copy L2. admit_gdsf and tiered_gdsf keep every hot copy in

@@ -10,7 +10,13 @@ from hypothesis import strategies as st
 
 from loraplex.residency.admit_policy import AdmitGdsfPolicy
 from loraplex.residency.ledger import Tier
-from loraplex.residency.policy import Candidate, TieredGdsfPolicy, make_policy, policy_names
+from loraplex.residency.policy import (
+    Candidate,
+    TieredGdsfFetchPolicy,
+    TieredGdsfPolicy,
+    make_policy,
+    policy_names,
+)
 from loraplex.residency.warm import RequestRates, RollingRates
 
 NOW = 1000.0
@@ -23,7 +29,13 @@ def per_5m(count: float) -> RequestRates:
 
 
 def copy(
-    name: str, *, requests: float, reads: float | None, size: int = 100, cost: float = 0.02
+    name: str,
+    *,
+    requests: float,
+    reads: float | None,
+    size: int = 100,
+    cost: float = 0.02,
+    tier: Tier | None = None,
 ) -> Candidate:
     rates = per_5m(requests)
     return Candidate(
@@ -35,6 +47,7 @@ def copy(
         1.0,
         cost,
         reads=None if reads is None else per_5m(reads),
+        tier=tier,
     )
 
 
@@ -97,6 +110,88 @@ def test_floor_bounds_a_byte_tier_key_while_the_copy_idles(
 
     probe = t + share * horizon
     assert POLICY.order_key_floor(at(until), t, until) <= POLICY.order_key(at(probe), probe)
+
+
+# --- tiered_gdsf_fetch: L2 weighs the remote fetch ---------------------------------------------
+
+FETCH = TieredGdsfFetchPolicy()
+
+
+def test_the_fetch_variant_is_registered_and_selectable_by_name() -> None:
+    assert "tiered_gdsf_fetch" in policy_names()
+    assert isinstance(make_policy("tiered_gdsf_fetch"), TieredGdsfFetchPolicy)
+
+
+def test_in_l2_the_fetch_variant_keeps_the_copy_whose_refetch_costs_more_seconds_per_byte() -> None:
+    """Equal reads: the 4x larger L2 copy refetches in ~10x the seconds, so it saves more
+    refill seconds per byte and stays; tiered_gdsf (misses per byte) drops it first."""
+    small = copy("small", requests=6, reads=6, size=100, cost=0.021, tier=Tier.L2)
+    large = copy("large", requests=6, reads=6, size=400, cost=0.2, tier=Tier.L2)
+    assert FETCH.order_victims([small, large], NOW)[0].key.name == "small"
+    assert POLICY.order_victims([small, large], NOW)[0].key.name == "large"
+
+
+def test_the_fetch_variant_is_tiered_gdsf_in_l1_and_l0() -> None:
+    """L1 refills from the local disk (the fixed stall dominates): misses per byte, as
+    tiered_gdsf; L0 and a copy whose tier the caller does not say: tiered_gdsf too."""
+    for tier in (Tier.L1, None):
+        small = copy("small", requests=6, reads=6, size=100, cost=0.021, tier=tier)
+        large = copy("large", requests=6, reads=6, size=400, cost=0.2, tier=tier)
+        assert FETCH.order_victims([small, large], NOW)[0].key.name == "large"
+        assert FETCH.keep_score(large, NOW) == POLICY.keep_score(large, NOW)
+    gpu = copy("a", requests=7, reads=None, tier=Tier.L0)
+    assert FETCH.keep_score(gpu, NOW) == POLICY.keep_score(gpu, NOW)
+
+
+def test_the_fetch_variant_keeps_one_offs_on_probation_in_l2() -> None:
+    one_off = copy("oneoff", requests=1, reads=1, size=400, cost=0.2, tier=Tier.L2)
+    kept = copy("kept", requests=3, reads=0.1, tier=Tier.L2)
+    assert FETCH.order_victims([kept, one_off], NOW)[0].key.name == "oneoff"
+
+
+@given(
+    counts=st.lists(st.floats(min_value=0.5, max_value=20.0), min_size=2, max_size=5),
+    horizon=st.floats(min_value=0.1, max_value=600.0),
+    share=st.floats(min_value=0.0, max_value=1.0),
+    cost=st.floats(min_value=0.02, max_value=1.0),
+    dearer=st.floats(min_value=1.0, max_value=3.0),
+)
+def test_floor_bounds_an_l2_key_of_the_fetch_variant_while_the_copy_idles(
+    counts: list[float], horizon: float, share: float, cost: float, dearer: float
+) -> None:
+    """The floor, taken with rates decayed to the horizon and the lowest reload cost, bounds
+    the key at any instant before it, at any reload cost no lower."""
+    rates, t = RollingRates(), 0.0
+    for count in counts:
+        t += 10.0
+        rates.record(t, count)
+    until = t + horizon
+
+    def at(when: float, reload_cost: float) -> Candidate:
+        now = rates.rates(when)
+        return Candidate(key("t", "a"), 100, 0.0, t, now, 1.0, reload_cost, now, Tier.L2)
+
+    probe = t + share * horizon
+    floor = FETCH.order_key_floor(at(until, cost), t, until)
+    assert floor <= FETCH.order_key(at(probe, cost * dearer), probe)
+
+
+def test_the_cache_tells_the_policy_each_copys_tier() -> None:
+    """Every candidate the real cache hands the policy names the tier its copy is in (the
+    fetch variant reads it); three tiers full enough that each ranks victims."""
+    seen: dict[str, set[Tier | None]] = {}
+
+    class Spy(TieredGdsfFetchPolicy):
+        def keep_score(self, c: Candidate, now_s: float) -> float:
+            tiers = seen.setdefault(c.key.name, set())
+            tiers.add(c.tier)
+            return super().keep_score(c, now_s)
+
+    rig = make_rig(Spy(), slots=1, l1=1, l2=1)
+    for _ in range(3):
+        for name in ("a", "b"):
+            use(rig, key("t", name))
+    assert set().union(*seen.values()) == {Tier.L0, Tier.L1, Tier.L2}
 
 
 # --- in the real cache -------------------------------------------------------------------------

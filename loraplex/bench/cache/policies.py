@@ -40,9 +40,9 @@ def ratio(numerator: float | None, denominator: float | None) -> float | None:
     return rounded_ratio(numerator, denominator, None)
 
 
-POLICIES = ("lru", "lru_priority", "cost_aware", "admit_gdsf", "tiered_gdsf")
+POLICIES = ("lru", "lru_priority", "cost_aware", "admit_gdsf", "tiered_gdsf", "tiered_gdsf_fetch")
 # The policies the headline compares with lru (issue 33's candidates), each where it ran.
-NEW_POLICIES = ("admit_gdsf", "tiered_gdsf")
+NEW_POLICIES = ("admit_gdsf", "tiered_gdsf", "tiered_gdsf_fetch")
 # (label, scenario, L0 slots); hot-burst at several capacities.
 POINTS = (
     ("hot-burst@9", "hot-burst", 9),
@@ -277,6 +277,13 @@ def _policy_headline(
             mine, base = _med(summary, label, new, metric), _med(summary, label, "lru", metric)
             out[f"{prefix}_{metric}_{new}_pp_over_lru"] = (
                 None if mine is None or base is None else round(100 * (mine - base), 2)
+            )
+        # Every tenant's median and tail wait against lru's: no tenant may pay for the gain.
+        waits = sorted(m for m in summary.get(label, {}).get(new, {}) if m.startswith("wait_p"))
+        for metric in waits:
+            q, tenant = metric.removeprefix("wait_").split("_s_", 1)
+            out[f"{prefix}_{q}_wait_{tenant}_{new}_over_lru"] = ratio(
+                _med(summary, label, new, metric), _med(summary, label, "lru", metric)
             )
     for label, _, _ in POINTS:
         prefix = label.replace("-", "_").replace("@", "_s")

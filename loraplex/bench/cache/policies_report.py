@@ -36,7 +36,7 @@ def policies_markdown(result: dict[str, Any], plot_names: tuple[str, str] | None
     parts = [
         "## Run",
         f"config: `{result['config']}`, seeds {result['seed']}",
-        "## Headline (medians over seeds; admit_gdsf and tiered_gdsf against lru, and the floors)",
+        "## Headline (medians over seeds; each new policy against lru, and the floors)",
         markdown_table(
             [{"metric": k, "value": v} for k, v in result["metrics"].items()], ["metric", "value"]
         ),

@@ -103,7 +103,7 @@ def residency(
     *,
     as_json: bool = typer.Option(False, "--json", help="print only the JSON line"),
     policies: str = typer.Option(
-        "lru,lru_priority,cost_aware,admit_gdsf,tiered_gdsf",
+        "lru,lru_priority,cost_aware,admit_gdsf,tiered_gdsf,tiered_gdsf_fetch",
         help="eviction policies, comma-separated",
     ),
     repeats: int = typer.Option(3, help="seeds per trace (0 .. repeats-1)"),

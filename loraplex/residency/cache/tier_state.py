@@ -273,6 +273,7 @@ class TierState:
                 tier, None if resolved is None else resolved.footprint, size_bytes, bandwidth
             ),
             reads=None if reads is None else reads.rates(at),
+            tier=tier,
         )
 
     def refill_bytes(self, key: AdapterKey, tier: Tier, size_bytes: int) -> int:
