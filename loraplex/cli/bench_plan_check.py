@@ -65,6 +65,7 @@ def bench_plan_check(
         export_traces,
         run_plan_check,
     )
+    from loraplex.plan.objectives import missed, parse_objectives
 
     names = tuple(p.strip() for p in traces.split(",") if p.strip())
     if write_traces is not None and (configs or slo):
@@ -86,16 +87,17 @@ def bench_plan_check(
             return
         if not configs or not slo:
             raise ValueError("--configs and --slo are required (or --write-traces DIR)")
+        objectives = parse_objectives(slo)
         config = PlanCheckConfig(
             trace_set=trace_set,
             deployments=deployments(configs),
-            slo=slo,
+            slo=tuple(o.text() for o in objectives),
             repeats=repeats,
             asset_dir=asset_dir,
         )
     except ValueError as exc:
         raise typer.BadParameter(str(exc)) from exc
-    result = run_plan_check(config)
+    result = run_plan_check(config, lambda outcome: missed(objectives, outcome))
     if not as_json:
         for trace, cells in result["summary"].items():
             for label, cell in cells.items():

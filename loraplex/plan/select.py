@@ -20,7 +20,7 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import asdict, dataclass
 from typing import Any
 
-from loraplex.plan.objectives import Objective
+from loraplex.plan.objectives import Objective, missed
 from loraplex.plan.space import Candidate
 from loraplex.qualify.cost import MachinePrice, cost_per_correct_request
 
@@ -62,12 +62,7 @@ def evaluate(
     missing = [k for k in PLAN_KEYS if k not in outcome]
     if missing:
         raise ValueError(f"the simulator's outcome lacks {missing} (planner keys {PLAN_KEYS})")
-    violations = []
-    for objective in objectives:
-        if not objective.met_by(outcome):
-            value = objective.value(outcome)
-            shown = "undefined" if value is None else f"{value:g}"
-            violations.append(f"{objective.metric}={shown} (wants {objective.text()})")
+    violations = missed(objectives, outcome)
     cost = cost_per_correct_request(
         price, candidate.replicas, float(outcome["makespan_s"]), int(outcome["completed"])
     )

@@ -5,9 +5,10 @@ deployment (``--configs``) on each trace on a fresh real ``loraplex serve`` of t
 (``validate.single_outcome``: ``bench serve``'s registry and launches, cold start, the store's
 cached pages dropped), ``repeats`` times, the order of the (trace, config) runs reversed on
 every other repeat (ABBA), and judges every run against the same objectives the planner used
-(``plan.objectives``). The traces are the WORKLOADS.md generators; ``export_traces`` writes the
-very requests replayed here as the JSONL the planner reads (each adapter's rank and bytes as
-served), so the planner and the real server see one trace.
+(a ``judge`` the command line binds to ``plan.objectives``, the layer above this one). The
+traces are the WORKLOADS.md generators; ``export_traces`` writes the very requests replayed
+here as the JSONL the planner reads (each adapter's rank and bytes as served), so the planner
+and the real server see one trace.
 
 The real settings mirror the simulator's defaults the planner runs with: a client timeout of
 60 s (the simulator's ``timeout_s``, the TTFT a failure counts as) and a queue deadline of half
@@ -18,7 +19,7 @@ from __future__ import annotations
 
 import json
 import tempfile
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -27,7 +28,8 @@ from loraplex.bench.harness.machine import machine_record
 from loraplex.bench.harness.stats import ratio
 from loraplex.bench.sim.validate import MAX_LORA_RANK, RealSettings
 from loraplex.bench.workloads import SCENARIOS, ScenarioParams, Workload, generate
-from loraplex.plan.objectives import Objective, parse_objectives
+
+Judge = Callable[[Mapping[str, Any]], list[str]]  # an outcome -> the objectives it misses
 
 TIMEOUT_S = 60.0  # the simulator's timeout_s; the queue deadline is half (its queue_deadline_s)
 
@@ -90,14 +92,15 @@ class PlanCheckConfig:
 
     trace_set: TraceSet
     deployments: tuple[Deployment, ...]  # each run on each trace
-    slo: str  # the planner's --slo text
+    slo: tuple[str, ...]  # the objectives judged, as the planner writes them (the record's)
     repeats: int = 2  # each (trace, deployment) run this many times
     asset_dir: Path = Path(".loraplex-assets")  # the demo base model is <dir>/test-small
 
     def __post_init__(self) -> None:
         if not self.deployments or len(set(self.deployments)) != len(self.deployments):
             raise ValueError("deployments must be given and distinct")
-        parse_objectives(self.slo)  # a malformed SLO is refused before anything runs
+        if not self.slo:
+            raise ValueError("slo names no objective")
         if self.repeats < 1:
             raise ValueError(f"repeats {self.repeats} is invalid; expected >= 1")
 
@@ -129,17 +132,6 @@ def export_traces(trace_set: TraceSet, model_dir: Path, directory: Path) -> dict
     return {"traces": written, "bytes_per_rank": per_rank}
 
 
-def judged(outcome: Mapping[str, Any], objectives: Sequence[Objective]) -> list[str]:
-    """The objectives ``outcome`` misses, as the planner words them."""
-    out = []
-    for objective in objectives:
-        if not objective.met_by(outcome):
-            value = objective.value(outcome)
-            shown = "undefined" if value is None else f"{value:g}"
-            out.append(f"{objective.metric}={shown} (wants {objective.text()})")
-    return out
-
-
 def summarize(runs: Sequence[Mapping[str, Any]]) -> dict[str, dict[str, Any]]:
     """trace -> deployment -> runs meeting the objectives, of how many, and the figures."""
     out: dict[str, dict[str, Any]] = {}
@@ -164,9 +156,9 @@ def outcome_keys(outcome: Mapping[str, Any]) -> dict[str, Any]:
     return out
 
 
-def run_plan_check(config: PlanCheckConfig, single: Any = None) -> dict[str, Any]:
-    """Every deployment on every trace, ``repeats`` times in ABBA order; ``single`` replaces
-    ``validate.single_outcome`` (tests)."""
+def run_plan_check(config: PlanCheckConfig, judge: Judge, single: Any = None) -> dict[str, Any]:
+    """Every deployment on every trace, ``repeats`` times in ABBA order, each run's outcome
+    judged by ``judge``; ``single`` replaces ``validate.single_outcome`` (tests)."""
     from loraplex.artifacts.base_model import BaseModelSpec
     from loraplex.bench.serve.driver import DriveConfig
     from loraplex.bench.serve.fleet import prepare_fleet
@@ -175,7 +167,6 @@ def run_plan_check(config: PlanCheckConfig, single: Any = None) -> dict[str, Any
     if single is None:
         from loraplex.bench.sim.validate import single_outcome as single
 
-    objectives = parse_objectives(config.slo)
     assets = generate_demo_assets(config.asset_dir / "test-small", preset="small", seed=0)
     vocab = BaseModelSpec.from_dir(assets.base_model_dir).vocab_size
     ts = config.trace_set
@@ -207,7 +198,7 @@ def run_plan_check(config: PlanCheckConfig, single: Any = None) -> dict[str, Any
                 "load_1m_before": load_before,
                 "load_1m_after": machine_record()["load_1m"],
             }
-            record["violations"] = judged(outcome, objectives)
+            record["violations"] = judge(outcome)
             runs.append(record)
     return {
         "name": "plan-check",
@@ -215,7 +206,7 @@ def run_plan_check(config: PlanCheckConfig, single: Any = None) -> dict[str, Any
             "traces": list(ts.traces),
             "deployments": [d.label() for d in config.deployments],
             "eviction": "cost_aware",
-            "slo": [o.text() for o in objectives],
+            "slo": list(config.slo),
             "trace_requests": ts.trace_requests,
             "rate": ts.rate,
             "num_adapters": ts.num_adapters,
