@@ -47,7 +47,9 @@ def bench_plan_check(
     trace_requests: Annotated[int, typer.Option(help="Mean requests per trace.")] = 240,
     rate: Annotated[float, typer.Option(help="Mean requests per second of each trace.")] = 2.0,
     num_adapters: Annotated[int, typer.Option(help="zipf-longtail's adapters.")] = 200,
-    repeats: Annotated[int, typer.Option(help="Runs of each (trace, config), ABBA.")] = 2,
+    repeats: Annotated[
+        int | None, typer.Option(help="Runs of each (trace, config), ABBA (default 2).")
+    ] = None,
     write_traces: Annotated[
         Path | None,
         typer.Option(help="Only write each trace as DIR/<name>.jsonl for `loraplex plan`."),
@@ -68,8 +70,10 @@ def bench_plan_check(
     from loraplex.plan.objectives import missed, parse_objectives
 
     names = tuple(p.strip() for p in traces.split(",") if p.strip())
-    if write_traces is not None and (configs or slo):
-        raise typer.BadParameter("--write-traces only writes traces; it takes no --configs/--slo")
+    if write_traces is not None and (configs or slo or repeats is not None):
+        raise typer.BadParameter(
+            "--write-traces only writes traces; it takes no --configs, --slo or --repeats"
+        )
     try:
         trace_set = TraceSet(
             traces=names,
@@ -92,7 +96,7 @@ def bench_plan_check(
             trace_set=trace_set,
             deployments=deployments(configs),
             slo=tuple(o.text() for o in objectives),
-            repeats=repeats,
+            repeats=2 if repeats is None else repeats,
             asset_dir=asset_dir,
         )
     except ValueError as exc:

@@ -125,6 +125,7 @@ def test_each_deployment_runs_on_each_trace_in_abba_order(demo_assets) -> None: 
         (["--configs", "2:16MiB", "--slo", SLO, "--repeats", "0"], "repeats"),
         (["--configs", "2:16MiB", "--slo", SLO, "--rate", "0"], "rate"),
         (["--write-traces", "d", "--configs", "2:16MiB"], "takes no --configs"),
+        (["--write-traces", "d", "--repeats", "3"], "takes no --configs, --slo or --repeats"),
     ],
 )
 def test_plan_check_options_are_checked(args: list[str], message: str) -> None:
