@@ -27,6 +27,7 @@ _COMMAND_MODULES: tuple[str, ...] = (
     "sim",
     "plan",
     "bench_sim",  # after "bench": it adds `bench sim` to that group
+    "bench_plan_check",  # after "bench": it adds `bench plan-check` to that group
     "qualify",
     "baselines",  # after "bench": it adds `bench baselines` to that group
 )

@@ -7,6 +7,7 @@ meets the objectives, with its cost per correct request, the runner-up and why i
 from __future__ import annotations
 
 import json
+import math
 import re
 from pathlib import Path
 from typing import Annotated, Any
@@ -78,6 +79,13 @@ def plan_command(
         float | None, typer.Option(help="Price of one machine-hour (default: the profile's).")
     ] = None,
     price_source: Annotated[str, typer.Option(help="Where --usd-per-hour comes from.")] = "",
+    cost_tolerance: Annotated[
+        float,
+        typer.Option(
+            help="Costs within this fraction of the cheapest are ties; the smallest footprint "
+            "among them wins (0: exact ties only)."
+        ),
+    ] = 0.0,
     plots_dir: Annotated[str, typer.Option(help="Where the PNG plots go; '' skips them.")] = "",
     as_json: Annotated[bool, typer.Option("--json", help="Print only the JSON line.")] = False,
 ) -> None:
@@ -102,10 +110,13 @@ def plan_command(
             eviction=eviction, routing=routing, merged_replicas=merged_replicas,
         )  # fmt: skip
         records = read_trace(trace)
+        if not (math.isfinite(cost_tolerance) and cost_tolerance >= 0):
+            raise ValueError(f"--cost-tolerance {cost_tolerance} is invalid; expected >= 0")
     except (ValueError, OSError) as exc:
         raise typer.BadParameter(str(exc)) from exc
     base: dict[str, Any] = {} if bytes_per_rank is None else {"bytes_per_rank": bytes_per_rank}
-    result = plan(candidates, simulator(records, cost_model, base), objectives, price)
+    simulate = simulator(records, cost_model, base)
+    result = plan(candidates, simulate, objectives, price, cost_tolerance)
     record = {
         "name": "plan",
         "trace": str(trace),
@@ -113,6 +124,7 @@ def plan_command(
         "slo": [o.text() for o in objectives],
         "price_usd_per_hour": price.usd_per_hour,
         "price_source": price.source,
+        "cost_tolerance": cost_tolerance,
         **plan_record(result),
     }
     if plots_dir:

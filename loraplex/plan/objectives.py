@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import math
 import re
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -66,6 +66,17 @@ class Objective:
     def text(self) -> str:
         unit = "ms" if self.metric in _TIME_METRICS else ""
         return f"{self.metric}{self.op}{self.bound:g}{unit}"
+
+
+def missed(objectives: Sequence[Objective], outcome: Mapping[str, Any]) -> list[str]:
+    """The objectives ``outcome`` misses, as ``metric=value (wants ...)``."""
+    out = []
+    for objective in objectives:
+        if not objective.met_by(outcome):
+            value = objective.value(outcome)
+            shown = "undefined" if value is None else f"{value:g}"
+            out.append(f"{objective.metric}={shown} (wants {objective.text()})")
+    return out
 
 
 def parse_objectives(text: str) -> tuple[Objective, ...]:

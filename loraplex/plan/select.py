@@ -15,11 +15,12 @@ construction and does not model output quality, so completion is the only check 
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import asdict, dataclass
 from typing import Any
 
-from loraplex.plan.objectives import Objective
+from loraplex.plan.objectives import Objective, missed
 from loraplex.plan.space import Candidate
 from loraplex.qualify.cost import MachinePrice, cost_per_correct_request
 
@@ -61,12 +62,7 @@ def evaluate(
     missing = [k for k in PLAN_KEYS if k not in outcome]
     if missing:
         raise ValueError(f"the simulator's outcome lacks {missing} (planner keys {PLAN_KEYS})")
-    violations = []
-    for objective in objectives:
-        if not objective.met_by(outcome):
-            value = objective.value(outcome)
-            shown = "undefined" if value is None else f"{value:g}"
-            violations.append(f"{objective.metric}={shown} (wants {objective.text()})")
+    violations = missed(objectives, outcome)
     cost = cost_per_correct_request(
         price, candidate.replicas, float(outcome["makespan_s"]), int(outcome["completed"])
     )
@@ -78,22 +74,48 @@ def _rank(evaluation: Evaluation) -> tuple[float, tuple[int, ...]]:
     return (float("inf") if cost is None else cost, evaluation.candidate.footprint())
 
 
-def choose(evaluations: Iterable[Evaluation]) -> Plan:
+def _ordered(feasible: Sequence[Evaluation], tolerance: float) -> list[Evaluation]:
+    """Cheapest first (ties: the smaller footprint); with ``tolerance`` above 0, every candidate
+    within that fraction of the cheapest cost counts as tied with it and goes first, smallest
+    footprint first."""
+    by_cost = sorted(feasible, key=_rank)
+    if not by_cost or tolerance == 0:
+        return by_cost
+    cheapest = by_cost[0].usd_per_correct
+    assert cheapest is not None  # feasible candidates have a cost
+    bound = cheapest * (1 + tolerance)
+    near = [e for e in by_cost if e.usd_per_correct is not None and e.usd_per_correct <= bound]
+    near.sort(key=lambda e: (e.candidate.footprint(), e.usd_per_correct))
+    taken = {id(e) for e in near}
+    return near + [e for e in by_cost if id(e) not in taken]
+
+
+def choose(evaluations: Iterable[Evaluation], cost_tolerance: float = 0.0) -> Plan:
     """The cheapest feasible candidate (ties: the smaller footprint), the runner-up, and the
-    cheapest candidate the objectives rejected."""
+    cheapest candidate the objectives rejected. ``cost_tolerance`` (a fraction, >= 0): costs
+    within it of the cheapest are ties, so the smallest such footprint wins (a simulated
+    makespan a few milliseconds shorter is no reason to hold more slots or memory)."""
+    if not (math.isfinite(cost_tolerance) and cost_tolerance >= 0):
+        raise ValueError(f"cost_tolerance {cost_tolerance!r} is invalid; expected a fraction >= 0")
     every = tuple(evaluations)
-    feasible = sorted((e for e in every if e.feasible), key=_rank)
+    feasible = _ordered([e for e in every if e.feasible], cost_tolerance)
     rejected = sorted((e for e in every if not e.feasible), key=_rank)
     best = feasible[0] if feasible else None
     runner_up = feasible[1] if len(feasible) > 1 else None
-    why = None if best is None or runner_up is None else _why_lost(best, runner_up)
+    why = None if best is None or runner_up is None else _why_lost(best, runner_up, cost_tolerance)
     return Plan(best, runner_up, why, rejected[0] if rejected else None, every)
 
 
-def _why_lost(best: Evaluation, other: Evaluation) -> str:
+def _why_lost(best: Evaluation, other: Evaluation, tolerance: float = 0.0) -> str:
     a, b = best.usd_per_correct, other.usd_per_correct
-    if a is not None and b is not None and b > a:
+    if a is not None and b is not None and b > a * (1 + tolerance):
         return f"costs {b / a - 1:.1%} more per correct request ({b:.3g} vs {a:.3g} USD)"
+    if a is not None and b is not None and b != a:
+        return (
+            f"costs within the {tolerance:.1%} cost tolerance ({b / a - 1:+.4%} per correct "
+            f"request) and holds more resources ({other.candidate.label()} vs "
+            f"{best.candidate.label()})"
+        )
     return (
         "costs the same per correct request and holds more resources "
         f"({other.candidate.label()} vs {best.candidate.label()})"
@@ -105,9 +127,11 @@ def plan(
     simulate: Simulate,
     objectives: Sequence[Objective],
     price: MachinePrice,
+    cost_tolerance: float = 0.0,
 ) -> Plan:
-    """Simulates every candidate once, in order, and chooses."""
-    return choose(evaluate(c, simulate(c), objectives, price) for c in candidates)
+    """Simulates every candidate once, in order, and chooses (``choose``)."""
+    evaluations = [evaluate(c, simulate(c), objectives, price) for c in candidates]
+    return choose(evaluations, cost_tolerance)
 
 
 def plan_record(result: Plan) -> dict[str, Any]:
@@ -131,4 +155,12 @@ def plan_record(result: Plan) -> dict[str, Any]:
         "cheapest_rejected": one(result.cheapest_rejected),
         "candidates": len(result.evaluations),
         "feasible": sum(e.feasible for e in result.evaluations),
+        "swept": [
+            {
+                "label": e.candidate.label(),
+                "usd_per_correct_request": e.usd_per_correct,
+                "violations": list(e.violations),
+            }
+            for e in result.evaluations
+        ],
     }

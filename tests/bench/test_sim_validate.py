@@ -269,6 +269,8 @@ def _trace(tmp_path: Path) -> Path:
         (["--bytes-per-rank", "0"], "--bytes-per-rank"),
         (["--usd-per-hour", "3"], "--price-source"),
         (["--price-source", "x"], "only read with --usd-per-hour"),
+        (["--cost-tolerance", "-0.5"], "--cost-tolerance -0.5 is invalid"),
+        (["--cost-tolerance", "nan"], "--cost-tolerance nan is invalid"),
     ],
 )
 def test_plan_options_are_checked(tmp_path: Path, args: list[str], message: str) -> None:
@@ -307,6 +309,7 @@ def test_plan_end_to_end_on_the_simulator(tmp_path: Path) -> None:
     line = json.loads(result.output.strip().splitlines()[-1])
     assert line["candidates"] == 4 and line["best"] is not None
     assert line["best"]["config"]["replicas"] == 1  # one machine is cheaper when both complete
+    assert line["cost_tolerance"] == 0.0 and len(line["swept"]) == 4
 
 
 def test_the_scale_run_happens_in_a_child_and_reports_its_own_peak_rss() -> None:

@@ -159,3 +159,41 @@ def test_parse_objectives_refuses_bad_text_by_name(text: str, message: str) -> N
 def test_an_undefined_metric_meets_no_objective() -> None:
     objective = Objective("ttft_p99", "<=", 1e9)
     assert not objective.met_by({"ttft_ms": {"p50": None, "p99": None}})
+
+
+def _priced(candidate: Candidate, makespan_s: float) -> Any:
+    outcome = dict(queueing_sim(1.2)(candidate), makespan_s=makespan_s)
+    return evaluate(candidate, outcome, (), PRICE)
+
+
+def test_a_cost_tolerance_lets_the_smaller_footprint_win_near_ties() -> None:
+    small = Candidate(1, 2, 1 << 24, 1 << 30, "lru", "pow2")
+    big = Candidate(1, 8, 1 << 28, 1 << 30, "lru", "pow2")
+    far = Candidate(1, 1, 1 << 24, 1 << 30, "lru", "pow2")
+    # The big one is 0.01 % cheaper (a makespan a few ms shorter); the far one 5 % dearer.
+    evaluations = [_priced(big, 100.0), _priced(small, 100.01), _priced(far, 105.0)]
+    exact = choose(evaluations)
+    assert exact.best is not None and exact.best.candidate == big
+    tolerant = choose(evaluations, cost_tolerance=0.01)
+    assert tolerant.best is not None and tolerant.best.candidate == small
+    assert tolerant.runner_up is not None and tolerant.runner_up.candidate == big
+    why = tolerant.why_runner_up_lost
+    assert why is not None and "within the 1.0% cost tolerance" in why and "-0.0100%" in why
+    # Beyond the tolerance the cost decides, however small the footprint.
+    assert [e.candidate for e in _ranked(tolerant)][2] == far
+    with pytest.raises(ValueError, match="cost_tolerance"):
+        choose(evaluations, cost_tolerance=-0.1)
+
+
+def _ranked(result: Any) -> list[Any]:
+    from loraplex.plan.select import _ordered
+
+    return _ordered([e for e in result.evaluations if e.feasible], 0.01)
+
+
+def test_the_record_lists_every_swept_candidate() -> None:
+    result = plan(SPACE.candidates(), queueing_sim(1.2), parse_objectives("ttft_p99<=150ms"), PRICE)
+    swept = plan_record(result)["swept"]
+    assert len(swept) == len(result.evaluations)
+    assert {s["label"] for s in swept} == {e.candidate.label() for e in result.evaluations}
+    assert any(s["violations"] for s in swept) and any(not s["violations"] for s in swept)
