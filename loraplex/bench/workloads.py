@@ -242,3 +242,24 @@ def _workload(
 def _positive(field: str, value: int) -> None:
     if value < 1:
         raise ValueError(f"{field} {value} is invalid; expected >= 1")
+
+
+def trace_params(
+    trace_requests: int, rate: float, prompt_tokens: int, output_tokens: int, num_adapters: int
+) -> ScenarioParams:
+    """The scenario parameters of a trace of about ``trace_requests`` at ``rate`` per second;
+    ValueError naming the field when a count is below 1 or the rate is not positive."""
+    counts = {"trace_requests": trace_requests, "num_adapters": num_adapters,
+              "prompt_tokens": prompt_tokens, "output_tokens": output_tokens}  # fmt: skip
+    for name, value in counts.items():
+        if value < 1:
+            raise ValueError(f"{name} {value} is invalid; expected >= 1")
+    if not rate > 0:
+        raise ValueError(f"rate {rate} is invalid; expected > 0")
+    return ScenarioParams(
+        duration_s=trace_requests / rate,
+        rate=rate,
+        prompt_tokens=prompt_tokens,
+        output_tokens=output_tokens,
+        num_adapters=num_adapters,
+    )

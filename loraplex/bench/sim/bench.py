@@ -22,7 +22,13 @@ from loraplex.bench.serve.driver import DriveConfig
 from loraplex.bench.serve.fleet import Fleet
 from loraplex.bench.sim.compare import compare_target, flat_errors
 from loraplex.bench.sim.validate import MAX_LORA_RANK, RealSettings
-from loraplex.bench.workloads import ScenarioParams, TraceAdapter, Workload, generate
+from loraplex.bench.workloads import (
+    ScenarioParams,
+    TraceAdapter,
+    Workload,
+    generate,
+    trace_params,
+)
 from loraplex.engine.tenant_shares import TenantSettings
 from loraplex.serve.config import ServeConfig
 from loraplex.sim.cost_model import CostModel
@@ -59,22 +65,18 @@ class SimBenchConfig:
         wrong = [t for t in self.targets if t not in TARGETS]
         if not self.targets or wrong:
             raise ValueError(f"targets {list(self.targets)} is invalid; expected from {TARGETS}")
-        for name in ("trace_requests", "num_adapters", "prompt_tokens", "output_tokens"):
-            if getattr(self, name) < 1:
-                raise ValueError(f"{name} {getattr(self, name)} is invalid; expected >= 1")
-        if not self.rate > 0:
-            raise ValueError(f"rate {self.rate} is invalid; expected > 0")
+        self.params()  # raises ValueError naming a bad field
         if self.scale is not None and min(self.scale) < 1:
             raise ValueError(f"scale {self.scale} is invalid; expected three counts >= 1")
 
+    def params(self) -> ScenarioParams:
+        return trace_params(
+            self.trace_requests, self.rate, self.prompt_tokens, self.output_tokens,
+            self.num_adapters,
+        )  # fmt: skip
+
     def workloads(self) -> list[Workload]:
-        params = ScenarioParams(
-            duration_s=self.trace_requests / self.rate,
-            rate=self.rate,
-            prompt_tokens=self.prompt_tokens,
-            output_tokens=self.output_tokens,
-            num_adapters=self.num_adapters,
-        )
+        params = self.params()
         return [generate(name, self.seed, params) for name in self.traces]
 
 

@@ -27,7 +27,7 @@ from typing import Any
 from loraplex.bench.harness.machine import machine_record
 from loraplex.bench.harness.stats import ratio
 from loraplex.bench.sim.validate import MAX_LORA_RANK, RealSettings
-from loraplex.bench.workloads import SCENARIOS, ScenarioParams, Workload, generate
+from loraplex.bench.workloads import SCENARIOS, ScenarioParams, Workload, generate, trace_params
 
 Judge = Callable[[Mapping[str, Any]], list[str]]  # an outcome -> the objectives it misses
 
@@ -69,20 +69,16 @@ class TraceSet:
                 f"traces {list(self.traces)} is invalid; expected distinct names from "
                 f"{sorted(SCENARIOS)}"
             )
-        for name in ("trace_requests", "num_adapters", "prompt_tokens", "output_tokens"):
-            if getattr(self, name) < 1:
-                raise ValueError(f"{name} {getattr(self, name)} is invalid; expected >= 1")
-        if not self.rate > 0:
-            raise ValueError(f"rate {self.rate} is invalid; expected > 0")
+        self.params()  # raises ValueError naming a bad field
+
+    def params(self) -> ScenarioParams:
+        return trace_params(
+            self.trace_requests, self.rate, self.prompt_tokens, self.output_tokens,
+            self.num_adapters,
+        )  # fmt: skip
 
     def workloads(self) -> list[Workload]:
-        params = ScenarioParams(
-            duration_s=self.trace_requests / self.rate,
-            rate=self.rate,
-            prompt_tokens=self.prompt_tokens,
-            output_tokens=self.output_tokens,
-            num_adapters=self.num_adapters,
-        )
+        params = self.params()
         return [generate(name, self.seed, params) for name in self.traces]
 
 
