@@ -22,6 +22,7 @@ from loraplex.engine.factory import (
     build_engine,
     build_engine_core,
 )
+from loraplex.engine.heap import keep_freed_heap
 from loraplex.engine.transport.thread_client import AsyncEngine
 from loraplex.engine.transport.worker import WorkerHandles
 from loraplex.errors import DigestMismatchError
@@ -112,11 +113,13 @@ def apply_warm_policies(registry: Registry, runtime: AdapterRuntime, base_digest
 
 def build_worker(config: ServeConfig, model_dir: Path) -> WorkerHandles:
     """Everything the engine process runs: its registry connection, the adapter runtime (its
-    disk copies recovered), the warm policies and the engine core (torch threads set first)."""
+    disk copies recovered), the warm policies and the engine core (torch threads set first, and
+    the process told to keep the memory its steps free: ``engine.heap``)."""
     import torch
 
     if config.torch_threads is not None:
         torch.set_num_threads(config.torch_threads)
+    keep_freed_heap()
     base = BaseModelSpec.from_dir(model_dir)
     registry = open_registry(registry_config(config), base=base)
     try:
@@ -151,7 +154,10 @@ def start_engine_here(
     config: ServeConfig, base: BaseModelSpec, registry: Registry, model_dir: Path
 ) -> tuple[AsyncEngine, AdapterRuntime]:
     """The engine on a thread of this process (``engine_process = false``) and its runtime, the
-    operators' warm policies applied (the runtime's cache closed when either fails)."""
+    operators' warm policies applied (the runtime's cache closed when either fails); this
+    process keeps the memory the engine's steps free (``engine.heap``), as an engine process
+    does."""
+    keep_freed_heap()
     runtime = build_runtime(config, base, registry)
     try:
         apply_warm_policies(registry, runtime, base.digest)
