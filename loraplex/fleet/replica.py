@@ -200,15 +200,18 @@ class EngineReplica:
 
 def build_replica_parts(config: ServeConfig, model_dir: Path, replica_id: str) -> ReplicaParts:
     """The engine side of one replica (as ``serve``'s engine side builds it), with its disk cache
-    in ``<data_dir>/replicas/<replica_id>``."""
+    in ``<data_dir>/replicas/<replica_id>``; the replica's process keeps the memory the engine's
+    steps free, as an engine process does (``engine.heap``)."""
     import torch
 
+    from loraplex.engine import heap
     from loraplex.engine.factory import build_engine
     from loraplex.serve.engine_settings import engine_config, registry_config, watchdog_policy
     from loraplex.serve.engine_side import apply_warm_policies, build_runtime
 
     if config.torch_threads is not None:
         torch.set_num_threads(config.torch_threads)
+    heap.keep_freed_heap()
     base = BaseModelSpec.from_dir(model_dir)
     registry = open_registry(registry_config(config), base=base)
     replica_dir = config.data_dir / "replicas" / replica_id

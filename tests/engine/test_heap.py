@@ -85,3 +85,14 @@ def test_an_engine_thread_keeps_freed_memory_before_it_builds(
             None,  # type: ignore[arg-type]
             tmp_path / "no-model",
         )
+
+
+def test_a_fleet_replica_keeps_freed_memory_before_it_builds(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    from loraplex.engine import heap
+    from loraplex.fleet.replica import build_replica_parts
+
+    monkeypatch.setattr(heap, "keep_freed_heap", _raise)
+    with pytest.raises(_Called):
+        build_replica_parts(ServeConfig(data_dir=tmp_path), tmp_path / "no-model", "r0")
