@@ -5,6 +5,7 @@ medians (null when undefined), and greedy continuations compared over every life
 from __future__ import annotations
 
 import json
+import math
 import subprocess
 import sys
 from pathlib import Path
@@ -18,8 +19,10 @@ REPO = Path(__file__).resolve().parents[2]
 def _lifetime(
     side: int, base: tuple[float, ...], greedy: tuple[str | None, ...] = ("a",)
 ) -> TreeLifetime:
-    return TreeLifetime(side, greedy, adapter=(10.0, 30.0, 20.0), base=base, failures=side,
-                        first_answer_s=1.234)  # fmt: skip
+    base_cpu = tuple(1 / b if b else math.inf for b in base)  # ms per token
+    return TreeLifetime(side, greedy, adapter=(10.0, 30.0, 20.0), base=base,
+                        adapter_cpu=(0.5, 0.25, 0.75), base_cpu=base_cpu,
+                        failures=side, first_answer_s=1.234)  # fmt: skip
 
 
 def test_sides_alternate_abba() -> None:
@@ -39,6 +42,12 @@ def test_each_lifetime_counts_its_median_batch_and_the_ratio_is_of_medians() -> 
     assert result["new"]["base"] == {"median": 350, "min": 300, "max": 400, "all": [300, 400]}
     assert result["new_over_old_base"] == round(350 / 150, 3)
     assert result["new_over_old_adapter"] == 1.0
+    # engine CPU per token: each lifetime's median batch too (base: 1/200, 1/300, ...)
+    assert result["old"]["base_engine_cpu_ms_per_token"]["all"] == [0.005, 0.01]
+    assert result["new"]["adapter_engine_cpu_ms_per_token"]["median"] == 0.5
+    assert result["new_over_old_base_engine_cpu_ms_per_token"] == round(
+        (1 / 300 + 1 / 400) / 2 / ((1 / 200 + 1 / 100) / 2), 3
+    )
     assert (result["old"]["failures"], result["new"]["failures"]) == (0, 2)
     assert result["old"]["first_answer_s"] == [1.23, 1.23]
     assert result["greedy_identical"] is True
@@ -48,6 +57,9 @@ def test_an_undefined_ratio_is_null_and_differing_or_failed_greedy_is_not_identi
     zero = [_lifetime(0, (0.0,)), _lifetime(1, (5.0,), ("b",))]
     result = ab_result(zero, ("old", "new"))
     assert result["new_over_old_base"] is None  # never 0
+    # a batch without a token has no CPU per token: null, and so is the ratio over it
+    assert result["old"]["base_engine_cpu_ms_per_token"]["all"] == [None]
+    assert result["new_over_old_base_engine_cpu_ms_per_token"] is None
     assert result["greedy_identical"] is False
     failed = [_lifetime(0, (1.0,), (None,)), _lifetime(1, (1.0,), (None,))]
     assert ab_result(failed, ("old", "new"))["greedy_identical"] is False
@@ -68,6 +80,7 @@ def test_two_lifetimes_of_this_checkout_through_real_servers(
         assert result[side]["lifetimes"] == 1
         assert result[side]["failures"] == 0
         assert result[side]["base"]["median"] > 0
+        assert result[side]["base_engine_cpu_ms_per_token"]["median"] > 0  # the engine's /proc
     assert result["greedy_identical"] is True  # the same code answers alike
     assert len(list((tmp_path / "runs").iterdir())) == 2  # each server's log is kept
 

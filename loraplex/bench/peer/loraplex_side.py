@@ -15,7 +15,7 @@ from pathlib import Path
 from loraplex.bench.peer.assets import PeerAssets
 from loraplex.bench.peer.client import Route
 from loraplex.bench.peer.vllm import PeerSettings
-from loraplex.bench.serve.fleet import Fleet, ServerOptions, serving
+from loraplex.bench.serve.fleet import Fleet, Served, ServerOptions, serving, serving_process
 from loraplex.registry import Registry
 from loraplex.residency.policy import DEFAULT_POLICY
 
@@ -99,6 +99,10 @@ class LoraplexServer:
 
     def serving(self, data_dir: Path) -> AbstractContextManager[str]:
         return serving(self._fleet, data_dir, self._options, self._start_timeout_s)
+
+    def serving_process(self, data_dir: Path) -> AbstractContextManager[Served]:
+        """``serving``, yielding the server's process id too (its engine is a child of it)."""
+        return serving_process(self._fleet, data_dir, self._options, self._start_timeout_s)
 
     def routes(self) -> tuple[Route, ...]:
         """One route per adapter, in route order."""
