@@ -5,11 +5,12 @@ block freed so far) is mapped for each allocation and unmapped when freed, and f
 the top of a heap above the trim threshold goes back to the kernel. An engine step allocates and
 frees the same large activations every step (a 512-token prefill on the small preset: some
 5,000 pages), so every step faulted them in again, each page zeroed by the kernel: measured in a
-real server (docs/benchmarks/base-path.md), a fifth of a prefill step's CPU and a few percent of
-a decode step's. Fixed thresholds (``mallopt``, which also turns the dynamic adjustment off)
-keep such blocks in the heap: the process's resident memory stays near its peak instead of
-shrinking between steps; the peak itself does not change. vLLM's CPU docs reach the same end by
-preloading tcmalloc; this needs no preload and nothing installed.
+real server (docs/benchmarks/base-path.md), a fifth of a large prefill step's CPU and a few
+percent of a decode step's (the server's tokens/s did not move measurably). Fixed thresholds
+(``mallopt``, which also turns the dynamic adjustment off) keep such blocks in the heap: the
+process's resident memory stays near its peak instead of shrinking between steps (the peak
+itself was not measured). vLLM's CPU docs reach the same end by preloading tcmalloc; this needs
+no preload and nothing installed.
 """
 
 from __future__ import annotations
