@@ -9,8 +9,8 @@ real server (docs/benchmarks/base-path.md), a fifth of a large prefill step's CP
 percent of a decode step's (the server's tokens/s did not move measurably). Fixed thresholds
 (``mallopt``, which also turns the dynamic adjustment off) keep such blocks in the heap: the
 process's resident memory stays near its peak instead of shrinking between steps (the peak
-itself was not measured). vLLM's CPU docs reach the same end by preloading tcmalloc; this needs
-no preload and nothing installed.
+itself did not move measurably). vLLM's CPU docs reach the same end by preloading tcmalloc;
+this needs no preload and nothing installed.
 """
 
 from __future__ import annotations
