@@ -9,9 +9,10 @@ non-merged token. Mixed batches therefore keep working and nothing is refused.
 
 With the torch backends the subtraction rides the ordinary pass (ops/merged_op.py): the
 non-merged tokens are gathered once, get their own adapter's delta and the negative copy's in
-one pass, and the sum is scattered back once; the merged revision's tokens cost no LoRA work
-and no gather at all. Other backends (Triton) run the subtraction as a second pass of their
-own op.
+one pass, and the sum is scattered back once (grouped, when each of their slots is one run
+already, their own runs read ``x`` in place and only the negative pass gathers); the merged
+revision's tokens cost no LoRA work and no gather at all. Other backends (Triton) run the
+subtraction as a second pass of their own op.
 
 Unmerging restores the original weights from a host copy taken at merge time, bit for bit, so
 the base model after an unmerge is exactly the model before the merge (no drift from repeated

@@ -2,14 +2,24 @@
 
 Every token not on the merged slot needs its own adapter's delta (none for base-only tokens)
 minus the merged adapter's delta, which a one-slot negative copy holds (model/merge.py). Those
-tokens are gathered once (``order``) and get both in one pass; the sum is scattered back once.
-The merged revision's tokens are not gathered at all: they cost no LoRA work.
+tokens are gathered once (``order``) and get both in one pass; the sum is scattered back once
+(or, grouped, the own-adapter runs read ``x`` in place: below). The merged revision's tokens
+are not gathered at all: they cost no LoRA work.
 
 The pass over the gathered tokens is masked or grouped, chosen by :class:`AutoPolicy` on the
 gathered tokens alone (a decode step with a few foreign tokens among many merged ones is
 masked over those few; a prefill step grouped), or fixed by a ``masked``/``grouped`` backend.
 Against the unmerged op that is at most the same launches plus the negative matmul pair, over
 fewer tokens.
+
+Grouped, when each slot's foreign tokens already lie in one run in the step's own order (a
+decode step whose few foreign sequences are on distinct revisions; a prefill of one sequence
+per revision), the own-adapter runs are added to ``out`` in place, as the unmerged grouped op
+does for unscattered slots, and only the negative pass gathers: no zeroed buffer, no sorted
+copy of ``x``. Measured on the small preset's 80 % decode step (docs/modes.md, sixth pass)
+that form costs less than the gathered one; the LoRA work of a merged decode step is still
+bound by the adapter rows it reads, which merging does not reduce while foreign tokens remain
+(the negative copy has the merged adapter's rows).
 """
 
 from __future__ import annotations
@@ -36,8 +46,12 @@ FUSED_BACKENDS = frozenset({"auto", "grouped", "masked"})
 
 @dataclass(frozen=True)
 class FusedMergedBatch(LoraBatch):
-    """A merged step's plan: ``order`` gathers every token not on the merged slot (base-only
-    ones too); MASKED rows/mask or GROUPED segments index the gathered tokens."""
+    """A merged step's plan: ``foreign`` lists every token not on the merged slot (base-only
+    ones too). With ``order`` set, it gathers them (``foreign`` reordered) and MASKED
+    rows/mask or GROUPED segments index the gathered tokens; with ``order`` None, GROUPED
+    segments index ``x`` itself (runs in place) and only the negative pass gathers."""
+
+    foreign: torch.Tensor | None = None  # [num_foreign] int64 positions of the foreign tokens
 
 
 def fused_plan(
@@ -54,32 +68,56 @@ def fused_plan(
     sub = token_slots[others]
     tokens = active_slot_tokens(sub, layout)
     slots = list(tokens)
-    bits = bits_of(slots)
     if slots and backend != "grouped":
         shape = StepShape.of(len(sub), tokens, layout)
         if backend == "masked" or (policy or AutoPolicy()).masked(shape, layout.width):
-            plan = masked_batch(sub, layout, slots)
-            return FusedMergedBatch(
-                token_slots,
-                int(token_slots.numel()),
-                Strategy.MASKED,
-                active_bits=bits,
-                order=others,
-                row_lo=plan.row_lo,
-                row_hi=plan.row_hi,
-                mask=plan.mask,
-                misses=plan.misses,
-                active_tables=plan.active_tables,
-            )
-    order = others[torch.argsort(sub, stable=True)]
+            return _masked_plan(token_slots, others, layout, slots)
+    return _grouped_plan(token_slots, merged_slot, others, layout, slots)
+
+
+def _masked_plan(
+    token_slots: torch.Tensor, others: torch.Tensor, layout: ArenaLayout, slots: list[int]
+) -> FusedMergedBatch:
+    plan = masked_batch(token_slots[others], layout, slots)
+    return FusedMergedBatch(
+        token_slots,
+        int(token_slots.numel()),
+        Strategy.MASKED,
+        active_bits=plan.active_bits,
+        order=others,
+        row_lo=plan.row_lo,
+        row_hi=plan.row_hi,
+        mask=plan.mask,
+        misses=plan.misses,
+        active_tables=plan.active_tables,
+        foreign=others,
+    )
+
+
+def _grouped_plan(
+    token_slots: torch.Tensor,
+    merged_slot: int,
+    others: torch.Tensor,
+    layout: ArenaLayout,
+    slots: list[int],
+) -> FusedMergedBatch:
+    """Runs in place when each slot's foreign tokens are one run already, else gathered and
+    sorted by slot."""
+    bits = bits_of(slots)
+    segments = segments_of(torch.where(token_slots == merged_slot, -1, token_slots), bits)
+    order = None
+    if len(segments) > len(slots):
+        order = others[torch.argsort(token_slots[others], stable=True)]
+        segments = segments_of(token_slots[order], bits)
     return FusedMergedBatch(
         token_slots,
         int(token_slots.numel()),
         Strategy.GROUPED,
         active_bits=bits,
-        segments=segments_of(token_slots[order], bits),
+        segments=segments,
         order=order,
         active_tables=active_tables(layout, bits),
+        foreign=others if order is None else order,
     )
 
 
@@ -90,14 +128,18 @@ def apply_fused(
     negative: ModuleLoraWeights,
     batch: FusedMergedBatch,
 ) -> torch.Tensor:
-    """``out[t] += delta_{slot(t)}(x[t]) - delta_merged(x[t])`` for every gathered token."""
-    order = batch.order
-    if order is None:
-        raise ValueError("a fused merged batch needs its gather order; expected fused_plan output")
+    """``out[t] += delta_{slot(t)}(x[t]) - delta_merged(x[t])`` for every foreign token."""
+    order, foreign = batch.order, batch.foreign
+    if foreign is None:
+        raise ValueError(
+            "a fused merged batch needs its foreign tokens; expected fused_plan output"
+        )
     own = batch.active_tables[weights.table_index]
     merged = negative.slots[0]
     if not own and merged.rank == 0:  # neither side targets this module
         return out
+    if order is None:
+        return _apply_in_place(x, out, weights, negative, batch)
     source = x.index_select(0, order)
     if batch.strategy is Strategy.MASKED and own:
         if batch.mask is None or batch.misses is None:
@@ -114,3 +156,22 @@ def apply_fused(
         lora_a_t, lora_b_t = negative.pair(merged)
         target.addmm_(torch.mm(source, lora_a_t), lora_b_t, alpha=merged.scale)
     return out.index_add_(0, order, target)
+
+
+def _apply_in_place(
+    x: torch.Tensor,
+    out: torch.Tensor,
+    weights: ModuleLoraWeights,
+    negative: ModuleLoraWeights,
+    batch: FusedMergedBatch,
+) -> torch.Tensor:
+    """GROUPED runs indexing ``x`` itself, then the negative pass over the gathered foreign
+    tokens."""
+    if batch.active_tables[weights.table_index]:
+        add_runs(x, out, weights, batch.segments)
+    merged, foreign = negative.slots[0], batch.foreign
+    if merged.rank and foreign is not None:
+        lora_a_t, lora_b_t = negative.pair(merged)
+        delta = torch.mm(torch.mm(x.index_select(0, foreign), lora_a_t), lora_b_t)
+        out.index_add_(0, foreign, delta, alpha=merged.scale)
+    return out

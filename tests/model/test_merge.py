@@ -30,6 +30,7 @@ from loraplex.model.merge import (
     slot_weights,
 )
 from loraplex.ops import get_backend
+from loraplex.ops.merged_op import FusedMergedBatch
 
 peft = pytest.importorskip("peft")
 transformers = pytest.importorskip("transformers")
@@ -81,6 +82,13 @@ def load_weights(base_dir: Path, path: Path, dtype: torch.dtype) -> AdapterWeigh
     return load_adapter_weights(validate_adapter_dir(path, spec, MAX_RANK), dtype=dtype)
 
 
+def prompt_slots(slots: list[int | None]) -> torch.Tensor:
+    """The token slots of :func:`run`'s batch: ``slots`` per prompt, -1 for None."""
+    return torch.tensor(
+        [-1 if s is None else s for s, p in zip(slots, PROMPTS, strict=True) for _ in p]
+    )
+
+
 def run(model: LlamaModel, slots: list[int | None], lora: LoraApplier | None) -> torch.Tensor:
     """Logits at every position of every prompt, in one batch; ``slots`` per prompt."""
     total = sum(len(p) for p in PROMPTS)
@@ -88,9 +96,10 @@ def run(model: LlamaModel, slots: list[int | None], lora: LoraApplier | None) ->
         model.attention_shape, len(PROMPTS), total, dtype=model.dtype, device=model.device
     )
     chunks = [SequenceChunk(kv.allocate(), 0, len(p)) for p in PROMPTS]
-    token_slots = [-1 if s is None else s for s, p in zip(slots, PROMPTS, strict=True) for _ in p]
     ids = [t for p in PROMPTS for t in p]
-    batch = ForwardBatch.build(ids, chunks, token_slots=token_slots, all_logits=True)
+    batch = ForwardBatch.build(
+        ids, chunks, token_slots=prompt_slots(slots).tolist(), all_logits=True
+    )
     return model.forward_batch(batch, kv, lora).float()
 
 
@@ -218,9 +227,10 @@ def test_merged_bfloat16_is_as_close_to_float32_peft_as_unmerged_bfloat16(
 def test_fused_negative_pass_equals_the_two_pass_subtraction(
     demo_assets: DemoAssets, rank128_dir: Path, shape: str
 ) -> None:
-    """Torch backends fold the negative copy into the grouped pass (one gather, one scatter);
-    any other backend (here ``reference``) subtracts in a second pass of its own. Both give the
-    same logits on a batch mixing the merged revision, another adapter and the base model, with
+    """Torch backends fold the negative copy into the masked or grouped pass (grouped: in place
+    when each slot's foreign tokens form one run, else one gather and one scatter); any other
+    backend (here ``reference``) subtracts in a second pass of its own. All give the same
+    logits on a batch mixing the merged revision, another adapter and the base model, with
     modules only one side targets; a batch of the merged revision alone does no LoRA work."""
     base_dir = demo_assets.base_model_dir
     weights = load_weights(base_dir, adapter_dir(demo_assets, shape, rank128_dir), torch.float32)
@@ -236,12 +246,17 @@ def test_fused_negative_pass_equals_the_two_pass_subtraction(
     negative.load(0, negated(slot_weights(two_pass_pool, 1)))
     two_pass = MergedLoraApplier(two_pass_pool, 1, negative)
     assert fused.fused and not two_pass.fused
+    # grouped: slot 0's tokens in one run (in place) or split by the merged revision (gathered)
+    in_place = {(None, 1, 0): True, (0, None, 1): True, (1, 0, 0): True, (0, 1, 0): False}
     for backend in ("masked", "grouped"):  # the two computations the fused pass can ride
         pool.backend = get_backend(backend)
-        for slots in ([None, 1, 0], [0, None, 1], [1, 0, 0]):
-            got, want = run(model, slots, fused), run(model, slots, two_pass)
+        for slots, runs_in_place in in_place.items():
+            got, want = run(model, list(slots), fused), run(model, list(slots), two_pass)
             assert fused.last_strategy == backend
             assert rel_error(got, want) < 1e-5, (backend, slots)
+            plan = fused.prepare(prompt_slots(list(slots)))
+            assert isinstance(plan, FusedMergedBatch)
+            assert (plan.order is None) == (backend == "grouped" and runs_in_place), slots
     merged_only = run(model, [1, 1, 1], fused)
     assert fused.last_strategy == "none"
     assert rel_error(merged_only, run(model, [1, 1, 1], two_pass)) < 1e-5

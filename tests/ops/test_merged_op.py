@@ -1,0 +1,100 @@
+"""The merged step's op (ops/merged_op.py) against its definition, swept over popularity
+patterns: every token not on the merged slot gets its own adapter's delta minus the merged
+one's, the merged slot's tokens get nothing; grouped runs in place or gathered, masked."""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+import torch
+from test_backends import MODULES, SPEC, expected_delta, filled_pool
+
+from loraplex.model.adapter_weights import AdapterWeights
+from loraplex.model.lora import LoraSlotPool
+from loraplex.model.merge import negated, negative_pool_for, slot_weights
+from loraplex.ops.merged_op import FusedMergedBatch, apply_fused, fused_plan
+
+MERGED = 2  # the merged slot (rank 16 in the S2 mix)
+RANKS = [64, 32, 16, 8, 64, 32, 16, 8]
+
+
+def slots_of(pattern: str, rng: random.Random) -> list[int]:
+    """20 decode tokens (or 4 prefill chunks of 5) with the merged slot's share as named."""
+    if pattern == "skewed80":  # 16 merged, 4 foreign on distinct slots, shuffled
+        slots = [MERGED] * 16 + rng.sample([0, 1, 3, 4, 5, 6, 7], 4)
+    elif pattern == "skewed80_repeat":  # a foreign slot twice, split by merged tokens
+        slots = [MERGED] * 16 + [5, 5, 1, -1]
+    elif pattern == "prefill":  # one chunk per sequence: every slot's tokens already one run
+        return [s for s in (MERGED, 4, -1, 7) for _ in range(5)]
+    elif pattern == "uniform":
+        slots = [rng.randrange(-1, 8) for _ in range(20)]
+    elif pattern == "base_only_foreign":
+        slots = [MERGED] * 17 + [-1] * 3
+    else:  # all merged: no LoRA work
+        return [MERGED] * 20
+    rng.shuffle(slots)
+    return slots
+
+
+def merged_delta(
+    x: torch.Tensor,
+    slots: list[int],
+    adapters: list[AdapterWeights],
+    layer: int,
+    module: str,
+    d_out: int,
+) -> torch.Tensor:
+    """The definition in float64: own delta minus the merged delta, nothing on merged tokens."""
+    foreign = [-1 if s == MERGED else MERGED for s in slots]
+    own = [-1 if s == MERGED else s for s in slots]
+    return expected_delta(x, own, adapters, layer, module, d_out) - expected_delta(
+        x, foreign, adapters, layer, module, d_out
+    )
+
+
+@pytest.mark.parametrize("backend", ["grouped", "masked", "auto"])
+@pytest.mark.parametrize(
+    "pattern",
+    ["skewed80", "skewed80_repeat", "prefill", "uniform", "base_only_foreign", "all_merged"],
+)
+def test_fused_pass_matches_definition(backend: str, pattern: str) -> None:
+    pool, adapters = filled_pool(backend, RANKS)
+    negative: LoraSlotPool = negative_pool_for(pool)
+    negative.load(0, negated(slot_weights(pool, MERGED)))
+    slots = slots_of(pattern, random.Random(pattern))
+    token_slots = torch.tensor(slots, dtype=torch.int64)
+    plan = fused_plan(token_slots, MERGED, pool.layout, backend)
+    gen = torch.Generator().manual_seed(7)
+    for layer in range(SPEC.num_layers):
+        for module in MODULES:
+            d_in, d_out = SPEC.module_shape(module)
+            x = torch.randn(len(slots), d_in, generator=gen)
+            base = torch.randn(len(slots), d_out, generator=gen)
+            out = base.clone()
+            if isinstance(plan, FusedMergedBatch):
+                weights = pool.module_weights(layer, module)
+                out = apply_fused(x, out, weights, negative.module_weights(layer, module), plan)
+            want = base.double() + merged_delta(x, slots, adapters, layer, module, d_out)
+            torch.testing.assert_close(out.double(), want, rtol=1e-5, atol=1e-4)
+
+
+@pytest.mark.parametrize(
+    ("pattern", "in_place"),
+    [
+        ("skewed80", True),
+        ("prefill", True),
+        ("base_only_foreign", True),
+        ("skewed80_repeat", False),
+    ],
+)
+def test_grouped_runs_in_place_when_each_slot_is_one_run(pattern: str, in_place: bool) -> None:
+    """No gather of the own-adapter pass when each foreign slot's tokens are one run already;
+    a slot split by other tokens is gathered and sorted (one run per slot)."""
+    pool, _ = filled_pool("grouped", RANKS)
+    slots = slots_of(pattern, random.Random(pattern))
+    plan = fused_plan(torch.tensor(slots), MERGED, pool.layout, "grouped")
+    assert isinstance(plan, FusedMergedBatch) and plan.foreign is not None
+    assert (plan.order is None) == in_place
+    assert sorted(plan.foreign.tolist()) == [t for t, s in enumerate(slots) if s != MERGED]
+    assert len(plan.segments) == len({s for s in slots if s not in (MERGED, -1)})
