@@ -11,7 +11,7 @@ from sim_inputs import cost
 
 from loraplex.sim.calibrate import jitter_quantiles
 from loraplex.sim.config import SimConfig
-from loraplex.sim.cost_model import from_dict, load
+from loraplex.sim.cost_model import LINKS, from_dict, load
 from loraplex.sim.run import simulate
 from loraplex.sim.trace import TraceRecord
 
@@ -83,3 +83,41 @@ def test_a_hop_never_goes_below_zero() -> None:
     trace = _warm_trace(5)
     floored = simulate(trace, SimConfig(), model).to_json()
     assert floored == simulate(trace, SimConfig(), plain).to_json()
+
+
+def test_a_calibration_writes_the_spread_of_its_lone_requests(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    """``calibrate`` turns the lone warm requests' residuals into ``hop_jitter_s`` and cites
+    them; a calibration without them writes no spread."""
+    from loraplex.bench.sim import calibration
+    from loraplex.bench.sim.calibrate_run import CalibrateConfig
+    from loraplex.bench.sim.calibrate_target import Target
+    from loraplex.sim.calibrate import LoadSample, StepSample, fit_step
+
+    steps = [
+        StepSample(t, 0, r, t * k, 0.002 + 1e-4 * t + 3e-4 * r + 1e-7 * t * k)
+        for t in (1, 4, 16)
+        for r in (1, 2)
+        for k in (8, 64)
+    ]
+    steps += [
+        StepSample(0, n, 1, n * k, 0.004 + 2e-5 * n + 1e-7 * n * k, hop=True)
+        for n in (8, 32)
+        for k in (8, 64)
+    ]
+    loads = [LoadSample(link, n, 0.001 + n / 1e9) for link in LINKS for n in (1000, 9000)]
+    residuals = [-0.002, 0.0, 0.0, 0.001, 0.006]
+    measured = {"loads": loads, "steps": steps, "step_fit": fit_step(steps), "front_s": 0.001}
+    measured.update(cold=[], residuals=residuals)
+    monkeypatch.setattr(calibration, "measure", lambda target, config: dict(measured))
+    target = Target("http://x", "k", (), {}, 100)
+    model, report = calibration.calibrate(target, CalibrateConfig(), "hw", "cmd")
+    assert model.hop_jitter_s == jitter_quantiles(residuals)
+    assert "5 lone warm requests" in model.sources["hop_jitter_s"]
+    assert report["hop_residuals_s"] == residuals
+    model.save(tmp_path / "m.json")
+    assert load(tmp_path / "m.json").hop_jitter_s == model.hop_jitter_s
+    measured["residuals"] = []
+    bare, _ = calibration.calibrate(target, CalibrateConfig(), "hw", "cmd")
+    assert bare.hop_jitter_s == () and "not measured" in bare.sources["hop_jitter_s"]
