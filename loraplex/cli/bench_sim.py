@@ -31,6 +31,9 @@ def bench_sim(
     ] = "zipf-longtail,hot-burst,cold-storm",
     targets: Annotated[str, typer.Option(help="single and/or fleet.")] = "single,fleet",
     trace_requests: Annotated[int, typer.Option(help="Mean requests per trace.")] = 96,
+    repeats: Annotated[
+        int, typer.Option(help="Real runs of each trace, compared by their median.")
+    ] = 1,
     rate: Annotated[float, typer.Option(help="Mean requests per second of each trace.")] = 2.0,
     num_adapters: Annotated[int, typer.Option(help="zipf-longtail's adapters.")] = 32,
     max_loras: Annotated[int, typer.Option(help="GPU slots per server / replica.")] = 4,
@@ -58,6 +61,7 @@ def bench_sim(
             traces=_names(traces),
             targets=_names(targets),
             trace_requests=trace_requests,
+            repeats=repeats,
             rate=rate,
             num_adapters=num_adapters,
             settings=RealSettings(max_loras=max_loras, replicas=replicas, seed=seed),

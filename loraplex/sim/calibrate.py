@@ -213,6 +213,26 @@ def fit_link(samples: Sequence[LoadSample]) -> tuple[Link, Fit]:
     return Link(fixed_s=fixed_s, bytes_per_s=max(s.nbytes for s in samples) / fastest), fit
 
 
+JITTER_POINTS = 21  # quantiles kept of the hop's spread: every 5 %
+
+
+def jitter_quantiles(residuals: Sequence[float], points: int = JITTER_POINTS) -> tuple[float, ...]:
+    """``points`` quantiles (at probabilities 0, 1/(points-1), .., 1; linear between order
+    statistics) of ``residuals``: each lone warm request's TTFT less its group's median (the
+    cost model's ``hop_jitter_s``). Fewer than two residuals are refused: no spread is measured."""
+    values = sorted(residuals)
+    if len(values) < 2 or points < 2 or not all(math.isfinite(v) for v in values):
+        raise ValueError(
+            f"residuals ({len(values)}) are invalid; expected >= 2 finite values and points >= 2"
+        )
+    out = []
+    for i in range(points):
+        at = i * (len(values) - 1) / (points - 1)
+        low = min(int(at), len(values) - 2)
+        out.append(values[low] + (at - low) * (values[low + 1] - values[low]))
+    return tuple(out)
+
+
 def calibrated_model(
     hardware: str,
     steps: Sequence[StepSample],
@@ -222,12 +242,14 @@ def calibrated_model(
     *,
     load_cpu_shared: bool = False,
     load_handoff_s: float = 0.0,
+    hop_jitter_s: tuple[float, ...] = (),
 ) -> CostModel:
     """A validated cost model from measurements; ``overheads`` holds front_s and network_s
     (each optional, 0 when not measured, and said so in ``sources``); ``ipc_s`` is fitted with
     the step (``fit_step``); ``load_cpu_shared`` says whether the measured server's loader and
     engine share its CPU; ``load_handoff_s``, a cold request's measured wait beyond its load's
-    stage seconds, is added to the L3 -> L2 link's fixed seconds (where a cold load starts)."""
+    stage seconds, is added to the L3 -> L2 link's fixed seconds (where a cold load starts);
+    ``hop_jitter_s``: the hop's spread (``jitter_quantiles``), () when not measured."""
     if not (load_handoff_s >= 0 and math.isfinite(load_handoff_s)):
         raise ValueError(f"load_handoff_s {load_handoff_s!r} is invalid; expected finite >= 0")
     unknown = sorted(set(overheads) - {"front_s", "network_s"})
@@ -253,5 +275,6 @@ def calibrated_model(
         ipc_s=fitted.ipc_s,
         sources=dict(sources),
         load_cpu_shared=load_cpu_shared,
+        hop_jitter_s=hop_jitter_s,
         **overheads,
     )

@@ -33,6 +33,14 @@ without ``step.per_prefill_token_s`` (written before the term existed) keeps the
 prompt tokens cost ``per_token_s`` (``StepCost.per_prefill_token_s`` None), and saving such a
 model writes no such key.
 
+A request's hop to its engine (``front_s + ipc_s``, plus ``network_s`` in a fleet) may vary by
+request: ``hop_jitter_s``, when given, holds the quantiles (at evenly spaced probabilities from
+0 to 1) of lone warm requests' TTFT less their group's median, as ``sim calibrate`` measured
+them; each request adds one draw from it (a seeded stream, so a run stays deterministic), the
+hop floored at 0. A deterministic hop makes every warm request's TTFT the same, and a
+percentile that falls between the warm and the cold requests then jumps from one to the other,
+where a real server's spread moves it smoothly. A file without the key adds nothing.
+
 A tier transfer of ``n`` bytes over a link costs ``fixed_s + n / bytes_per_s``. With
 ``load_cpu_shared`` (a CPU-only server, whose loader and engine share one core), a transfer
 stage that starts while a step runs also delays that replica's next step by its seconds.
@@ -40,6 +48,7 @@ stage that starts while a step runs also delays that replica's next step by its 
 
 from __future__ import annotations
 
+import itertools
 import json
 import math
 from dataclasses import asdict, dataclass, field, fields
@@ -140,6 +149,9 @@ class CostModel:
     # The loader and the engine share one CPU (a CPU-only server: torch_threads 1 and the GIL):
     # a load stage that starts while a step runs delays the engine's next step by its seconds.
     load_cpu_shared: bool = False
+    # Quantiles at evenly spaced probabilities 0..1 of a request's extra hop seconds (a lone
+    # warm request's TTFT less its group's median; may be negative); (): every hop the same.
+    hop_jitter_s: tuple[float, ...] = ()
     # Where each number comes from: a calibration run (command, date, machine) or a citation.
     sources: dict[str, str] = field(default_factory=dict)
 
@@ -154,14 +166,27 @@ class CostModel:
             raise ValueError(f"CostModel.links has unknown links {unknown}; expected {list(LINKS)}")
         for name in ("front_s", "ipc_s", "network_s"):
             _non_negative(f"CostModel.{name}", getattr(self, name))
+        _check_quantiles("CostModel.hop_jitter_s", self.hop_jitter_s)
         if not self.validated and not self.sources:
             raise ValueError(
                 f"CostModel {self.hardware!r} is unvalidated and cites no sources: "
                 "every hand-written number must say where it comes from"
             )
 
+    def hop_jitter(self, u: float) -> float:
+        """The extra hop seconds at probability ``u`` in [0, 1): ``hop_jitter_s`` interpolated
+        linearly between its quantiles; 0 without them."""
+        points = self.hop_jitter_s
+        if not points:
+            return 0.0
+        at = u * (len(points) - 1)
+        low = min(int(at), len(points) - 2)
+        return points[low] + (at - low) * (points[low + 1] - points[low])
+
     def to_json(self) -> str:
         body = {"schema": SCHEMA, **asdict(self), "step": self.step.to_dict()}
+        if not self.hop_jitter_s:  # a file without jitter reads as it did before the key
+            del body["hop_jitter_s"]
         return json.dumps(body, indent=2, sort_keys=True) + "\n"
 
     def save(self, path: Path) -> None:
@@ -178,7 +203,7 @@ def from_dict(body: dict[str, object], origin: str = "<dict>") -> CostModel:
     if body.get("schema") != SCHEMA:
         raise ValueError(f"{origin}: schema must be {SCHEMA!r}, got {body.get('schema')!r}")
     known = {"schema", "hardware", "validated", "step", "links", "front_s", "ipc_s"}
-    known |= {"network_s", "sources", "load_cpu_shared"}
+    known |= {"network_s", "sources", "load_cpu_shared", "hop_jitter_s"}
     unknown = sorted(set(body) - known)
     if unknown:
         raise ValueError(f"{origin}: unknown keys {unknown}")
@@ -204,6 +229,7 @@ def from_dict(body: dict[str, object], origin: str = "<dict>") -> CostModel:
         ipc_s=_float(body, "ipc_s"),
         network_s=_float(body, "network_s"),
         load_cpu_shared=shared,
+        hop_jitter_s=_number_list(body.get("hop_jitter_s", []), f"{origin}: hop_jitter_s"),
         sources={str(k): str(v) for k, v in sources.items()},
     )
 
@@ -227,6 +253,21 @@ def _numbers(body: object, kind: type, where: str, optional: tuple[str, ...]) ->
             raise ValueError(f"{where}.{key} must be a number, got {value!r}")
         values[key] = float(value)
     return values
+
+
+def _number_list(value: object, where: str) -> tuple[float, ...]:
+    if not isinstance(value, list) or not all(
+        isinstance(v, (int, float)) and not isinstance(v, bool) for v in value
+    ):
+        raise ValueError(f"{where} must be a list of numbers, got {value!r}")
+    return tuple(float(v) for v in value)
+
+
+def _check_quantiles(name: str, points: tuple[float, ...]) -> None:
+    if len(points) == 1 or not all(math.isfinite(v) for v in points):
+        raise ValueError(f"{name} {list(points)} is invalid; expected none or >= 2 finite numbers")
+    if any(b < a for a, b in itertools.pairwise(points)):
+        raise ValueError(f"{name} {list(points)} is invalid; expected quantiles in ascending order")
 
 
 def _float(body: dict[str, object], key: str) -> float:

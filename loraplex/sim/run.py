@@ -11,6 +11,7 @@ after the cost model's front, IPC and (fleet) network overheads.
 from __future__ import annotations
 
 import hashlib
+import random
 from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass
 
@@ -108,6 +109,9 @@ def simulate(
     ]
     fleet = SimFleetRouter(config, clock, replicas) if config.replicas > 1 else None
     hop_s = cost_model.front_s + cost_model.ipc_s + (cost_model.network_s if fleet else 0.0)
+    # Its own stream (string seeds hash by SHA-512: the same in every process), drawn once per
+    # request in trace order, so the router's random choices are the same with or without it.
+    jitter = random.Random(f"hop-jitter-{config.seed}") if cost_model.hop_jitter_s else None
     outcomes: list[Outcome] = []
     last_t = 0.0
     for index, record in enumerate(trace):
@@ -124,7 +128,8 @@ def simulate(
             key = None if adapter is None else str(adapter.key)
             replica, outcome.reason = fleet.route(RouteRequest(key, None, record.prompt_tokens))
         outcome.replica = replica.index
-        executor.call_at(record.t_s + hop_s, _submit(replica, request, outcome))
+        hop = hop_s if jitter is None else max(0.0, hop_s + cost_model.hop_jitter(jitter.random()))
+        executor.call_at(record.t_s + hop, _submit(replica, request, outcome))
     executor.drain()
     for replica in replicas:
         replica.cache.check_integrity()

@@ -6,7 +6,10 @@ from loraplex.bench.sim.compare import (
     check_outcome,
     compare_target,
     flat_errors,
+    flat_spreads,
     hit_ratio_error_pp,
+    median_outcome,
+    real_spread,
     rel_error,
     trace_errors,
     worst,
@@ -91,3 +94,38 @@ def test_an_outcome_missing_a_key_is_refused_by_name() -> None:
     del worse["hit_ratio"]["L2"]
     with pytest.raises(ValueError, match="L2"):
         check_outcome(worse, "x")
+
+
+def test_repeated_real_runs_compare_by_their_median() -> None:
+    runs = [_outcome(0.6, p50=100.0), _outcome(0.5, p50=300.0), _outcome(0.7, p50=120.0)]
+    runs[0]["decisions"] = {"gpu_hit": 4, "placement": 2}
+    runs[1]["decisions"] = {"gpu_hit": 6}
+    runs[2]["decisions"] = {"gpu_hit": 5, "placement": 1}
+    med = median_outcome(runs)
+    assert med["ttft_ms"]["p50"] == 120.0  # not the mean (173.3): one slow run does not lead
+    assert med["hit_ratio"]["L0"] == pytest.approx(0.6)
+    assert med["decisions"] == {"gpu_hit": 5, "placement": 1}  # a missing reason counts 0
+    assert [r["ttft_ms"]["p50"] for r in med["runs"]] == [100.0, 300.0, 120.0]
+    check_outcome(med, "median")
+    assert median_outcome(runs[:1]) == runs[0]  # one run: as it is, no "runs"
+    undefined = median_outcome([_outcome(None), _outcome(0.6)])
+    assert undefined["hit_ratio"]["L0"] is None  # undefined in one run: not claimed
+    with pytest.raises(ValueError, match="at least one run"):
+        median_outcome([])
+
+
+def test_the_real_spread_is_the_real_side_against_itself() -> None:
+    runs = {
+        "zipf-longtail": [_outcome(0.6, p50=100.0), _outcome(0.6, p50=125.0)],
+        "hot-burst": [_outcome(0.8, p99=400.0), _outcome(0.77, p99=500.0)],
+    }
+    spread = real_spread(runs)
+    # each run as the real side of the other: 25/100 is the larger P50 error of the pair
+    assert spread["ttft_p50_rel_error"] == pytest.approx(0.25)
+    assert spread["ttft_p99_rel_error"] == pytest.approx(0.25)
+    assert spread["hit_ratio_abs_error_pp"] == pytest.approx(3.0)
+    assert spread["throughput_rel_error"] == 0.0
+    one = real_spread({"zipf-longtail": runs["zipf-longtail"][:1]})
+    assert all(v is None for v in one.values())  # not measured: never 0
+    flat = flat_spreads({"single": spread})
+    assert flat["ttft_p50_rel_error_single_real_spread"] == pytest.approx(0.25)

@@ -240,6 +240,7 @@ def test_calibrate_options_are_checked_before_anything_runs(args: list[str], mes
         (["--traces", "drift"], "traces"),
         (["--targets", "cluster"], "targets"),
         (["--rate", "0"], "rate"),
+        (["--repeats", "0"], "repeats 0 is invalid"),
         (["--cost-model", "/nonexistent.json"], "nonexistent"),
     ],
 )

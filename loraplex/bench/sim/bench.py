@@ -20,7 +20,13 @@ from typing import Any
 from loraplex.bench.harness.machine import machine_record
 from loraplex.bench.serve.driver import DriveConfig
 from loraplex.bench.serve.fleet import Fleet
-from loraplex.bench.sim.compare import compare_target, flat_errors
+from loraplex.bench.sim.compare import (
+    compare_target,
+    flat_errors,
+    flat_spreads,
+    median_outcome,
+    real_spread,
+)
 from loraplex.bench.sim.validate import MAX_LORA_RANK, RealSettings
 from loraplex.bench.workloads import (
     ScenarioParams,
@@ -48,6 +54,7 @@ class SimBenchConfig:
     traces: tuple[str, ...] = TRACES  # validated traces
     targets: tuple[str, ...] = TARGETS  # single server, fleet
     trace_requests: int = 96  # mean requests per trace
+    repeats: int = 1  # real runs of each (target, trace); compared by their median
     rate: float = 2.0  # mean requests per second
     num_adapters: int = 32  # zipf-longtail's population, cold-storm's storm pool
     prompt_tokens: int = 16  # per request
@@ -66,6 +73,8 @@ class SimBenchConfig:
         if not self.targets or wrong:
             raise ValueError(f"targets {list(self.targets)} is invalid; expected from {TARGETS}")
         self.params()  # raises ValueError naming a bad field
+        if self.repeats < 1:
+            raise ValueError(f"repeats {self.repeats} is invalid; expected >= 1")
         if self.scale is not None and min(self.scale) < 1:
             raise ValueError(f"scale {self.scale} is invalid; expected three counts >= 1")
 
@@ -169,22 +178,31 @@ def prepared(
 
 def real(
     config: SimBenchConfig, workloads: list[Workload], registry: Fleet, root: Path, vocab: int
-) -> dict[str, dict[str, Any]]:
-    """target -> trace -> the real run's outcome."""
+) -> dict[str, dict[str, list[dict[str, Any]]]]:
+    """target -> trace -> each repeat's real outcome. A repeat runs every trace once, in trace
+    order on even repeats and reversed on odd ones (ABBA), so no trace is always the first
+    server of the invocation."""
     from loraplex.bench.fleet.cluster import local_cluster
     from loraplex.bench.sim.validate import fleet_outcome, single_outcome
 
     s = config.settings
     drive = DriveConfig(request_timeout_s=s.request_timeout_s, vocab_size=vocab, seed=s.seed)
-    out: dict[str, dict[str, Any]] = {t: {} for t in config.targets}
+    out: dict[str, dict[str, list[dict[str, Any]]]] = {
+        t: {w.name: [] for w in workloads} for t in config.targets
+    }
+    orders = [list(enumerate(workloads))[:: 1 if r % 2 == 0 else -1] for r in range(config.repeats)]
     if "single" in config.targets:
-        for i, w in enumerate(workloads):
-            out["single"][w.name] = single_outcome(registry, w, s, drive, root / f"single-{i}")
+        for r, order in enumerate(orders):
+            for i, w in order:
+                where = root / f"single-{r}-{i}"
+                out["single"][w.name].append(single_outcome(registry, w, s, drive, where))
     if "fleet" in config.targets:
         with local_cluster(1) as port:
             target = (registry, f"http://127.0.0.1:{port}", port)
-            for i, w in enumerate(workloads):
-                out["fleet"][w.name] = fleet_outcome(target, w, s, drive, root / f"fleet-{i}")
+            for r, order in enumerate(orders):
+                for i, w in order:
+                    where = root / f"fleet-{r}-{i}"
+                    out["fleet"][w.name].append(fleet_outcome(target, w, s, drive, where))
     return out
 
 
@@ -202,8 +220,13 @@ def run_sim_bench(config: SimBenchConfig, cost_model: CostModel) -> dict[str, An
         registry = prepared(config, workloads, root, assets.base_model_dir)
         sims = simulated(config, workloads, cost_model, registry)
         reals = real(config, workloads, registry, root, vocab)
-    by_target = {t: compare_target(reals[t], sims[t], t) for t in config.targets}
+    medians = {t: {n: median_outcome(runs) for n, runs in reals[t].items()} for t in reals}
+    by_target = {t: compare_target(medians[t], sims[t], t) for t in config.targets}
+    spreads = {t: real_spread(reals[t]) for t in config.targets}
+    for t in config.targets:
+        by_target[t]["real_spread"] = spreads[t]
     metrics: dict[str, Any] = dict(flat_errors(by_target))
+    metrics.update(flat_spreads(spreads))
     if config.scale is not None:
         metrics.update(scale_in_child(*config.scale, cost_model))
     metrics["cost_model"] = {"hardware": cost_model.hardware, "validated": cost_model.validated}

@@ -273,13 +273,15 @@ def front_seconds(client: httpx.Client, target: Target, config: CalibrateConfig)
 
 def prefill_samples(
     client: httpx.Client, target: Target, config: CalibrateConfig, front_s: float
-) -> list[StepSample]:
+) -> tuple[list[StepSample], list[float]]:
     """One hop sample per prefill length and adapter (lowest and highest rank): the median TTFT
-    of lone warm requests less ``front_s``; none where that is not > 0."""
+    of lone warm requests less ``front_s``; none where that is not > 0. With them, every lone
+    request's TTFT less its sample's median (the spread the cost model's ``hop_jitter_s``
+    keeps)."""
     chosen = dict.fromkeys(
         a for group in target_sets(target.adapters) for a in (group[0], group[-1])
     )
-    samples = []
+    samples, residuals = [], []
     into_slots(client, target.adapters, tuple(chosen))
     for adapter in chosen:
         byte_tokens, width = weight_regressors((adapter,))
@@ -287,13 +289,14 @@ def prefill_samples(
             seed = config.seed + 7 + 100 * index + adapter.rank
             ttfts = asyncio.run(_warm_ttfts(target, adapter, config, length, seed))
             step_s = statistics.median(ttfts) - front_s if ttfts else 0.0
+            residuals += [t - statistics.median(ttfts) for t in ttfts]
             if step_s > 0:
                 rank_tokens = length * adapter.rank
                 sample = StepSample(
                     0, length, 1, rank_tokens, step_s, True, length * byte_tokens, width
                 )
                 samples.append(sample)
-    return samples
+    return samples, residuals
 
 
 async def lone_ttft(

@@ -21,7 +21,7 @@ from loraplex.bench.sim.calibrate_run import (
     with_sizes,
 )
 from loraplex.bench.sim.calibrate_target import Target
-from loraplex.sim.calibrate import Fit, calibrated_model, fit_link, fit_step
+from loraplex.sim.calibrate import Fit, calibrated_model, fit_link, fit_step, jitter_quantiles
 from loraplex.sim.cost_model import LINKS, CostModel
 
 SHARED_CPU = (
@@ -56,9 +56,17 @@ def measure(target: Target, config: CalibrateConfig) -> dict[str, Any]:
         target = with_sizes(client, target)
         steps = step_samples(client, target, config)
         front_s = front_seconds(client, target, config)
-        steps += prefill_samples(client, target, config, front_s)
+        prefills, residuals = prefill_samples(client, target, config, front_s)
+    steps += prefills
     fitted = fit_step(steps)
-    return {"loads": loads, "steps": steps, "step_fit": fitted, "front_s": front_s, "cold": cold}
+    return {
+        "loads": loads,
+        "steps": steps,
+        "step_fit": fitted,
+        "front_s": front_s,
+        "cold": cold,
+        "residuals": residuals,
+    }
 
 
 def _shapes(target: Target) -> str:
@@ -113,6 +121,14 @@ def calibrate(
         "requests of their TTFT less the same adapter's warm TTFT and the load's stage seconds "
         "(hand-offs no stage counter holds; bench/sim/calibrate_cold.py)"
     )
+    residuals = measured["residuals"]
+    jitter = jitter_quantiles(residuals) if len(residuals) >= 2 else ()
+    sources["hop_jitter_s"] = (
+        f"quantiles (every 5 %) of {len(residuals)} lone warm requests' TTFT less the median of "
+        "their prompt length and adapter (the prefill samples above); one drawn per request"
+        if jitter
+        else "not measured (fewer than two lone warm requests): every hop the same"
+    )
     overheads = {"front_s": measured["front_s"], "network_s": 0.0}
     model = calibrated_model(
         hardware,
@@ -122,6 +138,7 @@ def calibrate(
         sources,
         load_cpu_shared=load_cpu_shared,
         load_handoff_s=handoff_s,
+        hop_jitter_s=jitter,
     )
     report = {
         "hardware": hardware,
@@ -129,6 +146,7 @@ def calibrate(
         "load_samples": [asdict(s) for s in loads],
         "cold_samples": [{**asdict(s), "handoff_s": s.handoff_s} for s in cold],
         "overheads": {**overheads, "ipc_s": model.ipc_s},
+        "hop_residuals_s": residuals,
         "machine": machine,
         "target": target.url,
     }

@@ -17,10 +17,17 @@ Errors (issue 30's "done when"), per target (``single``, ``fleet``), each the ma
 ``ttft_p99_rel_error``, ``throughput_rel_error`` (|sim - real| / real). An error with an
 undefined side (None, or a real value of 0 under a relative error) is None, never 0: it cannot
 be claimed small.
+
+Repeated real runs of one trace (``bench sim --repeats``) are compared by their median
+(``median_outcome``), and the same four errors between the runs themselves (``real_spread``:
+each run against each other, max over pairs and traces) say how far two real runs of one trace
+fall apart: a simulator error below that spread is not evidence of fidelity.
 """
 
 from __future__ import annotations
 
+import itertools
+import statistics
 from collections.abc import Mapping, Sequence
 from typing import Any
 
@@ -131,5 +138,54 @@ def flat_errors(by_target: Mapping[str, Mapping[str, Any]]) -> dict[str, float |
     return {
         f"{key}_{target}": result["errors"][key]
         for target, result in by_target.items()
+        for key in ERROR_KEYS
+    }
+
+
+def _median(values: Sequence[Any], missing_is_zero: bool = False) -> Any:
+    """Numbers: their median (None if any is None); objects: key by key; else the first."""
+    if all(isinstance(v, dict) for v in values):
+        keys = dict.fromkeys(k for v in values for k in v)
+        if missing_is_zero:  # counts by reason: a reason a run never gave is 0 there
+            return {k: _median([v.get(k, 0) for v in values]) for k in keys}
+        return {k: _median([v[k] for v in values]) for k in keys if all(k in v for v in values)}
+    if any(v is None for v in values):
+        return None
+    if all(isinstance(v, (int, float)) and not isinstance(v, bool) for v in values):
+        return statistics.median(values)
+    return values[0]
+
+
+def median_outcome(runs: Sequence[Outcome]) -> dict[str, Any]:
+    """Repeated real runs of one trace as one outcome: every figure the median over ``runs``
+    (a tier's hit ratio None if it is in any run; routing decisions a reason at a time), each
+    run kept under ``runs``. One run is returned as it is."""
+    if not runs:
+        raise ValueError("median_outcome needs at least one run")
+    if len(runs) == 1:
+        return dict(runs[0])
+    keys = [k for k in runs[0] if all(k in r for r in runs)]
+    out = {k: _median([r[k] for r in runs], missing_is_zero=k == "decisions") for k in keys}
+    out["runs"] = [dict(r) for r in runs]
+    return out
+
+
+def real_spread(runs_by_trace: Mapping[str, Sequence[Outcome]]) -> dict[str, float | None]:
+    """The four errors of the real side against itself: for each trace every run taken as the
+    real side of every other, max over those pairs and over traces. None (never 0) where a trace
+    has fewer than two runs: no spread was measured."""
+    pairs = []
+    for runs in runs_by_trace.values():
+        if len(runs) < 2:
+            return dict.fromkeys(ERROR_KEYS)
+        pairs += [trace_errors(a, b) for a, b in itertools.permutations(runs, 2)]
+    return worst(pairs)
+
+
+def flat_spreads(spreads: Mapping[str, Mapping[str, float | None]]) -> dict[str, float | None]:
+    """``{error}_{target}_real_spread`` keys for the JSON line."""
+    return {
+        f"{key}_{target}_real_spread": errors[key]
+        for target, errors in spreads.items()
         for key in ERROR_KEYS
     }
