@@ -25,6 +25,7 @@ class StepShape:
     block_rows: int = 0
     padded_cells: int = 0  # batched: blocks x most tokens of a slot x rows per block
     half_on_cpu: bool = False  # 16-bit weights on a CPU (skinny matmuls read them slowly)
+    on_accelerator: bool = False  # weights on a GPU: a launch costs far more multiply-adds
 
     @classmethod
     def of(cls, num_tokens: int, tokens: dict[int, int], layout: ArenaLayout) -> StepShape:
@@ -42,6 +43,7 @@ class StepShape:
             spanned,
             spanned * max(tokens.values()),
             scales.device.type == "cpu" and scales.element_size() == 2,
+            scales.device.type != "cpu",
         )
 
 
@@ -72,9 +74,17 @@ class AutoPolicy:
     # their weights about 4x slower than float32's, while masked's 16-token matmul gets faster
     # (large preset, 16 rank-16 adapters, LoRA only: masked 12 ms, batched 24, grouped 48).
     half_cpu_read_factor: int = 4
+    # On a GPU a decode-sized LoRA op's arithmetic is nearly free and each launch (the op's
+    # dispatch from Python included) is what costs: measured on an H200 (torch 2.11, bfloat16,
+    # large preset, batch 32 over the 16 S2 adapters; docs/benchmarks/execution.md "GPU check"),
+    # grouped's ~31 launches per module added ~530 us against masked's ~66 us, about 15 us a
+    # launch, where masked's 32 x 480 x 1024 multiply-adds take well under 1 us. A launch is
+    # weighed as 2**30 multiply-adds there (15 us at ~70 T multiply-adds/s), so grouped wins
+    # only where masked's wasted rows cost billions of multiply-adds (few runs, long prompts).
+    accelerator_launch_macs: int = 1 << 30
 
     def __post_init__(self) -> None:
-        for name in ("launch_macs", "read_macs", "half_cpu_read_factor"):
+        for name in ("launch_macs", "read_macs", "half_cpu_read_factor", "accelerator_launch_macs"):
             if getattr(self, name) < 0:
                 raise ValueError(f"{name} {getattr(self, name)} is invalid; expected >= 0")
         if self.min_runs_for_masked < 1:
@@ -109,7 +119,8 @@ class AutoPolicy:
     def _grouped_cost(self, shape: StepShape, width: int) -> int:
         reads = self._skinny_read_macs(shape) * shape.active_rows
         work = (shape.exact_cells + reads) * max(width, 1)
-        return work + self.launch_macs * (2 * shape.runs - 1)
+        launch = self.accelerator_launch_macs if shape.on_accelerator else self.launch_macs
+        return work + launch * (2 * shape.runs - 1)
 
     def _batched_cost(self, shape: StepShape, width: int) -> int:
         reads = self._skinny_read_macs(shape) * shape.block_rows

@@ -1,11 +1,12 @@
-"""Triton kernels of the batched LoRA op: shrink and expand over blocks of slot-grouped tokens.
+"""The Triton kernel of the batched LoRA op: shrink and expand fused, over blocks of slot-grouped
+tokens, in one launch per module.
 
-Both kernels read the same block table, built once per step by the backend's ``prepare``: one
-row per run of at most ``BLOCK_M`` grouped positions that share a slot,
-``(pos_lo, pos_hi, row0, num_rows)``: positions ``[pos_lo, pos_hi)`` of the grouped order
-(``order[pos]`` is the token, or the position itself without an order) use arena rows
-``[row0, row0 + num_rows)``. So one launch covers every slot, and a slot only costs its own
-rows (rounded up to ``BLOCK_R``), never the widest slot's::
+It reads the block table built once per step by the backend's ``prepare``: one row per run of
+at most ``BLOCK_M`` grouped positions that share a slot, ``(pos_lo, pos_hi, row0, num_rows)``:
+positions ``[pos_lo, pos_hi)`` of the grouped order (``order[pos]`` is the token, or the
+position itself without an order) use arena rows ``[row0, row0 + num_rows)``. So one launch
+covers every slot, and a slot only costs its own rows (rounded up to ``BLOCK_R``), never the
+widest slot's. Per program (a block and an output tile)::
 
     shrink: hidden[pos, r] = sum_k x[tok, k] * A[row0 + r, k]                for r < num_rows
     expand: out[tok, n]   += sum_r (hidden[pos, r] * scale[row0]) * B^T[row0 + r, n]
@@ -33,33 +34,44 @@ from triton.runtime.interpreter import (  # type: ignore[import-untyped, import-
 
 
 @triton.jit
-def shrink_kernel(  # noqa: PLR0917 (a kernel's arguments are positional at launch)
+def lora_kernel(  # noqa: PLR0917 (a kernel's arguments are positional at launch)
     x_ptr,
     a_ptr,
-    hidden_ptr,
+    b_ptr,
+    out_ptr,
     order_ptr,
     blocks_ptr,
     scale_ptr,
     d_in,
+    d_out,
     stride_xm,
     stride_xk,
     stride_ar,
     stride_ak,
-    stride_hm,
+    stride_br,
+    stride_bn,
+    stride_om,
+    stride_on,
     USE_ORDER: tl.constexpr,
     BLOCK_M: tl.constexpr,
     BLOCK_R: tl.constexpr,
     BLOCK_K: tl.constexpr,
+    BLOCK_N: tl.constexpr,
     DOT_PRECISION: tl.constexpr,
     DOT_FP32: tl.constexpr,
 ):
-    """Grid ``(num_blocks, cdiv(max_rows, BLOCK_R))``: one rank tile of one block per program."""
+    """Grid ``(num_blocks, cdiv(d_out, BLOCK_N))``: one output tile of one block per program,
+    which computes its block's rank-wide ``hidden`` itself (each of the ``cdiv(d_out, BLOCK_N)``
+    programs of a block repeats that small shrink: cheaper on a GPU than a second launch and a
+    buffer between them). Each (token, column) has one owner, so the read-add-write of ``out``
+    needs no atomics."""
     meta = blocks_ptr + tl.program_id(0) * 4
     pos_lo, pos_hi = tl.load(meta), tl.load(meta + 1)
     row0, num_rows = tl.load(meta + 2), tl.load(meta + 3)
-    targeted = tl.load(scale_ptr + row0) != 0  # scale 0: the adapter skips this module
-    pos_hi = tl.where(targeted, pos_hi, pos_lo)
-    num_rows = tl.where(targeted, num_rows, 0)
+    scale = tl.load(scale_ptr + row0).to(tl.float32)
+    # An untargeted module (scale 0) leaves the block empty: no out row is read or written.
+    pos_hi = tl.where(scale != 0, pos_hi, pos_lo)
+    num_rows = tl.where(scale != 0, num_rows, 0)
     pos = pos_lo + tl.arange(0, BLOCK_M)
     in_block = pos < pos_hi
     if USE_ORDER:
@@ -67,13 +79,15 @@ def shrink_kernel(  # noqa: PLR0917 (a kernel's arguments are positional at laun
     else:
         tok = pos.to(tl.int64)
     offs_k = tl.arange(0, BLOCK_K)
-    # At most one iteration: the grid has exactly enough rank tiles for the widest slot, and a
-    # narrower slot's programs past its own rows run none (its rank is never padded).
-    for r0 in range(tl.program_id(1) * BLOCK_R, num_rows, tl.num_programs(1) * BLOCK_R):
+    offs_n = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
+    in_n = offs_n < d_out
+    acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+    for r0 in range(0, num_rows, BLOCK_R):
         offs_r = r0 + tl.arange(0, BLOCK_R)
         in_rank = offs_r < num_rows
         rows = (row0 + offs_r).to(tl.int64)
-        acc = tl.zeros((BLOCK_M, BLOCK_R), dtype=tl.float32)
+        # shrink: hidden[pos, r] = sum_k x[tok, k] * A[row0 + r, k], in float32
+        hidden = tl.zeros((BLOCK_M, BLOCK_R), dtype=tl.float32)
         for k0 in range(0, d_in, BLOCK_K):
             k = k0 + offs_k
             in_k = k < d_in
@@ -89,63 +103,10 @@ def shrink_kernel(  # noqa: PLR0917 (a kernel's arguments are positional at laun
             )
             if DOT_FP32:
                 xs, a_t = xs.to(tl.float32), a_t.to(tl.float32)
-            acc = tl.dot(xs, a_t, acc, input_precision=DOT_PRECISION)
-        tl.store(
-            hidden_ptr + pos[:, None].to(tl.int64) * stride_hm + offs_r[None, :],
-            acc,
-            mask=in_block[:, None] & in_rank[None, :],
-        )
-
-
-@triton.jit
-def expand_kernel(  # noqa: PLR0917 (a kernel's arguments are positional at launch)
-    hidden_ptr,
-    b_ptr,
-    out_ptr,
-    order_ptr,
-    blocks_ptr,
-    scale_ptr,
-    d_out,
-    stride_hm,
-    stride_br,
-    stride_bn,
-    stride_om,
-    stride_on,
-    USE_ORDER: tl.constexpr,
-    BLOCK_M: tl.constexpr,
-    BLOCK_R: tl.constexpr,
-    BLOCK_N: tl.constexpr,
-    DOT_PRECISION: tl.constexpr,
-    DOT_FP32: tl.constexpr,
-):
-    """Grid ``(num_blocks, cdiv(d_out, BLOCK_N))``: each (token, column) has one owner, so the
-    read-add-write of ``out`` needs no atomics."""
-    meta = blocks_ptr + tl.program_id(0) * 4
-    pos_lo, pos_hi = tl.load(meta), tl.load(meta + 1)
-    row0, num_rows = tl.load(meta + 2), tl.load(meta + 3)
-    scale = tl.load(scale_ptr + row0).to(tl.float32)
-    # An untargeted module (scale 0) leaves the block empty: no out row is read or written.
-    pos_hi = tl.where(scale != 0, pos_hi, pos_lo)
-    num_rows = tl.where(scale != 0, num_rows, 0)
-    pos = pos_lo + tl.arange(0, BLOCK_M)
-    in_block = pos < pos_hi
-    if USE_ORDER:
-        tok = tl.load(order_ptr + pos, mask=in_block, other=0).to(tl.int64)
-    else:
-        tok = pos.to(tl.int64)
-    offs_n = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
-    in_n = offs_n < d_out
-    acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
-    for r0 in range(0, num_rows, BLOCK_R):
-        offs_r = r0 + tl.arange(0, BLOCK_R)
-        in_rank = offs_r < num_rows
-        hidden = tl.load(
-            hidden_ptr + pos[:, None].to(tl.int64) * stride_hm + offs_r[None, :],
-            mask=in_block[:, None] & in_rank[None, :],
-            other=0.0,
-        )
+            hidden = tl.dot(xs, a_t, hidden, input_precision=DOT_PRECISION)
+        # expand: out[tok, n] += sum_r (hidden[pos, r] * scale) * B^T[row0 + r, n]
         lora_b_t = tl.load(
-            b_ptr + (row0 + offs_r).to(tl.int64)[:, None] * stride_br + offs_n[None, :] * stride_bn,
+            b_ptr + rows[:, None] * stride_br + offs_n[None, :] * stride_bn,
             mask=in_rank[:, None] & in_n[None, :],
             other=0.0,
         )
@@ -160,7 +121,7 @@ def expand_kernel(  # noqa: PLR0917 (a kernel's arguments are positional at laun
     tl.store(out_ptrs, (before.to(tl.float32) + acc).to(before.dtype), mask=touched)
 
 
-INTERPRETED: bool = isinstance(shrink_kernel, InterpretedFunction)
+INTERPRETED: bool = isinstance(lora_kernel, InterpretedFunction)
 if isinstance(tl.zeros, InterpretedFunction) != INTERPRETED:
     raise ImportError(
         "TRITON_INTERPRET changed between importing triton and loraplex's kernels; expected it "

@@ -1,4 +1,4 @@
-"""The ``triton`` backend: one shrink and one expand launch per module, for every slot at once.
+"""The ``triton`` backend: one launch per module (shrink fused into expand), for every slot at once.
 
 ``prepare`` groups adapter tokens by slot (as the grouped backend does: stable sort only when a
 slot's tokens are scattered) and cuts each run into blocks of at most ``BLOCK_M`` tokens; the
@@ -35,8 +35,6 @@ class TritonBatch(LoraBatch):
     """A grouped batch plus the block table the kernels index (built once per step)."""
 
     blocks: torch.Tensor | None = None  # [num_blocks, 4] int32: pos_lo, pos_hi, row0, num_rows
-    num_positions: int = 0  # grouped positions in use (rows of the shrink output)
-    max_rows: int = 0  # rows of the widest active slot (columns of the shrink output)
     row_scale: torch.Tensor | None = None  # ArenaLayout.row_scale: [num_tables, capacity_rows]
 
 
@@ -67,7 +65,7 @@ def block_table(
 
 
 class TritonBackend:
-    """Slot-grouped shrink/expand Triton kernels (CUDA; CPU tensors under the interpreter)."""
+    """A slot-grouped, fused shrink/expand Triton kernel (CUDA; CPU tensors interpreted)."""
 
     name = "triton"
 
@@ -90,8 +88,6 @@ class TritonBackend:
         return TritonBatch(
             **{f.name: getattr(grouped, f.name) for f in fields(LoraBatch)},
             blocks=blocks,
-            num_positions=grouped.segments[-1].end,
-            max_rows=max(layout.slot_rows[slot] for slot in slots),
             row_scale=layout.row_scale,
         )
 
@@ -117,29 +113,20 @@ class TritonBackend:
         blocks: torch.Tensor,
         scales: torch.Tensor,
     ) -> None:
-        """One shrink launch into a float32 buffer, one expand launch adding into ``out``."""
+        """One launch adding every block's delta into ``out`` (shrink fused into expand)."""
         lora_a, lora_b = weights.lora_a, weights.lora_b
-        hidden = torch.empty(
-            (batch.num_positions, batch.max_rows), dtype=torch.float32, device=x.device
-        )
         order = batch.order if batch.order is not None else blocks  # unread without an order
         # float32 stays IEEE (TF32 would miss 1e-4); see triton_kernels on the bfloat16 upcast.
         dot_fp32 = self.interpreted and x.dtype == torch.bfloat16
         precision = "ieee" if x.dtype == torch.float32 or dot_fp32 else "tf32"
-        num_blocks = blocks.shape[0]
-        shrink_grid = (num_blocks, cdiv(batch.max_rows, BLOCK_R))
-        self.kernels.shrink_kernel[shrink_grid](
-            x, lora_a, hidden, order, blocks, scales, x.shape[1],
-            x.stride(0), x.stride(1), lora_a.stride(0), lora_a.stride(1), hidden.stride(0),
-            USE_ORDER=batch.order is not None, BLOCK_M=BLOCK_M, BLOCK_R=BLOCK_R,
-            BLOCK_K=tile(x.shape[1]), DOT_PRECISION=precision, DOT_FP32=dot_fp32,
-        )  # fmt: skip
         block_n = tile(out.shape[1])
-        self.kernels.expand_kernel[(num_blocks, cdiv(out.shape[1], block_n))](
-            hidden, lora_b, out, order, blocks, scales, out.shape[1],
-            hidden.stride(0), lora_b.stride(0), lora_b.stride(1), out.stride(0), out.stride(1),
+        self.kernels.lora_kernel[(blocks.shape[0], cdiv(out.shape[1], block_n))](
+            x, lora_a, lora_b, out, order, blocks, scales, x.shape[1], out.shape[1],
+            x.stride(0), x.stride(1), lora_a.stride(0), lora_a.stride(1),
+            lora_b.stride(0), lora_b.stride(1), out.stride(0), out.stride(1),
             USE_ORDER=batch.order is not None, BLOCK_M=BLOCK_M, BLOCK_R=BLOCK_R,
-            BLOCK_N=block_n, DOT_PRECISION=precision, DOT_FP32=dot_fp32,
+            BLOCK_K=tile(x.shape[1]), BLOCK_N=block_n, DOT_PRECISION=precision,
+            DOT_FP32=dot_fp32,
         )  # fmt: skip
 
     def _check_inputs(

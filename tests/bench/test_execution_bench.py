@@ -47,6 +47,8 @@ def test_tiny_run_has_the_documented_metrics(
     # The server's KV cache was measured, and both sides timed their input preparation.
     assert line["config"]["kv_cache"] == "paged" and line["config"]["kv_block_size"] == 16
     assert line["config"]["batch_build_timed"] is True
+    # glibc (this machine's C library) accepts the server's malloc thresholds
+    assert line["config"]["heap_kept"] is True
     assert builds["count"] > 0  # ForwardBatch.build ran inside the timed steps
     metrics = line["metrics"]
     for key in (

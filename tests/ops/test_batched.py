@@ -13,6 +13,7 @@ from test_backends import SPEC, expected_delta, filled_pool, run_all_modules
 from loraplex.model.adapter_weights import AdapterWeights, ModuleWeights
 from loraplex.model.lora import LoraSlotPool
 from loraplex.ops import AutoPolicy, Strategy
+from loraplex.ops.base import ArenaLayout
 from loraplex.ops.policy import StepShape
 
 EQUAL_RANKS = [16] * 8
@@ -163,6 +164,32 @@ def test_bfloat16_batched_close_to_float32() -> None:
 )
 def test_auto_chooses_the_cheapest(shape: StepShape, width: int, strategy: Strategy) -> None:
     assert AutoPolicy().choose(shape, width) is strategy
+
+
+def test_on_a_gpu_launches_decide_and_grouped_loses_decode_batches() -> None:
+    # the large preset's decode batch of 32 over the 16 S2 adapters (2 tokens each): on a CPU
+    # grouped's exact work wins (measured), on an H200 its 31 launches lost 3x to masked's 4
+    decode = {"num_tokens": 32, "runs": 16, "covered_rows": 480, "active_rows": 480}
+    cpu = StepShape(**decode, exact_cells=960)
+    gpu = StepShape(**decode, exact_cells=960, on_accelerator=True)
+    assert AutoPolicy().choose(cpu, 1664) is Strategy.GROUPED
+    assert AutoPolicy().choose(gpu, 1664) is Strategy.MASKED
+    # one long prompt on one small adapter among wide ones: masked's waste outweighs 3 launches
+    one = StepShape(8192, 2, 512, 512, 8192 * 8 + 64, on_accelerator=True)
+    assert AutoPolicy().choose(one, 1664) is Strategy.GROUPED
+    assert AutoPolicy(accelerator_launch_macs=1 << 40).choose(one, 1664) is Strategy.MASKED
+    with pytest.raises(ValueError, match="accelerator_launch_macs"):
+        AutoPolicy(accelerator_launch_macs=-1)
+
+
+def test_step_shape_reads_the_device_off_the_pool() -> None:
+    def layout(device: str) -> ArenaLayout:
+        owner = torch.zeros(32, dtype=torch.int64, device=device)
+        return ArenaLayout(owner, torch.zeros(4, 32, device=device), (0, 16), (16, 16), (3,) * 4)
+
+    assert not StepShape.of(4, {0: 2, 1: 2}, layout("cpu")).on_accelerator
+    # "meta" stands in for any device that is not the CPU (CUDA is not here)
+    assert StepShape.of(4, {0: 2, 1: 2}, layout("meta")).on_accelerator
 
 
 def test_16_bit_weights_on_a_cpu_make_skinny_matmuls_dearer() -> None:

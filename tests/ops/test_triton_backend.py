@@ -33,9 +33,10 @@ from loraplex.ops.triton_ops import KERNELS_MODULE, TritonBackend, TritonBatch, 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 HAS_TRITON = find_spec("triton") is not None
 needs_triton = pytest.mark.skipif(not HAS_TRITON, reason="triton is not installed")
-# hidden 64, MLP 96 (not a power of two: ragged tiles), q 64 / kv 32 wide, 2 layers.
-SPEC = BaseModelSpec("tiny", "LlamaForCausalLM", 64, 96, 2, 4, 2, 16, 64, "0" * 64)
-MODULES = ("q_proj", "v_proj", "down_proj")
+# hidden 64, MLP 160 (not a power of two: ragged tiles; up_proj's 160 outputs span two output
+# tiles of 128, down_proj's 160 inputs two reduction tiles), q 64 / kv 32 wide, 2 layers.
+SPEC = BaseModelSpec("tiny", "LlamaForCausalLM", 64, 160, 2, 4, 2, 16, 64, "0" * 64)
+MODULES = ("q_proj", "v_proj", "down_proj", "up_proj")
 NUM_SLOTS = 8
 RANK_MIXES = {"r8": (8,), "S2": (64, 32, 16, 8), "wide": (4, 128)}
 PATTERNS = ("identical", "distinct", "zipf")
@@ -195,8 +196,7 @@ class LaunchSpy:
 def spied_backend(pool: LoraSlotPool, *, run: bool) -> SimpleNamespace:
     assert isinstance(pool.backend, TritonBackend) and KERNELS is not None
     spies = SimpleNamespace(
-        shrink_kernel=LaunchSpy(KERNELS.shrink_kernel, run=run),
-        expand_kernel=LaunchSpy(KERNELS.expand_kernel, run=run),
+        lora_kernel=LaunchSpy(KERNELS.lora_kernel, run=run),
         INTERPRETED=KERNELS.INTERPRETED,
     )
     pool.backend.kernels = spies  # type: ignore[assignment]
@@ -204,20 +204,19 @@ def spied_backend(pool: LoraSlotPool, *, run: bool) -> SimpleNamespace:
 
 
 @needs_interpreter
-def test_one_shrink_and_one_expand_launch_per_module_and_no_other_path() -> None:
+def test_one_launch_per_module_and_no_other_path() -> None:
     """The delta comes from the kernels alone: dropping their launches leaves ``out`` as it was."""
     triton_pool, reference_pool = pools({0: 4, 1: 128, 2: 16})
-    assert KERNELS is not None and type(KERNELS.shrink_kernel).__name__ == "InterpretedFunction"
+    assert KERNELS is not None and type(KERNELS.lora_kernel).__name__ == "InterpretedFunction"
     slots = torch.tensor([2, 0, 1, 1, 0, 2] * 9 + [-1])  # scattered; 18 per slot: 2 blocks each
     batch = triton_pool.prepare(slots)
     assert isinstance(batch, TritonBatch) and batch.order is not None
-    x, base = torch.randn(55, 96), torch.randn(55, 64)
+    x, base = torch.randn(55, 160), torch.randn(55, 64)
     spies = spied_backend(triton_pool, run=True)
     got = triton_pool.apply(0, "down_proj", x, base.clone(), batch)
     want = reference_pool.apply(0, "down_proj", x, base.clone(), reference_pool.prepare(slots))
     torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-4)
-    assert spies.shrink_kernel.grids == [(6, 8)]  # 6 blocks x (128 widest rows / 16)
-    assert spies.expand_kernel.grids == [(6, 1)]  # d_out 64 in one tile
+    assert spies.lora_kernel.grids == [(6, 1)]  # 6 blocks x (d_out 64 in one tile)
     spied_backend(triton_pool, run=False)
     assert torch.equal(triton_pool.apply(0, "down_proj", x, base.clone(), batch), base)
 

@@ -17,6 +17,7 @@ from loraplex.bench.execution.setup import (
     Workspace,
     seq_slots,
 )
+from loraplex.engine.heap import keep_freed_heap
 
 __all__ = ["Case", "ExecutionBenchConfig", "run_execution_bench", "seq_slots"]
 
@@ -27,6 +28,9 @@ def run_execution_bench(
     """Run the benchmark; returns the JSON-line object (name, config, seed, metrics, rows)."""
     if config.device == "cuda" and not torch.cuda.is_available():
         raise ValueError("device 'cuda' is invalid here: torch sees no CUDA device")
+    # As the server's engine process does (serve/engine_side.py): steps keep the activations
+    # they free instead of faulting them in again. Both sides run in this process, so both get it.
+    heap_kept = keep_freed_heap()
     with tempfile.TemporaryDirectory(dir=workdir) as tmp:
         cases = _matrix_cases(config) if config.matrix else []
         num_adapters = max([16, *[c.active for c in cases]])
@@ -61,6 +65,7 @@ def run_execution_bench(
             "kv_cache": KV_CACHE,  # loraplex's side: the server's paged cache
             "kv_block_size": KV_BLOCK_SIZE,
             "batch_build_timed": True,  # both sides time their own input preparation
+            "heap_kept": heap_kept,  # engine/heap.py's malloc thresholds, as in the server
         },
         "seed": config.seed,
         "metrics": metrics,
