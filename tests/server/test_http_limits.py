@@ -120,11 +120,16 @@ def test_a_declared_length_over_the_cap_is_refused_at_once(
 
 
 @pytest.mark.parametrize(
-    ("path", "cap"),
-    [("/v1/completions", MAX_BODY), ("/admin/adapters/upload", MAX_UPLOAD + MAX_BODY)],
+    ("path", "caps"),
+    [
+        ("/v1/completions", (MAX_BODY,)),
+        # The body's cap, or the upload's own (its parser may read the file part first: which
+        # one fires depends on how far the handler got when the bytes passed them)
+        ("/admin/adapters/upload", (MAX_UPLOAD + MAX_BODY, MAX_UPLOAD)),
+    ],
 )
 def test_a_chunked_body_is_refused_as_soon_as_it_passes_the_cap(
-    address: tuple[str, int], served: Served, path: str, cap: int
+    address: tuple[str, int], served: Served, path: str, caps: tuple[int, ...]
 ) -> None:
     if path.startswith("/v1"):
         headers, start = _tenant(served), b"{"
@@ -137,12 +142,13 @@ def test_a_chunked_body_is_refused_as_soon_as_it_passes_the_cap(
         # Well past the cap, and no final chunk: the server answers while bytes it will never
         # parse are still arriving, and the answer must reach the client all the same (a close
         # with unread bytes makes the kernel reset the connection, which can destroy it).
-        for _ in range(cap // 1024 + 64):
+        for _ in range(max(caps) // 1024 + 64):
             with suppress(BrokenPipeError, ConnectionResetError):
                 sock.sendall(_chunk(b"x" * 1024))
         response = _until_closed(sock)
     assert _status(response) == 413
-    assert str(cap) in str(_error(response)["message"])
+    message = str(_error(response)["message"])
+    assert any(f"exceeds {cap} bytes" in message for cap in caps), message
 
 
 def test_a_slow_body_is_cut_at_its_deadline(address: tuple[str, int], served: Served) -> None:

@@ -51,6 +51,8 @@ def live(demo_assets: DemoAssets, tmp_path_factory: pytest.TempPathFactory) -> I
         yield server
 
 
+HOGS = 8  # the preemption test's long streams of one tenant: as many as the engine has seats
+HOG_TOKENS = 120  # long enough to be running still when the other tenants' requests arrive
 LAG_S = 0.02  # a consumer's pause after each delta it reads (deltas queue up meanwhile)
 
 
@@ -117,7 +119,14 @@ def _absorb(choice: Choice, part: dict[str, Any], chat: bool) -> None:
         choice.stop_reason = part.get("stop_reason")
 
 
-async def _send(http: httpx.AsyncClient, key: str, path: str, body: dict[str, Any]) -> Reply:
+async def _send(
+    http: httpx.AsyncClient,
+    key: str,
+    path: str,
+    body: dict[str, Any],
+    started: asyncio.Event | None = None,
+) -> Reply:
+    """One request; ``started`` (streams only) is set once its first choice part arrived."""
     chat = path.endswith("chat/completions")
     headers = {"Authorization": f"Bearer {key}"}
     choices: dict[int, Choice] = {}
@@ -138,6 +147,8 @@ async def _send(http: httpx.AsyncClient, key: str, path: str, body: dict[str, An
             assert "error" not in chunk, chunk
             for part in chunk["choices"]:
                 _absorb(choices.setdefault(part["index"], Choice()), part, chat)
+                if started is not None:
+                    started.set()
             usage = chunk.get("usage") or usage
     return Reply(choices, usage)
 
@@ -240,14 +251,48 @@ def test_every_field_of_every_output_arrives_under_load(live: Live, merges: list
     assert merges[0] > 0, "no stream read merged deltas: the test did not exercise the merge"
 
 
+def _hogged_rounds(live: Live, rounds: int) -> list[str]:
+    """``rounds`` rounds sent while one tenant holds every seat: ``HOGS`` long streams of its
+    first adapter start first (each has its first token before the rounds are sent), so the
+    other tenants' requests find that tenant over its share and preempt its sequences. The hog
+    streams are checked like every other reply when they end."""
+    adapter = live.assets.adapters[0]
+    key = live.key(adapter.tenant)
+    hog = {"model": adapter.name, "prompt": adapter.probe_prompt, "max_tokens": HOG_TOKENS,
+           "temperature": 1.0, "logit_bias": BAN_EOS, "logprobs": 1, "stream": True,
+           "stream_options": {"include_usage": True}}  # fmt: skip
+
+    async def one_hog(http: httpx.AsyncClient, seed: int, started: asyncio.Event) -> None:
+        body = {**hog, "seed": seed}
+        _check(await _send(http, key, "/v1/completions", body, started), body)
+
+    async def run() -> list[str]:
+        limits = httpx.Limits(max_connections=CONCURRENCY + HOGS, keepalive_expiry=2.0)
+        async with httpx.AsyncClient(base_url=live.url, timeout=120, limits=limits) as http:
+            started = [asyncio.Event() for _ in range(HOGS)]
+            hogs = [asyncio.create_task(one_hog(http, 7000 + i, e)) for i, e in enumerate(started)]
+            await asyncio.wait_for(asyncio.gather(*(e.wait() for e in started)), timeout=60)
+            kinds: list[str] = []
+            for round_ in range(rounds):
+                kinds += await asyncio.gather(
+                    *(_one(http, live, i, round_) for i in range(CONCURRENCY))
+                )
+            await asyncio.gather(*hogs)
+        return kinds
+
+    return asyncio.run(run())
+
+
 def test_outputs_stay_complete_when_sequences_are_preempted(
     demo_assets: DemoAssets, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, merges: list[int]
 ) -> None:
     """Per-tenant seats preempt a tenant over its share (recomputed later): its output must
     neither lose nor repeat a token's logprob. The engine runs on a thread here, so the test
-    can count the preemptions (the three demo tenants compete for 8 seats). The step work share
-    is off: it holds an over-share tenant back instead of preempting it, and which of the two
-    acts first depends on timing (a fresh-clone run saw no preemption with it on)."""
+    can count the preemptions (the three demo tenants compete for 8 seats). One tenant's long
+    streams take every seat before the rounds are sent (``_hogged_rounds``): with requests
+    arriving all at once, whether anyone ended over its share depended on timing (a fresh-clone
+    CI run saw no preemption). The step work share is off: it holds an over-share tenant back
+    instead of preempting it."""
     count = [0]
     real = Scheduler._preempt
 
@@ -264,7 +309,7 @@ def test_outputs_stay_complete_when_sequences_are_preempted(
         engine_process=False,
         step_work_ratio=0.0,
     ) as server:
-        assert len(_rounds(server, 2)) == 2 * CONCURRENCY
+        assert len(_hogged_rounds(server, 2)) == 2 * CONCURRENCY
     assert count[0] > 0, "no sequence was preempted: the test did not exercise preemption"
     assert merges[0] > 0, "no stream read merged deltas"
 
