@@ -12,20 +12,22 @@ import pytest
 from loraplex.bench.harness.order import run_order
 from loraplex.bench.serve.bench import ServeBenchConfig
 from loraplex.bench.serve.driver import RequestRecord, ResidencyView
-from loraplex.bench.serve.fleet import drop_page_cache
+from loraplex.bench.serve.fleet import ServerOptions, drop_page_cache
 from loraplex.bench.serve.report import serve_markdown
-from loraplex.bench.serve.runs import pooled_view
+from loraplex.bench.serve.runs import comparisons, pooled_view
 from loraplex.bench.serve.summary import (
-    HOT_BURST_POLICIES,
     RunResult,
     headline,
+    hot_burst_policies,
     hot_burst_run,
     summarize,
     ttft_or_timeout,
 )
 from loraplex.bench.serve.throughput import ThroughputResult
+from loraplex.bench.workloads import Workload
 
 TIMEOUT_S = 10.0
+HOT_BURST_POLICIES = hot_burst_policies()  # the default candidates and the two baselines
 
 
 def _record(
@@ -105,6 +107,50 @@ def test_hot_burst_reports_gain_and_price_with_completed_ratios_beside() -> None
     cells = dict(zip(header.split("|"), row.split("|"), strict=True))
     assert cells[" gain_lru_over_admit_gdsf "].strip() == "5.000"
     assert cells[" price_admit_gdsf_over_lru "].strip() == "1.500"
+
+
+def test_hot_burst_candidates_are_chosen_per_run() -> None:
+    """``--hot-burst-candidates``: the runs, the ratios and the report follow the choice."""
+    candidates = ("tiered_gdsf_fetch",)
+    burst = Workload("hot-burst", 0, 10.0, (), ())
+    groups = comparisons(
+        {"hot-burst": burst}, (9,), 16, lambda p, n: ServerOptions(p, n, 1 << 20), candidates
+    )
+    assert [name for name, _, _ in groups[0]] == [
+        "hot-burst@9/lru", "hot-burst@9/lru_priority", "hot-burst@9/tiered_gdsf_fetch"
+    ]  # fmt: skip
+    assert groups[0][-1][2] == ServerOptions("tiered_gdsf_fetch", 9, 1 << 20)
+    hot = {"lru": 0.2, "lru_priority": 0.1, "tiered_gdsf_fetch": 0.05}
+    summaries = {
+        hot_burst_run(9, p): summarize(
+            _run(
+                "r", [_record("prio", hot[p], t_s=5.0)] * 4 + [_record("batch", 0.1, t_s=5.0)], 3.0
+            )
+        )
+        for p in hot
+    }
+    metrics = headline(summaries, (9,), candidates)
+    assert metrics["hot_burst_p99_ttft_lru_over_tiered_gdsf_fetch"] == 4.0
+    assert metrics["hot_burst_p99_ttft_lru_priority_over_tiered_gdsf_fetch"] == 2.0
+    assert not any("cost_aware" in key for key in metrics)  # not run: not reported
+    config = {"hot_burst_candidates": list(candidates)}
+    result = {
+        "name": "serve",
+        "config": config,
+        "seed": 0,
+        "metrics": {**metrics, "runs": summaries},
+    }
+    header = next(
+        line for line in serve_markdown(result, "c.png", "h.png").splitlines()
+        if line.startswith("| slots |")
+    )  # fmt: skip
+    assert "gain_lru_over_tiered_gdsf_fetch" in header and "cost_aware" not in header
+    with pytest.raises(ValueError, match="hot_burst_candidates"):
+        ServeBenchConfig(hot_burst_candidates=("lru",))  # a baseline, not a candidate
+    with pytest.raises(ValueError, match="hot_burst_candidates"):
+        ServeBenchConfig(hot_burst_candidates=("nope",))
+    with pytest.raises(ValueError, match="hot_burst_candidates"):
+        ServeBenchConfig(hot_burst_candidates=())
 
 
 def test_undefined_ratios_are_null_never_zero() -> None:

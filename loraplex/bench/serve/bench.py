@@ -40,7 +40,13 @@ from loraplex.bench.serve.attack_runs import KindRun, run_attack_kinds
 from loraplex.bench.serve.driver import DriveConfig
 from loraplex.bench.serve.fleet import Fleet, ServerOptions, drop_page_cache, prepare_fleet
 from loraplex.bench.serve.runs import TracePlan, comparisons, trace_runs
-from loraplex.bench.serve.summary import RunResult, headline, summarize
+from loraplex.bench.serve.summary import (
+    HOT_BURST_BASELINES,
+    HOT_BURST_CANDIDATES,
+    RunResult,
+    headline,
+    summarize,
+)
 from loraplex.bench.serve.throughput import ThroughputConfig, measure_throughput
 from loraplex.bench.workloads import (
     ScenarioParams,
@@ -48,6 +54,7 @@ from loraplex.bench.workloads import (
     Workload,
     generate,
 )
+from loraplex.residency.policy import policy_names
 
 # RunResult lives with the summaries; serve_report still imports it from here.
 __all__ = ["KNOWN_SCENARIOS", "SCENARIOS", "RunResult", "ServeBenchConfig", "run_serve_bench"]
@@ -70,6 +77,8 @@ class ServeBenchConfig:
     max_loras: int = 16  # GPU slots (zipf-longtail, cold-storm, throughput)
     # hot-burst's slot counts (the 8 hot adapters + 1, + 4, x 2); the first is the headline's
     hot_burst_slots: tuple[int, ...] = (9, 12, 16)
+    # hot-burst: the policies measured against lru and lru_priority at every slot count
+    hot_burst_candidates: tuple[str, ...] = HOT_BURST_CANDIDATES
     trace_repeats: int = 2  # runs of each trace comparison, order alternating (ABBA)
     cpu_adapter_bytes: int = 128 << 20  # L1 budget
     max_lora_rank: int = 64  # ranks above (WIDE's 128) are capped
@@ -107,6 +116,13 @@ class ServeBenchConfig:
         if not self.hot_burst_slots or min(self.hot_burst_slots) < 1:
             raise ValueError(
                 f"hot_burst_slots {self.hot_burst_slots} is invalid; expected slot counts >= 1"
+            )
+        known = set(policy_names()) - set(HOT_BURST_BASELINES)
+        candidates = self.hot_burst_candidates
+        if not candidates or len(set(candidates)) != len(candidates) or set(candidates) - known:
+            raise ValueError(
+                f"hot_burst_candidates {list(candidates)} is invalid; expected distinct names "
+                f"from {sorted(known)} (lru and lru_priority always run as the baselines)"
             )
         unknown = set(self.scenarios) - set(KNOWN_SCENARIOS)
         if unknown:
@@ -179,6 +195,7 @@ def run_serve_bench(config: ServeBenchConfig) -> dict[str, Any]:
                 config.hot_burst_slots,
                 config.max_loras,
                 lambda policy, slots: _options(config, policy, slots),
+                config.hot_burst_candidates,
             ),
             config.trace_repeats,
             config.request_timeout_s,
@@ -193,7 +210,7 @@ def run_serve_bench(config: ServeBenchConfig) -> dict[str, Any]:
             runs += [RunResult(r.name, r.records, r.residency, timeout) for r in isolated]
     summaries = {run.name: summarize(run) for run in runs}
     slots = config.hot_burst_slots if "hot-burst" in workloads else ()
-    metrics = headline(summaries, slots)
+    metrics = headline(summaries, slots, config.hot_burst_candidates)
     if hostile and attack is not None:
         metrics.update(adversarial_metrics(hostile, attack, config.request_timeout_s))
     if isolated and attack is not None:

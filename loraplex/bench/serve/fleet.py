@@ -126,7 +126,7 @@ def storm_quotas(base: BaseModelSpec, max_lora_rank: int) -> TenantQuotas:
 class ServerOptions:
     """The ``loraplex serve`` settings one run uses."""
 
-    policy: str  # eviction policy: lru or cost_aware
+    policy: str  # eviction policy (a residency.policy name)
     max_loras: int  # GPU slots
     cpu_adapter_bytes: int  # L1 budget
     max_num_seqs: int = 32  # sequences decoding at once

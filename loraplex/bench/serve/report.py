@@ -11,8 +11,8 @@ from loraplex.bench.serve.driver import TIERS
 from loraplex.bench.serve.summary import (
     HOT_BURST_BASELINES,
     HOT_BURST_CANDIDATES,
-    HOT_BURST_POLICIES,
     RunResult,
+    hot_burst_policies,
     ttft_or_timeout,
 )
 
@@ -34,7 +34,10 @@ def serve_markdown(result: dict[str, Any], cdf_png: str, hits_png: str) -> str:
         markdown_table(headline, ["metric", "value"]),
         "## Hot-burst capacity sweep (gain: hot tenant P99 TTFT from the burst on, baseline "
         "over candidate; price: batch tenant P50 TTFT, candidate over baseline)",
-        markdown_table(_sweep_rows(metrics.get("hot_burst_sweep", {})), _SWEEP_COLUMNS),
+        _sweep_section(
+            metrics.get("hot_burst_sweep", {}),
+            tuple(result["config"].get("hot_burst_candidates", HOT_BURST_CANDIDATES)),
+        ),
         "## Runs (TTFT in ms over every request, failed ones at the timeout; TPOT over "
         "completed requests; tier = adapter's tier at arrival)",
         markdown_table(_run_rows(metrics["runs"]), _RUN_COLUMNS),
@@ -51,29 +54,32 @@ def serve_markdown(result: dict[str, Any], cdf_png: str, hits_png: str) -> str:
     return "\n\n".join(parts) + "\n"
 
 
-# Report column -> metric key of one hot-burst point (gain, price, then completed ratios).
-_SWEEP_KEYS = {
-    **{
-        f"gain_{b}_over_{n}": f"hot_burst_p99_ttft_{b}_over_{n}"
-        for n in HOT_BURST_CANDIDATES
-        for b in HOT_BURST_BASELINES
-    },
-    **{
-        f"price_{n}_over_{b}": f"hot_burst_batch_p50_ttft_{n}_over_{b}"
-        for n in HOT_BURST_CANDIDATES
-        for b in HOT_BURST_BASELINES
-    },
-    **{f"hot_completed_{p}": f"hot_burst_hot_completed_ratio_{p}" for p in HOT_BURST_POLICIES},
-    **{f"batch_completed_{p}": f"hot_burst_batch_completed_ratio_{p}" for p in HOT_BURST_POLICIES},
-}
-_SWEEP_COLUMNS = ["slots", *_SWEEP_KEYS]
+def _sweep_keys(candidates: tuple[str, ...]) -> dict[str, str]:
+    """Report column -> metric key of one hot-burst point (gain, price, then completed ratios)."""
+    policies = hot_burst_policies(candidates)
+    return {
+        **{
+            f"gain_{b}_over_{n}": f"hot_burst_p99_ttft_{b}_over_{n}"
+            for n in candidates
+            for b in HOT_BURST_BASELINES
+        },
+        **{
+            f"price_{n}_over_{b}": f"hot_burst_batch_p50_ttft_{n}_over_{b}"
+            for n in candidates
+            for b in HOT_BURST_BASELINES
+        },
+        **{f"hot_completed_{p}": f"hot_burst_hot_completed_ratio_{p}" for p in policies},
+        **{f"batch_completed_{p}": f"hot_burst_batch_completed_ratio_{p}" for p in policies},
+    }
 
 
-def _sweep_rows(sweep: dict[str, dict[str, Any]]) -> list[dict[str, object]]:
-    return [
-        {"slots": slots, **{column: m.get(key) for column, key in _SWEEP_KEYS.items()}}
+def _sweep_section(sweep: dict[str, dict[str, Any]], candidates: tuple[str, ...]) -> str:
+    keys = _sweep_keys(candidates)
+    rows = [
+        {"slots": slots, **{column: m.get(key) for column, key in keys.items()}}
         for slots, m in sweep.items()
     ]
+    return markdown_table(rows, ["slots", *keys])
 
 
 _KIND_COLUMNS = [

@@ -17,7 +17,12 @@ from pathlib import Path
 from loraplex.bench.harness.order import run_order
 from loraplex.bench.serve.driver import DriveConfig, RequestRecord, ResidencyView, replay_over_http
 from loraplex.bench.serve.fleet import Fleet, ServerOptions, drop_page_cache, serving
-from loraplex.bench.serve.summary import HOT_BURST_POLICIES, RunResult, hot_burst_run
+from loraplex.bench.serve.summary import (
+    HOT_BURST_CANDIDATES,
+    RunResult,
+    hot_burst_policies,
+    hot_burst_run,
+)
 from loraplex.bench.workloads import HOT_BURST_WINDOW, Workload
 
 # One run of a comparison: its name, the trace it replays and the server settings.
@@ -38,6 +43,7 @@ def comparisons(
     hot_burst_slots: Sequence[int],
     max_loras: int,
     options: Callable[[str, int], ServerOptions],
+    candidates: tuple[str, ...] = HOT_BURST_CANDIDATES,
 ) -> list[list[Run]]:
     """The groups of runs compared with each other (one trace each), as (name, trace, options)."""
     groups: list[list[Run]] = []
@@ -54,7 +60,7 @@ def comparisons(
                 groups.append(
                     [
                         (hot_burst_run(slots, policy), workload, options(policy, slots))
-                        for policy in HOT_BURST_POLICIES
+                        for policy in hot_burst_policies(candidates)
                     ]
                 )
         else:

@@ -87,6 +87,13 @@ def serve(
     hot_burst_slots: Annotated[
         str, typer.Option(help="hot-burst: GPU slot counts, comma-separated (first: headline).")
     ] = "9,12,16",
+    hot_burst_candidates: Annotated[
+        str,
+        typer.Option(
+            help="hot-burst: eviction policies measured against lru and lru_priority, "
+            "comma-separated."
+        ),
+    ] = "cost_aware,admit_gdsf",
     trace_repeats: Annotated[
         int, typer.Option(help="Runs of each trace comparison, order alternating (ABBA).")
     ] = 2,
@@ -123,6 +130,7 @@ def serve(
             throughput_rounds=throughput_rounds,
             capacity_requests=capacity_requests,
             hot_burst_slots=slots,
+            hot_burst_candidates=tuple(c.strip() for c in hot_burst_candidates.split(",")),
             trace_repeats=trace_repeats,
             seed=seed,
             asset_dir=asset_dir,
