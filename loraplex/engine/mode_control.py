@@ -8,11 +8,11 @@ between steps, merges, unmerges or switches through :class:`~loraplex.engine.mod
   dedicated revision is merged as soon as a lease on it is granted, like ``merged:<ref>``.
 - ``auto``: :func:`~loraplex.engine.mode_policy.decide` on the recent token share, with the
   transition cost measured by the switcher, the per-token LoRA cost measured here (the pool's
-  LoRA work timed on one unmerged step in ``LORA_TIMING_EVERY``; ``lora_s_per_token`` is only
-  the prior until ``min_measured_steps`` such steps were timed), and whole steps' seconds per
-  token timed here in both modes: nothing is merged before ``min_measured_steps`` unmerged
-  steps were timed, and once merged steps are measured slower, auto unmerges and stays
-  unmerged.
+  LoRA work timed on every unmerged step until ``min_measured_steps`` were timed, then on one
+  in ``LORA_TIMING_EVERY``; nothing is merged on the ``lora_s_per_token`` prior), and whole
+  steps' seconds per token timed here in both modes: nothing is merged before
+  ``min_measured_steps`` unmerged steps were timed, and once merged steps are measured slower,
+  auto unmerges and stays unmerged.
 """
 
 from __future__ import annotations
@@ -135,7 +135,7 @@ class ModeController:
         due for a sample (merged steps run another op: they say nothing of the unmerged one)."""
         if self.setting.kind is not ModeKind.AUTO or self.switcher.merged_revision is not None:
             return
-        if self._steps_run % LORA_TIMING_EVERY == 0:
+        if self.lora_cost.due(self._steps_run, LORA_TIMING_EVERY):
             self._timer = self.switcher.pool.op_timer = OpTimer(self.switcher.pool.device)
 
     def _stop_timing(self) -> OpTimer | None:
@@ -164,6 +164,7 @@ class ModeController:
             self.lora_cost.per_token(),
             self.step_costs.per_token(True),
             self.step_costs.per_token(False),
+            self.lora_cost.measured,
         )
         merged = self.switcher.merged_revision
         got = decide(merged, since, self.window.share(now), costs, self.policy)

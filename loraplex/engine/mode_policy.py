@@ -10,7 +10,8 @@ transition cost within ``payback_s``. Hysteresis: merging needs ``merge_share``,
 needs the share to fall below the lower ``unmerge_share``, and no transition follows another
 within ``min_dwell_s``. Baseline: nothing is merged before ``min_measured_steps`` unmerged steps
 were measured, so the veto on merged steps measured slower (:class:`StepCosts`) always has an
-unmerged figure to compare with.
+unmerged figure to compare with. Nor is anything merged while ``c`` is still a prior
+(``MeasuredCosts.lora_measured``: :class:`LoraCostMeter` has not timed enough steps).
 """
 
 from __future__ import annotations
@@ -112,6 +113,8 @@ class MeasuredCosts:
     # slower, the model above is overruled.
     merged_step_s_per_token: float | None = None
     unmerged_step_s_per_token: float | None = None
+    # False: ``lora_s_per_token`` is still a prior (LoraCostMeter not yet measured): no merge
+    lora_measured: bool = True
 
     @property
     def merged_measured_slower(self) -> bool:
@@ -155,6 +158,10 @@ def decide(
         hot = False
         if merged is None:
             return ModeDecision(Action.STAY, None, "unmerged steps not measured yet")
+    if hot and not costs.lora_measured:  # the gain is weighed with a measured cost only
+        hot = False
+        if merged is None:
+            return ModeDecision(Action.STAY, None, "the LoRA cost is not measured yet")
     if merged is None:
         if hot and gain_s > costs.transition_s:
             return ModeDecision(Action.MERGE, top, f"{top} carries {share:.2f} of recent tokens")
@@ -257,6 +264,11 @@ class LoraCostMeter:
     @property
     def measured(self) -> bool:
         return self._mean is not None and self.num_samples >= self.min_samples
+
+    def due(self, step: int, every: int) -> bool:
+        """Whether unmerged step number ``step`` is to be timed: every one until measured (so
+        ``min_samples`` timed steps come before ``decide`` may merge), then one in ``every``."""
+        return not self.measured or step % every == 0
 
     def per_token(self) -> float:
         """The measured average once ``min_samples`` steps were seen; ``prior`` before."""

@@ -229,7 +229,11 @@ class LlamaModel(nn.Module):
         in the model dtype. ``lora`` applies when the batch carries ``token_slots``."""
         step = None
         if lora is not None and batch.token_slots is not None:
-            step = LoraStep(pool=lora, batch=lora.prepare(batch.token_slots))
+            prepared = lora.prepare(batch.token_slots)
+            # no token needs LoRA work (all base-model tokens, or all the merged
+            # revision's): the layers run as the base model's, with no per-module calls
+            if not prepared.adds_nothing:
+                step = LoraStep(pool=lora, batch=prepared)
         plan = kv.plan(batch.chunks)
         rope = self.rotary.tables(batch.positions, batch.seq_lens, self.dtype)
         h = self.model.embed_tokens(batch.token_ids)

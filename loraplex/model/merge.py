@@ -30,7 +30,7 @@ from loraplex.model.adapter_weights import AdapterWeights, ModuleWeights
 from loraplex.model.layers import Linear
 from loraplex.model.llama import LlamaModel
 from loraplex.model.lora import LoraSlotPool
-from loraplex.ops.base import LoraBatch
+from loraplex.ops.base import LoraBatch, Strategy
 from loraplex.ops.merged_op import FUSED_BACKENDS, FusedMergedBatch, apply_fused, fused_plan
 from loraplex.ops.torch_ops import AutoBackend
 
@@ -106,6 +106,10 @@ class MergedLoraBatch(LoraBatch):
     base-only) plus the pass subtracting the merged delta from every other token."""
 
     negative: LoraBatch | None = None  # the subtracting pass; None when no token needs it
+
+    @property
+    def adds_nothing(self) -> bool:
+        return self.strategy is Strategy.NONE and self.negative is None
 
 
 def negative_pool_for(pool: LoraSlotPool) -> LoraSlotPool:

@@ -147,6 +147,12 @@ class LoraBatch:
     active_tables: tuple[bool, ...] = ()  # per table: some active slot has a LoRA pair there
     grid: BlockPlan | None = None  # BATCHED: the row blocks and where each token goes
 
+    @property
+    def adds_nothing(self) -> bool:
+        """No token of the step needs LoRA work: every ``apply`` would return ``out`` as is
+        (the model then skips the calls)."""
+        return self.strategy is Strategy.NONE
+
 
 class LoraBackend(Protocol):
     """A way to compute the op; registered by name in :mod:`loraplex.ops`."""

@@ -75,6 +75,9 @@ def test_a_replay_times_every_request_and_auto_merges_the_hot_revision(setup: Se
     assert len(set(plain.ttft_s[:3])) == 1  # submitted together, first tokens in one step
     assert merged.transitions == 1 and 0 < merged.merged_steps < merged.steps
     assert plain.transitions == plain.merged_steps == 0
+    # the meter was fed before the merge (it was null in every replay of issue 28's runs)
+    assert merged.lora_s_per_token is not None and 0 < merged.lora_s_per_token < 1.0
+    assert plain.lora_s_per_token is None
 
 
 def test_the_summary_reports_both_modes_and_their_ratios() -> None:

@@ -4,6 +4,7 @@ and unmerges when it stops; ``merged:<ref>`` merges the named revision; outputs 
 from __future__ import annotations
 
 from collections.abc import Iterator, Mapping
+from dataclasses import replace
 
 import pytest
 
@@ -29,11 +30,15 @@ def engine(demo_assets: DemoAssets) -> Iterator[OfflineEngine]:
 
 
 def controller(
-    engine: OfflineEngine, mode: str, clock: ManualClock, lora_s_per_token: float = 1e-3
+    engine: OfflineEngine,
+    mode: str,
+    clock: ManualClock,
+    lora_s_per_token: float = 1e-3,
+    policy: ModePolicyConfig = POLICY,
 ) -> ModeController:
     switcher = ModeSwitcher(engine.core.runner, engine.runtime.pool, clock)
     control = ModeController(ModeSetting.parse(mode), switcher, engine.runtime.cache, clock,
-                             policy=POLICY, lora_s_per_token=lora_s_per_token)  # fmt: skip
+                             policy=policy, lora_s_per_token=lora_s_per_token)  # fmt: skip
     engine.core.modes = control
     return control
 
@@ -65,7 +70,8 @@ def test_auto_merges_the_dominant_revision_then_unmerges(
     ]
     want = [r.token_ids for r in engine.generate(skewed)]
     clock = ManualClock()
-    control = controller(engine, "auto", clock)
+    # the measured CPU cost (not the prior) decides: a long payback makes any measured cost pay
+    control = controller(engine, "auto", clock, policy=replace(POLICY, payback_s=1e9))
     got = [r.token_ids for r in engine.generate(skewed, ticking(clock))]  # type: ignore[arg-type]
     assert got == want
     assert control.switcher.merged_revision == ref_of(engine.adapter_key(hot.path))
@@ -105,7 +111,8 @@ def test_auto_measures_unmerged_steps_first_and_unmerges_when_merged_is_slower(
     skewed = skewed_requests(demo_assets, 16)
     want = [r.token_ids for r in engine.generate(skewed)]
     clock = ManualClock()
-    control = controller(engine, "auto", clock, lora_s_per_token=0.1)  # the model says: merge
+    # a long payback: the measured LoRA cost says merge (the step costs below say otherwise)
+    control = controller(engine, "auto", clock, policy=replace(POLICY, payback_s=1e9))
     timed = control.after_step
     merged_steps = 0
 
@@ -146,4 +153,43 @@ def test_auto_measures_the_lora_cost_it_decides_with(
     assert control.lora_cost.measured and control.lora_cost.per_token() > 0
     assert control.transitions and control.transitions[0].kind is TransitionKind.MERGE
     assert engine.runtime.pool.op_timer is None  # merged steps are not timed; none left set
+    control.close()
+
+
+def test_auto_merges_only_on_a_measured_lora_cost_and_publishes_it(
+    engine: OfflineEngine, demo_assets: DemoAssets
+) -> None:
+    """The LoRA cost was timed on one unmerged step in ``LORA_TIMING_EVERY`` while merging only
+    waited for ``min_measured_steps`` whole steps, so ``auto`` merged on its prior and the meter
+    never filled (issue 28: ``auto_lora_s_per_token`` null in every replay). Now every unmerged
+    step is timed until the meter is measured, no merge comes before, and the figure reaches
+    the queue view and ``loraplex_mode_lora_seconds_per_token``."""
+    from types import SimpleNamespace
+    from typing import cast
+
+    from prometheus_client import CollectorRegistry, generate_latest
+
+    from loraplex.engine.protocol import EngineClient
+    from loraplex.server.metrics_modes import ModeCollector
+
+    skewed = skewed_requests(demo_assets, 16)
+    clock = ManualClock()
+    # a prior that would merge at once; the measured cost pays only over a long payback
+    control = controller(engine, "auto", clock, 1.0, replace(POLICY, payback_s=1e9))
+    merge = control.switcher.merge
+    samples_at_merge: list[int] = []
+
+    def counted(*args: object, **kwargs: object) -> object:
+        samples_at_merge.append(control.lora_cost.num_samples)
+        return merge(*args, **kwargs)  # type: ignore[arg-type]
+
+    control.switcher.merge = counted  # type: ignore[method-assign]
+    engine.generate(skewed, ticking(clock))  # type: ignore[arg-type]
+    assert samples_at_merge and samples_at_merge[0] >= POLICY.min_measured_steps
+    measured = engine.core.view.mode.lora_s_per_token  # type: ignore[union-attr]
+    assert measured is not None and 0 < measured < 1.0  # measured, not the prior
+    view = SimpleNamespace(load_snapshot=lambda: engine.core.view)
+    registry = CollectorRegistry()
+    registry.register(ModeCollector(cast(EngineClient, view)))
+    assert b"loraplex_mode_lora_seconds_per_token" in generate_latest(registry)
     control.close()

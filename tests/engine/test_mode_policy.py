@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import itertools
 import random
+from dataclasses import replace
 
 import pytest
 
@@ -168,6 +169,23 @@ def test_nothing_is_merged_before_unmerged_steps_were_measured() -> None:
     # merged without a baseline (a fleet's dedication): no switch, the unmerge rule still holds
     assert decide("a@1", 1e9, traffic(("b@1", 0.9)), unmeasured, CONFIG).action is Action.UNMERGE
     assert decide(None, None, traffic(("a@1", 0.9)), CHEAP, CONFIG).action is Action.MERGE
+
+
+def test_nothing_is_merged_on_a_prior_lora_cost() -> None:
+    """The gain is weighed with the measured LoRA cost only (issue 28: the prior decided)."""
+    prior = replace(CHEAP, lora_measured=False)
+    got = decide(None, None, traffic(("a@1", 0.9)), prior, CONFIG)
+    assert got.action is Action.STAY and "LoRA cost is not measured" in got.reason
+    assert decide("a@1", 1e9, traffic(("b@1", 0.9)), prior, CONFIG).action is Action.UNMERGE
+    assert decide("a@1", 1e9, traffic(("a@1", 0.9)), prior, CONFIG).action is Action.STAY
+
+
+def test_the_lora_cost_is_timed_on_every_step_until_measured_then_sampled() -> None:
+    meter = LoraCostMeter(2e-4, min_samples=2)
+    assert [meter.due(step, 8) for step in range(1, 4)] == [True] * 3
+    meter.record(0.01, 10)
+    meter.record(0.01, 10)
+    assert [meter.due(step, 8) for step in (1, 7, 8, 16)] == [False, False, True, True]
 
 
 def test_step_costs_average_per_token_after_enough_steps() -> None:

@@ -135,6 +135,26 @@ def merged_setup(
     return model, pool, merger, MergedLoraApplier(pool, 1, negative)
 
 
+def two_pass_applier(
+    base_dir: Path, weights: AdapterWeights, other: AdapterWeights
+) -> MergedLoraApplier:
+    """Like :func:`merged_setup`'s applier (slot 0 ``other``, slot 1 ``weights`` merged) on the
+    ``reference`` backend, which subtracts in a second pass of its own (float32)."""
+    pool = LoraSlotPool(
+        BaseModelSpec.from_dir(base_dir),
+        2,
+        MAX_RANK,
+        dtype=torch.float32,
+        device=torch.device("cpu"),
+        backend="reference",
+    )
+    pool.load(0, other)
+    pool.load(1, weights)
+    negative = negative_pool_for(pool)
+    negative.load(0, negated(slot_weights(pool, 1)))
+    return MergedLoraApplier(pool, 1, negative)
+
+
 @pytest.mark.parametrize("shape", sorted(SHAPES))
 def test_merged_float32_equals_peft_and_merge_and_unload(
     demo_assets: DemoAssets, rank128_dir: Path, shape: str
@@ -236,15 +256,7 @@ def test_fused_negative_pass_equals_the_two_pass_subtraction(
     weights = load_weights(base_dir, adapter_dir(demo_assets, shape, rank128_dir), torch.float32)
     other = load_weights(base_dir, demo_assets.adapters[0].path, torch.float32)
     model, pool, _, fused = merged_setup(base_dir, weights, other, torch.float32)
-    spec = BaseModelSpec.from_dir(base_dir)
-    two_pass_pool = LoraSlotPool(
-        spec, 2, MAX_RANK, dtype=torch.float32, device=torch.device("cpu"), backend="reference"
-    )
-    two_pass_pool.load(0, other)
-    two_pass_pool.load(1, weights)
-    negative = negative_pool_for(two_pass_pool)
-    negative.load(0, negated(slot_weights(two_pass_pool, 1)))
-    two_pass = MergedLoraApplier(two_pass_pool, 1, negative)
+    two_pass = two_pass_applier(base_dir, weights, other)
     assert fused.fused and not two_pass.fused
     # grouped: slot 0's tokens in one run (in place) or split by the merged revision (gathered)
     in_place = {(None, 1, 0): True, (0, None, 1): True, (1, 0, 0): True, (0, 1, 0): False}
@@ -260,3 +272,38 @@ def test_fused_negative_pass_equals_the_two_pass_subtraction(
     merged_only = run(model, [1, 1, 1], fused)
     assert fused.last_strategy == "none"
     assert rel_error(merged_only, run(model, [1, 1, 1], two_pass)) < 1e-5
+
+
+class CountingApplier:
+    """``inner`` with its per-module ``apply`` calls counted."""
+
+    def __init__(self, inner: LoraApplier) -> None:
+        self.inner, self.calls = inner, 0
+
+    def prepare(self, token_slots: torch.Tensor) -> Any:
+        return self.inner.prepare(token_slots)
+
+    def apply(self, layer: int, module: str, x: torch.Tensor, out: torch.Tensor, batch: Any) -> Any:
+        self.calls += 1
+        return self.inner.apply(layer, module, x, out, batch)
+
+
+def test_a_batch_of_the_merged_revision_alone_makes_no_lora_calls(
+    demo_assets: DemoAssets,
+) -> None:
+    """Every token on the merged revision: the layers run as the base model's, with no
+    per-module LoRA call (single-revision merged / base was 0.968, issue 28). A step that
+    still needs the negative pass (another backend's two-pass form, base tokens among merged
+    ones: its own pass has nothing to do) keeps its calls."""
+    base_dir = demo_assets.base_model_dir
+    weights = load_weights(base_dir, demo_assets.adapters[1].path, torch.float32)
+    other = load_weights(base_dir, demo_assets.adapters[0].path, torch.float32)
+    model, _, _, fused = merged_setup(base_dir, weights, other, torch.float32)
+    counted = CountingApplier(fused)
+    alone = run(model, [1, 1, 1], counted)
+    assert counted.calls == 0
+    assert torch.equal(alone, run(model, [1, 1, 1], fused))
+    two_pass = CountingApplier(two_pass_applier(base_dir, weights, other))
+    mixed = run(model, [None, 1, 1], two_pass)
+    assert two_pass.calls > 0
+    assert rel_error(mixed, run(model, [None, 1, 1], fused)) < 1e-5

@@ -13,8 +13,8 @@ the same tokens: every unmerged replay exactly, every ``auto`` replay within the
 ``auto`` decides before every step with the production decision code
 (:func:`~loraplex.engine.mode_policy.decide`) over a :class:`TokenWindow` of the replay's own
 tokens on the wall clock, its merged / unmerged step costs (:class:`StepCosts`) and the LoRA
-op's cost per token timed on one unmerged step in ``LORA_TIMING_EVERY`` (:class:`LoraCostMeter`;
-the bench's base / unmerged pair is only its prior), as ``engine/mode_control.py`` does;
+op's cost per token timed on every unmerged step until measured, then one in ``LORA_TIMING_EVERY``
+(:class:`LoraCostMeter`; no merge before it is measured), as ``engine/mode_control.py`` does;
 transitions and the timing are paid inside the timed replay. TTFT is from a
 request's submission to the end of the step that produced its first token.
 """
@@ -132,7 +132,7 @@ class AutoMode:
 
     def before_step(self, now: float) -> None:
         self._decide(now)
-        if self.merged is None and self._steps % LORA_TIMING_EVERY == 0:
+        if self.merged is None and self.lora_cost.due(self._steps, LORA_TIMING_EVERY):
             pool = self.setup.pool
             self._timer = pool.op_timer = OpTimer(pool.device)
 
@@ -142,6 +142,7 @@ class AutoMode:
             lora_s_per_token=self.lora_cost.per_token(),
             merged_step_s_per_token=self.step_costs.per_token(True),
             unmerged_step_s_per_token=self.step_costs.per_token(False),
+            lora_measured=self.lora_cost.measured,
         )
         since = None if self.last_s is None else now - self.last_s
         merged = None if self.merged is None else str(self.merged)
