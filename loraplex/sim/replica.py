@@ -37,6 +37,7 @@ from loraplex.residency.warm import AutoWarmConfig
 from loraplex.sampling import FINISH_ABORT, FINISH_LENGTH
 from loraplex.sim.config import SimConfig
 from loraplex.sim.cost_model import CostModel
+from loraplex.sim.cpu import CpuShare
 from loraplex.sim.decode_run import DecodeRun, run_length
 from loraplex.sim.outcome import Outcome
 from loraplex.sim.pipeline import CostModelPipeline
@@ -98,12 +99,18 @@ class SimReplica:
         footprints: Mapping[AdapterKey, Footprint],
         ranks: Mapping[AdapterKey, int],
         skip_steps: bool = True,
+        cpu: CpuShare | None = None,
     ) -> None:
         self.index = index
         self.replica_id = f"replica-{index:03d}"
         self._executor = executor
         self._clock = executor.clock
         self._step_cost = cost.step
+        # A fleet's replicas are co-located: each step costs the measured scale (cost model).
+        self._step_scale = cost.fleet_step_scale if config.replicas > 1 else 1.0
+        self._cpu = cpu  # the machine's shared cores (cost model's ``cores``), if modelled
+        if cpu is not None:
+            cpu.add_replica(lambda: self._in_step)
         self._idle_wait_s = config.idle_wait_s
         self._ranks = ranks
         # adapter -> its bytes, and its bytes per rank, when the cost model prices them
@@ -194,7 +201,9 @@ class SimReplica:
             if self.scheduler.requests:  # all wait (loads, quotas): poll as the engine loop does
                 self._plan_at(now + self._idle_wait_s)
             return  # else idle until an arrival wakes it
-        seconds = self._seconds(plan)
+        seconds = self._seconds(plan) * self._step_scale
+        if self._cpu is not None:
+            seconds *= self._cpu.stretch(now)
         steady = self._steady and not self._load_debt_s
         seconds += self._load_debt_s
         self._load_debt_s = 0.0
