@@ -3,7 +3,7 @@ what a fleet adds, from lone warm requests sent through a running fleet's ingres
 
 Torch-free and HTTP-free: ``bench/sim/calibrate_fleet.py`` measures, this module fits.
 
-- ``fleet_step_scale``: the median, over lone decode requests (nothing else running), of
+- ``fleet_cpu_scale``: the median, over lone decode requests (nothing else running), of
   their TPOT over the base model's price of a one-token decode step of their adapter: a
   replica's step co-located with the fleet's other processes, against a lone server's.
 - ``network_s``: the median, over lone prefill requests (``max_tokens`` 1), of their TTFT less
@@ -62,7 +62,7 @@ class FleetSample:
 class FleetFit:
     """The fleet terms and how they were found."""
 
-    fleet_step_scale: float
+    fleet_cpu_scale: float
     network_s: float
     network_jitter_s: tuple[float, ...]
     prefill_samples: int
@@ -98,7 +98,7 @@ def fleet_model(base: CostModel, fit: FleetFit, cores: int, sources: dict[str, s
         base,
         network_s=fit.network_s,
         network_jitter_s=fit.network_jitter_s,
-        fleet_step_scale=fit.fleet_step_scale,
+        fleet_cpu_scale=fit.fleet_cpu_scale,
         cores=cores,
         sources={**base.sources, **sources},
     )

@@ -43,9 +43,10 @@ where a real server's spread moves it smoothly. A file without the key adds noth
 
 In a fleet (more than one replica) the hop adds ``network_s`` (ingress to replica), each hop
 draws from ``network_jitter_s`` instead of ``hop_jitter_s`` when given (the spread of lone warm
-requests through the fleet), and every step costs ``fleet_step_scale`` times the line above (the
-replicas' steps co-located on one machine with the fleet's other processes, against a lone
-server's; ``sim calibrate-fleet`` measures all three).
+requests through the fleet), and a replica's CPU work, every step and every load stage, costs
+``fleet_cpu_scale`` times its price (the replicas co-located on one machine with the fleet's other
+processes, against a lone server; ``sim calibrate-fleet`` measures all three, the scale on lone
+decode steps: that load stages slow alike is the model's assumption).
 
 With ``cores`` (the CPU cores the deployment's processes share), the machine's CPU is shared:
 a step that starts while ``n`` other CPU jobs run (other replicas' steps, requests' hops in
@@ -166,8 +167,8 @@ class CostModel:
     hop_jitter_s: tuple[float, ...] = ()
     # The same for a fleet's hop (front + IPC + network); (): a fleet draws from hop_jitter_s.
     network_jitter_s: tuple[float, ...] = ()
-    # A fleet replica's step time over a lone server's (co-location on one machine); 1: same.
-    fleet_step_scale: float = 1.0
+    # A fleet replica's step and load-stage time over a lone server's (co-location); 1: same.
+    fleet_cpu_scale: float = 1.0
     # CPU cores the deployment's processes share (module docstring); None: no contention term.
     cores: int | None = None
     # Where each number comes from: a calibration run (command, date, machine) or a citation.
@@ -186,9 +187,9 @@ class CostModel:
             _non_negative(f"CostModel.{name}", getattr(self, name))
         _check_quantiles("CostModel.hop_jitter_s", self.hop_jitter_s)
         _check_quantiles("CostModel.network_jitter_s", self.network_jitter_s)
-        scale = self.fleet_step_scale
+        scale = self.fleet_cpu_scale
         if not (scale > 0 and math.isfinite(scale)):
-            raise ValueError(f"CostModel.fleet_step_scale must be finite and > 0, got {scale!r}")
+            raise ValueError(f"CostModel.fleet_cpu_scale must be finite and > 0, got {scale!r}")
         if self.cores is not None and (isinstance(self.cores, bool) or self.cores < 1):
             raise ValueError(f"CostModel.cores must be None or an integer >= 1, got {self.cores!r}")
         if not self.validated and not self.sources:
@@ -214,7 +215,7 @@ class CostModel:
         for key, default in (
             ("hop_jitter_s", ()),
             ("network_jitter_s", ()),
-            ("fleet_step_scale", 1.0),
+            ("fleet_cpu_scale", 1.0),
             ("cores", None),
         ):
             if body[key] == default:
@@ -236,7 +237,7 @@ def from_dict(body: dict[str, object], origin: str = "<dict>") -> CostModel:
         raise ValueError(f"{origin}: schema must be {SCHEMA!r}, got {body.get('schema')!r}")
     known = {"schema", "hardware", "validated", "step", "links", "front_s", "ipc_s"}
     known |= {"network_s", "sources", "load_cpu_shared", "hop_jitter_s", "network_jitter_s"}
-    known |= {"fleet_step_scale", "cores"}
+    known |= {"fleet_cpu_scale", "cores"}
     unknown = sorted(set(body) - known)
     if unknown:
         raise ValueError(f"{origin}: unknown keys {unknown}")
@@ -269,7 +270,7 @@ def from_dict(body: dict[str, object], origin: str = "<dict>") -> CostModel:
         network_jitter_s=_number_list(
             body.get("network_jitter_s", []), f"{origin}: network_jitter_s"
         ),
-        fleet_step_scale=_float(body, "fleet_step_scale", 1.0),
+        fleet_cpu_scale=_float(body, "fleet_cpu_scale", 1.0),
         cores=cores,
         sources={str(k): str(v) for k, v in sources.items()},
     )

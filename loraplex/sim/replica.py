@@ -106,8 +106,8 @@ class SimReplica:
         self._executor = executor
         self._clock = executor.clock
         self._step_cost = cost.step
-        # A fleet's replicas are co-located: each step costs the measured scale (cost model).
-        self._step_scale = cost.fleet_step_scale if config.replicas > 1 else 1.0
+        # A fleet's replicas are co-located: steps and load stages cost the measured scale.
+        self._cpu_scale = cost.fleet_cpu_scale if config.replicas > 1 else 1.0
         self._cpu = cpu  # the machine's shared cores (cost model's ``cores``), if modelled
         if cpu is not None:
             cpu.add_replica(lambda: self._in_step)
@@ -121,7 +121,10 @@ class SimReplica:
         self.cache = TieredAdapterCache(
             cache_config(config),
             CostModelPipeline(
-                footprints, cost, self._on_load_cpu if cost.load_cpu_shared else None
+                footprints,
+                cost,
+                self._on_load_cpu if cost.load_cpu_shared else None,
+                self._cpu_scale,
             ),
             policy=make_policy(config.eviction_policy),
             clock=self._clock,
@@ -201,7 +204,7 @@ class SimReplica:
             if self.scheduler.requests:  # all wait (loads, quotas): poll as the engine loop does
                 self._plan_at(now + self._idle_wait_s)
             return  # else idle until an arrival wakes it
-        seconds = self._seconds(plan) * self._step_scale
+        seconds = self._seconds(plan) * self._cpu_scale
         if self._cpu is not None:
             seconds *= self._cpu.stretch(now)
         steady = self._steady and not self._load_debt_s

@@ -1,4 +1,4 @@
-"""What a fleet adds to the cost model (``network_jitter_s``, ``fleet_step_scale``, ``cores``):
+"""What a fleet adds to the cost model (``network_jitter_s``, ``fleet_cpu_scale``, ``cores``):
 read, written, refused, charged; and the fleet calibration's fit (``sim/calibrate_fleet.py``)."""
 
 from __future__ import annotations
@@ -30,11 +30,11 @@ def _burst(n: int = 24) -> list[TraceRecord]:
 
 
 def test_the_keys_round_trip_and_old_files_read_as_before(tmp_path: Path) -> None:
-    model = replace(cost(), network_jitter_s=SPREAD, fleet_step_scale=1.5, cores=2)
+    model = replace(cost(), network_jitter_s=SPREAD, fleet_cpu_scale=1.5, cores=2)
     model.save(tmp_path / "f.json")
     assert load(tmp_path / "f.json") == model
     plain = json.loads(cost().to_json())
-    assert not {"network_jitter_s", "fleet_step_scale", "cores"} & set(plain)
+    assert not {"network_jitter_s", "fleet_cpu_scale", "cores"} & set(plain)
 
 
 @pytest.mark.parametrize(
@@ -43,8 +43,8 @@ def test_the_keys_round_trip_and_old_files_read_as_before(tmp_path: Path) -> Non
         ("cores", 0, "cores"),
         ("cores", True, "cores"),
         ("cores", 1.5, "cores"),
-        ("fleet_step_scale", 0, "fleet_step_scale"),
-        ("fleet_step_scale", "x", "fleet_step_scale"),
+        ("fleet_cpu_scale", 0, "fleet_cpu_scale"),
+        ("fleet_cpu_scale", "x", "fleet_cpu_scale"),
         ("network_jitter_s", [0.1], "network_jitter_s"),
     ],
 )
@@ -56,17 +56,17 @@ def test_bad_values_are_refused_by_name(key: str, value: object, message: str) -
 
 
 def test_the_fleet_terms_charge_only_a_fleet() -> None:
-    """network_s, network_jitter_s and fleet_step_scale change a fleet's TTFT, never a lone
+    """network_s, network_jitter_s and fleet_cpu_scale change a fleet's TTFT, never a lone
     server's."""
     trace = _warm_trace(tenants=3)
-    fleet_terms = replace(cost(), network_s=0.02, network_jitter_s=SPREAD, fleet_step_scale=2.0)
+    fleet_terms = replace(cost(), network_s=0.02, network_jitter_s=SPREAD, fleet_cpu_scale=2.0)
     single = SimConfig()
     assert (
         simulate(trace, single, fleet_terms).to_json() == simulate(trace, single, cost()).to_json()
     )
     fleet = SimConfig(replicas=3)
     plain = simulate(trace, fleet, cost()).metrics["ttft_ms_warm"]
-    scaled = simulate(trace, fleet, replace(cost(), fleet_step_scale=2.0)).metrics["ttft_ms_warm"]
+    scaled = simulate(trace, fleet, replace(cost(), fleet_cpu_scale=2.0)).metrics["ttft_ms_warm"]
     hopped = simulate(trace, fleet, fleet_terms).metrics["ttft_ms_warm"]
     assert scaled["p50"] > plain["p50"]
     assert hopped["p50"] > scaled["p50"] + 20  # 20 ms hop + 10 ms median spread
@@ -114,7 +114,7 @@ def _samples(network_s: float, scale: float) -> list[FleetSample]:
 
 def test_the_fit_recovers_the_hop_and_the_scale() -> None:
     fit = fit_fleet(cost(), _samples(0.015, 1.4))
-    assert fit.fleet_step_scale == pytest.approx(1.4)
+    assert fit.fleet_cpu_scale == pytest.approx(1.4)
     assert fit.network_s == pytest.approx(0.015)
     assert fit.network_jitter_s[0] == pytest.approx(-0.002)
     assert fit.network_jitter_s[-1] == pytest.approx(0.003)
@@ -133,3 +133,13 @@ def test_a_negative_hop_is_floored_and_too_few_samples_refused() -> None:
     assert fit.raw_network_s < 0
     with pytest.raises(ValueError, match="too few"):
         fit_fleet(cost(), [s for s in _samples(0.01, 1.0) if s.tpot_s is None])
+
+
+def test_the_fleet_scale_slows_cold_loads_too() -> None:
+    """A cold request pays its loads' stages: in a fleet scaled by 2 its TTFT grows by more
+    than the scaled steps alone add (module docstring of ``cost_model``)."""
+    trace = [TraceRecord(1.0 + i, "t", f"a{i}", 16, 4) for i in range(6)]  # every one cold
+    fleet = SimConfig(replicas=3)
+    plain = simulate(trace, fleet, cost()).metrics["ttft_ms"]["p50"]
+    scaled = simulate(trace, fleet, replace(cost(), fleet_cpu_scale=2.0)).metrics["ttft_ms"]["p50"]
+    assert scaled > 1.9 * (plain - 1000 * (cost().front_s + cost().ipc_s))

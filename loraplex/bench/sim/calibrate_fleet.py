@@ -169,7 +169,7 @@ def calibrate_fleet(
         f"{left_out} requests left out (failed or not served from a GPU slot)"
     )
     sources = {
-        "fleet_step_scale": f"median over {fit.decode_samples} lone warm decode requests "
+        "fleet_cpu_scale": f"median over {fit.decode_samples} lone warm decode requests "
         f"through the fleet of their TPOT over the base step's one-token price ({where})",
         "network_s": f"median over {fit.prefill_samples} lone warm requests through the fleet "
         f"of their TTFT less front_s, ipc_s and the scaled prefill step "
