@@ -143,3 +143,39 @@ def test_the_fleet_scale_slows_cold_loads_too() -> None:
     plain = simulate(trace, fleet, cost()).metrics["ttft_ms"]["p50"]
     scaled = simulate(trace, fleet, replace(cost(), fleet_cpu_scale=2.0)).metrics["ttft_ms"]["p50"]
     assert scaled > 1.9 * (plain - 1000 * (cost().front_s + cost().ipc_s))
+
+
+@pytest.mark.parametrize(
+    ("flags", "named"),
+    [
+        (["--replicas", "1"], "replicas"),
+        (["--requests", "1"], "requests"),
+        (["--prefill-lengths", "0"], "prefill_lengths"),
+    ],
+)
+def test_calibrate_fleet_refuses_bad_flags_by_name(
+    tmp_path: Path, flags: list[str], named: str
+) -> None:
+    """Refused before any fleet starts (no Ray needed)."""
+    from sim_inputs import COST_FILE
+    from typer.testing import CliRunner
+
+    from loraplex.cli import app
+
+    args = ["sim", "calibrate-fleet", "--base", str(COST_FILE), "--out", str(tmp_path / "o.json")]
+    result = CliRunner().invoke(app, [*args, *flags])
+    assert result.exit_code != 0
+    assert named in result.output
+    assert not (tmp_path / "o.json").exists()
+
+
+def test_calibrate_fleet_refuses_a_bad_base_file(tmp_path: Path) -> None:
+    from typer.testing import CliRunner
+
+    from loraplex.cli import app
+
+    (tmp_path / "bad.json").write_text('{"schema": "other"}')
+    args = ["sim", "calibrate-fleet", "--base", str(tmp_path / "bad.json")]
+    result = CliRunner().invoke(app, [*args, "--out", str(tmp_path / "o.json")])
+    assert result.exit_code != 0
+    assert "schema" in result.output
