@@ -10,21 +10,17 @@ measured spread, ``hop_jitter_s``, already holds the contention it met when meas
 from __future__ import annotations
 
 import heapq
-from collections.abc import Callable, Sequence
 
 
 class CpuShare:
     """Counts the CPU jobs running at a time on the virtual clock."""
 
-    def __init__(self, cores: int, in_step: Sequence[Callable[[], bool]] = ()) -> None:
+    def __init__(self, cores: int) -> None:
         if cores < 1:
             raise ValueError(f"cores {cores} is invalid; expected >= 1")
         self.cores = cores
-        self._in_step = list(in_step)  # one per replica: whether it runs a step now
+        self.steps = 0  # replicas running a step now (each replica counts its own in and out)
         self._hop_ends: list[float] = []  # heap of the hops' end times
-
-    def add_replica(self, in_step: Callable[[], bool]) -> None:
-        self._in_step.append(in_step)
 
     def add_hop(self, start_s: float, end_s: float) -> None:
         """A request's hop runs from ``start_s`` (its arrival) to ``end_s``."""
@@ -37,7 +33,7 @@ class CpuShare:
         ends = self._hop_ends
         while ends and ends[0] <= now_s:
             heapq.heappop(ends)
-        return len(ends) + sum(1 for busy in self._in_step if busy())
+        return len(ends) + self.steps
 
     def stretch(self, now_s: float) -> float:
         """The factor of a step starting at ``now_s`` (its replica not yet counted in a step)."""

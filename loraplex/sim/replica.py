@@ -109,8 +109,6 @@ class SimReplica:
         # A fleet's replicas are co-located: steps and load stages cost the measured scale.
         self._cpu_scale = cost.fleet_cpu_scale if config.replicas > 1 else 1.0
         self._cpu = cpu  # the machine's shared cores (cost model's ``cores``), if modelled
-        if cpu is not None:
-            cpu.add_replica(lambda: self._in_step)
         self._idle_wait_s = config.idle_wait_s
         self._ranks = ranks
         # adapter -> its bytes, and its bytes per rank, when the cost model prices them
@@ -211,6 +209,8 @@ class SimReplica:
         seconds += self._load_debt_s
         self._load_debt_s = 0.0
         self._in_step = True
+        if self._cpu is not None:
+            self._cpu.steps += 1
         if not (steady and self._start_run(plan, now, seconds)):
             self._executor.call_at(now + seconds, lambda: self._apply(plan))
 
@@ -238,7 +238,7 @@ class SimReplica:
         sched = self.scheduler
         sampled = {c.request_id: _TOKEN for c in plan.chunks if c.samples}
         sched.update(plan, StepResult(sampled, {}))
-        self._in_step = False
+        self._step_ended()
         self.num_steps += 1
         now = self._clock.now()
         for request_id in sampled:
@@ -284,7 +284,7 @@ class SimReplica:
         run, self._run, self._run_end = self._run, None, None
         assert run is not None  # the event is cancelled when the run stops early
         run.finish()
-        self._in_step = False
+        self._step_ended()
         self._plan()
 
     def _stop_run(self) -> None:
@@ -324,6 +324,11 @@ class SimReplica:
             req, outcome = requests.get(chunk.request_id), self._outcomes.get(chunk.request_id)
             if req is not None and outcome is not None:
                 outcome.output_tokens = len(req.output_token_ids)
+
+    def _step_ended(self) -> None:
+        if self._in_step and self._cpu is not None:
+            self._cpu.steps -= 1
+        self._in_step = False
 
     def _on_load_cpu(self, seconds: float) -> None:
         """A load stage starts (``load_cpu_shared``) while the engine steps or plans a step: the

@@ -86,8 +86,8 @@ def test_shared_cores_slow_a_burst_and_runs_repeat() -> None:
 
 
 def test_the_cpu_share_counts_steps_and_hops() -> None:
-    busy = [False, True]
-    share = CpuShare(2, [lambda: busy[0], lambda: busy[1]])
+    share = CpuShare(2)
+    share.steps = 1  # one replica in a step
     assert share.stretch(0.0) == 1.0  # one other step: two jobs on two cores
     share.add_hop(0.0, 0.01)
     share.add_hop(0.0, 0.03)
