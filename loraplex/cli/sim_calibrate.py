@@ -20,8 +20,56 @@ if TYPE_CHECKING:
     from loraplex.bench.sim.calibrate_target import Target
 
 
+Report = Annotated[Path | None, typer.Option(help="Also write every sample here (JSON).")]
+PrefillLengths = Annotated[str, typer.Option(help="Prompt lengths of the lone prefill requests.")]
+
+
 def register_calibrate(sim_app: typer.Typer) -> None:
     sim_app.command("calibrate")(calibrate_command)
+    sim_app.command("calibrate-fleet")(calibrate_fleet_command)
+
+
+def calibrate_fleet_command(
+    *,
+    base: Annotated[
+        Path, typer.Option(help="A lone server's cost-model file (sim calibrate's output).")
+    ],
+    out: Annotated[Path, typer.Option(help="Cost-model file to write (JSON).")],
+    replicas: Annotated[int, typer.Option(help="Engine replicas of the demo fleet.")] = 3,
+    requests: Annotated[
+        int, typer.Option(help="Lone requests per prompt length and adapter (and decode ones).")
+    ] = 8,
+    prefill_lengths: PrefillLengths = "8,16,32,64",
+    report: Report = None,
+    asset_dir: Annotated[
+        Path, typer.Option(help="Demo assets cache (base model <dir>/test-small).")
+    ] = Path(".loraplex-assets"),
+) -> None:
+    """Add a fleet's costs to a lone server's model: measure a local demo fleet (Ray) with lone
+    warm requests through its ingress: the ingress-to-replica hop and its spread, the
+    co-located replicas' step scale, and the machine's cores (docs/simulator.md)."""
+    from loraplex.bench.sim.calibrate_fleet import FleetCalibrateConfig, calibrate_fleet
+    from loraplex.sim.cost_model import load
+
+    try:
+        config = FleetCalibrateConfig(
+            replicas=replicas,
+            requests=requests,
+            prefill_lengths=ints(prefill_lengths, "--prefill-lengths"),
+        )
+        base_model = load(base)
+    except (ValueError, OSError) as exc:
+        raise typer.BadParameter(str(exc)) from exc
+    argv = sys.argv[1:]
+    given = argv[argv.index("calibrate-fleet") + 1 :] if "calibrate-fleet" in argv else argv
+    command = shlex.join(["loraplex", "sim", "calibrate-fleet", *given])
+    model, measured = calibrate_fleet(base_model, config, asset_dir, command)
+    model.save(out)
+    if report is not None:
+        report.write_text(json.dumps(measured, sort_keys=True) + "\n", encoding="utf-8")
+    typer.echo(
+        json.dumps({"name": "sim-calibrate-fleet", "out": str(out), **json.loads(model.to_json())})
+    )
 
 
 def _target(
@@ -68,15 +116,11 @@ def calibrate_command(
     ] = "1,2,4,8",
     revisions: Annotated[str, typer.Option(help="Distinct adapters per step mix.")] = "1,2,4",
     output_tokens: Annotated[int, typer.Option(help="Decode steps per mix request (>= 3).")] = 24,
-    prefill_lengths: Annotated[
-        str, typer.Option(help="Prompt lengths of the lone prefill requests.")
-    ] = "8,16,32,64",
+    prefill_lengths: PrefillLengths = "8,16,32,64",
     repeats: Annotated[
         int, typer.Option(help="Runs of each step mix (its sample: the runs' median).")
     ] = 3,
-    report: Annotated[
-        Path | None, typer.Option(help="Also write every sample here (JSON).")
-    ] = None,
+    report: Report = None,
     asset_dir: Annotated[
         Path, typer.Option(help="--self: demo assets cache (base model <dir>/test-small).")
     ] = Path(".loraplex-assets"),

@@ -276,5 +276,6 @@ def calibrated_model(
         sources=dict(sources),
         load_cpu_shared=load_cpu_shared,
         hop_jitter_s=hop_jitter_s,
-        **overheads,
+        front_s=overheads.get("front_s", 0.0),
+        network_s=overheads.get("network_s", 0.0),
     )

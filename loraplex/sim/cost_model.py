@@ -41,6 +41,19 @@ hop floored at 0. A deterministic hop makes every warm request's TTFT the same, 
 percentile that falls between the warm and the cold requests then jumps from one to the other,
 where a real server's spread moves it smoothly. A file without the key adds nothing.
 
+In a fleet (more than one replica) the hop adds ``network_s`` (ingress to replica), each hop
+draws from ``network_jitter_s`` instead of ``hop_jitter_s`` when given (the spread of lone warm
+requests through the fleet), and a replica's CPU work, every step and every load stage, costs
+``fleet_cpu_scale`` times its price (the replicas co-located on one machine with the fleet's other
+processes, against a lone server; ``sim calibrate-fleet`` measures all three, the scale on lone
+decode steps: that load stages slow alike is the model's assumption).
+
+With ``cores`` (the CPU cores the deployment's processes share), the machine's CPU is shared:
+a step that starts while ``n`` other CPU jobs run (other replicas' steps, requests' hops in
+flight: the front's and the fleet hop's work) costs ``max(1, (n + 1) / cores)`` times its
+price. The factor is read when the step starts (a steady decode run keeps its first step's).
+A file without the key charges no contention.
+
 A tier transfer of ``n`` bytes over a link costs ``fixed_s + n / bytes_per_s``. With
 ``load_cpu_shared`` (a CPU-only server, whose loader and engine share one core), a transfer
 stage that starts while a step runs also delays that replica's next step by its seconds.
@@ -152,6 +165,12 @@ class CostModel:
     # Quantiles at evenly spaced probabilities 0..1 of a request's extra hop seconds (a lone
     # warm request's TTFT less its group's median; may be negative); (): every hop the same.
     hop_jitter_s: tuple[float, ...] = ()
+    # The same for a fleet's hop (front + IPC + network); (): a fleet draws from hop_jitter_s.
+    network_jitter_s: tuple[float, ...] = ()
+    # A fleet replica's step and load-stage time over a lone server's (co-location); 1: same.
+    fleet_cpu_scale: float = 1.0
+    # CPU cores the deployment's processes share (module docstring); None: no contention term.
+    cores: int | None = None
     # Where each number comes from: a calibration run (command, date, machine) or a citation.
     sources: dict[str, str] = field(default_factory=dict)
 
@@ -167,16 +186,23 @@ class CostModel:
         for name in ("front_s", "ipc_s", "network_s"):
             _non_negative(f"CostModel.{name}", getattr(self, name))
         _check_quantiles("CostModel.hop_jitter_s", self.hop_jitter_s)
+        _check_quantiles("CostModel.network_jitter_s", self.network_jitter_s)
+        scale = self.fleet_cpu_scale
+        if not (scale > 0 and math.isfinite(scale)):
+            raise ValueError(f"CostModel.fleet_cpu_scale must be finite and > 0, got {scale!r}")
+        if self.cores is not None and (isinstance(self.cores, bool) or self.cores < 1):
+            raise ValueError(f"CostModel.cores must be None or an integer >= 1, got {self.cores!r}")
         if not self.validated and not self.sources:
             raise ValueError(
                 f"CostModel {self.hardware!r} is unvalidated and cites no sources: "
                 "every hand-written number must say where it comes from"
             )
 
-    def hop_jitter(self, u: float) -> float:
-        """The extra hop seconds at probability ``u`` in [0, 1): ``hop_jitter_s`` interpolated
-        linearly between its quantiles; 0 without them."""
-        points = self.hop_jitter_s
+    def hop_jitter(self, u: float, fleet: bool = False) -> float:
+        """The extra hop seconds at probability ``u`` in [0, 1): ``hop_jitter_s`` (a fleet's:
+        ``network_jitter_s`` when given) interpolated linearly between its quantiles; 0 without
+        them."""
+        points = self.network_jitter_s if fleet and self.network_jitter_s else self.hop_jitter_s
         if not points:
             return 0.0
         at = u * (len(points) - 1)
@@ -185,8 +211,15 @@ class CostModel:
 
     def to_json(self) -> str:
         body = {"schema": SCHEMA, **asdict(self), "step": self.step.to_dict()}
-        if not self.hop_jitter_s:  # a file without jitter reads as it did before the key
-            del body["hop_jitter_s"]
+        # A file without these keys reads as it did before they existed.
+        for key, default in (
+            ("hop_jitter_s", ()),
+            ("network_jitter_s", ()),
+            ("fleet_cpu_scale", 1.0),
+            ("cores", None),
+        ):
+            if body[key] == default:
+                del body[key]
         return json.dumps(body, indent=2, sort_keys=True) + "\n"
 
     def save(self, path: Path) -> None:
@@ -203,7 +236,8 @@ def from_dict(body: dict[str, object], origin: str = "<dict>") -> CostModel:
     if body.get("schema") != SCHEMA:
         raise ValueError(f"{origin}: schema must be {SCHEMA!r}, got {body.get('schema')!r}")
     known = {"schema", "hardware", "validated", "step", "links", "front_s", "ipc_s"}
-    known |= {"network_s", "sources", "load_cpu_shared", "hop_jitter_s"}
+    known |= {"network_s", "sources", "load_cpu_shared", "hop_jitter_s", "network_jitter_s"}
+    known |= {"fleet_cpu_scale", "cores"}
     unknown = sorted(set(body) - known)
     if unknown:
         raise ValueError(f"{origin}: unknown keys {unknown}")
@@ -217,6 +251,9 @@ def from_dict(body: dict[str, object], origin: str = "<dict>") -> CostModel:
     shared = body.get("load_cpu_shared", False)
     if not isinstance(shared, bool):
         raise ValueError(f"{origin}: load_cpu_shared must be true or false, got {shared!r}")
+    cores = body.get("cores")
+    if cores is not None and (not isinstance(cores, int) or isinstance(cores, bool)):
+        raise ValueError(f"{origin}: cores must be an integer, got {cores!r}")
     return CostModel(
         hardware=str(body.get("hardware", "")),
         validated=bool(body.get("validated", False)),
@@ -230,6 +267,11 @@ def from_dict(body: dict[str, object], origin: str = "<dict>") -> CostModel:
         network_s=_float(body, "network_s"),
         load_cpu_shared=shared,
         hop_jitter_s=_number_list(body.get("hop_jitter_s", []), f"{origin}: hop_jitter_s"),
+        network_jitter_s=_number_list(
+            body.get("network_jitter_s", []), f"{origin}: network_jitter_s"
+        ),
+        fleet_cpu_scale=_float(body, "fleet_cpu_scale", 1.0),
+        cores=cores,
         sources={str(k): str(v) for k, v in sources.items()},
     )
 
@@ -270,8 +312,8 @@ def _check_quantiles(name: str, points: tuple[float, ...]) -> None:
         raise ValueError(f"{name} {list(points)} is invalid; expected quantiles in ascending order")
 
 
-def _float(body: dict[str, object], key: str) -> float:
-    value = body.get(key, 0.0)
+def _float(body: dict[str, object], key: str, default: float = 0.0) -> float:
+    value = body.get(key, default)
     if not isinstance(value, (int, float)) or isinstance(value, bool):
         raise ValueError(f"{key} must be a number, got {value!r}")
     return float(value)

@@ -29,13 +29,17 @@ class CostModelPipeline:
         footprints: Mapping[AdapterKey, Footprint],
         cost: CostModel,
         on_charge: Callable[[float], None] | None = None,
+        scale: float = 1.0,
     ) -> None:
         self._footprints = footprints
         self._links = cost.links
+        self._scale = scale  # a fleet replica's CPU scale (``CostModel.fleet_cpu_scale``)
         self._on_charge = on_charge  # told each stage's seconds (the engine's shared CPU)
 
     def _charge(self, stage: Stage, link: str, nbytes: int) -> dict[Stage, float]:
         seconds = self._links[link].seconds(nbytes)
+        if self._scale != 1.0:
+            seconds *= self._scale
         if self._on_charge is not None:
             self._on_charge(seconds)
         return {stage: seconds}

@@ -37,6 +37,7 @@ from loraplex.residency.warm import AutoWarmConfig
 from loraplex.sampling import FINISH_ABORT, FINISH_LENGTH
 from loraplex.sim.config import SimConfig
 from loraplex.sim.cost_model import CostModel
+from loraplex.sim.cpu import CpuShare
 from loraplex.sim.decode_run import DecodeRun, run_length
 from loraplex.sim.outcome import Outcome
 from loraplex.sim.pipeline import CostModelPipeline
@@ -98,12 +99,16 @@ class SimReplica:
         footprints: Mapping[AdapterKey, Footprint],
         ranks: Mapping[AdapterKey, int],
         skip_steps: bool = True,
+        cpu: CpuShare | None = None,
     ) -> None:
         self.index = index
         self.replica_id = f"replica-{index:03d}"
         self._executor = executor
         self._clock = executor.clock
         self._step_cost = cost.step
+        # A fleet's replicas are co-located: steps and load stages cost the measured scale.
+        self._cpu_scale = cost.fleet_cpu_scale if config.replicas > 1 else 1.0
+        self._cpu = cpu  # the machine's shared cores (cost model's ``cores``), if modelled
         self._idle_wait_s = config.idle_wait_s
         self._ranks = ranks
         # adapter -> its bytes, and its bytes per rank, when the cost model prices them
@@ -114,7 +119,10 @@ class SimReplica:
         self.cache = TieredAdapterCache(
             cache_config(config),
             CostModelPipeline(
-                footprints, cost, self._on_load_cpu if cost.load_cpu_shared else None
+                footprints,
+                cost,
+                self._on_load_cpu if cost.load_cpu_shared else None,
+                self._cpu_scale,
             ),
             policy=make_policy(config.eviction_policy),
             clock=self._clock,
@@ -194,11 +202,15 @@ class SimReplica:
             if self.scheduler.requests:  # all wait (loads, quotas): poll as the engine loop does
                 self._plan_at(now + self._idle_wait_s)
             return  # else idle until an arrival wakes it
-        seconds = self._seconds(plan)
+        seconds = self._seconds(plan) * self._cpu_scale
+        if self._cpu is not None:
+            seconds *= self._cpu.stretch(now)
         steady = self._steady and not self._load_debt_s
         seconds += self._load_debt_s
         self._load_debt_s = 0.0
         self._in_step = True
+        if self._cpu is not None:
+            self._cpu.steps += 1
         if not (steady and self._start_run(plan, now, seconds)):
             self._executor.call_at(now + seconds, lambda: self._apply(plan))
 
@@ -226,7 +238,7 @@ class SimReplica:
         sched = self.scheduler
         sampled = {c.request_id: _TOKEN for c in plan.chunks if c.samples}
         sched.update(plan, StepResult(sampled, {}))
-        self._in_step = False
+        self._step_ended()
         self.num_steps += 1
         now = self._clock.now()
         for request_id in sampled:
@@ -272,7 +284,7 @@ class SimReplica:
         run, self._run, self._run_end = self._run, None, None
         assert run is not None  # the event is cancelled when the run stops early
         run.finish()
-        self._in_step = False
+        self._step_ended()
         self._plan()
 
     def _stop_run(self) -> None:
@@ -312,6 +324,11 @@ class SimReplica:
             req, outcome = requests.get(chunk.request_id), self._outcomes.get(chunk.request_id)
             if req is not None and outcome is not None:
                 outcome.output_tokens = len(req.output_token_ids)
+
+    def _step_ended(self) -> None:
+        if self._in_step and self._cpu is not None:
+            self._cpu.steps -= 1
+        self._in_step = False
 
     def _on_load_cpu(self, seconds: float) -> None:
         """A load stage starts (``load_cpu_shared``) while the engine steps or plans a step: the

@@ -5,7 +5,8 @@ ordered by (time, submission sequence) shared by every replica's cache loads, en
 request arrivals, on one ``ManualClock``; nothing reads wall time. Arrivals are fed in trace
 order (the heap holds only what is in flight, never the whole trace): the loop runs every event
 due by a request's ``t_s``, the router (a fleet) picks its replica, and the engine receives it
-after the cost model's front, IPC and (fleet) network overheads.
+after the cost model's front, IPC and (fleet) network overheads. With the cost model's
+``cores``, steps and hops share the machine's CPU (``sim/cpu.py``).
 """
 
 from __future__ import annotations
@@ -24,6 +25,7 @@ from loraplex.router import RouteRequest
 from loraplex.sampling import SamplingParams
 from loraplex.sim.config import SimConfig
 from loraplex.sim.cost_model import CostModel
+from loraplex.sim.cpu import CpuShare
 from loraplex.sim.fleet import SimFleetRouter
 from loraplex.sim.outcome import Outcome
 from loraplex.sim.replica import SimReplica
@@ -89,12 +91,14 @@ def simulate(
 ) -> SimResult:
     """Runs ``trace`` (sorted by ``t_s``) through ``config``'s deployment, charged by
     ``cost_model``; the same inputs give the same result. ``skip_steps`` False steps every
-    steady decode batch one event at a time (``sim/decode_run.py``; the same result, slower)."""
+    steady decode batch one event at a time (``sim/decode_run.py``; the same result, slower,
+    except with the cost model's ``cores``: a run keeps its first step's factor, ``sim/cpu.py``)."""
     clock = ManualClock()
     executor = SimExecutor(clock)
     adapters = trace_adapters(trace, config)
     footprints = {a.key: a.footprint for a in adapters.values()}
     ranks = {a.key: a.rank for a in adapters.values()}
+    cpu = None if cost_model.cores is None else CpuShare(cost_model.cores)
     replicas = [
         SimReplica(
             i,
@@ -104,6 +108,7 @@ def simulate(
             footprints=footprints,
             ranks=ranks,
             skip_steps=skip_steps,
+            cpu=cpu,
         )
         for i in range(config.replicas)
     ]
@@ -111,7 +116,9 @@ def simulate(
     hop_s = cost_model.front_s + cost_model.ipc_s + (cost_model.network_s if fleet else 0.0)
     # Its own stream (string seeds hash by SHA-512: the same in every process), drawn once per
     # request in trace order, so the router's random choices are the same with or without it.
-    jitter = random.Random(f"hop-jitter-{config.seed}") if cost_model.hop_jitter_s else None
+    spread = cost_model.network_jitter_s if fleet else ()
+    jittered = bool(cost_model.hop_jitter_s or spread)
+    jitter = random.Random(f"hop-jitter-{config.seed}") if jittered else None
     outcomes: list[Outcome] = []
     last_t = 0.0
     for index, record in enumerate(trace):
@@ -128,7 +135,11 @@ def simulate(
             key = None if adapter is None else str(adapter.key)
             replica, outcome.reason = fleet.route(RouteRequest(key, None, record.prompt_tokens))
         outcome.replica = replica.index
-        hop = hop_s if jitter is None else max(0.0, hop_s + cost_model.hop_jitter(jitter.random()))
+        hop = hop_s
+        if jitter is not None:
+            hop = max(0.0, hop_s + cost_model.hop_jitter(jitter.random(), fleet is not None))
+        if cpu is not None:
+            cpu.add_hop(record.t_s, record.t_s + hop)
         executor.call_at(record.t_s + hop, _submit(replica, request, outcome))
     executor.drain()
     for replica in replicas:

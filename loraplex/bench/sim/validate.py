@@ -127,6 +127,23 @@ def fleet_cache_outcome(statuses: Sequence[dict[str, Any]]) -> dict[str, Any]:
     return cache_outcome(hits, misses, l0_loads)
 
 
+def fleet_settings(registry: Fleet, settings: RealSettings, root: Path, port: int) -> Any:
+    """The ``FleetSettings`` of a fleet on ``registry`` with ``settings``, the default router."""
+    from loraplex.bench.serve.fleet import serve_values
+    from loraplex.fleet.settings import FleetSettings
+    from loraplex.router.router import DEFAULT_POLICY
+    from loraplex.serve.config import merge
+
+    values = serve_values(registry, root, settings.options(), port)
+    return FleetSettings(
+        serve=merge({}, values),
+        model_dir=registry.model_dir,
+        engine_replicas=settings.replicas,
+        policy=DEFAULT_POLICY,
+        seed=settings.seed,
+    )
+
+
 def fleet_outcome(
     target: tuple[Fleet, str, int], workload: Workload, settings: RealSettings,
     drive: DriveConfig, root: Path,
@@ -134,22 +151,10 @@ def fleet_outcome(
     """``workload`` on a fresh real fleet; ``target`` is (registry, ingress URL, its port)."""
     from loraplex.bench.fleet.cluster import board_entries, deployed, fleet_state, settled_counters
     from loraplex.bench.fleet.drive import replay
-    from loraplex.bench.serve.fleet import serve_values
-    from loraplex.fleet.settings import FleetSettings
-    from loraplex.router.router import DEFAULT_POLICY
-    from loraplex.serve.config import merge
 
     registry, url, port = target
-    values = serve_values(registry, root, settings.options(), port)
-    fleet = FleetSettings(
-        serve=merge({}, values),
-        model_dir=registry.model_dir,
-        engine_replicas=settings.replicas,
-        policy=DEFAULT_POLICY,
-        seed=settings.seed,
-    )
     drop_page_cache(registry.store)
-    with deployed(fleet, url, registry.admin_key):
+    with deployed(fleet_settings(registry, settings, root, port), url, registry.admin_key):
         records = asyncio.run(replay(url, workload.requests, registry.keys, drive))
         settled_counters(settings.replicas, time.monotonic())  # every replica reported since
         statuses = [e.status for e in board_entries()]

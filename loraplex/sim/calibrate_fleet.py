@@ -1,0 +1,104 @@
+"""The fleet's calibration fit (``loraplex sim calibrate-fleet``): a lone server's cost model plus
+what a fleet adds, from lone warm requests sent through a running fleet's ingress.
+
+Torch-free and HTTP-free: ``bench/sim/calibrate_fleet.py`` measures, this module fits.
+
+- ``fleet_cpu_scale``: the median, over lone decode requests (nothing else running), of
+  their TPOT over the base model's price of a one-token decode step of their adapter: a
+  replica's step co-located with the fleet's other processes, against a lone server's.
+- ``network_s``: the median, over lone prefill requests (``max_tokens`` 1), of their TTFT less
+  the base model's lone-server TTFT of the same request (``front_s + ipc_s`` and the prefill
+  step, scaled as above), floored at 0: the ingress-to-replica hop.
+- ``network_jitter_s``: the quantiles of each lone prefill request's TTFT less its group's
+  median (prompt length and adapter), as ``hop_jitter_s`` is measured on one server.
+- ``cores``: given by the caller (the machine's usable cores where the fleet ran).
+"""
+
+from __future__ import annotations
+
+import math
+import statistics
+from collections import defaultdict
+from collections.abc import Sequence
+from dataclasses import dataclass, replace
+
+from loraplex.sim.calibrate import jitter_quantiles
+from loraplex.sim.cost_model import CostModel
+
+
+@dataclass(frozen=True)
+class FleetSample:
+    """One lone warm request through the fleet: its shape and what the client measured."""
+
+    prompt_tokens: int  # its prompt
+    rank: int  # its adapter's rank
+    nbytes: int  # its adapter's A+B bytes as served
+    ttft_s: float  # arrival to first token
+    tpot_s: float | None = None  # seconds per output token after the first; None: a prefill one
+
+    def __post_init__(self) -> None:
+        if self.prompt_tokens < 1 or self.rank < 1 or self.nbytes < 1:
+            raise ValueError(f"FleetSample {self} is invalid; expected counts >= 1")
+        for value in (self.ttft_s, self.tpot_s):
+            if value is not None and not (value > 0 and math.isfinite(value)):
+                raise ValueError(f"FleetSample {self} is invalid; expected seconds > 0")
+
+    def prefill_price_s(self, base: CostModel) -> float:
+        """The base model's prefill step of this request (one revision, its prompt)."""
+        p = self.prompt_tokens
+        return base.step.seconds(
+            0, p, 1, p * self.rank, byte_tokens=p * self.nbytes,
+            revision_widths=self.nbytes / self.rank,
+        )  # fmt: skip
+
+    def decode_price_s(self, base: CostModel) -> float:
+        """The base model's one-token decode step of this request's adapter."""
+        return base.step.seconds(
+            1, 0, 1, self.rank, byte_tokens=self.nbytes, revision_widths=self.nbytes / self.rank
+        )
+
+
+@dataclass(frozen=True)
+class FleetFit:
+    """The fleet terms and how they were found."""
+
+    fleet_cpu_scale: float
+    network_s: float
+    network_jitter_s: tuple[float, ...]
+    prefill_samples: int
+    decode_samples: int
+    raw_network_s: float  # the median before the floor at 0
+
+
+def fit_fleet(base: CostModel, samples: Sequence[FleetSample]) -> FleetFit:
+    """The fleet terms (module docstring); refused without two prefill and one decode sample."""
+    decodes = [s for s in samples if s.tpot_s is not None]
+    prefills = [s for s in samples if s.tpot_s is None]
+    if len(prefills) < 2 or not decodes:
+        raise ValueError(
+            f"fleet samples are too few ({len(prefills)} prefill, {len(decodes)} decode); "
+            "expected >= 2 lone prefill requests and >= 1 lone decode request"
+        )
+    scale = statistics.median(s.tpot_s / s.decode_price_s(base) for s in decodes if s.tpot_s)
+    lone_s = base.front_s + base.ipc_s
+    raw = statistics.median(s.ttft_s - lone_s - scale * s.prefill_price_s(base) for s in prefills)
+    groups: dict[tuple[int, int, int], list[float]] = defaultdict(list)
+    for s in prefills:
+        groups[(s.prompt_tokens, s.rank, s.nbytes)].append(s.ttft_s)
+    residuals = [t - statistics.median(ts) for ts in groups.values() for t in ts]
+    return FleetFit(
+        scale, max(0.0, raw), jitter_quantiles(residuals), len(prefills), len(decodes), raw
+    )
+
+
+def fleet_model(base: CostModel, fit: FleetFit, cores: int, sources: dict[str, str]) -> CostModel:
+    """``base`` with the fleet terms of ``fit`` and the machine's ``cores``; ``sources`` (the
+    fleet run's command, date, machine and method per key) are added to the base's."""
+    return replace(
+        base,
+        network_s=fit.network_s,
+        network_jitter_s=fit.network_jitter_s,
+        fleet_cpu_scale=fit.fleet_cpu_scale,
+        cores=cores,
+        sources={**base.sources, **sources},
+    )
