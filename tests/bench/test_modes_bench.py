@@ -32,6 +32,8 @@ def test_one_run_reports_every_figure(tmp_path: Path) -> None:
         "uniform16_auto_over_unmerged",
         "prefill_unmerged_lora_overhead",
         "prefill_skewed80_merged_over_unmerged",
+        "skewed80_free_negative_over_unmerged",
+        "prefill_skewed80_free_negative_over_unmerged",
     ):
         assert metrics[key] is None or metrics[key] > 0, key
     assert 0.5 < metrics["skewed80_hot_share"] < 1.0
@@ -59,6 +61,11 @@ def test_one_run_reports_every_figure(tmp_path: Path) -> None:
     assert set(forced["tokens_per_s"]) == {"masked", "grouped", "auto"}
     assert forced["auto_chose"] in ("masked", "grouped")
     assert forced["auto_over_best_forced"] > 0
+
+
+def test_the_ceiling_runs_the_hot_sequences_on_the_base_model() -> None:
+    slots = [modes.HOT, 3, None, modes.HOT, 7]
+    assert modes.hot_as_base(slots) == [None, 3, None, None, 7]  # the others keep theirs
 
 
 def test_the_gain_bound_follows_the_per_token_model() -> None:

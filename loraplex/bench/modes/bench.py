@@ -85,9 +85,18 @@ def gain_bound(hot_share: float, overhead: float | None) -> float | None:
     return None if saved >= 1 else 1 / (1 - saved)
 
 
+def hot_as_base(slots: list[int | None]) -> list[int | None]:
+    """``slots`` with the hot revision's sequences on the base model: run unmerged, the step
+    every merged execution of ``slots`` is at best (the hot tokens' LoRA work gone and the
+    negative pass free; the other tokens' own adapters still run), so its tokens/s over
+    unmerged's is the ceiling of merged / unmerged on that batch, measured."""
+    return [None if s == HOT else s for s in slots]
+
+
 def prefill_figures(setup: Setup, skewed: list[int | None]) -> dict[str, object]:
     """Prefill steps: the unmerged LoRA overhead on one revision, and the skewed trace merged
-    (the hot revision) over unmerged; same work on both sides, one clock."""
+    (the hot revision) over unmerged, and its ceiling (:func:`hot_as_base`); same work on
+    every side, one clock."""
     single: list[int | None] = [HOT] * setup.config.batch_size
     merged = setup.merge(HOT)
     try:
@@ -96,7 +105,12 @@ def prefill_figures(setup: Setup, skewed: list[int | None]) -> dict[str, object]
         )
         mixed = throughput(
             setup,
-            {"base": (skewed, None), "unmerged": (skewed, setup.pool), "merged": (skewed, merged)},
+            {
+                "base": (skewed, None),
+                "unmerged": (skewed, setup.pool),
+                "merged": (skewed, merged),
+                "free_negative": (hot_as_base(skewed), setup.pool),
+            },
             prefill=True,
         )
     finally:
@@ -107,6 +121,9 @@ def prefill_figures(setup: Setup, skewed: list[int | None]) -> dict[str, object]
     return {
         "prefill_unmerged_lora_overhead": overhead,
         "prefill_skewed80_merged_over_unmerged": ratio(mixed["merged"], mixed["unmerged"]),
+        "prefill_skewed80_free_negative_over_unmerged": ratio(
+            mixed["free_negative"], mixed["unmerged"]
+        ),
         "prefill_skewed80_lora_overhead": mixed_overhead,
         "prefill_skewed80_gain_bound": gain_bound(hot, mixed_overhead),
         "prefill_tokens_per_s": {**one, **{f"skewed80_{k}": v for k, v in mixed.items()}},
@@ -274,6 +291,8 @@ def run_modes_bench(config: ModesBenchConfig) -> dict[str, object]:
                     "unmerged": (slots, setup.pool),
                     "auto": (slots, auto),
                 }
+                if name == "skewed80":
+                    variants["free_negative"] = (hot_as_base(slots), setup.pool)
                 tps = throughput(setup, variants)
             finally:
                 if choice is not None:
@@ -282,6 +301,10 @@ def run_modes_bench(config: ModesBenchConfig) -> dict[str, object]:
             metrics[f"{name}_auto_over_unmerged"] = ratio(tps["auto"], tps["unmerged"])
             # the LoRA overhead of this very batch (base / unmerged, same group and clock)
             metrics[f"{name}_lora_overhead"] = ratio(tps["base"], tps["unmerged"])
+            if "free_negative" in tps:  # merged / unmerged's ceiling on this batch, same group
+                metrics[f"{name}_free_negative_over_unmerged"] = ratio(
+                    tps["free_negative"], tps["unmerged"]
+                )
         metrics["skewed80_unmerged_strategies"] = strategies(setup, skewed)
         metrics["share_sweep"] = share_sweep(setup, rng)
         metrics.update(replay_figures(setup, costs, rng, parity))
