@@ -164,7 +164,7 @@ def skewed_slots(rng: random.Random, n: int, hot_share: float) -> list[int | Non
 
 def auto_decision(slots: list[int | None], costs: MeasuredCosts) -> int | None:
     """The slot ``auto`` merges for a steady trace of ``slots`` steps at 50 steps/s."""
-    window = TokenWindow(ModePolicyConfig().window_s)
+    window = TokenWindow(ModePolicyConfig().window_s, 0.0)
     for t in range(60):
         for slot in slots:
             window.record(float(t), None if slot is None else str(slot), 50)
@@ -181,7 +181,7 @@ def flaps_per_min(
     """Transitions per minute on a trace alternating its hot revision every 30 s (1 step/s,
     200 tokens a step, 80 % on the hot one), replayed through ``decide`` in simulated time."""
     config = config or ModePolicyConfig()
-    window = TokenWindow(config.window_s)
+    window = TokenWindow(config.window_s, 0.0)
     merged: str | None = None
     last: float | None = None
     count = 0
