@@ -78,7 +78,7 @@ class ModeController:
         self.policy = policy or ModePolicyConfig()
         # the prior until measured (LoraCostMeter)
         self.lora_cost = LoraCostMeter(lora_s_per_token, min_samples=self.policy.min_measured_steps)
-        self.window = TokenWindow(self.policy.window_s)
+        self.window = TokenWindow(self.policy.window_s, clock.now())
         self.transitions: list[Transition] = []
         self._keys: dict[str, AdapterKey] = {}  # ref -> key of revisions seen in steps
         self._pending: Future[Lease] | None = None  # lease asked for the revision to merge

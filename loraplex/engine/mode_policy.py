@@ -175,12 +175,17 @@ def decide(
 
 
 class TokenWindow:
-    """Tokens per revision over the last ``window_s`` (events kept in time order)."""
+    """Tokens per revision over the last ``window_s`` (events kept in time order). The rate is
+    over the time actually observed: ``window_s``, or less while fewer seconds than that have
+    passed since ``start_s`` (when counting began). NOTE: dividing by ``window_s`` from the
+    start under-reported the rate by ``elapsed / window_s`` for the first ``window_s``, so a
+    merge whose transition costs more than a few steps never paid then (a short trace never
+    merged on the large preset)."""
 
-    def __init__(self, window_s: float) -> None:
+    def __init__(self, window_s: float, start_s: float) -> None:
         if not window_s > 0:
             raise ValueError(f"window_s {window_s} is invalid; expected > 0")
-        self.window_s = window_s
+        self.window_s, self.start_s = window_s, start_s
         self._events: deque[tuple[float, str | None, int]] = deque()
         self._totals: dict[str | None, int] = {}
 
@@ -199,7 +204,8 @@ class TokenWindow:
             ((r, n / total) for r, n in self._totals.items() if r is not None and n > 0),
             key=lambda item: (-item[1], item[0]),  # ties: the first name
         )
-        return TrafficShare(tuple(adapters), total / self.window_s)
+        observed_s = min(self.window_s, now_s - self.start_s)
+        return TrafficShare(tuple(adapters), total / observed_s if observed_s > 0 else 0.0)
 
     def _expire(self, now_s: float) -> None:
         while self._events and self._events[0][0] < now_s - self.window_s:

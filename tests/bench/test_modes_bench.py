@@ -12,6 +12,7 @@ from loraplex.bench.modes import bench as modes
 from loraplex.bench.modes.parity import ParityReport, ParityRule, ProbeMismatchError
 from loraplex.bench.modes.plot import modes_plot
 from loraplex.bench.modes.setup import NUM_ADAPTERS, ModesBenchConfig, Setup, probes
+from loraplex.engine.mode_policy import MeasuredCosts
 from loraplex.model.adapter_weights import AdapterWeights
 from loraplex.model.merge import linear_of
 
@@ -32,6 +33,8 @@ def test_one_run_reports_every_figure(tmp_path: Path) -> None:
         "uniform16_auto_over_unmerged",
         "prefill_unmerged_lora_overhead",
         "prefill_skewed80_merged_over_unmerged",
+        "skewed80_free_negative_over_unmerged",
+        "prefill_skewed80_free_negative_over_unmerged",
     ):
         assert metrics[key] is None or metrics[key] > 0, key
     assert 0.5 < metrics["skewed80_hot_share"] < 1.0
@@ -44,6 +47,8 @@ def test_one_run_reports_every_figure(tmp_path: Path) -> None:
     assert metrics["mode_transition_ms_p50"] <= metrics["mode_transition_ms_p99"]
     assert metrics["uniform16_auto_merged_slot"] is None  # uniform traffic never merges
     assert metrics["mode_flaps_per_min"] <= 1.0
+    replayed = metrics["skewed80_replay"]["auto_lora_s_per_token"]  # what step-level auto weighed
+    assert metrics["auto_costs"]["lora_measured"] == (replayed is not None)
     assert metrics["probes_identical"] == 1 + 2 * NUM_ADAPTERS
     parity = metrics["parity"]  # float32: exact, every probe and replayed request identical
     assert parity["rule"]["exact"] and parity["num_divergences"] == 0
@@ -59,6 +64,21 @@ def test_one_run_reports_every_figure(tmp_path: Path) -> None:
     assert set(forced["tokens_per_s"]) == {"masked", "grouped", "auto"}
     assert forced["auto_chose"] in ("masked", "grouped")
     assert forced["auto_over_best_forced"] > 0
+
+
+def test_step_level_auto_weighs_the_cost_the_replay_measured_or_nothing() -> None:
+    prior = MeasuredCosts(0.005, 3e-5, unmerged_step_s_per_token=1e-3)
+    got = modes.auto_costs(prior, {"auto_lora_s_per_token": 1.4e-3})
+    assert (got.lora_s_per_token, got.lora_measured) == (1.4e-3, True)
+    unmeasured = modes.auto_costs(prior, {"auto_lora_s_per_token": None})
+    assert not unmeasured.lora_measured  # the pair's figure is a prior: no merge on it
+    assert modes.auto_decision([modes.HOT] * 16 + [1, 2, 3, 4], unmeasured) is None
+    assert modes.auto_decision([modes.HOT] * 16 + [1, 2, 3, 4], got) == modes.HOT
+
+
+def test_the_ceiling_runs_the_hot_sequences_on_the_base_model() -> None:
+    slots = [modes.HOT, 3, None, modes.HOT, 7]
+    assert modes.hot_as_base(slots) == [None, 3, None, None, 7]  # the others keep theirs
 
 
 def test_the_gain_bound_follows_the_per_token_model() -> None:

@@ -67,7 +67,7 @@ def test_no_transition_within_the_dwell_time() -> None:
 
 def replay(hot_of: list[str], seconds: int, rng: random.Random) -> list[tuple[float, Action]]:
     """One step per second: 100 tokens, 80 % to the hot revision of that second."""
-    window = TokenWindow(CONFIG.window_s)
+    window = TokenWindow(CONFIG.window_s, 0.0)
     merged: str | None = None
     last: float | None = None
     transitions = []
@@ -96,7 +96,7 @@ def test_alternating_hot_revision_switches_at_most_once_a_minute() -> None:
 
 
 def test_uniform_traffic_never_merges() -> None:
-    window = TokenWindow(CONFIG.window_s)
+    window = TokenWindow(CONFIG.window_s, 0.0)
     rng = random.Random(1)
     for now in range(300):
         for _ in range(100):
@@ -105,7 +105,7 @@ def test_uniform_traffic_never_merges() -> None:
 
 
 def test_token_window_counts_tokens_not_requests_and_forgets_old_work() -> None:
-    window = TokenWindow(10.0)
+    window = TokenWindow(10.0, -9.0)  # counting for 10 s already: the whole window
     window.record(0.0, "a@1", 90)
     window.record(1.0, "b@1", 10)
     window.record(1.0, None, 100)
@@ -116,6 +116,31 @@ def test_token_window_counts_tokens_not_requests_and_forgets_old_work() -> None:
     assert window.share(100.0) == TrafficShare((), 0.0)
     with pytest.raises(ValueError, match="num_tokens -1"):
         window.record(1.0, "a@1", -1)
+
+
+def test_the_rate_is_over_the_seconds_observed_until_the_window_fills() -> None:
+    window = TokenWindow(30.0, 100.0)  # counting began at 100 s
+    assert window.share(100.0).tokens_per_s == 0.0  # nothing observed yet
+    for now in range(101, 161):  # 50 tokens a second
+        window.record(float(now), "a@1", 50)
+        observed = min(30.0, now - 100.0)
+        assert window.share(float(now)).tokens_per_s == pytest.approx(
+            50 * min(now - 100, 31) / observed
+        )
+    assert window.share(160.0).tokens_per_s == pytest.approx(50 * 31 / 30)  # a full window
+
+
+def test_a_short_trace_merges_once_the_observed_rate_repays_the_transition() -> None:
+    """At 200 tokens/s with 0.8 on one revision, a merge of 0.3 s repays itself (gain 0.6 *
+    200 * 1e-3 * 10 = 1.2 s); over a fixed 30 s denominator the rate read 200 * 3 / 30 at
+    3 s and no merge paid (gain 0.12 s)."""
+    costs = MeasuredCosts(0.3, 1e-3, unmerged_step_s_per_token=1e-3)
+    window = TokenWindow(CONFIG.window_s, 0.0)
+    for now in (1.0, 2.0, 3.0):
+        window.record(now, "a@1", 160)
+        window.record(now, "b@1", 40)
+    got = decide(None, None, window.share(3.0), costs, CONFIG)
+    assert got.action is Action.MERGE and got.revision == "a@1"
 
 
 @pytest.mark.parametrize(

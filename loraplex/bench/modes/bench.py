@@ -7,7 +7,8 @@ interleaved, warmed-up medians (WORKLOADS.md rules) on one clock. Scenarios:
 - ``single``: every sequence on one revision: base (no LoRA), unmerged, merged.
 - ``skewed``: per step 80 % of the sequences on the hot revision, the rest over 15 others:
   unmerged vs ``auto`` (whatever :func:`~loraplex.engine.mode_policy.decide` picks from the
-  measured costs and the trace's token share).
+  measured costs, the LoRA cost being the one the skewed replay's ``auto`` measured online,
+  and the trace's token share).
 - ``uniform``: 16 revisions evenly: unmerged vs ``auto``.
 - flapping: a trace alternating its hot revision every 30 s replayed through ``decide`` in
   simulated time with the measured costs.
@@ -24,6 +25,7 @@ import statistics
 import tempfile
 import time
 from collections.abc import Callable
+from dataclasses import replace
 from pathlib import Path
 
 import torch
@@ -85,9 +87,18 @@ def gain_bound(hot_share: float, overhead: float | None) -> float | None:
     return None if saved >= 1 else 1 / (1 - saved)
 
 
+def hot_as_base(slots: list[int | None]) -> list[int | None]:
+    """``slots`` with the hot revision's sequences on the base model: run unmerged, the step
+    every merged execution of ``slots`` is at best (the hot tokens' LoRA work gone and the
+    negative pass free; the other tokens' own adapters still run), so its tokens/s over
+    unmerged's is the ceiling of merged / unmerged on that batch, measured."""
+    return [None if s == HOT else s for s in slots]
+
+
 def prefill_figures(setup: Setup, skewed: list[int | None]) -> dict[str, object]:
     """Prefill steps: the unmerged LoRA overhead on one revision, and the skewed trace merged
-    (the hot revision) over unmerged; same work on both sides, one clock."""
+    (the hot revision) over unmerged, and its ceiling (:func:`hot_as_base`); same work on
+    every side, one clock."""
     single: list[int | None] = [HOT] * setup.config.batch_size
     merged = setup.merge(HOT)
     try:
@@ -96,7 +107,12 @@ def prefill_figures(setup: Setup, skewed: list[int | None]) -> dict[str, object]
         )
         mixed = throughput(
             setup,
-            {"base": (skewed, None), "unmerged": (skewed, setup.pool), "merged": (skewed, merged)},
+            {
+                "base": (skewed, None),
+                "unmerged": (skewed, setup.pool),
+                "merged": (skewed, merged),
+                "free_negative": (hot_as_base(skewed), setup.pool),
+            },
             prefill=True,
         )
     finally:
@@ -107,6 +123,9 @@ def prefill_figures(setup: Setup, skewed: list[int | None]) -> dict[str, object]
     return {
         "prefill_unmerged_lora_overhead": overhead,
         "prefill_skewed80_merged_over_unmerged": ratio(mixed["merged"], mixed["unmerged"]),
+        "prefill_skewed80_free_negative_over_unmerged": ratio(
+            mixed["free_negative"], mixed["unmerged"]
+        ),
         "prefill_skewed80_lora_overhead": mixed_overhead,
         "prefill_skewed80_gain_bound": gain_bound(hot, mixed_overhead),
         "prefill_tokens_per_s": {**one, **{f"skewed80_{k}": v for k, v in mixed.items()}},
@@ -145,9 +164,20 @@ def skewed_slots(rng: random.Random, n: int, hot_share: float) -> list[int | Non
     return slots
 
 
+def auto_costs(costs: MeasuredCosts, replay: object) -> MeasuredCosts:
+    """``costs`` with the LoRA cost the skewed replay's ``auto`` measured online (the median
+    over its replays), as an engine's ``auto`` weighs it; none measured: the prior, marked
+    unmeasured, so nothing merges on it (the base / unmerged pair it comes from is inside one
+    round's noise where LoRA is a small part of a step: it read 0 on the large preset)."""
+    measured = replay.get("auto_lora_s_per_token") if isinstance(replay, dict) else None
+    if not isinstance(measured, float):
+        return replace(costs, lora_measured=False)
+    return replace(costs, lora_s_per_token=measured, lora_measured=True)
+
+
 def auto_decision(slots: list[int | None], costs: MeasuredCosts) -> int | None:
     """The slot ``auto`` merges for a steady trace of ``slots`` steps at 50 steps/s."""
-    window = TokenWindow(ModePolicyConfig().window_s)
+    window = TokenWindow(ModePolicyConfig().window_s, 0.0)
     for t in range(60):
         for slot in slots:
             window.record(float(t), None if slot is None else str(slot), 50)
@@ -164,7 +194,7 @@ def flaps_per_min(
     """Transitions per minute on a trace alternating its hot revision every 30 s (1 step/s,
     200 tokens a step, 80 % on the hot one), replayed through ``decide`` in simulated time."""
     config = config or ModePolicyConfig()
-    window = TokenWindow(config.window_s)
+    window = TokenWindow(config.window_s, 0.0)
     merged: str | None = None
     last: float | None = None
     count = 0
@@ -257,14 +287,20 @@ def run_modes_bench(config: ModesBenchConfig) -> dict[str, object]:
         finally:
             setup.unmerge()
         lora_s = (1 / single_tps["unmerged"] - 1 / single_tps["base"]) if single_tps["base"] else 0
+        lora_prior = max(lora_s, 0.0)  # the replays' prior; their auto measures its own
         costs = MeasuredCosts(  # the unmerged steps just timed are the veto's baseline
             statistics.median(merges + unmerges) / 1000,
-            max(lora_s, 0.0),
+            lora_prior,
             unmerged_step_s_per_token=1 / single_tps["unmerged"],
         )
         skewed = skewed_slots(rng, config.batch_size, 0.8)
         uniform: list[int | None] = [i % NUM_ADAPTERS for i in range(config.batch_size)]
-        metrics: dict[str, object] = {}
+        metrics: dict[str, object] = {
+            "skewed80_unmerged_strategies": strategies(setup, skewed),
+            "share_sweep": share_sweep(setup, rng),
+            **replay_figures(setup, costs, rng, parity),
+        }
+        costs = auto_costs(costs, metrics["skewed80_replay"])
         for name, slots in (("skewed80", skewed), ("uniform16", uniform)):
             choice = auto_decision(slots, costs)
             auto = setup.merge(choice) if choice is not None else setup.pool
@@ -274,6 +310,8 @@ def run_modes_bench(config: ModesBenchConfig) -> dict[str, object]:
                     "unmerged": (slots, setup.pool),
                     "auto": (slots, auto),
                 }
+                if name == "skewed80":
+                    variants["free_negative"] = (hot_as_base(slots), setup.pool)
                 tps = throughput(setup, variants)
             finally:
                 if choice is not None:
@@ -282,9 +320,10 @@ def run_modes_bench(config: ModesBenchConfig) -> dict[str, object]:
             metrics[f"{name}_auto_over_unmerged"] = ratio(tps["auto"], tps["unmerged"])
             # the LoRA overhead of this very batch (base / unmerged, same group and clock)
             metrics[f"{name}_lora_overhead"] = ratio(tps["base"], tps["unmerged"])
-        metrics["skewed80_unmerged_strategies"] = strategies(setup, skewed)
-        metrics["share_sweep"] = share_sweep(setup, rng)
-        metrics.update(replay_figures(setup, costs, rng, parity))
+            if "free_negative" in tps:  # merged / unmerged's ceiling on this batch, same group
+                metrics[f"{name}_free_negative_over_unmerged"] = ratio(
+                    tps["free_negative"], tps["unmerged"]
+                )
         metrics.update(prefill_figures(setup, skewed))
     hot = sum(s == HOT for s in skewed) / len(skewed)
     overhead = ratio(single_tps["base"], single_tps["unmerged"])
@@ -306,7 +345,12 @@ def run_modes_bench(config: ModesBenchConfig) -> dict[str, object]:
             "mode_flaps_per_min": flaps_per_min(costs, 10, rng),
             "probes_identical": num_probes,
             "parity": parity.describe(),
-            "lora_s_per_token": costs.lora_s_per_token,
+            "lora_s_per_token": lora_prior,
+            "auto_costs": {  # what the step-level auto and the flap trace weighed
+                "lora_s_per_token": costs.lora_s_per_token,
+                "lora_measured": costs.lora_measured,
+                "transition_s": costs.transition_s,
+            },
         }
     )
     return {

@@ -118,7 +118,7 @@ class AutoMode:
 
     def __init__(self, setup: Setup, costs: MeasuredCosts, config: ModePolicyConfig) -> None:
         self.setup, self.costs, self.config = setup, costs, config
-        self.window = TokenWindow(config.window_s)
+        self.window = TokenWindow(config.window_s, time.perf_counter())
         self.step_costs = StepCosts(min_steps=config.min_measured_steps)
         self.lora_cost = LoraCostMeter(
             costs.lora_s_per_token, min_samples=config.min_measured_steps
