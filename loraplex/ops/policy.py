@@ -29,19 +29,20 @@ class StepShape:
     # batched: 0 = the active slots share one row grid (one batched matmul pair); n = they do
     # not, and it runs one pair per group of a rank class (plan.rank_classes), gathered
     block_groups: int = 0
+    gathered: int = 0  # batched per rank class: adapter tokens copied in and added back
 
     @classmethod
     def of(cls, num_tokens: int, tokens: dict[int, int], layout: ArenaLayout) -> StepShape:
         """``tokens``: active slot -> its tokens (plan.active_slot_tokens)."""
         row_lo, row_hi = covered_rows(layout, list(tokens))
         grid = block_grid(layout, list(tokens))
-        groups = 0
+        groups = gathered = 0
         if grid is not None:
             spanned = grid[1] * grid[2]
             padded = spanned * max(tokens.values())
         else:
             classes = rank_classes(layout, list(tokens))
-            groups = len(classes)
+            groups, gathered = len(classes), sum(tokens.values())
             spanned = sum(len(run) * rows for _, _, rows, run in classes)
             padded = sum(
                 len(run) * rows * max(tokens[slot] for slot in run) for _, _, rows, run in classes
@@ -58,6 +59,7 @@ class StepShape:
             scales.device.type == "cpu" and scales.element_size() == 2,
             scales.device.type != "cpu",
             groups,
+            gathered,
         )
 
 
@@ -138,11 +140,14 @@ class AutoPolicy:
 
     def _batched_cost(self, shape: StepShape, width: int) -> int:
         reads = self._skinny_read_macs(shape) * shape.block_rows
-        work = (shape.padded_cells + reads) * max(width, 1)
         if not shape.block_groups:  # one grid: about as many launches as masked
-            return work
-        # per group a shrink, a scale and an expand, plus the gather: beyond masked's four
+            return (shape.padded_cells + reads) * max(width, 1)
+        # per rank class: each token's row copied in and added back (a read each, per unit of
+        # width: this is what keeps long prefill runs grouped), and per group a shrink, a scale
+        # and an expand plus the gather and the scatter: launches beyond masked's four
+        copies = self.read_macs * shape.gathered
         launch = self.accelerator_launch_macs if shape.on_accelerator else self.launch_macs
+        work = (shape.padded_cells + reads + copies) * max(width, 1)
         return work + launch * (3 * shape.block_groups - 1)
 
     def _skinny_read_macs(self, shape: StepShape) -> int:

@@ -291,6 +291,7 @@ def test_step_shape_counts_block_groups_off_one_grid() -> None:
     # S2 packed round-robin: each rank class lies at one stride (120 rows)
     assert shape.block_groups == 4
     assert shape.block_rows == 2 * 120 and shape.padded_cells == 2 * 2 * 120
+    assert shape.gathered == 16
     equal = StepShape.of(
         8, {slot: 1 for slot in range(8)}, filled_pool("auto", EQUAL_RANKS)[0].layout
     )
@@ -301,24 +302,29 @@ def test_auto_batches_mixed_ranks_per_class_where_it_is_cheapest() -> None:
     # the small preset's 32-token decode step over 16 S2 adapters (width 416), measured: per
     # rank class batched beat masked and grouped (docs/benchmarks/execution.md)
     s2 = {"num_tokens": 32, "runs": 16, "covered_rows": 480, "active_rows": 480}
-    shape = StepShape(**s2, exact_cells=960, block_rows=480, padded_cells=960, block_groups=4)
+    blocked = {"block_rows": 480, "padded_cells": 960, "block_groups": 4, "gathered": 32}
+    shape = StepShape(**s2, exact_cells=960, **blocked)
     assert AutoPolicy().choose(shape, 416) is Strategy.BATCHED
+    # prefill, 16 x 64 tokens: copying every token in and out costs more than grouped's
+    # launches over long runs it reads in place
+    prefill = {**s2, "num_tokens": 1024, "exact_cells": 30720, "padded_cells": 30720}
+    prefill_shape = StepShape(**prefill, block_rows=480, block_groups=4, gathered=1024)
+    assert AutoPolicy().choose(prefill_shape, 416) is Strategy.GROUPED
     # each group's launches count: on a GPU they decide, and 16-bit CPU reads stay dear
-    gpu = StepShape(**s2, exact_cells=960, block_rows=480, padded_cells=960, block_groups=4,
-                    on_accelerator=True)  # fmt: skip
+    gpu = StepShape(**s2, exact_cells=960, **blocked, on_accelerator=True)
     assert AutoPolicy().choose(gpu, 416) is Strategy.MASKED
-    half = StepShape(**s2, exact_cells=960, block_rows=480, padded_cells=960, block_groups=4,
-                     half_on_cpu=True)  # fmt: skip
+    half = StepShape(**s2, exact_cells=960, **blocked, half_on_cpu=True)
     assert AutoPolicy().choose(half, 416) is Strategy.MASKED
     # sixteen groups of one slot cost more launches than they save
-    many = StepShape(**s2, exact_cells=960, block_rows=480, padded_cells=960, block_groups=16)
+    many = StepShape(**s2, exact_cells=960, **{**blocked, "block_groups": 16})
     assert AutoPolicy().choose(many, 416) is not Strategy.BATCHED
 
 
 def test_auto_runs_batched_per_rank_class_on_s2() -> None:
     pool, adapters = filled_pool("auto", [64, 32, 16, 8] * 2)
-    # the tiny spec is launch-bound; with free launches per-class batching is the cheapest
-    pool.backend = AutoBackend(AutoPolicy(launch_macs=0))
+    # the tiny spec is launch-bound; with free launches and copies batching ties grouped's
+    # exact work and wins the tie
+    pool.backend = AutoBackend(AutoPolicy(launch_macs=0, read_macs=0))
     slots = [*range(8), *range(8), -1]
     batch = pool.prepare(torch.tensor(slots))
     assert batch.strategy is Strategy.BATCHED and batch.classes is not None
