@@ -183,6 +183,16 @@ def batched_batch(
         None if direct else keep,
         None if direct else positions,
     )
+    return batched_of(token_slots, layout, slots, grid=plan)
+
+
+def batched_of(
+    token_slots: torch.Tensor,
+    layout: ArenaLayout,
+    slots: list[int],
+    grid: BlockPlan | None = None,
+    classes: BlockSet | None = None,
+) -> LoraBatch:
     bits = bits_of(slots)
     return LoraBatch(
         token_slots,
@@ -190,7 +200,8 @@ def batched_batch(
         Strategy.BATCHED,
         active_bits=bits,
         active_tables=active_tables(layout, bits),
-        grid=plan,
+        grid=grid,
+        classes=classes,
     )
 
 
@@ -282,18 +293,11 @@ def blocked_batch(
     if not exact:
         scales = scales * torch.tensor(real, dtype=scales.dtype, device=device)
     rows_of = layout.row_scale[:, [layout.slot_starts[slot] for slot in tokens]].tolist()
-    bits = bits_of(list(tokens))
-    return LoraBatch(
-        token_slots,
-        int(token_slots.numel()),
-        Strategy.BATCHED,
-        active_bits=bits,
-        active_tables=active_tables(layout, bits),
-        classes=BlockSet(
-            tuple(groups),
-            len(padded),
-            torch.tensor(padded, dtype=torch.int64, device=device),
-            scales.unsqueeze(2),
-            tuple(common_scale(row) if exact else None for row in rows_of),
-        ),
+    blocks = BlockSet(
+        tuple(groups),
+        len(padded),
+        torch.tensor(padded, dtype=torch.int64, device=device),
+        scales.unsqueeze(2),
+        tuple(common_scale(row) if exact else None for row in rows_of),
     )
+    return batched_of(token_slots, layout, list(tokens), classes=blocks)
