@@ -35,6 +35,9 @@ class SlotRows:
     scale: float  # PEFT scaling (alpha/r or alpha/sqrt(r)) of this module; 0.0 when rank is 0
 
 
+MAX_STRIDED_VIEWS = 256  # per arena view: the rank-class views kept (ModuleLoraWeights.strided)
+
+
 @dataclass(frozen=True)
 class ModuleLoraWeights:
     """One (layer, module)'s arena plus the slot table that indexes it."""
@@ -86,6 +89,8 @@ class ModuleLoraWeights:
         key = (group.row_lo, group.row_stride, group.num_blocks, group.block_rows)
         got = self._strided.get(key)
         if got is None:
+            if len(self._strided) >= MAX_STRIDED_VIEWS:  # steps' subsets of slots vary: bound it
+                self._strided.clear()
             got = self._strided[key] = (
                 _row_blocks(self.lora_a, group).transpose(1, 2),
                 _row_blocks(self.lora_b, group),

@@ -13,7 +13,7 @@ from test_backends import SPEC, expected_delta, filled_pool, run_all_modules
 from loraplex.model.adapter_weights import AdapterWeights, ModuleWeights
 from loraplex.model.lora import LoraSlotPool
 from loraplex.ops import AutoBackend, AutoPolicy, Strategy
-from loraplex.ops.base import ArenaLayout
+from loraplex.ops.base import MAX_STRIDED_VIEWS, ArenaLayout, BlockGroup
 from loraplex.ops.plan import rank_classes
 from loraplex.ops.policy import StepShape
 
@@ -168,6 +168,11 @@ def test_strided_block_views_are_views_made_once() -> None:
     assert torch.equal(lora_a_t[1], view.lora_a[24:40].T)
     assert torch.equal(lora_b_t[1], view.lora_b[24:40])
     assert view.strided(group)[0] is lora_a_t
+    # every step's subset of slots may make new groups: the kept views are bounded
+    for stride in range(16, 16 + MAX_STRIDED_VIEWS):  # inside the 512-row arena
+        for blocks in (1, 2):
+            view.strided(BlockGroup(0, stride, blocks, 16, 1, 0))
+    assert 0 < len(view._strided) <= MAX_STRIDED_VIEWS
 
 
 def test_block_views_are_views_made_once() -> None:
