@@ -35,6 +35,9 @@ class SlotRows:
     scale: float  # PEFT scaling (alpha/r or alpha/sqrt(r)) of this module; 0.0 when rank is 0
 
 
+MAX_STRIDED_VIEWS = 256  # per arena view: the rank-class views kept (ModuleLoraWeights.strided)
+
+
 @dataclass(frozen=True)
 class ModuleLoraWeights:
     """One (layer, module)'s arena plus the slot table that indexes it."""
@@ -50,6 +53,10 @@ class ModuleLoraWeights:
     )
     # (row_lo, num_blocks, block_rows) -> the block views of :meth:`blocks`, kept likewise
     _blocks: dict[tuple[int, int, int], tuple[torch.Tensor, torch.Tensor]] = field(
+        default_factory=dict, compare=False, repr=False
+    )
+    # (row_lo, row_stride, num_blocks, block_rows) -> the views of :meth:`strided`, kept likewise
+    _strided: dict[tuple[int, int, int, int], tuple[torch.Tensor, torch.Tensor]] = field(
         default_factory=dict, compare=False, repr=False
     )
 
@@ -74,6 +81,32 @@ class ModuleLoraWeights:
             lora_b = self.lora_b[span].view(plan.num_blocks, plan.block_rows, -1)
             got = self._blocks[key] = (lora_a.transpose(1, 2), lora_b)
         return got
+
+    def strided(self, group: BlockGroup) -> tuple[torch.Tensor, torch.Tensor]:
+        """``(A.T, B^T)`` of ``group``'s blocks, ``[num_blocks, d_in, block_rows]`` and
+        ``[num_blocks, block_rows, d_out]``: block ``i`` is the ``block_rows`` rows from
+        ``row_lo + i * row_stride``; strided views of the arena, never copies."""
+        key = (group.row_lo, group.row_stride, group.num_blocks, group.block_rows)
+        got = self._strided.get(key)
+        if got is None:
+            if len(self._strided) >= MAX_STRIDED_VIEWS:  # steps' subsets of slots vary: bound it
+                self._strided.clear()
+            got = self._strided[key] = (
+                _row_blocks(self.lora_a, group).transpose(1, 2),
+                _row_blocks(self.lora_b, group),
+            )
+        return got
+
+
+def _row_blocks(rows: torch.Tensor, group: BlockGroup) -> torch.Tensor:
+    """``rows`` ([n, d], unit column stride) viewed as ``group``'s ``[num_blocks, block_rows,
+    d]`` blocks."""
+    step = rows.stride(0)
+    return rows.as_strided(
+        (group.num_blocks, group.block_rows, rows.shape[1]),
+        (group.row_stride * step, step, rows.stride(1)),
+        rows.storage_offset() + group.row_lo * step,
+    )
 
 
 @dataclass(frozen=True)
@@ -130,6 +163,35 @@ class BlockPlan:
 
 
 @dataclass(frozen=True)
+class BlockGroup:
+    """One rank class of a :class:`BlockSet`: ``num_blocks`` slots that reserve ``block_rows``
+    rows each, starting at ``row_lo + i * row_stride`` (any stride: one batched matmul reads
+    them in place), with ``tokens_per_block`` rows each of the padded input from ``offset``."""
+
+    row_lo: int  # first arena row of block 0
+    row_stride: int  # arena rows from one block's start to the next's (>= block_rows)
+    num_blocks: int  # active slots of the class, in arena order
+    block_rows: int  # rows every slot of the class reserves
+    tokens_per_block: int  # most tokens any slot of the class has this step
+    offset: int  # first row of the class in the padded input
+
+
+@dataclass(frozen=True, eq=False)  # holds tensors: compared by identity
+class BlockSet:
+    """BATCHED when the active slots share no one grid (several ranks): one batched matmul pair
+    per rank class. Every adapter token is gathered once into a padded input, class after
+    class, block after block; a padding row repeats a token of its own block and is scaled by 0,
+    so it adds nothing and never carries another slot's values."""
+
+    groups: tuple[BlockGroup, ...]  # in padded-input order
+    rows: int  # rows of the padded input (sum of num_blocks x tokens_per_block)
+    tokens: torch.Tensor  # [rows] int64: the token of x each padded row reads and adds to
+    scales: torch.Tensor  # [num_tables, rows, 1] its slot's scale per module; 0 on padding
+    # per table: the scale every padded row shares there when nothing is padded, else None
+    alphas: tuple[float | None, ...]
+
+
+@dataclass(frozen=True)
 class LoraBatch:
     """Per-step metadata, built once per forward and shared by every layer and module."""
 
@@ -146,6 +208,7 @@ class LoraBatch:
     misses: torch.Tensor | None = None
     active_tables: tuple[bool, ...] = ()  # per table: some active slot has a LoRA pair there
     grid: BlockPlan | None = None  # BATCHED: the row blocks and where each token goes
+    classes: BlockSet | None = None  # BATCHED without one grid: the blocks per rank class
 
     @property
     def adds_nothing(self) -> bool:

@@ -8,7 +8,15 @@ from __future__ import annotations
 
 import torch
 
-from loraplex.ops.base import ArenaLayout, BlockPlan, LoraBatch, Segment, Strategy
+from loraplex.ops.base import (
+    ArenaLayout,
+    BlockGroup,
+    BlockPlan,
+    BlockSet,
+    LoraBatch,
+    Segment,
+    Strategy,
+)
 
 
 def check_token_slots(token_slots: torch.Tensor, num_slots: int) -> None:
@@ -175,6 +183,16 @@ def batched_batch(
         None if direct else keep,
         None if direct else positions,
     )
+    return batched_of(token_slots, layout, slots, grid=plan)
+
+
+def batched_of(
+    token_slots: torch.Tensor,
+    layout: ArenaLayout,
+    slots: list[int],
+    grid: BlockPlan | None = None,
+    classes: BlockSet | None = None,
+) -> LoraBatch:
     bits = bits_of(slots)
     return LoraBatch(
         token_slots,
@@ -182,7 +200,8 @@ def batched_batch(
         Strategy.BATCHED,
         active_bits=bits,
         active_tables=active_tables(layout, bits),
-        grid=plan,
+        grid=grid,
+        classes=classes,
     )
 
 
@@ -212,3 +231,73 @@ def common_scale(scales: list[float]) -> float | None:
     if len(nonzero) > 1:
         return None
     return nonzero.pop() if nonzero else 0.0
+
+
+def rank_classes(layout: ArenaLayout, slots: list[int]) -> list[tuple[int, int, int, list[int]]]:
+    """``slots`` cut into groups one batched matmul can read in place: ``(row_lo, row_stride,
+    block_rows, slots)``, the slots of a group reserving ``block_rows`` rows each at starts
+    ``row_lo + i * row_stride`` (arena order). Per rank class, its slots in arena order are cut
+    into maximal runs of equal start-to-start distance (a packed arena loaded round-robin over a
+    few ranks puts each class at one stride)."""
+    by_rows: dict[int, list[int]] = {}
+    for slot in slots:
+        by_rows.setdefault(layout.slot_rows[slot], []).append(slot)
+    groups: list[tuple[int, int, int, list[int]]] = []
+    for rows, members in sorted(by_rows.items()):
+        members.sort(key=lambda slot: layout.slot_starts[slot])
+        run = [members[0]]
+        for slot in members[1:]:
+            first = layout.slot_starts[run[0]]
+            stride = layout.slot_starts[run[1]] - first if len(run) > 1 else 0
+            if len(run) == 1 or layout.slot_starts[slot] - layout.slot_starts[run[-1]] == stride:
+                run.append(slot)
+                continue
+            groups.append(class_group(layout, rows, run))
+            run = [slot]
+        groups.append(class_group(layout, rows, run))
+    return groups
+
+
+def class_group(layout: ArenaLayout, rows: int, run: list[int]) -> tuple[int, int, int, list[int]]:
+    starts = [layout.slot_starts[slot] for slot in run]
+    stride = starts[1] - starts[0] if len(run) > 1 else rows
+    return starts[0], stride, rows, run
+
+
+def blocked_batch(
+    token_slots: torch.Tensor, layout: ArenaLayout, tokens: dict[int, int]
+) -> LoraBatch:
+    """Every adapter token placed in its slot's block of its rank class (``tokens``: active
+    slot -> its tokens); see :class:`~loraplex.ops.base.BlockSet`. Built on the host: a few
+    list operations per token cost less than a dozen tiny tensor ops at decode sizes."""
+    positions: dict[int, list[int]] = {slot: [] for slot in tokens}
+    for position, slot in enumerate(token_slots.tolist()):
+        if slot in positions:
+            positions[slot].append(position)
+    groups: list[BlockGroup] = []
+    padded: list[int] = []  # per padded row: the token it reads (padding: its block's first)
+    starts: list[int] = []  # per padded row: its slot's first arena row
+    real: list[float] = []  # per padded row: 1.0, or 0.0 for padding
+    for row_lo, stride, rows, run in rank_classes(layout, list(tokens)):
+        most = max(tokens[slot] for slot in run)
+        groups.append(BlockGroup(row_lo, stride, len(run), rows, most, len(padded)))
+        for slot in run:
+            own = positions[slot]
+            padding = most - len(own)
+            padded += own + [own[0]] * padding
+            starts += [layout.slot_starts[slot]] * most
+            real += [1.0] * len(own) + [0.0] * padding
+    device = token_slots.device
+    scales = layout.row_scale[:, torch.tensor(starts, dtype=torch.int64, device=device)]
+    exact = len(padded) == sum(tokens.values())
+    if not exact:
+        scales = scales * torch.tensor(real, dtype=scales.dtype, device=device)
+    rows_of = layout.row_scale[:, [layout.slot_starts[slot] for slot in tokens]].tolist()
+    blocks = BlockSet(
+        tuple(groups),
+        len(padded),
+        torch.tensor(padded, dtype=torch.int64, device=device),
+        scales.unsqueeze(2),
+        tuple(common_scale(row) if exact else None for row in rows_of),
+    )
+    return batched_of(token_slots, layout, list(tokens), classes=blocks)

@@ -9,7 +9,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from loraplex.ops.base import ArenaLayout, Strategy
-from loraplex.ops.plan import block_grid, covered_rows
+from loraplex.ops.plan import block_grid, covered_rows, rank_classes
 
 
 @dataclass(frozen=True)
@@ -21,18 +21,32 @@ class StepShape:
     covered_rows: int  # masked: rows from the first to the last active slot's block
     active_rows: int  # rows the active slots own
     exact_cells: int  # sum over active slots of tokens x rows
-    # batched: rows its blocks span (0: the active slots share no row grid, so it cannot run)
+    # batched: rows its blocks span (0: batched cannot run)
     block_rows: int = 0
-    padded_cells: int = 0  # batched: blocks x most tokens of a slot x rows per block
+    padded_cells: int = 0  # batched: blocks x most tokens of their slot (class) x rows per block
     half_on_cpu: bool = False  # 16-bit weights on a CPU (skinny matmuls read them slowly)
     on_accelerator: bool = False  # weights on a GPU: a launch costs far more multiply-adds
+    # batched: 0 = the active slots share one row grid (one batched matmul pair); n = they do
+    # not, and it runs one pair per group of a rank class (plan.rank_classes), gathered
+    block_groups: int = 0
+    gathered: int = 0  # batched per rank class: adapter tokens copied in and added back
 
     @classmethod
     def of(cls, num_tokens: int, tokens: dict[int, int], layout: ArenaLayout) -> StepShape:
         """``tokens``: active slot -> its tokens (plan.active_slot_tokens)."""
         row_lo, row_hi = covered_rows(layout, list(tokens))
         grid = block_grid(layout, list(tokens))
-        spanned = 0 if grid is None else grid[1] * grid[2]
+        groups = gathered = 0
+        if grid is not None:
+            spanned = grid[1] * grid[2]
+            padded = spanned * max(tokens.values())
+        else:
+            classes = rank_classes(layout, list(tokens))
+            groups, gathered = len(classes), sum(tokens.values())
+            spanned = sum(len(run) * rows for _, _, rows, run in classes)
+            padded = sum(
+                len(run) * rows * max(tokens[slot] for slot in run) for _, _, rows, run in classes
+            )
         scales = layout.row_scale
         return cls(
             num_tokens,
@@ -41,9 +55,11 @@ class StepShape:
             sum(layout.slot_rows[slot] for slot in tokens),
             sum(count * layout.slot_rows[slot] for slot, count in tokens.items()),
             spanned,
-            spanned * max(tokens.values()),
+            padded,
             scales.device.type == "cpu" and scales.element_size() == 2,
             scales.device.type != "cpu",
+            groups,
+            gathered,
         )
 
 
@@ -124,7 +140,15 @@ class AutoPolicy:
 
     def _batched_cost(self, shape: StepShape, width: int) -> int:
         reads = self._skinny_read_macs(shape) * shape.block_rows
-        return (shape.padded_cells + reads) * max(width, 1)
+        if not shape.block_groups:  # one grid: about as many launches as masked
+            return (shape.padded_cells + reads) * max(width, 1)
+        # per rank class: each token's row copied in and added back (a read each, per unit of
+        # width: this is what keeps long prefill runs grouped), and per group a shrink, a scale
+        # and an expand plus the gather and the scatter: launches beyond masked's four
+        copies = self.read_macs * shape.gathered
+        launch = self.accelerator_launch_macs if shape.on_accelerator else self.launch_macs
+        work = (shape.padded_cells + reads + copies) * max(width, 1)
+        return work + launch * (3 * shape.block_groups - 1)
 
     def _skinny_read_macs(self, shape: StepShape) -> int:
         return self.read_macs * (self.half_cpu_read_factor if shape.half_on_cpu else 1)

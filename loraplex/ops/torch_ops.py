@@ -10,7 +10,10 @@
 - ``batched``: when every active slot reserves the same rows on one row grid (one rank served,
   the usual case), their row range viewed as equal blocks: one batched A matmul and one batched
   B matmul for every slot at once, exact rank, each token against its own block only (tokens
-  padded per block, gathered only when not already in block order). Otherwise grouped.
+  padded per block, gathered only when not already in block order). Otherwise (several
+  ranks) one such pair per rank class: a class's slots, in arena order, lie at one stride
+  (cut into runs that do), which a strided view reads in place; every adapter token is
+  gathered once into a padded input and added back with one ``index_add_``.
 - ``auto``: picks one of them per step from the step's shape (see
   :class:`~loraplex.ops.policy.AutoPolicy`).
 """
@@ -19,11 +22,19 @@ from __future__ import annotations
 
 import torch
 
-from loraplex.ops.base import ArenaLayout, LoraBatch, ModuleLoraWeights, Segment, Strategy
+from loraplex.ops.base import (
+    ArenaLayout,
+    BlockSet,
+    LoraBatch,
+    ModuleLoraWeights,
+    Segment,
+    Strategy,
+)
 from loraplex.ops.plan import (
     active_slot_tokens,
     active_slots,
     batched_batch,
+    blocked_batch,
     check_token_slots,
     grouped_batch,
     masked_batch,
@@ -80,7 +91,9 @@ def apply_batched(
 ) -> torch.Tensor:
     plan = batch.grid
     if plan is None:
-        raise ValueError("batch strategy BATCHED requires a grid; expected batched_batch output")
+        if batch.classes is not None:
+            return apply_blocks(x, out, weights, batch.classes)
+        raise ValueError("batch strategy BATCHED requires a grid or classes; expected its plan")
     lora_a_t, lora_b_t = weights.blocks(plan)
     shape = (plan.num_blocks, plan.tokens_per_block)
     count = plan.num_blocks * plan.tokens_per_block
@@ -101,6 +114,26 @@ def apply_batched(
         return out
     delta = torch.bmm(hidden, lora_b_t).view(count, out.shape[1])
     return out.index_add_(0, tokens, delta.index_select(0, positions), alpha=alpha)
+
+
+def apply_blocks(
+    x: torch.Tensor, out: torch.Tensor, weights: ModuleLoraWeights, blocks: BlockSet
+) -> torch.Tensor:
+    """One batched matmul pair per rank class over its strided row blocks, on the gathered
+    padded input, added back with one ``index_add_``."""
+    source = x.index_select(0, blocks.tokens)
+    delta = out.new_empty((blocks.rows, out.shape[1]))
+    alpha = blocks.alphas[weights.table_index]
+    scales = blocks.scales[weights.table_index]
+    for group in blocks.groups:
+        lora_a_t, lora_b_t = weights.strided(group)
+        span = slice(group.offset, group.offset + group.num_blocks * group.tokens_per_block)
+        shape = (group.num_blocks, group.tokens_per_block)
+        hidden = torch.bmm(source[span].view(*shape, x.shape[1]), lora_a_t)
+        if alpha is None:  # NOTE: padding rows get scale 0 (they repeat a token of their block)
+            hidden.mul_(scales[span].view(*shape, 1))
+        torch.bmm(hidden, lora_b_t, out=delta[span].view(*shape, out.shape[1]))
+    return out.index_add_(0, blocks.tokens, delta, alpha=1.0 if alpha is None else alpha)
 
 
 def apply_batch(
@@ -150,9 +183,23 @@ class GroupedBackend:
         return apply_batch(x, out, weights, batch)
 
 
+def batched_or_blocked(
+    token_slots: torch.Tensor,
+    layout: ArenaLayout,
+    tokens: dict[int, int],
+    shape: StepShape | None = None,
+) -> LoraBatch:
+    """The batched plan: one grid when the active slots share one (``batch.grid``), else one
+    group of blocks per rank class (``batch.classes``)."""
+    shape = shape or StepShape.of(int(token_slots.numel()), tokens, layout)
+    if shape.block_groups:
+        return blocked_batch(token_slots, layout, tokens)
+    return batched_batch(token_slots, layout, tokens)
+
+
 class BatchedBackend:
-    """The batched computation whenever the step's active slots share a row grid, else grouped
-    (the step's ``LoraBatch.strategy`` says which ran)."""
+    """Always the batched computation: over one row grid when the active slots share one, else
+    one batched matmul pair per rank class (``LoraBatch.grid`` / ``classes`` say which)."""
 
     name = "batched"
 
@@ -161,9 +208,7 @@ class BatchedBackend:
         tokens = active_slot_tokens(token_slots, layout)
         if not tokens:
             return none_batch(token_slots)
-        if StepShape.of(int(token_slots.numel()), tokens, layout).block_rows:
-            return batched_batch(token_slots, layout, tokens)
-        return grouped_batch(token_slots, layout, list(tokens))
+        return batched_or_blocked(token_slots, layout, tokens)
 
     def apply(
         self, x: torch.Tensor, out: torch.Tensor, weights: ModuleLoraWeights, batch: LoraBatch
@@ -192,7 +237,7 @@ class AutoBackend:
         if strategy is Strategy.MASKED:
             return masked_batch(token_slots, layout, slots)
         if strategy is Strategy.BATCHED:
-            return batched_batch(token_slots, layout, tokens)
+            return batched_or_blocked(token_slots, layout, tokens, shape)
         return grouped_batch(token_slots, layout, slots)
 
     def apply(

@@ -12,8 +12,9 @@ from test_backends import SPEC, expected_delta, filled_pool, run_all_modules
 
 from loraplex.model.adapter_weights import AdapterWeights, ModuleWeights
 from loraplex.model.lora import LoraSlotPool
-from loraplex.ops import AutoPolicy, Strategy
-from loraplex.ops.base import ArenaLayout
+from loraplex.ops import AutoBackend, AutoPolicy, Strategy
+from loraplex.ops.base import MAX_STRIDED_VIEWS, ArenaLayout, BlockGroup
+from loraplex.ops.plan import rank_classes
 from loraplex.ops.policy import StepShape
 
 EQUAL_RANKS = [16] * 8
@@ -89,8 +90,17 @@ def test_partial_target_modules_and_untargeted_slots_add_only_their_own() -> Non
     run_all_modules(pool, adapters, slots, seed=11)
 
 
-def test_one_adapters_overflow_does_not_reach_other_tokens() -> None:
-    adapters = [weights_on(("q_proj",), 8, seed=s, scale=1.0) for s in range(3)]
+@pytest.mark.parametrize(
+    ("ranks", "slots", "one_grid"),
+    [
+        ((8, 8, 8), [0, 2, 1, 0], True),  # the padded input has zero rows in slot 2's block
+        ((8, 16, 8), [0, 2, 1, 0, 0], False),  # slot 2's block repeats its own token
+    ],
+)
+def test_one_adapters_overflow_does_not_reach_other_tokens(
+    ranks: tuple[int, ...], slots: list[int], one_grid: bool
+) -> None:
+    adapters = [weights_on(("q_proj",), r, seed=s, scale=1.0) for s, r in enumerate(ranks)]
     huge = adapters[2].modules[0]
     adapters[2] = AdapterWeights(
         adapters[2].digest,
@@ -98,22 +108,71 @@ def test_one_adapters_overflow_does_not_reach_other_tokens() -> None:
         (ModuleWeights(0, "q_proj", huge.lora_a * 3e38, huge.lora_b * 3e38, 1.0),),
     )
     pool = pool_of(adapters)
-    slots = [0, 2, 1, 0]  # scattered: the padded input has zero rows in slot 2's block
-    x = torch.randn(4, 48)
-    out = pool.apply(0, "q_proj", x, torch.zeros(4, 48), pool.prepare(torch.tensor(slots)))
+    batch = pool.prepare(torch.tensor(slots))
+    assert (batch.grid is not None, batch.classes is not None) == (one_grid, not one_grid)
+    x = torch.randn(len(slots), 48)
+    out = pool.apply(0, "q_proj", x, torch.zeros(len(slots), 48), batch)
     want = expected_delta(x, slots, adapters, 0, "q_proj", 48)
-    keep = [0, 2, 3]
+    keep = [t for t, slot in enumerate(slots) if slot != 2]
     torch.testing.assert_close(out[keep].double(), want[keep], rtol=1e-5, atol=1e-4)
 
 
-def test_unequal_ranks_fall_back_to_grouped() -> None:
+def test_slots_off_one_grid_run_one_block_group_per_rank_class() -> None:
     pool, adapters = filled_pool("batched", [16, 8, 16, 16, 16, 16, 16, 16])
-    slots = [0, 1, 2]
-    assert pool.prepare(torch.tensor(slots)).strategy is Strategy.GROUPED
-    # slot 1's 8 rows shift the slots after it off slot 0's 16-row grid; 2..4 share one
-    assert pool.prepare(torch.tensor([0, 2])).strategy is Strategy.GROUPED
-    assert pool.prepare(torch.tensor([2, 3, 4])).strategy is Strategy.BATCHED
+    slots = [2, 1, 0, 2, -1]
+    batch = pool.prepare(torch.tensor(slots))
+    # slot 1's 8 rows shift the slots after it off slot 0's 16-row grid: no one grid, so one
+    # group per rank class (8-row slot 1; 16-row slots 0 and 2, 24 rows apart)
+    assert batch.strategy is Strategy.BATCHED and batch.grid is None and batch.classes is not None
+    groups = [(g.row_lo, g.row_stride, g.num_blocks, g.block_rows, g.tokens_per_block, g.offset)
+              for g in batch.classes.groups]  # fmt: skip
+    assert groups == [(16, 8, 1, 8, 1, 0), (0, 24, 2, 16, 2, 1)]
+    # slot 0's block has one token and one padding row, which repeats that token
+    assert batch.classes.tokens.tolist() == [1, 2, 2, 0, 3]
+    assert batch.classes.scales[0, :, 0].tolist() == [0.75, 0.5, 0.0, 1.0, 1.0]
+    assert batch.classes.alphas == (None,) * len(batch.classes.alphas)  # padded: scaled per row
     run_all_modules(pool, adapters, slots, seed=5)
+    # slots 2..4 still share one grid: read in place as before
+    assert pool.prepare(torch.tensor([2, 3, 4])).grid is not None
+
+
+def test_a_rank_class_is_cut_where_its_stride_changes() -> None:
+    pool, adapters = filled_pool("batched", [16, 8, 16, 16, 8, 16, 16, 8])
+    # 16-row slots start at 0, 24, 40, 64, 80: strides 24, 16, 24, 16
+    layout = pool.layout
+    classes = [
+        (lo, stride, rows, run)
+        for lo, stride, rows, run in rank_classes(layout, [0, 2, 3, 5, 6, 1, 4])
+    ]
+    assert classes == [
+        (16, 40, 8, [1, 4]),
+        (0, 24, 16, [0, 2]),
+        (40, 24, 16, [3, 5]),
+        (80, 16, 16, [6]),
+    ]
+    slots = [6, 0, 1, 2, 3, 4, 5, 0, 6, 6]
+    batch = pool.prepare(torch.tensor(slots))
+    assert batch.classes is not None and len(batch.classes.groups) == 4
+    run_all_modules(pool, adapters, slots, seed=6)
+
+
+def test_strided_block_views_are_views_made_once() -> None:
+    pool, _ = filled_pool("batched", [16, 8, 16, 16, 16, 16, 16, 16])
+    batch = pool.prepare(torch.tensor([0, 2]))
+    assert batch.classes is not None
+    (group,) = batch.classes.groups
+    view = pool.module_weights(0, "q_proj")
+    lora_a_t, lora_b_t = view.strided(group)
+    assert lora_a_t.shape == (2, 48, 16) and lora_b_t.shape == (2, 16, 48)
+    assert lora_a_t.data_ptr() == view.lora_a.data_ptr()  # no copy: loads show through
+    assert torch.equal(lora_a_t[1], view.lora_a[24:40].T)
+    assert torch.equal(lora_b_t[1], view.lora_b[24:40])
+    assert view.strided(group)[0] is lora_a_t
+    # every step's subset of slots may make new groups: the kept views are bounded
+    for stride in range(16, 16 + MAX_STRIDED_VIEWS):  # inside the 512-row arena
+        for blocks in (1, 2):
+            view.strided(BlockGroup(0, stride, blocks, 16, 1, 0))
+    assert 0 < len(view._strided) <= MAX_STRIDED_VIEWS
 
 
 def test_block_views_are_views_made_once() -> None:
@@ -218,3 +277,66 @@ def test_auto_runs_batched_on_equal_ranks() -> None:
     slots = [*range(8), -1]
     assert pool.prepare(torch.tensor(slots)).strategy is Strategy.BATCHED
     run_all_modules(pool, adapters, slots, seed=9)
+
+
+def test_step_shape_counts_block_groups_off_one_grid() -> None:
+    pool, _ = filled_pool("auto", [64, 32, 16, 8] * 2)
+    tokens = {slot: 2 for slot in range(8)}
+    shape = StepShape.of(16, tokens, pool.layout)
+    # S2 packed round-robin: each rank class lies at one stride (120 rows)
+    assert shape.block_groups == 4
+    assert shape.block_rows == 2 * 120 and shape.padded_cells == 2 * 2 * 120
+    assert shape.gathered == 16
+    equal = StepShape.of(
+        8, {slot: 1 for slot in range(8)}, filled_pool("auto", EQUAL_RANKS)[0].layout
+    )
+    assert equal.block_groups == 0 and equal.block_rows == 8 * 16
+
+
+def test_auto_batches_mixed_ranks_per_class_where_it_is_cheapest() -> None:
+    # the small preset's 32-token decode step over 16 S2 adapters (width 416), measured: per
+    # rank class batched beat masked and grouped (docs/benchmarks/execution.md)
+    s2 = {"num_tokens": 32, "runs": 16, "covered_rows": 480, "active_rows": 480}
+    blocked = {"block_rows": 480, "padded_cells": 960, "block_groups": 4, "gathered": 32}
+    shape = StepShape(**s2, exact_cells=960, **blocked)
+    assert AutoPolicy().choose(shape, 416) is Strategy.BATCHED
+    # prefill, 16 x 64 tokens: copying every token in and out costs more than grouped's
+    # launches over long runs it reads in place
+    prefill = {**s2, "num_tokens": 1024, "exact_cells": 30720, "padded_cells": 30720}
+    prefill_shape = StepShape(**prefill, block_rows=480, block_groups=4, gathered=1024)
+    assert AutoPolicy().choose(prefill_shape, 416) is Strategy.GROUPED
+    # each group's launches count: on a GPU they decide, and 16-bit CPU reads stay dear
+    gpu = StepShape(**s2, exact_cells=960, **blocked, on_accelerator=True)
+    assert AutoPolicy().choose(gpu, 416) is Strategy.MASKED
+    half = StepShape(**s2, exact_cells=960, **blocked, half_on_cpu=True)
+    assert AutoPolicy().choose(half, 416) is Strategy.MASKED
+    # sixteen groups of one slot cost more launches than they save
+    many = StepShape(**s2, exact_cells=960, **{**blocked, "block_groups": 16})
+    assert AutoPolicy().choose(many, 416) is not Strategy.BATCHED
+
+
+def test_auto_runs_batched_per_rank_class_on_s2() -> None:
+    pool, adapters = filled_pool("auto", [64, 32, 16, 8] * 2)
+    # the tiny spec is launch-bound; with free launches and copies batching ties grouped's
+    # exact work and wins the tie
+    pool.backend = AutoBackend(AutoPolicy(launch_macs=0, read_macs=0))
+    slots = [*range(8), *range(8), -1]
+    batch = pool.prepare(torch.tensor(slots))
+    assert batch.strategy is Strategy.BATCHED and batch.classes is not None
+    run_all_modules(pool, adapters, slots, seed=12)
+
+
+def test_one_scale_per_module_across_rank_classes_is_one_alpha() -> None:
+    adapters = [weights_on(("q_proj", "k_proj"), rank, seed=s, scale=2.0) for s, rank in
+                enumerate((8, 16, 8, 16))]  # fmt: skip
+    pool = pool_of(adapters)
+    slots = [3, 0, 1, 2, -1]
+    batch = pool.prepare(torch.tensor(slots))
+    assert batch.classes is not None and len(batch.classes.groups) == 2
+    assert batch.classes.alphas[:2] == (2.0, 2.0)  # q and k of layer 0: no per-row scaling
+    for module in ("q_proj", "k_proj"):
+        x = torch.randn(5, 48)
+        d_out = pool.module_weights(0, module).lora_b.shape[1]
+        out = pool.apply(0, module, x, torch.zeros(5, d_out), batch)
+        want = expected_delta(x, slots, adapters, 0, module, d_out)
+        torch.testing.assert_close(out.double(), want, rtol=1e-5, atol=1e-4)
