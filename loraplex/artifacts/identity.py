@@ -62,6 +62,25 @@ class AdapterKey:
         check_name("revision", self.revision)
         if self.compat_version < 1:
             raise ValueError(f"compat_version {self.compat_version} is invalid; expected >= 1")
+        # every cache and ledger looks keys up (about 65 hashes per L1 -> L0 load): hashed once
+        object.__setattr__(self, "_hash", hash(self._fields()))
+
+    def __hash__(self) -> int:
+        return self._hash  # type: ignore[attr-defined, no-any-return]
+
+    def __reduce__(self) -> tuple[type[AdapterKey], tuple[str, str, str, str, str, int]]:
+        # rebuilt through __init__: a string's hash differs between processes
+        return (AdapterKey, self._fields())
+
+    def _fields(self) -> tuple[str, str, str, str, str, int]:
+        return (
+            self.base_digest,
+            self.tenant,
+            self.name,
+            self.revision,
+            self.adapter_digest,
+            self.compat_version,
+        )
 
     @property
     def ref(self) -> str:

@@ -3,11 +3,16 @@ this package) only; every other module receives plain, typed arguments.
 
 Each module in ``_COMMAND_MODULES`` defines ``register(app)``, adding its commands or groups.
 Heavy imports (torch, transformers) happen inside command bodies so ``--help`` stays fast.
+``app`` (every command) is built on first use; ``main`` builds only the modules of a command
+``_OWN_MODULES`` names (``loraplex serve`` imports its own module, not the 17 others, before it
+starts its engine process: that import is on the start's critical path).
 """
 
 from __future__ import annotations
 
+import functools
 import importlib
+import sys
 
 import typer
 
@@ -32,23 +37,43 @@ _COMMAND_MODULES: tuple[str, ...] = (
     "baselines",  # after "bench": it adds `bench baselines` to that group
 )
 
-app = typer.Typer(
-    name="loraplex",
-    help="Serve one base LLM with thousands of LoRA adapters for many tenants.",
-    no_args_is_help=True,
-    add_completion=False,
-    pretty_exceptions_enable=False,
-)
+# Top-level commands that one module registers entirely, and that module (tests/test_cli_lazy.py
+# checks each against the full app): ``main`` imports only it for such a command.
+_OWN_MODULES: dict[str, tuple[str, ...]] = {"serve": ("serve",)}
 
 
-@app.callback()
+def build_app(modules: tuple[str, ...] = _COMMAND_MODULES) -> typer.Typer:
+    """The command line with the commands of ``modules`` (each ``loraplex.cli.<name>``)."""
+    built = typer.Typer(
+        name="loraplex",
+        help="Serve one base LLM with thousands of LoRA adapters for many tenants.",
+        no_args_is_help=True,
+        add_completion=False,
+        pretty_exceptions_enable=False,
+    )
+    built.callback()(_root)
+    for module in modules:
+        importlib.import_module(f"loraplex.cli.{module}").register(built)
+    return built
+
+
 def _root() -> None:
     """loraplex command line."""
 
 
-for _module in _COMMAND_MODULES:
-    importlib.import_module(f"loraplex.cli.{_module}").register(app)
+@functools.cache
+def _full_app() -> typer.Typer:
+    return build_app()
+
+
+def __getattr__(name: str) -> typer.Typer:
+    """``loraplex.cli.app``: every command, built once on first use."""
+    if name != "app":
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    return _full_app()
 
 
 def main() -> None:
-    app()
+    command = sys.argv[1] if len(sys.argv) > 1 else None
+    own = _OWN_MODULES.get(command) if command is not None else None
+    (build_app(own) if own is not None else _full_app())()

@@ -27,7 +27,7 @@ import torch
 from loraplex.artifacts.base_model import BaseModelSpec
 from loraplex.errors import BaseModelMismatchError, RankTooLargeError, TensorValidationError
 from loraplex.model.adapter_weights import AdapterWeights, ModuleRun
-from loraplex.model.buffers import zeroed
+from loraplex.model.buffers import serial_copy, serial_zero, zeroed
 from loraplex.ops import ModuleLoraWeights, SlotRows
 
 EMPTY_ROWS = SlotRows(0, 0, 0.0)
@@ -176,9 +176,12 @@ class ArenaStore:
 
     @staticmethod
     def write(placement: Placement, sources: Iterable[torch.Tensor], non_blocking: bool) -> None:
-        """Copies every source into its destination."""
+        """Copies every source into its destination (on the CPU on this thread alone)."""
         for destination, source in zip(placement.destinations, sources, strict=True):
-            destination.copy_(source, non_blocking=non_blocking)
+            if non_blocking:
+                destination.copy_(source, non_blocking=True)
+            else:
+                serial_copy(destination, source)
 
     def runs_cover(self, runs: tuple[ModuleRun, ...], pairs: dict[int, tuple[int, float]]) -> bool:
         """True when ``runs`` hold exactly the checked pairs (table -> (rank, scale)) at their
@@ -227,7 +230,7 @@ class ArenaStore:
         released slot wrote: the others are zero there already)."""
         rows = slice(start, start + num_rows)
         for module in modules:
-            self.stacks[module][:, rows].zero_()
+            serial_zero(self.stacks[module][:, rows])
 
     def move_rows(self, source: int, target: int, num_rows: int) -> None:
         """Move rows down (target < source) in every stack; the vacated tail is zeroed. Copies
@@ -239,8 +242,8 @@ class ArenaStore:
             for offset in range(0, num_rows, step):
                 n = min(step, num_rows - offset)
                 dst = stack[:, target + offset : target + offset + n]
-                dst.copy_(stack[:, source + offset : source + offset + n])
-            stack[:, vacated] = 0
+                serial_copy(dst, stack[:, source + offset : source + offset + n])
+            serial_zero(stack[:, vacated])
 
     # --- views --------------------------------------------------------------------------------
 

@@ -3,6 +3,10 @@
 from __future__ import annotations
 
 import hashlib
+import os
+import pickle
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -44,6 +48,24 @@ def test_equality_and_hash_cover_every_field() -> None:
     ]
     assert len({key(), *variants}) == 1 + len(variants)
     assert all(variant != key() for variant in variants)
+
+
+def test_a_key_from_another_process_hashes_as_this_ones() -> None:
+    """The hash is kept per key, and strings hash differently in every process: a pickled key
+    (the engine process's transport) is rebuilt with this process's hash, or no dict finds it."""
+    code = (
+        "import pickle, sys\n"
+        "from loraplex.artifacts.identity import AdapterKey\n"
+        f"key = AdapterKey({BASE!r}, 'acme', 'support-bot', '2024-06-01.v3', {DIGEST!r})\n"
+        "sys.stdout.buffer.write(pickle.dumps(key))\n"
+    )
+    env = {**os.environ, "PYTHONHASHSEED": "12345"}
+    blob = subprocess.run(
+        [sys.executable, "-c", code], env=env, capture_output=True, check=True
+    ).stdout
+    theirs = pickle.loads(blob)
+    assert theirs == key() and hash(theirs) == hash(key())
+    assert {key(): "found"}[theirs] == "found"
 
 
 @pytest.mark.parametrize(

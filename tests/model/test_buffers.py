@@ -1,16 +1,19 @@
 """``zeroed``: zeros of the asked shape and dtype, writable and independent of each other, and
 on the CPU not resident until written (the KV cache and adapter arena cost a server's start
-nothing for the blocks and slots it has not used yet)."""
+nothing for the blocks and slots it has not used yet). ``serial_copy`` / ``serial_zero``: the
+same writes as ``copy_`` / ``zero_``, in pieces no larger than the limit."""
 
 from __future__ import annotations
 
+import math
 import sys
 from pathlib import Path
 
 import pytest
 import torch
 
-from loraplex.model.buffers import zeroed
+from loraplex.model import buffers
+from loraplex.model.buffers import serial_copy, serial_pieces, serial_zero, zeroed
 
 CPU = torch.device("cpu")
 
@@ -48,3 +51,37 @@ def test_zeroed_pages_become_resident_only_when_written() -> None:
     grown = _rss_bytes() - before
     assert size // 4 <= grown < 3 * size // 4
     assert float(buffer[size // 8 :].abs().sum()) == 0.0  # reading the rest keeps it zero
+
+
+@pytest.mark.parametrize(
+    ("shape", "limit"),
+    [((4, 16, 944), 32768), ((4, 16, 512), 32768), ((3, 5, 7), 20), ((3, 5, 7), 6), ((2, 9), 4)],
+)
+def test_serial_pieces_cover_every_element_once_within_the_limit(
+    shape: tuple[int, ...], limit: int
+) -> None:
+    count = torch.zeros(shape, dtype=torch.int64)
+    pieces = serial_pieces(shape, limit)
+    for index in pieces:
+        count[index] += 1
+        assert count[index].numel() <= max(limit, shape[-1])
+    assert bool((count == 1).all())
+    assert (len(pieces) == 1) == (math.prod(shape) <= limit)
+
+
+@pytest.mark.parametrize("limit", [32768, 40, 6, 1])
+def test_serial_copy_and_zero_write_a_strided_view_exactly(
+    monkeypatch: pytest.MonkeyPatch, limit: int
+) -> None:
+    """In pieces or whole, only the view's elements change, to the source's (or to zero)."""
+    monkeypatch.setattr(buffers, "SERIAL_NUMEL", limit)
+    stack = torch.randn(4, 12, 9)
+    before = stack.clone()
+    source = torch.randn(4, 5, 9)
+    serial_copy(stack[:, 3:8], source)
+    want = before.clone()
+    want[:, 3:8] = source
+    assert torch.equal(stack, want)
+    serial_zero(stack[:, 1:4])
+    want[:, 1:4] = 0
+    assert torch.equal(stack, want)

@@ -395,3 +395,25 @@ def test_arena_rows_move_down_without_mixing_overlaps(
         assert not vacated.any()
         torch.testing.assert_close(stack[:, source + num_rows :], old[:, source + num_rows :])
         torch.testing.assert_close(stack[:, :target], old[:, :target])
+
+
+def test_loads_written_in_pieces_equal_whole_writes(monkeypatch: pytest.MonkeyPatch) -> None:
+    """With every arena write cut into 7-element pieces (as large adapters are on the CPU),
+    loads, replacements, compaction and clears leave the same arenas and free rows zero."""
+    from loraplex.model import buffers
+
+    def run() -> list[torch.Tensor]:
+        pool = LoraSlotPool(SPEC, 3, 16, dtype=torch.float32, device=CPU)
+        for slot, rank in enumerate((16, 4, 8)):
+            pool.load(slot, weights_of(rank, 20 + slot))
+        pool.clear(1)
+        pool.load(1, packed(weights_of(16, 30)))  # needs compaction
+        pool.load(0, weights_of(4, 31))  # replaces an occupant
+        pool.check_integrity()
+        return [delta(pool, slot) for slot in range(3)]
+
+    whole = run()
+    monkeypatch.setattr(buffers, "SERIAL_NUMEL", 7)
+    pieces = run()
+    for a, b in zip(whole, pieces, strict=True):
+        assert torch.equal(a, b)
