@@ -242,6 +242,7 @@ def calibrated_model(
     *,
     load_cpu_shared: bool = False,
     load_handoff_s: float = 0.0,
+    copy_handoff_s: float = 0.0,
     hop_jitter_s: tuple[float, ...] = (),
 ) -> CostModel:
     """A validated cost model from measurements; ``overheads`` holds front_s and network_s
@@ -249,9 +250,12 @@ def calibrated_model(
     the step (``fit_step``); ``load_cpu_shared`` says whether the measured server's loader and
     engine share its CPU; ``load_handoff_s``, a cold request's measured wait beyond its load's
     stage seconds, is added to the L3 -> L2 link's fixed seconds (where a cold load starts);
+    ``copy_handoff_s``, the same wait of a request whose adapter is only in L1, to the L1 -> L0
+    link's (so a load from L3 pays it too: ``load_handoff_s`` is what L3 adds beyond it);
     ``hop_jitter_s``: the hop's spread (``jitter_quantiles``), () when not measured."""
-    if not (load_handoff_s >= 0 and math.isfinite(load_handoff_s)):
-        raise ValueError(f"load_handoff_s {load_handoff_s!r} is invalid; expected finite >= 0")
+    for name, value in (("load_handoff_s", load_handoff_s), ("copy_handoff_s", copy_handoff_s)):
+        if not (value >= 0 and math.isfinite(value)):
+            raise ValueError(f"{name} {value!r} is invalid; expected finite >= 0")
     unknown = sorted(set(overheads) - {"front_s", "network_s"})
     if unknown:
         raise ValueError(
@@ -267,6 +271,8 @@ def calibrated_model(
         links[name], _ = fit_link(mine)
     first = links["L3_to_L2"]
     links["L3_to_L2"] = Link(first.fixed_s + load_handoff_s, first.bytes_per_s)
+    copy = links["L1_to_L0"]
+    links["L1_to_L0"] = Link(copy.fixed_s + copy_handoff_s, copy.bytes_per_s)
     return CostModel(
         hardware=hardware,
         validated=True,

@@ -9,7 +9,8 @@ from pathlib import Path
 import httpx
 import pytest
 
-from loraplex.bench.sim.calibrate_run import load_samples
+from loraplex.bench.sim.calibrate_cold import cold_samples
+from loraplex.bench.sim.calibrate_run import CalibrateConfig, load_samples
 from loraplex.bench.sim.calibrate_target import remote_target, self_target
 from loraplex.sim.cost_model import LINKS
 
@@ -30,8 +31,14 @@ def test_remote_discovery_keys_and_a_cold_load(demo_assets, tmp_path: Path) -> N
             assert ok.status_code == 200
             with httpx.Client(base_url=own.url, headers=admin, timeout=60) as client:
                 samples = load_samples(client, remote.adapters[:1])
+                copies = cold_samples(client, own, CalibrateConfig(repeats=1), tier="L1")
+                with pytest.raises(ValueError, match="tier"):
+                    cold_samples(client, own, CalibrateConfig(repeats=1), tier="L0")
         # The run's key no longer authenticates.
         refused = httpx.get(f"{own.url}/v1/models", headers={"Authorization": f"Bearer {token}"})
         assert refused.status_code == 401
     assert {s.link for s in samples} == set(LINKS)
     assert all(s.nbytes > 0 and s.seconds > 0 for s in samples)
+    # Only in CPU memory: each request's load is the copy into a slot alone, timed by its stage.
+    assert {s.tier for s in copies} == {"L1"} and len(copies) == 2
+    assert all(s.stage_s > 0 and s.cold_ttft_s > 0 and s.warm_ttft_s > 0 for s in copies)

@@ -11,7 +11,7 @@ from loraplex.sim.calibrate import (
     fit_step,
     least_squares,
 )
-from loraplex.sim.cost_model import LINKS, StepCost
+from loraplex.sim.cost_model import LINKS, CostModel, StepCost
 
 TRUE_STEP = StepCost(
     step_fixed_s=0.004,
@@ -200,15 +200,26 @@ def test_one_target_set_cannot_identify_the_weight_terms() -> None:
         StepSample(1, 0, 1, 8, 0.1, byte_tokens=-1)
 
 
-def test_a_measured_cold_handoff_is_charged_where_a_cold_load_starts() -> None:
-    loads = [LoadSample(link, n, 0.001 + n / 1e9) for link in LINKS for n in (1 << 20, 8 << 20)]
+@pytest.mark.parametrize(
+    ("handoff", "link", "other"),
+    [("load_handoff_s", "L3_to_L2", "L1_to_L0"), ("copy_handoff_s", "L1_to_L0", "L3_to_L2")],
+)
+def test_a_measured_handoff_is_charged_on_its_link(handoff: str, link: str, other: str) -> None:
+    """A cold load's wait is charged where it starts, the copy's on the copy into a slot."""
+    loads = [LoadSample(name, n, 0.001 + n / 1e9) for name in LINKS for n in (1 << 20, 8 << 20)]
     args = ("cpu-test", _steps(0.0), loads, {}, {"command": "c"})
     plain = calibrated_model(*args)
-    handed = calibrated_model(*args, load_handoff_s=0.014)
-    assert handed.links["L3_to_L2"].fixed_s == pytest.approx(
-        plain.links["L3_to_L2"].fixed_s + 0.014
-    )
-    assert handed.links["L3_to_L2"].bytes_per_s == plain.links["L3_to_L2"].bytes_per_s
+
+    def handed_by(seconds: float) -> CostModel:
+        if handoff == "load_handoff_s":
+            return calibrated_model(*args, load_handoff_s=seconds)
+        return calibrated_model(*args, copy_handoff_s=seconds)
+
+    handed = handed_by(0.014)
+    assert handed.links[link].fixed_s == pytest.approx(plain.links[link].fixed_s + 0.014)
+    assert handed.links[link].bytes_per_s == plain.links[link].bytes_per_s
     assert handed.links["L2_to_L1"] == plain.links["L2_to_L1"]
-    with pytest.raises(ValueError, match="load_handoff_s"):
-        calibrated_model(*args, load_handoff_s=-0.001)
+    assert handed.links[other] == plain.links[other]
+    for bad in (-0.001, float("nan")):
+        with pytest.raises(ValueError, match=handoff):
+            handed_by(bad)
