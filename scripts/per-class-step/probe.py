@@ -27,6 +27,7 @@ import argparse
 import json
 import statistics
 import subprocess
+import sys
 import tempfile
 import time
 from collections.abc import Callable
@@ -38,29 +39,61 @@ from loraplex.bench.execution.runners import LoraplexRunner, StepShape
 from loraplex.bench.execution.setup import MAX_RANK, UNIFORM_MIX, Workspace
 from loraplex.engine.heap import keep_freed_heap
 from loraplex.model.lora import LoraSlotPool
+from loraplex.ops import LoraBatch
 
 ADAPTERS = 16
 CONTEXT = 64
 
 
+class ThreadTimed:
+    """A pool whose LoRA calls (``prepare`` and every ``apply``) add up their thread CPU time:
+    the LoRA part inside the whole step. Every LoRA variant carries it alike."""
+
+    def __init__(self, inner: LoraSlotPool) -> None:
+        self.inner, self.seconds = inner, 0.0
+
+    @property
+    def last_strategy(self) -> str:
+        return self.inner.last_strategy
+
+    def prepare(self, token_slots: torch.Tensor) -> LoraBatch:
+        start = time.thread_time()
+        batch = self.inner.prepare(token_slots)
+        self.seconds += time.thread_time() - start
+        return batch
+
+    def apply(
+        self, layer: int, module: str, x: torch.Tensor, out: torch.Tensor, batch: LoraBatch
+    ) -> torch.Tensor:
+        start = time.thread_time()
+        result = self.inner.apply(layer, module, x, out, batch)
+        self.seconds += time.thread_time() - start
+        return result
+
+
 def timed_rounds(
-    variants: dict[str, Callable[[], object]], rounds: int, calls: int
-) -> dict[str, list[tuple[float, float]]]:
-    """Per variant, per round: (thread seconds, wall seconds) per step; ABBA order."""
+    variants: dict[str, Callable[[], object]],
+    timers: dict[str, ThreadTimed],
+    rounds: int,
+    calls: int,
+) -> dict[str, list[tuple[float, float, float]]]:
+    """Per variant, per round: (thread, wall, LoRA thread) seconds per step; ABBA order."""
     for fn in variants.values():
         for _ in range(3):
             fn()
     names = list(variants)
-    samples: dict[str, list[tuple[float, float]]] = {name: [] for name in names}
+    samples: dict[str, list[tuple[float, float, float]]] = {name: [] for name in names}
     for index in range(rounds):
         for name in names if index % 2 == 0 else names[::-1]:
-            fn = variants[name]
+            fn, timer = variants[name], timers.get(name)
+            if timer is not None:
+                timer.seconds = 0.0
             cpu, wall = time.thread_time(), time.perf_counter()
             for _ in range(calls):
                 fn()
-            samples[name].append(
-                ((time.thread_time() - cpu) / calls, (time.perf_counter() - wall) / calls)
-            )
+            cpu, wall = time.thread_time() - cpu, time.perf_counter() - wall
+            lora = 0.0 if timer is None else timer.seconds
+            samples[name].append((cpu / calls, wall / calls, lora / calls))
     return samples
 
 
@@ -73,8 +106,14 @@ def auto_choice(pool: LoraSlotPool, slots: list[int]) -> str:
     return name
 
 
-def summary(samples: dict[str, list[tuple[float, float]]]) -> dict[str, object]:
-    out: dict[str, object] = {}
+def summary(samples: dict[str, list[tuple[float, float, float]]]) -> dict[str, object]:
+    out: dict[str, object] = {
+        "lora_thread_ms": {
+            name: round(statistics.median(s[2] for s in v) * 1000, 2)
+            for name, v in samples.items()
+            if name != "base"
+        }
+    }
     for clock, index in (("thread", 0), ("wall", 1)):
         base = statistics.median(s[index] for s in samples["base"])
         medians = {name: statistics.median(s[index] for s in v) for name, v in samples.items()}
@@ -148,25 +187,25 @@ def main() -> None:
             shape = StepShape(batch, 1, CONTEXT)
             bench_order = [i % ADAPTERS for i in range(batch)]
             sorted_order = sorted(bench_order)
-            variants: dict[str, Callable[[], object]] = {
-                "base": runner.step(shape, None, None),
-                "grouped": runner.step(shape, bench_order, pools["grouped"]),
-                "per_class": runner.step(shape, bench_order, pools["batched"]),
-            }
+            plan = {"grouped": ("grouped", bench_order), "per_class": ("batched", bench_order)}
             if sorted_order != bench_order:
-                variants["grouped_sorted"] = runner.step(shape, sorted_order, pools["grouped"])
-                variants["per_class_sorted"] = runner.step(shape, sorted_order, pools["batched"])
+                plan["grouped_sorted"] = ("grouped", sorted_order)
+                plan["per_class_sorted"] = ("batched", sorted_order)
             if args.r16:
-                variants["r16_batched"] = runner.step(shape, bench_order, pools["r16_batched"])
-                variants["r16_grouped"] = runner.step(shape, bench_order, pools["r16_grouped"])
+                plan["r16_batched"] = ("r16_batched", bench_order)
+                plan["r16_grouped"] = ("r16_grouped", bench_order)
+            timers = {name: ThreadTimed(pools[pool]) for name, (pool, _) in plan.items()}
+            variants: dict[str, Callable[[], object]] = {"base": runner.step(shape, None, None)}
+            for name, (_, order) in plan.items():
+                variants[name] = runner.step(shape, order, timers[name])  # type: ignore[arg-type]
             auto = {"s2": auto_choice(pools["auto"], bench_order)}
             if args.r16:
                 auto["r16"] = auto_choice(pools["r16_auto"], bench_order)
-            samples = timed_rounds(variants, args.rounds, args.calls)
+            samples = timed_rounds(variants, timers, args.rounds, args.calls)
             per_batch[str(batch)] = {"auto": auto, **summary(samples)}
         result["batches"] = per_batch
     result["loadavg_end"] = Path("/proc/loadavg").read_text().split()[:3]
-    print(json.dumps(result))
+    sys.stdout.write(json.dumps(result) + "\n")
 
 
 if __name__ == "__main__":
