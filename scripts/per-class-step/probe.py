@@ -38,42 +38,26 @@ import torch
 from loraplex.bench.execution.runners import LoraplexRunner, StepShape
 from loraplex.bench.execution.setup import MAX_RANK, UNIFORM_MIX, Workspace
 from loraplex.engine.heap import keep_freed_heap
-from loraplex.model.lora import LoraSlotPool
-from loraplex.ops import LoraBatch
+from loraplex.model.lora import LoraSlotPool, OpTimer
 
 ADAPTERS = 16
 CONTEXT = 64
 
 
-class ThreadTimed:
-    """A pool whose LoRA calls (``prepare`` and every ``apply``) add up their thread CPU time:
-    the LoRA part inside the whole step. Every LoRA variant carries it alike."""
+class ThreadTimer(OpTimer):
+    """The pool's op timer on the thread CPU clock: the LoRA part (``prepare`` and every
+    ``apply``) inside the whole step. Every LoRA pool carries one alike."""
 
-    def __init__(self, inner: LoraSlotPool) -> None:
-        self.inner, self.seconds = inner, 0.0
+    def start(self) -> float:
+        return time.thread_time()
 
-    @property
-    def last_strategy(self) -> str:
-        return self.inner.last_strategy
-
-    def prepare(self, token_slots: torch.Tensor) -> LoraBatch:
-        start = time.thread_time()
-        batch = self.inner.prepare(token_slots)
-        self.seconds += time.thread_time() - start
-        return batch
-
-    def apply(
-        self, layer: int, module: str, x: torch.Tensor, out: torch.Tensor, batch: LoraBatch
-    ) -> torch.Tensor:
-        start = time.thread_time()
-        result = self.inner.apply(layer, module, x, out, batch)
-        self.seconds += time.thread_time() - start
-        return result
+    def stop(self, started: float) -> None:
+        self.seconds += time.thread_time() - started
 
 
 def timed_rounds(
     variants: dict[str, Callable[[], object]],
-    timers: dict[str, ThreadTimed],
+    timers: dict[str, OpTimer],
     rounds: int,
     calls: int,
 ) -> dict[str, list[tuple[float, float, float]]]:
@@ -182,6 +166,9 @@ def main() -> None:
             pools["r16_batched"] = runner.pool(r16, "batched", MAX_RANK)
             pools["r16_grouped"] = runner.pool(r16, "grouped", MAX_RANK)
             pools["r16_auto"] = runner.pool(r16, "auto", MAX_RANK)
+        clocks = {name: ThreadTimer(torch.device("cpu")) for name in pools}
+        for name, pool in pools.items():
+            pool.op_timer = clocks[name]
         per_batch: dict[str, object] = {}
         for batch in batches:
             shape = StepShape(batch, 1, CONTEXT)
@@ -194,10 +181,11 @@ def main() -> None:
             if args.r16:
                 plan["r16_batched"] = ("r16_batched", bench_order)
                 plan["r16_grouped"] = ("r16_grouped", bench_order)
-            timers = {name: ThreadTimed(pools[pool]) for name, (pool, _) in plan.items()}
+            timers: dict[str, OpTimer] = {}
             variants: dict[str, Callable[[], object]] = {"base": runner.step(shape, None, None)}
-            for name, (_, order) in plan.items():
-                variants[name] = runner.step(shape, order, timers[name])  # type: ignore[arg-type]
+            for name, (pool_name, order) in plan.items():
+                timers[name] = clocks[pool_name]
+                variants[name] = runner.step(shape, order, pools[pool_name])
             auto = {"s2": auto_choice(pools["auto"], bench_order)}
             if args.r16:
                 auto["r16"] = auto_choice(pools["r16_auto"], bench_order)
