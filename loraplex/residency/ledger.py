@@ -27,6 +27,9 @@ class Tier(IntEnum):
 
 
 CACHED_TIERS = (Tier.L0, Tier.L1, Tier.L2)
+# The tier each cached tier refills from (the next one down): a lookup, where ``Tier(t + 1)``
+# is an enum call per use (a dozen per placement in the victim order's reload costs).
+TIER_BELOW = {Tier.L0: Tier.L1, Tier.L1: Tier.L2, Tier.L2: Tier.L3}
 
 
 @dataclass(frozen=True)

@@ -111,11 +111,17 @@ class LoadPipeline(Protocol):
 
     def install(
         self, move: Move, prepared: Prepared, slot: int | None, cancel: CancelToken
-    ) -> dict[Stage, float]: ...
+    ) -> dict[Stage, float]:
+        """Completes ``move``. An L0 install may find ``slot`` still holding the copy the cache
+        evicted to make room for it (that copy's drop is skipped): it replaces it."""
+        ...
 
     def discard(self, move: Move, prepared: Prepared) -> None: ...
 
-    def drop(self, tier: Tier, key: AdapterKey, slot: int | None) -> None: ...
+    def drop(self, tier: Tier, key: AdapterKey, slot: int | None) -> None:
+        """Removes ``key``'s bytes from ``tier``; for L0, clears ``slot`` whatever it holds
+        (a reservation dropped before its install clears the replaced copy left there)."""
+        ...
 
     def recover(self) -> list[RecoveredCopy]:
         """Verified L2 copies kept from before a restart ([] when nothing persists)."""

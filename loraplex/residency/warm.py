@@ -35,13 +35,18 @@ ZERO_RATES = RequestRates(0.0, 0.0, 0.0, 0.0)
 
 
 class RollingRates:
-    """Decaying request counters over :data:`WINDOWS_S` (one instance per adapter)."""
+    """Decaying request counters over :data:`WINDOWS_S` (one instance per adapter).
 
-    __slots__ = ("_at_s", "_counts")
+    The last ``rates`` answer is kept until the next ``record``: one placement asks for the
+    same copy's rates at the same clock reading several times (its victim order's key and
+    group, the policy's candidate), and each answer costs four ``exp``."""
+
+    __slots__ = ("_at_s", "_counts", "_last")
 
     def __init__(self) -> None:
         self._counts = [0.0] * len(WINDOWS_S)
         self._at_s: float | None = None
+        self._last: tuple[float, RequestRates] | None = None  # (now_s, rates at now_s)
 
     def record(self, now_s: float, count: float = 1.0) -> None:
         """Adds ``count`` requests at ``now_s`` (times must not go back)."""
@@ -51,13 +56,19 @@ class RollingRates:
     def rates(self, now_s: float) -> RequestRates:
         if self._at_s is None:
             return ZERO_RATES
+        last = self._last
+        if last is not None and last[0] == now_s:
+            return last[1]
         dt = max(0.0, now_s - self._at_s)
         values = [
             c * math.exp(-dt / tau) / tau for c, tau in zip(self._counts, WINDOWS_S, strict=True)
         ]
-        return RequestRates(*values)
+        rates = RequestRates(*values)
+        self._last = (now_s, rates)
+        return rates
 
     def _decay_to(self, now_s: float) -> None:
+        self._last = None
         if self._at_s is not None:
             dt = max(0.0, now_s - self._at_s)
             self._counts = [

@@ -4,6 +4,7 @@ with injectable failures, driven by the deterministic SimExecutor."""
 from __future__ import annotations
 
 import hashlib
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from loraplex.artifacts.identity import AdapterKey
@@ -45,6 +46,10 @@ class FakePipeline:
     resolved: list[AdapterKey] = field(default_factory=list)  # keys in resolve order
     fetches: int = 0
     survivors: list[RecoveredCopy] = field(default_factory=list)  # what recover() reports
+    drops: list[tuple[Tier, AdapterKey]] = field(default_factory=list)  # drop() calls, in order
+    # whether the cache holds a ready copy (make_rig sets it): a slot an install finds occupied
+    # must hold a copy the cache evicted for it
+    resident: Callable[[AdapterKey, Tier], bool] = lambda key, tier: False
 
     def _maybe_fail(self, key: AdapterKey, stage: Stage, cancel: CancelToken) -> None:
         cancel.check(stage)
@@ -74,8 +79,11 @@ class FakePipeline:
         self.staged.discard((move.key, move.target))
         self.installed[move.target].add(move.key)
         if slot is not None:
-            if slot in self.slots:
-                raise AssertionError(f"slot {slot} already holds {self.slots[slot]}")
+            replaced = self.slots.get(slot)
+            if replaced is not None:  # the copy the cache evicted for this load (no drop)
+                if replaced == move.key or self.resident(replaced, Tier.L0):
+                    raise AssertionError(f"slot {slot} already holds {replaced}")
+                self.installed[Tier.L0].discard(replaced)
             self.slots[slot] = move.key
         stage = Stage.COPY if move.target is Tier.L0 else Stage.COMMIT
         self._maybe_fail(move.key, stage, cancel)
@@ -86,8 +94,11 @@ class FakePipeline:
 
     def drop(self, tier: Tier, key: AdapterKey, slot: int | None) -> None:
         self.installed[tier].discard(key)
-        if slot is not None and self.slots.get(slot) == key:
-            del self.slots[slot]
+        self.drops.append((tier, key))
+        if slot is not None:  # like the slot pool's clear: whatever the slot holds goes
+            replaced = self.slots.pop(slot, None)
+            if replaced is not None and replaced != key:
+                self.installed[Tier.L0].discard(replaced)
 
     def recover(self) -> list[RecoveredCopy]:
         self.installed[Tier.L2].update(c.key for c in self.survivors)
@@ -147,6 +158,7 @@ def make_rig(
     cfg = CacheConfig(budgets=budgets(**budget_args), **config)  # type: ignore[arg-type]
     chosen = make_policy(policy) if isinstance(policy, str) else policy
     cache = TieredAdapterCache(cfg, pipeline, policy=chosen, clock=clock, executor=executor)
+    pipeline.resident = cache.is_resident
     return Rig(cache, pipeline, executor, clock)
 
 

@@ -8,7 +8,10 @@ import threading
 from cache_kit import UNIT, FakePipeline, key, make_rig
 
 from loraplex.artifacts.identity import AdapterKey
+from loraplex.errors import DigestMismatchError
 from loraplex.residency.ledger import Tier
+from loraplex.residency.pipeline import CancelToken, Move, Prepared
+from loraplex.residency.stats import Stage
 
 A, B, C = (key("t", n) for n in "abc")
 
@@ -121,3 +124,41 @@ def test_history_of_keys_without_copies_is_bounded() -> None:
         _churn(rig, [A, *others, A])  # A loses every copy, then six keys churn past it
         assert _loads_of(rig, A) == expected_loads  # forgotten beyond the bound: counts restart
         rig.check()
+
+
+def test_a_victims_slot_handed_to_its_replacement_is_not_cleared_first() -> None:
+    rig = make_rig(slots=1)
+    first = rig.cache.acquire_future(A)
+    rig.settle()
+    slot = first.result(timeout=0).slot
+    first.result(timeout=0).release()
+    rig.cache.acquire_future(B)  # the one slot: A's copy is replaced by B's install
+    rig.settle()
+    rig.check()
+    assert (Tier.L0, A) not in rig.pipeline.drops  # one pool write for the slot, not two
+    assert rig.pipeline.slots == {slot: B} and rig.pipeline.installed[Tier.L0] == {B}
+    assert not rig.cache.is_resident(A, Tier.L0) and rig.cache.is_resident(A, Tier.L1)
+
+
+class _FailingInstall(FakePipeline):
+    """Fails every L0 install of B before writing anything (as the slot pool's load does)."""
+
+    def install(
+        self, move: Move, prepared: Prepared, slot: int | None, cancel: CancelToken
+    ) -> dict[Stage, float]:
+        if move.target is Tier.L0 and move.key == B:
+            raise DigestMismatchError("adapter", "0" * 64, "1" * 64)
+        return super().install(move, prepared, slot, cancel)
+
+
+def test_a_replacement_that_fails_to_install_leaves_the_slot_cleared() -> None:
+    rig = make_rig(pipeline=_FailingInstall(), slots=1)
+    first = rig.cache.acquire_future(A)
+    rig.settle()
+    first.result(timeout=0).release()
+    failing = rig.cache.acquire_future(B)  # evicts A, then B's install fails
+    rig.settle()
+    assert isinstance(failing.exception(timeout=0), DigestMismatchError)
+    rig.check()
+    assert rig.pipeline.slots == {} and rig.pipeline.installed[Tier.L0] == set()
+    assert rig.cache.residency(Tier.L0) == [] and (Tier.L0, B) in rig.pipeline.drops

@@ -11,6 +11,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from adapter_builders import default_config
 
 from loraplex.artifacts.base_model import BaseModelSpec
 from loraplex.artifacts.identity import AdapterKey
@@ -179,3 +180,44 @@ def test_cancellation_at_each_phase_undoes_it(world: World, builder, phase: int)
             future.result(timeout=0)
         assert world.leftovers() == ([], set(), ())
     assert world.cache.snapshot().num_loading == 0
+
+
+def test_a_victims_slot_is_replaced_in_place_and_free_rows_stay_zero(world: World, builder) -> None:  # type: ignore[no-untyped-def]
+    configs = [
+        default_config(),
+        default_config(r=2, target_modules=["k_proj", "o_proj"]),
+        default_config(r=3, target_modules=["up_proj"]),
+    ]
+    keys = [world.add(builder.write(c), f"a{i}") for i, c in enumerate(configs)]
+    pool = world.pipeline.pool
+    for step, key in enumerate(keys * 3):  # three adapters, two slots: later loads evict one
+        future = world.cache.acquire_future(key)
+        world.executor.drain()
+        lease = future.result(timeout=0)
+        lease.release()
+        world.cache.check_integrity()
+        pool.check_integrity()  # the replaced copy's rows are zero wherever the new one's aren't
+        in_l0 = {e.slot: k.adapter_digest for k, e in world.cache.ledgers[Tier.L0].entries.items()}
+        held = {s: info.digest for s in pool.occupied_slots() if (info := pool.slot_info(s))}
+        assert held == in_l0 and len(held) == min(step + 1, 2)
+
+
+def test_a_cancelled_replacement_leaves_its_slot_cleared(world: World, builder) -> None:  # type: ignore[no-untyped-def]
+    first = world.add(builder.write(), "first")
+    second = world.add(builder.write(default_config(r=2)), "second")
+    for key in (first, second):
+        held = world.cache.acquire_future(key)
+        world.executor.drain()
+        held.result(timeout=0).release()
+    third = world.add(builder.write(default_config(r=3)), "third")
+    future = world.cache.acquire_future(third)
+    while not world.cache.ledgers[Tier.L0].get(third):  # until it owns a victim's slot
+        assert world.executor.step()
+    world.cache.cancel(third)
+    world.executor.drain()
+    with pytest.raises(LoadCancelledError):
+        future.result(timeout=0)
+    world.cache.check_integrity()
+    world.pipeline.pool.check_integrity()
+    slots = {e.slot for e in world.cache.ledgers[Tier.L0].entries.values()}
+    assert set(world.pipeline.pool.occupied_slots()) == slots and len(slots) == 1

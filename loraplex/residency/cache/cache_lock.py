@@ -8,7 +8,8 @@ outermost holder has released it.
 NOTE: queued work runs strictly in the order it was queued, by one thread at a time. A dropped
 slot or key can be handed to a new load inside the same critical section; FIFO order makes the
 drop (clear slot S, remove the L2 directory of K) finish before the new load's install into S
-or K is submitted. A thread that finds another one draining leaves its work to that one and
+or K is submitted (a victim's slot handed to the load that evicted it is not dropped at all:
+that install replaces it). A thread that finds another one draining leaves its work to that one and
 returns at once, so no cache call ever waits for another call's I/O.
 """
 

@@ -12,7 +12,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
-from loraplex.residency.ledger import CACHED_TIERS, Tier, TierBudget
+from loraplex.residency.ledger import CACHED_TIERS, TIER_BELOW, Tier, TierBudget
 from loraplex.residency.pipeline import Footprint, Move
 from loraplex.residency.warm import AutoWarmConfig
 
@@ -101,13 +101,13 @@ class ReloadCosts:
         reads from the next tier down over that tier's bandwidth (``size_bytes`` when the
         footprint is unknown, as for copies recovered at start). ``bandwidth`` replaces the
         current estimate (the victim order's bound prices copies at a ceiling)."""
-        rate = self._bandwidth[Tier(tier + 1)] if bandwidth is None else bandwidth
+        rate = self._bandwidth[TIER_BELOW[tier]] if bandwidth is None else bandwidth
         return self._stall_s + self.refill_bytes(tier, footprint, size_bytes) / rate
 
     @staticmethod
     def refill_bytes(tier: Tier, footprint: Footprint | None, size_bytes: int) -> int:
         """The bytes the move refilling ``tier`` reads from the next tier down."""
-        return size_bytes if footprint is None else footprint.bytes_in(Tier(tier + 1))
+        return size_bytes if footprint is None else footprint.bytes_in(TIER_BELOW[tier])
 
     def bandwidth(self, source: Tier) -> float:
         """The current estimate of ``source``'s read bandwidth (bytes per second)."""

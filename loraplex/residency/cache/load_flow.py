@@ -202,9 +202,15 @@ class LoadFlow:
         elif isinstance(placement, Place):
             self._jobs.unblock(job)
             for victim in placement.victims:
-                self._state.evict(victim)
+                self._state.evict(victim, drop=False)
             size = footprint.bytes_in(move.target)
             job.reserved = self._state.reserve(move.target, job.key, size)
+            for victim in placement.victims:
+                # A victim's slot handed straight to this install is not cleared first: the
+                # install replaces its weights (one re-publication of the slot's tables, not
+                # two); an install that never happens drops the slot, which clears it.
+                if victim.slot is None or victim.slot != job.reserved.slot:
+                    self._state.drop_evicted(victim)
             job.room_wait_s += waited_s
             self._state.stats.record_room_wait(waited_s)
             install = partial(self._pipeline.install, move, prepared, job.reserved.slot, job.cancel)

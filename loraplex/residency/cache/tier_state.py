@@ -27,7 +27,7 @@ from loraplex.residency.cache.config import CacheConfig, ReloadCosts
 from loraplex.residency.cache.jobs import JobTable, Lease
 from loraplex.residency.cache.victim_index import VictimIndex
 from loraplex.residency.cache.victim_order import PolicyOrder
-from loraplex.residency.ledger import CACHED_TIERS, ResidentEntry, Tier, TierLedger
+from loraplex.residency.ledger import CACHED_TIERS, TIER_BELOW, ResidentEntry, Tier, TierLedger
 from loraplex.residency.ledger import require_invariant as require
 from loraplex.residency.pipeline import LoadResult, Move, Resolved
 from loraplex.residency.policy import Candidate, EvictionPolicy
@@ -193,11 +193,13 @@ class TierState:
         entry.pinned = self.pins.is_pinned(entry.key, entry.tier)
         self.changes.note(entry.key)
 
-    def remove(self, entry: ResidentEntry) -> None:
-        """Removes a copy (ready or not) and queues the drop of its bytes."""
+    def remove(self, entry: ResidentEntry, *, drop: bool = True) -> None:
+        """Removes a copy (ready or not) and queues the drop of its bytes (``drop`` False: the
+        caller hands them on, see ``evict``)."""
         self.ledgers[entry.tier].remove(entry.key)
         self._victims[entry.tier].note(entry.key, self._now())
-        self._on_drop(entry.tier, entry.key, entry.slot)
+        if drop:
+            self._on_drop(entry.tier, entry.key, entry.slot)
         if entry.ready:
             self.changes.note(entry.key)
 
@@ -205,10 +207,16 @@ class TierState:
         """Queues the removal of bytes no ledger entry accounts for (a rejected recovery)."""
         self._on_drop(tier, key, None)
 
-    def evict(self, entry: ResidentEntry) -> None:
-        self.remove(entry)
+    def evict(self, entry: ResidentEntry, *, drop: bool = True) -> None:
+        """Evicts a copy; ``drop`` False leaves its bytes where they are, for the caller to
+        ``drop_evicted`` or to hand its slot to an install, which replaces them."""
+        self.remove(entry, drop=drop)
         self.stats.record_eviction(entry.tier, self.history_of(entry.key), self.clock.now())
         self.settle_key(entry.key)
+
+    def drop_evicted(self, entry: ResidentEntry) -> None:
+        """Queues the drop of the bytes of a copy evicted with ``drop`` False."""
+        self._on_drop(entry.tier, entry.key, entry.slot)
 
     def drop_corrupt(self, key: AdapterKey, tier: Tier) -> None:
         """A copy that failed verification on its way up is never read again: the next load
@@ -237,7 +245,7 @@ class TierState:
     def ranked_victims(self, tier: Tier) -> Iterator[ResidentEntry]:
         """Evictable entries of ``tier``, most evictable first by the policy, lazily (the
         iterator is valid until the next call; entries may be evicted while it runs)."""
-        order, bandwidth = self._orders[tier], self.costs.bandwidth(Tier(tier + 1))
+        order, bandwidth = self._orders[tier], self.costs.bandwidth(TIER_BELOW[tier])
         if not order.holds(bandwidth):
             order.reset(bandwidth)
             self._victims[tier].invalidate()
@@ -287,7 +295,7 @@ class TierState:
         victim indexes cover every copy with floors that bound their keys."""
         for tier, ledger in self.ledgers.items():
             ledger.check()
-            if self._orders[tier].holds(self.costs.bandwidth(Tier(tier + 1))):
+            if self._orders[tier].holds(self.costs.bandwidth(TIER_BELOW[tier])):
                 self._victims[tier].check(self._now())  # else the next query rebuilds it
             for entry in ledger.entries.values():
                 require(
