@@ -84,8 +84,9 @@ class TenantBody(BaseModel):
     and only the first such key is reported.
 
     pydantic reports every unknown key, and FastAPI copies each report, on the event loop: a body
-    within ``max_body_bytes`` holding 200,000 unknown keys held every tenant's requests for 2-16 s
-    before its 400. Keeping the known keys and the first unknown one leaves one error to build.
+    within ``max_body_bytes`` holding 200,000 unknown keys held every tenant's requests for
+    0.7-16 s (by load) before its 400. Keeping the known keys and the first unknown one leaves
+    one error to build (docs/operations.md, *Failure isolation*).
     """
 
     model_config = ConfigDict(extra="forbid")
