@@ -181,6 +181,7 @@ def serve_settings(params: Mapping[str, Any], environ: Mapping[str, str]) -> Ser
     given) over the ``--config`` file over the defaults. Every flag but ``config``,
     ``no_demo`` and ``threads`` is the ServeConfig field of its name."""
     from loraplex.serve.config import merge, read_config_file
+    from loraplex.serve.engine_settings import engine_config
 
     flags = dict(params)
     config = flags.pop("config")
@@ -189,7 +190,9 @@ def serve_settings(params: Mapping[str, Any], environ: Mapping[str, str]) -> Ser
     file_values = read_config_file(config) if config is not None else {}
     if "data_dir" not in file_values and flags["data_dir"] is None:
         flags["data_dir"] = default_data_dir(environ, Path.home())
-    return merge(file_values, flags)
+    settings = merge(file_values, flags)
+    engine_config(settings)  # the engine's own checks (class_reserve_seqs), before anything starts
+    return settings
 
 
 def _run(settings: ServeConfig) -> None:
@@ -314,12 +317,12 @@ def _stop_if_engine_fails(
     server: Server, listener: uvicorn.Server, failed: threading.Event
 ) -> None:
     """A first engine start that fails is a configuration error: stop serving and exit 1 (a
-    later crash is the supervisor's to restart)."""
-    from loraplex.errors import LoraplexError
-
+    later crash is the supervisor's to restart). Whatever the child raised: a ValueError
+    (``num_kv_blocks`` too small for ``max_model_len``) or torch's RuntimeError (an unknown
+    ``device``) used to kill this thread only, leaving a server that answered 503 forever."""
     try:
         server.wait_engine()
-    except LoraplexError as exc:
+    except Exception as exc:  # NOTE: any first-start failure; the child's error says which
         typer.echo(f"error: the engine did not start: {exc}", err=True)
         failed.set()
         listener.should_exit = True

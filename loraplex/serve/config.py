@@ -220,8 +220,8 @@ class ServeConfig:
                 raise ValueError(f"{name} {getattr(self, name)} is invalid; expected >= 1")
         for name in _POSITIVE_OR_UNSET:
             value = getattr(self, name)
-            if value is not None and value < 1:
-                raise ValueError(f"{name} {value} is invalid; expected >= 1 or unset")
+            if value is not None and value < 1:  # named as set (torch_threads: threads)
+                raise ValueError(f"{file_key(name)} {value} is invalid; expected >= 1 or unset")
         for name in _POSITIVE_SECONDS:
             if not getattr(self, name) > 0:
                 raise ValueError(f"{name} {getattr(self, name)} is invalid; expected > 0")

@@ -11,10 +11,10 @@ Every accepted connection is bounded (``ConnectionLimits``): TCP_NODELAY (asynci
 sockets whose ``proto`` is IPPROTO_TCP, and ``socket.create_server`` leaves it 0, so responses on
 a reused connection waited out the client's delayed ACK, ~40 ms), the gate of ``connections.py``
 (connections in all, per address, not yet authenticated, and accepted per second per address), a
-deadline for each request head, an idle keep-alive timeout, a largest request head, and a write
-timeout: a client that takes none of its response for ``write_timeout_s`` while the server has
-more to send is cut off, which ends its request (a stream's engine request is aborted, its seat,
-KV blocks and adapter lease freed). Body limits are the app's (``limits.py``).
+deadline for each request head, an idle keep-alive timeout, a largest request head (whole or
+not), and a write timeout: a client that takes none of its response for ``write_timeout_s`` while
+the server has more to send is cut off, which ends its request (a stream's engine request is
+aborted, its seat, KV blocks and adapter lease freed). Body limits are the app's (``limits.py``).
 
 A connection answered before its request body ended (a 413 past the body cap, a 401 before the
 body is read) closes in stages, as RFC 9112 §9.6 asks: the answer is sent and the write side
@@ -215,6 +215,25 @@ class _LingeringTransport:
         self._protocol.loop.call_later(self._linger_s, self._transport.close)
 
 
+class _HeadBoundedConnection(h11.Connection):
+    """h11's server connection that also refuses a complete request head longer than
+    ``max_incomplete_event_size``: h11 measures only a head still waiting for its end, so one
+    that arrived whole in a single read (up to the transport's read size, ~100-200 KiB on
+    loopback) passed ``max_header_bytes`` unchecked. uvicorn answers the error 400 and closes."""
+
+    def next_event(self) -> Any:
+        before = len(self._receive_buffer)
+        event = super().next_event()
+        head_bytes = before - len(self._receive_buffer)
+        if isinstance(event, h11.Request) and head_bytes > self._max_incomplete_event_size:
+            raise h11.RemoteProtocolError(
+                f"request head of {head_bytes} bytes exceeds max_header_bytes "
+                f"{self._max_incomplete_event_size}",
+                error_status_hint=431,
+            )
+        return event
+
+
 class BoundedH11Protocol(H11Protocol):
     """uvicorn's h11 protocol, bounded: TCP_NODELAY, the connection gate, a request-head
     deadline, a write timeout.
@@ -231,6 +250,7 @@ class BoundedH11Protocol(H11Protocol):
             raise TypeError(f"config {type(config).__name__} is invalid; expected ListenerConfig")
         super().__init__(config, **kwargs)
         self.limits = config.limits
+        self.conn = _HeadBoundedConnection(h11.SERVER, self.limits.max_header_bytes)
         self.gate = config.gate
         self._accepted = accepted  # the accept token is taken (``GatedH11Protocol``)
         # every request's scope state: how the credential check marks this connection

@@ -18,11 +18,12 @@ from __future__ import annotations
 from enum import StrEnum
 
 from fastapi import APIRouter
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, Field
 
 from loraplex.errors import quoted
 from loraplex.server.auth import DepsDep, TenantDep
 from loraplex.server.errors import ApiError
+from loraplex.server.protocol.fields import TenantBody
 
 router = APIRouter(prefix="/v1")
 MAX_REQUEST_ID_CHARS = 128
@@ -33,8 +34,7 @@ class Rating(StrEnum):
     BAD = "bad"
 
 
-class FeedbackBody(BaseModel):
-    model_config = ConfigDict(extra="forbid")
+class FeedbackBody(TenantBody):
     request_id: str = Field(min_length=1, max_length=MAX_REQUEST_ID_CHARS)  # a response's ``id``
     rating: Rating
 

@@ -196,6 +196,17 @@ def test_an_oversized_head_is_refused(address: tuple[str, int]) -> None:
         assert _status(_until_closed(sock)) == 400
 
 
+@pytest.mark.parametrize("num_bytes", [4096 - 200, 3 * 4096])  # under and over the cap
+def test_a_head_sent_whole_is_held_to_the_cap(address: tuple[str, int], num_bytes: int) -> None:
+    """h11 measures only a head still waiting for its end: one that arrived in a single read
+    (up to ~100 KiB here) used to pass ``max_header_bytes`` unchecked."""
+    head = _head("/health", {"X-Padding": "y" * num_bytes, "Connection": "close"}, "GET")
+    with _connect(address) as sock:
+        sock.sendall(head)
+        response = _until_closed(sock)
+    assert _status(response) == (200 if len(head) <= 4096 else 400), response[:200]
+
+
 def test_a_connection_beyond_the_cap_takes_the_place_of_the_oldest_idle_one(
     served: Served,
 ) -> None:

@@ -6,6 +6,8 @@ from __future__ import annotations
 import threading
 from typing import Any, cast
 
+import pytest
+
 from loraplex.cli.serve import _stop_if_engine_fails
 from loraplex.errors import EngineUnavailableError
 
@@ -23,9 +25,17 @@ class _Starting:
             raise self.error
 
 
-def test_a_failed_first_engine_start_stops_the_listener() -> None:
+@pytest.mark.parametrize(
+    "error",
+    [
+        EngineUnavailableError("the engine process exited while starting"),
+        ValueError("num_kv_blocks 1 x block_size 16 is invalid"),  # the child's own check
+        RuntimeError("Expected one of cpu, cuda, ... device string: tpu"),  # torch's
+    ],
+)
+def test_a_failed_first_engine_start_stops_the_listener(error: Exception) -> None:
     listener, failed = _Listener(), threading.Event()
-    server = _Starting(EngineUnavailableError("the engine process exited while starting"))
+    server = _Starting(error)
     _stop_if_engine_fails(cast(Any, server), cast(Any, listener), failed)
     assert failed.is_set() and listener.should_exit
 

@@ -61,6 +61,25 @@ def test_unknown_keys_and_bad_values_are_refused(tmp_path: Path) -> None:
         ServeConfig(data_dir=tmp_path, max_loras=0)
 
 
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["--threads", "0"], r"^threads 0 is invalid"),  # the flag's name, not torch_threads
+        (["--config", "c.toml"], "class_reserve_seqs -3 is invalid"),
+        (["--max-model-len", "100000"], "num_kv_blocks 1024 x block_size 16 is invalid"),
+    ],
+)
+def test_engine_settings_are_refused_before_anything_starts(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, args: list[str], message: str
+) -> None:
+    """The engine's own checks used to run only in its child process, after the server had
+    announced itself and issued keys (and a ValueError there left it answering 503 forever)."""
+    (tmp_path / "c.toml").write_text("class_reserve_seqs = -3\n")
+    monkeypatch.chdir(tmp_path)
+    with pytest.raises(ValueError, match=message):
+        parsed_serve(["--data-dir", str(tmp_path), *args], {})
+
+
 def test_byte_budgets(demo_assets: DemoAssets, tmp_path: Path) -> None:
     base = BaseModelSpec.from_dir(demo_assets.base_model_dir)
     config = ServeConfig(data_dir=tmp_path, max_lora_rank=8, max_loras=8)

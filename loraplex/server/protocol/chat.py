@@ -5,13 +5,14 @@ from __future__ import annotations
 
 from typing import Annotated, Literal
 
-from pydantic import BaseModel, BeforeValidator, ConfigDict, Field
+from pydantic import BaseModel, BeforeValidator, Field
 
 from loraplex.server.protocol.fields import (
     MAX_CHAT_MESSAGES,
     MAX_CONTENT_PARTS,
     RevisionInfo,
     SamplingFields,
+    TenantBody,
     Text,
     TopLogprobs,
     Usage,
@@ -19,16 +20,12 @@ from loraplex.server.protocol.fields import (
 )
 
 
-class TextPart(BaseModel):
-    model_config = ConfigDict(extra="forbid")
-
+class TextPart(TenantBody):
     type: Literal["text"]  # only text parts are supported
     text: Text
 
 
-class ChatMessageIn(BaseModel):
-    model_config = ConfigDict(extra="forbid")
-
+class ChatMessageIn(TenantBody):
     role: Literal["system", "developer", "user", "assistant", "tool"]
     content: Annotated[
         Text | Annotated[list[TextPart], Field(max_length=MAX_CONTENT_PARTS)] | None,

@@ -2,16 +2,14 @@
 
 from __future__ import annotations
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, Field
 
 from loraplex.server.protocol.chat import Messages
-from loraplex.server.protocol.fields import Text, TokenIds
+from loraplex.server.protocol.fields import TenantBody, Text, TokenIds
 
 
-class TokenizeRequest(BaseModel):
+class TokenizeRequest(TenantBody):
     """POST /tokenize: vLLM's two shapes in one body, ``prompt`` or chat ``messages``."""
-
-    model_config = ConfigDict(extra="forbid")
 
     model: Text | None = Field(default=None, min_length=1, max_length=512)  # None: the base model
     prompt: Text | None = None  # text, encoded as /v1/completions encodes it
@@ -28,10 +26,8 @@ class TokenizeResponse(BaseModel):
     token_strs: list[str] | None = None  # each id decoded alone (with ``return_token_strs``)
 
 
-class DetokenizeRequest(BaseModel):
+class DetokenizeRequest(TenantBody):
     """POST /detokenize."""
-
-    model_config = ConfigDict(extra="forbid")
 
     model: Text | None = Field(default=None, min_length=1, max_length=512)  # None: the base model
     tokens: TokenIds  # ids below the vocabulary size
