@@ -98,3 +98,30 @@ def test_an_aborted_traced_request_closes_with_its_trace(stack: Stack) -> None:
     assert deltas[-1].finish_reason == "abort"
     trace = deltas[-1].trace
     assert trace is not None and trace.batches
+
+
+def test_an_untraced_request_asking_for_its_stages_gets_them_with_its_loads_end(
+    stack: Stack,
+) -> None:
+    """``stages`` (the front's request log asks) records the stages without a trace; a waiting
+    lease's load completion is stamped (``ready_offset_s``) no later than its collection."""
+    adapter = stack.assets.adapters[5]
+    gate = threading.Event()
+    stack.pipeline.gates[stack.key(adapter)] = gate
+    request = probe_request(stack, adapter, "staged-1", stages=True)
+
+    async def run() -> list[TokenDelta]:
+        task = asyncio.ensure_future(collect(stack.engine, request))
+        await wait_until(lambda: stack.engine.load_snapshot().num_adapter_wait == 1)
+        gate.set()
+        return await task
+
+    trace = _last(asyncio.run(run())).trace
+    assert trace is not None and trace.placement == "loaded"
+    assert trace.deferred_s is not None and trace.leased_offset_s is not None
+    assert trace.ready_offset_s is not None
+    asked = trace.leased_offset_s - trace.deferred_s
+    assert asked <= trace.ready_offset_s <= trace.leased_offset_s
+    warm = replace(request, request_id="staged-2")
+    again = _last(asyncio.run(collect(stack.engine, warm))).trace
+    assert again is not None and again.ready_offset_s is None  # leased at once
