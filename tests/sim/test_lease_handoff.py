@@ -86,3 +86,45 @@ def test_hand_offs_are_measured_on_the_engines_timelines() -> None:
     assert found.counts == {"L1": 2, "L3": 1} and found.at_once == 3
     assert lease_handoffs(lines[:3]) is None  # nothing waited
     assert lease_handoffs(lines[3:6]) is None  # nothing leased at once
+
+
+def test_a_calibration_with_timelines_charges_the_hand_off_once(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Measured on timelines, the hand-offs go to ``lease_handoff_s`` (L2 from L1) and the
+    TTFT-based ones stay off the links (the same wait); without timelines, as before."""
+    from loraplex.bench.sim import calibration
+    from loraplex.bench.sim.calibrate_cold import ColdSample, LeaseHandoffs
+    from loraplex.bench.sim.calibrate_run import CalibrateConfig
+    from loraplex.bench.sim.calibrate_target import Target
+    from loraplex.sim.calibrate import LoadSample, StepSample, fit_step
+    from loraplex.sim.cost_model import LINKS
+
+    steps = [
+        StepSample(t, 0, r, t * k, 0.002 + 1e-4 * t + 3e-4 * r + 1e-7 * t * k)
+        for t in (1, 4, 16)
+        for r in (1, 2)
+        for k in (8, 64)
+    ] + [
+        StepSample(0, n, 1, n * k, 0.004 + 2e-5 * n + 1e-7 * n * k, hop=True)
+        for n in (8, 32)
+        for k in (8, 64)
+    ]
+    loads = [LoadSample(link, n, 0.001 + n / 1e9) for link in LINKS for n in (1000, 9000)]
+    cold = [ColdSample("a", 0.030, 0.010, 0.010, "L3"), ColdSample("a", 0.014, 0.010, 0.001, "L1")]
+    found = LeaseHandoffs({"L1": 0.0017, "L3": 0.0069}, {"L1": 12, "L3": 12}, 0.0005, 40)
+    measured = {"loads": loads, "steps": steps, "step_fit": fit_step(steps), "front_s": 0.001}
+    measured.update(cold=cold, residuals=[], handoffs=found)
+    monkeypatch.setattr(calibration, "measure", lambda target, config: dict(measured))
+    target = Target("http://x", "k", (), {}, 100)
+    model, report = calibration.calibrate(target, CalibrateConfig(), "hw", "cmd")
+    assert model.lease_handoff_s == {"L1": 0.0017, "L2": 0.0017, "L3": 0.0069}
+    assert "L2 not measured" in model.sources["lease_handoff_s"]
+    assert report["lease_handoffs"]["counts"] == {"L1": 12, "L3": 12}
+    measured["handoffs"] = None
+    ttft_based, _ = calibration.calibrate(target, CalibrateConfig(), "hw", "cmd")
+    assert ttft_based.lease_handoff_s == {}
+    assert "not measured" in ttft_based.sources["lease_handoff_s"]
+    for link, added in (("L1_to_L0", 0.003), ("L3_to_L2", 0.010 - 0.003)):  # TTFT-based
+        extra = ttft_based.links[link].fixed_s - model.links[link].fixed_s
+        assert extra == pytest.approx(added)
