@@ -9,7 +9,7 @@ from dataclasses import replace
 from pathlib import Path
 
 import pytest
-from sim_inputs import cost
+from sim_inputs import calibration_measured, cost
 
 from loraplex.bench.sim.calibrate_cold import lease_handoffs
 from loraplex.sim.config import SimConfig
@@ -97,23 +97,10 @@ def test_a_calibration_with_timelines_charges_the_hand_off_once(
     from loraplex.bench.sim.calibrate_cold import ColdSample, LeaseHandoffs
     from loraplex.bench.sim.calibrate_run import CalibrateConfig
     from loraplex.bench.sim.calibrate_target import Target
-    from loraplex.sim.calibrate import LoadSample, StepSample, fit_step
-    from loraplex.sim.cost_model import LINKS
 
-    steps = [
-        StepSample(t, 0, r, t * k, 0.002 + 1e-4 * t + 3e-4 * r + 1e-7 * t * k)
-        for t in (1, 4, 16)
-        for r in (1, 2)
-        for k in (8, 64)
-    ] + [
-        StepSample(0, n, 1, n * k, 0.004 + 2e-5 * n + 1e-7 * n * k, hop=True)
-        for n in (8, 32)
-        for k in (8, 64)
-    ]
-    loads = [LoadSample(link, n, 0.001 + n / 1e9) for link in LINKS for n in (1000, 9000)]
     cold = [ColdSample("a", 0.030, 0.010, 0.010, "L3"), ColdSample("a", 0.014, 0.010, 0.001, "L1")]
     found = LeaseHandoffs({"L1": 0.0017, "L3": 0.0069}, {"L1": 12, "L3": 12}, 0.0005, 40)
-    measured = {"loads": loads, "steps": steps, "step_fit": fit_step(steps), "front_s": 0.001}
+    measured = calibration_measured()
     measured.update(cold=cold, residuals=[], handoffs=found)
     monkeypatch.setattr(calibration, "measure", lambda target, config: dict(measured))
     target = Target("http://x", "k", (), {}, 100)
