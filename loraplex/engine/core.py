@@ -102,7 +102,7 @@ class EngineCore:
         eos = self.tokenizer.eos_token_ids
         output = OutputTracker(params, len(request.prompt_token_ids), eos, self.tokenizer)
         req = self.scheduler.add(request)
-        if request.traceparent is not None:
+        if request.traceparent is not None or request.stages:
             req.trace_log = TraceLog(req.arrival_s)
             self._num_traced += 1
         owed: dict[int, TokenLogprob] | None = None if params.prompt_logprobs is None else {}

@@ -29,6 +29,7 @@ from loraplex.engine.live import Live
 from loraplex.engine.request import Request
 from loraplex.engine.sched.admission import AdapterLoads
 from loraplex.engine.sched.scheduler import Scheduler
+from loraplex.engine.trace_log import TraceLog
 from loraplex.errors import QueueTimeoutError
 from loraplex.residency.cache import Lease, TieredAdapterCache
 from loraplex.residency.ledger import Tier
@@ -125,7 +126,18 @@ class LeaseDesk:
                 if req.trace_log is not None:
                     req.trace_log.defer(self.clock.now())
                 live.lease_future = future
-                future.add_done_callback(lambda _: self._wake())
+                future.add_done_callback(self._on_done(req.trace_log))
+
+    def _on_done(self, log: TraceLog | None) -> Callable[[Future[Lease]], None]:
+        """A waiting lease's callback (on the loader's thread): stamps when its load completed
+        in a recorded request's log, then wakes the engine."""
+
+        def done(_: Future[Lease]) -> None:
+            if log is not None:
+                log.ready(self.clock.now())
+            self._wake()
+
+        return done
 
     def _settle(self, live: Live, future: Future[Lease]) -> None:
         req = live.req

@@ -65,6 +65,9 @@ class EngineRequest:
     # The W3C ``traceparent`` of the front's request span when the request is traced (the
     # engine then records its stages into ``TokenDelta.trace``); None: not traced.
     traceparent: str | None = None
+    # Record the engine's stages (``TokenDelta.trace``) without a trace: the front's request
+    # log writes them (``server/request_log.py``). False: only a traced request records them.
+    stages: bool = False
 
     def __post_init__(self) -> None:
         if not self.request_id:

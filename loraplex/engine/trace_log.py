@@ -64,6 +64,9 @@ class EngineTrace:
     end_offset_s: float  # its end, seconds after engine arrival
     replica_id: str | None = None  # the fleet replica that ran it (set by the replica)
     mode_transitions: tuple[ModeTransitionMark, ...] = ()  # at most MAX_MODE_TRANSITIONS
+    # When its deferred lease's load completed (seconds after arrival; the lease is collected
+    # at the next step's start, ``leased_offset_s``); None: leased at once, or no lease.
+    ready_offset_s: float | None = None
 
 
 class TraceLog:
@@ -80,6 +83,7 @@ class TraceLog:
         "load_stages",
         "placement",
         "prefix_reused_tokens",
+        "ready_s",
         "room_wait_s",
         "tier",
     )
@@ -97,10 +101,16 @@ class TraceLog:
         self.room_wait_s = 0.0
         self.leased_offset_s: float | None = None
         self.prefix_reused_tokens: int | None = None
+        self.ready_s: float | None = None  # when its deferred lease's load completed
 
     def defer(self, now_s: float) -> None:
         """The request waits for its adapter to load."""
         self._deferred_at_s = now_s
+
+    def ready(self, now_s: float) -> None:
+        """Its deferred lease's load completed (on the loader's thread; one float written,
+        read by the engine thread only after it saw the future done, or at the request's end)."""
+        self.ready_s = now_s
 
     def leased(self, now_s: float, tier: Tier, stages: dict[str, float], room_s: float) -> None:
         """Its lease came, from ``tier`` after the load ``stages`` (empty: a GPU-slot hit)."""
@@ -143,6 +153,10 @@ class TraceLog:
 
     def finish(self, now_s: float, queue_s: float | None, base: bool) -> EngineTrace:
         placement = "base" if base and self.placement == "none" else self.placement
+        ready = self.ready_s
+        if ready is not None and self.leased_offset_s is not None:
+            # the engine may collect the lease before the callback stamped it: never later
+            ready = min(ready, self._arrival_s + self.leased_offset_s)
         return EngineTrace(
             queue_s=queue_s,
             adapter_tier=self.tier,
@@ -159,4 +173,5 @@ class TraceLog:
             num_steps_dropped=self._dropped,
             end_offset_s=now_s - self._arrival_s,
             mode_transitions=tuple(self._transitions),
+            ready_offset_s=None if ready is None else ready - self._arrival_s,
         )

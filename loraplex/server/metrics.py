@@ -50,6 +50,7 @@ from prometheus_client.core import (
 from prometheus_client.registry import Collector
 
 from loraplex.engine.protocol import EngineClient, TokenDelta
+from loraplex.engine.trace_log import EngineTrace
 from loraplex.release.traffic import (
     ReleaseTraffic,
     caller_key,
@@ -221,6 +222,7 @@ class RequestObservation:
         # The request log and what it records beside the timings (tenant, prompt tokens,
         # max_tokens); None: not logged.
         self.logged: tuple[RequestLog, str, int, int] | None = None
+        self.engine_trace: EngineTrace | None = None  # the engine's stages, on its last delta
 
     def on_delta(self, delta: TokenDelta, now_s: float) -> None:
         if delta.adapter_tier is not None and self.engine_tier is None:
@@ -229,6 +231,8 @@ class RequestObservation:
             self.engine_tier = delta.adapter_tier.name
             cold = "false" if delta.adapter_tier is Tier.L0 else "true"
             self._labels = (cold, self._priority_class)
+        if delta.trace is not None:
+            self.engine_trace = delta.trace
         if delta.queue_s is not None:
             self._metrics.queue_wait.labels(*self._labels).observe(delta.queue_s)
         if delta.token_ids and self._first_s is None:
@@ -283,5 +287,6 @@ class RequestObservation:
                 ttft_s=None if self._first_s is None else self._first_s - self._arrived_s,
                 tier=self.engine_tier,
                 latency_s=max(0.0, now_s - self._arrived_s),
+                engine=self.engine_trace,
             )
         )

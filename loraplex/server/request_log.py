@@ -4,7 +4,9 @@
 simulator replays (``t_s`` seconds since the log was opened on this server's monotonic clock,
 ``tenant``, ``adapter`` as ``name@revision`` or null for the base model, ``prompt_tokens``,
 ``output_tokens``) and the outcome (``outcome``: the finish reason or ``error``/``abort``,
-``ttft_s``, ``tier`` the adapter was leased from, ``latency_s``). ``output_tokens`` is what was
+``ttft_s``, ``tier`` the adapter was leased from, ``latency_s``, and ``engine``: the engine's
+timeline of the request, ``ENGINE_FIELDS``, or null where the engine returned none).
+``output_tokens`` is what was
 generated when the request finished by ``stop``/``length``, and what it asked for (its
 ``max_tokens``) otherwise: a replay then asks for the same work. It holds nothing the operator
 does not already see on /metrics and /admin (tenant names, adapter refs): no prompt, no text,
@@ -15,13 +17,34 @@ requests never interleave within a line. Torch-free.
 from __future__ import annotations
 
 import json
+import math
 import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
+from loraplex.engine.trace_log import EngineTrace
+
 FINISHED = ("stop", "length")  # outcomes whose generated count is the request's whole output
+# The ``engine`` object: seconds after the engine received the request (its own clock), null
+# where it did not happen. ``asked_s``: its lease was asked for (a step's start); ``ready_s``: a
+# deferred lease's load completed (null: granted at once); ``lease_s``: the lease
+# was collected (a step's start; at once for an adapter in a GPU slot); ``scheduled_s``: the plan
+# of the first step that carried it; ``first_step_end_s``: that step ended (its first token,
+# unless its prompt was chunked); ``end_s``: it ended there. ``load_s``: the load's stage
+# seconds summed (0: none), ``room_wait_s``: its wait for room in a tier. So ``ttft_s`` less
+# ``first_step_end_s`` is the front, the two hops and the token's way out.
+ENGINE_FIELDS = (
+    "asked_s",
+    "ready_s",
+    "lease_s",
+    "scheduled_s",
+    "first_step_end_s",
+    "end_s",
+    "load_s",
+    "room_wait_s",
+)
 
 
 @dataclass(frozen=True)
@@ -38,6 +61,24 @@ class LoggedRequest:
     ttft_s: float | None  # arrival to first token; None: no token came
     tier: str | None  # the tier its adapter was leased from; None: base model or unknown
     latency_s: float  # arrival to the end
+    engine: EngineTrace | None = None  # the engine's stages; None: it returned none
+
+
+def engine_timeline(trace: EngineTrace) -> dict[str, float | None]:
+    """The ``engine`` object of a line (``ENGINE_FIELDS``), in seconds rounded to the µs."""
+    first = trace.batches[0].start_offset_s if trace.batches else None
+    lease, deferred = trace.leased_offset_s, trace.deferred_s
+    values = {
+        "asked_s": None if lease is None else lease - (deferred or 0.0),
+        "ready_s": trace.ready_offset_s,
+        "lease_s": trace.leased_offset_s,
+        "scheduled_s": trace.queue_s,
+        "first_step_end_s": first,
+        "end_s": trace.end_offset_s,
+        "load_s": math.fsum(s for _, s in trace.load_stages),
+        "room_wait_s": trace.room_wait_s,
+    }
+    return {k: None if v is None else round(v, 6) for k, v in values.items()}
 
 
 class RequestLog:
@@ -67,6 +108,7 @@ class RequestLog:
             "ttft_s": None if request.ttft_s is None else round(request.ttft_s, 6),
             "tier": request.tier,
             "latency_s": round(request.latency_s, 6),
+            "engine": None if request.engine is None else engine_timeline(request.engine),
         }
         return json.dumps(body, sort_keys=True) + "\n"
 

@@ -160,6 +160,7 @@ def engine_request(
         params=params,
         deadline_s=deps.config.queue_deadline_s,
         session_key=session_key,
+        stages=deps.config.request_log_path is not None,  # the request log writes them
     )
 
 

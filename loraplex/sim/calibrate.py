@@ -244,6 +244,7 @@ def calibrated_model(
     load_handoff_s: float = 0.0,
     copy_handoff_s: float = 0.0,
     hop_jitter_s: tuple[float, ...] = (),
+    lease_handoff_s: dict[str, float] | None = None,
 ) -> CostModel:
     """A validated cost model from measurements; ``overheads`` holds front_s and network_s
     (each optional, 0 when not measured, and said so in ``sources``); ``ipc_s`` is fitted with
@@ -252,7 +253,9 @@ def calibrated_model(
     stage seconds, is added to the L3 -> L2 link's fixed seconds (where a cold load starts);
     ``copy_handoff_s``, the same wait of a request whose adapter is only in L1, to the L1 -> L0
     link's (so a load from L3 pays it too: ``load_handoff_s`` is what L3 adds beyond it);
-    ``hop_jitter_s``: the hop's spread (``jitter_quantiles``), () when not measured."""
+    ``hop_jitter_s``: the hop's spread (``jitter_quantiles``), () when not measured;
+    ``lease_handoff_s``: a waiting lease's hand-off per source tier (``cost_model``), None or
+    {} when not measured."""
     for name, value in (("load_handoff_s", load_handoff_s), ("copy_handoff_s", copy_handoff_s)):
         if not (value >= 0 and math.isfinite(value)):
             raise ValueError(f"{name} {value!r} is invalid; expected finite >= 0")
@@ -284,4 +287,5 @@ def calibrated_model(
         hop_jitter_s=hop_jitter_s,
         front_s=overheads.get("front_s", 0.0),
         network_s=overheads.get("network_s", 0.0),
+        lease_handoff_s=dict(lease_handoff_s or {}),
     )

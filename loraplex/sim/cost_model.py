@@ -54,6 +54,15 @@ flight: the front's and the fleet hop's work) costs ``max(1, (n + 1) / cores)`` 
 price. The factor is read when the step starts (a steady decode run keeps its first step's).
 A file without the key charges no contention.
 
+A lease that waits for a load (its adapter not in a GPU slot) reaches its request
+``lease_handoff_s[tier]`` seconds after the load completes, ``tier`` the one it was loaded from
+(L1, L2 or L3): what the real engine spends on such a lease beyond the load's stage seconds and
+what a lease granted at once waits (asking for it on a miss, the loader's pick-up and the
+completed lease's return to the engine thread), measured by ``sim calibrate --self`` on the
+engine's own timeline of each request (``server/request_log.ENGINE_FIELDS``). The copy is
+resident when the load completes (other requests find it there); only the waiting request pays.
+A file without the key (or a tier without a value) charges nothing.
+
 A tier transfer of ``n`` bytes over a link costs ``fixed_s + n / bytes_per_s``. With
 ``load_cpu_shared`` (a CPU-only server, whose loader and engine share one core), a transfer
 stage that starts while a step runs also delays that replica's next step by its seconds.
@@ -69,6 +78,7 @@ from pathlib import Path
 
 SCHEMA = "loraplex-sim-cost/1"
 LINKS = ("L3_to_L2", "L2_to_L1", "L1_to_L0")
+HANDOFF_TIERS = ("L1", "L2", "L3")  # the tiers a waiting lease is loaded from
 # Step keys a file may leave out (module docstring: the model before prefill was measured).
 STEP_OPTIONAL = ("per_prefill_token_s", "per_byte_token_s", "per_revision_width_s")
 
@@ -171,6 +181,9 @@ class CostModel:
     fleet_cpu_scale: float = 1.0
     # CPU cores the deployment's processes share (module docstring); None: no contention term.
     cores: int | None = None
+    # Seconds a lease that waited for a load from a tier (L1, L2, L3) reaches its request after
+    # the load completes (module docstring); {}: at once.
+    lease_handoff_s: dict[str, float] = field(default_factory=dict)
     # Where each number comes from: a calibration run (command, date, machine) or a citation.
     sources: dict[str, str] = field(default_factory=dict)
 
@@ -192,6 +205,13 @@ class CostModel:
             raise ValueError(f"CostModel.fleet_cpu_scale must be finite and > 0, got {scale!r}")
         if self.cores is not None and (isinstance(self.cores, bool) or self.cores < 1):
             raise ValueError(f"CostModel.cores must be None or an integer >= 1, got {self.cores!r}")
+        wrong = sorted(set(self.lease_handoff_s) - set(HANDOFF_TIERS))
+        if wrong:
+            raise ValueError(
+                f"CostModel.lease_handoff_s has unknown tiers {wrong}; expected {HANDOFF_TIERS}"
+            )
+        for tier, seconds in self.lease_handoff_s.items():
+            _non_negative(f"CostModel.lease_handoff_s.{tier}", seconds)
         if not self.validated and not self.sources:
             raise ValueError(
                 f"CostModel {self.hardware!r} is unvalidated and cites no sources: "
@@ -217,6 +237,7 @@ class CostModel:
             ("network_jitter_s", ()),
             ("fleet_cpu_scale", 1.0),
             ("cores", None),
+            ("lease_handoff_s", {}),
         ):
             if body[key] == default:
                 del body[key]
@@ -237,7 +258,7 @@ def from_dict(body: dict[str, object], origin: str = "<dict>") -> CostModel:
         raise ValueError(f"{origin}: schema must be {SCHEMA!r}, got {body.get('schema')!r}")
     known = {"schema", "hardware", "validated", "step", "links", "front_s", "ipc_s"}
     known |= {"network_s", "sources", "load_cpu_shared", "hop_jitter_s", "network_jitter_s"}
-    known |= {"fleet_cpu_scale", "cores"}
+    known |= {"fleet_cpu_scale", "cores", "lease_handoff_s"}
     unknown = sorted(set(body) - known)
     if unknown:
         raise ValueError(f"{origin}: unknown keys {unknown}")
@@ -272,6 +293,7 @@ def from_dict(body: dict[str, object], origin: str = "<dict>") -> CostModel:
         ),
         fleet_cpu_scale=_float(body, "fleet_cpu_scale", 1.0),
         cores=cores,
+        lease_handoff_s=_handoffs(body.get("lease_handoff_s", {}), f"{origin}: lease_handoff_s"),
         sources={str(k): str(v) for k, v in sources.items()},
     )
 
@@ -295,6 +317,22 @@ def _numbers(body: object, kind: type, where: str, optional: tuple[str, ...]) ->
             raise ValueError(f"{where}.{key} must be a number, got {value!r}")
         values[key] = float(value)
     return values
+
+
+def _handoffs(value: object, where: str) -> dict[str, float]:
+    """``lease_handoff_s``: an object of tier -> seconds (tiers ``HANDOFF_TIERS``)."""
+    if not isinstance(value, dict):
+        raise ValueError(f"{where} must be an object of tier -> seconds, got {value!r}")
+    return _numbers(value, _Handoffs, where, HANDOFF_TIERS)
+
+
+@dataclass(frozen=True)
+class _Handoffs:
+    """The keys ``lease_handoff_s`` may hold (each optional)."""
+
+    L1: float = 0.0
+    L2: float = 0.0
+    L3: float = 0.0
 
 
 def _number_list(value: object, where: str) -> tuple[float, ...]:

@@ -17,6 +17,7 @@ from __future__ import annotations
 import math
 from collections.abc import Mapping
 from concurrent.futures import Future
+from functools import partial
 
 from loraplex.artifacts.identity import AdapterKey
 from loraplex.engine.config import SchedulerConfig
@@ -134,6 +135,10 @@ class SimReplica:
         self.scheduler = Scheduler(scheduler_config(config), blocks, self._clock, tenants)
         self._outcomes: dict[str, Outcome] = {}  # live requests
         self._pending: dict[str, Future[Lease]] = {}  # ADAPTER_WAIT requests' lease futures
+        # The cost model's lease hand-off per source tier ({}: none), and when each pending
+        # request's completed lease reaches it (the engine collects it from then on).
+        self._handoff = cost.lease_handoff_s
+        self._handed_at: dict[str, float] = {}
         self._prefetching: dict[AdapterKey, Future[None]] = {}
         self._planning = False  # a plan is being made (a wake then changes nothing)
         self._next_plan: SimTimer | None = None  # the plan event due, if any
@@ -380,9 +385,11 @@ class SimReplica:
     # --- leases (as EngineCore does) ----------------------------------------------------------
 
     def _collect_leases(self) -> None:
+        handed, now = self._handed_at, self._clock.now()
         for request_id, future in list(self._pending.items()):
-            if future.done():
+            if future.done() and (not handed or handed.get(request_id, now) <= now):
                 del self._pending[request_id]
+                handed.pop(request_id, None)
                 self._settle(self.scheduler.requests[request_id], future)
 
     def _request_leases(self) -> None:
@@ -398,7 +405,23 @@ class SimReplica:
             else:
                 sched.wait_for_adapter(req)
                 self._pending[req.request_id] = future
-                future.add_done_callback(lambda _: self._wake())
+                if self._handoff:
+                    future.add_done_callback(partial(self._hand_over, req.request_id))
+                else:
+                    future.add_done_callback(lambda _: self._wake())
+
+    def _hand_over(self, request_id: str, future: Future[Lease]) -> None:
+        """A waiting lease's load completed: it reaches its request after the cost model's
+        hand-off for the tier it was loaded from (a failure at once), then the engine wakes."""
+        delay = 0.0
+        if not future.cancelled() and future.exception() is None:
+            delay = self._handoff.get(future.result().load.source.name, 0.0)
+        if request_id in self._pending and delay > 0:
+            at = self._clock.now() + delay
+            self._handed_at[request_id] = at
+            self._executor.call_at(at, self._wake)
+            return
+        self._wake()
 
     def _settle(self, req: Request, future: Future[Lease]) -> None:
         error = future.exception()
@@ -428,6 +451,7 @@ class SimReplica:
 
     def _retire(self, req: Request, state: RequestState, error: BaseException | None) -> None:
         future = self._pending.pop(req.request_id, None)
+        self._handed_at.pop(req.request_id, None)
         if future is not None:  # its lease may still come: release it then
             future.add_done_callback(_release_if_granted)
         reason = FINISH_LENGTH if state is RequestState.FINISHED else FINISH_ABORT

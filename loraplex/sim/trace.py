@@ -21,7 +21,8 @@ SHAPE_FIELDS = ("rank", "size_bytes")  # optional: the adapter's rank and bytes
 # What a server's request log adds per finished request: its outcome (the finish reason, or
 # "error"), seconds to its first token (null: none came), the tier its adapter was leased from
 # (null: the base model or unknown) and seconds from arrival to the end.
-OUTCOME_FIELDS = ("outcome", "ttft_s", "tier", "latency_s")
+# ``engine``: the engine's timeline of it (``server/request_log.ENGINE_FIELDS``) or null.
+OUTCOME_FIELDS = ("outcome", "ttft_s", "tier", "latency_s", "engine")
 
 
 @dataclass(frozen=True, slots=True)

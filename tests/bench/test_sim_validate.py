@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import json
 import re
-from dataclasses import replace
+from dataclasses import fields, replace
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -321,3 +321,19 @@ def test_the_scale_run_happens_in_a_child_and_reports_its_own_peak_rss() -> None
     out = scale_in_child(200, 10, 2, model)
     assert out["sim_seconds_200_requests_10_adapters_2_replicas"] > 0
     assert out["scale_requests"] == 200 and out["scale_peak_rss_bytes"] > 0
+
+
+def test_a_run_may_turn_the_servers_request_log_on(tmp_path: Path) -> None:
+    """``ServerOptions.request_log_path`` reaches the server's settings (``sim calibrate
+    --self`` reads the engine's timelines there); unset, the key is not written."""
+    from loraplex.bench.serve.fleet import Fleet, ServerOptions, serve_values
+    from loraplex.serve.config import ServeConfig
+
+    fleet = Fleet(tmp_path, tmp_path / "model", {"t": "k"}, "admin", 64)
+    log = tmp_path / "requests.jsonl"
+    values = serve_values(
+        fleet, tmp_path, ServerOptions("lru", 2, 1 << 20, request_log_path=log), 1
+    )
+    assert values["request_log_path"] == str(log)
+    assert "request_log_path" in {f.name for f in fields(ServeConfig)}
+    assert "request_log_path" not in serve_values(fleet, tmp_path, ServerOptions("lru", 2, 1), 1)

@@ -12,9 +12,9 @@ from dataclasses import replace
 import pytest
 from engine_kit import Stack, build_stack, collect, probe_request, wait_until
 
-from loraplex.demo.assets import DemoAssets
+from loraplex.demo.assets import DemoAdapter, DemoAssets
 from loraplex.engine.config import SchedulerConfig
-from loraplex.engine.protocol import TokenDelta
+from loraplex.engine.protocol import EngineRequest, TokenDelta
 from loraplex.residency.ledger import Tier
 
 PARENT = "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01"
@@ -34,11 +34,10 @@ def _last(deltas: list[TokenDelta]) -> TokenDelta:
     return deltas[-1]
 
 
-def test_a_cold_adapter_shows_deferral_tier_and_load_stages(stack: Stack) -> None:
-    adapter = stack.assets.adapters[0]
+def _gated(stack: Stack, request: EngineRequest, adapter: DemoAdapter) -> list[TokenDelta]:
+    """``request``'s deltas, its adapter's load held until the request waits for it."""
     gate = threading.Event()
     stack.pipeline.gates[stack.key(adapter)] = gate
-    request = probe_request(stack, adapter, "cold-1", traceparent=PARENT)
 
     async def run() -> list[TokenDelta]:
         task = asyncio.ensure_future(collect(stack.engine, request))
@@ -46,7 +45,13 @@ def test_a_cold_adapter_shows_deferral_tier_and_load_stages(stack: Stack) -> Non
         gate.set()
         return await task
 
-    deltas = asyncio.run(run())
+    return asyncio.run(run())
+
+
+def test_a_cold_adapter_shows_deferral_tier_and_load_stages(stack: Stack) -> None:
+    adapter = stack.assets.adapters[0]
+    request = probe_request(stack, adapter, "cold-1", traceparent=PARENT)
+    deltas = _gated(stack, request, adapter)
     trace = _last(deltas).trace
     assert trace is not None
     assert trace.placement == "loaded" and trace.adapter_tier is Tier.L3
@@ -98,3 +103,21 @@ def test_an_aborted_traced_request_closes_with_its_trace(stack: Stack) -> None:
     assert deltas[-1].finish_reason == "abort"
     trace = deltas[-1].trace
     assert trace is not None and trace.batches
+
+
+def test_an_untraced_request_asking_for_its_stages_gets_them_with_its_loads_end(
+    stack: Stack,
+) -> None:
+    """``stages`` (the front's request log asks) records the stages without a trace; a waiting
+    lease's load completion is stamped (``ready_offset_s``) no later than its collection."""
+    adapter = stack.assets.adapters[5]
+    request = probe_request(stack, adapter, "staged-1", stages=True)
+    trace = _last(_gated(stack, request, adapter)).trace
+    assert trace is not None and trace.placement == "loaded"
+    assert trace.deferred_s is not None and trace.leased_offset_s is not None
+    assert trace.ready_offset_s is not None
+    asked = trace.leased_offset_s - trace.deferred_s
+    assert asked <= trace.ready_offset_s <= trace.leased_offset_s
+    warm = replace(request, request_id="staged-2")
+    again = _last(asyncio.run(collect(stack.engine, warm))).trace
+    assert again is not None and again.ready_offset_s is None  # leased at once

@@ -4,6 +4,7 @@ readable by ``loraplex.sim.trace.read_trace`` and replayable by ``simulate`` (is
 from __future__ import annotations
 
 import json
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -60,6 +61,7 @@ def test_finished_requests_are_logged_and_replay_in_the_simulator(
     assert first["prompt_tokens"] == usage["prompt_tokens"]
     assert first["tier"] == "L1" and first["ttft_s"] is not None
     assert first["prompt_tokens"] == len(engine.requests[0].prompt_token_ids)
+    assert all(r.stages for r in engine.requests)  # the engine is asked for its timeline
     assert 0 <= first["t_s"] <= second["t_s"] <= base["t_s"]
     trace = read_trace(log)
     assert [r.adapter for r in trace] == ["support@r1", "search@r1", None]
@@ -102,3 +104,40 @@ def test_lines_are_relative_to_the_log_opening(tmp_path: Path) -> None:
     log.write(request)
     (line,) = [json.loads(x) for x in (tmp_path / "r.jsonl").read_text().splitlines()]
     assert (line["t_s"], line["adapter"], line["output_tokens"]) == (2.5, "a@r2", 2)
+
+
+def test_the_engines_timeline_is_written_in_seconds_after_its_arrival(tmp_path: Path) -> None:
+    from loraplex.engine.trace_log import TraceLog
+    from loraplex.server.request_log import ENGINE_FIELDS
+
+    log = TraceLog(arrival_s=10.0)
+    log.defer(10.001)
+    log.ready(10.004)
+    log.leased(10.0045, Tier.L1, {"copy": 0.002}, 0.0)
+    log.batch(10.012, 1, 1, "masked")
+    trace = log.finish(10.030, queue_s=0.005, base=False)
+    request_log = RequestLog(tmp_path / "r.jsonl", clock=lambda: 0.0)
+    logged = LoggedRequest(1.0, "acme", "acme/support@r1", 4, 2, 2, "length", 0.02, "L1", 0.04)
+    line = json.loads(request_log.line(replace(logged, engine=trace)))
+    assert set(line["engine"]) == set(ENGINE_FIELDS)
+    assert line["engine"] == pytest.approx(
+        {
+            "asked_s": 0.001,
+            "ready_s": 0.004,
+            "lease_s": 0.0045,
+            "scheduled_s": 0.005,
+            "first_step_end_s": 0.012,
+            "end_s": 0.03,
+            "load_s": 0.002,
+            "room_wait_s": 0.0,
+        }
+    )
+    assert json.loads(request_log.line(logged))["engine"] is None
+    assert read_trace_line(request_log.line(replace(logged, engine=trace)))
+
+
+def read_trace_line(text: str) -> bool:
+    """A line with an engine timeline still reads as a simulator trace record."""
+    from loraplex.sim.trace import parse_record
+
+    return parse_record(json.loads(text)).prompt_tokens == 4

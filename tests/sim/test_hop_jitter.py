@@ -7,11 +7,11 @@ from dataclasses import replace
 from pathlib import Path
 
 import pytest
-from sim_inputs import cost
+from sim_inputs import calibration_measured, cost
 
 from loraplex.sim.calibrate import jitter_quantiles
 from loraplex.sim.config import SimConfig
-from loraplex.sim.cost_model import LINKS, from_dict, load
+from loraplex.sim.cost_model import from_dict, load
 from loraplex.sim.run import simulate
 from loraplex.sim.trace import TraceRecord
 
@@ -93,22 +93,9 @@ def test_a_calibration_writes_the_spread_of_its_lone_requests(
     from loraplex.bench.sim import calibration
     from loraplex.bench.sim.calibrate_run import CalibrateConfig
     from loraplex.bench.sim.calibrate_target import Target
-    from loraplex.sim.calibrate import LoadSample, StepSample, fit_step
 
-    steps = [
-        StepSample(t, 0, r, t * k, 0.002 + 1e-4 * t + 3e-4 * r + 1e-7 * t * k)
-        for t in (1, 4, 16)
-        for r in (1, 2)
-        for k in (8, 64)
-    ]
-    steps += [
-        StepSample(0, n, 1, n * k, 0.004 + 2e-5 * n + 1e-7 * n * k, hop=True)
-        for n in (8, 32)
-        for k in (8, 64)
-    ]
-    loads = [LoadSample(link, n, 0.001 + n / 1e9) for link in LINKS for n in (1000, 9000)]
     residuals = [-0.002, 0.0, 0.0, 0.001, 0.006]
-    measured = {"loads": loads, "steps": steps, "step_fit": fit_step(steps), "front_s": 0.001}
+    measured = calibration_measured()
     measured.update(cold=[], residuals=residuals)
     monkeypatch.setattr(calibration, "measure", lambda target, config: dict(measured))
     target = Target("http://x", "k", (), {}, 100)

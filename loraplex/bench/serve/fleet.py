@@ -135,6 +135,9 @@ class ServerOptions:
     # tokens in one step; None: loraplex's default (written only when set, so a run without
     # it keeps the server's own default)
     max_num_batched_tokens: int | None = None
+    # the server's request log (``request_log_path``: a line per request with the engine's
+    # timeline); None: off
+    request_log_path: Path | None = None
 
 
 def drop_page_cache(root: Path) -> bool:
@@ -179,6 +182,8 @@ def serve_values(
     }
     if options.max_num_batched_tokens is not None:
         values["max_num_batched_tokens"] = options.max_num_batched_tokens
+    if options.request_log_path is not None:
+        values["request_log_path"] = str(options.request_log_path)
     return values
 
 

@@ -11,7 +11,9 @@ from __future__ import annotations
 import asyncio
 import random
 import statistics
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from typing import Any
 
 import httpx
 
@@ -88,3 +90,44 @@ def handoff_seconds(samples: list[ColdSample]) -> float:
     if not samples:
         return 0.0
     return max(0.0, statistics.median(s.handoff_s for s in samples))
+
+
+@dataclass(frozen=True)
+class LeaseHandoffs:
+    """``lease_handoff_s`` measured on the engine's timelines of the calibration's lone requests."""
+
+    seconds: dict[str, float]  # source tier -> the median hand-off (floored at 0)
+    counts: dict[str, int]  # source tier -> the requests it is the median of
+    at_once_plan_s: float  # the median plan of lone requests leased at once (L0)
+    at_once: int  # ... over this many
+
+
+def lease_handoffs(lines: Sequence[Mapping[str, Any]]) -> LeaseHandoffs | None:
+    """From a server's request log (``server/request_log.py``): per tier a lease waited for a
+    load from, the median over the lone requests (``output_tokens`` 1: the cold samples and the
+    prefill samples) whose lease waited (``engine.ready_s`` set) of the plan of their first
+    step (``scheduled_s``) less their load's stage seconds (``load_s``) less the median plan of
+    the lone requests leased at once (tier L0): what a waiting lease costs its request beyond
+    its stages (asking for it on a miss, the loader's pick-up, the lease's return to the engine
+    thread). None without requests leased at once or without any that waited."""
+    lone = [
+        (str(line["tier"]), line["engine"])
+        for line in lines
+        if line.get("output_tokens") == 1
+        and isinstance(line.get("engine"), dict)
+        and line["engine"].get("scheduled_s") is not None
+    ]
+    at_once = [e["scheduled_s"] for tier, e in lone if tier == "L0" and e.get("ready_s") is None]
+    waited: dict[str, list[float]] = {}
+    for tier, e in lone:
+        if tier != "L0" and e.get("ready_s") is not None:
+            waited.setdefault(tier, []).append(float(e["scheduled_s"]) - float(e["load_s"]))
+    if not at_once or not waited:
+        return None
+    base = statistics.median(at_once)
+    return LeaseHandoffs(
+        seconds={t: max(0.0, statistics.median(v) - base) for t, v in sorted(waited.items())},
+        counts={t: len(v) for t, v in sorted(waited.items())},
+        at_once_plan_s=base,
+        at_once=len(at_once),
+    )

@@ -53,6 +53,9 @@ class Target:
     # The server's artifact store when it is on this machine (--self): its cached pages are
     # dropped before each cold load, as bench sim's real runs drop them; None: remote.
     store: Path | None = None
+    # The server's request log when it is on this machine (--self): each request's engine
+    # timeline (``server/request_log.ENGINE_FIELDS``); None: remote, not read.
+    request_log: Path | None = None
 
 
 def _admin(url: str, admin_key: str) -> httpx.Client:
@@ -145,7 +148,8 @@ def self_target(
     with tempfile.TemporaryDirectory(prefix="loraplex-calibrate-") as tmp:
         root = Path(tmp)
         fleet = prepare_fleet(root / "fleet", assets.base_model_dir, wanted, max(ranks), seed)
-        options = ServerOptions("cost_aware", max_loras, 256 << 20)
+        log = root / "run" / "requests.jsonl"
+        options = ServerOptions("cost_aware", max_loras, 256 << 20, request_log_path=log)
         with serving(fleet, root / "run", options) as url:
             served = tuple(
                 ServedAdapter(
@@ -157,4 +161,4 @@ def self_target(
                 )
                 for a in wanted
             )
-            yield Target(url, fleet.admin_key, served, dict(fleet.keys), vocab, fleet.store)
+            yield Target(url, fleet.admin_key, served, dict(fleet.keys), vocab, fleet.store, log)

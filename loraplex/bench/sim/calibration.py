@@ -4,6 +4,7 @@ the date and the machine, and how each part was measured and fitted)."""
 from __future__ import annotations
 
 import datetime
+import json
 import platform
 from dataclasses import asdict
 from typing import Any
@@ -11,7 +12,12 @@ from typing import Any
 import httpx
 
 from loraplex.bench.harness.machine import machine_record
-from loraplex.bench.sim.calibrate_cold import cold_samples, handoff_seconds
+from loraplex.bench.sim.calibrate_cold import (
+    LeaseHandoffs,
+    cold_samples,
+    handoff_seconds,
+    lease_handoffs,
+)
 from loraplex.bench.sim.calibrate_run import (
     CalibrateConfig,
     front_seconds,
@@ -58,6 +64,10 @@ def measure(target: Target, config: CalibrateConfig) -> dict[str, Any]:
         steps = step_samples(client, target, config)
         front_s = front_seconds(client, target, config)
         prefills, residuals = prefill_samples(client, target, config, front_s)
+    handoffs = None
+    if target.request_log is not None and target.request_log.is_file():
+        text = target.request_log.read_text(encoding="utf-8")
+        handoffs = lease_handoffs([json.loads(line) for line in text.splitlines() if line])
     steps += prefills
     fitted = fit_step(steps)
     return {
@@ -67,6 +77,7 @@ def measure(target: Target, config: CalibrateConfig) -> dict[str, Any]:
         "front_s": front_s,
         "cold": cold,
         "residuals": residuals,
+        "handoffs": handoffs,
     }
 
 
@@ -75,6 +86,31 @@ def _shapes(target: Target) -> str:
     ranks = sorted({a.rank for a in target.adapters})
     widths = {a.size_bytes / a.rank for a in target.adapters if a.size_bytes > 0}
     return f"ranks {ranks} x {len(widths)} target sets (bytes per rank)"
+
+
+def _lease_handoffs(found: LeaseHandoffs | None) -> tuple[dict[str, float], str]:
+    """``lease_handoff_s`` and its source text; L2, when no lone request waited for a load from
+    it, takes L1's value (the path L2 -> L1 -> L0 ends in the same copy and hand-off)."""
+    if found is None:
+        return {}, (
+            "not measured: no engine timelines (a remote server's request log is not read, or "
+            "no lone request waited for a load); the TTFT-based hand-offs are on the links"
+        )
+    seconds = dict(found.seconds)
+    parts = [
+        f"{tier} {seconds[tier] * 1000:.2f} ms ({found.counts[tier]} requests)" for tier in seconds
+    ]
+    if "L2" not in seconds and "L1" in seconds:
+        seconds["L2"] = seconds["L1"]
+        parts.append("L2 not measured (no lone request found its adapter in L2 alone): L1's value")
+    text = (
+        "the engine's timelines of the calibration's lone requests (the server's request log): "
+        "per tier a lease waited for a load from, the median of the plan of the request's first "
+        "step less its load's stage seconds less the median plan of "
+        f"{found.at_once} lone requests leased at once ({found.at_once_plan_s * 1000:.2f} ms; "
+        "bench/sim/calibrate_cold.lease_handoffs): " + ", ".join(parts)
+    )
+    return seconds, text
 
 
 def calibrate(
@@ -120,17 +156,33 @@ def calibrate(
     copy_handoff_s = handoff_seconds(copies)
     store_handoff_s = handoff_seconds(stores)
     handoff_s = max(0.0, store_handoff_s - copy_handoff_s)  # L3's path passes L1 -> L0 too
-    sources["links.L1_to_L0"] += (
-        f"; fixed_s includes {copy_handoff_s * 1000:.2f} ms, the median over {len(copies)} lone "
-        "requests, the adapter only in L1, of their TTFT less the same adapter's warm TTFT and "
-        "the copy's stage seconds (hand-offs no stage counter holds; bench/sim/calibrate_cold.py)"
+    ttft_based = (
+        f"{copy_handoff_s * 1000:.2f} ms, the median over {len(copies)} lone requests, the "
+        "adapter only in L1, of their TTFT less the same adapter's warm TTFT and the copy's stage "
+        "seconds (hand-offs no stage counter holds; bench/sim/calibrate_cold.py)",
+        f"{handoff_s * 1000:.2f} ms: the median over {len(stores)} lone cold requests (the "
+        "adapter only in L3) of their TTFT less the same adapter's warm TTFT and the load's stage "
+        f"seconds, {store_handoff_s * 1000:.2f} ms, less the L1 -> L0 link's hand-off (floored "
+        "at 0; bench/sim/calibrate_cold.py)",
     )
-    sources["links.L3_to_L2"] += (
-        f"; fixed_s includes {handoff_s * 1000:.2f} ms: the median over {len(stores)} lone cold "
-        "requests (the adapter only in L3) of their TTFT less the same adapter's warm TTFT and "
-        f"the load's stage seconds, {store_handoff_s * 1000:.2f} ms, less the L1 -> L0 link's "
-        "hand-off (floored at 0; bench/sim/calibrate_cold.py)"
-    )
+    lease_found = measured.get("handoffs")  # None: no engine timelines
+    lease_handoff_s, timeline_text = _lease_handoffs(lease_found)
+    sources["lease_handoff_s"] = timeline_text
+    if lease_handoff_s:  # the engine's timelines replace the TTFT-based figures (same wait)
+        copy_handoff_s = handoff_s = 0.0
+        sources["links.L1_to_L0"] += (
+            "; the TTFT-based hand-off, "
+            + ttft_based[0]
+            + (", is not added: lease_handoff_s charges that wait")
+        )
+        sources["links.L3_to_L2"] += (
+            "; the TTFT-based hand-off, "
+            + ttft_based[1]
+            + (", is not added: lease_handoff_s charges that wait")
+        )
+    else:
+        sources["links.L1_to_L0"] += "; fixed_s includes " + ttft_based[0]
+        sources["links.L3_to_L2"] += "; fixed_s includes " + ttft_based[1]
     residuals = measured["residuals"]
     jitter = jitter_quantiles(residuals) if len(residuals) >= 2 else ()
     sources["hop_jitter_s"] = (
@@ -150,6 +202,7 @@ def calibrate(
         load_handoff_s=handoff_s,
         copy_handoff_s=copy_handoff_s,
         hop_jitter_s=jitter,
+        lease_handoff_s=lease_handoff_s,
     )
     report = {
         "hardware": hardware,
@@ -158,6 +211,7 @@ def calibrate(
         "cold_samples": [{**asdict(s), "handoff_s": s.handoff_s} for s in measured["cold"]],
         "overheads": {**overheads, "ipc_s": model.ipc_s},
         "hop_residuals_s": residuals,
+        "lease_handoffs": None if lease_found is None else asdict(lease_found),
         "machine": machine,
         "target": target.url,
     }
