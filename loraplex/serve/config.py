@@ -23,6 +23,7 @@ from typing import Any
 
 from loraplex.artifacts.base_model import BaseModelSpec, lora_bytes
 from loraplex.dtypes import DEFAULT_DTYPE, bytes_per_element, check_dtype
+from loraplex.engine.config import check_finite
 from loraplex.engine.mode_policy import ModeSetting
 from loraplex.engine.watchdog import (
     DEFAULT_HUNG_AFTER_S,
@@ -206,6 +207,7 @@ class ServeConfig:
     request_log_path: Path | None = None
 
     def __post_init__(self) -> None:
+        check_finite(self, file_key)  # NaN passes a negated comparison, inf every upper one
         self._check_listeners()
         check_trace_settings(self.trace_endpoint, self.trace_sample_ratio, self.trace_slow_s)
         ModeSetting.parse(self.mode)  # raises ValueError naming the mode

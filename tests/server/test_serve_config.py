@@ -2,7 +2,11 @@
 
 from __future__ import annotations
 
+import math
 import stat
+import typing
+from collections.abc import Callable
+from dataclasses import fields
 from pathlib import Path
 
 import pytest
@@ -15,6 +19,7 @@ from loraplex.cli import app
 from loraplex.cli.serve import serve_settings
 from loraplex.demo.assets import DemoAssets
 from loraplex.dtypes import DTYPE_NAMES
+from loraplex.engine.config import EngineConfig, SchedulerConfig
 from loraplex.registry import open_registry
 from loraplex.residency.policy import DEFAULT_POLICY, policy_names
 from loraplex.serve.bootstrap import ADMIN_KEY_FILE, admin_key, register_demo, sample_keys
@@ -261,3 +266,50 @@ def test_a_bad_shared_state_setting_is_refused_without_its_password(tmp_path: Pa
     assert result.exit_code == 2
     assert "shared_state_url scheme 'tcp' is invalid" in result.output
     assert "hunter2" not in result.output
+
+
+def _float_keys() -> list[str]:
+    hints = typing.get_type_hints(ServeConfig)
+    return [
+        f.name
+        for f in fields(ServeConfig)
+        if float in typing.get_args(hints[f.name]) or hints[f.name] is float
+    ]
+
+
+@pytest.mark.parametrize("key", _float_keys())
+@pytest.mark.parametrize("value", [math.nan, math.inf, -math.inf])
+def test_every_float_key_refuses_nan_and_infinity(tmp_path: Path, key: str, value: float) -> None:
+    """``inf`` passed every ``> 0`` / ``>= 0`` check (``queue_deadline_s``, ``step_work_ratio``)
+    and NaN every negated one; no setting documents infinity as "no limit"."""
+    with pytest.raises(ValueError, match=f"^{key} {value} is invalid; expected a finite number"):
+        ServeConfig(data_dir=tmp_path, **{key: value})
+
+
+@pytest.mark.parametrize("key", ["queue_deadline_s", "step_work_ratio"])
+@pytest.mark.parametrize("literal", ["inf", "+inf", "-inf", "nan"])
+def test_a_config_file_or_flag_infinity_is_refused_naming_the_key(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, key: str, literal: str
+) -> None:
+    (tmp_path / "c.toml").write_text(f"{key} = {literal}\n")
+    monkeypatch.chdir(tmp_path)
+    with pytest.raises(ValueError, match=f"^{key} .* expected a finite number"):
+        parsed_serve(["--data-dir", str(tmp_path), "--config", "c.toml"], {})
+    if key == "queue_deadline_s":  # step_work_ratio is a config file key only
+        with pytest.raises(ValueError, match=f"^{key} .* expected a finite number"):
+            parsed_serve(["--data-dir", str(tmp_path), "--queue-deadline-s", literal], {})
+
+
+@pytest.mark.parametrize(
+    ("make", "key"),
+    [
+        (lambda v: SchedulerConfig(default_deadline_s=v), "default_deadline_s"),
+        (lambda v: SchedulerConfig(step_work_ratio=v), "step_work_ratio"),
+        (lambda v: SchedulerConfig(retry_hint_s=v), "retry_hint_s"),
+        (lambda v: EngineConfig(idle_wait_s=v), "idle_wait_s"),
+    ],
+)
+def test_engine_settings_refuse_nan_and_infinity(make: Callable[[float], object], key: str) -> None:
+    for value in (math.nan, math.inf):
+        with pytest.raises(ValueError, match=f"^{key} {value} is invalid"):
+            make(value)
