@@ -6,6 +6,7 @@ import math
 from collections.abc import Callable
 from dataclasses import dataclass, field, fields
 
+from loraplex.devices import check_device
 from loraplex.dtypes import DEFAULT_DTYPE, check_dtype
 from loraplex.engine.mode_policy import ModeSetting
 
@@ -112,6 +113,7 @@ class EngineConfig:
             if getattr(self, name) < 1:
                 raise ValueError(f"{name} {getattr(self, name)} is invalid; expected >= 1")
         check_dtype(self.dtype)
+        check_device(self.device)
         ModeSetting.parse(self.mode)  # raises ValueError naming the mode
         if not self.idle_wait_s > 0:
             raise ValueError(f"idle_wait_s {self.idle_wait_s} is invalid; expected > 0")

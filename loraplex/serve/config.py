@@ -22,6 +22,7 @@ from pathlib import Path
 from typing import Any
 
 from loraplex.artifacts.base_model import BaseModelSpec, lora_bytes
+from loraplex.devices import check_device
 from loraplex.dtypes import DEFAULT_DTYPE, bytes_per_element, check_dtype
 from loraplex.engine.config import check_finite
 from loraplex.engine.mode_policy import ModeSetting
@@ -216,6 +217,7 @@ class ServeConfig:
                 f"policy {self.policy!r} is invalid; expected one of {list(policy_names())}"
             )
         check_dtype(self.dtype)
+        check_device(self.device)
         check_tier_share(self.default_tenant_tier_share)
         for name in _POSITIVE:
             if getattr(self, name) < 1:
