@@ -6,7 +6,7 @@ import math
 import stat
 import typing
 from collections.abc import Callable
-from dataclasses import fields
+from dataclasses import fields, replace
 from pathlib import Path
 
 import pytest
@@ -26,6 +26,7 @@ from loraplex.serve.bootstrap import ADMIN_KEY_FILE, admin_key, register_demo, s
 from loraplex.serve.config import (
     DEFAULT_CPU_ADAPTER_BYTES,
     ServeConfig,
+    memory_total_bytes,
     merge,
     read_config_file,
 )
@@ -313,3 +314,32 @@ def test_engine_settings_refuse_nan_and_infinity(make: Callable[[float], object]
     for value in (math.nan, math.inf):
         with pytest.raises(ValueError, match=f"^{key} {value} is invalid"):
             make(value)
+
+
+def test_a_kv_cache_larger_than_the_machine_is_refused_before_start(
+    demo_assets: DemoAssets, tmp_path: Path
+) -> None:
+    """``block_size = 1000000`` used to fail in the engine process with an out-of-memory error,
+    after the server had announced itself and issued keys."""
+    base = BaseModelSpec.from_dir(demo_assets.base_model_dir)
+    config = ServeConfig(data_dir=tmp_path, block_size=1_000_000)
+    need = config.kv_bytes(base)
+    assert need == 2 * base.num_layers * (1024 * 1_000_000 + 1) * base.num_kv_heads * (
+        base.head_dim * 4
+    )
+    with pytest.raises(
+        ValueError,
+        match=rf"^num_kv_blocks 1024 x block_size 1000000 is invalid; its KV cache needs {need} "
+        r"bytes, more than this machine's 1073741824 bytes",
+    ):
+        config.check_kv_memory(base, 1 << 30)
+    config.check_kv_memory(base, need)  # fits exactly
+    config.check_kv_memory(base, None)  # memory unknown: the engine start checks
+    replace(config, device="cuda").check_kv_memory(base, 1 << 30)  # GPU memory: the engine's
+
+
+def test_memory_total_is_read_from_meminfo(tmp_path: Path) -> None:
+    meminfo = tmp_path / "meminfo"
+    meminfo.write_text("MemTotal:       131072 kB\nMemFree:        1024 kB\n")
+    assert memory_total_bytes(meminfo) == 131072 * 1024
+    assert memory_total_bytes(tmp_path / "absent") is None
