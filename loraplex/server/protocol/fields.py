@@ -36,11 +36,21 @@ def _valid_utf8(value: str) -> str:
     return value
 
 
+def _valid_utf8_str(value: object) -> object:
+    """``_valid_utf8`` of a str, before a constrained str schema reads it; other values left to
+    the schema's type error."""
+    return _valid_utf8(value) if isinstance(value, str) else value
+
+
 # Text a tenant sends: valid Unicode (checked before anything is tokenized).
 Text = Annotated[str, AfterValidator(_valid_utf8)]
 MAX_STOP_CHARS = 1024  # one stop string (each is searched for in the output after every token)
 MAX_STOP_STRINGS = 4  # OpenAI's limit
-StopText = Annotated[Text, Field(max_length=MAX_STOP_CHARS)]
+# NOTE: the length is the str schema's own constraint ("String should have at most 1024
+# characters"); on ``Text`` it became a generic check after the validator ("Value should have at
+# most 1024 items"). The surrogate check runs before it: pydantic's constrained str cannot read
+# a lone surrogate ("unable to parse raw data as a unicode string").
+StopText = Annotated[str, Field(max_length=MAX_STOP_CHARS), BeforeValidator(_valid_utf8_str)]
 
 # Lists and maps a tenant sends are bounded in the schema. NOTE: pydantic stops reading a list at
 # its ``max_length``, but it reports every wrong item of a shorter one, so a union member given
