@@ -89,14 +89,16 @@ TokenIds = Annotated[
 ]
 
 
-class TenantBody(BaseModel):
-    """An object a tenant sends: a key it does not know is a 400 naming it (``extra="forbid"``),
+class FirstUnknownKeyBody(BaseModel):
+    """An object a client sends: a key it does not know is a 400 naming it (``extra="forbid"``),
     and only the first such key is reported.
 
     pydantic reports every unknown key, and FastAPI copies each report, on the event loop: a body
     within ``max_body_bytes`` holding 200,000 unknown keys held every tenant's requests for
     0.7-16 s (by load) before its 400. Keeping the known keys and the first unknown one leaves
-    one error to build (docs/operations.md, *Failure isolation*).
+    one error to build (docs/operations.md, *Failure isolation*). The admin's bodies
+    (``server/admin_models.py``, ``lora_admin.py``) are built on it too: the admin is trusted,
+    but a large body of its would hold the same event loop.
     """
 
     model_config = ConfigDict(extra="forbid")
@@ -116,6 +118,10 @@ class TenantBody(BaseModel):
                 kept[key] = value
                 unknown = True
         return kept if unknown else data
+
+
+class TenantBody(FirstUnknownKeyBody):
+    """An object a tenant sends (every OpenAI body and its nested objects)."""
 
 
 _KNOWN_KEYS: dict[type[BaseModel], frozenset[str]] = {}
