@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+import math
+from collections.abc import Callable
+from dataclasses import dataclass, field, fields
 
+from loraplex.devices import check_device
 from loraplex.dtypes import DEFAULT_DTYPE, check_dtype
 from loraplex.engine.mode_policy import ModeSetting
 
@@ -14,6 +17,17 @@ _AT_LEAST_ONE = (
     "max_queue_len",
     "lease_lookahead",
 )
+
+
+def check_finite(settings: object, key: Callable[[str], str] = str) -> None:
+    """ValueError naming the first float field of the dataclass ``settings`` (by ``key`` of its
+    name: its config key) that is NaN or +/-inf: every range check of ours is a comparison,
+    which NaN passes as a negation (``not x >= 0``) fails to see, and inf as "no limit" is no
+    documented meaning of any setting (a TOML ``inf`` or a flag's ``inf`` parse as floats)."""
+    for item in fields(settings):  # type: ignore[arg-type]
+        value = getattr(settings, item.name)
+        if isinstance(value, float) and not math.isfinite(value):
+            raise ValueError(f"{key(item.name)} {value} is invalid; expected a finite number")
 
 
 @dataclass(frozen=True)
@@ -43,6 +57,7 @@ class SchedulerConfig:
     step_work_ratio: float = 1.0
 
     def __post_init__(self) -> None:
+        check_finite(self)
         for name in _AT_LEAST_ONE:
             if getattr(self, name) < 1:
                 raise ValueError(f"{name} {getattr(self, name)} is invalid; expected >= 1")
@@ -93,10 +108,12 @@ class EngineConfig:
     mode: str = "unmerged"
 
     def __post_init__(self) -> None:
+        check_finite(self)
         for name in ("block_size", "num_kv_blocks"):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name} {getattr(self, name)} is invalid; expected >= 1")
         check_dtype(self.dtype)
+        check_device(self.device)
         ModeSetting.parse(self.mode)  # raises ValueError naming the mode
         if not self.idle_wait_s > 0:
             raise ValueError(f"idle_wait_s {self.idle_wait_s} is invalid; expected > 0")

@@ -25,12 +25,11 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
-import torch
-
 from loraplex.artifacts.base_model import BaseModelSpec
 from loraplex.artifacts.identity import AdapterKey
 from loraplex.artifacts.store import ArtifactStore
 from loraplex.clock import Clock, MonotonicClock
+from loraplex.devices import torch_device
 from loraplex.dtypes import DEFAULT_DTYPE, check_dtype, torch_dtype
 from loraplex.engine.config import EngineConfig
 from loraplex.engine.core import EngineCore
@@ -151,7 +150,7 @@ def build_adapter_runtime(
     clock: Clock | None = None,
 ) -> AdapterRuntime:
     """A slot pool, a TierPipeline over ``store`` and ``disk_dir``, and the recovered cache."""
-    dtype, device = torch_dtype(config.dtype), torch.device(config.device)
+    dtype, device = torch_dtype(config.dtype), torch_device(config.device)
     pool = LoraSlotPool(base, config.max_loras, config.max_lora_rank, dtype=dtype, device=device)
     slot_lock = threading.Lock()
     pipeline = TierPipeline(resolver, store, DiskTier(disk_dir), pool, base, slot_lock=slot_lock)
@@ -200,7 +199,8 @@ def build_engine_core(
     clock: Clock | None = None,
 ) -> EngineCore:
     """The base model, paged KV cache, scheduler and runner around ``runtime`` (no thread)."""
-    model = load_checkpoint(model_dir, dtype=torch_dtype(config.dtype), device=config.device)
+    device = torch_device(config.device)  # ValueError naming device when it is not here
+    model = load_checkpoint(model_dir, dtype=torch_dtype(config.dtype), device=device)
     clock = clock or MonotonicClock()
     blocks = BlockManager(config.num_kv_blocks, config.block_size)
     kv = PagedKVCache(model.attention_shape, blocks, dtype=model.dtype, device=model.device)

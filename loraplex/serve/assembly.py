@@ -44,7 +44,7 @@ from loraplex.engine.transport.process import EngineProcess
 from loraplex.model.tokenizer import TextTokenizer
 from loraplex.registry import Registry, open_registry
 from loraplex.serve.bootstrap import admin_key, register_demo, sample_keys
-from loraplex.serve.config import ServeConfig
+from loraplex.serve.config import ServeConfig, memory_total_bytes
 from loraplex.serve.engine_settings import registry_config, watchdog_policy
 from loraplex.serve.front import Front, RunningEngine, Server, build_front
 from loraplex.serve.worker import ENGINE_PRELOAD, engine_worker
@@ -98,6 +98,7 @@ def _build(config: ServeConfig, wait_engine: bool, engine_child: ChildLink | Non
     if model_dir is None:
         raise ValueError("model None is invalid; expected a model directory or the demo assets")
     base = BaseModelSpec.from_dir(model_dir)
+    config.check_kv_memory(base, memory_total_bytes())  # before a key is issued
     registry = open_registry(registry_config(config), base=base)
     try:
         demo = assets if config.demo else None

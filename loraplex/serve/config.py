@@ -22,7 +22,10 @@ from pathlib import Path
 from typing import Any
 
 from loraplex.artifacts.base_model import BaseModelSpec, lora_bytes
+from loraplex.devices import check_device
 from loraplex.dtypes import DEFAULT_DTYPE, bytes_per_element, check_dtype
+from loraplex.engine.config import check_finite
+from loraplex.engine.kv.blocks import kv_cache_bytes
 from loraplex.engine.mode_policy import ModeSetting
 from loraplex.engine.watchdog import (
     DEFAULT_HUNG_AFTER_S,
@@ -206,6 +209,7 @@ class ServeConfig:
     request_log_path: Path | None = None
 
     def __post_init__(self) -> None:
+        check_finite(self, file_key)  # NaN passes a negated comparison, inf every upper one
         self._check_listeners()
         check_trace_settings(self.trace_endpoint, self.trace_sample_ratio, self.trace_slow_s)
         ModeSetting.parse(self.mode)  # raises ValueError naming the mode
@@ -214,6 +218,7 @@ class ServeConfig:
                 f"policy {self.policy!r} is invalid; expected one of {list(policy_names())}"
             )
         check_dtype(self.dtype)
+        check_device(self.device)
         check_tier_share(self.default_tenant_tier_share)
         for name in _POSITIVE:
             if getattr(self, name) < 1:
@@ -333,6 +338,29 @@ class ServeConfig:
             )
         return self.max_auto_gpu_slots
 
+    def kv_bytes(self, base: BaseModelSpec, rows: int | None = None) -> int:
+        """Bytes of the paged KV cache of ``rows`` tokens (None: ``num_kv_blocks`` x
+        ``block_size``, what the engine allocates)."""
+        rows = self.num_kv_blocks * self.block_size if rows is None else rows
+        element = bytes_per_element(self.dtype)
+        return kv_cache_bytes(base.num_layers, base.num_kv_heads, base.head_dim, rows, element)
+
+    def check_kv_memory(self, base: BaseModelSpec, memory_bytes: int | None) -> None:
+        """ValueError naming ``num_kv_blocks`` and ``block_size`` when the KV cache of a ``cpu``
+        device needs more than ``memory_bytes`` (the machine's, ``memory_total_bytes``): it can
+        never be allocated (the engine process failed with an out-of-memory error, after the
+        server announced itself). A CUDA device's memory is not known here (no torch): the
+        engine start refuses it, naming them too."""
+        need = self.kv_bytes(base)
+        if self.device != "cpu" or memory_bytes is None or need <= memory_bytes:
+            return
+        rows = memory_bytes // self.kv_bytes(base, rows=0)  # rows=0: the padding row, one row
+        raise ValueError(
+            f"num_kv_blocks {self.num_kv_blocks} x block_size {self.block_size} is invalid; its "
+            f"KV cache needs {need} bytes, more than this machine's {memory_bytes} bytes of "
+            f"memory (expected num_kv_blocks x block_size below {rows} tokens)"
+        )
+
     def cpu_bytes(self, base: BaseModelSpec) -> int:
         if self.cpu_adapter_bytes is not None:
             return self.cpu_adapter_bytes
@@ -427,6 +455,19 @@ def _check_type(path: Path, key: str, value: object, hint: object) -> None:
         raise ValueError(
             f"config file {path}: {key} = {value!r:.60} is invalid; expected {expected}"
         )
+
+
+def memory_total_bytes(meminfo: Path = Path("/proc/meminfo")) -> int | None:
+    """The machine's memory (``MemTotal``), or None where /proc/meminfo is not there."""
+    try:
+        lines = meminfo.read_text(encoding="ascii").splitlines()
+    except OSError:
+        return None
+    for line in lines:
+        name, _, rest = line.partition(":")
+        if name == "MemTotal":
+            return int(rest.split()[0]) * 1024  # kB
+    return None
 
 
 def merge(file_values: Mapping[str, Any], flags: Mapping[str, Any]) -> ServeConfig:

@@ -5,7 +5,7 @@ from __future__ import annotations
 import itertools
 from typing import Annotated, Any
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic import Field, field_validator, model_validator
 
 from loraplex.errors import quoted
 from loraplex.registry import (
@@ -17,6 +17,7 @@ from loraplex.registry import (
 )
 from loraplex.release.model import ProbeCase, ReleasePlan, Thresholds
 from loraplex.residency.ledger import Tier
+from loraplex.server.protocol.fields import FirstUnknownKeyBody
 
 MAX_LADDER_STEPS = 16  # canary steps one release may have
 MAX_PROBES = 32  # extra probes one release may run
@@ -25,8 +26,8 @@ MAX_PROBE_TOKENS = 256
 TIER_NAMES = {"L0": Tier.L0, "gpu": Tier.L0, "L1": Tier.L1, "cpu": Tier.L1, "L2": Tier.L2}
 
 
-class _Body(BaseModel):
-    model_config = ConfigDict(extra="forbid")
+class _Body(FirstUnknownKeyBody):
+    """An admin body: an unknown key is a 400 naming the first one (``extra="forbid"``)."""
 
 
 class QuotasBody(_Body):

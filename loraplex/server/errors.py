@@ -221,6 +221,18 @@ def error_response(request: Request, exc: Exception) -> JSONResponse:
 
 
 _TYPE_TAGS = frozenset({"str", "int", "float", "bool", "list", "dict"})
+# What a union member whose type the value does not have reports.
+_MEMBER_TYPE_ERRORS = frozenset(
+    {
+        "string_type",
+        "int_type",
+        "float_type",
+        "bool_type",
+        "list_type",
+        "dict_type",
+        "none_required",
+    }
+)
 # Where FastAPI found a value; the field's name follows (``query.top`` is the field ``top``).
 _SOURCES = frozenset({"body", "query", "path", "header", "cookie"})
 
@@ -235,8 +247,12 @@ async def _on_validation(request: Request, exc: Exception) -> JSONResponse:
     if not isinstance(exc, RequestValidationError):
         return await _on_error(request, exc)
     errors = exc.errors()
-    # A failed check of our own (a value error) says most; a union's other members say less.
-    first = next((e for e in errors if e.get("type") == "value_error"), errors[0] if errors else {})
+    # A failed check of our own (a value error) says most; then a member of a union the value
+    # has the type of (``stop: ["x" * 5000]``: "at most 1024 characters", not the str member's
+    # "Input should be a valid string"); the union's other members say least.
+    first = next((e for e in errors if e.get("type") == "value_error"), None)
+    first = first or next((e for e in errors if e.get("type") not in _MEMBER_TYPE_ERRORS), None)
+    first = first or (errors[0] if errors else {})
     if first.get("type") == "json_invalid":  # its location is a character offset, not a field
         where = "".join(str(p) for p in first.get("loc", ()) if p != "body")
         return invalid_request(f"body is not valid JSON (at character {clipped(where)})").response()

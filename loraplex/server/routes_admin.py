@@ -22,7 +22,7 @@ from typing import Annotated, Any
 from fastapi import APIRouter, Depends, Query, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import Field, ValidationError
 from starlette.concurrency import run_in_threadpool
 
 from loraplex.artifacts.identity import AdapterKey
@@ -49,6 +49,7 @@ from loraplex.server.cache_control import CacheControl
 from loraplex.server.deps import ServerDeps
 from loraplex.server.errors import ApiError, invalid_request
 from loraplex.server.merge_guard import guarded, left_by
+from loraplex.server.protocol.fields import FirstUnknownKeyBody
 from loraplex.server.upload import receive_upload, staging_hidden
 
 router = APIRouter(prefix="/admin", dependencies=[Depends(require_admin)])
@@ -75,11 +76,10 @@ def list_tenants(deps: DepsDep) -> list[Any]:
     return [asdict(t) for t in deps.registry.list_tenants()]
 
 
-class TenantLimitsBody(BaseModel):
+class TenantLimitsBody(FirstUnknownKeyBody):
     """Changes to a tenant's priority class and quotas: a field absent from the body keeps its
     stored value (a quota set to null becomes unlimited)."""
 
-    model_config = ConfigDict(extra="forbid")
     priority: PriorityClass | None = None
     quotas: QuotasBody = Field(default_factory=QuotasBody)
 

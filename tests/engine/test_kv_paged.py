@@ -8,7 +8,7 @@ from typing import TYPE_CHECKING
 import pytest
 import torch
 
-from loraplex.engine.kv.blocks import BlockManager
+from loraplex.engine.kv.blocks import BlockManager, kv_cache_bytes
 from loraplex.engine.kv.paged import PagedKVCache
 from loraplex.model.checkpoint import load_checkpoint
 from loraplex.model.kv_cache import ContiguousKVCache, SequenceChunk
@@ -171,3 +171,18 @@ def test_equal_length_prompts_from_position_zero_attend_together(
             want = _forward(model, alone, [(seq, 0, prompts[i])])
         assert (got[row] - want[0]).abs().max().item() < TOL
     paged.blocks.check_integrity()
+
+
+def test_kv_cache_bytes_is_what_the_paged_cache_allocates(model: LlamaModel) -> None:
+    shape = model.attention_shape
+    paged = PagedKVCache(shape, BlockManager(8, 4), dtype=torch.float32, device=torch.device("cpu"))
+    held = sum(t.nbytes for t in paged.keys + paged.values)
+    assert held == kv_cache_bytes(shape.num_layers, shape.num_kv_heads, shape.head_dim, 32, 4)
+
+
+def test_a_kv_cache_that_cannot_be_allocated_names_its_settings(model: LlamaModel) -> None:
+    """It failed with the allocator's out-of-memory error alone, naming no setting."""
+    blocks = BlockManager(1024, 10**12)  # past any address space (128 TiB on x86-64 Linux)
+    with pytest.raises(ValueError, match=r"^num_kv_blocks 1024 x block_size 1000000000000 is "
+                       r"invalid here; its KV cache needs \d+ bytes on cpu"):  # fmt: skip
+        PagedKVCache(model.attention_shape, blocks, dtype=torch.float32, device=torch.device("cpu"))

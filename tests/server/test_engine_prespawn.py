@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import asyncio
 import os
+import signal
 import subprocess
 import sys
 import threading
@@ -231,3 +232,32 @@ def test_a_forked_child_exits_when_its_parent_dies_without_cleanup() -> None:
     if orphaned:
         os.kill(pid, 9)
     assert not orphaned, "the forked engine child outlived its parent"
+
+
+def _ignored_signals(pid: int) -> int:
+    """The child's ignored-signal mask (``SigIgn`` of /proc/PID/status; 0 once it is gone)."""
+    try:
+        status = Path(f"/proc/{pid}/status").read_text()
+    except OSError:
+        return 0
+    return int(
+        next(line for line in status.splitlines() if line.startswith("SigIgn:")).split()[1], 16
+    )
+
+
+def test_sigterm_to_the_process_group_leaves_the_child_to_its_parent() -> None:
+    """A SIGTERM (or Ctrl-C's SIGINT) to the whole group killed the child before the server
+    knew it was shutting down: the log said "killed by SIGTERM; restarting it" and a new child
+    started. The child now ignores both; its parent's Stop ends it (exit code 0, not -15)."""
+    child = ChildLink(())
+    assert child.pid is not None
+    wanted = (1 << (signal.SIGTERM - 1)) | (1 << (signal.SIGINT - 1))
+    deadline = time.monotonic() + 120.0  # a spawned interpreter's start on a loaded machine
+    while _ignored_signals(child.pid) & wanted != wanted and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert _ignored_signals(child.pid) & wanted == wanted
+    os.kill(child.pid, signal.SIGTERM)
+    os.kill(child.pid, signal.SIGINT)
+    child.request_stop()
+    child.close(grace_s=120.0)
+    assert child.exitcode == 0

@@ -107,3 +107,30 @@ def test_a_body_that_is_not_utf8_is_a_400_with_a_code(rig: Rig) -> None:
     )
     assert reply.status_code == 400, reply.text
     assert reply.json()["error"]["code"] == "invalid_request"
+
+
+@pytest.mark.parametrize("stop", ["x" * 5000, ["ok", "x" * 5000]])
+def test_a_long_stop_string_is_counted_in_characters(rig: Rig, stop: object) -> None:
+    """It said "Value should have at most 1024 items" (a length check pydantic put after the
+    Unicode check, counting items)."""
+    reply = _post(rig, "/v1/completions", model="support", prompt="hi", stop=stop)
+    assert reply.status_code == 400, reply.text
+    error = reply.json()["error"]
+    assert error["param"].split(".")[0] == "stop"
+    assert "at most 1024 characters" in error["message"] and "items" not in error["message"]
+
+
+@pytest.mark.parametrize("stop", ["\ud800", ["ok", "ab\udfff"], "x" * 5000 + "\ud800"])
+def test_a_lone_surrogate_in_stop_keeps_its_message(rig: Rig, stop: object) -> None:
+    """Checking the length in the str schema first made it pydantic's "unable to parse raw data
+    as a unicode string"; the surrogate check runs before that schema reads the text."""
+    reply = rig.client.post(
+        "/v1/completions",
+        content=_json_with_surrogates({"model": "support", "prompt": "hi", "stop": stop}),
+        headers={**rig.headers("acme"), "content-type": "application/json"},
+    )
+    assert reply.status_code == 400, reply.text
+    error = reply.json()["error"]
+    assert error["param"].split(".")[0] == "stop"
+    assert "lone surrogate; expected valid Unicode text" in error["message"], error
+    assert not rig.engine.requests

@@ -2,7 +2,11 @@
 
 from __future__ import annotations
 
+import math
 import stat
+import typing
+from collections.abc import Callable
+from dataclasses import fields, replace
 from pathlib import Path
 
 import pytest
@@ -15,12 +19,14 @@ from loraplex.cli import app
 from loraplex.cli.serve import serve_settings
 from loraplex.demo.assets import DemoAssets
 from loraplex.dtypes import DTYPE_NAMES
+from loraplex.engine.config import EngineConfig, SchedulerConfig
 from loraplex.registry import open_registry
 from loraplex.residency.policy import DEFAULT_POLICY, policy_names
 from loraplex.serve.bootstrap import ADMIN_KEY_FILE, admin_key, register_demo, sample_keys
 from loraplex.serve.config import (
     DEFAULT_CPU_ADAPTER_BYTES,
     ServeConfig,
+    memory_total_bytes,
     merge,
     read_config_file,
 )
@@ -261,3 +267,79 @@ def test_a_bad_shared_state_setting_is_refused_without_its_password(tmp_path: Pa
     assert result.exit_code == 2
     assert "shared_state_url scheme 'tcp' is invalid" in result.output
     assert "hunter2" not in result.output
+
+
+def _float_keys() -> list[str]:
+    hints = typing.get_type_hints(ServeConfig)
+    return [
+        f.name
+        for f in fields(ServeConfig)
+        if float in typing.get_args(hints[f.name]) or hints[f.name] is float
+    ]
+
+
+@pytest.mark.parametrize("key", _float_keys())
+@pytest.mark.parametrize("value", [math.nan, math.inf, -math.inf])
+def test_every_float_key_refuses_nan_and_infinity(tmp_path: Path, key: str, value: float) -> None:
+    """``inf`` passed every ``> 0`` / ``>= 0`` check (``queue_deadline_s``, ``step_work_ratio``)
+    and NaN every negated one; no setting documents infinity as "no limit"."""
+    with pytest.raises(ValueError, match=f"^{key} {value} is invalid; expected a finite number"):
+        ServeConfig(data_dir=tmp_path, **{key: value})
+
+
+@pytest.mark.parametrize("key", ["queue_deadline_s", "step_work_ratio"])
+@pytest.mark.parametrize("literal", ["inf", "+inf", "-inf", "nan"])
+def test_a_config_file_or_flag_infinity_is_refused_naming_the_key(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, key: str, literal: str
+) -> None:
+    (tmp_path / "c.toml").write_text(f"{key} = {literal}\n")
+    monkeypatch.chdir(tmp_path)
+    with pytest.raises(ValueError, match=f"^{key} .* expected a finite number"):
+        parsed_serve(["--data-dir", str(tmp_path), "--config", "c.toml"], {})
+    if key == "queue_deadline_s":  # step_work_ratio is a config file key only
+        with pytest.raises(ValueError, match=f"^{key} .* expected a finite number"):
+            parsed_serve(["--data-dir", str(tmp_path), "--queue-deadline-s", literal], {})
+
+
+@pytest.mark.parametrize(
+    ("make", "key"),
+    [
+        (lambda v: SchedulerConfig(default_deadline_s=v), "default_deadline_s"),
+        (lambda v: SchedulerConfig(step_work_ratio=v), "step_work_ratio"),
+        (lambda v: SchedulerConfig(retry_hint_s=v), "retry_hint_s"),
+        (lambda v: EngineConfig(idle_wait_s=v), "idle_wait_s"),
+    ],
+)
+def test_engine_settings_refuse_nan_and_infinity(make: Callable[[float], object], key: str) -> None:
+    for value in (math.nan, math.inf):
+        with pytest.raises(ValueError, match=f"^{key} {value} is invalid"):
+            make(value)
+
+
+def test_a_kv_cache_larger_than_the_machine_is_refused_before_start(
+    demo_assets: DemoAssets, tmp_path: Path
+) -> None:
+    """``block_size = 1000000`` used to fail in the engine process with an out-of-memory error,
+    after the server had announced itself and issued keys."""
+    base = BaseModelSpec.from_dir(demo_assets.base_model_dir)
+    config = ServeConfig(data_dir=tmp_path, block_size=1_000_000)
+    need = config.kv_bytes(base)
+    assert need == 2 * base.num_layers * (1024 * 1_000_000 + 1) * base.num_kv_heads * (
+        base.head_dim * 4
+    )
+    with pytest.raises(
+        ValueError,
+        match=rf"^num_kv_blocks 1024 x block_size 1000000 is invalid; its KV cache needs {need} "
+        r"bytes, more than this machine's 1073741824 bytes",
+    ):
+        config.check_kv_memory(base, 1 << 30)
+    config.check_kv_memory(base, need)  # fits exactly
+    config.check_kv_memory(base, None)  # memory unknown: the engine start checks
+    replace(config, device="cuda").check_kv_memory(base, 1 << 30)  # GPU memory: the engine's
+
+
+def test_memory_total_is_read_from_meminfo(tmp_path: Path) -> None:
+    meminfo = tmp_path / "meminfo"
+    meminfo.write_text("MemTotal:       131072 kB\nMemFree:        1024 kB\n")
+    assert memory_total_bytes(meminfo) == 131072 * 1024
+    assert memory_total_bytes(tmp_path / "absent") is None

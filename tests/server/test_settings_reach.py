@@ -93,7 +93,7 @@ def test_the_scheduler_and_engine_fields_carry_the_serve_values(tmp_path: Path) 
         block_size=8,
         num_kv_blocks=77,
         dtype="bfloat16",
-        device="meta",
+        device="cuda:3",  # a valid name, not the default (not looked up here)
     )
     built = engine_config(serve)
     scheduler = built.scheduler
@@ -105,7 +105,7 @@ def test_the_scheduler_and_engine_fields_carry_the_serve_values(tmp_path: Path) 
         8,
         77,
         "bfloat16",
-        "meta",
+        "cuda:3",
     )
 
 

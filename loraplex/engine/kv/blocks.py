@@ -25,6 +25,14 @@ from loraplex.errors import CacheIntegrityError, CapacityError
 BASE_NAMESPACE = "base"
 
 
+def kv_cache_bytes(
+    num_layers: int, num_kv_heads: int, head_dim: int, rows: int, element_bytes: int
+) -> int:
+    """Bytes of a paged KV cache of ``rows`` token rows (``num_kv_blocks`` x ``block_size``):
+    keys and values of every layer, plus the one padding row ``PagedKVCache`` keeps."""
+    return 2 * num_layers * (rows + 1) * num_kv_heads * head_dim * element_bytes
+
+
 def namespace_of(key: AdapterKey | None) -> str:
     """Prefix-reuse scope of a request: its adapter revision's full identity."""
     return BASE_NAMESPACE if key is None else str(key)

@@ -23,7 +23,7 @@ from itertools import accumulate
 
 import torch
 
-from loraplex.engine.kv.blocks import BASE_NAMESPACE, BlockManager
+from loraplex.engine.kv.blocks import BASE_NAMESPACE, BlockManager, kv_cache_bytes
 from loraplex.engine.kv.buckets import partition_by_length
 from loraplex.model.attention import chunk_attention, decode_attention, prompt_attention
 from loraplex.model.buffers import zeroed
@@ -82,8 +82,18 @@ class PagedKVCache:
         self._pad_row = rows
         dims = (rows + 1, shape.num_kv_heads, shape.head_dim)
         layers = range(shape.num_layers)
-        self.keys = [zeroed(dims, dtype=dtype, device=self.device) for _ in layers]
-        self.values = [zeroed(dims, dtype=dtype, device=self.device) for _ in layers]
+        try:
+            self.keys = [zeroed(dims, dtype=dtype, device=self.device) for _ in layers]
+            self.values = [zeroed(dims, dtype=dtype, device=self.device) for _ in layers]
+        except (torch.OutOfMemoryError, MemoryError, OSError) as exc:  # mmap: OSError ENOMEM
+            need = kv_cache_bytes(
+                shape.num_layers, shape.num_kv_heads, shape.head_dim, rows, dtype.itemsize
+            )
+            raise ValueError(
+                f"num_kv_blocks {blocks.num_blocks} x block_size {blocks.block_size} is invalid "
+                f"here; its KV cache needs {need} bytes on {self.device}, which could not be "
+                f"allocated ({type(exc).__name__}: {str(exc)[:200]})"
+            ) from exc
         self._scale = shape.head_dim**-0.5
 
     def allocate(self, namespace: str = BASE_NAMESPACE) -> int:

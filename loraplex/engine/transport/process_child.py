@@ -10,6 +10,7 @@ from __future__ import annotations
 import contextlib
 import gc
 import importlib
+import signal
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -306,6 +307,7 @@ def child_main(
     to build, so the imports (torch: seconds) overlap the parent's own start. ``parent_end``:
     the parent's end of the pipe, which a forked child inherited; closed at once, so the pipe
     reaches EOF here when the parent dies, however it dies."""
+    _ignore_group_signals()
     if parent_end is not None:
         parent_end.close()
     _name_process()
@@ -341,6 +343,17 @@ def _built(conn: Connection, preload: tuple[str, ...]) -> tuple[WorkerHandles, B
     except BaseException as exc:
         _fail(conn, exc)
         return None
+
+
+def _ignore_group_signals() -> None:
+    """SIGTERM and SIGINT are left to the parent: sent to the whole process group (a service
+    manager's stop, Ctrl-C, ``kill -- -PGID``), they killed this child at once, and the parent,
+    not yet told to shut down, reported "engine process ... killed by SIGTERM; restarting it"
+    and started another while its own graceful shutdown failed the requests in flight. The
+    parent stops this child (``Stop``), and the pipe's EOF does when the parent is gone, however
+    it went; SIGKILL still ends it."""
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
 
 
 def _name_process() -> None:

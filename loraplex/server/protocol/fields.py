@@ -36,11 +36,21 @@ def _valid_utf8(value: str) -> str:
     return value
 
 
+def _valid_utf8_str(value: object) -> object:
+    """``_valid_utf8`` of a str, before a constrained str schema reads it; other values left to
+    the schema's type error."""
+    return _valid_utf8(value) if isinstance(value, str) else value
+
+
 # Text a tenant sends: valid Unicode (checked before anything is tokenized).
 Text = Annotated[str, AfterValidator(_valid_utf8)]
 MAX_STOP_CHARS = 1024  # one stop string (each is searched for in the output after every token)
 MAX_STOP_STRINGS = 4  # OpenAI's limit
-StopText = Annotated[Text, Field(max_length=MAX_STOP_CHARS)]
+# NOTE: the length is the str schema's own constraint ("String should have at most 1024
+# characters"); on ``Text`` it became a generic check after the validator ("Value should have at
+# most 1024 items"). The surrogate check runs before it: pydantic's constrained str cannot read
+# a lone surrogate ("unable to parse raw data as a unicode string").
+StopText = Annotated[str, Field(max_length=MAX_STOP_CHARS), BeforeValidator(_valid_utf8_str)]
 
 # Lists and maps a tenant sends are bounded in the schema. NOTE: pydantic stops reading a list at
 # its ``max_length``, but it reports every wrong item of a shorter one, so a union member given
@@ -79,14 +89,16 @@ TokenIds = Annotated[
 ]
 
 
-class TenantBody(BaseModel):
-    """An object a tenant sends: a key it does not know is a 400 naming it (``extra="forbid"``),
+class FirstUnknownKeyBody(BaseModel):
+    """An object a client sends: a key it does not know is a 400 naming it (``extra="forbid"``),
     and only the first such key is reported.
 
     pydantic reports every unknown key, and FastAPI copies each report, on the event loop: a body
     within ``max_body_bytes`` holding 200,000 unknown keys held every tenant's requests for
     0.7-16 s (by load) before its 400. Keeping the known keys and the first unknown one leaves
-    one error to build (docs/operations.md, *Failure isolation*).
+    one error to build (docs/operations.md, *Failure isolation*). The admin's bodies
+    (``server/admin_models.py``, ``lora_admin.py``) are built on it too: the admin is trusted,
+    but a large body of its would hold the same event loop.
     """
 
     model_config = ConfigDict(extra="forbid")
@@ -106,6 +118,10 @@ class TenantBody(BaseModel):
                 kept[key] = value
                 unknown = True
         return kept if unknown else data
+
+
+class TenantBody(FirstUnknownKeyBody):
+    """An object a tenant sends (every OpenAI body and its nested objects)."""
 
 
 _KNOWN_KEYS: dict[type[BaseModel], frozenset[str]] = {}

@@ -4,22 +4,20 @@ from __future__ import annotations
 
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, Field
+
+from loraplex.server.protocol.fields import FirstUnknownKeyBody
 
 
-class LoadLoraAdapterRequest(BaseModel):
+class LoadLoraAdapterRequest(FirstUnknownKeyBody):
     """vLLM's POST /v1/load_lora_adapter (admin credential, admin listener)."""
-
-    model_config = ConfigDict(extra="forbid")
 
     lora_name: str = Field(min_length=1, max_length=512)  # tenant/name or tenant/name@revision
     lora_path: str = Field(min_length=1, max_length=4096)  # a folder inside the import directory
 
 
-class UnloadLoraAdapterRequest(BaseModel):
+class UnloadLoraAdapterRequest(FirstUnknownKeyBody):
     """vLLM's POST /v1/unload_lora_adapter (admin credential, admin listener)."""
-
-    model_config = ConfigDict(extra="forbid")
 
     lora_name: str = Field(min_length=1, max_length=512)  # tenant/name or tenant/name@revision
 
