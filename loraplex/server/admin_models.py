@@ -5,7 +5,7 @@ from __future__ import annotations
 import itertools
 from typing import Annotated, Any
 
-from pydantic import Field, field_validator, model_validator
+from pydantic import ConfigDict, Field, field_validator, model_validator
 
 from loraplex.errors import quoted
 from loraplex.registry import (
@@ -27,7 +27,11 @@ TIER_NAMES = {"L0": Tier.L0, "gpu": Tier.L0, "L1": Tier.L1, "cpu": Tier.L1, "L2"
 
 
 class _Body(FirstUnknownKeyBody):
-    """An admin body: an unknown key is a 400 naming the first one (``extra="forbid"``)."""
+    """An admin body: an unknown key is a 400 naming the first one (``extra="forbid"``), and a
+    number field refuses NaN and +/-inf (JSON's non-standard ``NaN`` / ``Infinity``, which
+    Python's parser reads): no admin setting gives infinity a meaning."""
+
+    model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
 
 
 class QuotasBody(_Body):

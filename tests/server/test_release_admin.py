@@ -4,6 +4,7 @@ no canary traffic). A registry of its own: releases move aliases."""
 
 from __future__ import annotations
 
+import json
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -61,8 +62,11 @@ def plant(demo_assets: DemoAssets, tmp_path: Path) -> Iterator[Plant]:
 
 
 def _start(plant: Plant, **fields: Any) -> Any:
+    """POST a release; the body is encoded by Python's ``json``, which writes ``NaN`` and
+    ``Infinity`` for non-finite floats (httpx's ``json=`` refuses them), as a client could."""
     body = {"tenant": "acme", "name": "support", "revision": "r2", **fields}
-    return plant.client.post("/admin/releases", json=body, headers=ADMIN)
+    headers = {**ADMIN, "Content-Type": "application/json"}
+    return plant.client.post("/admin/releases", content=json.dumps(body), headers=headers)
 
 
 def test_admin_credential_required(plant: Plant) -> None:
@@ -106,6 +110,10 @@ def test_release_routes_only_on_the_admin_listener(plant: Plant) -> None:
         ({"thresholds": {"p99": 2}}, "p99"),
         ({"thresholds": {"min_latency_samples": 0}}, "min_latency_samples"),
         ({"thresholds": {"max_step_s": 0}}, "max_step_s"),
+        ({"thresholds": {"max_step_s": float("inf")}}, "max_step_s"),
+        ({"thresholds": {"max_ttft_p99_ratio": float("inf")}}, "max_ttft_p99_ratio"),
+        ({"thresholds": {"max_tpot_p99_ratio": float("nan")}}, "max_tpot_p99_ratio"),
+        ({"dwell_s": float("inf")}, "dwell_s"),
         ({"probes": [{"prompt": "x"}]}, "probes"),
         ({"probes": [{"prompt": "", "expected": "y"}]}, "prompt"),
         ({"share": 0.05}, "share"),
