@@ -4,12 +4,12 @@ whose work would saturate the others, and give it back when that revision cools 
 With ``share`` the top revision's fraction of the tokens routed over the last ``window_s`` and
 ``N`` the replicas with a fresh report, ``demand = share * N`` is that revision's work in
 replicas' worth. At ``demand >= dedicate_demand`` (1.0: it would fill a whole replica of its
-own), on a window of at least ``min_requests`` routed requests, one replica is asked to merge it (``merged`` mode there: its tokens run with no LoRA work)
-and the router steers its traffic there (``Router.dedication``: the merged bonus before the merge
-lands). Below ``release_demand`` the replica is released; the band between the two, and no
-change within ``min_dwell_s`` of the last, are the hysteresis. The replica chosen is one that
-already merged the revision, else one holding it in GPU slots, else the least loaded; ties go
-to the lower id.
+own), on a window of at least ``min_requests`` routed requests, one replica is asked to merge
+it (``merged`` mode there: its tokens run with no LoRA work) and the router steers its traffic
+there (``Router.dedication``: the merged bonus before the merge lands). Below
+``release_demand`` the replica is released; the band between the two, and no change within
+``min_dwell_s`` of the last, are the hysteresis. The replica chosen is one that already merged
+the revision, else one holding it in GPU slots, else the least loaded; ties go to the lower id.
 
 ``decide_topology`` is pure (the simulator can reuse it); ``FleetTopology`` counts the routed
 tokens, applies decisions and asks replicas through an injected callback. Torch-free.
@@ -69,6 +69,7 @@ def decide_topology(
     shares: Mapping[str, float],
     reports: Mapping[str, ReplicaReport | None],
     config: TopologyConfig,
+    *,
     num_requests: int | None = None,
 ) -> Dedication | None:
     """The dedication wanted now. ``since_change_s``: seconds since the last change (None:
@@ -151,7 +152,7 @@ class FleetTopology:
         since = None if self._changed_s is None else now_s - self._changed_s
         shares = self.shares()  # expires the window first
         wanted = decide_topology(
-            self.dedication, since, shares, reports, self.config, len(self._routed)
+            self.dedication, since, shares, reports, self.config, num_requests=len(self._routed)
         )
         if wanted != self.dedication:
             old, self.dedication = self.dedication, wanted
