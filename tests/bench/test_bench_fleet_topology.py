@@ -125,9 +125,7 @@ def test_probe_check_names_every_output_that_differs() -> None:
 def test_json_line_and_table() -> None:
     runs = [_run(UNMERGED, [0.1], 2.0), _run(TOPOLOGY, [0.1], 1.0)]
     metrics: dict[str, Any] = topology_metrics(runs, ("skewed80",), TIMEOUT_S)
-    metrics.update(
-        probes=probe_check(runs), capacity_rps=[5.0], trace_rate=4.5, hot_token_share={}
-    )
+    metrics.update(probes=probe_check(runs), capacity_rps=[5.0], trace_rate=4.5, hot_token_share={})
     metrics["hot_token_share"]["skewed80"] = 0.8
     config = TopologyBenchConfig(traces=("skewed80",)).plain()
     result = {"name": "fleet-topology", "config": config, "seed": 0, "metrics": metrics}
