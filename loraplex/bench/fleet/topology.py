@@ -39,6 +39,7 @@ from typing import Any
 
 import httpx
 
+from loraplex.bench.fleet.bench import FleetTarget, deployment_settings
 from loraplex.bench.fleet.drive import measure_capacity, median_or_none, replay
 from loraplex.bench.fleet.repeats import aggregate, median_of, spread_of
 from loraplex.bench.fleet.report import Headline, PolicyRun, headline_repeats, repeat_figures
@@ -47,16 +48,11 @@ from loraplex.bench.harness.order import run_order
 from loraplex.bench.harness.stats import ratio
 from loraplex.bench.serve.driver import DriveConfig, RequestRecord, prompt_ids
 from loraplex.bench.serve.fleet import (
-    Fleet,
-    ServerOptions,
     drop_page_cache,
     prepare_fleet,
-    serve_values,
 )
 from loraplex.bench.workloads import ALL_TARGETS, TraceAdapter, TraceRequest, gamma_arrivals
-from loraplex.fleet.settings import FleetSettings
 from loraplex.residency.policy import DEFAULT_POLICY as EVICTION_POLICY
-from loraplex.serve.config import merge
 
 UNMERGED, TOPOLOGY = "unmerged", "auto+topology"
 SIDES = (UNMERGED, TOPOLOGY)  # forward run order (ABBA alternates it)
@@ -347,14 +343,6 @@ def probe_check(runs: Sequence[SideRun]) -> dict[str, Any]:
 # --- the real fleet --------------------------------------------------------------------------
 
 
-@dataclass(frozen=True)
-class _Target:
-    registry: Fleet
-    url: str
-    port: int
-    root: Path
-
-
 def run_topology_bench(config: TopologyBenchConfig) -> dict[str, Any]:
     """Every run; the result has name, config, seed, metrics (``probes``: the check) and runs."""
     from loraplex.artifacts.base_model import BaseModelSpec
@@ -372,7 +360,7 @@ def run_topology_bench(config: TopologyBenchConfig) -> dict[str, Any]:
             root / "registry", assets.base_model_dir, revisions(), MAX_LORA_RANK, config.seed
         )
         with local_cluster(RAY_CPUS) as port:
-            target = _Target(registry, f"http://127.0.0.1:{port}", port, root)
+            target = FleetTarget(registry, f"http://127.0.0.1:{port}", port, root)
             capacity: tuple[float, ...] = ()
             rate = config.rate
             if rate is None:
@@ -402,35 +390,13 @@ def run_topology_bench(config: TopologyBenchConfig) -> dict[str, Any]:
     }
 
 
-def _settings(
-    config: TopologyBenchConfig, target: _Target, data_dir: Path, side: str
-) -> FleetSettings:
-    """One deployment's settings: only ``mode`` and ``topology`` differ between the sides."""
-    options = ServerOptions(
-        EVICTION_POLICY,
-        config.max_loras,
-        config.cpu_adapter_bytes,
-        queue_deadline_s=config.request_timeout_s / 2,
-        torch_threads=config.torch_threads,
-    )
-    values = serve_values(target.registry, data_dir, options, target.port)
-    values["mode"] = "auto" if side == TOPOLOGY else "unmerged"
-    return FleetSettings(
-        serve=merge({}, values),
-        model_dir=target.registry.model_dir,
-        engine_replicas=config.replicas,
-        seed=config.seed,
-        topology={} if side == TOPOLOGY else None,
-    )
-
-
 def _capacity(
-    config: TopologyBenchConfig, target: _Target, drive: DriveConfig
+    config: TopologyBenchConfig, target: FleetTarget, drive: DriveConfig
 ) -> tuple[float, ...]:
     """Completed requests per second of bursts of the first trace's mix on the baseline."""
     from loraplex.bench.fleet.cluster import deployed
 
-    settings = _settings(config, target, target.root / "capacity", UNMERGED)
+    settings = deployment_settings(config, target, target.root / "capacity")
     mix = topology_trace(
         config.traces[0], config.seed + 7, 1.0, config.capacity_requests, config.prompt_tokens
     )
@@ -442,7 +408,7 @@ def _capacity(
 
 def _side_runs(
     config: TopologyBenchConfig,
-    target: _Target,
+    target: FleetTarget,
     traces: Mapping[str, tuple[TraceRequest, ...]],
     rate: float,
     drive: DriveConfig,
@@ -455,7 +421,13 @@ def _side_runs(
     for index, (group, member) in enumerate(run_order([len(SIDES)] * len(traces), config.repeats)):
         trace, side = names_of[group], SIDES[member]
         names.append(f"{trace}/{side}")
-        settings = _settings(config, target, target.root / f"run-{index}", side)
+        settings = deployment_settings(
+            config,
+            target,
+            target.root / f"run-{index}",
+            mode="auto" if side == TOPOLOGY else "unmerged",  # only these two differ
+            topology={} if side == TOPOLOGY else None,
+        )
         drop_page_cache(target.registry.store)
         warmup: tuple[TraceRequest, ...] = ()
         if config.warmup_requests:
