@@ -97,8 +97,8 @@ class TopologyBenchConfig:
     max_loras: int = NUM_REVISIONS  # GPU slots per replica: every revision fits
     torch_threads: int = 1  # torch threads per replica
     cpu_adapter_bytes: int = 64 << 20  # L1 budget per replica
-    trace_requests: int = 96  # mean requests of a trace (its duration at the rate)
-    warmup_requests: int = 48  # mean requests of the unmeasured warm-up (0: none)
+    trace_requests: int = 384  # mean requests of a trace (its duration at the rate)
+    warmup_requests: int = 96  # mean requests of the unmeasured warm-up (0: none)
     rate: float | None = None  # requests per second; None: load x measured capacity
     load: float = 0.9  # trace rate as a fraction of the baseline fleet's capacity
     prompt_tokens: int = 64  # prompt tokens of every request
