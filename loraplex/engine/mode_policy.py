@@ -62,11 +62,20 @@ class ModePolicyConfig:
     # steps timed in a mode before its per-token cost counts (StepCosts); no merge before this
     # many unmerged steps were timed, so the merged-slower veto has a baseline
     min_measured_steps: int = 8
+    # no merge (nor switch) on a window of fewer tokens: a fresh engine's first requests are the
+    # whole window, so in a fleet each replica merged whichever revision its first few requests
+    # named, uniform traffic included, and held it for the dwell (docs/modes.md, "Topology,
+    # measured"); 1024 is 16 prompts of 64 tokens
+    min_window_tokens: int = 1024
 
     def __post_init__(self) -> None:
         for name in ("window_s", "min_dwell_s", "payback_s"):
             if not getattr(self, name) > 0:
                 raise ValueError(f"{name} {getattr(self, name)} is invalid; expected > 0")
+        if self.min_window_tokens < 1:
+            raise ValueError(
+                f"min_window_tokens {self.min_window_tokens} is invalid; expected >= 1"
+            )
         if self.min_measured_steps < 1:
             raise ValueError(
                 f"min_measured_steps {self.min_measured_steps} is invalid; expected >= 1"
@@ -89,6 +98,7 @@ class TrafficShare:
 
     shares: tuple[tuple[str, float], ...]  # (revision, fraction of recent tokens), largest first
     tokens_per_s: float  # all recent tokens per second (base-model tokens count too)
+    tokens: int | None = None  # all recent tokens (None: not counted, taken as enough)
 
     @property
     def top_revision(self) -> str | None:
@@ -154,6 +164,10 @@ def decide(
     top, share = traffic.top_revision, traffic.top_share
     gain_s = (2.0 * share - 1.0) * traffic.tokens_per_s * costs.lora_s_per_token * config.payback_s
     hot = top is not None and top != merged and share >= config.merge_share
+    if hot and traffic.tokens is not None and traffic.tokens < config.min_window_tokens:
+        hot = False  # a share of a few requests says nothing yet
+        if merged is None:
+            return ModeDecision(Action.STAY, None, "too few recent tokens to judge their shares")
     if hot and costs.unmerged_step_s_per_token is None:  # the veto needs a baseline first
         hot = False
         if merged is None:
@@ -205,7 +219,8 @@ class TokenWindow:
             key=lambda item: (-item[1], item[0]),  # ties: the first name
         )
         observed_s = min(self.window_s, now_s - self.start_s)
-        return TrafficShare(tuple(adapters), total / observed_s if observed_s > 0 else 0.0)
+        rate = total / observed_s if observed_s > 0 else 0.0
+        return TrafficShare(tuple(adapters), rate, total)
 
     def _expire(self, now_s: float) -> None:
         while self._events and self._events[0][0] < now_s - self.window_s:

@@ -4,12 +4,12 @@ whose work would saturate the others, and give it back when that revision cools 
 With ``share`` the top revision's fraction of the tokens routed over the last ``window_s`` and
 ``N`` the replicas with a fresh report, ``demand = share * N`` is that revision's work in
 replicas' worth. At ``demand >= dedicate_demand`` (1.0: it would fill a whole replica of its
-own) one replica is asked to merge it (``merged`` mode there: its tokens run with no LoRA work)
-and the router steers its traffic there (``Router.dedication``: the merged bonus before the merge
-lands). Below ``release_demand`` the replica is released; the band between the two, and no
-change within ``min_dwell_s`` of the last, are the hysteresis. The replica chosen is one that
-already merged the revision, else one holding it in GPU slots, else the least loaded; ties go
-to the lower id.
+own), on a window of at least ``min_requests`` routed requests, one replica is asked to merge
+it (``merged`` mode there: its tokens run with no LoRA work) and the router steers its traffic
+there (``Router.dedication``: the merged bonus before the merge lands). Below
+``release_demand`` the replica is released; the band between the two, and no change within
+``min_dwell_s`` of the last, are the hysteresis. The replica chosen is one that already merged
+the revision, else one holding it in GPU slots, else the least loaded; ties go to the lower id.
 
 ``decide_topology`` is pure (the simulator can reuse it); ``FleetTopology`` counts the routed
 tokens, applies decisions and asks replicas through an injected callback. Torch-free.
@@ -36,6 +36,9 @@ class TopologyConfig:
     release_demand: float = 0.6  # below this the dedicated replica is given back
     min_dwell_s: float = 60.0  # no change within this many seconds of the last one
     min_replicas: int = 2  # a fleet with fewer reporting replicas dedicates none
+    # a window of fewer routed requests makes no dedication (its shares are a few draws: on a
+    # fresh fleet the first request alone read as a share of 1.0 and dedicated a replica)
+    min_requests: int = 16
 
     def __post_init__(self) -> None:
         check_non_negative_numbers(self)
@@ -48,6 +51,8 @@ class TopologyConfig:
             )
         if not isinstance(self.min_replicas, int) or self.min_replicas < 2:
             raise ValueError(f"min_replicas {self.min_replicas!r} is invalid; expected >= 2")
+        if not isinstance(self.min_requests, int) or self.min_requests < 1:
+            raise ValueError(f"min_requests {self.min_requests!r} is invalid; expected >= 1")
 
 
 @dataclass(frozen=True)
@@ -64,10 +69,14 @@ def decide_topology(
     shares: Mapping[str, float],
     reports: Mapping[str, ReplicaReport | None],
     config: TopologyConfig,
+    *,
+    num_requests: int | None = None,
 ) -> Dedication | None:
     """The dedication wanted now. ``since_change_s``: seconds since the last change (None:
     never changed); ``shares``: revision -> its fraction of the window's routed tokens;
-    ``reports``: replica id -> fresh report (None: none, that replica does not count)."""
+    ``reports``: replica id -> fresh report (None: none, that replica does not count);
+    ``num_requests``: the routed requests behind ``shares`` (None: enough); below
+    ``min_requests`` no dedication is made (one may still be given back)."""
     live = {rid: r for rid, r in reports.items() if r is not None}
     if current is not None and current.replica_id not in live:
         current, since_change_s = None, None  # its replica is gone: no dwell to respect
@@ -81,6 +90,8 @@ def decide_topology(
     )
     if kept:
         return current
+    if num_requests is not None and num_requests < config.min_requests:
+        return None  # too few requests to make one (giving one back is the safe side)
     top = min(shares, key=lambda k: (-shares[k], k), default=None)
     if top is None or shares[top] * num_replicas < config.dedicate_demand:
         return None
@@ -139,7 +150,10 @@ class FleetTopology:
         """Decides on ``reports`` now; asks the replicas concerned when the dedication changes."""
         now_s = self._clock.now()
         since = None if self._changed_s is None else now_s - self._changed_s
-        wanted = decide_topology(self.dedication, since, self.shares(), reports, self.config)
+        shares = self.shares()  # expires the window first
+        wanted = decide_topology(
+            self.dedication, since, shares, reports, self.config, num_requests=len(self._routed)
+        )
         if wanted != self.dedication:
             old, self.dedication = self.dedication, wanted
             self._changed_s = now_s

@@ -31,7 +31,8 @@ QUICK = ModesBenchConfig(batch_size=4, context_tokens=8, rounds=1, calls_per_rou
 # merging always pays (the unmerged baseline given: the replay's auto measures its own)
 PAYS = MeasuredCosts(transition_s=1e-6, lora_s_per_token=1.0, unmerged_step_s_per_token=1.0)
 EXACT = ParityRule(exact=True)
-EAGER = ModePolicyConfig(min_measured_steps=2)  # a short replay's auto may merge
+# a short replay's auto may merge (few steps, few tokens)
+EAGER = ModePolicyConfig(min_measured_steps=2, min_window_tokens=1)
 
 
 def tokens(run: ReplayRun) -> list[list[int]]:

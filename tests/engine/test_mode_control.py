@@ -19,7 +19,10 @@ from loraplex.engine.step import StepPlan
 from loraplex.sampling import SamplingParams
 
 GREEDY = SamplingParams(max_tokens=10, temperature=0.0, ignore_eos=True)
-POLICY = ModePolicyConfig(window_s=5.0, min_dwell_s=3.0, payback_s=10.0, min_measured_steps=3)
+# A tiny model's few tokens: ``min_window_tokens`` has its own test (test_mode_policy.py).
+POLICY = ModePolicyConfig(
+    window_s=5.0, min_dwell_s=3.0, payback_s=10.0, min_measured_steps=3, min_window_tokens=1
+)
 
 
 @pytest.fixture
@@ -144,7 +147,7 @@ def test_auto_measures_the_lora_cost_it_decides_with(
     want = [r.token_ids for r in engine.generate(skewed)]
     clock = ManualClock()
     switcher = ModeSwitcher(engine.core.runner, engine.runtime.pool, clock)
-    policy = ModePolicyConfig(window_s=5.0, min_dwell_s=3.0, payback_s=1e9, min_measured_steps=2)
+    policy = replace(POLICY, payback_s=1e9, min_measured_steps=2)
     control = ModeController(ModeSetting.parse("auto"), switcher, engine.runtime.cache, clock,
                              policy=policy, lora_s_per_token=0.0)  # fmt: skip
     engine.core.modes = control

@@ -54,6 +54,21 @@ def test_hysteresis_band_keeps_a_merge_then_unmerges_below_it() -> None:
     assert got.action is Action.UNMERGE
 
 
+def test_a_window_of_few_tokens_merges_nothing() -> None:
+    # A fresh engine's first request is its whole window: a share of 1.0. In a fleet each
+    # replica so merged whichever revision it saw first, uniform traffic included (the fleet
+    # topology bench, docs/modes.md "Topology, measured").
+    window = TokenWindow(30.0, 0.0)
+    window.record(0.5, "a@1", CONFIG.min_window_tokens - 1)
+    thin = window.share(1.0)
+    assert thin.top_share == 1.0 and thin.tokens == CONFIG.min_window_tokens - 1
+    got = decide(None, None, thin, CHEAP, CONFIG)
+    assert got.action is Action.STAY and "too few recent tokens" in got.reason
+    assert decide("b@1", 1e9, thin, CHEAP, CONFIG).action is Action.UNMERGE  # giving back: safe
+    window.record(0.9, "a@1", 1)
+    assert decide(None, None, window.share(1.0), CHEAP, CONFIG).action is Action.MERGE
+
+
 def test_a_new_dominant_revision_is_switched_to() -> None:
     got = decide("a@1", 1e9, traffic(("b@1", 0.7), ("a@1", 0.1)), CHEAP, CONFIG)
     assert (got.action, got.revision) == (Action.SWITCH, "b@1")
@@ -113,7 +128,7 @@ def test_token_window_counts_tokens_not_requests_and_forgets_old_work() -> None:
     assert share.shares == (("a@1", 0.45), ("b@1", 0.05))
     assert share.tokens_per_s == 20.0
     assert window.share(10.5).shares == (("b@1", 10 / 110),)
-    assert window.share(100.0) == TrafficShare((), 0.0)
+    assert window.share(100.0) == TrafficShare((), 0.0, 0)
     with pytest.raises(ValueError, match="num_tokens -1"):
         window.record(1.0, "a@1", -1)
 
@@ -132,14 +147,14 @@ def test_the_rate_is_over_the_seconds_observed_until_the_window_fills() -> None:
 
 def test_a_short_trace_merges_once_the_observed_rate_repays_the_transition() -> None:
     """At 200 tokens/s with 0.8 on one revision, a merge of 0.3 s repays itself (gain 0.6 *
-    200 * 1e-3 * 10 = 1.2 s); over a fixed 30 s denominator the rate read 200 * 3 / 30 at
-    3 s and no merge paid (gain 0.12 s)."""
+    200 * 1e-3 * 10 = 1.2 s); over a fixed 30 s denominator the rate read 200 * 6 / 30 at
+    6 s and no merge paid (gain 0.24 s). (6 s: 1,200 tokens, above ``min_window_tokens``.)"""
     costs = MeasuredCosts(0.3, 1e-3, unmerged_step_s_per_token=1e-3)
     window = TokenWindow(CONFIG.window_s, 0.0)
-    for now in (1.0, 2.0, 3.0):
-        window.record(now, "a@1", 160)
-        window.record(now, "b@1", 40)
-    got = decide(None, None, window.share(3.0), costs, CONFIG)
+    for now in range(1, 7):
+        window.record(float(now), "a@1", 160)
+        window.record(float(now), "b@1", 40)
+    got = decide(None, None, window.share(6.0), costs, CONFIG)
     assert got.action is Action.MERGE and got.revision == "a@1"
 
 
@@ -169,6 +184,7 @@ def test_bad_mode_setting_is_refused_naming_it(text: str) -> None:
         ("min_dwell_s", 0.0),
         ("window_s", -1.0),
         ("min_measured_steps", 0),
+        ("min_window_tokens", 0),
     ],
 )
 def test_policy_config_validates(field: str, value: float) -> None:

@@ -291,7 +291,9 @@ def test_a_topology_dedicates_a_replica_asks_it_and_steers_its_revision_there(
 ) -> None:
     asked: list[tuple[str, str | None]] = []
     monkeypatch.setattr(TOPOLOGY_ASKS, "send", lambda rid, adapter: asked.append((rid, adapter)))
-    router = _router(seed=0, topology={"window_s": 30.0}, clock=ManualClock())
+    # one request is enough here (``min_requests``' own test: tests/router/test_router_topology)
+    topology = {"window_s": 30.0, "min_requests": 1}
+    router = _router(seed=0, topology=topology, clock=ManualClock())
     revision = str(key())
     replicas = [
         _replica("a", _stats(report("a", l0=[revision], num_queued=1))),

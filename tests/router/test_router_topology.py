@@ -17,7 +17,7 @@ from loraplex.router.topology import (
 )
 
 HOT, WARM = "t/hot@1", "t/warm@1"
-CONFIG = TopologyConfig(dedicate_demand=1.0, release_demand=0.6, min_dwell_s=60.0)
+CONFIG = TopologyConfig(dedicate_demand=1.0, release_demand=0.6, min_dwell_s=60.0, min_requests=4)
 
 
 def fleet(num: int = 4, **overrides: ReplicaReport | None) -> dict[str, ReplicaReport | None]:
@@ -66,7 +66,13 @@ def test_a_lost_replica_or_a_small_fleet_ends_the_dedication() -> None:
 
 @pytest.mark.parametrize(
     ("field", "value"),
-    [("window_s", 0.0), ("release_demand", 1.0), ("min_replicas", 1), ("min_dwell_s", -1.0)],
+    [
+        ("window_s", 0.0),
+        ("release_demand", 1.0),
+        ("min_replicas", 1),
+        ("min_dwell_s", -1.0),
+        ("min_requests", 0),
+    ],
 )
 def test_a_bad_setting_is_refused_naming_it(field: str, value: float) -> None:
     with pytest.raises(ValueError, match=field):
@@ -96,6 +102,26 @@ def test_fleet_topology_counts_routed_tokens_asks_replicas_and_steers_the_router
     assert router.dedication is None
     assert asked == [("r1", HOT), ("r1", None)]
     assert topology.update(replicas) is None and topology.num_changes == 2
+
+
+def test_a_window_of_few_requests_dedicates_nothing() -> None:
+    # A fresh fleet's first request is all of the window (a share of 1.0): with uniform
+    # traffic over 16 revisions it dedicated a replica to whichever came first, for the dwell.
+    clock = ManualClock()
+    asked: list[tuple[str, str | None]] = []
+    topology = FleetTopology(TopologyConfig(), clock, lambda rid, key: asked.append((rid, key)))
+    replicas = fleet(2)
+    for i in range(TopologyConfig().min_requests - 1):
+        topology.record(req(HOT if i == 0 else f"t/r{i}@1", tokens=100))
+        assert topology.update(replicas) is None
+    assert asked == []
+    # below the count none is made, but one is still kept in its band or given back
+    current = Dedication("r1", HOT)
+    assert decide_topology(current, 120.0, {HOT: 0.9}, fleet(), CONFIG, num_requests=1) == current
+    assert decide_topology(current, 120.0, {}, fleet(), CONFIG, num_requests=1) is None
+    assert decide_topology(None, None, {HOT: 0.9}, fleet(), CONFIG, num_requests=3) is None
+    got = decide_topology(None, None, {HOT: 0.9}, fleet(), CONFIG, num_requests=4)
+    assert got == Dedication("r0", HOT)
 
 
 def test_a_dedicated_replica_that_saturates_is_not_chosen() -> None:

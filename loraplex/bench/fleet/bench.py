@@ -30,7 +30,7 @@ import time
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 from loraplex.bench.fleet.config import (
     MAX_LORA_RANK,
@@ -59,6 +59,7 @@ from loraplex.bench.serve.fleet import (
 from loraplex.bench.workloads import HOT_BURST_SWEEP_TENANT, TraceAdapter, Workload, generate
 from loraplex.fleet.settings import FleetSettings
 from loraplex.residency.policy import DEFAULT_POLICY as EVICTION_POLICY
+from loraplex.router.router import DEFAULT_POLICY as DEFAULT_ROUTING_POLICY
 from loraplex.serve.config import merge
 
 __all__ = ["QUICK_SETTINGS", "FleetBenchConfig", "run_fleet_bench", "run_plan", "trace_rates"]
@@ -67,7 +68,7 @@ RAY_CPUS = 1  # logical CPUs of the cluster: every deployment asks for 0, Ray pr
 
 
 @dataclass(frozen=True)
-class _Target:
+class FleetTarget:
     """Where the runs go: the prepared registry, the ingress URL, a scratch directory."""
 
     registry: Fleet  # every trace adapter, keys, the admin key
@@ -99,7 +100,7 @@ def run_fleet_bench(config: FleetBenchConfig) -> dict[str, Any]:
             config.seed,
         )
         with local_cluster(RAY_CPUS) as port:
-            target = _Target(registry, f"http://127.0.0.1:{port}", port, root)
+            target = FleetTarget(registry, f"http://127.0.0.1:{port}", port, root)
             capacity: tuple[float, ...] = ()
             if config.rate is None:
                 hot = [(a.tenant, a.name) for a in drafts[0].adapters[: config.max_loras]]
@@ -138,10 +139,35 @@ def warmup_workload(name: str, config: FleetBenchConfig, rate: float) -> Workloa
     return replace(workload, requests=steady)
 
 
-def _settings(
-    config: FleetBenchConfig, target: _Target, data_dir: Path, policy: str
+class DeploymentShape(Protocol):
+    """What a benchmark's config says of each fleet it deploys."""
+
+    @property
+    def replicas(self) -> int: ...
+    @property
+    def max_loras(self) -> int: ...
+    @property
+    def cpu_adapter_bytes(self) -> int: ...
+    @property
+    def request_timeout_s(self) -> float: ...
+    @property
+    def torch_threads(self) -> int: ...
+    @property
+    def seed(self) -> int: ...
+
+
+def deployment_settings(
+    config: DeploymentShape,
+    target: FleetTarget,
+    data_dir: Path,
+    *,
+    policy: str = DEFAULT_ROUTING_POLICY,
+    mode: str = "unmerged",
+    topology: dict[str, Any] | None = None,
 ) -> FleetSettings:
-    """One deployment's settings (only the routing policy differs between runs)."""
+    """One deployment's settings: ``config.replicas`` engine replicas of the prepared registry
+    with fresh caches under ``data_dir``, queue deadline half the request timeout, routing
+    ``policy``, execution ``mode`` (ServeConfig's) and ``[fleet] topology`` (None: off)."""
     options = ServerOptions(
         EVICTION_POLICY,
         config.max_loras,
@@ -150,21 +176,26 @@ def _settings(
         torch_threads=config.torch_threads,
     )
     values = serve_values(target.registry, data_dir, options, target.port)
+    values["mode"] = mode
     return FleetSettings(
         serve=merge({}, values),
         model_dir=target.registry.model_dir,
         engine_replicas=config.replicas,
         policy=policy,
         seed=config.seed,
+        topology=topology,
     )
 
 
 def _capacity(
-    config: FleetBenchConfig, target: _Target, adapters: list[tuple[str, str]], drive: DriveConfig
+    config: FleetBenchConfig,
+    target: FleetTarget,
+    adapters: list[tuple[str, str]],
+    drive: DriveConfig,
 ) -> tuple[float, ...]:
     from loraplex.bench.fleet.cluster import deployed
 
-    settings = _settings(config, target, target.root / "capacity", CAPACITY_POLICY)
+    settings = deployment_settings(config, target, target.root / "capacity", policy=CAPACITY_POLICY)
     batch = capacity_batch(
         adapters, config.capacity_requests, config.prompt_tokens, config.output_tokens
     )
@@ -175,7 +206,7 @@ def _capacity(
 
 def _policy_runs(
     config: FleetBenchConfig,
-    target: _Target,
+    target: FleetTarget,
     workloads: list[Workload],
     warmups: Mapping[str, Workload | None],
     drive: DriveConfig,
@@ -190,7 +221,7 @@ def _policy_runs(
     for index, (trace, policy) in enumerate(plan):
         workload = by_name[trace]
         names.append(f"{trace}/{policy}")
-        settings = _settings(config, target, target.root / f"run-{index}", policy)
+        settings = deployment_settings(config, target, target.root / f"run-{index}", policy=policy)
         drop_page_cache(target.registry.store)
         admin_key = target.registry.admin_key
         keys = target.registry.keys

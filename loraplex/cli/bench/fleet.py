@@ -48,8 +48,22 @@ def fleet(
             help="Runs of each policy per trace, order alternating; medians over them (3)."
         ),
     ] = None,
-    replicas: Annotated[int, typer.Option(help="Engine replicas per fleet.")] = 3,
-    max_loras: Annotated[int, typer.Option(help="GPU adapter slots per replica.")] = 3,
+    replicas: Annotated[
+        int | None, typer.Option(help="Engine replicas per fleet (3; --topology: 2).")
+    ] = None,
+    max_loras: Annotated[
+        int | None, typer.Option(help="GPU adapter slots per replica (3; --topology: 16).")
+    ] = None,
+    topology: Annotated[
+        bool,
+        typer.Option(
+            "--topology",
+            help="Issue 28's fleet topology instead of routing policies: every replica "
+            "unmerged vs every replica auto with [fleet] topology on, on skewed80 and "
+            "uniform16 (docs/modes.md, 'Topology, measured'); exits 1 when a greedy probe "
+            "differs between runs.",
+        ),
+    ] = False,
     threads: Annotated[
         int | None, typer.Option(help="torch threads per replica (default: cores / replicas).")
     ] = None,
@@ -88,6 +102,30 @@ def fleet(
     hot-one (one revision asking more than a replica serves), medians over the repeats."""
     import os
 
+    if topology:
+        _topology(
+            as_json=as_json,
+            quick=quick,
+            traces=names(traces),
+            policies=policies,
+            hot_load=hot_load,
+            values={
+                "repeats": repeats,
+                "replicas": replicas,
+                "max_loras": max_loras,
+                "torch_threads": threads,
+                "trace_requests": trace_requests,
+                "warmup_requests": warmup_requests,
+                "rate": rate,
+                "load": load,
+                "request_timeout_s": request_timeout_s,
+                "seed": seed,
+                "asset_dir": asset_dir,
+            },
+        )
+        return
+    replicas = 3 if replicas is None else replicas
+    max_loras = 3 if max_loras is None else max_loras
     from loraplex.bench.fleet.bench import QUICK_SETTINGS, FleetBenchConfig, run_fleet_bench
     from loraplex.bench.fleet.report import fleet_json_line
     from loraplex.bench.fleet.table import fleet_table
@@ -123,6 +161,52 @@ def fleet(
     if not as_json:
         typer.echo(fleet_table(result))
     typer.echo(fleet_json_line(result))
+
+
+def _topology(
+    *,
+    as_json: bool,
+    quick: bool,
+    traces: tuple[str, ...] | None,
+    policies: str | None,
+    hot_load: float | None,
+    values: dict[str, Any],
+) -> None:
+    """``--topology``: the two sides on the topology traces (``bench/fleet/topology.py``);
+    options it would not read are refused by name."""
+    import os
+
+    from loraplex.bench.fleet.report import fleet_json_line
+    from loraplex.bench.fleet.topology import (
+        TopologyBenchConfig,
+        run_topology_bench,
+        topology_table,
+    )
+    from loraplex.cli.fleet import default_threads_per_replica
+
+    for flag, unread in (("--quick", quick), ("--policies", policies), ("--hot-load", hot_load)):
+        if unread:
+            raise typer.BadParameter(
+                f"{flag} is not read with --topology (its sides and traces are fixed)"
+            )
+    if values["load"] is not None and values["rate"] is not None:
+        raise typer.BadParameter("--load sets a rate from the capacity; not with --rate")
+    given = {k: v for k, v in values.items() if v is not None}
+    if traces is not None:
+        given["traces"] = traces
+    if given.get("torch_threads") is None:
+        replicas = given.get("replicas", TopologyBenchConfig.replicas)
+        given["torch_threads"] = default_threads_per_replica(max(1, replicas), os.cpu_count())
+    with bad_parameter():
+        config = TopologyBenchConfig(**given)
+    result = run_topology_bench(config)
+    if not as_json:
+        typer.echo(topology_table(result))
+    typer.echo(fleet_json_line(result))
+    mismatches = result["metrics"]["probes"]["mismatches"]
+    if mismatches:
+        typer.echo(f"bench fleet --topology failed: probes differ: {mismatches}", err=True)
+        raise typer.Exit(1)
 
 
 def _refuse_unread_rates(
