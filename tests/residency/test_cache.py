@@ -351,3 +351,37 @@ def test_lowered_tenant_cap_evicts_idle_copies_and_keeps_those_in_use() -> None:
     assert rig.cache.ledgers[Tier.L0].tenant_bytes["t"] == UNIT
     lease.release()
     rig.check()
+
+
+class _NoL0Staging(FakePipeline):
+    """Stages nothing for L0 (as the real pipeline): the cache must not ask it to."""
+
+    prepares_l0 = False
+
+    def prepare(self, move: Move, cancel: CancelToken) -> Prepared:
+        assert move.target is not Tier.L0, "an L0 move was prepared"
+        return super().prepare(move, cancel)
+
+
+def test_a_pipeline_that_stages_nothing_for_l0_gets_no_l0_prepare() -> None:
+    rig = make_rig(slots=1, pipeline=_NoL0Staging())
+    lease_of(rig, rig.cache.acquire_future(A)).release()  # L3 -> L0: three moves, two prepared
+    assert rig.pipeline.slots == {0: A}
+    rig.clock.advance(1.0)
+    lease = lease_of(rig, rig.cache.acquire_future(B))  # evicts A from its slot
+    assert lease.load.source is Tier.L3 and rig.pipeline.slots == {0: B}
+    lease.release()
+    rig.clock.advance(1.0)
+    future = rig.cache.acquire_future(A)  # from L1: placed at once, installed by the executor
+    assert not future.done()
+    lease = lease_of(rig, future)
+    assert lease.load.source is Tier.L1 and set(lease.load.seconds) == {Stage.COPY}
+    assert rig.pipeline.slots == {0: A}
+    lease.release()
+    rig.pipeline.fail_at[(B, Stage.COPY)] = DigestMismatchError("adapter", "0" * 64, "1" * 64)
+    failing = rig.cache.acquire_future(B)  # an L1 -> L0 install that fails undoes its move
+    rig.settle()
+    with pytest.raises(DigestMismatchError):
+        failing.result(timeout=0)
+    rig.check()
+    assert not rig.cache.is_resident(B, Tier.L0) and rig.cache.snapshot().num_loading == 0
