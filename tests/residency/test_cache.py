@@ -385,3 +385,27 @@ def test_a_pipeline_that_stages_nothing_for_l0_gets_no_l0_prepare() -> None:
         failing.result(timeout=0)
     rig.check()
     assert not rig.cache.is_resident(B, Tier.L0) and rig.cache.snapshot().num_loading == 0
+
+
+def test_queued_l0_prefetches_that_fail_at_once_leave_the_queue_consistent() -> None:
+    """Prefetches into a full L0 of copies already in L1 fail at their placement, inside the
+    pump that started them, which then pumps again: the outer pump skips the jobs the nested
+    ones started or retired."""
+    rig = make_rig(slots=1, l1=8, l2=8, max_concurrent_loads=1, pipeline=_NoL0Staging())
+    for k in (A, B, C, D):  # each in L1 (one slot: each evicts the one before from L0)
+        lease_of(rig, rig.cache.acquire_future(k)).release()
+        rig.clock.advance(1.0)
+    held = lease_of(rig, rig.cache.acquire_future(D))  # D stays in the slot, leased
+    E = key("t", "e")
+    waiting = rig.cache.acquire_future(E)  # takes the one load permit, then waits for room
+    rig.settle()
+    prefetches = [rig.cache.prefetch(k, Tier.L0) for k in (A, B, C)]  # queued behind E
+    assert not any(f.done() for f in prefetches)
+    held.release()  # E takes the slot; then A, B and C find it leased to E's acquirer
+    e_lease = lease_of(rig, waiting)
+    for future in prefetches:
+        with pytest.raises(CapacityError):
+            future.result(timeout=0)
+    rig.check()
+    assert rig.cache.snapshot().num_loading == 0
+    e_lease.release()
