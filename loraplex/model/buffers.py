@@ -43,7 +43,7 @@ def zeroed(shape: tuple[int, ...], *, dtype: torch.dtype, device: torch.device) 
 def serial_copy(destination: torch.Tensor, source: torch.Tensor) -> None:
     """``destination.copy_(source)`` (same shapes); on the CPU in pieces of at most
     ``SERIAL_NUMEL`` elements, so no piece wakes torch's other threads."""
-    pieces = _pieces_of(destination)
+    pieces = serial_pieces_of(destination)
     if len(pieces) == 1:
         destination.copy_(source)
         return
@@ -53,7 +53,7 @@ def serial_copy(destination: torch.Tensor, source: torch.Tensor) -> None:
 
 def serial_zero(view: torch.Tensor) -> None:
     """``view.zero_()``, in pieces on the CPU as :func:`serial_copy`."""
-    pieces = _pieces_of(view)
+    pieces = serial_pieces_of(view)
     if len(pieces) == 1:
         view.zero_()
         return
@@ -61,7 +61,8 @@ def serial_zero(view: torch.Tensor) -> None:
         view[index].zero_()
 
 
-def _pieces_of(tensor: torch.Tensor) -> tuple[tuple[slice, ...], ...]:
+def serial_pieces_of(tensor: torch.Tensor) -> tuple[tuple[slice, ...], ...]:
+    """The indexes ``serial_copy`` and ``serial_zero`` cut ``tensor`` into (``((),)``: whole)."""
     if tensor.device.type != "cpu":
         return ((),)  # a device's copy is one kernel: no threads to wake
     return serial_pieces(tuple(tensor.shape), SERIAL_NUMEL)

@@ -3,8 +3,9 @@
 Per (layer, module) the pool owns one arena ``A: [max_loras * max_lora_rank, d_in]`` and
 ``B^T: [max_loras * max_lora_rank, d_out]`` allocated once at construction. A loaded adapter
 occupies a contiguous range of rows, as many as its largest rank, at the same position in every
-arena; ranges are packed (first fit, compacted when fragmented) so the rows of the active
-adapters sit side by side and one matmul can cover them at their exact ranks.
+arena; ranges are packed (a replacement at its predecessor's start when it fits there, else
+first fit; compacted when fragmented) so the rows of the active adapters sit side by side and
+one matmul can cover them at their exact ranks.
 
 Storage and views live in :class:`~loraplex.model.lora_arena.ArenaStore` (per module one buffer
 stacked over layers, so a packed L1 copy moves in one op per module and matrix), which also
@@ -152,18 +153,22 @@ class LoraSlotPool:
         plan = self._plans.get(weights, lambda: self._store.plan(weights, self.max_lora_rank))
         touched = set(plan.pairs)
         previous = self._residents[slot]
+        start = self._find_rows(plan.num_rows, slot)
+        kept: tuple[int, int] | None = None  # rows the slot owns before and after this load
         if previous is not None:
             touched.update(previous.plan.pairs)
-            self._release(slot)
-        start = self._find_rows(plan.num_rows)
+            if start is not None:
+                old = previous.info.start
+                kept = (max(old, start), min(old + previous.info.num_rows, start + plan.num_rows))
+            self._release(slot, kept)
         if start is None:
             start = self._compact()
             touched = set(range(len(self._arenas)))
         placement = self._store.place(plan, weights, start)
         self._store.write(placement, plan_sources(plan, weights), self.device.type == "cuda")
-        rows = slice(start, start + plan.num_rows)
-        self._row_owner[rows] = slot
-        self._row_scale[:, rows] = plan.scales
+        for lo, hi in _outside(start, start + plan.num_rows, kept):
+            self._row_owner[lo:hi].fill_(slot)
+        self._row_scale[:, start : start + plan.num_rows].copy_(plan.scales)
         info = SlotInfo(weights.digest, start, plan.num_rows, plan.num_bytes)
         self._residents[slot] = _Resident(info, plan)
         self._store.set_slot(slot, placement.rows)
@@ -232,33 +237,46 @@ class LoraSlotPool:
         if not 0 <= slot < self.max_loras:
             raise ValueError(f"slot {slot} is invalid; expected 0 <= slot < {self.max_loras}")
 
-    def _release(self, slot: int) -> None:
+    def _release(self, slot: int, kept: tuple[int, int] | None = None) -> None:
+        """Zeroes ``slot``'s rows and frees them; rows ``kept`` (its next occupant's, already
+        decided) keep the slot as their owner, and the load rewrites their scales."""
         resident = self._residents[slot]
         if resident is None:
             return
         start, num_rows = resident.info.start, resident.info.num_rows
-        self._store.zero_rows(start, num_rows, resident.plan.modules)
-        rows = slice(start, start + num_rows)
-        self._row_owner[rows] = -1
-        self._row_scale[:, rows] = 0
+        for view in self._store.release_views(resident.plan, start):
+            view.zero_()
+        for lo, hi in _outside(start, start + num_rows, kept):
+            self._row_owner[lo:hi].fill_(-1)
+            self._row_scale[:, lo:hi].fill_(0)
         self._store.set_slot(slot, resident.plan.released)
         for table in resident.plan.pairs:
             self._module_bits[table] &= ~(1 << slot)
         self._residents[slot] = None
 
-    def _find_rows(self, num_rows: int) -> int | None:
-        """First free range of ``num_rows`` rows; None when none is contiguous (compact then)."""
+    def _find_rows(self, num_rows: int, slot: int) -> int | None:
+        """Where ``slot``'s next ``num_rows`` rows go, its current rows counted free: at its
+        current start when they fit there (a slot whose occupants take turns at similar ranks
+        then does not fragment the arena into compactions), else the first free range; None
+        when none is contiguous (compact then)."""
+        ranges = sorted(
+            (r.info.start, r.info.num_rows)
+            for s, r in enumerate(self._residents)
+            if r is not None and s != slot
+        )
+        own = self._residents[slot]
+        if own is not None:
+            home, end = own.info.start, own.info.start + num_rows
+            if end <= self.capacity_rows and all(a + n <= home or a >= end for a, n in ranges):
+                return home
         cursor = 0
-        for start, rows in self._occupied_ranges():
+        for start, rows in ranges:
             if start - cursor >= num_rows:
                 return cursor
             cursor = start + rows
         if self.capacity_rows - cursor >= num_rows:
             return cursor
         return None
-
-    def _occupied_ranges(self) -> list[tuple[int, int]]:
-        return sorted((r.info.start, r.info.num_rows) for r in self._residents if r is not None)
 
     def _compact(self) -> int:
         """Move every occupied range down to close gaps; returns the first free row after them."""
@@ -307,3 +325,11 @@ class LoraSlotPool:
             tuple(self._module_bits),
             width=self._width,
         )
+
+
+def _outside(lo: int, hi: int, kept: tuple[int, int] | None) -> tuple[tuple[int, int], ...]:
+    """The parts of rows ``lo..hi`` outside ``kept`` (None or an empty range: all of them)."""
+    if kept is None or kept[0] >= kept[1]:
+        return ((lo, hi),) if lo < hi else ()
+    below, above = (lo, min(hi, kept[0])), (max(lo, kept[1]), hi)
+    return tuple(part for part in (below, above) if part[0] < part[1])

@@ -27,7 +27,7 @@ import torch
 from loraplex.artifacts.base_model import BaseModelSpec
 from loraplex.errors import BaseModelMismatchError, RankTooLargeError, TensorValidationError
 from loraplex.model.adapter_weights import AdapterWeights, ModuleRun
-from loraplex.model.buffers import serial_copy, serial_zero, zeroed
+from loraplex.model.buffers import serial_copy, serial_pieces_of, serial_zero, zeroed
 from loraplex.ops import ModuleLoraWeights, SlotRows
 
 EMPTY_ROWS = SlotRows(0, 0, 0.0)
@@ -39,6 +39,9 @@ class Placement:
 
     rows: dict[int, SlotRows]  # table index -> the slot's rows there
     destinations: tuple[torch.Tensor, ...]  # one per source tensor, in ``sources`` order
+    # the destinations cut as ``serial_copy`` cuts them: (piece, source index, the piece's
+    # index into that source; () = the whole source), so a load slices only its sources
+    pieces: tuple[tuple[torch.Tensor, int, tuple[slice, ...]], ...]
 
 
 @dataclass(frozen=True, eq=False)  # holds tensors: compared by identity
@@ -55,6 +58,8 @@ class LoadPlan:
     released: dict[int, SlotRows]  # table index -> EMPTY_ROWS for every targeted table
     # start row -> placement there (at most capacity_rows entries; starts repeat)
     placements: dict[int, Placement] = field(default_factory=dict, compare=False)
+    # start row -> the views a release of the copy there zeroes, cut as ``serial_zero`` does
+    releases: dict[int, tuple[torch.Tensor, ...]] = field(default_factory=dict, compare=False)
 
 
 def plan_sources(plan: LoadPlan, weights: AdapterWeights) -> list[torch.Tensor]:
@@ -151,9 +156,27 @@ class ArenaStore:
         placement = plan.placements.get(start)
         if placement is None:
             rows = {t: SlotRows(start, r, s) for t, (r, s) in plan.pairs.items()}
-            placement = Placement(rows, self._destinations(plan, weights, start))
+            destinations = self._destinations(plan, weights, start)
+            pieces = tuple(
+                (destination[index], source, index)
+                for source, destination in enumerate(destinations)
+                for index in serial_pieces_of(destination)
+            )
+            placement = Placement(rows, destinations, pieces)
             plan.placements[start] = placement
         return placement
+
+    def release_views(self, plan: LoadPlan, start: int) -> tuple[torch.Tensor, ...]:
+        """What a release of ``plan``'s copy at ``start`` zeroes: rows ``start..start +
+        num_rows`` of every layer of the stacks it wrote (the others are zero there already),
+        cut as ``serial_zero`` cuts them; made once per start row."""
+        views = plan.releases.get(start)
+        if views is None:
+            rows = slice(start, start + plan.num_rows)
+            whole = [self.stacks[module][:, rows] for module in sorted(plan.modules)]
+            views = tuple(view[index] for view in whole for index in serial_pieces_of(view))
+            plan.releases[start] = views
+        return views
 
     def _destinations(
         self, plan: LoadPlan, weights: AdapterWeights, start: int
@@ -175,13 +198,18 @@ class ArenaStore:
     # --- weights ------------------------------------------------------------------------------
 
     @staticmethod
-    def write(placement: Placement, sources: Iterable[torch.Tensor], non_blocking: bool) -> None:
-        """Copies every source into its destination (on the CPU on this thread alone)."""
-        for destination, source in zip(placement.destinations, sources, strict=True):
+    def write(placement: Placement, sources: list[torch.Tensor], non_blocking: bool) -> None:
+        """Copies every source into its destination (on the CPU on this thread alone: in the
+        pieces ``serial_copy`` would cut, made once per placement)."""
+        if len(sources) != len(placement.destinations):
+            raise ValueError(
+                f"{len(sources)} sources for {len(placement.destinations)} destinations"
+            )
+        for piece, source, index in placement.pieces:
             if non_blocking:
-                destination.copy_(source, non_blocking=True)
+                piece.copy_(sources[source], non_blocking=True)  # a device: one piece each
             else:
-                serial_copy(destination, source)
+                piece.copy_(sources[source][index] if index else sources[source])
 
     def runs_cover(self, runs: tuple[ModuleRun, ...], pairs: dict[int, tuple[int, float]]) -> bool:
         """True when ``runs`` hold exactly the checked pairs (table -> (rank, scale)) at their
@@ -225,13 +253,6 @@ class ArenaStore:
             pairs[table] = (rank, module.scale)
         return pairs
 
-    def zero_rows(self, start: int, num_rows: int, modules: Iterable[str]) -> None:
-        """Zero rows ``start..start+num_rows`` of every layer of ``modules`` (the only stacks a
-        released slot wrote: the others are zero there already)."""
-        rows = slice(start, start + num_rows)
-        for module in modules:
-            serial_zero(self.stacks[module][:, rows])
-
     def move_rows(self, source: int, target: int, num_rows: int) -> None:
         """Move rows down (target < source) in every stack; the vacated tail is zeroed. Copies
         in pieces no longer than the shift, so no piece overlaps its source and nothing is
@@ -257,6 +278,5 @@ class ArenaStore:
         a reader holding the old list sees one consistent generation."""
         views = list(self.views)
         for table in tables:
-            lora_a, lora_b_t = self.arenas[table]
-            views[table] = ModuleLoraWeights(lora_a, lora_b_t, tuple(self._rows[table]), table)
+            views[table] = views[table].with_slots(tuple(self._rows[table]))
         self.views = views

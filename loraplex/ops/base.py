@@ -60,6 +60,15 @@ class ModuleLoraWeights:
         default_factory=dict, compare=False, repr=False
     )
 
+    def with_slots(self, slots: tuple[SlotRows, ...]) -> ModuleLoraWeights:
+        """The same arena under another slot table. The views kept per row range carry over
+        (they depend on the arena and the rows alone, never on which slot holds them), so a
+        load re-publishing a table neither rebuilds them nor pays a dataclass's construction."""
+        fresh = object.__new__(ModuleLoraWeights)
+        fresh.__dict__.update(self.__dict__)
+        fresh.__dict__["slots"] = slots
+        return fresh
+
     def pair(self, rows: SlotRows) -> tuple[torch.Tensor, torch.Tensor]:
         """``(A.T, B^T)`` of the slot whose rows are ``rows`` (``rows.rank`` > 0): ``x @ A.T``
         is the shrink, ``hidden @ B^T`` the expand."""

@@ -105,6 +105,11 @@ class CancelToken:
 class LoadPipeline(Protocol):
     """Performs the cache's moves. Every method may raise a domain error; none takes the lock."""
 
+    # False: ``prepare`` of a move into L0 stages nothing (it would return ``Prepared(None,
+    # {})``), so the cache places such a move at once instead of running an empty phase (one
+    # executor hop less per L1 -> L0 load: a thread hand-off with the real executor).
+    prepares_l0: bool
+
     def resolve(self, key: AdapterKey, cancel: CancelToken) -> Resolved: ...
 
     def prepare(self, move: Move, cancel: CancelToken) -> Prepared: ...

@@ -60,7 +60,8 @@ class EvictionPolicy(Protocol):
     def order_key(self, c: Candidate, now_s: float) -> OrderKey:
         """The sort key of ``c`` at ``now_s`` (most evictable smallest). It must not fall when
         ``c``'s rates or ``reload_cost_s`` rise: the cache bounds it from below with the lowest
-        values those inputs can take before the bound is renewed."""
+        values those inputs can take before the bound is renewed. It ends in ``c.key``, so keys
+        never tie (the victim index and a small tier's sort then give one order)."""
         ...
 
     def order_key_floor(self, c: Candidate, now_s: float, until_s: float) -> OrderKey:

@@ -38,6 +38,10 @@ class StageCosts:
 class SimulatedPipeline:
     """A LoadPipeline that moves no bytes and reports each stage's modelled duration."""
 
+    # True (an empty L1 -> L0 phase, as the real cache ran it before): the recorded results
+    # depend on the order of same-time events
+    prepares_l0 = True
+
     def __init__(self, footprints: Mapping[AdapterKey, Footprint], costs: StageCosts) -> None:
         self.footprints = footprints
         self.costs = costs

@@ -94,6 +94,8 @@ class _StagedDir:
 class TierPipeline:
     """The cache's LoadPipeline over the real tiers."""
 
+    prepares_l0 = False  # an L1 -> L0 move is one copy, at install
+
     def __init__(
         self,
         resolver: Callable[[AdapterKey], ArtifactRef],

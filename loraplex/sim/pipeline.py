@@ -24,6 +24,10 @@ class CostModelPipeline:
     """A ``LoadPipeline`` charging L3->L2 (fetch, verify, commit), L2->L1 (read, parse) and
     L1->L0 (host-to-device copy) their link's fixed seconds plus bytes over bandwidth."""
 
+    # True (an empty L1 -> L0 phase, as the real cache ran it before): the recorded results
+    # depend on the order of same-time events
+    prepares_l0 = True
+
     def __init__(
         self,
         footprints: Mapping[AdapterKey, Footprint],

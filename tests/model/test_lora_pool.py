@@ -417,3 +417,53 @@ def test_loads_written_in_pieces_equal_whole_writes(monkeypatch: pytest.MonkeyPa
     pieces = run()
     for a, b in zip(whole, pieces, strict=True):
         assert torch.equal(a, b)
+
+
+@pytest.mark.parametrize("pack", [False, True])
+def test_a_replacement_lands_at_its_predecessors_start_when_it_fits(
+    pack: bool, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Two slots whose occupants take turns (ranks 8 <-> 16 and 8 <-> 4) keep their rows: no
+    compaction, every free row zero, and each slot computes exactly what a fresh pool does."""
+    wrap = packed if pack else (lambda w: w)
+    adapters = [wrap(weights_of(rank, 40 + i)) for i, rank in enumerate((8, 8, 16, 4))]
+    pool = LoraSlotPool(SPEC, 2, 16, dtype=torch.float32, device=CPU)
+    pool.load(0, adapters[0])
+    pool.load(1, adapters[1])
+    pool.load(0, adapters[2])  # rows 0..16 are not free: the first fit, 16..32
+
+    def no_compaction() -> int:
+        raise AssertionError("compacted")
+
+    monkeypatch.setattr(pool, "_compact", no_compaction)
+    starts = []
+    for slot, index in ((0, 0), (1, 3), (0, 2), (1, 1), (0, 0), (1, 3)):
+        weights = adapters[index]
+        pool.load(slot, weights)
+        pool.check_integrity()
+        info = pool.slot_info(slot)
+        assert info is not None
+        starts.append((slot, info.start))
+        fresh = LoraSlotPool(SPEC, 1, 16, dtype=torch.float32, device=CPU)
+        fresh.load(0, weights)
+        assert torch.equal(delta(pool, slot), delta(fresh, 0))
+    assert starts == [(0, 16), (1, 8), (0, 16), (1, 8), (0, 16), (1, 8)]
+
+
+def test_a_re_published_view_keeps_its_row_views() -> None:
+    """A load re-publishes the tables it touches with the new slot table; the views cached per
+    row range (the same arena rows whatever slot holds them) carry over."""
+    pool = LoraSlotPool(SPEC, 2, 8, dtype=torch.float32, device=CPU)
+    pool.load(0, weights_of(8, 50))
+    before = pool.module_weights(0, "q_proj")
+    first = before.pair(before.slots[0])
+    pool.load(1, weights_of(4, 51))
+    after = pool.module_weights(0, "q_proj")
+    assert after is not before and after.slots != before.slots
+    assert (after.lora_a, after.lora_b, after.table_index) == (
+        before.lora_a,
+        before.lora_b,
+        before.table_index,
+    )
+    assert after.pair(after.slots[0]) is first
+    pool.check_integrity()

@@ -35,6 +35,7 @@ def key(tenant: str, name: str) -> AdapterKey:
 class FakePipeline:
     """Moves nothing; tracks staged payloads and installed copies; fails where told."""
 
+    prepares_l0 = True  # it stages every move (failures injected at COPY in prepare too)
     sizes: dict[AdapterKey, int] = field(default_factory=dict)  # multiples of UNIT, default 1
     fail_at: dict[tuple[AdapterKey, Stage], Exception] = field(default_factory=dict)
     staged: set[tuple[AdapterKey, Tier]] = field(default_factory=set)

@@ -351,3 +351,61 @@ def test_lowered_tenant_cap_evicts_idle_copies_and_keeps_those_in_use() -> None:
     assert rig.cache.ledgers[Tier.L0].tenant_bytes["t"] == UNIT
     lease.release()
     rig.check()
+
+
+class _NoL0Staging(FakePipeline):
+    """Stages nothing for L0 (as the real pipeline): the cache must not ask it to."""
+
+    prepares_l0 = False
+
+    def prepare(self, move: Move, cancel: CancelToken) -> Prepared:
+        assert move.target is not Tier.L0, "an L0 move was prepared"
+        return super().prepare(move, cancel)
+
+
+def test_a_pipeline_that_stages_nothing_for_l0_gets_no_l0_prepare() -> None:
+    rig = make_rig(slots=1, pipeline=_NoL0Staging())
+    lease_of(rig, rig.cache.acquire_future(A)).release()  # L3 -> L0: three moves, two prepared
+    assert rig.pipeline.slots == {0: A}
+    rig.clock.advance(1.0)
+    lease = lease_of(rig, rig.cache.acquire_future(B))  # evicts A from its slot
+    assert lease.load.source is Tier.L3 and rig.pipeline.slots == {0: B}
+    lease.release()
+    rig.clock.advance(1.0)
+    future = rig.cache.acquire_future(A)  # from L1: placed at once, installed by the executor
+    assert not future.done()
+    lease = lease_of(rig, future)
+    assert lease.load.source is Tier.L1 and set(lease.load.seconds) == {Stage.COPY}
+    assert rig.pipeline.slots == {0: A}
+    lease.release()
+    rig.pipeline.fail_at[(B, Stage.COPY)] = DigestMismatchError("adapter", "0" * 64, "1" * 64)
+    failing = rig.cache.acquire_future(B)  # an L1 -> L0 install that fails undoes its move
+    rig.settle()
+    with pytest.raises(DigestMismatchError):
+        failing.result(timeout=0)
+    rig.check()
+    assert not rig.cache.is_resident(B, Tier.L0) and rig.cache.snapshot().num_loading == 0
+
+
+def test_queued_l0_prefetches_that_fail_at_once_leave_the_queue_consistent() -> None:
+    """Prefetches into a full L0 of copies already in L1 fail at their placement, inside the
+    pump that started them, which then pumps again: the outer pump skips the jobs the nested
+    ones started or retired."""
+    rig = make_rig(slots=1, l1=8, l2=8, max_concurrent_loads=1, pipeline=_NoL0Staging())
+    for k in (A, B, C, D):  # each in L1 (one slot: each evicts the one before from L0)
+        lease_of(rig, rig.cache.acquire_future(k)).release()
+        rig.clock.advance(1.0)
+    held = lease_of(rig, rig.cache.acquire_future(D))  # D stays in the slot, leased
+    E = key("t", "e")
+    waiting = rig.cache.acquire_future(E)  # takes the one load permit, then waits for room
+    rig.settle()
+    prefetches = [rig.cache.prefetch(k, Tier.L0) for k in (A, B, C)]  # queued behind E
+    assert not any(f.done() for f in prefetches)
+    held.release()  # E takes the slot; then A, B and C find it leased to E's acquirer
+    e_lease = lease_of(rig, waiting)
+    for future in prefetches:
+        with pytest.raises(CapacityError):
+            future.result(timeout=0)
+    rig.check()
+    assert rig.cache.snapshot().num_loading == 0
+    e_lease.release()

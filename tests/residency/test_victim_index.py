@@ -13,6 +13,7 @@ from hypothesis import strategies as st
 
 from loraplex.artifacts.identity import AdapterKey
 from loraplex.clock import ManualClock
+from loraplex.residency.cache import victim_index
 from loraplex.residency.cache.config import CacheConfig
 from loraplex.residency.cache.jobs import JobTable
 from loraplex.residency.cache.placement import Demand, Place, decide
@@ -27,6 +28,14 @@ HORIZON_S = 10.0
 # cost rivals the fixed miss stall, so bandwidth swings reorder copies of different footprints.
 BIG = 10**8
 KEYS = [key(t, f"a{i}") for t in ("p", "q", "r") for i in range(6)]
+
+
+@pytest.fixture(autouse=True, params=["small-tiers-sorted", "index-only"])
+def _small_tiers(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Every test runs as the cache does (tiers of at most SORT_AT_MOST copies sorted) and with
+    the index alone answering every query, whatever the tier's size."""
+    if request.param == "index-only":
+        monkeypatch.setattr(victim_index, "SORT_AT_MOST", 0)
 
 
 def _state(
@@ -276,6 +285,27 @@ def test_requests_raise_the_floors_of_the_copies_they_heat() -> None:
     counting.keys = 0
     assert [v.key for v in _place(state, "second").victims] == [key("p", "c200")]
     assert counting.keys <= 30, counting.keys  # their old, low floors are gone
+
+
+def test_a_small_full_tier_sorts_its_copies_by_their_keys() -> None:
+    """A tier of at most SORT_AT_MOST copies (a few L0 slots) computes each copy's true key
+    once per placement and no floor; the index answers larger tiers (and every tier here when
+    the fixture turns sorting off)."""
+    n = 4
+    state, clock, counting = _full_l1("cost_aware", n)
+    for i in range(3):
+        expected = _expected(state, Tier.L1)[0]
+        counting.keys = counting.floors = 0
+        placement = _place(state, f"new{i}")
+        assert [v.key for v in placement.victims] == [expected]
+        if n <= victim_index.SORT_AT_MOST:
+            assert (counting.keys, counting.floors) == (n, 0)
+        else:
+            assert counting.floors > 0
+        state.evict(placement.victims[0])
+        state.mark_ready(state.reserve(Tier.L1, key("q", f"new{i}"), UNIT))
+        clock.advance(1.0)
+        state.check()
 
 
 def test_a_load_into_free_room_computes_no_key() -> None:

@@ -180,6 +180,8 @@ class FakeEngine:
 class NullPipeline:
     """A LoadPipeline that moves nothing (every adapter weighs one 100-byte unit)."""
 
+    prepares_l0 = True  # its prepare reports a READ stage for every move
+
     def resolve(self, key: AdapterKey, cancel: CancelToken) -> Resolved:
         return Resolved(Footprint(100, 100, 100), {Stage.RESOLVE: 0.001})
 

@@ -165,8 +165,12 @@ class JobTable:
 
     def start_next(self) -> Iterator[LoadJob]:
         """Takes queued jobs out of the queue in FIFO order while the bounds allow, skipping
-        tenants at their own bound; each yielded job is counted as started."""
+        tenants at their own bound; each yielded job is counted as started. A job started or
+        retired meanwhile (a nested pump: a job yielded here may fail or finish at once and pump
+        again) is skipped."""
         for job in list(self._queue):
+            if job.started or self._jobs.get(job.key) is not job:
+                continue
             if sum(self._running.values()) >= self._max_loads:
                 return
             tenant = job.key.tenant

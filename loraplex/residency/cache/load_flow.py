@@ -170,6 +170,9 @@ class LoadFlow:
         if move.source is not Tier.L3:
             job.source_entry = self._state.ledgers[move.source].entries[job.key]
             job.source_entry.refcount += 1
+        if move.target is Tier.L0 and not self._pipeline.prepares_l0:
+            self._on_prepared(job, Prepared(None, {}))  # nothing to stage: place it now
+            return
         self._run(job, partial(self._pipeline.prepare, move, job.cancel), self._on_prepared)
 
     def _on_resolved(self, job: LoadJob, result: Resolved) -> None:

@@ -21,6 +21,12 @@ a footprint, the copy reserved or removed); readiness, leases and pins are not i
 such copies stay indexed and are skipped when met. Everything is recomputed when the horizon
 passed or after ``invalidate`` (inputs of every copy changed), and only when a query needs the
 order: a tier with free room never pays for it.
+
+A tier of at most ``SORT_AT_MOST`` copies (an L0 of a few slots) is sorted instead, by the same
+true keys: for so few copies the floors, groups and refinement cost more than the keys (on an
+L1 -> L0 load into a full 2-slot L0 they were most of the victim pick). Every policy's order key
+ends in the adapter key, so the order is total and the same either way; the index then stays
+invalidated, and notes cost nothing, until the tier grows past the bound.
 """
 
 from __future__ import annotations
@@ -42,6 +48,8 @@ _Member = tuple[OrderKey, int, AdapterKey]
 # Stale heap items (superseded floors, members) tolerated per live one before compaction.
 _STALE_PER_LIVE = 2
 _STALE_SLACK = 64
+# A tier holding at most this many copies is ranked by sorting them at each query.
+SORT_AT_MOST = 8
 
 
 class VictimIndex:
@@ -91,6 +99,11 @@ class VictimIndex:
     def ranked(self, now_s: float) -> Iterator[ResidentEntry]:
         """Evictable copies, most evictable first, lazily. Valid until the next call; copies
         may be removed while it runs (their keys are noted), none reserved."""
+        if len(self._entries) <= SORT_AT_MOST:
+            if self._until_s is not None:
+                self.invalidate()  # dormant while the tier stays this small: notes are free
+            self._query += 1
+            return self._sorted(self._query, now_s)
         if self._until_s is None or now_s > self._until_s:
             self._build(now_s)
         else:
@@ -243,6 +256,18 @@ class VictimIndex:
                 yield entry
             if group is not None:  # the group's next member may come next
                 self._refine_head(group, now_s, refined)
+
+    def _sorted(self, query: int, now_s: float) -> Iterator[ResidentEntry]:
+        """A small tier's evictable copies sorted by their true keys at ``now_s``."""
+        if query != self._query:
+            raise RuntimeError("victim order iterated after a newer query")
+        keyed = [(self._order.key(e, now_s), e) for e in self._entries.values() if e.evictable]
+        keyed.sort(key=lambda pair: pair[0])
+        for _, entry in keyed:
+            if query != self._query:
+                raise RuntimeError("victim order iterated after a newer query")
+            if entry.evictable and self._entries.get(entry.key) is entry:
+                yield entry
 
     def _refine_head(self, group: Hashable, now_s: float, refined: list[_Item]) -> None:
         """Moves ``group``'s lowest-ranked evictable member into ``refined`` (true key)."""
