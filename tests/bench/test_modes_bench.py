@@ -17,7 +17,13 @@ from loraplex.model.adapter_weights import AdapterWeights
 from loraplex.model.merge import linear_of
 
 QUICK = ModesBenchConfig(
-    rounds=1, calls_per_round=1, num_transitions=2, probe_tokens=3, replay_requests=4
+    rounds=1,
+    calls_per_round=1,
+    num_transitions=2,
+    probe_tokens=3,
+    replay_requests=4,
+    single_rounds=2,
+    sample_ms=1.0,
 )
 
 
@@ -37,6 +43,15 @@ def test_one_run_reports_every_figure(tmp_path: Path) -> None:
         "prefill_skewed80_free_negative_over_unmerged",
     ):
         assert metrics[key] is None or metrics[key] > 0, key
+    paired = metrics["single_paired"]  # per-round ratios beside the ratios of medians
+    for key in ("merged_over_base", "merged_over_unmerged", "unmerged_lora_overhead"):
+        summary = paired[key]
+        assert summary["rounds"] == 2, key
+        assert 0 < summary["min"] <= summary["median"] <= summary["max"], key
+    assert set(paired["calls_per_sample"]) == {"base", "unmerged", "merged"}
+    assert metrics["single_merged_over_base"] == pytest.approx(
+        metrics["single_tokens_per_s"]["merged"] / metrics["single_tokens_per_s"]["base"]
+    )
     assert 0.5 < metrics["skewed80_hot_share"] < 1.0
     assert metrics["skewed80_gain_bound"] == modes.gain_bound(
         metrics["skewed80_hot_share"], metrics["skewed80_lora_overhead"]
@@ -108,6 +123,14 @@ def test_the_config_refuses_an_unknown_dtype() -> None:
     with pytest.raises(ValueError, match="int8"):
         ModesBenchConfig(dtype="int8")
     assert ModesBenchConfig(dtype="bfloat16").dtype == "bfloat16"
+
+
+def test_the_config_refuses_bad_single_revision_timing() -> None:
+    with pytest.raises(ValueError, match="single_rounds"):
+        ModesBenchConfig(single_rounds=0)
+    for bad in (0.0, -1.0, float("nan")):
+        with pytest.raises(ValueError, match="sample_ms"):
+            ModesBenchConfig(sample_ms=bad)
 
 
 def test_the_hot_revision_takes_the_rank_asked_and_the_mix_stays() -> None:
