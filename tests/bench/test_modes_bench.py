@@ -44,11 +44,17 @@ def test_one_run_reports_every_figure(tmp_path: Path) -> None:
     ):
         assert metrics[key] is None or metrics[key] > 0, key
     paired = metrics["single_paired"]  # per-round ratios beside the ratios of medians
-    for key in ("merged_over_base", "merged_over_unmerged", "unmerged_lora_overhead"):
+    for key in (
+        "merged_over_base",
+        "merged_over_unmerged",
+        "unmerged_lora_overhead",
+        "base_again_over_base",
+    ):
         summary = paired[key]
         assert summary["rounds"] == 2, key
         assert 0 < summary["min"] <= summary["median"] <= summary["max"], key
-    assert set(paired["calls_per_sample"]) == {"base", "unmerged", "merged"}
+    assert set(paired["calls_per_sample"]) == {"base", "unmerged", "merged", "base_again"}
+    assert set(metrics["single_tokens_per_s"]) == {"base", "unmerged", "merged"}
     assert metrics["single_merged_over_base"] == pytest.approx(
         metrics["single_tokens_per_s"]["merged"] / metrics["single_tokens_per_s"]["base"]
     )

@@ -35,12 +35,13 @@ def test_samples_are_sized_by_duration_and_ratios_paired(
         warmup_calls=1,
     )
     assert timed.calls == {"slow": 2, "fast": 16}  # each sample lasts >= 2**-6 s
-    assert order.count("slow") == 1 + 4 * 2 and order.count("fast") == 1 + 4 * 16
+    assert order.count("slow") == 2 + 4 * 2 and order.count("fast") == 2 + 4 * 16
     assert timed.medians() == pytest.approx(cost)
     ratio = timed.ratio("fast", "slow")  # throughput fast / slow, per round
     assert ratio["rounds"] == 4
     assert ratio["median"] == ratio["min"] == ratio["max"] == pytest.approx(8.0)
-    timed_order = order[2:]  # after the two warm-up calls: ABBA by sample
+    assert order[:4] == ["slow", "fast", "slow", "fast"]  # all warm, then each sized
+    timed_order = order[4:]  # ABBA by sample
     assert timed_order[:2] == ["slow", "slow"] and timed_order[2:18] == ["fast"] * 16
     assert timed_order[18:34] == ["fast"] * 16 and timed_order[34:36] == ["slow", "slow"]
 
@@ -52,16 +53,18 @@ def test_a_spike_moves_only_its_own_round(monkeypatch: pytest.MonkeyPatch) -> No
 
     def b() -> None:
         calls["n"] += 1
-        clock.now += 0.5 if calls["n"] == 5 else 0.01  # one slow call in b's 2nd sample
+        # calls 1-2 warm and size b; call 4 is b's sample in round 1: one slow call
+        clock.now += 2.0**-1 if calls["n"] == 4 else 2.0**-7
 
     timed = paired_rounds(
-        {"a": lambda: setattr(clock, "now", clock.now + 0.01), "b": b},
+        {"a": lambda: setattr(clock, "now", clock.now + 2.0**-7), "b": b},
         rounds=5,
-        min_sample_s=0.01,
+        min_sample_s=2.0**-7,
         warmup_calls=1,
     )
+    assert timed.calls == {"a": 1, "b": 1}
     ratio = timed.ratio("a", "b")
-    assert ratio["median"] == pytest.approx(1.0) and ratio["max"] == pytest.approx(50.0)
+    assert ratio["median"] == pytest.approx(1.0) and ratio["max"] == pytest.approx(64.0)
     assert ratio["min"] == pytest.approx(1.0)
 
 

@@ -89,7 +89,8 @@ def paired_rounds(
 
     Beside :func:`interleaved_medians` (whose results other benches read unchanged): each
     variant's sample is sized by duration, not by a fixed call count -- its calls per sample
-    are ``ceil(min_sample_s / t)`` with ``t`` the median of its warm-up calls -- so a fast step
+    are ``ceil(min_sample_s / t)`` with ``t`` the median of ``warmup_calls`` timed calls made
+    once every variant has had ``warmup_calls`` untimed ones -- so a fast step
     is timed over as many calls as a slow one's sample lasts and one load spike moves a
     smaller share of it. Rounds run the variants back to back, odd rounds reversed (ABBA), so
     a ratio of two variants within a round compares samples taken moments apart.
@@ -100,6 +101,9 @@ def paired_rounds(
             f"rounds {rounds} / min_sample_s {min_sample_s} / warmup_calls {warmup_calls} are "
             "invalid; expected rounds >= 1, min_sample_s > 0, warmup_calls >= 1"
         )
+    for fn in variants.values():  # every variant warm before any is sized
+        for _ in range(warmup_calls):
+            fn()
     calls: dict[str, int] = {}
     for name, fn in variants.items():
         times = []

@@ -81,9 +81,11 @@ def single_figures(setup: Setup, merged: LoraApplier) -> tuple[dict[str, float],
     """One revision's decode step as base (no applier), unmerged (the pool) and merged (the
     merged applier: its ``prepare`` returns a NONE batch, so base and merged differ by that
     call only, on the same merged weights). Timed by :func:`paired_rounds`: each sample lasts
-    at least ``sample_ms`` (a fast bfloat16 step gets more calls), the three run back to back
-    in each ABBA round. Returns tokens/s of each (from the per-variant medians, as
-    :func:`throughput`) and the per-round paired ratios summarised."""
+    at least ``sample_ms`` (a fast bfloat16 step gets more calls), all run back to back in each
+    ABBA round, base twice (``base_again``: an A/A control whose paired ratio is the noise
+    floor merged / base is read against). Returns tokens/s of base, unmerged and merged (from
+    the per-variant medians, as :func:`throughput`) and the per-round paired ratios
+    summarised."""
     cfg = setup.config
     step = decode_step(setup, [HOT] * cfg.batch_size)
     timed = paired_rounds(
@@ -91,12 +93,15 @@ def single_figures(setup: Setup, merged: LoraApplier) -> tuple[dict[str, float],
             "base": lambda: step(None),
             "unmerged": lambda: step(setup.pool),
             "merged": lambda: step(merged),
+            "base_again": lambda: step(None),  # the A/A control: the noise floor of a ratio
         },
         rounds=cfg.single_rounds,
         min_sample_s=cfg.sample_ms / 1000,
     )
-    tps = {name: cfg.batch_size / seconds for name, seconds in timed.medians().items()}
+    medians = timed.medians()
+    tps = {name: cfg.batch_size / medians[name] for name in ("base", "unmerged", "merged")}
     paired: dict[str, object] = {
+        "base_again_over_base": timed.ratio("base_again", "base"),
         "merged_over_base": timed.ratio("merged", "base"),
         "merged_over_unmerged": timed.ratio("merged", "unmerged"),
         "unmerged_lora_overhead": timed.ratio("base", "unmerged"),
