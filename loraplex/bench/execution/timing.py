@@ -37,14 +37,18 @@ def interleaved_medians(
     names = list(variants)
     for index in range(rounds):
         for name in names if index % 2 == 0 else reversed(names):
-            fn = variants[name]
-            wait()
-            start = time.perf_counter()
-            for _ in range(calls_per_round):
-                fn()
-            wait()
-            samples[name].append((time.perf_counter() - start) / calls_per_round)
+            samples[name].append(_per_call(variants[name], calls_per_round, wait))
     return {name: statistics.median(values) for name, values in samples.items()}
+
+
+def _per_call(fn: Callable[[], object], count: int, wait: Callable[[], object]) -> float:
+    """Seconds per call of ``count`` calls of ``fn``, the device synchronized at both ends."""
+    wait()
+    start = time.perf_counter()
+    for _ in range(count):
+        fn()
+    wait()
+    return (time.perf_counter() - start) / count
 
 
 def _no_sync() -> None:
@@ -106,24 +110,12 @@ def paired_rounds(
             fn()
     calls: dict[str, int] = {}
     for name, fn in variants.items():
-        times = []
-        for _ in range(warmup_calls):
-            wait()
-            start = time.perf_counter()
-            fn()
-            wait()
-            times.append(time.perf_counter() - start)
+        times = [_per_call(fn, 1, wait) for _ in range(warmup_calls)]
         per_call = max(statistics.median(times), 1e-9)
         calls[name] = max(1, math.ceil(min_sample_s / per_call))
     samples: dict[str, list[float]] = {name: [] for name in variants}
     names = list(variants)
     for index in range(rounds):
         for name in names if index % 2 == 0 else reversed(names):
-            fn, count = variants[name], calls[name]
-            wait()
-            start = time.perf_counter()
-            for _ in range(count):
-                fn()
-            wait()
-            samples[name].append((time.perf_counter() - start) / count)
+            samples[name].append(_per_call(variants[name], calls[name], wait))
     return PairedRounds(samples, calls)
