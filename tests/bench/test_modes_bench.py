@@ -7,11 +7,13 @@ from pathlib import Path
 
 import pytest
 import torch
+from typer.testing import CliRunner
 
 from loraplex.bench.modes import bench as modes
 from loraplex.bench.modes.parity import ParityReport, ParityRule, ProbeMismatchError
 from loraplex.bench.modes.plot import modes_plot
 from loraplex.bench.modes.setup import NUM_ADAPTERS, ModesBenchConfig, Setup, probes
+from loraplex.cli import app
 from loraplex.engine.mode_policy import MeasuredCosts
 from loraplex.model.adapter_weights import AdapterWeights
 from loraplex.model.merge import linear_of
@@ -148,3 +150,21 @@ def test_the_hot_revision_takes_the_rank_asked_and_the_mix_stays() -> None:
         assert sorted(ranks) == sorted(RANKS * (NUM_ADAPTERS // len(RANKS)))
     with pytest.raises(ValueError, match="hot_rank 12 is invalid"):
         modes.ModesBenchConfig(hot_rank=12)
+
+
+def test_the_cli_passes_the_single_revision_timing_or_refuses_it(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    seen: list[ModesBenchConfig] = []
+
+    def fake_run(config: ModesBenchConfig) -> dict[str, object]:
+        seen.append(config)
+        return {"name": "modes"}
+
+    monkeypatch.setattr(modes, "run_modes_bench", fake_run)
+    args = ["bench", "modes", "--json", "--single-rounds", "9", "--sample-ms", "40"]
+    result = CliRunner().invoke(app, args)
+    assert result.exit_code == 0, result.output
+    assert (seen[0].single_rounds, seen[0].sample_ms) == (9, 40.0)
+    result = CliRunner().invoke(app, ["bench", "modes", "--json", "--sample-ms", "0"])
+    assert result.exit_code != 0 and "sample_ms" in result.output
