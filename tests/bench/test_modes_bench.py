@@ -7,17 +7,25 @@ from pathlib import Path
 
 import pytest
 import torch
+from typer.testing import CliRunner
 
 from loraplex.bench.modes import bench as modes
 from loraplex.bench.modes.parity import ParityReport, ParityRule, ProbeMismatchError
 from loraplex.bench.modes.plot import modes_plot
 from loraplex.bench.modes.setup import NUM_ADAPTERS, ModesBenchConfig, Setup, probes
+from loraplex.cli import app
 from loraplex.engine.mode_policy import MeasuredCosts
 from loraplex.model.adapter_weights import AdapterWeights
 from loraplex.model.merge import linear_of
 
 QUICK = ModesBenchConfig(
-    rounds=1, calls_per_round=1, num_transitions=2, probe_tokens=3, replay_requests=4
+    rounds=1,
+    calls_per_round=1,
+    num_transitions=2,
+    probe_tokens=3,
+    replay_requests=4,
+    single_rounds=2,
+    sample_ms=1.0,
 )
 
 
@@ -37,6 +45,21 @@ def test_one_run_reports_every_figure(tmp_path: Path) -> None:
         "prefill_skewed80_free_negative_over_unmerged",
     ):
         assert metrics[key] is None or metrics[key] > 0, key
+    paired = metrics["single_paired"]  # per-round ratios beside the ratios of medians
+    for key in (
+        "merged_over_base",
+        "merged_over_unmerged",
+        "unmerged_lora_overhead",
+        "base_again_over_base",
+    ):
+        summary = paired[key]
+        assert summary["rounds"] == 2, key
+        assert 0 < summary["min"] <= summary["median"] <= summary["max"], key
+    assert set(paired["calls_per_sample"]) == {"base", "unmerged", "merged", "base_again"}
+    assert set(metrics["single_tokens_per_s"]) == {"base", "unmerged", "merged"}
+    assert metrics["single_merged_over_base"] == pytest.approx(
+        metrics["single_tokens_per_s"]["merged"] / metrics["single_tokens_per_s"]["base"]
+    )
     assert 0.5 < metrics["skewed80_hot_share"] < 1.0
     assert metrics["skewed80_gain_bound"] == modes.gain_bound(
         metrics["skewed80_hot_share"], metrics["skewed80_lora_overhead"]
@@ -110,6 +133,14 @@ def test_the_config_refuses_an_unknown_dtype() -> None:
     assert ModesBenchConfig(dtype="bfloat16").dtype == "bfloat16"
 
 
+def test_the_config_refuses_bad_single_revision_timing() -> None:
+    with pytest.raises(ValueError, match="single_rounds"):
+        ModesBenchConfig(single_rounds=0)
+    for bad in (0.0, -1.0, float("nan")):
+        with pytest.raises(ValueError, match="sample_ms"):
+            ModesBenchConfig(sample_ms=bad)
+
+
 def test_the_hot_revision_takes_the_rank_asked_and_the_mix_stays() -> None:
     from loraplex.bench.modes.setup import RANKS, slot_rank
 
@@ -119,3 +150,21 @@ def test_the_hot_revision_takes_the_rank_asked_and_the_mix_stays() -> None:
         assert sorted(ranks) == sorted(RANKS * (NUM_ADAPTERS // len(RANKS)))
     with pytest.raises(ValueError, match="hot_rank 12 is invalid"):
         modes.ModesBenchConfig(hot_rank=12)
+
+
+def test_the_cli_passes_the_single_revision_timing_or_refuses_it(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    seen: list[ModesBenchConfig] = []
+
+    def fake_run(config: ModesBenchConfig) -> dict[str, object]:
+        seen.append(config)
+        return {"name": "modes"}
+
+    monkeypatch.setattr(modes, "run_modes_bench", fake_run)
+    args = ["bench", "modes", "--json", "--single-rounds", "9", "--sample-ms", "40"]
+    result = CliRunner().invoke(app, args)
+    assert result.exit_code == 0, result.output
+    assert (seen[0].single_rounds, seen[0].sample_ms) == (9, 40.0)
+    result = CliRunner().invoke(app, ["bench", "modes", "--json", "--sample-ms", "0"])
+    assert result.exit_code != 0 and "sample_ms" in result.output

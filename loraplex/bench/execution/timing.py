@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import math
 import statistics
 import time
 from collections.abc import Callable, Mapping
+from dataclasses import dataclass
 
 
 def interleaved_medians(
@@ -35,15 +37,85 @@ def interleaved_medians(
     names = list(variants)
     for index in range(rounds):
         for name in names if index % 2 == 0 else reversed(names):
-            fn = variants[name]
-            wait()
-            start = time.perf_counter()
-            for _ in range(calls_per_round):
-                fn()
-            wait()
-            samples[name].append((time.perf_counter() - start) / calls_per_round)
+            samples[name].append(_per_call(variants[name], calls_per_round, wait))
     return {name: statistics.median(values) for name, values in samples.items()}
+
+
+def _per_call(fn: Callable[[], object], count: int, wait: Callable[[], object]) -> float:
+    """Seconds per call of ``count`` calls of ``fn``, the device synchronized at both ends."""
+    wait()
+    start = time.perf_counter()
+    for _ in range(count):
+        fn()
+    wait()
+    return (time.perf_counter() - start) / count
 
 
 def _no_sync() -> None:
     """A synchronous device (the CPU) has nothing to wait for."""
+
+
+@dataclass(frozen=True)
+class PairedRounds:
+    """Seconds per call of each variant, one sample per ABBA round (:func:`paired_rounds`)."""
+
+    samples: dict[str, list[float]]
+    calls: dict[str, int]  # calls per sample of each variant (sized by duration)
+
+    def medians(self) -> dict[str, float]:
+        """Median seconds per call of each variant over the rounds."""
+        return {name: statistics.median(values) for name, values in self.samples.items()}
+
+    def ratio(self, numerator: str, denominator: str) -> dict[str, float | int]:
+        """Throughput ``numerator`` / ``denominator`` per round (the two timed in the same
+        round, back to back), summarised: median, min, max and the number of rounds."""
+        ratios = [
+            den / num
+            for num, den in zip(self.samples[numerator], self.samples[denominator], strict=True)
+        ]
+        return {
+            "median": statistics.median(ratios),
+            "min": min(ratios),
+            "max": max(ratios),
+            "rounds": len(ratios),
+        }
+
+
+def paired_rounds(
+    variants: Mapping[str, Callable[[], object]],
+    *,
+    rounds: int,
+    min_sample_s: float,
+    warmup_calls: int = 3,
+    sync: Callable[[], object] | None = None,
+) -> PairedRounds:
+    """Per-round samples of each variant, for ratios paired round by round.
+
+    Beside :func:`interleaved_medians` (whose results other benches read unchanged): each
+    variant's sample is sized by duration, not by a fixed call count -- its calls per sample
+    are ``ceil(min_sample_s / t)`` with ``t`` the median of ``warmup_calls`` timed calls made
+    once every variant has had ``warmup_calls`` untimed ones -- so a fast step
+    is timed over as many calls as a slow one's sample lasts and one load spike moves a
+    smaller share of it. Rounds run the variants back to back, odd rounds reversed (ABBA), so
+    a ratio of two variants within a round compares samples taken moments apart.
+    """
+    wait = sync if sync is not None else _no_sync
+    if rounds < 1 or not min_sample_s > 0 or warmup_calls < 1:
+        raise ValueError(
+            f"rounds {rounds} / min_sample_s {min_sample_s} / warmup_calls {warmup_calls} are "
+            "invalid; expected rounds >= 1, min_sample_s > 0, warmup_calls >= 1"
+        )
+    for fn in variants.values():  # every variant warm before any is sized
+        for _ in range(warmup_calls):
+            fn()
+    calls: dict[str, int] = {}
+    for name, fn in variants.items():
+        times = [_per_call(fn, 1, wait) for _ in range(warmup_calls)]
+        per_call = max(statistics.median(times), 1e-9)
+        calls[name] = max(1, math.ceil(min_sample_s / per_call))
+    samples: dict[str, list[float]] = {name: [] for name in variants}
+    names = list(variants)
+    for index in range(rounds):
+        for name in names if index % 2 == 0 else reversed(names):
+            samples[name].append(_per_call(variants[name], calls[name], wait))
+    return PairedRounds(samples, calls)

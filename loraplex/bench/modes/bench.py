@@ -4,7 +4,10 @@ Decode-shaped steps (one new token per sequence over a prefilled context) on a r
 demo preset's shapes with 16 random adapters (ranks 8-64, every target module), timed with
 interleaved, warmed-up medians (WORKLOADS.md rules) on one clock. Scenarios:
 
-- ``single``: every sequence on one revision: base (no LoRA), unmerged, merged.
+- ``single``: every sequence on one revision: base (no LoRA), unmerged, merged, in
+  ``single_rounds`` ABBA rounds of samples at least ``sample_ms`` long (:func:`single_figures`):
+  tokens/s from the per-variant medians, and ``single_paired``: the ratios paired round by round
+  (median, min, max).
 - ``skewed``: per step 80 % of the sequences on the hot revision, the rest over 15 others:
   unmerged vs ``auto`` (whatever :func:`~loraplex.engine.mode_policy.decide` picks from the
   measured costs, the LoRA cost being the one the skewed replay's ``auto`` measured online,
@@ -30,7 +33,7 @@ from pathlib import Path
 
 import torch
 
-from loraplex.bench.execution.timing import interleaved_medians
+from loraplex.bench.execution.timing import interleaved_medians, paired_rounds
 from loraplex.bench.modes.parity import ParityReport, ParityRule, ProbeMismatchError
 from loraplex.bench.modes.replay import compare_modes, hot_token_share, trace
 from loraplex.bench.modes.setup import (
@@ -72,6 +75,39 @@ def throughput(
     medians = interleaved_medians(fns, rounds=cfg.rounds, calls_per_round=cfg.calls_per_round)
     tokens = cfg.batch_size * (cfg.context_tokens if prefill else 1)
     return {name: tokens / seconds for name, seconds in medians.items()}
+
+
+def single_figures(setup: Setup, merged: LoraApplier) -> tuple[dict[str, float], dict[str, object]]:
+    """One revision's decode step as base (no applier), unmerged (the pool) and merged (the
+    merged applier: its ``prepare`` returns a NONE batch, so base and merged differ by that
+    call only, on the same merged weights). Timed by :func:`paired_rounds`: each sample lasts
+    at least ``sample_ms`` (a fast bfloat16 step gets more calls), all run back to back in each
+    ABBA round, base twice (``base_again``: an A/A control whose paired ratio is the noise
+    floor merged / base is read against). Returns tokens/s of base, unmerged and merged (from
+    the per-variant medians, as :func:`throughput`) and the per-round paired ratios
+    summarised."""
+    cfg = setup.config
+    step = decode_step(setup, [HOT] * cfg.batch_size)
+    timed = paired_rounds(
+        {
+            "base": lambda: step(None),
+            "unmerged": lambda: step(setup.pool),
+            "merged": lambda: step(merged),
+            "base_again": lambda: step(None),  # the A/A control: the noise floor of a ratio
+        },
+        rounds=cfg.single_rounds,
+        min_sample_s=cfg.sample_ms / 1000,
+    )
+    medians = timed.medians()
+    tps = {name: cfg.batch_size / medians[name] for name in ("base", "unmerged", "merged")}
+    paired: dict[str, object] = {
+        "base_again_over_base": timed.ratio("base_again", "base"),
+        "merged_over_base": timed.ratio("merged", "base"),
+        "merged_over_unmerged": timed.ratio("merged", "unmerged"),
+        "unmerged_lora_overhead": timed.ratio("base", "unmerged"),
+        "calls_per_sample": timed.calls,
+    }
+    return tps, paired
 
 
 def gain_bound(hot_share: float, overhead: float | None) -> float | None:
@@ -273,17 +309,9 @@ def run_modes_bench(config: ModesBenchConfig) -> dict[str, object]:
         probes(setup, parity)
         num_probes = parity.compared - len(parity.accepted)
         merges, unmerges = transition_ms(setup)
-        single: list[int | None] = [HOT] * config.batch_size
         merged = setup.merge(HOT)
         try:
-            single_tps = throughput(
-                setup,
-                {
-                    "base": (single, None),
-                    "unmerged": (single, setup.pool),
-                    "merged": (single, merged),
-                },
-            )
+            single_tps, single_paired = single_figures(setup, merged)
         finally:
             setup.unmerge()
         lora_s = (1 / single_tps["unmerged"] - 1 / single_tps["base"]) if single_tps["base"] else 0
@@ -338,6 +366,7 @@ def run_modes_bench(config: ModesBenchConfig) -> dict[str, object]:
             "skewed80_hot_share": hot,
             "skewed80_gain_bound": gain_bound(hot, skewed_overhead),
             "single_tokens_per_s": single_tps,
+            "single_paired": single_paired,
             "mode_transition_ms_p50": pct(merges + unmerges, 0.5),
             "mode_transition_ms_p99": pct(merges + unmerges, 0.99),
             "merge_ms_p50": pct(merges, 0.5),

@@ -57,6 +57,8 @@ class ModesBenchConfig:
     replay_requests: int = 64  # requests per request-level replay (bench/modes/replay.py)
     replay_rounds: int = 1  # ABBA rounds of the replay (after one warm-up pair)
     hot_rank: int = 16  # the hot revision's rank (one of RANKS; the others keep the same mix)
+    single_rounds: int = 15  # ABBA rounds of the single-revision trio (paired ratios per round)
+    sample_ms: float = 150.0  # least duration of each single-revision timed sample
 
     def __post_init__(self) -> None:
         check_dtype(self.dtype)
@@ -65,9 +67,17 @@ class ModesBenchConfig:
         for name in ("batch_size", "context_tokens", "rounds", "calls_per_round"):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name} {getattr(self, name)} is invalid; expected >= 1")
-        for name in ("num_transitions", "probe_tokens", "replay_requests", "replay_rounds"):
+        for name in (
+            "num_transitions",
+            "probe_tokens",
+            "replay_requests",
+            "replay_rounds",
+            "single_rounds",
+        ):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name} {getattr(self, name)} is invalid; expected >= 1")
+        if not self.sample_ms > 0:  # NaN too
+            raise ValueError(f"sample_ms {self.sample_ms} is invalid; expected > 0")
 
 
 class Setup:

@@ -35,6 +35,12 @@ def modes(
     hot_rank: Annotated[
         int, typer.Option(help="Rank of the hot revision (8, 16, 32 or 64; same mix for the rest).")
     ] = 16,
+    single_rounds: Annotated[
+        int, typer.Option(help="ABBA rounds of the single-revision base/unmerged/merged trio.")
+    ] = 15,
+    sample_ms: Annotated[
+        float, typer.Option(help="Least duration of each single-revision timed sample (ms).")
+    ] = 150.0,
 ) -> None:
     """Merged vs unmerged vs base execution and the auto mode policy, side by side.
     Exits 1 when a greedy output differs between modes beyond the parity rule (float32:
@@ -56,6 +62,8 @@ def modes(
             replay_rounds=replay_rounds,
             dtype=dtype,
             hot_rank=hot_rank,
+            single_rounds=single_rounds,
+            sample_ms=sample_ms,
         )
     try:
         result = run_modes_bench(config)

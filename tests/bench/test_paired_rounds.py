@@ -1,0 +1,79 @@
+"""paired_rounds: samples sized by duration, ABBA rounds, ratios paired round by round."""
+
+from __future__ import annotations
+
+import pytest
+
+import loraplex.bench.execution.timing as timing
+from loraplex.bench.execution.timing import paired_rounds
+
+
+class FakeClock:
+    def __init__(self) -> None:
+        self.now = 0.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def test_samples_are_sized_by_duration_and_ratios_paired(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    clock = FakeClock()
+    monkeypatch.setattr(timing.time, "perf_counter", clock)
+    order: list[str] = []
+    cost = {"slow": 2.0**-7, "fast": 2.0**-10}  # exact in binary
+
+    def call(name: str) -> None:
+        order.append(name)
+        clock.now += cost[name]
+
+    timed = paired_rounds(
+        {"slow": lambda: call("slow"), "fast": lambda: call("fast")},
+        rounds=4,
+        min_sample_s=2.0**-6,
+        warmup_calls=1,
+    )
+    assert timed.calls == {"slow": 2, "fast": 16}  # each sample lasts >= 2**-6 s
+    assert order.count("slow") == 2 + 4 * 2 and order.count("fast") == 2 + 4 * 16
+    assert timed.medians() == pytest.approx(cost)
+    ratio = timed.ratio("fast", "slow")  # throughput fast / slow, per round
+    assert ratio["rounds"] == 4
+    assert ratio["median"] == ratio["min"] == ratio["max"] == pytest.approx(8.0)
+    assert order[:4] == ["slow", "fast", "slow", "fast"]  # all warm, then each sized
+    timed_order = order[4:]  # ABBA by sample
+    assert timed_order[:2] == ["slow", "slow"] and timed_order[2:18] == ["fast"] * 16
+    assert timed_order[18:34] == ["fast"] * 16 and timed_order[34:36] == ["slow", "slow"]
+
+
+def test_a_spike_moves_only_its_own_round(monkeypatch: pytest.MonkeyPatch) -> None:
+    clock = FakeClock()
+    monkeypatch.setattr(timing.time, "perf_counter", clock)
+    calls = {"n": 0}
+
+    def b() -> None:
+        calls["n"] += 1
+        # calls 1-2 warm and size b; call 4 is b's sample in round 1: one slow call
+        clock.now += 2.0**-1 if calls["n"] == 4 else 2.0**-7
+
+    timed = paired_rounds(
+        {"a": lambda: setattr(clock, "now", clock.now + 2.0**-7), "b": b},
+        rounds=5,
+        min_sample_s=2.0**-7,
+        warmup_calls=1,
+    )
+    assert timed.calls == {"a": 1, "b": 1}
+    ratio = timed.ratio("a", "b")
+    assert ratio["median"] == pytest.approx(1.0) and ratio["max"] == pytest.approx(64.0)
+    assert ratio["min"] == pytest.approx(1.0)
+
+
+def test_bad_arguments_are_refused() -> None:
+    for kwargs in (
+        {"rounds": 0, "min_sample_s": 0.1},
+        {"rounds": 1, "min_sample_s": 0.0},
+        {"rounds": 1, "min_sample_s": float("nan")},
+        {"rounds": 1, "min_sample_s": 0.1, "warmup_calls": 0},
+    ):
+        with pytest.raises(ValueError, match="invalid"):
+            paired_rounds({}, **kwargs)  # type: ignore[arg-type]
