@@ -154,15 +154,7 @@ class _Rig:
         for tier in (Tier.L0, Tier.L1, Tier.L2):
             if tier < source:
                 self.cache.evict(key, tier)
-        start = time.perf_counter()
-        future = self.cache.acquire_future(key)
-        self.executor.drain()
-        lease = future.result(timeout=0)
-        elapsed = time.perf_counter() - start
-        lease.release()
-        if lease.load.source is not source:
-            raise RuntimeError(f"expected a load from {source.name}, got {lease.load.source.name}")
-        return elapsed
+        return self._timed_load(key, source)
 
     def load_into_full_l0(self, key: AdapterKey, keys: Sequence[AdapterKey]) -> float:
         """Seconds to bring ``key`` from L1 into an L0 whose slots all hold other adapters
@@ -180,16 +172,21 @@ class _Rig:
         before = set(self.cache.residency(Tier.L0))
         if len(before) < self.pool.num_slots or key in before:
             raise RuntimeError(f"L0 is not full of other adapters before the load: {len(before)}")
+        elapsed = self._timed_load(key, Tier.L1)
+        if not before - set(self.cache.residency(Tier.L0)):
+            raise RuntimeError("the load into a full L0 replaced no victim")
+        return elapsed
+
+    def _timed_load(self, key: AdapterKey, source: Tier) -> float:
+        """Seconds from acquire until the lease is in hand; the load must come from ``source``."""
         start = time.perf_counter()
         future = self.cache.acquire_future(key)
         self.executor.drain()
         lease = future.result(timeout=0)
         elapsed = time.perf_counter() - start
         lease.release()
-        if lease.load.source is not Tier.L1:
-            raise RuntimeError(f"expected a load from L1, got {lease.load.source.name}")
-        if not before - set(self.cache.residency(Tier.L0)):
-            raise RuntimeError("the load into a full L0 replaced no victim")
+        if lease.load.source is not source:
+            raise RuntimeError(f"expected a load from {source.name}, got {lease.load.source.name}")
         return elapsed
 
     def plain_copy(self, key: AdapterKey) -> float:
