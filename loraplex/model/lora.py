@@ -160,7 +160,9 @@ class LoraSlotPool:
             if start is not None:
                 old = previous.info.start
                 kept = (max(old, start), min(old + previous.info.num_rows, start + plan.num_rows))
-            self._release(slot, kept)
+            # at the same start, the rows this load writes in every layer are not zeroed first
+            same = start is not None and start == previous.info.start
+            self._release(slot, kept, plan.covered if same else None)
         if start is None:
             start = self._compact()
             touched = set(range(len(self._arenas)))
@@ -237,14 +239,21 @@ class LoraSlotPool:
         if not 0 <= slot < self.max_loras:
             raise ValueError(f"slot {slot} is invalid; expected 0 <= slot < {self.max_loras}")
 
-    def _release(self, slot: int, kept: tuple[int, int] | None = None) -> None:
+    def _release(
+        self,
+        slot: int,
+        kept: tuple[int, int] | None = None,
+        written: dict[str, int] | None = None,
+    ) -> None:
         """Zeroes ``slot``'s rows and frees them; rows ``kept`` (its next occupant's, already
-        decided) keep the slot as their owner, and the load rewrites their scales."""
+        decided) keep the slot as their owner, and the load rewrites their scales. With
+        ``written`` (the next occupant lands at the same start) the first ``written[module]``
+        rows of each stack are left to the load, which overwrites them in every layer."""
         resident = self._residents[slot]
         if resident is None:
             return
         start, num_rows = resident.info.start, resident.info.num_rows
-        for view in self._store.release_views(resident.plan, start):
+        for view in self._store.release_views(resident.plan, start, written):
             view.zero_()
         for lo, hi in _outside(start, start + num_rows, kept):
             self._row_owner[lo:hi].fill_(-1)

@@ -21,6 +21,7 @@ from __future__ import annotations
 import weakref
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
+from typing import Generic, TypeVar
 
 import torch
 
@@ -30,7 +31,26 @@ from loraplex.model.adapter_weights import AdapterWeights, ModuleRun
 from loraplex.model.buffers import serial_copy, serial_pieces_of, serial_zero, zeroed
 from loraplex.ops import ModuleLoraWeights, SlotRows
 
+K = TypeVar("K")
+V = TypeVar("V")
 EMPTY_ROWS = SlotRows(0, 0, 0.0)
+MEMO_SIZE = 1024  # placements / zeroing views an ArenaStore keeps for every copy
+
+
+class Bounded(Generic[K, V]):
+    """A dict that forgets its oldest entry past ``size`` (views are cheap to make again)."""
+
+    def __init__(self, size: int) -> None:
+        self.size = size
+        self._items: dict[K, V] = {}
+
+    def get(self, key: K) -> V | None:
+        return self._items.get(key)
+
+    def put(self, key: K, value: V) -> None:
+        if len(self._items) >= self.size:
+            del self._items[next(iter(self._items))]
+        self._items[key] = value
 
 
 @dataclass(frozen=True, eq=False)  # holds tensors: compared by identity
@@ -54,6 +74,13 @@ class LoadPlan:
     num_rows: int  # rows reserved in every arena (the copy's largest rank)
     num_bytes: int  # bytes of the copy's own A and B rows (its resident size)
     modules: frozenset[str]  # target modules it has rows in (the stacks a release must zero)
+    # module -> rows ``start..start + n`` a load writes in every layer (its least rank there; 0
+    # when a layer is untargeted): a replacement at its predecessor's start need not zero them
+    covered: dict[str, int]
+    # what its placements depend on (table -> (rank, scale) in source order, the runs' layout),
+    # as a number the store gives each distinct layout: copies of one adapter share it, so a
+    # fresh L1 copy reuses the store's placements (and the key hashes in constant time)
+    layout: int
     scales: torch.Tensor  # [num_tables, 1] scale per table, 0 where untargeted (pool's device)
     released: dict[int, SlotRows]  # table index -> EMPTY_ROWS for every targeted table
     # start row -> placement there (at most capacity_rows entries; starts repeat)
@@ -129,6 +156,13 @@ class ArenaStore:
             ModuleLoraWeights(a, b, tuple(rows), table)
             for table, ((a, b), rows) in enumerate(zip(self.arenas, self._rows, strict=True))
         ]
+        # views into the stacks by layout and start row, shared by every copy (bounded)
+        self._placements: Bounded[tuple[int, int], Placement] = Bounded(MEMO_SIZE)
+        self._layouts: Bounded[tuple[object, ...], int] = Bounded(MEMO_SIZE)  # -> layout id
+        self._next_layout = 0  # never reused: a forgotten layout comes back under a new id
+        self._zero_views: Bounded[tuple[str, int, int], tuple[torch.Tensor, ...]] = Bounded(
+            MEMO_SIZE
+        )
 
     # --- plans ---------------------------------------------------------------------------------
 
@@ -141,41 +175,88 @@ class ArenaStore:
             scales[table] = scale
         stack = next(iter(self.stacks.values()))
         shapes, element = self.table_shapes, stack.element_size()
+        packed = self.runs_cover(weights.runs, pairs)
+        runs = tuple((r.module, r.first_layer, r.num_layers, r.rank) for r in weights.runs)
         return LoadPlan(
             pairs,
-            self.runs_cover(weights.runs, pairs),
+            packed,
             max((rank for rank, _ in pairs.values()), default=0),
             element * sum(r * sum(shapes[t]) for t, (r, _) in pairs.items()),
             frozenset(self.table_module[t] for t in pairs),
+            self._covered(pairs),
+            self._layout_id((packed, tuple(pairs.items()), runs if packed else ())),
             torch.tensor(scales, dtype=stack.dtype).unsqueeze(1).to(stack.device),
             dict.fromkeys(pairs, EMPTY_ROWS),
         )
 
+    def _layout_id(self, layout: tuple[object, ...]) -> int:
+        found = self._layouts.get(layout)
+        if found is None:
+            found = self._next_layout
+            self._next_layout += 1
+            self._layouts.put(layout, found)
+        return found
+
+    def _covered(self, pairs: dict[int, tuple[int, float]]) -> dict[str, int]:
+        """Per target module, the rows from the start that ``pairs`` write in every layer."""
+        covered: dict[str, int] = {}
+        for module in self.target_modules:
+            ranks = [pairs.get(self.tables[(layer, module)]) for layer in range(self.num_layers)]
+            covered[module] = min((0 if p is None else p[0] for p in ranks), default=0)
+        return covered
+
     def place(self, plan: LoadPlan, weights: AdapterWeights, start: int) -> Placement:
-        """``plan``'s rows and destinations at ``start`` (made once per start row)."""
+        """``plan``'s rows and destinations at ``start``: made once per start row and layout
+        (``plan.layout``: another copy of the same adapter finds them made)."""
         placement = plan.placements.get(start)
         if placement is None:
-            rows = {t: SlotRows(start, r, s) for t, (r, s) in plan.pairs.items()}
-            destinations = self._destinations(plan, weights, start)
-            pieces = tuple(
-                (destination[index], source, index)
-                for source, destination in enumerate(destinations)
-                for index in serial_pieces_of(destination)
-            )
-            placement = Placement(rows, destinations, pieces)
+            placement = self._placements.get((plan.layout, start))
+            if placement is None:
+                rows = {t: SlotRows(start, r, s) for t, (r, s) in plan.pairs.items()}
+                destinations = self._destinations(plan, weights, start)
+                pieces = tuple(
+                    (destination[index], source, index)
+                    for source, destination in enumerate(destinations)
+                    for index in serial_pieces_of(destination)
+                )
+                placement = Placement(rows, destinations, pieces)
+                self._placements.put((plan.layout, start), placement)
             plan.placements[start] = placement
         return placement
 
-    def release_views(self, plan: LoadPlan, start: int) -> tuple[torch.Tensor, ...]:
+    def release_views(
+        self, plan: LoadPlan, start: int, written: dict[str, int] | None = None
+    ) -> tuple[torch.Tensor, ...]:
         """What a release of ``plan``'s copy at ``start`` zeroes: rows ``start..start +
         num_rows`` of every layer of the stacks it wrote (the others are zero there already),
-        cut as ``serial_zero`` cuts them; made once per start row."""
-        views = plan.releases.get(start)
+        but the first ``written[module]`` rows of each stack, which the next occupant at the
+        same start overwrites in every layer; cut as ``serial_zero`` cuts them, made once per
+        (module, rows) for every copy."""
+        end = start + plan.num_rows
+        if written is None:
+            views = plan.releases.get(start)
+            if views is None:
+                views = tuple(
+                    v for m in sorted(plan.modules) for v in self.zero_views(m, start, end)
+                )
+                plan.releases[start] = views
+            return views
+        return tuple(
+            view
+            for module in sorted(plan.modules)
+            for view in self.zero_views(module, min(start + written[module], end), end)
+        )
+
+    def zero_views(self, module: str, lo: int, hi: int) -> tuple[torch.Tensor, ...]:
+        """Rows ``lo..hi`` of every layer of ``module``'s stack, cut as ``serial_zero`` cuts
+        them (none when ``lo >= hi``)."""
+        if lo >= hi:
+            return ()
+        views = self._zero_views.get((module, lo, hi))
         if views is None:
-            rows = slice(start, start + plan.num_rows)
-            whole = [self.stacks[module][:, rows] for module in sorted(plan.modules)]
-            views = tuple(view[index] for view in whole for index in serial_pieces_of(view))
-            plan.releases[start] = views
+            whole = self.stacks[module][:, lo:hi]
+            views = tuple(whole[index] for index in serial_pieces_of(whole))
+            self._zero_views.put((module, lo, hi), views)
         return views
 
     def _destinations(

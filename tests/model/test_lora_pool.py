@@ -467,3 +467,46 @@ def test_a_re_published_view_keeps_its_row_views() -> None:
     )
     assert after.pair(after.slots[0]) is first
     pool.check_integrity()
+
+
+@pytest.mark.parametrize("pack", [False, True])
+def test_a_replacement_at_the_same_start_zeroes_only_what_it_does_not_write(pack: bool) -> None:
+    """A replacement at its predecessor's start leaves the rows it overwrites in every layer
+    to the write: arenas, owners and scales equal a pool that cleared the slot first, with
+    occupants that target fewer layers, other modules or lower ranks."""
+    wrap = packed if pack else (lambda w: w)
+    sequence = [
+        wrap(weights_of(16, 60)),
+        wrap(weights_of(8, 61, layers=(0,))),  # layer 1 untargeted: nothing counted written
+        wrap(weights_of(16, 62, modules=("q_proj", "v_proj"))),
+        wrap(weights_of(4, 63)),  # down_proj rows 4..16 of the rank-16 predecessor remain
+        wrap(weights_of(12, 64, modules=("down_proj",))),
+        wrap(weights_of(16, 65)),
+    ]
+    pool = LoraSlotPool(SPEC, 2, 16, dtype=torch.float32, device=CPU)
+    cleared = LoraSlotPool(SPEC, 2, 16, dtype=torch.float32, device=CPU)
+    for p in (pool, cleared):
+        p.load(1, weights_of(16, 66))
+    for weights in sequence:
+        cleared.clear(0)
+        for p in (pool, cleared):
+            p.load(0, weights)
+            p.check_integrity()
+            info = p.slot_info(0)
+            assert info is not None and info.start == 16  # the same start each time
+        for a, b in zip(snapshot(pool), snapshot(cleared), strict=True):
+            assert torch.equal(a, b)
+
+
+def test_copies_of_one_adapter_share_placements() -> None:
+    """A fresh L1 copy of an adapter (another object, the same layout and scales) finds its
+    placements made; another scale is another layout."""
+    store = LoraSlotPool(SPEC, 2, 16, dtype=torch.float32, device=CPU)._store
+    first, second = packed(weights_of(8, 70)), packed(weights_of(8, 70))
+    other = packed(weights_of(8, 71))  # scale 72.0 instead of 71.0
+    plans = [store.plan(w, 16) for w in (first, second, other)]
+    assert plans[0] is not plans[1] and plans[0].layout == plans[1].layout != plans[2].layout
+    placed = store.place(plans[0], first, 8)
+    assert store.place(plans[1], second, 8) is placed
+    assert store.place(plans[2], other, 8) is not placed
+    assert store.place(plans[0], first, 0) is not placed

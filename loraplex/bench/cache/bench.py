@@ -40,7 +40,9 @@ from loraplex.residency.simulated import StageCosts
 from loraplex.residency.stats import Stage, percentile
 from loraplex.runtime.tier_backends import ArtifactRef, DiskTier, TierPipeline
 
-TIER_COLUMNS = ("l3", "l2", "l1", "raw", "copy", "peft")
+# l1_full: an L1 -> L0 load into a full L0 (a victim ranked and its slot replaced, as in a
+# server with every slot taken); l1: the same load into a free slot (the history's metric).
+TIER_COLUMNS = ("l3", "l2", "l1", "l1_full", "raw", "copy", "peft")
 
 
 @dataclass(frozen=True)
@@ -88,6 +90,12 @@ def _measure_preset(
     with tempfile.TemporaryDirectory() as tmp:
         rig = _Rig(Path(tmp), base, max_rank)
         keys = [rig.register(d, i) for i, d in enumerate(dirs)]
+        # The full-L0 load needs other adapters to fill every slot: with fewer measured adapters
+        # than that, the first one's files are registered again under other names (untimed).
+        fillers = [
+            rig.register(dirs[0], len(dirs) + i)
+            for i in range(max(0, rig.pool.num_slots + 1 - len(dirs)))
+        ]
         peft = PeftLoader(assets.base_model_dir, dirs[0]) if config.peft else None
         out: dict[str, list[float]] = {c: [] for c in TIER_COLUMNS}
         for _ in range(config.reps):
@@ -95,6 +103,7 @@ def _measure_preset(
                 out["l3"].append(rig.load_from(key, Tier.L3))
                 out["l2"].append(rig.load_from(key, Tier.L2))
                 out["l1"].append(rig.load_from(key, Tier.L1))
+                out["l1_full"].append(rig.load_into_full_l0(key, keys + fillers))
                 out["raw"].append(raw_read(path / "adapter_model.safetensors"))
                 out["copy"].append(rig.plain_copy(key))
                 if peft is not None:
@@ -145,6 +154,31 @@ class _Rig:
         for tier in (Tier.L0, Tier.L1, Tier.L2):
             if tier < source:
                 self.cache.evict(key, tier)
+        return self._timed_load(key, source)
+
+    def load_into_full_l0(self, key: AdapterKey, keys: Sequence[AdapterKey]) -> float:
+        """Seconds to bring ``key`` from L1 into an L0 whose slots all hold other adapters
+        (idle): the load ranks a victim and replaces its slot, as in a server with a full L0.
+        Setting up (evicting ``key`` from L0, filling L0 with others) is not timed."""
+        self.cache.evict(key, Tier.L0)
+        others = [k for k in keys if k != key]
+        for other in others:  # fill the free slots with other adapters, untimed
+            if len(self.cache.residency(Tier.L0)) >= self.pool.num_slots:
+                break
+            if not self.cache.is_resident(other, Tier.L0):
+                future = self.cache.acquire_future(other)
+                self.executor.drain()
+                future.result(timeout=0).release()
+        before = set(self.cache.residency(Tier.L0))
+        if len(before) < self.pool.num_slots or key in before:
+            raise RuntimeError(f"L0 is not full of other adapters before the load: {len(before)}")
+        elapsed = self._timed_load(key, Tier.L1)
+        if not before - set(self.cache.residency(Tier.L0)):
+            raise RuntimeError("the load into a full L0 replaced no victim")
+        return elapsed
+
+    def _timed_load(self, key: AdapterKey, source: Tier) -> float:
+        """Seconds from acquire until the lease is in hand; the load must come from ``source``."""
         start = time.perf_counter()
         future = self.cache.acquire_future(key)
         self.executor.drain()
@@ -205,6 +239,9 @@ def load_metrics(
                 med(preset, "peft"), med(preset, "l2"), None
             )
         metrics[f"{prefix}l1_to_l0_over_copy"] = ratio(med(preset, "l1"), med(preset, "copy"), None)
+        metrics[f"{prefix}l1_to_l0_full_over_copy"] = ratio(
+            med(preset, "l1_full"), med(preset, "copy"), None
+        )
     return metrics
 
 
