@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import enum
 from dataclasses import dataclass, field
-from typing import Protocol
+from typing import Protocol, TypeVar
 
 import torch
 
@@ -35,7 +35,9 @@ class SlotRows:
     scale: float  # PEFT scaling (alpha/r or alpha/sqrt(r)) of this module; 0.0 when rank is 0
 
 
-MAX_STRIDED_VIEWS = 256  # per arena view: the rank-class views kept (ModuleLoraWeights.strided)
+MAX_STRIDED_VIEWS = 256  # per arena view and cache: the views ModuleLoraWeights keeps
+K = TypeVar("K")
+_Views = tuple[torch.Tensor, torch.Tensor]
 
 
 @dataclass(frozen=True)
@@ -76,7 +78,7 @@ class ModuleLoraWeights:
         got = self._pairs.get(key)
         if got is None:
             span = slice(rows.start, rows.start + rows.rank)
-            got = self._pairs[key] = (self.lora_a[span].T, self.lora_b[span])
+            got = _kept(self._pairs, key, (self.lora_a[span].T, self.lora_b[span]))
         return got
 
     def blocks(self, plan: BlockPlan) -> tuple[torch.Tensor, torch.Tensor]:
@@ -88,7 +90,7 @@ class ModuleLoraWeights:
             span = slice(plan.row_lo, plan.row_lo + plan.num_blocks * plan.block_rows)
             lora_a = self.lora_a[span].view(plan.num_blocks, plan.block_rows, -1)
             lora_b = self.lora_b[span].view(plan.num_blocks, plan.block_rows, -1)
-            got = self._blocks[key] = (lora_a.transpose(1, 2), lora_b)
+            got = _kept(self._blocks, key, (lora_a.transpose(1, 2), lora_b))
         return got
 
     def strided(self, group: BlockGroup) -> tuple[torch.Tensor, torch.Tensor]:
@@ -98,13 +100,22 @@ class ModuleLoraWeights:
         key = (group.row_lo, group.row_stride, group.num_blocks, group.block_rows)
         got = self._strided.get(key)
         if got is None:
-            if len(self._strided) >= MAX_STRIDED_VIEWS:  # steps' subsets of slots vary: bound it
-                self._strided.clear()
-            got = self._strided[key] = (
+            pair = (
                 _row_blocks(self.lora_a, group).transpose(1, 2),
                 _row_blocks(self.lora_b, group),
             )
+            got = _kept(self._strided, key, pair)
         return got
+
+
+def _kept(views: dict[K, _Views], key: K, value: _Views) -> _Views:
+    """``value`` stored under ``key`` in a view cache of :class:`ModuleLoraWeights`, which is
+    emptied first when it holds ``MAX_STRIDED_VIEWS``: the caches outlive a re-publication
+    (``with_slots``), and steps' subsets of slots and row ranges vary, so each is bounded."""
+    if len(views) >= MAX_STRIDED_VIEWS:
+        views.clear()
+    views[key] = value
+    return value
 
 
 def _row_blocks(rows: torch.Tensor, group: BlockGroup) -> torch.Tensor:

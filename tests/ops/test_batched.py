@@ -13,7 +13,7 @@ from test_backends import SPEC, expected_delta, filled_pool, run_all_modules
 from loraplex.model.adapter_weights import AdapterWeights, ModuleWeights
 from loraplex.model.lora import LoraSlotPool
 from loraplex.ops import AutoBackend, AutoPolicy, Strategy
-from loraplex.ops.base import MAX_STRIDED_VIEWS, ArenaLayout, BlockGroup
+from loraplex.ops.base import MAX_STRIDED_VIEWS, ArenaLayout, BlockGroup, BlockPlan, SlotRows
 from loraplex.ops.plan import rank_classes
 from loraplex.ops.policy import StepShape
 
@@ -173,6 +173,22 @@ def test_strided_block_views_are_views_made_once() -> None:
         for blocks in (1, 2):
             view.strided(BlockGroup(0, stride, blocks, 16, 1, 0))
     assert 0 < len(view._strided) <= MAX_STRIDED_VIEWS
+
+
+def test_view_caches_carry_over_a_republication_and_stay_bounded() -> None:
+    pool, _ = filled_pool("batched", EQUAL_RANKS)
+    view = pool.module_weights(0, "q_proj")
+    rows = view.slots[1]
+    pair = view.pair(rows)
+    republished = view.with_slots(view.slots)
+    assert republished.pair(rows) is pair  # kept views carry over: no rebuild per load
+    assert republished.slots is view.slots and republished.table_index == view.table_index
+    # the caches now outlive every re-publication, so each is bounded as the strided one is
+    for row_lo in range(MAX_STRIDED_VIEWS + 8):
+        republished.blocks(BlockPlan(row_lo, 1, 16, 1, torch.ones(1), ()))
+        republished.pair(SlotRows(row_lo, 1, 1.0))
+    assert 0 < len(republished._blocks) <= MAX_STRIDED_VIEWS
+    assert 0 < len(republished._pairs) <= MAX_STRIDED_VIEWS
 
 
 def test_block_views_are_views_made_once() -> None:
