@@ -1,0 +1,103 @@
+"""hot-one in the simulator: the routing policies on shared cores and on cores of their own.
+
+The real `bench fleet` runs its 3 replicas on this machine's 2 cores; hot-one's premise (one
+revision asking more than one replica can serve) assumes replicas with capacity of their own.
+This runs the fleet cost model of record as calibrated (`cores` 2, the co-located replicas' step
+scale) and a variant with `cores` unset and no co-location scale (each replica steps at the lone
+server's speed: replicas on cores of their own), every routing policy, several rates and seeds,
+and prints one JSON line per run and the P99 ratios against the default policy.
+
+    PYTHONPATH=. python scripts/sim-hot-one/study.py --rates 10,14 --shared
+    PYTHONPATH=. python scripts/sim-hot-one/study.py --rates 40,50,60
+    PYTHONPATH=. python scripts/sim-hot-one/study.py --lone --rates 20,30,40,50 [--shared]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+from pathlib import Path
+
+from loraplex.cli.sim import workload_trace
+from loraplex.router import policy_names
+from loraplex.sim import cost_model as costs
+from loraplex.sim.config import SimConfig
+from loraplex.sim.run import simulate
+
+FLEET_COSTS = Path("docs/benchmarks/sim-cost-cpu-2core-demo-small-fleet.json")
+DEFAULT = "affinity_until_saturated"
+
+
+def own_cores_model(path: Path) -> costs.CostModel:
+    """The fleet cost model with `cores` unset and no co-location scale."""
+    body = json.loads(path.read_text())
+    body["cores"] = None
+    body.pop("fleet_cpu_scale", None)
+    return costs.from_dict(body, origin=f"{path} (cores unset, no co-location scale)")
+
+
+def lone(model: costs.CostModel, cores: str, rates: list[float], duration_s: float) -> None:
+    """One replica serving hot-one's hot revision alone, at each rate of that revision."""
+    for rate in rates:
+        trace = workload_trace("hot-one", 0, duration_s, rate / 0.6)  # the hot share is 60 %
+        hot = [r for r in trace if r.tenant == "hot"]
+        m = simulate(hot, SimConfig(replicas=1, max_loras=3), model).metrics
+        line = {
+            "cores": cores,
+            "lone_hot_rate": rate,
+            "ttft_ms": m["ttft_ms"],
+            "throughput_requests_per_s": m["throughput_requests_per_s"],
+        }
+        sys.stdout.write(json.dumps(line, sort_keys=True) + "\n")
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--rates", default="40,50,60", help="requests per second, comma-separated")
+    parser.add_argument("--seeds", type=int, default=3)
+    parser.add_argument("--duration-s", type=float, default=40.0)
+    parser.add_argument("--shared", action="store_true", help="the model as calibrated")
+    parser.add_argument(
+        "--lone", action="store_true", help="one replica, the hot revision's requests alone"
+    )
+    args = parser.parse_args()
+    model = costs.load(FLEET_COSTS) if args.shared else own_cores_model(FLEET_COSTS)
+    cores = "shared" if args.shared else "own"
+    if args.lone:
+        lone(model, cores, [float(r) for r in args.rates.split(",")], args.duration_s)
+        return
+    p99: dict[tuple[float, str], list[float]] = {}
+    for rate in (float(r) for r in args.rates.split(",")):
+        for seed in range(args.seeds):
+            trace = workload_trace("hot-one", seed, args.duration_s, rate)
+            for policy in policy_names():
+                config = SimConfig(replicas=3, max_loras=3, routing_policy=policy, seed=seed)
+                m = simulate(trace, config, model).metrics
+                p99.setdefault((rate, policy), []).append(m["ttft_ms"]["p99"])
+                line = {
+                    "cores": cores,
+                    "rate": rate,
+                    "seed": seed,
+                    "policy": policy,
+                    "ttft_ms": m["ttft_ms"],
+                    "l0_hit_ratio": m["l0_hit_ratio"],
+                    "by_tenant_p99_ms": {
+                        t: v["ttft_ms"]["p99"] for t, v in sorted(m["by_tenant"].items())
+                    },
+                    "decisions": m["decisions"],
+                }
+                sys.stdout.write(json.dumps(line, sort_keys=True) + "\n")
+    for (rate, policy), values in sorted(p99.items()):
+        if policy == DEFAULT:
+            continue
+        ratios = [a / b for a, b in zip(values, p99[(rate, DEFAULT)], strict=True)]
+        sys.stdout.write(
+            f"# {cores} cores, {rate:g} req/s: P99 {policy} / {DEFAULT} median "
+            f"{statistics.median(ratios):.3f} [{min(ratios):.3f}-{max(ratios):.3f}]\n"
+        )
+
+
+if __name__ == "__main__":
+    main()
