@@ -74,7 +74,7 @@ def calibrate_fleet_command(
 
 def _target(
     url: str | None, admin_key: str | None, own: bool, *, max_adapters: int, asset_dir: Path,
-    max_loras: int, target_sets: tuple[str, ...],
+    max_loras: int, target_sets: tuple[str, ...], load_cpu_shared: bool,
 ) -> AbstractContextManager[Target]:  # fmt: skip
     from loraplex.bench.sim.calibrate_target import remote_target, self_target
 
@@ -88,7 +88,7 @@ def _target(
         return self_target(asset_dir, (8, 16, 32, 64), 2, max_loras, 0, target_sets=target_sets)
     if url is None or not admin_key:
         raise typer.BadParameter("--url needs the server's --admin-key", param_hint="--admin-key")
-    return remote_target(url, admin_key, max_adapters)
+    return remote_target(url, admin_key, max_adapters, load_cpu_shared)
 
 
 def calibrate_command(
@@ -179,9 +179,10 @@ def calibrate_command(
         asset_dir=asset_dir,
         max_loras=max_loras,
         target_sets=sets,
+        load_cpu_shared=load_cpu_shared,
     ) as target:
-        # The --self demo server is CPU-only: its loader and engine always share the CPU.
-        model, measured = calibrate(target, config, hardware, command, own or load_cpu_shared)
+        # The --self demo server is CPU-only: its target says its loader and engine share one.
+        model, measured = calibrate(target, config, hardware, command)
     model.save(out)
     if report is not None:
         report.write_text(json.dumps(measured, sort_keys=True) + "\n", encoding="utf-8")

@@ -22,10 +22,12 @@ def test_remote_discovery_keys_and_a_cold_load(demo_assets, tmp_path: Path) -> N
     asset_dir = Path(__file__).resolve().parents[2] / ".loraplex-assets"
     with self_target(asset_dir, (8, 32), 1, max_loras=2, seed=0) as own:
         assert sorted(a.rank for a in own.adapters) == [8, 32]
+        assert own.load_cpu_shared  # the demo server is CPU-only
         admin = {"Authorization": f"Bearer {own.admin_key}"}
         with remote_target(own.url, own.admin_key, max_adapters=8) as remote:
             found = {(a.tenant, a.name, a.revision, a.rank) for a in remote.adapters}
             assert found == {(a.tenant, a.name, a.revision, a.rank) for a in own.adapters}
+            assert not remote.load_cpu_shared  # not said (--load-cpu-shared)
             token = remote.keys["calibration"]
             ok = httpx.get(f"{own.url}/v1/models", headers={"Authorization": f"Bearer {token}"})
             assert ok.status_code == 200

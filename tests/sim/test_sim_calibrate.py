@@ -223,3 +223,48 @@ def test_a_measured_handoff_is_charged_on_its_link(handoff: str, link: str, othe
     for bad in (-0.001, float("nan")):
         with pytest.raises(ValueError, match=handoff):
             handed_by(bad)
+
+
+def test_the_cost_models_load_cpu_shared_is_the_targets(monkeypatch: pytest.MonkeyPatch) -> None:
+    """``calibrate`` takes ``load_cpu_shared`` from its target (``--self``'s demo server always
+    shares its CPU), so ``bench sim``'s own calibration writes what ``sim calibrate --self``
+    writes (it wrote false before 2026-12-04, SIMVAL)."""
+    from sim_inputs import calibration_measured
+
+    from loraplex.bench.sim import calibration
+    from loraplex.bench.sim.calibrate_run import CalibrateConfig
+    from loraplex.bench.sim.calibrate_target import Target
+
+    measured = calibration_measured()
+    measured.update(cold=[], residuals=[])
+    monkeypatch.setattr(calibration, "measure", lambda target, config: dict(measured))
+    shared = Target("http://x", "k", (), {}, 100, load_cpu_shared=True)
+    model, _ = calibration.calibrate(shared, CalibrateConfig(), "hw", "cmd")
+    assert model.load_cpu_shared is True
+    assert "CPU-only" in model.sources["load_cpu_shared"]
+    apart, _ = calibration.calibrate(
+        Target("http://x", "k", (), {}, 100), CalibrateConfig(), "hw", "cmd"
+    )
+    assert apart.load_cpu_shared is False
+
+
+def test_the_hop_samples_are_paced_like_a_trace() -> None:
+    """The lone warm requests of a prefill sample: ``hop_gap_s`` apart from the first, each of
+    ``hop_output_tokens`` tokens; the two settings are checked."""
+    from loraplex.bench.sim.calibrate_run import CalibrateConfig, hop_requests
+    from loraplex.bench.sim.calibrate_target import ServedAdapter
+
+    adapter = ServedAdapter("t", "a", "r1", 8)
+    config = CalibrateConfig(overhead_requests=3, hop_gap_s=0.5, hop_output_tokens=5)
+    requests = hop_requests(adapter, config, 16)
+    assert [r.t_s for r in requests] == [0.5, 1.0, 1.5]
+    assert {(r.tenant, r.adapter, r.prompt_tokens, r.output_tokens) for r in requests} == {
+        ("t", "a", 16, 5)
+    }
+    for bad, message in (
+        ({"hop_gap_s": -0.1}, "hop_gap_s"),
+        ({"hop_gap_s": float("inf")}, "hop_gap_s"),
+        ({"hop_output_tokens": 0}, "hop_output_tokens"),
+    ):
+        with pytest.raises(ValueError, match=message):
+            CalibrateConfig(**bad)  # type: ignore[arg-type]

@@ -9,10 +9,14 @@ order, with the cold requests of ``calibrate_cold``).
   ``batch`` decode tokens, and the median time per output token (TPOT) is the step time of that
   mix.
 - Prefill steps: lone warm requests (one at a time, so nothing queues) with prompts of each of
-  ``prefill_lengths`` tokens and ``max_tokens`` 1, on each target set's lowest- and
-  highest-rank adapter:
+  ``prefill_lengths`` tokens, on each target set's lowest- and highest-rank adapter, sent as
+  ``bench sim``'s real runs send a trace's requests (``bench/serve/driver.replay_over_http``:
+  arrivals ``hop_gap_s`` apart, so each finds the server idle, and ``hop_output_tokens`` tokens
+  each, so the first token streams back while the engine decodes the next):
   the median TTFT less ``front_s`` is one prefill step plus the front-to-engine hop, fitted
-  together with the decode samples (``sim/calibrate.py``), which gives ``ipc_s`` too.
+  together with the decode samples (``sim/calibrate.py``), which gives ``ipc_s`` too. (Sent
+  back to back with ``max_tokens`` 1, as before 2026-12-04, lone requests were 6-9 ms faster
+  than the same requests in a trace: docs/simulator.md, "SIMVAL".)
 - Tier links: cold loads of adapters of known bytes, one tier at a time through the admin API
   (``/admin/residency/prefetch`` with ``wait``), timed by the server's own stage counters
   (``stats.stages`` of ``/admin/residency``): resolve + fetch + verify + commit for L3 -> L2,
@@ -35,7 +39,7 @@ from pathlib import Path
 
 import httpx
 
-from loraplex.bench.serve.driver import DriveConfig, prompt_ids, send_one
+from loraplex.bench.serve.driver import DriveConfig, prompt_ids, replay_over_http, send_one
 from loraplex.bench.sim.calibrate_target import ServedAdapter, Target
 from loraplex.bench.workloads import TraceRequest
 from loraplex.sim.calibrate import LoadSample, StepSample
@@ -57,6 +61,8 @@ class CalibrateConfig:
     output_tokens: int = 24  # decode steps of every mix request
     repeats: int = 3  # runs of each mix (one sample: the median of the runs' median TPOTs)
     overhead_requests: int = 8  # front_s requests; lone requests per prefill length and rank
+    hop_gap_s: float = 0.25  # idle seconds before each lone warm (prefill) request
+    hop_output_tokens: int = 8  # tokens each lone warm (prefill) request generates
     request_timeout_s: float = 60.0  # bound on every request
     seed: int = 0  # prompt contents
 
@@ -68,6 +74,12 @@ class CalibrateConfig:
         for name in ("prompt_tokens", "repeats", "overhead_requests", "request_timeout_s"):
             if not getattr(self, name) > 0:
                 raise ValueError(f"{name} {getattr(self, name)!r} is invalid; expected > 0")
+        if not (self.hop_gap_s >= 0 and math.isfinite(self.hop_gap_s)):
+            raise ValueError(f"hop_gap_s {self.hop_gap_s!r} is invalid; expected finite >= 0")
+        if self.hop_output_tokens < 1:
+            raise ValueError(
+                f"hop_output_tokens {self.hop_output_tokens} is invalid; expected >= 1"
+            )
         if self.output_tokens < 3:
             raise ValueError(f"output_tokens {self.output_tokens} is invalid; expected >= 3")
 
@@ -323,13 +335,24 @@ async def lone_ttft(
     return record.ttft_s if record.ok else None
 
 
+def hop_requests(
+    adapter: ServedAdapter, config: CalibrateConfig, length: int
+) -> list[TraceRequest]:
+    """The lone warm requests of one prefill sample, as a trace: ``hop_gap_s`` apart (one at a
+    time, each after the server idled; no queueing in the figure), ``hop_output_tokens`` each."""
+    tokens, gap = config.hop_output_tokens, config.hop_gap_s
+    return [
+        TraceRequest(gap * (i + 1), adapter.tenant, adapter.name, length, tokens)
+        for i in range(config.overhead_requests)
+    ]
+
+
 async def _warm_ttfts(
     target: Target, adapter: ServedAdapter, config: CalibrateConfig, length: int, seed: int
 ) -> list[float]:
-    rng = random.Random(seed)
-    out: list[float] = []
-    for _ in range(config.overhead_requests):  # one at a time: no queueing in the figure
-        ttft = await lone_ttft(target, adapter, config, length, rng)
-        if ttft is not None:
-            out.append(ttft)
-    return out
+    """The TTFTs of one prefill sample's lone warm requests, replayed as ``bench sim`` replays a
+    trace (its client, its arrival clock, its residency poller)."""
+    drive = replace(drive_config(target, config), seed=seed)
+    requests = hop_requests(adapter, config, length)
+    records, _ = await replay_over_http(target.url, requests, target.keys, target.admin_key, drive)
+    return [r.ttft_s for r in records if r.ok and r.ttft_s is not None]

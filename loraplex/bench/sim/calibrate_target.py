@@ -56,6 +56,10 @@ class Target:
     # The server's request log when it is on this machine (--self): each request's engine
     # timeline (``server/request_log.ENGINE_FIELDS``); None: remote, not read.
     request_log: Path | None = None
+    # Its loader and engine share one CPU (a CPU-only server; the cost model's
+    # ``load_cpu_shared``): always for --self (the demo server, torch_threads 1), as given
+    # (``--load-cpu-shared``) for --url.
+    load_cpu_shared: bool = False
 
 
 def _admin(url: str, admin_key: str) -> httpx.Client:
@@ -88,8 +92,11 @@ def _single_revision_adapters(client: httpx.Client, limit: int) -> list[ServedAd
 
 
 @contextmanager
-def remote_target(url: str, admin_key: str, max_adapters: int) -> Iterator[Target]:
-    """The server at ``url``; keys created for the run are revoked when it ends."""
+def remote_target(
+    url: str, admin_key: str, max_adapters: int, load_cpu_shared: bool = False
+) -> Iterator[Target]:
+    """The server at ``url``; keys created for the run are revoked when it ends.
+    ``load_cpu_shared``: the caller's word that its loader and engine share one CPU."""
     with _admin(url, admin_key) as client:
         adapters = _single_revision_adapters(client, max_adapters)
         if not adapters:
@@ -102,7 +109,14 @@ def remote_target(url: str, admin_key: str, max_adapters: int) -> Iterator[Targe
                 reply.raise_for_status()
                 issued.append(str(reply.json()["key_id"]))
                 keys[tenant] = str(reply.json()["token"])
-            yield Target(url.rstrip("/"), admin_key, tuple(adapters), keys, REMOTE_VOCAB)
+            yield Target(
+                url.rstrip("/"),
+                admin_key,
+                tuple(adapters),
+                keys,
+                REMOTE_VOCAB,
+                load_cpu_shared=load_cpu_shared,
+            )
         finally:
             for key_id in issued:
                 client.delete(f"/admin/keys/{key_id}")
@@ -161,4 +175,7 @@ def self_target(
                 )
                 for a in wanted
             )
-            yield Target(url, fleet.admin_key, served, dict(fleet.keys), vocab, fleet.store, log)
+            # The demo server is CPU-only: its loader and engine always share the CPU.
+            yield Target(
+                url, fleet.admin_key, served, dict(fleet.keys), vocab, fleet.store, log, True
+            )

@@ -31,7 +31,7 @@ from loraplex.sim.calibrate import Fit, calibrated_model, fit_link, fit_step, ji
 from loraplex.sim.cost_model import LINKS, CostModel
 
 SHARED_CPU = (
-    "given by the caller: a CPU-only server (the --self demo server, torch_threads 1) runs its "
+    "the target's: a CPU-only server (the --self demo server, torch_threads 1) runs its "
     "loader and its engine on the same core, so loads delay steps"
 )
 
@@ -118,10 +118,11 @@ def calibrate(
     config: CalibrateConfig,
     hardware: str,
     command: str,
-    load_cpu_shared: bool = False,
 ) -> tuple[CostModel, dict[str, Any]]:
     """The validated cost model of ``target`` and a report of what was measured;
-    ``load_cpu_shared``: the target's loader and engine share one CPU (a CPU-only server)."""
+    ``load_cpu_shared`` is the target's (``Target.load_cpu_shared``: a CPU-only server's loader
+    and engine share one CPU)."""
+    load_cpu_shared = target.load_cpu_shared
     measured = measure(target, config)
     loads, steps, fitted = measured["loads"], measured["steps"], measured["step_fit"]
     decodes = sum(1 for s in steps if not s.hop)
@@ -140,7 +141,7 @@ def calibrate(
         "front_s": "median latency of an authenticated GET /v1/models",
         "ipc_s": "fitted with the step: the hop term of the lone requests' TTFT less front_s",
         "network_s": "not measured: one server, no ingress-to-replica hop (0)",
-        "load_cpu_shared": SHARED_CPU if load_cpu_shared else "not shared (given by the caller)",
+        "load_cpu_shared": SHARED_CPU if load_cpu_shared else "not shared (the target's)",
     }
     for link in LINKS:
         mine = [s for s in loads if s.link == link]
