@@ -4,6 +4,7 @@ given under the import directory), never the server's staging directory (it show
 
 from __future__ import annotations
 
+import json
 import shutil
 import tempfile
 from dataclasses import replace
@@ -59,3 +60,25 @@ def test_an_import_error_names_the_given_path_not_the_private_copy(
     deps.cache.close()
     assert reply.status_code == 422, reply.text
     _check_hidden(reply.json()["error"]["message"], "acme/broken")
+
+
+def test_an_alpha_past_float32_is_refused_at_upload_and_registers_nothing(
+    rig: Rig, tmp_path: Path
+) -> None:
+    # lora_alpha 1e39 registered (a finite number > 0), then every request of the revision
+    # failed in the LoRA op; 10**400 was a 500 (OverflowError computing its scale)
+    source = rig.served.assets.adapter("acme", "support", "r1").path
+    config = json.loads((source / "adapter_config.json").read_text())
+    weights = (source / "adapter_model.safetensors").read_bytes()
+    for revision, alpha in (("a1", "1e39"), ("a2", "1" + "0" * 400)):
+        text = json.dumps({**config, "lora_alpha": 0}).replace(
+            '"lora_alpha": 0', f'"lora_alpha": {alpha}'
+        )
+        files = {"config": ("adapter_config.json", text.encode()), "weights": ("w", weights)}
+        form = {"tenant": "acme", "name": "loud", "revision": revision}
+        reply = rig.client.post("/admin/adapters/upload", files=files, data=form, headers=rig.admin)
+        assert reply.status_code == 422, reply.text
+        error = reply.json()["error"]
+        assert error["code"] == "invalid_adapter"
+        assert "'lora_alpha'" in error["message"] and "float32" in error["message"]
+    assert rig.client.get("/admin/adapters/acme/loud", headers=rig.admin).status_code == 404
