@@ -320,22 +320,29 @@ async def completions(
         num_prompts=len(prompts),
         budget=Budget(body.max_tokens, "max_tokens"),
     )
-    echo = _echoes(deps, prompts, started.prompt_ids) if body.echo else None
+    echo = (
+        await run_in_threadpool(_echoes, deps, prompts, started.prompt_ids) if body.echo else None
+    )
     result, started = await _respond(request, started, body, echo)
     if isinstance(result, Response):
         return result
     fmt = started.fmt
-    reply = CompletionResponse(
-        id=fmt.request_id,
-        created=fmt.created,
-        model=fmt.model,
-        choices=completion_choices(
-            result, started.shape, body.logprobs, echo, TokenStrings(deps.engine.tokenizer)
-        ),
-        usage=_usage(result, started.shape),
-        loraplex=fmt.info,
-    )
-    return _json(reply, started)
+    outputs = result
+
+    def reply() -> Response:
+        choices = completion_choices(
+            outputs, started.shape, body.logprobs, echo, TokenStrings(deps.engine.tokenizer)
+        )
+        usage = _usage(outputs, started.shape)
+        return _json(
+            CompletionResponse(
+                id=fmt.request_id, created=fmt.created, model=fmt.model, choices=choices,
+                usage=usage, loraplex=fmt.info,
+            ),
+            started,
+        )  # fmt: skip
+
+    return await run_in_threadpool(reply)  # NOTE: see _json
 
 
 def _echoes(
@@ -375,18 +382,27 @@ async def chat_completions(
     if isinstance(result, Response):
         return result
     fmt = started.fmt
-    reply = ChatCompletionResponse(
-        id=fmt.request_id,
-        created=fmt.created,
-        model=fmt.model,
-        choices=chat_choices(result, body, TokenStrings(deps.engine.tokenizer)),
-        usage=_usage(result, started.shape),
-        loraplex=fmt.info,
-    )
-    return _json(reply, started)
+    outputs = result
+
+    def reply() -> Response:
+        choices = chat_choices(outputs, body, TokenStrings(deps.engine.tokenizer))
+        usage = _usage(outputs, started.shape)
+        return _json(
+            ChatCompletionResponse(
+                id=fmt.request_id, created=fmt.created, model=fmt.model, choices=choices,
+                usage=usage, loraplex=fmt.info,
+            ),
+            started,
+        )  # fmt: skip
+
+    return await run_in_threadpool(reply)  # NOTE: see _json
 
 
 def _json(reply: CompletionResponse | ChatCompletionResponse, started: Started) -> Response:
+    """The answer's body. NOTE: run with its formatting on the thread pool: an answer of every
+    token's top logprobs is megabytes (16 echoed prompts of 480 tokens with ``logprobs: 20``:
+    4.6 MB on the demo model), and formatting it on the event loop held every other tenant's
+    requests for 0.3-0.5 s (docs/operations.md, *Limits per client*)."""
     return Response(reply.model_dump_json(), media_type="application/json", headers=started.headers)
 
 
