@@ -16,6 +16,7 @@ from __future__ import annotations
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, replace
+from typing import Any
 
 from fastapi import APIRouter, Request, Response
 from fastapi.responses import StreamingResponse
@@ -326,23 +327,14 @@ async def completions(
     result, started = await _respond(request, started, body, echo)
     if isinstance(result, Response):
         return result
-    fmt = started.fmt
     outputs = result
-
-    def reply() -> Response:
-        choices = completion_choices(
-            outputs, started.shape, body.logprobs, echo, TokenStrings(deps.engine.tokenizer)
-        )
-        usage = _usage(outputs, started.shape)
-        return _json(
-            CompletionResponse(
-                id=fmt.request_id, created=fmt.created, model=fmt.model, choices=choices,
-                usage=usage, loraplex=fmt.info,
-            ),
-            started,
-        )  # fmt: skip
-
-    return await run_in_threadpool(reply)  # NOTE: see _json
+    strings = TokenStrings(deps.engine.tokenizer)
+    return await _answer(
+        started,
+        outputs,
+        CompletionResponse,
+        lambda: completion_choices(outputs, started.shape, body.logprobs, echo, strings),
+    )
 
 
 def _echoes(
@@ -381,29 +373,36 @@ async def chat_completions(
     result, started = await _respond(request, started, body, None)
     if isinstance(result, Response):
         return result
-    fmt = started.fmt
     outputs = result
+    strings = TokenStrings(deps.engine.tokenizer)
+    return await _answer(
+        started, outputs, ChatCompletionResponse, lambda: chat_choices(outputs, body, strings)
+    )
+
+
+async def _answer(
+    started: Started,
+    outputs: list[ChoiceOutput],
+    kind: type[CompletionResponse] | type[ChatCompletionResponse],
+    choices: Callable[[], list[Any]],
+) -> Response:
+    """The non-streamed answer. NOTE: formatted on the thread pool (every token's string and top
+    logprobs, then the JSON dump): 16 echoed prompts of 480 tokens with ``logprobs: 20`` make a
+    4.6 MB answer on the demo model, and formatting it on the event loop stalled every other
+    tenant's requests while it ran (docs/operations.md, *Limits per client*)."""
+    fmt = started.fmt
 
     def reply() -> Response:
-        choices = chat_choices(outputs, body, TokenStrings(deps.engine.tokenizer))
         usage = _usage(outputs, started.shape)
-        return _json(
-            ChatCompletionResponse(
-                id=fmt.request_id, created=fmt.created, model=fmt.model, choices=choices,
-                usage=usage, loraplex=fmt.info,
-            ),
-            started,
+        answer = kind(
+            id=fmt.request_id, created=fmt.created, model=fmt.model, choices=choices(),
+            usage=usage, loraplex=fmt.info,
         )  # fmt: skip
+        return Response(
+            answer.model_dump_json(), media_type="application/json", headers=started.headers
+        )
 
-    return await run_in_threadpool(reply)  # NOTE: see _json
-
-
-def _json(reply: CompletionResponse | ChatCompletionResponse, started: Started) -> Response:
-    """The answer's body. NOTE: run with its formatting on the thread pool: an answer of every
-    token's top logprobs is megabytes (16 echoed prompts of 480 tokens with ``logprobs: 20``:
-    4.6 MB on the demo model), and formatting it on the event loop held every other tenant's
-    requests for 0.3-0.5 s (docs/operations.md, *Limits per client*)."""
-    return Response(reply.model_dump_json(), media_type="application/json", headers=started.headers)
+    return await run_in_threadpool(reply)
 
 
 def _card(
