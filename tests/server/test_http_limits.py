@@ -284,7 +284,7 @@ def test_prompts_are_tokenized_off_the_event_loop(served: Served) -> None:
 def test_a_large_answer_is_formatted_off_the_event_loop(served: Served) -> None:
     """Every token's string and its top logprobs, and the JSON dump of the answer: 16 echoed
     prompts of 480 tokens with ``logprobs: 20`` (a 4.6 MB answer on the demo model) held the
-    event loop, so every other tenant's request, and /health, for 0.3-0.5 s each."""
+    event loop, so every other tenant's request and /health waited (docs/operations.md)."""
     tokenizer = LoopCheckingTokenizer()
     deps = make_app_deps(served, FakeEngine(char_tokenizer=tokenizer))
     auth = {"Authorization": f"Bearer {served.keys['acme']}"}
