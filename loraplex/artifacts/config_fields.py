@@ -9,7 +9,6 @@ false, empty): an unknown feature that is switched on could change what the adap
 
 from __future__ import annotations
 
-import math
 from collections.abc import Mapping
 
 from loraplex.artifacts.base_model import TARGET_MODULES
@@ -112,24 +111,41 @@ def _is_on(value: object) -> bool:
     return value is not None and value is not False and value not in ({}, [])
 
 
+# Bounds of a rank (``r``, ``rank_pattern``) and an alpha (``lora_alpha``, ``alpha_pattern``).
+# NOTE: JSON integers have no size limit: a rank of 400 digits passed as "an int > 0" and its
+# scale (alpha / r) raised OverflowError, a 500 on the admin API. The engine holds every module's
+# scale in float32 and applies it in the LoRA op, which raised for any scale past float32's
+# largest value ("value cannot be converted to type float without overflow"): an alpha of 1e39
+# registered, then every request of that revision failed. A scale is at most its alpha (r >= 1).
+MAX_RANK = 2**31 - 1
+MAX_ALPHA = 3.4028234663852886e38  # float32's largest finite value
+_RANK_EXPECTED = f"an int > 0 and <= {MAX_RANK}"
+_ALPHA_EXPECTED = f"a finite number > 0 and <= {MAX_ALPHA:g} (float32's largest)"
+
+
 def expect_int(mapping: Mapping[str, object], field: str, default: int) -> int:
     value = mapping.get(field, default)
-    if not isinstance(value, int) or isinstance(value, bool) or value <= 0:
-        raise AdapterConfigError(field, value, "an int > 0")
-    return value
+    if not is_rank(value):
+        raise AdapterConfigError(field, value, _RANK_EXPECTED)
+    return value  # type: ignore[return-value]
+
+
+def is_rank(value: object) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool) and 0 < value <= MAX_RANK
 
 
 def expect_number(mapping: Mapping[str, object], field: str, default: float) -> float:
     value = mapping.get(field, default)
-    if not _positive_number(value):
-        raise AdapterConfigError(field, value, "a finite number > 0")
+    if not _alpha(value):
+        raise AdapterConfigError(field, value, _ALPHA_EXPECTED)
     return float(value)  # type: ignore[arg-type]
 
 
-def _positive_number(value: object) -> bool:
+def _alpha(value: object) -> bool:
+    """A number in (0, MAX_ALPHA]; compared as it is, so a huge int never meets ``float()``."""
     if not isinstance(value, int | float) or isinstance(value, bool):
         return False
-    return math.isfinite(value) and value > 0
+    return 0 < value <= MAX_ALPHA  # NaN fails both comparisons
 
 
 def expect_bool(mapping: Mapping[str, object], field: str, default: bool) -> bool:
@@ -183,11 +199,10 @@ def parse_pattern(
     check_field_budget(field, [ConfigRegex(field, key, PATTERN_KEY_TEMPLATE) for key in value])
     entries: list[tuple[str, float]] = []
     for key, item in value.items():
-        valid = isinstance(item, int) and not isinstance(item, bool) and item > 0
-        if integer and not valid:
-            raise AdapterConfigError(f"{field}[{key!r}]", item, "an int > 0")
-        if not integer and not _positive_number(item):
-            raise AdapterConfigError(f"{field}[{key!r}]", item, "a finite number > 0")
+        if integer and not is_rank(item):
+            raise AdapterConfigError(f"{field}[{key!r}]", item, _RANK_EXPECTED)
+        if not integer and not _alpha(item):
+            raise AdapterConfigError(f"{field}[{key!r}]", item, _ALPHA_EXPECTED)
         entries.append((key, item))
     return tuple(entries)
 

@@ -121,7 +121,8 @@ def read_adapter_config(adapter_dir: Path) -> LoraSpec:
         raise AdapterConfigError("size_bytes", size, f"<= {MAX_CONFIG_BYTES}")
     try:
         mapping = json.loads(path.read_bytes().decode("utf-8"))
-    except (UnicodeDecodeError, json.JSONDecodeError, RecursionError) as exc:
+    except (ValueError, RecursionError) as exc:  # ValueError: not UTF-8, not JSON, or an int
+        # of more digits than Python converts (it was a 400 that did not name the file)
         raise AdapterConfigError("json", str(exc), "valid UTF-8 JSON") from exc
     if not isinstance(mapping, dict):
         raise AdapterConfigError("json", type(mapping).__name__, "a JSON object at top level")

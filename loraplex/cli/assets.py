@@ -8,6 +8,18 @@ from typing import Annotated
 import typer
 
 
+def check_preset(preset: str) -> None:
+    """``--preset`` of every demo-set command: an unknown name is a usage error naming it, before
+    anything is generated or started (``demo`` raised a traceback, ``qualify --self`` started a
+    server first)."""
+    from loraplex.demo.presets import PRESETS
+
+    if preset not in PRESETS:
+        raise typer.BadParameter(
+            f"{preset!r} is not one of {', '.join(sorted(PRESETS))}", param_hint="--preset"
+        )
+
+
 def register(app: typer.Typer) -> None:
     app.command("demo-assets")(demo_assets)
 
@@ -21,12 +33,8 @@ def demo_assets(
 ) -> None:
     """Generate a tiny Llama base model and LoRA adapters for several tenants (cached)."""
     from loraplex.demo.assets import generate_demo_assets
-    from loraplex.demo.presets import PRESETS
 
-    if preset not in PRESETS:
-        raise typer.BadParameter(
-            f"{preset!r} is not one of {', '.join(sorted(PRESETS))}", param_hint="--preset"
-        )
+    check_preset(preset)
     assets = generate_demo_assets(out, preset, seed)
     tenants = sorted({adapter.tenant for adapter in assets.adapters})
     typer.echo(

@@ -33,9 +33,11 @@ def demo(
     max_lora_rank: Annotated[int, typer.Option(help="Largest adapter rank accepted.")] = 128,
 ) -> None:
     """Generate the demo assets, validate every adapter and answer every probe in one batch."""
+    from loraplex.cli.assets import check_preset
     from loraplex.demo.assets import generate_demo_assets
     from loraplex.engine.offline import OfflineConfig, OfflineEngine
 
+    check_preset(preset)
     assets = generate_demo_assets(out or DEFAULT_ASSETS / f"demo-{preset}", preset, seed)
     typer.echo(f"assets: {assets.root} ({len(assets.adapters)} adapter revisions)")
     config = OfflineConfig(max_loras=len(assets.adapters), max_lora_rank=max_lora_rank)

@@ -53,12 +53,14 @@ def qualify_command(
     preset: Annotated[str, Opt(help="The demo preset of --assets.")] = "small",
 ) -> None:
     """Run the qualification matrix: four checks per answer, cost per correct request."""
+    from loraplex.cli.assets import check_preset
     from loraplex.qualify.client import QualifyError
     from loraplex.qualify.plan import PlanError, load_plan
     from loraplex.qualify.plan import quick as quick_plan
 
     if self_serve == (url is not None):
         raise typer.BadParameter("give exactly one of --url and --self", param_hint="--url")
+    check_preset(preset)
     try:
         loaded = load_plan(plan)
     except PlanError as exc:

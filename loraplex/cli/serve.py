@@ -192,6 +192,7 @@ def serve_settings(params: Mapping[str, Any], environ: Mapping[str, str]) -> Ser
         flags["data_dir"] = default_data_dir(environ, Path.home())
     settings = merge(file_values, flags)
     engine_config(settings)  # the engine's own checks (class_reserve_seqs), before anything starts
+    settings.check_import_dir()
     return settings
 
 

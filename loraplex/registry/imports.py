@@ -77,7 +77,12 @@ def _components(relative: str) -> tuple[str, ...]:
 
 def _open_folder(import_dir: Path, parts: tuple[str, ...]) -> int:
     """The folder's descriptor, reached one no-follow component at a time."""
-    fd = os.open(import_dir, os.O_RDONLY | os.O_DIRECTORY)  # the operator's root may be a link
+    try:  # the operator's root may be a link
+        fd = os.open(import_dir, os.O_RDONLY | os.O_DIRECTORY)
+    except (FileNotFoundError, NotADirectoryError) as exc:  # checked at start; removed since
+        raise RegistryError(
+            f"import_dir {import_dir} is invalid; expected a directory (the server's import root)"
+        ) from exc
     try:
         for index, part in enumerate(parts):
             where = "/".join(parts[: index + 1])

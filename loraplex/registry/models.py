@@ -6,6 +6,7 @@ record handed to the server or the cache can never drift from what the database 
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 from enum import StrEnum
 from pathlib import Path
@@ -38,6 +39,8 @@ class Visibility(StrEnum):
 
 
 MAX_SEAT_LIMIT = 1 << 31  # largest seat or KV-block limit stored (fits every BIGINT)
+# NOTE: a larger int made the database raise OverflowError on write: a 500 on the admin API.
+MAX_BYTES_LIMIT = (1 << 63) - 1  # largest byte quota stored (a signed 64-bit BIGINT)
 
 
 @dataclass(frozen=True)
@@ -56,15 +59,19 @@ class TenantQuotas:
     def __post_init__(self) -> None:
         for name in ("max_gpu_bytes", "max_cpu_bytes", "max_disk_bytes"):
             value = getattr(self, name)
-            if value is not None and value < 0:
-                raise ValueError(f"{name} {value} is invalid; expected None or an int >= 0")
-        if self.max_cold_loads is not None and self.max_cold_loads < 1:
+            if value is not None and not 0 <= value <= MAX_BYTES_LIMIT:
+                raise ValueError(
+                    f"{name} {value} is invalid; expected None or an int in [0, {MAX_BYTES_LIMIT}]"
+                )
+        if self.max_cold_loads is not None and not 1 <= self.max_cold_loads <= MAX_SEAT_LIMIT:
             raise ValueError(
-                f"max_cold_loads {self.max_cold_loads} is invalid; expected None or an int >= 1"
+                f"max_cold_loads {self.max_cold_loads} is invalid; expected None or an int in "
+                f"[1, {MAX_SEAT_LIMIT}]"
             )
-        if self.max_requests_per_s is not None and not self.max_requests_per_s > 0:
+        rate = self.max_requests_per_s
+        if rate is not None and not (math.isfinite(rate) and rate > 0):  # unlimited is None
             raise ValueError(
-                f"max_requests_per_s {self.max_requests_per_s} is invalid; expected None or > 0"
+                f"max_requests_per_s {rate} is invalid; expected None or a finite number > 0"
             )
         self._check_seats()
 

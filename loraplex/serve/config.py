@@ -361,6 +361,15 @@ class ServeConfig:
             f"memory (expected num_kv_blocks x block_size below {rows} tokens)"
         )
 
+    def check_import_dir(self) -> None:
+        """ValueError naming ``import_dir`` when it is set and not a directory: the server used
+        to start and answer every registration by path with a 500."""
+        if self.import_dir is not None and not self.import_dir.is_dir():
+            raise ValueError(
+                f"import_dir {self.import_dir} is invalid; expected a directory (it does not "
+                "exist or is not a folder)"
+            )
+
     def cpu_bytes(self, base: BaseModelSpec) -> int:
         if self.cpu_adapter_bytes is not None:
             return self.cpu_adapter_bytes

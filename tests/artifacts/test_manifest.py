@@ -124,6 +124,13 @@ def test_rslora_scale_uses_square_root_of_rank() -> None:
         ("lora_alpha", 0, "number > 0"),
         ("lora_alpha", -1.5, "number > 0"),
         ("lora_alpha", float("nan"), "number > 0"),
+        ("lora_alpha", float("inf"), "number > 0"),
+        # past float32's largest value: the engine's scale (alpha / r) overflowed in the op
+        ("lora_alpha", 1e39, "float32's largest"),
+        # float() of it raised OverflowError
+        pytest.param("lora_alpha", 10**400, "float32's largest", id="lora_alpha-10**400"),
+        # its scale, alpha / r, raised OverflowError
+        pytest.param("r", 10**400, "<= 2147483647", id="r-10**400"),
         ("use_rslora", "yes", "true or false"),
         ("base_model_name_or_path", 3, "string or null"),
         ("target_modules", None, "list of non-empty strings"),
@@ -178,6 +185,29 @@ def test_bad_alpha_pattern_value_names_key() -> None:
         spec(alpha_pattern={"v_proj": "x"})
     assert info.value.field == "alpha_pattern['v_proj']"
     assert info.value.value == "x"
+
+
+@pytest.mark.parametrize(
+    ("field", "value", "expected"),
+    [
+        ("alpha_pattern", 1e39, "float32's largest"),
+        pytest.param("alpha_pattern", 10**400, "float32's largest", id="alpha_pattern-10**400"),
+        pytest.param("rank_pattern", 10**400, "<= 2147483647", id="rank_pattern-10**400"),
+    ],
+)
+def test_a_pattern_value_past_its_bound_names_its_key(
+    field: str, value: object, expected: str
+) -> None:
+    with pytest.raises(AdapterConfigError) as info:
+        spec(**{field: {"v_proj": value}})
+    assert info.value.field == f"{field}['v_proj']"
+    assert expected in info.value.expected
+
+
+def test_the_largest_alpha_accepted_gives_a_finite_float32_scale() -> None:
+    largest = spec(r=1, lora_alpha=3.4028234663852886e38, alpha_pattern={"v_proj": 1e38})
+    assert largest.scale_for(0, "q_proj") == 3.4028234663852886e38  # alpha / 1
+    assert largest.scale_for(0, "v_proj") == 1e38
 
 
 @pytest.mark.parametrize(
@@ -249,6 +279,11 @@ def test_read_adapter_config_errors(tmp_path: Path) -> None:
     (tmp_path / "adapter_config.json").write_text("[1, 2]")
     with pytest.raises(AdapterConfigError, match="JSON object"):
         read_adapter_config(tmp_path)
+    # an integer of more digits than Python converts: json.loads raises a plain ValueError
+    (tmp_path / "adapter_config.json").write_text('{"lora_alpha": 1' + "0" * 5000 + "}")
+    with pytest.raises(AdapterConfigError) as info:
+        read_adapter_config(tmp_path)
+    assert info.value.field == "json"
     (tmp_path / "adapter_config.json").write_bytes(b" " * (MAX_CONFIG_BYTES + 1))
     with pytest.raises(AdapterConfigError) as info:
         read_adapter_config(tmp_path)

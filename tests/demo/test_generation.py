@@ -154,10 +154,18 @@ def test_cli_reports_cached_set(demo_assets: DemoAssets) -> None:
     assert _file_states(demo_assets.root) == before
 
 
-def test_cli_rejects_unknown_preset(tmp_path: Path) -> None:
-    result = CliRunner().invoke(
-        app, ["demo-assets", "--out", str(tmp_path / "x"), "--preset", "huge"]
-    )
-    assert result.exit_code == 2
-    assert "huge" in result.output
+@pytest.mark.parametrize(
+    "command",
+    [
+        ["demo-assets", "--out", "x"],
+        ["demo", "--out", "x"],  # it was a ValueError traceback after argument parsing
+        # it started a server and ran part of the matrix before the preset was read
+        ["qualify", "--self", "--report-dir", "x"],
+    ],
+)
+def test_cli_rejects_unknown_preset(tmp_path: Path, command: list[str]) -> None:
+    args = [str(tmp_path / a) if a == "x" else a for a in command]
+    result = CliRunner().invoke(app, [*args, "--preset", "huge"])
+    assert result.exit_code == 2, result.output
+    assert "huge" in result.output and "--preset" in result.output
     assert list(tmp_path.iterdir()) == []

@@ -8,6 +8,7 @@ from registry_kit import OpenRegistry
 from loraplex.errors import AuthenticationError, RecordNotFoundError, RegistryError
 from loraplex.registry import PriorityClass, Registry, TenantQuotas
 from loraplex.registry.keys import TOKEN_PREFIX, hash_token
+from loraplex.registry.sql.tenants import _tenant
 
 
 def test_tenants_are_created_listed_and_audited(registry: Registry) -> None:
@@ -42,7 +43,20 @@ def test_duplicate_or_invalid_tenants_are_refused(registry: Registry) -> None:
 
 @pytest.mark.parametrize(
     ("field", "value"),
-    [("max_gpu_bytes", -1), ("max_cold_loads", 0), ("max_requests_per_s", 0.0)],
+    [
+        ("max_gpu_bytes", -1),
+        ("max_cold_loads", 0),
+        ("max_requests_per_s", 0.0),
+        # past a BIGINT: the database raised OverflowError (a 500 on the admin API, a traceback
+        # on the CLI)
+        ("max_gpu_bytes", 1 << 63),
+        ("max_cpu_bytes", 10**20),
+        ("max_disk_bytes", 1 << 64),
+        ("max_cold_loads", 1 << 63),
+        # nan was refused, inf stored (the CLI took it; the admin API refused it)
+        ("max_requests_per_s", float("inf")),
+        ("max_requests_per_s", float("nan")),
+    ],
 )
 def test_quota_values_are_validated(field: str, value: float) -> None:
     with pytest.raises(ValueError, match=field):
@@ -207,3 +221,17 @@ def test_migration_3_gives_existing_tenants_no_seat_limits(database_url: str) ->
         assert tenant is not None and tenant.quotas == TenantQuotas()
     finally:
         db.close()
+
+
+def test_the_largest_quota_values_round_trip(registry: Registry) -> None:
+    largest = TenantQuotas(
+        max_gpu_bytes=(1 << 63) - 1, max_cold_loads=1 << 31, max_requests_per_s=1e308
+    )
+    registry.create_tenant("acme", "ops", quotas=largest)
+    assert registry.get_tenant("acme").quotas == largest
+
+
+def test_an_infinite_rate_stored_by_an_earlier_version_reads_as_unlimited() -> None:
+    row = ("acme", "normal", None, None, None, None, float("inf"), 1.0, None, 0, None)
+    assert _tenant(row).quotas.max_requests_per_s is None  # it raised: no tenant listed
+    assert _tenant((*row[:6], 2.5, *row[7:])).quotas.max_requests_per_s == 2.5

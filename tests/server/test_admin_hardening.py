@@ -105,6 +105,12 @@ def test_put_tenant_changes_only_what_the_body_names(rig: Rig) -> None:
     assert cleared.json()["quotas"]["max_cold_loads"] == 2
     bad = rig.client.put(url, json={"quotas": {"max_cold_loads": 0}}, headers=ADMIN)
     assert bad.status_code == 400 and "max_cold_loads" in bad.json()["error"]["message"]
+    for field in ("max_gpu_bytes", "max_cold_loads"):  # past a BIGINT: it was a 500
+        bad = rig.client.put(url, json={"quotas": {field: 10**20}}, headers=ADMIN)
+        assert bad.status_code == 400 and field in bad.json()["error"]["message"], bad.text
+    (stored,) = [t for t in rig.client.get("/admin/tenants", headers=ADMIN).json()
+                 if t["name"] == "limits-co"]  # fmt: skip
+    assert stored["quotas"] == cleared.json()["quotas"]  # nothing changed
 
 
 def test_alias_of_only_deprecated_revisions_is_a_400(rig: Rig) -> None:

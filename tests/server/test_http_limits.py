@@ -248,6 +248,22 @@ class LoopCheckingTokenizer(CharTokenizer):
             self.on_loop.append(False)
         return super().encode(text)
 
+    def token_text(self, token_id: int) -> str:
+        self.on_loop.append(_on_loop())
+        return super().token_text(token_id)
+
+    def decode(self, token_ids: list[int]) -> str:
+        self.on_loop.append(_on_loop())
+        return super().decode(token_ids)
+
+
+def _on_loop() -> bool:
+    try:
+        asyncio.get_running_loop()
+    except RuntimeError:
+        return False
+    return True
+
 
 def test_prompts_are_tokenized_off_the_event_loop(served: Served) -> None:
     tokenizer = LoopCheckingTokenizer()
@@ -261,6 +277,31 @@ def test_prompts_are_tokenized_off_the_event_loop(served: Served) -> None:
         ]:  # fmt: skip
             assert client.post(path, json=body, headers=auth).status_code == 200
     assert tokenizer.on_loop and not any(tokenizer.on_loop)
+    assert deps.cache is not None
+    deps.cache.close()
+
+
+def test_a_large_answer_is_formatted_off_the_event_loop(served: Served) -> None:
+    """Every token's string and its top logprobs, and the JSON dump of the answer: 16 echoed
+    prompts of 480 tokens with ``logprobs: 20`` (a 4.6 MB answer on the demo model) held the
+    event loop, so every other tenant's request and /health waited (docs/operations.md)."""
+    tokenizer = LoopCheckingTokenizer()
+    deps = make_app_deps(served, FakeEngine(char_tokenizer=tokenizer))
+    auth = {"Authorization": f"Bearer {served.keys['acme']}"}
+    chat = {"model": "support", "messages": [{"role": "user", "content": "hi"}], "logprobs": True,
+            "top_logprobs": 3, "max_tokens": 3}  # fmt: skip
+    with TestClient(create_app(deps)) as client:
+        for path, body in [
+            ("/v1/completions", {"model": "support", "prompt": ["ab", "cd"], "echo": True,
+                                 "logprobs": 3, "max_tokens": 3}),
+            ("/v1/completions", {"model": "support", "prompt": [[5, 6, 7]], "echo": True,
+                                 "max_tokens": 2}),
+            ("/v1/chat/completions", chat),
+        ]:  # fmt: skip
+            reply = client.post(path, json=body, headers=auth)
+            assert reply.status_code == 200, reply.text
+            assert reply.json()["choices"][0]["logprobs"] or "echo" in body
+    assert len(tokenizer.on_loop) > 10 and not any(tokenizer.on_loop)
     assert deps.cache is not None
     deps.cache.close()
 

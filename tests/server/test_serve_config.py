@@ -343,3 +343,31 @@ def test_memory_total_is_read_from_meminfo(tmp_path: Path) -> None:
     meminfo.write_text("MemTotal:       131072 kB\nMemFree:        1024 kB\n")
     assert memory_total_bytes(meminfo) == 131072 * 1024
     assert memory_total_bytes(tmp_path / "absent") is None
+
+
+@pytest.mark.parametrize("kind", ["absent", "file"])
+def test_an_import_dir_that_is_not_a_directory_is_refused_before_start(
+    tmp_path: Path, kind: str
+) -> None:
+    """It used to start, then answer every registration by path with a 500 internal_error
+    (``os.open`` of the missing root raised FileNotFoundError)."""
+    where = tmp_path / "imports"
+    if kind == "file":
+        where.write_text("not a folder")
+    with pytest.raises(ValueError, match=rf"^import_dir {where} is invalid; expected a directory"):
+        parsed_serve(["--data-dir", str(tmp_path), "--import-dir", str(where)], {})
+    config = tmp_path / "serve.toml"
+    config.write_text(f'[serve]\nimport_dir = "{where.name}"\n')
+    with pytest.raises(ValueError, match=r"^import_dir .* is invalid"):
+        parsed_serve(["--data-dir", str(tmp_path), "--config", str(config)], {})
+    result = CliRunner().invoke(
+        app, ["serve", "--data-dir", str(tmp_path), "--import-dir", str(where)]
+    )
+    assert result.exit_code != 0 and "import_dir" in result.output
+    assert not (tmp_path / "registry.sqlite3").exists()  # nothing started, no key issued
+    where.unlink(missing_ok=True)
+    where.mkdir()
+    assert (
+        parsed_serve(["--data-dir", str(tmp_path), "--import-dir", str(where)], {}).import_dir
+        == where
+    )

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 from loraplex.registry.models import ApiKeyInfo, PriorityClass, Tenant, TenantQuotas
@@ -115,13 +116,20 @@ def _tenant(row: Row) -> Tenant:
             max_cpu_bytes=_opt_int(row[3]),
             max_disk_bytes=_opt_int(row[4]),
             max_cold_loads=_opt_int(row[5]),
-            max_requests_per_s=None if row[6] is None else float(row[6]),
+            max_requests_per_s=_rate(row[6]),
             max_running_seqs=_opt_int(row[8]),
             reserved_running_seqs=_opt_int(row[9]) or 0,
             max_kv_blocks=_opt_int(row[10]),
         ),
         created_at=float(row[7]),
     )
+
+
+def _rate(value: object) -> float | None:
+    """A stored rate; an infinite one (the CLI of earlier versions took ``inf``) is unlimited,
+    what it meant, so a registry holding one still reads."""
+    rate = None if value is None else float(value)  # type: ignore[arg-type]
+    return None if rate is not None and math.isinf(rate) else rate
 
 
 def _key(row: Row) -> ApiKeyInfo:

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from typing import Annotated, Literal
 
-from pydantic import BaseModel, BeforeValidator, Field
+from pydantic import BaseModel, BeforeValidator, Field, StrictBool, StrictInt
 
 from loraplex.server.protocol.fields import (
     MAX_CHAT_MESSAGES,
@@ -50,21 +50,22 @@ class ChatCompletionRequest(SamplingFields):
     """POST /v1/chat/completions."""
 
     messages: Messages
-    max_completion_tokens: int | None = Field(default=None, ge=1)  # newer name of max_tokens
-    logprobs: bool | None = False  # each output token's logprob
+    max_completion_tokens: StrictInt | None = Field(default=None, ge=1)  # newer name of max_tokens
+    logprobs: StrictBool | None = False  # each output token's logprob
     top_logprobs: TopLogprobs | None = None  # and this many alternatives (needs logprobs true)
     # Not implemented: accepted only at their neutral values (``NEUTRAL``), else a 400.
     tools: list[dict[str, object]] | None = None
     tool_choice: str | dict[str, object] | None = None
     response_format: dict[str, object] | None = None  # no structured output (operations.md)
-    add_generation_prompt: bool | None = None  # vLLM extension (the template always adds it)
+    add_generation_prompt: StrictBool | None = None  # vLLM extension (the template always adds it)
     # Handed to the chat template as vLLM does (``chat.ChatTemplate.render``).
     reasoning_effort: Literal["none", "minimal", "low", "medium", "high", "xhigh", "max"] | None = (
         None
     )
-    parallel_tool_calls: bool | None = None  # no tools are accepted, so either value is neutral
+    # no tools are accepted, so either value is neutral
+    parallel_tool_calls: StrictBool | None = None
     # OpenAI platform settings: loraplex stores no completions and has one service tier.
-    store: bool | None = None
+    store: StrictBool | None = None
     metadata: dict[str, object] | None = Field(default=None, max_length=16)  # OpenAI's cap
     service_tier: str | None = Field(default=None, max_length=32)
 

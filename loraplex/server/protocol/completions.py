@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from typing import Annotated, Literal
 
-from pydantic import BaseModel, BeforeValidator, Field, StrictInt
+from pydantic import BaseModel, BeforeValidator, Field, StrictBool, StrictInt
 
 from loraplex.server.batch_limit import MAX_BATCH_PROMPTS
 from loraplex.server.protocol.fields import (
@@ -54,9 +54,9 @@ class CompletionRequest(SamplingFields):
     """POST /v1/completions."""
 
     prompt: Prompt
-    max_tokens: int | None = Field(default=16, ge=0)  # OpenAI's default; 0 only with echo
+    max_tokens: StrictInt | None = Field(default=16, ge=0)  # OpenAI's default; 0 only with echo
     logprobs: TopLogprobs | None = None  # top-N per token (0: only the chosen token's)
-    echo: bool | None = False  # the prompt (and its logprobs) comes before the generated text
+    echo: StrictBool | None = False  # the prompt (and its logprobs) comes before the generated text
     best_of: StrictInt | None = Field(default=None, ge=1)  # generated per prompt; best n returned
     # Not implemented: accepted only at their neutral values (``NEUTRAL``), else a 400.
     suffix: str | None = None

@@ -12,6 +12,8 @@ from pydantic import (
     BeforeValidator,
     ConfigDict,
     Field,
+    StrictBool,
+    StrictFloat,
     StrictInt,
     model_validator,
 )
@@ -139,10 +141,10 @@ def _known_keys(model: type[BaseModel]) -> frozenset[str]:
 
 
 class StreamOptions(TenantBody):
-    include_usage: bool = False  # send a final chunk with the usage of every choice together
+    include_usage: StrictBool = False  # send a final chunk with the usage of every choice together
     # vLLM extension: with include_usage, every chunk also carries its choice's usage so far
     # (alone it changes nothing, as in vLLM)
-    continuous_usage_stats: bool = False
+    continuous_usage_stats: StrictBool = False
 
 
 MAX_TOP_LOGPROBS = 20  # OpenAI's limit on top alternatives per token (vLLM's default too)
@@ -159,36 +161,36 @@ class SamplingFields(TenantBody):
     """
 
     model: Text = Field(min_length=1, max_length=512)  # alias, tenant/name, ...@revision, or base
-    max_tokens: int | None = Field(default=None, ge=1)  # None: the endpoint's default
-    temperature: float = Field(default=1.0, ge=0.0, le=2.0)  # below 1e-5: greedy (as vLLM)
-    top_p: float = Field(default=1.0, gt=0.0, le=1.0)  # nucleus mass
+    max_tokens: StrictInt | None = Field(default=None, ge=1)  # None: the endpoint's default
+    temperature: StrictFloat = Field(default=1.0, ge=0.0, le=2.0)  # below 1e-5: greedy (as vLLM)
+    top_p: StrictFloat = Field(default=1.0, gt=0.0, le=1.0)  # nucleus mass
     stop: Annotated[  # up to 4 (OpenAI's limit), 1024 chars each
         StopText | Annotated[list[StopText], Field(max_length=MAX_STOP_STRINGS)] | None,
         BeforeValidator(lambda value: _check_count(value, MAX_STOP_STRINGS, "stop strings")),
     ] = None
-    seed: int | None = Field(default=None, ge=MIN_SEED, le=MAX_SEED)  # choice i uses seed + i
-    stream: bool = False  # server-sent events
+    seed: StrictInt | None = Field(default=None, ge=MIN_SEED, le=MAX_SEED)  # choice i uses seed + i
+    stream: StrictBool = False  # server-sent events
     stream_options: StreamOptions | None = None  # include_usage, continuous_usage_stats
     n: StrictInt | None = Field(
         default=1, ge=1
     )  # choices per prompt (at most the server's max_choices)
     user: Text | None = Field(default=None, max_length=256)  # keeps a caller on one revision
-    ignore_eos: bool = False  # vLLM extension: generate past end-of-sequence tokens
-    min_tokens: int = Field(default=0, ge=0)  # vLLM extension: no EOS / stop before this many
-    top_k: int | None = Field(default=None, ge=-1)  # keep the k most likely; -1, 0, None: off
-    presence_penalty: float | None = Field(default=0.0, ge=-2.0, le=2.0)
-    frequency_penalty: float | None = Field(default=0.0, ge=-2.0, le=2.0)
-    repetition_penalty: float | None = Field(  # vLLM: any value > 0 (see SamplingParams)
+    ignore_eos: StrictBool = False  # vLLM extension: generate past end-of-sequence tokens
+    min_tokens: StrictInt = Field(default=0, ge=0)  # vLLM extension: no EOS / stop before this many
+    top_k: StrictInt | None = Field(default=None, ge=-1)  # keep the k most likely; -1, 0, None: off
+    presence_penalty: StrictFloat | None = Field(default=0.0, ge=-2.0, le=2.0)
+    frequency_penalty: StrictFloat | None = Field(default=0.0, ge=-2.0, le=2.0)
+    repetition_penalty: StrictFloat | None = Field(  # vLLM: any value > 0 (see SamplingParams)
         default=1.0, ge=MIN_REPETITION_PENALTY, le=MAX_REPETITION_PENALTY
     )
-    min_p: float | None = Field(default=0.0, ge=0.0, le=1.0)  # vLLM extension
-    logit_bias: dict[str, float] | None = Field(  # token id (a string) -> bias in [-100, 100]
+    min_p: StrictFloat | None = Field(default=0.0, ge=0.0, le=1.0)  # vLLM extension
+    logit_bias: dict[str, StrictFloat] | None = Field(  # token id (a string) -> bias in [-100, 100]
         default=None, max_length=MAX_LOGIT_BIAS_ENTRIES
     )
     stop_token_ids: list[StrictInt] | None = Field(  # vLLM extension
         default=None, max_length=MAX_STOP_TOKEN_IDS
     )
-    include_stop_str_in_output: bool | None = False  # vLLM extension
+    include_stop_str_in_output: StrictBool | None = False  # vLLM extension
 
     def stop_strings(self) -> tuple[str, ...]:
         if self.stop is None:

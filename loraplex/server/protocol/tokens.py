@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from pydantic import BaseModel, Field
+from pydantic import BaseModel, Field, StrictBool
 
 from loraplex.server.protocol.chat import Messages
 from loraplex.server.protocol.fields import TenantBody, Text, TokenIds
@@ -14,9 +14,11 @@ class TokenizeRequest(TenantBody):
     model: Text | None = Field(default=None, min_length=1, max_length=512)  # None: the base model
     prompt: Text | None = None  # text, encoded as /v1/completions encodes it
     messages: Messages | None = None  # chat template
-    add_generation_prompt: bool | None = None  # messages only; only true (the template adds it)
-    add_special_tokens: bool | None = None  # only the encoding generation uses (module docstring)
-    return_token_strs: bool = False  # also return each token id decoded alone
+    # messages only; only true (the template adds it)
+    add_generation_prompt: StrictBool | None = None
+    # only the encoding generation uses (module docstring)
+    add_special_tokens: StrictBool | None = None
+    return_token_strs: StrictBool = False  # also return each token id decoded alone
 
 
 class TokenizeResponse(BaseModel):
