@@ -52,11 +52,18 @@ def test_one_run_reports_every_figure(tmp_path: Path) -> None:
         "merged_over_unmerged",
         "unmerged_lora_overhead",
         "base_again_over_base",
+        "unmerged_again_over_unmerged",
     ):
         summary = paired[key]
         assert summary["rounds"] == 2, key
         assert 0 < summary["min"] <= summary["median"] <= summary["max"], key
-    assert set(paired["calls_per_block"]) == {"base", "unmerged", "merged", "base_again"}
+    assert set(paired["calls_per_block"]) == {
+        "base",
+        "unmerged",
+        "merged",
+        "base_again",
+        "unmerged_again",
+    }
     assert paired["blocks_per_sample"] == 3
     assert set(metrics["single_tokens_per_s"]) == {"base", "unmerged", "merged"}
     assert metrics["single_merged_over_base"] == pytest.approx(

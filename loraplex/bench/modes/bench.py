@@ -85,17 +85,22 @@ def single_figures(setup: Setup, merged: LoraApplier) -> tuple[dict[str, float],
     at least ``sample_ms`` (a fast bfloat16 step gets more calls) in ``single_blocks`` blocks,
     the variants taking turns block by block (ABBA) and a sample being its median block;
     base is timed twice (``base_again``: an A/A control whose paired ratio is the noise
-    floor merged / base is read against). Returns tokens/s of base, unmerged and merged (from
-    the per-variant medians, as :func:`throughput`) and the per-round paired ratios
-    summarised."""
+    floor merged / base is read against), and unmerged too (``unmerged_again``), so that the
+    order -- unmerged, merged, base, base_again, unmerged_again, reversed every other block --
+    puts the control where merged is, mirrored about base: each follows base in one half of
+    the blocks and an unmerged sample in the other, so a neighbour's effect on a sample (a
+    cache the LoRA arenas evicted) is the same for both. Returns tokens/s of base, unmerged
+    and merged (from the per-variant medians, as :func:`throughput`) and the per-round paired
+    ratios summarised."""
     cfg = setup.config
     step = decode_step(setup, [HOT] * cfg.batch_size)
     timed = paired_rounds(
-        {
-            "base": lambda: step(None),
+        {  # this order: see the docstring
             "unmerged": lambda: step(setup.pool),
             "merged": lambda: step(merged),
+            "base": lambda: step(None),
             "base_again": lambda: step(None),  # the A/A control: the noise floor of a ratio
+            "unmerged_again": lambda: step(setup.pool),  # merged's mirror image of unmerged
         },
         rounds=cfg.single_rounds,
         min_sample_s=cfg.sample_ms / 1000,
@@ -105,6 +110,7 @@ def single_figures(setup: Setup, merged: LoraApplier) -> tuple[dict[str, float],
     tps = {name: cfg.batch_size / medians[name] for name in ("base", "unmerged", "merged")}
     paired: dict[str, object] = {
         "base_again_over_base": timed.ratio("base_again", "base"),
+        "unmerged_again_over_unmerged": timed.ratio("unmerged_again", "unmerged"),
         "merged_over_base": timed.ratio("merged", "base"),
         "merged_over_unmerged": timed.ratio("merged", "unmerged"),
         "unmerged_lora_overhead": timed.ratio("base", "unmerged"),
