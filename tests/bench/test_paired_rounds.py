@@ -144,3 +144,32 @@ def test_a_spike_in_one_block_moves_no_sample(monkeypatch: pytest.MonkeyPatch) -
 def test_bad_blocks_are_refused() -> None:
     with pytest.raises(ValueError, match="blocks 0"):
         paired_rounds({}, rounds=1, min_sample_s=0.1, blocks=0)
+
+
+def test_settle_calls_start_every_block_untimed(monkeypatch: pytest.MonkeyPatch) -> None:
+    clock = FakeClock()
+    monkeypatch.setattr(timing.time, "perf_counter", clock)
+    state = {"last": ""}
+
+    def call(name: str) -> None:
+        # a call after another variant's is slow (a cold cache); after its own, steady
+        clock.now += 2.0**-7 * (4 if state["last"] != name else 1)
+        state["last"] = name
+
+    def run(settle: int) -> dict[str, float]:
+        state["last"] = ""
+        timed = paired_rounds(
+            {"a": lambda: call("a"), "b": lambda: call("b")},
+            rounds=2,
+            min_sample_s=2 * 2.0**-6,
+            blocks=2,
+            settle_calls=settle,
+            warmup_calls=1,
+        )
+        return timed.medians()
+
+    assert run(1) == {"a": pytest.approx(2.0**-7), "b": pytest.approx(2.0**-7)}
+    unsettled = run(0)  # each block's first call pays for its predecessor
+    assert unsettled["a"] > 2.0**-7 and unsettled["b"] > 2.0**-7
+    with pytest.raises(ValueError, match="settle_calls -1"):
+        paired_rounds({}, rounds=1, min_sample_s=0.1, settle_calls=-1)

@@ -89,6 +89,7 @@ def paired_rounds(
     rounds: int,
     min_sample_s: float,
     blocks: int = 1,
+    settle_calls: int = 0,
     warmup_calls: int = 3,
     sync: Callable[[], object] | None = None,
 ) -> PairedRounds:
@@ -105,14 +106,17 @@ def paired_rounds(
     few ms of another process) moves no sample, where it moved a whole sample's mean. Every
     variant gets the same estimator; ``blocks=1`` is one block per sample, the rounds
     alternating (the estimator before blocks). A ratio of two variants within a round
-    compares samples taken over the same stretch of time.
+    compares samples taken over the same stretch of time. ``settle_calls`` untimed calls
+    start every block, so what the variant before left in the caches (another variant's
+    weights) is not timed: each block times the variant's steady state, whichever variant
+    ran before it and however many calls the block has.
     """
     wait = sync if sync is not None else _no_sync
-    if rounds < 1 or not min_sample_s > 0 or warmup_calls < 1 or blocks < 1:
+    if rounds < 1 or not min_sample_s > 0 or warmup_calls < 1 or blocks < 1 or settle_calls < 0:
         raise ValueError(
-            f"rounds {rounds} / min_sample_s {min_sample_s} / blocks {blocks} / warmup_calls "
-            f"{warmup_calls} are invalid; expected rounds >= 1, min_sample_s > 0, blocks >= 1, "
-            "warmup_calls >= 1"
+            f"rounds {rounds} / min_sample_s {min_sample_s} / blocks {blocks} / settle_calls "
+            f"{settle_calls} / warmup_calls {warmup_calls} are invalid; expected rounds >= 1, "
+            "min_sample_s > 0, blocks >= 1, settle_calls >= 0, warmup_calls >= 1"
         )
     for fn in variants.values():  # every variant warm before any is sized
         for _ in range(warmup_calls):
@@ -130,6 +134,8 @@ def paired_rounds(
             timed[name].append([])
         for _ in range(blocks):
             for name in names if turn % 2 == 0 else reversed(names):
+                for _ in range(settle_calls):
+                    variants[name]()
                 timed[name][-1].append(_per_call(variants[name], calls[name], wait))
             turn += 1
     samples = {name: [statistics.median(b) for b in per_round] for name, per_round in timed.items()}

@@ -89,9 +89,11 @@ def single_figures(setup: Setup, merged: LoraApplier) -> tuple[dict[str, float],
     order -- unmerged, merged, base, base_again, unmerged_again, reversed every other block --
     puts the control where merged is, mirrored about base: each follows base in one half of
     the blocks and an unmerged sample in the other, so a neighbour's effect on a sample (a
-    cache the LoRA arenas evicted) is the same for both. Returns tokens/s of base, unmerged
-    and merged (from the per-variant medians, as :func:`throughput`) and the per-round paired
-    ratios summarised."""
+    cache the LoRA arenas evicted) is the same for both; and every block starts with one
+    untimed call (``settle_calls``), so no block times what its predecessor left in the
+    caches: each times its variant's steady state, as a replica serving one revision runs it.
+    Returns tokens/s of base, unmerged and merged (from the per-variant medians, as
+    :func:`throughput`) and the per-round paired ratios summarised."""
     cfg = setup.config
     step = decode_step(setup, [HOT] * cfg.batch_size)
     timed = paired_rounds(
@@ -105,6 +107,7 @@ def single_figures(setup: Setup, merged: LoraApplier) -> tuple[dict[str, float],
         rounds=cfg.single_rounds,
         min_sample_s=cfg.sample_ms / 1000,
         blocks=cfg.single_blocks,
+        settle_calls=1,
     )
     medians = timed.medians()
     tps = {name: cfg.batch_size / medians[name] for name in ("base", "unmerged", "merged")}
