@@ -163,7 +163,8 @@ class MergedLoraApplier:
         return self._last_strategy if self.fused else self.pool.last_strategy
 
     def prepare(self, token_slots: torch.Tensor) -> LoraBatch:
-        token_slots = token_slots.to(self.pool.device, torch.int64)
+        if token_slots.device != self.pool.device or token_slots.dtype != torch.int64:
+            token_slots = token_slots.to(self.pool.device, torch.int64)
         if self.fused:
             backend = self.pool.backend
             policy = backend.policy if isinstance(backend, AutoBackend) else None

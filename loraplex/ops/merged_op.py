@@ -62,6 +62,11 @@ def fused_plan(
     policy: AutoPolicy | None = None,
 ) -> LoraBatch:
     """The step's plan (NONE when every token is the merged revision's)."""
+    if token_slots.device.type == "cpu" and all(s == merged_slot for s in token_slots.tolist()):
+        # every token the merged revision's, checked on the host list: one cheap call where
+        # the ne / nonzero pair below cost about three times as much right after a forward
+        # (cold caches; docs/modes.md, tenth pass), a measurable share of a merged decode step
+        return none_batch(token_slots)
     others = torch.nonzero(token_slots != merged_slot).flatten()
     if others.numel() == 0:
         return none_batch(token_slots)

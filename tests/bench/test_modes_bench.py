@@ -26,6 +26,7 @@ QUICK = ModesBenchConfig(
     replay_requests=4,
     single_rounds=2,
     sample_ms=1.0,
+    single_blocks=3,
 )
 
 
@@ -51,11 +52,19 @@ def test_one_run_reports_every_figure(tmp_path: Path) -> None:
         "merged_over_unmerged",
         "unmerged_lora_overhead",
         "base_again_over_base",
+        "unmerged_again_over_unmerged",
     ):
         summary = paired[key]
         assert summary["rounds"] == 2, key
         assert 0 < summary["min"] <= summary["median"] <= summary["max"], key
-    assert set(paired["calls_per_sample"]) == {"base", "unmerged", "merged", "base_again"}
+    assert set(paired["calls_per_block"]) == {
+        "base",
+        "unmerged",
+        "merged",
+        "base_again",
+        "unmerged_again",
+    }
+    assert paired["blocks_per_sample"] == 3
     assert set(metrics["single_tokens_per_s"]) == {"base", "unmerged", "merged"}
     assert metrics["single_merged_over_base"] == pytest.approx(
         metrics["single_tokens_per_s"]["merged"] / metrics["single_tokens_per_s"]["base"]
@@ -136,6 +145,8 @@ def test_the_config_refuses_an_unknown_dtype() -> None:
 def test_the_config_refuses_bad_single_revision_timing() -> None:
     with pytest.raises(ValueError, match="single_rounds"):
         ModesBenchConfig(single_rounds=0)
+    with pytest.raises(ValueError, match="single_blocks 0 is invalid"):
+        ModesBenchConfig(single_blocks=0)
     for bad in (0.0, -1.0, float("nan")):
         with pytest.raises(ValueError, match="sample_ms"):
             ModesBenchConfig(sample_ms=bad)
@@ -163,8 +174,10 @@ def test_the_cli_passes_the_single_revision_timing_or_refuses_it(
 
     monkeypatch.setattr(modes, "run_modes_bench", fake_run)
     args = ["bench", "modes", "--json", "--single-rounds", "9", "--sample-ms", "40"]
-    result = CliRunner().invoke(app, args)
+    result = CliRunner().invoke(app, [*args, "--single-blocks", "5"])
     assert result.exit_code == 0, result.output
-    assert (seen[0].single_rounds, seen[0].sample_ms) == (9, 40.0)
+    assert (seen[0].single_rounds, seen[0].sample_ms, seen[0].single_blocks) == (9, 40.0, 5)
+    result = CliRunner().invoke(app, ["bench", "modes", "--json", "--single-blocks", "0"])
+    assert result.exit_code != 0 and "single_blocks" in result.output
     result = CliRunner().invoke(app, ["bench", "modes", "--json", "--sample-ms", "0"])
     assert result.exit_code != 0 and "sample_ms" in result.output

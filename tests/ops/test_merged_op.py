@@ -13,6 +13,7 @@ from test_backends import MODULES, SPEC, expected_delta, filled_pool
 from loraplex.model.adapter_weights import AdapterWeights
 from loraplex.model.lora import LoraSlotPool
 from loraplex.model.merge import negated, negative_pool_for, slot_weights
+from loraplex.ops.base import Strategy
 from loraplex.ops.merged_op import FusedMergedBatch, apply_fused, fused_plan
 
 MERGED = 2  # the merged slot (rank 16 in the S2 mix)
@@ -98,3 +99,20 @@ def test_grouped_runs_in_place_when_each_slot_is_one_run(pattern: str, in_place:
     assert (plan.order is None) == in_place
     assert sorted(plan.foreign.tolist()) == [t for t, s in enumerate(slots) if s != MERGED]
     assert len(plan.segments) == len({s for s in slots if s not in (MERGED, -1)})
+
+
+def test_an_all_merged_cpu_step_is_planned_on_the_host_list(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    pool = LoraSlotPool(SPEC, 8, 16, dtype=torch.float32, device=torch.device("cpu"))
+
+    def no_device_scan(*args: object, **kwargs: object) -> torch.Tensor:
+        raise AssertionError("torch.nonzero ran on an all-merged step")
+
+    monkeypatch.setattr(torch, "nonzero", no_device_scan)
+    for slots in ([MERGED] * 20, [MERGED]):
+        plan = fused_plan(torch.tensor(slots), MERGED, pool.layout, "grouped")
+        assert plan.strategy is Strategy.NONE and plan.adds_nothing
+        assert plan.num_tokens == len(slots)
+    with pytest.raises(AssertionError, match="nonzero"):  # a foreign token: the full plan
+        fused_plan(torch.tensor([MERGED] * 19 + [1]), MERGED, pool.layout, "grouped")

@@ -5,7 +5,8 @@ demo preset's shapes with 16 random adapters (ranks 8-64, every target module), 
 interleaved, warmed-up medians (WORKLOADS.md rules) on one clock. Scenarios:
 
 - ``single``: every sequence on one revision: base (no LoRA), unmerged, merged, in
-  ``single_rounds`` ABBA rounds of samples at least ``sample_ms`` long (:func:`single_figures`):
+  ``single_rounds`` rounds of samples at least ``sample_ms`` long, each sample the median of
+  ``single_blocks`` interleaved ABBA blocks (:func:`single_figures`):
   tokens/s from the per-variant medians, and ``single_paired``: the ratios paired round by round
   (median, min, max).
 - ``skewed``: per step 80 % of the sequences on the hot revision, the rest over 15 others:
@@ -81,31 +82,43 @@ def single_figures(setup: Setup, merged: LoraApplier) -> tuple[dict[str, float],
     """One revision's decode step as base (no applier), unmerged (the pool) and merged (the
     merged applier: its ``prepare`` returns a NONE batch, so base and merged differ by that
     call only, on the same merged weights). Timed by :func:`paired_rounds`: each sample lasts
-    at least ``sample_ms`` (a fast bfloat16 step gets more calls), all run back to back in each
-    ABBA round, base twice (``base_again``: an A/A control whose paired ratio is the noise
-    floor merged / base is read against). Returns tokens/s of base, unmerged and merged (from
-    the per-variant medians, as :func:`throughput`) and the per-round paired ratios
-    summarised."""
+    at least ``sample_ms`` (a fast bfloat16 step gets more calls) in ``single_blocks`` blocks,
+    the variants taking turns block by block (ABBA) and a sample being its median block;
+    base is timed twice (``base_again``: an A/A control whose paired ratio is the noise
+    floor merged / base is read against), and unmerged too (``unmerged_again``), so that the
+    order -- unmerged, merged, base, base_again, unmerged_again, reversed every other block --
+    puts the control where merged is, mirrored about base: each follows base in one half of
+    the blocks and an unmerged sample in the other, so a neighbour's effect on a sample (a
+    cache the LoRA arenas evicted) is the same for both; and every block starts with one
+    untimed call (``settle_calls``), so no block times what its predecessor left in the
+    caches: each times its variant's steady state, as a replica serving one revision runs it.
+    Returns tokens/s of base, unmerged and merged (from the per-variant medians, as
+    :func:`throughput`) and the per-round paired ratios summarised."""
     cfg = setup.config
     step = decode_step(setup, [HOT] * cfg.batch_size)
     timed = paired_rounds(
-        {
-            "base": lambda: step(None),
+        {  # this order: see the docstring
             "unmerged": lambda: step(setup.pool),
             "merged": lambda: step(merged),
+            "base": lambda: step(None),
             "base_again": lambda: step(None),  # the A/A control: the noise floor of a ratio
+            "unmerged_again": lambda: step(setup.pool),  # merged's mirror image of unmerged
         },
         rounds=cfg.single_rounds,
         min_sample_s=cfg.sample_ms / 1000,
+        blocks=cfg.single_blocks,
+        settle_calls=1,
     )
     medians = timed.medians()
     tps = {name: cfg.batch_size / medians[name] for name in ("base", "unmerged", "merged")}
     paired: dict[str, object] = {
         "base_again_over_base": timed.ratio("base_again", "base"),
+        "unmerged_again_over_unmerged": timed.ratio("unmerged_again", "unmerged"),
         "merged_over_base": timed.ratio("merged", "base"),
         "merged_over_unmerged": timed.ratio("merged", "unmerged"),
         "unmerged_lora_overhead": timed.ratio("base", "unmerged"),
-        "calls_per_sample": timed.calls,
+        "calls_per_block": timed.calls,
+        "blocks_per_sample": cfg.single_blocks,
     }
     return tps, paired
 

@@ -59,6 +59,7 @@ class ModesBenchConfig:
     hot_rank: int = 16  # the hot revision's rank (one of RANKS; the others keep the same mix)
     single_rounds: int = 15  # ABBA rounds of the single-revision trio (paired ratios per round)
     sample_ms: float = 150.0  # least duration of each single-revision timed sample
+    single_blocks: int = 9  # blocks per sample; a sample is its median block (paired_rounds)
 
     def __post_init__(self) -> None:
         check_dtype(self.dtype)
@@ -73,6 +74,7 @@ class ModesBenchConfig:
             "replay_requests",
             "replay_rounds",
             "single_rounds",
+            "single_blocks",
         ):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name} {getattr(self, name)} is invalid; expected >= 1")

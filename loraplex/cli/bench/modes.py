@@ -41,6 +41,13 @@ def modes(
     sample_ms: Annotated[
         float, typer.Option(help="Least duration of each single-revision timed sample (ms).")
     ] = 150.0,
+    single_blocks: Annotated[
+        int,
+        typer.Option(
+            help="Blocks per single-revision sample: the variants take turns block by block, "
+            "a sample is its median block (1: one block per sample)."
+        ),
+    ] = 9,
 ) -> None:
     """Merged vs unmerged vs base execution and the auto mode policy, side by side.
     Exits 1 when a greedy output differs between modes beyond the parity rule (float32:
@@ -64,6 +71,7 @@ def modes(
             hot_rank=hot_rank,
             single_rounds=single_rounds,
             sample_ms=sample_ms,
+            single_blocks=single_blocks,
         )
     try:
         result = run_modes_bench(config)
