@@ -10,6 +10,11 @@ and prints one JSON line per run and the P99 ratios against the default policy.
     PYTHONPATH=. python scripts/sim-hot-one/study.py --rates 10,14 --shared
     PYTHONPATH=. python scripts/sim-hot-one/study.py --rates 40,50,60
     PYTHONPATH=. python scripts/sim-hot-one/study.py --lone --rates 20,30,40,50 [--shared]
+    PYTHONPATH=. python scripts/sim-hot-one/study.py --workload zipf-longtail --rates 40 \
+        --policies affinity,affinity_until_saturated
+
+``--workload`` runs another bench workload than hot-one (its lines then carry ``workload``);
+``--policies`` runs only the policies named (the ratios need the default among them).
 """
 
 from __future__ import annotations
@@ -20,6 +25,7 @@ import statistics
 import sys
 from pathlib import Path
 
+from loraplex.bench.workloads import SCENARIOS
 from loraplex.cli.sim import workload_trace
 from loraplex.router import policy_names
 from loraplex.sim import cost_model as costs
@@ -57,27 +63,42 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--rates", default="40,50,60", help="requests per second, comma-separated")
     parser.add_argument("--seeds", type=int, default=3)
+    parser.add_argument(
+        "--workload", default="hot-one", help="a bench workload (hot-one, zipf-longtail, ...)"
+    )
     parser.add_argument("--duration-s", type=float, default=40.0)
     parser.add_argument("--shared", action="store_true", help="the model as calibrated")
     parser.add_argument(
         "--lone", action="store_true", help="one replica, the hot revision's requests alone"
     )
+    parser.add_argument(
+        "--policies", default="", help="comma-separated routing policies (default: every one)"
+    )
     args = parser.parse_args()
+    if args.workload not in SCENARIOS:
+        parser.error(f"--workload {args.workload!r}: expected one of {sorted(SCENARIOS)}")
+    policies = args.policies.split(",") if args.policies else list(policy_names())
+    unknown = [p for p in policies if p not in policy_names()]
+    if unknown:
+        parser.error(f"--policies {','.join(unknown)}: expected some of {policy_names()}")
     model = costs.load(FLEET_COSTS) if args.shared else own_cores_model(FLEET_COSTS)
     cores = "shared" if args.shared else "own"
     if args.lone:
+        if args.workload != "hot-one":
+            parser.error("--lone needs --workload hot-one")
         lone(model, cores, [float(r) for r in args.rates.split(",")], args.duration_s)
         return
     p99: dict[tuple[float, str], list[float]] = {}
     for rate in (float(r) for r in args.rates.split(",")):
         for seed in range(args.seeds):
-            trace = workload_trace("hot-one", seed, args.duration_s, rate)
-            for policy in policy_names():
+            trace = workload_trace(args.workload, seed, args.duration_s, rate)
+            for policy in policies:
                 config = SimConfig(replicas=3, max_loras=3, routing_policy=policy, seed=seed)
                 m = simulate(trace, config, model).metrics
                 p99.setdefault((rate, policy), []).append(m["ttft_ms"]["p99"])
                 line = {
                     "cores": cores,
+                    **({} if args.workload == "hot-one" else {"workload": args.workload}),
                     "rate": rate,
                     "seed": seed,
                     "policy": policy,
@@ -89,12 +110,13 @@ def main() -> None:
                     "decisions": m["decisions"],
                 }
                 sys.stdout.write(json.dumps(line, sort_keys=True) + "\n")
+    label = "" if args.workload == "hot-one" else f"{args.workload}, "
     for (rate, policy), values in sorted(p99.items()):
-        if policy == DEFAULT:
+        if policy == DEFAULT or (rate, DEFAULT) not in p99:
             continue
         ratios = [a / b for a, b in zip(values, p99[(rate, DEFAULT)], strict=True)]
         sys.stdout.write(
-            f"# {cores} cores, {rate:g} req/s: P99 {policy} / {DEFAULT} median "
+            f"# {label}{cores} cores, {rate:g} req/s: P99 {policy} / {DEFAULT} median "
             f"{statistics.median(ratios):.3f} [{min(ratios):.3f}-{max(ratios):.3f}]\n"
         )
 
