@@ -9,6 +9,7 @@ false, empty): an unknown feature that is switched on could change what the adap
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping
 
 from loraplex.artifacts.base_model import TARGET_MODULES
@@ -105,6 +106,15 @@ def check_features(mapping: Mapping[str, object]) -> None:
     for key in sorted(set(mapping) - _PARSED - _IGNORED - _OFF_FEATURES):
         if key not in {k for k, _, _ in _FEATURE_VALUES} and _is_on(mapping[key]):
             raise UnsupportedAdapterError(key, mapping[key], "absent (unknown PEFT feature)")
+
+
+def check_ignored_numbers(mapping: Mapping[str, object]) -> None:
+    """``lora_dropout`` only acts in training, so inference ignores it; a NaN or +/-inf there
+    (JSON's non-standard ``NaN`` / ``Infinity``, which Python's parser reads) is still no
+    config PEFT trained with: refused, not carried into the manifest unnoticed."""
+    value = mapping.get("lora_dropout")
+    if isinstance(value, float) and not math.isfinite(value):
+        raise AdapterConfigError("lora_dropout", value, "a finite number (dropout probability)")
 
 
 def _is_on(value: object) -> bool:

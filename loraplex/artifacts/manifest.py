@@ -29,6 +29,7 @@ from loraplex.artifacts.config_fields import (
     LAYERS_PATTERN_TEMPLATE,
     PATTERN_KEY_TEMPLATE,
     check_features,
+    check_ignored_numbers,
     expect_bool,
     expect_int,
     expect_number,
@@ -141,6 +142,7 @@ def parse_adapter_config(mapping: Mapping[str, object]) -> LoraSpec:
             raise UnsupportedAdapterError("peft_type", peft_type, '"LORA"')
         raise AdapterConfigError("peft_type", peft_type, '"LORA"')
     check_features(mapping)
+    check_ignored_numbers(mapping)
     task_type = expect_optional_str(mapping, "task_type")
     if task_type not in (None, "CAUSAL_LM"):
         raise UnsupportedAdapterError("task_type", task_type, 'null or "CAUSAL_LM"')

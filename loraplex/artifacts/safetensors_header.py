@@ -97,6 +97,7 @@ def read_safetensors_header(path: Path) -> SafetensorsHeader:
         return parse_safetensors_header(handle, path, os.fstat(handle.fileno()).st_size)
 
 
+_MIN_FILE_BYTES = _LENGTH_BYTES + 2  # the length prefix and the shortest header, "{}"
 LENGTH_PREFIX_BYTES = _LENGTH_BYTES  # the header length: a little-endian u64 opening the file
 
 
@@ -116,16 +117,20 @@ def parse_safetensors_header(reader: ByteReader, path: Path, file_bytes: int) ->
     Reads exactly the length prefix and the header, leaving ``reader`` at the data section, so a
     caller can go on to read (and hash) the data from the same open file.
     """
-    if file_bytes < _LENGTH_BYTES:
+    if file_bytes < _MIN_FILE_BYTES:
         raise CorruptArtifactError(
-            f"{path}: {file_bytes} bytes; expected at least {_LENGTH_BYTES} (header length)"
+            f"{path}: {file_bytes} bytes; truncated: a safetensors file has at least "
+            f"{_MIN_FILE_BYTES} (an {_LENGTH_BYTES}-byte header length, then a header of 2 or more)"
         )
     header_len = int.from_bytes(reader.read(_LENGTH_BYTES), "little")
-    limit = min(MAX_HEADER_BYTES, file_bytes - _LENGTH_BYTES)
-    if header_len < 2 or header_len > limit:
+    if header_len < 2 or header_len > MAX_HEADER_BYTES:
         raise CorruptArtifactError(
-            f"{path}: header length {header_len}; expected 2..{limit} "
-            f"(file is {file_bytes} bytes, cap {MAX_HEADER_BYTES})"
+            f"{path}: header length {header_len}; expected 2 up to the cap {MAX_HEADER_BYTES}"
+        )
+    if header_len > file_bytes - _LENGTH_BYTES:
+        raise CorruptArtifactError(
+            f"{path}: truncated: its header length {header_len} needs "
+            f"{_LENGTH_BYTES + header_len} bytes; the file has {file_bytes}"
         )
     raw = reader.read(header_len)
     if len(raw) != header_len:

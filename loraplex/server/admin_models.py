@@ -5,8 +5,17 @@ from __future__ import annotations
 import itertools
 from typing import Annotated, Any
 
-from pydantic import ConfigDict, Field, field_validator, model_validator
+from pydantic import (
+    ConfigDict,
+    Field,
+    StrictBool,
+    StrictFloat,
+    StrictInt,
+    field_validator,
+    model_validator,
+)
 
+from loraplex.artifacts.identity import check_name
 from loraplex.errors import quoted
 from loraplex.registry import (
     PriorityClass,
@@ -29,20 +38,23 @@ TIER_NAMES = {"L0": Tier.L0, "gpu": Tier.L0, "L1": Tier.L1, "cpu": Tier.L1, "L2"
 class _Body(FirstUnknownKeyBody):
     """An admin body: an unknown key is a 400 naming the first one (``extra="forbid"``), and a
     number field refuses NaN and +/-inf (JSON's non-standard ``NaN`` / ``Infinity``, which
-    Python's parser reads): no admin setting gives infinity a meaning."""
+    Python's parser reads): no admin setting gives infinity a meaning. Booleans and numbers are
+    ``StrictBool`` / ``StrictInt`` / ``StrictFloat``, as in the tenant bodies: ``"yes"``, ``"1"``,
+    ``1.0`` or ``true`` where a bool or an int belongs is a 400 naming the field, not a value
+    pydantic's lax mode converted (an int is still a valid float)."""
 
     model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
 
 
 class QuotasBody(_Body):
-    max_gpu_bytes: int | None = None
-    max_cpu_bytes: int | None = None
-    max_disk_bytes: int | None = None
-    max_cold_loads: int | None = None
-    max_requests_per_s: float | None = None
-    max_running_seqs: int | None = None
-    reserved_running_seqs: int = 0
-    max_kv_blocks: int | None = None
+    max_gpu_bytes: StrictInt | None = None
+    max_cpu_bytes: StrictInt | None = None
+    max_disk_bytes: StrictInt | None = None
+    max_cold_loads: StrictInt | None = None
+    max_requests_per_s: StrictFloat | None = None
+    max_running_seqs: StrictInt | None = None
+    reserved_running_seqs: StrictInt = 0
+    max_kv_blocks: StrictInt | None = None
 
     def quotas(self) -> TenantQuotas:
         return TenantQuotas(**self.model_dump())
@@ -50,6 +62,13 @@ class QuotasBody(_Body):
 
 class TenantBody(_Body):
     name: str
+
+    @field_validator("name")
+    @classmethod
+    def _valid_name(cls, name: str) -> str:
+        """The registry's own check, here so that its 400 names the field."""
+        return check_name("tenant", name)
+
     priority: PriorityClass = PriorityClass.NORMAL
     quotas: QuotasBody = Field(default_factory=QuotasBody)
 
@@ -86,7 +105,7 @@ class ReleaseBody(_Body):
 
 class AliasTargetBody(_Body):
     revision: str
-    weight: int = 1
+    weight: StrictInt = 1
 
 
 class AliasBody(_Body):
@@ -102,7 +121,7 @@ class ResidencyBody(_Body):
 
     model: str  # tenant/name@revision
     tier: str = "L0"  # L0 (gpu), L1 (cpu) or L2
-    wait: bool = False  # answer only when the load finished
+    wait: StrictBool = False  # answer only when the load finished
 
     def cache_tier(self) -> Tier:
         if self.tier not in TIER_NAMES:
@@ -118,14 +137,14 @@ class ResidencyBody(_Body):
 class ThresholdsBody(_Body):
     """Overrides of ``release.model.Thresholds``; a field left out keeps its documented default."""
 
-    max_error_rate: float | None = Field(default=None, ge=0.0, le=1.0)
-    max_error_rate_over_stable: float | None = Field(default=None, ge=0.0, le=1.0)
-    max_ttft_p99_ratio: float | None = Field(default=None, gt=0.0)
-    max_tpot_p99_ratio: float | None = Field(default=None, gt=0.0)
-    max_bad_feedback_ratio: float | None = Field(default=None, ge=0.0, le=1.0)
-    min_requests: int | None = Field(default=None, ge=1)
-    min_latency_samples: int | None = Field(default=None, ge=1)
-    max_step_s: float | None = Field(default=None, gt=0.0)  # left out: 10 x dwell_s, >= 1 h
+    max_error_rate: StrictFloat | None = Field(default=None, ge=0.0, le=1.0)
+    max_error_rate_over_stable: StrictFloat | None = Field(default=None, ge=0.0, le=1.0)
+    max_ttft_p99_ratio: StrictFloat | None = Field(default=None, gt=0.0)
+    max_tpot_p99_ratio: StrictFloat | None = Field(default=None, gt=0.0)
+    max_bad_feedback_ratio: StrictFloat | None = Field(default=None, ge=0.0, le=1.0)
+    min_requests: StrictInt | None = Field(default=None, ge=1)
+    min_latency_samples: StrictInt | None = Field(default=None, ge=1)
+    max_step_s: StrictFloat | None = Field(default=None, gt=0.0)  # left out: 10 x dwell_s, >= 1 h
 
     def thresholds(self) -> Thresholds:
         return Thresholds(**self.model_dump(exclude_none=True))
@@ -136,8 +155,8 @@ class ProbeBody(_Body):
 
     prompt: str = Field(min_length=1, max_length=MAX_PROBE_PROMPT_CHARS)
     expected: str | None = Field(default=None, min_length=1)
-    differ_from_stable: bool = False
-    max_tokens: int = Field(default=16, ge=1, le=MAX_PROBE_TOKENS)
+    differ_from_stable: StrictBool = False
+    max_tokens: StrictInt = Field(default=16, ge=1, le=MAX_PROBE_TOKENS)
 
     @model_validator(mode="after")
     def _checks_something(self) -> ProbeBody:
@@ -153,13 +172,13 @@ class StartReleaseBody(_Body):
     tenant: str = Field(min_length=1)
     name: str = Field(min_length=1)
     revision: str = Field(min_length=1)
-    ladder: list[Annotated[float, Field(gt=0.0, le=1.0)]] | None = Field(
+    ladder: list[Annotated[StrictFloat, Field(gt=0.0, le=1.0)]] | None = Field(
         default=None, min_length=1, max_length=MAX_LADDER_STEPS
     )
-    dwell_s: float | None = Field(default=None, ge=0.0)
-    window_s: float | None = Field(default=None, ge=0.0)
-    gpu: bool = False
-    auto_promote: bool = True
+    dwell_s: StrictFloat | None = Field(default=None, ge=0.0)
+    window_s: StrictFloat | None = Field(default=None, ge=0.0)
+    gpu: StrictBool = False
+    auto_promote: StrictBool = True
     probes: list[ProbeBody] = Field(default_factory=list, max_length=MAX_PROBES)
     thresholds: ThresholdsBody = Field(default_factory=ThresholdsBody)
 

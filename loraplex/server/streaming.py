@@ -15,6 +15,8 @@ from collections.abc import AsyncIterator, Sequence
 from dataclasses import dataclass
 from functools import cached_property
 
+from starlette.concurrency import run_in_threadpool
+
 from loraplex.engine.protocol import TokenDelta, TokenLogprob
 from loraplex.server.choices import Echo, Fanout, Slotted
 from loraplex.server.errors import ApiError, ErrorContext, to_api_error
@@ -22,6 +24,12 @@ from loraplex.server.logprobs_format import TokenStrings, chat_logprobs, complet
 from loraplex.server.protocol import RevisionInfo, Usage
 
 DONE = "data: [DONE]\n\n"
+# An event carrying more logprob entries than this is formatted on the thread pool (each entry's
+# token string and top logprobs, then the JSON dump), as a non-streamed answer is: a choice's
+# first event under ``echo`` carries its whole prompt's logprobs (16 choices of 480 echoed
+# tokens with ``logprobs: 20`` held the event loop for their events' formatting). An event of
+# a generated token or two stays on the loop, where it costs less than a thread hand-off.
+MAX_LOOP_LOGPROB_ENTRIES = 64
 
 
 def _json(value: object) -> str:
@@ -167,6 +175,16 @@ class StreamChoices:
             usage = _usage(first.prompt_tokens, 0)
         return self.fmt.opening(num_choices, usage)
 
+    def heavy(self, slot: int, delta: TokenDelta) -> bool:
+        """Whether the event of ``delta`` formats more than ``MAX_LOOP_LOGPROB_ENTRIES``
+        logprob entries (with ``echo``: a choice's first event, its prompt's among them)."""
+        if self._num_top is None:
+            return False
+        entries = len(delta.logprobs or ())
+        if self._echo and slot not in self._last:
+            entries += len(delta.prompt_logprobs or ())
+        return entries > MAX_LOOP_LOGPROB_ENTRIES
+
     def event(self, slot: int, delta: TokenDelta) -> str | None:
         first = slot not in self._last
         self._last[slot] = delta
@@ -234,7 +252,10 @@ async def sse_events(
             yield opening
         item = first
         while item is not None:
-            event_text = choices.event(*item)
+            if choices.heavy(*item):  # NOTE: awaited before the next one: never two at once
+                event_text = await run_in_threadpool(choices.event, *item)
+            else:
+                event_text = choices.event(*item)
             if event_text is not None:
                 yield event_text
             item = await anext(fanout, None)

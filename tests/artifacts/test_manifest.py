@@ -131,6 +131,10 @@ def test_rslora_scale_uses_square_root_of_rank() -> None:
         pytest.param("lora_alpha", 10**400, "float32's largest", id="lora_alpha-10**400"),
         # its scale, alpha / r, raised OverflowError
         pytest.param("r", 10**400, "<= 2147483647", id="r-10**400"),
+        # ignored by inference (training only), but not when it is no number at all
+        ("lora_dropout", float("nan"), "finite number"),
+        ("lora_dropout", float("inf"), "finite number"),
+        ("lora_dropout", float("-inf"), "finite number"),
         ("use_rslora", "yes", "true or false"),
         ("base_model_name_or_path", 3, "string or null"),
         ("target_modules", None, "list of non-empty strings"),

@@ -97,7 +97,7 @@ def test_header_length_beyond_file_or_cap_is_rejected_before_reading(tmp_path: P
 
 def test_too_short_not_json_duplicate_keys_and_deep_nesting(tmp_path: Path) -> None:
     (tmp_path / "short").write_bytes(b"\x01\x00")
-    with pytest.raises(CorruptArtifactError, match="at least 8"):
+    with pytest.raises(CorruptArtifactError, match="2 bytes; truncated"):
         read_safetensors_header(tmp_path / "short")
     (tmp_path / "nj").write_bytes(struct.pack("<Q", 4) + b"\xff{}x")
     with pytest.raises(CorruptArtifactError, match="not valid UTF-8 JSON"):
@@ -136,3 +136,28 @@ def test_random_corruption_only_raises_corrupt_artifact(
         return
     total = sum(e.num_bytes for e in header_read.entries)
     assert header_read.data_start + total == path.stat().st_size
+
+
+@pytest.mark.parametrize(
+    ("raw", "message"),
+    [
+        (
+            struct.pack("<Q", 100),
+            "8 bytes; truncated",
+        ),  # only the length prefix: said so, not "2..0"
+        (struct.pack("<Q", 0), "8 bytes; truncated"),
+        (struct.pack("<Q", 2) + b"{", "9 bytes; truncated"),
+        (
+            struct.pack("<Q", 50) + b"{}",
+            r"truncated: its header length 50 needs 58 bytes; the file has 10",
+        ),
+    ],
+    ids=["prefix-only", "zero-length-prefix-only", "one-header-byte", "header-past-the-end"],
+)
+def test_a_file_too_short_for_its_header_says_it_is_truncated(
+    tmp_path: Path, raw: bytes, message: str
+) -> None:
+    (tmp_path / "short").write_bytes(raw)
+    with pytest.raises(CorruptArtifactError, match=message) as caught:
+        read_safetensors_header(tmp_path / "short")
+    assert "expected 2.." not in str(caught.value)

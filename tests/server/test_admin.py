@@ -229,3 +229,82 @@ def test_server_deps_without_the_tenant_hook_are_refused(served: Served) -> None
         ServerDeps(deps.config, deps.engine, deps.registry, deps.cache)  # type: ignore[call-arg]
     assert isinstance(deps.cache, TieredAdapterCache)
     deps.cache.close()
+
+
+# One wrong type per admin body, each a value pydantic's lax mode would have converted ("yes" to
+# True, "1" to 1, 1.0 to 1, true to 1): admin bodies are as strict as tenant bodies.
+_R = {"model": "acme/support@r1"}
+_RELEASE = {"tenant": "initech", "name": "review", "revision": "r2"}
+
+
+@pytest.mark.parametrize(
+    ("method", "path", "body", "param"),
+    [
+        (
+            "post",
+            "/admin/tenants",
+            {"name": "t1", "quotas": {"max_gpu_bytes": "1"}},
+            "quotas.max_gpu_bytes",
+        ),
+        (
+            "put",
+            "/admin/tenants/acme",
+            {"quotas": {"reserved_running_seqs": True}},
+            "quotas.reserved_running_seqs",
+        ),
+        (
+            "put",
+            "/admin/tenants/acme",
+            {"quotas": {"max_requests_per_s": "2.5"}},
+            "quotas.max_requests_per_s",
+        ),
+        (
+            "post",
+            "/admin/adapters",
+            {"path": "acme/legal/r1", "tenant": "acme", "name": "x", "revision": 1},
+            "revision",
+        ),
+        (
+            "put",
+            "/admin/adapters/initech/review/alias",
+            {"targets": [{"revision": "r2", "weight": "1"}]},
+            "targets.0.weight",
+        ),
+        ("put", "/admin/adapters/initech/review/visibility", {"visibility": 1}, "visibility"),
+        ("put", "/admin/revisions/initech/review/r2", {"state": 1}, "state"),
+        ("post", "/admin/residency/pin", {**_R, "wait": "yes"}, "wait"),
+        ("post", "/admin/residency/prefetch", {**_R, "wait": 1}, "wait"),
+        ("post", "/admin/residency/unpin", {**_R, "tier": 0}, "tier"),
+        ("post", "/admin/residency/evict", {**_R, "wait": "true"}, "wait"),
+        ("post", "/admin/releases", {**_RELEASE, "gpu": "yes"}, "gpu"),
+        ("post", "/admin/releases", {**_RELEASE, "dwell_s": "5"}, "dwell_s"),
+        (
+            "post",
+            "/admin/releases",
+            {**_RELEASE, "thresholds": {"min_requests": 2.0}},
+            "thresholds.min_requests",
+        ),
+        (
+            "post",
+            "/admin/releases",
+            {**_RELEASE, "probes": [{"prompt": "x", "differ_from_stable": 1}]},
+            "probes.0.differ_from_stable",
+        ),
+        ("post", "/v1/load_lora_adapter", {"lora_name": "acme/x", "lora_path": 1}, "lora_path"),
+        ("post", "/v1/unload_lora_adapter", {"lora_name": 1}, "lora_name"),
+    ],
+)
+def test_admin_bodies_refuse_lax_types(
+    rig: Rig, method: str, path: str, body: dict[str, object], param: str
+) -> None:
+    response = rig.client.request(method, path, json=body, headers=rig.admin)
+    assert response.status_code == 400, response.text
+    assert response.json()["error"]["param"] == param, response.text
+
+
+def test_invalid_tenant_name_names_the_field(rig: Rig) -> None:
+    response = rig.client.post("/admin/tenants", json={"name": "no spaces"}, headers=rig.admin)
+    assert response.status_code == 400, response.text
+    error = response.json()["error"]
+    assert error["param"] == "name", error
+    assert "tenant 'no spaces' is invalid" in error["message"], error

@@ -3,6 +3,7 @@ client against the app on the fake engine (its logprobs follow ``fakes.fake_logp
 
 from __future__ import annotations
 
+import asyncio
 import json
 from typing import Any, cast
 
@@ -15,7 +16,9 @@ from openai import OpenAI
 
 from loraplex.residency.cache import TieredAdapterCache
 from loraplex.sampling import DEFAULT_MAX_TOKENS
+from loraplex.server import streaming
 from loraplex.server.app import create_app
+from loraplex.server.streaming import MAX_LOOP_LOGPROB_ENTRIES
 
 
 def _api(rig: Rig, tenant: str = "acme") -> OpenAI:
@@ -145,6 +148,50 @@ def test_echo_prepends_the_prompt_and_its_logprobs(rig: Rig) -> None:
     assert cast(list[object], logprobs.top_logprobs)[0] is None
     # Cumulative token-string lengths (vLLM's definition), so BOS's own string counts.
     assert logprobs.text_offset == [0, 11, 12, 13]
+
+
+_LOGPROB_KEYS = ("tokens", "token_logprobs", "top_logprobs", "text_offset")
+
+
+def test_a_streamed_echo_is_the_answer_and_its_prompt_is_formatted_off_the_loop(
+    rig: Rig, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    on_loop: list[bool] = []  # per formatted event: whether an event loop runs on its thread
+    real = streaming.completion_logprobs
+
+    def recording(*args: Any, **kwargs: Any) -> Any:
+        try:
+            asyncio.get_running_loop()
+            on_loop.append(True)
+        except RuntimeError:
+            on_loop.append(False)
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(streaming, "completion_logprobs", recording)
+    prompt = "the acme support team " * 5  # 110 prompt tokens on the fake engine's tokenizer
+    body = {"model": "support", "prompt": [prompt, prompt[::-1]], "echo": True, "logprobs": 5}
+    body |= {"max_tokens": 3, "n": 2}
+    answer = rig.client.post("/v1/completions", json=body, headers=rig.headers("acme"))
+    assert answer.status_code == 200, answer.text
+    reply = rig.client.post(
+        "/v1/completions", json=body | {"stream": True}, headers=rig.headers("acme")
+    )
+    assert reply.status_code == 200, reply.text
+    streamed: dict[int, dict[str, Any]] = {}
+    for chunk in _events(reply.text):
+        for choice in chunk["choices"]:
+            got = streamed.setdefault(
+                choice["index"], {"text": ""} | {k: [] for k in _LOGPROB_KEYS}
+            )
+            got["text"] += choice["text"]
+            for key in _LOGPROB_KEYS if choice["logprobs"] is not None else ():
+                got[key] += choice["logprobs"][key]
+    expected = {c["index"]: {"text": c["text"], **c["logprobs"]} for c in answer.json()["choices"]}
+    assert streamed == expected  # the same text, tokens, logprobs, top logprobs and offsets
+    assert sorted(expected) == [0, 1, 2, 3]
+    assert all(len(c["tokens"]) > MAX_LOOP_LOGPROB_ENTRIES + 3 for c in expected.values())
+    # each choice's first event (its echoed prompt) off the loop; a generated token's on it
+    assert on_loop.count(False) == 4 and on_loop.count(True) >= 4, on_loop
 
 
 def test_echo_with_zero_max_tokens_returns_only_the_prompt(rig: Rig) -> None:
