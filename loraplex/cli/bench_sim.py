@@ -83,15 +83,18 @@ def bench_sim(
 
 def _calibrated(asset_dir: Path, max_loras: int) -> CostModel:
     """A cost model from ``sim calibrate --self`` on a fresh demo server."""
-    from loraplex.bench.sim.calibrate_run import CalibrateConfig
+    from loraplex.bench.sim.calibrate_run import CalibrateConfig, slots_for_mixes
     from loraplex.bench.sim.calibrate_target import self_target
     from loraplex.bench.sim.calibration import calibrate
+    from loraplex.serve.config import DEFAULT_TENANT_TIER_SHARE
 
     sets = ("attn", "all")  # both target sets: the weight terms are fitted
-    with self_target(
-        asset_dir, (8, 16, 32, 64), 2, max(max_loras, 4), 0, target_sets=sets
-    ) as target:
+    config = CalibrateConfig()
+    # NOTE: a server holds one tenant to a share of its slots; with fewer than this the
+    # calibration's largest mix is refused (503 on its prefetch, seen with 4 slots)
+    slots = max(max_loras, slots_for_mixes(config, DEFAULT_TENANT_TIER_SHARE))
+    with self_target(asset_dir, (8, 16, 32, 64), 2, slots, 0, target_sets=sets) as target:
         model, _ = calibrate(
-            target, CalibrateConfig(), "cpu-demo-small", "loraplex bench sim (calibrate --self)"
+            target, config, "cpu-demo-small", "loraplex bench sim (calibrate --self)"
         )
     return model

@@ -95,6 +95,10 @@ _POSITIVE_SECONDS = (
 )
 
 
+# A tenant's share of each tier (its slots and bytes) unless its settings say otherwise.
+DEFAULT_TENANT_TIER_SHARE = 0.5
+
+
 @dataclass(frozen=True)
 class ServeConfig:
     """Everything ``loraplex serve`` needs. Field names are the TOML keys (``[serve]`` table)."""
@@ -129,7 +133,7 @@ class ServeConfig:
     # the fraction of each cached tier (GPU slots, host memory, disk) a tenant without a byte
     # cap of its own may hold (one adapter larger than that may still be held alone); 1.0: a
     # tenant may fill a tier, as before
-    default_tenant_tier_share: float = 0.5
+    default_tenant_tier_share: float = DEFAULT_TENANT_TIER_SHARE
     device: str = "cpu"  # torch device of the model and the slots
     dtype: str = DEFAULT_DTYPE  # model / adapter dtype (loraplex.dtypes)
     max_num_seqs: int = 32  # sequences decoding at once

@@ -268,3 +268,17 @@ def test_the_hop_samples_are_paced_like_a_trace() -> None:
     ):
         with pytest.raises(ValueError, match=message):
             CalibrateConfig(**bad)  # type: ignore[arg-type]
+
+
+def test_the_calibration_asks_for_enough_slots_for_its_largest_mix_at_one_tenants_share() -> None:
+    # bench sim without --cost-model calibrated on 4 slots: a tenant's half of them (2) could
+    # not hold a 4-adapter mix, and the prefetch was refused with a 503
+    from loraplex.bench.sim.calibrate_run import CalibrateConfig, slots_for_mixes
+    from loraplex.serve.config import DEFAULT_TENANT_TIER_SHARE
+
+    config = CalibrateConfig()
+    share = DEFAULT_TENANT_TIER_SHARE
+    slots = slots_for_mixes(config, share)
+    assert int(slots * share) >= max(config.revision_counts)
+    assert int((slots - 1) * share) < max(config.revision_counts)  # and no more than that
+    assert slots_for_mixes(replace(config, revision_counts=(1, 2, 4, 8)), 0.25) == 32

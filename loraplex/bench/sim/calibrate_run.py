@@ -188,6 +188,12 @@ def target_sets(adapters: Sequence[ServedAdapter]) -> list[list[ServedAdapter]]:
     ]
 
 
+def slots_for_mixes(config: CalibrateConfig, tenant_tier_share: float) -> int:
+    """The fewest GPU slots at which one tenant's share of them (``default_tenant_tier_share``)
+    holds the largest mix's distinct adapters: below it ``into_slots`` is refused (503)."""
+    return math.ceil(max(config.revision_counts) / tenant_tier_share)
+
+
 def mixes(
     adapters: Sequence[ServedAdapter], config: CalibrateConfig
 ) -> list[tuple[int, tuple[ServedAdapter, ...]]]:
