@@ -42,6 +42,16 @@ def bench_sim(
         Path | None,
         typer.Option(help="Cost-model file (default: calibrate a fresh demo server first)."),
     ] = None,
+    calibrated_out: Annotated[
+        Path | None,
+        typer.Option(
+            help="Without --cost-model: also write the in-run calibration's cost-model file here."
+        ),
+    ] = None,
+    hardware: Annotated[
+        str,
+        typer.Option(help="Without --cost-model: the in-run calibration's hardware name."),
+    ] = "cpu-demo-small",
     no_scale: Annotated[
         bool, typer.Option("--no-scale", help="Skip the 1M-request scale run.")
     ] = False,
@@ -73,15 +83,26 @@ def bench_sim(
         model = load(cost_model) if cost_model is not None else None
     except (ValueError, OSError) as exc:
         raise typer.BadParameter(str(exc)) from exc
+    if model is not None and calibrated_out is not None:
+        raise typer.BadParameter(
+            "--calibrated-out writes the in-run calibration; with --cost-model there is none",
+            param_hint="--calibrated-out",
+        )
+    if not hardware.strip():
+        raise typer.BadParameter(
+            "--hardware must name the measured hardware", param_hint="--hardware"
+        )
     if model is None:
-        model = _calibrated(asset_dir, max_loras)
+        model = _calibrated(asset_dir, max_loras, hardware.strip())
+        if calibrated_out is not None:
+            model.save(calibrated_out)
     result = run_sim_bench(config, model)
     if not as_json:
         typer.echo(f"cost model: {model.hardware} (validated {model.validated})", err=True)
     typer.echo(json.dumps(result, allow_nan=False))
 
 
-def _calibrated(asset_dir: Path, max_loras: int) -> CostModel:
+def _calibrated(asset_dir: Path, max_loras: int, hardware: str) -> CostModel:
     """A cost model from ``sim calibrate --self`` on a fresh demo server."""
     from loraplex.bench.sim.calibrate_run import CalibrateConfig, slots_for_mixes
     from loraplex.bench.sim.calibrate_target import self_target
@@ -94,7 +115,5 @@ def _calibrated(asset_dir: Path, max_loras: int) -> CostModel:
     # calibration's largest mix is refused (503 on its prefetch, seen with 4 slots)
     slots = max(max_loras, slots_for_mixes(config, DEFAULT_TENANT_TIER_SHARE))
     with self_target(asset_dir, (8, 16, 32, 64), 2, slots, 0, target_sets=sets) as target:
-        model, _ = calibrate(
-            target, config, "cpu-demo-small", "loraplex bench sim (calibrate --self)"
-        )
+        model, _ = calibrate(target, config, hardware, "loraplex bench sim (calibrate --self)")
     return model

@@ -234,6 +234,9 @@ def test_calibrate_options_are_checked_before_anything_runs(args: list[str], mes
     assert message in _flat(result.output)
 
 
+_EXAMPLE_COST = Path(__file__).resolve().parents[1] / "sim" / "cost_example.json"
+
+
 @pytest.mark.parametrize(
     ("args", "message"),
     [
@@ -242,6 +245,8 @@ def test_calibrate_options_are_checked_before_anything_runs(args: list[str], mes
         (["--rate", "0"], "rate"),
         (["--repeats", "0"], "repeats 0 is invalid"),
         (["--cost-model", "/nonexistent.json"], "nonexistent"),
+        (["--cost-model", str(_EXAMPLE_COST), "--calibrated-out", "c.json"], "--calibrated-out"),
+        (["--hardware", " "], "--hardware must name"),
     ],
 )
 def test_bench_sim_options_are_checked(args: list[str], message: str) -> None:
