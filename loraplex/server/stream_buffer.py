@@ -13,9 +13,10 @@ stream ended; the listener's write timeout then closes a connection that still t
 A choice's first event under ``echo`` (``EchoEvent``: its prompt with the prompt's logprobs,
 about 290 KB for 500 tokens with ``logprobs: 20``) is not counted against ``max_bytes`` nor
 ``pause_bytes``: the request's validated fields bound it as they bound the non-streamed answer,
-and it comes once per choice. Counted, two of them back to back passed ``max_bytes`` and each
-paused the request, so an honest client of a large echo got ``stream_not_read`` or ran out of
-resumes at the default settings.
+and it comes once per choice. Counted, two of them back to back passed ``max_bytes``
+(``stream_not_read`` for an honest client at the default settings), and each one paused and
+resumed the request (16 resumes of one 16-choice stream were seen: the default
+``max_resumes``; one more would have cut it).
 
 Memory per stream is at most ``max_bytes`` of counted events buffered (or one larger event
 alone) and the request's echo events, each once, between the buffer and the piece the writer is
