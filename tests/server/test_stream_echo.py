@@ -228,7 +228,7 @@ def test_a_streamed_chat_at_the_largest_logprobs_and_n_completes_at_defaults(liv
 
 
 # n=16 of a 200-token prompt with logprobs 20 and far more generation than the stream bounds
-# hold: its echo alone is about 1.8 MB, the whole answer about 5 MB
+# hold: its non-streamed answer is 4.8 MB, its echoed prompts most of the first 2 MB of the stream
 STUCK_ECHO = {"model": "support", "prompt": _prompt(200), "n": DEFAULT_MAX_CHOICES,
               "max_tokens": 300, "echo": True, "logprobs": MAX_LOGPROBS, "ignore_eos": True,
               "stream": True}  # fmt: skip
