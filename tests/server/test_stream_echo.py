@@ -237,8 +237,10 @@ STUCK_ECHO = {"model": "support", "prompt": _prompt(200), "n": DEFAULT_MAX_CHOIC
 def test_a_client_that_stops_reading_mid_echo_is_cut_off_at_defaults(
     demo_assets: DemoAssets, tmp_path: Path
 ) -> None:
-    """Default stream settings (a short write timeout only): paused, then cut off, and every
-    sibling ended (the unfinished ones aborted), nothing left running or holding KV blocks."""
+    """Default stream settings (a short write timeout only): cut off at the write timeout (paused
+    before, unless the timeout came first: the echoes are formatted one after another on a busy
+    machine), every sibling ended (the unfinished ones aborted), nothing left running, paused or
+    holding KV blocks."""
     limits = ConnectionLimits(write_timeout_s=1.0)
     with (
         serving(demo_assets, tmp_path, limits, engine_process=False) as (server, address, lsn),
@@ -248,7 +250,7 @@ def test_a_client_that_stops_reading_mid_echo_is_cut_off_at_defaults(
         received = read_all(sock)  # the connection was cut: its end comes at once
         load = server.engine.load_snapshot()
     assert received.startswith(b"HTTP/1.1 200") and not received.endswith(b"0\r\n\r\n")
-    assert load.num_pauses >= 1 and load.num_paused == 0
+    assert load.num_paused == 0
 
 
 def test_what_a_stalled_echo_stream_holds_is_bounded(
