@@ -10,8 +10,18 @@ request is aborted at once (its seat, KV blocks and adapter lease freed), the bu
 dropped and one error event takes their place, so a client that reads again learns why its
 stream ended; the listener's write timeout then closes a connection that still takes nothing.
 
-Memory per stream is at most ``max_bytes`` buffered (or one larger event alone), plus the piece
-the writer is sending (as much again), plus the transport's high-water mark.
+A choice's first event under ``echo`` (``EchoEvent``: its prompt with the prompt's logprobs,
+about 290 KB for 500 tokens with ``logprobs: 20``) is not counted against ``max_bytes`` nor
+``pause_bytes``: the request's validated fields bound it as they bound the non-streamed answer,
+and it comes once per choice. Counted, two of them back to back passed ``max_bytes``
+(``stream_not_read`` for an honest client at the default settings), and each one paused and
+resumed the request (16 resumes of one 16-choice stream were seen: the default
+``max_resumes``; one more would have cut it).
+
+Memory per stream is at most ``max_bytes`` of counted events buffered (or one larger event
+alone) and the request's echo events, each once, between the buffer and the piece the writer is
+sending (the counted part of that piece at most ``max_bytes`` again), plus the transport's
+high-water mark.
 
 Backpressure (``Backpressure``): once ``pause_bytes`` wait untaken, the writer is stuck on its
 client, and every further step the request ran would only add to what waits; its engine
@@ -78,6 +88,13 @@ class _Flow:
         return None
 
 
+class EchoEvent(str):
+    """An event the read-ahead bound and the pause accounting do not count (module docstring):
+    a choice's first event under ``echo``, whose size the request's validated fields bound."""
+
+    __slots__ = ()
+
+
 class _Buffer:
     """Events the writer has not taken yet (the reader appends, the writer takes all)."""
 
@@ -90,17 +107,19 @@ class _Buffer:
 
     @property
     def num_bytes(self) -> int:
+        """Bytes waiting that count against ``max_bytes`` (an ``EchoEvent``'s do not)."""
         return self._num_bytes
 
     def put(self, text: str) -> bool:
         """Appends ``text``; False (nothing appended) when it would pass ``max_bytes`` behind
-        events already waiting (one event alone always fits: an ``echo`` of a long prompt with
-        its logprobs is one large event, made whether or not it is buffered).
+        counted events already waiting (one alone always fits: a client cannot read an event
+        it was never sent). An ``EchoEvent`` always fits and counts nothing.
         NOTE: events are ASCII (``json.dumps`` escapes the rest), so characters are bytes."""
-        if self._parts and self._num_bytes + len(text) > self.max_bytes:
+        num_counted = 0 if isinstance(text, EchoEvent) else len(text)
+        if self._num_bytes and self._num_bytes + num_counted > self.max_bytes:
             return False
         self._parts.append(text)
-        self._num_bytes += len(text)
+        self._num_bytes += num_counted
         self._changed.set()
         return True
 

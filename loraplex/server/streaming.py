@@ -22,6 +22,7 @@ from loraplex.server.choices import Echo, Fanout, Slotted
 from loraplex.server.errors import ApiError, ErrorContext, to_api_error
 from loraplex.server.logprobs_format import TokenStrings, chat_logprobs, completion_logprobs
 from loraplex.server.protocol import RevisionInfo, Usage
+from loraplex.server.stream_buffer import EchoEvent
 
 DONE = "data: [DONE]\n\n"
 # An event carrying more logprob entries than this is formatted on the thread pool (each entry's
@@ -196,10 +197,11 @@ class StreamChoices:
         if not (first or text or entries or delta.finish_reason is not None):
             return None
         usage = _usage(delta.prompt_tokens, delta.completion_tokens) if self._continuous else None
-        return self.fmt.text(
+        out = self.fmt.text(
             text, delta.finish_reason, index=slot, stop_reason=delta.stop_reason,
             logprobs=self._logprobs(slot, entries, echo), usage=usage,
         )  # fmt: skip
+        return out if echo is None else EchoEvent(out)  # bounded by the request, not the buffer
 
     def _logprobs(self, slot: int, entries: list[TokenLogprob | None], echo: Echo | None) -> object:
         if self._num_top is None:

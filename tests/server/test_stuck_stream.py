@@ -9,28 +9,29 @@ from __future__ import annotations
 
 import asyncio
 import json
-import socket
 import time
-from collections.abc import AsyncIterator, Iterator
-from contextlib import contextmanager, suppress
+from collections.abc import AsyncIterator
+from contextlib import suppress
 from pathlib import Path
-from urllib.parse import urlsplit
 
 import httpx
 import pytest
-import uvicorn
-from live import listening
+from stuck_client import (
+    WAIT_S,
+    long_stream,
+    num_ended,
+    open_not_reading,
+    read_all,
+    read_response,
+    serving,
+    wait_engine_freed,
+)
 
 from loraplex.demo.assets import DemoAssets
-from loraplex.serve.assembly import DEMO_DIR, build_server
 from loraplex.serve.config import ServeConfig
-from loraplex.serve.front import Server
-from loraplex.server.listeners import BoundedH11Protocol, ConnectionLimits
+from loraplex.server.listeners import ConnectionLimits
 from loraplex.server.stream_buffer import Backpressure, bounded
 from loraplex.server.streaming import not_read_event, resumed_too_often_event
-
-WAIT_S = 30.0  # far longer than any limit here: what has not happened by then never will
-
 
 # --- the buffer alone ------------------------------------------------------------------------
 
@@ -162,89 +163,6 @@ def test_a_pause_bound_at_or_above_the_buffer_never_pauses() -> None:
 # --- a real server and engine ----------------------------------------------------------------
 
 
-@contextmanager
-def serving(
-    assets: DemoAssets, data_dir: Path, limits: ConnectionLimits, **config: object
-) -> Iterator[tuple[Server, tuple[str, int], uvicorn.Server]]:
-    (data_dir / DEMO_DIR).symlink_to(assets.root, target_is_directory=True)
-    server = build_server(ServeConfig(data_dir=data_dir, **config))  # type: ignore[arg-type]
-    try:
-        with listening(server.app, limits) as (url, listener):
-            address = urlsplit(url)
-            yield server, (address.hostname or "", address.port or 0), listener
-    finally:
-        server.close()
-
-
-def _num_ended(server: Server, outcome: str | None = None) -> float:
-    """Requests counted as ended, with ``outcome`` or with any."""
-    return sum(
-        sample.value
-        for family in server.deps.metrics.requests.collect()
-        for sample in family.samples
-        if sample.name.endswith("_total") and outcome in (None, sample.labels["outcome"])
-    )
-
-
-def _open_not_reading(
-    address: tuple[str, int], listener: uvicorn.Server, server: Server, num_choices: int
-) -> socket.socket:
-    """A connection that asks for a long stream and reads none of it. NOTE: loopback's kernel
-    buffers hold megabytes; both ends' are made small so the stall shows after kilobytes."""
-    sock = socket.socket()
-    sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
-    sock.settimeout(WAIT_S)
-    sock.connect(address)
-    local_port = sock.getsockname()[1]
-    deadline = time.monotonic() + WAIT_S
-    accepted: list[BoundedH11Protocol] = []
-    while not accepted and time.monotonic() < deadline:
-        accepted = [
-            p
-            for p in listener.server_state.connections
-            if isinstance(p, BoundedH11Protocol) and p.client and p.client[1] == local_port
-        ]
-        time.sleep(0.01)
-    (protocol,) = accepted
-    protocol.transport.get_extra_info("socket").setsockopt(
-        socket.SOL_SOCKET, socket.SO_SNDBUF, 4096
-    )
-    body = json.dumps({"model": "support", "prompt": "The acme support team", "stream": True,
-                       "n": num_choices, "max_tokens": 480, "ignore_eos": True})  # fmt: skip
-    head = (
-        "POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
-        f"Authorization: Bearer {server.sample_keys['acme']}\r\n"
-        f"Content-Length: {len(body)}\r\n\r\n"
-    )
-    sock.sendall(head.encode() + body.encode())
-    return sock
-
-
-def _wait_engine_freed(server: Server, num_choices: int) -> None:
-    """Every sibling ended, the unfinished ones aborted (NOTE: on a fast machine the first
-    siblings may finish inside the limit: "length", not "abort"); nothing running or queued,
-    no KV block held."""
-    deadline = time.monotonic() + WAIT_S
-    while time.monotonic() < deadline:
-        load = server.engine.load_snapshot()
-        ended = _num_ended(server) >= num_choices and _num_ended(server, "abort") >= 1
-        if ended and load.num_running == 0 and load.num_waiting == 0 and load.kv_usage == 0:
-            return
-        time.sleep(0.05)
-    load = server.engine.load_snapshot()
-    raise AssertionError(
-        f"not freed: {_num_ended(server)} ended, {_num_ended(server, 'abort')} aborted, {load}"
-    )
-
-
-def _read_all(sock: socket.socket) -> bytes:
-    received = b""
-    with suppress(ConnectionResetError):
-        while chunk := sock.recv(65536):
-            received += chunk
-    return received
-
-
 NUM_CHOICES = 16  # with max_num_seqs 2, far more generation than the limits below allow
 
 
@@ -256,9 +174,9 @@ def test_a_client_that_does_not_read_is_cut_off_at_the_write_timeout(
     config = {"engine_process": engine_process, "max_num_seqs": 2,
               "max_stream_buffer_bytes": 64 << 20}  # fmt: skip
     with serving(demo_assets, tmp_path, limits, **config) as (server, address, listener):
-        with _open_not_reading(address, listener, server, NUM_CHOICES) as sock:
-            _wait_engine_freed(server, NUM_CHOICES)
-            received = _read_all(sock)  # the connection was cut: its end comes at once
+        with open_not_reading(address, listener, server, long_stream(NUM_CHOICES)) as sock:
+            wait_engine_freed(server, NUM_CHOICES)
+            received = read_all(sock)  # the connection was cut: its end comes at once
         assert received.startswith(b"HTTP/1.1 200")
         assert not received.endswith(b"0\r\n\r\n")  # cut, not complete
         assert listener.server_state.connections == set() or all(
@@ -275,10 +193,10 @@ def test_a_stream_past_its_buffer_is_aborted_and_says_why(
               "stream_pause_bytes": 1 << 30}  # fmt: skip  # never paused: the abort path
     with (
         serving(demo_assets, tmp_path, limits, **config) as (server, address, listener),
-        _open_not_reading(address, listener, server, NUM_CHOICES) as sock,
+        open_not_reading(address, listener, server, long_stream(NUM_CHOICES)) as sock,
     ):
-        _wait_engine_freed(server, NUM_CHOICES)  # with the client still not reading
-        received = _read_all(sock)  # now it reads: the stream ends, and says why
+        wait_engine_freed(server, NUM_CHOICES)  # with the client still not reading
+        received = read_all(sock)  # now it reads: the stream ends, and says why
     assert b'"code":"stream_not_read"' in received
     assert received.endswith(b"0\r\n\r\n")
     assert b"data: [DONE]" not in received
@@ -299,7 +217,7 @@ def test_a_client_that_does_not_read_is_paused_and_another_tenant_is_served(
               "max_stream_resumes": 0}  # fmt: skip
     with (
         serving(demo_assets, tmp_path, limits, **config) as (server, address, listener),
-        _open_not_reading(address, listener, server, NUM_CHOICES) as sock,
+        open_not_reading(address, listener, server, long_stream(NUM_CHOICES)) as sock,
     ):
         deadline = time.monotonic() + WAIT_S
         while time.monotonic() < deadline:
@@ -310,7 +228,7 @@ def test_a_client_that_does_not_read_is_paused_and_another_tenant_is_served(
         load = server.engine.load_snapshot()
         assert load.num_paused > 0 and load.num_running == load.num_waiting == 0, load
         assert load.kv_usage == 0  # their KV blocks freed too
-        assert _num_ended(server, "abort") == 0  # paused, not aborted
+        assert num_ended(server, "abort") == 0  # paused, not aborted
         host, port = address
         reply = httpx.post(
             f"http://{host}:{port}/v1/completions",
@@ -326,22 +244,14 @@ def test_a_client_that_does_not_read_is_paused_and_another_tenant_is_served(
             time.sleep(0.05)
         after = server.engine.load_snapshot()  # the stuck stream still paused, nothing running
         assert after.num_paused == load.num_paused and after.num_running == 0, after
-        received = _read_response(sock)  # it reads again: no resume left
+        received = read_response(sock)  # it reads again: no resume left
         deadline = time.monotonic() + WAIT_S  # the engine takes the aborts in its next turn
         while server.engine.load_snapshot().num_paused and time.monotonic() < deadline:
             time.sleep(0.05)
         assert server.engine.load_snapshot().num_paused == 0  # aborted: nothing left of it
-        assert _num_ended(server, "abort") >= 1
+        assert num_ended(server, "abort") >= 1
     assert received.endswith(b"0\r\n\r\n") and b"data: [DONE]" not in received
     assert b'"code":"stream_resumed_too_often"' in received
-
-
-def _read_response(sock: socket.socket) -> bytes:
-    """One chunked response to its end (the connection stays open: keep-alive)."""
-    received = b""
-    while not received.endswith(b"0\r\n\r\n") and (chunk := sock.recv(65536)):
-        received += chunk
-    return received
 
 
 def test_a_paused_stream_whose_slot_was_taken_completes_once_its_client_reads(
@@ -354,7 +264,7 @@ def test_a_paused_stream_whose_slot_was_taken_completes_once_its_client_reads(
               "max_stream_buffer_bytes": 64 << 20, "stream_pause_bytes": 8 << 10}  # fmt: skip
     with (
         serving(demo_assets, tmp_path, limits, **config) as (server, address, listener),
-        _open_not_reading(address, listener, server, 1) as sock,
+        open_not_reading(address, listener, server, long_stream(1)) as sock,
     ):
         deadline = time.monotonic() + WAIT_S
         while not server.engine.load_snapshot().num_paused and time.monotonic() < deadline:
@@ -369,12 +279,12 @@ def test_a_paused_stream_whose_slot_was_taken_completes_once_its_client_reads(
             timeout=WAIT_S,
         )
         assert reply.status_code == 200
-        received = _read_response(sock)  # now it reads
+        received = read_response(sock)  # now it reads
         load = server.engine.load_snapshot()
     assert b"data: [DONE]" in received
     assert b'"finish_reason":"length"' in received and b'"error"' not in received
     assert load.num_resumes >= 1 and load.num_pauses >= load.num_resumes
-    assert _num_ended(server, "abort") == 0
+    assert num_ended(server, "abort") == 0
 
 
 def test_a_stream_resumed_too_often_is_cut_off_and_says_why() -> None:

@@ -1,0 +1,121 @@
+"""A real server and a client that stops reading its stream (``server/stream_buffer.py``),
+shared by the stuck-stream tests and the streamed-echo tests."""
+
+from __future__ import annotations
+
+import json
+import socket
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager, suppress
+from pathlib import Path
+from urllib.parse import urlsplit
+
+import uvicorn
+from live import listening
+
+from loraplex.demo.assets import DemoAssets
+from loraplex.serve.assembly import DEMO_DIR, build_server
+from loraplex.serve.config import ServeConfig
+from loraplex.serve.front import Server
+from loraplex.server.listeners import BoundedH11Protocol, ConnectionLimits
+
+WAIT_S = 30.0  # far longer than any limit here: what has not happened by then never will
+
+
+@contextmanager
+def serving(
+    assets: DemoAssets, data_dir: Path, limits: ConnectionLimits, **config: object
+) -> Iterator[tuple[Server, tuple[str, int], uvicorn.Server]]:
+    (data_dir / DEMO_DIR).symlink_to(assets.root, target_is_directory=True)
+    server = build_server(ServeConfig(data_dir=data_dir, **config))  # type: ignore[arg-type]
+    try:
+        with listening(server.app, limits) as (url, listener):
+            address = urlsplit(url)
+            yield server, (address.hostname or "", address.port or 0), listener
+    finally:
+        server.close()
+
+
+def num_ended(server: Server, outcome: str | None = None) -> float:
+    """Requests counted as ended, with ``outcome`` or with any."""
+    return sum(
+        sample.value
+        for family in server.deps.metrics.requests.collect()
+        for sample in family.samples
+        if sample.name.endswith("_total") and outcome in (None, sample.labels["outcome"])
+    )
+
+
+def long_stream(num_choices: int) -> dict[str, object]:
+    """A completions stream of ``num_choices`` choices of 480 tokens each."""
+    return {"model": "support", "prompt": "The acme support team", "stream": True,
+            "n": num_choices, "max_tokens": 480, "ignore_eos": True}  # fmt: skip
+
+
+def open_not_reading(
+    address: tuple[str, int], listener: uvicorn.Server, server: Server, request: dict[str, object]
+) -> socket.socket:
+    """A connection that asks for ``request`` (an ``acme`` completions body) and reads none of
+    its answer. NOTE: loopback's kernel buffers hold megabytes; both ends' are made small so
+    the stall shows after kilobytes."""
+    sock = socket.socket()
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+    sock.settimeout(WAIT_S)
+    sock.connect(address)
+    local_port = sock.getsockname()[1]
+    deadline = time.monotonic() + WAIT_S
+    accepted: list[BoundedH11Protocol] = []
+    while not accepted and time.monotonic() < deadline:
+        accepted = [
+            p
+            for p in listener.server_state.connections
+            if isinstance(p, BoundedH11Protocol) and p.client and p.client[1] == local_port
+        ]
+        time.sleep(0.01)
+    (protocol,) = accepted
+    protocol.transport.get_extra_info("socket").setsockopt(
+        socket.SOL_SOCKET, socket.SO_SNDBUF, 4096
+    )
+    body = json.dumps(request)
+    head = (
+        "POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+        f"Authorization: Bearer {server.sample_keys['acme']}\r\n"
+        f"Content-Length: {len(body)}\r\n\r\n"
+    )
+    sock.sendall(head.encode() + body.encode())
+    return sock
+
+
+def wait_engine_freed(server: Server, num_choices: int) -> None:
+    """Every sibling ended, the unfinished ones aborted (NOTE: on a fast machine the first
+    siblings may finish inside the limit: "length", not "abort"); nothing running or queued,
+    no KV block held."""
+    deadline = time.monotonic() + WAIT_S
+    while time.monotonic() < deadline:
+        load = server.engine.load_snapshot()
+        ended = num_ended(server) >= num_choices and num_ended(server, "abort") >= 1
+        if ended and load.num_running == 0 and load.num_waiting == 0 and load.kv_usage == 0:
+            return
+        time.sleep(0.05)
+    load = server.engine.load_snapshot()
+    raise AssertionError(
+        f"not freed: {num_ended(server)} ended, {num_ended(server, 'abort')} aborted, {load}"
+    )
+
+
+def read_all(sock: socket.socket) -> bytes:
+    """Everything until the server closes the connection."""
+    received = b""
+    with suppress(ConnectionResetError):
+        while chunk := sock.recv(65536):
+            received += chunk
+    return received
+
+
+def read_response(sock: socket.socket) -> bytes:
+    """One chunked response to its end (the connection stays open: keep-alive)."""
+    received = b""
+    while not received.endswith(b"0\r\n\r\n") and (chunk := sock.recv(65536)):
+        received += chunk
+    return received
