@@ -1,18 +1,16 @@
 """A fleet's measured contention (``fleet_contention``): the curve, its file key, what the
-simulator charges with it, its fit; and the fleet calibration's lone requests paced as the lone
-server's are (one pacing function, ``calibrate_run.paced_requests``)."""
+simulator charges with it, and its fit (the measuring side:
+tests/bench/test_sim_calibrate_fleet.py)."""
 
 from __future__ import annotations
 
 import json
 from dataclasses import replace
 from pathlib import Path
-from typing import Any
 
 import pytest
 from sim_inputs import cost
 
-from loraplex.bench.serve.driver import DriveConfig, RequestRecord
 from loraplex.sim.calibrate_fleet import ContentionSample, fit_contention
 from loraplex.sim.config import SimConfig
 from loraplex.sim.cost_model import from_dict, load
@@ -137,85 +135,3 @@ def test_a_faster_than_lone_round_is_floored_and_too_few_counts_refused() -> Non
         fit_contention([ContentionSample(1, 10.0)])
     with pytest.raises(ValueError, match="ContentionSample"):
         ContentionSample(1, 0.0)
-
-
-# --- the fleet calibration's lone requests ---------------------------------------------------
-
-
-def _record(request: Any, tier: str = "L0", ok: bool = True) -> RequestRecord:
-    return RequestRecord(
-        request.t_s, request.tenant, request.adapter, tier, 200 if ok else 0,
-        0.05 if ok else None, 0.01 if ok else None, request.output_tokens, "r1",
-        None if ok else "timeout",
-    )  # fmt: skip
-
-
-def test_the_fleet_paces_its_lone_requests_with_the_lone_servers_function(
-    monkeypatch: pytest.MonkeyPatch,
-) -> None:
-    from loraplex.bench.sim import calibrate_fleet, calibrate_run
-    from loraplex.bench.workloads import ATTENTION_TARGETS, TraceAdapter
-
-    assert calibrate_fleet.paced_requests is calibrate_run.paced_requests
-    sent: list[list[Any]] = []
-
-    async def replay(url: str, requests: list[Any], keys: dict[str, str], drive: Any) -> list[Any]:
-        sent.append(list(requests))
-        # the first of every group not served from a slot, the second failed
-        out = [_record(r) for r in requests]
-        out[0], out[1] = _record(requests[0], tier="L1"), _record(requests[1], ok=False)
-        return out
-
-    monkeypatch.setattr(calibrate_fleet, "replay", replay)
-    config = calibrate_fleet.FleetCalibrateConfig(
-        requests=3, prefill_lengths=(8, 32), hop_gap_s=0.5, hop_output_tokens=5
-    )
-    adapter = TraceAdapter("t", "a", 8, ATTENTION_TARGETS)
-    drive = DriveConfig(request_timeout_s=5.0, vocab_size=100)
-    samples, left_out = calibrate_fleet._lone_samples(
-        "http://x", "k", adapter, 4096, config=config, drive=drive
-    )
-    assert [[r.t_s for r in group] for group in sent] == [[0.5, 1.0, 1.5]] * 3
-    assert [{(r.prompt_tokens, r.output_tokens) for r in group} for group in sent] == [
-        {(8, 5)}, {(32, 5)}, {(8, config.output_tokens)},
-    ]  # fmt: skip
-    assert left_out == 6
-    assert [(s.prompt_tokens, s.tpot_s) for s in samples] == [(8, None), (32, None), (8, 0.01)]
-
-
-@pytest.mark.parametrize(
-    ("fields", "named"),
-    [
-        ({"hop_gap_s": -1.0}, "hop_gap_s"),
-        ({"hop_output_tokens": 0}, "hop_output_tokens"),
-        ({"in_flight": (2, 4)}, "in_flight"),
-        ({"in_flight": (1,)}, "in_flight"),
-        ({"in_flight": (1, 100)}, "in_flight"),
-        ({"contention_rounds": 0}, "contention_rounds"),
-    ],
-)
-def test_the_fleet_config_refuses_bad_fields_by_name(fields: dict[str, Any], named: str) -> None:
-    from loraplex.bench.sim.calibrate_fleet import FleetCalibrateConfig
-
-    with pytest.raises(ValueError, match=named):
-        FleetCalibrateConfig(**fields)
-
-
-@pytest.mark.parametrize(
-    ("flags", "named"),
-    [(["--in-flight", "2,4"], "in_flight"), (["--contention-rounds", "0"], "contention_rounds")],
-)
-def test_calibrate_fleet_refuses_bad_contention_flags(
-    tmp_path: Path, flags: list[str], named: str
-) -> None:
-    """Refused before any fleet starts (no Ray needed)."""
-    from sim_inputs import COST_FILE
-    from typer.testing import CliRunner
-
-    from loraplex.cli import app
-
-    args = ["sim", "calibrate-fleet", "--base", str(COST_FILE), "--out", str(tmp_path / "o.json")]
-    result = CliRunner().invoke(app, [*args, *flags])
-    assert result.exit_code != 0
-    assert named in result.output
-    assert not (tmp_path / "o.json").exists()
