@@ -93,7 +93,8 @@ def simulate(
     """Runs ``trace`` (sorted by ``t_s``) through ``config``'s deployment, charged by
     ``cost_model``; the same inputs give the same result. ``skip_steps`` False steps every
     steady decode batch one event at a time (``sim/decode_run.py``; the same result, slower,
-    except with the cost model's ``cores``: a run keeps its first step's factor, ``sim/cpu.py``)."""
+    except with the cost model's ``cores`` or ``fleet_contention``: a run keeps its first step's
+    factor, ``sim/cpu.py``)."""
     clock = ManualClock()
     executor = SimExecutor(clock)
     adapters = trace_adapters(trace, config)
