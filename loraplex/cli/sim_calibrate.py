@@ -40,14 +40,21 @@ def calibrate_fleet_command(
         int, typer.Option(help="Lone requests per prompt length and adapter (and decode ones).")
     ] = 8,
     prefill_lengths: PrefillLengths = "8,16,32,64",
+    in_flight: Annotated[
+        str, typer.Option(help="Requests kept in flight in the contention rounds (with 1).")
+    ] = "1,2,4,8",
+    contention_rounds: Annotated[
+        int, typer.Option(help="Rounds per in-flight count (their median throughput).")
+    ] = 3,
     report: Report = None,
     asset_dir: Annotated[
         Path, typer.Option(help="Demo assets cache (base model <dir>/test-small).")
     ] = Path(".loraplex-assets"),
 ) -> None:
     """Add a fleet's costs to a lone server's model: measure a local demo fleet (Ray) with lone
-    warm requests through its ingress: the ingress-to-replica hop and its spread, the
-    co-located replicas' step scale, and the machine's cores (docs/simulator.md)."""
+    warm requests through its ingress, paced as a trace sends them: the ingress-to-replica hop
+    and its spread, the co-located replicas' step scale, the machine's cores; and the fleet's
+    slowdown with 1, 2, 4, 8 requests in flight (docs/simulator.md)."""
     from loraplex.bench.sim.calibrate_fleet import FleetCalibrateConfig, calibrate_fleet
     from loraplex.sim.cost_model import load
 
@@ -56,6 +63,8 @@ def calibrate_fleet_command(
             replicas=replicas,
             requests=requests,
             prefill_lengths=ints(prefill_lengths, "--prefill-lengths"),
+            in_flight=ints(in_flight, "--in-flight"),
+            contention_rounds=contention_rounds,
         )
         base_model = load(base)
     except (ValueError, OSError) as exc:

@@ -11,6 +11,10 @@ Torch-free and HTTP-free: ``bench/sim/calibrate_fleet.py`` measures, this module
   step, scaled as above), floored at 0: the ingress-to-replica hop.
 - ``network_jitter_s``: the quantiles of each lone prefill request's TTFT less its group's
   median (prompt length and adapter), as ``hop_jitter_s`` is measured on one server.
+- ``fleet_contention``: the fleet's throughput with ``k`` requests kept in flight (k = 1, 2,
+  4, 8; closed loop, warm adapters), as the slowdown per request ``k * X(1) / X(k)`` (the median
+  throughput of each ``k``'s rounds), floored at 1 (the raw values are kept): the CPU work the
+  fleet's processes add per request, which lone requests cannot show (``sim/cpu.py``).
 - ``cores``: given by the caller (the machine's usable cores where the fleet ran).
 """
 
@@ -24,6 +28,7 @@ from dataclasses import dataclass, replace
 
 from loraplex.sim.calibrate import jitter_quantiles
 from loraplex.sim.cost_model import CostModel
+from loraplex.sim.cpu import Contention
 
 
 @dataclass(frozen=True)
@@ -59,6 +64,36 @@ class FleetSample:
 
 
 @dataclass(frozen=True)
+class ContentionSample:
+    """One round of ``in_flight`` requests kept in flight through the fleet (a closed loop)."""
+
+    in_flight: int  # requests in flight throughout
+    requests_per_s: float  # completed requests over the round's wall time
+
+    def __post_init__(self) -> None:
+        rate = self.requests_per_s
+        if self.in_flight < 1 or not (rate > 0 and math.isfinite(rate)):
+            raise ValueError(f"ContentionSample {self} is invalid; expected >= 1 and rate > 0")
+
+
+def fit_contention(samples: Sequence[ContentionSample]) -> tuple[Contention, tuple[float, ...]]:
+    """The slowdown per request at each measured ``in_flight`` (module docstring), and the raw
+    values before the floor at 1; refused without one-request rounds and one other count."""
+    rates: dict[int, list[float]] = defaultdict(list)
+    for sample in samples:
+        rates[sample.in_flight].append(sample.requests_per_s)
+    if 1 not in rates or len(rates) < 2:
+        raise ValueError(
+            f"contention samples cover in_flight {sorted(rates)}; expected 1 and at least one more"
+        )
+    lone = statistics.median(rates[1])
+    counts = tuple(sorted(rates))
+    raw = tuple(k * lone / statistics.median(rates[k]) for k in counts)
+    stretch = (1.0, *(max(1.0, r) for r in raw[1:]))
+    return Contention(counts, stretch), raw
+
+
+@dataclass(frozen=True)
 class FleetFit:
     """The fleet terms and how they were found."""
 
@@ -91,14 +126,19 @@ def fit_fleet(base: CostModel, samples: Sequence[FleetSample]) -> FleetFit:
     )
 
 
-def fleet_model(base: CostModel, fit: FleetFit, cores: int, sources: dict[str, str]) -> CostModel:
-    """``base`` with the fleet terms of ``fit`` and the machine's ``cores``; ``sources`` (the
-    fleet run's command, date, machine and method per key) are added to the base's."""
+def fleet_model(
+    base: CostModel, fit: FleetFit, cores: int, sources: dict[str, str],
+    contention: Contention | None = None,
+) -> CostModel:  # fmt: skip
+    """``base`` with the fleet terms of ``fit``, the machine's ``cores`` and the fleet's
+    ``contention`` when measured; ``sources`` (the fleet run's command, date, machine and method
+    per key) are added to the base's."""
     return replace(
         base,
         network_s=fit.network_s,
         network_jitter_s=fit.network_jitter_s,
         fleet_cpu_scale=fit.fleet_cpu_scale,
         cores=cores,
+        fleet_contention=contention,
         sources={**base.sources, **sources},
     )

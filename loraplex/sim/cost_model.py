@@ -52,7 +52,10 @@ With ``cores`` (the CPU cores the deployment's processes share), the machine's C
 a step that starts while ``n`` other CPU jobs run (other replicas' steps, requests' hops in
 flight: the front's and the fleet hop's work) costs ``max(1, (n + 1) / cores)`` times its
 price. The factor is read when the step starts (a steady decode run keeps its first step's).
-A file without the key charges no contention.
+A file without the key charges no contention. A fleet's ``fleet_contention`` (``sim/cpu.py``:
+the measured slowdown per request with 1, 2, 4, 8 ... requests in flight through the fleet)
+replaces ``cores`` in a fleet's simulation and stretches its steps and hops by the requests in
+flight; a file without it reads as before, and a lone server never reads it.
 
 A lease that waits for a load (its adapter not in a GPU slot) reaches its request
 ``lease_handoff_s[tier]`` seconds after the load completes, ``tier`` the one it was loaded from
@@ -75,6 +78,8 @@ import json
 import math
 from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
+
+from loraplex.sim.cpu import Contention
 
 SCHEMA = "loraplex-sim-cost/1"
 LINKS = ("L3_to_L2", "L2_to_L1", "L1_to_L0")
@@ -181,6 +186,8 @@ class CostModel:
     fleet_cpu_scale: float = 1.0
     # CPU cores the deployment's processes share (module docstring); None: no contention term.
     cores: int | None = None
+    # A fleet's measured slowdown by requests in flight (module docstring); None: not measured.
+    fleet_contention: Contention | None = None
     # Seconds a lease that waited for a load from a tier (L1, L2, L3) reaches its request after
     # the load completes (module docstring); {}: at once.
     lease_handoff_s: dict[str, float] = field(default_factory=dict)
@@ -237,6 +244,7 @@ class CostModel:
             ("network_jitter_s", ()),
             ("fleet_cpu_scale", 1.0),
             ("cores", None),
+            ("fleet_contention", None),
             ("lease_handoff_s", {}),
         ):
             if body[key] == default:
@@ -258,7 +266,7 @@ def from_dict(body: dict[str, object], origin: str = "<dict>") -> CostModel:
         raise ValueError(f"{origin}: schema must be {SCHEMA!r}, got {body.get('schema')!r}")
     known = {"schema", "hardware", "validated", "step", "links", "front_s", "ipc_s"}
     known |= {"network_s", "sources", "load_cpu_shared", "hop_jitter_s", "network_jitter_s"}
-    known |= {"fleet_cpu_scale", "cores", "lease_handoff_s"}
+    known |= {"fleet_cpu_scale", "cores", "lease_handoff_s", "fleet_contention"}
     unknown = sorted(set(body) - known)
     if unknown:
         raise ValueError(f"{origin}: unknown keys {unknown}")
@@ -293,6 +301,7 @@ def from_dict(body: dict[str, object], origin: str = "<dict>") -> CostModel:
         ),
         fleet_cpu_scale=_float(body, "fleet_cpu_scale", 1.0),
         cores=cores,
+        fleet_contention=_contention(body.get("fleet_contention"), f"{origin}: fleet_contention"),
         lease_handoff_s=_handoffs(body.get("lease_handoff_s", {}), f"{origin}: lease_handoff_s"),
         sources={str(k): str(v) for k, v in sources.items()},
     )
@@ -317,6 +326,21 @@ def _numbers(body: object, kind: type, where: str, optional: tuple[str, ...]) ->
             raise ValueError(f"{where}.{key} must be a number, got {value!r}")
         values[key] = float(value)
     return values
+
+
+def _contention(value: object, where: str) -> Contention | None:
+    """``fleet_contention``: absent (None), or ``{"in_flight": [...], "stretch": [...]}``."""
+    if value is None:
+        return None
+    if not isinstance(value, dict) or set(value) != {"in_flight", "stretch"}:
+        raise ValueError(f"{where} must be an object of in_flight and stretch, got {value!r}")
+    counts = value["in_flight"]
+    if not isinstance(counts, list) or not all(
+        isinstance(k, int) and not isinstance(k, bool) for k in counts
+    ):
+        raise ValueError(f"{where}.in_flight must be a list of integers, got {counts!r}")
+    stretch = _number_list(value["stretch"], f"{where}.stretch")
+    return Contention(tuple(counts), stretch)
 
 
 def _handoffs(value: object, where: str) -> dict[str, float]:

@@ -161,7 +161,7 @@ class SimReplica:
         try:
             sched.check_can_add(request)
         except LoraplexError as error:
-            _end(outcome, self._clock.now(), error)
+            self._end(outcome, error)
             return
         victim = sched.push_out_victim(request)
         if victim is not None:
@@ -458,7 +458,12 @@ class SimReplica:
         self.scheduler.finish(req, state, reason)
         outcome = self._outcomes.pop(req.request_id, None)
         if outcome is not None:
-            _end(outcome, self._clock.now(), error)
+            self._end(outcome, error)
+
+    def _end(self, outcome: Outcome, error: BaseException | None) -> None:
+        _end(outcome, self._clock.now(), error)
+        if self._cpu is not None:
+            self._cpu.requests -= 1  # counted in at its arrival (``sim/run.py``)
 
     @property
     def num_live(self) -> int:

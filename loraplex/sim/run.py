@@ -6,7 +6,8 @@ request arrivals, on one ``ManualClock``; nothing reads wall time. Arrivals are 
 order (the heap holds only what is in flight, never the whole trace): the loop runs every event
 due by a request's ``t_s``, the router (a fleet) picks its replica, and the engine receives it
 after the cost model's front, IPC and (fleet) network overheads. With the cost model's
-``cores``, steps and hops share the machine's CPU (``sim/cpu.py``).
+``cores`` (or a fleet's ``fleet_contention``), steps and hops share the machine's CPU
+(``sim/cpu.py``).
 """
 
 from __future__ import annotations
@@ -92,13 +93,16 @@ def simulate(
     """Runs ``trace`` (sorted by ``t_s``) through ``config``'s deployment, charged by
     ``cost_model``; the same inputs give the same result. ``skip_steps`` False steps every
     steady decode batch one event at a time (``sim/decode_run.py``; the same result, slower,
-    except with the cost model's ``cores``: a run keeps its first step's factor, ``sim/cpu.py``)."""
+    except with the cost model's ``cores`` or ``fleet_contention``: a run keeps its first step's
+    factor, ``sim/cpu.py``)."""
     clock = ManualClock()
     executor = SimExecutor(clock)
     adapters = trace_adapters(trace, config)
     footprints = {a.key: a.footprint for a in adapters.values()}
     ranks = {a.key: a.rank for a in adapters.values()}
-    cpu = None if cost_model.cores is None else CpuShare(cost_model.cores)
+    contention = cost_model.fleet_contention if config.replicas > 1 else None
+    modelled = cost_model.cores is not None or contention is not None
+    cpu = CpuShare(cost_model.cores, contention) if modelled else None
     replicas = [
         SimReplica(
             i,
@@ -139,6 +143,9 @@ def simulate(
         if jitter is not None:
             hop = max(0.0, hop_s + cost_model.hop_jitter(jitter.random(), fleet is not None))
         if cpu is not None:
+            cpu.requests += 1  # its replica counts its end
+            if cpu.contention is not None:
+                hop *= cpu.hop_stretch()
             cpu.add_hop(record.t_s, record.t_s + hop)
         executor.call_at(record.t_s + hop, _submit(replica, request, outcome))
     executor.drain()

@@ -1,74 +1,147 @@
 """``sim calibrate-fleet``'s measuring loop (``bench/sim/calibrate_fleet._measure``) against a
-stand-in ingress: warms each adapter until it is served from a GPU slot, keeps only warm
-successful requests, counts the rest as left out. No Ray, no server."""
+stand-in ingress: warms each adapter until it is served from a GPU slot, sends the lone requests
+paced as the lone server's calibration does (one function, ``calibrate_run.paced_requests``),
+keeps only warm successful requests, counts the rest as left out, and times the contention
+rounds. No Ray, no server."""
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any
 
 import pytest
 
 from loraplex.bench.serve.driver import DriveConfig, RequestRecord
-from loraplex.bench.sim import calibrate_fleet
+from loraplex.bench.sim import calibrate_fleet, calibrate_run
 from loraplex.bench.sim.calibrate_fleet import FleetCalibrateConfig, _measure
 from loraplex.bench.workloads import ATTENTION_TARGETS, TraceAdapter, TraceRequest
 
 ADAPTERS = [TraceAdapter("t", "r8", 8, ATTENTION_TARGETS), TraceAdapter("t", "r64", 64, ())]
 SIZES = {("t", "r8"): 1000, ("t", "r64"): 8000}
+DRIVE = DriveConfig(request_timeout_s=5.0, vocab_size=100)
 
 
-def _fake_ingress(monkeypatch: pytest.MonkeyPatch, cold_first: int, fail_every: int = 0) -> list:
+def _fake_ingress(monkeypatch: pytest.MonkeyPatch, cold_first: int, fail_every: int = 0) -> dict:
     """Each adapter's first ``cold_first`` requests are served cold (tier L3); every
-    ``fail_every``-th request after that fails (0: none)."""
-    sent: list[TraceRequest] = []
+    ``fail_every``-th request after that fails (0: none). Lone single requests (warming,
+    contention rounds) and paced replays (``replay``) go through the same stand-in; what each
+    sent is kept apart."""
+    sent: dict[str, list[Any]] = {"all": [], "paced": []}
 
-    async def send_one(url: str, request: TraceRequest, **_: Any) -> RequestRecord:
-        sent.append(request)
-        mine = sum(1 for r in sent if r.adapter == request.adapter)
+    def serve(request: TraceRequest) -> RequestRecord:
+        sent["all"].append(request)
+        mine = sum(1 for r in sent["all"] if r.adapter == request.adapter)
         tier = "L3" if mine <= cold_first else "L0"
         failed = fail_every and tier == "L0" and mine % fail_every == 0
         tokens = request.output_tokens
         return RequestRecord(
-            0.0, request.tenant, request.adapter, tier, 503 if failed else 200,
+            request.t_s, request.tenant, request.adapter, tier, 503 if failed else 200,
             0.04 + 0.001 * request.prompt_tokens, 0.01 if tokens > 1 else None, tokens,
             "r1", "busy" if failed else None,
         )  # fmt: skip
 
+    async def send_one(url: str, request: TraceRequest, **_: Any) -> RequestRecord:
+        return serve(request)
+
+    async def replay(url: str, requests: list[Any], keys: dict[str, str], drive: Any) -> list:
+        sent["paced"].append(list(requests))
+        return [serve(r) for r in requests]
+
     monkeypatch.setattr(calibrate_fleet, "send_one", send_one)
+    monkeypatch.setattr(calibrate_fleet, "replay", replay)
     return sent
+
+
+def _config(**fields: Any) -> FleetCalibrateConfig:
+    """No idle gap between rounds (the stand-in does not care), one round per count."""
+    return FleetCalibrateConfig(hop_gap_s=0.0, contention_rounds=1, **fields)
 
 
 def test_warms_then_keeps_only_warm_samples(monkeypatch: pytest.MonkeyPatch) -> None:
     sent = _fake_ingress(monkeypatch, cold_first=2)
-    config = FleetCalibrateConfig(requests=3, prefill_lengths=(8, 32))
-    drive = DriveConfig(request_timeout_s=5.0, vocab_size=100)
-    samples, left_out = _measure(
-        "http://x", "key", ADAPTERS, sizes=SIZES, config=config, drive=drive
+    config = _config(requests=3, prefill_lengths=(8, 32), in_flight=(1, 2))
+    samples, rounds, left_out = _measure(
+        "http://x", "key", ADAPTERS, sizes=SIZES, config=config, drive=DRIVE
     )
     assert left_out == 0
-    assert len(sent) == 2 * (3 + 2 * 3 + 3)  # 3 warming (2 cold, 1 warm) + prefills + decodes
+    lone = 2 * (3 + 2 * 3 + 3)  # 3 warming (2 cold, 1 warm) + prefills + decodes
+    per_client = calibrate_fleet.CONTENTION_PER_CLIENT
+    assert len(sent["all"]) == lone + (1 + 2) * per_client
     prefills = [s for s in samples if s.tpot_s is None]
     decodes = [s for s in samples if s.tpot_s is not None]
     assert len(prefills) == 2 * 2 * 3 and len(decodes) == 2 * 3
     assert {(s.rank, s.nbytes) for s in samples} == {(8, 1000), (64, 8000)}
     assert {s.prompt_tokens for s in prefills} == {8, 32}
-    assert all(r.output_tokens == 24 for r in sent[-3:])  # the decode requests
+    assert [r.in_flight for r in rounds] == [1, 2]
+    assert all(r.requests_per_s > 0 for r in rounds)
 
 
 def test_failed_and_cold_requests_are_left_out(monkeypatch: pytest.MonkeyPatch) -> None:
     _fake_ingress(monkeypatch, cold_first=7, fail_every=5)  # not warm within the 6 tries
-    config = FleetCalibrateConfig(requests=2, prefill_lengths=(8,))
-    drive = DriveConfig(request_timeout_s=5.0, vocab_size=100)
-    samples, left_out = _measure(
-        "http://x", "key", ADAPTERS[:1], sizes=SIZES, config=config, drive=drive
+    config = _config(requests=2, prefill_lengths=(8,))
+    samples, _, left_out = _measure(
+        "http://x", "key", ADAPTERS[:1], sizes=SIZES, config=config, drive=DRIVE
     )
     # 6 warming tries (cold), then prefills 7 (cold) and 8, decodes 9 and 10 (failed)
     assert left_out == 2
     assert [(s.prompt_tokens, s.tpot_s is None) for s in samples] == [(8, True), (8, False)]
 
 
-def test_config_refuses_what_is_not_a_fleet() -> None:
-    with pytest.raises(ValueError, match="replicas"):
-        FleetCalibrateConfig(replicas=1)
-    with pytest.raises(ValueError, match="output_tokens"):
-        FleetCalibrateConfig(output_tokens=2)
+def test_the_lone_requests_are_paced_by_the_lone_servers_function(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The fleet's lone requests are ``paced_requests``' trace (``hop_gap_s`` apart from the
+    first, ``hop_output_tokens`` each; the decode ones ``output_tokens``), replayed as ``bench
+    sim`` replays a fleet's trace; before, they went back to back with ``max_tokens`` 1."""
+    assert calibrate_fleet.paced_requests is calibrate_run.paced_requests
+    sent = _fake_ingress(monkeypatch, cold_first=0)
+    config = FleetCalibrateConfig(
+        requests=3, prefill_lengths=(8, 32), hop_gap_s=0.5, hop_output_tokens=5
+    )
+    samples, left_out = calibrate_fleet._lone_samples(
+        "http://x", "k", ADAPTERS[0], 1000, config=config, drive=DRIVE
+    )
+    groups = sent["paced"]
+    assert [[r.t_s for r in group] for group in groups] == [[0.5, 1.0, 1.5]] * 3
+    assert [{(r.prompt_tokens, r.output_tokens) for r in group} for group in groups] == [
+        {(8, 5)}, {(32, 5)}, {(8, config.output_tokens)},
+    ]  # fmt: skip
+    assert (len(samples), left_out) == (9, 0)
+
+
+@pytest.mark.parametrize(
+    ("fields", "named"),
+    [
+        ({"replicas": 1}, "replicas"),
+        ({"output_tokens": 2}, "output_tokens"),
+        ({"hop_gap_s": -1.0}, "hop_gap_s"),
+        ({"hop_output_tokens": 0}, "hop_output_tokens"),
+        ({"in_flight": (2, 4)}, "in_flight"),
+        ({"in_flight": (1,)}, "in_flight"),
+        ({"in_flight": (1, 100)}, "in_flight"),
+        ({"contention_rounds": 0}, "contention_rounds"),
+    ],
+)
+def test_config_refuses_bad_fields_by_name(fields: dict[str, Any], named: str) -> None:
+    with pytest.raises(ValueError, match=named):
+        FleetCalibrateConfig(**fields)
+
+
+@pytest.mark.parametrize(
+    ("flags", "named"),
+    [(["--in-flight", "2,4"], "in_flight"), (["--contention-rounds", "0"], "contention_rounds")],
+)
+def test_calibrate_fleet_refuses_bad_contention_flags(
+    tmp_path: Path, flags: list[str], named: str
+) -> None:
+    """Refused before any fleet starts (no Ray needed)."""
+    from typer.testing import CliRunner
+
+    from loraplex.cli import app
+
+    base = Path(__file__).resolve().parents[1] / "sim" / "cost_example.json"
+    args = ["sim", "calibrate-fleet", "--base", str(base), "--out", str(tmp_path / "o.json")]
+    result = CliRunner().invoke(app, [*args, *flags])
+    assert result.exit_code != 0
+    assert named in result.output
+    assert not (tmp_path / "o.json").exists()

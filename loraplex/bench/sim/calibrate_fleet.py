@@ -1,13 +1,19 @@
 """``loraplex sim calibrate-fleet``'s measurements: lone warm requests through a local demo
-fleet's ingress (``bench fleet``'s Ray cluster, ``bench sim``'s fleet settings), fitted by
-``sim/calibrate_fleet.py`` onto a lone server's cost model.
+fleet's ingress (``bench fleet``'s Ray cluster, ``bench sim``'s fleet settings), and the fleet's
+throughput with a few requests in flight, fitted by ``sim/calibrate_fleet.py`` onto a lone
+server's cost model.
 
 Two adapters (rank 8 and the largest served rank, attention targets) are registered for one
 tenant; each is warmed (requests until one reports it in a GPU slot, so the router's affinity
-sends the rest to that replica), then, one request at a time so nothing queues: ``requests``
-lone requests of ``max_tokens`` 1 per prompt length (prefill samples), and ``requests`` of
-``output_tokens`` tokens (decode samples, their TPOT). None of it is a trace ``bench sim``
-validates.
+sends the rest to that replica), then, one request at a time so nothing queues, paced as the
+lone server's calibration paces its lone requests (``calibrate_run.paced_requests``: as
+``bench sim``'s real fleet runs send a trace, ``hop_gap_s`` apart): ``requests`` lone requests
+of ``hop_output_tokens`` tokens per prompt length (prefill samples, their TTFT), and
+``requests`` of ``output_tokens`` tokens (decode samples, their TPOT). Last, for each of
+``in_flight`` (1, 2, 4, 8): ``contention_rounds`` rounds of that many clients, each sending
+``CONTENTION_PER_CLIENT`` requests back to back over both adapters (a closed loop: the count in
+flight stays put), the round's completed requests over its wall time. None of it is a trace
+``bench sim`` validates.
 """
 
 from __future__ import annotations
@@ -20,19 +26,34 @@ import random
 import tempfile
 import time
 from collections.abc import Sequence
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Any
 
+from loraplex.bench.fleet.drive import replay
 from loraplex.bench.harness.machine import machine_record
-from loraplex.bench.serve.driver import DriveConfig, prompt_ids, send_one
+from loraplex.bench.serve.driver import DriveConfig, RequestRecord, prompt_ids, send_one
+from loraplex.bench.sim.calibrate_run import (
+    HOP_GAP_S,
+    HOP_OUTPUT_TOKENS,
+    check_pacing,
+    paced_requests,
+)
 from loraplex.bench.sim.validate import MAX_LORA_RANK, RealSettings
 from loraplex.bench.workloads import ATTENTION_TARGETS, TraceAdapter, TraceRequest
-from loraplex.sim.calibrate_fleet import FleetSample, fit_fleet, fleet_model
+from loraplex.sim.calibrate_fleet import (
+    ContentionSample,
+    FleetSample,
+    fit_contention,
+    fit_fleet,
+    fleet_model,
+)
 from loraplex.sim.cost_model import CostModel
 
 TENANT = "fleetcal"
 WARM_TRIES = 6  # requests per adapter until one is served from a GPU slot
+CONTENTION_PER_CLIENT = 4  # requests each client of a contention round sends back to back
+CONTENTION_PROMPT_TOKENS = 16  # the prompt of every contention request (bench sim's traces')
 
 
 @dataclass(frozen=True)
@@ -43,10 +64,22 @@ class FleetCalibrateConfig:
     requests: int = 8  # lone requests per prompt length and adapter, and decode ones per adapter
     prefill_lengths: tuple[int, ...] = (8, 16, 32, 64)
     output_tokens: int = 24  # tokens of each decode request
+    hop_gap_s: float = HOP_GAP_S  # idle seconds before each lone request (and each round)
+    hop_output_tokens: int = HOP_OUTPUT_TOKENS  # tokens of each lone prefill request
+    in_flight: tuple[int, ...] = (1, 2, 4, 8)  # requests in flight of the contention rounds
+    contention_rounds: int = 3  # rounds per in-flight count (their median throughput)
     request_timeout_s: float = 30.0
     seed: int = 0
 
     def __post_init__(self) -> None:
+        check_pacing(self.hop_gap_s, self.hop_output_tokens)
+        counts = self.in_flight
+        if 1 not in counts or len(set(counts)) < 2 or min(counts) < 1 or max(counts) > 64:
+            raise ValueError(f"in_flight {counts} is invalid; expected 1 and other counts in 1..64")
+        if self.contention_rounds < 1:
+            raise ValueError(
+                f"contention_rounds {self.contention_rounds} is invalid; expected >= 1"
+            )
         if self.replicas < 2:
             raise ValueError(f"replicas {self.replicas} is invalid; expected >= 2 (a fleet)")
         if self.requests < 2:
@@ -66,62 +99,131 @@ def usable_cores() -> int:
 
 
 async def _lone(
-    url: str, key: str, adapter: TraceAdapter, *, length: int, tokens: int,
-    rng: random.Random, drive: DriveConfig,
-) -> tuple[float | None, float | None, str]:  # fmt: skip
-    request = TraceRequest(0.0, adapter.tenant, adapter.name, length, tokens)
+    url: str, key: str, adapter: TraceAdapter, *, length: int, rng: random.Random,
+    drive: DriveConfig,
+) -> str:  # fmt: skip
+    """One request of one token, to warm ``adapter``: the tier the fleet served it from."""
+    request = TraceRequest(0.0, adapter.tenant, adapter.name, length, 1)
+    ids = prompt_ids(rng, length, drive.vocab_size)
     record = await send_one(
-        url,
-        request,
-        key=key,
-        ids=prompt_ids(rng, length, drive.vocab_size),
-        arrival=time.monotonic(),
-        tier="L3",
-        config=drive,
+        url, request, key=key, ids=ids, arrival=time.monotonic(), tier="L3", config=drive
     )
-    ok = record.ok and record.ttft_s is not None
-    return (record.ttft_s if ok else None), (record.tpot_s if ok else None), record.tier
+    return record.tier
+
+
+def _paced(
+    url: str, key: str, adapter: TraceAdapter, *, length: int, tokens: int,
+    config: FleetCalibrateConfig, drive: DriveConfig,
+) -> list[RequestRecord]:  # fmt: skip
+    """``config.requests`` lone requests on ``adapter``, paced (module docstring), replayed as
+    ``bench sim`` replays a trace through a fleet (``bench/fleet/drive.replay``)."""
+    requests = paced_requests(
+        adapter.tenant, adapter.name, length, count=config.requests, gap_s=config.hop_gap_s,
+        output_tokens=tokens,
+    )  # fmt: skip
+    return asyncio.run(replay(url, requests, {adapter.tenant: key}, drive))
+
+
+def _warm(record: RequestRecord) -> bool:
+    """Served from a GPU slot, and timed."""
+    return record.ok and record.ttft_s is not None and record.tier == "L0"
+
+
+def _lone_samples(
+    url: str, key: str, adapter: TraceAdapter, nbytes: int, *,
+    config: FleetCalibrateConfig, drive: DriveConfig,
+) -> tuple[list[FleetSample], int]:  # fmt: skip
+    """One adapter's prefill and decode samples, and the requests left out."""
+    rank = min(adapter.rank, MAX_LORA_RANK)
+    samples: list[FleetSample] = []
+    records: list[RequestRecord] = []
+    for index, length in enumerate(config.prefill_lengths):
+        seeded = replace(drive, seed=drive.seed + 100 * index + rank)
+        tokens = config.hop_output_tokens
+        group = _paced(url, key, adapter, length=length, tokens=tokens, config=config, drive=seeded)
+        records += group
+        samples += [
+            FleetSample(length, rank, nbytes, r.ttft_s) for r in group if _warm(r) and r.ttft_s
+        ]
+    seeded = replace(drive, seed=drive.seed + 7 + rank)
+    group = _paced(
+        url, key, adapter, length=8, tokens=config.output_tokens, config=config, drive=seeded
+    )
+    records += group
+    samples += [
+        FleetSample(8, rank, nbytes, r.ttft_s, r.tpot_s)
+        for r in group
+        if _warm(r) and r.ttft_s and r.tpot_s
+    ]
+    return samples, len(records) - len(samples)
+
+
+async def _round(
+    url: str, key: str, adapters: Sequence[TraceAdapter], clients: int, *,
+    rng: random.Random, drive: DriveConfig,
+) -> float:  # fmt: skip
+    """Completed requests per second of ``clients`` clients sending back to back."""
+    length, tokens = CONTENTION_PROMPT_TOKENS, HOP_OUTPUT_TOKENS
+
+    async def client(index: int) -> int:
+        adapter = adapters[index % len(adapters)]
+        request = TraceRequest(0.0, adapter.tenant, adapter.name, length, tokens)
+        done = 0
+        for _ in range(CONTENTION_PER_CLIENT):
+            ids = prompt_ids(rng, length, drive.vocab_size)
+            record = await send_one(
+                url, request, key=key, ids=ids, arrival=time.monotonic(), tier="L3", config=drive
+            )
+            done += record.ok
+        return done
+
+    start = time.monotonic()
+    done = sum(await asyncio.gather(*(client(i) for i in range(clients))))
+    return done / (time.monotonic() - start)
+
+
+def _contention_samples(
+    url: str, key: str, adapters: Sequence[TraceAdapter], *, config: FleetCalibrateConfig,
+    drive: DriveConfig,
+) -> list[ContentionSample]:  # fmt: skip
+    """``contention_rounds`` rounds per in-flight count, each after ``hop_gap_s`` idle; a round
+    with nothing completed makes no sample."""
+    rng = random.Random(config.seed + 13)
+    samples = []
+    for clients in sorted(set(config.in_flight)):
+        for _ in range(config.contention_rounds):
+            time.sleep(config.hop_gap_s)
+            rate = asyncio.run(_round(url, key, adapters, clients, rng=rng, drive=drive))
+            if rate > 0:
+                samples.append(ContentionSample(clients, rate))
+    return samples
 
 
 def _measure(
     url: str, key: str, adapters: Sequence[TraceAdapter], *,
     sizes: dict[tuple[str, str], int], config: FleetCalibrateConfig, drive: DriveConfig,
-) -> tuple[list[FleetSample], int]:  # fmt: skip
-    """The samples, and the requests that failed or were not served warm (left out)."""
+) -> tuple[list[FleetSample], list[ContentionSample], int]:  # fmt: skip
+    """The lone samples, the contention rounds, and the lone requests that failed or were not
+    served warm (left out)."""
     rng = random.Random(config.seed)
     samples: list[FleetSample] = []
     left_out = 0
     for adapter in adapters:
-        rank, nbytes = min(adapter.rank, MAX_LORA_RANK), sizes[(adapter.tenant, adapter.name)]
         for _ in range(WARM_TRIES):
-            _, _, tier = asyncio.run(
-                _lone(url, key, adapter, length=8, tokens=1, rng=rng, drive=drive)
-            )
+            tier = asyncio.run(_lone(url, key, adapter, length=8, rng=rng, drive=drive))
             if tier == "L0":
                 break
-        for length in config.prefill_lengths:
-            for _ in range(config.requests):
-                ttft, _, tier = asyncio.run(
-                    _lone(url, key, adapter, length=length, tokens=1, rng=rng, drive=drive)
-                )
-                if ttft is None or tier != "L0":
-                    left_out += 1
-                    continue
-                samples.append(FleetSample(length, rank, nbytes, ttft))
-        for _ in range(config.requests):
-            ttft, tpot, tier = asyncio.run(
-                _lone(
-                    url, key, adapter, length=8, tokens=config.output_tokens, rng=rng, drive=drive
-                )
-            )
-            if ttft is None or tpot is None or tier != "L0":
-                left_out += 1
-                continue
-            samples.append(FleetSample(8, rank, nbytes, ttft, tpot))
-    return samples, left_out
+        nbytes = sizes[(adapter.tenant, adapter.name)]
+        kept, lost = _lone_samples(url, key, adapter, nbytes, config=config, drive=drive)
+        samples += kept
+        left_out += lost
+    rounds = _contention_samples(url, key, adapters, config=config, drive=drive)
+    return samples, rounds, left_out
 
 
-def measure_fleet(config: FleetCalibrateConfig, asset_dir: Path) -> tuple[list[FleetSample], int]:
+def measure_fleet(
+    config: FleetCalibrateConfig, asset_dir: Path
+) -> tuple[list[FleetSample], list[ContentionSample], int]:
     """Lone warm requests through a fresh local demo fleet (module docstring)."""
     from loraplex.artifacts.base_model import BaseModelSpec
     from loraplex.bench.fleet.cluster import deployed, local_cluster
@@ -158,8 +260,9 @@ def calibrate_fleet(
     base: CostModel, config: FleetCalibrateConfig, asset_dir: Path, command: str
 ) -> tuple[CostModel, dict[str, Any]]:
     """``base`` with the fleet's terms measured on a local demo fleet, and the samples."""
-    samples, left_out = measure_fleet(config, asset_dir)
+    samples, rounds, left_out = measure_fleet(config, asset_dir)
     fit = fit_fleet(base, samples)
+    contention, raw = fit_contention(rounds)
     cores = usable_cores()
     machine = machine_record()
     when = datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds")
@@ -169,20 +272,28 @@ def calibrate_fleet(
         f"{left_out} requests left out (failed or not served from a GPU slot)"
     )
     sources = {
-        "fleet_cpu_scale": f"median over {fit.decode_samples} lone warm decode requests "
+        "fleet_cpu_scale": f"median over {fit.decode_samples} lone warm paced decode requests "
         f"through the fleet of their TPOT over the base step's one-token price ({where})",
-        "network_s": f"median over {fit.prefill_samples} lone warm requests through the fleet "
+        "network_s": f"median over {fit.prefill_samples} lone warm requests through the fleet, "
+        f"paced {config.hop_gap_s} s apart, {config.hop_output_tokens} tokens each, "
         f"of their TTFT less front_s, ipc_s and the scaled prefill step "
         f"({fit.raw_network_s * 1000:.2f} ms before the floor at 0; {where})",
+        "fleet_contention": f"slowdown per request with k requests in flight through the "
+        f"fleet: k x X(1) / X(k), X the median over {config.contention_rounds} rounds of k "
+        f"clients each sending {CONTENTION_PER_CLIENT} warm requests back to back "
+        f"({CONTENTION_PROMPT_TOKENS} prompt, {HOP_OUTPUT_TOKENS} output tokens) of completed "
+        f"requests per second; floored at 1 (raw {[round(r, 3) for r in raw]}; {where})",
         "network_jitter_s": "quantiles (every 5 %) of the same requests' TTFT less their "
         "prompt length and adapter's median; a fleet's hop draws from them",
         "cores": f"the CPU cores the calibrating process may run on (sched_getaffinity), where "
         f"the fleet's processes ran ({where})",
     }
-    model = fleet_model(base, fit, cores, sources)
+    model = fleet_model(base, fit, cores, sources, contention)
     report = {
         "samples": [asdict(s) for s in samples],
         "left_out": left_out,
+        "contention": [asdict(r) for r in rounds],
+        "contention_raw_stretch": list(raw),
         "fit": asdict(fit),
         "cores": cores,
         "machine": machine,

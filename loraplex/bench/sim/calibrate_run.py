@@ -48,6 +48,31 @@ L3_STAGES = ("resolve", "fetch", "verify", "commit")
 LINK_STAGES = {"L3_to_L2": L3_STAGES, "L2_to_L1": ("read",), "L1_to_L0": ("copy",)}
 LINK_TIERS = {"L3_to_L2": "L2", "L2_to_L1": "L1", "L1_to_L0": "L0"}
 LINK_SIZE_TIER = {"L3_to_L2": "L2", "L2_to_L1": "L1", "L1_to_L0": "L1"}
+# How the lone warm requests of both calibrations (this one and ``calibrate_fleet``) are paced.
+HOP_GAP_S = 0.25  # idle seconds before each
+HOP_OUTPUT_TOKENS = 8  # tokens each generates
+
+
+def check_pacing(gap_s: float, output_tokens: int) -> None:
+    """Refuses a pacing by the config field it came from (``hop_gap_s``, ``hop_output_tokens``)."""
+    if not (gap_s >= 0 and math.isfinite(gap_s)):
+        raise ValueError(f"hop_gap_s {gap_s!r} is invalid; expected finite >= 0")
+    if output_tokens < 1:
+        raise ValueError(f"hop_output_tokens {output_tokens} is invalid; expected >= 1")
+
+
+def paced_requests(
+    tenant: str, adapter: str, prompt_tokens: int, *, count: int, gap_s: float, output_tokens: int
+) -> list[TraceRequest]:
+    """``count`` lone requests as a trace ``bench sim``'s real runs would send: ``gap_s`` apart
+    from the first (one at a time, each after the server idled; no queueing in the figure),
+    ``output_tokens`` each (the first token streams back while the engine decodes the next).
+    Back to back with ``max_tokens`` 1 a lone request was 6-9 ms faster than in a trace
+    (docs/simulator.md, "SIMVAL"); both calibrations send their lone requests this way."""
+    return [
+        TraceRequest(gap_s * (i + 1), tenant, adapter, prompt_tokens, output_tokens)
+        for i in range(count)
+    ]
 
 
 @dataclass(frozen=True)
@@ -61,8 +86,8 @@ class CalibrateConfig:
     output_tokens: int = 24  # decode steps of every mix request
     repeats: int = 3  # runs of each mix (one sample: the median of the runs' median TPOTs)
     overhead_requests: int = 8  # front_s requests; lone requests per prefill length and rank
-    hop_gap_s: float = 0.25  # idle seconds before each lone warm (prefill) request
-    hop_output_tokens: int = 8  # tokens each lone warm (prefill) request generates
+    hop_gap_s: float = HOP_GAP_S  # idle seconds before each lone warm (prefill) request
+    hop_output_tokens: int = HOP_OUTPUT_TOKENS  # tokens each lone warm (prefill) request makes
     request_timeout_s: float = 60.0  # bound on every request
     seed: int = 0  # prompt contents
 
@@ -74,12 +99,7 @@ class CalibrateConfig:
         for name in ("prompt_tokens", "repeats", "overhead_requests", "request_timeout_s"):
             if not getattr(self, name) > 0:
                 raise ValueError(f"{name} {getattr(self, name)!r} is invalid; expected > 0")
-        if not (self.hop_gap_s >= 0 and math.isfinite(self.hop_gap_s)):
-            raise ValueError(f"hop_gap_s {self.hop_gap_s!r} is invalid; expected finite >= 0")
-        if self.hop_output_tokens < 1:
-            raise ValueError(
-                f"hop_output_tokens {self.hop_output_tokens} is invalid; expected >= 1"
-            )
+        check_pacing(self.hop_gap_s, self.hop_output_tokens)
         if self.output_tokens < 3:
             raise ValueError(f"output_tokens {self.output_tokens} is invalid; expected >= 3")
 
@@ -344,13 +364,11 @@ async def lone_ttft(
 def hop_requests(
     adapter: ServedAdapter, config: CalibrateConfig, length: int
 ) -> list[TraceRequest]:
-    """The lone warm requests of one prefill sample, as a trace: ``hop_gap_s`` apart (one at a
-    time, each after the server idled; no queueing in the figure), ``hop_output_tokens`` each."""
-    tokens, gap = config.hop_output_tokens, config.hop_gap_s
-    return [
-        TraceRequest(gap * (i + 1), adapter.tenant, adapter.name, length, tokens)
-        for i in range(config.overhead_requests)
-    ]
+    """The lone warm requests of one prefill sample, paced (``paced_requests``)."""
+    return paced_requests(
+        adapter.tenant, adapter.name, length, count=config.overhead_requests,
+        gap_s=config.hop_gap_s, output_tokens=config.hop_output_tokens,
+    )  # fmt: skip
 
 
 async def _warm_ttfts(
