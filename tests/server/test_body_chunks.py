@@ -1,9 +1,10 @@
-"""A chunked request body is held to ``max_body_chunks`` chunks. uvicorn appends each chunk to
-the bytes received so far (``cycle.body += data``: a copy of all of them), so a tenant's body in
-1-byte chunks cost the event loop time quadratic in the chunks of one socket read: with 2 MB of
-body (12 MB on the wire), answered only after seconds, every other request waited about a second
-at a time. The limit refuses such a body at its first chunk over the count, before the rest is
-parsed."""
+"""A chunked request body is held to ``max_body_chunks`` chunks, plus one per KiB of it.
+
+uvicorn appends each chunk to the bytes received so far (``cycle.body += data``: a copy of all
+of them), so a tenant's body in 1-byte chunks cost the event loop time quadratic in the chunks
+of one socket read: with 2 MB of body (12 MB on the wire), answered only after seconds, every
+other request waited about a second at a time. The limit refuses such a body at its first chunk
+over the count, before the rest is parsed."""
 
 from __future__ import annotations
 
@@ -33,8 +34,10 @@ def address(served: Served) -> Iterator[tuple[str, int]]:
     deps.cache.close()
 
 
-def _send_chunked(address: tuple[str, int], served: Served, chunk_bytes: int) -> bytes:
-    body = json.dumps({"model": "support", "prompt": "hi " * 20, "max_tokens": 2}).encode()
+def _send_chunked(
+    address: tuple[str, int], served: Served, chunk_bytes: int, prompt: str = "hi " * 20
+) -> bytes:
+    body = json.dumps({"model": "support", "prompt": prompt, "max_tokens": 2}).encode()
     head = (
         "POST /v1/completions HTTP/1.1\r\nHost: test\r\nConnection: close\r\n"
         f"Authorization: Bearer {served.keys['acme']}\r\nContent-Type: application/json\r\n"
@@ -60,6 +63,15 @@ def test_a_body_in_more_chunks_than_the_limit_is_refused_naming_it(
 
 def test_a_body_within_the_limit_is_served(address: tuple[str, int], served: Served) -> None:
     response = _send_chunked(address, served, chunk_bytes=8)  # about 10 chunks
+    assert response.startswith(b"HTTP/1.1 200 "), response[:200]
+
+
+def test_a_large_body_in_chunks_of_a_kib_is_never_refused(
+    address: tuple[str, int], served: Served
+) -> None:
+    """Each KiB of body allows one more chunk: 24 chunks of 1 KiB pass a limit of 16 (an upload
+    of a GiB streamed in 64 KiB chunks must pass the default 4096)."""
+    response = _send_chunked(address, served, chunk_bytes=1024, prompt="hi " * 8000)
     assert response.startswith(b"HTTP/1.1 200 "), response[:200]
 
 
