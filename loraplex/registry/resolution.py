@@ -2,8 +2,9 @@
 
 Accepted model strings: ``name`` (the caller's own adapter), ``tenant/name`` (an adapter the
 caller may use: its own, or another tenant's public one), each optionally pinned with
-``@revision``. Without a pin the adapter's alias picks a revision by weight, per request; while
-the alias's release is in canary, a sticky share of callers (by ``sticky_key``) gets the
+``@revision`` (another tenant's only to a revision the alias serves now, ``_alias_serves``).
+Without a pin the adapter's alias picks a revision by weight, per request; while the alias's
+release is in canary, a sticky share of callers (by ``sticky_key``) gets the
 candidate instead (``sticky_unit``).
 
 NOTE: every "you cannot have this" outcome raises ``AdapterNotFoundError`` with the same message
@@ -87,6 +88,9 @@ def resolve_in(
     if rows.get_usable_adapter(tx, caller, owner, ref.name) is None:
         raise not_found(text)
     if ref.revision is not None:
+        shared = owner != caller  # checked first: one path for unserved and unknown labels
+        if shared and not _alias_serves(tx, owner, ref.name, ref.revision, base_digest):
+            raise not_found(text)
         pinned = rows.get_revision(tx, owner, ref.name, ref.revision)
         if pinned is None:
             raise not_found(text)
@@ -124,6 +128,17 @@ def _canary_pick(
         return None
     drawn = unit if sticky_key is None else sticky_unit(route.release_id, sticky_key)
     return candidate if drawn < route.share else None
+
+
+def _alias_serves(tx: Tx, owner: str, name: str, label: str, base_digest: str | None) -> bool:
+    """Whether the alias of ``owner/name`` serves revision ``label`` now: all another tenant may
+    pin of a public adapter. NOTE: every cached copy is charged to the revision's owner (its tier
+    share, its loads in flight), so a tenant pinning each revision of another's public adapter
+    in turn evicted the owner's own adapters from its share of the GPU slots."""
+    alias = rows.get_alias(tx, owner, name)
+    if alias is None:
+        return False
+    return any(rev.revision == label for _, rev in _servable(tx, alias, base_digest))
 
 
 def _servable(tx: Tx, alias: Alias, base_digest: str | None) -> list[tuple[AliasTarget, Revision]]:

@@ -194,25 +194,44 @@ class PinBook:
         not due may be left out (their policy would not change)."""
         self._pending.clear()
         changes: dict[AdapterKey, WarmPolicy] = {}
-        if self._auto_config is None:
+        config = self._auto_config
+        if config is None:
             return changes
-        num_gpu = sum(1 for w in self._auto.values() if w is WarmPolicy.GPU)
-        for key in sorted(rates):
-            if key in self._operator:
-                continue
-            current = self._auto.get(key, WarmPolicy.ON_DEMAND)
-            wanted = auto_warm(rates[key], current, self._auto_config)
-            if wanted is WarmPolicy.GPU and current is not WarmPolicy.GPU:
-                if num_gpu >= self._max_auto_gpu:
-                    wanted = WarmPolicy.CPU
-                else:
-                    num_gpu += 1
-            if current is WarmPolicy.GPU and wanted is not WarmPolicy.GPU:
-                num_gpu -= 1
-            if wanted is not current:
-                if wanted is WarmPolicy.ON_DEMAND:
+        wanted = {
+            key: auto_warm(rates[key], self._auto.get(key, WarmPolicy.ON_DEMAND), config)
+            for key in sorted(rates)
+            if key not in self._operator
+        }
+        seated = self._gpu_seats(wanted, rates, config)
+        for key, judged in wanted.items():
+            unseated = judged is WarmPolicy.GPU and key not in seated
+            policy = WarmPolicy.CPU if unseated else judged
+            if policy is not self._auto.get(key, WarmPolicy.ON_DEMAND):
+                if policy is WarmPolicy.ON_DEMAND:
                     del self._auto[key]
                 else:
-                    self._auto[key] = wanted
-                changes[key] = wanted
+                    self._auto[key] = policy
+                changes[key] = policy
         return changes
+
+    def _gpu_seats(
+        self,
+        wanted: Mapping[AdapterKey, WarmPolicy],
+        rates: Mapping[AdapterKey, RequestRates],
+        config: AutoWarmConfig,
+    ) -> set[AdapterKey]:
+        """Which revisions that qualify for ``gpu`` get one of the ``max_auto_gpu`` seats: the
+        hottest by 5-minute rate, an incumbent's rate counted at ``1 / (1 - hysteresis)`` so a
+        challenger must beat it by that factor (no trading seats between similar rates).
+        NOTE: ranked, not first come: in key order a tenant trickling just enough requests to
+        qualify held every seat while a far hotter adapter of another tenant was refused one."""
+        held = sum(1 for k, w in self._auto.items() if w is WarmPolicy.GPU and k not in wanted)
+        keep = 1.0 - config.hysteresis
+
+        def rank(key: AdapterKey) -> tuple[float, bool, AdapterKey]:
+            incumbent = self._auto.get(key) is WarmPolicy.GPU
+            score = rates[key].per_5m / keep if incumbent else rates[key].per_5m
+            return (-score, not incumbent, key)
+
+        candidates = sorted((k for k, w in wanted.items() if w is WarmPolicy.GPU), key=rank)
+        return set(candidates[: max(0, self._max_auto_gpu - held)])

@@ -28,7 +28,7 @@ from __future__ import annotations
 import asyncio
 import socket
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, NoReturn
 
 import h11
 import uvicorn
@@ -50,6 +50,7 @@ from loraplex.server.gated_accept import AcceptGate, refuse
 from loraplex.server.tarpit import Tarpit
 
 _BOTH = ("/health", "/ready", "/version")
+CHUNK_ALLOWANCE_BYTES = 1024  # each KiB of a chunked body allows one more chunk
 
 
 def is_admin_path(path: str) -> bool:
@@ -127,6 +128,9 @@ class ConnectionLimits:
     # client has not read; without it, loopback autotuning took about 3 MB of a stuck stream
     # before the server saw any backpressure (``stream_buffer.py``)
     send_buffer_bytes: int = 256 << 10
+    # chunks of one chunked request body, plus one per ``CHUNK_ALLOWANCE_BYTES`` of it: beyond,
+    # 400 and a close (``_BoundedConnection``); chunks of 1 KiB or more are never refused
+    max_body_chunks: int = 4096
 
     def __post_init__(self) -> None:
         for name in ("header_read_timeout_s", "linger_s", "write_timeout_s"):
@@ -137,6 +141,7 @@ class ConnectionLimits:
             "max_connections",
             "max_header_bytes",
             "send_buffer_bytes",
+            "max_body_chunks",
         ):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name} {getattr(self, name)} is invalid; expected >= 1")
@@ -215,23 +220,56 @@ class _LingeringTransport:
         self._protocol.loop.call_later(self._linger_s, self._transport.close)
 
 
-class _HeadBoundedConnection(h11.Connection):
-    """h11's server connection that also refuses a complete request head longer than
-    ``max_incomplete_event_size``: h11 measures only a head still waiting for its end, so one
-    that arrived whole in a single read (up to the transport's read size, ~100-200 KiB on
-    loopback) passed ``max_header_bytes`` unchecked. uvicorn answers the error 400 and closes."""
+class _BoundedConnection(h11.Connection):
+    """h11's server connection, bounded where h11 is not, each refusal a 400 and a close:
+
+    - a complete request head longer than ``max_incomplete_event_size``: h11 measures only a
+      head still waiting for its end, so one that arrived whole in a single read (up to the
+      transport's read size, ~100-200 KiB on loopback) passed ``max_header_bytes`` unchecked;
+    - a chunked body of more than ``max_body_chunks`` chunks plus one per
+      ``CHUNK_ALLOWANCE_BYTES`` of body (so a large upload in chunks of 1 KiB or more always
+      passes). NOTE: uvicorn appends each chunk to the body received so far (``cycle.body +=
+      data``, a copy of all of it), so a body in 1-byte chunks cost time quadratic in the chunks
+      of one socket read, on the event loop (about a second per read of a 2 MB body sent that
+      way, 12 MB on the wire).
+
+    ``refusal`` says which, for the 400's text (uvicorn's own is "Invalid HTTP request")."""
+
+    def __init__(self, max_header_bytes: int, max_body_chunks: int) -> None:
+        super().__init__(h11.SERVER, max_header_bytes)
+        self._max_body_chunks = max_body_chunks
+        self._num_chunks = 0  # chunks of the current request's body so far
+        self._num_body_bytes = 0  # and their bytes
+        self.refusal: str | None = None  # why this connection's request was refused
 
     def next_event(self) -> Any:
         before = len(self._receive_buffer)
         event = super().next_event()
-        head_bytes = before - len(self._receive_buffer)
-        if isinstance(event, h11.Request) and head_bytes > self._max_incomplete_event_size:
-            raise h11.RemoteProtocolError(
-                f"request head of {head_bytes} bytes exceeds max_header_bytes "
-                f"{self._max_incomplete_event_size}",
-                error_status_hint=431,
-            )
+        if isinstance(event, h11.Request):
+            self._num_chunks = self._num_body_bytes = 0
+            head_bytes = before - len(self._receive_buffer)
+            if head_bytes > self._max_incomplete_event_size:
+                self._refuse(
+                    f"request head of {head_bytes} bytes exceeds max_header_bytes "
+                    f"{self._max_incomplete_event_size}"
+                )
+        elif isinstance(event, h11.Data):
+            self._num_body_bytes += len(event.data)
+            self._num_chunks += event.chunk_start
+            allowed = self._max_body_chunks + self._num_body_bytes // CHUNK_ALLOWANCE_BYTES
+            if self._num_chunks > allowed and self.our_state is h11.SEND_RESPONSE:
+                self._refuse(
+                    f"request body in more than max_body_chunks {self._max_body_chunks} chunks "
+                    f"plus one per {CHUNK_ALLOWANCE_BYTES} bytes; send larger chunks or a "
+                    "Content-Length body"
+                )
         return event
+
+    def _refuse(self, reason: str) -> NoReturn:
+        # NOTE: the client's state stays as it was: mid-body, the close lingers and drops the
+        # rest unparsed (``_LingeringTransport``), so the client reads the 400 before a reset.
+        self.refusal = reason
+        raise h11.RemoteProtocolError(reason, error_status_hint=400)
 
 
 class BoundedH11Protocol(H11Protocol):
@@ -250,7 +288,7 @@ class BoundedH11Protocol(H11Protocol):
             raise TypeError(f"config {type(config).__name__} is invalid; expected ListenerConfig")
         super().__init__(config, **kwargs)
         self.limits = config.limits
-        self.conn = _HeadBoundedConnection(h11.SERVER, self.limits.max_header_bytes)
+        self.conn = _BoundedConnection(self.limits.max_header_bytes, self.limits.max_body_chunks)
         self.gate = config.gate
         self._accepted = accepted  # the accept token is taken (``GatedH11Protocol``)
         # every request's scope state: how the credential check marks this connection
@@ -308,6 +346,11 @@ class BoundedH11Protocol(H11Protocol):
             return  # the rest of a body already answered: dropped
         super().data_received(data)
         self._watch_head()
+
+    def send_400_response(self, msg: str) -> None:
+        """uvicorn's 400 for a request h11 refused, saying why when this connection refused it."""
+        refusal = self.conn.refusal if isinstance(self.conn, _BoundedConnection) else None
+        super().send_400_response(refusal or msg)
 
     def on_response_complete(self) -> None:
         if self.conn.their_state is h11.SEND_BODY and not self.transport.is_closing():

@@ -107,11 +107,11 @@ class Started:
         tier = next((o.engine_tier for o in self.observations if o.engine_tier), None)
         if tier is None or self.target.info.tier in (None, tier):
             return self
-        info = self.target.info.model_copy(update={"tier": tier})
+        target = replace(self.target, info=self.target.info.model_copy(update={"tier": tier}))
         fmt = ChunkFormat(
-            self.fmt.request_id, self.fmt.created, self.fmt.model, info, self.fmt.chat
+            self.fmt.request_id, self.fmt.created, self.fmt.model, target.reported, self.fmt.chat
         )
-        return replace(self, target=replace(self.target, info=info), fmt=fmt)
+        return replace(self, target=target, fmt=fmt)
 
     @property
     def headers(self) -> dict[str, str]:
@@ -214,7 +214,7 @@ async def _submit(
         members.append(Sibling(req.request_id, slot, stream))
         observations.append(observation)
     fanout = Fanout(deps.engine, members, show_prompt_only=budget.requested == 0)
-    fmt = ChunkFormat(client_id, int(time.time()), body.model, target.info, chat)
+    fmt = ChunkFormat(client_id, int(time.time()), body.model, target.reported, chat)
     return Started(client_id, target, fanout, fmt, tuple(observations), shape, prompt_ids)
 
 

@@ -45,7 +45,8 @@ class Target:
 
     model: str  # the ``model`` string the client sent (echoed in responses)
     adapter_key: AdapterKey | None  # None: the base model
-    info: RevisionInfo  # reported in every response body
+    info: RevisionInfo  # what answered, with its tier (metrics and traces read it all)
+    owned: bool  # the caller owns the revision (or the base model answers): it may see the tier
 
     @property
     def header(self) -> str:
@@ -53,12 +54,21 @@ class Target:
         return self.info.revision or self.model
 
     @property
+    def reported(self) -> RevisionInfo:
+        """``info`` as the caller sees it in every body and chunk: without the tier for another
+        tenant's (public) revision, whose residency would tell who else used it lately."""
+        if self.owned or self.info.tier is None:
+            return self.info
+        return self.info.model_copy(update={"tier": None})
+
+    @property
     def headers(self) -> dict[str, str]:
-        """Response headers: the revision, and its tier (absent for the base model): where it
+        """Response headers: the revision, and its tier where ``reported`` has one: where it
         was cached on arrival until the engine reports the tier it leased from."""
-        if self.info.tier is None:
+        tier = self.reported.tier
+        if tier is None:
             return {REVISION_HEADER: self.header}
-        return {REVISION_HEADER: self.header, TIER_HEADER: self.info.tier}
+        return {REVISION_HEADER: self.header, TIER_HEADER: tier}
 
 
 SESSION_HEADER = "x-session-id"
@@ -118,12 +128,12 @@ def _resolve(
     deps: ServerDeps, tenant: Tenant, model: str, request_id: str, sticky_key: str | None
 ) -> Target:
     if model == deps.config.base_model_name:
-        return Target(model, None, RevisionInfo(revision=None, adapter_digest=None))
+        return Target(model, None, RevisionInfo(revision=None, adapter_digest=None), owned=True)
     revision: Revision = deps.registry.resolve_revision(
         tenant.name, model, request_id, sticky_key=sticky_key
     )
     info = RevisionInfo(revision=revision.ref, adapter_digest=revision.adapter_digest)
-    return Target(model, revision.key(), info)
+    return Target(model, revision.key(), info, owned=revision.tenant == tenant.name)
 
 
 async def resolve_target(

@@ -81,6 +81,23 @@ def test_public_adapter_is_usable_by_other_tenants(two_tenants: Registry) -> Non
         reg.resolve("beta", "shared")  # a bare name is always the caller's own
 
 
+def test_another_tenant_pins_only_what_a_public_alias_serves(
+    two_tenants: Registry, make_adapter: AdapterFactory
+) -> None:
+    """Every revision's cache copies are charged to its owner: a tenant pinning each revision of
+    another's public adapter filled the owner's share of the GPU slots and evicted the owner's
+    own adapters (scripts/attacks/public-revision-flush). Others reach what the alias serves."""
+    reg = two_tenants
+    reg.register(RegistrationRequest(make_adapter("s2", seed=5), "acme", "shared", "v2"), "ops")
+    unknown = _not_found_message(reg, "beta", "acme/shared@nosuch")
+    assert _not_found_message(reg, "beta", "acme/shared@v2") == unknown.replace("nosuch", "v2")
+    assert reg.resolve("acme", "acme/shared@v2").revision == "v2"  # the owner pins any
+    reg.set_alias("acme", "shared", (AliasTarget("v2", 1),), "ops")
+    assert reg.resolve("beta", "acme/shared@v2").revision == "v2"
+    with pytest.raises(AdapterNotFoundError):
+        reg.resolve("beta", "acme/shared@v1")  # no longer served by the alias
+
+
 def test_listing_shows_only_usable_adapters(two_tenants: Registry) -> None:
     reg = two_tenants
     assert [a.ref for a in reg.usable_adapters("beta")] == ["acme/shared", "beta/bot"]

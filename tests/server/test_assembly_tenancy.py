@@ -186,8 +186,10 @@ def test_automatic_gpu_promotion_happens_in_a_served_config(
             request = RegistrationRequest(adapter.path, "hot", adapter.name, adapter.revision)
             keys.append(server.registry.register(request, "test").revision.key())
             assert keys[-1].base_digest == base.digest
-        for key in keys:  # 300 requests at once: a 5-minute rate of 1/s, over gpu_rps 0.5
-            for _ in range(300):
+        # 400 and 300 requests at once: 5-minute rates of 4/3 and 1/s, over gpu_rps 0.5; the
+        # hotter one gets the slot (the slots are ranked by rate, not given in key order)
+        for key, count in zip(keys, (400, 300), strict=True):
+            for _ in range(count):
                 cache.acquire_future(key).result(timeout=60).release()
         assert cache.rebalance() == {keys[0]: WarmPolicy.GPU, keys[1]: WarmPolicy.CPU}
         l0 = cache.ledgers[Tier.L0].entries  # both copies are in L0: only the first is pinned
