@@ -9,15 +9,15 @@ server's), the wait before the first step (``scheduled_s``), the first step itse
 prefills), and the token's way out (the server's TTFT less ``first_step_end_s``).
 
 A log line is matched to a client record by adapter and arrival time: the log's clock starts
-when the server opened it, so the two clocks differ by an offset, estimated as the median of
-the per-request differences of the in-order arrivals.
+when the server opened it, so the two clocks differ by an offset, the one that lines up the most
+arrivals (``clock_offset``).
 """
 
 from __future__ import annotations
 
+import bisect
 import json
 import math
-import statistics
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -28,6 +28,7 @@ from loraplex.bench.serve.driver import RequestRecord
 from loraplex.residency.stats import percentile
 
 MATCH_TOLERANCE_S = 0.5  # a log line further than this from the client's arrival is no match
+OFFSET_TOLERANCE_S = 0.02  # client to server arrival, at most, when the clock offset is judged
 
 
 @dataclass(frozen=True)
@@ -54,11 +55,21 @@ def read_log_tail(path: Path, count: int) -> list[LoggedLine]:
 
 
 def clock_offset(records: Sequence[RequestRecord], lines: Sequence[LoggedLine]) -> float:
-    """Log clock minus client clock: the median difference of the i-th arrivals of each."""
+    """Log clock minus client clock: of the differences between the i-th arrivals of each (the
+    right one wherever no request is missing before the i-th), the one that puts the most
+    records within OFFSET_TOLERANCE_S of a logged arrival."""
     client = sorted(r.t_s for r in records)
-    logged = [line.t_s for line in lines]
-    pairs = list(zip(client, logged, strict=False))
-    return statistics.median(b - a for a, b in pairs) if pairs else 0.0
+    logged = sorted(line.t_s for line in lines)
+    candidates = sorted({b - a for a, b in zip(client, logged, strict=False)})
+    return max(candidates, key=lambda c: _num_close(client, logged, c), default=0.0)
+
+
+def _num_close(client: Sequence[float], logged: Sequence[float], offset: float) -> int:
+    count = 0
+    for t_s in client:
+        i = bisect.bisect_left(logged, t_s + offset - OFFSET_TOLERANCE_S)
+        count += i < len(logged) and logged[i] <= t_s + offset + OFFSET_TOLERANCE_S
+    return count
 
 
 def match_lines(
@@ -86,13 +97,10 @@ def _model_of(record: RequestRecord, routes: Sequence[Route]) -> str | None:
     return None if record.adapter == routes[-1].model else record.adapter
 
 
-def breakdown(record: RequestRecord, line: LoggedLine | None) -> dict[str, Any]:
-    """One request's TTFT split into where it went (ms), the tier at arrival beside."""
-
-    def ms(value: float | None) -> float | None:
-        return None if value is None else round(value * 1000, 2)
-
-    out: dict[str, Any] = {"t_s": round(record.t_s, 3), "adapter": record.adapter}
+def breakdown(record: RequestRecord, line: LoggedLine | None, start_s: float) -> dict[str, Any]:
+    """One request's TTFT split into where it went (ms), the tier its adapter was leased from
+    beside; ``t_s`` its arrival in seconds after ``start_s`` (the trace's first)."""
+    out: dict[str, Any] = {"t_s": round(record.t_s - start_s, 3), "adapter": record.adapter}
     out["ttft_ms"] = ms(record.ttft_s)
     if line is None:
         return out | {"matched": False}
@@ -112,6 +120,11 @@ def breakdown(record: RequestRecord, line: LoggedLine | None) -> dict[str, Any]:
     return out
 
 
+def ms(value: float | None) -> float | None:
+    """Seconds as milliseconds (2 decimals); None (and a failure's infinity) as None."""
+    return None if value is None or not math.isfinite(value) else round(value * 1000, 2)
+
+
 def _minus(a: float | None, b: float | None) -> float | None:
     return None if a is None or b is None else a - b
 
@@ -123,17 +136,15 @@ def tail_report(
     (at least one), each broken down (``breakdown``), slowest first."""
     lines = read_log_tail(log_path, len(trace.records))
     matched = match_lines(trace.records, routes, lines)
-    ttfts = sorted(math.inf if r.ttft_s is None else r.ttft_s * 1000 for r in trace.records)
-    num_slow = max(1, math.ceil(fraction * len(trace.records)))
-    order = sorted(
-        range(len(trace.records)),
-        key=lambda i: -(trace.records[i].ttft_s or math.inf),
-    )
+    ttfts = [math.inf if r.ttft_s is None else r.ttft_s for r in trace.records]
+    ranked = sorted(range(len(ttfts)), key=lambda i: -ttfts[i])  # slowest (failed) first
+    num_slow = max(1, math.ceil(fraction * len(ttfts)))
+    start_s = min((r.t_s for r in trace.records), default=0.0)
     return {
-        "requests": len(trace.records),
+        "requests": len(ttfts),
         "completed": trace.completed,
-        "p50_ttft_ms": round(percentile(ttfts, 0.5), 2),
-        "p99_ttft_ms": round(percentile(ttfts, 0.99), 2),
+        "p50_ttft_ms": ms(percentile(sorted(ttfts), 0.5)),
+        "p99_ttft_ms": ms(percentile(sorted(ttfts), 0.99)),
         "matched": sum(m is not None for m in matched),
-        "slowest": [breakdown(trace.records[i], matched[i]) for i in order[:num_slow]],
+        "slowest": [breakdown(trace.records[i], matched[i], start_s) for i in ranked[:num_slow]],
     }
