@@ -129,22 +129,30 @@ def _minus(a: float | None, b: float | None) -> float | None:
     return None if a is None or b is None else a - b
 
 
+def trace_ttfts(trace: BatchResult) -> dict[str, Any]:
+    """One lifetime's trace: its requests, completed ones, client P50 and P99 TTFT (ms; a
+    failed request counts as the slowest, and a P99 that falls on one is None)."""
+    ttfts = sorted(math.inf if r.ttft_s is None else r.ttft_s for r in trace.records)
+    return {
+        "requests": len(ttfts),
+        "completed": trace.completed,
+        "p50_ttft_ms": ms(percentile(ttfts, 0.5)),
+        "p99_ttft_ms": ms(percentile(ttfts, 0.99)),
+    }
+
+
 def tail_report(
     trace: BatchResult, routes: Sequence[Route], log_path: Path, fraction: float
 ) -> dict[str, Any]:
-    """One lifetime's trace: client P50/P99 TTFT and the slowest ``fraction`` of its requests
-    (at least one), each broken down (``breakdown``), slowest first."""
+    """``trace_ttfts``, and the slowest ``fraction`` of the requests (at least one), each
+    broken down (``breakdown``), slowest first."""
     lines = read_log_tail(log_path, len(trace.records))
     matched = match_lines(trace.records, routes, lines)
     ttfts = [math.inf if r.ttft_s is None else r.ttft_s for r in trace.records]
     ranked = sorted(range(len(ttfts)), key=lambda i: -ttfts[i])  # slowest (failed) first
     num_slow = max(1, math.ceil(fraction * len(ttfts)))
     start_s = min((r.t_s for r in trace.records), default=0.0)
-    return {
-        "requests": len(ttfts),
-        "completed": trace.completed,
-        "p50_ttft_ms": ms(percentile(sorted(ttfts), 0.5)),
-        "p99_ttft_ms": ms(percentile(sorted(ttfts), 0.99)),
+    return trace_ttfts(trace) | {
         "matched": sum(m is not None for m in matched),
         "slowest": [breakdown(trace.records[i], matched[i], start_s) for i in ranked[:num_slow]],
     }
