@@ -146,12 +146,13 @@ async def prepare(
     now_ns: Callable[[], int] = time.time_ns,
 ) -> Prepared:
     """The revision ``model`` names for ``tenant`` (a database read), then the prompts' ids
-    (``encode``: a long prompt must not stall the loop), both off the event loop in ONE trip
-    to the thread pool: each trip wakes a worker and hands back to the loop, about 0.5 ms on a
-    quiet 2-core machine and tens of ms when its cores are busy (docs/benchmarks/peer.md, "The
-    loraplex side's tail"), and every request needs both. ``sticky_key``: the caller's ``user``
-    field or ``X-Session-Id`` header (release canaries keep one caller on one revision); None:
-    the request id. A model that does not resolve raises before anything is tokenized."""
+    (``encode``: a long prompt must not stall the loop), both off the event loop in ONE trip to
+    the thread pool: each trip wakes a worker and hands back to the loop, 0.5 ms at the median
+    and several ms at the P98 on a shared 2-core machine for some 30 µs of registry work
+    (docs/benchmarks/peer.md, "The loraplex side's tail"), and every request needs both.
+    ``sticky_key``: the caller's ``user`` field or ``X-Session-Id`` header (release canaries
+    keep one caller on one revision); None: the request id. A model that does not resolve raises
+    before anything is tokenized."""
 
     def both() -> Prepared:
         target = _resolve(deps, tenant, model, request_id, sticky_key)
