@@ -69,7 +69,7 @@ from loraplex.server.serving import (
     max_model_len,
     new_request_id,
     observe,
-    resolve_target,
+    prepare,
     response_id,
     start_stream,
     start_trace,
@@ -175,11 +175,14 @@ async def _submit(
     check_sampling(body, budget.requested, vocab_size, rank_choices=shape.ranks)
     sticky = sticky_key(request, body.user)
     resolve_ns = time.time_ns()
-    resolved = await resolve_target(deps, tenant, body.model, engine_id, sticky)
+    now_ns = time.time_ns if trace is None else trace.now_ns
+    prepared = await prepare(
+        deps, tenant, body.model, engine_id, sticky_key=sticky, encode=encode, now_ns=now_ns
+    )
     if trace is not None:
-        trace.resolved(resolve_ns, resolved.info.revision, None)
-    prompt_ids = await run_in_threadpool(encode)  # a long prompt must not stall the loop
-    target = admit(deps, resolved)
+        trace.resolved(resolve_ns, prepared.target.info.revision, None, prepared.resolved_ns)
+    prompt_ids = prepared.prompt_ids
+    target = admit(deps, prepared.target)
     if trace is not None:
         trace.arrival_tier = target.info.tier
     per_prompt = []

@@ -88,8 +88,11 @@ class RequestTrace:
     def traceparent(self) -> str:
         return self.ids.traceparent()
 
-    def resolved(self, start_ns: int, revision: str | None, tier: str | None) -> None:
-        self.resolution = Interval(start_ns, self.now_ns())
+    def resolved(
+        self, start_ns: int, revision: str | None, tier: str | None, end_ns: int | None = None
+    ) -> None:
+        """The alias resolved to ``revision`` between ``start_ns`` and ``end_ns`` (None: now)."""
+        self.resolution = Interval(start_ns, self.now_ns() if end_ns is None else end_ns)
         self.revision, self.arrival_tier = revision, tier
 
     def submit(self, request_id: str) -> Sibling:

@@ -295,3 +295,41 @@ def test_a_prompt_longer_than_the_context_is_a_permanent_400(served: Served) -> 
     assert reply.json()["error"]["param"] == "prompt"
     assert "retry-after" not in reply.headers
     assert engine.requests == []
+
+
+def test_revision_and_prompt_ids_take_one_trip_to_the_thread_pool(
+    rig: Rig, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Each trip wakes a worker and hands back to the loop (docs/benchmarks/peer.md, "The
+    loraplex side's tail"): resolving and tokenizing share one."""
+    import loraplex.server.serving as serving
+
+    trips: list[str] = []
+    real = serving.run_in_threadpool
+
+    async def counted(func: Any, *args: Any, **kwargs: Any) -> Any:
+        trips.append(func.__name__)
+        return await real(func, *args, **kwargs)
+
+    monkeypatch.setattr(serving, "run_in_threadpool", counted)
+    for prompt in ("The acme support team", [1, 70, 71]):
+        trips.clear()
+        response = _post(rig, "acme", "/v1/completions", model="support", prompt=prompt)
+        assert response.status_code == 200
+        assert trips == ["both"]
+        assert rig.engine.requests[-1].adapter_key is not None
+    assert rig.engine.requests[-1].prompt_token_ids == (1, 70, 71)
+
+
+def test_a_model_that_does_not_resolve_is_never_tokenized(
+    rig: Rig, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import loraplex.server.routes_openai as routes
+
+    encoded: list[object] = []
+    real = routes._prompt_ids
+    monkeypatch.setattr(routes, "_prompt_ids", lambda deps, p: encoded.append(p) or real(deps, p))
+    response = _post(rig, "acme", "/v1/completions", model="nope", prompt="some text")
+    assert response.status_code == 404 and encoded == []
+    assert _post(rig, "acme", "/v1/completions", model="support", prompt="x").status_code == 200
+    assert encoded == ["x"]

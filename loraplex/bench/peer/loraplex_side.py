@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import secrets
 from contextlib import AbstractContextManager
+from dataclasses import replace
 from pathlib import Path
 
 from loraplex.bench.peer.assets import PeerAssets
@@ -23,6 +24,7 @@ ACTOR = "bench-peer"
 # L1 budget: far above the 16 adapters' bytes (the large preset's r16 ones: 8 MiB each), so
 # every adapter stays in CPU memory, as on the vLLM side (--max-cpu-loras = all of them).
 CPU_ADAPTER_BYTES = 1 << 30
+REQUEST_LOG = "requests.jsonl"  # a run's request log, in its data directory (when asked for)
 
 
 def _register(registry: Registry, assets: PeerAssets) -> tuple[str, ...]:
@@ -82,6 +84,7 @@ class LoraplexServer:
         *,
         queue_deadline_s: float,
         start_timeout_s: float,
+        request_log: bool = False,
     ) -> None:
         self._fleet = fleet
         self._assets = assets
@@ -96,13 +99,21 @@ class LoraplexServer:
             max_num_batched_tokens=settings.max_num_batched_tokens,
         )
         self._start_timeout_s = start_timeout_s
+        self._request_log = request_log  # True: each run writes REQUEST_LOG in its data dir
+
+    def _run_options(self, data_dir: Path) -> ServerOptions:
+        if not self._request_log:
+            return self._options
+        return replace(self._options, request_log_path=data_dir / REQUEST_LOG)
 
     def serving(self, data_dir: Path) -> AbstractContextManager[str]:
-        return serving(self._fleet, data_dir, self._options, self._start_timeout_s)
+        options = self._run_options(data_dir)
+        return serving(self._fleet, data_dir, options, self._start_timeout_s)
 
     def serving_process(self, data_dir: Path) -> AbstractContextManager[Served]:
         """``serving``, yielding the server's process id too (its engine is a child of it)."""
-        return serving_process(self._fleet, data_dir, self._options, self._start_timeout_s)
+        options = self._run_options(data_dir)
+        return serving_process(self._fleet, data_dir, options, self._start_timeout_s)
 
     def routes(self) -> tuple[Route, ...]:
         """One route per adapter, in route order."""

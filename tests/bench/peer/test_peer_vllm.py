@@ -4,12 +4,18 @@ or off, the thread binding, the fresh compile caches, and what the JSON line rec
 
 from __future__ import annotations
 
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
 
 from loraplex.bench.peer.assets import PeerAssets, peer_assets
-from loraplex.bench.peer.loraplex_side import LoraplexServer, kv_cache_bytes, matched_settings
+from loraplex.bench.peer.loraplex_side import (
+    REQUEST_LOG,
+    LoraplexServer,
+    kv_cache_bytes,
+    matched_settings,
+)
 from loraplex.bench.peer.run import matched_record, vllm_bindings
 from loraplex.bench.peer.vllm import (
     GIB,
@@ -86,6 +92,24 @@ def test_loraplex_gets_the_same_step_token_budget(s2: PeerAssets, tmp_path: Path
     values = serve_values(fleet, tmp_path, server._options, port=1)
     assert values["max_num_batched_tokens"] == 512 and values["max_num_seqs"] == 32
     assert values["max_loras"] == 8 and values["max_lora_rank"] == 64
+
+
+def test_loraplex_writes_a_request_log_per_run_only_when_asked(
+    s2: PeerAssets, tmp_path: Path
+) -> None:
+    """``scripts/peer-trace`` asks for it; bench peer never does (its server stays as measured)."""
+    settings = matched_settings(s2, 16, threads=1, vllm_cpu_bind="auto")
+    fleet = Fleet(tmp_path, s2.base_model_dir, {t: "k" for t in {a.tenant for a in s2.adapters}},
+                  "admin", settings.max_lora_rank)  # fmt: skip
+    plain = LoraplexServer(fleet, s2, settings, queue_deadline_s=60.0, start_timeout_s=60.0)
+    logged = LoraplexServer(fleet, s2, settings, queue_deadline_s=60.0, start_timeout_s=60.0,
+                            request_log=True)  # fmt: skip
+    run = tmp_path / "run-3"
+    assert "request_log_path" not in serve_values(fleet, run, plain._run_options(run), port=1)
+    values = serve_values(fleet, run, logged._run_options(run), port=1)
+    assert values["request_log_path"] == str(run / REQUEST_LOG)
+    assert values["max_loras"] == 16  # everything else as bench peer runs it
+    assert logged._run_options(run) == replace(plain._options, request_log_path=run / REQUEST_LOG)
 
 
 def test_vllm_env_binds_as_vllm_does_and_compiles_afresh(tmp_path: Path) -> None:
