@@ -26,9 +26,9 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from probe import paired, simulated_outcomes, summary  # noqa: E402
+from probe import paired, simulated_outcomes, summary
 
-from loraplex.bench.sim.bench import (  # noqa: E402
+from loraplex.bench.sim.bench import (
     MAX_LORA_RANK,
     SimBenchConfig,
     adapter_sizes,
@@ -36,9 +36,9 @@ from loraplex.bench.sim.bench import (  # noqa: E402
     registry_tenants,
     sim_config,
 )
-from loraplex.bench.sim.traces import workload_rows  # noqa: E402
-from loraplex.sim import cost_model as cost_file  # noqa: E402
-from loraplex.sim.call import records  # noqa: E402
+from loraplex.bench.sim.traces import workload_rows
+from loraplex.sim import cost_model as cost_file
+from loraplex.sim.call import records
 
 # The engine's stages compared (``request_log.ENGINE_FIELDS``), and the front's TTFT.
 STAGES = ("scheduled_s", "first_step_end_s", "lease_s", "asked_s")
@@ -58,7 +58,8 @@ def stage_medians(lines: list[dict[str, Any]]) -> dict[str, Any]:
     out: dict[str, Any] = {"n": len(lines)}
     out["front_ttft"] = _med([x["ttft_s"] * 1e3 for x in lines if x["ttft_s"] is not None])
     for name in STAGES:
-        out[name] = _med([x["engine"][name] * 1e3 for x in lines if x["engine"].get(name) is not None])
+        kept = [x["engine"][name] for x in lines if x["engine"].get(name) is not None]
+        out[name] = _med([v * 1e3 for v in kept])
     out["first_step"] = _med(
         [
             (x["engine"]["first_step_end_s"] - x["engine"]["scheduled_s"]) * 1e3
