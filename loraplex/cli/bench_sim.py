@@ -124,7 +124,8 @@ def _logs_dir_ready(path: Path) -> None:
 
 def _calibrated(asset_dir: Path, max_loras: int, hardware: str, logs_dir: Path | None) -> CostModel:
     """A cost model from ``sim calibrate --self`` on a fresh demo server; with ``logs_dir``,
-    its server's request log is kept there as ``calibration.requests.jsonl``."""
+    its report (``sim calibrate --report``'s) and its server's request log are kept there
+    (``calibration.samples.json``, ``calibration.requests.jsonl``)."""
     import shutil
 
     from loraplex.bench.sim.calibrate_run import CalibrateConfig, slots_for_mixes
@@ -138,7 +139,10 @@ def _calibrated(asset_dir: Path, max_loras: int, hardware: str, logs_dir: Path |
     # calibration's largest mix is refused (503 on its prefetch, seen with 4 slots)
     slots = max(max_loras, slots_for_mixes(config, DEFAULT_TENANT_TIER_SHARE))
     with self_target(asset_dir, (8, 16, 32, 64), 2, slots, 0, target_sets=sets) as target:
-        model, _ = calibrate(target, config, hardware, "loraplex bench sim (calibrate --self)")
-        if logs_dir is not None and target.request_log is not None:
-            shutil.copyfile(target.request_log, logs_dir / "calibration.requests.jsonl")
+        model, report = calibrate(target, config, hardware, "loraplex bench sim (calibrate --self)")
+        if logs_dir is not None:  # what ``sim calibrate --report`` writes, and the server's log
+            text = json.dumps(report, sort_keys=True) + "\n"
+            (logs_dir / "calibration.samples.json").write_text(text, encoding="utf-8")
+            if target.request_log is not None:
+                shutil.copyfile(target.request_log, logs_dir / "calibration.requests.jsonl")
     return model
