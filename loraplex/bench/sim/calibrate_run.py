@@ -311,15 +311,16 @@ def front_seconds(client: httpx.Client, target: Target, config: CalibrateConfig)
 
 def prefill_samples(
     client: httpx.Client, target: Target, config: CalibrateConfig, front_s: float
-) -> tuple[list[StepSample], list[float]]:
+) -> tuple[list[StepSample], list[float], list[tuple[StepSample, float]]]:
     """One hop sample per prefill length and adapter (lowest and highest rank): the median TTFT
     of lone warm requests less ``front_s``; none where that is not > 0. With them, every lone
     request's TTFT less its sample's median (the spread the cost model's ``hop_jitter_s``
-    keeps)."""
+    keeps), and every kept sample's lone requests as (sample, TTFT less ``front_s``), whose
+    median beyond the fitted step is the hop (``sim/calibrate.median_hop_s``)."""
     chosen = dict.fromkeys(
         a for group in target_sets(target.adapters) for a in (group[0], group[-1])
     )
-    samples, residuals = [], []
+    samples, residuals, lone = [], [], []
     into_slots(client, target.adapters, tuple(chosen))
     for adapter in chosen:
         byte_tokens, width = weight_regressors((adapter,))
@@ -334,7 +335,8 @@ def prefill_samples(
                     0, length, 1, rank_tokens, step_s, True, length * byte_tokens, width
                 )
                 samples.append(sample)
-    return samples, residuals
+                lone += [(sample, t - front_s) for t in ttfts]
+    return samples, residuals, lone
 
 
 async def lone_ttft(
