@@ -346,4 +346,5 @@ def test_the_calibration_takes_its_hop_from_the_lone_requests(
     assert model.ipc_s == pytest.approx(median_hop_s(measured["lone"], model.step))
     assert model.ipc_s != pytest.approx(fitted.ipc_s)
     assert len(report["lone_ttfts_s"]) == 32
-    assert "median over the lone warm requests" in model.sources["ipc_s"]
+    assert "median over 32 lone warm requests" in model.sources["ipc_s"]
+    assert "fitted with the step" in fitted.sources["ipc_s"]

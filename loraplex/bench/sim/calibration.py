@@ -140,9 +140,14 @@ def calibrate(
         f"{_shapes(target)}, fitted together with ipc_s by non-negative least squares: "
         + _fit_text(fitted.fit, len(steps)),
         "front_s": "median latency of an authenticated GET /v1/models",
-        "ipc_s": "the median over the lone warm requests of their TTFT less front_s less the "
-        "fitted step's price of their prompt and adapter (sim/calibrate.median_hop_s; the fit's "
-        "own hop term moves whole when a few samples are disturbed)",
+        "ipc_s": (
+            f"the median over {len(measured['lone'])} lone warm requests of their TTFT less "
+            "front_s less the fitted step's price of their prompt and adapter "
+            "(sim/calibrate.median_hop_s; the fit's own hop term moves whole when a few samples "
+            "are disturbed)"
+            if measured["lone"]
+            else "fitted with the step: the hop term of the lone requests' TTFT less front_s"
+        ),
         "network_s": "not measured: one server, no ingress-to-replica hop (0)",
         "load_cpu_shared": SHARED_CPU if load_cpu_shared else "not shared (the target's)",
     }
