@@ -10,7 +10,9 @@ Decode samples (a mix's time per output token) are steps alone. Prefill samples 
 request's TTFT less ``front_s``: one prefill step plus the front-to-engine hop, the time the
 simulator charges as ``ipc_s`` before the step. They carry ``hop`` = 1, a sixth regressor whose
 coefficient is ``ipc_s``: fitted with the step terms, not left over after them, so the prompt
-term, the constant and the hop are each identified (the decode samples have no hop). Each tier
+term, the constant and the hop are each identified (the decode samples have no hop). With every
+lone request's TTFT at hand, the cost model's ``ipc_s`` is their median beyond the fitted step
+instead (``median_hop_s``: a few disturbed samples move the coefficient whole). Each tier
 link is a straight line, seconds = fixed_s + bytes / bytes_per_s, fitted the same way per link.
 
 Samples that carry their adapters' bytes (``byte_tokens``, ``revision_widths``) fit the two LoRA

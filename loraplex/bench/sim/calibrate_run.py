@@ -14,7 +14,8 @@ order, with the cold requests of ``calibrate_cold``).
   arrivals ``hop_gap_s`` apart, so each finds the server idle, and ``hop_output_tokens`` tokens
   each, so the first token streams back while the engine decodes the next):
   the median TTFT less ``front_s`` is one prefill step plus the front-to-engine hop, fitted
-  together with the decode samples (``sim/calibrate.py``), which gives ``ipc_s`` too. (Sent
+  together with the decode samples (``sim/calibrate.py``); ``ipc_s`` is the median over those
+  requests of what each leaves beyond the fitted step (``sim/calibrate.median_hop_s``). (Sent
   back to back with ``max_tokens`` 1, as before 2026-12-04, lone requests were 6-9 ms faster
   than the same requests in a trace: docs/simulator.md, "SIMVAL".)
 - Tier links: cold loads of adapters of known bytes, one tier at a time through the admin API
