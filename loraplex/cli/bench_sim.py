@@ -52,6 +52,13 @@ def bench_sim(
         str,
         typer.Option(help="Without --cost-model: the in-run calibration's hardware name."),
     ] = "cpu-demo-small",
+    logs_dir: Annotated[
+        Path | None,
+        typer.Option(
+            help="Keep each real single-server run's request log and client records (and the "
+            "in-run calibration's request log) in this new or empty directory."
+        ),
+    ] = None,
     no_scale: Annotated[
         bool, typer.Option("--no-scale", help="Skip the 1M-request scale run.")
     ] = False,
@@ -79,6 +86,7 @@ def bench_sim(
             scale=None if no_scale else (1_000_000, 10_000, 64),
             seed=seed,
             asset_dir=asset_dir,
+            logs_dir=logs_dir,
         )
         model = load(cost_model) if cost_model is not None else None
     except (ValueError, OSError) as exc:
@@ -92,8 +100,13 @@ def bench_sim(
         raise typer.BadParameter(
             "--hardware must name the measured hardware", param_hint="--hardware"
         )
+    if logs_dir is not None:
+        try:
+            _logs_dir_ready(logs_dir)
+        except (ValueError, OSError) as exc:
+            raise typer.BadParameter(str(exc), param_hint="--logs-dir") from exc
     if model is None:
-        model = _calibrated(asset_dir, max_loras, hardware.strip())
+        model = _calibrated(asset_dir, max_loras, hardware.strip(), logs_dir)
         if calibrated_out is not None:
             model.save(calibrated_out)
     result = run_sim_bench(config, model)
@@ -102,8 +115,19 @@ def bench_sim(
     typer.echo(json.dumps(result, allow_nan=False))
 
 
-def _calibrated(asset_dir: Path, max_loras: int, hardware: str) -> CostModel:
-    """A cost model from ``sim calibrate --self`` on a fresh demo server."""
+def _logs_dir_ready(path: Path) -> None:
+    """Creates ``path``; one that holds anything is refused (its files would be overwritten)."""
+    if path.exists() and (not path.is_dir() or any(path.iterdir())):
+        raise ValueError(f"--logs-dir {path} is invalid; expected a new or empty directory")
+    path.mkdir(parents=True, exist_ok=True)
+
+
+def _calibrated(asset_dir: Path, max_loras: int, hardware: str, logs_dir: Path | None) -> CostModel:
+    """A cost model from ``sim calibrate --self`` on a fresh demo server; with ``logs_dir``,
+    its report (``sim calibrate --report``'s) and its server's request log are kept there
+    (``calibration.samples.json``, ``calibration.requests.jsonl``)."""
+    import shutil
+
     from loraplex.bench.sim.calibrate_run import CalibrateConfig, slots_for_mixes
     from loraplex.bench.sim.calibrate_target import self_target
     from loraplex.bench.sim.calibration import calibrate
@@ -115,5 +139,10 @@ def _calibrated(asset_dir: Path, max_loras: int, hardware: str) -> CostModel:
     # calibration's largest mix is refused (503 on its prefetch, seen with 4 slots)
     slots = max(max_loras, slots_for_mixes(config, DEFAULT_TENANT_TIER_SHARE))
     with self_target(asset_dir, (8, 16, 32, 64), 2, slots, 0, target_sets=sets) as target:
-        model, _ = calibrate(target, config, hardware, "loraplex bench sim (calibrate --self)")
+        model, report = calibrate(target, config, hardware, "loraplex bench sim (calibrate --self)")
+        if logs_dir is not None:  # what ``sim calibrate --report`` writes, and the server's log
+            text = json.dumps(report, sort_keys=True) + "\n"
+            (logs_dir / "calibration.samples.json").write_text(text, encoding="utf-8")
+            if target.request_log is not None:
+                shutil.copyfile(target.request_log, logs_dir / "calibration.requests.jsonl")
     return model

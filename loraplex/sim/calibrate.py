@@ -10,7 +10,9 @@ Decode samples (a mix's time per output token) are steps alone. Prefill samples 
 request's TTFT less ``front_s``: one prefill step plus the front-to-engine hop, the time the
 simulator charges as ``ipc_s`` before the step. They carry ``hop`` = 1, a sixth regressor whose
 coefficient is ``ipc_s``: fitted with the step terms, not left over after them, so the prompt
-term, the constant and the hop are each identified (the decode samples have no hop). Each tier
+term, the constant and the hop are each identified (the decode samples have no hop). With every
+lone request's TTFT at hand, the cost model's ``ipc_s`` is their median beyond the fitted step
+instead (``median_hop_s``: a few disturbed samples move the coefficient whole). Each tier
 link is a straight line, seconds = fixed_s + bytes / bytes_per_s, fitted the same way per link.
 
 Samples that carry their adapters' bytes (``byte_tokens``, ``revision_widths``) fit the two LoRA
@@ -22,6 +24,7 @@ the fit then requires. Samples without bytes fit the older five-term model.
 from __future__ import annotations
 
 import math
+import statistics
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -233,6 +236,31 @@ def jitter_quantiles(residuals: Sequence[float], points: int = JITTER_POINTS) ->
     return tuple(out)
 
 
+def median_hop_s(lone: Sequence[tuple[StepSample, float]], step: StepCost) -> float:
+    """``ipc_s`` as the median over every lone warm request (its prefill sample, its TTFT less
+    front_s) of what its TTFT leaves beyond ``step``'s price of its sample's shape, floored at 0.
+
+    Why not the fit's hop coefficient: that is the least-squares intercept of the samples'
+    medians (8 requests each), so a disturbance that slows a few samples' requests moves it
+    whole, where it moves a median only by the share of requests slowed: one calibration
+    (docs/simulator.md, SIMWARM's V9) had 7 of its 16 samples 6-20 ms late on the client's
+    side, and its fitted hop came out 4.7 ms above this median."""
+    if not lone:
+        raise ValueError("lone is empty; expected at least one lone warm request")
+    return max(0.0, statistics.median(ttft_s - _price(step, sample) for sample, ttft_s in lone))
+
+
+def _price(step: StepCost, sample: StepSample) -> float:
+    return step.seconds(
+        sample.decode_tokens,
+        sample.prefill_tokens,
+        sample.revisions,
+        sample.rank_tokens,
+        byte_tokens=sample.byte_tokens,
+        revision_widths=sample.revision_widths,
+    )
+
+
 def calibrated_model(
     hardware: str,
     steps: Sequence[StepSample],
@@ -245,6 +273,7 @@ def calibrated_model(
     copy_handoff_s: float = 0.0,
     hop_jitter_s: tuple[float, ...] = (),
     lease_handoff_s: dict[str, float] | None = None,
+    lone_hops: Sequence[tuple[StepSample, float]] = (),
 ) -> CostModel:
     """A validated cost model from measurements; ``overheads`` holds front_s and network_s
     (each optional, 0 when not measured, and said so in ``sources``); ``ipc_s`` is fitted with
@@ -255,7 +284,8 @@ def calibrated_model(
     link's (so a load from L3 pays it too: ``load_handoff_s`` is what L3 adds beyond it);
     ``hop_jitter_s``: the hop's spread (``jitter_quantiles``), () when not measured;
     ``lease_handoff_s``: a waiting lease's hand-off per source tier (``cost_model``), None or
-    {} when not measured."""
+    {} when not measured; ``lone_hops``: every lone warm request (its sample, its TTFT less
+    front_s), whose ``median_hop_s`` replaces the fitted ``ipc_s``; (): the fitted one."""
     for name, value in (("load_handoff_s", load_handoff_s), ("copy_handoff_s", copy_handoff_s)):
         if not (value >= 0 and math.isfinite(value)):
             raise ValueError(f"{name} {value!r} is invalid; expected finite >= 0")
@@ -281,7 +311,7 @@ def calibrated_model(
         validated=True,
         step=fitted.step,
         links=links,
-        ipc_s=fitted.ipc_s,
+        ipc_s=median_hop_s(lone_hops, fitted.step) if lone_hops else fitted.ipc_s,
         sources=dict(sources),
         load_cpu_shared=load_cpu_shared,
         hop_jitter_s=hop_jitter_s,

@@ -247,6 +247,7 @@ _EXAMPLE_COST = Path(__file__).resolve().parents[1] / "sim" / "cost_example.json
         (["--cost-model", "/nonexistent.json"], "nonexistent"),
         (["--cost-model", str(_EXAMPLE_COST), "--calibrated-out", "c.json"], "--calibrated-out"),
         (["--hardware", " "], "--hardware must name"),
+        (["--targets", "fleet", "--logs-dir", "logs"], "only the single target's real runs"),
     ],
 )
 def test_bench_sim_options_are_checked(args: list[str], message: str) -> None:
@@ -342,3 +343,33 @@ def test_a_run_may_turn_the_servers_request_log_on(tmp_path: Path) -> None:
     assert values["request_log_path"] == str(log)
     assert "request_log_path" in {f.name for f in fields(ServeConfig)}
     assert "request_log_path" not in serve_values(fleet, tmp_path, ServerOptions("lru", 2, 1), 1)
+
+
+def test_bench_sim_refuses_a_logs_dir_that_holds_files(tmp_path: Path) -> None:
+    """Its files would be overwritten: refused by name, before anything runs."""
+    (tmp_path / "old.jsonl").write_text("{}\n")
+    args = ["bench", "sim", "--json", "--cost-model", str(_EXAMPLE_COST), "--logs-dir"]
+    result = CliRunner().invoke(app, [*args, str(tmp_path)])
+    assert result.exit_code == 2, result.output
+    assert "--logs-dir" in _flat(result.output) and "new or empty directory" in _flat(result.output)
+
+
+def test_a_run_keeps_the_clients_records_beside_the_servers_log(tmp_path: Path) -> None:
+    """``RunLogs`` names both files of a run; the client's records round-trip as JSONL in
+    trace order, so a request pairs with the server's line and the simulator's outcome."""
+    from loraplex.bench.sim.validate import RunLogs, write_client_records
+
+    logs = RunLogs.under(tmp_path, "single-r0-hot-burst")
+    assert logs.server == tmp_path / "single-r0-hot-burst.requests.jsonl"
+    assert logs.client == tmp_path / "single-r0-hot-burst.client.jsonl"
+    records = [_record(0.0, 0.1), _record(1.0, None, status=503)]
+    write_client_records(logs.client, records)
+    back = [json.loads(x) for x in logs.client.read_text().splitlines()]
+    assert [RequestRecord(**x) for x in back] == records
+
+
+def test_a_logs_dir_needs_a_single_server_run_to_keep_logs(tmp_path: Path) -> None:
+    """The fleet's runs keep none: a directory given for them alone would stay empty."""
+    assert SimBenchConfig(targets=("single", "fleet"), logs_dir=tmp_path).logs_dir == tmp_path
+    with pytest.raises(ValueError, match="logs_dir"):
+        SimBenchConfig(targets=("fleet",), logs_dir=tmp_path)

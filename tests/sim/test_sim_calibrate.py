@@ -1,4 +1,5 @@
 import random
+import statistics
 from dataclasses import replace
 
 import pytest
@@ -282,3 +283,68 @@ def test_the_calibration_asks_for_enough_slots_for_its_largest_mix_at_one_tenant
     assert int(slots * share) >= max(config.revision_counts)
     assert int((slots - 1) * share) < max(config.revision_counts)  # and no more than that
     assert slots_for_mixes(replace(config, revision_counts=(1, 2, 4, 8)), 0.25) == 32
+
+
+def _lone(hop_s: float, late: dict[int, float]) -> list:
+    """8 lone requests per prefill sample of ``calibration_measured``'s shapes (exact step +
+    ``hop_s``), those of the samples in ``late`` that many seconds later on the client's side."""
+    from sim_inputs import calibration_measured
+
+    from loraplex.sim.calibrate import StepSample
+
+    hops = [s for s in calibration_measured()["steps"] if s.hop]
+    out = []
+    for i, s in enumerate(hops):
+        step_s = 0.004 + 2e-5 * s.prefill_tokens + 1e-7 * s.rank_tokens  # the hop samples' truth
+        for _ in range(8):
+            out.append((StepSample(0, s.prefill_tokens, 1, s.rank_tokens, 1.0, hop=True),
+                        step_s + hop_s + late.get(i, 0.0)))  # fmt: skip
+    return out
+
+
+def test_the_hop_is_the_median_over_lone_requests_less_the_fitted_step() -> None:
+    """``median_hop_s``: what a lone request's TTFT (less front_s) leaves beyond the step's
+    price of its shape; a disturbance over one of four samples (its requests 20 ms late) moves
+    a mean of the samples by 5 ms and this median not at all."""
+    from loraplex.sim.calibrate import median_hop_s
+
+    step = StepCost(0.002, 1e-4, 3e-4, 1e-7, per_prefill_token_s=2e-5)
+    price = {n: 0.002 + 3e-4 + 2e-5 * n for n in (8, 32)}  # rank_tokens priced too, below
+    clean = _lone(0.003, {})
+    expected = statistics.median(t - price[s.prefill_tokens] - 1e-7 * s.rank_tokens
+                                 for s, t in clean)  # fmt: skip
+    assert median_hop_s(clean, step) == pytest.approx(expected)
+    late = _lone(0.003, {0: 0.020})
+    assert median_hop_s(late, step) == pytest.approx(median_hop_s(clean, step))
+    per_sample = [statistics.mean(t for s2, t in late[8 * i : 8 * i + 8]) for i in range(4)]
+    clean_means = [statistics.mean(t for s2, t in clean[8 * i : 8 * i + 8]) for i in range(4)]
+    assert statistics.mean(per_sample) - statistics.mean(clean_means) == pytest.approx(0.005)
+    with pytest.raises(ValueError, match="lone is empty"):
+        median_hop_s([], step)
+
+
+def test_the_calibration_takes_its_hop_from_the_lone_requests(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """With lone requests measured, ``ipc_s`` is their median beyond the fitted step (not the
+    fit's own hop term); the report keeps each one; without, the fitted hop stands."""
+    from sim_inputs import calibration_measured
+
+    from loraplex.bench.sim import calibration
+    from loraplex.bench.sim.calibrate_run import CalibrateConfig
+    from loraplex.bench.sim.calibrate_target import Target
+    from loraplex.sim.calibrate import median_hop_s
+
+    measured = calibration_measured()
+    measured.update(cold=[], residuals=[])
+    monkeypatch.setattr(calibration, "measure", lambda target, config: dict(measured))
+    target = Target("http://x", "k", (), {}, 100)
+    fitted, _ = calibration.calibrate(target, CalibrateConfig(), "hw", "cmd")
+    assert fitted.ipc_s == pytest.approx(measured["step_fit"].ipc_s)
+    measured["lone"] = _lone(0.003, {0: 0.020})
+    model, report = calibration.calibrate(target, CalibrateConfig(), "hw", "cmd")
+    assert model.ipc_s == pytest.approx(median_hop_s(measured["lone"], model.step))
+    assert model.ipc_s != pytest.approx(fitted.ipc_s)
+    assert len(report["lone_ttfts_s"]) == 32
+    assert "median over 32 lone warm requests" in model.sources["ipc_s"]
+    assert "fitted with the step" in fitted.sources["ipc_s"]

@@ -64,6 +64,9 @@ class SimBenchConfig:
     scale: tuple[int, int, int] | None = SCALE  # (requests, adapters, replicas); None: skip
     seed: int = 0  # workloads, prompts, router
     asset_dir: Path = Path(".loraplex-assets")  # the demo base model is <dir>/test-small
+    # where each real single-server run keeps its server's request log and the client's
+    # records (``validate.RunLogs``); None: kept nowhere
+    logs_dir: Path | None = None
 
     def __post_init__(self) -> None:
         unknown = [t for t in self.traces if t not in TRACES]
@@ -77,6 +80,11 @@ class SimBenchConfig:
             raise ValueError(f"repeats {self.repeats} is invalid; expected >= 1")
         if self.scale is not None and min(self.scale) < 1:
             raise ValueError(f"scale {self.scale} is invalid; expected three counts >= 1")
+        if self.logs_dir is not None and "single" not in self.targets:
+            raise ValueError(
+                f"logs_dir {self.logs_dir} is invalid; only the single target's real runs keep "
+                f"logs, and targets are {list(self.targets)}"
+            )
 
     def params(self) -> ScenarioParams:
         return trace_params(
@@ -183,7 +191,7 @@ def real(
     order on even repeats and reversed on odd ones (ABBA), so no trace is always the first
     server of the invocation."""
     from loraplex.bench.fleet.cluster import local_cluster
-    from loraplex.bench.sim.validate import fleet_outcome, single_outcome
+    from loraplex.bench.sim.validate import RunLogs, fleet_outcome, single_outcome
 
     s = config.settings
     drive = DriveConfig(request_timeout_s=s.request_timeout_s, vocab_size=vocab, seed=s.seed)
@@ -195,7 +203,11 @@ def real(
         for r, order in enumerate(orders):
             for i, w in order:
                 where = root / f"single-{r}-{i}"
-                out["single"][w.name].append(single_outcome(registry, w, s, drive, where))
+                logs = None
+                if config.logs_dir is not None:
+                    logs = RunLogs.under(config.logs_dir, f"single-r{r}-{w.name}")
+                outcome = single_outcome(registry, w, s, drive, where, logs=logs)
+                out["single"][w.name].append(outcome)
     if "fleet" in config.targets:
         with local_cluster(1) as port:
             target = (registry, f"http://127.0.0.1:{port}", port)
@@ -234,5 +246,6 @@ def run_sim_bench(config: SimBenchConfig, cost_model: CostModel) -> dict[str, An
     plain = asdict(config)
     plain["cost_model"] = None if config.cost_model is None else str(config.cost_model)
     plain["asset_dir"] = str(config.asset_dir)
+    plain["logs_dir"] = None if config.logs_dir is None else str(config.logs_dir)
     plain["machine"] = machine_record()
     return {"name": "sim", "config": plain, "seed": config.seed, "metrics": metrics}

@@ -14,7 +14,8 @@ order, with the cold requests of ``calibrate_cold``).
   arrivals ``hop_gap_s`` apart, so each finds the server idle, and ``hop_output_tokens`` tokens
   each, so the first token streams back while the engine decodes the next):
   the median TTFT less ``front_s`` is one prefill step plus the front-to-engine hop, fitted
-  together with the decode samples (``sim/calibrate.py``), which gives ``ipc_s`` too. (Sent
+  together with the decode samples (``sim/calibrate.py``); ``ipc_s`` is the median over those
+  requests of what each leaves beyond the fitted step (``sim/calibrate.median_hop_s``). (Sent
   back to back with ``max_tokens`` 1, as before 2026-12-04, lone requests were 6-9 ms faster
   than the same requests in a trace: docs/simulator.md, "SIMVAL".)
 - Tier links: cold loads of adapters of known bytes, one tier at a time through the admin API
@@ -311,15 +312,16 @@ def front_seconds(client: httpx.Client, target: Target, config: CalibrateConfig)
 
 def prefill_samples(
     client: httpx.Client, target: Target, config: CalibrateConfig, front_s: float
-) -> tuple[list[StepSample], list[float]]:
+) -> tuple[list[StepSample], list[float], list[tuple[StepSample, float]]]:
     """One hop sample per prefill length and adapter (lowest and highest rank): the median TTFT
     of lone warm requests less ``front_s``; none where that is not > 0. With them, every lone
     request's TTFT less its sample's median (the spread the cost model's ``hop_jitter_s``
-    keeps)."""
+    keeps), and every kept sample's lone requests as (sample, TTFT less ``front_s``), whose
+    median beyond the fitted step is the hop (``sim/calibrate.median_hop_s``)."""
     chosen = dict.fromkeys(
         a for group in target_sets(target.adapters) for a in (group[0], group[-1])
     )
-    samples, residuals = [], []
+    samples, residuals, lone = [], [], []
     into_slots(client, target.adapters, tuple(chosen))
     for adapter in chosen:
         byte_tokens, width = weight_regressors((adapter,))
@@ -334,7 +336,8 @@ def prefill_samples(
                     0, length, 1, rank_tokens, step_s, True, length * byte_tokens, width
                 )
                 samples.append(sample)
-    return samples, residuals
+                lone += [(sample, t - front_s) for t in ttfts]
+    return samples, residuals, lone
 
 
 async def lone_ttft(

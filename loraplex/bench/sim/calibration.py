@@ -63,7 +63,7 @@ def measure(target: Target, config: CalibrateConfig) -> dict[str, Any]:
         target = with_sizes(client, target)
         steps = step_samples(client, target, config)
         front_s = front_seconds(client, target, config)
-        prefills, residuals = prefill_samples(client, target, config, front_s)
+        prefills, residuals, lone = prefill_samples(client, target, config, front_s)
     handoffs = None
     if target.request_log is not None and target.request_log.is_file():
         text = target.request_log.read_text(encoding="utf-8")
@@ -77,6 +77,7 @@ def measure(target: Target, config: CalibrateConfig) -> dict[str, Any]:
         "front_s": front_s,
         "cold": cold,
         "residuals": residuals,
+        "lone": lone,
         "handoffs": handoffs,
     }
 
@@ -139,7 +140,14 @@ def calibrate(
         f"{_shapes(target)}, fitted together with ipc_s by non-negative least squares: "
         + _fit_text(fitted.fit, len(steps)),
         "front_s": "median latency of an authenticated GET /v1/models",
-        "ipc_s": "fitted with the step: the hop term of the lone requests' TTFT less front_s",
+        "ipc_s": (
+            f"the median over {len(measured['lone'])} lone warm requests of their TTFT less "
+            "front_s less the fitted step's price of their prompt and adapter "
+            "(sim/calibrate.median_hop_s; the fit's own hop term moves whole when a few samples "
+            "are disturbed)"
+            if measured["lone"]
+            else "fitted with the step: the hop term of the lone requests' TTFT less front_s"
+        ),
         "network_s": "not measured: one server, no ingress-to-replica hop (0)",
         "load_cpu_shared": SHARED_CPU if load_cpu_shared else "not shared (the target's)",
     }
@@ -204,6 +212,7 @@ def calibrate(
         copy_handoff_s=copy_handoff_s,
         hop_jitter_s=jitter,
         lease_handoff_s=lease_handoff_s,
+        lone_hops=measured["lone"],
     )
     report = {
         "hardware": hardware,
@@ -212,6 +221,7 @@ def calibrate(
         "cold_samples": [{**asdict(s), "handoff_s": s.handoff_s} for s in measured["cold"]],
         "overheads": {**overheads, "ipc_s": model.ipc_s},
         "hop_residuals_s": residuals,
+        "lone_ttfts_s": [[asdict(sample), ttft_s] for sample, ttft_s in measured["lone"]],
         "lease_handoffs": None if lease_found is None else asdict(lease_found),
         "machine": machine,
         "target": target.url,

@@ -12,9 +12,10 @@ at its reply or the timeout), as ``sim/result.py`` measures it.
 from __future__ import annotations
 
 import asyncio
+import json
 import time
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -90,18 +91,52 @@ def cache_outcome(hits: dict[str, int], misses: int, l0_loads: int) -> dict[str,
     return {"hit_ratio": hit_ratios(stats), "l0_loads": l0_loads}
 
 
+@dataclass(frozen=True)
+class RunLogs:
+    """Where one real single-server run keeps its per-request records (``bench sim
+    --logs-dir``), so its requests can be set beside the simulator's one by one."""
+
+    server: Path  # the server's request log (``request_log_path``: the engine's timelines)
+    client: Path  # the client's records, one JSON object per request in trace order
+
+    @classmethod
+    def under(cls, directory: Path, stem: str) -> RunLogs:
+        return cls(directory / f"{stem}.requests.jsonl", directory / f"{stem}.client.jsonl")
+
+
+def write_client_records(path: Path, records: Sequence[RequestRecord]) -> None:
+    """``records`` as JSONL (``RequestRecord``'s fields; ``t_s`` the scheduled arrival in
+    seconds from the replay's start, ``ttft_s`` from it to the first token the client read)."""
+    with path.open("w", encoding="utf-8") as f:
+        for record in records:
+            f.write(json.dumps(asdict(record), sort_keys=True) + "\n")
+
+
 def single_outcome(
-    registry: Fleet, workload: Workload, settings: RealSettings, drive: DriveConfig, root: Path
+    registry: Fleet,
+    workload: Workload,
+    settings: RealSettings,
+    drive: DriveConfig,
+    root: Path,
+    *,
+    logs: RunLogs | None = None,
 ) -> dict[str, Any]:
-    """``workload`` on a fresh real server."""
+    """``workload`` on a fresh real server; with ``logs``, the server's request log on and the
+    client's records kept (the request log asks the engine for its stages: a few clock reads
+    per step and request)."""
     from loraplex.bench.serve.driver import replay_over_http
     from loraplex.bench.serve.fleet import serving
 
+    options = settings.options()
+    if logs is not None:
+        options = replace(options, request_log_path=logs.server)
     drop_page_cache(registry.store)
-    with serving(registry, root, settings.options()) as url:
+    with serving(registry, root, options) as url:
         records, view = asyncio.run(
             replay_over_http(url, workload.requests, registry.keys, registry.admin_key, drive)
         )
+    if logs is not None:
+        write_client_records(logs.client, records)
     stats = view.final
     raw_hits = stats.get("hits")
     hits = {str(k): int(v) for k, v in raw_hits.items()} if isinstance(raw_hits, dict) else {}

@@ -1,0 +1,139 @@
+"""``bench sim --logs-dir``'s real single-server runs beside the simulator, request by request.
+
+Reads a logs directory (``validate.RunLogs``: per run ``single-r<repeat>-<trace>.requests.jsonl``,
+the server's request log, and ``.client.jsonl``, the client's records; the in-run
+calibration's ``calibration.requests.jsonl``), simulates the same traces with ``--cost-model``
+(``probe.simulated_outcomes``: the simulator's per-request times), pairs each real request with
+its simulated one (``probe.paired``) and prints, per run, the medians per leased tier of
+``probe.summary`` (ms). Then the calibration's lone warm requests (leased from a GPU slot,
+``--output-tokens`` tokens, ``--prompt-tokens`` prompt) against the runs' warm requests of the
+same shape: their front TTFT and engine stages, side by side.
+
+    python scripts/sim-timeline/logs.py --logs-dir /tmp/logs --cost-model cal.json \
+        --trace-requests 192 [--out rows.jsonl]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+import tempfile
+from pathlib import Path
+from types import SimpleNamespace
+from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from probe import paired, simulated_outcomes, summary
+
+from loraplex.bench.sim.bench import (
+    MAX_LORA_RANK,
+    SimBenchConfig,
+    adapter_sizes,
+    prepared,
+    registry_tenants,
+    sim_config,
+)
+from loraplex.bench.sim.traces import workload_rows
+from loraplex.sim import cost_model as cost_file
+from loraplex.sim.call import records
+
+# The engine's stages compared (``request_log.ENGINE_FIELDS``), and the front's TTFT.
+STAGES = ("scheduled_s", "first_step_end_s", "lease_s", "asked_s")
+
+
+def _lines(path: Path) -> list[dict[str, Any]]:
+    return [json.loads(x) for x in path.read_text(encoding="utf-8").splitlines() if x]
+
+
+def _med(values: list[float]) -> float | None:
+    return round(statistics.median(values), 2) if values else None
+
+
+def stage_medians(lines: list[dict[str, Any]]) -> dict[str, Any]:
+    """Medians, ms, of the front's TTFT, the engine's stages and what lies outside the engine
+    (front TTFT less the first step's end) over ``lines``."""
+    out: dict[str, Any] = {"n": len(lines)}
+    out["front_ttft"] = _med([x["ttft_s"] * 1e3 for x in lines if x["ttft_s"] is not None])
+    for name in STAGES:
+        kept = [x["engine"][name] for x in lines if x["engine"].get(name) is not None]
+        out[name] = _med([v * 1e3 for v in kept])
+    out["first_step"] = _med(
+        [
+            (x["engine"]["first_step_end_s"] - x["engine"]["scheduled_s"]) * 1e3
+            for x in lines
+            if x["engine"].get("first_step_end_s") is not None
+        ]
+    )
+    out["outside_engine"] = _med(
+        [
+            (x["ttft_s"] - x["engine"]["first_step_end_s"]) * 1e3
+            for x in lines
+            if x["ttft_s"] is not None and x["engine"].get("first_step_end_s") is not None
+        ]
+    )
+    return out
+
+
+def warm(lines: list[dict[str, Any]], prompt: int, output: int) -> list[dict[str, Any]]:
+    return [
+        x
+        for x in lines
+        if x["tier"] == "L0"
+        and x["engine"]
+        and x["prompt_tokens"] == prompt
+        and x["output_tokens"] == output
+    ]
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--logs-dir", type=Path, required=True)
+    parser.add_argument("--cost-model", type=Path, required=True)
+    parser.add_argument("--trace-requests", type=int, default=192)
+    parser.add_argument("--prompt-tokens", type=int, default=16)
+    parser.add_argument("--output-tokens", type=int, default=8)
+    parser.add_argument("--out", type=Path)
+    args = parser.parse_args()
+    from loraplex.demo.assets import generate_demo_assets
+
+    runs = sorted(args.logs_dir.glob("single-r*-*.requests.jsonl"))
+    names = sorted({p.name.split(".")[0].split("-", 2)[2] for p in runs})
+    config = SimBenchConfig(
+        traces=tuple(names), targets=("single",), trace_requests=args.trace_requests, scale=None
+    )
+    cost = cost_file.load(args.cost_model)
+    assets = generate_demo_assets(config.asset_dir / "test-small", preset="small", seed=0)
+    workloads = {w.name: w for w in config.workloads()}
+    out = None if args.out is None else args.out.open("w", encoding="utf-8")
+    trace_warm: list[dict[str, Any]] = []
+    with tempfile.TemporaryDirectory(prefix="loraplex-logs-") as tmp:
+        registry = prepared(config, list(workloads.values()), Path(tmp), assets.base_model_dir)
+        adapters = [a for w in workloads.values() for a in w.adapters]
+        sizes, per_rank = adapter_sizes(registry.model_dir, adapters)
+        values = sim_config(config, "single", per_rank, registry_tenants(registry))
+        for path in runs:
+            stem = path.name.split(".")[0]
+            w = workloads[stem.split("-", 2)[2]]
+            sims, stamps = simulated_outcomes(
+                records(workload_rows(w, MAX_LORA_RANK, sizes)), values, cost
+            )
+            lines = _lines(path)
+            recs = [SimpleNamespace(**r) for r in _lines(args.logs_dir / f"{stem}.client.jsonl")]
+            rows = paired(w, recs, lines, sims, stamps)
+            if out is not None:
+                for row in rows:
+                    out.write(json.dumps({"run": stem, **row}) + "\n")
+            sys.stdout.write(f"{stem} {json.dumps(summary(rows))}\n")
+            trace_warm.extend(warm(lines, args.prompt_tokens, args.output_tokens))
+    calibration = args.logs_dir / "calibration.requests.jsonl"
+    if calibration.is_file():
+        lone = warm(_lines(calibration), args.prompt_tokens, args.output_tokens)
+        sys.stdout.write(f"calibration lone warm {json.dumps(stage_medians(lone))}\n")
+        sys.stdout.write(f"traces warm {json.dumps(stage_medians(trace_warm))}\n")
+
+
+if __name__ == "__main__":
+    main()
