@@ -19,6 +19,9 @@ def register(app: typer.Typer) -> None:
     _group(app, "bench", "Benchmarks.").command("sim")(bench_sim)
 
 
+DEFAULT_HARDWARE = "cpu-demo-small"  # the in-run calibration's name without --hardware
+
+
 def _names(text: str) -> tuple[str, ...]:
     return tuple(p.strip() for p in text.split(",") if p.strip())
 
@@ -49,9 +52,11 @@ def bench_sim(
         ),
     ] = None,
     hardware: Annotated[
-        str,
-        typer.Option(help="Without --cost-model: the in-run calibration's hardware name."),
-    ] = "cpu-demo-small",
+        str | None,
+        typer.Option(
+            help="Without --cost-model: the in-run calibration's hardware name (cpu-demo-small)."
+        ),
+    ] = None,
     logs_dir: Annotated[
         Path | None,
         typer.Option(
@@ -91,12 +96,14 @@ def bench_sim(
         model = load(cost_model) if cost_model is not None else None
     except (ValueError, OSError) as exc:
         raise typer.BadParameter(str(exc)) from exc
-    if model is not None and calibrated_out is not None:
-        raise typer.BadParameter(
-            "--calibrated-out writes the in-run calibration; with --cost-model there is none",
-            param_hint="--calibrated-out",
-        )
-    if not hardware.strip():
+    for flag, given in (("--calibrated-out", calibrated_out), ("--hardware", hardware)):
+        if model is not None and given is not None:
+            raise typer.BadParameter(
+                f"{flag} is for the in-run calibration; with --cost-model there is none",
+                param_hint=flag,
+            )
+    hardware = DEFAULT_HARDWARE if hardware is None else hardware.strip()
+    if not hardware:
         raise typer.BadParameter(
             "--hardware must name the measured hardware", param_hint="--hardware"
         )
@@ -106,7 +113,7 @@ def bench_sim(
         except (ValueError, OSError) as exc:
             raise typer.BadParameter(str(exc), param_hint="--logs-dir") from exc
     if model is None:
-        model = _calibrated(asset_dir, max_loras, hardware.strip(), logs_dir)
+        model = _calibrated(asset_dir, max_loras, hardware, logs_dir)
         if calibrated_out is not None:
             model.save(calibrated_out)
     result = run_sim_bench(config, model)

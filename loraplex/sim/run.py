@@ -144,8 +144,7 @@ def simulate(
             hop = max(0.0, hop_s + cost_model.hop_jitter(jitter.random(), fleet is not None))
         if cpu is not None:
             cpu.requests += 1  # its replica counts its end
-            if cpu.contention is not None:
-                hop *= cpu.hop_stretch()
+            hop *= cpu.hop_stretch()  # 1 without a contention curve
             cpu.add_hop(record.t_s, record.t_s + hop)
         executor.call_at(record.t_s + hop, _submit(replica, request, outcome))
     executor.drain()

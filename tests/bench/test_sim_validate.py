@@ -246,6 +246,7 @@ _EXAMPLE_COST = Path(__file__).resolve().parents[1] / "sim" / "cost_example.json
         (["--repeats", "0"], "repeats 0 is invalid"),
         (["--cost-model", "/nonexistent.json"], "nonexistent"),
         (["--cost-model", str(_EXAMPLE_COST), "--calibrated-out", "c.json"], "--calibrated-out"),
+        (["--cost-model", str(_EXAMPLE_COST), "--hardware", "h"], "--hardware is for the in-run"),
         (["--hardware", " "], "--hardware must name"),
         (["--targets", "fleet", "--logs-dir", "logs"], "only the single target's real runs"),
     ],
