@@ -3,12 +3,18 @@
 A breach needs evidence, and never one caller's alone:
 
 - nothing is judged before the candidate has ``min_requests`` finished requests in the step
-  not counting the caller that failed most (``RevisionWindow.without_top_callers``);
+  not counting the caller that failed most nor the one that succeeded most
+  (``RevisionWindow.without_top_callers``): one tenant's flood is no evidence;
 - error rates and the bad-feedback ratio are judged without the caller that failed most and the
-  one that rated worst (on both sides), so one tenant cannot roll a release back by failing or
-  rating its own requests; two callers seeing the same failures still can;
+  one that rated worst, and without the one that succeeded most and the one that rated best (on
+  both sides), so one tenant cannot roll a release back by failing or rating its own requests,
+  nor hide the failures others see behind its successes; two callers seeing the same failures
+  still can roll it back;
+- a P99 latency ratio is judged on each side without the caller whose absence lowers that P99
+  most and the one whose absence raises it most (``release/callers.py``): one tenant's long
+  prompts on the candidate, or its flood of short ones on either side, decide nothing;
 - a latency ratio is judged only when both sides have ``min_latency_samples`` samples of it
-  (below ~100 the nearest-rank P99 is the single slowest request);
+  besides those callers' (below ~100 the nearest-rank P99 is the single slowest request);
 - ratios against the stable revision are judged only where the stable side has a figure (no
   stable traffic in the step: only the absolute limits apply).
 """
@@ -70,13 +76,19 @@ def has_evidence(candidate: RevisionWindow, limits: Thresholds) -> bool:
 def _latency(candidate: RevisionWindow, stable: RevisionWindow, limits: Thresholds) -> list[str]:
     least = limits.min_latency_samples
     found = []
-    if min(candidate.ttft_samples, stable.ttft_samples) >= least:
+    if min(candidate.ttft_judged_samples, stable.ttft_judged_samples) >= least:
         found += _ratio(
-            "ttft_p99", candidate.ttft_p99_s, stable.ttft_p99_s, limits.max_ttft_p99_ratio
+            "ttft_p99",
+            candidate.ttft_p99_judged_s,
+            stable.ttft_p99_judged_s,
+            limits.max_ttft_p99_ratio,
         )
-    if min(candidate.tpot_samples, stable.tpot_samples) >= least:
+    if min(candidate.tpot_judged_samples, stable.tpot_judged_samples) >= least:
         found += _ratio(
-            "tpot_p99", candidate.tpot_p99_s, stable.tpot_p99_s, limits.max_tpot_p99_ratio
+            "tpot_p99",
+            candidate.tpot_p99_judged_s,
+            stable.tpot_p99_judged_s,
+            limits.max_tpot_p99_ratio,
         )
     return found
 

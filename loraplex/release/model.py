@@ -145,24 +145,41 @@ class RevisionWindow:
     top_caller_errors: int = 0  # that caller's errors
     top_rater_good: int = 0  # good ratings of the caller with the most bad ones (0: none bad)
     top_rater_bad: int = 0  # that caller's bad ratings
+    # Of the rest, the caller with the most successful requests (0: none), and the one with the
+    # most good ratings: left out too, so one caller's successes cannot hide others' failures.
+    best_caller_requests: int = 0
+    best_caller_errors: int = 0
+    best_rater_good: int = 0
+    best_rater_bad: int = 0
+    # The P99s judged, and their samples: without the caller whose absence lowers the P99 most
+    # and the one whose absence raises it most (``release/callers.py``).
+    ttft_p99_judged_s: float | None = None
+    ttft_judged_samples: int = 0
+    tpot_p99_judged_s: float | None = None
+    tpot_judged_samples: int = 0
 
     @property
     def error_rate(self) -> float | None:
         return None if self.requests == 0 else self.errors / self.requests
 
     def without_top_callers(self) -> RevisionWindow:
-        """The counts without the caller that failed most and the one that rated worst: what
-        error and feedback checks judge, so that no single caller decides a release alone."""
+        """The counts without the caller that failed most, the one that succeeded most, the one
+        that rated worst and the one that rated best: what error and feedback checks judge, so
+        that no single caller decides a release alone, either way."""
         return replace(
             self,
-            requests=self.requests - self.top_caller_requests,
-            errors=self.errors - self.top_caller_errors,
-            good=self.good - self.top_rater_good,
-            bad=self.bad - self.top_rater_bad,
+            requests=self.requests - self.top_caller_requests - self.best_caller_requests,
+            errors=self.errors - self.top_caller_errors - self.best_caller_errors,
+            good=self.good - self.top_rater_good - self.best_rater_good,
+            bad=self.bad - self.top_rater_bad - self.best_rater_bad,
             top_caller_requests=0,
             top_caller_errors=0,
             top_rater_good=0,
             top_rater_bad=0,
+            best_caller_requests=0,
+            best_caller_errors=0,
+            best_rater_good=0,
+            best_rater_bad=0,
         )
 
 

@@ -20,8 +20,9 @@ What counts against a revision (``classify``):
   (429: load shedding shared by every revision), and a generation failure its own sampling
   values caused (a ``GenerationError`` whose ``model_fault`` is False).
 
-Each sample carries its caller (``caller_key``), so a window can leave out the caller that failed
-most: one tenant's requests alone never decide a release (``release/compare.py``).
+Each sample carries its caller (``caller_key``), so a window can leave out the callers that push
+a figure most either way: one tenant's requests alone never decide a release
+(``release/callers.py``, ``release/compare.py``).
 
 Times are the release clock's (the controller's ``Clock``), stamped when a request finishes.
 Torch-free.
@@ -47,6 +48,7 @@ from loraplex.errors import (
     QueueFullError,
     RateLimitError,
 )
+from loraplex.release.callers import extremes, p99_without_extremes
 from loraplex.release.model import Release, RevisionWindow
 from loraplex.sampling import FINISH_ABORT, FINISH_LENGTH, FINISH_STOP
 
@@ -175,18 +177,6 @@ class _Ring:
         self.samples: deque[Sample] = deque(maxlen=max_samples)
         self.ratings: deque[Rating] = deque(maxlen=max_samples)
         self.totals = RevisionTotals()
-
-
-def _worst(events: Iterable[tuple[str, bool]]) -> tuple[int, int]:
-    """(events, failures) of the caller with the most failures (ties: most events); (0, 0)
-    when nothing failed."""
-    counts: dict[str, list[int]] = {}
-    for caller, failed in events:
-        count = counts.setdefault(caller, [0, 0])
-        count[0] += 1
-        count[1] += failed
-    worst = max(counts.values(), key=lambda c: (c[1], c[0]), default=[0, 0])
-    return (worst[0], worst[1]) if worst[1] else (0, 0)
 
 
 def percentile(values: list[float], q: float) -> float | None:
@@ -322,8 +312,14 @@ class ReleaseTraffic:
             ]
         ttfts = [s.ttft_s for s in samples if s.ok and s.ttft_s is not None]
         tpots = [s.tpot_s for s in samples if s.ok and s.tpot_s is not None]
-        top_requests, top_errors = _worst((s.caller, not s.ok) for s in samples)
-        top_ratings, top_bad = _worst((r.caller, not r.good) for r in ratings)
+        worst, best = extremes((s.caller, not s.ok) for s in samples)
+        worst_rater, best_rater = extremes((r.caller, not r.good) for r in ratings)
+        ttft_judged = p99_without_extremes(
+            [(s.ttft_s, s.caller) for s in samples if s.ok and s.ttft_s is not None]
+        )
+        tpot_judged = p99_without_extremes(
+            [(s.tpot_s, s.caller) for s in samples if s.ok and s.tpot_s is not None]
+        )
         bad = sum(1 for r in ratings if not r.good)
         return RevisionWindow(
             requests=len(samples),
@@ -337,10 +333,18 @@ class ReleaseTraffic:
             ttft_samples=len(ttfts),
             tpot_samples=len(tpots),
             callers=len({s.caller for s in samples}),
-            top_caller_requests=top_requests,
-            top_caller_errors=top_errors,
-            top_rater_good=top_ratings - top_bad,
-            top_rater_bad=top_bad,
+            top_caller_requests=worst.events,
+            top_caller_errors=worst.failures,
+            top_rater_good=worst_rater.events - worst_rater.failures,
+            top_rater_bad=worst_rater.failures,
+            best_caller_requests=best.events,
+            best_caller_errors=best.failures,
+            best_rater_good=best_rater.events - best_rater.failures,
+            best_rater_bad=best_rater.failures,
+            ttft_p99_judged_s=ttft_judged[0],
+            ttft_judged_samples=ttft_judged[1],
+            tpot_p99_judged_s=tpot_judged[0],
+            tpot_judged_samples=tpot_judged[1],
         )
 
     def totals(self) -> list[tuple[TrackedRevision, RevisionTotals]]:

@@ -16,6 +16,10 @@ def _latency(samples: int, p99_s: float) -> RevisionWindow:
         tpot_p99_s=p99_s / 10,
         ttft_samples=samples,
         tpot_samples=samples,
+        ttft_p99_judged_s=p99_s,
+        tpot_p99_judged_s=p99_s / 10,
+        ttft_judged_samples=samples,
+        tpot_judged_samples=samples,
     )
 
 
@@ -32,10 +36,18 @@ def test_latency_is_not_judged_below_min_latency_samples() -> None:
 
 def test_each_latency_metric_needs_its_own_samples() -> None:
     candidate = RevisionWindow(
-        requests=60, ttft_p99_s=1.0, tpot_p99_s=1.0, ttft_samples=60, tpot_samples=5
+        requests=60,
+        ttft_p99_judged_s=1.0,
+        tpot_p99_judged_s=1.0,
+        ttft_judged_samples=60,
+        tpot_judged_samples=5,
     )
     stable = RevisionWindow(
-        requests=60, ttft_p99_s=0.1, tpot_p99_s=0.1, ttft_samples=60, tpot_samples=60
+        requests=60,
+        ttft_p99_judged_s=0.1,
+        tpot_p99_judged_s=0.1,
+        ttft_judged_samples=60,
+        tpot_judged_samples=60,
     )
     assert [b.split()[0] for b in breaches(candidate, stable, LIMITS)] == ["ttft_p99"]
 

@@ -97,18 +97,23 @@ def test_window_names_the_caller_that_failed_and_rated_worst() -> None:
     assert (window.requests, window.errors, window.callers) == (23, 13, 11)
     assert (window.top_caller_requests, window.top_caller_errors) == (12, 12)
     assert (window.good, window.bad, window.top_rater_good, window.top_rater_bad) == (1, 12, 0, 12)
+    # of the rest, the caller with the most successes (ties: fewest failures) and the best rater
+    assert (window.best_caller_requests, window.best_caller_errors) == (1, 0)
+    assert (window.best_rater_good, window.best_rater_bad) == (1, 0)
     rest = window.without_top_callers()
-    assert (rest.requests, rest.errors, rest.good, rest.bad) == (11, 1, 1, 0)
+    assert (rest.requests, rest.errors, rest.good, rest.bad) == (10, 1, 0, 0)
     assert (window.ttft_samples, window.tpot_samples) == (10, 0)
 
 
-def test_window_without_errors_leaves_no_caller_out() -> None:
+def test_window_without_errors_leaves_out_only_the_most_successful_caller() -> None:
     traffic = _traffic(ManualClock())
     for _ in range(5):
         traffic.record(CAND, Verdict.OK, 0.1, 0.01, "tenant:globex")
+    traffic.record(CAND, Verdict.OK, 0.1, 0.01, "owner:user:1")
     window = traffic.window(CAND, 0.0)
-    assert (window.callers, window.top_caller_requests, window.top_caller_errors) == (1, 0, 0)
-    assert window.without_top_callers().requests == 5
+    assert (window.callers, window.top_caller_requests, window.top_caller_errors) == (2, 0, 0)
+    assert (window.best_caller_requests, window.best_caller_errors) == (5, 0)
+    assert window.without_top_callers().requests == 1
 
 
 def test_window_counts_percentiles_and_since() -> None:
