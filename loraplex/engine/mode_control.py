@@ -11,8 +11,8 @@ between steps, merges, unmerges or switches through :class:`~loraplex.engine.mod
   LoRA work timed on every unmerged step until ``min_measured_steps`` were timed, then on one
   in ``LORA_TIMING_EVERY``; nothing is merged on the ``lora_s_per_token`` prior), and whole
   steps' seconds per token timed here in both modes: nothing is merged before
-  ``min_measured_steps`` unmerged steps were timed, and once merged steps are measured slower,
-  auto unmerges and stays unmerged.
+  ``min_measured_steps`` unmerged steps were timed, and once merged steps are measured slower
+  than unmerged steps of the same size, auto unmerges and stays unmerged for ``veto_s``.
 """
 
 from __future__ import annotations
@@ -159,10 +159,11 @@ class ModeController:
             return
         now = self.clock.now()
         since = None if self._last_s is None else now - self._last_s
+        self.step_costs.expire(now, self.policy.veto_s)
         costs = MeasuredCosts(
             self._transition_s(),
             self.lora_cost.per_token(),
-            self.step_costs.per_token(True),
+            self.step_costs.merged_like_unmerged(),
             self.step_costs.per_token(False),
             self.lora_cost.measured,
         )

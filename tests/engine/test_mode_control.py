@@ -110,7 +110,8 @@ def test_auto_measures_unmerged_steps_first_and_unmerges_when_merged_is_slower(
     """Merging at start-up left no unmerged steps to compare with, so the merged-slower veto
     never acted (issue 28). Here each step costs 1 ms per token unmerged and 2 ms merged (the
     clock advances by that before ``after_step`` times the step): auto must time
-    ``min_measured_steps`` unmerged steps, merge, find merged slower, unmerge and stay so."""
+    ``min_measured_steps`` unmerged steps, merge, find merged slower (than unmerged steps of the
+    same size), unmerge and stay so (for ``veto_s``: tests/engine/test_mode_veto.py)."""
     skewed = skewed_requests(demo_assets, 16)
     want = [r.token_ids for r in engine.generate(skewed)]
     clock = ManualClock()
@@ -127,6 +128,11 @@ def test_auto_measures_unmerged_steps_first_and_unmerges_when_merged_is_slower(
         timed(plan, keys)
 
     control.after_step = costed  # type: ignore[method-assign]
+    # the veto compares steps of one size: decode steps of five measured unmerged first (base
+    # model requests: no revision to merge)
+    base = [replace(request, adapter_dir=None) for request in skewed]
+    engine.generate(base, ticking(clock))  # type: ignore[arg-type]
+    assert control.transitions == []
     got = [r.token_ids for r in engine.generate(skewed, ticking(clock))]  # type: ignore[arg-type]
     assert got == want
     assert [t.kind for t in control.transitions] == [TransitionKind.MERGE, TransitionKind.UNMERGE]

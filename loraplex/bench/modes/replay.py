@@ -137,10 +137,11 @@ class AutoMode:
             self._timer = pool.op_timer = OpTimer(pool.device)
 
     def _decide(self, now: float) -> None:
+        self.step_costs.expire(now, self.config.veto_s)
         costs = replace(
             self.costs,
             lora_s_per_token=self.lora_cost.per_token(),
-            merged_step_s_per_token=self.step_costs.per_token(True),
+            merged_step_s_per_token=self.step_costs.merged_like_unmerged(),
             unmerged_step_s_per_token=self.step_costs.per_token(False),
             lora_measured=self.lora_cost.measured,
         )
