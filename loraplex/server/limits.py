@@ -196,7 +196,7 @@ class RequestLimits:
             started_ns = time.time_ns()
             tenant = await authenticate(self.deps, token)
             state = scope.setdefault("state", {})
-            mark_authenticated(state)  # a valid key, even if over its rate below
+            mark_authenticated(state, tenant.name)  # a valid key, even if over its rate below
             state[PRIORITY_CLASS_STATE] = tenant.priority.value  # its responses are counted
             try:  # the tenant's max_requests_per_s, before its body costs anything
                 await _take_token(self.rate_limiter, tenant)

@@ -318,8 +318,8 @@ class BoundedH11Protocol(H11Protocol):
         """Closed by the gate for a newcomer (``connections.Member``)."""
         self.transport.close()
 
-    def _on_authenticated(self) -> None:
-        self.gate.authenticated(self)
+    def _on_authenticated(self, tenant: str | None = None) -> None:
+        self.gate.authenticated(self, tenant)
 
     def pause_writing(self) -> None:
         super().pause_writing()
