@@ -159,12 +159,12 @@ def decide(
 ) -> ModeDecision:
     """The ``auto`` mode's choice. ``merged``: the merged revision or None; ``since_transition_s``:
     seconds since the last transition (None: there was none)."""
-    if since_transition_s is not None and since_transition_s < config.min_dwell_s:
-        return ModeDecision(Action.STAY, None, "dwell: the last transition is too recent")
-    if costs.merged_measured_slower:
+    if costs.merged_measured_slower:  # at once: a veto is no flapping (it holds for veto_s)
         if merged is not None:
             return ModeDecision(Action.UNMERGE, None, "merged steps measured slower per token")
         return ModeDecision(Action.STAY, None, "merged steps measured slower per token")
+    if since_transition_s is not None and since_transition_s < config.min_dwell_s:
+        return ModeDecision(Action.STAY, None, "dwell: the last transition is too recent")
     top, share = traffic.top_revision, traffic.top_share
     gain_s = (2.0 * share - 1.0) * traffic.tokens_per_s * costs.lora_s_per_token * config.payback_s
     hot = top is not None and top != merged and share >= config.merge_share

@@ -197,6 +197,9 @@ def test_merged_steps_measured_slower_unmerge_and_stop_merging() -> None:
     got = decide("a@1", 1e9, traffic(("a@1", 0.8)), slower, CONFIG)
     assert got.action is Action.UNMERGE and "measured slower" in got.reason
     assert decide(None, 1e9, traffic(("a@1", 0.9)), slower, CONFIG).action is Action.STAY
+    # within the dwell too: merged steps measured slower need not run for min_dwell_s (a veto
+    # holds for veto_s, so it cannot flap); each re-trial after veto_s costs its measured steps
+    assert decide("a@1", 1.0, traffic(("a@1", 0.8)), slower, CONFIG).action is Action.UNMERGE
     within_noise = MeasuredCosts(0.01, 1e-4, 1.04e-3, 1e-3)
     assert decide(None, None, traffic(("a@1", 0.9)), within_noise, CONFIG).action is Action.MERGE
 
