@@ -9,6 +9,13 @@ in ``lora_requests_info``'s lists once, in ``loraplex_adapter_requests_total`` a
 priority class carrying their requests together. A forgotten name's requests move to ``OTHER``
 too, so the counts of every series always add up to every adapter request served.
 
+Names are shared fairly among tenants: when every name is taken, a new adapter of a tenant
+holding fewer names than another takes that tenant's least recently seen name (its requests
+move to ``OTHER``), so no tenant holds more than an equal share while another wants one. NOTE:
+first come alone let one tenant, requesting 64 of its adapters every few minutes, keep every
+name, so every other tenant's adapters were ``OTHER`` for good, in ``lora_requests_info``'s lists
+too (the signal an endpoint picker routes adapter affinity by).
+
 Names are ``tenant/name`` (the adapter, not the revision: a new revision is not a new series).
 Thread-safe; time is injected.
 """
@@ -66,15 +73,38 @@ class AdapterLabels:
             return adapter
         if len(self._seen_s) >= self._max_named:
             self._forget(now_s)
-        if len(self._seen_s) >= self._max_named:
+        if len(self._seen_s) >= self._max_named and not self._take_from_largest(adapter):
             return OTHER
         self._seen_s[adapter] = now_s
         return adapter
+
+    def _take_from_largest(self, adapter: str) -> bool:
+        """Frees the least recently seen name of the tenant holding the most, when it holds at
+        least two more than ``adapter``'s tenant (so names never pass back and forth)."""
+        held = Counter(_tenant(named) for named in self._seen_s)
+        if not held:
+            return False
+        largest, count = max(held.items(), key=lambda item: (item[1], item[0]))
+        if count < held[_tenant(adapter)] + 2:
+            return False
+        oldest = min(
+            (a for a in self._seen_s if _tenant(a) == largest), key=self._seen_s.__getitem__
+        )
+        self._drop(oldest)
+        return True
 
     def _forget(self, now_s: float) -> None:
         """Names unseen for ``forget_after_s`` go; their requests move to ``OTHER``."""
         stale = [a for a, seen_s in self._seen_s.items() if now_s - seen_s >= self._forget_after_s]
         for adapter in stale:
-            del self._seen_s[adapter]
-            for label, cls in [k for k in self._requests if k[0] == adapter]:
-                self._requests[OTHER, cls] += self._requests.pop((label, cls))
+            self._drop(adapter)
+
+    def _drop(self, adapter: str) -> None:
+        """``adapter`` gives its name back; its requests move to ``OTHER``."""
+        del self._seen_s[adapter]
+        for label, cls in [k for k in self._requests if k[0] == adapter]:
+            self._requests[OTHER, cls] += self._requests.pop((label, cls))
+
+
+def _tenant(adapter: str) -> str:
+    return adapter.partition("/")[0]

@@ -65,6 +65,24 @@ def test_a_name_unseen_for_a_while_is_given_back_and_its_requests_move_to_other(
     assert names.request_totals() == [(OTHER, "normal", 2)]
 
 
+def test_one_tenant_cannot_keep_every_name_from_another() -> None:
+    """acme requests 4 adapters every minute, holding every name; globex's adapter used to be
+    ``OTHER`` for good. It now takes acme's least recently seen name, down to an equal share."""
+    clock = _Clock()
+    names = AdapterLabels(max_named=4, clock=clock)
+    for minute in range(3):
+        clock.now_s = 60.0 * minute
+        for i in range(4):
+            names.count_request(f"acme/a{i}", "normal")
+    assert names.labels(["globex/search"]) == ["globex/search"]
+    assert names.labels(["globex/chat"]) == ["globex/chat"]
+    assert names.labels(["globex/code"]) == [OTHER]  # 2 and 2: an equal share each
+    assert names.labels([f"acme/a{i}" for i in range(4)]) == [OTHER, "acme/a2", "acme/a3"]
+    totals = names.request_totals()
+    assert sum(n for _, _, n in totals) == 12  # acme's requests: nothing lost
+    assert (OTHER, "normal", 6) in totals  # a0's and a1's moved to OTHER with their names
+
+
 def test_a_cap_of_zero_names_no_adapter() -> None:
     names = AdapterLabels(max_named=0)
     assert names.labels(["acme/a", "acme/b"]) == [OTHER]
