@@ -18,9 +18,10 @@ considered, and only callers holding some of them (plus the largest other) are c
 
 from __future__ import annotations
 
-from collections import Counter
+import heapq
 from collections.abc import Iterable
 from dataclasses import dataclass
+from operator import itemgetter
 
 P99 = 0.99
 
@@ -59,14 +60,13 @@ def _left_out(item: tuple[str, list[int]] | None) -> LeftOut:
 def p99_without_extremes(samples: list[tuple[float, str]]) -> tuple[float | None, int]:
     """(nearest-rank P99, samples behind it) of ``(value, caller)`` samples without the caller
     whose absence lowers the P99 most and then the one whose absence raises it most."""
-    ordered = sorted(samples, key=lambda sample: -sample[0])  # slowest first
-    counts = Counter(caller for _, caller in samples)
+    ranked = _Ranked(samples)
     left_out: set[str] = set()
     for lower in (True, False):
-        current = _p99(ordered, counts, left_out)[0]
+        current = ranked.p99(left_out)[0]
         best: tuple[float, str] | None = None
-        for caller in _candidates(ordered, counts, left_out, lower):
-            value = _p99(ordered, counts, left_out | {caller})[0]
+        for caller in ranked.candidates(left_out, lower):
+            value = ranked.p99(left_out | {caller})[0]
             if not _moves(current, value, lower):
                 continue
             key = -1.0 if value is None else (value if lower else -value)
@@ -74,7 +74,7 @@ def p99_without_extremes(samples: list[tuple[float, str]]) -> tuple[float | None
                 best = (key, caller)
         if best is not None:
             left_out.add(best[1])
-    return _p99(ordered, counts, left_out)
+    return ranked.p99(left_out)
 
 
 def _moves(before: float | None, after: float | None, lower: bool) -> bool:
@@ -85,45 +85,51 @@ def _moves(before: float | None, after: float | None, lower: bool) -> bool:
     return after < before if lower else after > before
 
 
-def _candidates(
-    ordered: list[tuple[float, str]], counts: Counter[str], left_out: set[str], lower: bool
-) -> set[str]:
-    """The callers whose absence can move the P99 that way: those holding one of the samples at
-    or above it (the only ones that can lower it), and to raise it also the largest other one
-    (leaving out a caller with no sample up there moves the P99 up by its count alone)."""
-    above = _above(len(ordered) - sum(counts[c] for c in left_out))
-    found: set[str] = set()
-    seen = 0
-    for _, caller in ordered:
-        if seen > above:
-            break
-        if caller in left_out:
-            continue
-        found.add(caller)
-        seen += 1
-    if not lower:
-        others = [c for c in counts if c not in left_out and c not in found]
-        if others:
-            found.add(max(others, key=lambda c: (counts[c], c)))
-    return found
-
-
 def _above(num_samples: int) -> int:
     """Samples ranked above the nearest-rank P99 of ``num_samples``."""
     return num_samples - max(1, int(-(-num_samples * P99 // 1)))  # as ``traffic.percentile``
 
 
-def _p99(
-    ordered: list[tuple[float, str]], counts: Counter[str], left_out: set[str]
-) -> tuple[float | None, int]:
-    remaining = len(ordered) - sum(counts[c] for c in left_out)
-    if remaining <= 0:
-        return None, 0
-    above, seen = _above(remaining), 0
-    for value, caller in ordered:
-        if caller in left_out:
-            continue
-        if seen == above:
-            return value, remaining
-        seen += 1
-    return None, 0  # not reached: ``above`` < ``remaining``
+class _Ranked:
+    """Samples slowest first, with each caller's positions among them: the P99 without a few
+    callers costs a walk over their samples above it only."""
+
+    def __init__(self, samples: list[tuple[float, str]]) -> None:
+        ordered = sorted(samples, key=itemgetter(0), reverse=True)
+        self.values = [value for value, _ in ordered]
+        self.callers = [caller for _, caller in ordered]
+        self.positions: dict[str, list[int]] = {}
+        for position, caller in enumerate(self.callers):
+            self.positions.setdefault(caller, []).append(position)
+
+    def p99(self, left_out: set[str]) -> tuple[float | None, int]:
+        remaining = len(self.values) - sum(len(self.positions[c]) for c in left_out)
+        if remaining <= 0:
+            return None, 0
+        index = _above(remaining)  # among the rest; each left-out sample up to it shifts it
+        for position in heapq.merge(*(self.positions[c] for c in left_out)):
+            if position > index:
+                break
+            index += 1
+        return self.values[index], remaining
+
+    def candidates(self, left_out: set[str], lower: bool) -> set[str]:
+        """The callers whose absence can move the P99 that way: those holding one of the
+        samples at or above it (the only ones that can lower it), and to raise it also the
+        largest other one (leaving out a caller with no sample up there moves the P99 up by its
+        count alone, the more the larger it is)."""
+        above = _above(len(self.values) - sum(len(self.positions[c]) for c in left_out))
+        found: set[str] = set()
+        seen = 0
+        for caller in self.callers:
+            if seen > above:
+                break
+            if caller in left_out:
+                continue
+            found.add(caller)
+            seen += 1
+        if not lower:
+            others = [c for c in self.positions if c not in left_out and c not in found]
+            if others:
+                found.add(max(others, key=lambda c: (len(self.positions[c]), c)))
+        return found
