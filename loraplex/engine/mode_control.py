@@ -24,6 +24,7 @@ from dataclasses import replace
 
 from loraplex.artifacts.identity import AdapterKey
 from loraplex.clock import Clock
+from loraplex.engine.mode_costs import StepCosts
 from loraplex.engine.mode_policy import (
     Action,
     LoraCostMeter,
@@ -31,7 +32,6 @@ from loraplex.engine.mode_policy import (
     ModeKind,
     ModePolicyConfig,
     ModeSetting,
-    StepCosts,
     TokenWindow,
     decide,
 )

@@ -9,6 +9,7 @@ from dataclasses import replace
 
 import pytest
 
+from loraplex.engine.mode_costs import StepCosts
 from loraplex.engine.mode_policy import (
     Action,
     LoraCostMeter,
@@ -16,7 +17,6 @@ from loraplex.engine.mode_policy import (
     ModeKind,
     ModePolicyConfig,
     ModeSetting,
-    StepCosts,
     TokenWindow,
     TrafficShare,
     decide,

@@ -15,7 +15,8 @@ from loraplex.artifacts.identity import AdapterKey
 from loraplex.clock import ManualClock
 from loraplex.demo.assets import DemoAssets
 from loraplex.engine.mode_control import ModeController, ref_of
-from loraplex.engine.mode_policy import ModePolicyConfig, ModeSetting, StepCosts
+from loraplex.engine.mode_costs import StepCosts
+from loraplex.engine.mode_policy import ModePolicyConfig, ModeSetting
 from loraplex.engine.modes import ModeSwitcher, TransitionKind
 from loraplex.engine.offline import OfflineConfig, OfflineEngine, OfflineRequest
 from loraplex.engine.step import StepPlan

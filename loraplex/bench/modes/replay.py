@@ -12,7 +12,7 @@ the same tokens: every unmerged replay exactly, every ``auto`` replay within the
 
 ``auto`` decides before every step with the production decision code
 (:func:`~loraplex.engine.mode_policy.decide`) over a :class:`TokenWindow` of the replay's own
-tokens on the wall clock, its merged / unmerged step costs (:class:`StepCosts`) and the LoRA
+tokens on the wall clock, its merged / unmerged step costs (``mode_costs.StepCosts``) and the LoRA
 op's cost per token timed on every unmerged step until measured, then one in ``LORA_TIMING_EVERY``
 (:class:`LoraCostMeter`; no merge before it is measured), as ``engine/mode_control.py`` does;
 transitions and the timing are paid inside the timed replay. TTFT is from a
@@ -30,12 +30,12 @@ import torch
 from loraplex.bench.modes.parity import ParityReport, ParityRule, StepTop, step_tops
 from loraplex.bench.modes.setup import HOT, NUM_ADAPTERS, Setup
 from loraplex.engine.mode_control import LORA_TIMING_EVERY
+from loraplex.engine.mode_costs import StepCosts
 from loraplex.engine.mode_policy import (
     Action,
     LoraCostMeter,
     MeasuredCosts,
     ModePolicyConfig,
-    StepCosts,
     TokenWindow,
     decide,
 )
