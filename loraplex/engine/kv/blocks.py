@@ -1,9 +1,11 @@
 """KV block bookkeeping: fixed-size blocks, a block table per sequence, refcounts and prefix
-reuse keyed by adapter revision (torch-free; ``paged.PagedKVCache`` owns the tensors).
+reuse keyed by tenant and adapter revision (torch-free; ``paged.PagedKVCache`` owns the tensors).
 
 A full block is identified by a chain digest over (namespace, every token up to its end), where
-the namespace is the adapter revision's full identity (``str(AdapterKey)``) or ``"base"``. Keys
-and values depend on the adapter, so two revisions never share a block even for equal tokens.
+the namespace is the request's tenant and the adapter revision's full identity
+(``str(AdapterKey)``) or ``"base"``. Keys and values depend on the adapter, so two revisions
+never share a block even for equal tokens; two tenants never share one either (a cache hit on
+another tenant's prefix would show in the time to first token, ``namespace_of``).
 Freed blocks keep their digest and stay reusable until the allocator hands them out again
 (least recently freed first).
 
@@ -33,9 +35,12 @@ def kv_cache_bytes(
     return 2 * num_layers * (rows + 1) * num_kv_heads * head_dim * element_bytes
 
 
-def namespace_of(key: AdapterKey | None) -> str:
-    """Prefix-reuse scope of a request: its adapter revision's full identity."""
-    return BASE_NAMESPACE if key is None else str(key)
+def namespace_of(tenant: str, key: AdapterKey | None) -> str:
+    """Prefix-reuse scope of a request: its tenant and its adapter revision's full identity.
+    NOTE: keyed by the revision alone, the base model's blocks and a public adapter's were
+    shared by every tenant, and a prompt that found another tenant's cached prefix answered
+    sooner: its time to first token told a tenant what another had just sent."""
+    return f"{tenant}\x00{BASE_NAMESPACE if key is None else key}"
 
 
 @dataclass

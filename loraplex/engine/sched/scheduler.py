@@ -461,7 +461,7 @@ class Scheduler:
     def _admit(self, req: Request, budget: int) -> int:
         """Move ``req`` to RUNNING with KV for its first chunk; returns that chunk's size (0 if
         the blocks do not fit, leaving ``req`` queued)."""
-        seq_id = self.blocks.allocate(namespace_of(req.request.adapter_key))
+        seq_id = self.blocks.allocate(namespace_of(req.request.tenant, req.request.adapter_key))
         # NOTE: prompt logprobs need logits at every prompt position: no cached prefix.
         cached = (
             0 if _wants_prompt_logprobs(req) else self.blocks.match_prefix(seq_id, req.token_ids())
