@@ -147,14 +147,14 @@ def test_kv_prefix_reuse_is_scoped_to_the_revision(demo_assets: DemoAssets) -> N
     base = demo_assets.base_digest
     r1 = demo_assets.adapter("acme", "support", "r1").key(base)
     r2 = demo_assets.adapter("acme", "support", "r2").key(base)
-    assert namespace_of(r1) != namespace_of(r2)
+    assert namespace_of("acme", r1) != namespace_of("acme", r2)
     blocks = BlockManager(num_blocks=16, block_size=4)
     tokens = list(range(1, 14))
-    first = blocks.allocate(namespace_of(r1))
+    first = blocks.allocate(namespace_of("acme", r1))
     blocks.grow(first, len(tokens))
     blocks.record(first, tokens)
     blocks.free(first)
-    other = blocks.allocate(namespace_of(r2))
+    other = blocks.allocate(namespace_of("acme", r2))
     assert blocks.match_prefix(other, tokens) == 0  # r2 never reads r1's blocks
-    same = blocks.allocate(namespace_of(r1))
+    same = blocks.allocate(namespace_of("acme", r1))
     assert blocks.match_prefix(same, tokens) == 12  # the control: r1 itself reuses them
