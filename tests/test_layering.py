@@ -57,6 +57,8 @@ _TORCH_FREE_ENGINE = (
     "transport.process_state",
     "transport.remote_cache",
     "transport.process",
+    "transport.process_gate",
+    "transport.process_supervisor",
     "transport.process_link",
     "transport.process_inflight",
     "transport.process_replay",
