@@ -36,10 +36,12 @@ from loraplex.server.choices import (
     siblings,
 )
 from loraplex.server.deps import ServerDeps
+from loraplex.server.disconnect import ClientDisconnectedError, collect, start_stream
 from loraplex.server.errors import invalid_request
 from loraplex.server.limits import charge_engine_requests, check_prompt_chars
 from loraplex.server.logprobs_format import TokenStrings
 from loraplex.server.metrics import RequestObservation, ServerMetrics
+from loraplex.server.observed import Observed, observe, start_trace
 from loraplex.server.prompt_bounds import PromptLengthsDep
 from loraplex.server.protocol import (
     ChatCompletionRequest,
@@ -60,19 +62,13 @@ from loraplex.server.sampling_fields import (
     sampling_params,
 )
 from loraplex.server.serving import (
-    ClientDisconnectedError,
-    Observed,
     Target,
     admit,
-    collect,
     engine_request,
     max_model_len,
     new_request_id,
-    observe,
     prepare,
     response_id,
-    start_stream,
-    start_trace,
     sticky_key,
 )
 from loraplex.server.stream_buffer import Backpressure, bounded
