@@ -212,7 +212,7 @@ def arrival_tier(deps: ServerDeps, key: AdapterKey | None) -> Tier | None:
 
 def admit(deps: ServerDeps, target: Target) -> Target:
     """``target`` with the tier its adapter sits in on arrival (reported to the client unless
-    the engine reports the tier it leased from, see ``routes_openai.Started.confirmed``)."""
+    the engine reports the tier it leased from, see ``submit.Started.confirmed``)."""
     tier = arrival_tier(deps, target.adapter_key)
     if tier is None:
         return target
