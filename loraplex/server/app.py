@@ -27,6 +27,7 @@ from loraplex.server import (
     routes_admin,
     routes_dashboard,
     routes_feedback,
+    routes_models,
     routes_openai,
     routes_release,
     routes_tokenize,
@@ -64,6 +65,7 @@ def create_app(deps: ServerDeps) -> FastAPI:
     # outside RequestLimits, so its 429s are counted; the counts are read when a response starts
     app.add_middleware(CountStatuses, counts=lambda: deps.metrics.statuses)
     app.include_router(routes_openai.router)
+    app.include_router(routes_models.router)
     app.include_router(routes_admin.router)
     app.include_router(routes_tokenize.router)
     app.include_router(routes_vllm_admin.router)

@@ -2,7 +2,7 @@
 
 A token-id prompt costs per id before the context check in the route could refuse it: the
 schema's own check (``protocol.fields._token_ids``), pydantic's per item, the vocabulary check
-(``routes_openai._prompt_ids``). Sixteen prompts of 65,536 ids cost about a second of server CPU
+(``prompts._prompt_ids``). Sixteen prompts of 65,536 ids cost about a second of server CPU
 on the way to their 400. FastAPI has parsed the JSON body (its bytes capped by ``limits``) before
 any dependency runs and validates it against the schema only after them, so this dependency sees
 the parsed prompts first and refuses a token-id prompt that cannot fit in the context (the

@@ -1,6 +1,6 @@
 """Server-sent events for both OpenAI endpoints, and the chunk shapes that differ between them.
 
-A stream opens only after the engine produced its first delta (see ``serving.first_item``), so
+A stream opens only after the engine produced its first delta (see ``disconnect.first_item``), so
 errors before it get a real HTTP status. An error after it cannot change the status any more:
 whatever its type (a domain error or a bug), it is sent as one ``data: {"error": ...}`` event
 (what the OpenAI clients raise on), mapped by ``server/errors.py`` like a status would be, and

@@ -20,7 +20,7 @@ from loraplex.errors import GenerationError
 from loraplex.sampling import SamplingParams
 from loraplex.server.app import create_app
 from loraplex.server.choices import Fanout, Sibling
-from loraplex.server.serving import ClientDisconnectedError, collect
+from loraplex.server.disconnect import ClientDisconnectedError, collect
 
 REPLY = " acme/support@r1 answers."
 

@@ -15,7 +15,7 @@ from fakes import FakeEngine
 from fastapi.testclient import TestClient
 
 from loraplex.residency.cache import TieredAdapterCache
-from loraplex.server import routes_openai, routes_tokenize
+from loraplex.server import prompts, routes_tokenize
 from loraplex.server.app import create_app
 from loraplex.server.protocol import MAX_BATCH_PROMPTS
 from loraplex.server.protocol import completions as protocol  # its prompt check
@@ -43,7 +43,7 @@ def counted(served: Served, monkeypatch: pytest.MonkeyPatch) -> Iterator[Counted
         served, engine, max_model_len=MAX_MODEL_LEN, max_prompt_chars=MAX_PROMPT_CHARS
     )
     calls: list[str] = []
-    token_ids, prompt_ids = protocol._token_ids, routes_openai._prompt_ids
+    token_ids, prompt_ids = protocol._token_ids, prompts._prompt_ids
 
     def counted_token_ids(value: object) -> object:
         calls.append("schema")
@@ -54,7 +54,7 @@ def counted(served: Served, monkeypatch: pytest.MonkeyPatch) -> Iterator[Counted
         return prompt_ids(deps, prompt)
 
     monkeypatch.setattr(protocol, "_token_ids", counted_token_ids)
-    monkeypatch.setattr(routes_openai, "_prompt_ids", counted_prompt_ids)
+    monkeypatch.setattr(prompts, "_prompt_ids", counted_prompt_ids)
     with TestClient(create_app(deps)) as client:
         yield Counted(client, served, engine, calls)
     assert isinstance(deps.cache, TieredAdapterCache)

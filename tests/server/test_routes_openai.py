@@ -324,11 +324,11 @@ def test_revision_and_prompt_ids_take_one_trip_to_the_thread_pool(
 def test_a_model_that_does_not_resolve_is_never_tokenized(
     rig: Rig, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    import loraplex.server.routes_openai as routes
+    import loraplex.server.prompts as prompts
 
     encoded: list[object] = []
-    real = routes._prompt_ids
-    monkeypatch.setattr(routes, "_prompt_ids", lambda deps, p: encoded.append(p) or real(deps, p))
+    real = prompts._prompt_ids
+    monkeypatch.setattr(prompts, "_prompt_ids", lambda deps, p: encoded.append(p) or real(deps, p))
     response = _post(rig, "acme", "/v1/completions", model="nope", prompt="some text")
     assert response.status_code == 404 and encoded == []
     assert _post(rig, "acme", "/v1/completions", model="support", prompt="x").status_code == 200

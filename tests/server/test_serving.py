@@ -13,9 +13,9 @@ from starlette.requests import Request
 from loraplex.engine.protocol import EngineRequest
 from loraplex.sampling import SamplingParams
 from loraplex.server.choices import Fanout, Sibling
+from loraplex.server.disconnect import ClientDisconnectedError, collect, first_item, start_stream
 from loraplex.server.logprobs_format import TokenStrings
 from loraplex.server.protocol import RevisionInfo
-from loraplex.server.serving import ClientDisconnectedError, collect, first_item, start_stream
 from loraplex.server.streaming import ChunkFormat, StreamChoices, sse_events
 
 
@@ -138,7 +138,7 @@ def test_a_stream_closed_before_its_first_read_still_records_its_outcome() -> No
     """A sibling whose pump task was cancelled before it ran (its request aborted at once) is
     closed without ever being read: it was counted as arrived, so it must count as ended
     (the async generator this replaced never ran its ``finally`` then)."""
-    from loraplex.server.serving import Observed
+    from loraplex.server.observed import Observed
 
     async def never_read() -> Any:
         yield None  # pragma: no cover - never reached

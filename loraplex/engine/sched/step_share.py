@@ -30,10 +30,14 @@ per step (less batching) in those steps.
 
 from __future__ import annotations
 
+from collections import Counter
 from collections.abc import Callable, Container, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 
-from loraplex.engine.request import Request
+from loraplex.engine.config import SchedulerConfig
+from loraplex.engine.request import Request, RequestState
+from loraplex.engine.sched.fair_order import FairQueues
+from loraplex.engine.sched.seats import MIN_SEATS_FOR_HEADROOM, equal_shares
 
 # A decode row's cost besides reading its context, in KV positions read. Measured with the small
 # demo model, float32, 1 torch thread, prompts warmed into the prefix cache, decode attention in
@@ -111,3 +115,50 @@ class StepShares:
                 continue
             spent += cost
         return waiting
+
+
+def step_waits(
+    queues: FairQueues,
+    running: Sequence[Request],
+    ready: Mapping[str, Iterable[Request]],
+    config: SchedulerConfig,
+    last_run: Mapping[str, int],
+) -> set[str]:
+    """Running sequences that wait out this step: the busiest tenant's past its share of the
+    step's work; none with ``step_work_ratio`` 0 (off), or in an engine of fewer than
+    ``MIN_SEATS_FOR_HEADROOM`` seats, where an equal share is a seat or two and holding one more
+    than it is no sign of a hog (as for the seat headroom, ``seats``). ``ready``: each tenant's
+    requests that may start this step; ``last_run``: the plan each request last ran in."""
+    over = over_share(queues, running, ready, config)
+    if not over:
+        return set()  # only a tenant over its equal share is held back (``StepShares``)
+    ratio, budget = config.step_work_ratio, config.max_num_batched_tokens
+    seated = [r for r in running if r.state is RequestState.RUNNING]
+    queued = Counter[str]()
+    # A ready request counts whether or not a seat is free for it now: the tenant held back
+    # gives seats up first (``seats.step_seats``), so it runs in this step all the same.
+    for tenant, waiting in ready.items():
+        first = next(iter(waiting), None)  # what the tenant may start this step at least
+        if first is not None:
+            queued[tenant] += chunk_work(min(first.num_tokens, budget))
+    shares = StepShares(queues.weight, ratio, budget)
+    return shares.waiting(seated, queued, last_run, over)
+
+
+def over_share(
+    queues: FairQueues,
+    running: Sequence[Request],
+    ready: Mapping[str, Iterable[Request]],
+    config: SchedulerConfig,
+) -> set[str]:
+    """The tenants ``step_waits`` may hold back: those running more sequences than their
+    equal share, while two or more tenants have work (none while the rule is off)."""
+    if not config.step_work_ratio or config.max_num_seqs < MIN_SEATS_FOR_HEADROOM:
+        return set()
+    held: dict[str, int] = {}
+    for req in running:
+        held[req.tenant] = held.get(req.tenant, 0) + 1
+    if len(held.keys() | ready.keys()) < 2:
+        return set()
+    equal = equal_shares(queues, config.max_num_seqs)
+    return {t for t, n in held.items() if n > equal.get(t, 0)}
