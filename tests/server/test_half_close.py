@@ -11,6 +11,7 @@ EOF with no whole request (idle, mid-head, mid-body) closes the connection at on
 from __future__ import annotations
 
 import asyncio
+import json
 import socket
 import struct
 import threading
@@ -20,8 +21,11 @@ from contextlib import suppress
 from urllib.parse import urlsplit
 
 import pytest
+from conftest import Served, make_app_deps
+from fakes import FakeEngine
 from live import listening
 
+from loraplex.server.app import create_app
 from loraplex.server.listeners import ConnectionLimits
 
 WAIT_S = 20.0  # far beyond every delay here
@@ -82,7 +86,7 @@ async def _send(send, body: bytes, more_body: bool) -> None:  # type: ignore[no-
 
 
 @pytest.fixture
-def served() -> Iterator[tuple[App, tuple[str, int]]]:
+def app_address() -> Iterator[tuple[App, tuple[str, int]]]:
     app = App()
     with listening(app, ConnectionLimits(write_timeout_s=1.0)) as (url, _):
         parts = urlsplit(url)
@@ -123,9 +127,9 @@ def _body(response: bytes) -> bytes:
 
 @pytest.mark.parametrize("path", ["/answer", "/stream"])
 def test_a_half_closed_client_is_answered_and_the_connection_then_closes(
-    served: tuple[App, tuple[str, int]], path: str
+    app_address: tuple[App, tuple[str, int]], path: str
 ) -> None:
-    app, address = served
+    app, address = app_address
     with _connect(address) as sock:
         sock.sendall(_request(path))
         sock.shutdown(socket.SHUT_WR)
@@ -137,9 +141,9 @@ def test_a_half_closed_client_is_answered_and_the_connection_then_closes(
 
 
 def test_pipelined_requests_before_the_half_close_are_all_answered(
-    served: tuple[App, tuple[str, int]],
+    app_address: tuple[App, tuple[str, int]],
 ) -> None:
-    app, address = served
+    app, address = app_address
     with _connect(address) as sock:
         sock.sendall(_request("/answer") + _request("/stream"))
         sock.shutdown(socket.SHUT_WR)
@@ -158,10 +162,10 @@ def test_pipelined_requests_before_the_half_close_are_all_answered(
     ids=["idle", "mid-head", "mid-body"],
 )
 def test_a_half_close_without_a_whole_request_closes_at_once(
-    served: tuple[App, tuple[str, int]], sent: bytes
+    app_address: tuple[App, tuple[str, int]], sent: bytes
 ) -> None:
     """As before the change: nothing can be answered, so nothing holds the connection."""
-    _, address = served
+    _, address = app_address
     with _connect(address) as sock:
         sock.sendall(sent)
         sock.shutdown(socket.SHUT_WR)
@@ -171,11 +175,11 @@ def test_a_half_close_without_a_whole_request_closes_at_once(
 
 
 def test_a_client_that_closes_after_its_half_close_ends_its_stream(
-    served: tuple[App, tuple[str, int]],
+    app_address: tuple[App, tuple[str, int]],
 ) -> None:
     """The server's next write after the full close is refused (a reset), which ends the
     request as an open client's close does."""
-    app, address = served
+    app, address = app_address
     sock = _connect(address)
     sock.sendall(_request("/stream"))
     sock.shutdown(socket.SHUT_WR)
@@ -185,11 +189,11 @@ def test_a_client_that_closes_after_its_half_close_ends_its_stream(
 
 
 def test_a_reset_after_the_half_close_ends_a_request_not_yet_answered(
-    served: tuple[App, tuple[str, int]],
+    app_address: tuple[App, tuple[str, int]],
 ) -> None:
     """No response byte is written before the answer, so no write can fail: the reset is
     seen by polling the socket's error (``RESET_POLL_S``), well before the answer."""
-    app, address = served
+    app, address = app_address
     sock = _connect(address)
     sock.sendall(_request("/slow"))
     sock.shutdown(socket.SHUT_WR)
@@ -200,10 +204,10 @@ def test_a_reset_after_the_half_close_ends_a_request_not_yet_answered(
 
 
 def test_a_half_closed_client_that_does_not_read_is_cut_off_at_the_write_timeout(
-    served: tuple[App, tuple[str, int]],
+    app_address: tuple[App, tuple[str, int]],
 ) -> None:
     """No longer than an open one: ``write_timeout_s`` (1 s here) still applies."""
-    app, address = served
+    app, address = app_address
     with _connect(address, rcvbuf=4096) as sock:
         sock.sendall(_request("/flood"))
         sock.shutdown(socket.SHUT_WR)
@@ -211,3 +215,27 @@ def test_a_half_closed_client_that_does_not_read_is_cut_off_at_the_write_timeout
         assert app.left.wait(WAIT_S)
         elapsed_s = time.monotonic() - started
     assert 1.0 <= elapsed_s < 1.0 + 5.0
+
+
+@pytest.mark.parametrize("stream", [False, True], ids=["answer", "stream"])
+def test_a_half_closed_completion_is_answered_by_the_app(served: Served, stream: bool) -> None:
+    """The same through the server's app (a fake engine): a completion, streamed or not."""
+    deps = make_app_deps(served, FakeEngine())
+    body = json.dumps({"model": "support", "prompt": "hi", "max_tokens": 3, "stream": stream})
+    head = (
+        "POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+        f"Authorization: Bearer {served.keys['acme']}\r\nContent-Length: {len(body)}\r\n\r\n"
+    )
+    with listening(create_app(deps), ConnectionLimits()) as (url, _):
+        parts = urlsplit(url)
+        with _connect((parts.hostname or "", parts.port or 0)) as sock:
+            sock.sendall(head.encode() + body.encode())
+            sock.shutdown(socket.SHUT_WR)
+            response = _read_to_close(sock)
+    assert deps.cache is not None
+    deps.cache.close()
+    assert response.startswith(b"HTTP/1.1 200 "), response[:300]
+    if stream:
+        assert b"data: [DONE]" in response
+    else:
+        assert json.loads(response.split(b"\r\n\r\n", 1)[1])["choices"][0]["text"]
