@@ -171,7 +171,7 @@ def test_a_half_close_without_a_whole_request_closes_at_once(
         sock.shutdown(socket.SHUT_WR)
         started = time.monotonic()
         assert _read_to_close(sock) == b""
-        assert time.monotonic() - started < ANSWER_DELAY_S
+        assert time.monotonic() - started < 3.0  # held, it would wait for a timeout (>= 5 s)
 
 
 def test_a_client_that_closes_after_its_half_close_ends_its_stream(
