@@ -26,10 +26,11 @@ A client that shuts its sending side after a whole request (a half-close: ``shut
 ``nc -N``, some proxies) is still answered, and the connection closes after the answer: RFC 9112
 §9.6 (httpwg/http-core#431) says a half-close neither ends a request nor means the client lost
 interest in the response; uvicorn took that EOF for a disconnect. A half-closed connection is
-bounded as an open one is (write timeout, no keep-alive after the answer); one that really went
-away is seen at the first write that fails (a stream's next event) or, before any byte of the
-answer, as a reset polled every ``RESET_POLL_S``. An EOF with no whole request in flight
-closes the connection at once, as before.
+bounded as an open one is (write timeout, no keep-alive after the answer). Its EOF looks the same
+as a full close's, so before any byte of the answer the client is sent an interim ``100
+Continue``: a client that closed answers it with a reset, polled every ``RESET_POLL_S``, and its
+request ends (as a stream's does at the first write that fails). An EOF with no whole request in
+flight closes the connection at once, as before.
 """
 
 from __future__ import annotations
@@ -385,9 +386,22 @@ class BoundedH11Protocol(H11Protocol):
             return False  # idle, mid-head, mid-body, lingering: nothing can be answered
         self._half_closed = True
         self._close_after_answers()
+        self._probe()
         if self._reset_timer is None:
             self._reset_timer = self.loop.call_later(RESET_POLL_S, self._poll_reset)
         return True
+
+    def _probe(self) -> None:
+        """Tells a client that closed from one that only half-closed, before any byte of the
+        answer: an interim ``100 Continue`` (RFC 9110 §15.2: a client must parse 1xx it did not
+        expect) is taken by a half-closed client and answered with a reset by a closed one,
+        which ``_poll_reset`` then sees. None to HTTP/1.0, which must not get a 1xx."""
+        cycle = self.cycle
+        if cycle.response_started or cycle.scope["http_version"] != "1.1":
+            return
+        probe = h11.InformationalResponse(status_code=100, headers=[], reason=b"Continue")
+        self.transport.write(self.conn.send(probe))
+        cycle.waiting_for_100_continue = False
 
     def _answering(self) -> bool:
         """A whole request is in flight, its answer not complete."""

@@ -115,9 +115,15 @@ def _read_to_close(sock: socket.socket) -> bytes:
     return received
 
 
+def _final(response: bytes) -> bytes:
+    """The response without the interim ``100 Continue`` that probes a half-closed client."""
+    probe = b"HTTP/1.1 100 Continue\r\n\r\n"
+    return response[len(probe) :] if response.startswith(probe) else response
+
+
 def _body(response: bytes) -> bytes:
     """The chunked body's data, joined."""
-    rest, data = response.split(b"\r\n\r\n", 1)[1], b""
+    rest, data = _final(response).split(b"\r\n\r\n", 1)[1], b""
     while rest:
         size_line, rest = rest.split(b"\r\n", 1)
         size = int(size_line, 16)
@@ -133,11 +139,23 @@ def test_a_half_closed_client_is_answered_and_the_connection_then_closes(
     with _connect(address) as sock:
         sock.sendall(_request(path))
         sock.shutdown(socket.SHUT_WR)
-        response = _read_to_close(sock)
+        response = _final(_read_to_close(sock))
     assert response.startswith(b"HTTP/1.1 200 "), response[:200]
     expected = b"answered" if path == "/answer" else b"piece;" * NUM_PIECES + b"end"
     assert _body(response) == expected
     assert not app.left.is_set()
+
+
+def test_an_http_1_0_client_is_answered_without_a_probe(
+    app_address: tuple[App, tuple[str, int]],
+) -> None:
+    """A 1xx must not be sent to an HTTP/1.0 client (RFC 9110 §15.2): its answer comes alone."""
+    _, address = app_address
+    with _connect(address) as sock:
+        sock.sendall(b"GET /answer HTTP/1.0\r\n\r\n")
+        sock.shutdown(socket.SHUT_WR)
+        response = _read_to_close(sock)
+    assert response.startswith(b"HTTP/1.1 200 ") and response.endswith(b"answered"), response
 
 
 def test_pipelined_requests_before_the_half_close_are_all_answered(
@@ -183,9 +201,22 @@ def test_a_client_that_closes_after_its_half_close_ends_its_stream(
     sock = _connect(address)
     sock.sendall(_request("/stream"))
     sock.shutdown(socket.SHUT_WR)
-    assert sock.recv(65536).startswith(b"HTTP/1.1 200 ")
+    assert b"HTTP/1.1 200 " in sock.recv(65536)
     sock.close()
     assert app.left.wait(WAIT_S)
+
+
+def test_a_client_that_closes_before_its_answer_ends_its_request(
+    app_address: tuple[App, tuple[str, int]],
+) -> None:
+    """A full close (its FIN looks like a half-close's) before any byte of the answer: the
+    ``100 Continue`` probe is answered with a reset, seen by the poll (``RESET_POLL_S``) long
+    before the answer would come. As a client that gives up while its request is queued."""
+    app, address = app_address
+    sock = _connect(address)
+    sock.sendall(_request("/slow"))
+    sock.close()
+    assert app.left.wait(SLOW_ANSWER_DELAY_S / 2)  # the answer would come only at 10 s
 
 
 def test_a_reset_after_the_half_close_ends_a_request_not_yet_answered(
@@ -231,7 +262,7 @@ def test_a_half_closed_completion_is_answered_by_the_app(served: Served, stream:
         with _connect((parts.hostname or "", parts.port or 0)) as sock:
             sock.sendall(head.encode() + body.encode())
             sock.shutdown(socket.SHUT_WR)
-            response = _read_to_close(sock)
+            response = _final(_read_to_close(sock))
     assert deps.cache is not None
     deps.cache.close()
     assert response.startswith(b"HTTP/1.1 200 "), response[:300]
