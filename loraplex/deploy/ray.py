@@ -16,6 +16,7 @@ import json
 
 from loraplex.deploy.replica import Manifest, metadata, pod_resources, registry_env
 from loraplex.deploy.spec import RAY_CLIENT_PORT, RAY_DASHBOARD_PORT, RAY_GCS_PORT, K8sSpec
+from loraplex.serve.config import ServeConfig
 
 RAY_API = "ray.io/v1"
 FLEET_IMPORT_PATH = "loraplex.fleet.app:build"
@@ -60,6 +61,8 @@ def serve_config_text(spec: K8sSpec) -> str:
         "http_options:",
         "  host: 0.0.0.0",
         f"  port: {spec.port}",
+        # serve's idle keep-alive bound (Ray's own default is 90 s): fleet/settings.py
+        f"  keep_alive_timeout_s: {ServeConfig.keep_alive_timeout_s}",
         "applications:",
         "- name: loraplex",
         "  route_prefix: /",

@@ -30,7 +30,7 @@ from typing import Any
 
 import httpx
 
-from loraplex.fleet.settings import APP_NAME, FleetSettings
+from loraplex.fleet.settings import APP_NAME, FleetSettings, proxy_http_options
 from loraplex.serve.config import ServeConfig
 
 STATE_FILE = "fleet.json"
@@ -220,7 +220,7 @@ def deploy(settings: FleetSettings) -> None:
     from loraplex.fleet.deployments import build_app
 
     config = settings.serve
-    serve.start(http_options={"host": config.host, "port": config.port})
+    serve.start(http_options=proxy_http_options(config))
     serve.run(build_app(settings), name=APP_NAME, route_prefix="/", blocking=False)
 
 

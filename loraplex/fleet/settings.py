@@ -154,6 +154,17 @@ class FleetSettings:
             )
 
 
+def proxy_http_options(config: ServeConfig) -> dict[str, Any]:
+    """Ray Serve's ``http_options`` for the fleet's proxy: where it listens, and the one
+    listener bound of ``serve`` it has an option for, ``keep_alive_timeout_s`` (Ray's own
+    default is 90 s; the key is refused but at its default, so this is serve's 5 s)."""
+    return {
+        "host": config.host,
+        "port": config.port,
+        "keep_alive_timeout_s": config.keep_alive_timeout_s,
+    }
+
+
 def check_fleet_config(config: ServeConfig) -> None:
     """Refuses ``serve`` keys a fleet would not read (set to anything but their default)."""
     defaults = ServeConfig(data_dir=config.data_dir)

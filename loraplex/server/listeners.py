@@ -21,6 +21,16 @@ body is read) closes in stages, as RFC 9112 §9.6 asks: the answer is sent and t
 shut, then what the client still sends is read and dropped until it closes its side, for
 ``linger_s`` at most. Closing at once with unread bytes in the socket makes the kernel send a
 reset, which can destroy the answer before the client read it.
+
+A client that shuts its sending side after a whole request (a half-close: ``shutdown(SHUT_WR)``,
+``nc -N``, some proxies) is still answered, and the connection closes after the answer: RFC 9112
+§9.6 (httpwg/http-core#431) says a half-close neither ends a request nor means the client lost
+interest in the response; uvicorn took that EOF for a disconnect. A half-closed connection is
+bounded as an open one is (write timeout, no keep-alive after the answer). Its EOF looks the same
+as a full close's, so before any byte of the answer the client is sent an interim ``100
+Continue``: a client that closed answers it with a reset, polled every ``RESET_POLL_S``, and its
+request ends (as a stream's does at the first write that fails). An EOF with no whole request in
+flight closes the connection at once, as before.
 """
 
 from __future__ import annotations
@@ -51,6 +61,9 @@ from loraplex.server.tarpit import Tarpit
 
 _BOTH = ("/health", "/ready", "/version")
 CHUNK_ALLOWANCE_BYTES = 1024  # each KiB of a chunked body allows one more chunk
+# How often a half-closed connection whose answer is not yet written is checked for a reset (the
+# client gone): no read can see one after the EOF, and no write happens before the answer.
+RESET_POLL_S = 0.5
 
 
 def is_admin_path(path: str) -> bool:
@@ -295,6 +308,8 @@ class BoundedH11Protocol(H11Protocol):
         self.app_state = {**self.app_state, MARK_AUTHENTICATED: self._on_authenticated}
         self._head_timer: asyncio.TimerHandle | None = None
         self._write_timer: asyncio.TimerHandle | None = None
+        self._half_closed = False  # the client shut its sending side (``eof_received``)
+        self._reset_timer: asyncio.TimerHandle | None = None  # half-closed: polls for a reset
 
     def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
         lingering = _LingeringTransport(transport, self, self.limits.linger_s)
@@ -358,10 +373,63 @@ class BoundedH11Protocol(H11Protocol):
             # and a client sending it slowly would hold the connection for as long as it likes.
             self.transport.close()
         super().on_response_complete()
+        if self._half_closed and not self.transport.is_closing():
+            if self._answering():  # a pipelined request started
+                self._close_after_answers()
+            else:  # nothing more can come
+                self.transport.close()
+
+    def eof_received(self) -> bool:  # type: ignore[override]
+        """The client shut its sending side: the whole requests it sent are still answered (True
+        keeps the write side open), then the connection closes; otherwise it closes now."""
+        if not self._answering() or self.transport.is_closing():
+            return False  # idle, mid-head, mid-body, lingering: nothing can be answered
+        self._half_closed = True
+        self._close_after_answers()
+        self._probe()
+        if self._reset_timer is None:
+            self._reset_timer = self.loop.call_later(RESET_POLL_S, self._poll_reset)
+        return True
+
+    def _probe(self) -> None:
+        """Tells a client that closed from one that only half-closed, before any byte of the
+        answer: an interim ``100 Continue`` (RFC 9110 §15.2: a client must parse 1xx it did not
+        expect) is taken by a half-closed client and answered with a reset by a closed one,
+        which ``_poll_reset`` then sees. None to HTTP/1.0, which must not get a 1xx."""
+        cycle = self.cycle
+        if cycle.response_started or cycle.scope["http_version"] != "1.1":
+            return
+        probe = h11.InformationalResponse(status_code=100, headers=[], reason=b"Continue")
+        self.transport.write(self.conn.send(probe))
+        cycle.waiting_for_100_continue = False
+
+    def _answering(self) -> bool:
+        """A whole request is in flight, its answer not complete."""
+        cycle = self.cycle
+        return cycle is not None and not cycle.response_complete and not cycle.more_body
+
+    def _close_after_answers(self) -> None:
+        """Half-closed: the request in flight closes the connection once answered, unless a
+        pipelined one waits behind it (``on_response_complete`` starts that one)."""
+        if not self.conn.trailing_data[0]:
+            self.cycle.keep_alive = False
+
+    def _poll_reset(self) -> None:
+        self._reset_timer = None
+        if self.transport.is_closing():
+            return
+        sock = self.transport.get_extra_info("socket")
+        if sock is not None and sock.getsockopt(socket.SOL_SOCKET, socket.SO_ERROR):
+            self.transport.abort()  # reset by the client: it is gone, its request ends
+            return
+        self._reset_timer = self.loop.call_later(RESET_POLL_S, self._poll_reset)
 
     def connection_lost(self, exc: Exception | None) -> None:
         self._stop_head_timer()
         self._stop_write_timer()
+        if self._reset_timer is not None:
+            self._reset_timer.cancel()
+            self._reset_timer = None
         self.gate.release(self)
         super().connection_lost(exc)
 

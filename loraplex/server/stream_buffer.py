@@ -33,20 +33,38 @@ or above ``max_bytes`` (then a stream is never paused). Each resume recomputes t
 prompt and output so far, so a client that keeps falling behind (reading a byte at a time)
 would have the engine recompute again and again: past ``max_resumes`` resumes, a client that
 reads again gets what was buffered and the ``resumes_event`` instead, and the request ends.
+
+Only a resume after a stall counts (``Backpressure.stall_s``): one whose pause saw a send of
+the writer take ``stall_s`` or longer, the client taking nothing meanwhile. A client that reads
+steadily but more slowly than the engine writes is paused and resumed again and again too (each
+time ``pause_bytes`` gather while the writer waits on it), and counted, those resumes cut an
+honest reader of a large stream. To see the client's progress the writer sends what it takes
+in slices of at most ``SLICE_BYTES`` (a multi-MB piece, an echo event, is many sends), so a send
+that lasts ``stall_s`` means the client took less than a slice in that time. With
+``max_resumes`` 0 every resume counts: a paused stream is never resumed.
 """
 
 from __future__ import annotations
 
 import asyncio
 from collections.abc import AsyncIterator, Awaitable, Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import anyio
+
+from loraplex.clock import Clock, MonotonicClock
 
 # Resumes of one paused stream before it is cut off instead (``Backpressure.max_resumes``):
 # enough for a reader that falls behind now and then, few enough that a stream costs at most
 # this many recomputes of itself.
 DEFAULT_MAX_STREAM_RESUMES = 16
+# A send of the writer that lasts this long is a stall (the client stopped reading): only the
+# resumes after one count against ``max_resumes``. Well above a slice's time at any pace an
+# honest client reads (64 KiB in 2 s: 32 KiB/s), well below the listener's write timeout.
+DEFAULT_STALL_S = 2.0
+# The most the writer sends at once (the transport's high-water mark), so its sends measure
+# the client's progress
+SLICE_BYTES = 64 << 10
 
 
 @dataclass(frozen=True)
@@ -56,34 +74,46 @@ class Backpressure:
     pause_bytes: int  # untaken bytes from which the request is paused
     pause: Callable[[], Awaitable[None]]  # stop generating (idempotent, advisory)
     resume: Callable[[], Awaitable[None]]  # generate again
-    max_resumes: int  # resumes allowed; at the next one the stream ends instead
+    max_resumes: int  # resumes after a stall allowed; at the next one the stream ends instead
     resumes_event: Callable[[int], str]  # that end's last event, given ``max_resumes``
+    stall_s: float = DEFAULT_STALL_S  # a send this long is a stall (the client stopped reading)
+    clock: Clock = field(default_factory=MonotonicClock)  # times the writer's sends
 
 
 class _Flow:
-    """Whether the request is paused now (the reader pauses it, the writer resumes it)."""
+    """Whether the request is paused now (the reader pauses it, the writer resumes it), and
+    whether the client stalled while it was."""
 
     def __init__(self, backpressure: Backpressure | None) -> None:
         self.backpressure = backpressure
         self.paused = False
-        self.num_resumes = 0
+        self.stalled = False  # a send of the writer took ``stall_s`` during the current pause
+        self.num_resumes = 0  # resumes after a stall
 
     async def after_put(self, num_bytes: int) -> None:
         bp = self.backpressure
         if bp is not None and not self.paused and num_bytes >= bp.pause_bytes:
             self.paused = True  # NOTE: before the await: the writer may resume meanwhile
+            self.stalled = False
             await bp.pause()
 
+    def after_send(self, send_s: float) -> None:
+        """A send of the writer ended after ``send_s``."""
+        bp = self.backpressure
+        if bp is not None and self.paused and send_s >= bp.stall_s:
+            self.stalled = True
+
     async def after_take(self) -> str | None:
-        """Resumes a paused request; once it was resumed ``max_resumes`` times, leaves it
-        paused and returns the stream's last event instead (the stream must end)."""
+        """Resumes a paused request; once it was resumed after a stall ``max_resumes`` times,
+        leaves it paused and returns the stream's last event instead (the stream must end)."""
         bp = self.backpressure
         if bp is None or not self.paused:
             return None
-        if self.num_resumes >= bp.max_resumes:
+        counted = self.stalled or bp.max_resumes == 0
+        if counted and self.num_resumes >= bp.max_resumes:
             return bp.resumes_event(bp.max_resumes)
         self.paused = False
-        self.num_resumes += 1
+        self.num_resumes += counted
         await bp.resume()
         return None
 
@@ -179,14 +209,19 @@ async def bounded(
     if backpressure is not None and backpressure.pause_bytes >= max_bytes:
         backpressure = None  # the overflow abort comes first: never paused
     buffer, flow = _Buffer(max_bytes), _Flow(backpressure)
+    clock = backpressure.clock if backpressure is not None else MonotonicClock()
     reader = asyncio.ensure_future(_read_ahead(events, buffer, overflow_event, abort, flow))
     try:
         while (text := await buffer.take()) is not None:
             last = await flow.after_take()
             if last is not None:  # resumed too often: cut off (the request is aborted below)
-                yield text + last
+                text += last
+            for start in range(0, len(text), SLICE_BYTES):
+                sent_at = clock.now()
+                yield text[start : start + SLICE_BYTES]
+                flow.after_send(clock.now() - sent_at)
+            if last is not None:
                 return
-            yield text
         await reader  # what ended the reader, if it failed: a cut stream is never silent
     finally:
         reader.cancel()

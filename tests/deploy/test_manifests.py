@@ -301,3 +301,5 @@ def test_ray_is_rendered_only_when_asked_with_its_note() -> None:
     assert worker["resources"]["limits"]["nvidia.com/gpu"] == "1"
     assert "nvidia.com/gpu" not in head["resources"]["limits"]
     assert port_number(head, "serve") == serve_config["http_options"]["port"]
+    # Ray's proxy closes idle connections as loraplex serve does, not after Ray's 90 s
+    assert serve_config["http_options"]["keep_alive_timeout_s"] == 5

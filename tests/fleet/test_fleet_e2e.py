@@ -17,6 +17,7 @@ import json
 import os
 import secrets
 import signal
+import socket
 import threading
 import time
 from collections.abc import Iterator
@@ -25,6 +26,7 @@ from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
+from urllib.parse import urlsplit
 
 import httpx
 import pytest
@@ -189,6 +191,20 @@ def test_streaming_through_the_ingress(fleet: Fleet) -> None:
     text = "".join(c["choices"][0]["text"] for c in chunks)
     assert text == _expected(fleet, "r1")
     assert {c["loraplex"]["revision"] for c in chunks} == {"acme/support@r1"}
+
+
+def test_the_proxy_closes_an_idle_keep_alive_connection_as_serve_does(fleet: Fleet) -> None:
+    """Ray Serve's proxy is the fleet's listener; its idle keep-alive bound is serve's
+    ``keep_alive_timeout_s`` (5 s), not Ray's 90 s (``settings.proxy_http_options``)."""
+    parts = urlsplit(fleet.url)
+    with socket.create_connection((parts.hostname or "", parts.port or 0), timeout=60) as sock:
+        sock.sendall(b"GET /health HTTP/1.1\r\nHost: x\r\n\r\n")
+        assert sock.recv(65536).startswith(b"HTTP/1.1 200 ")
+        answered = time.monotonic()
+        while sock.recv(65536):  # a timeout (60 s) fails the test: never closed
+            continue
+        idle_s = time.monotonic() - answered
+    assert ServeConfig.keep_alive_timeout_s - 1 <= idle_s < 30, idle_s
 
 
 def test_a_tenant_sees_and_uses_only_its_own_adapters(fleet: Fleet) -> None:

@@ -27,10 +27,11 @@ from stuck_client import (
     wait_engine_freed,
 )
 
+from loraplex.clock import ManualClock
 from loraplex.demo.assets import DemoAssets
 from loraplex.serve.config import ServeConfig
 from loraplex.server.listeners import ConnectionLimits
-from loraplex.server.stream_buffer import Backpressure, bounded
+from loraplex.server.stream_buffer import DEFAULT_STALL_S, Backpressure, bounded
 from loraplex.server.streaming import not_read_event, resumed_too_often_event
 
 # --- the buffer alone ------------------------------------------------------------------------
@@ -293,13 +294,15 @@ def test_a_stream_resumed_too_often_is_cut_off_and_says_why() -> None:
     an error event after what was buffered, and aborts the request."""
 
     async def run() -> tuple[list[str], Events, Aborts, Flow]:
-        events, aborts, flow = Events(10_000, 100), Aborts(), Flow()
-        backpressure = Backpressure(500, flow.pause, flow.resume, 2, resumed_too_often_event)
+        events, aborts, flow, clock = Events(10_000, 100), Aborts(), Flow(), ManualClock()
+        backpressure = Backpressure(500, flow.pause, flow.resume, 2, resumed_too_often_event,
+                                    clock=clock)  # fmt: skip
         stream = bounded(events.stream(), 1 << 20, not_read_event, aborts, backpressure)
         pieces = [await anext(stream)]
-        for _ in range(4):  # stuck (paused), then the client reads what waits
+        for _ in range(4):  # stuck (paused) for a stall, then the client reads what waits
             for _ in range(50):
                 await asyncio.sleep(0)
+            clock.advance(DEFAULT_STALL_S)
             pieces += [piece async for piece in _one(stream)]
         return pieces, events, aborts, flow
 
