@@ -9,13 +9,14 @@ from dataclasses import replace
 from pathlib import Path
 
 import pytest
-from sim_inputs import cost, scenario
+from sim_inputs import calibration_measured, cost, scenario
 
 from loraplex.sim.calibrate import (
     LoadSample,
     StepSample,
     calibrated_model,
     fit_step,
+    median_hop_s,
 )
 from loraplex.sim.config import SimConfig
 from loraplex.sim.cost_model import LINKS, CostModel, StepCost, from_dict, load
@@ -197,3 +198,53 @@ def test_the_calibrated_hop_loses_the_prefill_remainder() -> None:
         assert model.ipc_s + priced == pytest.approx(measured_s, rel=1e-6)
     with pytest.raises(ValueError, match="lone_hops"):
         calibrated_model("hw", _timeline(), loads, overheads, {})
+
+
+def test_a_calibration_with_timelines_fits_the_prefill_step_and_says_so(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """``calibrate`` (bench/sim/calibration.py) on engine-timed prefill samples: the model has
+    ``per_prefill_step_s``, ``ipc_s`` is the lone requests' median beyond it, the sources and
+    the report say how, and the report keeps the TTFT-based samples and every timed step."""
+    from loraplex.bench.sim import calibration
+    from loraplex.bench.sim.calibrate_run import CalibrateConfig
+    from loraplex.bench.sim.calibrate_target import ServedAdapter, Target
+    from loraplex.bench.sim.calibrate_timeline import PrefillTiming, timed_samples
+
+    low = ServedAdapter("calibration", "r8", "v1", 8)
+    high = ServedAdapter("calibration", "r64", "v1", 64)
+    measured = calibration_measured()
+    ttft = [s for s in measured["steps"] if s.hop]
+    decodes = [s for s in measured["steps"] if not s.hop]
+
+    # The engine's prefill steps: the decode line's 2 ms + 0.3 ms per revision, the prompt's
+    # tokens as the TTFT samples price them (their 4 ms constant off), and 3 ms of prompt path;
+    # each lone request's TTFT less front_s adds a 2 ms hop.
+    def engine_s(s: StepSample) -> float:
+        return s.step_s - 0.004 + 0.002 + 3e-4 + 0.003
+
+    timings = [
+        PrefillTiming(low if s.rank_tokens == 8 * s.prefill_tokens else high, s.prefill_tokens,
+                      (engine_s(s),) * 3)
+        for s in ttft
+    ]  # fmt: skip
+    timed = timed_samples(timings, {low: (0, 0.0), high: (0, 0.0)})
+    lone = [(s, engine_s(s) + 0.002) for s in ttft for _ in range(8)]
+    steps = decodes + timed
+    measured.update(
+        steps=steps, step_fit=fit_step(steps), ttft_prefills=ttft, timings=timings,
+        lone=lone, cold=[], residuals=[],
+    )  # fmt: skip
+    monkeypatch.setattr(calibration, "measure", lambda target, config: dict(measured))
+    target = Target("http://x", "k", (low, high), {}, 100)
+    model, report = calibration.calibrate(target, CalibrateConfig(), "hw", "cmd")
+    assert model.step.per_prefill_step_s == pytest.approx(0.003, rel=1e-6)
+    assert model.ipc_s == pytest.approx(0.002, abs=1e-9)
+    assert model.ipc_s == pytest.approx(median_hop_s(lone, model.step))
+    assert "first engine step" in model.sources["step"]
+    assert "per_prefill_step_s" in model.sources["step"]
+    assert "hold no hop" in model.sources["ipc_s"]
+    assert f"{len(decodes)} controlled decode mixes" in model.sources["step"]
+    assert len(report["ttft_prefill_samples"]) == len(ttft)
+    assert report["prefill_timeline"][0]["steps_s"] == list(timings[0].steps_s)
+    assert report["prefill_timeline"][0]["adapter"] == timings[0].adapter.ref
