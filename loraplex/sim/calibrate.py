@@ -311,7 +311,7 @@ def calibrated_model(
 ) -> CostModel:
     """A validated cost model from measurements; ``overheads`` holds front_s and network_s
     (each optional, 0 when not measured, and said so in ``sources``); ``ipc_s`` is fitted with
-    the step (``fit_step``); ``load_cpu_shared`` says whether the measured server's loader and
+    the step (``fit_step``) unless ``lone_hops`` are given; ``load_cpu_shared`` says whether the measured server's loader and
     engine share its CPU; ``load_handoff_s``, a cold request's measured wait beyond its load's
     stage seconds, is added to the L3 -> L2 link's fixed seconds (where a cold load starts);
     ``copy_handoff_s``, the same wait of a request whose adapter is only in L1, to the L1 -> L0
@@ -319,7 +319,9 @@ def calibrated_model(
     ``hop_jitter_s``: the hop's spread (``jitter_quantiles``), () when not measured;
     ``lease_handoff_s``: a waiting lease's hand-off per source tier (``cost_model``), None or
     {} when not measured; ``lone_hops``: every lone warm request (its sample, its TTFT less
-    front_s), whose ``median_hop_s`` replaces the fitted ``ipc_s``; (): the fitted one."""
+    front_s), whose ``median_hop_s`` replaces the fitted ``ipc_s``; (): the fitted one, which
+    engine-timed prefill steps do not give (they hold no hop): with them ``lone_hops`` is
+    required."""
     for name, value in (("load_handoff_s", load_handoff_s), ("copy_handoff_s", copy_handoff_s)):
         if not (value >= 0 and math.isfinite(value)):
             raise ValueError(f"{name} {value!r} is invalid; expected finite >= 0")
