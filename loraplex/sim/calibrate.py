@@ -311,9 +311,10 @@ def calibrated_model(
 ) -> CostModel:
     """A validated cost model from measurements; ``overheads`` holds front_s and network_s
     (each optional, 0 when not measured, and said so in ``sources``); ``ipc_s`` is fitted with
-    the step (``fit_step``) unless ``lone_hops`` are given; ``load_cpu_shared`` says whether the measured server's loader and
-    engine share its CPU; ``load_handoff_s``, a cold request's measured wait beyond its load's
-    stage seconds, is added to the L3 -> L2 link's fixed seconds (where a cold load starts);
+    the step (``fit_step``) unless ``lone_hops`` are given; ``load_cpu_shared`` says whether
+    the measured server's loader and engine share its CPU; ``load_handoff_s``, a cold request's
+    measured wait beyond its load's stage seconds, is added to the L3 -> L2 link's fixed
+    seconds (where a cold load starts);
     ``copy_handoff_s``, the same wait of a request whose adapter is only in L1, to the L1 -> L0
     link's (so a load from L3 pays it too: ``load_handoff_s`` is what L3 adds beyond it);
     ``hop_jitter_s``: the hop's spread (``jitter_quantiles``), () when not measured;

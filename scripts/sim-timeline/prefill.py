@@ -48,13 +48,9 @@ def older_model(report: dict[str, Any], model: CostModel) -> CostModel:
 
 def rows(report: dict[str, Any], new: CostModel, old: CostModel) -> list[dict[str, Any]]:
     """Per timed (adapter, prompt length): the engine's median step and both prices, ms."""
-    shapes = {
-        (s["prefill_tokens"], s["rank_tokens"] // s["prefill_tokens"]): StepSample(**s)
-        for s in report["ttft_prefill_samples"]
-    }
     out = []
     for t in report["prefill_timeline"]:
-        shape = shapes[(t["prompt_tokens"], t["rank"])]
+        shape = StepSample(**t["sample"])
         steps = [v * 1e3 for v in t["steps_s"]]
         out.append(
             {

@@ -233,7 +233,7 @@ def test_a_calibration_with_timelines_fits_the_prefill_step_and_says_so(
     steps = decodes + timed
     measured.update(
         steps=steps, step_fit=fit_step(steps), ttft_prefills=ttft, timings=timings,
-        lone=lone, cold=[], residuals=[],
+        timed=timed, lone=lone, cold=[], residuals=[],
     )  # fmt: skip
     monkeypatch.setattr(calibration, "measure", lambda target, config: dict(measured))
     target = Target("http://x", "k", (low, high), {}, 100)
@@ -248,3 +248,4 @@ def test_a_calibration_with_timelines_fits_the_prefill_step_and_says_so(
     assert len(report["ttft_prefill_samples"]) == len(ttft)
     assert report["prefill_timeline"][0]["steps_s"] == list(timings[0].steps_s)
     assert report["prefill_timeline"][0]["adapter"] == timings[0].adapter.ref
+    assert report["prefill_timeline"][0]["sample"]["prefill_tokens"] == timed[0].prefill_tokens

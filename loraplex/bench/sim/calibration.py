@@ -39,7 +39,6 @@ from loraplex.bench.sim.calibrate_timeline import (
 )
 from loraplex.sim.calibrate import (
     Fit,
-    StepSample,
     calibrated_model,
     fit_link,
     fit_step,
@@ -88,12 +87,15 @@ def measure(target: Target, config: CalibrateConfig) -> dict[str, Any]:
         timings = _timings(target.request_log, target, config, log_from)
         text = target.request_log.read_text(encoding="utf-8")
         handoffs = lease_handoffs([json.loads(line) for line in text.splitlines() if line])
-    steps += _timed(target, timings) or prefills
+    timed = timed_samples(timings, {a: weight_regressors((a,)) for a in target.adapters})
+    # fewer than two prompt lengths timed: the prompt-token term would not be identified
+    steps += timed if len({t.prompt_tokens for t in timings}) > 1 else prefills
     return {
         "loads": loads,
         "steps": steps,
         "ttft_prefills": prefills,
         "timings": timings,
+        "timed": timed,  # one step sample per timing, in order
         "step_fit": fit_step(steps),
         "front_s": front_s,
         "cold": cold,
@@ -112,14 +114,6 @@ def _timings(
     expected = len(groups) * config.overhead_requests
     lines = wait_for_lines(log, log_from, expected, config.hop_output_tokens)
     return prefill_timings(lines, groups, config.hop_output_tokens)
-
-
-def _timed(target: Target, timings: list[PrefillTiming]) -> list[StepSample]:
-    """The engine-timed prefill samples, or none when fewer than two prompt lengths were timed
-    (the prompt-token term would not be identified: the TTFT-based samples stand)."""
-    if len({t.prompt_tokens for t in timings}) < 2:
-        return []
-    return timed_samples(timings, {a: weight_regressors((a,)) for a in target.adapters})
 
 
 def _step_text(measured: dict[str, Any], config: CalibrateConfig, decodes: int, shapes: str) -> str:
@@ -291,8 +285,9 @@ def calibrate(
                 "rank": t.adapter.rank,
                 "prompt_tokens": t.prompt_tokens,
                 "steps_s": list(t.steps_s),
+                "sample": asdict(sample),
             }
-            for t in measured["timings"]
+            for t, sample in zip(measured["timings"], measured["timed"], strict=True)
         ],
         "load_samples": [asdict(s) for s in loads],
         "cold_samples": [{**asdict(s), "handoff_s": s.handoff_s} for s in measured["cold"]],
