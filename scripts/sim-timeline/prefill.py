@@ -11,6 +11,14 @@ file (the calibrated file with its step and ``ipc_s`` replaced) for ``offline.py
 
     python scripts/sim-timeline/prefill.py --report calibration.samples.json --cost cal.json \
         [--old-out cal-old.json]
+
+With ``--rows`` (``logs.py --out``'s rows: each real request of a trace beside the simulated
+one), per run, trace and leased tier instead: the median first step of the traces' requests as
+the engine timed it and as the simulator priced it (``scheduled_s`` to ``first_step_end_s`` on
+each side), in ms.
+
+    python scripts/sim-timeline/prefill.py \
+        --rows docs/benchmarks/sim-timeline-2026-12-05-simwarm.jsonl
 """
 
 from __future__ import annotations
@@ -67,12 +75,44 @@ def rows(report: dict[str, Any], new: CostModel, old: CostModel) -> list[dict[st
     return sorted(out, key=lambda r: (r["prompt_tokens"], r["rank"], r["adapter"]))
 
 
+def first_steps(lines: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Per (run, trace, tier): the real and the simulated first step's median, ms."""
+    groups: dict[tuple[str, str], tuple[list[float], list[float]]] = {}
+    for row in lines:
+        real, sim = row.get("engine") or {}, row.get("sim_engine") or {}
+        if None in (real.get("first_step_end_s"), sim.get("first_step_end_s")):
+            continue
+        real_s = real["first_step_end_s"] - real["scheduled_s"]
+        sim_s = sim["first_step_end_s"] - sim["scheduled_s"]
+        pair = groups.setdefault((row["run"], str(row["real_tier"])), ([], []))
+        pair[0].append(real_s * 1e3)
+        pair[1].append(sim_s * 1e3)
+    return [
+        {
+            "run": run,
+            "tier": tier,
+            "n": len(real),
+            "engine_ms": round(statistics.median(real), 2),
+            "simulated_ms": round(statistics.median(sim), 2),
+        }
+        for (run, tier), (real, sim) in sorted(groups.items())
+    ]
+
+
 def main() -> None:
     parser = argparse.ArgumentParser()
-    parser.add_argument("--report", type=Path, required=True)
-    parser.add_argument("--cost", type=Path, required=True)
+    parser.add_argument("--report", type=Path)
+    parser.add_argument("--cost", type=Path)
     parser.add_argument("--old-out", type=Path)
+    parser.add_argument("--rows", type=Path)
     args = parser.parse_args()
+    if args.rows is not None:
+        text = args.rows.read_text(encoding="utf-8")
+        for row in first_steps([json.loads(x) for x in text.splitlines() if x]):
+            sys.stdout.write(json.dumps(row) + "\n")
+        return
+    if args.report is None or args.cost is None:
+        sys.exit("--report and --cost are required (or --rows)")
     report = json.loads(args.report.read_text(encoding="utf-8"))
     if not report.get("prefill_timeline"):
         sys.exit(f"{args.report} holds no prefill_timeline (a run without the server's log)")
