@@ -15,6 +15,16 @@ lone request's TTFT at hand, the cost model's ``ipc_s`` is their median beyond t
 instead (``median_hop_s``: a few disturbed samples move the coefficient whole). Each tier
 link is a straight line, seconds = fixed_s + bytes / bytes_per_s, fitted the same way per link.
 
+Prefill samples timed on the engine's own timeline (``sim calibrate --self``: the server's
+request log holds each lone request's first step, planned to ended) are steps alone, like the
+decode samples: ``hop`` false, prompt tokens > 0. With them the fit has a prefill-step column in
+place of the hop column (1 for a step holding prompt tokens), whose coefficient is
+``StepCost.per_prefill_step_s`` (what a prefill step costs beyond its tokens: the decode line
+over-prices a prompt token and under-prices the prompt path's fixed work, and without the term
+that remainder landed in ``ipc_s``), and ``ipc_s`` is then ``median_hop_s`` of the lone
+requests' TTFTs beyond the step so priced. In a TTFT-based fit the prefill-step column and the
+hop column are the same column, so the two kinds of prefill sample are never fitted together.
+
 Samples that carry their adapters' bytes (``byte_tokens``, ``revision_widths``) fit the two LoRA
 weight terms too (``cost_model.StepCost.per_byte_token_s``, ``per_revision_width_s``); they are
 identified only by adapters of several ranks *and* several target sets (bytes per rank), which
@@ -38,6 +48,7 @@ STEP_TERMS = (
     "per_rank_token_s",
 )
 WEIGHT_TERMS = ("per_byte_token_s", "per_revision_width_s")  # fitted when samples carry bytes
+PREFILL_STEP_TERM = "per_prefill_step_s"  # fitted when prefill samples are engine-timed steps
 
 
 @dataclass(frozen=True)
@@ -64,9 +75,11 @@ class StepSample:
         if not (self.step_s > 0 and math.isfinite(self.step_s)):
             raise ValueError(f"StepSample.step_s must be finite and > 0, got {self.step_s!r}")
 
-    def row(self, weights: bool = False) -> tuple[float, ...]:
-        """The regressors: STEP_TERMS' in order, WEIGHT_TERMS' if ``weights``, then the hop."""
+    def row(self, weights: bool = False, timeline: bool = False) -> tuple[float, ...]:
+        """The regressors: STEP_TERMS' in order, WEIGHT_TERMS' if ``weights``, then the hop,
+        or with ``timeline`` the prefill-step indicator (the step holds prompt tokens)."""
         extra = (float(self.byte_tokens), self.revision_widths) if weights else ()
+        last = self.prefill_tokens > 0 if timeline else self.hop
         return (
             1.0,
             float(self.decode_tokens),
@@ -74,8 +87,13 @@ class StepSample:
             float(self.revisions),
             float(self.rank_tokens),
             *extra,
-            float(self.hop),
+            float(last),
         )
+
+    @property
+    def timed_prefill(self) -> bool:
+        """A prefill step timed on the engine's timeline (no hop in its seconds)."""
+        return self.prefill_tokens > 0 and not self.hop
 
 
 @dataclass(frozen=True)
@@ -171,31 +189,47 @@ class StepFit:
     """The fitted step model and the hop fitted with it."""
 
     step: StepCost  # every term fitted, per_prefill_token_s included
-    ipc_s: float  # the front-to-engine hop (the prefill samples' sixth regressor)
-    fit: Fit  # coefficients in STEP_TERMS order, then the hop
+    # the front-to-engine hop (the TTFT-based prefill samples' last regressor); None: the
+    # prefill samples were engine-timed steps, the hop is not in them (``median_hop_s``)
+    ipc_s: float | None
+    fit: Fit  # coefficients in STEP_TERMS order, WEIGHT_TERMS', then the hop or prefill step
 
 
 def fit_step(samples: Sequence[StepSample]) -> StepFit:
     """The step-time model and ``ipc_s`` of ``samples``: decode mixes and lone-request prefills
     that vary every regressor independently, or the fit is refused (a step model without
     measured prompt tokens would price prefill by extrapolating decode). Samples with adapter
-    bytes fit WEIGHT_TERMS too, and then need adapters of two or more bytes per rank."""
+    bytes fit WEIGHT_TERMS too, and then need adapters of two or more bytes per rank. Prefill
+    samples timed on the engine's timeline (``StepSample.timed_prefill``) fit
+    ``per_prefill_step_s`` in place of the hop; they and TTFT-based ones are not mixed."""
     weights = any(s.byte_tokens for s in samples)
-    terms = STEP_TERMS + (WEIGHT_TERMS if weights else ())
-    width = len(terms) + 1
+    timeline = any(s.timed_prefill for s in samples)
+    if timeline and any(s.hop for s in samples):
+        raise ValueError(
+            "fit_step takes engine-timed prefill steps or TTFT-based prefill samples (hop), "
+            "not both: a per-prefill-step term and the hop are the same column in the latter"
+        )
+    terms = (
+        STEP_TERMS + (WEIGHT_TERMS if weights else ()) + ((PREFILL_STEP_TERM,) if timeline else ())
+    )
+    width = len(terms) + (0 if timeline else 1)
     if len(samples) < width:
         raise ValueError(f"fit_step needs >= {width} samples, got {len(samples)}")
     widths = {round(s.revision_widths / s.revisions, 6) for s in samples if s.revisions}
     for kind, present in (
         ("decode", any(s.decode_tokens for s in samples)),
-        ("prefill (prompt tokens with the hop)", any(s.prefill_tokens and s.hop for s in samples)),
+        (
+            "prefill (prompt tokens with the hop, or engine-timed)",
+            any(s.prefill_tokens for s in samples),
+        ),
         ("adapters of two or more target sets (bytes per rank)", not weights or len(widths) > 1),
     ):
         if not present:
             raise ValueError(f"fit_step needs {kind} samples: every term must be measured")
-    fit = least_squares([s.row(weights) for s in samples], [s.step_s for s in samples])
+    rows = [s.row(weights, timeline) for s in samples]
+    fit = least_squares(rows, [s.step_s for s in samples])
     step = StepCost(**dict(zip(terms, fit.coefficients, strict=False)))
-    return StepFit(step, fit.coefficients[-1], fit)
+    return StepFit(step, None if timeline else fit.coefficients[-1], fit)
 
 
 def fit_link(samples: Sequence[LoadSample]) -> tuple[Link, Fit]:
@@ -277,15 +311,18 @@ def calibrated_model(
 ) -> CostModel:
     """A validated cost model from measurements; ``overheads`` holds front_s and network_s
     (each optional, 0 when not measured, and said so in ``sources``); ``ipc_s`` is fitted with
-    the step (``fit_step``); ``load_cpu_shared`` says whether the measured server's loader and
-    engine share its CPU; ``load_handoff_s``, a cold request's measured wait beyond its load's
-    stage seconds, is added to the L3 -> L2 link's fixed seconds (where a cold load starts);
+    the step (``fit_step``) unless ``lone_hops`` are given; ``load_cpu_shared`` says whether
+    the measured server's loader and engine share its CPU; ``load_handoff_s``, a cold request's
+    measured wait beyond its load's stage seconds, is added to the L3 -> L2 link's fixed
+    seconds (where a cold load starts);
     ``copy_handoff_s``, the same wait of a request whose adapter is only in L1, to the L1 -> L0
     link's (so a load from L3 pays it too: ``load_handoff_s`` is what L3 adds beyond it);
     ``hop_jitter_s``: the hop's spread (``jitter_quantiles``), () when not measured;
     ``lease_handoff_s``: a waiting lease's hand-off per source tier (``cost_model``), None or
     {} when not measured; ``lone_hops``: every lone warm request (its sample, its TTFT less
-    front_s), whose ``median_hop_s`` replaces the fitted ``ipc_s``; (): the fitted one."""
+    front_s), whose ``median_hop_s`` replaces the fitted ``ipc_s``; (): the fitted one, which
+    engine-timed prefill steps do not give (they hold no hop): with them ``lone_hops`` is
+    required."""
     for name, value in (("load_handoff_s", load_handoff_s), ("copy_handoff_s", copy_handoff_s)):
         if not (value >= 0 and math.isfinite(value)):
             raise ValueError(f"{name} {value!r} is invalid; expected finite >= 0")
@@ -296,6 +333,11 @@ def calibrated_model(
             "(ipc_s is fitted with the step)"
         )
     fitted = fit_step(steps)
+    if fitted.ipc_s is None and not lone_hops:
+        raise ValueError(
+            "lone_hops is empty; expected the lone warm requests' TTFTs: engine-timed prefill "
+            "steps hold no hop, so ipc_s is their median beyond the fitted step"
+        )
     links = {}
     for name in LINKS:
         mine = [s for s in loads if s.link == name]
@@ -311,7 +353,7 @@ def calibrated_model(
         validated=True,
         step=fitted.step,
         links=links,
-        ipc_s=median_hop_s(lone_hops, fitted.step) if lone_hops else fitted.ipc_s,
+        ipc_s=median_hop_s(lone_hops, fitted.step) if lone_hops else (fitted.ipc_s or 0.0),
         sources=dict(sources),
         load_cpu_shared=load_cpu_shared,
         hop_jitter_s=hop_jitter_s,

@@ -33,6 +33,13 @@ without ``step.per_prefill_token_s`` (written before the term existed) keeps the
 prompt tokens cost ``per_token_s`` (``StepCost.per_prefill_token_s`` None), and saving such a
 model writes no such key.
 
+A step that holds prompt tokens (``prefill_tokens`` > 0: a prompt chunk or a recompute) also
+pays ``per_prefill_step_s`` once, however many prompts it holds: what the engine's prompt path
+adds to a step beyond its tokens (the prompts' attention calls per layer, the mixed batch's
+gathers and scatters; the engine attends equal-length prompts in one call). ``sim calibrate``
+fits it on the engine's own timeline of lone prefill steps (docs/simulator.md, "Prefill priced
+on the engine's timeline"). A file without the key charges nothing for it (the model before).
+
 A request's hop to its engine (``front_s + ipc_s``, plus ``network_s`` in a fleet) may vary by
 request: ``hop_jitter_s``, when given, holds the quantiles (at evenly spaced probabilities from
 0 to 1) of lone warm requests' TTFT less their group's median, as ``sim calibrate`` measured
@@ -85,7 +92,12 @@ SCHEMA = "loraplex-sim-cost/1"
 LINKS = ("L3_to_L2", "L2_to_L1", "L1_to_L0")
 HANDOFF_TIERS = ("L1", "L2", "L3")  # the tiers a waiting lease is loaded from
 # Step keys a file may leave out (module docstring: the model before prefill was measured).
-STEP_OPTIONAL = ("per_prefill_token_s", "per_byte_token_s", "per_revision_width_s")
+STEP_OPTIONAL = (
+    "per_prefill_token_s",
+    "per_byte_token_s",
+    "per_revision_width_s",
+    "per_prefill_step_s",
+)
 
 
 @dataclass(frozen=True)
@@ -119,6 +131,9 @@ class StepCost:
     # rank of it (module docstring); None: a model fitted before they were measured, unpriced.
     per_byte_token_s: float | None = None
     per_revision_width_s: float | None = None
+    # Once per step holding prompt tokens (module docstring); None: a model fitted before it
+    # was measured on the engine's timeline, uncharged.
+    per_prefill_step_s: float | None = None
 
     def __post_init__(self) -> None:
         for name, value in asdict(self).items():
@@ -154,6 +169,8 @@ class StepCost:
             step_s += self.per_byte_token_s * byte_tokens
         if self.per_revision_width_s is not None:
             step_s += self.per_revision_width_s * revision_widths
+        if self.per_prefill_step_s is not None and prefill_tokens > 0:
+            step_s += self.per_prefill_step_s
         return step_s
 
     def to_dict(self) -> dict[str, float]:

@@ -62,13 +62,15 @@ def main() -> None:
                         t["sim"]["ttft_ms"]["p50"],
                         t["real"]["ttft_ms"]["p50"],
                         t["errors"]["ttft_p50_rel_error"],
+                        t["sim"]["ttft_ms"]["p99"],
+                        t["real"]["ttft_ms"]["p99"],
                     )
                     for name, t in result["traces"].items()
                 }
                 sys.stdout.write(
                     f"{path.name} line {n}: hit {e['hit_ratio_abs_error_pp']} pp, P50 "
                     f"{e['ttft_p50_rel_error']}, P99 {e['ttft_p99_rel_error']}, throughput "
-                    f"{e['throughput_rel_error']}; P50 sim/real/err {per}\n"
+                    f"{e['throughput_rel_error']}; P50 sim/real/err, P99 sim/real {per}\n"
                 )
 
 

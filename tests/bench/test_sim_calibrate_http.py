@@ -10,8 +10,14 @@ import httpx
 import pytest
 
 from loraplex.bench.sim.calibrate_cold import cold_samples
-from loraplex.bench.sim.calibrate_run import CalibrateConfig, load_samples
+from loraplex.bench.sim.calibrate_run import (
+    CalibrateConfig,
+    load_samples,
+    prefill_adapters,
+    prefill_samples,
+)
 from loraplex.bench.sim.calibrate_target import remote_target, self_target
+from loraplex.bench.sim.calibrate_timeline import log_size, prefill_timings, wait_for_lines
 from loraplex.sim.cost_model import LINKS
 
 pytestmark = pytest.mark.slow
@@ -20,7 +26,7 @@ pytestmark = pytest.mark.slow
 def test_remote_discovery_keys_and_a_cold_load(demo_assets, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
     assert demo_assets.base_model_dir.is_dir()  # generated once per checkout
     asset_dir = Path(__file__).resolve().parents[2] / ".loraplex-assets"
-    with self_target(asset_dir, (8, 32), 1, max_loras=2, seed=0) as own:
+    with self_target(asset_dir, (8, 32), 1, max_loras=4, seed=0) as own:
         assert sorted(a.rank for a in own.adapters) == [8, 32]
         assert own.load_cpu_shared  # the demo server is CPU-only
         admin = {"Authorization": f"Bearer {own.admin_key}"}
@@ -36,6 +42,14 @@ def test_remote_discovery_keys_and_a_cold_load(demo_assets, tmp_path: Path) -> N
                 copies = cold_samples(client, own, CalibrateConfig(repeats=1), tier="L1")
                 with pytest.raises(ValueError, match="tier"):
                     cold_samples(client, own, CalibrateConfig(repeats=1), tier="L0")
+                # The prefill samples' lone requests on the engine's timeline (its request log).
+                config = CalibrateConfig(prefill_lengths=(8, 32), overhead_requests=2)
+                assert own.request_log is not None
+                start = log_size(own.request_log)
+                _, _, lone = prefill_samples(client, own, config, front_s=0.0)
+                groups = [(a, n) for a in prefill_adapters(own) for n in (8, 32)]
+                lines = wait_for_lines(own.request_log, start, 8, config.hop_output_tokens)
+                timings = prefill_timings(lines, groups, config.hop_output_tokens)
         # The run's key no longer authenticates.
         refused = httpx.get(f"{own.url}/v1/models", headers={"Authorization": f"Bearer {token}"})
         assert refused.status_code == 401
@@ -44,3 +58,8 @@ def test_remote_discovery_keys_and_a_cold_load(demo_assets, tmp_path: Path) -> N
     # Only in CPU memory: each request's load is the copy into a slot alone, timed by its stage.
     assert {s.tier for s in copies} == {"L1"} and len(copies) == 2
     assert all(s.stage_s > 0 and s.cold_ttft_s > 0 and s.warm_ttft_s > 0 for s in copies)
+    # Every lone request's first step is in the log, shorter than its TTFT.
+    assert [(t.adapter, t.prompt_tokens) for t in timings] == groups
+    assert all(len(t.steps_s) == 2 and all(0 < v < 1 for v in t.steps_s) for t in timings)
+    assert len(lone) == 8
+    assert max(v for t in timings for v in t.steps_s) < max(ttft for _, ttft in lone)

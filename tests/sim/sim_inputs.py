@@ -41,4 +41,6 @@ def calibration_measured() -> dict[str, Any]:
     ]
     loads = [LoadSample(link, n, 0.001 + n / 1e9) for link in LINKS for n in (1000, 9000)]
     measured = {"loads": loads, "steps": steps, "step_fit": fit_step(steps), "front_s": 0.001}
-    return {**measured, "lone": []}  # no lone requests kept: the fitted hop stands
+    ttft = [s for s in steps if s.hop]  # no engine timelines: the TTFT-based prefills are fitted
+    # no lone requests kept: the fitted hop stands
+    return {**measured, "lone": [], "ttft_prefills": ttft, "timings": [], "timed": []}

@@ -310,6 +310,12 @@ def front_seconds(client: httpx.Client, target: Target, config: CalibrateConfig)
     return statistics.median(front)
 
 
+def prefill_adapters(target: Target) -> tuple[ServedAdapter, ...]:
+    """The adapters of the prefill samples: each target set's lowest- and highest-rank one."""
+    groups = target_sets(target.adapters)
+    return tuple(dict.fromkeys(a for group in groups for a in (group[0], group[-1])))
+
+
 def prefill_samples(
     client: httpx.Client, target: Target, config: CalibrateConfig, front_s: float
 ) -> tuple[list[StepSample], list[float], list[tuple[StepSample, float]]]:
@@ -318,9 +324,7 @@ def prefill_samples(
     request's TTFT less its sample's median (the spread the cost model's ``hop_jitter_s``
     keeps), and every kept sample's lone requests as (sample, TTFT less ``front_s``), whose
     median beyond the fitted step is the hop (``sim/calibrate.median_hop_s``)."""
-    chosen = dict.fromkeys(
-        a for group in target_sets(target.adapters) for a in (group[0], group[-1])
-    )
+    chosen = prefill_adapters(target)
     samples, residuals, lone = [], [], []
     into_slots(client, target.adapters, tuple(chosen))
     for adapter in chosen:

@@ -7,6 +7,7 @@ import datetime
 import json
 import platform
 from dataclasses import asdict
+from pathlib import Path
 from typing import Any
 
 import httpx
@@ -22,12 +23,27 @@ from loraplex.bench.sim.calibrate_run import (
     CalibrateConfig,
     front_seconds,
     load_samples,
+    prefill_adapters,
     prefill_samples,
     step_samples,
+    weight_regressors,
     with_sizes,
 )
 from loraplex.bench.sim.calibrate_target import Target
-from loraplex.sim.calibrate import Fit, calibrated_model, fit_link, fit_step, jitter_quantiles
+from loraplex.bench.sim.calibrate_timeline import (
+    PrefillTiming,
+    log_size,
+    prefill_timings,
+    timed_samples,
+    wait_for_lines,
+)
+from loraplex.sim.calibrate import (
+    Fit,
+    calibrated_model,
+    fit_link,
+    fit_step,
+    jitter_quantiles,
+)
 from loraplex.sim.cost_model import LINKS, CostModel
 
 SHARED_CPU = (
@@ -50,7 +66,8 @@ def _fit_text(fit: Fit, samples: int) -> str:
 def measure(target: Target, config: CalibrateConfig) -> dict[str, Any]:
     """Every sample of one calibration: loads and cold requests end to end first (adapters
     still cold; ``calibrate_cold``), then decode mixes, front_s and the prefill samples (which
-    need front_s), and the step fit."""
+    need front_s), and the step fit: on the prefill steps the engine's timeline holds when the
+    server's request log is at hand (``calibrate_timeline``), else on the lone TTFTs."""
     headers = {"Authorization": f"Bearer {target.admin_key}"}
     with httpx.Client(
         base_url=target.url, headers=headers, timeout=config.request_timeout_s
@@ -63,23 +80,64 @@ def measure(target: Target, config: CalibrateConfig) -> dict[str, Any]:
         target = with_sizes(client, target)
         steps = step_samples(client, target, config)
         front_s = front_seconds(client, target, config)
+        log_from = log_size(target.request_log)
         prefills, residuals, lone = prefill_samples(client, target, config, front_s)
-    handoffs = None
+    handoffs, timings = None, []
     if target.request_log is not None and target.request_log.is_file():
+        timings = _timings(target.request_log, target, config, log_from)
         text = target.request_log.read_text(encoding="utf-8")
         handoffs = lease_handoffs([json.loads(line) for line in text.splitlines() if line])
-    steps += prefills
-    fitted = fit_step(steps)
+    timed = timed_samples(timings, {a: weight_regressors((a,)) for a in target.adapters})
+    # fewer than two prompt lengths timed: the prompt-token term would not be identified
+    steps += timed if len({t.prompt_tokens for t in timings}) > 1 else prefills
     return {
         "loads": loads,
         "steps": steps,
-        "step_fit": fitted,
+        "ttft_prefills": prefills,
+        "timings": timings,
+        "timed": timed,  # one step sample per timing, in order
+        "step_fit": fit_step(steps),
         "front_s": front_s,
         "cold": cold,
         "residuals": residuals,
         "lone": lone,
         "handoffs": handoffs,
     }
+
+
+def _timings(
+    log: Path, target: Target, config: CalibrateConfig, log_from: int
+) -> list[PrefillTiming]:
+    """The prefill samples' lone requests on the engine's timeline (``log``'s lines from
+    ``log_from``, where the prefill samples began)."""
+    groups = [(a, n) for a in prefill_adapters(target) for n in config.prefill_lengths]
+    expected = len(groups) * config.overhead_requests
+    lines = wait_for_lines(log, log_from, expected, config.hop_output_tokens)
+    return prefill_timings(lines, groups, config.hop_output_tokens)
+
+
+def _step_text(measured: dict[str, Any], config: CalibrateConfig, decodes: int, shapes: str) -> str:
+    """How the step line was measured and fitted (its ``sources`` entry, less the fit's figures)."""
+    lengths = list(config.prefill_lengths)
+    prefills = len(measured["steps"]) - decodes
+    head = f"median TPOT of {decodes} controlled decode mixes and "
+    tail = f" over adapters of {shapes}, "
+    if measured["step_fit"].ipc_s is None:
+        requests = sum(len(t.steps_s) for t in measured["timings"])
+        return (
+            head + "the median first engine step (the request log's scheduled_s to "
+            f"first_step_end_s) of lone warm requests at prompt lengths {lengths} ({prefills} "
+            f"samples of {requests} requests; bench/sim/calibrate_timeline.py)"
+            + tail
+            + "fitted by non-negative least squares with a per-prefill-step term "
+            "(per_prefill_step_s): "
+        )
+    return (
+        head + f"median TTFT less front_s of lone warm requests at prompt lengths {lengths} "
+        f"({prefills} samples; bench/sim/calibrate_run.py)"
+        + tail
+        + "fitted together with ipc_s by non-negative least squares: "
+    )
 
 
 def _shapes(target: Target) -> str:
@@ -126,7 +184,7 @@ def calibrate(
     load_cpu_shared = target.load_cpu_shared
     measured = measure(target, config)
     loads, steps, fitted = measured["loads"], measured["steps"], measured["step_fit"]
-    decodes = sum(1 for s in steps if not s.hop)
+    decodes = sum(1 for s in steps if not s.prefill_tokens)
     machine = machine_record()
     when = datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds")
     sources = {
@@ -134,17 +192,18 @@ def calibrate(
         "date": when,
         "machine": f"{_cpu(machine['cpu'])}, {machine['cores']} cores, load "
         f"{machine['load_1m']} at the end, host {platform.node() or 'unknown'}",
-        "step": f"median TPOT of {decodes} controlled decode mixes and median TTFT less front_s "
-        f"of lone warm requests at prompt lengths {list(config.prefill_lengths)} "
-        f"({len(steps) - decodes} samples; bench/sim/calibrate_run.py) over adapters of "
-        f"{_shapes(target)}, fitted together with ipc_s by non-negative least squares: "
+        "step": _step_text(measured, config, decodes, _shapes(target))
         + _fit_text(fitted.fit, len(steps)),
         "front_s": "median latency of an authenticated GET /v1/models",
         "ipc_s": (
             f"the median over {len(measured['lone'])} lone warm requests of their TTFT less "
             "front_s less the fitted step's price of their prompt and adapter "
-            "(sim/calibrate.median_hop_s; the fit's own hop term moves whole when a few samples "
-            "are disturbed)"
+            "(sim/calibrate.median_hop_s; "
+            + (
+                "the prefill samples are engine-timed steps, which hold no hop)"
+                if fitted.ipc_s is None
+                else "the fit's own hop term moves whole when a few samples are disturbed)"
+            )
             if measured["lone"]
             else "fitted with the step: the hop term of the lone requests' TTFT less front_s"
         ),
@@ -217,6 +276,19 @@ def calibrate(
     report = {
         "hardware": hardware,
         "step_samples": [asdict(s) for s in steps],
+        # the lone requests' TTFT-based samples, also when the fit took engine-timed ones
+        # (so the older fit can be redone from the same run), and the engine's timings
+        "ttft_prefill_samples": [asdict(s) for s in measured["ttft_prefills"]],
+        "prefill_timeline": [
+            {
+                "adapter": t.adapter.ref,
+                "rank": t.adapter.rank,
+                "prompt_tokens": t.prompt_tokens,
+                "steps_s": list(t.steps_s),
+                "sample": asdict(sample),
+            }
+            for t, sample in zip(measured["timings"], measured["timed"], strict=True)
+        ],
         "load_samples": [asdict(s) for s in loads],
         "cold_samples": [{**asdict(s), "handoff_s": s.handoff_s} for s in measured["cold"]],
         "overheads": {**overheads, "ipc_s": model.ipc_s},

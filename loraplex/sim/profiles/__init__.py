@@ -25,7 +25,8 @@ STEP_FIELDS = (
     "per_revision_s",
     "per_rank_token_s",
 )
-WEIGHT_FIELDS = ("per_byte_token_s", "per_revision_width_s")  # optional: cited where set
+# Optional terms: cited where a profile sets them.
+OPTIONAL_FIELDS = ("per_byte_token_s", "per_revision_width_s", "per_prefill_step_s")
 
 
 def profile_names() -> tuple[str, ...]:
@@ -56,10 +57,10 @@ def cited_fields() -> tuple[str, ...]:
 
 
 def uncited(model: CostModel) -> list[str]:
-    """The numbers of ``model`` whose source is missing or empty (an optional weight term
+    """The numbers of ``model`` whose source is missing or empty (an optional term
     counts only where the profile sets it)."""
-    weights = [f"step.{name}" for name in WEIGHT_FIELDS if getattr(model.step, name) is not None]
-    return [key for key in (*cited_fields(), *weights) if not model.sources.get(key, "").strip()]
+    terms = [f"step.{name}" for name in OPTIONAL_FIELDS if getattr(model.step, name) is not None]
+    return [key for key in (*cited_fields(), *terms) if not model.sources.get(key, "").strip()]
 
 
 def price_of(hardware: str) -> tuple[float, str] | None:
