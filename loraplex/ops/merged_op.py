@@ -27,7 +27,7 @@ size (oneDNN's per-call cost on this project's Xeon) against 3-5 us for float32'
 gathered tokens, their own adapters' rows (converted per step: a few thousand elements a run)
 and the negative copy (converted once per merge, its scale folded in: ``negative_float32``) are
 multiplied in float32 and the sum is added to ``out``'s rows once, in float32, with one
-rounding to the model dtype (docs/modes.md, "Fourteenth pass").
+rounding to the model dtype (docs/modes.md, "Eleventh pass").
 """
 
 from __future__ import annotations
