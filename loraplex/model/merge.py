@@ -11,8 +11,10 @@ With the torch backends the subtraction rides the ordinary pass (ops/merged_op.p
 non-merged tokens are gathered once, get their own adapter's delta and the negative copy's in
 one pass, and the sum is scattered back once (grouped, when each of their slots is one run
 already, their own runs read ``x`` in place and only the negative pass gathers); the merged
-revision's tokens cost no LoRA work and no gather at all. Other backends (Triton) run the
-subtraction as a second pass of their own op.
+revision's tokens cost no LoRA work and no gather at all. On a CPU with 16-bit weights and few
+foreign tokens, ``auto`` runs that pass in float32 (ops/merged_op.py; the negative copy's float32
+rows are converted once per merge, here). Other backends (Triton) run the subtraction as a
+second pass of their own op.
 
 Unmerging restores the original weights from a host copy taken at merge time, bit for bit, so
 the base model after an unmerge is exactly the model before the merge (no drift from repeated
@@ -30,8 +32,16 @@ from loraplex.model.adapter_weights import AdapterWeights, ModuleWeights
 from loraplex.model.layers import Linear
 from loraplex.model.llama import LlamaModel
 from loraplex.model.lora import LoraSlotPool
-from loraplex.ops.base import LoraBatch, Strategy
-from loraplex.ops.merged_op import FUSED_BACKENDS, FusedMergedBatch, apply_fused, fused_plan
+from loraplex.ops.base import LoraBatch, ModuleLoraWeights, Strategy
+from loraplex.ops.merged_op import (
+    FLOAT32_MAX_TOKENS,
+    FUSED_BACKENDS,
+    Float32Pair,
+    FusedMergedBatch,
+    apply_fused,
+    fused_plan,
+    negative_float32,
+)
 from loraplex.ops.torch_ops import AutoBackend
 
 _ATTENTION = ("q_proj", "k_proj", "v_proj", "o_proj")
@@ -146,16 +156,29 @@ def slot_weights(pool: LoraSlotPool, slot: int) -> AdapterWeights:
 
 class MergedLoraApplier:
     """A :class:`~loraplex.model.llama.LoraApplier` over ``pool`` while ``merged_slot``'s adapter
-    is folded into the weights; ``negative`` (one slot) holds that adapter at negative scale."""
+    is folded into the weights; ``negative`` (one slot) holds that adapter at negative scale,
+    unchanged while this applier is in use. ``float32_max_tokens``: most foreign tokens of a
+    step run in float32 on a CPU with 16-bit weights (``auto`` backend; 0: never)."""
 
-    def __init__(self, pool: LoraSlotPool, merged_slot: int, negative: LoraSlotPool) -> None:
+    def __init__(
+        self,
+        pool: LoraSlotPool,
+        merged_slot: int,
+        negative: LoraSlotPool,
+        float32_max_tokens: int = FLOAT32_MAX_TOKENS,
+    ) -> None:
         if negative.slot_info(0) is None:
             raise MergeStateError("negative pool slot 0 is empty; expected the negated adapter")
+        if float32_max_tokens < 0:
+            raise ValueError(f"float32_max_tokens {float32_max_tokens} is invalid; expected >= 0")
         self.pool = pool
         self.merged_slot = merged_slot
         self.negative = negative
+        self.float32_max_tokens = float32_max_tokens
         self.fused = pool.backend.name in FUSED_BACKENDS and negative.backend.name in FUSED_BACKENDS
         self._last_strategy = "none"
+        # (layer, module) -> the negative copy in float32, made on first use (float32 plans)
+        self._negative32: dict[tuple[int, str], Float32Pair | None] = {}
 
     @property
     def last_strategy(self) -> str:
@@ -168,7 +191,14 @@ class MergedLoraApplier:
         if self.fused:
             backend = self.pool.backend
             policy = backend.policy if isinstance(backend, AutoBackend) else None
-            plan = fused_plan(token_slots, self.merged_slot, self.pool.layout, backend.name, policy)
+            plan = fused_plan(
+                token_slots,
+                self.merged_slot,
+                self.pool.layout,
+                backend.name,
+                policy,
+                float32_max_tokens=self.float32_max_tokens,
+            )
             self._last_strategy = plan.strategy.value
             return plan
         merged = token_slots == self.merged_slot
@@ -185,14 +215,19 @@ class MergedLoraApplier:
         if isinstance(batch, FusedMergedBatch):
             if not self.pool.targets(layer, module):
                 return out
-            return apply_fused(
-                x,
-                out,
-                self.pool.module_weights(layer, module),
-                self.negative.module_weights(layer, module),
-                batch,
-            )
+            negative = self.negative.module_weights(layer, module)
+            negative32 = self._float32_of(layer, module, negative) if batch.float32 else None
+            weights = self.pool.module_weights(layer, module)
+            return apply_fused(x, out, weights, negative, batch, negative32=negative32)
         out = self.pool.apply(layer, module, x, out, batch)
         if isinstance(batch, MergedLoraBatch) and batch.negative is not None:
             out = self.negative.apply(layer, module, x, out, batch.negative)
         return out
+
+    def _float32_of(
+        self, layer: int, module: str, negative: ModuleLoraWeights
+    ) -> Float32Pair | None:
+        key = (layer, module)
+        if key not in self._negative32:
+            self._negative32[key] = negative_float32(negative)
+        return self._negative32[key]

@@ -1,12 +1,15 @@
 """Where an 80 %-skewed step's time goes, merged vs unmerged (issue 28; docs/modes.md, eighth
 pass).
 
-On ``bench modes``' setup and its skewed batch (20 sequences, 16 on the hot revision), four
+On ``bench modes``' setup and its skewed batch (20 sequences, 16 on the hot revision), five
 variants of a decode step and of a prefill step, interleaved ABBA (5 calls a round, 3 warm-up
 calls each), medians per call: ``base`` (no LoRA), ``unmerged``, ``merged`` (the hot revision
-folded in, the fused negative pass) and ``free_negative`` (the hot sequences on the base model,
-unmerged: the ceiling of any merged execution). For each, the whole step and the LoRA part
-(the applier's ``prepare`` and every ``apply``, timed around the calls inside the step).
+folded in, the fused negative pass), ``merged_dtype`` (the same with the float32 pass of 16-bit
+CPU steps turned off, ``float32_max_tokens=0``: the merged step before docs/modes.md's
+eleventh pass; identical to ``merged`` in float32) and ``free_negative`` (the hot sequences
+on the base model, unmerged: the ceiling of any merged execution). For each, the whole step
+and the LoRA part (the applier's ``prepare`` and every ``apply``, timed around the calls inside
+the step).
 Every variant runs while the hot revision is merged (timing only: the values do not matter).
 
 Prints one JSON line. Run niced under the benchmark lock, e.g.
@@ -29,6 +32,7 @@ import torch
 from loraplex.bench.modes.bench import hot_as_base, skewed_slots
 from loraplex.bench.modes.setup import HOT, ModesBenchConfig, Setup, decode_step, prefill_step
 from loraplex.model.llama import LoraApplier
+from loraplex.model.merge import MergedLoraApplier
 from loraplex.ops import LoraBatch
 
 
@@ -86,6 +90,7 @@ def split(setup: Setup, make, slots: dict, appliers: dict, rounds: int) -> dict:
         "unmerged_over_base": unmerged / row["base"]["step_ms"],
         "lora_fraction_of_unmerged_step": row["unmerged"]["lora_ms"] / unmerged,
         "merged_over_unmerged_tps": unmerged / row["merged"]["step_ms"],
+        "merged_over_merged_dtype_tps": row["merged_dtype"]["step_ms"] / row["merged"]["step_ms"],
         "free_negative_over_unmerged_tps": unmerged / row["free_negative"]["step_ms"],
     }
     return row
@@ -110,10 +115,12 @@ def main() -> None:
         skewed = skewed_slots(random.Random(cfg.seed), 20, 0.8)  # bench modes' first draw
         out["foreign_slots"] = [s for s in skewed if s != HOT]
         merged = setup.merge(HOT)
+        merged_dtype = MergedLoraApplier(setup.pool, HOT, setup.negative, float32_max_tokens=0)
         slots = {
             "base": skewed,
             "unmerged": skewed,
             "merged": skewed,
+            "merged_dtype": skewed,
             "free_negative": hot_as_base(skewed),
         }
         for kind, make in (("decode", decode_step), ("prefill", prefill_step)):
@@ -121,6 +128,7 @@ def main() -> None:
                 "base": None,
                 "unmerged": Timed(setup.pool),
                 "merged": Timed(merged),
+                "merged_dtype": Timed(merged_dtype),
                 "free_negative": Timed(setup.pool),
             }
             out[kind] = split(setup, make, slots, appliers, rounds)

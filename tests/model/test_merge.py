@@ -243,6 +243,38 @@ def test_merged_bfloat16_is_as_close_to_float32_peft_as_unmerged_bfloat16(
     assert merged_rows[:n0].argmax(-1).tolist() == unmerged_rows[:n0].argmax(-1).tolist()
 
 
+@pytest.mark.parametrize("shape", ["all-r64", "rslora-qv-r32", "rank128"])
+def test_other_revisions_in_float32_beside_a_bfloat16_merge_stay_near_float32_peft(
+    demo_assets: DemoAssets, rank128_dir: Path, shape: str
+) -> None:
+    """The merged step's float32 pass (bfloat16 weights on a CPU, few foreign tokens): another
+    adapter's and the base model's rows, beside the merged revision, stay within the merge
+    test's standard (twice the unmerged bfloat16 error against float32 PEFT), with the same
+    greedy tokens as unmerged; the merged revision's rows are those of the dtype's pass."""
+    base_dir = demo_assets.base_model_dir
+    path = adapter_dir(demo_assets, shape, rank128_dir)
+    other_path = demo_assets.adapters[0].path
+    weights = load_weights(base_dir, path, torch.bfloat16)
+    other = load_weights(base_dir, other_path, torch.bfloat16)
+    model, pool, merger, applier = merged_setup(base_dir, weights, other, torch.bfloat16)
+    half = MergedLoraApplier(pool, 1, applier.negative, float32_max_tokens=0)
+    slots: list[int | None] = [1, 0, None]  # 13 foreign tokens: at most FLOAT32_MAX_TOKENS
+    plan = applier.prepare(prompt_slots(slots))
+    assert isinstance(plan, FusedMergedBatch) and plan.float32
+    merged_rows, half_rows = run(model, slots, applier), run(model, slots, half)
+    merger.unmerge()
+    unmerged_rows = run(model, slots, pool)
+    n0, n1 = len(PROMPTS[0]), len(PROMPTS[0]) + len(PROMPTS[1])
+    wants = ((slice(n0, n1), peft_logits(base_dir, other_path)), (slice(n1, None), None))
+    for rows, reference in wants:
+        want = (reference if reference is not None else peft_logits(base_dir, None))[rows]
+        bound = max(2 * rel_error(unmerged_rows[rows], want), 1e-2)
+        assert rel_error(merged_rows[rows], want) <= bound
+        assert merged_rows[rows].argmax(-1).tolist() == unmerged_rows[rows].argmax(-1).tolist()
+    assert torch.equal(merged_rows[:n0], half_rows[:n0])  # merged rows: no LoRA work either way
+    assert not torch.equal(merged_rows[n0:], half_rows[n0:])  # the float32 pass ran
+
+
 @pytest.mark.parametrize("shape", ["sparse-r4", "layers-1-2", "mlp-r32"])
 def test_fused_negative_pass_equals_the_two_pass_subtraction(
     demo_assets: DemoAssets, rank128_dir: Path, shape: str

@@ -8,11 +8,11 @@ import random
 
 import pytest
 import torch
-from test_backends import MODULES, SPEC, expected_delta, filled_pool
+from test_backends import MODULES, SPEC, expected_delta, filled_pool, make_weights
 
 from loraplex.model.adapter_weights import AdapterWeights
 from loraplex.model.lora import LoraSlotPool
-from loraplex.model.merge import negated, negative_pool_for, slot_weights
+from loraplex.model.merge import MergedLoraApplier, negated, negative_pool_for, slot_weights
 from loraplex.ops.base import Strategy
 from loraplex.ops.merged_op import FusedMergedBatch, apply_fused, fused_plan
 
@@ -116,3 +116,107 @@ def test_an_all_merged_cpu_step_is_planned_on_the_host_list(
         assert plan.num_tokens == len(slots)
     with pytest.raises(AssertionError, match="nonzero"):  # a foreign token: the full plan
         fused_plan(torch.tensor([MERGED] * 19 + [1]), MERGED, pool.layout, "grouped")
+
+
+def stored_pool(dtype: torch.dtype) -> tuple[LoraSlotPool, LoraSlotPool, list[AdapterWeights]]:
+    """An ``auto`` pool of ``dtype`` with the RANKS mix, its negative copy of MERGED, and every
+    adapter as the arena stores it (rounded to ``dtype``: the definition's weights)."""
+    pool = LoraSlotPool(SPEC, len(RANKS), 64, dtype=dtype, device=torch.device("cpu"))
+    for slot, rank in enumerate(RANKS):
+        pool.load(slot, make_weights(rank, slot))
+    stored = [slot_weights(pool, slot) for slot in range(len(RANKS))]
+    negative = negative_pool_for(pool)
+    negative.load(0, negated(stored[MERGED]))
+    return pool, negative, stored
+
+
+def worst_relative_error(
+    pool: LoraSlotPool,
+    negative: LoraSlotPool,
+    stored: list[AdapterWeights],
+    slots: list[int],
+    plan: FusedMergedBatch,
+) -> float:
+    """The largest ``|got - want| / |want|`` over every module (``want``: the definition in
+    float64); merged tokens' rows must come back untouched."""
+    gen = torch.Generator().manual_seed(11)
+    dtype, worst = pool.dtype, 0.0
+    merged_rows = torch.tensor([s == MERGED for s in slots])
+    for layer in range(SPEC.num_layers):
+        for module in MODULES:
+            d_in, d_out = SPEC.module_shape(module)
+            x = torch.randn(len(slots), d_in, generator=gen).to(dtype)
+            base = torch.randn(len(slots), d_out, generator=gen).to(dtype)
+            weights, neg = (
+                pool.module_weights(layer, module),
+                negative.module_weights(layer, module),
+            )
+            got = apply_fused(x, base.clone(), weights, neg, plan).double()
+            want = base.double() + merged_delta(x, slots, stored, layer, module, d_out)
+            assert torch.equal(got[merged_rows], base.double()[merged_rows])
+            worst = max(worst, float(((got - want).abs() / want.abs()).max()))
+    return worst
+
+
+@pytest.mark.parametrize(
+    ("dtype", "unit_roundoff"), [(torch.bfloat16, 2**-8), (torch.float16, 2**-11)]
+)
+@pytest.mark.parametrize("pattern", ["skewed80", "skewed80_repeat", "prefill", "base_only_foreign"])
+def test_a_16bit_cpu_step_with_few_foreign_tokens_runs_in_float32(
+    dtype: torch.dtype, unit_roundoff: float, pattern: str
+) -> None:
+    """16-bit weights on a CPU, ``auto``, at most FLOAT32_MAX_TOKENS foreign tokens: the whole
+    gathered pass (own runs and the negative copy) is computed in float32 and rounded once, so
+    every foreign row is the definition rounded to the dtype (within its unit roundoff, plus
+    float32's own error), closer than the same step computed in the dtype."""
+    pool, negative, stored = stored_pool(dtype)
+    slots = slots_of(pattern, random.Random(pattern))
+    token_slots = torch.tensor(slots)
+    plan = fused_plan(token_slots, MERGED, pool.layout, "auto")
+    half = fused_plan(token_slots, MERGED, pool.layout, "auto", float32_max_tokens=0)
+    assert isinstance(plan, FusedMergedBatch) and plan.float32
+    assert isinstance(half, FusedMergedBatch) and not half.float32
+    float32_error = worst_relative_error(pool, negative, stored, slots, plan)
+    assert float32_error <= unit_roundoff * 1.001
+    assert float32_error < worst_relative_error(pool, negative, stored, slots, half)
+
+
+def test_float32_is_chosen_by_auto_on_16bit_cpu_weights_up_to_the_token_cap() -> None:
+    """Forced masked/grouped keep their computation; float32 weights never need the pass; more
+    foreign tokens than the cap (bfloat16 matmuls amortise their per-call cost) keep the dtype."""
+    pool, _, _ = stored_pool(torch.bfloat16)
+    float32_pool, _ = filled_pool("auto", RANKS)
+    few = torch.tensor([MERGED] * 4 + [0, 1, 3, 4] * 4)  # 16 foreign tokens
+    many = torch.tensor([MERGED] * 4 + [0, 1, 3, 4] * 4 + [5])  # 17
+
+    def is_float32(plan: object) -> bool:
+        return isinstance(plan, FusedMergedBatch) and plan.float32
+
+    assert is_float32(fused_plan(few, MERGED, pool.layout, "auto"))
+    assert not is_float32(fused_plan(many, MERGED, pool.layout, "auto"))
+    assert is_float32(fused_plan(many, MERGED, pool.layout, "auto", float32_max_tokens=17))
+    assert not is_float32(fused_plan(few, MERGED, float32_pool.layout, "auto"))
+    for backend in ("masked", "grouped"):
+        assert not is_float32(fused_plan(few, MERGED, pool.layout, backend))
+
+
+def test_the_merged_applier_keeps_the_negative_copy_in_float32_once() -> None:
+    pool, negative, _ = stored_pool(torch.bfloat16)
+    with pytest.raises(ValueError, match="float32_max_tokens -1 is invalid"):
+        MergedLoraApplier(pool, MERGED, negative, float32_max_tokens=-1)
+    applier = MergedLoraApplier(pool, MERGED, negative)
+    slots = slots_of("skewed80", random.Random(0))
+    batch = applier.prepare(torch.tensor(slots))
+    assert isinstance(batch, FusedMergedBatch) and batch.float32
+    x, out = torch.randn(20, 48).to(torch.bfloat16), torch.zeros(20, 48, dtype=torch.bfloat16)
+    want = apply_fused(x, out.clone(), pool.module_weights(0, "q_proj"),
+                       negative.module_weights(0, "q_proj"), batch)  # fmt: skip
+    for _ in range(2):
+        assert torch.equal(applier.apply(0, "q_proj", x, out.clone(), batch), want)
+    kept = applier._negative32[(0, "q_proj")]
+    assert kept is not None and kept[0].dtype == torch.float32
+    assert list(applier._negative32) == [(0, "q_proj")]
+    off = MergedLoraApplier(pool, MERGED, negative, float32_max_tokens=0).prepare(
+        torch.tensor(slots)
+    )
+    assert isinstance(off, FusedMergedBatch) and not off.float32
