@@ -6,7 +6,8 @@ counted, so an honest reader of a stream a few times larger than the buffers was
 ``max_stream_resumes`` 4 was cut after 2.4 MB).
 
 The engine is a fake that writes at a steady pace far above the client's (the demo engine's pace
-on a loaded machine is not); a pause does not stop it, so the buffer is made large."""
+on a loaded machine is not) and, like the real engine, stops writing while paused: so the
+stream is paused and resumed again and again, whatever the machine's load."""
 
 from __future__ import annotations
 
@@ -15,7 +16,7 @@ import json
 import socket
 import time
 from collections.abc import AsyncIterator, Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from urllib.parse import urlsplit
 
 import pytest
@@ -28,9 +29,9 @@ from loraplex.server.app import create_app
 from loraplex.server.listeners import ConnectionLimits
 
 READ_BYTES_PER_S = 100_000  # the client's steady pace
-NUM_DELTAS = 600  # of WORD_CHARS each: about 0.7 MB of events, written in 2.4 s or more
+NUM_DELTAS = 600  # of WORD_CHARS each: about 0.7 MB of events, written in 0.6 s or more
 WORD_CHARS = 1000
-DELTA_INTERVAL_S = 0.004  # the engine's pace: 250 KB/s of text, 2.5 times the client's
+DELTA_INTERVAL_S = 0.001  # the engine's pace: up to 1 MB/s of text, 10 times the client's
 MAX_RESUMES = 1
 WAIT_S = 60.0
 
@@ -38,12 +39,24 @@ WAIT_S = 60.0
 @dataclass
 class PacedEngine(FakeEngine):
     """Writes ``NUM_DELTAS`` deltas of ``WORD_CHARS`` characters, one every
-    ``DELTA_INTERVAL_S``: still writing while the client falls behind, paused and resumed."""
+    ``DELTA_INTERVAL_S`` while not paused: the client falls behind, is paused and resumed."""
+
+    flowing: asyncio.Event = field(default_factory=asyncio.Event)
+
+    async def pause(self, request_id: str) -> None:
+        await super().pause(request_id)
+        self.flowing.clear()
+
+    async def resume(self, request_id: str) -> None:
+        await super().resume(request_id)
+        self.flowing.set()
 
     async def _stream(self, request: EngineRequest) -> AsyncIterator[TokenDelta]:
         self.requests.append(request)
+        self.flowing.set()
         num_prompt = len(request.prompt_token_ids)
         for count in range(1, NUM_DELTAS + 1):
+            await self.flowing.wait()
             last = count == NUM_DELTAS
             yield TokenDelta((65,), "a" * WORD_CHARS, "length" if last else None, num_prompt, count)
             await asyncio.sleep(DELTA_INTERVAL_S)
