@@ -45,7 +45,7 @@ def namespace_of(tenant: str, key: AdapterKey | None) -> str:
 
 @dataclass
 class _Sequence:
-    namespace: str  # prefix-reuse scope: adapter revision identity or BASE_NAMESPACE
+    namespace: str  # prefix-reuse scope: its tenant and adapter revision (``namespace_of``)
     blocks: list[int] = field(default_factory=list)  # block table: position // block_size -> block
     num_hashed: int = 0  # leading full blocks whose digests are registered
     digest: bytes = b""  # chain digest of the last hashed block
