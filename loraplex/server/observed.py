@@ -134,9 +134,3 @@ async def _aclose(stream: AsyncIterator[TokenDelta]) -> None:
     close = getattr(stream, "aclose", None)
     if close is not None:
         await close()
-
-
-async def close_quietly(stream: AsyncIterator[TokenDelta]) -> None:
-    """Closes a stream at once (not whenever the garbage collector gets to it)."""
-    with anyio.CancelScope(shield=True):
-        await _aclose(stream)
