@@ -46,6 +46,10 @@ def calibrate_fleet_command(
     contention_rounds: Annotated[
         int, typer.Option(help="Rounds per in-flight count (their median throughput).")
     ] = 3,
+    contention_adapters: Annotated[
+        int | None,
+        typer.Option(help="Adapters the contention rounds spread over (default: one per replica)."),
+    ] = None,
     report: Report = None,
     asset_dir: Annotated[
         Path, typer.Option(help="Demo assets cache (base model <dir>/test-small).")
@@ -65,6 +69,7 @@ def calibrate_fleet_command(
             prefill_lengths=ints(prefill_lengths, "--prefill-lengths"),
             in_flight=ints(in_flight, "--in-flight"),
             contention_rounds=contention_rounds,
+            contention_adapters=contention_adapters,
         )
         base_model = load(base)
     except (ValueError, OSError) as exc:

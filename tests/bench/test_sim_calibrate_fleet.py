@@ -60,10 +60,11 @@ def _config(**fields: Any) -> FleetCalibrateConfig:
 def test_warms_then_keeps_only_warm_samples(monkeypatch: pytest.MonkeyPatch) -> None:
     sent = _fake_ingress(monkeypatch, cold_first=2)
     config = _config(requests=3, prefill_lengths=(8, 32), in_flight=(1, 2))
-    samples, rounds, left_out = _measure(
+    samples, rounds, left_out, where = _measure(
         "http://x", "key", ADAPTERS, sizes=SIZES, config=config, drive=DRIVE
     )
     assert left_out == 0
+    assert where == {"adapters": ["r8", "r64"], "warmed": None, "replica_l0_counts": None}
     lone = 2 * (3 + 2 * 3 + 3)  # 3 warming (2 cold, 1 warm) + prefills + decodes
     per_client = calibrate_fleet.CONTENTION_PER_CLIENT
     assert len(sent["all"]) == lone + (1 + 2) * per_client
@@ -79,7 +80,7 @@ def test_warms_then_keeps_only_warm_samples(monkeypatch: pytest.MonkeyPatch) -> 
 def test_failed_and_cold_requests_are_left_out(monkeypatch: pytest.MonkeyPatch) -> None:
     _fake_ingress(monkeypatch, cold_first=7, fail_every=5)  # not warm within the 6 tries
     config = _config(requests=2, prefill_lengths=(8,))
-    samples, _, left_out = _measure(
+    samples, _, left_out, _ = _measure(
         "http://x", "key", ADAPTERS[:1], sizes=SIZES, config=config, drive=DRIVE
     )
     # 6 warming tries (cold), then prefills 7 (cold) and 8, decodes 9 and 10 (failed)
@@ -109,10 +110,46 @@ def test_the_lone_requests_are_paced_by_the_lone_servers_function(
     assert (len(samples), left_out) == (9, 0)
 
 
+def test_contention_rounds_spread_over_their_own_warmed_adapters(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The rounds' adapters are warmed before the rounds (not before the lone samples), client
+    i sends to adapter i mod n, and the report says how many were warmed and each replica's
+    GPU-slot count just before the rounds."""
+    sent = _fake_ingress(monkeypatch, cold_first=1)
+    config = _config(requests=2, prefill_lengths=(8,), in_flight=(1, 4), replicas=3)
+    own = calibrate_fleet.contention_adapters(config)
+    assert [(a.name, a.rank) for a in own] == [("c0", 8), ("c1", 8), ("c2", 8)]
+    looked: list[int] = []
+
+    def residency() -> list[int]:
+        looked.append(len(sent["all"]))
+        return [1, 2, 1]
+
+    _, rounds, _, where = _measure(
+        "http://x", "key", ADAPTERS[:1], sizes=SIZES, config=config, drive=DRIVE,
+        rounds_adapters=own, residency=residency,
+    )  # fmt: skip
+    assert where == {"adapters": ["c0", "c1", "c2"], "warmed": 3, "replica_l0_counts": [1, 2, 1]}
+    names = [r.adapter for r in sent["all"]]
+    first_round = names.index("c2") + 2  # each c warmed with 2 requests (1 cold, then L0)
+    assert looked == [first_round]
+    assert names[first_round - 6 : first_round] == ["c0", "c0", "c1", "c1", "c2", "c2"]
+    per_client = calibrate_fleet.CONTENTION_PER_CLIENT
+    assert sorted(names[first_round:]) == sorted(
+        ["c0"] * per_client + ["c0", "c1", "c2", "c0"] * per_client
+    )
+    assert [r.in_flight for r in rounds] == [1, 4]
+    assert _config(replicas=2, contention_adapters=5).num_contention_adapters == 5
+    assert _config(replicas=4).num_contention_adapters == 4
+
+
 @pytest.mark.parametrize(
     ("fields", "named"),
     [
         ({"replicas": 1}, "replicas"),
+        ({"contention_adapters": 0}, "contention_adapters"),
+        ({"contention_adapters": 65}, "contention_adapters"),
         ({"output_tokens": 2}, "output_tokens"),
         ({"hop_gap_s": -1.0}, "hop_gap_s"),
         ({"hop_output_tokens": 0}, "hop_output_tokens"),
@@ -129,7 +166,11 @@ def test_config_refuses_bad_fields_by_name(fields: dict[str, Any], named: str) -
 
 @pytest.mark.parametrize(
     ("flags", "named"),
-    [(["--in-flight", "2,4"], "in_flight"), (["--contention-rounds", "0"], "contention_rounds")],
+    [
+        (["--in-flight", "2,4"], "in_flight"),
+        (["--contention-rounds", "0"], "contention_rounds"),
+        (["--contention-adapters", "0"], "contention_adapters"),
+    ],
 )
 def test_calibrate_fleet_refuses_bad_contention_flags(
     tmp_path: Path, flags: list[str], named: str

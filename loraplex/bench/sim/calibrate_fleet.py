@@ -11,9 +11,13 @@ lone server's calibration paces its lone requests (``calibrate_run.paced_request
 of ``hop_output_tokens`` tokens per prompt length (prefill samples, their TTFT), and
 ``requests`` of ``output_tokens`` tokens (decode samples, their TPOT). Last, for each of
 ``in_flight`` (1, 2, 4, 8): ``contention_rounds`` rounds of that many clients, each sending
-``CONTENTION_PER_CLIENT`` requests back to back over both adapters (a closed loop: the count in
-flight stays put), the round's completed requests over its wall time. None of it is a trace
-``bench sim`` validates.
+``CONTENTION_PER_CLIENT`` requests back to back (a closed loop: the count in flight stays put),
+the round's completed requests over its wall time. The rounds' requests go to
+``contention_adapters`` rank-8 adapters of their own (one per replica unless set), each warmed
+first, client ``i`` on adapter ``i mod n``, so the router can spread the rounds over every
+replica as a trace's tail spreads (before, the rounds used the two lone adapters, so at most two
+replicas took them); how many adapters each replica then held in a GPU slot is in the report.
+None of it is a trace ``bench sim`` validates.
 """
 
 from __future__ import annotations
@@ -25,7 +29,7 @@ import platform
 import random
 import tempfile
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Any
@@ -68,6 +72,7 @@ class FleetCalibrateConfig:
     hop_output_tokens: int = HOP_OUTPUT_TOKENS  # tokens of each lone prefill request
     in_flight: tuple[int, ...] = (1, 2, 4, 8)  # requests in flight of the contention rounds
     contention_rounds: int = 3  # rounds per in-flight count (their median throughput)
+    contention_adapters: int | None = None  # adapters of the rounds; None: one per replica
     request_timeout_s: float = 30.0
     seed: int = 0
 
@@ -80,6 +85,10 @@ class FleetCalibrateConfig:
             raise ValueError(
                 f"contention_rounds {self.contention_rounds} is invalid; expected >= 1"
             )
+        if self.contention_adapters is not None and not 1 <= self.contention_adapters <= 64:
+            raise ValueError(
+                f"contention_adapters {self.contention_adapters} is invalid; expected 1 to 64"
+            )
         if self.replicas < 2:
             raise ValueError(f"replicas {self.replicas} is invalid; expected >= 2 (a fleet)")
         if self.requests < 2:
@@ -88,6 +97,18 @@ class FleetCalibrateConfig:
             raise ValueError(f"prefill_lengths {self.prefill_lengths} is invalid; expected >= 1")
         if self.output_tokens < 3:
             raise ValueError(f"output_tokens {self.output_tokens} is invalid; expected >= 3")
+
+    @property
+    def num_contention_adapters(self) -> int:
+        return self.replicas if self.contention_adapters is None else self.contention_adapters
+
+
+def contention_adapters(config: FleetCalibrateConfig) -> list[TraceAdapter]:
+    """The rounds' own adapters: rank 8, attention targets, one tenant with the lone ones."""
+    return [
+        TraceAdapter(TENANT, f"c{i}", 8, ATTENTION_TARGETS)
+        for i in range(config.num_contention_adapters)
+    ]
 
 
 def usable_cores() -> int:
@@ -199,34 +220,52 @@ def _contention_samples(
     return samples
 
 
+def _warm_up(
+    url: str, key: str, adapter: TraceAdapter, *, rng: random.Random, drive: DriveConfig
+) -> bool:
+    """Requests until one is served from a GPU slot (at most ``WARM_TRIES``); False: none was."""
+    for _ in range(WARM_TRIES):
+        if asyncio.run(_lone(url, key, adapter, length=8, rng=rng, drive=drive)) == "L0":
+            return True
+    return False
+
+
 def _measure(
     url: str, key: str, adapters: Sequence[TraceAdapter], *,
     sizes: dict[tuple[str, str], int], config: FleetCalibrateConfig, drive: DriveConfig,
-) -> tuple[list[FleetSample], list[ContentionSample], int]:  # fmt: skip
-    """The lone samples, the contention rounds, and the lone requests that failed or were not
-    served warm (left out)."""
+    rounds_adapters: Sequence[TraceAdapter] = (),
+    residency: Callable[[], list[int]] | None = None,
+) -> tuple[list[FleetSample], list[ContentionSample], int, dict[str, Any]]:  # fmt: skip
+    """The lone samples, the contention rounds (on ``rounds_adapters``, each warmed first;
+    ``adapters`` when empty), the lone requests that failed or were not served warm (left
+    out), and where the rounds ran: how many of their adapters were warmed, and each replica's
+    GPU-slot count before the rounds (``residency``, when given)."""
     rng = random.Random(config.seed)
     samples: list[FleetSample] = []
     left_out = 0
     for adapter in adapters:
-        for _ in range(WARM_TRIES):
-            tier = asyncio.run(_lone(url, key, adapter, length=8, rng=rng, drive=drive))
-            if tier == "L0":
-                break
+        _warm_up(url, key, adapter, rng=rng, drive=drive)
         nbytes = sizes[(adapter.tenant, adapter.name)]
         kept, lost = _lone_samples(url, key, adapter, nbytes, config=config, drive=drive)
         samples += kept
         left_out += lost
-    rounds = _contention_samples(url, key, adapters, config=config, drive=drive)
-    return samples, rounds, left_out
+    contended = list(rounds_adapters) or list(adapters)
+    warmed = sum(_warm_up(url, key, a, rng=rng, drive=drive) for a in rounds_adapters)
+    where: dict[str, Any] = {
+        "adapters": [a.name for a in contended],
+        "warmed": warmed if rounds_adapters else None,
+        "replica_l0_counts": None if residency is None else residency(),
+    }
+    rounds = _contention_samples(url, key, contended, config=config, drive=drive)
+    return samples, rounds, left_out, where
 
 
 def measure_fleet(
     config: FleetCalibrateConfig, asset_dir: Path
-) -> tuple[list[FleetSample], list[ContentionSample], int]:
+) -> tuple[list[FleetSample], list[ContentionSample], int, dict[str, Any]]:
     """Lone warm requests through a fresh local demo fleet (module docstring)."""
     from loraplex.artifacts.base_model import BaseModelSpec
-    from loraplex.bench.fleet.cluster import deployed, local_cluster
+    from loraplex.bench.fleet.cluster import deployed, fleet_state, local_cluster
     from loraplex.bench.serve.fleet import drop_page_cache, prepare_fleet
     from loraplex.bench.sim.bench import adapter_sizes
     from loraplex.bench.sim.validate import fleet_settings
@@ -238,6 +277,7 @@ def measure_fleet(
     adapters = [
         TraceAdapter(TENANT, f"r{rank}", rank, ATTENTION_TARGETS) for rank in (8, MAX_LORA_RANK)
     ]
+    rounds_adapters = contention_adapters(config)
     sizes, _ = adapter_sizes(model_dir, adapters)
     settings = RealSettings(replicas=config.replicas, request_timeout_s=config.request_timeout_s)
     drive = DriveConfig(
@@ -245,22 +285,30 @@ def measure_fleet(
     )
     with tempfile.TemporaryDirectory(prefix="loraplex-sim-fleetcal-") as tmp:
         root = Path(tmp)
-        registry = prepare_fleet(root / "registry", model_dir, adapters, MAX_LORA_RANK, config.seed)
+        registry = prepare_fleet(
+            root / "registry", model_dir, [*adapters, *rounds_adapters], MAX_LORA_RANK, config.seed
+        )
         with local_cluster(1) as port:
             url = f"http://127.0.0.1:{port}"
             fleet = fleet_settings(registry, settings, root / "fleet", port)
             drop_page_cache(registry.store)
+
+            def residency() -> list[int]:
+                state = fleet_state(url, registry.admin_key)
+                return [r["tiers"]["l0"]["count"] for r in state["replicas"]]
+
             with deployed(fleet, url, registry.admin_key):
                 return _measure(
-                    url, registry.keys[TENANT], adapters, sizes=sizes, config=config, drive=drive
-                )
+                    url, registry.keys[TENANT], adapters, sizes=sizes, config=config, drive=drive,
+                    rounds_adapters=rounds_adapters, residency=residency,
+                )  # fmt: skip
 
 
 def calibrate_fleet(
     base: CostModel, config: FleetCalibrateConfig, asset_dir: Path, command: str
 ) -> tuple[CostModel, dict[str, Any]]:
     """``base`` with the fleet's terms measured on a local demo fleet, and the samples."""
-    samples, rounds, left_out = measure_fleet(config, asset_dir)
+    samples, rounds, left_out, rounds_where = measure_fleet(config, asset_dir)
     fit = fit_fleet(base, samples)
     contention, raw = fit_contention(rounds)
     cores = usable_cores()
@@ -280,7 +328,8 @@ def calibrate_fleet(
         f"({fit.raw_network_s * 1000:.2f} ms before the floor at 0; {where})",
         "fleet_contention": f"slowdown per request with k requests in flight through the "
         f"fleet: k x X(1) / X(k), X the median over {config.contention_rounds} rounds of k "
-        f"clients each sending {CONTENTION_PER_CLIENT} warm requests back to back "
+        f"clients each sending {CONTENTION_PER_CLIENT} warm requests back to back, client i "
+        f"on adapter i mod {len(rounds_where['adapters'])} (rank 8, one per replica unless set) "
         f"({CONTENTION_PROMPT_TOKENS} prompt, {HOP_OUTPUT_TOKENS} output tokens) of completed "
         f"requests per second; floored at 1 (raw {[round(r, 3) for r in raw]}; {where})",
         "network_jitter_s": "quantiles (every 5 %) of the same requests' TTFT less their "
@@ -293,6 +342,7 @@ def calibrate_fleet(
         "samples": [asdict(s) for s in samples],
         "left_out": left_out,
         "contention": [asdict(r) for r in rounds],
+        "contention_where": rounds_where,
         "contention_raw_stretch": list(raw),
         "fit": asdict(fit),
         "cores": cores,
