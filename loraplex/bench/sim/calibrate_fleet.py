@@ -270,6 +270,7 @@ def measure_fleet(
     from loraplex.bench.sim.bench import adapter_sizes
     from loraplex.bench.sim.validate import fleet_settings
     from loraplex.demo.assets import generate_demo_assets
+    from loraplex.fleet.board import PUSH_INTERVAL_S
 
     assets = generate_demo_assets(asset_dir / "test-small", preset="small", seed=0)
     model_dir = assets.base_model_dir
@@ -294,6 +295,7 @@ def measure_fleet(
             drop_page_cache(registry.store)
 
             def residency() -> list[int]:
+                time.sleep(2 * PUSH_INTERVAL_S)  # every replica's status after the warming
                 state = fleet_state(url, registry.admin_key)
                 return [r["tiers"]["l0"]["count"] for r in state["replicas"]]
 
