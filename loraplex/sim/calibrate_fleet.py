@@ -76,9 +76,9 @@ class ContentionSample:
             raise ValueError(f"ContentionSample {self} is invalid; expected >= 1 and rate > 0")
 
 
-def fit_contention(samples: Sequence[ContentionSample]) -> tuple[Contention, tuple[float, ...]]:
-    """The slowdown per request at each measured ``in_flight`` (module docstring), and the raw
-    values before the floor at 1; refused without one-request rounds and one other count."""
+def round_medians(samples: Sequence[ContentionSample]) -> dict[int, float]:
+    """The median throughput X(k) of the rounds at each ``in_flight`` k, ascending; refused
+    without one-request rounds and one other count."""
     rates: dict[int, list[float]] = defaultdict(list)
     for sample in samples:
         rates[sample.in_flight].append(sample.requests_per_s)
@@ -86,9 +86,15 @@ def fit_contention(samples: Sequence[ContentionSample]) -> tuple[Contention, tup
         raise ValueError(
             f"contention samples cover in_flight {sorted(rates)}; expected 1 and at least one more"
         )
-    lone = statistics.median(rates[1])
-    counts = tuple(sorted(rates))
-    raw = tuple(k * lone / statistics.median(rates[k]) for k in counts)
+    return {k: statistics.median(rates[k]) for k in sorted(rates)}
+
+
+def fit_contention(samples: Sequence[ContentionSample]) -> tuple[Contention, tuple[float, ...]]:
+    """The slowdown per request at each measured ``in_flight`` (module docstring), and the raw
+    values before the floor at 1; refused without one-request rounds and one other count."""
+    medians = round_medians(samples)
+    counts = tuple(medians)
+    raw = tuple(k * medians[1] / medians[k] for k in counts)
     stretch = (1.0, *(max(1.0, r) for r in raw[1:]))
     return Contention(counts, stretch), raw
 

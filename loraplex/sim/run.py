@@ -89,12 +89,14 @@ def simulate(
     cost_model: CostModel,
     *,
     skip_steps: bool = True,
+    keep_outcomes: list[Outcome] | None = None,
 ) -> SimResult:
     """Runs ``trace`` (sorted by ``t_s``) through ``config``'s deployment, charged by
     ``cost_model``; the same inputs give the same result. ``skip_steps`` False steps every
     steady decode batch one event at a time (``sim/decode_run.py``; the same result, slower,
     except with the cost model's ``cores`` or ``fleet_contention``: a run keeps its first step's
-    factor, ``sim/cpu.py``)."""
+    factor, ``sim/cpu.py``). ``keep_outcomes``, when given, receives each request's
+    ``Outcome`` in trace order (the result holds figures only)."""
     clock = ManualClock()
     executor = SimExecutor(clock)
     adapters = trace_adapters(trace, config)
@@ -152,6 +154,8 @@ def simulate(
         replica.cache.check_integrity()
         if replica.num_live:  # every request ends: by finishing, a refusal or its deadline
             raise RuntimeError(f"{replica.replica_id} ended with {replica.num_live} live requests")
+    if keep_outcomes is not None:
+        keep_outcomes.extend(outcomes)
     return _result(trace, config, cost_model, replicas=replicas, fleet=fleet, outcomes=outcomes)
 
 

@@ -43,6 +43,7 @@ from loraplex.bench.sim.calibrate_run import (
     check_pacing,
     paced_requests,
 )
+from loraplex.bench.sim.contention_fit import RoundShape, fit_by_simulation
 from loraplex.bench.sim.validate import MAX_LORA_RANK, RealSettings
 from loraplex.bench.workloads import ATTENTION_TARGETS, TraceAdapter, TraceRequest
 from loraplex.sim.calibrate_fleet import (
@@ -51,7 +52,9 @@ from loraplex.sim.calibrate_fleet import (
     fit_contention,
     fit_fleet,
     fleet_model,
+    round_medians,
 )
+from loraplex.sim.config import SimConfig
 from loraplex.sim.cost_model import CostModel
 
 TENANT = "fleetcal"
@@ -306,13 +309,33 @@ def measure_fleet(
                 )  # fmt: skip
 
 
+def rounds_in_simulator(
+    config: FleetCalibrateConfig, asset_dir: Path
+) -> tuple[SimConfig, RoundShape]:
+    """The fleet ``bench sim`` simulates (this calibration's replicas) and what a contention
+    round sends, for the fit by simulation."""
+    from loraplex.bench.sim.bench import SimBenchConfig, adapter_sizes, sim_config
+    from loraplex.demo.assets import generate_demo_assets
+
+    assets = generate_demo_assets(asset_dir / "test-small", preset="small", seed=0)
+    adapters = contention_adapters(config)
+    sizes, per_rank = adapter_sizes(assets.base_model_dir, adapters)
+    settings = RealSettings(replicas=config.replicas, request_timeout_s=config.request_timeout_s)
+    fields = sim_config(SimBenchConfig(settings=settings), "fleet", per_rank, {})
+    shape = RoundShape(
+        tuple((a.tenant, a.name, a.rank, sizes[(a.tenant, a.name)]) for a in adapters),
+        CONTENTION_PER_CLIENT, CONTENTION_PROMPT_TOKENS, HOP_OUTPUT_TOKENS,
+    )  # fmt: skip
+    return SimConfig(**fields), shape
+
+
 def calibrate_fleet(
     base: CostModel, config: FleetCalibrateConfig, asset_dir: Path, command: str
 ) -> tuple[CostModel, dict[str, Any]]:
     """``base`` with the fleet's terms measured on a local demo fleet, and the samples."""
     samples, rounds, left_out, rounds_where = measure_fleet(config, asset_dir)
     fit = fit_fleet(base, samples)
-    contention, raw = fit_contention(rounds)
+    first, raw = fit_contention(rounds)
     cores = usable_cores()
     machine = machine_record()
     when = datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds")
@@ -333,18 +356,31 @@ def calibrate_fleet(
         f"clients each sending {CONTENTION_PER_CLIENT} warm requests back to back, client i "
         f"on adapter i mod {len(rounds_where['adapters'])} (rank 8, one per replica unless set) "
         f"({CONTENTION_PROMPT_TOKENS} prompt, {HOP_OUTPUT_TOKENS} output tokens) of completed "
-        f"requests per second; floored at 1 (raw {[round(r, 3) for r in raw]}; {where})",
+        f"requests per second; floored at 1 (raw {[round(r, 3) for r in raw]}; {where}); "
+        f"then fitted by simulation: each point rescaled until the simulator replaying the rounds "
+        f"reproduces X(k) / X(1) (bench/sim/contention_fit.py; first pass and fit in the report)",
         "network_jitter_s": "quantiles (every 5 %) of the same requests' TTFT less their "
         "prompt length and adapter's median; a fleet's hop draws from them",
         "cores": f"the CPU cores the calibrating process may run on (sched_getaffinity), where "
         f"the fleet's processes ran ({where})",
     }
-    model = fleet_model(base, fit, cores, sources, contention)
+    first_model = fleet_model(base, fit, cores, sources, first)
+    sim_config, shape = rounds_in_simulator(config, asset_dir)
+    fitted = fit_by_simulation(first_model, sim_config, shape, round_medians(rounds), first)
+    model = replace(first_model, fleet_contention=fitted.contention)
     report = {
         "samples": [asdict(s) for s in samples],
         "left_out": left_out,
         "contention": [asdict(r) for r in rounds],
         "contention_where": rounds_where,
+        "contention_first_pass": list(first.stretch),
+        "contention_fit": {
+            "iterations": fitted.iterations,
+            "measured": fitted.measured,
+            "simulated_first_pass": fitted.simulated_first,
+            "simulated_fitted": fitted.simulated_fitted,
+            "worst_gap": fitted.worst_gap,
+        },
         "contention_raw_stretch": list(raw),
         "fit": asdict(fit),
         "cores": cores,
