@@ -34,15 +34,14 @@ from loraplex.model.llama import LlamaModel
 from loraplex.model.lora import LoraSlotPool
 from loraplex.ops.base import LoraBatch, ModuleLoraWeights, Strategy
 from loraplex.ops.merged_op import (
-    FLOAT32_MAX_TOKENS,
     FUSED_BACKENDS,
-    Float32Pair,
     FusedMergedBatch,
     apply_fused,
     fused_plan,
     negative_float32,
 )
-from loraplex.ops.torch_ops import AutoBackend
+from loraplex.ops.plan import FLOAT32_MAX_TOKENS
+from loraplex.ops.torch_ops import AutoBackend, Float32Pair
 
 _ATTENTION = ("q_proj", "k_proj", "v_proj", "o_proj")
 

@@ -229,6 +229,9 @@ class LoraBatch:
     active_tables: tuple[bool, ...] = ()  # per table: some active slot has a LoRA pair there
     grid: BlockPlan | None = None  # BATCHED: the row blocks and where each token goes
     classes: BlockSet | None = None  # BATCHED without one grid: the blocks per rank class
+    # GROUPED, gathered (``order`` set): the runs in float32, added to ``out``'s rows with one
+    # rounding (16-bit weights on a CPU, few adapter tokens: plan.runs_in_float32)
+    float32: bool = False
 
     @property
     def adds_nothing(self) -> bool:

@@ -22,12 +22,13 @@ bound by the adapter rows it reads, which merging does not reduce while foreign 
 (the negative copy has the merged adapter's rows).
 
 In float32, on a CPU, when the weights are 16-bit and the foreign tokens few (``auto`` only, at
-most ``FLOAT32_MAX_TOKENS``): there a skinny bfloat16 matmul costs about 20 us whatever its
-size (oneDNN's per-call cost on this project's Xeon) against 3-5 us for float32's, so the
-gathered tokens, their own adapters' rows (converted per step: a few thousand elements a run)
-and the negative copy (converted once per merge, its scale folded in: ``negative_float32``) are
+most ``FLOAT32_MAX_TOKENS``; the rule the unmerged ``auto`` op applies to its adapter tokens,
+plan.runs_in_float32): there a skinny bfloat16 matmul costs about 20 us whatever its size
+(oneDNN's per-call cost on this project's Xeon) against 3-5 us for float32's, so the gathered
+tokens, their own adapters' rows (converted per step: a few thousand elements a run) and the
+negative copy (converted once per merge, its scale folded in: ``negative_float32``) are
 multiplied in float32 and the sum is added to ``out``'s rows once, in float32, with one
-rounding to the model dtype (docs/modes.md, "Eleventh pass").
+rounding to the model dtype (torch_ops.apply_float32; docs/modes.md, "Eleventh pass").
 """
 
 from __future__ import annotations
@@ -38,24 +39,20 @@ import torch
 
 from loraplex.ops.base import ArenaLayout, LoraBatch, ModuleLoraWeights, Strategy
 from loraplex.ops.plan import (
+    FLOAT32_MAX_TOKENS,
     active_slot_tokens,
     active_tables,
     bits_of,
     masked_batch,
     none_batch,
+    runs_in_float32,
     segments_of,
 )
 from loraplex.ops.policy import AutoPolicy, StepShape
-from loraplex.ops.torch_ops import add_runs
+from loraplex.ops.torch_ops import Float32Pair, add_runs, apply_float32
 
 # Backends whose computations are plain torch ops: the negative pass can ride them.
 FUSED_BACKENDS = frozenset({"auto", "grouped", "masked"})
-# Most foreign tokens a 16-bit CPU step gathers into float32 (``auto``): measured per module on
-# both presets, float32 halves the pass at 4 foreign tokens and loses from about 32 on the large
-# preset's widths, where bfloat16's matmuls amortise their per-call cost.
-FLOAT32_MAX_TOKENS = 16
-
-Float32Pair = tuple[torch.Tensor, torch.Tensor]  # (A.T, scale * B^T) in float32
 
 
 @dataclass(frozen=True)
@@ -66,8 +63,6 @@ class FusedMergedBatch(LoraBatch):
     segments index ``x`` itself (runs in place) and only the negative pass gathers."""
 
     foreign: torch.Tensor | None = None  # [num_foreign] int64 positions of the foreign tokens
-    # GROUPED, gathered: the pass runs in float32 (16-bit weights on a CPU, few foreign tokens)
-    float32: bool = False
 
 
 def fused_plan(
@@ -92,7 +87,7 @@ def fused_plan(
     sub = token_slots[others]
     tokens = active_slot_tokens(sub, layout)
     slots = list(tokens)
-    if backend == "auto" and len(sub) <= float32_max_tokens and half_on_cpu(layout):
+    if backend == "auto" and runs_in_float32(len(sub), layout, float32_max_tokens):
         return _gathered_plan(token_slots, others, layout, slots, float32=True)
     if slots and backend != "grouped":
         shape = StepShape.of(len(sub), tokens, layout)
@@ -168,12 +163,6 @@ def _gathered_plan(
     )
 
 
-def half_on_cpu(layout: ArenaLayout) -> bool:
-    """16-bit weights on a CPU, where skinny matmuls of that dtype cost most (see top)."""
-    scales = layout.row_scale
-    return scales.device.type == "cpu" and scales.element_size() == 2
-
-
 def negative_float32(negative: ModuleLoraWeights) -> Float32Pair | None:
     """The negative copy's ``(A.T, scale * B^T)`` in float32; None where it has no rows."""
     merged = negative.slots[0]
@@ -208,7 +197,7 @@ def apply_fused(
         return _apply_in_place(x, out, weights, negative, batch)
     if batch.float32:
         pair = negative32 if negative32 is not None else negative_float32(negative)
-        return _apply_float32(x, out, weights, batch, pair)
+        return apply_float32(x, out, weights, batch, pair)
     source = x.index_select(0, order)
     if batch.strategy is Strategy.MASKED and own:
         if batch.mask is None or batch.misses is None:
@@ -244,34 +233,3 @@ def _apply_in_place(
         delta = torch.mm(torch.mm(x.index_select(0, foreign), lora_a_t), lora_b_t)
         out.index_add_(0, foreign, delta, alpha=merged.scale)
     return out
-
-
-def _apply_float32(
-    x: torch.Tensor,
-    out: torch.Tensor,
-    weights: ModuleLoraWeights,
-    batch: FusedMergedBatch,
-    negative32: Float32Pair | None,
-) -> torch.Tensor:
-    """The gathered pass in float32: own runs (their rows converted here) and the negative
-    pair, summed, then added to ``out``'s rows in float32 and rounded once (``order`` holds
-    each foreign token once, so the rows are copied back, not accumulated)."""
-    order = batch.foreign
-    if order is None:
-        raise ValueError("a float32 fused batch needs its foreign tokens; expected fused_plan")
-    source = x.index_select(0, order).float()
-    if negative32 is not None:
-        target = torch.mm(torch.mm(source, negative32[0]), negative32[1])
-    else:
-        target = source.new_zeros((order.numel(), out.shape[1]))
-    if batch.active_tables[weights.table_index]:
-        for segment in batch.segments:
-            rows = weights.slots[segment.slot]
-            if rows.rank == 0:
-                continue
-            lora_a_t, lora_b_t = weights.pair(rows)
-            hidden = torch.mm(source[segment.start : segment.end], lora_a_t.float())
-            run = target[segment.start : segment.end]
-            run.addmm_(hidden, lora_b_t.float(), alpha=rows.scale)
-    target.add_(out.index_select(0, order))
-    return out.index_copy_(0, order, target.to(out.dtype))

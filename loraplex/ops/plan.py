@@ -74,26 +74,62 @@ def segments_of(sorted_slots: torch.Tensor, active_bits: int) -> tuple[Segment, 
     return tuple(segments)
 
 
+# Most tokens a 16-bit CPU step's LoRA pass multiplies in float32 (``auto``: the unmerged op's
+# adapter tokens, the merged op's foreign tokens): measured per module on both presets, float32
+# halves the merged pass at 4 foreign tokens and loses from about 32 on the large preset's
+# widths, where bfloat16's matmuls amortise their per-call cost (docs/modes.md, eleventh and
+# twelfth passes).
+FLOAT32_MAX_TOKENS = 16
+
+
+def half_on_cpu(layout: ArenaLayout) -> bool:
+    """16-bit weights on a CPU, where a skinny matmul of that dtype costs about 20 us whatever
+    its size (oneDNN's per-call cost on this project's Xeon) against 3-5 us for float32's."""
+    scales = layout.row_scale
+    return scales.device.type == "cpu" and scales.element_size() == 2
+
+
+def runs_in_float32(num_tokens: int, layout: ArenaLayout, max_tokens: int) -> bool:
+    """Whether a step whose LoRA pass covers ``num_tokens`` tokens runs it in float32: 16-bit
+    weights on a CPU and at most ``max_tokens`` of them (the rule both torch ops share)."""
+    return num_tokens <= max_tokens and half_on_cpu(layout)
+
+
 def grouped_batch(token_slots: torch.Tensor, layout: ArenaLayout, slots: list[int]) -> LoraBatch:
     """Tokens grouped in runs per slot; sorted (stable) only when a slot's tokens are scattered."""
     bits = bits_of(slots)
     segments = segments_of(token_slots, bits)
-    order = None
     if len(segments) > len(slots):
-        # Keep only adapter tokens: base-only tokens never enter the grouped computation.
-        wanted = torch.tensor(slots, dtype=torch.int64, device=token_slots.device)
-        keep = torch.nonzero(torch.isin(token_slots, wanted)).flatten()
-        by_slot = torch.argsort(token_slots[keep], stable=True)
-        order = keep[by_slot]
-        segments = segments_of(token_slots[order], bits)
+        return gathered_batch(token_slots, layout, slots)
     return LoraBatch(
         token_slots,
         int(token_slots.numel()),
         Strategy.GROUPED,
         active_bits=bits,
         segments=segments,
+        active_tables=active_tables(layout, bits),
+    )
+
+
+def gathered_batch(
+    token_slots: torch.Tensor, layout: ArenaLayout, slots: list[int], *, float32: bool = False
+) -> LoraBatch:
+    """GROUPED over the adapter tokens gathered and sorted by slot (stable): one run per slot;
+    ``float32``: the runs computed in float32 (:func:`runs_in_float32`)."""
+    bits = bits_of(slots)
+    # Keep only adapter tokens: base-only tokens never enter the grouped computation.
+    wanted = torch.tensor(slots, dtype=torch.int64, device=token_slots.device)
+    keep = torch.nonzero(torch.isin(token_slots, wanted)).flatten()
+    order = keep[torch.argsort(token_slots[keep], stable=True)]
+    return LoraBatch(
+        token_slots,
+        int(token_slots.numel()),
+        Strategy.GROUPED,
+        active_bits=bits,
+        segments=segments_of(token_slots[order], bits),
         order=order,
         active_tables=active_tables(layout, bits),
+        float32=float32,
     )
 
 

@@ -9,7 +9,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from loraplex.ops.base import ArenaLayout, Strategy
-from loraplex.ops.plan import block_grid, covered_rows, rank_classes
+from loraplex.ops.plan import block_grid, covered_rows, half_on_cpu, rank_classes
 
 
 @dataclass(frozen=True)
@@ -56,7 +56,7 @@ class StepShape:
             sum(count * layout.slot_rows[slot] for slot, count in tokens.items()),
             spanned,
             padded,
-            scales.device.type == "cpu" and scales.element_size() == 2,
+            half_on_cpu(layout),
             scales.device.type != "cpu",
             groups,
             gathered,

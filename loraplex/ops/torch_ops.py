@@ -15,7 +15,12 @@
   (cut into runs that do), which a strided view reads in place; every adapter token is
   gathered once into a padded input and added back with one ``index_add_``.
 - ``auto``: picks one of them per step from the step's shape (see
-  :class:`~loraplex.ops.policy.AutoPolicy`).
+  :class:`~loraplex.ops.policy.AutoPolicy`); on a CPU with 16-bit weights, a grouped step of
+  two runs or more with at most ``FLOAT32_MAX_TOKENS`` adapter tokens (decode of a small
+  batch) has them gathered, each run's rows converted, and the runs computed in float32
+  (``apply_float32``), as the merged op's foreign tokens are (ops/merged_op.py), because a
+  skinny matmul in bfloat16 / float16 costs about 15-20 us a call there against 3-5 us in
+  float32 (docs/modes.md, eleventh and twelfth passes).
 """
 
 from __future__ import annotations
@@ -31,16 +36,21 @@ from loraplex.ops.base import (
     Strategy,
 )
 from loraplex.ops.plan import (
+    FLOAT32_MAX_TOKENS,
     active_slot_tokens,
     active_slots,
     batched_batch,
     blocked_batch,
     check_token_slots,
+    gathered_batch,
     grouped_batch,
     masked_batch,
     none_batch,
+    runs_in_float32,
 )
 from loraplex.ops.policy import AutoPolicy, StepShape
+
+Float32Pair = tuple[torch.Tensor, torch.Tensor]  # (A.T, scale * B^T) in float32
 
 
 def apply_masked(
@@ -77,6 +87,8 @@ def add_runs(
 def apply_grouped(
     x: torch.Tensor, out: torch.Tensor, weights: ModuleLoraWeights, batch: LoraBatch
 ) -> torch.Tensor:
+    if batch.float32:
+        return apply_float32(x, out, weights, batch)
     order = batch.order
     source = x if order is None else x.index_select(0, order)
     target = out if order is None else out.new_zeros((order.numel(), out.shape[1]))
@@ -84,6 +96,39 @@ def apply_grouped(
     if order is not None:
         out.index_add_(0, order, target)
     return out
+
+
+def apply_float32(
+    x: torch.Tensor,
+    out: torch.Tensor,
+    weights: ModuleLoraWeights,
+    batch: LoraBatch,
+    every: Float32Pair | None = None,
+) -> torch.Tensor:
+    """A gathered GROUPED batch's runs in float32: the gathered tokens and each run's rows
+    converted (rank x (d_in + d_out) elements a run), the delta summed with ``out``'s rows in
+    float32 and rounded once to ``out``'s dtype (``order`` holds each token once, so the rows
+    are copied back, not accumulated). ``every``: a float32 pair, its scale folded in, added for
+    every gathered token first (the merged op's negative copy)."""
+    order = batch.order
+    if order is None:
+        raise ValueError("a float32 batch needs its gathered tokens; expected gathered_batch")
+    source = x.index_select(0, order).float()
+    if every is not None:
+        target = torch.mm(torch.mm(source, every[0]), every[1])
+    else:
+        target = source.new_zeros((order.numel(), out.shape[1]))
+    if batch.active_tables[weights.table_index]:
+        for segment in batch.segments:
+            rows = weights.slots[segment.slot]
+            if rows.rank == 0:
+                continue
+            lora_a_t, lora_b_t = weights.pair(rows)
+            hidden = torch.mm(source[segment.start : segment.end], lora_a_t.float())
+            run = target[segment.start : segment.end]
+            run.addmm_(hidden, lora_b_t.float(), alpha=rows.scale)
+    target.add_(out.index_select(0, order))
+    return out.index_copy_(0, order, target.to(out.dtype))
 
 
 def apply_batched(
@@ -219,12 +264,18 @@ class BatchedBackend:
 class AutoBackend:
     """The cheapest computation for each step's shape (:class:`AutoPolicy`): masked for
     launch-bound steps over scattered ranks, batched over slots on one row grid, grouped for
-    long runs."""
+    long runs; grouped in float32 on a CPU with 16-bit weights when a grouped step has two runs
+    or more and at most ``float32_max_tokens`` adapter tokens (0: never)."""
 
     name = "auto"
 
-    def __init__(self, policy: AutoPolicy | None = None) -> None:
+    def __init__(
+        self, policy: AutoPolicy | None = None, float32_max_tokens: int = FLOAT32_MAX_TOKENS
+    ) -> None:
+        if float32_max_tokens < 0:
+            raise ValueError(f"float32_max_tokens {float32_max_tokens} is invalid; expected >= 0")
         self.policy = policy or AutoPolicy()
+        self.float32_max_tokens = float32_max_tokens
 
     def prepare(self, token_slots: torch.Tensor, layout: ArenaLayout) -> LoraBatch:
         check_token_slots(token_slots, len(layout.slot_rows))
@@ -238,6 +289,13 @@ class AutoBackend:
             return masked_batch(token_slots, layout, slots)
         if strategy is Strategy.BATCHED:
             return batched_or_blocked(token_slots, layout, tokens, shape)
+        # NOTE: only in place of grouped, and over two runs or more: masked's few matmuls over
+        # many distinct slots, and one run's single pair, measured faster in the dtype than the
+        # float32 pass with its gather, conversions and copy back (docs/modes.md, twelfth pass)
+        if len(slots) > 1 and runs_in_float32(
+            sum(tokens.values()), layout, self.float32_max_tokens
+        ):
+            return gathered_batch(token_slots, layout, slots, float32=True)
         return grouped_batch(token_slots, layout, slots)
 
     def apply(
