@@ -36,6 +36,8 @@ class PauseCounts:
 
     num_pauses: int = 0  # requests taken out of scheduling
     num_resumes: int = 0  # paused requests put back
+    num_kept: int = 0  # pauses that kept the request's KV sequence (``kept_kv``)
+    num_kept_dropped: int = 0  # kept sequences freed before their requests ran again
 
 
 def queue_view(
