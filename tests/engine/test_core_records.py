@@ -250,6 +250,7 @@ def test_a_paused_stream_that_kept_its_kv_resumes_with_no_recompute_and_the_same
     assert _token_ids(rig.out["paused"]) == _token_ids(rig.out["whole"])
     assert len(_token_ids(rig.out["whole"])) == 20
     assert core.scheduler.blocks.usage == 0 and core.scheduler.num_kept_kv_blocks == 0
+    assert (core.view.num_pauses_kv_kept, core.view.num_paused_kv_freed) == (1, 0)
     core.scheduler.check_integrity()
 
 

@@ -72,8 +72,7 @@ def test_a_resumed_request_that_kept_its_kv_computes_only_its_last_token(fractio
     assert driver.blocks.usage == 0
     stats = driver.scheduler.make_stats()
     assert (stats.num_pauses, stats.num_resumes) == (1, 1)
-    counts = driver.scheduler.pause_counts
-    assert (counts.num_kept, counts.num_kept_dropped) == ((1, 0) if fraction else (0, 0))
+    assert (stats.num_pauses_kv_kept, stats.num_paused_kv_freed) == (int(fraction > 0), 0)
 
 
 def test_running_work_takes_a_kept_sequences_blocks_before_preempting_anyone() -> None:

@@ -11,6 +11,8 @@ Invariants:
   resumed or retired. Its KV sequence is kept while ``kept_kv`` allows (resumed, it decodes on
   with nothing recomputed; the planner frees kept sequences first when blocks run short), and
   freed as by a preemption otherwise (recomputed after ``resume``).
+- Only a request kept across a pause (``kept_kv``: paused, or resumed and not yet admitted
+  again) holds a KV sequence outside ``running`` (``check_integrity``).
 - Retiring a request (``finish``) frees its KV blocks and releases its lease.
 """
 
