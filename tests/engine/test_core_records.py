@@ -63,6 +63,7 @@ class Rig:
                 self.woke.wait(0.2)
                 self.woke.clear()
             self.core.check_integrity()
+            self.core.scheduler.check_integrity()  # kept KV and the blocks' own invariants
 
     def live(self, request_id: str) -> bool:
         return request_id in self.core.scheduler.requests
