@@ -165,7 +165,7 @@ def serve_command(
     ] = None,
     max_stream_resumes: Annotated[
         int | None,
-        Opt(help="Times a paused stream may resume (each recomputes it) before it is cut (16)."),
+        Opt(help="Times a paused stream may resume after a stall before it is cut (16)."),
     ] = None,
 ) -> None:
     """Serve the base model and its adapters over an OpenAI-compatible HTTP API."""

@@ -55,6 +55,11 @@ class SchedulerConfig:
     # work within this many times the next busiest tenant's (at least one; the rest keep their
     # seats and run in the next steps). 0: off, every running sequence decodes every step.
     step_work_ratio: float = 1.0
+    # Paused requests (their consumers stopped reading) keep their KV blocks, so that a resume
+    # recomputes nothing, while the blocks all of them keep stay within this fraction of the
+    # cache (``sched.kept_kv``); freed first whenever other work needs blocks. 0: a pause
+    # frees its blocks, recomputed on resume.
+    max_paused_kv_fraction: float = 0.25
 
     def __post_init__(self) -> None:
         check_finite(self)
@@ -85,6 +90,10 @@ class SchedulerConfig:
             raise ValueError(f"step_work_ratio {self.step_work_ratio} is invalid; expected >= 0")
         if self.retry_hint_s < 0:
             raise ValueError(f"retry_hint_s {self.retry_hint_s} is invalid; expected >= 0")
+        if not 0 <= self.max_paused_kv_fraction <= 1:
+            raise ValueError(
+                f"max_paused_kv_fraction {self.max_paused_kv_fraction} is invalid; expected 0 to 1"
+            )
 
     @property
     def reserve_seqs(self) -> int:

@@ -115,7 +115,8 @@ class EngineCore:
 
     def pause(self, request_id: str) -> None:
         """Its consumer stopped reading: not scheduled until ``resume`` (``Scheduler.pause``:
-        its lease released, so the tier its first delta reports is the next lease's);
+        its lease released, so the tier its first delta reports is the next lease's; its KV
+        kept while ``sched/kept_kv.py`` allows);
         unknown ids (retired meanwhile): no-op."""
         req = self.scheduler.requests.get(request_id)
         if req is not None and self.scheduler.pause(req):
@@ -123,7 +124,8 @@ class EngineCore:
             self.view = self.scheduler.make_stats()
 
     def resume(self, request_id: str) -> None:
-        """Its consumer reads again: scheduled as a preempted request; not paused: no-op."""
+        """Its consumer reads again: queued at its tenant's head, to run on its kept KV or
+        recompute as a preempted request; not paused: no-op."""
         if self.scheduler.resume(request_id):
             self.view = self.scheduler.make_stats()
 

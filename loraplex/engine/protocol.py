@@ -197,10 +197,15 @@ class EngineLoad:
     # own merge is in ``mode``; read both through ``merged_revisions``.
     replicas_merged: frozenset[str] = frozenset()
     # live requests paused because their consumers stopped reading (``EngineClient.pause``):
-    # neither waiting nor running, holding no seat and no KV block
+    # neither waiting nor running, holding no seat (their KV blocks kept within
+    # ``max_paused_kv_fraction``, engine/sched/kept_kv.py)
     num_paused: int = 0
     num_pauses: int = 0  # requests paused since the engine (re)started (a counter)
     num_resumes: int = 0  # paused requests resumed since the engine (re)started (a counter)
+    num_pauses_kv_kept: int = 0  # pauses that kept the request's KV blocks (a counter)
+    # KV sequences kept across a pause and freed for other work before their requests ran
+    # again (each such request recomputes when it runs; a counter)
+    num_paused_kv_freed: int = 0
 
     @property
     def merged_revisions(self) -> frozenset[str]:

@@ -2,8 +2,8 @@
 
     WAITING ──▶ RUNNING ──▶ FINISHED
       │  ▲         │
-      ▼  │         └──▶ WAITING (preempted: KV freed, recomputed later; the lease is kept)
-    ADAPTER_WAIT
+      ▼  │         └──▶ WAITING (preempted: KV freed, recomputed later; the lease is kept;
+    ADAPTER_WAIT              paused: the lease released, the KV kept or freed, sched/kept_kv)
     any live state ──▶ ABORTED (client abort, deadline, adapter load failure)
 
 A WAITING request whose adapter is not leased yet is not schedulable; it moves to ADAPTER_WAIT
@@ -66,7 +66,7 @@ class Request:
     state: RequestState = RequestState.WAITING  # see the module docstring
     output_token_ids: list[int] = field(default_factory=list)  # sampled tokens so far
     num_computed_tokens: int = 0  # tokens whose keys/values are in the KV cache
-    seq_id: int | None = None  # KV sequence handle while RUNNING
+    seq_id: int | None = None  # KV sequence handle while RUNNING (or kept across a pause)
     lease: HeldLease | None = None  # adapter slot lease (None: base model or not yet leased)
     finish_reason: str | None = None  # set on FINISHED/ABORTED
     first_scheduled_s: float | None = None  # when it first ran (queue wait = this - arrival)

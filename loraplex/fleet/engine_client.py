@@ -171,6 +171,8 @@ class FleetEngineClient:
             num_paused=sum(load.num_paused for load in loads),
             num_pauses=sum(load.num_pauses for load in loads),
             num_resumes=sum(load.num_resumes for load in loads),
+            num_pauses_kv_kept=sum(load.num_pauses_kv_kept for load in loads),
+            num_paused_kv_freed=sum(load.num_paused_kv_freed for load in loads),
         )
 
     def health(self) -> EngineHealth:

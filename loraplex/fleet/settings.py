@@ -29,7 +29,8 @@ MIN_STALE_REPORT_PERIODS = 2  # a tighter bound would take healthy replicas out 
 MAX_STALE_AFTER_S = 60.0  # the board forgets a replica silent this long (``board.FORGET_AFTER_S``)
 # ServeConfig keys a fleet does not read: the listener is Ray Serve's proxy, the engine runs in
 # each replica's own process (and the ingress cannot pause a replica's request:
-# ``stream_pause_bytes`` and ``max_stream_resumes``, ``fleet/engine_client.py``).
+# ``stream_pause_bytes``, ``max_stream_resumes`` and ``max_paused_kv_fraction``,
+# ``fleet/engine_client.py``).
 NOT_IN_FLEET = (
     "admin_port",
     "admin_host",
@@ -47,6 +48,7 @@ NOT_IN_FLEET = (
     "send_buffer_bytes",
     "stream_pause_bytes",
     "max_stream_resumes",
+    "max_paused_kv_fraction",
 )
 
 # The fleet's own keys, as a user writes them: a ``[fleet]`` table of ``fleet up --config`` and

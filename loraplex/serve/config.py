@@ -150,6 +150,10 @@ class ServeConfig:
     # the busiest tenant's work in one step at most this many times the next busiest tenant's
     # (engine/sched/step_share.py); 0: off, every running sequence decodes every step
     step_work_ratio: float = 1.0
+    # fraction of the KV cache in which paused requests (their clients stopped reading) keep
+    # their blocks, so that a resume recomputes nothing (engine/sched/kept_kv.py); 0: a pause
+    # frees them
+    max_paused_kv_fraction: float = 0.25
     database_url: str | None = None  # registry database; None: SQLite in data_dir
     store: str | None = None  # artifact store directory or s3://bucket/prefix
     s3_endpoint: str | None = None  # S3-compatible endpoint
@@ -197,11 +201,12 @@ class ServeConfig:
     send_buffer_bytes: int = 256 << 10  # SO_SNDBUF per connection (the kernel's share of a reply)
     # a stream's events its client has not taken, at most; beyond, the request is aborted
     max_stream_buffer_bytes: int = 256 << 10
-    # a stream's untaken events from which its engine request is paused (seat and KV freed)
-    # until its client reads again; at or above max_stream_buffer_bytes: never paused
+    # a stream's untaken events from which its engine request is paused (seat freed; its KV
+    # kept within max_paused_kv_fraction) until its client reads again; at or above
+    # max_stream_buffer_bytes: never paused
     stream_pause_bytes: int = 64 << 10
-    # times a paused stream may be resumed (each resume recomputes its prompt and output so
-    # far); a client that falls behind once more is cut off with an error event
+    # times a paused stream may be resumed after a stall (a resume whose KV was not kept
+    # recomputes its prompt and output so far); a client that stalls once more is cut off
     max_stream_resumes: int = DEFAULT_MAX_STREAM_RESUMES
     # --- request traces (docs/observability.md, "Traces"; needs the ``otel`` extra) ---
     trace_endpoint: str | None = None  # OTLP/HTTP traces URL; None: tracing off
@@ -265,6 +270,10 @@ class ServeConfig:
             )
         if not self.step_work_ratio >= 0:
             raise ValueError(f"step_work_ratio {self.step_work_ratio} is invalid; expected >= 0")
+        if not 0 <= self.max_paused_kv_fraction <= 1:
+            raise ValueError(
+                f"max_paused_kv_fraction {self.max_paused_kv_fraction} is invalid; expected 0 to 1"
+            )
         tokens = self.max_num_batched_tokens
         if tokens is not None and tokens < self.max_num_seqs:
             raise ValueError(

@@ -42,6 +42,7 @@ def engine_config(config: ServeConfig) -> EngineConfig:
         max_queue_len=config.max_queue_len,
         class_reserve_seqs=config.class_reserve_seqs,
         step_work_ratio=config.step_work_ratio,
+        max_paused_kv_fraction=config.max_paused_kv_fraction,
     )
     return EngineConfig(
         scheduler=scheduler,

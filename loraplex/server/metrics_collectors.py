@@ -92,6 +92,18 @@ class EngineCollector(Collector):
             "Paused requests resumed once their clients read again (since the engine started).",
             value=load.num_resumes,
         )
+        yield CounterMetricFamily(
+            "engine_request_pauses_kv_kept",
+            "Pauses that kept the request's KV blocks, so that its resume recomputes nothing "
+            "(since the engine started).",
+            value=load.num_pauses_kv_kept,
+        )
+        yield CounterMetricFamily(
+            "engine_paused_kv_freed",
+            "KV blocks kept across a pause freed for other work before their request ran "
+            "again; that request recomputes (since the engine started).",
+            value=load.num_paused_kv_freed,
+        )
 
 
 class AdapterRequestsCollector(Collector):

@@ -25,14 +25,16 @@ high-water mark.
 
 Backpressure (``Backpressure``): once ``pause_bytes`` wait untaken, the writer is stuck on its
 client, and every further step the request ran would only add to what waits; its engine
-request is paused (out of the running batch: its seat and KV blocks go to other tenants) until
+request is paused (out of the running batch: its seat goes to other tenants, its KV blocks too
+unless the engine keeps them, ``engine/sched/kept_kv.py``) until
 the writer takes the buffer again, which it does only once its client has read. A client that
 never reads again is cut off at the listener's write timeout, which ends the request. The
 overflow abort stays as the bound for an engine that cannot pause, and for a ``pause_bytes`` at
-or above ``max_bytes`` (then a stream is never paused). Each resume recomputes the request's
-prompt and output so far, so a client that keeps falling behind (reading a byte at a time)
-would have the engine recompute again and again: past ``max_resumes`` resumes, a client that
-reads again gets what was buffered and the ``resumes_event`` instead, and the request ends.
+or above ``max_bytes`` (then a stream is never paused). A resume whose KV was not kept
+recomputes the request's prompt and output so far, so a client that keeps falling behind
+(reading a byte at a time) could have the engine recompute again and again: past
+``max_resumes`` resumes, a client that reads again gets what was buffered and the
+``resumes_event`` instead, and the request ends.
 
 Only a resume after a stall counts (``Backpressure.stall_s``): one whose pause saw a send of
 the writer take ``stall_s`` or longer, the client taking nothing meanwhile. A client that reads
@@ -56,7 +58,7 @@ from loraplex.clock import Clock, MonotonicClock
 
 # Resumes of one paused stream before it is cut off instead (``Backpressure.max_resumes``):
 # enough for a reader that falls behind now and then, few enough that a stream costs at most
-# this many recomputes of itself.
+# this many recomputes of itself after stalls.
 DEFAULT_MAX_STREAM_RESUMES = 16
 # A send of the writer that lasts this long is a stall (the client stopped reading): only the
 # resumes after one count against ``max_resumes``. Well above a slice's time at any pace an

@@ -55,11 +55,12 @@ def not_read_event(max_bytes: int) -> str:
 
 def resumed_too_often_event(max_resumes: int) -> str:
     """The last event of a paused stream whose client fell behind once more after
-    ``max_resumes`` resumes (each one recomputed the request's output so far)."""
+    ``max_resumes`` resumes (each one may have recomputed the request's output so far)."""
     error = ApiError(
         408,
         f"the stream was aborted: its client fell behind and caught up again more than "
-        f"{max_resumes} times, each of which recomputed the output so far (max_stream_resumes)",
+        f"{max_resumes} times, each of which may have recomputed the output so far "
+        "(max_stream_resumes)",
         "invalid_request_error",
         "stream_resumed_too_often",
     )

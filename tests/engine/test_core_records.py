@@ -26,7 +26,7 @@ from loraplex.engine.live import Live, LiveRecordError, check_records
 from loraplex.engine.output import OutputTracker
 from loraplex.engine.protocol import FINISH_ABORT, EngineRequest, TokenDelta
 from loraplex.engine.request import Request, RequestState
-from loraplex.engine.step import StepPlan
+from loraplex.engine.step import ScheduledChunk, StepPlan
 from loraplex.errors import GenerationError, QueueFullError, QueueTimeoutError
 from loraplex.model.lora import LoraSlotPool
 from loraplex.residency.cache import CacheConfig, TieredAdapterCache
@@ -63,6 +63,7 @@ class Rig:
                 self.woke.wait(0.2)
                 self.woke.clear()
             self.core.check_integrity()
+            self.core.scheduler.check_integrity()  # kept KV and the blocks' own invariants
 
     def live(self, request_id: str) -> bool:
         return request_id in self.core.scheduler.requests
@@ -205,6 +206,57 @@ def test_a_paused_request_holds_no_lease_and_is_leased_again_when_resumed(
     assert (core.view.num_pauses, core.view.num_resumes) == (1, 1)
     assert _leases_held(rig.cache) == 0
     rig.cache.check_integrity()
+
+
+def test_a_paused_stream_that_kept_its_kv_resumes_with_no_recompute_and_the_same_tokens(
+    rig: Rig, demo_assets: DemoAssets, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A pause keeps the request's KV (``sched/kept_kv.py``) while its lease goes: resumed, it
+    runs the one token the pause interrupted and then decodes, and its greedy output is the
+    unpaused one's, token for token. Other tenants' requests ran during the pause and were
+    handed every free block in turn: a freed sequence would have had to recompute all of it."""
+    core = rig.core
+    key = demo_assets.adapters[0].key(_base_digest(demo_assets))
+    whole = _request(core, "whole", "acme", "The acme support team", max_tokens=20)
+    rig.add(dataclasses.replace(whole, adapter_key=key))
+    rig.step_until(lambda: not rig.live("whole"))
+    chunks: list[ScheduledChunk] = []
+    real_run = core.runner.run
+
+    def run(plan: StepPlan, params: object, *rest: object) -> object:
+        chunks.extend(plan.chunks)
+        return real_run(plan, params, *rest)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(core.runner, "run", run)
+    rig.add(dataclasses.replace(whole, request_id="paused", adapter_key=key))
+    rig.step_until(lambda: len(rig.out["paused"]) >= 4)
+    req = core.scheduler.requests["paused"]
+    context = req.num_tokens
+    core.pause("paused")
+    core.check_integrity()
+    assert req.seq_id is not None and core.scheduler.num_kept_kv_blocks > 0
+    assert _leases_held(rig.cache) == 0  # the slot is free; the KV is not
+    for round_ in range(3):  # 6 x 3 blocks handed out, 2 sequences at a time
+        others = [f"o{round_}{i}" for i in range(2)]
+        for rid in others:
+            rig.add(_request(core, rid, "globex", f"The globex {rid}"))
+        rig.step_until(lambda ids=others: not any(map(rig.live, ids)))
+    assert req.seq_id is not None and core.scheduler.pause_counts.num_kept_dropped == 0
+    mark = len(chunks)
+    core.resume("paused")
+    rig.step_until(lambda: not rig.live("paused"))
+    mine = [c for c in chunks[mark:] if c.request_id == "paused"]
+    assert (mine[0].start_pos, len(mine[0].token_ids)) == (context - 1, 1)  # nothing recomputed
+    assert all(len(c.token_ids) == 1 for c in mine)  # decodes only
+    assert _token_ids(rig.out["paused"]) == _token_ids(rig.out["whole"])
+    assert len(_token_ids(rig.out["whole"])) == 20
+    assert core.scheduler.blocks.usage == 0 and core.scheduler.num_kept_kv_blocks == 0
+    assert (core.view.num_pauses_kv_kept, core.view.num_paused_kv_freed) == (1, 0)
+    core.scheduler.check_integrity()
+
+
+def _token_ids(received: list[TokenDelta | BaseException]) -> list[int]:
+    return [t for d in received if isinstance(d, TokenDelta) for t in d.token_ids]
 
 
 def _base_digest(assets: DemoAssets) -> str:

@@ -1,7 +1,10 @@
 """Paused requests (``Scheduler.pause``): a request whose consumer stopped reading holds no seat
-and no KV block and is never scheduled until resumed; then it finishes as a preempted one."""
+(and, with ``max_paused_kv_fraction`` 0, no KV block) and is never scheduled until resumed; then
+it finishes as a preempted one. Pauses that keep their KV: tests/engine/test_sched_kept_kv.py."""
 
 from __future__ import annotations
+
+import dataclasses
 
 from sched_kit import Driver, adapter, request
 
@@ -10,6 +13,7 @@ from loraplex.engine.protocol import FINISH_ABORT
 from loraplex.engine.request import RequestState
 
 ONE_SEAT = SchedulerConfig(max_num_seqs=1, max_num_batched_tokens=64, max_model_len=64)
+FREE_ON_PAUSE = dataclasses.replace(ONE_SEAT, max_paused_kv_fraction=0.0)
 
 
 def _scheduled(driver: Driver) -> set[str]:
@@ -17,7 +21,7 @@ def _scheduled(driver: Driver) -> set[str]:
 
 
 def test_a_paused_request_frees_its_seat_and_the_other_tenant_completes() -> None:
-    driver = Driver(ONE_SEAT)
+    driver = Driver(FREE_ON_PAUSE)
     driver.add(request("stuck", "hog", out=40))
     driver.step()
     stuck = driver.scheduler.requests["stuck"]

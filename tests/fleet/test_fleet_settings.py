@@ -98,6 +98,7 @@ def test_every_key_a_fleet_refuses_is_a_serve_key() -> None:
         ("send_buffer_bytes", {"send_buffer_bytes": 1 << 20}),
         ("stream_pause_bytes", {"stream_pause_bytes": 1 << 12}),
         ("max_stream_resumes", {"max_stream_resumes": 3}),
+        ("max_paused_kv_fraction", {"max_paused_kv_fraction": 0.5}),
     ],
 )
 def test_serve_keys_a_fleet_does_not_read_are_refused(

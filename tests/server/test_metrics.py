@@ -52,13 +52,16 @@ def test_endpoint_picker_family(rig: Rig, demo_assets: DemoAssets) -> None:
 
 def test_engine_requests_by_state_and_pauses(rig: Rig) -> None:
     """Paused requests (their clients stopped reading) are a state of their own, and pauses
-    and resumes are counted (a resume costs a recompute: a client that keeps falling behind
-    shows as resumes growing)."""
+    and resumes are counted; so are the pauses that kept their KV and the kept KV freed for
+    other work (a resume of those recomputes: a client that keeps falling behind on a full
+    engine shows as both growing)."""
     metrics = _scrape(rig)
     states = {s.labels["state"]: s.value for s in metrics["engine_requests"]}
     assert states == {"waiting": 1, "adapter_wait": 0, "running": 2, "paused": 3}
     assert metrics["engine_request_pauses"][0].value == 5
     assert metrics["engine_request_resumes"][0].value == 2
+    assert metrics["engine_request_pauses_kv_kept"][0].value == 4
+    assert metrics["engine_paused_kv_freed"][0].value == 1
 
 
 def test_empty_adapter_lists_are_empty_strings(rig: Rig) -> None:

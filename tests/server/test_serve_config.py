@@ -306,6 +306,7 @@ def test_a_config_file_or_flag_infinity_is_refused_naming_the_key(
     [
         (lambda v: SchedulerConfig(default_deadline_s=v), "default_deadline_s"),
         (lambda v: SchedulerConfig(step_work_ratio=v), "step_work_ratio"),
+        (lambda v: SchedulerConfig(max_paused_kv_fraction=v), "max_paused_kv_fraction"),
         (lambda v: SchedulerConfig(retry_hint_s=v), "retry_hint_s"),
         (lambda v: EngineConfig(idle_wait_s=v), "idle_wait_s"),
     ],
@@ -371,3 +372,17 @@ def test_an_import_dir_that_is_not_a_directory_is_refused_before_start(
         parsed_serve(["--data-dir", str(tmp_path), "--import-dir", str(where)], {}).import_dir
         == where
     )
+
+
+def test_max_paused_kv_fraction_is_a_config_file_key_checked_and_passed_on(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "c.toml").write_text("max_paused_kv_fraction = 0.5\n")
+    config = parsed_serve(["--data-dir", str(tmp_path), "--config", "c.toml"], {})
+    assert engine_config(config).scheduler.max_paused_kv_fraction == 0.5
+    assert ServeConfig(data_dir=tmp_path).max_paused_kv_fraction == 0.25
+    for bad in ("1.5", "-0.1"):
+        (tmp_path / "c.toml").write_text(f"max_paused_kv_fraction = {bad}\n")
+        with pytest.raises(ValueError, match=f"^max_paused_kv_fraction {bad} is invalid"):
+            parsed_serve(["--data-dir", str(tmp_path), "--config", "c.toml"], {})

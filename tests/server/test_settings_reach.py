@@ -90,6 +90,7 @@ def test_the_scheduler_and_engine_fields_carry_the_serve_values(tmp_path: Path) 
         max_queue_len=33,
         class_reserve_seqs=2,
         step_work_ratio=1.5,
+        max_paused_kv_fraction=0.5,
         block_size=8,
         num_kv_blocks=77,
         dtype="bfloat16",
@@ -100,7 +101,7 @@ def test_the_scheduler_and_engine_fields_carry_the_serve_values(tmp_path: Path) 
     assert (scheduler.max_num_seqs, scheduler.max_num_batched_tokens) == (7, 99)
     assert (scheduler.max_model_len, scheduler.default_deadline_s) == (300, 12.5)
     assert (scheduler.max_queue_len, scheduler.class_reserve_seqs) == (33, 2)
-    assert scheduler.step_work_ratio == 1.5
+    assert (scheduler.step_work_ratio, scheduler.max_paused_kv_fraction) == (1.5, 0.5)
     assert (built.block_size, built.num_kv_blocks, built.dtype, built.device) == (
         8,
         77,

@@ -3,5 +3,5 @@ only code that changes a request's state; it is one class in three layers (``req
 where each request is; ``planner``: each step's plan and its result; ``scheduler``: adapter
 leases). Its helpers are private to this package: ``fair_order`` (per-tenant queues and virtual
 time), ``admission`` (queue limits, class seat caps, the cold-load quota and the lease window),
-``seats``, ``step_share`` and ``kv_shares`` (per-tenant shares) and ``stats`` (the published
-queue view)."""
+``seats``, ``step_share`` and ``kv_shares`` (per-tenant shares), ``kept_kv`` (the KV sequences
+paused requests keep) and ``stats`` (the published queue view)."""

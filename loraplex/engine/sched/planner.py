@@ -11,10 +11,14 @@ Invariants:
   step: with none free, the newest sequence of the tenant most over its share is preempted.
 - A request is schedulable only while it holds its adapter's lease (or uses the base model):
   one whose adapter is loading (ADAPTER_WAIT) is skipped and never blocks the others.
-- When KV blocks run out, the most recently admitted sequence of the tenant holding the most
-  blocks per unit of weight is preempted (its blocks freed, recomputed later; it keeps its
-  lease); a tenant at its ``max_kv_blocks`` preempts its own newest sequence to grow
-  (``kv_shares``).
+- When KV blocks run out, the sequences kept across a pause (``kept_kv``) are freed first,
+  and a tenant whose running sequences grew past its ``max_kv_blocks`` with kept ones beside
+  them frees its kept ones; a resumed request that kept its sequence is admitted again on it,
+  computing only what it had not (its last sampled token), and nothing is recomputed.
+- When KV blocks run out and nothing is kept, the most recently admitted sequence of the
+  tenant holding the most blocks per unit of weight is preempted (its blocks freed,
+  recomputed later; it keeps its lease); a tenant at its ``max_kv_blocks`` preempts its own
+  newest sequence to grow (``kv_shares``).
 - A follower (``EngineRequest.prefix_leader``) is not admitted while its leader is live and has
   not computed its prompt; a request owed prompt logprobs reuses no cached prefix.
 - ``schedule_decodes`` and ``advance_decodes`` plan exactly what ``schedule`` would, in the
@@ -41,6 +45,8 @@ class StepPlanner(RequestBook):
     def schedule(self) -> StepPlan:
         budget = self.config.max_num_batched_tokens
         chunks: list[ScheduledChunk] = []
+        while self._kept and (tenant := self._kept.over_cap(self.running)) is not None:
+            self._drop_kept(tenant)
         first_ready = hold_followers(self._queues.ready(), self.requests)
         waiting = step_waits(self._queues, self.running, first_ready, self.config, self._last_run)
         caps, preempted = self._plan_seats({self.requests[i].tenant for i in waiting})
@@ -202,30 +208,55 @@ class StepPlanner(RequestBook):
 
     def _admit(self, req: Request, budget: int) -> int:
         """Move ``req`` to RUNNING with KV for its first chunk; returns that chunk's size (0 if
-        the blocks do not fit, leaving ``req`` queued)."""
+        the blocks do not fit, leaving ``req`` queued). Kept sequences are freed to make room
+        (``kept_kv``), never ``req``'s own: a request that kept its sequence across a pause
+        runs on it."""
+        if req.seq_id is not None:
+            return self._readmit(req, budget)
         seq_id = self.blocks.allocate(namespace_of(req.request.tenant, req.request.adapter_key))
         # NOTE: prompt logprobs need logits at every prompt position: no cached prefix.
         cached = (
             0 if _wants_prompt_logprobs(req) else self.blocks.match_prefix(seq_id, req.token_ids())
         )
         n = min(req.num_tokens - cached, budget)
-        if not self.blocks.can_grow(seq_id, cached + n):
-            self.blocks.free(seq_id)
-            return 0
+        while not self.blocks.can_grow(seq_id, cached + n):
+            if not self._drop_kept():
+                self.blocks.free(seq_id)
+                return 0
         self.blocks.grow(seq_id, cached + n)
+        req.seq_id, req.num_computed_tokens = seq_id, cached
+        self._seat(req)
+        return n
+
+    def _readmit(self, req: Request, budget: int) -> int:
+        """``_admit`` of a request holding its KV sequence (kept across a pause): only its
+        tokens not yet computed run."""
+        assert req.seq_id is not None
+        n = min(req.num_tokens - req.num_computed_tokens, budget)
+        while not self.blocks.can_grow(req.seq_id, req.num_computed_tokens + n):
+            if not self._drop_kept(spare=req):
+                return 0
+        self.blocks.grow(req.seq_id, req.num_computed_tokens + n)
+        self._kept.discard(req)
+        self._seat(req)
+        return n
+
+    def _seat(self, req: Request) -> None:
+        """A queued request holding KV for its first chunk joins the running batch."""
         self._queues.remove(req)
         req.transition(RequestState.RUNNING)
-        req.seq_id, req.num_computed_tokens = seq_id, cached
         if req.first_scheduled_s is None:
             req.first_scheduled_s = self.clock.now()
         self.running.append(req)
-        return n
 
     def _make_room(self, req: Request, n: int, scheduled: set[str], preempted: list[str]) -> bool:
         """Ensure ``req`` has blocks for ``n`` more tokens, preempting the most recently
         admitted sequence not yet ``scheduled`` this step; False when that was ``req``."""
         assert req.seq_id is not None  # RUNNING requests always hold a sequence
         while not self._may_grow(req, n):
+            total = req.num_computed_tokens + n
+            if not self.blocks.can_grow(req.seq_id, total) and self._drop_kept():
+                continue  # a kept sequence gave its blocks up: no running one need
             victim = self._kv.victim(req, n, self.running, scheduled)
             self._preempt(victim)
             preempted.append(victim.request_id)

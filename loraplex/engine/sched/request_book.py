@@ -6,14 +6,19 @@ Invariants:
 - A live request is in exactly one place: the fair queues (WAITING, ADAPTER_WAIT), ``running``
   (RUNNING, holding a KV sequence) or the paused set.
 - A paused request (``pause``: its consumer stopped reading its output) is in neither the
-  queues nor ``running``: it holds no seat, no KV block (freed as by a preemption, recomputed
-  after ``resume``) and no lease (its adapter's slot is free for others; resumed, it asks for
-  the lease again through the lease window), and is never scheduled until resumed or retired.
+  queues nor ``running``: it holds no seat and no lease (its adapter's slot is free for others;
+  resumed, it asks for the lease again through the lease window), and is never scheduled until
+  resumed or retired. Its KV sequence is kept while ``kept_kv`` allows (resumed, it decodes on
+  with nothing recomputed; the planner frees kept sequences first when blocks run short), and
+  freed as by a preemption otherwise (recomputed after ``resume``).
+- Only a request kept across a pause (``kept_kv``: paused, or resumed and not yet admitted
+  again) holds a KV sequence outside ``running`` (``check_integrity``).
 - Retiring a request (``finish``) frees its KV blocks and releases its lease.
 """
 
 from __future__ import annotations
 
+import dataclasses
 from itertools import islice
 
 from loraplex.clock import Clock
@@ -22,6 +27,7 @@ from loraplex.engine.kv.blocks import BlockManager
 from loraplex.engine.protocol import EngineRequest
 from loraplex.engine.request import QUEUED_STATES, Request, RequestState
 from loraplex.engine.sched.fair_order import FairQueues
+from loraplex.engine.sched.kept_kv import KeptKv
 from loraplex.engine.sched.kv_shares import KvShares
 from loraplex.engine.sched.stats import PauseCounts, QueueView, queue_view
 from loraplex.engine.tenant_shares import TenantBook
@@ -47,6 +53,8 @@ class RequestBook:
         self._queues = FairQueues(tenants or TenantBook())
         self._kv = KvShares(blocks, self._queues.tenants)  # max_kv_blocks, KV victims
         self._paused: dict[str, Request] = {}  # out of scheduling until resumed (``pause``)
+        # not running, holding their KV sequences (paused, or resumed and not yet admitted)
+        self._kept = KeptKv(blocks, self._queues.tenants, config.max_paused_kv_fraction)
         self._pause_counts = PauseCounts()  # pauses and resumes so far (published)
         self._step = 0  # plans made so far (``step_share`` takes the longest-waiting first)
         self._last_run: dict[str, int] = {}  # request id -> the plan it last ran in
@@ -97,6 +105,7 @@ class RequestBook:
             self._queues.remove(req)
         elif req.state is RequestState.RUNNING:
             self.running.remove(req)
+        self._kept.discard(req)
         self._free_kv(req)
         req.transition(state)
         req.finish_reason = reason
@@ -123,15 +132,21 @@ class RequestBook:
     def pause(self, req: Request) -> bool:
         """Takes ``req`` out of scheduling until ``resume``: its consumer has stopped reading its
         output, so every step it ran would only grow what waits undelivered. Running, it gives
-        up its seat and KV blocks as a preempted sequence does (recomputed once resumed);
-        queued, it leaves the queue. Either way its adapter lease is released: a request that
+        up its seat, and its KV blocks too as a preempted sequence does (recomputed once
+        resumed) unless ``kept_kv`` lets it keep them (nothing recomputed); queued, it leaves
+        the queue. Either way its adapter lease is released: a request that
         does no work must not pin a GPU slot that other tenants' adapters need (one tenant's
         stuck streams on many adapters would hold them all). False, nothing changed: already
         paused, or waiting for its adapter (NOTE: a lease being loaded must find it in the
         queue; such a request has produced no output to fall behind on)."""
         if req.request_id in self._paused or req.state is RequestState.ADAPTER_WAIT:
             return False
-        if req.state is RequestState.RUNNING:
+        if req.state is RequestState.RUNNING and self._kept.may_keep(req, self.running):
+            self.running.remove(req)  # its seat only: its KV sequence stays as it is
+            req.transition(RequestState.WAITING)
+            self._kept.add(req)
+            self._pause_counts.num_kept += 1
+        elif req.state is RequestState.RUNNING:
             self._unseat(req)
         else:
             self._queues.remove(req)
@@ -164,6 +179,22 @@ class RequestBook:
     def num_paused(self) -> int:
         return len(self._paused)
 
+    def check_integrity(self) -> None:
+        """Raises CacheIntegrityError if a request holds KV out of the running batch that is
+        not kept, or the kept blocks pass their bound (``kept_kv``); then the blocks' own."""
+        self._kept.check_integrity(self.requests.values())
+        self.blocks.check_integrity()
+
+    @property
+    def pause_counts(self) -> PauseCounts:
+        """Pauses, resumes and kept sequences so far (a copy)."""
+        return dataclasses.replace(self._pause_counts)
+
+    @property
+    def num_kept_kv_blocks(self) -> int:
+        """KV blocks held by requests out of the running batch (kept across a pause)."""
+        return self._kept.num_blocks()
+
     # --- views ---------------------------------------------------------------------------------
 
     @property
@@ -194,6 +225,17 @@ class RequestBook:
         self.running.remove(req)
         self._free_kv(req)
         req.transition(RequestState.WAITING)
+
+    def _drop_kept(self, tenant: str | None = None, spare: Request | None = None) -> bool:
+        """Frees the first kept sequence (``KeptKv.victim``; of ``tenant`` only, if given;
+        never ``spare``'s): recomputed when its request runs again. False: none to free."""
+        victim = self._kept.victim(self._paused, tenant, spare)
+        if victim is None:
+            return False
+        self._kept.discard(victim)
+        self._free_kv(victim)
+        self._pause_counts.num_kept_dropped += 1
+        return True
 
     def _free_kv(self, req: Request) -> None:
         if req.seq_id is not None:

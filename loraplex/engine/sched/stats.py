@@ -25,6 +25,8 @@ class QueueView:
     num_paused: int = 0  # out of scheduling: their consumers stopped reading (Scheduler.pause)
     num_pauses: int = 0  # requests paused since the engine started (a counter)
     num_resumes: int = 0  # paused requests resumed since the engine started (a counter)
+    num_pauses_kv_kept: int = 0  # pauses that kept their KV sequences (a counter)
+    num_paused_kv_freed: int = 0  # kept sequences freed before they ran again (a counter)
 
 
 EMPTY_VIEW = QueueView(0, 0, 0, 0.0, (), 0)
@@ -36,6 +38,8 @@ class PauseCounts:
 
     num_pauses: int = 0  # requests taken out of scheduling
     num_resumes: int = 0  # paused requests put back
+    num_kept: int = 0  # pauses that kept the request's KV sequence (``kept_kv``)
+    num_kept_dropped: int = 0  # kept sequences freed before their requests ran again
 
 
 def queue_view(
@@ -62,6 +66,8 @@ def queue_view(
         num_paused=sum(r.request_id in paused for r in live),
         num_pauses=pauses.num_pauses,
         num_resumes=pauses.num_resumes,
+        num_pauses_kv_kept=pauses.num_kept,
+        num_paused_kv_freed=pauses.num_kept_dropped,
     )
 
 
@@ -82,4 +88,6 @@ def load_of(view: QueueView, running: tuple[AdapterKey, ...], max_loras: int) ->
         num_paused=view.num_paused,
         num_pauses=view.num_pauses,
         num_resumes=view.num_resumes,
+        num_pauses_kv_kept=view.num_pauses_kv_kept,
+        num_paused_kv_freed=view.num_paused_kv_freed,
     )
