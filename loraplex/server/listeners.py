@@ -36,7 +36,10 @@ flight closes the connection at once, as before.
 from __future__ import annotations
 
 import asyncio
+import fcntl
 import socket
+import sys
+import termios
 from dataclasses import dataclass
 from typing import Any, NoReturn
 
@@ -144,11 +147,16 @@ class ConnectionLimits:
     # chunks of one chunked request body, plus one per ``CHUNK_ALLOWANCE_BYTES`` of it: beyond,
     # 400 and a close (``_BoundedConnection``); chunks of 1 KiB or more are never refused
     max_body_chunks: int = 4096
+    # a tenant's connection is closed for a newcomer only after this long with nothing received
+    # or answered (``connections.py``): its client may be sending the next request right now
+    evict_grace_s: float = 1.0
 
     def __post_init__(self) -> None:
         for name in ("header_read_timeout_s", "linger_s", "write_timeout_s"):
             if not getattr(self, name) > 0:
                 raise ValueError(f"{name} {getattr(self, name)} is invalid; expected > 0")
+        if not self.evict_grace_s >= 0:
+            raise ValueError(f"evict_grace_s {self.evict_grace_s} is invalid; expected >= 0")
         for name in (
             "keep_alive_timeout_s",
             "max_connections",
@@ -310,6 +318,8 @@ class BoundedH11Protocol(H11Protocol):
         self._write_timer: asyncio.TimerHandle | None = None
         self._half_closed = False  # the client shut its sending side (``eof_received``)
         self._reset_timer: asyncio.TimerHandle | None = None  # half-closed: polls for a reset
+        self._active_at = self.loop.time()  # last byte received or answer completed
+        self._draining = False  # the gate asked it to close after its next answer
 
     def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
         lingering = _LingeringTransport(transport, self, self.limits.linger_s)
@@ -329,9 +339,49 @@ class BoundedH11Protocol(H11Protocol):
         """No request in flight (``connections.Member``)."""
         return self.cycle is None or self.cycle.response_complete
 
+    def is_quiet(self) -> bool:
+        """Idle, nothing of a next request received (parsed, buffered or in the socket), and
+        quiet for ``evict_grace_s`` (``connections.Member``)."""
+        if not self.is_idle() or self.transport.is_closing():
+            return False
+        if self.conn.their_state is not h11.IDLE or self.conn.trailing_data[0]:
+            return False  # part of the next request is here: it must be answered
+        if self.loop.time() - self._active_at < self.limits.evict_grace_s:
+            return False
+        return not self._bytes_waiting()
+
+    def _bytes_waiting(self) -> bool:
+        """Bytes the client sent that the loop has not read yet (FIONREAD on the socket)."""
+        sock = self.transport.get_extra_info("socket")
+        if sock is None:
+            return False
+        try:
+            waiting = fcntl.ioctl(sock.fileno(), termios.FIONREAD, b"\0\0\0\0")
+        except OSError:
+            return False
+        return int.from_bytes(waiting, sys.byteorder) > 0
+
     def evict(self) -> None:
         """Closed by the gate for a newcomer (``connections.Member``)."""
         self.transport.close()
+
+    def drain(self) -> None:
+        """Close after the answer in flight, or the next one (``connections.Member``): it says
+        ``Connection: close``, as uvicorn's graceful shutdown does to busy connections."""
+        self._draining = True
+        self._close_after_cycle()
+
+    def _close_after_cycle(self) -> None:
+        cycle = self.cycle
+        if not self._draining or cycle is None or cycle.response_complete:
+            return  # idle: the next request's cycle is marked as it starts (``handle_events``)
+        cycle.keep_alive = False
+        if not cycle.response_started:  # h11 then closes after the answer too
+            cycle.default_headers = [*cycle.default_headers, (b"connection", b"close")]
+
+    def handle_events(self) -> None:
+        super().handle_events()
+        self._close_after_cycle()
 
     def _on_authenticated(self, tenant: str | None = None) -> None:
         self.gate.authenticated(self, tenant)
@@ -359,6 +409,7 @@ class BoundedH11Protocol(H11Protocol):
     def data_received(self, data: bytes) -> None:
         if isinstance(self.transport, _LingeringTransport) and self.transport.lingering:
             return  # the rest of a body already answered: dropped
+        self._active_at = self.loop.time()
         super().data_received(data)
         self._watch_head()
 
@@ -372,6 +423,7 @@ class BoundedH11Protocol(H11Protocol):
             # Answered before its body ended: uvicorn would read the rest only to discard it,
             # and a client sending it slowly would hold the connection for as long as it likes.
             self.transport.close()
+        self._active_at = self.loop.time()
         super().on_response_complete()
         if self._half_closed and not self.transport.is_closing():
             if self._answering():  # a pipelined request started

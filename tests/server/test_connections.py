@@ -34,15 +34,23 @@ WAIT_S = 5.0
 
 
 class FakeMember:
-    def __init__(self, idle: bool = True) -> None:
+    def __init__(self, idle: bool = True, quiet: bool | None = None) -> None:
         self.idle = idle
+        self.quiet = idle if quiet is None else quiet  # idle, nothing received, past the grace
         self.evicted = False
+        self.drained = False
 
     def is_idle(self) -> bool:
         return self.idle
 
+    def is_quiet(self) -> bool:
+        return self.quiet
+
     def evict(self) -> None:
         self.evicted = True
+
+    def drain(self) -> None:
+        self.drained = True
 
 
 def _gate(**limits: int) -> tuple[ConnectionGate, ManualClock]:
