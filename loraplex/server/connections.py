@@ -22,7 +22,7 @@ the flood's reach; connections of authenticated tenants are never closed for it.
 At ``max_connections`` with no idle unauthenticated connection to replace, the newcomer takes the
 place of the oldest *quiet* connection of the tenant holding the most open connections: idle,
 nothing of a next request received (in the parser or still in the socket), and quiet for the
-listener's grace (``evict_grace_s``, 1 s): a client may send its next request on a kept-alive
+listener's grace (``evict_grace_s``, 0.25 s): a client may send its next request on a kept-alive
 connection at the very instant the server closes it, and a POST lost that way cannot be retried
 blindly. When that tenant has no quiet connection, its oldest one not yet draining is told to
 close after its answer (``drain``: the request in flight, or the next one, is answered with

@@ -148,8 +148,11 @@ class ConnectionLimits:
     # 400 and a close (``_BoundedConnection``); chunks of 1 KiB or more are never refused
     max_body_chunks: int = 4096
     # a tenant's connection is closed for a newcomer only after this long with nothing received
-    # or answered (``connections.py``): its client may be sending the next request right now
-    evict_grace_s: float = 1.0
+    # or answered (``connections.py``): its client may be sending the next request right now.
+    # Small: a tenant touching each of its connections more often than this keeps them all from
+    # being closed (then each newcomer refused drains one); 1 s let a hog refreshing its 64
+    # connections every 2 s keep 7 of 20 newcomers out (docs/operations.md)
+    evict_grace_s: float = 0.25
 
     def __post_init__(self) -> None:
         for name in ("header_read_timeout_s", "linger_s", "write_timeout_s"):
