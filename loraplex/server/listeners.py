@@ -147,19 +147,11 @@ class ConnectionLimits:
     # chunks of one chunked request body, plus one per ``CHUNK_ALLOWANCE_BYTES`` of it: beyond,
     # 400 and a close (``_BoundedConnection``); chunks of 1 KiB or more are never refused
     max_body_chunks: int = 4096
-    # a tenant's connection is closed for a newcomer only after this long with nothing received
-    # or answered (``connections.py``): its client may be sending the next request right now.
-    # Small: a tenant touching each of its connections more often than this keeps them all from
-    # being closed (then each newcomer refused drains one); 1 s let a hog refreshing its 64
-    # connections every 2 s keep 7 of 20 newcomers out (docs/operations.md)
-    evict_grace_s: float = 0.25
 
     def __post_init__(self) -> None:
         for name in ("header_read_timeout_s", "linger_s", "write_timeout_s"):
             if not getattr(self, name) > 0:
                 raise ValueError(f"{name} {getattr(self, name)} is invalid; expected > 0")
-        if not self.evict_grace_s >= 0:
-            raise ValueError(f"evict_grace_s {self.evict_grace_s} is invalid; expected >= 0")
         for name in (
             "keep_alive_timeout_s",
             "max_connections",
@@ -342,16 +334,14 @@ class BoundedH11Protocol(H11Protocol):
         """No request in flight (``connections.Member``)."""
         return self.cycle is None or self.cycle.response_complete
 
-    def is_quiet(self) -> bool:
-        """Idle, nothing of a next request received (parsed, buffered or in the socket), and
-        quiet for ``evict_grace_s`` (``connections.Member``)."""
+    def quiet_s(self) -> float | None:
+        """Seconds since the last byte received or answer completed, when idle and nothing of a
+        next request is parsed or buffered (``connections.Member``)."""
         if not self.is_idle() or self.transport.is_closing():
-            return False
+            return None
         if self.conn.their_state is not h11.IDLE or self.conn.trailing_data[0]:
-            return False  # part of the next request is here: it must be answered
-        if self.loop.time() - self._active_at < self.limits.evict_grace_s:
-            return False
-        return not self._bytes_waiting()
+            return None  # part of the next request is here: it must be answered
+        return self.loop.time() - self._active_at
 
     def _bytes_waiting(self) -> bool:
         """Bytes the client sent that the loop has not read yet (FIONREAD on the socket)."""
@@ -364,9 +354,13 @@ class BoundedH11Protocol(H11Protocol):
             return False
         return int.from_bytes(waiting, sys.byteorder) > 0
 
-    def evict(self) -> None:
-        """Closed by the gate for a newcomer (``connections.Member``)."""
+    def evict(self) -> bool:
+        """Closed by the gate for a newcomer, unless a request waits unread in the socket
+        (``connections.Member``)."""
+        if self._bytes_waiting():
+            return False
         self.transport.close()
+        return True
 
     def drain(self) -> None:
         """Close after the answer in flight, or the next one (``connections.Member``): it says

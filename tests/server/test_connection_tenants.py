@@ -54,10 +54,9 @@ def test_busy_and_admin_connections_are_never_closed_for_a_newcomer() -> None:
 def test_a_tenant_holding_every_connection_leaves_room_for_another_tenant(
     served: Served,
 ) -> None:
-    # every connection from one address here: its cap above the total, as with two addresses;
-    # no grace, so the connections just used are quiet at once (test_eviction_race.py: the grace)
+    # every connection from one address here: its cap above the total, as with two addresses
     limits = ConnectionLimits(max_connections=8, max_unauthenticated_connections=4,
-                              max_connections_per_address=16, evict_grace_s=0.0)  # fmt: skip
+                              max_connections_per_address=16)  # fmt: skip
     acme = {"Authorization": f"Bearer {served.keys['acme']}"}
     globex = {"Authorization": f"Bearer {served.keys['globex']}"}
     with serving(served, limits) as (host, port, server):

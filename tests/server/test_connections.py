@@ -34,20 +34,25 @@ WAIT_S = 5.0
 
 
 class FakeMember:
-    def __init__(self, idle: bool = True, quiet: bool | None = None) -> None:
+    def __init__(self, idle: bool = True, quiet: float | None = 1.0, unread: bool = False) -> None:
         self.idle = idle
-        self.quiet = idle if quiet is None else quiet  # idle, nothing received, past the grace
+        # seconds since its last traffic when idle with nothing of a next request received
+        self.quiet = quiet if idle else None
+        self.unread = unread  # a request waits unread in its socket: not closed
         self.evicted = False
         self.drained = False
 
     def is_idle(self) -> bool:
         return self.idle
 
-    def is_quiet(self) -> bool:
+    def quiet_s(self) -> float | None:
         return self.quiet
 
-    def evict(self) -> None:
+    def evict(self) -> bool:
+        if self.unread:
+            return False
         self.evicted = True
+        return True
 
     def drain(self) -> None:
         self.drained = True

@@ -3,11 +3,10 @@ client that sends a request on that connection as the eviction happens must not 
 non-idempotent POST cannot be retried blindly).
 
 The races are made deterministic by ordering, not by sleeps: the test waits until the server
-holds the request's bytes (in h11's buffer, or in the socket with reading paused through the
-server's loop) before the newcomer connects. Then the connection is not idle: another one is
-closed for the newcomer, or, when none may be, the connection is told to close after its
-answer (``Connection: close``) and the newcomer is refused. A connection is closed for a newcomer
-only when nothing of a next request has arrived and it has been quiet ``evict_grace_s``."""
+holds the request's bytes (in h11's buffer, or unread in the socket with reading paused through
+the server's loop) before the newcomer connects. Then that connection is not closed: another one
+is (the quietest), or, when none may be, the oldest is told to close after its answer
+(``Connection: close``) and the newcomer is refused."""
 
 from __future__ import annotations
 
@@ -115,8 +114,7 @@ def _newcomer(address: tuple[str, int], served: Served) -> int:
 
 
 def test_a_request_partly_received_on_the_victim_is_answered(served: Served) -> None:
-    limits = ConnectionLimits(max_connections=2, max_connections_per_address=8,
-                              evict_grace_s=0.0)  # fmt: skip
+    limits = ConnectionLimits(max_connections=2, max_connections_per_address=8)
     with _hog(served, limits) as (address, (server, first, second)):
         request = _post(served.keys["acme"])
         first.sendall(request[:20])  # the oldest idle one: the victim before this change
@@ -132,8 +130,7 @@ def test_a_request_partly_received_on_the_victim_is_answered(served: Served) -> 
 
 def test_a_request_waiting_in_the_socket_is_answered(served: Served) -> None:
     """The request's bytes reached the server's socket but the loop has not read them yet."""
-    limits = ConnectionLimits(max_connections=2, max_connections_per_address=8,
-                              evict_grace_s=0.0)  # fmt: skip
+    limits = ConnectionLimits(max_connections=2, max_connections_per_address=8)
     with _hog(served, limits) as (address, (server, first, second)):
         proto = _protocol_of(server, first)
         paused = []
@@ -147,40 +144,55 @@ def test_a_request_waiting_in_the_socket_is_answered(served: Served) -> None:
         assert _closed(second)
 
 
-def test_within_the_grace_nothing_is_closed_and_the_oldest_closes_after_its_answer(
+def test_with_requests_arriving_on_every_connection_the_oldest_closes_after_its_answer(
     served: Served,
 ) -> None:
-    limits = ConnectionLimits(max_connections=2, max_connections_per_address=8,
-                              evict_grace_s=60.0)  # fmt: skip
+    limits = ConnectionLimits(max_connections=2, max_connections_per_address=8)
     with _hog(served, limits) as (address, (server, first, second)):
-        assert _newcomer(address, served) == 0  # nobody quiet: refused at accept
+        request = _post(served.keys["acme"])
+        for sock in (first, second):
+            sock.sendall(request[:20])
+            proto = _protocol_of(server, sock)
+            _wait(lambda p=proto: bool(p.conn.trailing_data[0]))  # type: ignore[misc]
+        assert _newcomer(address, served) == 0  # nobody may be closed: refused at accept
         gate = _gate_of(server)
         assert (gate.num_evicted, gate.num_drained) == (0, 1)
-        first.sendall(_post(served.keys["acme"]))  # sent just after: answered, then closed
+        first.sendall(request[20:])  # answered, saying it closes, then closed
         status, headers = _answer(first)
         assert (status, headers.get("connection")) == (200, "close")
         assert _closed(first)
-        second.sendall(_post(served.keys["acme"]))  # the other one is kept alive
+        second.sendall(request[20:])  # the other one is answered and kept alive
         status, headers = _answer(second)
         assert status == 200 and headers.get("connection") != "close"
         _wait(lambda: gate.num_open == 1)
         assert _newcomer(address, served) == 200  # the drained one's place
 
 
-def test_the_gate_closes_only_quiet_connections_and_drains_one_otherwise() -> None:
-    gate, _ = _gate(max_connections=3, max_unauthenticated_connections=3)
-    hog = [FakeMember(quiet=False), FakeMember(quiet=False), FakeMember()]
+def test_the_gate_closes_the_quietest_connection_and_drains_one_when_none_may_close() -> None:
+    gate, _ = _gate(max_connections=5, max_unauthenticated_connections=5)
+    hog = [FakeMember(quiet=0.1), FakeMember(quiet=None), FakeMember(quiet=3.0, unread=True),
+           FakeMember(quiet=2.0)]  # fmt: skip
     for member in hog:
         assert gate.admit(member, "a")
         gate.authenticated(member, "acme")
-    other = FakeMember(quiet=False)
+    other = FakeMember(quiet=None)
     assert gate.admit(other, "b")
-    assert hog[2].evicted and not (hog[0].evicted or hog[1].evicted)
-    assert gate.num_evicted == 1
     gate.authenticated(other, "globex")
-    assert not gate.admit(FakeMember(), "c")  # nobody quiet: the oldest is drained
-    assert hog[0].drained and not hog[1].drained and gate.num_drained == 1
+    newcomer = FakeMember(quiet=None)
+    assert gate.admit(newcomer, "c")  # the quietest one that has no request waiting
+    assert [m.evicted for m in hog] == [False, False, False, True]
+    assert gate.num_evicted == 1
+    gate.authenticated(newcomer, "initech")
+    newcomer = FakeMember(quiet=None)
+    assert gate.admit(newcomer, "c")
+    gate.authenticated(newcomer, "initech")
+    assert [m.evicted for m in hog] == [True, False, False, True]
+    for member in hog[1:3]:
+        member.quiet, member.unread = None, False  # requests in flight on the last two
+    assert not gate.admit(FakeMember(), "c")  # nobody to close: the oldest one is drained
+    drained = [m.drained for m in hog]
+    assert drained == [False, True, False, False] and gate.num_drained == 1
     assert not gate.admit(FakeMember(), "c")  # the next one, not the same one again
-    assert hog[1].drained and gate.num_drained == 2
-    gate.release(hog[0])  # its answer sent, it closed
+    assert hog[2].drained and gate.num_drained == 2
+    gate.release(hog[1])  # its answer sent, it closed
     assert gate.admit(FakeMember(), "c")
