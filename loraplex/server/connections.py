@@ -20,7 +20,16 @@ kind: a new client's connection gets in, sends its request at once and, authenti
 the flood's reach; connections of authenticated tenants are never closed for it.
 
 At ``max_connections`` with no idle unauthenticated connection to replace, the newcomer takes the
-place of the oldest idle connection of the tenant holding the most open connections. NOTE:
+place of the *quietest* connection of the tenant holding the most open connections: idle, nothing
+of a next request received (parsed, buffered, or unread in its socket), and the longest since
+anything was received or answered on it. A client may send its next request on a kept-alive
+connection at the very instant the server closes it, and a POST lost that way cannot be retried
+blindly: a request whose first bytes reached the server is never cut, and the quietest connection
+is the least likely to have one on the wire. (A grace instead, closing only connections quiet for
+a while, let a tenant that touched all its connections within it keep every newcomer out.) When
+that tenant has no such connection, its oldest one not yet draining is told to close after its
+answer (``drain``: the request in flight, or the next one, is answered with ``Connection:
+close``), and the newcomer is closed; its retry finds the room. NOTE:
 without this, one tenant's key made every connection it opened unevictable: a tenant that kept
 ``max_connections`` connections open (from two addresses at the defaults), each kept alive by a
 cheap request every few seconds, had every other tenant's new connections closed at accept.
@@ -91,8 +100,17 @@ class Member(Protocol):
         """No request in flight: closing it loses nobody's answer."""
         ...
 
-    def evict(self) -> None:
-        """Close it (the gate has already forgotten it)."""
+    def quiet_s(self) -> float | None:
+        """Seconds since anything was received or answered on it, when it is idle and nothing of
+        a next request was parsed or buffered; None otherwise."""
+        ...
+
+    def evict(self) -> bool:
+        """Close it, unless bytes of a request wait unread in its socket (then False)."""
+        ...
+
+    def drain(self) -> None:
+        """Close it after its next answer (``Connection: close``), the one in flight if any."""
         ...
 
 
@@ -120,8 +138,10 @@ class ConnectionGate:
         self._tenant_of: dict[Member, str] = {}  # connections a tenant key authenticated
         self._by_tenant: dict[str, OrderedDict[Member, None]] = {}  # oldest first
         self._buckets: dict[str, _Bucket] = {}
+        self._draining: set[Member] = set()  # told to close after their next answer
         self.num_refused = 0  # connections closed at accept
         self.num_evicted = 0  # idle connections closed for a newcomer
+        self.num_drained = 0  # tenant connections told to close after their answer
 
     @property
     def num_open(self) -> int:
@@ -169,6 +189,7 @@ class ConnectionGate:
         if address is None:
             return
         self._unauthenticated.pop(member, None)
+        self._draining.discard(member)
         self._per_address[address] -= 1
         if not self._per_address[address]:
             del self._per_address[address]
@@ -191,25 +212,32 @@ class ConnectionGate:
         return True
 
     def _evict_largest_tenants_idle(self) -> bool:
-        """Closes the oldest idle connection of the tenant holding the most open connections
-        (only at ``max_connections``: an address's cap still closes none of them, as the NOTE
-        of docs/operations.md on shared addresses says)."""
+        """Closes the quietest connection of the tenant holding the most open connections;
+        without one, drains its oldest connection not yet draining and returns False (only at
+        ``max_connections``: an address's cap still closes none of them, as the NOTE of
+        docs/operations.md on shared addresses says)."""
         largest = max(self._by_tenant.values(), key=len, default=OrderedDict())
-        for member in largest:
-            if member.is_idle():
+        quiet = [(q, i, m) for i, m in enumerate(largest) if (q := m.quiet_s()) is not None]
+        for _, _, member in sorted(quiet, key=lambda x: (-x[0], x[1])):
+            if member.evict():
                 self.release(member)
                 self.num_evicted += 1
-                member.evict()
                 return True
+        for member in largest:
+            if member not in self._draining:
+                self._draining.add(member)
+                self.num_drained += 1
+                member.drain()
+                break
         return False
 
     def _evict_oldest_idle(self, address: str | None) -> bool:
         """Closes the oldest idle unauthenticated connection (from ``address`` when given)."""
         for member in self._unauthenticated:
-            if (address is None or self._open[member] == address) and member.is_idle():
+            at_address = address is None or self._open[member] == address
+            if at_address and member.is_idle() and member.evict():
                 self.release(member)
                 self.num_evicted += 1
-                member.evict()
                 return True
         return False
 
@@ -265,4 +293,10 @@ class GateCollector(Collector):
             "Idle connections closed to make room for a new one (unauthenticated ones, or at "
             "max_connections the largest tenant's).",
             value=gate.num_evicted,
+        )
+        yield CounterMetricFamily(
+            "loraplex_connections_drained",
+            "Tenant connections told to close after their answer (Connection: close) at "
+            "max_connections, when the largest tenant had no quiet connection to close.",
+            value=gate.num_drained,
         )

@@ -166,5 +166,6 @@ class ServerDeps:
                 if self.config.request_log_path is None
                 else RequestLog(self.config.request_log_path)
             ),
+            tracing=self.tracing,
         )
         object.__setattr__(self, "metrics", metrics)

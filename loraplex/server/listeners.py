@@ -36,7 +36,10 @@ flight closes the connection at once, as before.
 from __future__ import annotations
 
 import asyncio
+import fcntl
 import socket
+import sys
+import termios
 from dataclasses import dataclass
 from typing import Any, NoReturn
 
@@ -310,6 +313,8 @@ class BoundedH11Protocol(H11Protocol):
         self._write_timer: asyncio.TimerHandle | None = None
         self._half_closed = False  # the client shut its sending side (``eof_received``)
         self._reset_timer: asyncio.TimerHandle | None = None  # half-closed: polls for a reset
+        self._active_at = self.loop.time()  # last byte received or answer completed
+        self._draining = False  # the gate asked it to close after its next answer
 
     def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
         lingering = _LingeringTransport(transport, self, self.limits.linger_s)
@@ -329,9 +334,51 @@ class BoundedH11Protocol(H11Protocol):
         """No request in flight (``connections.Member``)."""
         return self.cycle is None or self.cycle.response_complete
 
-    def evict(self) -> None:
-        """Closed by the gate for a newcomer (``connections.Member``)."""
+    def quiet_s(self) -> float | None:
+        """Seconds since the last byte received or answer completed, when idle and nothing of a
+        next request is parsed or buffered (``connections.Member``)."""
+        if not self.is_idle() or self.transport.is_closing():
+            return None
+        if self.conn.their_state is not h11.IDLE or self.conn.trailing_data[0]:
+            return None  # part of the next request is here: it must be answered
+        return self.loop.time() - self._active_at
+
+    def _bytes_waiting(self) -> bool:
+        """Bytes the client sent that the loop has not read yet (FIONREAD on the socket)."""
+        sock = self.transport.get_extra_info("socket")
+        if sock is None:
+            return False
+        try:
+            waiting = fcntl.ioctl(sock.fileno(), termios.FIONREAD, b"\0\0\0\0")
+        except OSError:
+            return False
+        return int.from_bytes(waiting, sys.byteorder) > 0
+
+    def evict(self) -> bool:
+        """Closed by the gate for a newcomer, unless a request waits unread in the socket
+        (``connections.Member``)."""
+        if self._bytes_waiting():
+            return False
         self.transport.close()
+        return True
+
+    def drain(self) -> None:
+        """Close after the answer in flight, or the next one (``connections.Member``): it says
+        ``Connection: close``, as uvicorn's graceful shutdown does to busy connections."""
+        self._draining = True
+        self._close_after_cycle()
+
+    def _close_after_cycle(self) -> None:
+        cycle = self.cycle
+        if not self._draining or cycle is None or cycle.response_complete:
+            return  # idle: the next request's cycle is marked as it starts (``handle_events``)
+        cycle.keep_alive = False
+        if not cycle.response_started:  # h11 then closes after the answer too
+            cycle.default_headers = [*cycle.default_headers, (b"connection", b"close")]
+
+    def handle_events(self) -> None:
+        super().handle_events()
+        self._close_after_cycle()
 
     def _on_authenticated(self, tenant: str | None = None) -> None:
         self.gate.authenticated(self, tenant)
@@ -359,6 +406,7 @@ class BoundedH11Protocol(H11Protocol):
     def data_received(self, data: bytes) -> None:
         if isinstance(self.transport, _LingeringTransport) and self.transport.lingering:
             return  # the rest of a body already answered: dropped
+        self._active_at = self.loop.time()
         super().data_received(data)
         self._watch_head()
 
@@ -372,6 +420,7 @@ class BoundedH11Protocol(H11Protocol):
             # Answered before its body ended: uvicorn would read the rest only to discard it,
             # and a client sending it slowly would hold the connection for as long as it likes.
             self.transport.close()
+        self._active_at = self.loop.time()
         super().on_response_complete()
         if self._half_closed and not self.transport.is_closing():
             if self._answering():  # a pipelined request started

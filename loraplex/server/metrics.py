@@ -68,9 +68,11 @@ from loraplex.server.metrics_collectors import (
 )
 from loraplex.server.metrics_modes import ModeCollector
 from loraplex.server.metrics_status import StatusCounts
+from loraplex.server.metrics_traces import TraceCollector
 from loraplex.server.recent_requests import RecentRequests
 from loraplex.server.request_log import LoggedRequest, RequestLog
 from loraplex.server.traffic_tally import TrafficTally
+from loraplex.tracing.record import RequestTracing
 
 CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
 _LATENCY_BUCKETS_S = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0)
@@ -90,6 +92,7 @@ class ServerMetrics:
         max_adapter_labels: int = DEFAULT_MAX_NAMED,
         traffic: TrafficTally | None = None,
         request_log: RequestLog | None = None,
+        tracing: RequestTracing | None = None,
     ) -> None:
         self.request_log = request_log  # one line per finished request; None: off
         # per-class and per-revision traffic between the live page's history samples
@@ -105,6 +108,8 @@ class ServerMetrics:
         if cache is not None:
             self.registry.register(CacheCollector(cache))
         self.registry.register(ReleaseCollector(releases))
+        if tracing is not None:  # the tracer's refused sampled flags
+            self.registry.register(TraceCollector(tracing))
         self.statuses = StatusCounts()  # tenant responses by class and status (middleware)
         self.registry.register(self.statuses)
         labels = ("cold", "priority_class")

@@ -1,7 +1,12 @@
 """``POST /v1/feedback``: a tenant rates one of its own recent responses good or bad.
 
 The rating counts in the answering revision's release window (``release/traffic.py``)
-when that revision is under release; the response says whether it was counted. Only the tenant
+when that revision is under release; the response tells the revision's owner whether it was
+counted. A caller of another tenant's public adapter gets ``counted`` null whether or not it
+counted: true would tell it the owner has a release in flight (the revision it was served, which
+it is told truthfully, cannot say whether that revision is a candidate or the stable one). Its
+rating still counts; a release is judged without the caller pushing a figure most
+(``release/callers.py``), so one caller's ratings cannot steer it. Only the tenant
 that made the request may rate it: ids are looked up per tenant (two tenants may send the same
 ``X-Request-Id``; each rates its own), so another tenant's id gets the very 404 of an unknown or
 expired one (same status, same body, built from the id alone) and nothing about other tenants'
@@ -43,7 +48,9 @@ class FeedbackResult(BaseModel):
     request_id: str  # the rated response
     rating: Rating  # as given
     revision: str | None  # tenant/name@revision that answered it; None: the base model
-    counted: bool  # False: that revision is not under release, so no window counts it
+    # False: that revision is not under release, so no window counts it; None: not told (the
+    # revision is another tenant's)
+    counted: bool | None
 
 
 def _unknown(request_id: str) -> ApiError:
@@ -62,6 +69,10 @@ def feedback(body: FeedbackBody, tenant: TenantDep, deps: DepsDep) -> FeedbackRe
     counted = served.revision is not None and deps.releases.record_feedback(
         served.revision, served.at_s, body.rating is Rating.GOOD, served.caller
     )
+    owned = served.revision is None or served.revision.partition("/")[0] == tenant.name
     return FeedbackResult(
-        request_id=body.request_id, rating=body.rating, revision=served.revision, counted=counted
+        request_id=body.request_id,
+        rating=body.rating,
+        revision=served.revision,
+        counted=counted if owned else None,
     )

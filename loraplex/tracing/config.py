@@ -21,6 +21,10 @@ class TracingConfig:
     service_name: str = "loraplex"  # the ``service.name`` resource attribute
     max_queue_spans: int = 8192  # spans waiting for export; beyond, new ones are dropped
     export_timeout_s: float = 10.0  # one OTLP POST
+    # What one tenant's sampled ``traceparent`` headers may keep (``share.py``): spans at once,
+    # then spans a second; past it its requests are sampled as if they carried no flag.
+    parent_burst_spans: int = 1024  # an eighth of the default queue
+    parent_spans_per_s: float = 200.0
 
     def __post_init__(self) -> None:
         check_trace_settings(self.endpoint, self.sample_ratio, self.slow_s)
@@ -33,6 +37,14 @@ class TracingConfig:
             raise ValueError(
                 f"max_queue_spans {self.max_queue_spans} is invalid; expected 1 to "
                 f"{MAX_QUEUE_SPANS}"
+            )
+        if self.parent_burst_spans < 1:
+            raise ValueError(
+                f"parent_burst_spans {self.parent_burst_spans} is invalid; expected >= 1"
+            )
+        if not self.parent_spans_per_s > 0:
+            raise ValueError(
+                f"parent_spans_per_s {self.parent_spans_per_s} is invalid; expected > 0"
             )
         if not self.export_timeout_s > 0:
             raise ValueError(f"export_timeout_s {self.export_timeout_s} is invalid; expected > 0")

@@ -3,8 +3,10 @@ OTLP/HTTP (needs the ``otel`` extra).
 
 Tail sampling: the decision waits for the request's end, so that every failed request and every
 request slower than ``slow_s`` is kept whatever the ratio; the others are kept when the caller's
-``traceparent`` said sampled, else by ``sample_ratio`` on the trace id (as OpenTelemetry's
-TraceIdRatioBased, so an ingress and anything downstream agree). Until then a request costs only
+``traceparent`` said sampled (within its tenant's share of the export queue, ``share.py``:
+past it the flag is not honoured, counted in ``parent_refused``), else by ``sample_ratio`` on
+the trace id (as OpenTelemetry's TraceIdRatioBased, so an ingress and anything downstream
+agree). Until then a request costs only
 a few timestamps. Kept spans go to the SDK's ``BatchSpanProcessor`` (a bounded queue, exported
 on its own thread): the event loop never waits for the collector, and a collector that is down
 costs dropped spans, never requests.
@@ -16,7 +18,8 @@ import logging
 import random
 import secrets
 import time
-from collections.abc import Callable
+from collections import Counter
+from collections.abc import Callable, Mapping
 
 from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter
 from opentelemetry.sdk.resources import Resource
@@ -27,6 +30,7 @@ from loraplex.tracing.config import TracingConfig
 from loraplex.tracing.context import ratio_keeps, root_ids
 from loraplex.tracing.names import NameMasker
 from loraplex.tracing.record import Interval, RequestTrace, Subject
+from loraplex.tracing.share import ParentShare
 from loraplex.tracing.spans import SpanBuilder
 
 _log = logging.getLogger(__name__)
@@ -43,6 +47,7 @@ class Tracer:
         rng: random.Random | None = None,
         now_ns: Callable[[], int] = time.time_ns,
         processor: SpanProcessor | None = None,
+        clock_s: Callable[[], float] = time.monotonic,
     ) -> None:
         self.config = config
         self._rng = rng or random.Random(secrets.randbits(64))
@@ -57,6 +62,9 @@ class Tracer:
         self.num_kept = 0  # traces exported (handed to the processor)
         self.num_dropped = 0  # traces the sampling decision dropped
         self.num_failed = 0  # kept traces whose spans could not be built (logged)
+        self._share = ParentShare(config.parent_burst_spans, config.parent_spans_per_s, clock_s)
+        # requests whose sampled flag was not honoured (tenant past its share), by tenant class
+        self._parent_refused: Counter[str] = Counter()
 
     def begin(
         self, traceparent: str | None, subject: Subject, authorization: Interval | None
@@ -77,11 +85,16 @@ class Tracer:
             return "error"
         if slow_s is not None and trace.duration_s >= slow_s:
             return "slow"
-        if trace.ids.parent_sampled:
+        if trace.ids.parent_sampled and self._share.has_room(trace.subject.tenant):
             return "parent"
         if ratio_keeps(trace.ids.trace_id, self.config.sample_ratio):
             return "ratio"
         return None
+
+    def parent_refused(self) -> Mapping[str, int]:
+        """Requests whose caller's sampled flag was not honoured (its tenant past its share of
+        the export queue), by tenant class."""
+        return dict(self._parent_refused)
 
     def flush(self, timeout_s: float = 10.0) -> bool:
         """Exports what is queued; False when that did not finish within ``timeout_s``."""
@@ -92,6 +105,8 @@ class Tracer:
 
     def _finish(self, trace: RequestTrace) -> None:
         reason = self.kept_by(trace)
+        if trace.ids.parent_sampled and reason in ("ratio", None):
+            self._parent_refused[trace.subject.tenant_class] += 1
         if reason is None:
             self.num_dropped += 1
             return
@@ -102,5 +117,7 @@ class Tracer:
             self.num_failed += 1
             return
         self.num_kept += 1
+        if reason == "parent":
+            self._share.charge(trace.subject.tenant, len(spans))
         for span in spans:
             self._processor.on_end(span)

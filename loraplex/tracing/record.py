@@ -9,7 +9,7 @@ when the request failed before reaching the engine) and is handed to ``on_done``
 from __future__ import annotations
 
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Protocol
 
@@ -143,6 +143,11 @@ class RequestTracing(Protocol):
         self, traceparent: str | None, subject: Subject, authorization: Interval | None
     ) -> RequestTrace:
         """A new request's trace; it is decided on and exported when it ends."""
+        ...
+
+    def parent_refused(self) -> Mapping[str, int]:
+        """Requests whose sampled ``traceparent`` was not honoured (the tenant past its share of
+        the export queue), by tenant class."""
         ...
 
     def shutdown(self) -> None:

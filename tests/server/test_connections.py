@@ -34,15 +34,28 @@ WAIT_S = 5.0
 
 
 class FakeMember:
-    def __init__(self, idle: bool = True) -> None:
+    def __init__(self, idle: bool = True, quiet: float | None = 1.0, unread: bool = False) -> None:
         self.idle = idle
+        # seconds since its last traffic when idle with nothing of a next request received
+        self.quiet = quiet if idle else None
+        self.unread = unread  # a request waits unread in its socket: not closed
         self.evicted = False
+        self.drained = False
 
     def is_idle(self) -> bool:
         return self.idle
 
-    def evict(self) -> None:
+    def quiet_s(self) -> float | None:
+        return self.quiet
+
+    def evict(self) -> bool:
+        if self.unread:
+            return False
         self.evicted = True
+        return True
+
+    def drain(self) -> None:
+        self.drained = True
 
 
 def _gate(**limits: int) -> tuple[ConnectionGate, ManualClock]:

@@ -1,0 +1,69 @@
+"""``ParentShare``: how much of the shared span export queue one tenant's sampled
+``traceparent`` headers may fill (torch-free, no OpenTelemetry).
+
+A caller's sampled flag forces its request's trace to be kept, and the export queue (a bounded
+``BatchSpanProcessor`` that drops *new* spans when full) is shared by every tenant: a tenant
+sending the flag on every request could fill it, and other tenants' traces, errors included,
+would be dropped. So each tenant's honoured flags draw on a token bucket counted in spans: a
+full bucket holds ``burst_spans`` and refills at ``spans_per_s``. A trace is let in while its
+tenant's bucket holds anything and then charged its spans (so a bucket may go below zero by one
+trace's spans: a trace's span count is known only once built). Past it the request is decided as
+if it carried no flag (the ratio, errors, slow requests).
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Callable
+
+MAX_TENANTS = 4096  # buckets kept before full ones (which act as new ones) are forgotten
+
+
+class _Bucket:
+    def __init__(self, tokens: float, stamp_s: float) -> None:
+        self.tokens = tokens  # spans the tenant may still force (below 0: in debt)
+        self.stamp_s = stamp_s  # when ``tokens`` was last refilled
+
+
+class ParentShare:
+    """Per-tenant span buckets for honoured sampled flags (module docstring); thread-safe."""
+
+    def __init__(
+        self,
+        burst_spans: int,
+        spans_per_s: float,
+        clock_s: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self._burst = float(burst_spans)
+        self._rate = spans_per_s
+        self._clock_s = clock_s
+        self._buckets: dict[str, _Bucket] = {}
+        self._lock = threading.Lock()
+
+    def has_room(self, tenant: str) -> bool:
+        """Whether ``tenant``'s next sampled flag is honoured (nothing is taken yet)."""
+        with self._lock:
+            return self._refilled(tenant).tokens > 0
+
+    def charge(self, tenant: str, num_spans: int) -> None:
+        """``tenant``'s honoured flag cost ``num_spans`` spans."""
+        with self._lock:
+            self._refilled(tenant).tokens -= num_spans
+
+    def _refilled(self, tenant: str) -> _Bucket:
+        now_s = self._clock_s()
+        bucket = self._buckets.get(tenant)
+        if bucket is None:
+            if len(self._buckets) >= MAX_TENANTS:
+                self._forget_full(now_s)
+            bucket = self._buckets[tenant] = _Bucket(self._burst, now_s)
+        elapsed_s = max(0.0, now_s - bucket.stamp_s)
+        bucket.tokens = min(self._burst, bucket.tokens + elapsed_s * self._rate)
+        bucket.stamp_s = now_s
+        return bucket
+
+    def _forget_full(self, now_s: float) -> None:
+        for tenant, bucket in list(self._buckets.items()):
+            if bucket.tokens + max(0.0, now_s - bucket.stamp_s) * self._rate >= self._burst:
+                del self._buckets[tenant]

@@ -1,0 +1,150 @@
+"""A hostile tenant sending a sampled W3C ``traceparent`` on every request must not fill the
+shared span export queue: its forced traces take at most its share (``parent_burst_spans``, then
+``parent_spans_per_s``); beyond it its requests are sampled as anyone's (the ratio), counted in
+``loraplex_trace_parent_refused_total``, and other tenants' sampled traces are still kept.
+
+On the fake engine with the real app; the tracer hands its spans to a collecting processor and
+its clock stands still (no refill), so the share is exact."""
+
+from __future__ import annotations
+
+import random
+from collections.abc import Iterator
+from dataclasses import dataclass
+
+import pytest
+from conftest import ADMIN_KEY, Served, make_app_deps
+from fakes import FakeEngine
+from fastapi.testclient import TestClient
+from opentelemetry.sdk.trace import ReadableSpan, SpanProcessor
+from prometheus_client.parser import text_string_to_metric_families
+
+from loraplex.server.app import create_app
+from loraplex.server.deps import ServerDeps
+from loraplex.tracing.config import TracingConfig
+from loraplex.tracing.exporter import Tracer
+
+SECRET = b"0123456789abcdef0123456789abcdef"
+BURST_SPANS = 12  # about three traces of the fake engine (root, authorization, resolution, engine)
+
+
+class Collected(SpanProcessor):
+    def __init__(self) -> None:
+        self.spans: list[ReadableSpan] = []
+
+    def on_end(self, span: ReadableSpan) -> None:
+        self.spans.append(span)
+
+    def roots(self, tenant: str) -> list[ReadableSpan]:
+        return [
+            s
+            for s in self.spans
+            if s.kind.name == "SERVER" and (s.attributes or {}).get("loraplex.tenant") == tenant
+        ]
+
+
+@dataclass
+class Traced:
+    client: TestClient
+    served: Served
+    collected: Collected
+    tracer: Tracer
+
+    def post(self, tenant: str, traceparent: str | None, model: str = "support") -> int:
+        headers = {"Authorization": f"Bearer {self.served.keys[tenant]}"}
+        if traceparent is not None:
+            headers["traceparent"] = traceparent
+        body = {"model": model, "prompt": "hi", "max_tokens": 2}
+        return self.client.post("/v1/completions", json=body, headers=headers).status_code
+
+
+@pytest.fixture
+def traced(served: Served) -> Iterator[Traced]:
+    collected = Collected()
+    config = TracingConfig(
+        "http://127.0.0.1:9/v1/traces", SECRET, sample_ratio=0.0, export_names=True,
+        parent_burst_spans=BURST_SPANS, parent_spans_per_s=1.0,
+    )  # fmt: skip
+    tracer = Tracer(
+        config, "base", rng=random.Random(5), processor=collected, clock_s=lambda: 100.0
+    )
+    plain = make_app_deps(served, FakeEngine())
+    deps = ServerDeps(
+        plain.config, plain.engine, plain.registry, plain.cache, plain.chat,
+        refresh_tenants=plain.refresh_tenants, fleet=plain.fleet, tracing=tracer,
+    )  # fmt: skip
+    with TestClient(create_app(deps)) as client:
+        yield Traced(client, served, collected, tracer)
+    assert deps.cache is not None
+    deps.cache.close()
+
+
+def _sampled(i: int) -> str:
+    return f"00-{i + 1:032x}-{i + 1:016x}-01"
+
+
+def _refused(traced: Traced) -> dict[str, float]:
+    text = traced.client.get("/metrics", headers={"Authorization": f"Bearer {ADMIN_KEY}"}).text
+    out: dict[str, float] = {}
+    for family in text_string_to_metric_families(text):
+        if family.name == "loraplex_trace_parent_refused":
+            for sample in family.samples:
+                if sample.name.endswith("_total"):
+                    out[sample.labels["priority_class"]] = sample.value
+    return out
+
+
+def test_a_tenant_forcing_sampling_on_every_request_gets_only_its_share(traced: Traced) -> None:
+    assert _refused(traced) == {"high": 0.0, "normal": 0.0, "batch": 0.0}  # born at 0
+    for i in range(10):
+        assert traced.post("acme", _sampled(i)) == 200
+    kept = traced.collected.roots("acme")
+    acme_spans = {s.context.trace_id for s in kept}
+    num_spans = sum(1 for s in traced.collected.spans if s.context.trace_id in acme_spans)
+    assert 1 <= len(kept) < 10
+    # the share, plus the one trace that was let in with some of it left
+    assert num_spans < BURST_SPANS + num_spans / len(kept)
+    assert {s.attributes["loraplex.trace.kept_by"] for s in kept} == {"parent"}  # type: ignore[index]
+    refused = _refused(traced)
+    assert sum(refused.values()) == 10 - len(kept)
+    # another tenant's sampled request is still traced under its caller's span
+    assert traced.post("globex", _sampled(99), model="search") == 200
+    (globex,) = traced.collected.roots("globex")
+    assert globex.parent is not None and globex.parent.span_id == 100
+    assert (globex.attributes or {})["loraplex.trace.kept_by"] == "parent"
+
+
+def test_a_refused_request_still_gets_the_ratio_and_errors_are_kept(served: Served) -> None:
+    """Past its share a tenant's sampled request is decided as an unsampled one: dropped at ratio
+    0, kept when it fails; its answer is the same either way."""
+    collected = Collected()
+    config = TracingConfig(
+        "http://127.0.0.1:9/v1/traces", SECRET, sample_ratio=0.0, export_names=True,
+        parent_burst_spans=1, parent_spans_per_s=1.0,
+    )  # fmt: skip
+    now = [0.0]
+    tracer = Tracer(config, "base", processor=collected, clock_s=lambda: now[0])
+    plain = make_app_deps(served, FakeEngine())
+    deps = ServerDeps(
+        plain.config, plain.engine, plain.registry, plain.cache, plain.chat,
+        refresh_tenants=plain.refresh_tenants, fleet=plain.fleet, tracing=tracer,
+    )  # fmt: skip
+    with TestClient(create_app(deps)) as client:
+        traced = Traced(client, served, collected, tracer)
+        assert traced.post("acme", _sampled(0)) == 200  # takes the whole share
+        assert traced.post("acme", _sampled(1)) == 200  # refused: ratio 0 drops it
+        assert traced.post("acme", _sampled(2), model="no-such-adapter") == 404  # kept: error
+        reasons = [(r.attributes or {})["loraplex.trace.kept_by"] for r in collected.roots("acme")]
+        assert reasons == ["parent", "error"]
+        now[0] += 60.0  # the share refills
+        assert traced.post("acme", _sampled(3)) == 200
+        assert len(collected.roots("acme")) == 3
+    assert deps.cache is not None
+    deps.cache.close()
+
+
+def test_the_share_settings_are_checked() -> None:
+    with pytest.raises(ValueError, match="parent_burst_spans 0 is invalid"):
+        TracingConfig("http://c:4318/v1/traces", SECRET, parent_burst_spans=0)
+    with pytest.raises(ValueError, match="parent_spans_per_s -1 is invalid"):
+        TracingConfig("http://c:4318/v1/traces", SECRET, parent_spans_per_s=-1)
