@@ -222,6 +222,18 @@ class TieredAdapterCache:
         with self._lock:
             return [key for key, entry in self._state.ledgers[tier].entries.items() if entry.ready]
 
+    def pinned_keys(self) -> set[AdapterKey]:
+        """The keys with a pinned copy in some cached tier: a snapshot's pinned entries' keys,
+        at O(revisions with a pin or a warm policy), not O(copies)."""
+        with self._lock:
+            state = self._state
+            ledgers = state.ledgers.values()
+            return {
+                key
+                for key in state.pins.pinnable_keys()
+                if any((e := lg.get(key)) is not None and e.pinned for lg in ledgers)
+            }
+
     def close(self) -> None:
         """Stops the worker threads of the default executor (waits for running phases)."""
         if isinstance(self._executor, ThreadStepExecutor):
