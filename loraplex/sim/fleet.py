@@ -81,7 +81,7 @@ class SimFleetRouter:
             pinned=frozenset(name(key) for key in cache.pinned_keys()),
         )
         view = replica.scheduler.make_stats()
-        evictions = sum(replica.cache.summary().stats.evictions.values())
+        evictions = replica.cache.num_evictions()
         load = ReplicaLoad(
             num_queued=view.num_waiting,
             num_adapter_wait=view.num_adapter_wait,

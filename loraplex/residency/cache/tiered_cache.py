@@ -200,6 +200,12 @@ class TieredAdapterCache:
         with self._lock:
             return build_summary(self._state, len(self._jobs), self._jobs.num_blocked)
 
+    def num_evictions(self) -> int:
+        """Evictions so far, every cached tier summed (``summary().stats.evictions``), without
+        a summary's stage percentiles (each sorts up to its retained samples)."""
+        with self._lock:
+            return sum(self._state.stats.evictions.values())
+
     def residency_changes(self, since: int) -> ResidencyChanges:
         """Keys whose ready tiers changed after version ``since`` (O(changes)), or the whole
         map with ``full=True`` when ``since`` <= 0 or older than the bounded change log."""
