@@ -153,9 +153,14 @@ class PinBook:
             if not tiers:
                 del self._pins[key]
 
+    def pinnable_keys(self) -> set[AdapterKey]:
+        """Revisions with an operator pin or setting, or an automatic warm policy: every
+        revision a copy of which may be pinned (``is_pinned``) is among them."""
+        return self._pins.keys() | self._operator.keys() | self._auto.keys()
+
     def num_keys(self) -> int:
         """Revisions with an operator pin or setting, or an automatic warm policy."""
-        return len(self._pins.keys() | self._operator.keys() | self._auto.keys())
+        return len(self.pinnable_keys())
 
     def set_operator(self, key: AdapterKey, warm: WarmPolicy | None) -> None:
         if warm is None:

@@ -5,17 +5,26 @@ A replica's report (residency per tier from its cache's snapshot, load from its 
 counts, evictions over the last minute) is built the way ``fleet.replica.routing_report``
 builds it, and renewed at the first decision after ``report_interval_s`` has passed, so the
 router decides on state up to one interval old and on its own decisions since, as it does live.
+
+A report's ready sets are kept up to date from the cache's change log (``residency_changes``:
+the keys whose ready tiers changed since the last report), not rebuilt from every cached copy:
+a replica's L1 and L2 fill over a long run, and walking them at every report made the cost per
+request grow with the run's length. The copies being loaded (L0's entries, at most its slots)
+and the pinned ones (``pinned_keys``: the revisions with a pin or a warm policy) are read
+whole at each report. The sets are the same as a walk of every copy gives
+(``tests/sim/test_sim_reports.py`` compares them at every report).
 """
 
 from __future__ import annotations
 
 import random
 from collections import Counter, deque
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 from loraplex.artifacts.identity import AdapterKey
 from loraplex.clock import ManualClock
-from loraplex.residency.ledger import Tier
+from loraplex.residency.cache import ResidencyChanges
+from loraplex.residency.ledger import CACHED_TIERS, Tier
 from loraplex.router import ReplicaLoad, ReplicaReport, Residency, Router, RouteRequest
 from loraplex.sim.config import SimConfig
 from loraplex.sim.replica import SimReplica
@@ -36,6 +45,7 @@ class SimFleetRouter:
         self.decisions: Counter[str] = Counter()  # reason -> requests
         self._names: dict[AdapterKey, str] = {}  # str(key), made once per key
         self._oldest_s: float | None = None  # the oldest report's time (None: none yet)
+        self._ready = {r: _ReadySets() for r in self._replicas}  # per replica (module docstring)
 
     def route(self, request: RouteRequest) -> tuple[SimReplica, str]:
         """The replica ``request`` goes to and the router's reason."""
@@ -57,32 +67,21 @@ class SimFleetRouter:
 
     def _report(self, replica: SimReplica, now_s: float) -> ReplicaReport:
         replica.settle()  # its skipped steps, up to now
-        # The sets a snapshot's entries give (fleet.replica.routing_report), read from the
-        # cache's ledgers directly: a snapshot also sorts every copy and copies its history.
-        names = self._names
-        tiers: dict[Tier, set[str]] = {Tier.L0: set(), Tier.L1: set(), Tier.L2: set()}
-        loading: set[str] = set()
-        pinned: set[str] = set()
-        for tier, ledger in replica.cache.ledgers.items():
-            for key, entry in ledger.entries.items():
-                name = names.get(key)
-                if name is None:
-                    name = names[key] = str(key)
-                if entry.ready:
-                    tiers[tier].add(name)
-                elif tier is Tier.L0:
-                    loading.add(name)
-                if entry.pinned:
-                    pinned.add(name)
+        # The sets a snapshot's entries give (fleet.replica.routing_report); a snapshot also
+        # sorts every copy and copies its history.
+        cache, name = replica.cache, self._name
+        ready = self._ready[replica.replica_id]
+        ready.update(cache.residency_changes(ready.version), name)
+        l0 = cache.ledgers[Tier.L0].entries
         residency = Residency(
-            l0=frozenset(tiers[Tier.L0]),
-            l1=frozenset(tiers[Tier.L1]),
-            l2=frozenset(tiers[Tier.L2]),
-            loading=frozenset(loading),
-            pinned=frozenset(pinned),
+            l0=ready.frozen[Tier.L0],
+            l1=ready.frozen[Tier.L1],
+            l2=ready.frozen[Tier.L2],
+            loading=frozenset(name(key) for key, entry in l0.items() if not entry.ready),
+            pinned=frozenset(name(key) for key in cache.pinned_keys()),
         )
         view = replica.scheduler.make_stats()
-        evictions = sum(replica.cache.summary().stats.evictions.values())
+        evictions = replica.cache.num_evictions()
         load = ReplicaLoad(
             num_queued=view.num_waiting,
             num_adapter_wait=view.num_adapter_wait,
@@ -93,6 +92,13 @@ class SimFleetRouter:
         )
         return ReplicaReport(replica.replica_id, now_s, residency, load)
 
+    def _name(self, key: AdapterKey) -> str:
+        """``str(key)``, made once per key."""
+        name = self._names.get(key)
+        if name is None:
+            name = self._names[key] = str(key)
+        return name
+
     def _per_min(self, replica_id: str, now_s: float, total: int) -> float:
         window = self._evictions[replica_id]
         window.append((now_s, total))
@@ -100,3 +106,35 @@ class SimFleetRouter:
             window.popleft()
         oldest_s, oldest = window[0]
         return max(0, total - oldest) * 60.0 / max(now_s - oldest_s, EVICTION_WINDOW_S)
+
+
+class _ReadySets:
+    """One replica's ready copies by tier (names), kept from its cache's change log."""
+
+    def __init__(self) -> None:
+        self.version = 0  # the change log's version read last (0: none yet: the whole map)
+        self._members: dict[Tier, set[str]] = {t: set() for t in CACHED_TIERS}
+        self.frozen: dict[Tier, frozenset[str]] = dict.fromkeys(CACHED_TIERS, frozenset())
+
+    def update(self, changes: ResidencyChanges, name: Callable[[AdapterKey], str]) -> None:
+        """Applies ``changes``; a tier's frozen set is made again only where it changed."""
+        members = self._members
+        changed: set[Tier] = set()
+        if changes.full:
+            for tier, names in members.items():
+                if names:
+                    names.clear()
+                    changed.add(tier)
+        for key, tiers in changes.tiers.items():
+            item = name(key)
+            for tier, names in members.items():
+                if tier in tiers:
+                    if item not in names:
+                        names.add(item)
+                        changed.add(tier)
+                elif item in names:
+                    names.remove(item)
+                    changed.add(tier)
+        for tier in changed:
+            self.frozen[tier] = frozenset(members[tier])
+        self.version = changes.version

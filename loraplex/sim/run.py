@@ -12,9 +12,11 @@ after the cost model's front, IPC and (fleet) network overheads. With the cost m
 
 from __future__ import annotations
 
+import contextlib
+import gc
 import hashlib
 import random
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import asdict, dataclass
 
 from loraplex.artifacts.identity import AdapterKey
@@ -28,7 +30,7 @@ from loraplex.sim.config import SimConfig
 from loraplex.sim.cost_model import CostModel
 from loraplex.sim.cpu import CpuShare
 from loraplex.sim.fleet import SimFleetRouter
-from loraplex.sim.outcome import Outcome
+from loraplex.sim.outcome import Outcome, OutcomeLog
 from loraplex.sim.replica import SimReplica
 from loraplex.sim.result import SimResult, cache_figures, fleet_figures, request_figures
 from loraplex.sim.trace import TraceRecord
@@ -97,6 +99,33 @@ def simulate(
     except with the cost model's ``cores`` or ``fleet_contention``: a run keeps its first step's
     factor, ``sim/cpu.py``). ``keep_outcomes``, when given, receives each request's
     ``Outcome`` in trace order (the result holds figures only)."""
+    with _frozen_heap():
+        return _simulate(trace, config, cost_model, skip_steps, keep_outcomes)
+
+
+@contextlib.contextmanager
+def _frozen_heap() -> Iterator[None]:
+    """The objects alive when a run starts (the trace's records above all: a million in a scale
+    run) moved out of the collector's reach for the run (``gc.freeze``), then back: they are
+    never garbage within it, and every full collection would walk them all again. Left alone
+    where something is frozen already (its owner unfreezes)."""
+    if gc.get_freeze_count():
+        yield
+        return
+    gc.freeze()
+    try:
+        yield
+    finally:
+        gc.unfreeze()
+
+
+def _simulate(
+    trace: Sequence[TraceRecord],
+    config: SimConfig,
+    cost_model: CostModel,
+    skip_steps: bool,
+    keep_outcomes: list[Outcome] | None,
+) -> SimResult:
     clock = ManualClock()
     executor = SimExecutor(clock)
     adapters = trace_adapters(trace, config)
@@ -125,7 +154,7 @@ def simulate(
     spread = cost_model.network_jitter_s if fleet else ()
     jittered = bool(cost_model.hop_jitter_s or spread)
     jitter = random.Random(f"hop-jitter-{config.seed}") if jittered else None
-    outcomes: list[Outcome] = []
+    outcomes = OutcomeLog()
     last_t = 0.0
     for index, record in enumerate(trace):
         if record.t_s < last_t:
@@ -133,7 +162,7 @@ def simulate(
         last_t = record.t_s
         executor.run_until(record.t_s)
         outcome = Outcome(record.t_s, record.tenant)
-        outcomes.append(outcome)
+        outcomes.add(outcome)
         adapter = None if record.adapter is None else adapters[(record.tenant, record.adapter)]
         request = _engine_request(index, record, adapter)
         replica = replicas[0]
@@ -154,9 +183,10 @@ def simulate(
         replica.cache.check_integrity()
         if replica.num_live:  # every request ends: by finishing, a refusal or its deadline
             raise RuntimeError(f"{replica.replica_id} ended with {replica.num_live} live requests")
+    ended = outcomes.outcomes()
     if keep_outcomes is not None:
-        keep_outcomes.extend(outcomes)
-    return _result(trace, config, cost_model, replicas=replicas, fleet=fleet, outcomes=outcomes)
+        keep_outcomes.extend(ended)
+    return _result(trace, config, cost_model, replicas=replicas, fleet=fleet, outcomes=ended)
 
 
 def _engine_request(index: int, record: TraceRecord, adapter: SimAdapter | None) -> EngineRequest:

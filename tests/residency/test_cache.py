@@ -100,9 +100,13 @@ def test_pinned_adapter_is_never_evicted_and_unpin_releases_it() -> None:
     for k in (B, C, D):
         lease_of(rig, rig.cache.acquire_future(k)).release()
         assert rig.cache.is_resident(A, Tier.L0)
+    assert rig.cache.pinned_keys() == {e.key for e in rig.cache.snapshot().entries if e.pinned}
+    assert rig.cache.pinned_keys() == {A}
+    assert rig.cache.num_evictions() == sum(rig.cache.summary().stats.evictions.values()) > 0
     assert not rig.cache.evict(A, Tier.L0)
     rig.cache.unpin(A, Tier.L0)
     rig.check()
+    assert rig.cache.pinned_keys() == set()
     assert rig.cache.evict(A, Tier.L0)
     rig.check()
 

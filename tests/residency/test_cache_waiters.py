@@ -3,6 +3,9 @@ cannot abort a later load of the same key."""
 
 from __future__ import annotations
 
+import gc
+import weakref
+
 from cache_kit import Rig, key, make_rig
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -22,6 +25,23 @@ def test_deadline_timer_is_cancelled_when_the_waiter_settles() -> None:
     rig.settle(1.0)
     future.result(timeout=0).release()
     assert live_timers(rig) == 0  # a thread-backed executor would keep no sleeping timer
+    rig.check()
+
+
+def test_a_cancelled_deadline_event_lets_its_waiter_go_before_it_comes_due() -> None:
+    """The event stays queued until its time (30 s here) but holds nothing: the settled
+    waiter's future can be freed at once, not 30 simulated seconds later."""
+    rig = make_rig(default_deadline_s=30.0)
+    future = rig.cache.acquire_future(A)
+    rig.settle(1.0)
+    future.result(timeout=0).release()
+    gone = weakref.ref(future)
+    del future
+    gc.collect()  # the future and its done-callbacks' closures form a cycle
+    assert len(rig.executor._events) == 1 and live_timers(rig) == 0
+    assert gone() is None
+    rig.settle(40.0)
+    assert not rig.executor._events
     rig.check()
 
 

@@ -18,7 +18,9 @@ import pytest
 from sim_golden import CASES, digest
 from sim_inputs import cost
 
+from loraplex.sim import run
 from loraplex.sim.config import SimConfig
+from loraplex.sim.outcome import Outcome, OutcomeLog
 from loraplex.sim.run import simulate
 from loraplex.sim.scale import synthetic_trace
 
@@ -45,3 +47,39 @@ def test_steady_decode_steps_in_bulk_give_the_step_by_step_result() -> None:
     slow, fast = (simulate(trace, config, cost(), skip_steps=s) for s in (False, True))
     assert fast.to_json() == slow.to_json()
     assert fast.metrics["engine_steps"] == slow.metrics["engine_steps"] > 5 * len(trace)
+
+
+@pytest.mark.parametrize("name", ["hot-fleet", "scale-8", "cold-scarce"])
+def test_sealing_ended_outcomes_changes_no_figure(
+    name: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A run seals ended outcomes into tuples every ``seal_every`` requests (4096: none in these
+    small cases): sealed every 3, every case still gives the result recorded before."""
+    logs: list[OutcomeLog] = []
+
+    def often() -> OutcomeLog:
+        logs.append(OutcomeLog(seal_every=3))
+        return logs[-1]
+
+    monkeypatch.setattr(run, "OutcomeLog", often)
+    assert digest(CASES[name]()) == RECORDED[name]
+    (log,) = logs
+    assert log.num_sealed > len(log.outcomes()) // 2
+
+
+def test_an_outcome_log_gives_back_every_outcome_in_order() -> None:
+    log = OutcomeLog(seal_every=2)
+    made = [Outcome(float(i), f"t{i}", replica=i, reason=f"r{i}") for i in range(7)]
+    for i, outcome in enumerate(made):
+        log.add(outcome)
+        outcome.tier, outcome.first_token_s, outcome.output_tokens = "L1", i + 0.25, i + 3
+        if i % 3 == 0:  # ends once added: sealed by the next seal
+            outcome.end_s, outcome.error = i + 0.5, "QueueTimeoutError"
+    made[1].end_s = 9.0  # ends late: sealed by the first seal after it ended
+    log.add(extra := Outcome(8.0, "t8", replica=2, reason="gpu_hit"))
+    # seals at 2, 4, 6 and 8 outcomes: 0 at the first, 3 at the third, 1 and 6 at the fourth
+    assert log.num_sealed == 4
+    assert log.outcomes() == [*made, extra]
+    assert all(type(o) is Outcome for o in log.outcomes())
+    with pytest.raises(ValueError, match="seal_every 0"):
+        OutcomeLog(seal_every=0)

@@ -200,6 +200,12 @@ class TieredAdapterCache:
         with self._lock:
             return build_summary(self._state, len(self._jobs), self._jobs.num_blocked)
 
+    def num_evictions(self) -> int:
+        """Evictions so far, every cached tier summed (``summary().stats.evictions``), without
+        a summary's stage percentiles (each sorts up to its retained samples)."""
+        with self._lock:
+            return sum(self._state.stats.evictions.values())
+
     def residency_changes(self, since: int) -> ResidencyChanges:
         """Keys whose ready tiers changed after version ``since`` (O(changes)), or the whole
         map with ``full=True`` when ``since`` <= 0 or older than the bounded change log."""
@@ -221,6 +227,18 @@ class TieredAdapterCache:
         """The keys with a ready copy in ``tier`` (cheaper than a snapshot)."""
         with self._lock:
             return [key for key, entry in self._state.ledgers[tier].entries.items() if entry.ready]
+
+    def pinned_keys(self) -> set[AdapterKey]:
+        """The keys with a pinned copy in some cached tier: a snapshot's pinned entries' keys,
+        at O(revisions with a pin or a warm policy), not O(copies)."""
+        with self._lock:
+            state = self._state
+            ledgers = state.ledgers.values()
+            return {
+                key
+                for key in state.pins.pinnable_keys()
+                if any((e := lg.get(key)) is not None and e.pinned for lg in ledgers)
+            }
 
     def close(self) -> None:
         """Stops the worker threads of the default executor (waits for running phases)."""
