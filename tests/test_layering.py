@@ -63,6 +63,8 @@ _TORCH_FREE_ENGINE = (
     "transport.process_inflight",
     "transport.process_replay",
     "transport.process_child",
+    "transport.child_loop",
+    "transport.cache_commands",
     "transport.packed_errors",
     "transport.worker",
     "transport.streams",

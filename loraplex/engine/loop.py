@@ -1,7 +1,7 @@
 """The engine loop on its own thread: ``EngineThread`` runs ``EngineCore.step`` and the commands
 event-loop threads hand it (submit, abort) between steps, so the scheduler and the KV cache are
 only ever touched by that thread. ``AsyncEngine`` (``transport/thread_client.py``) drives one
-in this process; the engine process's child (``transport/process_child.py``) drives one there.
+in this process; the engine process's child (``transport/child_loop.py``) drives one there.
 
 Torch-free at import time: it drives a core it is given (the builder imported torch).
 """

@@ -8,7 +8,7 @@ is measured from when it did, so an engine idle for an hour is not hung the mome
 arrives.
 
 - **Liveness**: an engine process beats from a thread of its own every ``alive_interval_s``
-  (``process_child``), whatever its engine loop does; torch releases the interpreter lock inside
+  (``child_loop``), whatever its engine loop does; torch releases the interpreter lock inside
   its operations, so the beats go on during a long forward. Silence for ``unresponsive_after_s``
   means the whole process is frozen (SIGSTOP, a stalled VM, a debugger): **hung** at once. Any
   message from the process counts as a beat. Only silence the judge saw while it ran on time

@@ -26,6 +26,7 @@ from typing import Any
 from loraplex.artifacts.base_model import BaseModelSpec
 from loraplex.engine.factory import AdapterRuntime
 from loraplex.engine.protocol import EngineRequest, TokenDelta
+from loraplex.engine.transport.cache_commands import run_cache_command, run_hold_command
 from loraplex.engine.transport.messages import (
     CacheCommand,
     Dedicate,
@@ -33,7 +34,6 @@ from loraplex.engine.transport.messages import (
     UpdateTenants,
 )
 from loraplex.engine.transport.packed_errors import pack_error
-from loraplex.engine.transport.process_child import run_cache_command, run_hold_command
 from loraplex.engine.transport.thread_client import AsyncEngine
 from loraplex.errors import EngineUnavailableError
 from loraplex.fleet.routing import REPORT_KEY, UP_KEY

@@ -11,7 +11,7 @@ from typing import Any, cast
 import pytest
 
 from loraplex.cli import serve as serve_cli
-from loraplex.cli.serve import _stop_if_engine_fails
+from loraplex.cli.serve_start import _stop_if_engine_fails
 from loraplex.errors import EngineUnavailableError
 from loraplex.serve.config import ServeConfig
 

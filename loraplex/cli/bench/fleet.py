@@ -172,7 +172,7 @@ def _topology(
     hot_load: float | None,
     values: dict[str, Any],
 ) -> None:
-    """``--topology``: the two sides on the topology traces (``bench/fleet/topology.py``);
+    """``--topology``: the two sides on the topology traces (``bench/fleet/topology/``);
     options it would not read are refused by name."""
     import os
 

@@ -1,7 +1,7 @@
 """The messages between the server process and its engine child (``engine/transport/process.py``).
 
 Every message is a frozen dataclass; each side routes what it receives through a table keyed by
-the message's type (``process_child._Child`` and ``process.EngineProcess``), and cache commands
+the message's type (``child_loop.ChildLoop`` and ``process.EngineProcess``), and cache commands
 run through one more such table in the child. Nothing is dispatched on a method name.
 
 parent -> child: ``Build`` once, first (what to build: the child may be spawned before it is

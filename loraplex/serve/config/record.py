@@ -1,4 +1,5 @@
-"""``loraplex serve``'s configuration: one frozen record, from a TOML file and/or flags.
+"""``loraplex serve``'s configuration record (``ServeConfig``): its fields (the TOML keys), the
+order of its checks (``checks.py``) and the budgets derived from it.
 
 Torch-free. Byte budgets are what the cache enforces; vLLM's count flags are translated into
 them with the bytes of one *slot*: an adapter of rank ``max_lora_rank`` on every target module of
@@ -12,14 +13,8 @@ every layer (``artifacts.base_model.lora_bytes``):
 
 from __future__ import annotations
 
-import tomllib
-import types
-import typing
-import warnings
-from collections.abc import Mapping
-from dataclasses import dataclass, field, fields
+from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
 
 from loraplex.artifacts.base_model import BaseModelSpec, lora_bytes
 from loraplex.devices import check_device
@@ -38,7 +33,18 @@ from loraplex.quota.ratelimit import (
     check_shared_state_url,
 )
 from loraplex.residency.ledger import check_tier_share
-from loraplex.residency.policy import DEFAULT_POLICY, policy_names
+from loraplex.residency.policy import DEFAULT_POLICY
+from loraplex.serve.config.checks import (
+    check_auto_gpu_slots,
+    check_connection_caps,
+    check_engine_watch,
+    check_listeners,
+    check_non_negative,
+    check_policy,
+    check_ranges,
+    check_step_limits,
+)
+from loraplex.serve.config.keys import file_key
 from loraplex.server.adapter_labels import DEFAULT_MAX_NAMED
 from loraplex.server.batch_limit import MAX_BATCH_PROMPTS
 from loraplex.server.stream_buffer import DEFAULT_MAX_STREAM_RESUMES
@@ -52,47 +58,6 @@ BODY_BYTES_PER_PROMPT_CHAR = 4
 BODY_FIELDS_BYTES = 1 << 20
 # The default step token budget is at least this (and at least max_num_seqs, one decode each).
 MIN_DEFAULT_BATCHED_TOKENS = 512
-_POSITIVE = (
-    "max_loras",
-    "max_lora_rank",
-    "max_num_seqs",
-    "max_model_len",
-    "num_kv_blocks",
-    "block_size",
-    "max_queue_len",
-    "max_concurrent_loads",
-    "tenant_max_concurrent_loads",
-    "max_upload_bytes",
-    "keep_alive_timeout_s",
-    "max_connections",
-    "max_header_bytes",
-    "max_connections_per_address",
-    "accepts_per_s_per_address",
-    "max_stream_buffer_bytes",
-    "stream_pause_bytes",
-    "send_buffer_bytes",
-)
-_POSITIVE_OR_UNSET = (
-    "max_cpu_loras",
-    "gpu_adapter_bytes",
-    "cpu_adapter_bytes",
-    "torch_threads",
-    "max_prompt_chars",
-    "max_body_bytes",
-    "max_unauthenticated_connections",
-)
-_NON_NEGATIVE = ("max_adapter_labels", "disk_cache_bytes", "max_stream_resumes")
-_POSITIVE_SECONDS = (
-    "queue_deadline_s",
-    "auto_warm_interval_s",
-    "body_read_timeout_s",
-    "upload_read_timeout_s",
-    "header_read_timeout_s",
-    "engine_hung_after_s",
-    "engine_hung_kill_after_s",
-    "engine_unresponsive_after_s",
-    "write_timeout_s",
-)
 
 
 # A tenant's share of each tier (its slots and bytes) unless its settings say otherwise.
@@ -218,85 +183,31 @@ class ServeConfig:
     request_log_path: Path | None = None
 
     def __post_init__(self) -> None:
+        # NOTE: the order decides which error a config with several wrong values gets.
         check_finite(self, file_key)  # NaN passes a negated comparison, inf every upper one
-        self._check_listeners()
+        check_listeners(self.host, self.port, self.admin_host, self.admin_port)
         check_trace_settings(self.trace_endpoint, self.trace_sample_ratio, self.trace_slow_s)
         ModeSetting.parse(self.mode)  # raises ValueError naming the mode
-        if self.policy not in policy_names():
-            raise ValueError(
-                f"policy {self.policy!r} is invalid; expected one of {list(policy_names())}"
-            )
+        check_policy(self.policy)
         check_dtype(self.dtype)
         check_device(self.device)
         check_tier_share(self.default_tenant_tier_share)
-        for name in _POSITIVE:
-            if getattr(self, name) < 1:
-                raise ValueError(f"{name} {getattr(self, name)} is invalid; expected >= 1")
-        for name in _POSITIVE_OR_UNSET:
-            value = getattr(self, name)
-            if value is not None and value < 1:  # named as set (torch_threads: threads)
-                raise ValueError(f"{file_key(name)} {value} is invalid; expected >= 1 or unset")
-        for name in _POSITIVE_SECONDS:
-            if not getattr(self, name) > 0:
-                raise ValueError(f"{name} {getattr(self, name)} is invalid; expected > 0")
-        unauthenticated = self.max_unauthenticated_connections
-        if unauthenticated is not None and unauthenticated > self.max_connections:
-            raise ValueError(
-                f"max_unauthenticated_connections {unauthenticated} is invalid; expected <= "
-                f"max_connections {self.max_connections} or unset"
-            )
+        check_ranges(self)
+        check_connection_caps(self.max_connections, self.max_unauthenticated_connections)
         if self.shared_state_url is not None:
             check_shared_state_url(self.shared_state_url)
         check_key_prefix(self.shared_state_prefix)
-        for name in _NON_NEGATIVE:
-            if getattr(self, name) < 0:
-                raise ValueError(f"{name} {getattr(self, name)} is invalid; expected >= 0")
-        if not self.engine_process and self.engine_hung_kill_after_s != DEFAULT_KILL_AFTER_S:
-            raise ValueError(
-                f"engine_hung_kill_after_s {self.engine_hung_kill_after_s} is invalid with "
-                "engine_process false; expected unset (an engine thread cannot be killed)"
-            )
-        unresponsive = self.engine_unresponsive_after_s
-        if not self.engine_process and unresponsive != DEFAULT_UNRESPONSIVE_AFTER_S:
-            raise ValueError(
-                f"engine_unresponsive_after_s {unresponsive} is invalid with engine_process "
-                "false; expected unset (an engine thread has no liveness signal of its own)"
-            )
-        auto_gpu = self.max_auto_gpu_slots
-        if auto_gpu is not None and not 0 <= auto_gpu < self.max_loras:
-            raise ValueError(
-                f"max_auto_gpu_slots {auto_gpu} is invalid; expected 0 to max_loras - 1 "
-                f"({self.max_loras - 1}: one slot stays free for demand loads) or unset"
-            )
-        if not self.step_work_ratio >= 0:
-            raise ValueError(f"step_work_ratio {self.step_work_ratio} is invalid; expected >= 0")
-        if not 0 <= self.max_paused_kv_fraction <= 1:
-            raise ValueError(
-                f"max_paused_kv_fraction {self.max_paused_kv_fraction} is invalid; expected 0 to 1"
-            )
-        tokens = self.max_num_batched_tokens
-        if tokens is not None and tokens < self.max_num_seqs:
-            raise ValueError(
-                f"max_num_batched_tokens {tokens} is invalid; expected >= max_num_seqs "
-                f"{self.max_num_seqs} (every running sequence decodes each step) or unset"
-            )
-
-    def _check_listeners(self) -> None:
-        for name in ("port", "admin_port"):
-            value = getattr(self, name)
-            if value is not None and not 0 <= value <= 65535:
-                raise ValueError(f"{name} {value} is invalid; expected 0-65535")
-        if (
-            self.admin_port
-            and self.admin_port == self.port
-            and self.admin_host in (None, self.host)
-        ):
-            raise ValueError(
-                f"admin_port {self.admin_port} is invalid; expected another port than port "
-                f"{self.port}"
-            )
-        if self.admin_host is not None and self.admin_port is None:
-            raise ValueError("admin_host is set without admin_port; expected both or neither")
+        check_non_negative(self)
+        check_engine_watch(
+            self.engine_process, self.engine_hung_kill_after_s, self.engine_unresponsive_after_s
+        )
+        check_auto_gpu_slots(self.max_auto_gpu_slots, self.max_loras)
+        check_step_limits(
+            self.step_work_ratio,
+            self.max_paused_kv_fraction,
+            self.max_num_batched_tokens,
+            self.max_num_seqs,
+        )
 
     def batched_tokens(self) -> int:
         """``max_num_batched_tokens``, or max(512, ``max_num_seqs``) when unset."""
@@ -389,114 +300,3 @@ class ServeConfig:
         if self.max_cpu_loras is not None:
             return self.max_cpu_loras * self.slot_bytes(base)
         return DEFAULT_CPU_ADAPTER_BYTES
-
-
-_PATH_FIELDS = {"data_dir", "model", "import_dir", "request_log_path"}
-# File keys that are not field names: the key is the flag's name (``--threads``).
-_FILE_KEYS = {"threads": "torch_threads"}
-_DEPRECATED_KEYS = {"torch_threads": "threads"}  # still read, with a warning naming the new key
-_TOML_TYPE_NAMES = {bool: "a boolean", int: "an integer", float: "a number", str: "a string"}
-
-
-def read_config_file(path: Path, other_tables: tuple[str, ...] = ()) -> dict[str, Any]:
-    """The ``[serve]`` table of a TOML file (or its top level when there is no such table, less
-    ``other_tables``: the tables another reader takes, e.g. ``loraplex fleet``'s ``[fleet]``),
-    as ServeConfig field names. Keys are the flag names; a value of the wrong TOML type is
-    refused naming the key (it would otherwise fail later, in a comparison, without a name)."""
-    try:
-        document = tomllib.loads(path.read_text(encoding="utf-8"))
-    except (OSError, tomllib.TOMLDecodeError) as exc:
-        raise ValueError(f"config file {path}: {exc}") from exc
-    if "serve" in document:
-        table = document["serve"]
-    else:
-        table = {k: v for k, v in document.items() if k not in other_tables}
-    if not isinstance(table, dict):
-        raise ValueError(f"config file {path}: [serve] is invalid; expected a table")
-    table = _field_names(path, table)
-    hints = typing.get_type_hints(ServeConfig)
-    for key, value in table.items():
-        _check_type(path, file_key(key), value, hints[key])
-    base = path.parent
-    return {
-        k: (base / v if k in _PATH_FIELDS and isinstance(v, str) else v) for k, v in table.items()
-    }
-
-
-def file_keys() -> frozenset[str]:
-    """The keys a config file's ``[serve]`` table takes (deprecated names aside)."""
-    names = {f.name for f in fields(ServeConfig)} - set(_FILE_KEYS.values())
-    return frozenset(names | set(_FILE_KEYS))
-
-
-def file_key(name: str) -> str:
-    """The config file key of the field ``name``: its flag's name (``torch_threads``: threads)."""
-    return next((key for key, field_name in _FILE_KEYS.items() if field_name == name), name)
-
-
-def _field_names(path: Path, table: dict[str, Any]) -> dict[str, Any]:
-    """``table`` keyed by field name; unknown keys refused, deprecated ones warned about."""
-    keys = file_keys()
-    unknown = sorted(set(table) - keys - set(_DEPRECATED_KEYS))
-    if unknown:
-        raise ValueError(f"config file {path}: unknown keys {unknown}; expected {sorted(keys)}")
-    renamed: dict[str, Any] = {}
-    for key, value in table.items():
-        if key in _DEPRECATED_KEYS:
-            new_key = _DEPRECATED_KEYS[key]
-            if new_key in table:
-                raise ValueError(
-                    f"config file {path}: {key} and {new_key} are both set; expected {new_key} "
-                    f"only ({key} is its deprecated name)"
-                )
-            warnings.warn(
-                f"config file {path}: key {key} is deprecated; use {new_key}",
-                FutureWarning,
-                stacklevel=3,
-            )
-            renamed[_FILE_KEYS.get(new_key, new_key)] = value
-        else:
-            renamed[_FILE_KEYS.get(key, key)] = value
-    return renamed
-
-
-def _check_type(path: Path, key: str, value: object, hint: object) -> None:
-    """ValueError naming ``key`` unless ``value`` (as TOML parsed it) fits the field's type."""
-    members = typing.get_args(hint) if isinstance(hint, types.UnionType) else (hint,)
-    accepted = {str if m is Path else m for m in members if m is not type(None)}
-    if float in accepted:
-        accepted.add(int)  # TOML writes a whole number of seconds without a point
-    # NOTE: bool is an int subclass; TOML's true is not a count.
-    if type(value) not in accepted:
-        names = [
-            name
-            for kind, name in _TOML_TYPE_NAMES.items()
-            if kind in accepted and not (kind is int and float in accepted)
-        ]
-        expected = " or ".join(names)
-        raise ValueError(
-            f"config file {path}: {key} = {value!r:.60} is invalid; expected {expected}"
-        )
-
-
-def memory_total_bytes(meminfo: Path = Path("/proc/meminfo")) -> int | None:
-    """The machine's memory (``MemTotal``), or None where /proc/meminfo is not there."""
-    try:
-        lines = meminfo.read_text(encoding="ascii").splitlines()
-    except OSError:
-        return None
-    for line in lines:
-        name, _, rest = line.partition(":")
-        if name == "MemTotal":
-            return int(rest.split()[0]) * 1024  # kB
-    return None
-
-
-def merge(file_values: Mapping[str, Any], flags: Mapping[str, Any]) -> ServeConfig:
-    """Flags given on the command line (not None) override the file; the file the defaults."""
-    values = dict(file_values)
-    values.update({k: v for k, v in flags.items() if v is not None})
-    for name in _PATH_FIELDS:
-        if isinstance(values.get(name), str):
-            values[name] = Path(values[name])
-    return ServeConfig(**values)

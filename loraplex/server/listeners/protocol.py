@@ -1,26 +1,16 @@
-"""Where the server listens: the public API and, optionally, a separate admin address.
-
-With ``admin_port`` set, one uvicorn server serves two sockets and ``AdminBindGuard`` splits
-the routes by the socket a request arrived on: every route that needs the admin credential
-(``/admin``, vLLM's ``/v1/load_lora_adapter`` and ``/v1/unload_lora_adapter``) and ``/metrics``
-only on the admin socket (bind it to a private interface), everything else only on the public
-one; ``/health``, ``/ready`` and ``/version`` on both. A route asked on the wrong socket gets the
-same 404 as a path that does not exist. Credentials still apply on both sockets.
+"""uvicorn's h11 protocol, bounded (``BoundedH11Protocol``), and the uvicorn config that hands it
+its limits and the listener's connection gate (``ListenerConfig``).
 
 Every accepted connection is bounded (``ConnectionLimits``): TCP_NODELAY (asyncio sets it only on
 sockets whose ``proto`` is IPPROTO_TCP, and ``socket.create_server`` leaves it 0, so responses on
 a reused connection waited out the client's delayed ACK, ~40 ms), the gate of ``connections.py``
 (connections in all, per address, not yet authenticated, and accepted per second per address), a
 deadline for each request head, an idle keep-alive timeout, a largest request head (whole or
-not), and a write timeout: a client that takes none of its response for ``write_timeout_s`` while
-the server has more to send is cut off, which ends its request (a stream's engine request is
-aborted, its seat, KV blocks and adapter lease freed). Body limits are the app's (``limits.py``).
-
-A connection answered before its request body ended (a 413 past the body cap, a 401 before the
-body is read) closes in stages, as RFC 9112 §9.6 asks: the answer is sent and the write side
-shut, then what the client still sends is read and dropped until it closes its side, for
-``linger_s`` at most. Closing at once with unread bytes in the socket makes the kernel send a
-reset, which can destroy the answer before the client read it.
+not, ``h11_bounds.py``), and a write timeout: a client that takes none of its response for
+``write_timeout_s`` while the server has more to send is cut off, which ends its request (a
+stream's engine request is aborted, its seat, KV blocks and adapter lease freed). Body limits are
+the app's (``server/limits.py``); a connection answered mid-body closes in stages
+(``linger.py``).
 
 A client that shuts its sending side after a whole request (a half-close: ``shutdown(SHUT_WR)``,
 ``nc -N``, some proxies) is still answered, and the connection closes after the answer: RFC 9112
@@ -40,137 +30,25 @@ import fcntl
 import socket
 import sys
 import termios
-from dataclasses import dataclass
-from typing import Any, NoReturn
+from typing import Any
 
 import h11
 import uvicorn
 from prometheus_client.registry import CollectorRegistry
-from starlette.types import ASGIApp, Receive, Scope, Send
 from uvicorn.protocols.http.h11_impl import H11Protocol
 
 from loraplex.clock import MonotonicClock
-from loraplex.server.auth import DASHBOARD_PATHS, Credential, required_credential
-from loraplex.server.connections import (
-    MARK_AUTHENTICATED,
-    ConnectionGate,
-    GateCollector,
-    GateLimits,
-)
-from loraplex.server.errors import ApiError
+from loraplex.server.connections import MARK_AUTHENTICATED, ConnectionGate, GateCollector
 from loraplex.server.fd_limit import ensure_fd_limit
 from loraplex.server.gated_accept import AcceptGate, refuse
+from loraplex.server.listeners.h11_bounds import BoundedConnection
+from loraplex.server.listeners.limits import ConnectionLimits
+from loraplex.server.listeners.linger import LingeringTransport
 from loraplex.server.tarpit import Tarpit
 
-_BOTH = ("/health", "/ready", "/version")
-CHUNK_ALLOWANCE_BYTES = 1024  # each KiB of a chunked body allows one more chunk
 # How often a half-closed connection whose answer is not yet written is checked for a reset (the
 # client gone): no read can see one after the EOF, and no write happens before the answer.
 RESET_POLL_S = 0.5
-
-
-def is_admin_path(path: str) -> bool:
-    """Served on the admin socket only (when there is one); the dashboard's public files too."""
-    if path == "/metrics" or path in DASHBOARD_PATHS:
-        return True
-    return required_credential(path) is Credential.ADMIN
-
-
-class AdminBindGuard:
-    """ASGI middleware: admin routes only on ``admin_port``, the others only elsewhere."""
-
-    def __init__(self, app: ASGIApp, admin_port: int) -> None:
-        self.app = app
-        self.admin_port = admin_port
-
-    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] == "http" and scope["path"] not in _BOTH:
-            server = scope.get("server")
-            on_admin = server is not None and server[1] == self.admin_port
-            if is_admin_path(scope["path"]) != on_admin:
-                # NOTE: the body of the router's own 404 (``errors._on_http``), so a tenant cannot
-                # tell a route of the other socket from a path that does not exist.
-                error = ApiError(404, "Not Found", "not_found_error")
-                await error.response()(scope, receive, send)
-                return
-        await self.app(scope, receive, send)
-
-
-def bind(host: str, port: int) -> socket.socket:
-    """A listening TCP socket on ``host:port`` (port 0: any free port)."""
-    family = socket.AF_INET6 if ":" in host else socket.AF_INET
-    sock = socket.create_server((host, port), family=family, backlog=2048)
-    sock.setblocking(False)
-    return sock
-
-
-def bind_all(
-    host: str, port: int, admin_host: str | None, admin_port: int | None
-) -> list[socket.socket]:
-    """The public socket, then the admin socket when ``admin_port`` is set."""
-    sockets = [bind(host, port)]
-    if admin_port is not None:
-        try:
-            sockets.append(bind(admin_host or host, admin_port))
-        except OSError:
-            sockets[0].close()
-            raise
-    return sockets
-
-
-def guarded(app: Any, sockets: list[socket.socket]) -> Any:
-    """``app`` split between the sockets of ``bind_all`` (unchanged with one socket)."""
-    if len(sockets) < 2:
-        return app
-    return AdminBindGuard(app, sockets[1].getsockname()[1])
-
-
-@dataclass(frozen=True)
-class ConnectionLimits:
-    """What client connections may hold: time for a request head, idle time, counts, size, and
-    time to take a response (the counts are ``connections.GateLimits``)."""
-
-    header_read_timeout_s: float = 10.0  # a request head must be complete this long after it began
-    keep_alive_timeout_s: int = 5  # an idle keep-alive connection is closed after this (uvicorn)
-    max_connections: int = 1024  # open connections at most (see ``connections.py``)
-    max_header_bytes: int = 16 << 10  # request head buffered before its end: beyond, 400 + close
-    linger_s: float = 2.0  # answered mid-body: the rest is read and dropped this long at most
-    # open connections with no authenticated request; None: half of ``max_connections``
-    max_unauthenticated_connections: int | None = None
-    max_connections_per_address: int = 512  # open connections from one client address
-    accepts_per_s_per_address: int = 512  # new connections per second from one client address
-    write_timeout_s: float = 30.0  # a client that takes no response bytes this long is cut off
-    # SO_SNDBUF of every connection (Linux doubles it): what the kernel takes of a response its
-    # client has not read; without it, loopback autotuning took about 3 MB of a stuck stream
-    # before the server saw any backpressure (``stream_buffer.py``)
-    send_buffer_bytes: int = 256 << 10
-    # chunks of one chunked request body, plus one per ``CHUNK_ALLOWANCE_BYTES`` of it: beyond,
-    # 400 and a close (``_BoundedConnection``); chunks of 1 KiB or more are never refused
-    max_body_chunks: int = 4096
-
-    def __post_init__(self) -> None:
-        for name in ("header_read_timeout_s", "linger_s", "write_timeout_s"):
-            if not getattr(self, name) > 0:
-                raise ValueError(f"{name} {getattr(self, name)} is invalid; expected > 0")
-        for name in (
-            "keep_alive_timeout_s",
-            "max_connections",
-            "max_header_bytes",
-            "send_buffer_bytes",
-            "max_body_chunks",
-        ):
-            if getattr(self, name) < 1:
-                raise ValueError(f"{name} {getattr(self, name)} is invalid; expected >= 1")
-        self.gate()  # checks the counts
-
-    def gate(self) -> GateLimits:
-        return GateLimits(
-            max_connections=self.max_connections,
-            max_unauthenticated_connections=self.max_unauthenticated_connections
-            or max(1, self.max_connections // 2),
-            max_connections_per_address=self.max_connections_per_address,
-            accepts_per_s_per_address=self.accepts_per_s_per_address,
-        )
 
 
 class ListenerConfig(uvicorn.Config):
@@ -202,92 +80,6 @@ class ListenerConfig(uvicorn.Config):
             metrics.register(GateCollector(self.gate, self.tarpit))
 
 
-class _LingeringTransport:
-    """The connection's transport, whose ``close`` lingers while the client is mid-body.
-
-    uvicorn closes the transport itself once a ``Connection: close`` answer is written, so the
-    staged close has to sit under it: here the write side is shut at once (the answer is flushed,
-    then a FIN), and the socket is closed when the client's FIN arrives (asyncio closes a
-    transport whose protocol's ``eof_received`` returns false) or after ``linger_s``.
-    """
-
-    def __init__(
-        self, transport: asyncio.Transport, protocol: BoundedH11Protocol, linger_s: float
-    ) -> None:
-        self._transport = transport
-        self._protocol = protocol
-        self._linger_s = linger_s
-        self.lingering = False
-
-    def __getattr__(self, name: str) -> Any:
-        return getattr(self._transport, name)
-
-    def is_closing(self) -> bool:
-        return self.lingering or self._transport.is_closing()
-
-    def close(self) -> None:
-        mid_body = self._protocol.conn.their_state is h11.SEND_BODY
-        if self.lingering or not mid_body or not self._transport.can_write_eof():
-            self._transport.close()
-            return
-        self.lingering = True
-        self._transport.write_eof()
-        self._transport.resume_reading()  # uvicorn's flow control may have paused it
-        self._protocol.loop.call_later(self._linger_s, self._transport.close)
-
-
-class _BoundedConnection(h11.Connection):
-    """h11's server connection, bounded where h11 is not, each refusal a 400 and a close:
-
-    - a complete request head longer than ``max_incomplete_event_size``: h11 measures only a
-      head still waiting for its end, so one that arrived whole in a single read (up to the
-      transport's read size, ~100-200 KiB on loopback) passed ``max_header_bytes`` unchecked;
-    - a chunked body of more than ``max_body_chunks`` chunks plus one per
-      ``CHUNK_ALLOWANCE_BYTES`` of body (so a large upload in chunks of 1 KiB or more always
-      passes). NOTE: uvicorn appends each chunk to the body received so far (``cycle.body +=
-      data``, a copy of all of it), so a body in 1-byte chunks cost time quadratic in the chunks
-      of one socket read, on the event loop (about a second per read of a 2 MB body sent that
-      way, 12 MB on the wire).
-
-    ``refusal`` says which, for the 400's text (uvicorn's own is "Invalid HTTP request")."""
-
-    def __init__(self, max_header_bytes: int, max_body_chunks: int) -> None:
-        super().__init__(h11.SERVER, max_header_bytes)
-        self._max_body_chunks = max_body_chunks
-        self._num_chunks = 0  # chunks of the current request's body so far
-        self._num_body_bytes = 0  # and their bytes
-        self.refusal: str | None = None  # why this connection's request was refused
-
-    def next_event(self) -> Any:
-        before = len(self._receive_buffer)
-        event = super().next_event()
-        if isinstance(event, h11.Request):
-            self._num_chunks = self._num_body_bytes = 0
-            head_bytes = before - len(self._receive_buffer)
-            if head_bytes > self._max_incomplete_event_size:
-                self._refuse(
-                    f"request head of {head_bytes} bytes exceeds max_header_bytes "
-                    f"{self._max_incomplete_event_size}"
-                )
-        elif isinstance(event, h11.Data):
-            self._num_body_bytes += len(event.data)
-            self._num_chunks += event.chunk_start
-            allowed = self._max_body_chunks + self._num_body_bytes // CHUNK_ALLOWANCE_BYTES
-            if self._num_chunks > allowed and self.our_state is h11.SEND_RESPONSE:
-                self._refuse(
-                    f"request body in more than max_body_chunks {self._max_body_chunks} chunks "
-                    f"plus one per {CHUNK_ALLOWANCE_BYTES} bytes; send larger chunks or a "
-                    "Content-Length body"
-                )
-        return event
-
-    def _refuse(self, reason: str) -> NoReturn:
-        # NOTE: the client's state stays as it was: mid-body, the close lingers and drops the
-        # rest unparsed (``_LingeringTransport``), so the client reads the 400 before a reset.
-        self.refusal = reason
-        raise h11.RemoteProtocolError(reason, error_status_hint=400)
-
-
 class BoundedH11Protocol(H11Protocol):
     """uvicorn's h11 protocol, bounded: TCP_NODELAY, the connection gate, a request-head
     deadline, a write timeout.
@@ -304,7 +96,7 @@ class BoundedH11Protocol(H11Protocol):
             raise TypeError(f"config {type(config).__name__} is invalid; expected ListenerConfig")
         super().__init__(config, **kwargs)
         self.limits = config.limits
-        self.conn = _BoundedConnection(self.limits.max_header_bytes, self.limits.max_body_chunks)
+        self.conn = BoundedConnection(self.limits.max_header_bytes, self.limits.max_body_chunks)
         self.gate = config.gate
         self._accepted = accepted  # the accept token is taken (``GatedH11Protocol``)
         # every request's scope state: how the credential check marks this connection
@@ -317,7 +109,7 @@ class BoundedH11Protocol(H11Protocol):
         self._draining = False  # the gate asked it to close after its next answer
 
     def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
-        lingering = _LingeringTransport(transport, self, self.limits.linger_s)
+        lingering = LingeringTransport(transport, self, self.limits.linger_s)
         super().connection_made(lingering)  # type: ignore[arg-type]
         sock = transport.get_extra_info("socket")
         if sock is not None and sock.family in (socket.AF_INET, socket.AF_INET6):
@@ -404,7 +196,7 @@ class BoundedH11Protocol(H11Protocol):
             self._write_timer = None
 
     def data_received(self, data: bytes) -> None:
-        if isinstance(self.transport, _LingeringTransport) and self.transport.lingering:
+        if isinstance(self.transport, LingeringTransport) and self.transport.lingering:
             return  # the rest of a body already answered: dropped
         self._active_at = self.loop.time()
         super().data_received(data)
@@ -412,7 +204,7 @@ class BoundedH11Protocol(H11Protocol):
 
     def send_400_response(self, msg: str) -> None:
         """uvicorn's 400 for a request h11 refused, saying why when this connection refused it."""
-        refusal = self.conn.refusal if isinstance(self.conn, _BoundedConnection) else None
+        refusal = self.conn.refusal if isinstance(self.conn, BoundedConnection) else None
         super().send_400_response(refusal or msg)
 
     def on_response_complete(self) -> None:

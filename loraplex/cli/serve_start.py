@@ -1,0 +1,155 @@
+"""``loraplex serve``'s start-up steps, in the order ``cli/serve.py`` runs them: the descriptor
+check, the engine child, the sockets, the server, the listener (stopped if the engine's first
+start fails), and the garbage collector's freeze in between. Each step that fails on the
+configuration prints an 'error:' line and exits 1. The HTTP side is imported inside the steps:
+``loraplex serve --help`` and the engine child's spawn do not wait for it.
+"""
+
+from __future__ import annotations
+
+import gc
+import socket
+import threading
+from typing import TYPE_CHECKING
+
+import typer
+
+from loraplex.cli.locations import unusable_path
+
+if TYPE_CHECKING:
+    import uvicorn
+
+    from loraplex.engine.transport.process_link import ChildLink
+    from loraplex.serve.config import ServeConfig
+    from loraplex.serve.front import Server
+    from loraplex.server.listeners import ConnectionLimits
+
+
+def check_fds(settings: ServeConfig) -> None:
+    """Before anything is started or built: the connection caps must fit the descriptors
+    (ListenerConfig rechecks); an 'error:' line and exit 1 when they do not."""
+    from loraplex.server.fd_limit import ensure_fd_limit
+    from loraplex.server.tarpit import MAX_HELD
+
+    try:
+        ensure_fd_limit(settings.max_connections, MAX_HELD)
+    except ValueError as exc:
+        typer.echo(f"error: {exc}", err=True)
+        raise typer.Exit(1) from exc
+
+
+def bind_sockets(settings: ServeConfig) -> list[socket.socket]:
+    """The listening sockets; an 'error:' line and exit 1 when one is taken (before the model
+    loads)."""
+    from loraplex.server.listeners import bind_all
+
+    try:
+        return bind_all(settings.host, settings.port, settings.admin_host, settings.admin_port)
+    except OSError as exc:
+        typer.echo(f"error: cannot listen: {exc}", err=True)
+        raise typer.Exit(1) from exc
+
+
+def start_engine_child() -> ChildLink:
+    from loraplex.serve.worker import spawn_engine_child
+
+    return spawn_engine_child()
+
+
+def discard_child(engine_child: ChildLink | None) -> None:
+    """Kills an engine child nothing will build (a no-op once its engine closed it)."""
+    if engine_child is not None:
+        engine_child.kill()
+        engine_child.close()
+
+
+def assemble(
+    settings: ServeConfig, engine_child: ChildLink | None, sockets: list[socket.socket]
+) -> Server:
+    """The whole server, its engine process left starting (/health live, /ready 503 until it
+    is up); an 'error:' line and exit 1 on a configuration error, the sockets closed."""
+    from loraplex.errors import LoraplexError
+
+    try:
+        from loraplex.serve.assembly import build_server  # the HTTP side: a while to import
+    except BaseException:
+        discard_child(engine_child)
+        raise
+    try:  # build_server owns the child from here (and kills it when it fails)
+        return build_server(settings, wait_engine=False, engine_child=engine_child)
+    except (LoraplexError, ValueError, OSError) as exc:
+        for sock in sockets:
+            sock.close()
+        message = unusable_path(exc) if isinstance(exc, OSError) else str(exc)
+        typer.echo(f"error: {message}", err=True)
+        raise typer.Exit(1) from exc
+
+
+def listen(
+    settings: ServeConfig, server: Server, sockets: list[socket.socket], failed: threading.Event
+) -> None:
+    """Serves on ``sockets`` until stopped, or until the engine's first start fails."""
+    import uvicorn
+
+    from loraplex.server.listeners import ListenerConfig, guarded
+
+    # The app has no startup/shutdown hooks: resources are built before and closed after.
+    config = ListenerConfig(
+        guarded(server.app, sockets),
+        connection_limits(settings),
+        metrics=server.deps.metrics.registry,
+    )
+    listener = uvicorn.Server(config)
+    threading.Thread(
+        target=_stop_if_engine_fails, args=(server, listener, failed), daemon=True
+    ).start()
+    listener.run(sockets=sockets)
+
+
+def _stop_if_engine_fails(
+    server: Server, listener: uvicorn.Server, failed: threading.Event
+) -> None:
+    """A first engine start that fails is a configuration error: stop serving and exit 1 (a
+    later crash is the supervisor's to restart). Whatever the child raised: a ValueError
+    (``num_kv_blocks`` too small for ``max_model_len``) or torch's RuntimeError (an unknown
+    ``device``) used to kill this thread only, leaving a server that answered 503 forever."""
+    try:
+        server.wait_engine()
+    except Exception as exc:  # NOTE: any first-start failure; the child's error says which
+        typer.echo(f"error: the engine did not start: {exc}", err=True)
+        failed.set()
+        listener.should_exit = True
+
+
+def connection_limits(settings: ServeConfig) -> ConnectionLimits:
+    from loraplex.server.listeners import ConnectionLimits
+
+    return ConnectionLimits(
+        header_read_timeout_s=settings.header_read_timeout_s,
+        keep_alive_timeout_s=settings.keep_alive_timeout_s,
+        max_connections=settings.max_connections,
+        max_header_bytes=settings.max_header_bytes,
+        max_unauthenticated_connections=settings.max_unauthenticated_connections,
+        max_connections_per_address=settings.max_connections_per_address,
+        accepts_per_s_per_address=settings.accepts_per_s_per_address,
+        write_timeout_s=settings.write_timeout_s,
+        send_buffer_bytes=settings.send_buffer_bytes,
+    )
+
+
+def freeze_startup_objects() -> None:
+    """Moves everything built so far (model, registry, app, caches) out of the garbage
+    collector's view, as vLLM does after start-up: a full collection otherwise walks all of it
+    and stalls every stream for tens of milliseconds while requests allocate."""
+    gc.collect()
+    gc.freeze()
+    gc.enable()  # off since ``serve._run`` began
+
+
+def default_torch_threads(omp_num_threads: str | None, num_cores: int | None) -> int | None:
+    """Threads for torch when none were configured: None (torch's own choice, which honours it)
+    when OMP_NUM_THREADS is set, else all cores but one. NOTE: with every core in torch's pool,
+    its intra-op threads and the event loop thread preempt each other on small machines."""
+    if omp_num_threads:
+        return None
+    return max(1, (num_cores or 1) - 1)

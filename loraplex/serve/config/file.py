@@ -1,0 +1,106 @@
+"""``loraplex serve``'s TOML file (its ``[serve]`` table, keys named as the flags) and the merge of
+flags over it over the defaults into a ``ServeConfig``."""
+
+from __future__ import annotations
+
+import tomllib
+import types
+import typing
+import warnings
+from collections.abc import Mapping
+from dataclasses import fields
+from pathlib import Path
+from typing import Any
+
+from loraplex.serve.config.keys import FILE_KEYS, file_key
+from loraplex.serve.config.record import ServeConfig
+
+_PATH_FIELDS = {"data_dir", "model", "import_dir", "request_log_path"}
+_DEPRECATED_KEYS = {"torch_threads": "threads"}  # still read, with a warning naming the new key
+_TOML_TYPE_NAMES = {bool: "a boolean", int: "an integer", float: "a number", str: "a string"}
+
+
+def read_config_file(path: Path, other_tables: tuple[str, ...] = ()) -> dict[str, Any]:
+    """The ``[serve]`` table of a TOML file (or its top level when there is no such table, less
+    ``other_tables``: the tables another reader takes, e.g. ``loraplex fleet``'s ``[fleet]``),
+    as ServeConfig field names. Keys are the flag names; a value of the wrong TOML type is
+    refused naming the key (it would otherwise fail later, in a comparison, without a name)."""
+    try:
+        document = tomllib.loads(path.read_text(encoding="utf-8"))
+    except (OSError, tomllib.TOMLDecodeError) as exc:
+        raise ValueError(f"config file {path}: {exc}") from exc
+    if "serve" in document:
+        table = document["serve"]
+    else:
+        table = {k: v for k, v in document.items() if k not in other_tables}
+    if not isinstance(table, dict):
+        raise ValueError(f"config file {path}: [serve] is invalid; expected a table")
+    table = _field_names(path, table)
+    hints = typing.get_type_hints(ServeConfig)
+    for key, value in table.items():
+        _check_type(path, file_key(key), value, hints[key])
+    base = path.parent
+    return {
+        k: (base / v if k in _PATH_FIELDS and isinstance(v, str) else v) for k, v in table.items()
+    }
+
+
+def file_keys() -> frozenset[str]:
+    """The keys a config file's ``[serve]`` table takes (deprecated names aside)."""
+    names = {f.name for f in fields(ServeConfig)} - set(FILE_KEYS.values())
+    return frozenset(names | set(FILE_KEYS))
+
+
+def _field_names(path: Path, table: dict[str, Any]) -> dict[str, Any]:
+    """``table`` keyed by field name; unknown keys refused, deprecated ones warned about."""
+    keys = file_keys()
+    unknown = sorted(set(table) - keys - set(_DEPRECATED_KEYS))
+    if unknown:
+        raise ValueError(f"config file {path}: unknown keys {unknown}; expected {sorted(keys)}")
+    renamed: dict[str, Any] = {}
+    for key, value in table.items():
+        if key in _DEPRECATED_KEYS:
+            new_key = _DEPRECATED_KEYS[key]
+            if new_key in table:
+                raise ValueError(
+                    f"config file {path}: {key} and {new_key} are both set; expected {new_key} "
+                    f"only ({key} is its deprecated name)"
+                )
+            warnings.warn(
+                f"config file {path}: key {key} is deprecated; use {new_key}",
+                FutureWarning,
+                stacklevel=3,
+            )
+            renamed[FILE_KEYS.get(new_key, new_key)] = value
+        else:
+            renamed[FILE_KEYS.get(key, key)] = value
+    return renamed
+
+
+def _check_type(path: Path, key: str, value: object, hint: object) -> None:
+    """ValueError naming ``key`` unless ``value`` (as TOML parsed it) fits the field's type."""
+    members = typing.get_args(hint) if isinstance(hint, types.UnionType) else (hint,)
+    accepted = {str if m is Path else m for m in members if m is not type(None)}
+    if float in accepted:
+        accepted.add(int)  # TOML writes a whole number of seconds without a point
+    # NOTE: bool is an int subclass; TOML's true is not a count.
+    if type(value) not in accepted:
+        names = [
+            name
+            for kind, name in _TOML_TYPE_NAMES.items()
+            if kind in accepted and not (kind is int and float in accepted)
+        ]
+        expected = " or ".join(names)
+        raise ValueError(
+            f"config file {path}: {key} = {value!r:.60} is invalid; expected {expected}"
+        )
+
+
+def merge(file_values: Mapping[str, Any], flags: Mapping[str, Any]) -> ServeConfig:
+    """Flags given on the command line (not None) override the file; the file the defaults."""
+    values = dict(file_values)
+    values.update({k: v for k, v in flags.items() if v is not None})
+    for name in _PATH_FIELDS:
+        if isinstance(values.get(name), str):
+            values[name] = Path(values[name])
+    return ServeConfig(**values)
