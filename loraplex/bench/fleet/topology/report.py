@@ -23,10 +23,6 @@ HEADLINES = (
 )
 
 
-class ProbeMismatchError(RuntimeError):
-    """A greedy probe's output differed between runs (sides or repeats)."""
-
-
 def tokens_per_s(
     records: Sequence[RequestRecord], requests: Sequence[TraceRequest], wall_s: float
 ) -> dict[str, float | None]:
