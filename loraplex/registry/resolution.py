@@ -4,8 +4,14 @@ Accepted model strings: ``name`` (the caller's own adapter), ``tenant/name`` (an
 caller may use: its own, or another tenant's public one), each optionally pinned with
 ``@revision`` (another tenant's only to a revision served now, ``_shared_pin_allowed``: one its
 alias serves, or its release's candidate while in canary). Without a pin the adapter's alias
-picks a revision by weight, per request; while the alias's release is in canary, a sticky share
-of callers (by ``sticky_key``) gets the candidate instead (``sticky_unit``).
+picks a revision by weight, per request, or per caller when the caller names itself
+(``session_key``: its ``user`` or ``X-Session-Id``); while the alias's release is in canary, a
+sticky share of callers (by ``sticky_key``) gets the candidate instead (``sticky_unit``).
+
+NOTE: the alias's draw is sticky for a caller that names itself for the canary's sake: while it
+was per request, a non-owner sending one ``user`` again and again saw a canary's candidate
+answer every time or never, and a weighted alias's revisions alternate, which told it that the
+owner had a release under way.
 
 NOTE: every "you cannot have this" outcome raises ``AdapterNotFoundError`` with the same message
 built from the model string alone, so another tenant's private adapter is indistinguishable from
@@ -78,9 +84,12 @@ def resolve_in(
     unit: float,
     *,
     sticky_key: str | None = None,
+    session_key: str | None = None,
 ) -> Revision:
     """Resolve ``text`` for ``caller`` inside ``tx``; see the module docstring. ``sticky_key``
-    assigns the caller to a release's canary or not (the same key, the same side)."""
+    assigns the caller to a release's canary or not (the same key, the same side);
+    ``session_key`` (the caller's own ``user`` or session id; None: the caller named none) makes
+    the alias's weighted draw the same for each of its requests too."""
     ref = parse_model_string(text)
     if ref is None:
         raise not_found(text)
@@ -103,6 +112,8 @@ def resolve_in(
     servable = [] if alias is None else _servable(tx, alias, base_digest)
     if not servable:
         raise not_found(text)
+    if session_key is not None:
+        unit = sticky_unit(f"alias\x00{owner}/{ref.name}", session_key)
     chosen = choose_target(tuple(target for target, _ in servable), unit)
     return next(rev for target, rev in servable if target is chosen)
 

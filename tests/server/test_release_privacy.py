@@ -4,7 +4,9 @@ in one shape whether or not its rating counted in a release window (``counted`` 
 header of an answer tells a candidate from a stable revision beyond the revision itself, and a
 canary candidate it was served pins as the stable revision does (a 404 there told it the
 revision was not the alias's); outside the canary the candidate's pin is the unknown model's
-404, byte for byte. The owner still sees whether its ratings counted. On the fake engine."""
+404, byte for byte; and one ``user`` stays on one revision of a weighted alias as it does on one
+side of a canary (per request, the alias's revisions alternated and a canary's did not). The
+owner still sees whether its ratings counted. On the fake engine."""
 
 from __future__ import annotations
 
@@ -14,7 +16,7 @@ from typing import Any
 import pytest
 from conftest import Rig
 
-from loraplex.registry import Visibility
+from loraplex.registry import AliasTarget, Visibility
 from loraplex.release.model import ReleasePlan, ReleaseState
 from loraplex.release.store import ReleaseStore
 from loraplex.release.traffic import BASELINE, CANDIDATE, TrackedRevision
@@ -148,3 +150,35 @@ def test_a_canary_candidate_pins_as_a_served_revision_and_else_as_an_unknown_one
         store.rollback(OWNER, NAME, actor="ops")
     # rolled back, the candidate is no longer served: the unknown model's answer again
     assert _pin_answers(shared, f"{ALIAS}@{candidate}") == _as_unknown(shared, candidate, "r9")
+
+
+def _revisions_by_user(rig: Rig, users: range, num_requests: int) -> dict[int, set[str]]:
+    seen: dict[int, set[str]] = {}
+    for user in users:
+        for _ in range(num_requests):
+            answer = _complete(rig, "acme", ALIAS, user=f"u{user}")
+            seen.setdefault(user, set()).add(answer.headers["x-loraplex-revision"])
+    return seen
+
+
+def test_one_user_stays_on_one_revision_of_a_weighted_alias_as_of_a_canary(shared: Rig) -> None:
+    registry = shared.served.registry
+    stable = _served(shared).rpartition("@")[2]
+    other = "r2" if stable != "r2" else "r3"
+    registry.set_alias(OWNER, NAME, (AliasTarget(stable, 1), AliasTarget(other, 1)), "test")
+    try:
+        weighted = _revisions_by_user(shared, range(12), 4)
+    finally:
+        registry.set_alias(OWNER, NAME, (AliasTarget(stable, 1),), "test")
+    assert all(len(revisions) == 1 for revisions in weighted.values()), weighted
+    assert set().union(*weighted.values()) == {f"{ALIAS}@{stable}", f"{ALIAS}@{other}"}
+    store = ReleaseStore(registry)
+    release = store.start_release(OWNER, NAME, other, ReleasePlan(ladder=(0.5,)), actor="ops")
+    try:
+        for to in (ReleaseState.PREWARMING, ReleaseState.PROBING):
+            release = store.transition(release, to, actor="c", now=registry.now())
+        store.transition(release, ReleaseState.CANARY, actor="c", now=registry.now(), step=0)
+        canary = _revisions_by_user(shared, range(12), 4)
+    finally:
+        store.rollback(OWNER, NAME, actor="ops")
+    assert all(len(revisions) == 1 for revisions in canary.values()), canary
