@@ -206,6 +206,9 @@ class EngineLoad:
     # KV sequences kept across a pause and freed for other work before their requests ran
     # again (each such request recomputes when it runs; a counter)
     num_paused_kv_freed: int = 0
+    # tokens paused requests computed again once resumed, their KV blocks freed by the pause or
+    # for other work while paused (a prefix-cache hit not counted; a counter)
+    num_resume_recomputed_tokens: int = 0
 
     @property
     def merged_revisions(self) -> frozenset[str]:

@@ -67,6 +67,9 @@ class Request:
     output_token_ids: list[int] = field(default_factory=list)  # sampled tokens so far
     num_computed_tokens: int = 0  # tokens whose keys/values are in the KV cache
     seq_id: int | None = None  # KV sequence handle while RUNNING (or kept across a pause)
+    # tokens it had computed when a pause freed its KV (not kept, or kept and freed for other
+    # work): its resume recomputes them, less a prefix-cache hit (counted at its admission)
+    num_lost_tokens: int = 0
     lease: HeldLease | None = None  # adapter slot lease (None: base model or not yet leased)
     finish_reason: str | None = None  # set on FINISHED/ABORTED
     first_scheduled_s: float | None = None  # when it first ran (queue wait = this - arrival)

@@ -173,6 +173,7 @@ class FleetEngineClient:
             num_resumes=sum(load.num_resumes for load in loads),
             num_pauses_kv_kept=sum(load.num_pauses_kv_kept for load in loads),
             num_paused_kv_freed=sum(load.num_paused_kv_freed for load in loads),
+            num_resume_recomputed_tokens=sum(load.num_resume_recomputed_tokens for load in loads),
         )
 
     def health(self) -> EngineHealth:

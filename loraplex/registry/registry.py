@@ -259,8 +259,9 @@ class Registry:
         sticky_key: str | None = None,
     ) -> Revision:
         """Like ``resolve``; the whole revision record (warm policy, probe, sizes).
-        ``sticky_key`` (the caller's ``user`` or session id) keeps one caller on one revision
-        for a whole release's canary; None: the request id decides."""
+        ``sticky_key`` (the caller's ``user`` or session id) keeps one caller on one revision,
+        for a whole release's canary and through the alias's weights alike; None: the request id
+        decides."""
         if request_id is None:
             unit = self._rng.random()
         else:
@@ -268,8 +269,9 @@ class Registry:
         base_digest = None if self._base is None else self._base.digest
         with self._db.transaction(write=False) as tx:
             return resolution.resolve_in(
-                tx, caller, model_string, base_digest, unit, sticky_key=sticky_key or request_id
-            )
+                tx, caller, model_string, base_digest, unit,
+                sticky_key=sticky_key or request_id, session_key=sticky_key,
+            )  # fmt: skip
 
     # --- signing (docs/registry.md, "Signed adapters") -----------------------------------------
 

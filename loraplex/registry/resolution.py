@@ -2,10 +2,16 @@
 
 Accepted model strings: ``name`` (the caller's own adapter), ``tenant/name`` (an adapter the
 caller may use: its own, or another tenant's public one), each optionally pinned with
-``@revision`` (another tenant's only to a revision the alias serves now, ``_alias_serves``).
-Without a pin the adapter's alias picks a revision by weight, per request; while the alias's
-release is in canary, a sticky share of callers (by ``sticky_key``) gets the
-candidate instead (``sticky_unit``).
+``@revision`` (another tenant's only to a revision served now, ``_shared_pin_allowed``: one its
+alias serves, or its release's candidate while in canary). Without a pin the adapter's alias
+picks a revision by weight, per request, or per caller when the caller names itself
+(``session_key``: its ``user`` or ``X-Session-Id``); while the alias's release is in canary, a
+sticky share of callers (by ``sticky_key``) gets the candidate instead (``sticky_unit``).
+
+NOTE: the alias's draw is sticky for a caller that names itself for the canary's sake: while it
+was per request, a non-owner sending one ``user`` again and again saw a canary's candidate
+answer every time or never, and a weighted alias's revisions alternate, which told it that the
+owner had a release under way.
 
 NOTE: every "you cannot have this" outcome raises ``AdapterNotFoundError`` with the same message
 built from the model string alone, so another tenant's private adapter is indistinguishable from
@@ -78,9 +84,12 @@ def resolve_in(
     unit: float,
     *,
     sticky_key: str | None = None,
+    session_key: str | None = None,
 ) -> Revision:
     """Resolve ``text`` for ``caller`` inside ``tx``; see the module docstring. ``sticky_key``
-    assigns the caller to a release's canary or not (the same key, the same side)."""
+    assigns the caller to a release's canary or not (the same key, the same side);
+    ``session_key`` (the caller's own ``user`` or session id; None: the caller named none) makes
+    the alias's weighted draw the same for each of its requests too."""
     ref = parse_model_string(text)
     if ref is None:
         raise not_found(text)
@@ -89,7 +98,7 @@ def resolve_in(
         raise not_found(text)
     if ref.revision is not None:
         shared = owner != caller  # checked first: one path for unserved and unknown labels
-        if shared and not _alias_serves(tx, owner, ref.name, ref.revision, base_digest):
+        if shared and not _shared_pin_allowed(tx, owner, ref.name, ref.revision, base_digest):
             raise not_found(text)
         pinned = rows.get_revision(tx, owner, ref.name, ref.revision)
         if pinned is None:
@@ -103,6 +112,8 @@ def resolve_in(
     servable = [] if alias is None else _servable(tx, alias, base_digest)
     if not servable:
         raise not_found(text)
+    if session_key is not None:
+        unit = sticky_unit(f"alias\x00{owner}/{ref.name}", session_key)
     chosen = choose_target(tuple(target for target, _ in servable), unit)
     return next(rev for target, rev in servable if target is chosen)
 
@@ -118,6 +129,17 @@ def _canary_pick(
 ) -> Revision | None:
     """The candidate when the alias's release is in canary and this caller falls in its share;
     None sends the request through the alias (which still names the stable revision)."""
+    route = _serving_canary(tx, owner, name, base_digest)
+    if route is None:
+        return None
+    drawn = unit if sticky_key is None else sticky_unit(route.release_id, sticky_key)
+    return route.candidate if drawn < route.share else None
+
+
+def _serving_canary(
+    tx: Tx, owner: str, name: str, base_digest: str | None
+) -> release_rows.CanaryRoute | None:
+    """The alias's release while in canary with a candidate that may serve; else None."""
     route = release_rows.canary_route(tx, owner, name)
     if route is None:
         return None
@@ -126,15 +148,22 @@ def _canary_pick(
         return None
     if base_digest is not None and candidate.base_digest != base_digest:
         return None
-    drawn = unit if sticky_key is None else sticky_unit(route.release_id, sticky_key)
-    return candidate if drawn < route.share else None
+    return route
 
 
-def _alias_serves(tx: Tx, owner: str, name: str, label: str, base_digest: str | None) -> bool:
-    """Whether the alias of ``owner/name`` serves revision ``label`` now: all another tenant may
-    pin of a public adapter. NOTE: every cached copy is charged to the revision's owner (its tier
-    share, its loads in flight), so a tenant pinning each revision of another's public adapter
-    in turn evicted the owner's own adapters from its share of the GPU slots."""
+def _shared_pin_allowed(tx: Tx, owner: str, name: str, label: str, base_digest: str | None) -> bool:
+    """Whether another tenant may pin revision ``label`` of ``owner/name``: one that adapter
+    serves now, through its alias or as its release's canary candidate. NOTE: every cached copy
+    is charged to the revision's owner (its tier share, its loads in flight), so a tenant pinning
+    each revision of another's public adapter in turn evicted the owner's own adapters from its
+    share of the GPU slots. NOTE: the candidate is served to callers in the canary's share, who
+    learn its label; refused to them as a pin, the 404 told them it was not the alias's revision,
+    i.e. that a release was under way. Now it pins like any served revision, for every caller
+    (a caller outside the share pinning it is one voice in the release, ``release/callers.py``),
+    and once the canary ends it is the unknown model's 404 again."""
+    route = _serving_canary(tx, owner, name, base_digest)
+    if route is not None and route.candidate.revision == label:
+        return True
     alias = rows.get_alias(tx, owner, name)
     if alias is None:
         return False

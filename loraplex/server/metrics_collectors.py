@@ -104,6 +104,12 @@ class EngineCollector(Collector):
             "again; that request recomputes (since the engine started).",
             value=load.num_paused_kv_freed,
         )
+        yield CounterMetricFamily(
+            "engine_resume_recomputed_tokens",
+            "Tokens paused requests computed again once resumed, their KV blocks freed by the "
+            "pause or for other work meanwhile (since the engine started).",
+            value=load.num_resume_recomputed_tokens,
+        )
 
 
 class AdapterRequestsCollector(Collector):

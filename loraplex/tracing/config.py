@@ -25,6 +25,10 @@ class TracingConfig:
     # then spans a second; past it its requests are sampled as if they carried no flag.
     parent_burst_spans: int = 1024  # an eighth of the default queue
     parent_spans_per_s: float = 200.0
+    # What one tenant's failed requests may keep, the same way (a bucket of its own): past it a
+    # failure is counted (``errors_dropped``) and sampled by the other rules.
+    error_burst_spans: int = 1024
+    error_spans_per_s: float = 200.0
 
     def __post_init__(self) -> None:
         check_trace_settings(self.endpoint, self.sample_ratio, self.slow_s)
@@ -38,16 +42,17 @@ class TracingConfig:
                 f"max_queue_spans {self.max_queue_spans} is invalid; expected 1 to "
                 f"{MAX_QUEUE_SPANS}"
             )
-        if self.parent_burst_spans < 1:
-            raise ValueError(
-                f"parent_burst_spans {self.parent_burst_spans} is invalid; expected >= 1"
-            )
-        if not self.parent_spans_per_s > 0:
-            raise ValueError(
-                f"parent_spans_per_s {self.parent_spans_per_s} is invalid; expected > 0"
-            )
+        _check_share("parent", self.parent_burst_spans, self.parent_spans_per_s)
+        _check_share("error", self.error_burst_spans, self.error_spans_per_s)
         if not self.export_timeout_s > 0:
             raise ValueError(f"export_timeout_s {self.export_timeout_s} is invalid; expected > 0")
+
+
+def _check_share(kind: str, burst_spans: int, spans_per_s: float) -> None:
+    if burst_spans < 1:
+        raise ValueError(f"{kind}_burst_spans {burst_spans} is invalid; expected >= 1")
+    if not spans_per_s > 0:
+        raise ValueError(f"{kind}_spans_per_s {spans_per_s} is invalid; expected > 0")
 
 
 def check_trace_settings(endpoint: str | None, sample_ratio: float, slow_s: float | None) -> None:

@@ -1,15 +1,16 @@
 """``Tracer``: keeps or drops each finished request's trace, and exports the kept ones over
 OTLP/HTTP (needs the ``otel`` extra).
 
-Tail sampling: the decision waits for the request's end, so that every failed request and every
-request slower than ``slow_s`` is kept whatever the ratio; the others are kept when the caller's
-``traceparent`` said sampled (within its tenant's share of the export queue, ``share.py``:
-past it the flag is not honoured, counted in ``parent_refused``), else by ``sample_ratio`` on
-the trace id (as OpenTelemetry's TraceIdRatioBased, so an ingress and anything downstream
-agree). Until then a request costs only
-a few timestamps. Kept spans go to the SDK's ``BatchSpanProcessor`` (a bounded queue, exported
-on its own thread): the event loop never waits for the collector, and a collector that is down
-costs dropped spans, never requests.
+Tail sampling: the decision waits for the request's end. A failed request is kept whatever the
+ratio within its tenant's share of the export queue for errors (``share.py``: past it the failure
+is decided by the rules below and, dropped, counted in ``errors_dropped``); a request slower than
+``slow_s`` is kept whatever the ratio; the others are kept when the caller's ``traceparent`` said
+sampled (within its tenant's share for flags, a bucket of its own: past it the flag is not
+honoured, counted in ``parent_refused``), else by ``sample_ratio`` on the trace id (as
+OpenTelemetry's TraceIdRatioBased, so an ingress and anything downstream agree). Until then a
+request costs only a few timestamps. Kept spans go to the SDK's ``BatchSpanProcessor`` (a bounded
+queue, exported on its own thread): the event loop never waits for the collector, and a
+collector that is down costs dropped spans, never requests.
 """
 
 from __future__ import annotations
@@ -30,7 +31,7 @@ from loraplex.tracing.config import TracingConfig
 from loraplex.tracing.context import ratio_keeps, root_ids
 from loraplex.tracing.names import NameMasker
 from loraplex.tracing.record import Interval, RequestTrace, Subject
-from loraplex.tracing.share import ParentShare
+from loraplex.tracing.share import SpanShare
 from loraplex.tracing.spans import SpanBuilder
 
 _log = logging.getLogger(__name__)
@@ -62,9 +63,12 @@ class Tracer:
         self.num_kept = 0  # traces exported (handed to the processor)
         self.num_dropped = 0  # traces the sampling decision dropped
         self.num_failed = 0  # kept traces whose spans could not be built (logged)
-        self._share = ParentShare(config.parent_burst_spans, config.parent_spans_per_s, clock_s)
+        self._parents = SpanShare(config.parent_burst_spans, config.parent_spans_per_s, clock_s)
+        self._errors = SpanShare(config.error_burst_spans, config.error_spans_per_s, clock_s)
         # requests whose sampled flag was not honoured (tenant past its share), by tenant class
         self._parent_refused: Counter[str] = Counter()
+        # failed requests dropped because their tenant was past its error share, by tenant class
+        self._errors_dropped: Counter[str] = Counter()
 
     def begin(
         self, traceparent: str | None, subject: Subject, authorization: Interval | None
@@ -81,11 +85,12 @@ class Tracer:
     def kept_by(self, trace: RequestTrace) -> str | None:
         """Why ``trace`` is kept ("error", "slow", "parent", "ratio"); None: dropped."""
         slow_s = self.config.slow_s
-        if trace.is_error:
+        tenant = trace.subject.tenant
+        if trace.is_error and self._errors.has_room(tenant):
             return "error"
         if slow_s is not None and trace.duration_s >= slow_s:
             return "slow"
-        if trace.ids.parent_sampled and self._share.has_room(trace.subject.tenant):
+        if trace.ids.parent_sampled and self._parents.has_room(tenant):
             return "parent"
         if ratio_keeps(trace.ids.trace_id, self.config.sample_ratio):
             return "ratio"
@@ -96,6 +101,11 @@ class Tracer:
         the export queue), by tenant class."""
         return dict(self._parent_refused)
 
+    def errors_dropped(self) -> Mapping[str, int]:
+        """Failed requests whose trace was dropped because their tenant had used its share of
+        the export queue for errors (and no other rule kept it), by tenant class."""
+        return dict(self._errors_dropped)
+
     def flush(self, timeout_s: float = 10.0) -> bool:
         """Exports what is queued; False when that did not finish within ``timeout_s``."""
         return self._processor.force_flush(int(timeout_s * 1000))
@@ -105,10 +115,13 @@ class Tracer:
 
     def _finish(self, trace: RequestTrace) -> None:
         reason = self.kept_by(trace)
+        tenant_class = trace.subject.tenant_class
         if trace.ids.parent_sampled and reason in ("ratio", None):
-            self._parent_refused[trace.subject.tenant_class] += 1
+            self._parent_refused[tenant_class] += 1
         if reason is None:
             self.num_dropped += 1
+            if trace.is_error:
+                self._errors_dropped[tenant_class] += 1
             return
         try:
             spans = self._builder.build(trace, reason)
@@ -118,6 +131,8 @@ class Tracer:
             return
         self.num_kept += 1
         if reason == "parent":
-            self._share.charge(trace.subject.tenant, len(spans))
+            self._parents.charge(trace.subject.tenant, len(spans))
+        elif reason == "error":
+            self._errors.charge(trace.subject.tenant, len(spans))
         for span in spans:
             self._processor.on_end(span)

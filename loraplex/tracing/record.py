@@ -150,6 +150,11 @@ class RequestTracing(Protocol):
         the export queue), by tenant class."""
         ...
 
+    def errors_dropped(self) -> Mapping[str, int]:
+        """Failed requests not traced because their tenant had used its share of the export
+        queue for errors (and no other rule kept them), by tenant class."""
+        ...
+
     def shutdown(self) -> None:
         """Exports what is queued and stops."""
         ...

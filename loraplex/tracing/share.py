@@ -1,14 +1,16 @@
-"""``ParentShare``: how much of the shared span export queue one tenant's sampled
-``traceparent`` headers may fill (torch-free, no OpenTelemetry).
+"""``SpanShare``: how much of the shared span export queue one tenant may fill with traces it
+forces past the sample ratio (torch-free, no OpenTelemetry).
 
-A caller's sampled flag forces its request's trace to be kept, and the export queue (a bounded
-``BatchSpanProcessor`` that drops *new* spans when full) is shared by every tenant: a tenant
-sending the flag on every request could fill it, and other tenants' traces, errors included,
-would be dropped. So each tenant's honoured flags draw on a token bucket counted in spans: a
-full bucket holds ``burst_spans`` and refills at ``spans_per_s``. A trace is let in while its
-tenant's bucket holds anything and then charged its spans (so a bucket may go below zero by one
-trace's spans: a trace's span count is known only once built). Past it the request is decided as
-if it carried no flag (the ratio, errors, slow requests).
+Two kinds of request force their trace to be kept: one whose caller's ``traceparent`` says
+sampled, and one that failed. The export queue (a bounded ``BatchSpanProcessor`` that drops
+*new* spans when full) is shared by every tenant: a tenant sending the flag on every request, or
+making cheap failures (404s, 400s) as fast as its rate limit allows, could fill it, and other
+tenants' traces would be dropped. So each tenant's forced traces of one kind draw on a token
+bucket counted in spans (the tracer holds one ``SpanShare`` per kind, so a tenant's own flags
+never crowd out its error traces): a full bucket holds ``burst_spans`` and refills at
+``spans_per_s``. A trace is let in while its tenant's bucket holds anything and then charged its
+spans (so a bucket may go below zero by one trace's spans: a trace's span count is known only
+once built). Past it the request is decided by the tracer's other rules.
 """
 
 from __future__ import annotations
@@ -26,8 +28,8 @@ class _Bucket:
         self.stamp_s = stamp_s  # when ``tokens`` was last refilled
 
 
-class ParentShare:
-    """Per-tenant span buckets for honoured sampled flags (module docstring); thread-safe."""
+class SpanShare:
+    """Per-tenant span buckets for one kind of forced trace (module docstring); thread-safe."""
 
     def __init__(
         self,
@@ -42,12 +44,12 @@ class ParentShare:
         self._lock = threading.Lock()
 
     def has_room(self, tenant: str) -> bool:
-        """Whether ``tenant``'s next sampled flag is honoured (nothing is taken yet)."""
+        """Whether ``tenant``'s next forced trace is let in (nothing is taken yet)."""
         with self._lock:
             return self._refilled(tenant).tokens > 0
 
     def charge(self, tenant: str, num_spans: int) -> None:
-        """``tenant``'s honoured flag cost ``num_spans`` spans."""
+        """``tenant``'s forced trace, let in, cost ``num_spans`` spans."""
         with self._lock:
             self._refilled(tenant).tokens -= num_spans
 

@@ -1,7 +1,8 @@
 """Pauses that keep their KV (``sched/kept_kv.py``): a paused request keeps its KV sequence
-within ``max_paused_kv_fraction`` of the cache and its tenant's ``max_kv_blocks``, and resumed it
-decodes on without recomputing; kept sequences give their blocks up before any running one
-whenever running or waiting work needs them; retiring one frees them."""
+within ``max_paused_kv_fraction`` of the cache, a fair part of it against other tenants' pauses
+and its tenant's ``max_kv_blocks``, and resumed it decodes on without recomputing (what a resume
+does recompute is counted); kept sequences give their blocks up before any running one whenever
+running or waiting work needs them; retiring one frees them."""
 
 from __future__ import annotations
 
@@ -73,6 +74,8 @@ def test_a_resumed_request_that_kept_its_kv_computes_only_its_last_token(fractio
     stats = driver.scheduler.make_stats()
     assert (stats.num_pauses, stats.num_resumes) == (1, 1)
     assert (stats.num_pauses_kv_kept, stats.num_paused_kv_freed) == (int(fraction > 0), 0)
+    # freed, the resume computed again every token computed before the pause: all but the last
+    assert stats.num_resume_recomputed_tokens == (0 if fraction else context - 1)
 
 
 def test_running_work_takes_a_kept_sequences_blocks_before_preempting_anyone() -> None:
@@ -82,6 +85,7 @@ def test_running_work_takes_a_kept_sequences_blocks_before_preempting_anyone() -
     driver.add(request("p", "a", prompt=16, out=24))
     _run(driver, 5)
     p = driver.scheduler.requests["p"]
+    computed = p.num_computed_tokens
     assert driver.scheduler.pause(p) and driver.scheduler.num_kept_kv_blocks == 5
     driver.add(request("g", "b", prompt=8, out=36, first=50))
     _run(driver, 40)
@@ -95,6 +99,9 @@ def test_running_work_takes_a_kept_sequences_blocks_before_preempting_anyone() -
     first = _chunks_of(driver, "p", since)[0]  # recomputed: most of its blocks went to g
     assert first.start_pos < 16 and len(first.token_ids) > 1
     assert driver.blocks.usage == 0
+    # what it had computed, less the prefix the cache still held (``start_pos``)
+    recomputed = driver.scheduler.make_stats().num_resume_recomputed_tokens
+    assert recomputed == computed - first.start_pos > 0
 
 
 def test_a_waiting_request_takes_a_kept_sequences_blocks() -> None:
@@ -128,27 +135,39 @@ def test_retiring_a_request_that_kept_its_kv_frees_it() -> None:
     driver.scheduler.check_integrity()
 
 
-def test_a_tenant_pausing_many_streams_keeps_no_more_than_the_bound() -> None:
-    """A quarter of 64 blocks: of eight 3-block streams paused at once, five keep their KV
-    (15 blocks) and the rest free theirs; another tenant's pause finds the bound full too."""
+def test_a_tenant_pausing_many_streams_cannot_take_another_tenants_share() -> None:
+    """A quarter of 64 blocks (16), 3-block streams: eight of one tenant paused at once keep
+    five (15 blocks, the bound); the rest free theirs. Another tenant's pauses then still keep
+    theirs, each freeing the hostile tenant's oldest while it keeps more than the other would
+    (before, the bound was full and they recomputed on resume), down to a fair split (9 and 6
+    blocks); a further hostile pause cannot take the other's back."""
     cfg = SchedulerConfig(
-        max_num_seqs=9, max_num_batched_tokens=128, max_model_len=48, step_work_ratio=0
+        max_num_seqs=12, max_num_batched_tokens=192, max_model_len=48, step_work_ratio=0
     )
     driver = Driver(cfg)
-    for i in range(8):
+    for i in range(9):
         driver.add(request(f"h{i}", "hostile", prompt=8, out=30, first=10 * i))
-    driver.add(request("v", "victim", prompt=8, out=30, first=90))
+    for i in range(3):
+        driver.add(request(f"v{i}", "victim", prompt=8, out=30, first=100 + 10 * i))
     _run(driver, 4)
-    hostile = [driver.scheduler.requests[f"h{i}"] for i in range(8)]
-    assert all(len(driver.blocks.block_table(r.seq_id or 0)) == 3 for r in hostile)
-    for req in hostile:
-        assert driver.scheduler.pause(req)
-    assert driver.scheduler.num_kept_kv_blocks == 15 <= 64 // 4
-    assert sum(r.seq_id is not None for r in hostile) == 5
-    victim = driver.scheduler.requests["v"]
-    assert driver.scheduler.pause(victim) and victim.seq_id is None  # over the bound: freed
-    assert driver.scheduler.pause_counts.num_kept == 5
-    driver.scheduler.check_integrity()
+    book = driver.scheduler
+    hostile = [book.requests[f"h{i}"] for i in range(9)]
+    victims = [book.requests[f"v{i}"] for i in range(3)]
+    assert all(len(driver.blocks.block_table(r.seq_id or 0)) == 3 for r in hostile + victims)
+    for req in hostile[:8]:
+        assert book.pause(req)
+    assert book.num_kept_kv_blocks == 15 <= 64 // 4
+    assert [r.seq_id is not None for r in hostile[:8]] == [True] * 5 + [False] * 3
+    assert book.pause(victims[0]) and victims[0].seq_id is not None  # h0 freed for it
+    assert book.pause(victims[1]) and victims[1].seq_id is not None  # h1 freed for it
+    assert [r.seq_id is not None for r in hostile[:5]] == [False, False, True, True, True]
+    assert book.pause(victims[2]) and victims[2].seq_id is None  # 9 blocks vs 9: fair already
+    assert book.pause(hostile[8]) and hostile[8].seq_id is None  # 12 vs 6: nothing taken back
+    assert all(v.seq_id is not None for v in victims[:2])
+    assert book.num_kept_kv_blocks == 15
+    counts = book.pause_counts
+    assert (counts.num_kept, counts.num_kept_dropped) == (7, 2)
+    book.check_integrity()
 
 
 def test_kept_blocks_count_against_the_tenants_max_kv_blocks() -> None:

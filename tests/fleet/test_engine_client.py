@@ -5,6 +5,7 @@ and the load and health the board gives."""
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 from collections.abc import Iterator
 from typing import Any
 
@@ -196,9 +197,11 @@ def test_generate_on_targets_one_replica_and_never_retries(link: FleetLink) -> N
 
 def test_load_snapshot_sums_the_healthy_replicas(calls: FakeCalls, link: FleetLink) -> None:
     one, two, three = key("one"), key("two"), key("three")
+    a = load(1, 2, 0.2, running_adapters=(one,), waiting_adapters=(two,))
+    b = load(3, 4, 0.6, running_adapters=(two,), waiting_adapters=(three,))
     calls.board = [
-        entry("a", engine_load=load(1, 2, 0.2, running_adapters=(one,), waiting_adapters=(two,))),
-        entry("b", engine_load=load(3, 4, 0.6, running_adapters=(two,), waiting_adapters=(three,))),
+        entry("a", engine_load=dataclasses.replace(a, num_resume_recomputed_tokens=30)),
+        entry("b", engine_load=dataclasses.replace(b, num_resume_recomputed_tokens=12)),
         entry("c", healthy=False, engine_load=load(50, 50, 1.0)),
     ]
     polled_twice(link)
@@ -207,6 +210,7 @@ def test_load_snapshot_sums_the_healthy_replicas(calls: FakeCalls, link: FleetLi
     assert (total.num_waiting, total.num_running, total.max_loras) == (4, 6, 4)
     assert total.kv_usage == pytest.approx(0.4) and total.num_active_tokens == 100
     assert total.running_adapters == (one, two) and total.waiting_adapters == (three,)
+    assert total.num_resume_recomputed_tokens == 42
 
 
 def test_health_answers_from_the_board(calls: FakeCalls, link: FleetLink) -> None:

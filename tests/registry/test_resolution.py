@@ -126,6 +126,23 @@ def test_alias_weights_split_traffic_deterministically(two_tenants: Registry) ->
     assert len(same) == 1
 
 
+def test_a_caller_naming_itself_gets_one_draw_of_the_alias_weights(two_tenants: Registry) -> None:
+    """With a ``sticky_key`` (the caller's ``user`` / session) every request of that caller gets
+    the same revision, whatever its request id; callers still split by weight."""
+    reg = two_tenants
+    reg.set_alias("acme", "bot", (AliasTarget("v1", 3), AliasTarget("v2", 1)), "ops")
+    by_caller = {
+        key: {
+            reg.resolve_revision("acme", "bot", f"req-{key}-{i}", sticky_key=key).revision
+            for i in range(8)
+        }
+        for key in (f"user:{n}" for n in range(400))
+    }
+    assert all(len(revisions) == 1 for revisions in by_caller.values())
+    counts = Counter(next(iter(revisions)) for revisions in by_caller.values())
+    assert 260 < counts["v1"] < 340 and counts["v1"] + counts["v2"] == 400
+
+
 def test_alias_choice_without_request_id_follows_the_injected_rng(
     two_tenants: Registry, open_reg: OpenRegistry
 ) -> None:

@@ -124,7 +124,7 @@ class FakeEngine:
             num_waiting=1, num_adapter_wait=len(self.waiting), num_running=2, kv_usage=0.25,
             running_adapters=self.running, waiting_adapters=self.waiting, max_loras=4,
             num_active_tokens=12, num_paused=3, num_pauses=5, num_resumes=2,
-            num_pauses_kv_kept=4, num_paused_kv_freed=1,
+            num_pauses_kv_kept=4, num_paused_kv_freed=1, num_resume_recomputed_tokens=37,
         )  # fmt: skip
 
     def health(self) -> EngineHealth:

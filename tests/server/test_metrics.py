@@ -62,6 +62,7 @@ def test_engine_requests_by_state_and_pauses(rig: Rig) -> None:
     assert metrics["engine_request_resumes"][0].value == 2
     assert metrics["engine_request_pauses_kv_kept"][0].value == 4
     assert metrics["engine_paused_kv_freed"][0].value == 1
+    assert metrics["engine_resume_recomputed_tokens"][0].value == 37
 
 
 def test_empty_adapter_lists_are_empty_strings(rig: Rig) -> None:

@@ -1,7 +1,11 @@
 """A caller of another tenant's public adapter learns the revision that answered it (truthful
 answers) but not that the adapter is under release: ``POST /v1/feedback`` answers such a caller
-in one shape whether or not its rating counted in a release window (``counted`` null), and no
-header of an answer tells a candidate from a stable revision beyond the revision itself. The
+in one shape whether or not its rating counted in a release window (``counted`` null), no
+header of an answer tells a candidate from a stable revision beyond the revision itself, and a
+canary candidate it was served pins as the stable revision does (a 404 there told it the
+revision was not the alias's); outside the canary the candidate's pin is the unknown model's
+404, byte for byte; and one ``user`` stays on one revision of a weighted alias as it does on one
+side of a canary (per request, the alias's revisions alternated and a canary's did not). The
 owner still sees whether its ratings counted. On the fake engine."""
 
 from __future__ import annotations
@@ -12,7 +16,9 @@ from typing import Any
 import pytest
 from conftest import Rig
 
-from loraplex.registry import Visibility
+from loraplex.registry import AliasTarget, Visibility
+from loraplex.release.model import ReleasePlan, ReleaseState
+from loraplex.release.store import ReleaseStore
 from loraplex.release.traffic import BASELINE, CANDIDATE, TrackedRevision
 from loraplex.server.deps import ServerDeps
 
@@ -98,3 +104,81 @@ def test_no_header_tells_a_candidate_from_a_stable_revision(shared: Rig) -> None
             seen.append((headers, field))
         assert seen[0] == seen[1] == seen[2], stream
         assert seen[0][0]["x-loraplex-revision"] == _served(shared)
+
+
+def _pin_answers(rig: Rig, model: str) -> list[tuple[int, dict[str, str], bytes]]:
+    """``model`` as acme sees it: a completion and its model card (status, headers, body)."""
+    answers = [
+        _complete(rig, "acme", model),
+        rig.client.get(f"/v1/models/{model}", headers=rig.headers("acme")),
+    ]
+    return [
+        (a.status_code, {k: v for k, v in a.headers.items() if k not in PER_ANSWER}, a.content)
+        for a in answers
+    ]
+
+
+def _as_unknown(rig: Rig, label: str, unknown: str) -> list[tuple[int, dict[str, str], bytes]]:
+    """The answers to a pin of ``unknown`` (a label no revision has) with ``label`` written in
+    its place: what a pin of ``label`` must read as when the caller may not see it."""
+    swap = f"@{unknown}".encode(), f"@{label}".encode()
+    return [(s, h, b.replace(*swap)) for s, h, b in _pin_answers(rig, f"{ALIAS}@{unknown}")]
+
+
+def test_a_canary_candidate_pins_as_a_served_revision_and_else_as_an_unknown_one(
+    shared: Rig,
+) -> None:
+    registry = shared.served.registry
+    stable = _served(shared).rpartition("@")[2]
+    candidate = "r2" if stable != "r2" else "r3"
+    store = ReleaseStore(registry)
+    release = store.start_release(OWNER, NAME, candidate, ReleasePlan(ladder=(1.0,)), actor="ops")
+    try:
+        for to in (ReleaseState.PREWARMING, ReleaseState.PROBING):
+            release = store.transition(release, to, actor="c", now=registry.now())
+        # not yet served to anyone else: its pin is any unknown label's 404
+        assert _pin_answers(shared, f"{ALIAS}@{candidate}") == _as_unknown(shared, candidate, "r9")
+        store.transition(release, ReleaseState.CANARY, actor="c", now=registry.now(), step=0)
+        served = _complete(shared, "acme", ALIAS)
+        assert served.headers["x-loraplex-revision"] == f"{ALIAS}@{candidate}"
+        pinned = _pin_answers(shared, f"{ALIAS}@{candidate}")
+        stable_pin = _pin_answers(shared, f"{ALIAS}@{stable}")
+        assert [a[0] for a in pinned] == [a[0] for a in stable_pin] == [200, 200]
+        assert [sorted(a[1]) for a in pinned] == [sorted(a[1]) for a in stable_pin]
+        assert pinned[0][1]["x-loraplex-revision"] == f"{ALIAS}@{candidate}"
+    finally:
+        store.rollback(OWNER, NAME, actor="ops")
+    # rolled back, the candidate is no longer served: the unknown model's answer again
+    assert _pin_answers(shared, f"{ALIAS}@{candidate}") == _as_unknown(shared, candidate, "r9")
+
+
+def _revisions_by_user(rig: Rig, users: range, num_requests: int) -> dict[int, set[str]]:
+    seen: dict[int, set[str]] = {}
+    for user in users:
+        for _ in range(num_requests):
+            answer = _complete(rig, "acme", ALIAS, user=f"u{user}")
+            seen.setdefault(user, set()).add(answer.headers["x-loraplex-revision"])
+    return seen
+
+
+def test_one_user_stays_on_one_revision_of_a_weighted_alias_as_of_a_canary(shared: Rig) -> None:
+    registry = shared.served.registry
+    stable = _served(shared).rpartition("@")[2]
+    other = "r2" if stable != "r2" else "r3"
+    registry.set_alias(OWNER, NAME, (AliasTarget(stable, 1), AliasTarget(other, 1)), "test")
+    try:
+        weighted = _revisions_by_user(shared, range(12), 4)
+    finally:
+        registry.set_alias(OWNER, NAME, (AliasTarget(stable, 1),), "test")
+    assert all(len(revisions) == 1 for revisions in weighted.values()), weighted
+    assert set().union(*weighted.values()) == {f"{ALIAS}@{stable}", f"{ALIAS}@{other}"}
+    store = ReleaseStore(registry)
+    release = store.start_release(OWNER, NAME, other, ReleasePlan(ladder=(0.5,)), actor="ops")
+    try:
+        for to in (ReleaseState.PREWARMING, ReleaseState.PROBING):
+            release = store.transition(release, to, actor="c", now=registry.now())
+        store.transition(release, ReleaseState.CANARY, actor="c", now=registry.now(), step=0)
+        canary = _revisions_by_user(shared, range(12), 4)
+    finally:
+        store.rollback(OWNER, NAME, actor="ops")
+    assert all(len(revisions) == 1 for revisions in canary.values()), canary

@@ -1,7 +1,9 @@
 """A hostile tenant sending a sampled W3C ``traceparent`` on every request must not fill the
 shared span export queue: its forced traces take at most its share (``parent_burst_spans``, then
 ``parent_spans_per_s``); beyond it its requests are sampled as anyone's (the ratio), counted in
-``loraplex_trace_parent_refused_total``, and other tenants' sampled traces are still kept.
+``loraplex_trace_parent_refused_total``, and other tenants' sampled traces are still kept. Nor
+may one making cheap failures (404s): its error traces take at most its error share, the rest
+counted in ``loraplex_trace_errors_dropped_total``, and other tenants' traces are still kept.
 
 On the fake engine with the real app; the tracer hands its spans to a collecting processor and
 its clock stands still (no refill), so the share is exact."""
@@ -83,11 +85,11 @@ def _sampled(i: int) -> str:
     return f"00-{i + 1:032x}-{i + 1:016x}-01"
 
 
-def _refused(traced: Traced) -> dict[str, float]:
+def _refused(traced: Traced, name: str = "loraplex_trace_parent_refused") -> dict[str, float]:
     text = traced.client.get("/metrics", headers={"Authorization": f"Bearer {ADMIN_KEY}"}).text
     out: dict[str, float] = {}
     for family in text_string_to_metric_families(text):
-        if family.name == "loraplex_trace_parent_refused":
+        if family.name == name:
             for sample in family.samples:
                 if sample.name.endswith("_total"):
                     out[sample.labels["priority_class"]] = sample.value
@@ -143,8 +145,66 @@ def test_a_refused_request_still_gets_the_ratio_and_errors_are_kept(served: Serv
     deps.cache.close()
 
 
+class Bounded(Collected):
+    """A queue that drops *new* spans once it holds ``capacity`` (as ``BatchSpanProcessor``
+    does while its exporter lags): what one tenant fills, others lose."""
+
+    def __init__(self, capacity: int) -> None:
+        super().__init__()
+        self.capacity = capacity
+
+    def on_end(self, span: ReadableSpan) -> None:
+        if len(self.spans) < self.capacity:
+            self.spans.append(span)
+
+
+def test_a_tenant_flooding_cheap_failures_gets_only_its_error_share(served: Served) -> None:
+    """40 404s of one tenant (about 80 spans) against a 48-span queue: before its error share,
+    they filled it and the other tenant's failure and sampled request were dropped; now its
+    error traces stop at the share, the rest are counted, and the other tenant's are kept."""
+    collected = Bounded(capacity=48)
+    config = TracingConfig(
+        "http://127.0.0.1:9/v1/traces", SECRET, sample_ratio=0.0, export_names=True,
+        error_burst_spans=BURST_SPANS, error_spans_per_s=1.0,
+    )  # fmt: skip
+    tracer = Tracer(config, "base", processor=collected, clock_s=lambda: 100.0)
+    plain = make_app_deps(served, FakeEngine())
+    deps = ServerDeps(
+        plain.config, plain.engine, plain.registry, plain.cache, plain.chat,
+        refresh_tenants=plain.refresh_tenants, fleet=plain.fleet, tracing=tracer,
+    )  # fmt: skip
+    with TestClient(create_app(deps)) as client:
+        traced = Traced(client, served, collected, tracer)
+        assert _refused(traced, "loraplex_trace_errors_dropped") == {
+            "high": 0.0, "normal": 0.0, "batch": 0.0,
+        }  # fmt: skip
+        for _ in range(40):
+            assert traced.post("acme", None, model="no-such-adapter") == 404
+        kept = collected.roots("acme")
+        assert 1 <= len(kept) < 40
+        acme_ids = {s.context.trace_id for s in kept}
+        num_spans = sum(1 for s in collected.spans if s.context.trace_id in acme_ids)
+        assert num_spans < BURST_SPANS + num_spans / len(kept)  # the share and one trace
+        dropped = _refused(traced, "loraplex_trace_errors_dropped")
+        assert sum(dropped.values()) == 40 - len(kept)
+        assert traced.post("globex", None, model="no-such-adapter") == 404
+        assert traced.post("globex", _sampled(7), model="search") == 200
+        globex = collected.roots("globex")
+        reasons = [(r.attributes or {})["loraplex.trace.kept_by"] for r in globex]
+        assert reasons == ["error", "parent"]
+        assert sum(_refused(traced, "loraplex_trace_errors_dropped").values()) == sum(
+            dropped.values()
+        )  # the other tenant's failure was not dropped
+    assert deps.cache is not None
+    deps.cache.close()
+
+
 def test_the_share_settings_are_checked() -> None:
     with pytest.raises(ValueError, match="parent_burst_spans 0 is invalid"):
         TracingConfig("http://c:4318/v1/traces", SECRET, parent_burst_spans=0)
     with pytest.raises(ValueError, match="parent_spans_per_s -1 is invalid"):
         TracingConfig("http://c:4318/v1/traces", SECRET, parent_spans_per_s=-1)
+    with pytest.raises(ValueError, match="error_burst_spans 0 is invalid"):
+        TracingConfig("http://c:4318/v1/traces", SECRET, error_burst_spans=0)
+    with pytest.raises(ValueError, match="error_spans_per_s 0 is invalid"):
+        TracingConfig("http://c:4318/v1/traces", SECRET, error_spans_per_s=0)

@@ -1,14 +1,14 @@
-"""``ParentShare``: a tenant's honoured sampled flags draw on its own span bucket."""
+"""``SpanShare``: a tenant's forced traces draw on its own span bucket."""
 
 from __future__ import annotations
 
 from loraplex.tracing import share
-from loraplex.tracing.share import ParentShare
+from loraplex.tracing.share import SpanShare
 
 
 def test_a_tenants_bucket_empties_refills_and_is_its_own() -> None:
     now = [0.0]
-    parents = ParentShare(burst_spans=10, spans_per_s=2.0, clock_s=lambda: now[0])
+    parents = SpanShare(burst_spans=10, spans_per_s=2.0, clock_s=lambda: now[0])
     assert parents.has_room("acme")
     parents.charge("acme", 8)
     assert parents.has_room("acme")  # 2 left: the next trace is let in whatever its size
@@ -25,7 +25,7 @@ def test_a_tenants_bucket_empties_refills_and_is_its_own() -> None:
 
 def test_full_buckets_are_forgotten_once_there_are_many() -> None:
     now = [0.0]
-    parents = ParentShare(burst_spans=4, spans_per_s=1.0, clock_s=lambda: now[0])
+    parents = SpanShare(burst_spans=4, spans_per_s=1.0, clock_s=lambda: now[0])
     for i in range(share.MAX_TENANTS):
         parents.charge(f"t{i}", 1 if i else 100)
     now[0] += 2.0  # every bucket but t0's is full again

@@ -13,6 +13,13 @@ Invariants:
 - A pause keeps the sequence only while the blocks of every kept sequence stay within
   ``max_paused_kv_fraction`` of the cache and, for a tenant with ``max_kv_blocks``, its
   running and kept blocks within that cap; otherwise it frees them as a preemption does.
+- The kept budget is shared max-min fairly, decided when the pause happens (``room_for``): a
+  pause that finds the budget full frees the kept sequences of the tenant holding the most
+  kept blocks, as long as that tenant holds more than the pausing tenant would with this one.
+  So a tenant alone may use the whole budget, and one whose pauses filled it cannot keep
+  another tenant out: with n tenants pausing, each keeps about 1/n of it. Before, the first
+  tenant to pause many streams took the whole budget and every other tenant's pause
+  recomputed on resume.
 - Kept blocks never starve running or waiting work: whenever the planner lacks blocks (or a
   tenant's cap is reached), kept sequences are freed first, still-paused ones before resumed
   ones, oldest pause first, before any running sequence is preempted (``planner``).
@@ -49,17 +56,36 @@ class KeptKv:
             self._size(r) for r in self.requests.values() if tenant is None or r.tenant == tenant
         )
 
-    def may_keep(self, req: Request, running: Iterable[Request]) -> bool:
-        """``req`` (running, about to be paused) may keep its sequence: within the bound on all
-        kept blocks and its tenant's ``max_kv_blocks`` (its running and kept blocks)."""
+    def room_for(
+        self, req: Request, running: Iterable[Request], paused: Container[str]
+    ) -> list[Request] | None:
+        """Whether ``req`` (running, about to be paused) may keep its sequence, and at whose
+        cost: None when it may not (past its tenant's ``max_kv_blocks``, counting its running
+        and kept blocks, or no fair room in the kept budget); else the other tenants' kept
+        sequences to free first (often none). See the module docstring for the fair rule."""
         size = self._size(req)
-        if self.num_blocks() + size > self.max_blocks:
-            return False
         cap = self.tenants.get(req.tenant).max_kv_blocks
-        if cap is None:
-            return True
-        mine = sum(self._size(r) for r in running if r.tenant == req.tenant and r is not req)
-        return mine + self.num_blocks(req.tenant) + size <= cap
+        if cap is not None:
+            mine = sum(self._size(r) for r in running if r.tenant == req.tenant and r is not req)
+            if mine + self.num_blocks(req.tenant) + size > cap:
+                return None
+        held: dict[str, int] = {}
+        for kept in self.requests.values():
+            held[kept.tenant] = held.get(kept.tenant, 0) + self._size(kept)
+        after = held.pop(req.tenant, 0) + size  # what the pausing tenant would keep
+        excess = sum(held.values()) + after - self.max_blocks
+        victims: list[Request] = []
+        while excess > 0:
+            richest = max(held, key=held.__getitem__, default=None)
+            if richest is None or held[richest] <= after:
+                return None  # no other tenant keeps more than its fair part
+            victim = self.victim(paused, richest, skip=victims)
+            if victim is None:  # cannot happen: ``richest`` holds blocks
+                return None
+            victims.append(victim)
+            held[richest] -= self._size(victim)
+            excess -= self._size(victim)
+        return victims
 
     def add(self, req: Request) -> None:
         self.requests[req.request_id] = req
@@ -69,14 +95,18 @@ class KeptKv:
         self.requests.pop(req.request_id, None)
 
     def victim(
-        self, paused: Container[str], tenant: str | None = None, spare: Request | None = None
+        self,
+        paused: Container[str],
+        tenant: str | None = None,
+        spare: Request | None = None,
+        skip: Container[Request] = (),
     ) -> Request | None:
-        """The kept sequence to free first (of ``tenant`` only, if given; never ``spare``): the
-        oldest still paused, else the oldest resumed. None: none kept."""
+        """The kept sequence to free first (of ``tenant`` only, if given; never ``spare`` nor
+        one in ``skip``): the oldest still paused, else the oldest resumed. None: none kept."""
         candidates = [
             r
             for r in self.requests.values()
-            if r is not spare and (tenant is None or r.tenant == tenant)
+            if r is not spare and r not in skip and (tenant is None or r.tenant == tenant)
         ]
         return next((r for r in candidates if r.request_id in paused), None) or next(
             iter(candidates), None

@@ -225,6 +225,9 @@ class StepPlanner(RequestBook):
                 return 0
         self.blocks.grow(seq_id, cached + n)
         req.seq_id, req.num_computed_tokens = seq_id, cached
+        if req.num_lost_tokens:  # a resume whose KV a pause freed: computed again
+            self._pause_counts.num_recomputed_tokens += max(0, req.num_lost_tokens - cached)
+            req.num_lost_tokens = 0
         self._seat(req)
         return n
 

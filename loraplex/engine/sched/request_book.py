@@ -141,12 +141,18 @@ class RequestBook:
         queue; such a request has produced no output to fall behind on)."""
         if req.request_id in self._paused or req.state is RequestState.ADAPTER_WAIT:
             return False
-        if req.state is RequestState.RUNNING and self._kept.may_keep(req, self.running):
+        room = None
+        if req.state is RequestState.RUNNING:
+            room = self._kept.room_for(req, self.running, self._paused)
+        if room is not None:
+            for victim in room:  # other tenants' kept sequences, past their fair part
+                self._free_kept(victim)
             self.running.remove(req)  # its seat only: its KV sequence stays as it is
             req.transition(RequestState.WAITING)
             self._kept.add(req)
             self._pause_counts.num_kept += 1
         elif req.state is RequestState.RUNNING:
+            req.num_lost_tokens = req.num_computed_tokens  # its resume recomputes them
             self._unseat(req)
         else:
             self._queues.remove(req)
@@ -232,10 +238,15 @@ class RequestBook:
         victim = self._kept.victim(self._paused, tenant, spare)
         if victim is None:
             return False
+        self._free_kept(victim)
+        return True
+
+    def _free_kept(self, victim: Request) -> None:
+        """A kept sequence is freed before its request ran again: recomputed when it does."""
         self._kept.discard(victim)
+        victim.num_lost_tokens = victim.num_computed_tokens
         self._free_kv(victim)
         self._pause_counts.num_kept_dropped += 1
-        return True
 
     def _free_kv(self, req: Request) -> None:
         if req.seq_id is not None:

@@ -27,6 +27,8 @@ class QueueView:
     num_resumes: int = 0  # paused requests resumed since the engine started (a counter)
     num_pauses_kv_kept: int = 0  # pauses that kept their KV sequences (a counter)
     num_paused_kv_freed: int = 0  # kept sequences freed before they ran again (a counter)
+    # tokens resumed requests computed again, their KV freed by or after their pause (a counter)
+    num_resume_recomputed_tokens: int = 0
 
 
 EMPTY_VIEW = QueueView(0, 0, 0, 0.0, (), 0)
@@ -40,6 +42,7 @@ class PauseCounts:
     num_resumes: int = 0  # paused requests put back
     num_kept: int = 0  # pauses that kept the request's KV sequence (``kept_kv``)
     num_kept_dropped: int = 0  # kept sequences freed before their requests ran again
+    num_recomputed_tokens: int = 0  # tokens resumed requests computed again (KV not kept)
 
 
 def queue_view(
@@ -68,6 +71,7 @@ def queue_view(
         num_resumes=pauses.num_resumes,
         num_pauses_kv_kept=pauses.num_kept,
         num_paused_kv_freed=pauses.num_kept_dropped,
+        num_resume_recomputed_tokens=pauses.num_recomputed_tokens,
     )
 
 
@@ -90,4 +94,5 @@ def load_of(view: QueueView, running: tuple[AdapterKey, ...], max_loras: int) ->
         num_resumes=view.num_resumes,
         num_pauses_kv_kept=view.num_pauses_kv_kept,
         num_paused_kv_freed=view.num_paused_kv_freed,
+        num_resume_recomputed_tokens=view.num_resume_recomputed_tokens,
     )
