@@ -73,6 +73,10 @@ engine's own timeline of each request (``server/request_log.ENGINE_FIELDS``). Th
 resident when the load completes (other requests find it there); only the waiting request pays.
 A file without the key (or a tier without a value) charges nothing.
 
+``host_probe``, when given, is a fixed CPU probe's timing when the figures were measured
+(``sim/host_speed.py``): a reference of the host's speed, which ``bench sim`` compares with the
+same probe before each real run. The simulator never reads it; a file without it is the same.
+
 A tier transfer of ``n`` bytes over a link costs ``fixed_s + n / bytes_per_s``. With
 ``load_cpu_shared`` (a CPU-only server, whose loader and engine share one core), a transfer
 stage that starts while a step runs also delays that replica's next step by its seconds.

@@ -3,7 +3,9 @@
 1. A cost model: a file given (``--cost-model``), or a calibration of a fresh demo server
    (``loraplex sim calibrate --self``): controlled step mixes and cold loads, never the traces
    validated below, so the simulator is calibrated on other traffic than it is judged on.
-2. Real runs (``validate.py``): each trace on a real single server and on a real fleet.
+2. Real runs (``validate.py``): each trace on a real single server and on a real fleet, each
+   run right after the host-speed probe (``host_probe.py``), reported against the cost
+   model's own (``host_report``; never applied to the prices: ``sim/host_speed.py``).
 3. The same traces through ``simulate`` with a config mirroring the real settings.
 4. Errors per target (``compare.py``), and the scale run (1M requests, 10k adapters, 64
    replicas) in a child process of its own, so its peak RSS is the simulator's alone.
