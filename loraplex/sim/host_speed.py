@@ -8,7 +8,7 @@ repeats. ``bench sim`` times it again right before each real run and reports
 ``probe_ratio(now, calibration)`` per trace.
 
 NOTE: the ratio is reported, never applied to the prices. Five calibrations at different loads
-(2026-12-05, SIMFLEET3) showed the probe does not track the step figures (its ratio 0.9-5.3
+(2026-12-05, SIMFLEET3) showed the probe does not track the step figures (its ratio 1.2-5.3
 while the decode samples' moved 0.5-0.7 and the prefill steps' 0.9-1.2) and tracks the hop
 only loosely, so scaling the prices by it would be a guess.
 """
