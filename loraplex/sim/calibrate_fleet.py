@@ -69,6 +69,9 @@ class ContentionSample:
 
     in_flight: int  # requests in flight throughout
     requests_per_s: float  # completed requests over the round's wall time
+    # the median TTFT of the round's completed requests (what the hop and the prefill step
+    # met, apart from the decodes the rate holds too); None: not recorded (before SIMFLEET3)
+    ttft_s: float | None = None
 
     def __post_init__(self) -> None:
         rate = self.requests_per_s
@@ -87,6 +90,17 @@ def round_medians(samples: Sequence[ContentionSample]) -> dict[int, float]:
             f"contention samples cover in_flight {sorted(rates)}; expected 1 and at least one more"
         )
     return {k: statistics.median(rates[k]) for k in sorted(rates)}
+
+
+def round_ttfts(samples: Sequence[ContentionSample]) -> dict[int, float | None]:
+    """The median over its rounds of each in-flight count's median TTFT (None: not recorded)."""
+    ttfts: dict[int, list[float | None]] = defaultdict(list)
+    for sample in samples:
+        ttfts[sample.in_flight].append(sample.ttft_s)
+    return {
+        k: None if None in v else statistics.median(t for t in v if t is not None)
+        for k, v in sorted(ttfts.items())
+    }
 
 
 def fit_contention(samples: Sequence[ContentionSample]) -> tuple[Contention, tuple[float, ...]]:

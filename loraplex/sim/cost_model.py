@@ -73,6 +73,10 @@ engine's own timeline of each request (``server/request_log.ENGINE_FIELDS``). Th
 resident when the load completes (other requests find it there); only the waiting request pays.
 A file without the key (or a tier without a value) charges nothing.
 
+``host_probe``, when given, is a fixed CPU probe's timing when the figures were measured
+(``sim/host_speed.py``): a reference of the host's speed, which ``bench sim`` compares with the
+same probe before each real run. The simulator never reads it; a file without it is the same.
+
 A tier transfer of ``n`` bytes over a link costs ``fixed_s + n / bytes_per_s``. With
 ``load_cpu_shared`` (a CPU-only server, whose loader and engine share one core), a transfer
 stage that starts while a step runs also delays that replica's next step by its seconds.
@@ -87,6 +91,7 @@ from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
 
 from loraplex.sim.cpu import Contention
+from loraplex.sim.host_speed import HostProbe
 
 SCHEMA = "loraplex-sim-cost/1"
 LINKS = ("L3_to_L2", "L2_to_L1", "L1_to_L0")
@@ -208,6 +213,9 @@ class CostModel:
     # Seconds a lease that waited for a load from a tier (L1, L2, L3) reaches its request after
     # the load completes (module docstring); {}: at once.
     lease_handoff_s: dict[str, float] = field(default_factory=dict)
+    # The host's speed when the figures were measured (``sim/host_speed.py``); None: not
+    # probed, and a run on another host speed cannot be rescaled.
+    host_probe: HostProbe | None = None
     # Where each number comes from: a calibration run (command, date, machine) or a citation.
     sources: dict[str, str] = field(default_factory=dict)
 
@@ -263,6 +271,7 @@ class CostModel:
             ("cores", None),
             ("fleet_contention", None),
             ("lease_handoff_s", {}),
+            ("host_probe", None),
         ):
             if body[key] == default:
                 del body[key]
@@ -283,7 +292,7 @@ def from_dict(body: dict[str, object], origin: str = "<dict>") -> CostModel:
         raise ValueError(f"{origin}: schema must be {SCHEMA!r}, got {body.get('schema')!r}")
     known = {"schema", "hardware", "validated", "step", "links", "front_s", "ipc_s"}
     known |= {"network_s", "sources", "load_cpu_shared", "hop_jitter_s", "network_jitter_s"}
-    known |= {"fleet_cpu_scale", "cores", "lease_handoff_s", "fleet_contention"}
+    known |= {"fleet_cpu_scale", "cores", "lease_handoff_s", "fleet_contention", "host_probe"}
     unknown = sorted(set(body) - known)
     if unknown:
         raise ValueError(f"{origin}: unknown keys {unknown}")
@@ -320,6 +329,7 @@ def from_dict(body: dict[str, object], origin: str = "<dict>") -> CostModel:
         cores=cores,
         fleet_contention=_contention(body.get("fleet_contention"), f"{origin}: fleet_contention"),
         lease_handoff_s=_handoffs(body.get("lease_handoff_s", {}), f"{origin}: lease_handoff_s"),
+        host_probe=_host_probe(body.get("host_probe"), f"{origin}: host_probe"),
         sources={str(k): str(v) for k, v in sources.items()},
     )
 
@@ -358,6 +368,18 @@ def _contention(value: object, where: str) -> Contention | None:
         raise ValueError(f"{where}.in_flight must be a list of integers, got {counts!r}")
     stretch = _number_list(value["stretch"], f"{where}.stretch")
     return Contention(tuple(counts), stretch)
+
+
+def _host_probe(value: object, where: str) -> HostProbe | None:
+    """``host_probe``: absent (None), or ``{"matmul_s": ..., "loop_s": ...}``."""
+    if value is None:
+        return None
+    if not isinstance(value, dict) or set(value) != {"matmul_s", "loop_s"}:
+        raise ValueError(f"{where} must be an object of matmul_s and loop_s, got {value!r}")
+    try:
+        return HostProbe(value["matmul_s"], value["loop_s"])
+    except ValueError as exc:
+        raise ValueError(f"{where}: {exc}") from exc
 
 
 def _handoffs(value: object, where: str) -> dict[str, float]:

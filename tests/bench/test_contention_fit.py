@@ -54,6 +54,8 @@ def test_the_fit_recovers_a_curve_from_the_rates_it_produced() -> None:
     assert fit.iterations >= 1
     assert fit.measured == measured
     assert fit.simulated_first == _rates(start)
+    assert sorted(fit.simulated_ttft_s) == list(COUNTS)  # the fitted rounds' median TTFT
+    assert fit.simulated_ttft_s[8] > fit.simulated_ttft_s[1]
     for got, want in zip(fit.contention.stretch, truth.stretch, strict=True):
         assert got == pytest.approx(want, rel=0.15)
 

@@ -1,8 +1,9 @@
 """``sim calibrate-fleet``'s measuring loop (``bench/sim/calibrate_fleet._measure``) against a
 stand-in ingress: warms each adapter until it is served from a GPU slot, sends the lone requests
 paced as the lone server's calibration does (one function, ``calibrate_run.paced_requests``),
-keeps only warm successful requests, counts the rest as left out, and times the contention
-rounds. No Ray, no server."""
+keeps only warm successful requests, counts the rest as left out, places the contention rounds'
+adapters one per replica (``contention_rounds.place``) and times the rounds. No Ray, no
+server."""
 
 from __future__ import annotations
 
@@ -12,7 +13,7 @@ from typing import Any
 import pytest
 
 from loraplex.bench.serve.driver import DriveConfig, RequestRecord
-from loraplex.bench.sim import calibrate_fleet, calibrate_run
+from loraplex.bench.sim import calibrate_run, contention_rounds, fleet_lone
 from loraplex.bench.sim.calibrate_fleet import FleetCalibrateConfig, _measure
 from loraplex.bench.workloads import ATTENTION_TARGETS, TraceAdapter, TraceRequest
 
@@ -47,8 +48,9 @@ def _fake_ingress(monkeypatch: pytest.MonkeyPatch, cold_first: int, fail_every: 
         sent["paced"].append(list(requests))
         return [serve(r) for r in requests]
 
-    monkeypatch.setattr(calibrate_fleet, "send_one", send_one)
-    monkeypatch.setattr(calibrate_fleet, "replay", replay)
+    monkeypatch.setattr(fleet_lone, "send_one", send_one)
+    monkeypatch.setattr(contention_rounds, "send_one", send_one)
+    monkeypatch.setattr(fleet_lone, "replay", replay)
     return sent
 
 
@@ -64,9 +66,9 @@ def test_warms_then_keeps_only_warm_samples(monkeypatch: pytest.MonkeyPatch) -> 
         "http://x", "key", ADAPTERS, sizes=SIZES, config=config, drive=DRIVE
     )
     assert left_out == 0
-    assert where == {"adapters": ["r8", "r64"], "warmed": None, "replica_l0_counts": None}
+    assert where == {"adapters": ["r8", "r64"], "placed_on": None, "replica_l0_counts": None}
     lone = 2 * (3 + 2 * 3 + 3)  # 3 warming (2 cold, 1 warm) + prefills + decodes
-    per_client = calibrate_fleet.CONTENTION_PER_CLIENT
+    per_client = contention_rounds.CONTENTION_PER_CLIENT
     assert len(sent["all"]) == lone + (1 + 2) * per_client
     prefills = [s for s in samples if s.tpot_s is None]
     decodes = [s for s in samples if s.tpot_s is not None]
@@ -75,6 +77,7 @@ def test_warms_then_keeps_only_warm_samples(monkeypatch: pytest.MonkeyPatch) -> 
     assert {s.prompt_tokens for s in prefills} == {8, 32}
     assert [r.in_flight for r in rounds] == [1, 2]
     assert all(r.requests_per_s > 0 for r in rounds)
+    assert [r.ttft_s for r in rounds] == [pytest.approx(0.056)] * 2  # the stand-in's TTFT
 
 
 def test_failed_and_cold_requests_are_left_out(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -94,12 +97,12 @@ def test_the_lone_requests_are_paced_by_the_lone_servers_function(
     """The fleet's lone requests are ``paced_requests``' trace (``hop_gap_s`` apart from the
     first, ``hop_output_tokens`` each; the decode ones ``output_tokens``), replayed as ``bench
     sim`` replays a fleet's trace; before, they went back to back with ``max_tokens`` 1."""
-    assert calibrate_fleet.paced_requests is calibrate_run.paced_requests
+    assert fleet_lone.paced_requests is calibrate_run.paced_requests
     sent = _fake_ingress(monkeypatch, cold_first=0)
     config = FleetCalibrateConfig(
         requests=3, prefill_lengths=(8, 32), hop_gap_s=0.5, hop_output_tokens=5
     )
-    samples, left_out = calibrate_fleet._lone_samples(
+    samples, left_out = fleet_lone.lone_samples(
         "http://x", "k", ADAPTERS[0], 1000, config=config, drive=DRIVE
     )
     groups = sent["paced"]
@@ -110,34 +113,43 @@ def test_the_lone_requests_are_paced_by_the_lone_servers_function(
     assert (len(samples), left_out) == (9, 0)
 
 
-def test_contention_rounds_spread_over_their_own_warmed_adapters(
+def test_contention_rounds_run_on_adapters_placed_one_per_replica(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    """The rounds' adapters are warmed before the rounds (not before the lone samples), client
-    i sends to adapter i mod n, and the report says how many were warmed and each replica's
-    GPU-slot count just before the rounds."""
+    """The rounds' candidates are warmed after the lone samples, one at a time; each is kept
+    only where it lands on a replica holding none yet (seen as that replica's GPU-slot count
+    growing), else evicted; client i then sends to kept adapter i mod n."""
     sent = _fake_ingress(monkeypatch, cold_first=1)
     config = _config(requests=2, prefill_lengths=(8,), in_flight=(1, 4), replicas=3)
-    own = calibrate_fleet.contention_adapters(config)
-    assert [(a.name, a.rank) for a in own] == [("c0", 8), ("c1", 8), ("c2", 8)]
-    looked: list[int] = []
+    pool = contention_rounds.candidates("t", config.num_contention_adapters)
+    assert len(pool) == 3 * contention_rounds.CANDIDATES_PER_ADAPTER
+    assert {(a.rank, a.targets) for a in pool} == {(8, ATTENTION_TARGETS)}
+    # where the stand-in router puts each candidate: c1 collides with c0, c3 with c2
+    lands = {"c0": 2, "c1": 2, "c2": 0, "c3": 0, "c4": 1}
+    slots = [1, 0, 0]  # the lone adapter sits on replica 0
+    evicted: list[str] = []
 
     def residency() -> list[int]:
-        looked.append(len(sent["all"]))
-        return [1, 2, 1]
+        slots[:] = [1, 0, 0]
+        kept = {n for n in lands if n not in evicted and any(r.adapter == n for r in sent["all"])}
+        for name in kept:
+            slots[lands[name]] += 1
+        return list(slots)
 
     _, rounds, _, where = _measure(
         "http://x", "key", ADAPTERS[:1], sizes=SIZES, config=config, drive=DRIVE,
-        rounds_adapters=own, residency=residency,
+        rounds_pool=pool, residency=residency, evict=lambda a: evicted.append(a.name),
     )  # fmt: skip
-    assert where == {"adapters": ["c0", "c1", "c2"], "warmed": 3, "replica_l0_counts": [1, 2, 1]}
+    assert where == {
+        "adapters": ["c0", "c2", "c4"], "placed_on": [2, 0, 1], "skipped": ["c1", "c3"],
+        "per_replica": [1, 1, 1], "replica_l0_counts": [2, 1, 1],
+    }  # fmt: skip
+    assert evicted == ["c1", "c3"]
     names = [r.adapter for r in sent["all"]]
-    first_round = names.index("c2") + 2  # each c warmed with 2 requests (1 cold, then L0)
-    assert looked == [first_round]
-    assert names[first_round - 6 : first_round] == ["c0", "c0", "c1", "c1", "c2", "c2"]
-    per_client = calibrate_fleet.CONTENTION_PER_CLIENT
+    first_round = names.index("c4") + 2  # each c warmed with 2 requests (1 cold, then L0)
+    per_client = contention_rounds.CONTENTION_PER_CLIENT
     assert sorted(names[first_round:]) == sorted(
-        ["c0"] * per_client + ["c0", "c1", "c2", "c0"] * per_client
+        ["c0"] * per_client + ["c0", "c2", "c4", "c0"] * per_client
     )
     assert [r.in_flight for r in rounds] == [1, 4]
     assert _config(replicas=2, contention_adapters=5).num_contention_adapters == 5

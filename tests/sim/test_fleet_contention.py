@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 from sim_inputs import cost
 
-from loraplex.sim.calibrate_fleet import ContentionSample, fit_contention
+from loraplex.sim.calibrate_fleet import ContentionSample, fit_contention, round_ttfts
 from loraplex.sim.config import SimConfig
 from loraplex.sim.cost_model import from_dict, load
 from loraplex.sim.cpu import Contention
@@ -124,6 +124,12 @@ def test_the_fit_is_the_slowdown_per_request_over_the_median_round() -> None:
     assert curve.in_flight == (1, 2, 4, 8)
     assert curve.stretch == pytest.approx((1.0, 2 * 10 / 16, 4 * 10 / 20, 8 * 10 / 20))
     assert raw == pytest.approx(curve.stretch)
+
+
+def test_the_rounds_ttft_is_the_median_over_rounds_and_none_where_not_recorded() -> None:
+    samples = [ContentionSample(1, 10.0, 0.05), ContentionSample(1, 9.0, 0.07)]
+    samples += [ContentionSample(2, 15.0, 0.09), ContentionSample(2, 16.0)]
+    assert round_ttfts(samples) == {1: pytest.approx(0.06), 2: None}
 
 
 def test_a_faster_than_lone_round_is_floored_and_too_few_counts_refused() -> None:

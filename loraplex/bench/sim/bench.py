@@ -3,7 +3,9 @@
 1. A cost model: a file given (``--cost-model``), or a calibration of a fresh demo server
    (``loraplex sim calibrate --self``): controlled step mixes and cold loads, never the traces
    validated below, so the simulator is calibrated on other traffic than it is judged on.
-2. Real runs (``validate.py``): each trace on a real single server and on a real fleet.
+2. Real runs (``validate.py``): each trace on a real single server and on a real fleet, each
+   run right after the host-speed probe (``host_probe.py``), reported against the cost
+   model's own (``host_report``; never applied to the prices: ``sim/host_speed.py``).
 3. The same traces through ``simulate`` with a config mirroring the real settings.
 4. Errors per target (``compare.py``), and the scale run (1M requests, 10k adapters, 64
    replicas) in a child process of its own, so its peak RSS is the simulator's alone.
@@ -11,6 +13,7 @@
 
 from __future__ import annotations
 
+import statistics
 import tempfile
 from collections.abc import Mapping
 from dataclasses import asdict, dataclass, field, fields
@@ -38,6 +41,7 @@ from loraplex.bench.workloads import (
 from loraplex.engine.tenant_shares import TenantSettings
 from loraplex.serve.config import ServeConfig
 from loraplex.sim.cost_model import CostModel
+from loraplex.sim.host_speed import HostProbe, probe_ratio
 
 TRACES = ("zipf-longtail", "hot-burst", "cold-storm")
 TARGETS = ("single", "fleet")
@@ -184,14 +188,24 @@ def prepared(
     return prepare_fleet(root / "registry", model_dir, adapters, MAX_LORA_RANK, config.seed)
 
 
+Probes = dict[str, dict[str, list[HostProbe]]]  # target -> trace -> one per repeat
+
+
 def real(
-    config: SimBenchConfig, workloads: list[Workload], registry: Fleet, root: Path, vocab: int
-) -> dict[str, dict[str, list[dict[str, Any]]]]:
+    config: SimBenchConfig, workloads: list[Workload], registry: Fleet, root: Path, vocab: int,
+    *, probes: Probes | None = None,
+) -> dict[str, dict[str, list[dict[str, Any]]]]:  # fmt: skip
     """target -> trace -> each repeat's real outcome. A repeat runs every trace once, in trace
     order on even repeats and reversed on odd ones (ABBA), so no trace is always the first
-    server of the invocation."""
+    server of the invocation. ``probes``, when given, receives the host-speed probe timed right
+    before each real run (``host_probe.py``)."""
     from loraplex.bench.fleet.cluster import local_cluster
+    from loraplex.bench.sim.host_probe import host_probe
     from loraplex.bench.sim.validate import RunLogs, fleet_outcome, single_outcome
+
+    def probed(target: str, trace: str) -> None:
+        if probes is not None:
+            probes.setdefault(target, {}).setdefault(trace, []).append(host_probe())
 
     s = config.settings
     drive = DriveConfig(request_timeout_s=s.request_timeout_s, vocab_size=vocab, seed=s.seed)
@@ -206,6 +220,7 @@ def real(
                 logs = None
                 if config.logs_dir is not None:
                     logs = RunLogs.under(config.logs_dir, f"single-r{r}-{w.name}")
+                probed("single", w.name)
                 outcome = single_outcome(registry, w, s, drive, where, logs=logs)
                 out["single"][w.name].append(outcome)
     if "fleet" in config.targets:
@@ -214,8 +229,30 @@ def real(
             for r, order in enumerate(orders):
                 for i, w in order:
                     where = root / f"fleet-{r}-{i}"
+                    probed("fleet", w.name)
                     out["fleet"][w.name].append(fleet_outcome(target, w, s, drive, where))
     return out
+
+
+def host_report(calibrated: HostProbe | None, probes: Probes) -> dict[str, Any]:
+    """The calibration's host probe, every real run's, and per target and trace the median
+    ratio of the run's probe over the calibration's (slower host > 1; None without a
+    calibration probe). Reported only: no price is scaled by it (``sim/host_speed.py``)."""
+    ratios: dict[str, dict[str, float | None]] = {}
+    for target, by_trace in probes.items():
+        ratios[target] = {
+            trace: None
+            if calibrated is None
+            else round(statistics.median(probe_ratio(p, calibrated) for p in runs), 4)
+            for trace, runs in by_trace.items()
+        }
+    return {
+        "calibration": None if calibrated is None else asdict(calibrated),
+        "runs": {
+            t: {n: [asdict(p) for p in runs] for n, runs in v.items()} for t, v in probes.items()
+        },
+        "ratio": ratios,
+    }
 
 
 def run_sim_bench(config: SimBenchConfig, cost_model: CostModel) -> dict[str, Any]:
@@ -231,7 +268,8 @@ def run_sim_bench(config: SimBenchConfig, cost_model: CostModel) -> dict[str, An
         root = Path(tmp)
         registry = prepared(config, workloads, root, assets.base_model_dir)
         sims = simulated(config, workloads, cost_model, registry)
-        reals = real(config, workloads, registry, root, vocab)
+        probes: Probes = {}
+        reals = real(config, workloads, registry, root, vocab, probes=probes)
     medians = {t: {n: median_outcome(runs) for n, runs in reals[t].items()} for t in reals}
     by_target = {t: compare_target(medians[t], sims[t], t) for t in config.targets}
     spreads = {t: real_spread(reals[t]) for t in config.targets}
@@ -242,6 +280,7 @@ def run_sim_bench(config: SimBenchConfig, cost_model: CostModel) -> dict[str, An
     if config.scale is not None:
         metrics.update(scale_in_child(*config.scale, cost_model))
     metrics["cost_model"] = {"hardware": cost_model.hardware, "validated": cost_model.validated}
+    metrics["host_probe"] = host_report(cost_model.host_probe, probes)
     metrics["targets"] = by_target
     plain = asdict(config)
     plain["cost_model"] = None if config.cost_model is None else str(config.cost_model)

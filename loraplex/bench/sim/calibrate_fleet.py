@@ -9,20 +9,16 @@ sends the rest to that replica), then, one request at a time so nothing queues, 
 lone server's calibration paces its lone requests (``calibrate_run.paced_requests``: as
 ``bench sim``'s real fleet runs send a trace, ``hop_gap_s`` apart): ``requests`` lone requests
 of ``hop_output_tokens`` tokens per prompt length (prefill samples, their TTFT), and
-``requests`` of ``output_tokens`` tokens (decode samples, their TPOT). Last, for each of
-``in_flight`` (1, 2, 4, 8): ``contention_rounds`` rounds of that many clients, each sending
-``CONTENTION_PER_CLIENT`` requests back to back (a closed loop: the count in flight stays put),
-the round's completed requests over its wall time. The rounds' requests go to
-``contention_adapters`` rank-8 adapters of their own (one per replica unless set), each warmed
-first, client ``i`` on adapter ``i mod n``, so the router can spread the rounds over every
-replica as a trace's tail spreads (before, the rounds used the two lone adapters, so at most two
-replicas took them); how many adapters each replica then held in a GPU slot is in the report.
-None of it is a trace ``bench sim`` validates.
+``requests`` of ``output_tokens`` tokens (decode samples, their TPOT). Last, the contention
+rounds (``contention_rounds.py``: for each of ``in_flight``, ``contention_rounds`` rounds of that
+many clients sending back to back) on ``contention_adapters`` rank-8 adapters of their own, one
+per replica unless set, placed one per replica by watching where each warmed candidate lands;
+the report says where each went (``contention_where``) and where the simulator's replay put its
+own (``contention_where_simulated``). None of it is a trace ``bench sim`` validates.
 """
 
 from __future__ import annotations
 
-import asyncio
 import datetime
 import os
 import platform
@@ -34,18 +30,29 @@ from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Any
 
-from loraplex.bench.fleet.drive import replay
+import httpx
+
 from loraplex.bench.harness.machine import machine_record
-from loraplex.bench.serve.driver import DriveConfig, RequestRecord, prompt_ids, send_one
+from loraplex.bench.serve.driver import DriveConfig
 from loraplex.bench.sim.calibrate_run import (
     HOP_GAP_S,
     HOP_OUTPUT_TOKENS,
     check_pacing,
-    paced_requests,
 )
-from loraplex.bench.sim.contention_fit import RoundShape, fit_by_simulation
+from loraplex.bench.sim.contention_fit import fit_by_simulation
+from loraplex.bench.sim.contention_rounds import (
+    CONTENTION_PER_CLIENT,
+    CONTENTION_PROMPT_TOKENS,
+    FleetSlots,
+    candidates,
+    contention_samples,
+    evict_from_slots,
+    place,
+    simulated_rounds,
+)
+from loraplex.bench.sim.fleet_lone import lone_samples, warm_up
 from loraplex.bench.sim.validate import MAX_LORA_RANK, RealSettings
-from loraplex.bench.workloads import ATTENTION_TARGETS, TraceAdapter, TraceRequest
+from loraplex.bench.workloads import ATTENTION_TARGETS, TraceAdapter
 from loraplex.sim.calibrate_fleet import (
     ContentionSample,
     FleetSample,
@@ -53,14 +60,11 @@ from loraplex.sim.calibrate_fleet import (
     fit_fleet,
     fleet_model,
     round_medians,
+    round_ttfts,
 )
-from loraplex.sim.config import SimConfig
 from loraplex.sim.cost_model import CostModel
 
 TENANT = "fleetcal"
-WARM_TRIES = 6  # requests per adapter until one is served from a GPU slot
-CONTENTION_PER_CLIENT = 4  # requests each client of a contention round sends back to back
-CONTENTION_PROMPT_TOKENS = 16  # the prompt of every contention request (bench sim's traces')
 
 
 @dataclass(frozen=True)
@@ -106,14 +110,6 @@ class FleetCalibrateConfig:
         return self.replicas if self.contention_adapters is None else self.contention_adapters
 
 
-def contention_adapters(config: FleetCalibrateConfig) -> list[TraceAdapter]:
-    """The rounds' own adapters: rank 8, attention targets, one tenant with the lone ones."""
-    return [
-        TraceAdapter(TENANT, f"c{i}", 8, ATTENTION_TARGETS)
-        for i in range(config.num_contention_adapters)
-    ]
-
-
 def usable_cores() -> int:
     """The CPU cores this process may run on (its affinity), as the fleet's processes do."""
     try:
@@ -122,144 +118,45 @@ def usable_cores() -> int:
         return os.cpu_count() or 1
 
 
-async def _lone(
-    url: str, key: str, adapter: TraceAdapter, *, length: int, rng: random.Random,
-    drive: DriveConfig,
-) -> str:  # fmt: skip
-    """One request of one token, to warm ``adapter``: the tier the fleet served it from."""
-    request = TraceRequest(0.0, adapter.tenant, adapter.name, length, 1)
-    ids = prompt_ids(rng, length, drive.vocab_size)
-    record = await send_one(
-        url, request, key=key, ids=ids, arrival=time.monotonic(), tier="L3", config=drive
-    )
-    return record.tier
-
-
-def _paced(
-    url: str, key: str, adapter: TraceAdapter, *, length: int, tokens: int,
-    config: FleetCalibrateConfig, drive: DriveConfig,
-) -> list[RequestRecord]:  # fmt: skip
-    """``config.requests`` lone requests on ``adapter``, paced (module docstring), replayed as
-    ``bench sim`` replays a trace through a fleet (``bench/fleet/drive.replay``)."""
-    requests = paced_requests(
-        adapter.tenant, adapter.name, length, count=config.requests, gap_s=config.hop_gap_s,
-        output_tokens=tokens,
-    )  # fmt: skip
-    return asyncio.run(replay(url, requests, {adapter.tenant: key}, drive))
-
-
-def _warm(record: RequestRecord) -> bool:
-    """Served from a GPU slot, and timed."""
-    return record.ok and record.ttft_s is not None and record.tier == "L0"
-
-
-def _lone_samples(
-    url: str, key: str, adapter: TraceAdapter, nbytes: int, *,
-    config: FleetCalibrateConfig, drive: DriveConfig,
-) -> tuple[list[FleetSample], int]:  # fmt: skip
-    """One adapter's prefill and decode samples, and the requests left out."""
-    rank = min(adapter.rank, MAX_LORA_RANK)
-    samples: list[FleetSample] = []
-    records: list[RequestRecord] = []
-    for index, length in enumerate(config.prefill_lengths):
-        seeded = replace(drive, seed=drive.seed + 100 * index + rank)
-        tokens = config.hop_output_tokens
-        group = _paced(url, key, adapter, length=length, tokens=tokens, config=config, drive=seeded)
-        records += group
-        samples += [
-            FleetSample(length, rank, nbytes, r.ttft_s) for r in group if _warm(r) and r.ttft_s
-        ]
-    seeded = replace(drive, seed=drive.seed + 7 + rank)
-    group = _paced(
-        url, key, adapter, length=8, tokens=config.output_tokens, config=config, drive=seeded
-    )
-    records += group
-    samples += [
-        FleetSample(8, rank, nbytes, r.ttft_s, r.tpot_s)
-        for r in group
-        if _warm(r) and r.ttft_s and r.tpot_s
-    ]
-    return samples, len(records) - len(samples)
-
-
-async def _round(
-    url: str, key: str, adapters: Sequence[TraceAdapter], clients: int, *,
-    rng: random.Random, drive: DriveConfig,
-) -> float:  # fmt: skip
-    """Completed requests per second of ``clients`` clients sending back to back."""
-    length, tokens = CONTENTION_PROMPT_TOKENS, HOP_OUTPUT_TOKENS
-
-    async def client(index: int) -> int:
-        adapter = adapters[index % len(adapters)]
-        request = TraceRequest(0.0, adapter.tenant, adapter.name, length, tokens)
-        done = 0
-        for _ in range(CONTENTION_PER_CLIENT):
-            ids = prompt_ids(rng, length, drive.vocab_size)
-            record = await send_one(
-                url, request, key=key, ids=ids, arrival=time.monotonic(), tier="L3", config=drive
-            )
-            done += record.ok
-        return done
-
-    start = time.monotonic()
-    done = sum(await asyncio.gather(*(client(i) for i in range(clients))))
-    return done / (time.monotonic() - start)
-
-
-def _contention_samples(
-    url: str, key: str, adapters: Sequence[TraceAdapter], *, config: FleetCalibrateConfig,
-    drive: DriveConfig,
-) -> list[ContentionSample]:  # fmt: skip
-    """``contention_rounds`` rounds per in-flight count, each after ``hop_gap_s`` idle; a round
-    with nothing completed makes no sample."""
-    rng = random.Random(config.seed + 13)
-    samples = []
-    for clients in sorted(set(config.in_flight)):
-        for _ in range(config.contention_rounds):
-            time.sleep(config.hop_gap_s)
-            rate = asyncio.run(_round(url, key, adapters, clients, rng=rng, drive=drive))
-            if rate > 0:
-                samples.append(ContentionSample(clients, rate))
-    return samples
-
-
-def _warm_up(
-    url: str, key: str, adapter: TraceAdapter, *, rng: random.Random, drive: DriveConfig
-) -> bool:
-    """Requests until one is served from a GPU slot (at most ``WARM_TRIES``); False: none was."""
-    for _ in range(WARM_TRIES):
-        if asyncio.run(_lone(url, key, adapter, length=8, rng=rng, drive=drive)) == "L0":
-            return True
-    return False
-
-
 def _measure(
     url: str, key: str, adapters: Sequence[TraceAdapter], *,
     sizes: dict[tuple[str, str], int], config: FleetCalibrateConfig, drive: DriveConfig,
-    rounds_adapters: Sequence[TraceAdapter] = (),
+    rounds_pool: Sequence[TraceAdapter] = (),
     residency: Callable[[], list[int]] | None = None,
+    evict: Callable[[TraceAdapter], None] | None = None,
 ) -> tuple[list[FleetSample], list[ContentionSample], int, dict[str, Any]]:  # fmt: skip
-    """The lone samples, the contention rounds (on ``rounds_adapters``, each warmed first;
-    ``adapters`` when empty), the lone requests that failed or were not served warm (left
-    out), and where the rounds ran: how many of their adapters were warmed, and each replica's
-    GPU-slot count before the rounds (``residency``, when given)."""
+    """The lone samples, the contention rounds, the lone requests that failed or were not
+    served warm (left out), and where the rounds ran. The rounds' adapters are placed from
+    ``rounds_pool`` one per replica (``contention_rounds.place``, watching each replica's
+    GPU-slot count, ``residency``, and evicting the candidates not kept); without a pool or
+    ``residency`` they are ``adapters``."""
     rng = random.Random(config.seed)
     samples: list[FleetSample] = []
     left_out = 0
     for adapter in adapters:
-        _warm_up(url, key, adapter, rng=rng, drive=drive)
+        warm_up(url, key, adapter, rng=rng, drive=drive)
         nbytes = sizes[(adapter.tenant, adapter.name)]
-        kept, lost = _lone_samples(url, key, adapter, nbytes, config=config, drive=drive)
+        kept, lost = lone_samples(url, key, adapter, nbytes, config=config, drive=drive)
         samples += kept
         left_out += lost
-    contended = list(rounds_adapters) or list(adapters)
-    warmed = sum(_warm_up(url, key, a, rng=rng, drive=drive) for a in rounds_adapters)
-    where: dict[str, Any] = {
-        "adapters": [a.name for a in contended],
-        "warmed": warmed if rounds_adapters else None,
-        "replica_l0_counts": None if residency is None else residency(),
-    }
-    rounds = _contention_samples(url, key, contended, config=config, drive=drive)
+    contended = list(adapters)
+    where: dict[str, Any] = {"adapters": [a.name for a in contended], "placed_on": None}
+    if rounds_pool and residency is not None and evict is not None:
+        slots = FleetSlots(lambda a: warm_up(url, key, a, rng=rng, drive=drive), residency, evict)
+        wanted = config.num_contention_adapters
+        placed = place(rounds_pool, wanted, config.replicas, slots.land, slots.drop)
+        contended = placed.adapters or list(rounds_pool[:wanted])  # none seen: as before SPREAD2
+        where = {
+            "adapters": [a.name for a in contended],
+            "placed_on": placed.replicas,
+            "skipped": placed.skipped,
+            "per_replica": placed.counts(config.replicas),
+        }
+    where["replica_l0_counts"] = None if residency is None else residency()
+    rounds = contention_samples(
+        url, key, contended, in_flight=config.in_flight, rounds=config.contention_rounds,
+        gap_s=config.hop_gap_s, seed=config.seed, drive=drive,
+    )  # fmt: skip
     return samples, rounds, left_out, where
 
 
@@ -281,7 +178,7 @@ def measure_fleet(
     adapters = [
         TraceAdapter(TENANT, f"r{rank}", rank, ATTENTION_TARGETS) for rank in (8, MAX_LORA_RANK)
     ]
-    rounds_adapters = contention_adapters(config)
+    pool = candidates(TENANT, config.num_contention_adapters)
     sizes, _ = adapter_sizes(model_dir, adapters)
     settings = RealSettings(replicas=config.replicas, request_timeout_s=config.request_timeout_s)
     drive = DriveConfig(
@@ -290,7 +187,7 @@ def measure_fleet(
     with tempfile.TemporaryDirectory(prefix="loraplex-sim-fleetcal-") as tmp:
         root = Path(tmp)
         registry = prepare_fleet(
-            root / "registry", model_dir, [*adapters, *rounds_adapters], MAX_LORA_RANK, config.seed
+            root / "registry", model_dir, [*adapters, *pool], MAX_LORA_RANK, config.seed
         )
         with local_cluster(1) as port:
             url = f"http://127.0.0.1:{port}"
@@ -298,35 +195,20 @@ def measure_fleet(
             drop_page_cache(registry.store)
 
             def residency() -> list[int]:
-                time.sleep(2 * PUSH_INTERVAL_S)  # every replica's status after the warming
+                time.sleep(2 * PUSH_INTERVAL_S)  # every replica's status after the last change
                 state = fleet_state(url, registry.admin_key)
                 return [r["tiers"]["l0"]["count"] for r in state["replicas"]]
 
-            with deployed(fleet, url, registry.admin_key):
+            headers = {"Authorization": f"Bearer {registry.admin_key}"}
+            with (
+                deployed(fleet, url, registry.admin_key),
+                httpx.Client(base_url=url, headers=headers, timeout=30.0) as admin,
+            ):
                 return _measure(
                     url, registry.keys[TENANT], adapters, sizes=sizes, config=config, drive=drive,
-                    rounds_adapters=rounds_adapters, residency=residency,
+                    rounds_pool=pool, residency=residency,
+                    evict=lambda adapter: evict_from_slots(admin, adapter),
                 )  # fmt: skip
-
-
-def rounds_in_simulator(
-    config: FleetCalibrateConfig, asset_dir: Path
-) -> tuple[SimConfig, RoundShape]:
-    """The fleet ``bench sim`` simulates (this calibration's replicas) and what a contention
-    round sends, for the fit by simulation."""
-    from loraplex.bench.sim.bench import SimBenchConfig, adapter_sizes, sim_config
-    from loraplex.demo.assets import generate_demo_assets
-
-    assets = generate_demo_assets(asset_dir / "test-small", preset="small", seed=0)
-    adapters = contention_adapters(config)
-    sizes, per_rank = adapter_sizes(assets.base_model_dir, adapters)
-    settings = RealSettings(replicas=config.replicas, request_timeout_s=config.request_timeout_s)
-    fields = sim_config(SimBenchConfig(settings=settings), "fleet", per_rank, {})
-    shape = RoundShape(
-        tuple((a.tenant, a.name, a.rank, sizes[(a.tenant, a.name)]) for a in adapters),
-        CONTENTION_PER_CLIENT, CONTENTION_PROMPT_TOKENS, HOP_OUTPUT_TOKENS,
-    )  # fmt: skip
-    return SimConfig(**fields), shape
 
 
 def calibrate_fleet(
@@ -354,7 +236,9 @@ def calibrate_fleet(
         "fleet_contention": f"slowdown per request with k requests in flight through the "
         f"fleet: k x X(1) / X(k), X the median over {config.contention_rounds} rounds of k "
         f"clients each sending {CONTENTION_PER_CLIENT} warm requests back to back, client i "
-        f"on adapter i mod {len(rounds_where['adapters'])} (rank 8, one per replica unless set) "
+        f"on adapter i mod {len(rounds_where['adapters'])} (rank 8, placed one per replica "
+        f"unless set: bench/sim/contention_rounds.place, per replica "
+        f"{rounds_where.get('per_replica')}) "
         f"({CONTENTION_PROMPT_TOKENS} prompt, {HOP_OUTPUT_TOKENS} output tokens) of completed "
         f"requests per second; floored at 1 (raw {[round(r, 3) for r in raw]}; {where}); "
         f"then fitted by simulation: each point rescaled until the simulator replaying the rounds "
@@ -365,7 +249,10 @@ def calibrate_fleet(
         f"the fleet's processes ran ({where})",
     }
     first_model = fleet_model(base, fit, cores, sources, first)
-    sim_config, shape = rounds_in_simulator(config, asset_dir)
+    sim_config, shape, sim_placed = simulated_rounds(
+        base, asset_dir, replicas=config.replicas, wanted=config.num_contention_adapters,
+        tenant=TENANT, request_timeout_s=config.request_timeout_s,
+    )  # fmt: skip
     fitted = fit_by_simulation(first_model, sim_config, shape, round_medians(rounds), first)
     model = replace(first_model, fleet_contention=fitted.contention)
     report = {
@@ -373,6 +260,11 @@ def calibrate_fleet(
         "left_out": left_out,
         "contention": [asdict(r) for r in rounds],
         "contention_where": rounds_where,
+        "contention_where_simulated": {
+            "adapters": [a.name for a in sim_placed.adapters],
+            "placed_on": sim_placed.replicas,
+            "skipped": sim_placed.skipped,
+        },
         "contention_first_pass": list(first.stretch),
         "contention_fit": {
             "iterations": fitted.iterations,
@@ -380,6 +272,8 @@ def calibrate_fleet(
             "simulated_first_pass": fitted.simulated_first,
             "simulated_fitted": fitted.simulated_fitted,
             "worst_gap": fitted.worst_gap,
+            "ttft_s_measured": round_ttfts(rounds),
+            "ttft_s_simulated": fitted.simulated_ttft_s,
         },
         "contention_raw_stretch": list(raw),
         "fit": asdict(fit),

@@ -6,7 +6,8 @@ from __future__ import annotations
 import datetime
 import json
 import platform
-from dataclasses import asdict
+import statistics
+from dataclasses import asdict, replace
 from pathlib import Path
 from typing import Any
 
@@ -37,6 +38,7 @@ from loraplex.bench.sim.calibrate_timeline import (
     timed_samples,
     wait_for_lines,
 )
+from loraplex.bench.sim.host_probe import host_probe
 from loraplex.sim.calibrate import (
     Fit,
     calibrated_model,
@@ -45,6 +47,7 @@ from loraplex.sim.calibrate import (
     jitter_quantiles,
 )
 from loraplex.sim.cost_model import LINKS, CostModel
+from loraplex.sim.host_speed import HostProbe
 
 SHARED_CPU = (
     "the target's: a CPU-only server (the --self demo server, torch_threads 1) runs its "
@@ -182,7 +185,12 @@ def calibrate(
     ``load_cpu_shared`` is the target's (``Target.load_cpu_shared``: a CPU-only server's loader
     and engine share one CPU)."""
     load_cpu_shared = target.load_cpu_shared
+    probes = [host_probe()]  # the host's speed around the figures (sim/host_speed.py)
     measured = measure(target, config)
+    probes.append(host_probe())
+    probe = HostProbe(
+        statistics.mean(p.matmul_s for p in probes), statistics.mean(p.loop_s for p in probes)
+    )
     loads, steps, fitted = measured["loads"], measured["steps"], measured["step_fit"]
     decodes = sum(1 for s in steps if not s.prefill_tokens)
     machine = machine_record()
@@ -209,6 +217,11 @@ def calibrate(
         ),
         "network_s": "not measured: one server, no ingress-to-replica hop (0)",
         "load_cpu_shared": SHARED_CPU if load_cpu_shared else "not shared (the target's)",
+        "host_probe": (
+            "bench/sim/host_probe.py timed in the calibrating process before and after the "
+            f"measurements (sum {probes[0].total_s:.4f} s, then {probes[1].total_s:.4f} s); "
+            "their mean per part"
+        ),
     }
     for link in LINKS:
         mine = [s for s in loads if s.link == link]
@@ -273,6 +286,7 @@ def calibrate(
         lease_handoff_s=lease_handoff_s,
         lone_hops=measured["lone"],
     )
+    model = replace(model, host_probe=probe)
     report = {
         "hardware": hardware,
         "step_samples": [asdict(s) for s in steps],
@@ -296,6 +310,7 @@ def calibrate(
         "lone_ttfts_s": [[asdict(sample), ttft_s] for sample, ttft_s in measured["lone"]],
         "lease_handoffs": None if lease_found is None else asdict(lease_found),
         "machine": machine,
+        "host_probes": [asdict(p) for p in probes],
         "target": target.url,
     }
     return model, report

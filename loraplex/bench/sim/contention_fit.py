@@ -15,8 +15,9 @@ measured one: ``stretch(k) <- max(1, stretch(k) x r_sim(k) / r_measured(k))`` wi
 
 from __future__ import annotations
 
+import statistics
 from collections.abc import Mapping
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 
 from loraplex.sim.config import SimConfig
 from loraplex.sim.cost_model import CostModel
@@ -48,22 +49,47 @@ class RoundShape:
         return TraceRecord(t_s, tenant, name, self.prompt_tokens, self.output_tokens, rank, nbytes)
 
 
-def simulated_rate(model: CostModel, config: SimConfig, shape: RoundShape, clients: int) -> float:
-    """Completed requests per second of ``clients`` closed-loop clients in the simulator, after
-    two warm-up requests per adapter (the calibration warms each before the rounds)."""
-    warm = [
+def _warm(shape: RoundShape) -> list[TraceRecord]:
+    """Two warm-up requests per adapter, ``WARM_GAP_S`` apart (the calibration warms each
+    before the rounds)."""
+    return [
         shape.record(WARM_GAP_S * i, i % len(shape.adapters))
         for i in range(2 * len(shape.adapters))
     ]
+
+
+def warm_replicas(model: CostModel, config: SimConfig, shape: RoundShape) -> list[int]:
+    """The replica each of ``shape``'s adapters is in after the warm-up, in the simulator (its
+    second warm-up request's)."""
+    warm = _warm(shape)
+    outcomes: list[Outcome] = []
+    simulate(warm, config, model, keep_outcomes=outcomes)
+    count = len(shape.adapters)
+    return [outcomes[count + i].replica for i in range(count)]
+
+
+def simulated_rate(model: CostModel, config: SimConfig, shape: RoundShape, clients: int) -> float:
+    """Completed requests per second of ``clients`` closed-loop clients in the simulator, after
+    the warm-up (``_warm``)."""
+    return simulated_round(model, config, shape, clients)[0]
+
+
+def simulated_round(
+    model: CostModel, config: SimConfig, shape: RoundShape, clients: int
+) -> tuple[float, float]:
+    """``simulated_rate`` and the round's median TTFT (seconds) in the simulator."""
+    warm = _warm(shape)
     start = max(START_S, warm[-1].t_s + 1.0)
     arrivals = [[start] * shape.per_client for _ in range(clients)]
     ends: dict[tuple[int, int], float] = {}
+    ttfts: list[float] = []
     for _ in range(MAX_FIXED_POINT):
         rows = sorted((t, c, i) for c in range(clients) for i, t in enumerate(arrivals[c]))
         outcomes: list[Outcome] = []
         trace = warm + [shape.record(t, c) for t, c, _ in rows]
         simulate(trace, config, model, keep_outcomes=outcomes)
         ends = {(c, i): _end(o) for (_, c, i), o in zip(rows, outcomes[len(warm) :], strict=True)}
+        ttfts = [o.first_token_s - o.t_s for o in outcomes[len(warm) :] if o.first_token_s]
         new = [
             [start] + [ends[(c, i)] for i in range(shape.per_client - 1)] for c in range(clients)
         ]
@@ -75,7 +101,8 @@ def simulated_rate(model: CostModel, config: SimConfig, shape: RoundShape, clien
         arrivals = new
         if moved < 1e-9:
             break
-    return clients * shape.per_client / (max(ends.values()) - start)
+    rate = clients * shape.per_client / (max(ends.values()) - start)
+    return rate, statistics.median(ttfts)
 
 
 def _end(outcome: Outcome) -> float:
@@ -94,6 +121,9 @@ class ContentionFit:
     simulated_fitted: dict[int, float]  # X(k) simulated with the fitted curve
     measured: dict[int, float]  # X(k) measured (the rounds' medians)
     worst_gap: float  # max over k of |r_sim(k) / r_measured(k) - 1| with the fitted curve
+    # the simulated rounds' median TTFT (seconds) with the fitted curve, beside the measured
+    # rounds' (``ContentionSample.ttft_s``): the rate cannot tell a hop's stretch from a step's
+    simulated_ttft_s: dict[int, float] = field(default_factory=dict)
 
 
 def fit_by_simulation(
@@ -108,9 +138,14 @@ def fit_by_simulation(
         raise ValueError(f"measured counts {sorted(measured)} do not match the curve's {counts}")
     wanted = {k: measured[k] / measured[1] for k in counts}
 
+    ttft: dict[int, float] = {}
+
     def rates(curve: Contention) -> dict[int, float]:
         charged = replace(model, fleet_contention=curve)
-        return {k: simulated_rate(charged, config, shape, k) for k in counts}
+        replayed = {k: simulated_round(charged, config, shape, k) for k in counts}
+        ttft.clear()
+        ttft.update({k: t for k, (_, t) in replayed.items()})
+        return {k: rate for k, (rate, _) in replayed.items()}
 
     stretch = list(first.stretch)
     simulated = first_rates = rates(first)
@@ -126,7 +161,7 @@ def fit_by_simulation(
         gap = _gap(simulated, wanted)
     return ContentionFit(
         Contention(counts, tuple(stretch)), iterations, first_rates, simulated,
-        dict(measured), gap,
+        dict(measured), gap, dict(ttft),
     )  # fmt: skip
 
 
