@@ -124,6 +124,7 @@ def up_command(
             serve=serve_config,
             model_dir=serve_config.model or serve_config.data_dir,
             engine_replicas=num_replicas,
+            own_listener=True,  # loraplex's listener, not Ray Serve's proxy (fleet/listener.py)
             **fleet_values,
         )
         if serve_config.torch_threads is None:
