@@ -262,6 +262,24 @@ def test_up_takes_the_fleet_table_and_flags_over_it(
     assert "4 engine replicas on a local Ray head it started" in result.output
 
 
+def test_up_refuses_a_connection_cap_the_descriptors_cannot_hold(
+    tmp_path: Path, fake_control: FakeControl
+) -> None:
+    """As ``serve`` does, before anything starts (the ingress's listener would fail in its
+    replica, where only a /ready that never answers shows it)."""
+    import resource
+
+    _, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if hard == resource.RLIM_INFINITY:
+        pytest.skip("no hard descriptor limit here")
+    path = tmp_path / "fleet.toml"
+    path.write_text(f"[serve]\nmax_connections = {hard}\n")
+    result = _up(tmp_path, "--config", str(path))
+    assert result.exit_code == 1, result.output
+    assert f"max_connections {hard} is invalid here" in result.output
+    assert not fake_control.prepared  # no key issued
+
+
 def test_up_takes_the_listener_keys(tmp_path: Path, fake_control: FakeControl) -> None:
     path = tmp_path / "fleet.toml"
     path.write_text("[serve]\nheader_read_timeout_s = 3.0\nmax_connections_per_address = 9\n")
