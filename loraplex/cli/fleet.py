@@ -21,6 +21,7 @@ import typer
 
 from loraplex.cli.locations import DatabaseUrl, DataDir, S3Endpoint, Store, unusable_path
 from loraplex.cli.serve_options import AdminKey, Host, MaxLoras, Model, NoDemo, Port, SharedStateUrl
+from loraplex.cli.serve_start import check_fds
 from loraplex.fleet.settings import FLEET_KEYS
 from loraplex.registry import default_data_dir
 
@@ -124,11 +125,15 @@ def up_command(
             serve=serve_config,
             model_dir=serve_config.model or serve_config.data_dir,
             engine_replicas=num_replicas,
+            own_listener=True,  # loraplex's listener, not Ray Serve's proxy (fleet/listener.py)
             **fleet_values,
         )
         if serve_config.torch_threads is None:
             per_replica = default_threads_per_replica(checked.engine_replicas, os.cpu_count())
             serve_config = replace(serve_config, torch_threads=per_replica)
+        # the ingress's listener rechecks in its replica, where a failure only shows as /ready
+        # never answering: here it is one 'error:' line and exit 1 (serve's own check)
+        check_fds(serve_config)
         try:  # before any key is issued
             control.check_listen(serve_config)
         except RuntimeError as exc:

@@ -90,10 +90,11 @@ def prepare(config: ServeConfig) -> Prepared:
 
 
 def check_listen(config: ServeConfig) -> None:
-    """RuntimeError unless ``config.host:port`` is free, checked as ``serve`` binds (without
-    SO_REUSEPORT). NOTE: Ray Serve's proxy sets SO_REUSEPORT, so a second fleet's proxy binds
-    the port of a running one and the kernel splits connections between them (a key valid on
-    one fleet gets 401 from the other half the time); this bind fails instead."""
+    """RuntimeError unless ``config.host:port`` is free, checked as ``serve`` and the fleet's
+    own listener bind (without SO_REUSEPORT), before any key is issued. NOTE: Ray Serve's proxy
+    sets SO_REUSEPORT, so a second fleet's proxy bound the port of a running one and the kernel
+    split connections between them (a key valid on one fleet got 401 from the other half the
+    time); this bind fails instead."""
     from loraplex.server.listeners import bind
 
     try:
@@ -214,14 +215,22 @@ def connect(address: str, token_path: Path | None = None) -> None:
 
 
 def deploy(settings: FleetSettings) -> None:
-    """The Serve application on the connected cluster (HTTP on ``serve.host:serve.port``)."""
+    """The Serve application on the connected cluster (HTTP on ``serve.host:serve.port``): with
+    ``own_listener``, Serve starts no HTTP proxy and the ingress listens itself, on this node
+    (the address is this machine's); otherwise Ray Serve's proxy listens there."""
+    import ray
     from ray import serve
 
     from loraplex.fleet.deployments import build_app
 
-    config = settings.serve
-    serve.start(http_options=proxy_http_options(config))
-    serve.run(build_app(settings), name=APP_NAME, route_prefix="/", blocking=False)
+    if settings.own_listener:
+        serve.start(proxy_location="Disabled")
+        node = ray.get_runtime_context().get_node_id()
+        app = build_app(settings, ingress_node=node)
+    else:
+        serve.start(http_options=proxy_http_options(settings.serve))
+        app = build_app(settings)
+    serve.run(app, name=APP_NAME, route_prefix="/", blocking=False)
 
 
 def wait_ready(url: str, timeout_s: float) -> None:

@@ -5,7 +5,9 @@
   to them with ``LoraplexRequestRouter`` and collects ``record_routing_stats`` every
   ``report_period_s``; each also pushes its status to the board.
 - ``Ingress`` (one replica): the same FastAPI app as ``loraplex serve``
-  (``ingress.build_ingress``), behind Ray Serve's HTTP proxy.
+  (``ingress.build_ingress``), served by loraplex's own listener in the replica's process
+  (``listener.py``; ``own_listener``, on the node ``fleet up`` runs on), or else behind Ray
+  Serve's HTTP proxy.
 
 Engines ask Ray for no logical CPUs: their compute threads are set by ``torch_threads`` (the
 fleet CLI splits the machine's cores among the replicas), so Ray's accounting never refuses a
@@ -42,6 +44,8 @@ HEALTH_CHECK_TIMEOUT_S = 10.0
 ROUTING_STATS_TIMEOUT_S = 5.0
 # By import path: Ray imports it in every process that holds the engine deployment's handle.
 ROUTER_CLASS = "loraplex.fleet.ray_router.LoraplexRequestRouter"
+NODE_ID_LABEL = "ray.io/node-id"  # every Ray node's label of its own id (``ray._raylet``)
+INGRESS_HEALTH_CHECK_PERIOD_S = 2.0  # Ray Serve asks the listening ingress this often
 
 
 class FleetBoardImpl:
@@ -126,8 +130,37 @@ class EngineDeploymentImpl:
                 _log.warning("fleet: pushing status to the board failed", exc_info=True)
 
 
+class FleetListenerImpl:
+    """The ingress replica that listens itself: ``loraplex serve``'s app over the fleet, served
+    by loraplex's listener (``listener.IngressListener``) on ``serve.host:serve.port``."""
+
+    def __init__(
+        self, settings: FleetSettings, engine: DeploymentHandle, board: DeploymentHandle
+    ) -> None:
+        from loraplex.fleet.ingress import build_ingress
+        from loraplex.fleet.listener import IngressListener
+
+        self._server = build_ingress(settings, engine, board)
+        try:
+            self._listener = IngressListener(settings.serve, self._server)
+        except BaseException:
+            self._server.close()
+            raise
+
+    def check_health(self) -> None:
+        self._listener.check()
+
+    def __del__(self) -> None:
+        # NOTE: also on a replica whose constructor raised (its server is closed there already)
+        listener = getattr(self, "_listener", None)
+        if listener is not None:
+            listener.stop()
+            self._server.close()
+
+
 class FleetIngressImpl:
-    """The ingress replica: ``loraplex serve``'s app over the fleet."""
+    """The ingress replica behind Ray Serve's HTTP proxy: ``loraplex serve``'s app over the
+    fleet."""
 
     def __init__(
         self, settings: FleetSettings, engine: DeploymentHandle, board: DeploymentHandle
@@ -143,8 +176,9 @@ class FleetIngressImpl:
         self._server.close()
 
 
-def build_app(settings: FleetSettings) -> Any:
-    """The Serve application: board, engine replicas, ingress."""
+def build_app(settings: FleetSettings, ingress_node: str | None = None) -> Any:
+    """The Serve application: board, engine replicas, ingress (on the Ray node of id
+    ``ingress_node`` when given: where the listening ingress's address is)."""
     engine_options = {
         "num_replicas": settings.engine_replicas,
         "ray_actor_options": {"num_cpus": 0},
@@ -169,15 +203,28 @@ def build_app(settings: FleetSettings) -> Any:
     engine_deployment = serve.deployment(EngineDeploymentImpl, name="EngineReplica").options(
         **engine_options
     )
-    ingress_class = serve.ingress()(FleetIngressImpl)
-    ingress_deployment = serve.deployment(ingress_class, name="Ingress").options(
-        num_replicas=settings.ingress_replicas,
-        ray_actor_options={"num_cpus": 0},
-        max_ongoing_requests=settings.serve.max_connections,
-    )
+    ingress_deployment = _ingress_deployment(settings, ingress_node)
     board_deployment = serve.deployment(FleetBoardImpl, name="Board").options(
         num_replicas=1, ray_actor_options={"num_cpus": 0}
     )
     board = board_deployment.bind(settings.stale_bound_s)
     engine = engine_deployment.bind(settings, board)
     return ingress_deployment.bind(settings, engine, board)
+
+
+def _ingress_deployment(settings: FleetSettings, node: str | None) -> Any:
+    actor_options: dict[str, Any] = {"num_cpus": 0}
+    if node is not None:
+        actor_options["label_selector"] = {NODE_ID_LABEL: node}
+    if settings.own_listener:
+        return serve.deployment(FleetListenerImpl, name="Ingress").options(
+            num_replicas=settings.ingress_replicas,
+            ray_actor_options=actor_options,
+            health_check_period_s=INGRESS_HEALTH_CHECK_PERIOD_S,
+        )
+    ingress_class = serve.ingress()(FleetIngressImpl)
+    return serve.deployment(ingress_class, name="Ingress").options(
+        num_replicas=settings.ingress_replicas,
+        ray_actor_options=actor_options,
+        max_ongoing_requests=settings.serve.max_connections,
+    )

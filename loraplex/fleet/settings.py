@@ -2,9 +2,10 @@
 
 The engine replicas and the ingress run with ``serve``'s configuration (``ServeConfig``: the
 same keys, the same meaning) plus the fleet's own: how many replicas of each, the routing policy
-and its settings, how often replicas report. Keys of ``ServeConfig`` that a fleet cannot honour
-(the listener is Ray Serve's HTTP proxy; each replica runs its engine on a thread of its own
-process) are refused by ``check_fleet_config`` when set to anything but their default.
+and its settings, how often replicas report, and who listens. Keys of ``ServeConfig`` that a
+fleet cannot honour (each replica runs its engine on a thread of its own process; with Ray
+Serve's HTTP proxy as the listener, every listener key) are refused by ``check_fleet_config``
+when set to anything but their default.
 """
 
 from __future__ import annotations
@@ -27,16 +28,22 @@ MAX_REPORT_PERIOD_S = 1.0
 STALE_REPORT_PERIODS = 6
 MIN_STALE_REPORT_PERIODS = 2  # a tighter bound would take healthy replicas out between reports
 MAX_STALE_AFTER_S = 60.0  # the board forgets a replica silent this long (``board.FORGET_AFTER_S``)
-# ServeConfig keys a fleet does not read: the listener is Ray Serve's proxy, the engine runs in
-# each replica's own process (and the ingress cannot pause a replica's request:
-# ``stream_pause_bytes``, ``max_stream_resumes`` and ``max_paused_kv_fraction``,
-# ``fleet/engine_client.py``).
+# ServeConfig keys a fleet does not read: the engine runs in each replica's own process (and the
+# ingress cannot pause a replica's request: ``stream_pause_bytes``, ``max_stream_resumes`` and
+# ``max_paused_kv_fraction``, ``fleet/engine_client.py``); the ingress listens on one address.
 NOT_IN_FLEET = (
     "admin_port",
     "admin_host",
     "engine_process",
     "engine_hung_kill_after_s",
     "engine_unresponsive_after_s",
+    "stream_pause_bytes",
+    "max_stream_resumes",
+    "max_paused_kv_fraction",
+)
+# ServeConfig keys of the listener (``cli/serve_start.connection_limits``): held by the ingress's
+# own listener (``own_listener``, ``listener.py``), refused when Ray Serve's proxy listens.
+LISTENER_KEYS = (
     "header_read_timeout_s",
     "keep_alive_timeout_s",
     "max_connections",
@@ -46,9 +53,6 @@ NOT_IN_FLEET = (
     "accepts_per_s_per_address",
     "write_timeout_s",
     "send_buffer_bytes",
-    "stream_pause_bytes",
-    "max_stream_resumes",
-    "max_paused_kv_fraction",
 )
 
 # The fleet's own keys, as a user writes them: a ``[fleet]`` table of ``fleet up --config`` and
@@ -83,6 +87,10 @@ class FleetSettings:
     # TopologyConfig fields (router/topology.py): one replica dedicated to a revision that
     # would fill one; None: no dedication (each replica's own ``mode`` decides alone)
     topology: dict[str, Any] | None = None
+    # True: the ingress replica listens on ``serve.host:serve.port`` with loraplex's listener
+    # (``listener.py``; ``fleet up``); False: Ray Serve's HTTP proxy does, as its Serve config
+    # says (``serve run`` and a RayService through ``app.py``)
+    own_listener: bool = False
 
     def __post_init__(self) -> None:
         for name in ("engine_replicas", "ingress_replicas"):
@@ -96,7 +104,9 @@ class FleetSettings:
             )
         self._check_routing()
         self._check_stale_after()
-        check_fleet_config(self.serve)
+        if not isinstance(self.own_listener, bool):
+            raise ValueError(f"own_listener {self.own_listener!r} is invalid; expected a bool")
+        check_fleet_config(self.serve, self.own_listener)
 
     @property
     def stale_bound_s(self) -> float:
@@ -157,9 +167,10 @@ class FleetSettings:
 
 
 def proxy_http_options(config: ServeConfig) -> dict[str, Any]:
-    """Ray Serve's ``http_options`` for the fleet's proxy: where it listens, and the one
-    listener bound of ``serve`` it has an option for, ``keep_alive_timeout_s`` (Ray's own
-    default is 90 s; the key is refused but at its default, so this is serve's 5 s)."""
+    """Ray Serve's ``http_options`` for a fleet whose proxy listens (``own_listener`` False):
+    where it listens, and the one listener bound of ``serve`` it has an option for,
+    ``keep_alive_timeout_s`` (Ray's own default is 90 s; the key is refused but at its default
+    there, so this is serve's 5 s)."""
     return {
         "host": config.host,
         "port": config.port,
@@ -167,12 +178,21 @@ def proxy_http_options(config: ServeConfig) -> dict[str, Any]:
     }
 
 
-def check_fleet_config(config: ServeConfig) -> None:
-    """Refuses ``serve`` keys a fleet would not read (set to anything but their default)."""
+def check_fleet_config(config: ServeConfig, own_listener: bool = False) -> None:
+    """Refuses ``serve`` keys a fleet would not read (set to anything but their default): the
+    listener's too unless the ingress runs its own (``own_listener``)."""
     defaults = ServeConfig(data_dir=config.data_dir)
     for name in NOT_IN_FLEET:
         if getattr(config, name) != getattr(defaults, name):
             raise ValueError(
-                f"config key {name} is not used by a fleet (Ray Serve's HTTP proxy listens and "
-                "each engine replica runs its engine in its own process); remove it"
+                f"config key {name} is not used by a fleet (each engine replica runs its engine "
+                "in its own process; the ingress listens on one address); remove it"
+            )
+    if own_listener:
+        return
+    for name in LISTENER_KEYS:
+        if getattr(config, name) != getattr(defaults, name):
+            raise ValueError(
+                f"config key {name} is not used by a fleet behind Ray Serve's HTTP proxy (the "
+                "proxy listens; `loraplex fleet up` runs loraplex's own listener); remove it"
             )

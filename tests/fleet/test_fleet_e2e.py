@@ -2,13 +2,15 @@
 two engine replicas and the ingress, reached over HTTP as a tenant would.
 
 Run twice: the registry on SQLite with a local artifact store (one host), and on the machine's
-PostgreSQL with moto's S3 server (what replicas on several hosts share); the two tests whose
-subject does not depend on the registry's backend (ONE_REGISTRY) run on the first only.
+PostgreSQL with moto's S3 server (what replicas on several hosts share); the tests whose subject
+does not depend on the registry's backend (ONE_REGISTRY) run on the first only.
 
-Covers: streaming through the ingress; tenant isolation; a release that reaches both replicas
-(pinned in both GPU slot pools) before its canary starts and the alias moves; a killed replica's
-queued requests completing on the other replica, and the replica's replacement rejoining; a
-replica whose whole process is frozen (SIGSTOP) leaving the rotation and rejoining it (SIGCONT).
+Covers: the ingress's own listener holding serve's connection bounds (head deadline, head size,
+connections per address, idle keep-alive); streaming through the ingress; tenant isolation; a
+release that reaches both replicas (pinned in both GPU slot pools) before its canary starts and
+the alias moves; a killed replica's queued requests completing on the other replica, and the
+replica's replacement rejoining; a replica whose whole process is frozen (SIGSTOP) leaving the
+rotation and rejoining it (SIGCONT).
 """
 
 from __future__ import annotations
@@ -65,6 +67,15 @@ class Fleet:
         return httpx.Client(base_url=self.url, headers=headers, timeout=120)
 
 
+# What the fleet's listener is given (serve's defaults: 10 s, 16 KiB, 512). The head deadline
+# leaves the per-address test's idle sockets open while it runs; the cap sits above what the other
+# tests open at once from this address (a few pooled connections and an admin poll).
+LISTENER = {"header_read_timeout_s": 5.0, "max_header_bytes": 8192,
+            "max_connections_per_address": 16}  # fmt: skip
+# The listener's bounds, the ingress's own sampling and the board's report ages: what these tests
+# check does not depend on the registry's backend (their requests resolve and load as every other
+# test's do, on both), so they run on one registry (the SQLite one) of the two.
+ONE_REGISTRY = pytest.mark.parametrize("fleet", ["sqlite-local"], indirect=True)
 IN_CI = os.environ.get("CI", "").lower() == "true"
 DEFAULT_POSTGRES_URL = "postgresql://postgres@127.0.0.1:5432/postgres"
 
@@ -130,13 +141,16 @@ def fleet(
 
         stack.callback(serve.shutdown)
         # max_num_seqs 1: a second request to a replica queues there (the kill test needs
-        # requests that were accepted but had not started).
+        # requests that were accepted but had not started). The listener's keys away from their
+        # defaults: the ingress's listener must read them (LISTENER below).
         config = ServeConfig(
             data_dir=data_dir, port=control.free_port(), max_loras=4, max_num_seqs=1,
-            torch_threads=1, auto_warm=False, **shared,
+            torch_threads=1, auto_warm=False, **LISTENER, **shared,
         )  # fmt: skip
         prepared = control.prepare(config)
-        settings = FleetSettings(serve=config, model_dir=prepared.model_dir, engine_replicas=2)
+        settings = FleetSettings(
+            serve=config, model_dir=prepared.model_dir, engine_replicas=2, own_listener=True
+        )
         control.deploy(settings)
         url = control.base_url(config)
         control.wait_ready(url, WAIT_S)
@@ -193,11 +207,26 @@ def test_streaming_through_the_ingress(fleet: Fleet) -> None:
     assert {c["loraplex"]["revision"] for c in chunks} == {"acme/support@r1"}
 
 
-def test_the_proxy_closes_an_idle_keep_alive_connection_as_serve_does(fleet: Fleet) -> None:
-    """Ray Serve's proxy is the fleet's listener; its idle keep-alive bound is serve's
-    ``keep_alive_timeout_s`` (5 s), not Ray's 90 s (``settings.proxy_http_options``)."""
+def _address(fleet: Fleet) -> tuple[str, int]:
     parts = urlsplit(fleet.url)
-    with socket.create_connection((parts.hostname or "", parts.port or 0), timeout=60) as sock:
+    return parts.hostname or "", parts.port or 0
+
+
+def _closed(sock: socket.socket) -> bool:
+    """Whether the server closed ``sock`` (an EOF or a reset waits in it); never blocks."""
+    sock.setblocking(False)  # NOTE: a socket with a timeout polls for it before any recv
+    try:
+        return sock.recv(65536) == b""
+    except BlockingIOError:
+        return False
+    except ConnectionResetError:
+        return True
+
+
+def test_the_listener_closes_an_idle_keep_alive_connection_as_serve_does(fleet: Fleet) -> None:
+    """The ingress's own listener closes an idle kept-alive connection after serve's
+    ``keep_alive_timeout_s`` (5 s; Ray's proxy kept one 90 s unless told)."""
+    with socket.create_connection(_address(fleet), timeout=60) as sock:
         sock.sendall(b"GET /health HTTP/1.1\r\nHost: x\r\n\r\n")
         assert sock.recv(65536).startswith(b"HTTP/1.1 200 ")
         answered = time.monotonic()
@@ -205,6 +234,60 @@ def test_the_proxy_closes_an_idle_keep_alive_connection_as_serve_does(fleet: Fle
             continue
         idle_s = time.monotonic() - answered
     assert ServeConfig.keep_alive_timeout_s - 1 <= idle_s < 30, idle_s
+
+
+@ONE_REGISTRY
+def test_the_listener_closes_an_unfinished_head_at_its_deadline(fleet: Fleet) -> None:
+    """``header_read_timeout_s`` holds in a fleet (Ray's proxy kept such a connection open)."""
+    with socket.create_connection(_address(fleet), timeout=60) as sock:
+        sock.sendall(b"GET /health HTTP/1.1\r\nHo")
+        sent = time.monotonic()
+        assert sock.recv(65536) == b""  # closed, nothing answered; a timeout (60 s) fails
+        waited_s = time.monotonic() - sent
+    deadline_s = LISTENER["header_read_timeout_s"]
+    assert deadline_s - 0.5 <= waited_s < deadline_s + 5, waited_s
+
+
+@ONE_REGISTRY
+def test_the_listener_refuses_a_head_over_max_header_bytes(fleet: Fleet) -> None:
+    """``max_header_bytes`` holds in a fleet (Ray's proxy answered a 1 MiB header 200)."""
+    within = b"GET /health HTTP/1.1\r\nHost: x\r\nX-Pad: " + b"a" * 4096 + b"\r\n\r\n"
+    over = b"GET /health HTTP/1.1\r\nHost: x\r\nX-Pad: " + b"a" * 9000 + b"\r\n\r\n"
+    with socket.create_connection(_address(fleet), timeout=30) as sock:
+        sock.sendall(within)
+        assert sock.recv(65536).startswith(b"HTTP/1.1 200 ")
+    with socket.create_connection(_address(fleet), timeout=30) as sock:
+        sock.sendall(over)
+        answer = b""
+        while chunk := sock.recv(65536):  # the 400, then the close
+            answer += chunk
+    assert answer.startswith(b"HTTP/1.1 400 "), answer[:200]
+
+
+@ONE_REGISTRY
+def test_the_listener_holds_the_per_address_connection_cap(fleet: Fleet) -> None:
+    """``max_connections_per_address`` holds in a fleet: past it, a new connection from the
+    address takes the place of its oldest idle unauthenticated one, which is closed."""
+    cap = LISTENER["max_connections_per_address"]
+    with ExitStack() as stack:
+        socks = [
+            stack.enter_context(socket.create_connection(_address(fleet), timeout=30))
+            for _ in range(cap + 2)
+        ]
+        deadline = time.monotonic() + 3.0  # within the head deadline (5 s)
+        while not (_closed(socks[0]) and _closed(socks[1])) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        still_open = [not _closed(s) for s in socks]
+    assert still_open[:2] == [False, False], still_open  # the two oldest made room
+    assert all(still_open[2:]), still_open  # the cap's worth stayed open
+    with fleet.admin() as admin:
+        metrics = admin.get("/metrics").text
+    evicted = next(
+        float(line.split()[-1])
+        for line in metrics.splitlines()
+        if line.startswith("loraplex_connections_evicted_total")
+    )
+    assert evicted >= 2
 
 
 def test_a_tenant_sees_and_uses_only_its_own_adapters(fleet: Fleet) -> None:
@@ -238,12 +321,6 @@ def test_routing_is_counted_and_the_revision_stays_on_few_replicas(fleet: Fleet)
         metrics = admin.get("/metrics").text
     assert 'loraplex_fleet_routing_decisions_total{reason="gpu_hit"}' in metrics
     assert "loraplex_fleet_replica_resident_adapters{" in metrics
-
-
-# The ingress's own sampling and the board's report ages: what these two tests check does not
-# depend on the registry's backend (their requests resolve and load as every other test's do,
-# on both), so they run on one registry (the SQLite one) of the two.
-ONE_REGISTRY = pytest.mark.parametrize("fleet", ["sqlite-local"], indirect=True)
 
 
 @ONE_REGISTRY

@@ -16,6 +16,7 @@ from loraplex.cli.fleet import default_threads_per_replica, fleet_file_values
 from loraplex.fleet import control
 from loraplex.fleet.settings import (
     FLEET_KEYS,
+    LISTENER_KEYS,
     MAX_REPORT_PERIOD_S,
     NOT_IN_FLEET,
     FleetSettings,
@@ -78,7 +79,25 @@ def test_bad_settings_are_refused_naming_the_field(
 
 
 def test_every_key_a_fleet_refuses_is_a_serve_key() -> None:
-    assert set(NOT_IN_FLEET) <= {f.name for f in fields(ServeConfig)}
+    assert set(NOT_IN_FLEET) | set(LISTENER_KEYS) <= {f.name for f in fields(ServeConfig)}
+
+
+def test_the_listener_keys_are_what_the_listener_is_built_from(tmp_path: Path) -> None:
+    """Every key ``connection_limits`` reads (the limits of serve's listener and the fleet's
+    own) is a LISTENER_KEYS key: one set away from its default changes the limits."""
+    from loraplex.cli.serve_start import connection_limits
+
+    defaults = connection_limits(ServeConfig(data_dir=tmp_path))
+    changed = {
+        "header_read_timeout_s": 3.0, "keep_alive_timeout_s": 9, "max_connections": 100,
+        "max_header_bytes": 4096, "max_unauthenticated_connections": 7,
+        "max_connections_per_address": 9, "accepts_per_s_per_address": 9,
+        "write_timeout_s": 3.0, "send_buffer_bytes": 1 << 20,
+    }  # fmt: skip
+    assert set(changed) == set(LISTENER_KEYS)
+    for name, value in changed.items():
+        limits = connection_limits(ServeConfig(data_dir=tmp_path, **{name: value}))
+        assert limits != defaults, name
 
 
 @pytest.mark.parametrize(
@@ -115,11 +134,25 @@ def test_serve_keys_a_fleet_reads_pass(tmp_path: Path) -> None:
     check_fleet_config(ServeConfig(data_dir=tmp_path, port=9000, max_loras=4, torch_threads=2))
 
 
+def test_the_listener_keys_pass_when_the_ingress_listens_itself(tmp_path: Path) -> None:
+    values = {"header_read_timeout_s": 3.0, "max_connections_per_address": 9,
+              "keep_alive_timeout_s": 9, "write_timeout_s": 3.0}  # fmt: skip
+    config = ServeConfig(data_dir=tmp_path, **values)
+    check_fleet_config(config, own_listener=True)
+    settings = FleetSettings(serve=config, model_dir=tmp_path, own_listener=True)
+    assert settings.serve.header_read_timeout_s == 3.0
+    with pytest.raises(ValueError, match="config key admin_port is not used by a fleet"):
+        check_fleet_config(ServeConfig(data_dir=tmp_path, admin_port=9001), own_listener=True)
+    with pytest.raises(ValueError, match="own_listener 1 is invalid; expected a bool"):
+        FleetSettings(serve=config, model_dir=tmp_path, own_listener=1)  # type: ignore[arg-type]
+
+
 def test_fleet_keys_are_the_settings_a_user_sets() -> None:
     """``FLEET_KEYS`` (the ``[fleet]`` table, ``fleet.app:build``'s args) names every field of
     FleetSettings but those set another way (serve's configuration, the model it prepares, the
-    one ingress); ``replicas`` sets ``engine_replicas``."""
-    filled_in = {"serve", "model_dir", "ingress_replicas"}
+    one ingress, who listens: the command that deploys says); ``replicas`` sets
+    ``engine_replicas``."""
+    filled_in = {"serve", "model_dir", "ingress_replicas", "own_listener"}
     settable = {f.name for f in fields(FleetSettings)} - filled_in
     assert set(FLEET_KEYS) == settable - {"engine_replicas"} | {"replicas"}
     assert len(FLEET_KEYS) == len(set(FLEET_KEYS))
@@ -225,7 +258,36 @@ def test_up_takes_the_fleet_table_and_flags_over_it(
     assert settings.stale_bound_s == 2.5
     assert settings.serve.max_loras == 4 and settings.serve.torch_threads == 2  # 8 cores / 4
     assert settings.model_dir == fake_control.model_dir
+    assert settings.own_listener  # fleet up runs loraplex's listener, not Ray Serve's proxy
     assert "4 engine replicas on a local Ray head it started" in result.output
+
+
+def test_up_refuses_a_connection_cap_the_descriptors_cannot_hold(
+    tmp_path: Path, fake_control: FakeControl
+) -> None:
+    """As ``serve`` does, before anything starts (the ingress's listener would fail in its
+    replica, where only a /ready that never answers shows it)."""
+    import resource
+
+    _, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if hard == resource.RLIM_INFINITY:
+        pytest.skip("no hard descriptor limit here")
+    path = tmp_path / "fleet.toml"
+    path.write_text(f"[serve]\nmax_connections = {hard}\n")
+    result = _up(tmp_path, "--config", str(path))
+    assert result.exit_code == 1, result.output
+    assert f"max_connections {hard} is invalid here" in result.output
+    assert not fake_control.prepared  # no key issued
+
+
+def test_up_takes_the_listener_keys(tmp_path: Path, fake_control: FakeControl) -> None:
+    path = tmp_path / "fleet.toml"
+    path.write_text("[serve]\nheader_read_timeout_s = 3.0\nmax_connections_per_address = 9\n")
+    result = _up(tmp_path, "--config", str(path))
+    assert result.exit_code == 0, result.output
+    (settings,) = fake_control.started
+    assert settings.serve.header_read_timeout_s == 3.0
+    assert settings.serve.max_connections_per_address == 9
 
 
 def test_up_keeps_configured_threads(tmp_path: Path, fake_control: FakeControl) -> None:

@@ -65,7 +65,9 @@ def fleet_and_receiver(
             trace_sample_ratio=1.0,
         )  # fmt: skip
         prepared = control.prepare(config)
-        settings = FleetSettings(serve=config, model_dir=prepared.model_dir, engine_replicas=2)
+        settings = FleetSettings(
+            serve=config, model_dir=prepared.model_dir, engine_replicas=2, own_listener=True
+        )
         control.deploy(settings)
         url = control.base_url(config)
         control.wait_ready(url, WAIT_S)

@@ -1,0 +1,85 @@
+"""``fleet/listener.py``: the ingress's own listener, without Ray: it serves an app with serve's
+bounds from the ServeConfig keys, says when it stopped serving, and releases its port on stop.
+The same bounds in a running fleet: ``test_fleet_e2e.py``."""
+
+from __future__ import annotations
+
+import socket
+import time
+from pathlib import Path
+from types import SimpleNamespace
+from typing import Any
+
+import pytest
+from prometheus_client import CollectorRegistry
+
+from loraplex.fleet.listener import IngressListener
+from loraplex.serve.config import ServeConfig
+
+
+async def _hello(scope: dict[str, Any], receive: Any, send: Any) -> None:
+    await send({"type": "http.response.start", "status": 200, "headers": []})
+    await send({"type": "http.response.body", "body": b"hello"})
+
+
+def _server() -> Any:
+    """What the listener reads of a built server: the app and the metrics registry."""
+    return SimpleNamespace(app=_hello, deps=SimpleNamespace(metrics=SimpleNamespace(
+        registry=CollectorRegistry())))  # fmt: skip
+
+
+def _free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port: int = sock.getsockname()[1]
+        return port
+
+
+@pytest.fixture
+def listener(tmp_path: Path) -> Any:
+    config = ServeConfig(data_dir=tmp_path, port=_free_port(), header_read_timeout_s=0.3,
+                         max_header_bytes=2048)  # fmt: skip
+    server = _server()
+    running = IngressListener(config, server)
+    yield running, server
+    running.stop()
+
+
+def _ask(address: tuple[str, int], head: bytes) -> bytes:
+    with socket.create_connection(address, timeout=5) as sock:
+        sock.sendall(head)
+        return sock.recv(65536)
+
+
+def test_it_serves_with_serves_bounds_from_the_config_keys(listener: Any) -> None:
+    running, server = listener
+    address = running.address
+    assert _ask(address, b"GET / HTTP/1.1\r\nHost: x\r\n\r\n").startswith(b"HTTP/1.1 200 ")
+    big = b"GET / HTTP/1.1\r\nHost: x\r\nX-Big: " + b"a" * 4096 + b"\r\n\r\n"
+    refused = _ask(address, big)
+    assert refused.startswith(b"HTTP/1.1 400 "), refused[:200]
+    with socket.create_connection(address, timeout=5) as sock:  # a head never finished
+        sock.sendall(b"GET / HTTP/1.1\r\nHo")
+        start = time.monotonic()
+        assert sock.recv(65536) == b""  # closed by the head deadline (a timeout fails)
+        assert time.monotonic() - start < 3.0
+    # the connection gate's metrics are on the app's registry, as in serve
+    assert server.deps.metrics.registry.get_sample_value("loraplex_connections_refused_total") == 0
+    running.check()
+
+
+def test_stop_ends_serving_and_frees_the_port(listener: Any) -> None:
+    running, _ = listener
+    host, port = running.address
+    running.stop()
+    with pytest.raises(RuntimeError, match="not serving"):
+        running.check()
+    with socket.create_server((host, port)):  # the port is free again
+        pass
+
+
+def test_a_taken_port_fails_the_start(tmp_path: Path) -> None:
+    with socket.create_server(("127.0.0.1", 0)) as taken:
+        port = taken.getsockname()[1]
+        with pytest.raises(OSError):
+            IngressListener(ServeConfig(data_dir=tmp_path, port=port), _server())
