@@ -232,6 +232,9 @@ class LoraBatch:
     # GROUPED, gathered (``order`` set): the runs in float32, added to ``out``'s rows with one
     # rounding (16-bit weights on a CPU, few adapter tokens: plan.runs_in_float32)
     float32: bool = False
+    # GROUPED float32: the slots whose runs are long enough to stay in the dtype (each run's
+    # delta is added to the float32 sum; empty: every run in float32)
+    dtype_runs: frozenset[int] = frozenset()
 
     @property
     def adds_nothing(self) -> bool:
