@@ -16,11 +16,13 @@
   gathered once into a padded input and added back with one ``index_add_``.
 - ``auto``: picks one of them per step from the step's shape (see
   :class:`~loraplex.ops.policy.AutoPolicy`); on a CPU with 16-bit weights, a grouped step of
-  two runs or more with at most ``FLOAT32_MAX_TOKENS`` adapter tokens (decode of a small
-  batch) has them gathered, each run's rows converted, and the runs computed in float32
-  (``apply_float32``), as the merged op's foreign tokens are (ops/merged_op.py), because a
-  skinny matmul in bfloat16 / float16 costs about 15-20 us a call there against 3-5 us in
-  float32 (docs/modes.md, eleventh and twelfth passes).
+  two runs or more whose runs of at most ``FLOAT32_MAX_TOKENS`` tokens (a decode sequence's
+  adapter, a small prompt's) make the float32 pass cheaper in the policy's costs has its
+  adapter tokens gathered, each short run's rows converted and computed in float32, the longer
+  runs in the dtype, and the sum rounded once (``apply_float32``), as the merged op's foreign
+  tokens are (ops/merged_op.py), because a skinny matmul in bfloat16 / float16 costs about
+  15-20 us a call there against 3-5 us in float32 (docs/modes.md, eleventh to thirteenth
+  passes).
 """
 
 from __future__ import annotations
@@ -269,8 +271,9 @@ class BatchedBackend:
 class AutoBackend:
     """The cheapest computation for each step's shape (:class:`AutoPolicy`): masked for
     launch-bound steps over scattered ranks, batched over slots on one row grid, grouped for
-    long runs; grouped in float32 on a CPU with 16-bit weights when a grouped step has two runs
-    or more and at most ``float32_max_tokens`` adapter tokens (0: never)."""
+    long runs; on a CPU with 16-bit weights, a grouped step of two runs or more goes through the
+    float32 pass (its runs of at most ``float32_max_tokens`` tokens in float32, longer ones in
+    the dtype; 0: never) where :meth:`AutoPolicy.grouped_in_float32` finds it cheaper."""
 
     name = "auto"
 
