@@ -230,8 +230,11 @@ class LoraBatch:
     grid: BlockPlan | None = None  # BATCHED: the row blocks and where each token goes
     classes: BlockSet | None = None  # BATCHED without one grid: the blocks per rank class
     # GROUPED, gathered (``order`` set): the runs in float32, added to ``out``'s rows with one
-    # rounding (16-bit weights on a CPU, few adapter tokens: plan.runs_in_float32)
+    # rounding (16-bit weights on a CPU: plan.runs_in_float32, plan.float32_slots)
     float32: bool = False
+    # GROUPED float32: the slots whose runs are long enough to stay in the dtype (each run's
+    # delta is added to the float32 sum; empty: every run in float32)
+    dtype_runs: frozenset[int] = frozenset()
 
     @property
     def adds_nothing(self) -> bool:

@@ -22,11 +22,11 @@ bound by the adapter rows it reads, which merging does not reduce while foreign 
 (the negative copy has the merged adapter's rows).
 
 In float32, on a CPU, when the weights are 16-bit and the foreign tokens few (``auto`` only, at
-most ``FLOAT32_MAX_TOKENS``; the rule the unmerged ``auto`` op applies to its adapter tokens,
-plan.runs_in_float32): there a skinny bfloat16 matmul costs about 20 us whatever its size
-(oneDNN's per-call cost on this project's Xeon) against 3-5 us for float32's, so the gathered
-tokens, their own adapters' rows (converted per step: a few thousand elements a run) and the
-negative copy (converted once per merge, its scale folded in: ``negative_float32``) are
+most ``FLOAT32_MAX_TOKENS``, plan.runs_in_float32; the unmerged ``auto`` op applies the cap
+per run instead, plan.float32_slots): there a skinny bfloat16 matmul costs about 20 us whatever
+its size (oneDNN's per-call cost on this project's Xeon) against 3-5 us for float32's, so the
+gathered tokens, their own adapters' rows (converted per step: a few thousand elements a run)
+and the negative copy (converted once per merge, its scale folded in: ``negative_float32``) are
 multiplied in float32 and the sum is added to ``out``'s rows once, in float32, with one
 rounding to the model dtype (torch_ops.apply_float32; docs/modes.md, "Eleventh pass").
 """

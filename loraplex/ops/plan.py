@@ -74,11 +74,11 @@ def segments_of(sorted_slots: torch.Tensor, active_bits: int) -> tuple[Segment, 
     return tuple(segments)
 
 
-# Most tokens a 16-bit CPU step's LoRA pass multiplies in float32 (``auto``: the unmerged op's
-# adapter tokens, the merged op's foreign tokens): measured per module on both presets, float32
-# halves the merged pass at 4 foreign tokens and loses from about 32 on the large preset's
-# widths, where bfloat16's matmuls amortise their per-call cost (docs/modes.md, eleventh and
-# twelfth passes).
+# Most tokens a 16-bit CPU step's LoRA pass multiplies in float32: the merged op's foreign
+# tokens (all of them, or none), and per run of the unmerged ``auto`` op's grouped pass (its
+# longer runs stay in the dtype). Measured per module on both presets, float32 halves the merged
+# pass at 4 foreign tokens and loses from about 32 on the large preset's widths, where
+# bfloat16's matmuls amortise their per-call cost (docs/modes.md, eleventh to thirteenth passes).
 FLOAT32_MAX_TOKENS = 16
 
 
@@ -93,6 +93,15 @@ def runs_in_float32(num_tokens: int, layout: ArenaLayout, max_tokens: int) -> bo
     """Whether a step whose LoRA pass covers ``num_tokens`` tokens runs it in float32: 16-bit
     weights on a CPU and at most ``max_tokens`` of them (the rule both torch ops share)."""
     return num_tokens <= max_tokens and half_on_cpu(layout)
+
+
+def float32_slots(tokens: dict[int, int], max_run: int) -> list[int]:
+    """The slots of ``tokens`` (active slot -> its tokens) whose run a float32 pass computes in
+    float32: those of at most ``max_run`` tokens, when the step has two runs or more (one run's
+    single pair is cheaper in the dtype than the pass's gather, conversions and copy back)."""
+    if len(tokens) < 2:
+        return []
+    return [slot for slot, count in tokens.items() if count <= max_run]
 
 
 def grouped_batch(token_slots: torch.Tensor, layout: ArenaLayout, slots: list[int]) -> LoraBatch:
@@ -112,10 +121,16 @@ def grouped_batch(token_slots: torch.Tensor, layout: ArenaLayout, slots: list[in
 
 
 def gathered_batch(
-    token_slots: torch.Tensor, layout: ArenaLayout, slots: list[int], *, float32: bool = False
+    token_slots: torch.Tensor,
+    layout: ArenaLayout,
+    slots: list[int],
+    *,
+    float32: bool = False,
+    dtype_runs: frozenset[int] = frozenset(),
 ) -> LoraBatch:
     """GROUPED over the adapter tokens gathered and sorted by slot (stable): one run per slot;
-    ``float32``: the runs computed in float32 (:func:`runs_in_float32`)."""
+    ``float32``: the runs computed in float32 (:func:`runs_in_float32`, :func:`float32_slots`)
+    but those of the slots in ``dtype_runs``, computed in the dtype and added in float32."""
     bits = bits_of(slots)
     # Keep only adapter tokens: base-only tokens never enter the grouped computation.
     wanted = torch.tensor(slots, dtype=torch.int64, device=token_slots.device)
@@ -130,6 +145,7 @@ def gathered_batch(
         order=order,
         active_tables=active_tables(layout, bits),
         float32=float32,
+        dtype_runs=dtype_runs,
     )
 
 

@@ -9,7 +9,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from loraplex.ops.base import ArenaLayout, Strategy
-from loraplex.ops.plan import block_grid, covered_rows, half_on_cpu, rank_classes
+from loraplex.ops.plan import block_grid, covered_rows, float32_slots, half_on_cpu, rank_classes
 
 
 @dataclass(frozen=True)
@@ -30,10 +30,24 @@ class StepShape:
     # not, and it runs one pair per group of a rank class (plan.rank_classes), gathered
     block_groups: int = 0
     gathered: int = 0  # batched per rank class: adapter tokens copied in and added back
+    # grouped's float32 pass (16-bit weights on a CPU, two runs or more): its short runs, their
+    # rows and exact cells (every run of at most the cap's tokens; the others stay in the dtype)
+    # and the adapter tokens it gathers and copies back; all 0: no run would be short
+    float32_runs: int = 0
+    float32_rows: int = 0
+    float32_cells: int = 0
+    adapter_tokens: int = 0
 
     @classmethod
-    def of(cls, num_tokens: int, tokens: dict[int, int], layout: ArenaLayout) -> StepShape:
-        """``tokens``: active slot -> its tokens (plan.active_slot_tokens)."""
+    def of(
+        cls,
+        num_tokens: int,
+        tokens: dict[int, int],
+        layout: ArenaLayout,
+        float32_max_run: int = 0,
+    ) -> StepShape:
+        """``tokens``: active slot -> its tokens (plan.active_slot_tokens); ``float32_max_run``:
+        most tokens a run of grouped's float32 pass has (0: no float32 pass)."""
         row_lo, row_hi = covered_rows(layout, list(tokens))
         grid = block_grid(layout, list(tokens))
         groups = gathered = 0
@@ -48,6 +62,8 @@ class StepShape:
                 len(run) * rows * max(tokens[slot] for slot in run) for _, _, rows, run in classes
             )
         scales = layout.row_scale
+        half = half_on_cpu(layout)
+        short = float32_slots(tokens, float32_max_run) if half else []
         return cls(
             num_tokens,
             len(tokens),
@@ -56,10 +72,14 @@ class StepShape:
             sum(count * layout.slot_rows[slot] for slot, count in tokens.items()),
             spanned,
             padded,
-            half_on_cpu(layout),
+            half,
             scales.device.type != "cpu",
             groups,
             gathered,
+            len(short),
+            sum(layout.slot_rows[slot] for slot in short),
+            sum(tokens[slot] * layout.slot_rows[slot] for slot in short),
+            sum(tokens.values()) if short else 0,
         )
 
 
@@ -98,11 +118,32 @@ class AutoPolicy:
     # weighed as 2**30 multiply-adds there (15 us at ~70 T multiply-adds/s), so grouped wins
     # only where masked's wasted rows cost billions of multiply-adds (few runs, long prompts).
     accelerator_launch_macs: int = 1 << 30
+    # On a CPU with 16-bit weights (docs/modes.md, thirteenth pass; scripts/lora-strategy): each
+    # matmul call in the dtype costs about 20 us whatever its size (oneDNN's per-call cost), four
+    # launches; masked's wide matmuls over every token run at about twice float32's rate there
+    # (AMX), so forcing masked beat grouped by 16-25 % on 80 %-one-adapter decode batches; and
+    # grouped's float32 pass converts each short run's rows per step (about two reads an element).
+    half_cpu_call_macs: int = 4 * 196608
+    half_cpu_masked_divisor: int = 2
+    float32_convert_macs: int = 32
+    float32_pass_launches: int = 4  # the pass's gather, conversion, sum and copy back
 
     def __post_init__(self) -> None:
-        for name in ("launch_macs", "read_macs", "half_cpu_read_factor", "accelerator_launch_macs"):
+        for name in (
+            "launch_macs",
+            "read_macs",
+            "half_cpu_read_factor",
+            "accelerator_launch_macs",
+            "half_cpu_call_macs",
+            "float32_convert_macs",
+            "float32_pass_launches",
+        ):
             if getattr(self, name) < 0:
                 raise ValueError(f"{name} {getattr(self, name)} is invalid; expected >= 0")
+        if self.half_cpu_masked_divisor < 1:
+            raise ValueError(
+                f"half_cpu_masked_divisor {self.half_cpu_masked_divisor} is invalid; expected >= 1"
+            )
         if self.min_runs_for_masked < 1:
             raise ValueError(
                 f"min_runs_for_masked {self.min_runs_for_masked} is invalid; expected >= 1"
@@ -119,36 +160,67 @@ class AutoPolicy:
         """The cheapest strategy for ``shape`` (ties: masked, then batched, then grouped)."""
         if shape.runs < self.min_runs_for_masked:
             return Strategy.GROUPED
+        grouped = self._grouped_cost(shape, width)
+        if shape.float32_runs:
+            grouped = min(grouped, self._float32_cost(shape, width))
         costs = [
             (self._masked_cost(shape, width), Strategy.MASKED),
-            (self._grouped_cost(shape, width), Strategy.GROUPED),
+            (grouped, Strategy.GROUPED),
         ]
         if shape.block_rows:
             costs.insert(1, (self._batched_cost(shape, width), Strategy.BATCHED))
         return min(costs, key=lambda cost: cost[0])[1]
 
+    def grouped_in_float32(self, shape: StepShape, width: int) -> bool:
+        """Whether a grouped step of ``shape`` is cheaper through the float32 pass (its short
+        runs in float32, the others in the dtype) than all in the dtype."""
+        if not shape.float32_runs:
+            return False
+        return self._float32_cost(shape, width) < self._grouped_cost(shape, width)
+
     # The launch terms count launches beyond masked's (its few fixed ops are the unit 0).
     def _masked_cost(self, shape: StepShape, width: int) -> int:
         cells = shape.num_tokens * shape.covered_rows
-        return (cells + self.read_macs * shape.covered_rows) * max(width, 1)
+        work = (cells + self.read_macs * shape.covered_rows) * max(width, 1)
+        if not shape.half_on_cpu:
+            return work
+        return work // self.half_cpu_masked_divisor + 2 * self.half_cpu_call_macs
 
     def _grouped_cost(self, shape: StepShape, width: int) -> int:
         reads = self._skinny_read_macs(shape) * shape.active_rows
         work = (shape.exact_cells + reads) * max(width, 1)
         launch = self.accelerator_launch_macs if shape.on_accelerator else self.launch_macs
-        return work + launch * (2 * shape.runs - 1)
+        return work + launch * (2 * shape.runs - 1) + self._half_calls(shape, 2 * shape.runs)
+
+    def _float32_cost(self, shape: StepShape, width: int) -> int:
+        """Grouped through the float32 pass: short runs at float32's read rate plus their rows'
+        conversion, long runs as in the dtype, every adapter token gathered and copied back."""
+        long_rows = shape.active_rows - shape.float32_rows
+        long_cells = shape.exact_cells - shape.float32_cells
+        short_reads = (self.read_macs + self.float32_convert_macs) * shape.float32_rows
+        copies = 2 * self.read_macs * shape.adapter_tokens
+        work = long_cells + self._skinny_read_macs(shape) * long_rows
+        work += shape.float32_cells + short_reads + copies
+        launches = 2 * shape.runs - 1 + self.float32_pass_launches
+        long_calls = self._half_calls(shape, 2 * (shape.runs - shape.float32_runs))
+        return work * max(width, 1) + self.launch_macs * launches + long_calls
+
+    def _half_calls(self, shape: StepShape, calls: int) -> int:
+        """What ``calls`` matmul calls in the dtype add on a CPU with 16-bit weights."""
+        return self.half_cpu_call_macs * calls if shape.half_on_cpu else 0
 
     def _batched_cost(self, shape: StepShape, width: int) -> int:
         reads = self._skinny_read_macs(shape) * shape.block_rows
         if not shape.block_groups:  # one grid: about as many launches as masked
-            return (shape.padded_cells + reads) * max(width, 1)
+            return (shape.padded_cells + reads) * max(width, 1) + self._half_calls(shape, 2)
         # per rank class: each token's row copied in and added back (a read each, per unit of
         # width: this is what keeps long prefill runs grouped), and per group a shrink, a scale
         # and an expand plus the gather and the scatter: launches beyond masked's four
         copies = self.read_macs * shape.gathered
         launch = self.accelerator_launch_macs if shape.on_accelerator else self.launch_macs
         work = (shape.padded_cells + reads + copies) * max(width, 1)
-        return work + launch * (3 * shape.block_groups - 1)
+        calls = self._half_calls(shape, 2 * shape.block_groups)
+        return work + launch * (3 * shape.block_groups - 1) + calls
 
     def _skinny_read_macs(self, shape: StepShape) -> int:
         return self.read_macs * (self.half_cpu_read_factor if shape.half_on_cpu else 1)

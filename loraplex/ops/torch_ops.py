@@ -16,11 +16,13 @@
   gathered once into a padded input and added back with one ``index_add_``.
 - ``auto``: picks one of them per step from the step's shape (see
   :class:`~loraplex.ops.policy.AutoPolicy`); on a CPU with 16-bit weights, a grouped step of
-  two runs or more with at most ``FLOAT32_MAX_TOKENS`` adapter tokens (decode of a small
-  batch) has them gathered, each run's rows converted, and the runs computed in float32
-  (``apply_float32``), as the merged op's foreign tokens are (ops/merged_op.py), because a
-  skinny matmul in bfloat16 / float16 costs about 15-20 us a call there against 3-5 us in
-  float32 (docs/modes.md, eleventh and twelfth passes).
+  two runs or more whose runs of at most ``FLOAT32_MAX_TOKENS`` tokens (a decode sequence's
+  adapter, a small prompt's) make the float32 pass cheaper in the policy's costs has its
+  adapter tokens gathered, each short run's rows converted and computed in float32, the longer
+  runs in the dtype, and the sum rounded once (``apply_float32``), as the merged op's foreign
+  tokens are (ops/merged_op.py), because a skinny matmul in bfloat16 / float16 costs about
+  15-20 us a call there against 3-5 us in float32 (docs/modes.md, eleventh to thirteenth
+  passes).
 """
 
 from __future__ import annotations
@@ -42,11 +44,11 @@ from loraplex.ops.plan import (
     batched_batch,
     blocked_batch,
     check_token_slots,
+    float32_slots,
     gathered_batch,
     grouped_batch,
     masked_batch,
     none_batch,
-    runs_in_float32,
 )
 from loraplex.ops.policy import AutoPolicy, StepShape
 
@@ -113,7 +115,8 @@ def apply_float32(
     order = batch.order
     if order is None:
         raise ValueError("a float32 batch needs its gathered tokens; expected gathered_batch")
-    source = x.index_select(0, order).float()
+    gathered = x.index_select(0, order)
+    source = gathered.float()
     if every is not None:
         target = torch.mm(torch.mm(source, every[0]), every[1])
     else:
@@ -124,8 +127,12 @@ def apply_float32(
             if rows.rank == 0:
                 continue
             lora_a_t, lora_b_t = weights.pair(rows)
-            hidden = torch.mm(source[segment.start : segment.end], lora_a_t.float())
             run = target[segment.start : segment.end]
+            if segment.slot in batch.dtype_runs:  # a long run: its matmuls in the dtype
+                hidden = torch.mm(gathered[segment.start : segment.end], lora_a_t)
+                run.add_(torch.mm(hidden, lora_b_t), alpha=rows.scale)
+                continue
+            hidden = torch.mm(source[segment.start : segment.end], lora_a_t.float())
             run.addmm_(hidden, lora_b_t.float(), alpha=rows.scale)
     target.add_(out.index_select(0, order))
     return out.index_copy_(0, order, target.to(out.dtype))
@@ -264,8 +271,9 @@ class BatchedBackend:
 class AutoBackend:
     """The cheapest computation for each step's shape (:class:`AutoPolicy`): masked for
     launch-bound steps over scattered ranks, batched over slots on one row grid, grouped for
-    long runs; grouped in float32 on a CPU with 16-bit weights when a grouped step has two runs
-    or more and at most ``float32_max_tokens`` adapter tokens (0: never)."""
+    long runs; on a CPU with 16-bit weights, a grouped step of two runs or more goes through the
+    float32 pass (its runs of at most ``float32_max_tokens`` tokens in float32, longer ones in
+    the dtype; 0: never) where :meth:`AutoPolicy.grouped_in_float32` finds it cheaper."""
 
     name = "auto"
 
@@ -283,19 +291,16 @@ class AutoBackend:
         slots = list(tokens)
         if not slots:
             return none_batch(token_slots)
-        shape = StepShape.of(int(token_slots.numel()), tokens, layout)
+        shape = StepShape.of(int(token_slots.numel()), tokens, layout, self.float32_max_tokens)
         strategy = self.policy.choose(shape, layout.width)
         if strategy is Strategy.MASKED:
             return masked_batch(token_slots, layout, slots)
         if strategy is Strategy.BATCHED:
             return batched_or_blocked(token_slots, layout, tokens, shape)
-        # NOTE: only in place of grouped, and over two runs or more: masked's few matmuls over
-        # many distinct slots, and one run's single pair, measured faster in the dtype than the
-        # float32 pass with its gather, conversions and copy back (docs/modes.md, twelfth pass)
-        if len(slots) > 1 and runs_in_float32(
-            sum(tokens.values()), layout, self.float32_max_tokens
-        ):
-            return gathered_batch(token_slots, layout, slots, float32=True)
+        if self.policy.grouped_in_float32(shape, layout.width):
+            short = float32_slots(tokens, self.float32_max_tokens)
+            dtype_runs = frozenset(tokens).difference(short)
+            return gathered_batch(token_slots, layout, slots, float32=True, dtype_runs=dtype_runs)
         return grouped_batch(token_slots, layout, slots)
 
     def apply(

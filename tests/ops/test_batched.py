@@ -273,9 +273,69 @@ def test_16_bit_weights_on_a_cpu_make_skinny_matmuls_dearer() -> None:
     half = StepShape(**r16, exact_cells=256, block_rows=256, padded_cells=256, half_on_cpu=True)
     assert AutoPolicy().choose(shape, 1664) is Strategy.BATCHED
     assert AutoPolicy().choose(half, 1664) is Strategy.MASKED
-    assert AutoPolicy(half_cpu_read_factor=1).choose(half, 1664) is Strategy.BATCHED
+    plain = AutoPolicy(half_cpu_read_factor=1, half_cpu_masked_divisor=1)
+    assert plain.choose(half, 1664) is Strategy.BATCHED
     with pytest.raises(ValueError, match="half_cpu_read_factor"):
         AutoPolicy(half_cpu_read_factor=-1)
+
+
+# bench modes' 20-sequence decode step, 80 % on the hot slot (16 tokens, 4 runs), bfloat16 on a
+# CPU, and its 16-sequence one (13 hot tokens); StepShape.of on the bench's pool
+SKEWED20 = StepShape(
+    20, 4, 408, 176, 448, 176, 448, True, False, 3, 20, float32_runs=4, float32_rows=176,
+    float32_cells=448, adapter_tokens=20,
+)  # fmt: skip
+SKEWED16 = StepShape(
+    16, 4, 472, 120, 312, 120, 312, True, False, 4, 16, float32_runs=4, float32_rows=120,
+    float32_cells=312, adapter_tokens=16,
+)  # fmt: skip
+
+
+@pytest.mark.parametrize("width", [642, 2597])  # the small and large presets' mean widths
+def test_16_bit_cpu_steps_weigh_the_dtypes_call_cost_and_masked_amx_rate(width: int) -> None:
+    """Measured (docs/modes.md, thirteenth pass): forcing masked beat grouped on the 20-sequence
+    80 % batch in bfloat16 on the CPU, where the policy without the half-CPU terms picked
+    grouped; on the 16-sequence one the float32 pass (grouped, every run short) was fastest."""
+    without = AutoPolicy(half_cpu_call_macs=0, half_cpu_masked_divisor=1)
+    assert without.choose(SKEWED20, width) is Strategy.GROUPED
+    assert AutoPolicy().choose(SKEWED20, width) is Strategy.MASKED
+    assert AutoPolicy().choose(SKEWED16, width) is Strategy.GROUPED
+    assert AutoPolicy().grouped_in_float32(SKEWED16, width)
+    # without short runs there is no float32 pass to weigh
+    dtype_only = StepShape(**{**SKEWED16.__dict__, "float32_runs": 0, "float32_rows": 0})
+    assert not AutoPolicy().grouped_in_float32(dtype_only, width)
+    # float32 weights: none of the half-CPU terms apply
+    full = StepShape(**{**SKEWED20.__dict__, "half_on_cpu": False})
+    assert AutoPolicy().choose(full, width) is without.choose(full, width)
+
+
+@pytest.mark.parametrize(
+    "field", ["half_cpu_call_macs", "float32_convert_macs", "float32_pass_launches"]
+)
+def test_the_half_cpu_terms_are_validated(field: str) -> None:
+    with pytest.raises(ValueError, match=f"{field} -1 is invalid"):
+        AutoPolicy(**{field: -1})  # type: ignore[arg-type]
+    with pytest.raises(ValueError, match="half_cpu_masked_divisor 0 is invalid"):
+        AutoPolicy(half_cpu_masked_divisor=0)
+
+
+def test_step_shape_counts_the_float32_passes_short_runs() -> None:
+    pool16 = LoraSlotPool(SPEC, 8, 64, dtype=torch.bfloat16, device=torch.device("cpu"))
+    pool32, adapters = filled_pool("auto", [64, 32, 16, 8] * 2)
+    for slot, weights in enumerate(adapters):
+        pool16.load(slot, weights)
+    tokens = {0: 17, 1: 1, 2: 2}  # slot 0's run is above a cap of 16
+    shape = StepShape.of(20, tokens, pool16.layout, 16)
+    rows = pool16.layout.slot_rows
+    assert (shape.float32_runs, shape.float32_rows) == (2, rows[1] + rows[2])
+    assert (shape.float32_cells, shape.adapter_tokens) == (rows[1] + 2 * rows[2], 20)
+    for none in (
+        StepShape.of(20, tokens, pool16.layout),  # no cap: no float32 pass
+        StepShape.of(20, tokens, pool32.layout, 16),  # float32 weights
+        StepShape.of(17, {0: 17}, pool16.layout, 16),  # one run
+        StepShape.of(20, {0: 17, 1: 3}, pool16.layout, 2),  # no run short enough
+    ):
+        assert (none.float32_runs, none.float32_rows, none.adapter_tokens) == (0, 0, 0)
 
 
 def test_the_pool_dtype_sets_half_on_cpu() -> None:

@@ -134,23 +134,29 @@ def test_the_float32_pass_is_the_definition_rounded_once(dtype: torch.dtype, pat
     assert float32_error < worst_relative_error(pool, off, stored, slots, half)
 
 
-def test_float32_is_chosen_on_16bit_cpu_grouped_steps_up_to_the_token_cap() -> None:
+def test_float32_is_chosen_on_16bit_cpu_grouped_steps_per_run() -> None:
     """``auto`` on 16-bit CPU weights takes the float32 pass on a grouped step of two runs or
-    more at FLOAT32_MAX_TOKENS adapter tokens (base-only ones not counted) and not one above;
-    one run, a masked step (the default policy's choice on the tiny model), float32 weights,
-    forced backends and ``float32_max_tokens=0`` never take it."""
+    more when some run has at most FLOAT32_MAX_TOKENS tokens (base-only ones not counted),
+    however many the step has: runs above the cap stay in the dtype (``dtype_runs``); one run,
+    no short run, a masked step (the default policy's choice on the tiny model), float32
+    weights, forced backends and ``float32_max_tokens=0`` never take it."""
     pool, _ = stored_pool(torch.bfloat16)
     float32_pool, _ = stored_pool(torch.float32)
     cap = [0, 1, 3, 4] * 4  # 16 adapter tokens
     few = torch.tensor(cap + [-1] * 4)
-    many = torch.tensor([*cap, 5])
+    many = torch.tensor([*cap, 5] * 2)  # 34 adapter tokens in runs of 8 and 2
     auto = AutoBackend(GROUPED)
     batch = auto.prepare(few, pool.layout)
-    assert batch.float32 and batch.strategy is Strategy.GROUPED
+    assert batch.float32 and batch.strategy is Strategy.GROUPED and not batch.dtype_runs
     assert batch.order is not None and sorted(batch.order.tolist()) == list(range(16))
     assert [(s.slot, s.end - s.start) for s in batch.segments] == [(0, 4), (1, 4), (3, 4), (4, 4)]
-    assert not auto.prepare(many, pool.layout).float32
-    assert AutoBackend(GROUPED, float32_max_tokens=17).prepare(many, pool.layout).float32
+    assert auto.prepare(many, pool.layout).float32
+    long = torch.tensor([3] * (FLOAT32_MAX_TOKENS + 1) + [0, 5, -1])
+    mixed = auto.prepare(long, pool.layout)
+    assert mixed.float32 and mixed.dtype_runs == {3}
+    both_long = torch.tensor([3, 5] * (FLOAT32_MAX_TOKENS + 1))
+    assert not auto.prepare(both_long, pool.layout).float32
+    assert AutoBackend(GROUPED, float32_max_tokens=17).prepare(both_long, pool.layout).float32
     assert not AutoBackend(GROUPED, float32_max_tokens=0).prepare(few, pool.layout).float32
     assert not auto.prepare(few, float32_pool.layout).float32
     one_run = auto.prepare(torch.tensor([3, 3, -1, 3]), pool.layout)
@@ -163,6 +169,36 @@ def test_float32_is_chosen_on_16bit_cpu_grouped_steps_up_to_the_token_cap() -> N
     assert auto.prepare(torch.tensor([-1, -1]), pool.layout).strategy is Strategy.NONE
     with pytest.raises(ValueError, match="float32_max_tokens -1 is invalid"):
         AutoBackend(float32_max_tokens=-1)
+
+
+def test_a_long_run_stays_in_the_dtype_and_the_short_ones_round_once() -> None:
+    """In a step with a run above the cap, the short runs' rows are exactly those of the pass
+    with every run in float32 (within the unit roundoff of the definition); the long run's are
+    not (its matmuls round in bfloat16), and are within the op's 2 % of the reference."""
+    pool, stored = stored_pool(torch.bfloat16)
+    slots = [2] * (FLOAT32_MAX_TOKENS + 4) + [0, 5, 7, -1]
+    random.Random(3).shuffle(slots)
+    token_slots = torch.tensor(slots)
+    auto = AutoBackend(GROUPED)
+    batch = auto.prepare(token_slots, pool.layout)
+    assert batch.float32 and batch.dtype_runs == {2}
+    every = LoraBatch(**{**batch.__dict__, "dtype_runs": frozenset()})
+    long = torch.tensor([s == 2 for s in slots])
+    short = torch.tensor([s >= 0 and s != 2 for s in slots])
+    differs = 0
+    for (_, _, got), (_, _, f32) in zip(
+        outputs(pool, auto, batch, slots), outputs(pool, auto, every, slots), strict=True
+    ):
+        assert torch.equal(got[short], f32[short])
+        differs += int(not torch.equal(got[long], f32[long]))
+    assert differs > 0
+    reference = ReferenceBackend()
+    theirs = outputs(pool, reference, reference.prepare(token_slots, pool.layout), slots)
+    for (_, base, got), (_, _, want) in zip(outputs(pool, auto, batch, slots), theirs, strict=True):
+        delta = (want.double() - base.double())[long]
+        error = (got.double() - want.double())[long].norm(dim=1) / delta.norm(dim=1)
+        assert error.max().item() < 0.02, error
+    assert worst_relative_error(pool, auto, stored, slots, every) <= 2**-8 * 1.001
 
 
 def test_a_float32_batch_without_its_gathered_tokens_is_refused() -> None:
