@@ -35,6 +35,15 @@ def demo_assets() -> DemoAssets:
     return generate_demo_assets(ASSET_CACHE / "test-small", preset="small", seed=0)
 
 
+@pytest.fixture(scope="session")
+def reduced_demo_assets(tmp_path_factory: pytest.TempPathFactory) -> DemoAssets:
+    """The reduced ``small`` set of seed 0 (tests/reduced_demo.py), generated once per session
+    for the tests that check the generator itself (not cached: they check a fresh generation)."""
+    from reduced_demo import generate_reduced
+
+    return generate_reduced(tmp_path_factory.mktemp("reduced") / "seed0", "small", 0)
+
+
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     """GPU tests skip cleanly on machines without CUDA."""
     import torch

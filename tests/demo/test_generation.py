@@ -7,14 +7,13 @@ import os
 import shutil
 import subprocess
 import sys
-from dataclasses import replace
 from pathlib import Path
 
 import pytest
+from reduced_demo import generate_reduced
 from typer.testing import CliRunner
 
 from loraplex.cli import app
-from loraplex.demo import assets as assets_module
 from loraplex.demo import generate as generate_module
 from loraplex.demo.assets import (
     STAMP_NAME,
@@ -22,7 +21,7 @@ from loraplex.demo.assets import (
     demo_assets_ready,
     generate_demo_assets,
 )
-from loraplex.demo.presets import DemoPreset, get_preset
+from loraplex.demo.presets import DemoPreset
 
 
 def _file_states(root: Path) -> dict[str, tuple[int, int]]:
@@ -32,38 +31,32 @@ def _file_states(root: Path) -> dict[str, tuple[int, int]]:
     }
 
 
-# Same preset and seed -> identical bytes: checked where the session set is regenerated anyway,
-# in a child (tests/server/test_front_demo_assets.py), so the suite trains that set only twice.
-
-# One adapter and 30 base steps (of 100) for both seeds: the adapter still learns its probe
-# (in about 60 of its 200 steps), and a set costs a tenth of the full preset. The property is
-# the seed's, not the preset's: it reaches the corpus, the base weights and every adapter.
-_REDUCED = replace(get_preset("small"), base_steps=30, adapters=get_preset("small").adapters[:1])
+# Same preset and seed -> identical bytes: checked where a reduced set is generated again, in a
+# child (tests/server/test_front_demo_assets.py), against the session's reduced set used here.
 
 
 @pytest.mark.slow
 def test_other_seed_differs_and_second_call_is_cached(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    reduced_demo_assets: DemoAssets, tmp_path: Path
 ) -> None:
-    monkeypatch.setattr(assets_module, "get_preset", {"small": _REDUCED}.__getitem__)
-    first = generate_demo_assets(tmp_path / "seed0", "small", 0)
-    other = generate_demo_assets(tmp_path / "seed1", "small", 1)
+    first = reduced_demo_assets  # seed 0
+    other = generate_reduced(tmp_path / "seed1", "small", 1)
     assert other.base_digest != first.base_digest
     assert {a.digest for a in other.adapters}.isdisjoint(a.digest for a in first.adapters)
     before = _file_states(other.root)
     root_state = (other.root.stat().st_ino, other.root.stat().st_mtime_ns)
-    assert generate_demo_assets(tmp_path / "seed1", "small", 1) == other
+    assert generate_reduced(tmp_path / "seed1", "small", 1) == other
     assert _file_states(other.root) == before
     assert (other.root.stat().st_ino, other.root.stat().st_mtime_ns) == root_state
-    assert sorted(p.name for p in tmp_path.iterdir()) == ["seed0", "seed1"]
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["seed1"]
     # A base-only set: the whole set's base model bytes, no adapters; each kind of set is
     # ready only as itself, so neither stands in for the other.
-    base = generate_demo_assets(tmp_path / "base0", "small", 0, adapters=False)
+    base = generate_reduced(tmp_path / "base0", "small", 0, adapters=False)
     assert base.adapters == () and base.base_digest == first.base_digest
     assert demo_assets_ready(base.root, "small", 0, adapters=False)
     assert not demo_assets_ready(base.root, "small", 0)
     assert not demo_assets_ready(first.root, "small", 0, adapters=False)
-    assert generate_demo_assets(tmp_path / "base0", "small", 0, adapters=False) == base
+    assert generate_reduced(tmp_path / "base0", "small", 0, adapters=False) == base
 
 
 def test_ready_checks_arguments_presence_and_sizes(demo_assets: DemoAssets, tmp_path: Path) -> None:

@@ -10,7 +10,10 @@ connections per address, idle keep-alive); streaming through the ingress; tenant
 release that reaches both replicas (pinned in both GPU slot pools) before its canary starts and
 the alias moves; a killed replica's queued requests completing on the other replica, and the
 replica's replacement rejoining; a replica whose whole process is frozen (SIGSTOP) leaving the
-rotation and rejoining it (SIGCONT).
+rotation and rejoining it (SIGCONT); a traced request: one trace in a real OTLP/HTTP receiver
+holds the ingress's spans and the replica's engine stages, the replica named (every request is
+sampled: a fleet of its own cost a Ray Serve deployment and shutdown, 30 s on a loaded 2-core
+machine).
 """
 
 from __future__ import annotations
@@ -32,6 +35,7 @@ from urllib.parse import urlsplit
 
 import httpx
 import pytest
+from otlp_receiver import OtlpReceiver
 
 ray = pytest.importorskip("ray")
 
@@ -57,6 +61,7 @@ class Fleet:
     admin_key: str
     keys: dict[str, str]
     assets: DemoAssets
+    receiver: OtlpReceiver  # where the fleet exports every request's spans
 
     def admin(self) -> httpx.Client:
         headers = {"Authorization": f"Bearer {self.admin_key}"}
@@ -137,6 +142,7 @@ def fleet(
     (data_dir / DEMO_DIR).symlink_to(demo_assets.root, target_is_directory=True)
     with ExitStack() as stack:
         shared = {} if request.param == "sqlite-local" else stack.enter_context(_shared_registry())
+        receiver = stack.enter_context(OtlpReceiver())
         from ray import serve
 
         stack.callback(serve.shutdown)
@@ -145,7 +151,8 @@ def fleet(
         # defaults: the ingress's listener must read them (LISTENER below).
         config = ServeConfig(
             data_dir=data_dir, port=control.free_port(), max_loras=4, max_num_seqs=1,
-            torch_threads=1, auto_warm=False, **LISTENER, **shared,
+            torch_threads=1, auto_warm=False, trace_endpoint=receiver.url,
+            trace_sample_ratio=1.0, **LISTENER, **shared,
         )  # fmt: skip
         prepared = control.prepare(config)
         settings = FleetSettings(
@@ -154,9 +161,23 @@ def fleet(
         control.deploy(settings)
         url = control.base_url(config)
         control.wait_ready(url, WAIT_S)
-        fleet = Fleet(url, prepared.admin_key, prepared.sample_keys, demo_assets)
+        fleet = Fleet(url, prepared.admin_key, prepared.sample_keys, demo_assets, receiver)
         _wait_replicas(fleet, 2)
         yield fleet
+
+
+CALLER_TRACE = "0af7651916cd43dd8448eb211c80319c"
+CALLER_SPAN = "b7ad6b7169203331"
+STAGES = {
+    "loraplex.authorization",
+    "loraplex.resolution",
+    "loraplex.engine",
+    "loraplex.queue",
+    "loraplex.residency",
+    "loraplex.batch",
+}
+
+LOAD_STAGES = ("fetch", "verify", "read", "copy")  # remote -> verified -> decoded -> GPU slot
 
 
 def _state(fleet: Fleet) -> dict[str, Any]:
@@ -321,6 +342,47 @@ def test_routing_is_counted_and_the_revision_stays_on_few_replicas(fleet: Fleet)
         metrics = admin.get("/metrics").text
     assert 'loraplex_fleet_routing_decisions_total{reason="gpu_hit"}' in metrics
     assert "loraplex_fleet_replica_resident_adapters{" in metrics
+
+
+@ONE_REGISTRY
+def test_one_trace_spans_the_ingress_and_the_replica(fleet: Fleet) -> None:
+    headers = {
+        "Authorization": f"Bearer {fleet.keys['acme']}",
+        "traceparent": f"00-{CALLER_TRACE}-{CALLER_SPAN}-01",
+    }
+    # acme's billing adapter: no warm policy (the demo keeps support warm in host memory), and
+    # no other test of this module asks for it, so the request pays every load stage on
+    # whichever replica it lands and the trace shows each one
+    # ignore_eos: exactly 5 tokens (a sampled EOS at token 4 once made the counts below 4)
+    payload = {"model": "billing", "prompt": "The acme billing team", "max_tokens": 5,
+               "ignore_eos": True}  # fmt: skip
+    reply = httpx.post(f"{fleet.url}/v1/completions", json=payload, headers=headers, timeout=120)
+    assert reply.status_code == 200, reply.text
+    # The ingress's batch processor exports within its schedule delay (5 s by default).
+    spans = fleet.receiver.wait_for(
+        lambda s: any(x.trace_id == CALLER_TRACE and x.name == "loraplex.engine" for x in s),
+        timeout_s=60,
+    )
+    mine = [s for s in spans if s.trace_id == CALLER_TRACE]
+    names = {s.name for s in mine}
+    assert names >= STAGES, sorted(names)
+    assert names >= {f"loraplex.load.{s}" for s in LOAD_STAGES}, sorted(names)
+    (root,) = [s for s in mine if s.parent_span_id == CALLER_SPAN]
+    ids = {s.span_id for s in mine}
+    assert all(s.parent_span_id in ids for s in mine if s is not root)  # one tree
+    (engine,) = [s for s in mine if s.name == "loraplex.engine"]
+    assert engine.attributes["loraplex.replica.id"]  # the replica that ran it
+    assert root.attributes["gen_ai.usage.output_tokens"] == 5
+    assert root.attributes["loraplex.trace.kept_by"] == "parent"
+    # the residency decision, KV reuse, batches and the acceptance result, as on one server
+    assert engine.attributes["loraplex.residency.placement"] == "loaded"
+    assert engine.attributes["loraplex.adapter.tier"] == "L3"  # fetched: nothing cached yet
+    assert engine.attributes["loraplex.kv.prefix_reused_tokens"] == 0
+    batch = [s.attributes for s in mine if s.name == "loraplex.batch"]
+    assert sum(b["loraplex.batch.steps"] for b in batch) == 5
+    assert all(b["loraplex.batch.kernel_strategy"] in {"masked", "grouped", "loop"} for b in batch)
+    assert root.attributes["loraplex.release.verdict"] == "ok"
+    assert "acme" not in " ".join(str(v) for s in mine for v in s.attributes.values())
 
 
 @ONE_REGISTRY
