@@ -90,6 +90,7 @@ class TenantRateLimiter(Protocol):
 
     blocking: bool  # check() may wait on the network: call it off the event loop
     fallbacks: int  # checks answered by in-process buckets because Redis failed
+    burst_s: float  # seconds of the rate a full bucket holds
 
     def check(self, tenant: Tenant, cost: float = 1.0) -> None: ...
 

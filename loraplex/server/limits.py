@@ -32,7 +32,7 @@ from starlette.requests import Request
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from loraplex.errors import RateLimitError
-from loraplex.quota.ratelimit import TenantRateLimiter, open_rate_limiter
+from loraplex.quota.ratelimit import TenantRateLimiter, bucket_capacity, open_rate_limiter
 from loraplex.registry import Tenant
 from loraplex.server.auth import (
     AUTHENTICATED_TENANT,
@@ -150,15 +150,24 @@ async def charge_engine_requests(request: Request, tenant: Tenant, count: int) -
     """Charges ``tenant``'s rate quota for the engine requests of one HTTP request beyond the
     first (charged on arrival, before the body was read): a request fanning out into ``n``
     choices over ``p`` prompts costs ``n * p``, so ``n`` cannot multiply a tenant's rate.
-    A shared limiter (Redis) is asked on the thread pool, never on the event loop."""
+    A shared limiter (Redis) is asked on the thread pool, never on the event loop.
+
+    NOTE: the rest is capped at a full bucket less the arrival's token, so a request costing
+    more than the bucket holds takes a full bucket, as one check's cost does; uncapped, the
+    arrival's token left the bucket one short of it forever (``n=4`` on a bucket of 2 was
+    refused with ``Retry-After: 1`` however long its tenant waited)."""
     limiter = request.scope.get("state", {}).get(RATE_LIMITER)
-    if count <= 1 or limiter is None:
+    rate = tenant.quotas.max_requests_per_s
+    if count <= 1 or limiter is None or rate is None:
+        return
+    rest = min(count - 1, bucket_capacity(rate, limiter.burst_s) - 1)
+    if not rest > 0:  # a bucket of one request: the arrival took all of it
         return
     try:
         if limiter.blocking:
-            await run_in_threadpool(limiter.check, tenant, count - 1)
+            await run_in_threadpool(limiter.check, tenant, rest)
         else:
-            limiter.check(tenant, count - 1)
+            limiter.check(tenant, rest)
     except RateLimitError as exc:
         raise to_api_error(exc, ErrorContext.TENANT) from None
 

@@ -112,3 +112,21 @@ def test_over_http_n_choices_count_as_n_requests_against_the_rate(rig: Rig) -> N
     refused = admin.post("/v1/completions", json=body, headers=headers)
     assert refused.status_code == 429  # the first three choices used the whole bucket
     assert refused.json()["error"]["code"] == "rate_limited"
+
+
+def test_over_http_a_fan_out_above_the_bucket_passes_on_a_full_bucket(rig: Rig) -> None:
+    """A request costing more than the bucket holds takes a full bucket, as a single check's
+    cost does; the arrival's token must not leave the rest forever one short (n=4 on a bucket
+    of 2 was refused with ``Retry-After: 1`` however long the tenant waited)."""
+    admin = rig.client
+    admin.post("/admin/tenants", json={"name": "wide"}, headers=rig.admin)
+    quotas = {"quotas": {"max_requests_per_s": 2.0}}  # a bucket of 2 requests
+    assert admin.put("/admin/tenants/wide", json=quotas, headers=rig.admin).status_code == 200
+    token = admin.post("/admin/tenants/wide/keys", headers=rig.admin).json()["token"]
+    headers = {"Authorization": f"Bearer {token}"}
+    body = {"model": BASE_NAME, "prompt": "hi", "max_tokens": 2, "n": 4}
+    passed = admin.post("/v1/completions", json=body, headers=headers)
+    assert passed.status_code == 200, passed.text
+    assert len(passed.json()["choices"]) == 4
+    refused = admin.post("/v1/completions", json={**body, "n": 1}, headers=headers)
+    assert refused.status_code == 429  # it took the whole bucket
