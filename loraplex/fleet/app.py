@@ -9,6 +9,12 @@ reads from it (``LORAPLEX_DATA_DIR``, ``LORAPLEX_DATABASE_URL``, ``LORAPLEX_STOR
 ``LORAPLEX_S3_ENDPOINT``, ``LORAPLEX_ADMIN_KEY``), so credentials stay in the pods' environment.
 An unknown key is refused naming it. Across hosts the model directory must be the same path on
 every node (in the image or a shared volume) and the registry PostgreSQL with an S3 store.
+
+The ingress listens itself, with loraplex's listener (``listener.py``), on ``host:port`` of the
+Ray head node (``deployments.build_app``), as under ``fleet up``: Serve must run no HTTP proxy
+(``proxy_location: Disabled`` in the Serve config; ``serve start --proxy-location Disabled``
+before ``serve run``), or Ray's proxy holds the port and the ingress's listener fails to bind
+(its replica never starts).
 """
 
 from __future__ import annotations

@@ -65,9 +65,7 @@ def fleet_and_receiver(
             trace_sample_ratio=1.0,
         )  # fmt: skip
         prepared = control.prepare(config)
-        settings = FleetSettings(
-            serve=config, model_dir=prepared.model_dir, engine_replicas=2, own_listener=True
-        )
+        settings = FleetSettings(serve=config, model_dir=prepared.model_dir, engine_replicas=2)
         control.deploy(settings)
         url = control.base_url(config)
         control.wait_ready(url, WAIT_S)
