@@ -28,11 +28,9 @@ from loraplex.deploy.spec import RAY_CLIENT_PORT, RAY_DASHBOARD_PORT, RAY_GCS_PO
 RAY_API = "ray.io/v1"
 FLEET_IMPORT_PATH = "loraplex.fleet.app:build"
 RAY_AGENT_PORT = 52365  # Ray's dashboard agent on every node (``--dashboard-agent-listen-port``)
-# a worker is ready while its raylet is (the check KubeRay's own worker probe starts with)
-RAYLET_HEALTH_COMMAND = (
-    f"wget --tries 1 -T 2 -q -O- http://localhost:{RAY_AGENT_PORT}/api/local_raylet_healthz"
-    " | grep success"
-)
+# a worker is ready while its raylet is (the check KubeRay's own worker probe starts with;
+# the agent answers 200 ``success``, or 503)
+RAYLET_HEALTH_PATH = "/api/local_raylet_healthz"
 RAY_NOTE = (
     f"The RayService runs {FLEET_IMPORT_PATH} (docs/fleet.md); the model directory must be",
     "the same path on every node (in the image or a shared volume).",
@@ -100,7 +98,7 @@ def _cluster(spec: K8sSpec) -> Manifest:
     head = _container(spec, "ray-head", head_ports, gpu=False)
     worker = _container(spec, "ray-worker", [], gpu=spec.gpu)
     worker["readinessProbe"] = {
-        "exec": {"command": ["bash", "-c", RAYLET_HEALTH_COMMAND]},
+        "httpGet": {"path": RAYLET_HEALTH_PATH, "port": RAY_AGENT_PORT},
         "periodSeconds": 5,
         "timeoutSeconds": 2,
         "failureThreshold": 10,

@@ -309,6 +309,6 @@ def test_ray_is_rendered_only_when_asked_with_its_note() -> None:
     assert port_number(head, "admin") == application["args"]["admin_port"] == 8001
     # workers carry a readiness probe of their own (the raylet's), so KubeRay adds none on the
     # serve port, where no worker listens
-    probe = " ".join(worker["readinessProbe"]["exec"]["command"])
-    assert "local_raylet_healthz" in probe and "-/healthz" not in probe
+    probe = worker["readinessProbe"]["httpGet"]
+    assert (probe["path"], probe["port"]) == ("/api/local_raylet_healthz", 52365)
     assert "readinessProbe" not in head
