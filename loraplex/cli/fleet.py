@@ -125,7 +125,6 @@ def up_command(
             serve=serve_config,
             model_dir=serve_config.model or serve_config.data_dir,
             engine_replicas=num_replicas,
-            own_listener=True,  # loraplex's listener, not Ray Serve's proxy (fleet/listener.py)
             **fleet_values,
         )
         if serve_config.torch_threads is None:
@@ -158,7 +157,8 @@ def up_command(
     where = "a local Ray head it started" if record.started_cluster else record.address
     typer.echo(f"loraplex fleet: {record.engine_replicas} engine replicas on {where}")
     typer.echo(f"serving on {record.url}  (OpenAI API at {record.url}/v1)")
-    typer.echo(f"dashboard:  {record.url}/admin/dashboard#key=<admin key>")
+    admin_url = control.admin_url(settings.serve) or record.url
+    typer.echo(f"dashboard:  {admin_url}/admin/dashboard#key=<admin key>")
     _print_keys(prepared)
     typer.echo("stop it with: loraplex fleet down")
 

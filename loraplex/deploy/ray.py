@@ -1,7 +1,15 @@
 """The Ray path: a KubeRay ``RayService`` (``ray.io/v1``) running loraplex's Serve application.
 
 The application is ``loraplex.fleet.app:build`` (docs/fleet.md): its ``args`` are the fleet's
-keys and ``serve`` configuration keys; credentials come from the pods' environment.
+keys and ``serve`` configuration keys; credentials come from the pods' environment. Ray Serve
+runs no HTTP proxy (``proxy_location: Disabled``): the ingress listens itself, with loraplex's
+listener, on the head pod's serve port (``host``/``port`` args), where KubeRay's Serve Service
+points, and answers KubeRay's ``/-/healthz`` check there (``fleet/listener.py``).
+
+KubeRay facts this relies on: the operator puts the head pod in the RayService's Serve Service
+while ``GET /-/healthz`` on its ``serve`` container port answers 200; it gives each worker of a
+RayService a readiness probe on that path only when the container has no readiness probe of its
+own, so the workers (no listener: engines only) carry one on the raylet's health.
 
 API facts (KubeRay): ``spec.serveConfigV2`` is the Serve config as a YAML string
 (``applications``: name, route_prefix, import_path, args); ``spec.rayClusterConfig`` is a
@@ -16,10 +24,13 @@ import json
 
 from loraplex.deploy.replica import Manifest, metadata, pod_resources, registry_env
 from loraplex.deploy.spec import RAY_CLIENT_PORT, RAY_DASHBOARD_PORT, RAY_GCS_PORT, K8sSpec
-from loraplex.serve.config import ServeConfig
 
 RAY_API = "ray.io/v1"
 FLEET_IMPORT_PATH = "loraplex.fleet.app:build"
+RAY_AGENT_PORT = 52365  # Ray's dashboard agent on every node (``--dashboard-agent-listen-port``)
+# a worker is ready while its raylet is (the check KubeRay's own worker probe starts with;
+# the agent answers 200 ``success``, or 503)
+RAYLET_HEALTH_PATH = "/api/local_raylet_healthz"
 RAY_NOTE = (
     f"The RayService runs {FLEET_IMPORT_PATH} (docs/fleet.md); the model directory must be",
     "the same path on every node (in the image or a shared volume).",
@@ -41,8 +52,13 @@ def ray_manifests(spec: K8sSpec) -> list[Manifest]:
 
 
 def serve_application_args(spec: K8sSpec) -> dict[str, str | int]:
-    """What the builder receives; credentials stay in the pods' environment."""
+    """What the builder receives; credentials stay in the pods' environment. The ingress listens
+    on every interface of the head pod: the API on its ``serve`` port, ``/admin`` and
+    ``/metrics`` on its ``admin`` port (as ``serve --admin-port`` in the Deployment path)."""
     args: dict[str, str | int] = {
+        "host": "0.0.0.0",
+        "port": spec.port,
+        "admin_port": spec.admin_port,
         "replicas": spec.replicas,
         "max_loras": spec.max_loras,
         "store": spec.store,
@@ -56,13 +72,9 @@ def serve_application_args(spec: K8sSpec) -> dict[str, str | int]:
 
 
 def serve_config_text(spec: K8sSpec) -> str:
-    """The Serve config (YAML text): one application at route ``/`` on Serve's port."""
+    """The Serve config (YAML text): no HTTP proxy, one application at route ``/``."""
     lines = [
-        "http_options:",
-        "  host: 0.0.0.0",
-        f"  port: {spec.port}",
-        # serve's idle keep-alive bound (Ray's own default is 90 s): fleet/settings.py
-        f"  keep_alive_timeout_s: {ServeConfig.keep_alive_timeout_s}",
+        "proxy_location: Disabled",
         "applications:",
         "- name: loraplex",
         "  route_prefix: /",
@@ -81,13 +93,21 @@ def _cluster(spec: K8sSpec) -> Manifest:
         {"name": "dashboard", "containerPort": RAY_DASHBOARD_PORT},
         {"name": "client", "containerPort": RAY_CLIENT_PORT},
         {"name": "serve", "containerPort": spec.port},
+        {"name": "admin", "containerPort": spec.admin_port},
     ]
     head = _container(spec, "ray-head", head_ports, gpu=False)
     worker = _container(spec, "ray-worker", [], gpu=spec.gpu)
+    worker["readinessProbe"] = {
+        "httpGet": {"path": RAYLET_HEALTH_PATH, "port": RAY_AGENT_PORT},
+        "periodSeconds": 5,
+        "timeoutSeconds": 2,
+        "failureThreshold": 10,
+    }
     return {
         "rayVersion": spec.ray_version,
         "headGroupSpec": {
-            # the head runs the control plane and the ingress, never an engine (no GPU)
+            # the head runs the control plane and the ingress (its listener on the serve port),
+            # never an engine (no GPU)
             "rayStartParams": {"dashboard-host": "0.0.0.0", "num-gpus": "0"},
             "template": {"spec": {"containers": [head]}},
         },

@@ -120,10 +120,12 @@ class K8sSpec:
             if not 1 <= getattr(self, name) <= 65535:
                 raise SpecError(name, f"{name} {getattr(self, name)} is invalid; expected 1-65535")
         ray_ports = (RAY_GCS_PORT, RAY_DASHBOARD_PORT, RAY_CLIENT_PORT)
-        if self.ray and self.port in ray_ports:
-            raise SpecError(
-                "port", f"port {self.port} is invalid with ray; expected none of {ray_ports}"
-            )
+        for name in ("port", "admin_port"):  # both on the Ray head pod, beside Ray's own
+            value = getattr(self, name)
+            if self.ray and value in ray_ports:
+                raise SpecError(
+                    name, f"{name} {value} is invalid with ray; expected none of {ray_ports}"
+                )
         if self.admin_port == self.port:
             raise SpecError(
                 "admin_port",

@@ -1,6 +1,6 @@
 """``loraplex.fleet.app:build``: the fleet as a Ray Serve application built from ``args``, for
-``serve run loraplex.fleet.app:build replicas=3 ...`` and a KubeRay ``RayService``
-(``loraplex k8s render --ray``), where the Serve controller calls it.
+``serve run`` of a Serve config file that names it and a KubeRay ``RayService`` (``loraplex k8s
+render --ray``), where the Serve controller calls it.
 
 ``args`` holds the fleet's keys (``settings.FLEET_KEYS``: ``replicas``, ``policy``, ``seed``,
 ``report_period_s``, ``stale_after_s``, ``router``, ``topology``) and any ``serve`` configuration
@@ -9,6 +9,12 @@ reads from it (``LORAPLEX_DATA_DIR``, ``LORAPLEX_DATABASE_URL``, ``LORAPLEX_STOR
 ``LORAPLEX_S3_ENDPOINT``, ``LORAPLEX_ADMIN_KEY``), so credentials stay in the pods' environment.
 An unknown key is refused naming it. Across hosts the model directory must be the same path on
 every node (in the image or a shared volume) and the registry PostgreSQL with an S3 store.
+
+The ingress listens itself, with loraplex's listener (``listener.py``), on ``host:port`` of the
+Ray head node (``deployments.build_app``), as under ``fleet up``: Serve must run no HTTP proxy
+(``proxy_location: Disabled`` in the Serve config, as ``deploy/ray.py`` renders it). NOTE: with
+Ray's proxy on, it has no HTTP deployment to route to, and on its port (8000 by default, serve's
+too) the ingress's listener cannot bind: the ingress replica never starts.
 """
 
 from __future__ import annotations

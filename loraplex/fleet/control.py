@@ -30,7 +30,7 @@ from typing import Any
 
 import httpx
 
-from loraplex.fleet.settings import APP_NAME, FleetSettings, proxy_http_options
+from loraplex.fleet.settings import APP_NAME, FleetSettings
 from loraplex.serve.config import ServeConfig
 
 STATE_FILE = "fleet.json"
@@ -90,20 +90,25 @@ def prepare(config: ServeConfig) -> Prepared:
 
 
 def check_listen(config: ServeConfig) -> None:
-    """RuntimeError unless ``config.host:port`` is free, checked as ``serve`` and the fleet's
-    own listener bind (without SO_REUSEPORT), before any key is issued. NOTE: Ray Serve's proxy
-    sets SO_REUSEPORT, so a second fleet's proxy bound the port of a running one and the kernel
-    split connections between them (a key valid on one fleet got 401 from the other half the
-    time); this bind fails instead."""
-    from loraplex.server.listeners import bind
+    """RuntimeError unless ``config.host:port`` (and the admin address, when ``admin_port`` is
+    set) is free, checked as ``serve`` and the fleet's own listener bind (without
+    SO_REUSEPORT), before any key is issued. NOTE: Ray Serve's proxy sets SO_REUSEPORT, so a
+    second fleet's proxy bound the port of a running one and the kernel split connections
+    between them (a key valid on one fleet got 401 from the other half the time); this bind
+    fails instead."""
+    from loraplex.server.listeners import bind_all
 
     try:
-        bind(config.host, config.port).close()
+        sockets = bind_all(config.host, config.port, config.admin_host, config.admin_port)
     except OSError as exc:
         raise RuntimeError(
-            f"cannot listen on {config.host}:{config.port}: {exc.strerror or exc} (another "
-            "fleet or server holds it? `loraplex fleet down`, or choose --port)"
+            f"cannot listen on {config.host}:{config.port}"
+            + ("" if config.admin_port is None else f" and admin port {config.admin_port}")
+            + f": {exc.strerror or exc} (another fleet or server holds it? `loraplex fleet "
+            "down`, or choose another port)"
         ) from exc
+    for sock in sockets:
+        sock.close()
 
 
 def free_port() -> int:
@@ -215,21 +220,17 @@ def connect(address: str, token_path: Path | None = None) -> None:
 
 
 def deploy(settings: FleetSettings) -> None:
-    """The Serve application on the connected cluster (HTTP on ``serve.host:serve.port``): with
-    ``own_listener``, Serve starts no HTTP proxy and the ingress listens itself, on this node
-    (the address is this machine's); otherwise Ray Serve's proxy listens there."""
+    """The Serve application on the connected cluster: Serve starts no HTTP proxy and the
+    ingress listens itself on ``serve.host:serve.port``, on this node (the address is this
+    machine's)."""
     import ray
     from ray import serve
 
     from loraplex.fleet.deployments import build_app
 
-    if settings.own_listener:
-        serve.start(proxy_location="Disabled")
-        node = ray.get_runtime_context().get_node_id()
-        app = build_app(settings, ingress_node=node)
-    else:
-        serve.start(http_options=proxy_http_options(settings.serve))
-        app = build_app(settings)
+    serve.start(proxy_location="Disabled")
+    node = ray.get_runtime_context().get_node_id()
+    app = build_app(settings, ingress_node=node)
     serve.run(app, name=APP_NAME, route_prefix="/", blocking=False)
 
 
@@ -251,8 +252,18 @@ def wait_ready(url: str, timeout_s: float) -> None:
 
 
 def base_url(config: ServeConfig) -> str:
-    host = "127.0.0.1" if config.host in ("0.0.0.0", "::") else config.host
-    return f"http://{host}:{config.port}"
+    return f"http://{_reachable(config.host)}:{config.port}"
+
+
+def admin_url(config: ServeConfig) -> str | None:
+    """The admin socket's base URL; None without ``admin_port`` (admin routes on the API's)."""
+    if config.admin_port is None:
+        return None
+    return f"http://{_reachable(config.admin_host or config.host)}:{config.admin_port}"
+
+
+def _reachable(host: str) -> str:
+    return "127.0.0.1" if host in ("0.0.0.0", "::") else host
 
 
 def up(

@@ -6,8 +6,9 @@
   ``report_period_s``; each also pushes its status to the board.
 - ``Ingress`` (one replica): the same FastAPI app as ``loraplex serve``
   (``ingress.build_ingress``), served by loraplex's own listener in the replica's process
-  (``listener.py``; ``own_listener``, on the node ``fleet up`` runs on), or else behind Ray
-  Serve's HTTP proxy.
+  (``listener.py``) on the node the fleet's address is: the one ``fleet up`` runs on, else the
+  Ray head (``serve run``, a RayService: where the KubeRay Service points). Ray Serve runs no
+  HTTP proxy (``proxy_location: Disabled``).
 
 Engines ask Ray for no logical CPUs: their compute threads are set by ``torch_threads`` (the
 fleet CLI splits the machine's cores among the replicas), so Ray's accounting never refuses a
@@ -46,6 +47,10 @@ ROUTING_STATS_TIMEOUT_S = 5.0
 ROUTER_CLASS = "loraplex.fleet.ray_router.LoraplexRequestRouter"
 NODE_ID_LABEL = "ray.io/node-id"  # every Ray node's label of its own id (``ray._raylet``)
 INGRESS_HEALTH_CHECK_PERIOD_S = 2.0  # Ray Serve asks the listening ingress this often
+# Ray's resource of the head node alone (``ray._common.constants.HEAD_NODE_RESOURCE_NAME``; Serve
+# places its controller with it): a share of it puts the ingress on the head.
+HEAD_NODE_RESOURCE = "node:__internal_head__"
+HEAD_NODE_SHARE = 0.001
 
 
 class FleetBoardImpl:
@@ -158,27 +163,9 @@ class FleetListenerImpl:
             self._server.close()
 
 
-class FleetIngressImpl:
-    """The ingress replica behind Ray Serve's HTTP proxy: ``loraplex serve``'s app over the
-    fleet."""
-
-    def __init__(
-        self, settings: FleetSettings, engine: DeploymentHandle, board: DeploymentHandle
-    ) -> None:
-        from loraplex.fleet.ingress import build_ingress
-
-        self._server = build_ingress(settings, engine, board)
-
-    def __serve_build_asgi_app__(self) -> Any:
-        return self._server.app
-
-    def __del__(self) -> None:
-        self._server.close()
-
-
 def build_app(settings: FleetSettings, ingress_node: str | None = None) -> Any:
     """The Serve application: board, engine replicas, ingress (on the Ray node of id
-    ``ingress_node`` when given: where the listening ingress's address is)."""
+    ``ingress_node`` when given, else on the head node: where the fleet's address is)."""
     engine_options = {
         "num_replicas": settings.engine_replicas,
         "ray_actor_options": {"num_cpus": 0},
@@ -216,15 +203,10 @@ def _ingress_deployment(settings: FleetSettings, node: str | None) -> Any:
     actor_options: dict[str, Any] = {"num_cpus": 0}
     if node is not None:
         actor_options["label_selector"] = {NODE_ID_LABEL: node}
-    if settings.own_listener:
-        return serve.deployment(FleetListenerImpl, name="Ingress").options(
-            num_replicas=settings.ingress_replicas,
-            ray_actor_options=actor_options,
-            health_check_period_s=INGRESS_HEALTH_CHECK_PERIOD_S,
-        )
-    ingress_class = serve.ingress()(FleetIngressImpl)
-    return serve.deployment(ingress_class, name="Ingress").options(
+    else:
+        actor_options["resources"] = {HEAD_NODE_RESOURCE: HEAD_NODE_SHARE}
+    return serve.deployment(FleetListenerImpl, name="Ingress").options(
         num_replicas=settings.ingress_replicas,
         ray_actor_options=actor_options,
-        max_ongoing_requests=settings.serve.max_connections,
+        health_check_period_s=INGRESS_HEALTH_CHECK_PERIOD_S,
     )

@@ -2,10 +2,10 @@
 
 The engine replicas and the ingress run with ``serve``'s configuration (``ServeConfig``: the
 same keys, the same meaning) plus the fleet's own: how many replicas of each, the routing policy
-and its settings, how often replicas report, and who listens. Keys of ``ServeConfig`` that a
-fleet cannot honour (each replica runs its engine on a thread of its own process; with Ray
-Serve's HTTP proxy as the listener, every listener key) are refused by ``check_fleet_config``
-when set to anything but their default.
+and its settings, how often replicas report. The ingress listens with loraplex's own listener
+(``listener.py``), so every listener key of ``serve`` holds. Keys of ``ServeConfig`` that a fleet
+cannot honour (each replica runs its engine on a thread of its own process) are refused by
+``check_fleet_config`` when set to anything but their default.
 """
 
 from __future__ import annotations
@@ -30,10 +30,8 @@ MIN_STALE_REPORT_PERIODS = 2  # a tighter bound would take healthy replicas out 
 MAX_STALE_AFTER_S = 60.0  # the board forgets a replica silent this long (``board.FORGET_AFTER_S``)
 # ServeConfig keys a fleet does not read: the engine runs in each replica's own process (and the
 # ingress cannot pause a replica's request: ``stream_pause_bytes``, ``max_stream_resumes`` and
-# ``max_paused_kv_fraction``, ``fleet/engine_client.py``); the ingress listens on one address.
+# ``max_paused_kv_fraction``, ``fleet/engine_client.py``).
 NOT_IN_FLEET = (
-    "admin_port",
-    "admin_host",
     "engine_process",
     "engine_hung_kill_after_s",
     "engine_unresponsive_after_s",
@@ -41,20 +39,6 @@ NOT_IN_FLEET = (
     "max_stream_resumes",
     "max_paused_kv_fraction",
 )
-# ServeConfig keys of the listener (``cli/serve_start.connection_limits``): held by the ingress's
-# own listener (``own_listener``, ``listener.py``), refused when Ray Serve's proxy listens.
-LISTENER_KEYS = (
-    "header_read_timeout_s",
-    "keep_alive_timeout_s",
-    "max_connections",
-    "max_header_bytes",
-    "max_unauthenticated_connections",
-    "max_connections_per_address",
-    "accepts_per_s_per_address",
-    "write_timeout_s",
-    "send_buffer_bytes",
-)
-
 # The fleet's own keys, as a user writes them: a ``[fleet]`` table of ``fleet up --config`` and
 # the ``args`` of ``loraplex.fleet.app:build`` (next to serve's keys). Each names the
 # FleetSettings field it sets, but ``replicas`` (``engine_replicas``); a test keeps the two true.
@@ -87,10 +71,6 @@ class FleetSettings:
     # TopologyConfig fields (router/topology.py): one replica dedicated to a revision that
     # would fill one; None: no dedication (each replica's own ``mode`` decides alone)
     topology: dict[str, Any] | None = None
-    # True: the ingress replica listens on ``serve.host:serve.port`` with loraplex's listener
-    # (``listener.py``; ``fleet up``); False: Ray Serve's HTTP proxy does, as its Serve config
-    # says (``serve run`` and a RayService through ``app.py``)
-    own_listener: bool = False
 
     def __post_init__(self) -> None:
         for name in ("engine_replicas", "ingress_replicas"):
@@ -104,9 +84,7 @@ class FleetSettings:
             )
         self._check_routing()
         self._check_stale_after()
-        if not isinstance(self.own_listener, bool):
-            raise ValueError(f"own_listener {self.own_listener!r} is invalid; expected a bool")
-        check_fleet_config(self.serve, self.own_listener)
+        check_fleet_config(self.serve)
 
     @property
     def stale_bound_s(self) -> float:
@@ -166,33 +144,12 @@ class FleetSettings:
             )
 
 
-def proxy_http_options(config: ServeConfig) -> dict[str, Any]:
-    """Ray Serve's ``http_options`` for a fleet whose proxy listens (``own_listener`` False):
-    where it listens, and the one listener bound of ``serve`` it has an option for,
-    ``keep_alive_timeout_s`` (Ray's own default is 90 s; the key is refused but at its default
-    there, so this is serve's 5 s)."""
-    return {
-        "host": config.host,
-        "port": config.port,
-        "keep_alive_timeout_s": config.keep_alive_timeout_s,
-    }
-
-
-def check_fleet_config(config: ServeConfig, own_listener: bool = False) -> None:
-    """Refuses ``serve`` keys a fleet would not read (set to anything but their default): the
-    listener's too unless the ingress runs its own (``own_listener``)."""
+def check_fleet_config(config: ServeConfig) -> None:
+    """Refuses ``serve`` keys a fleet would not read (set to anything but their default)."""
     defaults = ServeConfig(data_dir=config.data_dir)
     for name in NOT_IN_FLEET:
         if getattr(config, name) != getattr(defaults, name):
             raise ValueError(
                 f"config key {name} is not used by a fleet (each engine replica runs its engine "
-                "in its own process; the ingress listens on one address); remove it"
-            )
-    if own_listener:
-        return
-    for name in LISTENER_KEYS:
-        if getattr(config, name) != getattr(defaults, name):
-            raise ValueError(
-                f"config key {name} is not used by a fleet behind Ray Serve's HTTP proxy (the "
-                "proxy listens; `loraplex fleet up` runs loraplex's own listener); remove it"
+                "in its own process); remove it"
             )

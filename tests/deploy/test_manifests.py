@@ -300,6 +300,15 @@ def test_ray_is_rendered_only_when_asked_with_its_note() -> None:
     [head] = cluster["headGroupSpec"]["template"]["spec"]["containers"]
     assert worker["resources"]["limits"]["nvidia.com/gpu"] == "1"
     assert "nvidia.com/gpu" not in head["resources"]["limits"]
-    assert port_number(head, "serve") == serve_config["http_options"]["port"]
-    # Ray's proxy closes idle connections as loraplex serve does, not after Ray's 90 s
-    assert serve_config["http_options"]["keep_alive_timeout_s"] == 5
+    # no Ray proxy: the ingress listens itself (loraplex's listener) on the head's serve port,
+    # where KubeRay's Service points; every listener bound of serve holds there
+    assert serve_config["proxy_location"] == "Disabled" and "http_options" not in serve_config
+    assert port_number(head, "serve") == application["args"]["port"]
+    assert application["args"]["host"] == "0.0.0.0"
+    # /admin and /metrics on the admin socket of the same listener, as in the Deployment path
+    assert port_number(head, "admin") == application["args"]["admin_port"] == 8001
+    # workers carry a readiness probe of their own (the raylet's), so KubeRay adds none on the
+    # serve port, where no worker listens
+    probe = worker["readinessProbe"]["httpGet"]
+    assert (probe["path"], probe["port"]) == ("/api/local_raylet_healthz", 52365)
+    assert "readinessProbe" not in head

@@ -26,6 +26,7 @@ BASE: dict[str, Any] = {"image": "ghcr.io/acme/loraplex:1.0", "store": "s3://ada
         ({"admin_port": 70000}, "admin_port"),
         ({"port": 8001}, "admin_port"),  # the same as the default admin port
         ({"port": 6379, "ray": True}, "port"),  # Ray's own port on the head
+        ({"admin_port": 8265, "ray": True}, "admin_port"),  # the ingress's admin socket too
         ({"name": "Loraplex"}, "name"),
         ({"name": "1st"}, "name"),  # a Service name starts with a letter
         ({"name": "a" * 41}, "name"),

@@ -10,6 +10,14 @@ pytest.importorskip("ray")
 
 from loraplex.demo.assets import DemoAssets
 from loraplex.fleet.app import settings_from_args
+from loraplex.fleet.deployments import (
+    HEAD_NODE_RESOURCE,
+    NODE_ID_LABEL,
+    FleetListenerImpl,
+    build_app,
+)
+from loraplex.fleet.settings import FleetSettings
+from loraplex.serve.config import ServeConfig
 
 
 def test_args_and_environment_make_the_settings(demo_assets: DemoAssets, tmp_path: Path) -> None:
@@ -34,6 +42,21 @@ def test_an_unknown_arg_is_refused_by_name(tmp_path: Path) -> None:
 def test_a_serve_key_the_fleet_cannot_honour_is_refused(
     demo_assets: DemoAssets, tmp_path: Path
 ) -> None:
-    args = {"model": str(demo_assets.base_model_dir), "admin_port": 9000, "demo": False}
-    with pytest.raises(ValueError, match="admin_port"):
+    args = {"model": str(demo_assets.base_model_dir), "engine_process": False, "demo": False}
+    with pytest.raises(ValueError, match="engine_process"):
         settings_from_args(args, {"LORAPLEX_DATA_DIR": str(tmp_path)})
+
+
+def test_the_ingress_listens_itself_on_the_head_node_or_the_node_given(tmp_path: Path) -> None:
+    """The builder's application (``serve run``, a RayService) places the listening ingress on
+    the Ray head (where KubeRay's Service points); ``fleet up`` on its own node."""
+    from ray._common.constants import HEAD_NODE_RESOURCE_NAME
+
+    assert HEAD_NODE_RESOURCE == HEAD_NODE_RESOURCE_NAME  # Ray's name for it has not moved
+    settings = FleetSettings(serve=ServeConfig(data_dir=tmp_path), model_dir=tmp_path)
+    ingress = build_app(settings)._bound_deployment
+    assert ingress.func_or_class is FleetListenerImpl
+    assert ingress.ray_actor_options["resources"] == {HEAD_NODE_RESOURCE: 0.001}
+    assert "label_selector" not in ingress.ray_actor_options
+    pinned = build_app(settings, ingress_node="abc")._bound_deployment.ray_actor_options
+    assert pinned["label_selector"] == {NODE_ID_LABEL: "abc"} and "resources" not in pinned

@@ -74,9 +74,7 @@ def fleet(
             torch_threads=1, auto_warm=False, **GATE,
         )  # fmt: skip
         prepared = control.prepare(config)
-        settings = FleetSettings(
-            serve=config, model_dir=prepared.model_dir, engine_replicas=1, own_listener=True
-        )
+        settings = FleetSettings(serve=config, model_dir=prepared.model_dir, engine_replicas=1)
         control.deploy(settings)
         url = control.base_url(config)
         control.wait_ready(url, WAIT_S)

@@ -1,19 +1,20 @@
-"""The fleet end to end: a real Ray cluster (local, in this process), the Serve application with
-two engine replicas and the ingress, reached over HTTP as a tenant would.
+"""The fleet end to end: a real Ray cluster (local, in this process), the Serve application with two
+engine replicas and the ingress, reached over HTTP as a tenant would.
 
 Run twice: the registry on SQLite with a local artifact store (one host), and on the machine's
 PostgreSQL with moto's S3 server (what replicas on several hosts share); the tests whose subject
 does not depend on the registry's backend (ONE_REGISTRY) run on the first only.
 
 Covers: the ingress's own listener holding serve's connection bounds (head deadline, head size,
-connections per address, idle keep-alive); streaming through the ingress; tenant isolation; a
-release that reaches both replicas (pinned in both GPU slot pools) before its canary starts and
-the alias moves; a killed replica's queued requests completing on the other replica, and the
-replica's replacement rejoining; a replica whose whole process is frozen (SIGSTOP) leaving the
-rotation and rejoining it (SIGCONT); a traced request: one trace in a real OTLP/HTTP receiver
-holds the ingress's spans and the replica's engine stages, the replica named (every request is
-sampled: a fleet of its own cost a Ray Serve deployment and shutdown, 30 s on a loaded 2-core
-machine).
+connections per address, idle keep-alive) and splitting the routes between the API and the admin
+socket (``admin_port``: every admin call here goes to the admin socket); streaming through the
+ingress; tenant isolation; a release that reaches both replicas (pinned in both GPU slot pools)
+before its canary starts and the alias moves; a killed replica's queued requests completing on the
+other replica, and the replica's replacement rejoining; a replica whose whole process is frozen
+(SIGSTOP) leaving the rotation and rejoining it (SIGCONT); a traced request: one trace in a real
+OTLP/HTTP receiver holds the ingress's spans and the replica's engine stages, the replica named
+(every request is sampled: a fleet of its own cost a Ray Serve deployment and shutdown, 30 s on a
+loaded 2-core machine).
 """
 
 from __future__ import annotations
@@ -57,7 +58,8 @@ WAIT_S = 180.0
 
 @dataclass(frozen=True)
 class Fleet:
-    url: str
+    url: str  # the API socket
+    admin_url: str  # the admin socket (admin_port)
     admin_key: str
     keys: dict[str, str]
     assets: DemoAssets
@@ -65,7 +67,7 @@ class Fleet:
 
     def admin(self) -> httpx.Client:
         headers = {"Authorization": f"Bearer {self.admin_key}"}
-        return httpx.Client(base_url=self.url, headers=headers, timeout=60)
+        return httpx.Client(base_url=self.admin_url, headers=headers, timeout=60)
 
     def tenant(self, name: str) -> httpx.Client:
         headers = {"Authorization": f"Bearer {self.keys[name]}"}
@@ -150,18 +152,20 @@ def fleet(
         # requests that were accepted but had not started). The listener's keys away from their
         # defaults: the ingress's listener must read them (LISTENER below).
         config = ServeConfig(
-            data_dir=data_dir, port=control.free_port(), max_loras=4, max_num_seqs=1,
-            torch_threads=1, auto_warm=False, trace_endpoint=receiver.url,
-            trace_sample_ratio=1.0, **LISTENER, **shared,
+            data_dir=data_dir, port=control.free_port(), admin_port=control.free_port(),
+            max_loras=4, max_num_seqs=1, torch_threads=1, auto_warm=False,
+            trace_endpoint=receiver.url, trace_sample_ratio=1.0, **LISTENER, **shared,
         )  # fmt: skip
         prepared = control.prepare(config)
-        settings = FleetSettings(
-            serve=config, model_dir=prepared.model_dir, engine_replicas=2, own_listener=True
-        )
+        settings = FleetSettings(serve=config, model_dir=prepared.model_dir, engine_replicas=2)
         control.deploy(settings)
         url = control.base_url(config)
+        admin_url = control.admin_url(config)
+        assert admin_url is not None
         control.wait_ready(url, WAIT_S)
-        fleet = Fleet(url, prepared.admin_key, prepared.sample_keys, demo_assets, receiver)
+        fleet = Fleet(
+            url, admin_url, prepared.admin_key, prepared.sample_keys, demo_assets, receiver
+        )
         _wait_replicas(fleet, 2)
         yield fleet
 
@@ -311,6 +315,29 @@ def test_the_listener_holds_the_per_address_connection_cap(fleet: Fleet) -> None
     assert evicted >= 2
 
 
+@ONE_REGISTRY
+def test_the_listener_splits_the_routes_between_the_api_and_the_admin_socket(
+    fleet: Fleet,
+) -> None:
+    admin_auth = {"Authorization": f"Bearer {fleet.admin_key}"}
+    tenant_auth = {"Authorization": f"Bearer {fleet.keys['acme']}"}
+    with httpx.Client(timeout=30) as client:
+        # an admin route, with the admin key, is not on the API socket (the 404 of no route)
+        public_admin = client.get(f"{fleet.url}/admin/fleet", headers=admin_auth)
+        assert public_admin.status_code == 404, public_admin.text
+        assert client.get(f"{fleet.url}/metrics").status_code == 404
+        assert client.get(f"{fleet.admin_url}/admin/fleet", headers=admin_auth).status_code == 200
+        # a tenant route is not on the admin socket; health and readiness are on both
+        on_admin = client.get(f"{fleet.admin_url}/v1/models", headers=tenant_auth)
+        assert on_admin.status_code == 404, on_admin.text
+        assert client.get(f"{fleet.url}/v1/models", headers=tenant_auth).status_code == 200
+        for base in (fleet.url, fleet.admin_url):
+            assert client.get(f"{base}/ready").status_code == 200
+            # KubeRay's check of the node's Serve endpoint (Ray's proxy answered it before)
+            healthz = client.get(f"{base}/-/healthz")
+            assert (healthz.status_code, healthz.text) == (200, "success")
+
+
 def test_a_tenant_sees_and_uses_only_its_own_adapters(fleet: Fleet) -> None:
     with fleet.tenant("globex") as other:
         refused = _complete(other)  # acme's alias, asked by globex
@@ -400,8 +427,8 @@ def test_the_ingress_keeps_the_live_pages_history(fleet: Fleet) -> None:
                 break
             time.sleep(1)
         assert admin.get("/admin/fleet/history").status_code == 200
-    with fleet.tenant("acme") as api:
-        assert api.get("/admin/fleet/history").status_code == 401
+    with fleet.tenant("acme") as api:  # on the admin socket a tenant key is still no admin
+        assert api.get(f"{fleet.admin_url}/admin/fleet/history").status_code == 401
     assert "acme/support@r1" in top, body["window"]
     sample = body["samples"][-1]
     assert len(sample["fleet"]["replicas"]) >= 2

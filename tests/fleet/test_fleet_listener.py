@@ -83,3 +83,50 @@ def test_a_taken_port_fails_the_start(tmp_path: Path) -> None:
         port = taken.getsockname()[1]
         with pytest.raises(OSError):
             IngressListener(ServeConfig(data_dir=tmp_path, port=port), _server())
+
+
+def test_an_admin_port_splits_the_routes_and_healthz_answers_on_both(tmp_path: Path) -> None:
+    """With ``admin_port`` the listener binds the admin socket too and splits the routes as
+    ``serve`` does; KubeRay's ``/-/healthz`` answers ahead of the app on both sockets."""
+    config = ServeConfig(data_dir=tmp_path, port=_free_port(), admin_port=_free_port())
+    running = IngressListener(config, _server())
+    try:
+        public, admin = running.address, running.admin_address
+        assert admin is not None and admin[1] == config.admin_port
+        get = b"GET %s HTTP/1.1\r\nHost: x\r\n\r\n"
+        assert _ask(public, get % b"/admin/fleet").startswith(b"HTTP/1.1 404 ")
+        assert _ask(admin, get % b"/admin/fleet").startswith(b"HTTP/1.1 200 ")
+        assert _ask(admin, get % b"/v1/models").startswith(b"HTTP/1.1 404 ")
+        assert _ask(public, get % b"/v1/models").startswith(b"HTTP/1.1 200 ")
+        for address in (public, admin):
+            answer = _ask(address, get % b"/-/healthz")
+            assert answer.startswith(b"HTTP/1.1 200 ") and answer.endswith(b"success"), answer
+    finally:
+        running.stop()
+    for port in (config.port, config.admin_port):
+        with socket.create_server(("127.0.0.1", port)):  # both ports are free again
+            pass
+
+
+def test_without_an_admin_port_there_is_no_admin_socket(listener: Any) -> None:
+    running, _ = listener
+    assert running.admin_address is None
+    body = _ask(running.address, b"GET /-/healthz HTTP/1.1\r\nHost: x\r\n\r\n")
+    assert body.startswith(b"HTTP/1.1 200 ") and body.endswith(b"success")
+    # only GET and HEAD are the health check; anything else is the app's
+    with socket.create_connection(running.address, timeout=5) as sock:
+        sock.sendall(b"POST /-/healthz HTTP/1.1\r\nHost: x\r\nContent-Length: 0\r\n\r\n")
+        posted = b""
+        while b"hello" not in posted and b"success" not in posted:  # a timeout fails
+            posted += sock.recv(65536)
+    assert b"hello" in posted, posted
+
+
+def test_a_taken_admin_port_fails_the_start_and_frees_the_api_port(tmp_path: Path) -> None:
+    with socket.create_server(("127.0.0.1", 0)) as taken:
+        config = ServeConfig(data_dir=tmp_path, port=_free_port(),
+                             admin_port=taken.getsockname()[1])  # fmt: skip
+        with pytest.raises(OSError):
+            IngressListener(config, _server())
+    with socket.create_server(("127.0.0.1", config.port)):
+        pass

@@ -16,7 +16,6 @@ from loraplex.cli.fleet import default_threads_per_replica, fleet_file_values
 from loraplex.fleet import control
 from loraplex.fleet.settings import (
     FLEET_KEYS,
-    LISTENER_KEYS,
     MAX_REPORT_PERIOD_S,
     NOT_IN_FLEET,
     FleetSettings,
@@ -79,42 +78,13 @@ def test_bad_settings_are_refused_naming_the_field(
 
 
 def test_every_key_a_fleet_refuses_is_a_serve_key() -> None:
-    assert set(NOT_IN_FLEET) | set(LISTENER_KEYS) <= {f.name for f in fields(ServeConfig)}
-
-
-def test_the_listener_keys_are_what_the_listener_is_built_from(tmp_path: Path) -> None:
-    """Every key ``connection_limits`` reads (the limits of serve's listener and the fleet's
-    own) is a LISTENER_KEYS key: one set away from its default changes the limits."""
-    from loraplex.cli.serve_start import connection_limits
-
-    defaults = connection_limits(ServeConfig(data_dir=tmp_path))
-    changed = {
-        "header_read_timeout_s": 3.0, "keep_alive_timeout_s": 9, "max_connections": 100,
-        "max_header_bytes": 4096, "max_unauthenticated_connections": 7,
-        "max_connections_per_address": 9, "accepts_per_s_per_address": 9,
-        "write_timeout_s": 3.0, "send_buffer_bytes": 1 << 20,
-    }  # fmt: skip
-    assert set(changed) == set(LISTENER_KEYS)
-    for name, value in changed.items():
-        limits = connection_limits(ServeConfig(data_dir=tmp_path, **{name: value}))
-        assert limits != defaults, name
+    assert set(NOT_IN_FLEET) <= {f.name for f in fields(ServeConfig)}
 
 
 @pytest.mark.parametrize(
     ("name", "values"),
     [
-        ("admin_port", {"admin_port": 9001}),
-        ("admin_port", {"admin_port": 9001, "admin_host": "0.0.0.0"}),
         ("engine_process", {"engine_process": False}),
-        ("header_read_timeout_s", {"header_read_timeout_s": 20.0}),
-        ("keep_alive_timeout_s", {"keep_alive_timeout_s": 9}),
-        ("max_connections", {"max_connections": 10}),
-        ("max_header_bytes", {"max_header_bytes": 1 << 12}),
-        ("max_unauthenticated_connections", {"max_unauthenticated_connections": 3}),
-        ("max_connections_per_address", {"max_connections_per_address": 3}),
-        ("accepts_per_s_per_address", {"accepts_per_s_per_address": 3}),
-        ("write_timeout_s", {"write_timeout_s": 3.0}),
-        ("send_buffer_bytes", {"send_buffer_bytes": 1 << 20}),
         ("stream_pause_bytes", {"stream_pause_bytes": 1 << 12}),
         ("max_stream_resumes", {"max_stream_resumes": 3}),
         ("max_paused_kv_fraction", {"max_paused_kv_fraction": 0.5}),
@@ -134,25 +104,25 @@ def test_serve_keys_a_fleet_reads_pass(tmp_path: Path) -> None:
     check_fleet_config(ServeConfig(data_dir=tmp_path, port=9000, max_loras=4, torch_threads=2))
 
 
-def test_the_listener_keys_pass_when_the_ingress_listens_itself(tmp_path: Path) -> None:
+def test_the_listener_and_admin_socket_keys_pass(tmp_path: Path) -> None:
+    """The ingress listens with serve's listener (``fleet/listener.py``): every key of it, and
+    the admin socket's, is read in a fleet as in ``serve``."""
     values = {"header_read_timeout_s": 3.0, "max_connections_per_address": 9,
-              "keep_alive_timeout_s": 9, "write_timeout_s": 3.0}  # fmt: skip
+              "keep_alive_timeout_s": 9, "write_timeout_s": 3.0, "max_connections": 100,
+              "max_header_bytes": 4096, "max_unauthenticated_connections": 7,
+              "accepts_per_s_per_address": 9, "send_buffer_bytes": 1 << 20,
+              "admin_port": 9001, "admin_host": "127.0.0.1"}  # fmt: skip
     config = ServeConfig(data_dir=tmp_path, **values)
-    check_fleet_config(config, own_listener=True)
-    settings = FleetSettings(serve=config, model_dir=tmp_path, own_listener=True)
-    assert settings.serve.header_read_timeout_s == 3.0
-    with pytest.raises(ValueError, match="config key admin_port is not used by a fleet"):
-        check_fleet_config(ServeConfig(data_dir=tmp_path, admin_port=9001), own_listener=True)
-    with pytest.raises(ValueError, match="own_listener 1 is invalid; expected a bool"):
-        FleetSettings(serve=config, model_dir=tmp_path, own_listener=1)  # type: ignore[arg-type]
+    check_fleet_config(config)
+    settings = FleetSettings(serve=config, model_dir=tmp_path)
+    assert settings.serve.header_read_timeout_s == 3.0 and settings.serve.admin_port == 9001
 
 
 def test_fleet_keys_are_the_settings_a_user_sets() -> None:
     """``FLEET_KEYS`` (the ``[fleet]`` table, ``fleet.app:build``'s args) names every field of
     FleetSettings but those set another way (serve's configuration, the model it prepares, the
-    one ingress, who listens: the command that deploys says); ``replicas`` sets
-    ``engine_replicas``."""
-    filled_in = {"serve", "model_dir", "ingress_replicas", "own_listener"}
+    one ingress); ``replicas`` sets ``engine_replicas``."""
+    filled_in = {"serve", "model_dir", "ingress_replicas"}
     settable = {f.name for f in fields(FleetSettings)} - filled_in
     assert set(FLEET_KEYS) == settable - {"engine_replicas"} | {"replicas"}
     assert len(FLEET_KEYS) == len(set(FLEET_KEYS))
@@ -258,7 +228,6 @@ def test_up_takes_the_fleet_table_and_flags_over_it(
     assert settings.stale_bound_s == 2.5
     assert settings.serve.max_loras == 4 and settings.serve.torch_threads == 2  # 8 cores / 4
     assert settings.model_dir == fake_control.model_dir
-    assert settings.own_listener  # fleet up runs loraplex's listener, not Ray Serve's proxy
     assert "4 engine replicas on a local Ray head it started" in result.output
 
 

@@ -1,7 +1,7 @@
-"""What ``fleet up`` does before and after Ray: a port another fleet holds is refused before any
-key is issued (Ray's proxy sets SO_REUSEPORT, so a second fleet used to bind it too and get half
-its connections), keys issued for a fleet that then failed are still printed, and an unusable
-data directory is one line, not a traceback."""
+"""What ``fleet up`` does before and after Ray: a port another fleet holds (the API's or the admin
+socket's) is refused before any key is issued (Ray's proxy sets SO_REUSEPORT, so a second fleet used
+to bind it too and get half its connections), keys issued for a fleet that then failed are still
+printed, and an unusable data directory is one line, not a traceback."""
 
 from __future__ import annotations
 
@@ -71,6 +71,18 @@ def test_a_port_another_fleet_holds_is_refused_before_keys_are_issued(
     result = _up(tmp_path / "data", "--port", str(reuseport_listener))
     assert result.exit_code == 1, result.output
     assert f"cannot listen on 127.0.0.1:{reuseport_listener}" in result.output
+    assert recorder.prepared == [] and recorder.started == []
+
+
+def test_an_admin_port_held_is_refused_before_keys_are_issued(
+    tmp_path: Path, recorder: Recorder, reuseport_listener: int
+) -> None:
+    """The ingress's listener binds the admin socket too (``admin_port``), as ``serve`` does."""
+    config = tmp_path / "fleet.toml"
+    config.write_text(f"[serve]\nadmin_port = {reuseport_listener}\n")
+    result = _up(tmp_path / "data", "--port", "0", "--config", str(config))
+    assert result.exit_code == 1, result.output
+    assert f"and admin port {reuseport_listener}" in result.output
     assert recorder.prepared == [] and recorder.started == []
 
 

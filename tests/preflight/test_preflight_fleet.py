@@ -1,6 +1,7 @@
-"""``loraplex preflight`` against a fleet: two engine replicas behind the Ray Serve ingress on a
-local Ray cluster (started as ``tests/fleet/test_fleet_e2e.py`` does), on ``fleet up``'s
-defaults: no tenant configured, nothing set through the admin API."""
+"""``loraplex preflight`` against a fleet: two engine replicas behind the ingress on a local Ray
+cluster (started as ``tests/fleet/test_fleet_e2e.py`` does), deployed as ``fleet up`` deploys
+(``control.deploy``: the ingress on loraplex's own listener, no Ray Serve proxy), on ``fleet
+up``'s defaults: no tenant configured, nothing set through the admin API."""
 
 from __future__ import annotations
 

@@ -72,7 +72,7 @@ class FleetTarget:
     """Where the runs go: the prepared registry, the ingress URL, a scratch directory."""
 
     registry: Fleet  # every trace adapter, keys, the admin key
-    url: str  # the ingress (Serve's HTTP proxy)
+    url: str  # the ingress (its own listener, fleet/listener.py)
     port: int  # its port
     root: Path  # per-run data directories go under it
 

@@ -4,9 +4,10 @@ deployment of the fleet per policy run, and the counters read back at the end of
 The cluster is ``ray.init(address="local")`` in this process: it belongs to this process alone
 (another Ray on the machine is neither joined nor stopped), its GCS takes a free port the OS
 picks (never Redis's 6379; outside Ray's worker range 10002-19999), it requires a token kept in
-its own temporary directory (never Ray's default ``~/.ray``), and Serve's HTTP proxy listens on
-127.0.0.1. ``ray.shutdown()`` in ``finally`` stops
-every process it started.
+its own temporary directory (never Ray's default ``~/.ray``), and Serve runs no HTTP proxy: each
+deployment's ingress listens on 127.0.0.1 with loraplex's own listener, as under ``fleet up``
+(``fleet/listener.py``), so the bench measures the path users get. ``ray.shutdown()`` in
+``finally`` stops every process it started.
 """
 
 from __future__ import annotations
@@ -25,6 +26,7 @@ import httpx
 
 from loraplex.bench.fleet.report import ReplicaCounters, counters_of
 from loraplex.fleet.settings import APP_NAME, FleetSettings
+from loraplex.serve.config import ServeConfig
 
 RAY_NAMESPACE = "loraplex-bench-fleet"
 READY_TIMEOUT_S = 300.0  # a deployment's replicas must all report within this
@@ -34,12 +36,14 @@ SETTLE_TIMEOUT_S = 30.0  # the replicas must push their counters within this aft
 # ended (the status is computed just before the push; the read itself takes a moment).
 SETTLE_MARGIN_S = 0.5
 POLL_S = 0.25
+RELEASE_TIMEOUT_S = 30.0  # a deleted deployment's ingress must free its port within this
 
 
 @contextmanager
 def local_cluster(num_cpus: int) -> Iterator[int]:
-    """A Ray cluster of this process with Serve's HTTP proxy on a free 127.0.0.1 port; yields
-    that port. Stopped (every process it started) when the block ends."""
+    """A Ray cluster of this process with Ray Serve started (no HTTP proxy); yields a free
+    127.0.0.1 port for the deployments' ingress. Stopped (every process it started) when the
+    block ends."""
     # NOTE: Ray's driver prints the cluster's error messages to sys.stdout (at shutdown: "the
     # actor is dead because it was killed by ray.kill"), where only the JSON line belongs.
     with redirect_stdout(sys.stderr):
@@ -72,9 +76,8 @@ def _ray_cluster(num_cpus: int) -> Iterator[int]:
             log_to_driver=False,
             _temp_dir=str(temp),
         )
-        port = free_port()
-        serve.start(http_options={"host": "127.0.0.1", "port": port})
-        yield port
+        serve.start(proxy_location="Disabled")
+        yield free_port()
     finally:
         with suppress(Exception):  # the cluster may not have started
             serve.shutdown()
@@ -99,6 +102,23 @@ def deployed(settings: FleetSettings, url: str, admin_key: str) -> Iterator[None
         yield
     finally:
         serve.delete(APP_NAME)
+        wait_released(settings.serve, RELEASE_TIMEOUT_S)
+
+
+def wait_released(config: ServeConfig, timeout_s: float) -> None:
+    """Returns once the deleted ingress's listener let go of ``config.host:port`` (the next
+    deployment binds it again; its replica's process may outlive ``serve.delete`` briefly)."""
+    from loraplex.fleet.control import check_listen
+
+    deadline = time.monotonic() + timeout_s
+    while True:
+        try:
+            check_listen(config)
+            return
+        except RuntimeError:
+            if time.monotonic() > deadline:
+                raise
+        time.sleep(POLL_S)
 
 
 def fleet_state(url: str, admin_key: str) -> dict[str, Any]:
