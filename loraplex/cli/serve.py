@@ -24,7 +24,6 @@ from loraplex.cli.serve_start import (
     assemble,
     bind_sockets,
     check_fds,
-    connection_limits,
     default_torch_threads,
     discard_child,
     freeze_startup_objects,
@@ -38,10 +37,9 @@ from loraplex.residency.policy import DEFAULT_POLICY, policy_names
 if TYPE_CHECKING:
     from loraplex.serve.config import ServeConfig
 
-# connection_limits, default_torch_threads and freeze_startup_objects: this module's names before
-# the start-up steps moved to ``serve_start.py``
+# default_torch_threads and freeze_startup_objects: this module's names before the start-up steps
+# moved to ``serve_start.py``
 __all__ = [
-    "connection_limits",
     "default_torch_threads",
     "freeze_startup_objects",
     "register",

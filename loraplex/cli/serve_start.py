@@ -22,7 +22,6 @@ if TYPE_CHECKING:
     from loraplex.engine.transport.process_link import ChildLink
     from loraplex.serve.config import ServeConfig
     from loraplex.serve.front import Server
-    from loraplex.server.listeners import ConnectionLimits
 
 
 def check_fds(settings: ServeConfig) -> None:
@@ -91,6 +90,7 @@ def listen(
     """Serves on ``sockets`` until stopped, or until the engine's first start fails."""
     import uvicorn
 
+    from loraplex.serve.front import connection_limits
     from loraplex.server.listeners import ListenerConfig, guarded
 
     # The app has no startup/shutdown hooks: resources are built before and closed after.
@@ -119,22 +119,6 @@ def _stop_if_engine_fails(
         typer.echo(f"error: the engine did not start: {exc}", err=True)
         failed.set()
         listener.should_exit = True
-
-
-def connection_limits(settings: ServeConfig) -> ConnectionLimits:
-    from loraplex.server.listeners import ConnectionLimits
-
-    return ConnectionLimits(
-        header_read_timeout_s=settings.header_read_timeout_s,
-        keep_alive_timeout_s=settings.keep_alive_timeout_s,
-        max_connections=settings.max_connections,
-        max_header_bytes=settings.max_header_bytes,
-        max_unauthenticated_connections=settings.max_unauthenticated_connections,
-        max_connections_per_address=settings.max_connections_per_address,
-        accepts_per_s_per_address=settings.accepts_per_s_per_address,
-        write_timeout_s=settings.write_timeout_s,
-        send_buffer_bytes=settings.send_buffer_bytes,
-    )
 
 
 def freeze_startup_objects() -> None:

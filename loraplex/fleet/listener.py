@@ -3,7 +3,7 @@ ingress replica in its process, so every connection bound of ``serve`` holds in 
 
 ``IngressListener`` binds ``serve.host:serve.port`` (as ``serve`` binds: no SO_REUSEPORT, so a
 second fleet on the port fails instead of sharing it) and serves the ingress's app with the same
-``ListenerConfig`` and ``ConnectionLimits`` as ``serve`` (``cli/serve_start.connection_limits``,
+``ListenerConfig`` and ``ConnectionLimits`` as ``serve`` (``serve/front.connection_limits``,
 from the same ``ServeConfig`` keys): head deadline and size, connection gate and tarpit, idle
 keep-alive, write timeout, send buffer, half-close. uvicorn runs on a thread of its own with its
 own event loop: Ray Serve's handles (the engine deployment, the board) are awaitable from any
@@ -29,9 +29,8 @@ from typing import Any
 import uvicorn
 from starlette.types import Receive, Scope, Send
 
-from loraplex.cli.serve_start import connection_limits
 from loraplex.serve.config import ServeConfig
-from loraplex.serve.front import Server
+from loraplex.serve.front import Server, connection_limits
 from loraplex.server.listeners import ListenerConfig, bind_all, guarded
 
 START_TIMEOUT_S = 30.0  # uvicorn must be serving this long after the thread started

@@ -42,6 +42,7 @@ from loraplex.server.cache_control import CacheControl
 from loraplex.server.chat import ChatTemplate
 from loraplex.server.deps import ServerConfig, ServerDeps
 from loraplex.server.history import HistorySampler
+from loraplex.server.listeners import ConnectionLimits
 from loraplex.server.pin_owners import OwnedPins
 
 if TYPE_CHECKING:
@@ -177,3 +178,19 @@ def build_front(
     server.history = HistorySampler(server.app.state.history, MonotonicClock())
     server.history.start()
     return server
+
+
+def connection_limits(settings: ServeConfig) -> ConnectionLimits:
+    """The listener's connection bounds from ``settings``: ``loraplex serve``'s listener and a
+    fleet ingress's (``fleet/listener.py``) read the same keys."""
+    return ConnectionLimits(
+        header_read_timeout_s=settings.header_read_timeout_s,
+        keep_alive_timeout_s=settings.keep_alive_timeout_s,
+        max_connections=settings.max_connections,
+        max_header_bytes=settings.max_header_bytes,
+        max_unauthenticated_connections=settings.max_unauthenticated_connections,
+        max_connections_per_address=settings.max_connections_per_address,
+        accepts_per_s_per_address=settings.accepts_per_s_per_address,
+        write_timeout_s=settings.write_timeout_s,
+        send_buffer_bytes=settings.send_buffer_bytes,
+    )

@@ -26,6 +26,7 @@ from typer.testing import CliRunner
 from loraplex.cli import app as cli_app
 from loraplex.cli import serve as serve_cli
 from loraplex.serve.config import ServeConfig
+from loraplex.serve.front import connection_limits
 from loraplex.server.app import create_app
 from loraplex.server.deps import ServerConfig
 from loraplex.server.listeners import ConnectionLimits
@@ -362,7 +363,7 @@ def test_serve_flags_reach_the_limits(tmp_path: Path, monkeypatch: pytest.Monkey
         11, 12, 13
     )  # fmt: skip
     assert (settings.body_read_timeout_s, settings.upload_read_timeout_s) == (14, 15)
-    assert serve_cli.connection_limits(settings) == ConnectionLimits(
+    assert connection_limits(settings) == ConnectionLimits(
         16, 17, 18, 19, max_unauthenticated_connections=5, max_connections_per_address=6,
         accepts_per_s_per_address=7, write_timeout_s=8,
     )  # fmt: skip
