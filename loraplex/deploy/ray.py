@@ -21,6 +21,7 @@ RayCluster spec whose ``headGroupSpec`` needs ``rayStartParams`` and ``template`
 from __future__ import annotations
 
 import json
+from typing import Any
 
 from loraplex.deploy.replica import Manifest, metadata, pod_resources, registry_env
 from loraplex.deploy.spec import RAY_CLIENT_PORT, RAY_DASHBOARD_PORT, RAY_GCS_PORT, K8sSpec
@@ -51,11 +52,12 @@ def ray_manifests(spec: K8sSpec) -> list[Manifest]:
     ]
 
 
-def serve_application_args(spec: K8sSpec) -> dict[str, str | int]:
+def serve_application_args(spec: K8sSpec) -> dict[str, Any]:
     """What the builder receives; credentials stay in the pods' environment. The ingress listens
     on every interface of the head pod: the API on its ``serve`` port, ``/admin`` and
-    ``/metrics`` on its ``admin`` port (as ``serve --admin-port`` in the Deployment path)."""
-    args: dict[str, str | int] = {
+    ``/metrics`` on its ``admin`` port (as ``serve --admin-port`` in the Deployment path).
+    ``--serve-config``'s keys come first (checked by the spec; none is one set here)."""
+    args: dict[str, Any] = dict(spec.serve_config) | {
         "host": "0.0.0.0",
         "port": spec.port,
         "admin_port": spec.admin_port,

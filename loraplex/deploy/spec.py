@@ -15,6 +15,7 @@ from typing import Any
 from urllib.parse import parse_qs, urlsplit
 
 from loraplex.deploy.serve_file import ServeFileError, check_serve_values
+from loraplex.serve.config.keys import NOT_IN_FLEET
 
 # Derived names add at most this suffix ("-epp-config"), and a Service name is a DNS label (63).
 MAX_NAME_CHARS = 40
@@ -91,6 +92,12 @@ class K8sSpec:
             check_serve_values(self.serve_config, self.max_loras)
         except ServeFileError as exc:
             raise SpecError("serve_config", str(exc)) from exc
+        unread = sorted(set(self.serve_config) & set(NOT_IN_FLEET)) if self.ray else []
+        if unread:  # a RayService is a fleet: each engine replica runs its engine in its process
+            raise SpecError(
+                "serve_config",
+                f"serve config key {unread[0]!r} is not used by a fleet (ray); remove it",
+            )
 
     @property
     def secret_name(self) -> str:

@@ -18,6 +18,7 @@ from loraplex.router.config import RouterConfig
 from loraplex.router.router import DEFAULT_POLICY, policy_names
 from loraplex.router.topology import TopologyConfig
 from loraplex.serve.config import ServeConfig
+from loraplex.serve.config.keys import NOT_IN_FLEET
 
 APP_NAME = "loraplex"  # the Serve application
 DEFAULT_REPORT_PERIOD_S = 0.5  # replicas' routing stats period (the issue asks for <= 1 s)
@@ -28,17 +29,6 @@ MAX_REPORT_PERIOD_S = 1.0
 STALE_REPORT_PERIODS = 6
 MIN_STALE_REPORT_PERIODS = 2  # a tighter bound would take healthy replicas out between reports
 MAX_STALE_AFTER_S = 60.0  # the board forgets a replica silent this long (``board.FORGET_AFTER_S``)
-# ServeConfig keys a fleet does not read: the engine runs in each replica's own process (and the
-# ingress cannot pause a replica's request: ``stream_pause_bytes``, ``max_stream_resumes`` and
-# ``max_paused_kv_fraction``, ``fleet/engine_client.py``).
-NOT_IN_FLEET = (
-    "engine_process",
-    "engine_hung_kill_after_s",
-    "engine_unresponsive_after_s",
-    "stream_pause_bytes",
-    "max_stream_resumes",
-    "max_paused_kv_fraction",
-)
 # The fleet's own keys, as a user writes them: a ``[fleet]`` table of ``fleet up --config`` and
 # the ``args`` of ``loraplex.fleet.app:build`` (next to serve's keys). Each names the
 # FleetSettings field it sets, but ``replicas`` (``engine_replicas``); a test keeps the two true.

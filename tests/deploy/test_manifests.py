@@ -312,3 +312,12 @@ def test_ray_is_rendered_only_when_asked_with_its_note() -> None:
     probe = worker["readinessProbe"]["httpGet"]
     assert (probe["path"], probe["port"]) == ("/api/local_raylet_healthz", 52365)
     assert "readinessProbe" not in head
+
+
+def test_ray_passes_the_serve_config_keys_to_the_builder() -> None:
+    # with --serve-config the RayService's builder gets the keys (settings_from_args reads them
+    # as serve keys); before, the Ray path dropped them without a word
+    values = {"max_num_seqs": 16, "policy": "lru", "num_kv_blocks": 2048}
+    [service] = docs(K8sSpec(**BASE, ray=True, serve_config=values))
+    [application] = yaml.safe_load(service["spec"]["serveConfigV2"])["applications"]
+    assert {key: application["args"][key] for key in values} == values

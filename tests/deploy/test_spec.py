@@ -13,6 +13,7 @@ from hypothesis import strategies as st
 from loraplex.deploy import K8sSpec, SpecError
 from loraplex.deploy.serve_file import RESERVED_SERVE_KEYS, toml_text
 from loraplex.deploy.yaml_text import dump_documents
+from loraplex.serve.config.keys import NOT_IN_FLEET
 
 BASE: dict[str, Any] = {"image": "ghcr.io/acme/loraplex:1.0", "store": "s3://adapters/prod"}
 
@@ -110,3 +111,24 @@ def test_embedded_files_are_literal_blocks_and_odd_keys_quoted() -> None:
     assert "  f.yaml: |\n    a: 1\n    b:\n      - c\n" in text
     assert '"yes": "on"' in text and '"8000": 1' in text
     assert yaml.safe_load(text) == {"data": {"f.yaml": "a: 1\nb:\n  - c\n"}, "yes": "on", "8000": 1}
+
+
+# a valid value off the default for each key a fleet does not read
+DEFAULTS_OFF = {
+    "engine_process": False,
+    "engine_hung_kill_after_s": 120.0,
+    "engine_unresponsive_after_s": 20.0,
+    "stream_pause_bytes": 1 << 20,
+    "max_stream_resumes": 2,
+    "max_paused_kv_fraction": 0.5,
+}
+
+
+def test_keys_a_fleet_does_not_read_are_refused_for_ray_only() -> None:
+    assert set(DEFAULTS_OFF) == set(NOT_IN_FLEET)
+    for key in NOT_IN_FLEET:
+        value = DEFAULTS_OFF[key]
+        K8sSpec(**BASE, serve_config={key: value})  # a Deployment's replicas read it
+        with pytest.raises(SpecError) as caught:
+            K8sSpec(**BASE, ray=True, serve_config={key: value})
+        assert caught.value.field == "serve_config" and repr(key) in str(caught.value)
