@@ -350,9 +350,15 @@ def run_sim_bench(
         sims = simulated(config, workloads, lambda target, trace: whole, registry)
         if interleaved_report is not None:  # the flat errors are the adjacent passes'
             sims, sims_all = simulated(config, workloads, pricing, registry), sims
-            interleaved_report["errors_all_passes"] = flat_errors(
-                {t: compare_target(_medians(reals[t]), sims_all[t], t) for t in config.targets}
-            )
+            by_all = {t: compare_target(_medians(reals[t]), sims_all[t], t) for t in config.targets}
+            interleaved_report["errors_all_passes"] = flat_errors(by_all)
+            interleaved_report["traces_all_passes"] = {
+                t: {
+                    n: {"errors": v["errors"], "ttft_ms": v["sim"]["ttft_ms"]}
+                    for n, v in by["traces"].items()
+                }
+                for t, by in by_all.items()
+            }
     by_target = {t: compare_target(_medians(reals[t]), sims[t], t) for t in config.targets}
     spreads = {t: real_spread(reals[t]) for t in config.targets}
     for t in config.targets:
