@@ -10,13 +10,14 @@ from typing import Any
 import pytest
 from sim_inputs import calibration_measured
 
-from loraplex.bench.sim.bench import SimBenchConfig, interleaved_pricing, run_sim_bench
+from loraplex.bench.sim.bench import SimBenchConfig, run_sim_bench
 from loraplex.bench.sim.calibrate_run import CalibrateConfig
 from loraplex.bench.sim.calibrate_target import Target
 from loraplex.bench.sim.interleaved import (
     CalibrationPass,
     InterleavedCalibration,
     adjacent_passes,
+    interleaved_pricing,
     merged,
     pass_config,
 )

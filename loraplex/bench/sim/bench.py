@@ -18,7 +18,7 @@ import tempfile
 from collections.abc import Callable, Mapping
 from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from loraplex.bench.harness.machine import machine_record
 from loraplex.bench.serve.driver import DriveConfig
@@ -30,6 +30,7 @@ from loraplex.bench.sim.compare import (
     median_outcome,
     real_spread,
 )
+from loraplex.bench.sim.interleaved import InterleavedCalibration, Pricing, interleaved_pricing
 from loraplex.bench.sim.validate import MAX_LORA_RANK, RealSettings
 from loraplex.bench.workloads import (
     ScenarioParams,
@@ -42,9 +43,6 @@ from loraplex.engine.tenant_shares import TenantSettings
 from loraplex.serve.config import ServeConfig
 from loraplex.sim.cost_model import CostModel
 from loraplex.sim.host_speed import HostProbe, probe_ratio
-
-if TYPE_CHECKING:
-    from loraplex.bench.sim.interleaved import InterleavedCalibration
 
 TRACES = ("zipf-longtail", "hot-burst", "cold-storm")
 TARGETS = ("single", "fleet")
@@ -170,9 +168,6 @@ def adapter_sizes(
     return sizes, lora_bytes(spec, 1, BYTES_PER_PARAM, TARGET_MODULES)
 
 
-Pricing = Callable[[str, str], CostModel]  # (target, trace) -> the cost model simulating it
-
-
 def simulated(
     config: SimBenchConfig, workloads: list[Workload], pricing: Pricing, registry: Fleet
 ) -> dict[str, dict[str, Any]]:
@@ -284,29 +279,6 @@ def host_report(calibrated: HostProbe | None, probes: Probes) -> dict[str, Any]:
 
 def _medians(runs: dict[str, list[dict[str, Any]]]) -> dict[str, dict[str, Any]]:
     return {name: median_outcome(outcomes) for name, outcomes in runs.items()}
-
-
-def interleaved_pricing(
-    calibration: InterleavedCalibration, order: list[tuple[str, str]]
-) -> tuple[CostModel, Pricing, dict[str, Any]]:
-    """From the passes run between ``order``'s real runs: the model of all passes' merged
-    samples, each (target, trace) priced by its adjacent passes' (``adjacent_passes``), and the
-    report: the per-pass figures and which passes priced each trace."""
-    from loraplex.bench.sim.interleaved import adjacent_passes
-
-    num = len(calibration.passes)
-    whole, _ = calibration.model_of(range(num))
-    chosen = {
-        pair: adjacent_passes([i for i, run in enumerate(order) if run == pair], num)
-        for pair in dict.fromkeys(order)
-    }
-    models = {pair: calibration.model_of(passes)[0] for pair, passes in chosen.items()}
-    report = {
-        "fraction": calibration.fraction,
-        "passes": calibration.pass_report(),
-        "adjacent": {t: {n: p for (t2, n), p in chosen.items() if t2 == t} for t, _ in chosen},
-    }
-    return whole, lambda target, trace: models[(target, trace)], report
 
 
 def run_sim_bench(

@@ -17,7 +17,7 @@ import json
 import math
 import shutil
 import statistics
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
@@ -28,6 +28,8 @@ from loraplex.bench.sim.calibrate_target import Target
 from loraplex.sim.calibrate import fit_step
 from loraplex.sim.cost_model import CostModel
 from loraplex.sim.host_speed import HostProbe
+
+Pricing = Callable[[str, str], CostModel]  # (target, trace) -> the cost model simulating it
 
 # measured lists a merge concatenates (``calibration.measure``'s keys); ``timings`` and
 # ``timed`` stay paired index by index, as each pass's are
@@ -162,3 +164,24 @@ class InterleavedCalibration:
             total = [p.total_s for p in one.probes]
             out.append({"started": one.started, **pass_figures(model), "probe_total_s": total})
         return out
+
+
+def interleaved_pricing(
+    calibration: InterleavedCalibration, order: list[tuple[str, str]]
+) -> tuple[CostModel, Pricing, dict[str, Any]]:
+    """From the passes run between ``order``'s real runs: the model of all passes' merged
+    samples, each (target, trace) priced by its adjacent passes' (``adjacent_passes``), and the
+    report: the per-pass figures and which passes priced each trace."""
+    num = len(calibration.passes)
+    whole, _ = calibration.model_of(range(num))
+    chosen = {
+        pair: adjacent_passes([i for i, run in enumerate(order) if run == pair], num)
+        for pair in dict.fromkeys(order)
+    }
+    models = {pair: calibration.model_of(passes)[0] for pair, passes in chosen.items()}
+    report = {
+        "fraction": calibration.fraction,
+        "passes": calibration.pass_report(),
+        "adjacent": {t: {n: p for (t2, n), p in chosen.items() if t2 == t} for t, _ in chosen},
+    }
+    return whole, lambda target, trace: models[(target, trace)], report
