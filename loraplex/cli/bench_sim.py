@@ -64,6 +64,14 @@ def bench_sim(
             "in-run calibration's request log) in this new or empty directory."
         ),
     ] = None,
+    calibrate_interleaved: Annotated[
+        int,
+        typer.Option(
+            help="Without --cost-model: run the in-run calibration as short passes of 1/K of its "
+            "samples, one before each real run and one after the last, and price each trace "
+            "from the passes around its runs (0: one calibration first)."
+        ),
+    ] = 0,
     no_scale: Annotated[
         bool, typer.Option("--no-scale", help="Skip the 1M-request scale run.")
     ] = False,
@@ -92,11 +100,16 @@ def bench_sim(
             seed=seed,
             asset_dir=asset_dir,
             logs_dir=logs_dir,
+            calibrate_interleaved=calibrate_interleaved,
         )
         model = load(cost_model) if cost_model is not None else None
     except (ValueError, OSError) as exc:
         raise typer.BadParameter(str(exc)) from exc
-    for flag, given in (("--calibrated-out", calibrated_out), ("--hardware", hardware)):
+    for flag, given in (
+        ("--calibrated-out", calibrated_out),
+        ("--hardware", hardware),
+        ("--calibrate-interleaved", calibrate_interleaved or None),
+    ):
         if model is not None and given is not None:
             raise typer.BadParameter(
                 f"{flag} is for the in-run calibration; with --cost-model there is none",
@@ -112,13 +125,22 @@ def bench_sim(
             _logs_dir_ready(logs_dir)
         except (ValueError, OSError) as exc:
             raise typer.BadParameter(str(exc), param_hint="--logs-dir") from exc
-    if model is None:
+    interleaved = None
+    if calibrate_interleaved:
+        from loraplex.bench.sim.interleaved import InterleavedCalibration
+
+        interleaved = InterleavedCalibration(
+            asset_dir, max_loras, hardware, calibrate_interleaved, logs_dir
+        )
+    elif model is None:
         model = _calibrated(asset_dir, max_loras, hardware, logs_dir)
         if calibrated_out is not None:
             model.save(calibrated_out)
-    result = run_sim_bench(config, model)
+    result = run_sim_bench(config, model, interleaved)
+    if interleaved is not None and calibrated_out is not None:  # all passes' merged samples
+        interleaved.model_of(range(len(interleaved.passes)))[0].save(calibrated_out)
     if not as_json:
-        typer.echo(f"cost model: {model.hardware} (validated {model.validated})", err=True)
+        typer.echo(f"cost model: {result['metrics']['cost_model']}", err=True)
     typer.echo(json.dumps(result, allow_nan=False))
 
 

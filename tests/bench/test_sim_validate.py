@@ -248,6 +248,11 @@ _EXAMPLE_COST = Path(__file__).resolve().parents[1] / "sim" / "cost_example.json
         (["--cost-model", str(_EXAMPLE_COST), "--calibrated-out", "c.json"], "--calibrated-out"),
         (["--cost-model", str(_EXAMPLE_COST), "--hardware", "h"], "--hardware is for the in-run"),
         (["--hardware", " "], "--hardware must name"),
+        (
+            ["--cost-model", str(_EXAMPLE_COST), "--calibrate-interleaved", "2"],
+            "calibrate_interleaved 2 is invalid with cost_model",
+        ),
+        (["--calibrate-interleaved", "-1"], "calibrate_interleaved -1 is invalid"),
         (["--targets", "fleet", "--logs-dir", "logs"], "only the single target's real runs"),
     ],
 )

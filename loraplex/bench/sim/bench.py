@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import statistics
 import tempfile
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
 from typing import Any
@@ -30,6 +30,7 @@ from loraplex.bench.sim.compare import (
     median_outcome,
     real_spread,
 )
+from loraplex.bench.sim.interleaved import InterleavedCalibration, Pricing, interleaved_pricing
 from loraplex.bench.sim.validate import MAX_LORA_RANK, RealSettings
 from loraplex.bench.workloads import (
     ScenarioParams,
@@ -71,6 +72,9 @@ class SimBenchConfig:
     # where each real single-server run keeps its server's request log and the client's
     # records (``validate.RunLogs``); None: kept nowhere
     logs_dir: Path | None = None
+    # K > 0: the in-run calibration as short passes of 1/K of its samples, one before each real
+    # run and one after the last (``interleaved.py``); 0: one calibration before the runs
+    calibrate_interleaved: int = 0
 
     def __post_init__(self) -> None:
         unknown = [t for t in self.traces if t not in TRACES]
@@ -84,6 +88,15 @@ class SimBenchConfig:
             raise ValueError(f"repeats {self.repeats} is invalid; expected >= 1")
         if self.scale is not None and min(self.scale) < 1:
             raise ValueError(f"scale {self.scale} is invalid; expected three counts >= 1")
+        if self.calibrate_interleaved < 0:
+            raise ValueError(
+                f"calibrate_interleaved {self.calibrate_interleaved} is invalid; expected >= 0"
+            )
+        if self.calibrate_interleaved and self.cost_model is not None:
+            raise ValueError(
+                f"calibrate_interleaved {self.calibrate_interleaved} is invalid with cost_model "
+                f"{self.cost_model}: it interleaves the in-run calibration, which a file replaces"
+            )
         if self.logs_dir is not None and "single" not in self.targets:
             raise ValueError(
                 f"logs_dir {self.logs_dir} is invalid; only the single target's real runs keep "
@@ -156,9 +169,9 @@ def adapter_sizes(
 
 
 def simulated(
-    config: SimBenchConfig, workloads: list[Workload], cost_model: CostModel, registry: Fleet
+    config: SimBenchConfig, workloads: list[Workload], pricing: Pricing, registry: Fleet
 ) -> dict[str, dict[str, Any]]:
-    """target -> trace -> the simulator's metrics."""
+    """target -> trace -> the simulator's metrics, each priced by ``pricing``."""
     from loraplex.bench.sim.traces import workload_rows
     from loraplex.sim.call import records, simulate_metrics
 
@@ -170,7 +183,7 @@ def simulated(
         values = sim_config(config, target, per_rank, tenants)
         out[target] = {
             w.name: simulate_metrics(
-                records(workload_rows(w, MAX_LORA_RANK, sizes)), values, cost_model
+                records(workload_rows(w, MAX_LORA_RANK, sizes)), values, pricing(target, w.name)
             )
             for w in workloads
         }
@@ -193,17 +206,24 @@ Probes = dict[str, dict[str, list[HostProbe]]]  # target -> trace -> one per rep
 
 def real(
     config: SimBenchConfig, workloads: list[Workload], registry: Fleet, root: Path, vocab: int,
-    *, probes: Probes | None = None,
+    *, probes: Probes | None = None, between: Callable[[], None] | None = None,
+    run_order: list[tuple[str, str]] | None = None,
 ) -> dict[str, dict[str, list[dict[str, Any]]]]:  # fmt: skip
     """target -> trace -> each repeat's real outcome. A repeat runs every trace once, in trace
     order on even repeats and reversed on odd ones (ABBA), so no trace is always the first
     server of the invocation. ``probes``, when given, receives the host-speed probe timed right
-    before each real run (``host_probe.py``)."""
+    before each real run (``host_probe.py``); ``between`` is called before each real run and
+    once after the last (an interleaved calibration's passes), ``run_order`` receives each run's
+    (target, trace) in the order run."""
     from loraplex.bench.fleet.cluster import local_cluster
     from loraplex.bench.sim.host_probe import host_probe
     from loraplex.bench.sim.validate import RunLogs, fleet_outcome, single_outcome
 
     def probed(target: str, trace: str) -> None:
+        if between is not None:
+            between()
+        if run_order is not None:
+            run_order.append((target, trace))
         if probes is not None:
             probes.setdefault(target, {}).setdefault(trace, []).append(host_probe())
 
@@ -231,6 +251,8 @@ def real(
                     where = root / f"fleet-{r}-{i}"
                     probed("fleet", w.name)
                     out["fleet"][w.name].append(fleet_outcome(target, w, s, drive, where))
+    if between is not None:
+        between()
     return out
 
 
@@ -255,23 +277,61 @@ def host_report(calibrated: HostProbe | None, probes: Probes) -> dict[str, Any]:
     }
 
 
-def run_sim_bench(config: SimBenchConfig, cost_model: CostModel) -> dict[str, Any]:
-    """Real and simulated runs of every trace and target, their errors, and the scale run."""
+def _medians(runs: dict[str, list[dict[str, Any]]]) -> dict[str, dict[str, Any]]:
+    return {name: median_outcome(outcomes) for name, outcomes in runs.items()}
+
+
+def run_sim_bench(
+    config: SimBenchConfig,
+    cost_model: CostModel | None,
+    interleaved: InterleavedCalibration | None = None,
+) -> dict[str, Any]:
+    """Real and simulated runs of every trace and target, their errors, and the scale run;
+    priced by ``cost_model``, or with ``interleaved`` by passes run between the real runs
+    (the errors of both pricings reported; the flat keys are the adjacent passes')."""
     from loraplex.artifacts.base_model import BaseModelSpec
     from loraplex.bench.sim.scale import scale_in_child
     from loraplex.demo.assets import generate_demo_assets
 
+    if (cost_model is None) == (interleaved is None):
+        raise ValueError("expected a cost_model or an interleaved calibration, exactly one")
     assets = generate_demo_assets(config.asset_dir / "test-small", preset="small", seed=0)
     vocab = BaseModelSpec.from_dir(assets.base_model_dir).vocab_size
     workloads = config.workloads()
     with tempfile.TemporaryDirectory(prefix="loraplex-bench-sim-") as tmp:
         root = Path(tmp)
         registry = prepared(config, workloads, root, assets.base_model_dir)
-        sims = simulated(config, workloads, cost_model, registry)
         probes: Probes = {}
-        reals = real(config, workloads, registry, root, vocab, probes=probes)
-    medians = {t: {n: median_outcome(runs) for n, runs in reals[t].items()} for t in reals}
-    by_target = {t: compare_target(medians[t], sims[t], t) for t in config.targets}
+        order: list[tuple[str, str]] = []
+        between = None if interleaved is None else interleaved.run_pass
+        reals = real(
+            config,
+            workloads,
+            registry,
+            root,
+            vocab,
+            probes=probes,
+            between=between,
+            run_order=order,
+        )
+        interleaved_report: dict[str, Any] | None = None
+        if interleaved is not None:
+            cost_model, pricing, interleaved_report = interleaved_pricing(interleaved, order)
+        assert cost_model is not None  # checked above
+        whole = cost_model
+        sims = simulated(config, workloads, lambda target, trace: whole, registry)
+        if interleaved_report is not None:  # the flat errors are the adjacent passes'
+            sims, sims_all = simulated(config, workloads, pricing, registry), sims
+            by_all = {t: compare_target(_medians(reals[t]), sims_all[t], t) for t in config.targets}
+            interleaved_report["errors_all_passes"] = flat_errors(by_all)
+            interleaved_report["traces_all_passes"] = {
+                t: {
+                    n: {"errors": v["errors"], "ttft_ms": v["sim"]["ttft_ms"]}
+                    for n, v in by["traces"].items()
+                }
+                for t, by in by_all.items()
+            }
+    by_target = {t: compare_target(_medians(reals[t]), sims[t], t) for t in config.targets}
     spreads = {t: real_spread(reals[t]) for t in config.targets}
     for t in config.targets:
         by_target[t]["real_spread"] = spreads[t]
@@ -281,6 +341,7 @@ def run_sim_bench(config: SimBenchConfig, cost_model: CostModel) -> dict[str, An
         metrics.update(scale_in_child(*config.scale, cost_model))
     metrics["cost_model"] = {"hardware": cost_model.hardware, "validated": cost_model.validated}
     metrics["host_probe"] = host_report(cost_model.host_probe, probes)
+    metrics["calibration_interleaved"] = interleaved_report
     metrics["targets"] = by_target
     plain = asdict(config)
     plain["cost_model"] = None if config.cost_model is None else str(config.cost_model)

@@ -85,11 +85,12 @@ def measure(target: Target, config: CalibrateConfig) -> dict[str, Any]:
         front_s = front_seconds(client, target, config)
         log_from = log_size(target.request_log)
         prefills, residuals, lone = prefill_samples(client, target, config, front_s)
-    handoffs, timings = None, []
+    handoffs, timings, lines = None, [], []
     if target.request_log is not None and target.request_log.is_file():
         timings = _timings(target.request_log, target, config, log_from)
         text = target.request_log.read_text(encoding="utf-8")
-        handoffs = lease_handoffs([json.loads(line) for line in text.splitlines() if line])
+        lines = [json.loads(line) for line in text.splitlines() if line]
+        handoffs = lease_handoffs(lines)
     timed = timed_samples(timings, {a: weight_regressors((a,)) for a in target.adapters})
     # fewer than two prompt lengths timed: the prompt-token term would not be identified
     steps += timed if len({t.prompt_tokens for t in timings}) > 1 else prefills
@@ -105,6 +106,7 @@ def measure(target: Target, config: CalibrateConfig) -> dict[str, Any]:
         "residuals": residuals,
         "lone": lone,
         "handoffs": handoffs,
+        "log_lines": lines,  # the server's request log (merged passes redo the hand-offs)
     }
 
 
@@ -184,10 +186,26 @@ def calibrate(
     """The validated cost model of ``target`` and a report of what was measured;
     ``load_cpu_shared`` is the target's (``Target.load_cpu_shared``: a CPU-only server's loader
     and engine share one CPU)."""
-    load_cpu_shared = target.load_cpu_shared
     probes = [host_probe()]  # the host's speed around the figures (sim/host_speed.py)
     measured = measure(target, config)
     probes.append(host_probe())
+    return cost_model_from(
+        target, config, measured, probes=probes, hardware=hardware, command=command
+    )
+
+
+def cost_model_from(
+    target: Target,
+    config: CalibrateConfig,
+    measured: dict[str, Any],
+    *,
+    probes: list[HostProbe],
+    hardware: str,
+    command: str,
+) -> tuple[CostModel, dict[str, Any]]:
+    """``calibrate``'s fit of ``measured`` (``measure``'s, or several passes' merged by
+    ``interleaved.merged``) with the host ``probes`` timed around it: the cost model and report."""
+    load_cpu_shared = target.load_cpu_shared
     probe = HostProbe(
         statistics.mean(p.matmul_s for p in probes), statistics.mean(p.loop_s for p in probes)
     )
@@ -219,8 +237,9 @@ def calibrate(
         "load_cpu_shared": SHARED_CPU if load_cpu_shared else "not shared (the target's)",
         "host_probe": (
             "bench/sim/host_probe.py timed in the calibrating process before and after the "
-            f"measurements (sum {probes[0].total_s:.4f} s, then {probes[1].total_s:.4f} s); "
-            "their mean per part"
+            "measurements (sums "
+            + ", ".join(f"{p.total_s:.4f}" for p in probes)
+            + " s); their mean per part"
         ),
     }
     for link in LINKS:
