@@ -14,6 +14,7 @@ def file_key(name: str) -> str:
     """The config file key of the field ``name``: its flag's name (``torch_threads``: threads)."""
     return next((key for key, field_name in FILE_KEYS.items() if field_name == name), name)
 
+
 # ServeConfig keys a fleet does not read: the engine runs in each replica's own process (and the
 # ingress cannot pause a replica's request: ``stream_pause_bytes``, ``max_stream_resumes`` and
 # ``max_paused_kv_fraction``, ``fleet/engine_client.py``).
