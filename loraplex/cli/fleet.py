@@ -158,8 +158,10 @@ def up_command(
     where = "a local Ray head it started" if record.started_cluster else record.address
     typer.echo(f"loraplex fleet: {record.engine_replicas} engine replicas on {where}")
     typer.echo(f"serving on {record.url}  (OpenAI API at {record.url}/v1)")
-    admin_url = control.admin_url(settings.serve) or record.url
-    typer.echo(f"dashboard:  {admin_url}/admin/dashboard#key=<admin key>")
+    admin_url = control.admin_url(settings.serve)
+    if admin_url is not None:
+        typer.echo(f"admin API and /metrics only on {admin_url}")
+    typer.echo(f"dashboard:  {admin_url or record.url}/admin/dashboard#key=<admin key>")
     _print_keys(prepared, serve_config)
     typer.echo("stop it with: loraplex fleet down")
 

@@ -151,8 +151,14 @@ def test_a_restart_says_where_the_keys_are_as_serve_does(
     prepared = control.Prepared(tmp_path, "old-admin-key", False, {})
     monkeypatch.setattr(control, "prepare", lambda config: prepared)
     monkeypatch.setattr(control, "up", lambda settings, address, **_: record)
-    result = _up(tmp_path / "data", "--port", "0")
+    with socket.socket() as sock:  # a free port for the admin socket
+        sock.bind(("127.0.0.1", 0))
+        admin_port = sock.getsockname()[1]
+    config = tmp_path / "fleet.toml"
+    config.write_text(f"[serve]\nadmin_port = {admin_port}\n")
+    result = _up(tmp_path / "data", "--port", "0", "--config", str(config))
     assert result.exit_code == 0, result.output
+    assert f"/metrics only on http://127.0.0.1:{admin_port}" in result.output
     assert f"kept in {tmp_path / 'data' / 'admin-key'}" in result.output
     assert "old-admin-key" not in result.output
     assert "`loraplex keys create TENANT` makes one" in result.output
