@@ -27,6 +27,7 @@ from loraplex.registry import default_data_dir
 
 if TYPE_CHECKING:
     from loraplex.fleet.control import Prepared
+    from loraplex.serve.config import ServeConfig
 
 Opt = typer.Option
 fleet_app = typer.Typer(help="Engine replicas on Ray Serve with residency-aware routing.")
@@ -149,7 +150,7 @@ def up_command(
     except BaseException as exc:
         # NOTE: the keys ``prepare`` issued are valid and shown only now: never lose them.
         typer.echo("the fleet did not start; the keys issued for it stay valid:", err=True)
-        _print_keys(prepared)
+        _print_keys(prepared, serve_config)
         if isinstance(exc, RuntimeError):
             typer.echo(f"error: {exc}", err=True)
             raise typer.Exit(1) from exc
@@ -157,17 +158,25 @@ def up_command(
     where = "a local Ray head it started" if record.started_cluster else record.address
     typer.echo(f"loraplex fleet: {record.engine_replicas} engine replicas on {where}")
     typer.echo(f"serving on {record.url}  (OpenAI API at {record.url}/v1)")
-    admin_url = control.admin_url(settings.serve) or record.url
-    typer.echo(f"dashboard:  {admin_url}/admin/dashboard#key=<admin key>")
-    _print_keys(prepared)
+    admin_url = control.admin_url(settings.serve)
+    if admin_url is not None:
+        typer.echo(f"admin API and /metrics only on {admin_url}")
+    typer.echo(f"dashboard:  {admin_url or record.url}/admin/dashboard#key=<admin key>")
+    _print_keys(prepared, serve_config)
     typer.echo("stop it with: loraplex fleet down")
 
 
-def _print_keys(prepared: Prepared) -> None:
+def _print_keys(prepared: Prepared, config: ServeConfig) -> None:
+    """As ``serve`` says it: secrets only when just created, else where they are kept."""
+    kept = config.data_dir / "admin-key"
     if prepared.new_admin_key:
-        typer.echo(f"admin key:   {prepared.admin_key}  (shown once; kept in the data dir)")
+        typer.echo(f"admin key:   {prepared.admin_key}  (shown once; kept in {kept})")
+    elif config.admin_key is None:
+        typer.echo(f"admin key:   shown only when generated; kept in {kept}")
     for tenant, key in sorted(prepared.sample_keys.items()):
         typer.echo(f"{tenant + ' key:':<12} {key}")
+    if not prepared.sample_keys:
+        typer.echo("tenant keys: shown only when issued; `loraplex keys create TENANT` makes one")
 
 
 @fleet_app.command("status")

@@ -53,7 +53,8 @@ def render_command(
     ] = False,
     ray_version: Annotated[str, Opt(help="Ray release in the image.")] = DEFAULT_RAY_VERSION,
     serve_config: Annotated[
-        Path | None, Opt(help="TOML file: its 'serve' table goes to every replica (ConfigMap).")
+        Path | None,
+        Opt(help="TOML file: its 'serve' table (a ConfigMap; --ray: the builder's args)."),
     ] = None,
     out: Annotated[
         Path | None, Opt(help="Directory for one YAML file per part [default: stdout]")

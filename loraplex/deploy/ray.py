@@ -56,8 +56,11 @@ def serve_application_args(spec: K8sSpec) -> dict[str, Any]:
     """What the builder receives; credentials stay in the pods' environment. The ingress listens
     on every interface of the head pod: the API on its ``serve`` port, ``/admin`` and
     ``/metrics`` on its ``admin`` port (as ``serve --admin-port`` in the Deployment path).
-    ``--serve-config``'s keys come first (checked by the spec; none is one set here)."""
+    ``--serve-config``'s keys come first (checked by the spec; none is one set here).
+    ``demo`` is off, as ``--no-demo`` in the Deployment path: the builder would otherwise register
+    the demo tenants in the shared registry and issue them keys nobody is shown."""
     args: dict[str, Any] = dict(spec.serve_config) | {
+        "demo": False,
         "host": "0.0.0.0",
         "port": spec.port,
         "admin_port": spec.admin_port,

@@ -60,3 +60,27 @@ def test_the_ingress_listens_itself_on_the_head_node_or_the_node_given(tmp_path:
     assert "label_selector" not in ingress.ray_actor_options
     pinned = build_app(settings, ingress_node="abc")._bound_deployment.ray_actor_options
     assert pinned["label_selector"] == {NODE_ID_LABEL: "abc"} and "resources" not in pinned
+
+
+def test_the_rendered_ray_args_register_no_demo_tenants(
+    demo_assets: DemoAssets, tmp_path: Path
+) -> None:
+    """``k8s render --ray`` without ``--model`` (the demo model): the builder prepares the model
+    but registers no demo tenant in the shared registry (it did: keys issued, shown to nobody),
+    as ``--no-demo`` keeps the Deployment path's replicas from doing."""
+    from loraplex.deploy import K8sSpec
+    from loraplex.deploy.ray import serve_application_args
+    from loraplex.registry import open_registry
+    from loraplex.serve.assembly import DEMO_DIR
+    from loraplex.serve.engine_settings import registry_config
+
+    args = serve_application_args(K8sSpec(image="i:1", store="s3://a/b", ray=True))
+    args |= {"store": str(tmp_path / "store"), "device": "cpu"}  # no S3, no GPU here
+    (tmp_path / DEMO_DIR).symlink_to(demo_assets.root)
+    env = {"LORAPLEX_DATA_DIR": str(tmp_path), "LORAPLEX_ADMIN_KEY": "a" * 40}
+    settings = settings_from_args(args, env)
+    registry = open_registry(registry_config(settings.serve))
+    try:
+        assert registry.list_tenants() == []
+    finally:
+        registry.close()

@@ -140,3 +140,25 @@ def test_a_command_connected_to_ray_prints_no_ray_info_lines(
     for name in ("ray", "ray.serve"):
         assert not logging.getLogger(name).isEnabledFor(logging.INFO), name
         assert logging.getLogger(name).isEnabledFor(logging.WARNING), name
+
+
+def test_a_restart_says_where_the_keys_are_as_serve_does(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    """A second ``up`` on a data dir issues no key: it said nothing about them (``serve`` says
+    where the admin key is kept and how to get a tenant key)."""
+    record = control.FleetRecord("127.0.0.1:1", True, None, None, "http://127.0.0.1:8000", 2)
+    prepared = control.Prepared(tmp_path, "old-admin-key", False, {})
+    monkeypatch.setattr(control, "prepare", lambda config: prepared)
+    monkeypatch.setattr(control, "up", lambda settings, address, **_: record)
+    with socket.socket() as sock:  # a free port for the admin socket
+        sock.bind(("127.0.0.1", 0))
+        admin_port = sock.getsockname()[1]
+    config = tmp_path / "fleet.toml"
+    config.write_text(f"[serve]\nadmin_port = {admin_port}\n")
+    result = _up(tmp_path / "data", "--port", "0", "--config", str(config))
+    assert result.exit_code == 0, result.output
+    assert f"/metrics only on http://127.0.0.1:{admin_port}" in result.output
+    assert f"kept in {tmp_path / 'data' / 'admin-key'}" in result.output
+    assert "old-admin-key" not in result.output
+    assert "`loraplex keys create TENANT` makes one" in result.output

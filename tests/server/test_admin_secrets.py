@@ -68,3 +68,18 @@ def test_admin_key_file_and_fresh_data_dir_are_owner_only(tmp_path: Path) -> Non
     assert admin_key(data_dir) == key
     assert stat.S_IMODE(data_dir.stat().st_mode) == 0o700
     assert stat.S_IMODE((data_dir / ADMIN_KEY_FILE).stat().st_mode) == 0o600
+
+
+def test_the_dashboard_is_announced_on_the_admin_socket(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path
+) -> None:
+    """``serve`` printed no dashboard address (``fleet up`` did); it is on the admin socket when
+    there is one (the API socket answers /admin with 404 then)."""
+    serve._announce(ServeConfig(data_dir=tmp_path), None, {})
+    plain = capsys.readouterr().out
+    serve._announce(ServeConfig(data_dir=tmp_path, admin_port=8001), None, {})
+    split = capsys.readouterr().out
+
+    assert "dashboard:  http://127.0.0.1:8000/admin/dashboard#key=<admin key>" in plain
+    assert "dashboard:  http://127.0.0.1:8001/admin/dashboard#key=<admin key>" in split
+    assert "/metrics only on http://127.0.0.1:8001" in split
