@@ -4,8 +4,8 @@
 Why the engine returns its stages instead of exporting them: the engine may run in a child
 process or in a fleet replica; recording a few clock reads into ``Request.trace_log`` keeps
 its hot path free of exporters, sockets and context objects, and the front (which decides
-whether a request is sampled only once it ended: slow requests are always kept, errors within
-their tenant's share of the export queue)
+whether a request is sampled only once it ended: slow requests and errors are kept within
+their tenant's shares of the export queue)
 turns the finished ``EngineTrace`` into spans.
 
 Times are seconds relative to the request's arrival in the engine (``offset`` fields), so the

@@ -3,8 +3,11 @@
 Each tenant's bucket refills at its quota's rate and holds at most ``burst_s`` seconds of
 requests (at least one), so a tenant may send a short burst after idling but never more than
 its rate for long. A request finding the bucket empty is refused with ``RateLimitError`` (429)
-and a Retry-After of the time until the next token. The rate is read from the tenant record on
-every request (the registry reads it with the key), so a quota change applies at once.
+and a Retry-After of the time until the next token. A cost above the capacity (a fan-out into
+more engine requests than the bucket holds) passes on a full bucket and is taken whole: the
+bucket owes the rest (below zero), and its refill pays that back before anything else passes.
+The rate is read from the tenant record on every request (the registry reads it with the key),
+so a quota change applies at once.
 
 ``RateLimiter`` keeps the buckets in the HTTP process, one per tenant that has a quota (the
 registry bounds their number): with N ingress processes a tenant gets N times its quota.
@@ -55,15 +58,18 @@ MIN_TTL_S = 1.0
 MAX_TTL_S = 7 * 24 * 3600.0
 
 # KEYS[1]: one tenant's bucket, a hash {tokens, updated_s}. ARGV: rate (tokens/s), capacity,
-# cost (at most the capacity), the key's TTL in ms, and optionally "now" in seconds (tests
-# only; otherwise Redis's TIME, the one clock every ingress process shares). Returns
-# {1, "0"} when the cost was taken, {0, seconds until it could be} when refused.
+# cost, need (the tokens the bucket must hold for the cost to be taken, at most the capacity;
+# the bucket may owe the rest), a full bucket's TTL in ms (one in debt lives longer by the
+# debt's share), and optionally "now" in seconds (tests only; otherwise Redis's TIME, the one
+# clock every ingress process shares). Returns {1, "0"} when the cost was taken, {0, seconds
+# until it could be} when refused.
 # NOTE: TIME before a write needs effect replication (the default since Redis 5).
 _TAKE_SCRIPT = """
 local rate, capacity, cost = tonumber(ARGV[1]), tonumber(ARGV[2]), tonumber(ARGV[3])
+local need = tonumber(ARGV[4])
 local now
-if ARGV[5] then
-  now = tonumber(ARGV[5])
+if ARGV[6] then
+  now = tonumber(ARGV[6])
 else
   local t = redis.call('TIME')
   now = tonumber(t[1]) + tonumber(t[2]) / 1000000
@@ -74,13 +80,14 @@ if not tokens or not updated then
   tokens, updated = capacity, now
 end
 tokens = math.min(capacity, tokens + math.max(0, now - updated) * rate)
-local taken = tokens >= cost
+local taken = tokens >= need
 if taken then tokens = tokens - cost end
 redis.call('HSET', KEYS[1], 'tokens', string.format('%.17g', tokens),
   'updated_s', string.format('%.17g', math.max(now, updated)))
-redis.call('PEXPIRE', KEYS[1], ARGV[4])
+local ttl = tonumber(ARGV[5])
+redis.call('PEXPIRE', KEYS[1], math.ceil(ttl * math.max(1, (capacity - tokens) / capacity)))
 if taken then return {1, '0'} end
-return {0, string.format('%.17g', (cost - tokens) / rate)}
+return {0, string.format('%.17g', (need - tokens) / rate)}
 """
 _TAKE_SHA = hashlib.sha1(_TAKE_SCRIPT.encode("utf-8"), usedforsecurity=False).hexdigest()
 
@@ -92,7 +99,7 @@ class TenantRateLimiter(Protocol):
     fallbacks: int  # checks answered by in-process buckets because Redis failed
     burst_s: float  # seconds of the rate a full bucket holds
 
-    def check(self, tenant: Tenant, cost: float = 1.0) -> None: ...
+    def check(self, tenant: Tenant, cost: float = 1.0, need: float | None = None) -> None: ...
 
 
 def bucket_capacity(rate: float, burst_s: float) -> float:
@@ -100,9 +107,16 @@ def bucket_capacity(rate: float, burst_s: float) -> float:
     return max(1.0, rate * burst_s)
 
 
-def _check_cost(cost: float) -> None:
+def _need(cost: float, capacity: float, need: float | None) -> float:
+    """The tokens a bucket must hold for ``cost`` to be taken: ``need``, by default the cost,
+    at most a full bucket (a larger cost could never pass otherwise; the bucket owes the rest)."""
     if not cost > 0:
         raise ValueError(f"cost {cost} is invalid; expected > 0")
+    if need is None:
+        return min(cost, capacity)
+    if not 0 <= need <= min(cost, capacity):
+        raise ValueError(f"need {need} is invalid; expected 0 to min(cost, capacity)")
+    return need
 
 
 @dataclass
@@ -127,16 +141,16 @@ class RateLimiter:
         self._lock = threading.Lock()
         self._buckets: dict[str, _Bucket] = {}
 
-    def check(self, tenant: Tenant, cost: float = 1.0) -> None:
+    def check(self, tenant: Tenant, cost: float = 1.0, need: float | None = None) -> None:
         """Takes ``cost`` tokens (engine requests: a request with ``n`` choices over ``p``
-        prompts costs ``n * p``) from ``tenant``'s bucket; RateLimitError when it holds fewer.
-        A cost above the bucket's capacity takes a full bucket (it could never pass otherwise)."""
+        prompts costs ``n * p``) from ``tenant``'s bucket when it holds ``need`` (``_need``: by
+        default the cost, at most a full bucket); RateLimitError when it holds fewer. A cost
+        above what the bucket holds leaves it owing the rest (module docstring)."""
         rate = tenant.quotas.max_requests_per_s
         if rate is None:
             return
-        _check_cost(cost)
         capacity = bucket_capacity(rate, self.burst_s)
-        cost = min(cost, capacity)
+        need = _need(cost, capacity, need)
         now = self._clock()
         with self._lock:
             bucket = self._buckets.get(tenant.name)
@@ -144,10 +158,10 @@ class RateLimiter:
                 bucket = self._buckets[tenant.name] = _Bucket(capacity, now)
             bucket.tokens = min(capacity, bucket.tokens + (now - bucket.updated_s) * rate)
             bucket.updated_s = now
-            if bucket.tokens >= cost:
+            if bucket.tokens >= need:
                 bucket.tokens -= cost
                 return
-            wait_s = (cost - bucket.tokens) / rate
+            wait_s = (need - bucket.tokens) / rate
         raise RateLimitError(tenant.name, rate, wait_s)
 
 
@@ -241,21 +255,21 @@ class SharedRateLimiter:
         """The Redis key of ``tenant_name``'s bucket (a checked name: bounded, no spaces)."""
         return f"{self.key_prefix}:rl:{check_name('tenant', tenant_name)}"
 
-    def check(self, tenant: Tenant, cost: float = 1.0) -> None:
+    def check(self, tenant: Tenant, cost: float = 1.0, need: float | None = None) -> None:
         """``RateLimiter.check``'s contract, on the shared bucket (class docstring)."""
         rate = tenant.quotas.max_requests_per_s
         if rate is None:
             return
-        _check_cost(cost)
-        if not self._redis_due():
-            self._check_locally(tenant, cost)
-            return
         capacity = bucket_capacity(rate, self.burst_s)
+        need = _need(cost, capacity, need)
+        if not self._redis_due():
+            self._check_locally(tenant, cost, need)
+            return
         try:
-            taken, wait_s = self._take(self.key(tenant.name), rate, capacity, min(cost, capacity))
+            taken, wait_s = self._take(self.key(tenant.name), rate, capacity, cost, need)
         except self._failures as exc:
             self._note_failure(exc)
-            self._check_locally(tenant, cost)
+            self._check_locally(tenant, cost, need)
             return
         self._note_success()
         if not taken:
@@ -264,9 +278,11 @@ class SharedRateLimiter:
     def close(self) -> None:
         self._client.close()
 
-    def _take(self, key: str, rate: float, capacity: float, cost: float) -> tuple[bool, float]:
+    def _take(
+        self, key: str, rate: float, capacity: float, cost: float, need: float
+    ) -> tuple[bool, float]:
         ttl_s = min(MAX_TTL_S, max(MIN_TTL_S, TTL_REFILLS * capacity / rate))
-        args: list[float | int] = [rate, capacity, cost, math.ceil(ttl_s * 1000)]
+        args: list[float | int] = [rate, capacity, cost, need, math.ceil(ttl_s * 1000)]
         if self._bucket_clock is not None:
             args.append(self._bucket_clock())
         try:
@@ -280,10 +296,10 @@ class SharedRateLimiter:
         with self._lock:
             return self._retry_at_s is None or self._clock() >= self._retry_at_s
 
-    def _check_locally(self, tenant: Tenant, cost: float) -> None:
+    def _check_locally(self, tenant: Tenant, cost: float, need: float) -> None:
         with self._lock:
             self.fallbacks += 1
-        self._local.check(tenant, cost)
+        self._local.check(tenant, cost, need)
 
     def _note_failure(self, exc: Exception) -> None:
         with self._lock:

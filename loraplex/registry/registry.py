@@ -269,9 +269,8 @@ class Registry:
         base_digest = None if self._base is None else self._base.digest
         with self._db.transaction(write=False) as tx:
             return resolution.resolve_in(
-                tx, caller, model_string, base_digest, unit,
-                sticky_key=sticky_key or request_id, session_key=sticky_key,
-            )  # fmt: skip
+                tx, caller, model_string, base_digest, unit, session_key=sticky_key
+            )
 
     # --- signing (docs/registry.md, "Signed adapters") -----------------------------------------
 

@@ -5,13 +5,18 @@ caller may use: its own, or another tenant's public one), each optionally pinned
 ``@revision`` (another tenant's only to a revision served now, ``_shared_pin_allowed``: one its
 alias serves, or its release's candidate while in canary). Without a pin the adapter's alias
 picks a revision by weight, per request, or per caller when the caller names itself
-(``session_key``: its ``user`` or ``X-Session-Id``); while the alias's release is in canary, a
-sticky share of callers (by ``sticky_key``) gets the candidate instead (``sticky_unit``).
+(``session_key``: its ``user`` or ``X-Session-Id``); while the alias's release is in canary, the
+callers whose draw falls below the canary's share get the candidate instead, and the others
+draw through the alias's weights (their draw spread again over [0, 1)).
 
-NOTE: the alias's draw is sticky for a caller that names itself for the canary's sake: while it
-was per request, a non-owner sending one ``user`` again and again saw a canary's candidate
-answer every time or never, and a weighted alias's revisions alternate, which told it that the
-owner had a release under way.
+NOTE: one draw serves the canary and the alias, so a canary splits callers exactly as an alias
+weighting the candidate first would. The draw is per caller for a caller that names itself: while
+it was per request, a non-owner sending one ``user`` again and again saw a canary's candidate
+answer every time or never, and a weighted alias's revisions alternate. And it is the same for
+the canary and the alias: while the canary's was salted by the release id (secret) and the
+alias's by the adapter's name (which any caller can hash), a non-owner whose users' revisions did
+not follow the draw it computed knew that the owner had a release under way. The cost: every
+release of one adapter puts the same callers on its candidate first.
 
 NOTE: every "you cannot have this" outcome raises ``AdapterNotFoundError`` with the same message
 built from the model string alone, so another tenant's private adapter is indistinguishable from
@@ -22,6 +27,7 @@ that filters by visibility, then the same raise (a test traces both).
 from __future__ import annotations
 
 import hashlib
+import math
 import re
 from dataclasses import dataclass
 
@@ -33,6 +39,7 @@ from loraplex.registry.sql.db import Tx
 
 _NAME = r"[A-Za-z0-9][A-Za-z0-9._-]{0,127}"
 _MODEL_STRING = re.compile(rf"(?:({_NAME})/)?({_NAME})(?:@({_NAME}))?")
+_BELOW_ONE = math.nextafter(1.0, 0.0)
 
 
 @dataclass(frozen=True)
@@ -83,13 +90,12 @@ def resolve_in(
     base_digest: str | None,
     unit: float,
     *,
-    sticky_key: str | None = None,
     session_key: str | None = None,
 ) -> Revision:
-    """Resolve ``text`` for ``caller`` inside ``tx``; see the module docstring. ``sticky_key``
-    assigns the caller to a release's canary or not (the same key, the same side);
-    ``session_key`` (the caller's own ``user`` or session id; None: the caller named none) makes
-    the alias's weighted draw the same for each of its requests too."""
+    """Resolve ``text`` for ``caller`` inside ``tx``; see the module docstring. ``unit`` draws
+    for this request; ``session_key`` (the caller's own ``user`` or session id; None: the caller
+    named none) replaces it with one draw per caller and adapter, which puts the caller on one
+    side of a release's canary and on one revision of the alias's weights."""
     ref = parse_model_string(text)
     if ref is None:
         raise not_found(text)
@@ -105,35 +111,31 @@ def resolve_in(
             raise not_found(text)
         _check_base(pinned, base_digest)
         return pinned
-    canary = _canary_pick(tx, owner, ref.name, base_digest, unit=unit, sticky_key=sticky_key)
-    if canary is not None:
-        return canary
+    if session_key is not None:
+        unit = sticky_unit(f"alias\x00{owner}/{ref.name}", session_key)
+    route = _serving_canary(tx, owner, ref.name, base_digest)
+    if route is not None:
+        if unit < route.share:
+            return route.candidate
+        unit = _above(unit, route.share)
     alias = rows.get_alias(tx, owner, ref.name)
     servable = [] if alias is None else _servable(tx, alias, base_digest)
     if not servable:
         raise not_found(text)
-    if session_key is not None:
-        unit = sticky_unit(f"alias\x00{owner}/{ref.name}", session_key)
     chosen = choose_target(tuple(target for target, _ in servable), unit)
     return next(rev for target, rev in servable if target is chosen)
 
 
-def sticky_unit(release_id: str, sticky_key: str) -> float:
-    """A uniform number in [0, 1) fixed by (release, caller): the caller is on the candidate
-    iff it is below the step's share, so raising the share only adds callers."""
-    return unit_from_request_id(f"{release_id}\x00{sticky_key}")
+def sticky_unit(salt: str, sticky_key: str) -> float:
+    """A uniform number in [0, 1) fixed by (``salt``, caller): a caller is on a canary's
+    candidate iff its draw is below the step's share, so raising the share only adds callers."""
+    return unit_from_request_id(f"{salt}\x00{sticky_key}")
 
 
-def _canary_pick(
-    tx: Tx, owner: str, name: str, base_digest: str | None, *, unit: float, sticky_key: str | None
-) -> Revision | None:
-    """The candidate when the alias's release is in canary and this caller falls in its share;
-    None sends the request through the alias (which still names the stable revision)."""
-    route = _serving_canary(tx, owner, name, base_digest)
-    if route is None:
-        return None
-    drawn = unit if sticky_key is None else sticky_unit(route.release_id, sticky_key)
-    return route.candidate if drawn < route.share else None
+def _above(unit: float, share: float) -> float:
+    """``unit`` (at least ``share``) spread again over [0, 1): the alias's draw among the callers
+    a canary of ``share`` left to it, so its weights hold among them."""
+    return min((unit - share) / (1.0 - share), _BELOW_ONE)
 
 
 def _serving_canary(

@@ -152,22 +152,23 @@ async def charge_engine_requests(request: Request, tenant: Tenant, count: int) -
     choices over ``p`` prompts costs ``n * p``, so ``n`` cannot multiply a tenant's rate.
     A shared limiter (Redis) is asked on the thread pool, never on the event loop.
 
-    NOTE: the rest is capped at a full bucket less the arrival's token, so a request costing
-    more than the bucket holds takes a full bucket, as one check's cost does; uncapped, the
-    arrival's token left the bucket one short of it forever (``n=4`` on a bucket of 2 was
-    refused with ``Retry-After: 1`` however long its tenant waited)."""
+    NOTE: the rest passes when the bucket holds what a full one holds less the arrival's
+    token (``need``), and is then taken whole, the bucket owing what it lacked: asked to hold
+    the whole rest, the arrival's token left it one short forever (``n=4`` on a bucket of 2 was
+    refused with ``Retry-After: 1`` however long its tenant waited); capped at the bucket
+    instead, a fan-out above it cost one bucket (``n=16`` once a second on a rate of 1 was 16
+    engine requests a second)."""
     limiter = request.scope.get("state", {}).get(RATE_LIMITER)
     rate = tenant.quotas.max_requests_per_s
     if count <= 1 or limiter is None or rate is None:
         return
-    rest = min(count - 1, bucket_capacity(rate, limiter.burst_s) - 1)
-    if not rest > 0:  # a bucket of one request: the arrival took all of it
-        return
+    rest = count - 1
+    need = max(0.0, min(rest, bucket_capacity(rate, limiter.burst_s) - 1))
     try:
         if limiter.blocking:
-            await run_in_threadpool(limiter.check, tenant, rest)
+            await run_in_threadpool(limiter.check, tenant, rest, need)
         else:
-            limiter.check(tenant, rest)
+            limiter.check(tenant, rest, need)
     except RateLimitError as exc:
         raise to_api_error(exc, ErrorContext.TENANT) from None
 

@@ -7,7 +7,10 @@ tenant-free labels. Present only while tracing is on; the label takes the values
   sampled as if they carried no flag.
 - ``loraplex_trace_errors_dropped_total{priority_class}``: failed requests whose trace was
   dropped because its tenant had used its share for errors (and neither its duration, a flag
-  nor the ratio kept it). Every failure is still counted in the response metrics."""
+  nor the ratio kept it). Every failure is still counted in the response metrics.
+- ``loraplex_trace_slow_dropped_total{priority_class}``: requests slower than ``trace_slow_s``
+  whose trace was dropped because its tenant had used its share for slow requests (and no other
+  rule kept it)."""
 
 from __future__ import annotations
 
@@ -21,7 +24,7 @@ from loraplex.tracing.record import RequestTracing
 
 
 class TraceCollector(Collector):
-    """The tracer's refusals and dropped error traces at scrape time."""
+    """The tracer's refusals and dropped error and slow traces at scrape time."""
 
     def __init__(self, tracing: RequestTracing) -> None:
         self._tracing = tracing
@@ -38,6 +41,12 @@ class TraceCollector(Collector):
             "Failed requests whose trace was dropped (their tenant past its share of the span "
             "export queue for errors), by the tenant's priority class.",
             self._tracing.errors_dropped(),
+        )
+        yield _by_class(
+            "loraplex_trace_slow_dropped",
+            "Slow requests whose trace was dropped (their tenant past its share of the span "
+            "export queue for slow requests), by the tenant's priority class.",
+            self._tracing.slow_dropped(),
         )
 
 

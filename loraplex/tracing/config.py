@@ -16,7 +16,7 @@ class TracingConfig:
     endpoint: str  # OTLP/HTTP traces URL, e.g. http://collector:4318/v1/traces
     secret: bytes = field(repr=False)  # HMAC key hashing tenant/adapter names (never exported)
     sample_ratio: float = 0.01  # fraction of requests kept by trace id (0-1)
-    slow_s: float | None = 10.0  # requests at least this long are always kept; None: no rule
+    slow_s: float | None = 10.0  # requests this long are kept (within the slow share); None: off
     export_names: bool = False  # tenant/adapter names as they are; false: keyed hashes
     service_name: str = "loraplex"  # the ``service.name`` resource attribute
     max_queue_spans: int = 8192  # spans waiting for export; beyond, new ones are dropped
@@ -29,6 +29,10 @@ class TracingConfig:
     # failure is counted (``errors_dropped``) and sampled by the other rules.
     error_burst_spans: int = 1024
     error_spans_per_s: float = 200.0
+    # What one tenant's slow requests (``slow_s``) may keep, the same way (a bucket of its own):
+    # past it a slow request is counted (``slow_dropped``) and sampled by the other rules.
+    slow_burst_spans: int = 1024
+    slow_spans_per_s: float = 200.0
 
     def __post_init__(self) -> None:
         check_trace_settings(self.endpoint, self.sample_ratio, self.slow_s)
@@ -44,6 +48,7 @@ class TracingConfig:
             )
         _check_share("parent", self.parent_burst_spans, self.parent_spans_per_s)
         _check_share("error", self.error_burst_spans, self.error_spans_per_s)
+        _check_share("slow", self.slow_burst_spans, self.slow_spans_per_s)
         if not self.export_timeout_s > 0:
             raise ValueError(f"export_timeout_s {self.export_timeout_s} is invalid; expected > 0")
 

@@ -4,13 +4,15 @@ OTLP/HTTP (needs the ``otel`` extra).
 Tail sampling: the decision waits for the request's end. A failed request is kept whatever the
 ratio within its tenant's share of the export queue for errors (``share.py``: past it the failure
 is decided by the rules below and, dropped, counted in ``errors_dropped``); a request slower than
-``slow_s`` is kept whatever the ratio; the others are kept when the caller's ``traceparent`` said
-sampled (within its tenant's share for flags, a bucket of its own: past it the flag is not
-honoured, counted in ``parent_refused``), else by ``sample_ratio`` on the trace id (as
-OpenTelemetry's TraceIdRatioBased, so an ingress and anything downstream agree). Until then a
-request costs only a few timestamps. Kept spans go to the SDK's ``BatchSpanProcessor`` (a bounded
-queue, exported on its own thread): the event loop never waits for the collector, and a
-collector that is down costs dropped spans, never requests.
+``slow_s`` is kept whatever the ratio within its tenant's share for slow requests (a bucket of its
+own: a tenant making deliberately slow requests, long ``max_tokens`` or slow reading, would
+otherwise fill the queue; past it counted in ``slow_dropped`` when dropped); the others are kept
+when the caller's ``traceparent`` said sampled (within its tenant's share for flags, a bucket of
+its own: past it the flag is not honoured, counted in ``parent_refused``), else by ``sample_ratio``
+on the trace id (as OpenTelemetry's TraceIdRatioBased, so an ingress and anything downstream
+agree). Until then a request costs only a few timestamps. Kept spans go to the SDK's
+``BatchSpanProcessor`` (a bounded queue, exported on its own thread): the event loop never waits
+for the collector, and a collector that is down costs dropped spans, never requests.
 """
 
 from __future__ import annotations
@@ -65,10 +67,13 @@ class Tracer:
         self.num_failed = 0  # kept traces whose spans could not be built (logged)
         self._parents = SpanShare(config.parent_burst_spans, config.parent_spans_per_s, clock_s)
         self._errors = SpanShare(config.error_burst_spans, config.error_spans_per_s, clock_s)
+        self._slow = SpanShare(config.slow_burst_spans, config.slow_spans_per_s, clock_s)
         # requests whose sampled flag was not honoured (tenant past its share), by tenant class
         self._parent_refused: Counter[str] = Counter()
         # failed requests dropped because their tenant was past its error share, by tenant class
         self._errors_dropped: Counter[str] = Counter()
+        # slow requests dropped because their tenant was past its slow share, by tenant class
+        self._slow_dropped: Counter[str] = Counter()
 
     def begin(
         self, traceparent: str | None, subject: Subject, authorization: Interval | None
@@ -84,11 +89,10 @@ class Tracer:
 
     def kept_by(self, trace: RequestTrace) -> str | None:
         """Why ``trace`` is kept ("error", "slow", "parent", "ratio"); None: dropped."""
-        slow_s = self.config.slow_s
         tenant = trace.subject.tenant
         if trace.is_error and self._errors.has_room(tenant):
             return "error"
-        if slow_s is not None and trace.duration_s >= slow_s:
+        if self._is_slow(trace) and self._slow.has_room(tenant):
             return "slow"
         if trace.ids.parent_sampled and self._parents.has_room(tenant):
             return "parent"
@@ -106,6 +110,11 @@ class Tracer:
         the export queue for errors (and no other rule kept it), by tenant class."""
         return dict(self._errors_dropped)
 
+    def slow_dropped(self) -> Mapping[str, int]:
+        """Slow requests whose trace was dropped because their tenant had used its share of the
+        export queue for slow requests (and no other rule kept it), by tenant class."""
+        return dict(self._slow_dropped)
+
     def flush(self, timeout_s: float = 10.0) -> bool:
         """Exports what is queued; False when that did not finish within ``timeout_s``."""
         return self._processor.force_flush(int(timeout_s * 1000))
@@ -122,6 +131,8 @@ class Tracer:
             self.num_dropped += 1
             if trace.is_error:
                 self._errors_dropped[tenant_class] += 1
+            if self._is_slow(trace):
+                self._slow_dropped[tenant_class] += 1
             return
         try:
             spans = self._builder.build(trace, reason)
@@ -134,5 +145,11 @@ class Tracer:
             self._parents.charge(trace.subject.tenant, len(spans))
         elif reason == "error":
             self._errors.charge(trace.subject.tenant, len(spans))
+        elif reason == "slow":
+            self._slow.charge(trace.subject.tenant, len(spans))
         for span in spans:
             self._processor.on_end(span)
+
+    def _is_slow(self, trace: RequestTrace) -> bool:
+        slow_s = self.config.slow_s
+        return slow_s is not None and trace.duration_s >= slow_s

@@ -155,6 +155,11 @@ class RequestTracing(Protocol):
         queue for errors (and no other rule kept them), by tenant class."""
         ...
 
+    def slow_dropped(self) -> Mapping[str, int]:
+        """Slow requests not traced because their tenant had used its share of the export queue
+        for slow requests (and no other rule kept them), by tenant class."""
+        ...
+
     def shutdown(self) -> None:
         """Exports what is queued and stops."""
         ...

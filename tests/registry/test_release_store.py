@@ -171,6 +171,27 @@ def test_canary_share_is_sticky_bounded_and_only_grows(bot: Registry) -> None:
     assert on_candidate() == set()
 
 
+def test_a_canary_on_a_weighted_alias_draws_as_one_weighted_alias(bot: Registry) -> None:
+    """One draw per caller decides both: below the canary's share (1/4) the candidate, above it
+    the alias's weights (3:1) spread over the rest; so the callers split exactly as an alias
+    weighting the candidate 1/4, then v1 and v3 3/4 in 3:1, would split them."""
+    bot.set_alias("acme", "bot", (AliasTarget("v1", 3), AliasTarget("v3", 1)), "ops")
+    callers = [f"user:{i}" for i in range(400)]
+
+    def sides() -> list[str]:
+        return [bot.resolve_revision("acme", "bot", sticky_key=c).revision for c in callers]
+
+    store = ReleaseStore(bot)
+    _canary(store, bot)
+    in_canary = sides()
+    store.rollback("acme", "bot", actor="ops")
+    as_weights = (AliasTarget("v2", 4), AliasTarget("v1", 9), AliasTarget("v3", 3))
+    bot.set_alias("acme", "bot", as_weights, "ops")
+    assert in_canary == sides()
+    counts = {r: in_canary.count(r) for r in ("v1", "v2", "v3")}
+    assert 70 <= counts["v2"] <= 130 and 2 * counts["v3"] < counts["v1"] < 4 * counts["v3"]
+
+
 def test_before_canary_the_candidate_gets_no_unpinned_traffic(bot: Registry) -> None:
     store = ReleaseStore(bot)
     release = store.start_release("acme", "bot", "v2", ReleasePlan(ladder=(1.0,)), actor="ops")

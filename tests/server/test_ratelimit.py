@@ -84,7 +84,11 @@ def test_over_http_a_tenant_over_its_rate_gets_429_before_its_body_is_read(rig: 
     assert calm.status_code == 200  # another tenant's bucket is its own
 
 
-def test_a_costlier_check_takes_that_many_tokens_and_never_more_than_the_bucket() -> None:
+def test_a_costlier_check_takes_that_many_tokens_and_a_full_bucket_lets_any_cost_in() -> None:
+    """A cost above the bucket's capacity passes on a full bucket (it could never pass
+    otherwise) and is then taken whole: the bucket owes the rest, paid back by its refill
+    before anything else passes. Before, it took only the capacity: with a rate of 4, a cost
+    of 100 a second passed, 25 times the rate."""
     clock = Clock()
     limiter = RateLimiter(burst_s=1.0, clock=clock)
     tenant = _tenant("acme", 4.0)
@@ -93,40 +97,61 @@ def test_a_costlier_check_takes_that_many_tokens_and_never_more_than_the_bucket(
         limiter.check(tenant, 2)  # one token left
     assert refused.value.retry_after_s == pytest.approx(0.25)
     clock.now = 10.0
-    limiter.check(tenant, 100)  # above the capacity: takes the full bucket
-    with pytest.raises(RateLimitError):
+    limiter.check(tenant, 100)  # above the capacity: let in on a full bucket, owing 96
+    clock.now = 11.0  # a full bucket's refill later: still owing 92
+    with pytest.raises(RateLimitError) as owing:
         limiter.check(tenant)
+    assert owing.value.retry_after_s == pytest.approx(23.25)  # (1 + 92) / 4
+    with pytest.raises(RateLimitError):
+        limiter.check(tenant, 100)  # nor does another large cost pass in debt
+    clock.now = 34.25
+    limiter.check(tenant)
     with pytest.raises(ValueError, match="cost"):
         limiter.check(tenant, 0)
 
 
-def test_over_http_n_choices_count_as_n_requests_against_the_rate(rig: Rig) -> None:
+def _limited(rig: Rig, name: str, rate: float) -> dict[str, str]:
+    """Headers of a new tenant ``name`` whose quota is ``rate`` requests a second."""
     admin = rig.client
-    admin.post("/admin/tenants", json={"name": "fanner"}, headers=rig.admin)
-    quotas = {"quotas": {"max_requests_per_s": 3.0}}  # a bucket of 3 requests
-    assert admin.put("/admin/tenants/fanner", json=quotas, headers=rig.admin).status_code == 200
-    token = admin.post("/admin/tenants/fanner/keys", headers=rig.admin).json()["token"]
-    headers = {"Authorization": f"Bearer {token}"}
+    admin.post("/admin/tenants", json={"name": name}, headers=rig.admin)
+    quotas = {"quotas": {"max_requests_per_s": rate}}
+    assert admin.put(f"/admin/tenants/{name}", json=quotas, headers=rig.admin).status_code == 200
+    token = admin.post(f"/admin/tenants/{name}/keys", headers=rig.admin).json()["token"]
+    return {"Authorization": f"Bearer {token}"}
+
+
+def test_over_http_n_choices_count_as_n_requests_against_the_rate(rig: Rig) -> None:
+    headers = _limited(rig, "fanner", 3.0)  # a bucket of 3 requests
     body = {"model": BASE_NAME, "prompt": "hi", "max_tokens": 2, "n": 3}
-    assert admin.post("/v1/completions", json=body, headers=headers).status_code == 200
-    refused = admin.post("/v1/completions", json=body, headers=headers)
+    assert rig.client.post("/v1/completions", json=body, headers=headers).status_code == 200
+    refused = rig.client.post("/v1/completions", json=body, headers=headers)
     assert refused.status_code == 429  # the first three choices used the whole bucket
     assert refused.json()["error"]["code"] == "rate_limited"
 
 
 def test_over_http_a_fan_out_above_the_bucket_passes_on_a_full_bucket(rig: Rig) -> None:
-    """A request costing more than the bucket holds takes a full bucket, as a single check's
-    cost does; the arrival's token must not leave the rest forever one short (n=4 on a bucket
-    of 2 was refused with ``Retry-After: 1`` however long the tenant waited)."""
-    admin = rig.client
-    admin.post("/admin/tenants", json={"name": "wide"}, headers=rig.admin)
-    quotas = {"quotas": {"max_requests_per_s": 2.0}}  # a bucket of 2 requests
-    assert admin.put("/admin/tenants/wide", json=quotas, headers=rig.admin).status_code == 200
-    token = admin.post("/admin/tenants/wide/keys", headers=rig.admin).json()["token"]
-    headers = {"Authorization": f"Bearer {token}"}
+    """A request costing more than the bucket holds passes on a full bucket, as a single
+    check's cost does; the arrival's token must not leave the rest forever one short (n=4 on a
+    bucket of 2 was refused with ``Retry-After: 1`` however long the tenant waited)."""
+    headers = _limited(rig, "wide", 2.0)  # a bucket of 2 requests
     body = {"model": BASE_NAME, "prompt": "hi", "max_tokens": 2, "n": 4}
-    passed = admin.post("/v1/completions", json=body, headers=headers)
+    passed = rig.client.post("/v1/completions", json=body, headers=headers)
     assert passed.status_code == 200, passed.text
     assert len(passed.json()["choices"]) == 4
-    refused = admin.post("/v1/completions", json={**body, "n": 1}, headers=headers)
-    assert refused.status_code == 429  # it took the whole bucket
+    refused = rig.client.post("/v1/completions", json={**body, "n": 1}, headers=headers)
+    assert refused.status_code == 429  # it took the whole bucket and owes two requests
+    assert int(refused.headers["Retry-After"]) >= 1
+
+
+def test_over_http_a_fan_out_cannot_multiply_the_rate(rig: Rig) -> None:
+    """A fan-out above the bucket passes on a full bucket and then owes the rest: with a bucket
+    of one request, ``n=4`` is four requests' worth of waiting. Before, the arrival took the only
+    token and the other three were free (``n=16`` once a second on a rate of 1 was 16 engine
+    requests a second), and on a larger bucket the rest was capped at the bucket."""
+    headers = _limited(rig, "fanout", 1.0)  # a bucket of 1 request
+    body = {"model": BASE_NAME, "prompt": "hi", "max_tokens": 2, "n": 4}
+    passed = rig.client.post("/v1/completions", json=body, headers=headers)
+    assert passed.status_code == 200, passed.text
+    refused = rig.client.post("/v1/completions", json={**body, "n": 1}, headers=headers)
+    assert refused.status_code == 429
+    assert int(refused.headers["Retry-After"]) >= 3  # three requests owed at one a second

@@ -10,8 +10,8 @@ owner still sees whether its ratings counted. On the fake engine."""
 
 from __future__ import annotations
 
-from collections.abc import Iterator
-from typing import Any
+from collections.abc import Callable, Iterator
+from typing import Any, TypeVar
 
 import pytest
 from conftest import Rig
@@ -26,6 +26,7 @@ OWNER, NAME = "globex", "search"
 ALIAS = f"{OWNER}/{NAME}"
 # headers every answer has, whose values differ per answer whatever the revision
 PER_ANSWER = {"content-length", "date", "x-request-id"}
+T = TypeVar("T")
 
 
 @pytest.fixture
@@ -161,6 +162,20 @@ def _revisions_by_user(rig: Rig, users: range, num_requests: int) -> dict[int, s
     return seen
 
 
+def _in_canary(rig: Rig, candidate: str, seen: Callable[[], T]) -> T:
+    """``seen()`` while ``globex/search``'s release of ``candidate`` is in canary at 1/2."""
+    registry = rig.served.registry
+    store = ReleaseStore(registry)
+    release = store.start_release(OWNER, NAME, candidate, ReleasePlan(ladder=(0.5,)), actor="ops")
+    try:
+        for to in (ReleaseState.PREWARMING, ReleaseState.PROBING):
+            release = store.transition(release, to, actor="c", now=registry.now())
+        store.transition(release, ReleaseState.CANARY, actor="c", now=registry.now(), step=0)
+        return seen()
+    finally:
+        store.rollback(OWNER, NAME, actor="ops")
+
+
 def test_one_user_stays_on_one_revision_of_a_weighted_alias_as_of_a_canary(shared: Rig) -> None:
     registry = shared.served.registry
     stable = _served(shared).rpartition("@")[2]
@@ -172,13 +187,25 @@ def test_one_user_stays_on_one_revision_of_a_weighted_alias_as_of_a_canary(share
         registry.set_alias(OWNER, NAME, (AliasTarget(stable, 1),), "test")
     assert all(len(revisions) == 1 for revisions in weighted.values()), weighted
     assert set().union(*weighted.values()) == {f"{ALIAS}@{stable}", f"{ALIAS}@{other}"}
-    store = ReleaseStore(registry)
-    release = store.start_release(OWNER, NAME, other, ReleasePlan(ladder=(0.5,)), actor="ops")
-    try:
-        for to in (ReleaseState.PREWARMING, ReleaseState.PROBING):
-            release = store.transition(release, to, actor="c", now=registry.now())
-        store.transition(release, ReleaseState.CANARY, actor="c", now=registry.now(), step=0)
-        canary = _revisions_by_user(shared, range(12), 4)
-    finally:
-        store.rollback(OWNER, NAME, actor="ops")
+    canary = _in_canary(shared, other, lambda: _revisions_by_user(shared, range(12), 4))
     assert all(len(revisions) == 1 for revisions in canary.values()), canary
+
+
+def test_a_canary_splits_users_as_a_weighted_alias_would(shared: Rig) -> None:
+    """Which of a non-owner's ``user`` values draw the candidate of a canary at share 1/2 is
+    exactly which would draw it from an alias weighting candidate and stable 1:1. Before, the
+    alias's draw was sha256 of the adapter's name and the user, which any caller can compute, and
+    a canary's of the (secret) release id and the user: a non-owner whose users' revisions did not
+    follow the computable draw knew a release was under way."""
+    registry = shared.served.registry
+    stable = _served(shared).rpartition("@")[2]
+    other = "r2" if stable != "r2" else "r3"
+    users = range(24)
+    registry.set_alias(OWNER, NAME, (AliasTarget(other, 1), AliasTarget(stable, 1)), "test")
+    try:
+        weighted = _revisions_by_user(shared, users, 1)
+    finally:
+        registry.set_alias(OWNER, NAME, (AliasTarget(stable, 1),), "test")
+    canary = _in_canary(shared, other, lambda: _revisions_by_user(shared, users, 1))
+    assert set().union(*weighted.values()) == {f"{ALIAS}@{stable}", f"{ALIAS}@{other}"}
+    assert canary == weighted

@@ -180,7 +180,11 @@ def test_the_bucket_refills_at_the_rate_up_to_its_capacity(redis_url: str, prefi
     limiter.close()
 
 
-def test_a_cost_above_the_capacity_takes_a_full_bucket(redis_url: str, prefix: str) -> None:
+def test_a_cost_above_the_capacity_passes_on_a_full_bucket_and_is_owed(
+    redis_url: str, prefix: str, raw: redis.Redis
+) -> None:
+    """As ``RateLimiter`` (test_ratelimit.py); and the key of a bucket in debt lives until it
+    refilled, three times over (expired sooner, the debt would be forgiven)."""
     now = Clock()
     limiter = _shared(redis_url, prefix, bucket_clock=now)
     tenant = _tenant("acme", 4.0)
@@ -189,9 +193,14 @@ def test_a_cost_above_the_capacity_takes_a_full_bucket(redis_url: str, prefix: s
         limiter.check(tenant, 2)  # one token left
     assert refused.value.retry_after_s == pytest.approx(0.25)
     now.now += 10.0
-    limiter.check(tenant, 100)  # above the capacity of four: takes all four
-    with pytest.raises(RateLimitError):
+    limiter.check(tenant, 100)  # above the capacity of four: let in on a full bucket, owing 96
+    now.now += 1.0  # a full bucket's refill later: still owing 92
+    with pytest.raises(RateLimitError) as owing:
         limiter.check(tenant)
+    assert owing.value.retry_after_s == pytest.approx(23.25)  # (1 + 92) / 4
+    assert 3 * 23.5 * 1000 < raw.pttl(f"{prefix}:rl:acme") <= 3 * 24 * 1000  # 24 s to refill
+    now.now += 23.25
+    limiter.check(tenant)
     with pytest.raises(ValueError, match="cost 0 is invalid"):
         limiter.check(tenant, 0)
     limiter.close()

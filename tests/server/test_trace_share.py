@@ -3,7 +3,9 @@ shared span export queue: its forced traces take at most its share (``parent_bur
 ``parent_spans_per_s``); beyond it its requests are sampled as anyone's (the ratio), counted in
 ``loraplex_trace_parent_refused_total``, and other tenants' sampled traces are still kept. Nor
 may one making cheap failures (404s): its error traces take at most its error share, the rest
-counted in ``loraplex_trace_errors_dropped_total``, and other tenants' traces are still kept.
+counted in ``loraplex_trace_errors_dropped_total``, and other tenants' traces are still kept. Nor
+may one making deliberately slow requests (long ``max_tokens``, slow reading): its slow traces
+take at most its slow share, the rest counted in ``loraplex_trace_slow_dropped_total``.
 
 On the fake engine with the real app; the tracer hands its spans to a collecting processor and
 its clock stands still (no refill), so the share is exact."""
@@ -12,6 +14,7 @@ from __future__ import annotations
 
 import random
 from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 
 import pytest
@@ -158,15 +161,14 @@ class Bounded(Collected):
             self.spans.append(span)
 
 
-def test_a_tenant_flooding_cheap_failures_gets_only_its_error_share(served: Served) -> None:
-    """40 404s of one tenant (about 80 spans) against a 48-span queue: before its error share,
-    they filled it and the other tenant's failure and sampled request were dropped; now its
-    error traces stop at the share, the rest are counted, and the other tenant's are kept."""
+@contextmanager
+def _bounded(served: Served, **share: float) -> Iterator[Traced]:
+    """The app tracing into a 48-span ``Bounded`` queue at ratio 0, its clock still (no
+    refill), with the tracer settings ``share``."""
     collected = Bounded(capacity=48)
     config = TracingConfig(
-        "http://127.0.0.1:9/v1/traces", SECRET, sample_ratio=0.0, export_names=True,
-        error_burst_spans=BURST_SPANS, error_spans_per_s=1.0,
-    )  # fmt: skip
+        "http://127.0.0.1:9/v1/traces", SECRET, sample_ratio=0.0, export_names=True, **share
+    )  # type: ignore[arg-type]
     tracer = Tracer(config, "base", processor=collected, clock_s=lambda: 100.0)
     plain = make_app_deps(served, FakeEngine())
     deps = ServerDeps(
@@ -174,29 +176,59 @@ def test_a_tenant_flooding_cheap_failures_gets_only_its_error_share(served: Serv
         refresh_tenants=plain.refresh_tenants, fleet=plain.fleet, tracing=tracer,
     )  # fmt: skip
     with TestClient(create_app(deps)) as client:
-        traced = Traced(client, served, collected, tracer)
-        assert _refused(traced, "loraplex_trace_errors_dropped") == {
-            "high": 0.0, "normal": 0.0, "batch": 0.0,
-        }  # fmt: skip
-        for _ in range(40):
-            assert traced.post("acme", None, model="no-such-adapter") == 404
-        kept = collected.roots("acme")
-        assert 1 <= len(kept) < 40
-        acme_ids = {s.context.trace_id for s in kept}
-        num_spans = sum(1 for s in collected.spans if s.context.trace_id in acme_ids)
-        assert num_spans < BURST_SPANS + num_spans / len(kept)  # the share and one trace
-        dropped = _refused(traced, "loraplex_trace_errors_dropped")
-        assert sum(dropped.values()) == 40 - len(kept)
-        assert traced.post("globex", None, model="no-such-adapter") == 404
-        assert traced.post("globex", _sampled(7), model="search") == 200
-        globex = collected.roots("globex")
-        reasons = [(r.attributes or {})["loraplex.trace.kept_by"] for r in globex]
-        assert reasons == ["error", "parent"]
-        assert sum(_refused(traced, "loraplex_trace_errors_dropped").values()) == sum(
-            dropped.values()
-        )  # the other tenant's failure was not dropped
+        yield Traced(client, served, collected, tracer)
     assert deps.cache is not None
     deps.cache.close()
+
+
+def _flood(traced: Traced, model: str, status: int, counter: str) -> dict[str, float]:
+    """40 requests of acme for ``model``: its traces stop at its share (``BURST_SPANS``), each
+    one it lost counted in ``counter`` (every class from 0); returns that counter."""
+    assert _refused(traced, counter) == {"high": 0.0, "normal": 0.0, "batch": 0.0}
+    for _ in range(40):
+        assert traced.post("acme", None, model=model) == status
+    kept = traced.collected.roots("acme")
+    assert 1 <= len(kept) < 40
+    acme_ids = {s.context.trace_id for s in kept}
+    num_spans = sum(1 for s in traced.collected.spans if s.context.trace_id in acme_ids)
+    assert num_spans < BURST_SPANS + num_spans / len(kept)  # the share and one trace
+    dropped = _refused(traced, counter)
+    assert sum(dropped.values()) == 40 - len(kept)
+    return dropped
+
+
+def _reasons(traced: Traced, tenant: str) -> list[str]:
+    return [(r.attributes or {})["loraplex.trace.kept_by"] for r in traced.collected.roots(tenant)]
+
+
+def test_a_tenant_flooding_cheap_failures_gets_only_its_error_share(served: Served) -> None:
+    """40 404s of one tenant (about 80 spans) against a 48-span queue: before its error share,
+    they filled it and the other tenant's failure and sampled request were dropped; now its
+    error traces stop at the share, the rest are counted, and the other tenant's are kept."""
+    with _bounded(served, error_burst_spans=BURST_SPANS, error_spans_per_s=1.0) as traced:
+        dropped = _flood(traced, "no-such-adapter", 404, "loraplex_trace_errors_dropped")
+        assert traced.post("globex", None, model="no-such-adapter") == 404
+        assert traced.post("globex", _sampled(7), model="search") == 200
+        assert _reasons(traced, "globex") == ["error", "parent"]
+        # the other tenant's failure was not dropped
+        assert _refused(traced, "loraplex_trace_errors_dropped") == dropped
+
+
+def test_a_tenant_making_slow_requests_gets_only_its_slow_share(served: Served) -> None:
+    """40 slow requests of one tenant (``slow_s`` tiny: every request is slow; in production a
+    long ``max_tokens`` or a stream read slowly) against a 48-span queue: before its slow share
+    they filled it and the other tenant's slow request was dropped; now its slow traces stop at
+    the share, the rest are counted, and the other tenant's is kept."""
+    share = {"slow_s": 1e-9, "slow_burst_spans": BURST_SPANS, "slow_spans_per_s": 1.0}
+    with _bounded(served, **share) as traced:
+        dropped = _flood(traced, "support", 200, "loraplex_trace_slow_dropped")
+        assert set(_reasons(traced, "acme")) == {"slow"}
+        assert traced.post("globex", None, model="search") == 200
+        assert _reasons(traced, "globex") == ["slow"]
+        # a slow failure past the slow share is still kept within the error share, uncounted
+        assert traced.post("acme", None, model="no-such-adapter") == 404
+        assert _reasons(traced, "acme")[-1] == "error"
+        assert _refused(traced, "loraplex_trace_slow_dropped") == dropped
 
 
 def test_the_share_settings_are_checked() -> None:
@@ -208,3 +240,7 @@ def test_the_share_settings_are_checked() -> None:
         TracingConfig("http://c:4318/v1/traces", SECRET, error_burst_spans=0)
     with pytest.raises(ValueError, match="error_spans_per_s 0 is invalid"):
         TracingConfig("http://c:4318/v1/traces", SECRET, error_spans_per_s=0)
+    with pytest.raises(ValueError, match="slow_burst_spans 0 is invalid"):
+        TracingConfig("http://c:4318/v1/traces", SECRET, slow_burst_spans=0)
+    with pytest.raises(ValueError, match="slow_spans_per_s 0 is invalid"):
+        TracingConfig("http://c:4318/v1/traces", SECRET, slow_spans_per_s=0)

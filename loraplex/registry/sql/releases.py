@@ -24,23 +24,22 @@ _JOINED_REVISION = ", ".join(f"v.{column.strip()}" for column in REVISION_COLUMN
 class CanaryRoute:
     """An alias's release while it is in canary: who may be sent to the candidate."""
 
-    release_id: str  # salts the sticky hash, so each release draws its own callers
-    share: float  # fraction of sticky keys sent to the candidate, in (0, 1]
+    share: float  # fraction of callers' draws sent to the candidate, in (0, 1]
     candidate: Revision  # the revision on trial
 
 
 def canary_route(tx: Tx, tenant: str, name: str) -> CanaryRoute | None:
     """The alias's canary, if its active release is in canary; one indexed read."""
     row = tx.query_one(
-        f"SELECT r.release_id, r.state, r.canary_share, {_JOINED_REVISION} "
+        f"SELECT r.state, r.canary_share, {_JOINED_REVISION} "
         "FROM releases r JOIN revisions v "
         "ON v.tenant = r.tenant AND v.name = r.name AND v.revision = r.candidate "
         "WHERE r.tenant = ? AND r.name = ? AND r.active = 1",
         (tenant, name),
     )
-    if row is None or row[1] != CANARY_STATE or row[2] is None:
+    if row is None or row[0] != CANARY_STATE or row[1] is None:
         return None
-    return CanaryRoute(str(row[0]), float(row[2]), revision_from_row(tuple(row[3:])))
+    return CanaryRoute(float(row[1]), revision_from_row(tuple(row[2:])))
 
 
 def active_release_id(tx: Tx, tenant: str, name: str) -> str | None:

@@ -176,7 +176,7 @@ class ServeConfig:
     # --- request traces (docs/observability.md, "Traces"; needs the ``otel`` extra) ---
     trace_endpoint: str | None = None  # OTLP/HTTP traces URL; None: tracing off
     trace_sample_ratio: float = 0.01  # fraction of requests traced (by trace id)
-    trace_slow_s: float = 10.0  # requests at least this long are always traced
+    trace_slow_s: float = 10.0  # requests this long are traced (within the slow share)
     trace_export_names: bool = False  # tenant/adapter names in spans; false: keyed hashes
     # one JSONL line per finished request in the simulator's trace format (docs/simulator.md);
     # None: off
