@@ -4,7 +4,7 @@ this package) only; every other module receives plain, typed arguments.
 Each module in ``_COMMAND_MODULES`` defines ``register(app)``, adding its commands or groups.
 Heavy imports (torch, transformers) happen inside command bodies so ``--help`` stays fast.
 ``app`` (every command) is built on first use; ``main`` builds only the modules of a command
-``_OWN_MODULES`` names (``loraplex serve`` imports its own module, not the 17 others, before it
+``_OWN_MODULES`` names (``loraplex serve`` imports its own module, not the 18 others, before it
 starts its engine process: that import is on the start's critical path).
 """
 
@@ -22,6 +22,7 @@ _COMMAND_MODULES: tuple[str, ...] = (
     "generate",
     "registry",
     "tenants",
+    "keys",
     "release",
     "bench",
     "signing",  # after "bench": it adds `bench signing` to that group

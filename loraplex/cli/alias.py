@@ -11,7 +11,7 @@ from typing import Annotated
 
 import typer
 
-from loraplex.cli.registry import Actor, _actor, _failures, _opened, _time
+from loraplex.cli.registry_access import Actor, acting, failures, opened, targets_text, utc_time
 from loraplex.cli.registry_location import Location, located
 from loraplex.registry import Alias, AliasTarget
 
@@ -30,7 +30,7 @@ def register(adapters: typer.Typer) -> None:
 
 def show(location: Location, alias: AliasRef, as_json: Json = False) -> None:
     """The alias's targets and its rollback target."""
-    with _failures(), _opened(location.config()) as registry:
+    with failures(), opened(location.config()) as registry:
         found = registry.get_alias(*split_alias(alias))
         if found is None:
             raise ValueError(f"alias {alias!r} has no targets")
@@ -45,25 +45,25 @@ def set_targets(
     as_json: Json = False,
 ) -> None:
     """Point the alias at TARGETS (weight 1 when omitted); the old targets go on its history."""
-    with _failures():
+    with failures():
         parsed = tuple(parse_target(text) for text in targets)
-        with _opened(location.config()) as registry:
+        with opened(location.config()) as registry:
             tenant, name = split_alias(alias)
-            _print(registry.set_alias(tenant, name, parsed, _actor(actor)), as_json)
+            _print(registry.set_alias(tenant, name, parsed, acting(actor)), as_json)
 
 
 def rollback(
     location: Location, alias: AliasRef, actor: Actor = None, as_json: Json = False
 ) -> None:
     """Return the alias to its previous targets (again: one step further back)."""
-    with _failures(), _opened(location.config()) as registry:
+    with failures(), opened(location.config()) as registry:
         tenant, name = split_alias(alias)
-        _print(registry.rollback_alias(tenant, name, _actor(actor)), as_json)
+        _print(registry.rollback_alias(tenant, name, acting(actor)), as_json)
 
 
 def history(location: Location, alias: AliasRef, as_json: Json = False) -> None:
     """Earlier targets, newest first: ROLLBACKS is how many ``alias rollback`` reach each."""
-    with _failures(), _opened(location.config()) as registry:
+    with failures(), opened(location.config()) as registry:
         entries = registry.alias_history(*split_alias(alias))
     if as_json:
         body = [
@@ -77,7 +77,7 @@ def history(location: Location, alias: AliasRef, as_json: Json = False) -> None:
         return
     typer.echo("rollbacks\ttargets\treplaced_at")
     for depth, (targets, at) in enumerate(entries, start=1):
-        typer.echo(f"{depth}\t{_split(targets)}\t{_time(at)}")
+        typer.echo(f"{depth}\t{targets_text(targets)}\t{utc_time(at)}")
 
 
 def split_alias(text: str) -> tuple[str, str]:
@@ -106,13 +106,9 @@ def _print(alias: Alias, as_json: bool) -> None:
         typer.echo(json.dumps(body, indent=2))
         return
     typer.echo(f"alias       {alias.tenant}/{alias.name}")
-    typer.echo(f"targets     {_split(alias.targets)}")
-    typer.echo(f"rollback    {_split(alias.rollback_targets) or '-'}")
+    typer.echo(f"targets     {targets_text(alias.targets)}")
+    typer.echo(f"rollback    {targets_text(alias.rollback_targets) or '-'}")
 
 
 def _targets(targets: tuple[AliasTarget, ...]) -> list[dict[str, object]]:
     return [{"revision": t.revision, "weight": t.weight} for t in targets]
-
-
-def _split(targets: tuple[AliasTarget, ...]) -> str:
-    return " ".join(f"{t.revision}:{t.weight}" for t in targets)

@@ -9,14 +9,14 @@ from typing import TYPE_CHECKING, Annotated
 
 import typer
 
-from loraplex.cli.registry import _group
+from loraplex.cli.registry_access import command_group
 
 if TYPE_CHECKING:
     from loraplex.bench.sim.plan_check import Deployment
 
 
 def register(app: typer.Typer) -> None:
-    _group(app, "bench", "Benchmarks.").command("plan-check")(bench_plan_check)
+    command_group(app, "bench", "Benchmarks.").command("plan-check")(bench_plan_check)
 
 
 def deployments(text: str) -> tuple[Deployment, ...]:

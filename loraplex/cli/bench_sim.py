@@ -9,14 +9,14 @@ from typing import TYPE_CHECKING, Annotated
 
 import typer
 
-from loraplex.cli.registry import _group
+from loraplex.cli.registry_access import command_group
 
 if TYPE_CHECKING:
     from loraplex.sim.cost_model import CostModel
 
 
 def register(app: typer.Typer) -> None:
-    _group(app, "bench", "Benchmarks.").command("sim")(bench_sim)
+    command_group(app, "bench", "Benchmarks.").command("sim")(bench_sim)
 
 
 DEFAULT_HARDWARE = "cpu-demo-small"  # the in-run calibration's name without --hardware

@@ -1,5 +1,6 @@
-"""``loraplex adapters register/register-many/list/show``, ``loraplex tenants create/list``,
-``loraplex keys create/list/revoke``: the registry's administrative commands.
+"""``loraplex adapters register/register-many/list/show``, ``loraplex tenants create/list``: the
+registry's administrative commands (``keys`` in ``cli/keys.py``, what they share in
+``cli/registry_access.py``).
 
 Every command takes the registry location: ``--data-dir`` (``LORAPLEX_DATA_DIR``),
 ``--database-url`` (``LORAPLEX_DATABASE_URL``), ``--store`` (``LORAPLEX_STORE``: a directory or
@@ -8,35 +9,33 @@ Every command takes the registry location: ``--data-dir`` (``LORAPLEX_DATA_DIR``
 
 from __future__ import annotations
 
-import contextlib
-import getpass
-from collections.abc import Iterator
-from datetime import UTC, datetime
 from pathlib import Path
 from typing import Annotated
 
 import typer
 
 from loraplex.artifacts.base_model import BaseModelSpec
-from loraplex.cli.locations import unusable_path
+from loraplex.cli.registry_access import (
+    Actor,
+    acting,
+    command_group,
+    failures,
+    opened,
+    provenance_line,
+    targets_text,
+    utc_time,
+)
 from loraplex.cli.registry_location import Location, located
-from loraplex.errors import LoraplexError
 from loraplex.registry import (
-    AliasTarget,
     PriorityClass,
-    Provenance,
     RegistrationRequest,
-    Registry,
-    RegistryConfig,
     RevisionState,
     Tenant,
     TenantQuotas,
     Visibility,
     WarmPolicy,
-    open_registry,
 )
 
-Actor = Annotated[str | None, typer.Option(help="Who is acting, for the audit log")]
 BaseModelDir = Annotated[
     Path, typer.Option(envvar="LORAPLEX_BASE_MODEL", help="The served base model directory")
 ]
@@ -47,18 +46,14 @@ MAX_KV_BLOCKS_HELP = "KV blocks its running sequences hold at most [default: no 
 
 
 def register(app: typer.Typer) -> None:
-    adapters = _group(app, "adapters", "Adapter artifacts and revisions.")
+    adapters = command_group(app, "adapters", "Adapter artifacts and revisions.")
     adapters.command("register")(located(register_adapter))
     adapters.command("register-many")(located(register_many))
     adapters.command("list")(located(list_adapters))
     adapters.command("show")(located(show_adapter))
-    tenants = _group(app, "tenants", "Tenants and their limits.")
+    tenants = command_group(app, "tenants", "Tenants and their limits.")
     tenants.command("create")(located(create_tenant))
     tenants.command("list")(located(list_tenants))
-    keys = _group(app, "keys", "Tenant API keys.")
-    keys.command("create")(located(create_key))
-    keys.command("list")(located(list_keys))
-    keys.command("revoke")(located(revoke_key))
 
 
 def register_adapter(
@@ -78,7 +73,7 @@ def register_adapter(
     actor: Actor = None,
 ) -> None:
     """Validate an adapter against the base model, store its files and record the revision."""
-    with _failures():
+    with failures():
         request = RegistrationRequest(
             adapter_dir=adapter_dir,
             tenant=tenant,
@@ -91,8 +86,8 @@ def register_adapter(
             visibility=Visibility.PUBLIC if public else Visibility.PRIVATE,
         )
         config = location.config(max_lora_rank)
-        with _opened(config, BaseModelSpec.from_dir(base_model), create=True) as registry:
-            result = registry.register(request, _actor(actor))
+        with opened(config, BaseModelSpec.from_dir(base_model), create=True) as registry:
+            result = registry.register(request, acting(actor))
         rev = result.revision
         verb = "registered" if result.created else "already registered (identical bytes)"
         typer.echo(f"{verb} {rev.ref} sha256={rev.adapter_digest} rank={rev.max_rank}")
@@ -120,7 +115,7 @@ def register_many(
     is reported with its error and changes nothing; exit status 1 if any item failed."""
     from loraplex.registry.bulk import manifest_items, register_all, tree_items
 
-    with _failures():
+    with failures():
         if source.is_dir():
             visibility = Visibility.PUBLIC if public else Visibility.PRIVATE
             items = tree_items(source, state=state, warm_policy=warm_policy, visibility=visibility)
@@ -129,8 +124,8 @@ def register_many(
         else:
             raise ValueError(f"{source} does not exist; expected a directory tree or a manifest")
         base = BaseModelSpec.from_dir(base_model)
-        with _opened(location.config(max_lora_rank), base, create=True) as registry:
-            report = register_all(registry, items, _actor(actor))
+        with opened(location.config(max_lora_rank), base, create=True) as registry:
+            report = register_all(registry, items, acting(actor))
     for failure in report.failed:
         typer.echo(f"failed {failure.source}: {failure.error}", err=True)
     typer.echo(
@@ -148,11 +143,11 @@ def list_adapters(
     ] = None,
 ) -> None:
     """List adapters with their alias targets."""
-    with _failures(), _opened(location.config()) as registry:
+    with failures(), opened(location.config()) as registry:
         found = registry.list_adapters() if tenant is None else registry.usable_adapters(tenant)
         for adapter in found:
             alias = registry.get_alias(adapter.tenant, adapter.name)
-            split = "" if alias is None else _split(alias.targets)
+            split = "" if alias is None else targets_text(alias.targets)
             typer.echo(f"{adapter.ref}\t{adapter.visibility.value}\t{split}")
 
 
@@ -161,20 +156,20 @@ def show_adapter(
     ref: Annotated[str, typer.Argument(help="tenant/name")],
 ) -> None:
     """Show an adapter, its alias and every revision."""
-    with _failures(), _opened(location.config()) as registry:
+    with failures(), opened(location.config()) as registry:
         tenant, _, name = ref.partition("/")
         adapter = registry.get_adapter(tenant, name)
         alias = registry.get_alias(tenant, name)
         typer.echo(f"adapter     {adapter.ref} ({adapter.visibility.value})")
         if alias is not None:
-            typer.echo(f"alias       {_split(alias.targets)}")
-            typer.echo(f"rollback    {_split(alias.rollback_targets) or '-'}")
+            typer.echo(f"alias       {targets_text(alias.targets)}")
+            typer.echo(f"rollback    {targets_text(alias.rollback_targets) or '-'}")
         for rev in registry.list_revisions(tenant, name):
             typer.echo(
                 f"revision    {rev.revision}\t{rev.state.value}\twarm={rev.warm_policy.value}"
                 f"\trank={rev.max_rank}\talpha={rev.lora_alpha:g}\trslora={rev.use_rslora}"
                 f"\tdtype={rev.dtype}\tbytes={rev.estimated_bytes}"
-                f"\tmodules={','.join(rev.target_modules)}\tcreated={_time(rev.created_at)}"
+                f"\tmodules={','.join(rev.target_modules)}\tcreated={utc_time(rev.created_at)}"
             )
             typer.echo(f"            sha256={rev.adapter_digest} base={rev.base_digest}")
             if rev.provenance is not None:
@@ -199,7 +194,7 @@ def create_tenant(
     actor: Actor = None,
 ) -> None:
     """Create a tenant (quotas default to unlimited, seats to a fair share)."""
-    with _failures():
+    with failures():
         quotas = TenantQuotas(
             max_gpu_bytes,
             max_cpu_bytes,
@@ -210,8 +205,8 @@ def create_tenant(
             reserved_running_seqs,
             max_kv_blocks,
         )
-        with _opened(location.config(), create=True) as registry:
-            tenant = registry.create_tenant(name, _actor(actor), priority, quotas)
+        with opened(location.config(), create=True) as registry:
+            tenant = registry.create_tenant(name, acting(actor), priority, quotas)
         typer.echo(f"created tenant {tenant.name} ({tenant.priority.value})")
 
 
@@ -219,7 +214,7 @@ def list_tenants(
     location: Location,
 ) -> None:
     """List tenants and their limits."""
-    with _failures(), _opened(location.config()) as registry:
+    with failures(), opened(location.config()) as registry:
         for tenant in registry.list_tenants():
             typer.echo(limits_line(tenant))
 
@@ -234,117 +229,3 @@ def limits_line(tenant: Tenant) -> str:
         f"\trunning_seqs={q.max_running_seqs}\treserved_seqs={q.reserved_running_seqs}"
         f"\tkv_blocks={q.max_kv_blocks}"
     )
-
-
-def create_key(
-    location: Location,
-    tenant: Annotated[str, typer.Argument()],
-    *,
-    actor: Actor = None,
-) -> None:
-    """Create an API key. The token is printed once and cannot be shown again."""
-    with _failures(), _opened(location.config()) as registry:
-        issued = registry.create_key(tenant, _actor(actor))
-    typer.echo(f"key id {issued.key_id} for tenant {issued.tenant}; token (shown once):", err=True)
-    typer.echo(issued.token)
-
-
-def list_keys(
-    location: Location,
-    tenant: Annotated[str | None, typer.Option()] = None,
-) -> None:
-    """List API keys (ids and state; tokens are never stored)."""
-    with _failures(), _opened(location.config()) as registry:
-        for key in registry.list_keys(tenant):
-            state = "active" if key.revoked_at is None else f"revoked {_time(key.revoked_at)}"
-            typer.echo(f"{key.key_id}\t{key.tenant}\tcreated {_time(key.created_at)}\t{state}")
-
-
-def revoke_key(
-    location: Location,
-    key_id: Annotated[str, typer.Argument()],
-    *,
-    actor: Actor = None,
-) -> None:
-    """Revoke an API key; it stops authenticating immediately."""
-    with _failures(), _opened(location.config()) as registry:
-        key = registry.revoke_key(key_id, _actor(actor))
-    typer.echo(f"revoked key {key.key_id} of tenant {key.tenant}")
-
-
-def _group(app: typer.Typer, name: str, help_text: str) -> typer.Typer:
-    """The ``name`` command group, shared with other modules that add commands to it."""
-    for info in app.registered_groups:
-        if info.name == name and info.typer_instance is not None:
-            return info.typer_instance
-    group = typer.Typer(help=help_text, no_args_is_help=True)
-    app.add_typer(group, name=name)
-    return group
-
-
-@contextlib.contextmanager
-def _opened(
-    config: RegistryConfig, base: BaseModelSpec | None = None, *, create: bool = False
-) -> Iterator[Registry]:
-    """The registry; a SQLite one that does not exist yet is created only with ``create`` (the
-    commands that register adapters or tenants): any other command on a mistyped ``--data-dir``
-    would otherwise answer from a new, empty registry (and leave it behind)."""
-    if not create:
-        _require_existing(config)
-    registry = open_registry(config, base)
-    try:
-        yield registry
-    finally:
-        registry.close()
-
-
-SQLITE_PREFIX = "sqlite:///"  # registry/sql/connect.py: the path follows
-
-
-def _require_existing(config: RegistryConfig) -> None:
-    database = config.database
-    if not database.startswith(SQLITE_PREFIX) or database == f"{SQLITE_PREFIX}:memory:":
-        return  # a server database: opening it creates nothing
-    path = Path(database.removeprefix(SQLITE_PREFIX))
-    if not path.is_file():
-        where = "data_dir" if config.database_url is None else "database_url"
-        raise ValueError(
-            f"{where}: no registry at {path}; check --data-dir / LORAPLEX_DATA_DIR (or "
-            "--database-url): `loraplex serve`, `adapters register` or `tenants create` "
-            "creates one"
-        )
-
-
-@contextlib.contextmanager
-def _failures() -> Iterator[None]:
-    """Domain errors, invalid values and an unusable data directory become one line on stderr
-    and exit status 1."""
-    try:
-        yield
-    except (LoraplexError, ValueError) as exc:
-        typer.echo(f"error: {exc}", err=True)
-        raise typer.Exit(1) from exc
-    except OSError as exc:  # e.g. --data-dir names a file, or a directory this user cannot write
-        typer.echo(f"error: {unusable_path(exc)}", err=True)
-        raise typer.Exit(1) from exc
-
-
-def _actor(actor: str | None) -> str:
-    return actor or f"cli:{getpass.getuser()}"
-
-
-def _split(targets: tuple[AliasTarget, ...]) -> str:
-    return " ".join(f"{t.revision}:{t.weight}" for t in targets)
-
-
-def provenance_line(p: Provenance) -> str:
-    """A signed revision's provenance, as ``adapters show`` and ``adapters verify`` print it."""
-    return (
-        f"            signed by {p.signer} (anchor {p.trust_anchor}) "
-        f"verified={_time(p.verified_at)} manifest={p.manifest_digest} "
-        f"bundle={p.signature_digest}"
-    )
-
-
-def _time(epoch_s: float) -> str:
-    return datetime.fromtimestamp(epoch_s, UTC).strftime("%Y-%m-%dT%H:%M:%SZ")

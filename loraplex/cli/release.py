@@ -19,7 +19,7 @@ import typer
 from loraplex.artifacts.base_model import BaseModelSpec
 from loraplex.cli import alias
 from loraplex.cli.alias import split_alias
-from loraplex.cli.registry import Actor, _actor, _failures, _group, _opened, _time
+from loraplex.cli.registry_access import Actor, acting, command_group, failures, opened, utc_time
 from loraplex.cli.registry_location import Location, located
 from loraplex.release.model import (
     ProbeCase,
@@ -39,14 +39,16 @@ _DEFAULT_LADDER = ",".join(f"{share:.0%}" for share in _DEFAULT_PLAN.ladder)
 
 
 def register(app: typer.Typer) -> None:
-    group = _group(app, "release", "Controlled releases: probe, canary, promote or roll back.")
+    group = command_group(
+        app, "release", "Controlled releases: probe, canary, promote or roll back."
+    )
     group.command("start")(located(start))
     group.command("status")(located(status))
     group.command("promote")(located(promote))
     group.command("rollback")(located(rollback))
     group.command("abort")(located(abort))
     group.command("list")(located(list_releases))
-    alias.register(_group(app, "adapters", "Adapter artifacts and revisions."))
+    alias.register(command_group(app, "adapters", "Adapter artifacts and revisions."))
 
 
 def start(
@@ -87,7 +89,7 @@ def start(
     as_json: Json = False,
 ) -> None:
     """Stage a release of REVISION onto the alias; the server's controller runs it."""
-    with _failures():
+    with failures():
         limits = Thresholds(
             max_error_rate=max_error_rate,
             max_error_rate_over_stable=max_error_rate_over_stable,
@@ -109,16 +111,16 @@ def start(
         )
         tenant, name = split_alias(alias)
         base = None if base_model is None else BaseModelSpec.from_dir(base_model)
-        with _opened(location.config(), base) as registry:
+        with opened(location.config(), base) as registry:
             release = ReleaseStore(registry).start_release(
-                tenant, name, revision, plan, actor=_actor(actor)
+                tenant, name, revision, plan, actor=acting(actor)
             )
         _show(release, as_json)
 
 
 def status(location: Location, alias: AliasRef, as_json: Json = False) -> None:
     """The alias's active release (else its latest) and its comparison table."""
-    with _failures(), _opened(location.config()) as registry:
+    with failures(), opened(location.config()) as registry:
         _show(ReleaseStore(registry).latest_release(*split_alias(alias)), as_json)
 
 
@@ -126,25 +128,25 @@ def promote(
     location: Location, alias: AliasRef, actor: Actor = None, as_json: Json = False
 ) -> None:
     """Promote the canary now (remaining ladder steps are skipped)."""
-    with _failures(), _opened(location.config()) as registry:
+    with failures(), opened(location.config()) as registry:
         store = ReleaseStore(registry)
-        _show(store.promote(*split_alias(alias), actor=_actor(actor)), as_json)
+        _show(store.promote(*split_alias(alias), actor=acting(actor)), as_json)
 
 
 def rollback(
     location: Location, alias: AliasRef, actor: Actor = None, as_json: Json = False
 ) -> None:
     """Canary: all traffic back to stable. Promoted: the alias back to the old revision."""
-    with _failures(), _opened(location.config()) as registry:
+    with failures(), opened(location.config()) as registry:
         store = ReleaseStore(registry)
-        _show(store.rollback(*split_alias(alias), actor=_actor(actor)), as_json)
+        _show(store.rollback(*split_alias(alias), actor=acting(actor)), as_json)
 
 
 def abort(location: Location, alias: AliasRef, actor: Actor = None, as_json: Json = False) -> None:
     """Stop a release before it serves canary traffic."""
-    with _failures(), _opened(location.config()) as registry:
+    with failures(), opened(location.config()) as registry:
         store = ReleaseStore(registry)
-        _show(store.abort(*split_alias(alias), actor=_actor(actor)), as_json)
+        _show(store.abort(*split_alias(alias), actor=acting(actor)), as_json)
 
 
 def list_releases(
@@ -154,7 +156,7 @@ def list_releases(
     as_json: Json = False,
 ) -> None:
     """Releases in flight (``--all``: every release), oldest first."""
-    with _failures(), _opened(location.config()) as registry:
+    with failures(), opened(location.config()) as registry:
         found = ReleaseStore(registry).list_releases(include_terminal=show_all, tenant=tenant)
     if as_json:
         typer.echo(json.dumps([release_dict(r) for r in found], indent=2))
@@ -266,12 +268,12 @@ def _show(release: Release, as_json: bool) -> None:
     if release.hold_until is not None:
         left = release.hold_until - now
         when = f"{left:.0f} s from now" if left > 0 else "over; released at the next tick"
-        typer.echo(f"holding {release.baseline} until {_time(release.hold_until)} ({when})")
+        typer.echo(f"holding {release.baseline} until {utc_time(release.hold_until)} ({when})")
     comparison = release.comparison
     if comparison is None:
         return
     typer.echo(
-        f"step {comparison.step + 1} compared at {_time(comparison.at)} "
+        f"step {comparison.step + 1} compared at {utc_time(comparison.at)} "
         f"({max(now - comparison.at, 0.0):.0f} s ago){' (passed)' if comparison.passed else ''}"
     )
     typer.echo(

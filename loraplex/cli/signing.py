@@ -12,14 +12,14 @@ from typing import Annotated, Any
 import typer
 
 from loraplex.artifacts.signature import AnchorKind, sign_dir
-from loraplex.cli.registry import (
+from loraplex.cli.registry_access import (
     Actor,
-    _actor,
-    _failures,
-    _group,
-    _opened,
-    _time,
+    acting,
+    command_group,
+    failures,
+    opened,
     provenance_line,
+    utc_time,
 )
 from loraplex.cli.registry_location import Location, located
 from loraplex.registry import PolicyKind
@@ -30,17 +30,17 @@ def _pem_option(help_text: str) -> Any:
 
 
 def register(app: typer.Typer) -> None:
-    tenants = _group(app, "tenants", "Tenants and their limits.")
+    tenants = command_group(app, "tenants", "Tenants and their limits.")
     trust = typer.Typer(help="Who may sign a tenant's adapters.", no_args_is_help=True)
     tenants.add_typer(trust, name="trust")
     trust.command("add")(located(add_anchor))
     trust.command("remove")(located(remove_anchor))
     trust.command("list")(located(list_trust))
     trust.command("policy")(located(set_policy))
-    adapters = _group(app, "adapters", "Adapter artifacts and revisions.")
+    adapters = command_group(app, "adapters", "Adapter artifacts and revisions.")
     adapters.command("verify")(located(verify_revision))
     adapters.command("sign")(sign_adapter)
-    _group(app, "bench", "Benchmarks.").command("signing")(bench_signing)
+    command_group(app, "bench", "Benchmarks.").command("signing")(bench_signing)
 
 
 def add_anchor(
@@ -53,14 +53,14 @@ def add_anchor(
     actor: Actor = None,
 ) -> None:
     """Trust a public key or a certificate root for the tenant's signatures."""
-    with _failures():
+    with failures():
         path = key or certificate
         if path is None or (key is not None and certificate is not None):
             raise ValueError("--key and --certificate are invalid together; expected exactly one")
         kind = AnchorKind.KEY if key is not None else AnchorKind.CERTIFICATE
         pem = path.read_text(encoding="ascii", errors="replace")
-        with _opened(location.config()) as registry:
-            anchor = registry.add_trust_anchor(tenant, name, kind, pem, _actor(actor))
+        with opened(location.config()) as registry:
+            anchor = registry.add_trust_anchor(tenant, name, kind, pem, acting(actor))
         typer.echo(f"trusted {anchor.kind.value} {anchor.name} sha256={anchor.fingerprint}")
 
 
@@ -71,14 +71,14 @@ def remove_anchor(
     actor: Actor = None,
 ) -> None:
     """Stop trusting an anchor; revisions it verified keep their provenance."""
-    with _failures(), _opened(location.config()) as registry:
-        anchor = registry.remove_trust_anchor(tenant, name, _actor(actor))
+    with failures(), opened(location.config()) as registry:
+        anchor = registry.remove_trust_anchor(tenant, name, acting(actor))
     typer.echo(f"removed {anchor.kind.value} {anchor.name} of tenant {tenant}")
 
 
 def list_trust(location: Location, tenant: Annotated[str, typer.Argument()]) -> None:
     """The tenant's trust policy and anchors."""
-    with _failures(), _opened(location.config()) as registry:
+    with failures(), opened(location.config()) as registry:
         policy = registry.trust_policy(tenant)
         anchors = registry.trust_anchors(tenant)
     identities = ",".join(policy.identities) or "-"
@@ -86,7 +86,7 @@ def list_trust(location: Location, tenant: Annotated[str, typer.Argument()]) -> 
     for anchor in anchors:
         typer.echo(
             f"{anchor.kind.value}\t{anchor.name}\tsha256={anchor.fingerprint}"
-            f"\tadded={_time(anchor.added_at)}"
+            f"\tadded={utc_time(anchor.added_at)}"
         )
 
 
@@ -101,8 +101,8 @@ def set_policy(
     actor: Actor = None,
 ) -> None:
     """Set what the tenant's next registrations must carry (none, signed, identities)."""
-    with _failures(), _opened(location.config()) as registry:
-        stored = registry.set_trust_policy(tenant, policy, identity or [], _actor(actor))
+    with failures(), opened(location.config()) as registry:
+        stored = registry.set_trust_policy(tenant, policy, identity or [], acting(actor))
     typer.echo(f"policy {stored.kind.value} for {tenant}; identities={list(stored.identities)}")
 
 
@@ -112,8 +112,8 @@ def verify_revision(
     actor: Actor = None,
 ) -> None:
     """Re-check a stored revision against the tenant's policy and anchors of today."""
-    with _failures(), _opened(location.config()) as registry:
-        report = registry.verify_revision(ref, _actor(actor))
+    with failures(), opened(location.config()) as registry:
+        report = registry.verify_revision(ref, acting(actor))
         revision = registry.get_revision(ref)
     verdict = "passes" if report.passed else f"FAILS ({report.reason})"
     typer.echo(f"{report.ref} {verdict} policy {report.policy}: {report.message}")
@@ -133,7 +133,7 @@ def sign_adapter(
     ] = None,
 ) -> None:
     """Sign every file of the directory into DIR/model.sig with model-signing."""
-    with _failures():
+    with failures():
         if chain and certificate is None:
             raise ValueError("--chain is invalid without --certificate")
         target = sign_dir(adapter_dir, key, certificate, chain or [])
@@ -162,7 +162,7 @@ def bench_signing(
 
     from loraplex.bench.signing.bench import SigningBenchConfig, run_signing_bench
 
-    with _failures(), tempfile.TemporaryDirectory() as tmp:
+    with failures(), tempfile.TemporaryDirectory() as tmp:
         folder = asset_dir or Path(".loraplex-assets") / f"bench-{preset}"
         if synthetic and asset_dir is not None:
             raise ValueError("--asset-dir is invalid with --synthetic (nothing is read from it)")

@@ -17,13 +17,9 @@ from loraplex.cli.registry import (
     MAX_KV_BLOCKS_HELP,
     MAX_RUNNING_SEQS_HELP,
     RESERVED_SEQS_HELP,
-    Actor,
-    _actor,
-    _failures,
-    _group,
-    _opened,
     limits_line,
 )
+from loraplex.cli.registry_access import Actor, acting, command_group, failures, opened
 from loraplex.cli.registry_location import Location, located
 from loraplex.registry import PriorityClass, TenantQuotas
 
@@ -32,7 +28,7 @@ _UNSET_VALUE: dict[str, int | None] = {"reserved_running_seqs": 0}  # others: No
 
 
 def register(app: typer.Typer) -> None:
-    tenants = _group(app, "tenants", "Tenants and their limits.")
+    tenants = command_group(app, "tenants", "Tenants and their limits.")
     tenants.command("update")(located(update_tenant))
 
 
@@ -67,7 +63,7 @@ def update_tenant(
         "max_kv_blocks": max_kv_blocks,
     }
     changes: dict[str, int | float | None] = {k: v for k, v in given.items() if v is not None}
-    with _failures():
+    with failures():
         for quota in unset or []:
             if quota not in QUOTA_NAMES:
                 raise ValueError(f"--unset {quota!r} is invalid; expected one of {QUOTA_NAMES}")
@@ -76,6 +72,6 @@ def update_tenant(
             changes[quota] = _UNSET_VALUE.get(quota)
         if priority is None and not changes:
             raise ValueError("nothing to change; expected --priority, a quota option or --unset")
-        with _opened(location.config()) as registry:
-            tenant = registry.set_tenant_limits(name, _actor(actor), priority, changes)
+        with opened(location.config()) as registry:
+            tenant = registry.set_tenant_limits(name, acting(actor), priority, changes)
         typer.echo(limits_line(tenant))

@@ -28,7 +28,6 @@ from loraplex.clock import Clock
 from loraplex.engine.lease_desk import LeaseDesk
 from loraplex.engine.live import Live, Sink, check_records
 from loraplex.engine.mode_control import ModeController
-from loraplex.engine.modes import Transition
 from loraplex.engine.output import OutputTracker
 from loraplex.engine.protocol import FINISH_ABORT, EngineRequest, TokenDelta, TokenLogprob
 from loraplex.engine.request import Request, RequestState
@@ -36,18 +35,17 @@ from loraplex.engine.runner import ModelRunner
 from loraplex.engine.sched.scheduler import Scheduler
 from loraplex.engine.sched.stats import EMPTY_VIEW, QueueView
 from loraplex.engine.step import StepPlan, StepResult
-from loraplex.engine.trace_log import EngineTrace, TraceLog
+from loraplex.engine.step_inputs import banned_ids, check_token_ids, histories
+from loraplex.engine.step_trace import trace_batches, trace_of, trace_transitions
+from loraplex.engine.trace_log import TraceLog
 from loraplex.errors import (
     EngineUnavailableError,
     GenerationError,
-    InvalidRequestError,
     NoAdapterCacheError,
     QueueFullError,
 )
-from loraplex.model.sampler import RowHistory
 from loraplex.model.tokenizer import TextTokenizer
 from loraplex.residency.cache import TieredAdapterCache
-from loraplex.sampling import SamplingParams
 
 _log = logging.getLogger(__name__)
 
@@ -90,7 +88,7 @@ class EngineCore:
     def add(self, request: EngineRequest, sink: Sink) -> None:
         if request.adapter_key is not None and self.cache is None:
             raise NoAdapterCacheError("this engine serves the base model only; no adapter cache")
-        self._check_token_ids(request.params)
+        check_token_ids(request.params, self.runner.vocab_size)
         self.scheduler.check_can_add(request)
         victim = self.scheduler.push_out_victim(request)
         if victim is not None:  # the queue is full: the heaviest tenant's newest request yields
@@ -157,7 +155,9 @@ class EngineCore:
         """One iteration; False when there was nothing to run (the loop may then sleep)."""
         self.leases.advance()
         if self.modes is not None:  # merge/unmerge happen between steps only
-            self._trace_transitions(self.modes.before_step())
+            transitions = self.modes.before_step()
+            if self._num_traced:  # tracing off: one truth test per step
+                trace_transitions(self._live.values(), transitions, self.clock)
         plan = self._plan()
         if plan.chunks:
             self._update(plan, self._run(plan))
@@ -187,13 +187,13 @@ class EngineCore:
             if c.samples or c.logprob_targets is not None
         }
         sampling = {c.request_id: params[c.request_id] for c in plan.chunks if c.samples}
-        return self.runner.run_isolated(
-            plan, params, self._banned(sampling), self._histories(sampling)
-        )
+        banned = banned_ids(lives, sampling, self.tokenizer.eos_token_ids)
+        return self.runner.run_isolated(plan, params, banned, histories(lives, sampling))
 
     def _update(self, plan: StepPlan, result: StepResult) -> None:
         """Carry a step's result: failed requests retired, the scheduler updated, tokens sent."""
-        self._trace_batches(plan)  # NOTE: before any retire below: every chunk ran
+        if self._num_traced:  # NOTE: before any retire below: every chunk ran
+            trace_batches(self._live, plan, self.clock, self.runner.last_strategy)
         keys = {c.request_id: self._live[c.request_id].req.request.adapter_key for c in plan.chunks}
         for request_id, reason in result.failed.items():
             model_fault = request_id not in result.request_faults
@@ -210,69 +210,6 @@ class EngineCore:
             self.modes.after_step(plan, keys)
         for request_id, token in result.sampled.items():
             self._emit(self._live[request_id], token, result.logprobs.get(request_id))
-
-    def _trace_transitions(self, transitions: list[Transition]) -> None:
-        """Notes each merge/unmerge in every live traced request's log (all of them waited)."""
-        if not self._num_traced or not transitions:
-            return
-        now = self.clock.now()
-        for live in self._live.values():
-            log = live.req.trace_log
-            if log is None:
-                continue
-            for t in transitions:
-                log.mode_transition(now, t.seconds, t.kind.value, t.revision)
-
-    def _trace_batches(self, plan: StepPlan) -> None:
-        """Notes this step's batch shape in each traced request's log (a few compares per
-        traced request; nothing for the others)."""
-        if not self._num_traced:  # tracing off: one truth test per step
-            return
-        lives = self._live
-        traced = [
-            (c, log) for c in plan.chunks if (log := lives[c.request_id].req.trace_log) is not None
-        ]
-        if not traced:
-            return
-        now = self.clock.now()
-        size = len(plan.chunks)
-        num_revisions = len({c.slot for c in plan.chunks})
-        strategy = self.runner.last_strategy
-        for chunk, log in traced:
-            if log.prefix_reused_tokens is None:  # its first chunk starts past the reused prefix
-                log.prefix_reused_tokens = chunk.start_pos
-            log.batch(now, size, num_revisions, strategy)
-
-    def _check_token_ids(self, params: SamplingParams) -> None:
-        """Token ids the sampler indexes must be in the model's vocabulary."""
-        vocab = self.runner.vocab_size
-        for name, ids in (
-            ("logit_bias", [t for t, _ in params.logit_bias]),
-            ("stop_token_ids", list(params.stop_token_ids)),
-        ):
-            if any(t >= vocab for t in ids):
-                raise InvalidRequestError(
-                    f"{name} token id {max(ids)} is invalid; expected < {vocab} (the vocabulary)",
-                    name,
-                )
-
-    def _banned(self, params: dict[str, SamplingParams]) -> dict[str, frozenset[int]]:
-        """Stop token ids, and EOS ids unless ignore_eos, per request still short of its
-        ``min_tokens`` (as vLLM)."""
-        eos = self.tokenizer.eos_token_ids
-        return {
-            rid: frozenset(p.stop_token_ids) | (frozenset() if p.ignore_eos else eos)
-            for rid, p in params.items()
-            if len(self._live[rid].output.token_ids) < p.min_tokens
-        }
-
-    def _histories(self, params: dict[str, SamplingParams]) -> dict[str, RowHistory]:
-        """Token histories of the requests with a penalty (the others need none)."""
-        reqs = {rid: self._live[rid].req for rid, p in params.items() if p.penalized}
-        return {
-            rid: RowHistory(req.request.prompt_token_ids, req.output_token_ids)
-            for rid, req in reqs.items()
-        }
 
     # --- streaming and retiring -------------------------------------------------------------
 
@@ -295,18 +232,10 @@ class EngineCore:
                 delta, prompt_logprobs=(None, *(owed[i] for i in range(1, len(prompt))))
             )
         if delta.finish_reason is not None and req.trace_log is not None:
-            delta = replace(delta, trace=self._trace_of(req))
+            delta = replace(delta, trace=trace_of(req, self.clock))
         _send(live, delta)
         if delta.finish_reason is not None:
             self._retire(req, RequestState.FINISHED, delta.finish_reason, None)
-
-    def _trace_of(self, req: Request) -> EngineTrace | None:
-        log = req.trace_log
-        if log is None:
-            return None
-        first = req.first_scheduled_s
-        queued = None if first is None else max(0.0, first - req.arrival_s)
-        return log.finish(self.clock.now(), queued, req.request.adapter_key is None)
 
     def _retire(
         self, req: Request, state: RequestState, reason: str, error: BaseException | None
@@ -328,7 +257,7 @@ class EngineCore:
                 FINISH_ABORT,
                 output.prompt_tokens,
                 len(output.token_ids),
-                trace=self._trace_of(req),
+                trace=trace_of(req, self.clock),
             )
             _send(live, closing)
 

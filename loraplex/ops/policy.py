@@ -9,7 +9,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from loraplex.ops.base import ArenaLayout, Strategy
-from loraplex.ops.plan import block_grid, covered_rows, float32_slots, half_on_cpu, rank_classes
+from loraplex.ops.batched_plan import block_grid, rank_classes
+from loraplex.ops.plan import covered_rows, float32_slots, half_on_cpu
 
 
 @dataclass(frozen=True)
@@ -27,7 +28,7 @@ class StepShape:
     half_on_cpu: bool = False  # 16-bit weights on a CPU (skinny matmuls read them slowly)
     on_accelerator: bool = False  # weights on a GPU: a launch costs far more multiply-adds
     # batched: 0 = the active slots share one row grid (one batched matmul pair); n = they do
-    # not, and it runs one pair per group of a rank class (plan.rank_classes), gathered
+    # not, and it runs one pair per group of a rank class (batched_plan.rank_classes), gathered
     block_groups: int = 0
     gathered: int = 0  # batched per rank class: adapter tokens copied in and added back
     # grouped's float32 pass (16-bit weights on a CPU, two runs or more): its short runs, their

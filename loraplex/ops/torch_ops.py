@@ -37,12 +37,11 @@ from loraplex.ops.base import (
     Segment,
     Strategy,
 )
+from loraplex.ops.batched_plan import batched_batch, blocked_batch
 from loraplex.ops.plan import (
     FLOAT32_MAX_TOKENS,
     active_slot_tokens,
     active_slots,
-    batched_batch,
-    blocked_batch,
     check_token_slots,
     float32_slots,
     gathered_batch,

@@ -1,4 +1,5 @@
-"""The ``Registry`` service: the control plane's single entry point.
+"""The ``Registry`` service: the control plane's single entry point (one class in three layers:
+this file over ``trust_admin.py`` over ``service_base.py``).
 
 Tenants, API keys, adapters, revisions, aliases, resolution and the audit log, over one database
 (SQLite or PostgreSQL) and one artifact store. Torch-free. Administrative methods take an
@@ -7,26 +8,20 @@ Tenants, API keys, adapters, revisions, aliases, resolution and the audit log, o
 
 from __future__ import annotations
 
-import random
-import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Mapping
 from pathlib import Path
 
-from loraplex.artifacts.base_model import BaseModelSpec
 from loraplex.artifacts.identity import AdapterKey
 from loraplex.artifacts.manifest import CONFIG_FILE
-from loraplex.artifacts.signature import AnchorKind
-from loraplex.artifacts.store import ArtifactStore, fetch_to_file
+from loraplex.artifacts.store import fetch_to_file
 from loraplex.artifacts.validate import WEIGHTS_FILE
 from loraplex.artifacts.warm_policy import WarmPolicy
-from loraplex.errors import quoted
 from loraplex.registry import (
     registration,
     releases,
     resolution,
     stored_signature,
     tenancy,
-    trust,
 )
 from loraplex.registry.models import (
     Adapter,
@@ -44,63 +39,16 @@ from loraplex.registry.models import (
     TenantQuotas,
     Visibility,
 )
+from loraplex.registry.service_base import split_ref
 from loraplex.registry.sql import adapters as adapter_rows
 from loraplex.registry.sql import audit
 from loraplex.registry.sql import tenants as tenant_rows
-from loraplex.registry.sql import trust as trust_rows
-from loraplex.registry.sql.db import Database
-from loraplex.registry.trust_models import PolicyKind, TrustAnchor, TrustPolicy
+from loraplex.registry.trust_admin import TrustAdmin
 
 
-class Registry:
-    """Tenants, keys, adapters and releases; ``resolve`` is where tenant access is decided."""
-
-    def __init__(
-        self,
-        db: Database,
-        store: ArtifactStore,
-        base: BaseModelSpec | None = None,
-        *,
-        max_lora_rank: int = 64,
-        wall_clock: Callable[[], float] = time.time,
-        rng: random.Random | None = None,
-        stage_hook: registration.StageHook | None = None,
-    ) -> None:
-        if max_lora_rank < 1:
-            raise ValueError(f"max_lora_rank {max_lora_rank} is invalid; expected >= 1")
-        self._db = db
-        self._store = store
-        self._base = base  # the served base model; required to register
-        self._max_lora_rank = max_lora_rank
-        self._wall_clock = wall_clock  # created_at / audit timestamps (epoch seconds)
-        self._rng = rng if rng is not None else random.Random()  # alias choice w/o request id
-        self._stage_hook = stage_hook  # crash-test seam, see registration.StageHook
-
-    @property
-    def db(self) -> Database:
-        return self._db
-
-    @property
-    def store(self) -> ArtifactStore:
-        return self._store
-
-    @property
-    def base_digest(self) -> str | None:
-        """Digest of the served base model; None when this registry was opened without one."""
-        return None if self._base is None else self._base.digest
-
-    def now(self) -> float:
-        """The registry's wall clock (epoch seconds): what its records and audit rows carry."""
-        return self._wall_clock()
-
-    def close(self) -> None:
-        self._db.close()
-
-    def ping(self) -> None:
-        """Readiness probe: one trivial query. Raises whatever the database raises when it
-        cannot answer (closed, unreachable); cheap enough for every /ready call."""
-        with self._db.transaction(write=False) as tx:
-            tx.query_one("SELECT 1")
+class Registry(TrustAdmin):
+    """Tenants, keys, adapters and releases; ``resolve`` is where tenant access is decided.
+    Signing is ``TrustAdmin``'s; state and lifecycle are ``RegistryBase``'s."""
 
     # --- tenants and keys ---------------------------------------------------------------------
 
@@ -184,7 +132,7 @@ class Registry:
         warm_policy: WarmPolicy | None = None,
     ) -> Revision:
         """Change the state and/or warm policy of ``tenant/name@revision``."""
-        tenant, name, revision = _split_ref(ref)
+        tenant, name, revision = split_ref(ref)
         now = self._wall_clock()
         return releases.set_release(
             self._db,
@@ -228,10 +176,6 @@ class Registry:
             releases.require_adapter(tx, tenant, name)
             return adapter_rows.list_revisions(tx, tenant, name)
 
-    def get_revision(self, ref: str) -> Revision:
-        with self._db.transaction(write=False) as tx:
-            return releases.require_revision(tx, *_split_ref(ref))
-
     def get_alias(self, tenant: str, name: str) -> Alias | None:
         with self._db.transaction(write=False) as tx:
             return adapter_rows.get_alias(tx, tenant, name)
@@ -272,47 +216,6 @@ class Registry:
                 tx, caller, model_string, base_digest, unit, session_key=sticky_key
             )
 
-    # --- signing (docs/registry.md, "Signed adapters") -----------------------------------------
-
-    def trust_policy(self, tenant: str) -> TrustPolicy:
-        with self._db.transaction(write=False) as tx:
-            tenancy.require_tenant(tx, tenant)
-            return trust_rows.get_policy(tx, tenant)
-
-    def set_trust_policy(
-        self, tenant: str, kind: PolicyKind, identities: Sequence[str], actor: str
-    ) -> TrustPolicy:
-        """Takes effect at the next registration; registered revisions keep their record."""
-        now = self._wall_clock()
-        return trust.set_policy(self._db, tenant, kind, identities, actor=actor, now=now)
-
-    def trust_anchors(self, tenant: str) -> list[TrustAnchor]:
-        with self._db.transaction(write=False) as tx:
-            tenancy.require_tenant(tx, tenant)
-            return trust_rows.list_anchors(tx, tenant)
-
-    def add_trust_anchor(
-        self, tenant: str, name: str, kind: AnchorKind, pem: str, actor: str
-    ) -> TrustAnchor:
-        now = self._wall_clock()
-        return trust.add_anchor(self._db, tenant, name, kind, pem, actor=actor, now=now)
-
-    def remove_trust_anchor(self, tenant: str, name: str, actor: str) -> TrustAnchor:
-        now = self._wall_clock()
-        return trust.remove_anchor(self._db, tenant, name, actor=actor, now=now)
-
-    def signed_adapters(self, tenant: str) -> dict[str, bool]:
-        """``tenant``'s adapter names -> whether what their alias serves is signed (the owner's
-        "signed: yes/no" in the model listing; never shown to other tenants)."""
-        with self._db.transaction(write=False) as tx:
-            return trust_rows.signed_adapters(tx, tenant)
-
-    def verify_revision(self, ref: str, actor: str) -> stored_signature.VerifyReport:
-        """Re-check a stored revision against today's policy and anchors (changes nothing)."""
-        revision = self.get_revision(ref)
-        now = self._wall_clock()
-        return stored_signature.reverify(self._db, self._store, revision, actor=actor, now=now)
-
     # --- artifacts ----------------------------------------------------------------------------
 
     def fetch(self, revision: Revision, dest_dir: Path) -> Path:
@@ -333,13 +236,3 @@ class Registry:
                 if not self._store.exists(digest):
                     problems.append(f"{rev.ref}: object {digest} missing from {self._store.url}")
         return problems
-
-
-def _split_ref(ref: str) -> tuple[str, str, str]:
-    """``tenant/name@revision`` (administrators always name the tenant)."""
-    parsed = resolution.parse_model_string(ref)
-    if parsed is None or parsed.owner is None or parsed.revision is None:
-        raise ValueError(
-            f"revision reference {quoted(ref)} is invalid; expected tenant/name@revision"
-        )
-    return parsed.owner, parsed.name, parsed.revision

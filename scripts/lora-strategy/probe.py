@@ -32,7 +32,7 @@ from pathlib import Path
 
 import torch
 
-from loraplex.bench.modes.bench import skewed_slots
+from loraplex.bench.modes.figures import skewed_slots
 from loraplex.bench.modes.setup import (
     NUM_ADAPTERS,
     BackendView,

@@ -31,7 +31,7 @@ from pathlib import Path
 import torch
 
 from loraplex.bench.execution.timing import interleaved_medians
-from loraplex.bench.modes.bench import skewed_slots
+from loraplex.bench.modes.figures import skewed_slots
 from loraplex.bench.modes.setup import HOT, ModesBenchConfig, Setup, decode_step
 from loraplex.model.merge import MergedLoraApplier
 from loraplex.ops import LoraBatch, ModuleLoraWeights

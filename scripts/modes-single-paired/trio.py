@@ -20,7 +20,7 @@ from pathlib import Path
 
 import torch
 
-from loraplex.bench.modes.bench import pct, ratio, single_figures, transition_ms
+from loraplex.bench.modes.figures import pct, ratio, single_figures, transition_ms
 from loraplex.bench.modes.setup import HOT, ModesBenchConfig, Setup
 
 

@@ -29,7 +29,7 @@ from pathlib import Path
 
 import torch
 
-from loraplex.bench.modes.bench import hot_as_base, skewed_slots
+from loraplex.bench.modes.figures import hot_as_base, skewed_slots
 from loraplex.bench.modes.setup import HOT, ModesBenchConfig, Setup, decode_step, prefill_step
 from loraplex.model.llama import LoraApplier
 from loraplex.model.merge import MergedLoraApplier

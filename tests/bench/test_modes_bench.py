@@ -10,9 +10,11 @@ import torch
 from typer.testing import CliRunner
 
 from loraplex.bench.modes import bench as modes
+from loraplex.bench.modes.decisions import auto_costs, auto_decision, gain_bound
+from loraplex.bench.modes.figures import hot_as_base
 from loraplex.bench.modes.parity import ParityReport, ParityRule, ProbeMismatchError
 from loraplex.bench.modes.plot import modes_plot
-from loraplex.bench.modes.setup import NUM_ADAPTERS, ModesBenchConfig, Setup, probes
+from loraplex.bench.modes.setup import HOT, NUM_ADAPTERS, ModesBenchConfig, Setup, probes
 from loraplex.cli import app
 from loraplex.engine.mode_policy import MeasuredCosts
 from loraplex.model.adapter_weights import AdapterWeights
@@ -70,7 +72,7 @@ def test_one_run_reports_every_figure(tmp_path: Path) -> None:
         metrics["single_tokens_per_s"]["merged"] / metrics["single_tokens_per_s"]["base"]
     )
     assert 0.5 < metrics["skewed80_hot_share"] < 1.0
-    assert metrics["skewed80_gain_bound"] == modes.gain_bound(
+    assert metrics["skewed80_gain_bound"] == gain_bound(
         metrics["skewed80_hot_share"], metrics["skewed80_lora_overhead"]
     )
     assert metrics["prefill_skewed80_lora_overhead"] > 0
@@ -100,25 +102,25 @@ def test_one_run_reports_every_figure(tmp_path: Path) -> None:
 
 def test_step_level_auto_weighs_the_cost_the_replay_measured_or_nothing() -> None:
     prior = MeasuredCosts(0.005, 3e-5, unmerged_step_s_per_token=1e-3)
-    got = modes.auto_costs(prior, {"auto_lora_s_per_token": 1.4e-3})
+    got = auto_costs(prior, {"auto_lora_s_per_token": 1.4e-3})
     assert (got.lora_s_per_token, got.lora_measured) == (1.4e-3, True)
-    unmeasured = modes.auto_costs(prior, {"auto_lora_s_per_token": None})
+    unmeasured = auto_costs(prior, {"auto_lora_s_per_token": None})
     assert not unmeasured.lora_measured  # the pair's figure is a prior: no merge on it
-    assert modes.auto_decision([modes.HOT] * 16 + [1, 2, 3, 4], unmeasured) is None
-    assert modes.auto_decision([modes.HOT] * 16 + [1, 2, 3, 4], got) == modes.HOT
+    assert auto_decision([HOT] * 16 + [1, 2, 3, 4], unmeasured) is None
+    assert auto_decision([HOT] * 16 + [1, 2, 3, 4], got) == HOT
 
 
 def test_the_ceiling_runs_the_hot_sequences_on_the_base_model() -> None:
-    slots = [modes.HOT, 3, None, modes.HOT, 7]
-    assert modes.hot_as_base(slots) == [None, 3, None, None, 7]  # the others keep theirs
+    slots = [HOT, 3, None, HOT, 7]
+    assert hot_as_base(slots) == [None, 3, None, None, 7]  # the others keep theirs
 
 
 def test_the_gain_bound_follows_the_per_token_model() -> None:
-    assert modes.gain_bound(0.8, 1.15) == pytest.approx(1 / (1 - 0.6 * (1 - 1 / 1.15)))
-    assert modes.gain_bound(0.5, 1.15) == pytest.approx(1.0)  # half the traffic: no gain
-    assert modes.gain_bound(1.0, 1.15) == pytest.approx(1.15)  # all of it: the whole overhead
-    assert modes.gain_bound(0.3, 1.15) < 1.0  # a minority revision merged: a loss
-    assert modes.gain_bound(0.8, None) is None
+    assert gain_bound(0.8, 1.15) == pytest.approx(1 / (1 - 0.6 * (1 - 1 / 1.15)))
+    assert gain_bound(0.5, 1.15) == pytest.approx(1.0)  # half the traffic: no gain
+    assert gain_bound(1.0, 1.15) == pytest.approx(1.15)  # all of it: the whole overhead
+    assert gain_bound(0.3, 1.15) < 1.0  # a minority revision merged: a loss
+    assert gain_bound(0.8, None) is None
 
 
 def test_a_wrong_merge_fails_the_probes(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:

@@ -9,7 +9,7 @@ from collections import Counter
 import pytest
 from typer.testing import CliRunner
 
-from loraplex.bench.modes import bench as modes
+from loraplex.bench.modes.decisions import flaps_per_min
 from loraplex.bench.modes.parity import ParityReport, ParityRule, ProbeMismatchError
 from loraplex.bench.modes.replay import (
     AutoMode,
@@ -125,7 +125,7 @@ def test_the_cli_exits_1_when_an_output_differs() -> None:
 
 def test_the_flap_metric_counts_transitions_and_dwell_holds_it() -> None:
     rng = random.Random(0)
-    assert modes.flaps_per_min(PAYS, 4, rng) <= 1.0
+    assert flaps_per_min(PAYS, 4, rng) <= 1.0
     # without the dwell, each 30 s change of hot revision is a switch: about 2 per minute
     eager = ModePolicyConfig(min_dwell_s=1.0)
-    assert modes.flaps_per_min(PAYS, 4, random.Random(0), eager) >= 1.5
+    assert flaps_per_min(PAYS, 4, random.Random(0), eager) >= 1.5

@@ -30,6 +30,7 @@ ray = pytest.importorskip("ray")
 
 from loraplex.demo.assets import DemoAssets  # noqa: E402
 from loraplex.fleet import control  # noqa: E402
+from loraplex.fleet.ray_cluster import free_port  # noqa: E402
 from loraplex.fleet.settings import FleetSettings  # noqa: E402
 from loraplex.serve.assembly import DEMO_DIR  # noqa: E402
 from loraplex.serve.config import ServeConfig  # noqa: E402
@@ -70,7 +71,7 @@ def fleet(
 
         stack.callback(serve.shutdown)
         config = ServeConfig(
-            data_dir=data_dir, port=control.free_port(), max_loras=2, max_num_seqs=2,
+            data_dir=data_dir, port=free_port(), max_loras=2, max_num_seqs=2,
             torch_threads=1, auto_warm=False, **GATE,
         )  # fmt: skip
         prepared = control.prepare(config)

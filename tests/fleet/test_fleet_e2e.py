@@ -42,6 +42,7 @@ ray = pytest.importorskip("ray")
 
 from loraplex.demo.assets import DemoAssets  # noqa: E402
 from loraplex.fleet import control  # noqa: E402
+from loraplex.fleet.ray_cluster import free_port  # noqa: E402
 from loraplex.fleet.settings import (  # noqa: E402
     APP_NAME,
     DEFAULT_REPORT_PERIOD_S,
@@ -152,7 +153,7 @@ def fleet(
         # requests that were accepted but had not started). The listener's keys away from their
         # defaults: the ingress's listener must read them (LISTENER below).
         config = ServeConfig(
-            data_dir=data_dir, port=control.free_port(), admin_port=control.free_port(),
+            data_dir=data_dir, port=free_port(), admin_port=free_port(),
             max_loras=4, max_num_seqs=1, torch_threads=1, auto_warm=False,
             trace_endpoint=receiver.url, trace_sample_ratio=1.0, **LISTENER, **shared,
         )  # fmt: skip

@@ -17,7 +17,7 @@ import pytest
 from typer.testing import CliRunner
 
 from loraplex.cli import app
-from loraplex.fleet import control
+from loraplex.fleet import control, ray_cluster
 from loraplex.fleet.settings import FleetSettings
 from loraplex.serve.config import ServeConfig
 
@@ -116,9 +116,9 @@ def test_a_local_head_has_a_loopback_node_address_and_a_token(
         raise OSError("not started in a test")
 
     monkeypatch.setattr(subprocess, "Popen", popen)
-    monkeypatch.setattr(control, "ray_executable", lambda: "ray")
+    monkeypatch.setattr(ray_cluster, "ray_executable", lambda: "ray")
     with pytest.raises(OSError, match="not started"):
-        control.start_local_cluster(tmp_path / "log", tmp_path / "token")
+        ray_cluster.start_local_cluster(tmp_path / "log", tmp_path / "token")
     (command,) = commands
     assert "--node-ip-address=127.0.0.1" in command
     assert (tmp_path / "token").stat().st_mode & 0o777 == 0o600
@@ -134,7 +134,7 @@ def test_a_command_connected_to_ray_prints_no_ray_info_lines(
     monkeypatch.setattr(ray, "init", lambda **_: None)
     monkeypatch.setattr(ray, "is_initialized", lambda: False)
     monkeypatch.setattr(os, "environ", dict(os.environ))
-    control.connect("127.0.0.1:1")
+    ray_cluster.connect("127.0.0.1:1")
     # NOTE: levels, not captured text: Ray's handler holds whichever stderr was current when
     # ray.serve was first imported in this test process
     for name in ("ray", "ray.serve"):

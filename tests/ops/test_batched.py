@@ -14,7 +14,7 @@ from loraplex.model.adapter_weights import AdapterWeights, ModuleWeights
 from loraplex.model.lora import LoraSlotPool
 from loraplex.ops import AutoBackend, AutoPolicy, Strategy
 from loraplex.ops.base import MAX_STRIDED_VIEWS, ArenaLayout, BlockGroup, BlockPlan, SlotRows
-from loraplex.ops.plan import rank_classes
+from loraplex.ops.batched_plan import rank_classes
 from loraplex.ops.policy import StepShape
 
 EQUAL_RANKS = [16] * 8

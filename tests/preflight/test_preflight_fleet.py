@@ -17,6 +17,7 @@ ray = pytest.importorskip("ray")
 
 from loraplex.demo.assets import DemoAssets  # noqa: E402
 from loraplex.fleet import control  # noqa: E402
+from loraplex.fleet.ray_cluster import free_port  # noqa: E402
 from loraplex.fleet.settings import FleetSettings  # noqa: E402
 from loraplex.preflight import LoadConfig, PreflightConfig, Status, preflight  # noqa: E402
 from loraplex.serve.assembly import DEMO_DIR  # noqa: E402
@@ -45,9 +46,7 @@ def fleet(
     try:
         # 4 GPU slots per replica: the demo's 12 adapters exceed the fleet's 8 (item 3 meets
         # evictions); every other setting is serve's default.
-        config = ServeConfig(
-            data_dir=data_dir, port=control.free_port(), torch_threads=1, max_loras=4
-        )
+        config = ServeConfig(data_dir=data_dir, port=free_port(), torch_threads=1, max_loras=4)
         prepared = control.prepare(config)
         settings = FleetSettings(
             serve=config, model_dir=prepared.model_dir, engine_replicas=REPLICAS

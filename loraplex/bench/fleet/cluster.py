@@ -51,7 +51,7 @@ def local_cluster(num_cpus: int) -> Iterator[int]:
 
 
 def _ray_cluster(num_cpus: int) -> Iterator[int]:
-    from loraplex.fleet.control import free_port, token_env, write_token
+    from loraplex.fleet.ray_cluster import free_port, token_env, write_token
 
     temp = Path(tempfile.mkdtemp(prefix="lpx-ray-"))  # short: Ray's socket paths are bounded
     token = temp / "auth-token"

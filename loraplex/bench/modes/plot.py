@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from loraplex.bench.modes.bench import gain_bound
+from loraplex.bench.modes.decisions import gain_bound
 
 
 def modes_plot(result: dict[str, object], path: Path) -> None:

@@ -1,0 +1,55 @@
+"""``loraplex keys create/list/revoke``: tenants' API keys, registry-direct like the other
+registry commands (same location options). A token is printed once; only its hash is stored.
+"""
+
+from __future__ import annotations
+
+from typing import Annotated
+
+import typer
+
+from loraplex.cli.registry_access import Actor, acting, command_group, failures, opened, utc_time
+from loraplex.cli.registry_location import Location, located
+
+
+def register(app: typer.Typer) -> None:
+    keys = command_group(app, "keys", "Tenant API keys.")
+    keys.command("create")(located(create_key))
+    keys.command("list")(located(list_keys))
+    keys.command("revoke")(located(revoke_key))
+
+
+def create_key(
+    location: Location,
+    tenant: Annotated[str, typer.Argument()],
+    *,
+    actor: Actor = None,
+) -> None:
+    """Create an API key. The token is printed once and cannot be shown again."""
+    with failures(), opened(location.config()) as registry:
+        issued = registry.create_key(tenant, acting(actor))
+    typer.echo(f"key id {issued.key_id} for tenant {issued.tenant}; token (shown once):", err=True)
+    typer.echo(issued.token)
+
+
+def list_keys(
+    location: Location,
+    tenant: Annotated[str | None, typer.Option()] = None,
+) -> None:
+    """List API keys (ids and state; tokens are never stored)."""
+    with failures(), opened(location.config()) as registry:
+        for key in registry.list_keys(tenant):
+            state = "active" if key.revoked_at is None else f"revoked {utc_time(key.revoked_at)}"
+            typer.echo(f"{key.key_id}\t{key.tenant}\tcreated {utc_time(key.created_at)}\t{state}")
+
+
+def revoke_key(
+    location: Location,
+    key_id: Annotated[str, typer.Argument()],
+    *,
+    actor: Actor = None,
+) -> None:
+    """Revoke an API key; it stops authenticating immediately."""
+    with failures(), opened(location.config()) as registry:
+        key = registry.revoke_key(key_id, acting(actor))
+    typer.echo(f"revoked key {key.key_id} of tenant {key.tenant}")

@@ -1,0 +1,101 @@
+"""What the registry commands share: the registry opened at a command's location (an existing
+one only, unless the command creates it), failures reported as one line and exit status 1, who
+is acting, the command groups several modules add to, and the formats they print.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import getpass
+from collections.abc import Iterator
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Annotated
+
+import typer
+
+from loraplex.artifacts.base_model import BaseModelSpec
+from loraplex.cli.locations import unusable_path
+from loraplex.errors import LoraplexError
+from loraplex.registry import AliasTarget, Provenance, Registry, RegistryConfig, open_registry
+
+Actor = Annotated[str | None, typer.Option(help="Who is acting, for the audit log")]
+
+
+def command_group(app: typer.Typer, name: str, help_text: str) -> typer.Typer:
+    """The ``name`` command group, shared with other modules that add commands to it."""
+    for info in app.registered_groups:
+        if info.name == name and info.typer_instance is not None:
+            return info.typer_instance
+    group = typer.Typer(help=help_text, no_args_is_help=True)
+    app.add_typer(group, name=name)
+    return group
+
+
+@contextlib.contextmanager
+def opened(
+    config: RegistryConfig, base: BaseModelSpec | None = None, *, create: bool = False
+) -> Iterator[Registry]:
+    """The registry; a SQLite one that does not exist yet is created only with ``create`` (the
+    commands that register adapters or tenants): any other command on a mistyped ``--data-dir``
+    would otherwise answer from a new, empty registry (and leave it behind)."""
+    if not create:
+        require_existing(config)
+    registry = open_registry(config, base)
+    try:
+        yield registry
+    finally:
+        registry.close()
+
+
+SQLITE_PREFIX = "sqlite:///"  # registry/sql/connect.py: the path follows
+
+
+def require_existing(config: RegistryConfig) -> None:
+    database = config.database
+    if not database.startswith(SQLITE_PREFIX) or database == f"{SQLITE_PREFIX}:memory:":
+        return  # a server database: opening it creates nothing
+    path = Path(database.removeprefix(SQLITE_PREFIX))
+    if not path.is_file():
+        where = "data_dir" if config.database_url is None else "database_url"
+        raise ValueError(
+            f"{where}: no registry at {path}; check --data-dir / LORAPLEX_DATA_DIR (or "
+            "--database-url): `loraplex serve`, `adapters register` or `tenants create` "
+            "creates one"
+        )
+
+
+@contextlib.contextmanager
+def failures() -> Iterator[None]:
+    """Domain errors, invalid values and an unusable data directory become one line on stderr
+    and exit status 1."""
+    try:
+        yield
+    except (LoraplexError, ValueError) as exc:
+        typer.echo(f"error: {exc}", err=True)
+        raise typer.Exit(1) from exc
+    except OSError as exc:  # e.g. --data-dir names a file, or a directory this user cannot write
+        typer.echo(f"error: {unusable_path(exc)}", err=True)
+        raise typer.Exit(1) from exc
+
+
+def acting(actor: str | None) -> str:
+    """``--actor``, or ``cli:<login name>`` when it is not given (the audit row's actor)."""
+    return actor or f"cli:{getpass.getuser()}"
+
+
+def targets_text(targets: tuple[AliasTarget, ...]) -> str:
+    return " ".join(f"{t.revision}:{t.weight}" for t in targets)
+
+
+def provenance_line(p: Provenance) -> str:
+    """A signed revision's provenance, as ``adapters show`` and ``adapters verify`` print it."""
+    return (
+        f"            signed by {p.signer} (anchor {p.trust_anchor}) "
+        f"verified={utc_time(p.verified_at)} manifest={p.manifest_digest} "
+        f"bundle={p.signature_digest}"
+    )
+
+
+def utc_time(epoch_s: float) -> str:
+    return datetime.fromtimestamp(epoch_s, UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
