@@ -116,7 +116,7 @@ async def _submit(
     engine_id = new_request_id("chatcmpl" if chat else "cmpl")  # never the client's
     client_id = response_id(request, engine_id)
     shape = shape_of(body, num_prompts, DEFAULT_MAX_CHOICES)
-    await charge_engine_requests(request, tenant, shape.num_siblings)
+    await charge_engine_requests(request, tenant, shape)
     vocab_size = deps.config.vocab_size
     check_sampling(body, budget.requested, vocab_size, rank_choices=shape.ranks)
     sticky = sticky_key(request, body.user)
