@@ -191,3 +191,16 @@ def test_over_http_a_fan_out_no_retry_after_could_repay_is_refused_before_its_co
     owed = rig.client.post("/v1/completions", json={**body, "n": 1}, headers=widest)
     assert owed.status_code == 429
     assert int(owed.headers["Retry-After"]) == 3000  # honest: under the one-hour cap
+
+
+def test_over_http_a_bad_session_header_is_refused_before_the_fan_out_is_charged(
+    rig: Rig,
+) -> None:
+    """At 0.01 requests a second (a bucket of one), ``n`` 3 with a bad header: only the
+    arrival was charged, so the next request waits 100 s, not the 300 s the fan-out owes."""
+    headers = _limited(rig, "sessions", 0.01)
+    body = {"model": BASE_NAME, "prompt": "hi", "max_tokens": 2, "n": 3, "user": "ana"}
+    bad = rig.client.post("/v1/completions", json=body, headers={**headers, "X-Session-Id": ""})
+    assert bad.status_code == 400 and bad.json()["error"]["param"] == "X-Session-Id"
+    again = rig.client.post("/v1/completions", json=body, headers=headers)
+    assert again.status_code == 429 and int(again.headers["Retry-After"]) == 100
