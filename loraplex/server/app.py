@@ -10,7 +10,8 @@ admin credential), /metrics (Prometheus text; the admin credential unless ``metr
 - /health is liveness: 200 whenever this HTTP server answers, also while the engine process
   starts or restarts (restarting the server would not help; the body says the engine is down);
 - /ready is readiness: 200 only once the engine takes requests and the registry database is
-  reachable, else 503 with the reason (send no traffic here yet).
+  reachable, else 503 with the reason (send no traffic here yet); the registry is pinged at
+  most once a second, its answer shared by concurrent callers (``readiness.py``).
 
 The engine runs on its own thread or process; handlers only await it.
 """
@@ -24,6 +25,7 @@ from starlette.concurrency import run_in_threadpool
 from loraplex.errors import EngineUnavailableError
 from loraplex.server import (
     openapi_docs,
+    readiness,
     routes_admin,
     routes_dashboard,
     routes_feedback,
@@ -39,6 +41,7 @@ from loraplex.server.errors import DEFAULT_RETRY_AFTER_S, install_error_handlers
 from loraplex.server.limits import RequestLimits
 from loraplex.server.metrics import CONTENT_TYPE
 from loraplex.server.metrics_status import CountStatuses
+from loraplex.server.readiness import RegistryPing
 
 
 def create_app(deps: ServerDeps) -> FastAPI:
@@ -59,6 +62,7 @@ def create_app(deps: ServerDeps) -> FastAPI:
         strict_content_type=False,
     )
     app.state.deps = deps
+    app.state.registry_ping = RegistryPing(deps.registry.ping, readiness.PING_INTERVAL_S)
     app.state.openapi_documents = {}  # built on first request (``openapi_docs.document``)
     install_error_handlers(app)
     app.add_middleware(RequestLimits, deps=deps)  # credentials and body limits before parsing
@@ -114,10 +118,12 @@ async def ready(request: Request) -> JSONResponse:
         return JSONResponse(body, status_code=503, headers=_ENGINE_DOWN_HEADERS)
     try:
         deps.engine.load_snapshot()
-        await run_in_threadpool(deps.registry.ping)
     except Exception as exc:  # any failure means "not ready"; the reason is for operators
-        body = {"status": "not_ready", "reason": type(exc).__name__}
-        return JSONResponse(body, status_code=503)
+        return JSONResponse({"status": "not_ready", "reason": type(exc).__name__}, status_code=503)
+    registry_ping: RegistryPing = request.app.state.registry_ping
+    failure = await registry_ping.failure()  # at most one ping a second, shared
+    if failure is not None:
+        return JSONResponse({"status": "not_ready", "reason": failure}, status_code=503)
     return JSONResponse({"status": "ready"})
 
 

@@ -21,6 +21,7 @@ Every refusal here closes the connection, so the rest of a body is never read.
 
 from __future__ import annotations
 
+import math
 import time
 from dataclasses import dataclass, replace
 from typing import NoReturn
@@ -43,9 +44,11 @@ from loraplex.server.auth import (
     parse_bearer,
     required_credential,
 )
+from loraplex.server.choices import Shape
 from loraplex.server.connections import mark_authenticated
 from loraplex.server.deps import ServerDeps
 from loraplex.server.errors import (
+    MAX_RETRY_AFTER_S,
     ApiError,
     ErrorContext,
     error_response,
@@ -146,7 +149,37 @@ class CountedBody:
 RATE_LIMITER = "loraplex_rate_limiter"  # request state: the limiter that admitted the request
 
 
-async def charge_engine_requests(request: Request, tenant: Tenant, count: int) -> None:
+def max_engine_requests(rate: float, burst_s: float) -> int:
+    """The most engine requests one HTTP request may cost on a bucket refilling at ``rate``:
+    taken from a full bucket, a fan-out of ``count`` leaves it owing ``count - capacity``, and
+    the next request waits ``(count + 1 - capacity) / rate``; beyond this that wait would pass
+    ``MAX_RETRY_AFTER_S``, the longest Retry-After sent, so the client told to come back then
+    would be refused again."""
+    capacity = bucket_capacity(rate, burst_s)
+    return math.floor(capacity - 1 + rate * MAX_RETRY_AFTER_S)
+
+
+def check_fan_out(shape: Shape, tenant: Tenant, burst_s: float) -> None:
+    """A 400 naming ``n`` (``best_of``, or ``prompt`` for a batch) for a fan-out whose debt no
+    Retry-After could express (``max_engine_requests``); nothing was charged for it yet."""
+    rate = tenant.quotas.max_requests_per_s
+    count = shape.num_siblings
+    if rate is None or count <= 1:
+        return
+    most = max_engine_requests(rate, burst_s)
+    if count <= most:
+        return
+    field_name = "best_of" if shape.ranks else "n"
+    param = "prompt" if shape.num_prompts > 1 else field_name
+    raise invalid_request(
+        f"{shape.num_prompts} prompt(s) x {field_name} {shape.best_of} is {count} engine "
+        f"requests; tenant {tenant.name!r} with max_requests_per_s {rate:g} may send at most "
+        f"{max(1, most)} in one request (its bucket and {MAX_RETRY_AFTER_S} s of its rate)",
+        param,
+    )
+
+
+async def charge_engine_requests(request: Request, tenant: Tenant, shape: Shape) -> None:
     """Charges ``tenant``'s rate quota for the engine requests of one HTTP request beyond the
     first (charged on arrival, before the body was read): a request fanning out into ``n``
     choices over ``p`` prompts costs ``n * p``, so ``n`` cannot multiply a tenant's rate.
@@ -157,11 +190,14 @@ async def charge_engine_requests(request: Request, tenant: Tenant, count: int) -
     the whole rest, the arrival's token left it one short forever (``n=4`` on a bucket of 2 was
     refused with ``Retry-After: 1`` however long its tenant waited); capped at the bucket
     instead, a fan-out above it cost one bucket (``n=16`` once a second on a rate of 1 was 16
-    engine requests a second)."""
+    engine requests a second). A fan-out the bucket could not repay within the longest
+    Retry-After is refused first (``check_fan_out``)."""
     limiter = request.scope.get("state", {}).get(RATE_LIMITER)
     rate = tenant.quotas.max_requests_per_s
+    count = shape.num_siblings
     if count <= 1 or limiter is None or rate is None:
         return
+    check_fan_out(shape, tenant, limiter.burst_s)
     rest = count - 1
     need = max(0.0, min(rest, bucket_capacity(rate, limiter.burst_s) - 1))
     try:

@@ -3,14 +3,14 @@ tenant-free labels. Present only while tracing is on; the label takes the values
 ``PriorityClass``, each from 0.
 
 - ``loraplex_trace_parent_refused_total{priority_class}``: requests whose caller's sampled W3C
-  ``traceparent`` was not honoured because its tenant had used its share for flags; they were
-  sampled as if they carried no flag.
+  ``traceparent`` was not honoured because its tenant had used its share for flags (or its
+  share of all kinds); they were sampled as if they carried no flag.
 - ``loraplex_trace_errors_dropped_total{priority_class}``: failed requests whose trace was
-  dropped because its tenant had used its share for errors (and neither its duration, a flag
-  nor the ratio kept it). Every failure is still counted in the response metrics.
+  dropped because its tenant had used its share for errors (or of all kinds), and neither its
+  duration, a flag nor the ratio kept it. Every failure is still counted in the response metrics.
 - ``loraplex_trace_slow_dropped_total{priority_class}``: requests slower than ``trace_slow_s``
-  whose trace was dropped because its tenant had used its share for slow requests (and no other
-  rule kept it)."""
+  whose trace was dropped because its tenant had used its share for slow requests (or of all
+  kinds), and no other rule kept it."""
 
 from __future__ import annotations
 

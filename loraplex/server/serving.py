@@ -70,19 +70,23 @@ MAX_SESSION_ID_CHARS = 256
 
 def sticky_key(request: Request, user: str | None) -> str | None:
     """What keeps one caller on one revision during a release: the ``user`` field, else the
-    ``X-Session-Id`` header (printable ASCII, at most 256 characters), else None."""
-    if user:
-        return f"user:{user}"
+    ``X-Session-Id`` header (printable ASCII, at most 256 characters), else None.
+
+    An empty ``user`` names no end user (as OpenAI's API, where clients that default the field
+    to "" mean none): the header, else None, decides. The header is checked whenever it is sent,
+    also when ``user`` wins, so a malformed one is never passed over in silence."""
     session = request.headers.get(SESSION_HEADER)
-    if session is None:
-        return None
-    if not 0 < len(session) <= MAX_SESSION_ID_CHARS or not session.isprintable():
+    if session is not None and (
+        not 0 < len(session) <= MAX_SESSION_ID_CHARS or not session.isprintable()
+    ):
         raise invalid_request(
             f"header X-Session-Id is invalid; expected 1 to {MAX_SESSION_ID_CHARS} printable "
             "characters",
             "X-Session-Id",
         )
-    return f"session:{session}"
+    if user:
+        return f"user:{user}"
+    return None if session is None else f"session:{session}"
 
 
 def new_request_id(prefix: str) -> str:

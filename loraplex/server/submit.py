@@ -116,10 +116,10 @@ async def _submit(
     engine_id = new_request_id("chatcmpl" if chat else "cmpl")  # never the client's
     client_id = response_id(request, engine_id)
     shape = shape_of(body, num_prompts, DEFAULT_MAX_CHOICES)
-    await charge_engine_requests(request, tenant, shape.num_siblings)
+    sticky = sticky_key(request, body.user)  # a bad X-Session-Id is a 400 before any charge
+    await charge_engine_requests(request, tenant, shape)
     vocab_size = deps.config.vocab_size
     check_sampling(body, budget.requested, vocab_size, rank_choices=shape.ranks)
-    sticky = sticky_key(request, body.user)
     resolve_ns = time.time_ns()
     now_ns = time.time_ns if trace is None else trace.now_ns
     prepared = await prepare(

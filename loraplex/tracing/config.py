@@ -21,10 +21,15 @@ class TracingConfig:
     service_name: str = "loraplex"  # the ``service.name`` resource attribute
     max_queue_spans: int = 8192  # spans waiting for export; beyond, new ones are dropped
     export_timeout_s: float = 10.0  # one OTLP POST
-    # What one tenant's sampled ``traceparent`` headers may keep (``share.py``): spans at once,
-    # then spans a second; past it its requests are sampled as if they carried no flag.
-    parent_burst_spans: int = 1024  # an eighth of the default queue
-    parent_spans_per_s: float = 200.0
+    # What one tenant's forced traces of all three kinds below may keep together (``share.py``):
+    # spans at once, then spans a second; each kind draws on its own share and on this one.
+    tenant_burst_spans: int = 1024  # an eighth of the default queue
+    tenant_spans_per_s: float = 200.0
+    # What one tenant's sampled ``traceparent`` headers may keep: past it its requests are
+    # sampled as if they carried no flag. Half the tenant's share: any request may carry the
+    # flag, so flags alone never leave its failures and slow requests without room.
+    parent_burst_spans: int = 512
+    parent_spans_per_s: float = 100.0
     # What one tenant's failed requests may keep, the same way (a bucket of its own): past it a
     # failure is counted (``errors_dropped``) and sampled by the other rules.
     error_burst_spans: int = 1024
@@ -46,6 +51,7 @@ class TracingConfig:
                 f"max_queue_spans {self.max_queue_spans} is invalid; expected 1 to "
                 f"{MAX_QUEUE_SPANS}"
             )
+        _check_share("tenant", self.tenant_burst_spans, self.tenant_spans_per_s)
         _check_share("parent", self.parent_burst_spans, self.parent_spans_per_s)
         _check_share("error", self.error_burst_spans, self.error_spans_per_s)
         _check_share("slow", self.slow_burst_spans, self.slow_spans_per_s)

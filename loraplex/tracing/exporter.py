@@ -13,6 +13,10 @@ on the trace id (as OpenTelemetry's TraceIdRatioBased, so an ingress and anythin
 agree). Until then a request costs only a few timestamps. Kept spans go to the SDK's
 ``BatchSpanProcessor`` (a bounded queue, exported on its own thread): the event loop never waits
 for the collector, and a collector that is down costs dropped spans, never requests.
+
+Each forced trace (error, slow, parent) also draws on its tenant's share of all three kinds
+(``tenant_burst_spans``): the three shares alone let one tenant hold three of them at once.
+Past it a forced reason is refused as past its own share, and counted the same way.
 """
 
 from __future__ import annotations
@@ -65,9 +69,16 @@ class Tracer:
         self.num_kept = 0  # traces exported (handed to the processor)
         self.num_dropped = 0  # traces the sampling decision dropped
         self.num_failed = 0  # kept traces whose spans could not be built (logged)
-        self._parents = SpanShare(config.parent_burst_spans, config.parent_spans_per_s, clock_s)
-        self._errors = SpanShare(config.error_burst_spans, config.error_spans_per_s, clock_s)
-        self._slow = SpanShare(config.slow_burst_spans, config.slow_spans_per_s, clock_s)
+        # A forced trace draws on its kind's share and on its tenant's share of all three kinds,
+        # so one tenant holds at most ``tenant_burst_spans`` (and one trace) of the queue at once.
+        self._shares = {
+            "parent": SpanShare(config.parent_burst_spans, config.parent_spans_per_s, clock_s),
+            "error": SpanShare(config.error_burst_spans, config.error_spans_per_s, clock_s),
+            "slow": SpanShare(config.slow_burst_spans, config.slow_spans_per_s, clock_s),
+        }
+        self._tenant_share = SpanShare(
+            config.tenant_burst_spans, config.tenant_spans_per_s, clock_s
+        )
         # requests whose sampled flag was not honoured (tenant past its share), by tenant class
         self._parent_refused: Counter[str] = Counter()
         # failed requests dropped because their tenant was past its error share, by tenant class
@@ -90,11 +101,11 @@ class Tracer:
     def kept_by(self, trace: RequestTrace) -> str | None:
         """Why ``trace`` is kept ("error", "slow", "parent", "ratio"); None: dropped."""
         tenant = trace.subject.tenant
-        if trace.is_error and self._errors.has_room(tenant):
+        if trace.is_error and self._has_room("error", tenant):
             return "error"
-        if self._is_slow(trace) and self._slow.has_room(tenant):
+        if self._is_slow(trace) and self._has_room("slow", tenant):
             return "slow"
-        if trace.ids.parent_sampled and self._parents.has_room(tenant):
+        if trace.ids.parent_sampled and self._has_room("parent", tenant):
             return "parent"
         if ratio_keeps(trace.ids.trace_id, self.config.sample_ratio):
             return "ratio"
@@ -102,17 +113,19 @@ class Tracer:
 
     def parent_refused(self) -> Mapping[str, int]:
         """Requests whose caller's sampled flag was not honoured (its tenant past its share of
-        the export queue), by tenant class."""
+        the export queue for flags, or past its share of all kinds), by tenant class."""
         return dict(self._parent_refused)
 
     def errors_dropped(self) -> Mapping[str, int]:
         """Failed requests whose trace was dropped because their tenant had used its share of
-        the export queue for errors (and no other rule kept it), by tenant class."""
+        the export queue for errors or of all kinds (and no other rule kept it), by tenant
+        class."""
         return dict(self._errors_dropped)
 
     def slow_dropped(self) -> Mapping[str, int]:
         """Slow requests whose trace was dropped because their tenant had used its share of the
-        export queue for slow requests (and no other rule kept it), by tenant class."""
+        export queue for slow requests or of all kinds (and no other rule kept it), by tenant
+        class."""
         return dict(self._slow_dropped)
 
     def flush(self, timeout_s: float = 10.0) -> bool:
@@ -141,14 +154,15 @@ class Tracer:
             self.num_failed += 1
             return
         self.num_kept += 1
-        if reason == "parent":
-            self._parents.charge(trace.subject.tenant, len(spans))
-        elif reason == "error":
-            self._errors.charge(trace.subject.tenant, len(spans))
-        elif reason == "slow":
-            self._slow.charge(trace.subject.tenant, len(spans))
+        share = self._shares.get(reason)
+        if share is not None:  # forced past the ratio: charged to its kind and its tenant
+            share.charge(trace.subject.tenant, len(spans))
+            self._tenant_share.charge(trace.subject.tenant, len(spans))
         for span in spans:
             self._processor.on_end(span)
+
+    def _has_room(self, kind: str, tenant: str) -> bool:
+        return self._shares[kind].has_room(tenant) and self._tenant_share.has_room(tenant)
 
     def _is_slow(self, trace: RequestTrace) -> bool:
         slow_s = self.config.slow_s

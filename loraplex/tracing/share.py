@@ -7,7 +7,8 @@ sampled, and one that failed. The export queue (a bounded ``BatchSpanProcessor``
 making cheap failures (404s, 400s) as fast as its rate limit allows, could fill it, and other
 tenants' traces would be dropped. So each tenant's forced traces of one kind draw on a token
 bucket counted in spans (the tracer holds one ``SpanShare`` per kind, so a tenant's own flags
-never crowd out its error traces): a full bucket holds ``burst_spans`` and refills at
+take at most their share, and one more over all kinds, so the kinds together take at most
+the tenant's whole share): a full bucket holds ``burst_spans`` and refills at
 ``spans_per_s``. A trace is let in while its tenant's bucket holds anything and then charged its
 spans (so a bucket may go below zero by one trace's spans: a trace's span count is known only
 once built). Past it the request is decided by the tracer's other rules.

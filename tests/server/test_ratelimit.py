@@ -9,6 +9,7 @@ from loraplex.errors import RateLimitError
 from loraplex.quota.ratelimit import RateLimiter
 from loraplex.registry import PriorityClass, Tenant, TenantQuotas
 from loraplex.server.errors import ErrorContext, to_api_error
+from loraplex.server.limits import max_engine_requests
 
 
 class Clock:
@@ -155,3 +156,51 @@ def test_over_http_a_fan_out_cannot_multiply_the_rate(rig: Rig) -> None:
     refused = rig.client.post("/v1/completions", json={**body, "n": 1}, headers=headers)
     assert refused.status_code == 429
     assert int(refused.headers["Retry-After"]) >= 3  # three requests owed at one a second
+
+
+def test_the_largest_fan_out_is_what_the_longest_retry_after_repays() -> None:
+    assert max_engine_requests(0.001, 1.0) == 3  # a bucket of 1 and 3.6 requests an hour
+    assert max_engine_requests(1.0, 1.0) == 3600
+    assert max_engine_requests(10.0, 2.0) == 19 + 36_000
+
+
+def test_over_http_a_fan_out_no_retry_after_could_repay_is_refused_before_its_cost(
+    rig: Rig,
+) -> None:
+    """``n=16`` at 0.001 requests a second would owe about 15,000 s while Retry-After says an
+    hour at most: the client retried after the hour and got 429 again. Now it is a 400 naming
+    ``n`` and the rate, and only its arrival was charged (the next request waits 1,000 s, not the
+    fan-out's debt); the largest fan-out that passes leaves an honest Retry-After."""
+    headers = _limited(rig, "trickle", 0.001)
+    body = {"model": BASE_NAME, "prompt": "hi", "max_tokens": 2, "n": 16}
+    refused = rig.client.post("/v1/completions", json=body, headers=headers)
+    assert refused.status_code == 400, refused.text
+    error = refused.json()["error"]
+    assert error["param"] == "n"
+    assert "16 engine requests" in error["message"] and "0.001" in error["message"]
+    assert "at most 3" in error["message"]
+    again = rig.client.post("/v1/completions", json={**body, "n": 1}, headers=headers)
+    assert again.status_code == 429
+    assert int(again.headers["Retry-After"]) == 1000  # the arrival's token, no fan-out debt
+    batch = {"model": BASE_NAME, "prompt": ["a", "b"], "max_tokens": 2, "n": 2}
+    batched = rig.client.post("/v1/completions", json=batch, headers=_limited(rig, "tb", 0.001))
+    assert batched.status_code == 400 and batched.json()["error"]["param"] == "prompt"
+    widest = _limited(rig, "trickle-wide", 0.001)
+    passed = rig.client.post("/v1/completions", json={**body, "n": 3}, headers=widest)
+    assert passed.status_code == 200, passed.text
+    owed = rig.client.post("/v1/completions", json={**body, "n": 1}, headers=widest)
+    assert owed.status_code == 429
+    assert int(owed.headers["Retry-After"]) == 3000  # honest: under the one-hour cap
+
+
+def test_over_http_a_bad_session_header_is_refused_before_the_fan_out_is_charged(
+    rig: Rig,
+) -> None:
+    """At 0.01 requests a second (a bucket of one), ``n`` 3 with a bad header: only the
+    arrival was charged, so the next request waits 100 s, not the 300 s the fan-out owes."""
+    headers = _limited(rig, "sessions", 0.01)
+    body = {"model": BASE_NAME, "prompt": "hi", "max_tokens": 2, "n": 3, "user": "ana"}
+    bad = rig.client.post("/v1/completions", json=body, headers={**headers, "X-Session-Id": ""})
+    assert bad.status_code == 400 and bad.json()["error"]["param"] == "X-Session-Id"
+    again = rig.client.post("/v1/completions", json=body, headers=headers)
+    assert again.status_code == 429 and int(again.headers["Retry-After"]) == 100

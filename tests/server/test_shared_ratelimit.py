@@ -414,3 +414,28 @@ def test_build_server_hands_the_shared_state_to_the_http_layer(
         assert (settings.shared_state_url, settings.shared_state_prefix) == (url, "green")
     finally:
         server.close()
+
+
+def test_over_http_a_fan_out_no_retry_after_could_repay_is_refused_on_the_shared_bucket(
+    served: Served, redis_url: str, prefix: str
+) -> None:
+    """As with in-process buckets (``test_ratelimit.py``): a fan-out whose debt would pass the
+    longest Retry-After is a 400 before it is charged, and the largest one that passes leaves
+    an honest Retry-After on the shared bucket."""
+    shared = {"shared_state_url": redis_url, "shared_state_prefix": prefix}
+    deps = make_app_deps(served, FakeEngine(), **shared)
+    body = {"model": BASE_NAME, "prompt": "hi", "max_tokens": 2, "n": 16}
+    with TestClient(create_app(deps)) as client:
+        headers = _tenant_token(client, f"trickle-{secrets.token_hex(4)}", 0.001)
+        refused = client.post("/v1/completions", json=body, headers=headers)
+        assert refused.status_code == 400, refused.text
+        assert refused.json()["error"]["param"] == "n"
+        again = client.post("/v1/completions", json={**body, "n": 1}, headers=headers)
+        assert int(again.headers["Retry-After"]) == 1000  # only the arrival was charged
+        widest = _tenant_token(client, f"trickle-{secrets.token_hex(4)}", 0.001)
+        assert client.post("/v1/completions", json={**body, "n": 3}, headers=widest).is_success
+        owed = client.post("/v1/completions", json={**body, "n": 1}, headers=widest)
+        assert owed.status_code == 429
+        assert int(owed.headers["Retry-After"]) == 3000
+    assert deps.cache is not None
+    deps.cache.close()

@@ -162,10 +162,10 @@ class Bounded(Collected):
 
 
 @contextmanager
-def _bounded(served: Served, **share: float) -> Iterator[Traced]:
-    """The app tracing into a 48-span ``Bounded`` queue at ratio 0, its clock still (no
-    refill), with the tracer settings ``share``."""
-    collected = Bounded(capacity=48)
+def _bounded(served: Served, capacity: int = 48, **share: float) -> Iterator[Traced]:
+    """The app tracing into a ``Bounded`` queue of ``capacity`` spans at ratio 0, its clock
+    still (no refill), with the tracer settings ``share``."""
+    collected = Bounded(capacity)
     config = TracingConfig(
         "http://127.0.0.1:9/v1/traces", SECRET, sample_ratio=0.0, export_names=True, **share
     )  # type: ignore[arg-type]
@@ -244,3 +244,40 @@ def test_the_share_settings_are_checked() -> None:
         TracingConfig("http://c:4318/v1/traces", SECRET, slow_burst_spans=0)
     with pytest.raises(ValueError, match="slow_spans_per_s 0 is invalid"):
         TracingConfig("http://c:4318/v1/traces", SECRET, slow_spans_per_s=0)
+
+
+def test_a_tenant_forcing_every_kind_gets_only_its_whole_share(served: Served) -> None:
+    """Every acme request slow (``slow_s`` tiny) and flagged, half of them failing: before its
+    share over all kinds, it took its slow, its flag and its error share, 36 spans of a 40-span
+    queue, and another tenant's failure and slow request no longer fit; now the three kinds
+    together stop at its whole share (and one trace), every refusal is counted by its kind, and
+    the other tenant's traces are kept."""
+    share = {
+        "slow_s": 1e-9, "tenant_burst_spans": BURST_SPANS, "tenant_spans_per_s": 1.0,
+        "slow_burst_spans": BURST_SPANS, "error_burst_spans": BURST_SPANS,
+        "parent_burst_spans": BURST_SPANS,
+    }  # fmt: skip
+    with _bounded(served, capacity=40, **share) as traced:
+        for i in range(10):
+            assert traced.post("acme", _sampled(i)) == 200
+            assert traced.post("acme", _sampled(50 + i), model="no-such-adapter") == 404
+        kept = traced.collected.roots("acme")
+        acme_ids = {s.context.trace_id for s in kept}
+        num_spans = sum(1 for s in traced.collected.spans if s.context.trace_id in acme_ids)
+        assert kept and num_spans < BURST_SPANS + 4  # the share and one trace
+        errors = _refused(traced, "loraplex_trace_errors_dropped")
+        slow = _refused(traced, "loraplex_trace_slow_dropped")
+        flags = _refused(traced, "loraplex_trace_parent_refused")
+        assert sum(errors.values()) == 10 - _reasons(traced, "acme").count("error")
+        assert sum(slow.values()) == 20 - len(kept)  # every request was slow
+        assert sum(flags.values()) == 20 - len(kept)  # and flagged
+        assert traced.post("globex", None, model="no-such-adapter") == 404
+        assert traced.post("globex", None, model="search") == 200
+        assert _reasons(traced, "globex") == ["error", "slow"]
+
+
+def test_the_tenant_share_settings_are_checked() -> None:
+    with pytest.raises(ValueError, match="tenant_burst_spans 0 is invalid"):
+        TracingConfig("http://c:4318/v1/traces", SECRET, tenant_burst_spans=0)
+    with pytest.raises(ValueError, match="tenant_spans_per_s 0 is invalid"):
+        TracingConfig("http://c:4318/v1/traces", SECRET, tenant_spans_per_s=0)
