@@ -107,7 +107,7 @@ def _deployment(spec: K8sSpec) -> Manifest:
         "env": registry_env(spec),
         "livenessProbe": _probe(HEALTH_PATH, failures=3),
         "readinessProbe": _probe(READY_PATH, failures=1),
-        "resources": pod_resources(spec),
+        "resources": pod_resources(spec.cpu, spec.memory, spec.gpu),
         "volumeMounts": mounts,
     }
     pod_labels = labels(spec, "replica")
@@ -134,13 +134,10 @@ def _probe(path: str, failures: int) -> Manifest:
     }
 
 
-def pod_resources(spec: K8sSpec) -> Manifest:
-    """CPU and memory requested (memory also the limit); one GPU with ``--gpu``."""
-    requests = {"cpu": spec.cpu, "memory": spec.memory}
-    limits = {"memory": spec.memory}
-    if spec.gpu:
-        limits["nvidia.com/gpu"] = "1"
-    return {"requests": requests, "limits": limits}
+def pod_resources(cpu: str, memory: str, gpu: bool) -> Manifest:
+    """CPU and memory requested (memory also the limit); one GPU with ``gpu``."""
+    limits = {"memory": memory} | ({"nvidia.com/gpu": "1"} if gpu else {})
+    return {"requests": {"cpu": cpu, "memory": memory}, "limits": limits}
 
 
 def _service(spec: K8sSpec) -> Manifest:

@@ -4,6 +4,7 @@ reads metrics loraplex exports, credentials stay in the Secret, flags reach ``lo
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
@@ -321,3 +322,37 @@ def test_ray_passes_the_serve_config_keys_to_the_builder() -> None:
     [service] = docs(K8sSpec(**BASE, ray=True, serve_config=values))
     [application] = yaml.safe_load(service["spec"]["serveConfigV2"])["applications"]
     assert {key: application["args"][key] for key in values} == values
+
+
+def test_the_ray_head_is_sized_for_the_ingress_and_engines_stay_on_workers() -> None:
+    """The head pod runs Ray's control plane and the ingress, never an engine: it asks for its
+    own CPU and memory (``--head-cpu``, ``--head-memory``), not a worker's; engines ask for one
+    unit of a resource only workers advertise (Serve spreads replicas that ask for nothing over
+    every node, the head included), and the head offers no CPU to anything else."""
+    import shlex
+
+    from loraplex.deploy.ray import ENGINE_RESOURCE
+    from loraplex.deploy.spec import DEFAULT_HEAD_CPU, DEFAULT_HEAD_MEMORY
+
+    for spec, head_cpu, head_memory in (
+        (SPECS["ray"], DEFAULT_HEAD_CPU, DEFAULT_HEAD_MEMORY),
+        (K8sSpec(**BASE, ray=True, head_cpu="1500m", head_memory="6Gi"), "1500m", "6Gi"),
+    ):
+        [service] = docs(spec)
+        cluster = service["spec"]["rayClusterConfig"]
+        [head] = cluster["headGroupSpec"]["template"]["spec"]["containers"]
+        [group] = cluster["workerGroupSpecs"]
+        [worker] = group["template"]["spec"]["containers"]
+        assert head["resources"] == {
+            "requests": {"cpu": head_cpu, "memory": head_memory},
+            "limits": {"memory": head_memory},
+        }
+        assert worker["resources"]["requests"] == {"cpu": spec.cpu, "memory": spec.memory}
+        assert head["resources"]["requests"] != worker["resources"]["requests"]
+        assert cluster["headGroupSpec"]["rayStartParams"]["num-cpus"] == "0"
+        assert "resources" not in cluster["headGroupSpec"]["rayStartParams"]
+        # KubeRay writes the value into ray start's shell command line as it is
+        [flag] = shlex.split("--resources=" + group["rayStartParams"]["resources"])
+        assert json.loads(flag.removeprefix("--resources=")) == {ENGINE_RESOURCE: 1}
+        [application] = yaml.safe_load(service["spec"]["serveConfigV2"])["applications"]
+        assert application["args"]["engine_resource"] == ENGINE_RESOURCE

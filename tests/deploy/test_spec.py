@@ -47,6 +47,10 @@ BASE: dict[str, Any] = {"image": "ghcr.io/acme/loraplex:1.0", "store": "s3://ada
         ({"image": "my image"}, "image"),
         ({"epp_image": ""}, "epp_image"),
         ({"ray_version": "latest"}, "ray_version"),
+        ({"head_cpu": "2"}, "head_cpu"),  # no head pod without --ray: refused, not ignored
+        ({"head_memory": "4Gi"}, "head_memory"),
+        ({"head_cpu": "one", "ray": True}, "head_cpu"),
+        ({"head_memory": "4 GB", "ray": True}, "head_memory"),
         ({"serve_config": {"port": 9000}}, "serve_config"),
         ({"serve_config": {"max_num_seqs": 0}}, "serve_config"),
         ({"serve_config": {"no_such_key": 1}}, "serve_config"),
