@@ -84,6 +84,7 @@ class K8sSpec:
         for name in ("image", "epp_image"):
             _token(name, getattr(self, name))
         self._check_head()
+        self._check_path_flags()
         for name in ("cpu", "memory"):
             if not QUANTITY.fullmatch(getattr(self, name)):
                 raise SpecError(
@@ -116,6 +117,15 @@ class K8sSpec:
     def head_resources(self) -> tuple[str, str]:
         """The Ray head pod's (CPU, memory) in force."""
         return (self.head_cpu or DEFAULT_HEAD_CPU, self.head_memory or DEFAULT_HEAD_MEMORY)
+
+    def _check_path_flags(self) -> None:
+        """A flag of the path not rendered would be dropped: refused, naming it."""
+        if self.ray and self.epp_image != DEFAULT_EPP_IMAGE:
+            raise SpecError(
+                "epp_image", "epp_image is not used with ray (no endpoint picker); remove it"
+            )
+        if not self.ray and self.ray_version != DEFAULT_RAY_VERSION:
+            raise SpecError("ray_version", "ray_version is used only with ray; remove it")
 
     def _check_head(self) -> None:
         for name in ("head_cpu", "head_memory"):

@@ -51,6 +51,8 @@ BASE: dict[str, Any] = {"image": "ghcr.io/acme/loraplex:1.0", "store": "s3://ada
         ({"head_memory": "4Gi"}, "head_memory"),
         ({"head_cpu": "one", "ray": True}, "head_cpu"),
         ({"head_memory": "4 GB", "ray": True}, "head_memory"),
+        ({"epp_image": "epp:2", "ray": True}, "epp_image"),  # no endpoint picker with --ray
+        ({"ray_version": "2.61.0"}, "ray_version"),  # no RayService without --ray
         ({"serve_config": {"port": 9000}}, "serve_config"),
         ({"serve_config": {"max_num_seqs": 0}}, "serve_config"),
         ({"serve_config": {"no_such_key": 1}}, "serve_config"),
