@@ -25,6 +25,8 @@ SECRET_KEYS = {
     "database-password": ("PGPASSWORD", True),  # libpq's password for a --database-url
     "aws-access-key-id": ("AWS_ACCESS_KEY_ID", True),  # absent: boto3's chain (IRSA, ...)
     "aws-secret-access-key": ("AWS_SECRET_ACCESS_KEY", True),
+    # the Redis of shared rate limits (docs/operations.md), password and all; absent: per replica
+    "shared-state-url": ("LORAPLEX_SHARED_STATE_URL", True),
 }
 
 

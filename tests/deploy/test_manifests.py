@@ -48,7 +48,13 @@ SPECS = {
     ),
     "ray": K8sSpec(**BASE, ray=True, replicas=3),
 }
-CREDENTIAL_VARS = {"LORAPLEX_ADMIN_KEY", "PGPASSWORD", "AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY"}
+CREDENTIAL_VARS = {
+    "LORAPLEX_ADMIN_KEY",
+    "PGPASSWORD",
+    "AWS_ACCESS_KEY_ID",
+    "AWS_SECRET_ACCESS_KEY",
+    "LORAPLEX_SHARED_STATE_URL",
+}
 
 
 def docs(spec: K8sSpec) -> list[dict[str, Any]]:
@@ -234,6 +240,13 @@ def test_credentials_come_only_from_the_named_secret(case: str) -> None:
         else:
             assert env["value"] == spec.database_url
     assert {"LORAPLEX_ADMIN_KEY", "LORAPLEX_DATABASE_URL"} <= {e["name"] for e in envs}
+    # the Redis of shared rate limits may carry a password: from the Secret, optional
+    shared = [env for env in envs if env["name"] == "LORAPLEX_SHARED_STATE_URL"]
+    assert shared and all(
+        env["valueFrom"]["secretKeyRef"] | {"name": None}
+        == {"name": None, "key": "shared-state-url", "optional": True}
+        for env in shared
+    )
 
 
 def _all_env(node: Any) -> list[dict[str, Any]]:

@@ -27,7 +27,9 @@ def test_args_and_environment_make_the_settings(demo_assets: DemoAssets, tmp_pat
         "demo": False,
     }  # fmt: skip
     env = {"LORAPLEX_DATA_DIR": str(tmp_path), "LORAPLEX_ADMIN_KEY": "a" * 40}
+    env["LORAPLEX_SHARED_STATE_URL"] = "redis://:pw@redis:6379/0"  # the Secret's, on a RayService
     settings = settings_from_args(args, env)
+    assert settings.serve.shared_state_url == env["LORAPLEX_SHARED_STATE_URL"]
     assert settings.engine_replicas == 3 and settings.policy == "pow2"
     assert settings.serve.max_loras == 2 and settings.serve.data_dir == tmp_path
     assert settings.serve.admin_key == "a" * 40
