@@ -369,3 +369,17 @@ def test_the_ray_head_is_sized_for_the_ingress_and_engines_stay_on_workers() -> 
         assert json.loads(flag.removeprefix("--resources=")) == {ENGINE_RESOURCE: 1}
         [application] = yaml.safe_load(service["spec"]["serveConfigV2"])["applications"]
         assert application["args"]["engine_resource"] == ENGINE_RESOURCE
+
+
+def test_the_resource_check_refuses_what_the_api_server_would() -> None:
+    from k8s_api import check_resources
+
+    check_resources({"requests": {"cpu": "500m", "memory": "4Gi"}, "limits": {"memory": "4Gi"}})
+    for bad in (
+        {"requests": {"memory": "8Gi"}, "limits": {"memory": "4Gi"}},  # request above limit
+        {"requests": {"cpu": 4}},  # not a quantity string
+        {"requests": {"memory": "4 GB"}},
+        {"request": {"cpu": "1"}},  # no such field
+    ):
+        with pytest.raises(AssertionError):
+            check_resources(bad)
