@@ -246,8 +246,8 @@ def test_each_release_draws_its_canary_callers_anew(bot: Registry) -> None:
     for _ in range(2):
         _canary(store, bot)  # v2 at a share of 0.25
         first, again = on_candidate(), on_candidate()
-        assert first == again and 0.19 * 800 <= len(first) <= 0.31 * 800
+        assert first == again and 0.2 * 800 <= len(first) <= 0.3 * 800
         drawn.append(first)
         store.rollback("acme", "bot", actor="ops")
     kept = len(drawn[0] & drawn[1]) / len(drawn[0])
-    assert 0.1 <= kept <= 0.4, kept  # independent draws: about the share, not all, not none
+    assert 0.15 <= kept <= 0.35, kept  # independent draws: about the share, not all, not none
