@@ -227,27 +227,3 @@ def test_migration_2_turns_the_rollback_target_into_the_first_history_entry(
         assert [tuple(r) for r in rows] == [("t", "a", 1, '[{"revision": "v1", "weight": 1}]', 5.0)]
     finally:
         db.close()
-
-
-def test_each_release_draws_its_canary_callers_anew(bot: Registry) -> None:
-    """The draw is keyed by (release, caller): a second release of the same alias, even of the
-    same candidate, puts about ``share`` of the first one's canary callers on its candidate
-    again and the rest on stable (docs/releases.md, *Sticky canary*), as per-rollout stickiness
-    (Flagger's canary cookie, ingress-nginx's) does; within a release a caller never moves."""
-    store = ReleaseStore(bot)
-    callers = [f"user-{i}" for i in range(800)]
-
-    def on_candidate() -> set[str]:
-        return {
-            c for c in callers if bot.resolve_revision("acme", "bot", sticky_key=c).revision == "v2"
-        }
-
-    drawn = []
-    for _ in range(2):
-        _canary(store, bot)  # v2 at a share of 0.25
-        first, again = on_candidate(), on_candidate()
-        assert first == again and 0.2 * 800 <= len(first) <= 0.3 * 800
-        drawn.append(first)
-        store.rollback("acme", "bot", actor="ops")
-    kept = len(drawn[0] & drawn[1]) / len(drawn[0])
-    assert 0.15 <= kept <= 0.35, kept  # independent draws: about the share, not all, not none
