@@ -10,6 +10,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+import pytest
 import typer
 
 from loraplex.cli import app
@@ -113,3 +114,46 @@ def test_every_variable_a_command_reads_is_listed_for_it() -> None:
             variable = getattr(param, "envvar", None)
             if variable is not None:
                 assert name in readers.get(variable, set()), f"{variable} of `{name}` unlisted"
+
+
+# --- fleets and Kubernetes: every flag and key a fleet or a render reads is documented, and no
+# documented one is unread (operations.md's fleet table, fleet.md's, kubernetes.md's flags) ----
+
+DOCS = DOC.parent
+
+
+def _first_column_table(path: Path, header: str) -> str:
+    """The first cells of the table whose header row starts with ``header``, joined."""
+    lines = path.read_text(encoding="utf-8").splitlines()
+    start = next(i for i, line in enumerate(lines) if line.startswith(f"| {header}"))
+    rows = []
+    for line in lines[start + 2 :]:
+        if not line.startswith("|"):
+            break
+        rows.append(line.strip("|").split(" | ")[0])
+    return " ".join(rows)
+
+
+def _flags(command: str) -> set[str]:
+    params = COMMANDS[command].params
+    return {opt for p in params for opt in (*p.opts, *p.secondary_opts)} - {"--help"}
+
+
+@pytest.mark.parametrize("doc", ["operations.md", "fleet.md"])
+def test_every_fleet_flag_and_key_is_documented(doc: str) -> None:
+    from loraplex.fleet.settings import FLEET_KEYS
+
+    column = _first_column_table(DOCS / doc, "`fleet up` flag / `[fleet]` key")
+    documented_flags = set(re.findall(r"--[a-z0-9-]+", column))
+    assert _flags("fleet up") - documented_flags == set(), f"fleet up flags missing from {doc}"
+    assert documented_flags - _flags("fleet up") == set(), f"{doc} documents unknown flags"
+    keys = {k.split(" ")[0] for k in _TICKED.findall(column) if not k.startswith(("-", "["))}
+    assert set(FLEET_KEYS) - keys == set(), f"[fleet] keys missing from {doc}"
+    assert keys - set(FLEET_KEYS) == set(), f"{doc} documents [fleet] keys that do not exist"
+
+
+def test_every_k8s_render_flag_is_documented() -> None:
+    column = _first_column_table(DOCS / "kubernetes.md", "flag |")
+    documented = set(re.findall(r"--[a-z0-9-]+", column))
+    assert _flags("k8s render") - documented == set(), "k8s render flags missing"
+    assert documented - _flags("k8s render") == set(), "kubernetes.md documents unknown flags"

@@ -56,6 +56,17 @@ def fleet_file_values(path: Path | None) -> dict[str, Any]:
     return dict(table)
 
 
+def check_engine_resource(engine_resource: str | None, address: str | None) -> None:
+    """The local Ray head ``up`` starts advertises no custom resource: engines asking for one
+    would never be placed, so the key is refused there, by name."""
+    if engine_resource is not None and address is None:
+        raise ValueError(
+            f"engine_resource {engine_resource!r} is not used without --address: the local Ray "
+            "head `up` starts advertises no custom resource (engines would never be placed); "
+            "remove it, or join a cluster whose engine nodes advertise it"
+        )
+
+
 def default_threads_per_replica(replicas: int, num_cores: int | None) -> int:
     """torch threads of each engine replica when none were configured: the cores shared out,
     at least one (the ingress and Ray's own processes take little CPU between requests)."""
@@ -128,6 +139,7 @@ def up_command(
             engine_replicas=num_replicas,
             **fleet_values,
         )
+        check_engine_resource(checked.engine_resource, address)
         if serve_config.torch_threads is None:
             per_replica = default_threads_per_replica(checked.engine_replicas, os.cpu_count())
             serve_config = replace(serve_config, torch_threads=per_replica)

@@ -12,7 +12,14 @@ from typing import Annotated, Any
 
 import typer
 
-from loraplex.deploy.spec import DEFAULT_EPP_IMAGE, DEFAULT_RAY_VERSION, K8sSpec, SpecError
+from loraplex.deploy.spec import (
+    DEFAULT_EPP_IMAGE,
+    DEFAULT_HEAD_CPU,
+    DEFAULT_HEAD_MEMORY,
+    DEFAULT_RAY_VERSION,
+    K8sSpec,
+    SpecError,
+)
 
 k8s_app = typer.Typer(help="Kubernetes manifests.", no_args_is_help=True)
 Opt = typer.Option
@@ -52,6 +59,15 @@ def render_command(
         bool, Opt("--ray", help="A KubeRay RayService running the fleet instead.")
     ] = False,
     ray_version: Annotated[str, Opt(help="Ray release in the image.")] = DEFAULT_RAY_VERSION,
+    head_cpu: Annotated[
+        str | None, Opt(help=f"Ray head pod's CPU request (--ray) [default: {DEFAULT_HEAD_CPU}]")
+    ] = None,
+    head_memory: Annotated[
+        str | None,
+        Opt(
+            help=f"Ray head pod's memory request and limit (--ray) [default: {DEFAULT_HEAD_MEMORY}]"
+        ),
+    ] = None,
     serve_config: Annotated[
         Path | None,
         Opt(help="TOML file: its 'serve' table (a ConfigMap; --ray: the builder's args)."),
@@ -83,6 +99,8 @@ def render_command(
         epp_image=epp_image,
         ray=ray,
         ray_version=ray_version,
+        head_cpu=head_cpu,
+        head_memory=head_memory,
         serve_config_path=serve_config,
     )
     rendered = render(spec)

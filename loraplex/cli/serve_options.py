@@ -27,7 +27,10 @@ Port = Annotated[int | None, typer.Option(help=f"HTTP listen port (default: {_de
 Model = Annotated[Path | None, typer.Option(help="Base model dir (default: the demo model).")]
 SharedStateUrl = Annotated[
     str | None,
-    typer.Option(help="Redis holding rate limits for all ingress processes (redis://)."),
+    typer.Option(
+        envvar="LORAPLEX_SHARED_STATE_URL",
+        help="Redis holding rate limits for all ingress processes (redis://).",
+    ),
 ]
 MaxLoras = Annotated[
     int | None,

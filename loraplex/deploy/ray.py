@@ -32,6 +32,10 @@ RAY_AGENT_PORT = 52365  # Ray's dashboard agent on every node (``--dashboard-age
 # a worker is ready while its raylet is (the check KubeRay's own worker probe starts with;
 # the agent answers 200 ``success``, or 503)
 RAYLET_HEALTH_PATH = "/api/local_raylet_healthz"
+# Ray custom resource only engine workers advertise (one unit each) and each engine replica asks
+# for (the fleet's ``engine_resource``): Serve spreads replicas that ask for nothing over every
+# node, the head included, where no GPU is and the pod is sized for the ingress alone.
+ENGINE_RESOURCE = "loraplex_engine"
 RAY_NOTE = (
     f"The RayService runs {FLEET_IMPORT_PATH} (docs/fleet.md); the model directory must be",
     "the same path on every node (in the image or a shared volume).",
@@ -68,6 +72,7 @@ def serve_application_args(spec: K8sSpec) -> dict[str, Any]:
         "max_loras": spec.max_loras,
         "store": spec.store,
         "device": "cuda" if spec.gpu else "cpu",
+        "engine_resource": ENGINE_RESOURCE,
     }
     if spec.s3_endpoint is not None:
         args["s3_endpoint"] = spec.s3_endpoint
@@ -100,8 +105,9 @@ def _cluster(spec: K8sSpec) -> Manifest:
         {"name": "serve", "containerPort": spec.port},
         {"name": "admin", "containerPort": spec.admin_port},
     ]
-    head = _container(spec, "ray-head", head_ports, gpu=False)
-    worker = _container(spec, "ray-worker", [], gpu=spec.gpu)
+    head_cpu, head_memory = spec.head_resources
+    head = _container(spec, "ray-head", head_ports, pod_resources(head_cpu, head_memory, gpu=False))
+    worker = _container(spec, "ray-worker", [], pod_resources(spec.cpu, spec.memory, spec.gpu))
     worker["readinessProbe"] = {
         "httpGet": {"path": RAYLET_HEALTH_PATH, "port": RAY_AGENT_PORT},
         "periodSeconds": 5,
@@ -112,8 +118,8 @@ def _cluster(spec: K8sSpec) -> Manifest:
         "rayVersion": spec.ray_version,
         "headGroupSpec": {
             # the head runs the control plane and the ingress (its listener on the serve port),
-            # never an engine (no GPU)
-            "rayStartParams": {"dashboard-host": "0.0.0.0", "num-gpus": "0"},
+            # never an engine (no GPU, no engine resource) nor anything asking for a CPU
+            "rayStartParams": {"dashboard-host": "0.0.0.0", "num-cpus": "0", "num-gpus": "0"},
             "template": {"spec": {"containers": [head]}},
         },
         "workerGroupSpecs": [
@@ -122,17 +128,20 @@ def _cluster(spec: K8sSpec) -> Manifest:
                 "replicas": spec.replicas,
                 "minReplicas": spec.replicas,
                 "maxReplicas": spec.replicas,
-                "rayStartParams": {},
+                "rayStartParams": {"resources": _ray_resources({ENGINE_RESOURCE: 1})},
                 "template": {"spec": {"containers": [worker]}},
             }
         ],
     }
 
 
-def _container(spec: K8sSpec, name: str, ports: list[Manifest], gpu: bool) -> Manifest:
-    resources = pod_resources(spec)
-    if not gpu:
-        resources["limits"].pop("nvidia.com/gpu", None)
+def _ray_resources(resources: dict[str, int]) -> str:
+    """``rayStartParams.resources``: KubeRay puts the value into ``ray start``'s shell command
+    line as it is, so the JSON travels inside double quotes with its own quotes escaped."""
+    return '"' + json.dumps(resources).replace('"', '\\"') + '"'
+
+
+def _container(spec: K8sSpec, name: str, ports: list[Manifest], resources: Manifest) -> Manifest:
     container: Manifest = {
         "name": name,
         "image": spec.image,

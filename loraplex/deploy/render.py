@@ -40,7 +40,8 @@ def render(spec: K8sSpec) -> Rendered:
         "Rendered by `loraplex k8s render` (docs/kubernetes.md).",
         f"Secret {spec.secret_name!r} is referenced, never rendered: create it first, keys",
         "admin-key (required), " + _database_keys(spec) + ",",
-        "aws-access-key-id and aws-secret-access-key (optional; absent: boto3's default chain).",
+        "aws-access-key-id and aws-secret-access-key (optional; absent: boto3's default chain),",
+        "shared-state-url (optional: the Redis of shared rate limits; absent: per replica).",
     ]
     if spec.ray:
         comment += ["Needs the KubeRay operator (RayService, ray.io/v1).", *RAY_NOTE]

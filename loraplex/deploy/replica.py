@@ -25,6 +25,8 @@ SECRET_KEYS = {
     "database-password": ("PGPASSWORD", True),  # libpq's password for a --database-url
     "aws-access-key-id": ("AWS_ACCESS_KEY_ID", True),  # absent: boto3's chain (IRSA, ...)
     "aws-secret-access-key": ("AWS_SECRET_ACCESS_KEY", True),
+    # the Redis of shared rate limits (docs/operations.md), password and all; absent: per replica
+    "shared-state-url": ("LORAPLEX_SHARED_STATE_URL", True),
 }
 
 
@@ -107,7 +109,7 @@ def _deployment(spec: K8sSpec) -> Manifest:
         "env": registry_env(spec),
         "livenessProbe": _probe(HEALTH_PATH, failures=3),
         "readinessProbe": _probe(READY_PATH, failures=1),
-        "resources": pod_resources(spec),
+        "resources": pod_resources(spec.cpu, spec.memory, spec.gpu),
         "volumeMounts": mounts,
     }
     pod_labels = labels(spec, "replica")
@@ -134,13 +136,10 @@ def _probe(path: str, failures: int) -> Manifest:
     }
 
 
-def pod_resources(spec: K8sSpec) -> Manifest:
-    """CPU and memory requested (memory also the limit); one GPU with ``--gpu``."""
-    requests = {"cpu": spec.cpu, "memory": spec.memory}
-    limits = {"memory": spec.memory}
-    if spec.gpu:
-        limits["nvidia.com/gpu"] = "1"
-    return {"requests": requests, "limits": limits}
+def pod_resources(cpu: str, memory: str, gpu: bool) -> Manifest:
+    """CPU and memory requested (memory also the limit); one GPU with ``gpu``."""
+    limits = {"memory": memory} | ({"nvidia.com/gpu": "1"} if gpu else {})
+    return {"requests": {"cpu": cpu, "memory": memory}, "limits": limits}
 
 
 def _service(spec: K8sSpec) -> Manifest:

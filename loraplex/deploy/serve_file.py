@@ -13,6 +13,7 @@ import math
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
+from urllib.parse import urlsplit
 
 from loraplex.serve.config import ServeConfig, file_key
 
@@ -57,6 +58,14 @@ def check_serve_values(values: Mapping[str, Any], max_loras: int) -> None:
             f"serve config key {reserved[0]!r} is set by the rendered manifests "
             "(use the k8s render flag of that name, if any); expected none of "
             f"{sorted(RESERVED_SERVE_KEYS)}",
+        )
+    shared = values.get("shared_state_url")
+    if isinstance(shared, str) and urlsplit(shared).password is not None:
+        raise ServeFileError(
+            "shared_state_url",
+            "serve config key 'shared_state_url' holds a password, which the rendered manifests "
+            "would carry in plain text; expected none inline: put the whole URL under the "
+            "secret's key 'shared-state-url' and leave the key out",
         )
     for key, value in values.items():
         if not isinstance(value, bool | int | float | str):

@@ -30,6 +30,10 @@ TOKEN = re.compile(r"^[!#-~]+$")
 POSTGRES_SCHEMES = ("postgresql", "postgres")
 DEFAULT_EPP_IMAGE = "registry.k8s.io/gateway-api-inference-extension/epp:v1.2.1"
 DEFAULT_RAY_VERSION = "2.60.0"  # the Ray release issue 14 names for the fleet
+# The Ray head pod (Ray's GCS, dashboard, Serve controller, the ingress and the fleet board; no
+# engine): see docs/kubernetes.md for what these were measured against.
+DEFAULT_HEAD_CPU = "1"
+DEFAULT_HEAD_MEMORY = "4Gi"
 RAY_GCS_PORT = 6379
 RAY_DASHBOARD_PORT = 8265
 RAY_CLIENT_PORT = 10001
@@ -65,6 +69,10 @@ class K8sSpec:
     epp_image: str = DEFAULT_EPP_IMAGE  # Gateway API Inference Extension endpoint picker
     ray: bool = False  # render a KubeRay RayService instead of Deployment + InferencePool
     ray_version: str = DEFAULT_RAY_VERSION  # Ray release inside the image (RayService only)
+    # the Ray head pod's CPU request and memory request and limit (RayService only: it runs Ray's
+    # control plane and the ingress, no engine); None: DEFAULT_HEAD_CPU / DEFAULT_HEAD_MEMORY
+    head_cpu: str | None = None
+    head_memory: str | None = None
     # ``loraplex serve`` TOML keys (a [serve] table read with serve.config), rendered into a
     # ConfigMap; the keys this command sets itself are refused (RESERVED_SERVE_KEYS)
     serve_config: Mapping[str, Any] = field(default_factory=dict)
@@ -75,6 +83,8 @@ class K8sSpec:
         self._check_locations()
         for name in ("image", "epp_image"):
             _token(name, getattr(self, name))
+        self._check_head()
+        self._check_path_flags()
         for name in ("cpu", "memory"):
             if not QUANTITY.fullmatch(getattr(self, name)):
                 raise SpecError(
@@ -102,6 +112,32 @@ class K8sSpec:
     @property
     def secret_name(self) -> str:
         return self.secret or f"{self.name}-secrets"
+
+    @property
+    def head_resources(self) -> tuple[str, str]:
+        """The Ray head pod's (CPU, memory) in force."""
+        return (self.head_cpu or DEFAULT_HEAD_CPU, self.head_memory or DEFAULT_HEAD_MEMORY)
+
+    def _check_path_flags(self) -> None:
+        """A flag of the path not rendered would be dropped: refused, naming it."""
+        if self.ray and self.epp_image != DEFAULT_EPP_IMAGE:
+            raise SpecError(
+                "epp_image", "epp_image is not used with ray (no endpoint picker); remove it"
+            )
+        if not self.ray and self.ray_version != DEFAULT_RAY_VERSION:
+            raise SpecError("ray_version", "ray_version is used only with ray; remove it")
+
+    def _check_head(self) -> None:
+        for name in ("head_cpu", "head_memory"):
+            value = getattr(self, name)
+            if value is None:
+                continue
+            if not self.ray:  # no head pod without a RayService: refused, never ignored
+                raise SpecError(name, f"{name} is used only with ray (the head pod); remove it")
+            if not QUANTITY.fullmatch(value):
+                raise SpecError(
+                    name, f"{name} {value!r} is invalid; expected a Kubernetes quantity"
+                )
 
     def _check_names(self) -> None:
         if not DNS_1035_LABEL.fullmatch(self.name) or len(self.name) > MAX_NAME_CHARS:

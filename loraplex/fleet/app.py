@@ -6,7 +6,8 @@ render --ray``), where the Serve controller calls it.
 ``report_period_s``, ``stale_after_s``, ``router``, ``topology``) and any ``serve`` configuration
 key (``max_loras``, ``store``, ``model``, ...); the environment gives what ``loraplex serve``
 reads from it (``LORAPLEX_DATA_DIR``, ``LORAPLEX_DATABASE_URL``, ``LORAPLEX_STORE``,
-``LORAPLEX_S3_ENDPOINT``, ``LORAPLEX_ADMIN_KEY``), so credentials stay in the pods' environment.
+``LORAPLEX_S3_ENDPOINT``, ``LORAPLEX_ADMIN_KEY``, ``LORAPLEX_SHARED_STATE_URL``), so
+credentials stay in the pods' environment.
 An unknown key is refused naming it. Across hosts the model directory must be the same path on
 every node (in the image or a shared volume) and the registry PostgreSQL with an S3 store.
 
@@ -36,6 +37,7 @@ ENVIRONMENT_KEYS = {
     "store": "LORAPLEX_STORE",
     "s3_endpoint": "LORAPLEX_S3_ENDPOINT",
     "admin_key": "LORAPLEX_ADMIN_KEY",
+    "shared_state_url": "LORAPLEX_SHARED_STATE_URL",
 }
 
 

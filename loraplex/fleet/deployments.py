@@ -12,7 +12,9 @@
 
 Engines ask Ray for no logical CPUs: their compute threads are set by ``torch_threads`` (the
 fleet CLI splits the machine's cores among the replicas), so Ray's accounting never refuses a
-replica that the operator sized on purpose.
+replica that the operator sized on purpose. NOTE: a replica that asks for nothing may be placed
+on any node, the head included (Serve spreads replicas over every node); ``engine_resource`` (one
+unit of a custom resource per engine) keeps engines on the nodes that advertise it.
 """
 
 from __future__ import annotations
@@ -166,9 +168,12 @@ class FleetListenerImpl:
 def build_app(settings: FleetSettings, ingress_node: str | None = None) -> Any:
     """The Serve application: board, engine replicas, ingress (on the Ray node of id
     ``ingress_node`` when given, else on the head node: where the fleet's address is)."""
+    engine_actor: dict[str, Any] = {"num_cpus": 0}
+    if settings.engine_resource is not None:
+        engine_actor["resources"] = {settings.engine_resource: 1}
     engine_options = {
         "num_replicas": settings.engine_replicas,
-        "ray_actor_options": {"num_cpus": 0},
+        "ray_actor_options": engine_actor,
         # NOTE: the engine queues and bounds requests itself (max_queue_len, QueueFullError);
         # Ray's per-replica cap only has to stay above that.
         "max_ongoing_requests": settings.serve.max_queue_len + settings.serve.max_num_seqs,

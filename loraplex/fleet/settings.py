@@ -10,6 +10,7 @@ cannot honour (each replica runs its engine on a thread of its own process) are 
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any
@@ -40,9 +41,13 @@ FLEET_KEYS = (
     "stale_after_s",
     "router",
     "topology",
+    "engine_resource",
 )
 _ROUTER_KEYS = sorted(f.name for f in fields(RouterConfig))
 _TOPOLOGY_KEYS = sorted(f.name for f in fields(TopologyConfig))
+# A Ray custom resource name; Ray's own (and ``node:<id>``) are not the operator's to hand out.
+RESOURCE_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]{0,62}$")
+RAY_RESOURCES = ("CPU", "GPU", "memory", "object_store_memory")
 
 
 @dataclass(frozen=True)
@@ -61,6 +66,9 @@ class FleetSettings:
     # TopologyConfig fields (router/topology.py): one replica dedicated to a revision that
     # would fill one; None: no dedication (each replica's own ``mode`` decides alone)
     topology: dict[str, Any] | None = None
+    # a Ray custom resource each engine replica asks one unit of, so engines run only on the Ray
+    # nodes that advertise it (a RayService's engine workers, never its head); None: any node
+    engine_resource: str | None = None
 
     def __post_init__(self) -> None:
         for name in ("engine_replicas", "ingress_replicas"):
@@ -74,6 +82,7 @@ class FleetSettings:
             )
         self._check_routing()
         self._check_stale_after()
+        self._check_engine_resource()
         check_fleet_config(self.serve)
 
     @property
@@ -94,6 +103,20 @@ class FleetSettings:
             raise ValueError(
                 f"stale_after_s {value} is invalid; expected >= {low:g} ({MIN_STALE_REPORT_PERIODS}"
                 f" report periods) and <= {MAX_STALE_AFTER_S:g}"
+            )
+
+    def _check_engine_resource(self) -> None:
+        value = self.engine_resource
+        if value is None:
+            return
+        if (
+            not isinstance(value, str)
+            or not RESOURCE_NAME.fullmatch(value)
+            or value in RAY_RESOURCES
+        ):
+            raise ValueError(
+                f"engine_resource {value!r} is invalid; expected a Ray custom resource name "
+                f"(letters, digits, '_'; a letter or '_' first; none of {RAY_RESOURCES})"
             )
 
     def _check_topology(self) -> None:

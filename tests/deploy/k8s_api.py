@@ -7,7 +7,8 @@ Gateway API Inference Extension ``inference.networking.k8s.io/v1`` InferencePool
 ``{number: 1-65535}``, ``endpointPickerRef`` with ``name`` and, for a Service, ``port``;
 ``failureMode`` FailOpen|FailClose); KubeRay ``ray.io/v1`` (raycluster_types.go: headGroupSpec
 ``rayStartParams`` + ``template``; each workerGroupSpecs item ``groupName``, ``minReplicas``,
-``maxReplicas``, ``rayStartParams``, ``template``; rayservice ``serveConfigV2`` is a string).
+``maxReplicas``, ``rayStartParams`` (a string map), ``template``; rayservice ``serveConfigV2`` is a
+string); core ``v1`` ResourceRequirements (quantities, no request above its limit).
 """
 
 from __future__ import annotations
@@ -21,6 +22,9 @@ LABEL_KEY = re.compile(
     r"^([a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*/)?"
     r"[A-Za-z0-9]([-A-Za-z0-9_.]{0,61}[A-Za-z0-9])?$"
 )
+QUANTITY = re.compile(r"^([0-9]+(?:\.[0-9]+)?)(m|k|M|G|T|Ki|Mi|Gi|Ti)?$")
+SUFFIXES = {"": 1.0, "m": 1e-3, "k": 1e3, "M": 1e6, "G": 1e9, "T": 1e12}
+SUFFIXES |= {"Ki": 2.0**10, "Mi": 2.0**20, "Gi": 2.0**30, "Ti": 2.0**40}
 LABEL_VALUE = re.compile(r"^(([A-Za-z0-9][-A-Za-z0-9_.]*)?[A-Za-z0-9])?$")
 # apiVersion -> kinds rendered under it, and the top-level fields each kind requires.
 REQUIRED_TOP = {
@@ -59,6 +63,25 @@ def check_pod_template(template: dict[str, Any]) -> None:
             assert len(port["name"]) <= 15, port["name"]  # IANA_SVC_NAME
         for env in container.get("env", []):
             assert ("value" in env) != ("valueFrom" in env), env
+        check_resources(container.get("resources", {}))
+
+
+def check_resources(resources: dict[str, Any]) -> None:
+    """core/v1 ResourceRequirements: quantities (strings here), and no request above its limit
+    (the API server refuses such a pod)."""
+    assert set(resources) <= {"requests", "limits", "claims"}, resources
+    for part in ("requests", "limits"):
+        for value in resources.get(part, {}).values():
+            assert isinstance(value, str) and QUANTITY.fullmatch(value), value
+    for name, limit in resources.get("limits", {}).items():
+        request = resources.get("requests", {}).get(name)
+        assert request is None or _quantity(request) <= _quantity(limit), (name, request, limit)
+
+
+def _quantity(text: str) -> float:
+    match = QUANTITY.fullmatch(text)
+    assert match is not None, text
+    return float(match.group(1)) * SUFFIXES[match.group(2) or ""]
 
 
 def check_deployment(doc: dict[str, Any]) -> None:
@@ -107,6 +130,7 @@ def check_ray_service(doc: dict[str, Any]) -> None:
         assert group["groupName"]
         assert 0 <= group["minReplicas"] <= group["replicas"] <= group["maxReplicas"]
         assert isinstance(group["rayStartParams"], dict)
+        assert all(isinstance(v, str) for v in group["rayStartParams"].values())
         check_pod_template(group["template"])
 
 

@@ -127,3 +127,13 @@ def test_the_rendered_serve_file_uses_the_file_keys(tmp_path: Path) -> None:
     found = [d for d in yaml.safe_load_all(run("--serve-config", str(given))) if d]
     [config_map] = [d for d in found if d["kind"] == "ConfigMap" and "serve.toml" in d["data"]]
     assert config_map["data"]["serve.toml"] == "[serve]\nthreads = 2\n"
+
+
+def test_head_flags_size_the_ray_head_and_are_refused_without_ray() -> None:
+    text = run("--ray", "--head-cpu", "2", "--head-memory", "6Gi")
+    [service] = [d for d in yaml.safe_load_all(text) if d and d["kind"] == "RayService"]
+    [head] = service["spec"]["rayClusterConfig"]["headGroupSpec"]["template"]["spec"]["containers"]
+    assert head["resources"]["requests"] == {"cpu": "2", "memory": "6Gi"}
+    for flag, value in (("--head-cpu", "2"), ("--head-memory", "6Gi")):
+        output = run(flag, value, code=2)
+        assert flag in output and "only with ray" in output

@@ -4,6 +4,7 @@ reads metrics loraplex exports, credentials stay in the Secret, flags reach ``lo
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
@@ -47,7 +48,13 @@ SPECS = {
     ),
     "ray": K8sSpec(**BASE, ray=True, replicas=3),
 }
-CREDENTIAL_VARS = {"LORAPLEX_ADMIN_KEY", "PGPASSWORD", "AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY"}
+CREDENTIAL_VARS = {
+    "LORAPLEX_ADMIN_KEY",
+    "PGPASSWORD",
+    "AWS_ACCESS_KEY_ID",
+    "AWS_SECRET_ACCESS_KEY",
+    "LORAPLEX_SHARED_STATE_URL",
+}
 
 
 def docs(spec: K8sSpec) -> list[dict[str, Any]]:
@@ -233,6 +240,13 @@ def test_credentials_come_only_from_the_named_secret(case: str) -> None:
         else:
             assert env["value"] == spec.database_url
     assert {"LORAPLEX_ADMIN_KEY", "LORAPLEX_DATABASE_URL"} <= {e["name"] for e in envs}
+    # the Redis of shared rate limits may carry a password: from the Secret, optional
+    shared = [env for env in envs if env["name"] == "LORAPLEX_SHARED_STATE_URL"]
+    assert shared and all(
+        env["valueFrom"]["secretKeyRef"] | {"name": None}
+        == {"name": None, "key": "shared-state-url", "optional": True}
+        for env in shared
+    )
 
 
 def _all_env(node: Any) -> list[dict[str, Any]]:
@@ -321,3 +335,51 @@ def test_ray_passes_the_serve_config_keys_to_the_builder() -> None:
     [service] = docs(K8sSpec(**BASE, ray=True, serve_config=values))
     [application] = yaml.safe_load(service["spec"]["serveConfigV2"])["applications"]
     assert {key: application["args"][key] for key in values} == values
+
+
+def test_the_ray_head_is_sized_for_the_ingress_and_engines_stay_on_workers() -> None:
+    """The head pod runs Ray's control plane and the ingress, never an engine: it asks for its
+    own CPU and memory (``--head-cpu``, ``--head-memory``), not a worker's; engines ask for one
+    unit of a resource only workers advertise (Serve spreads replicas that ask for nothing over
+    every node, the head included), and the head offers no CPU to anything else."""
+    import shlex
+
+    from loraplex.deploy.ray import ENGINE_RESOURCE
+    from loraplex.deploy.spec import DEFAULT_HEAD_CPU, DEFAULT_HEAD_MEMORY
+
+    for spec, head_cpu, head_memory in (
+        (SPECS["ray"], DEFAULT_HEAD_CPU, DEFAULT_HEAD_MEMORY),
+        (K8sSpec(**BASE, ray=True, head_cpu="1500m", head_memory="6Gi"), "1500m", "6Gi"),
+    ):
+        [service] = docs(spec)
+        cluster = service["spec"]["rayClusterConfig"]
+        [head] = cluster["headGroupSpec"]["template"]["spec"]["containers"]
+        [group] = cluster["workerGroupSpecs"]
+        [worker] = group["template"]["spec"]["containers"]
+        assert head["resources"] == {
+            "requests": {"cpu": head_cpu, "memory": head_memory},
+            "limits": {"memory": head_memory},
+        }
+        assert worker["resources"]["requests"] == {"cpu": spec.cpu, "memory": spec.memory}
+        assert head["resources"]["requests"] != worker["resources"]["requests"]
+        assert cluster["headGroupSpec"]["rayStartParams"]["num-cpus"] == "0"
+        assert "resources" not in cluster["headGroupSpec"]["rayStartParams"]
+        # KubeRay writes the value into ray start's shell command line as it is
+        [flag] = shlex.split("--resources=" + group["rayStartParams"]["resources"])
+        assert json.loads(flag.removeprefix("--resources=")) == {ENGINE_RESOURCE: 1}
+        [application] = yaml.safe_load(service["spec"]["serveConfigV2"])["applications"]
+        assert application["args"]["engine_resource"] == ENGINE_RESOURCE
+
+
+def test_the_resource_check_refuses_what_the_api_server_would() -> None:
+    from k8s_api import check_resources
+
+    check_resources({"requests": {"cpu": "500m", "memory": "4Gi"}, "limits": {"memory": "4Gi"}})
+    for bad in (
+        {"requests": {"memory": "8Gi"}, "limits": {"memory": "4Gi"}},  # request above limit
+        {"requests": {"cpu": 4}},  # not a quantity string
+        {"requests": {"memory": "4 GB"}},
+        {"request": {"cpu": "1"}},  # no such field
+    ):
+        with pytest.raises(AssertionError):
+            check_resources(bad)

@@ -47,9 +47,21 @@ BASE: dict[str, Any] = {"image": "ghcr.io/acme/loraplex:1.0", "store": "s3://ada
         ({"image": "my image"}, "image"),
         ({"epp_image": ""}, "epp_image"),
         ({"ray_version": "latest"}, "ray_version"),
+        ({"head_cpu": "2"}, "head_cpu"),  # no head pod without --ray: refused, not ignored
+        ({"head_memory": "4Gi"}, "head_memory"),
+        ({"head_cpu": "one", "ray": True}, "head_cpu"),
+        ({"head_memory": "4 GB", "ray": True}, "head_memory"),
+        ({"epp_image": "epp:2", "ray": True}, "epp_image"),  # no endpoint picker with --ray
+        ({"ray_version": "2.61.0"}, "ray_version"),  # no RayService without --ray
         ({"serve_config": {"port": 9000}}, "serve_config"),
         ({"serve_config": {"max_num_seqs": 0}}, "serve_config"),
         ({"serve_config": {"no_such_key": 1}}, "serve_config"),
+        # a password would be in the ConfigMap (or the RayService's args) in plain text
+        ({"serve_config": {"shared_state_url": "redis://:hunter2@redis:6379/0"}}, "serve_config"),
+        (
+            {"serve_config": {"shared_state_url": "redis://u:pw@r:6379"}, "ray": True},
+            "serve_config",
+        ),
     ],
 )
 def test_invalid_settings_are_refused_naming_the_field(changes: dict[str, Any], field: str) -> None:
@@ -132,3 +144,13 @@ def test_keys_a_fleet_does_not_read_are_refused_for_ray_only() -> None:
         with pytest.raises(SpecError) as caught:
             K8sSpec(**BASE, ray=True, serve_config={key: value})
         assert caught.value.field == "serve_config" and repr(key) in str(caught.value)
+
+
+def test_a_shared_state_password_is_refused_unshown_and_a_plain_url_passes() -> None:
+    with pytest.raises(SpecError) as caught:
+        K8sSpec(**BASE, serve_config={"shared_state_url": "redis://:hunter2@redis:6379/0"})
+    assert "shared-state-url" in str(caught.value) and "hunter2" not in str(caught.value)
+    url = "redis://redis.serving:6379/0"
+    assert K8sSpec(**BASE, serve_config={"shared_state_url": url}).serve_config == {
+        "shared_state_url": url
+    }

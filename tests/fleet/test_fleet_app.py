@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -26,7 +27,9 @@ def test_args_and_environment_make_the_settings(demo_assets: DemoAssets, tmp_pat
         "demo": False,
     }  # fmt: skip
     env = {"LORAPLEX_DATA_DIR": str(tmp_path), "LORAPLEX_ADMIN_KEY": "a" * 40}
+    env["LORAPLEX_SHARED_STATE_URL"] = "redis://:pw@redis:6379/0"  # the Secret's, on a RayService
     settings = settings_from_args(args, env)
+    assert settings.serve.shared_state_url == env["LORAPLEX_SHARED_STATE_URL"]
     assert settings.engine_replicas == 3 and settings.policy == "pow2"
     assert settings.serve.max_loras == 2 and settings.serve.data_dir == tmp_path
     assert settings.serve.admin_key == "a" * 40
@@ -84,3 +87,20 @@ def test_the_rendered_ray_args_register_no_demo_tenants(
         assert registry.list_tenants() == []
     finally:
         registry.close()
+
+
+def test_engines_ask_for_the_engine_resource_when_one_is_named(tmp_path: Path) -> None:
+    """A replica that asks Ray for nothing can land on any node, the head included (Serve spreads
+    replicas over every node: seen with 3 engines on a head and 3 workers); one unit of the
+    ``engine_resource`` each keeps engines on the nodes that advertise it, one per unit."""
+    config = ServeConfig(data_dir=tmp_path)
+
+    def engine_options(settings: FleetSettings) -> dict[str, Any]:
+        ingress = build_app(settings)._bound_deployment
+        [engine] = [a for a in ingress.init_args if getattr(a, "_bound_deployment", None)
+                    and a._bound_deployment.name == "EngineReplica"]  # fmt: skip
+        return dict(engine._bound_deployment.ray_actor_options)
+
+    assert engine_options(FleetSettings(serve=config, model_dir=tmp_path)) == {"num_cpus": 0}
+    named = FleetSettings(serve=config, model_dir=tmp_path, engine_resource="loraplex_engine")
+    assert engine_options(named) == {"num_cpus": 0, "resources": {"loraplex_engine": 1}}

@@ -333,3 +333,28 @@ def test_up_declares_its_serve_options_as_serve_does() -> None:
         assert up[name].default == serve[name].default, name
     fleet_only = set(up) - set(serve)
     assert fleet_only <= {"replicas", "policy", "seed", "address", "ready_timeout_s"}
+
+
+def test_engine_resource_names_a_custom_ray_resource(tmp_path: Path) -> None:
+    config = ServeConfig(data_dir=tmp_path)
+    named = FleetSettings(serve=config, model_dir=tmp_path, engine_resource="loraplex_engine")
+    assert named.engine_resource == "loraplex_engine"
+    for bad in ("GPU", "CPU", "node:__internal_head__", "", "a b", 3):
+        with pytest.raises(ValueError, match="engine_resource"):
+            FleetSettings(serve=config, model_dir=tmp_path, engine_resource=bad)  # type: ignore[arg-type]
+
+
+def test_up_takes_engine_resource_only_when_joining_a_cluster(
+    tmp_path: Path, fake_control: FakeControl
+) -> None:
+    """The local head ``up`` starts advertises no custom resource: engines asking for one would
+    never be placed, so the key is refused there by name, before any key is issued."""
+    path = tmp_path / "fleet.toml"
+    path.write_text('[fleet]\nengine_resource = "loraplex_engine"\n')
+    result = _up(tmp_path, "--config", str(path))
+    assert result.exit_code == 2 and "engine_resource" in result.output, result.output
+    assert not fake_control.prepared and not fake_control.started
+    result = _up(tmp_path, "--config", str(path), "--address", "10.0.0.1:6379")
+    assert result.exit_code == 0, result.output
+    (settings,) = fake_control.started
+    assert settings.engine_resource == "loraplex_engine"
