@@ -16,6 +16,9 @@ LinearFn = Callable[[torch.Tensor, torch.Tensor, torch.Tensor | None], torch.Ten
 # "blas": F.linear (MKL's sgemm for float32 on a CPU); "onednn": oneDNN's matmul; "auto": oneDNN
 # for float32 on a CPU where torch has it, else F.linear.
 LINEAR_KERNELS = ("auto", "blas", "onednn")
+# Fewer rows than this take F.linear even under "onednn": for one row MKL's matrix-vector
+# product took 0.9x oneDNN's time over a large-preset layer, from 2 rows on oneDNN won (0.66-0.9x).
+ONEDNN_MIN_ROWS = 2
 
 
 def onednn_available() -> bool:
@@ -33,7 +36,9 @@ def onednn_linear(
     NOTE: in float32 on a CPU, ``F.linear`` runs MKL's sgemm, which on AMD EPYC takes about
     twice as long for 16-1024 rows as oneDNN (docs/benchmarks/execution.md, "The base path");
     in bfloat16 ``F.linear`` already runs oneDNN. Results differ from sgemm's in summation order
-    only (float32 rounding)."""
+    only (float32 rounding). Below ``ONEDNN_MIN_ROWS`` rows it is ``F.linear``."""
+    if x.numel() < ONEDNN_MIN_ROWS * x.shape[-1]:
+        return F.linear(x, weight, bias)
     out: torch.Tensor = torch.ops.mkldnn._linear_pointwise(x, weight, bias, "none", [], "")
     return out
 

@@ -38,7 +38,8 @@ ADAPTERS = 16
 CONTEXT = 64
 # op-name fragments -> piece of the step; first match wins
 PIECES = (
-    ("attention", ("attention", "softmax", "bmm", "_flash", "baddbmm", "masked_fill")),
+    ("lora", ("bmm", "index_add", "index_put")),  # the batched/grouped LoRA ops' own kernels
+    ("attention", ("attention", "softmax", "_flash", "masked_fill")),
     ("matmul", ("aten::mm", "aten::addmm", "aten::linear", "aten::matmul", "mkldnn", "mkl_")),
     ("norm_rope", ("rms_norm", "rsqrt", "aten::cat", "aten::neg", "aten::mul", "aten::pow")),
     ("gather_scatter", ("index_select", "index_add", "index_copy", "embedding", "gather")),

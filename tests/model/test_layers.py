@@ -10,6 +10,7 @@ import torch
 import torch.nn.functional as F
 
 from loraplex.model.layers import (
+    ONEDNN_MIN_ROWS,
     RMSNorm,
     onednn_available,
     onednn_linear,
@@ -50,7 +51,7 @@ def test_reduced_precision_norm_casts_back_before_the_weight(dtype: torch.dtype)
 
 
 @needs_onednn
-@pytest.mark.parametrize("rows", [1, 16, 67])
+@pytest.mark.parametrize("rows", [2, 16, 67])
 @pytest.mark.parametrize("bias", [False, True])
 def test_onednn_linear_matches_f_linear(rows: int, bias: bool) -> None:
     generator = torch.Generator().manual_seed(rows)
@@ -62,6 +63,18 @@ def test_onednn_linear_matches_f_linear(rows: int, bias: bool) -> None:
     got = onednn_linear(x, weight, b)
     assert got.shape == want.shape
     assert torch.allclose(got, want, rtol=1e-5, atol=1e-5)
+
+
+@needs_onednn
+def test_one_row_takes_f_linear() -> None:
+    """A single-sequence decode row runs MKL's matrix-vector product, bit for bit."""
+    generator = torch.Generator().manual_seed(2)
+    weight, bias = torch.randn(256, 1024, generator=generator), torch.randn(256)
+    for rows in (0, 1):
+        x = torch.randn(rows, 1024, generator=generator)
+        assert torch.equal(onednn_linear(x, weight, bias), F.linear(x, weight, bias))
+    x = torch.randn(ONEDNN_MIN_ROWS, 1024, generator=generator)
+    assert not torch.equal(onednn_linear(x, weight), F.linear(x, weight))
 
 
 @needs_onednn
