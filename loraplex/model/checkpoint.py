@@ -66,12 +66,17 @@ def _verify_index(files: dict[str, Path]) -> dict[str, Path]:
 
 
 def load_checkpoint(
-    model_dir: Path, *, dtype: torch.dtype = torch.float32, device: torch.device | str = "cpu"
+    model_dir: Path,
+    *,
+    dtype: torch.dtype = torch.float32,
+    device: torch.device | str = "cpu",
+    linear_kernel: str = "auto",
 ) -> LlamaModel:
-    """Build the model for ``model_dir/config.json`` and fill it from the safetensors files."""
+    """Build the model for ``model_dir/config.json`` and fill it from the safetensors files
+    (``linear_kernel``: ``LlamaModel``'s)."""
     config = ModelConfig.from_dir(model_dir)
     target = torch.device(device)
-    model = LlamaModel(config, dtype=dtype, device=target)
+    model = LlamaModel(config, dtype=dtype, device=target, linear_kernel=linear_kernel)
     files = checkpoint_files(model_dir)
     params = dict(model.named_parameters())
     names = {n for n in files if not n.endswith(_IGNORED_SUFFIXES)}

@@ -6,9 +6,61 @@ initialisation of a large model would cost seconds for nothing.
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import torch
 import torch.nn.functional as F
 from torch import nn
+
+LinearFn = Callable[[torch.Tensor, torch.Tensor, torch.Tensor | None], torch.Tensor]
+# "blas": F.linear (MKL's sgemm for float32 on a CPU); "onednn": oneDNN's matmul; "auto": oneDNN
+# for float32 on a CPU where torch has it, else F.linear.
+LINEAR_KERNELS = ("auto", "blas", "onednn")
+# Fewer rows than this take F.linear even under "onednn": for one row MKL's matrix-vector
+# product took 0.9x oneDNN's time over a large-preset layer, from 2 rows on oneDNN won (0.66-0.9x).
+ONEDNN_MIN_ROWS = 2
+
+
+def onednn_available() -> bool:
+    """Whether this torch build can run :func:`onednn_linear`."""
+    built = bool(torch.backends.mkldnn.is_available())  # type: ignore[no-untyped-call]
+    return built and hasattr(torch.ops.mkldnn, "_linear_pointwise")
+
+
+def onednn_linear(
+    x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None
+) -> torch.Tensor:
+    """``F.linear`` through oneDNN's matmul on the dense weight (no packed copy, so in-place
+    weight updates such as a merge are seen at once). The op inductor's CPU code calls.
+
+    NOTE: in float32 on a CPU, ``F.linear`` runs MKL's sgemm, which on AMD EPYC takes about
+    twice as long for 16-1024 rows as oneDNN (docs/benchmarks/execution.md, "The base path");
+    in bfloat16 ``F.linear`` already runs oneDNN. Results differ from sgemm's in summation order
+    only (float32 rounding). Below ``ONEDNN_MIN_ROWS`` rows it is ``F.linear``."""
+    if x.numel() < ONEDNN_MIN_ROWS * x.shape[-1]:
+        return F.linear(x, weight, bias)
+    out: torch.Tensor = torch.ops.mkldnn._linear_pointwise(x, weight, bias, "none", [], "")
+    return out
+
+
+def resolve_linear_kernel(name: str, dtype: torch.dtype, device: torch.device) -> str:
+    """``name`` (a LINEAR_KERNELS entry) as the kernel that runs: "blas" or "onednn"."""
+    if name not in LINEAR_KERNELS:
+        raise ValueError(f"linear_kernel {name!r} is invalid; expected one of {LINEAR_KERNELS}")
+    cpu = device.type == "cpu"
+    if name == "auto":
+        return "onednn" if cpu and dtype == torch.float32 and onednn_available() else "blas"
+    if name == "onednn" and not (cpu and onednn_available()):
+        raise ValueError(
+            f"linear_kernel 'onednn' is invalid on {device} (oneDNN available: "
+            f"{onednn_available()}); expected a CPU with a torch built with oneDNN"
+        )
+    return name
+
+
+def linear_fn(kernel: str) -> LinearFn:
+    """The function running a resolved kernel ("blas" or "onednn")."""
+    return onednn_linear if kernel == "onednn" else F.linear
 
 
 class Linear(nn.Module):

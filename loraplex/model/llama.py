@@ -19,7 +19,14 @@ from torch import nn
 
 from loraplex.model.config import ModelConfig
 from loraplex.model.kv_cache import AttentionShape, KVCache, SequenceChunk
-from loraplex.model.layers import Embedding, Linear, RMSNorm
+from loraplex.model.layers import (
+    Embedding,
+    Linear,
+    LinearFn,
+    RMSNorm,
+    linear_fn,
+    resolve_linear_kernel,
+)
 from loraplex.model.rope import RopeTables, RotaryEmbedding, apply_rope
 from loraplex.ops.base import LoraBatch
 
@@ -137,11 +144,18 @@ class MLP(nn.Module):
 
 class DecoderLayer(nn.Module):
     def __init__(
-        self, cfg: ModelConfig, index: int, *, dtype: torch.dtype, device: torch.device
+        self,
+        cfg: ModelConfig,
+        index: int,
+        linear: LinearFn,
+        *,
+        dtype: torch.dtype,
+        device: torch.device,
     ) -> None:
         super().__init__()
         self.index = index
         self.cfg = cfg
+        self.run_linear = linear  # F.linear or layers.onednn_linear (LlamaModel.linear_kernel)
         self.self_attn = Attention(cfg, dtype=dtype, device=device)
         self.mlp = MLP(cfg, dtype=dtype, device=device)
         self.input_layernorm = RMSNorm(
@@ -154,7 +168,7 @@ class DecoderLayer(nn.Module):
     def _proj(
         self, module: str, linear: Linear, x: torch.Tensor, lora: LoraStep | None
     ) -> torch.Tensor:
-        out = F.linear(x, linear.weight, linear.bias)
+        out = self.run_linear(x, linear.weight, linear.bias)
         if lora is None:
             return out
         return lora.pool.apply(self.index, module, x, out, lora.batch)
@@ -184,24 +198,37 @@ class DecoderLayer(nn.Module):
 class Backbone(nn.Module):
     """``model.*`` of a checkpoint: embeddings, decoder layers, final norm."""
 
-    def __init__(self, cfg: ModelConfig, *, dtype: torch.dtype, device: torch.device) -> None:
+    def __init__(
+        self, cfg: ModelConfig, linear: LinearFn, *, dtype: torch.dtype, device: torch.device
+    ) -> None:
         super().__init__()
         self.embed_tokens = Embedding(cfg.vocab_size, cfg.hidden_size, dtype=dtype, device=device)
         self.layers = nn.ModuleList(
-            DecoderLayer(cfg, i, dtype=dtype, device=device) for i in range(cfg.num_layers)
+            DecoderLayer(cfg, i, linear, dtype=dtype, device=device) for i in range(cfg.num_layers)
         )
         self.norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps, dtype=dtype, device=device)
 
 
 class LlamaModel(nn.Module):
-    """Decoder + LM head. Weights are uninitialised until ``checkpoint.load_checkpoint``."""
+    """Decoder + LM head. Weights are uninitialised until ``checkpoint.load_checkpoint``.
+    ``linear_kernel`` (a ``layers.LINEAR_KERNELS`` entry) picks the matmul every base linear
+    layer and the head run; ``self.linear_kernel`` is the one chosen ("blas" or "onednn")."""
 
-    def __init__(self, cfg: ModelConfig, *, dtype: torch.dtype, device: torch.device) -> None:
+    def __init__(
+        self,
+        cfg: ModelConfig,
+        *,
+        dtype: torch.dtype,
+        device: torch.device,
+        linear_kernel: str = "auto",
+    ) -> None:
         super().__init__()
         self.config = cfg
         self.dtype = dtype
         self.device = device
-        self.model = Backbone(cfg, dtype=dtype, device=device)
+        self.linear_kernel = resolve_linear_kernel(linear_kernel, dtype, device)
+        self._linear = linear_fn(self.linear_kernel)
+        self.model = Backbone(cfg, self._linear, dtype=dtype, device=device)
         # Tied: the head reads the embedding matrix; no separate parameter exists.
         self.lm_head = (
             None
@@ -241,4 +268,4 @@ class LlamaModel(nn.Module):
             h = cast(DecoderLayer, layer).forward_tokens(h, rope, kv, plan, step)
         h = self.model.norm(h.index_select(0, batch.logits_indices))
         head = self.model.embed_tokens.weight if self.lm_head is None else self.lm_head.weight
-        return F.linear(h, head)
+        return self._linear(h, head, None)

@@ -4,15 +4,17 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import pytest
 import torch
+import torch.nn.functional as F
 from tiny_models import hf_model, rel_error
 
 from loraplex.model.checkpoint import load_checkpoint
 from loraplex.model.kv_cache import ContiguousKVCache, SequenceChunk
-from loraplex.model.llama import ForwardBatch, LlamaModel
+from loraplex.model.layers import onednn_available, onednn_linear
+from loraplex.model.llama import DecoderLayer, ForwardBatch, LlamaModel
 
 LLAMA3 = {
     "rope_type": "llama3",
@@ -78,6 +80,26 @@ def test_logits_match_transformers(case: str, tiny_model: Callable[..., Path]) -
     got = run_full(load_checkpoint(model_dir), ids)
     assert got.shape == want.shape
     assert rel_error(got, want) < 1e-4
+
+
+@pytest.mark.parametrize("kernel", ["blas", "onednn"])
+@pytest.mark.parametrize("case", ["llama-bias-mha", "qwen2-tied", "llama"])
+def test_each_linear_kernel_matches_transformers(
+    kernel: str, case: str, tiny_model: Callable[..., Path]
+) -> None:
+    """Both kernels, over a bias, a tied head and GQA; every base linear runs the chosen one."""
+    if kernel == "onednn" and not onednn_available():
+        pytest.skip("this torch has no oneDNN linear")
+    arch, overrides = CASES[case]
+    model_dir = tiny_model(arch, **overrides)
+    ids = torch.randint(0, 97, (14,), generator=torch.Generator().manual_seed(4))
+    with torch.no_grad():
+        want = hf_model(model_dir)(ids[None]).logits[0]
+    model = load_checkpoint(model_dir, linear_kernel=kernel)
+    assert model.linear_kernel == kernel
+    chosen = onednn_linear if kernel == "onednn" else F.linear
+    assert all(cast(DecoderLayer, layer).run_linear is chosen for layer in model.model.layers)
+    assert rel_error(run_full(model, ids), want) < 1e-4
 
 
 def test_legacy_rope_scaling_spelling_loads_the_same(tiny_model: Callable[..., Path]) -> None:

@@ -11,6 +11,7 @@ import torch
 from loraplex.bench.execution.headline import headline, matrix_rows
 from loraplex.bench.execution.runners import KV_BLOCK_SIZE, KV_CACHE
 from loraplex.bench.execution.setup import (
+    DTYPES,
     UNIFORM_MIX,
     Case,
     ExecutionBenchConfig,
@@ -18,6 +19,7 @@ from loraplex.bench.execution.setup import (
     seq_slots,
 )
 from loraplex.engine.heap import keep_freed_heap
+from loraplex.model.layers import resolve_linear_kernel
 
 __all__ = ["Case", "ExecutionBenchConfig", "run_execution_bench", "seq_slots"]
 
@@ -66,6 +68,10 @@ def run_execution_bench(
             "kv_block_size": KV_BLOCK_SIZE,
             "batch_build_timed": True,  # both sides time their own input preparation
             "heap_kept": heap_kept,  # engine/heap.py's malloc thresholds, as in the server
+            "linear_kernels": {  # what loraplex's base linears ran on, per dtype
+                name: resolve_linear_kernel("auto", DTYPES[name], torch.device(config.device))
+                for name in config.dtypes
+            },
         },
         "seed": config.seed,
         "metrics": metrics,

@@ -72,11 +72,15 @@ class LoraplexRunner:
         max_seqs: int,
         max_seq_len: int,
         device: torch.device | None = None,
+        *,
+        linear_kernel: str = "auto",
     ):
         self.model_dir, self.dtype = model_dir, dtype
         self.device = device if device is not None else torch.device("cpu")
         self.spec = BaseModelSpec.from_dir(model_dir)
-        self.model = load_checkpoint(model_dir, dtype=dtype, device=self.device)
+        self.model = load_checkpoint(
+            model_dir, dtype=dtype, device=self.device, linear_kernel=linear_kernel
+        )
         per_seq = -(-max_seq_len // KV_BLOCK_SIZE)
         blocks = BlockManager(max_seqs * per_seq, KV_BLOCK_SIZE)
         self.kv = PagedKVCache(self.model.attention_shape, blocks, dtype=dtype, device=self.device)
