@@ -22,7 +22,15 @@ import random
 from collections.abc import Sequence
 
 from loraplex.router.config import RouterConfig
-from loraplex.router.decision import Decision, Reason, RouteRequest, decision, no_report, pow2
+from loraplex.router.decision import (
+    Decision,
+    Reason,
+    RouteRequest,
+    decision,
+    lazy_decision,
+    no_report,
+    pow2,
+)
 from loraplex.router.placement import PlacementWidths, rendezvous_order
 from loraplex.router.sessions import SessionTable
 from loraplex.router.view import (
@@ -108,11 +116,14 @@ class AffinityUntilSaturatedPolicy:
         chosen, reason = self._pick(request, known, holding, now_s)
         if request.session_key is not None:
             self._sessions.put(request.session_key, chosen.replica_id, now_s)
-        by_score = sorted(
-            (v for v in known if v is not chosen),
-            key=lambda v: holding.get(v) or load_rank(v, config),
-        )
-        return decision([chosen, *by_score], fleet, reason)
+
+        def by_score() -> list[ReplicaView]:
+            return sorted(
+                (v for v in known if v is not chosen),
+                key=lambda v: holding.get(v) or load_rank(v, config),
+            )
+
+        return lazy_decision(chosen, by_score, fleet, reason)
 
     def _pick(
         self,

@@ -31,7 +31,7 @@ from loraplex.sim.cost_model import CostModel
 from loraplex.sim.cpu import CpuShare
 from loraplex.sim.fleet import SimFleetRouter
 from loraplex.sim.outcome import Outcome, OutcomeLog
-from loraplex.sim.replica import SimReplica
+from loraplex.sim.replica import SimReplica, adapter_shapes
 from loraplex.sim.result import SimResult, cache_figures, fleet_figures, request_figures
 from loraplex.sim.trace import TraceRecord
 
@@ -130,7 +130,7 @@ def _simulate(
     executor = SimExecutor(clock)
     adapters = trace_adapters(trace, config)
     footprints = {a.key: a.footprint for a in adapters.values()}
-    ranks = {a.key: a.rank for a in adapters.values()}
+    shapes = adapter_shapes(footprints, {a.key: a.rank for a in adapters.values()})
     contention = cost_model.fleet_contention if config.replicas > 1 else None
     modelled = cost_model.cores is not None or contention is not None
     cpu = CpuShare(cost_model.cores, contention) if modelled else None
@@ -141,7 +141,7 @@ def _simulate(
             cost_model,
             executor,
             footprints=footprints,
-            ranks=ranks,
+            shapes=shapes,
             skip_steps=skip_steps,
             cpu=cpu,
         )
