@@ -147,6 +147,8 @@ class SimReplica:
             executor=executor,
         )
         apply_tenants(self.cache, config.tenants)
+        cache = self.cache
+        self._no_prefetches = AdapterLoads(lambda key: cache.is_resident(key, Tier.L0))
         blocks = BlockManager(config.num_kv_blocks, config.block_size)
         tenants = TenantBook(config.tenants)
         self.scheduler = Scheduler(scheduler_config(config), blocks, self._clock, tenants)
@@ -467,9 +469,12 @@ class SimReplica:
         self._prefetching = {k: f for k, f in window.items() if f is not None}
 
     def _adapter_loads(self) -> AdapterLoads:
-        cache = self.cache
+        """What the scheduler reads of the cache's copies now (one object while no prefetch is
+        in flight: it asks the cache itself)."""
         in_flight = frozenset(k for k, f in self._prefetching.items() if not f.done())
-        return AdapterLoads(lambda key: cache.is_resident(key, Tier.L0), in_flight)
+        if not in_flight:
+            return self._no_prefetches
+        return AdapterLoads(self._no_prefetches.in_gpu, in_flight)
 
     def _retire(self, req: Request, state: RequestState, error: BaseException | None) -> None:
         future = self._pending.pop(req.request_id, None)

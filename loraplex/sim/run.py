@@ -103,20 +103,32 @@ def simulate(
         return _simulate(trace, config, cost_model, skip_steps, keep_outcomes)
 
 
+YOUNG_COLLECTION_EVERY = 50_000  # net allocations between young collections in a run (700)
+
+
 @contextlib.contextmanager
 def _frozen_heap() -> Iterator[None]:
     """The objects alive when a run starts (the trace's records above all: a million in a scale
     run) moved out of the collector's reach for the run (``gc.freeze``), then back: they are
     never garbage within it, and every full collection would walk them all again. Left alone
-    where something is frozen already (its owner unfreezes)."""
-    if gc.get_freeze_count():
-        yield
-        return
-    gc.freeze()
+    where something is frozen already (its owner unfreezes). The young generation is collected
+    every ``YOUNG_COLLECTION_EVERY`` allocations instead of 700 for the run: each step makes and
+    drops a few dozen objects (plans, chunks, futures), almost none in cycles; collecting them
+    every 700 took 1.36 of the 17.1 CPU s of a 20,000-request scale run, 0.55 of 15.8 s at
+    50,000 (one run each, timed by ``gc.callbacks``)."""
+    thresholds = gc.get_threshold()
+    gc.set_threshold(max(thresholds[0], YOUNG_COLLECTION_EVERY), *thresholds[1:])
     try:
-        yield
+        if gc.get_freeze_count():
+            yield
+            return
+        gc.freeze()
+        try:
+            yield
+        finally:
+            gc.unfreeze()
     finally:
-        gc.unfreeze()
+        gc.set_threshold(*thresholds)
 
 
 def _simulate(
