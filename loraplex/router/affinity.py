@@ -102,7 +102,7 @@ class AffinityUntilSaturatedPolicy:
         )
 
     def rank(self, request: RouteRequest, fleet: Sequence[ReplicaView], now_s: float) -> Decision:
-        known = [v for v in fleet if v.known]
+        known = [v for v in fleet if v.report is not None]  # ``v.known``, inlined: per replica
         if not known:
             return no_report(fleet, self._rng)
         key, config = request.adapter_key, self._config
