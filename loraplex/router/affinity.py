@@ -22,7 +22,15 @@ import random
 from collections.abc import Sequence
 
 from loraplex.router.config import RouterConfig
-from loraplex.router.decision import Decision, Reason, RouteRequest, decision, no_report, pow2
+from loraplex.router.decision import (
+    Decision,
+    Reason,
+    RouteRequest,
+    decision,
+    lazy_decision,
+    no_report,
+    pow2,
+)
 from loraplex.router.placement import PlacementWidths, rendezvous_order
 from loraplex.router.sessions import SessionTable
 from loraplex.router.view import (
@@ -94,7 +102,7 @@ class AffinityUntilSaturatedPolicy:
         )
 
     def rank(self, request: RouteRequest, fleet: Sequence[ReplicaView], now_s: float) -> Decision:
-        known = [v for v in fleet if v.known]
+        known = [v for v in fleet if v.report is not None]  # ``v.known``, inlined: per replica
         if not known:
             return no_report(fleet, self._rng)
         key, config = request.adapter_key, self._config
@@ -108,11 +116,14 @@ class AffinityUntilSaturatedPolicy:
         chosen, reason = self._pick(request, known, holding, now_s)
         if request.session_key is not None:
             self._sessions.put(request.session_key, chosen.replica_id, now_s)
-        by_score = sorted(
-            (v for v in known if v is not chosen),
-            key=lambda v: holding.get(v) or load_rank(v, config),
-        )
-        return decision([chosen, *by_score], fleet, reason)
+
+        def by_score() -> list[ReplicaView]:
+            return sorted(
+                (v for v in known if v is not chosen),
+                key=lambda v: holding.get(v) or load_rank(v, config),
+            )
+
+        return lazy_decision(chosen, by_score, fleet, reason)
 
     def _pick(
         self,

@@ -59,8 +59,10 @@ class DecisionMemory:
     def record(
         self, replica_id: str, adapter_key: str | None, num_tokens: int, at_s: float
     ) -> None:
-        self._logs.setdefault(replica_id, _Log()).entries.append((at_s, adapter_key, num_tokens))
-        log = self._logs[replica_id]
+        log = self._logs.get(replica_id)
+        if log is None:  # NOTE: not ``setdefault(replica_id, _Log())``: a _Log per decision
+            log = self._logs[replica_id] = _Log()
+        log.entries.append((at_s, adapter_key, num_tokens))
         log.num_tokens += num_tokens
         log.pending = None
         if adapter_key is not None:

@@ -18,6 +18,7 @@ import math
 from collections.abc import Mapping
 from concurrent.futures import Future
 from functools import partial
+from typing import NamedTuple
 
 from loraplex.artifacts.identity import AdapterKey
 from loraplex.engine.config import SchedulerConfig
@@ -87,6 +88,25 @@ def apply_tenants(cache: TieredAdapterCache, tenants: Mapping[str, TenantSetting
     cache.set_tenant_limits({t: s.weight for t, s in tenants.items()}, caps)
 
 
+class AdapterShape(NamedTuple):
+    """What the step cost reads of one adapter."""
+
+    rank: int  # for the rank mix
+    memory_bytes: int  # its weights' bytes (``byte_tokens``)
+    width: float  # its bytes per rank (``revision_widths``)
+
+
+def adapter_shapes(
+    footprints: Mapping[AdapterKey, Footprint], ranks: Mapping[AdapterKey, int]
+) -> dict[AdapterKey, AdapterShape]:
+    """Every adapter's shape, made once per run and shared by its replicas (one table per
+    replica was 64 copies of it in a scale run)."""
+    return {
+        k: AdapterShape(ranks[k], f.memory_bytes, f.memory_bytes / ranks[k])
+        for k, f in footprints.items()
+    }
+
+
 class SimReplica:
     """Scheduler + adapter cache of one replica on the shared event queue."""
 
@@ -98,7 +118,7 @@ class SimReplica:
         executor: SimExecutor,
         *,
         footprints: Mapping[AdapterKey, Footprint],
-        ranks: Mapping[AdapterKey, int],
+        shapes: Mapping[AdapterKey, AdapterShape],
         skip_steps: bool = True,
         cpu: CpuShare | None = None,
     ) -> None:
@@ -111,10 +131,7 @@ class SimReplica:
         self._cpu_scale = cost.fleet_cpu_scale if config.replicas > 1 else 1.0
         self._cpu = cpu  # the machine's shared cores (cost model's ``cores``), if modelled
         self._idle_wait_s = config.idle_wait_s
-        self._ranks = ranks
-        # adapter -> its bytes, and its bytes per rank, when the cost model prices them
-        self._bytes = {k: f.memory_bytes for k, f in footprints.items()}
-        self._widths = {k: f.memory_bytes / ranks[k] for k, f in footprints.items()}
+        self._shapes = shapes  # adapter -> its rank, bytes and bytes per rank (``_seconds``)
         self._in_step = False  # a step is running (its result not applied yet)
         self._load_debt_s = 0.0  # load CPU seconds that overlapped steps, due at the next step
         self.cache = TieredAdapterCache(
@@ -130,6 +147,8 @@ class SimReplica:
             executor=executor,
         )
         apply_tenants(self.cache, config.tenants)
+        cache = self.cache
+        self._no_prefetches = AdapterLoads(lambda key: cache.is_resident(key, Tier.L0))
         blocks = BlockManager(config.num_kv_blocks, config.block_size)
         tenants = TenantBook(config.tenants)
         self.scheduler = Scheduler(scheduler_config(config), blocks, self._clock, tenants)
@@ -347,7 +366,7 @@ class SimReplica:
         """The cost model's step time: decode and prompt tokens, distinct revisions and their
         rank mix. A decode chunk is one token past the prompt (the last sampled token); every
         other chunk (a prompt chunk, a recompute after preemption) is prefill."""
-        requests = self.scheduler.requests
+        requests, shapes = self.scheduler.requests, self._shapes
         keys: set[AdapterKey] = set()
         rank_tokens = decode_tokens = byte_tokens = 0
         for chunk in plan.chunks:
@@ -358,13 +377,18 @@ class SimReplica:
             key = request.adapter_key
             if key is not None:
                 keys.add(key)
-                rank_tokens += num * self._ranks[key]
-                byte_tokens += num * self._bytes[key]
+                rank, nbytes, _ = shapes[key]
+                rank_tokens += num * rank
+                byte_tokens += num * nbytes
         prefill_tokens = plan.num_tokens - decode_tokens
         cost = self._step_cost
         if not cost.prices_weights:  # an older file: the old model's inputs, exactly
             return cost.seconds(decode_tokens, prefill_tokens, len(keys), rank_tokens)
-        widths = math.fsum(self._widths[k] for k in keys)  # exact sum: any set order
+        # An exact sum, so any set order gives it (of one width: that width, as fsum gives it).
+        if len(keys) == 1:
+            widths = shapes[next(iter(keys))].width
+        else:
+            widths = math.fsum(shapes[k].width for k in keys)
         return cost.seconds(
             decode_tokens,
             prefill_tokens,
@@ -445,9 +469,12 @@ class SimReplica:
         self._prefetching = {k: f for k, f in window.items() if f is not None}
 
     def _adapter_loads(self) -> AdapterLoads:
-        cache = self.cache
+        """What the scheduler reads of the cache's copies now (one object while no prefetch is
+        in flight: it asks the cache itself)."""
         in_flight = frozenset(k for k, f in self._prefetching.items() if not f.done())
-        return AdapterLoads(lambda key: cache.is_resident(key, Tier.L0), in_flight)
+        if not in_flight:
+            return self._no_prefetches
+        return AdapterLoads(self._no_prefetches.in_gpu, in_flight)
 
     def _retire(self, req: Request, state: RequestState, error: BaseException | None) -> None:
         future = self._pending.pop(req.request_id, None)

@@ -138,3 +138,38 @@ def test_reused_views_decide_as_views_built_afresh_for_every_decision() -> None:
         assert a == b, f"decision {step}"
         reasons.add(a.reason)
     assert len(reasons) >= 5  # the sequence exercised most rules
+
+
+def test_a_ranking_read_after_later_decisions_is_the_one_read_at_once() -> None:
+    """``Decision.ranked`` past the first replica is sorted when first read: two routers making
+    the same decisions, one reading each ranking at once and one reading them all at the end
+    (after later decisions, a new report and time moved on), see the same rankings."""
+    rng = random.Random(3)
+    fleets = []
+    for step in range(40):
+        fleets.append(
+            {
+                r: report(
+                    r,
+                    at_s=float(step // 10),
+                    l0=[f"t/a{rng.randrange(6)}@1"],
+                    l1=[f"t/a{rng.randrange(6)}@1"],
+                    queued=rng.randrange(12),
+                    running=rng.randrange(40),
+                )
+                for r in ("a", "b", "c", "d", "e")
+            }
+        )
+    keys = [None if rng.random() < 0.1 else f"t/a{rng.randrange(9)}@1" for _ in fleets]
+    eager, eager_clock = make_router()
+    lazy, lazy_clock = make_router()
+    at_once, decisions = [], []
+    for step, (fleet, key) in enumerate(zip(fleets, keys, strict=True)):
+        eager_clock.advance(0.1 if step else 0.0)
+        lazy_clock.advance(0.1 if step else 0.0)
+        at_once.append(eager.choose(req(key), fleet).ranked)
+        decisions.append(lazy.choose(req(key), fleet))
+    late = [d.ranked for d in decisions]
+    assert late == at_once
+    assert len({r[1:] for r in late}) > 5  # the rankings past the first differ between decisions
+    assert all(d.replica_id == r[0] for d, r in zip(decisions, late, strict=True))

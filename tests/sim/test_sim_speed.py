@@ -14,6 +14,8 @@ P99 TTFT 63.6 -> 58.3 and 58.0 -> 58.2 ms); the single-replica cases are unchang
 
 from __future__ import annotations
 
+import gc
+
 import pytest
 from sim_golden import CASES, digest
 from sim_inputs import cost
@@ -83,3 +85,22 @@ def test_an_outcome_log_gives_back_every_outcome_in_order() -> None:
     assert all(type(o) is Outcome for o in log.outcomes())
     with pytest.raises(ValueError, match="seal_every 0"):
         OutcomeLog(seal_every=0)
+
+
+def test_a_run_collects_its_young_generation_less_often_and_restores_the_thresholds(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """``simulate`` raises the collector's first threshold for the run only (``run._frozen_heap``)
+    and puts every threshold back after it, also when the run fails."""
+    seen: list[tuple[int, int, int]] = []
+
+    def fails(*args: object) -> None:
+        seen.append(gc.get_threshold())
+        raise RuntimeError("stop")
+
+    before = gc.get_threshold()
+    monkeypatch.setattr(run, "_simulate", fails)
+    with pytest.raises(RuntimeError, match="stop"):
+        simulate([], SimConfig(), cost())
+    assert seen == [(max(before[0], run.YOUNG_COLLECTION_EVERY), *before[1:])]
+    assert seen[0][0] > 700 and gc.get_threshold() == before

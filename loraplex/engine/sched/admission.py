@@ -75,10 +75,12 @@ def seat_caps(
     queues: FairQueues, running: Iterable[Request], max_num_seqs: int, reserve: int
 ) -> dict[str, int]:
     """``class_caps`` of the active tenants now."""
+    weights = {t: queues.weight(t) for t in queues.active_tenants()}
+    if not reserve or not weights or min(weights.values()) == max(weights.values()):
+        return {}  # one priority class: nobody is below the top (``class_caps``)
     demand = Counter(r.tenant for r in running)
     for tenant, queue in queues.queued().items():
         demand[tenant] += len(queue)
-    weights = {t: queues.weight(t) for t in queues.active_tenants()}
     return class_caps(weights, demand, max_num_seqs, reserve)
 
 

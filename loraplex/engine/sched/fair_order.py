@@ -29,7 +29,7 @@ class FairQueues:
         self.num_queued = 0  # queued requests, all tenants
 
     def weight(self, tenant: str) -> float:
-        return self.tenants.weight(tenant)
+        return self.tenants.get(tenant).weight
 
     def active_tenants(self) -> set[str]:
         return set(self._queues)
@@ -77,7 +77,7 @@ class FairQueues:
             self._queues.pop(tenant, None)  # NOTE: a paused request's tenant may be idle already
 
     def charge(self, tenant: str, num_tokens: int) -> None:
-        self._vtime[tenant] += num_tokens / self.weight(tenant)
+        self._vtime[tenant] += num_tokens / self.tenants.get(tenant).weight
 
     def vtime(self, tenant: str) -> float:
         return self._vtime[tenant]

@@ -27,6 +27,9 @@ Invariants:
 
 from __future__ import annotations
 
+from collections import deque
+from collections.abc import Mapping
+
 from loraplex.engine.kv.blocks import namespace_of
 from loraplex.engine.request import Request, RequestState
 from loraplex.engine.sched.admission import admissible, hold_followers
@@ -49,7 +52,7 @@ class StepPlanner(RequestBook):
             self._drop_kept(tenant)
         first_ready = hold_followers(self._queues.ready(), self.requests)
         waiting = step_waits(self._queues, self.running, first_ready, self.config, self._last_run)
-        caps, preempted = self._plan_seats({self.requests[i].tenant for i in waiting})
+        caps, preempted = self._plan_seats(first_ready, {self.requests[i].tenant for i in waiting})
         # Decodes before unfinished prefills, so a long prompt never delays running streams.
         order = sorted(self.running, key=lambda r: r.num_tokens - r.num_computed_tokens > 1)
         for req in order:
@@ -186,12 +189,14 @@ class StepPlanner(RequestBook):
 
     # --- seats -----------------------------------------------------------------------------------
 
-    def _plan_seats(self, held_back: set[str]) -> tuple[dict[str, int], list[str]]:
+    def _plan_seats(
+        self, ready: Mapping[str, deque[Request]], held_back: set[str]
+    ) -> tuple[dict[str, int], list[str]]:
         """This step's seat caps; preempts the sequences that give their seats up (``seats``)
-        and returns their ids. ``held_back``: the tenant held to its share of this step's work
-        (``step_share``), which gives seats up first."""
+        and returns their ids. ``ready``: the queued requests that may run now (read only);
+        ``held_back``: the tenant held to its share of this step's work (``step_share``), which
+        gives seats up first."""
         cfg = self.config
-        ready = hold_followers(self._queues.ready(), self.requests)
         caps, victims = step_seats(
             self._queues,
             self.running,
