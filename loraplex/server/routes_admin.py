@@ -143,6 +143,17 @@ def _registered(result: RegistrationResult) -> JSONResponse:
     return JSONResponse(_plain(payload), status_code=201 if result.created else 200)
 
 
+def no_import_dir(action: str, param: str) -> ApiError:
+    """The 400 for a registration by server path on a server without ``import_dir``: it says
+    which setting turns it on, since the operator is the one who reads it."""
+    return invalid_request(
+        f"{action} by server path is disabled: this server has no import directory; start "
+        "`loraplex serve` with --import-dir DIR (config key import_dir), or upload the files "
+        "(POST /admin/adapters/upload)",
+        param,
+    )
+
+
 def register_import(
     deps: ServerDeps, path: str, fields: dict[str, Any], revision_of: Callable[[Path], str]
 ) -> RegistrationResult:
@@ -150,7 +161,7 @@ def register_import(
     links from a private copy (``registry/imports.py``); ``revision_of`` labels the revision from
     that copy (vLLM's load route names it by content when the caller does not)."""
     if deps.config.import_dir is None:
-        raise invalid_request("registration by server path is disabled (no import directory)")
+        raise no_import_dir("registration", "path")
     with (
         staged_import(deps.config.import_dir, path) as adapter_dir,
         staging_hidden(adapter_dir, path),
