@@ -328,10 +328,16 @@ async def unpin(body: ResidencyBody, deps: DepsDep) -> Any:
 
 @router.post("/residency/evict")
 async def evict(body: ResidencyBody, deps: DepsDep) -> Any:
-    """Drop the copy in ``tier`` unless it is pinned, in use or loading."""
+    """Drop the copy in ``tier`` unless it is pinned, in use or loading; a copy not dropped
+    comes with the reason, so a kept copy is not read as an absent one."""
     cache, key = await _target(body, deps)
-    evicted = await run_in_threadpool(cache.evict, key, body.cache_tier())
-    return {"model": body.model, "tier": body.cache_tier().name, "evicted": evicted}
+    tier = body.cache_tier()
+    answer: dict[str, object] = {"model": body.model, "tier": tier.name}
+    answer["evicted"] = await run_in_threadpool(cache.evict, key, tier)
+    if not answer["evicted"]:
+        kept = await run_in_threadpool(cache.is_resident, key, tier)
+        answer["reason"] = "kept: pinned, in use or loading" if kept else f"no copy in {tier.name}"
+    return answer
 
 
 def _plain(value: Any) -> Any:
