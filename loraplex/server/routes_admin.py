@@ -293,9 +293,17 @@ def _entry(raw: dict[str, Any]) -> dict[str, Any]:
 
 
 async def _target(body: ResidencyBody, deps: ServerDeps) -> tuple[CacheControl, AdapterKey]:
+    """The cache and the revision's key; a bad tier or reference is a 400 naming its field
+    (``param`` was null), the tier refused before the registry is touched."""
     cache = _cache(deps)
-    body.cache_tier()  # refuse a bad tier before touching the registry
-    return cache, await run_in_threadpool(_key, deps, body.model)
+    try:
+        body.cache_tier()
+    except ValueError as exc:
+        raise invalid_request(str(exc), "tier") from None
+    try:
+        return cache, await run_in_threadpool(_key, deps, body.model)
+    except ValueError as exc:  # not tenant/name@revision (an alias, a bare name)
+        raise invalid_request(str(exc), "model") from None
 
 
 async def _loading(future: Future[None], body: ResidencyBody) -> dict[str, object]:

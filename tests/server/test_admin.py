@@ -150,6 +150,13 @@ def test_pin_evict_unpin_prefetch(rig: Rig) -> None:
     assert "L0" not in _entries(rig, model)
     absent = rig.client.post("/admin/residency/evict", json=evict, headers=rig.admin).json()
     assert (absent["evicted"], absent["reason"]) == (False, "no copy in L0")
+    # an alias where a revision is due, or an unknown tier, names its field (param was null)
+    for bad, param in (
+        ({"model": "acme/billing"}, "model"),
+        ({"model": model, "tier": "L4"}, "tier"),
+    ):
+        refused = rig.client.post("/admin/residency/pin", json=bad, headers=rig.admin)
+        assert refused.status_code == 400 and refused.json()["error"]["param"] == param
     fetch = {"model": model, "tier": "cpu", "wait": True}
     assert (
         rig.client.post("/admin/residency/prefetch", json=fetch, headers=rig.admin).status_code
