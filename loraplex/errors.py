@@ -47,6 +47,15 @@ class AdapterConfigError(AdapterError):
         )
 
 
+class NotAnAdapterDirError(AdapterConfigError):
+    """The path given for an adapter is no directory: it names the path, not a config field
+    (it read "adapter_config.json: field 'path' is ...", a field no such file has)."""
+
+    def __init__(self, path: str) -> None:
+        AdapterError.__init__(self, f"{path}: no such directory; expected an adapter directory")
+        self.field, self.value, self.expected = "path", path, "an adapter directory"
+
+
 class UnsupportedAdapterError(AdapterConfigError):
     """A valid PEFT feature that loraplex does not implement (DoRA, bias, modules_to_save, ...)."""
 

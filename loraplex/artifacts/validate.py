@@ -27,6 +27,7 @@ from loraplex.errors import (
     AdapterConfigError,
     BaseModelMismatchError,
     CorruptArtifactError,
+    NotAnAdapterDirError,
     RankTooLargeError,
     TensorValidationError,
     UnsafeFormatError,
@@ -187,7 +188,7 @@ def _check_ranks(spec: LoraSpec, modules: tuple[InjectedModule, ...], max_lora_r
 def _check_files(adapter_dir: Path) -> Path:
     """Reject pickle formats by name only, then require the two PEFT files."""
     if not adapter_dir.is_dir():
-        raise AdapterConfigError("path", str(adapter_dir), "an adapter directory")
+        raise NotAnAdapterDirError(str(adapter_dir))
     with os.scandir(adapter_dir) as entries:
         names = sorted(entry.name for entry in entries)
     for name in names:

@@ -26,7 +26,7 @@ def register(app: typer.Typer) -> None:
 
 def demo(
     out: Annotated[
-        Path | None, typer.Option(help="Asset directory [default: .loraplex-assets/demo-PRESET]")
+        Path | None, typer.Option(help="Asset directory (default: .loraplex-assets/demo-PRESET)")
     ] = None,
     preset: Annotated[str, typer.Option(help="Demo model size: small or large.")] = "small",
     seed: Annotated[int, typer.Option(help="Generator seed.")] = 0,

@@ -21,7 +21,7 @@ import typer
 
 from loraplex.cli.locations import DatabaseUrl, DataDir, S3Endpoint, Store, unusable_path
 from loraplex.cli.serve_options import AdminKey, Host, MaxLoras, Model, NoDemo, Port, SharedStateUrl
-from loraplex.cli.serve_start import check_fds
+from loraplex.cli.serve_start import check_fds, say_demo_generation
 from loraplex.fleet.settings import FLEET_KEYS
 from loraplex.registry import default_data_dir
 
@@ -151,6 +151,7 @@ def up_command(
         except RuntimeError as exc:
             typer.echo(f"error: {exc}", err=True)
             raise typer.Exit(1) from exc
+        say_demo_generation(serve_config)
         prepared = control.prepare(serve_config)
         settings = replace(checked, serve=serve_config, model_dir=prepared.model_dir)
     except (ValueError, TypeError) as exc:

@@ -41,18 +41,18 @@ def render_command(
     admin_port: Annotated[int, Opt(help="/admin and /metrics port (EPP scrapes it).")] = 8001,
     database_url: Annotated[
         str | None,
-        Opt(help="postgresql://user@host/db without password [default: from the secret]"),
+        Opt(help="postgresql://user@host/db without password (default: from the secret)"),
     ] = None,
     s3_endpoint: Annotated[str | None, Opt(help="S3-compatible endpoint URL.")] = None,
     secret: Annotated[
-        str | None, Opt(help="Secret with the credentials [default: NAME-secrets]")
+        str | None, Opt(help="Secret with the credentials (default: NAME-secrets)")
     ] = None,
     max_loras: Annotated[int, Opt(help="GPU adapter slots per replica.")] = 8,
     gpu: Annotated[bool, Opt("--gpu/--no-gpu", help="One GPU per replica, engine on cuda.")] = True,
     cpu: Annotated[str, Opt(help="CPU request per replica.")] = "4",
     memory: Annotated[str, Opt(help="Memory request and limit per replica.")] = "16Gi",
     model: Annotated[
-        str | None, Opt(help="Base model directory in the image [default: demo model]")
+        str | None, Opt(help="Base model directory in the image (default: demo model)")
     ] = None,
     epp_image: Annotated[str, Opt(help="Endpoint picker image.")] = DEFAULT_EPP_IMAGE,
     ray: Annotated[
@@ -73,7 +73,7 @@ def render_command(
         Opt(help="TOML file: its 'serve' table (a ConfigMap; --ray: the builder's args)."),
     ] = None,
     out: Annotated[
-        Path | None, Opt(help="Directory for one YAML file per part [default: stdout]")
+        Path | None, Opt(help="Directory for one YAML file per part (default: stdout)")
     ] = None,
 ) -> None:
     """Render the replica Deployment, Service, InferencePool and endpoint picker (or, with

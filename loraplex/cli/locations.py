@@ -14,21 +14,21 @@ DataDir = Annotated[
     Path | None,
     typer.Option(
         envvar="LORAPLEX_DATA_DIR",
-        help="Data directory [default: $XDG_DATA_HOME/loraplex or ~/.local/share/loraplex]",
+        help="Data directory (default: $XDG_DATA_HOME/loraplex or ~/.local/share/loraplex)",
     ),
 ]
 DatabaseUrl = Annotated[
     str | None,
     typer.Option(
         envvar="LORAPLEX_DATABASE_URL",
-        help="sqlite:///PATH or postgresql://... [default: SQLite in the data directory]",
+        help="sqlite:///PATH or postgresql://... (default: SQLite in the data directory)",
     ),
 ]
 Store = Annotated[
     str | None,
     typer.Option(
         envvar="LORAPLEX_STORE",
-        help="Artifact store: a directory or s3://bucket/prefix [default: DATA_DIR/artifacts]",
+        help="Artifact store: a directory or s3://bucket/prefix (default: DATA_DIR/artifacts)",
     ),
 ]
 S3Endpoint = Annotated[

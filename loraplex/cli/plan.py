@@ -181,7 +181,10 @@ def summary(record: dict[str, Any]) -> str:
             return f"{label}: none"
         cost = entry["usd_per_correct_request"]
         shown = "undefined" if cost is None else f"{cost:.3g} USD/correct request"
-        return f"{label}: {entry['config']['label']}  {shown}  ttft {entry['ttft_ms']}"
+        return (
+            f"{label}: {entry['config']['label']}  {shown}  {_ttft(entry['ttft_ms'] or {})}  "
+            f"completed {_figure(entry['completed_ratio'], '.4g')}"
+        )
 
     lines = [
         line("best", record["best"]),
@@ -192,3 +195,14 @@ def summary(record: dict[str, Any]) -> str:
     if record["cheapest_rejected"] is not None:
         lines.append(f"  missed: {', '.join(record['cheapest_rejected']['violations'])}")
     return "\n".join(lines)
+
+
+def _ttft(ttft_ms: dict[str, Any]) -> str:
+    """``ttft p50 24.7 p99 92.5 ms (n 226)``: the record's figures, read as a sentence (the line
+    printed the Python dict)."""
+    figures = " ".join(f"{name} {_figure(ttft_ms.get(name), '.1f')}" for name in ("p50", "p99"))
+    return f"ttft {figures} ms (n {ttft_ms.get('n', 0)})"
+
+
+def _figure(value: float | None, spec: str) -> str:
+    return "-" if value is None else format(value, spec)

@@ -40,9 +40,25 @@ BaseModelDir = Annotated[
     Path, typer.Option(envvar="LORAPLEX_BASE_MODEL", help="The served base model directory")
 ]
 MaxLoraRank = Annotated[int, typer.Option(help="Largest rank accepted")]
-MAX_RUNNING_SEQS_HELP = "Engine seats (running sequences) at most [default: no cap]"
+MAX_RUNNING_SEQS_HELP = "Engine seats (running sequences) at most (default: no cap)"
 RESERVED_SEQS_HELP = "Engine seats it gets before any other tenant's fair share"
-MAX_KV_BLOCKS_HELP = "KV blocks its running sequences hold at most [default: no cap]"
+MAX_KV_BLOCKS_HELP = "KV blocks its running sequences hold at most (default: no cap)"
+_SHARE = "(default: no cap of its own: serve's default_tenant_tier_share of the tier)"
+PRIORITY_HELP = "Class: weighs its fair share and cache keep-score (high 4, normal 1, batch 0.25)"
+Priority = Annotated[PriorityClass, typer.Option(help=PRIORITY_HELP)]
+MaxGpuBytes = Annotated[
+    int | None, typer.Option(help=f"Bytes of its adapters in GPU slots {_SHARE}")
+]
+MaxCpuBytes = Annotated[
+    int | None, typer.Option(help=f"Bytes of its adapters in host memory {_SHARE}")
+]
+MaxDiskBytes = Annotated[int | None, typer.Option(help=f"Bytes of its adapters on disk {_SHARE}")]
+MaxColdLoads = Annotated[
+    int | None, typer.Option(help="Its adapter loads in flight at most (default: no cap)")
+]
+MaxRequestsPerS = Annotated[
+    float | None, typer.Option(help="Requests per second (token bucket) (default: no cap)")
+]
 
 
 def register(app: typer.Typer) -> None:
@@ -139,7 +155,7 @@ def register_many(
 def list_adapters(
     location: Location,
     tenant: Annotated[
-        str | None, typer.Option(help="Only what this tenant may use [default: every adapter]")
+        str | None, typer.Option(help="Only what this tenant may use (default: every adapter)")
     ] = None,
 ) -> None:
     """List adapters with their alias targets."""
@@ -182,12 +198,12 @@ def create_tenant(
     location: Location,
     name: Annotated[str, typer.Argument()],
     *,
-    priority: Annotated[PriorityClass, typer.Option()] = PriorityClass.NORMAL,
-    max_gpu_bytes: Annotated[int | None, typer.Option()] = None,
-    max_cpu_bytes: Annotated[int | None, typer.Option()] = None,
-    max_disk_bytes: Annotated[int | None, typer.Option()] = None,
-    max_cold_loads: Annotated[int | None, typer.Option()] = None,
-    max_requests_per_s: Annotated[float | None, typer.Option()] = None,
+    priority: Priority = PriorityClass.NORMAL,
+    max_gpu_bytes: MaxGpuBytes = None,
+    max_cpu_bytes: MaxCpuBytes = None,
+    max_disk_bytes: MaxDiskBytes = None,
+    max_cold_loads: MaxColdLoads = None,
+    max_requests_per_s: MaxRequestsPerS = None,
     max_running_seqs: Annotated[int | None, typer.Option(help=MAX_RUNNING_SEQS_HELP)] = None,
     reserved_running_seqs: Annotated[int, typer.Option(help=RESERVED_SEQS_HELP)] = 0,
     max_kv_blocks: Annotated[int | None, typer.Option(help=MAX_KV_BLOCKS_HELP)] = None,

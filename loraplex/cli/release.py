@@ -293,16 +293,20 @@ def _waiting(release: Release) -> str | None:
     if release.state is not ReleaseState.CANARY:
         return None
     comparison = release.comparison
-    seen = 0
+    seen = shown = 0
     if comparison is not None and comparison.step == release.step:
         seen = comparison.candidate.without_top_callers().requests  # what the step counts
+        shown = comparison.candidate.requests  # the table's figure
     needed = release.plan.thresholds.min_requests
     if seen >= needed:
         return None
+    # NOTE: the table below shows every request; the step counts fewer (docs/releases.md,
+    # callers), which read as a miscount when the line gave the smaller number alone.
+    left_out = "" if shown == seen else f" of {shown}, less the top callers by successes/failures"
     return (
         f"waiting for traffic: step {release.step + 1} passes after {needed} candidate requests "
-        f"({seen} so far) and {release.plan.dwell_s:g} s; {release.share:.1%} of the callers of "
-        f"{release.alias_ref} get the candidate"
+        f"({seen} so far{left_out}) and {release.plan.dwell_s:g} s; {release.share:.1%} of the "
+        f"callers of {release.alias_ref} get the candidate"
     )
 
 

@@ -74,6 +74,7 @@ def assemble(
     except BaseException:
         discard_child(engine_child)
         raise
+    say_demo_generation(settings)
     try:  # build_server owns the child from here (and kills it when it fails)
         return build_server(settings, wait_engine=False, engine_child=engine_child)
     except (LoraplexError, ValueError, OSError) as exc:
@@ -82,6 +83,20 @@ def assemble(
         message = unusable_path(exc) if isinstance(exc, OSError) else str(exc)
         typer.echo(f"error: {message}", err=True)
         raise typer.Exit(1) from exc
+
+
+def say_demo_generation(settings: ServeConfig) -> None:
+    """One line before the first start trains the demo set, which printed nothing for minutes
+    (about 3 on a loaded 2-core machine) before the keys."""
+    from loraplex.serve.assembly import demo_assets_to_generate
+
+    out = demo_assets_to_generate(settings)
+    if out is not None:
+        typer.echo(
+            f"generating the demo model and adapters into {out} (first start only; a few "
+            "minutes on a small CPU machine)",
+            err=True,
+        )
 
 
 def listen(

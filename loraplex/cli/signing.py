@@ -147,7 +147,7 @@ def bench_signing(
     max_adapters: Annotated[int, typer.Option(help="Adapters measured")] = 4,
     asset_dir: Annotated[
         Path | None,
-        typer.Option(help="The demo set's directory [default: .loraplex-assets/bench-PRESET]"),
+        typer.Option(help="The demo set's directory (default: .loraplex-assets/bench-PRESET)"),
     ] = None,
     synthetic: Annotated[
         bool, typer.Option(help="The preset's shapes with random weights (no demo set needed)")

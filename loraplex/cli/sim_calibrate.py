@@ -143,7 +143,7 @@ def calibrate_command(
         typer.Option(
             help="--self: adapters' target sets, from 'attn' (q/k/v/o) and 'all' (every "
             "linear layer); two or more price LoRA work by the adapters' bytes "
-            "[default: attn,all]."
+            "(default: attn,all)."
         ),
     ] = None,
 ) -> None:

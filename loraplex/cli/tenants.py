@@ -2,8 +2,9 @@
 
 Registry-direct like the other registry commands (same location options). An option not given
 keeps its stored value; ``--unset NAME`` lifts a quota (``reserved_running_seqs``: back to 0).
-A server started later enforces the change from its start; a running one gets it from the admin
-API (``PUT /admin/tenants/NAME``), which stores the same change and applies it at once.
+A server started later enforces the change from its start; a running one reads
+``max_requests_per_s`` with the key on each request, and gets the rest from the admin API
+(``PUT /admin/tenants/NAME``), which stores the same change and applies it at once.
 """
 
 from __future__ import annotations
@@ -16,7 +17,13 @@ import typer
 from loraplex.cli.registry import (
     MAX_KV_BLOCKS_HELP,
     MAX_RUNNING_SEQS_HELP,
+    PRIORITY_HELP,
     RESERVED_SEQS_HELP,
+    MaxColdLoads,
+    MaxCpuBytes,
+    MaxDiskBytes,
+    MaxGpuBytes,
+    MaxRequestsPerS,
     limits_line,
 )
 from loraplex.cli.registry_access import Actor, acting, command_group, failures, opened
@@ -36,12 +43,12 @@ def update_tenant(
     location: Location,
     name: Annotated[str, typer.Argument()],
     *,
-    priority: Annotated[PriorityClass | None, typer.Option()] = None,
-    max_gpu_bytes: Annotated[int | None, typer.Option()] = None,
-    max_cpu_bytes: Annotated[int | None, typer.Option()] = None,
-    max_disk_bytes: Annotated[int | None, typer.Option()] = None,
-    max_cold_loads: Annotated[int | None, typer.Option()] = None,
-    max_requests_per_s: Annotated[float | None, typer.Option()] = None,
+    priority: Annotated[PriorityClass | None, typer.Option(help=PRIORITY_HELP)] = None,
+    max_gpu_bytes: MaxGpuBytes = None,
+    max_cpu_bytes: MaxCpuBytes = None,
+    max_disk_bytes: MaxDiskBytes = None,
+    max_cold_loads: MaxColdLoads = None,
+    max_requests_per_s: MaxRequestsPerS = None,
     max_running_seqs: Annotated[int | None, typer.Option(help=MAX_RUNNING_SEQS_HELP)] = None,
     reserved_running_seqs: Annotated[int | None, typer.Option(help=RESERVED_SEQS_HELP)] = None,
     max_kv_blocks: Annotated[int | None, typer.Option(help=MAX_KV_BLOCKS_HELP)] = None,
@@ -75,3 +82,11 @@ def update_tenant(
         with opened(location.config()) as registry:
             tenant = registry.set_tenant_limits(name, acting(actor), priority, changes)
         typer.echo(limits_line(tenant))
+    if priority is not None or set(changes) - {"max_requests_per_s"}:
+        # NOTE: the rate limit is read with the key on every request; the rest lives in the
+        # engine's cache and scheduler, which only the admin API or a start refreshes.
+        typer.echo(
+            "note: a running server takes max_requests_per_s at once, the priority and the other "
+            f"limits at its next start, or now with PUT /admin/tenants/{name}",
+            err=True,
+        )

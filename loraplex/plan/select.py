@@ -109,7 +109,10 @@ def choose(evaluations: Iterable[Evaluation], cost_tolerance: float = 0.0) -> Pl
 def _why_lost(best: Evaluation, other: Evaluation, tolerance: float = 0.0) -> str:
     a, b = best.usd_per_correct, other.usd_per_correct
     if a is not None and b is not None and b > a * (1 + tolerance):
-        return f"costs {b / a - 1:.1%} more per correct request ({b:.3g} vs {a:.3g} USD)"
+        # NOTE: a gap of simulated milliseconds printed "0.0% more (0.000146 vs 0.000146)":
+        # two significant figures of the gap, and costs precise enough to differ
+        gap = f"{(b / a - 1) * 100:.2g}%"
+        return f"costs {gap} more per correct request ({b:.6g} vs {a:.6g} USD)"
     if a is not None and b is not None and b != a:
         return (
             f"costs within the {tolerance:.1%} cost tolerance ({b / a - 1:+.4%} per correct "

@@ -107,6 +107,11 @@ def resolve_in(
         if shared and not _shared_pin_allowed(tx, owner, ref.name, ref.revision, base_digest):
             raise not_found(text)
         pinned = rows.get_revision(tx, owner, ref.name, ref.revision)
+        if pinned is None and not shared:  # its own: naming what is wrong leaks nothing
+            raise AdapterNotFoundError(
+                f"model {quoted(text)}: your adapter {quoted(ref.name)} has no revision "
+                f"{quoted(ref.revision)}"
+            )
         if pinned is None:
             raise not_found(text)
         _check_base(pinned, base_digest)

@@ -58,6 +58,15 @@ DEMO_DIR = "demo-assets"
 DEMO_PRESET, DEMO_SEED = "small", 0
 
 
+def demo_assets_to_generate(config: ServeConfig) -> Path | None:
+    """Where ``demo_assets`` is about to generate the demo set (minutes of training), None when
+    a model is configured or the set is already there: the CLI says so before the wait."""
+    out = config.data_dir / DEMO_DIR
+    if config.model is not None or demo_assets_ready(out.resolve(), DEMO_PRESET, DEMO_SEED):
+        return None
+    return out
+
+
 def demo_assets(config: ServeConfig) -> DemoAssets | None:
     """The generated demo set when no model is configured. Generation trains with torch, so a
     set not generated yet is generated in a child process: this one stays torch-free."""

@@ -143,6 +143,17 @@ def _registered(result: RegistrationResult) -> JSONResponse:
     return JSONResponse(_plain(payload), status_code=201 if result.created else 200)
 
 
+def no_import_dir(action: str, param: str) -> ApiError:
+    """The 400 for a registration by server path on a server without ``import_dir``: it says
+    which setting turns it on, since the operator is the one who reads it."""
+    return invalid_request(
+        f"{action} by server path is disabled: this server has no import directory; start "
+        "`loraplex serve` with --import-dir DIR (config key import_dir), or upload the files "
+        "(POST /admin/adapters/upload)",
+        param,
+    )
+
+
 def register_import(
     deps: ServerDeps, path: str, fields: dict[str, Any], revision_of: Callable[[Path], str]
 ) -> RegistrationResult:
@@ -150,7 +161,7 @@ def register_import(
     links from a private copy (``registry/imports.py``); ``revision_of`` labels the revision from
     that copy (vLLM's load route names it by content when the caller does not)."""
     if deps.config.import_dir is None:
-        raise invalid_request("registration by server path is disabled (no import directory)")
+        raise no_import_dir("registration", "path")
     with (
         staged_import(deps.config.import_dir, path) as adapter_dir,
         staging_hidden(adapter_dir, path),
@@ -282,9 +293,17 @@ def _entry(raw: dict[str, Any]) -> dict[str, Any]:
 
 
 async def _target(body: ResidencyBody, deps: ServerDeps) -> tuple[CacheControl, AdapterKey]:
+    """The cache and the revision's key; a bad tier or reference is a 400 naming its field
+    (``param`` was null), the tier refused before the registry is touched."""
     cache = _cache(deps)
-    body.cache_tier()  # refuse a bad tier before touching the registry
-    return cache, await run_in_threadpool(_key, deps, body.model)
+    try:
+        body.cache_tier()
+    except ValueError as exc:
+        raise invalid_request(str(exc), "tier") from None
+    try:
+        return cache, await run_in_threadpool(_key, deps, body.model)
+    except ValueError as exc:  # not tenant/name@revision (an alias, a bare name)
+        raise invalid_request(str(exc), "model") from None
 
 
 async def _loading(future: Future[None], body: ResidencyBody) -> dict[str, object]:
@@ -317,10 +336,16 @@ async def unpin(body: ResidencyBody, deps: DepsDep) -> Any:
 
 @router.post("/residency/evict")
 async def evict(body: ResidencyBody, deps: DepsDep) -> Any:
-    """Drop the copy in ``tier`` unless it is pinned, in use or loading."""
+    """Drop the copy in ``tier`` unless it is pinned, in use or loading; a copy not dropped
+    comes with the reason, so a kept copy is not read as an absent one."""
     cache, key = await _target(body, deps)
-    evicted = await run_in_threadpool(cache.evict, key, body.cache_tier())
-    return {"model": body.model, "tier": body.cache_tier().name, "evicted": evicted}
+    tier = body.cache_tier()
+    answer: dict[str, object] = {"model": body.model, "tier": tier.name}
+    answer["evicted"] = await run_in_threadpool(cache.evict, key, tier)
+    if not answer["evicted"]:
+        kept = await run_in_threadpool(cache.is_resident, key, tier)
+        answer["reason"] = "kept: pinned, in use or loading" if kept else f"no copy in {tier.name}"
+    return answer
 
 
 def _plain(value: Any) -> Any:

@@ -50,7 +50,7 @@ from loraplex.server.protocol import (
     LoraAdapterUnloaded,
     UnloadLoraAdapterRequest,
 )
-from loraplex.server.routes_admin import register_import
+from loraplex.server.routes_admin import no_import_dir, register_import
 
 router = APIRouter(dependencies=[Depends(require_admin)])
 LOAD_TIER = Tier.L1  # vLLM's load reads the weights into memory; the GPU slot is taken on use
@@ -106,9 +106,7 @@ def _import_path(deps: ServerDeps, lora_path: str) -> str:
     lexically inside the import directory is taken relative to it; anything else is passed on
     unchanged for ``staged_import`` to refuse (absolute, ``..``, links)."""
     if deps.config.import_dir is None:
-        raise invalid_request(
-            "loading by server path is disabled (no import directory)", "lora_path"
-        )
+        raise no_import_dir("loading", "lora_path")
     path = PurePosixPath(lora_path)
     root = PurePosixPath(deps.config.import_dir.absolute())
     if path.is_absolute() and path.is_relative_to(root):

@@ -166,8 +166,12 @@ def test_missing_files(builder, base) -> None:
     (path / "adapter_config.json").unlink()
     with pytest.raises(AdapterConfigError, match=r"adapter_config\.json"):
         validate_adapter_dir(path, base, 16)
-    with pytest.raises(AdapterConfigError, match="an adapter directory"):
+    with pytest.raises(AdapterConfigError, match="an adapter directory") as missing:
         validate_adapter_dir(path / "nope", base, 16)
+    # the path is named as a path, not as a field of a config file it does not have
+    assert (
+        str(missing.value) == f"{path / 'nope'}: no such directory; expected an adapter directory"
+    )
 
 
 def test_truncated_file(builder, base) -> None:

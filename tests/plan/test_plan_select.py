@@ -179,6 +179,10 @@ def test_a_cost_tolerance_lets_the_smaller_footprint_win_near_ties() -> None:
     assert tolerant.runner_up is not None and tolerant.runner_up.candidate == big
     why = tolerant.why_runner_up_lost
     assert why is not None and "within the 1.0% cost tolerance" in why and "-0.0100%" in why
+    # Without the tolerance the gap is named, however small ("0.0% more (0.000146 vs 0.000146)")
+    assert exact.why_runner_up_lost == (
+        "costs 0.01% more per correct request (5.55611e-05 vs 5.55556e-05 USD)"
+    )
     # Beyond the tolerance the cost decides, however small the footprint.
     assert [e.candidate for e in _ranked(tolerant)][2] == far
     with pytest.raises(ValueError, match="cost_tolerance"):

@@ -110,9 +110,15 @@ def test_tenants_update_sets_seats_and_keeps_what_it_does_not_name(tmp_path: Pat
                "--max-kv-blocks", "64", "--priority", "high")  # fmt: skip
     assert out.startswith("acme\thigh\t")
     assert "cold_loads=2" in out and "running_seqs=8\treserved_seqs=2\tkv_blocks=64" in out
+    # a running server reads the rate limit per request, the rest only through the admin API
+    # or a start: the command says so (the change seemed to apply and did not)
+    assert "note: a running server takes max_requests_per_s at once" in out
+    assert "PUT /admin/tenants/acme" in out
+    rate = _run(env, "tenants", "update", "acme", "--max-requests-per-s", "5")
+    assert "requests_per_s=5.0" in rate and "note:" not in rate
     lifted = _run(env, "tenants", "update", "acme", "--unset", "max_running_seqs")
     assert "running_seqs=None\treserved_seqs=2\tkv_blocks=64" in lifted
-    assert lifted.strip() in _run(env, "tenants", "list")
+    assert lifted.splitlines()[0] in _run(env, "tenants", "list")
     registry = open_registry(RegistryConfig(data_dir=tmp_path / "d"))
     try:
         quotas = registry.get_tenant("acme").quotas

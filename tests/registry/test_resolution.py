@@ -57,6 +57,15 @@ def test_own_adapter_resolves_by_name_ref_and_pin(two_tenants: Registry) -> None
     assert reg.resolve("beta", "bot").tenant == "beta"
 
 
+def test_an_unknown_revision_of_ones_own_adapter_is_named(two_tenants: Registry) -> None:
+    """The owner is told which part of its model string is wrong (it got the same message as
+    for an adapter that does not exist); another tenant still gets that uniform message."""
+    message = _not_found_message(two_tenants, "acme", "bot@v9")
+    assert message == "model 'bot@v9': your adapter 'bot' has no revision 'v9'"
+    assert _not_found_message(two_tenants, "acme", "acme/bot@v9").endswith("no revision 'v9'")
+    assert "no revision" not in _not_found_message(two_tenants, "beta", "acme/shared@v9")
+
+
 def test_other_tenants_private_adapter_looks_nonexistent(
     registry: Registry, make_adapter: AdapterFactory
 ) -> None:
@@ -108,7 +117,7 @@ def test_listing_shows_only_usable_adapters(two_tenants: Registry) -> None:
 
 
 @pytest.mark.parametrize(
-    "text", ["", "/", "a/b/c", "bot@", "@v1", "../bot", "bot@v1@v2", "x" * 200, "acme/bot@v9"]
+    "text", ["", "/", "a/b/c", "bot@", "@v1", "../bot", "bot@v1@v2", "x" * 200, "beta/bot@v9"]
 )
 def test_malformed_or_unknown_strings_are_not_found(two_tenants: Registry, text: str) -> None:
     message = _not_found_message(two_tenants, "acme", text)

@@ -10,7 +10,7 @@ from typer.testing import CliRunner
 
 from loraplex.cli import app
 from loraplex.registry import Registry, RegistryConfig
-from loraplex.release.model import ReleasePlan, ReleaseState
+from loraplex.release.model import Comparison, ReleasePlan, ReleaseState, RevisionWindow
 from loraplex.release.store import ReleaseStore
 
 S = ReleaseState
@@ -80,9 +80,16 @@ def test_status_says_what_a_release_waits_for(run, registry: Registry) -> None: 
     now = registry.now()
     for to in (S.PREWARMING, S.PROBING):
         release = store.transition(release, to, actor="t", now=now)
-    store.transition(release, S.CANARY, actor="t", now=now, step=0)
+    release = store.transition(release, S.CANARY, actor="t", now=now, step=0)
     canary = run("release", "status", "acme/bot")
     assert (
         "waiting for traffic: step 1 passes after 10 candidate requests (0 so far) and 30 s; "
         "25.0% of the callers of acme/bot get the candidate"
     ) in canary
+    # three callers, one request each: the step counts 2 (the top caller by successes is left
+    # out), the table shows 3; the line said "(2 so far)" alone, read as a miscount
+    window = RevisionWindow(requests=3, callers=3, best_caller_requests=1)
+    store.save_observation(release, comparison=Comparison(0, now, window, RevisionWindow()))
+    observed = run("release", "status", "acme/bot")
+    assert "(2 so far of 3, less the top callers by successes/failures) and 30 s" in observed
+    assert "v2\tcandidate\t3\t3\t" in observed

@@ -141,16 +141,22 @@ def test_pin_evict_unpin_prefetch(rig: Rig) -> None:
     assert pinned.json() == {"model": model, "tier": "L0", "status": "resident"}
     assert _entries(rig, model)["L0"]["pinned"] is True
     evict = {"model": model, "tier": "L0"}
-    assert (
-        rig.client.post("/admin/residency/evict", json=evict, headers=rig.admin).json()["evicted"]
-        is False
-    )
+    kept = rig.client.post("/admin/residency/evict", json=evict, headers=rig.admin).json()
+    # a kept copy says why, so it is not taken for an absent one (both were {"evicted": false})
+    assert (kept["evicted"], kept["reason"]) == (False, "kept: pinned, in use or loading")
     rig.client.post("/admin/residency/unpin", json=evict, headers=rig.admin)
-    assert (
-        rig.client.post("/admin/residency/evict", json=evict, headers=rig.admin).json()["evicted"]
-        is True
-    )
+    gone = rig.client.post("/admin/residency/evict", json=evict, headers=rig.admin).json()
+    assert gone == {"model": model, "tier": "L0", "evicted": True}
     assert "L0" not in _entries(rig, model)
+    absent = rig.client.post("/admin/residency/evict", json=evict, headers=rig.admin).json()
+    assert (absent["evicted"], absent["reason"]) == (False, "no copy in L0")
+    # an alias where a revision is due, or an unknown tier, names its field (param was null)
+    for bad, param in (
+        ({"model": "acme/billing"}, "model"),
+        ({"model": model, "tier": "L4"}, "tier"),
+    ):
+        refused = rig.client.post("/admin/residency/pin", json=bad, headers=rig.admin)
+        assert refused.status_code == 400 and refused.json()["error"]["param"] == param
     fetch = {"model": model, "tier": "cpu", "wait": True}
     assert (
         rig.client.post("/admin/residency/prefetch", json=fetch, headers=rig.admin).status_code

@@ -386,3 +386,23 @@ def test_max_paused_kv_fraction_is_a_config_file_key_checked_and_passed_on(
         (tmp_path / "c.toml").write_text(f"max_paused_kv_fraction = {bad}\n")
         with pytest.raises(ValueError, match=f"^max_paused_kv_fraction {bad} is invalid"):
             parsed_serve(["--data-dir", str(tmp_path), "--config", "c.toml"], {})
+
+
+def test_the_first_start_says_it_generates_the_demo_set(
+    demo_assets: DemoAssets, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """The demo set's training printed nothing for minutes before the keys: a line says so, on
+    the start that generates it only (not with a model of one's own, nor once it is there)."""
+    from loraplex.cli.serve_start import say_demo_generation
+
+    fresh = ServeConfig(data_dir=tmp_path / "fresh")
+    say_demo_generation(fresh)
+    line = capsys.readouterr().err
+    assert (
+        f"generating the demo model and adapters into {tmp_path / 'fresh' / 'demo-assets'}" in line
+    )
+    say_demo_generation(replace(fresh, model=demo_assets.base_model_dir))
+    (tmp_path / "ready").mkdir()
+    (tmp_path / "ready" / "demo-assets").symlink_to(demo_assets.root)
+    say_demo_generation(ServeConfig(data_dir=tmp_path / "ready"))
+    assert capsys.readouterr() == ("", "")

@@ -220,11 +220,20 @@ def test_unload_of_an_unknown_adapter_is_a_404(ops: Ops) -> None:
 
 
 def test_load_without_an_import_directory_is_refused(served: Served) -> None:
+    """Both routes by server path name the setting that turns them on (they said only "no
+    import directory", and the admin route named no field)."""
     deps = make_app_deps(served, FakeEngine())
     deps = replace(deps, config=replace(deps.config, import_dir=None))
     with TestClient(create_app(deps)) as client:
         body = {"lora_name": "acme/x@v1", "lora_path": "acme/support/r1"}
-        response = client.post(LOAD, json=body, headers=ADMIN)
+        load = client.post(LOAD, json=body, headers=ADMIN)
+        body = {"path": "acme/support/r1", "tenant": "acme", "name": "x", "revision": "v1"}
+        register = client.post("/admin/adapters", json=body, headers=ADMIN)
     assert isinstance(deps.cache, TieredAdapterCache)
     deps.cache.close()
-    assert response.status_code == 400 and response.json()["error"]["param"] == "lora_path"
+    for response, param in ((load, "lora_path"), (register, "path")):
+        assert response.status_code == 400, response.text
+        error = response.json()["error"]
+        assert error["param"] == param
+        assert "--import-dir" in error["message"] and "import_dir" in error["message"]
+    assert "x" not in {adapter.name for adapter in served.registry.list_adapters("acme")}
