@@ -26,7 +26,7 @@ from loraplex.fleet.settings import FLEET_KEYS
 from loraplex.registry import default_data_dir
 
 if TYPE_CHECKING:
-    from loraplex.fleet.control import Prepared
+    from loraplex.fleet.control import FleetRecord, Prepared
     from loraplex.serve.config import ServeConfig
 
 Opt = typer.Option
@@ -168,15 +168,19 @@ def up_command(
             typer.echo(f"error: {exc}", err=True)
             raise typer.Exit(1) from exc
         raise
+    _print_started(record, control.admin_url(settings.serve))
+    _print_keys(prepared, serve_config)
+    typer.echo("stop it with: loraplex fleet down")
+
+
+def _print_started(record: FleetRecord, admin_url: str | None) -> None:
+    """Where the fleet that ``fleet up`` started serves."""
     where = "a local Ray head it started" if record.started_cluster else record.address
     typer.echo(f"loraplex fleet: {record.engine_replicas} engine replicas on {where}")
     typer.echo(f"serving on {record.url}  (OpenAI API at {record.url}/v1)")
-    admin_url = control.admin_url(settings.serve)
     if admin_url is not None:
         typer.echo(f"admin API and /metrics only on {admin_url}")
     typer.echo(f"dashboard:  {admin_url or record.url}/admin/dashboard#key=<admin key>")
-    _print_keys(prepared, serve_config)
-    typer.echo("stop it with: loraplex fleet down")
 
 
 def _print_keys(prepared: Prepared, config: ServeConfig) -> None:

@@ -2,15 +2,15 @@
 
 ``loraplex serve`` binds its own sockets (``socket.create_server``, ``proto`` 0), which asyncio
 does not give TCP_NODELAY; every response on a reused connection then waited out the client's
-delayed ACK (~40 ms on Linux). This timing test is the issue's own acceptance check.
+delayed ACK (~40 ms on Linux). The test checks the option on the accepted socket of a
+connection reused for many requests; how long a round trip takes is a benchmark's business
+(non-negotiable 5: a wall-clock bound here failed under load), not a test's.
 """
 
 from __future__ import annotations
 
 import http.client
 import socket
-import statistics
-import time
 from collections.abc import Iterator
 from urllib.parse import urlsplit
 
@@ -24,7 +24,6 @@ from loraplex.server.app import create_app
 from loraplex.server.listeners import BoundedH11Protocol, ConnectionLimits
 
 NUM_REQUESTS = 30
-MAX_MEDIAN_RTT_S = 0.020  # Nagle plus a delayed ACK costs ~40 ms a request
 
 
 @pytest.fixture
@@ -36,25 +35,21 @@ def server(served: Served) -> Iterator[tuple[str, uvicorn.Server]]:
     deps.cache.close()
 
 
-def test_keep_alive_round_trip_is_well_under_a_delayed_ack(
+def test_a_reused_keep_alive_connection_runs_with_tcp_nodelay(
     server: tuple[str, uvicorn.Server], served: Served
 ) -> None:
     url, uvicorn_server = server
     address = urlsplit(url)
     conn = http.client.HTTPConnection(address.hostname or "", address.port, timeout=10)
     headers = {"Authorization": f"Bearer {served.keys['acme']}"}
-    round_trips = []
     try:
         for _ in range(NUM_REQUESTS):
-            start = time.perf_counter()
             conn.request("GET", "/v1/models", headers=headers)
             response = conn.getresponse()
             assert response.status == 200 and b"loraplex-demo-small" in response.read()
-            round_trips.append(time.perf_counter() - start)
         (protocol,) = uvicorn_server.server_state.connections  # the one reused connection
         assert isinstance(protocol, BoundedH11Protocol)
         accepted = protocol.transport.get_extra_info("socket")
         assert accepted.getsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY) != 0
     finally:
         conn.close()
-    assert statistics.median(round_trips) < MAX_MEDIAN_RTT_S, round_trips
