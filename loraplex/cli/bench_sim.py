@@ -82,7 +82,8 @@ def bench_sim(
 ) -> None:
     """Real vs simulated per-tier hit ratios, TTFT P50/P99 and throughput on a single server and
     a fleet (errors per target), and the simulator's time for 1M requests."""
-    from loraplex.bench.sim.bench import SimBenchConfig, run_sim_bench
+    from loraplex.bench.sim.bench import run_sim_bench
+    from loraplex.bench.sim.config import SimBenchConfig
     from loraplex.bench.sim.validate import RealSettings
     from loraplex.sim.cost_model import load
 

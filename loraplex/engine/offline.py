@@ -7,8 +7,8 @@ return the outputs in request order. There is no second decoding loop, so stop s
 ``min_tokens``, EOS handling and mixed adapter batches behave exactly as they do when serving.
 
 Adapters are PEFT directories on local disk: each is validated against the base model before
-anything loads, then read in place as the cache's artifact store (L3). More distinct adapters
-than GPU slots are served in turn, as the server does, rather than refused.
+anything loads, then read in place as the cache's artifact store (L3; ``adapter_dir_store.py``).
+More distinct adapters than GPU slots are served in turn, as the server does, rather than refused.
 """
 
 from __future__ import annotations
@@ -22,13 +22,13 @@ from pathlib import Path
 
 from loraplex.artifacts.base_model import BaseModelSpec
 from loraplex.artifacts.identity import AdapterKey, sha256_file
-from loraplex.artifacts.store import CHUNK_BYTES, verified_chunks
 from loraplex.artifacts.validate import validate_adapter_dir
 from loraplex.dtypes import DTYPE_BYTES, bytes_per_element, check_dtype
+from loraplex.engine.adapter_dir_store import AdapterDirStore
 from loraplex.engine.config import EngineConfig, SchedulerConfig
 from loraplex.engine.factory import AdapterRuntimeConfig, build_adapter_runtime, build_engine_core
 from loraplex.engine.protocol import EngineRequest, TokenDelta, TokenLogprob
-from loraplex.errors import ArtifactNotFoundError, InvalidRequestError, quoted
+from loraplex.errors import InvalidRequestError, quoted
 from loraplex.model.config import ModelConfig
 from loraplex.runtime.tier_backends import ArtifactRef
 from loraplex.sampling import SamplingParams
@@ -85,49 +85,6 @@ class OfflineResult:
     stop_reason: str | int | None = None  # the stop string or token id that ended it; else None
     logprobs: tuple[TokenLogprob, ...] | None = None  # per generated token, if params asked
     prompt_logprobs: tuple[TokenLogprob | None, ...] | None = None  # per prompt token, if asked
-
-
-class AdapterDirStore:
-    """An ArtifactStore over files that stay where they are (the caller's adapter directories).
-
-    ``put_file`` records a file under its digest instead of copying it; reads verify the bytes
-    against the digest, as every store's reads do, so a file edited after validation fails to
-    load rather than serving other weights than were checked.
-    """
-
-    def __init__(self) -> None:
-        self._paths: dict[str, Path] = {}
-        self._lock = threading.Lock()  # cache workers read while the caller registers
-
-    @property
-    def url(self) -> str:
-        return "inplace:"  # no one root: each file is where the caller keeps it
-
-    def put_file(self, path: Path, digest: str) -> None:
-        with self._lock:
-            self._paths[digest] = path
-
-    def exists(self, digest: str) -> bool:
-        with self._lock:
-            path = self._paths.get(digest)
-        return path is not None and path.is_file()
-
-    def read(self, digest: str) -> Iterator[bytes]:
-        with self._lock:
-            path = self._paths.get(digest)
-        if path is None:
-            raise ArtifactNotFoundError(f"no adapter file with sha256 {digest} was given")
-        with path.open("rb") as handle:
-            chunks = iter(lambda: handle.read(CHUNK_BYTES), b"")
-            yield from verified_chunks(chunks, digest, str(path))
-
-    def digests(self) -> Iterator[str]:
-        with self._lock:
-            return iter(list(self._paths))
-
-    def delete(self, digest: str) -> None:
-        with self._lock:
-            self._paths.pop(digest, None)
 
 
 class OfflineEngine:

@@ -31,7 +31,7 @@ from typing import Any
 import httpx
 
 from loraplex.bench.serve.driver import DriveConfig, prompt_ids, replay_over_http
-from loraplex.bench.sim.calibrate_run import into_slots
+from loraplex.bench.sim.calibrate_loads import into_slots
 from loraplex.bench.sim.calibrate_target import self_target
 from loraplex.bench.sse_client import StreamingPost
 from loraplex.bench.workloads import TraceRequest

@@ -28,15 +28,11 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from probe import paired, simulated_outcomes, summary
 
-from loraplex.bench.sim.bench import (
-    MAX_LORA_RANK,
-    SimBenchConfig,
-    adapter_sizes,
-    prepared,
-    registry_tenants,
-    sim_config,
-)
+from loraplex.bench.sim.bench import prepared
+from loraplex.bench.sim.config import SimBenchConfig
+from loraplex.bench.sim.simulated import adapter_sizes, registry_tenants, sim_config
 from loraplex.bench.sim.traces import workload_rows
+from loraplex.bench.sim.validate import MAX_LORA_RANK
 from loraplex.sim import cost_model as cost_file
 from loraplex.sim.call import records
 

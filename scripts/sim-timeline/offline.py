@@ -17,8 +17,10 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
-from loraplex.bench.sim.bench import SimBenchConfig, prepared, simulated
+from loraplex.bench.sim.bench import prepared
 from loraplex.bench.sim.compare import compare_target
+from loraplex.bench.sim.config import SimBenchConfig
+from loraplex.bench.sim.simulated import simulated
 from loraplex.sim import cost_model as cost_file
 
 RUNS = Path("docs/benchmarks/sim-runs.jsonl")

@@ -18,8 +18,10 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
-from loraplex.bench.sim.bench import SimBenchConfig, prepared, simulated
+from loraplex.bench.sim.bench import prepared
 from loraplex.bench.sim.compare import compare_target
+from loraplex.bench.sim.config import SimBenchConfig
+from loraplex.bench.sim.simulated import simulated
 from loraplex.demo.assets import generate_demo_assets
 from loraplex.sim import cost_model as cost_file
 from loraplex.sim import cpu

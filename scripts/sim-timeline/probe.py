@@ -27,15 +27,11 @@ from typing import Any
 
 from loraplex.bench.serve.driver import DriveConfig, replay_over_http
 from loraplex.bench.serve.fleet import drop_page_cache, serving
-from loraplex.bench.sim.bench import (
-    MAX_LORA_RANK,
-    SimBenchConfig,
-    adapter_sizes,
-    prepared,
-    registry_tenants,
-    sim_config,
-)
+from loraplex.bench.sim.bench import prepared
+from loraplex.bench.sim.config import SimBenchConfig
+from loraplex.bench.sim.simulated import adapter_sizes, registry_tenants, sim_config
 from loraplex.bench.sim.traces import workload_rows
+from loraplex.bench.sim.validate import MAX_LORA_RANK
 from loraplex.sim import cost_model as cost_file
 from loraplex.sim import run as sim_run
 from loraplex.sim.call import records

@@ -19,10 +19,12 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
-from loraplex.bench.sim.bench import SimBenchConfig, prepared, sim_config, simulated
+from loraplex.bench.sim.bench import prepared
 from loraplex.bench.sim.compare import compare_target
+from loraplex.bench.sim.config import SimBenchConfig
 from loraplex.bench.sim.contention_fit import RoundShape, fit_by_simulation, warm_replicas
 from loraplex.bench.sim.contention_rounds import candidates, place
+from loraplex.bench.sim.simulated import sim_config, simulated
 from loraplex.bench.sim.validate import RealSettings
 from loraplex.bench.workloads import TraceAdapter
 from loraplex.demo.assets import generate_demo_assets

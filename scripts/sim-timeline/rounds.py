@@ -13,8 +13,9 @@ import sys
 from dataclasses import replace
 from pathlib import Path
 
-from loraplex.bench.sim.bench import SimBenchConfig, adapter_sizes, sim_config
+from loraplex.bench.sim.config import SimBenchConfig
 from loraplex.bench.sim.contention_fit import RoundShape, simulated_rate
+from loraplex.bench.sim.simulated import adapter_sizes, sim_config
 from loraplex.bench.workloads import ATTENTION_TARGETS, TraceAdapter
 from loraplex.demo.assets import generate_demo_assets
 from loraplex.sim import cost_model as cost_file

@@ -9,10 +9,10 @@ from collections import Counter
 import pytest
 from typer.testing import CliRunner
 
+from loraplex.bench.modes.auto_mode import AutoMode
 from loraplex.bench.modes.decisions import flaps_per_min
 from loraplex.bench.modes.parity import ParityReport, ParityRule, ProbeMismatchError
 from loraplex.bench.modes.replay import (
-    AutoMode,
     ReplayRequest,
     ReplayRun,
     compare_modes,

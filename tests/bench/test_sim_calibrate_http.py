@@ -10,12 +10,9 @@ import httpx
 import pytest
 
 from loraplex.bench.sim.calibrate_cold import cold_samples
-from loraplex.bench.sim.calibrate_run import (
-    CalibrateConfig,
-    load_samples,
-    prefill_adapters,
-    prefill_samples,
-)
+from loraplex.bench.sim.calibrate_loads import load_samples
+from loraplex.bench.sim.calibrate_prefill import prefill_adapters, prefill_samples
+from loraplex.bench.sim.calibrate_run import CalibrateConfig
 from loraplex.bench.sim.calibrate_target import remote_target, self_target
 from loraplex.bench.sim.calibrate_timeline import log_size, prefill_timings, wait_for_lines
 from loraplex.sim.cost_model import LINKS

@@ -15,17 +15,13 @@ from typer.testing import CliRunner
 
 from loraplex.bench.serve.driver import RequestRecord
 from loraplex.bench.serve.fleet import STORM_COLD_LOADS
-from loraplex.bench.sim.bench import (
-    SimBenchConfig,
-    adapter_sizes,
-    prepared,
-    registry_tenants,
-    sim_config,
-)
+from loraplex.bench.sim.bench import prepared
 from loraplex.bench.sim.calibrate_cold import ColdSample, handoff_seconds
 from loraplex.bench.sim.calibrate_run import CalibrateConfig, mixes, weight_regressors
 from loraplex.bench.sim.calibrate_target import ServedAdapter
 from loraplex.bench.sim.compare import OUTCOME_KEYS, check_outcome
+from loraplex.bench.sim.config import SimBenchConfig
+from loraplex.bench.sim.simulated import adapter_sizes, registry_tenants, sim_config
 from loraplex.bench.sim.traces import workload_rows
 from loraplex.bench.sim.validate import (
     RealSettings,

@@ -12,8 +12,8 @@ import torch
 from tiny_models import hf_model, save_tiny_model, save_word_tokenizer
 
 from loraplex.artifacts.identity import sha256_file
+from loraplex.engine.adapter_dir_store import AdapterDirStore
 from loraplex.engine.offline import (
-    AdapterDirStore,
     OfflineConfig,
     OfflineEngine,
     OfflineRequest,

@@ -252,7 +252,8 @@ def test_the_cost_models_load_cpu_shared_is_the_targets(monkeypatch: pytest.Monk
 def test_the_hop_samples_are_paced_like_a_trace() -> None:
     """The lone warm requests of a prefill sample: ``hop_gap_s`` apart from the first, each of
     ``hop_output_tokens`` tokens; the two settings are checked."""
-    from loraplex.bench.sim.calibrate_run import CalibrateConfig, hop_requests
+    from loraplex.bench.sim.calibrate_prefill import hop_requests
+    from loraplex.bench.sim.calibrate_run import CalibrateConfig
     from loraplex.bench.sim.calibrate_target import ServedAdapter
 
     adapter = ServedAdapter("t", "a", "r1", 8)

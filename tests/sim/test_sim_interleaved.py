@@ -10,9 +10,10 @@ from typing import Any
 import pytest
 from sim_inputs import calibration_measured
 
-from loraplex.bench.sim.bench import SimBenchConfig, run_sim_bench
+from loraplex.bench.sim.bench import run_sim_bench
 from loraplex.bench.sim.calibrate_run import CalibrateConfig
 from loraplex.bench.sim.calibrate_target import Target
+from loraplex.bench.sim.config import SimBenchConfig
 from loraplex.bench.sim.interleaved import (
     CalibrationPass,
     InterleavedCalibration,

@@ -11,37 +11,27 @@ the same tokens: every unmerged replay exactly, every ``auto`` replay within the
 :class:`~loraplex.bench.modes.parity.ProbeMismatchError` otherwise.
 
 ``auto`` decides before every step with the production decision code
-(:func:`~loraplex.engine.mode_policy.decide`) over a :class:`TokenWindow` of the replay's own
-tokens on the wall clock, its merged / unmerged step costs (``mode_costs.StepCosts``) and the LoRA
-op's cost per token timed on every unmerged step until measured, then one in ``LORA_TIMING_EVERY``
-(:class:`LoraCostMeter`; no merge before it is measured), as ``engine/mode_control.py`` does;
-transitions and the timing are paid inside the timed replay. TTFT is from a
-request's submission to the end of the step that produced its first token.
+(:class:`~loraplex.bench.modes.auto_mode.AutoMode`: ``decide`` over a ``TokenWindow`` of the
+replay's own tokens on the wall clock, its merged / unmerged step costs and the LoRA op's cost
+per token, as ``engine/mode_control.py`` does); transitions and the timing are paid inside the
+timed replay. TTFT is from a request's submission to the end of the step that produced its
+first token.
 """
 
 from __future__ import annotations
 
 import random
 import time
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 
 import torch
 
+from loraplex.bench.modes.auto_mode import AutoMode
 from loraplex.bench.modes.parity import ParityReport, ParityRule, StepTop, step_tops
 from loraplex.bench.modes.setup import HOT, NUM_ADAPTERS, Setup
-from loraplex.engine.mode_control import LORA_TIMING_EVERY
-from loraplex.engine.mode_costs import StepCosts
-from loraplex.engine.mode_policy import (
-    Action,
-    LoraCostMeter,
-    MeasuredCosts,
-    ModePolicyConfig,
-    TokenWindow,
-    decide,
-)
+from loraplex.engine.mode_policy import MeasuredCosts, ModePolicyConfig
 from loraplex.model.kv_cache import ContiguousKVCache, SequenceChunk
 from loraplex.model.llama import ForwardBatch, LoraApplier
-from loraplex.model.lora import OpTimer
 
 
 @dataclass(frozen=True)
@@ -111,71 +101,6 @@ class _Live:
     submitted_s: float  # when its client submitted it
     cached: int = 0  # tokens in the KV cache
     out: list[StepTop] = field(default_factory=list)  # generated so far
-
-
-class AutoMode:
-    """``auto`` inside a replay: the engine's decision loop over the bench's ``Setup``."""
-
-    def __init__(self, setup: Setup, costs: MeasuredCosts, config: ModePolicyConfig) -> None:
-        self.setup, self.costs, self.config = setup, costs, config
-        self.window = TokenWindow(config.window_s, time.perf_counter())
-        self.step_costs = StepCosts(min_steps=config.min_measured_steps)
-        self.lora_cost = LoraCostMeter(
-            costs.lora_s_per_token, min_samples=config.min_measured_steps
-        )
-        self._steps = 0  # steps run (one unmerged step in LORA_TIMING_EVERY is timed)
-        self._timer: OpTimer | None = None
-        self.merged: int | None = None
-        self.applier: LoraApplier = setup.pool
-        self.last_s: float | None = None
-        self.transitions = 0
-
-    def before_step(self, now: float) -> None:
-        self._decide(now)
-        if self.merged is None and self.lora_cost.due(self._steps, LORA_TIMING_EVERY):
-            pool = self.setup.pool
-            self._timer = pool.op_timer = OpTimer(pool.device)
-
-    def _decide(self, now: float) -> None:
-        self.step_costs.expire(now, self.config.veto_s)
-        costs = replace(
-            self.costs,
-            lora_s_per_token=self.lora_cost.per_token(),
-            merged_step_s_per_token=self.step_costs.merged_like_unmerged(),
-            unmerged_step_s_per_token=self.step_costs.per_token(False),
-            lora_measured=self.lora_cost.measured,
-        )
-        since = None if self.last_s is None else now - self.last_s
-        merged = None if self.merged is None else str(self.merged)
-        got = decide(merged, since, self.window.share(now), costs, self.config)
-        if got.action is Action.STAY:
-            return
-        if self.merged is not None:
-            self.setup.unmerge()
-            self.merged, self.applier = None, self.setup.pool
-            self.transitions += 1
-        if got.action in (Action.MERGE, Action.SWITCH) and got.revision is not None:
-            self.merged = int(got.revision)
-            self.applier = self.setup.merge(self.merged)
-            self.transitions += 1
-        self.last_s = time.perf_counter()
-
-    def after_step(self, now: float, seconds: float, chunks: list[tuple[int | None, int]]) -> None:
-        self.step_costs.record(self.merged is not None, seconds, sum(n for _, n in chunks))
-        for slot, num_tokens in chunks:
-            self.window.record(now, None if slot is None else str(slot), num_tokens)
-        self._steps += 1
-        timer, self._timer = self._timer, None
-        if timer is not None:
-            self.setup.pool.op_timer = None
-            self.lora_cost.record(timer.seconds, sum(n for s, n in chunks if s is not None))
-
-    def close(self) -> None:
-        if self._timer is not None:
-            self._timer = self.setup.pool.op_timer = None
-        if self.merged is not None:
-            self.setup.unmerge()
-            self.merged, self.applier = None, self.setup.pool
 
 
 def _forward(

@@ -6,7 +6,8 @@
 2. Real runs (``validate.py``): each trace on a real single server and on a real fleet, each
    run right after the host-speed probe (``host_probe.py``), reported against the cost
    model's own (``host_report``; never applied to the prices: ``sim/host_speed.py``).
-3. The same traces through ``simulate`` with a config mirroring the real settings.
+3. The same traces through ``simulate`` with a config mirroring the real settings
+   (``simulated.py``); what the invocation runs is ``config.py``'s ``SimBenchConfig``.
 4. Errors per target (``compare.py``), and the scale run (1M requests, 10k adapters, 64
    replicas) in a child process of its own, so its peak RSS is the simulator's alone.
 """
@@ -15,8 +16,8 @@ from __future__ import annotations
 
 import statistics
 import tempfile
-from collections.abc import Callable, Mapping
-from dataclasses import asdict, dataclass, field, fields
+from collections.abc import Callable
+from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
@@ -30,164 +31,13 @@ from loraplex.bench.sim.compare import (
     median_outcome,
     real_spread,
 )
-from loraplex.bench.sim.interleaved import InterleavedCalibration, Pricing, interleaved_pricing
-from loraplex.bench.sim.validate import MAX_LORA_RANK, RealSettings
-from loraplex.bench.workloads import (
-    ScenarioParams,
-    TraceAdapter,
-    Workload,
-    generate,
-    trace_params,
-)
-from loraplex.engine.tenant_shares import TenantSettings
-from loraplex.serve.config import ServeConfig
+from loraplex.bench.sim.config import SimBenchConfig
+from loraplex.bench.sim.interleaved import InterleavedCalibration, interleaved_pricing
+from loraplex.bench.sim.simulated import simulated
+from loraplex.bench.sim.validate import MAX_LORA_RANK
+from loraplex.bench.workloads import Workload
 from loraplex.sim.cost_model import CostModel
 from loraplex.sim.host_speed import HostProbe, probe_ratio
-
-TRACES = ("zipf-longtail", "hot-burst", "cold-storm")
-TARGETS = ("single", "fleet")
-SCALE = (1_000_000, 10_000, 64)  # requests, adapters, replicas (issue 30)
-BYTES_PER_PARAM = 4  # the demo server serves float32
-# The server's defaults the real runs keep and the simulator's own defaults differ from.
-SERVED_DEFAULTS = {f.name: f.default for f in fields(ServeConfig)}
-
-
-@dataclass(frozen=True)
-class SimBenchConfig:
-    """What one ``bench sim`` invocation runs."""
-
-    traces: tuple[str, ...] = TRACES  # validated traces
-    targets: tuple[str, ...] = TARGETS  # single server, fleet
-    trace_requests: int = 96  # mean requests per trace
-    repeats: int = 1  # real runs of each (target, trace); compared by their median
-    rate: float = 2.0  # mean requests per second
-    num_adapters: int = 32  # zipf-longtail's population, cold-storm's storm pool
-    prompt_tokens: int = 16  # per request
-    output_tokens: int = 8  # per request
-    settings: RealSettings = field(default_factory=RealSettings)  # both sides' deployment
-    cost_model: Path | None = None  # None: calibrate a fresh demo server first
-    scale: tuple[int, int, int] | None = SCALE  # (requests, adapters, replicas); None: skip
-    seed: int = 0  # workloads, prompts, router
-    asset_dir: Path = Path(".loraplex-assets")  # the demo base model is <dir>/test-small
-    # where each real single-server run keeps its server's request log and the client's
-    # records (``validate.RunLogs``); None: kept nowhere
-    logs_dir: Path | None = None
-    # K > 0: the in-run calibration as short passes of 1/K of its samples, one before each real
-    # run and one after the last (``interleaved.py``); 0: one calibration before the runs
-    calibrate_interleaved: int = 0
-
-    def __post_init__(self) -> None:
-        unknown = [t for t in self.traces if t not in TRACES]
-        if not self.traces or unknown:
-            raise ValueError(f"traces {list(self.traces)} is invalid; expected from {TRACES}")
-        wrong = [t for t in self.targets if t not in TARGETS]
-        if not self.targets or wrong:
-            raise ValueError(f"targets {list(self.targets)} is invalid; expected from {TARGETS}")
-        self.params()  # raises ValueError naming a bad field
-        if self.repeats < 1:
-            raise ValueError(f"repeats {self.repeats} is invalid; expected >= 1")
-        if self.scale is not None and min(self.scale) < 1:
-            raise ValueError(f"scale {self.scale} is invalid; expected three counts >= 1")
-        if self.calibrate_interleaved < 0:
-            raise ValueError(
-                f"calibrate_interleaved {self.calibrate_interleaved} is invalid; expected >= 0"
-            )
-        if self.calibrate_interleaved and self.cost_model is not None:
-            raise ValueError(
-                f"calibrate_interleaved {self.calibrate_interleaved} is invalid with cost_model "
-                f"{self.cost_model}: it interleaves the in-run calibration, which a file replaces"
-            )
-        if self.logs_dir is not None and "single" not in self.targets:
-            raise ValueError(
-                f"logs_dir {self.logs_dir} is invalid; only the single target's real runs keep "
-                f"logs, and targets are {list(self.targets)}"
-            )
-
-    def params(self) -> ScenarioParams:
-        return trace_params(
-            self.trace_requests, self.rate, self.prompt_tokens, self.output_tokens,
-            self.num_adapters,
-        )  # fmt: skip
-
-    def workloads(self) -> list[Workload]:
-        params = self.params()
-        return [generate(name, self.seed, params) for name in self.traces]
-
-
-def sim_config(
-    config: SimBenchConfig,
-    target: str,
-    bytes_per_rank: int,
-    tenants: Mapping[str, TenantSettings],
-) -> dict[str, Any]:
-    """SimConfig fields mirroring the real deployment of ``target``: its settings, the server's
-    defaults where the simulator's differ (context length, KV blocks), and ``tenants`` as the
-    server's engine reads them from the registry (priority classes, quotas)."""
-    s = config.settings
-    return {
-        "replicas": s.replicas if target == "fleet" else 1,
-        "eviction_policy": "cost_aware",
-        "max_loras": s.max_loras,
-        "max_lora_rank": MAX_LORA_RANK,
-        "bytes_per_rank": bytes_per_rank,
-        "cpu_adapter_bytes": s.cpu_adapter_bytes,
-        "max_num_seqs": s.max_num_seqs,
-        "max_model_len": SERVED_DEFAULTS["max_model_len"],
-        "num_kv_blocks": SERVED_DEFAULTS["num_kv_blocks"],
-        "queue_deadline_s": s.request_timeout_s / 2,
-        "timeout_s": s.request_timeout_s,
-        "seed": s.seed,
-        "tenants": dict(tenants),
-    }
-
-
-def registry_tenants(registry: Fleet) -> dict[str, TenantSettings]:
-    """Every tenant's settings as a server on ``registry`` hands them to its engine."""
-    from loraplex.registry import RegistryConfig, open_registry
-    from loraplex.serve.engine_settings import tenant_settings
-
-    where = RegistryConfig(registry.root, registry.database_url, str(registry.store))
-    opened = open_registry(where)
-    try:
-        return tenant_settings(opened)
-    finally:
-        opened.close()
-
-
-def adapter_sizes(
-    model_dir: Path, adapters: list[TraceAdapter]
-) -> tuple[dict[tuple[str, str], int], int]:
-    """Each adapter's bytes as served (float32, rank capped) and the slot bytes per rank."""
-    from loraplex.artifacts.base_model import TARGET_MODULES, BaseModelSpec, lora_bytes
-
-    spec = BaseModelSpec.from_dir(model_dir)
-    sizes = {
-        (a.tenant, a.name): lora_bytes(spec, min(a.rank, MAX_LORA_RANK), BYTES_PER_PARAM, a.targets)
-        for a in adapters
-    }
-    return sizes, lora_bytes(spec, 1, BYTES_PER_PARAM, TARGET_MODULES)
-
-
-def simulated(
-    config: SimBenchConfig, workloads: list[Workload], pricing: Pricing, registry: Fleet
-) -> dict[str, dict[str, Any]]:
-    """target -> trace -> the simulator's metrics, each priced by ``pricing``."""
-    from loraplex.bench.sim.traces import workload_rows
-    from loraplex.sim.call import records, simulate_metrics
-
-    adapters = [a for w in workloads for a in w.adapters]
-    sizes, per_rank = adapter_sizes(registry.model_dir, adapters)
-    tenants = registry_tenants(registry)
-    out: dict[str, dict[str, Any]] = {}
-    for target in config.targets:
-        values = sim_config(config, target, per_rank, tenants)
-        out[target] = {
-            w.name: simulate_metrics(
-                records(workload_rows(w, MAX_LORA_RANK, sizes)), values, pricing(target, w.name)
-            )
-            for w in workloads
-        }
-    return out
 
 
 def prepared(

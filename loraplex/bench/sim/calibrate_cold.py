@@ -18,16 +18,15 @@ from typing import Any
 import httpx
 
 from loraplex.bench.serve.fleet import drop_page_cache
-from loraplex.bench.sim.calibrate_run import (
-    CalibrateConfig,
+from loraplex.bench.sim.calibrate_loads import (
     copy_sizes,
     evict_everywhere,
     into_slots,
-    lone_ttft,
     prefetch,
     stage_totals,
-    target_sets,
 )
+from loraplex.bench.sim.calibrate_prefill import lone_ttft
+from loraplex.bench.sim.calibrate_run import CalibrateConfig, target_sets
 from loraplex.bench.sim.calibrate_target import Target
 
 

@@ -167,7 +167,7 @@ def measure_fleet(
     from loraplex.artifacts.base_model import BaseModelSpec
     from loraplex.bench.fleet.cluster import deployed, fleet_state, local_cluster
     from loraplex.bench.serve.fleet import drop_page_cache, prepare_fleet
-    from loraplex.bench.sim.bench import adapter_sizes
+    from loraplex.bench.sim.simulated import adapter_sizes
     from loraplex.bench.sim.validate import fleet_settings
     from loraplex.demo.assets import generate_demo_assets
     from loraplex.fleet.board import PUSH_INTERVAL_S

@@ -1,6 +1,8 @@
 """``loraplex sim calibrate``'s measurements of a server (``calibrate_target``), fitted by
 ``sim/calibrate.py`` into a validated cost-model file (``calibration.measure`` runs them in
-order, with the cold requests of ``calibrate_cold``).
+order, with the cold requests of ``calibrate_cold``). Here: what a calibration measures
+(``CalibrateConfig``), the pacing of lone requests, the decode mixes and ``front_s``; the prefill
+samples are ``calibrate_prefill.py``'s, the tier links' cold loads ``calibrate_loads.py``'s.
 
 - Decode steps: controlled mixes sent at once (``batch`` requests over ``revisions`` distinct
   adapters, the lowest or the highest ranks of each target set, and with two target sets both
@@ -35,20 +37,16 @@ import random
 import statistics
 import time
 from collections.abc import Sequence
-from dataclasses import dataclass, replace
-from pathlib import Path
+from dataclasses import dataclass
 
 import httpx
 
-from loraplex.bench.serve.driver import DriveConfig, prompt_ids, replay_over_http, send_one
+from loraplex.bench.serve.driver import DriveConfig, prompt_ids, send_one
+from loraplex.bench.sim.calibrate_loads import into_slots
 from loraplex.bench.sim.calibrate_target import ServedAdapter, Target
 from loraplex.bench.workloads import TraceRequest
-from loraplex.sim.calibrate import LoadSample, StepSample
+from loraplex.sim.calibrate import StepSample
 
-L3_STAGES = ("resolve", "fetch", "verify", "commit")
-LINK_STAGES = {"L3_to_L2": L3_STAGES, "L2_to_L1": ("read",), "L1_to_L0": ("copy",)}
-LINK_TIERS = {"L3_to_L2": "L2", "L2_to_L1": "L1", "L1_to_L0": "L0"}
-LINK_SIZE_TIER = {"L3_to_L2": "L2", "L2_to_L1": "L1", "L1_to_L0": "L1"}
 # How the lone warm requests of both calibrations (this one and ``calibrate_fleet``) are paced.
 HOP_GAP_S = 0.25  # idle seconds before each
 HOP_OUTPUT_TOKENS = 8  # tokens each generates
@@ -111,91 +109,6 @@ def drive_config(target: Target, config: CalibrateConfig) -> DriveConfig:
         vocab_size=target.vocab_size,
         seed=config.seed,
     )
-
-
-def prefetch(client: httpx.Client, adapter: ServedAdapter, tier: str) -> None:
-    """Loads ``adapter`` into ``tier`` and waits for it."""
-    body = {"model": adapter.ref, "tier": tier, "wait": True}
-    reply = client.post("/admin/residency/prefetch", json=body)
-    reply.raise_for_status()
-
-
-def stage_totals(client: httpx.Client) -> dict[str, float]:
-    reply = client.get("/admin/residency", params={"top": 0})
-    reply.raise_for_status()
-    stages = reply.json()["stats"]["stages"]
-    return {str(k): float(v["total_s"]) for k, v in stages.items()}
-
-
-def copy_sizes(client: httpx.Client, adapter: ServedAdapter) -> dict[str, int]:
-    """tier -> size_bytes of ``adapter``'s copies."""
-    reply = client.get("/admin/residency")
-    reply.raise_for_status()
-    return {
-        str(e["tier"]): int(e["size_bytes"])
-        for e in reply.json()["entries"]
-        if e["model"] == adapter.ref
-    }
-
-
-def evict_everywhere(client: httpx.Client, adapter: ServedAdapter) -> None:
-    """Drops the adapter's copies (L0, then L1, then L2); a copy that is absent, pinned or in
-    use stays (the load that follows then measures less, which the fit's residuals show)."""
-    for tier in ("L0", "L1", "L2"):
-        client.post("/admin/residency/evict", json={"model": adapter.ref, "tier": tier})
-
-
-def into_slots(
-    client: httpx.Client, adapters: Sequence[ServedAdapter], wanted: Sequence[ServedAdapter]
-) -> None:
-    """Prefetches ``wanted`` into L0 after dropping every other adapter's L0 copy.
-    NOTE: a server holds one tenant to ``default_tenant_tier_share`` of the slots (half by
-    default) and refuses a prefetch its eviction policy finds not worth its victims (503), so
-    the calibration frees the slots itself rather than asking the policy to evict."""
-    for adapter in adapters:
-        if adapter not in wanted:
-            client.post("/admin/residency/evict", json={"model": adapter.ref, "tier": "L0"})
-    for adapter in wanted:
-        prefetch(client, adapter, "L0")
-
-
-def with_sizes(client: httpx.Client, target: Target) -> Target:
-    """``target`` with every adapter's ``size_bytes`` known: a remote server's are read from
-    its L1 copy (loaded for the purpose), the bytes a trace's ``size_bytes`` carries."""
-    adapters = []
-    for adapter in target.adapters:
-        sized = adapter
-        if adapter.size_bytes <= 0:
-            prefetch(client, adapter, "L1")
-            sized = replace(adapter, size_bytes=copy_sizes(client, adapter).get("L1", 0))
-        adapters.append(sized)
-    return replace(target, adapters=tuple(adapters))
-
-
-def load_samples(
-    client: httpx.Client, adapters: Sequence[ServedAdapter], store: Path | None = None
-) -> list[LoadSample]:
-    """One cold load per adapter, tier by tier, timed by the server's stage counters; each
-    adapter is dropped again after its loads, so every load lands in free space (no eviction
-    in the figure, no tier share in the way). With ``store`` (the server's artifact store on
-    this machine) its cached pages are dropped first, so L3 reads come from disk."""
-    from loraplex.bench.serve.fleet import drop_page_cache
-
-    samples: list[LoadSample] = []
-    for adapter in adapters:
-        evict_everywhere(client, adapter)
-        if store is not None:
-            drop_page_cache(store)
-        for link, tier in LINK_TIERS.items():
-            before = stage_totals(client)
-            prefetch(client, adapter, tier)
-            after = stage_totals(client)
-            seconds = sum(after.get(s, 0.0) - before.get(s, 0.0) for s in LINK_STAGES[link])
-            nbytes = copy_sizes(client, adapter).get(LINK_SIZE_TIER[link], 0)
-            if nbytes > 0 and seconds > 0:
-                samples.append(LoadSample(link, nbytes, seconds))
-        evict_everywhere(client, adapter)
-    return samples
 
 
 def target_sets(adapters: Sequence[ServedAdapter]) -> list[list[ServedAdapter]]:
@@ -308,82 +221,3 @@ def front_seconds(client: httpx.Client, target: Target, config: CalibrateConfig)
         client.get("/v1/models", headers={"Authorization": f"Bearer {key}"}).raise_for_status()
         front.append(time.perf_counter() - start)
     return statistics.median(front)
-
-
-def prefill_adapters(target: Target) -> tuple[ServedAdapter, ...]:
-    """The adapters of the prefill samples: each target set's lowest- and highest-rank one."""
-    groups = target_sets(target.adapters)
-    return tuple(dict.fromkeys(a for group in groups for a in (group[0], group[-1])))
-
-
-def prefill_samples(
-    client: httpx.Client, target: Target, config: CalibrateConfig, front_s: float
-) -> tuple[list[StepSample], list[float], list[tuple[StepSample, float]]]:
-    """One hop sample per prefill length and adapter (lowest and highest rank): the median TTFT
-    of lone warm requests less ``front_s``; none where that is not > 0. With them, every lone
-    request's TTFT less its sample's median (the spread the cost model's ``hop_jitter_s``
-    keeps), and every kept sample's lone requests as (sample, TTFT less ``front_s``), whose
-    median beyond the fitted step is the hop (``sim/calibrate.median_hop_s``)."""
-    chosen = prefill_adapters(target)
-    samples, residuals, lone = [], [], []
-    into_slots(client, target.adapters, tuple(chosen))
-    for adapter in chosen:
-        byte_tokens, width = weight_regressors((adapter,))
-        for index, length in enumerate(config.prefill_lengths):
-            seed = config.seed + 7 + 100 * index + adapter.rank
-            ttfts = asyncio.run(_warm_ttfts(target, adapter, config, length, seed))
-            step_s = statistics.median(ttfts) - front_s if ttfts else 0.0
-            residuals += [t - statistics.median(ttfts) for t in ttfts]
-            if step_s > 0:
-                rank_tokens = length * adapter.rank
-                sample = StepSample(
-                    0, length, 1, rank_tokens, step_s, True, length * byte_tokens, width
-                )
-                samples.append(sample)
-                lone += [(sample, t - front_s) for t in ttfts]
-    return samples, residuals, lone
-
-
-async def lone_ttft(
-    target: Target,
-    adapter: ServedAdapter,
-    config: CalibrateConfig,
-    length: int,
-    rng: random.Random,
-    *,
-    tier: str = "L0",
-) -> float | None:
-    """One request of ``length`` prompt tokens and ``max_tokens`` 1 on ``adapter``, alone: its
-    TTFT in seconds (None if it failed); ``tier`` is where the caller put the adapter."""
-    request = TraceRequest(0.0, adapter.tenant, adapter.name, length, 1)
-    record = await send_one(
-        target.url,
-        request,
-        key=target.keys[adapter.tenant],
-        ids=prompt_ids(rng, length, target.vocab_size),
-        arrival=time.monotonic(),
-        tier=tier,
-        config=drive_config(target, config),
-    )
-    return record.ttft_s if record.ok else None
-
-
-def hop_requests(
-    adapter: ServedAdapter, config: CalibrateConfig, length: int
-) -> list[TraceRequest]:
-    """The lone warm requests of one prefill sample, paced (``paced_requests``)."""
-    return paced_requests(
-        adapter.tenant, adapter.name, length, count=config.overhead_requests,
-        gap_s=config.hop_gap_s, output_tokens=config.hop_output_tokens,
-    )  # fmt: skip
-
-
-async def _warm_ttfts(
-    target: Target, adapter: ServedAdapter, config: CalibrateConfig, length: int, seed: int
-) -> list[float]:
-    """The TTFTs of one prefill sample's lone warm requests, replayed as ``bench sim`` replays a
-    trace (its client, its arrival clock, its residency poller)."""
-    drive = replace(drive_config(target, config), seed=seed)
-    requests = hop_requests(adapter, config, length)
-    records, _ = await replay_over_http(target.url, requests, target.keys, target.admin_key, drive)
-    return [r.ttft_s for r in records if r.ok and r.ttft_s is not None]

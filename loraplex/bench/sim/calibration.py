@@ -1,34 +1,24 @@
-"""One calibration: measure a target, fit, and write the cost model with its sources (the command,
-the date and the machine, and how each part was measured and fitted)."""
+"""One calibration: measure a target, then fit (``calibrate_fit.cost_model_from``) and write the
+cost model with its sources (the command, the date and the machine, and how each part was
+measured and fitted)."""
 
 from __future__ import annotations
 
-import datetime
 import json
-import platform
-import statistics
-from dataclasses import asdict, replace
 from pathlib import Path
 from typing import Any
 
 import httpx
 
-from loraplex.bench.harness.machine import machine_record
-from loraplex.bench.sim.calibrate_cold import (
-    LeaseHandoffs,
-    cold_samples,
-    handoff_seconds,
-    lease_handoffs,
-)
+from loraplex.bench.sim.calibrate_cold import cold_samples, lease_handoffs
+from loraplex.bench.sim.calibrate_fit import cost_model_from
+from loraplex.bench.sim.calibrate_loads import load_samples, with_sizes
+from loraplex.bench.sim.calibrate_prefill import prefill_adapters, prefill_samples
 from loraplex.bench.sim.calibrate_run import (
     CalibrateConfig,
     front_seconds,
-    load_samples,
-    prefill_adapters,
-    prefill_samples,
     step_samples,
     weight_regressors,
-    with_sizes,
 )
 from loraplex.bench.sim.calibrate_target import Target
 from loraplex.bench.sim.calibrate_timeline import (
@@ -39,31 +29,8 @@ from loraplex.bench.sim.calibrate_timeline import (
     wait_for_lines,
 )
 from loraplex.bench.sim.host_probe import host_probe
-from loraplex.sim.calibrate import (
-    Fit,
-    calibrated_model,
-    fit_link,
-    fit_step,
-    jitter_quantiles,
-)
-from loraplex.sim.cost_model import LINKS, CostModel
-from loraplex.sim.host_speed import HostProbe
-
-SHARED_CPU = (
-    "the target's: a CPU-only server (the --self demo server, torch_threads 1) runs its "
-    "loader and its engine on the same core, so loads delay steps"
-)
-
-
-def _cpu(cpu: object) -> str:
-    if isinstance(cpu, dict):
-        return f"{cpu.get('model', 'unknown CPU')} ({' '.join(cpu.get('isa', []))})"
-    return str(cpu)
-
-
-def _fit_text(fit: Fit, samples: int) -> str:
-    r2 = "undefined" if fit.r_squared is None else f"{fit.r_squared:.4f}"
-    return f"{samples} samples, R^2 {r2}, largest residual {fit.max_rel_residual:.1%}"
+from loraplex.sim.calibrate import fit_step
+from loraplex.sim.cost_model import CostModel
 
 
 def measure(target: Target, config: CalibrateConfig) -> dict[str, Any]:
@@ -121,62 +88,6 @@ def _timings(
     return prefill_timings(lines, groups, config.hop_output_tokens)
 
 
-def _step_text(measured: dict[str, Any], config: CalibrateConfig, decodes: int, shapes: str) -> str:
-    """How the step line was measured and fitted (its ``sources`` entry, less the fit's figures)."""
-    lengths = list(config.prefill_lengths)
-    prefills = len(measured["steps"]) - decodes
-    head = f"median TPOT of {decodes} controlled decode mixes and "
-    tail = f" over adapters of {shapes}, "
-    if measured["step_fit"].ipc_s is None:
-        requests = sum(len(t.steps_s) for t in measured["timings"])
-        return (
-            head + "the median first engine step (the request log's scheduled_s to "
-            f"first_step_end_s) of lone warm requests at prompt lengths {lengths} ({prefills} "
-            f"samples of {requests} requests; bench/sim/calibrate_timeline.py)"
-            + tail
-            + "fitted by non-negative least squares with a per-prefill-step term "
-            "(per_prefill_step_s): "
-        )
-    return (
-        head + f"median TTFT less front_s of lone warm requests at prompt lengths {lengths} "
-        f"({prefills} samples; bench/sim/calibrate_run.py)"
-        + tail
-        + "fitted together with ipc_s by non-negative least squares: "
-    )
-
-
-def _shapes(target: Target) -> str:
-    """The measured adapters' shapes, e.g. ``ranks [8, 64] x 2 target sets (bytes per rank)``."""
-    ranks = sorted({a.rank for a in target.adapters})
-    widths = {a.size_bytes / a.rank for a in target.adapters if a.size_bytes > 0}
-    return f"ranks {ranks} x {len(widths)} target sets (bytes per rank)"
-
-
-def _lease_handoffs(found: LeaseHandoffs | None) -> tuple[dict[str, float], str]:
-    """``lease_handoff_s`` and its source text; L2, when no lone request waited for a load from
-    it, takes L1's value (the path L2 -> L1 -> L0 ends in the same copy and hand-off)."""
-    if found is None:
-        return {}, (
-            "not measured: no engine timelines (a remote server's request log is not read, or "
-            "no lone request waited for a load); the TTFT-based hand-offs are on the links"
-        )
-    seconds = dict(found.seconds)
-    parts = [
-        f"{tier} {seconds[tier] * 1000:.2f} ms ({found.counts[tier]} requests)" for tier in seconds
-    ]
-    if "L2" not in seconds and "L1" in seconds:
-        seconds["L2"] = seconds["L1"]
-        parts.append("L2 not measured (no lone request found its adapter in L2 alone): L1's value")
-    text = (
-        "the engine's timelines of the calibration's lone requests (the server's request log): "
-        "per tier a lease waited for a load from, the median of the plan of the request's first "
-        "step less its load's stage seconds less the median plan of "
-        f"{found.at_once} lone requests leased at once ({found.at_once_plan_s * 1000:.2f} ms; "
-        "bench/sim/calibrate_cold.lease_handoffs): " + ", ".join(parts)
-    )
-    return seconds, text
-
-
 def calibrate(
     target: Target,
     config: CalibrateConfig,
@@ -192,144 +103,3 @@ def calibrate(
     return cost_model_from(
         target, config, measured, probes=probes, hardware=hardware, command=command
     )
-
-
-def cost_model_from(
-    target: Target,
-    config: CalibrateConfig,
-    measured: dict[str, Any],
-    *,
-    probes: list[HostProbe],
-    hardware: str,
-    command: str,
-) -> tuple[CostModel, dict[str, Any]]:
-    """``calibrate``'s fit of ``measured`` (``measure``'s, or several passes' merged by
-    ``interleaved.merged``) with the host ``probes`` timed around it: the cost model and report."""
-    load_cpu_shared = target.load_cpu_shared
-    probe = HostProbe(
-        statistics.mean(p.matmul_s for p in probes), statistics.mean(p.loop_s for p in probes)
-    )
-    loads, steps, fitted = measured["loads"], measured["steps"], measured["step_fit"]
-    decodes = sum(1 for s in steps if not s.prefill_tokens)
-    machine = machine_record()
-    when = datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds")
-    sources = {
-        "command": command,
-        "date": when,
-        "machine": f"{_cpu(machine['cpu'])}, {machine['cores']} cores, load "
-        f"{machine['load_1m']} at the end, host {platform.node() or 'unknown'}",
-        "step": _step_text(measured, config, decodes, _shapes(target))
-        + _fit_text(fitted.fit, len(steps)),
-        "front_s": "median latency of an authenticated GET /v1/models",
-        "ipc_s": (
-            f"the median over {len(measured['lone'])} lone warm requests of their TTFT less "
-            "front_s less the fitted step's price of their prompt and adapter "
-            "(sim/calibrate.median_hop_s; "
-            + (
-                "the prefill samples are engine-timed steps, which hold no hop)"
-                if fitted.ipc_s is None
-                else "the fit's own hop term moves whole when a few samples are disturbed)"
-            )
-            if measured["lone"]
-            else "fitted with the step: the hop term of the lone requests' TTFT less front_s"
-        ),
-        "network_s": "not measured: one server, no ingress-to-replica hop (0)",
-        "load_cpu_shared": SHARED_CPU if load_cpu_shared else "not shared (the target's)",
-        "host_probe": (
-            "bench/sim/host_probe.py timed in the calibrating process before and after the "
-            "measurements (sums "
-            + ", ".join(f"{p.total_s:.4f}" for p in probes)
-            + " s); their mean per part"
-        ),
-    }
-    for link in LINKS:
-        mine = [s for s in loads if s.link == link]
-        fit_text = (
-            _fit_text(fit_link(mine)[1], len(mine)) if len({s.nbytes for s in mine}) > 1 else ""
-        )
-        dropped = ", the store's cached pages dropped before each" if target.store else ""
-        sources[f"links.{link}"] = (
-            f"cold loads timed by the server's stage counters{dropped}; {fit_text}"
-        )
-    stores = [s for s in measured["cold"] if s.tier == "L3"]
-    copies = [s for s in measured["cold"] if s.tier == "L1"]
-    copy_handoff_s = handoff_seconds(copies)
-    store_handoff_s = handoff_seconds(stores)
-    handoff_s = max(0.0, store_handoff_s - copy_handoff_s)  # L3's path passes L1 -> L0 too
-    ttft_based = (
-        f"{copy_handoff_s * 1000:.2f} ms, the median over {len(copies)} lone requests, the "
-        "adapter only in L1, of their TTFT less the same adapter's warm TTFT and the copy's stage "
-        "seconds (hand-offs no stage counter holds; bench/sim/calibrate_cold.py)",
-        f"{handoff_s * 1000:.2f} ms: the median over {len(stores)} lone cold requests (the "
-        "adapter only in L3) of their TTFT less the same adapter's warm TTFT and the load's stage "
-        f"seconds, {store_handoff_s * 1000:.2f} ms, less the L1 -> L0 link's hand-off (floored "
-        "at 0; bench/sim/calibrate_cold.py)",
-    )
-    lease_found = measured.get("handoffs")  # None: no engine timelines
-    lease_handoff_s, timeline_text = _lease_handoffs(lease_found)
-    sources["lease_handoff_s"] = timeline_text
-    if lease_handoff_s:  # the engine's timelines replace the TTFT-based figures (same wait)
-        copy_handoff_s = handoff_s = 0.0
-        sources["links.L1_to_L0"] += (
-            "; the TTFT-based hand-off, "
-            + ttft_based[0]
-            + (", is not added: lease_handoff_s charges that wait")
-        )
-        sources["links.L3_to_L2"] += (
-            "; the TTFT-based hand-off, "
-            + ttft_based[1]
-            + (", is not added: lease_handoff_s charges that wait")
-        )
-    else:
-        sources["links.L1_to_L0"] += "; fixed_s includes " + ttft_based[0]
-        sources["links.L3_to_L2"] += "; fixed_s includes " + ttft_based[1]
-    residuals = measured["residuals"]
-    jitter = jitter_quantiles(residuals) if len(residuals) >= 2 else ()
-    sources["hop_jitter_s"] = (
-        f"quantiles (every 5 %) of {len(residuals)} lone warm requests' TTFT less the median of "
-        "their prompt length and adapter (the prefill samples above); one drawn per request"
-        if jitter
-        else "not measured (fewer than two lone warm requests): every hop the same"
-    )
-    overheads = {"front_s": measured["front_s"], "network_s": 0.0}
-    model = calibrated_model(
-        hardware,
-        steps,
-        loads,
-        overheads,
-        sources,
-        load_cpu_shared=load_cpu_shared,
-        load_handoff_s=handoff_s,
-        copy_handoff_s=copy_handoff_s,
-        hop_jitter_s=jitter,
-        lease_handoff_s=lease_handoff_s,
-        lone_hops=measured["lone"],
-    )
-    model = replace(model, host_probe=probe)
-    report = {
-        "hardware": hardware,
-        "step_samples": [asdict(s) for s in steps],
-        # the lone requests' TTFT-based samples, also when the fit took engine-timed ones
-        # (so the older fit can be redone from the same run), and the engine's timings
-        "ttft_prefill_samples": [asdict(s) for s in measured["ttft_prefills"]],
-        "prefill_timeline": [
-            {
-                "adapter": t.adapter.ref,
-                "rank": t.adapter.rank,
-                "prompt_tokens": t.prompt_tokens,
-                "steps_s": list(t.steps_s),
-                "sample": asdict(sample),
-            }
-            for t, sample in zip(measured["timings"], measured["timed"], strict=True)
-        ],
-        "load_samples": [asdict(s) for s in loads],
-        "cold_samples": [{**asdict(s), "handoff_s": s.handoff_s} for s in measured["cold"]],
-        "overheads": {**overheads, "ipc_s": model.ipc_s},
-        "hop_residuals_s": residuals,
-        "lone_ttfts_s": [[asdict(sample), ttft_s] for sample, ttft_s in measured["lone"]],
-        "lease_handoffs": None if lease_found is None else asdict(lease_found),
-        "machine": machine,
-        "host_probes": [asdict(p) for p in probes],
-        "target": target.url,
-    }
-    return model, report

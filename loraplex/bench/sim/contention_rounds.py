@@ -178,7 +178,8 @@ def simulated_rounds(
     """The fleet ``bench sim`` simulates (``replicas``) and what a contention round sends, for
     the fit by simulation (``contention_fit``): ``wanted`` adapters placed in the simulator by
     the rule the real fleet's were (``place``), each candidate warmed after the kept ones."""
-    from loraplex.bench.sim.bench import SimBenchConfig, adapter_sizes, sim_config
+    from loraplex.bench.sim.config import SimBenchConfig
+    from loraplex.bench.sim.simulated import adapter_sizes, sim_config
     from loraplex.bench.sim.validate import RealSettings
     from loraplex.demo.assets import generate_demo_assets
 

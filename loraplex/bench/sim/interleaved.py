@@ -133,7 +133,7 @@ class InterleavedCalibration:
 
     def model_of(self, indices: Sequence[int]) -> tuple[CostModel, dict[str, Any]]:
         """The cost model and report fitted on the merged samples of passes ``indices``."""
-        from loraplex.bench.sim.calibration import cost_model_from
+        from loraplex.bench.sim.calibrate_fit import cost_model_from
 
         chosen = [self.passes[i] for i in indices]
         measured = merged([p.measured for p in chosen])

@@ -113,7 +113,7 @@ def run_order(pairs: int, repeats: int) -> list[tuple[int, int]]:
 def export_traces(trace_set: TraceSet, model_dir: Path, directory: Path) -> dict[str, Any]:
     """Each trace as ``<directory>/<name>.jsonl`` (rows with rank and bytes as served) and the
     slot bytes per rank to give ``loraplex plan --bytes-per-rank``."""
-    from loraplex.bench.sim.bench import adapter_sizes
+    from loraplex.bench.sim.simulated import adapter_sizes
     from loraplex.bench.sim.traces import workload_rows
 
     directory.mkdir(parents=True, exist_ok=True)

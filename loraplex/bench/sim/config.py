@@ -1,0 +1,76 @@
+"""What one ``loraplex bench sim`` invocation runs (``bench.py``): the traces, the targets, the
+real deployment's settings, the cost model's source and the scale run."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from loraplex.bench.sim.validate import RealSettings
+from loraplex.bench.workloads import ScenarioParams, Workload, generate, trace_params
+
+TRACES = ("zipf-longtail", "hot-burst", "cold-storm")
+TARGETS = ("single", "fleet")
+SCALE = (1_000_000, 10_000, 64)  # requests, adapters, replicas (issue 30)
+
+
+@dataclass(frozen=True)
+class SimBenchConfig:
+    """What one ``bench sim`` invocation runs."""
+
+    traces: tuple[str, ...] = TRACES  # validated traces
+    targets: tuple[str, ...] = TARGETS  # single server, fleet
+    trace_requests: int = 96  # mean requests per trace
+    repeats: int = 1  # real runs of each (target, trace); compared by their median
+    rate: float = 2.0  # mean requests per second
+    num_adapters: int = 32  # zipf-longtail's population, cold-storm's storm pool
+    prompt_tokens: int = 16  # per request
+    output_tokens: int = 8  # per request
+    settings: RealSettings = field(default_factory=RealSettings)  # both sides' deployment
+    cost_model: Path | None = None  # None: calibrate a fresh demo server first
+    scale: tuple[int, int, int] | None = SCALE  # (requests, adapters, replicas); None: skip
+    seed: int = 0  # workloads, prompts, router
+    asset_dir: Path = Path(".loraplex-assets")  # the demo base model is <dir>/test-small
+    # where each real single-server run keeps its server's request log and the client's
+    # records (``validate.RunLogs``); None: kept nowhere
+    logs_dir: Path | None = None
+    # K > 0: the in-run calibration as short passes of 1/K of its samples, one before each real
+    # run and one after the last (``interleaved.py``); 0: one calibration before the runs
+    calibrate_interleaved: int = 0
+
+    def __post_init__(self) -> None:
+        unknown = [t for t in self.traces if t not in TRACES]
+        if not self.traces or unknown:
+            raise ValueError(f"traces {list(self.traces)} is invalid; expected from {TRACES}")
+        wrong = [t for t in self.targets if t not in TARGETS]
+        if not self.targets or wrong:
+            raise ValueError(f"targets {list(self.targets)} is invalid; expected from {TARGETS}")
+        self.params()  # raises ValueError naming a bad field
+        if self.repeats < 1:
+            raise ValueError(f"repeats {self.repeats} is invalid; expected >= 1")
+        if self.scale is not None and min(self.scale) < 1:
+            raise ValueError(f"scale {self.scale} is invalid; expected three counts >= 1")
+        if self.calibrate_interleaved < 0:
+            raise ValueError(
+                f"calibrate_interleaved {self.calibrate_interleaved} is invalid; expected >= 0"
+            )
+        if self.calibrate_interleaved and self.cost_model is not None:
+            raise ValueError(
+                f"calibrate_interleaved {self.calibrate_interleaved} is invalid with cost_model "
+                f"{self.cost_model}: it interleaves the in-run calibration, which a file replaces"
+            )
+        if self.logs_dir is not None and "single" not in self.targets:
+            raise ValueError(
+                f"logs_dir {self.logs_dir} is invalid; only the single target's real runs keep "
+                f"logs, and targets are {list(self.targets)}"
+            )
+
+    def params(self) -> ScenarioParams:
+        return trace_params(
+            self.trace_requests, self.rate, self.prompt_tokens, self.output_tokens,
+            self.num_adapters,
+        )  # fmt: skip
+
+    def workloads(self) -> list[Workload]:
+        params = self.params()
+        return [generate(name, self.seed, params) for name in self.traces]

@@ -1,0 +1,98 @@
+"""``bench sim``'s simulated side: the traces of a run through ``simulate`` with a config
+mirroring the real deployment (its settings, the server's defaults where the simulator's
+differ, the registry's tenants, each adapter's bytes as served)."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import fields
+from pathlib import Path
+from typing import Any
+
+from loraplex.bench.serve.fleet import Fleet
+from loraplex.bench.sim.config import SimBenchConfig
+from loraplex.bench.sim.interleaved import Pricing
+from loraplex.bench.sim.validate import MAX_LORA_RANK
+from loraplex.bench.workloads import TraceAdapter, Workload
+from loraplex.engine.tenant_shares import TenantSettings
+from loraplex.serve.config import ServeConfig
+
+BYTES_PER_PARAM = 4  # the demo server serves float32
+# The server's defaults the real runs keep and the simulator's own defaults differ from.
+SERVED_DEFAULTS = {f.name: f.default for f in fields(ServeConfig)}
+
+
+def sim_config(
+    config: SimBenchConfig,
+    target: str,
+    bytes_per_rank: int,
+    tenants: Mapping[str, TenantSettings],
+) -> dict[str, Any]:
+    """SimConfig fields mirroring the real deployment of ``target``: its settings, the server's
+    defaults where the simulator's differ (context length, KV blocks), and ``tenants`` as the
+    server's engine reads them from the registry (priority classes, quotas)."""
+    s = config.settings
+    return {
+        "replicas": s.replicas if target == "fleet" else 1,
+        "eviction_policy": "cost_aware",
+        "max_loras": s.max_loras,
+        "max_lora_rank": MAX_LORA_RANK,
+        "bytes_per_rank": bytes_per_rank,
+        "cpu_adapter_bytes": s.cpu_adapter_bytes,
+        "max_num_seqs": s.max_num_seqs,
+        "max_model_len": SERVED_DEFAULTS["max_model_len"],
+        "num_kv_blocks": SERVED_DEFAULTS["num_kv_blocks"],
+        "queue_deadline_s": s.request_timeout_s / 2,
+        "timeout_s": s.request_timeout_s,
+        "seed": s.seed,
+        "tenants": dict(tenants),
+    }
+
+
+def registry_tenants(registry: Fleet) -> dict[str, TenantSettings]:
+    """Every tenant's settings as a server on ``registry`` hands them to its engine."""
+    from loraplex.registry import RegistryConfig, open_registry
+    from loraplex.serve.engine_settings import tenant_settings
+
+    where = RegistryConfig(registry.root, registry.database_url, str(registry.store))
+    opened = open_registry(where)
+    try:
+        return tenant_settings(opened)
+    finally:
+        opened.close()
+
+
+def adapter_sizes(
+    model_dir: Path, adapters: list[TraceAdapter]
+) -> tuple[dict[tuple[str, str], int], int]:
+    """Each adapter's bytes as served (float32, rank capped) and the slot bytes per rank."""
+    from loraplex.artifacts.base_model import TARGET_MODULES, BaseModelSpec, lora_bytes
+
+    spec = BaseModelSpec.from_dir(model_dir)
+    sizes = {
+        (a.tenant, a.name): lora_bytes(spec, min(a.rank, MAX_LORA_RANK), BYTES_PER_PARAM, a.targets)
+        for a in adapters
+    }
+    return sizes, lora_bytes(spec, 1, BYTES_PER_PARAM, TARGET_MODULES)
+
+
+def simulated(
+    config: SimBenchConfig, workloads: list[Workload], pricing: Pricing, registry: Fleet
+) -> dict[str, dict[str, Any]]:
+    """target -> trace -> the simulator's metrics, each priced by ``pricing``."""
+    from loraplex.bench.sim.traces import workload_rows
+    from loraplex.sim.call import records, simulate_metrics
+
+    adapters = [a for w in workloads for a in w.adapters]
+    sizes, per_rank = adapter_sizes(registry.model_dir, adapters)
+    tenants = registry_tenants(registry)
+    out: dict[str, dict[str, Any]] = {}
+    for target in config.targets:
+        values = sim_config(config, target, per_rank, tenants)
+        out[target] = {
+            w.name: simulate_metrics(
+                records(workload_rows(w, MAX_LORA_RANK, sizes)), values, pricing(target, w.name)
+            )
+            for w in workloads
+        }
+    return out
