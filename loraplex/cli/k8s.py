@@ -60,12 +60,12 @@ def render_command(
     ] = False,
     ray_version: Annotated[str, Opt(help="Ray release in the image.")] = DEFAULT_RAY_VERSION,
     head_cpu: Annotated[
-        str | None, Opt(help=f"Ray head pod's CPU request (--ray) [default: {DEFAULT_HEAD_CPU}]")
+        str | None, Opt(help=f"Ray head pod's CPU request (--ray) (default: {DEFAULT_HEAD_CPU})")
     ] = None,
     head_memory: Annotated[
         str | None,
         Opt(
-            help=f"Ray head pod's memory request and limit (--ray) [default: {DEFAULT_HEAD_MEMORY}]"
+            help=f"Ray head pod's memory request and limit (--ray) (default: {DEFAULT_HEAD_MEMORY})"
         ),
     ] = None,
     serve_config: Annotated[

@@ -153,9 +153,13 @@ def test_probes_hit_the_servers_real_paths_on_the_public_port() -> None:
     found = docs(SPECS["full"])
     replica = container(one(found, "Deployment", "replica"))
     # Only the route table is read: the app needs no real dependencies for it (the live page's
-    # history is built with the app, from the metrics' traffic tally and the history config).
+    # history is built with the app, from the metrics' traffic tally and the history config;
+    # /ready's shared ping is built from the registry's ping).
     history = HistoryConfig()
-    deps = SimpleNamespace(fleet=object(), metrics=SimpleNamespace(traffic=None), history=history)
+    registry = SimpleNamespace(ping=lambda: None)
+    deps = SimpleNamespace(
+        fleet=object(), metrics=SimpleNamespace(traffic=None), history=history, registry=registry
+    )
     routes = {getattr(route, "path", None) for route in create_app(deps).routes}  # type: ignore[arg-type]
     live, ready = replica["livenessProbe"]["httpGet"], replica["readinessProbe"]["httpGet"]
     assert (live["path"], ready["path"]) == ("/health", "/ready")
