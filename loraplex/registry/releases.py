@@ -64,6 +64,8 @@ def set_release(
     with db.transaction() as tx:
         current = require_revision(tx, tenant, name, revision)
         new_state = current.state if state is None else state
+        if new_state is RevisionState.DEPRECATED and current.state is not new_state:
+            _require_no_candidate(tx, current)
         new_policy = current.warm_policy if warm_policy is None else warm_policy
         rows.set_revision_release(tx, current, new_state, new_policy)
         details: dict[str, object] = {
@@ -158,6 +160,19 @@ def _require_no_release(tx: Tx, tenant: str, name: str) -> None:
         raise RegistryError(
             f"alias {tenant}/{name} is being released by {release_id}; finish, roll back or "
             "abort that release before moving the alias by hand"
+        )
+
+
+def _require_no_candidate(tx: Tx, revision: Revision) -> None:
+    """A live release's candidate stays servable: resolution skips a deprecated candidate, so its
+    callers would go back to stable unseen while the release stays in canary (docs/releases.md)."""
+    release = release_rows.active_release_of_candidate(
+        tx, revision.tenant, revision.name, revision.revision
+    )
+    if release is not None:
+        raise RegistryError(
+            f"revision {revision.ref} is the candidate of release {release}; roll back or "
+            "abort that release before deprecating it"
         )
 
 
