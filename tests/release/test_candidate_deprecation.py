@@ -1,9 +1,10 @@
-"""Deprecating the candidate of a live release (docs/releases.md "A release's revisions").
+"""Deprecating a revision of a live release (docs/releases.md "A release's revisions").
 
 Before the fix the registry took it: resolution skips a deprecated candidate, so the callers drawn
 onto it went back to stable without a word while the release stayed in ``canary``, its controller
-judging a candidate nobody was sent to. Now the registry refuses it, naming the release, as it
-refuses moving an alias a release owns; once the release is over the deprecation goes through.
+judging a candidate nobody was sent to; a deprecated baseline left every caller outside the
+canary a 404. Now the registry refuses both, naming the release, as it refuses moving an alias a
+release owns; once the release is over the deprecation goes through.
 """
 
 from __future__ import annotations
@@ -12,6 +13,7 @@ import pytest
 from conftest import FakeEnv
 from test_controller import PLAN, _served, _to_canary
 
+from loraplex.artifacts.warm_policy import WarmPolicy
 from loraplex.clock import ManualClock
 from loraplex.errors import RegistryError
 from loraplex.registry import Registry, RevisionState
@@ -35,6 +37,9 @@ def test_deprecating_a_canary_candidate_is_refused_naming_the_release(
     with pytest.raises(RegistryError, match=release.release_id) as refused:
         registry.set_release("acme/bot@v2", "ops", RevisionState.DEPRECATED)
     assert "canary" in str(refused.value) and "acme/bot@v2" in str(refused.value)
+    # the baseline too: deprecated, it left every caller outside the canary a 404 (181 of 200)
+    with pytest.raises(RegistryError, match=release.release_id):
+        registry.set_release("acme/bot@v1", "ops", RevisionState.DEPRECATED)
     # nothing changed: the candidate keeps its state and its callers, the release its state
     assert _state(registry, "v2") is not RevisionState.DEPRECATED
     assert _served(registry) == {"v1", "v2"}
@@ -42,6 +47,8 @@ def test_deprecating_a_canary_candidate_is_refused_naming_the_release(
     assert store.latest_release("acme", "bot").state is S.CANARY
     assert len(registry.audit_log()) == audited
     # its warm policy, and every other revision, may still change
+    warmed = registry.set_release("acme/bot@v2", "ops", warm_policy=WarmPolicy.CPU)
+    assert warmed.warm_policy is WarmPolicy.CPU and warmed.state is not RevisionState.DEPRECATED
     registry.set_release("acme/bot@v3", "ops", RevisionState.DEPRECATED)
     assert _state(registry, "v3") is RevisionState.DEPRECATED
 
