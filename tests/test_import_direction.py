@@ -70,7 +70,8 @@ ALLOWED: dict[str, set[str]] = {
         "router",  # the fleet view /admin/fleet shows (``router/fleet_state.py``)
     },
     "serve": _BELOW_BENCH - {"serve"},
-    "deploy": {"serve"},
+    # ``fleet.settings`` (torch- and Ray-free) checks a RayService's [fleet] keys at render time
+    "deploy": {"serve", "fleet"},
     "fleet": _BELOW_BENCH,
     # The simulator drives the real torch-free decision code (scheduler, residency, router).
     "sim": {"engine", "residency", "router", "release", "artifacts"},

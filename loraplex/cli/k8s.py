@@ -70,7 +70,10 @@ def render_command(
     ] = None,
     serve_config: Annotated[
         Path | None,
-        Opt(help="TOML file: its 'serve' table (a ConfigMap; --ray: the builder's args)."),
+        Opt(
+            help="TOML file: its 'serve' table (a ConfigMap; --ray: the builder's args) and, "
+            "with --ray, its 'fleet' table (as fleet up --config)."
+        ),
     ] = None,
     out: Annotated[
         Path | None, Opt(help="Directory for one YAML file per part (default: stdout)")
@@ -116,16 +119,19 @@ def render_command(
 
 
 def _spec(*, serve_config_path: Path | None, **values: Any) -> K8sSpec:
+    """The file's ``[serve]`` and ``[fleet]`` tables, as ``fleet up --config`` reads them."""
+    from loraplex.cli.fleet import fleet_file_values
     from loraplex.serve.config import read_config_file
 
-    serve_values = {}
+    serve_values, fleet_values = {}, {}
     if serve_config_path is not None:
         try:
-            serve_values = read_config_file(serve_config_path)
+            serve_values = read_config_file(serve_config_path, ("fleet",))
+            fleet_values = fleet_file_values(serve_config_path)
         except ValueError as exc:
             raise typer.BadParameter(str(exc), param_hint="--serve-config") from exc
     try:
-        return K8sSpec(serve_config=serve_values, **values)
+        return K8sSpec(serve_config=serve_values, fleet_config=fleet_values, **values)
     except SpecError as exc:
         flag = "--" + exc.field.replace("_", "-")
         raise typer.BadParameter(str(exc), param_hint=flag) from exc

@@ -60,7 +60,9 @@ def serve_application_args(spec: K8sSpec) -> dict[str, Any]:
     """What the builder receives; credentials stay in the pods' environment. The ingress listens
     on every interface of the head pod: the API on its ``serve`` port, ``/admin`` and
     ``/metrics`` on its ``admin`` port (as ``serve --admin-port`` in the Deployment path).
-    ``--serve-config``'s keys come first (checked by the spec; none is one set here).
+    ``--serve-config``'s keys come first (checked by the spec; none is one set here), its
+    ``[fleet]`` keys in the ``fleet`` mapping, with the engine count and resource (``policy`` is
+    a key of both: the builder reads the two apart as ``fleet up`` reads the file's two tables).
     ``demo`` is off, as ``--no-demo`` in the Deployment path: the builder would otherwise register
     the demo tenants in the shared registry and issue them keys nobody is shown."""
     args: dict[str, Any] = dict(spec.serve_config) | {
@@ -68,11 +70,11 @@ def serve_application_args(spec: K8sSpec) -> dict[str, Any]:
         "host": "0.0.0.0",
         "port": spec.port,
         "admin_port": spec.admin_port,
-        "replicas": spec.replicas,
         "max_loras": spec.max_loras,
         "store": spec.store,
         "device": "cuda" if spec.gpu else "cpu",
-        "engine_resource": ENGINE_RESOURCE,
+        "fleet": dict(spec.fleet_config)
+        | {"replicas": spec.replicas, "engine_resource": ENGINE_RESOURCE},
     }
     if spec.s3_endpoint is not None:
         args["s3_endpoint"] = spec.s3_endpoint

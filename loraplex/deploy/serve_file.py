@@ -49,8 +49,9 @@ class ServeFileError(ValueError):
         self.key = key
 
 
-def check_serve_values(values: Mapping[str, Any], max_loras: int) -> None:
-    """Refuses reserved keys, then builds the ``ServeConfig`` a replica would build."""
+def check_serve_values(values: Mapping[str, Any], max_loras: int) -> ServeConfig:
+    """Refuses reserved keys, then builds (and returns) the ``ServeConfig`` a replica would
+    build."""
     reserved = sorted(set(values) & RESERVED_SERVE_KEYS)
     if reserved:
         raise ServeFileError(
@@ -71,7 +72,7 @@ def check_serve_values(values: Mapping[str, Any], max_loras: int) -> None:
         if not isinstance(value, bool | int | float | str):
             raise ServeFileError(key, f"serve config key {key!r} is invalid; expected a scalar")
     try:
-        ServeConfig(data_dir=Path(POD_DATA_DIR), max_loras=max_loras, **values)
+        return ServeConfig(data_dir=Path(POD_DATA_DIR), max_loras=max_loras, **values)
     except (TypeError, ValueError) as exc:
         raise ServeFileError("serve_config", f"serve config: {exc}") from exc
 

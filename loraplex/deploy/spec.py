@@ -1,9 +1,11 @@
 """What ``loraplex k8s render`` renders: one frozen, validated record.
 
 Torch-free. Every field is one flag of the command (``field`` -> ``--field``, ``_`` as ``-``), so a
-``SpecError`` names the flag by naming its field. Values are checked here, before anything is
-rendered, against what Kubernetes would refuse later (names, ports, quantities) and against what
-would deploy but not work (a registry or store that the replicas cannot share, a secret inline).
+``SpecError`` names the flag by naming its field (``fleet_config``, the ``[fleet]`` table of the
+``--serve-config`` file, is reported as ``serve_config``). Values are checked here, before
+anything is rendered, against what Kubernetes would refuse later (names, ports, quantities) and
+against what would deploy but not work (a registry or store that the replicas cannot share, a
+secret inline).
 """
 
 from __future__ import annotations
@@ -14,6 +16,7 @@ from dataclasses import dataclass, field
 from typing import Any
 from urllib.parse import parse_qs, urlsplit
 
+from loraplex.deploy.fleet_file import check_fleet_values
 from loraplex.deploy.serve_file import ServeFileError, check_serve_values
 from loraplex.serve.config.keys import NOT_IN_FLEET
 
@@ -76,6 +79,9 @@ class K8sSpec:
     # ``loraplex serve`` TOML keys (a [serve] table read with serve.config), rendered into a
     # ConfigMap; the keys this command sets itself are refused (RESERVED_SERVE_KEYS)
     serve_config: Mapping[str, Any] = field(default_factory=dict)
+    # the same file's [fleet] table (``fleet up --config``'s): the fleet's own keys, into the
+    # RayService builder's args; ray only (the Deployment path runs no fleet)
+    fleet_config: Mapping[str, Any] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         self._check_names()
@@ -98,8 +104,12 @@ class K8sSpec:
             raise SpecError(
                 "ray_version", f"ray_version {self.ray_version!r} is invalid; expected X.Y.Z"
             )
+        self._check_config_file()
+
+    def _check_config_file(self) -> None:
+        """``--serve-config``'s tables; a SpecError for either names that flag."""
         try:
-            check_serve_values(self.serve_config, self.max_loras)
+            serve = check_serve_values(self.serve_config, self.max_loras)
         except ServeFileError as exc:
             raise SpecError("serve_config", str(exc)) from exc
         unread = sorted(set(self.serve_config) & set(NOT_IN_FLEET)) if self.ray else []
@@ -108,6 +118,18 @@ class K8sSpec:
                 "serve_config",
                 f"serve config key {unread[0]!r} is not used by a fleet (ray); remove it",
             )
+        if not self.ray:
+            if self.fleet_config:
+                raise SpecError(
+                    "serve_config",
+                    f"[fleet] keys {sorted(self.fleet_config)} are used only with ray (the "
+                    "Deployment path runs no fleet); remove them",
+                )
+            return
+        try:
+            check_fleet_values(self.fleet_config, serve)
+        except ServeFileError as exc:
+            raise SpecError("serve_config", str(exc)) from exc
 
     @property
     def secret_name(self) -> str:

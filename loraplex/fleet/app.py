@@ -2,9 +2,12 @@
 ``serve run`` of a Serve config file that names it and a KubeRay ``RayService`` (``loraplex k8s
 render --ray``), where the Serve controller calls it.
 
-``args`` holds the fleet's keys (``settings.FLEET_KEYS``: ``replicas``, ``policy``, ``seed``,
-``report_period_s``, ``stale_after_s``, ``router``, ``topology``) and any ``serve`` configuration
-key (``max_loras``, ``store``, ``model``, ...); the environment gives what ``loraplex serve``
+``args`` holds any ``serve`` configuration key (``max_loras``, ``store``, ``model``, ...) and the
+fleet's keys (``settings.FLEET_KEYS``: ``replicas``, ``policy``, ``seed``, ``report_period_s``,
+``stale_after_s``, ``router``, ``topology``, ``engine_resource``): either in a ``fleet`` mapping,
+as ``fleet up --config``'s ``[fleet]`` table (then ``policy`` beside it is serve's eviction
+policy; ``k8s render --ray`` renders this form), or flat beside serve's (``policy`` is then the
+routing policy and serve's cannot be set); the environment gives what ``loraplex serve``
 reads from it (``LORAPLEX_DATA_DIR``, ``LORAPLEX_DATABASE_URL``, ``LORAPLEX_STORE``,
 ``LORAPLEX_S3_ENDPOINT``, ``LORAPLEX_ADMIN_KEY``, ``LORAPLEX_SHARED_STATE_URL``), so
 credentials stay in the pods' environment.
@@ -45,7 +48,10 @@ def settings_from_args(args: Mapping[str, Any], environ: Mapping[str, str]) -> F
     """The fleet's settings from ``args`` over the environment over the defaults (prepares the
     model, the demo registration and the admin key, as ``fleet up`` does)."""
     values = dict(args)
-    fleet = {name: values.pop(name) for name in FLEET_KEYS if name in values}
+    if "fleet" in values:  # the config file's form: every other key is a serve key
+        fleet = _fleet_table(values.pop("fleet"))
+    else:  # flat: the fleet's keys beside serve's (``policy`` is the routing policy)
+        fleet = {name: values.pop(name) for name in FLEET_KEYS if name in values}
     for key, variable in ENVIRONMENT_KEYS.items():
         if key not in values and environ.get(variable):
             values[key] = environ[variable]
@@ -55,11 +61,21 @@ def settings_from_args(args: Mapping[str, Any], environ: Mapping[str, str]) -> F
         config = merge(values, {})
     except TypeError as exc:  # an unknown keyword: name the accepted ones
         raise ValueError(f"fleet args: {exc}; expected {FLEET_KEYS} or serve keys") from None
-    replicas = int(fleet.pop("replicas", 2))
+    replicas = fleet.pop("replicas", 2)
     prepared = prepare(config)
     return FleetSettings(
         serve=config, model_dir=prepared.model_dir, engine_replicas=replicas, **fleet
     )
+
+
+def _fleet_table(table: Any) -> dict[str, Any]:
+    """The ``fleet`` arg: the fleet's keys, as the ``[fleet]`` table of ``fleet up --config``."""
+    if not isinstance(table, Mapping):
+        raise ValueError(f"fleet args: fleet {table!r} is invalid; expected a mapping")
+    unknown = sorted(str(key) for key in table if key not in FLEET_KEYS)
+    if unknown:
+        raise ValueError(f"fleet args: unknown fleet keys {unknown}; expected {FLEET_KEYS}")
+    return dict(table)
 
 
 def build(args: dict[str, Any]) -> Any:

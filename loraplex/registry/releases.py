@@ -64,6 +64,8 @@ def set_release(
     with db.transaction() as tx:
         current = require_revision(tx, tenant, name, revision)
         new_state = current.state if state is None else state
+        if new_state is RevisionState.DEPRECATED and current.state is not new_state:
+            _require_not_released(tx, current)
         new_policy = current.warm_policy if warm_policy is None else warm_policy
         rows.set_revision_release(tx, current, new_state, new_policy)
         details: dict[str, object] = {
@@ -158,6 +160,20 @@ def _require_no_release(tx: Tx, tenant: str, name: str) -> None:
         raise RegistryError(
             f"alias {tenant}/{name} is being released by {release_id}; finish, roll back or "
             "abort that release before moving the alias by hand"
+        )
+
+
+def _require_not_released(tx: Tx, revision: Revision) -> None:
+    """A live release's revisions stay servable (docs/releases.md): resolution skips deprecated
+    ones, so a deprecated candidate's callers went back to stable unseen while the release stayed
+    in canary, and a deprecated baseline left every caller outside the canary a 404."""
+    release = release_rows.active_release_holding(
+        tx, revision.tenant, revision.name, revision.revision
+    )
+    if release is not None:
+        raise RegistryError(
+            f"revision {revision.ref} is under release {release} (its candidate or baseline); "
+            "roll back or abort that release before deprecating it"
         )
 
 

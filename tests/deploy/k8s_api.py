@@ -8,13 +8,17 @@ Gateway API Inference Extension ``inference.networking.k8s.io/v1`` InferencePool
 ``failureMode`` FailOpen|FailClose); KubeRay ``ray.io/v1`` (raycluster_types.go: headGroupSpec
 ``rayStartParams`` + ``template``; each workerGroupSpecs item ``groupName``, ``minReplicas``,
 ``maxReplicas``, ``rayStartParams`` (a string map), ``template``; rayservice ``serveConfigV2`` is a
-string); core ``v1`` ResourceRequirements (quantities, no request above its limit).
+string, which Ray Serve reads as its config: ``applications``, each with a ``name``, an
+``import_path`` and ``args``, a mapping the builder receives as it is); core ``v1``
+ResourceRequirements (quantities, no request above its limit).
 """
 
 from __future__ import annotations
 
 import re
 from typing import Any
+
+import yaml  # type: ignore[import-untyped]
 
 DNS_SUBDOMAIN = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$")
 DNS_1035_LABEL = re.compile(r"^[a-z]([-a-z0-9]*[a-z0-9])?$")
@@ -121,6 +125,11 @@ def check_inference_pool(doc: dict[str, Any]) -> None:
 def check_ray_service(doc: dict[str, Any]) -> None:
     spec = doc["spec"]
     assert isinstance(spec["serveConfigV2"], str)
+    applications = yaml.safe_load(spec["serveConfigV2"])["applications"]
+    for application in applications:
+        assert isinstance(application["name"], str) and isinstance(application["import_path"], str)
+        args = application.get("args", {})
+        assert isinstance(args, dict) and all(isinstance(key, str) for key in args)
     cluster = spec["rayClusterConfig"]
     head = cluster["headGroupSpec"]
     assert isinstance(head["rayStartParams"], dict)

@@ -44,7 +44,8 @@ def test_ray_flag_renders_a_rayservice_whose_args_the_fleet_builder_accepts() ->
     [application] = yaml.safe_load(service["spec"]["serveConfigV2"])["applications"]
     assert application["import_path"] == "loraplex.fleet.app:build"
     serve_keys = {f for f in ServeConfig.__dataclass_fields__}
-    assert set(application["args"]) <= set(FLEET_KEYS) | serve_keys
+    assert set(application["args"]) <= serve_keys | {"fleet"}
+    assert set(application["args"]["fleet"]) <= set(FLEET_KEYS)
 
 
 def test_out_writes_one_file_per_part(tmp_path: Path) -> None:
@@ -137,3 +138,25 @@ def test_head_flags_size_the_ray_head_and_are_refused_without_ray() -> None:
     for flag, value in (("--head-cpu", "2"), ("--head-memory", "6Gi")):
         output = run(flag, value, code=2)
         assert flag in output and "only with ray" in output
+
+
+def test_the_config_files_fleet_table_reaches_the_rayservice(tmp_path: Path) -> None:
+    """The file ``fleet up --config`` reads: its ``[fleet]`` table was dropped without a word."""
+    config = tmp_path / "lpx.toml"
+    config.write_text(
+        '[serve]\npolicy = "lru"\n[fleet]\npolicy = "pow2"\nseed = 7\n'
+        "[fleet.router]\nmax_queued = 4\n",
+        encoding="utf-8",
+    )
+    text = run("--ray", "--serve-config", str(config))
+    [service] = [d for d in yaml.safe_load_all(text) if d and d["kind"] == "RayService"]
+    [application] = yaml.safe_load(service["spec"]["serveConfigV2"])["applications"]
+    fleet = application["args"]["fleet"]
+    assert (fleet["policy"], fleet["seed"], fleet["router"]) == ("pow2", 7, {"max_queued": 4})
+    assert application["args"]["policy"] == "lru"
+    # without --ray no fleet reads it; a key the manifests set, or an unknown one: named
+    assert "[fleet] keys ['policy', 'router', 'seed']" in run("--serve-config", str(config), code=2)
+    for table, named in (("replicas = 3", "'replicas'"), ("replica = 3", "'replica'")):
+        config.write_text(f"[fleet]\n{table}\n", encoding="utf-8")
+        output = run("--ray", "--serve-config", str(config), code=2)
+        assert named in output and "--serve-config" in output

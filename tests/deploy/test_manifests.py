@@ -27,6 +27,15 @@ from loraplex.server.listeners import is_admin_path
 from loraplex.server.metrics_collectors import EngineCollector
 
 BASE: dict[str, Any] = {"image": "ghcr.io/acme/loraplex:1.0", "store": "s3://adapters/prod"}
+# every fleet key a RayService's operator sets (``[fleet]`` of --serve-config), none a default
+FLEET_TABLE: dict[str, Any] = {
+    "policy": "pow2",
+    "seed": 7,
+    "report_period_s": 0.25,
+    "stale_after_s": 3.0,
+    "router": {"max_queued": 4, "weight_l0": 90.0},
+    "topology": {"min_replicas": 3},
+}
 SPECS = {
     "default": K8sSpec(**BASE),
     "full": K8sSpec(
@@ -309,7 +318,7 @@ def test_ray_is_rendered_only_when_asked_with_its_note() -> None:
     serve_config = yaml.safe_load(service["spec"]["serveConfigV2"])
     [application] = serve_config["applications"]
     assert application["import_path"] == "loraplex.fleet.app:build"
-    assert application["args"]["replicas"] == 3 == SPECS["ray"].replicas
+    assert application["args"]["fleet"]["replicas"] == 3 == SPECS["ray"].replicas
     assert application["args"]["store"] == SPECS["ray"].store
     cluster = service["spec"]["rayClusterConfig"]
     [workers] = cluster["workerGroupSpecs"]
@@ -339,6 +348,23 @@ def test_ray_passes_the_serve_config_keys_to_the_builder() -> None:
     [service] = docs(K8sSpec(**BASE, ray=True, serve_config=values))
     [application] = yaml.safe_load(service["spec"]["serveConfigV2"])["applications"]
     assert {key: application["args"][key] for key in values} == values
+
+
+def test_ray_passes_the_fleet_table_to_the_builder_beside_the_serve_keys() -> None:
+    """The ``[fleet]`` table's keys go into the builder's ``fleet`` mapping, beside the engine
+    count and resource the manifests set; ``policy`` is a key of both tables and each keeps its
+    own (the routing policy there, the eviction policy here)."""
+    from loraplex.deploy.ray import ENGINE_RESOURCE
+
+    spec = K8sSpec(**BASE, ray=True, serve_config={"policy": "lru"}, fleet_config=FLEET_TABLE)
+    found = docs(spec)
+    for doc in found:
+        check_document(doc, spec.namespace)
+    [service] = found
+    [application] = yaml.safe_load(service["spec"]["serveConfigV2"])["applications"]
+    args = application["args"]
+    assert args["policy"] == "lru"
+    assert args["fleet"] == FLEET_TABLE | {"replicas": 2, "engine_resource": ENGINE_RESOURCE}
 
 
 def test_the_ray_head_is_sized_for_the_ingress_and_engines_stay_on_workers() -> None:
@@ -372,7 +398,7 @@ def test_the_ray_head_is_sized_for_the_ingress_and_engines_stay_on_workers() -> 
         [flag] = shlex.split("--resources=" + group["rayStartParams"]["resources"])
         assert json.loads(flag.removeprefix("--resources=")) == {ENGINE_RESOURCE: 1}
         [application] = yaml.safe_load(service["spec"]["serveConfigV2"])["applications"]
-        assert application["args"]["engine_resource"] == ENGINE_RESOURCE
+        assert application["args"]["fleet"]["engine_resource"] == ENGINE_RESOURCE
 
 
 def test_the_resource_check_refuses_what_the_api_server_would() -> None:

@@ -154,3 +154,31 @@ def test_a_shared_state_password_is_refused_unshown_and_a_plain_url_passes() -> 
     assert K8sSpec(**BASE, serve_config={"shared_state_url": url}).serve_config == {
         "shared_state_url": url
     }
+
+
+@pytest.mark.parametrize(
+    ("fleet_config", "named"),
+    [
+        ({"replicas": 3}, "replicas"),  # --replicas sizes the worker group
+        ({"engine_resource": "gpu_pool"}, "engine_resource"),  # the workers advertise ours
+        ({"replica": 3}, "replica"),  # unknown
+        ({"policy": "lru"}, "policy"),  # an eviction policy, not a routing one
+        ({"router": {"max_queud": 4}}, "max_queud"),
+        ({"topology": {"min_replicas": "two"}}, "min_replicas"),
+        ({"report_period_s": 5.0}, "report_period_s"),
+        ({"seed": "7"}, "seed"),
+    ],
+)
+def test_fleet_keys_the_rayservice_sets_or_cannot_take_are_refused_by_name(
+    fleet_config: dict[str, Any], named: str
+) -> None:
+    with pytest.raises(SpecError) as caught:
+        K8sSpec(**BASE, ray=True, fleet_config=fleet_config)
+    assert caught.value.field == "serve_config" and named in str(caught.value)
+
+
+def test_fleet_keys_are_refused_without_ray() -> None:
+    """The Deployment path runs ``loraplex serve`` replicas, no fleet: nothing would read them."""
+    with pytest.raises(SpecError, match=r"\[fleet\] keys \['policy'\] are used only with ray"):
+        K8sSpec(**BASE, fleet_config={"policy": "pow2"})
+    assert K8sSpec(**BASE, ray=True, fleet_config={"policy": "pow2"}).fleet_config

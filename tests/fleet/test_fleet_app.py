@@ -104,3 +104,53 @@ def test_engines_ask_for_the_engine_resource_when_one_is_named(tmp_path: Path) -
     assert engine_options(FleetSettings(serve=config, model_dir=tmp_path)) == {"num_cpus": 0}
     named = FleetSettings(serve=config, model_dir=tmp_path, engine_resource="loraplex_engine")
     assert engine_options(named) == {"num_cpus": 0, "resources": {"loraplex_engine": 1}}
+
+
+def test_the_rendered_fleet_table_builds_the_fleet_it_names(
+    demo_assets: DemoAssets, tmp_path: Path
+) -> None:
+    """``k8s render --ray`` with a ``[fleet]`` table: the builder, given the rendered args, builds
+    engines routed with those keys; serve's ``policy`` (eviction) stays serve's."""
+    import yaml  # type: ignore[import-untyped]
+
+    from loraplex.deploy import K8sSpec, render
+    from loraplex.deploy.ray import ENGINE_RESOURCE
+    from loraplex.serve.assembly import DEMO_DIR
+
+    fleet = {"policy": "pow2", "seed": 7, "report_period_s": 0.25, "stale_after_s": 3.0,
+             "router": {"max_queued": 4}, "topology": {"min_replicas": 3}}  # fmt: skip
+    spec = K8sSpec(
+        image="i:1", store="s3://a/b", ray=True, gpu=False, replicas=3,
+        serve_config={"policy": "lru"}, fleet_config=fleet,
+    )  # fmt: skip
+    [service] = [d for d in yaml.safe_load_all(render(spec).stream()) if d]
+    [application] = yaml.safe_load(service["spec"]["serveConfigV2"])["applications"]
+    args = application["args"] | {"store": str(tmp_path / "store")}  # no S3 here
+    (tmp_path / DEMO_DIR).symlink_to(demo_assets.root)
+    env = {"LORAPLEX_DATA_DIR": str(tmp_path), "LORAPLEX_ADMIN_KEY": "a" * 40}
+    settings = settings_from_args(args, env)
+    assert settings.serve.policy == "lru" and settings.engine_replicas == 3
+    assert settings.engine_resource == ENGINE_RESOURCE
+    ingress = build_app(settings)._bound_deployment
+    [engine] = [a._bound_deployment for a in ingress.init_args
+                if getattr(a, "_bound_deployment", None)
+                and a._bound_deployment.name == "EngineReplica"]  # fmt: skip
+    assert engine.num_replicas == 3
+    assert engine.ray_actor_options["resources"] == {ENGINE_RESOURCE: 1}
+    routing = engine._deployment_config.request_router_config
+    assert routing.request_routing_stats_period_s == 0.25
+    assert routing.request_router_kwargs == {
+        "policy": "pow2", "router_config": {"max_queued": 4}, "seed": 7, "stale_after_s": 3.0,
+        "topology": {"min_replicas": 3},
+    }  # fmt: skip
+
+
+def test_a_fleet_table_arg_takes_only_fleet_keys(tmp_path: Path) -> None:
+    env = {"LORAPLEX_DATA_DIR": str(tmp_path)}
+    with pytest.raises(ValueError, match="replica"):
+        settings_from_args({"fleet": {"replica": 2}}, env)
+    with pytest.raises(ValueError, match="expected a mapping"):
+        settings_from_args({"fleet": "pow2"}, env)
+    # beside a fleet table every key is serve's: a fleet key there is an unknown serve key
+    with pytest.raises(ValueError, match="replicas"):
+        settings_from_args({"fleet": {}, "replicas": 2}, env)

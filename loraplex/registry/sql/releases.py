@@ -48,3 +48,14 @@ def active_release_id(tx: Tx, tenant: str, name: str) -> str | None:
         (tenant, name),
     )
     return None if row is None else str(row[0])
+
+
+def active_release_holding(tx: Tx, tenant: str, name: str, revision: str) -> str | None:
+    """``"<release_id> (<state>)"`` of the alias's live release when ``revision`` is its
+    candidate or its baseline; else None."""
+    row = tx.query_one(
+        "SELECT release_id, state FROM releases "
+        "WHERE tenant = ? AND name = ? AND active = 1 AND (candidate = ? OR baseline = ?)",
+        (tenant, name, revision, revision),
+    )
+    return None if row is None else f"{row[0]} ({row[1]})"

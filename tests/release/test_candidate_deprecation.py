@@ -1,0 +1,72 @@
+"""Deprecating a revision of a live release (docs/releases.md "A release's revisions").
+
+Before the fix the registry took it: resolution skips a deprecated candidate, so the callers drawn
+onto it went back to stable without a word while the release stayed in ``canary``, its controller
+judging a candidate nobody was sent to; a deprecated baseline left every caller outside the
+canary a 404. Now the registry refuses both, naming the release, as it refuses moving an alias a
+release owns; once the release is over the deprecation goes through.
+"""
+
+from __future__ import annotations
+
+import pytest
+from conftest import FakeEnv
+from test_controller import PLAN, _served, _to_canary
+
+from loraplex.artifacts.warm_policy import WarmPolicy
+from loraplex.clock import ManualClock
+from loraplex.errors import RegistryError
+from loraplex.registry import Registry, RevisionState
+from loraplex.release.model import ReleaseState
+from loraplex.release.store import ReleaseStore
+
+S = ReleaseState
+
+
+def _state(registry: Registry, revision: str) -> RevisionState:
+    return registry.resolve_revision("acme", f"bot@{revision}").state
+
+
+def test_deprecating_a_canary_candidate_is_refused_naming_the_release(
+    registry: Registry, env: FakeEnv, clock: ManualClock
+) -> None:
+    store, controller = _to_canary(registry, env, clock)
+    release = store.latest_release("acme", "bot")
+    assert _served(registry) == {"v1", "v2"}
+    audited = len(registry.audit_log())
+    with pytest.raises(RegistryError, match=release.release_id) as refused:
+        registry.set_release("acme/bot@v2", "ops", RevisionState.DEPRECATED)
+    assert "canary" in str(refused.value) and "acme/bot@v2" in str(refused.value)
+    # the baseline too: deprecated, it left every caller outside the canary a 404 (181 of 200)
+    with pytest.raises(RegistryError, match=release.release_id):
+        registry.set_release("acme/bot@v1", "ops", RevisionState.DEPRECATED)
+    # nothing changed: the candidate keeps its state and its callers, the release its state
+    assert _state(registry, "v2") is not RevisionState.DEPRECATED
+    assert _served(registry) == {"v1", "v2"}
+    controller.tick()
+    assert store.latest_release("acme", "bot").state is S.CANARY
+    assert len(registry.audit_log()) == audited
+    # its warm policy, and every other revision, may still change
+    warmed = registry.set_release("acme/bot@v2", "ops", warm_policy=WarmPolicy.CPU)
+    assert warmed.warm_policy is WarmPolicy.CPU and warmed.state is not RevisionState.DEPRECATED
+    registry.set_release("acme/bot@v3", "ops", RevisionState.DEPRECATED)
+    assert _state(registry, "v3") is RevisionState.DEPRECATED
+
+
+def test_a_candidate_before_its_canary_is_held_too(registry: Registry) -> None:
+    """A staged release would otherwise start a canary no caller is ever drawn into."""
+    store = ReleaseStore(registry)
+    staged = store.start_release("acme", "bot", "v2", PLAN, actor="ops")
+    assert staged.state is S.STAGED
+    with pytest.raises(RegistryError, match=staged.release_id):
+        registry.set_release("acme/bot@v2", "ops", RevisionState.DEPRECATED)
+
+
+def test_once_the_release_is_over_the_candidate_may_be_deprecated(
+    registry: Registry, env: FakeEnv, clock: ManualClock
+) -> None:
+    store, _ = _to_canary(registry, env, clock)
+    assert store.rollback("acme", "bot", actor="ops").state is S.ROLLED_BACK
+    registry.set_release("acme/bot@v2", "ops", RevisionState.DEPRECATED)
+    assert _state(registry, "v2") is RevisionState.DEPRECATED
+    assert _served(registry) == {"v1"}
