@@ -62,6 +62,16 @@ class OpTimer:
 
 
 @dataclass(frozen=True)
+class _Prepared:
+    """The last step's metadata and what it was built from (``LoraSlotPool.prepare``)."""
+
+    slots: list[int]  # the token slots' values
+    layout: ArenaLayout  # the layout then published (a load or clear publishes a new one)
+    backend: object  # the backend that built it
+    batch: LoraBatch
+
+
+@dataclass(frozen=True)
 class _Resident:
     info: SlotInfo  # public view
     plan: LoadPlan  # its tables, ranks, scales and modules
@@ -112,6 +122,7 @@ class LoraSlotPool:
         self.last_strategy = "none"  # the strategy of the last prepared step (traces read it)
         # set for one step whose LoRA work is measured (engine.mode_control); None: not timed
         self.op_timer: OpTimer | None = None
+        self._prepared: _Prepared | None = None  # the last step's metadata, reused while equal
         self._publish(())
 
     # --- execution ------------------------------------------------------------------------
@@ -120,10 +131,32 @@ class LoraSlotPool:
         """Per-step metadata for ``token_slots`` ([num_tokens] int64, -1 = base only)."""
         timer = self.op_timer
         started = 0.0 if timer is None else timer.start()
-        batch = self.backend.prepare(token_slots.to(self.device, torch.int64), self._layout)
+        batch = self._prepare(token_slots)
         self.last_strategy = batch.strategy.value  # a str already held by the enum: no alloc
         if timer is not None:
             timer.stop(started)
+        return batch
+
+    def _prepare(self, token_slots: torch.Tensor) -> LoraBatch:
+        """The backend's metadata, or the last step's when the token slots, the layout and the
+        backend are the ones it was built from: consecutive decode steps of one batch repeat
+        their slots, and building the plan cost 0.2-0.6 ms of a large-preset step
+        (docs/benchmarks/execution.md, "The adapters' cost on the large preset"). A batch
+        holds its own copy of the slots, so a caller reusing its tensor changes nothing."""
+        values = token_slots.tolist() if token_slots.dim() == 1 else None
+        last = self._prepared
+        if (
+            last is not None
+            and values is not None
+            and last.layout is self._layout
+            and last.backend is self.backend
+            and last.slots == values
+        ):
+            return last.batch
+        own = token_slots.to(self.device, torch.int64, copy=True)
+        batch = self.backend.prepare(own, self._layout)
+        if values is not None:  # only a batch the backend accepted is kept
+            self._prepared = _Prepared(values, self._layout, self.backend, batch)
         return batch
 
     def apply(

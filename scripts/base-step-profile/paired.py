@@ -65,15 +65,21 @@ def summary(times: dict[str, list[float]]) -> dict[str, object]:
     }
 
 
-def main() -> None:
+def start(rounds: int) -> tuple[argparse.Namespace, bool, list[str]]:
+    """The paired probes' arguments (``rounds``: the default), one thread, the freed heap kept;
+    returns the arguments, whether the heap is kept, and the load average now."""
     parser = argparse.ArgumentParser()
     parser.add_argument("--preset", default="large")
-    parser.add_argument("--rounds", type=int, default=12)
+    parser.add_argument("--rounds", type=int, default=rounds)
     parser.add_argument("--calls", type=int, default=3)
     args = parser.parse_args()
     torch.set_num_threads(1)
     heap_kept = keep_freed_heap()
-    load_start = Path("/proc/loadavg").read_text().split()[:3]
+    return args, heap_kept, Path("/proc/loadavg").read_text().split()[:3]
+
+
+def main() -> None:
+    args, heap_kept, load_start = start(12)
     with tempfile.TemporaryDirectory() as tmp:
         space = Workspace.create(Path(tmp), args.preset, ADAPTERS, 0, (UNIFORM_MIX,))
         runners = {

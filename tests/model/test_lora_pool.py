@@ -22,6 +22,7 @@ from loraplex.model.adapter_weights import (
 )
 from loraplex.model.lora import LoraSlotPool, OpTimer
 from loraplex.model.lora_arena import ArenaStore
+from loraplex.ops import get_backend
 
 CPU = torch.device("cpu")
 PEFT_CONFIGS: dict[str, dict[str, Any]] = {
@@ -510,3 +511,31 @@ def test_copies_of_one_adapter_share_placements() -> None:
     assert store.place(plans[1], second, 8) is placed
     assert store.place(plans[2], other, 8) is not placed
     assert store.place(plans[0], first, 0) is not placed
+
+
+def test_prepare_reuses_last_batch_until_slots_layout_or_backend_change() -> None:
+    pool = LoraSlotPool(SPEC, 3, 16, dtype=torch.float32, device=CPU, backend="auto")
+    pool.load(0, weights_of(4, 1))
+    pool.load(1, weights_of(4, 2))
+    caller = torch.tensor([0, 1, -1])
+    first = pool.prepare(caller)
+    assert pool.prepare(torch.tensor([0, 1, -1])) is first  # a new tensor, equal slots
+    caller.fill_(1)  # the caller reuses its tensor: the kept batch holds its own copy
+    assert torch.equal(first.token_slots, torch.tensor([0, 1, -1]))
+    other = pool.prepare(caller)
+    assert other is not first and torch.equal(other.token_slots, caller)
+    x = torch.randn(3, 32, generator=torch.Generator().manual_seed(3))
+    before = pool.apply(0, "q_proj", x, torch.zeros(3, 32), pool.prepare(torch.tensor([1, 1, 1])))
+    pool.clear(1)  # a new layout: slot 1's tokens now get the base output only
+    after = pool.prepare(torch.tensor([1, 1, 1]))
+    assert after.adds_nothing and bool(before.abs().sum() > 0)
+    pool.load(1, weights_of(4, 5))
+    reloaded = pool.prepare(torch.tensor([1, 1, 1]))
+    assert not reloaded.adds_nothing
+    assert not torch.equal(pool.apply(0, "q_proj", x, torch.zeros(3, 32), reloaded), before)
+    pool.backend = get_backend("reference")
+    assert pool.prepare(torch.tensor([1, 1, 1])) is not reloaded
+    with pytest.raises(ValueError, match="outside"):
+        pool.prepare(torch.tensor([0, 3]))
+    with pytest.raises(ValueError, match="outside"):  # a refused one is never kept
+        pool.prepare(torch.tensor([0, 3]))
