@@ -128,8 +128,9 @@ def debt_floor(rate: float) -> float:
     """The fewest tokens a bucket refilling at ``rate`` may hold: the next request then waits
     ``MAX_WAIT_S`` at most. A fan-out admitted at this rate never goes below it (server/limits:
     ``max_engine_requests``); NOTE: a debt taken at a higher rate did, and the operator lowering
-    the quota (10 to 0.01 a second) left the tenant refused for hours while each 429 said an
-    hour. A rate below one request per ``MAX_WAIT_S`` owes nothing (its own gap is longer)."""
+    the quota (1 to 0.001 a second after an ``n`` 16) left the tenant refused for 4.4 hours
+    while each 429 said an hour. A rate below one request per ``MAX_WAIT_S`` owes nothing (its
+    own gap is longer)."""
     return min(0.0, 1.0 - rate * MAX_WAIT_S)
 
 

@@ -209,13 +209,14 @@ def test_over_http_a_bad_session_header_is_refused_before_the_fan_out_is_charged
 def test_a_quota_lowered_while_in_debt_leaves_at_most_the_longest_retry_after() -> None:
     """A fan-out's debt is bounded by what its rate repays within the longest Retry-After
     (``max_engine_requests``), but at the rate of its arrival: the operator then lowering the
-    quota (rate 10 to 0.01) left 118 requests owed at 0.01 a second, 11,900 s, while every 429
-    said Retry-After 3600, so the client came back after the hour and was refused again, for
-    3.3 hours. Now the bucket owes at most what its current rate repays in that hour."""
+    quota (1 to 0.001 a second) after an ``n`` 16 left 15 requests owed at 0.001 a second,
+    16,000 s, while every 429 said Retry-After 3600, so the client came back after the hour and
+    was refused again, for 4.4 hours. Now the bucket owes at most what its current rate repays
+    in that hour."""
     clock = Clock()
     limiter = RateLimiter(burst_s=1.0, clock=clock)
-    limiter.check(_tenant("acme", 10.0), 128)  # a full bucket of 10: owing 118
-    lowered = _tenant("acme", 0.01)
+    limiter.check(_tenant("acme", 1.0), 16)  # n=16 on a full bucket of 1: owing 15
+    lowered = _tenant("acme", 0.001)
     with pytest.raises(RateLimitError) as owing:
         limiter.check(lowered)
     assert owing.value.retry_after_s == pytest.approx(MAX_RETRY_AFTER_S)
@@ -223,7 +224,7 @@ def test_a_quota_lowered_while_in_debt_leaves_at_most_the_longest_retry_after() 
     limiter.check(lowered)  # the Retry-After was the truth
     with pytest.raises(RateLimitError) as again:
         limiter.check(lowered)
-    assert again.value.retry_after_s == pytest.approx(100.0)  # the new rate, no old debt
+    assert again.value.retry_after_s == pytest.approx(1000.0)  # the new rate, no old debt
 
 
 def test_a_debt_the_current_rate_repays_within_the_hour_is_kept_whole() -> None:

@@ -210,12 +210,12 @@ def test_a_cost_above_the_capacity_passes_on_a_full_bucket_and_is_owed(
 def test_a_quota_lowered_while_in_debt_leaves_at_most_the_longest_retry_after(
     redis_url: str, prefix: str
 ) -> None:
-    """As ``RateLimiter`` (test_ratelimit.py): 118 owed at a new rate of 0.01 is 11,900 s, and
+    """As ``RateLimiter`` (test_ratelimit.py): 15 owed at a new rate of 0.001 is 16,000 s, and
     the 429s said an hour; now the shared bucket owes at most its current rate's hour."""
     now = Clock()
     limiter = _shared(redis_url, prefix, bucket_clock=now)
-    limiter.check(_tenant("acme", 10.0), 128)  # a full bucket of 10: owing 118
-    lowered = _tenant("acme", 0.01)
+    limiter.check(_tenant("acme", 1.0), 16)  # n=16 on a full bucket of 1: owing 15
+    lowered = _tenant("acme", 0.001)
     with pytest.raises(RateLimitError) as owing:
         limiter.check(lowered)
     assert owing.value.retry_after_s == pytest.approx(MAX_RETRY_AFTER_S)
@@ -223,7 +223,7 @@ def test_a_quota_lowered_while_in_debt_leaves_at_most_the_longest_retry_after(
     limiter.check(lowered)
     with pytest.raises(RateLimitError) as again:
         limiter.check(lowered)
-    assert again.value.retry_after_s == pytest.approx(100.0)
+    assert again.value.retry_after_s == pytest.approx(1000.0)
     limiter.close()
 
 
