@@ -190,6 +190,19 @@ def check_key_prefix(key_prefix: str) -> str:
     return key_prefix
 
 
+def check_shared_state(url: str | None, key_prefix: str) -> None:
+    """Both settings checked, and a prefix other than the default refused without a URL: it
+    names keys in that Redis, so alone it did nothing (each process kept its own buckets)."""
+    if url is not None:
+        check_shared_state_url(url)
+    check_key_prefix(key_prefix)
+    if url is None and key_prefix != DEFAULT_KEY_PREFIX:
+        raise ValueError(
+            f"shared_state_prefix {quoted(key_prefix)} is set without shared_state_url; expected "
+            "both (the prefix names keys in that Redis) or neither"
+        )
+
+
 def check_shared_state_url(url: str) -> str:
     """A ``redis://`` or ``rediss://`` URL; the error names only the scheme, never the rest (it
     may hold a password)."""
