@@ -39,6 +39,7 @@ RESERVED_SERVE_KEYS = frozenset(
     }
 )
 POD_DATA_DIR = "/var/lib/loraplex"
+_SECRET_URL_STAND_IN = "redis://from-the-secret"  # never rendered: only for the checks
 
 
 class ServeFileError(ValueError):
@@ -71,8 +72,13 @@ def check_serve_values(values: Mapping[str, Any], max_loras: int) -> ServeConfig
     for key, value in values.items():
         if not isinstance(value, bool | int | float | str):
             raise ServeFileError(key, f"serve config key {key!r} is invalid; expected a scalar")
+    checked = dict(values)
+    if "shared_state_url" not in checked and "shared_state_prefix" in checked:
+        # NOTE: the URL may come from the secret's 'shared-state-url' (an env variable the
+        # replica reads); a stand-in lets the prefix be checked here, the pair by the replica.
+        checked["shared_state_url"] = _SECRET_URL_STAND_IN
     try:
-        return ServeConfig(data_dir=Path(POD_DATA_DIR), max_loras=max_loras, **values)
+        return ServeConfig(data_dir=Path(POD_DATA_DIR), max_loras=max_loras, **checked)
     except (TypeError, ValueError) as exc:
         raise ServeFileError("serve_config", f"serve config: {exc}") from exc
 

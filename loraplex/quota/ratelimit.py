@@ -7,7 +7,8 @@ and a Retry-After of the time until the next token. A cost above the capacity (a
 more engine requests than the bucket holds) passes on a full bucket and is taken whole: the
 bucket owes the rest (below zero), and its refill pays that back before anything else passes.
 The rate is read from the tenant record on every request (the registry reads it with the key),
-so a quota change applies at once.
+so a quota change applies at once; a bucket owes at most what its current rate repays in
+``MAX_WAIT_S`` (``debt_floor``), the longest Retry-After sent.
 
 ``RateLimiter`` keeps the buckets in the HTTP process, one per tenant that has a quota (the
 registry bounds their number): with N ingress processes a tenant gets N times its quota.
@@ -56,20 +57,23 @@ REDIS_MAX_CONNECTIONS = 64  # per process; above the thread pool's size, so none
 TTL_REFILLS = 3.0
 MIN_TTL_S = 1.0
 MAX_TTL_S = 7 * 24 * 3600.0
+# The longest wait a bucket's debt may cost its next request: server/errors.MAX_RETRY_AFTER_S,
+# the longest Retry-After sent (tests/server/test_ratelimit.py checks the two agree).
+MAX_WAIT_S = 3600.0
 
 # KEYS[1]: one tenant's bucket, a hash {tokens, updated_s}. ARGV: rate (tokens/s), capacity,
 # cost, need (the tokens the bucket must hold for the cost to be taken, at most the capacity;
 # the bucket may owe the rest), a full bucket's TTL in ms (one in debt lives longer by the
-# debt's share), and optionally "now" in seconds (tests only; otherwise Redis's TIME, the one
-# clock every ingress process shares). Returns {1, "0"} when the cost was taken, {0, seconds
-# until it could be} when refused.
+# debt's share), the fewest tokens it may hold (``debt_floor``), and optionally "now" in
+# seconds (tests only; otherwise Redis's TIME, the one clock every ingress process shares).
+# Returns {1, "0"} when the cost was taken, {0, seconds until it could be} when refused.
 # NOTE: TIME before a write needs effect replication (the default since Redis 5).
 _TAKE_SCRIPT = """
 local rate, capacity, cost = tonumber(ARGV[1]), tonumber(ARGV[2]), tonumber(ARGV[3])
 local need = tonumber(ARGV[4])
 local now
-if ARGV[6] then
-  now = tonumber(ARGV[6])
+if ARGV[7] then
+  now = tonumber(ARGV[7])
 else
   local t = redis.call('TIME')
   now = tonumber(t[1]) + tonumber(t[2]) / 1000000
@@ -80,6 +84,7 @@ if not tokens or not updated then
   tokens, updated = capacity, now
 end
 tokens = math.min(capacity, tokens + math.max(0, now - updated) * rate)
+tokens = math.max(tonumber(ARGV[6]), tokens)
 local taken = tokens >= need
 if taken then tokens = tokens - cost end
 redis.call('HSET', KEYS[1], 'tokens', string.format('%.17g', tokens),
@@ -119,6 +124,16 @@ def _need(cost: float, capacity: float, need: float | None) -> float:
     return need
 
 
+def debt_floor(rate: float) -> float:
+    """The fewest tokens a bucket refilling at ``rate`` may hold: the next request then waits
+    ``MAX_WAIT_S`` at most. A fan-out admitted at this rate never goes below it (server/limits:
+    ``max_engine_requests``); NOTE: a debt taken at a higher rate did, and the operator lowering
+    the quota (1 to 0.001 a second after an ``n`` 16) left the tenant refused for 4.4 hours
+    while each 429 said an hour. A rate below one request per ``MAX_WAIT_S`` owes nothing (its
+    own gap is longer)."""
+    return min(0.0, 1.0 - rate * MAX_WAIT_S)
+
+
 @dataclass
 class _Bucket:
     tokens: float  # requests the tenant may send now
@@ -156,7 +171,8 @@ class RateLimiter:
             bucket = self._buckets.get(tenant.name)
             if bucket is None:
                 bucket = self._buckets[tenant.name] = _Bucket(capacity, now)
-            bucket.tokens = min(capacity, bucket.tokens + (now - bucket.updated_s) * rate)
+            refilled = min(capacity, bucket.tokens + (now - bucket.updated_s) * rate)
+            bucket.tokens = max(debt_floor(rate), refilled)
             bucket.updated_s = now
             if bucket.tokens >= need:
                 bucket.tokens -= cost
@@ -172,6 +188,19 @@ def check_key_prefix(key_prefix: str) -> str:
             "[A-Za-z0-9._:-] starting with a letter or digit"
         )
     return key_prefix
+
+
+def check_shared_state(url: str | None, key_prefix: str) -> None:
+    """Both settings checked, and a prefix other than the default refused without a URL: it
+    names keys in that Redis, so alone it did nothing (each process kept its own buckets)."""
+    if url is not None:
+        check_shared_state_url(url)
+    check_key_prefix(key_prefix)
+    if url is None and key_prefix != DEFAULT_KEY_PREFIX:
+        raise ValueError(
+            f"shared_state_prefix {quoted(key_prefix)} is set without shared_state_url; expected "
+            "both (the prefix names keys in that Redis) or neither"
+        )
 
 
 def check_shared_state_url(url: str) -> str:
@@ -283,6 +312,7 @@ class SharedRateLimiter:
     ) -> tuple[bool, float]:
         ttl_s = min(MAX_TTL_S, max(MIN_TTL_S, TTL_REFILLS * capacity / rate))
         args: list[float | int] = [rate, capacity, cost, need, math.ceil(ttl_s * 1000)]
+        args.append(debt_floor(rate))
         if self._bucket_clock is not None:
             args.append(self._bucket_clock())
         try:

@@ -124,7 +124,7 @@ def resolve_in(
             return route.candidate
         unit = _above(unit, route.share)
     alias = rows.get_alias(tx, owner, ref.name)
-    servable = [] if alias is None else _servable(tx, alias, base_digest)
+    servable = [] if alias is None else servable_targets(tx, alias, base_digest)
     if not servable:
         raise not_found(text)
     chosen = choose_target(tuple(target for target, _ in servable), unit)
@@ -174,10 +174,12 @@ def _shared_pin_allowed(tx: Tx, owner: str, name: str, label: str, base_digest: 
     alias = rows.get_alias(tx, owner, name)
     if alias is None:
         return False
-    return any(rev.revision == label for _, rev in _servable(tx, alias, base_digest))
+    return any(rev.revision == label for _, rev in servable_targets(tx, alias, base_digest))
 
 
-def _servable(tx: Tx, alias: Alias, base_digest: str | None) -> list[tuple[AliasTarget, Revision]]:
+def servable_targets(
+    tx: Tx, alias: Alias, base_digest: str | None
+) -> list[tuple[AliasTarget, Revision]]:
     """Alias targets that may serve: not deprecated, and built for the served base model."""
     found = []
     for target in alias.targets:

@@ -18,6 +18,7 @@ from loraplex.errors import AdapterNotFoundError
 from loraplex.registry import Registry
 from loraplex.registry import releases as alias_ops
 from loraplex.registry.models import RevisionState
+from loraplex.registry.resolution import servable_targets
 from loraplex.registry.sql import adapters as adapter_rows
 from loraplex.registry.sql import audit
 from loraplex.registry.sql.db import Tx
@@ -154,7 +155,8 @@ class ReleaseStore:
     # --- internals -----------------------------------------------------------------------------
 
     def _check_start(self, tx: Tx, tenant: str, name: str, revision: str) -> str:
-        """The baseline (the alias's highest-weight target) after every start check."""
+        """The baseline (the alias's highest-weight target that resolution serves) after every
+        start check."""
         alias_ops.require_adapter(tx, tenant, name)
         candidate = adapter_rows.get_revision(tx, tenant, name, revision)
         if candidate is None:
@@ -180,7 +182,16 @@ class ReleaseStore:
                 f"alias {tenant}/{name} already has release {running.release_id} "
                 f"({running.state.value}); finish, roll back or abort it first"
             )
-        return max(alias.targets, key=lambda t: t.weight).revision
+        # NOTE: among the targets resolution serves: the heaviest one deprecated (an alias may
+        # keep one beside a servable target), no caller outside the canary was sent to it and
+        # every step compared the candidate with its empty window.
+        served = [target for target, _ in servable_targets(tx, alias, base)]
+        if not served:
+            raise ReleaseStartError(
+                f"alias {tenant}/{name} serves no revision (every target is deprecated or built "
+                "for another base model); set a servable target first"
+            )
+        return max(served, key=lambda t: t.weight).revision
 
     def _operate(
         self, tenant: str, name: str, to: ReleaseState, actor: str, reason: str

@@ -117,11 +117,9 @@ class ServerConfig:
             raise ValueError(
                 f"max_prompt_tokens {self.max_prompt_tokens} is invalid; expected >= 1 or None"
             )
-        from loraplex.quota.ratelimit import check_key_prefix, check_shared_state_url
+        from loraplex.quota.ratelimit import check_shared_state
 
-        if self.shared_state_url is not None:
-            check_shared_state_url(self.shared_state_url)
-        check_key_prefix(self.shared_state_prefix)
+        check_shared_state(self.shared_state_url, self.shared_state_prefix)
 
 
 @dataclass(frozen=True)

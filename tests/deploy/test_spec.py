@@ -156,6 +156,16 @@ def test_a_shared_state_password_is_refused_unshown_and_a_plain_url_passes() -> 
     }
 
 
+def test_a_shared_state_prefix_may_go_with_the_secrets_url() -> None:
+    """The URL of a Redis with a password comes from the secret's 'shared-state-url', not the
+    file: a prefix alone in the file is the replica's to check (it refuses one with no URL)."""
+    for ray in (False, True):
+        spec = K8sSpec(**BASE, ray=ray, serve_config={"shared_state_prefix": "blue"})
+        assert spec.serve_config == {"shared_state_prefix": "blue"}
+    with pytest.raises(SpecError, match="shared_state_prefix 'a b' is invalid"):
+        K8sSpec(**BASE, serve_config={"shared_state_prefix": "a b"})
+
+
 @pytest.mark.parametrize(
     ("fleet_config", "named"),
     [

@@ -16,7 +16,8 @@ from test_controller import PLAN, _served, _to_canary
 from loraplex.artifacts.warm_policy import WarmPolicy
 from loraplex.clock import ManualClock
 from loraplex.errors import RegistryError
-from loraplex.registry import Registry, RevisionState
+from loraplex.registry import AliasTarget, Registry, RevisionState
+from loraplex.release.errors import ReleaseStartError
 from loraplex.release.model import ReleaseState
 from loraplex.release.store import ReleaseStore
 
@@ -70,3 +71,32 @@ def test_once_the_release_is_over_the_candidate_may_be_deprecated(
     registry.set_release("acme/bot@v2", "ops", RevisionState.DEPRECATED)
     assert _state(registry, "v2") is RevisionState.DEPRECATED
     assert _served(registry) == {"v1"}
+
+
+def test_the_baseline_is_the_heaviest_target_callers_are_sent_to(
+    registry: Registry, env: FakeEnv, clock: ManualClock
+) -> None:
+    """An alias may keep a deprecated target beside a servable one; resolution skips it. The
+    baseline was the heaviest target whatever its state: with v1 (weight 9, deprecated) beside v3
+    (weight 1), a release of v2 took v1, no caller outside the canary was sent to it (all went to
+    v3), and every step compared the candidate with an empty window (the latency guards need
+    samples on both sides, so they never ran) while v1 was pinned resident for nothing. Now
+    the baseline is the heaviest target resolution serves."""
+    targets = (AliasTarget("v1", 9), AliasTarget("v3", 1))
+    registry.set_alias("acme", "bot", targets, "ops")
+    registry.set_release("acme/bot@v1", "ops", RevisionState.DEPRECATED)
+    assert _served(registry) == {"v3"}
+    store, _ = _to_canary(registry, env, clock)
+    release = store.latest_release("acme", "bot")
+    assert release.baseline == "v3"
+    assert _served(registry) == {"v2", "v3"}
+    assert env.pinned == {"v2", "v3"}  # the revision the other callers get stays resident
+
+
+def test_a_release_of_an_alias_that_serves_nothing_is_refused(registry: Registry) -> None:
+    """Every target deprecated: no baseline to compare with (before, the deprecated one)."""
+    registry.set_release("acme/bot@v1", "ops", RevisionState.DEPRECATED)
+    store = ReleaseStore(registry)
+    with pytest.raises(ReleaseStartError, match="serves no revision"):
+        store.start_release("acme", "bot", "v2", PLAN, actor="ops")
+    assert store.list_releases(include_terminal=True, tenant="acme") == []

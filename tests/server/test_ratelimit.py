@@ -6,9 +6,9 @@ import pytest
 from conftest import BASE_NAME, Rig
 
 from loraplex.errors import RateLimitError
-from loraplex.quota.ratelimit import RateLimiter
+from loraplex.quota.ratelimit import MAX_WAIT_S, RateLimiter
 from loraplex.registry import PriorityClass, Tenant, TenantQuotas
-from loraplex.server.errors import ErrorContext, to_api_error
+from loraplex.server.errors import MAX_RETRY_AFTER_S, ErrorContext, to_api_error
 from loraplex.server.limits import max_engine_requests
 
 
@@ -204,3 +204,38 @@ def test_over_http_a_bad_session_header_is_refused_before_the_fan_out_is_charged
     assert bad.status_code == 400 and bad.json()["error"]["param"] == "X-Session-Id"
     again = rig.client.post("/v1/completions", json=body, headers=headers)
     assert again.status_code == 429 and int(again.headers["Retry-After"]) == 100
+
+
+def test_a_quota_lowered_while_in_debt_leaves_at_most_the_longest_retry_after() -> None:
+    """A fan-out's debt is bounded by what its rate repays within the longest Retry-After
+    (``max_engine_requests``), but at the rate of its arrival: the operator then lowering the
+    quota (1 to 0.001 a second) after an ``n`` 16 left 15 requests owed at 0.001 a second,
+    16,000 s, while every 429 said Retry-After 3600, so the client came back after the hour and
+    was refused again, for 4.4 hours. Now the bucket owes at most what its current rate repays
+    in that hour."""
+    clock = Clock()
+    limiter = RateLimiter(burst_s=1.0, clock=clock)
+    limiter.check(_tenant("acme", 1.0), 16)  # n=16 on a full bucket of 1: owing 15
+    lowered = _tenant("acme", 0.001)
+    with pytest.raises(RateLimitError) as owing:
+        limiter.check(lowered)
+    assert owing.value.retry_after_s == pytest.approx(MAX_RETRY_AFTER_S)
+    clock.now = float(MAX_RETRY_AFTER_S)
+    limiter.check(lowered)  # the Retry-After was the truth
+    with pytest.raises(RateLimitError) as again:
+        limiter.check(lowered)
+    assert again.value.retry_after_s == pytest.approx(1000.0)  # the new rate, no old debt
+
+
+def test_a_debt_the_current_rate_repays_within_the_hour_is_kept_whole() -> None:
+    """The bound forgives nothing a fan-out admitted at the current rate owes."""
+    clock = Clock()
+    limiter = RateLimiter(burst_s=1.0, clock=clock)
+    tenant = _tenant("acme", 0.001)
+    most = max_engine_requests(0.001, 1.0)
+    limiter.check(tenant, most)
+    with pytest.raises(RateLimitError) as owing:
+        limiter.check(tenant)
+    assert owing.value.retry_after_s == pytest.approx(most * 1000.0)
+    assert most * 1000.0 <= MAX_RETRY_AFTER_S
+    assert MAX_WAIT_S == MAX_RETRY_AFTER_S  # the bound is the longest Retry-After

@@ -31,6 +31,7 @@ from loraplex.serve.config import (
     read_config_file,
 )
 from loraplex.serve.engine_settings import engine_config, registry_config
+from loraplex.server.deps import ServerConfig
 
 LOCATION_VARIABLES = ("LORAPLEX_DATABASE_URL", "LORAPLEX_STORE", "LORAPLEX_S3_ENDPOINT")
 
@@ -253,6 +254,23 @@ def test_shared_state_key_and_flag_reach_the_settings(tmp_path: Path) -> None:
     )
     default = parsed_serve(["--data-dir", str(tmp_path)], {})
     assert (default.shared_state_url, default.shared_state_prefix) == (None, "loraplex")
+
+
+def test_a_shared_state_prefix_without_its_redis_is_refused(tmp_path: Path) -> None:
+    """The prefix names keys in the Redis of ``shared_state_url``; set alone (the URL mistyped
+    out of a file, or its flag forgotten) it was taken and did nothing: every process kept its
+    own buckets. Now it is refused, naming both settings; the default prefix alone is fine."""
+    with pytest.raises(
+        ValueError, match="shared_state_prefix 'blue' is set without shared_state_url"
+    ):
+        ServeConfig(data_dir=tmp_path, shared_state_prefix="blue")
+    with pytest.raises(ValueError, match="shared_state_prefix 'green' is set without"):
+        ServerConfig("base", "admin-key-of-16-chars", shared_state_prefix="green")
+    assert ServeConfig(data_dir=tmp_path).shared_state_prefix == "loraplex"
+    paired = ServeConfig(
+        data_dir=tmp_path, shared_state_url="redis://cache", shared_state_prefix="b"
+    )
+    assert paired.shared_state_prefix == "b"
 
 
 def test_a_bad_shared_state_setting_is_refused_without_its_password(tmp_path: Path) -> None:

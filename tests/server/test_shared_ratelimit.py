@@ -38,6 +38,7 @@ from loraplex.serve.config import ServeConfig
 from loraplex.server import limits
 from loraplex.server.app import create_app
 from loraplex.server.deps import ServerConfig
+from loraplex.server.errors import MAX_RETRY_AFTER_S
 from loraplex.server.limits import RequestLimits
 
 REDIS_URL = os.environ.get("LORAPLEX_TEST_REDIS_URL", "redis://127.0.0.1:6379/0")
@@ -203,6 +204,26 @@ def test_a_cost_above_the_capacity_passes_on_a_full_bucket_and_is_owed(
     limiter.check(tenant)
     with pytest.raises(ValueError, match="cost 0 is invalid"):
         limiter.check(tenant, 0)
+    limiter.close()
+
+
+def test_a_quota_lowered_while_in_debt_leaves_at_most_the_longest_retry_after(
+    redis_url: str, prefix: str
+) -> None:
+    """As ``RateLimiter`` (test_ratelimit.py): 15 owed at a new rate of 0.001 is 16,000 s, and
+    the 429s said an hour; now the shared bucket owes at most its current rate's hour."""
+    now = Clock()
+    limiter = _shared(redis_url, prefix, bucket_clock=now)
+    limiter.check(_tenant("acme", 1.0), 16)  # n=16 on a full bucket of 1: owing 15
+    lowered = _tenant("acme", 0.001)
+    with pytest.raises(RateLimitError) as owing:
+        limiter.check(lowered)
+    assert owing.value.retry_after_s == pytest.approx(MAX_RETRY_AFTER_S)
+    now.now += MAX_RETRY_AFTER_S
+    limiter.check(lowered)
+    with pytest.raises(RateLimitError) as again:
+        limiter.check(lowered)
+    assert again.value.retry_after_s == pytest.approx(1000.0)
     limiter.close()
 
 

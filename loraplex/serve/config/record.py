@@ -29,8 +29,7 @@ from loraplex.engine.watchdog import (
 )
 from loraplex.quota.ratelimit import (
     DEFAULT_KEY_PREFIX,
-    check_key_prefix,
-    check_shared_state_url,
+    check_shared_state,
 )
 from loraplex.residency.ledger import check_tier_share
 from loraplex.residency.policy import DEFAULT_POLICY
@@ -194,9 +193,7 @@ class ServeConfig:
         check_tier_share(self.default_tenant_tier_share)
         check_ranges(self)
         check_connection_caps(self.max_connections, self.max_unauthenticated_connections)
-        if self.shared_state_url is not None:
-            check_shared_state_url(self.shared_state_url)
-        check_key_prefix(self.shared_state_prefix)
+        check_shared_state(self.shared_state_url, self.shared_state_prefix)
         check_non_negative(self)
         check_engine_watch(
             self.engine_process, self.engine_hung_kill_after_s, self.engine_unresponsive_after_s
