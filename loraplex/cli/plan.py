@@ -14,6 +14,8 @@ from typing import Annotated, Any
 
 import typer
 
+from loraplex.cli.figures import figure, ttft_text
+
 _UNITS = {"": 1, "B": 1, "KiB": 1 << 10, "MiB": 1 << 20, "GiB": 1 << 30, "TiB": 1 << 40}
 _SIZE = re.compile(r"^\s*(\d+)\s*([KMGT]iB|B)?\s*$")
 
@@ -182,8 +184,8 @@ def summary(record: dict[str, Any]) -> str:
         cost = entry["usd_per_correct_request"]
         shown = "undefined" if cost is None else f"{cost:.3g} USD/correct request"
         return (
-            f"{label}: {entry['config']['label']}  {shown}  {_ttft(entry['ttft_ms'] or {})}  "
-            f"completed {_figure(entry['completed_ratio'], '.4g')}"
+            f"{label}: {entry['config']['label']}  {shown}  {ttft_text(entry['ttft_ms'] or {})}  "
+            f"completed {figure(entry['completed_ratio'], '.4g')}"
         )
 
     lines = [
@@ -195,14 +197,3 @@ def summary(record: dict[str, Any]) -> str:
     if record["cheapest_rejected"] is not None:
         lines.append(f"  missed: {', '.join(record['cheapest_rejected']['violations'])}")
     return "\n".join(lines)
-
-
-def _ttft(ttft_ms: dict[str, Any]) -> str:
-    """``ttft p50 24.7 p99 92.5 ms (n 226)``: the record's figures, read as a sentence (the line
-    printed the Python dict)."""
-    figures = " ".join(f"{name} {_figure(ttft_ms.get(name), '.1f')}" for name in ("p50", "p99"))
-    return f"ttft {figures} ms (n {ttft_ms.get('n', 0)})"
-
-
-def _figure(value: float | None, spec: str) -> str:
-    return "-" if value is None else format(value, spec)

@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 
+from loraplex.cli.figures import figure, named_figures, ttft_text
 from loraplex.engine.tenant_shares import TenantSettings
 from loraplex.residency.policy import DEFAULT_POLICY as DEFAULT_EVICTION
 from loraplex.router import DEFAULT_POLICY as DEFAULT_ROUTING
@@ -86,6 +87,8 @@ def run_command(
     disk_cache_bytes: Annotated[int, Opt(help="L2 budget per replica, bytes.")] = 8 << 30,
     bytes_per_rank: Annotated[int, Opt(help="An adapter's bytes per unit of rank.")] = 65536,
     max_num_seqs: Annotated[int, Opt(help="Sequences decoding at once.")] = 32,
+    max_model_len: Annotated[int, Opt(help="Prompt + output tokens of one sequence.")] = 512,
+    num_kv_blocks: Annotated[int, Opt(help="KV blocks per replica (16 tokens each).")] = 1024,
     default_tenant_tier_share: Annotated[
         float, Opt(help="Share of each tier a tenant without a cap of its own may hold.")
     ] = 0.5,
@@ -119,6 +122,8 @@ def run_command(
         "disk_cache_bytes": disk_cache_bytes,
         "bytes_per_rank": bytes_per_rank,
         "max_num_seqs": max_num_seqs,
+        "max_model_len": max_model_len,
+        "num_kv_blocks": num_kv_blocks,
         "default_tenant_tier_share": default_tenant_tier_share,
         "auto_warm": auto_warm,
         "auto_warm_interval_s": auto_warm_interval_s,
@@ -137,7 +142,7 @@ def run_command(
     if as_json:
         typer.echo(json.dumps(body, sort_keys=True, allow_nan=False))
     else:
-        _summary(result.metrics)
+        typer.echo(summary(result.metrics))
 
 
 def _cost_model(path: Path) -> CostModel:
@@ -165,13 +170,28 @@ def _records(
         raise _fail("--trace" if trace is not None else "--workload", e) from e
 
 
-def _summary(m: dict[str, Any]) -> None:
-    typer.echo(f"requests {m['requests']}  completed_ratio {m['completed_ratio']}")
-    typer.echo(f"hit_ratio {m['hit_ratio']}  cold_loads {m['cold_loads']}")
-    typer.echo(f"ttft_ms {m['ttft_ms']}  warm {m['ttft_ms_warm']}  cold {m['ttft_ms_cold']}")
-    typer.echo(f"throughput_tokens_per_s {m['throughput_tokens_per_s']}")
+def summary(m: dict[str, Any]) -> str:
+    """The run's main figures as a few lines of text (``--json`` gives them all)."""
+    lines = [
+        f"requests {m['requests']}  completed {m['completed']} "
+        f"(ratio {figure(m['completed_ratio'], '.4g')})",
+        "  ".join(
+            ttft_text(m[key], label)
+            for key, label in (
+                ("ttft_ms", "ttft"),
+                ("ttft_ms_warm", "warm"),
+                ("ttft_ms_cold", "cold"),
+            )
+        ),
+        f"hit ratio {named_figures(m['hit_ratio'], '.3g')}  cold loads {m['cold_loads']}",
+        f"throughput {figure(m['throughput_tokens_per_s'], '.1f')} tokens/s",
+    ]
     if "decisions" in m:
-        typer.echo(f"decisions {m['decisions']}  imbalance {m['imbalance']}")
+        lines.append(
+            f"decisions {named_figures(m['decisions']) or 'none'}  "
+            f"imbalance {figure(m['imbalance'], '.3g')}"
+        )
+    return "\n".join(lines)
 
 
 @sim_app.command("scale")

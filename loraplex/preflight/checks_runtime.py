@@ -99,6 +99,8 @@ def no_eviction_in_use(obs: Observation) -> Verdict:
     probe = obs.in_use
     if probe is None or probe.evict_answer is None:
         why = "no stream to hold an adapter in use: not judged"
+        if probe is not None:  # why it held none: a refusal's status and Retry-After
+            why = f"{why} ({probe.note})"
         return Verdict(item, Status.WARN, why, () if probe is None else (probe.note,))
     answer, copy = probe.evict_answer, probe.copy
     held = "not listed" if copy is None else f"pinned {copy['pinned']}, refcount {copy['refcount']}"

@@ -5,6 +5,7 @@ probes with a tenant key, the load test, and an eviction attempt on a copy in us
 
 from __future__ import annotations
 
+import json
 import time
 from collections.abc import Iterator
 from contextlib import ExitStack, contextmanager
@@ -159,19 +160,43 @@ def in_use_probe(deployment: Deployment, target: Target) -> InUseProbe:
             httpx.Client(base_url=deployment.url, timeout=deployment.timeout_s) as http,
             http.stream("POST", "/v1/completions", json=body, headers=headers) as stream,
         ):
+            status = stream.status_code
+            if status != 200:
+                return InUseProbe(ref, None, None, status, False, _refusal_note(stream))
+            error = None
             for line in stream.iter_lines():
                 if line.startswith("data:") and answer is None:
                     answer = deployment.admin("POST", "/admin/residency/evict", evict)
                     copy = _gpu_copy(deployment, ref)
                 complete = line.strip() == "data: [DONE]" or complete
                 if line.startswith("data:") and '"error"' in line:
-                    complete = False
+                    complete, error = False, line.removeprefix("data:").strip()
                     break
-            status = stream.status_code
     except httpx.HTTPError as exc:
         return InUseProbe(ref, answer, copy, 0, False, f"stream failed: {exc}")
-    note = "stream ran to [DONE]" if complete else "stream did not complete"
+    if error is not None:
+        note = f"stream ended with an error event: {_error_message(error)}"
+    else:
+        note = "stream ran to [DONE]" if complete else "stream ended without [DONE]"
     return InUseProbe(ref, answer, copy, status, complete, note)
+
+
+def _refusal_note(stream: httpx.Response) -> str:
+    """Why a stream was refused before it opened: its status, ``Retry-After`` and message (a
+    429 or 503 says when to come back; "did not complete" alone hid it)."""
+    stream.read()
+    retry_after = stream.headers.get("retry-after")
+    wait = "" if retry_after is None else f", Retry-After {retry_after} s"
+    return f"stream refused: status {stream.status_code}{wait}: {_error_message(stream.text)}"
+
+
+def _error_message(text: str) -> str:
+    """An OpenAI-style error body's message, else the text itself (at most 200 characters)."""
+    try:
+        message = json.loads(text)["error"]["message"]
+    except (ValueError, KeyError, TypeError):
+        message = text
+    return str(message)[:200]
 
 
 @contextmanager

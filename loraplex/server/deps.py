@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -146,6 +147,9 @@ class ServerDeps:
     # Holds the admin guard takes on the engine side before it changes a revision's state
     # (server/merge_guard.py); None: the published report alone (an engine that never merges).
     merge_holds: MergeHoldControl | None = field(default=None, kw_only=True)
+    # Unix seconds when this server was built: the base model's ``created`` in /v1/models (OpenAI
+    # gives a model's creation time there and vLLM the time of the listing; 0 read as 1970).
+    started_at_s: int = field(default_factory=lambda: int(time.time()), kw_only=True)
     # The server's metrics registry, built from ``engine`` and ``cache`` (never passed in).
     metrics: ServerMetrics = field(init=False, repr=False, compare=False)
 

@@ -46,7 +46,7 @@ def _base_card(deps: ServerDeps) -> ModelCard:
     name = deps.config.base_model_name
     return ModelCard(
         id=name,
-        created=0,
+        created=deps.started_at_s,
         owned_by="loraplex",
         root=name,
         parent=None,

@@ -131,7 +131,7 @@ class ChunkFormat:
         )
         if self.chat:
             content = _json(text) if text else "null"
-            choice = f'{{"index":{index},"delta":{{"role":null,"content":{content}}},{rest}'
+            choice = f'{{"index":{index},"delta":{{"content":{content}}},{rest}'
         else:
             choice = f'{{"index":{index},"text":{_json(text)},{rest}'
         return f"{self._head}{choice}{self._tail_with(usage)}"

@@ -48,8 +48,8 @@ class SimConfig:
     disk_cache_bytes: int = 8 << 30  # L2 budget per replica
     max_num_seqs: int = 32  # sequences decoding at once
     max_num_batched_tokens: int = 512  # tokens in one step
-    max_model_len: int = 2048  # prompt + output tokens of one sequence
-    num_kv_blocks: int = 4096  # KV blocks per replica
+    max_model_len: int = 512  # prompt + output tokens of one sequence (serve's default)
+    num_kv_blocks: int = 1024  # KV blocks per replica (serve's default)
     block_size: int = 16  # tokens per KV block
     queue_deadline_s: float = 30.0  # longest queue residence before the request fails
     max_queue_len: int = 1024  # queued requests per replica before one is refused

@@ -38,6 +38,14 @@ def _probe(evicted: bool, complete: bool = True, pinned: bool = False) -> InUseP
     return InUseProbe("acme/support@r1", answer, copy, 200, complete, "stream ran to [DONE]")
 
 
+def test_a_refused_stream_is_not_judged_and_says_why() -> None:
+    note = "stream refused: status 429, Retry-After 2 s: tenant acme's queue is full"
+    probe = InUseProbe("acme/support@r1", None, None, 429, False, note)
+    verdict = no_eviction_in_use(_observation(in_use=probe))
+    assert verdict.status is Status.WARN
+    assert verdict.summary == f"no stream to hold an adapter in use: not judged ({note})"
+
+
 def test_an_in_use_copy_evicted_fails() -> None:
     assert no_eviction_in_use(_observation(in_use=_probe(False))).status is Status.PASS
     failed = no_eviction_in_use(_observation(in_use=_probe(True)))

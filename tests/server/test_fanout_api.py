@@ -109,7 +109,7 @@ def test_streaming_n_interleaves_choices_and_sums_usage_once(rig: Rig) -> None:
     roles = [
         c["choices"][0]["index"]
         for c in chunks
-        if c["choices"] and c["choices"][0]["delta"]["role"]
+        if c["choices"] and c["choices"][0]["delta"].get("role")
     ]
     assert roles == [0, 1]
     for index in (0, 1):

@@ -40,7 +40,7 @@ def _usage(prompt: int, completion: int) -> dict[str, int]:
 
 def _generated(choice: dict[str, Any], chat: bool) -> bool:
     """Whether the chunk shows a generated token (chat's role chunk does not)."""
-    return not (chat and choice["delta"]["role"] == "assistant")
+    return not (chat and choice["delta"].get("role") == "assistant")
 
 
 @pytest.mark.parametrize("path", [COMPLETIONS, CHAT])

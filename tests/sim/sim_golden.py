@@ -16,6 +16,10 @@ from loraplex.sim.config import SimConfig
 from loraplex.sim.run import simulate
 from loraplex.sim.scale import synthetic_trace
 
+# The simulator's context length and KV blocks when these were recorded (its defaults then; they
+# are ``loraplex serve``'s since), passed explicitly so that the recorded results stay valid.
+_RECORDED = {"max_model_len": 2048, "num_kv_blocks": 4096}
+
 _CLASSES = {
     "prio": TenantSettings.for_priority("high"),
     "batch": TenantSettings.for_priority("batch"),
@@ -32,12 +36,12 @@ def _run(name: str, config: SimConfig, *, shared: bool = False, **kw: float) -> 
 
 def _scale() -> str:
     trace = synthetic_trace(1000, 400, 20.0 * 8, seed=0)
-    return simulate(trace, SimConfig(replicas=8), cost()).to_json()
+    return simulate(trace, SimConfig(replicas=8, **_RECORDED), cost()).to_json()
 
 
 CASES: dict[str, Callable[[], str]] = {
-    "zipf-single": _run("zipf-longtail", SimConfig(max_loras=4), duration_s=10),
-    "hot-fleet": _run("hot-burst", SimConfig(replicas=3, max_loras=4), duration_s=10),
+    "zipf-single": _run("zipf-longtail", SimConfig(max_loras=4, **_RECORDED), duration_s=10),
+    "hot-fleet": _run("hot-burst", SimConfig(replicas=3, max_loras=4, **_RECORDED), duration_s=10),
     "cold-scarce": _run(
         "cold-storm",
         SimConfig(
@@ -46,19 +50,20 @@ CASES: dict[str, Callable[[], str]] = {
             max_concurrent_loads=1,
             tenant_max_concurrent_loads=1,
             queue_deadline_s=0.5,
+            **_RECORDED,
         ),
         duration_s=6,
         rate=40,
     ),
     "hot-classes-shared-cpu": _run(
         "hot-burst",
-        SimConfig(max_loras=6, tenants=_CLASSES, auto_warm_interval_s=2.0),
+        SimConfig(max_loras=6, tenants=_CLASSES, auto_warm_interval_s=2.0, **_RECORDED),
         shared=True,
         duration_s=10,
     ),
     "zipf-tight-kv": _run(
         "zipf-longtail",
-        SimConfig(max_num_seqs=4, num_kv_blocks=24, block_size=16, max_loras=4),
+        SimConfig(max_num_seqs=4, num_kv_blocks=24, block_size=16, max_loras=4, max_model_len=2048),
         duration_s=6,
         rate=30,
     ),

@@ -99,8 +99,8 @@ def test_a_warm_request_pays_it_once_and_its_decode_steps_never() -> None:
 
 def test_a_chunked_prompt_pays_it_on_every_chunk() -> None:
     trace = [TraceRecord(0.0, "t", None, 1200, 2)]  # 512 + 512 + 176 tokens: three steps
-    plain = _metrics(trace, cost(), max_num_batched_tokens=512)
-    priced = _metrics(trace, _priced(), max_num_batched_tokens=512)
+    plain = _metrics(trace, cost(), max_num_batched_tokens=512, max_model_len=2048)
+    priced = _metrics(trace, _priced(), max_num_batched_tokens=512, max_model_len=2048)
     shift_ms = priced["ttft_ms"]["p50"] - plain["ttft_ms"]["p50"]
     assert shift_ms == pytest.approx(3 * X * 1000, abs=2e-3)
 

@@ -9,6 +9,7 @@ from sim_inputs import COST_FILE
 from typer.testing import CliRunner
 
 from loraplex.cli import app
+from loraplex.cli.sim import summary
 from loraplex.sim.scale import scale_run, synthetic_trace
 from loraplex.sim.trace import TraceRecord, write_trace
 
@@ -18,12 +19,13 @@ runner = CliRunner()
 def test_sim_run_on_a_workload_prints_one_json_line() -> None:
     args = ["sim", "run", "--workload", "hot-burst", "--duration-s", "5"]
     args += ["--cost-model", str(COST_FILE), "--replicas", "2", "--max-loras", "4", "--json"]
-    result = runner.invoke(app, args)
+    result = runner.invoke(app, [*args, "--max-model-len", "256", "--num-kv-blocks", "300"])
     assert result.exit_code == 0, result.output
     (line,) = result.output.strip().splitlines()
     body = json.loads(line)
     assert body["schema"] == "loraplex-sim-result/1" and body["source"] == "hot-burst"
     assert body["config"]["replicas"] == 2 and body["config"]["max_loras"] == 4
+    assert (body["config"]["max_model_len"], body["config"]["num_kv_blocks"]) == (256, 300)
     assert body["metrics"]["requests"] == body["config"]["trace_requests"] > 0
     assert sum(body["metrics"]["decisions"].values()) == body["metrics"]["requests"]
 
@@ -38,7 +40,29 @@ def test_sim_run_on_a_trace_file(tmp_path: Path) -> None:
     assert body["config"]["eviction_policy"] == "lru"
     assert body["metrics"]["completed"] == 2
     text = runner.invoke(app, args)  # without --json: a few summary lines
-    assert text.exit_code == 0 and "requests 2  completed_ratio 1.0" in text.output
+    assert text.exit_code == 0 and "requests 2  completed 2 (ratio 1)" in text.output
+    assert "{" not in text.output  # figures, not the record's Python dicts
+
+
+def test_the_text_summary_reads_as_figures() -> None:
+    """``sim run`` without ``--json`` printed the record's dicts (``ttft_ms {'n': 2, ...}``)."""
+    ttft = {"n": 4, "p50": 24.728, "p90": 52.9, "p99": 92.494}
+    none = {"n": 0, "p50": None, "p90": None, "p99": None}
+    metrics = {
+        "requests": 5, "completed": 4, "completed_ratio": 0.8, "ttft_ms": ttft,
+        "ttft_ms_warm": ttft, "ttft_ms_cold": none, "cold_loads": 1,
+        "hit_ratio": {"L0": 0.75, "L1": 0.0, "L2": None, "L3": 0.25},
+        "throughput_tokens_per_s": 123.456, "decisions": {"gpu_hit": 3, "placement": 1},
+        "imbalance": 1.3333,
+    }  # fmt: skip
+    assert summary(metrics).splitlines() == [
+        "requests 5  completed 4 (ratio 0.8)",
+        "ttft p50 24.7 p99 92.5 ms (n 4)  warm p50 24.7 p99 92.5 ms (n 4)  "
+        "cold p50 - p99 - ms (n 0)",
+        "hit ratio L0 0.75, L1 0, L2 -, L3 0.25  cold loads 1",
+        "throughput 123.5 tokens/s",
+        "decisions gpu_hit 3, placement 1  imbalance 1.33",
+    ]
 
 
 def test_bad_flags_are_refused_by_name(tmp_path: Path) -> None:
@@ -54,6 +78,7 @@ def test_bad_flags_are_refused_by_name(tmp_path: Path) -> None:
          "--default-tenant-tier-share"),
         (["sim", "run", *cost, *uniform, "--max-auto-gpu-slots", "8"], "--max-auto-gpu-slots"),
         (["sim", "run", *cost, *uniform, "--auto-warm-interval-s", "0"], "--auto-warm-interval-s"),
+        (["sim", "run", *cost, *uniform, "--max-model-len", "0"], "--max-model-len"),
     ]  # fmt: skip
     for args, flag in cases:
         result = runner.invoke(app, args)

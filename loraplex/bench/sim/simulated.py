@@ -29,7 +29,8 @@ def sim_config(
     tenants: Mapping[str, TenantSettings],
 ) -> dict[str, Any]:
     """SimConfig fields mirroring the real deployment of ``target``: its settings, the server's
-    defaults where the simulator's differ (context length, KV blocks), and ``tenants`` as the
+    context length and KV blocks (the simulator's defaults too, named here all the same so
+    the mirror holds whatever either default becomes), and ``tenants`` as the
     server's engine reads them from the registry (priority classes, quotas)."""
     s = config.settings
     return {

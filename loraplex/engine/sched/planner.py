@@ -120,6 +120,12 @@ class StepPlanner(RequestBook):
         self._step += 1
         return StepPlan(tuple(chunks), ())
 
+    def steady_as_contexts_grow(self) -> bool:
+        """Whether a steady decode batch stays one while its contexts grow: no tenant is over its
+        equal share. NOTE: one that is may be held back by the step-share rule a few steps on
+        (a decode's work grows with its context), where ``schedule_decodes`` then declines."""
+        return not over_share(self._queues, self.running, {}, self.config)
+
     def advance_decodes(self, plan: StepPlan, token: int, num_steps: int) -> StepPlan | None:
         """``num_steps`` rounds of ``update(plan)`` (every chunk sampling ``token``) and then
         ``schedule_decodes()``, each round's plan the next round's, for a ``plan`` that

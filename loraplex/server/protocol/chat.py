@@ -5,7 +5,15 @@ from __future__ import annotations
 
 from typing import Annotated, Literal
 
-from pydantic import BaseModel, BeforeValidator, Field, StrictBool, StrictInt
+from pydantic import (
+    BaseModel,
+    BeforeValidator,
+    Field,
+    SerializerFunctionWrapHandler,
+    StrictBool,
+    StrictInt,
+    model_serializer,
+)
 
 from loraplex.server.protocol.fields import (
     MAX_CHAT_MESSAGES,
@@ -109,8 +117,18 @@ class ChatCompletionResponse(BaseModel):
 
 
 class ChatDelta(BaseModel):
-    role: Literal["assistant"] | None = None
+    """One choice's delta. Only a choice's first delta names the role; later ones leave the
+    key out rather than send ``"role": null`` (as OpenAI and vLLM do)."""
+
+    role: Literal["assistant"] | None = None  # "assistant" on the first delta, else left out
     content: str | None = None
+
+    @model_serializer(mode="wrap")
+    def _without_null_role(self, handler: SerializerFunctionWrapHandler) -> dict[str, object]:
+        data: dict[str, object] = handler(self)
+        if self.role is None:
+            data.pop("role", None)
+        return data
 
 
 class ChatChunkChoice(BaseModel):
