@@ -15,10 +15,11 @@ step-by-step loop makes), and applies them to the scheduler only when their effe
 
 The run is sized so that no step in it finishes a request or plans at or after the next
 automatic warm rebalance, and so that the KV blocks for all of it are free; none starts while a
-tenant is over its equal share (the step-share rule may hold it back as its contexts grow); every plan made in
-it is the scheduler's own (``schedule_decodes``), so a run computes what the step-by-step loop
-computes. An event at the very instant a skipped step ends is taken to come before that step's
-end (the step-by-step loop orders such ties by when each event was scheduled).
+tenant is over its equal share (the step-share rule may hold it back as its contexts grow);
+every plan made in it is the scheduler's own (``schedule_decodes``), so a run computes what the
+step-by-step loop computes. An event at the very instant a skipped step ends is taken to come
+before that step's end (the step-by-step loop orders such ties by when each event was
+scheduled).
 """
 
 from __future__ import annotations
