@@ -220,6 +220,10 @@ def scale_command(
 
 
 def _flag_of(error: ValueError, settings: dict[str, Any]) -> str:
-    """The flag whose SimConfig field the error names (the message starts with it)."""
-    field = str(error).split(" ", 1)[0]
-    return f"--{field.replace('_', '-')}" if field in settings else "--options"
+    """The flag whose SimConfig field the error names (the message starts with it), with the
+    flags of the other fields it names (``--num-kv-blocks/--max-model-len``)."""
+    words = str(error).replace(",", " ").split()
+    if not words or words[0] not in settings:
+        return "--options"
+    named = dict.fromkeys(w for w in words if w in settings)  # in order, the first one first
+    return "/".join(f"--{field.replace('_', '-')}" for field in named)

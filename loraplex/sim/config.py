@@ -113,6 +113,13 @@ class SimConfig:
                 raise ValueError(
                     f"tenants[{tenant!r}] is invalid; expected a tenant name -> TenantSettings"
                 )
+        # ``loraplex serve``'s rule (engine/config.py): a KV space smaller than one sequence
+        # would leave a long request waiting for blocks that never free, the run never ending.
+        if self.num_kv_blocks * self.block_size < self.max_model_len:
+            raise ValueError(
+                f"num_kv_blocks {self.num_kv_blocks} x block_size {self.block_size} is invalid; "
+                f"expected room for one max_model_len {self.max_model_len} sequence"
+            )
         if self.default_rank > self.max_lora_rank:
             raise ValueError(
                 f"default_rank {self.default_rank} is invalid; expected <= max_lora_rank "

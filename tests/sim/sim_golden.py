@@ -63,7 +63,7 @@ CASES: dict[str, Callable[[], str]] = {
     ),
     "zipf-tight-kv": _run(
         "zipf-longtail",
-        SimConfig(max_num_seqs=4, num_kv_blocks=24, block_size=16, max_loras=4, max_model_len=2048),
+        SimConfig(max_num_seqs=4, num_kv_blocks=24, block_size=16, max_loras=4, max_model_len=384),
         duration_s=6,
         rate=30,
     ),
