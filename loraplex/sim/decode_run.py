@@ -14,12 +14,13 @@ step-by-step loop makes), and applies them to the scheduler only when their effe
   debt) then ends the run and the step in flight continues as an ordinary step event.
 
 The run is sized so that no step in it finishes a request or plans at or after the next
-automatic warm rebalance, and so that the KV blocks for all of it are free; none starts while a
-tenant is over its equal share (the step-share rule may hold it back as its contexts grow);
-every plan made in it is the scheduler's own (``schedule_decodes``), so a run computes what the
-step-by-step loop computes. An event at the very instant a skipped step ends is taken to come
-before that step's end (the step-by-step loop orders such ties by when each event was
-scheduled).
+automatic warm rebalance, and so that the KV blocks for all of it are free; none starts where a
+request's step is its prompt's last token (a chunked prefill's last chunk of one token: that step
+samples the request's first token, its TTFT) nor while a tenant is over its equal share (the
+step-share rule may hold it back as its contexts grow); every plan made in it is the
+scheduler's own (``schedule_decodes``), so a run computes what the step-by-step loop computes.
+An event at the very instant a skipped step ends is taken to come before that step's end (the
+step-by-step loop orders such ties by when each event was scheduled).
 """
 
 from __future__ import annotations
@@ -35,13 +36,19 @@ MIN_STEPS = 2  # a run shorter than this saves nothing
 def run_length(sched: Scheduler, plan: StepPlan, max_model_len: int) -> int:
     """How many steps, ``plan`` first, can run before one of them finishes a request (the step
     that finishes one is the run's successor, planned as usual), within the free KV blocks;
-    none while a tenant is over its equal share (its decodes may be held back as they grow)."""
+    none where a request has no output yet (its step is its prompt's last token and samples its
+    first token) or while a tenant is over its equal share (its decodes may be held back as they
+    grow)."""
     if not sched.steady_as_contexts_grow():
         return 0
     requests = sched.requests
     steps = None
     for chunk in plan.chunks:
         req = requests[chunk.request_id]
+        if not req.output_token_ids:
+            # The last token of a chunked prefill (``schedule_decodes`` plans it as a decode):
+            # the step samples its first token, which a run's steps do not record.
+            return 0
         # Applying the run's i-th step (1-based) leaves len(output) + i tokens out, and the
         # context at num_tokens + i; the request ends at max_tokens or a full context.
         left = req.request.params.max_tokens - len(req.output_token_ids)
