@@ -19,8 +19,8 @@ request's step is its prompt's last token (a chunked prefill's last chunk of one
 samples the request's first token, its TTFT) nor while a tenant is over its equal share (the
 step-share rule may hold it back as its contexts grow); every plan made in it is the
 scheduler's own (``schedule_decodes``), so a run computes what the step-by-step loop computes.
-An event at the very instant a skipped step ends is taken to come before that step's end (the
-step-by-step loop orders such ties by when each event was scheduled).
+An event at the very instant a skipped step ends is ordered as the step-by-step loop orders
+the tie, by when each was scheduled (``catch_up``'s ``scheduled_s``; unknown: the event first).
 """
 
 from __future__ import annotations
@@ -76,11 +76,14 @@ class DecodeRun:
         ends: list[float],
         apply: Callable[[StepPlan], None],
         advance: Callable[[StepPlan, int], StepPlan | None],
+        *,
+        start_s: float,
     ) -> None:
         self._sched = sched
         self._apply = apply
         self._advance = advance
         self.plan = plan  # the step in flight: planned, not applied
+        self.start_s = start_s  # when ``plan`` was planned (its end scheduled)
         self.ends = ends  # when each step of the run ends, in order
         self.applied = 0  # steps of the run applied so far
 
@@ -89,10 +92,20 @@ class DecodeRun:
         """When the step in flight ends."""
         return self.ends[self.applied]
 
-    def catch_up(self, now_s: float) -> None:
-        """Applies the steps that ended before ``now_s`` and plans the one in flight then."""
-        last, ended = len(self.ends) - 1, self.applied
-        while ended < last and self.ends[ended] < now_s:
+    def catch_up(self, now_s: float, scheduled_s: float | None = None) -> None:
+        """Applies the steps that ended before ``now_s`` and plans the one in flight then. A
+        step ending at ``now_s`` itself ended first where the step-by-step loop had scheduled
+        its end (at the previous step's end) by ``scheduled_s``, when the touching event was
+        scheduled (None: unknown, the touch comes first)."""
+        last, ended, ends = len(self.ends) - 1, self.applied, self.ends
+        while ended < last and ends[ended] < now_s:
+            ended += 1
+        if (
+            scheduled_s is not None
+            and ended < last
+            and ends[ended] == now_s
+            and (self.start_s if ended == 0 else ends[ended - 1]) <= scheduled_s
+        ):
             ended += 1
         self._steps(ended - self.applied)
 
