@@ -66,7 +66,7 @@ def _case(seed: int) -> tuple[list[TraceRecord], SimConfig]:
         replicas=rnd.choice([1, 2]),
         max_num_seqs=8,
         max_num_batched_tokens=rnd.choice([8, 16, 64]),
-        num_kv_blocks=rnd.choice([30, 100]),
+        num_kv_blocks=rnd.choice([32, 100]),
         step_work_ratio=rnd.choice([0.0, 1.0, 2.0]),
         tenants={"a": TenantSettings(weight=rnd.choice([1.0, 4.0]))},
     )
