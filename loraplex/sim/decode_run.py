@@ -14,12 +14,13 @@ step-by-step loop makes), and applies them to the scheduler only when their effe
   debt) then ends the run and the step in flight continues as an ordinary step event.
 
 The run is sized so that no step in it finishes a request or plans at or after the next
-automatic warm rebalance, and so that the KV blocks for all of it are free; none starts while a
-tenant is over its equal share (the step-share rule may hold it back as its contexts grow);
-every plan made in it is the scheduler's own (``schedule_decodes``), so a run computes what the
-step-by-step loop computes. An event at the very instant a skipped step ends is taken to come
-before that step's end (the step-by-step loop orders such ties by when each event was
-scheduled).
+automatic warm rebalance, and so that the KV blocks for all of it are free; none starts where a
+request's step is its prompt's last token (a chunked prefill's last chunk of one token: that step
+samples the request's first token, its TTFT) nor while a tenant is over its equal share (the
+step-share rule may hold it back as its contexts grow); every plan made in it is the
+scheduler's own (``schedule_decodes``), so a run computes what the step-by-step loop computes.
+An event at the very instant a skipped step ends is ordered as the step-by-step loop orders
+the tie, by when each was scheduled (``catch_up``'s ``scheduled_s``; unknown: the event first).
 """
 
 from __future__ import annotations
@@ -35,13 +36,19 @@ MIN_STEPS = 2  # a run shorter than this saves nothing
 def run_length(sched: Scheduler, plan: StepPlan, max_model_len: int) -> int:
     """How many steps, ``plan`` first, can run before one of them finishes a request (the step
     that finishes one is the run's successor, planned as usual), within the free KV blocks;
-    none while a tenant is over its equal share (its decodes may be held back as they grow)."""
+    none where a request has no output yet (its step is its prompt's last token and samples its
+    first token) or while a tenant is over its equal share (its decodes may be held back as they
+    grow)."""
     if not sched.steady_as_contexts_grow():
         return 0
     requests = sched.requests
     steps = None
     for chunk in plan.chunks:
         req = requests[chunk.request_id]
+        if not req.output_token_ids:
+            # The last token of a chunked prefill (``schedule_decodes`` plans it as a decode):
+            # the step samples its first token, which a run's steps do not record.
+            return 0
         # Applying the run's i-th step (1-based) leaves len(output) + i tokens out, and the
         # context at num_tokens + i; the request ends at max_tokens or a full context.
         left = req.request.params.max_tokens - len(req.output_token_ids)
@@ -69,11 +76,14 @@ class DecodeRun:
         ends: list[float],
         apply: Callable[[StepPlan], None],
         advance: Callable[[StepPlan, int], StepPlan | None],
+        *,
+        start_s: float,
     ) -> None:
         self._sched = sched
         self._apply = apply
         self._advance = advance
         self.plan = plan  # the step in flight: planned, not applied
+        self.start_s = start_s  # when ``plan`` was planned (its end scheduled)
         self.ends = ends  # when each step of the run ends, in order
         self.applied = 0  # steps of the run applied so far
 
@@ -82,10 +92,20 @@ class DecodeRun:
         """When the step in flight ends."""
         return self.ends[self.applied]
 
-    def catch_up(self, now_s: float) -> None:
-        """Applies the steps that ended before ``now_s`` and plans the one in flight then."""
-        last, ended = len(self.ends) - 1, self.applied
-        while ended < last and self.ends[ended] < now_s:
+    def catch_up(self, now_s: float, scheduled_s: float | None = None) -> None:
+        """Applies the steps that ended before ``now_s`` and plans the one in flight then. A
+        step ending at ``now_s`` itself ended first where the step-by-step loop had scheduled
+        its end (at the previous step's end) by ``scheduled_s``, when the touching event was
+        scheduled (None: unknown, the touch comes first)."""
+        last, ended, ends = len(self.ends) - 1, self.applied, self.ends
+        while ended < last and ends[ended] < now_s:
+            ended += 1
+        if (
+            scheduled_s is not None
+            and ended < last
+            and ends[ended] == now_s
+            and (self.start_s if ended == 0 else ends[ended - 1]) <= scheduled_s
+        ):
             ended += 1
         self._steps(ended - self.applied)
 

@@ -175,7 +175,7 @@ class SimReplica:
 
     def submit(self, request: EngineRequest, outcome: Outcome) -> None:
         """The engine receives ``request`` now; a refusal ends ``outcome`` at once."""
-        self._stop_run()  # the next plan sees the request
+        self._stop_run(outcome.t_s)  # the next plan sees the request (scheduled at its t_s)
         sched = self.scheduler
         try:
             sched.check_can_add(request)
@@ -284,7 +284,8 @@ class SimReplica:
     def settle(self) -> None:
         """Brings a decode run's skipped steps up to now, before the replica's state is read."""
         if self._run is not None:
-            self._run.catch_up(self._clock.now())
+            now = self._clock.now()
+            self._run.catch_up(now, now)  # every step ending by now has ended
 
     def _start_run(self, plan: StepPlan, now: float, seconds: float) -> bool:
         """Runs ``plan`` and the identical steps after it as one event, if there are enough."""
@@ -300,7 +301,9 @@ class SimReplica:
                 ends.pop()
         if len(ends) < 2:
             return False
-        self._run = DecodeRun(self.scheduler, plan, ends, self._apply_decode, self._advance_decodes)
+        self._run = DecodeRun(
+            self.scheduler, plan, ends, self._apply_decode, self._advance_decodes, start_s=now
+        )
         self._run_end = self._executor.call_at(ends[-1], self._finish_run)
         return True
 
@@ -311,12 +314,13 @@ class SimReplica:
         self._step_ended()
         self._plan()
 
-    def _stop_run(self) -> None:
-        """Ends the run now (its next plans would differ): the step in flight ends as usual."""
+    def _stop_run(self, scheduled_s: float | None = None) -> None:
+        """Ends the run now (its next plans would differ): the step in flight ends as usual.
+        ``scheduled_s``: when the event ending it was scheduled (``DecodeRun.catch_up``)."""
         run, timer = self._run, self._run_end
         if run is None or timer is None:
             return
-        run.catch_up(self._clock.now())
+        run.catch_up(self._clock.now(), scheduled_s)
         timer.cancel()
         self._run, self._run_end = None, None
         plan = run.plan
