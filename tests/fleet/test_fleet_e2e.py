@@ -485,7 +485,9 @@ def test_a_killed_replicas_queued_requests_complete_elsewhere(fleet: Fleet) -> N
     import concurrent.futures
 
     before = set(_wait_replicas(fleet, 2))
-    payload = {"model": "support", "prompt": PROMPT, "max_tokens": 120, "temperature": 0,
+    # NOTE: 360 tokens each, so a queued request seen on a board status (up to 0.5 s old) is
+    # still queued at the kill: with 120 two of them could finish in that window on a fast step.
+    payload = {"model": "support", "prompt": PROMPT, "max_tokens": 360, "temperature": 0,
                "ignore_eos": True, "user": "one-session"}  # fmt: skip
     with concurrent.futures.ThreadPoolExecutor(4) as pool, fleet.tenant("acme") as api:
         futures = [pool.submit(api.post, "/v1/completions", json=payload) for _ in range(4)]
@@ -514,13 +516,14 @@ def test_a_killed_replicas_queued_requests_complete_elsewhere(fleet: Fleet) -> N
         for line in metrics.splitlines()
         if line.startswith("loraplex_fleet_request_retries_total")
     )
+    # Ray Serve replaces the dead replica; the new one reports and joins the rotation (waited
+    # for first, so a failure below leaves the next test a whole fleet).
+    rejoined = _wait_replicas(fleet, 2, exclude=frozenset({victim}))
+    assert set(rejoined) - before, rejoined
     # NOTE: at least one: the victim was chosen from board statuses up to 0.5 s old, and by the
     # kill one of its queued requests may have started (it then fails with the running one) or
     # finished; in most runs two or three are sent again.
     assert retries >= 1
-    # Ray Serve replaces the dead replica; the new one reports and joins the rotation.
-    rejoined = _wait_replicas(fleet, 2, exclude=frozenset({victim}))
-    assert set(rejoined) - before, rejoined
 
 
 def test_admin_cache_calls_answer_from_every_replica_under_traffic(fleet: Fleet) -> None:
