@@ -1,0 +1,155 @@
+"""docs/architecture.md names code that exists where it says: every file of its start-up and
+request walk-through, every ``module.name`` and ``Class.method`` there, every "``file``: ``name``"
+pair, and module maps (``engine/``, ``residency/cache/``) that list each file once and no
+file that is gone. A file moved or a function renamed without the doc fails here."""
+
+from __future__ import annotations
+
+import ast
+import re
+from functools import cache
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+PKG = ROOT / "loraplex"
+DOC = (ROOT / "docs" / "architecture.md").read_text(encoding="utf-8")
+WALKED = ("Start-up", "A request, stage by stage", "Releases")
+_TICKED = re.compile(r"`([^`]+)`")
+NOT_OURS = {"F"}  # torch.nn.functional
+
+
+def _section(title: str) -> str:
+    start = DOC.index(f"\n## {title}\n")
+    end = DOC.find("\n## ", start + 1)
+    return DOC[start : end if end >= 0 else len(DOC)]
+
+
+WALK = "\n".join(_section(title) for title in WALKED)
+FILES = sorted(p.relative_to(PKG).as_posix() for p in PKG.rglob("*.py"))
+
+
+def _resolve(path: str) -> list[str]:
+    """The package files ``path`` may name: itself under ``loraplex/``, else every file (or
+    folder) whose path ends with it (``sched/planner.py`` is ``engine/sched/planner.py``); a
+    test's path is the repository's."""
+    path = path.removeprefix("loraplex/").rstrip("/")
+    if (PKG / path).exists() or (path.startswith("tests/") and (ROOT / path).exists()):
+        return [path]
+    return [f for f in FILES if f.endswith(f"/{path}") or f"/{path}/" in f"/{f}"]
+
+
+@cache
+def _tree(path: str) -> ast.Module:
+    return ast.parse((PKG / path).read_text(encoding="utf-8"))
+
+
+def _defined(path: str) -> set[str]:
+    """Names a file defines anywhere: functions, classes, methods, assigned names."""
+    names: set[str] = set()
+    for node in ast.walk(_tree(path)):
+        if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef | ast.ClassDef):
+            names.add(node.name)
+        elif isinstance(node, ast.Assign | ast.AnnAssign):
+            targets = node.targets if isinstance(node, ast.Assign) else [node.target]
+            names |= {t.id for t in targets if isinstance(t, ast.Name)}
+    return names
+
+
+@cache
+def _classes() -> dict[str, list[tuple[set[str], list[str]]]]:
+    """Class name -> (its own methods and fields, its bases' names), per definition."""
+    found: dict[str, list[tuple[set[str], list[str]]]] = {}
+    for path in FILES:
+        for node in ast.walk(_tree(path)):
+            if isinstance(node, ast.ClassDef):
+                own = _defined_in_body(node)
+                bases = [b.id if isinstance(b, ast.Name) else ast.unparse(b) for b in node.bases]
+                found.setdefault(node.name, []).append((own, bases))
+    return found
+
+
+def _defined_in_body(node: ast.ClassDef) -> set[str]:
+    names = set()
+    for item in node.body:
+        if isinstance(item, ast.FunctionDef | ast.AsyncFunctionDef | ast.ClassDef):
+            names.add(item.name)
+        elif isinstance(item, ast.AnnAssign) and isinstance(item.target, ast.Name):
+            names.add(item.target.id)
+    return names
+
+
+def _has_member(cls: str, member: str, seen: frozenset[str] = frozenset()) -> bool:
+    for own, bases in _classes().get(cls, []):
+        if member in own:
+            return True
+        if any(_has_member(b, member, seen | {cls}) for b in bases if b not in seen):
+            return True
+    return False
+
+
+def _module_has(module: str, name: str) -> bool:
+    return any(name in _defined(f) for f in _resolve(f"{module}.py") + _package_files(module))
+
+
+def _package_files(module: str) -> list[str]:
+    return [f for f in FILES if f"/{module}/" in f"/{f}"]
+
+
+def test_every_walked_file_exists() -> None:
+    paths = {t for t in _TICKED.findall(WALK) if re.fullmatch(r"[\w/]+\.py|[a-z_]+(/[a-z_]+)*/", t)}
+    assert len(paths) > 50  # the walk-through was read
+    assert sorted(p for p in paths if not _resolve(p)) == []
+
+
+def test_every_walked_name_exists() -> None:
+    """``module.name`` (``serving.prepare``), ``dir/module.name`` (``ops/policy.AutoPolicy``) and
+    ``Class.method`` (``Scheduler.lease_candidates``, found on the class or a base)."""
+    missing = []
+    for ref in set(_TICKED.findall(WALK)):
+        match = re.fullmatch(r"([\w/]+)\.(\w+)(?:\(\))?", ref)
+        if match is None or match.group(2) in ("py", "md", "json"):
+            continue
+        owner, name = match.groups()
+        if owner in NOT_OURS:
+            continue
+        found = _has_member(owner, name) if owner[0].isupper() else _module_has(owner, name)
+        if not found:
+            missing.append(ref)
+    assert sorted(missing) == []
+
+
+def test_every_file_name_pair_is_where_it_says() -> None:
+    """A "`file.py`: `name`" or "`Class.method` (`file.py`" pair: the name is in that file."""
+    pairs = re.findall(r"`([\w/]+\.py)`?:\s+`(?:\w+\.)?(\w+)(?:\(\))?`", WALK)
+    pairs += [(f, n) for n, f in re.findall(r"`\w+\.(\w+)` \(`([\w/]+\.py)`", WALK)]
+    assert len(pairs) >= 5
+    wrong = [(f, n) for f, n in pairs if not any(_names(p, n) for p in _resolve(f))]
+    assert wrong == []
+
+
+def _names(path: str, name: str) -> bool:
+    """``path`` defines ``name``, or registers it by that string (a policy's name)."""
+    return name in _defined(path) or f'"{name}"' in (PKG / path).read_text(encoding="utf-8")
+
+
+def _has_code(path: Path) -> bool:
+    """More than a docstring (``engine/__init__.py`` is one: nothing to map)."""
+    body = ast.parse(path.read_text(encoding="utf-8")).body
+    return not (len(body) <= 1 and all(isinstance(n, ast.Expr) for n in body))
+
+
+@pytest.mark.parametrize(
+    ("heading", "package"),
+    [("`engine/`, by stage", "engine"), ("`residency/cache/`", "residency/cache")],
+)
+def test_module_map_lists_every_file(heading: str, package: str) -> None:
+    start = DOC.index(f"\n### {heading}\n")
+    end = DOC.find("\n#", start + 1)
+    listed = re.findall(r"^\| `([\w/]+\.py)` \|", DOC[start:end], flags=re.M)
+    assert len(listed) == len(set(listed)), "a file is listed twice"
+    files = {p.relative_to(PKG / package).as_posix(): p for p in (PKG / package).rglob("*.py")}
+    unlisted = {name for name, path in files.items() if _has_code(path)} - set(listed)
+    assert unlisted == set(), f"{package} files missing from the module map"
+    assert set(listed) - set(files) == set(), f"the {package} module map lists files that are gone"
