@@ -121,9 +121,11 @@ def test_every_walked_name_exists() -> None:
 
 
 def test_every_file_name_pair_is_where_it_says() -> None:
-    """A "`file.py`: `name`" or "`Class.method` (`file.py`" pair: the name is in that file."""
+    """A "`file.py`: `name`", "`file.py: name`" or "`Class.method` (`file.py`" pair: the name
+    is in that file."""
     pairs = re.findall(r"`([\w/]+\.py)`?:\s+`(?:\w+\.)?(\w+)(?:\(\))?`", WALK)
     pairs += [(f, n) for n, f in re.findall(r"`\w+\.(\w+)` \(`([\w/]+\.py)`", WALK)]
+    pairs += re.findall(r"`([\w/]+\.py): (\w+)`", WALK)
     assert len(pairs) >= 5
     wrong = [(f, n) for f, n in pairs if not any(_names(p, n) for p in _resolve(f))]
     assert wrong == []
