@@ -1,0 +1,57 @@
+"""The settings tables beyond ``serve`` and ``fleet up`` stay true to their dataclasses: the
+router's (docs/router.md, ``RouterConfig``), the fleet's ``topology`` keys (docs/operations.md,
+``TopologyConfig``) and the qualification plan's (docs/qualification.md, ``QualifyPlan``), each
+key documented once, none that is gone, and a plain documented default the code's."""
+
+from __future__ import annotations
+
+import dataclasses
+import re
+from pathlib import Path
+from typing import Any
+
+from loraplex.qualify.plan import QualifyPlan
+from loraplex.router.config import RouterConfig
+from loraplex.router.topology import TopologyConfig
+
+DOCS = Path(__file__).resolve().parents[1] / "docs"
+
+
+def _defaults(cls: Any) -> dict[str, Any]:
+    return {f.name: f.default for f in dataclasses.fields(cls)}
+
+
+def _same(documented: str, default: Any) -> bool:
+    return float(documented.replace(",", "")) == float(default)
+
+
+def test_router_table_is_router_config() -> None:
+    text = (DOCS / "router.md").read_text(encoding="utf-8").split("## Configuration")[1]
+    rows = dict(re.findall(r"^\| `(\w+)` \| ([^|]+?) \|", text.split("\n## ")[0], flags=re.M))
+    code = _defaults(RouterConfig)
+    assert set(rows) == set(code)
+    assert [k for k, v in rows.items() if not _same(v, code[k])] == []
+
+
+def test_topology_keys_are_topology_config() -> None:
+    text = (DOCS / "operations.md").read_text(encoding="utf-8")
+    row = next(line for line in text.splitlines() if line.startswith("| `topology` (file only"))
+    keys = dict(re.findall(r"`(\w+)` \(([\d.]+)", row))
+    code = _defaults(TopologyConfig)
+    assert set(keys) == set(code)
+    assert [k for k, v in keys.items() if not _same(v, code[k])] == []
+
+
+def test_plan_table_is_qualify_plan() -> None:
+    text = (DOCS / "qualification.md").read_text(encoding="utf-8").split("\n## The plan\n")[1]
+    cells = re.findall(r"^\| ((?:`[\w.]+`(?:, )?)+) \|", text.split("\n## ")[0], flags=re.M)
+    documented = {key for cell in cells for key in re.findall(r"`([\w.]+)`", cell)}
+    keys = set()
+    for field in dataclasses.fields(QualifyPlan):
+        default = _defaults(QualifyPlan)[field.name]
+        table = field.default_factory() if default is dataclasses.MISSING else default  # type: ignore[misc]
+        if dataclasses.is_dataclass(table):
+            keys |= {f"{field.name}.{f.name}" for f in dataclasses.fields(table)}
+        else:
+            keys.add(field.name)
+    assert documented == keys
