@@ -1,0 +1,51 @@
+"""The fixed request limits docs/operations.md states (not settings: constants and schema caps)
+are the code's: each sentence below, with the code's number put in, is in the guide. A limit
+changed in the code without its sentence fails here, naming the sentence."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from loraplex.server.batch_limit import MAX_BATCH_PROMPTS
+from loraplex.server.choices import DEFAULT_MAX_CHOICES
+from loraplex.server.protocol import CompletionRequest, fields
+from loraplex.server.routes_admin import MAX_RESIDENCY_PAGE
+from loraplex.server.serving import MAX_REQUEST_ID_CHARS, MAX_SESSION_ID_CHARS
+from loraplex.server.upload import MAX_TEXT_PART_BYTES
+
+DOC = Path(__file__).resolve().parents[1] / "docs" / "operations.md"
+TEXT = " ".join(DOC.read_text(encoding="utf-8").split())  # one space wherever a line wrapped
+
+
+def _cap(field: str) -> int:
+    """A completions field's ``max_length`` in the schema."""
+    (cap,) = [m.max_length for m in CompletionRequest.model_fields[field].metadata]
+    return int(cap)
+
+
+SENTENCES = [
+    f"each `stop` string at most {fields.MAX_STOP_CHARS} characters",
+    f"`user` at most {_cap('user')},",
+    f"`messages` {fields.MAX_CHAT_MESSAGES:,} ({fields.MAX_CONTENT_PARTS} text parts each)",
+    f"a batch of `prompt`s {MAX_BATCH_PROMPTS} (the fan-out limit)",
+    f"a token-id list {fields.MAX_TOKEN_IDS:,}",
+    f"`logit_bias` {_cap('logit_bias')} entries, `stop_token_ids` {_cap('stop_token_ids')}, "
+    f"`stop` {fields.MAX_STOP_STRINGS}.",
+    f"at most {_cap('logit_bias')} entries (vLLM clamps",
+    f"ids must be JSON integers in the vocabulary, at most {_cap('stop_token_ids')}",
+    f"`top_logprobs` (0–{fields.MAX_TOP_LOGPROBS})",
+    f"`logprobs` (integer 0–{fields.MAX_TOP_LOGPROBS})",
+    f"at most {DEFAULT_MAX_CHOICES} engine requests per HTTP request",
+    f"printable ASCII, at most {MAX_REQUEST_ID_CHARS} characters",
+    f"`X-Session-Id` (header, printable, at most {MAX_SESSION_ID_CHARS} characters",
+    f"`top` 0-{MAX_RESIDENCY_PAGE}, default {MAX_RESIDENCY_PAGE}, above {MAX_RESIDENCY_PAGE} a "
+    "400 naming `top`",
+    f"each at most {MAX_TEXT_PART_BYTES >> 10} KiB",
+]
+
+
+@pytest.mark.parametrize("sentence", SENTENCES)
+def test_documented_limit_is_the_code_limit(sentence: str) -> None:
+    assert sentence in TEXT, f"operations.md lacks: {sentence!r}"
