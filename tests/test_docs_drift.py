@@ -1,9 +1,11 @@
 """docs/operations.md stays true to the code: every ``loraplex serve`` setting and flag is in it,
-it names no setting that does not exist, and each environment variable it lists is read by the
-commands it says read it (and every variable a command reads is listed for that command)."""
+it names no setting that does not exist, its plain defaults are the code's, and each environment
+variable it lists is read by the commands it says read it (and every variable a command reads is
+listed for that command)."""
 
 from __future__ import annotations
 
+import dataclasses
 import importlib
 import re
 from collections.abc import Iterator
@@ -157,3 +159,43 @@ def test_every_k8s_render_flag_is_documented() -> None:
     documented = set(re.findall(r"--[a-z0-9-]+", column))
     assert _flags("k8s render") - documented == set(), "k8s render flags missing"
     assert documented - _flags("k8s render") == set(), "kubernetes.md documents unknown flags"
+
+
+def _size(text: str) -> float | None:
+    """``16 KiB``, ``1 GiB`` in bytes; None for anything else."""
+    match = re.fullmatch(r"(\d+) (KiB|MiB|GiB)", text)
+    if match is None:
+        return None
+    return int(match.group(1)) * 1024 ** (["KiB", "MiB", "GiB"].index(match.group(2)) + 1)
+
+
+def test_serve_table_defaults_are_serve_config_defaults() -> None:
+    """Each row of one key whose default cell is a plain number, word or size (`` `30` ``,
+    ``16 KiB``, `` `cost_aware` ``) states ``ServeConfig``'s default (a key whose default is
+    worked out at start is skipped)."""
+    from loraplex.serve.config import ServeConfig
+    from loraplex.serve.config.keys import FILE_KEYS
+
+    defaults = {f.name: f.default for f in dataclasses.fields(ServeConfig)}
+    checked, wrong = 0, []
+    for row in _serve_table():
+        keys = [k.split(" ")[0] for k in _TICKED.findall(row[0]) if k[0].islower()]
+        literal = re.fullmatch(r"`([\w.]+)`|(\d+ [KMG]iB)|(\d+)", row[-1])
+        if len(keys) != 1 or literal is None:
+            continue
+        default = defaults[FILE_KEYS.get(keys[0], keys[0])]
+        if default is None:
+            continue  # worked out at start (`host`, 1 GiB): the cell says from what
+        text = next(g for g in literal.groups() if g is not None)
+        number = _size(text) or (float(text) if re.fullmatch(r"\d+(\.\d+)?", text) else None)
+        if isinstance(default, bool):
+            same = str(default).lower() == text  # TOML's spelling
+        elif number is not None and isinstance(default, int | float):
+            same = float(default) == number
+        else:
+            same = str(default) == text
+        checked += 1
+        if not same:
+            wrong.append(f"{keys[0]}: documented {text}, code {default!r}")
+    assert checked > 30, "the table's defaults were not read"
+    assert wrong == [], wrong
