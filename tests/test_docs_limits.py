@@ -1,4 +1,4 @@
-"""The fixed request limits docs/operations.md states (not settings: constants and schema caps)
+"""The fixed limits docs/operations.md states (not settings: constants, schema caps, fixed configs)
 are the code's: each sentence below, with the code's number put in, is in the guide. A limit
 changed in the code without its sentence fails here, naming the sentence."""
 
@@ -8,8 +8,10 @@ from pathlib import Path
 
 import pytest
 
+from loraplex.engine.transport.restart import RestartPolicy
 from loraplex.server.batch_limit import MAX_BATCH_PROMPTS
 from loraplex.server.choices import DEFAULT_MAX_CHOICES
+from loraplex.server.history import HistoryConfig
 from loraplex.server.protocol import CompletionRequest, fields
 from loraplex.server.routes_admin import MAX_RESIDENCY_PAGE
 from loraplex.server.serving import MAX_REQUEST_ID_CHARS, MAX_SESSION_ID_CHARS
@@ -23,6 +25,10 @@ def _cap(field: str) -> int:
     """A completions field's ``max_length`` in the schema."""
     (cap,) = [m.max_length for m in CompletionRequest.model_fields[field].metadata]
     return int(cap)
+
+
+RESTART = RestartPolicy()
+HISTORY = HistoryConfig()
 
 
 SENTENCES = [
@@ -43,6 +49,13 @@ SENTENCES = [
     f"`top` 0-{MAX_RESIDENCY_PAGE}, default {MAX_RESIDENCY_PAGE}, above {MAX_RESIDENCY_PAGE} a "
     "400 naming `top`",
     f"each at most {MAX_TEXT_PART_BYTES >> 10} KiB",
+    f"a backoff: {RESTART.initial_backoff_s:g} s for the first restart, doubling per further "
+    f"attempt (a crash soon after coming back, or a failed start) up to {RESTART.max_backoff_s:g} "
+    f"s, back to {RESTART.initial_backoff_s:g} s once an engine has stayed up for "
+    f"{RESTART.healthy_reset_s:g} s",
+    f"interval {HISTORY.interval_s:g} s, length {HISTORY.length_s:g} s, top "
+    f"{HISTORY.top_revisions} revisions, {HISTORY.max_replicas} replicas a sample, "
+    f"{HISTORY.max_tracked_revisions} revisions counted by name within one interval",
 ]
 
 
