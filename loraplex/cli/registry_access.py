@@ -74,6 +74,10 @@ def failures() -> Iterator[None]:
     except (LoraplexError, ValueError) as exc:
         typer.echo(f"error: {exc}", err=True)
         raise typer.Exit(1) from exc
+    except BrokenPipeError:
+        # The reader left (`release status | head -1`): no path is unusable, and click exits
+        # quietly on it (it printed "error: Broken pipe" here).
+        raise
     except OSError as exc:  # e.g. --data-dir names a file, or a directory this user cannot write
         typer.echo(f"error: {unusable_path(exc)}", err=True)
         raise typer.Exit(1) from exc
