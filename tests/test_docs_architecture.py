@@ -155,3 +155,19 @@ def test_module_map_lists_every_file(heading: str, package: str) -> None:
     unlisted = {name for name, path in files.items() if _has_code(path)} - set(listed)
     assert unlisted == set(), f"{package} files missing from the module map"
     assert set(listed) - set(files) == set(), f"the {package} module map lists files that are gone"
+
+
+def test_packages_are_listed_bottom_up() -> None:
+    """ "Packages, bottom up": every package of ``ALLOWED`` is a row, and each may import only
+    packages in rows above its own."""
+    from test_import_direction import ALLOWED, LEAVES
+
+    table = _section("Packages, bottom up").split("\n\n")[2]
+    order: list[str] = []
+    for row in table.splitlines()[2:]:
+        first = row.strip("|").split(" | ")[0]
+        order += [Path(n).stem for n in re.findall(r"`([\w.]+)/?`", first)]
+    packages = set(ALLOWED) - {"__main__"}
+    assert set(order) == packages | LEAVES
+    late = {p: q for p in packages for q in ALLOWED[p] if order.index(q) > order.index(p)}
+    assert late == {}, "a package imports one listed below it"
