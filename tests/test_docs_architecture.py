@@ -171,3 +171,11 @@ def test_packages_are_listed_bottom_up() -> None:
     assert set(order) == packages | LEAVES
     late = {p: q for p in packages for q in ALLOWED[p] if order.index(q) > order.index(p)}
     assert late == {}, "a package imports one listed below it"
+
+
+def test_the_torch_free_packages_are_test_layerings() -> None:
+    from test_layering import TORCH_FREE
+
+    sentence = _section("Packages, bottom up").split("never import torch")[0].split("\n\n")[-1]
+    named = {p.rstrip("/") for p in _TICKED.findall(sentence) if re.fullmatch(r"[a-z]+/", p)}
+    assert named == set(TORCH_FREE)
