@@ -1,7 +1,8 @@
 """The settings tables beyond ``serve`` and ``fleet up`` stay true to their dataclasses: the
 router's (docs/router.md, ``RouterConfig``), the fleet's ``topology`` keys (docs/operations.md,
 ``TopologyConfig``) and the qualification plan's (docs/qualification.md, ``QualifyPlan``), each
-key documented once, none that is gone, and a plain documented default the code's."""
+key documented once, none that is gone, and a plain documented default the code's; and the
+release store's methods releases.md lists exist."""
 
 from __future__ import annotations
 
@@ -55,3 +56,15 @@ def test_plan_table_is_qualify_plan() -> None:
         else:
             keys.add(field.name)
     assert documented == keys
+
+
+def test_release_api_section_names_real_methods() -> None:
+    from loraplex.release.controller import ReleaseController
+    from loraplex.release.store import ReleaseStore
+
+    text = (DOCS / "releases.md").read_text(encoding="utf-8").split("## Programmatic API")[1]
+    called = {n for group in re.findall(r"`([\w|]+)\(", text) for n in group.split("|")}
+    assert {"start_release", "latest_release", "promote", "ReleaseController"} <= called
+    owners = (ReleaseStore, ReleaseController)
+    missing = {n for n in called - {"ReleaseController"} if not any(hasattr(o, n) for o in owners)}
+    assert missing == set()
