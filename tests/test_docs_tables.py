@@ -68,3 +68,17 @@ def test_release_api_section_names_real_methods() -> None:
     owners = (ReleaseStore, ReleaseController)
     missing = {n for n in called - {"ReleaseController"} if not any(hasattr(o, n) for o in owners)}
     assert missing == set()
+
+
+def test_alert_table_is_the_shipped_rules() -> None:
+    """observability.md's alert table and its "N alerts in M groups" are the rules file's."""
+    import yaml
+
+    rules = DOCS.parent / "deploy" / "prometheus" / "loraplex-rules.yml"
+    groups = yaml.safe_load(rules.read_text(encoding="utf-8"))["groups"]
+    alerts = {r["alert"] for g in groups for r in g["rules"] if "alert" in r}
+    text = (DOCS / "observability.md").read_text(encoding="utf-8")
+    documented = set(re.findall(r"^\| `(Loraplex\w+)` \|", text, flags=re.M))
+    assert documented == alerts
+    words = {5: "five", 6: "six", 4: "four", 7: "seven"}
+    assert f"({len(alerts)} alerts in {words.get(len(groups), len(groups))} groups)" in text
