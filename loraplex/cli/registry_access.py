@@ -52,6 +52,9 @@ SQLITE_PREFIX = "sqlite:///"  # registry/sql/connect.py: the path follows
 
 
 def require_existing(config: RegistryConfig) -> None:
+    if config.database_url is None and config.data_dir.exists() and not config.data_dir.is_dir():
+        # as a creating command says it (it said "no registry at FILE/registry.sqlite3")
+        raise ValueError(f"cannot use {config.data_dir}: it is not a directory")
     database = config.database
     if not database.startswith(SQLITE_PREFIX) or database == f"{SQLITE_PREFIX}:memory:":
         return  # a server database: opening it creates nothing

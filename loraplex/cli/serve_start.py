@@ -90,6 +90,9 @@ def say_demo_generation(settings: ServeConfig) -> None:
     (about 3 on a loaded 2-core machine) before the keys."""
     from loraplex.serve.assembly import demo_assets_to_generate
 
+    data_dir = settings.data_dir
+    if data_dir.exists() and not data_dir.is_dir():
+        return  # nothing will be generated: the start fails next, naming it
     out = demo_assets_to_generate(settings)
     if out is not None:
         typer.echo(
