@@ -60,20 +60,27 @@ MAX_TTL_S = 7 * 24 * 3600.0
 # The longest wait a bucket's debt may cost its next request: server/errors.MAX_RETRY_AFTER_S,
 # the longest Retry-After sent (tests/server/test_ratelimit.py checks the two agree).
 MAX_WAIT_S = 3600.0
+# NOTE: float rounding: a bucket refilled for exactly the wait it reported may fall short by
+# ~1e-14 tokens (at 1/161 a second, 161 s refill 0.99999999999998), and the client coming back
+# after exactly its Retry-After was refused again. A shortfall this small is taken as none.
+ROUNDING_TOKENS = 1e-9
+# The longest delta-seconds a Retry-After states (RFC 9111 1.2.2: a larger one reads as this).
+MAX_DELTA_SECONDS = 2**31
 
 # KEYS[1]: one tenant's bucket, a hash {tokens, updated_s}. ARGV: rate (tokens/s), capacity,
 # cost, need (the tokens the bucket must hold for the cost to be taken, at most the capacity;
 # the bucket may owe the rest), a full bucket's TTL in ms (one in debt lives longer by the
-# debt's share), the fewest tokens it may hold (``debt_floor``), and optionally "now" in
-# seconds (tests only; otherwise Redis's TIME, the one clock every ingress process shares).
+# debt's share), the fewest tokens it may hold (``debt_floor``), ``ROUNDING_TOKENS``, and
+# optionally "now" in seconds (tests only; otherwise Redis's TIME, the one clock every ingress
+# process shares).
 # Returns {1, "0"} when the cost was taken, {0, seconds until it could be} when refused.
 # NOTE: TIME before a write needs effect replication (the default since Redis 5).
 _TAKE_SCRIPT = """
 local rate, capacity, cost = tonumber(ARGV[1]), tonumber(ARGV[2]), tonumber(ARGV[3])
 local need = tonumber(ARGV[4])
 local now
-if ARGV[7] then
-  now = tonumber(ARGV[7])
+if ARGV[8] then
+  now = tonumber(ARGV[8])
 else
   local t = redis.call('TIME')
   now = tonumber(t[1]) + tonumber(t[2]) / 1000000
@@ -85,7 +92,7 @@ if not tokens or not updated then
 end
 tokens = math.min(capacity, tokens + math.max(0, now - updated) * rate)
 tokens = math.max(tonumber(ARGV[6]), tokens)
-local taken = tokens >= need
+local taken = tokens >= need - tonumber(ARGV[7])
 if taken then tokens = tokens - cost end
 redis.call('HSET', KEYS[1], 'tokens', string.format('%.17g', tokens),
   'updated_s', string.format('%.17g', math.max(now, updated)))
@@ -134,6 +141,15 @@ def debt_floor(rate: float) -> float:
     return min(0.0, 1.0 - rate * MAX_WAIT_S)
 
 
+def longest_wait_s(rate: float) -> float:
+    """The longest wait a refusal at ``rate`` reports: ``MAX_WAIT_S`` (``debt_floor``), or the
+    rate's own gap between two requests where that is longer (below one request per
+    ``MAX_WAIT_S``: a bucket of one request owes nothing and refills in ``1 / rate``), at most
+    ``MAX_DELTA_SECONDS``. NOTE: the hour alone told a tenant at one request per 2 h to come back
+    after an hour, to be refused again."""
+    return min(float(MAX_DELTA_SECONDS), max(MAX_WAIT_S, 1.0 / rate))
+
+
 @dataclass
 class _Bucket:
     tokens: float  # requests the tenant may send now
@@ -174,7 +190,7 @@ class RateLimiter:
             refilled = min(capacity, bucket.tokens + (now - bucket.updated_s) * rate)
             bucket.tokens = max(debt_floor(rate), refilled)
             bucket.updated_s = now
-            if bucket.tokens >= need:
+            if bucket.tokens >= need - ROUNDING_TOKENS:
                 bucket.tokens -= cost
                 return
             wait_s = (need - bucket.tokens) / rate
@@ -312,7 +328,7 @@ class SharedRateLimiter:
     ) -> tuple[bool, float]:
         ttl_s = min(MAX_TTL_S, max(MIN_TTL_S, TTL_REFILLS * capacity / rate))
         args: list[float | int] = [rate, capacity, cost, need, math.ceil(ttl_s * 1000)]
-        args.append(debt_floor(rate))
+        args += [debt_floor(rate), ROUNDING_TOKENS]
         if self._bucket_clock is not None:
             args.append(self._bucket_clock())
         try:

@@ -38,7 +38,7 @@ from loraplex.serve.config import ServeConfig
 from loraplex.server import limits
 from loraplex.server.app import create_app
 from loraplex.server.deps import ServerConfig
-from loraplex.server.errors import MAX_RETRY_AFTER_S
+from loraplex.server.errors import MAX_RETRY_AFTER_S, ErrorContext, to_api_error
 from loraplex.server.limits import RequestLimits
 
 REDIS_URL = os.environ.get("LORAPLEX_TEST_REDIS_URL", "redis://127.0.0.1:6379/0")
@@ -224,6 +224,26 @@ def test_a_quota_lowered_while_in_debt_leaves_at_most_the_longest_retry_after(
     with pytest.raises(RateLimitError) as again:
         limiter.check(lowered)
     assert again.value.retry_after_s == pytest.approx(1000.0)
+    limiter.close()
+
+
+@pytest.mark.parametrize("gap_s", [161, 7200])
+def test_coming_back_after_exactly_the_retry_after_passes(
+    redis_url: str, prefix: str, gap_s: int
+) -> None:
+    """As ``RateLimiter`` (test_ratelimit.py): at 1/161 a second, 161 s refilled 0.99999999999998
+    tokens and the client coming back after its Retry-After was refused again; at one request
+    per 2 h the Retry-After said 3600."""
+    now = Clock()
+    limiter = _shared(redis_url, prefix, bucket_clock=now)
+    tenant = _tenant("acme", 1 / gap_s)
+    limiter.check(tenant)
+    with pytest.raises(RateLimitError) as refused:
+        limiter.check(tenant)
+    retry_after = int(to_api_error(refused.value, ErrorContext.TENANT).headers["Retry-After"])
+    assert retry_after == gap_s
+    now.now += retry_after
+    limiter.check(tenant)
     limiter.close()
 
 
