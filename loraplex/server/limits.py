@@ -33,7 +33,8 @@ from starlette.requests import Request
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from loraplex.errors import RateLimitError
-from loraplex.quota.ratelimit import TenantRateLimiter, bucket_capacity, open_rate_limiter
+from loraplex.quota.ratelimit import TenantRateLimiter, bucket_capacity
+from loraplex.quota.shared_ratelimit import open_rate_limiter
 from loraplex.registry import Tenant
 from loraplex.server.auth import (
     AUTHENTICATED_TENANT,

@@ -25,9 +25,9 @@ from fastapi.testclient import TestClient
 
 from loraplex.demo.assets import DemoAssets
 from loraplex.errors import RateLimitError
-from loraplex.quota.ratelimit import (
+from loraplex.quota.ratelimit import RateLimiter
+from loraplex.quota.shared_ratelimit import (
     REDIS_RETRY_S,
-    RateLimiter,
     SharedRateLimiter,
     open_rate_limiter,
     redis_client,
@@ -290,7 +290,7 @@ def test_a_closed_port_falls_back_to_a_local_bucket_that_still_limits(
     limiter = open_rate_limiter(f"redis://127.0.0.1:{port}/0")
     assert isinstance(limiter, SharedRateLimiter)
     tenant = _tenant("acme", 1.0)
-    with caplog.at_level(logging.WARNING, logger="loraplex.quota.ratelimit"):
+    with caplog.at_level(logging.WARNING, logger="loraplex.quota.shared_ratelimit"):
         limiter.check(tenant)  # no exception: answered in-process
         with pytest.raises(RateLimitError):
             limiter.check(tenant)
@@ -307,7 +307,7 @@ def test_an_outage_is_retried_after_a_back_off_and_recovers(
     limiter = SharedRateLimiter(spy, key_prefix=prefix, clock=clock)  # type: ignore[arg-type]
     tenant = _tenant("acme", 0.01)
     spy.down = True
-    with caplog.at_level(logging.WARNING, logger="loraplex.quota.ratelimit"):
+    with caplog.at_level(logging.WARNING, logger="loraplex.quota.shared_ratelimit"):
         limiter.check(tenant)
         for _ in range(5):  # within the back-off: Redis is not asked
             with pytest.raises(RateLimitError):
