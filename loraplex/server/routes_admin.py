@@ -16,9 +16,9 @@ from contextlib import AbstractContextManager
 from dataclasses import asdict
 from enum import IntEnum
 from pathlib import Path
-from typing import Any
+from typing import Annotated, Any
 
-from fastapi import APIRouter, Depends, Request
+from fastapi import APIRouter, Depends, Query, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from pydantic import Field, ValidationError
@@ -50,6 +50,8 @@ from loraplex.server.upload import receive_upload, staging_hidden
 
 router = APIRouter(prefix="/admin", dependencies=[Depends(require_admin)])
 ACTOR = ADMIN_ACTOR  # the audit log's actor for every change made here
+MAX_AUDIT_PAGE = 1000  # most audit entries one /admin/audit answer lists
+MAX_AUDIT_SEQ = (1 << 63) - 1  # the largest sequence number SQLite (and PostgreSQL) can hold
 
 
 # --- tenants and keys ----------------------------------------------------------------------------
@@ -233,8 +235,15 @@ def set_release(tenant: str, name: str, revision: str, body: ReleaseBody, deps: 
 
 
 @router.get("/audit")
-def audit_log(deps: DepsDep, after_seq: int = 0, limit: int = 100) -> list[Any]:
-    return [asdict(e) for e in deps.registry.audit_log(after_seq, min(limit, 1000))]
+def audit_log(
+    deps: DepsDep,
+    after_seq: Annotated[int, Query(ge=0, le=MAX_AUDIT_SEQ)] = 0,
+    limit: Annotated[int, Query(ge=1, le=MAX_AUDIT_PAGE)] = 100,
+) -> list[Any]:
+    """At most ``limit`` entries after ``after_seq``, oldest first: a page of the log, the next
+    one from the last ``seq``. NOTE: unbounded, a ``limit`` of -1 read the whole log (SQLite's
+    LIMIT -1), and an ``after_seq`` past SQLite's integers was a 500."""
+    return [asdict(e) for e in deps.registry.audit_log(after_seq, limit)]
 
 
 def plain(value: Any) -> Any:
