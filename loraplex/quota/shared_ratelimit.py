@@ -20,6 +20,7 @@ from loraplex.artifacts.identity import check_name
 from loraplex.errors import RateLimitError, quoted
 from loraplex.quota.ratelimit import (
     DEFAULT_BURST_S,
+    MAX_DELTA_SECONDS,
     ROUNDING_TOKENS,
     RateLimiter,
     TenantRateLimiter,
@@ -47,11 +48,12 @@ REDIS_READ_TIMEOUT_S = 0.25
 REDIS_RETRY_S = 1.0
 REDIS_MAX_CONNECTIONS = 64  # per process; above the thread pool's size, so none waits for one
 # A bucket left alone for a full refill holds exactly what a new one does, so its key may
-# expire then: after this many refill times (margin for clock steps), at least 1 s, at most a
-# week (a rate so low that a refill takes longer is then forgiven after a week).
+# expire then: after this many refill times (margin for clock steps), at least 1 s, at most that
+# many of the longest Retry-After (Redis's expiry is bounded). NOTE: at most a week, a rate
+# below one request per 2.3 days was forgiven after a week while its 429 said to wait longer.
 TTL_REFILLS = 3.0
 MIN_TTL_S = 1.0
-MAX_TTL_S = 7 * 24 * 3600.0
+MAX_TTL_S = TTL_REFILLS * MAX_DELTA_SECONDS
 
 # KEYS[1]: one tenant's bucket, a hash {tokens, updated_s}. ARGV: rate (tokens/s), capacity,
 # cost, need (the tokens the bucket must hold for the cost to be taken, at most the capacity;

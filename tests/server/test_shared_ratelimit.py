@@ -281,6 +281,22 @@ def test_every_bucket_expires_a_few_refill_times_after_its_last_use(
     limiter.close()
 
 
+def test_a_bucket_outlives_the_wait_its_refusal_states(
+    redis_url: str, prefix: str, raw: redis.Redis
+) -> None:
+    """At one request per 10 days the 429 says 864,000 s; the key expired after a week (the
+    tenant was forgiven 3 days early), now after 3 refill times, as at any other rate."""
+    gap_s = 10 * 24 * 3600
+    limiter = _shared(redis_url, prefix)
+    tenant = _tenant("rare", 1 / gap_s)
+    limiter.check(tenant)
+    with pytest.raises(RateLimitError) as refused:
+        limiter.check(tenant)
+    assert refused.value.retry_after_s == pytest.approx(gap_s, rel=1e-3)
+    assert gap_s * 1000 < raw.pttl(f"{prefix}:rl:rare") <= 3 * gap_s * 1000
+    limiter.close()
+
+
 def test_a_closed_port_falls_back_to_a_local_bucket_that_still_limits(
     caplog: pytest.LogCaptureFixture,
 ) -> None:
