@@ -8,7 +8,8 @@ more engine requests than the bucket holds) passes on a full bucket and is taken
 bucket owes the rest (below zero), and its refill pays that back before anything else passes.
 The rate is read from the tenant record on every request (the registry reads it with the key),
 so a quota change applies at once; a bucket owes at most what its current rate repays in
-``MAX_WAIT_S`` (``debt_floor``), the longest Retry-After sent.
+``MAX_WAIT_S`` (``debt_floor``), the longest Retry-After sent unless the rate's own gap between
+two requests is longer (``longest_wait_s``).
 
 ``RateLimiter`` keeps the buckets in the HTTP process, one per tenant that has a quota (the
 registry bounds their number): with N ingress processes a tenant gets N times its quota.
@@ -29,7 +30,8 @@ from loraplex.registry import Tenant
 
 DEFAULT_BURST_S = 1.0  # seconds of a tenant's rate its bucket holds
 # The longest wait a bucket's debt may cost its next request: server/errors.MAX_RETRY_AFTER_S,
-# the longest Retry-After sent (tests/server/test_ratelimit.py checks the two agree).
+# the longest Retry-After sent at a rate of one request an hour or more (``longest_wait_s``;
+# tests/server/test_ratelimit.py checks the two agree).
 MAX_WAIT_S = 3600.0
 # NOTE: float rounding: a bucket refilled for exactly the wait it reported may fall short by
 # ~1e-14 tokens (at 1/161 a second, 161 s refill 0.99999999999998), and the client coming back
