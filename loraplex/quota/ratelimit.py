@@ -8,93 +8,37 @@ more engine requests than the bucket holds) passes on a full bucket and is taken
 bucket owes the rest (below zero), and its refill pays that back before anything else passes.
 The rate is read from the tenant record on every request (the registry reads it with the key),
 so a quota change applies at once; a bucket owes at most what its current rate repays in
-``MAX_WAIT_S`` (``debt_floor``), the longest Retry-After sent.
+``MAX_WAIT_S`` (``debt_floor``), the longest Retry-After sent unless the rate's own gap between
+two requests is longer (``longest_wait_s``).
 
 ``RateLimiter`` keeps the buckets in the HTTP process, one per tenant that has a quota (the
 registry bounds their number): with N ingress processes a tenant gets N times its quota.
-``SharedRateLimiter`` keeps them in Redis, so every process using one Redis and key prefix
-draws on the same bucket. ``open_rate_limiter`` picks one from the ``shared_state_url`` setting.
+``shared_ratelimit.SharedRateLimiter`` keeps the same buckets in Redis, drawing on the
+arithmetic here.
 """
 
 from __future__ import annotations
 
-import hashlib
-import logging
-import math
-import re
 import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Protocol, cast
-from urllib.parse import urlsplit
+from typing import Protocol
 
-from loraplex.artifacts.identity import check_name
-from loraplex.errors import RateLimitError, quoted
+from loraplex.errors import RateLimitError
 from loraplex.registry import Tenant
 
-if TYPE_CHECKING:
-    import redis
-
-_log = logging.getLogger(__name__)
-
 DEFAULT_BURST_S = 1.0  # seconds of a tenant's rate its bucket holds
-DEFAULT_KEY_PREFIX = "loraplex"  # Redis keys are ``<prefix>:rl:<tenant>``
-# One deployment's keys in a Redis other deployments may share: a short name, no spaces.
-_KEY_PREFIX = re.compile(r"[A-Za-z0-9][A-Za-z0-9._:-]{0,63}")
-SHARED_STATE_SCHEMES = ("redis", "rediss")  # rediss: Redis over TLS
-# Redis sits on the request path: a slow or dead one must cost a request little. Connect and
-# read both give up after this, and redis-py's own retries are off (the fallback is ours).
-REDIS_CONNECT_TIMEOUT_S = 0.25
-REDIS_READ_TIMEOUT_S = 0.25
-# After Redis failed, checks use the in-process buckets this long before Redis is tried again,
-# so a dead Redis adds its timeout to one request per interval, not to every request.
-REDIS_RETRY_S = 1.0
-REDIS_MAX_CONNECTIONS = 64  # per process; above the thread pool's size, so none waits for one
-# A bucket left alone for a full refill holds exactly what a new one does, so its key may
-# expire then: after this many refill times (margin for clock steps), at least 1 s, at most a
-# week (a rate so low that a refill takes longer is then forgiven after a week).
-TTL_REFILLS = 3.0
-MIN_TTL_S = 1.0
-MAX_TTL_S = 7 * 24 * 3600.0
 # The longest wait a bucket's debt may cost its next request: server/errors.MAX_RETRY_AFTER_S,
-# the longest Retry-After sent (tests/server/test_ratelimit.py checks the two agree).
+# the longest Retry-After sent at a rate of one request an hour or more (``longest_wait_s``;
+# tests/server/test_ratelimit.py checks the two agree).
 MAX_WAIT_S = 3600.0
-
-# KEYS[1]: one tenant's bucket, a hash {tokens, updated_s}. ARGV: rate (tokens/s), capacity,
-# cost, need (the tokens the bucket must hold for the cost to be taken, at most the capacity;
-# the bucket may owe the rest), a full bucket's TTL in ms (one in debt lives longer by the
-# debt's share), the fewest tokens it may hold (``debt_floor``), and optionally "now" in
-# seconds (tests only; otherwise Redis's TIME, the one clock every ingress process shares).
-# Returns {1, "0"} when the cost was taken, {0, seconds until it could be} when refused.
-# NOTE: TIME before a write needs effect replication (the default since Redis 5).
-_TAKE_SCRIPT = """
-local rate, capacity, cost = tonumber(ARGV[1]), tonumber(ARGV[2]), tonumber(ARGV[3])
-local need = tonumber(ARGV[4])
-local now
-if ARGV[7] then
-  now = tonumber(ARGV[7])
-else
-  local t = redis.call('TIME')
-  now = tonumber(t[1]) + tonumber(t[2]) / 1000000
-end
-local state = redis.call('HMGET', KEYS[1], 'tokens', 'updated_s')
-local tokens, updated = tonumber(state[1]), tonumber(state[2])
-if not tokens or not updated then
-  tokens, updated = capacity, now
-end
-tokens = math.min(capacity, tokens + math.max(0, now - updated) * rate)
-tokens = math.max(tonumber(ARGV[6]), tokens)
-local taken = tokens >= need
-if taken then tokens = tokens - cost end
-redis.call('HSET', KEYS[1], 'tokens', string.format('%.17g', tokens),
-  'updated_s', string.format('%.17g', math.max(now, updated)))
-local ttl = tonumber(ARGV[5])
-redis.call('PEXPIRE', KEYS[1], math.ceil(ttl * math.max(1, (capacity - tokens) / capacity)))
-if taken then return {1, '0'} end
-return {0, string.format('%.17g', (need - tokens) / rate)}
-"""
-_TAKE_SHA = hashlib.sha1(_TAKE_SCRIPT.encode("utf-8"), usedforsecurity=False).hexdigest()
+# NOTE: float rounding: a bucket refilled for exactly the wait it reported may fall short by
+# ~1e-14 tokens (at 1/161 a second, 161 s refill 0.99999999999998), and the client coming back
+# after exactly its Retry-After was refused again. A shortfall this small is taken as none.
+ROUNDING_TOKENS = 1e-9
+# The longest delta-seconds a Retry-After states (RFC 9111 1.2.2: a larger one reads as this).
+MAX_DELTA_SECONDS = 2**31
 
 
 class TenantRateLimiter(Protocol):
@@ -112,7 +56,7 @@ def bucket_capacity(rate: float, burst_s: float) -> float:
     return max(1.0, rate * burst_s)
 
 
-def _need(cost: float, capacity: float, need: float | None) -> float:
+def tokens_needed(cost: float, capacity: float, need: float | None) -> float:
     """The tokens a bucket must hold for ``cost`` to be taken: ``need``, by default the cost,
     at most a full bucket (a larger cost could never pass otherwise; the bucket owes the rest)."""
     if not cost > 0:
@@ -132,6 +76,15 @@ def debt_floor(rate: float) -> float:
     while each 429 said an hour. A rate below one request per ``MAX_WAIT_S`` owes nothing (its
     own gap is longer)."""
     return min(0.0, 1.0 - rate * MAX_WAIT_S)
+
+
+def longest_wait_s(rate: float) -> float:
+    """The longest wait a refusal at ``rate`` reports: ``MAX_WAIT_S`` (``debt_floor``), or the
+    rate's own gap between two requests where that is longer (below one request per
+    ``MAX_WAIT_S``: a bucket of one request owes nothing and refills in ``1 / rate``), at most
+    ``MAX_DELTA_SECONDS``. NOTE: the hour alone told a tenant at one request per 2 h to come back
+    after an hour, to be refused again."""
+    return min(float(MAX_DELTA_SECONDS), max(MAX_WAIT_S, 1.0 / rate))
 
 
 @dataclass
@@ -158,14 +111,15 @@ class RateLimiter:
 
     def check(self, tenant: Tenant, cost: float = 1.0, need: float | None = None) -> None:
         """Takes ``cost`` tokens (engine requests: a request with ``n`` choices over ``p``
-        prompts costs ``n * p``) from ``tenant``'s bucket when it holds ``need`` (``_need``: by
-        default the cost, at most a full bucket); RateLimitError when it holds fewer. A cost
-        above what the bucket holds leaves it owing the rest (module docstring)."""
+        prompts costs ``n * p``) from ``tenant``'s bucket when it holds ``need``
+        (``tokens_needed``: by default the cost, at most a full bucket); RateLimitError when it
+        holds fewer. A cost above what the bucket holds leaves it owing the rest (module
+        docstring)."""
         rate = tenant.quotas.max_requests_per_s
         if rate is None:
             return
         capacity = bucket_capacity(rate, self.burst_s)
-        need = _need(cost, capacity, need)
+        need = tokens_needed(cost, capacity, need)
         now = self._clock()
         with self._lock:
             bucket = self._buckets.get(tenant.name)
@@ -174,188 +128,8 @@ class RateLimiter:
             refilled = min(capacity, bucket.tokens + (now - bucket.updated_s) * rate)
             bucket.tokens = max(debt_floor(rate), refilled)
             bucket.updated_s = now
-            if bucket.tokens >= need:
+            if bucket.tokens >= need - ROUNDING_TOKENS:
                 bucket.tokens -= cost
                 return
             wait_s = (need - bucket.tokens) / rate
         raise RateLimitError(tenant.name, rate, wait_s)
-
-
-def check_key_prefix(key_prefix: str) -> str:
-    if not isinstance(key_prefix, str) or not _KEY_PREFIX.fullmatch(key_prefix):
-        raise ValueError(
-            f"shared_state_prefix {quoted(key_prefix)} is invalid; expected 1-64 characters of "
-            "[A-Za-z0-9._:-] starting with a letter or digit"
-        )
-    return key_prefix
-
-
-def check_shared_state(url: str | None, key_prefix: str) -> None:
-    """Both settings checked, and a prefix other than the default refused without a URL: it
-    names keys in that Redis, so alone it did nothing (each process kept its own buckets)."""
-    if url is not None:
-        check_shared_state_url(url)
-    check_key_prefix(key_prefix)
-    if url is None and key_prefix != DEFAULT_KEY_PREFIX:
-        raise ValueError(
-            f"shared_state_prefix {quoted(key_prefix)} is set without shared_state_url; expected "
-            "both (the prefix names keys in that Redis) or neither"
-        )
-
-
-def check_shared_state_url(url: str) -> str:
-    """A ``redis://`` or ``rediss://`` URL; the error names only the scheme, never the rest (it
-    may hold a password)."""
-    if not isinstance(url, str):
-        raise ValueError(
-            f"shared_state_url of type {type(url).__name__} is invalid; expected a URL"
-        )
-    scheme = urlsplit(url).scheme if "://" in url else ""
-    if scheme not in SHARED_STATE_SCHEMES:
-        raise ValueError(
-            f"shared_state_url scheme {scheme!r:.40} is invalid; expected redis:// or rediss:// "
-            "(redis://[[user]:password@]host[:port][/db])"
-        )
-    return url
-
-
-def redis_client(url: str) -> redis.Redis:
-    """A client for ``url`` with the short timeouts above and no retries of its own. Connects
-    lazily: a server started while Redis is down serves (per process) until it is up."""
-    import redis
-    from redis.backoff import NoBackoff
-    from redis.retry import Retry
-
-    check_shared_state_url(url)
-    try:
-        return redis.Redis.from_url(
-            url,
-            socket_connect_timeout=REDIS_CONNECT_TIMEOUT_S,
-            socket_timeout=REDIS_READ_TIMEOUT_S,
-            retry=Retry(NoBackoff(), 0),
-            max_connections=REDIS_MAX_CONNECTIONS,
-        )
-    except ValueError:  # its text may quote the URL
-        raise ValueError(
-            "shared_state_url is invalid; expected redis://[[user]:password@]host[:port][/db]"
-        ) from None
-
-
-class SharedRateLimiter:
-    """Token buckets per tenant in Redis: every ingress process with the same Redis and key
-    prefix draws on one bucket per tenant, so N processes admit a tenant's quota once.
-
-    Each check is one atomic Lua script (refill, take, expire) on Redis's clock, so the ingress
-    clocks do not matter. When Redis is unreachable or errors, the check is answered by an
-    in-process ``RateLimiter`` instead: each process then still bounds the tenant, but per
-    process (N processes admit up to N times the quota) until Redis answers again. An outage is
-    logged once, each check it answers is counted in ``fallbacks``, and Redis is tried again
-    only every ``REDIS_RETRY_S``.
-    """
-
-    blocking = True  # waits on Redis (at most the socket timeouts)
-
-    def __init__(
-        self,
-        client: redis.Redis,
-        *,
-        key_prefix: str = DEFAULT_KEY_PREFIX,
-        burst_s: float = DEFAULT_BURST_S,
-        clock: Callable[[], float] = time.monotonic,
-        bucket_clock: Callable[[], float] | None = None,
-    ) -> None:
-        """``clock`` times the retry interval and the fallback buckets; ``bucket_clock`` (tests
-        only) replaces Redis's TIME in the script."""
-        from redis.exceptions import NoScriptError, RedisError
-
-        self._local = RateLimiter(burst_s, clock)  # checks burst_s
-        self.key_prefix = check_key_prefix(key_prefix)
-        self.burst_s = burst_s
-        self.fallbacks = 0  # checks answered in-process because Redis failed
-        self._client = client
-        self._clock = clock
-        self._bucket_clock = bucket_clock
-        self._lock = threading.Lock()
-        self._retry_at_s: float | None = None  # set while Redis is failing: next try
-        self._no_script = NoScriptError
-        self._failures: tuple[type[Exception], ...] = (RedisError, OSError)
-
-    def key(self, tenant_name: str) -> str:
-        """The Redis key of ``tenant_name``'s bucket (a checked name: bounded, no spaces)."""
-        return f"{self.key_prefix}:rl:{check_name('tenant', tenant_name)}"
-
-    def check(self, tenant: Tenant, cost: float = 1.0, need: float | None = None) -> None:
-        """``RateLimiter.check``'s contract, on the shared bucket (class docstring)."""
-        rate = tenant.quotas.max_requests_per_s
-        if rate is None:
-            return
-        capacity = bucket_capacity(rate, self.burst_s)
-        need = _need(cost, capacity, need)
-        if not self._redis_due():
-            self._check_locally(tenant, cost, need)
-            return
-        try:
-            taken, wait_s = self._take(self.key(tenant.name), rate, capacity, cost, need)
-        except self._failures as exc:
-            self._note_failure(exc)
-            self._check_locally(tenant, cost, need)
-            return
-        self._note_success()
-        if not taken:
-            raise RateLimitError(tenant.name, rate, wait_s)
-
-    def close(self) -> None:
-        self._client.close()
-
-    def _take(
-        self, key: str, rate: float, capacity: float, cost: float, need: float
-    ) -> tuple[bool, float]:
-        ttl_s = min(MAX_TTL_S, max(MIN_TTL_S, TTL_REFILLS * capacity / rate))
-        args: list[float | int] = [rate, capacity, cost, need, math.ceil(ttl_s * 1000)]
-        args.append(debt_floor(rate))
-        if self._bucket_clock is not None:
-            args.append(self._bucket_clock())
-        try:
-            reply = self._client.evalsha(_TAKE_SHA, 1, key, *args)
-        except self._no_script:  # first use on this Redis, or its scripts were flushed
-            reply = self._client.eval(_TAKE_SCRIPT, 1, key, *args)
-        taken, wait_s = cast(list[int | bytes], reply)
-        return taken == 1, float(wait_s)
-
-    def _redis_due(self) -> bool:
-        with self._lock:
-            return self._retry_at_s is None or self._clock() >= self._retry_at_s
-
-    def _check_locally(self, tenant: Tenant, cost: float, need: float) -> None:
-        with self._lock:
-            self.fallbacks += 1
-        self._local.check(tenant, cost, need)
-
-    def _note_failure(self, exc: Exception) -> None:
-        with self._lock:
-            first = self._retry_at_s is None
-            self._retry_at_s = self._clock() + REDIS_RETRY_S
-        if first:
-            _log.warning(
-                "shared rate limits unavailable (%s: %s); each process limits tenants on its own "
-                "until Redis answers again",
-                type(exc).__name__,
-                exc,
-            )
-
-    def _note_success(self) -> None:
-        if self._retry_at_s is None:  # the common case, without the lock
-            return
-        with self._lock:
-            recovered = self._retry_at_s is not None
-            self._retry_at_s = None
-        if recovered:
-            _log.warning("shared rate limits restored: Redis answers again")
-
-
-def open_rate_limiter(url: str | None, key_prefix: str = DEFAULT_KEY_PREFIX) -> TenantRateLimiter:
-    """In-process buckets when ``url`` is None, else buckets shared through the Redis at
-    ``url`` (``redis://`` or ``rediss://``) under ``key_prefix``."""
-    if url is None:
-        return RateLimiter()
-    return SharedRateLimiter(redis_client(url), key_prefix=key_prefix)

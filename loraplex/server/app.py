@@ -32,6 +32,7 @@ from loraplex.server import (
     routes_models,
     routes_openai,
     routes_release,
+    routes_residency,
     routes_tokenize,
     routes_vllm_admin,
 )
@@ -71,6 +72,7 @@ def create_app(deps: ServerDeps) -> FastAPI:
     app.include_router(routes_openai.router)
     app.include_router(routes_models.router)
     app.include_router(routes_admin.router)
+    app.include_router(routes_residency.router)
     app.include_router(routes_tokenize.router)
     app.include_router(routes_vllm_admin.router)
     app.include_router(routes_feedback.router)

@@ -66,7 +66,8 @@ class ServerConfig:
     # tenants cannot reach the port; otherwise scrapers send the admin key.
     metrics_public: bool = False
     # Redis holding the tenants' rate buckets for every ingress process (redis:// or rediss://;
-    # not in repr: it may hold a password); None: buckets per process (``quota/ratelimit.py``)
+    # not in repr: it may hold a password; ``quota/shared_ratelimit.py``); None: buckets per
+    # process (``quota/ratelimit.py``)
     shared_state_url: str | None = field(default=None, repr=False)
     shared_state_prefix: str = "loraplex"  # key prefix there: one per deployment sharing it
     # one JSONL line per finished request, in the simulator's trace format (request_log.py);
@@ -118,7 +119,7 @@ class ServerConfig:
             raise ValueError(
                 f"max_prompt_tokens {self.max_prompt_tokens} is invalid; expected >= 1 or None"
             )
-        from loraplex.quota.ratelimit import check_shared_state
+        from loraplex.quota.shared_ratelimit import check_shared_state
 
         check_shared_state(self.shared_state_url, self.shared_state_prefix)
 

@@ -56,6 +56,7 @@ from loraplex.errors import (
     UnservableError,
     clipped,
 )
+from loraplex.quota.ratelimit import longest_wait_s
 from loraplex.release.errors import InvalidTransitionError, ReleaseConflictError
 from loraplex.server.body_errors import huge_integer, unsupported_content_type
 
@@ -112,11 +113,14 @@ def unauthorized(message: str = "invalid API key") -> ApiError:
     return ApiError(401, message, "authentication_error", "invalid_api_key", None, headers)
 
 
-MAX_RETRY_AFTER_S = 3600  # a hint beyond an hour is no hint (an absurd quota cannot inflate it)
+# A hint beyond an hour is no hint (an absurd estimate cannot inflate it); except a rate quota's,
+# whose wait is the quota's own (``quota.ratelimit.longest_wait_s``).
+MAX_RETRY_AFTER_S = 3600
 
 
-def _retry_after(seconds: float) -> dict[str, str]:
-    return {"Retry-After": str(min(MAX_RETRY_AFTER_S, max(1, math.ceil(seconds))))}
+def _retry_after(seconds: float, most_s: float = MAX_RETRY_AFTER_S) -> dict[str, str]:
+    """Whole seconds, rounded up (never earlier than ``seconds``), 1 to ``most_s``."""
+    return {"Retry-After": str(max(1, math.ceil(min(most_s, seconds))))}
 
 
 def _capacity(exc: CapacityError) -> ApiError:
@@ -124,7 +128,7 @@ def _capacity(exc: CapacityError) -> ApiError:
         headers = _retry_after(exc.retry_after_s)
         return ApiError(429, str(exc), "rate_limit_error", "queue_full", None, headers)
     if isinstance(exc, RateLimitError):
-        headers = _retry_after(exc.retry_after_s)
+        headers = _retry_after(exc.retry_after_s, longest_wait_s(exc.rate_per_s))
         return ApiError(429, str(exc), "rate_limit_error", "rate_limited", None, headers)
     if isinstance(exc, QueueTimeoutError):
         headers = _retry_after(exc.retry_after_s)

@@ -33,7 +33,8 @@ from starlette.requests import Request
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from loraplex.errors import RateLimitError
-from loraplex.quota.ratelimit import TenantRateLimiter, bucket_capacity, open_rate_limiter
+from loraplex.quota.ratelimit import TenantRateLimiter, bucket_capacity
+from loraplex.quota.shared_ratelimit import open_rate_limiter
 from loraplex.registry import Tenant
 from loraplex.server.auth import (
     AUTHENTICATED_TENANT,
@@ -153,8 +154,9 @@ def max_engine_requests(rate: float, burst_s: float) -> int:
     """The most engine requests one HTTP request may cost on a bucket refilling at ``rate``:
     taken from a full bucket, a fan-out of ``count`` leaves it owing ``count - capacity``, and
     the next request waits ``(count + 1 - capacity) / rate``; beyond this that wait would pass
-    ``MAX_RETRY_AFTER_S``, the longest Retry-After sent, so the client told to come back then
-    would be refused again."""
+    ``MAX_RETRY_AFTER_S``, the longest Retry-After sent for a debt, so the client told to come
+    back then would be refused again (below one request per ``MAX_RETRY_AFTER_S`` this is 0:
+    no fan-out at all, whose debt would outlast even the rate's own gap)."""
     capacity = bucket_capacity(rate, burst_s)
     return math.floor(capacity - 1 + rate * MAX_RETRY_AFTER_S)
 

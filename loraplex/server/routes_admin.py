@@ -1,4 +1,5 @@
-"""The admin API under /admin: registry administration and adapter residency.
+"""The admin API under /admin: registry administration (tenants, keys, adapters, aliases,
+releases, audit); the adapter cache's routes are ``routes_residency``'s.
 
 Every route requires the admin credential (``auth.require_admin``); a tenant key gets the same 401
 as any other wrong credential. Registration takes either a directory inside the configured
@@ -8,11 +9,9 @@ and file work, so routes are plain functions that FastAPI runs on its thread poo
 
 from __future__ import annotations
 
-import asyncio
 import shutil
 import tempfile
 from collections.abc import Callable
-from concurrent.futures import Future
 from contextlib import AbstractContextManager
 from dataclasses import asdict
 from enum import IntEnum
@@ -25,7 +24,6 @@ from fastapi.responses import JSONResponse
 from pydantic import Field, ValidationError
 from starlette.concurrency import run_in_threadpool
 
-from loraplex.artifacts.identity import AdapterKey
 from loraplex.registry import (
     AliasTarget,
     PriorityClass,
@@ -39,13 +37,11 @@ from loraplex.server.admin_models import (
     QuotasBody,
     RegisterBody,
     ReleaseBody,
-    ResidencyBody,
     TenantBody,
     UploadFields,
     VisibilityBody,
 )
 from loraplex.server.auth import ADMIN_ACTOR, DepsDep, require_admin
-from loraplex.server.cache_control import CacheControl
 from loraplex.server.deps import ServerDeps
 from loraplex.server.errors import ApiError, invalid_request
 from loraplex.server.merge_guard import guarded, left_by
@@ -54,18 +50,8 @@ from loraplex.server.upload import receive_upload, staging_hidden
 
 router = APIRouter(prefix="/admin", dependencies=[Depends(require_admin)])
 ACTOR = ADMIN_ACTOR  # the audit log's actor for every change made here
-MAX_RESIDENCY_PAGE = 100  # most copies (and hot adapters) one /admin/residency answer lists
-_CHUNK_BYTES = 1 << 20
-
-
-def _cache(deps: ServerDeps) -> CacheControl:
-    if deps.cache is None:
-        raise ApiError(503, "this server has no adapter cache", "server_error", "no_cache")
-    return deps.cache
-
-
-def _key(deps: ServerDeps, ref: str) -> AdapterKey:
-    return deps.registry.get_revision(ref).key()
+MAX_AUDIT_PAGE = 1000  # most audit entries one /admin/audit answer lists
+MAX_AUDIT_SEQ = (1 << 63) - 1  # the largest sequence number SQLite (and PostgreSQL) can hold
 
 
 # --- tenants and keys ----------------------------------------------------------------------------
@@ -140,7 +126,7 @@ def _register(deps: ServerDeps, request: RegistrationRequest) -> JSONResponse:
 
 def _registered(result: RegistrationResult) -> JSONResponse:
     payload = {"created": result.created, "revision": asdict(result.revision)}
-    return JSONResponse(_plain(payload), status_code=201 if result.created else 200)
+    return JSONResponse(plain(payload), status_code=201 if result.created else 200)
 
 
 def no_import_dir(action: str, param: str) -> ApiError:
@@ -249,113 +235,25 @@ def set_release(tenant: str, name: str, revision: str, body: ReleaseBody, deps: 
 
 
 @router.get("/audit")
-def audit_log(deps: DepsDep, after_seq: int = 0, limit: int = 100) -> list[Any]:
-    return [asdict(e) for e in deps.registry.audit_log(after_seq, min(limit, 1000))]
-
-
-# --- residency -------------------------------------------------------------------------------
-
-
-@router.get("/residency")
-async def residency(
+def audit_log(
     deps: DepsDep,
-    top: Annotated[int, Query(ge=0, le=MAX_RESIDENCY_PAGE)] = MAX_RESIDENCY_PAGE,
-    offset: Annotated[int, Query(ge=0)] = 0,
-) -> Any:
-    """A page of at most ``top`` copies (most requested first, from ``offset``), the cache
-    counters, the number of copies in all, and the ``top`` most requested adapters. ``top``
-    above ``MAX_RESIDENCY_PAGE`` is a 400: a cache of thousands of copies is read in pages.
-    NOTE: the snapshot is taken on the thread pool explicitly: it may wait on an engine process
-    or on every replica of a fleet, and the event loop must never wait with it."""
-    snapshot = await run_in_threadpool(_cache(deps).snapshot)
-    ranked = sorted(snapshot.entries, key=lambda e: (-e.hits, e.key.ref, e.tier))
-    hits: dict[str, int] = {}
-    for entry in snapshot.entries:
-        hits[entry.key.ref] = hits.get(entry.key.ref, 0) + entry.hits
-    hot = sorted(hits.items(), key=lambda item: (-item[1], item[0]))[:top]
-    return _plain(
-        {
-            "entries": [_entry(asdict(e)) for e in ranked[offset : offset + top]],
-            "num_entries": len(snapshot.entries),
-            "stats": asdict(snapshot.stats),
-            "num_loading": snapshot.num_loading,
-            "num_blocked": snapshot.num_blocked,
-            "hot": [{"model": ref, "hits": count} for ref, count in hot],
-        }
-    )
+    after_seq: Annotated[int, Query(ge=0, le=MAX_AUDIT_SEQ)] = 0,
+    limit: Annotated[int, Query(ge=1, le=MAX_AUDIT_PAGE)] = 100,
+) -> list[Any]:
+    """At most ``limit`` entries after ``after_seq``, oldest first: a page of the log, the next
+    one from the last ``seq``. NOTE: unbounded, a ``limit`` of -1 read the whole log (SQLite's
+    LIMIT -1), and an ``after_seq`` past SQLite's integers was a 500."""
+    return [asdict(e) for e in deps.registry.audit_log(after_seq, limit)]
 
 
-def _entry(raw: dict[str, Any]) -> dict[str, Any]:
-    key = raw.pop("key")
-    raw["model"] = f"{key['tenant']}/{key['name']}@{key['revision']}"
-    raw["adapter_digest"] = key["adapter_digest"]
-    return raw
-
-
-async def _target(body: ResidencyBody, deps: ServerDeps) -> tuple[CacheControl, AdapterKey]:
-    """The cache and the revision's key; a bad tier or reference is a 400 naming its field
-    (``param`` was null), the tier refused before the registry is touched."""
-    cache = _cache(deps)
-    try:
-        body.cache_tier()
-    except ValueError as exc:
-        raise invalid_request(str(exc), "tier") from None
-    try:
-        return cache, await run_in_threadpool(_key, deps, body.model)
-    except ValueError as exc:  # not tenant/name@revision (an alias, a bare name)
-        raise invalid_request(str(exc), "model") from None
-
-
-async def _loading(future: Future[None], body: ResidencyBody) -> dict[str, object]:
-    if body.wait:
-        await asyncio.wrap_future(future)
-    status = "resident" if future.done() else "loading"
-    return {"model": body.model, "tier": body.cache_tier().name, "status": status}
-
-
-@router.post("/residency/pin")
-async def pin(body: ResidencyBody, deps: DepsDep) -> Any:
-    """Keep the revision in ``tier`` (loading it first); pinned copies are never evicted."""
-    cache, key = await _target(body, deps)
-    return await _loading(await run_in_threadpool(cache.pin, key, body.cache_tier()), body)
-
-
-@router.post("/residency/prefetch")
-async def prefetch(body: ResidencyBody, deps: DepsDep) -> Any:
-    """Load the revision into ``tier`` if the eviction policy finds it worth its victims."""
-    cache, key = await _target(body, deps)
-    return await _loading(await run_in_threadpool(cache.prefetch, key, body.cache_tier()), body)
-
-
-@router.post("/residency/unpin")
-async def unpin(body: ResidencyBody, deps: DepsDep) -> Any:
-    cache, key = await _target(body, deps)
-    await run_in_threadpool(cache.unpin, key, body.cache_tier())
-    return {"model": body.model, "tier": body.cache_tier().name, "status": "unpinned"}
-
-
-@router.post("/residency/evict")
-async def evict(body: ResidencyBody, deps: DepsDep) -> Any:
-    """Drop the copy in ``tier`` unless it is pinned, in use or loading; a copy not dropped
-    comes with the reason, so a kept copy is not read as an absent one."""
-    cache, key = await _target(body, deps)
-    tier = body.cache_tier()
-    answer: dict[str, object] = {"model": body.model, "tier": tier.name}
-    answer["evicted"] = await run_in_threadpool(cache.evict, key, tier)
-    if not answer["evicted"]:
-        kept = await run_in_threadpool(cache.is_resident, key, tier)
-        answer["reason"] = "kept: pinned, in use or loading" if kept else f"no copy in {tier.name}"
-    return answer
-
-
-def _plain(value: Any) -> Any:
+def plain(value: Any) -> Any:
     """JSON-ready: tiers (keys or values) become their names, paths strings."""
     if isinstance(value, IntEnum):
         return value.name
     if isinstance(value, dict):
-        return {_key_name(k): _plain(v) for k, v in value.items()}
+        return {_key_name(k): plain(v) for k, v in value.items()}
     if isinstance(value, list | tuple):
-        return [_plain(v) for v in value]
+        return [plain(v) for v in value]
     if isinstance(value, Path):
         return str(value)
     return value

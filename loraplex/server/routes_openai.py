@@ -135,11 +135,25 @@ async def completions(
     )
 
 
+def _chat_budget(body: ChatCompletionRequest) -> Budget:
+    """``max_completion_tokens``, else ``max_tokens`` (its older name; vLLM's rule). Both set and
+    different is a 400 naming ``max_tokens``: it was dropped in silence."""
+    chosen = body.max_completion_tokens
+    if chosen is None:
+        return Budget(body.max_tokens, "max_tokens")
+    if body.max_tokens is not None and body.max_tokens != chosen:
+        raise invalid_request(
+            f"max_tokens {body.max_tokens} differs from max_completion_tokens {chosen}; expected "
+            "one of them (max_tokens is its older name) or both the same",
+            "max_tokens",
+        )
+    return Budget(chosen, "max_completion_tokens")
+
+
 @router.post("/chat/completions", response_model=None)
 async def chat_completions(
     request: Request, body: ChatCompletionRequest, tenant: TenantDep, deps: DepsDep
 ) -> Response | ChatCompletionResponse:
-    param = "max_completion_tokens" if body.max_completion_tokens else "max_tokens"
     started = await start_request(
         request,
         deps,
@@ -147,7 +161,7 @@ async def chat_completions(
         body=body,
         encode=chat_encoder(deps, body),
         num_prompts=1,
-        budget=Budget(body.max_completion_tokens or body.max_tokens, param),
+        budget=_chat_budget(body),
     )
     result, started = await _respond(request, started, body, None)
     if isinstance(result, Response):

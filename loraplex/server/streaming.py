@@ -129,9 +129,8 @@ class ChunkFormat:
             f'"logprobs":{_json(logprobs)},"finish_reason":{_json(finish_reason)},'
             f'"stop_reason":{_json(stop_reason)}}}'
         )
-        if self.chat:
-            content = _json(text) if text else "null"
-            choice = f'{{"index":{index},"delta":{{"content":{content}}},{rest}'
+        if self.chat:  # content is a string, "" without text (as vLLM; never null)
+            choice = f'{{"index":{index},"delta":{{"content":{_json(text)}}},{rest}'
         else:
             choice = f'{{"index":{index},"text":{_json(text)},{rest}'
         return f"{self._head}{choice}{self._tail_with(usage)}"

@@ -14,7 +14,7 @@ from fastapi.testclient import TestClient
 from loraplex.residency.cache import TieredAdapterCache
 from loraplex.server.app import create_app
 from loraplex.server.deps import ServerDeps
-from loraplex.server.routes_admin import MAX_RESIDENCY_PAGE
+from loraplex.server.routes_residency import MAX_RESIDENCY_PAGE
 
 
 def _new_tenant(rig: Rig, name: str) -> dict[str, str]:

@@ -154,3 +154,27 @@ def test_tenant_errors_quote_a_bounded_prefix(rig: Rig) -> None:
         assert response.status_code in (400, 404), response.text[:300]
         assert len(response.content) < 1000
         assert model[:100] not in response.json()["error"]["message"]
+
+
+@pytest.mark.parametrize(
+    ("params", "param"),
+    [
+        ({"limit": -1}, "limit"),  # SQLite's LIMIT -1: the whole log in one answer
+        ({"limit": 0}, "limit"),
+        ({"limit": 1001}, "limit"),  # was cut to 1000 in silence
+        ({"after_seq": -1}, "after_seq"),
+        ({"after_seq": 2**63}, "after_seq"),  # past SQLite's integers: a 500
+    ],
+)
+def test_the_audit_logs_paging_is_bounded(rig: Rig, params: dict[str, int], param: str) -> None:
+    reply = rig.client.get("/admin/audit", params=params, headers=rig.admin)
+    assert reply.status_code == 400, reply.text
+    assert reply.json()["error"]["param"] == param
+
+
+def test_the_audit_log_reads_in_pages(rig: Rig) -> None:
+    first = rig.client.get("/admin/audit", params={"limit": 2}, headers=rig.admin).json()
+    assert len(first) == 2
+    after = {"after_seq": first[-1]["seq"], "limit": 1000}
+    rest = rig.client.get("/admin/audit", params=after, headers=rig.admin).json()
+    assert rest and rest[0]["seq"] > first[-1]["seq"]

@@ -110,10 +110,17 @@ def test_retry_after_rounds_up_and_is_at_least_one_second() -> None:
     assert "Retry-After" in to_api_error(CapacityError("x"), TENANT).headers
 
 
-def test_retry_after_is_capped_at_an_hour() -> None:
-    """An absurd quota (a rate of 1e-300/s) must not become a 300-digit header."""
+def test_retry_after_is_capped_at_an_hour_or_a_rate_quotas_own_gap() -> None:
+    """An absurd estimate must not become a 300-digit header: an hour at most, except a rate
+    quota's wait, which is its own gap (test_ratelimit.py) up to RFC 9111's 2^31 s."""
+    full = to_api_error(QueueFullError("the queue", 8, 1e300), TENANT)
+    assert full.headers["Retry-After"] == "3600"
     refused = to_api_error(RateLimitError("acme", 1e-300, 1e300), TENANT)
-    assert refused.headers["Retry-After"] == "3600"
+    assert refused.headers["Retry-After"] == str(2**31)
+    hourly = to_api_error(RateLimitError("acme", 1 / 7200, 7200.0), TENANT)
+    assert hourly.headers["Retry-After"] == "7200"
+    owing = to_api_error(RateLimitError("acme", 1.0, 3600.0000001), TENANT)
+    assert owing.headers["Retry-After"] == "3600"
 
 
 def test_a_too_long_prompt_names_the_field_it_came_from() -> None:

@@ -239,3 +239,57 @@ def test_a_debt_the_current_rate_repays_within_the_hour_is_kept_whole() -> None:
     assert owing.value.retry_after_s == pytest.approx(most * 1000.0)
     assert most * 1000.0 <= MAX_RETRY_AFTER_S
     assert MAX_WAIT_S == MAX_RETRY_AFTER_S  # the bound is the longest Retry-After
+
+
+def _retry_after(refused: pytest.ExceptionInfo[RateLimitError]) -> int:
+    return int(to_api_error(refused.value, ErrorContext.TENANT).headers["Retry-After"])
+
+
+def _refused_after_one(gap_s: float) -> tuple[Clock, RateLimiter, Tenant, int]:
+    """A limiter at one request per ``gap_s`` whose tenant's second request was just refused
+    at time 0, with that refusal's Retry-After."""
+    clock = Clock()
+    limiter = RateLimiter(burst_s=1.0, clock=clock)
+    tenant = _tenant("acme", 1 / gap_s)
+    limiter.check(tenant)
+    with pytest.raises(RateLimitError) as refused:
+        limiter.check(tenant)
+    return clock, limiter, tenant, _retry_after(refused)
+
+
+@pytest.mark.parametrize("gap_s", [7200, 86_400])
+def test_a_rate_below_one_an_hour_says_its_whole_gap(gap_s: int) -> None:
+    """Below one request per ``MAX_WAIT_S`` the wait is the rate's own gap: every Retry-After
+    was capped at 3600, so at one request per 2 h the client came back after the hour and was
+    refused again."""
+    clock, limiter, tenant, retry_after = _refused_after_one(gap_s)
+    assert retry_after == gap_s
+    clock.now = gap_s - 1.0
+    with pytest.raises(RateLimitError):
+        limiter.check(tenant)
+    clock.now = float(gap_s)
+    limiter.check(tenant)  # the Retry-After was the truth
+
+
+def test_an_absurd_rate_says_at_most_the_longest_delta_seconds() -> None:
+    """One request per 10^300 s: the header is RFC 9111's largest delta-seconds, not 301 digits."""
+    assert _refused_after_one(1e300)[3] == 2**31
+
+
+@pytest.mark.parametrize("gap_s", [161, 187, 322, 347])
+def test_coming_back_after_exactly_the_retry_after_passes(gap_s: int) -> None:
+    """At 1/161 a second the wait computes to exactly 161.0 s, but 161 s refill 161 * (1/161) =
+    0.99999999999998 tokens: the client coming back after exactly its Retry-After was refused
+    again (with Retry-After 1). A shortfall of float rounding passes now."""
+    clock, limiter, tenant, retry_after = _refused_after_one(gap_s)
+    assert retry_after == gap_s
+    clock.now = float(retry_after)
+    limiter.check(tenant)
+
+
+def test_over_http_a_rate_below_one_an_hour_says_its_whole_gap(rig: Rig) -> None:
+    headers = _limited(rig, "hourly", 1 / 7200)
+    body = {"model": BASE_NAME, "prompt": "hi", "max_tokens": 2}
+    assert rig.client.post("/v1/completions", json=body, headers=headers).status_code == 200
+    refused = rig.client.post("/v1/completions", json=body, headers=headers)
+    assert refused.status_code == 429 and refused.headers["Retry-After"] == "7200"

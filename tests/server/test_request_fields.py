@@ -115,6 +115,19 @@ def test_stream_options_without_stream_is_refused(rig: Rig) -> None:
     assert reply.status_code == 400 and reply.json()["error"]["param"] == "stream_options"
 
 
+def test_chat_max_tokens_beside_a_different_max_completion_tokens_is_refused(rig: Rig) -> None:
+    """``max_completion_tokens`` wins (vLLM's rule); a different ``max_tokens`` beside it was
+    dropped in silence. Both the same, or either alone, pass."""
+    differ = _body(CHAT, max_completion_tokens=3)  # beside max_tokens 4
+    reply = rig.client.post(CHAT, json=differ, headers=rig.headers("acme"))
+    assert reply.status_code == 400 and reply.json()["error"]["param"] == "max_tokens"
+    for fields in ({"max_completion_tokens": 3, "max_tokens": 3}, {"max_completion_tokens": 3}):
+        body = _body(CHAT, **fields) | ({} if "max_tokens" in fields else {"max_tokens": None})
+        reply = rig.client.post(CHAT, json=body, headers=rig.headers("acme"))
+        assert reply.status_code == 200, reply.text
+        assert rig.engine.requests[-1].params.max_tokens == 3
+
+
 @pytest.mark.parametrize(("value", "expected"), [(None, None), (-1, None), (0, None), (3, 3)])
 def test_top_k_reaches_the_sampler(rig: Rig, value: int | None, expected: int | None) -> None:
     reply = rig.client.post(

@@ -25,9 +25,9 @@ from fastapi.testclient import TestClient
 
 from loraplex.demo.assets import DemoAssets
 from loraplex.errors import RateLimitError
-from loraplex.quota.ratelimit import (
+from loraplex.quota.ratelimit import RateLimiter
+from loraplex.quota.shared_ratelimit import (
     REDIS_RETRY_S,
-    RateLimiter,
     SharedRateLimiter,
     open_rate_limiter,
     redis_client,
@@ -38,7 +38,7 @@ from loraplex.serve.config import ServeConfig
 from loraplex.server import limits
 from loraplex.server.app import create_app
 from loraplex.server.deps import ServerConfig
-from loraplex.server.errors import MAX_RETRY_AFTER_S
+from loraplex.server.errors import MAX_RETRY_AFTER_S, ErrorContext, to_api_error
 from loraplex.server.limits import RequestLimits
 
 REDIS_URL = os.environ.get("LORAPLEX_TEST_REDIS_URL", "redis://127.0.0.1:6379/0")
@@ -227,6 +227,26 @@ def test_a_quota_lowered_while_in_debt_leaves_at_most_the_longest_retry_after(
     limiter.close()
 
 
+@pytest.mark.parametrize("gap_s", [161, 7200])
+def test_coming_back_after_exactly_the_retry_after_passes(
+    redis_url: str, prefix: str, gap_s: int
+) -> None:
+    """As ``RateLimiter`` (test_ratelimit.py): at 1/161 a second, 161 s refilled 0.99999999999998
+    tokens and the client coming back after its Retry-After was refused again; at one request
+    per 2 h the Retry-After said 3600."""
+    now = Clock()
+    limiter = _shared(redis_url, prefix, bucket_clock=now)
+    tenant = _tenant("acme", 1 / gap_s)
+    limiter.check(tenant)
+    with pytest.raises(RateLimitError) as refused:
+        limiter.check(tenant)
+    retry_after = int(to_api_error(refused.value, ErrorContext.TENANT).headers["Retry-After"])
+    assert retry_after == gap_s
+    now.now += retry_after
+    limiter.check(tenant)
+    limiter.close()
+
+
 def test_tenants_and_prefixes_have_their_own_buckets(
     redis_url: str, prefix: str, raw: redis.Redis
 ) -> None:
@@ -261,6 +281,22 @@ def test_every_bucket_expires_a_few_refill_times_after_its_last_use(
     limiter.close()
 
 
+def test_a_bucket_outlives_the_wait_its_refusal_states(
+    redis_url: str, prefix: str, raw: redis.Redis
+) -> None:
+    """At one request per 10 days the 429 says 864,000 s; the key expired after a week (the
+    tenant was forgiven 3 days early), now after 3 refill times, as at any other rate."""
+    gap_s = 10 * 24 * 3600
+    limiter = _shared(redis_url, prefix)
+    tenant = _tenant("rare", 1 / gap_s)
+    limiter.check(tenant)
+    with pytest.raises(RateLimitError) as refused:
+        limiter.check(tenant)
+    assert refused.value.retry_after_s == pytest.approx(gap_s, rel=1e-3)
+    assert gap_s * 1000 < raw.pttl(f"{prefix}:rl:rare") <= 3 * gap_s * 1000
+    limiter.close()
+
+
 def test_a_closed_port_falls_back_to_a_local_bucket_that_still_limits(
     caplog: pytest.LogCaptureFixture,
 ) -> None:
@@ -270,7 +306,7 @@ def test_a_closed_port_falls_back_to_a_local_bucket_that_still_limits(
     limiter = open_rate_limiter(f"redis://127.0.0.1:{port}/0")
     assert isinstance(limiter, SharedRateLimiter)
     tenant = _tenant("acme", 1.0)
-    with caplog.at_level(logging.WARNING, logger="loraplex.quota.ratelimit"):
+    with caplog.at_level(logging.WARNING, logger="loraplex.quota.shared_ratelimit"):
         limiter.check(tenant)  # no exception: answered in-process
         with pytest.raises(RateLimitError):
             limiter.check(tenant)
@@ -287,7 +323,7 @@ def test_an_outage_is_retried_after_a_back_off_and_recovers(
     limiter = SharedRateLimiter(spy, key_prefix=prefix, clock=clock)  # type: ignore[arg-type]
     tenant = _tenant("acme", 0.01)
     spy.down = True
-    with caplog.at_level(logging.WARNING, logger="loraplex.quota.ratelimit"):
+    with caplog.at_level(logging.WARNING, logger="loraplex.quota.shared_ratelimit"):
         limiter.check(tenant)
         for _ in range(5):  # within the back-off: Redis is not asked
             with pytest.raises(RateLimitError):

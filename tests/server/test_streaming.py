@@ -42,7 +42,7 @@ def test_completion_chunks_equal_the_model(text: str, reason: str | None) -> Non
 @pytest.mark.parametrize("text", TEXTS)
 @pytest.mark.parametrize("reason", [None, "stop"])
 def test_chat_chunks_equal_the_model(text: str, reason: str | None) -> None:
-    delta = ChatDelta(content=text) if text else ChatDelta()
+    delta = ChatDelta(content=text)
     expected = ChatCompletionChunk(
         id="cmpl-1", created=1700000000, model='m"odel', loraplex=INFO,
         choices=[ChatChunkChoice(delta=delta, finish_reason=reason)],

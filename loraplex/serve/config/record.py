@@ -27,7 +27,7 @@ from loraplex.engine.watchdog import (
     DEFAULT_KILL_AFTER_S,
     DEFAULT_UNRESPONSIVE_AFTER_S,
 )
-from loraplex.quota.ratelimit import (
+from loraplex.quota.shared_ratelimit import (
     DEFAULT_KEY_PREFIX,
     check_shared_state,
 )

@@ -118,10 +118,12 @@ class ChatCompletionResponse(BaseModel):
 
 class ChatDelta(BaseModel):
     """One choice's delta. Only a choice's first delta names the role; later ones leave the
-    key out rather than send ``"role": null`` (as OpenAI and vLLM do)."""
+    key out rather than send ``"role": null`` (as OpenAI and vLLM do). ``content`` is always a
+    string, ``""`` on a delta without text (as vLLM; OpenAI leaves the key out of its finishing
+    delta): never null, so a client appending it never meets None."""
 
     role: Literal["assistant"] | None = None  # "assistant" on the first delta, else left out
-    content: str | None = None
+    content: str = ""  # the delta's text
 
     @model_serializer(mode="wrap")
     def _without_null_role(self, handler: SerializerFunctionWrapHandler) -> dict[str, object]:
