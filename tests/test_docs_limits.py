@@ -13,7 +13,7 @@ from loraplex.server.batch_limit import MAX_BATCH_PROMPTS
 from loraplex.server.choices import DEFAULT_MAX_CHOICES
 from loraplex.server.history import HistoryConfig
 from loraplex.server.protocol import CompletionRequest, fields
-from loraplex.server.routes_admin import MAX_RESIDENCY_PAGE
+from loraplex.server.routes_residency import MAX_RESIDENCY_PAGE
 from loraplex.server.serving import MAX_REQUEST_ID_CHARS, MAX_SESSION_ID_CHARS
 from loraplex.server.upload import MAX_TEXT_PART_BYTES
 
