@@ -70,13 +70,14 @@ def shape_of(body: SamplingFields, num_prompts: int, max_choices: int) -> Shape:
     field_name = "best_of" if best_of > n else "n"
     if best_of > max_choices:
         raise invalid_request(
-            f"{field_name} {best_of} is invalid; expected at most max_choices ({max_choices})",
+            f"{field_name} {best_of} is invalid; expected at most {max_choices} choices per "
+            "request (a fixed limit)",
             field_name,
         )
     if num_prompts * best_of > max_choices:
         raise invalid_request(
             f"{num_prompts} prompts x {field_name} {best_of} is {num_prompts * best_of} "
-            f"choices; expected at most max_choices ({max_choices})",
+            f"choices; expected at most {max_choices} per request (a fixed limit)",
             "prompt",
         )
     if body.seed is not None and body.seed + best_of - 1 > MAX_SEED:

@@ -237,3 +237,14 @@ def test_two_tenants_sending_one_x_request_id_at_once_both_work(served: Served) 
     ]
     ids = {r.request_id for r in engine.requests}
     assert len(ids) == 2 and "same" not in ids and engine.aborted == []
+
+
+@pytest.mark.parametrize("fields", [{"n": 17}, {"prompt": ["a"] * 5, "n": 4}])
+def test_a_fan_out_refusal_states_the_fixed_limit_not_a_setting(
+    rig: Rig, fields: dict[str, object]
+) -> None:
+    """No setting is named ``max_choices``: the message gives the number and says it is fixed."""
+    body = {"model": "support", "prompt": "hi", "max_tokens": 2} | fields
+    reply = rig.client.post("/v1/completions", json=body, headers=rig.headers("acme"))
+    message = reply.json()["error"]["message"]
+    assert "max_choices" not in message and "at most 16" in message and "fixed limit" in message
