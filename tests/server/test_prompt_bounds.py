@@ -160,8 +160,8 @@ def test_a_batch_stops_tokenizing_at_its_first_text_prompt_that_cannot_fit(
 ) -> None:
     """A text prompt's tokens are known only once it is tokenized; every prompt of a batch was,
     before the context check refused the first: sixteen refused prompts of ``max_prompt_chars``
-    each cost sixteen times one (about a second of server CPU with the demo tokenizer at 32,768
-    characters each), for one 400."""
+    each cost sixteen encodes for one 400 (docs/operations.md: 0.218 s against 0.016 s per
+    request on the demo model)."""
     encoded: list[int] = []
     encode = counted.engine.char_tokenizer.encode
 
