@@ -34,7 +34,7 @@ async def check_prompt_lengths(request: Request, deps: DepsDep) -> None:
         if isinstance(prompt, str):
             check_prompt_chars(len(prompt), deps.config.max_prompt_chars, "prompt")
         elif max_len is not None and len(prompt) >= max_len:
-            raise _context_exceeded(index, len(prompt), max_len)
+            raise context_exceeded(index, len(prompt), max_len)
 
 
 async def check_detokenize_length(request: Request, deps: DepsDep) -> None:
@@ -78,7 +78,9 @@ def _prompts(raw: object) -> Iterator[tuple[int | None, str | list[Any]]]:
             yield index, item
 
 
-def _context_exceeded(index: int | None, num_ids: int, max_len: int) -> ApiError:
+def context_exceeded(index: int | None, num_ids: int, max_len: int) -> ApiError:
+    """The 400 of a prompt (``index`` in a batch, None: the only one) of ``num_ids`` ids, which
+    leave no room for a token in a context of ``max_len``."""
     which = "the prompt" if index is None else f"prompt {index}"
     return ApiError(
         400,

@@ -6,13 +6,14 @@ only once the model resolved; the echoed prompts' texts.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 
 from loraplex.server.chat import ChatMessage, num_prompt_chars
 from loraplex.server.choices import Echo
 from loraplex.server.deps import ServerDeps
 from loraplex.server.errors import invalid_request
 from loraplex.server.limits import check_prompt_chars
+from loraplex.server.prompt_bounds import context_exceeded
 from loraplex.server.protocol import ChatCompletionRequest, Prompt
 
 
@@ -39,7 +40,22 @@ def prompt_encoder(
     for prompt in prompts:
         if isinstance(prompt, str):
             check_prompt_chars(len(prompt), deps.config.max_prompt_chars, "prompt")
-    return lambda: [_prompt_ids(deps, p) for p in prompts]
+    return lambda: _encode_all(deps, prompts)
+
+
+def _encode_all(deps: ServerDeps, prompts: Sequence[str | list[int]]) -> list[list[int]]:
+    """Each prompt's ids, in order, stopping at the first that leaves no room for a token in the
+    context (the 400 ``prompt_bounds`` gives a token-id prompt). NOTE: a text prompt's length
+    is known only once tokenized; tokenizing the whole batch before this check made sixteen
+    refused prompts of ``max_prompt_chars`` cost sixteen times one."""
+    max_len = deps.config.max_model_len
+    encoded = []
+    for index, prompt in enumerate(prompts):
+        ids = _prompt_ids(deps, prompt)
+        if max_len is not None and len(ids) >= max_len:
+            raise context_exceeded(index if len(prompts) > 1 else None, len(ids), max_len)
+        encoded.append(ids)
+    return encoded
 
 
 def _prompt_ids(deps: ServerDeps, prompt: str | list[int]) -> list[int]:

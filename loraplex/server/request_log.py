@@ -2,7 +2,8 @@
 
 ``request_log_path`` (docs/operations.md) turns it on. Each line has the trace fields the
 simulator replays (``t_s`` seconds since the log was opened on this server's monotonic clock,
-``tenant``, ``adapter`` as ``name@revision`` or null for the base model, ``prompt_tokens``,
+``tenant``, ``adapter`` as ``name@revision``, ``owner/name@revision`` for another tenant's
+public adapter, or null for the base model, ``prompt_tokens``,
 ``output_tokens``) and the outcome (``outcome``: the finish reason or ``error``/``abort``,
 ``ttft_s``, ``tier`` the adapter was leased from, ``latency_s``, and ``engine``: the engine's
 timeline of the request, ``ENGINE_FIELDS``, or null where the engine returned none).
@@ -96,7 +97,9 @@ class RequestLog:
     def line(self, request: LoggedRequest) -> str:
         adapter = None
         if request.revision is not None:
-            adapter = request.revision.partition("/")[2] or request.revision
+            owner, _, own_name = request.revision.partition("/")
+            # another tenant's (public) adapter keeps its owner: the model string a replay sends
+            adapter = own_name if owner == request.tenant and own_name else request.revision
         finished = request.outcome in FINISHED
         body = {
             "t_s": round(max(0.0, request.arrived_s - self._opened_s), 6),

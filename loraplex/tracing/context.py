@@ -7,6 +7,8 @@ not an error: the request starts a new trace.
 
 from __future__ import annotations
 
+import hashlib
+import hmac
 import random
 import re
 from dataclasses import dataclass
@@ -55,6 +57,13 @@ def root_ids(header: str | None, rng: random.Random) -> SpanIds:
         return SpanIds(rng.getrandbits(128) or 1, new_span_id(rng), None)
     trace_id, parent_id, sampled = parsed
     return SpanIds(trace_id, new_span_id(rng), parent_id, sampled)
+
+
+def keyed_trace_id(secret: bytes, trace_id: int) -> int:
+    """``trace_id`` hashed with ``secret`` (HMAC-SHA256, 64 bits), for the ratio to decide on
+    when the caller chose the id: without the secret it cannot pick one the ratio keeps."""
+    message = b"ratio\x00" + trace_id.to_bytes(16, "big")  # apart from ``NameMasker``'s names
+    return int.from_bytes(hmac.new(secret, message, hashlib.sha256).digest()[:8], "big")
 
 
 def ratio_keeps(trace_id: int, ratio: float) -> bool:

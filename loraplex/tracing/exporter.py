@@ -9,10 +9,10 @@ own: a tenant making deliberately slow requests, long ``max_tokens`` or slow rea
 otherwise fill the queue; past it counted in ``slow_dropped`` when dropped); the others are kept
 when the caller's ``traceparent`` said sampled (within its tenant's share for flags, a bucket of
 its own: past it the flag is not honoured, counted in ``parent_refused``), else by ``sample_ratio``
-on the trace id (as OpenTelemetry's TraceIdRatioBased, so an ingress and anything downstream
-agree). Until then a request costs only a few timestamps. Kept spans go to the SDK's
-``BatchSpanProcessor`` (a bounded queue, exported on its own thread): the event loop never waits
-for the collector, and a collector that is down costs dropped spans, never requests.
+on the trace id (as OpenTelemetry's TraceIdRatioBased), keyed-hashed first when the caller's
+``traceparent`` chose it. Until then a request costs only a few timestamps. Kept spans go to the
+SDK's ``BatchSpanProcessor`` (a bounded queue, exported on its own thread): the event loop never
+waits for the collector, and a collector that is down costs dropped spans, never requests.
 
 Each forced trace (error, slow, parent) also draws on its tenant's share of all three kinds
 (``tenant_burst_spans``): the three shares alone let one tenant hold three of them at once.
@@ -34,7 +34,7 @@ from opentelemetry.sdk.trace import SpanProcessor
 from opentelemetry.sdk.trace.export import BatchSpanProcessor
 
 from loraplex.tracing.config import TracingConfig
-from loraplex.tracing.context import ratio_keeps, root_ids
+from loraplex.tracing.context import SpanIds, keyed_trace_id, ratio_keeps, root_ids
 from loraplex.tracing.names import NameMasker
 from loraplex.tracing.record import Interval, RequestTrace, Subject
 from loraplex.tracing.share import SpanShare
@@ -107,7 +107,7 @@ class Tracer:
             return "slow"
         if trace.ids.parent_sampled and self._has_room("parent", tenant):
             return "parent"
-        if ratio_keeps(trace.ids.trace_id, self.config.sample_ratio):
+        if ratio_keeps(self._ratio_id(trace.ids), self.config.sample_ratio):
             return "ratio"
         return None
 
@@ -160,6 +160,14 @@ class Tracer:
             self._tenant_share.charge(trace.subject.tenant, len(spans))
         for span in spans:
             self._processor.on_end(span)
+
+    def _ratio_id(self, ids: SpanIds) -> int:
+        """What the ratio decides on: a trace id made here as it is, a caller's keyed-hashed.
+        NOTE: a caller's ``traceparent`` chooses its trace id; one whose low 64 bits are 0 was
+        kept at any ratio above 0, charged to no share, on every request."""
+        if ids.parent_id is None:
+            return ids.trace_id
+        return keyed_trace_id(self.config.secret, ids.trace_id)
 
     def _has_room(self, kind: str, tenant: str) -> bool:
         return self._shares[kind].has_room(tenant) and self._tenant_share.has_room(tenant)

@@ -20,7 +20,7 @@ import threading
 import time
 from collections.abc import Callable
 
-MAX_TENANTS = 4096  # buckets kept before full ones (which act as new ones) are forgotten
+MAX_TENANTS = 4096  # buckets kept at most: then full ones (which act as new ones) are forgotten
 
 
 class _Bucket:
@@ -67,6 +67,13 @@ class SpanShare:
         return bucket
 
     def _forget_full(self, now_s: float) -> None:
-        for tenant, bucket in list(self._buckets.items()):
-            if bucket.tokens + max(0.0, now_s - bucket.stamp_s) * self._rate >= self._burst:
-                del self._buckets[tenant]
+        """Forgets every full bucket; when none is full, the one nearest to full (so the table
+        never passes ``MAX_TENANTS``, and forgetting a bucket pardons as little debt as it can:
+        a deep debtor stays)."""
+        tokens = {
+            tenant: bucket.tokens + max(0.0, now_s - bucket.stamp_s) * self._rate
+            for tenant, bucket in self._buckets.items()
+        }
+        full = [tenant for tenant, count in tokens.items() if count >= self._burst]
+        for tenant in full or [max(tokens, key=tokens.__getitem__)]:
+            del self._buckets[tenant]

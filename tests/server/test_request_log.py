@@ -20,7 +20,7 @@ from loraplex.server.request_log import LoggedRequest, RequestLog
 from loraplex.sim import cost_model
 from loraplex.sim.config import SimConfig
 from loraplex.sim.run import simulate
-from loraplex.sim.trace import OUTCOME_FIELDS, TRACE_FIELDS, read_trace
+from loraplex.sim.trace import OUTCOME_FIELDS, TRACE_FIELDS, parse_record, read_trace
 
 COST = Path(__file__).resolve().parents[1] / "sim" / "cost_example.json"
 
@@ -104,6 +104,20 @@ def test_lines_are_relative_to_the_log_opening(tmp_path: Path) -> None:
     log.write(request)
     (line,) = [json.loads(x) for x in (tmp_path / "r.jsonl").read_text().splitlines()]
     assert (line["t_s"], line["adapter"], line["output_tokens"]) == (2.5, "a@r2", 2)
+
+
+def test_another_tenants_public_adapter_is_logged_with_its_owner(tmp_path: Path) -> None:
+    """acme calling globex's public ``translate`` was logged as acme's ``translate@r1``: an
+    adapter acme does not have (a replay over HTTP asked acme for it: a 404, or acme's own
+    ``translate`` if it had one), and one the simulator could not tell from acme's own. Its
+    line names the owner now, as the model string a replay sends; acme's own stay bare."""
+    log = RequestLog(tmp_path / "r.jsonl", clock=lambda: 0.0)
+    public = LoggedRequest(1.0, "acme", "globex/translate@r1", 4, 2, 2, "stop", 0.1, None, 0.2)
+    own = replace(public, revision="acme/translate@r3")
+    lines = [json.loads(log.line(request)) for request in (public, own)]
+    assert [line["adapter"] for line in lines] == ["globex/translate@r1", "translate@r3"]
+    records = [parse_record(line) for line in lines]
+    assert len({(r.tenant, r.adapter) for r in records}) == 2  # two adapters in a replay
 
 
 def test_the_engines_timeline_is_written_in_seconds_after_its_arrival(tmp_path: Path) -> None:

@@ -162,12 +162,14 @@ class Bounded(Collected):
 
 
 @contextmanager
-def _bounded(served: Served, capacity: int = 48, **share: float) -> Iterator[Traced]:
-    """The app tracing into a ``Bounded`` queue of ``capacity`` spans at ratio 0, its clock
+def _bounded(
+    served: Served, capacity: int = 48, ratio: float = 0.0, **share: float
+) -> Iterator[Traced]:
+    """The app tracing into a ``Bounded`` queue of ``capacity`` spans at ``ratio``, its clock
     still (no refill), with the tracer settings ``share``."""
     collected = Bounded(capacity)
     config = TracingConfig(
-        "http://127.0.0.1:9/v1/traces", SECRET, sample_ratio=0.0, export_names=True, **share
+        "http://127.0.0.1:9/v1/traces", SECRET, sample_ratio=ratio, export_names=True, **share
     )  # type: ignore[arg-type]
     tracer = Tracer(config, "base", processor=collected, clock_s=lambda: 100.0)
     plain = make_app_deps(served, FakeEngine())
@@ -281,3 +283,22 @@ def test_the_tenant_share_settings_are_checked() -> None:
         TracingConfig("http://c:4318/v1/traces", SECRET, tenant_burst_spans=0)
     with pytest.raises(ValueError, match="tenant_spans_per_s 0 is invalid"):
         TracingConfig("http://c:4318/v1/traces", SECRET, tenant_spans_per_s=0)
+
+
+def _low_bits_zero(i: int) -> str:
+    """An unsampled ``traceparent`` whose trace id any ratio above 0 would keep if it decided on
+    the id as sent (its low 64 bits are 0)."""
+    return f"00-{i + 1:016x}{0:016x}-{i + 1:016x}-00"
+
+
+def test_a_tenant_choosing_its_trace_ids_gets_the_ratio_like_anyone(served: Served) -> None:
+    """The ratio decided on the trace id, which a caller's ``traceparent`` chooses: 40 acme
+    requests without the sampled flag, with trace ids whose low 64 bits are 0, were all kept at
+    the default ratio 0.01 (charged to no share) and filled a 48-span queue, so globex's sampled
+    request was dropped. Now a caller's trace id is keyed-hashed before the ratio sees it."""
+    with _bounded(served, ratio=0.01) as traced:
+        for i in range(40):
+            assert traced.post("acme", _low_bits_zero(i)) == 200
+        assert len(traced.collected.roots("acme")) <= 2  # about 0.4 expected
+        assert traced.post("globex", _sampled(7), model="search") == 200
+        assert _reasons(traced, "globex") == ["parent"]

@@ -32,3 +32,16 @@ def test_full_buckets_are_forgotten_once_there_are_many() -> None:
     assert parents.has_room("newcomer")
     assert len(parents._buckets) == 2  # t0 (in debt) and the newcomer
     assert not parents.has_room("t0")
+
+
+def test_the_table_stays_at_its_cap_when_no_bucket_is_full() -> None:
+    now = [0.0]
+    parents = SpanShare(burst_spans=4, spans_per_s=1.0, clock_s=lambda: now[0])
+    for i in range(share.MAX_TENANTS):
+        parents.charge(f"t{i}", 5 + i % 7)  # every bucket in debt: none can be forgotten as full
+    parents.charge("t3", -5)  # t3 (1 span left; the others 1 to 7 in debt) is nearest to full
+    for i in range(50):
+        assert parents.has_room(f"newcomer{i}")
+        assert len(parents._buckets) <= share.MAX_TENANTS
+    assert not parents.has_room("t4")  # a deep debtor was kept: forgetting it would pardon it
+    assert "t3" not in parents._buckets

@@ -86,6 +86,22 @@ def test_the_ratio_decides_on_the_trace_id() -> None:
     assert [ratio_keeps(t, 0.25) for t in ids] == [ratio_keeps(t, 0.25) for t in ids]
 
 
+def test_the_ratio_decides_on_a_keyed_hash_of_a_callers_trace_id() -> None:
+    """A caller's ``traceparent`` chooses its trace id: one whose low 64 bits are 0 was kept at
+    any ratio above 0. The ratio now sees a caller's trace id keyed-hashed (the server's own ids
+    are random already), so a caller's choice keeps the ratio's share of its requests."""
+    tracer, collected, clock = _tracer(0.25)
+    for i in range(400):
+        trace = tracer.begin(f"00-{i + 1:016x}{0:016x}-{i + 1:016x}-00", SUBJECT, None)
+        assert trace.ids.parent_id is not None  # the caller's id was taken
+        sibling = trace.submit(f"r{i}")
+        sibling.on_delta(TokenDelta((5,), "x", "stop", 3, 1), clock.ns)
+        trace.sibling_ended(sibling, "stop", None, None)
+    assert 60 < tracer.num_kept < 140  # 100 expected; all 400 before
+    assert tracer.num_kept + tracer.num_dropped == 400
+    assert collected.spans
+
+
 def test_names_are_keyed_hashes_unless_allowed() -> None:
     masked = NameMasker(SECRET, export_names=False)
     assert masked("acme") == masked("acme") != masked("globex")
