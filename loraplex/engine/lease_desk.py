@@ -10,18 +10,23 @@
    their lease.
 4. **request**: the scheduler's lease candidates ask the cache for their adapter; a lease not
    granted at once leaves its request in ADAPTER_WAIT with the future in its ``Live`` record.
+   Leases whose adapter was in host memory (L1: only the copy into a slot is left) are waited
+   for, all together, at most ``MAX_COPY_WAIT_S``, and settled at once when they came: the copy
+   needs the slot lock, which the step's forward would otherwise take first, so the request
+   would sit out that whole step (and the copy could wait out several forwards for the lock).
 5. **prefetch**: the adapters of the queued requests just past the lease window load to L1.
 
 The desk changes no request's state itself: the scheduler does (``wait_for_adapter``,
 ``on_lease``, ``on_lease_failed``), and a request the desk ends is retired by the core
-(``retire``). A cold adapter costs its own requests a wait, never anyone else a step.
+(``retire``). A cold adapter costs its own requests a wait, never anyone else a step: at most
+``MAX_COPY_WAIT_S`` of one, for a copy from host memory.
 """
 
 from __future__ import annotations
 
 import logging
 from collections.abc import Callable, Mapping
-from concurrent.futures import Future
+from concurrent.futures import Future, wait
 
 from loraplex.artifacts.identity import AdapterKey
 from loraplex.clock import Clock
@@ -38,6 +43,14 @@ from loraplex.residency.ledger import Tier
 Retire = Callable[[Request, BaseException], None]
 
 _log = logging.getLogger(__name__)
+
+# How long a step waits for the leases of adapters copied from host memory (L1) into a slot
+# before it plans without them. Such a copy took 1.1-2.5 ms in the large preset's r16 trace
+# (rank 16 on q/k/v/o, 16 layers: 6.8 MB) on a shared 2-core machine, where the step it would
+# otherwise sit out took 0.1-2.5 s (docs/benchmarks/peer.md, "Large-preset trace tail"). A copy
+# that cannot start (no room in the tier: the request waits for a release) costs the step
+# this bound once, when its request asks for the lease.
+MAX_COPY_WAIT_S = 0.02
 
 
 class LeaseDesk:
@@ -111,22 +124,41 @@ class LeaseDesk:
         self._orphans = [f for f in self._orphans if not _release_if_granted(f)]
 
     def _request(self) -> None:
-        if self.cache is None:
+        cache = self.cache
+        if cache is None:
             return
+        copies: list[Live] = []  # waiting leases whose adapter is in host memory
         for req in self.scheduler.lease_candidates(self._adapter_loads()):
             key = req.request.adapter_key
             assert key is not None  # lease candidates use an adapter
             remaining = max(req.deadline_at_s - self.clock.now(), 1e-3)
-            future = self.cache.acquire_future(key, deadline_s=remaining)
+            in_memory = cache.is_resident(key, Tier.L1)  # before the lease: it may move
+            future = cache.acquire_future(key, deadline_s=remaining)
             live = self._lives[req.request_id]
             if future.done():
                 self._settle(live, future)
-            else:
-                self.scheduler.wait_for_adapter(req)
-                if req.trace_log is not None:
-                    req.trace_log.defer(self.clock.now())
-                live.lease_future = future
-                future.add_done_callback(self._on_done(req.trace_log))
+                continue
+            self.scheduler.wait_for_adapter(req)
+            if req.trace_log is not None:
+                req.trace_log.defer(self.clock.now())
+            live.lease_future = future
+            future.add_done_callback(self._on_done(req.trace_log))
+            if in_memory:
+                copies.append(live)
+        self._await_copies(copies)
+
+    def _await_copies(self, copies: list[Live]) -> None:
+        """Waits, at most MAX_COPY_WAIT_S in all, for the leases of ``copies`` (copies from host
+        memory into a slot) and settles those that came, so their requests run in this step."""
+        futures = [live.lease_future for live in copies if live.lease_future is not None]
+        if not futures:
+            return
+        wait(futures, timeout=MAX_COPY_WAIT_S)
+        for live in copies:
+            future = live.lease_future
+            if future is not None and future.done():
+                live.lease_future = None
+                self._settle(live, future)
 
     def _on_done(self, log: TraceLog | None) -> Callable[[Future[Lease]], None]:
         """A waiting lease's callback (on the loader's thread): stamps when its load completed

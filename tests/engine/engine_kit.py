@@ -79,6 +79,25 @@ def publish(
     return store, refs
 
 
+def gated_runtime(
+    assets: DemoAssets, root: Path, *, max_loras: int, tenant_max_concurrent_loads: int = 4
+) -> tuple[AdapterRuntime, GatedPipeline]:
+    """The demo adapters published to a store under ``root``, and the adapter runtime over them:
+    ``max_loras`` rank-64 slots, 1 GiB of host memory, 4 GiB of disk, a gated pipeline."""
+    base = BaseModelSpec.from_dir(assets.base_model_dir)
+    store, refs = publish(assets, base, root / "store")
+    pool = LoraSlotPool(base, max_loras, 64, dtype=torch.float32, device=torch.device("cpu"))
+    lock = threading.Lock()
+    pipeline = GatedPipeline(refs.__getitem__, store, DiskTier(root / "l2"), pool, base,
+                             slot_lock=lock)  # fmt: skip
+    pipeline.gates = {}
+    budgets = {Tier.L0: TierBudget(pool.total_bytes, max_loras), Tier.L1: TierBudget(1 << 30),
+               Tier.L2: TierBudget(1 << 32)}  # fmt: skip
+    config = CacheConfig(budgets, tenant_max_concurrent_loads=tenant_max_concurrent_loads)
+    cache = TieredAdapterCache(config, pipeline)
+    return AdapterRuntime(pool, lock, cache, pipeline), pipeline
+
+
 def build_stack(
     assets: DemoAssets,
     root: Path,
@@ -88,18 +107,9 @@ def build_stack(
     watchdog: WatchdogPolicy | None = None,
 ) -> Stack:
     base = BaseModelSpec.from_dir(assets.base_model_dir)
-    store, refs = publish(assets, base, root / "store")
     keys = {adapter.ref: adapter.key(base.digest) for adapter in assets.adapters}
-    pool = LoraSlotPool(base, max_loras, 64, dtype=torch.float32, device=torch.device("cpu"))
-    lock = threading.Lock()
-    pipeline = GatedPipeline(refs.__getitem__, store, DiskTier(root / "l2"), pool, base,
-                             slot_lock=lock)  # fmt: skip
-    pipeline.gates = {}
-    budgets = {Tier.L0: TierBudget(pool.total_bytes, max_loras), Tier.L1: TierBudget(1 << 30),
-               Tier.L2: TierBudget(1 << 32)}  # fmt: skip
-    cache = TieredAdapterCache(CacheConfig(budgets, tenant_max_concurrent_loads=4), pipeline)
-    cache.recover()
-    runtime = AdapterRuntime(pool, lock, cache, pipeline)
+    runtime, pipeline = gated_runtime(assets, root, max_loras=max_loras)
+    runtime.cache.recover()
     config = EngineConfig(scheduler=sched, block_size=8, num_kv_blocks=256, idle_wait_s=0.01)
     engine = build_engine(assets.base_model_dir, config, runtime, watchdog=watchdog)
     return Stack(assets, keys, runtime, pipeline, engine)

@@ -14,24 +14,21 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 import pytest
-import torch
-from engine_kit import GatedPipeline, publish
+from engine_kit import GatedPipeline, gated_runtime
 
 from loraplex.artifacts.base_model import BaseModelSpec
 from loraplex.clock import ManualClock
 from loraplex.engine.config import EngineConfig, SchedulerConfig
 from loraplex.engine.core import EngineCore
-from loraplex.engine.factory import AdapterRuntime, build_engine_core
+from loraplex.engine.factory import build_engine_core
 from loraplex.engine.live import Live, LiveRecordError, check_records
 from loraplex.engine.output import OutputTracker
 from loraplex.engine.protocol import FINISH_ABORT, EngineRequest, TokenDelta
 from loraplex.engine.request import Request, RequestState
 from loraplex.engine.step import ScheduledChunk, StepPlan
 from loraplex.errors import GenerationError, QueueFullError, QueueTimeoutError
-from loraplex.model.lora import LoraSlotPool
-from loraplex.residency.cache import CacheConfig, TieredAdapterCache
-from loraplex.residency.ledger import Tier, TierBudget
-from loraplex.runtime.tier_backends import DiskTier
+from loraplex.residency.cache import TieredAdapterCache
+from loraplex.residency.ledger import Tier
 from loraplex.sampling import SamplingParams
 
 if TYPE_CHECKING:
@@ -71,17 +68,8 @@ class Rig:
 
 @pytest.fixture
 def rig(demo_assets: DemoAssets, tmp_path: Path) -> Iterator[Rig]:
-    base = BaseModelSpec.from_dir(demo_assets.base_model_dir)
-    store, refs = publish(demo_assets, base, tmp_path / "store")
-    pool = LoraSlotPool(base, 4, 64, dtype=torch.float32, device=torch.device("cpu"))
-    lock = threading.Lock()
-    pipeline = GatedPipeline(refs.__getitem__, store, DiskTier(tmp_path / "l2"), pool, base,
-                             slot_lock=lock)  # fmt: skip
-    pipeline.gates = {}
-    budgets = {Tier.L0: TierBudget(pool.total_bytes, 4), Tier.L1: TierBudget(1 << 30),
-               Tier.L2: TierBudget(1 << 32)}  # fmt: skip
-    cache = TieredAdapterCache(CacheConfig(budgets, tenant_max_concurrent_loads=4), pipeline)
-    runtime = AdapterRuntime(pool, lock, cache, pipeline)
+    runtime, pipeline = gated_runtime(demo_assets, tmp_path, max_loras=4)
+    cache = runtime.cache
     # 16 blocks of 8 tokens: four growing sequences run out of KV and preempt each other.
     sched = SchedulerConfig(max_num_seqs=4, max_num_batched_tokens=64, max_model_len=128,
                             max_queue_len=6)  # fmt: skip

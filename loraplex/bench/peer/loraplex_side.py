@@ -25,6 +25,11 @@ ACTOR = "bench-peer"
 # every adapter stays in CPU memory, as on the vLLM side (--max-cpu-loras = all of them).
 CPU_ADAPTER_BYTES = 1 << 30
 REQUEST_LOG = "requests.jsonl"  # a run's request log, in its data directory (when asked for)
+# Each tenant may fill every cached tier, GPU slots included: the comparison's max_loras is how
+# many adapters stay in slots, as vLLM's --max-loras is. At loraplex's default share (0.5) the
+# r16 mix's one tenant held 8 of 16 slots, and a third of the large preset's trace requests
+# waited for a copy into a slot (docs/benchmarks/peer.md, "Large-preset trace tail").
+TENANT_TIER_SHARE = 1.0
 
 
 def _register(registry: Registry, assets: PeerAssets) -> tuple[str, ...]:
@@ -97,6 +102,7 @@ class LoraplexServer:
             queue_deadline_s=queue_deadline_s,
             torch_threads=settings.threads,
             max_num_batched_tokens=settings.max_num_batched_tokens,
+            default_tenant_tier_share=TENANT_TIER_SHARE,
         )
         self._start_timeout_s = start_timeout_s
         self._request_log = request_log  # True: each run writes REQUEST_LOG in its data dir

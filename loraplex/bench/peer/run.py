@@ -81,11 +81,14 @@ def run_record(
     assets: PeerAssets, install: VllmInstall, runs: Sequence[SettingRuns], root: Path
 ) -> dict[str, Any]:
     """What the JSON config adds for a real run: the adapters, vLLM's build, the matched
-    settings, the compile-cache rule and vLLM's thread binding."""
+    settings, the compile-cache rule, loraplex's tenant tier share and vLLM's thread binding."""
+    from loraplex.bench.peer.loraplex_side import TENANT_TIER_SHARE
+
     return {
         "adapters": [f"{a.tenant}/{a.name}@{a.revision} r{a.rank}" for a in assets.adapters],
         "vllm": install.record(),
         "matched": matched_record(runs),
         "compile_cache": COMPILE_CACHE,
+        "loraplex_tenant_tier_share": TENANT_TIER_SHARE,
         "vllm_bound_cores": vllm_bindings(root),
     }

@@ -102,6 +102,7 @@ def breakdown(record: RequestRecord, line: LoggedLine | None, start_s: float) ->
     beside; ``t_s`` its arrival in seconds after ``start_s`` (the trace's first)."""
     out: dict[str, Any] = {"t_s": round(record.t_s - start_s, 3), "adapter": record.adapter}
     out["ttft_ms"] = ms(record.ttft_s)
+    out["reply_ms"] = ms(record.reply_s)  # to the reply's status line: the front's part before
     if line is None:
         return out | {"matched": False}
     e = line.engine

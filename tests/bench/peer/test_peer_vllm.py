@@ -27,8 +27,9 @@ from loraplex.bench.peer.vllm import (
     vllm_env,
     vllm_module_name,
 )
-from loraplex.bench.serve.fleet import Fleet, serve_values
+from loraplex.bench.serve.fleet import Fleet, _write_config, serve_values
 from loraplex.demo.manifest import DemoAssets
+from loraplex.serve.config.file import read_config_file
 
 
 @pytest.fixture(scope="module")
@@ -92,6 +93,10 @@ def test_loraplex_gets_the_same_step_token_budget(s2: PeerAssets, tmp_path: Path
     values = serve_values(fleet, tmp_path, server._options, port=1)
     assert values["max_num_batched_tokens"] == 512 and values["max_num_seqs"] == 32
     assert values["max_loras"] == 8 and values["max_lora_rank"] == 64
+    # every adapter may take a slot, one tenant's too (r16: all 16 are the "bench" tenant's)
+    assert values["default_tenant_tier_share"] == 1.0
+    written = _write_config(fleet, tmp_path, server._options, port=1)
+    assert read_config_file(written)["default_tenant_tier_share"] == 1.0  # a key serve reads
 
 
 def test_loraplex_writes_a_request_log_per_run_only_when_asked(

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -73,7 +74,8 @@ def test_a_record_without_its_line_is_unmatched(tmp_path: Path) -> None:
 
 def test_the_slowest_requests_are_split_into_their_stages(tmp_path: Path) -> None:
     records = [_record(i * 0.2, "a@r1", 0.015) for i in range(99)]
-    records.append(_record(20.0, "b@r1", 0.150))  # the slow one: 120 ms outside the server
+    # the slow one: 120 ms outside the server, 110 of them before the reply's status line
+    records.append(replace(_record(20.0, "b@r1", 0.150), reply_s=0.110))
     lines = [_line(r.t_s - CLIENT_T0, r.adapter, 0.012, 0.009) for r in records[:-1]]
     lines.append(_line(20.0, "b@r1", 0.030, 0.027))
     trace = BatchResult(tuple(records), 21.0)
@@ -85,7 +87,8 @@ def test_the_slowest_requests_are_split_into_their_stages(tmp_path: Path) -> Non
     slow = report["slowest"][0]
     assert slow["adapter"] == "b@r1" and slow["t_s"] == pytest.approx(20.0)
     assert slow["ttft_ms"] == 150.0 and slow["server_ttft_ms"] == 30.0
-    assert slow["client_and_front_ms"] == 120.0
+    assert slow["client_and_front_ms"] == 120.0 and slow["reply_ms"] == 110.0
+    assert report["slowest"][1]["reply_ms"] is None  # a record without its reply time
     assert slow["queue_ms"] == 2.0 and slow["first_step_ms"] == 25.0 and slow["way_out_ms"] == 3.0
     assert slow["lease_wait_ms"] == 0.0 and slow["load_ms"] == 0.0 and slow["tier"] == "L0"
 
