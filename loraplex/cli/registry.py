@@ -43,7 +43,7 @@ MaxLoraRank = Annotated[int, typer.Option(help="Largest rank accepted")]
 MAX_RUNNING_SEQS_HELP = "Engine seats (running sequences) at most (default: no cap)"
 RESERVED_SEQS_HELP = "Engine seats it gets before any other tenant's fair share"
 MAX_KV_BLOCKS_HELP = "KV blocks its running sequences hold at most (default: no cap)"
-_SHARE = "(default: no cap of its own: serve's default_tenant_tier_share of the tier)"
+_SHARE = "(default: no cap; serve's default_tenant_tier_share of the tier is kept for it)"
 PRIORITY_HELP = "Class: weighs its fair share and cache keep-score (high 4, normal 1, batch 0.25)"
 Priority = Annotated[PriorityClass, typer.Option(help=PRIORITY_HELP)]
 MaxGpuBytes = Annotated[

@@ -90,7 +90,7 @@ def run_command(
     max_model_len: Annotated[int, Opt(help="Prompt + output tokens of one sequence.")] = 512,
     num_kv_blocks: Annotated[int, Opt(help="KV blocks per replica (16 tokens each).")] = 1024,
     default_tenant_tier_share: Annotated[
-        float, Opt(help="Share of each tier a tenant without a cap of its own may hold.")
+        float, Opt(help="Share of each tier a tenant keeps against others (free room is borrowed).")
     ] = 0.5,
     auto_warm: Annotated[bool, Opt(help="Automatic warm promotion from request rates.")] = True,
     auto_warm_interval_s: Annotated[float, Opt(help="Seconds between rebalances.")] = 5.0,

@@ -73,7 +73,8 @@ class AdapterRuntimeConfig:
     auto_warm: AutoWarmConfig | None = field(default_factory=AutoWarmConfig)
     auto_warm_interval_s: float = 5.0  # engine-clock seconds between two automatic rebalances
     max_auto_gpu_slots: int = 0  # GPU slots automatic gpu promotion may pin (< max_loras)
-    # the fraction of each tier a tenant without a byte cap of its own may hold (1.0: all)
+    # the fraction of each tier every tenant keeps against the others (work-conserving: free
+    # room beyond it is borrowed, reclaimed first when another tenant needs room); 1.0: none
     default_tenant_tier_share: float = 1.0
 
     def __post_init__(self) -> None:

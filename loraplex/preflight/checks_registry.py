@@ -113,9 +113,10 @@ def core_warm_policy(obs: Observation) -> Verdict:
 
 
 def _default_shares(obs: Observation) -> dict[str, int | None]:
-    """Per tier (``l0``, ``l1``), the bytes a tenant without a cap of its own may hold on every
-    replica (``GET /admin/fleet``: the servers' effective default share); None where a replica
-    has none (its tenants may fill that tier) or no replica reports."""
+    """Per tier (``l0``, ``l1``), the bytes every tenant keeps against the others on every
+    replica (``GET /admin/fleet``: the servers' default share, work-conserving: a tenant may
+    borrow free room beyond it, never another tenant's copies within it); None where a replica
+    has none (one tenant's loads may evict every other's copies there) or no replica reports."""
     replicas = obs.fleet.get("replicas", [])
     shares: dict[str, int | None] = {}
     for tier in ("l0", "l1"):
@@ -157,7 +158,7 @@ def tenant_pollution_bounded(obs: Observation) -> Verdict:
     evidence = (
         f"GET /admin/tenants: {len(tenants)} tenants; {_explicit(tenants)}",
         f"GET /admin/fleet: default per-tenant share of the GPU tier {shares['l0']} bytes, of "
-        f"the CPU tier {shares['l1']} bytes (None: a tenant without a cap may fill the tier)",
+        f"the CPU tier {shares['l1']} bytes (None: no share, one tenant may evict the others)",
         f"bounded in neither tier, nor by rate: {_cited(unbounded) or 'none'}",
         f"bounded by request rate only: {_cited(rate_only) or 'none'}",
         f"bounded in one of the GPU and CPU tiers only: {_cited(one_tier) or 'none'}",

@@ -9,12 +9,13 @@ ledger's totals always cover every byte a tier holds or is about to hold.
 from __future__ import annotations
 
 import heapq
-from collections.abc import Callable, Iterable, Iterator, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field, replace
 from enum import IntEnum
 
 from loraplex.artifacts.identity import AdapterKey
 from loraplex.errors import AdapterTooLargeError, CacheIntegrityError
+from loraplex.residency.reclaim import RoomNeed, pick_victims
 
 
 class Tier(IntEnum):
@@ -38,8 +39,10 @@ class TierBudget:
 
     capacity_bytes: int  # bytes the tier may hold
     num_slots: int | None = None  # L0 only: the slot pool's slot count
-    tenant_max_bytes: Mapping[str, int] = field(default_factory=dict)  # per-tenant residency cap
-    # the fraction of capacity_bytes a tenant without a cap of its own may hold (1.0: all)
+    tenant_max_bytes: Mapping[str, int] = field(default_factory=dict)  # per-tenant hard cap
+    # the fraction of capacity_bytes each tenant keeps against the others (1.0: no share): a
+    # guarantee, not a cap; free room beyond it is borrowed, and reclaimed first
+    # (``residency/reclaim.py``)
     default_tenant_share: float = 1.0
 
     def __post_init__(self) -> None:
@@ -53,8 +56,8 @@ class TierBudget:
                 raise ValueError(f"tenant_max_bytes[{tenant!r}] {cap} is invalid; expected >= 0")
 
     @property
-    def default_tenant_max_bytes(self) -> int | None:
-        """The bytes a tenant without a cap of its own may hold; None: no default cap."""
+    def default_tenant_share_bytes(self) -> int | None:
+        """The bytes of the tier each tenant keeps against the others; None: no share."""
         if self.default_tenant_share >= 1:
             return None
         return int(self.capacity_bytes * self.default_tenant_share)
@@ -102,27 +105,33 @@ class TierLedger:
             if not self.within_cap(tenant)
         }
 
-    def tenant_cap(self, tenant: str, size_bytes: int = 0) -> int | None:
-        """The bytes ``tenant`` may hold here with a copy of ``size_bytes`` among them: its own
-        cap, else the tier's default share, else None (no cap). NOTE: a default share never
-        refuses what the tier could hold alone: one copy larger than the share may stay, by
-        itself."""
-        cap = self.budget.tenant_max_bytes.get(tenant)
-        if cap is not None:
-            return cap
-        default = self.budget.default_tenant_max_bytes
-        return None if default is None else max(default, size_bytes)
+    def tenant_cap(self, tenant: str) -> int | None:
+        """``tenant``'s own byte cap here (hard: never exceeded by a load); None: none."""
+        return self.budget.tenant_max_bytes.get(tenant)
+
+    def tenant_share(self, tenant: str) -> int | None:
+        """The bytes ``tenant`` keeps against other tenants: the default share, no more than
+        its own cap; None: no share (the tier's default share is 1.0)."""
+        share = self.budget.default_tenant_share_bytes
+        cap = self.tenant_cap(tenant)
+        if share is None or cap is None:
+            return share
+        return min(share, cap)
+
+    def claim_limit(self, tenant: str, size_bytes: int) -> int | None:
+        """The bytes ``tenant`` may reach, with a copy of ``size_bytes``, by evicting other
+        tenants' copies: its cap, and its share or (NOTE: the share refuses nothing the tier
+        could hold) that one copy if larger; None: no limit. Free room it may take up to its
+        cap."""
+        share = self.tenant_share(tenant)
+        claim = None if share is None else max(share, size_bytes)
+        limits = [limit for limit in (self.tenant_cap(tenant), claim) if limit is not None]
+        return min(limits) if limits else None
 
     def within_cap(self, tenant: str) -> bool:
-        """Whether ``tenant``'s bytes here respect ``tenant_cap`` (O(copies) only when a tenant
-        without a cap of its own holds more than the default share)."""
-        used = self.tenant_bytes.get(tenant, 0)
+        """Whether ``tenant``'s bytes here respect its own cap (a share is no cap)."""
         cap = self.tenant_cap(tenant)
-        if cap is None or used <= cap:
-            return True
-        if tenant in self.budget.tenant_max_bytes:
-            return False
-        return sum(1 for e in self.entries.values() if e.key.tenant == tenant) == 1
+        return cap is None or self.tenant_bytes.get(tenant, 0) <= cap
 
     def get(self, key: AdapterKey) -> ResidentEntry | None:
         return self.entries.get(key)
@@ -140,38 +149,45 @@ class TierLedger:
     def plan_room(
         self, tenant: str, size_bytes: int, ranked: Callable[[], Iterable[ResidentEntry]]
     ) -> list[ResidentEntry] | None:
-        """Victims (a prefix-greedy pick from ``ranked()``, most evictable first) whose removal
-        makes room for ``size_bytes`` of ``tenant``: [] when it fits now (``ranked`` is then never
-        called, so a load into free room costs nothing per cached copy); None when the evictable
-        entries cannot suffice. ``ranked()`` is consumed lazily, only as far as the pick goes."""
-        free = self.budget.capacity_bytes - self.used_bytes
-        cap = self.tenant_cap(tenant, size_bytes)
-        tenant_free = None if cap is None else cap - self.tenant_bytes.get(tenant, 0)
-        slots = len(self._free_slots) if self.budget.num_slots is not None else None
-        if _fits(free, tenant_free, slots, size_bytes):
+        """Victims (a prefix-greedy pick from ``ranked()``, most evictable first, by the
+        work-conserving share's rule in ``residency/reclaim.py``) whose removal makes room for
+        ``size_bytes`` of ``tenant``: [] when it fits in free room, up to its own cap whatever
+        its share (``ranked`` is then never called, so a load into free room costs nothing per
+        cached copy); None when the evictable entries it may take cannot suffice. ``ranked()``
+        is consumed lazily, only as far as the pick goes."""
+        held = self.tenant_bytes.get(tenant, 0)
+        cap, claim = self.tenant_cap(tenant), self.claim_limit(tenant, size_bytes)
+        need = RoomNeed(
+            tenant,
+            size_bytes,
+            free_bytes=self.budget.capacity_bytes - self.used_bytes,
+            free_slots=len(self._free_slots) if self.budget.num_slots is not None else None,
+            cap_free=None if cap is None else cap - held,
+            claim_free=None if claim is None else claim - held,
+        )
+        if need.fits():
             return []
-        victims: list[ResidentEntry] = []
-        pool = (e for e in ranked() if e.evictable)
-        passed: list[ResidentEntry] = []  # other tenants' entries passed over, in ranked order
-        while not _fits(free, tenant_free, slots, size_bytes):
-            need_own = tenant_free is not None and tenant_free < size_bytes
-            pick = _next_pick(passed, pool, tenant if need_own else None)
-            if pick is None:
-                return None
-            victims.append(pick)
-            free += pick.size_bytes
-            if tenant_free is not None and pick.key.tenant == tenant:
-                tenant_free += pick.size_bytes
-            if slots is not None:
-                slots += 1
-        return victims
+        need.excess = self._excess(besides=tenant)
+        return pick_victims(need, ranked)
+
+    def _excess(self, besides: str) -> dict[str, int]:
+        """Bytes each tenant but ``besides`` holds above its share (O(tenants here))."""
+        excess: dict[str, int] = {}
+        if self.budget.default_tenant_share_bytes is None:
+            return excess
+        for tenant, used in self.tenant_bytes.items():
+            share = self.tenant_share(tenant)
+            if tenant != besides and share is not None and used > share:
+                excess[tenant] = used - share
+        return excess
 
     def fits_beside_pins(self, tenant: str, size_bytes: int) -> bool:
         """Whether ``size_bytes`` of ``tenant`` would fit if every unpinned entry were gone:
-        pins reserve their capacity, so a load that fails this can only wait for an unpin."""
+        pins reserve their capacity, so a load that fails this can only wait for an unpin (or,
+        for a tenant whose pins hold its share, for free room)."""
         pinned = [e for e in self.entries.values() if e.pinned]
         free = self.budget.capacity_bytes - sum(e.size_bytes for e in pinned)
-        cap = self.tenant_cap(tenant, size_bytes)
+        cap = self.claim_limit(tenant, size_bytes)
         own = sum(e.size_bytes for e in pinned if e.key.tenant == tenant)
         tenant_free = None if cap is None else cap - own
         slots = None if self.budget.num_slots is None else self.budget.num_slots - len(pinned)
@@ -267,21 +283,6 @@ class TierLedger:
             "slots conserved",
             f"owned {sorted(owned_set)}, free {sorted(self._free_slots)}",
         )
-
-
-def _next_pick(
-    passed: list[ResidentEntry], pool: Iterator[ResidentEntry], tenant: str | None
-) -> ResidentEntry | None:
-    """The most evictable remaining entry (of ``tenant`` unless None): ``passed`` entries rank
-    before the rest of ``pool``; entries of other tenants met on the way join ``passed``."""
-    for i, entry in enumerate(passed):
-        if tenant is None or entry.key.tenant == tenant:
-            return passed.pop(i)
-    for entry in pool:
-        if tenant is None or entry.key.tenant == tenant:
-            return entry
-        passed.append(entry)
-    return None
 
 
 def _fits(free: int, tenant_free: int | None, slots: int | None, size: int) -> bool:

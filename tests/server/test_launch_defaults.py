@@ -1,5 +1,6 @@
 """What ``loraplex serve`` gives on its defaults for the launch checklist, with no configuration:
-a fair default share of every cache tier per tenant (``default_tenant_tier_share``), shown in
+a fair default share of every cache tier per tenant (``default_tenant_tier_share``, kept
+against other tenants; free room beyond it is borrowed), shown in
 ``GET /admin/fleet``; and a warm policy for each demo tenant's core adapter (the bootstrap)."""
 
 from __future__ import annotations
@@ -52,9 +53,11 @@ def test_the_share_is_a_fraction_named_when_refused(tmp_path: Path) -> None:
     assert config.default_tenant_tier_share == 1
 
 
-def test_one_tenants_sweep_keeps_to_its_share_of_the_gpu_slots(
+def test_one_tenants_sweep_borrows_free_slots_and_never_takes_anothers(
     demo_assets: DemoAssets, tmp_path: Path
 ) -> None:
+    """The share is work-conserving: acme's sweep of 4 adapters over 4 slots borrows the 3
+    slots globex leaves free (beyond its share of 2) and then evicts its own copies only."""
     settings = {"max_loras": 4, "auto_warm": False, "engine_process": False, "torch_threads": 1}
     with live_server(demo_assets, tmp_path, **settings) as live, _admin(live) as admin:
         ledgers = live.server.runtime.cache.ledgers  # type: ignore[union-attr]
@@ -64,14 +67,15 @@ def test_one_tenants_sweep_keeps_to_its_share_of_the_gpu_slots(
             assert tier["tenant_default_max_bytes"] == tier["capacity_bytes"] // 2
         half = replica["tiers"]["l0"]["tenant_default_max_bytes"]
         _complete(live, "globex", "search")
+        most = 0
         for name in SWEEP:
             _complete(live, "acme", name)
             held = [e for e in _gpu_copies(admin) if e["model"].startswith("acme/")]
-            assert sum(e["size_bytes"] for e in held) <= half
-            assert len(held) <= 2  # of 4 slots
-        assert "globex/search@r1" in {e["model"] for e in _gpu_copies(admin)}
+            most = max(most, len(held))
+            assert "globex/search@r1" in {e["model"] for e in _gpu_copies(admin)}
+        assert most == 3  # of 4 slots: every free one, none of globex's
         live.server.runtime.cache.check_integrity()  # type: ignore[union-attr]
-        assert ledgers[Tier.L0].tenant_bytes["acme"] <= half
+        assert ledgers[Tier.L0].tenant_bytes["acme"] > half
 
 
 def test_a_share_of_1_shows_no_default_bound(demo_assets: DemoAssets, tmp_path: Path) -> None:

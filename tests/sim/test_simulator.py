@@ -296,16 +296,21 @@ def _cycle(adapters: int, rounds: int) -> list[TraceRecord]:
     return [TraceRecord(0.5 * i, "t", f"a{i % adapters}", 8, 2) for i in range(adapters * rounds)]
 
 
-def test_a_tenant_holds_at_most_its_share_of_the_slots() -> None:
-    """Four adapters over four slots: with the whole pool they all stay (4 fills); held to half
-    of it, as a server's default_tenant_tier_share holds a tenant, they evict each other."""
-    trace = _cycle(4, 3)
-    whole, half = (
-        simulate(trace, SimConfig(max_loras=4, default_tenant_tier_share=s), cost()).metrics
+def test_a_lone_tenant_borrows_every_slot_beyond_its_share() -> None:
+    """Four adapters over four slots: with the whole pool they all stay (4 fills); with half of
+    it as the share (a server's default_tenant_tier_share, work-conserving) a tenant no one
+    else competes with borrows the free slots: they all stay too. Five adapters over four slots
+    evict each other either way."""
+    runs = {
+        (n, s): simulate(
+            _cycle(n, 3), SimConfig(max_loras=4, default_tenant_tier_share=s), cost()
+        ).metrics
+        for n in (4, 5)
         for s in (1.0, 0.5)
-    )
-    assert whole["l0_loads"] == 4 and whole["l0_hits"] == 8
-    assert half["l0_loads"] == 12 and half["l0_hits"] == 0
+    }
+    for share in (1.0, 0.5):
+        assert runs[4, share]["l0_loads"] == 4 and runs[4, share]["l0_hits"] == 8
+        assert runs[5, share]["l0_loads"] == 15 and runs[5, share]["l0_hits"] == 0
 
 
 def test_automatic_warm_rebalancing_runs_on_the_virtual_clock(

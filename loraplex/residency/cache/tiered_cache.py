@@ -157,7 +157,7 @@ class TieredAdapterCache:
                 replace(state.config, budgets=budgets, tenant_priority=dict(priority))
             )
             for tier, ledger in state.ledgers.items():
-                # ranking every copy only for tenants above their cap (or the default share)
+                # ranking every copy only for tenants above their own cap (a share is no cap)
                 for tenant in [t for t in ledger.tenant_bytes if not ledger.within_cap(t)]:
                     for entry in state.ranked_victims(tier):
                         if ledger.within_cap(tenant):

@@ -58,8 +58,8 @@ class CacheSummary:
     used_bytes: Mapping[Tier, int]  # bytes held or reserved per cached tier
     capacity_bytes: Mapping[Tier, int]  # budget per cached tier
     num_copies: Mapping[Tier, int]  # entries (ready or loading) per cached tier
-    # per cached tier, the bytes a tenant without a cap of its own may hold (its default share);
-    # a tier without a default share is absent
+    # per cached tier, the bytes each tenant keeps against the others (its default share; free
+    # room beyond it is borrowed, reclaimed first); a tier without a default share is absent
     default_tenant_bytes: Mapping[Tier, int] = field(default_factory=dict)
 
 
@@ -83,7 +83,7 @@ def build_summary(state: TierState, num_loading: int, num_blocked: int) -> Cache
 
 
 def _default_tenant_bytes(ledgers: Mapping[Tier, TierLedger]) -> dict[Tier, int]:
-    caps = {t: lg.budget.default_tenant_max_bytes for t, lg in ledgers.items()}
+    caps = {t: lg.budget.default_tenant_share_bytes for t, lg in ledgers.items()}
     return {t: cap for t, cap in caps.items() if cap is not None}
 
 

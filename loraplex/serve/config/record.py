@@ -59,7 +59,7 @@ BODY_FIELDS_BYTES = 1 << 20
 MIN_DEFAULT_BATCHED_TOKENS = 512
 
 
-# A tenant's share of each tier (its slots and bytes) unless its settings say otherwise.
+# A tenant's share of each tier (its slots and bytes): kept against other tenants, not a cap.
 DEFAULT_TENANT_TIER_SHARE = 0.5
 
 
@@ -94,9 +94,9 @@ class ServeConfig:
     # GPU slots automatic ``gpu`` promotion may pin (the rest stay free for demand loads); None:
     # a quarter of the GPU slots, rounded down
     max_auto_gpu_slots: int | None = None
-    # the fraction of each cached tier (GPU slots, host memory, disk) a tenant without a byte
-    # cap of its own may hold (one adapter larger than that may still be held alone); 1.0: a
-    # tenant may fill a tier, as before
+    # the fraction of each cached tier (GPU slots, host memory, disk) every tenant keeps against
+    # the others: work-conserving (free room beyond it is borrowed; borrowed copies go first
+    # when another tenant needs room); a byte cap of a tenant's own stays hard; 1.0: no share
     default_tenant_tier_share: float = DEFAULT_TENANT_TIER_SHARE
     device: str = "cpu"  # torch device of the model and the slots
     dtype: str = DEFAULT_DTYPE  # model / adapter dtype (loraplex.dtypes)
