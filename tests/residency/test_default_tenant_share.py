@@ -85,6 +85,15 @@ def test_a_second_tenant_reclaims_its_share_and_no_more() -> None:
     assert rig.cache.is_resident(SWEEP[4], Tier.L0)
 
 
+def test_a_tenant_over_its_share_evicts_its_own_copy_not_an_older_one() -> None:
+    rig = make_rig(slots=4, l1=8, l2=16, share=0.5, policy="lru")
+    _load(rig, [OTHER[0], *SWEEP[:3]])  # u 1 slot (least recently used), t 3: over its share
+    _load(rig, [SWEEP[3]])
+    assert rig.cache.is_resident(OTHER[0], Tier.L0)  # plain LRU would have evicted it
+    assert not rig.cache.is_resident(SWEEP[0], Tier.L0)  # t's least recently used went
+    assert (_held(rig, "t"), _held(rig, "u")) == (3, 1)
+
+
 def test_the_most_over_share_tenant_gives_room_before_an_older_copy_under_share() -> None:
     rig = make_rig(slots=4, l1=8, l2=16, share=0.5, policy="lru")
     oldest = key("v", "old")
