@@ -63,19 +63,20 @@ class SimLeaseDesk:
         self.rebalance_interval_s = rebalance_interval_s  # None: no automatic warm policies
         self.rebalance_at_s = self._clock.now() + (rebalance_interval_s or 0.0)
 
-    def advance(self, now: float) -> None:
-        """The phases before a plan (module docstring)."""
+    def advance(self, now: float) -> bool:
+        """The phases before a plan (module docstring); whether a request was queued."""
         self._rebalance(now)
         sched = self._scheduler
         if not sched.num_queued:
             self._prefetching = {}
-            return
+            return False
         retry_s = sched.config.retry_hint_s
         for req in sched.expired(now):
             self._retire(req, QueueTimeoutError(req.request_id, now - req.arrival_s, retry_s))
         self._collect()
         self._request()
         self._prefetch()
+        return True
 
     def abandon(self, request_id: str) -> None:
         """``request_id`` ends: a lease it still waits for is released once granted."""

@@ -177,9 +177,9 @@ class SimReplica:
     def _decide(self, now: float) -> StepPlan:
         """EngineCore.step's bookkeeping (``sim/lease_desk.py``), then the scheduler's plan;
         a steady decode step (nothing queued) may start a decode run."""
-        self._leases.advance(now)
+        queued = self._leases.advance(now)
         self._steady = False
-        if not self.scheduler.num_queued:
+        if not queued:
             plan = self.scheduler.schedule_decodes()
             self._steady = plan is not None
             return plan or self.scheduler.schedule()
