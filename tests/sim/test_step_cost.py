@@ -56,14 +56,7 @@ def test_an_older_model_prices_tokens_revisions_and_ranks() -> None:
 
 
 def test_a_weights_model_adds_byte_tokens_and_revision_widths() -> None:
-    cost = StepCost(
-        step_fixed_s=0.0,
-        per_token_s=0.0,
-        per_revision_s=0.0,
-        per_rank_token_s=0.0,
-        per_byte_token_s=1.0,
-        per_revision_width_s=1000.0,
-    )
+    cost = StepCost(0.0, 0.0, 0.0, 0.0, per_byte_token_s=1.0, per_revision_width_s=1000.0)
     expected = (640 + 3 * 300) + 1000.0 * math.fsum((10.0, 37.5))
     assert step_seconds(PLAN, REQUESTS, SHAPES, cost) == expected
     # one revision: its width as is
