@@ -31,8 +31,9 @@ from loraplex.sim.cost_model import CostModel
 from loraplex.sim.cpu import CpuShare
 from loraplex.sim.fleet import SimFleetRouter
 from loraplex.sim.outcome import Outcome, OutcomeLog
-from loraplex.sim.replica import SimReplica, adapter_shapes
+from loraplex.sim.replica import SimReplica
 from loraplex.sim.result import SimResult, cache_figures, fleet_figures, request_figures
+from loraplex.sim.step_cost import adapter_shapes
 from loraplex.sim.trace import TraceRecord
 
 _BASE_DIGEST = hashlib.sha256(b"loraplex-sim-base").hexdigest()

@@ -6,8 +6,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from loraplex.bench.sim.trace_fields import GeneratedTraces
 from loraplex.bench.sim.validate import RealSettings
-from loraplex.bench.workloads import ScenarioParams, Workload, generate, trace_params
 
 TRACES = ("zipf-longtail", "hot-burst", "cold-storm")
 TARGETS = ("single", "fleet")
@@ -15,7 +15,7 @@ SCALE = (1_000_000, 10_000, 64)  # requests, adapters, replicas (issue 30)
 
 
 @dataclass(frozen=True)
-class SimBenchConfig:
+class SimBenchConfig(GeneratedTraces):
     """What one ``bench sim`` invocation runs."""
 
     traces: tuple[str, ...] = TRACES  # validated traces
@@ -64,13 +64,3 @@ class SimBenchConfig:
                 f"logs_dir {self.logs_dir} is invalid; only the single target's real runs keep "
                 f"logs, and targets are {list(self.targets)}"
             )
-
-    def params(self) -> ScenarioParams:
-        return trace_params(
-            self.trace_requests, self.rate, self.prompt_tokens, self.output_tokens,
-            self.num_adapters,
-        )  # fmt: skip
-
-    def workloads(self) -> list[Workload]:
-        params = self.params()
-        return [generate(name, self.seed, params) for name in self.traces]

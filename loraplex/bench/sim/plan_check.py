@@ -26,8 +26,9 @@ from typing import Any
 
 from loraplex.bench.harness.machine import machine_record
 from loraplex.bench.harness.stats import ratio
+from loraplex.bench.sim.trace_fields import GeneratedTraces
 from loraplex.bench.sim.validate import MAX_LORA_RANK, RealSettings
-from loraplex.bench.workloads import SCENARIOS, ScenarioParams, Workload, generate, trace_params
+from loraplex.bench.workloads import SCENARIOS
 
 Judge = Callable[[Mapping[str, Any]], list[str]]  # an outcome -> the objectives it misses
 
@@ -51,7 +52,7 @@ class Deployment:
 
 
 @dataclass(frozen=True)
-class TraceSet:
+class TraceSet(GeneratedTraces):
     """The traces: WORKLOADS.md generators at one rate and length."""
 
     traces: tuple[str, ...]  # scenario names
@@ -70,16 +71,6 @@ class TraceSet:
                 f"{sorted(SCENARIOS)}"
             )
         self.params()  # raises ValueError naming a bad field
-
-    def params(self) -> ScenarioParams:
-        return trace_params(
-            self.trace_requests, self.rate, self.prompt_tokens, self.output_tokens,
-            self.num_adapters,
-        )  # fmt: skip
-
-    def workloads(self) -> list[Workload]:
-        params = self.params()
-        return [generate(name, self.seed, params) for name in self.traces]
 
 
 @dataclass(frozen=True)
