@@ -3,21 +3,72 @@
 Write transactions take one transaction-scoped advisory lock, the PostgreSQL counterpart of
 SQLite's ``BEGIN IMMEDIATE``: administrative writes are rare, and serialising them keeps every
 read-check-write sequence correct under READ COMMITTED without per-table locking.
+
+Nothing waits on the server without a limit (``timeouts.py``): a connection opens within the
+connect timeout; the server cancels a statement past the statement timeout and a lock wait
+(row, table or the advisory write lock) past the lock timeout; and the client gives a server
+up that sent no answer within the statement timeout plus a grace (a frozen process or host
+reports nothing). Each fails only the call at hand, with ``RegistryUnavailableError``, its
+transaction rolled back (by the server when the connection was given up: nothing committed).
+A connection that broke, was given up or was left mid-transaction is closed and never used
+again; the next transaction opens a new one (so does one on a connection the server closed
+while it was idle, e.g. a restarted server).
 """
 
 from __future__ import annotations
 
+import logging
+import select
 import threading
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 
 import psycopg
 import psycopg.errors
+from psycopg.abc import RV, PQGen
+from psycopg.conninfo import conninfo_to_dict
+from psycopg.pq import TransactionStatus
 
+from loraplex.errors import RegistryUnavailableError
 from loraplex.registry.sql.db import Row
+from loraplex.registry.sql.timeouts import DatabaseTimeouts
+
+_log = logging.getLogger(__name__)
 
 # Arbitrary constant naming "the loraplex registry write lock" among advisory locks.
 _WRITE_LOCK_KEY = 0x6C70785F726567
+_PSYCOPG_WAIT_INTERVAL_S = 0.1  # psycopg's own default (how often a wait checks for Ctrl-C)
+
+
+class _ServerSilentError(psycopg.OperationalError):
+    """The server sent no answer within the client's limit; the connection was closed."""
+
+
+class _BoundedConnection(psycopg.Connection[Row]):
+    """A connection whose every wait for the server is bounded by ``max_wait_s``.
+
+    NOTE: psycopg waits for a query's answer without limit; the server's statement timeout
+    does not help when the server (or its host) is frozen. A wait that runs out leaves the
+    protocol mid-exchange, so the connection is closed at once (its transaction then never
+    commits, and ``Transaction.__exit__`` skips a rollback that could only wait again).
+    """
+
+    max_wait_s: float | None = None
+
+    def wait(
+        self,
+        gen: PQGen[RV],
+        interval: float = _PSYCOPG_WAIT_INTERVAL_S,
+        timeout: float | None = None,
+    ) -> RV:
+        limit = self.max_wait_s
+        if limit is not None:
+            timeout = limit if timeout is None else min(timeout, limit)
+        try:
+            return super().wait(gen, interval, timeout)
+        except psycopg.errors._WaitTimeout as exc:  # psycopg: "callers should handle it"
+            self.pgconn.finish()
+            raise _ServerSilentError(f"no answer within {timeout} s") from exc
 
 
 class _PostgresTx:
@@ -35,11 +86,23 @@ class _PostgresTx:
 
 
 class PostgresDatabase:
-    """A registry database on a PostgreSQL server (``postgresql://`` URL, libpq syntax)."""
+    """A registry database on a PostgreSQL server (``postgresql://`` URL, libpq syntax).
 
-    def __init__(self, url: str) -> None:
-        self._conn: psycopg.Connection[Row] = psycopg.connect(url, autocommit=True)
+    One connection, used by one thread at a time (a transaction holds it; others wait for it
+    at most the client's wait limit). Opening connects at once: a wrong URL fails at start.
+    """
+
+    def __init__(self, url: str, timeouts: DatabaseTimeouts | None = None) -> None:
+        self._dsn = url
+        self._timeouts = timeouts or DatabaseTimeouts()
         self._lock = threading.RLock()
+        self._depth = 0  # nested transaction() calls of the thread holding _lock
+        self._closed = False
+        given = conninfo_to_dict(url)  # for messages before a connection says where it is
+        self._url = _where(given.get("host", ""), given.get("port", ""), given.get("dbname", ""))
+        self._conn: _BoundedConnection | None = self._connect()
+        info = self._conn.info
+        self._url = _where(info.host, info.port, info.dbname)
 
     @property
     def dialect(self) -> str:
@@ -47,23 +110,120 @@ class PostgresDatabase:
 
     @property
     def url(self) -> str:
-        return (
-            f"postgresql://{self._conn.info.host}:{self._conn.info.port}/{self._conn.info.dbname}"
-        )
+        return self._url
+
+    @property
+    def timeouts(self) -> DatabaseTimeouts:
+        return self._timeouts
 
     @contextmanager
     def transaction(self, write: bool = True) -> Iterator[_PostgresTx]:
-        with self._lock, self._conn.transaction():
-            tx = _PostgresTx(self._conn)
-            if write:
-                tx.execute("SELECT pg_advisory_xact_lock(?)", (_WRITE_LOCK_KEY,))
-            yield tx
+        wait_s = self._timeouts.client_wait_s
+        if not self._lock.acquire(timeout=wait_s):
+            raise RegistryUnavailableError(f"its connection stayed busy for {wait_s:g} s")
+        try:
+            conn = self._usable_connection()
+            self._depth += 1
+            try:
+                with conn.transaction():
+                    tx = _PostgresTx(conn)
+                    if write:
+                        tx.execute("SELECT pg_advisory_xact_lock(?)", (_WRITE_LOCK_KEY,))
+                    yield tx
+            except psycopg.OperationalError as exc:
+                raise self._unavailable(exc) from exc
+            finally:
+                self._depth -= 1
+                if not self._depth and not _reusable(conn):
+                    self._discard()
+        finally:
+            self._lock.release()
 
     def is_unique_violation(self, exc: BaseException) -> bool:
         return isinstance(exc, psycopg.errors.UniqueViolation)
 
     def close(self) -> None:
-        self._conn.close()
+        with self._lock:
+            self._closed = True
+            self._discard()
+
+    def _usable_connection(self) -> _BoundedConnection:
+        """The open connection (a nested transaction's: its outer one's), else a new one."""
+        if self._depth and self._conn is not None:
+            return self._conn
+        if self._closed:
+            raise RegistryUnavailableError("it was closed")
+        if self._conn is not None and not _reusable(self._conn, idle_check=True):
+            self._discard()
+        if self._conn is None:
+            self._conn = self._connect()
+        return self._conn
+
+    def _connect(self) -> _BoundedConnection:
+        """A new connection with the limits set; RegistryUnavailableError when none opens."""
+        t = self._timeouts
+        try:
+            conn = _BoundedConnection.connect(
+                self._dsn, autocommit=True, connect_timeout=int(t.connect_timeout_s)
+            )
+        except psycopg.OperationalError as exc:
+            raise self._unavailable(exc) from exc
+        conn.max_wait_s = t.client_wait_s
+        try:
+            conn.execute(
+                "SELECT set_config('statement_timeout', %s, false), "
+                "set_config('lock_timeout', %s, false)",
+                (_milliseconds(t.statement_timeout_s), _milliseconds(t.lock_timeout_s)),
+            )
+        except psycopg.OperationalError as exc:
+            conn.close()
+            raise self._unavailable(exc) from exc
+        return conn
+
+    def _discard(self) -> None:
+        if self._conn is not None:
+            self._conn.close()
+            self._conn = None
+
+    def _unavailable(self, exc: psycopg.OperationalError) -> RegistryUnavailableError:
+        """The error for ``exc``, its reason one of a few fixed phrases (the server's text and
+        address go to the log only: a tenant's request may be the one that failed)."""
+        t = self._timeouts
+        if isinstance(exc, psycopg.errors.LockNotAvailable):
+            reason = f"lock timeout ({t.lock_timeout_s:g} s) expired"
+        elif isinstance(exc, psycopg.errors.QueryCanceled):
+            reason = f"statement timeout ({t.statement_timeout_s:g} s) expired"
+        elif isinstance(exc, _ServerSilentError):
+            reason = f"no answer within {t.client_wait_s:g} s"
+        elif isinstance(exc, psycopg.errors.ConnectionTimeout):
+            reason = f"no connection within {t.connect_timeout_s:g} s"
+        elif self._conn is None or self._conn.closed:
+            reason = "connection failed or lost"
+        else:
+            reason = f"server error {exc.sqlstate or 'without a code'}"
+        _log.warning("registry database %s: %s (%s)", self._url, reason, exc)
+        return RegistryUnavailableError(reason)
+
+
+def _reusable(conn: psycopg.Connection[Row], idle_check: bool = False) -> bool:
+    """Whether ``conn`` is open and out of any transaction; with ``idle_check``, also that the
+    server sent nothing since (an idle connection receives bytes only when the server ends it:
+    a shutdown or a terminated backend)."""
+    if conn.closed or conn.info.transaction_status != TransactionStatus.IDLE:
+        return False
+    if not idle_check:
+        return True
+    poller = select.poll()  # NOTE: not select.select: a busy server's fds pass 1024
+    poller.register(conn.fileno(), select.POLLIN)
+    return not poller.poll(0)
+
+
+def _where(host: object, port: object, dbname: object) -> str:
+    return f"postgresql://{host}:{port}/{dbname}"
+
+
+def _milliseconds(seconds: float) -> str:
+    return str(max(1, round(seconds * 1000)))
 
 
 def _placeholders(sql: str) -> str:
