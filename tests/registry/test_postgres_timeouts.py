@@ -243,3 +243,36 @@ class _Relay:
         finally:
             source.close()
             sink.close()
+
+
+def test_a_call_waiting_for_a_connection_held_too_long_fails_alone(postgres_url: str) -> None:
+    db = open_database(postgres_url, FAST)
+    holding = threading.Event()
+
+    def _hold() -> None:
+        with db.transaction(write=False):
+            holding.set()
+            time.sleep(FAST.client_wait_s + 1.0)  # a caller stuck inside its transaction
+
+    holder = threading.Thread(target=_hold)
+    holder.start()
+    try:
+        assert holding.wait(HANG_BOUND_S)
+        error, elapsed = _timed_failure(lambda: _backend_pid(db))
+        assert error.reason == f"its connection stayed busy for {FAST.client_wait_s:g} s"
+        assert elapsed < HANG_BOUND_S
+    finally:
+        holder.join()
+    _backend_pid(db)  # free again
+    db.close()
+
+
+def test_transactions_do_not_nest(postgres_url: str) -> None:
+    db = open_database(postgres_url, FAST)
+    try:
+        nesting = pytest.raises(RuntimeError, match="do not nest")
+        with nesting, db.transaction(write=False), db.transaction(write=False):
+            pass
+        _backend_pid(db)  # the outer one rolled back; the connection serves on
+    finally:
+        db.close()

@@ -7,12 +7,12 @@ read-check-write sequence correct under READ COMMITTED without per-table locking
 Nothing waits on the server without a limit (``timeouts.py``): a connection opens within the
 connect timeout; the server cancels a statement past the statement timeout and a lock wait
 (row, table or the advisory write lock) past the lock timeout; and the client gives a server
-up that sent no answer within the statement timeout plus a grace (a frozen process or host
-reports nothing). Each fails only the call at hand, with ``RegistryUnavailableError``, its
-transaction rolled back (by the server when the connection was given up: nothing committed).
-A connection that broke, was given up or was left mid-transaction is closed and never used
-again; the next transaction opens a new one (so does one on a connection the server closed
-while it was idle, e.g. a restarted server).
+up that sent no answer within the statement timeout plus a grace (``watchdog.py``: a frozen
+process or host reports nothing). Each fails only the call at hand, with
+``RegistryUnavailableError``, its transaction rolled back (by the server when the connection
+was given up: nothing was committed). A connection that broke, was given up or was left
+mid-transaction is closed and never used again; the next transaction opens a new one (so does
+one on a connection the server closed while it was idle, e.g. a restarted server).
 """
 
 from __future__ import annotations
@@ -25,64 +25,46 @@ from contextlib import contextmanager
 
 import psycopg
 import psycopg.errors
-from psycopg.abc import RV, PQGen
 from psycopg.conninfo import conninfo_to_dict
 from psycopg.pq import TransactionStatus
 
 from loraplex.errors import RegistryUnavailableError
 from loraplex.registry.sql.db import Row
 from loraplex.registry.sql.timeouts import DatabaseTimeouts
+from loraplex.registry.sql.watchdog import Watchdog
 
 _log = logging.getLogger(__name__)
 
 # Arbitrary constant naming "the loraplex registry write lock" among advisory locks.
 _WRITE_LOCK_KEY = 0x6C70785F726567
-_PSYCOPG_WAIT_INTERVAL_S = 0.1  # psycopg's own default (how often a wait checks for Ctrl-C)
 
 
 class _ServerSilentError(psycopg.OperationalError):
-    """The server sent no answer within the client's limit; the connection was closed."""
-
-
-class _BoundedConnection(psycopg.Connection[Row]):
-    """A connection whose every wait for the server is bounded by ``max_wait_s``.
-
-    NOTE: psycopg waits for a query's answer without limit; the server's statement timeout
-    does not help when the server (or its host) is frozen. A wait that runs out leaves the
-    protocol mid-exchange, so the connection is closed at once (its transaction then never
-    commits, and ``Transaction.__exit__`` skips a rollback that could only wait again).
-    """
-
-    max_wait_s: float | None = None
-
-    def wait(
-        self,
-        gen: PQGen[RV],
-        interval: float = _PSYCOPG_WAIT_INTERVAL_S,
-        timeout: float | None = None,
-    ) -> RV:
-        limit = self.max_wait_s
-        if limit is not None:
-            timeout = limit if timeout is None else min(timeout, limit)
-        try:
-            return super().wait(gen, interval, timeout)
-        except psycopg.errors._WaitTimeout as exc:  # psycopg: "callers should handle it"
-            self.pgconn.finish()
-            raise _ServerSilentError(f"no answer within {timeout} s") from exc
+    """The server sent no answer within the client's limit; the connection was shut down."""
 
 
 class _PostgresTx:
-    def __init__(self, conn: psycopg.Connection[Row]) -> None:
+    def __init__(self, conn: psycopg.Connection[Row], watchdog: Watchdog) -> None:
         self._conn = conn
+        self._watchdog = watchdog
 
     def execute(self, sql: str, params: Sequence[object] = ()) -> None:
-        self._conn.execute(_placeholders(sql), tuple(params) or None)
+        self._run(sql, params)
 
     def query(self, sql: str, params: Sequence[object] = ()) -> list[Row]:
-        return self._conn.execute(_placeholders(sql), tuple(params) or None).fetchall()
+        return self._run(sql, params).fetchall()
 
     def query_one(self, sql: str, params: Sequence[object] = ()) -> Row | None:
-        return self._conn.execute(_placeholders(sql), tuple(params) or None).fetchone()
+        return self._run(sql, params).fetchone()
+
+    def _run(self, sql: str, params: Sequence[object]) -> psycopg.Cursor[Row]:
+        with self._watchdog.watching(self._conn.fileno()) as watch:
+            try:
+                return self._conn.execute(_placeholders(sql), tuple(params) or None)
+            except psycopg.OperationalError as exc:
+                if watch.fired:
+                    raise _ServerSilentError("no answer in time") from exc
+                raise
 
 
 class PostgresDatabase:
@@ -95,12 +77,13 @@ class PostgresDatabase:
     def __init__(self, url: str, timeouts: DatabaseTimeouts | None = None) -> None:
         self._dsn = url
         self._timeouts = timeouts or DatabaseTimeouts()
+        self._watchdog = Watchdog(self._timeouts.client_wait_s)
         self._lock = threading.RLock()
-        self._depth = 0  # nested transaction() calls of the thread holding _lock
+        self._in_transaction = False  # guards against nesting (SQLite refuses it too)
         self._closed = False
         given = conninfo_to_dict(url)  # for messages before a connection says where it is
         self._url = _where(given.get("host", ""), given.get("port", ""), given.get("dbname", ""))
-        self._conn: _BoundedConnection | None = self._connect()
+        self._conn: psycopg.Connection[Row] | None = self._connect()
         info = self._conn.info
         self._url = _where(info.host, info.port, info.dbname)
 
@@ -112,31 +95,34 @@ class PostgresDatabase:
     def url(self) -> str:
         return self._url
 
-    @property
-    def timeouts(self) -> DatabaseTimeouts:
-        return self._timeouts
-
     @contextmanager
     def transaction(self, write: bool = True) -> Iterator[_PostgresTx]:
         wait_s = self._timeouts.client_wait_s
         if not self._lock.acquire(timeout=wait_s):
             raise RegistryUnavailableError(f"its connection stayed busy for {wait_s:g} s")
         try:
+            if self._in_transaction:
+                raise RuntimeError("registry transactions do not nest")
+            self._in_transaction = True
             conn = self._usable_connection()
-            self._depth += 1
             try:
-                with conn.transaction():
-                    tx = _PostgresTx(conn)
-                    if write:
-                        tx.execute("SELECT pg_advisory_xact_lock(?)", (_WRITE_LOCK_KEY,))
+                tx = _PostgresTx(conn, self._watchdog)
+                tx.execute("BEGIN")
+                if write:
+                    tx.execute("SELECT pg_advisory_xact_lock(?)", (_WRITE_LOCK_KEY,))
+                try:
                     yield tx
+                except BaseException:
+                    _roll_back(tx, conn)
+                    raise
+                tx.execute("COMMIT")
             except psycopg.OperationalError as exc:
                 raise self._unavailable(exc) from exc
             finally:
-                self._depth -= 1
-                if not self._depth and not _reusable(conn):
+                if not _reusable(conn):
                     self._discard()
         finally:
+            self._in_transaction = False
             self._lock.release()
 
     def is_unique_violation(self, exc: BaseException) -> bool:
@@ -146,11 +132,9 @@ class PostgresDatabase:
         with self._lock:
             self._closed = True
             self._discard()
+            self._watchdog.stop()
 
-    def _usable_connection(self) -> _BoundedConnection:
-        """The open connection (a nested transaction's: its outer one's), else a new one."""
-        if self._depth and self._conn is not None:
-            return self._conn
+    def _usable_connection(self) -> psycopg.Connection[Row]:
         if self._closed:
             raise RegistryUnavailableError("it was closed")
         if self._conn is not None and not _reusable(self._conn, idle_check=True):
@@ -159,20 +143,19 @@ class PostgresDatabase:
             self._conn = self._connect()
         return self._conn
 
-    def _connect(self) -> _BoundedConnection:
+    def _connect(self) -> psycopg.Connection[Row]:
         """A new connection with the limits set; RegistryUnavailableError when none opens."""
         t = self._timeouts
         try:
-            conn = _BoundedConnection.connect(
+            conn: psycopg.Connection[Row] = psycopg.connect(
                 self._dsn, autocommit=True, connect_timeout=int(t.connect_timeout_s)
             )
         except psycopg.OperationalError as exc:
             raise self._unavailable(exc) from exc
-        conn.max_wait_s = t.client_wait_s
         try:
-            conn.execute(
-                "SELECT set_config('statement_timeout', %s, false), "
-                "set_config('lock_timeout', %s, false)",
+            _PostgresTx(conn, self._watchdog).execute(
+                "SELECT set_config('statement_timeout', ?, false), "
+                "set_config('lock_timeout', ?, false)",
                 (_milliseconds(t.statement_timeout_s), _milliseconds(t.lock_timeout_s)),
             )
         except psycopg.OperationalError as exc:
@@ -203,6 +186,17 @@ class PostgresDatabase:
             reason = f"server error {exc.sqlstate or 'without a code'}"
         _log.warning("registry database %s: %s (%s)", self._url, reason, exc)
         return RegistryUnavailableError(reason)
+
+
+def _roll_back(tx: _PostgresTx, conn: psycopg.Connection[Row]) -> None:
+    """End an open transaction after a failure; a connection that cannot is discarded by the
+    caller (the server then rolls the transaction back when the connection ends)."""
+    if conn.closed or conn.info.transaction_status == TransactionStatus.IDLE:
+        return
+    try:
+        tx.execute("ROLLBACK")
+    except psycopg.Error:
+        _log.warning("registry database: rollback failed; the connection is discarded")
 
 
 def _reusable(conn: psycopg.Connection[Row], idle_check: bool = False) -> bool:
