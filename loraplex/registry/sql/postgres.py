@@ -31,7 +31,7 @@ from psycopg.pq import TransactionStatus
 from loraplex.errors import RegistryUnavailableError
 from loraplex.registry.sql.db import Row
 from loraplex.registry.sql.timeouts import DatabaseTimeouts
-from loraplex.registry.sql.watchdog import Watchdog
+from loraplex.registry.sql.watchdog import Watch, Watchdog
 
 _log = logging.getLogger(__name__)
 
@@ -39,14 +39,10 @@ _log = logging.getLogger(__name__)
 _WRITE_LOCK_KEY = 0x6C70785F726567
 
 
-class _ServerSilentError(psycopg.OperationalError):
-    """The server sent no answer within the client's limit; the connection was shut down."""
-
-
 class _PostgresTx:
-    def __init__(self, conn: psycopg.Connection[Row], watchdog: Watchdog) -> None:
+    def __init__(self, conn: psycopg.Connection[Row], watch: Watch) -> None:
         self._conn = conn
-        self._watchdog = watchdog
+        self._watch = watch
 
     def execute(self, sql: str, params: Sequence[object] = ()) -> None:
         self._run(sql, params)
@@ -58,13 +54,8 @@ class _PostgresTx:
         return self._run(sql, params).fetchone()
 
     def _run(self, sql: str, params: Sequence[object]) -> psycopg.Cursor[Row]:
-        with self._watchdog.watching(self._conn.fileno()) as watch:
-            try:
-                return self._conn.execute(_placeholders(sql), tuple(params) or None)
-            except psycopg.OperationalError as exc:
-                if watch.fired:
-                    raise _ServerSilentError("no answer in time") from exc
-                raise
+        self._watch.renew()
+        return self._conn.execute(_placeholders(sql), tuple(params) or None)
 
 
 class PostgresDatabase:
@@ -100,24 +91,25 @@ class PostgresDatabase:
         wait_s = self._timeouts.client_wait_s
         if not self._lock.acquire(timeout=wait_s):
             raise RegistryUnavailableError(f"its connection stayed busy for {wait_s:g} s")
+        if self._in_transaction:  # this thread's own (the lock is reentrant)
+            self._lock.release()
+            raise RuntimeError("registry transactions do not nest")
+        self._in_transaction = True
         try:
-            if self._in_transaction:
-                raise RuntimeError("registry transactions do not nest")
-            self._in_transaction = True
             conn = self._usable_connection()
             try:
-                tx = _PostgresTx(conn, self._watchdog)
-                tx.execute("BEGIN")
-                if write:
-                    tx.execute("SELECT pg_advisory_xact_lock(?)", (_WRITE_LOCK_KEY,))
-                try:
-                    yield tx
-                except BaseException:
-                    _roll_back(tx, conn)
-                    raise
-                tx.execute("COMMIT")
-            except psycopg.OperationalError as exc:
-                raise self._unavailable(exc) from exc
+                with self._watchdog.watching(conn.fileno()) as watch:
+                    try:
+                        with conn.transaction():
+                            tx = _PostgresTx(conn, watch)
+                            if write:
+                                tx.execute("SELECT pg_advisory_xact_lock(?)", (_WRITE_LOCK_KEY,))
+                            try:
+                                yield tx
+                            finally:
+                                watch.renew()  # the commit (or rollback) gets the whole limit
+                    except psycopg.OperationalError as exc:
+                        raise self._unavailable(exc, watch.fired) from exc
             finally:
                 if not _reusable(conn):
                     self._discard()
@@ -153,14 +145,18 @@ class PostgresDatabase:
         except psycopg.OperationalError as exc:
             raise self._unavailable(exc) from exc
         try:
-            _PostgresTx(conn, self._watchdog).execute(
-                "SELECT set_config('statement_timeout', ?, false), "
-                "set_config('lock_timeout', ?, false)",
-                (_milliseconds(t.statement_timeout_s), _milliseconds(t.lock_timeout_s)),
-            )
-        except psycopg.OperationalError as exc:
+            with self._watchdog.watching(conn.fileno()) as watch:
+                try:
+                    _PostgresTx(conn, watch).execute(
+                        "SELECT set_config('statement_timeout', ?, false), "
+                        "set_config('lock_timeout', ?, false)",
+                        (_milliseconds(t.statement_timeout_s), _milliseconds(t.lock_timeout_s)),
+                    )
+                except psycopg.OperationalError as exc:
+                    raise self._unavailable(exc, watch.fired) from exc
+        except BaseException:
             conn.close()
-            raise self._unavailable(exc) from exc
+            raise
         return conn
 
     def _discard(self) -> None:
@@ -168,16 +164,19 @@ class PostgresDatabase:
             self._conn.close()
             self._conn = None
 
-    def _unavailable(self, exc: psycopg.OperationalError) -> RegistryUnavailableError:
-        """The error for ``exc``, its reason one of a few fixed phrases (the server's text and
-        address go to the log only: a tenant's request may be the one that failed)."""
+    def _unavailable(
+        self, exc: psycopg.OperationalError, given_up: bool = False
+    ) -> RegistryUnavailableError:
+        """The error for ``exc`` (``given_up``: after the watchdog shut the connection down),
+        its reason one of a few fixed phrases (the server's text and address go to the log
+        only: a tenant's request may be the one that failed)."""
         t = self._timeouts
-        if isinstance(exc, psycopg.errors.LockNotAvailable):
+        if given_up:
+            reason = f"no answer within {t.client_wait_s:g} s"
+        elif isinstance(exc, psycopg.errors.LockNotAvailable):
             reason = f"lock timeout ({t.lock_timeout_s:g} s) expired"
         elif isinstance(exc, psycopg.errors.QueryCanceled):
             reason = f"statement timeout ({t.statement_timeout_s:g} s) expired"
-        elif isinstance(exc, _ServerSilentError):
-            reason = f"no answer within {t.client_wait_s:g} s"
         elif isinstance(exc, psycopg.errors.ConnectionTimeout):
             reason = f"no connection within {t.connect_timeout_s:g} s"
         elif self._conn is None or self._conn.closed:
@@ -186,17 +185,6 @@ class PostgresDatabase:
             reason = f"server error {exc.sqlstate or 'without a code'}"
         _log.warning("registry database %s: %s (%s)", self._url, reason, exc)
         return RegistryUnavailableError(reason)
-
-
-def _roll_back(tx: _PostgresTx, conn: psycopg.Connection[Row]) -> None:
-    """End an open transaction after a failure; a connection that cannot is discarded by the
-    caller (the server then rolls the transaction back when the connection ends)."""
-    if conn.closed or conn.info.transaction_status == TransactionStatus.IDLE:
-        return
-    try:
-        tx.execute("ROLLBACK")
-    except psycopg.Error:
-        _log.warning("registry database: rollback failed; the connection is discarded")
 
 
 def _reusable(conn: psycopg.Connection[Row], idle_check: bool = False) -> bool:

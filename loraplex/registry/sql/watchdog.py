@@ -2,9 +2,10 @@
 
 NOTE: psycopg waits for a server's answer without limit, and the server's own statement
 timeout does not help when the server (or its host, or the network to it) is frozen: nothing
-answers at all. One thread per database watches the statement in flight; past its deadline it
-shuts the connection's socket down, which wakes the waiting thread with an error (the
-connection is then broken, and its owner must never use it again).
+answers at all. One thread per database watches the transaction in flight: a statement that
+has not answered ``limit_s`` after it started (or a transaction left idle that long between
+statements) has the connection's socket shut down, which wakes the waiting thread with an
+error (the connection is then broken, and its owner must never use it again).
 """
 
 from __future__ import annotations
@@ -21,19 +22,27 @@ from dataclasses import dataclass
 
 @dataclass
 class Watch:
-    """One statement being watched."""
+    """One transaction being watched; each of its statements renews the deadline."""
 
     fd: int  # the connection's socket
-    deadline: float  # monotonic seconds
+    limit_s: float  # how long one statement may wait
+    clock: Callable[[], float]  # monotonic seconds
+    deadline: float = 0.0  # when the socket is shut down unless renewed or ended first
     fired: bool = False  # the deadline passed and the socket was shut down
+
+    def renew(self) -> None:
+        """A statement starts: it has the whole limit. NOTE: a plain write, no lock: the
+        watchdog reads it again before it fires."""
+        self.deadline = self.clock() + self.limit_s
 
 
 class Watchdog:
-    """Shuts down a watched socket ``limit_s`` after its watch began, unless the watch ended.
+    """Shuts down a watched socket ``limit_s`` after its watch began or was last renewed,
+    unless the watch ended first.
 
     One watch at a time (a database's transactions hold its one connection in turn). The thread
-    starts with the first watch and sleeps between deadlines: a watch begun while it sleeps
-    toward an earlier deadline (every deadline is ``limit_s`` after its start) costs no wake-up.
+    starts with the first watch and sleeps until the deadline it last saw: a renewal or a new
+    watch (every deadline is later than the ones before it) costs no wake-up, only a check then.
     """
 
     def __init__(self, limit_s: float, clock: Callable[[], float] = time.monotonic) -> None:
@@ -47,7 +56,8 @@ class Watchdog:
 
     @contextmanager
     def watching(self, fd: int) -> Iterator[Watch]:
-        watch = Watch(fd, self._clock() + self._limit_s)
+        watch = Watch(fd, self._limit_s, self._clock)
+        watch.renew()
         with self._cond:
             if self._thread is None:
                 self._thread = threading.Thread(
