@@ -248,6 +248,17 @@ class EngineUnavailableError(CapacityError):
     """The engine process is not running (it failed to start, crashed or was shut down)."""
 
 
+class RegistryUnavailableError(CapacityError):
+    """The registry database could not be reached or did not answer within its limits (a
+    connect, statement or lock timeout, a lost connection): only this call failed, its
+    transaction rolled back (503 with Retry-After). ``reason`` is one of a few fixed phrases,
+    never the server's text or address (a tenant's request may be the one that failed)."""
+
+    def __init__(self, reason: str) -> None:
+        self.reason = reason
+        super().__init__(f"the registry database is unavailable: {reason}; retry later")
+
+
 class GenerationError(LoraplexError):
     """One request could not go on generating (its adapter produced non-finite logits, or its
     part of a step raised); only that request fails, with this error (maps to 422).

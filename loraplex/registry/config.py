@@ -20,8 +20,9 @@ from loraplex.artifacts.base_model import BaseModelSpec
 from loraplex.artifacts.store import ArtifactStore, LocalArtifactStore
 from loraplex.registry.registration import StageHook
 from loraplex.registry.registry import Registry
-from loraplex.registry.sql.connect import open_database
+from loraplex.registry.sql.connect import POSTGRES_SCHEMES, open_database
 from loraplex.registry.sql.migrations import migrate
+from loraplex.registry.sql.timeouts import DatabaseTimeouts, database_timeouts
 
 DATABASE_FILE = "registry.sqlite3"
 ARTIFACTS_DIR = "artifacts"
@@ -45,6 +46,10 @@ class RegistryConfig:
     store: str | None = None  # local directory or s3://bucket/prefix; None: data_dir/artifacts
     s3_endpoint: str | None = None  # S3-compatible endpoint URL (None: AWS default)
     max_lora_rank: int = 64  # registrations above this rank are refused
+    # PostgreSQL only (registry/sql/timeouts.py); None: the default
+    database_connect_timeout_s: float | None = None  # a new connection, login included
+    database_statement_timeout_s: float | None = None  # one statement, lock waits included
+    database_lock_timeout_s: float | None = None  # one wait for a lock
 
     def __post_init__(self) -> None:
         if self.max_lora_rank < 1:
@@ -54,6 +59,39 @@ class RegistryConfig:
                 f"s3_endpoint {self.s3_endpoint!r} is invalid with store {self.store_url!r}; "
                 "expected an s3:// store"
             )
+        self._check_timeouts()
+
+    def _check_timeouts(self) -> None:
+        """ValueError naming a timeout key that is invalid, or set for a SQLite database (which
+        would ignore it: no server to wait on)."""
+        given = {
+            name: getattr(self, name)
+            for name in (
+                "database_connect_timeout_s",
+                "database_statement_timeout_s",
+                "database_lock_timeout_s",
+            )
+            if getattr(self, name) is not None
+        }
+        if not given:
+            return
+        self.timeouts()
+        if not self.database.startswith(POSTGRES_SCHEMES):
+            name, value = next(iter(given.items()))
+            raise ValueError(
+                f"{name} {value} is invalid with a SQLite registry; expected a postgresql:// "
+                "database_url (the timeouts bound waits on a PostgreSQL server)"
+            )
+
+    def timeouts(self) -> DatabaseTimeouts | None:
+        """The PostgreSQL limits (unset keys at their defaults); None for a SQLite database."""
+        if not self.database.startswith(POSTGRES_SCHEMES):
+            return None
+        return database_timeouts(
+            self.database_connect_timeout_s,
+            self.database_statement_timeout_s,
+            self.database_lock_timeout_s,
+        )
 
     @property
     def database(self) -> str:
@@ -87,7 +125,7 @@ def open_registry(
     """
     if config.database_url is None or config.store is None:
         config.data_dir.mkdir(mode=0o700, parents=True, exist_ok=True)
-    db = open_database(config.database)
+    db = open_database(config.database, config.timeouts())
     try:
         migrate(db, wall_clock())
     except BaseException:

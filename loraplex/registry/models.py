@@ -41,6 +41,8 @@ class Visibility(StrEnum):
 MAX_SEAT_LIMIT = 1 << 31  # largest seat or KV-block limit stored (fits every BIGINT)
 # NOTE: a larger int made the database raise OverflowError on write: a 500 on the admin API.
 MAX_BYTES_LIMIT = (1 << 63) - 1  # largest byte quota stored (a signed 64-bit BIGINT)
+# longest probe prompt or expected continuation a revision keeps (as a release's extra probes)
+MAX_PROBE_TEXT_CHARS = 4096
 
 
 @dataclass(frozen=True)
@@ -269,6 +271,16 @@ class RegistrationRequest:
             raise ValueError(
                 "probe_prompt and expected_continuation are invalid; expected both or neither"
             )
+        # NOTE: kept forever with the revision and run by every release of it (its probe
+        # generates as many tokens as the continuation has characters); an empty prompt left
+        # the release stuck in probing, both revisions pinned, for good.
+        for field_name in ("probe_prompt", "expected_continuation"):
+            text = getattr(self, field_name)
+            if text is not None and not 0 < len(text) <= MAX_PROBE_TEXT_CHARS:
+                raise ValueError(
+                    f"{field_name} of {len(text)} characters is invalid; expected 1 to "
+                    f"{MAX_PROBE_TEXT_CHARS}"
+                )
 
 
 @dataclass(frozen=True)

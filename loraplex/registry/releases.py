@@ -9,7 +9,7 @@ in the same transaction.
 from __future__ import annotations
 
 from loraplex.artifacts.warm_policy import WarmPolicy
-from loraplex.errors import AdapterNotFoundError, RegistryError, clipped
+from loraplex.errors import AdapterNotFoundError, RegistryError, clipped, quoted
 from loraplex.registry.models import (
     Adapter,
     Alias,
@@ -22,6 +22,9 @@ from loraplex.registry.sql import adapters as rows
 from loraplex.registry.sql import audit
 from loraplex.registry.sql import releases as release_rows
 from loraplex.registry.sql.db import Database, Tx
+
+MAX_ALIAS_TARGETS = 64  # revisions one alias splits its traffic between
+MAX_ALIAS_WEIGHT = 1 << 31  # one target's relative weight
 
 
 def require_adapter(tx: Tx, tenant: str, name: str) -> Adapter:
@@ -103,6 +106,7 @@ def set_alias_in(
     action: str = "alias.set",
 ) -> Alias:
     """``set_alias`` inside the caller's transaction (a release's promotion is one)."""
+    _check_targets(targets)
     require_adapter(tx, tenant, name)
     _require_servable(tx, tenant, name, targets)
     previous = rows.get_alias(tx, tenant, name)
@@ -150,6 +154,22 @@ def alias_history(
     with db.transaction(write=False) as tx:
         require_adapter(tx, tenant, name)
         return rows.alias_history(tx, tenant, name)
+
+
+def _check_targets(targets: tuple[AliasTarget, ...]) -> None:
+    """NOTE: every request through the alias reads each target's revision, and a weight past a
+    BIGINT's range failed to write on some paths; checked on writes only, so an alias stored
+    before these bounds still reads."""
+    if len(targets) > MAX_ALIAS_TARGETS:
+        raise ValueError(
+            f"targets has {len(targets)} entries; expected at most {MAX_ALIAS_TARGETS}"
+        )
+    for target in targets:
+        if target.weight > MAX_ALIAS_WEIGHT:
+            raise ValueError(
+                f"weight {quoted(target.weight)} of {target.revision} is invalid; expected 1 to "
+                f"{MAX_ALIAS_WEIGHT}"
+            )
 
 
 def _require_no_release(tx: Tx, tenant: str, name: str) -> None:

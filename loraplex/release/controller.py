@@ -178,7 +178,11 @@ class ReleaseController:
     def _probe(self, release: Release, job: _Job, now: float) -> None:
         if job.probes is None:
             revision = self._registry.get_revision(release.candidate_ref)
-            cases = probes.probe_cases(revision, release.plan.probes)
+            try:
+                cases = probes.probe_cases(revision, release.plan.probes)
+            except ValueError as exc:  # a probe stored before registration checked it
+                self._move(release, S.ABORTED, now, reason=f"candidate's probe is invalid: {exc}")
+                return
             job.probes = probes.launch(
                 self._env, cases, release.tenant, job.candidate, job.baseline
             )

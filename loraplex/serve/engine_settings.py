@@ -70,4 +70,7 @@ def registry_config(config: ServeConfig) -> RegistryConfig:
         config.store,
         config.s3_endpoint,
         config.max_lora_rank,
+        config.database_connect_timeout_s,
+        config.database_statement_timeout_s,
+        config.database_lock_timeout_s,
     )

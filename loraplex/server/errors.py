@@ -52,6 +52,7 @@ from loraplex.errors import (
     RateLimitError,
     RecordNotFoundError,
     RegistryError,
+    RegistryUnavailableError,
     RevisionConflictError,
     UnservableError,
     clipped,
@@ -136,6 +137,8 @@ def _capacity(exc: CapacityError) -> ApiError:
     headers = _retry_after(DEFAULT_RETRY_AFTER_S)
     if isinstance(exc, EngineUnavailableError):
         return ApiError(503, str(exc), "server_error", "engine_unavailable", None, headers)
+    if isinstance(exc, RegistryUnavailableError):
+        return ApiError(503, str(exc), "server_error", "registry_unavailable", None, headers)
     return ApiError(503, str(exc), "server_error", "capacity_exceeded", None, headers)
 
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 
 import pytest
@@ -9,6 +10,10 @@ import pytest
 from loraplex.registry import LocalArtifactStore, RegistryConfig, default_data_dir, open_store
 from loraplex.registry.s3 import S3ArtifactStore
 from loraplex.registry.sql.connect import open_database
+from loraplex.registry.sql.timeouts import DatabaseTimeouts, database_timeouts
+from loraplex.serve.config import ServeConfig
+from loraplex.serve.config.file import merge, read_config_file
+from loraplex.serve.engine_settings import registry_config
 
 
 def test_default_data_dir_precedence() -> None:
@@ -42,3 +47,77 @@ def test_invalid_configs_are_refused(tmp_path: Path) -> None:
         RegistryConfig(tmp_path, s3_endpoint="http://x")
     with pytest.raises(ValueError, match="database url 'mysql://x' is invalid"):
         open_database("mysql://x")
+
+
+# --- PostgreSQL timeouts (registry/sql/timeouts.py) ---------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("values", "message"),
+    [
+        ({"connect_timeout_s": 1}, "database_connect_timeout_s 1 is invalid; expected whole"),
+        ({"connect_timeout_s": 2.5}, "database_connect_timeout_s 2.5 is invalid; expected whole"),
+        ({"statement_timeout_s": 0}, "database_statement_timeout_s 0 is invalid"),
+        ({"statement_timeout_s": -1.0}, "database_statement_timeout_s -1.0 is invalid"),
+        ({"statement_timeout_s": float("nan")}, "database_statement_timeout_s nan is invalid"),
+        ({"statement_timeout_s": float("inf")}, "database_statement_timeout_s inf is invalid"),
+        ({"statement_timeout_s": 1e9}, "database_statement_timeout_s 1000000000.0 is invalid"),
+        ({"lock_timeout_s": 0.0}, "database_lock_timeout_s 0.0 is invalid"),
+        ({"lock_timeout_s": True}, "database_lock_timeout_s True is invalid; expected a number"),
+        ({"lock_timeout_s": 20.0}, "database_lock_timeout_s 20.0 is invalid; expected <= "),
+    ],
+)
+def test_invalid_database_timeouts_are_refused_naming_the_key(
+    values: dict[str, float], message: str
+) -> None:
+    with pytest.raises(ValueError, match=re.escape(message)):
+        DatabaseTimeouts(**values)
+
+
+def test_unset_timeouts_take_the_defaults_the_lock_one_within_the_statement_one() -> None:
+    assert database_timeouts(None, None, None) == DatabaseTimeouts(5, 10.0, 5.0)
+    assert database_timeouts(None, 2.0, None) == DatabaseTimeouts(5, 2.0, 2.0)
+    assert database_timeouts(3, 4.0, 0.5) == DatabaseTimeouts(3, 4.0, 0.5)
+    assert DatabaseTimeouts(5, 10.0, 5.0).client_wait_s == 12.0
+
+
+def test_timeouts_are_refused_with_a_sqlite_registry(tmp_path: Path) -> None:
+    assert RegistryConfig(tmp_path).timeouts() is None
+    for key in (
+        "database_connect_timeout_s",
+        "database_statement_timeout_s",
+        "database_lock_timeout_s",
+    ):
+        with pytest.raises(ValueError, match=f"{key} 3 is invalid with a SQLite registry"):
+            RegistryConfig(tmp_path, **{key: 3})  # type: ignore[arg-type]
+    with pytest.raises(ValueError, match="database timeouts are invalid with 'sqlite:///x'"):
+        open_database("sqlite:///x", DatabaseTimeouts())
+
+
+def test_timeouts_of_a_postgres_registry(tmp_path: Path) -> None:
+    url = "postgresql://u@127.0.0.1:1/db"
+    assert RegistryConfig(tmp_path, url).timeouts() == DatabaseTimeouts()
+    config = RegistryConfig(tmp_path, url, database_statement_timeout_s=3.0)
+    assert config.timeouts() == DatabaseTimeouts(5, 3.0, 3.0)
+    with pytest.raises(ValueError, match=r"database_lock_timeout_s 4\.0 is invalid"):
+        RegistryConfig(tmp_path, url, database_statement_timeout_s=3.0, database_lock_timeout_s=4.0)
+
+
+def test_serve_config_keys_reach_the_registry_and_are_checked(tmp_path: Path) -> None:
+    toml = tmp_path / "serve.toml"
+    toml.write_text(
+        "[serve]\n"
+        'database_url = "postgresql://u@127.0.0.1:1/db"\n'
+        "database_connect_timeout_s = 3\n"
+        "database_statement_timeout_s = 4\n"
+        "database_lock_timeout_s = 0.5\n"
+    )
+    settings = merge(read_config_file(toml), {"data_dir": tmp_path})
+    assert registry_config(settings).timeouts() == DatabaseTimeouts(3, 4, 0.5)
+    with pytest.raises(ValueError, match=r"database_lock_timeout_s 9\.0 is invalid"):
+        ServeConfig(tmp_path, database_statement_timeout_s=3.0, database_lock_timeout_s=9.0)
+    with pytest.raises(ValueError, match="database_connect_timeout_s nan is invalid"):
+        ServeConfig(tmp_path, database_connect_timeout_s=float("nan"))
+    sqlite_settings = ServeConfig(tmp_path, database_lock_timeout_s=1.0)  # no database known yet
+    with pytest.raises(ValueError, match=r"database_lock_timeout_s 1\.0 is invalid with a SQLite"):
+        registry_config(sqlite_settings)

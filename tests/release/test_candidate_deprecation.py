@@ -100,3 +100,39 @@ def test_a_release_of_an_alias_that_serves_nothing_is_refused(registry: Registry
     with pytest.raises(ReleaseStartError, match="serves no revision"):
         store.start_release("acme", "bot", "v2", PLAN, actor="ops")
     assert store.list_releases(include_terminal=True, tenant="acme") == []
+
+
+def test_after_promotion_the_baseline_may_be_deprecated_and_a_rollback_is_then_refused(
+    registry: Registry, env: FakeEnv, clock: ManualClock
+) -> None:
+    """Deprecating the old baseline once the release is promoted is the operator retiring it
+    (correct, not a defect): no caller is sent to it, the callers the canary had on the candidate
+    included, and a rollback to it is refused (release and alias alike) naming the deprecation,
+    changing nothing; made stable again, it is the rollback target it was."""
+    store, controller = _to_canary(registry, env, clock)
+    sticky = [f"user-{i}" for i in range(200)]
+    on_candidate = [
+        user
+        for user in sticky
+        if registry.resolve_revision("acme", "bot", sticky_key=user).revision == "v2"
+    ]
+    assert on_candidate  # the canary had callers on the candidate
+    store.promote("acme", "bot", actor="ops")
+    controller.tick()
+    registry.set_release("acme/bot@v1", "ops", RevisionState.DEPRECATED)
+    assert _served(registry) == {"v2"}
+    alias = registry.get_alias("acme", "bot")
+    assert alias is not None and alias.rollback_targets == (AliasTarget("v1", 1),)
+    audited = len(registry.audit_log())
+    with pytest.raises(RegistryError, match="v1 are all deprecated"):
+        store.rollback("acme", "bot", actor="ops")
+    with pytest.raises(RegistryError, match="v1 are all deprecated"):
+        registry.rollback_alias("acme", "bot", "ops")
+    assert store.latest_release("acme", "bot").state is S.PROMOTED
+    assert registry.get_alias("acme", "bot") == alias
+    assert len(registry.audit_log()) == audited
+    controller.tick()
+    assert _served(registry) == {"v2"}
+    registry.set_release("acme/bot@v1", "ops", RevisionState.STABLE)
+    assert store.rollback("acme", "bot", actor="ops").state is S.ROLLED_BACK
+    assert _served(registry) == {"v1"}

@@ -2,15 +2,20 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 from conftest import FakeEnv
+from registry_kit import write_adapter
 
+from loraplex.artifacts.base_model import BaseModelSpec
 from loraplex.clock import ManualClock
-from loraplex.registry import AliasTarget, Registry, RevisionState
+from loraplex.registry import AliasTarget, RegistrationRequest, Registry, RevisionState
 from loraplex.release.controller import ReleaseController
 from loraplex.release.errors import ReleaseConflictError
 from loraplex.release.model import (
     ProbeCase,
+    Release,
     ReleasePlan,
     ReleaseState,
     RevisionWindow,
@@ -36,6 +41,23 @@ def _to_canary(registry: Registry, env: FakeEnv, clock: ManualClock, plan: Relea
     release = store.latest_release("acme", "bot")
     assert release.state is S.CANARY, release
     return store, controller
+
+
+def _started_and_ticked(
+    registry: Registry,
+    env: FakeEnv,
+    clock: ManualClock,
+    revision: str,
+    plan: ReleasePlan,
+    ticks: int,
+) -> Release:
+    """A release of ``revision`` started, then ``ticks`` controller ticks; the release then."""
+    store = ReleaseStore(registry)
+    store.start_release("acme", "bot", revision, plan, actor="ops")
+    controller = _controller(registry, env, clock)
+    for _ in range(ticks):
+        controller.tick()
+    return store.latest_release("acme", "bot")
 
 
 def _audited(registry: Registry) -> list[str]:
@@ -129,13 +151,7 @@ def test_an_extra_probe_must_differ_from_stable(
     env.outputs[("v1", "2+2=")] = "4"
     env.outputs[("v2", "2+2=")] = "4"
     plan = ReleasePlan(probes=(ProbeCase("2+2=", differ_from_stable=True),))
-    store = ReleaseStore(registry)
-    store.start_release("acme", "bot", "v2", plan, actor="ops")
-    controller = _controller(registry, env, clock)
-    for _ in range(3):
-        controller.tick()
-
-    release = store.latest_release("acme", "bot")
+    release = _started_and_ticked(registry, env, clock, "v2", plan, ticks=3)
     assert release.state is S.ROLLED_BACK
     assert release.reason is not None and "the same as the stable revision" in release.reason
     assert ("v1", "2+2=") in env.probed
@@ -402,3 +418,22 @@ def test_every_move_is_reported_to_on_move(
     for _ in range(4):
         controller.tick()
     assert moves == [S.PREWARMING, S.PROBING, S.ROLLED_BACK]
+
+
+def test_a_candidate_whose_stored_probe_is_invalid_is_aborted_not_stuck(
+    registry: Registry, env: FakeEnv, clock: ManualClock, base: BaseModelSpec, tmp_path: Path
+) -> None:
+    """A revision registered before registration bounded its probe texts may hold an empty
+    probe prompt; its release stayed in probing for good (each tick raised), both revisions
+    pinned."""
+    adapter_dir = write_adapter(tmp_path / "adapters" / "v4", base, seed=4)
+    request = RegistrationRequest(
+        adapter_dir, "acme", "bot", "v4", probe_prompt="x", expected_continuation="y"
+    )
+    object.__setattr__(request, "probe_prompt", "")  # as an older registry stored it
+    registry.register(request, "ops")
+    release = _started_and_ticked(registry, env, clock, "v4", PLAN, ticks=4)
+    assert release.state is S.ABORTED
+    assert release.reason is not None and "probe is invalid" in release.reason
+    assert env.pinned == set()
+    assert _served(registry, 50) == {"v1"}

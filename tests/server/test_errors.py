@@ -26,6 +26,7 @@ from loraplex.errors import (
     QueueTimeoutError,
     RateLimitError,
     RegistryError,
+    RegistryUnavailableError,
     RevisionConflictError,
     TensorValidationError,
     UnservableError,
@@ -46,6 +47,8 @@ ADMIN = ErrorContext.ADMIN
         (QueueTimeoutError("r1", 30.0, 4.0), TENANT, 503, "queue_timeout"),
         (CapacityError("never fits"), TENANT, 503, "capacity_exceeded"),
         (EngineUnavailableError("the engine process exited"), TENANT, 503, "engine_unavailable"),
+        (RegistryUnavailableError("lock timeout (5 s) expired"), TENANT, 503,
+         "registry_unavailable"),
         (RateLimitError("acme", 2.0, 0.5), TENANT, 429, "rate_limited"),
         (GenerationError("r1", "non-finite logits"), TENANT, 422, "generation_failed"),
         (CorruptArtifactError("bad"), TENANT, 500, "adapter_load_failed"),
@@ -79,6 +82,7 @@ TRANSIENT = [
     RateLimitError("acme", 1.0, 2.0),
     QueueTimeoutError("r", 1.0, 2.0),
     EngineUnavailableError("restarting"),
+    RegistryUnavailableError("no connection within 5 s"),
     CapacityError("busy"),
 ]
 PERMANENT = [

@@ -4,8 +4,12 @@ from __future__ import annotations
 
 import json
 
+from loraplex.errors import quoted
 from loraplex.registry.models import AuditEntry
 from loraplex.registry.sql.db import Tx
+
+MAX_AUDIT_PAGE = 1000  # entries one read returns at most
+MAX_SEQ = (1 << 63) - 1  # the largest position a BIGINT holds
 
 
 def append(
@@ -19,7 +23,13 @@ def append(
 
 
 def entries(tx: Tx, after_seq: int = 0, limit: int = 1000) -> list[AuditEntry]:
-    """Entries with ``seq > after_seq``, oldest first."""
+    """Entries with ``seq > after_seq``, oldest first. NOTE: checked here: SQLite reads a
+    negative LIMIT as none (the whole log in one answer), PostgreSQL refuses it, and a position
+    past a BIGINT overflowed the driver (both a 500 on the admin API)."""
+    if not 1 <= limit <= MAX_AUDIT_PAGE:
+        raise ValueError(f"limit {quoted(limit)} is invalid; expected 1 to {MAX_AUDIT_PAGE}")
+    if not 0 <= after_seq <= MAX_SEQ:
+        raise ValueError(f"after_seq {quoted(after_seq)} is invalid; expected 0 to {MAX_SEQ}")
     rows = tx.query(
         "SELECT seq, at, actor, action, subject, details FROM audit_log "
         "WHERE seq > ? ORDER BY seq LIMIT ?",

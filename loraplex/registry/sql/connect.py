@@ -3,18 +3,27 @@
 from __future__ import annotations
 
 from loraplex.registry.sql.db import Database
+from loraplex.registry.sql.timeouts import DatabaseTimeouts
+
+POSTGRES_SCHEMES = ("postgresql://", "postgres://")
 
 
-def open_database(url: str) -> Database:
-    """``sqlite:///path/to/file`` or ``postgresql://user@host:port/db``."""
+def open_database(url: str, timeouts: DatabaseTimeouts | None = None) -> Database:
+    """``sqlite:///path/to/file`` or ``postgresql://user@host:port/db``; ``timeouts`` bound
+    every wait on a PostgreSQL server (None: the defaults). A SQLite file waits up to its busy
+    timeout for another process's write lock, and takes no ``timeouts``."""
     if url.startswith("sqlite:///"):
+        if timeouts is not None:
+            raise ValueError(
+                f"database timeouts are invalid with {url!r}; expected a postgresql:// url"
+            )
         from loraplex.registry.sql.sqlite import SqliteDatabase
 
         return SqliteDatabase(url.removeprefix("sqlite:///"))
-    if url.startswith(("postgresql://", "postgres://")):
+    if url.startswith(POSTGRES_SCHEMES):
         from loraplex.registry.sql.postgres import PostgresDatabase
 
-        return PostgresDatabase(url)
+        return PostgresDatabase(url, timeouts)
     raise ValueError(
         f"database url {url!r} is invalid; expected sqlite:///PATH or postgresql://..."
     )

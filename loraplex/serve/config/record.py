@@ -31,6 +31,7 @@ from loraplex.quota.shared_ratelimit import (
     DEFAULT_KEY_PREFIX,
     check_shared_state,
 )
+from loraplex.registry.sql.timeouts import database_timeouts
 from loraplex.residency.ledger import check_tier_share
 from loraplex.residency.policy import DEFAULT_POLICY
 from loraplex.serve.config.checks import (
@@ -121,6 +122,11 @@ class ServeConfig:
     database_url: str | None = None  # registry database; None: SQLite in data_dir
     store: str | None = None  # artifact store directory or s3://bucket/prefix
     s3_endpoint: str | None = None  # S3-compatible endpoint
+    # limits on waits for a PostgreSQL registry (registry/sql/timeouts.py); None: the default
+    # (5 s, 10 s, 5 s but at most the statement timeout); refused with a SQLite registry
+    database_connect_timeout_s: float | None = None  # a new connection, login included
+    database_statement_timeout_s: float | None = None  # one statement, lock waits included
+    database_lock_timeout_s: float | None = None  # one wait for a row/advisory lock
     # Redis shared by every ingress process for the tenants' rate buckets (redis:// or
     # rediss://; not in repr: it may hold a password); None: buckets per process
     shared_state_url: str | None = field(default=None, repr=False)
@@ -194,6 +200,11 @@ class ServeConfig:
         check_ranges(self)
         check_connection_caps(self.max_connections, self.max_unauthenticated_connections)
         check_shared_state(self.shared_state_url, self.shared_state_prefix)
+        database_timeouts(
+            self.database_connect_timeout_s,
+            self.database_statement_timeout_s,
+            self.database_lock_timeout_s,
+        )
         check_non_negative(self)
         check_engine_watch(
             self.engine_process, self.engine_hung_kill_after_s, self.engine_unresponsive_after_s

@@ -1,0 +1,107 @@
+"""A deadline on each wait for a database server, enforced from outside the waiting thread.
+
+NOTE: psycopg waits for a server's answer without limit, and the server's own statement
+timeout does not help when the server (or its host, or the network to it) is frozen: nothing
+answers at all. One thread per database watches the transaction in flight: a statement that
+has not answered ``limit_s`` after it started (or a transaction left idle that long between
+statements) has the connection's socket shut down, which wakes the waiting thread with an
+error (the connection is then broken, and its owner must never use it again).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import socket
+import threading
+import time
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+
+
+@dataclass
+class Watch:
+    """One transaction being watched; each of its statements renews the deadline."""
+
+    fd: int  # the connection's socket
+    limit_s: float  # how long one statement may wait
+    clock: Callable[[], float]  # monotonic seconds
+    deadline: float = 0.0  # when the socket is shut down unless renewed or ended first
+    fired: bool = False  # the deadline passed and the socket was shut down
+
+    def renew(self) -> None:
+        """A statement starts: it has the whole limit. NOTE: a plain write, no lock: the
+        watchdog reads it again before it fires."""
+        self.deadline = self.clock() + self.limit_s
+
+
+class Watchdog:
+    """Shuts down a watched socket ``limit_s`` after its watch began or was last renewed,
+    unless the watch ended first.
+
+    One watch at a time (a database's transactions hold its one connection in turn). The thread
+    starts with the first watch and sleeps until the deadline it last saw: a renewal or a new
+    watch (every deadline is later than the ones before it) costs no wake-up, only a check then.
+    """
+
+    def __init__(self, limit_s: float, clock: Callable[[], float] = time.monotonic) -> None:
+        self._limit_s = limit_s
+        self._clock = clock
+        self._cond = threading.Condition()
+        self._watch: Watch | None = None
+        self._thread: threading.Thread | None = None
+        self._idle = False  # the thread waits for a watch, with no deadline to wake it
+        self._stopped = False
+
+    @contextmanager
+    def watching(self, fd: int) -> Iterator[Watch]:
+        watch = Watch(fd, self._limit_s, self._clock)
+        watch.renew()
+        with self._cond:
+            if self._thread is None:
+                self._thread = threading.Thread(
+                    target=self._run, name="registry-db-watchdog", daemon=True
+                )
+                self._thread.start()
+            self._watch = watch
+            if self._idle:
+                self._cond.notify()
+        try:
+            yield watch
+        finally:
+            with self._cond:
+                self._watch = None
+
+    def stop(self) -> None:
+        with self._cond:
+            self._stopped = True
+            self._cond.notify()
+
+    def _run(self) -> None:
+        with self._cond:
+            while not self._stopped:
+                watch = self._watch
+                self._idle = watch is None
+                if watch is None:
+                    self._cond.wait()
+                    continue
+                remaining = watch.deadline - self._clock()
+                if remaining > 0:
+                    self._cond.wait(remaining)
+                    continue
+                watch.fired = True
+                self._watch = None
+                _shut_down(watch.fd)
+
+
+def _shut_down(fd: int) -> None:
+    """Shut the socket behind ``fd`` down for both directions (through a duplicate, so the
+    owner's descriptor is never closed under it): a thread waiting on it wakes at once."""
+    try:
+        duplicate = socket.socket(fileno=os.dup(fd))
+    except OSError:
+        return  # already closed: nothing waits on it
+    # OSError: already shut down, or not connected any more
+    with duplicate, contextlib.suppress(OSError):
+        duplicate.shutdown(socket.SHUT_RDWR)
