@@ -32,6 +32,8 @@ from loraplex.registry import (
     RevisionState,
 )
 from loraplex.registry.imports import staged_import
+from loraplex.registry.sql.audit import MAX_AUDIT_PAGE
+from loraplex.registry.sql.audit import MAX_SEQ as MAX_AUDIT_SEQ
 from loraplex.server.admin_models import (
     AliasBody,
     QuotasBody,
@@ -50,8 +52,6 @@ from loraplex.server.upload import receive_upload, staging_hidden
 
 router = APIRouter(prefix="/admin", dependencies=[Depends(require_admin)])
 ACTOR = ADMIN_ACTOR  # the audit log's actor for every change made here
-MAX_AUDIT_PAGE = 1000  # most audit entries one /admin/audit answer lists
-MAX_AUDIT_SEQ = (1 << 63) - 1  # the largest sequence number SQLite (and PostgreSQL) can hold
 
 
 # --- tenants and keys ----------------------------------------------------------------------------
