@@ -43,6 +43,7 @@ MAX_SEAT_LIMIT = 1 << 31  # largest seat or KV-block limit stored (fits every BI
 MAX_BYTES_LIMIT = (1 << 63) - 1  # largest byte quota stored (a signed 64-bit BIGINT)
 # longest probe prompt or expected continuation a revision keeps (as a release's extra probes)
 MAX_PROBE_TEXT_CHARS = 4096
+UNSET = "unset (null; the CLI's --unset)"  # how a refusal names a lifted quota
 
 
 @dataclass(frozen=True)
@@ -63,17 +64,18 @@ class TenantQuotas:
             value = getattr(self, name)
             if value is not None and not 0 <= value <= MAX_BYTES_LIMIT:
                 raise ValueError(
-                    f"{name} {value} is invalid; expected None or an int in [0, {MAX_BYTES_LIMIT}]"
+                    f"{name} {value} is invalid; expected {UNSET} or an int in "
+                    f"[0, {MAX_BYTES_LIMIT}]"
                 )
         if self.max_cold_loads is not None and not 1 <= self.max_cold_loads <= MAX_SEAT_LIMIT:
             raise ValueError(
-                f"max_cold_loads {self.max_cold_loads} is invalid; expected None or an int in "
+                f"max_cold_loads {self.max_cold_loads} is invalid; expected {UNSET} or an int in "
                 f"[1, {MAX_SEAT_LIMIT}]"
             )
         rate = self.max_requests_per_s
         if rate is not None and not (math.isfinite(rate) and rate > 0):  # unlimited is None
             raise ValueError(
-                f"max_requests_per_s {rate} is invalid; expected None or a finite number > 0"
+                f"max_requests_per_s {rate} is invalid; expected {UNSET} or a finite number > 0"
             )
         self._check_seats()
 
@@ -82,7 +84,8 @@ class TenantQuotas:
             value = getattr(self, name)
             if value is not None and not 1 <= value <= MAX_SEAT_LIMIT:
                 raise ValueError(
-                    f"{name} {value} is invalid; expected None or an int in [1, {MAX_SEAT_LIMIT}]"
+                    f"{name} {value} is invalid; expected {UNSET} or an int in "
+                    f"[1, {MAX_SEAT_LIMIT}]"
                 )
         reserved, most = self.reserved_running_seqs, self.max_running_seqs
         if reserved is None or not 0 <= reserved <= MAX_SEAT_LIMIT:  # null: the API's explicit

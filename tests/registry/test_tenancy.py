@@ -187,7 +187,8 @@ def test_seat_limits_change_persist_and_are_audited(open_reg: OpenRegistry) -> N
         ({"max_kv_blocks": -3}, "max_kv_blocks -3 is invalid"),
         (
             {"max_kv_blocks": 1 << 40},
-            r"max_kv_blocks 1099511627776 is invalid; expected None or an int in \[1, ",
+            r"max_kv_blocks 1099511627776 is invalid; expected unset \(null; the CLI's "
+            r"--unset\) or an int in \[1, ",
         ),
     ],
 )
