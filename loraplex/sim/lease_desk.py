@@ -5,10 +5,13 @@ virtual clock.
 ``SimLeaseDesk.advance`` runs them in the engine's order: rebalance (at most once per
 ``auto_warm_interval_s``), then, while a request is queued, expire, collect, request and
 prefetch; with nothing queued the last four have nothing to do, so only their one effect is
-kept: the prefetch window empties. A lease that waited for a load reaches its request after the
-cost model's hand-off for the tier it came from (``lease_handoff_s``; ``_hand_over``). The desk
-changes no request's state itself: the scheduler does, and a request it ends is retired by the
-replica (``retire``).
+kept: the prefetch window empties. Leases whose adapter was in host memory (L1: only the copy
+into a slot is left) are the engine's ``_await_copies``: the replica waits for them, all
+together, at most ``MAX_COPY_WAIT_S`` of virtual time before it plans, and those that came are
+settled for that step (``await_copies``). Any other lease that waited for a load reaches its
+request after the cost model's hand-off for the tier it came from (``lease_handoff_s``;
+``_hand_over``). The desk changes no request's state itself: the scheduler does, and a request
+it ends is retired by the replica (``retire``).
 """
 
 from __future__ import annotations
@@ -18,12 +21,14 @@ from concurrent.futures import Future
 from functools import partial
 
 from loraplex.artifacts.identity import AdapterKey
+from loraplex.engine.lease_desk import MAX_COPY_WAIT_S
 from loraplex.engine.request import Request
 from loraplex.engine.sched.admission import AdapterLoads
 from loraplex.engine.sched.scheduler import Scheduler
 from loraplex.errors import QueueTimeoutError
 from loraplex.residency.cache import Lease, SimExecutor, TieredAdapterCache
 from loraplex.residency.ledger import Tier
+from loraplex.residency.stats import Stage
 from loraplex.sim.outcome import Outcome
 
 # Ends a live request as ABORTED with this error (the replica's retire).
@@ -54,6 +59,7 @@ class SimLeaseDesk:
         self._wake = wake
         self._no_prefetches = AdapterLoads(lambda key: cache.is_resident(key, Tier.L0))
         self._pending: dict[str, Future[Lease]] = {}  # ADAPTER_WAIT requests' lease futures
+        self._copies: list[str] = []  # this step's pending leases of adapters in host memory
         # The cost model's lease hand-off per source tier ({}: none), and when each pending
         # request's completed lease reaches it (the engine collects it from then on).
         self._handoff = handoff_s
@@ -85,6 +91,26 @@ class SimLeaseDesk:
         if future is not None:
             future.add_done_callback(_release_if_granted)
 
+    def await_copies(self, then: Callable[[], None]) -> bool:
+        """``LeaseDesk._await_copies`` on the virtual clock: if this step asked for leases whose
+        adapter was in host memory, waits for them (``_CopyWait``), settles those that came in
+        time, so their requests run in this step (no hand-off), then calls ``then``; False, and
+        ``then`` is not called, when there is nothing to wait for."""
+        pending, copies, self._copies = self._pending, self._copies, []
+        waited = {r: pending[r] for r in copies if r in pending and not pending[r].done()}
+        if not waited:
+            return False
+        _CopyWait(self._executor, waited, partial(self._settle_copies, then=then))
+        return True
+
+    def _settle_copies(self, granted: list[str], *, then: Callable[[], None]) -> None:
+        for request_id in granted:
+            future = self._pending.pop(request_id, None)
+            if future is not None:  # else its request ended during the wait
+                self._handed_at.pop(request_id, None)
+                self._settle(self._scheduler.requests[request_id], future)
+        then()
+
     def _rebalance(self, now: float) -> None:
         """Automatic warm promotion/demotion, at most once per interval (LeaseDesk._rebalance)."""
         interval = self.rebalance_interval_s
@@ -103,17 +129,21 @@ class SimLeaseDesk:
 
     def _request(self) -> None:
         sched = self._scheduler
+        self._copies = []
         for req in sched.lease_candidates(self._adapter_loads()):
             key = req.request.adapter_key
             if key is None:
                 continue
             remaining = max(req.deadline_at_s - self._clock.now(), 1e-3)
+            in_memory = self._cache.is_resident(key, Tier.L1)  # before the lease: it may move
             future = self._cache.acquire_future(key, deadline_s=remaining)
             if future.done():
                 self._settle(req, future)
             else:
                 sched.wait_for_adapter(req)
                 self._pending[req.request_id] = future
+                if in_memory:
+                    self._copies.append(req.request_id)
                 if self._handoff:
                     future.add_done_callback(partial(self._hand_over, req.request_id))
                 else:
@@ -160,6 +190,49 @@ class SimLeaseDesk:
         if not in_flight:
             return self._no_prefetches
         return AdapterLoads(self._no_prefetches.in_gpu, in_flight)
+
+
+class _CopyWait:
+    """One step's wait for its copies from host memory, at most ``MAX_COPY_WAIT_S`` for all
+    together. The engine's copies take the slot lock one at a time, while the simulated loads
+    may overlap: each copy is charged after the ones before it (``_serial_end_s``), and it is
+    granted if that sequential end is within the bound. The wait ends when the last copy's
+    sequential end is reached, or at the bound; ``done`` then gets the granted request ids."""
+
+    def __init__(
+        self,
+        executor: SimExecutor,
+        copies: Mapping[str, Future[Lease]],
+        done: Callable[[list[str]], None],
+    ) -> None:
+        self._executor = executor
+        self._done = done
+        self._start_s = executor.clock.now()
+        self._serial_end_s = self._start_s  # when the copies that came would end, in sequence
+        self._granted: list[str] = []  # request ids, in the order their copies came
+        self._left = len(copies)  # copies yet to come; -1 once the wait ended
+        self._timer = executor.call_at(self._start_s + MAX_COPY_WAIT_S, self._end)
+        for request_id, future in copies.items():
+            future.add_done_callback(partial(self._came, request_id))
+
+    def _came(self, request_id: str, future: Future[Lease]) -> None:
+        if self._left <= 0:  # the wait ended: the lease is collected as any other
+            return
+        self._left -= 1
+        copy_s = 0.0  # a failure is settled at once, as the engine's wait settles it
+        if not future.cancelled() and future.exception() is None:
+            copy_s = future.result().load.seconds.get(Stage.COPY, 0.0)
+        self._serial_end_s = max(self._serial_end_s, self._executor.clock.now() - copy_s) + copy_s
+        bound_s = self._start_s + MAX_COPY_WAIT_S
+        if self._serial_end_s <= bound_s:
+            self._granted.append(request_id)
+        if not self._left:  # the last one: the wait ends when the copies would have
+            self._timer.cancel()
+            self._timer = self._executor.call_at(min(self._serial_end_s, bound_s), self._end)
+
+    def _end(self) -> None:
+        self._left = -1
+        self._done(self._granted)
 
 
 def _release_if_granted(future: Future[Lease]) -> None:

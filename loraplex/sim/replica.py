@@ -16,6 +16,7 @@ deadlines expire on time. A steady decode batch runs its identical steps as one 
 from __future__ import annotations
 
 from collections.abc import Mapping
+from functools import partial
 
 from loraplex.artifacts.identity import AdapterKey
 from loraplex.engine.kv.blocks import BlockManager
@@ -152,8 +153,14 @@ class SimReplica:
 
     def _plan(self) -> None:
         self._next_plan = None
-        self._planning = True
-        plan = self._decide(self._clock.now())
+        self._planning = True  # also while the desk waits for copies: a wake changes nothing
+        queued = self._leases.advance(self._clock.now())
+        if not self._leases.await_copies(partial(self._start_step, queued)):
+            self._start_step(queued)
+
+    def _start_step(self, queued: bool) -> None:
+        """The scheduler's plan (the lease desk's phases ran), priced and started."""
+        plan = self._decide(queued)
         self._planning = False
         now = self._clock.now()
         if not plan.chunks:
@@ -174,10 +181,10 @@ class SimReplica:
         if not (steady and self._start_run(plan, now, seconds)):
             self._executor.call_at(now + seconds, lambda: self._apply(plan))
 
-    def _decide(self, now: float) -> StepPlan:
-        """EngineCore.step's bookkeeping (``sim/lease_desk.py``), then the scheduler's plan;
-        a steady decode step (nothing queued) may start a decode run."""
-        queued = self._leases.advance(now)
+    def _decide(self, queued: bool) -> StepPlan:
+        """The scheduler's plan after EngineCore.step's bookkeeping (``sim/lease_desk.py``;
+        ``queued``: a request was queued then); a steady decode step (nothing queued) may start
+        a decode run."""
         self._steady = False
         if not queued:
             plan = self.scheduler.schedule_decodes()

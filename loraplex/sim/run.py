@@ -44,7 +44,7 @@ _MAX_TOKEN_ID = 2**31 - 1
 class SimAdapter:
     """A trace adapter as the simulated caches see it."""
 
-    key: AdapterKey  # a deterministic identity derived from (tenant, adapter)
+    key: AdapterKey  # a deterministic identity derived from (owner, adapter)
     rank: int  # for the step cost's rank mix
     footprint: Footprint  # bytes per tier
 
@@ -54,6 +54,17 @@ def adapter_key(tenant: str, adapter: str) -> AdapterKey:
     name, _, revision = adapter.partition("@")
     digest = hashlib.sha256(f"{tenant}/{adapter}".encode()).hexdigest()
     return AdapterKey(_BASE_DIGEST, tenant, name, revision or "r1", digest)
+
+
+def adapter_place(tenant: str, adapter: str) -> tuple[str, str]:
+    """(owner, ``name@revision``) of a trace adapter as the server keys its copy: the request
+    log names another tenant's public adapter ``owner/name@revision`` (``server/request_log``),
+    and its callers share the owner's one copy."""
+    name, at, revision = adapter.partition("@")
+    owner, slash, own_name = name.partition("/")
+    if slash and owner and own_name:
+        return owner, own_name + at + revision
+    return tenant, adapter
 
 
 def trace_adapters(
@@ -67,7 +78,7 @@ def trace_adapters(
             continue
         rank = record.rank or config.default_rank
         size = record.size_bytes or rank * config.bytes_per_rank
-        where = (record.tenant, record.adapter)
+        where = adapter_place(record.tenant, record.adapter)
         if rank > config.max_lora_rank:
             raise ValueError(
                 f"rank {rank} of adapter {record.tenant}/{record.adapter} is invalid; expected "
@@ -176,7 +187,8 @@ def _simulate(
         executor.run_until(record.t_s)
         outcome = Outcome(record.t_s, record.tenant)
         outcomes.add(outcome)
-        adapter = None if record.adapter is None else adapters[(record.tenant, record.adapter)]
+        named = record.adapter
+        adapter = None if named is None else adapters[adapter_place(record.tenant, named)]
         request = _engine_request(index, record, adapter)
         replica = replicas[0]
         if fleet is not None:
@@ -240,6 +252,8 @@ def _result(
         "hardware": cost_model.hardware,
         "cost_model_validated": cost_model.validated,
         "trace_requests": len(trace),
-        "trace_adapters": len({(r.tenant, r.adapter) for r in trace if r.adapter is not None}),
+        "trace_adapters": len(
+            {adapter_place(r.tenant, r.adapter) for r in trace if r.adapter is not None}
+        ),
     }
     return SimResult(described, metrics)

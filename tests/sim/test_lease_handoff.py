@@ -13,7 +13,7 @@ from sim_inputs import calibration_measured, cost
 
 from loraplex.bench.sim.calibrate_cold import lease_handoffs
 from loraplex.sim.config import SimConfig
-from loraplex.sim.cost_model import from_dict, load
+from loraplex.sim.cost_model import Link, from_dict, load
 from loraplex.sim.run import simulate
 from loraplex.sim.trace import TraceRecord
 
@@ -41,21 +41,33 @@ def test_bad_hand_offs_are_refused_by_name(value: object, message: str) -> None:
         from_dict(body)
 
 
-def _ttfts(trace: list[TraceRecord], handoff: dict[str, float], **config: object) -> dict:
+def _ttfts(
+    trace: list[TraceRecord],
+    handoff: dict[str, float],
+    links: dict[str, Link] | None = None,
+    **config: object,
+) -> dict:
     model = replace(cost(), lease_handoff_s=handoff)
+    if links is not None:
+        model = replace(model, links=links)
     return simulate(trace, SimConfig(**config), model).metrics  # type: ignore[arg-type]
 
 
 def test_a_waiting_request_pays_its_tiers_hand_off_and_nothing_else_moves() -> None:
     """a (cold), b (cold, takes a's only slot), a again (from CPU memory): an L1 hand-off of
-    0.5 s delays the third request's first token by 0.5 s and changes no hit ratio."""
+    0.5 s delays the third request's first token by 0.5 s and changes no hit ratio, when its copy
+    (here 50 ms) does not fit the step's copy wait (``MAX_COPY_WAIT_S``); one that fits is
+    settled in the step that waited for it, with no hand-off."""
     trace = [TraceRecord(t, "t", name, 16, 4) for t, name in ((0.0, "a"), (1.0, "b"), (2.0, "a"))]
-    plain = _ttfts(trace, {}, max_loras=1)
-    slow = _ttfts(trace, {"L1": 0.5}, max_loras=1)
+    links = {**cost().links, "L1_to_L0": Link(0.050, 1e15)}
+    plain = _ttfts(trace, {}, links, max_loras=1)
+    slow = _ttfts(trace, {"L1": 0.5}, links, max_loras=1)
     assert slow["hit_ratio"] == plain["hit_ratio"] and plain["hit_ratio"]["L1"] > 0
     assert slow["ttft_ms"]["p99"] == pytest.approx(plain["ttft_ms"]["p99"] + 500, abs=25)
     assert slow["ttft_ms"]["p50"] == plain["ttft_ms"]["p50"]  # the two cold loads from L3
-    assert _ttfts(trace, {"L2": 0.5}, max_loras=1) == plain  # no load came from L2
+    assert _ttfts(trace, {"L2": 0.5}, links, max_loras=1) == plain  # no load came from L2
+    fits = _ttfts(trace, {}, max_loras=1)
+    assert _ttfts(trace, {"L1": 0.5}, max_loras=1) == fits
 
 
 def test_the_copy_is_resident_when_its_load_completes() -> None:
