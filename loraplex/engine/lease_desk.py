@@ -47,9 +47,10 @@ _log = logging.getLogger(__name__)
 # How long a step waits for the leases of adapters copied from host memory (L1) into a slot
 # before it plans without them. Such a copy took 1.1-2.5 ms in the large preset's r16 trace
 # (rank 16 on q/k/v/o, 16 layers: 6.8 MB) on a shared 2-core machine, where the step it would
-# otherwise sit out took 0.1-2.5 s (docs/benchmarks/peer.md, "Large-preset trace tail"). A copy
-# that cannot start (no room in the tier: the request waits for a release) costs the step
-# this bound once, when its request asks for the lease.
+# otherwise sit out took 0.1-2.5 s (docs/benchmarks/peer.md, "Large-preset trace tail"). Only a
+# copy under way is waited for (``is_moving``): one queued behind the load bounds or blocked for
+# room may take any time, and waiting for it cost a load-bound trace a 20 ms stall per step
+# (the simulator's cold-scarce case lost a third of its completions before that check).
 MAX_COPY_WAIT_S = 0.02
 
 
@@ -143,7 +144,7 @@ class LeaseDesk:
                 req.trace_log.defer(self.clock.now())
             live.lease_future = future
             future.add_done_callback(self._on_done(req.trace_log))
-            if in_memory:
+            if in_memory and cache.is_moving(key):  # queued or blocked for room: no wait
                 copies.append(live)
         self._await_copies(copies)
 

@@ -142,7 +142,7 @@ class SimLeaseDesk:
             else:
                 sched.wait_for_adapter(req)
                 self._pending[req.request_id] = future
-                if in_memory:
+                if in_memory and self._cache.is_moving(key):  # as the engine's _request
                     self._copies.append(req.request_id)
                 if self._handoff:
                     future.add_done_callback(partial(self._hand_over, req.request_id))

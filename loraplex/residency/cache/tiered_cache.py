@@ -223,6 +223,13 @@ class TieredAdapterCache:
         with self._lock:
             return self._state.ready_entry(key, tier) is not None
 
+    def is_moving(self, key: AdapterKey) -> bool:
+        """Whether a load of ``key`` is under way now: started (past the concurrency bounds'
+        queue) and not blocked waiting for room. A queued or blocked load may take any time."""
+        with self._lock:
+            job = self._jobs.get(key)
+            return job is not None and job.started and not self._jobs.is_blocked(job)
+
     def residency(self, tier: Tier) -> list[AdapterKey]:
         """The keys with a ready copy in ``tier`` (cheaper than a snapshot)."""
         with self._lock:
