@@ -138,7 +138,7 @@ class ArenaStore:
         for module in target_modules:
             width = sum(spec.module_shape(module))
             shape = (spec.num_layers, capacity_rows, width)
-            self.stacks[module] = zeroed(shape, dtype=dtype, device=device, huge_pages=True)
+            self.stacks[module] = zeroed(shape, dtype=dtype, device=device)
         self.tables: dict[tuple[int, str], int] = {}
         self.table_shapes: list[tuple[int, int]] = []  # per table: (d_in, d_out)
         self.table_module: list[str] = []  # per table: its target module

@@ -4,8 +4,8 @@ process (issue 27 item 2; execution.md, "The adapters' bandwidth").
 ``bench execution``'s setup as ``paired.py`` (random base of the preset, paged KV cache, 64
 cached positions, 16 distinct rank-16 adapters on q/k/v/o), float32, one thread, ``auto``. Two
 pools of the same adapters on the same model: ``r16_small``, its arenas in ordinary pages (the
-allocation before this change: a shared mapping, 4 KiB pages), and ``r16_huge``, as the pool
-allocates them now (a private mapping advised ``MADV_HUGEPAGE``). Three steps of 16 decode
+pool's allocation: a shared mapping, 4 KiB pages), and ``r16_huge``, its arenas in a private
+mapping advised ``MADV_HUGEPAGE`` (``buffers.zeroed(huge_pages=True)``). Three steps of 16 decode
 sequences: ``base``, ``r16_small``, ``r16_huge``; rounds rotate the order (ABC, CBA), each side
 ``calls`` steps a round after a warm-up; per round thread CPU time. Reports medians per step
 and per round base / r16 for both pools (``mixed_r16_over_base``'s form) and r16_huge /
@@ -48,11 +48,9 @@ def huge_pages_kib() -> int:
     return -1
 
 
-def small_pages(
-    shape: tuple[int, ...], *, dtype: torch.dtype, device: torch.device, huge_pages: bool = False
-) -> torch.Tensor:
-    """``buffers.zeroed`` as before this change, whatever the caller asks."""
-    return buffers.zeroed(shape, dtype=dtype, device=device, huge_pages=False)
+def huge_pages(shape: tuple[int, ...], *, dtype: torch.dtype, device: torch.device) -> torch.Tensor:
+    """``buffers.zeroed`` on huge pages (the pool allocates its arenas with ordinary pages)."""
+    return buffers.zeroed(shape, dtype=dtype, device=device, huge_pages=True)
 
 
 def main() -> None:
@@ -60,9 +58,9 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as tmp:
         runner, weights = r16_setup(Path(tmp), args.preset)
         before = huge_pages_kib()
-        with mock.patch.object(lora_arena, "zeroed", small_pages):
-            pool_small = runner.pool(weights, "auto", MAX_RANK)
-        pool_huge = runner.pool(weights, "auto", MAX_RANK)
+        pool_small = runner.pool(weights, "auto", MAX_RANK)
+        with mock.patch.object(lora_arena, "zeroed", huge_pages):
+            pool_huge = runner.pool(weights, "auto", MAX_RANK)
         flags = {
             name: sorted(vm_flags(pool._store.stacks["q_proj"]))
             for name, pool in (("small", pool_small), ("huge", pool_huge))

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import gc
-import sys
 import weakref
 from collections.abc import Callable
 from pathlib import Path
@@ -11,7 +10,6 @@ from typing import Any
 
 import pytest
 import torch
-from tiny_models import vm_flags
 
 from loraplex.artifacts.base_model import TARGET_MODULES, BaseModelSpec
 from loraplex.artifacts.validate import validate_adapter_dir
@@ -378,15 +376,6 @@ def test_a_resident_slot_does_not_keep_its_l1_copy_alive() -> None:
     pool.load(1, packed(weights_of(8, 13)))  # an equal copy, a new object: checked again
     assert torch.equal(delta(pool, 1), want)
     pool.check_integrity()
-
-
-@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads /proc")
-def test_cpu_arenas_are_advised_onto_huge_pages() -> None:
-    """Every step reads the active adapters' rows from memory; on 2 MiB pages that sweep was
-    0.87-0.90 of its time (docs/benchmarks/execution.md, "The adapters' bandwidth")."""
-    store = ArenaStore(SPEC, ("q_proj", "down_proj"), 24, 4, dtype=torch.float32, device=CPU)
-    for stack in store.stacks.values():
-        assert "hg" in vm_flags(stack)
 
 
 @pytest.mark.parametrize(("source", "target", "num_rows"), [(5, 4, 11), (12, 0, 4), (9, 2, 7)])
