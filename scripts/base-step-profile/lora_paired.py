@@ -35,6 +35,7 @@ import torch
 
 from loraplex.bench.execution.runners import LoraplexRunner, StepShape
 from loraplex.bench.execution.setup import MAX_RANK, UNIFORM_MIX, Workspace
+from loraplex.model.adapter_weights import AdapterWeights
 from loraplex.model.lora import LoraSlotPool
 
 sys.path.insert(0, str(Path(__file__).parent))
@@ -50,6 +51,27 @@ def rebuilt(pool: LoraSlotPool, step: Callable[[], object]) -> Callable[[], obje
         return step()
 
     return run
+
+
+def r16_setup(tmp: Path, preset: str) -> tuple[LoraplexRunner, list[AdapterWeights]]:
+    """``bench execution``'s float32 model of ``preset`` (in ``tmp``) and its 16 rank-16
+    adapters' L1 copies."""
+    space = Workspace.create(tmp, preset, ADAPTERS, 0, (UNIFORM_MIX,))
+    runner = LoraplexRunner(space.model_dir, torch.float32, 32, CONTEXT + 64)
+    return runner, [runner.weights(d, MAX_RANK) for d in space.adapters[UNIFORM_MIX]]
+
+
+def rotated(
+    steps: dict[str, Callable[[], object]], sides: tuple[str, ...], rounds: int, calls: int
+) -> dict[str, list[float]]:
+    """Per side, thread ms per step in each round; rounds rotate the order (ABC, CBA), each
+    side warmed up by one step after the other sides ran."""
+    cpu: dict[str, list[float]] = {name: [] for name in sides}
+    for i in range(rounds):
+        for name in sides if i % 2 == 0 else reversed(sides):
+            steps[name]()
+            cpu[name].append(timed(steps[name], calls)[0])
+    return cpu
 
 
 def ratio_summary(num: list[float], den: list[float]) -> dict[str, float]:
@@ -110,9 +132,7 @@ def breakdown(pool: LoraSlotPool, step: Callable[[], object], steps: int) -> dic
 def main() -> None:
     args, heap_kept, load_start = start(8)
     with tempfile.TemporaryDirectory() as tmp:
-        space = Workspace.create(Path(tmp), args.preset, ADAPTERS, 0, (UNIFORM_MIX,))
-        runner = LoraplexRunner(space.model_dir, torch.float32, 32, CONTEXT + 64)
-        weights = [runner.weights(d, MAX_RANK) for d in space.adapters[UNIFORM_MIX]]
+        runner, weights = r16_setup(Path(tmp), args.preset)
         pool = runner.pool(weights, "auto", MAX_RANK)
         shape = StepShape(16, 1, CONTEXT)
         r16 = runner.step(shape, [i % ADAPTERS for i in range(16)], pool)
@@ -120,11 +140,7 @@ def main() -> None:
         steps["r16"] = r16
         logits = {name: torch.as_tensor(step()) for name, step in steps.items()}
         same = bool(torch.equal(logits["r16"], logits["r16_rebuilt"]))
-        cpu: dict[str, list[float]] = {name: [] for name in SIDES}
-        for i in range(args.rounds):
-            for name in SIDES if i % 2 == 0 else reversed(SIDES):
-                steps[name]()  # warm-up after the other side ran
-                cpu[name].append(timed(steps[name], args.calls)[0])
+        cpu = rotated(steps, SIDES, args.rounds, args.calls)
         parts = {name: breakdown(pool, steps[name], 6) for name in SIDES[1:]}
     result = {
         "name": "lora-overhead-paired",

@@ -11,6 +11,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from tiny_models import vm_flags
 
 from loraplex.model import buffers
 from loraplex.model.buffers import serial_copy, serial_pieces, serial_zero, zeroed
@@ -51,6 +52,20 @@ def test_zeroed_pages_become_resident_only_when_written() -> None:
     grown = _rss_bytes() - before
     assert size // 4 <= grown < 3 * size // 4
     assert float(buffer[size // 8 :].abs().sum()) == 0.0  # reading the rest keeps it zero
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads /proc")
+def test_zeroed_on_huge_pages_is_a_private_mapping_advised_hugepage() -> None:
+    size = 8 << 20
+    huge = zeroed((size // 4,), dtype=torch.float32, device=CPU, huge_pages=True)
+    plain = zeroed((size // 4,), dtype=torch.float32, device=CPU)
+    assert "hg" in vm_flags(huge) and "sh" not in vm_flags(huge)  # MADV_HUGEPAGE, private
+    assert "hg" not in vm_flags(plain)
+    assert float(huge.abs().sum()) == 0.0
+    huge[: size // 8].fill_(2.0)
+    assert float(huge.sum()) == 2.0 * (size // 8) and float(plain.sum()) == 0.0
+    meta = zeroed((2, 2), dtype=torch.float32, device=torch.device("meta"), huge_pages=True)
+    assert meta.device.type == "meta"
 
 
 @pytest.mark.parametrize(

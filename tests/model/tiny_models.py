@@ -84,3 +84,16 @@ def save_word_tokenizer(model_dir: Path, vocab_size: int = 97) -> None:
 
 def words(token_ids: list[int]) -> str:
     return " ".join(f"w{t}" for t in token_ids)
+
+
+def vm_flags(tensor: torch.Tensor) -> set[str]:
+    """The VmFlags of the mapping holding ``tensor``'s first byte (``/proc/self/smaps``)."""
+    address, inside = tensor.data_ptr(), False
+    for line in Path("/proc/self/smaps").read_text().splitlines():
+        head = line.split()[0]
+        if "-" in head and not head.endswith(":"):
+            lo, hi = (int(part, 16) for part in head.split("-"))
+            inside = lo <= address < hi
+        elif inside and line.startswith("VmFlags:"):
+            return set(line.split()[1:])
+    raise AssertionError(f"no mapping holds {address:#x}")
