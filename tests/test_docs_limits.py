@@ -9,6 +9,7 @@ from pathlib import Path
 import pytest
 
 from loraplex.engine.transport.restart import RestartPolicy
+from loraplex.registry.sql.paging import DEFAULT_PAGE, MAX_CURSOR_CHARS, MAX_PAGE
 from loraplex.server.batch_limit import MAX_BATCH_PROMPTS
 from loraplex.server.choices import DEFAULT_MAX_CHOICES
 from loraplex.server.history import HistoryConfig
@@ -49,6 +50,8 @@ SENTENCES = [
     f"`top` 0-{MAX_RESIDENCY_PAGE}, default {MAX_RESIDENCY_PAGE}, above {MAX_RESIDENCY_PAGE} a "
     "400 naming `top`",
     f"each at most {MAX_TEXT_PART_BYTES >> 10} KiB",
+    f"`limit` 1-{MAX_PAGE}, default {DEFAULT_PAGE}, `after` 1-{MAX_CURSOR_CHARS} characters",
+    f"gets the first {DEFAULT_PAGE}",
     f"a backoff: {RESTART.initial_backoff_s:g} s for the first restart, doubling per further "
     f"attempt (a crash soon after coming back, or a failed start) up to {RESTART.max_backoff_s:g} "
     f"s, back to {RESTART.initial_backoff_s:g} s once an engine has stayed up for "

@@ -7,7 +7,7 @@ check can cite exactly what it saw. A transport failure is a ``PreflightError``.
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any
@@ -18,6 +18,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from loraplex.errors import LoraplexError
 
 MAX_LISTED = 1000  # most adapters / tenants one preflight reads (a bound on its own work)
+ADMIN_PAGE = 1000  # rows the admin API's paged listings return at most per call
 
 
 class PreflightError(LoraplexError):
@@ -113,6 +114,21 @@ class Deployment:
 
     def admin(self, method: str, path: str, body: Any = None, params: Any = None) -> Answer:
         return self.call(method, path, self._admin_key, body, params)
+
+    def admin_listing(self, path: str, cursor: Callable[[Any], str], most: int) -> list[Any]:
+        """At most ``most`` rows of a paged admin listing (``after``/``limit``), page by page;
+        ``cursor`` gives a row's ``after``. A server that answers more rows than asked for does
+        not page: its one answer is the whole listing."""
+        rows: list[Any] = []
+        params: dict[str, Any] = {}
+        while len(rows) < most:
+            params["limit"] = min(ADMIN_PAGE, most - len(rows))
+            page = list(self.admin_json(path, params))
+            rows += page
+            if len(page) != params["limit"]:
+                break
+            params = {"after": cursor(page[-1])}
+        return rows[:most]
 
     def admin_json(self, path: str, params: Any = None) -> Any:
         """The body of an admin GET that must succeed (the checks cannot start without it)."""

@@ -84,12 +84,16 @@ class Observation:
 
 def read_registry(deployment: Deployment) -> RegistryView:
     tenants = deployment.admin_json("/admin/tenants")[:MAX_LISTED]
-    listed = deployment.admin_json("/admin/adapters")
+    listed = deployment.admin_listing("/admin/adapters", _adapter_ref, MAX_LISTED + 1)
     adapters = [
         deployment.admin_json(f"/admin/adapters/{a['tenant']}/{a['name']}")
         for a in listed[:MAX_LISTED]
     ]
     return RegistryView(tenants, adapters, len(listed) > MAX_LISTED)
+
+
+def _adapter_ref(adapter: dict[str, Any]) -> str:
+    return f"{adapter['tenant']}/{adapter['name']}"
 
 
 def refusal_probes(deployment: Deployment, tenant: str, key: str | None) -> tuple[Answer, ...]:

@@ -43,6 +43,7 @@ from loraplex.registry.service_base import split_ref
 from loraplex.registry.sql import adapters as adapter_rows
 from loraplex.registry.sql import audit
 from loraplex.registry.sql import tenants as tenant_rows
+from loraplex.registry.sql.paging import Page
 from loraplex.registry.trust_admin import TrustAdmin
 
 
@@ -91,9 +92,9 @@ class Registry(TrustAdmin):
     def revoke_key(self, key_id: str, actor: str) -> ApiKeyInfo:
         return tenancy.revoke_key(self._db, key_id, actor, self._wall_clock())
 
-    def list_keys(self, tenant: str | None = None) -> list[ApiKeyInfo]:
+    def list_keys(self, tenant: str | None = None, page: Page | None = None) -> list[ApiKeyInfo]:
         with self._db.transaction(write=False) as tx:
-            return tenant_rows.list_keys(tx, tenant)
+            return tenant_rows.list_keys(tx, tenant, page)
 
     def authenticate(self, token: str) -> Tenant:
         """The tenant of a bearer token; ``AuthenticationError`` if unknown or revoked."""
@@ -166,10 +167,11 @@ class Registry(TrustAdmin):
         with self._db.transaction(write=False) as tx:
             return releases.require_adapter(tx, tenant, name)
 
-    def list_adapters(self, owner: str | None = None) -> list[Adapter]:
-        """Every adapter (or every adapter of ``owner``), for administrators."""
+    def list_adapters(self, owner: str | None = None, page: Page | None = None) -> list[Adapter]:
+        """Every adapter (or every adapter of ``owner``), or one ``page`` of them, for
+        administrators."""
         with self._db.transaction(write=False) as tx:
-            return adapter_rows.list_adapters(tx, owner)
+            return adapter_rows.list_adapters(tx, owner, page)
 
     def list_revisions(self, tenant: str, name: str) -> list[Revision]:
         with self._db.transaction(write=False) as tx:

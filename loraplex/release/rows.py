@@ -6,7 +6,9 @@ import json
 from dataclasses import asdict
 from typing import Any
 
+from loraplex.registry.sql import paging
 from loraplex.registry.sql.db import Row, Tx
+from loraplex.registry.sql.paging import Page, unknown_cursor
 from loraplex.release.model import (
     TERMINAL_STATES,
     Comparison,
@@ -130,15 +132,25 @@ def latest_promoted(tx: Tx, tenant: str, name: str) -> Release | None:
     return None if row is None else release_from_row(row)
 
 
-def listed(tx: Tx, *, include_terminal: bool, tenant: str | None) -> list[Release]:
+def listed(
+    tx: Tx, *, include_terminal: bool, tenant: str | None, page: Page | None = None
+) -> list[Release]:
+    """Oldest first; with ``page``, at most ``page.limit`` of them after the release
+    ``page.after`` (which must exist: a typo is a 400, not an empty page)."""
     where = [] if include_terminal else ["active = 1"]
     params: list[object] = []
     if tenant is not None:
         where.append("tenant = ?")
         params.append(tenant)
-    clause = f"WHERE {' AND '.join(where)} " if where else ""
-    rows = tx.query(
-        f"SELECT {COLUMNS} FROM releases {clause}ORDER BY created_at, release_id", params
+    if page is not None and page.after is not None:
+        cursor = tx.query_one("SELECT created_at FROM releases WHERE release_id = ?", (page.after,))
+        if cursor is None:
+            raise unknown_cursor(page.after, "release")
+        where.append("(created_at > ? OR (created_at = ? AND release_id > ?))")
+        params += [cursor[0], cursor[0], page.after]
+    order_by = "created_at, release_id"
+    rows = paging.select(
+        tx, f"{COLUMNS} FROM releases", where=where, params=params, order_by=order_by, page=page
     )
     return [release_from_row(row) for row in rows]
 

@@ -22,6 +22,7 @@ from loraplex.registry.resolution import servable_targets
 from loraplex.registry.sql import adapters as adapter_rows
 from loraplex.registry.sql import audit
 from loraplex.registry.sql.db import Tx
+from loraplex.registry.sql.paging import Page
 from loraplex.release import machine, rows
 from loraplex.release.errors import (
     InvalidTransitionError,
@@ -105,10 +106,11 @@ class ReleaseStore:
         return found
 
     def list_releases(
-        self, *, include_terminal: bool = False, tenant: str | None = None
+        self, *, include_terminal: bool = False, tenant: str | None = None, page: Page | None = None
     ) -> list[Release]:
+        """Oldest first: every one, or with ``page`` one bounded page (the admin API's)."""
         with self._db.transaction(write=False) as tx:
-            return rows.listed(tx, include_terminal=include_terminal, tenant=tenant)
+            return rows.listed(tx, include_terminal=include_terminal, tenant=tenant, page=page)
 
     def needing_work(self) -> list[Release]:
         with self._db.transaction(write=False) as tx:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import itertools
 from typing import Annotated, Any
 
+from fastapi import Depends, Query
 from pydantic import (
     ConfigDict,
     Field,
@@ -24,6 +25,7 @@ from loraplex.registry import (
     Visibility,
     WarmPolicy,
 )
+from loraplex.registry.sql.paging import DEFAULT_PAGE, MAX_CURSOR_CHARS, MAX_PAGE, Page
 from loraplex.release.model import ProbeCase, ReleasePlan, Thresholds
 from loraplex.residency.ledger import Tier
 from loraplex.server.protocol.fields import FirstUnknownKeyBody
@@ -198,3 +200,15 @@ class StartReleaseBody(_Body):
                 fields[name] = getattr(self, name)
         probes = tuple(ProbeCase(**probe.model_dump()) for probe in self.probes)
         return ReleasePlan(**fields, thresholds=self.thresholds.thresholds(), probes=probes)
+
+
+def admin_page(
+    after: Annotated[str | None, Query(min_length=1, max_length=MAX_CURSOR_CHARS)] = None,
+    limit: Annotated[int, Query(ge=1, le=MAX_PAGE)] = DEFAULT_PAGE,
+) -> Page:
+    """The ``after`` / ``limit`` query parameters of a paged admin listing (``sql/paging.py``):
+    at most ``limit`` rows after the row ``after`` names (the last one seen)."""
+    return Page(after, limit)
+
+
+PageDep = Annotated[Page, Depends(admin_page)]

@@ -36,6 +36,7 @@ from loraplex.registry.sql.audit import MAX_AUDIT_PAGE
 from loraplex.registry.sql.audit import MAX_SEQ as MAX_AUDIT_SEQ
 from loraplex.server.admin_models import (
     AliasBody,
+    PageDep,
     QuotasBody,
     RegisterBody,
     ReleaseBody,
@@ -92,8 +93,9 @@ def create_key(tenant: str, deps: DepsDep) -> Any:
 
 
 @router.get("/keys")
-def list_keys(deps: DepsDep, tenant: str | None = None) -> list[Any]:
-    return [asdict(k) for k in deps.registry.list_keys(tenant)]
+def list_keys(deps: DepsDep, page: PageDep, tenant: str | None = None) -> list[Any]:
+    """By tenant, then age; the next page is ``after`` = the last ``key_id``."""
+    return [asdict(k) for k in deps.registry.list_keys(tenant, page)]
 
 
 @router.delete("/keys/{key_id}")
@@ -105,8 +107,9 @@ def revoke_key(key_id: str, deps: DepsDep) -> Any:
 
 
 @router.get("/adapters")
-def list_adapters(deps: DepsDep, tenant: str | None = None) -> list[Any]:
-    return [asdict(a) for a in deps.registry.list_adapters(tenant)]
+def list_adapters(deps: DepsDep, page: PageDep, tenant: str | None = None) -> list[Any]:
+    """By tenant, then name; the next page is ``after`` = the last ``tenant/name``."""
+    return [asdict(a) for a in deps.registry.list_adapters(tenant, page)]
 
 
 @router.get("/adapters/{tenant}/{name}")

@@ -20,7 +20,7 @@ from fastapi import APIRouter, Depends
 
 from loraplex.release.model import Comparison, Release, RevisionWindow
 from loraplex.release.store import ReleaseStore
-from loraplex.server.admin_models import StartReleaseBody
+from loraplex.server.admin_models import PageDep, StartReleaseBody
 from loraplex.server.auth import ADMIN_ACTOR, DepsDep, require_admin
 from loraplex.server.deps import ServerDeps
 
@@ -98,9 +98,13 @@ def start_release(body: StartReleaseBody, deps: DepsDep) -> Any:
 
 
 @router.get("")
-def list_releases(deps: DepsDep, tenant: str | None = None, finished: bool = False) -> Any:
-    """Releases in flight (``finished=true``: finished ones too), oldest first."""
-    releases = _store(deps).list_releases(include_terminal=finished, tenant=tenant)
+def list_releases(
+    deps: DepsDep, page: PageDep, tenant: str | None = None, finished: bool = False
+) -> Any:
+    """Releases in flight (``finished=true``: finished ones too), oldest first, one page; the
+    next page is ``after`` = the last ``release_id``. NOTE: unpaged, ``finished=true`` read
+    every release ever made into one answer."""
+    releases = _store(deps).list_releases(include_terminal=finished, tenant=tenant, page=page)
     return [release_view(release) for release in releases]
 
 

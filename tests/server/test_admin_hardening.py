@@ -7,6 +7,7 @@ import os
 from collections.abc import Iterator
 from dataclasses import replace
 from pathlib import Path
+from typing import Any
 
 import pytest
 from conftest import ADMIN_KEY, Rig, Served, make_app_deps
@@ -178,3 +179,42 @@ def test_the_audit_log_reads_in_pages(rig: Rig) -> None:
     after = {"after_seq": first[-1]["seq"], "limit": 1000}
     rest = rig.client.get("/admin/audit", params=after, headers=rig.admin).json()
     assert rest and rest[0]["seq"] > first[-1]["seq"]
+
+
+@pytest.mark.parametrize("route", ["/admin/adapters", "/admin/keys"])
+@pytest.mark.parametrize(
+    ("params", "param"),
+    [
+        ({"limit": -1}, "limit"),
+        ({"limit": 0}, "limit"),
+        ({"limit": 1001}, "limit"),
+        ({"after": ""}, "after"),
+        ({"after": "a" * 257}, "after"),
+        ({"after": "nope"}, "after"),  # no tenant/name; for keys, no such key
+    ],
+)
+def test_admin_listings_are_bounded(
+    rig: Rig, route: str, params: dict[str, Any], param: str
+) -> None:
+    reply = rig.client.get(route, params=params, headers=rig.admin)
+    assert reply.status_code == 400, reply.text
+    assert reply.json()["error"]["param"] == param
+
+
+@pytest.mark.parametrize(
+    ("route", "cursor"),
+    [
+        ("/admin/adapters", lambda row: f"{row['tenant']}/{row['name']}"),
+        ("/admin/keys", lambda row: row["key_id"]),
+    ],
+)
+def test_admin_listings_read_in_pages(rig: Rig, route: str, cursor: Any) -> None:
+    everything = rig.client.get(route, headers=rig.admin).json()
+    assert len(everything) >= 2
+    paged: list[Any] = []
+    params: dict[str, Any] = {"limit": 1}
+    while page := rig.client.get(route, params=params, headers=rig.admin).json():
+        assert len(page) == 1
+        paged += page
+        params = {"limit": 1, "after": cursor(page[-1])}
+    assert paged == everything

@@ -204,3 +204,34 @@ def test_failing_probe_rolls_back_before_any_canary_traffic(plant: Plant) -> Non
             "acme", "support", f"req-{user}", sticky_key=f"user:u{user}"
         )
         assert revision.revision == "r1"
+
+
+def test_finished_releases_read_in_bounded_pages(plant: Plant) -> None:
+    for _ in range(3):
+        assert _start(plant).status_code == 201
+        aborted = plant.client.post("/admin/releases/acme/support/abort", headers=ADMIN)
+        assert aborted.status_code == 200, aborted.text
+    assert _start(plant).status_code == 201  # one in flight
+
+    def listing(**params: Any) -> Any:
+        return plant.client.get("/admin/releases", params=params, headers=ADMIN)
+
+    everything = [r["release_id"] for r in listing(finished="true").json()]
+    assert len(everything) == 4
+    first = listing(finished="true", limit=3).json()
+    assert [r["release_id"] for r in first] == everything[:3]
+    rest = listing(finished="true", limit=3, after=first[-1]["release_id"]).json()
+    assert [r["release_id"] for r in rest] == everything[3:]
+    assert listing(finished="true", after=everything[-1]).json() == []
+    assert len(listing().json()) == 1  # no paging parameters: the in-flight one, as before
+    for params, param in (
+        ({"limit": 0}, "limit"),
+        ({"limit": -1}, "limit"),
+        ({"limit": 1001}, "limit"),
+        ({"after": ""}, "after"),
+        ({"after": "r" * 257}, "after"),
+        ({"after": "rel-nope"}, "after"),  # names no release: not an empty page
+    ):
+        reply = listing(finished="true", **params)
+        assert reply.status_code == 400, (params, reply.text)
+        assert reply.json()["error"]["param"] == param

@@ -20,6 +20,7 @@ from typing import Any
 import httpx
 
 from loraplex.bench.workloads import ALL_TARGETS, ATTENTION_TARGETS, TraceAdapter
+from loraplex.registry.sql.paging import MAX_PAGE
 
 SELF_TENANT = "calibration"
 REMOTE_VOCAB = 256  # prompt token ids stay below this on a server of unknown vocabulary
@@ -71,9 +72,7 @@ def _admin(url: str, admin_key: str) -> httpx.Client:
 def _single_revision_adapters(client: httpx.Client, limit: int) -> list[ServedAdapter]:
     """Adapters whose alias names one revision, with that revision's rank (at most ``limit``)."""
     found: list[ServedAdapter] = []
-    listing = client.get("/admin/adapters")
-    listing.raise_for_status()
-    for adapter in listing.json():
+    for adapter in _listed_adapters(client):
         if len(found) >= limit:
             break
         tenant, name = str(adapter["tenant"]), str(adapter["name"])
@@ -89,6 +88,19 @@ def _single_revision_adapters(client: httpx.Client, limit: int) -> list[ServedAd
         if ranks:
             found.append(ServedAdapter(tenant, name, revision, int(ranks[0])))
     return found
+
+
+def _listed_adapters(client: httpx.Client) -> Iterator[dict[str, Any]]:
+    """Every adapter of ``GET /admin/adapters``, one page at a time (read as they are used)."""
+    params: dict[str, Any] = {"limit": MAX_PAGE}
+    while True:
+        listing = client.get("/admin/adapters", params=params)
+        listing.raise_for_status()
+        page: list[dict[str, Any]] = listing.json()
+        yield from page
+        if len(page) != MAX_PAGE:  # the last page (or a server that does not page)
+            return
+        params = {"limit": MAX_PAGE, "after": f"{page[-1]['tenant']}/{page[-1]['name']}"}
 
 
 @contextmanager

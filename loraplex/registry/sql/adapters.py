@@ -14,7 +14,9 @@ from loraplex.registry.models import (
     RevisionState,
     Visibility,
 )
+from loraplex.registry.sql import paging
 from loraplex.registry.sql.db import Row, Tx
+from loraplex.registry.sql.paging import Page, unknown_cursor
 
 _ADAPTER_COLUMNS = "tenant, name, visibility, created_at"
 REVISION_COLUMNS = (
@@ -58,13 +60,24 @@ def get_usable_adapter(tx: Tx, caller: str, owner: str, name: str) -> Adapter | 
     return None if row is None else _adapter(row)
 
 
-def list_adapters(tx: Tx, owner: str | None) -> list[Adapter]:
-    if owner is None:
-        rows = tx.query(f"SELECT {_ADAPTER_COLUMNS} FROM adapters ORDER BY tenant, name")
-    else:
-        rows = tx.query(
-            f"SELECT {_ADAPTER_COLUMNS} FROM adapters WHERE tenant = ? ORDER BY name", (owner,)
-        )
+def list_adapters(tx: Tx, owner: str | None, page: Page | None = None) -> list[Adapter]:
+    """By (tenant, name); with ``page``, at most ``page.limit`` after the adapter
+    ``page.after`` (``tenant/name``; it need not exist: the order is the key's)."""
+    where, params = ([], []) if owner is None else (["tenant = ?"], [owner])
+    if page is not None and page.after is not None:
+        tenant, slash, name = page.after.partition("/")
+        if not slash:
+            raise unknown_cursor(page.after, "adapter (expected tenant/name)")
+        where.append("(tenant > ? OR (tenant = ? AND name > ?))")
+        params += [tenant, tenant, name]
+    rows = paging.select(
+        tx,
+        f"{_ADAPTER_COLUMNS} FROM adapters",
+        where=where,
+        params=params,
+        order_by="tenant, name",
+        page=page,
+    )
     return [_adapter(row) for row in rows]
 
 

@@ -6,7 +6,9 @@ import math
 from dataclasses import dataclass
 
 from loraplex.registry.models import ApiKeyInfo, PriorityClass, Tenant, TenantQuotas
+from loraplex.registry.sql import paging
 from loraplex.registry.sql.db import Row, Tx
+from loraplex.registry.sql.paging import Page, unknown_cursor
 
 _TENANT_COLUMNS = (
     "name, priority, max_gpu_bytes, max_cpu_bytes, max_disk_bytes, max_cold_loads, "
@@ -90,14 +92,29 @@ def get_key(tx: Tx, key_id: str) -> StoredKey | None:
     return None if row is None else StoredKey(_key(row), str(row[4]))
 
 
-def list_keys(tx: Tx, tenant: str | None) -> list[ApiKeyInfo]:
-    if tenant is None:
-        rows = tx.query(f"SELECT {_KEY_COLUMNS} FROM api_keys ORDER BY tenant, created_at, key_id")
-    else:
-        rows = tx.query(
-            f"SELECT {_KEY_COLUMNS} FROM api_keys WHERE tenant = ? ORDER BY created_at, key_id",
-            (tenant,),
+def list_keys(tx: Tx, tenant: str | None, page: Page | None = None) -> list[ApiKeyInfo]:
+    """By (tenant, created_at, key_id); with ``page``, at most ``page.limit`` after the key
+    ``page.after`` (which must exist: a typo is a 400, not an empty page)."""
+    where, params = ([], []) if tenant is None else (["tenant = ?"], [tenant])
+    if page is not None and page.after is not None:
+        cursor = tx.query_one(
+            "SELECT tenant, created_at FROM api_keys WHERE key_id = ?", (page.after,)
         )
+        if cursor is None:
+            raise unknown_cursor(page.after, "key")
+        where.append(
+            "(tenant > ? OR (tenant = ? AND (created_at > ? OR (created_at = ? AND key_id > ?))))"
+        )
+        params += [cursor[0], cursor[0], cursor[1], cursor[1], page.after]
+    order_by = "tenant, created_at, key_id"
+    rows = paging.select(
+        tx,
+        f"{_KEY_COLUMNS} FROM api_keys",
+        where=where,
+        params=params,
+        order_by=order_by,
+        page=page,
+    )
     return [_key(row) for row in rows]
 
 

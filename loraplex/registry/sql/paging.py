@@ -1,0 +1,59 @@
+"""``Page``: one bounded page of an admin listing (releases, adapters, keys), read by keyset.
+
+NOTE: a listing reads at most ``limit`` rows in SQL (``LIMIT ?``), never all of them and then a
+slice; the next page starts after the last row seen (``after``, its id), so a page costs the same
+however many rows came before it, and a row inserted meanwhile shifts nothing.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from loraplex.errors import InvalidRequestError, quoted
+from loraplex.registry.sql.db import Row, Tx
+
+MAX_PAGE = 1000  # rows one page returns at most
+DEFAULT_PAGE = 100  # rows a page returns when the caller names no limit
+MAX_CURSOR_CHARS = 256  # the longest ``after`` cursor read
+
+
+@dataclass(frozen=True)
+class Page:
+    """Which rows of an ordered listing to read."""
+
+    after: str | None = None  # the id of the last row of the previous page; None: from the start
+    limit: int = DEFAULT_PAGE  # rows to read at most, 1 to MAX_PAGE
+
+    def __post_init__(self) -> None:
+        if isinstance(self.limit, bool) or not 1 <= self.limit <= MAX_PAGE:
+            raise InvalidRequestError(
+                f"limit {quoted(self.limit)} is invalid; expected 1 to {MAX_PAGE}", "limit"
+            )
+        if self.after is not None and not 1 <= len(self.after) <= MAX_CURSOR_CHARS:
+            raise InvalidRequestError(
+                f"after {quoted(self.after)} is invalid; expected 1 to {MAX_CURSOR_CHARS} "
+                "characters",
+                "after",
+            )
+
+
+def unknown_cursor(after: str, what: str) -> InvalidRequestError:
+    """The 400 for an ``after`` that names no row (a typo, or a cursor from another listing)."""
+    return InvalidRequestError(f"after {quoted(after)} is not the id of any {what}", "after")
+
+
+def select(
+    tx: Tx,
+    columns_from: str,
+    *,
+    where: Sequence[str],
+    params: Sequence[object],
+    order_by: str,
+    page: Page | None,
+) -> list[Row]:
+    """``SELECT columns_from`` where every condition of ``where`` holds (``params`` in order),
+    ordered by ``order_by``; with ``page``, at most ``page.limit`` rows, read by the database."""
+    clause = f" WHERE {' AND '.join(where)}" if where else ""
+    limit, bound = ("", []) if page is None else (" LIMIT ?", [page.limit])
+    return tx.query(f"SELECT {columns_from}{clause} ORDER BY {order_by}{limit}", [*params, *bound])

@@ -1,0 +1,126 @@
+"""Pages of the admin listings (releases, adapters, keys) on SQLite and PostgreSQL: a page ends
+at its limit, the next one starts after the cursor with nothing skipped or repeated (rows with
+equal timestamps too), and a cursor that names no row is refused naming ``after``."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import TypeVar
+
+import pytest
+from registry_kit import AdapterFactory, OpenRegistry
+
+from loraplex.errors import InvalidRequestError
+from loraplex.registry import RegistrationRequest, Registry
+from loraplex.registry.sql.paging import MAX_CURSOR_CHARS, MAX_PAGE, Page
+from loraplex.release.model import ReleasePlan
+from loraplex.release.store import ReleaseStore
+
+T = TypeVar("T")
+
+
+def _all_pages(read: Callable[[Page], list[T]], cursor: Callable[[T], str], limit: int) -> list[T]:
+    rows: list[T] = []
+    page = read(Page(None, limit))
+    while page:
+        assert len(page) <= limit
+        rows += page
+        page = read(Page(cursor(page[-1]), limit))
+    return rows
+
+
+@pytest.fixture(params=["ticking", "frozen"])
+def reg(request: pytest.FixtureRequest, open_reg: OpenRegistry) -> Registry:
+    """``frozen``: every row gets the same timestamp, so only the id orders them."""
+    if request.param == "frozen":
+        return open_reg(wall_clock=lambda: 1_700_000_000.0)
+    return open_reg()
+
+
+@pytest.fixture
+def finished_releases(reg: Registry, make_adapter: AdapterFactory) -> ReleaseStore:
+    """acme/bot: five aborted releases of v2, then one staged (in flight)."""
+    reg.create_tenant("acme", "ops")
+    for seed, revision in enumerate(("v1", "v2")):
+        reg.register(
+            RegistrationRequest(make_adapter(revision, seed=seed), "acme", "bot", revision), "ops"
+        )
+    store = ReleaseStore(reg)
+    for _ in range(5):
+        store.start_release("acme", "bot", "v2", ReleasePlan(), actor="ops")
+        store.abort("acme", "bot", actor="ops")
+    store.start_release("acme", "bot", "v2", ReleasePlan(), actor="ops")
+    return store
+
+
+def test_releases_page_through_every_release_once(finished_releases: ReleaseStore) -> None:
+    store = finished_releases
+    everything = store.list_releases(include_terminal=True)
+    assert len(everything) == 6
+
+    def read(page: Page) -> list:  # type: ignore[type-arg]
+        return store.list_releases(include_terminal=True, page=page)
+
+    for limit in (1, 2, 4, 6, MAX_PAGE):
+        paged = _all_pages(read, lambda r: r.release_id, limit)
+        assert [r.release_id for r in paged] == [r.release_id for r in everything], limit
+    first = read(Page(None, 4))
+    assert len(first) == 4  # the boundary: exactly the limit, the rest on the next page
+    assert [r.release_id for r in read(Page(first[-1].release_id, 4))] == [
+        r.release_id for r in everything[4:]
+    ]
+    # in flight only: a finished release still works as the cursor
+    in_flight = store.list_releases(page=Page(everything[0].release_id, 10))
+    assert in_flight == [r for r in everything[1:] if not r.terminal]
+    assert store.list_releases(tenant="other", page=Page(None, 10)) == []
+
+
+def test_a_release_cursor_that_names_no_release_is_refused(
+    finished_releases: ReleaseStore,
+) -> None:
+    with pytest.raises(InvalidRequestError, match="after 'rel-nope'") as caught:
+        finished_releases.list_releases(include_terminal=True, page=Page("rel-nope", 10))
+    assert caught.value.param == "after"
+
+
+def test_adapters_and_keys_page_through(reg: Registry, make_adapter: AdapterFactory) -> None:
+    for tenant in ("acme", "beta", "zeta"):
+        reg.create_tenant(tenant, "ops")
+        for n in range(3):
+            adapter = make_adapter(f"{tenant}{n}", seed=n)
+            reg.register(RegistrationRequest(adapter, tenant, f"bot{n}", "v1"), "ops")
+            reg.create_key(tenant, "ops")
+    adapters = reg.list_adapters()
+    keys = reg.list_keys()
+    assert len(adapters) == len(keys) == 9
+    for limit in (1, 2, 9, MAX_PAGE):
+        paged = _all_pages(
+            lambda page: reg.list_adapters(None, page), lambda a: f"{a.tenant}/{a.name}", limit
+        )
+        assert paged == adapters
+        assert _all_pages(lambda page: reg.list_keys(None, page), lambda k: k.key_id, limit) == keys
+    beta = _all_pages(lambda page: reg.list_keys("beta", page), lambda k: k.key_id, 2)
+    assert beta == [k for k in keys if k.tenant == "beta"]
+    assert reg.list_adapters("beta", Page("acme/zzz", 2)) == reg.list_adapters("beta")[:2]
+    with pytest.raises(InvalidRequestError) as caught:
+        reg.list_keys(None, Page("key-nope", 10))
+    assert caught.value.param == "after"
+    with pytest.raises(InvalidRequestError) as caught:
+        reg.list_adapters(None, Page("no-slash", 10))
+    assert caught.value.param == "after"
+
+
+@pytest.mark.parametrize(
+    ("after", "limit", "param"),
+    [
+        (None, 0, "limit"),
+        (None, -1, "limit"),  # SQLite's LIMIT -1 reads everything
+        (None, MAX_PAGE + 1, "limit"),
+        ("", 10, "after"),
+        ("x" * (MAX_CURSOR_CHARS + 1), 10, "after"),
+    ],
+)
+def test_a_page_is_bounded(after: str | None, limit: int, param: str) -> None:
+    with pytest.raises(InvalidRequestError) as caught:
+        Page(after, limit)
+    assert caught.value.param == param
