@@ -146,7 +146,7 @@ def listed(
         cursor = tx.query_one("SELECT created_at FROM releases WHERE release_id = ?", (page.after,))
         if cursor is None:
             raise unknown_cursor(page.after, "release")
-        where.append("(created_at > ? OR (created_at = ? AND release_id > ?))")
+        where.append("created_at >= ? AND (created_at > ? OR release_id > ?)")
         params += [cursor[0], cursor[0], page.after]
     order_by = "created_at, release_id"
     rows = paging.select(

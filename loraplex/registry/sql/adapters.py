@@ -68,7 +68,7 @@ def list_adapters(tx: Tx, owner: str | None, page: Page | None = None) -> list[A
         tenant, slash, name = page.after.partition("/")
         if not slash:
             raise unknown_cursor(page.after, "adapter (expected tenant/name)")
-        where.append("(tenant > ? OR (tenant = ? AND name > ?))")
+        where.append("tenant >= ? AND (tenant > ? OR name > ?)")
         params += [tenant, tenant, name]
     rows = paging.select(
         tx,

@@ -245,6 +245,13 @@ _SIGNING_GUARDS: dict[str, tuple[str, ...]] = {
     ),
 }
 
+# Version 5: the admin listings read one page at a time in their order (``sql/paging.py``); without
+# these a page sorted every release (or key) to find its first rows.
+_LISTING_ORDER = (
+    "CREATE INDEX releases_by_created ON releases (created_at, release_id)",
+    "CREATE INDEX api_keys_in_order ON api_keys (tenant, created_at, key_id)",
+)
+
 MIGRATIONS: tuple[Migration, ...] = (
     Migration(
         version=1,
@@ -260,6 +267,7 @@ MIGRATIONS: tuple[Migration, ...] = (
         statements=_SIGNING,
         dialect_statements=_SIGNING_GUARDS,
     ),
+    Migration(version=5, name="admin listing order indexes", statements=_LISTING_ORDER),
 )
 
 _CREATE_VERSIONS = """CREATE TABLE IF NOT EXISTS schema_migrations (

@@ -2,7 +2,10 @@
 
 NOTE: a listing reads at most ``limit`` rows in SQL (``LIMIT ?``), never all of them and then a
 slice; the next page starts after the last row seen (``after``, its id), so a page costs the same
-however many rows came before it, and a row inserted meanwhile shifts nothing.
+however many rows came before it, and a row inserted meanwhile shifts nothing. A cursor
+condition leads with ``column >= ?`` so both databases read it as a range of the listing's index
+(with ``a > ? OR (a = ? AND ...)`` alone, a page deep in 50,000 releases took 3.5x (SQLite) and
+4.5x (PostgreSQL) the first page's time).
 """
 
 from __future__ import annotations

@@ -103,7 +103,7 @@ def list_keys(tx: Tx, tenant: str | None, page: Page | None = None) -> list[ApiK
         if cursor is None:
             raise unknown_cursor(page.after, "key")
         where.append(
-            "(tenant > ? OR (tenant = ? AND (created_at > ? OR (created_at = ? AND key_id > ?))))"
+            "tenant >= ? AND (tenant > ? OR (created_at >= ? AND (created_at > ? OR key_id > ?)))"
         )
         params += [cursor[0], cursor[0], cursor[1], cursor[1], page.after]
     order_by = "tenant, created_at, key_id"
