@@ -65,7 +65,7 @@ def weight_buffer(
 ) -> torch.Tensor:
     """Storage for a model weight, filled once at load and read whole by every step: on the CPU,
     one of ``HUGE_PAGE_BYTES`` or more is ``zeroed(huge_pages=True)`` (the large preset's base
-    decode step took 0.95-0.96x the time there in float32 and bfloat16, its load 0.4-1 s more:
+    decode step took 0.95-0.96x the time there in float32 and bfloat16, its load 0.25-1 s more:
     docs/benchmarks/execution.md, "The base weights on huge pages"); smaller ones, and any off
     the CPU, ``torch.empty``."""
     device = torch.device(device)
