@@ -8,6 +8,9 @@ zeros lazily (the kernel maps a zeroed page at its first touch); elsewhere ``tor
 NOTE: the pages are then committed when first written, not at start-up: a machine without the
 memory fails later rather than at once (as it does with any overcommitted allocation).
 
+The model's large weights (``weight_buffer``) are such buffers on huge pages: the checkpoint's
+copy is their first write, so they cost no memory before it and no copy of their own.
+
 ``serial_copy`` and ``serial_zero`` write into such buffers in pieces torch runs on the calling
 thread: ATen hands a CPU op over more than ``SERIAL_NUMEL`` elements to its intra-op threads, and
 for an adapter's few hundred KiB waking them costs more than the copy (measured on a busy 2-core
@@ -27,6 +30,8 @@ import torch
 
 # ATen's GRAIN_SIZE: a CPU op over more elements is split across the intra-op threads
 SERIAL_NUMEL = 32768
+# A transparent huge page (x86-64, arm64 with 4 KiB base pages): smaller buffers cannot hold one
+HUGE_PAGE_BYTES = 2 << 20
 
 
 def zeroed(
@@ -53,6 +58,21 @@ def zeroed(
         with contextlib.suppress(OSError):  # a kernel without transparent huge pages
             buffer.madvise(advice)
     return torch.frombuffer(buffer, dtype=dtype).view(shape)
+
+
+def weight_buffer(
+    shape: tuple[int, ...], *, dtype: torch.dtype, device: torch.device
+) -> torch.Tensor:
+    """Storage for a model weight, filled once at load and read whole by every step: on the CPU,
+    one of ``HUGE_PAGE_BYTES`` or more is ``zeroed(huge_pages=True)`` (the large preset's base
+    decode step took 0.95-0.96x the time there in float32 and bfloat16, its load 0.25-1 s more:
+    docs/benchmarks/execution.md, "The base weights on huge pages"); smaller ones, and any off
+    the CPU, ``torch.empty``."""
+    device = torch.device(device)
+    element_bytes = torch.empty((), dtype=dtype).element_size()
+    if device.type == "cpu" and math.prod(shape) * element_bytes >= HUGE_PAGE_BYTES:
+        return zeroed(shape, dtype=dtype, device=device, huge_pages=True)
+    return torch.empty(shape, dtype=dtype, device=device)
 
 
 def serial_copy(destination: torch.Tensor, source: torch.Tensor) -> None:

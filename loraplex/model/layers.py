@@ -1,7 +1,9 @@
 """Building blocks whose parameter names match Hugging Face checkpoints, so loading is by name.
 
 Parameters are allocated uninitialised: every value comes from the checkpoint, and random
-initialisation of a large model would cost seconds for nothing.
+initialisation of a large model would cost seconds for nothing. Weight matrices come from
+``buffers.weight_buffer`` (on the CPU the large ones on huge pages: zeros the kernel maps at the
+checkpoint's first write, so placing them there costs no copy and no memory until then).
 """
 
 from __future__ import annotations
@@ -11,6 +13,8 @@ from collections.abc import Callable
 import torch
 import torch.nn.functional as F
 from torch import nn
+
+from loraplex.model.buffers import weight_buffer
 
 LinearFn = Callable[[torch.Tensor, torch.Tensor, torch.Tensor | None], torch.Tensor]
 # "blas": F.linear (MKL's sgemm for float32 on a CPU); "onednn": oneDNN's matmul; "auto": oneDNN
@@ -71,7 +75,7 @@ class Linear(nn.Module):
     ) -> None:
         super().__init__()
         self.weight = nn.Parameter(
-            torch.empty(d_out, d_in, dtype=dtype, device=device), requires_grad=False
+            weight_buffer((d_out, d_in), dtype=dtype, device=device), requires_grad=False
         )
         self.bias = (
             nn.Parameter(torch.empty(d_out, dtype=dtype, device=device), requires_grad=False)
@@ -111,7 +115,7 @@ class Embedding(nn.Module):
     ) -> None:
         super().__init__()
         self.weight = nn.Parameter(
-            torch.empty(vocab, hidden, dtype=dtype, device=device), requires_grad=False
+            weight_buffer((vocab, hidden), dtype=dtype, device=device), requires_grad=False
         )
 
     def forward(self, token_ids: torch.Tensor) -> torch.Tensor:

@@ -65,13 +65,16 @@ def summary(times: dict[str, list[float]]) -> dict[str, object]:
     }
 
 
-def start(rounds: int) -> tuple[argparse.Namespace, bool, list[str]]:
-    """The paired probes' arguments (``rounds``: the default), one thread, the freed heap kept;
-    returns the arguments, whether the heap is kept, and the load average now."""
+def start(rounds: int, *, dtype: bool = False) -> tuple[argparse.Namespace, bool, list[str]]:
+    """The paired probes' arguments (``rounds``: the default; ``dtype``: the probe takes
+    ``--dtype``), one thread, the freed heap kept; returns the arguments, whether the heap is
+    kept, and the load average now."""
     parser = argparse.ArgumentParser()
     parser.add_argument("--preset", default="large")
     parser.add_argument("--rounds", type=int, default=rounds)
     parser.add_argument("--calls", type=int, default=3)
+    if dtype:
+        parser.add_argument("--dtype", choices=("float32", "bfloat16"), default="float32")
     args = parser.parse_args()
     torch.set_num_threads(1)
     heap_kept = keep_freed_heap()

@@ -14,7 +14,14 @@ import torch
 from tiny_models import vm_flags
 
 from loraplex.model import buffers
-from loraplex.model.buffers import serial_copy, serial_pieces, serial_zero, zeroed
+from loraplex.model.buffers import (
+    HUGE_PAGE_BYTES,
+    serial_copy,
+    serial_pieces,
+    serial_zero,
+    weight_buffer,
+    zeroed,
+)
 
 CPU = torch.device("cpu")
 
@@ -65,6 +72,19 @@ def test_zeroed_on_huge_pages_is_a_private_mapping_advised_hugepage() -> None:
     huge[: size // 8].fill_(2.0)
     assert float(huge.sum()) == 2.0 * (size // 8) and float(plain.sum()) == 0.0
     meta = zeroed((2, 2), dtype=torch.float32, device=torch.device("meta"), huge_pages=True)
+    assert meta.device.type == "meta"
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads /proc")
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_weight_buffers_of_a_huge_page_or_more_are_advised_hugepage(dtype: torch.dtype) -> None:
+    rows = HUGE_PAGE_BYTES // (512 * torch.empty((), dtype=dtype).element_size())
+    big = weight_buffer((rows, 512), dtype=dtype, device=CPU)
+    small = weight_buffer((rows - 1, 512), dtype=dtype, device=CPU)
+    assert big.shape == (rows, 512) and big.dtype == dtype and big.is_contiguous()
+    assert "hg" in vm_flags(big) and "sh" not in vm_flags(big)
+    assert "hg" not in vm_flags(small) and small.shape == (rows - 1, 512)
+    meta = weight_buffer((rows, 512), dtype=dtype, device=torch.device("meta"))
     assert meta.device.type == "meta"
 
 

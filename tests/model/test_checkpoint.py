@@ -3,13 +3,14 @@
 from __future__ import annotations
 
 import json
+import sys
 from collections.abc import Callable
 from pathlib import Path
 
 import pytest
 import torch
 from safetensors.torch import load_file, save_file
-from tiny_models import hf_model, rel_error
+from tiny_models import hf_model, rel_error, vm_flags
 
 from loraplex.errors import CheckpointError
 from loraplex.model.checkpoint import load_checkpoint
@@ -138,3 +139,22 @@ def test_bfloat16_checkpoint_upcasts_exactly(tiny_model: Callable[..., Path]) ->
     stored = load_file(model_dir / "model.safetensors")["model.norm.weight"]
     assert model.model.norm.weight.dtype == torch.float32
     assert rel_error(model.model.norm.weight, stored.float()) == 0
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads /proc")
+def test_large_weights_load_onto_huge_pages_with_their_exact_values(
+    tiny_model: Callable[..., Path],
+) -> None:
+    """A weight of 2 MiB or more (here the embedding and the untied head, 8192 x 64 float32) is
+    read from memory advised MADV_HUGEPAGE (the decode step reads it whole); values unchanged."""
+    model_dir = tiny_model("llama", vocab_size=8192, tie_word_embeddings=False)
+    model = load_checkpoint(model_dir)
+    stored = load_file(model_dir / "model.safetensors")
+    assert model.lm_head is not None
+    for name in ("model.embed_tokens.weight", "lm_head.weight"):
+        param = model.get_parameter(name)
+        assert "hg" in vm_flags(param) and "sh" not in vm_flags(param)
+        assert torch.equal(param, stored[name])
+    assert "hg" not in vm_flags(model.model.layers[0].mlp.up_proj.weight)  # 24 KiB
+    for name, param in model.named_parameters():
+        assert torch.equal(param, stored[name]), name
