@@ -72,6 +72,15 @@ def bench_sim(
             "from the passes around its runs (0: one calibration first)."
         ),
     ] = 0,
+    calibrate_fleet_interleaved: Annotated[
+        int,
+        typer.Option(
+            help="With --cost-model (a `sim calibrate-fleet` file) and the fleet target: measure "
+            "the fleet's lone terms as short passes of 1/K of calibrate-fleet's lone requests in "
+            "the run's Ray cluster, one before each fleet run and one after the last, and price "
+            "each fleet trace from the passes around its runs (0: the file's terms)."
+        ),
+    ] = 0,
     no_scale: Annotated[
         bool, typer.Option("--no-scale", help="Skip the 1M-request scale run.")
     ] = False,
@@ -102,8 +111,14 @@ def bench_sim(
             asset_dir=asset_dir,
             logs_dir=logs_dir,
             calibrate_interleaved=calibrate_interleaved,
+            calibrate_fleet_interleaved=calibrate_fleet_interleaved,
         )
         model = load(cost_model) if cost_model is not None else None
+        fleet_passes = None
+        if calibrate_fleet_interleaved and model is not None:
+            from loraplex.bench.sim.fleet_interleaved import InterleavedFleet
+
+            fleet_passes = InterleavedFleet(calibrate_fleet_interleaved, model, logs_dir)
     except (ValueError, OSError) as exc:
         raise typer.BadParameter(str(exc)) from exc
     for flag, given in (
@@ -137,7 +152,7 @@ def bench_sim(
         model = _calibrated(asset_dir, max_loras, hardware, logs_dir)
         if calibrated_out is not None:
             model.save(calibrated_out)
-    result = run_sim_bench(config, model, interleaved)
+    result = run_sim_bench(config, model, interleaved, fleet_passes)
     if interleaved is not None and calibrated_out is not None:  # all passes' merged samples
         interleaved.model_of(range(len(interleaved.passes)))[0].save(calibrated_out)
     if not as_json:

@@ -32,7 +32,8 @@ from loraplex.bench.sim.compare import (
     real_spread,
 )
 from loraplex.bench.sim.config import SimBenchConfig
-from loraplex.bench.sim.interleaved import InterleavedCalibration, interleaved_pricing
+from loraplex.bench.sim.fleet_interleaved import InterleavedFleet, fleet_pricing
+from loraplex.bench.sim.interleaved import InterleavedCalibration, Pricing, interleaved_pricing
 from loraplex.bench.sim.simulated import simulated
 from loraplex.bench.sim.validate import MAX_LORA_RANK
 from loraplex.bench.workloads import Workload
@@ -58,13 +59,15 @@ def real(
     config: SimBenchConfig, workloads: list[Workload], registry: Fleet, root: Path, vocab: int,
     *, probes: Probes | None = None, between: Callable[[], None] | None = None,
     run_order: list[tuple[str, str]] | None = None,
+    fleet_passes: InterleavedFleet | None = None,
 ) -> dict[str, dict[str, list[dict[str, Any]]]]:  # fmt: skip
     """target -> trace -> each repeat's real outcome. A repeat runs every trace once, in trace
     order on even repeats and reversed on odd ones (ABBA), so no trace is always the first
     server of the invocation. ``probes``, when given, receives the host-speed probe timed right
     before each real run (``host_probe.py``); ``between`` is called before each real run and
     once after the last (an interleaved calibration's passes), ``run_order`` receives each run's
-    (target, trace) in the order run."""
+    (target, trace) in the order run; ``fleet_passes`` runs a fleet pass in the fleet's Ray
+    cluster before each fleet run and once after the last (``fleet_interleaved.py``)."""
     from loraplex.bench.fleet.cluster import local_cluster
     from loraplex.bench.sim.host_probe import host_probe
     from loraplex.bench.sim.validate import RunLogs, fleet_outcome, single_outcome
@@ -99,8 +102,12 @@ def real(
             for r, order in enumerate(orders):
                 for i, w in order:
                     where = root / f"fleet-{r}-{i}"
+                    if fleet_passes is not None:
+                        fleet_passes.run_pass(target, s, drive, root)
                     probed("fleet", w.name)
                     out["fleet"][w.name].append(fleet_outcome(target, w, s, drive, where))
+            if fleet_passes is not None:
+                fleet_passes.run_pass(target, s, drive, root)
     if between is not None:
         between()
     return out
@@ -127,24 +134,78 @@ def host_report(calibrated: HostProbe | None, probes: Probes) -> dict[str, Any]:
     }
 
 
+def _priced(other: CostModel, fleet: Callable[[str], CostModel] | None = None) -> Pricing:
+    """``other`` for every (target, trace); with ``fleet``, a fleet trace's model from it."""
+
+    def price(target: str, trace: str) -> CostModel:
+        return fleet(trace) if fleet is not None and target == "fleet" else other
+
+    return price
+
+
 def _medians(runs: dict[str, list[dict[str, Any]]]) -> dict[str, dict[str, Any]]:
     return {name: median_outcome(outcomes) for name, outcomes in runs.items()}
+
+
+def _simulations(
+    config: SimBenchConfig, workloads: list[Workload], registry: Fleet,
+    reals: dict[str, dict[str, list[dict[str, Any]]]], order: list[tuple[str, str]], *,
+    probes: Probes, cost_model: CostModel | None, interleaved: InterleavedCalibration | None,
+    fleet_passes: InterleavedFleet | None,
+) -> tuple[dict[str, Any], CostModel, dict[str, Any] | None, dict[str, Any] | None]:  # fmt: skip
+    """The simulated side of every target (adjacent passes' pricing where passes ran), the
+    whole cost model (the file's, or all single passes' merged), and the passes' reports with
+    the errors under all passes' merged samples."""
+    interleaved_report: dict[str, Any] | None = None
+    if interleaved is not None:
+        cost_model, pricing, interleaved_report = interleaved_pricing(interleaved, order)
+    assert cost_model is not None  # checked above
+    whole = cost_model
+    whole_pricing = _priced(whole)
+    fleet_report: dict[str, Any] | None = None
+    if fleet_passes is not None:
+        fleet_order = [trace for target, trace in order if target == "fleet"]
+        fleet_whole, fleet_models, fleet_report = fleet_pricing(
+            fleet_passes, fleet_order, probes.get("fleet", {})
+        )
+        pricing = _priced(whole, fleet_models.__getitem__)
+        whole_pricing = _priced(whole, lambda trace: fleet_whole)
+    sims = simulated(config, workloads, whole_pricing, registry)
+    report = interleaved_report if interleaved_report is not None else fleet_report
+    if report is not None:  # the flat errors are the adjacent passes'
+        sims, sims_all = simulated(config, workloads, pricing, registry), sims
+        priced = config.targets if interleaved_report is not None else ("fleet",)
+        by_all = {t: compare_target(_medians(reals[t]), sims_all[t], t) for t in priced}
+        report["errors_all_passes"] = flat_errors(by_all)
+        report["traces_all_passes"] = {
+            t: {
+                n: {"errors": v["errors"], "ttft_ms": v["sim"]["ttft_ms"]}
+                for n, v in by["traces"].items()
+            }
+            for t, by in by_all.items()
+        }
+    return sims, cost_model, interleaved_report, fleet_report
 
 
 def run_sim_bench(
     config: SimBenchConfig,
     cost_model: CostModel | None,
     interleaved: InterleavedCalibration | None = None,
+    fleet_passes: InterleavedFleet | None = None,
 ) -> dict[str, Any]:
     """Real and simulated runs of every trace and target, their errors, and the scale run;
-    priced by ``cost_model``, or with ``interleaved`` by passes run between the real runs
-    (the errors of both pricings reported; the flat keys are the adjacent passes')."""
+    priced by ``cost_model``, or with ``interleaved`` by passes run between the real runs, or
+    with ``fleet_passes`` the fleet traces by ``cost_model`` with the fleet's lone terms of
+    passes run around the fleet runs (the errors of both pricings reported; the flat keys are
+    the adjacent passes')."""
     from loraplex.artifacts.base_model import BaseModelSpec
     from loraplex.bench.sim.scale import scale_in_child
     from loraplex.demo.assets import generate_demo_assets
 
     if (cost_model is None) == (interleaved is None):
         raise ValueError("expected a cost_model or an interleaved calibration, exactly one")
+    if fleet_passes is not None and (cost_model is None or "fleet" not in config.targets):
+        raise ValueError("fleet passes need a cost_model (their base) and the fleet target")
     assets = generate_demo_assets(config.asset_dir / "test-small", preset="small", seed=0)
     vocab = BaseModelSpec.from_dir(assets.base_model_dir).vocab_size
     workloads = config.workloads()
@@ -163,24 +224,12 @@ def run_sim_bench(
             probes=probes,
             between=between,
             run_order=order,
+            fleet_passes=fleet_passes,
         )
-        interleaved_report: dict[str, Any] | None = None
-        if interleaved is not None:
-            cost_model, pricing, interleaved_report = interleaved_pricing(interleaved, order)
-        assert cost_model is not None  # checked above
-        whole = cost_model
-        sims = simulated(config, workloads, lambda target, trace: whole, registry)
-        if interleaved_report is not None:  # the flat errors are the adjacent passes'
-            sims, sims_all = simulated(config, workloads, pricing, registry), sims
-            by_all = {t: compare_target(_medians(reals[t]), sims_all[t], t) for t in config.targets}
-            interleaved_report["errors_all_passes"] = flat_errors(by_all)
-            interleaved_report["traces_all_passes"] = {
-                t: {
-                    n: {"errors": v["errors"], "ttft_ms": v["sim"]["ttft_ms"]}
-                    for n, v in by["traces"].items()
-                }
-                for t, by in by_all.items()
-            }
+        sims, cost_model, interleaved_report, fleet_report = _simulations(
+            config, workloads, registry, reals, order, probes=probes, cost_model=cost_model,
+            interleaved=interleaved, fleet_passes=fleet_passes,
+        )  # fmt: skip
     by_target = {t: compare_target(_medians(reals[t]), sims[t], t) for t in config.targets}
     spreads = {t: real_spread(reals[t]) for t in config.targets}
     for t in config.targets:
@@ -192,6 +241,7 @@ def run_sim_bench(
     metrics["cost_model"] = {"hardware": cost_model.hardware, "validated": cost_model.validated}
     metrics["host_probe"] = host_report(cost_model.host_probe, probes)
     metrics["calibration_interleaved"] = interleaved_report
+    metrics["calibration_fleet_interleaved"] = fleet_report
     metrics["targets"] = by_target
     plain = asdict(config)
     plain["cost_model"] = None if config.cost_model is None else str(config.cost_model)

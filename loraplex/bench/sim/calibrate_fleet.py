@@ -110,6 +110,13 @@ class FleetCalibrateConfig:
         return self.replicas if self.contention_adapters is None else self.contention_adapters
 
 
+def lone_adapters() -> list[TraceAdapter]:
+    """The lone requests' two adapters: rank 8 and the largest served rank, attention targets."""
+    return [
+        TraceAdapter(TENANT, f"r{rank}", rank, ATTENTION_TARGETS) for rank in (8, MAX_LORA_RANK)
+    ]
+
+
 def usable_cores() -> int:
     """The CPU cores this process may run on (its affinity), as the fleet's processes do."""
     try:
@@ -175,9 +182,7 @@ def measure_fleet(
     assets = generate_demo_assets(asset_dir / "test-small", preset="small", seed=0)
     model_dir = assets.base_model_dir
     vocab = BaseModelSpec.from_dir(model_dir).vocab_size
-    adapters = [
-        TraceAdapter(TENANT, f"r{rank}", rank, ATTENTION_TARGETS) for rank in (8, MAX_LORA_RANK)
-    ]
+    adapters = lone_adapters()
     pool = candidates(TENANT, config.num_contention_adapters)
     sizes, _ = adapter_sizes(model_dir, adapters)
     settings = RealSettings(replicas=config.replicas, request_timeout_s=config.request_timeout_s)

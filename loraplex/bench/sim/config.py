@@ -37,6 +37,9 @@ class SimBenchConfig(GeneratedTraces):
     # K > 0: the in-run calibration as short passes of 1/K of its samples, one before each real
     # run and one after the last (``interleaved.py``); 0: one calibration before the runs
     calibrate_interleaved: int = 0
+    # K > 0: with cost_model, the fleet's lone terms measured as passes of 1/K of calibrate-fleet's
+    # lone requests, one before each fleet run and one after the last (``fleet_interleaved.py``)
+    calibrate_fleet_interleaved: int = 0
 
     def __post_init__(self) -> None:
         unknown = [t for t in self.traces if t not in TRACES]
@@ -58,6 +61,15 @@ class SimBenchConfig(GeneratedTraces):
             raise ValueError(
                 f"calibrate_interleaved {self.calibrate_interleaved} is invalid with cost_model "
                 f"{self.cost_model}: it interleaves the in-run calibration, which a file replaces"
+            )
+        fleet_k = self.calibrate_fleet_interleaved
+        if fleet_k < 0:
+            raise ValueError(f"calibrate_fleet_interleaved {fleet_k} is invalid; expected >= 0")
+        if fleet_k and (self.cost_model is None or "fleet" not in self.targets):
+            raise ValueError(
+                f"calibrate_fleet_interleaved {fleet_k} is invalid with cost_model "
+                f"{self.cost_model} and targets {list(self.targets)}: it measures the fleet's "
+                "lone terms over a cost-model file's (a `sim calibrate-fleet` one) for the fleet"
             )
         if self.logs_dir is not None and "single" not in self.targets:
             raise ValueError(
