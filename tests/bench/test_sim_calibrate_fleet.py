@@ -198,3 +198,45 @@ def test_calibrate_fleet_refuses_bad_contention_flags(
     assert result.exit_code != 0
     assert named in result.output
     assert not (tmp_path / "o.json").exists()
+
+
+def test_measure_fleet_times_the_host_probe_around_the_deployment(
+    monkeypatch: pytest.MonkeyPatch, demo_assets: Any
+) -> None:
+    """The probe runs in the cluster before the fleet is deployed and after it is deleted (Ray,
+    the deployment and the requests stubbed; the registry is written for real)."""
+    from collections.abc import Iterator
+    from contextlib import contextmanager
+
+    from loraplex.bench.fleet import cluster
+    from loraplex.bench.sim import calibrate_fleet, host_probe
+    from loraplex.sim.host_speed import HostProbe
+
+    events: list[str] = []
+
+    @contextmanager
+    def local_cluster(num_cpus: int) -> Iterator[int]:
+        yield 1234
+
+    @contextmanager
+    def deployed(settings: Any, url: str, admin_key: str) -> Iterator[None]:
+        events.append("deploy")
+        yield
+        events.append("delete")
+
+    def measure(*_: Any, **__: Any) -> tuple[list, list, int, dict]:
+        events.append("measure")
+        return [], [], 0, {"adapters": []}
+
+    def probe() -> HostProbe:
+        events.append("probe")
+        return HostProbe(matmul_s=0.3, loop_s=0.2)
+
+    monkeypatch.setattr(cluster, "local_cluster", local_cluster)
+    monkeypatch.setattr(cluster, "deployed", deployed)
+    monkeypatch.setattr(calibrate_fleet, "_measure", measure)
+    monkeypatch.setattr(host_probe, "host_probe", probe)
+    asset_dir = demo_assets.base_model_dir.parents[2]  # <dir>/test-small/models/<model>
+    *_, probes = calibrate_fleet.measure_fleet(_config(), asset_dir)
+    assert events == ["probe", "deploy", "measure", "delete", "probe"]
+    assert probes == [HostProbe(matmul_s=0.3, loop_s=0.2)] * 2

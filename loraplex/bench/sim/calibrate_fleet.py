@@ -63,6 +63,7 @@ from loraplex.sim.calibrate_fleet import (
     round_ttfts,
 )
 from loraplex.sim.cost_model import CostModel
+from loraplex.sim.host_speed import HostProbe
 
 TENANT = "fleetcal"
 
@@ -169,11 +170,14 @@ def _measure(
 
 def measure_fleet(
     config: FleetCalibrateConfig, asset_dir: Path
-) -> tuple[list[FleetSample], list[ContentionSample], int, dict[str, Any]]:
-    """Lone warm requests through a fresh local demo fleet (module docstring)."""
+) -> tuple[list[FleetSample], list[ContentionSample], int, dict[str, Any], list[HostProbe]]:
+    """Lone warm requests through a fresh local demo fleet (module docstring), and the host
+    probe timed in its Ray cluster before the deployment and after its deletion (what
+    ``bench sim``'s fleet runs' probes compare with)."""
     from loraplex.artifacts.base_model import BaseModelSpec
     from loraplex.bench.fleet.cluster import deployed, fleet_state, local_cluster
     from loraplex.bench.serve.fleet import drop_page_cache, prepare_fleet
+    from loraplex.bench.sim.host_probe import host_probe
     from loraplex.bench.sim.simulated import adapter_sizes
     from loraplex.bench.sim.validate import fleet_settings
     from loraplex.demo.assets import generate_demo_assets
@@ -205,22 +209,25 @@ def measure_fleet(
                 return [r["tiers"]["l0"]["count"] for r in state["replicas"]]
 
             headers = {"Authorization": f"Bearer {registry.admin_key}"}
+            before = host_probe()
             with (
                 deployed(fleet, url, registry.admin_key),
                 httpx.Client(base_url=url, headers=headers, timeout=30.0) as admin,
             ):
-                return _measure(
+                measured = _measure(
                     url, registry.keys[TENANT], adapters, sizes=sizes, config=config, drive=drive,
                     rounds_pool=pool, residency=residency,
                     evict=lambda adapter: evict_from_slots(admin, adapter),
                 )  # fmt: skip
+            after = host_probe()
+    return (*measured, [before, after])
 
 
 def calibrate_fleet(
     base: CostModel, config: FleetCalibrateConfig, asset_dir: Path, command: str
 ) -> tuple[CostModel, dict[str, Any]]:
     """``base`` with the fleet's terms measured on a local demo fleet, and the samples."""
-    samples, rounds, left_out, rounds_where = measure_fleet(config, asset_dir)
+    samples, rounds, left_out, rounds_where, probes = measure_fleet(config, asset_dir)
     fit = fit_fleet(base, samples)
     first, raw = fit_contention(rounds)
     cores = usable_cores()
@@ -282,6 +289,7 @@ def calibrate_fleet(
         },
         "contention_raw_stretch": list(raw),
         "fit": asdict(fit),
+        "host_probes": [asdict(p) for p in probes],
         "cores": cores,
         "machine": machine,
         "config": asdict(config),
