@@ -183,3 +183,55 @@ def test_a_pass_runs_before_each_fleet_run_and_after_the_last(
     runs = ["run zipf-longtail", "run hot-burst", "run hot-burst", "run zipf-longtail"]
     assert events == [e for r in runs for e in ("pass", r)] + ["pass"]
     assert [n for _, n in order] == [r.removeprefix("run ") for r in runs]
+
+
+def test_a_pass_measures_on_its_own_deployment_and_keeps_its_samples(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path, demo_assets: Any
+) -> None:
+    """One pass with the deployment and the requests stubbed (the registry written for real):
+    probes around the deployment, both lone adapters warmed and sampled, the samples kept in
+    ``logs_dir``, a second pass reusing the registry."""
+    import json
+
+    from loraplex.bench.fleet import cluster
+    from loraplex.bench.serve.fleet import Fleet
+    from loraplex.bench.sim import fleet_lone, host_probe
+
+    events: list[str] = []
+
+    @contextmanager
+    def deployed(settings: Any, url: str, admin_key: str) -> Iterator[None]:
+        events.append("deploy")
+        yield
+        events.append("delete")
+
+    def warm_up(url: str, key: str, adapter: Any, **_: Any) -> bool:
+        events.append(f"warm {adapter.name}")
+        return True
+
+    def lone_samples(url: str, key: str, adapter: Any, nbytes: int, **_: Any) -> tuple:
+        events.append(f"lone {adapter.name}")
+        return [FleetSample(8, adapter.rank, nbytes, 0.02, 0.003)], 1
+
+    def probe() -> HostProbe:
+        events.append("probe")
+        return PROBE
+
+    monkeypatch.setattr(cluster, "deployed", deployed)
+    monkeypatch.setattr(fleet_lone, "warm_up", warm_up)
+    monkeypatch.setattr(fleet_lone, "lone_samples", lone_samples)
+    monkeypatch.setattr(host_probe, "host_probe", probe)
+    traces = Fleet(tmp_path / "traces", demo_assets.base_model_dir, {}, "admin", 64)
+    logs = tmp_path / "logs"
+    logs.mkdir()
+    calibration = InterleavedFleet(4, _base(), logs)
+    drive = DriveConfig(request_timeout_s=5.0, vocab_size=100)
+    for _ in range(2):
+        calibration.run_pass((traces, "http://x", 1), RealSettings(), drive, tmp_path)
+    one = ["probe", "deploy", "warm r8", "lone r8", "warm r64", "lone r64", "delete", "probe"]
+    assert events == one + one
+    assert [(len(p.samples), p.left_out) for p in calibration.passes] == [(2, 2), (2, 2)]
+    kept = json.loads((logs / "fleet-calibration-p1.samples.json").read_text())
+    assert kept["left_out"] == 2
+    assert [s["rank"] for s in kept["samples"]] == [8, 64]
+    assert kept["probes"] == [{"matmul_s": 0.3, "loop_s": 0.2}] * 2
