@@ -1,0 +1,83 @@
+"""Automatic GPU pins respect the tenants' shares (``default_tenant_tier_share`` of the GPU
+tier): a tenant whose several adapters top the request rates holds at most its share of the
+``max_auto_gpu_slots`` seats while another tenant's revision qualifies for one; seats no one else
+wants it borrows (work-conserving, as ``residency/reclaim.py`` shares room). Before the fix the
+seats went by rate alone, so one tenant's traffic took every one of them."""
+
+from __future__ import annotations
+
+from cache_kit import UNIT, key
+
+from loraplex.artifacts.identity import AdapterKey
+from loraplex.artifacts.warm_policy import WarmPolicy
+from loraplex.clock import ManualClock
+from loraplex.residency.cache.config import CacheConfig
+from loraplex.residency.cache.jobs import JobTable
+from loraplex.residency.cache.tier_state import TierState
+from loraplex.residency.ledger import Tier, TierBudget
+from loraplex.residency.policy import make_policy
+from loraplex.residency.warm import AutoWarmConfig
+
+# A handful of requests a minute qualifies for gpu (0.02/s over 5 minutes).
+AUTO = AutoWarmConfig(gpu_rps=0.02, cpu_rps=0.002, hysteresis=0.5)
+ACME = [key("acme", f"hot{i}") for i in range(4)]
+GLOBEX = key("globex", "steady")
+
+
+def _state(max_auto_gpu: int, share: float) -> tuple[TierState, ManualClock]:
+    clock = ManualClock(100.0)
+    budgets = {
+        Tier.L0: TierBudget(8 * UNIT, 8, default_tenant_share=share),
+        Tier.L1: TierBudget(100 * UNIT, default_tenant_share=share),
+        Tier.L2: TierBudget(100 * UNIT, default_tenant_share=share),
+    }
+    config = CacheConfig(budgets, auto_warm=AUTO, max_auto_gpu_slots=max_auto_gpu)
+    jobs = JobTable(config.max_concurrent_loads, config.tenant_max_concurrent_loads)
+    state = TierState(config, make_policy("cost_aware"), clock, jobs, lambda tier, k, slot: None)
+    return state, clock
+
+
+def _minutes(state: TierState, clock: ManualClock, traffic: dict[AdapterKey, int], n: int) -> None:
+    """``n`` minutes of ``traffic`` (requests a minute per revision), a rebalance after each."""
+    for _ in range(n):
+        for adapter, count in traffic.items():
+            for i in range(count):
+                state.touch(adapter, clock.now() + i * 60.0 / count)
+        clock.advance(60.0)
+        state.rebalance_warm()
+
+
+def _gpu(state: TierState, tenant: str) -> int:
+    return sum(
+        1
+        for k in [*ACME, GLOBEX]
+        if k.tenant == tenant and state.pins.warm_policy(k) is WarmPolicy.GPU
+    )
+
+
+def test_one_tenant_takes_no_more_than_its_share_while_another_has_steady_traffic() -> None:
+    state, clock = _state(max_auto_gpu=4, share=0.5)
+    # acme's four adapters are far hotter than globex's one, which still qualifies for gpu
+    _minutes(state, clock, {**dict.fromkeys(ACME, 30), GLOBEX: 4}, 5)
+    assert state.pins.warm_policy(GLOBEX) is WarmPolicy.GPU
+    assert _gpu(state, "acme") == 3  # its share (2), and the seat no one else wants
+    assert [state.pins.warm_policy(k) for k in ACME].count(WarmPolicy.CPU) == 1
+
+
+def test_a_lone_tenant_borrows_every_seat_and_gives_one_back_when_another_qualifies() -> None:
+    state, clock = _state(max_auto_gpu=4, share=0.5)
+    _minutes(state, clock, dict.fromkeys(ACME, 30), 5)
+    assert _gpu(state, "acme") == 4  # work-conserving: nobody else wants a seat
+    # globex starts a steady trickle, far below acme's (incumbent) rates: the borrowed seat
+    # goes to it all the same
+    _minutes(state, clock, {**dict.fromkeys(ACME, 30), GLOBEX: 4}, 3)
+    assert (_gpu(state, "acme"), _gpu(state, "globex")) == (3, 1)
+    # globex goes quiet: once its revision falls below the gpu bar, acme takes the seat back
+    _minutes(state, clock, dict.fromkeys(ACME, 30), 30)
+    assert (_gpu(state, "acme"), _gpu(state, "globex")) == (4, 0)
+
+
+def test_without_a_share_the_seats_go_by_rate_alone() -> None:
+    state, clock = _state(max_auto_gpu=4, share=1.0)
+    _minutes(state, clock, {**dict.fromkeys(ACME, 30), GLOBEX: 4}, 5)
+    assert (_gpu(state, "acme"), _gpu(state, "globex")) == (4, 0)
