@@ -6,6 +6,7 @@ seats went by rate alone, so one tenant's traffic took every one of them."""
 
 from __future__ import annotations
 
+import pytest
 from cache_kit import UNIT, key
 
 from loraplex.artifacts.identity import AdapterKey
@@ -16,7 +17,7 @@ from loraplex.residency.cache.jobs import JobTable
 from loraplex.residency.cache.tier_state import TierState
 from loraplex.residency.ledger import Tier, TierBudget
 from loraplex.residency.policy import make_policy
-from loraplex.residency.warm import AutoWarmConfig
+from loraplex.residency.warm import AutoWarmConfig, PinBook, RequestRates, seat_share
 
 # A handful of requests a minute qualifies for gpu (0.02/s over 5 minutes).
 AUTO = AutoWarmConfig(gpu_rps=0.02, cpu_rps=0.002, hysteresis=0.5)
@@ -81,3 +82,36 @@ def test_without_a_share_the_seats_go_by_rate_alone() -> None:
     state, clock = _state(max_auto_gpu=4, share=1.0)
     _minutes(state, clock, {**dict.fromkeys(ACME, 30), GLOBEX: 4}, 5)
     assert (_gpu(state, "acme"), _gpu(state, "globex")) == (4, 0)
+
+
+def _rates(per_5m: float) -> RequestRates:
+    return RequestRates(per_5m, per_5m, per_5m, per_5m)
+
+
+def test_each_tenant_keeps_one_seat_where_its_share_rounds_below_one() -> None:
+    """Two seats at a quarter share: each tenant keeps one (its share rounds to 0 seats, and
+    a share never refuses one copy), so the two hottest tenants hold one seat each."""
+    book = PinBook(AUTO, max_auto_gpu=2, tenant_share=0.25)
+    hot = {k: _rates(5.0) for k in ACME}
+    changes = book.rebalance({**hot, GLOBEX: _rates(0.05), key("initech", "a"): _rates(0.04)})
+    assert changes[GLOBEX] is WarmPolicy.GPU
+    assert changes[key("initech", "a")] is WarmPolicy.CPU  # colder than globex's
+    assert [changes[k] for k in ACME].count(WarmPolicy.GPU) == 1
+
+
+def test_seats_held_by_unjudged_revisions_count_against_their_tenant() -> None:
+    """A holder left out of a rebalance's rates (no history) keeps its seat and counts in its
+    tenant's share."""
+    book = PinBook(AUTO, max_auto_gpu=4, tenant_share=0.5)
+    book.rebalance({ACME[0]: _rates(5.0), ACME[1]: _rates(5.0)})
+    changes = book.rebalance({ACME[2]: _rates(9.0), ACME[3]: _rates(9.0), GLOBEX: _rates(0.05)})
+    assert changes[GLOBEX] is WarmPolicy.GPU
+    assert [changes[k] for k in ACME[2:]].count(WarmPolicy.GPU) == 1  # 2 held + 1 borrowed
+
+
+def test_seat_share_rounds_down_to_at_least_one_seat() -> None:
+    assert seat_share(4, 1.0) is None
+    assert [seat_share(n, 0.5) for n in (0, 1, 2, 3, 4, 5)] == [1, 1, 1, 1, 2, 2]
+    assert seat_share(8, 0.3) == 2
+    with pytest.raises(ValueError, match="tenant_share 0"):
+        PinBook(AUTO, max_auto_gpu=2, tenant_share=0.0)
