@@ -176,13 +176,13 @@ def _calibrated(asset_dir: Path, max_loras: int, hardware: str, logs_dir: Path |
     from loraplex.bench.sim.calibrate_run import CalibrateConfig, slots_for_mixes
     from loraplex.bench.sim.calibrate_target import self_target
     from loraplex.bench.sim.calibration import calibrate
-    from loraplex.serve.config import DEFAULT_TENANT_TIER_SHARE
 
     sets = ("attn", "all")  # both target sets: the weight terms are fitted
     config = CalibrateConfig()
-    # NOTE: a server holds one tenant to a share of its slots; with fewer than this the
-    # calibration's largest mix is refused (503 on its prefetch, seen with 4 slots)
-    slots = max(max_loras, slots_for_mixes(config, DEFAULT_TENANT_TIER_SHARE))
+    # NOTE: with fewer slots than this the calibration's largest mix may not fit beside the
+    # server's automatic GPU pins (a 503 on its prefetch was seen with 4 slots, when a tenant's
+    # share was a hard cap)
+    slots = max(max_loras, slots_for_mixes(config))
     with self_target(asset_dir, (8, 16, 32, 64), 2, slots, 0, target_sets=sets) as target:
         model, report = calibrate(target, config, hardware, "loraplex bench sim (calibrate --self)")
         if logs_dir is not None:  # what ``sim calibrate --report`` writes, and the server's log

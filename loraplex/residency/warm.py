@@ -15,7 +15,7 @@ from dataclasses import dataclass
 
 from loraplex.artifacts.identity import AdapterKey
 from loraplex.artifacts.warm_policy import WarmPolicy
-from loraplex.residency.ledger import Tier
+from loraplex.residency.ledger import Tier, check_tier_share
 
 # Time constants of the rolling windows: 1 min (eviction recency), 5 min, 1 h, 24 h (warm policy).
 WINDOWS_S = (60.0, 300.0, 3600.0, 86400.0)
@@ -131,13 +131,21 @@ class PinBook:
     operator setting since the last one, and the automatically promoted ones. Any other
     revision was judged on-demand when last judged (or never requested) and its rates have only
     decayed since, so it would stay on-demand: an idle cache's rebalance costs O(promoted).
+
+    ``tenant_share`` (the GPU tier's ``default_tenant_tier_share``) shares the ``max_auto_gpu``
+    seats between tenants as ``residency/reclaim.py`` shares a tier's room: work-conserving, see
+    ``seat_share`` and ``_gpu_seats``.
     """
 
-    def __init__(self, auto: AutoWarmConfig | None, max_auto_gpu: int) -> None:
+    def __init__(
+        self, auto: AutoWarmConfig | None, max_auto_gpu: int, tenant_share: float = 1.0
+    ) -> None:
         if max_auto_gpu < 0:
             raise ValueError(f"max_auto_gpu {max_auto_gpu} is invalid; expected >= 0")
+        check_tier_share(tenant_share, "tenant_share")
         self._auto_config = auto
         self._max_auto_gpu = max_auto_gpu
+        self._seat_share = seat_share(max_auto_gpu, tenant_share)
         self._pins: dict[AdapterKey, set[Tier]] = {}
         self._operator: dict[AdapterKey, WarmPolicy] = {}
         self._auto: dict[AdapterKey, WarmPolicy] = {}  # never ON_DEMAND (the default)
@@ -229,8 +237,16 @@ class PinBook:
         hottest by 5-minute rate, an incumbent's rate counted at ``1 / (1 - hysteresis)`` so a
         challenger must beat it by that factor (no trading seats between similar rates).
         NOTE: ranked, not first come: in key order a tenant trickling just enough requests to
-        qualify held every seat while a far hotter adapter of another tenant was refused one."""
-        held = sum(1 for k, w in self._auto.items() if w is WarmPolicy.GPU and k not in wanted)
+        qualify held every seat while a far hotter adapter of another tenant was refused one.
+
+        With a tenant share (``seat_share``) the seats go in two rounds, as reclaim.py shares
+        room: first each tenant's hottest revisions up to its share of the seats, then the seats
+        left to the hottest of the rest (borrowed). So a tenant whose several adapters top the
+        rates holds every seat only while no other tenant's revision qualifies (a lone tenant
+        gets them all); once one does, the borrowed seats go to it whatever the rates.
+        NOTE: by rates alone one tenant's traffic took every seat from the others' warm state."""
+        held = [k for k, w in self._auto.items() if w is WarmPolicy.GPU and k not in wanted]
+        free = max(0, self._max_auto_gpu - len(held))
         keep = 1.0 - config.hysteresis
 
         def rank(key: AdapterKey) -> tuple[float, bool, AdapterKey]:
@@ -239,4 +255,35 @@ class PinBook:
             return (-score, not incumbent, key)
 
         candidates = sorted((k for k, w in wanted.items() if w is WarmPolicy.GPU), key=rank)
-        return set(candidates[: max(0, self._max_auto_gpu - held)])
+        share = self._seat_share
+        if share is None:
+            return set(candidates[:free])
+        taken: dict[str, int] = {}  # seats per tenant: unjudged holders, then this round's
+        for key in held:
+            taken[key.tenant] = taken.get(key.tenant, 0) + 1
+        seated: list[AdapterKey] = []
+        beyond: list[AdapterKey] = []  # candidates past their tenant's share, by rank
+        for key in candidates:
+            if len(seated) == free:
+                break
+            if taken.get(key.tenant, 0) < share:
+                taken[key.tenant] = taken.get(key.tenant, 0) + 1
+                seated.append(key)
+            else:
+                beyond.append(key)
+        return set(seated + beyond[: free - len(seated)])
+
+
+def default_auto_gpu_slots(gpu_slots: int) -> int:
+    """``max_auto_gpu_slots`` when unset: a quarter of the GPU slots, rounded down (``loraplex
+    serve`` and the simulator resolve it so), always fewer than the slots."""
+    return gpu_slots // 4
+
+
+def seat_share(max_auto_gpu: int, tenant_share: float) -> int | None:
+    """The automatic GPU seats each tenant keeps against the others: its ``tenant_share`` of
+    the ``max_auto_gpu`` seats rounded down, or one seat if more (as a tier's share never
+    refuses one copy); None: no share (``tenant_share`` 1.0)."""
+    if tenant_share >= 1:
+        return None
+    return max(1, int(max_auto_gpu * tenant_share))

@@ -13,6 +13,7 @@ from loraplex.engine.tenant_shares import TenantSettings
 from loraplex.residency.ledger import check_tier_share
 from loraplex.residency.policy import DEFAULT_POLICY as DEFAULT_EVICTION
 from loraplex.residency.policy import policy_names as eviction_names
+from loraplex.residency.warm import default_auto_gpu_slots
 from loraplex.router import DEFAULT_POLICY as DEFAULT_ROUTING
 from loraplex.router import policy_names as routing_names
 
@@ -134,5 +135,5 @@ class SimConfig:
     def auto_gpu_slots(self) -> int:
         """``max_auto_gpu_slots``, or a quarter of the slots as ``loraplex serve`` resolves it."""
         if self.max_auto_gpu_slots is None:
-            return self.max_loras // 4
+            return default_auto_gpu_slots(self.max_loras)
         return self.max_auto_gpu_slots

@@ -55,9 +55,11 @@ def into_slots(
     client: httpx.Client, adapters: Sequence[ServedAdapter], wanted: Sequence[ServedAdapter]
 ) -> None:
     """Prefetches ``wanted`` into L0 after dropping every other adapter's L0 copy.
-    NOTE: a server holds one tenant to ``default_tenant_tier_share`` of the slots (half by
-    default) and refuses a prefetch its eviction policy finds not worth its victims (503), so
-    the calibration frees the slots itself rather than asking the policy to evict."""
+    NOTE: a server refuses a prefetch its eviction policy finds not worth its victims (503),
+    and a tenant past its ``default_tenant_tier_share`` evicts only its own copies, so the
+    calibration frees the slots itself rather than asking the policy to evict: the one tenant
+    then borrows the free slots (the share is work-conserving). Pinned copies (the server's
+    automatic GPU pins) stay: ``calibrate_run.slots_for_mixes`` leaves room for them."""
     for adapter in adapters:
         if adapter not in wanted:
             client.post("/admin/residency/evict", json={"model": adapter.ref, "tier": "L0"})

@@ -45,6 +45,7 @@ from loraplex.bench.serve.driver import DriveConfig, prompt_ids, send_one
 from loraplex.bench.sim.calibrate_loads import into_slots
 from loraplex.bench.sim.calibrate_target import ServedAdapter, Target
 from loraplex.bench.workloads import TraceRequest
+from loraplex.residency.warm import default_auto_gpu_slots
 from loraplex.sim.calibrate import StepSample
 
 # How the lone warm requests of both calibrations (this one and ``calibrate_fleet``) are paced.
@@ -122,10 +123,20 @@ def target_sets(adapters: Sequence[ServedAdapter]) -> list[list[ServedAdapter]]:
     ]
 
 
-def slots_for_mixes(config: CalibrateConfig, tenant_tier_share: float) -> int:
-    """The fewest GPU slots at which one tenant's share of them (``default_tenant_tier_share``)
-    holds the largest mix's distinct adapters: below it ``into_slots`` is refused (503)."""
-    return math.ceil(max(config.revision_counts) / tenant_tier_share)
+def slots_for_mixes(config: CalibrateConfig) -> int:
+    """The fewest GPU slots that hold the largest mix's distinct adapters beside the automatic
+    GPU pins (``max_auto_gpu_slots``, a quarter of the slots as the calibration's server leaves
+    it) of adapters outside the mix, which ``into_slots`` cannot evict: with fewer its prefetch
+    may be refused (503). The one tenant's ``default_tenant_tier_share`` does not count: a
+    share is work-conserving (``residency/reclaim.py``), and ``into_slots`` frees the other
+    slots, which the tenant borrows.
+    NOTE: sized by the share as a hard cap (``max / share``: 8 slots at the defaults) before
+    the share became work-conserving, it asked for more slots than the mixes use."""
+    need = max(config.revision_counts)
+    slots = need
+    while slots - default_auto_gpu_slots(slots) < need:
+        slots += 1
+    return slots
 
 
 def mixes(

@@ -117,9 +117,8 @@ class InterleavedCalibration:
         from loraplex.bench.sim.calibrate_target import self_target
         from loraplex.bench.sim.calibration import measure
         from loraplex.bench.sim.host_probe import host_probe
-        from loraplex.serve.config import DEFAULT_TENANT_TIER_SHARE
 
-        slots = max(self.max_loras, slots_for_mixes(self.config, DEFAULT_TENANT_TIER_SHARE))
+        slots = max(self.max_loras, slots_for_mixes(self.config))
         started = datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds")
         sets = ("attn", "all")  # both target sets: the weight terms are fitted
         with self_target(self.asset_dir, (8, 16, 32, 64), 2, slots, 0, target_sets=sets) as target:

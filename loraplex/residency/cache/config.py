@@ -42,7 +42,8 @@ class CacheConfig:
     # least one engine step (~a decode step). It makes the keep-score count misses, not bytes.
     miss_stall_s: float = 0.02
     auto_warm: AutoWarmConfig | None = None  # automatic promotion/demotion; None: off
-    max_auto_gpu_slots: int = 0  # L0 slots automatic gpu promotion may pin
+    # L0 slots automatic gpu promotion may pin, shared between tenants by L0's default share
+    max_auto_gpu_slots: int = 0
     # Keys without any copy, load or pin whose history (request rates, counters) is kept so
     # frequency survives eviction; beyond it the least recently active are forgotten.
     max_idle_keys: int = 10_000

@@ -50,7 +50,11 @@ class TierState:
         self.policy = policy
         self.clock = clock
         self.stats = CacheStats(config.reload_window_s)
-        self.pins = PinBook(config.auto_warm, config.max_auto_gpu_slots)
+        self.pins = PinBook(
+            config.auto_warm,
+            config.max_auto_gpu_slots,
+            config.budgets[Tier.L0].default_tenant_share,  # the seats' share, as the slots'
+        )
         self.ledgers = {t: TierLedger(t, config.budgets[t]) for t in CACHED_TIERS}
         self.costs = ReloadCosts(config)
         self.changes = ChangeLog()

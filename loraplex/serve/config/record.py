@@ -34,6 +34,7 @@ from loraplex.quota.shared_ratelimit import (
 from loraplex.registry.sql.timeouts import database_timeouts
 from loraplex.residency.ledger import check_tier_share
 from loraplex.residency.policy import DEFAULT_POLICY
+from loraplex.residency.warm import default_auto_gpu_slots
 from loraplex.serve.config.checks import (
     check_auto_gpu_slots,
     check_connection_caps,
@@ -262,7 +263,7 @@ class ServeConfig:
         the GPU slots, so automatic pins never take every slot."""
         slots = self.gpu_slots(base)
         if self.max_auto_gpu_slots is None:
-            return slots // 4
+            return default_auto_gpu_slots(slots)
         if self.max_auto_gpu_slots >= slots:
             raise ValueError(
                 f"max_auto_gpu_slots {self.max_auto_gpu_slots} is invalid; expected fewer than "
