@@ -204,3 +204,23 @@ def test_borrowed_copies_kept_in_use_do_not_keep_another_tenant_out_for_good() -
     assert wanted.done() and wanted.exception() is None, "u never got a slot"
     assert _held(rig, "u") == 1
     assert not any(rig.cache.reclaiming(k) for k in SWEEP[:4])  # nobody waits now
+
+
+def test_a_pinned_copy_is_never_held_back_for_a_reclaim() -> None:
+    """A pin is never evicted, so holding back its leases would only starve its tenant."""
+    rig = make_rig(slots=4, l1=8, l2=16, share=0.5)
+    for k in SWEEP[:3]:
+        pinned = rig.cache.pin(k, Tier.L0)
+        rig.settle()
+        assert pinned.done() and pinned.exception() is None
+    held = rig.cache.acquire_future(SWEEP[3])
+    rig.settle()
+    lease = held.result(timeout=0)
+    wanted = rig.cache.acquire_future(OTHER[0], deadline_s=60.0)
+    rig.settle()
+    assert not wanted.done()  # t's one unpinned copy is in use
+    assert not any(rig.cache.reclaiming(k) for k in SWEEP[:3])  # pinned: leased as ever
+    assert rig.cache.reclaiming(SWEEP[3])  # borrowed and unpinned: drained
+    lease.release()
+    rig.settle()
+    assert wanted.done() and wanted.exception() is None

@@ -242,7 +242,9 @@ class TieredAdapterCache:
             entry = self._state.ready_entry(key, Tier.L0)
             ledger = self._state.ledgers[Tier.L0]
             share = ledger.tenant_share(key.tenant)
-            if entry is None or share is None or ledger.tenant_bytes.get(key.tenant, 0) <= share:
+            if entry is None or entry.pinned or share is None:  # a pin is never reclaimed
+                return False
+            if ledger.tenant_bytes.get(key.tenant, 0) <= share:
                 return False
             return any(_reclaims_l0(job, ledger, key.tenant) for job in self._jobs.blocked())
 
@@ -287,9 +289,12 @@ class TieredAdapterCache:
 
 def _reclaims_l0(job: LoadJob, ledger: TierLedger, besides: str) -> bool:
     """Whether ``job`` waits for L0 room for a tenant other than ``besides``, under its share
-    (so the room it may take includes other tenants' borrowed copies)."""
+    (so the room it may take includes other tenants' borrowed copies), room that unpinned
+    copies leaving would give it (a load that waits for an unpin gains nothing)."""
     tenant = job.key.tenant
     if tenant == besides or job.move is None or job.move.target is not Tier.L0:
         return False
     share = ledger.tenant_share(tenant)
-    return share is not None and ledger.tenant_bytes.get(tenant, 0) < share
+    if share is None or ledger.tenant_bytes.get(tenant, 0) >= share or job.footprint is None:
+        return False
+    return ledger.fits_beside_pins(tenant, job.footprint.bytes_in(Tier.L0))
