@@ -10,6 +10,9 @@
    their lease.
 4. **request**: the scheduler's lease candidates ask the cache for their adapter; a lease not
    granted at once leaves its request in ADAPTER_WAIT with the future in its ``Live`` record.
+   A candidate whose adapter's GPU copy is borrowed room that another tenant's load waits for
+   (``TieredAdapterCache.reclaiming``) does not ask this step: it stays queued, so the copy's
+   leases drain and the waiting load reclaims it.
    Leases whose adapter was in host memory (L1: only the copy into a slot is left) are waited
    for, all together, at most ``MAX_COPY_WAIT_S``, and settled at once when they came: the copy
    needs the slot lock, which the step's forward would otherwise take first, so the request
@@ -132,6 +135,8 @@ class LeaseDesk:
         for req in self.scheduler.lease_candidates(self._adapter_loads()):
             key = req.request.adapter_key
             assert key is not None  # lease candidates use an adapter
+            if cache.reclaiming(key):  # borrowed room another tenant waits for: not this step
+                continue
             remaining = max(req.deadline_at_s - self.clock.now(), 1e-3)
             in_memory = cache.is_resident(key, Tier.L1)  # before the lease: it may move
             future = cache.acquire_future(key, deadline_s=remaining)

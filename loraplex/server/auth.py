@@ -21,6 +21,7 @@ from starlette.concurrency import run_in_threadpool
 
 from loraplex.errors import AuthenticationError
 from loraplex.registry import Tenant
+from loraplex.server.admin_query import check_admin_query
 from loraplex.server.deps import ServerDeps
 from loraplex.server.errors import unauthorized
 
@@ -125,8 +126,10 @@ def check_admin(token: str | None, admin_key: str) -> None:
 
 
 async def require_admin(request: Request, deps: Annotated[ServerDeps, Depends(get_deps)]) -> str:
-    """The audit actor of an admin call (the middleware checked the key too; this is cheap)."""
+    """The audit actor of an admin call (the middleware checked the key too; this is cheap);
+    then the call's query string and path are checked (``admin_query``)."""
     check_admin(bearer_token(request), deps.config.admin_key)
+    check_admin_query(request)
     return ADMIN_ACTOR
 
 

@@ -177,3 +177,50 @@ def test_the_share_is_a_fraction_of_the_capacity_and_no_more_than_a_cap() -> Non
     assert ledger.tenant_share("c") == ledger.claim_limit("c", 50) == 100
     assert TierBudget(1000).default_tenant_share_bytes is None
     assert TierLedger(Tier.L1, TierBudget(1000)).claim_limit("anyone", 10) is None
+
+
+def test_borrowed_copies_kept_in_use_do_not_keep_another_tenant_out_for_good() -> None:
+    """attack12: t borrows every slot (share 2 of 4) and starts its next request on each copy
+    before the last one ends, so no copy of it is ever evictable; u, under its share, waited for
+    room until its deadline (a live demo server with --max-loras 4: globex's request a 503
+    queue_timeout after 30 s while acme kept two staggered streams on each of 5 revisions)."""
+    rig = make_rig(slots=4, l1=8, l2=16, share=0.5)
+    first = {k: rig.cache.acquire_future(k) for k in SWEEP[:4]}
+    rig.settle()
+    leases = {k: f.result(timeout=0) for k, f in first.items()}
+    wanted = rig.cache.acquire_future(OTHER[0], deadline_s=60.0)
+    for _ in range(10):  # 10 s of t's overlapping requests
+        rig.settle()
+        for k, old in list(leases.items()):
+            # the engine asks for a lease unless the copy is being reclaimed (lease_desk)
+            following = None if rig.cache.reclaiming(k) else rig.cache.acquire_future(k)
+            old.release()  # after the next request got its lease
+            if following is not None:
+                leases[k] = following.result(timeout=0)  # a hit: granted at once
+            else:
+                del leases[k]  # t's request waits for its turn
+        rig.check()
+    rig.settle()
+    assert wanted.done() and wanted.exception() is None, "u never got a slot"
+    assert _held(rig, "u") == 1
+    assert not any(rig.cache.reclaiming(k) for k in SWEEP[:4])  # nobody waits now
+
+
+def test_a_pinned_copy_is_never_held_back_for_a_reclaim() -> None:
+    """A pin is never evicted, so holding back its leases would only starve its tenant."""
+    rig = make_rig(slots=4, l1=8, l2=16, share=0.5)
+    for k in SWEEP[:3]:
+        pinned = rig.cache.pin(k, Tier.L0)
+        rig.settle()
+        assert pinned.done() and pinned.exception() is None
+    held = rig.cache.acquire_future(SWEEP[3])
+    rig.settle()
+    lease = held.result(timeout=0)
+    wanted = rig.cache.acquire_future(OTHER[0], deadline_s=60.0)
+    rig.settle()
+    assert not wanted.done()  # t's one unpinned copy is in use
+    assert not any(rig.cache.reclaiming(k) for k in SWEEP[:3])  # pinned: leased as ever
+    assert rig.cache.reclaiming(SWEEP[3])  # borrowed and unpinned: drained
+    lease.release()
+    rig.settle()
+    assert wanted.done() and wanted.exception() is None

@@ -218,3 +218,40 @@ def test_admin_listings_read_in_pages(rig: Rig, route: str, cursor: Any) -> None
         paged += page
         params = {"limit": 1, "after": cursor(page[-1])}
     assert paged == everything
+
+
+@pytest.mark.parametrize(
+    ("path", "query", "param"),
+    [
+        ("/admin/adapters", "offset=100", "offset"),  # /admin/residency's paging, not this one's
+        ("/admin/adapters", "afterr=acme/x", "afterr"),  # a typo: the first page again
+        ("/admin/keys", "cursor=x", "cursor"),
+        ("/admin/releases", "page=2", "page"),
+        ("/admin/audit", "after=3", "after"),  # the audit log pages by after_seq
+        ("/admin/tenants", "limit=1", "limit"),  # not paged
+        ("/admin/adapters", "limit=1&limit=2", "limit"),  # the last one used to win
+        ("/admin/adapters", "after=acme/%00", "after"),  # PostgreSQL: a 500
+        ("/admin/keys", "tenant=%00", "tenant"),
+        ("/admin/adapters/acme/%00", "", "name"),
+    ],
+)
+def test_admin_query_parameters_not_taken_twice_or_with_nul_are_a_400(
+    rig: Rig, path: str, query: str, param: str
+) -> None:
+    """Nothing is silently ignored: a paging client sending a parameter the route does not take
+    was answered its first page again, every time."""
+    reply = rig.client.get(f"{path}?{query}" if query else path, headers=rig.admin)
+    assert reply.status_code == 400, reply.text
+    assert reply.json()["error"]["param"] == param
+
+
+def test_admin_query_check_leaves_the_routes_own_parameters_alone(rig: Rig) -> None:
+    for path in (
+        "/admin/adapters?tenant=acme&limit=1&after=acme/a",
+        "/admin/keys?tenant=acme&limit=5",
+        "/admin/releases?finished=true&limit=5&tenant=acme",
+        "/admin/audit?after_seq=0&limit=5",
+        "/admin/residency?top=1&offset=0",
+    ):
+        reply = rig.client.get(path, headers=rig.admin)
+        assert reply.status_code == 200, (path, reply.text)

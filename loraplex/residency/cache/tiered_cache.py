@@ -26,7 +26,7 @@ from loraplex.residency.cache.cache_lock import CacheLock
 from loraplex.residency.cache.changes import ResidencyChanges
 from loraplex.residency.cache.config import CacheConfig
 from loraplex.residency.cache.executors import StepExecutor, ThreadStepExecutor
-from loraplex.residency.cache.jobs import JobTable, Lease, Waiter
+from loraplex.residency.cache.jobs import JobTable, Lease, LoadJob, Waiter
 from loraplex.residency.cache.load_flow import LoadFlow
 from loraplex.residency.cache.recovery import adopt_recovered
 from loraplex.residency.cache.tier_state import TierState
@@ -230,6 +230,24 @@ class TieredAdapterCache:
             job = self._jobs.get(key)
             return job is not None and job.started and not self._jobs.is_blocked(job)
 
+    def reclaiming(self, key: AdapterKey) -> bool:
+        """Whether a new lease on ``key``'s GPU copy should wait: its tenant holds more of L0
+        than its share (borrowed room) while a load of another tenant under its share waits
+        for L0 room. The engine then asks for no lease on it this step, so the copy's leases
+        drain and the waiting load reclaims it (``residency/reclaim.py``). NOTE: a hit always
+        got a lease at once, so a tenant that started its next request on each borrowed copy
+        before the last one ended kept every copy in use, never evictable, and another
+        tenant's load waited for room until its deadline (attack12)."""
+        with self._lock:
+            entry = self._state.ready_entry(key, Tier.L0)
+            ledger = self._state.ledgers[Tier.L0]
+            share = ledger.tenant_share(key.tenant)
+            if entry is None or entry.pinned or share is None:  # a pin is never reclaimed
+                return False
+            if ledger.tenant_bytes.get(key.tenant, 0) <= share:
+                return False
+            return any(_reclaims_l0(job, ledger, key.tenant) for job in self._jobs.blocked())
+
     def residency(self, tier: Tier) -> list[AdapterKey]:
         """The keys with a ready copy in ``tier`` (cheaper than a snapshot)."""
         with self._lock:
@@ -267,3 +285,16 @@ class TieredAdapterCache:
             self._flow.load_into(key, tier, optional=False)
         self._flow.retry_blocked()
         self._state.settle_key(key)  # a demoted revision without copies may now be forgotten
+
+
+def _reclaims_l0(job: LoadJob, ledger: TierLedger, besides: str) -> bool:
+    """Whether ``job`` waits for L0 room for a tenant other than ``besides``, under its share
+    (so the room it may take includes other tenants' borrowed copies), room that unpinned
+    copies leaving would give it (a load that waits for an unpin gains nothing)."""
+    tenant = job.key.tenant
+    if tenant == besides or job.move is None or job.move.target is not Tier.L0:
+        return False
+    share = ledger.tenant_share(tenant)
+    if share is None or ledger.tenant_bytes.get(tenant, 0) >= share or job.footprint is None:
+        return False
+    return ledger.fits_beside_pins(tenant, job.footprint.bytes_in(Tier.L0))
