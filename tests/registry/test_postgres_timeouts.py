@@ -246,7 +246,7 @@ class _Relay:
 
 
 def test_a_call_waiting_for_a_connection_held_too_long_fails_alone(postgres_url: str) -> None:
-    db = open_database(postgres_url, FAST)
+    db = open_database(postgres_url, FAST, pool_size=1)  # one connection: the call waits for it
     holding = threading.Event()
     held: list[str] = []
 
