@@ -20,7 +20,7 @@ from urllib.parse import urlsplit, urlunsplit
 
 import psycopg
 import pytest
-from test_postgres_timeouts import FAST, HANG_BOUND_S, _backend_pid, _Relay
+from test_postgres_timeouts import FAST, HANG_BOUND_S, _backend_pid, _registry, _Relay
 
 from loraplex.errors import RegistryUnavailableError
 from loraplex.registry import Registry, RegistryConfig, open_registry
@@ -35,14 +35,7 @@ PATIENT = DatabaseTimeouts(connect_timeout_s=2, statement_timeout_s=15.0, lock_t
 
 @pytest.fixture
 def pg_registry(tmp_path: Path, postgres_url: str) -> Iterator[Registry]:
-    config = RegistryConfig(
-        tmp_path / "data",
-        postgres_url,
-        database_connect_timeout_s=PATIENT.connect_timeout_s,
-        database_statement_timeout_s=PATIENT.statement_timeout_s,
-        database_lock_timeout_s=PATIENT.lock_timeout_s,
-    )
-    registry = open_registry(config)
+    registry = _registry(tmp_path, postgres_url, PATIENT)
     registry.create_tenant("acme", actor="test")
     yield registry
     registry.close()
