@@ -184,6 +184,37 @@ def test_writes_of_one_process_queue_in_the_process_not_on_the_lock_timeout(
         db.close()
 
 
+def test_a_write_queued_past_the_wait_limit_fails_alone(postgres_url: str) -> None:
+    db = open_database(postgres_url, FAST, pool_size=2)
+    try:
+        writing, release = threading.Event(), threading.Event()
+
+        def _stuck_write() -> None:
+            with db.transaction():
+                writing.set()
+                release.wait(HANG_BOUND_S)  # a writer stuck inside its transaction
+
+        stuck, stuck_outcome = _in_thread(_stuck_write)
+        assert writing.wait(HANG_BOUND_S)
+        try:
+            with pytest.raises(RegistryUnavailableError) as caught, db.transaction():
+                pass
+            reason = f"another write in this process went on for {FAST.client_wait_s:g} s"
+            assert caught.value.reason == reason
+            _backend_pid(db)  # reads go on meanwhile
+        finally:
+            release.set()
+            stuck.join(HANG_BOUND_S)
+        # the stuck one was given up by the watchdog (idle in its transaction past the limit)
+        assert [getattr(e, "reason", e) for e in stuck_outcome] == [
+            f"no answer within {FAST.client_wait_s:g} s"
+        ]
+        with db.transaction():  # the queue is free again
+            pass
+    finally:
+        db.close()
+
+
 def _child_run(db: Database, ready_w: int, go_r: int, out_w: int) -> None:
     """In a forked child: one call, tell the parent, wait for the relay to freeze, one more
     call; its outcome (the child's first backend pid and the second call's result) to the
