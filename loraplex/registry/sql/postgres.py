@@ -123,38 +123,51 @@ class PostgresDatabase:
     def transaction(self, write: bool = True) -> Iterator[_PostgresTx]:
         if getattr(self._local, "active", False):
             raise RuntimeError("registry transactions do not nest")
-        wait_s = self._timeouts.client_wait_s
         self._local.active = True
-        write_lock = self._write_lock  # NOTE: the one to release, even if a fork replaced it
         try:
-            if write and not write_lock.acquire(timeout=wait_s):
-                raise RegistryUnavailableError(
-                    f"another write in this process went on for {wait_s:g} s"
-                )
-            try:
+            with self._write_turn(write):
                 conn = self._checkout()
                 try:
-                    with self._watchdog.watching(conn.fileno()) as watch:
-                        try:
-                            with conn.transaction():
-                                tx = _PostgresTx(conn, watch)
-                                if write:
-                                    tx.execute(
-                                        "SELECT pg_advisory_xact_lock(?)", (_WRITE_LOCK_KEY,)
-                                    )
-                                try:
-                                    yield tx
-                                finally:
-                                    watch.renew()  # the commit (or rollback) gets the whole limit
-                        except psycopg.OperationalError as exc:
-                            raise self._unavailable(exc, conn, watch.fired) from exc
+                    with self._watched(conn, write) as tx:
+                        yield tx
                 finally:
                     self._checkin(conn)
-            finally:
-                if write:
-                    write_lock.release()
         finally:
             self._local.active = False
+
+    @contextmanager
+    def _write_turn(self, write: bool) -> Iterator[None]:
+        """This process's turn to write, waited for at most the client's wait limit (nothing
+        for a read)."""
+        if not write:
+            yield
+            return
+        lock = self._write_lock  # NOTE: the one to release, even if a fork replaced it
+        wait_s = self._timeouts.client_wait_s
+        if not lock.acquire(timeout=wait_s):
+            raise RegistryUnavailableError(
+                f"another write in this process went on for {wait_s:g} s"
+            )
+        try:
+            yield
+        finally:
+            lock.release()
+
+    @contextmanager
+    def _watched(self, conn: psycopg.Connection[Row], write: bool) -> Iterator[_PostgresTx]:
+        """A transaction on ``conn`` under the watchdog (a write with the advisory lock)."""
+        with self._watchdog.watching(conn.fileno()) as watch:
+            try:
+                with conn.transaction():
+                    tx = _PostgresTx(conn, watch)
+                    if write:
+                        tx.execute("SELECT pg_advisory_xact_lock(?)", (_WRITE_LOCK_KEY,))
+                    try:
+                        yield tx
+                    finally:
+                        watch.renew()  # the commit (or rollback) gets the whole limit
+            except psycopg.OperationalError as exc:
+                raise self._unavailable(exc, conn, watch.fired) from exc
 
     def is_unique_violation(self, exc: BaseException) -> bool:
         return isinstance(exc, psycopg.errors.UniqueViolation)
