@@ -22,7 +22,11 @@ from loraplex.registry.registration import StageHook
 from loraplex.registry.registry import Registry
 from loraplex.registry.sql.connect import POSTGRES_SCHEMES, open_database
 from loraplex.registry.sql.migrations import migrate
-from loraplex.registry.sql.timeouts import DatabaseTimeouts, database_timeouts
+from loraplex.registry.sql.timeouts import (
+    DatabaseTimeouts,
+    database_pool_size,
+    database_timeouts,
+)
 
 DATABASE_FILE = "registry.sqlite3"
 ARTIFACTS_DIR = "artifacts"
@@ -50,6 +54,7 @@ class RegistryConfig:
     database_connect_timeout_s: float | None = None  # a new connection, login included
     database_statement_timeout_s: float | None = None  # one statement, lock waits included
     database_lock_timeout_s: float | None = None  # one wait for a lock
+    database_pool_size: int | None = None  # connections of one process at most
 
     def __post_init__(self) -> None:
         if self.max_lora_rank < 1:
@@ -62,25 +67,28 @@ class RegistryConfig:
         self._check_timeouts()
 
     def _check_timeouts(self) -> None:
-        """ValueError naming a timeout key that is invalid, or set for a SQLite database (which
-        would ignore it: no server to wait on)."""
+        """ValueError naming a timeout or pool key that is invalid, or set for a SQLite
+        database (which would ignore it: no server to wait on, one connection)."""
         given = {
             name: getattr(self, name)
             for name in (
                 "database_connect_timeout_s",
                 "database_statement_timeout_s",
                 "database_lock_timeout_s",
+                "database_pool_size",
             )
             if getattr(self, name) is not None
         }
         if not given:
             return
         self.timeouts()
+        database_pool_size(self.database_pool_size)
         if not self.database.startswith(POSTGRES_SCHEMES):
             name, value = next(iter(given.items()))
             raise ValueError(
                 f"{name} {value} is invalid with a SQLite registry; expected a postgresql:// "
-                "database_url (the timeouts bound waits on a PostgreSQL server)"
+                "database_url (the timeouts bound waits on a PostgreSQL server, and the pool "
+                "its connections)"
             )
 
     def timeouts(self) -> DatabaseTimeouts | None:
@@ -125,7 +133,7 @@ def open_registry(
     """
     if config.database_url is None or config.store is None:
         config.data_dir.mkdir(mode=0o700, parents=True, exist_ok=True)
-    db = open_database(config.database, config.timeouts())
+    db = open_database(config.database, config.timeouts(), config.database_pool_size)
     try:
         migrate(db, wall_clock())
     except BaseException:

@@ -73,4 +73,5 @@ def registry_config(config: ServeConfig) -> RegistryConfig:
         config.database_connect_timeout_s,
         config.database_statement_timeout_s,
         config.database_lock_timeout_s,
+        config.database_pool_size,
     )

@@ -32,3 +32,20 @@ def test_a_watch_that_ends_in_time_leaves_the_socket_alone() -> None:
         server.sendall(b"y")
         assert ours.recv(1) == b"y"
     watchdog.stop()
+
+
+def test_watches_at_once_each_fire_alone() -> None:
+    watchdog = Watchdog(limit_s=0.2)
+    stuck, stuck_server = socket.socketpair()
+    fine, fine_server = socket.socketpair()
+    with stuck, stuck_server, fine, fine_server:
+        with watchdog.watching(stuck.fileno()) as stuck_watch:
+            with watchdog.watching(fine.fileno()) as fine_watch:
+                fine_server.sendall(b"x")
+                assert fine.recv(1) == b"x"
+            assert stuck.recv(1) == b""  # blocks until the watchdog shuts it down
+        assert stuck_watch.fired and not fine_watch.fired
+        time.sleep(0.4)  # past the ended watch's deadline: it fires nothing
+        fine_server.sendall(b"y")
+        assert fine.recv(1) == b"y"
+    watchdog.stop()

@@ -30,13 +30,13 @@ FAST = DatabaseTimeouts(connect_timeout_s=2, statement_timeout_s=1.0, lock_timeo
 HANG_BOUND_S = 20.0  # far above every limit used here: only a call without a limit reaches it
 
 
-def _registry(tmp_path: Path, url: str) -> Registry:
+def _registry(tmp_path: Path, url: str, limits: DatabaseTimeouts = FAST) -> Registry:
     config = RegistryConfig(
         tmp_path / "data",
         url,
-        database_connect_timeout_s=FAST.connect_timeout_s,
-        database_statement_timeout_s=FAST.statement_timeout_s,
-        database_lock_timeout_s=FAST.lock_timeout_s,
+        database_connect_timeout_s=limits.connect_timeout_s,
+        database_statement_timeout_s=limits.statement_timeout_s,
+        database_lock_timeout_s=limits.lock_timeout_s,
     )
     return open_registry(config)
 
@@ -246,7 +246,7 @@ class _Relay:
 
 
 def test_a_call_waiting_for_a_connection_held_too_long_fails_alone(postgres_url: str) -> None:
-    db = open_database(postgres_url, FAST)
+    db = open_database(postgres_url, FAST, pool_size=1)  # one connection: the call waits for it
     holding = threading.Event()
     held: list[str] = []
 

@@ -121,3 +121,33 @@ def test_serve_config_keys_reach_the_registry_and_are_checked(tmp_path: Path) ->
     sqlite_settings = ServeConfig(tmp_path, database_lock_timeout_s=1.0)  # no database known yet
     with pytest.raises(ValueError, match=r"database_lock_timeout_s 1\.0 is invalid with a SQLite"):
         registry_config(sqlite_settings)
+
+
+# --- PostgreSQL pool size (database_pool_size) --------------------------------------------------
+
+
+@pytest.mark.parametrize("value", [0, -1, 65, True, 2.0, "4"])
+def test_an_invalid_pool_size_is_refused_naming_the_key(tmp_path: Path, value: object) -> None:
+    url = "postgresql://u@127.0.0.1:1/db"
+    message = f"database_pool_size {value!r} is invalid; expected a whole number 1 to 64"
+    with pytest.raises(ValueError, match=re.escape(message)):
+        RegistryConfig(tmp_path, url, database_pool_size=value)  # type: ignore[arg-type]
+    with pytest.raises(ValueError, match=re.escape(message)):
+        ServeConfig(tmp_path, database_pool_size=value)  # type: ignore[arg-type]
+
+
+def test_the_pool_size_is_refused_with_a_sqlite_registry(tmp_path: Path) -> None:
+    with pytest.raises(ValueError, match="database_pool_size 2 is invalid with a SQLite registry"):
+        RegistryConfig(tmp_path, database_pool_size=2)
+    with pytest.raises(ValueError, match="database_pool_size is invalid with 'sqlite:///x'"):
+        open_database("sqlite:///x", pool_size=2)
+
+
+def test_the_serve_key_reaches_the_registry(tmp_path: Path) -> None:
+    toml = tmp_path / "serve.toml"
+    toml.write_text(
+        '[serve]\ndatabase_url = "postgresql://u@127.0.0.1:1/db"\ndatabase_pool_size = 7\n'
+    )
+    settings = merge(read_config_file(toml), {"data_dir": tmp_path})
+    assert registry_config(settings).database_pool_size == 7
+    assert RegistryConfig(tmp_path, "postgresql://u@127.0.0.1:1/db").database_pool_size is None

@@ -8,14 +8,21 @@ from loraplex.registry.sql.timeouts import DatabaseTimeouts
 POSTGRES_SCHEMES = ("postgresql://", "postgres://")
 
 
-def open_database(url: str, timeouts: DatabaseTimeouts | None = None) -> Database:
+def open_database(
+    url: str, timeouts: DatabaseTimeouts | None = None, pool_size: int | None = None
+) -> Database:
     """``sqlite:///path/to/file`` or ``postgresql://user@host:port/db``; ``timeouts`` bound
-    every wait on a PostgreSQL server (None: the defaults). A SQLite file waits up to its busy
-    timeout for another process's write lock, and takes no ``timeouts``."""
+    every wait on a PostgreSQL server and ``pool_size`` its connections (None: the defaults).
+    A SQLite file waits up to its busy timeout for another process's write lock, on one
+    connection, and takes neither."""
     if url.startswith("sqlite:///"):
         if timeouts is not None:
             raise ValueError(
                 f"database timeouts are invalid with {url!r}; expected a postgresql:// url"
+            )
+        if pool_size is not None:
+            raise ValueError(
+                f"database_pool_size is invalid with {url!r}; expected a postgresql:// url"
             )
         from loraplex.registry.sql.sqlite import SqliteDatabase
 
@@ -23,7 +30,7 @@ def open_database(url: str, timeouts: DatabaseTimeouts | None = None) -> Databas
     if url.startswith(POSTGRES_SCHEMES):
         from loraplex.registry.sql.postgres import PostgresDatabase
 
-        return PostgresDatabase(url, timeouts)
+        return PostgresDatabase(url, timeouts, pool_size)
     raise ValueError(
         f"database url {url!r} is invalid; expected sqlite:///PATH or postgresql://..."
     )

@@ -17,9 +17,13 @@ one on a connection the server closed while it was idle, e.g. a restarted server
 
 from __future__ import annotations
 
+import contextlib
 import logging
+import os
 import select
 import threading
+import time
+import weakref
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 
@@ -30,7 +34,7 @@ from psycopg.pq import TransactionStatus
 
 from loraplex.errors import RegistryUnavailableError
 from loraplex.registry.sql.db import Row
-from loraplex.registry.sql.timeouts import DatabaseTimeouts
+from loraplex.registry.sql.timeouts import DatabaseTimeouts, database_pool_size
 from loraplex.registry.sql.watchdog import Watch, Watchdog
 
 _log = logging.getLogger(__name__)
@@ -61,22 +65,47 @@ class _PostgresTx:
 class PostgresDatabase:
     """A registry database on a PostgreSQL server (``postgresql://`` URL, libpq syntax).
 
-    One connection, used by one thread at a time (a transaction holds it; others wait for it
-    at most the client's wait limit). Opening connects at once: a wrong URL fails at start.
+    A pool of at most ``pool_size`` connections (``database_pool_size``), each used by one
+    transaction at a time and opened with the same limits; one is opened at once (a wrong URL
+    fails at start), the others as concurrent calls need them, and kept. A call finding every
+    connection busy waits for one at most the client's wait limit. Write transactions of this
+    process queue for one another here first (as long), then take the server's advisory lock
+    (which other processes hold, within the lock timeout), so that a write waiting for another
+    write holds no connection and no lock wait.
+
+    After a fork the child never uses the parent's connections (it closes its copies of their
+    sockets, which leaves the parent's sessions alone) nor the parent's watchdog thread (gone in
+    the child): it opens its own, as calls need them.
     """
 
-    def __init__(self, url: str, timeouts: DatabaseTimeouts | None = None) -> None:
+    def __init__(
+        self, url: str, timeouts: DatabaseTimeouts | None = None, pool_size: int | None = None
+    ) -> None:
         self._dsn = url
         self._timeouts = timeouts or DatabaseTimeouts()
-        self._watchdog = Watchdog(self._timeouts.client_wait_s)
-        self._lock = threading.RLock()
-        self._in_transaction = False  # guards against nesting (SQLite refuses it too)
+        self._pool_size = database_pool_size(pool_size)
         self._closed = False
+        self._inherited: list[psycopg.Connection[Row]] = []  # a parent's, never used (forks)
+        self._start_process()
         given = conninfo_to_dict(url)  # for messages before a connection says where it is
         self._url = _where(given.get("host", ""), given.get("port", ""), given.get("dbname", ""))
-        self._conn: psycopg.Connection[Row] | None = self._connect()
-        info = self._conn.info
+        first = self._connect()
+        info = first.info
         self._url = _where(info.host, info.port, info.dbname)
+        with self._cond:
+            self._open.add(first)
+            self._idle.append(first)
+        _ALIVE.add(self)
+
+    def _start_process(self) -> None:
+        """This process's pool state: empty, with new locks and a new watchdog."""
+        self._cond = threading.Condition()
+        self._open: set[psycopg.Connection[Row]] = set()  # idle or in a transaction
+        self._idle: list[psycopg.Connection[Row]] = []  # the most recently returned last
+        self._opening = 0  # connections being opened (counted against the pool size)
+        self._write_lock = threading.Lock()
+        self._local = threading.local()  # .active: this thread is in a transaction
+        self._watchdog = Watchdog(self._timeouts.client_wait_s)
 
     @property
     def dialect(self) -> str:
@@ -86,54 +115,145 @@ class PostgresDatabase:
     def url(self) -> str:
         return self._url
 
+    @property
+    def pool_size(self) -> int:
+        return self._pool_size
+
     @contextmanager
     def transaction(self, write: bool = True) -> Iterator[_PostgresTx]:
-        wait_s = self._timeouts.client_wait_s
-        if not self._lock.acquire(timeout=wait_s):
-            raise RegistryUnavailableError(f"its connection stayed busy for {wait_s:g} s")
-        if self._in_transaction:  # this thread's own (the lock is reentrant)
-            self._lock.release()
+        if getattr(self._local, "active", False):
             raise RuntimeError("registry transactions do not nest")
-        self._in_transaction = True
+        self._local.active = True
         try:
-            conn = self._usable_connection()
-            try:
-                with self._watchdog.watching(conn.fileno()) as watch:
-                    try:
-                        with conn.transaction():
-                            tx = _PostgresTx(conn, watch)
-                            if write:
-                                tx.execute("SELECT pg_advisory_xact_lock(?)", (_WRITE_LOCK_KEY,))
-                            try:
-                                yield tx
-                            finally:
-                                watch.renew()  # the commit (or rollback) gets the whole limit
-                    except psycopg.OperationalError as exc:
-                        raise self._unavailable(exc, watch.fired) from exc
-            finally:
-                if not _reusable(conn):
-                    self._discard()
+            with self._write_turn(write):
+                conn = self._checkout()
+                try:
+                    with self._watched(conn, write) as tx:
+                        yield tx
+                finally:
+                    self._checkin(conn)
         finally:
-            self._in_transaction = False
-            self._lock.release()
+            self._local.active = False
+
+    @contextmanager
+    def _write_turn(self, write: bool) -> Iterator[None]:
+        """This process's turn to write, waited for at most the client's wait limit (nothing
+        for a read)."""
+        if not write:
+            yield
+            return
+        lock = self._write_lock  # NOTE: the one to release, even if a fork replaced it
+        wait_s = self._timeouts.client_wait_s
+        if not lock.acquire(timeout=wait_s):
+            raise RegistryUnavailableError(
+                f"another write in this process went on for {wait_s:g} s"
+            )
+        try:
+            yield
+        finally:
+            lock.release()
+
+    @contextmanager
+    def _watched(self, conn: psycopg.Connection[Row], write: bool) -> Iterator[_PostgresTx]:
+        """A transaction on ``conn`` under the watchdog (a write with the advisory lock)."""
+        with self._watchdog.watching(conn.fileno()) as watch:
+            try:
+                with conn.transaction():
+                    tx = _PostgresTx(conn, watch)
+                    if write:
+                        tx.execute("SELECT pg_advisory_xact_lock(?)", (_WRITE_LOCK_KEY,))
+                    try:
+                        yield tx
+                    finally:
+                        watch.renew()  # the commit (or rollback) gets the whole limit
+            except psycopg.OperationalError as exc:
+                raise self._unavailable(exc, conn, watch.fired) from exc
 
     def is_unique_violation(self, exc: BaseException) -> bool:
         return isinstance(exc, psycopg.errors.UniqueViolation)
 
     def close(self) -> None:
-        with self._lock:
+        """Closes the idle connections at once, the busy ones as their transactions end."""
+        with self._cond:
             self._closed = True
-            self._discard()
-            self._watchdog.stop()
+            idle, self._idle = self._idle, []
+            self._open.difference_update(idle)
+            self._cond.notify_all()
+        for conn in idle:
+            conn.close()
+        self._watchdog.stop()
+        _ALIVE.discard(self)
 
-    def _usable_connection(self) -> psycopg.Connection[Row]:
-        if self._closed:
-            raise RegistryUnavailableError("it was closed")
-        if self._conn is not None and not _reusable(self._conn, idle_check=True):
-            self._discard()
-        if self._conn is None:
-            self._conn = self._connect()
-        return self._conn
+    def _checkout(self) -> psycopg.Connection[Row]:
+        """An idle connection (one the server closed meanwhile replaced), else a new one while
+        the pool has room, else the first one returned within the client's wait limit."""
+        wait_s = self._timeouts.client_wait_s
+        deadline = time.monotonic() + wait_s
+        with self._cond:
+            while True:
+                if self._closed:
+                    raise RegistryUnavailableError("it was closed")
+                if self._idle:
+                    conn: psycopg.Connection[Row] | None = self._idle.pop()
+                    break
+                if len(self._open) + self._opening < self._pool_size:
+                    conn = None
+                    self._opening += 1
+                    break
+                remaining = deadline - time.monotonic()
+                if remaining <= 0:
+                    n = self._pool_size
+                    held = "connection" if n == 1 else f"{n} connections"
+                    raise RegistryUnavailableError(f"its {held} stayed busy for {wait_s:g} s")
+                self._cond.wait(remaining)
+        if conn is not None:
+            if _reusable(conn, idle_check=True):
+                return conn
+            self._drop(conn, opening=True)
+        try:
+            conn = self._connect()
+        except BaseException:
+            with self._cond:
+                self._opening -= 1
+                self._cond.notify()
+            raise
+        with self._cond:
+            self._opening -= 1
+            self._open.add(conn)
+        return conn
+
+    def _checkin(self, conn: psycopg.Connection[Row]) -> None:
+        """Back to the idle ones; closed instead when broken, given up, left mid-transaction
+        or the database closed (or it is a parent's, after a fork: left alone)."""
+        with self._cond:
+            if conn not in self._open:
+                return
+            if not self._closed and _reusable(conn):
+                self._idle.append(conn)
+                self._cond.notify()
+                return
+        self._drop(conn)
+
+    def _drop(self, conn: psycopg.Connection[Row], opening: bool = False) -> None:
+        """Closes ``conn`` and frees its place in the pool (``opening``: for a new one that
+        this caller opens next)."""
+        conn.close()
+        with self._cond:
+            self._open.discard(conn)
+            if opening:
+                self._opening += 1
+            else:
+                self._cond.notify()
+
+    def _after_fork_in_child(self) -> None:
+        """Forget the parent's connections (closing this process's copies of their sockets
+        only: ``conn.close()`` would end the parent's sessions) and its watchdog."""
+        for conn in self._open:
+            with contextlib.suppress(OSError):
+                os.close(conn.fileno())
+        # NOTE: kept referenced: a collected psycopg connection warns that it was not closed
+        self._inherited.extend(self._open)
+        self._start_process()
 
     def _connect(self) -> psycopg.Connection[Row]:
         """A new connection with the limits set; RegistryUnavailableError when none opens."""
@@ -143,7 +263,7 @@ class PostgresDatabase:
                 self._dsn, autocommit=True, connect_timeout=int(t.connect_timeout_s)
             )
         except psycopg.OperationalError as exc:
-            raise self._unavailable(exc) from exc
+            raise self._unavailable(exc, None) from exc
         try:
             with self._watchdog.watching(conn.fileno()) as watch:
                 try:
@@ -153,23 +273,21 @@ class PostgresDatabase:
                         (_milliseconds(t.statement_timeout_s), _milliseconds(t.lock_timeout_s)),
                     )
                 except psycopg.OperationalError as exc:
-                    raise self._unavailable(exc, watch.fired) from exc
+                    raise self._unavailable(exc, conn, watch.fired) from exc
         except BaseException:
             conn.close()
             raise
         return conn
 
-    def _discard(self) -> None:
-        if self._conn is not None:
-            self._conn.close()
-            self._conn = None
-
     def _unavailable(
-        self, exc: psycopg.OperationalError, given_up: bool = False
+        self,
+        exc: psycopg.OperationalError,
+        conn: psycopg.Connection[Row] | None,
+        given_up: bool = False,
     ) -> RegistryUnavailableError:
-        """The error for ``exc`` (``given_up``: after the watchdog shut the connection down),
-        its reason one of a few fixed phrases (the server's text and address go to the log
-        only: a tenant's request may be the one that failed)."""
+        """The error for ``exc`` on ``conn`` (None: none opened; ``given_up``: after the
+        watchdog shut it down), its reason one of a few fixed phrases (the server's text and
+        address go to the log only: a tenant's request may be the one that failed)."""
         t = self._timeouts
         if given_up:
             reason = f"no answer within {t.client_wait_s:g} s"
@@ -179,12 +297,24 @@ class PostgresDatabase:
             reason = f"statement timeout ({t.statement_timeout_s:g} s) expired"
         elif isinstance(exc, psycopg.errors.ConnectionTimeout):
             reason = f"no connection within {t.connect_timeout_s:g} s"
-        elif self._conn is None or self._conn.closed:
+        elif conn is None or conn.closed:
             reason = "connection failed or lost"
         else:
             reason = f"server error {exc.sqlstate or 'without a code'}"
         _log.warning("registry database %s: %s (%s)", self._url, reason, exc)
         return RegistryUnavailableError(reason)
+
+
+# Every open PostgresDatabase of this process, for the fork hook below.
+_ALIVE: weakref.WeakSet[PostgresDatabase] = weakref.WeakSet()
+
+
+def _after_fork_in_child() -> None:
+    for db in list(_ALIVE):
+        db._after_fork_in_child()
+
+
+os.register_at_fork(after_in_child=_after_fork_in_child)
 
 
 def _reusable(conn: psycopg.Connection[Row], idle_check: bool = False) -> bool:

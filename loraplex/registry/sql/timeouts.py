@@ -1,4 +1,5 @@
-"""How long the registry waits on a PostgreSQL server (psycopg-free, so configs can check it).
+"""How long the registry waits on a PostgreSQL server, and on how many connections at most
+(psycopg-free, so configs can check it).
 
 Without limits a hung server, a lock held by another client or a dead connection blocks the
 calling thread (a server worker, the CLI) forever. Each limit is a config key
@@ -20,6 +21,12 @@ MAX_TIMEOUT_S = 3600.0  # an hour: beyond it a limit no longer bounds a request
 # The server reports a statement timeout itself; the client waits this much longer for that
 # report before it gives the server up (a frozen process or host never reports anything).
 CLIENT_GRACE_S = 2.0
+# Connections one process opens at most (``database_pool_size``): a call waiting on the server
+# (a lock another client holds, a slow listing) holds one, and the others serve on. Opened as
+# calls need them, kept open once opened; 64 bounds a process's share of the server's
+# max_connections (100 by default).
+DEFAULT_POOL_SIZE = 4
+MAX_POOL_SIZE = 64
 
 
 @dataclass(frozen=True)
@@ -70,3 +77,14 @@ def database_timeouts(
         lock_timeout_s = min(DEFAULT_LOCK_TIMEOUT_S, statement)
     lock = DEFAULT_LOCK_TIMEOUT_S if lock_timeout_s is None else lock_timeout_s
     return DatabaseTimeouts(connect, statement, lock)
+
+
+def database_pool_size(value: int | None) -> int:
+    """The pool size (None: the default); ValueError naming ``database_pool_size``."""
+    if value is None:
+        return DEFAULT_POOL_SIZE
+    if not isinstance(value, int) or isinstance(value, bool) or not 1 <= value <= MAX_POOL_SIZE:
+        raise ValueError(
+            f"database_pool_size {value!r} is invalid; expected a whole number 1 to {MAX_POOL_SIZE}"
+        )
+    return value

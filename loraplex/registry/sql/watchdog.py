@@ -2,10 +2,10 @@
 
 NOTE: psycopg waits for a server's answer without limit, and the server's own statement
 timeout does not help when the server (or its host, or the network to it) is frozen: nothing
-answers at all. One thread per database watches the transaction in flight: a statement that
-has not answered ``limit_s`` after it started (or a transaction left idle that long between
-statements) has the connection's socket shut down, which wakes the waiting thread with an
-error (the connection is then broken, and its owner must never use it again).
+answers at all. One thread per database (per process) watches the transactions in flight: a
+statement that has not answered ``limit_s`` after it started (or a transaction left idle that
+long between statements) has its connection's socket shut down, which wakes the waiting thread
+with an error (the connection is then broken, and its owner must never use it again).
 """
 
 from __future__ import annotations
@@ -40,16 +40,21 @@ class Watchdog:
     """Shuts down a watched socket ``limit_s`` after its watch began or was last renewed,
     unless the watch ended first.
 
-    One watch at a time (a database's transactions hold its one connection in turn). The thread
-    starts with the first watch and sleeps until the deadline it last saw: a renewal or a new
-    watch (every deadline is later than the ones before it) costs no wake-up, only a check then.
+    Several watches at a time (one per connection of a database's pool, each in its own
+    transaction). The thread starts with the first watch and sleeps until the earliest
+    deadline it saw: a renewal or a new watch (every new deadline is later than the ones before
+    it) costs no wake-up, only a check then.
+
+    NOTE: the thread does not survive a fork; a forked child makes a new ``Watchdog`` (its
+    copy of this one is dropped unused: its lock may have been held by a thread that is not
+    there).
     """
 
     def __init__(self, limit_s: float, clock: Callable[[], float] = time.monotonic) -> None:
         self._limit_s = limit_s
         self._clock = clock
         self._cond = threading.Condition()
-        self._watch: Watch | None = None
+        self._by_id: dict[int, Watch] = {}  # the watches in flight, by id()
         self._thread: threading.Thread | None = None
         self._idle = False  # the thread waits for a watch, with no deadline to wake it
         self._stopped = False
@@ -64,14 +69,14 @@ class Watchdog:
                     target=self._run, name="registry-db-watchdog", daemon=True
                 )
                 self._thread.start()
-            self._watch = watch
+            self._by_id[id(watch)] = watch
             if self._idle:
                 self._cond.notify()
         try:
             yield watch
         finally:
             with self._cond:
-                self._watch = None
+                self._by_id.pop(id(watch), None)
 
     def stop(self) -> None:
         with self._cond:
@@ -81,18 +86,19 @@ class Watchdog:
     def _run(self) -> None:
         with self._cond:
             while not self._stopped:
-                watch = self._watch
-                self._idle = watch is None
-                if watch is None:
+                self._idle = not self._by_id
+                if self._idle:
                     self._cond.wait()
                     continue
-                remaining = watch.deadline - self._clock()
-                if remaining > 0:
-                    self._cond.wait(remaining)
-                    continue
-                watch.fired = True
-                self._watch = None
-                _shut_down(watch.fd)
+                now = self._clock()
+                for key, watch in list(self._by_id.items()):
+                    if watch.deadline <= now:
+                        watch.fired = True
+                        del self._by_id[key]
+                        _shut_down(watch.fd)
+                if self._by_id:
+                    earliest = min(watch.deadline for watch in self._by_id.values())
+                    self._cond.wait(max(0.0, earliest - self._clock()))
 
 
 def _shut_down(fd: int) -> None:

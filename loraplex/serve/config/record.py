@@ -31,7 +31,7 @@ from loraplex.quota.shared_ratelimit import (
     DEFAULT_KEY_PREFIX,
     check_shared_state,
 )
-from loraplex.registry.sql.timeouts import database_timeouts
+from loraplex.registry.sql.timeouts import database_pool_size, database_timeouts
 from loraplex.residency.ledger import check_tier_share
 from loraplex.residency.policy import DEFAULT_POLICY
 from loraplex.residency.warm import default_auto_gpu_slots
@@ -128,6 +128,9 @@ class ServeConfig:
     database_connect_timeout_s: float | None = None  # a new connection, login included
     database_statement_timeout_s: float | None = None  # one statement, lock waits included
     database_lock_timeout_s: float | None = None  # one wait for a row/advisory lock
+    # connections to a PostgreSQL registry one process opens at most (None: 4); refused with
+    # a SQLite registry
+    database_pool_size: int | None = None
     # Redis shared by every ingress process for the tenants' rate buckets (redis:// or
     # rediss://; not in repr: it may hold a password); None: buckets per process
     shared_state_url: str | None = field(default=None, repr=False)
@@ -206,6 +209,7 @@ class ServeConfig:
             self.database_statement_timeout_s,
             self.database_lock_timeout_s,
         )
+        database_pool_size(self.database_pool_size)
         check_non_negative(self)
         check_engine_watch(
             self.engine_process, self.engine_hung_kill_after_s, self.engine_unresponsive_after_s
