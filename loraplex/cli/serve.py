@@ -25,6 +25,7 @@ from loraplex.cli.serve_start import (
     bind_sockets,
     check_fds,
     default_torch_threads,
+    digest_ahead,
     discard_child,
     freeze_startup_objects,
     listen,
@@ -231,6 +232,7 @@ def _start_and_serve(settings: ServeConfig) -> None:
     # binds, imports its HTTP side and opens the registry; build_server then tells it what to
     # build. It is killed if anything before that fails.
     engine_child = start_engine_child() if settings.engine_process else None
+    digest = digest_ahead(settings)  # after the fork
     try:
         if threads is not None and not settings.engine_process:
             import torch
@@ -243,7 +245,7 @@ def _start_and_serve(settings: ServeConfig) -> None:
     from loraplex.serve.bootstrap import ADMIN_KEY_FILE
 
     new_admin_key = settings.admin_key is None and not (settings.data_dir / ADMIN_KEY_FILE).exists()
-    server = assemble(settings, engine_child, sockets)
+    server = assemble(settings, engine_child, sockets, digest)
     failed = threading.Event()  # set when the engine's first start fails
     try:
         shown_admin_key = server.admin_key if new_admin_key else None

@@ -19,6 +19,8 @@ from loraplex.cli.locations import unusable_path
 if TYPE_CHECKING:
     import uvicorn
 
+    from loraplex.artifacts.base_model import DigestedCheckpoint
+    from loraplex.background import Background
     from loraplex.engine.transport.process_link import ChildLink
     from loraplex.serve.config import ServeConfig
     from loraplex.serve.front import Server
@@ -55,6 +57,21 @@ def start_engine_child() -> ChildLink:
     return spawn_engine_child()
 
 
+def digest_ahead(settings: ServeConfig) -> Background[DigestedCheckpoint] | None:
+    """The configured base model's digest (``build_server`` needs it before it can tell the
+    engine child what to build), started now on a thread beside this process's imports: on
+    the large preset 720 MiB of sha256, which followed them. Call it after the engine child's
+    fork (a fork must not copy a running thread). None for the demo set, whose directory is
+    known once its set is there."""
+    if settings.model is None:
+        return None
+    from loraplex.artifacts.base_model import digest_checkpoint
+    from loraplex.background import Background
+
+    model_dir = settings.model
+    return Background(lambda: digest_checkpoint(model_dir), "loraplex-digest")
+
+
 def discard_child(engine_child: ChildLink | None) -> None:
     """Kills an engine child nothing will build (a no-op once its engine closed it)."""
     if engine_child is not None:
@@ -63,10 +80,14 @@ def discard_child(engine_child: ChildLink | None) -> None:
 
 
 def assemble(
-    settings: ServeConfig, engine_child: ChildLink | None, sockets: list[socket.socket]
+    settings: ServeConfig,
+    engine_child: ChildLink | None,
+    sockets: list[socket.socket],
+    digest: Background[DigestedCheckpoint] | None = None,
 ) -> Server:
     """The whole server, its engine process left starting (/health live, /ready 503 until it
-    is up); an 'error:' line and exit 1 on a configuration error, the sockets closed."""
+    is up); an 'error:' line and exit 1 on a configuration error, the sockets closed.
+    ``digest``: ``digest_ahead``'s."""
     from loraplex.errors import LoraplexError
 
     try:
@@ -76,7 +97,9 @@ def assemble(
         raise
     say_demo_generation(settings)
     try:  # build_server owns the child from here (and kills it when it fails)
-        return build_server(settings, wait_engine=False, engine_child=engine_child)
+        return build_server(
+            settings, wait_engine=False, engine_child=engine_child, digest_ahead=digest
+        )
     except (LoraplexError, ValueError, OSError) as exc:
         for sock in sockets:
             sock.close()

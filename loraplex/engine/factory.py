@@ -45,6 +45,7 @@ from loraplex.engine.tenant_shares import TenantBook, TenantSettings
 from loraplex.engine.transport.thread_client import AsyncEngine
 from loraplex.engine.watchdog import WatchdogPolicy
 from loraplex.model.checkpoint import load_checkpoint
+from loraplex.model.llama import LlamaModel
 from loraplex.model.lora import LoraSlotPool
 from loraplex.model.tokenizer import TextTokenizer
 from loraplex.residency.cache import CacheConfig, TieredAdapterCache
@@ -198,10 +199,14 @@ def build_engine_core(
     runtime: AdapterRuntime | None,
     *,
     clock: Clock | None = None,
+    model: LlamaModel | None = None,
 ) -> EngineCore:
-    """The base model, paged KV cache, scheduler and runner around ``runtime`` (no thread)."""
-    device = torch_device(config.device)  # ValueError naming device when it is not here
-    model = load_checkpoint(model_dir, dtype=torch_dtype(config.dtype), device=device)
+    """The base model, paged KV cache, scheduler and runner around ``runtime`` (no thread);
+    ``model``: the checkpoint of ``model_dir`` already loaded as ``config`` asks
+    (``engine.model_load.load_in_background``), else it is loaded here."""
+    if model is None:
+        device = torch_device(config.device)  # ValueError naming device when it is not here
+        model = load_checkpoint(model_dir, dtype=torch_dtype(config.dtype), device=device)
     clock = clock or MonotonicClock()
     blocks = BlockManager(config.num_kv_blocks, config.block_size)
     kv = PagedKVCache(model.attention_shape, blocks, dtype=model.dtype, device=model.device)

@@ -4,12 +4,12 @@ Strict: every parameter must come from the checkpoint with its exact shape, and 
 the checkpoint must be used. A partial or mismatched load raises ``CheckpointError`` before the
 model is returned, never a half-filled model. Sharded checkpoints
 (``model.safetensors.index.json``) are read shard by shard. Pickle files are never opened.
+Tensors stored in the parameter's own dtype are read straight into it (``safetensors_read``).
 """
 
 from __future__ import annotations
 
 import json
-from collections.abc import Iterator
 from pathlib import Path
 
 import torch
@@ -18,6 +18,7 @@ from safetensors import safe_open
 from loraplex.errors import CheckpointError
 from loraplex.model.config import ModelConfig
 from loraplex.model.llama import LlamaModel
+from loraplex.model.safetensors_read import direct_readable, read_into, stored_tensors
 
 SINGLE_FILE = "model.safetensors"
 INDEX_FILE = "model.safetensors.index.json"
@@ -90,25 +91,40 @@ def load_checkpoint(
             f"{model_dir}: checkpoint does not match config.json: missing {missing[:5]} "
             f"({len(missing)}), unexpected {unexpected[:5]} ({len(unexpected)})"
         )
-    for name, tensor in _tensors(files, names):
-        param = params[name]
-        if tuple(tensor.shape) != tuple(param.shape):
-            raise CheckpointError(
-                f"{model_dir}: tensor {name!r} has shape {tuple(tensor.shape)}; expected "
-                f"{tuple(param.shape)}"
-            )
-        if not tensor.is_floating_point():
-            raise CheckpointError(f"{model_dir}: tensor {name!r} has dtype {tensor.dtype}")
-        with torch.no_grad():
-            param.copy_(tensor)
-    return model.eval()
-
-
-def _tensors(files: dict[str, Path], names: set[str]) -> Iterator[tuple[str, torch.Tensor]]:
     by_file: dict[Path, list[str]] = {}
     for name in sorted(names):
         by_file.setdefault(files[name], []).append(name)
-    for path, file_names in sorted(by_file.items()):
-        with safe_open(str(path), framework="pt") as handle:
-            for name in file_names:
-                yield name, handle.get_tensor(name)
+    with torch.no_grad():
+        for path, file_names in sorted(by_file.items()):
+            _load_file(model_dir, path, {name: params[name] for name in file_names})
+    return model.eval()
+
+
+def _load_file(model_dir: Path, path: Path, params: dict[str, torch.nn.Parameter]) -> None:
+    """Fill ``params`` from the safetensors file ``path``: in file order straight into each
+    parameter where its bytes are its value (``safetensors_read``), else through
+    ``get_tensor`` and a converting copy."""
+    stored = stored_tensors(path)
+    converted = []
+    with path.open("rb", buffering=0) as handle:
+        for name in sorted(params, key=lambda n: stored[n].begin if n in stored else -1):
+            entry, param = stored.get(name), params[name]
+            if entry is None:  # safetensors listed it a moment ago: the file changed since
+                raise CheckpointError(f"{path}: tensor {name!r} is no longer in the file")
+            if entry.shape != tuple(param.shape):
+                raise CheckpointError(
+                    f"{model_dir}: tensor {name!r} has shape {entry.shape}; expected "
+                    f"{tuple(param.shape)}"
+                )
+            if direct_readable(entry, param):
+                read_into(handle, entry, param)
+            else:
+                converted.append(name)
+    if not converted:
+        return
+    with safe_open(str(path), framework="pt") as tensors:
+        for name in converted:
+            tensor = tensors.get_tensor(name)
+            if not tensor.is_floating_point():
+                raise CheckpointError(f"{model_dir}: tensor {name!r} has dtype {tensor.dtype}")
+            params[name].copy_(tensor)

@@ -36,7 +36,7 @@ from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from loraplex.artifacts.base_model import BaseModelSpec
+from loraplex.artifacts.base_model import BaseModelSpec, DigestedCheckpoint, digest_checkpoint
 from loraplex.demo.assets import demo_assets_ready, generate_demo_assets, load_demo_assets
 from loraplex.demo.manifest import DemoAssets
 from loraplex.engine.merge_holds import MergeHoldControl
@@ -50,6 +50,7 @@ from loraplex.serve.front import Front, RunningEngine, Server, build_front
 from loraplex.serve.worker import ENGINE_PRELOAD, engine_worker
 
 if TYPE_CHECKING:
+    from loraplex.background import Background
     from loraplex.engine.factory import AdapterRuntime
     from loraplex.engine.transport.process_link import ChildLink
     from loraplex.server.cache_control import CacheControl
@@ -81,18 +82,24 @@ def demo_assets(config: ServeConfig) -> DemoAssets | None:
 
 
 def build_server(
-    config: ServeConfig, *, wait_engine: bool = True, engine_child: ChildLink | None = None
+    config: ServeConfig,
+    *,
+    wait_engine: bool = True,
+    engine_child: ChildLink | None = None,
+    digest_ahead: Background[DigestedCheckpoint] | None = None,
 ) -> Server:
     """Everything ``loraplex serve`` runs, ready for uvicorn (close it after). ``wait_engine``
     False: an engine process may still be starting (see the module docstring).
     ``engine_child``: the engine process, spawned ahead (``serve.worker.spawn_engine_child``)
-    and owned from here on: it builds once the registry is ready, and is killed if this fails."""
+    and owned from here on: it builds once the registry is ready, and is killed if this fails.
+    ``digest_ahead``: the configured model's digest, started before (``cli.serve_start``); used
+    when it is of the model served, what it raised raised here."""
     if engine_child is not None and not config.engine_process:
         engine_child.kill()
         engine_child.close()
         raise ValueError("engine_child is invalid with engine_process = false; expected None")
     try:
-        return _build(config, wait_engine, engine_child)
+        return _build(config, wait_engine, engine_child, digest_ahead)
     except BaseException:
         if engine_child is not None:  # a no-op when the engine took it and closed it
             engine_child.kill()
@@ -100,23 +107,37 @@ def build_server(
         raise
 
 
-def _build(config: ServeConfig, wait_engine: bool, engine_child: ChildLink | None) -> Server:
+def _build(
+    config: ServeConfig,
+    wait_engine: bool,
+    engine_child: ChildLink | None,
+    digest_ahead: Background[DigestedCheckpoint] | None,
+) -> Server:
     config.data_dir.mkdir(mode=0o700, parents=True, exist_ok=True)  # secrets inside
     assets = demo_assets(config)
     model_dir = assets.base_model_dir if assets is not None else config.model
     if model_dir is None:
         raise ValueError("model None is invalid; expected a model directory or the demo assets")
-    base = BaseModelSpec.from_dir(model_dir)
+    digested = _digested(model_dir, digest_ahead)  # the engine process takes it as its own
+    base = BaseModelSpec.from_dir(model_dir, digested)
     config.check_kv_memory(base, memory_total_bytes())  # before a key is issued
     registry = open_registry(registry_config(config), base=base)
     try:
         demo = assets if config.demo else None
         return _assemble(
-            config, model_dir, base, registry, demo, wait_engine=wait_engine, child=engine_child
-        )
+            config, model_dir, base, registry, demo, digested=digested, wait_engine=wait_engine,
+            child=engine_child,
+        )  # fmt: skip
     except BaseException:
         registry.close()
         raise
+
+
+def _digested(model_dir: Path, ahead: Background[DigestedCheckpoint] | None) -> DigestedCheckpoint:
+    digested = None if ahead is None else ahead.result()
+    if digested is not None and digested.model_dir == model_dir:
+        return digested
+    return digest_checkpoint(model_dir)
 
 
 def _assemble(
@@ -126,6 +147,7 @@ def _assemble(
     registry: Registry,
     demo: DemoAssets | None,
     *,
+    digested: DigestedCheckpoint,
     wait_engine: bool,
     child: ChildLink | None,
 ) -> Server:
@@ -141,7 +163,7 @@ def _assemble(
     if config.engine_process:
         process = EngineProcess(
             engine_worker,
-            (config, model_dir),
+            (config, model_dir, digested),
             TextTokenizer(model_dir),
             wait_ready=wait_engine,
             watchdog=watchdog_policy(config),

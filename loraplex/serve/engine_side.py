@@ -12,7 +12,7 @@ from __future__ import annotations
 import threading
 from pathlib import Path
 
-from loraplex.artifacts.base_model import BaseModelSpec
+from loraplex.artifacts.base_model import BaseModelSpec, DigestedCheckpoint
 from loraplex.artifacts.identity import AdapterKey
 from loraplex.dtypes import DTYPE_BYTES, bytes_per_element
 from loraplex.engine.factory import (
@@ -23,6 +23,7 @@ from loraplex.engine.factory import (
     build_engine_core,
 )
 from loraplex.engine.heap import keep_freed_heap
+from loraplex.engine.model_load import load_in_background
 from loraplex.engine.transport.thread_client import AsyncEngine
 from loraplex.engine.transport.worker import WorkerHandles
 from loraplex.errors import DigestMismatchError
@@ -111,27 +112,38 @@ def apply_warm_policies(registry: Registry, runtime: AdapterRuntime, base_digest
     return applied
 
 
-def build_worker(config: ServeConfig, model_dir: Path) -> WorkerHandles:
+def build_worker(
+    config: ServeConfig, model_dir: Path, digested: DigestedCheckpoint | None = None
+) -> WorkerHandles:
     """Everything the engine process runs: its registry connection, the adapter runtime (its
-    disk copies recovered), the warm policies and the engine core (torch threads set first, and
-    the process told to keep the memory its steps free: ``engine.heap``)."""
+        disk copies recovered), the warm policies and the engine core (torch threads set first, and
+        the process told to keep the memory its steps free: ``engine.heap``). The checkpoint loads
+        on a thread from the start (``engine.model_load``), beside the registry; ``digested``: the
+    server's digest of the base model, taken while its files still stat the same."""
     import torch
 
     if config.torch_threads is not None:
         torch.set_num_threads(config.torch_threads)
     keep_freed_heap()
-    base = BaseModelSpec.from_dir(model_dir)
-    registry = open_registry(registry_config(config), base=base)
+    engine = engine_config(config)
+    loading = load_in_background(model_dir, engine)  # beside the registry and runtime below
+    try:
+        base = BaseModelSpec.from_dir(model_dir, digested)
+        registry = open_registry(registry_config(config), base=base)
+    except BaseException:
+        loading.wait()
+        raise
     try:
         runtime = build_runtime(config, base, registry)
     except BaseException:
+        loading.wait()
         registry.close()
         raise
     try:
         apply_warm_policies(registry, runtime, base.digest)
-        engine = engine_config(config)
-        core = build_engine_core(model_dir, engine, runtime)
+        core = build_engine_core(model_dir, engine, runtime, model=loading.result())
     except BaseException:
+        loading.wait()
         runtime.cache.close()
         registry.close()
         raise

@@ -14,6 +14,7 @@ import threading
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from loraplex.artifacts.base_model import DigestedCheckpoint
 from loraplex.engine.transport.process_link import ChildLink
 from loraplex.serve.config import ServeConfig
 
@@ -24,11 +25,14 @@ if TYPE_CHECKING:
 ENGINE_PRELOAD = ("loraplex.serve.engine_side",)
 
 
-def engine_worker(config: ServeConfig, model_dir: Path) -> WorkerHandles:
-    """Everything the engine process runs (``engine_side.build_worker``), built in the child."""
+def engine_worker(
+    config: ServeConfig, model_dir: Path, digested: DigestedCheckpoint | None = None
+) -> WorkerHandles:
+    """Everything the engine process runs (``engine_side.build_worker``), built in the child;
+    ``digested``: the server's digest of the base model, reused while its files are unchanged."""
     from loraplex.serve.engine_side import build_worker
 
-    return build_worker(config, model_dir)
+    return build_worker(config, model_dir, digested)
 
 
 def spawn_engine_child() -> ChildLink:

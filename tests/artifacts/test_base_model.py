@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from loraplex.artifacts.base_model import BaseModelSpec, base_model_digest
+from loraplex.artifacts.base_model import BaseModelSpec, base_model_digest, digest_checkpoint
 from loraplex.errors import BaseModelMismatchError, CorruptArtifactError
 
 CONFIG = {
@@ -121,3 +121,23 @@ def test_missing_kv_heads_defaults_to_query_heads(tmp_path: Path) -> None:
     spec = BaseModelSpec.from_config("m", config, "0" * 64)
     assert spec.num_kv_heads == 8
     assert spec.module_shape("k_proj") == (64, 64)
+
+
+def test_a_digest_taken_before_is_reused_while_the_files_are_unchanged(tmp_path: Path) -> None:
+    """The engine process takes the server's digest (``DigestedCheckpoint``) instead of reading
+    the weights again, but only while every digested file stats the same."""
+    directory = model_dir(tmp_path)
+    digested = digest_checkpoint(directory)
+    assert digested.digest == base_model_digest(directory)
+    assert digested.matches(directory)
+    fake = type(digested)(directory, digested.stamps, "f" * 64)  # tells reuse from a new read
+    assert BaseModelSpec.from_dir(directory, fake).digest == "f" * 64
+    assert not fake.matches(tmp_path / "elsewhere")
+    (directory / "model.safetensors").write_bytes(bytes(range(1, 201)))  # same size, new bytes
+    assert not fake.matches(directory)
+    assert BaseModelSpec.from_dir(directory, fake).digest == base_model_digest(directory)
+    (directory / "extra.safetensors").write_bytes(b"x")  # a file more is digested too
+    renewed = digest_checkpoint(directory)
+    assert renewed.matches(directory) and renewed.digest != digested.digest
+    (directory / "extra.safetensors").unlink()
+    assert not renewed.matches(directory)
