@@ -8,7 +8,9 @@ prefetch; with nothing queued the last four have nothing to do, so only their on
 kept: the prefetch window empties. Leases whose adapter was in host memory (L1: only the copy
 into a slot is left) are the engine's ``_await_copies``: the replica waits for them, all
 together, at most ``MAX_COPY_WAIT_S`` of virtual time before it plans, and those that came are
-settled for that step (``await_copies``). Any other lease that waited for a load reaches its
+settled for that step (``await_copies``). A candidate whose adapter's GPU copy is borrowed room
+that another tenant's load waits for (``TieredAdapterCache.reclaiming``) asks for no lease that
+step, as in the engine's request phase. Any other lease that waited for a load reaches its
 request after the cost model's hand-off for the tier it came from (``lease_handoff_s``;
 ``_hand_over``). The desk changes no request's state itself: the scheduler does, and a request
 it ends is retired by the replica (``retire``).
@@ -133,6 +135,8 @@ class SimLeaseDesk:
         for req in sched.lease_candidates(self._adapter_loads()):
             key = req.request.adapter_key
             if key is None:
+                continue
+            if self._cache.reclaiming(key):  # as the engine's _request: not this step
                 continue
             remaining = max(req.deadline_at_s - self._clock.now(), 1e-3)
             in_memory = self._cache.is_resident(key, Tier.L1)  # before the lease: it may move

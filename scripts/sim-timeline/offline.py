@@ -17,7 +17,7 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
-from loraplex.bench.sim.bench import prepared
+from loraplex.bench.sim.bench import prepared, priced
 from loraplex.bench.sim.compare import compare_target
 from loraplex.bench.sim.config import SimBenchConfig
 from loraplex.bench.sim.simulated import simulated
@@ -55,7 +55,7 @@ def main() -> None:
     with tempfile.TemporaryDirectory(prefix="loraplex-offline-") as tmp:
         registry = prepared(config, workloads, Path(tmp), assets.base_model_dir)
         for path in args.cost:
-            sims = simulated(config, workloads, cost_file.load(path), registry)["single"]
+            sims = simulated(config, workloads, priced(cost_file.load(path)), registry)["single"]
             for n, line in lines.items():
                 result = compare_target(real_side(line), sims, "single")
                 e = result["errors"]

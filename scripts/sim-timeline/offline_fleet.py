@@ -18,7 +18,7 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
-from loraplex.bench.sim.bench import prepared
+from loraplex.bench.sim.bench import prepared, priced
 from loraplex.bench.sim.compare import compare_target
 from loraplex.bench.sim.config import SimBenchConfig
 from loraplex.bench.sim.simulated import simulated
@@ -81,7 +81,7 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as tmp:
         registry = prepared(config, workloads, Path(tmp), assets.base_model_dir)
         for spec in sys.argv[2:]:
-            sims = simulated(config, workloads, variant(spec), registry)["fleet"]
+            sims = simulated(config, workloads, priced(variant(spec)), registry)["fleet"]
             for n, line in lines.items():
                 result = compare_target(real_side(line), sims, "fleet")
                 sys.stdout.write(f"{spec} line {n}: {result['errors']} {per_trace(result)}\n")

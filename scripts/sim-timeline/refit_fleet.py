@@ -19,7 +19,7 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
-from loraplex.bench.sim.bench import prepared
+from loraplex.bench.sim.bench import prepared, priced
 from loraplex.bench.sim.compare import compare_target
 from loraplex.bench.sim.config import SimBenchConfig
 from loraplex.bench.sim.contention_fit import RoundShape, fit_by_simulation, warm_replicas
@@ -104,7 +104,7 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as tmp:
         registry = prepared(config, workloads, Path(tmp), assets.base_model_dir)
         fitted = replace(model, fleet_contention=fit.contention)
-        sims = simulated(config, workloads, fitted, registry)["fleet"]
+        sims = simulated(config, workloads, priced(fitted), registry)["fleet"]
     result = compare_target(real, sims, "fleet")
     out.write(f"errors { ({k: round(v, 4) for k, v in result['errors'].items()}) }\n")
     for name, t in result["traces"].items():

@@ -134,7 +134,7 @@ def host_report(calibrated: HostProbe | None, probes: Probes) -> dict[str, Any]:
     }
 
 
-def _priced(other: CostModel, fleet: Callable[[str], CostModel] | None = None) -> Pricing:
+def priced(other: CostModel, fleet: Callable[[str], CostModel] | None = None) -> Pricing:
     """``other`` for every (target, trace); with ``fleet``, a fleet trace's model from it."""
 
     def price(target: str, trace: str) -> CostModel:
@@ -161,21 +161,21 @@ def _simulations(
         cost_model, pricing, interleaved_report = interleaved_pricing(interleaved, order)
     assert cost_model is not None  # checked above
     whole = cost_model
-    whole_pricing = _priced(whole)
+    whole_pricing = priced(whole)
     fleet_report: dict[str, Any] | None = None
     if fleet_passes is not None:
         fleet_order = [trace for target, trace in order if target == "fleet"]
         fleet_whole, fleet_models, fleet_report = fleet_pricing(
             fleet_passes, fleet_order, probes.get("fleet", {})
         )
-        pricing = _priced(whole, fleet_models.__getitem__)
-        whole_pricing = _priced(whole, lambda trace: fleet_whole)
+        pricing = priced(whole, fleet_models.__getitem__)
+        whole_pricing = priced(whole, lambda trace: fleet_whole)
     sims = simulated(config, workloads, whole_pricing, registry)
     report = interleaved_report if interleaved_report is not None else fleet_report
     if report is not None:  # the flat errors are the adjacent passes'
         sims, sims_all = simulated(config, workloads, pricing, registry), sims
-        priced = config.targets if interleaved_report is not None else ("fleet",)
-        by_all = {t: compare_target(_medians(reals[t]), sims_all[t], t) for t in priced}
+        targets = config.targets if interleaved_report is not None else ("fleet",)
+        by_all = {t: compare_target(_medians(reals[t]), sims_all[t], t) for t in targets}
         report["errors_all_passes"] = flat_errors(by_all)
         report["traces_all_passes"] = {
             t: {
