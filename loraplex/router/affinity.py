@@ -157,9 +157,15 @@ class AffinityUntilSaturatedPolicy:
             if open_:
                 return _least_loaded(open_, config), Reason.SATURATED
             # Every replica is saturated: no move buys capacity, and the least loaded one would
-            # take a load and evict for it, so the score (residency minus load) decides.
-            best = min(known, key=lambda v: (-score(v, key, config), v.replica_id))
-            return best, Reason.SATURATED
+            # take a load and evict for it, so the score (residency minus load) decides. A
+            # holder's -score is in ``holding``; a replica that does not hold the revision scores
+            # 0 - load_penalty, so its (-score, id) is its ``load_rank`` less the first.
+            def by_score(v: ReplicaView) -> tuple[float, str]:
+                held = holding.get(v)
+                rank = held if held is not None else load_rank(v, config)
+                return rank[1], rank[2]
+
+            return min(known, key=by_score), Reason.SATURATED
         return self._place(key, known)
 
     def _place(self, key: str, known: list[ReplicaView]) -> tuple[ReplicaView, Reason]:
