@@ -42,7 +42,6 @@ from loraplex.router.view import (
     is_saturated,
     load_penalty,
     load_rank,
-    score,
     utilization,
 )
 
@@ -156,6 +155,7 @@ class AffinityUntilSaturatedPolicy:
         if holding:
             if open_:
                 return _least_loaded(open_, config), Reason.SATURATED
+
             # Every replica is saturated: no move buys capacity, and the least loaded one would
             # take a load and evict for it, so the score (residency minus load) decides. A
             # holder's -score is in ``holding``; a replica that does not hold the revision scores

@@ -166,7 +166,9 @@ def holders(views: Sequence[ReplicaView], adapter_key: str) -> list[ReplicaView]
     return found
 
 
-def holder_rank(view: ReplicaView, adapter_key: str, config: RouterConfig) -> tuple[bool, float, str]:
+def holder_rank(
+    view: ReplicaView, adapter_key: str, config: RouterConfig
+) -> tuple[bool, float, str]:
     """(saturated, -score, id): a replica's place among the holders of ``adapter_key``,
     remembered by the view (what it is made of never changes while the view lives)."""
     known = view.holder_ranks

@@ -173,3 +173,81 @@ def test_a_ranking_read_after_later_decisions_is_the_one_read_at_once() -> None:
     assert late == at_once
     assert len({r[1:] for r in late}) > 5  # the rankings past the first differ between decisions
     assert all(d.replica_id == r[0] for d, r in zip(decisions, late, strict=True))
+
+
+def test_views_looked_at_in_part_decide_as_views_looked_at_in_full() -> None:
+    """``Router.view`` looks only at the replicas whose view may have changed (a new report, the
+    last decision's replica) until a report may turn stale or a decision lapse, and the policy
+    keeps its known/open/holder flags per position (``FleetScan``). A reference router made to
+    look at every replica and rescan the fleet before each decision ranks every request the same,
+    through reports turning stale, decisions lapsing, dedications and replicas leaving and
+    coming back."""
+    from loraplex.router.view import FleetScan
+
+    rng = random.Random(11)
+    settings = {"max_queued": 4, "max_ongoing": 8, "recent_ttl_s": 0.4, "max_report_age_s": 0.7}
+    kept, clock_kept = make_router(seed=5, **settings)  # type: ignore[arg-type]
+    full, clock_full = make_router(seed=5, **settings)  # type: ignore[arg-type]
+    ids = [f"r{i}" for i in range(7)]
+    fleet: dict[str, ReplicaReport | None] = dict.fromkeys(ids)
+    now = 0.0
+    reasons = set()
+    for step in range(1500):
+        dt = rng.choice((0.0, 0.0, 0.01, 0.05, 0.2, 0.45))
+        now += dt
+        clock_kept.advance(dt)
+        clock_full.advance(dt)
+        if rng.random() < 0.2:
+            replica = rng.choice(ids)
+            fleet[replica] = _random_report(rng, replica, now)
+        if step % 131 == 0:
+            dedication = Dedication(rng.choice(ids), f"t/a{rng.randrange(12)}@1")
+            kept.dedication = full.dedication = dedication
+        offered = fleet
+        if step % 200 > 190:  # a replica away for a few decisions
+            offered = {r: v for r, v in fleet.items() if r != "r3"}
+        key = None if rng.random() < 0.1 else f"t/a{rng.randrange(16)}@1"
+        request = req(key, session=rng.choice((None, "s1")), tokens=rng.randrange(1, 64))
+        full._last = None  # NOTE: private on purpose: the reference looks at every replica
+        full.policy._scan = FleetScan(full.config)  # type: ignore[attr-defined]
+        a, b = kept.choose(request, offered), full.choose(request, offered)
+        assert a == b, f"decision {step}"
+        assert [v.replica_id for v in kept.view(offered)] == sorted(offered)
+        reasons.add(a.reason)
+    assert len(reasons) >= 5
+
+
+def test_fleet_scan_lists_are_the_filters_they_stand_for() -> None:
+    """``FleetScan``'s known, open and holders lists equal the per-view tests, as views change
+    position by position (a Bloom filter's replica falls back to ``tier_of``)."""
+    from loraplex.router import RouterConfig
+    from loraplex.router.bloom import BloomFilter
+    from loraplex.router.memory import NO_PENDING, Pending
+    from loraplex.router.view import FleetScan, holders, utilization
+
+    rng = random.Random(4)
+    config = RouterConfig(max_queued=3, max_ongoing=6)
+    scan = FleetScan(config)
+    fleet: list[ReplicaView] = [
+        ReplicaView(f"r{i}", None, NO_PENDING, None, frozenset()) for i in range(8)
+    ]
+    for _ in range(300):
+        i = rng.randrange(len(fleet))
+        replica_id = f"r{i}"
+        rep = None if rng.random() < 0.2 else _random_report(rng, replica_id, 0.0)
+        pending = NO_PENDING
+        if rng.random() < 0.3:
+            pending = Pending(1, 8, frozenset({f"t/a{rng.randrange(16)}@1"}))
+        held = held_keys(rep)
+        if rep is not None and rng.random() < 0.1:  # a Bloom filter: no joined set
+            bloom = BloomFilter.of(rep.residency.l1, 0.01)
+            rep = ReplicaReport(replica_id, 0.0, rep.residency.__class__(l1=bloom), rep.load)
+            held = None
+        fleet = [*fleet[:i], ReplicaView(replica_id, rep, pending, None, held), *fleet[i + 1 :]]
+        scan.update(fleet)
+        known = [v for v in fleet if v.report is not None]
+        assert scan.known() == known
+        assert scan.open() == [v for v in known if utilization(v, config) < 1.0]
+        for k in range(16):
+            key = f"t/a{k}@1"
+            assert scan.holders(key) == holders(known, key)

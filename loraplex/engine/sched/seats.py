@@ -184,11 +184,9 @@ def step_seats(
 MIN_SEATS_FOR_HEADROOM = 8  # below this an engine is not capped: a kept-free seat is an eighth
 
 
-def equal_shares(queues: FairQueues, max_num_seqs: int) -> dict[str, int]:
+def equal_shares(queues: FairQueues, max_num_seqs: int) -> Mapping[str, int]:
     """Each active tenant's equal share of ``max_num_seqs`` by weight, rounded down."""
-    weights = {t: queues.weight(t) for t in queues.active_tenants()}  # each read once
-    total_weight = sum(weights.values())
-    return {t: int(max_num_seqs * w / total_weight) for t, w in weights.items()}
+    return queues.equal_shares(max_num_seqs)
 
 
 def headroom_caps(queues: FairQueues, running: list[Request], max_num_seqs: int) -> dict[str, int]:
