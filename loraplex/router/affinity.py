@@ -34,14 +34,14 @@ from loraplex.router.decision import (
 from loraplex.router.placement import PlacementWidths, rendezvous_order
 from loraplex.router.sessions import SessionTable
 from loraplex.router.view import (
+    FleetScan,
     ReplicaView,
     Tier,
     affinity,
-    holders,
+    holder_rank,
     is_saturated,
     load_penalty,
     load_rank,
-    score,
     utilization,
 )
 
@@ -100,20 +100,23 @@ class AffinityUntilSaturatedPolicy:
         self._widths = PlacementWidths(
             config.placement_k, config.narrow_below, config.max_tracked_adapters
         )
+        self._scan = FleetScan(config)
 
     def rank(self, request: RouteRequest, fleet: Sequence[ReplicaView], now_s: float) -> Decision:
-        known = [v for v in fleet if v.report is not None]  # ``v.known``, inlined: per replica
+        scan = self._scan
+        scan.update(fleet)
+        known = scan.known()
         if not known:
             return no_report(fleet, self._rng)
         key, config = request.adapter_key, self._config
         # Each replica's rank is (saturated, -score, id). Where the revision is absent -score is
         # the load penalty, which ``load_rank`` remembers per view; the holders' are made here,
-        # once for the pick and the ranking both.
+        # once for the pick and the ranking both (and remembered by the view, ``holder_rank``).
         holding: dict[ReplicaView, tuple[bool, float, str]] = {}
         if key is not None:
-            for v in holders(known, key):
-                holding[v] = (is_saturated(v, config), -score(v, key, config), v.replica_id)
-        chosen, reason = self._pick(request, known, holding, now_s)
+            for v in scan.holders(key):
+                holding[v] = holder_rank(v, key, config)
+        chosen, reason = self._pick(request, known, scan.open(), holding, now_s)
         if request.session_key is not None:
             self._sessions.put(request.session_key, chosen.replica_id, now_s)
 
@@ -129,13 +132,14 @@ class AffinityUntilSaturatedPolicy:
         self,
         request: RouteRequest,
         known: list[ReplicaView],
+        open_: list[ReplicaView],
         holding: dict[ReplicaView, tuple[bool, float, str]],
         now_s: float,
     ) -> tuple[ReplicaView, Reason]:
-        """Rules 1-5 of the module docstring; ``holding``: the ``known`` replicas that hold the
-        revision anywhere (``holders``), each with its (saturated, -score, id)."""
+        """Rules 1-5 of the module docstring; ``open_``: the unsaturated ``known`` replicas;
+        ``holding``: the ``known`` replicas that hold the revision anywhere (``holders``), each
+        with its (saturated, -score, id)."""
         config = self._config
-        open_ = [v for v in known if utilization(v, config) < 1.0]  # not ``is_saturated``
         if request.session_key is not None:
             replica_id = self._sessions.get(request.session_key, now_s)
             for view in open_:
@@ -151,10 +155,17 @@ class AffinityUntilSaturatedPolicy:
         if holding:
             if open_:
                 return _least_loaded(open_, config), Reason.SATURATED
+
             # Every replica is saturated: no move buys capacity, and the least loaded one would
-            # take a load and evict for it, so the score (residency minus load) decides.
-            best = min(known, key=lambda v: (-score(v, key, config), v.replica_id))
-            return best, Reason.SATURATED
+            # take a load and evict for it, so the score (residency minus load) decides. A
+            # holder's -score is in ``holding``; a replica that does not hold the revision scores
+            # 0 - load_penalty, so its (-score, id) is its ``load_rank`` less the first.
+            def by_score(v: ReplicaView) -> tuple[float, str]:
+                held = holding.get(v)
+                rank = held if held is not None else load_rank(v, config)
+                return rank[1], rank[2]
+
+            return min(known, key=by_score), Reason.SATURATED
         return self._place(key, known)
 
     def _place(self, key: str, known: list[ReplicaView]) -> tuple[ReplicaView, Reason]:

@@ -84,6 +84,12 @@ class DecisionMemory:
             log.pending = Pending(len(log.entries), log.num_tokens, frozenset(log.per_key))
         return log.pending
 
+    def first_s(self, replica_id: str) -> float | None:
+        """When the oldest decision kept for ``replica_id`` was made (None: none kept): the
+        earliest it may lapse is ``recent_ttl_s`` after it."""
+        log = self._logs.get(replica_id)
+        return log.entries[0][0] if log is not None and log.entries else None
+
     def forget_except(self, replica_ids: set[str]) -> None:
         """Drops replicas that left the fleet, so memory stays bounded by the fleet's size."""
         for gone in [r for r in self._logs if r not in replica_ids]:

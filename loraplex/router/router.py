@@ -6,8 +6,11 @@ same ``choose``. Time and randomness are injected, so a seeded run decides ident
 
 from __future__ import annotations
 
+import math
 import random
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, KeysView, Mapping
+from itertools import compress
+from operator import is_not
 from typing import TypeAlias
 
 from loraplex.clock import Clock
@@ -66,41 +69,89 @@ class Router:
         self._held: dict[str, tuple[ReplicaReport | None, frozenset[str] | None]] = {}
         # the replica the fleet dedicated to one revision (``FleetTopology.update``); None: none
         self.dedication: Dedication | None = None
+        self._last: _LastView | None = None  # what the last ``view`` saw (None: look at all)
+        self._touched: str | None = None  # the replica a decision went to since then
+        self._offered: set[str] = set()  # the replica ids of the last decision
 
     def view(self, replicas: Mapping[str, ReplicaReport | None]) -> list[ReplicaView]:
         """What the router believes of each replica now (sorted by id): its report unless
         stale, merged with the decisions made since."""
         now_s = self._clock.now()
-        max_age_s = self.config.max_report_age_s
-        known, pending_of, dedication = self._views, self._memory.pending, self.dedication
-        views = []
-        for replica_id in sorted(replicas):
+        last = self._last
+        if (
+            last is None
+            or now_s >= last.due_s
+            or last.dedication is not self.dedication
+            or replicas.keys() != last.offered
+        ):
+            return self._view_all(replicas, now_s)
+        # NOTE: only the replicas whose view may differ from the last call's are looked at (a
+        # new report object, a decision routed there since), the rest are the same views: a
+        # view changes with time alone only from ``due_s`` on, when every one is looked at.
+        reports = list(map(replicas.__getitem__, last.ids))
+        changed = list(compress(range(len(reports)), map(is_not, reports, last.reports)))
+        touched = self._touched
+        if touched is not None:
+            self._touched = None
+            changed.append(last.index[touched])
+        views = last.views
+        for i in changed:
+            last.reports[i] = reports[i]
+            views[i] = self._view_one(last.ids[i], reports[i], now_s, last)
+        return list(views)
+
+    def _view_all(
+        self, replicas: Mapping[str, ReplicaReport | None], now_s: float
+    ) -> list[ReplicaView]:
+        """``view`` with every replica looked at; remembers what the next call needs."""
+        ids = sorted(replicas)
+        last = _LastView(ids, replicas.keys(), self.dedication)
+        self._touched = None
+        for replica_id in ids:
             report = replicas[replica_id]
-            if report is not None and report.replica_id != replica_id:
-                raise ValueError(
-                    f"replicas[{quoted(replica_id)}] is a report of "
-                    f"{quoted(report.replica_id)}; expected the same replica id"
-                )
-            if report is not None and now_s - report.at_s > max_age_s:
+            last.reports.append(report)
+            last.views.append(self._view_one(replica_id, report, now_s, last))
+        self._last = last
+        return list(last.views)
+
+    def _view_one(
+        self, replica_id: str, report: ReplicaReport | None, now_s: float, last: _LastView
+    ) -> ReplicaView:
+        """One replica's view now; lowers ``last.due_s`` to when it may change with time."""
+        max_age_s = self.config.max_report_age_s
+        if report is not None and report.replica_id != replica_id:
+            raise ValueError(
+                f"replicas[{quoted(replica_id)}] is a report of "
+                f"{quoted(report.replica_id)}; expected the same replica id"
+            )
+        if report is not None:
+            if now_s - report.at_s > max_age_s:
                 report = None
-            pending = pending_of(replica_id, None if report is None else report.at_s, now_s)
-            dedicated = None
-            if dedication is not None and dedication.replica_id == replica_id:
-                dedicated = dedication.adapter_key
-            view = known.get(replica_id)
-            # NOTE: a view is a pure function of these three (the memory hands out the same
-            # ``Pending`` while no decision for the replica came or lapsed), so one that was
-            # built from the very same objects is still true; any other is rebuilt.
-            if (
-                view is None
-                or view.report is not report
-                or view.pending is not pending
-                or view.dedicated != dedicated
-            ):
-                held = self._held_keys(replica_id, report)
-                view = known[replica_id] = ReplicaView(replica_id, report, pending, dedicated, held)
-            views.append(view)
-        return views
+            else:
+                last.lower_due(report.at_s + max_age_s)
+        pending = self._memory.pending(replica_id, None if report is None else report.at_s, now_s)
+        first_s = self._memory.first_s(replica_id)
+        if first_s is not None:
+            last.lower_due(first_s + self.config.recent_ttl_s)
+        dedicated = None
+        dedication = self.dedication
+        if dedication is not None and dedication.replica_id == replica_id:
+            dedicated = dedication.adapter_key
+        view = self._views.get(replica_id)
+        # NOTE: a view is a pure function of these three (the memory hands out the same
+        # ``Pending`` while no decision for the replica came or lapsed), so one that was
+        # built from the very same objects is still true; any other is rebuilt.
+        if (
+            view is None
+            or view.report is not report
+            or view.pending is not pending
+            or view.dedicated != dedicated
+        ):
+            held = self._held_keys(replica_id, report)
+            view = self._views[replica_id] = ReplicaView(
+                replica_id, report, pending, dedicated, held
+            )
+        return view
 
     def _held_keys(self, replica_id: str, report: ReplicaReport | None) -> frozenset[str] | None:
         """``held_keys(report)``, joined once per report, not once per view built on it."""
@@ -117,13 +168,42 @@ class Router:
         this request's destination until that replica reports again."""
         if not replicas:
             raise ValueError("replicas is empty; expected at least one replica id")
-        offered = set(replicas)
-        self._memory.forget_except(offered)
-        for gone in [r for r in self._views if r not in offered]:
-            del self._views[gone], self._held[gone]
+        if replicas.keys() != self._offered:  # the fleet changed since the last decision
+            offered = self._offered = set(replicas)
+            self._memory.forget_except(offered)
+            for gone in [r for r in self._views if r not in offered]:
+                del self._views[gone], self._held[gone]
         now_s = self._clock.now()
         result = self.policy.rank(request, self.view(replicas), now_s)
         self._memory.record(
             result.replica_id, request.adapter_key, request.num_prompt_tokens, now_s
         )
+        self._touched = result.replica_id
         return result
+
+
+# Times within this of a view's change are treated as past it (``_LastView.due_s``): looking at a
+# replica early costs a little; late would read a stale view. Float rounding is far below this.
+_DUE_MARGIN_S = 1e-6
+
+
+class _LastView:
+    """What ``Router.view`` saw last: the offered ids (sorted) and their reports and views, and
+    the first time any of those views may change with time alone (a report turning stale, a
+    decision lapsing by ``recent_ttl_s``)."""
+
+    __slots__ = ("dedication", "due_s", "ids", "index", "offered", "reports", "views")
+
+    def __init__(
+        self, ids: list[str], offered: KeysView[str], dedication: Dedication | None
+    ) -> None:
+        self.ids = ids
+        self.index = {r: i for i, r in enumerate(ids)}
+        self.offered = set(offered)
+        self.dedication = dedication
+        self.reports: list[ReplicaReport | None] = []
+        self.views: list[ReplicaView] = []
+        self.due_s = math.inf
+
+    def lower_due(self, at_s: float) -> None:
+        self.due_s = min(self.due_s, at_s - _DUE_MARGIN_S)

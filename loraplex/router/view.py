@@ -9,8 +9,10 @@ computes (tiers, utilization, load penalty) it remembers for as long as it lives
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from enum import IntEnum
+from itertools import compress, repeat
+from operator import and_, contains, is_not, or_
 
 from loraplex.router.config import RouterConfig
 from loraplex.router.memory import Pending
@@ -40,6 +42,7 @@ class ReplicaView:
     __slots__ = (
         "dedicated",
         "held",
+        "holder_ranks",
         "load_ranks",
         "num_active_tokens",
         "num_adapter_wait",
@@ -86,6 +89,8 @@ class ReplicaView:
         self.penalties: tuple[RouterConfig, float] | None = None
         self.load_ranks: tuple[RouterConfig, tuple[bool, float, str]] | None = None
         self.tiers: dict[str, Tier] = {}
+        # ``holder_rank`` per revision asked, with the config they were computed for
+        self.holder_ranks: tuple[RouterConfig, dict[str, tuple[bool, float, str]]] | None = None
 
     def __repr__(self) -> str:
         return f"ReplicaView({self.replica_id!r}, {self.report!r}, {self.pending!r})"
@@ -159,6 +164,83 @@ def holders(views: Sequence[ReplicaView], adapter_key: str) -> list[ReplicaView]
         elif adapter_key in held or adapter_key in view.pending.adapter_keys:
             found.append(view)
     return found
+
+
+def holder_rank(
+    view: ReplicaView, adapter_key: str, config: RouterConfig
+) -> tuple[bool, float, str]:
+    """(saturated, -score, id): a replica's place among the holders of ``adapter_key``,
+    remembered by the view (what it is made of never changes while the view lives)."""
+    known = view.holder_ranks
+    if known is None or known[0] is not config:
+        known = view.holder_ranks = (config, {})
+    ranks = known[1]
+    rank = ranks.get(adapter_key)
+    if rank is None:
+        if len(ranks) >= MAX_TIERS_CACHED:  # a long-lived view asked for many revisions
+            ranks.clear()
+        rank = ranks[adapter_key] = (
+            is_saturated(view, config),
+            -score(view, adapter_key, config),
+            view.replica_id,
+        )
+    return rank
+
+
+class FleetScan:
+    """Which views of a fleet have a report (``known``), are unsaturated (``open``) and hold a
+    revision (``holders``), each in the fleet's order, as a policy reads them per decision.
+
+    NOTE: between two decisions the router hands out the same view objects but for a few (the
+    replica a decision went to, new reports), and what is read here never changes while a view
+    lives: ``update`` looks only at the positions whose view is another object, and the lists
+    are picked out of the fleet by remembered flags (``compress``) instead of a test per view.
+    """
+
+    def __init__(self, config: RouterConfig) -> None:
+        self._config = config
+        self._fleet: list[ReplicaView] = []
+        self._known: list[bool] = []  # per position: a fresh report
+        self._open: list[bool] = []  # per position: known and ``utilization`` below 1.0
+        self._held: list[frozenset[str]] = []  # per position: ``held`` (frozenset() if None)
+        self._pending: list[frozenset[str]] = []  # per position: ``pending.adapter_keys``
+        self._unjoined: list[bool] = []  # per position: known, and ``held`` is None (Bloom)
+
+    def update(self, fleet: Sequence[ReplicaView]) -> None:
+        """Takes ``fleet`` (the views of this decision, in order) as the one read next."""
+        n = len(fleet)
+        changed: Iterable[int]
+        if len(self._fleet) != n:
+            self._known, self._open, self._unjoined = [False] * n, [False] * n, [False] * n
+            self._held, self._pending = [frozenset()] * n, [frozenset()] * n
+            changed = range(n)
+        else:
+            changed = list(compress(range(n), map(is_not, fleet, self._fleet)))
+        config = self._config
+        for i in changed:
+            view = fleet[i]
+            known = view.report is not None
+            held = view.held
+            self._known[i] = known
+            self._open[i] = known and utilization(view, config) < 1.0  # not ``is_saturated``
+            self._held[i] = frozenset() if held is None else held
+            self._unjoined[i] = known and held is None
+            self._pending[i] = view.pending.adapter_keys
+        self._fleet = list(fleet)
+
+    def known(self) -> list[ReplicaView]:
+        return list(compress(self._fleet, self._known))
+
+    def open(self) -> list[ReplicaView]:
+        return list(compress(self._fleet, self._open))
+
+    def holders(self, adapter_key: str) -> list[ReplicaView]:
+        """``holders(known, adapter_key)``: the known views holding ``adapter_key``, in order."""
+        if any(self._unjoined):
+            return holders(self.known(), adapter_key)
+        in_held = map(contains, self._held, repeat(adapter_key))
+        in_pending = map(contains, self._pending, repeat(adapter_key))
+        return list(compress(self._fleet, map(and_, self._known, map(or_, in_held, in_pending))))
 
 
 def utilization(view: ReplicaView, config: RouterConfig, *, cold: bool = False) -> float:

@@ -64,3 +64,23 @@ def test_reallocated_block_loses_its_digest() -> None:
     probe = bm.allocate()
     assert bm.match_prefix(probe, [1, 2, 3, 4, 5]) == 0
     bm.check_integrity()
+
+
+def test_fills_says_whether_record_would_register_a_block() -> None:
+    """``fills(seq, n)``: a block not yet registered is full at ``n`` tokens, exactly when
+    ``record`` of ``n`` tokens registers one (the planner skips building the tokens otherwise)."""
+    blocks = BlockManager(num_blocks=8, block_size=4)
+    seq = blocks.allocate()
+    tokens = list(range(1, 14))
+    blocks.grow(seq, len(tokens))
+    for n in range(len(tokens) + 1):
+        hashed = blocks._seqs[seq].num_hashed  # NOTE: private on purpose: what record changed
+        expected = blocks.fills(seq, n)
+        blocks.record(seq, tokens[:n])
+        assert (blocks._seqs[seq].num_hashed > hashed) == expected, n
+    assert blocks._seqs[seq].num_hashed == 3
+    other = blocks.allocate()  # blocks for fewer tokens than recorded: nothing to fill past them
+    blocks.grow(other, 4)
+    assert blocks.fills(other, 4) and not blocks.fills(other, 3)
+    blocks.record(other, tokens[:8])
+    assert not blocks.fills(other, 8)

@@ -387,3 +387,38 @@ def test_a_backlogged_hog_never_grows_into_another_active_tenants_equal_share(
         step += 1
         assert step < 5000, "scheduler made no progress"
     assert sum(name.startswith("v") for name in driver.finished) == len(arrivals)
+
+
+def test_equal_shares_are_remembered_only_while_the_tenants_and_their_settings_stay() -> None:
+    """``FairQueues.equal_shares`` answers from memory while the active tenants and the book's
+    settings are the same; a tenant coming or going, a ``TenantBook.replace`` or another seat
+    count gives the shares computed afresh."""
+    from loraplex.engine.request import Request
+    from loraplex.engine.sched.fair_order import FairQueues
+
+    def fresh(queues: FairQueues, seats: int) -> dict[str, int]:
+        weights = {t: queues.weight(t) for t in queues.active_tenants()}
+        total = sum(weights.values())
+        return {t: int(seats * w / total) for t, w in weights.items()}
+
+    book = TenantBook()
+    queues = FairQueues(book)
+
+    def add(rid: str, tenant: str) -> Request:
+        req = Request(request(rid, tenant), arrival_s=0.0, deadline_at_s=1e6)
+        queues.push(req)
+        return req
+
+    first = add("x0", "a")
+    assert queues.equal_shares(SEATS) == fresh(queues, SEATS) == {"a": SEATS}
+    second = add("x1", "b")
+    assert queues.equal_shares(SEATS) == fresh(queues, SEATS) == {"a": 16, "b": 16}
+    book.replace({"b": TenantSettings.for_priority("high")})
+    assert queues.equal_shares(SEATS) == fresh(queues, SEATS) == {"a": 6, "b": 25}
+    assert queues.equal_shares(10) == fresh(queues, 10) == {"a": 2, "b": 8}
+    queues.remove(second)
+    queues.forget_if_idle("b", running=False)
+    assert queues.equal_shares(10) == fresh(queues, 10) == {"a": 10}
+    queues.remove(first)
+    queues.forget_if_idle("a", running=True)  # still running: stays active
+    assert queues.equal_shares(10) == {"a": 10}

@@ -5,10 +5,12 @@ rebuilt, so a stale one is never read."""
 from __future__ import annotations
 
 import random
+from collections.abc import Iterator
 
 from router_kit import idle, make_router, report, req
 
-from loraplex.router import ReplicaReport
+from loraplex.clock import ManualClock
+from loraplex.router import ReplicaReport, Router, RouteRequest
 from loraplex.router.topology import Dedication
 from loraplex.router.view import MAX_TIERS_CACHED, ReplicaView, Tier, held_keys
 
@@ -109,32 +111,59 @@ def _random_report(rng: random.Random, replica_id: str, at_s: float) -> ReplicaR
     )
 
 
+def _traffic(
+    rng: random.Random,
+    routers: list[tuple[Router, ManualClock]],
+    *,
+    replicas: int,
+    steps: int,
+    dts: tuple[float, ...],
+    report_chance: float,
+    dedicate_every: int,
+    sessions: tuple[str | None, ...],
+) -> Iterator[tuple[int, dict[str, ReplicaReport | None], RouteRequest]]:
+    """Random decisions' inputs for routers fed alike: time moves on their clocks, new reports
+    come, a dedication changes now and then; yields (step, fleet, request) per decision."""
+    ids = [f"r{i}" for i in range(replicas)]
+    fleet: dict[str, ReplicaReport | None] = dict.fromkeys(ids)
+    now = 0.0
+    for step in range(steps):
+        dt = rng.choice(dts)
+        now += dt
+        for _, clock in routers:
+            clock.advance(dt)
+        if rng.random() < report_chance:
+            replica = rng.choice(ids)
+            fleet[replica] = _random_report(rng, replica, now)
+        if step % dedicate_every == 0:
+            dedication = Dedication(rng.choice(ids), f"t/a{rng.randrange(12)}@1")
+            for router, _ in routers:
+                router.dedication = dedication
+        key = None if rng.random() < 0.1 else f"t/a{rng.randrange(16)}@1"
+        yield step, fleet, req(key, session=rng.choice(sessions), tokens=rng.randrange(1, 64))
+
+
 def test_reused_views_decide_as_views_built_afresh_for_every_decision() -> None:
     """Two routers on the same seed see the same reports, clock and requests; one keeps its
     views, the other has them dropped before every decision. Every ranking is the same."""
     rng = random.Random(7)
-    kept, clock_kept = make_router(seed=3, max_queued=4, max_ongoing=8, recent_ttl_s=0.4)
-    fresh, clock_fresh = make_router(seed=3, max_queued=4, max_ongoing=8, recent_ttl_s=0.4)
-    ids = [f"r{i}" for i in range(6)]
-    fleet: dict[str, ReplicaReport | None] = dict.fromkeys(ids)
-    now = 0.0
+    kept = make_router(seed=3, max_queued=4, max_ongoing=8, recent_ttl_s=0.4)
+    fresh = make_router(seed=3, max_queued=4, max_ongoing=8, recent_ttl_s=0.4)
     reasons = set()
-    for step in range(600):
-        dt = rng.choice((0.0, 0.0, 0.01, 0.05, 0.3))
-        now += dt
-        clock_kept.advance(dt)
-        clock_fresh.advance(dt)
-        if rng.random() < 0.15:
-            replica = rng.choice(ids)
-            fleet[replica] = _random_report(rng, replica, now)
-        if step % 97 == 0:
-            dedication = Dedication(rng.choice(ids), f"t/a{rng.randrange(12)}@1")
-            kept.dedication = fresh.dedication = dedication
-        key = None if rng.random() < 0.1 else f"t/a{rng.randrange(16)}@1"
-        request = req(key, session=rng.choice((None, "s1", "s2")), tokens=rng.randrange(1, 64))
-        fresh._views.clear()  # NOTE: private on purpose: the reference builds every view anew
-        fresh._held.clear()
-        a, b = kept.choose(request, fleet), fresh.choose(request, fleet)
+    traffic = _traffic(
+        rng,
+        [kept, fresh],
+        replicas=6,
+        steps=600,
+        dts=(0.0, 0.0, 0.01, 0.05, 0.3),
+        report_chance=0.15,
+        dedicate_every=97,
+        sessions=(None, "s1", "s2"),
+    )
+    for step, fleet, request in traffic:
+        fresh[0]._views.clear()  # NOTE: private on purpose: the reference builds every view anew
+        fresh[0]._held.clear()
+        a, b = kept[0].choose(request, fleet), fresh[0].choose(request, fleet)
         assert a == b, f"decision {step}"
         reasons.add(a.reason)
     assert len(reasons) >= 5  # the sequence exercised most rules
@@ -173,3 +202,76 @@ def test_a_ranking_read_after_later_decisions_is_the_one_read_at_once() -> None:
     assert late == at_once
     assert len({r[1:] for r in late}) > 5  # the rankings past the first differ between decisions
     assert all(d.replica_id == r[0] for d, r in zip(decisions, late, strict=True))
+
+
+def test_views_looked_at_in_part_decide_as_views_looked_at_in_full() -> None:
+    """``Router.view`` looks only at the replicas whose view may have changed (a new report, the
+    last decision's replica) until a report may turn stale or a decision lapse, and the policy
+    keeps its known/open/holder flags per position (``FleetScan``). A reference router made to
+    look at every replica and rescan the fleet before each decision ranks every request the same,
+    through reports turning stale, decisions lapsing, dedications and replicas leaving and
+    coming back."""
+    from loraplex.router.view import FleetScan
+
+    rng = random.Random(11)
+    settings = {"max_queued": 4, "max_ongoing": 8, "recent_ttl_s": 0.4, "max_report_age_s": 0.7}
+    kept = make_router(seed=5, **settings)  # type: ignore[arg-type]
+    full = make_router(seed=5, **settings)  # type: ignore[arg-type]
+    reasons = set()
+    traffic = _traffic(
+        rng,
+        [kept, full],
+        replicas=7,
+        steps=1500,
+        dts=(0.0, 0.0, 0.01, 0.05, 0.2, 0.45),
+        report_chance=0.2,
+        dedicate_every=131,
+        sessions=(None, "s1"),
+    )
+    for step, fleet, request in traffic:
+        offered = fleet
+        if step % 200 > 190:  # a replica away for a few decisions
+            offered = {r: v for r, v in fleet.items() if r != "r3"}
+        full[0]._last = None  # NOTE: private on purpose: the reference looks at every replica
+        full[0].policy._scan = FleetScan(full[0].config)  # type: ignore[attr-defined]
+        a, b = kept[0].choose(request, offered), full[0].choose(request, offered)
+        assert a == b, f"decision {step}"
+        assert [v.replica_id for v in kept[0].view(offered)] == sorted(offered)
+        reasons.add(a.reason)
+    assert len(reasons) >= 5
+
+
+def test_fleet_scan_lists_are_the_filters_they_stand_for() -> None:
+    """``FleetScan``'s known, open and holders lists equal the per-view tests, as views change
+    position by position (a Bloom filter's replica falls back to ``tier_of``)."""
+    from loraplex.router import RouterConfig
+    from loraplex.router.bloom import BloomFilter
+    from loraplex.router.memory import NO_PENDING, Pending
+    from loraplex.router.view import FleetScan, holders, utilization
+
+    rng = random.Random(4)
+    config = RouterConfig(max_queued=3, max_ongoing=6)
+    scan = FleetScan(config)
+    fleet: list[ReplicaView] = [
+        ReplicaView(f"r{i}", None, NO_PENDING, None, frozenset()) for i in range(8)
+    ]
+    for _ in range(300):
+        i = rng.randrange(len(fleet))
+        replica_id = f"r{i}"
+        rep = None if rng.random() < 0.2 else _random_report(rng, replica_id, 0.0)
+        pending = NO_PENDING
+        if rng.random() < 0.3:
+            pending = Pending(1, 8, frozenset({f"t/a{rng.randrange(16)}@1"}))
+        held = held_keys(rep)
+        if rep is not None and rng.random() < 0.1:  # a Bloom filter: no joined set
+            bloom = BloomFilter.of(rep.residency.l1, 0.01)
+            rep = ReplicaReport(replica_id, 0.0, rep.residency.__class__(l1=bloom), rep.load)
+            held = None
+        fleet = [*fleet[:i], ReplicaView(replica_id, rep, pending, None, held), *fleet[i + 1 :]]
+        scan.update(fleet)
+        known = [v for v in fleet if v.report is not None]
+        assert scan.known() == known
+        assert scan.open() == [v for v in known if utilization(v, config) < 1.0]
+        for k in range(16):
+            key = f"t/a{k}@1"
+            assert scan.holders(key) == holders(known, key)

@@ -135,6 +135,14 @@ class BlockManager:
             self._refcount[block] = 1
             self._seqs[seq_id].blocks.append(block)
 
+    def fills(self, seq_id: int, num_tokens: int) -> bool:
+        """Whether ``record`` of ``num_tokens`` tokens would register a block: one not yet
+        registered is full (callers skip building the token list otherwise)."""
+        seq = self._seqs[seq_id]
+        return (seq.num_hashed + 1) * self.block_size <= num_tokens and seq.num_hashed < len(
+            seq.blocks
+        )
+
     def record(self, seq_id: int, token_ids: Sequence[int]) -> None:
         """Register digests of blocks that ``token_ids`` (the tokens whose keys/values are now
         cached, from position 0) fill completely, so later sequences can reuse them."""

@@ -27,12 +27,30 @@ class FairQueues:
         self._vtime: dict[str, float] = {}  # per tenant: tokens charged / weight
         self._schedulable: set[str] = set()  # tenants with running or ready requests last step
         self.num_queued = 0  # queued requests, all tenants
+        self._activity = 0  # bumped whenever a tenant becomes active or idle
+        # ``equal_shares``' last answer: (activity, settings, max_num_seqs, shares)
+        self._equal: tuple[int, Mapping[str, object], int, dict[str, int]] | None = None
 
     def weight(self, tenant: str) -> float:
         return self.tenants.get(tenant).weight
 
     def active_tenants(self) -> set[str]:
         return set(self._queues)
+
+    def equal_shares(self, max_num_seqs: int) -> Mapping[str, int]:
+        """Each active tenant's equal share of ``max_num_seqs`` by weight, rounded down (read
+        only). NOTE: remembered while the active tenants and the book's settings are the same
+        (the planner asks several times per step); computed over ``active_tenants()`` in its
+        order, as each time before."""
+        settings = self.tenants.snapshot()
+        memo = self._equal
+        if memo is not None and memo[:3] == (self._activity, settings, max_num_seqs):
+            return memo[3]
+        weights = {t: self.weight(t) for t in self.active_tenants()}  # each read once
+        total_weight = sum(weights.values())
+        shares = {t: int(max_num_seqs * w / total_weight) for t, w in weights.items()}
+        self._equal = (self._activity, settings, max_num_seqs, shares)
+        return shares
 
     def queued(self) -> Mapping[str, deque[Request]]:
         """Per active tenant: its queued requests (read only)."""
@@ -54,6 +72,7 @@ class FairQueues:
             floor = min(active, default=self._vtime.get(tenant, 0.0))
             self._vtime[tenant] = max(self._vtime.get(tenant, 0.0), floor)
             self._queues[tenant] = deque()
+            self._activity += 1
         self._queues[tenant].append(req)
         self.num_queued += 1
 
@@ -73,8 +92,9 @@ class FairQueues:
     def forget_if_idle(self, tenant: str, running: bool) -> None:
         """Deactivate ``tenant`` once it has nothing queued or ``running`` (its virtual time is
         kept: returning later, it starts at the floor or where it was, whichever is later)."""
-        if not self._queues.get(tenant) and not running:
-            self._queues.pop(tenant, None)  # NOTE: a paused request's tenant may be idle already
+        if not self._queues.get(tenant) and not running and tenant in self._queues:
+            del self._queues[tenant]  # NOTE: a paused request's tenant may be idle already
+            self._activity += 1
 
     def charge(self, tenant: str, num_tokens: int) -> None:
         self._vtime[tenant] += num_tokens / self.tenants.get(tenant).weight

@@ -97,12 +97,15 @@ class StepPlanner(RequestBook):
             return None
         blocks, needed, tenants = self.blocks, 0, self._kv.tenants
         for req in running:
-            num_tokens = req.num_tokens
+            # NOTE: ``num_tokens``, ``_wants_prompt_logprobs`` and ``tenant`` read inline: this
+            # runs once per running sequence per step.
+            request, output = req.request, req.output_token_ids
+            num_tokens = len(request.prompt_token_ids) + len(output)
             if (
                 req.state is not RequestState.RUNNING
                 or num_tokens - req.num_computed_tokens != 1
-                or _wants_prompt_logprobs(req)
-                or tenants.get(req.tenant).max_kv_blocks is not None
+                or (request.params.prompt_logprobs is not None and not output)
+                or tenants.get(request.tenant).max_kv_blocks is not None
             ):
                 return None
             assert req.seq_id is not None  # RUNNING requests always hold a sequence
@@ -161,7 +164,8 @@ class StepPlanner(RequestBook):
             assert req.seq_id is not None  # RUNNING requests always hold a sequence
             req.num_computed_tokens += 1
             req.output_token_ids.append(token)
-            blocks.record(req.seq_id, req.token_ids()[: req.num_computed_tokens])
+            if blocks.fills(req.seq_id, req.num_computed_tokens):
+                blocks.record(req.seq_id, req.token_ids()[: req.num_computed_tokens])
 
     def _replan_decodes(self) -> None:
         """``schedule_decodes``' effects, its plan not built: its checks hold in a decode run
@@ -191,7 +195,8 @@ class StepPlanner(RequestBook):
             token = result.sampled.get(req.request_id)
             if token is not None:
                 req.output_token_ids.append(token)
-            self.blocks.record(chunk.seq_id, req.token_ids()[: req.num_computed_tokens])
+            if self.blocks.fills(chunk.seq_id, req.num_computed_tokens):
+                self.blocks.record(chunk.seq_id, req.token_ids()[: req.num_computed_tokens])
 
     # --- seats -----------------------------------------------------------------------------------
 
@@ -288,24 +293,28 @@ class StepPlanner(RequestBook):
     def _chunk(self, req: Request, n: int) -> ScheduledChunk:
         """The next ``n`` tokens of ``req``, charged to its tenant's virtual time."""
         assert req.seq_id is not None  # scheduled requests are RUNNING
-        self._queues.charge(req.tenant, n)
-        self._last_run[req.request_id] = self._step
+        # NOTE: ``req``'s properties (request_id, tenant, slot, num_tokens) read inline: this
+        # runs once per running sequence per step.
+        request, output = req.request, req.output_token_ids
+        self._queues.charge(request.tenant, n)
+        self._last_run[request.request_id] = self._step
         start = req.num_computed_tokens
-        prompt = req.request.prompt_token_ids
+        prompt = request.prompt_token_ids
         if start >= len(prompt):  # a decode: its tokens are all output (no full copy)
-            tokens = req.output_token_ids[start - len(prompt) : start - len(prompt) + n]
+            tokens = output[start - len(prompt) : start - len(prompt) + n]
         else:
             tokens = req.token_ids()[start : start + n]
         targets = None
-        if _wants_prompt_logprobs(req):
-            targets = req.request.prompt_token_ids[start + 1 : start + n + 1]
+        if request.params.prompt_logprobs is not None and not output:  # _wants_prompt_logprobs
+            targets = prompt[start + 1 : start + n + 1]
+        lease = req.lease
         return ScheduledChunk(
-            request_id=req.request_id,
+            request_id=request.request_id,
             seq_id=req.seq_id,
             start_pos=start,
             token_ids=tuple(tokens),
-            slot=req.slot,
-            samples=start + n == req.num_tokens,
+            slot=None if lease is None else lease.slot,
+            samples=start + n == len(prompt) + len(output),
             logprob_targets=targets,
         )
 

@@ -184,11 +184,9 @@ def step_seats(
 MIN_SEATS_FOR_HEADROOM = 8  # below this an engine is not capped: a kept-free seat is an eighth
 
 
-def equal_shares(queues: FairQueues, max_num_seqs: int) -> dict[str, int]:
+def equal_shares(queues: FairQueues, max_num_seqs: int) -> Mapping[str, int]:
     """Each active tenant's equal share of ``max_num_seqs`` by weight, rounded down."""
-    active = queues.active_tenants()
-    total_weight = sum(queues.weight(t) for t in active)
-    return {t: int(max_num_seqs * queues.weight(t) / total_weight) for t in active}
+    return queues.equal_shares(max_num_seqs)
 
 
 def headroom_caps(queues: FairQueues, running: list[Request], max_num_seqs: int) -> dict[str, int]:
@@ -210,13 +208,14 @@ def headroom_caps(queues: FairQueues, running: list[Request], max_num_seqs: int)
         return {}
     held = Counter(r.tenant for r in running)
     equal = equal_shares(queues, max_num_seqs)
+    weights = {t: queues.weight(t) for t in active}  # each read once, not once per pair
     unclaimed = {t: max(0, equal[t] - held[t]) for t in active}
     free = max_num_seqs - len(running)
     caps = {}
     for t in active:
         # NOTE: a higher class is kept seats by the class reserve (``admission.class_caps``).
-        weight = queues.weight(t)
-        kept = sum(n for u, n in unclaimed.items() if u != t and queues.weight(u) <= weight)
+        weight = weights[t]
+        kept = sum(n for u, n in unclaimed.items() if u != t and weights[u] <= weight)
         grow = max(0, free - kept)
         caps[t] = max(equal[t], queues.tenants.get(t).reserved_running_seqs, held[t] + grow)
     return caps
