@@ -73,6 +73,10 @@ MAX_VALIDATION_MESSAGE_CHARS = 512
 UNKNOWN_FIELD = (
     "unknown field; loraplex refuses a field it does not implement rather than ignore it"
 )
+# How other servers' clients pick an adapter (LoRAX's ``adapter_id`` / ``adapter_source``,
+# vLLM's offline ``lora_request``): here ``model`` names it, which the refusal says.
+ADAPTER_FIELDS = frozenset({"adapter_id", "adapter_source", "lora_request"})
+NAME_THE_ADAPTER = "; name the adapter in model (name, tenant/name, either with @revision)"
 
 
 class ErrorContext(StrEnum):
@@ -292,7 +296,7 @@ async def _on_validation(request: Request, exc: Exception) -> JSONResponse:
     param = clipped(".".join(location)) or None  # an unknown key is the caller's own text
     reason = clipped(str(first.get("msg", "invalid value")), MAX_VALIDATION_MESSAGE_CHARS)
     if first.get("type") == "extra_forbidden":  # pydantic's "Extra inputs are not permitted"
-        reason = UNKNOWN_FIELD
+        reason = UNKNOWN_FIELD + (NAME_THE_ADAPTER if param in ADAPTER_FIELDS else "")
     message = f"{param or 'request'}: {reason}"
     return invalid_request(message, param).response()
 

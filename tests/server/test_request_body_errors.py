@@ -186,7 +186,6 @@ def test_many_unknown_admin_keys_name_the_first(
     ("path", "body", "param"),
     [
         ("/v1/completions", {**BODY, "guided_json": {}}, "guided_json"),
-        ("/v1/completions", {**BODY, "lora_request": {"lora_name": "support"}}, "lora_request"),
         ("/v1/chat/completions", {**CHAT, "priority": 1}, "priority"),
     ],
 )
@@ -236,3 +235,26 @@ def test_a_wrong_method_is_a_405_naming_the_allowed_ones(rig: Rig) -> None:
         "method GET is not allowed on this route; expected POST"
     )
     assert reply.headers["allow"] == "POST"
+
+
+@pytest.mark.parametrize(
+    ("path", "body", "param"),
+    [
+        ("/v1/completions", {**BODY, "adapter_id": "support"}, "adapter_id"),
+        ("/v1/chat/completions", {**CHAT, "adapter_source": "hub"}, "adapter_source"),
+        ("/v1/completions", {**BODY, "lora_request": {"lora_name": "support"}}, "lora_request"),
+    ],
+)
+def test_another_servers_adapter_field_is_refused_saying_model_names_it(
+    rig: Rig, path: str, body: dict[str, object], param: str
+) -> None:
+    """A LoRAX client names its adapter in ``adapter_id`` (``adapter_source`` where it comes
+    from), vLLM's offline API in ``lora_request``: the refusal says ``model`` does it here."""
+    reply = rig.client.post(path, json=body, headers=rig.headers("acme"))
+    assert reply.status_code == 400, reply.text
+    error = reply.json()["error"]
+    assert error["param"] == param
+    assert (
+        error["message"] == f"{param}: {UNKNOWN_FIELD}; name the adapter in model (name, "
+        "tenant/name, either with @revision)"
+    )
