@@ -107,6 +107,7 @@ def up_command(
     from loraplex.fleet import control
     from loraplex.fleet.settings import FleetSettings
     from loraplex.serve.config import merge, read_config_file
+    from loraplex.serve.engine_settings import engine_config
 
     flags: dict[str, Any] = {
         "host": host,
@@ -140,6 +141,11 @@ def up_command(
             **fleet_values,
         )
         check_engine_resource(checked.engine_resource, address)
+        # serve's own checks (cli/serve.py): the engine's settings (class_reserve_seqs, KV room
+        # for one max_model_len sequence) and import_dir, which failed only in the replicas
+        # (or at the first registration by path), after the keys were issued
+        engine_config(serve_config)
+        serve_config.check_import_dir()
         if serve_config.torch_threads is None:
             per_replica = default_threads_per_replica(checked.engine_replicas, os.cpu_count())
             serve_config = replace(serve_config, torch_threads=per_replica)

@@ -68,6 +68,15 @@ DEFAULT_RETRY_AFTER_S = 1.0
 ADMIN_PREFIX = "/admin"
 # A validation message longer than this is cut: validators may quote the caller's value.
 MAX_VALIDATION_MESSAGE_CHARS = 512
+# What a key no body model declares gets, after its name (pydantic's "Extra inputs are not
+# permitted" did not say that the server knows no such field, nor why it is not just ignored).
+UNKNOWN_FIELD = (
+    "unknown field; loraplex refuses a field it does not implement rather than ignore it"
+)
+# How other servers' clients pick an adapter (LoRAX's ``adapter_id`` / ``adapter_source``,
+# vLLM's offline ``lora_request``): here ``model`` names it, which the refusal says.
+ADAPTER_FIELDS = frozenset({"adapter_id", "adapter_source", "lora_request"})
+NAME_THE_ADAPTER = "; name the adapter in model (name, tenant/name, either with @revision)"
 
 
 class ErrorContext(StrEnum):
@@ -107,6 +116,21 @@ class ApiError(Exception):
 
 def invalid_request(message: str, param: str | None = None) -> ApiError:
     return ApiError(400, message, "invalid_request_error", "invalid_request", param)
+
+
+# The one body of a 404 for a path this listener does not route, whatever the path: a route of
+# the other listener (``listeners.sockets.AdminBindGuard``) answers the same, so a caller cannot
+# tell it from a path that does not exist. It says what a client ported from another server
+# reached for and where the routes are ("Not Found" alone did not).
+NO_ROUTE_MESSAGE = (
+    "no such route on this listener; loraplex's OpenAI API is POST /v1/completions, "
+    "POST /v1/chat/completions and GET /v1/models (no embeddings, responses or audio routes), "
+    "and GET /openapi.json on the API listener lists every tenant route"
+)
+
+
+def no_route() -> ApiError:
+    return ApiError(404, NO_ROUTE_MESSAGE, "not_found_error")
 
 
 def unauthorized(message: str = "invalid API key") -> ApiError:
@@ -271,6 +295,8 @@ async def _on_validation(request: Request, exc: Exception) -> JSONResponse:
     location = [str(p) for p in first.get("loc", ()) if p not in _SOURCES and not _is_union_tag(p)]
     param = clipped(".".join(location)) or None  # an unknown key is the caller's own text
     reason = clipped(str(first.get("msg", "invalid value")), MAX_VALIDATION_MESSAGE_CHARS)
+    if first.get("type") == "extra_forbidden":  # pydantic's "Extra inputs are not permitted"
+        reason = UNKNOWN_FIELD + (NAME_THE_ADAPTER if param in ADAPTER_FIELDS else "")
     message = f"{param or 'request'}: {reason}"
     return invalid_request(message, param).response()
 
@@ -287,9 +313,15 @@ async def _on_http(request: Request, exc: Exception) -> JSONResponse:
             problem = None
         if problem is not None:
             return invalid_request(problem.message, problem.param).response()
-    kind = "not_found_error" if exc.status_code == 404 else "invalid_request_error"
+    if exc.status_code == 404:  # the router's: no route has this path (no route raises one)
+        return no_route().response()
+    headers = dict(exc.headers or {})
+    message = str(exc.detail)
+    if exc.status_code == 405 and headers.get("Allow"):  # the router's: the path, not the method
+        method, allowed = clipped(request.method), headers["Allow"]
+        message = f"method {method} is not allowed on this route; expected {allowed}"
     code = "invalid_request" if exc.status_code == 400 else None  # e.g. a body that is not UTF-8
-    error = ApiError(exc.status_code, str(exc.detail), kind, code, None, dict(exc.headers or {}))
+    error = ApiError(exc.status_code, message, "invalid_request_error", code, None, headers)
     return error.response()
 
 

@@ -137,7 +137,8 @@ def no_import_dir(action: str, param: str) -> ApiError:
     which setting turns it on, since the operator is the one who reads it."""
     return invalid_request(
         f"{action} by server path is disabled: this server has no import directory; start "
-        "`loraplex serve` with --import-dir DIR (config key import_dir), or upload the files "
+        "`loraplex serve` with --import-dir DIR (config key import_dir; a fleet reads it in "
+        "the [serve] table of `fleet up --config`), or upload the files "
         "(POST /admin/adapters/upload)",
         param,
     )

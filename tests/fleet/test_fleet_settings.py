@@ -358,3 +358,24 @@ def test_up_takes_engine_resource_only_when_joining_a_cluster(
     assert result.exit_code == 0, result.output
     (settings,) = fake_control.started
     assert settings.engine_resource == "loraplex_engine"
+
+
+@pytest.mark.parametrize(
+    ("table", "message"),
+    [
+        ("max_model_len = 100000", "expected room for one max_model_len 100000 sequence"),
+        ("max_num_seqs = 4\nclass_reserve_seqs = 4", "class_reserve_seqs 4 is invalid"),
+        ('import_dir = "no-such-folder"', "expected a directory"),
+    ],
+)
+def test_up_runs_serves_engine_and_import_dir_checks_before_any_key(
+    tmp_path: Path, fake_control: FakeControl, table: str, message: str
+) -> None:
+    """``serve`` refuses these before it issues a key; ``fleet up`` took them, issued the keys,
+    and the replicas (or the first registration by path) failed later."""
+    path = tmp_path / "fleet.toml"
+    path.write_text(f"[serve]\n{table}\n")
+    result = _up(tmp_path, "--config", str(path))
+    assert result.exit_code == 2, result.output
+    assert message in " ".join(result.output.replace("│", " ").split())  # the box's wrap
+    assert fake_control.prepared == [] and fake_control.started == []

@@ -13,6 +13,7 @@ from conftest import Rig
 from pydantic import BaseModel, ValidationError
 
 from loraplex.server import admin_models
+from loraplex.server.errors import NO_ROUTE_MESSAGE, UNKNOWN_FIELD
 from loraplex.server.protocol.chat import ChatCompletionRequest
 from loraplex.server.protocol.completions import CompletionRequest
 from loraplex.server.protocol.lora_admin import LoadLoraAdapterRequest, UnloadLoraAdapterRequest
@@ -115,7 +116,7 @@ def test_many_unknown_keys_name_the_first(
     assert reply.status_code == 400, reply.text
     error = reply.json()["error"]
     assert error["param"] == param, error
-    assert error["message"] == f"{param}: Extra inputs are not permitted"
+    assert error["message"] == f"{param}: {UNKNOWN_FIELD}"
 
 
 @pytest.mark.parametrize(
@@ -178,4 +179,66 @@ def test_many_unknown_admin_keys_name_the_first(
 ) -> None:
     reply = rig.client.post(path, json=body, headers=rig.admin)
     assert reply.status_code == 400, reply.text
-    assert reply.json()["error"]["message"] == "k0: Extra inputs are not permitted"
+    assert reply.json()["error"]["message"] == f"k0: {UNKNOWN_FIELD}"
+
+
+_NAME_IT = "; name the adapter in model (name, tenant/name, either with @revision)"
+
+
+@pytest.mark.parametrize(
+    ("path", "body", "param", "hint"),
+    [
+        ("/v1/completions", {**BODY, "guided_json": {}}, "guided_json", ""),
+        ("/v1/chat/completions", {**CHAT, "priority": 1}, "priority", ""),
+        ("/v1/completions", {**BODY, "adapter_id": "support"}, "adapter_id", _NAME_IT),
+        ("/v1/chat/completions", {**CHAT, "adapter_source": "hub"}, "adapter_source", _NAME_IT),
+        ("/v1/completions", {**BODY, "lora_request": {"lora_name": "x"}}, "lora_request", _NAME_IT),
+    ],
+)
+def test_another_servers_field_is_refused_as_unknown_saying_why(
+    rig: Rig, path: str, body: dict[str, object], param: str, hint: str
+) -> None:
+    """vLLM's extensions loraplex does not implement (guided decoding, priority) said pydantic's
+    "Extra inputs are not permitted", which did not say why a field vLLM takes is refused here;
+    a LoRAX client's ``adapter_id`` (``adapter_source`` where it comes from) and vLLM's offline
+    ``lora_request`` are told that ``model`` names the adapter here."""
+    reply = rig.client.post(path, json=body, headers=rig.headers("acme"))
+    assert reply.status_code == 400, reply.text
+    error = reply.json()["error"]
+    assert error["param"] == param
+    assert error["message"] == (
+        f"{param}: unknown field; loraplex refuses a field it does not implement rather than "
+        f"ignore it{hint}"
+    )
+
+
+@pytest.mark.parametrize(
+    ("method", "path"),
+    [("POST", "/v1/embeddings"), ("POST", "/v1/responses"), ("POST", "/generate"),
+     ("GET", "/v1/no-such-route")],
+)  # fmt: skip
+def test_a_route_loraplex_lacks_is_a_404_that_says_what_it_serves(
+    rig: Rig, method: str, path: str
+) -> None:
+    """An OpenAI or LoRAX client reaching for embeddings, the Responses API or ``/generate``
+    got a bare "Not Found"; the 404 now names the routes there are (one text for every missing
+    path, so a route of the other listener still cannot be told from a missing one)."""
+    reply = rig.client.request(method, path, json={"model": "support"}, headers=rig.headers("acme"))
+    assert reply.status_code == 404, reply.text
+    error = reply.json()["error"]
+    assert error == {
+        "message": NO_ROUTE_MESSAGE,
+        "type": "not_found_error",
+        "param": None,
+        "code": None,
+    }
+    assert "POST /v1/completions" in error["message"] and "/openapi.json" in error["message"]
+
+
+def test_a_wrong_method_is_a_405_naming_the_allowed_ones(rig: Rig) -> None:
+    reply = rig.client.get("/v1/completions", headers=rig.headers("acme"))
+    assert reply.status_code == 405, reply.text
+    assert reply.json()["error"]["message"] == (
+        "method GET is not allowed on this route; expected POST"
+    )
+    assert reply.headers["allow"] == "POST"

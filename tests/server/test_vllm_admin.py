@@ -236,4 +236,5 @@ def test_load_without_an_import_directory_is_refused(served: Served) -> None:
         error = response.json()["error"]
         assert error["param"] == param
         assert "--import-dir" in error["message"] and "import_dir" in error["message"]
+        assert "`fleet up --config`" in error["message"]  # a fleet's operator reads it too
     assert "x" not in {adapter.name for adapter in served.registry.list_adapters("acme")}

@@ -16,7 +16,7 @@ from typing import Any
 from starlette.types import ASGIApp, Receive, Scope, Send
 
 from loraplex.server.auth import DASHBOARD_PATHS, Credential, required_credential
-from loraplex.server.errors import ApiError
+from loraplex.server.errors import no_route
 
 _BOTH = ("/health", "/ready", "/version")
 
@@ -40,10 +40,9 @@ class AdminBindGuard:
             server = scope.get("server")
             on_admin = server is not None and server[1] == self.admin_port
             if is_admin_path(scope["path"]) != on_admin:
-                # NOTE: the body of the router's own 404 (``errors._on_http``), so a tenant cannot
+                # NOTE: the body of the router's own 404 (``errors.no_route``), so a tenant cannot
                 # tell a route of the other socket from a path that does not exist.
-                error = ApiError(404, "Not Found", "not_found_error")
-                await error.response()(scope, receive, send)
+                await no_route().response()(scope, receive, send)
                 return
         await self.app(scope, receive, send)
 
