@@ -63,18 +63,9 @@ def get_usable_adapter(tx: Tx, caller: str, owner: str, name: str) -> Adapter | 
 def list_adapters(tx: Tx, owner: str | None, page: Page | None = None) -> list[Adapter]:
     """By (tenant, name); with ``page``, at most ``page.limit`` after the adapter
     ``page.after`` (``tenant/name``; it need not exist: the order is the key's)."""
-    where: list[str] = [] if owner is None else ["tenant = ?"]
-    params: list[object] = [] if owner is None else [owner]
-    _after_adapter(page, where, params)
-    rows = paging.select(
-        tx,
-        f"{_ADAPTER_COLUMNS} FROM adapters",
-        where=where,
-        params=params,
-        order_by="tenant, name",
-        page=page,
+    return _adapters(
+        tx, [] if owner is None else ["tenant = ?"], [] if owner is None else [owner], page
     )
-    return [_adapter(row) for row in rows]
 
 
 def list_usable_adapters(tx: Tx, caller: str, page: Page | None = None) -> list[Adapter]:
@@ -82,9 +73,20 @@ def list_usable_adapters(tx: Tx, caller: str, page: Page | None = None) -> list[
     (tenant, name); with ``page``, at most ``page.limit`` after ``page.after`` (``tenant/name``,
     as ``list_adapters``: a position, so naming an adapter the caller may not see tells it
     nothing)."""
-    where: list[str] = ["(tenant = ? OR visibility = ?)"]
-    params: list[object] = [caller, Visibility.PUBLIC.value]
-    _after_adapter(page, where, params)
+    return _adapters(
+        tx, ["(tenant = ? OR visibility = ?)"], [caller, Visibility.PUBLIC.value], page
+    )
+
+
+def _adapters(tx: Tx, where: list[str], params: list[object], page: Page | None) -> list[Adapter]:
+    """Adapters where every condition of ``where`` holds, by (tenant, name), and with ``page``
+    after its cursor ``tenant/name``."""
+    if page is not None and page.after is not None:
+        tenant, slash, name = page.after.partition("/")
+        if not slash:
+            raise unknown_cursor(page.after, "adapter (expected tenant/name)")
+        where = [*where, "tenant >= ? AND (tenant > ? OR name > ?)"]
+        params = [*params, tenant, tenant, name]
     rows = paging.select(
         tx,
         f"{_ADAPTER_COLUMNS} FROM adapters",
@@ -94,16 +96,6 @@ def list_usable_adapters(tx: Tx, caller: str, page: Page | None = None) -> list[
         page=page,
     )
     return [_adapter(row) for row in rows]
-
-
-def _after_adapter(page: Page | None, where: list[str], params: list[object]) -> None:
-    """The keyset condition of an adapter cursor ``tenant/name``, added to ``where``."""
-    if page is not None and page.after is not None:
-        tenant, slash, name = page.after.partition("/")
-        if not slash:
-            raise unknown_cursor(page.after, "adapter (expected tenant/name)")
-        where.append("tenant >= ? AND (tenant > ? OR name > ?)")
-        params += [tenant, tenant, name]
 
 
 def set_visibility(tx: Tx, tenant: str, name: str, visibility: Visibility) -> None:
