@@ -15,7 +15,8 @@ RUNTIME_COMPAT_VERSION = 1
 
 _CHUNK_BYTES = 1 << 20
 _HEX64 = re.compile(r"[0-9a-f]{64}")
-_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,127}")
+MAX_NAME_CHARS = 128  # the longest tenant, adapter or revision name
+_NAME = re.compile(rf"[A-Za-z0-9][A-Za-z0-9._-]{{0,{MAX_NAME_CHARS - 1}}}")
 
 
 def sha256_file(path: Path) -> str:

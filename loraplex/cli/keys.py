@@ -8,7 +8,15 @@ from typing import Annotated
 
 import typer
 
-from loraplex.cli.registry_access import Actor, acting, command_group, failures, opened, utc_time
+from loraplex.cli.registry_access import (
+    Actor,
+    acting,
+    command_group,
+    failures,
+    listed,
+    opened,
+    utc_time,
+)
 from loraplex.cli.registry_location import Location, located
 
 
@@ -38,7 +46,7 @@ def list_keys(
 ) -> None:
     """List API keys (ids and state; tokens are never stored)."""
     with failures(), opened(location.config()) as registry:
-        for key in registry.list_keys(tenant):
+        for key in listed(lambda page: registry.list_keys(tenant, page), lambda key: key.key_id):
             state = "active" if key.revoked_at is None else f"revoked {utc_time(key.revoked_at)}"
             typer.echo(f"{key.key_id}\t{key.tenant}\tcreated {utc_time(key.created_at)}\t{state}")
 

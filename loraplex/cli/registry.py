@@ -20,6 +20,7 @@ from loraplex.cli.registry_access import (
     acting,
     command_group,
     failures,
+    listed,
     opened,
     provenance_line,
     targets_text,
@@ -160,7 +161,14 @@ def list_adapters(
 ) -> None:
     """List adapters with their alias targets."""
     with failures(), opened(location.config()) as registry:
-        found = registry.list_adapters() if tenant is None else registry.usable_adapters(tenant)
+        found = listed(
+            lambda page: (
+                registry.list_adapters(None, page)
+                if tenant is None
+                else registry.usable_adapters(tenant, page)
+            ),
+            lambda adapter: adapter.ref,
+        )
         for adapter in found:
             alias = registry.get_alias(adapter.tenant, adapter.name)
             split = "" if alias is None else targets_text(alias.targets)
@@ -180,7 +188,9 @@ def show_adapter(
         if alias is not None:
             typer.echo(f"alias       {targets_text(alias.targets)}")
             typer.echo(f"rollback    {targets_text(alias.rollback_targets) or '-'}")
-        for rev in registry.list_revisions(tenant, name):
+        for rev in listed(
+            lambda page: registry.list_revisions(tenant, name, page), lambda rev: rev.revision
+        ):
             typer.echo(
                 f"revision    {rev.revision}\t{rev.state.value}\twarm={rev.warm_policy.value}"
                 f"\trank={rev.max_rank}\talpha={rev.lora_alpha:g}\trslora={rev.use_rslora}"
@@ -231,7 +241,7 @@ def list_tenants(
 ) -> None:
     """List tenants and their limits."""
     with failures(), opened(location.config()) as registry:
-        for tenant in registry.list_tenants():
+        for tenant in listed(registry.list_tenants, lambda tenant: tenant.name):
             typer.echo(limits_line(tenant))
 
 

@@ -7,10 +7,10 @@ from __future__ import annotations
 
 import contextlib
 import getpass
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator, Sequence
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import Annotated
+from typing import Annotated, TypeVar
 
 import typer
 
@@ -18,8 +18,11 @@ from loraplex.artifacts.base_model import BaseModelSpec
 from loraplex.cli.locations import unusable_path
 from loraplex.errors import LoraplexError
 from loraplex.registry import AliasTarget, Provenance, Registry, RegistryConfig, open_registry
+from loraplex.registry.sql.paging import MAX_PAGE, Page, every_row
 
 Actor = Annotated[str | None, typer.Option(help="Who is acting, for the audit log")]
+LIST_PAGE = MAX_PAGE  # rows a ``list`` command reads per registry call (one short transaction)
+T = TypeVar("T")
 
 
 def command_group(app: typer.Typer, name: str, help_text: str) -> typer.Typer:
@@ -30,6 +33,13 @@ def command_group(app: typer.Typer, name: str, help_text: str) -> typer.Typer:
     group = typer.Typer(help=help_text, no_args_is_help=True)
     app.add_typer(group, name=name)
     return group
+
+
+def listed(read: Callable[[Page], Sequence[T]], cursor: Callable[[T], str]) -> Iterator[T]:
+    """Every row of a registry listing, ``LIST_PAGE`` rows per read, as they are printed: a
+    ``list`` command prints everything (the admin API answers one page a call; the CLI follows
+    the pages itself), and never holds more than a page or one transaction for all of it."""
+    return every_row(read, cursor, LIST_PAGE)
 
 
 @contextlib.contextmanager

@@ -17,7 +17,7 @@ import typer
 from loraplex.artifacts.base_model import BaseModelSpec
 from loraplex.cli import alias
 from loraplex.cli.alias import split_alias
-from loraplex.cli.registry_access import Actor, acting, command_group, failures, opened
+from loraplex.cli.registry_access import Actor, acting, command_group, failures, listed, opened
 from loraplex.cli.registry_location import Location, located
 from loraplex.cli.release_input import parse_duration, parse_ladder, read_probes
 from loraplex.cli.release_show import headline, release_dict, show_release
@@ -150,9 +150,13 @@ def list_releases(
 ) -> None:
     """Releases in flight (``--all``: every release), oldest first."""
     with failures(), opened(location.config()) as registry:
-        found = ReleaseStore(registry).list_releases(include_terminal=show_all, tenant=tenant)
-    if as_json:
-        typer.echo(json.dumps([release_dict(r) for r in found], indent=2))
-        return
-    for release in found:
-        typer.echo(headline(release))
+        store = ReleaseStore(registry)
+        found = listed(
+            lambda page: store.list_releases(include_terminal=show_all, tenant=tenant, page=page),
+            lambda release: release.release_id,
+        )
+        if as_json:
+            typer.echo(json.dumps([release_dict(r) for r in found], indent=2))
+            return
+        for release in found:
+            typer.echo(headline(release))

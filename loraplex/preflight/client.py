@@ -130,6 +130,19 @@ class Deployment:
             params = {"after": cursor(page[-1])}
         return rows[:most]
 
+    def admin_adapter(self, tenant: str, name: str) -> dict[str, Any]:
+        """``GET /admin/adapters/{tenant}/{name}`` with every revision: an answer's
+        ``revisions`` are one page (oldest first), so the rest are read page by page."""
+        path = f"/admin/adapters/{tenant}/{name}"
+        shown = dict(self.admin_json(path, {"limit": ADMIN_PAGE}))
+        page = shown["revisions"]
+        while len(page) == ADMIN_PAGE:
+            page = self.admin_json(path, {"limit": ADMIN_PAGE, "after": page[-1]["revision"]})[
+                "revisions"
+            ]
+            shown["revisions"] = [*shown["revisions"], *page]
+        return shown
+
     def admin_json(self, path: str, params: Any = None) -> Any:
         """The body of an admin GET that must succeed (the checks cannot start without it)."""
         answer = self.admin("GET", path, params=params)

@@ -36,8 +36,10 @@ PROBE_TOKENS = 200
 class RegistryView:
     """The registry as the admin API lists it."""
 
-    tenants: list[dict[str, Any]]  # ``GET /admin/tenants``
-    adapters: list[dict[str, Any]]  # ``GET /admin/adapters/{tenant}/{name}`` of each adapter
+    tenants: list[dict[str, Any]]  # ``GET /admin/tenants`` (page by page, at most MAX_LISTED)
+    adapters: list[
+        dict[str, Any]
+    ]  # ``GET /admin/adapters/{tenant}/{name}`` of each, every revision
     truncated: bool  # more adapters than ``MAX_LISTED``: only the first were read
 
     def revisions(self) -> list[dict[str, Any]]:
@@ -83,17 +85,18 @@ class Observation:
 
 
 def read_registry(deployment: Deployment) -> RegistryView:
-    tenants = deployment.admin_json("/admin/tenants")[:MAX_LISTED]
+    tenants = deployment.admin_listing("/admin/tenants", _tenant_name, MAX_LISTED)
     listed = deployment.admin_listing("/admin/adapters", _adapter_ref, MAX_LISTED + 1)
-    adapters = [
-        deployment.admin_json(f"/admin/adapters/{a['tenant']}/{a['name']}")
-        for a in listed[:MAX_LISTED]
-    ]
+    adapters = [deployment.admin_adapter(a["tenant"], a["name"]) for a in listed[:MAX_LISTED]]
     return RegistryView(tenants, adapters, len(listed) > MAX_LISTED)
 
 
 def _adapter_ref(adapter: dict[str, Any]) -> str:
     return f"{adapter['tenant']}/{adapter['name']}"
+
+
+def _tenant_name(tenant: dict[str, Any]) -> str:
+    return str(tenant["name"])
 
 
 def refusal_probes(deployment: Deployment, tenant: str, key: str | None) -> tuple[Answer, ...]:

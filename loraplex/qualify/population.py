@@ -17,6 +17,7 @@ from pathlib import Path
 
 from loraplex.artifacts.base_model import ATTENTION_MODULES, TARGET_MODULES, BaseModelSpec
 from loraplex.qualify.client import Admin, QualifyError
+from loraplex.registry.sql.paging import every_row
 
 VICTIMS = ("qualify-a", "qualify-b")  # the tenants whose traffic is judged
 HOSTILE = "qualify-hostile"  # the tenant that attacks them
@@ -97,7 +98,13 @@ def write_adapters(adapters: list[GeneratedAdapter], model_dir: Path, seed: int)
 
 def ensure_tenants(admin: Admin) -> None:
     """The victim and hostile tenants (kept if they exist: the admin API deletes no tenant)."""
-    existing = {row["name"] for row in admin.must("GET", "/admin/tenants")}
+    existing = {
+        row["name"]
+        for row in every_row(
+            lambda page: admin.must("GET", "/admin/tenants", params=page.params()),
+            lambda row: str(row["name"]),
+        )
+    }
     for tenant in (*VICTIMS, HOSTILE):
         if tenant not in existing:
             admin.must("POST", "/admin/tenants", json={"name": tenant})

@@ -10,6 +10,7 @@ from pathlib import Path
 
 from loraplex.qualify.client import Admin, QualifyError
 from loraplex.qualify.population import GeneratedAdapter
+from loraplex.server.admin_models import shown_with_every_revision
 
 GENERATED_PROBE_TOKENS = 8  # a generated adapter's probe: its greedy continuation this long
 
@@ -39,7 +40,9 @@ def generated_target(adapter: GeneratedAdapter) -> Target:
 def deployed_target(admin: Admin, alias: str, local: dict[str, Path]) -> Target:
     """An alias already on the deployment: its targets and registered probe (admin API)."""
     tenant, _, name = alias.partition("/")
-    shown = admin.must("GET", f"/admin/adapters/{tenant}/{name}")
+    shown = shown_with_every_revision(
+        lambda path, params: admin.must("GET", path, params=params), tenant, name
+    )
     if shown.get("alias") is None:
         raise QualifyError(f"deployment adapter {alias} has no alias")
     rows = {row["revision"]: row for row in shown["revisions"]}

@@ -81,9 +81,10 @@ class Registry(TrustAdmin):
         with self._db.transaction(write=False) as tx:
             return tenancy.require_tenant(tx, name)
 
-    def list_tenants(self) -> list[Tenant]:
+    def list_tenants(self, page: Page | None = None) -> list[Tenant]:
+        """Every tenant by name, or one ``page`` of them."""
         with self._db.transaction(write=False) as tx:
-            return tenant_rows.list_tenants(tx)
+            return tenant_rows.list_tenants(tx, page)
 
     def create_key(self, tenant: str, actor: str) -> IssuedKey:
         """A new API key for ``tenant``; its token is in the result and nowhere else."""
@@ -173,10 +174,11 @@ class Registry(TrustAdmin):
         with self._db.transaction(write=False) as tx:
             return adapter_rows.list_adapters(tx, owner, page)
 
-    def list_revisions(self, tenant: str, name: str) -> list[Revision]:
+    def list_revisions(self, tenant: str, name: str, page: Page | None = None) -> list[Revision]:
+        """The adapter's revisions, oldest first: every one, or one ``page`` of them."""
         with self._db.transaction(write=False) as tx:
             releases.require_adapter(tx, tenant, name)
-            return adapter_rows.list_revisions(tx, tenant, name)
+            return adapter_rows.list_revisions(tx, tenant, name, page)
 
     def get_alias(self, tenant: str, name: str) -> Alias | None:
         with self._db.transaction(write=False) as tx:
@@ -188,10 +190,11 @@ class Registry(TrustAdmin):
 
     # --- tenants' view ------------------------------------------------------------------------
 
-    def usable_adapters(self, caller: str) -> list[Adapter]:
-        """What ``caller`` may use: its own adapters and public ones; nothing else."""
+    def usable_adapters(self, caller: str, page: Page | None = None) -> list[Adapter]:
+        """What ``caller`` may use: its own adapters and public ones; nothing else (every one,
+        or one ``page`` of them)."""
         with self._db.transaction(write=False) as tx:
-            return adapter_rows.list_usable_adapters(tx, caller)
+            return adapter_rows.list_usable_adapters(tx, caller, page)
 
     def resolve(self, caller: str, model_string: str, request_id: str | None = None) -> AdapterKey:
         """``name``, ``tenant/name`` or ``...@revision`` -> the revision that will answer."""

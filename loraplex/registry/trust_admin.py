@@ -44,11 +44,12 @@ class TrustAdmin(RegistryBase):
         now = self._wall_clock()
         return trust.remove_anchor(self._db, tenant, name, actor=actor, now=now)
 
-    def signed_adapters(self, tenant: str) -> dict[str, bool]:
-        """``tenant``'s adapter names -> whether what their alias serves is signed (the owner's
-        "signed: yes/no" in the model listing; never shown to other tenants)."""
+    def signed_adapters(self, tenant: str, names: Sequence[str] | None = None) -> dict[str, bool]:
+        """``tenant``'s adapter names (or only ``names``) -> whether what their alias serves is
+        signed (the owner's "signed: yes/no" in the model listing; never shown to other
+        tenants)."""
         with self._db.transaction(write=False) as tx:
-            return trust_rows.signed_adapters(tx, tenant)
+            return trust_rows.signed_adapters(tx, tenant, names)
 
     def verify_revision(self, ref: str, actor: str) -> stored_signature.VerifyReport:
         """Re-check a stored revision against today's policy and anchors (changes nothing)."""

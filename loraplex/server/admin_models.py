@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import itertools
+from collections.abc import Callable
 from typing import Annotated, Any
 
 from fastapi import Depends, Query
@@ -25,7 +26,13 @@ from loraplex.registry import (
     Visibility,
     WarmPolicy,
 )
-from loraplex.registry.sql.paging import DEFAULT_PAGE, MAX_CURSOR_CHARS, MAX_PAGE, Page
+from loraplex.registry.sql.paging import (
+    DEFAULT_PAGE,
+    MAX_CURSOR_CHARS,
+    MAX_PAGE,
+    Page,
+    every_row,
+)
 from loraplex.release.model import ProbeCase, ReleasePlan, Thresholds
 from loraplex.residency.ledger import Tier
 from loraplex.server.protocol.fields import FirstUnknownKeyBody
@@ -212,3 +219,21 @@ def admin_page(
 
 
 PageDep = Annotated[Page, Depends(admin_page)]
+
+
+def shown_with_every_revision(
+    get: Callable[[str, dict[str, Any]], Any], tenant: str, name: str
+) -> dict[str, Any]:
+    """``GET /admin/adapters/{tenant}/{name}`` with every revision, for a client of the admin
+    API: ``get(path, params)`` is one call's parsed answer, whose ``revisions`` are one page;
+    the rest are read page by page (the adapter and alias are the first answer's)."""
+    path = f"/admin/adapters/{tenant}/{name}"
+    answers: list[dict[str, Any]] = []
+
+    def read(page: Page) -> list[dict[str, Any]]:
+        answers.append(get(path, page.params()))
+        revisions: list[dict[str, Any]] = answers[-1]["revisions"]
+        return revisions
+
+    revisions = list(every_row(read, lambda revision: str(revision["revision"])))
+    return {**answers[0], "revisions": revisions}

@@ -59,8 +59,9 @@ ACTOR = ADMIN_ACTOR  # the audit log's actor for every change made here
 
 
 @router.get("/tenants")
-def list_tenants(deps: DepsDep) -> list[Any]:
-    return [asdict(t) for t in deps.registry.list_tenants()]
+def list_tenants(deps: DepsDep, page: PageDep) -> list[Any]:
+    """By name; the next page is ``after`` = the last ``name``."""
+    return [asdict(t) for t in deps.registry.list_tenants(page)]
 
 
 class TenantLimitsBody(FirstUnknownKeyBody):
@@ -113,13 +114,15 @@ def list_adapters(deps: DepsDep, page: PageDep, tenant: str | None = None) -> li
 
 
 @router.get("/adapters/{tenant}/{name}")
-def show_adapter(tenant: str, name: str, deps: DepsDep) -> Any:
+def show_adapter(tenant: str, name: str, deps: DepsDep, page: PageDep) -> Any:
+    """The adapter, its alias and one page of its revisions, oldest first; the next page is
+    ``after`` = the last ``revision``."""
     adapter = deps.registry.get_adapter(tenant, name)
     alias = deps.registry.get_alias(tenant, name)
     return {
         "adapter": asdict(adapter),
         "alias": None if alias is None else asdict(alias),
-        "revisions": [asdict(r) for r in deps.registry.list_revisions(tenant, name)],
+        "revisions": [asdict(r) for r in deps.registry.list_revisions(tenant, name, page)],
     }
 
 

@@ -6,10 +6,20 @@ adapters it may use (its own and public ones); anything else is the registry's o
 
 from __future__ import annotations
 
-from fastapi import APIRouter
+from typing import Annotated
+
+from fastapi import APIRouter, Query
 from starlette.concurrency import run_in_threadpool
 
+from loraplex.artifacts.identity import MAX_NAME_CHARS
 from loraplex.registry import Adapter, Revision
+from loraplex.registry.sql.paging import (
+    DEFAULT_PAGE,
+    MAX_CURSOR_CHARS,
+    MAX_PAGE,
+    Page,
+    unknown_cursor,
+)
 from loraplex.server.auth import DepsDep, TenantDep
 from loraplex.server.deps import ServerDeps
 from loraplex.server.protocol import ModelCard, ModelList
@@ -55,15 +65,42 @@ def _base_card(deps: ServerDeps) -> ModelCard:
 
 
 @router.get("/models")
-def list_models(tenant: TenantDep, deps: DepsDep) -> ModelList:
-    """The base model and exactly the adapters the caller may use (its own and public ones)."""
-    adapters = deps.registry.usable_adapters(tenant.name)
-    signed = deps.registry.signed_adapters(tenant.name)
+def list_models(
+    tenant: TenantDep,
+    deps: DepsDep,
+    after: Annotated[str | None, Query(min_length=1, max_length=MAX_CURSOR_CHARS)] = None,
+    limit: Annotated[int | None, Query(ge=1, le=MAX_PAGE)] = None,
+) -> ModelList:
+    """The base model and exactly the adapters the caller may use (its own and public ones),
+    the base model first, then by owner and name. Without ``limit`` and ``after``, all of them
+    (OpenAI's and vLLM's list is not paged, and their clients read one answer); with either, at
+    most ``limit`` cards (default 100) after the card whose ``id`` is ``after``."""
+    if after is None and limit is None:
+        page = None
+        adapters = deps.registry.usable_adapters(tenant.name)
+        signed = deps.registry.signed_adapters(tenant.name)
+    else:
+        page = Page(_adapter_cursor(after, tenant.name, deps), limit or DEFAULT_PAGE)
+        adapters = deps.registry.usable_adapters(tenant.name, page)
+        own = [a.name for a in adapters if a.tenant == tenant.name]
+        signed = deps.registry.signed_adapters(tenant.name, own)  # this page's only
     cards = [
-        _base_card(deps),
+        *([_base_card(deps)] if after is None else []),
         *(_card(a, tenant.name, deps, signed=signed.get(a.name)) for a in adapters),
     ]
-    return ModelList(data=cards)
+    return ModelList(data=cards if page is None else cards[: page.limit])
+
+
+def _adapter_cursor(after: str | None, caller: str, deps: ServerDeps) -> str | None:
+    """The adapter position (``tenant/name``) after the card whose ``id`` is ``after``: the
+    base model's is the start; the caller's own adapters are listed by bare name."""
+    if after is None or after == deps.config.base_model_name:
+        return None
+    if "/" in after:
+        return after
+    if len(after) > MAX_NAME_CHARS:  # no adapter's name: not a card of this list
+        raise unknown_cursor(after, "model of this list")
+    return f"{caller}/{after}"
 
 
 @router.get("/models/{model:path}")

@@ -53,3 +53,28 @@ def test_a_server_that_does_not_page_is_read_once(monkeypatch) -> None:  # type:
     calls: list[dict[str, str]] = []
     assert _listing(False, 4, calls) == ROWS[:4]
     assert len(calls) == 1
+
+
+def test_an_adapter_is_read_with_every_revision_page_by_page(monkeypatch) -> None:  # type: ignore[no-untyped-def]
+    """``GET /admin/adapters/{tenant}/{name}`` answers one page of revisions: the preflight
+    reads the rest (its checks look for alias targets and warm policies among all of them)."""
+    monkeypatch.setattr(preflight_client, "ADMIN_PAGE", 2)
+    revisions = [{"revision": f"v{i}"} for i in range(5)]
+    calls: list[dict[str, str]] = []
+
+    def handle(request: httpx.Request) -> httpx.Response:
+        params = dict(request.url.params)
+        calls.append(params)
+        names = [r["revision"] for r in revisions]
+        start = names.index(params["after"]) + 1 if "after" in params else 0
+        page = revisions[start : start + int(params["limit"])]
+        return httpx.Response(200, json={"adapter": {}, "alias": None, "revisions": page})
+
+    deployment = Deployment("http://test", "admin", 5.0)
+    deployment._http = httpx.Client(base_url="http://test", transport=httpx.MockTransport(handle))
+    try:
+        shown = deployment.admin_adapter("t", "a")
+    finally:
+        deployment.close()
+    assert shown == {"adapter": {}, "alias": None, "revisions": revisions}
+    assert calls == [{"limit": "2"}, {"limit": "2", "after": "v1"}, {"limit": "2", "after": "v3"}]

@@ -1,6 +1,7 @@
-"""Pages of the admin listings (releases, adapters, keys) on SQLite and PostgreSQL: a page ends
-at its limit, the next one starts after the cursor with nothing skipped or repeated (rows with
-equal timestamps too), and a cursor that names no row is refused naming ``after``."""
+"""Pages of the listings (releases, adapters, keys, tenants, revisions, what a tenant may use)
+on SQLite and PostgreSQL: a page ends at its limit, the next one starts after the cursor with
+nothing skipped or repeated (rows with equal timestamps too), and a cursor that names no row is
+refused naming ``after``."""
 
 from __future__ import annotations
 
@@ -10,9 +11,10 @@ from typing import TypeVar
 import pytest
 from registry_kit import AdapterFactory, OpenRegistry
 
+from loraplex.artifacts.identity import MAX_NAME_CHARS
 from loraplex.errors import InvalidRequestError
-from loraplex.registry import RegistrationRequest, Registry
-from loraplex.registry.sql.paging import MAX_CURSOR_CHARS, MAX_PAGE, Page
+from loraplex.registry import RegistrationRequest, Registry, Visibility
+from loraplex.registry.sql.paging import MAX_CURSOR_CHARS, MAX_PAGE, Page, every_row
 from loraplex.release.model import ReleasePlan
 from loraplex.release.store import ReleaseStore
 
@@ -124,3 +126,76 @@ def test_a_page_is_bounded(after: str | None, limit: int, param: str) -> None:
     with pytest.raises(InvalidRequestError) as caught:
         Page(after, limit)
     assert caught.value.param == param
+
+
+def test_tenants_and_revisions_page_through(reg: Registry, make_adapter: AdapterFactory) -> None:
+    for tenant in ("zeta", "acme", "beta", "mid"):
+        reg.create_tenant(tenant, "ops")
+    for n, revision in enumerate(("v3", "v1", "v2", "v10")):  # registration order, not names
+        reg.register(
+            RegistrationRequest(make_adapter(revision, seed=n), "acme", "bot", revision), "ops"
+        )
+    tenants = reg.list_tenants()
+    assert [t.name for t in tenants] == ["acme", "beta", "mid", "zeta"]
+    revisions = reg.list_revisions("acme", "bot")
+    assert len(revisions) == 4
+    for limit in (1, 3, 4, MAX_PAGE):
+        assert _all_pages(reg.list_tenants, lambda t: t.name, limit) == tenants
+        paged = _all_pages(
+            lambda page: reg.list_revisions("acme", "bot", page), lambda r: r.revision, limit
+        )
+        assert paged == revisions
+    assert reg.list_tenants(Page("b", 2)) == tenants[1:3]  # a position: no such tenant needed
+    with pytest.raises(
+        InvalidRequestError, match="after 'v9' is not the id of any revision"
+    ) as caught:
+        reg.list_revisions("acme", "bot", Page("v9", 2))
+    assert caught.value.param == "after"
+
+
+def test_what_a_tenant_may_use_pages_through(reg: Registry, make_adapter: AdapterFactory) -> None:
+    """Its own adapters and other tenants' public ones, never their private ones, in pages."""
+    for n, (tenant, name, public) in enumerate(
+        [("acme", "a1", False), ("acme", "a2", False), ("beta", "b1", True), ("beta", "b2", False),
+         ("zeta", "z1", True), ("zeta", "z2", True)]
+    ):  # fmt: skip
+        if n % 2 == 0:
+            reg.create_tenant(tenant, "ops")
+        reg.register(RegistrationRequest(make_adapter(name, seed=n), tenant, name, "v1"), "ops")
+        if public:
+            reg.set_visibility(tenant, name, Visibility.PUBLIC, "ops")
+    usable = reg.usable_adapters("acme")
+    assert [a.ref for a in usable] == ["acme/a1", "acme/a2", "beta/b1", "zeta/z1", "zeta/z2"]
+    for limit in (1, 2, 5, MAX_PAGE):
+        paged = _all_pages(lambda page: reg.usable_adapters("acme", page), lambda a: a.ref, limit)
+        assert paged == usable
+    # a cursor naming another tenant's private adapter is only a position
+    assert reg.usable_adapters("acme", Page("beta/b2", 5)) == usable[3:]
+
+
+def test_the_longest_adapter_reference_is_a_cursor(
+    reg: Registry, make_adapter: AdapterFactory
+) -> None:
+    """``tenant/name`` of two names of the longest: a page ending on it has a next page."""
+    tenant, name = "t" * MAX_NAME_CHARS, "n" * MAX_NAME_CHARS
+    reg.create_tenant(tenant, "ops")
+    reg.register(RegistrationRequest(make_adapter("long"), tenant, name, "v1"), "ops")
+    reg.register(RegistrationRequest(make_adapter("next", seed=1), tenant, "o" * 9, "v1"), "ops")
+    first = reg.list_adapters(None, Page(None, 1))
+    assert len(first[0].ref) == MAX_CURSOR_CHARS
+    assert [a.name for a in reg.list_adapters(None, Page(first[0].ref, 1))] == ["o" * 9]
+
+
+def test_every_row_follows_the_cursor_until_a_short_page() -> None:
+    rows = list(range(7))
+    asked: list[Page] = []
+
+    def read(page: Page) -> list[int]:
+        asked.append(page)
+        start = 0 if page.after is None else int(page.after) + 1
+        return rows[start : start + page.limit]
+
+    assert list(every_row(read, str, 3)) == rows
+    assert [(p.after, p.limit) for p in asked] == [(None, 3), ("2", 3), ("5", 3)]
+    assert list(every_row(lambda page: rows, str, 3)) == rows  # a listing that does not page
+    assert Page("x", 5).params() == {"limit": 5, "after": "x"} and Page().params() == {"limit": 100}

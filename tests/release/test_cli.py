@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 from typer.testing import CliRunner
 
-from loraplex.cli import app
+from loraplex.cli import app, registry_access
 from loraplex.registry import AliasTarget, Registry, RegistryConfig
 from loraplex.release.model import ReleaseState, RevisionWindow
 from loraplex.release.store import ReleaseStore
@@ -152,3 +152,44 @@ def test_alias_commands_set_show_rollback_history(run, registry: Registry) -> No
     assert "no rollback target" in run("adapters", "alias", "rollback", "acme/bot", code=1)
     assert registry.get_alias("acme", "bot").targets == (AliasTarget("v1", 1),)
     assert "REVISION[:WEIGHT]" in run("adapters", "alias", "set", "acme/bot", "v2:x", code=1)
+
+
+def test_list_commands_print_every_row_reading_page_by_page(  # type: ignore[no-untyped-def]
+    run, registry: Registry, monkeypatch
+) -> None:
+    """Each ``list`` (and ``adapters show``'s revisions) prints everything, read ``LIST_PAGE``
+    rows a call (the admin API's pages), not in one read of the whole table."""
+    monkeypatch.setattr(registry_access, "LIST_PAGE", 2)
+    sizes: list[int] = []  # rows of each page read
+    real = registry_access.every_row
+
+    def counted(read, cursor, size):  # type: ignore[no-untyped-def]
+        def read_counted(page):  # type: ignore[no-untyped-def]
+            rows = read(page)
+            sizes.append(len(rows))
+            return rows
+
+        return real(read_counted, cursor, size)
+
+    monkeypatch.setattr(registry_access, "every_row", counted)
+    for _ in range(3):
+        run("release", "start", "acme/bot", "v2")
+        run("release", "abort", "acme/bot")
+    for tenant in ("delta", "beta", "zeta", "gamma"):
+        registry.create_tenant(tenant, "ops")
+    keys = [registry.create_key("acme", "ops").key_id for _ in range(5)]
+
+    released = run("release", "list", "--all").splitlines()
+    assert len(released) == 3 and all("\taborted" in line for line in released)
+    assert len(json.loads(run("release", "list", "--all", "--json"))) == 3
+    tenants = [line.split("\t")[0] for line in run("tenants", "list").splitlines()]
+    assert tenants == ["acme", "beta", "delta", "gamma", "zeta"]
+    listed_keys = [line.split("\t")[0] for line in run("keys", "list").splitlines()]
+    assert sorted(listed_keys) == sorted(keys)
+    shown = run("adapters", "show", "acme/bot").splitlines()
+    assert [line.split("\t")[0] for line in shown if line.startswith("revision")] == [
+        f"revision    {r}" for r in ("v1", "v2", "v3")
+    ]
+    assert run("adapters", "list", "--tenant", "acme").startswith("acme/bot\t")
+    # releases twice (3: 2 + 1), tenants (5), keys (5), revisions (3), adapters (1)
+    assert sizes == [2, 1, 2, 1, 2, 2, 1, 2, 2, 1, 2, 1, 1]

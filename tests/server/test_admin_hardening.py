@@ -15,6 +15,8 @@ from fakes import FakeEngine
 from fastapi.testclient import TestClient
 
 from loraplex.registry import LocalArtifactStore
+from loraplex.registry.sql.paging import MAX_CURSOR_CHARS, MAX_PAGE
+from loraplex.server.admin_models import shown_with_every_revision
 from loraplex.server.app import create_app
 
 ADMIN = {"Authorization": f"Bearer {ADMIN_KEY}"}
@@ -181,7 +183,9 @@ def test_the_audit_log_reads_in_pages(rig: Rig) -> None:
     assert rest and rest[0]["seq"] > first[-1]["seq"]
 
 
-@pytest.mark.parametrize("route", ["/admin/adapters", "/admin/keys"])
+@pytest.mark.parametrize(
+    "route", ["/admin/adapters", "/admin/keys", "/admin/tenants", "/admin/adapters/globex/search"]
+)
 @pytest.mark.parametrize(
     ("params", "param"),
     [
@@ -189,14 +193,17 @@ def test_the_audit_log_reads_in_pages(rig: Rig) -> None:
         ({"limit": 0}, "limit"),
         ({"limit": 1001}, "limit"),
         ({"after": ""}, "after"),
-        ({"after": "a" * 257}, "after"),
-        ({"after": "nope"}, "after"),  # no tenant/name; for keys, no such key
+        ({"after": "a" * (MAX_CURSOR_CHARS + 1)}, "after"),
+        ({"after": "nope"}, "after"),  # no tenant/name; no such key or revision
     ],
 )
 def test_admin_listings_are_bounded(
     rig: Rig, route: str, params: dict[str, Any], param: str
 ) -> None:
     reply = rig.client.get(route, params=params, headers=rig.admin)
+    if route == "/admin/tenants" and params == {"after": "nope"}:
+        assert reply.status_code == 200  # a position among the names: it need not name one
+        return
     assert reply.status_code == 400, reply.text
     assert reply.json()["error"]["param"] == param
 
@@ -206,6 +213,7 @@ def test_admin_listings_are_bounded(
     [
         ("/admin/adapters", lambda row: f"{row['tenant']}/{row['name']}"),
         ("/admin/keys", lambda row: row["key_id"]),
+        ("/admin/tenants", lambda row: row["name"]),
     ],
 )
 def test_admin_listings_read_in_pages(rig: Rig, route: str, cursor: Any) -> None:
@@ -228,7 +236,7 @@ def test_admin_listings_read_in_pages(rig: Rig, route: str, cursor: Any) -> None
         ("/admin/keys", "cursor=x", "cursor"),
         ("/admin/releases", "page=2", "page"),
         ("/admin/audit", "after=3", "after"),  # the audit log pages by after_seq
-        ("/admin/tenants", "limit=1", "limit"),  # not paged
+        ("/admin/tenants", "offset=1", "offset"),  # paged by after/limit, not offset
         ("/admin/adapters", "limit=1&limit=2", "limit"),  # the last one used to win
         ("/admin/adapters", "after=acme/%00", "after"),  # PostgreSQL: a 500
         ("/admin/keys", "tenant=%00", "tenant"),
@@ -255,3 +263,22 @@ def test_admin_query_check_leaves_the_routes_own_parameters_alone(rig: Rig) -> N
     ):
         reply = rig.client.get(path, headers=rig.admin)
         assert reply.status_code == 200, (path, reply.text)
+
+
+def test_an_adapters_revisions_read_in_pages(rig: Rig) -> None:
+    """``GET /admin/adapters/{tenant}/{name}``: the adapter and alias in every answer, its
+    revisions one page (oldest first), the next after the last ``revision``."""
+    route = "/admin/adapters/globex/search"
+    whole = rig.client.get(route, params={"limit": MAX_PAGE}, headers=rig.admin).json()
+    assert [r["revision"] for r in whole["revisions"]] == ["r1", "r2", "r3"]
+    params: dict[str, Any] = {"limit": 2}
+    first = rig.client.get(route, params=params, headers=rig.admin).json()
+    rest = rig.client.get(route, params={"limit": 2, "after": "r2"}, headers=rig.admin).json()
+    assert first["revisions"] + rest["revisions"] == whole["revisions"]
+    assert (first["adapter"], first["alias"]) == (whole["adapter"], whole["alias"])
+    assert len(rest["revisions"]) == 1  # a shorter page is the last
+
+    def get(path: str, params: dict[str, Any]) -> Any:
+        return rig.client.get(path, params=params, headers=rig.admin).json()
+
+    assert shown_with_every_revision(get, "globex", "search") == whole

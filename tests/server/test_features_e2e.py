@@ -81,6 +81,50 @@ def test_stop_strings_cut_the_text_and_end_with_stop(live: Live) -> None:
     assert choices[-1].finish_reason == "stop"
 
 
+def test_the_token_that_completes_a_stop_string_keeps_its_logprobs_entry(live: Live) -> None:
+    """As vLLM: a stop string cuts the text only. The token that completed it was generated:
+    usage counts it and it keeps its logprobs entry (its string holds the stop string's end, its
+    ``text_offset`` may pass the text's end); streamed the same. Without the stop string, as
+    many tokens give the same entries."""
+    adapter = live.assets.adapters[0]
+    expected = adapter.expected_continuation
+    cut = expected.index(" and")
+    api = client(live.url, live.key(adapter.tenant))
+    asked = {
+        "model": f"{adapter.name}@{adapter.revision}", "prompt": adapter.probe_prompt,
+        "temperature": 0, "logprobs": 1,
+    }  # fmt: skip
+    done = api.completions.create(**asked, max_tokens=adapter.probe_max_tokens + 6, stop=" and")
+    choice, usage = done.choices[0], done.usage
+    assert (choice.text, choice.finish_reason) == (expected[:cut], "stop")
+    assert choice.model_extra == {"stop_reason": " and"}
+    logprobs = choice.logprobs
+    assert logprobs is not None and usage is not None
+    tokens = logprobs.tokens or []
+    assert len(tokens) == len(logprobs.token_logprobs or []) == usage.completion_tokens
+    joined = "".join(tokens)
+    assert joined.startswith(choice.text)
+    stop_end = joined.index(" and") + len(" and")
+    assert len(joined) - len(tokens[-1]) < stop_end <= len(joined)  # the last token ends it
+    assert (logprobs.text_offset or [])[-1] == len(joined) - len(tokens[-1])
+
+    unstopped = api.completions.create(**asked, max_tokens=usage.completion_tokens)
+    assert unstopped.choices[0].logprobs is not None
+    assert unstopped.choices[0].logprobs.tokens == tokens
+    assert unstopped.choices[0].logprobs.token_logprobs == logprobs.token_logprobs
+
+    stream = api.completions.create(
+        **asked, max_tokens=adapter.probe_max_tokens + 6, stop=" and", stream=True,
+        stream_options={"include_usage": True},
+    )  # fmt: skip
+    chunks = list(stream)
+    pieces = [c.choices[0] for c in chunks if c.choices]
+    assert "".join(p.text for p in pieces) == choice.text
+    assert [t for p in pieces if p.logprobs for t in p.logprobs.tokens or []] == tokens
+    assert chunks[-1].usage is not None
+    assert chunks[-1].usage.completion_tokens == usage.completion_tokens
+
+
 def test_a_prompt_longer_than_the_context_is_a_400_without_retry(live: Live) -> None:
     adapter = live.assets.adapters[0]
     api = client(live.url, live.key(adapter.tenant))

@@ -137,6 +137,14 @@ def test_models_listing_shows_signed_to_the_owner_only(
         assert shared and shared[0]["signed"] is None
         own_unsigned = [m for m in theirs if m["owned_by"] == "acme"]
         assert own_unsigned and all(m["signed"] is False for m in own_unsigned)
+        for params in ({"limit": 2}, {"after": "a"}):
+            page = rig.client.get("/v1/models", params=params, headers=owner).json()["data"]
+            assert page and all(m in mine for m in page)  # paged: the same cards, signed too
+        for card in mine[1:]:  # each own card alone on its page reads only its own revisions
+            alone = {"limit": 1, "after": mine[mine.index(card) - 1]["id"]}
+            assert rig.client.get("/v1/models", params=alone, headers=owner).json()["data"] == [
+                card
+            ]
         one = rig.client.get("/v1/models/uploaded", headers=owner).json()
         assert one["signed"] is True
         other = rig.client.get(f"/v1/models/{TENANT}/uploaded", headers=rig.headers("acme"))

@@ -20,7 +20,8 @@ from typing import Any
 import httpx
 
 from loraplex.bench.workloads import ALL_TARGETS, ATTENTION_TARGETS, TraceAdapter
-from loraplex.registry.sql.paging import MAX_PAGE
+from loraplex.registry.sql.paging import MAX_PAGE, every_row
+from loraplex.server.admin_models import shown_with_every_revision
 
 SELF_TENANT = "calibration"
 REMOTE_VOCAB = 256  # prompt token ids stay below this on a server of unknown vocabulary
@@ -76,9 +77,9 @@ def _single_revision_adapters(client: httpx.Client, limit: int) -> list[ServedAd
         if len(found) >= limit:
             break
         tenant, name = str(adapter["tenant"]), str(adapter["name"])
-        shown = client.get(f"/admin/adapters/{tenant}/{name}")
-        shown.raise_for_status()
-        body: dict[str, Any] = shown.json()
+        body = shown_with_every_revision(
+            lambda path, params: _json(client, path, params), tenant, name
+        )
         alias = body.get("alias") or {}
         targets = alias.get("targets") or []
         if len(targets) != 1:
@@ -92,15 +93,18 @@ def _single_revision_adapters(client: httpx.Client, limit: int) -> list[ServedAd
 
 def _listed_adapters(client: httpx.Client) -> Iterator[dict[str, Any]]:
     """Every adapter of ``GET /admin/adapters``, one page at a time (read as they are used)."""
-    params: dict[str, Any] = {"limit": MAX_PAGE}
-    while True:
-        listing = client.get("/admin/adapters", params=params)
-        listing.raise_for_status()
-        page: list[dict[str, Any]] = listing.json()
-        yield from page
-        if len(page) != MAX_PAGE:  # the last page (or a server that does not page)
-            return
-        params = {"limit": MAX_PAGE, "after": f"{page[-1]['tenant']}/{page[-1]['name']}"}
+    return every_row(
+        lambda page: _json(client, "/admin/adapters", page.params()),
+        lambda adapter: f"{adapter['tenant']}/{adapter['name']}",
+        MAX_PAGE,
+    )
+
+
+def _json(client: httpx.Client, path: str, params: dict[str, Any]) -> Any:
+    """The parsed answer of an admin GET that must succeed."""
+    reply = client.get(path, params=params)
+    reply.raise_for_status()
+    return reply.json()
 
 
 @contextmanager

@@ -63,13 +63,30 @@ def get_usable_adapter(tx: Tx, caller: str, owner: str, name: str) -> Adapter | 
 def list_adapters(tx: Tx, owner: str | None, page: Page | None = None) -> list[Adapter]:
     """By (tenant, name); with ``page``, at most ``page.limit`` after the adapter
     ``page.after`` (``tenant/name``; it need not exist: the order is the key's)."""
-    where, params = ([], []) if owner is None else (["tenant = ?"], [owner])
+    return _adapters(
+        tx, [] if owner is None else ["tenant = ?"], [] if owner is None else [owner], page
+    )
+
+
+def list_usable_adapters(tx: Tx, caller: str, page: Page | None = None) -> list[Adapter]:
+    """The caller's own adapters and every public one: exactly what ``caller`` may use, by
+    (tenant, name); with ``page``, at most ``page.limit`` after ``page.after`` (``tenant/name``,
+    as ``list_adapters``: a position, so naming an adapter the caller may not see tells it
+    nothing)."""
+    return _adapters(
+        tx, ["(tenant = ? OR visibility = ?)"], [caller, Visibility.PUBLIC.value], page
+    )
+
+
+def _adapters(tx: Tx, where: list[str], params: list[object], page: Page | None) -> list[Adapter]:
+    """Adapters where every condition of ``where`` holds, by (tenant, name), and with ``page``
+    after its cursor ``tenant/name``."""
     if page is not None and page.after is not None:
         tenant, slash, name = page.after.partition("/")
         if not slash:
             raise unknown_cursor(page.after, "adapter (expected tenant/name)")
-        where.append("tenant >= ? AND (tenant > ? OR name > ?)")
-        params += [tenant, tenant, name]
+        where = [*where, "tenant >= ? AND (tenant > ? OR name > ?)"]
+        params = [*params, tenant, tenant, name]
     rows = paging.select(
         tx,
         f"{_ADAPTER_COLUMNS} FROM adapters",
@@ -77,16 +94,6 @@ def list_adapters(tx: Tx, owner: str | None, page: Page | None = None) -> list[A
         params=params,
         order_by="tenant, name",
         page=page,
-    )
-    return [_adapter(row) for row in rows]
-
-
-def list_usable_adapters(tx: Tx, caller: str) -> list[Adapter]:
-    """The caller's own adapters and every public one: exactly what ``caller`` may use."""
-    rows = tx.query(
-        f"SELECT {_ADAPTER_COLUMNS} FROM adapters WHERE tenant = ? OR visibility = ? "
-        "ORDER BY tenant, name",
-        (caller, Visibility.PUBLIC.value),
     )
     return [_adapter(row) for row in rows]
 
@@ -148,11 +155,28 @@ def get_revision(tx: Tx, tenant: str, name: str, revision: str) -> Revision | No
     return None if row is None else revision_from_row(row)
 
 
-def list_revisions(tx: Tx, tenant: str, name: str) -> list[Revision]:
-    rows = tx.query(
-        f"SELECT {REVISION_COLUMNS} FROM revisions WHERE tenant = ? AND name = ? "
-        "ORDER BY created_at, revision",
-        (tenant, name),
+def list_revisions(tx: Tx, tenant: str, name: str, page: Page | None = None) -> list[Revision]:
+    """Oldest first (created_at, revision); with ``page``, at most ``page.limit`` after the
+    revision ``page.after`` of this adapter (which must exist: a typo is a 400, not an empty
+    page)."""
+    where = ["tenant = ?", "name = ?"]
+    params: list[object] = [tenant, name]
+    if page is not None and page.after is not None:
+        cursor = tx.query_one(
+            "SELECT created_at FROM revisions WHERE tenant = ? AND name = ? AND revision = ?",
+            (tenant, name, page.after),
+        )
+        if cursor is None:
+            raise unknown_cursor(page.after, f"revision of {tenant}/{name}")
+        where.append("created_at >= ? AND (created_at > ? OR revision > ?)")
+        params += [cursor[0], cursor[0], page.after]
+    rows = paging.select(
+        tx,
+        f"{REVISION_COLUMNS} FROM revisions",
+        where=where,
+        params=params,
+        order_by="created_at, revision",
+        page=page,
     )
     return [revision_from_row(row) for row in rows]
 

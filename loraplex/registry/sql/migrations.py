@@ -252,6 +252,13 @@ _LISTING_ORDER = (
     "CREATE INDEX api_keys_in_order ON api_keys (tenant, created_at, key_id)",
 )
 
+# Version 6: the revisions of one adapter in the order their paged listing reads them
+# (``GET /admin/adapters/{tenant}/{name}``); without it a page sorted all of the adapter's
+# revisions (never deleted: one per registered checkpoint) to find its first rows.
+_REVISION_ORDER = (
+    "CREATE INDEX revisions_in_order ON revisions (tenant, name, created_at, revision)",
+)
+
 MIGRATIONS: tuple[Migration, ...] = (
     Migration(
         version=1,
@@ -268,6 +275,7 @@ MIGRATIONS: tuple[Migration, ...] = (
         dialect_statements=_SIGNING_GUARDS,
     ),
     Migration(version=5, name="admin listing order indexes", statements=_LISTING_ORDER),
+    Migration(version=6, name="revision listing order index", statements=_REVISION_ORDER),
 )
 
 _CREATE_VERSIONS = """CREATE TABLE IF NOT EXISTS schema_migrations (

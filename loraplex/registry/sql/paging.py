@@ -1,4 +1,5 @@
-"""``Page``: one bounded page of an admin listing (releases, adapters, keys), read by keyset.
+"""``Page``: one bounded page of a listing (releases, adapters, keys, tenants, revisions,
+``/v1/models``), read by keyset; ``every_row``: a whole listing read one page at a time.
 
 NOTE: a listing reads at most ``limit`` rows in SQL (``LIMIT ?``), never all of them and then a
 slice; the next page starts after the last row seen (``after``, its id), so a page costs the same
@@ -10,15 +11,21 @@ condition leads with ``column >= ?`` so both databases read it as a range of the
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
+from typing import Any, TypeVar
 
+from loraplex.artifacts.identity import MAX_NAME_CHARS
 from loraplex.errors import InvalidRequestError, quoted
 from loraplex.registry.sql.db import Row, Tx
 
 MAX_PAGE = 1000  # rows one page returns at most
 DEFAULT_PAGE = 100  # rows a page returns when the caller names no limit
-MAX_CURSOR_CHARS = 256  # the longest ``after`` cursor read
+# the longest ``after`` cursor read: ``tenant/name`` of two names of the longest
+# NOTE: it was 256, one short of that, so a page ending on such an adapter had no next page
+MAX_CURSOR_CHARS = 2 * MAX_NAME_CHARS + 1
+
+T = TypeVar("T")
 
 
 @dataclass(frozen=True)
@@ -40,6 +47,10 @@ class Page:
                 "after",
             )
 
+    def params(self) -> dict[str, Any]:
+        """The query parameters that ask an HTTP listing for this page."""
+        return {"limit": self.limit} | ({} if self.after is None else {"after": self.after})
+
 
 def unknown_cursor(after: str, what: str) -> InvalidRequestError:
     """The 400 for an ``after`` that names no row (a typo, or a cursor from another listing)."""
@@ -60,3 +71,19 @@ def select(
     clause = f" WHERE {' AND '.join(where)}" if where else ""
     limit, bound = ("", []) if page is None else (" LIMIT ?", [page.limit])
     return tx.query(f"SELECT {columns_from}{clause} ORDER BY {order_by}{limit}", [*params, *bound])
+
+
+def every_row(
+    read: Callable[[Page], Sequence[T]], cursor: Callable[[T], str], size: int = MAX_PAGE
+) -> Iterator[T]:
+    """Every row of a paged listing, read ``size`` rows at a time as they are used: ``read``
+    reads one page (from the database or over HTTP), ``cursor`` gives a row's ``after``. A page
+    of any other length than asked for is the last (a listing that does not page answers
+    everything at once)."""
+    page = Page(None, size)
+    while True:
+        rows = read(page)
+        yield from rows
+        if len(rows) != page.limit:
+            return
+        page = Page(cursor(rows[-1]), size)

@@ -71,10 +71,19 @@ def get_tenant(tx: Tx, name: str) -> Tenant | None:
     return None if row is None else _tenant(row)
 
 
-def list_tenants(tx: Tx) -> list[Tenant]:
-    return [
-        _tenant(row) for row in tx.query(f"SELECT {_TENANT_COLUMNS} FROM tenants ORDER BY name")
-    ]
+def list_tenants(tx: Tx, page: Page | None = None) -> list[Tenant]:
+    """By name; with ``page``, at most ``page.limit`` after the name ``page.after`` (it need
+    not exist: the order is the key's)."""
+    where, params = ([], []) if page is None or page.after is None else (["name > ?"], [page.after])
+    rows = paging.select(
+        tx,
+        f"{_TENANT_COLUMNS} FROM tenants",
+        where=where,
+        params=params,
+        order_by="name",
+        page=page,
+    )
+    return [_tenant(row) for row in rows]
 
 
 def insert_key(tx: Tx, key: ApiKeyInfo, token_sha256: str) -> None:

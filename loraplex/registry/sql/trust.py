@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from collections.abc import Sequence
 
 from loraplex.artifacts.signature import AnchorKind
 from loraplex.registry.sql.db import Row, Tx
@@ -63,16 +64,23 @@ def delete_anchor(tx: Tx, tenant: str, name: str) -> None:
     tx.execute("DELETE FROM trust_anchors WHERE tenant = ? AND name = ?", (tenant, name))
 
 
-def signed_adapters(tx: Tx, tenant: str) -> dict[str, bool]:
-    """Adapter name -> whether every revision its alias routes to is signed (two queries)."""
+def signed_adapters(tx: Tx, tenant: str, names: Sequence[str] | None = None) -> dict[str, bool]:
+    """Adapter name -> whether every revision its alias routes to is signed (two queries); with
+    ``names``, those adapters only (a page of the model list reads no other's revisions)."""
+    if names is not None and not names:
+        return {}
+    only = "" if names is None else f" AND name IN ({', '.join('?' * len(names))})"
+    params = (tenant, *(names or ()))
     signed = {
         (str(row[0]), str(row[1])): row[2] is not None
         for row in tx.query(
-            "SELECT name, revision, signature_digest FROM revisions WHERE tenant = ?", (tenant,)
+            f"SELECT name, revision, signature_digest FROM revisions WHERE tenant = ?{only}",
+            params,
         )
     }
     out = {}
-    for name, targets in tx.query("SELECT name, targets FROM aliases WHERE tenant = ?", (tenant,)):
+    aliases = tx.query(f"SELECT name, targets FROM aliases WHERE tenant = ?{only}", params)
+    for name, targets in aliases:
         revisions = [str(t["revision"]) for t in json.loads(str(targets))]
         out[str(name)] = all(signed.get((str(name), r), False) for r in revisions)
     return out

@@ -1,0 +1,61 @@
+"""``GET /v1/models``: the whole list without paging parameters (OpenAI's and vLLM's list is not
+paged; the openai client reads one answer), and pages of it with ``limit`` / ``after`` (the
+``id`` of the last card seen), bounded as the admin listings."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+from conftest import BASE_NAME, Rig
+from openai import OpenAI
+
+from loraplex.registry.sql.paging import MAX_CURSOR_CHARS, MAX_PAGE
+
+
+def _ids(rig: Rig, **params: Any) -> list[str]:
+    reply = rig.client.get("/v1/models", params=params, headers=rig.headers("acme"))
+    assert reply.status_code == 200, reply.text
+    return [card["id"] for card in reply.json()["data"]]
+
+
+def test_without_paging_parameters_the_whole_list_as_before(rig: Rig) -> None:
+    everything = _ids(rig)  # the demo's four, and any that tests before added to acme
+    assert everything[0] == BASE_NAME and everything[1:] == sorted(everything[1:])
+    assert {"billing", "legal", "support", "triage"} <= set(everything)
+    api = OpenAI(
+        base_url="http://testserver/v1", api_key=rig.served.keys["acme"],
+        http_client=rig.client, max_retries=0,
+    )  # fmt: skip
+    assert [model.id for model in api.models.list()] == everything
+
+
+def test_pages_follow_the_last_id(rig: Rig) -> None:
+    everything = _ids(rig)
+    pages = [_ids(rig, limit=2)]
+    while len(pages[-1]) == 2:
+        pages.append(_ids(rig, limit=2, after=pages[-1][-1]))
+    assert pages == [everything[i : i + 2] for i in range(0, len(everything) + 1, 2)]
+    assert pages[0][0] == BASE_NAME
+    assert _ids(rig, after=BASE_NAME) == everything[1:]  # the base model's card: the start
+    after_legal = everything[everything.index("legal") + 1 :]
+    assert _ids(rig, after="acme/legal", limit=MAX_PAGE) == after_legal  # the card's root too
+    assert _ids(rig, after="zzzz/zzzz") == []  # a position after every name
+    assert _ids(rig, limit=1) == [BASE_NAME]
+
+
+@pytest.mark.parametrize(
+    ("params", "param"),
+    [
+        ({"limit": 0}, "limit"),
+        ({"limit": MAX_PAGE + 1}, "limit"),
+        ({"limit": "x"}, "limit"),
+        ({"after": ""}, "after"),
+        ({"after": "a" * (MAX_CURSOR_CHARS + 1)}, "after"),
+        ({"after": "a" * 129}, "after"),  # no name of the caller's is that long
+    ],
+)
+def test_a_page_is_bounded(rig: Rig, params: dict[str, Any], param: str) -> None:
+    reply = rig.client.get("/v1/models", params=params, headers=rig.headers("acme"))
+    assert reply.status_code == 400, reply.text
+    assert reply.json()["error"]["param"] == param
