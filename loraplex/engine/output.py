@@ -66,16 +66,16 @@ class IncrementalText:
             self.text = decode(ids)
             return self.text
         window = decode(ids[self._prefix :])
-        if not window.startswith(self._prefix_text):
-            self.text = decode(ids)  # the tokenizer rewrote the context: decode it all
-            if not self.text.endswith("\ufffd"):
-                self._done, self._prefix, self._read, self._prefix_text = self.text, len(ids), len(ids), ""
-            return self.text
-        self.text = self._done + window[len(self._prefix_text) :]
-        if not window.endswith("\ufffd"):
+        if window.startswith(self._prefix_text):
+            self.text = self._done + window[len(self._prefix_text) :]
+            context = self._read
+        else:  # the tokenizer rewrote the context: decode it all, then go on without context
+            self.text = decode(ids)
+            context = len(ids)
+        if not self.text.endswith("\ufffd"):
             self._done = self.text
-            self._prefix, self._read = self._read, len(ids)
-            self._prefix_text = decode(ids[self._prefix : self._read])
+            self._prefix, self._read = context, len(ids)
+            self._prefix_text = decode(ids[context:])
         return self.text
 
 
