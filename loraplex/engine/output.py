@@ -26,6 +26,9 @@ if TYPE_CHECKING:
 
 
 class Detokenizer(Protocol):
+    """Decodes token ids to text (an optional ``rewrites_text`` attribute, true when decoding
+    more tokens can change text already decoded, makes ``IncrementalText`` decode whole)."""
+
     def decode(self, token_ids: Sequence[int]) -> str: ...
 
 
