@@ -72,6 +72,12 @@ class TextTokenizer:
         # The ids that end generation (config, generation config and tokenizer config together).
         self.eos_token_ids = frozenset(eos)
 
+    @property
+    def rewrites_text(self) -> bool:
+        """Whether decoding more tokens can change text already decoded (the clean-up of spaces
+        before punctuation): ``OutputTracker`` then decodes the whole output each token."""
+        return self._clean_up
+
     def encode(self, text: str) -> list[int]:
         ids: list[int] = self._tokenizer.encode(text).ids
         return ids
