@@ -10,7 +10,7 @@ the policies that read it).
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 
 from loraplex.artifacts.identity import AdapterKey
@@ -134,7 +134,8 @@ class PinBook:
 
     ``tenant_share`` (the GPU tier's ``default_tenant_tier_share``) shares the ``max_auto_gpu``
     seats between tenants as ``residency/reclaim.py`` shares a tier's room: work-conserving, see
-    ``seat_share`` and ``_gpu_seats``.
+    ``seat_share`` and ``_gpu_seats``. A rebalance given the tenants' own GPU byte caps
+    (``max_gpu_bytes``) seats no revision whose copy its tenant's cap would refuse.
     """
 
     def __init__(
@@ -173,9 +174,12 @@ class PinBook:
     def set_operator(self, key: AdapterKey, warm: WarmPolicy | None) -> None:
         if warm is None:
             if self._operator.pop(key, None) is not None and self._auto_config is not None:
-                self._pending.add(key)  # automatic again: judged at the next rebalance
+                self._pending.add(key)  # automatic again: judged afresh at the next rebalance
         else:
             self._operator[key] = warm
+            # NOTE: the automatic policy was left behind the setting, where an automatic gpu
+            # still counted as a held seat (and kept the revision due) until the setting went
+            self._auto.pop(key, None)
 
     def requested(self, key: AdapterKey) -> None:
         """A request for ``key``: its rates rose, so the next rebalance judges it."""
@@ -201,10 +205,17 @@ class PinBook:
     def is_pinned(self, key: AdapterKey, tier: Tier) -> bool:
         return tier in self.pinned_tiers(key)
 
-    def rebalance(self, rates: Mapping[AdapterKey, RequestRates]) -> dict[AdapterKey, WarmPolicy]:
+    def rebalance(
+        self,
+        rates: Mapping[AdapterKey, RequestRates],
+        gpu_caps: Mapping[str, int] | None = None,
+        gpu_bytes: Callable[[AdapterKey], int | None] | None = None,
+    ) -> dict[AdapterKey, WarmPolicy]:
         """Automatic promotion/demotion for revisions without an operator policy; the changes.
         ``rates`` must cover every revision ``due`` that has a request history; revisions
-        not due may be left out (their policy would not change)."""
+        not due may be left out (their policy would not change). ``gpu_caps``: each capped
+        tenant's GPU byte cap (the L0 ledger's); ``gpu_bytes``: a revision's GPU copy size,
+        None where not known yet (see ``_gpu_seats``)."""
         self._pending.clear()
         changes: dict[AdapterKey, WarmPolicy] = {}
         config = self._auto_config
@@ -215,7 +226,8 @@ class PinBook:
             for key in sorted(rates)
             if key not in self._operator
         }
-        seated = self._gpu_seats(wanted, rates, config)
+        fits = self._cap_room(gpu_caps or {}, gpu_bytes or (lambda key: None), wanted)
+        seated = self._gpu_seats(wanted, rates, config, fits)
         for key, judged in wanted.items():
             unseated = judged is WarmPolicy.GPU and key not in seated
             policy = WarmPolicy.CPU if unseated else judged
@@ -232,6 +244,7 @@ class PinBook:
         wanted: Mapping[AdapterKey, WarmPolicy],
         rates: Mapping[AdapterKey, RequestRates],
         config: AutoWarmConfig,
+        fits: Callable[[AdapterKey], bool],
     ) -> set[AdapterKey]:
         """Which revisions that qualify for ``gpu`` get one of the ``max_auto_gpu`` seats: the
         hottest by 5-minute rate, an incumbent's rate counted at ``1 / (1 - hysteresis)`` so a
@@ -244,7 +257,12 @@ class PinBook:
         left to the hottest of the rest (borrowed). So a tenant whose several adapters top the
         rates holds every seat only while no other tenant's revision qualifies (a lone tenant
         gets them all); once one does, the borrowed seats go to it whatever the rates.
-        NOTE: by rates alone one tenant's traffic took every seat from the others' warm state."""
+        NOTE: by rates alone one tenant's traffic took every seat from the others' warm state.
+
+        A candidate ``fits`` refuses (its tenant's GPU cap) gets no seat and counts nothing
+        against its tenant's share: the seat goes to the next by rank.
+        NOTE: a tenant capped below its seat share was handed seats its cap refused the loads
+        of; they waited, the seat held, while another tenant's qualifying revision went without."""
         held = [k for k, w in self._auto.items() if w is WarmPolicy.GPU and k not in wanted]
         free = max(0, self._max_auto_gpu - len(held))
         keep = 1.0 - config.hysteresis
@@ -257,7 +275,13 @@ class PinBook:
         candidates = sorted((k for k, w in wanted.items() if w is WarmPolicy.GPU), key=rank)
         share = self._seat_share
         if share is None:
-            return set(candidates[:free])
+            seats: set[AdapterKey] = set()
+            for key in candidates:
+                if len(seats) == free:
+                    break
+                if fits(key):
+                    seats.add(key)
+            return seats
         taken: dict[str, int] = {}  # seats per tenant: unjudged holders, then this round's
         for key in held:
             taken[key.tenant] = taken.get(key.tenant, 0) + 1
@@ -266,12 +290,52 @@ class PinBook:
         for key in candidates:
             if len(seated) == free:
                 break
-            if taken.get(key.tenant, 0) < share:
+            if taken.get(key.tenant, 0) >= share:
+                beyond.append(key)
+            elif fits(key):
                 taken[key.tenant] = taken.get(key.tenant, 0) + 1
                 seated.append(key)
-            else:
-                beyond.append(key)
-        return set(seated + beyond[: free - len(seated)])
+        borrowed = [k for k in beyond if fits(k)]  # after the shares' seats took their bytes
+        return set(seated + borrowed[: free - len(seated)])
+
+    def _cap_room(
+        self,
+        caps: Mapping[str, int],
+        gpu_bytes: Callable[[AdapterKey], int | None],
+        judged: Mapping[AdapterKey, WarmPolicy],
+    ) -> Callable[[AdapterKey], bool]:
+        """The ``fits`` of ``_gpu_seats``: whether a revision's GPU copy fits under its
+        tenant's cap beside that tenant's GPU pins, operator gpu settings, the automatic seats
+        not ``judged`` now (they keep theirs) and the seats granted so far (a yes takes the
+        copy's bytes). A revision whose size is not known yet fits while its tenant has room
+        left, counted as 0 bytes. No cap: always fits. O(pins and automatic policies) per
+        rebalance, only where some tenant has a cap."""
+        if not caps:
+            return lambda key: True
+        room = dict(caps)
+        counted: set[AdapterKey] = set()  # revisions whose bytes are taken already
+        holders = [
+            *(k for k, tiers in self._pins.items() if Tier.L0 in tiers),
+            *(k for k, w in self._operator.items() if w is WarmPolicy.GPU),
+            *(k for k, w in self._auto.items() if w is WarmPolicy.GPU and k not in judged),
+        ]
+        for key in holders:
+            if key.tenant in room and key not in counted:
+                counted.add(key)
+                room[key.tenant] -= gpu_bytes(key) or 0
+
+        def fits(key: AdapterKey) -> bool:
+            left = room.get(key.tenant)
+            if left is None or key in counted:
+                return True
+            size = gpu_bytes(key)
+            if (left <= 0) if size is None else (size > left):
+                return False
+            counted.add(key)
+            room[key.tenant] = left - (size or 0)
+            return True
+
+        return fits
 
 
 def default_auto_gpu_slots(gpu_slots: int) -> int:

@@ -114,14 +114,21 @@ class TierState:
 
     def rebalance_warm(self) -> dict[AdapterKey, WarmPolicy]:
         """Automatic promotion/demotion of the keys a rebalance may change (``PinBook.due``):
-        the same changes as judging every key with a history, at O(due) cost."""
+        the same changes as judging every key with a history, at O(due) cost. The GPU tier's
+        per-tenant caps and the footprints known go with it: no seat for a copy a cap refuses."""
         now = self._now()
         rates = {
             key: history.rates.rates(now)
             for key in self.pins.due()
             if (history := self._history.get(key)) is not None
         }
-        return self.pins.rebalance(rates)
+        caps = self.ledgers[Tier.L0].budget.tenant_max_bytes
+        return self.pins.rebalance(rates, caps, self._gpu_bytes)
+
+    def _gpu_bytes(self, key: AdapterKey) -> int | None:
+        """``key``'s GPU copy size; None until its footprint is known (resolved once)."""
+        resolved = self._footprints.get(key)
+        return None if resolved is None else resolved.footprint.bytes_in(Tier.L0)
 
     def footprint_of(self, key: AdapterKey) -> Resolved | None:
         return self._footprints.get(key)
