@@ -107,6 +107,11 @@ def test_adapters_and_keys_page_through(reg: Registry, make_adapter: AdapterFact
     with pytest.raises(InvalidRequestError) as caught:
         reg.list_keys(None, Page("key-nope", 10))
     assert caught.value.param == "after"
+    # a cursor naming another tenant's key, in a listing filtered to one tenant: refused, as
+    # one naming no key (it was an empty page, or the whole listing, by where it sorted)
+    for cursor in (keys[0].key_id, keys[-1].key_id):
+        with pytest.raises(InvalidRequestError, match="not the id of any key of tenant 'beta'"):
+            reg.list_keys("beta", Page(cursor, 10))
     with pytest.raises(InvalidRequestError) as caught:
         reg.list_adapters(None, Page("no-slash", 10))
     assert caught.value.param == "after"

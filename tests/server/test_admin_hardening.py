@@ -228,6 +228,24 @@ def test_admin_listings_read_in_pages(rig: Rig, route: str, cursor: Any) -> None
     assert paged == everything
 
 
+def test_a_key_cursor_from_another_tenant_is_refused_in_a_filtered_listing(rig: Rig) -> None:
+    """``?tenant=acme&after=<a globex key>`` was an empty page (the listing orders by tenant
+    first, so the cursor sat past all of acme's keys): a 400 naming ``after``, as a cursor that
+    names no key."""
+    keys = rig.client.get("/admin/keys", headers=rig.admin).json()
+    by_tenant = {row["tenant"]: row["key_id"] for row in keys}
+    assert {"acme", "globex"} <= by_tenant.keys()
+    params = {"tenant": "acme", "after": by_tenant["globex"]}
+    reply = rig.client.get("/admin/keys", params=params, headers=rig.admin)
+    assert reply.status_code == 400, reply.text
+    assert reply.json()["error"]["param"] == "after"
+    assert "globex" not in reply.text  # the 400 does not tell whose key it named
+    own = rig.client.get(
+        "/admin/keys", params={"tenant": "acme", "after": by_tenant["acme"]}, headers=rig.admin
+    )
+    assert own.status_code == 200
+
+
 @pytest.mark.parametrize(
     ("path", "query", "param"),
     [

@@ -5,6 +5,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
+from loraplex.errors import quoted
 from loraplex.registry.models import ApiKeyInfo, PriorityClass, Tenant, TenantQuotas
 from loraplex.registry.sql import paging
 from loraplex.registry.sql.db import Row, Tx
@@ -103,7 +104,8 @@ def get_key(tx: Tx, key_id: str) -> StoredKey | None:
 
 def list_keys(tx: Tx, tenant: str | None, page: Page | None = None) -> list[ApiKeyInfo]:
     """By (tenant, created_at, key_id); with ``page``, at most ``page.limit`` after the key
-    ``page.after`` (which must exist: a typo is a 400, not an empty page)."""
+    ``page.after`` (which must exist, and be ``tenant``'s when the listing names one: a typo
+    or another tenant's key is a 400, not an empty page)."""
     where, params = ([], []) if tenant is None else (["tenant = ?"], [tenant])
     if page is not None and page.after is not None:
         cursor = tx.query_one(
@@ -111,6 +113,10 @@ def list_keys(tx: Tx, tenant: str | None, page: Page | None = None) -> list[ApiK
         )
         if cursor is None:
             raise unknown_cursor(page.after, "key")
+        if tenant is not None and cursor[0] != tenant:
+            # NOTE: the order leads with the tenant, so another tenant's key sat before or
+            # after every row of this listing: an empty page (or the whole one), not a 400
+            raise unknown_cursor(page.after, f"key of tenant {quoted(tenant)}")
         where.append(
             "tenant >= ? AND (tenant > ? OR (created_at >= ? AND (created_at > ? OR key_id > ?)))"
         )
