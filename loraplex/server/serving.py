@@ -77,11 +77,13 @@ def sticky_key(request: Request, user: str | None) -> str | None:
     also when ``user`` wins, so a malformed one is never passed over in silence."""
     session = request.headers.get(SESSION_HEADER)
     if session is not None and (
-        not 0 < len(session) <= MAX_SESSION_ID_CHARS or not session.isprintable()
-    ):
+        not 0 < len(session) <= MAX_SESSION_ID_CHARS
+        or not session.isascii()
+        or not session.isprintable()
+    ):  # NOTE: isprintable() alone passed printable Latin-1 ("café"), the header is ASCII
         raise invalid_request(
             f"header X-Session-Id is invalid; expected 1 to {MAX_SESSION_ID_CHARS} printable "
-            "characters",
+            "ASCII characters",
             "X-Session-Id",
         )
     if user:

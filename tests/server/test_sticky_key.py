@@ -25,12 +25,20 @@ def test_the_user_field_wins_and_an_empty_one_names_no_user() -> None:
     assert sticky_key(_request(None), None) is None
 
 
-@pytest.mark.parametrize("session", ["", "x" * 257, "a\tb"])
+# "café": printable Latin-1, not ASCII (it passed: the check was isprintable() alone, the doc
+# said printable ASCII); a no-break space (not printable) was refused already
+@pytest.mark.parametrize("session", ["", "x" * 257, "a\tb", "caf\u00e9", "a\u00a0b"])
 def test_a_malformed_session_header_is_refused_even_when_user_wins(session: str) -> None:
     for user in (None, "", "ana"):
         with pytest.raises(ApiError) as refused:
             sticky_key(_request(session), user)
         assert refused.value.status == 400 and refused.value.param == "X-Session-Id"
+
+
+def test_printable_ascii_up_to_the_bound_passes() -> None:
+    printable = "".join(chr(c) for c in range(0x20, 0x7F))
+    assert sticky_key(_request(printable), None) == f"session:{printable}"
+    assert sticky_key(_request("x" * 256), None) == "session:" + "x" * 256
 
 
 def test_over_http_an_empty_user_passes_and_a_long_one_is_refused(rig: Rig) -> None:
