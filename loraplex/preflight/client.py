@@ -137,9 +137,13 @@ class Deployment:
         shown = dict(self.admin_json(path, {"limit": ADMIN_PAGE}))
         page = shown["revisions"]
         while len(page) == ADMIN_PAGE:
-            page = self.admin_json(path, {"limit": ADMIN_PAGE, "after": page[-1]["revision"]})[
-                "revisions"
-            ]
+            after = page[-1]["revision"]
+            page = self.admin_json(path, {"limit": ADMIN_PAGE, "after": after})["revisions"]
+            if page and page[-1]["revision"] == after:  # the same page again: no paging
+                raise PreflightError(
+                    f"GET {path} answered the revisions after {after!r} with that revision "
+                    "again; the server does not page them by after (an older loraplex?)"
+                )
             shown["revisions"] = [*shown["revisions"], *page]
         return shown
 

@@ -4,9 +4,10 @@ server that does not page (it answers everything at once) read once, not again a
 from __future__ import annotations
 
 import httpx
+import pytest
 
 from loraplex.preflight import client as preflight_client
-from loraplex.preflight.client import Deployment
+from loraplex.preflight.client import Deployment, PreflightError
 
 ROWS = [{"tenant": "t", "name": f"a{i}"} for i in range(5)]
 
@@ -78,3 +79,24 @@ def test_an_adapter_is_read_with_every_revision_page_by_page(monkeypatch) -> Non
         deployment.close()
     assert shown == {"adapter": {}, "alias": None, "revisions": revisions}
     assert calls == [{"limit": "2"}, {"limit": "2", "after": "v1"}, {"limit": "2", "after": "v3"}]
+
+
+def test_a_server_answering_the_first_revisions_again_is_an_error_not_a_loop(monkeypatch) -> None:  # type: ignore[no-untyped-def]
+    """An older server that ignores ``after`` answers the same full page every time: reading
+    on would never end, so the preflight stops with an error naming the route."""
+    monkeypatch.setattr(preflight_client, "ADMIN_PAGE", 2)
+    calls: list[dict[str, str]] = []
+
+    def handle(request: httpx.Request) -> httpx.Response:
+        calls.append(dict(request.url.params))
+        page = [{"revision": "v0"}, {"revision": "v1"}]
+        return httpx.Response(200, json={"adapter": {}, "alias": None, "revisions": page})
+
+    deployment = Deployment("http://test", "admin", 5.0)
+    deployment._http = httpx.Client(base_url="http://test", transport=httpx.MockTransport(handle))
+    try:
+        with pytest.raises(PreflightError, match="does not page them by after"):
+            deployment.admin_adapter("t", "a")
+    finally:
+        deployment.close()
+    assert len(calls) == 2

@@ -204,3 +204,18 @@ def test_every_row_follows_the_cursor_until_a_short_page() -> None:
     assert [(p.after, p.limit) for p in asked] == [(None, 3), ("2", 3), ("5", 3)]
     assert list(every_row(lambda page: rows, str, 3)) == rows  # a listing that does not page
     assert Page("x", 5).params() == {"limit": 5, "after": "x"} and Page().params() == {"limit": 100}
+
+
+def test_every_row_stops_with_an_error_when_a_listing_ignores_after() -> None:
+    """A full page answered again for every ``after`` (an older server that does not page) would
+    be read forever: the second page ending on the cursor it was asked after is an error."""
+    rows = list(range(3))
+    asked: list[Page] = []
+
+    def read(page: Page) -> list[int]:
+        asked.append(page)
+        return rows
+
+    with pytest.raises(ValueError, match="does not page by after"):
+        list(every_row(read, str, 3))
+    assert [p.after for p in asked] == [None, "2"]

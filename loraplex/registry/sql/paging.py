@@ -79,10 +79,17 @@ def every_row(
     """Every row of a paged listing, read ``size`` rows at a time as they are used: ``read``
     reads one page (from the database or over HTTP), ``cursor`` gives a row's ``after``. A page
     of any other length than asked for is the last (a listing that does not page answers
-    everything at once)."""
+    everything at once). A full page that ends on the row it was asked to start after is an
+    error, not a loop: the listing does not page by ``after`` (an older server answering its
+    first page again), so reading on would never end."""
     page = Page(None, size)
     while True:
         rows = read(page)
+        if page.after is not None and rows and cursor(rows[-1]) == page.after:
+            raise ValueError(
+                f"the listing answered the page after {page.after!r} with that row again; "
+                "it does not page by after (an older server?)"
+            )
         yield from rows
         if len(rows) != page.limit:
             return
