@@ -13,6 +13,8 @@ be stored in PostgreSQL's text: a cursor or a tenant name holding one was a driv
 
 from __future__ import annotations
 
+import weakref
+
 from fastapi.dependencies.models import Dependant
 from fastapi.routing import APIRoute
 from starlette.requests import Request
@@ -20,7 +22,10 @@ from starlette.requests import Request
 from loraplex.errors import clipped, quoted
 from loraplex.server.errors import invalid_request
 
-_TAKEN: dict[int, frozenset[str]] = {}  # id(route) -> the query parameters it takes
+# id(route) -> (the route, weakly; the query parameters it takes). APIRoute is unhashable, so the
+# key is its id, and the weak reference tells a later route given a freed one's id (apps are
+# built and dropped, tests build many) from the route the entry was made for.
+_TAKEN: dict[int, tuple[weakref.ref[APIRoute], frozenset[str]]] = {}
 
 
 def check_admin_query(request: Request) -> None:
@@ -53,9 +58,11 @@ def _taken(route: object) -> frozenset[str] | None:
     """The query parameters ``route`` reads (its dependencies' too); None: not a FastAPI route."""
     if not isinstance(route, APIRoute):
         return None
-    taken = _TAKEN.get(id(route))
-    if taken is None:
-        taken = _TAKEN[id(route)] = frozenset(_query_names(route.dependant))
+    cached = _TAKEN.get(id(route))
+    if cached is not None and cached[0]() is route:
+        return cached[1]
+    taken = frozenset(_query_names(route.dependant))
+    _TAKEN[id(route)] = (weakref.ref(route), taken)
     return taken
 
 

@@ -300,3 +300,27 @@ def test_an_adapters_revisions_read_in_pages(rig: Rig) -> None:
         return rig.client.get(path, params=params, headers=rig.admin).json()
 
     assert shown_with_every_revision(get, "globex", "search") == whole
+
+
+def test_a_route_given_another_routes_cached_id_reads_its_own_parameters() -> None:
+    """The taken-parameters cache is keyed by ``id(route)``; a route built after another was
+    freed may get its id, and must not be judged by the freed route's parameters."""
+    import weakref
+
+    from fastapi import FastAPI
+
+    from loraplex.server import admin_query
+
+    app = FastAPI()
+
+    @app.get("/a")
+    def a(after: str | None = None) -> None: ...
+
+    @app.get("/b")
+    def b(offset: int = 0) -> None: ...
+
+    route_a, route_b = (r for r in app.routes if getattr(r, "path", "") in ("/a", "/b"))
+    assert admin_query._taken(route_a) == {"after"}
+    # route_b under route_a's entry, as if it had been given the id of a freed route_a
+    admin_query._TAKEN[id(route_b)] = (weakref.ref(route_a), frozenset({"after"}))
+    assert admin_query._taken(route_b) == {"offset"}
