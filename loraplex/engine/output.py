@@ -32,24 +32,42 @@ class Detokenizer(Protocol):
     def decode(self, token_ids: Sequence[int]) -> str: ...
 
 
+# A run of tokens whose text keeps ending in a replacement character is committed once it is
+# this long (``IncrementalText``): its window then stays a few dozen tokens, whatever the run.
+MAX_PENDING_TOKENS = 16
+# Tokens a forced commit leaves undecided at the end, and the context it keeps before its
+# point: a UTF-8 character has at most 4 bytes, so 4 byte tokens after a point decide any
+# character cut there, and 4 before it hold any lead byte of one.
+HOLD_TOKENS = 4
+
+
 class IncrementalText:
     """The decode of a growing token list, equal to ``decode(token_ids)`` after every
     ``append`` at a cost per token that does not grow with the output.
 
     ``_read`` is the first token whose text is not yet committed (``_done`` is the decode of the
-    tokens before it, ending in a complete character); ``_prefix`` is where the decode window
-    starts, a little before ``_read``, so a tokenizer whose decode of a token depends on the one
-    before it (a dropped leading space) sees that context; the window's text past the text of
-    ``tokens[_prefix:_read]`` is the new text. The offsets move on when the window's text does not
-    end in a replacement character (bytes of a character still to come). A window whose text does
-    not extend its context's text (the tokenizer rewrote it) falls back to a whole decode for that
-    step. A detokenizer with ``rewrites_text`` true (transformers' clean-up of spaces before
-    punctuation, which can change text already committed) is always decoded whole.
+    tokens before it, ending in a complete character or a committed run, below); ``_prefix`` is
+    where the decode window starts, a little before ``_read``, so a tokenizer whose decode of a
+    token depends on the one before it (a dropped leading space) sees that context; the window's
+    text past the text of ``tokens[_prefix:_read]`` is the new text. The offsets move on when the
+    window's text does not end in a replacement character (bytes of a character still to come).
+    A window whose text does not extend its context's text (the tokenizer rewrote it) falls back
+    to a whole decode for that step. A detokenizer with ``rewrites_text`` true (transformers'
+    clean-up of spaces before punctuation, which can change text already committed) is always
+    decoded whole.
+
+    A run of tokens that never completes a character (an adapter emitting lone UTF-8
+    continuation bytes) kept the window growing, each step decoding the whole run: quadratic in
+    the run. Past ``MAX_PENDING_TOKENS`` pending tokens the text is committed up to
+    ``HOLD_TOKENS`` before the end (or up to 3 tokens earlier, where a character the held
+    tokens complete starts), as it decodes there, its replacement characters final: a character
+    is complete within 4 byte tokens or it is a replacement, as ``decode`` with
+    ``errors='replace'`` renders it. Byte tokens still decode exactly as a whole decode; only
+    tokens that decode to no bytes at all (special tokens, skipped) between the bytes of one
+    character can make replacements of a character a whole decode would complete.
 
     NOTE: the whole output used to be decoded on every token: 70-108 µs per token per sequence at
-    480 tokens on the engine thread (attack12, ``scripts/attacks/stop-hold-bench``).
-    A run of tokens that never completes a character keeps the window growing (each step then
-    decodes the run, as the whole decode did)."""
+    480 tokens on the engine thread (attack12, ``scripts/attacks/stop-hold-bench``)."""
 
     def __init__(self, detokenizer: Detokenizer) -> None:
         self._detokenizer = detokenizer
@@ -60,6 +78,12 @@ class IncrementalText:
         self._prefix = 0
         self._read = 0
         self._prefix_text = ""  # decode(token_ids[self._prefix : self._read])
+
+    @property
+    def final_chars(self) -> int:
+        """Characters at the start of ``text`` that no later token changes: the committed text
+        (a committed run's replacement characters included)."""
+        return len(self._done)
 
     def append(self, token: int) -> str:
         ids = self.token_ids
@@ -79,7 +103,28 @@ class IncrementalText:
             self._done = self.text
             self._prefix, self._read = context, len(ids)
             self._prefix_text = decode(ids[context:])
+        elif len(ids) - self._read > MAX_PENDING_TOKENS:
+            self._commit_pending(window)
         return self.text
+
+    def _commit_pending(self, window: str) -> None:
+        """Commits a run of pending tokens (the class docstring): at the latest of 4 points
+        before the held tokens whose text the window's extends, with ``HOLD_TOKENS`` of context;
+        where none does (tokens without bytes, or a rewritten context), everything as it
+        decodes now, without context."""
+        ids, decode = self.token_ids, self._detokenizer.decode
+        end = len(ids) - HOLD_TOKENS
+        if window.startswith(self._prefix_text):
+            for point in range(end, end - HOLD_TOKENS, -1):
+                head = decode(ids[self._prefix : point])
+                if head.startswith(self._prefix_text) and window.startswith(head):
+                    self._done += head[len(self._prefix_text) :]
+                    self._prefix, self._read = point - HOLD_TOKENS, point
+                    self._prefix_text = decode(ids[self._prefix : point])
+                    return
+        self._done = self.text
+        self._prefix = self._read = len(ids)
+        self._prefix_text = ""
 
 
 class OutputTracker:
@@ -110,7 +155,7 @@ class OutputTracker:
             self._stop_floor = len(before)
         finish, visible, reason = self._finish(text, before, token, at_max_model_len)
         if finish is None:
-            visible = self._hold.settled(text)
+            visible = self._hold.settled(text, self._text.final_chars)
         delta = visible[len(self.emitted) :] if visible.startswith(self.emitted) else ""
         self.emitted += delta
         return TokenDelta(
@@ -154,8 +199,8 @@ class OutputTracker:
 
 class StopHold:
     """What of the text can no longer change: the text minus trailing replacement characters
-    and minus the longest proper prefix of a stop string it ends with (the next tokens may
-    complete it).
+    (those a later token may still complete) and minus the longest proper prefix of a stop
+    string it ends with (the next tokens may complete it).
 
     Each stop string is matched as a Knuth-Morris-Pratt automaton fed only the characters added
     since the last call, so a token costs work per new character, not per character of the stop
@@ -172,8 +217,13 @@ class StopHold:
         self._matched = [0] * len(stops)  # per stop: the prefix of it the text ends with
         self._seen = ""  # the settled text the automata have read
 
-    def settled(self, text: str) -> str:
-        text = text.rstrip("\ufffd")
+    def settled(self, text: str, final_chars: int = 0) -> str:
+        """``text`` without what may still change; ``final_chars``: characters at its start
+        that cannot (``IncrementalText.final_chars``: replacement characters there stay)."""
+        tail = text[final_chars:]
+        kept = len(tail.rstrip("\ufffd"))
+        if kept < len(tail):
+            text = text[: final_chars + kept]
         if not self._stops:
             return text
         if text.startswith(self._seen):

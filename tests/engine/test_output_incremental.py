@@ -126,3 +126,75 @@ def test_clean_up_tokenizer_is_decoded_whole(tok: TextTokenizer) -> None:
             assert text.append(token) == tok.decode(seq[:k])
     finally:
         tok._clean_up = False  # type: ignore[misc]
+
+
+class ByteTokens:
+    """Token i < 256 is byte i, 256 a special token decoded to nothing (skipped), decoded as
+    Hugging Face decodes bytes (``errors='replace'``); ``decoded`` counts the token ids it was
+    given, the work a decode costs."""
+
+    def __init__(self) -> None:
+        self.decoded = 0
+
+    def decode(self, token_ids: Sequence[int]) -> str:
+        self.decoded += len(token_ids)
+        return bytes(t for t in token_ids if t < 256).decode("utf-8", errors="replace")
+
+
+def test_a_run_that_never_completes_a_character_keeps_the_window_bounded() -> None:
+    """10,000 lone continuation bytes (an adapter can emit them): each step decoded the whole
+    run (its text ends in a replacement character throughout), 50 million token decodes; now the
+    run is committed as it decodes, its replacement characters final, and the stream flows."""
+    det = ByteTokens()
+    run = [0x80] * 10_000
+    tracker = OutputTracker(SamplingParams(max_tokens=20_000), 4, frozenset(), det)
+    for token in run:
+        tracker.append(token)
+    assert tracker._text.text == "\ufffd" * len(run)  # the whole decode
+    assert det.decoded <= 40 * len(run), det.decoded  # O(n): bounded work per token
+    assert len(tracker.emitted) >= len(run) - 16  # streamed, not held back until the run ends
+    tracker.append(ord("a"))
+    assert tracker.emitted == "\ufffd" * len(run) + "a"
+
+
+def _byte_runs(rng: random.Random) -> list[int]:
+    """Bytes in runs: continuation bytes, lead bytes, ASCII, whole characters, and a character
+    cut by a run (a lead byte, continuations, another lead byte...)."""
+    pieces: list[bytes] = []
+    for _ in range(rng.randint(1, 12)):
+        kind = rng.random()
+        if kind < 0.3:
+            pieces.append(bytes([rng.randint(0x80, 0xBF)]) * rng.randint(1, 60))
+        elif kind < 0.5:
+            pieces.append(bytes(rng.choice([0xC3, 0xE2, 0xF0, 0x80, 0xBF]) for _ in range(30)))
+        elif kind < 0.7:
+            pieces.append(rng.choice(["é", "—", "日本", "😀", "a b", "\ufffd"]).encode())
+        elif kind < 0.85:
+            pieces.append(rng.choice(["😀", "€"]).encode()[: rng.randint(1, 3)])
+        else:
+            pieces.append(bytes(rng.randint(0, 255) for _ in range(rng.randint(1, 40))))
+    return list(b"".join(pieces))
+
+
+def test_committed_runs_still_equal_the_whole_decode_of_byte_tokens() -> None:
+    """A run is committed only where the tokens after it cannot change its text: byte tokens
+    decode as a whole decode after every token, runs of any length included."""
+    rng = random.Random(5)
+    det = ByteTokens()
+    for _ in range(300):
+        seq = _byte_runs(rng)
+        text = IncrementalText(det)
+        for k, token in enumerate(seq, 1):
+            assert text.append(token) == det.decode(seq[:k]), bytes(seq[:k])
+
+
+def test_tokens_without_bytes_inside_a_run_keep_it_bounded() -> None:
+    """Special tokens (decoded to nothing) between the bytes of a run: bounded all the same (a
+    character they cut may become replacements, as the rule says)."""
+    det = ByteTokens()
+    run = [0x80, 256, 256, 0xF0, 256, 0x9F, 256, 256] * 1_500  # F0 9F 80: never complete
+    text = IncrementalText(det)
+    for token in run:
+        text.append(token)
+    assert det.decoded <= 40 * len(run), det.decoded
+    assert set(text.text) == {"\ufffd"}
