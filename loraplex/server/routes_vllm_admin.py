@@ -14,9 +14,13 @@ How vLLM's calls map onto loraplex:
   registration, only an adapter's first revision becomes what ``tenant/name`` resolves to; a
   later one reaches the name through an alias change (the release flow), not through a load.
 - unload = the revision(s) are evicted from every cached tier (L0, L1, L2); without a revision,
-  every revision of the adapter. Unlike vLLM, the revision stays registered (the registry is
-  append-only) and its artifact stays in the store: the next request for it loads it again. A
-  copy that is pinned, in use or loading is kept: a 409 naming the tiers.
+  one page of the adapter's revisions (oldest first, ``?limit=&after=`` as the admin listings
+  page, ``limit`` 1-1000, default 100), and ``next_after`` names the last one when the page was
+  full (call again with ``after`` set to it; null: the last page). NOTE: every revision in one
+  call grew the answer and the work (three cache calls each) without bound: revisions are
+  never deleted. Unlike vLLM, the revision stays registered (the registry is append-only) and
+  its artifact stays in the store: the next request for it loads it again. A copy that is
+  pinned, in use or loading is kept: a 409 naming the tiers.
 """
 
 from __future__ import annotations
@@ -25,9 +29,9 @@ import asyncio
 import hashlib
 from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
-from typing import Literal
+from typing import Annotated, Literal
 
-from fastapi import APIRouter, Depends
+from fastapi import APIRouter, Depends, Query
 from starlette.concurrency import run_in_threadpool
 
 from loraplex.artifacts.identity import AdapterKey, check_name
@@ -39,6 +43,7 @@ from loraplex.errors import (
     RecordNotFoundError,
 )
 from loraplex.registry import Revision
+from loraplex.registry.sql.paging import DEFAULT_PAGE, MAX_CURSOR_CHARS, MAX_PAGE, Page
 from loraplex.residency.ledger import CACHED_TIERS, Tier
 from loraplex.server.auth import LOAD_LORA_PATH, UNLOAD_LORA_PATH, DepsDep, require_admin
 from loraplex.server.cache_control import CacheControl
@@ -150,10 +155,10 @@ async def load_lora_adapter(body: LoadLoraAdapterRequest, deps: DepsDep) -> Lora
     )
 
 
-def _revisions(deps: ServerDeps, lora: LoraName) -> list[Revision]:
+def _revisions(deps: ServerDeps, lora: LoraName, page: Page) -> list[Revision]:
     try:
         if lora.revision is None:
-            return deps.registry.list_revisions(lora.tenant, lora.name)
+            return deps.registry.list_revisions(lora.tenant, lora.name, page)
         return [deps.registry.get_revision(f"{lora.tenant}/{lora.name}@{lora.revision}")]
     except (AdapterNotFoundError, RecordNotFoundError) as exc:
         raise ApiError(404, str(exc), "invalid_request_error", "not_found", "lora_name") from None
@@ -172,10 +177,27 @@ def _evict(cache: CacheControl, key: AdapterKey) -> tuple[list[str], list[str]]:
     return evicted, kept
 
 
-def _unload(deps: ServerDeps, cache: CacheControl, lora: LoraName) -> dict[str, list[str]]:
+def _page(lora: LoraName, after: str | None, limit: int | None) -> Page:
+    """The page of revisions an unload without a revision takes; with one, paging is a 400."""
+    if lora.revision is not None:
+        for name, value in (("after", after), ("limit", limit)):
+            if value is not None:
+                raise invalid_request(
+                    f"{name} is invalid with a lora_name naming a revision; expected it only "
+                    "with tenant/name (it pages the adapter's revisions)",
+                    name,
+                )
+    return Page(after, DEFAULT_PAGE if limit is None else limit)
+
+
+def _unload(
+    deps: ServerDeps, cache: CacheControl, lora: LoraName, page: Page
+) -> tuple[dict[str, list[str]], str | None]:
+    """Tiers dropped per revision, and the cursor of the next page (None: none follows)."""
     evicted: dict[str, list[str]] = {}
     kept: dict[str, list[str]] = {}
-    for revision in _revisions(deps, lora):
+    revisions = _revisions(deps, lora, page)
+    for revision in revisions:
         evicted[revision.ref], held = _evict(cache, revision.key())
         if held:
             kept[revision.ref] = held
@@ -186,21 +208,33 @@ def _unload(deps: ServerDeps, cache: CacheControl, lora: LoraName) -> dict[str, 
             "evicted); unpin them or retry when their requests finished"
         )
         raise ApiError(409, message, "invalid_request_error", "adapter_in_use", "lora_name")
-    return evicted
+    full = lora.revision is None and len(revisions) == page.limit
+    return evicted, revisions[-1].revision if full else None
 
 
 @router.post(UNLOAD_LORA_PATH)
-async def unload_lora_adapter(body: UnloadLoraAdapterRequest, deps: DepsDep) -> LoraAdapterUnloaded:
-    """Evicts the revision(s) from every cached tier; they stay registered (module docstring)."""
+async def unload_lora_adapter(
+    body: UnloadLoraAdapterRequest,
+    deps: DepsDep,
+    after: Annotated[str | None, Query(min_length=1, max_length=MAX_CURSOR_CHARS)] = None,
+    limit: Annotated[int | None, Query(ge=1, le=MAX_PAGE)] = None,
+) -> LoraAdapterUnloaded:
+    """Evicts the revision(s) from every cached tier; they stay registered (module docstring).
+    Without a revision, one page of them: ``after`` / ``limit`` as the admin listings'."""
     lora = LoraName.parse(body.lora_name)
+    page = _page(lora, after, limit)
     cache = _cache(deps)
     try:
-        evicted = await run_in_threadpool(_unload, deps, cache, lora)
+        evicted, next_after = await run_in_threadpool(_unload, deps, cache, lora, page)
     except Exception as exc:  # NOTE: as in load_lora_adapter
         raise to_api_error(exc, ErrorContext.ADMIN) from None
     num_copies = sum(len(tiers) for tiers in evicted.values())
+    message = f"LoRA adapter {body.lora_name!r}: {num_copies} cached copies evicted"
+    if next_after is not None:
+        message += (
+            f" from a page of {len(evicted)} of its revisions; more may follow: call again "
+            f"with ?after={next_after}"
+        )
     return LoraAdapterUnloaded(
-        lora_name=body.lora_name,
-        evicted=evicted,
-        message=f"LoRA adapter {body.lora_name!r}: {num_copies} cached copies evicted",
+        lora_name=body.lora_name, evicted=evicted, next_after=next_after, message=message
     )

@@ -238,3 +238,47 @@ def test_load_without_an_import_directory_is_refused(served: Served) -> None:
         assert "--import-dir" in error["message"] and "import_dir" in error["message"]
         assert "`fleet up --config`" in error["message"]  # a fleet's operator reads it too
     assert "x" not in {adapter.name for adapter in served.registry.list_adapters("acme")}
+
+
+def _unload(ops: Ops, lora_name: str, query: str = "") -> dict[str, object]:
+    response = ops.client.post(f"{UNLOAD}{query}", json={"lora_name": lora_name}, headers=ADMIN)
+    assert response.status_code == 200, response.text
+    body: dict[str, object] = response.json()
+    return body
+
+
+def test_unload_without_a_revision_pages_its_revisions(ops: Ops) -> None:
+    """Every revision in one answer (and three cache calls each) grew without bound: revisions
+    are never deleted. One page of them, ``?limit=&after=`` as the admin listings page."""
+    refs = [f"{ops.tenant}/support@v{i}" for i in (1, 2, 3)]
+    for ref in refs:
+        _load(ops, ref, ops.folder)
+    keys = [ops.served.registry.get_revision(ref).key() for ref in refs]
+    name = f"{ops.tenant}/support"
+    first = _unload(ops, name, "?limit=2")
+    assert list(first["evicted"]) == refs[:2] and first["next_after"] == "v2"  # type: ignore[call-overload]
+    assert "call again with ?after=v2" in str(first["message"])
+    assert [ops.cache.is_resident(key, Tier.L1) for key in keys] == [False, False, True]
+    last = _unload(ops, name, "?limit=2&after=v2")
+    assert list(last["evicted"]) == refs[2:] and last["next_after"] is None  # type: ignore[call-overload]
+    assert not any(ops.cache.is_resident(key, Tier.L1) for key in keys)
+    whole = _unload(ops, name)  # the first 100: all of them, the last page
+    assert list(whole["evicted"]) == refs and whole["next_after"] is None  # type: ignore[call-overload]
+    assert _unload(ops, refs[0])["next_after"] is None  # one revision: no paging
+
+
+def test_unload_paging_is_refused_with_a_revision_or_a_bad_cursor(ops: Ops) -> None:
+    ref = f"{ops.tenant}/support@v1"
+    _load(ops, ref, ops.folder)
+    for query, param in (("?limit=2", "limit"), ("?after=v1", "after")):
+        response = ops.client.post(f"{UNLOAD}{query}", json={"lora_name": ref}, headers=ADMIN)
+        assert response.status_code == 400, response.text
+        error = response.json()["error"]
+        assert error["param"] == param and "naming a revision" in error["message"]
+    for query, param in (("?limit=1001", "limit"), ("?limit=0", "limit"), ("?after=v9", "after")):
+        response = ops.client.post(
+            f"{UNLOAD}{query}", json={"lora_name": f"{ops.tenant}/support"}, headers=ADMIN
+        )
+        assert response.status_code == 400, (query, response.text)
+        assert response.json()["error"]["param"] == param
+    assert ops.cache.is_resident(ops.served.registry.get_revision(ref).key(), Tier.L1)

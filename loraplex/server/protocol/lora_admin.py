@@ -34,4 +34,7 @@ class LoraAdapterLoaded(BaseModel):
 class LoraAdapterUnloaded(BaseModel):
     lora_name: str  # as sent
     evicted: dict[str, list[str]]  # tenant/name@revision -> tiers a copy was dropped from
+    # without @revision: the last revision of this page when it was full (the next page's
+    # ``after``; more may follow); null: no page follows
+    next_after: str | None
     message: str  # human-readable outcome
