@@ -158,7 +158,9 @@ def up_command(
             typer.echo(f"error: {exc}", err=True)
             raise typer.Exit(1) from exc
         say_demo_generation(serve_config)
-        prepared = control.prepare(serve_config)
+        # the local Ray head runs every replica on this machine; a joined cluster, anywhere
+        replicas_here = checked.engine_replicas if address is None else None
+        prepared = control.prepare(serve_config, replicas_here)
         settings = replace(checked, serve=serve_config, model_dir=prepared.model_dir)
     except (ValueError, TypeError) as exc:
         raise typer.BadParameter(str(exc)) from exc

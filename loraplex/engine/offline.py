@@ -20,7 +20,7 @@ from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from loraplex.artifacts.base_model import BaseModelSpec
+from loraplex.artifacts.base_model import BaseModelSpec, read_model_config
 from loraplex.artifacts.identity import AdapterKey, sha256_file
 from loraplex.artifacts.validate import validate_adapter_dir
 from loraplex.dtypes import DTYPE_BYTES, bytes_per_element, check_dtype
@@ -29,7 +29,7 @@ from loraplex.engine.config import EngineConfig, SchedulerConfig
 from loraplex.engine.factory import AdapterRuntimeConfig, build_adapter_runtime, build_engine_core
 from loraplex.engine.protocol import EngineRequest, TokenDelta, TokenLogprob
 from loraplex.errors import InvalidRequestError, quoted
-from loraplex.model.config import ModelConfig
+from loraplex.model.config import check_max_model_len, context_window
 from loraplex.runtime.tier_backends import ArtifactRef
 from loraplex.sampling import SamplingParams
 
@@ -51,7 +51,9 @@ class OfflineConfig:
     max_loras: int = 8  # GPU adapter slots; more distinct adapters are served in turn
     max_lora_rank: int = 64  # largest adapter rank accepted
     max_num_seqs: int = 64  # sequences decoded together; more requests queue
-    max_model_len: int | None = None  # prompt + output tokens; None: the model's context
+    # prompt + output tokens, at most the model's context (``model.config.context_window``:
+    # max_position_embeddings, or what its rope scaling extends it to); None: that context
+    max_model_len: int | None = None
     block_size: int = 16  # tokens per KV block
 
     def __post_init__(self) -> None:
@@ -128,7 +130,9 @@ class OfflineEngine:
 
     def _engine_config(self, model_dir: Path) -> EngineConfig:
         cfg = self.config
-        max_model_len = cfg.max_model_len or ModelConfig.from_dir(model_dir).max_position_embeddings
+        model_config = read_model_config(model_dir)
+        max_model_len = cfg.max_model_len or context_window(model_config)[0]
+        check_max_model_len(max_model_len, model_config)
         num_blocks = -(-max(_KV_TOKENS, max_model_len) // cfg.block_size)
         scheduler = SchedulerConfig(
             max_num_seqs=cfg.max_num_seqs,

@@ -50,13 +50,17 @@ class Prepared:
     sample_keys: dict[str, str]  # demo tenant -> API key, when issued now
 
 
-def prepare(config: ServeConfig) -> Prepared:
+def prepare(config: ServeConfig, replicas_here: int | None = None) -> Prepared:
     """The model, the demo registration and the keys, before any deployment starts (replicas
-    would otherwise race to generate and register them)."""
-    from loraplex.artifacts.base_model import BaseModelSpec
+    would otherwise race to generate and register them). Before a key is issued, the checks
+    ``serve`` makes once the model is known: ``max_model_len`` within its context, and the KV
+    caches of the ``replicas_here`` engines this machine runs (``fleet up``'s local Ray head
+    runs them all; None: where they run is not known here) within its memory."""
+    from loraplex.artifacts.base_model import BaseModelSpec, read_model_config
     from loraplex.registry import open_registry
     from loraplex.serve.assembly import demo_assets
     from loraplex.serve.bootstrap import ADMIN_KEY_FILE, admin_key, register_demo, sample_keys
+    from loraplex.serve.config import memory_total_bytes
     from loraplex.serve.engine_settings import registry_config
 
     config.data_dir.mkdir(mode=0o700, parents=True, exist_ok=True)
@@ -64,10 +68,14 @@ def prepare(config: ServeConfig) -> Prepared:
     model_dir = assets.base_model_dir if assets is not None else config.model
     if model_dir is None:
         raise ValueError("model None is invalid; expected a model directory or the demo assets")
+    base = BaseModelSpec.from_dir(model_dir)
+    config.check_context(read_model_config(model_dir))
+    if replicas_here is not None:
+        config.check_kv_memory(base, memory_total_bytes(), replicas_here)
     new_admin = config.admin_key is None and not (config.data_dir / ADMIN_KEY_FILE).exists()
     admin = config.admin_key or admin_key(config.data_dir)
     keys: dict[str, str] = {}
-    registry = open_registry(registry_config(config), base=BaseModelSpec.from_dir(model_dir))
+    registry = open_registry(registry_config(config), base=base)
     try:
         if assets is not None and config.demo:
             state = register_demo(registry, assets)

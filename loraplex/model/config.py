@@ -181,6 +181,38 @@ def parse_rope(raw: dict[str, Any]) -> RopeConfig:
     )
 
 
+def context_window(raw: dict[str, Any]) -> tuple[int, str]:
+    """The most tokens one sequence may hold on the checkpoint of config ``raw`` (vLLM's ceiling
+    on ``max_model_len``), and how it follows from ``config.json``: ``max_position_embeddings``,
+    extended by a rope scaling that reaches positions beyond it as ``model/rope.py`` applies it
+    (``linear``, ``dynamic``: times ``factor``; ``yarn``: ``original_max_position_embeddings``
+    times ``factor``). ``llama3`` rescales frequencies inside ``max_position_embeddings``
+    (already its extended context) and ``default`` scales nothing, as vLLM derives it."""
+    max_positions = _int(raw, "max_position_embeddings")
+    rope = parse_rope(raw)
+    if rope.rope_type in ("linear", "dynamic"):
+        window = int(max_positions * rope.factor)
+        how = f"max_position_embeddings {max_positions} x {rope.rope_type} rope_scaling factor"
+    elif rope.rope_type == "yarn":
+        max_positions = rope.original_max_position_embeddings
+        window = int(max_positions * rope.factor)
+        how = f"original_max_position_embeddings {max_positions} x yarn rope_scaling factor"
+    else:
+        return max_positions, f"max_position_embeddings {max_positions}"
+    return max(1, window), f"{how} {rope.factor:g}"
+
+
+def check_max_model_len(max_model_len: int, raw: dict[str, Any]) -> None:
+    """ValueError naming ``max_model_len`` when it is above ``context_window(raw)``: positions
+    past it were never trained (vLLM refuses it too). NOTE: it was accepted in silence."""
+    window, how = context_window(raw)
+    if max_model_len > window:
+        raise ValueError(
+            f"max_model_len {max_model_len} is invalid; expected at most {window}, the model's "
+            f"context ({how} in its config.json)"
+        )
+
+
 def _sliding_windows(
     raw: dict[str, Any], architecture: str, num_layers: int
 ) -> tuple[int | None, ...]:

@@ -36,7 +36,12 @@ from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from loraplex.artifacts.base_model import BaseModelSpec, DigestedCheckpoint, digest_checkpoint
+from loraplex.artifacts.base_model import (
+    BaseModelSpec,
+    DigestedCheckpoint,
+    digest_checkpoint,
+    read_model_config,
+)
 from loraplex.demo.assets import demo_assets_ready, generate_demo_assets, load_demo_assets
 from loraplex.demo.manifest import DemoAssets
 from loraplex.engine.merge_holds import MergeHoldControl
@@ -120,7 +125,8 @@ def _build(
         raise ValueError("model None is invalid; expected a model directory or the demo assets")
     digested = _digested(model_dir, digest_ahead)  # the engine process takes it as its own
     base = BaseModelSpec.from_dir(model_dir, digested)
-    config.check_kv_memory(base, memory_total_bytes())  # before a key is issued
+    config.check_context(read_model_config(model_dir))  # before a key is issued
+    config.check_kv_memory(base, memory_total_bytes())
     registry = open_registry(registry_config(config), base=base)
     try:
         demo = assets if config.demo else None

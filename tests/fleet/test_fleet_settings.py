@@ -4,15 +4,17 @@
 from __future__ import annotations
 
 import os
-from dataclasses import fields
+from dataclasses import fields, replace
 from pathlib import Path
 from typing import Any
 
 import pytest
 from typer.testing import CliRunner
 
+from loraplex.artifacts.base_model import BaseModelSpec
 from loraplex.cli import app
 from loraplex.cli.fleet import default_threads_per_replica, fleet_file_values
+from loraplex.demo.manifest import DemoAssets
 from loraplex.fleet import control
 from loraplex.fleet.settings import (
     FLEET_KEYS,
@@ -21,6 +23,8 @@ from loraplex.fleet.settings import (
     FleetSettings,
     check_fleet_config,
 )
+from loraplex.serve import config as serve_config
+from loraplex.serve.bootstrap import ADMIN_KEY_FILE
 from loraplex.serve.config import ServeConfig
 
 
@@ -172,10 +176,12 @@ class FakeControl:
     def __init__(self, model_dir: Path) -> None:
         self.model_dir = model_dir
         self.prepared: list[ServeConfig] = []
+        self.replicas_here: list[int | None] = []
         self.started: list[FleetSettings] = []
 
-    def prepare(self, config: ServeConfig) -> control.Prepared:
+    def prepare(self, config: ServeConfig, replicas_here: int | None = None) -> control.Prepared:
         self.prepared.append(config)
+        self.replicas_here.append(replicas_here)
         return control.Prepared(self.model_dir, "admin-key", False, {})
 
     def up(self, settings: FleetSettings, address: str | None, **_: Any) -> control.FleetRecord:
@@ -379,3 +385,33 @@ def test_up_runs_serves_engine_and_import_dir_checks_before_any_key(
     assert result.exit_code == 2, result.output
     assert message in " ".join(result.output.replace("│", " ").split())  # the box's wrap
     assert fake_control.prepared == [] and fake_control.started == []
+
+
+def test_up_checks_the_kv_caches_of_the_replicas_its_local_head_runs(
+    tmp_path: Path, fake_control: FakeControl
+) -> None:
+    """The local Ray head runs every replica on this machine: ``prepare`` checks their KV caches
+    together; on a joined cluster (``--address``) where they run is not known here."""
+    assert _up(tmp_path, "--replicas", "3").exit_code == 0
+    assert _up(tmp_path, "--replicas", "3", "--address", "10.0.0.1:6379").exit_code == 0
+    assert fake_control.replicas_here == [3, None]
+
+
+def test_prepare_refuses_what_serve_refuses_once_the_model_is_known(
+    tmp_path: Path, demo_assets: DemoAssets, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Before any key: a ``max_model_len`` past the model's context, and KV caches of the
+    replicas here that this machine's memory cannot hold (``fleet up`` took both, issued the
+    keys, and the replicas failed: out of memory, or positions the model was never trained
+    for)."""
+    data_dir = tmp_path / "data"
+    model = demo_assets.base_model_dir
+    config = ServeConfig(data_dir=data_dir, model=model, demo=False)
+    each = config.kv_bytes(BaseModelSpec.from_dir(model))
+    monkeypatch.setattr(serve_config, "memory_total_bytes", lambda: 3 * each)
+    with pytest.raises(ValueError, match=r"^max_model_len 513 is invalid; expected at most 512"):
+        control.prepare(replace(config, max_model_len=513), replicas_here=1)
+    with pytest.raises(ValueError, match=r"^num_kv_blocks 1024 x block_size 16 is invalid with 4"):
+        control.prepare(config, replicas_here=4)
+    assert not (data_dir / ADMIN_KEY_FILE).exists()
+    assert control.prepare(config, replicas_here=3).new_admin_key  # 3 fit

@@ -31,7 +31,7 @@ class Recorder:
         self.prepared: list[ServeConfig] = []
         self.started: list[FleetSettings] = []
 
-    def prepare(self, config: ServeConfig) -> control.Prepared:
+    def prepare(self, config: ServeConfig, replicas_here: int | None = None) -> control.Prepared:
         self.prepared.append(config)
         return control.Prepared(self.model_dir, "the-admin-key", True, dict(self.keys))
 
@@ -149,7 +149,7 @@ def test_a_restart_says_where_the_keys_are_as_serve_does(
     where the admin key is kept and how to get a tenant key)."""
     record = control.FleetRecord("127.0.0.1:1", True, None, None, "http://127.0.0.1:8000", 2)
     prepared = control.Prepared(tmp_path, "old-admin-key", False, {})
-    monkeypatch.setattr(control, "prepare", lambda config: prepared)
+    monkeypatch.setattr(control, "prepare", lambda config, replicas_here: prepared)
     monkeypatch.setattr(control, "up", lambda settings, address, **_: record)
     with socket.socket() as sock:  # a free port for the admin socket
         sock.bind(("127.0.0.1", 0))

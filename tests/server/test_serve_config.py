@@ -22,6 +22,7 @@ from loraplex.dtypes import DTYPE_NAMES
 from loraplex.engine.config import EngineConfig, SchedulerConfig
 from loraplex.registry import open_registry
 from loraplex.residency.policy import DEFAULT_POLICY, policy_names
+from loraplex.serve.assembly import build_server
 from loraplex.serve.bootstrap import ADMIN_KEY_FILE, admin_key, register_demo, sample_keys
 from loraplex.serve.config import (
     DEFAULT_CPU_ADAPTER_BYTES,
@@ -357,6 +358,28 @@ def test_a_kv_cache_larger_than_the_machine_is_refused_before_start(
     replace(config, device="cuda").check_kv_memory(base, 1 << 30)  # GPU memory: the engine's
 
 
+def test_the_kv_caches_of_replicas_on_one_machine_must_fit_it_together(
+    demo_assets: DemoAssets, tmp_path: Path
+) -> None:
+    """``fleet up``'s local Ray head runs every replica here, each with its own KV cache."""
+    base = BaseModelSpec.from_dir(demo_assets.base_model_dir)
+    config = ServeConfig(data_dir=tmp_path)
+    each = config.kv_bytes(base)
+    config.check_kv_memory(base, 3 * each, replicas=3)  # fits exactly
+    rows = (3 * each) // 4 // config.kv_bytes(base, rows=0)
+    with pytest.raises(ValueError) as refused:
+        config.check_kv_memory(base, 3 * each, replicas=4)
+    assert str(refused.value) == (
+        f"num_kv_blocks 1024 x block_size 16 is invalid with 4 replicas on this machine; their "
+        f"KV caches need 4 x {each} = {4 * each} bytes, more than this machine's {3 * each} "
+        f"bytes of memory (expected num_kv_blocks x block_size below {rows} tokens per "
+        "replica, or fewer replicas)"
+    )
+    assert rows < 1024 * 16
+    replace(config, num_kv_blocks=rows // 16 - 1).check_kv_memory(base, 3 * each, replicas=4)
+    config.check_kv_memory(base, None, replicas=4)  # memory unknown
+
+
 def test_memory_total_is_read_from_meminfo(tmp_path: Path) -> None:
     meminfo = tmp_path / "meminfo"
     meminfo.write_text("MemTotal:       131072 kB\nMemFree:        1024 kB\n")
@@ -424,3 +447,21 @@ def test_the_first_start_says_it_generates_the_demo_set(
     (tmp_path / "ready" / "demo-assets").symlink_to(demo_assets.root)
     say_demo_generation(ServeConfig(data_dir=tmp_path / "ready"))
     assert capsys.readouterr() == ("", "")
+
+
+def test_a_max_model_len_past_the_models_context_is_refused_before_start(
+    demo_assets: DemoAssets, tmp_path: Path
+) -> None:
+    """The demo model's ``max_position_embeddings`` is 512: ``max_model_len`` 513 was accepted
+    in silence (vLLM refuses it), with positions past those the model was trained for."""
+    data_dir = tmp_path / "data"
+    model = demo_assets.base_model_dir
+    config = ServeConfig(data_dir=data_dir, model=model, demo=False, max_model_len=513)
+    message = (
+        r"^max_model_len 513 is invalid; expected at most 512, the model's context "
+        r"\(max_position_embeddings 512 in its config.json\)$"
+    )
+    with pytest.raises(ValueError, match=message):
+        build_server(config, wait_engine=False).close()
+    assert not (data_dir / ADMIN_KEY_FILE).exists()  # before a key, or the registry
+    assert list(data_dir.iterdir()) == []

@@ -27,6 +27,7 @@ from loraplex.engine.watchdog import (
     DEFAULT_KILL_AFTER_S,
     DEFAULT_UNRESPONSIVE_AFTER_S,
 )
+from loraplex.model.config import check_max_model_len
 from loraplex.quota.shared_ratelimit import (
     DEFAULT_KEY_PREFIX,
     check_shared_state,
@@ -282,21 +283,40 @@ class ServeConfig:
         element = bytes_per_element(self.dtype)
         return kv_cache_bytes(base.num_layers, base.num_kv_heads, base.head_dim, rows, element)
 
-    def check_kv_memory(self, base: BaseModelSpec, memory_bytes: int | None) -> None:
-        """ValueError naming ``num_kv_blocks`` and ``block_size`` when the KV cache of a ``cpu``
-        device needs more than ``memory_bytes`` (the machine's, ``memory_total_bytes``): it can
-        never be allocated (the engine process failed with an out-of-memory error, after the
-        server announced itself). A CUDA device's memory is not known here (no torch): the
-        engine start refuses it, naming them too."""
-        need = self.kv_bytes(base)
+    def check_kv_memory(
+        self, base: BaseModelSpec, memory_bytes: int | None, replicas: int = 1
+    ) -> None:
+        """ValueError naming ``num_kv_blocks`` and ``block_size`` when the KV caches of
+        ``replicas`` engines on a ``cpu`` device (one for ``serve``; ``fleet up``'s local Ray
+        head runs every replica on this machine) need more than ``memory_bytes`` (the
+        machine's, ``memory_total_bytes``): they can never be allocated (the engine process
+        failed with an out-of-memory error, after the server announced itself). A CUDA
+        device's memory is not known here (no torch): the engine start refuses it, naming them
+        too."""
+        need = self.kv_bytes(base) * replicas
         if self.device != "cpu" or memory_bytes is None or need <= memory_bytes:
             return
-        rows = memory_bytes // self.kv_bytes(base, rows=0)  # rows=0: the padding row, one row
+        # rows=0: the padding row, one row
+        rows = memory_bytes // replicas // self.kv_bytes(base, rows=0)
+        blocks = f"num_kv_blocks {self.num_kv_blocks} x block_size {self.block_size}"
+        if replicas == 1:
+            raise ValueError(
+                f"{blocks} is invalid; its KV cache needs {need} bytes, more than this "
+                f"machine's {memory_bytes} bytes of memory (expected num_kv_blocks x "
+                f"block_size below {rows} tokens)"
+            )
         raise ValueError(
-            f"num_kv_blocks {self.num_kv_blocks} x block_size {self.block_size} is invalid; its "
-            f"KV cache needs {need} bytes, more than this machine's {memory_bytes} bytes of "
-            f"memory (expected num_kv_blocks x block_size below {rows} tokens)"
+            f"{blocks} is invalid with {replicas} replicas on this machine; their KV caches "
+            f"need {replicas} x {self.kv_bytes(base)} = {need} bytes, more than this "
+            f"machine's {memory_bytes} bytes of memory (expected num_kv_blocks x block_size "
+            f"below {rows} tokens per replica, or fewer replicas)"
         )
+
+    def check_context(self, model_config: dict[str, object]) -> None:
+        """ValueError naming ``max_model_len`` when it is above the context of the model whose
+        ``config.json`` is ``model_config`` (``model.config.check_max_model_len``: its
+        ``max_position_embeddings``, or what its rope scaling extends it to)."""
+        check_max_model_len(self.max_model_len, model_config)
 
     def check_import_dir(self) -> None:
         """ValueError naming ``import_dir`` when it is set and not a directory: the server used
