@@ -48,13 +48,15 @@ def bench_sim(
     calibrated_out: Annotated[
         Path | None,
         typer.Option(
-            help="Without --cost-model: also write the in-run calibration's cost-model file here."
+            help="Also write the in-run calibration's cost-model file here (without --cost-model, "
+            "or with --calibrate-interleaved)."
         ),
     ] = None,
     hardware: Annotated[
         str | None,
         typer.Option(
-            help="Without --cost-model: the in-run calibration's hardware name (cpu-demo-small)."
+            help="The in-run calibration's hardware name (cpu-demo-small; without --cost-model, "
+            "or with --calibrate-interleaved)."
         ),
     ] = None,
     logs_dir: Annotated[
@@ -67,9 +69,11 @@ def bench_sim(
     calibrate_interleaved: Annotated[
         int,
         typer.Option(
-            help="Without --cost-model: run the in-run calibration as short passes of 1/K of its "
-            "samples, one before each real run and one after the last, and price each trace "
-            "from the passes around its runs (0: one calibration first)."
+            help="Run the in-run calibration as short passes of 1/K of its samples, one before "
+            "each real run and one after the last, and price each trace from the passes around "
+            "its runs (0: one calibration first, or none with --cost-model). With --cost-model "
+            "(both targets needed) the passes run around the single runs only and price the "
+            "single server; the fleet keeps the file's pricing."
         ),
     ] = 0,
     calibrate_fleet_interleaved: Annotated[
@@ -121,14 +125,11 @@ def bench_sim(
             fleet_passes = InterleavedFleet(calibrate_fleet_interleaved, model, logs_dir)
     except (ValueError, OSError) as exc:
         raise typer.BadParameter(str(exc)) from exc
-    for flag, given in (
-        ("--calibrated-out", calibrated_out),
-        ("--hardware", hardware),
-        ("--calibrate-interleaved", calibrate_interleaved or None),
-    ):
-        if model is not None and given is not None:
+    for flag, given in (("--calibrated-out", calibrated_out), ("--hardware", hardware)):
+        if model is not None and not calibrate_interleaved and given is not None:
             raise typer.BadParameter(
-                f"{flag} is for the in-run calibration; with --cost-model there is none",
+                f"{flag} is for the in-run calibration; with --cost-model and no "
+                "--calibrate-interleaved there is none",
                 param_hint=flag,
             )
     hardware = DEFAULT_HARDWARE if hardware is None else hardware.strip()
@@ -153,8 +154,8 @@ def bench_sim(
         if calibrated_out is not None:
             model.save(calibrated_out)
     result = run_sim_bench(config, model, interleaved, fleet_passes)
-    if interleaved is not None and calibrated_out is not None:  # all passes' merged samples
-        interleaved.model_of(range(len(interleaved.passes)))[0].save(calibrated_out)
+    if interleaved is not None and calibrated_out is not None:  # all kept passes merged
+        interleaved.model_of(interleaved.kept())[0].save(calibrated_out)
     if not as_json:
         typer.echo(f"cost model: {result['metrics']['cost_model']}", err=True)
     typer.echo(json.dumps(result, allow_nan=False))

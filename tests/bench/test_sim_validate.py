@@ -8,6 +8,7 @@ import re
 from dataclasses import fields, replace
 from pathlib import Path
 from types import SimpleNamespace
+from typing import Any
 
 import pytest
 import typer
@@ -245,8 +246,26 @@ _EXAMPLE_COST = Path(__file__).resolve().parents[1] / "sim" / "cost_example.json
         (["--cost-model", str(_EXAMPLE_COST), "--hardware", "h"], "--hardware is for the in-run"),
         (["--hardware", " "], "--hardware must name"),
         (
-            ["--cost-model", str(_EXAMPLE_COST), "--calibrate-interleaved", "2"],
+            [
+                "--cost-model",
+                str(_EXAMPLE_COST),
+                "--calibrate-interleaved",
+                "2",
+                "--targets",
+                "single",
+            ],
             "calibrate_interleaved 2 is invalid with cost_model",
+        ),
+        (
+            [
+                "--cost-model",
+                str(_EXAMPLE_COST),
+                "--calibrate-interleaved",
+                "2",
+                "--targets",
+                "fleet",
+            ],
+            "both targets are needed",
         ),
         (["--calibrate-interleaved", "-1"], "calibrate_interleaved -1 is invalid"),
         (["--targets", "fleet", "--logs-dir", "logs"], "only the single target's real runs"),
@@ -354,6 +373,27 @@ def test_bench_sim_refuses_a_logs_dir_that_holds_files(tmp_path: Path) -> None:
     result = CliRunner().invoke(app, [*args, str(tmp_path)])
     assert result.exit_code == 2, result.output
     assert "--logs-dir" in _flat(result.output) and "new or empty directory" in _flat(result.output)
+
+
+def test_bench_sim_runs_a_file_with_single_passes(monkeypatch: pytest.MonkeyPatch) -> None:
+    """--cost-model with --calibrate-interleaved (both targets): the run gets the file's model
+    and the passes (named by --hardware, which the passes' models carry); nothing runs here."""
+    from loraplex.bench.sim import bench
+
+    seen: dict[str, object] = {}
+
+    def run_sim_bench(config: SimBenchConfig, model: object, interleaved: object, fleet: object):
+        seen.update(config=config, model=model, interleaved=interleaved, fleet=fleet)
+        return {"metrics": {"cost_model": {}}}
+
+    monkeypatch.setattr(bench, "run_sim_bench", run_sim_bench)
+    args = ["--cost-model", str(_EXAMPLE_COST), "--calibrate-interleaved", "3", "--hardware", "h"]
+    result = CliRunner().invoke(app, ["bench", "sim", "--json", *args])
+    assert result.exit_code == 0, result.output
+    interleaved: Any = seen["interleaved"]
+    assert (interleaved.fraction, interleaved.hardware) == (3, "h")
+    assert getattr(seen["model"], "hardware", None) is not None  # the file's
+    assert seen["fleet"] is None
 
 
 def test_a_run_keeps_the_clients_records_beside_the_servers_log(tmp_path: Path) -> None:

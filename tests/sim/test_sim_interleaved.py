@@ -131,11 +131,13 @@ def test_a_trace_run_twice_is_priced_by_the_passes_around_both_runs() -> None:
     assert pricing("single", "a").step.per_token_s < pricing("single", "b").step.per_token_s
 
 
-def test_interleaving_is_for_the_in_run_calibration_only() -> None:
+def test_interleaving_with_a_file_needs_both_targets() -> None:
+    """With a file the passes price the single target and the file the fleet
+    (test_sim_both_interleaved.py); one target alone is refused."""
     with pytest.raises(ValueError, match="calibrate_interleaved 2 is invalid with cost_model"):
-        SimBenchConfig(cost_model=Path("c.json"), calibrate_interleaved=2)
+        SimBenchConfig(cost_model=Path("c.json"), calibrate_interleaved=2, targets=("single",))
     with pytest.raises(ValueError, match="calibrate_interleaved -1 is invalid"):
         SimBenchConfig(calibrate_interleaved=-1)
     config = SimBenchConfig(calibrate_interleaved=3, scale=None)
-    with pytest.raises(ValueError, match="exactly one"):
+    with pytest.raises(ValueError, match="a cost_model, an interleaved calibration, or both"):
         run_sim_bench(config, None, None)

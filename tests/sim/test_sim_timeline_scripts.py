@@ -41,3 +41,14 @@ def test_refit_fleet_prints_the_refitted_curve_and_the_fleet_errors() -> None:
     out = _run(str(SCRIPTS / "refit_fleet.py"), "spread4", "47").splitlines()
     assert out[1].startswith("fitted ") and out[2].startswith("errors ")
     assert len(out) == 6  # and one line per trace
+
+
+def test_robust_passes_names_the_disturbed_pass_and_writes_each_model(tmp_path: Path) -> None:
+    """SIMCAL's hold 3 (line 53): pass 0's prefill price fitted to 0 is left out (SIMBOTH)."""
+    passes = "docs/benchmarks/sim-cost-cpu-2core-demo-small-2026-12-05-simcal3-passes.json"
+    out = _run(str(SCRIPTS / "robust_passes.py"), "53", passes, str(tmp_path)).splitlines()
+    assert out[0] == "line 53: disturbed {0: 'per_prefill_token_s fitted to 0'}, kept [1, 2, 3]"
+    assert sum(line.startswith(("every pass, ", "rule, ")) for line in out) == 4
+    written = sorted(p.name for p in tmp_path.iterdir())
+    assert "rule-adjacent-zipf-longtail.json" in written and "every-pass-merged.json" in written
+    assert len(written) == 8  # merged and one per trace, with and without the rule

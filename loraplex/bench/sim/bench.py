@@ -17,7 +17,7 @@ from __future__ import annotations
 import statistics
 import tempfile
 from collections.abc import Callable
-from dataclasses import asdict
+from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
@@ -59,21 +59,26 @@ def real(
     config: SimBenchConfig, workloads: list[Workload], registry: Fleet, root: Path, vocab: int,
     *, probes: Probes | None = None, between: Callable[[], None] | None = None,
     run_order: list[tuple[str, str]] | None = None,
-    fleet_passes: InterleavedFleet | None = None,
+    fleet_passes: InterleavedFleet | None = None, between_targets: tuple[str, ...] | None = None,
 ) -> dict[str, dict[str, list[dict[str, Any]]]]:  # fmt: skip
     """target -> trace -> each repeat's real outcome. A repeat runs every trace once, in trace
     order on even repeats and reversed on odd ones (ABBA), so no trace is always the first
     server of the invocation. ``probes``, when given, receives the host-speed probe timed right
     before each real run (``host_probe.py``); ``between`` is called before each real run and
-    once after the last (an interleaved calibration's passes), ``run_order`` receives each run's
-    (target, trace) in the order run; ``fleet_passes`` runs a fleet pass in the fleet's Ray
-    cluster before each fleet run and once after the last (``fleet_interleaved.py``)."""
+    once after the last (an interleaved calibration's passes); with ``between_targets``, only
+    around those targets' runs (the last call right after the last of them), ``run_order``
+    receives each run's (target, trace) in the order run; ``fleet_passes`` runs a fleet pass in
+    the fleet's Ray cluster before each fleet run and once after the last
+    (``fleet_interleaved.py``)."""
     from loraplex.bench.fleet.cluster import local_cluster
     from loraplex.bench.sim.host_probe import host_probe
     from loraplex.bench.sim.validate import RunLogs, fleet_outcome, single_outcome
 
+    around = config.targets if between_targets is None else between_targets
+    last = "fleet" if "fleet" in around and "fleet" in config.targets else "single"
+
     def probed(target: str, trace: str) -> None:
-        if between is not None:
+        if between is not None and target in around:
             between()
         if run_order is not None:
             run_order.append((target, trace))
@@ -96,6 +101,8 @@ def real(
                 probed("single", w.name)
                 outcome = single_outcome(registry, w, s, drive, where, logs=logs)
                 out["single"][w.name].append(outcome)
+    if between is not None and last == "single":
+        between()
     if "fleet" in config.targets:
         with local_cluster(1) as port:
             target = (registry, f"http://127.0.0.1:{port}", port)
@@ -108,7 +115,7 @@ def real(
                     out["fleet"][w.name].append(fleet_outcome(target, w, s, drive, where))
             if fleet_passes is not None:
                 fleet_passes.run_pass(target, s, drive, root)
-    if between is not None:
+    if between is not None and last == "fleet":
         between()
     return out
 
@@ -134,11 +141,14 @@ def host_report(calibrated: HostProbe | None, probes: Probes) -> dict[str, Any]:
     }
 
 
-def priced(other: CostModel, fleet: Callable[[str], CostModel] | None = None) -> Pricing:
-    """``other`` for every (target, trace); with ``fleet``, a fleet trace's model from it."""
+def priced(other: CostModel | Pricing, fleet: Callable[[str], CostModel] | None = None) -> Pricing:
+    """``other`` for every (target, trace) (a model, or a pricing of its own); with ``fleet``, a
+    fleet trace's model from it."""
 
     def price(target: str, trace: str) -> CostModel:
-        return fleet(trace) if fleet is not None and target == "fleet" else other
+        if fleet is not None and target == "fleet":
+            return fleet(trace)
+        return other if isinstance(other, CostModel) else other(target, trace)
 
     return price
 
@@ -147,34 +157,66 @@ def _medians(runs: dict[str, list[dict[str, Any]]]) -> dict[str, dict[str, Any]]
     return {name: median_outcome(outcomes) for name, outcomes in runs.items()}
 
 
-def _simulations(
-    config: SimBenchConfig, workloads: list[Workload], registry: Fleet,
-    reals: dict[str, dict[str, list[dict[str, Any]]]], order: list[tuple[str, str]], *,
-    probes: Probes, cost_model: CostModel | None, interleaved: InterleavedCalibration | None,
+@dataclass
+class Pricings:
+    """How every (target, trace) is simulated: by the passes around its runs (``adjacent``, the
+    flat keys) and by all (kept) passes merged (``all_passes``), the whole cost model (the
+    scale run's, ``metrics.cost_model``'s), and each passes' report with the targets it
+    prices (the single passes': every target without a file, the single one with a file; the
+    fleet passes': the fleet)."""
+
+    adjacent: Pricing
+    all_passes: Pricing
+    whole: CostModel
+    reports: list[tuple[dict[str, Any], tuple[str, ...]]]
+
+
+def pricings(
+    config: SimBenchConfig, order: list[tuple[str, str]], probes: Probes, *,
+    cost_model: CostModel | None, interleaved: InterleavedCalibration | None,
     fleet_passes: InterleavedFleet | None,
-) -> tuple[dict[str, Any], CostModel, dict[str, Any] | None, dict[str, Any] | None]:  # fmt: skip
-    """The simulated side of every target (adjacent passes' pricing where passes ran), the
-    whole cost model (the file's, or all single passes' merged), and the passes' reports with
-    the errors under all passes' merged samples."""
-    interleaved_report: dict[str, Any] | None = None
-    if interleaved is not None:
-        cost_model, pricing, interleaved_report = interleaved_pricing(interleaved, order)
-    assert cost_model is not None  # checked above
-    whole = cost_model
-    whole_pricing = priced(whole)
-    fleet_report: dict[str, Any] | None = None
+) -> Pricings:  # fmt: skip
+    """The pricings of ``run_sim_bench``'s inputs after the real runs (``order``: each run's
+    (target, trace) in the order run). With both a file and single passes, the passes price the
+    single target (their runs being the single ones) and the file the fleet, with the fleet
+    passes' lone terms where they ran (refitted over the file's lone-server terms, which its
+    ``fleet_contention`` was fitted with)."""
+    reports: list[tuple[dict[str, Any], tuple[str, ...]]] = []
+    if interleaved is None:
+        assert cost_model is not None  # checked by run_sim_bench
+        whole = cost_model
+        adjacent = all_passes = priced(cost_model)
+    else:
+        passes_for = config.targets if cost_model is None else ("single",)
+        runs = [pair for pair in order if pair[0] in passes_for]
+        passes_whole, passes_pricing, report = interleaved_pricing(interleaved, runs)
+        reports.append((report, passes_for))
+        if cost_model is None:
+            whole, adjacent, all_passes = passes_whole, passes_pricing, priced(passes_whole)
+        else:
+            whole = file_model = cost_model
+            adjacent = priced(passes_pricing, lambda trace: file_model)
+            all_passes = priced(passes_whole, lambda trace: file_model)
     if fleet_passes is not None:
         fleet_order = [trace for target, trace in order if target == "fleet"]
         fleet_whole, fleet_models, fleet_report = fleet_pricing(
             fleet_passes, fleet_order, probes.get("fleet", {})
         )
-        pricing = priced(whole, fleet_models.__getitem__)
-        whole_pricing = priced(whole, lambda trace: fleet_whole)
-    sims = simulated(config, workloads, whole_pricing, registry)
-    report = interleaved_report if interleaved_report is not None else fleet_report
-    if report is not None:  # the flat errors are the adjacent passes'
-        sims, sims_all = simulated(config, workloads, pricing, registry), sims
-        targets = config.targets if interleaved_report is not None else ("fleet",)
+        reports.append((fleet_report, ("fleet",)))
+        adjacent = priced(adjacent, fleet_models.__getitem__)
+        all_passes = priced(all_passes, lambda trace: fleet_whole)
+    return Pricings(adjacent, all_passes, whole, reports)
+
+
+def _simulations(
+    config: SimBenchConfig, workloads: list[Workload], registry: Fleet,
+    reals: dict[str, dict[str, list[dict[str, Any]]]], prices: Pricings,
+) -> dict[str, Any]:  # fmt: skip
+    """The simulated side of every target (``prices.adjacent``), and in each passes' report
+    the errors of its targets under all (kept) passes' merged samples."""
+    sims = simulated(config, workloads, prices.adjacent, registry)
+    sims_all = simulated(config, workloads, prices.all_passes, registry) if prices.reports else sims
+    for report, targets in prices.reports:
         by_all = {t: compare_target(_medians(reals[t]), sims_all[t], t) for t in targets}
         report["errors_all_passes"] = flat_errors(by_all)
         report["traces_all_passes"] = {
@@ -184,7 +226,7 @@ def _simulations(
             }
             for t, by in by_all.items()
         }
-    return sims, cost_model, interleaved_report, fleet_report
+    return sims
 
 
 def run_sim_bench(
@@ -195,15 +237,22 @@ def run_sim_bench(
 ) -> dict[str, Any]:
     """Real and simulated runs of every trace and target, their errors, and the scale run;
     priced by ``cost_model``, or with ``interleaved`` by passes run between the real runs, or
-    with ``fleet_passes`` the fleet traces by ``cost_model`` with the fleet's lone terms of
-    passes run around the fleet runs (the errors of both pricings reported; the flat keys are
-    the adjacent passes')."""
+    with both the single target by passes run around the single runs and the fleet by
+    ``cost_model``; with ``fleet_passes`` the fleet traces by ``cost_model`` with the fleet's
+    lone terms of passes run around the fleet runs (the errors of both pricings reported; the
+    flat keys are the adjacent passes')."""
     from loraplex.artifacts.base_model import BaseModelSpec
     from loraplex.bench.sim.scale import scale_in_child
     from loraplex.demo.assets import generate_demo_assets
 
-    if (cost_model is None) == (interleaved is None):
-        raise ValueError("expected a cost_model or an interleaved calibration, exactly one")
+    if cost_model is None and interleaved is None:
+        raise ValueError("expected a cost_model, an interleaved calibration, or both")
+    both = {"single", "fleet"} <= set(config.targets)
+    if cost_model is not None and interleaved is not None and not both:
+        raise ValueError(
+            "a cost_model with an interleaved calibration needs both targets: the passes "
+            "price the single server, the file the fleet"
+        )
     if fleet_passes is not None and (cost_model is None or "fleet" not in config.targets):
         raise ValueError("fleet passes need a cost_model (their base) and the fleet target")
     assets = generate_demo_assets(config.asset_dir / "test-small", preset="small", seed=0)
@@ -225,11 +274,16 @@ def run_sim_bench(
             between=between,
             run_order=order,
             fleet_passes=fleet_passes,
+            between_targets=None if cost_model is None else ("single",),
         )
-        sims, cost_model, interleaved_report, fleet_report = _simulations(
-            config, workloads, registry, reals, order, probes=probes, cost_model=cost_model,
-            interleaved=interleaved, fleet_passes=fleet_passes,
+        prices = pricings(
+            config, order, probes, cost_model=cost_model, interleaved=interleaved,
+            fleet_passes=fleet_passes,
         )  # fmt: skip
+        sims = _simulations(config, workloads, registry, reals, prices)
+    cost_model = prices.whole
+    interleaved_report = None if interleaved is None else prices.reports[0][0]
+    fleet_report = None if fleet_passes is None else prices.reports[-1][0]
     by_target = {t: compare_target(_medians(reals[t]), sims[t], t) for t in config.targets}
     spreads = {t: real_spread(reals[t]) for t in config.targets}
     for t in config.targets:

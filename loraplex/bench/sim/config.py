@@ -35,7 +35,9 @@ class SimBenchConfig(GeneratedTraces):
     # records (``validate.RunLogs``); None: kept nowhere
     logs_dir: Path | None = None
     # K > 0: the in-run calibration as short passes of 1/K of its samples, one before each real
-    # run and one after the last (``interleaved.py``); 0: one calibration before the runs
+    # run and one after the last (``interleaved.py``); 0: one calibration before the runs. With
+    # cost_model (both targets needed) the passes run around the single runs only and price the
+    # single target; the fleet keeps the file's pricing
     calibrate_interleaved: int = 0
     # K > 0: with cost_model, the fleet's lone terms measured as passes of 1/K of calibrate-fleet's
     # lone requests, one before each fleet run and one after the last (``fleet_interleaved.py``)
@@ -57,10 +59,13 @@ class SimBenchConfig(GeneratedTraces):
             raise ValueError(
                 f"calibrate_interleaved {self.calibrate_interleaved} is invalid; expected >= 0"
             )
-        if self.calibrate_interleaved and self.cost_model is not None:
+        both = {"single", "fleet"} <= set(self.targets)
+        if self.calibrate_interleaved and self.cost_model is not None and not both:
             raise ValueError(
                 f"calibrate_interleaved {self.calibrate_interleaved} is invalid with cost_model "
-                f"{self.cost_model}: it interleaves the in-run calibration, which a file replaces"
+                f"{self.cost_model} and targets {list(self.targets)}: with a file the passes "
+                "price the single target and the file the fleet, so both targets are needed "
+                "(single alone: leave out cost_model; fleet alone: the passes would price nothing)"
             )
         fleet_k = self.calibrate_fleet_interleaved
         if fleet_k < 0:

@@ -8,6 +8,13 @@ measuring 1/K of the single calibration's decode-mix repeats and lone requests (
 controlled requests only: never the traces validated), so the passes sample the host's speed
 across the runs. A trace is then priced from the merged samples of the passes adjacent to its
 runs (``adjacent_passes``) or of all passes (``merged``); both are reported.
+
+A pass whose own fit does not hold together is left out of every model (``disturbed_passes``;
+docs/simulator.md, "SIMBOTH"): its prefill-token price fitted to 0, or its decode or prefill
+token price more than ``MAX_PRICE_RATIO`` times the passes' median. Pooling samples lets one
+disturbed pass pull every model that includes it (SIMCAL's hold 3: a pass at 634 us a decode
+token and prefill 0 beside three at 141-201 us); which passes were left out, and why, is in
+the report.
 """
 
 from __future__ import annotations
@@ -26,7 +33,7 @@ from loraplex.bench.sim.calibrate_cold import lease_handoffs
 from loraplex.bench.sim.calibrate_run import CalibrateConfig, slots_for_mixes
 from loraplex.bench.sim.calibrate_target import Target
 from loraplex.sim.calibrate import fit_step
-from loraplex.sim.cost_model import CostModel
+from loraplex.sim.cost_model import CostModel, StepCost
 from loraplex.sim.host_speed import HostProbe
 
 Pricing = Callable[[str, str], CostModel]  # (target, trace) -> the cost model simulating it
@@ -35,6 +42,8 @@ Pricing = Callable[[str, str], CostModel]  # (target, trace) -> the cost model s
 # ``timed`` stay paired index by index, as each pass's are
 LISTS = ("loads", "steps", "ttft_prefills", "timings", "timed", "cold", "residuals", "lone")
 MIN_LONE_REQUESTS = 2  # per prefill sample and pass: one gives no spread (hop_jitter_s)
+MAX_PRICE_RATIO = 2.0  # a pass's token price over the passes' median beyond which it is left out
+CHECKED_PRICES = ("per_token_s", "per_prefill_token_s")  # the step's token prices checked
 
 
 def pass_config(fraction: int, base: CalibrateConfig | None = None) -> CalibrateConfig:
@@ -73,6 +82,31 @@ def adjacent_passes(run_indices: Iterable[int], num_passes: int) -> list[int]:
             raise ValueError(f"run {i} is invalid; expected 0 <= run < {num_passes - 1}")
         chosen.update((i, i + 1))
     return sorted(chosen)
+
+
+def disturbed_passes(fits: Sequence[StepCost]) -> dict[int, str]:
+    """Pass index -> why it is left out, for each pass whose own step fit does not hold
+    together: its ``per_prefill_token_s`` fitted to 0 (non-negative least squares put the
+    prompt tokens' cost elsewhere), or a token price (``CHECKED_PRICES``) more than
+    ``MAX_PRICE_RATIO`` times the median of every pass's. With two passes the median is their
+    mean, which neither exceeds twice: only the first rule can leave one out."""
+    out: dict[int, str] = {}
+    for i, fit in enumerate(fits):
+        if fit.per_prefill_token_s is not None and fit.per_prefill_token_s <= 0:
+            out[i] = "per_prefill_token_s fitted to 0"
+    for name in CHECKED_PRICES:
+        prices = [getattr(fit, name) for fit in fits]
+        known = [p for p in prices if p is not None]
+        if not known:
+            continue
+        median = statistics.median(known)
+        for i, price in enumerate(prices):
+            if i not in out and price is not None and price > MAX_PRICE_RATIO * median:
+                out[i] = (
+                    f"{name} {price * 1e6:.1f} us is more than {MAX_PRICE_RATIO:g}x the passes' "
+                    f"median {median * 1e6:.1f} us"
+                )
+    return out
 
 
 def pass_figures(model: CostModel) -> dict[str, float | None]:
@@ -150,6 +184,16 @@ class InterleavedCalibration:
             command=command,
         )
 
+    def disturbed(self) -> dict[int, str]:
+        """The passes whose own fit does not hold together, and why (``disturbed_passes``)."""
+        return disturbed_passes([p.measured["step_fit"].step for p in self.passes])
+
+    def kept(self) -> list[int]:
+        """The passes every model is fitted from: all but the ``disturbed`` ones; all of them
+        when every pass is (no model can be fitted from no samples)."""
+        out = self.disturbed()
+        return [i for i in range(len(self.passes)) if i not in out] or list(range(len(self.passes)))
+
     def pass_report(self) -> list[dict[str, Any]]:
         """Each pass alone: its start, its figures (``pass_figures``), its host probes. With
         ``logs_dir``, each pass's report is kept there too."""
@@ -168,19 +212,34 @@ class InterleavedCalibration:
 def interleaved_pricing(
     calibration: InterleavedCalibration, order: list[tuple[str, str]]
 ) -> tuple[CostModel, Pricing, dict[str, Any]]:
-    """From the passes run between ``order``'s real runs: the model of all passes' merged
-    samples, each (target, trace) priced by its adjacent passes' (``adjacent_passes``), and the
-    report: the per-pass figures and which passes priced each trace."""
+    """From the passes run between ``order``'s real runs: the model of all kept passes' merged
+    samples (``InterleavedCalibration.kept``), each (target, trace) priced by its kept adjacent
+    passes' (``adjacent_passes``; all kept passes where both of a run's were left out), and the
+    report: the per-pass figures, the passes left out and why, and which passes priced each
+    trace."""
     num = len(calibration.passes)
-    whole, _ = calibration.model_of(range(num))
-    chosen = {
-        pair: adjacent_passes([i for i, run in enumerate(order) if run == pair], num)
-        for pair in dict.fromkeys(order)
-    }
+    if num != len(order) + 1:
+        raise ValueError(
+            f"{num} passes for {len(order)} runs; expected one before each run and one after "
+            "the last"
+        )
+    kept = calibration.kept()
+    whole, _ = calibration.model_of(kept)
+    chosen: dict[tuple[str, str], list[int]] = {}
+    widened: list[list[str]] = []
+    for pair in dict.fromkeys(order):
+        around = adjacent_passes([i for i, run in enumerate(order) if run == pair], num)
+        chosen[pair] = [i for i in around if i in kept] or kept
+        if not set(around) & set(kept):
+            widened.append(list(pair))
     models = {pair: calibration.model_of(passes)[0] for pair, passes in chosen.items()}
     report = {
         "fraction": calibration.fraction,
         "passes": calibration.pass_report(),
+        # every pass the rule finds disturbed: left out unless every pass is (then all kept)
+        "disturbed": [{"pass": i, "why": w} for i, w in sorted(calibration.disturbed().items())],
+        "kept": kept,
         "adjacent": {t: {n: p for (t2, n), p in chosen.items() if t2 == t} for t, _ in chosen},
+        "all_kept_passes_for": widened,  # (target, trace): both of a run's passes left out
     }
     return whole, lambda target, trace: models[(target, trace)], report
