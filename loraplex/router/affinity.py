@@ -10,6 +10,16 @@
 4. saturated: some replica holds it but all such are saturated — load wins: the least loaded
    unsaturated replica (it becomes a new holder, so a revision past one replica's capacity
    spreads); when every replica is saturated, the best score over all of them;
+
+   with ``spread_after_s`` > 0 (off by default), a *reach* comes before rules 3 and 4: a
+   revision fills GPU slots (L0 or loading) on at most its reach of replicas, 1 at first. Once
+   it fills that many, rules 3 and 4 see only those (the first ``reach`` of them in its
+   rendezvous order): an open one by score (rule 3's reason), else it waits at the best one
+   (``reach_full``) instead of loading into another replica's slots. The reach widens by one
+   once those stayed saturated for ``spread_after_s`` while some replica is open (the next
+   decision is then rule 4's ``saturated``), and narrows by one once their load would fit on
+   one replica fewer below ``narrow_below`` for as long (``placement.Reaches``): a revision
+   below one replica's capacity stays on one holder, one above it spreads as far as it must;
 5. placement: resident nowhere — the best unsaturated replica of its rendezvous set (widened
    while the whole set is saturated, narrowed with hysteresis).
 
@@ -31,7 +41,7 @@ from loraplex.router.decision import (
     no_report,
     pow2,
 )
-from loraplex.router.placement import PlacementWidths, rendezvous_order
+from loraplex.router.placement import PlacementWidths, Reaches, rendezvous_order
 from loraplex.router.sessions import SessionTable
 from loraplex.router.view import (
     FleetScan,
@@ -101,6 +111,11 @@ class AffinityUntilSaturatedPolicy:
             config.placement_k, config.narrow_below, config.max_tracked_adapters
         )
         self._scan = FleetScan(config)
+        self._reaches = (
+            Reaches(config.spread_after_s, config.narrow_below, config.max_tracked_adapters)
+            if config.spread_after_s > 0
+            else None
+        )
 
     def rank(self, request: RouteRequest, fleet: Sequence[ReplicaView], now_s: float) -> Decision:
         scan = self._scan
@@ -148,10 +163,15 @@ class AffinityUntilSaturatedPolicy:
         key = request.adapter_key
         if key is None:
             return pow2(open_ or known, self._rng)[0], Reason.POW2
+        within = self._within_reach(key, known, open_, holding, now_s)
+        if within is not None:
+            holding = within
         open_holders = [v for v, (saturated, _, _) in holding.items() if not saturated]
         if open_holders:
             best = min(open_holders, key=lambda v: holding[v][1:])
             return best, _hit_reason(best, key)
+        if within is not None:  # its reach is full and saturated, not for long enough: wait
+            return min(holding, key=lambda v: holding[v][1:]), Reason.REACH_FULL
         if holding:
             if open_:
                 return _least_loaded(open_, config), Reason.SATURATED
@@ -167,6 +187,37 @@ class AffinityUntilSaturatedPolicy:
 
             return min(known, key=by_score), Reason.SATURATED
         return self._place(key, known)
+
+    def _within_reach(
+        self,
+        key: str,
+        known: list[ReplicaView],
+        open_: list[ReplicaView],
+        holding: dict[ReplicaView, tuple[bool, float, str]],
+        now_s: float,
+    ) -> dict[ReplicaView, tuple[bool, float, str]] | None:
+        """The holders rules 3 and 4 may use while ``key`` fills slots on its whole reach (the
+        module docstring): the first ``reach`` of those in its rendezvous order, with their
+        ranks; None while it may spread (fewer fill slots, or its reach just widened) or the
+        reach is off."""
+        reaches = self._reaches
+        if reaches is None:
+            return None
+        reach = reaches.reach(key)
+        filling = [v for v in holding if v.tier_of(key) >= Tier.LOADING]
+        if len(filling) < reach:
+            return None
+        order = rendezvous_order(key, [v.replica_id for v in known])
+        rank = {r: i for i, r in enumerate(order)}
+        kept = sorted(filling, key=lambda v: rank[v.replica_id])[:reach]
+        config = self._config
+        can_widen = any(v not in kept for v in open_)
+        now = reaches.update(
+            key, [utilization(v, config) for v in kept], now_s, can_widen=can_widen
+        )
+        if now > reach:
+            return None
+        return {v: holding[v] for v in kept[:now]}
 
     def _place(self, key: str, known: list[ReplicaView]) -> tuple[ReplicaView, Reason]:
         """A revision resident nowhere: the best unsaturated replica of its rendezvous set."""

@@ -22,6 +22,9 @@ class Reason(StrEnum):
     PLACEMENT = "placement"  # a cold revision's placement set, or where it is being loaded
     SATURATED = "saturated"  # load won: every replica holding the revision is saturated
     WIDENED = "widened"  # a cold revision's placement set, widened because it was saturated
+    # every replica within the revision's reach is saturated, not yet for ``spread_after_s``:
+    # it waits at the best of them instead of loading into another replica's slots
+    REACH_FULL = "reach_full"
     POW2 = "pow2"  # power of two choices (the base model, or the pow2 policy)
     MULTIPLEX = "multiplex"  # Ray Serve multiplexing found the model loaded there
     NO_REPORT = "no_report"  # no replica has a fresh report: power of two choices on own counts

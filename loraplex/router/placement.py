@@ -90,3 +90,86 @@ class PlacementWidths:
         self._widths.move_to_end(adapter_key)
         while len(self._widths) > self._max_tracked:
             self._widths.popitem(last=False)
+
+
+class _Reach:
+    """One revision's reach and the timers of a change to it (None: not running)."""
+
+    __slots__ = ("last_s", "narrow_since_s", "reach", "widen_since_s")
+
+    def __init__(self) -> None:
+        self.reach = 1
+        self.widen_since_s: float | None = None  # since when its reach stayed saturated
+        self.narrow_since_s: float | None = None  # since when it stayed calm enough to narrow
+        self.last_s: float | None = None  # its last update
+
+
+class Reaches:
+    """How many replicas each revision may fill GPU slots on (its *reach*: 1 unless widened),
+    for ``RouterConfig.spread_after_s`` (docs/router.md, rule 4).
+
+    ``update`` is given the utilizations of the replicas within a revision's reach whenever
+    the revision fills slots on that many. The reach widens by one once they have all been
+    saturated (utilization >= 1) at every update for ``after_s``, and narrows by one once
+    their utilizations have summed to at most ``narrow_below x (reach - 1)`` (the load would
+    fit on one replica fewer, each below ``narrow_below``) for ``after_s``; between the two it
+    stays (hysteresis). A revision not updated for ``after_s`` starts both timers afresh: a
+    saturation seen once, long ago, is not a sustained one. Only revisions with a reach above
+    1 or a timer running are stored, least recently used first out past ``max_tracked`` (a
+    forgotten revision has reach 1 again, which is safe: it widens again if it must).
+    """
+
+    def __init__(self, after_s: float, narrow_below: float, max_tracked: int) -> None:
+        self._after_s = after_s
+        self._narrow_below = narrow_below
+        self._max_tracked = max_tracked
+        self._reaches: OrderedDict[str, _Reach] = OrderedDict()
+
+    def reach(self, adapter_key: str) -> int:
+        """``adapter_key``'s current reach (1 unless widened)."""
+        state = self._reaches.get(adapter_key)
+        return 1 if state is None else state.reach
+
+    def update(
+        self,
+        adapter_key: str,
+        utilizations: Sequence[float],
+        now_s: float,
+        *,
+        can_widen: bool,
+    ) -> int:
+        """Takes the utilizations of the replicas within ``adapter_key``'s reach now and returns
+        its reach (widened or narrowed by at most one); ``can_widen``: a replica outside the
+        reach could take it (unsaturated), else saturation does not count toward widening."""
+        state = self._reaches.get(adapter_key) or _Reach()
+        after_s = self._after_s
+        if state.last_s is not None and now_s - state.last_s > after_s:
+            state.widen_since_s = state.narrow_since_s = None  # unobserved since: start again
+        state.last_s = now_s
+        if can_widen and utilizations and all(u >= 1.0 for u in utilizations):
+            state.narrow_since_s = None
+            if state.widen_since_s is None:
+                state.widen_since_s = now_s
+            if now_s - state.widen_since_s >= after_s:
+                state.reach += 1
+                state.widen_since_s = None
+        elif state.reach > 1 and sum(utilizations) <= self._narrow_below * (state.reach - 1):
+            state.widen_since_s = None
+            if state.narrow_since_s is None:
+                state.narrow_since_s = now_s
+            if now_s - state.narrow_since_s >= after_s:
+                state.reach -= 1
+                state.narrow_since_s = None
+        else:
+            state.widen_since_s = state.narrow_since_s = None
+        self._store(adapter_key, state)
+        return state.reach
+
+    def _store(self, adapter_key: str, state: _Reach) -> None:
+        if state.reach == 1 and state.widen_since_s is None and state.narrow_since_s is None:
+            self._reaches.pop(adapter_key, None)
+            return
+        self._reaches[adapter_key] = state
+        self._reaches.move_to_end(adapter_key)
+        while len(self._reaches) > self._max_tracked:
+            self._reaches.popitem(last=False)

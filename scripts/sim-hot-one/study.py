@@ -14,26 +14,45 @@ and prints one JSON line per run and the P99 ratios against the default policy.
         --policies affinity,affinity_until_saturated
 
 ``--workload`` runs another bench workload than hot-one (its lines then carry ``workload``);
-``--policies`` runs only the policies named (the ratios need the default among them).
+``--policies`` runs only the policies named (the ratios need the default among them);
+``--against NAME`` prints the P99 ratios over that policy instead of the default's;
+``--reach 1,2`` also runs the default policy with ``RouterConfig.spread_after_s`` at each value
+(rule 4's reach, docs/router.md), as the policy ``affinity_until_saturated/reach=1`` and so on.
 """
 
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
+import random
 import statistics
 import sys
 from pathlib import Path
 
 from loraplex.bench.workloads import SCENARIOS
 from loraplex.cli.sim import workload_trace
-from loraplex.router import policy_names
+from loraplex.router import RouterConfig, policy_names, register_policy
+from loraplex.router.affinity import AffinityUntilSaturatedPolicy
 from loraplex.sim import cost_model as costs
 from loraplex.sim.config import SimConfig
 from loraplex.sim.run import simulate
 
 FLEET_COSTS = Path("docs/benchmarks/sim-cost-cpu-2core-demo-small-fleet.json")
 DEFAULT = "affinity_until_saturated"
+
+
+def register_reach(spread_after_s: float) -> str:
+    """Registers the default policy with ``spread_after_s`` set and returns its name."""
+    name = f"{DEFAULT}/reach={spread_after_s:g}"
+
+    def factory(config: RouterConfig, rng: random.Random) -> AffinityUntilSaturatedPolicy:
+        return AffinityUntilSaturatedPolicy(
+            dataclasses.replace(config, spread_after_s=spread_after_s), rng
+        )
+
+    register_policy(name, factory)
+    return name
 
 
 def own_cores_model(path: Path) -> costs.CostModel:
@@ -74,10 +93,20 @@ def main() -> None:
     parser.add_argument(
         "--policies", default="", help="comma-separated routing policies (default: every one)"
     )
+    parser.add_argument(
+        "--reach",
+        default="",
+        help="comma-separated spread_after_s values: the default policy with each (also run)",
+    )
+    parser.add_argument(
+        "--against", default=DEFAULT, help="the policy the printed P99 ratios divide by"
+    )
     args = parser.parse_args()
+    reach = [register_reach(float(v)) for v in args.reach.split(",")] if args.reach else []
     if args.workload not in SCENARIOS:
         parser.error(f"--workload {args.workload!r}: expected one of {sorted(SCENARIOS)}")
     policies = args.policies.split(",") if args.policies else list(policy_names())
+    policies += [p for p in reach if p not in policies]
     unknown = [p for p in policies if p not in policy_names()]
     if unknown:
         parser.error(f"--policies {','.join(unknown)}: expected some of {policy_names()}")
@@ -111,12 +140,13 @@ def main() -> None:
                 }
                 sys.stdout.write(json.dumps(line, sort_keys=True) + "\n")
     label = "" if args.workload == "hot-one" else f"{args.workload}, "
+    against = args.against
     for (rate, policy), values in sorted(p99.items()):
-        if policy == DEFAULT or (rate, DEFAULT) not in p99:
+        if policy == against or (rate, against) not in p99:
             continue
-        ratios = [a / b for a, b in zip(values, p99[(rate, DEFAULT)], strict=True)]
+        ratios = [a / b for a, b in zip(values, p99[(rate, against)], strict=True)]
         sys.stdout.write(
-            f"# {label}{cores} cores, {rate:g} req/s: P99 {policy} / {DEFAULT} median "
+            f"# {label}{cores} cores, {rate:g} req/s: P99 {policy} / {against} median "
             f"{statistics.median(ratios):.3f} [{min(ratios):.3f}-{max(ratios):.3f}]\n"
         )
 
