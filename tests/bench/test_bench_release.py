@@ -120,13 +120,18 @@ def test_cli_refuses_a_bad_value_naming_it() -> None:
 def small_run(demo_assets: DemoAssets) -> dict[str, Any]:
     config = ReleaseBenchConfig(
         cycles=3,
-        baseline_s=2.0,  # each of the two A phases: about 20 baseline requests at 10/s
+        baseline_s=1.0,  # each of the two A phases: about 10 baseline requests at 10/s
         warmup_s=1.0,
         # NOTE: release ids are random, so which users land in a canary is too. The live-fail
         # cycle needs two canary users (the worst rater is left out of each judgement): with 8
-        # users at a 30 % share that failed about one run in four; with 32, about 1 in 6,000.
+        # users at a 30 % share that failed about one run in four; with 32, about 1 in 6,000
+        # (at the 50 % share below, fewer still).
         load=LoadConfig(rate=10.0, users_per_tenant=32, request_timeout_s=30.0),
-        cycle=CycleSettings(ladder=(0.3, 0.6), dwell_s=2.0, min_requests=3),
+        # Two steps still, at larger shares: a step ends once the candidate has min_requests
+        # (besides its top callers), and the third released adapter gets about a tenth of the
+        # traffic; at (0.3, 0.6) and 2 s its cycle alone took 42 s of a 90 s run, at (0.5, 0.9)
+        # and 1 s 15 s of 38 s.
+        cycle=CycleSettings(ladder=(0.5, 0.9), dwell_s=1.0, min_requests=3),
         asset_dir=demo_assets.root.parent,
     )
     return run_release_bench(config)

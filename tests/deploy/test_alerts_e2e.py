@@ -1,5 +1,5 @@
 """End to end: a real Prometheus scraping a real ``loraplex serve`` (engine process, two GPU
-slots) with the shipped rules, windows rendered to 15 s and ``for:`` to 1 s
+slots) with the shipped rules, windows rendered to 10 s and ``for:`` to 1 s
 (``prometheus_kit.render_rules``). Cycling more adapters than slots makes reload-after-eviction
 and thrash fire, then resolve once the cycling stops; killing the engine process makes
 engine-down fire, then resolve once it is back. Then every PromQL expression of the Grafana
@@ -43,7 +43,7 @@ pytestmark = pytest.mark.skipif(
 )
 
 ADMIN = "test-admin-credential-0123456789"
-WINDOW = "15s"  # every range window of the rules, rendered
+WINDOW = "10s"  # every range window of the rules, rendered
 FLEET_ROW = "Fleet (ingress)"
 
 

@@ -249,6 +249,7 @@ def _closed(sock: socket.socket) -> bool:
         return True
 
 
+@ONE_REGISTRY
 def test_the_listener_closes_an_idle_keep_alive_connection_as_serve_does(fleet: Fleet) -> None:
     """The ingress's own listener closes an idle kept-alive connection after serve's
     ``keep_alive_timeout_s`` (5 s; Ray's proxy kept one 90 s unless told)."""

@@ -29,7 +29,7 @@ from loraplex.server.app import create_app
 from loraplex.server.listeners import ConnectionLimits
 
 READ_BYTES_PER_S = 100_000  # the client's steady pace
-NUM_DELTAS = 600  # of WORD_CHARS each: about 0.7 MB of events, written in 0.6 s or more
+NUM_DELTAS = 300  # of WORD_CHARS each: about 0.35 MB of events, written in 0.3 s or more
 WORD_CHARS = 1000
 DELTA_INTERVAL_S = 0.001  # the engine's pace: up to 1 MB/s of text, 10 times the client's
 MAX_RESUMES = 1
