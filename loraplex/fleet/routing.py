@@ -112,7 +112,9 @@ def route_request_of(args: list[Any] | tuple[Any, ...]) -> RouteRequest:
     if not isinstance(request, EngineRequest):
         return RouteRequest(None, None, 0)
     key = None if request.adapter_key is None else str(request.adapter_key)
-    return RouteRequest(key, session_of(request), len(request.prompt_token_ids))
+    return RouteRequest(
+        key, session_of(request), len(request.prompt_token_ids), tenant=request.tenant
+    )
 
 
 class ReportStamps:

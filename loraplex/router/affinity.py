@@ -133,7 +133,7 @@ class AffinityUntilSaturatedPolicy:
                 holding[v] = holder_rank(v, key, config)
         chosen, reason = self._pick(request, known, scan.open(), holding, now_s)
         if request.session_key is not None:
-            self._sessions.put(request.session_key, chosen.replica_id, now_s)
+            self._sessions.put(request.session_key, chosen.replica_id, now_s, request.tenant)
 
         def by_score() -> list[ReplicaView]:
             return sorted(

@@ -38,7 +38,7 @@ class RouterConfig:
     max_report_age_s: float = 3.0  # older reports count as no report
     recent_ttl_s: float = 10.0  # the router forgets its own decisions after this at the latest
     session_ttl_s: float = 600.0  # a session's replica is forgotten after this long unused
-    max_sessions: int = 65536  # sessions remembered (least recently used dropped first)
+    max_sessions: int = 65536  # sessions remembered (the biggest tenant's LRU dropped first)
     max_tracked_adapters: int = 65536  # widened placements and reaches remembered (LRU)
     # rule 4 with a reach: a revision fills GPU slots on at most its reach (1 at first) of
     # replicas; it spreads to one more only once those stayed saturated this long, and narrows

@@ -37,12 +37,16 @@ class RouteRequest:
     adapter_key: str | None  # the revision's key (``str(AdapterKey)``); None for the base model
     session_key: str | None  # the OpenAI ``user`` or session id; None when absent
     num_prompt_tokens: int  # prompt length, added to the chosen replica's load until it reports
+    # the caller's tenant (None: none named): whose share of the session table a session takes
+    tenant: str | None = None
 
     def __post_init__(self) -> None:
         if self.adapter_key is not None and not self.adapter_key:
             raise ValueError("adapter_key '' is invalid; expected a revision key or None")
         if self.session_key is not None and not self.session_key:
             raise ValueError("session_key '' is invalid; expected a session key or None")
+        if self.tenant is not None and not self.tenant:
+            raise ValueError("tenant '' is invalid; expected a tenant name or None")
         if isinstance(self.num_prompt_tokens, bool) or self.num_prompt_tokens < 0:
             raise ValueError(
                 f"num_prompt_tokens {self.num_prompt_tokens!r} is invalid; expected >= 0"

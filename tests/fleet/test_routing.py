@@ -98,8 +98,9 @@ def test_forget_except_drops_the_others_stamps() -> None:
 def test_a_generate_call_routes_by_its_request() -> None:
     revision = key()
     call = request(adapter=revision, session="u1", num_tokens=5)
-    assert route_request_of([call]) == RouteRequest(str(revision), "acme/u1", 5)
-    assert route_request_of((request(num_tokens=2),)) == RouteRequest(None, None, 2)
+    assert route_request_of([call]) == RouteRequest(str(revision), "acme/u1", 5, tenant="acme")
+    base = RouteRequest(None, None, 2, tenant="acme")
+    assert route_request_of((request(num_tokens=2),)) == base
 
 
 def test_other_calls_route_as_an_empty_base_model_request() -> None:
@@ -114,6 +115,31 @@ def test_sessions_are_scoped_to_their_tenant() -> None:
     acme = session_of(request(tenant="acme", session="alice"))
     globex = session_of(request(tenant="globex", session="alice"))
     assert acme == "acme/alice" and globex == "globex/alice"
+
+
+def test_a_tenant_flooding_fresh_sessions_pushes_out_only_its_own() -> None:
+    """A hostile tenant sending a fresh X-Session-Id per request past ``max_sessions``: each
+    tenant's sessions reach the router through ``choose_replicas``, and globex's conversation
+    keeps its replica. NOTE: one LRU order over every tenant dropped globex's session after
+    ``max_sessions`` of acme's, and its next request was a fresh power-of-two choice."""
+    # NOTE: no saturation: the reports never change here, so every routed request stays
+    # pending load (in a fleet reports come every second and the flood is spread over time)
+    caps = {"max_queued": 1000, "max_ongoing": 1000}
+    router = _router(seed=0, router_config={"max_sessions": 8, **caps})
+    replicas = [_replica(i, _stats(report(i))) for i in ("a", "b", "c", "d")]
+    victim = _pending(request(tenant="globex", session="conversation"))
+    served_on = _choose(router, replicas, victim)[0]
+    before = ROUTING_LOG.counts().get("session", 0)
+    for i in range(64):
+        _choose(router, replicas, _pending(request(tenant="acme", session=f"flood-{i}")))
+    for _ in range(4):
+        assert _choose(router, replicas, victim)[0] == served_on
+    assert ROUTING_LOG.counts().get("session", 0) == before + 4
+    # acme's own newest sessions stick: the table is bounded, not emptied of the flooder
+    recent = _pending(request(tenant="acme", session="flood-63"))
+    before = ROUTING_LOG.counts()["session"]
+    _choose(router, replicas, recent)
+    assert ROUTING_LOG.counts()["session"] == before + 1
 
 
 def test_routing_log_counts_reasons_and_hands_out_copies() -> None:

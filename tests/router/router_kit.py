@@ -56,9 +56,12 @@ def make_router(
 
 
 def req(
-    adapter: str | None = "t/a@1", session: str | None = None, tokens: int = 16
+    adapter: str | None = "t/a@1",
+    session: str | None = None,
+    tokens: int = 16,
+    tenant: str | None = None,
 ) -> RouteRequest:
-    return RouteRequest(adapter, session, tokens)
+    return RouteRequest(adapter, session, tokens, tenant=tenant)
 
 
 def idle(*replica_ids: str, at_s: float = 0.0) -> dict[str, ReplicaReport | None]:
