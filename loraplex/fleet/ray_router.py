@@ -78,6 +78,7 @@ class LoraplexRequestRouter(RequestRouter):  # type: ignore[misc]
             else FleetTopology(TopologyConfig(**topology), clock, routing.TOPOLOGY_ASKS.ask)
         )
         self._stamps = routing.ReportStamps()
+        self._first_tries = routing.FirstTries()
         self._lock = threading.Lock()
         routing.ROUTING_LOG.policy = policy
 
@@ -99,6 +100,7 @@ class LoraplexRequestRouter(RequestRouter):  # type: ignore[misc]
         avoid = hint.avoid if isinstance(hint, RouteHint) else frozenset()
         args = pending_request.args if pending_request is not None else []
         request = routing.route_request_of(args)
+        is_work = bool(args) and isinstance(args[0], EngineRequest)
         with self._lock:  # NOTE: several routing tasks may run; the router's memory is shared
             now_s = self._clock.now()
             self._stamps.forget_except(set(by_id))
@@ -110,10 +112,13 @@ class LoraplexRequestRouter(RequestRouter):  # type: ignore[misc]
             if avoid:  # a retry: the replica it was lost on is left out, unless none remains
                 offered = routing.without(offered, avoid) or routing.without(by_id, avoid) or by_id
             offered_reports = {i: reports[i] for i in offered}
-            if self._topology is not None and args and isinstance(args[0], EngineRequest):
-                self._topology.record(request)
+            # a call Ray asks about again (no replica took it) is counted once
+            first_try = is_work and self._first_tries.first(pending_request)
+            if self._topology is not None and is_work:
+                if first_try:
+                    self._topology.record(request)
                 self._router.dedication = self._topology.update(offered_reports)
             decision = self._router.choose(request, offered_reports)
-        if args and isinstance(args[0], EngineRequest):
+        if first_try:
             routing.ROUTING_LOG.record(decision.reason.value)
         return [[offered[i]] for i in decision.ranked]

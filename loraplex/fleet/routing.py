@@ -9,7 +9,7 @@ from __future__ import annotations
 import logging
 import math
 import threading
-from collections import Counter
+from collections import Counter, OrderedDict
 from collections.abc import Callable, Mapping
 from dataclasses import replace
 from typing import Any
@@ -65,6 +65,37 @@ class TopologyAsks:
 
 
 TOPOLOGY_ASKS = TopologyAsks()
+
+
+MAX_CALLS_REMEMBERED = 65536  # handle calls ``FirstTries`` remembers (least recent out first)
+
+
+class FirstTries:
+    """Which ``choose_replicas`` calls are a handle call's first, by Ray's internal request id.
+
+    NOTE: Ray Serve asks ``choose_replicas`` again, at every backoff, for a call that none of the
+    replicas offered took (each at its ``max_ongoing_requests``): one waiting request was routed
+    tens of times, and each time counted again as routed work (``FleetTopology``'s shares, by
+    which a tenant's waiting requests weighed as many requests as they had backoffs) and as a
+    decision (``ROUTING_LOG``). A call without an id (a test's) is always a first try; one
+    waiting past ``MAX_CALLS_REMEMBERED`` newer calls counts again."""
+
+    def __init__(self, max_remembered: int = MAX_CALLS_REMEMBERED) -> None:
+        self._max = max_remembered
+        self._seen: OrderedDict[str, None] = OrderedDict()
+
+    def first(self, pending: Any) -> bool:
+        metadata = getattr(pending, "metadata", None)
+        call_id = getattr(metadata, "internal_request_id", None)
+        if not isinstance(call_id, str) or not call_id:
+            return True
+        if call_id in self._seen:
+            self._seen.move_to_end(call_id)
+            return False
+        self._seen[call_id] = None
+        if len(self._seen) > self._max:
+            self._seen.popitem(last=False)
+        return True
 
 
 def is_stale(report: ReplicaReport | None, now_s: float, stale_after_s: float) -> bool:

@@ -20,6 +20,7 @@ from loraplex.fleet.routing import (
     ROUTING_LOG,
     TOPOLOGY_ASKS,
     UP_KEY,
+    FirstTries,
     ReportStamps,
     RoutingLog,
     in_rotation,
@@ -332,3 +333,39 @@ def test_a_topology_dedicates_a_replica_asks_it_and_steers_its_revision_there(
     assert ROUTING_LOG.counts()["merged"] == before + 3
     _choose(router, replicas, _pending(Snapshot()))  # cache calls are not counted as work
     assert asked == [("b", revision)]
+
+
+def test_a_call_ray_asks_about_again_is_counted_once(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Ray Serve calls ``choose_replicas`` again, every backoff, for a call no replica took (all
+    at ``max_ongoing_requests``): the same pending call, the same internal request id. NOTE: each
+    such call counted as routed work and as a decision again, so one waiting request reached a
+    topology's ``min_requests`` and a dedication by itself."""
+    asked: list[tuple[str, str | None]] = []
+    monkeypatch.setattr(TOPOLOGY_ASKS, "send", lambda rid, adapter: asked.append((rid, adapter)))
+    router = _router(seed=0, topology={"min_requests": 2}, clock=ManualClock())
+    revision = str(key())
+    replicas = [_replica(i, _stats(report(i, l0=[revision]))) for i in ("a", "b")]
+
+    def call(call_id: str) -> SimpleNamespace:
+        pending = _pending(request(adapter=key()))
+        pending.metadata = SimpleNamespace(internal_request_id=call_id)
+        return pending
+
+    waiting = call("call-1")
+    before = sum(ROUTING_LOG.counts().values())
+    for _ in range(6):  # one call, its first try and five backoffs
+        _choose(router, replicas, waiting)
+    assert sum(ROUTING_LOG.counts().values()) == before + 1
+    assert asked == []  # one request in the window: below min_requests
+    _choose(router, replicas, call("call-2"))  # a second call is a second request
+    assert sum(ROUTING_LOG.counts().values()) == before + 2
+    assert [adapter for _, adapter in asked] == [revision]
+
+
+def test_first_tries_are_bounded_and_calls_without_an_id_always_count() -> None:
+    tries = FirstTries(max_remembered=2)
+    ids = [SimpleNamespace(metadata=SimpleNamespace(internal_request_id=i)) for i in "abc"]
+    assert [tries.first(p) for p in ids] == [True, True, True]
+    assert [tries.first(p) for p in ids[1:]] == [False, False]
+    assert tries.first(ids[0])  # forgotten past the bound: counted again
+    assert tries.first(SimpleNamespace(args=[])) and tries.first(SimpleNamespace(args=[]))
