@@ -4,6 +4,7 @@ changed in the code without its sentence fails here, naming the sentence."""
 
 from __future__ import annotations
 
+import inspect
 from pathlib import Path
 
 import pytest
@@ -12,10 +13,13 @@ from loraplex.engine.transport.restart import RestartPolicy
 from loraplex.registry.sql.paging import DEFAULT_PAGE, MAX_CURSOR_CHARS, MAX_PAGE
 from loraplex.server.batch_limit import MAX_BATCH_PROMPTS
 from loraplex.server.choices import DEFAULT_MAX_CHOICES
+from loraplex.server.fd_limit import RESERVED_FDS
 from loraplex.server.history import HistoryConfig
 from loraplex.server.protocol import CompletionRequest, fields
+from loraplex.server.recent_requests import RecentRequests
 from loraplex.server.routes_residency import MAX_RESIDENCY_PAGE
 from loraplex.server.serving import MAX_REQUEST_ID_CHARS, MAX_SESSION_ID_CHARS
+from loraplex.server.tarpit import HOLD_S, MAX_HELD
 from loraplex.server.upload import MAX_TEXT_PART_BYTES
 
 DOC = Path(__file__).resolve().parents[1] / "docs" / "operations.md"
@@ -30,6 +34,8 @@ def _cap(field: str) -> int:
 
 RESTART = RestartPolicy()
 HISTORY = HistoryConfig()
+RECENT = {name: p.default for name, p in inspect.signature(RecentRequests).parameters.items()}
+_HOURS = {3600.0: "one hour"}  # the words the guide uses for RecentRequests' ttl_s
 
 
 SENTENCES = [
@@ -56,6 +62,11 @@ SENTENCES = [
     f"attempt (a crash soon after coming back, or a failed start) up to {RESTART.max_backoff_s:g} "
     f"s, back to {RESTART.initial_backoff_s:g} s once an engine has stayed up for "
     f"{RESTART.healthy_reset_s:g} s",
+    f"remembers the last {RECENT['max_entries']:,} response ids for "
+    f"{_HOURS.get(RECENT['ttl_s'], str(RECENT['ttl_s']) + ' s')}, each tenant's last "
+    f"{RECENT['max_entries_per_tenant']:,}",
+    f"and {HOLD_S:g} s later it is reset; at most {MAX_HELD:,} are held at once",
+    f"`max_connections` + {MAX_HELD:,} held + {RESERVED_FDS} reserved",
     f"interval {HISTORY.interval_s:g} s, length {HISTORY.length_s:g} s, top "
     f"{HISTORY.top_revisions} revisions, {HISTORY.max_replicas} replicas a sample, "
     f"{HISTORY.max_tracked_revisions} revisions counted by name within one interval",

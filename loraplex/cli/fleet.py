@@ -104,10 +104,10 @@ def up_command(
     ready_timeout_s: Annotated[float, Opt(help="Wait this long for /ready.")] = 300.0,
 ) -> None:
     """Start (or join) a Ray cluster and deploy the fleet; returns once it is ready."""
+    from loraplex.cli.serve import check_before_keys
     from loraplex.fleet import control
     from loraplex.fleet.settings import FleetSettings
     from loraplex.serve.config import merge, read_config_file
-    from loraplex.serve.engine_settings import engine_config
 
     flags: dict[str, Any] = {
         "host": host,
@@ -142,10 +142,10 @@ def up_command(
         )
         check_engine_resource(checked.engine_resource, address)
         # serve's own checks (cli/serve.py): the engine's settings (class_reserve_seqs, KV room
-        # for one max_model_len sequence) and import_dir, which failed only in the replicas
-        # (or at the first registration by path), after the keys were issued
-        engine_config(serve_config)
-        serve_config.check_import_dir()
+        # for one max_model_len sequence), import_dir, request_log_path and trace_endpoint's
+        # extra, which failed only in the replicas (or at the first registration by path),
+        # after the keys were issued
+        check_before_keys(serve_config)
         if serve_config.torch_threads is None:
             per_replica = default_threads_per_replica(checked.engine_replicas, os.cpu_count())
             serve_config = replace(serve_config, torch_threads=per_replica)

@@ -41,6 +41,7 @@ if TYPE_CHECKING:
 # default_torch_threads and freeze_startup_objects: this module's names before the start-up steps
 # moved to ``serve_start.py``
 __all__ = [
+    "check_before_keys",
     "default_torch_threads",
     "freeze_startup_objects",
     "register",
@@ -196,7 +197,6 @@ def serve_settings(params: Mapping[str, Any], environ: Mapping[str, str]) -> Ser
     given) over the ``--config`` file over the defaults. Every flag but ``config``,
     ``no_demo`` and ``threads`` is the ServeConfig field of its name."""
     from loraplex.serve.config import merge, read_config_file
-    from loraplex.serve.engine_settings import engine_config
 
     flags = dict(params)
     config = flags.pop("config")
@@ -206,9 +206,23 @@ def serve_settings(params: Mapping[str, Any], environ: Mapping[str, str]) -> Ser
     if "data_dir" not in file_values and flags["data_dir"] is None:
         flags["data_dir"] = default_data_dir(environ, Path.home())
     settings = merge(file_values, flags)
-    engine_config(settings)  # the engine's own checks (class_reserve_seqs), before anything starts
-    settings.check_import_dir()
+    check_before_keys(settings)
     return settings
+
+
+def check_before_keys(settings: ServeConfig) -> None:
+    """The checks that would otherwise fail only once the server (or a fleet's replica) is
+    built, after a first start issued the demo tenants' keys: the engine's own
+    (class_reserve_seqs, KV room for one max_model_len sequence), ``import_dir``,
+    ``request_log_path`` and a ``trace_endpoint`` without its extra. ``serve`` and ``fleet up``
+    run them before anything starts."""
+    from loraplex.serve.engine_settings import engine_config
+    from loraplex.serve.tracing import check_tracing_installed
+
+    engine_config(settings)
+    settings.check_import_dir()
+    settings.check_request_log_path()
+    check_tracing_installed(settings)
 
 
 def _run(settings: ServeConfig) -> None:

@@ -338,6 +338,28 @@ class PinBook:
         return fits
 
 
+DEFAULT_AUTO_WARM_INTERVAL_S = 5.0  # seconds between two automatic rebalances (serve and sim)
+
+
+def check_auto_warm_settings(
+    auto_warm: bool, interval_s: float, max_auto_gpu_slots: int | None
+) -> None:
+    """ValueError naming ``max_auto_gpu_slots`` or ``auto_warm_interval_s`` when one is set
+    while ``auto_warm`` is off: only automatic promotion reads them (they were taken in
+    silence). ``loraplex serve`` and the simulator check their settings so."""
+    if auto_warm:
+        return
+    for name, value, default in (
+        ("max_auto_gpu_slots", max_auto_gpu_slots, None),
+        ("auto_warm_interval_s", interval_s, DEFAULT_AUTO_WARM_INTERVAL_S),
+    ):
+        if value != default:
+            raise ValueError(
+                f"{name} {value} is set while auto_warm is off; expected auto_warm on, or "
+                f"{name} left out (only automatic warm promotion reads it)"
+            )
+
+
 def default_auto_gpu_slots(gpu_slots: int) -> int:
     """``max_auto_gpu_slots`` when unset: a quarter of the GPU slots, rounded down (``loraplex
     serve`` and the simulator resolve it so), always fewer than the slots."""

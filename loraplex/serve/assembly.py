@@ -127,6 +127,9 @@ def _build(
     base = BaseModelSpec.from_dir(model_dir, digested)
     config.check_context(read_model_config(model_dir))  # before a key is issued
     config.check_kv_memory(base, memory_total_bytes())
+    # also before: gpu_adapter_bytes below one slot, or max_auto_gpu_slots not below the slots
+    # it leaves (the engine side refused them, after the keys were issued and announced)
+    config.auto_gpu_slots(base)
     registry = open_registry(registry_config(config), base=base)
     try:
         demo = assets if config.demo else None

@@ -31,17 +31,31 @@ def trace_secret(data_dir: Path) -> bytes:
     return bytes.fromhex(saved)
 
 
-def build_tracer(config: ServeConfig, base_model: str) -> Tracer | None:
-    """The tracer for ``config``; None when tracing is off."""
-    if config.trace_endpoint is None:
-        return None
+def _tracer_class(endpoint: str) -> type[Tracer]:
+    """The exporter's ``Tracer``; ValueError naming ``trace_endpoint`` without the extra."""
     try:
         from loraplex.tracing.exporter import Tracer
     except ImportError as exc:  # the optional extra is missing
         raise ValueError(
-            f"trace_endpoint {config.trace_endpoint!r} needs OpenTelemetry, which is not "
-            "installed; expected pip install 'loraplex[otel]'"
+            f"trace_endpoint {endpoint!r} needs OpenTelemetry, which is not installed; expected "
+            "pip install 'loraplex[otel]'"
         ) from exc
+    return Tracer
+
+
+def check_tracing_installed(config: ServeConfig) -> None:
+    """What ``build_tracer`` refuses, checked before a start issues any key: a
+    ``trace_endpoint`` without the ``otel`` extra was refused only once the HTTP side was
+    built, after a first start had issued the demo tenants' keys (never shown)."""
+    if config.trace_endpoint is not None:
+        _tracer_class(config.trace_endpoint)
+
+
+def build_tracer(config: ServeConfig, base_model: str) -> Tracer | None:
+    """The tracer for ``config``; None when tracing is off."""
+    if config.trace_endpoint is None:
+        return None
+    tracer = _tracer_class(config.trace_endpoint)
     settings = TracingConfig(
         endpoint=config.trace_endpoint,
         secret=trace_secret(config.data_dir),
@@ -49,4 +63,4 @@ def build_tracer(config: ServeConfig, base_model: str) -> Tracer | None:
         slow_s=config.trace_slow_s,
         export_names=config.trace_export_names,
     )
-    return Tracer(settings, base_model)
+    return tracer(settings, base_model)

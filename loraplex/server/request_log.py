@@ -82,17 +82,29 @@ def engine_timeline(trace: EngineTrace) -> dict[str, float | None]:
     return {k: None if v is None else round(v, 6) for k, v in values.items()}
 
 
+def check_log_path(path: Path) -> None:
+    """ValueError naming ``request_log_path`` when its directory does not exist or the file
+    cannot be opened for appending (it is created if absent, never truncated)."""
+    if not path.parent.is_dir():
+        raise ValueError(f"request_log_path {path} is invalid; its directory does not exist")
+    try:
+        with path.open("a", encoding="utf-8"):
+            pass
+    except OSError as exc:
+        reason = exc.strerror or type(exc).__name__
+        raise ValueError(
+            f"request_log_path {path} is invalid; it cannot be appended to: {reason}"
+        ) from exc
+
+
 class RequestLog:
     """Appends finished requests to ``path`` (created if absent, never truncated)."""
 
     def __init__(self, path: Path, clock: Callable[[], float] = time.monotonic) -> None:
-        if not path.parent.is_dir():
-            raise ValueError(f"request_log_path {path} is invalid; its directory does not exist")
+        check_log_path(path)  # an unwritable path fails at start, not at the first request
         self.path = path
         self._opened_s = clock()
         self._lock = threading.Lock()
-        with path.open("a", encoding="utf-8"):
-            pass  # an unwritable path fails at start, not at the first request
 
     def line(self, request: LoggedRequest) -> str:
         adapter = None

@@ -13,7 +13,11 @@ from loraplex.engine.tenant_shares import TenantSettings
 from loraplex.residency.ledger import check_tier_share
 from loraplex.residency.policy import DEFAULT_POLICY as DEFAULT_EVICTION
 from loraplex.residency.policy import policy_names as eviction_names
-from loraplex.residency.warm import default_auto_gpu_slots
+from loraplex.residency.warm import (
+    DEFAULT_AUTO_WARM_INTERVAL_S,
+    check_auto_warm_settings,
+    default_auto_gpu_slots,
+)
 from loraplex.router import DEFAULT_POLICY as DEFAULT_ROUTING
 from loraplex.router import policy_names as routing_names
 
@@ -62,7 +66,8 @@ class SimConfig:
     # ``loraplex serve``'s default_tenant_tier_share, 0.5 there too.
     default_tenant_tier_share: float = 0.5
     auto_warm: bool = True  # automatic warm promotion/demotion from request rates, as served
-    auto_warm_interval_s: float = 5.0  # virtual seconds between two automatic rebalances
+    # virtual seconds between two automatic rebalances
+    auto_warm_interval_s: float = DEFAULT_AUTO_WARM_INTERVAL_S
     # GPU slots automatic promotion may pin; None: a quarter of max_loras (the server's default)
     max_auto_gpu_slots: int | None = None
     idle_wait_s: float = 0.05  # an engine with nothing runnable plans again after this
@@ -94,6 +99,7 @@ class SimConfig:
         for name in (*timed, "auto_warm_interval_s"):
             if not getattr(self, name) > 0:
                 raise ValueError(f"{name} {getattr(self, name)} is invalid; expected > 0")
+        check_auto_warm_settings(self.auto_warm, self.auto_warm_interval_s, auto_gpu)
         if self.routing_policy not in routing_names():
             raise ValueError(
                 f"routing_policy {self.routing_policy!r} is invalid; expected one of "

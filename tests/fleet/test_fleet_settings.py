@@ -372,6 +372,8 @@ def test_up_takes_engine_resource_only_when_joining_a_cluster(
         ("max_model_len = 100000", "expected room for one max_model_len 100000 sequence"),
         ("max_num_seqs = 4\nclass_reserve_seqs = 4", "class_reserve_seqs 4 is invalid"),
         ('import_dir = "no-such-folder"', "expected a directory"),
+        ('request_log_path = "no-such-folder/r.jsonl"', "its directory does not exist"),
+        ("auto_warm = false\nmax_auto_gpu_slots = 1", "max_auto_gpu_slots 1 is set while"),
     ],
 )
 def test_up_runs_serves_engine_and_import_dir_checks_before_any_key(

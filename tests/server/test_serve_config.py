@@ -111,8 +111,7 @@ def test_byte_budgets(demo_assets: DemoAssets, tmp_path: Path) -> None:
     assert (
         ServeConfig(data_dir=tmp_path, max_lora_rank=8, max_cpu_loras=5).cpu_bytes(base) == 5 * slot
     )
-    both = ServeConfig(data_dir=tmp_path, max_cpu_loras=5, cpu_adapter_bytes=1234)
-    assert both.cpu_bytes(base) == 1234
+    assert ServeConfig(data_dir=tmp_path, cpu_adapter_bytes=1234).cpu_bytes(base) == 1234
 
 
 def test_automatic_gpu_slots(demo_assets: DemoAssets, tmp_path: Path) -> None:
@@ -187,15 +186,14 @@ def test_new_flags_and_toml_keys_reach_the_settings(tmp_path: Path) -> None:
         "6",
         "--tenant-max-concurrent-loads",
         "3",
-        "--auto-warm-interval-s",
-        "2.5",
     ]
     settings = parsed_serve(args, {})
     assert (settings.max_num_batched_tokens, settings.auto_warm) == (128, False)
     assert (settings.max_concurrent_loads, settings.tenant_max_concurrent_loads) == (6, 3)
-    assert settings.auto_warm_interval_s == 2.5
-    flags = parsed_serve([*args, "--max-num-batched-tokens", "64", "--auto-warm"], {})
+    interval = ["--auto-warm-interval-s", "2.5"]
+    flags = parsed_serve([*args, *interval, "--max-num-batched-tokens", "64", "--auto-warm"], {})
     assert (flags.max_num_batched_tokens, flags.auto_warm) == (64, True)
+    assert flags.auto_warm_interval_s == 2.5
     assert parsed_serve(["--data-dir", str(tmp_path)], {}).auto_warm is True
     with pytest.raises(ValueError, match="tenant_max_concurrent_loads 0 is invalid"):
         ServeConfig(data_dir=tmp_path, tenant_max_concurrent_loads=0)

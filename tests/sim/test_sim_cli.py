@@ -117,9 +117,24 @@ def test_tenant_priorities_from_the_command_line() -> None:
 def test_tier_share_and_warm_settings_from_the_command_line() -> None:
     args = ["sim", "run", "--workload", "hot-burst", "--duration-s", "5", "--json"]
     args += ["--cost-model", str(COST_FILE), "--default-tenant-tier-share", "1.0"]
-    args += ["--no-auto-warm", "--auto-warm-interval-s", "2", "--max-auto-gpu-slots", "1"]
-    result = runner.invoke(app, args)
+    warm = ["--auto-warm-interval-s", "2", "--max-auto-gpu-slots", "1"]
+    result = runner.invoke(app, [*args, *warm])
     assert result.exit_code == 0, result.output
     config = json.loads(result.output)["config"]
-    assert config["default_tenant_tier_share"] == 1.0 and config["auto_warm"] is False
+    assert config["default_tenant_tier_share"] == 1.0 and config["auto_warm"] is True
     assert (config["auto_warm_interval_s"], config["max_auto_gpu_slots"]) == (2.0, 1)
+    result = runner.invoke(app, [*args, "--no-auto-warm"])
+    assert result.exit_code == 0, result.output
+    assert json.loads(result.output)["config"]["auto_warm"] is False
+
+
+def test_warm_settings_with_automatic_warming_off_are_refused() -> None:
+    """Only automatic promotion reads them: ``--no-auto-warm`` beside either was taken and the
+    setting echoed in the run's config while nothing used it."""
+    args = ["sim", "run", "--workload", "hot-burst", "--duration-s", "5", "--json"]
+    args += ["--cost-model", str(COST_FILE), "--no-auto-warm"]
+    for flag, value in (("--max-auto-gpu-slots", "1"), ("--auto-warm-interval-s", "2")):
+        result = runner.invoke(app, [*args, flag, value])
+        assert result.exit_code == 2, result.output
+        said = " ".join(result.output.replace("│", " ").split())
+        assert f"{flag[2:].replace('-', '_')} " in said and "while auto_warm is off" in said

@@ -15,7 +15,7 @@ from loraplex.sim.run import simulate
 from loraplex.sim.trace import TraceRecord
 
 # 4 slots, a tenant's share 2; no automatic pins (a pin is never reclaimed)
-_CONFIG = SimConfig(max_loras=4, max_auto_gpu_slots=0, auto_warm=False, queue_deadline_s=5.0)
+_CONFIG = SimConfig(max_loras=4, auto_warm=False, queue_deadline_s=5.0)
 
 
 def _squat() -> tuple[Outcome, list[Outcome]]:

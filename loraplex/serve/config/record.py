@@ -13,7 +13,7 @@ every layer (``artifacts.base_model.lora_bytes``):
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from pathlib import Path
 
 from loraplex.artifacts.base_model import BaseModelSpec, lora_bytes
@@ -35,7 +35,11 @@ from loraplex.quota.shared_ratelimit import (
 from loraplex.registry.sql.timeouts import database_pool_size, database_timeouts
 from loraplex.residency.ledger import check_tier_share
 from loraplex.residency.policy import DEFAULT_POLICY
-from loraplex.residency.warm import default_auto_gpu_slots
+from loraplex.residency.warm import (
+    DEFAULT_AUTO_WARM_INTERVAL_S,
+    check_auto_warm_settings,
+    default_auto_gpu_slots,
+)
 from loraplex.serve.config.checks import (
     check_auto_gpu_slots,
     check_connection_caps,
@@ -49,6 +53,7 @@ from loraplex.serve.config.checks import (
 from loraplex.serve.config.keys import file_key
 from loraplex.server.adapter_labels import DEFAULT_MAX_NAMED
 from loraplex.server.batch_limit import MAX_BATCH_PROMPTS
+from loraplex.server.request_log import check_log_path
 from loraplex.server.stream_buffer import DEFAULT_MAX_STREAM_RESUMES
 from loraplex.tracing.config import check_trace_settings
 
@@ -61,6 +66,10 @@ BODY_FIELDS_BYTES = 1 << 20
 # The default step token budget is at least this (and at least max_num_seqs, one decode each).
 MIN_DEFAULT_BATCHED_TOKENS = 512
 
+
+# Keys only the tracer reads: set (to anything but their default) without ``trace_endpoint``,
+# nothing would read them.
+_TRACER_KEYS = ("trace_sample_ratio", "trace_slow_s", "trace_export_names")
 
 # A tenant's share of each tier (its slots and bytes): kept against other tenants, not a cap.
 DEFAULT_TENANT_TIER_SHARE = 0.5
@@ -93,7 +102,8 @@ class ServeConfig:
     tenant_max_concurrent_loads: int = 2
     # promote/demote revisions between warm policies from their request rates (residency.warm)
     auto_warm: bool = True
-    auto_warm_interval_s: float = 5.0  # seconds between two automatic warm rebalances
+    # seconds between two automatic warm rebalances
+    auto_warm_interval_s: float = DEFAULT_AUTO_WARM_INTERVAL_S
     # GPU slots automatic ``gpu`` promotion may pin (the rest stay free for demand loads); None:
     # a quarter of the GPU slots, rounded down
     max_auto_gpu_slots: int | None = None
@@ -222,6 +232,29 @@ class ServeConfig:
             self.max_num_batched_tokens,
             self.max_num_seqs,
         )
+        self._check_keys_read()
+
+    def _check_keys_read(self) -> None:
+        """ValueError naming a key set where nothing reads it: an automatic warm setting with
+        ``auto_warm`` false, a ``trace_*`` setting without ``trace_endpoint`` (each was taken
+        and did nothing), and ``max_cpu_loras`` beside ``cpu_adapter_bytes`` (which won in
+        silence)."""
+        check_auto_warm_settings(self.auto_warm, self.auto_warm_interval_s, self.max_auto_gpu_slots)
+        defaults = {f.name: f.default for f in fields(self)}
+        for key in _TRACER_KEYS:
+            value = getattr(self, key)
+            if value != defaults[key] and self.trace_endpoint is None:
+                shown = str(value).lower() if isinstance(value, bool) else value  # TOML's way
+                raise ValueError(
+                    f"{key} {shown} is set while trace_endpoint is unset; expected "
+                    f"trace_endpoint set too, or {key} left out (only the tracer reads it)"
+                )
+        if self.max_cpu_loras is not None and self.cpu_adapter_bytes is not None:
+            raise ValueError(
+                f"max_cpu_loras {self.max_cpu_loras} is set beside cpu_adapter_bytes "
+                f"{self.cpu_adapter_bytes}; expected one of them (max_cpu_loras sizes the CPU "
+                "tier only when cpu_adapter_bytes is unset)"
+            )
 
     def batched_tokens(self) -> int:
         """``max_num_batched_tokens``, or max(512, ``max_num_seqs``) when unset."""
@@ -326,6 +359,13 @@ class ServeConfig:
                 f"import_dir {self.import_dir} is invalid; expected a directory (it does not "
                 "exist or is not a folder)"
             )
+
+    def check_request_log_path(self) -> None:
+        """ValueError naming ``request_log_path`` when its directory does not exist or the file
+        cannot be appended to. The HTTP side's ``RequestLog`` refused it only
+        once built, after a first start had issued the demo tenants' keys, never shown."""
+        if self.request_log_path is not None:
+            check_log_path(self.request_log_path)
 
     def cpu_bytes(self, base: BaseModelSpec) -> int:
         if self.cpu_adapter_bytes is not None:
