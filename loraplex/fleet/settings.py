@@ -132,6 +132,13 @@ class FleetSettings:
                 f"topology keys {unknown} are unknown; expected some of {_TOPOLOGY_KEYS}"
             )
         TopologyConfig(**self.topology)  # raises naming a wrong value
+        if self.serve.mode != "auto":
+            raise ValueError(
+                f"topology is set while the [serve] mode is {self.serve.mode!r}; expected mode "
+                "'auto' (only an auto engine merges the revision its replica is dedicated to: "
+                "another setting ignored the dedication while the router steered that "
+                "revision's traffic to the replica as if merged), or no topology table"
+            )
 
     def _check_routing(self) -> None:
         if self.policy not in policy_names():

@@ -356,7 +356,8 @@ def test_ray_passes_the_fleet_table_to_the_builder_beside_the_serve_keys() -> No
     own (the routing policy there, the eviction policy here)."""
     from loraplex.deploy.ray import ENGINE_RESOURCE
 
-    spec = K8sSpec(**BASE, ray=True, serve_config={"policy": "lru"}, fleet_config=FLEET_TABLE)
+    serve = {"policy": "lru", "mode": "auto"}  # the topology needs auto engines
+    spec = K8sSpec(**BASE, ray=True, serve_config=serve, fleet_config=FLEET_TABLE)
     found = docs(spec)
     for doc in found:
         check_document(doc, spec.namespace)

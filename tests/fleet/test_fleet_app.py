@@ -121,7 +121,7 @@ def test_the_rendered_fleet_table_builds_the_fleet_it_names(
              "router": {"max_queued": 4}, "topology": {"min_replicas": 3}}  # fmt: skip
     spec = K8sSpec(
         image="i:1", store="s3://a/b", ray=True, gpu=False, replicas=3,
-        serve_config={"policy": "lru"}, fleet_config=fleet,
+        serve_config={"policy": "lru", "mode": "auto"}, fleet_config=fleet,
     )  # fmt: skip
     [service] = [d for d in yaml.safe_load_all(render(spec).stream()) if d]
     [application] = yaml.safe_load(service["spec"]["serveConfigV2"])["applications"]

@@ -81,6 +81,19 @@ def test_bad_settings_are_refused_naming_the_field(
         _settings(tmp_path, **values)
 
 
+@pytest.mark.parametrize("mode", ["unmerged", "merged:acme/support@r1"])
+def test_a_topology_needs_auto_engines(tmp_path: Path, mode: str) -> None:
+    """Only an ``auto`` engine follows a dedication (``engine/mode_control.py``): with another
+    mode the table was taken and the router steered the revision's traffic to a replica that
+    never merged it, as if it had."""
+    serve = ServeConfig(data_dir=tmp_path, mode=mode)
+    with pytest.raises(ValueError, match=rf"^topology is set while the \[serve\] mode is '{mode}'"):
+        FleetSettings(serve=serve, model_dir=tmp_path, topology={})
+    FleetSettings(serve=serve, model_dir=tmp_path)  # no topology: any mode
+    auto = ServeConfig(data_dir=tmp_path, mode="auto")
+    assert FleetSettings(serve=auto, model_dir=tmp_path, topology={}).topology == {}
+
+
 def test_every_key_a_fleet_refuses_is_a_serve_key() -> None:
     assert set(NOT_IN_FLEET) <= {f.name for f in fields(ServeConfig)}
 
