@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from loraplex.router.config import RouterConfig
-from loraplex.router.router import DEFAULT_POLICY, policy_names
+from loraplex.router.router import DEFAULT_POLICY, policy_names, unread_router_keys
 from loraplex.router.topology import TopologyConfig
 from loraplex.serve.config import ServeConfig
 from loraplex.serve.config.keys import NOT_IN_FLEET
@@ -151,6 +151,13 @@ class FleetSettings:
         if unknown:
             raise ValueError(f"router keys {unknown} are unknown; expected some of {_ROUTER_KEYS}")
         RouterConfig(**self.router)  # raises naming a wrong value
+        unread = unread_router_keys(self.policy, self.router)
+        if unread:
+            raise ValueError(
+                f"router keys {unread} are not read by the routing policy {self.policy!r}; "
+                "expected them left out, or a policy that reads them (the affinity policies "
+                "read every router key)"
+            )
         self._check_topology()
         seed = self.seed
         if seed is not None and (isinstance(seed, bool) or not isinstance(seed, int)):

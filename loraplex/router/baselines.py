@@ -26,6 +26,7 @@ class Pow2Policy:
     """Ray Serve's default: two random replicas, fewer ongoing requests wins."""
 
     name = "pow2"
+    reads: frozenset[str] = frozenset()  # RouterConfig fields it reads (none: ongoing counts)
 
     def __init__(self, config: RouterConfig, rng: random.Random) -> None:
         self._rng = rng
@@ -49,6 +50,7 @@ class RayMultiplexPolicy:
     """Ray Serve's multiplexed-model-id routing (see the module docstring)."""
 
     name = "ray_multiplex"
+    reads = frozenset({"max_queued", "max_ongoing", "max_kv_usage"})  # saturation alone
 
     def __init__(self, config: RouterConfig, rng: random.Random) -> None:
         self._config = config

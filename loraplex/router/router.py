@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import math
 import random
-from collections.abc import Callable, KeysView, Mapping
+from collections.abc import Callable, Iterable, KeysView, Mapping
 from itertools import compress
 from operator import is_not
 from typing import TypeAlias
@@ -39,6 +39,19 @@ def register_policy(name: str, factory: PolicyFactory) -> None:
 
 def policy_names() -> tuple[str, ...]:
     return tuple(sorted(_POLICIES))
+
+
+# RouterConfig fields the Router reads whatever its policy (report age, its own decisions).
+ROUTER_READS = frozenset({"max_report_age_s", "recent_ttl_s"})
+
+
+def unread_router_keys(policy_name: str, keys: Iterable[str]) -> list[str]:
+    """The RouterConfig fields among ``keys`` that neither ``policy_name`` nor the Router reads
+    (a policy without a ``reads`` set reads them all: the affinity policies)."""
+    reads = getattr(_POLICIES[policy_name], "reads", None)
+    if reads is None:
+        return []
+    return sorted(set(keys) - reads - ROUTER_READS)
 
 
 for _factory in (Pow2Policy, RayMultiplexPolicy, AffinityPolicy, AffinityUntilSaturatedPolicy):

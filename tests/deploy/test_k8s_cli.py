@@ -144,7 +144,7 @@ def test_the_config_files_fleet_table_reaches_the_rayservice(tmp_path: Path) -> 
     """The file ``fleet up --config`` reads: its ``[fleet]`` table was dropped without a word."""
     config = tmp_path / "lpx.toml"
     config.write_text(
-        '[serve]\npolicy = "lru"\n[fleet]\npolicy = "pow2"\nseed = 7\n'
+        '[serve]\npolicy = "lru"\n[fleet]\npolicy = "ray_multiplex"\nseed = 7\n'
         "[fleet.router]\nmax_queued = 4\n",
         encoding="utf-8",
     )
@@ -152,7 +152,9 @@ def test_the_config_files_fleet_table_reaches_the_rayservice(tmp_path: Path) -> 
     [service] = [d for d in yaml.safe_load_all(text) if d and d["kind"] == "RayService"]
     [application] = yaml.safe_load(service["spec"]["serveConfigV2"])["applications"]
     fleet = application["args"]["fleet"]
-    assert (fleet["policy"], fleet["seed"], fleet["router"]) == ("pow2", 7, {"max_queued": 4})
+    assert (fleet["policy"], fleet["seed"], fleet["router"]) == (
+        "ray_multiplex", 7, {"max_queued": 4}
+    )  # fmt: skip
     assert application["args"]["policy"] == "lru"
     # without --ray no fleet reads it; a key the manifests set, or an unknown one: named
     assert "[fleet] keys ['policy', 'router', 'seed']" in run("--serve-config", str(config), code=2)

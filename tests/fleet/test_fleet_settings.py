@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import os
+import re
 from dataclasses import fields, replace
 from pathlib import Path
 from typing import Any
@@ -92,6 +93,31 @@ def test_a_topology_needs_auto_engines(tmp_path: Path, mode: str) -> None:
     FleetSettings(serve=serve, model_dir=tmp_path)  # no topology: any mode
     auto = ServeConfig(data_dir=tmp_path, mode="auto")
     assert FleetSettings(serve=auto, model_dir=tmp_path, topology={}).topology == {}
+
+
+@pytest.mark.parametrize(
+    ("policy", "router", "unread"),
+    [
+        ("pow2", {"max_queued": 4, "recent_ttl_s": 5.0}, ["max_queued"]),
+        ("ray_multiplex", {"max_queued": 4, "weight_l0": 90.0}, ["weight_l0"]),
+        (
+            "ray_multiplex",
+            {"placement_k": 3, "session_ttl_s": 60.0},
+            ["placement_k", "session_ttl_s"],
+        ),
+    ],
+)
+def test_router_keys_the_policy_does_not_read_are_refused(
+    tmp_path: Path, policy: str, router: dict[str, Any], unread: list[str]
+) -> None:
+    """pow2 reads no router key (two random replicas, fewer ongoing requests), ray_multiplex
+    only the saturation bounds: the rest were taken and did nothing."""
+    with pytest.raises(ValueError, match=rf"^router keys {re.escape(str(unread))} are not read"):
+        _settings(tmp_path, policy=policy, router=router)
+    kept = {k: v for k, v in router.items() if k not in unread}
+    assert _settings(tmp_path, policy=policy, router=kept).router == kept
+    for affinity in ("affinity", "affinity_until_saturated"):  # they read every key
+        assert _settings(tmp_path, policy=affinity, router=router).router == router
 
 
 def test_every_key_a_fleet_refuses_is_a_serve_key() -> None:
@@ -236,13 +262,13 @@ def test_up_takes_the_fleet_table_and_flags_over_it(
 ) -> None:
     path = tmp_path / "fleet.toml"
     path.write_text(
-        '[serve]\nmax_loras = 4\n[fleet]\nreplicas = 3\npolicy = "pow2"\n'
+        '[serve]\nmax_loras = 4\n[fleet]\nreplicas = 3\npolicy = "ray_multiplex"\n'
         "report_period_s = 0.25\nstale_after_s = 2.5\nrouter = { max_queued = 4 }\n"
     )
     result = _up(tmp_path, "--config", str(path), "--replicas", "4", "--seed", "7")
     assert result.exit_code == 0, result.output
     (settings,) = fake_control.started
-    assert (settings.engine_replicas, settings.policy, settings.seed) == (4, "pow2", 7)
+    assert (settings.engine_replicas, settings.policy, settings.seed) == (4, "ray_multiplex", 7)
     assert settings.router == {"max_queued": 4} and settings.report_period_s == 0.25
     assert settings.stale_bound_s == 2.5
     assert settings.serve.max_loras == 4 and settings.serve.torch_threads == 2  # 8 cores / 4
