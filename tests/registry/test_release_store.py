@@ -11,8 +11,7 @@ from hypothesis import strategies as st
 from registry_kit import AdapterFactory
 
 from loraplex.errors import AdapterNotFoundError, RegistryError
-from loraplex.registry import AliasTarget, RegistrationRequest, Registry, RevisionState
-from loraplex.registry import releases
+from loraplex.registry import AliasTarget, RegistrationRequest, Registry, RevisionState, releases
 from loraplex.registry.resolution import sticky_unit
 from loraplex.registry.sql import audit
 from loraplex.registry.sql.db import Row, Tx
