@@ -165,7 +165,8 @@ class Registry(TrustAdmin):
     # --- reading (administrators) -------------------------------------------------------------
 
     def get_adapter(self, tenant: str, name: str) -> Adapter:
-        with self._db.transaction(write=False) as tx:
+        """One adapter's record (a tenant's model card reads it: ``serving``)."""
+        with self._db.transaction(write=False, serving=True) as tx:
             return releases.require_adapter(tx, tenant, name)
 
     def list_adapters(self, owner: str | None = None, page: Page | None = None) -> list[Adapter]:
@@ -193,7 +194,7 @@ class Registry(TrustAdmin):
     def usable_adapters(self, caller: str, page: Page | None = None) -> list[Adapter]:
         """What ``caller`` may use: its own adapters and public ones; nothing else (every one,
         or one ``page`` of them)."""
-        with self._db.transaction(write=False) as tx:
+        with self._db.transaction(write=False, serving=True) as tx:
             return adapter_rows.list_usable_adapters(tx, caller, page)
 
     def resolve(self, caller: str, model_string: str, request_id: str | None = None) -> AdapterKey:
@@ -216,7 +217,7 @@ class Registry(TrustAdmin):
         else:
             unit = resolution.unit_from_request_id(request_id)
         base_digest = None if self._base is None else self._base.digest
-        with self._db.transaction(write=False) as tx:
+        with self._db.transaction(write=False, serving=True) as tx:
             return resolution.resolve_in(
                 tx, caller, model_string, base_digest, unit, session_key=sticky_key
             )

@@ -139,8 +139,9 @@ def rollback_alias_in(
     popped = rows.pop_history(tx, tenant, name)
     # NOTE: rollback_targets mirrors the top of the history; the popped entry is that top.
     targets = current.rollback_targets if popped is None else popped
-    history = rows.alias_history(tx, tenant, name)
-    below = history[0][0] if history else ()
+    # NOTE: the new top only (LIMIT 1): reading the whole history made each rollback cost
+    # time in its length, a tenant's thousands of alias flips slowing every rollback of it
+    below = rows.history_top(tx, tenant, name) or ()
     alias = Alias(tenant, name, targets, below, now)
     rows.put_alias(tx, alias)
     audit.append(tx, action, f"{tenant}/{name}", _alias_details(alias), at=now, actor=actor)

@@ -102,7 +102,7 @@ def authenticate(db: Database, token: str) -> Tenant:
     key_id = keys.key_id_of(token)
     if key_id is None:
         raise AuthenticationError(_BAD_KEY)
-    with db.transaction(write=False) as tx:
+    with db.transaction(write=False, serving=True) as tx:  # a tenant request's
         stored = rows.get_key(tx, key_id)
         matches = stored is not None and keys.token_matches(token, stored.token_sha256)
         if stored is None or not matches or stored.info.revoked_at is not None:

@@ -48,7 +48,7 @@ class TrustAdmin(RegistryBase):
         """``tenant``'s adapter names (or only ``names``) -> whether what their alias serves is
         signed (the owner's "signed: yes/no" in the model listing; never shown to other
         tenants)."""
-        with self._db.transaction(write=False) as tx:
+        with self._db.transaction(write=False, serving=True) as tx:
             return trust_rows.signed_adapters(tx, tenant, names)
 
     def verify_revision(self, ref: str, actor: str) -> stored_signature.VerifyReport:

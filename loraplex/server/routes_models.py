@@ -114,7 +114,7 @@ async def get_model(model: str, tenant: TenantDep, deps: DepsDep) -> ModelCard:
     if "@" in model:
         return _card(adapter, tenant.name, deps, revision)
     signed = None
-    if adapter.tenant == tenant.name:
-        owned = await run_in_threadpool(deps.registry.signed_adapters, tenant.name)
+    if adapter.tenant == tenant.name:  # NOTE: this adapter's rows only, not all the tenant's
+        owned = await run_in_threadpool(deps.registry.signed_adapters, tenant.name, [adapter.name])
         signed = owned.get(adapter.name)
     return _card(adapter, tenant.name, deps, signed=signed)

@@ -26,6 +26,7 @@ from loraplex.errors import RegistryUnavailableError
 from loraplex.registry import Registry, RegistryConfig, open_registry
 from loraplex.registry.sql.connect import open_database
 from loraplex.registry.sql.db import Database
+from loraplex.registry.sql.postgres import PostgresDatabase
 from loraplex.registry.sql.timeouts import DatabaseTimeouts
 
 # A lock wait far longer than anything the other calls of a test do (the waiting call must
@@ -56,18 +57,25 @@ def _in_thread(call: Callable[[], object]) -> tuple[threading.Thread, list[objec
     return thread, outcome
 
 
-def _wait_until_blocked_by(url: str, holder_pid: int) -> None:
-    """Returns once some backend waits for a lock ``holder_pid`` holds (the server says so)."""
+def _wait_until_blocked_by(
+    url: str, holder_pid: int, count: int = 1, bound_s: float = HANG_BOUND_S
+) -> bool:
+    """Returns once ``count`` backends wait for a lock ``holder_pid`` holds (the server says
+    so); fails the test when none ever does, else False when fewer did within ``bound_s``."""
+    seen = 0
     with psycopg.connect(url, autocommit=True) as watcher:
-        for _ in range(int(HANG_BOUND_S / 0.02)):
+        for _ in range(int(bound_s / 0.02)):
             row = watcher.execute(
                 "SELECT count(*) FROM pg_stat_activity WHERE %s = ANY(pg_blocking_pids(pid))",
                 (holder_pid,),
             ).fetchone()
-            if row is not None and row[0] > 0:
-                return
+            seen = 0 if row is None else int(row[0])
+            if seen >= count:
+                return True
             threading.Event().wait(0.02)
-    pytest.fail("no call ever waited for the lock")
+    if seen == 0:
+        pytest.fail("no call ever waited for the lock")
+    return False
 
 
 def test_a_call_waiting_on_a_lock_holds_up_no_other_call_of_the_process(
@@ -91,13 +99,173 @@ def test_a_call_waiting_on_a_lock_holds_up_no_other_call_of_the_process(
     assert listed == [[]]  # and it completes once the lock is gone
 
 
+def test_administrators_calls_waiting_on_the_server_leave_a_connection_to_tenants(
+    tmp_path: Path, postgres_url: str
+) -> None:
+    """As many blocked admin listings as the pool has connections: on main they took all four
+    and a tenant's authentication waited until the server failed one of them (its lock
+    timeout); now they hold three, the fourth waits in the process, and the authentication
+    takes the connection kept for tenant requests."""
+    registry = open_registry(
+        RegistryConfig(
+            tmp_path / "data",
+            postgres_url,
+            database_connect_timeout_s=PATIENT.connect_timeout_s,
+            database_statement_timeout_s=PATIENT.statement_timeout_s,
+            database_lock_timeout_s=PATIENT.lock_timeout_s,
+            database_pool_size=4,
+        )
+    )
+    try:
+        registry.create_tenant("acme", actor="test")
+        key = registry.create_key("acme", actor="test")
+        with psycopg.connect(postgres_url) as other:
+            other.execute("LOCK TABLE adapters IN ACCESS EXCLUSIVE MODE")
+            holder = other.info.backend_pid
+            listings = [_in_thread(registry.list_adapters) for _ in range(4)]
+            assert _wait_until_blocked_by(postgres_url, holder, count=3)
+            # main: the fourth blocks on the server too (at once); now it waits in the process
+            _wait_until_blocked_by(postgres_url, holder, count=4, bound_s=1.0)
+            assert registry.authenticate(key.token).name == "acme"
+            assert [outcome for _, outcome in listings] == [[], [], [], []]  # none failed
+            assert all(thread.is_alive() for thread, _ in listings)
+        for thread, _ in listings:
+            thread.join(HANG_BOUND_S)
+        assert [outcome for _, outcome in listings] == [[[]], [[]], [[]], [[]]]
+    finally:
+        registry.close()
+
+
+def test_calls_other_than_tenant_requests_hold_all_but_one_connection(postgres_url: str) -> None:
+    db = open_database(postgres_url, FAST, pool_size=2)
+    holding, release = threading.Event(), threading.Event()
+
+    def _hold() -> None:
+        with db.transaction(write=False):
+            holding.set()
+            release.wait(HANG_BOUND_S)
+
+    holder, outcome = _in_thread(_hold)
+    try:
+        assert holding.wait(HANG_BOUND_S)
+        with pytest.raises(RegistryUnavailableError) as caught, db.transaction(write=False):
+            pass
+        assert caught.value.reason == (
+            "the 1 of its 2 connections that calls other than tenant requests may hold stayed "
+            f"busy for {FAST.client_wait_s:g} s"
+        )
+        _backend_pid_serving(db)  # a tenant request's still gets one
+    finally:
+        release.set()
+        holder.join(HANG_BOUND_S)
+    # the holder, idle in its transaction as long as the wait, may have been given up
+    (held,) = outcome
+    assert held is None or getattr(held, "reason", held) == (
+        f"no answer within {FAST.client_wait_s:g} s"
+    )
+    _backend_pid(db)  # the share is free again
+    db.close()
+
+
+def test_a_pool_of_one_serves_every_call(postgres_url: str) -> None:
+    db = open_database(postgres_url, FAST, pool_size=1)
+    try:
+        _backend_pid(db)
+        _backend_pid_serving(db)
+    finally:
+        db.close()
+
+
+def _backend_pid_serving(db: Database) -> int:
+    with db.transaction(write=False, serving=True) as tx:
+        row = tx.query_one("SELECT pg_backend_pid()")
+    assert row is not None
+    return int(row[0])
+
+
+def _alive_backends(url: str, pids: set[int]) -> set[int]:
+    with psycopg.connect(url, autocommit=True) as watcher:
+        rows = watcher.execute(
+            "SELECT pid FROM pg_stat_activity WHERE pid = ANY(%s)", (list(pids),)
+        ).fetchall()
+    return {int(row[0]) for row in rows}
+
+
+def test_idle_connections_past_the_bound_are_closed_but_one(postgres_url: str) -> None:
+    """After a burst the pool went back to one connection (it kept all three for the life of
+    the process); the server's own view says which backends are gone."""
+    db = PostgresDatabase(postgres_url, FAST, pool_size=3, idle_close_s=0.3)
+    try:
+        inside, release = threading.Barrier(3), threading.Event()
+
+        def _pid() -> int:
+            with db.transaction(write=False, serving=True) as tx:
+                row = tx.query_one("SELECT pg_backend_pid()")
+                inside.wait(HANG_BOUND_S)  # three at once: three connections
+                release.wait(HANG_BOUND_S)
+            assert row is not None
+            return int(row[0])
+
+        burst = [_in_thread(_pid) for _ in range(3)]
+        release.set()
+        for thread, _ in burst:
+            thread.join(HANG_BOUND_S)
+        pids = {int(outcome[0]) for _, outcome in burst}  # type: ignore[call-overload]
+        assert len(pids) == 3
+        for _ in range(int(HANG_BOUND_S / 0.05)):
+            if len(_alive_backends(postgres_url, pids)) == 1:
+                break
+            threading.Event().wait(0.05)
+        (kept,) = _alive_backends(postgres_url, pids)
+        assert _backend_pid(db) == kept  # the one kept still serves
+        assert _backend_pid(db) == kept
+    finally:
+        db.close()
+
+
+def test_a_connection_in_use_again_is_not_closed(postgres_url: str) -> None:
+    db = PostgresDatabase(postgres_url, FAST, pool_size=2, idle_close_s=0.3)
+    try:
+        inside, release = threading.Barrier(2), threading.Event()
+
+        def _pid() -> int:
+            with db.transaction(write=False, serving=True) as tx:
+                row = tx.query_one("SELECT pg_backend_pid()")
+                inside.wait(HANG_BOUND_S)
+                release.wait(HANG_BOUND_S)
+            assert row is not None
+            return int(row[0])
+
+        burst = [_in_thread(_pid) for _ in range(2)]
+        release.set()
+        for thread, _ in burst:
+            thread.join(HANG_BOUND_S)
+        pids = {int(outcome[0]) for _, outcome in burst}  # type: ignore[call-overload]
+        with db.transaction(write=False) as tx:  # held past the bound: never closed under it
+            threading.Event().wait(0.9)
+            row = tx.query_one("SELECT pg_backend_pid()")
+        assert row is not None and int(row[0]) in pids
+        for _ in range(int(HANG_BOUND_S / 0.05)):
+            if len(_alive_backends(postgres_url, pids)) == 1:
+                break
+            threading.Event().wait(0.05)
+        assert _alive_backends(postgres_url, pids) == {int(row[0])}
+    finally:
+        db.close()
+
+
+def test_idle_close_s_is_validated(postgres_url: str) -> None:
+    with pytest.raises(ValueError, match="idle_close_s 0 is invalid; expected > 0"):
+        PostgresDatabase(postgres_url, FAST, idle_close_s=0)
+
+
 def test_every_connection_carries_the_limits(postgres_url: str) -> None:
     db = open_database(postgres_url, DatabaseTimeouts(3, 2.5, 0.25), pool_size=3)
     try:
         inside, release = threading.Barrier(3), threading.Event()
 
         def _settings() -> tuple[object, ...]:
-            with db.transaction(write=False) as tx:
+            with db.transaction(write=False, serving=True) as tx:  # may take all three
                 row = tx.query_one(
                     "SELECT pg_backend_pid(), current_setting('statement_timeout'), "
                     "current_setting('lock_timeout')"
@@ -125,7 +293,7 @@ def test_the_pool_is_bounded(postgres_url: str) -> None:
     release = threading.Event()
 
     def _hold() -> int:
-        with db.transaction(write=False) as tx:
+        with db.transaction(write=False, serving=True) as tx:  # tenant requests': all of them
             row = tx.query_one("SELECT pg_backend_pid()")
             holding.wait(HANG_BOUND_S)
             release.wait(HANG_BOUND_S)
@@ -137,6 +305,12 @@ def test_the_pool_is_bounded(postgres_url: str) -> None:
         holding.wait(HANG_BOUND_S)  # both connections taken
         with pytest.raises(RegistryUnavailableError) as caught:
             _backend_pid(db)
+        assert caught.value.reason == (
+            "the 1 of its 2 connections that calls other than tenant requests may hold stayed "
+            f"busy for {FAST.client_wait_s:g} s"
+        )
+        with pytest.raises(RegistryUnavailableError) as caught, db.transaction(serving=True):
+            pass
         assert caught.value.reason == f"its 2 connections stayed busy for {FAST.client_wait_s:g} s"
     finally:
         release.set()
@@ -151,7 +325,9 @@ def test_writes_of_one_process_queue_in_the_process_not_on_the_lock_timeout(
 ) -> None:
     # FAST's lock timeout (0.3 s) is far shorter than the first write is held open: a second
     # write waiting on the server's advisory lock would fail; waiting in the process it does not
-    db = open_database(postgres_url, FAST, pool_size=2)
+    db = open_database(
+        postgres_url, FAST, pool_size=3
+    )  # the reads meanwhile: not the write's share
     try:
         with db.transaction() as tx:
             tx.execute("CREATE TABLE t (v INTEGER)")
@@ -185,7 +361,9 @@ def test_writes_of_one_process_queue_in_the_process_not_on_the_lock_timeout(
 
 
 def test_a_write_queued_past_the_wait_limit_fails_alone(postgres_url: str) -> None:
-    db = open_database(postgres_url, FAST, pool_size=2)
+    db = open_database(
+        postgres_url, FAST, pool_size=3
+    )  # the reads meanwhile: not the write's share
     try:
         writing, release = threading.Event(), threading.Event()
 

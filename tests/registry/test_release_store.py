@@ -3,15 +3,18 @@ per alias, compare-and-set transitions, atomicity, the alias history and the sti
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from registry_kit import AdapterFactory
 
 from loraplex.errors import AdapterNotFoundError, RegistryError
-from loraplex.registry import AliasTarget, RegistrationRequest, Registry, RevisionState
+from loraplex.registry import AliasTarget, RegistrationRequest, Registry, RevisionState, releases
 from loraplex.registry.resolution import sticky_unit
 from loraplex.registry.sql import audit
+from loraplex.registry.sql.db import Row, Tx
 from loraplex.registry.sql.releases import CANARY_STATE
 from loraplex.release.errors import (
     InvalidTransitionError,
@@ -140,6 +143,44 @@ def test_rollback_twice_goes_back_twice(bot: Registry) -> None:
     assert second.rollback_targets == ()
     with pytest.raises(RegistryError, match="no rollback target"):
         bot.rollback_alias("acme", "bot", "ops")
+
+
+class _RowCounter:
+    """A transaction that counts the rows its queries return."""
+
+    def __init__(self, tx: Tx) -> None:
+        self._tx = tx
+        self.rows = 0
+
+    def execute(self, sql: str, params: Sequence[object] = ()) -> None:
+        self._tx.execute(sql, params)
+
+    def query(self, sql: str, params: Sequence[object] = ()) -> list[Row]:
+        found = self._tx.query(sql, params)
+        self.rows += len(found)
+        return found
+
+    def query_one(self, sql: str, params: Sequence[object] = ()) -> Row | None:
+        found = self._tx.query_one(sql, params)
+        self.rows += found is not None
+        return found
+
+
+def test_a_rollback_reads_a_bounded_number_of_rows_however_long_the_history(
+    bot: Registry,
+) -> None:
+    """A rollback reads the history's top, not the whole history (its cost grew with every
+    alias flip: a tenant flipping thousands of times slowed each of its rollbacks)."""
+    for _ in range(20):
+        for revision in ("v2", "v1"):
+            bot.set_alias("acme", "bot", (AliasTarget(revision, 1),), "ops")
+    with bot.db.transaction() as tx:
+        counted = _RowCounter(tx)
+        alias = releases.rollback_alias_in(counted, "acme", "bot", actor="ops", now=bot.now())
+    assert alias.targets == (AliasTarget("v2", 1),)
+    assert alias.rollback_targets == (AliasTarget("v1", 1),)
+    assert len(bot.alias_history("acme", "bot")) == 39
+    assert counted.rows <= 5  # adapter, alias, target revision, popped entry, new top
 
 
 def test_the_canary_state_literal_matches_the_release_model() -> None:

@@ -203,6 +203,25 @@ def test_models_lists_only_the_callers_adapters(rig: Rig) -> None:
     assert (card["id"], card["root"]) == ("support", "acme/support")
 
 
+def test_one_model_card_reads_that_adapters_signing_only(
+    rig: Rig, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """GET /v1/models/{model} read every adapter of the caller's (all its revisions and
+    aliases) for one card's ``signed``: a cost per request growing with the tenant's catalogue."""
+    registry = rig.client.app.state.deps.registry  # type: ignore[attr-defined]
+    asked: list[object] = []
+    original = registry.signed_adapters
+
+    def spy(tenant: str, names: Any = None) -> dict[str, bool]:
+        asked.append(None if names is None else list(names))
+        return original(tenant, names)
+
+    monkeypatch.setattr(registry, "signed_adapters", spy)
+    card = rig.client.get("/v1/models/support", headers=rig.headers("acme")).json()
+    assert (card["id"], card["signed"]) == ("support", False)
+    assert asked == [["support"]]
+
+
 @pytest.mark.parametrize(
     ("exc", "status", "retry_after"),
     [

@@ -248,6 +248,15 @@ def pop_history(tx: Tx, tenant: str, name: str) -> tuple[AliasTarget, ...] | Non
     return _targets(str(row[1]))
 
 
+def history_top(tx: Tx, tenant: str, name: str) -> tuple[AliasTarget, ...] | None:
+    """The top of the alias's history (one row, however long it is); None when it is empty."""
+    row = tx.query_one(
+        "SELECT targets FROM alias_history WHERE tenant = ? AND name = ? ORDER BY seq DESC LIMIT 1",
+        (tenant, name),
+    )
+    return None if row is None else _targets(str(row[0]))
+
+
 def alias_history(tx: Tx, tenant: str, name: str) -> list[tuple[tuple[AliasTarget, ...], float]]:
     """The history, newest first: (targets, when they were replaced)."""
     rows = tx.query(

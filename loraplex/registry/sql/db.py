@@ -37,10 +37,12 @@ class Database(Protocol):
         """Where the database is (credentials removed)."""
         ...
 
-    def transaction(self, write: bool = True) -> AbstractContextManager[Tx]:
+    def transaction(self, write: bool = True, serving: bool = False) -> AbstractContextManager[Tx]:
         """A transaction. Write transactions are serialised across every process using the
         database (registry writes are rare administrative changes; serialising them makes
-        read-check-write sequences safe without per-engine row locking)."""
+        read-check-write sequences safe without per-engine row locking). ``serving``: a tenant
+        request's (authentication, resolution), which may take the connection of a pool that
+        every other transaction leaves free (PostgreSQL; SQLite has one connection, no pool)."""
         ...
 
     def is_unique_violation(self, exc: BaseException) -> bool:

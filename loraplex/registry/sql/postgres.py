@@ -42,6 +42,15 @@ _log = logging.getLogger(__name__)
 # Arbitrary constant naming "the loraplex registry write lock" among advisory locks.
 _WRITE_LOCK_KEY = 0x6C70785F726567
 
+# An idle connection past this is closed (one is kept open): a burst's connections do not stay
+# open for the life of the process (each holds a server backend, counted against the server's
+# max_connections, for every process of every machine using the registry).
+IDLE_CLOSE_S = 60.0
+# Connections of a pool (of 2 or more) that only tenant requests (``serving`` transactions:
+# authentication, resolution) may take: administrators' listings and writes waiting on the
+# server, or a burst of them, never hold every connection while requests wait for one.
+SERVING_RESERVE = 1
+
 
 class _PostgresTx:
     def __init__(self, conn: psycopg.Connection[Row], watch: Watch) -> None:
@@ -67,23 +76,34 @@ class PostgresDatabase:
 
     A pool of at most ``pool_size`` connections (``database_pool_size``), each used by one
     transaction at a time and opened with the same limits; one is opened at once (a wrong URL
-    fails at start), the others as concurrent calls need them, and kept. A call finding every
-    connection busy waits for one at most the client's wait limit. Write transactions of this
-    process queue for one another here first (as long), then take the server's advisory lock
-    (which other processes hold, within the lock timeout), so that a write waiting for another
-    write holds no connection and no lock wait.
+    fails at start), the others as concurrent calls need them, and closed once idle for
+    ``idle_close_s`` (the last open one is kept). Transactions other than tenant requests'
+    (``serving``) hold at most all but ``SERVING_RESERVE`` of them at once. A call finding every
+    connection it may take busy waits for one at most the client's wait limit. Write
+    transactions of this process queue for one another here first (as long), then take the
+    server's advisory lock (which other processes hold, within the lock timeout), so that a
+    write waiting for another write holds no connection and no lock wait.
 
     After a fork the child never uses the parent's connections (it closes its copies of their
-    sockets, which leaves the parent's sessions alone) nor the parent's watchdog thread (gone in
-    the child): it opens its own, as calls need them.
+    sockets, which leaves the parent's sessions alone) nor the parent's watchdog and idle-close
+    threads (gone in the child): it opens its own, as calls need them.
     """
 
     def __init__(
-        self, url: str, timeouts: DatabaseTimeouts | None = None, pool_size: int | None = None
+        self,
+        url: str,
+        timeouts: DatabaseTimeouts | None = None,
+        pool_size: int | None = None,
+        idle_close_s: float = IDLE_CLOSE_S,
     ) -> None:
+        if not idle_close_s > 0:
+            raise ValueError(f"idle_close_s {idle_close_s!r} is invalid; expected > 0")
         self._dsn = url
         self._timeouts = timeouts or DatabaseTimeouts()
         self._pool_size = database_pool_size(pool_size)
+        self._idle_close_s = idle_close_s
+        # NOTE: a pool of 1 reserves nothing (its one connection serves every call)
+        self._others_max = max(1, self._pool_size - SERVING_RESERVE)
         self._closed = False
         self._inherited: list[psycopg.Connection[Row]] = []  # a parent's, never used (forks)
         self._start_process()
@@ -95,6 +115,7 @@ class PostgresDatabase:
         with self._cond:
             self._open.add(first)
             self._idle.append(first)
+            self._idle_at[first] = time.monotonic()
         _ALIVE.add(self)
 
     def _start_process(self) -> None:
@@ -102,7 +123,11 @@ class PostgresDatabase:
         self._cond = threading.Condition()
         self._open: set[psycopg.Connection[Row]] = set()  # idle or in a transaction
         self._idle: list[psycopg.Connection[Row]] = []  # the most recently returned last
+        self._idle_at: dict[psycopg.Connection[Row], float] = {}  # when each idle one returned
         self._opening = 0  # connections being opened (counted against the pool size)
+        self._others = 0  # connections held (or being opened) by transactions not ``serving``
+        self._reaper: threading.Thread | None = None  # closes idle connections past the bound
+        self._reaper_stop = threading.Event()
         self._write_lock = threading.Lock()
         self._local = threading.local()  # .active: this thread is in a transaction
         self._watchdog = Watchdog(self._timeouts.client_wait_s)
@@ -120,18 +145,18 @@ class PostgresDatabase:
         return self._pool_size
 
     @contextmanager
-    def transaction(self, write: bool = True) -> Iterator[_PostgresTx]:
+    def transaction(self, write: bool = True, serving: bool = False) -> Iterator[_PostgresTx]:
         if getattr(self._local, "active", False):
             raise RuntimeError("registry transactions do not nest")
         self._local.active = True
         try:
             with self._write_turn(write):
-                conn = self._checkout()
+                conn = self._checkout(serving)
                 try:
                     with self._watched(conn, write) as tx:
                         yield tx
                 finally:
-                    self._checkin(conn)
+                    self._checkin(conn, serving)
         finally:
             self._local.active = False
 
@@ -178,34 +203,40 @@ class PostgresDatabase:
             self._closed = True
             idle, self._idle = self._idle, []
             self._open.difference_update(idle)
+            self._idle_at.clear()
             self._cond.notify_all()
+        self._reaper_stop.set()
         for conn in idle:
             conn.close()
         self._watchdog.stop()
         _ALIVE.discard(self)
 
-    def _checkout(self) -> psycopg.Connection[Row]:
+    def _checkout(self, serving: bool) -> psycopg.Connection[Row]:
         """An idle connection (one the server closed meanwhile replaced), else a new one while
-        the pool has room, else the first one returned within the client's wait limit."""
+        the pool has room, else the first one returned within the client's wait limit; not
+        ``serving``: only while other such transactions hold fewer than their share."""
         wait_s = self._timeouts.client_wait_s
         deadline = time.monotonic() + wait_s
         with self._cond:
             while True:
                 if self._closed:
                     raise RegistryUnavailableError("it was closed")
-                if self._idle:
-                    conn: psycopg.Connection[Row] | None = self._idle.pop()
-                    break
-                if len(self._open) + self._opening < self._pool_size:
-                    conn = None
-                    self._opening += 1
-                    break
+                if serving or self._others < self._others_max:
+                    if self._idle:
+                        taken = self._idle.pop()
+                        del self._idle_at[taken]
+                        conn: psycopg.Connection[Row] | None = taken
+                        break
+                    if len(self._open) + self._opening < self._pool_size:
+                        conn = None
+                        self._opening += 1
+                        break
                 remaining = deadline - time.monotonic()
                 if remaining <= 0:
-                    n = self._pool_size
-                    held = "connection" if n == 1 else f"{n} connections"
-                    raise RegistryUnavailableError(f"its {held} stayed busy for {wait_s:g} s")
+                    raise RegistryUnavailableError(self._busy(serving, wait_s))
                 self._cond.wait(remaining)
+            if not serving:
+                self._others += 1
         if conn is not None:
             if _reusable(conn, idle_check=True):
                 return conn
@@ -215,24 +246,72 @@ class PostgresDatabase:
         except BaseException:
             with self._cond:
                 self._opening -= 1
-                self._cond.notify()
+                if not serving:
+                    self._others -= 1
+                self._cond.notify_all()
             raise
         with self._cond:
             self._opening -= 1
             self._open.add(conn)
         return conn
 
-    def _checkin(self, conn: psycopg.Connection[Row]) -> None:
+    def _busy(self, serving: bool, wait_s: float) -> str:
+        n = self._pool_size
+        if not serving and self._others_max < n:
+            return (
+                f"the {self._others_max} of its {n} connections that calls other than tenant "
+                f"requests may hold stayed busy for {wait_s:g} s"
+            )
+        held = "connection" if n == 1 else f"{n} connections"
+        return f"its {held} stayed busy for {wait_s:g} s"
+
+    def _checkin(self, conn: psycopg.Connection[Row], serving: bool) -> None:
         """Back to the idle ones; closed instead when broken, given up, left mid-transaction
-        or the database closed (or it is a parent's, after a fork: left alone)."""
+        or the database closed (or it is a parent's, after a fork: left alone).
+
+        NOTE: every waiter is woken (not one): a waiter for the other share may be unable to
+        take what was freed, and a single wake-up spent on it would leave the able one waiting.
+        """
         with self._cond:
             if conn not in self._open:
                 return
+            if not serving:
+                self._others -= 1
             if not self._closed and _reusable(conn):
                 self._idle.append(conn)
-                self._cond.notify()
+                self._idle_at[conn] = time.monotonic()
+                self._cond.notify_all()
+                if self._reaper is None and len(self._open) > 1:
+                    self._reaper = threading.Thread(
+                        target=self._reap, name="registry-db-idle-close", daemon=True
+                    )
+                    self._reaper.start()
                 return
         self._drop(conn)
+
+    def _reap(self) -> None:
+        """Closes idle connections once idle for ``idle_close_s``, the longest idle first, all
+        but the last open one; ends when none is left to close (a check-in starts another)."""
+        stop = self._reaper_stop  # NOTE: this process's (a fork makes a new one)
+        while True:
+            expired: list[psycopg.Connection[Row]] = []
+            wake_in = 0.0
+            with self._cond:
+                cutoff = time.monotonic() - self._idle_close_s
+                while self._idle and len(self._open) > 1 and self._idle_at[self._idle[0]] <= cutoff:
+                    conn = self._idle.pop(0)  # the longest idle (returned first)
+                    del self._idle_at[conn]
+                    self._open.discard(conn)
+                    expired.append(conn)
+                done = self._closed or not self._idle or len(self._open) <= 1
+                if done:
+                    self._reaper = None
+                else:
+                    wake_in = self._idle_at[self._idle[0]] - cutoff
+            for conn in expired:
+                conn.close()
+            if done or stop.wait(wake_in):
+                return
 
     def _drop(self, conn: psycopg.Connection[Row], opening: bool = False) -> None:
         """Closes ``conn`` and frees its place in the pool (``opening``: for a new one that
@@ -243,7 +322,7 @@ class PostgresDatabase:
             if opening:
                 self._opening += 1
             else:
-                self._cond.notify()
+                self._cond.notify_all()
 
     def _after_fork_in_child(self) -> None:
         """Forget the parent's connections (closing this process's copies of their sockets

@@ -36,7 +36,13 @@ class _SqliteTx:
 
 
 class SqliteDatabase:
-    """The default registry database."""
+    """The default registry database.
+
+    NOTE: not usable across a fork (SQLite's rule: its locks are per process, so a child using,
+    or even closing, an inherited connection may corrupt the file the parent still writes). No
+    path forks with one open: ``serve`` forks its engine child before it opens the registry, and
+    every other child is spawned or exec'd; a child calling anyway is refused, never served.
+    """
 
     def __init__(self, path: str) -> None:
         self._path = Path(path)
@@ -52,6 +58,7 @@ class SqliteDatabase:
         self._conn.execute("PRAGMA synchronous = FULL")
         self._conn.execute("PRAGMA foreign_keys = ON")
         self._lock = threading.RLock()
+        self._pid = os.getpid()  # the process that opened the connection
 
     @property
     def dialect(self) -> str:
@@ -62,7 +69,13 @@ class SqliteDatabase:
         return f"sqlite:///{self._path}"
 
     @contextmanager
-    def transaction(self, write: bool = True) -> Iterator[_SqliteTx]:
+    def transaction(self, write: bool = True, serving: bool = False) -> Iterator[_SqliteTx]:
+        """``serving`` changes nothing: one connection, taken in turn (no pool to reserve)."""
+        if os.getpid() != self._pid:
+            raise RuntimeError(
+                f"the registry database {self.url} was opened by process {self._pid}; a forked "
+                "child must open its own"
+            )
         with self._lock:
             self._conn.execute("BEGIN IMMEDIATE" if write else "BEGIN")
             try:
