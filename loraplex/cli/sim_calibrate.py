@@ -146,12 +146,21 @@ def calibrate_command(
             "(default: attn,all)."
         ),
     ] = None,
+    accept_broken_fit: Annotated[
+        bool,
+        typer.Option(
+            "--accept-broken-fit",
+            help="Write the model even if its step fit fails the check twice (said in its "
+            "sources' fit_check); without it such a calibration writes no model and exits 1.",
+        ),
+    ] = False,
 ) -> None:
     """Fit the simulator's cost model to a server: step time vs decode and prompt tokens,
     distinct revisions and rank mix; per-tier load costs; front and IPC overheads."""
     from loraplex.bench.sim.calibrate_run import CalibrateConfig
     from loraplex.bench.sim.calibrate_target import SELF_TARGET_SETS
     from loraplex.bench.sim.calibration import calibrate
+    from loraplex.bench.sim.fit_check import BrokenFit
 
     try:
         config = CalibrateConfig(
@@ -196,7 +205,15 @@ def calibrate_command(
         load_cpu_shared=load_cpu_shared,
     ) as target:
         # The --self demo server is CPU-only: its target says its loader and engine share one.
-        model, measured = calibrate(target, config, hardware, command)
+        try:
+            model, measured = calibrate(
+                target, config, hardware, command, accept_broken_fit=accept_broken_fit
+            )
+        except BrokenFit as exc:
+            if report is not None:  # what was measured, with the checks, to look into
+                report.write_text(json.dumps(exc.report, sort_keys=True) + "\n", encoding="utf-8")
+            typer.echo(f"error: {exc}; {out} not written (--accept-broken-fit writes it)", err=True)
+            raise typer.Exit(1) from exc
     model.save(out)
     if report is not None:
         report.write_text(json.dumps(measured, sort_keys=True) + "\n", encoding="utf-8")

@@ -1,0 +1,191 @@
+"""A full calibration whose step fit does not hold together is re-measured once, then refused
+unless accepted explicitly (``bench/sim/fit_check.py``; docs/simulator.md, "SIMCAL2")."""
+
+from __future__ import annotations
+
+import json
+from contextlib import nullcontext
+from dataclasses import replace
+from pathlib import Path
+from typing import Any
+
+import pytest
+from sim_inputs import calibration_measured
+
+from loraplex.bench.sim import calibration
+from loraplex.bench.sim.calibrate_run import CalibrateConfig
+from loraplex.bench.sim.calibrate_target import Target
+from loraplex.bench.sim.fit_check import (
+    MAX_STEP_REL_RESIDUAL,
+    MIN_STEP_R_SQUARED,
+    BrokenFit,
+    step_fit_faults,
+)
+from loraplex.sim.calibrate import Fit, StepFit, StepSample, fit_step
+from loraplex.sim.cost_model import StepCost
+
+TARGET = Target("http://x", "k", (), {}, 100)
+
+
+def _measured(steps: list[StepSample]) -> dict[str, Any]:
+    measured = calibration_measured()
+    measured.update(steps=steps, step_fit=fit_step(steps), cold=[], residuals=[])
+    measured["ttft_prefills"] = [s for s in steps if s.hop]
+    return measured
+
+
+def _clean() -> list[StepSample]:
+    return list(calibration_measured()["steps"])
+
+
+def _flat_prefill() -> list[StepSample]:
+    """Prefill samples that shrink with the prompt (a disturbed run): NNLS prices the prompt
+    token at 0, as in three kept files (03b, 03d, simwarm3)."""
+    return [replace(s, step_s=0.008 - 5e-5 * s.prefill_tokens) if s.hop else s for s in _clean()]
+
+
+def _broken_tpot() -> list[StepSample]:
+    """One decode mix timed at 8 us a token (the broken TPOT of simval-paced, probe1/2)."""
+    steps = _clean()
+    steps[5] = replace(steps[5], step_s=8e-6)
+    return steps
+
+
+def test_a_clean_fit_has_no_fault() -> None:
+    assert step_fit_faults(fit_step(_clean())) == []
+
+
+def test_each_fault_is_named() -> None:
+    assert "per_prefill_token_s fitted to 0" in step_fit_faults(fit_step(_flat_prefill()))
+    faults = step_fit_faults(fit_step(_broken_tpot()))
+    assert any(f.startswith("largest residual") and "beyond 1000%" in f for f in faults), faults
+
+
+def test_the_bounds_are_where_they_say() -> None:
+    step = StepCost(0.002, 1e-4, 3e-4, 1e-7, per_prefill_token_s=2e-5)
+
+    def fitted(r2: float | None, worst: float, **prices: float) -> StepFit:
+        return StepFit(replace(step, **prices), 0.001, Fit((), r2, worst))
+
+    assert step_fit_faults(fitted(MIN_STEP_R_SQUARED, MAX_STEP_REL_RESIDUAL)) == []
+    assert step_fit_faults(fitted(None, 0.1)) == []  # samples that do not vary: no R^2
+    assert step_fit_faults(fitted(0.6499, 0.1)) == [f"R^2 0.6499 below {MIN_STEP_R_SQUARED}"]
+    assert step_fit_faults(fitted(0.9, 10.01)) == ["largest residual 1001.0% beyond 1000%"]
+    assert step_fit_faults(fitted(0.9, 0.1, per_token_s=0.0)) == ["per_token_s fitted to 0"]
+    both = fitted(0.5, 20.0, per_prefill_token_s=0.0)
+    assert len(step_fit_faults(both)) == 3
+
+
+def _stub(monkeypatch: pytest.MonkeyPatch, first: list[StepSample], again: list[StepSample]):
+    calls: list[int] = []
+
+    def remeasure(target: Target, config: CalibrateConfig, measured: dict) -> dict:
+        calls.append(1)
+        return {**measured, **_measured(again)}
+
+    monkeypatch.setattr(calibration, "measure", lambda target, config: _measured(first))
+    monkeypatch.setattr(calibration, "remeasure_steps", remeasure)
+    return calls
+
+
+def test_a_clean_calibration_is_not_remeasured(monkeypatch: pytest.MonkeyPatch) -> None:
+    calls = _stub(monkeypatch, _clean(), _flat_prefill())
+    model, report = calibration.calibrate(TARGET, CalibrateConfig(), "hw", "cmd")
+    assert calls == []
+    assert model.sources["fit_check"].endswith("): held")
+    assert report["fit_check"]["measurements"] == [[]]
+
+
+def test_a_broken_fit_is_remeasured_once_and_the_second_kept(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    calls = _stub(monkeypatch, _flat_prefill(), _clean())
+    model, report = calibration.calibrate(TARGET, CalibrateConfig(), "hw", "cmd")
+    assert calls == [1]
+    assert model.step.per_prefill_token_s == pytest.approx(2e-5)  # the second measurement's
+    assert "per_prefill_token_s fitted to 0" in model.sources["fit_check"]
+    assert "re-measured once and held" in model.sources["fit_check"]
+    assert report["fit_check"]["measurements"][1] == []
+
+
+def test_a_fit_broken_twice_is_refused_unless_accepted(monkeypatch: pytest.MonkeyPatch) -> None:
+    calls = _stub(monkeypatch, _flat_prefill(), _broken_tpot())
+    with pytest.raises(BrokenFit, match="largest residual") as raised:
+        calibration.calibrate(TARGET, CalibrateConfig(), "hw", "cmd")
+    assert calls == [1]
+    assert raised.value.report["fit_check"]["accepted"] is False
+    assert "not written" in raised.value.report["fit_check"]["text"]
+    model, report = calibration.calibrate(
+        TARGET, CalibrateConfig(), "hw", "cmd", accept_broken_fit=True
+    )
+    assert calls == [1, 1]
+    assert model.sources["fit_check"].endswith("; kept by --accept-broken-fit")
+    assert report["fit_check"]["accepted"] is True
+
+
+def _cli(monkeypatch: pytest.MonkeyPatch, tmp_path: Path, *flags: str):
+    from typer.testing import CliRunner
+
+    from loraplex.cli import app, sim_calibrate
+
+    monkeypatch.setattr(sim_calibrate, "_target", lambda *a, **k: nullcontext(TARGET))
+    args = ["sim", "calibrate", "--url", "http://x", "--admin-key", "k", "--hardware", "hw"]
+    out, report = tmp_path / "cost.json", tmp_path / "samples.json"
+    result = CliRunner().invoke(app, [*args, "--out", str(out), "--report", str(report), *flags])
+    return result, out, report
+
+
+def test_sim_calibrate_writes_no_model_for_a_broken_fit(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    _stub(monkeypatch, _flat_prefill(), _flat_prefill())
+    result, out, report = _cli(monkeypatch, tmp_path)
+    assert result.exit_code == 1, result.output
+    assert "per_prefill_token_s fitted to 0" in result.output
+    assert "--accept-broken-fit" in result.output
+    assert not out.exists()
+    kept = json.loads(report.read_text(encoding="utf-8"))  # the samples, to look into
+    assert kept["fit_check"]["measurements"] == [["per_prefill_token_s fitted to 0"]] * 2
+
+
+def test_sim_calibrate_accept_broken_fit_writes_it_and_says_so(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    _stub(monkeypatch, _flat_prefill(), _flat_prefill())
+    result, out, _ = _cli(monkeypatch, tmp_path, "--accept-broken-fit")
+    assert result.exit_code == 0, result.output
+    written = json.loads(out.read_text(encoding="utf-8"))
+    assert written["step"]["per_prefill_token_s"] == 0.0
+    assert "kept by --accept-broken-fit" in written["sources"]["fit_check"]
+
+
+def test_remeasure_steps_measures_the_steps_again_and_keeps_the_loads(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The loads and cold requests are not re-measured (their adapters are no longer cold);
+    every step measurement is replaced by the second's."""
+    first = _measured(_flat_prefill())
+    again = {k: v for k, v in _measured(_clean()).items() if k not in ("loads", "cold")}
+    monkeypatch.setattr(calibration, "with_sizes", lambda client, target: target)
+    monkeypatch.setattr(calibration, "_step_measurements", lambda client, target, config: again)
+    out = calibration.remeasure_steps(TARGET, CalibrateConfig(), first)
+    assert out["loads"] is first["loads"] and out["cold"] is first["cold"]
+    assert out["step_fit"] is again["step_fit"] and out["steps"] is again["steps"]
+    assert out["handoffs"] is None  # no request log
+
+
+def test_bench_sims_in_run_calibration_keeps_its_report_then_refuses(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    """``bench sim`` without ``--cost-model``: a fit broken twice keeps the calibration's report
+    in ``--logs-dir`` (with the checks) and raises, so no trace is priced with it."""
+    from loraplex.bench.sim import calibrate_target
+    from loraplex.cli import bench_sim
+
+    _stub(monkeypatch, _flat_prefill(), _flat_prefill())
+    monkeypatch.setattr(calibrate_target, "self_target", lambda *a, **k: nullcontext(TARGET))
+    with pytest.raises(BrokenFit, match="per_prefill_token_s fitted to 0"):
+        bench_sim._calibrated(tmp_path, 8, "hw", tmp_path)
+    kept = json.loads((tmp_path / "calibration.samples.json").read_text(encoding="utf-8"))
+    assert kept["fit_check"]["accepted"] is False
+    assert len(kept["fit_check"]["measurements"]) == 2
