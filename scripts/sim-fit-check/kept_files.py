@@ -11,15 +11,12 @@ from __future__ import annotations
 
 import argparse
 import json
-import re
 import sys
 from pathlib import Path
 
-from loraplex.bench.sim.fit_check import step_fit_faults
-from loraplex.sim.calibrate import Fit, StepFit, StepSample, fit_step
+from loraplex.bench.sim.fit_check import recorded_step_fit, step_fit_faults
+from loraplex.sim.calibrate import StepFit, StepSample, fit_step
 from loraplex.sim.cost_model import load
-
-RECORDED = re.compile(r"R\^2 ([0-9.]+), largest residual ([0-9.]+)%")
 
 
 def _fit(path: Path) -> tuple[StepFit, str]:
@@ -29,12 +26,10 @@ def _fit(path: Path) -> tuple[StepFit, str]:
         rows = json.loads(samples.read_text(encoding="utf-8")).get("step_samples")
         if rows:
             return fit_step([StepSample(**row) for row in rows]), "refitted from " + samples.name
-    model = load(path)
-    found = RECORDED.findall(model.sources.get("step", ""))
-    if not found:
+    recorded = recorded_step_fit(load(path))
+    if recorded is None:
         raise ValueError(f"{path}: no samples file and no recorded R^2 in sources.step")
-    r2, worst = found[-1]
-    return StepFit(model.step, model.ipc_s, Fit((), float(r2), float(worst) / 100)), "recorded"
+    return recorded, "recorded"
 
 
 def main() -> None:

@@ -25,6 +25,7 @@ from loraplex.sim.calibrate import Fit, StepFit, StepSample, fit_step
 from loraplex.sim.cost_model import StepCost
 
 TARGET = Target("http://x", "k", (), {}, 100)
+DOCS = Path(__file__).resolve().parents[2] / "docs" / "benchmarks"
 
 
 def _measured(steps: list[StepSample]) -> dict[str, Any]:
@@ -104,7 +105,7 @@ def test_a_broken_fit_is_remeasured_once_and_the_second_kept(
     assert calls == [1]
     assert model.step.per_prefill_token_s == pytest.approx(2e-5)  # the second measurement's
     assert "per_prefill_token_s fitted to 0" in model.sources["fit_check"]
-    assert "re-measured once and held" in model.sources["fit_check"]
+    assert "the step samples measured once more and held" in model.sources["fit_check"]
     assert report["fit_check"]["measurements"][1] == []
 
 
@@ -189,3 +190,148 @@ def test_bench_sims_in_run_calibration_keeps_its_report_then_refuses(
     kept = json.loads((tmp_path / "calibration.samples.json").read_text(encoding="utf-8"))
     assert kept["fit_check"]["accepted"] is False
     assert len(kept["fit_check"]["measurements"]) == 2
+
+
+def _fleet_samples(network_s: float) -> list:
+    """Lone requests through a fleet over ``sim_inputs.cost()``: their TTFT the base's lone
+    price plus ``network_s`` (below 0: faster than the base predicts), one decode request."""
+    from sim_inputs import cost
+
+    from loraplex.sim.calibrate_fleet import FleetSample
+
+    base = cost()
+    out = []
+    for length in (8, 32):
+        sample = FleetSample(length, 8, 4096, 1.0)
+        lone = base.front_s + base.ipc_s + sample.prefill_price_s(base)
+        out += [replace(sample, ttft_s=max(1e-4, lone + network_s)) for _ in range(3)]
+    decode = FleetSample(8, 8, 4096, 1.0, 1.0)
+    return [*out, replace(decode, tpot_s=decode.decode_price_s(base))]
+
+
+def test_a_fleet_fit_whose_hop_is_floored_at_0_is_measured_once_more(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    from sim_inputs import cost
+
+    from loraplex.bench.sim import calibrate_fleet
+    from loraplex.bench.sim.fit_check import fleet_fit_faults
+    from loraplex.sim.calibrate_fleet import fit_fleet
+
+    base = cost()
+    floored = fit_fleet(base, _fleet_samples(-0.002))
+    assert floored.network_s == 0.0
+    assert fleet_fit_faults(floored) == ["network_s fitted to 0 (raw median -2.00 ms)"]
+    assert fleet_fit_faults(fit_fleet(base, _fleet_samples(0.004))) == []
+    runs = [_fleet_samples(-0.002), _fleet_samples(0.004)]
+    calls: list[int] = []
+
+    def measure_fleet(config: object, asset_dir: Path) -> tuple:
+        calls.append(1)
+        return (runs[len(calls) - 1], [], 0, {}, [])
+
+    monkeypatch.setattr(calibrate_fleet, "measure_fleet", measure_fleet)
+    config = calibrate_fleet.FleetCalibrateConfig()
+    measured, checks = calibrate_fleet.checked_measurements(base, config, tmp_path)
+    assert calls == [1, 1] and measured[0] is runs[1]
+    assert checks == [["network_s fitted to 0 (raw median -2.00 ms)"], []]
+    calls.clear()
+    runs.reverse()  # the first holds: measured once
+    measured, checks = calibrate_fleet.checked_measurements(base, config, tmp_path)
+    assert calls == [1] and checks == [[]]
+
+
+def _fleet_cli(tmp_path: Path, base: Path, *flags: str):
+    from typer.testing import CliRunner
+
+    from loraplex.cli import app
+
+    args = ["sim", "calibrate-fleet", "--base", str(base), "--out", str(tmp_path / "o.json")]
+    return CliRunner().invoke(app, [*args, "--report", str(tmp_path / "r.json"), *flags])
+
+
+def test_calibrate_fleet_refuses_a_base_whose_fit_failed_unless_accepted(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    """A base whose recorded step fit fails the check (here 03b's: prefill priced at 0) is
+    refused by name before any fleet starts; accepted, it is measured over."""
+    from loraplex.bench.sim import calibrate_fleet
+
+    base = DOCS / "sim-cost-cpu-2core-demo-small-2026-12-03b.json"
+    seen: list[bool] = []
+
+    def fake(base_model, config, asset_dir, command, *, accept_broken_fit=False):
+        seen.append(accept_broken_fit)
+        return base_model, {"fit_check": {}}
+
+    monkeypatch.setattr(calibrate_fleet, "calibrate_fleet", fake)
+    result = _fleet_cli(tmp_path, base)
+    assert result.exit_code == 2, result.output
+    assert "per_prefill_token_s fitted to 0" in result.output and seen == []
+    assert not (tmp_path / "o.json").exists()
+    result = _fleet_cli(tmp_path, base, "--accept-broken-fit")
+    assert result.exit_code == 0, result.output
+    assert seen == [True] and (tmp_path / "o.json").exists()
+
+
+def test_calibrate_fleet_writes_no_model_for_a_fleet_fit_broken_twice(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    from sim_inputs import COST_FILE
+
+    from loraplex.bench.sim import calibrate_fleet
+
+    def fake(base_model, config, asset_dir, command, *, accept_broken_fit=False):
+        raise BrokenFit(["network_s fitted to 0 (raw median -2.00 ms)"], {"fit_check": 1}, "fleet")
+
+    monkeypatch.setattr(calibrate_fleet, "calibrate_fleet", fake)
+    result = _fleet_cli(tmp_path, COST_FILE)
+    assert result.exit_code == 1, result.output
+    assert "the fleet fit does not hold together" in result.output
+    assert not (tmp_path / "o.json").exists()
+    assert json.loads((tmp_path / "r.json").read_text(encoding="utf-8")) == {"fit_check": 1}
+
+
+def test_calibrate_fleet_refuses_a_fit_broken_twice_unless_accepted(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    """``calibrate_fleet`` end to end over stubbed measurements (no Ray), the contention fit by
+    simulation stubbed to its first pass: broken twice it raises with the report; accepted,
+    the model's ``sources.fleet_fit_check`` says so."""
+    from sim_inputs import cost
+
+    from loraplex.bench.sim import calibrate_fleet
+    from loraplex.bench.sim.contention_fit import ContentionFit
+    from loraplex.bench.sim.contention_rounds import Placement
+    from loraplex.sim.calibrate_fleet import ContentionSample
+    from loraplex.sim.host_speed import HostProbe
+
+    rounds = [ContentionSample(1, 10.0), ContentionSample(2, 15.0)]
+    probes = [HostProbe(0.3, 0.2)] * 2
+    where = {"adapters": ["a"], "placed_on": None}
+    calls: list[int] = []
+
+    def measure_fleet(config: object, asset_dir: Path) -> tuple:
+        calls.append(1)
+        return (_fleet_samples(-0.002), rounds, 0, where, probes)
+
+    monkeypatch.setattr(calibrate_fleet, "measure_fleet", measure_fleet)
+    monkeypatch.setattr(
+        calibrate_fleet, "simulated_rounds", lambda *a, **k: (None, None, Placement())
+    )
+    monkeypatch.setattr(
+        calibrate_fleet,
+        "fit_by_simulation",
+        lambda model, config, shape, measured, first: ContentionFit(first, 1, {}, {}, {}, 0.0),
+    )
+    config = calibrate_fleet.FleetCalibrateConfig()
+    with pytest.raises(BrokenFit, match="the fleet fit does not hold") as raised:
+        calibrate_fleet.calibrate_fleet(cost(), config, tmp_path, "cmd")
+    assert calls == [1, 1]
+    assert len(raised.value.report["fit_check"]["measurements"]) == 2
+    model, report = calibrate_fleet.calibrate_fleet(
+        cost(), config, tmp_path, "cmd", accept_broken_fit=True
+    )
+    assert model.network_s == 0.0
+    assert model.sources["fleet_fit_check"].endswith("; kept by --accept-broken-fit")
+    assert report["fit_check"]["accepted"] is True

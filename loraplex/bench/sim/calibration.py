@@ -29,7 +29,7 @@ from loraplex.bench.sim.calibrate_timeline import (
     timed_samples,
     wait_for_lines,
 )
-from loraplex.bench.sim.fit_check import BrokenFit, check_text, step_fit_faults
+from loraplex.bench.sim.fit_check import STEP_RULES, BrokenFit, check_text, step_fit_faults
 from loraplex.bench.sim.host_probe import host_probe
 from loraplex.sim.calibrate import fit_step
 from loraplex.sim.cost_model import CostModel
@@ -137,7 +137,7 @@ def calibrate(
     model, report = cost_model_from(
         target, config, measured, probes=probes, hardware=hardware, command=command
     )
-    text = check_text(checks, accept_broken_fit)
+    text = "the step fit " + check_text(checks, accept_broken_fit, STEP_RULES, "the step samples")
     model = replace(model, sources={**model.sources, "fit_check": text})
     report["fit_check"] = {"measurements": checks, "accepted": accept_broken_fit, "text": text}
     if checks[-1] and not accept_broken_fit:
