@@ -95,6 +95,7 @@ def test_a_clean_calibration_is_not_remeasured(monkeypatch: pytest.MonkeyPatch) 
     assert calls == []
     assert model.sources["fit_check"].endswith("): held")
     assert report["fit_check"]["measurements"] == [[]]
+    assert "first_step_samples" not in report["fit_check"]
 
 
 def test_a_broken_fit_is_remeasured_once_and_the_second_kept(
@@ -107,6 +108,9 @@ def test_a_broken_fit_is_remeasured_once_and_the_second_kept(
     assert "per_prefill_token_s fitted to 0" in model.sources["fit_check"]
     assert "the step samples measured once more and held" in model.sources["fit_check"]
     assert report["fit_check"]["measurements"][1] == []
+    first = report["fit_check"]["first_step_samples"]
+    assert [s["step_s"] for s in first] == [s.step_s for s in _flat_prefill()]
+    assert [s["step_s"] for s in report["step_samples"]] == [s.step_s for s in _clean()]
 
 
 def test_a_fit_broken_twice_is_refused_unless_accepted(monkeypatch: pytest.MonkeyPatch) -> None:

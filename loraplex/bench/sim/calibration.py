@@ -5,7 +5,7 @@ measured and fitted)."""
 from __future__ import annotations
 
 import json
-from dataclasses import replace
+from dataclasses import asdict, replace
 from pathlib import Path
 from typing import Any
 
@@ -130,6 +130,7 @@ def calibrate(
     probes = [host_probe()]  # the host's speed around the figures (sim/host_speed.py)
     measured = measure(target, config)
     checks = [step_fit_faults(measured["step_fit"])]
+    first = measured["steps"]  # kept in the report when measured again
     if checks[0]:
         measured = remeasure_steps(target, config, measured)
         checks.append(step_fit_faults(measured["step_fit"]))
@@ -140,6 +141,8 @@ def calibrate(
     text = "the step fit " + check_text(checks, accept_broken_fit, STEP_RULES, "the step samples")
     model = replace(model, sources={**model.sources, "fit_check": text})
     report["fit_check"] = {"measurements": checks, "accepted": accept_broken_fit, "text": text}
+    if len(checks) > 1:  # the first measurement's step samples, which the model does not use
+        report["fit_check"]["first_step_samples"] = [asdict(s) for s in first]
     if checks[-1] and not accept_broken_fit:
         raise BrokenFit(checks[-1], report)
     return model, report
