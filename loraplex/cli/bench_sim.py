@@ -150,7 +150,13 @@ def bench_sim(
             asset_dir, max_loras, hardware, calibrate_interleaved, logs_dir
         )
     elif model is None:
-        model = _calibrated(asset_dir, max_loras, hardware, logs_dir)
+        from loraplex.bench.sim.fit_check import BrokenFit
+
+        try:
+            model = _calibrated(asset_dir, max_loras, hardware, logs_dir)
+        except BrokenFit as exc:  # no model to price the traces with: nothing is run
+            typer.echo(f"error: the in-run calibration: {exc}", err=True)
+            raise typer.Exit(1) from exc
         if calibrated_out is not None:
             model.save(calibrated_out)
     result = run_sim_bench(config, model, interleaved, fleet_passes)
@@ -177,6 +183,7 @@ def _calibrated(asset_dir: Path, max_loras: int, hardware: str, logs_dir: Path |
     from loraplex.bench.sim.calibrate_run import CalibrateConfig, slots_for_mixes
     from loraplex.bench.sim.calibrate_target import self_target
     from loraplex.bench.sim.calibration import calibrate
+    from loraplex.bench.sim.fit_check import BrokenFit
 
     sets = ("attn", "all")  # both target sets: the weight terms are fitted
     config = CalibrateConfig()
@@ -185,10 +192,17 @@ def _calibrated(asset_dir: Path, max_loras: int, hardware: str, logs_dir: Path |
     # share was a hard cap)
     slots = max(max_loras, slots_for_mixes(config))
     with self_target(asset_dir, (8, 16, 32, 64), 2, slots, 0, target_sets=sets) as target:
-        model, report = calibrate(target, config, hardware, "loraplex bench sim (calibrate --self)")
+        try:
+            model, report = calibrate(
+                target, config, hardware, "loraplex bench sim (calibrate --self)"
+            )
+        except BrokenFit as exc:  # its report kept too (the checks in it), then refused
+            model, report = None, exc.report
         if logs_dir is not None:  # what ``sim calibrate --report`` writes, and the server's log
             text = json.dumps(report, sort_keys=True) + "\n"
             (logs_dir / "calibration.samples.json").write_text(text, encoding="utf-8")
             if target.request_log is not None:
                 shutil.copyfile(target.request_log, logs_dir / "calibration.requests.jsonl")
+    if model is None:
+        raise BrokenFit(report["fit_check"]["measurements"][-1], report)
     return model

@@ -10,7 +10,7 @@ import shlex
 import sys
 from contextlib import AbstractContextManager
 from pathlib import Path
-from typing import TYPE_CHECKING, Annotated
+from typing import TYPE_CHECKING, Annotated, NoReturn
 
 import typer
 
@@ -18,10 +18,19 @@ from loraplex.cli.plan import ints
 
 if TYPE_CHECKING:
     from loraplex.bench.sim.calibrate_target import Target
+    from loraplex.bench.sim.fit_check import BrokenFit
 
 
 Report = Annotated[Path | None, typer.Option(help="Also write every sample here (JSON).")]
 PrefillLengths = Annotated[str, typer.Option(help="Prompt lengths of the lone prefill requests.")]
+AcceptBrokenFit = Annotated[
+    bool,
+    typer.Option(
+        "--accept-broken-fit",
+        help="Write the model even if its fit fails the check twice (said in its sources); "
+        "without it such a calibration writes no model and exits 1.",
+    ),
+]
 
 
 def register_calibrate(sim_app: typer.Typer) -> None:
@@ -54,12 +63,14 @@ def calibrate_fleet_command(
     asset_dir: Annotated[
         Path, typer.Option(help="Demo assets cache (base model <dir>/test-small).")
     ] = Path(".loraplex-assets"),
+    accept_broken_fit: AcceptBrokenFit = False,
 ) -> None:
     """Add a fleet's costs to a lone server's model: measure a local demo fleet (Ray) with lone
     warm requests through its ingress, paced as a trace sends them: the ingress-to-replica hop
     and its spread, the co-located replicas' step scale, the machine's cores; and the fleet's
     slowdown with 1, 2, 4, 8 requests in flight (docs/simulator.md)."""
     from loraplex.bench.sim.calibrate_fleet import FleetCalibrateConfig, calibrate_fleet
+    from loraplex.bench.sim.fit_check import BrokenFit, recorded_step_fit, step_fit_faults
     from loraplex.sim.cost_model import load
 
     try:
@@ -74,10 +85,23 @@ def calibrate_fleet_command(
         base_model = load(base)
     except (ValueError, OSError) as exc:
         raise typer.BadParameter(str(exc)) from exc
+    recorded = recorded_step_fit(base_model)
+    faults = [] if recorded is None else step_fit_faults(recorded)
+    if faults and not accept_broken_fit:
+        raise typer.BadParameter(
+            f"{base}'s step fit does not hold together ({'; '.join(faults)}); "
+            "--accept-broken-fit uses it",
+            param_hint="--base",
+        )
     argv = sys.argv[1:]
     given = argv[argv.index("calibrate-fleet") + 1 :] if "calibrate-fleet" in argv else argv
     command = shlex.join(["loraplex", "sim", "calibrate-fleet", *given])
-    model, measured = calibrate_fleet(base_model, config, asset_dir, command)
+    try:
+        model, measured = calibrate_fleet(
+            base_model, config, asset_dir, command, accept_broken_fit=accept_broken_fit
+        )
+    except BrokenFit as exc:
+        _refused(exc, out, report)
     model.save(out)
     if report is not None:
         report.write_text(json.dumps(measured, sort_keys=True) + "\n", encoding="utf-8")
@@ -146,12 +170,14 @@ def calibrate_command(
             "(default: attn,all)."
         ),
     ] = None,
+    accept_broken_fit: AcceptBrokenFit = False,
 ) -> None:
     """Fit the simulator's cost model to a server: step time vs decode and prompt tokens,
     distinct revisions and rank mix; per-tier load costs; front and IPC overheads."""
     from loraplex.bench.sim.calibrate_run import CalibrateConfig
     from loraplex.bench.sim.calibrate_target import SELF_TARGET_SETS
     from loraplex.bench.sim.calibration import calibrate
+    from loraplex.bench.sim.fit_check import BrokenFit
 
     try:
         config = CalibrateConfig(
@@ -196,13 +222,26 @@ def calibrate_command(
         load_cpu_shared=load_cpu_shared,
     ) as target:
         # The --self demo server is CPU-only: its target says its loader and engine share one.
-        model, measured = calibrate(target, config, hardware, command)
+        try:
+            model, measured = calibrate(
+                target, config, hardware, command, accept_broken_fit=accept_broken_fit
+            )
+        except BrokenFit as exc:
+            _refused(exc, out, report)
     model.save(out)
     if report is not None:
         report.write_text(json.dumps(measured, sort_keys=True) + "\n", encoding="utf-8")
     typer.echo(
         json.dumps({"name": "sim-calibrate", "out": str(out), **json.loads(model.to_json())})
     )
+
+
+def _refused(exc: BrokenFit, out: Path, report: Path | None) -> NoReturn:
+    """A calibration whose fit failed twice: its report written (the checks in it), no model."""
+    if report is not None:  # what was measured, with the checks, to look into
+        report.write_text(json.dumps(exc.report, sort_keys=True) + "\n", encoding="utf-8")
+    typer.echo(f"error: {exc}; {out} not written (--accept-broken-fit writes it)", err=True)
+    raise typer.Exit(1) from exc
 
 
 def _redacted(argv: list[str]) -> list[str]:

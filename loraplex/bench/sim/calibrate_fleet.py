@@ -50,6 +50,7 @@ from loraplex.bench.sim.contention_rounds import (
     place,
     simulated_rounds,
 )
+from loraplex.bench.sim.fit_check import FLEET_RULES, BrokenFit, check_text, fleet_fit_faults
 from loraplex.bench.sim.fleet_lone import lone_samples, warm_up
 from loraplex.bench.sim.validate import MAX_LORA_RANK, RealSettings
 from loraplex.bench.workloads import ATTENTION_TARGETS, TraceAdapter
@@ -223,11 +224,32 @@ def measure_fleet(
     return (*measured, [before, after])
 
 
+def checked_measurements(
+    base: CostModel, config: FleetCalibrateConfig, asset_dir: Path
+) -> tuple[tuple[Any, ...], list[list[str]]]:
+    """``measure_fleet``'s measurements, and the faults of each fit (``fit_check``): a fit that
+    does not hold together has the fleet measured once more (a fresh fleet), that one kept."""
+    measured = measure_fleet(config, asset_dir)
+    checks = [fleet_fit_faults(fit_fleet(base, measured[0]))]
+    if checks[0]:
+        measured = measure_fleet(config, asset_dir)
+        checks.append(fleet_fit_faults(fit_fleet(base, measured[0])))
+    return measured, checks
+
+
 def calibrate_fleet(
-    base: CostModel, config: FleetCalibrateConfig, asset_dir: Path, command: str
+    base: CostModel,
+    config: FleetCalibrateConfig,
+    asset_dir: Path,
+    command: str,
+    *,
+    accept_broken_fit: bool = False,
 ) -> tuple[CostModel, dict[str, Any]]:
-    """``base`` with the fleet's terms measured on a local demo fleet, and the samples."""
-    samples, rounds, left_out, rounds_where, probes = measure_fleet(config, asset_dir)
+    """``base`` with the fleet's terms measured on a local demo fleet, and the samples. A fit
+    that fails twice (``checked_measurements``) raises ``BrokenFit`` unless
+    ``accept_broken_fit``; the checks are in ``sources.fleet_fit_check`` and the report."""
+    measured, checks = checked_measurements(base, config, asset_dir)
+    samples, rounds, left_out, rounds_where, probes = measured
     fit = fit_fleet(base, samples)
     first, raw = fit_contention(rounds)
     cores = usable_cores()
@@ -294,4 +316,9 @@ def calibrate_fleet(
         "machine": machine,
         "config": asdict(config),
     }
+    text = "the fleet's fit " + check_text(checks, accept_broken_fit, FLEET_RULES, "the fleet")
+    model = replace(model, sources={**model.sources, "fleet_fit_check": text})
+    report["fit_check"] = {"measurements": checks, "accepted": accept_broken_fit, "text": text}
+    if checks[-1] and not accept_broken_fit:
+        raise BrokenFit(checks[-1], report, "fleet")
     return model, report

@@ -5,6 +5,7 @@ measured and fitted)."""
 from __future__ import annotations
 
 import json
+from dataclasses import asdict, replace
 from pathlib import Path
 from typing import Any
 
@@ -28,6 +29,7 @@ from loraplex.bench.sim.calibrate_timeline import (
     timed_samples,
     wait_for_lines,
 )
+from loraplex.bench.sim.fit_check import STEP_RULES, BrokenFit, check_text, step_fit_faults
 from loraplex.bench.sim.host_probe import host_probe
 from loraplex.sim.calibrate import fit_step
 from loraplex.sim.cost_model import CostModel
@@ -35,46 +37,70 @@ from loraplex.sim.cost_model import CostModel
 
 def measure(target: Target, config: CalibrateConfig) -> dict[str, Any]:
     """Every sample of one calibration: loads and cold requests end to end first (adapters
-    still cold; ``calibrate_cold``), then decode mixes, front_s and the prefill samples (which
-    need front_s), and the step fit: on the prefill steps the engine's timeline holds when the
-    server's request log is at hand (``calibrate_timeline``), else on the lone TTFTs."""
-    headers = {"Authorization": f"Bearer {target.admin_key}"}
-    with httpx.Client(
-        base_url=target.url, headers=headers, timeout=config.request_timeout_s
-    ) as client:
+    still cold; ``calibrate_cold``), then the step samples (``_step_measurements``)."""
+    with _client(target, config) as client:
         loads = load_samples(client, target.adapters, target.store)
         # While every adapter is still cold and no warm policy holds one (they drop nothing
         # pinned later, after the mixes' traffic).
         cold = cold_samples(client, target, config)
         cold += cold_samples(client, target, config, tier="L1")
         target = with_sizes(client, target)
-        steps = step_samples(client, target, config)
-        front_s = front_seconds(client, target, config)
-        log_from = log_size(target.request_log)
-        prefills, residuals, lone = prefill_samples(client, target, config, front_s)
-    handoffs, timings, lines = None, [], []
+        steps = _step_measurements(client, target, config)
+    return {"loads": loads, "cold": cold, **steps, **_log_handoffs(target)}
+
+
+def remeasure_steps(
+    target: Target, config: CalibrateConfig, measured: dict[str, Any]
+) -> dict[str, Any]:
+    """``measured`` with its step samples measured again (``_step_measurements``: decode mixes,
+    front_s, the prefill samples and the step fit); the loads and cold requests stay (their
+    adapters are no longer cold)."""
+    with _client(target, config) as client:
+        steps = _step_measurements(client, with_sizes(client, target), config)
+    return {**measured, **steps, **_log_handoffs(target)}
+
+
+def _client(target: Target, config: CalibrateConfig) -> httpx.Client:
+    headers = {"Authorization": f"Bearer {target.admin_key}"}
+    return httpx.Client(base_url=target.url, headers=headers, timeout=config.request_timeout_s)
+
+
+def _step_measurements(
+    client: httpx.Client, target: Target, config: CalibrateConfig
+) -> dict[str, Any]:
+    """Decode mixes, front_s and the prefill samples (which need front_s), and the step fit: on
+    the prefill steps the engine's timeline holds when the server's request log is at hand
+    (``calibrate_timeline``), else on the lone TTFTs."""
+    steps = step_samples(client, target, config)
+    front_s = front_seconds(client, target, config)
+    log_from = log_size(target.request_log)
+    prefills, residuals, lone = prefill_samples(client, target, config, front_s)
+    timings: list[PrefillTiming] = []
     if target.request_log is not None and target.request_log.is_file():
         timings = _timings(target.request_log, target, config, log_from)
-        text = target.request_log.read_text(encoding="utf-8")
-        lines = [json.loads(line) for line in text.splitlines() if line]
-        handoffs = lease_handoffs(lines)
     timed = timed_samples(timings, {a: weight_regressors((a,)) for a in target.adapters})
     # fewer than two prompt lengths timed: the prompt-token term would not be identified
     steps += timed if len({t.prompt_tokens for t in timings}) > 1 else prefills
     return {
-        "loads": loads,
         "steps": steps,
         "ttft_prefills": prefills,
         "timings": timings,
         "timed": timed,  # one step sample per timing, in order
         "step_fit": fit_step(steps),
         "front_s": front_s,
-        "cold": cold,
         "residuals": residuals,
         "lone": lone,
-        "handoffs": handoffs,
-        "log_lines": lines,  # the server's request log (merged passes redo the hand-offs)
     }
+
+
+def _log_handoffs(target: Target) -> dict[str, Any]:
+    """The lease hand-offs of the server's request log (None: no log), and its lines (merged
+    passes redo the hand-offs)."""
+    if target.request_log is None or not target.request_log.is_file():
+        return {"handoffs": None, "log_lines": []}
+    text = target.request_log.read_text(encoding="utf-8")
+    lines = [json.loads(line) for line in text.splitlines() if line]
+    return {"handoffs": lease_handoffs(lines), "log_lines": lines}
 
 
 def _timings(
@@ -93,13 +119,30 @@ def calibrate(
     config: CalibrateConfig,
     hardware: str,
     command: str,
+    *,
+    accept_broken_fit: bool = False,
 ) -> tuple[CostModel, dict[str, Any]]:
     """The validated cost model of ``target`` and a report of what was measured;
     ``load_cpu_shared`` is the target's (``Target.load_cpu_shared``: a CPU-only server's loader
-    and engine share one CPU)."""
+    and engine share one CPU). A step fit that does not hold together (``fit_check``) has its
+    step samples re-measured once; failing again it raises ``BrokenFit`` (with the report)
+    unless ``accept_broken_fit``. The checks are in the model's ``sources`` and the report."""
     probes = [host_probe()]  # the host's speed around the figures (sim/host_speed.py)
     measured = measure(target, config)
+    checks = [step_fit_faults(measured["step_fit"])]
+    first = measured["steps"]  # kept in the report when measured again
+    if checks[0]:
+        measured = remeasure_steps(target, config, measured)
+        checks.append(step_fit_faults(measured["step_fit"]))
     probes.append(host_probe())
-    return cost_model_from(
+    model, report = cost_model_from(
         target, config, measured, probes=probes, hardware=hardware, command=command
     )
+    text = "the step fit " + check_text(checks, accept_broken_fit, STEP_RULES, "the step samples")
+    model = replace(model, sources={**model.sources, "fit_check": text})
+    report["fit_check"] = {"measurements": checks, "accepted": accept_broken_fit, "text": text}
+    if len(checks) > 1:  # the first measurement's step samples, which the model does not use
+        report["fit_check"]["first_step_samples"] = [asdict(s) for s in first]
+    if checks[-1] and not accept_broken_fit:
+        raise BrokenFit(checks[-1], report)
+    return model, report
