@@ -5,8 +5,9 @@ from __future__ import annotations
 import tempfile
 from pathlib import Path
 
-from loraplex.artifacts.base_model import BaseModelSpec
+from loraplex.artifacts.base_model import BaseModelSpec, read_model_config
 from loraplex.demo.manifest import DemoAssets, read_manifest
+from loraplex.model.config import context_window
 from loraplex.qualify.baselines.types import BaselineContext
 
 
@@ -26,11 +27,13 @@ def vocab_size(assets: DemoAssets) -> int:
     return BaseModelSpec.from_dir(assets.base_model_dir).vocab_size
 
 
-def max_model_len(prompt_tokens: int, output_tokens: int) -> int:
-    """A server's sequence bound for a shape: the shape, rounded up to a 16-token block, and
-    never below loraplex serve's default."""
+def max_model_len(prompt_tokens: int, output_tokens: int, model_dir: Path) -> int:
+    """A server's sequence bound for a shape: the shape, rounded up to a 16-token block, never
+    below loraplex serve's default, and never above the model's context (``context_window``;
+    serve refuses more): a longer prompt is then the server's 400, as on any deployment of it."""
     need = prompt_tokens + output_tokens
-    return max(512, -(-need // 16) * 16)
+    window, _ = context_window(read_model_config(model_dir))
+    return min(window, max(512, -(-need // 16) * 16))
 
 
 def server_dir(ctx: BaselineContext, kind: str) -> Path:

@@ -119,7 +119,7 @@ def _measure(
     spec = ServerSpec(
         assets.base_model_dir,
         server_dir(ctx, "in-context"),
-        max_model_len(shape.prompt_tokens + longest, shape.output_tokens),
+        max_model_len(shape.prompt_tokens + longest, shape.output_tokens, assets.base_model_dir),
     )
     vocab = vocab_size(assets)
     with pooled_server(ctx.servers, spec) as server:

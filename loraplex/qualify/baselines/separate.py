@@ -124,7 +124,7 @@ def _run_job(ctx: BaselineContext, cell: CellTraffic, job: _Job, model: Path) ->
     spec = ServerSpec(
         model,
         server_dir(ctx, "separate"),
-        max_model_len(shape.prompt_tokens, shape.output_tokens),
+        max_model_len(shape.prompt_tokens, shape.output_tokens, model),
     )
     vocab = vocab_size(read_manifest(ctx.assets_dir))
     with comparator_server(spec) as server:
