@@ -26,6 +26,7 @@ from loraplex.server.auth import DepsDep, TenantDep
 from loraplex.server.choices import ChoiceOutput, Echo, Shape
 from loraplex.server.disconnect import ClientDisconnectedError, collect, start_stream
 from loraplex.server.errors import invalid_request
+from loraplex.server.json_route import StrictJsonRoute
 from loraplex.server.logprobs_format import TokenStrings
 from loraplex.server.prompt_bounds import PromptLengthsDep
 from loraplex.server.prompts import chat_encoder, echoes, prompt_encoder, prompts_of
@@ -48,7 +49,7 @@ from loraplex.server.streaming import (
 )
 from loraplex.server.submit import Budget, Started, start_request
 
-router = APIRouter(prefix="/v1")
+router = APIRouter(prefix="/v1", route_class=StrictJsonRoute)  # a repeated JSON key: 400
 # nginx's status for "client closed the connection"; nobody reads it (the client is gone).
 CLIENT_CLOSED_REQUEST = 499
 

@@ -28,6 +28,7 @@ from loraplex.server.auth import DETOKENIZE_PATH, TOKENIZE_PATH, DepsDep, Tenant
 from loraplex.server.chat import ChatMessage, num_prompt_chars
 from loraplex.server.deps import ServerDeps
 from loraplex.server.errors import invalid_request
+from loraplex.server.json_route import StrictJsonRoute
 from loraplex.server.limits import check_prompt_chars
 from loraplex.server.prompt_bounds import DetokenizeLengthDep
 from loraplex.server.protocol import (
@@ -37,7 +38,7 @@ from loraplex.server.protocol import (
     TokenizeResponse,
 )
 
-router = APIRouter()
+router = APIRouter(route_class=StrictJsonRoute)  # a repeated JSON key is a 400
 
 
 async def _check_model(deps: ServerDeps, tenant: Tenant, model: str | None) -> None:
