@@ -16,6 +16,7 @@ the request to the engine; this module answers it (a stream, or one JSON body).
 from __future__ import annotations
 
 from collections.abc import Callable
+from contextlib import AbstractAsyncContextManager
 from typing import Any
 
 from fastapi import APIRouter, Request, Response
@@ -122,13 +123,17 @@ async def completions(
         num_prompts=len(prompts),
         budget=Budget(body.max_tokens, "max_tokens"),
     )
-    echo = await run_in_threadpool(echoes, deps, prompts, started.prompt_ids) if body.echo else None
+    echo = None
+    if body.echo:
+        async with deps.jobs.place(tenant.name):  # a share of the pool (tenant_jobs.py)
+            echo = await run_in_threadpool(echoes, deps, prompts, started.prompt_ids)
     result, started = await _respond(request, started, body, echo)
     if isinstance(result, Response):
         return result
     outputs = result
     strings = TokenStrings(deps.engine.tokenizer)
     return await _answer(
+        deps.jobs.place(tenant.name),
         started,
         outputs,
         CompletionResponse,
@@ -170,11 +175,16 @@ async def chat_completions(
     outputs = result
     strings = TokenStrings(deps.engine.tokenizer)
     return await _answer(
-        started, outputs, ChatCompletionResponse, lambda: chat_choices(outputs, body, strings)
+        deps.jobs.place(tenant.name),
+        started,
+        outputs,
+        ChatCompletionResponse,
+        lambda: chat_choices(outputs, body, strings),
     )
 
 
 async def _answer(
+    place: AbstractAsyncContextManager[None],
     started: Started,
     outputs: list[ChoiceOutput],
     kind: type[CompletionResponse] | type[ChatCompletionResponse],
@@ -183,7 +193,8 @@ async def _answer(
     """The non-streamed answer. NOTE: formatted on the thread pool (every token's string and top
     logprobs, then the JSON dump): 16 echoed prompts of 480 tokens with ``logprobs: 20`` make a
     4.6 MB answer on the demo model, and formatting it on the event loop stalled every other
-    tenant's requests while it ran (docs/operations.md, *Limits per client*)."""
+    tenant's requests while it ran (docs/operations.md, *Limits per client*). ``place``: one of
+    the tenant's places on the pool (``tenant_jobs.py``)."""
     fmt = started.fmt
 
     def reply() -> Response:
@@ -196,4 +207,5 @@ async def _answer(
             answer.model_dump_json(), media_type="application/json", headers=started.headers
         )
 
-    return await run_in_threadpool(reply)
+    async with place:
+        return await run_in_threadpool(reply)

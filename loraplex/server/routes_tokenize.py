@@ -100,8 +100,9 @@ async def tokenize(body: TokenizeRequest, tenant: TenantDep, deps: DepsDep) -> T
     _check_fields(body)
     encode = _encoder(deps, body)
     await _check_model(deps, tenant, body.model)
-    ids = await run_in_threadpool(encode)  # a long prompt must not stall the loop
-    strs = await run_in_threadpool(_token_strs, deps, ids) if body.return_token_strs else None
+    async with deps.jobs.place(tenant.name):  # a share of the pool (tenant_jobs.py)
+        ids = await run_in_threadpool(encode)  # a long prompt must not stall the loop
+        strs = await run_in_threadpool(_token_strs, deps, ids) if body.return_token_strs else None
     return TokenizeResponse(
         count=len(ids), max_model_len=deps.config.max_model_len, tokens=ids, token_strs=strs
     )
@@ -126,7 +127,8 @@ async def detokenize(
     """The text ``tokens`` decode to, as output text is decoded (special tokens skipped)."""
     _check_ids(deps, body.tokens)
     await _check_model(deps, tenant, body.model)
-    text = await run_in_threadpool(deps.engine.tokenizer.decode, body.tokens)
+    async with deps.jobs.place(tenant.name):
+        text = await run_in_threadpool(deps.engine.tokenizer.decode, body.tokens)
     return DetokenizeResponse(prompt=text)
 
 
