@@ -17,9 +17,17 @@ from dataclasses import dataclass
 from email.message import Message
 from itertools import compress, repeat
 
-from loraplex.errors import clipped
+from loraplex.errors import clipped, quoted
 
 JSON_CONTENT_TYPE = "application/json"
+
+
+class DuplicateKeyError(ValueError):
+    """A JSON object of the body holds ``key`` twice."""
+
+    def __init__(self, key: str) -> None:
+        super().__init__(f"key {quoted(key)} is given twice in one object; expected once")
+        self.key = key
 
 
 @dataclass(frozen=True)

@@ -60,8 +60,11 @@ from loraplex.errors import (
 )
 from loraplex.quota.ratelimit import longest_wait_s
 from loraplex.release.errors import InvalidTransitionError, ReleaseConflictError
-from loraplex.server.body_errors import huge_integer, unsupported_content_type
-from loraplex.server.json_route import DuplicateKeyError
+from loraplex.server.body_errors import (
+    DuplicateKeyError,
+    huge_integer,
+    unsupported_content_type,
+)
 
 _log = logging.getLogger(__name__)
 

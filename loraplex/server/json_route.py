@@ -26,17 +26,11 @@ from fastapi import Request, Response
 from fastapi.routing import APIRoute
 from starlette.concurrency import run_in_threadpool
 
-from loraplex.errors import quoted
+from loraplex.registry import Tenant
+from loraplex.server.auth import AUTHENTICATED_TENANT
+from loraplex.server.body_errors import DuplicateKeyError
 
 INLINE_JSON_BYTES = 64 << 10  # larger bodies are parsed on the thread pool (module docstring)
-
-
-class DuplicateKeyError(ValueError):
-    """A JSON object of the body holds ``key`` twice."""
-
-    def __init__(self, key: str) -> None:
-        super().__init__(f"key {quoted(key)} is given twice in one object; expected once")
-        self.key = key
 
 
 def _unique(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
@@ -69,8 +63,12 @@ class _StrictJsonRequest(Request):
     async def json(self) -> Any:
         if not hasattr(self, "_unique_json"):
             body = await self.body()
+            tenant = self.scope.get("state", {}).get(AUTHENTICATED_TENANT)
             if len(body) <= INLINE_JSON_BYTES:
                 self._unique_json = loads_unique(body)
+            elif isinstance(tenant, Tenant):  # one of its places on the pool (tenant_jobs.py)
+                async with self.app.state.deps.jobs.place(tenant.name):
+                    self._unique_json = await run_in_threadpool(loads_unique, body)
             else:
                 self._unique_json = await run_in_threadpool(loads_unique, body)
         return self._unique_json

@@ -1,8 +1,8 @@
 """``TenantJobs``: each tenant's share of the server's thread pool.
 
-Tokenizing, ``/tokenize``'s token strings, ``echo`` and a non-streamed answer's formatting run on
-the thread pool (anyio's default, 40 threads), as do every tenant's key check and ``model``'s
-resolution. The pool is first come first served: 60 connections of one tenant sending
+Tokenizing, ``/tokenize``'s token strings, ``echo``, a non-streamed answer's formatting and the
+parse of a large body (``json_route.py``) run on the thread pool (anyio's default, 40 threads),
+as do every tenant's key check and ``model``'s resolution. The pool is first come first served: 60 connections of one tenant sending
 ``/tokenize`` of 32,000 emoji with ``return_token_strs`` held another tenant's ``GET
 /v1/models`` 8.3-10.3 s median, against 135-217 ms with one-character prompts
 (``scripts/attacks/attack13/thread-pool-crowd``). Here each such job of a tenant takes one of

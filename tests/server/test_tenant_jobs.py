@@ -79,3 +79,39 @@ def test_a_tenants_places_are_forgotten_when_idle() -> None:
     anyio.run(main)
     with pytest.raises(ValueError, match="max_per_tenant 0"):
         TenantJobs(0)
+
+
+def test_a_tenants_large_bodies_are_parsed_within_its_share(
+    served: Served, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A body over ``INLINE_JSON_BYTES`` is parsed on the pool (``json_route.py``), in one of its
+    tenant's places too."""
+    from loraplex.server import json_route
+
+    lock, counts = threading.Lock(), {"running": 0, "most": 0}
+    real = json_route.loads_unique
+
+    def slow(body: bytes | str) -> object:
+        with lock:
+            counts["running"] += 1
+            counts["most"] = max(counts["most"], counts["running"])
+        try:
+            time.sleep(HOLD_S)
+            return real(body)
+        finally:
+            with lock:
+                counts["running"] -= 1
+
+    monkeypatch.setattr(json_route, "loads_unique", slow)
+    deps = make_app_deps(served, FakeEngine())
+    acme = {"Authorization": f"Bearer {served.keys['acme']}"}
+    body = {"prompt": "y" * (json_route.INLINE_JSON_BYTES + 1)}
+    with TestClient(create_app(deps)) as client, ThreadPoolExecutor(32) as pool:
+        replies = [
+            pool.submit(client.post, "/tokenize", json=body, headers=acme)
+            for _ in range(2 * MAX_JOBS_PER_TENANT)
+        ]
+        assert {r.result().status_code for r in replies} <= {200, 400}
+    assert counts["most"] == MAX_JOBS_PER_TENANT
+    assert deps.cache is not None
+    deps.cache.close()
