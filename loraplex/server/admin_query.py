@@ -1,6 +1,7 @@
-"""The query string and path of an admin call: a query parameter the route does not take, one
-given twice, or a value holding a NUL character is a 400 naming it (``auth.require_admin`` runs
-the check once the credential passed, so every admin route has it).
+"""The query string and path of an admin or tenant call: a query parameter the route does not
+take, one given twice, or a value holding a NUL character is a 400 naming it
+(``auth.require_admin`` and ``auth.require_tenant`` run the check once the credential passed, so
+every admin and tenant route has it).
 
 NOTE: FastAPI ignores query parameters a route does not declare and keeps the last of a repeated
 one. The paged listings (``/admin/releases``, ``/admin/adapters``, ``/admin/keys``) take
@@ -8,7 +9,10 @@ one. The paged listings (``/admin/releases``, ``/admin/adapters``, ``/admin/keys
 typo, ``afterr=``) was answered the first page again, every time, and never reached the end;
 nothing may be silently ignored (docs/operations.md, *Request fields*). A NUL character cannot
 be stored in PostgreSQL's text: a cursor or a tenant name holding one was a driver error there
-(a 500) and an empty answer on SQLite.
+(a 500) and an empty answer on SQLite. The tenant routes had the same gaps: ``GET /v1/models``
+pages by ``limit`` / ``after`` too (a tenant's NUL cursor was PostgreSQL's 500, ``offset=`` or a
+typo was the first page again), and a query parameter on ``/v1/completions`` (``?stream=true``)
+was dropped in silence.
 """
 
 from __future__ import annotations
@@ -28,7 +32,7 @@ from loraplex.server.errors import invalid_request
 _TAKEN: dict[int, tuple[weakref.ref[APIRoute], frozenset[str]]] = {}
 
 
-def check_admin_query(request: Request) -> None:
+def check_query(request: Request) -> None:
     """Raises the 400 of the first query parameter ``request``'s route does not take (or that
     comes twice), or of the first query or path value holding a NUL character."""
     taken = _taken(request.scope.get("route"))

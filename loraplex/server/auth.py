@@ -21,7 +21,7 @@ from starlette.concurrency import run_in_threadpool
 
 from loraplex.errors import AuthenticationError
 from loraplex.registry import Tenant
-from loraplex.server.admin_query import check_admin_query
+from loraplex.server.admin_query import check_query
 from loraplex.server.deps import ServerDeps
 from loraplex.server.errors import unauthorized
 
@@ -105,11 +105,13 @@ async def authenticate(deps: ServerDeps, token: str | None) -> Tenant:
 async def require_tenant(
     request: Request, deps: Annotated[ServerDeps, Depends(get_deps)]
 ) -> Tenant:
-    """The tenant the middleware authenticated, else the one owning the bearer key (401)."""
+    """The tenant the middleware authenticated, else the one owning the bearer key (401); then
+    the call's query string and path are checked (``admin_query``)."""
     tenant = request.scope.get("state", {}).get(AUTHENTICATED_TENANT)
-    if isinstance(tenant, Tenant):
-        return tenant
-    return await authenticate(deps, bearer_token(request))
+    if not isinstance(tenant, Tenant):
+        tenant = await authenticate(deps, bearer_token(request))
+    check_query(request)
+    return tenant
 
 
 def admin_key_matches(token: str, admin_key: str) -> bool:
@@ -129,7 +131,7 @@ async def require_admin(request: Request, deps: Annotated[ServerDeps, Depends(ge
     """The audit actor of an admin call (the middleware checked the key too; this is cheap);
     then the call's query string and path are checked (``admin_query``)."""
     check_admin(bearer_token(request), deps.config.admin_key)
-    check_admin_query(request)
+    check_query(request)
     return ADMIN_ACTOR
 
 

@@ -10,13 +10,24 @@ the header, or the field holding the number.
 from __future__ import annotations
 
 import json
+import re
 import sys
+from collections.abc import Iterator
 from dataclasses import dataclass
 from email.message import Message
+from itertools import compress, repeat
 
-from loraplex.errors import clipped
+from loraplex.errors import clipped, quoted
 
 JSON_CONTENT_TYPE = "application/json"
+
+
+class DuplicateKeyError(ValueError):
+    """A JSON object of the body holds ``key`` twice."""
+
+    def __init__(self, key: str) -> None:
+        super().__init__(f"key {quoted(key)} is given twice in one object; expected once")
+        self.key = key
 
 
 @dataclass(frozen=True)
@@ -27,50 +38,84 @@ class BodyProblem:
     param: str | None  # the field (or header) at fault
 
 
-class _HugeInteger:
-    """Stands in for an integer literal too long to convert, so its place can be named."""
-
-    def __init__(self, num_digits: int) -> None:
-        self.num_digits = num_digits
+# What stands in for an integer literal too long to convert (its digits follow the colon), so its
+# place can be named: a JSON string no client sends (it starts with NUL).
+_MARK = "\x00loraplex-huge-integer:"
 
 
-def _bounded_int(text: str) -> int | _HugeInteger:
-    limit = sys.get_int_max_str_digits()
+def _marked(match: re.Match[bytes]) -> bytes:
+    return b'"\\u0000loraplex-huge-integer:%d"' % len(match.group().lstrip(b"-"))
+
+
+def _bounded_int(text: str) -> int | str:
     digits = len(text.lstrip("-"))
-    return _HugeInteger(digits) if limit and digits > limit else int(text)
+    return f"{_MARK}{digits}" if digits > sys.get_int_max_str_digits() else int(text)
 
 
-def _find_huge(parsed: object) -> tuple[str, _HugeInteger] | None:
-    """The first stand-in and where it is (``a.b[2]``), depth first; iterative, as the nesting
-    is the caller's (up to what ``json`` parses)."""
+def _find_huge(parsed: object) -> tuple[str, int] | None:
+    """The first stand-in and where it is (``a.b[2]``), depth first, with its digits; iterative,
+    as the nesting is the caller's (up to what ``json`` parses). A path is built only for the
+    objects and lists on the way, not for every number of a long list."""
     pending: list[tuple[str, object]] = [("", parsed)]
     while pending:
         path, value = pending.pop()
-        if isinstance(value, _HugeInteger):
-            return path, value
+        if isinstance(value, str):
+            if value.startswith(_MARK):
+                return path, int(value[len(_MARK) :])
+            continue
         if isinstance(value, dict):
             items = [(f"{path}.{k}" if path else str(k), v) for k, v in value.items()]
         elif isinstance(value, list):
-            items = [(f"{path}[{i}]", v) for i, v in enumerate(value)]
+            items = [(f"{path}[{i}]", value[i]) for i in _nested_items(value)]
         else:
             continue
         pending.extend(reversed(items))
     return None
 
 
+_NESTED = (dict, list, str)  # what a list item must be to hold a stand-in
+_SCAN_SLICE = 1 << 16  # list items checked per C call (between them other threads may run)
+
+
+def _nested_items(values: list[object]) -> Iterator[int]:
+    """Indices of the items of ``values`` that may hold a stand-in. NOTE: picked in C, a slice
+    at a time (a comprehension took ~1 s on the 1.5 million numbers of a 3 MiB body on the
+    shared cores; one C call over all of them held the GIL throughout)."""
+    for start in range(0, len(values), _SCAN_SLICE):
+        part = values[start : start + _SCAN_SLICE]
+        picked = compress(range(start, start + len(part)), map(isinstance, part, repeat(_NESTED)))
+        yield from list(picked)
+
+
 def huge_integer(body: bytes) -> BodyProblem | None:
     """A 400 naming the field that holds an integer too long to convert; None when ``body``
-    fails to parse for another reason (or parses)."""
-    try:
-        parsed = json.loads(body, parse_int=_bounded_int)
-    except (ValueError, RecursionError):
+    fails to parse for another reason (or parses).
+
+    NOTE: each such integer is found by a scan of the text and replaced by a stand-in, and the
+    body parsed once by ``json``'s own parser: parsed with a ``parse_int`` hook, a call of
+    Python code per integer, 3 MiB of small integers and one long one cost seconds, on the event
+    loop, for each 400 (docs/benchmarks/attack13.md). A digit run that long inside a string
+    breaks the stand-in's quotes: then the hook it is (run by ``errors.py`` on the thread pool,
+    and the hook's Python code lets the event loop take the GIL)."""
+    limit = sys.get_int_max_str_digits()
+    if not limit:
         return None
+    marked, num_runs = re.subn(rb"-?[0-9]{%d,}" % (limit + 1), _marked, body)
+    if not num_runs:
+        return None
+    try:
+        parsed = json.loads(marked)
+    except (ValueError, RecursionError):  # a digit run inside a string broke the stand-in
+        try:
+            parsed = json.loads(body, parse_int=_bounded_int)
+        except (ValueError, RecursionError):
+            return None
     found = _find_huge(parsed)
     if found is None:
         return None
-    where, number = found
+    where, num_digits = found
     param = clipped(where) or None  # the keys are the caller's own text
-    message = f"{param or 'body'}: an integer of {number.num_digits} digits is out of range"
+    message = f"{param or 'body'}: an integer of {num_digits} digits is out of range"
     return BodyProblem(message, param)
 
 

@@ -22,6 +22,7 @@ from loraplex.server.metrics import ServerMetrics
 from loraplex.server.recent_requests import RecentRequests
 from loraplex.server.request_log import RequestLog
 from loraplex.server.stream_buffer import DEFAULT_MAX_STREAM_RESUMES
+from loraplex.server.tenant_jobs import TenantJobs
 from loraplex.server.traffic_tally import TrafficTally
 from loraplex.tracing.record import RequestTracing
 
@@ -151,6 +152,8 @@ class ServerDeps:
     # Unix seconds when this server was built: the base model's ``created`` in /v1/models (OpenAI
     # gives a model's creation time there and vLLM the time of the listing; 0 read as 1970).
     started_at_s: int = field(default_factory=lambda: int(time.time()), kw_only=True)
+    # Each tenant's share of the thread pool for its tokenizing and formatting (tenant_jobs.py).
+    jobs: TenantJobs = field(default_factory=TenantJobs, kw_only=True)
     # The server's metrics registry, built from ``engine`` and ``cache`` (never passed in).
     metrics: ServerMetrics = field(init=False, repr=False, compare=False)
 

@@ -29,6 +29,7 @@ from enum import StrEnum
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
+from starlette.concurrency import run_in_threadpool
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from loraplex.errors import (
@@ -59,7 +60,11 @@ from loraplex.errors import (
 )
 from loraplex.quota.ratelimit import longest_wait_s
 from loraplex.release.errors import InvalidTransitionError, ReleaseConflictError
-from loraplex.server.body_errors import huge_integer, unsupported_content_type
+from loraplex.server.body_errors import (
+    DuplicateKeyError,
+    huge_integer,
+    unsupported_content_type,
+)
 
 _log = logging.getLogger(__name__)
 
@@ -304,11 +309,15 @@ async def _on_validation(request: Request, exc: Exception) -> JSONResponse:
 async def _on_http(request: Request, exc: Exception) -> JSONResponse:
     if not isinstance(exc, StarletteHTTPException):
         return await _on_error(request, exc)
-    if exc.status_code == 400 and isinstance(exc.__cause__, ValueError):
+    cause = exc.__cause__
+    if exc.status_code == 400 and isinstance(cause, DuplicateKeyError):  # json_route.py
+        return invalid_request(f"body: {cause}", clipped(cause.key)).response()
+    if exc.status_code == 400 and isinstance(cause, ValueError):
         # FastAPI's "error parsing the body" (a JSON syntax error is a validation error instead);
         # the body was read, so ``body()`` returns it again
         try:
-            problem = huge_integer(await request.body())
+            # NOTE: off the event loop: it parses the body again (up to max_body_bytes)
+            problem = await run_in_threadpool(huge_integer, await request.body())
         except RuntimeError:  # read as a stream, not kept: nothing to say about it
             problem = None
         if problem is not None:

@@ -28,9 +28,10 @@ from pydantic import BaseModel, Field
 from loraplex.errors import quoted
 from loraplex.server.auth import DepsDep, TenantDep
 from loraplex.server.errors import ApiError
+from loraplex.server.json_route import StrictJsonRoute
 from loraplex.server.protocol.fields import TenantBody
 
-router = APIRouter(prefix="/v1")
+router = APIRouter(prefix="/v1", route_class=StrictJsonRoute)  # a repeated JSON key: 400
 MAX_REQUEST_ID_CHARS = 128
 
 

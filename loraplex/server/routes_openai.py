@@ -16,6 +16,7 @@ the request to the engine; this module answers it (a stream, or one JSON body).
 from __future__ import annotations
 
 from collections.abc import Callable
+from contextlib import AbstractAsyncContextManager
 from typing import Any
 
 from fastapi import APIRouter, Request, Response
@@ -26,6 +27,7 @@ from loraplex.server.auth import DepsDep, TenantDep
 from loraplex.server.choices import ChoiceOutput, Echo, Shape
 from loraplex.server.disconnect import ClientDisconnectedError, collect, start_stream
 from loraplex.server.errors import invalid_request
+from loraplex.server.json_route import StrictJsonRoute
 from loraplex.server.logprobs_format import TokenStrings
 from loraplex.server.prompt_bounds import PromptLengthsDep
 from loraplex.server.prompts import chat_encoder, echoes, prompt_encoder, prompts_of
@@ -48,7 +50,7 @@ from loraplex.server.streaming import (
 )
 from loraplex.server.submit import Budget, Started, start_request
 
-router = APIRouter(prefix="/v1")
+router = APIRouter(prefix="/v1", route_class=StrictJsonRoute)  # a repeated JSON key: 400
 # nginx's status for "client closed the connection"; nobody reads it (the client is gone).
 CLIENT_CLOSED_REQUEST = 499
 
@@ -121,13 +123,17 @@ async def completions(
         num_prompts=len(prompts),
         budget=Budget(body.max_tokens, "max_tokens"),
     )
-    echo = await run_in_threadpool(echoes, deps, prompts, started.prompt_ids) if body.echo else None
+    echo = None
+    if body.echo:
+        async with deps.jobs.place(tenant.name):  # a share of the pool (tenant_jobs.py)
+            echo = await run_in_threadpool(echoes, deps, prompts, started.prompt_ids)
     result, started = await _respond(request, started, body, echo)
     if isinstance(result, Response):
         return result
     outputs = result
     strings = TokenStrings(deps.engine.tokenizer)
     return await _answer(
+        deps.jobs.place(tenant.name),
         started,
         outputs,
         CompletionResponse,
@@ -169,11 +175,16 @@ async def chat_completions(
     outputs = result
     strings = TokenStrings(deps.engine.tokenizer)
     return await _answer(
-        started, outputs, ChatCompletionResponse, lambda: chat_choices(outputs, body, strings)
+        deps.jobs.place(tenant.name),
+        started,
+        outputs,
+        ChatCompletionResponse,
+        lambda: chat_choices(outputs, body, strings),
     )
 
 
 async def _answer(
+    place: AbstractAsyncContextManager[None],
     started: Started,
     outputs: list[ChoiceOutput],
     kind: type[CompletionResponse] | type[ChatCompletionResponse],
@@ -182,7 +193,8 @@ async def _answer(
     """The non-streamed answer. NOTE: formatted on the thread pool (every token's string and top
     logprobs, then the JSON dump): 16 echoed prompts of 480 tokens with ``logprobs: 20`` make a
     4.6 MB answer on the demo model, and formatting it on the event loop stalled every other
-    tenant's requests while it ran (docs/operations.md, *Limits per client*)."""
+    tenant's requests while it ran (docs/operations.md, *Limits per client*). ``place``: one of
+    the tenant's places on the pool (``tenant_jobs.py``)."""
     fmt = started.fmt
 
     def reply() -> Response:
@@ -195,4 +207,5 @@ async def _answer(
             answer.model_dump_json(), media_type="application/json", headers=started.headers
         )
 
-    return await run_in_threadpool(reply)
+    async with place:
+        return await run_in_threadpool(reply)

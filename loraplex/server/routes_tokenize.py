@@ -28,6 +28,7 @@ from loraplex.server.auth import DETOKENIZE_PATH, TOKENIZE_PATH, DepsDep, Tenant
 from loraplex.server.chat import ChatMessage, num_prompt_chars
 from loraplex.server.deps import ServerDeps
 from loraplex.server.errors import invalid_request
+from loraplex.server.json_route import StrictJsonRoute
 from loraplex.server.limits import check_prompt_chars
 from loraplex.server.prompt_bounds import DetokenizeLengthDep
 from loraplex.server.protocol import (
@@ -37,7 +38,7 @@ from loraplex.server.protocol import (
     TokenizeResponse,
 )
 
-router = APIRouter()
+router = APIRouter(route_class=StrictJsonRoute)  # a repeated JSON key is a 400
 
 
 async def _check_model(deps: ServerDeps, tenant: Tenant, model: str | None) -> None:
@@ -99,8 +100,9 @@ async def tokenize(body: TokenizeRequest, tenant: TenantDep, deps: DepsDep) -> T
     _check_fields(body)
     encode = _encoder(deps, body)
     await _check_model(deps, tenant, body.model)
-    ids = await run_in_threadpool(encode)  # a long prompt must not stall the loop
-    strs = await run_in_threadpool(_token_strs, deps, ids) if body.return_token_strs else None
+    async with deps.jobs.place(tenant.name):  # a share of the pool (tenant_jobs.py)
+        ids = await run_in_threadpool(encode)  # a long prompt must not stall the loop
+        strs = await run_in_threadpool(_token_strs, deps, ids) if body.return_token_strs else None
     return TokenizeResponse(
         count=len(ids), max_model_len=deps.config.max_model_len, tokens=ids, token_strs=strs
     )
@@ -125,7 +127,8 @@ async def detokenize(
     """The text ``tokens`` decode to, as output text is decoded (special tokens skipped)."""
     _check_ids(deps, body.tokens)
     await _check_model(deps, tenant, body.model)
-    text = await run_in_threadpool(deps.engine.tokenizer.decode, body.tokens)
+    async with deps.jobs.place(tenant.name):
+        text = await run_in_threadpool(deps.engine.tokenizer.decode, body.tokens)
     return DetokenizeResponse(prompt=text)
 
 

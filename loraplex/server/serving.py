@@ -168,7 +168,8 @@ async def prepare(
         resolved_ns = now_ns()
         return Prepared(target, encode(), resolved_ns)
 
-    return await run_in_threadpool(both)
+    async with deps.jobs.place(tenant.name):  # tenant_jobs.py
+        return await run_in_threadpool(both)
 
 
 def engine_request(

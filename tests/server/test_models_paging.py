@@ -59,3 +59,36 @@ def test_a_page_is_bounded(rig: Rig, params: dict[str, Any], param: str) -> None
     reply = rig.client.get("/v1/models", params=params, headers=rig.headers("acme"))
     assert reply.status_code == 400, reply.text
     assert reply.json()["error"]["param"] == param
+
+
+@pytest.mark.parametrize(
+    ("method", "path", "param"),
+    [
+        ("GET", "/v1/models?offset=2", "offset"),  # the admin residency's paging: the first page
+        ("GET", "/v1/models?afterr=support&limit=1", "afterr"),  # a typo: the first page again
+        ("GET", "/v1/models?limit=1&limit=1000", "limit"),  # the last one used to win
+        ("GET", "/v1/models?after=acme/%00", "after"),  # PostgreSQL: a 500 (psycopg DataError)
+        ("GET", "/v1/models/sup%00port", "model"),
+        ("POST", "/v1/completions?stream=true", "stream"),  # dropped in silence: not streamed
+        ("POST", "/v1/chat/completions?n=2", "n"),
+        ("POST", "/tokenize?model=support", "model"),
+        ("POST", "/v1/feedback?rating=good", "rating"),
+    ],
+)
+def test_a_tenant_query_parameter_not_taken_twice_or_with_nul_is_a_400(
+    rig: Rig, method: str, path: str, param: str
+) -> None:
+    """As on the admin routes (``server/admin_query.py``): nothing is silently ignored, and a
+    NUL cursor never reaches the database (PostgreSQL's text cannot hold it)."""
+    body = {"model": "support", "prompt": "x", "max_tokens": 1}
+    reply = rig.client.request(
+        method, path, headers=rig.headers("acme"), json=body if method == "POST" else None
+    )
+    assert reply.status_code == 400, reply.text
+    assert reply.json()["error"]["param"] == param
+
+
+def test_the_tenant_query_check_leaves_the_routes_own_parameters_alone(rig: Rig) -> None:
+    assert _ids(rig, limit=1, after=BASE_NAME) == _ids(rig)[1:2]
+    reply = rig.client.get("/v1/models?", headers=rig.headers("acme"))  # an empty query string
+    assert reply.status_code == 200, reply.text

@@ -5,6 +5,7 @@ error parsing the body", or pydantic's "Input should be a valid dictionary")."""
 
 from __future__ import annotations
 
+import asyncio
 import json
 from typing import Any
 
@@ -57,6 +58,8 @@ def test_a_body_declared_as_another_type_names_content_type(rig: Rig, declared: 
         ("max_tokens", "9" * 5000, "max_tokens"),
         ("seed", "-" + "1" * 5000, "seed"),
         ("logit_bias", '{"5": ' + "7" * 5000 + "}", "logit_bias.5"),
+        ("prompt", "[[5, 6], [5, 6, " + "7" * 5000 + ", 8]]", "prompt[1][2]"),
+        ("stop", '["x", "' + "7" * 5000 + '", ' + "7" * 5000 + "]", "stop[2]"),  # and in a string
     ],
 )
 def test_an_integer_too_long_to_convert_names_its_field(
@@ -242,3 +245,97 @@ def test_a_wrong_method_is_a_405_naming_the_allowed_ones(rig: Rig) -> None:
         "method GET is not allowed on this route; expected POST"
     )
     assert reply.headers["allow"] == "POST"
+
+
+@pytest.mark.parametrize(
+    ("path", "text", "param"),
+    [
+        ("/v1/completions", '{"model": "support", "prompt": "x", "max_tokens": 1, "max_tokens": 9}',
+         "max_tokens"),  # the first value was dropped in silence: 9 tokens
+        ("/v1/completions", '{"model": "globex/search", "model": "support", "prompt": "x"}',
+         "model"),
+        ("/v1/completions",
+         '{"model": "support", "prompt": "x", "logit_bias": {"5": -100, "5": 100}}', "5"),
+        ("/v1/chat/completions",
+         '{"model": "support", "messages": [{"role": "system", "role": "user", "content": "x"}]}',
+         "role"),
+        ("/v1/completions", '{"model": "support", "prompt": "x", "stream": true, '
+         '"stream_options": {"include_usage": false, "include_usage": true}}', "include_usage"),
+        ("/tokenize", '{"model": "support", "prompt": "x", "prompt": "y"}', "prompt"),
+        ("/v1/feedback", '{"request_id": "a", "rating": "bad", "rating": "good"}', "rating"),
+    ],
+)  # fmt: skip
+def test_a_key_given_twice_in_one_object_is_a_400_naming_it(
+    rig: Rig, path: str, text: str, param: str
+) -> None:
+    """``json.loads`` keeps the last of a repeated key: the first value was dropped in silence
+    (a gateway checking the first ``max_tokens`` or ``model`` saw another request than the
+    server ran); ``server/json_route.py``."""
+    headers = {**rig.headers("acme"), "Content-Type": "application/json"}
+    reply = rig.client.post(path, content=text, headers=headers)
+    assert reply.status_code == 400, reply.text
+    error = reply.json()["error"]
+    assert error["param"] == param and "given twice" in error["message"], error
+
+
+def test_a_key_repeated_in_different_objects_is_not_a_repeat(rig: Rig) -> None:
+    messages = [{"role": "user", "content": "x"}, {"role": "assistant", "content": "y"}]
+    body = {"model": "support", "messages": [*messages, messages[0]], "max_tokens": 1}
+    reply = rig.client.post("/v1/chat/completions", json=body, headers=rig.headers("acme"))
+    assert reply.status_code == 200, reply.text
+
+
+def _on_loop() -> bool:
+    try:
+        asyncio.get_running_loop()
+    except RuntimeError:
+        return False
+    return True
+
+
+def test_a_long_integer_is_named_off_the_event_loop(
+    rig: Rig, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Naming the field parses the body again: with a ``parse_int`` hook on the event loop, 3 MiB
+    of small integers and one long one held every other request for 2.7-4.9 s per 400 (the
+    demo server, ``docs/benchmarks/attack13.md``)."""
+    from loraplex.server import errors
+
+    on_loop: list[bool] = []
+    real = errors.huge_integer
+
+    def recorded(body: bytes) -> object:
+        on_loop.append(_on_loop())
+        return real(body)
+
+    monkeypatch.setattr(errors, "huge_integer", recorded)
+    text = '{"model": "support", "prompt": [' + "1, " * 1000 + "9" * 5000 + "]}"
+    headers = {**rig.headers("acme"), "Content-Type": "application/json"}
+    reply = rig.client.post("/v1/completions", content=text, headers=headers)
+    assert reply.status_code == 400 and reply.json()["error"]["param"] == "prompt[1000]"
+    assert on_loop == [False]
+
+
+def test_a_large_body_is_parsed_off_the_event_loop(
+    rig: Rig, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """FastAPI parsed every body on the event loop (``json.loads`` holds the GIL throughout): a
+    3 MiB body of a million empty objects held every other request for the parse
+    (``server/json_route.py``); a small body is still parsed inline."""
+    from loraplex.server import json_route
+
+    on_loop: list[tuple[int, bool]] = []
+    real = json_route.loads_unique
+
+    def recorded(body: bytes | str) -> object:
+        on_loop.append((len(body), _on_loop()))
+        return real(body)
+
+    monkeypatch.setattr(json_route, "loads_unique", recorded)
+    small = {"model": "support", "prompt": "x", "max_tokens": 1}
+    large = {**small, "stop": ["x" * 1000], "user": "u", "prompt": "y " * 40_000}
+    for body in (small, large):
+        reply = rig.client.post("/v1/completions", json=body, headers=rig.headers("acme"))
+        assert reply.status_code in (200, 400), reply.text
+    assert [loop for _, loop in on_loop] == [True, False], on_loop
+    assert on_loop[1][0] > json_route.INLINE_JSON_BYTES
