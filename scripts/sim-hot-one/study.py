@@ -16,6 +16,10 @@ and prints one JSON line per run and the P99 ratios against the default policy.
 ``--workload`` runs another bench workload than hot-one (its lines then carry ``workload``);
 ``--policies`` runs only the policies named (the ratios need the default among them);
 ``--against NAME`` prints the P99 ratios over that policy instead of the default's;
+``--topology`` also runs the default policy, and each ``--reach`` variant, with a fleet topology
+(``SimConfig.topology``, the default ``TopologyConfig``: a replica dedicated to a revision of a
+replica's worth of demand, run merged, other revisions' cold loads kept off it) as the policy
+``affinity_until_saturated+topology`` (``.../reach=1+topology``);
 ``--reach 1,2`` also runs the default policy with ``RouterConfig.spread_after_s`` at each value
 (rule 4's reach, docs/router.md), as the policy ``affinity_until_saturated/reach=1`` and so on.
 """
@@ -34,12 +38,14 @@ from loraplex.bench.workloads import SCENARIOS
 from loraplex.cli.sim import workload_trace
 from loraplex.router import RouterConfig, policy_names, register_policy
 from loraplex.router.affinity import AffinityUntilSaturatedPolicy
+from loraplex.router.topology import TopologyConfig
 from loraplex.sim import cost_model as costs
 from loraplex.sim.config import SimConfig
 from loraplex.sim.run import simulate
 
 FLEET_COSTS = Path("docs/benchmarks/sim-cost-cpu-2core-demo-small-fleet.json")
 DEFAULT = "affinity_until_saturated"
+WITH_TOPOLOGY = "+topology"  # a policy's name with SimConfig.topology (--topology)
 
 
 def register_reach(spread_after_s: float) -> str:
@@ -101,6 +107,11 @@ def main() -> None:
     parser.add_argument(
         "--against", default=DEFAULT, help="the policy the printed P99 ratios divide by"
     )
+    parser.add_argument(
+        "--topology",
+        action="store_true",
+        help="also run the default and each --reach with a topology (the module docstring)",
+    )
     args = parser.parse_args()
     reach = [register_reach(float(v)) for v in args.reach.split(",")] if args.reach else []
     if args.workload not in SCENARIOS:
@@ -108,6 +119,8 @@ def main() -> None:
     policies = args.policies.split(",") if args.policies else list(policy_names())
     policies += [p for p in reach if p not in policies]
     unknown = [p for p in policies if p not in policy_names()]
+    if args.topology:  # the default and each reach, with a topology
+        policies += [f"{p}{WITH_TOPOLOGY}" for p in (DEFAULT, *reach)]
     if unknown:
         parser.error(f"--policies {','.join(unknown)}: expected some of {policy_names()}")
     model = costs.load(FLEET_COSTS) if args.shared else own_cores_model(FLEET_COSTS)
@@ -122,7 +135,11 @@ def main() -> None:
         for seed in range(args.seeds):
             trace = workload_trace(args.workload, seed, args.duration_s, rate)
             for policy in policies:
-                config = SimConfig(replicas=3, max_loras=3, routing_policy=policy, seed=seed)
+                routing = policy.removesuffix(WITH_TOPOLOGY)
+                topology = TopologyConfig() if routing != policy else None
+                config = SimConfig(
+                    replicas=3, max_loras=3, routing_policy=routing, seed=seed, topology=topology
+                )
                 m = simulate(trace, config, model).metrics
                 p99.setdefault((rate, policy), []).append(m["ttft_ms"]["p99"])
                 line = {
