@@ -19,7 +19,8 @@ and prints one JSON line per run and the P99 ratios against the default policy.
 ``--topology`` also runs the default policy, and each ``--reach`` variant, with a fleet topology
 (``SimConfig.topology``, the default ``TopologyConfig``: a replica dedicated to a revision of a
 replica's worth of demand, run merged, other revisions' cold loads kept off it) as the policy
-``affinity_until_saturated+topology`` (``.../reach=1+topology``);
+``affinity_until_saturated+topology`` (``.../reach=1+topology``), and ``ReportedPolicy`` with
+one (``affinity_until_saturated/reported+topology``);
 ``--reach 1,2`` also runs the default policy with ``RouterConfig.spread_after_s`` at each value
 (rule 4's reach, docs/router.md), as the policy ``affinity_until_saturated/reach=1`` and so on.
 """
@@ -36,9 +37,10 @@ from pathlib import Path
 
 from loraplex.bench.workloads import SCENARIOS
 from loraplex.cli.sim import workload_trace
-from loraplex.router import RouterConfig, policy_names, register_policy
+from loraplex.router import Reason, RouterConfig, RouteRequest, policy_names, register_policy
 from loraplex.router.affinity import AffinityUntilSaturatedPolicy
 from loraplex.router.topology import TopologyConfig
+from loraplex.router.view import ReplicaView
 from loraplex.sim import cost_model as costs
 from loraplex.sim.config import SimConfig
 from loraplex.sim.run import simulate
@@ -59,6 +61,40 @@ def register_reach(spread_after_s: float) -> str:
 
     register_policy(name, factory)
     return name
+
+
+class ReportedPolicy(AffinityUntilSaturatedPolicy):
+    """The default policy, but a revision with a dedicated replica goes there while that
+    replica's *reported* load is below saturation (the router's own decisions since the report
+    not counted; ``view.utilization`` counts them as queued); else as the default routes it.
+    A variant for this study, not the router's; it differs from the default only with a
+    topology, so ``--topology`` alone runs it (``affinity_until_saturated/reported+topology``)."""
+
+    name = f"{DEFAULT}/reported"
+
+    def _pick(
+        self,
+        request: RouteRequest,
+        known: list[ReplicaView],
+        open_: list[ReplicaView],
+        holding: dict[ReplicaView, tuple[bool, float, str]],
+        now_s: float,
+    ) -> tuple[ReplicaView, Reason]:
+        key, config = request.adapter_key, self._config
+        for view in known if key is not None else ():
+            if view.dedicated == key and view.report is not None:
+                load = view.report.load
+                reported = max(
+                    load.num_queued / config.max_queued,
+                    (load.num_queued + load.num_running) / config.max_ongoing,
+                    load.kv_usage / config.max_kv_usage,
+                )
+                if reported < 1.0:
+                    return view, Reason.MERGED
+        return super()._pick(request, known, open_, holding, now_s)
+
+
+register_policy(ReportedPolicy.name, ReportedPolicy)
 
 
 def own_cores_model(path: Path) -> costs.CostModel:
@@ -116,11 +152,12 @@ def main() -> None:
     reach = [register_reach(float(v)) for v in args.reach.split(",")] if args.reach else []
     if args.workload not in SCENARIOS:
         parser.error(f"--workload {args.workload!r}: expected one of {sorted(SCENARIOS)}")
-    policies = args.policies.split(",") if args.policies else list(policy_names())
+    named = [p for p in policy_names() if p != ReportedPolicy.name]  # alone: the default
+    policies = args.policies.split(",") if args.policies else named
     policies += [p for p in reach if p not in policies]
     unknown = [p for p in policies if p not in policy_names()]
     if args.topology:  # the default and each reach, with a topology
-        policies += [f"{p}{WITH_TOPOLOGY}" for p in (DEFAULT, *reach)]
+        policies += [f"{p}{WITH_TOPOLOGY}" for p in (DEFAULT, ReportedPolicy.name, *reach)]
     if unknown:
         parser.error(f"--policies {','.join(unknown)}: expected some of {policy_names()}")
     model = costs.load(FLEET_COSTS) if args.shared else own_cores_model(FLEET_COSTS)
