@@ -23,6 +23,13 @@
 5. placement: resident nowhere — the best unsaturated replica of its rendezvous set (widened
    while the whole set is saturated, narrowed with hysteresis).
 
+A replica dedicated to another revision (``Router.dedication``, ``router/topology.py``) takes no
+cold load of this one (rules 3-5 where it does not hold it in GPU slots: an L1 or L2 copy
+there, a new holder, a placement) while any other replica is unsaturated: it is left out of
+those rules (rule 5 counts it saturated, so a set holding it widens past it). When every other
+replica is saturated it may take one, reason ``dedicated_spill``. Without a dedication nothing
+changes.
+
 Replicas without a fresh report rank after every replica with one.
 """
 
@@ -49,7 +56,6 @@ from loraplex.router.view import (
     Tier,
     affinity,
     holder_rank,
-    is_saturated,
     load_penalty,
     load_rank,
     utilization,
@@ -154,7 +160,6 @@ class AffinityUntilSaturatedPolicy:
         """Rules 1-5 of the module docstring; ``open_``: the unsaturated ``known`` replicas;
         ``holding``: the ``known`` replicas that hold the revision anywhere (``holders``), each
         with its (saturated, -score, id)."""
-        config = self._config
         if request.session_key is not None:
             replica_id = self._sessions.get(request.session_key, now_s)
             for view in open_:
@@ -163,6 +168,29 @@ class AffinityUntilSaturatedPolicy:
         key = request.adapter_key
         if key is None:
             return pow2(open_ or known, self._rng)[0], Reason.POW2
+        kept = self._scan.dedicated_to_another(key)
+        if kept is None or kept.tier_of(key) >= Tier.LOADING:
+            return self._by_residency(key, known, open_, holding, now_s)
+        if any(v is not kept for v in open_):  # another replica can take it: not ``kept``
+            open_ = [v for v in open_ if v is not kept]
+            holding = {v: rank for v, rank in holding.items() if v is not kept}
+            return self._by_residency(key, known, open_, holding, now_s, kept=kept)
+        chosen, reason = self._by_residency(key, known, open_, holding, now_s)
+        return chosen, Reason.DEDICATED_SPILL if chosen is kept else reason
+
+    def _by_residency(
+        self,
+        key: str,
+        known: list[ReplicaView],
+        open_: list[ReplicaView],
+        holding: dict[ReplicaView, tuple[bool, float, str]],
+        now_s: float,
+        *,
+        kept: ReplicaView | None = None,
+    ) -> tuple[ReplicaView, Reason]:
+        """Rules 3-5 for ``key``; ``kept``: a replica dedicated to another revision that must
+        not load ``key`` (left out of ``open_`` and ``holding`` already), or None."""
+        config = self._config
         within = self._within_reach(key, known, open_, holding, now_s)
         if within is not None:
             holding = within
@@ -186,7 +214,7 @@ class AffinityUntilSaturatedPolicy:
                 return rank[1], rank[2]
 
             return min(known, key=by_score), Reason.SATURATED
-        return self._place(key, known)
+        return self._place(key, known, kept)
 
     def _within_reach(
         self,
@@ -219,17 +247,26 @@ class AffinityUntilSaturatedPolicy:
             return None
         return {v: holding[v] for v in kept[:now]}
 
-    def _place(self, key: str, known: list[ReplicaView]) -> tuple[ReplicaView, Reason]:
-        """A revision resident nowhere: the best unsaturated replica of its rendezvous set."""
+    def _place(
+        self, key: str, known: list[ReplicaView], kept: ReplicaView | None = None
+    ) -> tuple[ReplicaView, Reason]:
+        """A revision resident nowhere: the best unsaturated replica of its rendezvous set;
+        ``kept`` (a replica dedicated to another revision) counts as saturated and is never
+        chosen."""
         config = self._config
         by_id = {v.replica_id: v for v in known}
         order = rendezvous_order(key, list(by_id))
-        width = self._widths.update(key, order, lambda r: utilization(by_id[r], config, cold=True))
-        candidates = [
-            by_id[r] for r in order[:width] if not is_saturated(by_id[r], config, cold=True)
-        ]
+
+        def load(replica_id: str) -> float:
+            view = by_id[replica_id]
+            value = utilization(view, config, cold=True)
+            return value if view is not kept else max(value, 1.0)
+
+        width = self._widths.update(key, order, load)
+        candidates = [by_id[r] for r in order[:width] if load(r) < 1.0]
         if not candidates:  # the set spans the fleet and every replica is saturated
-            return _least_loaded(known, config), Reason.SATURATED
+            others = [v for v in known if v is not kept]
+            return _least_loaded(others, config), Reason.SATURATED
         # Least loaded; ties go to the earlier replica of the rendezvous order.
         best = min(candidates, key=lambda v: load_penalty(v, config))
         return best, Reason.PLACEMENT if width <= config.placement_k else Reason.WIDENED

@@ -25,6 +25,9 @@ class Reason(StrEnum):
     # every replica within the revision's reach is saturated, not yet for ``spread_after_s``:
     # it waits at the best of them instead of loading into another replica's slots
     REACH_FULL = "reach_full"
+    # another revision's cold load on a replica dedicated to a revision (``router/topology.py``):
+    # every other replica is saturated
+    DEDICATED_SPILL = "dedicated_spill"
     POW2 = "pow2"  # power of two choices (the base model, or the pow2 policy)
     MULTIPLEX = "multiplex"  # Ray Serve multiplexing found the model loaded there
     NO_REPORT = "no_report"  # no replica has a fresh report: power of two choices on own counts

@@ -205,6 +205,7 @@ class FleetScan:
         self._held: list[frozenset[str]] = []  # per position: ``held`` (frozenset() if None)
         self._pending: list[frozenset[str]] = []  # per position: ``pending.adapter_keys``
         self._unjoined: list[bool] = []  # per position: known, and ``held`` is None (Bloom)
+        self._dedicated: dict[int, ReplicaView] = {}  # position -> a known view with ``dedicated``
 
     def update(self, fleet: Sequence[ReplicaView]) -> None:
         """Takes ``fleet`` (the views of this decision, in order) as the one read next."""
@@ -213,6 +214,7 @@ class FleetScan:
         if len(self._fleet) != n:
             self._known, self._open, self._unjoined = [False] * n, [False] * n, [False] * n
             self._held, self._pending = [frozenset()] * n, [frozenset()] * n
+            self._dedicated = {}
             changed = range(n)
         else:
             changed = list(compress(range(n), map(is_not, fleet, self._fleet)))
@@ -226,6 +228,10 @@ class FleetScan:
             self._held[i] = frozenset() if held is None else held
             self._unjoined[i] = known and held is None
             self._pending[i] = view.pending.adapter_keys
+            if known and view.dedicated is not None:
+                self._dedicated[i] = view
+            else:
+                self._dedicated.pop(i, None)
         self._fleet = list(fleet)
 
     def known(self) -> list[ReplicaView]:
@@ -233,6 +239,13 @@ class FleetScan:
 
     def open(self) -> list[ReplicaView]:
         return list(compress(self._fleet, self._open))
+
+    def dedicated_to_another(self, adapter_key: str) -> ReplicaView | None:
+        """The known view dedicated to a revision other than ``adapter_key`` (None: none)."""
+        for view in self._dedicated.values():
+            if view.dedicated != adapter_key:
+                return view
+        return None
 
     def holders(self, adapter_key: str) -> list[ReplicaView]:
         """``holders(known, adapter_key)``: the known views holding ``adapter_key``, in order."""

@@ -20,6 +20,7 @@ from loraplex.residency.warm import (
 )
 from loraplex.router import DEFAULT_POLICY as DEFAULT_ROUTING
 from loraplex.router import policy_names as routing_names
+from loraplex.router.topology import TopologyConfig
 
 _AT_LEAST_ONE = (
     "replicas",
@@ -77,6 +78,10 @@ class SimConfig:
     # Per tenant: its weight (priority class), byte caps per tier, cold-load quota and seats, as
     # the registry hands them to a server's scheduler and cache; absent tenants: the defaults.
     tenants: Mapping[str, TenantSettings] = field(default_factory=dict)
+    # A fleet's topology (``[fleet] topology``: ``router/topology.py``): the real
+    # ``FleetTopology`` dedicates a replica to a hot revision, which it runs merged
+    # (``sim/fleet.py``); None: no dedication, as a fleet without the table
+    topology: TopologyConfig | None = None
 
     def __post_init__(self) -> None:
         for name in _AT_LEAST_ONE:
@@ -114,6 +119,10 @@ class SimConfig:
             raise ValueError(
                 f"max_num_batched_tokens {self.max_num_batched_tokens} is invalid; expected >= "
                 f"max_num_seqs {self.max_num_seqs}"
+            )
+        if self.topology is not None and not isinstance(self.topology, TopologyConfig):
+            raise ValueError(
+                f"topology {self.topology!r} is invalid; expected a TopologyConfig or None"
             )
         for tenant, settings in self.tenants.items():
             if not tenant or not isinstance(settings, TenantSettings):

@@ -26,6 +26,7 @@ from loraplex.clock import ManualClock
 from loraplex.residency.cache import ResidencyChanges
 from loraplex.residency.ledger import CACHED_TIERS, Tier
 from loraplex.router import ReplicaLoad, ReplicaReport, Residency, Router, RouteRequest
+from loraplex.router.topology import FleetTopology
 from loraplex.sim.config import SimConfig
 from loraplex.sim.replica import SimReplica
 
@@ -46,10 +47,19 @@ class SimFleetRouter:
         self._names: dict[AdapterKey, str] = {}  # str(key), made once per key
         self._oldest_s: float | None = None  # the oldest report's time (None: none yet)
         self._ready = {r: _ReadySets() for r in self._replicas}  # per replica (module docstring)
+        self._keys: dict[str, AdapterKey] = {}  # ``name``'s inverse
+        # ``SimConfig.topology``: the real tracker on the virtual clock (None: no dedication)
+        self.topology = (
+            None if config.topology is None else FleetTopology(config.topology, clock, self._ask)
+        )
 
     def route(self, request: RouteRequest) -> tuple[SimReplica, str]:
-        """The replica ``request`` goes to and the router's reason."""
+        """The replica ``request`` goes to and the router's reason (with a topology, the
+        request is counted and the dedication decided first, as the Ray request router does)."""
         self._refresh()
+        if self.topology is not None:
+            self.topology.record(request)
+            self.router.dedication = self.topology.update(self._reports)
         decision = self.router.choose(request, self._reports)
         reason = decision.reason.value
         self.decisions[reason] += 1
@@ -69,7 +79,7 @@ class SimFleetRouter:
         replica.settle()  # its skipped steps, up to now
         # The sets a snapshot's entries give (fleet.replica.routing_report); a snapshot also
         # sorts every copy and copies its history.
-        cache, name = replica.cache, self._name
+        cache, name = replica.cache, self.name
         ready = self._ready[replica.replica_id]
         ready.update(cache.residency_changes(ready.version), name)
         l0 = cache.ledgers[Tier.L0].entries
@@ -79,6 +89,7 @@ class SimFleetRouter:
             l2=ready.frozen[Tier.L2],
             loading=frozenset(name(key) for key, entry in l0.items() if not entry.ready),
             pinned=frozenset(name(key) for key in cache.pinned_keys()),
+            merged=_merged(replica, name),
         )
         view = replica.scheduler.make_stats()
         evictions = replica.cache.num_evictions()
@@ -92,12 +103,18 @@ class SimFleetRouter:
         )
         return ReplicaReport(replica.replica_id, now_s, residency, load)
 
-    def _name(self, key: AdapterKey) -> str:
-        """``str(key)``, made once per key."""
+    def name(self, key: AdapterKey) -> str:
+        """``str(key)``, made once per key (the router's name for it)."""
         name = self._names.get(key)
         if name is None:
             name = self._names[key] = str(key)
+            self._keys[name] = key
         return name
+
+    def _ask(self, replica_id: str, adapter_key: str | None) -> None:
+        """``FleetTopology``'s ask: the replica's ``auto`` mode is to merge ``adapter_key``."""
+        key = None if adapter_key is None else self._keys[adapter_key]
+        self._replicas[replica_id].dedicated = key
 
     def _per_min(self, replica_id: str, now_s: float, total: int) -> float:
         window = self._evictions[replica_id]
@@ -106,6 +123,13 @@ class SimFleetRouter:
             window.popleft()
         oldest_s, oldest = window[0]
         return max(0, total - oldest) * 60.0 / max(now_s - oldest_s, EVICTION_WINDOW_S)
+
+
+def _merged(replica: SimReplica, name: Callable[[AdapterKey], str]) -> frozenset[str]:
+    """What ``fleet.replica.routing_report`` reports merged: the revision its mode merged (here
+    the dedicated one, once in its GPU slots: ``SimReplica.merged``), else none."""
+    key = replica.merged()
+    return frozenset() if key is None else frozenset((name(key),))
 
 
 class _ReadySets:

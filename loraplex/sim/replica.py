@@ -28,6 +28,7 @@ from loraplex.engine.tenant_shares import TenantBook
 from loraplex.errors import LoraplexError, QueueFullError
 from loraplex.residency.cache import SimExecutor, TieredAdapterCache
 from loraplex.residency.cache.executors import SimTimer
+from loraplex.residency.ledger import Tier
 from loraplex.residency.pipeline import Footprint
 from loraplex.residency.policy import make_policy
 from loraplex.sampling import FINISH_ABORT, FINISH_LENGTH
@@ -70,6 +71,9 @@ class SimReplica:
         self._idle_wait_s = config.idle_wait_s
         self._shapes = shapes  # adapter -> its rank, bytes and bytes per rank (``step_seconds``)
         self._in_step = False  # a step is running (its result not applied yet)
+        # the revision a fleet's topology asked this replica to merge (``sim/fleet.py``), as a
+        # real ``auto`` engine's ``MergeHolds.dedicate``; None: none
+        self.dedicated: AdapterKey | None = None
         self._load_debt_s = 0.0  # load CPU seconds that overlapped steps, due at the next step
         self.cache = TieredAdapterCache(
             cache_config(config),
@@ -106,6 +110,16 @@ class SimReplica:
             handoff_s=cost.lease_handoff_s,
             rebalance_interval_s=config.auto_warm_interval_s if config.auto_warm else None,
         )
+
+    def merged(self) -> AdapterKey | None:
+        """The revision merged into its base weights now: the dedicated one, once a copy of it
+        is ready in its GPU slots (a real ``auto`` engine merges a dedicated revision as soon
+        as a lease on it is granted: ``engine/mode_control.py``); no transition is charged."""
+        key = self.dedicated
+        if key is None:
+            return None
+        entry = self.cache.ledgers[Tier.L0].entries.get(key)
+        return key if entry is not None and entry.ready else None
 
     # --- requests ---------------------------------------------------------------------------
 
@@ -168,7 +182,9 @@ class SimReplica:
             if self.scheduler.requests:  # all wait (loads, quotas): poll as the engine loop does
                 self._plan_at(now + self._idle_wait_s)
             return  # else idle until an arrival wakes it
-        seconds = step_seconds(plan, self.scheduler.requests, self._shapes, self._step_cost)
+        seconds = step_seconds(
+            plan, self.scheduler.requests, self._shapes, self._step_cost, self.merged()
+        )
         seconds *= self._cpu_scale
         if self._cpu is not None:
             seconds *= self._cpu.stretch(now)

@@ -192,7 +192,7 @@ def _simulate(
         request = _engine_request(index, record, adapter)
         replica = replicas[0]
         if fleet is not None:
-            key = None if adapter is None else str(adapter.key)
+            key = None if adapter is None else fleet.name(adapter.key)
             replica, outcome.reason = fleet.route(RouteRequest(key, None, record.prompt_tokens))
         outcome.replica = replica.index
         hop = hop_s

@@ -42,23 +42,40 @@ def step_seconds(
     requests: Mapping[str, Request],
     shapes: Mapping[AdapterKey, AdapterShape],
     cost: StepCost,
+    merged: AdapterKey | None = None,
 ) -> float:
     """The cost model's step time of ``plan`` (``requests``: the scheduler's, by id). A decode
     chunk is one token past the prompt (the last sampled token); every other chunk (a prompt
-    chunk, a recompute after preemption) is prefill."""
+    chunk, a recompute after preemption) is prefill.
+
+    ``merged``: the revision merged into the replica's base weights (a fleet's dedication,
+    ``sim/fleet.py``): its tokens are priced as base-model tokens (no LoRA terms), and every
+    other token pays one extra LoRA pass of it (the negative pass that takes it back out:
+    ``engine/mode_policy.py``'s cost of a merge), its rank, bytes and width counted once more.
+    An assumption, not calibrated: ``sim calibrate`` measures no merged step."""
     keys: set[AdapterKey] = set()
     rank_tokens = decode_tokens = byte_tokens = 0
+    unmerged = 0  # tokens not of the ``merged`` revision (each pays its negative pass)
     for chunk in plan.chunks:
         request = requests[chunk.request_id].request
         num = len(chunk.token_ids)
         if num == 1 and chunk.start_pos >= len(request.prompt_token_ids):
             decode_tokens += 1
         key = request.adapter_key
+        if merged is not None:
+            if key == merged:
+                continue
+            unmerged += num
         if key is not None:
             keys.add(key)
             rank, nbytes, _ = shapes[key]
             rank_tokens += num * rank
             byte_tokens += num * nbytes
+    if merged is not None and unmerged:
+        keys.add(merged)
+        rank, nbytes, _ = shapes[merged]
+        rank_tokens += unmerged * rank
+        byte_tokens += unmerged * nbytes
     prefill_tokens = plan.num_tokens - decode_tokens
     if not cost.prices_weights:  # an older file: the old model's inputs, exactly
         return cost.seconds(decode_tokens, prefill_tokens, len(keys), rank_tokens)

@@ -16,6 +16,11 @@ and prints one JSON line per run and the P99 ratios against the default policy.
 ``--workload`` runs another bench workload than hot-one (its lines then carry ``workload``);
 ``--policies`` runs only the policies named (the ratios need the default among them);
 ``--against NAME`` prints the P99 ratios over that policy instead of the default's;
+``--topology`` also runs the default policy, and each ``--reach`` variant, with a fleet topology
+(``SimConfig.topology``, the default ``TopologyConfig``: a replica dedicated to a revision of a
+replica's worth of demand, run merged, other revisions' cold loads kept off it) as the policy
+``affinity_until_saturated+topology`` (``.../reach=1+topology``), and ``ReportedPolicy`` with
+one (``affinity_until_saturated/reported+topology``);
 ``--reach 1,2`` also runs the default policy with ``RouterConfig.spread_after_s`` at each value
 (rule 4's reach, docs/router.md), as the policy ``affinity_until_saturated/reach=1`` and so on.
 """
@@ -32,14 +37,17 @@ from pathlib import Path
 
 from loraplex.bench.workloads import SCENARIOS
 from loraplex.cli.sim import workload_trace
-from loraplex.router import RouterConfig, policy_names, register_policy
+from loraplex.router import Reason, RouterConfig, RouteRequest, policy_names, register_policy
 from loraplex.router.affinity import AffinityUntilSaturatedPolicy
+from loraplex.router.topology import TopologyConfig
+from loraplex.router.view import ReplicaView
 from loraplex.sim import cost_model as costs
 from loraplex.sim.config import SimConfig
 from loraplex.sim.run import simulate
 
 FLEET_COSTS = Path("docs/benchmarks/sim-cost-cpu-2core-demo-small-fleet.json")
 DEFAULT = "affinity_until_saturated"
+WITH_TOPOLOGY = "+topology"  # a policy's name with SimConfig.topology (--topology)
 
 
 def register_reach(spread_after_s: float) -> str:
@@ -53,6 +61,40 @@ def register_reach(spread_after_s: float) -> str:
 
     register_policy(name, factory)
     return name
+
+
+class ReportedPolicy(AffinityUntilSaturatedPolicy):
+    """The default policy, but a revision with a dedicated replica goes there while that
+    replica's *reported* load is below saturation (the router's own decisions since the report
+    not counted; ``view.utilization`` counts them as queued); else as the default routes it.
+    A variant for this study, not the router's; it differs from the default only with a
+    topology, so ``--topology`` alone runs it (``affinity_until_saturated/reported+topology``)."""
+
+    name = f"{DEFAULT}/reported"
+
+    def _pick(
+        self,
+        request: RouteRequest,
+        known: list[ReplicaView],
+        open_: list[ReplicaView],
+        holding: dict[ReplicaView, tuple[bool, float, str]],
+        now_s: float,
+    ) -> tuple[ReplicaView, Reason]:
+        key, config = request.adapter_key, self._config
+        for view in known if key is not None else ():
+            if view.dedicated == key and view.report is not None:
+                load = view.report.load
+                reported = max(
+                    load.num_queued / config.max_queued,
+                    (load.num_queued + load.num_running) / config.max_ongoing,
+                    load.kv_usage / config.max_kv_usage,
+                )
+                if reported < 1.0:
+                    return view, Reason.MERGED
+        return super()._pick(request, known, open_, holding, now_s)
+
+
+register_policy(ReportedPolicy.name, ReportedPolicy)
 
 
 def own_cores_model(path: Path) -> costs.CostModel:
@@ -101,13 +143,21 @@ def main() -> None:
     parser.add_argument(
         "--against", default=DEFAULT, help="the policy the printed P99 ratios divide by"
     )
+    parser.add_argument(
+        "--topology",
+        action="store_true",
+        help="also run the default and each --reach with a topology (the module docstring)",
+    )
     args = parser.parse_args()
     reach = [register_reach(float(v)) for v in args.reach.split(",")] if args.reach else []
     if args.workload not in SCENARIOS:
         parser.error(f"--workload {args.workload!r}: expected one of {sorted(SCENARIOS)}")
-    policies = args.policies.split(",") if args.policies else list(policy_names())
+    named = [p for p in policy_names() if p != ReportedPolicy.name]  # alone: the default
+    policies = args.policies.split(",") if args.policies else named
     policies += [p for p in reach if p not in policies]
     unknown = [p for p in policies if p not in policy_names()]
+    if args.topology:  # the default and each reach, with a topology
+        policies += [f"{p}{WITH_TOPOLOGY}" for p in (DEFAULT, ReportedPolicy.name, *reach)]
     if unknown:
         parser.error(f"--policies {','.join(unknown)}: expected some of {policy_names()}")
     model = costs.load(FLEET_COSTS) if args.shared else own_cores_model(FLEET_COSTS)
@@ -122,7 +172,11 @@ def main() -> None:
         for seed in range(args.seeds):
             trace = workload_trace(args.workload, seed, args.duration_s, rate)
             for policy in policies:
-                config = SimConfig(replicas=3, max_loras=3, routing_policy=policy, seed=seed)
+                routing = policy.removesuffix(WITH_TOPOLOGY)
+                topology = TopologyConfig() if routing != policy else None
+                config = SimConfig(
+                    replicas=3, max_loras=3, routing_policy=routing, seed=seed, topology=topology
+                )
                 m = simulate(trace, config, model).metrics
                 p99.setdefault((rate, policy), []).append(m["ttft_ms"]["p99"])
                 line = {

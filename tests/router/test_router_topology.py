@@ -9,6 +9,7 @@ from router_kit import make_router, report, req
 
 from loraplex.clock import ManualClock
 from loraplex.router import Reason, ReplicaReport
+from loraplex.router.placement import rendezvous_order
 from loraplex.router.topology import (
     Dedication,
     FleetTopology,
@@ -130,3 +131,71 @@ def test_a_dedicated_replica_that_saturates_is_not_chosen() -> None:
     replicas = fleet(2, r0=report("r0", l0=[HOT], queued=8), r1=report("r1", l0=[HOT]))
     decision = router.choose(req(HOT), replicas)
     assert decision.replica_id == "r1" and decision.reason is Reason.GPU_HIT
+
+
+def _first_in_order(replica_id: str, replica_ids: list[str]) -> str:
+    """A tail revision whose rendezvous order over ``replica_ids`` starts at ``replica_id``."""
+    return next(
+        key
+        for key in (f"t/tail{i}@1" for i in range(1000))
+        if rendezvous_order(key, replica_ids)[0] == replica_id
+    )
+
+
+def test_a_dedicated_replica_takes_no_cold_load_of_another_revision_while_another_is_open() -> None:
+    # r0 is dedicated to HOT and idle; r1 and r2 are busy but open. Without the dedication
+    # each cold load of a tail revision goes to r0 (the least loaded); with it, elsewhere.
+    tail = _first_in_order("r0", ["r0", "r1", "r2"])
+    replicas = fleet(
+        3,
+        r0=report("r0", l1=["t/l1@1"]),
+        r1=report("r1", running=4, queued=7, l0=["t/held@1"]),  # open: queued < 8
+        r2=report("r2", running=6),
+    )
+    plain, _ = make_router()
+    dedicated, _ = make_router()
+    dedicated.dedication = Dedication("r0", HOT)
+    # rule 5, a placement; rule 3, an L1 copy on r0 only
+    for key in (tail, "t/l1@1"):
+        assert plain.choose(req(key), replicas).replica_id == "r0"
+        decision = dedicated.choose(req(key), replicas)
+        assert decision.replica_id != "r0"
+        assert decision.reason is not Reason.DEDICATED_SPILL
+    # rule 4: its only holder saturated, a new holder is the least loaded other replica
+    replicas["r1"] = report("r1", running=4, queued=8, l0=["t/held@1"])
+    replicas["r2"] = report("r2", running=6)
+    plain, _ = make_router()
+    dedicated, _ = make_router()
+    dedicated.dedication = Dedication("r0", HOT)
+    assert plain.choose(req("t/held@1"), replicas).replica_id == "r0"
+    decision = dedicated.choose(req("t/held@1"), replicas)
+    assert (decision.replica_id, decision.reason) == ("r2", Reason.SATURATED)
+
+
+def test_a_dedicated_replica_in_a_saturated_placement_set_widens_it_past_itself() -> None:
+    ids = ["r0", "r1", "r2"]
+    tail = next(
+        f"t/tail{i}@1"
+        for i in range(1000)
+        if rendezvous_order(f"t/tail{i}@1", ids)[:2] == ["r0", "r1"]
+    )
+    replicas = fleet(3, r1=report("r1", queued=8), r2=report("r2", running=3))
+    router, _ = make_router()
+    router.dedication = Dedication("r0", HOT)
+    decision = router.choose(req(tail), replicas)
+    assert (decision.replica_id, decision.reason) == ("r2", Reason.WIDENED)
+
+
+def test_a_dedicated_replica_takes_another_revision_only_when_every_other_is_saturated() -> None:
+    tail = _first_in_order("r1", ["r0", "r1", "r2"])
+    full = {"queued": 8}
+    replicas = fleet(3, r1=report("r1", **full), r2=report("r2", **full))
+    router, _ = make_router()
+    router.dedication = Dedication("r0", HOT)
+    decision = router.choose(req(tail), replicas)
+    assert (decision.replica_id, decision.reason) == ("r0", Reason.DEDICATED_SPILL)
+    # its own revision, and another already in its GPU slots, are no cold load: as before
+    replicas = fleet(3, r0=report("r0", l0=[HOT, "t/held@1"]))
+    assert router.choose(req(HOT), replicas).reason is Reason.MERGED
+    decision = router.choose(req("t/held@1"), replicas)
+    assert (decision.replica_id, decision.reason) == ("r0", Reason.GPU_HIT)

@@ -62,3 +62,16 @@ def test_a_weights_model_adds_byte_tokens_and_revision_widths() -> None:
     # one revision: its width as is
     lone = StepPlan((_chunk("a", 4, 1),), ())
     assert step_seconds(lone, REQUESTS, SHAPES, cost) == 640 + 1000.0 * 10.0
+
+
+def test_a_merged_revision_runs_as_base_and_every_other_token_pays_its_negative_pass() -> None:
+    cost = StepCost(step_fixed_s=1.0, per_token_s=10.0, per_revision_s=100.0,
+                    per_rank_token_s=1000.0, per_prefill_token_s=10000.0)  # fmt: skip
+    # A merged (rank 64): its decode token has no LoRA terms; B's 3 tokens and C's 1 pay A's
+    # rank once more, and A counts as a revision of the step (the negative pass)
+    expected = 1.0 + 10.0 * 2 + 10000.0 * 3 + 100.0 * 2 + 1000.0 * (24 + 4 * 64)
+    assert step_seconds(PLAN, REQUESTS, SHAPES, cost, merged=A) == expected
+    # only the merged revision's tokens in the step: no LoRA work at all
+    alone = StepPlan((_chunk("a", 4, 1),), ())
+    assert step_seconds(alone, REQUESTS, SHAPES, cost, merged=A) == 1.0 + 10.0
+    assert step_seconds(alone, REQUESTS, SHAPES, cost) == 1.0 + 10.0 + 100.0 + 1000.0 * 64
