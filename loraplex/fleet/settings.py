@@ -16,7 +16,12 @@ from pathlib import Path
 from typing import Any
 
 from loraplex.router.config import RouterConfig
-from loraplex.router.router import DEFAULT_POLICY, policy_names, unread_router_keys
+from loraplex.router.router import (
+    DEFAULT_POLICY,
+    follows_dedication,
+    policy_names,
+    unread_router_keys,
+)
 from loraplex.router.topology import TopologyConfig
 from loraplex.serve.config import ServeConfig
 from loraplex.serve.config.keys import NOT_IN_FLEET
@@ -138,6 +143,13 @@ class FleetSettings:
                 "'auto' (only an auto engine merges the revision its replica is dedicated to: "
                 "another setting ignored the dedication while the router steered that "
                 "revision's traffic to the replica as if merged), or no topology table"
+            )
+        if not follows_dedication(self.policy):
+            raise ValueError(
+                f"topology is set while the routing policy is {self.policy!r}, which does not "
+                "send a dedicated revision's traffic to its replica (the replica would merge it "
+                "and serve it no more often than any other); expected an affinity policy, or no "
+                "topology table"
             )
 
     def _check_routing(self) -> None:

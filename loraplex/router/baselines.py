@@ -27,6 +27,7 @@ class Pow2Policy:
 
     name = "pow2"
     reads: frozenset[str] = frozenset()  # RouterConfig fields it reads (none: ongoing counts)
+    follows_dedication = False  # a replica dedicated to a revision is one more replica to it
 
     def __init__(self, config: RouterConfig, rng: random.Random) -> None:
         self._rng = rng
@@ -51,6 +52,7 @@ class RayMultiplexPolicy:
 
     name = "ray_multiplex"
     reads = frozenset({"max_queued", "max_ongoing", "max_kv_usage"})  # saturation alone
+    follows_dedication = False
 
     def __init__(self, config: RouterConfig, rng: random.Random) -> None:
         self._config = config

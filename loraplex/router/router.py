@@ -54,6 +54,13 @@ def unread_router_keys(policy_name: str, keys: Iterable[str]) -> list[str]:
     return sorted(set(keys) - reads - ROUTER_READS)
 
 
+def follows_dedication(policy_name: str) -> bool:
+    """Whether ``policy_name`` sends a dedicated revision's traffic to the replica the fleet's
+    topology dedicated (and merged) it on: the affinity policies do; Ray Serve's baselines,
+    which declare ``follows_dedication`` false, do not."""
+    return bool(getattr(_POLICIES[policy_name], "follows_dedication", True))
+
+
 for _factory in (Pow2Policy, RayMultiplexPolicy, AffinityPolicy, AffinityUntilSaturatedPolicy):
     register_policy(_factory.name, _factory)
 

@@ -95,6 +95,20 @@ def test_a_topology_needs_auto_engines(tmp_path: Path, mode: str) -> None:
     assert FleetSettings(serve=auto, model_dir=tmp_path, topology={}).topology == {}
 
 
+@pytest.mark.parametrize("policy", ["pow2", "ray_multiplex"])
+def test_a_topology_needs_a_policy_that_follows_the_dedication(tmp_path: Path, policy: str) -> None:
+    """Ray Serve's baselines never read a view's dedication: with them the table was taken and
+    the dedicated replica merged a revision the router sent it no more often than elsewhere."""
+    auto = ServeConfig(data_dir=tmp_path, mode="auto")
+    with pytest.raises(
+        ValueError, match=rf"^topology is set while the routing policy is '{policy}'"
+    ):
+        FleetSettings(serve=auto, model_dir=tmp_path, policy=policy, topology={})
+    FleetSettings(serve=auto, model_dir=tmp_path, policy=policy)  # no topology: fine
+    for affinity in ("affinity", "affinity_until_saturated"):
+        FleetSettings(serve=auto, model_dir=tmp_path, policy=affinity, topology={})
+
+
 @pytest.mark.parametrize(
     ("policy", "router", "unread"),
     [
