@@ -53,7 +53,8 @@ class Prepared:
 def prepare(config: ServeConfig, replicas_here: int | None = None) -> Prepared:
     """The model, the demo registration and the keys, before any deployment starts (replicas
     would otherwise race to generate and register them). Before a key is issued, the checks
-    ``serve`` makes once the model is known: ``max_model_len`` within its context, and the KV
+    ``serve`` makes once the model is known: ``max_model_len`` within its context, the GPU
+    slots ``gpu_adapter_bytes`` leaves (at least one, more than ``max_auto_gpu_slots``), and the KV
     caches of the ``replicas_here`` engines this machine runs (``fleet up``'s local Ray head
     runs them all; None: where they run is not known here) within its memory."""
     from loraplex.artifacts.base_model import BaseModelSpec, read_model_config
@@ -70,6 +71,9 @@ def prepare(config: ServeConfig, replicas_here: int | None = None) -> Prepared:
         raise ValueError("model None is invalid; expected a model directory or the demo assets")
     base = BaseModelSpec.from_dir(model_dir)
     config.check_context(read_model_config(model_dir))
+    # gpu_adapter_bytes below one slot, or max_auto_gpu_slots not below the slots it leaves:
+    # each replica's engine refused them at start, after the keys were issued and printed
+    config.auto_gpu_slots(base)
     if replicas_here is not None:
         config.check_kv_memory(base, memory_total_bytes(), replicas_here)
     new_admin = config.admin_key is None and not (config.data_dir / ADMIN_KEY_FILE).exists()

@@ -455,10 +455,10 @@ def test_up_checks_the_kv_caches_of_the_replicas_its_local_head_runs(
 def test_prepare_refuses_what_serve_refuses_once_the_model_is_known(
     tmp_path: Path, demo_assets: DemoAssets, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """Before any key: a ``max_model_len`` past the model's context, and KV caches of the
-    replicas here that this machine's memory cannot hold (``fleet up`` took both, issued the
-    keys, and the replicas failed: out of memory, or positions the model was never trained
-    for)."""
+    """Before any key: a ``max_model_len`` past the model's context, GPU slot settings the
+    engine refuses, and KV caches of the replicas here that this machine's memory cannot hold
+    (``fleet up`` took them, issued the keys, and the replicas failed: out of memory, positions
+    the model was never trained for, or no slot)."""
     data_dir = tmp_path / "data"
     model = demo_assets.base_model_dir
     config = ServeConfig(data_dir=data_dir, model=model, demo=False)
@@ -468,5 +468,11 @@ def test_prepare_refuses_what_serve_refuses_once_the_model_is_known(
         control.prepare(replace(config, max_model_len=513), replicas_here=1)
     with pytest.raises(ValueError, match=r"^num_kv_blocks 1024 x block_size 16 is invalid with 4"):
         control.prepare(config, replicas_here=4)
+    slot = config.slot_bytes(BaseModelSpec.from_dir(model))
+    with pytest.raises(ValueError, match=r"^gpu_adapter_bytes 1 is invalid; expected at least one"):
+        control.prepare(replace(config, gpu_adapter_bytes=1), replicas_here=1)
+    two_slots = replace(config, gpu_adapter_bytes=2 * slot, max_auto_gpu_slots=2)
+    with pytest.raises(ValueError, match=r"^max_auto_gpu_slots 2 is invalid; expected fewer than"):
+        control.prepare(two_slots, replicas_here=1)
     assert not (data_dir / ADMIN_KEY_FILE).exists()
     assert control.prepare(config, replicas_here=3).new_admin_key  # 3 fit
