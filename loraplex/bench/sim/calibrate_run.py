@@ -9,7 +9,8 @@ samples are ``calibrate_prefill.py``'s, the tier links' cold loads ``calibrate_l
   sets' lowest ranks together), every adapter in a GPU slot first; each request
   decodes ``output_tokens`` tokens with ``ignore_eos``, so while they run each engine step holds
   ``batch`` decode tokens, and the median time per output token (TPOT) is the step time of that
-  mix.
+  mix. A request whose TPOT is under ``BURST_TPOT_S`` (its tokens reached the client together)
+  is left out of its mix with a warning (issue 30).
 - Prefill steps: lone warm requests (one at a time, so nothing queues) with prompts of each of
   ``prefill_lengths`` tokens, on each target set's lowest- and highest-rank adapter, sent as
   ``bench sim``'s real runs send a trace's requests (``bench/serve/driver.replay_over_http``:
@@ -32,6 +33,7 @@ samples are ``calibrate_prefill.py``'s, the tier links' cold loads ``calibrate_l
 from __future__ import annotations
 
 import asyncio
+import logging
 import math
 import random
 import statistics
@@ -51,6 +53,15 @@ from loraplex.sim.calibrate import StepSample
 # How the lone warm requests of both calibrations (this one and ``calibrate_fleet``) are paced.
 HOP_GAP_S = 0.25  # idle seconds before each
 HOP_OUTPUT_TOKENS = 8  # tokens each generates
+
+# A decode-mix request whose TPOT is below this did not stream its tokens one engine step apart:
+# they reached the client's parser together (its span, first to last token, is the parse time of
+# the chunks, 6-27 us a token in the five calibrations of issue 30, where every real decode step
+# measured >= 1.18 ms), so it is no step time. Such a request is left out of its mix, with a
+# warning (``burst_tpots``).
+BURST_TPOT_S = 100e-6
+
+_log = logging.getLogger(__name__)
 
 
 def check_pacing(gap_s: float, output_tokens: int) -> None:
@@ -171,7 +182,8 @@ def weight_regressors(adapters: Sequence[ServedAdapter]) -> tuple[int, float]:
 async def _mix_tpot(
     target: Target, batch: int, chosen: Sequence[ServedAdapter], config: CalibrateConfig, seed: int
 ) -> float | None:
-    """The median TPOT of ``batch`` requests over ``chosen`` sent at once; None if none decoded."""
+    """The median TPOT of ``batch`` requests over ``chosen`` sent at once, less those whose
+    tokens arrived together (``BURST_TPOT_S``, logged); None if none is left."""
     rng = random.Random(seed)
     drive = drive_config(target, config)
     now = time.monotonic()
@@ -195,7 +207,26 @@ async def _mix_tpot(
         )
     records = await asyncio.gather(*sends)
     tpots = [r.tpot_s for r in records if r.ok and r.tpot_s is not None]
-    return statistics.median(tpots) if tpots else None
+    bursts = burst_tpots(tpots)
+    if bursts:
+        _log.warning(
+            "decode mix (batch %d, %d adapters, seed %d): %d of %d requests left out, their "
+            "tokens arrived together (TPOT %s s < %s s)",
+            batch,
+            len(chosen),
+            seed,
+            len(bursts),
+            len(tpots),
+            bursts,
+            BURST_TPOT_S,
+        )
+    kept = [t for t in tpots if t >= BURST_TPOT_S]
+    return statistics.median(kept) if kept else None
+
+
+def burst_tpots(tpots: Sequence[float]) -> list[float]:
+    """The TPOTs of ``tpots`` below ``BURST_TPOT_S``: requests whose tokens arrived together."""
+    return [t for t in tpots if t < BURST_TPOT_S]
 
 
 def step_samples(client: httpx.Client, target: Target, config: CalibrateConfig) -> list[StepSample]:
