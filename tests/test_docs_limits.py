@@ -40,7 +40,7 @@ _HOURS = {3600.0: "one hour"}  # the words the guide uses for RecentRequests' tt
 
 SENTENCES = [
     f"each `stop` string at most {fields.MAX_STOP_CHARS} characters",
-    f"`user` at most {_cap('user')},",
+    f"`user` and a chat message's `name` at most {fields.MAX_NAME_CHARS} characters,",
     f"`messages` {fields.MAX_CHAT_MESSAGES:,} ({fields.MAX_CONTENT_PARTS} text parts each)",
     f"a batch of `prompt`s {MAX_BATCH_PROMPTS} (the fan-out limit)",
     f"a token-id list {fields.MAX_TOKEN_IDS:,}",

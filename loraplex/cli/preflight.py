@@ -57,7 +57,7 @@ def preflight_command(
     ] = None,
     json_output: Annotated[bool, Opt("--json", help="Print the report as one JSON line.")] = False,
     report: Annotated[Path | None, Opt(help="Also write the JSON report to this file.")] = None,
-    timeout_s: Annotated[float, Opt(help="Seconds per HTTP request.")] = 120.0,
+    timeout_s: Annotated[float, Opt(help="Seconds per HTTP request, finite, > 0.")] = 120.0,
 ) -> None:
     """Check the 14 launch items against a running deployment: PASS / WARN / FAIL each."""
     from loraplex.preflight import LoadConfig, PreflightConfig, PreflightError, preflight

@@ -63,8 +63,6 @@ class OfflineConfig:
                 raise ValueError(f"{name} {getattr(self, name)} is invalid; expected >= 1")
         if self.max_model_len is not None and self.max_model_len < 2:
             raise ValueError(f"max_model_len {self.max_model_len} is invalid; expected >= 2")
-        if self.dtype == "float16" and not self.device.startswith("cuda"):
-            raise ValueError("dtype float16 is invalid on CPU; expected float32 or bfloat16")
 
 
 @dataclass(frozen=True)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 
 from loraplex.preflight import checks_registry as reg
@@ -28,8 +29,8 @@ class PreflightConfig:
             raise ValueError(f"url {self.url!r} is invalid; expected http:// or https://")
         if not self.admin_key:
             raise ValueError("admin_key is empty; expected the deployment's admin credential")
-        if not self.timeout_s > 0:
-            raise ValueError(f"timeout_s {self.timeout_s} is invalid; expected > 0")
+        if not (math.isfinite(self.timeout_s) and self.timeout_s > 0):  # inf: an unbounded wait
+            raise ValueError(f"timeout_s {self.timeout_s} is invalid; expected a finite number > 0")
 
 
 def judge(obs: Observation, rules_text: str | None) -> tuple[Verdict, ...]:

@@ -11,7 +11,8 @@ from tiny_models import hf_model, save_tiny_model, save_word_tokenizer
 from typer.testing import CliRunner
 
 from loraplex.cli import app
-from loraplex.engine.offline import OfflineEngine, OfflineRequest
+from loraplex.demo.assets import DemoAssets
+from loraplex.engine.offline import OfflineConfig, OfflineEngine, OfflineRequest
 from loraplex.sampling import SamplingParams
 
 
@@ -71,3 +72,23 @@ def test_plain_output_and_errors(model_and_adapter: tuple[Path, Path]) -> None:
     assert bad.exit_code == 1 and "top_p" in bad.stderr
     missing = runner.invoke(app, ["generate", "--model", str(adapter), "--prompt", "w9"])
     assert missing.exit_code == 1 and "config.json" in missing.stderr
+
+
+def test_float16_generates_on_the_cpu(demo_assets: DemoAssets) -> None:
+    """``--dtype float16`` was refused off CUDA ("dtype float16 is invalid on CPU") although the
+    CPU path runs it, as ``serve`` does: it gives tokens, and logprobs close to float32's."""
+    base = demo_assets.base_model_dir
+    args = ["generate", "--model", str(base), "--prompt", "Hi", "--max-tokens", "4",
+            "--dtype", "float16", "--device", "cpu", "--json"]  # fmt: skip
+    result = CliRunner().invoke(app, args)
+    assert result.exit_code == 0, result.output
+    assert json.loads(result.stdout)["token_ids"]
+    firsts = []
+    for dtype in ("float32", "float16"):
+        with OfflineEngine(base, OfflineConfig(dtype=dtype, device="cpu")) as engine:
+            done = engine.generate([OfflineRequest("Hi", None, SamplingParams(1, logprobs=3))])
+        logprobs = done[0].logprobs
+        assert logprobs is not None
+        firsts.append(dict(logprobs[0].top))
+    assert firsts[0].keys() == firsts[1].keys()  # the same top 3 (their order is a near-tie here)
+    assert all(abs(firsts[0][t] - firsts[1][t]) < 0.05 for t in firsts[0])

@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import pytest
 from conftest import RULES_TEXT, admin_client
 from live import Live
 from typer.testing import CliRunner
@@ -75,6 +76,16 @@ def test_the_command_refuses_a_bad_option_naming_it(default_server: Live) -> Non
     )
     assert result.exit_code == 2
     assert "load_s 0.0 is invalid" in result.output
+
+
+@pytest.mark.parametrize("value", ["inf", "-inf", "nan", "0", "-1"])
+def test_the_command_refuses_an_unbounded_or_empty_timeout(value: str) -> None:
+    # Refused while building the config, before any request (nothing listens on port 9).
+    args = ["preflight", "--url", "http://127.0.0.1:9", "--admin-key", "x", "--timeout-s", value]
+    result = CliRunner().invoke(app, args)
+    assert result.exit_code == 2, result.output
+    assert "timeout_s" in result.output
+    assert "expected a finite number > 0" in result.output
 
 
 def test_a_wrong_admin_key_stops_before_judging(default_server: Live) -> None:

@@ -120,6 +120,28 @@ def test_a_long_stop_string_is_counted_in_characters(rig: Rig, stop: object) -> 
     assert "at most 1024 characters" in error["message"] and "items" not in error["message"]
 
 
+HI = {"role": "user", "content": "hi"}
+
+
+@pytest.mark.parametrize(
+    ("path", "body", "param"),
+    [
+        ("/v1/completions", {"prompt": "hi", "user": "u" * 257}, "user"),
+        ("/v1/chat/completions", {"messages": [HI], "user": "u" * 257}, "user"),
+        ("/v1/chat/completions", {"messages": [{**HI, "name": "n" * 257}]}, "messages.0.name"),
+    ],
+)
+def test_a_long_user_or_name_is_counted_in_characters(
+    rig: Rig, path: str, body: dict[str, object], param: str
+) -> None:
+    """They said "Value should have at most 256 items" (as ``stop`` did, above)."""
+    reply = _post(rig, path, model="support", **body)
+    assert reply.status_code == 400, reply.text
+    error = reply.json()["error"]
+    assert error["param"] == param
+    assert "at most 256 characters" in error["message"] and "items" not in error["message"]
+
+
 @pytest.mark.parametrize("stop", ["\ud800", ["ok", "ab\udfff"], "x" * 5000 + "\ud800"])
 def test_a_lone_surrogate_in_stop_keeps_its_message(rig: Rig, stop: object) -> None:
     """Checking the length in the str schema first made it pydantic's "unable to parse raw data

@@ -18,6 +18,7 @@ from pydantic import (
 from loraplex.server.protocol.fields import (
     MAX_CHAT_MESSAGES,
     MAX_CONTENT_PARTS,
+    NameText,
     RevisionInfo,
     SamplingFields,
     TenantBody,
@@ -39,7 +40,7 @@ class ChatMessageIn(TenantBody):
         Text | Annotated[list[TextPart], Field(max_length=MAX_CONTENT_PARTS)] | None,
         BeforeValidator(lambda value: _check_count(value, MAX_CONTENT_PARTS, "text parts")),
     ] = None
-    name: Text | None = Field(default=None, max_length=256)  # participant's name, for the template
+    name: NameText | None = None  # participant's name, for the template
 
     def text(self) -> str:
         if self.content is None:

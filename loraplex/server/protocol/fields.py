@@ -53,6 +53,8 @@ MAX_STOP_STRINGS = 4  # OpenAI's limit
 # most 1024 items"). The surrogate check runs before it: pydantic's constrained str cannot read
 # a lone surrogate ("unable to parse raw data as a unicode string").
 StopText = Annotated[str, Field(max_length=MAX_STOP_CHARS), BeforeValidator(_valid_utf8_str)]
+MAX_NAME_CHARS = 256  # ``user`` and a chat message's ``name``
+NameText = Annotated[str, Field(max_length=MAX_NAME_CHARS), BeforeValidator(_valid_utf8_str)]
 
 # Lists and maps a tenant sends are bounded in the schema. NOTE: pydantic stops reading a list at
 # its ``max_length``, but it reports every wrong item of a shorter one, so a union member given
@@ -174,7 +176,7 @@ class SamplingFields(TenantBody):
     n: StrictInt | None = Field(
         default=1, ge=1
     )  # choices per prompt (at most the server's max_choices)
-    user: Text | None = Field(default=None, max_length=256)  # keeps a caller on one revision
+    user: NameText | None = None  # keeps a caller on one revision
     ignore_eos: StrictBool = False  # vLLM extension: generate past end-of-sequence tokens
     min_tokens: StrictInt = Field(default=0, ge=0)  # vLLM extension: no EOS / stop before this many
     top_k: StrictInt | None = Field(default=None, ge=-1)  # keep the k most likely; -1, 0, None: off
