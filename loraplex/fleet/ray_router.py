@@ -112,13 +112,17 @@ class LoraplexRequestRouter(RequestRouter):  # type: ignore[misc]
             if avoid:  # a retry: the replica it was lost on is left out, unless none remains
                 offered = routing.without(offered, avoid) or routing.without(by_id, avoid) or by_id
             offered_reports = {i: reports[i] for i in offered}
-            # a call Ray asks about again (no replica took it) is counted once
-            first_try = is_work and self._first_tries.first(pending_request)
+            # a call Ray asks about again (no replica took it) is counted once, and is
+            # pending only where it was sent last
+            first_call = self._first_tries.first(pending_request)
+            first_try = is_work and first_call
             if self._topology is not None and is_work:
                 if first_try:
                     self._topology.record(request)
                 self._router.dedication = self._topology.update(offered_reports)
-            decision = self._router.choose(request, offered_reports)
+            replaces = None if first_call else self._first_tries.mark(pending_request)
+            decision = self._router.choose(request, offered_reports, replaces=replaces)
+            self._first_tries.remember(pending_request, self._router.last_mark)
         if first_try:
             routing.ROUTING_LOG.record(decision.reason.value)
         return [[offered[i]] for i in decision.ranked]

@@ -369,3 +369,20 @@ def test_first_tries_are_bounded_and_calls_without_an_id_always_count() -> None:
     assert [tries.first(p) for p in ids[1:]] == [False, False]
     assert tries.first(ids[0])  # forgotten past the bound: counted again
     assert tries.first(SimpleNamespace(args=[])) and tries.first(SimpleNamespace(args=[]))
+
+
+def test_a_call_ray_asks_about_again_is_pending_only_where_it_was_sent_last() -> None:
+    """Each backoff ask chose a replica and marked the call pending there again: one waiting
+    call looked like six requests queued (spread over the replicas) until their next reports."""
+    router = _router(policy="pow2", seed=0, clock=ManualClock())
+    replicas = [_replica(i) for i in ("a", "b", "c")]
+    waiting = _pending(request(adapter=key()))
+    waiting.metadata = SimpleNamespace(internal_request_id="call-1")
+    chosen = [_choose(router, replicas, waiting)[0] for _ in range(6)]  # a try and 5 backoffs
+    views = router._router.view(dict.fromkeys(("a", "b", "c")))
+    pending = {v.replica_id: v.pending.num_requests for v in views}
+    assert pending == {i: int(i == chosen[-1]) for i in ("a", "b", "c")}
+    assert len(set(chosen)) > 1  # the asks went to several replicas (seeded): each was undone
+    _choose(router, replicas, _pending(request()))  # a call without an id is always new
+    views = router._router.view(dict.fromkeys(("a", "b", "c")))
+    assert sum(v.pending.num_requests for v in views) == 2
