@@ -67,7 +67,41 @@ class TopologyAsks:
 TOPOLOGY_ASKS = TopologyAsks()
 
 
-MAX_CALLS_REMEMBERED = 65536  # handle calls ``FirstTries`` remembers (least recent out first)
+MAX_CALLS_REMEMBERED = 65536  # what ``FirstTries``, ``Unadmitted`` keep (least recent out first)
+
+
+class Unadmitted:
+    """Generate requests this process's request router counted into its ``FleetTopology``
+    that have not had a first token yet, by (tenant, request id): the engine client
+    (``engine_client.FleetEngineClient``) calls ``admitted`` at a request's first token and
+    ``withdraw`` when an attempt ends without one, which uncounts it (``FleetTopology.withdraw``).
+    NOTE: a tenant's refused or cancelled requests otherwise weighed toward a dedication. The
+    last ``MAX_CALLS_REMEMBERED`` are kept (least recent out first: counted for good)."""
+
+    def __init__(self, max_remembered: int = MAX_CALLS_REMEMBERED) -> None:
+        self._max = max_remembered
+        self._lock = threading.Lock()
+        self._undo: OrderedDict[tuple[str, str], Callable[[], None]] = OrderedDict()
+
+    def counted(self, tenant: str, request_id: str, undo: Callable[[], None]) -> None:
+        with self._lock:
+            self._undo[(tenant, request_id)] = undo
+            self._undo.move_to_end((tenant, request_id))
+            if len(self._undo) > self._max:
+                self._undo.popitem(last=False)
+
+    def admitted(self, tenant: str, request_id: str) -> None:
+        with self._lock:
+            self._undo.pop((tenant, request_id), None)
+
+    def withdraw(self, tenant: str, request_id: str) -> None:
+        with self._lock:
+            undo = self._undo.pop((tenant, request_id), None)
+        if undo is not None:
+            undo()
+
+
+UNADMITTED = Unadmitted()
 
 
 class FirstTries:
