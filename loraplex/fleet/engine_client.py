@@ -24,6 +24,7 @@ from typing import Any, Protocol
 from loraplex.engine.protocol import EngineHealth, EngineLoad, EngineRequest, TokenDelta
 from loraplex.engine.transport.packed_errors import unpack_error
 from loraplex.errors import EngineUnavailableError, QueueTimeoutError
+from loraplex.fleet import routing
 from loraplex.fleet.link import FleetLink
 from loraplex.fleet.wire import Accepted, Failed, RouteHint
 from loraplex.model.tokenizer import TextTokenizer
@@ -84,6 +85,8 @@ class FleetEngineClient:
                     if isinstance(item, Failed):
                         raise unpack_error(item.error)
                     if isinstance(item, TokenDelta):
+                        if not streamed:
+                            routing.UNADMITTED.admitted(request.tenant, request.request_id)
                         streamed = True
                         yield item
                 finished = True
@@ -100,6 +103,8 @@ class FleetEngineClient:
                 self.num_retries += 1
             finally:
                 self._live.pop(request.request_id, None)
+                if not streamed:  # refused, cancelled or lost before its first token
+                    routing.UNADMITTED.withdraw(request.tenant, request.request_id)
                 if not finished:
                     stream.cancel()  # the caller stopped reading, or the request failed
 

@@ -12,7 +12,8 @@ latest report is older than ``stale_after_s`` (its whole process frozen or unrea
 keeps the last stats it had), is out of the rotation until a fresh report says it is up again,
 unless every replica is out.
 
-With ``topology`` set, every ``generate`` call is counted by ``FleetTopology`` and the router
+With ``topology`` set, every ``generate`` call is counted by ``FleetTopology`` (and uncounted
+if it ends before its first token: ``routing.UNADMITTED``) and the router
 steers the dedicated revision to its replica (docs/modes.md, "Topology"); the asks go through
 ``routing.TOPOLOGY_ASKS``, which the ingress connects to its link.
 
@@ -41,6 +42,7 @@ from loraplex.fleet import routing
 from loraplex.fleet import settings as fleet_settings
 from loraplex.fleet.wire import RouteHint
 from loraplex.router.config import RouterConfig
+from loraplex.router.decision import RouteRequest
 from loraplex.router.router import DEFAULT_POLICY, Router
 from loraplex.router.topology import FleetTopology, TopologyConfig
 
@@ -82,6 +84,17 @@ class LoraplexRequestRouter(RequestRouter):  # type: ignore[misc]
         self._lock = threading.Lock()
         routing.ROUTING_LOG.policy = policy
 
+    def _count(self, topology: FleetTopology, work: EngineRequest, request: RouteRequest) -> None:
+        """Counts a generate call into ``topology`` until it is refused or cancelled before
+        its first token (``routing.UNADMITTED``). Called under ``_lock``."""
+        entry = topology.record(request)
+
+        def undo() -> None:
+            with self._lock:
+                topology.withdraw(entry)
+
+        routing.UNADMITTED.counted(work.tenant, work.request_id, undo)
+
     async def choose_replicas(
         self,
         candidate_replicas: list[RunningReplica],
@@ -112,13 +125,17 @@ class LoraplexRequestRouter(RequestRouter):  # type: ignore[misc]
             if avoid:  # a retry: the replica it was lost on is left out, unless none remains
                 offered = routing.without(offered, avoid) or routing.without(by_id, avoid) or by_id
             offered_reports = {i: reports[i] for i in offered}
-            # a call Ray asks about again (no replica took it) is counted once
-            first_try = is_work and self._first_tries.first(pending_request)
+            # a call Ray asks about again (no replica took it) is counted once, and is
+            # pending only where it was sent last
+            first_call = self._first_tries.first(pending_request)
+            first_try = is_work and first_call
             if self._topology is not None and is_work:
                 if first_try:
-                    self._topology.record(request)
+                    self._count(self._topology, args[0], request)
                 self._router.dedication = self._topology.update(offered_reports)
-            decision = self._router.choose(request, offered_reports)
+            replaces = None if first_call else self._first_tries.mark(pending_request)
+            decision = self._router.choose(request, offered_reports, replaces=replaces)
+            self._first_tries.remember(pending_request, self._router.last_mark)
         if first_try:
             routing.ROUTING_LOG.record(decision.reason.value)
         return [[offered[i]] for i in decision.ranked]

@@ -67,27 +67,62 @@ class TopologyAsks:
 TOPOLOGY_ASKS = TopologyAsks()
 
 
-MAX_CALLS_REMEMBERED = 65536  # handle calls ``FirstTries`` remembers (least recent out first)
+MAX_CALLS_REMEMBERED = 65536  # what ``FirstTries``, ``Unadmitted`` keep (least recent out first)
+
+
+class Unadmitted:
+    """Generate requests this process's request router counted into its ``FleetTopology``
+    that have not had a first token yet, by (tenant, request id): the engine client
+    (``engine_client.FleetEngineClient``) calls ``admitted`` at a request's first token and
+    ``withdraw`` when an attempt ends without one, which uncounts it (``FleetTopology.withdraw``).
+    NOTE: a tenant's refused or cancelled requests otherwise weighed toward a dedication. The
+    last ``MAX_CALLS_REMEMBERED`` are kept (least recent out first: counted for good)."""
+
+    def __init__(self, max_remembered: int = MAX_CALLS_REMEMBERED) -> None:
+        self._max = max_remembered
+        self._lock = threading.Lock()
+        self._undo: OrderedDict[tuple[str, str], Callable[[], None]] = OrderedDict()
+
+    def counted(self, tenant: str, request_id: str, undo: Callable[[], None]) -> None:
+        with self._lock:
+            self._undo[(tenant, request_id)] = undo
+            self._undo.move_to_end((tenant, request_id))
+            if len(self._undo) > self._max:
+                self._undo.popitem(last=False)
+
+    def admitted(self, tenant: str, request_id: str) -> None:
+        with self._lock:
+            self._undo.pop((tenant, request_id), None)
+
+    def withdraw(self, tenant: str, request_id: str) -> None:
+        with self._lock:
+            undo = self._undo.pop((tenant, request_id), None)
+        if undo is not None:
+            undo()
+
+
+UNADMITTED = Unadmitted()
 
 
 class FirstTries:
-    """Which ``choose_replicas`` calls are a handle call's first, by Ray's internal request id.
+    """Which ``choose_replicas`` calls are a handle call's first, by Ray's internal request id,
+    and where each call's last choice was remembered as pending (``Router.last_mark``).
 
     NOTE: Ray Serve asks ``choose_replicas`` again, at every backoff, for a call that none of the
     replicas offered took (each at its ``max_ongoing_requests``): one waiting request was routed
     tens of times, and each time counted again as routed work (``FleetTopology``'s shares, by
-    which a tenant's waiting requests weighed as many requests as they had backoffs) and as a
-    decision (``ROUTING_LOG``). A call without an id (a test's) is always a first try; one
+    which a tenant's waiting requests weighed as many requests as they had backoffs), as a
+    decision (``ROUTING_LOG``) and as pending on the replica chosen that time (each looked
+    busier until its next report). A call without an id (a test's) is always a first try; one
     waiting past ``MAX_CALLS_REMEMBERED`` newer calls counts again."""
 
     def __init__(self, max_remembered: int = MAX_CALLS_REMEMBERED) -> None:
         self._max = max_remembered
-        self._seen: OrderedDict[str, None] = OrderedDict()
+        self._seen: OrderedDict[str, Any] = OrderedDict()  # call id -> its last mark (or None)
 
     def first(self, pending: Any) -> bool:
-        metadata = getattr(pending, "metadata", None)
-        call_id = getattr(metadata, "internal_request_id", None)
-        if not isinstance(call_id, str) or not call_id:
+        call_id = _call_id(pending)
+        if call_id is None:
             return True
         if call_id in self._seen:
             self._seen.move_to_end(call_id)
@@ -96,6 +131,22 @@ class FirstTries:
         if len(self._seen) > self._max:
             self._seen.popitem(last=False)
         return True
+
+    def mark(self, pending: Any) -> Any:
+        """The call's last choice's mark (None: none kept); ``first`` must have seen it."""
+        call_id = _call_id(pending)
+        return None if call_id is None else self._seen.get(call_id)
+
+    def remember(self, pending: Any, mark: Any) -> None:
+        call_id = _call_id(pending)
+        if call_id is not None and call_id in self._seen:
+            self._seen[call_id] = mark
+
+
+def _call_id(pending: Any) -> str | None:
+    metadata = getattr(pending, "metadata", None)
+    call_id = getattr(metadata, "internal_request_id", None)
+    return call_id if isinstance(call_id, str) and call_id else None
 
 
 def is_stale(report: ReplicaReport | None, now_s: float, stale_after_s: float) -> bool:

@@ -25,12 +25,14 @@ class Pending:
 
 NO_PENDING = Pending(0, 0, frozenset())  # one object, so a view built on it can be reused
 
+Entry = tuple[float, str | None, int]  # one decision: (when, revision, prompt tokens)
+
 
 @dataclass
 class _Log:
     """Decisions for one replica in time order, with running totals (amortized O(1) upkeep)."""
 
-    entries: deque[tuple[float, str | None, int]] = field(default_factory=deque)
+    entries: deque[Entry] = field(default_factory=deque)
     num_tokens: int = 0
     per_key: dict[str, int] = field(default_factory=dict)
     # ``pending()``'s answer while no entry came or went since (None: to be rebuilt)
@@ -38,15 +40,26 @@ class _Log:
 
     def drop_before(self, cutoff_s: float) -> None:
         while self.entries and self.entries[0][0] < cutoff_s:
-            _, key, tokens = self.entries.popleft()
-            self.num_tokens -= tokens
-            self.pending = None
-            if key is not None:
-                left = self.per_key[key] - 1
-                if left:
-                    self.per_key[key] = left
-                else:
-                    del self.per_key[key]
+            self._uncount(self.entries.popleft())
+
+    def remove(self, entry: Entry) -> None:
+        """Drops ``entry`` (or one equal to it: the same totals) if it has not lapsed yet."""
+        try:
+            self.entries.remove(entry)
+        except ValueError:
+            return
+        self._uncount(entry)
+
+    def _uncount(self, entry: Entry) -> None:
+        _, key, tokens = entry
+        self.num_tokens -= tokens
+        self.pending = None
+        if key is not None:
+            left = self.per_key[key] - 1
+            if left:
+                self.per_key[key] = left
+            else:
+                del self.per_key[key]
 
 
 class DecisionMemory:
@@ -58,15 +71,25 @@ class DecisionMemory:
 
     def record(
         self, replica_id: str, adapter_key: str | None, num_tokens: int, at_s: float
-    ) -> None:
+    ) -> Entry:
+        """Remembers a decision; returns its entry (for ``withdraw``)."""
         log = self._logs.get(replica_id)
         if log is None:  # NOTE: not ``setdefault(replica_id, _Log())``: a _Log per decision
             log = self._logs[replica_id] = _Log()
-        log.entries.append((at_s, adapter_key, num_tokens))
+        entry = (at_s, adapter_key, num_tokens)
+        log.entries.append(entry)
         log.num_tokens += num_tokens
         log.pending = None
         if adapter_key is not None:
             log.per_key[adapter_key] = log.per_key.get(adapter_key, 0) + 1
+        return entry
+
+    def withdraw(self, replica_id: str, entry: Entry) -> None:
+        """Forgets a decision ``record`` returned (the request was routed again elsewhere); a
+        no-op once it lapsed or its replica left. NOTE: O(decisions kept for the replica)."""
+        log = self._logs.get(replica_id)
+        if log is not None:
+            log.remove(entry)
 
     def pending(self, replica_id: str, report_at_s: float | None, now_s: float) -> Pending:
         """Decisions for ``replica_id`` made at or after its report (``report_at_s``; None: no

@@ -19,7 +19,7 @@ from loraplex.router.affinity import AffinityPolicy, AffinityUntilSaturatedPolic
 from loraplex.router.baselines import Pow2Policy, RayMultiplexPolicy
 from loraplex.router.config import RouterConfig
 from loraplex.router.decision import Decision, RouteRequest, RoutingPolicy
-from loraplex.router.memory import DecisionMemory
+from loraplex.router.memory import DecisionMemory, Entry
 from loraplex.router.reports import ReplicaReport
 from loraplex.router.topology import Dedication
 from loraplex.router.view import ReplicaView, held_keys
@@ -92,6 +92,8 @@ class Router:
         self._last: _LastView | None = None  # what the last ``view`` saw (None: look at all)
         self._touched: str | None = None  # the replica a decision went to since then
         self._offered: set[str] = set()  # the replica ids of the last decision
+        # the last decision's remembered destination (replica id, entry): ``choose(replaces=)``
+        self.last_mark: tuple[str, Entry] | None = None
 
     def view(self, replicas: Mapping[str, ReplicaReport | None]) -> list[ReplicaView]:
         """What the router believes of each replica now (sorted by id): its report unless
@@ -181,13 +183,22 @@ class Router:
         return known[1]
 
     def choose(
-        self, request: RouteRequest, replicas: Mapping[str, ReplicaReport | None]
+        self,
+        request: RouteRequest,
+        replicas: Mapping[str, ReplicaReport | None],
+        *,
+        replaces: tuple[str, Entry] | None = None,
     ) -> Decision:
         """The ranked replica ids for ``request`` among ``replicas`` (id → latest report, None
         when it has not reported), and why the first came first. The first is remembered as
-        this request's destination until that replica reports again."""
+        this request's destination until that replica reports again (its mark: ``last_mark``).
+        ``replaces``: the same request's mark from an earlier choice that did not take (Ray's
+        backoff asks), forgotten first, so a request counts as pending on one replica only."""
         if not replicas:
             raise ValueError("replicas is empty; expected at least one replica id")
+        if replaces is not None:
+            self._memory.withdraw(*replaces)
+            self._last = None  # that replica's view changed too: every one is looked at
         if replicas.keys() != self._offered:  # the fleet changed since the last decision
             offered = self._offered = set(replicas)
             self._memory.forget_except(offered)
@@ -195,9 +206,10 @@ class Router:
                 del self._views[gone], self._held[gone]
         now_s = self._clock.now()
         result = self.policy.rank(request, self.view(replicas), now_s)
-        self._memory.record(
+        entry = self._memory.record(
             result.replica_id, request.adapter_key, request.num_prompt_tokens, now_s
         )
+        self.last_mark = (result.replica_id, entry)
         self._touched = result.replica_id
         return result
 

@@ -132,13 +132,26 @@ class FleetTopology:
         self._changed_s: float | None = None
         self.num_changes = 0  # dedications made or given back (a flap counter)
 
-    def record(self, request: RouteRequest) -> None:
-        """One routed request's prompt tokens (at least 1: every request is work)."""
+    def record(self, request: RouteRequest) -> tuple[float, str | None, int]:
+        """One routed request's prompt tokens (at least 1: every request is work); returns its
+        entry, for ``withdraw``."""
         now_s = self._clock.now()
         key, tokens = request.adapter_key, max(1, request.num_prompt_tokens)
-        self._routed.append((now_s, key, tokens))
+        entry = (now_s, key, tokens)
+        self._routed.append(entry)
         self._count(key, tokens)
         self._expire(now_s)
+        return entry
+
+    def withdraw(self, entry: tuple[float, str | None, int]) -> None:
+        """Uncounts a recorded request that never had a first token (refused, cancelled, its
+        replica lost): only admitted work weighs toward a dedication. A no-op once it left
+        the window. NOTE: O(requests in the window)."""
+        try:
+            self._routed.remove(entry)
+        except ValueError:
+            return
+        self._count(entry[1], -entry[2])
 
     def shares(self) -> dict[str, float]:
         """Each revision's fraction of the window's routed tokens (base-model tokens count in

@@ -7,6 +7,7 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 from collections.abc import Iterator
+from types import SimpleNamespace
 from typing import Any
 
 import pytest
@@ -30,6 +31,7 @@ from fleet_fakes import (
 from loraplex.engine.protocol import TokenDelta
 from loraplex.engine.transport.packed_errors import pack_error
 from loraplex.errors import EngineUnavailableError, QueueFullError, QueueTimeoutError
+from loraplex.fleet import routing
 from loraplex.fleet.engine_client import MAX_ATTEMPTS, FleetEngineClient
 from loraplex.fleet.link import FleetLink
 from loraplex.fleet.wire import Accepted, Failed, RouteHint
@@ -240,3 +242,27 @@ def test_a_fleet_no_replica_reported_to_yet_is_starting() -> None:
         assert not health.up and health.starting
     finally:
         built.close()
+
+
+def test_an_attempt_without_a_first_token_is_withdrawn_from_the_topology(
+    link: FleetLink, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Only admitted work weighs toward a dedication (``routing.UNADMITTED``): a refused
+    request, and a lost attempt before its retry (counted again when routed again)."""
+    seen: list[tuple[str, str, str]] = []
+    fake = SimpleNamespace(
+        admitted=lambda tenant, rid: seen.append(("admitted", tenant, rid)),
+        withdraw=lambda tenant, rid: seen.append(("withdraw", tenant, rid)),
+    )
+    monkeypatch.setattr(routing, "UNADMITTED", fake)
+    refused = FakeStream([Failed(pack_error(QueueFullError("tenant acme's queue", 8, 2.0)))])
+    client, _ = _client(link, [refused])
+    with pytest.raises(QueueFullError):
+        asyncio.run(_collect(client.generate(request("r1"))))
+    assert seen == [("withdraw", "acme", "r1")]
+    seen.clear()
+    lost = FakeStream([Accepted("a"), LostReplica("a died")])
+    good = FakeStream([Accepted("b"), delta("hi"), delta("!", 2)])
+    client, _ = _client(link, [lost, good])
+    assert _texts(asyncio.run(_collect(client.generate(request("r2"))))) == ["hi", "!"]
+    assert seen == [("withdraw", "acme", "r2"), ("admitted", "acme", "r2")]

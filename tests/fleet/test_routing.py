@@ -23,6 +23,7 @@ from loraplex.fleet.routing import (
     FirstTries,
     ReportStamps,
     RoutingLog,
+    Unadmitted,
     in_rotation,
     is_stale,
     route_request_of,
@@ -369,3 +370,56 @@ def test_first_tries_are_bounded_and_calls_without_an_id_always_count() -> None:
     assert [tries.first(p) for p in ids[1:]] == [False, False]
     assert tries.first(ids[0])  # forgotten past the bound: counted again
     assert tries.first(SimpleNamespace(args=[])) and tries.first(SimpleNamespace(args=[]))
+
+
+def test_a_call_ray_asks_about_again_is_pending_only_where_it_was_sent_last() -> None:
+    """Each backoff ask chose a replica and marked the call pending there again: one waiting
+    call looked like six requests queued (spread over the replicas) until their next reports."""
+    router = _router(policy="pow2", seed=0, clock=ManualClock())
+    replicas = [_replica(i) for i in ("a", "b", "c")]
+    waiting = _pending(request(adapter=key()))
+    waiting.metadata = SimpleNamespace(internal_request_id="call-1")
+    chosen = [_choose(router, replicas, waiting)[0] for _ in range(6)]  # a try and 5 backoffs
+    views = router._router.view(dict.fromkeys(("a", "b", "c")))
+    pending = {v.replica_id: v.pending.num_requests for v in views}
+    assert pending == {i: int(i == chosen[-1]) for i in ("a", "b", "c")}
+    assert len(set(chosen)) > 1  # the asks went to several replicas (seeded): each was undone
+    _choose(router, replicas, _pending(request()))  # a call without an id is always new
+    views = router._router.view(dict.fromkeys(("a", "b", "c")))
+    assert sum(v.pending.num_requests for v in views) == 2
+
+
+def test_a_request_refused_before_its_first_token_is_uncounted_from_the_topology(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A tenant's requests refused or cancelled at once weighed toward a dedication: its
+    revision won the merged replica with work no replica did."""
+    asked: list[tuple[str, str | None]] = []
+    monkeypatch.setattr(TOPOLOGY_ASKS, "send", lambda rid, adapter: asked.append((rid, adapter)))
+    unadmitted = Unadmitted()
+    monkeypatch.setattr("loraplex.fleet.routing.UNADMITTED", unadmitted)
+    router = _router(seed=0, topology={"min_requests": 3}, clock=ManualClock())
+    revision = str(key())
+    replicas = [_replica(i, _stats(report(i, l0=[revision]))) for i in ("a", "b")]
+    for i in range(2):  # two refused at once: uncounted
+        _choose(router, replicas, _pending(request(f"r{i}", adapter=key())))
+        unadmitted.withdraw("acme", f"r{i}")
+    unadmitted.withdraw("acme", "r0")  # twice: nothing more
+    _choose(router, replicas, _pending(request("ok", adapter=key())))
+    unadmitted.admitted("acme", "ok")  # its first token: counted for good
+    unadmitted.withdraw("acme", "ok")
+    assert asked == []  # one request in the window: below min_requests
+    for i in range(2):
+        _choose(router, replicas, _pending(request(f"more{i}", adapter=key())))
+    assert [adapter for _, adapter in asked] == [revision]
+
+
+def test_unadmitted_is_bounded_and_keyed_by_tenant() -> None:
+    undone: list[str] = []
+    unadmitted = Unadmitted(max_remembered=2)
+    for name in ("x", "y", "z"):
+        unadmitted.counted("acme", name, lambda name=name: undone.append(name))
+    unadmitted.withdraw("other", "y")  # another tenant's request of the same id
+    for name in ("x", "y", "z"):
+        unadmitted.withdraw("acme", name)
+    assert undone == ["y", "z"]  # x was pushed out: counted for good
