@@ -18,6 +18,14 @@ def _cell(value: object) -> str:
     return f"{value:.3f}" if isinstance(value, float) else str(value)
 
 
+def spread_cell(value: list[float] | None) -> str:
+    """median [min-max] of repeated measurements (seeds or repeats); 'null' when undefined."""
+    if value is None:
+        return "null"
+    median, low, high = value
+    return f"{median:g} [{low:g}-{high:g}]"
+
+
 def execution_markdown(result: dict[str, object], plot_name: str | None) -> str:
     """The execution benchmark's report: headline metrics, per-variant rows, the matrix."""
     metrics = result["metrics"]

@@ -26,6 +26,7 @@ from loraplex.artifacts.base_model import BaseModelSpec
 from loraplex.bench.cache.belady import optimal_reloads
 from loraplex.bench.cache.replays import REPLAY_PRIORITY
 from loraplex.bench.cache.tier_floor import tier_floors
+from loraplex.bench.harness.stats import median_min_max
 from loraplex.bench.harness.stats import ratio as rounded_ratio
 from loraplex.bench.replay import ReplayResult, adapter_key, footprints_for, replay
 from loraplex.bench.workloads import HOT_BURST_WINDOW, ScenarioParams, generate
@@ -210,16 +211,7 @@ def drift_recovery_share(
 
 def _pool(runs: list[dict[str, float | None]]) -> dict[str, list[float] | None]:
     """metric -> [median, min, max] over the seeds (None where a seed had it undefined)."""
-    out: dict[str, list[float] | None] = {}
-    for name in runs[0]:
-        values = [r.get(name) for r in runs]
-        known = [v for v in values if v is not None]
-        out[name] = (
-            None
-            if len(known) < len(values)
-            else [round(statistics.median(known), 4), round(min(known), 4), round(max(known), 4)]
-        )
-    return out
+    return {name: median_min_max([r.get(name) for r in runs]) for name in runs[0]}
 
 
 def _med(summary: dict[str, Any], label: str, policy: str, metric: str) -> float | None:

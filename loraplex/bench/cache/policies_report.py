@@ -6,6 +6,7 @@ from pathlib import Path
 from typing import Any
 
 from loraplex.bench.report import markdown_table
+from loraplex.bench.report import spread_cell as _cell
 
 _COLUMNS = (
     "hit_l0",
@@ -22,14 +23,6 @@ _COLUMNS = (
     "wait_p50_s_batch",
     "drift_recovery_share",
 )
-
-
-def _cell(value: list[float] | None) -> str:
-    """median [min-max] over the seeds; 'null' when undefined."""
-    if value is None:
-        return "null"
-    median, low, high = value
-    return f"{median:g} [{low:g}-{high:g}]"
 
 
 def policies_markdown(result: dict[str, Any], plot_names: tuple[str, str] | None) -> str:

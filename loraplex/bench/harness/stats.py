@@ -4,6 +4,7 @@ unknown side or a denominator that is not > 0 is None (JSON null), never 0."""
 
 from __future__ import annotations
 
+import statistics
 from collections.abc import Sequence
 
 
@@ -33,3 +34,16 @@ def nearest_rank(values: Sequence[float], q: float) -> float | None:
     ordered = sorted(values)
     rank = max(1, -(-len(ordered) * q // 1))
     return ordered[int(rank) - 1]
+
+
+def median_min_max(values: Sequence[float | None], digits: int = 4) -> list[float] | None:
+    """[median, min, max] of repeated measurements of one figure; None when there are none or
+    any is undefined (a repeat without data must not vanish into the spread of the others)."""
+    known = [v for v in values if v is not None]
+    if not known or len(known) < len(values):
+        return None
+    return [
+        round(statistics.median(known), digits),
+        round(min(known), digits),
+        round(max(known), digits),
+    ]

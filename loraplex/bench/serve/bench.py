@@ -39,6 +39,7 @@ from loraplex.bench.serve.attack_report import kind_metrics
 from loraplex.bench.serve.attack_runs import KindRun, run_attack_kinds
 from loraplex.bench.serve.driver import DriveConfig
 from loraplex.bench.serve.fleet import Fleet, ServerOptions, drop_page_cache, prepare_fleet
+from loraplex.bench.serve.repeats import hot_burst_spread
 from loraplex.bench.serve.runs import TracePlan, comparisons, trace_runs
 from loraplex.bench.serve.summary import (
     HOT_BURST_BASELINES,
@@ -211,6 +212,8 @@ def run_serve_bench(config: ServeBenchConfig) -> dict[str, Any]:
     summaries = {run.name: summarize(run) for run in runs}
     slots = config.hot_burst_slots if "hot-burst" in workloads else ()
     metrics = headline(summaries, slots, config.hot_burst_candidates)
+    if slots:
+        metrics["hot_burst_repeats"] = hot_burst_spread(runs, slots, config.hot_burst_candidates)
     if hostile and attack is not None:
         metrics.update(adversarial_metrics(hostile, attack, config.request_timeout_s))
     if isolated and attack is not None:

@@ -7,12 +7,14 @@ from pathlib import Path
 from typing import Any
 
 from loraplex.bench.report import markdown_table
-from loraplex.bench.serve.driver import TIERS
+from loraplex.bench.serve.driver import TIERS, RequestRecord
+from loraplex.bench.serve.repeats import spread_section
 from loraplex.bench.serve.summary import (
     HOT_BURST_BASELINES,
     HOT_BURST_CANDIDATES,
     RunResult,
     hot_burst_policies,
+    hot_burst_run,
     ttft_or_timeout,
 )
 
@@ -23,8 +25,11 @@ def serve_json_line(result: dict[str, Any]) -> str:
     return json.dumps({k: result[k] for k in ("name", "config", "seed", "metrics")})
 
 
-def serve_markdown(result: dict[str, Any], cdf_png: str, hits_png: str) -> str:
+def serve_markdown(
+    result: dict[str, Any], cdf_png: str, hits_png: str, tenant_cdf_png: str | None = None
+) -> str:
     metrics = result["metrics"]
+    candidates = tuple(result["config"].get("hot_burst_candidates", HOT_BURST_CANDIDATES))
     # In the JSON line's order: each headline ratio with its completed ratios right after it.
     headline = [{"metric": k, "value": v} for k, v in metrics.items() if isinstance(v, _SCALARS)]
     parts = [
@@ -34,10 +39,8 @@ def serve_markdown(result: dict[str, Any], cdf_png: str, hits_png: str) -> str:
         markdown_table(headline, ["metric", "value"]),
         "## Hot-burst capacity sweep (gain: hot tenant P99 TTFT from the burst on, baseline "
         "over candidate; price: batch tenant P50 TTFT, candidate over baseline)",
-        _sweep_section(
-            metrics.get("hot_burst_sweep", {}),
-            tuple(result["config"].get("hot_burst_candidates", HOT_BURST_CANDIDATES)),
-        ),
+        _sweep_section(metrics.get("hot_burst_sweep", {}), candidates),
+        *spread_section(metrics, candidates, int(result["config"].get("trace_repeats", 1))),
         "## Runs (TTFT in ms over every request, failed ones at the timeout; TPOT over "
         "completed requests; tier = adapter's tier at arrival)",
         markdown_table(_run_rows(metrics["runs"]), _RUN_COLUMNS),
@@ -47,6 +50,11 @@ def serve_markdown(result: dict[str, Any], cdf_png: str, hits_png: str) -> str:
         markdown_table(_group_rows(metrics["runs"], "by_tenant"), _GROUP_COLUMNS),
         *_kind_section(metrics.get("adversarial_kinds", {})),
         f"![TTFT CDF per tier]({cdf_png})",
+        *(
+            []
+            if tenant_cdf_png is None
+            else [f"![hot-burst TTFT CDF per tenant]({tenant_cdf_png})"]
+        ),
         f"![L0 hit ratio over time]({hits_png})",
         "## JSON line",
         "```json\n" + serve_json_line(result) + "\n```",
@@ -192,29 +200,72 @@ def ttft_cdf_plot(runs: list[RunResult], path: Path) -> None:
     fig, axes = plt.subplots(rows, cols, figsize=(5 * cols, 3.5 * rows), squeeze=False)
     for ax, run in zip(axes.flat, runs, strict=False):
         for tier in TIERS:
-            values = sorted(
-                ttft_or_timeout(r, run.timeout_s) * 1000 for r in run.records if r.tier == tier
-            )
-            if values:
-                ys = [(i + 1) / len(values) for i in range(len(values))]
-                ax.step(
-                    values,
-                    ys,
-                    where="post",
-                    label=f"{tier} (n={len(values)})",
-                    color=f"C{TIERS.index(tier)}",
-                )
-        ax.set_xscale("log")
-        ax.xaxis.set_minor_formatter(NullFormatter())
-        ax.set_title(run.name)
-        ax.set_xlabel("TTFT (ms)")
-        ax.set_ylabel("fraction")
-        ax.legend(fontsize="small")
+            records = [r for r in run.records if r.tier == tier]
+            _cdf(ax, records, run.timeout_s, tier, f"C{TIERS.index(tier)}")
+        _cdf_axes(ax, run.name, NullFormatter())
     for ax in axes.flat[len(runs) :]:
         ax.axis("off")
     fig.tight_layout()
     fig.savefig(path, dpi=90)
     plt.close(fig)
+
+
+def _cdf(ax: Any, records: list[RequestRecord], timeout_s: float, label: str, color: str) -> None:
+    """A step line: the TTFT CDF (ms) of ``records``, a failed request at the timeout."""
+    values = sorted(ttft_or_timeout(r, timeout_s) * 1000 for r in records)
+    if values:
+        ys = [(i + 1) / len(values) for i in range(len(values))]
+        ax.step(values, ys, where="post", label=f"{label} (n={len(values)})", color=color)
+
+
+def _cdf_axes(ax: Any, title: str, minor: Any) -> None:
+    ax.set_xscale("log")
+    ax.xaxis.set_minor_formatter(minor)
+    ax.set_title(title)
+    ax.set_xlabel("TTFT (ms)")
+    ax.set_ylabel("fraction")
+    ax.legend(fontsize="small")
+
+
+def hot_burst_tenant_cdf_plot(
+    runs: list[RunResult], slots: tuple[int, ...], candidates: tuple[str, ...], path: Path
+) -> bool:
+    """hot-burst's TTFT CDF per tenant: a row per slot count, the hot tenant (prio, from the
+    sweep on) left and the batch tenant right, a line per policy over every repeat's requests
+    (a failed one at the timeout). False (nothing written) when no hot-burst run is there."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    from matplotlib.ticker import NullFormatter
+
+    by_name = {run.name: run for run in runs}
+    points = [
+        n
+        for n in slots
+        if any(hot_burst_run(n, p) in by_name for p in hot_burst_policies(candidates))
+    ]
+    if not points:
+        return False
+    fig, axes = plt.subplots(len(points), 2, figsize=(12, 4 * len(points)), squeeze=False)
+    for row, count in zip(axes, points, strict=True):
+        for index, policy in enumerate(hot_burst_policies(candidates)):
+            run = by_name.get(hot_burst_run(count, policy))
+            if run is None:
+                continue
+            start = run.burst_start_s or 0.0
+            hot = [r for r in run.records if r.tenant == "prio" and r.t_s >= start]
+            batch = [r for r in run.records if r.tenant == "batch"]
+            _cdf(row[0], hot, run.timeout_s, policy, f"C{index}")
+            _cdf(row[1], batch, run.timeout_s, policy, f"C{index}")
+        _cdf_axes(
+            row[0], f"hot-burst@{count}: hot tenant (prio), from the sweep on", NullFormatter()
+        )
+        _cdf_axes(row[1], f"hot-burst@{count}: batch tenant", NullFormatter())
+    fig.tight_layout()
+    fig.savefig(path, dpi=90)
+    plt.close(fig)
+    return True
 
 
 def hit_ratio_plot(runs: list[RunResult], path: Path, window: int = 10) -> None:

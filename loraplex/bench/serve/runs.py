@@ -94,7 +94,11 @@ def trace_runs(plan: TracePlan, fleet: Fleet, drive: DriveConfig, root: Path) ->
             )
             records = tuple(r for records, _ in parts[run_name] for r in records)
             view = pooled_view([view for _, view in parts[run_name]])
-            runs.append(RunResult(run_name, records, view, plan.timeout_s, burst))
+            repeats = tuple(
+                RunResult(run_name, tuple(part), part_view, plan.timeout_s, burst)
+                for part, part_view in parts[run_name]
+            )
+            runs.append(RunResult(run_name, records, view, plan.timeout_s, burst, repeats))
     return runs
 
 

@@ -29,6 +29,8 @@ class RunResult:
     residency: ResidencyView  # tiers at arrival, hit series, final cache stats
     timeout_s: float  # the client's bound on a request: a failed one counts as at least this
     burst_start_s: float | None = None  # hot-burst: when the batch sweep starts
+    # The pooled run's repeats, each on its own (in run order; () when this is one repeat)
+    repeats: tuple[RunResult, ...] = ()
 
 
 def _ms(values: Sequence[float | None]) -> dict[str, float | None]:
@@ -194,9 +196,11 @@ def hot_burst_point(
         out[f"hot_burst_batch_completed_ratio_{p}"] = _completed(s, "batch", "by_tenant")
     for p, s in sides.items():
         out[f"hot_burst_hot_p99_ttft_ms_{p}"] = hot[p]
+        out[f"hot_burst_hot_p50_ttft_ms_{p}"] = _quantile(s, "prio", "p50", _WINDOW)
         out[f"hot_burst_hot_in_l0_ratio_{p}"] = _in_l0(s, "prio", _WINDOW)
         out[f"hot_burst_hot_p99_ttft_ms_whole_run_{p}"] = _quantile(s, "prio")
         out[f"hot_burst_batch_p50_ttft_ms_{p}"] = batch[p]
+        out[f"hot_burst_l0_hit_ratio_{p}"] = None if s is None else s["hit_ratio"]["L0"]
     return out
 
 

@@ -110,6 +110,7 @@ def serve(
     from loraplex.bench.serve.bench import ServeBenchConfig, run_serve_bench
     from loraplex.bench.serve.report import (
         hit_ratio_plot,
+        hot_burst_tenant_cdf_plot,
         serve_json_line,
         serve_markdown,
         ttft_cdf_plot,
@@ -149,7 +150,13 @@ def serve(
     if out is not None:
         ttft_cdf_plot(result["runs"], out / "serve-ttft-cdf.png")
         hit_ratio_plot(result["runs"], out / "serve-hit-ratio.png")
-        markdown = serve_markdown(result, "serve-ttft-cdf.png", "serve-hit-ratio.png")
+        tenant_png = "serve-ttft-cdf-tenant.png"
+        drawn = hot_burst_tenant_cdf_plot(
+            result["runs"], config.hot_burst_slots, config.hot_burst_candidates, out / tenant_png
+        )
+        markdown = serve_markdown(
+            result, "serve-ttft-cdf.png", "serve-hit-ratio.png", tenant_png if drawn else None
+        )
         write_report(out, "serve", "Serve benchmark", markdown)
         if not as_json:
             typer.echo(f"report: {report_dir}/serve-run.md", err=True)

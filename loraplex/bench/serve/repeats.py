@@ -1,0 +1,100 @@
+"""Hot-burst figures per repeat, as median [min-max] over the repeats of ``bench serve``.
+
+The pooled runs (``serve_runs``) mix every repeat's records into one percentile, which hides
+how far the repeats disagree. Here each repeat is summarized on its own, its capacity point
+computed as ``hot_burst_point`` computes the pooled one (repeat i of every policy: the same
+ABBA round), and every figure, ratios included, becomes [median, min, max] over the repeats.
+A ratio is taken within a repeat (lru's repeat i over the candidate's repeat i), then spread.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+from loraplex.bench.harness.stats import median_min_max
+from loraplex.bench.report import markdown_table, spread_cell
+from loraplex.bench.serve.summary import (
+    HOT_BURST_BASELINES,
+    RunResult,
+    hot_burst_point,
+    hot_burst_policies,
+    hot_burst_run,
+    summarize,
+)
+
+Spread = dict[str, list[float] | None]  # metric key of hot_burst_point -> [median, min, max]
+
+
+def hot_burst_spread(
+    runs: Sequence[RunResult], slots: Sequence[int], candidates: tuple[str, ...]
+) -> dict[str, Spread]:
+    """slots -> every figure of that capacity point as [median, min, max] over the repeats
+    (None where a repeat had it undefined). A slot count without runs is left out."""
+    by_name = {run.name: run for run in runs}
+    out: dict[str, Spread] = {}
+    for count in slots:
+        names = [hot_burst_run(count, p) for p in hot_burst_policies(candidates)]
+        members = [by_name[n] for n in names if n in by_name]
+        repeats = min((len(m.repeats) for m in members), default=0)
+        points = [
+            hot_burst_point({m.name: summarize(m.repeats[i]) for m in members}, count, candidates)
+            for i in range(repeats)
+        ]
+        if points:
+            out[str(count)] = {key: median_min_max([p[key] for p in points]) for key in points[0]}
+    return out
+
+
+SPREAD_COLUMNS = [
+    "slots",
+    "policy",
+    "hot_p99_ms",
+    "hot_p50_ms",
+    "batch_p50_ms",
+    "l0_hit",
+    "hot_in_l0",
+    "lru_over_policy_hot_p99",
+    "lru_priority_over_policy_hot_p99",
+    "batch_p50_over_lru",
+    "hot_completed",
+    "batch_completed",
+]
+
+
+def spread_rows(spread: dict[str, Spread], candidates: tuple[str, ...]) -> list[dict[str, object]]:
+    """One row per slot count and policy; the gain and price columns only for candidates."""
+    rows: list[dict[str, object]] = []
+    for slots, m in spread.items():
+        for p in hot_burst_policies(candidates):
+            keys = {
+                "hot_p99_ms": f"hot_burst_hot_p99_ttft_ms_{p}",
+                "hot_p50_ms": f"hot_burst_hot_p50_ttft_ms_{p}",
+                "batch_p50_ms": f"hot_burst_batch_p50_ttft_ms_{p}",
+                "l0_hit": f"hot_burst_l0_hit_ratio_{p}",
+                "hot_in_l0": f"hot_burst_hot_in_l0_ratio_{p}",
+                "hot_completed": f"hot_burst_hot_completed_ratio_{p}",
+                "batch_completed": f"hot_burst_batch_completed_ratio_{p}",
+            }
+            if p not in HOT_BURST_BASELINES:
+                keys["lru_over_policy_hot_p99"] = f"hot_burst_p99_ttft_lru_over_{p}"
+                keys["lru_priority_over_policy_hot_p99"] = (
+                    f"hot_burst_p99_ttft_lru_priority_over_{p}"
+                )
+                keys["batch_p50_over_lru"] = f"hot_burst_batch_p50_ttft_{p}_over_lru"
+            row: dict[str, object] = {"slots": slots, "policy": p}
+            row.update({column: spread_cell(m.get(key)) for column, key in keys.items()})
+            rows.append(row)
+    return rows
+
+
+def spread_section(metrics: dict[str, Any], candidates: tuple[str, ...], repeats: int) -> list[str]:
+    """The report's per-repeat table (none when the run had no hot-burst)."""
+    spread = metrics.get("hot_burst_repeats")
+    if not spread:
+        return []
+    return [
+        f"## Hot-burst per repeat: median [min-max] over {repeats} repeats (TTFT ms; hot: the "
+        "prio tenant from the sweep on; ratios within a repeat, then spread)",
+        markdown_table(spread_rows(spread, candidates), SPREAD_COLUMNS),
+    ]
