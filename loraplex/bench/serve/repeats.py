@@ -21,6 +21,7 @@ from loraplex.bench.serve.summary import (
     hot_burst_policies,
     hot_burst_run,
     summarize,
+    ttft_or_timeout,
 )
 
 Spread = dict[str, list[float] | None]  # metric key of hot_burst_point -> [median, min, max]
@@ -43,6 +44,36 @@ def hot_burst_spread(
         ]
         if points:
             out[str(count)] = {key: median_min_max([p[key] for p in points]) for key in points[0]}
+    return out
+
+
+# The two tenants of hot-burst as the TTFT CDF shows them (tenant_ttft_ms's keys)
+TENANT_LABELS = {"prio": "hot tenant (prio), from the sweep on", "batch": "batch tenant"}
+
+
+def tenant_ttft_ms(
+    runs: Sequence[RunResult], slots: Sequence[int], candidates: tuple[str, ...]
+) -> dict[int, dict[str, dict[str, list[float]]]]:
+    """slots -> tenant -> policy -> sorted TTFT (ms) over every repeat's requests, a failed one
+    at the timeout: the hot tenant's from the sweep on (the headline's window), the batch
+    tenant's all. Slot counts without a hot-burst run are left out."""
+    by_name = {run.name: run for run in runs}
+    out: dict[int, dict[str, dict[str, list[float]]]] = {}
+    for count in slots:
+        point: dict[str, dict[str, list[float]]] = {tenant: {} for tenant in TENANT_LABELS}
+        for policy in hot_burst_policies(candidates):
+            run = by_name.get(hot_burst_run(count, policy))
+            if run is None:
+                continue
+            start = run.burst_start_s if run.burst_start_s is not None else 0.0
+            for tenant, values in point.items():
+                values[policy] = sorted(
+                    ttft_or_timeout(r, run.timeout_s) * 1000
+                    for r in run.records
+                    if r.tenant == tenant and (tenant != "prio" or r.t_s >= start)
+                )
+        if any(point.values()):
+            out[count] = point
     return out
 
 

@@ -7,14 +7,13 @@ from pathlib import Path
 from typing import Any
 
 from loraplex.bench.report import markdown_table
-from loraplex.bench.serve.driver import TIERS, RequestRecord
-from loraplex.bench.serve.repeats import spread_section
+from loraplex.bench.serve.driver import TIERS
+from loraplex.bench.serve.repeats import TENANT_LABELS, spread_section, tenant_ttft_ms
 from loraplex.bench.serve.summary import (
     HOT_BURST_BASELINES,
     HOT_BURST_CANDIDATES,
     RunResult,
     hot_burst_policies,
-    hot_burst_run,
     ttft_or_timeout,
 )
 
@@ -200,8 +199,8 @@ def ttft_cdf_plot(runs: list[RunResult], path: Path) -> None:
     fig, axes = plt.subplots(rows, cols, figsize=(5 * cols, 3.5 * rows), squeeze=False)
     for ax, run in zip(axes.flat, runs, strict=False):
         for tier in TIERS:
-            records = [r for r in run.records if r.tier == tier]
-            _cdf(ax, records, run.timeout_s, tier, f"C{TIERS.index(tier)}")
+            values = [ttft_or_timeout(r, run.timeout_s) for r in run.records if r.tier == tier]
+            _cdf(ax, sorted(v * 1000 for v in values), tier, f"C{TIERS.index(tier)}")
         _cdf_axes(ax, run.name, NullFormatter())
     for ax in axes.flat[len(runs) :]:
         ax.axis("off")
@@ -210,9 +209,8 @@ def ttft_cdf_plot(runs: list[RunResult], path: Path) -> None:
     plt.close(fig)
 
 
-def _cdf(ax: Any, records: list[RequestRecord], timeout_s: float, label: str, color: str) -> None:
-    """A step line: the TTFT CDF (ms) of ``records``, a failed request at the timeout."""
-    values = sorted(ttft_or_timeout(r, timeout_s) * 1000 for r in records)
+def _cdf(ax: Any, values: list[float], label: str, color: str) -> None:
+    """A step line: the CDF of the sorted ``values``."""
     if values:
         ys = [(i + 1) / len(values) for i in range(len(values))]
         ax.step(values, ys, where="post", label=f"{label} (n={len(values)})", color=color)
@@ -230,38 +228,24 @@ def _cdf_axes(ax: Any, title: str, minor: Any) -> None:
 def hot_burst_tenant_cdf_plot(
     runs: list[RunResult], slots: tuple[int, ...], candidates: tuple[str, ...], path: Path
 ) -> bool:
-    """hot-burst's TTFT CDF per tenant: a row per slot count, the hot tenant (prio, from the
-    sweep on) left and the batch tenant right, a line per policy over every repeat's requests
-    (a failed one at the timeout). False (nothing written) when no hot-burst run is there."""
+    """hot-burst's TTFT CDF per tenant (``tenant_ttft_ms``): a row per slot count, the hot
+    tenant left and the batch tenant right, a line per policy. False (nothing written) when
+    no hot-burst run is there."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
     from matplotlib.ticker import NullFormatter
 
-    by_name = {run.name: run for run in runs}
-    points = [
-        n
-        for n in slots
-        if any(hot_burst_run(n, p) in by_name for p in hot_burst_policies(candidates))
-    ]
-    if not points:
+    series = tenant_ttft_ms(runs, slots, candidates)
+    if not series:
         return False
-    fig, axes = plt.subplots(len(points), 2, figsize=(12, 4 * len(points)), squeeze=False)
-    for row, count in zip(axes, points, strict=True):
-        for index, policy in enumerate(hot_burst_policies(candidates)):
-            run = by_name.get(hot_burst_run(count, policy))
-            if run is None:
-                continue
-            start = run.burst_start_s or 0.0
-            hot = [r for r in run.records if r.tenant == "prio" and r.t_s >= start]
-            batch = [r for r in run.records if r.tenant == "batch"]
-            _cdf(row[0], hot, run.timeout_s, policy, f"C{index}")
-            _cdf(row[1], batch, run.timeout_s, policy, f"C{index}")
-        _cdf_axes(
-            row[0], f"hot-burst@{count}: hot tenant (prio), from the sweep on", NullFormatter()
-        )
-        _cdf_axes(row[1], f"hot-burst@{count}: batch tenant", NullFormatter())
+    fig, axes = plt.subplots(len(series), 2, figsize=(12, 4 * len(series)), squeeze=False)
+    for row, (count, tenants) in zip(axes, series.items(), strict=True):
+        for ax, (tenant, by_policy) in zip(row, tenants.items(), strict=True):
+            for index, (policy, values) in enumerate(by_policy.items()):
+                _cdf(ax, values, policy, f"C{index}")
+            _cdf_axes(ax, f"hot-burst@{count}: {TENANT_LABELS[tenant]}", NullFormatter())
     fig.tight_layout()
     fig.savefig(path, dpi=90)
     plt.close(fig)
