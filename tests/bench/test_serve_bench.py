@@ -132,8 +132,15 @@ def test_report_and_plots_written(bench: tuple[dict[str, Any], Path]) -> None:
     line, report = bench
     markdown = (report / "serve-run.md").read_text(encoding="utf-8")
     assert json.dumps(line) in markdown
-    for png in ("serve-ttft-cdf.png", "serve-hit-ratio.png"):
+    for png in ("serve-ttft-cdf.png", "serve-hit-ratio.png", "serve-ttft-cdf-tenant.png"):
         assert (report / png).read_bytes().startswith(b"\x89PNG")
+    assert "![hot-burst TTFT CDF per tenant](serve-ttft-cdf-tenant.png)" in markdown
+    # The hot-burst point's figures per repeat, as [median, min, max] (one repeat here).
+    spread = line["metrics"]["hot_burst_repeats"]["9"]
+    assert (
+        spread["hot_burst_p99_ttft_lru_over_cost_aware"]
+        == [line["metrics"]["hot_burst_p99_ttft_lru_over_cost_aware"]] * 3
+    )
 
 
 def test_residency_view_keeps_the_fastest_ready_tier() -> None:
