@@ -16,7 +16,15 @@ engine's, text events per request (fewer than its tokens: the front merged delta
 ``transport/streams.outbox_stream``), events per HTTP chunk (more than one: the writer took
 several at once, ``stream_buffer``).
 
-    PYTHONPATH=. python scripts/calfault/streams.py --repeats 3 --out /tmp/streams.jsonl
+    PYTHONPATH=.:scripts/calfault/hook CALFAULT_SERVER_LOG=/tmp/server.jsonl \
+        python scripts/calfault/streams.py --repeats 3 [--max-mixes 12] --out /tmp/streams.jsonl
+
+With ``CALFAULT_SERVER_LOG`` (the hook, ``hook/sitecustomize.py``, loads in the server process
+through ``PYTHONPATH``) each row also holds the server's ``puts`` and ``takes`` (by completion
+id), and every row the client loop's stalls during its mix (``client_stalls``: when, how late,
+how much of it on a CPU run queue). NOTE: a row is paired with its log line by adapter in
+order, so in a mix with several requests per adapter the engine TPOT may be a sibling's.
+docs/simulator.md, "CALFAULT".
 """
 
 from __future__ import annotations
