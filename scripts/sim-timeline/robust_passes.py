@@ -31,6 +31,7 @@ from typing import Any
 
 from loraplex.bench.sim.bench import prepared
 from loraplex.bench.sim.calibrate_cold import ColdSample, LeaseHandoffs
+from loraplex.bench.sim.calibrate_decode import mix_record
 from loraplex.bench.sim.calibrate_fit import cost_model_from
 from loraplex.bench.sim.calibrate_run import CalibrateConfig
 from loraplex.bench.sim.calibrate_target import Target
@@ -63,6 +64,8 @@ def measured_of(report: dict[str, Any]) -> dict[str, Any]:
     return {
         "loads": [LoadSample(**s) for s in report["load_samples"]],
         "steps": steps,
+        # reports before 2026-12-05's CALFAULT kept no decode mix runs
+        "decode_mixes": [mix_record(m) for m in report.get("decode_mixes", [])],
         "ttft_prefills": [StepSample(**s) for s in report["ttft_prefill_samples"]],
         "timings": [
             SimpleNamespace(

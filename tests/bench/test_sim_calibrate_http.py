@@ -10,7 +10,8 @@ import httpx
 import pytest
 
 from loraplex.bench.sim.calibrate_cold import cold_samples
-from loraplex.bench.sim.calibrate_loads import load_samples
+from loraplex.bench.sim.calibrate_decode import ENGINE_CLOCK, mix_run
+from loraplex.bench.sim.calibrate_loads import into_slots, load_samples
 from loraplex.bench.sim.calibrate_prefill import prefill_adapters, prefill_samples
 from loraplex.bench.sim.calibrate_run import CalibrateConfig
 from loraplex.bench.sim.calibrate_target import remote_target, self_target
@@ -47,6 +48,9 @@ def test_remote_discovery_keys_and_a_cold_load(demo_assets, tmp_path: Path) -> N
                 groups = [(a, n) for a in prefill_adapters(own) for n in (8, 32)]
                 lines = wait_for_lines(own.request_log, start, 8, config.hop_output_tokens)
                 timings = prefill_timings(lines, groups, config.hop_output_tokens)
+                # A decode mix's run on the engine's clock (the request log's lines).
+                into_slots(client, own.adapters, own.adapters[:1])
+                run = mix_run(own, 2, own.adapters[:1], CalibrateConfig(output_tokens=4), 0)
         # The run's key no longer authenticates.
         refused = httpx.get(f"{own.url}/v1/models", headers={"Authorization": f"Bearer {token}"})
         assert refused.status_code == 401
@@ -60,3 +64,7 @@ def test_remote_discovery_keys_and_a_cold_load(demo_assets, tmp_path: Path) -> N
     assert all(len(t.steps_s) == 2 and all(0 < v < 1 for v in t.steps_s) for t in timings)
     assert len(lone) == 8
     assert max(v for t in timings for v in t.steps_s) < max(ttft for _, ttft in lone)
+    # Both requests' lines were read: the run is on the engine's clock, the client's kept beside.
+    assert run.clock == ENGINE_CLOCK and run.tpot_s is not None
+    assert len(run.engine_tpots_s) == 2 and all(t > 0 for t in run.engine_tpots_s)
+    assert len(run.client_tpots_s) == 2

@@ -43,4 +43,5 @@ def calibration_measured() -> dict[str, Any]:
     measured = {"loads": loads, "steps": steps, "step_fit": fit_step(steps), "front_s": 0.001}
     ttft = [s for s in steps if s.hop]  # no engine timelines: the TTFT-based prefills are fitted
     # no lone requests kept: the fitted hop stands
+    measured["decode_mixes"] = []  # no decode mix runs recorded (the steps are given)
     return {**measured, "lone": [], "ttft_prefills": ttft, "timings": [], "timed": []}

@@ -12,6 +12,7 @@ from typing import Any
 
 from loraplex.bench.harness.machine import machine_record
 from loraplex.bench.sim.calibrate_cold import LeaseHandoffs, handoff_seconds
+from loraplex.bench.sim.calibrate_decode import decode_clock_text, decode_report
 from loraplex.bench.sim.calibrate_run import CalibrateConfig
 from loraplex.bench.sim.calibrate_target import Target
 from loraplex.sim.calibrate import Fit, calibrated_model, fit_link, jitter_quantiles
@@ -39,7 +40,11 @@ def _step_text(measured: dict[str, Any], config: CalibrateConfig, decodes: int, 
     """How the step line was measured and fitted (its ``sources`` entry, less the fit's figures)."""
     lengths = list(config.prefill_lengths)
     prefills = len(measured["steps"]) - decodes
-    head = f"median TPOT of {decodes} controlled decode mixes and "
+    head = (
+        f"median TPOT of {decodes} controlled decode mixes ("
+        + decode_clock_text(measured["decode_mixes"])
+        + ") and "
+    )
     tail = f" over adapters of {shapes}, "
     if measured["step_fit"].ipc_s is None:
         requests = sum(len(t.steps_s) for t in measured["timings"])
@@ -206,6 +211,9 @@ def cost_model_from(
     report = {
         "hardware": hardware,
         "step_samples": [asdict(s) for s in steps],
+        # each decode mix's runs: TPOTs on the engine's and the client's clocks, what was left out
+        "decode_mixes": [asdict(m) for m in measured["decode_mixes"]],
+        "decode_clock": decode_report(measured["decode_mixes"]),
         # the lone requests' TTFT-based samples, also when the fit took engine-timed ones
         # (so the older fit can be redone from the same run), and the engine's timings
         "ttft_prefill_samples": [asdict(s) for s in measured["ttft_prefills"]],

@@ -9,8 +9,8 @@ samples are ``calibrate_prefill.py``'s, the tier links' cold loads ``calibrate_l
   sets' lowest ranks together), every adapter in a GPU slot first; each request
   decodes ``output_tokens`` tokens with ``ignore_eos``, so while they run each engine step holds
   ``batch`` decode tokens, and the median time per output token (TPOT) is the step time of that
-  mix. A request whose TPOT is under ``BURST_TPOT_S`` (its tokens reached the client together)
-  is left out of its mix with a warning (issue 30).
+  mix, timed on the engine's clock where the server's request log is at hand
+  (``calibrate_decode.py``, which runs the mixes).
 - Prefill steps: lone warm requests (one at a time, so nothing queues) with prompts of each of
   ``prefill_lengths`` tokens, on each target set's lowest- and highest-rank adapter, sent as
   ``bench sim``'s real runs send a trace's requests (``bench/serve/driver.replay_over_http``:
@@ -32,10 +32,7 @@ samples are ``calibrate_prefill.py``'s, the tier links' cold loads ``calibrate_l
 
 from __future__ import annotations
 
-import asyncio
-import logging
 import math
-import random
 import statistics
 import time
 from collections.abc import Sequence
@@ -43,25 +40,14 @@ from dataclasses import dataclass
 
 import httpx
 
-from loraplex.bench.serve.driver import DriveConfig, prompt_ids, send_one
-from loraplex.bench.sim.calibrate_loads import into_slots
+from loraplex.bench.serve.driver import DriveConfig
 from loraplex.bench.sim.calibrate_target import ServedAdapter, Target
 from loraplex.bench.workloads import TraceRequest
 from loraplex.residency.warm import default_auto_gpu_slots
-from loraplex.sim.calibrate import StepSample
 
 # How the lone warm requests of both calibrations (this one and ``calibrate_fleet``) are paced.
 HOP_GAP_S = 0.25  # idle seconds before each
 HOP_OUTPUT_TOKENS = 8  # tokens each generates
-
-# A decode-mix request whose TPOT is below this did not stream its tokens one engine step apart:
-# they reached the client's parser together (its span, first to last token, is the parse time of
-# the chunks, 6-27 us a token in the five calibrations of issue 30, where every real decode step
-# measured >= 1.18 ms), so it is no step time. Such a request is left out of its mix, with a
-# warning (``burst_tpots``).
-BURST_TPOT_S = 100e-6
-
-_log = logging.getLogger(__name__)
 
 
 def check_pacing(gap_s: float, output_tokens: int) -> None:
@@ -177,81 +163,6 @@ def weight_regressors(adapters: Sequence[ServedAdapter]) -> tuple[int, float]:
         return 0, 0.0
     distinct = dict.fromkeys(adapters)
     return sum(a.size_bytes for a in adapters), math.fsum(a.size_bytes / a.rank for a in distinct)
-
-
-async def _mix_tpot(
-    target: Target, batch: int, chosen: Sequence[ServedAdapter], config: CalibrateConfig, seed: int
-) -> float | None:
-    """The median TPOT of ``batch`` requests over ``chosen`` sent at once, less those whose
-    tokens arrived together (``BURST_TPOT_S``, logged); None if none is left."""
-    rng = random.Random(seed)
-    drive = drive_config(target, config)
-    now = time.monotonic()
-    sends = []
-    for i in range(batch):
-        adapter = chosen[i % len(chosen)]
-        request = TraceRequest(
-            0.0, adapter.tenant, adapter.name, config.prompt_tokens, config.output_tokens
-        )
-        ids = prompt_ids(rng, config.prompt_tokens, target.vocab_size)
-        sends.append(
-            send_one(
-                target.url,
-                request,
-                key=target.keys[adapter.tenant],
-                ids=ids,
-                arrival=now,
-                tier="L0",
-                config=drive,
-            )
-        )
-    records = await asyncio.gather(*sends)
-    tpots = [r.tpot_s for r in records if r.ok and r.tpot_s is not None]
-    bursts = burst_tpots(tpots)
-    if bursts:
-        _log.warning(
-            "decode mix (batch %d, %d adapters, seed %d): %d of %d requests left out, their "
-            "tokens arrived together (TPOT %s s < %s s)",
-            batch,
-            len(chosen),
-            seed,
-            len(bursts),
-            len(tpots),
-            bursts,
-            BURST_TPOT_S,
-        )
-    kept = [t for t in tpots if t >= BURST_TPOT_S]
-    return statistics.median(kept) if kept else None
-
-
-def burst_tpots(tpots: Sequence[float]) -> list[float]:
-    """The TPOTs of ``tpots`` below ``BURST_TPOT_S``: requests whose tokens arrived together."""
-    return [t for t in tpots if t < BURST_TPOT_S]
-
-
-def step_samples(client: httpx.Client, target: Target, config: CalibrateConfig) -> list[StepSample]:
-    """One sample per mix (its adapters prefetched into L0 first): the median over the mix's
-    repeats of their median TPOT, so one disturbed run (a loaded machine) does not make a
-    sample of its own."""
-    samples = []
-    for index, (batch, chosen) in enumerate(mixes(target.adapters, config)):
-        into_slots(client, target.adapters, chosen)
-        tpots = []
-        for repeat in range(config.repeats):
-            seed = config.seed + 1000 * index + repeat
-            tpot = asyncio.run(_mix_tpot(target, batch, chosen, config, seed))
-            if tpot is not None and tpot > 0:
-                tpots.append(tpot)
-        if not tpots:
-            continue
-        rows = [chosen[i % len(chosen)] for i in range(batch)]
-        byte_tokens, widths = weight_regressors(rows)
-        rank_tokens = sum(a.rank for a in rows)
-        step_s = statistics.median(tpots)
-        samples.append(
-            StepSample(batch, 0, len(chosen), rank_tokens, step_s, False, byte_tokens, widths)
-        )
-    return samples
 
 
 def front_seconds(client: httpx.Client, target: Target, config: CalibrateConfig) -> float:

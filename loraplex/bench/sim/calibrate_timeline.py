@@ -1,6 +1,7 @@
 """Prefill steps on the engine's own timeline: the calibration's lone warm requests as the server's
 request log (``server/request_log.py``) records them, each one's first step from its plan to its
-end (``engine.first_step_end_s - engine.scheduled_s``), one sample per prompt length and adapter.
+end (``engine.first_step_end_s - engine.scheduled_s``), one sample per prompt length and adapter;
+and the decode mixes' requests' TPOT on the same clock (``decode_tpots``, calibrate_decode.py).
 
 Why not their TTFT: a lone request's TTFT less ``front_s`` is one prefill step plus the hop, and
 fitted that way a per-prefill-step term and the hop are one column, so whatever a prefill step
@@ -66,6 +67,38 @@ def first_step_s(line: Mapping[str, Any]) -> float | None:
     if start is None or end is None or end <= start:
         return None
     return float(end) - float(start)
+
+
+def decode_tpot_s(line: Mapping[str, Any]) -> float | None:
+    """A logged request's time per output token on the engine's clock: its end less its first
+    step's end (its first token), over its tokens after the first; None without a timeline or
+    under 2 tokens. Both are stamped after a step's forward, so this spans whole engine steps
+    (the plan, the forward, the update) as the client's TPOT does, without the client's reads."""
+    engine, tokens = line.get("engine"), line.get("output_tokens")
+    if not isinstance(engine, dict) or not isinstance(tokens, int) or tokens < 2:
+        return None
+    first, end = engine.get("first_step_end_s"), engine.get("end_s")
+    if first is None or end is None or end < first:
+        return None
+    return (float(end) - float(first)) / (tokens - 1)
+
+
+def decode_tpots(
+    lines: Sequence[Mapping[str, Any]], prompt_tokens: int, output_tokens: int
+) -> list[float]:
+    """``decode_tpot_s`` of the logged requests of a decode mix's shape (``prompt_tokens`` in,
+    all ``output_tokens`` out: finished by ``length``, as ``ignore_eos`` runs them), in log
+    order; requests that ended otherwise (an error, an abort) give none."""
+    out = []
+    for line in lines:
+        if line.get("outcome") != "length" or line.get("prompt_tokens") != prompt_tokens:
+            continue
+        if line.get("output_tokens") != output_tokens:
+            continue
+        tpot = decode_tpot_s(line)
+        if tpot is not None:
+            out.append(tpot)
+    return out
 
 
 def prefill_timings(

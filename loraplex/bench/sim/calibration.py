@@ -12,13 +12,13 @@ from typing import Any
 import httpx
 
 from loraplex.bench.sim.calibrate_cold import cold_samples, lease_handoffs
+from loraplex.bench.sim.calibrate_decode import step_samples
 from loraplex.bench.sim.calibrate_fit import cost_model_from
 from loraplex.bench.sim.calibrate_loads import load_samples, with_sizes
 from loraplex.bench.sim.calibrate_prefill import prefill_adapters, prefill_samples
 from loraplex.bench.sim.calibrate_run import (
     CalibrateConfig,
     front_seconds,
-    step_samples,
     weight_regressors,
 )
 from loraplex.bench.sim.calibrate_target import Target
@@ -71,7 +71,7 @@ def _step_measurements(
     """Decode mixes, front_s and the prefill samples (which need front_s), and the step fit: on
     the prefill steps the engine's timeline holds when the server's request log is at hand
     (``calibrate_timeline``), else on the lone TTFTs."""
-    steps = step_samples(client, target, config)
+    steps, decode_mixes = step_samples(client, target, config)
     front_s = front_seconds(client, target, config)
     log_from = log_size(target.request_log)
     prefills, residuals, lone = prefill_samples(client, target, config, front_s)
@@ -83,6 +83,7 @@ def _step_measurements(
     steps += timed if len({t.prompt_tokens for t in timings}) > 1 else prefills
     return {
         "steps": steps,
+        "decode_mixes": decode_mixes,  # every mix's runs, on their clocks (calibrate_decode.py)
         "ttft_prefills": prefills,
         "timings": timings,
         "timed": timed,  # one step sample per timing, in order
@@ -130,7 +131,7 @@ def calibrate(
     probes = [host_probe()]  # the host's speed around the figures (sim/host_speed.py)
     measured = measure(target, config)
     checks = [step_fit_faults(measured["step_fit"])]
-    first = measured["steps"]  # kept in the report when measured again
+    first = measured["steps"], measured["decode_mixes"]  # kept in the report when measured again
     if checks[0]:
         measured = remeasure_steps(target, config, measured)
         checks.append(step_fit_faults(measured["step_fit"]))
@@ -142,7 +143,8 @@ def calibrate(
     model = replace(model, sources={**model.sources, "fit_check": text})
     report["fit_check"] = {"measurements": checks, "accepted": accept_broken_fit, "text": text}
     if len(checks) > 1:  # the first measurement's step samples, which the model does not use
-        report["fit_check"]["first_step_samples"] = [asdict(s) for s in first]
+        report["fit_check"]["first_step_samples"] = [asdict(s) for s in first[0]]
+        report["fit_check"]["first_decode_mixes"] = [asdict(m) for m in first[1]]
     if checks[-1] and not accept_broken_fit:
         raise BrokenFit(checks[-1], report)
     return model, report
