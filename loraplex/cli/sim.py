@@ -10,6 +10,7 @@ is reported against its flag.
 from __future__ import annotations
 
 import json
+from dataclasses import fields
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Any
 
@@ -22,6 +23,7 @@ from loraplex.router import DEFAULT_POLICY as DEFAULT_ROUTING
 from loraplex.sim.trace import TraceRecord
 
 if TYPE_CHECKING:
+    from loraplex.router.topology import TopologyConfig
     from loraplex.sim.cost_model import CostModel
 
 sim_app = typer.Typer(help="The trace-driven simulator (docs/simulator.md).", no_args_is_help=True)
@@ -65,6 +67,29 @@ def tenant_settings(pairs: list[str]) -> dict[str, TenantSettings]:
     return settings
 
 
+def topology_config(on: bool, pairs: list[str]) -> TopologyConfig | None:
+    """``--topology`` with its ``--topology-set KEY=NUMBER`` pairs (None: off)."""
+    from loraplex.router.topology import TopologyConfig
+
+    if pairs and not on:
+        raise ValueError(f"{pairs[0]!r} is set without --topology; expected both or neither")
+    if not on:
+        return None
+    keys = [f.name for f in fields(TopologyConfig)]
+    counts = {f.name for f in fields(TopologyConfig) if isinstance(f.default, int)}
+    values: dict[str, int | float] = {}
+    for pair in pairs:
+        key, sep, text = pair.partition("=")
+        if not sep or key not in keys:
+            raise ValueError(f"{pair!r} is invalid; expected KEY=NUMBER, KEY one of {keys}")
+        try:
+            values[key] = int(text) if key in counts else float(text)
+        except ValueError:
+            kind = "an integer" if key in counts else "a number"
+            raise ValueError(f"{pair!r} is invalid; expected {kind} after '='") from None
+    return TopologyConfig(**values)  # type: ignore[arg-type]  # each key typed as parsed
+
+
 def _fail(flag: str, error: Exception) -> typer.Exit:
     typer.echo(f"error: {flag}: {error}", err=True)
     return typer.Exit(2)
@@ -100,6 +125,18 @@ def run_command(
     tenant_priority: Annotated[
         list[str] | None, Opt(help="TENANT=high|normal|batch (repeatable).")
     ] = None,
+    topology: Annotated[
+        bool,
+        Opt(
+            "--topology",
+            help="A fleet topology, as the fleet's topology table: a replica dedicated to a "
+            "revision of a replica's worth of demand, run merged (TopologyConfig's defaults).",
+        ),
+    ] = False,
+    topology_set: Annotated[
+        list[str] | None,
+        Opt(help="KEY=NUMBER: a TopologyConfig key of --topology (repeatable)."),
+    ] = None,
     as_json: Annotated[bool, Opt("--json", help="One JSON line.")] = False,
 ) -> None:
     """Simulate a trace or a scenario on a deployment; print its figures."""
@@ -112,6 +149,10 @@ def run_command(
         tenants = tenant_settings(tenant_priority or [])
     except ValueError as e:
         raise _fail("--tenant-priority", e) from e
+    try:
+        fleet_topology = topology_config(topology, topology_set or [])
+    except ValueError as e:
+        raise _fail("--topology-set", e) from e
     settings: dict[str, Any] = {
         "tenants": tenants,
         "replicas": replicas,
@@ -129,6 +170,7 @@ def run_command(
         "auto_warm_interval_s": auto_warm_interval_s,
         "max_auto_gpu_slots": max_auto_gpu_slots,
         "seed": seed,
+        "topology": fleet_topology,
     }
     try:
         config = SimConfig(**settings)

@@ -40,10 +40,11 @@ from loraplex.engine.transport.messages import (
 from loraplex.errors import CapacityError, EngineUnavailableError
 from loraplex.fleet.board import BoardEntry
 from loraplex.fleet.link import FleetLink
+from loraplex.fleet.report_cache import SEQ_KEY, DecodedReports
 from loraplex.residency.cache.view import CacheSummary, ResidencySnapshot
 from loraplex.residency.ledger import Tier
 from loraplex.residency.stats import CacheStatsSnapshot, StageSummary
-from loraplex.router.reports import decode_report
+from loraplex.router.reports import MalformedReportError, ReplicaReport
 from loraplex.serve.release_env import all_of
 
 _log = logging.getLogger(__name__)
@@ -61,6 +62,7 @@ class FleetCache:
         self._warm: dict[AdapterKey, WarmPolicy] = {}  # non-default warm policies
         self._tenants: dict[str, TenantSettings] | None = None  # the last settings sent
         self._known: set[str] = set()  # replicas that got the standing state
+        self._reports = DecodedReports()  # the board's reports, decoded once each
         link.on_entries(self._replay_to_new)
 
     # --- reads ---------------------------------------------------------------------------
@@ -77,9 +79,15 @@ class FleetCache:
             return False
         wanted = str(key)
         # NOTE: decoded, not read as JSON: a set of more than MAX_EXACT_KEYS travels as a Bloom
-        # filter, whose JSON form holds no keys.
-        reports = [decode_report(e.status["report"]) for e in self._healthy()]
-        return any(wanted in getattr(r.residency, name) for r in reports)
+        # filter, whose JSON form holds no keys. Once per report (by its number), not per call:
+        # every request asks here for its arrival tier.
+        healthy = self._healthy()
+        self._reports.forget_except({e.replica_id for e in healthy})
+        for entry in healthy:
+            report = self._decoded(entry)
+            if report is not None and wanted in getattr(report.residency, name):
+                return True
+        return False
 
     def snapshot(self) -> ResidencySnapshot:
         replies = self._wait(self._link.call_each(Snapshot()))
@@ -125,6 +133,15 @@ class FleetCache:
         self._wait(self._link.call_each(UpdateTenants(dict(settings))))
 
     # --- internals -----------------------------------------------------------------------
+
+    def _decoded(self, entry: BoardEntry) -> ReplicaReport | None:
+        """``entry``'s report (None: refused, logged when first seen)."""
+        status = entry.status
+        try:
+            return self._reports.decode(entry.replica_id, status.get(SEQ_KEY), status.get("report"))
+        except MalformedReportError as exc:
+            _log.warning("replica %s posted a malformed report: %s", entry.replica_id, exc)
+            return None
 
     def _healthy(self) -> list[BoardEntry]:
         return [e for e in self._link.entries() if e.healthy]

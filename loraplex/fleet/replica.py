@@ -36,6 +36,7 @@ from loraplex.engine.transport.messages import (
 from loraplex.engine.transport.packed_errors import pack_error
 from loraplex.engine.transport.thread_client import AsyncEngine
 from loraplex.errors import EngineUnavailableError
+from loraplex.fleet.report_cache import SEQ_KEY, report_numbers
 from loraplex.fleet.routing import REPORT_KEY, UP_KEY
 from loraplex.fleet.wire import Accepted, Failed
 from loraplex.registry import Registry, open_registry
@@ -71,6 +72,7 @@ class EngineReplica:
         self._evictions: deque[tuple[float, int]] = deque()  # (time, cumulative evictions)
         # NOTE: Ray's routing-stats call and the board push build reports on two threads.
         self._evictions_lock = threading.Lock()
+        self._report_numbers = report_numbers()  # each report's number (``report_cache``)
 
     async def generate(
         self, request: EngineRequest
@@ -158,7 +160,11 @@ class EngineReplica:
     def routing_stats(self) -> dict[str, Any]:
         """What ``record_routing_stats`` hands Ray Serve: the encoded report, and whether the
         engine takes requests (a hung one leaves the router's rotation: ``routing.in_rotation``)."""
-        return {REPORT_KEY: encode_report(self.routing_report()), UP_KEY: self.healthy()}
+        return {
+            REPORT_KEY: encode_report(self.routing_report()),
+            SEQ_KEY: next(self._report_numbers),
+            UP_KEY: self.healthy(),
+        }
 
     def status(self) -> dict[str, Any]:
         """The fleet board's entry: the encoded report, occupancy, hit counters, health (and
@@ -172,6 +178,7 @@ class EngineReplica:
             "hung": health.hung,  # up is False then too; down_reason says for how long
             "down_reason": health.down_reason,
             "report": encode_report(self.routing_report()),
+            SEQ_KEY: next(self._report_numbers),  # the report's number (``report_cache``)
             "tiers": {name: t.to_json() for name, t in tiers_of(summary).items()},
             "hits": hits_of(summary),
             "load": self._engine.load_snapshot(),  # EngineLoad: the ingress sums them

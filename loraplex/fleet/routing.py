@@ -15,8 +15,9 @@ from dataclasses import replace
 from typing import Any
 
 from loraplex.engine.protocol import EngineRequest
+from loraplex.fleet.report_cache import SEQ_KEY, DecodedReports
 from loraplex.router.decision import RouteRequest
-from loraplex.router.reports import MalformedReportError, ReplicaReport, decode_report
+from loraplex.router.reports import MalformedReportError, ReplicaReport
 
 _log = logging.getLogger(__name__)
 REPORT_KEY = "report"  # the routing stats key holding the encoded report
@@ -206,10 +207,13 @@ class ReportStamps:
     seen from that replica: its clock's offset plus the quickest delivery. NOTE: not the time
     the router first saw it: the router sees stats only when it routes, so after a quiet spell
     a frozen replica's last report would look new, and it would stay in rotation for a whole
-    ``stale_after_s`` more. Never later than now (a report is not from the future)."""
+    ``stale_after_s`` more. Never later than now (a report is not from the future). A report is
+    decoded and stamped once (``report_cache.DecodedReports``, by its number): the same report
+    seen again keeps its stamp."""
 
     def __init__(self) -> None:
-        self._seen: dict[str, tuple[float, ReplicaReport]] = {}  # id -> (replica at_s, stamped)
+        self._decoded = DecodedReports()
+        self._seen: dict[str, tuple[ReplicaReport, ReplicaReport]] = {}  # id -> (made, stamped)
         self._offset_s: dict[str, float] = {}  # id -> smallest (router now - replica at_s)
 
     def report_of(
@@ -217,27 +221,27 @@ class ReportStamps:
     ) -> ReplicaReport | None:
         payload = stats.get(REPORT_KEY)
         previous = self._seen.get(replica_id)
+        kept = None if previous is None else previous[1]
         if payload is None:
-            return None if previous is None else previous[1]
+            return kept
         try:
-            report = decode_report(payload)
+            report = self._decoded.decode(replica_id, stats.get(SEQ_KEY), payload)
         except MalformedReportError as exc:
             ROUTING_LOG.malformed_reports += 1
             _log.warning("replica %s sent a malformed report: %s", replica_id, exc)
-            return None if previous is None else previous[1]
-        if report.replica_id != replica_id:
-            ROUTING_LOG.malformed_reports += 1
-            _log.warning("replica %s sent a report of replica %s", replica_id, report.replica_id)
-            return None if previous is None else previous[1]
-        if previous is not None and previous[0] == report.at_s:
-            return previous[1]  # the same report as before: keep its stamp
+            return kept
+        if report is None:  # refused when first seen
+            return kept
+        if previous is not None and previous[0] is report:
+            return kept  # the same report as before: its stamp
         offset_s = min(self._offset_s.get(replica_id, math.inf), now_s - report.at_s)
         self._offset_s[replica_id] = offset_s
         stamped = replace(report, at_s=min(now_s, report.at_s + offset_s))
-        self._seen[replica_id] = (report.at_s, stamped)
+        self._seen[replica_id] = (report, stamped)
         return stamped
 
     def forget_except(self, replica_ids: set[str]) -> None:
+        self._decoded.forget_except(replica_ids)
         for gone in set(self._seen) - replica_ids:
             del self._seen[gone]
         for gone in set(self._offset_s) - replica_ids:

@@ -167,8 +167,8 @@ class FleetSettings:
         if unread:
             raise ValueError(
                 f"router keys {unread} are not read by the routing policy {self.policy!r}; "
-                "expected them left out, or a policy that reads them (the affinity policies "
-                "read every router key)"
+                "expected them left out, or a policy that reads them "
+                "(affinity_until_saturated reads every router key)"
             )
         self._check_topology()
         seed = self.seed

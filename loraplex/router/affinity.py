@@ -82,9 +82,30 @@ def _least_loaded(views: Sequence[ReplicaView], config: RouterConfig) -> Replica
 class AffinityPolicy:
     """Pure residency: the fastest tier wins whatever the load (load only breaks ties). The
     baseline that shows why saturation must override affinity: one replica gets every hot
-    revision's traffic."""
+    revision's traffic.
+
+    A replica dedicated to another revision that does not hold this one in GPU slots ranks
+    after every other known replica (it takes no cold load of it, as under
+    ``affinity_until_saturated``; with no saturation rule here, it takes one only when no other
+    replica has a report: reason ``dedicated_spill``)."""
 
     name = "affinity"
+    # RouterConfig fields it reads: the residency weights and the load penalties (no saturation
+    # bound, placement, reach or session key)
+    reads = frozenset(
+        {
+            "weight_l0",
+            "weight_loading",
+            "weight_l1",
+            "weight_l2",
+            "weight_pinned",
+            "weight_merged",
+            "penalty_per_queued",
+            "penalty_per_running",
+            "penalty_per_1k_active_tokens",
+            "penalty_per_eviction_per_min",
+        }
+    )
 
     def __init__(self, config: RouterConfig, rng: random.Random) -> None:
         self._config = config
@@ -101,6 +122,12 @@ class AffinityPolicy:
             known,
             key=lambda v: (-affinity(v, key, self._config), load_penalty(v, self._config)),
         )
+        kept = next((v for v in known if v.dedicated not in (None, key)), None)
+        if kept is not None and kept.tier_of(key) < Tier.LOADING:
+            order.remove(kept)
+            order.append(kept)  # last: no cold load of ``key`` on it while another can take it
+            if order[0] is kept:
+                return decision(order, fleet, Reason.DEDICATED_SPILL)
         return decision(order, fleet, _hit_reason(order[0], key))
 
 

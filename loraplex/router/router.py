@@ -47,7 +47,7 @@ ROUTER_READS = frozenset({"max_report_age_s", "recent_ttl_s"})
 
 def unread_router_keys(policy_name: str, keys: Iterable[str]) -> list[str]:
     """The RouterConfig fields among ``keys`` that neither ``policy_name`` nor the Router reads
-    (a policy without a ``reads`` set reads them all: the affinity policies)."""
+    (a policy without a ``reads`` set reads them all: ``affinity_until_saturated``)."""
     reads = getattr(_POLICIES[policy_name], "reads", None)
     if reads is None:
         return []

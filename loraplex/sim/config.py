@@ -20,6 +20,7 @@ from loraplex.residency.warm import (
 )
 from loraplex.router import DEFAULT_POLICY as DEFAULT_ROUTING
 from loraplex.router import policy_names as routing_names
+from loraplex.router.router import follows_dedication
 from loraplex.router.topology import TopologyConfig
 
 _AT_LEAST_ONE = (
@@ -120,10 +121,7 @@ class SimConfig:
                 f"max_num_batched_tokens {self.max_num_batched_tokens} is invalid; expected >= "
                 f"max_num_seqs {self.max_num_seqs}"
             )
-        if self.topology is not None and not isinstance(self.topology, TopologyConfig):
-            raise ValueError(
-                f"topology {self.topology!r} is invalid; expected a TopologyConfig or None"
-            )
+        self._check_topology()
         for tenant, settings in self.tenants.items():
             if not tenant or not isinstance(settings, TenantSettings):
                 raise ValueError(
@@ -140,6 +138,26 @@ class SimConfig:
             raise ValueError(
                 f"default_rank {self.default_rank} is invalid; expected <= max_lora_rank "
                 f"{self.max_lora_rank}"
+            )
+
+    def _check_topology(self) -> None:
+        """A topology that would never dedicate a replica is refused (it did nothing): too few
+        replicas, or a policy that does not follow a dedication (as ``[fleet] topology``)."""
+        topology = self.topology
+        if topology is None:
+            return
+        if not isinstance(topology, TopologyConfig):
+            raise ValueError(f"topology {topology!r} is invalid; expected a TopologyConfig or None")
+        if self.replicas < topology.min_replicas:
+            raise ValueError(
+                f"topology is set with replicas {self.replicas}; expected replicas >= its "
+                f"min_replicas {topology.min_replicas} (fewer dedicate none), or no topology"
+            )
+        if not follows_dedication(self.routing_policy):
+            raise ValueError(
+                f"topology is set while routing_policy is {self.routing_policy!r}, which does "
+                "not send a dedicated revision's traffic to its replica; expected an affinity "
+                "policy, or no topology"
             )
 
     @property

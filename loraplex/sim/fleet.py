@@ -52,18 +52,31 @@ class SimFleetRouter:
         self.topology = (
             None if config.topology is None else FleetTopology(config.topology, clock, self._ask)
         )
+        # request id -> its ``FleetTopology.record`` entry, until it ends (``ended``)
+        self._counted: dict[str, tuple[float, str | None, int]] = {}
+        if self.topology is not None:
+            for replica in replicas:
+                replica.on_end = self.ended
 
-    def route(self, request: RouteRequest) -> tuple[SimReplica, str]:
+    def route(self, request: RouteRequest, request_id: str) -> tuple[SimReplica, str]:
         """The replica ``request`` goes to and the router's reason (with a topology, the
         request is counted and the dedication decided first, as the Ray request router does)."""
         self._refresh()
         if self.topology is not None:
-            self.topology.record(request)
+            self._counted[request_id] = self.topology.record(request)
             self.router.dedication = self.topology.update(self._reports)
         decision = self.router.choose(request, self._reports)
         reason = decision.reason.value
         self.decisions[reason] += 1
         return self._replicas[decision.replica_id], reason
+
+    def ended(self, request_id: str, admitted: bool) -> None:
+        """A request ended; one never admitted (refused, aborted or expired before its first
+        token) is uncounted from the topology's window at once, as the fleet's engine client
+        withdraws it (``routing.UNADMITTED``); the dedication follows at the next decision."""
+        entry = self._counted.pop(request_id, None)
+        if entry is not None and not admitted and self.topology is not None:
+            self.topology.withdraw(entry)
 
     def _refresh(self) -> None:
         now = self._clock.now()

@@ -15,7 +15,7 @@ deadlines expire on time. A steady decode batch runs its identical steps as one 
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from functools import partial
 
 from loraplex.artifacts.identity import AdapterKey
@@ -74,6 +74,9 @@ class SimReplica:
         # the revision a fleet's topology asked this replica to merge (``sim/fleet.py``), as a
         # real ``auto`` engine's ``MergeHolds.dedicate``; None: none
         self.dedicated: AdapterKey | None = None
+        # told of every request's end (its id; whether it had a first token): a fleet's
+        # topology uncounts the ones that had none (``sim/fleet.py``); None: no one
+        self.on_end: Callable[[str, bool], None] | None = None
         self._load_debt_s = 0.0  # load CPU seconds that overlapped steps, due at the next step
         self.cache = TieredAdapterCache(
             cache_config(config),
@@ -130,7 +133,7 @@ class SimReplica:
         try:
             sched.check_can_add(request)
         except LoraplexError as error:
-            self._end(outcome, error)
+            self._end(request.request_id, outcome, error)
             return
         victim = sched.push_out_victim(request)
         if victim is not None:
@@ -322,13 +325,15 @@ class SimReplica:
         self.scheduler.finish(req, state, reason)
         outcome = self._outcomes.pop(req.request_id, None)
         if outcome is not None:
-            self._end(outcome, error)
+            self._end(req.request_id, outcome, error)
 
     def _abort(self, req: Request, error: BaseException) -> None:
         self._retire(req, RequestState.ABORTED, error)
 
-    def _end(self, outcome: Outcome, error: BaseException | None) -> None:
+    def _end(self, request_id: str, outcome: Outcome, error: BaseException | None) -> None:
         _end(outcome, self._clock.now(), error)
+        if self.on_end is not None:
+            self.on_end(request_id, outcome.first_token_s is not None)
         if self._cpu is not None:
             self._cpu.requests -= 1  # counted in at its arrival (``sim/run.py``)
 

@@ -193,7 +193,8 @@ def _simulate(
         replica = replicas[0]
         if fleet is not None:
             key = None if adapter is None else fleet.name(adapter.key)
-            replica, outcome.reason = fleet.route(RouteRequest(key, None, record.prompt_tokens))
+            route = RouteRequest(key, None, record.prompt_tokens)
+            replica, outcome.reason = fleet.route(route, request.request_id)
         outcome.replica = replica.index
         hop = hop_s
         if jitter is not None:

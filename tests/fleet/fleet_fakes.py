@@ -4,6 +4,7 @@ statuses, replica streams, reports and requests. No Ray process is started."""
 from __future__ import annotations
 
 import asyncio
+import itertools
 import threading
 import time
 from collections.abc import AsyncIterator, Callable, Iterable
@@ -15,6 +16,7 @@ from loraplex.engine.protocol import EngineLoad, EngineRequest, TokenDelta
 from loraplex.engine.transport.messages import CacheCommand
 from loraplex.fleet.board import BoardEntry
 from loraplex.fleet.link import FleetLink
+from loraplex.fleet.report_cache import SEQ_KEY
 from loraplex.fleet.wire import RouteHint
 from loraplex.residency.cache.view import CacheSummary
 from loraplex.residency.ledger import Tier
@@ -24,6 +26,7 @@ from loraplex.sampling import SamplingParams
 
 WAIT_S = 10.0  # upper bound of every wait (a failure, not a timing assertion)
 POLL_S = 0.01  # the links' board poll interval in tests
+REPORT_NUMBERS = itertools.count()  # every faked report's number (``report_cache``): a new one each
 BASE_DIGEST = "b" * 64
 
 
@@ -122,6 +125,7 @@ def status(
         "replica_id": replica_id,
         "healthy": healthy,
         "report": encode_report(reported or report(replica_id)),
+        SEQ_KEY: next(REPORT_NUMBERS),
         "load": engine_load or load(),
         "summary": cache_summary or summary(),
     }

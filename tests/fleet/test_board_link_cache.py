@@ -289,6 +289,30 @@ def test_is_resident_reads_the_healthy_replicas_reports(calls: FakeCalls, link: 
     assert not cache.is_resident(key(), Tier.L3)
 
 
+def test_is_resident_decodes_a_report_once_and_reads_a_new_one_at_once(
+    calls: FakeCalls, link: FleetLink
+) -> None:
+    """Each replica's report is decoded once per number (every request asks for its arrival
+    tier), and a new report (a new number) replaces it at the next look: a copy the replica
+    no longer holds is never counted resident."""
+    wanted = str(key())
+    first = entry("a", reported=report("a", l0=[wanted]))
+    calls.board = [first]
+    polled_twice(link)
+    cache = FleetCache(link)
+    assert cache.is_resident(key(), Tier.L0)
+    first.status["report"] = "not decoded again"  # the same number: the decoded report stands
+    assert cache.is_resident(key(), Tier.L0)
+    calls.board = [entry("a", reported=report("a", l1=[wanted]))]  # evicted to L1
+    polled_twice(link)
+    assert not cache.is_resident(key(), Tier.L0)
+    assert cache.is_resident(key(), Tier.L1)
+    calls.board = [entry("a", reported=report("a")), entry("b")]
+    calls.board[0].status["report"] = {"v": 0}  # refused: that replica holds nothing
+    polled_twice(link)
+    assert not cache.is_resident(key(), Tier.L1)
+
+
 def test_is_resident_reads_a_set_sent_as_a_bloom_filter(calls: FakeCalls, link: FleetLink) -> None:
     many = [str(key(revision=f"r{i}")) for i in range(MAX_EXACT_KEYS + 1)]
     calls.board = [entry("a", reported=report("a", l1=many))]

@@ -119,19 +119,30 @@ def test_a_topology_needs_a_policy_that_follows_the_dedication(tmp_path: Path, p
             {"placement_k": 3, "session_ttl_s": 60.0},
             ["placement_k", "session_ttl_s"],
         ),
+        (
+            "affinity",
+            {"weight_l0": 90.0, "penalty_per_queued": 2.0, "max_queued": 4, "recent_ttl_s": 5.0},
+            ["max_queued"],
+        ),
+        (
+            "affinity",
+            {"weight_merged": 10.0, "placement_k": 3, "spread_after_s": 5.0, "max_sessions": 9},
+            ["max_sessions", "placement_k", "spread_after_s"],
+        ),
     ],
 )
 def test_router_keys_the_policy_does_not_read_are_refused(
     tmp_path: Path, policy: str, router: dict[str, Any], unread: list[str]
 ) -> None:
     """pow2 reads no router key (two random replicas, fewer ongoing requests), ray_multiplex
-    only the saturation bounds: the rest were taken and did nothing."""
+    only the saturation bounds, affinity only the residency weights and load penalties (no
+    saturation, placement, reach or session): the rest were taken and did nothing."""
     with pytest.raises(ValueError, match=rf"^router keys {re.escape(str(unread))} are not read"):
         _settings(tmp_path, policy=policy, router=router)
     kept = {k: v for k, v in router.items() if k not in unread}
     assert _settings(tmp_path, policy=policy, router=kept).router == kept
-    for affinity in ("affinity", "affinity_until_saturated"):  # they read every key
-        assert _settings(tmp_path, policy=affinity, router=router).router == router
+    # affinity_until_saturated reads every key
+    assert _settings(tmp_path, policy="affinity_until_saturated", router=router).router == router
 
 
 def test_every_key_a_fleet_refuses_is_a_serve_key() -> None:

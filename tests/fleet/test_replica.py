@@ -124,8 +124,12 @@ def test_tenant_settings_reach_the_engines_tenant_book(replica: EngineReplica) -
 
 def test_routing_stats_carry_the_encoded_report(replica: EngineReplica) -> None:
     stats = replica.routing_stats()
-    assert set(stats) == {"report", "up"} and stats["up"] is True
+    assert set(stats) == {"report", "report_seq", "up"} and stats["up"] is True
     assert decode_report(stats["report"]).replica_id == REPLICA_ID
+    # every report has a number of its own (readers decode a report once per number)
+    numbers = [stats["report_seq"], replica.status()["report_seq"]]
+    numbers.append(replica.routing_stats()["report_seq"])
+    assert all(isinstance(n, int) for n in numbers) and numbers == sorted(set(numbers))
     assert replica.healthy()
     replica.check_health()
 

@@ -10,11 +10,12 @@ from types import SimpleNamespace
 from typing import Any
 
 import pytest
-from fleet_fakes import key, report, request
+from fleet_fakes import REPORT_NUMBERS, key, report, request
 
 from loraplex.clock import ManualClock
 from loraplex.engine.transport.messages import Snapshot
 from loraplex.fleet.ray_router import LoraplexRequestRouter
+from loraplex.fleet.report_cache import SEQ_KEY
 from loraplex.fleet.routing import (
     REPORT_KEY,
     ROUTING_LOG,
@@ -35,7 +36,8 @@ from loraplex.router.reports import ReplicaReport, encode_report
 
 
 def _stats(reported: ReplicaReport) -> dict[str, Any]:
-    return {REPORT_KEY: encode_report(reported)}
+    """Routing stats as a replica hands them to Ray: the encoded report and a new number."""
+    return {REPORT_KEY: encode_report(reported), SEQ_KEY: next(REPORT_NUMBERS)}
 
 
 # --- ReportStamps ---------------------------------------------------------------------------
@@ -71,15 +73,39 @@ def test_malformed_and_mismatched_reports_are_counted_and_leave_the_previous() -
     before = ROUTING_LOG.malformed_reports
     bad = encode_report(report("a", at_s=6.0))
     bad["load"]["kv_usage"] = 2.0
-    assert stamps.report_of("a", {REPORT_KEY: bad}, now_s=1.0) is None
+    bad_stats = {REPORT_KEY: bad, SEQ_KEY: next(REPORT_NUMBERS)}
+    assert stamps.report_of("a", bad_stats, now_s=1.0) is None
+    assert ROUTING_LOG.malformed_reports == before + 1
+    assert stamps.report_of("a", bad_stats, now_s=1.5) is None  # the same report: counted once
     assert ROUTING_LOG.malformed_reports == before + 1
     stamps.report_of("a", _stats(report("a", at_s=5.0, l0=["k"])), now_s=2.0)
-    kept = stamps.report_of("a", {REPORT_KEY: bad}, now_s=3.0)
+    kept = stamps.report_of("a", {REPORT_KEY: bad, SEQ_KEY: next(REPORT_NUMBERS)}, now_s=3.0)
     assert kept is not None and kept.at_s == 2.0 and "k" in kept.residency.l0
     other = stamps.report_of("a", _stats(report("b", at_s=9.0)), now_s=4.0)
     assert other is not None and other.replica_id == "a" and other.at_s == 2.0
-    assert stamps.report_of("a", {REPORT_KEY: "not a report"}, now_s=5.0) == kept
-    assert ROUTING_LOG.malformed_reports == before + 4
+    garbage = {REPORT_KEY: "not a report", SEQ_KEY: next(REPORT_NUMBERS)}
+    assert stamps.report_of("a", garbage, now_s=5.0) == kept
+    unnumbered = {REPORT_KEY: encode_report(report("a", at_s=9.0))}
+    assert stamps.report_of("a", unnumbered, now_s=6.0) == kept
+    assert stamps.report_of("a", {**unnumbered, SEQ_KEY: True}, now_s=6.0) == kept
+    assert stamps.report_of("a", {**unnumbered, SEQ_KEY: -1}, now_s=6.0) == kept
+    assert ROUTING_LOG.malformed_reports == before + 7
+
+
+def test_a_report_is_decoded_once_per_number_and_a_new_number_replaces_it() -> None:
+    """A replica's stats are decoded once per report number (never per request); a new number
+    is a new report even at the same ``at_s``: the old one never routes again."""
+    stamps = ReportStamps()
+    stats = _stats(report("a", at_s=5.0, l0=["k"]))
+    first = stamps.report_of("a", stats, now_s=1.0)
+    assert first is not None and "k" in first.residency.l0
+    # the same number: not decoded again (a garbage payload under it is never looked at)
+    assert stamps.report_of("a", {**stats, REPORT_KEY: "not decoded"}, now_s=1.5) is first
+    # a new report at the same replica clock reading: decoded, and it is the one that counts
+    moved = stamps.report_of("a", _stats(report("a", at_s=5.0, l1=["k"])), now_s=2.0)
+    assert moved is not None and moved is not first
+    assert "k" not in moved.residency.l0 and "k" in moved.residency.l1
+    assert moved.at_s == first.at_s == 1.0  # the same moment on the replica: the same stamp
 
 
 def test_forget_except_drops_the_others_stamps() -> None:
@@ -209,12 +235,31 @@ def test_avoided_replicas_are_left_out_unless_none_would_remain() -> None:
 
 def test_a_replica_whose_engine_is_not_up_leaves_the_rotation_unless_all_are_out() -> None:
     router = _router(seed=0)
-    hung = {REPORT_KEY: encode_report(report("b", l0=[str(key())])), UP_KEY: False}
+    hung = {**_stats(report("b", l0=[str(key())])), UP_KEY: False}
     replicas = [_replica("a", {UP_KEY: True}), _replica("b", hung), _replica("c")]
     for _ in range(5):  # b holds the revision in a GPU slot, and is never chosen
         assert sorted(_choose(router, replicas, _pending(request(adapter=key())))) == ["a", "c"]
     all_out = [_replica("a", {UP_KEY: False}), _replica("b", hung)]
     assert sorted(_choose(router, all_out, _pending(request()))) == ["a", "b"]  # each refuses
+
+
+def test_a_replaced_report_never_routes_again() -> None:
+    """The router decodes each report once (by its number); a replica's next report replaces
+    its decoded one at once: a revision the replica no longer holds draws no more traffic to
+    it (its own decisions before that report no longer count either)."""
+    clock = ManualClock(10.0)
+    router = _router(policy="affinity", seed=0, clock=clock)
+    revision = str(key())
+    a_holds = _stats(report("a", at_s=3.0, l0=[revision]))
+    b_stats = _stats(report("b", at_s=3.0, l1=[revision]))
+    replicas = [_replica("a", a_holds), _replica("b", b_stats)]
+    assert _choose(router, replicas, _pending(request(adapter=key())))[0] == "a"
+    assert _choose(router, replicas, _pending(request(adapter=key())))[0] == "a"  # cached
+    clock.advance(1.0)
+    a_evicted = _stats(report("a", at_s=4.0))  # a's next report: the revision is gone from a
+    replicas = [_replica("a", a_evicted), _replica("b", b_stats)]
+    for _ in range(3):
+        assert _choose(router, replicas, _pending(request(adapter=key())))[0] == "b"
 
 
 def test_a_gpu_resident_revision_wins_and_only_generate_calls_are_counted() -> None:
@@ -239,7 +284,7 @@ def test_a_malformed_report_counts_as_none() -> None:
     router = _router(seed=0)
     bad = encode_report(report("b", l0=[str(key())]))
     bad["v"] = 99
-    replicas = [_replica("a", None), _replica("b", {REPORT_KEY: bad})]
+    replicas = [_replica("a", None), _replica("b", {REPORT_KEY: bad, SEQ_KEY: 1})]
     before = ROUTING_LOG.counts().get("no_report", 0)
     malformed = ROUTING_LOG.malformed_reports
     _choose(router, replicas, _pending(request(adapter=key())))
@@ -283,7 +328,7 @@ def test_a_replica_whose_reports_stop_leaves_the_rotation_and_returns_when_they_
     clock = ManualClock(100.0)
     router = _router(seed=0, stale_after_s=3.0, clock=clock)
     revision = str(key())
-    frozen = {REPORT_KEY: encode_report(report("b", at_s=7.0, l0=[revision])), UP_KEY: True}
+    frozen = {**_stats(report("b", at_s=7.0, l0=[revision])), UP_KEY: True}
     a_stats = {**_stats(report("a", at_s=7.0)), UP_KEY: True}
     replicas = [_replica("a", a_stats), _replica("b", frozen)]
     pending = _pending(request(adapter=key()))
@@ -294,7 +339,7 @@ def test_a_replica_whose_reports_stop_leaves_the_rotation_and_returns_when_they_
     replicas[0] = _replica("a", {**_stats(report("a", at_s=10.5)), UP_KEY: True})
     for _ in range(5):  # b's report is 3.5 s old; a reports on
         assert _choose(router, replicas, pending) == ["a"]
-    resumed = {REPORT_KEY: encode_report(report("b", at_s=11.0, l0=[revision])), UP_KEY: True}
+    resumed = {**_stats(report("b", at_s=11.0, l0=[revision])), UP_KEY: True}
     replicas[1] = _replica("b", resumed)
     assert _choose(router, replicas, pending)[0] == "b"
     clock.advance(10.0)  # both silent: every replica is offered rather than none

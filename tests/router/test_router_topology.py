@@ -199,3 +199,26 @@ def test_a_dedicated_replica_takes_another_revision_only_when_every_other_is_sat
     assert router.choose(req(HOT), replicas).reason is Reason.MERGED
     decision = router.choose(req("t/held@1"), replicas)
     assert (decision.replica_id, decision.reason) == ("r0", Reason.GPU_HIT)
+
+
+def test_pure_affinity_keeps_a_dedicated_replica_from_another_revisions_cold_load() -> None:
+    """``affinity`` follows the same exclusion as the default policy: a replica dedicated to
+    another revision ranks after every other known replica for a revision it does not hold in
+    GPU slots (no saturation rule here: it takes one only when it alone has a report)."""
+    replicas = fleet(3, r0=report("r0", l1=["t/l1@1"]), r1=report("r1", running=6))
+    plain, _ = make_router("affinity")
+    dedicated, _ = make_router("affinity")
+    dedicated.dedication = Dedication("r0", HOT)
+    assert plain.choose(req("t/l1@1"), replicas).replica_id == "r0"  # its L1 copy wins
+    decision = dedicated.choose(req("t/l1@1"), replicas)
+    assert decision.replica_id == "r2" and decision.reason is Reason.PLACEMENT
+    assert decision.ranked[-1] == "r0"
+    # its own revision, and another already in its GPU slots, still go to it
+    replicas = fleet(3, r0=report("r0", l0=[HOT, "t/held@1"]))
+    assert dedicated.choose(req(HOT), replicas).reason is Reason.MERGED
+    decision = dedicated.choose(req("t/held@1"), replicas)
+    assert (decision.replica_id, decision.reason) == ("r0", Reason.GPU_HIT)
+    # only it reports: it takes the cold load, reason dedicated_spill
+    alone = fleet(3, r1=None, r2=None)
+    decision = dedicated.choose(req("t/tail@1"), alone)
+    assert (decision.replica_id, decision.reason) == ("r0", Reason.DEDICATED_SPILL)

@@ -51,6 +51,14 @@ def _parsed(args: list[str]) -> ServeConfig:
          "unset"),
         ({"max_cpu_loras": 4, "cpu_adapter_bytes": 1 << 20}, "max_cpu_loras 4 is set beside "
          "cpu_adapter_bytes 1048576; expected one of them"),
+        ({"stream_pause_bytes": 256 << 10, "max_stream_resumes": 3}, "max_stream_resumes 3 is "
+         "set while stream_pause_bytes 262144 >= max_stream_buffer_bytes 262144 \\(no stream is "
+         "ever paused\\); expected stream_pause_bytes below max_stream_buffer_bytes"),
+        ({"max_stream_buffer_bytes": 32 << 10, "max_paused_kv_fraction": 0.5},
+         "max_paused_kv_fraction 0.5 is set while stream_pause_bytes 65536 >= "
+         "max_stream_buffer_bytes 32768"),
+        ({"stream_pause_bytes": 1 << 20, "max_stream_resumes": 0}, "max_stream_resumes 0 is set "
+         "while stream_pause_bytes 1048576 >= max_stream_buffer_bytes 262144"),
     ],
 )  # fmt: skip
 def test_a_key_nothing_reads_is_refused_naming_it(
@@ -69,6 +77,13 @@ def test_a_key_nothing_reads_is_refused_naming_it(
         {"trace_endpoint": URL, "trace_export_names": True},
         {"max_cpu_loras": 4},
         {"cpu_adapter_bytes": 1 << 20},
+        {"stream_pause_bytes": 1 << 20},  # pausing off (the overflow abort alone bounds)
+        {"stream_pause_bytes": 16 << 10, "max_stream_resumes": 3, "max_paused_kv_fraction": 0.5},
+        {
+            "max_stream_buffer_bytes": 1 << 20,
+            "stream_pause_bytes": 512 << 10,
+            "max_stream_resumes": 0,
+        },
     ],
 )
 def test_the_same_keys_pass_where_something_reads_them(

@@ -138,3 +138,32 @@ def test_warm_settings_with_automatic_warming_off_are_refused() -> None:
         assert result.exit_code == 2, result.output
         said = " ".join(result.output.replace("│", " ").split())
         assert f"{flag[2:].replace('-', '_')} " in said and "while auto_warm is off" in said
+
+
+def test_a_fleet_topology_from_the_command_line() -> None:
+    """``--topology`` (and ``--topology-set KEY=NUMBER``) sets ``SimConfig.topology``, which
+    was settable only from code; a topology that would do nothing is refused by name."""
+    args = ["sim", "run", "--workload", "hot-one", "--duration-s", "20", "--rate", "30"]
+    args += ["--cost-model", str(COST_FILE), "--replicas", "3", "--max-loras", "3", "--json"]
+    result = runner.invoke(app, [*args, "--topology", "--topology-set", "window_s=5"])
+    assert result.exit_code == 0, result.output
+    body = json.loads(result.output)
+    assert body["config"]["topology"]["window_s"] == 5.0
+    assert body["config"]["topology"]["min_requests"] == 16  # the rest: TopologyConfig's
+    assert body["metrics"]["decisions"].get("merged", 0) > 0  # a replica got the hot revision
+    plain = json.loads(runner.invoke(app, args).output)
+    assert plain["config"]["topology"] is None and "merged" not in plain["metrics"]["decisions"]
+    cases = [
+        (["--topology-set", "window_s=5"], "--topology-set", "without --topology"),
+        (["--topology", "--topology-set", "colour=5"], "--topology-set", "KEY one of"),
+        (["--topology", "--topology-set", "min_requests=2.5"], "--topology-set", "an integer"),
+        (["--topology", "--topology-set", "release_demand=2"], "--topology-set",
+         "release_demand 2.0 is invalid"),
+        (["--topology", "--replicas", "1"], "--topology/--replicas", "min_replicas 2"),
+        (["--topology", "--routing-policy", "pow2"], "--topology/--routing-policy",
+         "does not send a dedicated revision's traffic"),
+    ]  # fmt: skip
+    for extra, flag, message in cases:
+        refused = runner.invoke(app, [*args, *extra])
+        assert refused.exit_code == 2, (extra, refused.output)
+        assert f"error: {flag}: " in refused.output and message in refused.output, refused.output

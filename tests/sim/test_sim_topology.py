@@ -17,6 +17,7 @@ from loraplex.sim.config import SimConfig
 from loraplex.sim.outcome import Outcome
 from loraplex.sim.replica import SimReplica
 from loraplex.sim.run import simulate
+from loraplex.sim.trace import TraceRecord
 
 TOPOLOGY = TopologyConfig(window_s=5.0, min_dwell_s=10.0)
 
@@ -57,3 +58,47 @@ def test_the_hot_revision_gets_a_replica_reported_merged_and_the_tail_stays_off_
 def test_a_topology_that_is_not_a_topology_config_is_refused_naming_it() -> None:
     with pytest.raises(ValueError, match="topology"):
         SimConfig(replicas=2, topology={"window_s": 5.0})  # type: ignore[arg-type]
+
+
+def test_a_topology_that_would_never_dedicate_is_refused() -> None:
+    """One replica has no router, fewer than ``min_replicas`` dedicate none, and the Ray
+    baselines never send a dedicated revision's traffic to its replica: each was taken in
+    silence and did nothing (``[fleet] topology`` refuses the last too)."""
+    with pytest.raises(ValueError, match=r"^topology is set with replicas 1; expected"):
+        SimConfig(replicas=1, topology=TOPOLOGY)
+    with pytest.raises(ValueError, match="replicas 3; expected replicas >= its min_replicas 4"):
+        SimConfig(replicas=3, topology=TopologyConfig(min_replicas=4))
+    for policy in ("pow2", "ray_multiplex"):
+        with pytest.raises(ValueError, match=f"routing_policy is '{policy}', which does not"):
+            SimConfig(replicas=2, routing_policy=policy, topology=TOPOLOGY)
+    assert SimConfig(replicas=2, routing_policy="affinity", topology=TOPOLOGY).topology
+
+
+def _refused_hot_trace() -> list[TraceRecord]:
+    """Every 0.1 s a tail request (one of ten revisions, 200 prompt tokens), and every 0.2 s a
+    "hot" request of a prompt longer than ``max_model_len``, refused at once by the replica:
+    counted, the hot revision is most of the routed tokens (a share of about 0.6)."""
+    trace = []
+    for i in range(200):
+        trace.append(TraceRecord(i * 0.1, "tail", f"t{i % 10}", 200, 8))
+        if i % 2 == 0:
+            trace.append(TraceRecord(i * 0.1 + 0.05, "hot", "h", 600, 8))
+    return trace
+
+
+def test_a_request_refused_before_its_first_token_is_uncounted_from_the_topology(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """As the fleet's engine client withdraws a request that ends without a first token
+    (``routing.UNADMITTED``), the simulator uncounts it from the real ``FleetTopology``: a
+    tenant's refused requests dedicate no replica (counted, they made the hot revision half
+    the window's tokens, a replica's worth on two replicas)."""
+    asks: list[tuple[str, str | None]] = []
+    monkeypatch.setattr(fleet.SimFleetRouter, "_ask", lambda self, r, k: asks.append((r, k)))
+    outcomes: list[Outcome] = []
+    config = SimConfig(replicas=2, max_model_len=512, topology=TopologyConfig(window_s=5.0))
+    simulate(_refused_hot_trace(), config, cost(), keep_outcomes=outcomes)
+    hot = [o for o in outcomes if o.tenant == "hot"]
+    assert hot and all(o.error is not None and o.first_token_s is None for o in hot)
+    assert all(o.ok for o in outcomes if o.tenant == "tail")
+    assert asks == []

@@ -4,6 +4,7 @@ memory, which ``ServeConfig.check_kv_memory`` is given."""
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from pathlib import Path
 
 from loraplex.engine.watchdog import DEFAULT_KILL_AFTER_S, DEFAULT_UNRESPONSIVE_AFTER_S
@@ -133,6 +134,28 @@ def check_step_limits(
             f"max_num_batched_tokens {tokens} is invalid; expected >= max_num_seqs "
             f"{max_num_seqs} (every running sequence decodes each step) or unset"
         )
+
+
+# What a stream's pause does: read only where a stream can be paused (``stream_pause_bytes`` below
+# ``max_stream_buffer_bytes``; at or above it the overflow abort comes first, stream_buffer.py).
+PAUSE_KEYS = ("max_stream_resumes", "max_paused_kv_fraction")
+
+
+def check_stream_pause_keys(
+    pause_bytes: int, buffer_bytes: int, config: object, defaults: Mapping[str, object]
+) -> None:
+    """A pause setting (``PAUSE_KEYS``) of ``config`` set while no stream is ever paused
+    (``pause_bytes`` >= ``buffer_bytes``) is refused naming it (it was taken and did nothing)."""
+    if pause_bytes < buffer_bytes:
+        return
+    for key in PAUSE_KEYS:
+        value = getattr(config, key)
+        if value != defaults[key]:
+            raise ValueError(
+                f"{key} {value} is set while stream_pause_bytes {pause_bytes} >= "
+                f"max_stream_buffer_bytes {buffer_bytes} (no stream is ever paused); expected "
+                f"stream_pause_bytes below max_stream_buffer_bytes, or {key} left out"
+            )
 
 
 def memory_total_bytes(meminfo: Path = Path("/proc/meminfo")) -> int | None:

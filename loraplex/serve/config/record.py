@@ -49,6 +49,7 @@ from loraplex.serve.config.checks import (
     check_policy,
     check_ranges,
     check_step_limits,
+    check_stream_pause_keys,
 )
 from loraplex.serve.config.keys import file_key
 from loraplex.server.adapter_labels import DEFAULT_MAX_NAMED
@@ -236,9 +237,9 @@ class ServeConfig:
 
     def _check_keys_read(self) -> None:
         """ValueError naming a key set where nothing reads it: an automatic warm setting with
-        ``auto_warm`` false, a ``trace_*`` setting without ``trace_endpoint`` (each was taken
-        and did nothing), and ``max_cpu_loras`` beside ``cpu_adapter_bytes`` (which won in
-        silence)."""
+        ``auto_warm`` false, a ``trace_*`` setting without ``trace_endpoint``, a pause setting
+        where no stream is paused (each was taken and did nothing), and ``max_cpu_loras``
+        beside ``cpu_adapter_bytes`` (which won in silence)."""
         check_auto_warm_settings(self.auto_warm, self.auto_warm_interval_s, self.max_auto_gpu_slots)
         defaults = {f.name: f.default for f in fields(self)}
         for key in _TRACER_KEYS:
@@ -249,6 +250,9 @@ class ServeConfig:
                     f"{key} {shown} is set while trace_endpoint is unset; expected "
                     f"trace_endpoint set too, or {key} left out (only the tracer reads it)"
                 )
+        check_stream_pause_keys(
+            self.stream_pause_bytes, self.max_stream_buffer_bytes, self, defaults
+        )
         if self.max_cpu_loras is not None and self.cpu_adapter_bytes is not None:
             raise ValueError(
                 f"max_cpu_loras {self.max_cpu_loras} is set beside cpu_adapter_bytes "
