@@ -188,12 +188,20 @@ def summary(record: dict[str, Any]) -> str:
             f"completed {figure(entry['completed_ratio'], '.4g')}"
         )
 
-    lines = [
-        line("best", record["best"]),
-        line("runner-up", record["runner_up"]),
-        f"why the runner-up lost: {record['why_runner_up_lost']}",
-        line("cheapest rejected", record["cheapest_rejected"]),
-    ]
+    if record["best"] is None:
+        # NOTE: it printed "best: none", "runner-up: none" and "why the runner-up lost: None"
+        lines = [
+            f"best: none of the {record['candidates']} configurations met "
+            f"{', '.join(record['slo'])}",
+            line("cheapest rejected", record["cheapest_rejected"]),
+        ]
+    else:
+        lines = [
+            line("best", record["best"]),
+            line("runner-up", record["runner_up"]),
+            f"why the runner-up lost: {record['why_runner_up_lost']}",
+            line("cheapest rejected", record["cheapest_rejected"]),
+        ]
     if record["cheapest_rejected"] is not None:
         lines.append(f"  missed: {', '.join(record['cheapest_rejected']['violations'])}")
     return "\n".join(lines)

@@ -16,6 +16,7 @@ import typer
 
 from loraplex.cli.locations import DataDir
 from loraplex.cli.preflight import _admin_key
+from loraplex.registry import default_data_dir
 
 if TYPE_CHECKING:
     from loraplex.qualify.plan import QualifyPlan
@@ -23,6 +24,7 @@ if TYPE_CHECKING:
 
 Opt = typer.Option
 DEFAULT_ASSETS = Path(".loraplex-assets/test-small")  # the checkout's generated small demo set
+SERVED_DEMO_DIR = "demo-assets"  # NOTE: where serve/assembly.py keeps the demo set it serves
 
 
 def register(app: typer.Typer) -> None:
@@ -48,8 +50,12 @@ def qualify_command(
         Path, Opt(help="Where report.json, report.html, adapters and logs go.")
     ] = Path("qualify-reports"),
     assets: Annotated[
-        Path, Opt(help="Demo assets the deployment serves (base model for references).")
-    ] = DEFAULT_ASSETS,
+        Path | None,
+        Opt(
+            help="Demo assets the deployment serves (base model for references); default: "
+            "with --url the data dir's demo-assets, with --self .loraplex-assets/test-small."
+        ),
+    ] = None,
     preset: Annotated[str, Opt(help="The demo preset of --assets.")] = "small",
 ) -> None:
     """Run the qualification matrix: four checks per answer, cost per correct request."""
@@ -61,6 +67,7 @@ def qualify_command(
     if self_serve == (url is not None):
         raise typer.BadParameter("give exactly one of --url and --self", param_hint="--url")
     check_preset(preset)
+    assets = assets or _default_assets(self_serve, data_dir)
     try:
         loaded = load_plan(plan)
     except PlanError as exc:
@@ -81,6 +88,15 @@ def qualify_command(
 
     (run_dir / "report.html").write_text(render(report), encoding="utf-8")
     raise typer.Exit(report.exit_code())
+
+
+def _default_assets(self_serve: bool, data_dir: Path | None) -> Path:
+    """``--self``: the checkout's test set; ``--url``: the demo set ``loraplex serve`` on its
+    defaults serves from the data directory. NOTE: both used to be the checkout-relative test
+    set, so a qualify run from the operator's own directory found no base model there."""
+    if self_serve:
+        return DEFAULT_ASSETS
+    return (data_dir or default_data_dir(os.environ, Path.home())) / SERVED_DEMO_DIR
 
 
 def _run(
@@ -118,5 +134,22 @@ def _summary(payload: dict[str, Any], run_dir: Path) -> str:
         for c in payload["cells"]
         if not c["passed"]
     ]
+    lines += _comparator_failures(payload["cells"])
     lines.append(f"headline: {payload['headline']}")
     return os.linesep.join(lines)
+
+
+def _comparator_failures(cells: list[dict[str, Any]]) -> list[str]:
+    """One line per comparator that failed in some cell (its ratios are null there), with the
+    first reason. NOTE: the summary said nothing, so every ratio read null for no stated reason
+    (the reasons were only in report.json)."""
+    failed: dict[str, list[str]] = {}
+    for cell in cells:
+        for method, result in cell["methods"].items():
+            if isinstance(result, dict) and result.get("status") == "failed":
+                failed.setdefault(method, []).append(str(result.get("reason", "")))
+    return [
+        f"  comparator {method} failed in {len(reasons)} of {len(cells)} cells (its ratios are "
+        f"null there): {' '.join(reasons[0].split())[:400] or 'no reason given'}"
+        for method, reasons in failed.items()
+    ]

@@ -37,10 +37,10 @@ def show_release(release: Release, as_json: bool) -> None:
     typer.echo(headline(release))
     if release.reason:
         typer.echo(f"reason\t{release.reason}")
-    waiting = _waiting(release)
+    now = time.time()  # the registry's wall clock: hold_until and comparisons are epoch seconds
+    waiting = _waiting(release, now)
     if waiting is not None:
         typer.echo(waiting)
-    now = time.time()  # the registry's wall clock: hold_until and comparisons are epoch seconds
     if release.hold_until is not None:
         left = release.hold_until - now
         when = f"{left:.0f} s from now" if left > 0 else "over; released at the next tick"
@@ -61,9 +61,10 @@ def show_release(release: Release, as_json: bool) -> None:
         typer.echo(f"breach\t{breach}")
 
 
-def _waiting(release: Release) -> str | None:
+def _waiting(release: Release, now: float) -> str | None:
     """What the release waits for, when it waits on something outside it: the serving process
-    moves a release (the CLI only writes it), and a canary step passes only with traffic."""
+    moves a release (the CLI only writes it), a canary step passes only with traffic and after
+    its dwell, and a release without auto-promote waits for ``release promote``."""
     if release.state is ReleaseState.STAGED:
         return "waiting for a server: `loraplex serve` (or a fleet) on this registry moves it on"
     if release.state is not ReleaseState.CANARY:
@@ -75,7 +76,9 @@ def _waiting(release: Release) -> str | None:
         shown = comparison.candidate.requests  # the table's figure
     needed = release.plan.thresholds.min_requests
     if seen >= needed:
-        return None
+        # NOTE: the status said nothing here, so a step with its requests but not its dwell (or
+        # a last step passed under --no-auto-promote) read as stuck.
+        return _waiting_beyond_traffic(release, now)
     # NOTE: the table below shows every request; the step counts fewer (docs/releases.md,
     # callers), which read as a miscount when the line gave the smaller number alone.
     left_out = "" if shown == seen else f" of {shown}, less the top callers by successes/failures"
@@ -83,6 +86,27 @@ def _waiting(release: Release) -> str | None:
         f"waiting for traffic: step {release.step + 1} passes after {needed} candidate requests "
         f"({seen} so far{left_out}) and {release.plan.dwell_s:g} s; {release.share:.1%} of the "
         f"callers of {release.alias_ref} get the candidate"
+    )
+
+
+def _waiting_beyond_traffic(release: Release, now: float) -> str | None:
+    """A canary step that has its requests: it waits for the operator (the last step passed,
+    no auto-promote) or for its dwell; None once neither holds it (the next tick judges it)."""
+    step, comparison = release.step + 1, release.comparison
+    if comparison is not None and comparison.step == release.step and comparison.passed:
+        return (
+            f"waiting for an operator: step {step} passed and the release was started with "
+            f"--no-auto-promote; `loraplex release promote {release.alias_ref}` promotes it"
+        )
+    if release.step_started_at is None:
+        return None
+    ends = release.step_started_at + release.plan.dwell_s
+    if ends <= now:
+        return None
+    return (
+        f"waiting for time: step {step} has its {release.plan.thresholds.min_requests} "
+        f"candidate requests and passes once it has run {release.plan.dwell_s:g} s (--dwell), "
+        f"at {utc_time(ends)} ({ends - now:.0f} s from now)"
     )
 
 

@@ -11,6 +11,7 @@ from __future__ import annotations
 import statistics
 from collections import Counter
 from collections.abc import Callable
+from dataclasses import replace
 from typing import Any
 
 from loraplex.qualify.baselines import measure_in_context, measure_separate
@@ -57,8 +58,12 @@ def cell_traffic(
         if (expected := probe_expectation(s, refs, ref))  # "": EOS at once, no prefix to test
         and discriminates(s, refs, ref)
     ]  # fmt: skip
+    # NOTE: the shape as sent, its prompt fitted to the deployment's context: the cell's own
+    # (1,024 tokens for long-prompt) went to a merged server of the same 512-token model, which
+    # refused it, and the separate comparator failed the cell.
+    shape = replace(run.cell.shape, prompt_tokens=run.prompt_tokens)
     return CellTraffic(
-        run.cell.cell_id, run.cell.shape, verdict.traffic_requests, run.wall_s,
+        run.cell.cell_id, shape, verdict.traffic_requests, run.wall_s,
         {ref: n / wall for ref, n in counts.items()}, plan.objectives.ttft_warm_s,
         plan.objectives.tpot_s, probes,
         {ref: d for s in run.sent for ref, d in s.target.revisions.items() if d is not None},

@@ -127,12 +127,25 @@ def tenant_keys(admin: Admin, tenants: list[str]) -> Iterator[dict[str, str]]:
             admin.call("DELETE", f"/admin/keys/{key_id}")
 
 
+# NOTE: a deployment on serve's defaults (max_lora_rank 64) refused the default plan's first
+# heavy-tail adapter and the run ended on the bare 422, with nothing saying what to change.
+REFUSED_HINT = (
+    "; the adapters are generated for --assets' base model at the plan's ranks (heavy-tail "
+    "has rank 128): the deployment must serve that model with max_lora_rank at least the "
+    "plan's largest rank (`--self` runs 128), or leave heavy-tail out of "
+    "matrix.rank_distributions"
+)
+
+
 def register(admin: Admin, adapter: GeneratedAdapter) -> None:
     """Upload, make the revision stable (a rerun finds it deprecated) and point the alias at it."""
     fields = {"tenant": adapter.tenant, "name": adapter.name, "revision": REVISION}
     reply = admin.upload(adapter.path, fields)
     if reply.status not in (200, 201):
-        raise QualifyError(f"registering {adapter.ref}: {reply.status} {str(reply.body)[:300]}")
+        raise QualifyError(
+            f"registering {adapter.ref} (rank {adapter.rank}): {reply.status} "
+            f"{str(reply.body)[:300]}{REFUSED_HINT if reply.status == 422 else ''}"
+        )
     path = f"/admin/revisions/{adapter.tenant}/{adapter.name}/{REVISION}"
     admin.must("PUT", path, json={"state": "stable"})
     alias = f"/admin/adapters/{adapter.tenant}/{adapter.name}/alias"

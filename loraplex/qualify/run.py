@@ -161,7 +161,11 @@ async def _cells(
 def _model_dir(assets_dir: Path) -> Path:
     models = sorted(p for p in (assets_dir / "models").glob("*") if p.is_dir())
     if len(models) != 1:
-        raise QualifyError(f"{assets_dir}/models must hold one base model, found {len(models)}")
+        raise QualifyError(
+            f"--assets {assets_dir}: its models/ must hold one base model, found {len(models)}; "
+            "expected the demo assets the deployment serves (`loraplex serve` on its defaults: "
+            "<data dir>/demo-assets, what qualify --url reads when --assets is not given)"
+        )
     return models[0]
 
 

@@ -12,7 +12,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
-from loraplex.bench.harness.process import Launch, free_port, serving_process
+from loraplex.bench.harness.process import Launch, free_port, own_env, serving_process
 
 SELF_MAX_LORA_RANK = 128  # heavy-tail includes rank 128
 DEMO_DIR = "demo-assets"  # NOTE: the directory name serve/assembly.py adopts demo assets from
@@ -50,7 +50,7 @@ def self_server(assets_dir: Path, run_dir: Path, torch_threads: int = 1) -> Iter
         "--port", str(port), "--admin-key", admin_key,
         "--max-lora-rank", str(SELF_MAX_LORA_RANK), "--threads", str(torch_threads),
     ]  # fmt: skip
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)}
+    env = own_env(PYTHONPATH=os.pathsep.join(sys.path))
     url = f"http://127.0.0.1:{port}"
     log_path = run_dir / "self-server.log"
     launch = Launch("loraplex serve", command, env, url, "/ready", log_path, START_TIMEOUT_S, 20.0)

@@ -1,10 +1,11 @@
 """``RequestLog``: one JSONL line per finished request, in the simulator's trace format.
 
 ``request_log_path`` (docs/operations.md) turns it on. Each line has the trace fields the
-simulator replays (``t_s`` seconds since the log was opened on this server's monotonic clock,
-``tenant``, ``adapter`` as ``name@revision``, ``owner/name@revision`` for another tenant's
-public adapter, or null for the base model, ``prompt_tokens``,
-``output_tokens``) and the outcome (``outcome``: the finish reason or ``error``/``abort``,
+simulator replays (``t_s`` seconds since the log began: since this server opened it on its
+monotonic clock, plus where an existing log left off, ``resume_offset_s``; ``tenant``,
+``adapter`` as ``name@revision``, ``owner/name@revision`` for another tenant's public adapter,
+or null for the base model, ``prompt_tokens``, ``output_tokens``) and the outcome
+(``outcome``: the finish reason or ``error``/``abort``,
 ``ttft_s``, ``tier`` the adapter was leased from, ``latency_s``, and ``engine``: the engine's
 timeline of the request, ``ENGINE_FIELDS``, or null where the engine returned none).
 ``output_tokens`` is what was
@@ -19,6 +20,7 @@ from __future__ import annotations
 
 import json
 import math
+import os
 import threading
 import time
 from collections.abc import Callable
@@ -28,6 +30,7 @@ from pathlib import Path
 from loraplex.engine.trace_log import EngineTrace
 
 FINISHED = ("stop", "length")  # outcomes whose generated count is the request's whole output
+RESUME_TAIL_BYTES = 64 * 1024  # the end of an existing log read at start (many whole lines)
 # The ``engine`` object: seconds after the engine received the request (its own clock), null
 # where it did not happen. ``asked_s``: its lease was asked for (a step's start); ``ready_s``: a
 # deferred lease's load completed (null: granted at once); ``lease_s``: the lease
@@ -97,13 +100,51 @@ def check_log_path(path: Path) -> None:
         ) from exc
 
 
-class RequestLog:
-    """Appends finished requests to ``path`` (created if absent, never truncated)."""
+def resume_offset_s(path: Path, wall_s: float) -> float:
+    """Where an existing log's timeline goes on: the latest end (``t_s + latency_s``) among the
+    whole lines of its last ``RESUME_TAIL_BYTES``, plus the wall time since the file was last
+    written (the downtime, as the file's clock saw it); 0 for an absent or empty log, or one
+    whose tail holds no line of this format.
 
-    def __init__(self, path: Path, clock: Callable[[], float] = time.monotonic) -> None:
+    NOTE: ``t_s`` counted from each start, so a log appended by a restarted server went back to
+    0 and a replay (``sim run --trace``, ``plan``) laid the runs over one another, in silence."""
+    try:
+        size = path.stat().st_size
+        with path.open("rb") as f:
+            f.seek(max(0, size - RESUME_TAIL_BYTES))
+            tail = f.read()
+        written_s = os.stat(path).st_mtime
+    except FileNotFoundError:
+        return 0.0
+    ends = [_end_s(line) for line in tail.split(b"\n")[1 if size > len(tail) else 0 :]]
+    found = [end for end in ends if end is not None]
+    return 0.0 if not found else max(found) + max(0.0, wall_s - written_s)
+
+
+def _end_s(line: bytes) -> float | None:
+    """A line's end on the log's timeline, None for what is not a whole line of this format."""
+    try:
+        body = json.loads(line)
+        end = float(body["t_s"]) + float(body["latency_s"])
+    except (ValueError, TypeError, KeyError):
+        return None
+    return end if math.isfinite(end) and end >= 0.0 else None
+
+
+class RequestLog:
+    """Appends finished requests to ``path`` (created if absent, never truncated). A log that
+    already holds lines is continued: its ``t_s`` go on from where the last run's ended, with
+    the real gap between, so one file replays as one timeline across restarts."""
+
+    def __init__(
+        self,
+        path: Path,
+        clock: Callable[[], float] = time.monotonic,
+        wall: Callable[[], float] = time.time,
+    ) -> None:
         check_log_path(path)  # an unwritable path fails at start, not at the first request
         self.path = path
-        self._opened_s = clock()
+        self._opened_s = clock() - resume_offset_s(path, wall())
         self._lock = threading.Lock()
 
     def line(self, request: LoggedRequest) -> str:

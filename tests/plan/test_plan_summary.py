@@ -36,3 +36,24 @@ def test_the_summary_gives_figures_not_a_dict() -> None:
     assert lines[3].endswith("ttft p50 - p99 - ms (n 0)  completed -")
     assert lines[4] == "  missed: ttft_p99<=50ms"
     assert "{" not in summary(record)
+
+
+def test_no_feasible_configuration_is_said_once_with_the_objectives() -> None:
+    """With nothing feasible it printed "best: none", "runner-up: none" and "why the
+    runner-up lost: None" (seen planning an operator's own trace on its own cost model)."""
+    rejected = _entry("r=1 slots=4", {"n": 2134, "p50": 141.5, "p90": 900.0, "p99": 5696.0}, 1.0)
+    record = {
+        "best": None,
+        "runner_up": None,
+        "why_runner_up_lost": None,
+        "cheapest_rejected": rejected,
+        "candidates": 16,
+        "slo": ["ttft_p99<=500ms", "completed_ratio>=0.99"],
+    }
+    lines = summary(record).splitlines()
+    assert lines[0] == (
+        "best: none of the 16 configurations met ttft_p99<=500ms, completed_ratio>=0.99"
+    )
+    assert lines[1].startswith("cheapest rejected: r=1 slots=4  0.000146 USD/correct request")
+    assert lines[2] == "  missed: ttft_p99<=50ms"
+    assert "None" not in summary(record) and "runner-up" not in summary(record)

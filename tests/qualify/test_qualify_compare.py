@@ -52,6 +52,17 @@ def test_a_comparator_gets_the_cell_with_reference_expectations() -> None:
     assert [(p.adapter_ref, p.expected) for p in traffic.probes] == [("t/a@r1", "probe-ref")]
 
 
+def test_a_comparator_gets_the_prompt_length_the_cell_sent() -> None:
+    """long-prompt's 1,024 tokens are cut to fit the deployment's context (495 on the demo
+    model); the separate comparator was given the uncut shape, and its merged server of the
+    same model refused every request (400), so the cell had no separate cost."""
+    _, (run, verdict) = _priced()
+    cut = replace(run, prompt_tokens=run.cell.shape.prompt_tokens - 7)  # type: ignore[attr-defined]
+    traffic = cell_traffic(cut, verdict, PLAN, REFS)  # type: ignore[arg-type]
+    assert traffic.shape.prompt_tokens == run.cell.shape.prompt_tokens - 7  # type: ignore[attr-defined]
+    assert traffic.shape.output_tokens == run.cell.shape.output_tokens  # type: ignore[attr-defined]
+
+
 def test_an_active_adapter_without_traffic_still_needs_its_deployment() -> None:
     _, (run, verdict) = _priced()
     active = replace(run, active_refs=("t/a@r1", "t/b@r1", "t/c@r1"))  # type: ignore[attr-defined]

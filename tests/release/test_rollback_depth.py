@@ -1,9 +1,13 @@
 """``release rollback`` at any depth: each one undoes the newest promotion still standing, so
 after v1 -> v2 -> v3 a second rollback reaches v1 (it used to exit 1: the newest release was
 already rolled back); past the last promotion it names ``adapters alias rollback``. ``release
-status`` says what a release waits for: a server to move it, traffic to judge a step."""
+status`` says what a release waits for: a server to move it, traffic to judge a step, a step's
+dwell, an operator's ``release promote``."""
 
 from __future__ import annotations
+
+import re
+import time
 
 import pytest
 from typer.testing import CliRunner
@@ -93,3 +97,43 @@ def test_status_says_what_a_release_waits_for(run, registry: Registry) -> None: 
     observed = run("release", "status", "acme/bot")
     assert "(2 so far of 3, less the top callers by successes/failures) and 30 s" in observed
     assert "v2\tcandidate\t3\t3\t" in observed
+
+
+def _canary_with_requests(run, registry: Registry, *start: str) -> None:  # type: ignore[no-untyped-def]
+    """A release in its first canary step, started now, that has its 10 requests (11 counted:
+    12 callers, the top one left out); with ``passed`` as a controller would record it."""
+    run("release", "start", "acme/bot", "v2", "--share", "25%", "--dwell", "30s", *start)
+    store = ReleaseStore(registry)
+    release = store.latest_release("acme", "bot")
+    now = time.time()
+    for to in (S.PREWARMING, S.PROBING):
+        release = store.transition(release, to, actor="t", now=now)
+    release = store.transition(release, S.CANARY, actor="t", now=now, step=0, step_started_at=now)
+    window = RevisionWindow(requests=12, callers=12, best_caller_requests=1)
+    passed = "--no-auto-promote" in start
+    comparison = Comparison(0, now, window, RevisionWindow(), passed=passed)
+    store.save_observation(release, comparison=comparison)
+
+
+def test_status_says_a_step_with_its_traffic_waits_for_its_dwell(run, registry: Registry) -> None:  # type: ignore[no-untyped-def]
+    """A step with its requests but not its dwell printed no line at all, and read as stuck."""
+    _canary_with_requests(run, registry)
+    status = run("release", "status", "acme/bot")
+    assert "waiting for traffic" not in status
+    assert re.search(
+        r"waiting for time: step 1 has its 10 candidate requests and passes once it has run "
+        r"30 s \(--dwell\), at \d{4}-\d\d-\d\dT\d\d:\d\d:\d\dZ \((29|30) s from now\)",
+        status,
+    ), status
+
+
+def test_status_says_a_passed_step_without_auto_promote_waits_for_promote(
+    run, registry: Registry
+) -> None:  # type: ignore[no-untyped-def]
+    _canary_with_requests(run, registry, "--no-auto-promote")
+    status = run("release", "status", "acme/bot")
+    assert (
+        "waiting for an operator: step 1 passed and the release was started with "
+        "--no-auto-promote; `loraplex release promote acme/bot` promotes it"
+    ) in status
+    assert "waiting for time" not in status

@@ -4,6 +4,7 @@ readable by ``loraplex.sim.trace.read_trace`` and replayable by ``simulate`` (is
 from __future__ import annotations
 
 import json
+import os
 from dataclasses import replace
 from pathlib import Path
 
@@ -104,6 +105,30 @@ def test_lines_are_relative_to_the_log_opening(tmp_path: Path) -> None:
     log.write(request)
     (line,) = [json.loads(x) for x in (tmp_path / "r.jsonl").read_text().splitlines()]
     assert (line["t_s"], line["adapter"], line["output_tokens"]) == (2.5, "a@r2", 2)
+
+
+def test_a_restarted_server_continues_the_logs_timeline(tmp_path: Path) -> None:
+    """``t_s`` counted from each start: a server restarted on its log wrote its first requests
+    at 0 again, and a replay of the file laid the two runs over one another. A log that holds
+    lines now goes on from the latest end in it plus the time since the file was last written."""
+    path = tmp_path / "r.jsonl"
+    before = LoggedRequest(104.0, "t", "t/a@r1", 4, 9, 9, "stop", 0.1, "L0", 0.5)
+    RequestLog(path, clock=lambda: 100.0, wall=lambda: 0.0).write(before)  # t_s 4.0, ends 4.5
+    os.utime(path, (1_000.0, 1_000.0))  # last written at wall time 1000
+    restarted = RequestLog(path, clock=lambda: 7.0, wall=lambda: 1_010.0)  # 10 s later
+    restarted.write(replace(before, arrived_s=9.0))  # 2 s after the restart
+    lines = [json.loads(x) for x in path.read_text().splitlines()]
+    assert [line["t_s"] for line in lines] == [4.0, 16.5]  # 4.5 + 10 + 2
+    trace = read_trace(path)
+    assert [r.t_s for r in trace] == [4.0, 16.5]
+
+
+def test_a_log_without_lines_of_this_format_starts_at_zero(tmp_path: Path) -> None:
+    path = tmp_path / "r.jsonl"
+    path.write_text('not json\n{"t_s": "x"}\n[1]\n')
+    log = RequestLog(path, clock=lambda: 100.0, wall=lambda: 1e9)
+    request = LoggedRequest(102.5, "t", None, 4, 9, 2, "stop", 0.1, None, 0.3)
+    assert json.loads(log.line(request))["t_s"] == 2.5
 
 
 def test_another_tenants_public_adapter_is_logged_with_its_owner(tmp_path: Path) -> None:

@@ -28,7 +28,13 @@ import httpx
 from loraplex.bench.front.probe import memory_of, torch_mapped
 from loraplex.bench.harness.machine import machine_record
 from loraplex.bench.harness.order import run_order
-from loraplex.bench.harness.process import Launch, free_port, fresh_run_dir, serving_process
+from loraplex.bench.harness.process import (
+    Launch,
+    free_port,
+    fresh_run_dir,
+    own_env,
+    serving_process,
+)
 from loraplex.bench.harness.stats import ratio
 from loraplex.bench.proc_tree import engine_child
 
@@ -118,7 +124,7 @@ def _one_run(
     launch = Launch(
         name=f"loraplex serve ({tree.name})",
         command=[sys.executable, "-P", "-c", _SERVE, "serve", *flags],
-        env={**os.environ, "PYTHONPATH": str(tree.root.resolve())},
+        env=own_env(PYTHONPATH=str(tree.root.resolve())),
         url=f"http://127.0.0.1:{port}",
         ready_path="/health",
         log_path=run_path / "server.log",

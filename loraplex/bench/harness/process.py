@@ -46,6 +46,21 @@ class Launch:
             raise ValueError(f"ready_path {self.ready_path!r} is invalid; expected a /path")
 
 
+OWN_PREFIX = "LORAPLEX_"  # the variables serve reads (data dir, database, store, admin key...)
+
+
+def own_env(**extra: str) -> dict[str, str]:
+    """This process's environment for a ``loraplex serve`` of its own, less every
+    ``LORAPLEX_*`` variable, plus ``extra``. NOTE: serve's variables win over its config file,
+    so a server written a config of its own and started in an operator's shell (say with
+    ``LORAPLEX_DATA_DIR`` exported, as the docs show) opened the operator's registry instead:
+    ``qualify``'s comparator servers issued their key in one registry and served another
+    (every request a 401), and a ``LORAPLEX_DATABASE_URL`` would have had them write to the
+    deployment's own database."""
+    kept = {k: v for k, v in os.environ.items() if not k.startswith(OWN_PREFIX)}
+    return {**kept, **extra}
+
+
 def free_port() -> int:
     """A TCP port on 127.0.0.1 that nothing listens on now."""
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:

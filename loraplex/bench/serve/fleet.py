@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from loraplex.artifacts.base_model import BaseModelSpec
-from loraplex.bench.harness.process import Launch, free_port
+from loraplex.bench.harness.process import Launch, free_port, own_env
 from loraplex.bench.harness.process import serving_process as harness_serving
 from loraplex.bench.serve.driver import REVISION
 from loraplex.bench.workloads import TraceAdapter
@@ -237,7 +237,7 @@ def serving_process(
     launch = Launch(
         name="loraplex serve",
         command=[sys.executable, "-c", _SERVE, "serve", "--config", str(config)],
-        env={**os.environ, "OMP_NUM_THREADS": str(options.torch_threads)},
+        env=own_env(OMP_NUM_THREADS=str(options.torch_threads)),
         url=f"http://127.0.0.1:{port}",
         ready_path="/ready",
         log_path=data_dir / "server.log",

@@ -19,7 +19,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 
 from loraplex.artifacts.base_model import BaseModelSpec
-from loraplex.bench.harness.process import Launch, free_port, serving_process
+from loraplex.bench.harness.process import Launch, free_port, own_env, serving_process
 from loraplex.bench.proc_tree import descendants_of
 from loraplex.registry import RegistryConfig, open_registry
 from loraplex.serve.config import file_key
@@ -78,11 +78,14 @@ def _tenant_key(spec: ServerSpec, base: BaseModelSpec) -> str:
 
 
 def _config_text(spec: ServerSpec, port: int) -> str:
+    # NOTE: serve reads a file's paths relative to the file, which lies in data_dir: a relative
+    # data_dir (qualify's default --report-dir) put both under themselves twice, so the server
+    # found no model (separate) or a registry without the tenant's key (in-context: a 401).
     values: dict[str, object] = {
-        "data_dir": str(spec.data_dir),
+        "data_dir": str(spec.data_dir.resolve()),
         "host": "127.0.0.1",
         "port": port,
-        "model": str(spec.model_dir),
+        "model": str(spec.model_dir.resolve()),
         "demo": False,
         "admin_key": "lpxadmin_" + secrets.token_urlsafe(24),
         "max_loras": 1,  # no adapter is served: the smallest slot pool there is
@@ -116,7 +119,7 @@ def comparator_server(spec: ServerSpec) -> Iterator[Running]:
     launch = Launch(
         name="loraplex serve (qualify comparator)",
         command=[sys.executable, "-c", _SERVE, "serve", "--config", str(config)],
-        env={**os.environ, "OMP_NUM_THREADS": str(spec.torch_threads)},
+        env=own_env(OMP_NUM_THREADS=str(spec.torch_threads)),
         url=f"http://127.0.0.1:{port}",
         ready_path="/ready",
         log_path=spec.data_dir / "server.log",

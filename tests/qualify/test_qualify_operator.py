@@ -1,0 +1,71 @@
+"""What an operator new to ``loraplex qualify --url`` met against their own ``loraplex serve``:
+the default ``--assets`` was the checkout's test set (relative to the working directory, absent
+elsewhere), a refused registration ended the run on a bare 422, and comparators that failed in
+every cell were left out of the summary."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from loraplex.cli.qualify import DEFAULT_ASSETS, _default_assets, _summary
+from loraplex.qualify.client import QualifyError, Reply
+from loraplex.qualify.population import GeneratedAdapter, register
+from loraplex.qualify.run import _model_dir
+
+
+def test_url_reads_the_demo_set_serve_serves_from_the_data_dir(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    assert _default_assets(False, tmp_path) == tmp_path / "demo-assets"
+    monkeypatch.setenv("XDG_DATA_HOME", str(tmp_path / "xdg"))
+    assert _default_assets(False, None) == tmp_path / "xdg" / "loraplex" / "demo-assets"
+    assert _default_assets(True, tmp_path) == DEFAULT_ASSETS
+
+
+def test_assets_without_a_model_name_the_flag_and_what_it_expects(tmp_path: Path) -> None:
+    with pytest.raises(QualifyError) as refused:
+        _model_dir(tmp_path)
+    message = str(refused.value)
+    assert message.startswith(f"--assets {tmp_path}: its models/ must hold one base model")
+    assert "<data dir>/demo-assets" in message
+
+
+class _RefusingAdmin:
+    def upload(self, adapter_dir: Path, fields: dict[str, str]) -> Reply:
+        return Reply(422, {"error": {"message": "field 'r' is 128; expected <= 64"}})
+
+
+def test_a_refused_registration_says_what_the_deployment_must_accept(tmp_path: Path) -> None:
+    adapter = GeneratedAdapter("qualify-a", "heavy-tail-0000", 128, ("q_proj",), tmp_path)
+    with pytest.raises(QualifyError) as refused:
+        register(_RefusingAdmin(), adapter)  # type: ignore[arg-type]
+    message = str(refused.value)
+    assert "registering qualify-a/heavy-tail-0000@q2 (rank 128): 422" in message
+    assert "max_lora_rank at least the plan's largest rank" in message
+    assert "matrix.rank_distributions" in message
+
+
+def _cell(methods: dict[str, Any]) -> dict[str, Any]:
+    return {"cell_id": "c", "passed": True, "reasons": [], "methods": methods}
+
+
+def test_the_summary_names_a_comparator_that_failed() -> None:
+    failed = {"status": "failed", "reason": "RuntimeError: serve exited with 1:\nno model at X\n"}
+    payload = {
+        "num_cells": 2,
+        "failed_cells": [],
+        "headline": {},
+        "cells": [
+            _cell({"loraplex": {"method": "loraplex"}, "separate": failed}),
+            _cell({"loraplex": {"method": "loraplex"}, "separate": {"method": "separate"}}),
+        ],
+    }
+    text = _summary(payload, Path("r"))
+    assert (
+        "comparator separate failed in 1 of 2 cells (its ratios are null there): "
+        "RuntimeError: serve exited with 1: no model at X"
+    ) in text
+    assert "comparator loraplex" not in text
