@@ -118,7 +118,7 @@ def test_the_rendered_fleet_table_builds_the_fleet_it_names(
     from loraplex.serve.assembly import DEMO_DIR
 
     fleet = {"policy": "affinity", "seed": 7, "report_period_s": 0.25, "stale_after_s": 3.0,
-             "router": {"max_queued": 4}, "topology": {"min_replicas": 3}}  # fmt: skip
+             "router": {"penalty_per_queued": 4.0}, "topology": {"min_replicas": 3}}  # fmt: skip
     spec = K8sSpec(
         image="i:1", store="s3://a/b", ray=True, gpu=False, replicas=3,
         serve_config={"policy": "lru", "mode": "auto"}, fleet_config=fleet,
@@ -140,7 +140,7 @@ def test_the_rendered_fleet_table_builds_the_fleet_it_names(
     routing = engine._deployment_config.request_router_config
     assert routing.request_routing_stats_period_s == 0.25
     assert routing.request_router_kwargs == {
-        "policy": "affinity", "router_config": {"max_queued": 4}, "seed": 7,
+        "policy": "affinity", "router_config": {"penalty_per_queued": 4.0}, "seed": 7,
         "stale_after_s": 3.0,
         "topology": {"min_replicas": 3},
     }  # fmt: skip
