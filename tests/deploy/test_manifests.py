@@ -29,7 +29,7 @@ from loraplex.server.metrics_collectors import EngineCollector
 BASE: dict[str, Any] = {"image": "ghcr.io/acme/loraplex:1.0", "store": "s3://adapters/prod"}
 # every fleet key a RayService's operator sets (``[fleet]`` of --serve-config), none a default
 FLEET_TABLE: dict[str, Any] = {
-    "policy": "affinity",  # reads every router key (pow2 read none of them)
+    "policy": "affinity_until_saturated",  # reads every router key (pow2 reads none of them)
     "seed": 7,
     "report_period_s": 0.25,
     "stale_after_s": 3.0,
