@@ -27,12 +27,13 @@ from starlette.concurrency import run_in_threadpool
 
 from loraplex.registry import Tenant
 
-# A tenant's jobs on the thread pool at once (not a setting). NOTE: 4, not 8: the jobs are
+# A tenant's jobs on the thread pool at once (not a setting). NOTE: 2, not 8: the jobs are
 # Python code under one GIL, so more of them at once got the tenant no more done and made every
-# other request wait longer for the GIL: with 8, another tenant's ``GET /v1/models`` waited a
-# median 2.5-3.1 s beside ``thread-pool-crowd``, with 4 0.45-0.94 s, the attacker answered 2.7-3.9
-# and 3.9-4.2 requests/s (2 shared cores; docs/benchmarks/attack13.md).
-MAX_JOBS_PER_TENANT = 4
+# other request wait longer for the GIL. Beside ``thread-pool-crowd`` another tenant's ``GET
+# /v1/models`` waited a median 2.5-3.1 s with 8 and 0.45-0.94 s with 4 (one series), 0.74-0.87 s
+# with 4 and 0.19-0.29 s with 2 (another); the attacker was answered 2.7-3.9, 3.9-4.2, 3.4-5.7 and
+# 5.2-6.8 times a second (2 shared cores; docs/benchmarks/attack13.md, *Fewer places*).
+MAX_JOBS_PER_TENANT = 2
 # The scope state key under which ``limits.RequestLimits`` leaves the tenant it authenticated.
 AUTHENTICATED_TENANT = "loraplex_tenant"
 
