@@ -19,6 +19,7 @@ from __future__ import annotations
 import base64
 import hashlib
 import json
+import re
 import tempfile
 from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
@@ -32,6 +33,8 @@ from loraplex.errors import DigestMismatchError, SignatureError, quoted
 
 SIGNATURE_FILE = "model.sig"  # the bundle's name beside the files (model-signing's default)
 MAX_SIGNATURE_BYTES = 1 << 20  # a bundle over a PEFT folder is a few KiB
+MAX_CHAIN_CERTIFICATES = 16  # a signing certificate and its intermediates (and root)
+_SHA256_HEX = re.compile("[0-9a-f]{64}")  # a key hint as model-signing writes it
 _HASH_TYPE = "sha256"  # the store's digest: a manifest hashed otherwise cannot be compared
 
 
@@ -80,18 +83,85 @@ class VerifiedSignature:
     bundle_digest: str  # sha256 of the bundle bytes that were verified
 
 
+@dataclass(frozen=True)
+class AnchorLookup:
+    """Which of a tenant's anchors may verify a bundle: those of ``kind`` with a key id in
+    ``key_ids`` (``anchor_key_id``); every one of ``kind`` when ``key_ids`` is None (a key
+    bundle of model-signing's older format names no key)."""
+
+    kind: AnchorKind  # key or certificate root
+    key_ids: frozenset[str] | None  # ids the bundle names; None: it names none
+
+
+def anchor_key_id(kind: AnchorKind, pem: str) -> str:
+    """The id a bundle finds this anchor by: a key's model-signing hint (sha256 of its PEM
+    SubjectPublicKeyInfo), a certificate root's sha256 of its subject name (DER). ``ValueError``
+    naming ``pem`` when it is not a usable anchor."""
+    from cryptography import x509  # with model-signing: the signing extra
+    from cryptography.hazmat.primitives import serialization
+
+    data = pem.encode("ascii", "replace")
+    try:
+        if kind is AnchorKind.CERTIFICATE:
+            name = x509.load_pem_x509_certificate(data).subject.public_bytes()
+            return hashlib.sha256(name).hexdigest()
+        key = serialization.load_pem_public_key(data)
+        spki = key.public_bytes(
+            serialization.Encoding.PEM, serialization.PublicFormat.SubjectPublicKeyInfo
+        )
+    except ValueError as exc:
+        raise ValueError(f"pem is invalid; expected a PEM {kind.value} ({exc})") from None
+    return hashlib.sha256(spki).hexdigest()
+
+
+def anchor_lookup(bundle: bytes) -> AnchorLookup:
+    """The anchors that may verify ``bundle`` (read, not verified): the key its hint names, or
+    the certificates that issued (or are) one of its chain's first ``MAX_CHAIN_CERTIFICATES``."""
+    signature = _read(bundle)
+    material, kind = signature.bundle.verification_material, _kind_of(signature)
+    if kind is AnchorKind.KEY:
+        hint = str(material.public_key.hint or "")
+        if not hint:
+            return AnchorLookup(kind, None)
+        # NOTE: the bundle's text: a hint that is no sha256 names no anchor (model-signing's
+        # verifier refuses a key whose hash differs from the hint anyway)
+        return AnchorLookup(kind, frozenset({hint} if _SHA256_HEX.fullmatch(hint) else ()))
+    from cryptography import x509
+
+    certificates = material.x509_certificate_chain.certificates
+    if len(certificates) > MAX_CHAIN_CERTIFICATES:
+        raise _malformed(
+            f"a chain of {len(certificates)} certificates; expected at most "
+            f"{MAX_CHAIN_CERTIFICATES}"
+        )
+    names: set[str] = set()
+    for certificate in certificates:
+        try:
+            parsed = x509.load_der_x509_certificate(certificate.raw_bytes)
+        except ValueError as exc:
+            raise _malformed(f"unreadable certificate: {exc}") from None
+        for name in (parsed.issuer, parsed.subject):
+            names.add(hashlib.sha256(name.public_bytes()).hexdigest())
+    return AnchorLookup(kind, frozenset(names))
+
+
 def bundle_digest(bundle: bytes) -> str:
     return hashlib.sha256(bundle).hexdigest()
 
 
-def verify_dir(adapter_dir: Path, bundle: bytes, anchors: Sequence[Anchor]) -> VerifiedSignature:
-    """Check ``bundle`` against ``anchors`` and ``adapter_dir``'s files (bundle file excluded)."""
+def verify_dir(
+    adapter_dir: Path, bundle: bytes, anchors: Sequence[Anchor], num_trusted: int | None = None
+) -> VerifiedSignature:
+    """Check ``bundle`` against ``anchors`` and ``adapter_dir``'s files (bundle file excluded).
+    ``anchors`` may be only those ``anchor_lookup`` names of the ``num_trusted`` the tenant has
+    (None: ``anchors`` are all of them)."""
     signature = _read(bundle)
     kind = _kind_of(signature)
     candidates = [anchor for anchor in anchors if anchor.kind is kind]
-    if not anchors:
+    num_trusted = len(anchors) if num_trusted is None else num_trusted
+    if not num_trusted:
         raise SignatureError(SignatureProblem.NO_TRUST, "the tenant has no trust anchor")
-    signed, anchor = _verified_manifest(signature, candidates, kind, anchors)
+    signed, anchor = _verified_manifest(signature, candidates, kind, num_trusted)
     files = _signed_files(signed)
     actual = _hash_dir(adapter_dir)
     _compare(actual, files)
@@ -224,7 +294,7 @@ def _kind_of(signature: Any) -> AnchorKind:
 
 
 def _verified_manifest(
-    signature: Any, candidates: Sequence[Anchor], kind: AnchorKind, anchors: Sequence[Anchor]
+    signature: Any, candidates: Sequence[Anchor], kind: AnchorKind, num_trusted: int
 ) -> tuple[Any, Anchor]:
     (ec_key, certificate) = _modules("_signing.sign_ec_key", "_signing.sign_certificate")
     for anchor in candidates:
@@ -237,11 +307,11 @@ def _verified_manifest(
                 return verifier.verify(signature), anchor
             except Exception:
                 continue
-    names = ", ".join(sorted(anchor.name for anchor in anchors))
+    names = ", ".join(sorted(anchor.name for anchor in candidates)) or "none"
     raise SignatureError(
         SignatureProblem.WRONG_SIGNER,
         f"the signature is by a {kind.value} no trust anchor of the tenant verifies "
-        f"(trusted: {names})",
+        f"({num_trusted} trusted; tried, by the {kind.value} the signature names: {names})",
     )
 
 

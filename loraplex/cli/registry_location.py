@@ -15,6 +15,7 @@ from typing import Any
 
 from loraplex.cli.locations import DatabaseUrl, DataDir, S3Endpoint, Store
 from loraplex.registry import RegistryConfig, default_data_dir
+from loraplex.registry.trust import DEFAULT_MAX_TRUST_ANCHORS
 
 
 @dataclass(frozen=True)
@@ -26,13 +27,16 @@ class Location:
     store: str | None  # --store; None: DATA_DIR/artifacts
     s3_endpoint: str | None  # --s3-endpoint
 
-    def config(self, max_lora_rank: int = 64) -> RegistryConfig:
+    def config(
+        self, max_lora_rank: int = 64, max_trust_anchors: int = DEFAULT_MAX_TRUST_ANCHORS
+    ) -> RegistryConfig:
         return RegistryConfig(
             data_dir=self.data_dir or default_data_dir(os.environ, Path.home()),
             database_url=self.database_url,
             store=self.store,
             s3_endpoint=self.s3_endpoint,
             max_lora_rank=max_lora_rank,
+            max_trust_anchors=max_trust_anchors,
         )
 
 

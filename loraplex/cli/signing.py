@@ -23,6 +23,7 @@ from loraplex.cli.registry_access import (
 )
 from loraplex.cli.registry_location import Location, located
 from loraplex.registry import PolicyKind
+from loraplex.registry.trust import DEFAULT_MAX_TRUST_ANCHORS
 
 
 def _pem_option(help_text: str) -> Any:
@@ -50,6 +51,13 @@ def add_anchor(
     *,
     key: Annotated[Path | None, _pem_option("Elliptic-curve public key (PEM)")] = None,
     certificate: Annotated[Path | None, _pem_option("Certificate root (PEM)")] = None,
+    max_trust_anchors: Annotated[
+        int,
+        typer.Option(
+            help="Refuse the anchor when the tenant holds this many already (1-1000); each "
+            "registration reads only the anchors its signature names",
+        ),
+    ] = DEFAULT_MAX_TRUST_ANCHORS,
     actor: Actor = None,
 ) -> None:
     """Trust a public key or a certificate root for the tenant's signatures."""
@@ -59,7 +67,7 @@ def add_anchor(
             raise ValueError("--key and --certificate are invalid together; expected exactly one")
         kind = AnchorKind.KEY if key is not None else AnchorKind.CERTIFICATE
         pem = path.read_text(encoding="ascii", errors="replace")
-        with opened(location.config()) as registry:
+        with opened(location.config(max_trust_anchors=max_trust_anchors)) as registry:
             anchor = registry.add_trust_anchor(tenant, name, kind, pem, acting(actor))
         typer.echo(f"trusted {anchor.kind.value} {anchor.name} sha256={anchor.fingerprint}")
 

@@ -27,6 +27,11 @@ from loraplex.registry.sql.timeouts import (
     database_pool_size,
     database_timeouts,
 )
+from loraplex.registry.trust import (
+    DEFAULT_MAX_TRUST_ANCHORS,
+    check_max_trust_anchors,
+    fill_key_ids,
+)
 
 DATABASE_FILE = "registry.sqlite3"
 ARTIFACTS_DIR = "artifacts"
@@ -55,10 +60,12 @@ class RegistryConfig:
     database_statement_timeout_s: float | None = None  # one statement, lock waits included
     database_lock_timeout_s: float | None = None  # one wait for a lock
     database_pool_size: int | None = None  # connections of one process at most
+    max_trust_anchors: int = DEFAULT_MAX_TRUST_ANCHORS  # one tenant's trust anchors at most
 
     def __post_init__(self) -> None:
         if self.max_lora_rank < 1:
             raise ValueError(f"max_lora_rank {self.max_lora_rank} is invalid; expected >= 1")
+        check_max_trust_anchors(self.max_trust_anchors)
         if self.s3_endpoint is not None and not self.store_url.startswith("s3://"):
             raise ValueError(
                 f"s3_endpoint {self.s3_endpoint!r} is invalid with store {self.store_url!r}; "
@@ -136,6 +143,7 @@ def open_registry(
     db = open_database(config.database, config.timeouts(), config.database_pool_size)
     try:
         migrate(db, wall_clock())
+        fill_key_ids(db)  # anchors added before schema version 7
     except BaseException:
         db.close()
         raise
@@ -145,6 +153,7 @@ def open_registry(
         store,
         base,
         max_lora_rank=config.max_lora_rank,
+        max_trust_anchors=config.max_trust_anchors,
         wall_clock=wall_clock,
         rng=rng,
         stage_hook=stage_hook,

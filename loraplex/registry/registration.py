@@ -28,6 +28,7 @@ from loraplex.artifacts.signature import (
     SIGNATURE_FILE,
     SignatureProblem,
     VerifiedSignature,
+    anchor_lookup,
 )
 from loraplex.artifacts.store import ArtifactStore
 from loraplex.artifacts.validate import ValidatedAdapter, validate_adapter_dir
@@ -110,11 +111,12 @@ def validate_request(
 
 def check_signature(db: Database, request: RegistrationRequest) -> VerifiedSignature | None:
     """Step 1b: the offered bundle (``model.sig``) against the tenant's trust policy."""
+    bundle = read_bundle(request.adapter_dir)
+    lookup = None if bundle is None else anchor_lookup(bundle)  # read outside the transaction
     with db.transaction(write=False) as tx:
         policy = trust_rows.get_policy(tx, request.tenant)
-        anchors = trust_rows.list_anchors(tx, request.tenant)
-    bundle = read_bundle(request.adapter_dir)
-    return trust.check_offered(policy, anchors, request.adapter_dir, bundle)
+        trusted = trust.find_trusted(tx, request.tenant, lookup)
+    return trust.check_offered(policy, trusted, request.adapter_dir, bundle)
 
 
 def read_bundle(adapter_dir: Path) -> bytes | None:

@@ -19,6 +19,7 @@ from loraplex.errors import quoted
 from loraplex.registry import registration, releases, resolution
 from loraplex.registry.models import Revision
 from loraplex.registry.sql.db import Database
+from loraplex.registry.trust import DEFAULT_MAX_TRUST_ANCHORS, check_max_trust_anchors
 
 
 class RegistryBase:
@@ -31,16 +32,19 @@ class RegistryBase:
         base: BaseModelSpec | None = None,
         *,
         max_lora_rank: int = 64,
+        max_trust_anchors: int = DEFAULT_MAX_TRUST_ANCHORS,
         wall_clock: Callable[[], float] = time.time,
         rng: random.Random | None = None,
         stage_hook: registration.StageHook | None = None,
     ) -> None:
         if max_lora_rank < 1:
             raise ValueError(f"max_lora_rank {max_lora_rank} is invalid; expected >= 1")
+        check_max_trust_anchors(max_trust_anchors)
         self._db = db
         self._store = store
         self._base = base  # the served base model; required to register
         self._max_lora_rank = max_lora_rank
+        self._max_trust_anchors = max_trust_anchors  # one tenant's anchors at most
         self._wall_clock = wall_clock  # created_at / audit timestamps (epoch seconds)
         self._rng = rng if rng is not None else random.Random()  # alias choice w/o request id
         self._stage_hook = stage_hook  # crash-test seam, see registration.StageHook

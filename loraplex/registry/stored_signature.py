@@ -7,7 +7,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from loraplex.artifacts.manifest import CONFIG_FILE
-from loraplex.artifacts.signature import SIGNATURE_FILE, check_stored_bundle
+from loraplex.artifacts.signature import SIGNATURE_FILE, anchor_lookup, check_stored_bundle
 from loraplex.artifacts.store import ArtifactStore, fetch_to_file
 from loraplex.artifacts.validate import WEIGHTS_FILE
 from loraplex.errors import SignatureError
@@ -45,7 +45,6 @@ def reverify(
     audit log and changes nothing else (the revision's provenance stays as verified then)."""
     with db.transaction(write=False) as tx:
         policy = trust_rows.get_policy(tx, revision.tenant)
-        anchors = trust_rows.list_anchors(tx, revision.tenant)
     with tempfile.TemporaryDirectory(prefix="loraplex-verify-") as scratch:
         folder = Path(scratch)
         bundle = None
@@ -56,7 +55,10 @@ def reverify(
             if revision.provenance is not None:
                 fetch_to_file(store, revision.provenance.signature_digest, folder / SIGNATURE_FILE)
                 bundle = (folder / SIGNATURE_FILE).read_bytes()
-            verified = trust.check_offered(policy, anchors, folder, bundle)
+            lookup = None if bundle is None else anchor_lookup(bundle)
+            with db.transaction(write=False) as tx:  # the anchors the bundle names
+                trusted = trust.find_trusted(tx, revision.tenant, lookup)
+            verified = trust.check_offered(policy, trusted, folder, bundle)
         except SignatureError as exc:
             report = VerifyReport(
                 revision.ref, policy.kind.value, False, None, exc.reason, str(exc)

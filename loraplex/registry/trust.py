@@ -9,28 +9,58 @@ What is checked when (docs/registry.md, "Signed adapters"):
 - ``reverify`` re-checks a stored revision against today's anchors and policy, changing nothing.
 
 Removing an anchor never touches revisions verified with it: their provenance names the anchor
-and the time of verification.
+and the time of verification. A tenant holds at most ``max_trust_anchors`` anchors, and a check
+reads only those its bundle names by key id (``find_trusted``), never every anchor's PEM.
 """
 
 from __future__ import annotations
 
 import hashlib
 from collections.abc import Sequence
+from dataclasses import dataclass
 from pathlib import Path
 
 from loraplex.artifacts.signature import (
     Anchor,
     AnchorKind,
+    AnchorLookup,
     SignatureProblem,
     VerifiedSignature,
+    anchor_key_id,
     verify_dir,
 )
 from loraplex.errors import RecordNotFoundError, RegistryError, SignatureError, quoted
 from loraplex.registry.sql import audit
 from loraplex.registry.sql import trust as rows
-from loraplex.registry.sql.db import Database
+from loraplex.registry.sql.db import Database, Tx
 from loraplex.registry.tenancy import require_tenant
 from loraplex.registry.trust_models import PolicyKind, TrustAnchor, TrustPolicy
+
+DEFAULT_MAX_TRUST_ANCHORS = 16  # a tenant's anchors at most (``max_trust_anchors``)
+MAX_TRUST_ANCHORS = 1000  # the most ``max_trust_anchors`` may be
+
+
+def check_max_trust_anchors(value: int) -> None:
+    if isinstance(value, bool) or not 1 <= value <= MAX_TRUST_ANCHORS:
+        raise ValueError(
+            f"max_trust_anchors {value!r} is invalid; expected an int from 1 to {MAX_TRUST_ANCHORS}"
+        )
+
+
+@dataclass(frozen=True)
+class Trusted:
+    """What a signature check reads of a tenant's anchors."""
+
+    anchors: tuple[TrustAnchor, ...]  # those the bundle names by key id (and any without one)
+    num_trusted: int  # the tenant's anchors in all
+
+
+def find_trusted(tx: Tx, tenant: str, lookup: AnchorLookup | None) -> Trusted:
+    """The anchors ``lookup`` names (none read without a bundle: None)."""
+    if lookup is None:
+        return Trusted((), 0)
+    found = rows.find_anchors(tx, tenant, lookup)
+    return Trusted(tuple(found), rows.count_anchors(tx, tenant))
 
 
 def set_policy(
@@ -52,15 +82,31 @@ def set_policy(
 
 
 def add_anchor(
-    db: Database, tenant: str, name: str, kind: AnchorKind, pem: str, *, actor: str, now: float
+    db: Database,
+    tenant: str,
+    name: str,
+    kind: AnchorKind,
+    pem: str,
+    *,
+    actor: str,
+    now: float,
+    max_anchors: int = DEFAULT_MAX_TRUST_ANCHORS,
 ) -> TrustAnchor:
-    """Trust ``pem`` (an EC public key or a certificate root) for ``tenant``'s signatures."""
+    """Trust ``pem`` (an EC public key or a certificate root) for ``tenant``'s signatures;
+    refused when the tenant has ``max_anchors`` already."""
     anchor = TrustAnchor(tenant, name, kind, pem, _fingerprint(kind, pem), now)
+    key_id = anchor_key_id(kind, pem)
     with db.transaction() as tx:
         require_tenant(tx, tenant)
         if rows.get_anchor(tx, tenant, name) is not None:
             raise RegistryError(f"trust anchor {quoted(name)} of tenant {quoted(tenant)} exists")
-        rows.insert_anchor(tx, anchor)
+        num_anchors = rows.count_anchors(tx, tenant)
+        if num_anchors >= max_anchors:
+            raise RegistryError(
+                f"tenant {quoted(tenant)} has {num_anchors} trust anchors; max_trust_anchors "
+                f"{max_anchors} allows no more (remove one, or raise max_trust_anchors)"
+            )
+        rows.insert_anchor(tx, anchor, key_id)
         details: dict[str, object] = {"anchor": name, "kind": kind.value}
         details["fingerprint"] = anchor.fingerprint
         audit.append(tx, "trust.add", tenant, details, at=now, actor=actor)
@@ -81,8 +127,27 @@ def remove_anchor(db: Database, tenant: str, name: str, *, actor: str, now: floa
     return anchor
 
 
+def fill_key_ids(db: Database) -> int:
+    """Give anchors added before key ids (schema version 7) theirs; how many. Until then a check
+    reads them with the anchors its bundle names. Without the signing extra: none (no anchor
+    could have been added without it either)."""
+    try:
+        import cryptography  # noqa: F401  # the signing extra
+    except ImportError:
+        return 0
+    with db.transaction(write=False) as tx:  # NOTE: no write lock on every open
+        missing = rows.anchors_without_key_id(tx)
+    if not missing:
+        return 0
+    with db.transaction() as tx:
+        for anchor in missing:
+            key_id = anchor_key_id(anchor.kind, anchor.pem)
+            rows.set_key_id(tx, anchor.tenant, anchor.name, key_id)
+    return len(missing)
+
+
 def check_offered(
-    policy: TrustPolicy, anchors: Sequence[TrustAnchor], adapter_dir: Path, bundle: bytes | None
+    policy: TrustPolicy, trusted: Trusted, adapter_dir: Path, bundle: bytes | None
 ) -> VerifiedSignature | None:
     """The verified signature of ``adapter_dir`` under ``policy``; None when unsigned and allowed.
 
@@ -97,7 +162,8 @@ def check_offered(
             f"tenant {quoted(policy.tenant)} requires signed adapters (policy "
             f"{policy.kind.value}); no signature (model.sig) was offered",
         )
-    verified = verify_dir(adapter_dir, bundle, [_plain(a) for a in anchors])
+    anchors = [_plain(a) for a in trusted.anchors]
+    verified = verify_dir(adapter_dir, bundle, anchors, trusted.num_trusted)
     if policy.kind is PolicyKind.IDENTITIES and verified.signer not in policy.identities:
         raise SignatureError(
             SignatureProblem.IDENTITY,

@@ -37,8 +37,12 @@ class TrustAdmin(RegistryBase):
     def add_trust_anchor(
         self, tenant: str, name: str, kind: AnchorKind, pem: str, actor: str
     ) -> TrustAnchor:
+        """Refused (``RegistryError`` naming ``max_trust_anchors``) past the tenant's limit."""
         now = self._wall_clock()
-        return trust.add_anchor(self._db, tenant, name, kind, pem, actor=actor, now=now)
+        most = self._max_trust_anchors
+        return trust.add_anchor(
+            self._db, tenant, name, kind, pem, actor=actor, now=now, max_anchors=most
+        )
 
     def remove_trust_anchor(self, tenant: str, name: str, actor: str) -> TrustAnchor:
         now = self._wall_clock()

@@ -24,10 +24,9 @@ from loraplex.registry import Tenant
 from loraplex.server.admin_query import check_query
 from loraplex.server.deps import ServerDeps
 from loraplex.server.errors import unauthorized
+from loraplex.server.tenant_jobs import AUTHENTICATED_TENANT
 
 ADMIN_ACTOR = "admin-api"  # the audit log's actor for changes made through /admin
-# The scope state key under which ``limits.RequestLimits`` leaves the tenant it authenticated.
-AUTHENTICATED_TENANT = "loraplex_tenant"
 # Scope state key: (start, end) wall-clock ns of the tenant check and rate bucket (traces).
 AUTHORIZATION_NS = "loraplex_authorization_ns"
 

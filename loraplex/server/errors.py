@@ -29,7 +29,6 @@ from enum import StrEnum
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
-from starlette.concurrency import run_in_threadpool
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from loraplex.errors import (
@@ -65,6 +64,7 @@ from loraplex.server.body_errors import (
     huge_integer,
     unsupported_content_type,
 )
+from loraplex.server.tenant_jobs import caller_of
 
 _log = logging.getLogger(__name__)
 
@@ -316,8 +316,10 @@ async def _on_http(request: Request, exc: Exception) -> JSONResponse:
         # FastAPI's "error parsing the body" (a JSON syntax error is a validation error instead);
         # the body was read, so ``body()`` returns it again
         try:
-            # NOTE: off the event loop: it parses the body again (up to max_body_bytes)
-            problem = await run_in_threadpool(huge_integer, await request.body())
+            # NOTE: off the event loop (it parses the body again, up to max_body_bytes), in one
+            # of the tenant's places on the pool (tenant_jobs.py)
+            jobs = request.app.state.deps.jobs
+            problem = await jobs.run(caller_of(request.scope), huge_integer, await request.body())
         except RuntimeError:  # read as a stream, not kept: nothing to say about it
             problem = None
         if problem is not None:

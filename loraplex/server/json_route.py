@@ -24,11 +24,9 @@ from typing import Any
 
 from fastapi import Request, Response
 from fastapi.routing import APIRoute
-from starlette.concurrency import run_in_threadpool
 
-from loraplex.registry import Tenant
-from loraplex.server.auth import AUTHENTICATED_TENANT
 from loraplex.server.body_errors import DuplicateKeyError
+from loraplex.server.tenant_jobs import caller_of
 
 INLINE_JSON_BYTES = 64 << 10  # larger bodies are parsed on the thread pool (module docstring)
 
@@ -63,14 +61,11 @@ class _StrictJsonRequest(Request):
     async def json(self) -> Any:
         if not hasattr(self, "_unique_json"):
             body = await self.body()
-            tenant = self.scope.get("state", {}).get(AUTHENTICATED_TENANT)
             if len(body) <= INLINE_JSON_BYTES:
                 self._unique_json = loads_unique(body)
-            elif isinstance(tenant, Tenant):  # one of its places on the pool (tenant_jobs.py)
-                async with self.app.state.deps.jobs.place(tenant.name):
-                    self._unique_json = await run_in_threadpool(loads_unique, body)
-            else:
-                self._unique_json = await run_in_threadpool(loads_unique, body)
+            else:  # in one of its tenant's places on the pool (tenant_jobs.py)
+                jobs = self.app.state.deps.jobs
+                self._unique_json = await jobs.run(caller_of(self.scope), loads_unique, body)
         return self._unique_json
 
 

@@ -37,7 +37,6 @@ from loraplex.quota.ratelimit import TenantRateLimiter, bucket_capacity
 from loraplex.quota.shared_ratelimit import open_rate_limiter
 from loraplex.registry import Tenant
 from loraplex.server.auth import (
-    AUTHENTICATED_TENANT,
     AUTHORIZATION_NS,
     Credential,
     authenticate,
@@ -57,6 +56,7 @@ from loraplex.server.errors import (
     to_api_error,
 )
 from loraplex.server.metrics_status import PRIORITY_CLASS_STATE
+from loraplex.server.tenant_jobs import AUTHENTICATED_TENANT
 
 UPLOAD_PATH = "/admin/adapters/upload"  # the one route whose body is an adapter's files
 _CLOSE = {"Connection": "close"}

@@ -25,6 +25,9 @@ from loraplex.server.deps import ServerDeps
 from loraplex.server.protocol import ModelCard, ModelList
 
 router = APIRouter(prefix="/v1")
+# The unpaged list's cards at most (the base model's among them): what one call reads and sends
+# is bounded however many adapters are public; past it ``has_more`` and ``?after=`` page on.
+MAX_UNPAGED_CARDS = MAX_PAGE
 
 
 def _card(
@@ -65,30 +68,38 @@ def _base_card(deps: ServerDeps) -> ModelCard:
 
 
 @router.get("/models")
-def list_models(
+async def list_models(
     tenant: TenantDep,
     deps: DepsDep,
     after: Annotated[str | None, Query(min_length=1, max_length=MAX_CURSOR_CHARS)] = None,
     limit: Annotated[int | None, Query(ge=1, le=MAX_PAGE)] = None,
 ) -> ModelList:
     """The base model and exactly the adapters the caller may use (its own and public ones),
-    the base model first, then by owner and name. Without ``limit`` and ``after``, all of them
-    (OpenAI's and vLLM's list is not paged, and their clients read one answer); with either, at
-    most ``limit`` cards (default 100) after the card whose ``id`` is ``after``."""
-    if after is None and limit is None:
-        page = None
-        adapters = deps.registry.usable_adapters(tenant.name)
-        signed = deps.registry.signed_adapters(tenant.name)
-    else:
-        page = Page(_adapter_cursor(after, tenant.name, deps), limit or DEFAULT_PAGE)
-        adapters = deps.registry.usable_adapters(tenant.name, page)
-        own = [a.name for a in adapters if a.tenant == tenant.name]
-        signed = deps.registry.signed_adapters(tenant.name, own)  # this page's only
+    the base model first, then by owner and name: at most ``limit`` cards (default 100) after
+    the card whose ``id`` is ``after``. Without ``limit`` and ``after``, ``MAX_UNPAGED_CARDS``
+    at most (OpenAI's and vLLM's list is not paged, and their clients read one answer), so one
+    call's cost is bounded however many adapters are public; ``has_more`` says when the list
+    was cut. Read on the pool in one of the tenant's places (``tenant_jobs.py``)."""
+    default = MAX_UNPAGED_CARDS if after is None and limit is None else DEFAULT_PAGE
+    page = Page(_adapter_cursor(after, tenant.name, deps), limit or default)
+    return await deps.jobs.run(tenant.name, _listing, deps, tenant.name, page, after is None)
+
+
+def _listing(deps: ServerDeps, caller: str, page: Page, with_base: bool) -> ModelList:
+    """One page of the list; with ``with_base``, the base model's card is its first."""
+    registry = deps.registry
+    adapters = registry.usable_adapters(caller, page)
+    own = [a.name for a in adapters if a.tenant == caller]
+    signed = registry.signed_adapters(caller, own)  # this page's only
     cards = [
-        *([_base_card(deps)] if after is None else []),
-        *(_card(a, tenant.name, deps, signed=signed.get(a.name)) for a in adapters),
+        *([_base_card(deps)] if with_base else []),
+        *(_card(a, caller, deps, signed=signed.get(a.name)) for a in adapters),
     ]
-    return ModelList(data=cards if page is None else cards[: page.limit])
+    if len(cards) > page.limit:  # the base card took a place: the page's last adapter is next
+        return ModelList(data=cards[: page.limit], has_more=True)
+    full = bool(adapters) and len(adapters) == page.limit
+    more = full and bool(registry.usable_adapters(caller, Page(adapters[-1].ref, 1)))
+    return ModelList(data=cards, has_more=more)
 
 
 def _adapter_cursor(after: str | None, caller: str, deps: ServerDeps) -> str | None:

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from contextlib import AbstractAsyncContextManager
+from functools import partial
 from typing import Any
 
 from fastapi import APIRouter, Request, Response
@@ -56,10 +57,15 @@ CLIENT_CLOSED_REQUEST = 499
 
 
 async def _respond(
-    request: Request, started: Started, body: SamplingFields, echo: list[Echo] | None
+    request: Request,
+    started: Started,
+    body: SamplingFields,
+    echo: list[Echo] | None,
+    tenant: str,
 ) -> tuple[Response | list[ChoiceOutput], Started]:
     """A streaming response, an empty one for a client that left, or every sibling's output;
-    with ``started`` as the engine confirmed it (the tier it found the adapter in)."""
+    with ``started`` as the engine confirmed it (the tier it found the adapter in). A stream's
+    heavy events are formatted in ``tenant``'s places on the pool (``tenant_jobs.py``)."""
     shape, fanout = started.shape, started.fanout
     try:
         if not body.stream:
@@ -74,8 +80,10 @@ async def _respond(
         started.fmt, shape.best_of, output_logprobs(body), strings, echo,
         continuous_usage=body.continuous_usage,
     )  # fmt: skip
-    events = sse_events(first, fanout, choices, shape.num_siblings, body.include_usage)
-    config = request.app.state.deps.config
+    deps = request.app.state.deps
+    place = partial(deps.jobs.place, tenant)
+    events = sse_events(first, fanout, choices, shape.num_siblings, body.include_usage, place=place)
+    config = deps.config
     backpressure = Backpressure(
         config.stream_pause_bytes,
         fanout.pause,
@@ -127,7 +135,7 @@ async def completions(
     if body.echo:
         async with deps.jobs.place(tenant.name):  # a share of the pool (tenant_jobs.py)
             echo = await run_in_threadpool(echoes, deps, prompts, started.prompt_ids)
-    result, started = await _respond(request, started, body, echo)
+    result, started = await _respond(request, started, body, echo, tenant.name)
     if isinstance(result, Response):
         return result
     outputs = result
@@ -169,7 +177,7 @@ async def chat_completions(
         num_prompts=1,
         budget=_chat_budget(body),
     )
-    result, started = await _respond(request, started, body, None)
+    result, started = await _respond(request, started, body, None, tenant.name)
     if isinstance(result, Response):
         return result
     outputs = result

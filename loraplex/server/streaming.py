@@ -11,7 +11,8 @@ aborted.
 from __future__ import annotations
 
 import json
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncIterator, Callable, Sequence
+from contextlib import AbstractAsyncContextManager
 from dataclasses import dataclass
 from functools import cached_property
 
@@ -28,8 +29,10 @@ DONE = "data: [DONE]\n\n"
 # An event carrying more logprob entries than this is formatted on the thread pool (each entry's
 # token string and top logprobs, then the JSON dump), as a non-streamed answer is: a choice's
 # first event under ``echo`` carries its whole prompt's logprobs (16 choices of 480 echoed
-# tokens with ``logprobs: 20`` held the event loop for their events' formatting). An event of
-# a generated token or two stays on the loop, where it costs less than a thread hand-off.
+# tokens with ``logprobs: 20`` held the event loop for their events' formatting), in one of the
+# tenant's places (``tenant_jobs.py``), so that one tenant's streams cannot take the shared pool.
+# An event of a generated token or two stays on the loop, where it costs less than a thread
+# hand-off.
 MAX_LOOP_LOGPROB_ENTRIES = 64
 
 
@@ -244,10 +247,12 @@ async def sse_events(
     choices: StreamChoices,
     num_choices: int,
     include_usage: bool,
+    *,
+    place: Callable[[], AbstractAsyncContextManager[None]],
 ) -> AsyncIterator[str]:
     """The event stream of one request, ``first`` being the delta already received. However
     it ends (done, failed, or cancelled because the client left), every sibling still running
-    is aborted."""
+    is aborted. ``place``: one of the tenant's places on the pool, for a heavy event."""
     fmt = choices.fmt
     try:
         for opening in choices.opening(num_choices, first[1] if first else None):
@@ -255,7 +260,8 @@ async def sse_events(
         item = first
         while item is not None:
             if choices.heavy(*item):  # NOTE: awaited before the next one: never two at once
-                event_text = await run_in_threadpool(choices.event, *item)
+                async with place():
+                    event_text = await run_in_threadpool(choices.event, *item)
             else:
                 event_text = choices.event(*item)
             if event_text is not None:

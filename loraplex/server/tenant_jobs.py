@@ -9,17 +9,42 @@ one-character prompts (``scripts/attacks/attack13/thread-pool-crowd``). Here eac
 tenant takes one of its ``MAX_JOBS_PER_TENANT`` places before it asks for a thread: the rest
 wait on the tenant's own semaphore holding no thread, so the pool keeps threads for the other
 tenants' key checks, resolutions and jobs. Event-loop only.
+
+A place is taken too by a streamed event's formatting with many logprob entries
+(``streaming.py``), the second parse that names a body's too-long integer (``errors.py``) and
+the model list's read (``routes_models.py``). An admin's call (one trusted credential, no
+tenant) runs unplaced.
 """
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable, MutableMapping
 from contextlib import asynccontextmanager
+from typing import Any, TypeVar
 
 import anyio
+from starlette.concurrency import run_in_threadpool
 
-# A tenant's jobs on the thread pool at once (not a setting): a fifth of anyio's default 40.
-MAX_JOBS_PER_TENANT = 8
+from loraplex.registry import Tenant
+
+# A tenant's jobs on the thread pool at once (not a setting). NOTE: 2, not 8: the jobs are
+# Python code under one GIL, so more of them at once got the tenant no more done and made every
+# other request wait longer for the GIL. Beside ``thread-pool-crowd`` another tenant's ``GET
+# /v1/models`` waited a median 2.5-3.1 s with 8 and 0.45-0.94 s with 4 (one series), 0.74-0.87 s
+# with 4 and 0.19-0.29 s with 2 (another); the attacker was answered 2.7-3.9, 3.9-4.2, 3.4-5.7 and
+# 5.2-6.8 times a second (2 shared cores; docs/benchmarks/attack13.md, *Fewer places*).
+MAX_JOBS_PER_TENANT = 2
+# The scope state key under which ``limits.RequestLimits`` leaves the tenant it authenticated.
+AUTHENTICATED_TENANT = "loraplex_tenant"
+
+T = TypeVar("T")
+
+
+def caller_of(scope: MutableMapping[str, Any]) -> str | None:
+    """The name of the tenant ``limits.RequestLimits`` authenticated for this request; None on
+    the admin API and before the key was checked."""
+    tenant = scope.get("state", {}).get(AUTHENTICATED_TENANT)
+    return tenant.name if isinstance(tenant, Tenant) else None
 
 
 class TenantJobs:
@@ -47,3 +72,11 @@ class TenantJobs:
             self._users[tenant] -= 1
             if not self._users[tenant]:  # forgotten when idle: the map holds active tenants
                 del self._users[tenant], self._places[tenant]
+
+    async def run(self, tenant: str | None, job: Callable[..., T], *args: Any) -> T:
+        """``job(*args)`` on the thread pool in one of ``tenant``'s places; unplaced when
+        ``tenant`` is None (an admin's call)."""
+        if tenant is None:
+            return await run_in_threadpool(job, *args)
+        async with self.place(tenant):
+            return await run_in_threadpool(job, *args)

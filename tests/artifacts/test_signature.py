@@ -10,11 +10,14 @@ import pytest
 from signing_kit import certificate_signer, key_pair
 
 from loraplex.artifacts.signature import (
+    MAX_CHAIN_CERTIFICATES,
     MAX_SIGNATURE_BYTES,
     SIGNATURE_FILE,
     Anchor,
     AnchorKind,
     SignatureProblem,
+    anchor_key_id,
+    anchor_lookup,
     check_covers,
     covered_files,
     sign_dir,
@@ -85,3 +88,31 @@ def test_a_link_in_the_folder_is_refused_by_name(tmp_path: Path) -> None:
     (folder / "elsewhere").symlink_to(tmp_path / "keys" / "ci.pub.pem")
     anchors = [Anchor("ci", AnchorKind.KEY, key.public_pem)]
     assert _reason(lambda: verify_dir(folder, bundle, anchors)) == SignatureProblem.UNHASHABLE
+
+
+def test_a_bundle_names_its_anchor_by_key_id(tmp_path: Path) -> None:
+    """A registration reads only the anchors ``anchor_lookup`` names (``trust_anchors.key_id``):
+    a key's model-signing hint, a certificate chain's subjects and issuers (the root's subject
+    among them). A hint that is not a sha256 names none."""
+    folder = _folder(tmp_path)
+    key, other = key_pair(tmp_path / "keys", "ci"), key_pair(tmp_path / "keys", "other")
+    bundle = sign_dir(folder, key.private_path).read_bytes()
+    lookup = anchor_lookup(bundle)
+    assert lookup.kind is AnchorKind.KEY
+    assert lookup.key_ids == {anchor_key_id(AnchorKind.KEY, key.public_pem)}
+    assert anchor_key_id(AnchorKind.KEY, other.public_pem) not in lookup.key_ids
+    parsed = json.loads(bundle)
+    parsed["verificationMaterial"]["publicKey"]["hint"] = "x" * 5000
+    assert anchor_lookup(json.dumps(parsed).encode()).key_ids == frozenset()
+    signer = certificate_signer(tmp_path / "pki", "acme", "pipeline")
+    outsider = certificate_signer(tmp_path / "pki", "elsewhere", "pipeline")
+    sign_dir(folder, signer.key_path, signer.leaf_path, [signer.root_path])
+    lookup = anchor_lookup((folder / SIGNATURE_FILE).read_bytes())
+    assert lookup.kind is AnchorKind.CERTIFICATE and lookup.key_ids is not None
+    assert anchor_key_id(AnchorKind.CERTIFICATE, signer.root_pem) in lookup.key_ids
+    assert anchor_key_id(AnchorKind.CERTIFICATE, outsider.root_pem) not in lookup.key_ids
+    parsed = json.loads((folder / SIGNATURE_FILE).read_bytes())
+    chain = parsed["verificationMaterial"]["x509CertificateChain"]["certificates"]
+    chain[:] = chain[:1] * (MAX_CHAIN_CERTIFICATES + 1)
+    too_long = json.dumps(parsed).encode()
+    assert _reason(lambda: anchor_lookup(too_long)) == SignatureProblem.MALFORMED

@@ -88,3 +88,20 @@ def test_bad_trust_input_is_refused_by_name(tmp_path: Path, make_adapter: Adapte
         "--chain", str(ci.public_path), code=1,
     )  # fmt: skip
     assert "--chain is invalid without --certificate" in chain
+
+
+def test_trust_add_refuses_past_max_trust_anchors(tmp_path: Path) -> None:
+    env = {"LORAPLEX_DATA_DIR": str(tmp_path / "data")}
+    keys = [key_pair(tmp_path / "keys", f"k{i}") for i in range(3)]
+    _run(env, "tenants", "create", "acme")
+    add = ("tenants", "trust", "add", "acme")
+    _run(env, *add, "k0", "--key", str(keys[0].public_path), "--max-trust-anchors", "2")
+    _run(env, *add, "k1", "--key", str(keys[1].public_path), "--max-trust-anchors", "2")
+    refused = _run(
+        env, *add, "k2", "--key", str(keys[2].public_path), "--max-trust-anchors", "2", code=1
+    )
+    assert "max_trust_anchors 2" in refused
+    assert "max_trust_anchors 0 is invalid" in _run(
+        env, *add, "k2", "--key", str(keys[2].public_path), "--max-trust-anchors", "0", code=1
+    )
+    _run(env, *add, "k2", "--key", str(keys[2].public_path))  # the default: 16

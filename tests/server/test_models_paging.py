@@ -1,6 +1,7 @@
-"""``GET /v1/models``: the whole list without paging parameters (OpenAI's and vLLM's list is not
-paged; the openai client reads one answer), and pages of it with ``limit`` / ``after`` (the
-``id`` of the last card seen), bounded as the admin listings."""
+"""``GET /v1/models``: the whole list without paging parameters up to ``MAX_UNPAGED_CARDS``
+(OpenAI's and vLLM's list is not paged; the openai client reads one answer), and pages of it with
+``limit`` / ``after`` (the ``id`` of the last card seen), bounded as the admin listings;
+``has_more`` says when more cards follow."""
 
 from __future__ import annotations
 
@@ -11,16 +12,23 @@ from conftest import BASE_NAME, Rig
 from openai import OpenAI
 
 from loraplex.registry.sql.paging import MAX_CURSOR_CHARS, MAX_PAGE
+from loraplex.server import routes_models
+
+
+def _listed(rig: Rig, **params: Any) -> tuple[list[str], bool]:
+    """The cards' ids and ``has_more``."""
+    reply = rig.client.get("/v1/models", params=params, headers=rig.headers("acme"))
+    assert reply.status_code == 200, reply.text
+    return [card["id"] for card in reply.json()["data"]], reply.json()["has_more"]
 
 
 def _ids(rig: Rig, **params: Any) -> list[str]:
-    reply = rig.client.get("/v1/models", params=params, headers=rig.headers("acme"))
-    assert reply.status_code == 200, reply.text
-    return [card["id"] for card in reply.json()["data"]]
+    return _listed(rig, **params)[0]
 
 
 def test_without_paging_parameters_the_whole_list_as_before(rig: Rig) -> None:
-    everything = _ids(rig)  # the demo's four, and any that tests before added to acme
+    everything, more = _listed(rig)  # the demo's four, and any that tests before added to acme
+    assert not more
     assert everything[0] == BASE_NAME and everything[1:] == sorted(everything[1:])
     assert {"billing", "legal", "support", "triage"} <= set(everything)
     api = OpenAI(
@@ -28,6 +36,50 @@ def test_without_paging_parameters_the_whole_list_as_before(rig: Rig) -> None:
         http_client=rig.client, max_retries=0,
     )  # fmt: skip
     assert [model.id for model in api.models.list()] == everything
+
+
+def test_the_unpaged_list_is_capped_and_says_more_follow(
+    rig: Rig, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Every public adapter was read (and the caller's signing rows) by each unpaged call: its
+    cost grew with the registry. Now at most ``MAX_UNPAGED_CARDS`` cards, read as one page, and
+    ``has_more`` with the next page at ``?after=`` the last id (the openai client keeps the
+    field)."""
+    everything = _ids(rig)
+    registry, reads = rig.served.registry, []
+    real_usable, real_signed = registry.usable_adapters, registry.signed_adapters
+
+    def usable(caller: str, page: Any = None) -> Any:
+        reads.append(("usable", None if page is None else page.limit))
+        return real_usable(caller, page)
+
+    def signed(caller: str, names: Any = None) -> Any:
+        reads.append(("signed", None if names is None else len(names)))
+        return real_signed(caller, names)
+
+    monkeypatch.setattr(registry, "usable_adapters", usable)
+    monkeypatch.setattr(registry, "signed_adapters", signed)
+    monkeypatch.setattr(routes_models, "MAX_UNPAGED_CARDS", 3)
+    first, more = _listed(rig)
+    assert first == everything[:3] and more
+    assert reads == [("usable", 3), ("signed", 3)]  # whole reads (None) before
+    rest, more = _listed(rig, after=first[-1], limit=MAX_PAGE)
+    assert first + rest == everything and not more
+    api = OpenAI(
+        base_url="http://testserver/v1", api_key=rig.served.keys["acme"],
+        http_client=rig.client, max_retries=0,
+    )  # fmt: skip
+    page = api.models.list()
+    assert [model.id for model in page] == everything[:3]
+    assert (page.model_extra or {}).get("has_more") is True
+
+
+def test_has_more_is_false_on_a_last_page_that_is_full(rig: Rig) -> None:
+    everything = _ids(rig)
+    assert _listed(rig, after=everything[-3], limit=2) == (everything[-2:], False)
+    assert _listed(rig, after=everything[-4], limit=2) == (everything[-3:-1], True)
+    assert _listed(rig, limit=len(everything)) == (everything, False)
+    assert _listed(rig, limit=len(everything) - 1) == (everything[:-1], True)
 
 
 def test_pages_follow_the_last_id(rig: Rig) -> None:

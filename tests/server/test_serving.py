@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+from functools import partial
 from typing import Any, cast
 
 import pytest
@@ -77,7 +78,9 @@ def test_streaming_cancel_aborts(served: Served) -> None:
         first = await first_item(fanout)
         fmt = ChunkFormat("r-3", 0, "m", RevisionInfo(revision=None, adapter_digest=None), False)
         choices = StreamChoices(fmt, 1, None, TokenStrings(deps.engine.tokenizer))
-        events = sse_events(first, fanout, choices, 1, False)
+        events = sse_events(
+            first, fanout, choices, 1, False, place=partial(deps.jobs.place, "acme")
+        )
 
         async def consume() -> list[str]:
             return [chunk async for chunk in events]

@@ -5,9 +5,12 @@ served behind them (``scripts/attacks/attack13/thread-pool-crowd``)."""
 
 from __future__ import annotations
 
+import asyncio
 import threading
 import time
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
+from typing import Any
 
 import pytest
 from conftest import Served, make_app_deps
@@ -60,7 +63,7 @@ def test_a_tenants_jobs_hold_at_most_their_share_of_the_pool(served: Served) -> 
         time.sleep(HOLD_S / 2)  # acme's first encodes are running, the rest wait for a place
         assert tokenize(globex, "fast") == 200  # not queued behind acme's
         assert [f.result() for f in slow] == [200] * len(slow)
-    assert tokenizer.most == MAX_JOBS_PER_TENANT  # 16 at once before (the pool has 40)
+    assert tokenizer.most == MAX_JOBS_PER_TENANT  # all at once before (the pool has 40)
     assert tokenizer.fast_during_slow == 1
     assert deps.cache is not None
     deps.cache.close()
@@ -79,6 +82,9 @@ def test_a_tenants_places_are_forgotten_when_idle() -> None:
     anyio.run(main)
     with pytest.raises(ValueError, match="max_per_tenant 0"):
         TenantJobs(0)
+    # 2, not 8: more jobs of one tenant at once did no more and held other tenants' requests
+    # longer on the GIL (docs/benchmarks/attack13.md, *Fewer places*)
+    assert MAX_JOBS_PER_TENANT == 2 and TenantJobs()._max == 2
 
 
 def test_a_tenants_large_bodies_are_parsed_within_its_share(
@@ -88,30 +94,103 @@ def test_a_tenants_large_bodies_are_parsed_within_its_share(
     tenant's places too."""
     from loraplex.server import json_route
 
-    lock, counts = threading.Lock(), {"running": 0, "most": 0}
-    real = json_route.loads_unique
+    counted = _Counted(json_route.loads_unique)
+    monkeypatch.setattr(json_route, "loads_unique", counted)
+    body = {"prompt": "y" * (json_route.INLINE_JSON_BYTES + 1)}
+    statuses = _crowd(served, "/tokenize", {"json": body})
+    assert set(statuses) <= {200, 400}
+    assert counted.most == MAX_JOBS_PER_TENANT
 
-    def slow(body: bytes | str) -> object:
-        with lock:
-            counts["running"] += 1
-            counts["most"] = max(counts["most"], counts["running"])
+
+class _Counted:
+    """Wraps ``real``: a call off the event loop takes ``HOLD_S`` and is counted (most at once);
+    a call on the loop runs as it is (a sleep there would hold every request)."""
+
+    def __init__(self, real: Callable[..., object]) -> None:
+        self._real, self._lock = real, threading.Lock()
+        self.running = self.most = self.calls = 0
+
+    def __call__(self, *args: object, **kwargs: object) -> object:
+        if _on_loop():
+            return self._real(*args, **kwargs)
+        with self._lock:
+            self.running += 1
+            self.calls += 1
+            self.most = max(self.most, self.running)
         try:
             time.sleep(HOLD_S)
-            return real(body)
+            return self._real(*args, **kwargs)
         finally:
-            with lock:
-                counts["running"] -= 1
+            with self._lock:
+                self.running -= 1
 
-    monkeypatch.setattr(json_route, "loads_unique", slow)
+
+def _on_loop() -> bool:
+    try:
+        asyncio.get_running_loop()
+    except RuntimeError:
+        return False
+    return True
+
+
+def _crowd(served: Served, path: str, send: dict[str, Any], method: str = "POST") -> list[int]:
+    """``2 * MAX_JOBS_PER_TENANT`` requests of acme at once; their statuses."""
     deps = make_app_deps(served, FakeEngine())
     acme = {"Authorization": f"Bearer {served.keys['acme']}"}
-    body = {"prompt": "y" * (json_route.INLINE_JSON_BYTES + 1)}
     with TestClient(create_app(deps)) as client, ThreadPoolExecutor(32) as pool:
         replies = [
-            pool.submit(client.post, "/tokenize", json=body, headers=acme)
+            pool.submit(client.request, method, path, headers=acme, **send)
             for _ in range(2 * MAX_JOBS_PER_TENANT)
         ]
-        assert {r.result().status_code for r in replies} <= {200, 400}
-    assert counts["most"] == MAX_JOBS_PER_TENANT
+        statuses = [r.result().status_code for r in replies]
     assert deps.cache is not None
     deps.cache.close()
+    return statuses
+
+
+def test_a_tenants_streamed_logprob_events_are_formatted_within_its_share(
+    served: Served, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A streamed event of more than ``MAX_LOOP_LOGPROB_ENTRIES`` logprob entries (an echoed
+    prompt's) is formatted on the pool (``streaming.py``), in one of its tenant's places: it took
+    the pool first come first served before."""
+    from loraplex.server import streaming
+
+    counted = _Counted(streaming.completion_logprobs)
+    monkeypatch.setattr(streaming, "completion_logprobs", counted)
+    prompt = "the acme support team " * 5  # 110 prompt tokens on the fake engine's tokenizer
+    body = {"model": "support", "prompt": prompt, "echo": True, "logprobs": 1, "stream": True}
+    statuses = _crowd(served, "/v1/completions", {"json": body | {"max_tokens": 1}})
+    assert statuses == [200] * len(statuses)
+    assert counted.calls == len(statuses)  # each stream's echo event, off the loop
+    assert counted.most == MAX_JOBS_PER_TENANT  # all at once before
+
+
+def test_a_tenants_long_integer_lookups_run_within_its_share(
+    served: Served, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Naming the field of a too-long integer parses the body again on the pool (``errors.py``),
+    in one of its tenant's places: it took the pool first come first served before."""
+    from loraplex.server import errors
+
+    counted = _Counted(errors.huge_integer)
+    monkeypatch.setattr(errors, "huge_integer", counted)
+    text = '{"model": "support", "prompt": [' + "1, " * 100 + "9" * 5000 + "]}"
+    statuses = _crowd(served, "/v1/completions", {"content": text})
+    assert statuses == [400] * len(statuses)
+    assert counted.calls == len(statuses)
+    assert counted.most == MAX_JOBS_PER_TENANT  # all at once before
+
+
+def test_a_tenants_model_listings_are_read_within_its_share(
+    served: Served, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``GET /v1/models`` reads up to ``MAX_UNPAGED_CARDS`` adapters and their signing rows on
+    the pool (``routes_models.py``), in one of its tenant's places: a sync route took the pool
+    first come first served before."""
+    counted = _Counted(served.registry.usable_adapters)
+    monkeypatch.setattr(served.registry, "usable_adapters", counted)
+    statuses = _crowd(served, "/v1/models", {}, method="GET")
+    assert statuses == [200] * len(statuses)
+    assert counted.calls >= len(statuses)
+    assert counted.most == MAX_JOBS_PER_TENANT  # all at once before

@@ -259,6 +259,14 @@ _REVISION_ORDER = (
     "CREATE INDEX revisions_in_order ON revisions (tenant, name, created_at, revision)",
 )
 
+# Version 7: a trust anchor's key id (a key's model-signing hint, a certificate root's subject),
+# so a registration reads the anchors its bundle names rather than every anchor of the tenant.
+# Rows added before it get theirs when the registry opens (``trust.fill_key_ids``).
+_ANCHOR_KEY_IDS = (
+    "ALTER TABLE trust_anchors ADD COLUMN key_id TEXT",
+    "CREATE INDEX trust_anchors_by_key_id ON trust_anchors (tenant, key_id)",
+)
+
 MIGRATIONS: tuple[Migration, ...] = (
     Migration(
         version=1,
@@ -276,6 +284,7 @@ MIGRATIONS: tuple[Migration, ...] = (
     ),
     Migration(version=5, name="admin listing order indexes", statements=_LISTING_ORDER),
     Migration(version=6, name="revision listing order index", statements=_REVISION_ORDER),
+    Migration(version=7, name="trust anchor key ids", statements=_ANCHOR_KEY_IDS),
 )
 
 _CREATE_VERSIONS = """CREATE TABLE IF NOT EXISTS schema_migrations (

@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 from collections.abc import Sequence
 
-from loraplex.artifacts.signature import AnchorKind
+from loraplex.artifacts.signature import AnchorKind, AnchorLookup
 from loraplex.registry.sql.db import Row, Tx
 from loraplex.registry.trust_models import PolicyKind, TrustAnchor, TrustPolicy
 
@@ -38,6 +38,38 @@ def list_anchors(tx: Tx, tenant: str) -> list[TrustAnchor]:
     return [_anchor(row) for row in rows]
 
 
+def find_anchors(tx: Tx, tenant: str, lookup: AnchorLookup) -> list[TrustAnchor]:
+    """The tenant's anchors of ``lookup.kind`` whose key id it names (by the index on
+    ``(tenant, key_id)``, never every anchor's PEM), and any without a key id yet."""
+    where, params = "tenant = ? AND kind = ?", [tenant, lookup.kind.value]
+    if lookup.key_ids is not None:
+        ids = sorted(lookup.key_ids)
+        named = f"key_id IN ({', '.join('?' * len(ids))}) OR " if ids else ""
+        where += f" AND ({named}key_id IS NULL)"
+        params += ids
+    rows = tx.query(
+        f"SELECT {_ANCHOR_COLUMNS} FROM trust_anchors WHERE {where} ORDER BY name", params
+    )
+    return [_anchor(row) for row in rows]
+
+
+def count_anchors(tx: Tx, tenant: str) -> int:
+    row = tx.query_one("SELECT COUNT(*) FROM trust_anchors WHERE tenant = ?", (tenant,))
+    return 0 if row is None else int(row[0])
+
+
+def anchors_without_key_id(tx: Tx) -> list[TrustAnchor]:
+    """Anchors added before key ids were recorded (schema version 7)."""
+    rows = tx.query(f"SELECT {_ANCHOR_COLUMNS} FROM trust_anchors WHERE key_id IS NULL", ())
+    return [_anchor(row) for row in rows]
+
+
+def set_key_id(tx: Tx, tenant: str, name: str, key_id: str) -> None:
+    tx.execute(
+        "UPDATE trust_anchors SET key_id = ? WHERE tenant = ? AND name = ?", (key_id, tenant, name)
+    )
+
+
 def get_anchor(tx: Tx, tenant: str, name: str) -> TrustAnchor | None:
     row = tx.query_one(
         f"SELECT {_ANCHOR_COLUMNS} FROM trust_anchors WHERE tenant = ? AND name = ?",
@@ -46,9 +78,10 @@ def get_anchor(tx: Tx, tenant: str, name: str) -> TrustAnchor | None:
     return None if row is None else _anchor(row)
 
 
-def insert_anchor(tx: Tx, anchor: TrustAnchor) -> None:
+def insert_anchor(tx: Tx, anchor: TrustAnchor, key_id: str) -> None:
+    """``key_id``: what a bundle finds it by (``signature.anchor_key_id``)."""
     tx.execute(
-        f"INSERT INTO trust_anchors ({_ANCHOR_COLUMNS}) VALUES (?, ?, ?, ?, ?, ?)",
+        f"INSERT INTO trust_anchors ({_ANCHOR_COLUMNS}, key_id) VALUES (?, ?, ?, ?, ?, ?, ?)",
         (
             anchor.tenant,
             anchor.name,
@@ -56,6 +89,7 @@ def insert_anchor(tx: Tx, anchor: TrustAnchor) -> None:
             anchor.pem,
             anchor.fingerprint,
             anchor.added_at,
+            key_id,
         ),
     )
 

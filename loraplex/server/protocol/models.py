@@ -21,5 +21,9 @@ class ModelCard(BaseModel):
 
 
 class ModelList(BaseModel):
+    """The answer of GET /v1/models (OpenAI's list shape; ``has_more`` is loraplex's)."""
+
     object: Literal["list"] = "list"
     data: list[ModelCard]
+    # more cards follow the last one: ask ``?after=<its id>`` (the unpaged list is capped too)
+    has_more: bool = False
