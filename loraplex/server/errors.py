@@ -315,6 +315,8 @@ async def _on_http(request: Request, exc: Exception) -> JSONResponse:
         return invalid_request(f"body: {cause}", clipped(cause.key)).response()
     if exc.status_code == 400 and isinstance(cause, InvalidBody):  # validated off the loop
         return await _on_validation(request, cause.error)
+    if exc.status_code == 400 and isinstance(cause, ApiError):  # a length check there
+        return cause.response()
     if exc.status_code == 400 and isinstance(cause, ValueError):
         # FastAPI's "error parsing the body" (a JSON syntax error is a validation error instead);
         # the body was read, so ``body()`` returns it again

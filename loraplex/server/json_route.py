@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Callable, Coroutine
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from fastapi import Request, Response
@@ -39,9 +40,12 @@ from starlette.concurrency import run_in_threadpool
 from loraplex.registry import Tenant
 from loraplex.server.auth import AUTHENTICATED_TENANT
 from loraplex.server.body_errors import DuplicateKeyError, InvalidBody
+from loraplex.server.prompt_bounds import BODY_CHECKS, BodyCheck
 
 if TYPE_CHECKING:
     from fastapi._compat import ModelField
+
+    from loraplex.server.deps import ServerConfig
 
 INLINE_JSON_BYTES = 64 << 10  # larger bodies are parsed on the thread pool (module docstring)
 
@@ -62,13 +66,23 @@ def loads_unique(body: bytes | str) -> Any:
     return json.loads(body, object_pairs_hook=_unique)
 
 
-def parse_and_validate(body: bytes, field: ModelField | None) -> Any:
-    """``body`` parsed strictly and, with the route's body ``field``, validated into its model
-    (``InvalidBody`` when it does not match)."""
+@dataclass(frozen=True)
+class BodyModel:
+    """What a route's large body is checked against where it is parsed."""
+
+    field: ModelField  # the route's one body model
+    checks: tuple[BodyCheck, ...]  # its dependencies' checks by length, run first (prompt_bounds)
+
+
+def parse_and_validate(body: bytes, model: BodyModel | None, config: ServerConfig) -> Any:
+    """``body`` parsed strictly and, with the route's ``model``, checked by its lengths and then
+    validated into its model (``InvalidBody`` when it does not match)."""
     data = loads_unique(body)
-    if field is None:
+    if model is None:
         return data
-    value, errors = field.validate(data, {}, loc=("body",))
+    for check in model.checks:  # len() alone: before the schema walks a single item
+        check(data, config)
+    value, errors = model.field.validate(data, {}, loc=("body",))
     if errors:
         raise InvalidBody(RequestValidationError(errors, body=None))
     return value
@@ -76,13 +90,13 @@ def parse_and_validate(body: bytes, field: ModelField | None) -> Any:
 
 class _StrictJsonRequest(Request):
     """The route's request with a strict ``json()``; the body is read (and kept) by the
-    request it wraps, which the error handlers are given. ``field``: the route's one body
-    model, which a large body is validated against where it is parsed (module docstring)."""
+    request it wraps, which the error handlers are given. ``model``: what a large body is
+    checked against where it is parsed (module docstring)."""
 
-    def __init__(self, outer: Request, field: ModelField | None) -> None:
+    def __init__(self, outer: Request, model: BodyModel | None) -> None:
         super().__init__(outer.scope, outer.receive)
         self._outer = outer
-        self._field = field
+        self._model = model
 
     async def body(self) -> bytes:
         return await self._outer.body()
@@ -97,24 +111,32 @@ class _StrictJsonRequest(Request):
                 deps = self.app.state.deps
                 async with deps.large_bodies.place(tenant.name), deps.jobs.place(tenant.name):
                     self._unique_json = await run_in_threadpool(
-                        parse_and_validate, body, self._field
+                        parse_and_validate, body, self._model, deps.config
                     )
-            else:
-                self._unique_json = await run_in_threadpool(parse_and_validate, body, self._field)
+            else:  # no tenant's key passed: parsed only, as FastAPI would
+                self._unique_json = await run_in_threadpool(loads_unique, body)
         return self._unique_json
 
 
 class StrictJsonRoute(APIRoute):
     """An ``APIRoute`` whose JSON body refuses repeated keys: FastAPI turns the parser's
     ``DuplicateKeyError`` into a 400 caused by it, which ``errors.py`` words. A large body is
-    validated where it is parsed, off the event loop (module docstring)."""
+    checked and validated where it is parsed, off the event loop (module docstring)."""
 
     def get_route_handler(self) -> Callable[[Request], Coroutine[Any, Any, Response]]:
         handler = super().get_route_handler()
-        # one body model, given as the whole body (FastAPI validates the body itself otherwise)
-        field = None if self._embed_body_fields else self.body_field
+        model = self._body_model()
 
         async def strict(request: Request) -> Response:
-            return await handler(_StrictJsonRequest(request, field))
+            return await handler(_StrictJsonRequest(request, model))
 
         return strict
+
+    def _body_model(self) -> BodyModel | None:
+        """The route's one body model (FastAPI validates any other body itself) and the length
+        checks of its dependencies."""
+        if self.body_field is None or self._embed_body_fields:
+            return None
+        calls = [dependency.call for dependency in self.dependant.dependencies]
+        checks = tuple(BODY_CHECKS[call] for call in calls if call in BODY_CHECKS)
+        return BodyModel(self.body_field, checks)

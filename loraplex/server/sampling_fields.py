@@ -52,7 +52,7 @@ def _refuse_unsupported(body: SamplingFields) -> None:
     for field, neutral in NEUTRAL.items():
         value = getattr(body, field, None)
         if value is not None and not any(same_value(value, n) for n in neutral):
-            raise invalid_request(unsupported(field, value), field)
+            raise invalid_request(f"{field} {unsupported(field, value)}", field)
     options = body.stream_options
     if options is not None and not body.stream:
         raise invalid_request("stream_options is only allowed with stream true", "stream_options")

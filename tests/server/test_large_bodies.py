@@ -9,20 +9,23 @@ from __future__ import annotations
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
+from types import SimpleNamespace
 from typing import Any
 
 import pytest
 from conftest import Rig
-from fastapi import APIRouter, FastAPI
+from fastapi import APIRouter, FastAPI, Request
 from fastapi.testclient import TestClient
 from pydantic import BaseModel, ConfigDict, ValidationError, field_validator
 
 from loraplex.errors import quoted
+from loraplex.registry import PriorityClass, Tenant, TenantQuotas
 from loraplex.server import json_route
+from loraplex.server.auth import AUTHENTICATED_TENANT
 from loraplex.server.errors import install_error_handlers
 from loraplex.server.json_route import INLINE_JSON_BYTES, StrictJsonRoute
 from loraplex.server.protocol import ChatCompletionRequest
-from loraplex.server.tenant_jobs import MAX_LARGE_BODIES_PER_TENANT
+from loraplex.server.tenant_jobs import MAX_LARGE_BODIES_PER_TENANT, TenantJobs
 
 VALIDATED_ON: list[str] = []  # the thread each ``_Body`` was validated on
 
@@ -40,8 +43,19 @@ class _Body(BaseModel):
 
 
 def _app() -> FastAPI:
+    """A route of ``_Body`` whose every request comes from tenant acme, as after its key check."""
     app = FastAPI()
     install_error_handlers(app)
+    app.state.deps = SimpleNamespace(
+        jobs=TenantJobs(), large_bodies=TenantJobs(MAX_LARGE_BODIES_PER_TENANT), config=None
+    )
+    acme = Tenant("acme", PriorityClass.NORMAL, TenantQuotas(), 0.0)
+
+    @app.middleware("http")
+    async def as_acme(request: Request, call_next: Any) -> Any:
+        request.scope.setdefault("state", {})[AUTHENTICATED_TENANT] = acme
+        return await call_next(request)
+
     router = APIRouter(route_class=StrictJsonRoute)
 
     @router.post("/x")

@@ -242,10 +242,10 @@ def same_value(value: object, neutral: object) -> bool:
 
 def unsupported(field: str, value: object) -> str:
     """Why ``value`` of ``field`` (not implemented, ``NEUTRAL``) is refused: it would change the
-    output. The value is shown by its first items (``quoted``)."""
+    output. The value is shown by its first items (``quoted``); the caller names the field."""
     accepted = ", ".join(map(repr, NEUTRAL[field]))
     return (
-        f"{field} {quoted(value)} is not supported; loraplex refuses what it does not implement "
+        f"{quoted(value)} is not supported; loraplex refuses what it does not implement "
         f"(accepted: null or {accepted})"
     )
 
