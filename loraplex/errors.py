@@ -7,6 +7,9 @@ field, the value that was seen and what was expected.
 
 from __future__ import annotations
 
+import itertools
+import reprlib
+
 # The longest prefix of a caller's value an error message repeats: a 900 KB name must not come
 # back whole in an error body (or a log line).
 MAX_QUOTED_CHARS = 64
@@ -17,10 +20,37 @@ def clipped(text: str, limit: int = MAX_QUOTED_CHARS) -> str:
     return text if len(text) <= limit else text[:limit] + "…"
 
 
+class _ShortRepr(reprlib.Repr):
+    """``repr`` of a container cut to its first items (``[{}, {}, ...]``) before it is built: a
+    tenant's 3 MiB list of 700,000 objects took 57 ms of the event loop to become the 2 MB string
+    of which a message showed 64 characters. NOTE: ``reprlib`` sorts a dict's keys, all of them,
+    before it takes the first few; here they keep their order, as ``repr``'s."""
+
+    def repr_dict(self, x: dict[object, object], level: int) -> str:
+        if not x:
+            return "{}"
+        if level <= 0:
+            return "{...}"
+        pieces = [
+            f"{self.repr1(key, level - 1)}: {self.repr1(x[key], level - 1)}"
+            for key in itertools.islice(x, self.maxdict)
+        ]
+        return "{" + ", ".join(pieces) + (", ...}" if len(x) > self.maxdict else "}")
+
+
+_SHORT_REPR = _ShortRepr()
+_SHORT_REPR.maxlevel = 3
+_SHORT_REPR.maxlist = _SHORT_REPR.maxtuple = _SHORT_REPR.maxdict = 8
+_SHORT_REPR.maxstring = _SHORT_REPR.maxother = _SHORT_REPR.maxlong = MAX_QUOTED_CHARS
+
+
 def quoted(value: object) -> str:
-    """``value`` as an error message quotes it: ``repr`` of at most MAX_QUOTED_CHARS characters."""
+    """``value`` as an error message quotes it: ``repr`` of at most MAX_QUOTED_CHARS characters,
+    a container's built from its first items only."""
     if isinstance(value, str) and len(value) > MAX_QUOTED_CHARS:
         return repr(value[:MAX_QUOTED_CHARS]) + "…"
+    if isinstance(value, (list, tuple, dict)):
+        return clipped(_SHORT_REPR.repr(value))
     return clipped(repr(value))
 
 

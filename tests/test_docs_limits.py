@@ -15,11 +15,13 @@ from loraplex.server.batch_limit import MAX_BATCH_PROMPTS
 from loraplex.server.choices import DEFAULT_MAX_CHOICES
 from loraplex.server.fd_limit import RESERVED_FDS
 from loraplex.server.history import HistoryConfig
+from loraplex.server.json_route import INLINE_JSON_BYTES
 from loraplex.server.protocol import CompletionRequest, fields
 from loraplex.server.recent_requests import RecentRequests
 from loraplex.server.routes_residency import MAX_RESIDENCY_PAGE
 from loraplex.server.serving import MAX_REQUEST_ID_CHARS, MAX_SESSION_ID_CHARS
 from loraplex.server.tarpit import HOLD_S, MAX_HELD
+from loraplex.server.tenant_jobs import MAX_JOBS_PER_TENANT, MAX_LARGE_BODIES_PER_TENANT
 from loraplex.server.upload import MAX_TEXT_PART_BYTES
 
 DOC = Path(__file__).resolve().parents[1] / "docs" / "operations.md"
@@ -52,6 +54,10 @@ SENTENCES = [
     f"`logprobs` (integer 0–{fields.MAX_TOP_LOGPROBS})",
     f"at most {DEFAULT_MAX_CHOICES} engine requests per HTTP request",
     f"printable ASCII, at most {MAX_REQUEST_ID_CHARS} characters",
+    f"at most {MAX_LARGE_BODIES_PER_TENANT} of a tenant's bodies over "
+    f"{INLINE_JSON_BYTES >> 10} KiB at once is parsed and validated "
+    "(`tenant_jobs.MAX_LARGE_BODIES_PER_TENANT`, not a setting; "
+    f"each also takes one of its {MAX_JOBS_PER_TENANT} places)",
     f"`X-Session-Id` (header, printable, at most {MAX_SESSION_ID_CHARS} characters",
     f"`top` 0-{MAX_RESIDENCY_PAGE}, default {MAX_RESIDENCY_PAGE}, above {MAX_RESIDENCY_PAGE} a "
     "400 naming `top`",

@@ -17,6 +17,8 @@ from dataclasses import dataclass
 from email.message import Message
 from itertools import compress, repeat
 
+from fastapi.exceptions import RequestValidationError
+
 from loraplex.errors import clipped, quoted
 
 JSON_CONTENT_TYPE = "application/json"
@@ -28,6 +30,16 @@ class DuplicateKeyError(ValueError):
     def __init__(self, key: str) -> None:
         super().__init__(f"key {quoted(key)} is given twice in one object; expected once")
         self.key = key
+
+
+class InvalidBody(ValueError):
+    """A large body that its route's model refused, validated off the event loop
+    (``json_route.py``): FastAPI makes it the cause of a 400, which ``errors.py`` words as the
+    validation error it carries."""
+
+    def __init__(self, error: RequestValidationError) -> None:
+        super().__init__("the body does not match the route's model")
+        self.error = error
 
 
 @dataclass(frozen=True)

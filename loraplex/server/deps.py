@@ -22,7 +22,7 @@ from loraplex.server.metrics import ServerMetrics
 from loraplex.server.recent_requests import RecentRequests
 from loraplex.server.request_log import RequestLog
 from loraplex.server.stream_buffer import DEFAULT_MAX_STREAM_RESUMES
-from loraplex.server.tenant_jobs import TenantJobs
+from loraplex.server.tenant_jobs import MAX_LARGE_BODIES_PER_TENANT, TenantJobs
 from loraplex.server.traffic_tally import TrafficTally
 from loraplex.tracing.record import RequestTracing
 
@@ -154,6 +154,11 @@ class ServerDeps:
     started_at_s: int = field(default_factory=lambda: int(time.time()), kw_only=True)
     # Each tenant's share of the thread pool for its tokenizing and formatting (tenant_jobs.py).
     jobs: TenantJobs = field(default_factory=TenantJobs, kw_only=True)
+    # Each tenant's bodies over 64 KiB parsed and validated at once, each in one of its ``jobs``
+    # places too (json_route.py).
+    large_bodies: TenantJobs = field(
+        default_factory=lambda: TenantJobs(MAX_LARGE_BODIES_PER_TENANT), kw_only=True
+    )
     # The server's metrics registry, built from ``engine`` and ``cache`` (never passed in).
     metrics: ServerMetrics = field(init=False, repr=False, compare=False)
 

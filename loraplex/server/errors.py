@@ -61,6 +61,7 @@ from loraplex.quota.ratelimit import longest_wait_s
 from loraplex.release.errors import InvalidTransitionError, ReleaseConflictError
 from loraplex.server.body_errors import (
     DuplicateKeyError,
+    InvalidBody,
     huge_integer,
     unsupported_content_type,
 )
@@ -312,6 +313,10 @@ async def _on_http(request: Request, exc: Exception) -> JSONResponse:
     cause = exc.__cause__
     if exc.status_code == 400 and isinstance(cause, DuplicateKeyError):  # json_route.py
         return invalid_request(f"body: {cause}", clipped(cause.key)).response()
+    if exc.status_code == 400 and isinstance(cause, InvalidBody):  # validated off the loop
+        return await _on_validation(request, cause.error)
+    if exc.status_code == 400 and isinstance(cause, ApiError):  # a length check there
+        return cause.response()
     if exc.status_code == 400 and isinstance(cause, ValueError):
         # FastAPI's "error parsing the body" (a JSON syntax error is a validation error instead);
         # the body was read, so ``body()`` returns it again

@@ -14,19 +14,37 @@ of a million empty objects (3 MiB, within ``max_body_bytes``) held every other r
 parse, 0.25-0.44 s on the 2 shared cores, before its 400. The pairs hook is Python code run once
 per object, so the parse, 2-3x slower with it, also lets the event loop take the GIL between
 objects (docs/benchmarks/attack13.md).
+
+Such a body is validated against the route's body model there too, in the same place, and the
+route is handed the model it built (FastAPI's own check of a model instance takes no time). NOTE:
+FastAPI validated every body on the event loop: 16 token-id prompts of 65,536 ids (2 MiB, refused
+later by the context length) took 0.4 s there, a conversation of 1,024 messages of 16 text parts
+0.2 s, and 8 connections of one tenant sending them held another tenant's 1-token completion
+0.7 and 2.2 s at the median (``scripts/attacks/attack14/body-crowd``). On the thread the Python
+validators let the loop take the GIL between items, and the tenant's places bound how many such
+bodies are validated at once.
 """
 
 from __future__ import annotations
 
 import json
 from collections.abc import Callable, Coroutine
-from typing import Any
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
 
 from fastapi import Request, Response
+from fastapi.exceptions import RequestValidationError
 from fastapi.routing import APIRoute
+from starlette.concurrency import run_in_threadpool
 
-from loraplex.server.body_errors import DuplicateKeyError
+from loraplex.server.body_errors import DuplicateKeyError, InvalidBody
+from loraplex.server.prompt_bounds import BODY_CHECKS, BodyCheck
 from loraplex.server.tenant_jobs import caller_of
+
+if TYPE_CHECKING:
+    from fastapi._compat import ModelField
+
+    from loraplex.server.deps import ServerConfig
 
 INLINE_JSON_BYTES = 64 << 10  # larger bodies are parsed on the thread pool (module docstring)
 
@@ -47,13 +65,37 @@ def loads_unique(body: bytes | str) -> Any:
     return json.loads(body, object_pairs_hook=_unique)
 
 
+@dataclass(frozen=True)
+class BodyModel:
+    """What a route's large body is checked against where it is parsed."""
+
+    field: ModelField  # the route's one body model
+    checks: tuple[BodyCheck, ...]  # its dependencies' checks by length, run first (prompt_bounds)
+
+
+def parse_and_validate(body: bytes, model: BodyModel | None, config: ServerConfig) -> Any:
+    """``body`` parsed strictly and, with the route's ``model``, checked by its lengths and then
+    validated into its model (``InvalidBody`` when it does not match)."""
+    data = loads_unique(body)
+    if model is None:
+        return data
+    for check in model.checks:  # len() alone: before the schema walks a single item
+        check(data, config)
+    value, errors = model.field.validate(data, {}, loc=("body",))
+    if errors:
+        raise InvalidBody(RequestValidationError(errors, body=None))
+    return value
+
+
 class _StrictJsonRequest(Request):
     """The route's request with a strict ``json()``; the body is read (and kept) by the
-    request it wraps, which the error handlers are given."""
+    request it wraps, which the error handlers are given. ``model``: what a large body is
+    checked against where it is parsed (module docstring)."""
 
-    def __init__(self, outer: Request) -> None:
+    def __init__(self, outer: Request, model: BodyModel | None) -> None:
         super().__init__(outer.scope, outer.receive)
         self._outer = outer
+        self._model = model
 
     async def body(self) -> bytes:
         return await self._outer.body()
@@ -63,20 +105,37 @@ class _StrictJsonRequest(Request):
             body = await self.body()
             if len(body) <= INLINE_JSON_BYTES:
                 self._unique_json = loads_unique(body)
-            else:  # in one of its tenant's places on the pool (tenant_jobs.py)
-                jobs = self.app.state.deps.jobs
-                self._unique_json = await jobs.run(caller_of(self.scope), loads_unique, body)
+            elif (tenant := caller_of(self.scope)) is not None:
+                # its large body's place, then one of its places on the pool (tenant_jobs.py)
+                deps = self.app.state.deps
+                async with deps.large_bodies.place(tenant), deps.jobs.place(tenant):
+                    self._unique_json = await run_in_threadpool(
+                        parse_and_validate, body, self._model, deps.config
+                    )
+            else:  # no tenant's key passed: parsed only, as FastAPI would
+                self._unique_json = await run_in_threadpool(loads_unique, body)
         return self._unique_json
 
 
 class StrictJsonRoute(APIRoute):
     """An ``APIRoute`` whose JSON body refuses repeated keys: FastAPI turns the parser's
-    ``DuplicateKeyError`` into a 400 caused by it, which ``errors.py`` words."""
+    ``DuplicateKeyError`` into a 400 caused by it, which ``errors.py`` words. A large body is
+    checked and validated where it is parsed, off the event loop (module docstring)."""
 
     def get_route_handler(self) -> Callable[[Request], Coroutine[Any, Any, Response]]:
         handler = super().get_route_handler()
+        model = self._body_model()
 
         async def strict(request: Request) -> Response:
-            return await handler(_StrictJsonRequest(request))
+            return await handler(_StrictJsonRequest(request, model))
 
         return strict
+
+    def _body_model(self) -> BodyModel | None:
+        """The route's one body model (FastAPI validates any other body itself) and the length
+        checks of its dependencies."""
+        if self.body_field is None or self._embed_body_fields:
+            return None
+        calls = [dependency.call for dependency in self.dependant.dependencies]
+        checks = tuple(BODY_CHECKS[call] for call in calls if call in BODY_CHECKS)
+        return BodyModel(self.body_field, checks)

@@ -13,8 +13,8 @@ Anything it does not recognise is left to the schema, which reports it in its ow
 
 from __future__ import annotations
 
-from collections.abc import Iterator
-from typing import Annotated, Any
+from collections.abc import Awaitable, Callable, Iterator
+from typing import TYPE_CHECKING, Annotated, Any
 
 from fastapi import Depends, Request
 
@@ -23,27 +23,49 @@ from loraplex.server.errors import ApiError, invalid_request
 from loraplex.server.limits import check_prompt_chars
 from loraplex.server.protocol import MAX_BATCH_PROMPTS
 
+if TYPE_CHECKING:
+    from loraplex.server.deps import ServerConfig
 
-async def check_prompt_lengths(request: Request, deps: DepsDep) -> None:
-    """Raises the 400 of the first prompt too long to be worth validating."""
-    body = await _parsed_json(request)
+
+def prompt_lengths(body: object, config: ServerConfig) -> None:
+    """Raises the 400 of the first prompt of a parsed completion ``body`` too long to be worth
+    validating."""
     if not isinstance(body, dict):
         return
-    max_len = deps.config.max_model_len
+    max_len = config.max_model_len
     for index, prompt in _prompts(body.get("prompt")):
         if isinstance(prompt, str):
-            check_prompt_chars(len(prompt), deps.config.max_prompt_chars, "prompt")
+            check_prompt_chars(len(prompt), config.max_prompt_chars, "prompt")
         elif max_len is not None and len(prompt) >= max_len:
             raise context_exceeded(index, len(prompt), max_len)
 
 
-async def check_detokenize_length(request: Request, deps: DepsDep) -> None:
+def detokenize_length(body: object, config: ServerConfig) -> None:
     """/detokenize: more ``tokens`` than any sequence of this server holds is a 400."""
-    body = await _parsed_json(request)
     tokens = body.get("tokens") if isinstance(body, dict) else None
-    limit = deps.config.max_model_len
+    limit = config.max_model_len
     if isinstance(tokens, list) and limit is not None and len(tokens) > limit:
         raise invalid_request(f"tokens has {len(tokens)} ids; expected at most {limit}", "tokens")
+
+
+async def check_prompt_lengths(request: Request, deps: DepsDep) -> None:
+    """``prompt_lengths`` of the body FastAPI parsed (a large body had it where it was parsed,
+    ``json_route.py``, and comes here validated)."""
+    prompt_lengths(await _parsed_json(request), deps.config)
+
+
+async def check_detokenize_length(request: Request, deps: DepsDep) -> None:
+    """``detokenize_length`` of the body FastAPI parsed (as ``check_prompt_lengths``)."""
+    detokenize_length(await _parsed_json(request), deps.config)
+
+
+# Each check above by the dependency that runs it: ``json_route`` runs a route's before it
+# validates a large body off the event loop, so the order of work stays the same.
+BodyCheck = Callable[[object, "ServerConfig"], None]  # raises the ApiError of a parsed body
+BODY_CHECKS: dict[Callable[..., Awaitable[None]], BodyCheck] = {
+    check_prompt_lengths: prompt_lengths,
+    check_detokenize_length: detokenize_length,
+}
 
 
 PromptLengthsDep = Annotated[None, Depends(check_prompt_lengths)]

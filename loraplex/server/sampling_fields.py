@@ -18,6 +18,8 @@ from loraplex.server.protocol import (
     ChatCompletionRequest,
     CompletionRequest,
     SamplingFields,
+    same_value,
+    unsupported,
 )
 
 # Digits of a logit_bias key at most: any vocabulary's ids fit, and ``int()`` of a longer key
@@ -49,20 +51,11 @@ def _refuse_unsupported(body: SamplingFields) -> None:
     """A 400 for fields set to values loraplex cannot honour (rather than silently ignoring)."""
     for field, neutral in NEUTRAL.items():
         value = getattr(body, field, None)
-        if value is not None and not any(_same(value, n) for n in neutral):
-            raise invalid_request(
-                f"{field} {clipped(repr(value))} is not supported; loraplex refuses what it "
-                f"does not implement (accepted: null or {', '.join(map(repr, neutral))})",
-                field,
-            )
+        if value is not None and not any(same_value(value, n) for n in neutral):
+            raise invalid_request(f"{field} {unsupported(field, value)}", field)
     options = body.stream_options
     if options is not None and not body.stream:
         raise invalid_request("stream_options is only allowed with stream true", "stream_options")
-
-
-def _same(value: object, neutral: object) -> bool:
-    """Equal and of the same kind (``True == 1`` must not pass for ``best_of``)."""
-    return value == neutral and isinstance(value, bool) == isinstance(neutral, bool)
 
 
 def _token_id(value: int, vocab_size: int | None, field: str) -> int:

@@ -17,6 +17,7 @@ from fastapi.testclient import TestClient
 from loraplex.residency.cache import TieredAdapterCache
 from loraplex.server import prompts, routes_tokenize
 from loraplex.server.app import create_app
+from loraplex.server.json_route import INLINE_JSON_BYTES
 from loraplex.server.protocol import MAX_BATCH_PROMPTS
 from loraplex.server.protocol import completions as protocol  # its prompt check
 
@@ -84,6 +85,23 @@ def test_the_length_is_refused_before_a_bad_id_is_found(counted: Counted) -> Non
     assert error["code"] == "context_length_exceeded"
     assert "the prompt has 65 token ids" in error["message"]
     assert counted.calls == []
+
+
+def test_a_large_body_is_refused_for_its_length_before_it_is_validated(counted: Counted) -> None:
+    """A body over 64 KiB is validated where it is parsed, off the event loop
+    (``json_route.parse_and_validate``): the route's length checks run there first."""
+    prompt = [5] * (INLINE_JSON_BYTES // 2) + [-1]
+    error = _error(counted.post(prompt=prompt))
+    assert error["code"] == "context_length_exceeded", error
+    assert f"the prompt has {len(prompt)} token ids" in error["message"]
+    assert counted.calls == []
+    auth = {"Authorization": f"Bearer {counted.served.keys['acme']}"}
+    reply = counted.client.post(
+        "/detokenize", json={"model": "support", "tokens": prompt}, headers=auth
+    )
+    assert (
+        _error(reply)["param"] == "tokens" and f"has {len(prompt)} ids" in _error(reply)["message"]
+    )
 
 
 def test_the_one_long_prompt_of_a_batch_is_named(counted: Counted) -> None:

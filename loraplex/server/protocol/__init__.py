@@ -54,6 +54,8 @@ from loraplex.server.protocol.fields import (
     TokenIds,
     TopLogprobs,
     Usage,
+    same_value,
+    unsupported,
 )
 from loraplex.server.protocol.lora_admin import (
     LoadLoraAdapterRequest,
@@ -117,4 +119,6 @@ __all__ = [
     "TopLogprobs",
     "UnloadLoraAdapterRequest",
     "Usage",
+    "same_value",
+    "unsupported",
 ]

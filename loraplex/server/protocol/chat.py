@@ -26,6 +26,7 @@ from loraplex.server.protocol.fields import (
     TopLogprobs,
     Usage,
     _check_count,
+    neutral_only,
 )
 
 
@@ -63,9 +64,12 @@ class ChatCompletionRequest(SamplingFields):
     logprobs: StrictBool | None = False  # each output token's logprob
     top_logprobs: TopLogprobs | None = None  # and this many alternatives (needs logprobs true)
     # Not implemented: accepted only at their neutral values (``NEUTRAL``), else a 400.
-    tools: list[dict[str, object]] | None = None
-    tool_choice: str | dict[str, object] | None = None
-    response_format: dict[str, object] | None = None  # no structured output (operations.md)
+    # Any JSON: refused unless neutral before the schema reads it (``neutral_only``).
+    tools: Annotated[list[dict[str, object]] | None, neutral_only("tools")] = None
+    tool_choice: Annotated[str | dict[str, object] | None, neutral_only("tool_choice")] = None
+    response_format: Annotated[  # no structured output (operations.md)
+        dict[str, object] | None, neutral_only("response_format")
+    ] = None
     add_generation_prompt: StrictBool | None = None  # vLLM extension (the template always adds it)
     # Handed to the chat template as vLLM does (``chat.ChatTemplate.render``).
     reasoning_effort: Literal["none", "minimal", "low", "medium", "high", "xhigh", "max"] | None = (
@@ -75,7 +79,7 @@ class ChatCompletionRequest(SamplingFields):
     parallel_tool_calls: StrictBool | None = None
     # OpenAI platform settings: loraplex stores no completions and has one service tier.
     store: StrictBool | None = None
-    metadata: dict[str, object] | None = Field(default=None, max_length=16)  # OpenAI's cap
+    metadata: Annotated[dict[str, object] | None, neutral_only("metadata")] = None
     service_tier: str | None = Field(default=None, max_length=32)
 
 

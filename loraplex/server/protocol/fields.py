@@ -18,7 +18,7 @@ from pydantic import (
     model_validator,
 )
 
-from loraplex.errors import clipped
+from loraplex.errors import clipped, quoted
 from loraplex.sampling import (  # the engine's own bounds, so the two layers cannot disagree
     MAX_LOGIT_BIAS_ENTRIES,
     MAX_REPETITION_PENALTY,
@@ -233,6 +233,36 @@ NEUTRAL: dict[str, tuple[object, ...]] = {
     "metadata": ({},),
     "service_tier": ("auto", "default"),
 }
+
+
+def same_value(value: object, neutral: object) -> bool:
+    """Equal and of the same kind (``True == 1`` must not pass for ``best_of``)."""
+    return value == neutral and isinstance(value, bool) == isinstance(neutral, bool)
+
+
+def unsupported(field: str, value: object) -> str:
+    """Why ``value`` of ``field`` (not implemented, ``NEUTRAL``) is refused: it would change the
+    output. The value is shown by its first items (``quoted``); the caller names the field."""
+    accepted = ", ".join(map(repr, NEUTRAL[field]))
+    return (
+        f"{quoted(value)} is not supported; loraplex refuses what it does not implement "
+        f"(accepted: null or {accepted})"
+    )
+
+
+def neutral_only(field: str) -> BeforeValidator:
+    """Refuses ``field`` at any value but null and its neutral ones before its schema reads the
+    value. NOTE: ``tools`` and ``metadata`` hold any JSON: a 3 MiB ``tools`` of 700,000 empty
+    objects was validated (92 ms) and shown in full by ``repr`` (57 ms) on the event loop, and 8
+    connections of one tenant sending it held another tenant's 1-token completion 2.5 s at the
+    median, for a field whose only accepted value is ``[]``."""
+
+    def check(value: object) -> object:
+        if value is None or any(same_value(value, n) for n in NEUTRAL[field]):
+            return value
+        raise ValueError(unsupported(field, value))
+
+    return BeforeValidator(check)
 
 
 class RevisionInfo(BaseModel):
