@@ -157,6 +157,9 @@ def serve_command(
     keep_alive_timeout_s: Annotated[int | None, Opt(help="Idle keep-alive, s (5).")] = None,
     max_connections: Annotated[int | None, Opt(help="Open connections (1024).")] = None,
     max_header_bytes: Annotated[int | None, Opt(help="Largest request head (16 KiB).")] = None,
+    max_header_count: Annotated[
+        int | None, Opt(help="Header lines of a request head; 431 beyond (100).")
+    ] = None,
     max_unauthenticated_connections: Annotated[
         int | None, Opt(help="Open connections not yet authenticated (max_connections / 2).")
     ] = None,
@@ -167,7 +170,15 @@ def serve_command(
         int | None, Opt(help="New connections per second from one client IP (512).")
     ] = None,
     write_timeout_s: Annotated[
-        float | None, Opt(help="Cut off a client that takes no response bytes, s (30).")
+        float | None,
+        Opt(help="Cut off a client taking under min-send-bytes-per-s x this of it, s (30)."),
+    ] = None,
+    min_send_bytes_per_s: Annotated[
+        int | None, Opt(help="Slowest pace a client may take its answer at, bytes/s (16 KiB).")
+    ] = None,
+    max_unsent_response_bytes: Annotated[
+        int | None,
+        Opt(help="Answer bytes waiting for slow clients, all connections; slowest cut (256 MiB)."),
     ] = None,
     max_stream_buffer_bytes: Annotated[
         int | None, Opt(help="Unread stream bytes before the request is aborted (256 KiB).")

@@ -188,9 +188,12 @@ def connection_limits(settings: ServeConfig) -> ConnectionLimits:
         keep_alive_timeout_s=settings.keep_alive_timeout_s,
         max_connections=settings.max_connections,
         max_header_bytes=settings.max_header_bytes,
+        max_header_count=settings.max_header_count,
         max_unauthenticated_connections=settings.max_unauthenticated_connections,
         max_connections_per_address=settings.max_connections_per_address,
         accepts_per_s_per_address=settings.accepts_per_s_per_address,
         write_timeout_s=settings.write_timeout_s,
+        min_send_bytes_per_s=settings.min_send_bytes_per_s,
+        max_unsent_response_bytes=settings.max_unsent_response_bytes,
         send_buffer_bytes=settings.send_buffer_bytes,
     )

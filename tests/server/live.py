@@ -13,6 +13,7 @@ from typing import Any
 import uvicorn
 from fastapi import FastAPI
 from openai import AsyncOpenAI, OpenAI
+from prometheus_client import CollectorRegistry
 
 from loraplex.artifacts.identity import AdapterKey
 from loraplex.artifacts.store import ArtifactStore
@@ -24,11 +25,14 @@ from loraplex.server.listeners import ConnectionLimits, ListenerConfig, bind
 
 
 @contextmanager
-def listening(app: Any, limits: ConnectionLimits) -> Iterator[tuple[str, uvicorn.Server]]:
-    """Serves ``app`` as ``loraplex serve`` does (its own socket, ``ListenerConfig``) until the
-    block ends; yields the base URL and the server (its ``server_state`` holds the connections)."""
+def listening(
+    app: Any, limits: ConnectionLimits, metrics: CollectorRegistry | None = None
+) -> Iterator[tuple[str, uvicorn.Server]]:
+    """Serves ``app`` as ``loraplex serve`` does (its own socket, ``ListenerConfig``, its counts
+    in ``metrics`` when given) until the block ends; yields the base URL and the server (its
+    ``server_state`` holds the connections)."""
     sock = bind("127.0.0.1", 0)
-    server = uvicorn.Server(ListenerConfig(app, limits, log_level="warning"))
+    server = uvicorn.Server(ListenerConfig(app, limits, log_level="warning", metrics=metrics))
     thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, daemon=True)
     thread.start()
     deadline = time.monotonic() + 30

@@ -341,6 +341,13 @@ def test_limit_settings_are_checked(tmp_path: Path) -> None:
         ServeConfig(data_dir=tmp_path, max_connections=0)
     with pytest.raises(ValueError, match="max_prompt_chars 0 is invalid"):
         ServeConfig(data_dir=tmp_path, max_prompt_chars=0)
+    for key, value, expected in (
+        ("max_header_count", 0, ">= 1"),
+        ("max_unsent_response_bytes", 0, ">= 1"),
+        ("min_send_bytes_per_s", -1, ">= 0"),
+    ):
+        with pytest.raises(ValueError, match=f"{key} {value} is invalid; expected {expected}"):
+            ServeConfig(data_dir=tmp_path, **{key: value})
     assert ServeConfig(data_dir=tmp_path, max_model_len=100).prompt_chars() == 6400
     assert ServeConfig(data_dir=tmp_path, max_prompt_chars=7).prompt_chars() == 7
 
@@ -355,7 +362,8 @@ def test_serve_flags_reach_the_limits(tmp_path: Path, monkeypatch: pytest.Monkey
              "--max-unauthenticated-connections", "5", "--max-connections-per-address", "6",
              "--accepts-per-s-per-address", "7", "--write-timeout-s", "8",
              "--max-stream-buffer-bytes", "9", "--stream-pause-bytes", "4",
-             "--max-stream-resumes", "3"]  # fmt: skip
+             "--max-stream-resumes", "3", "--max-header-count", "21",
+             "--min-send-bytes-per-s", "22", "--max-unsent-response-bytes", "23"]  # fmt: skip
     result = CliRunner().invoke(cli_app, ["serve", "--data-dir", str(tmp_path), *flags])
     assert result.exit_code == 0, result.output
     (settings,) = seen
@@ -365,7 +373,8 @@ def test_serve_flags_reach_the_limits(tmp_path: Path, monkeypatch: pytest.Monkey
     assert (settings.body_read_timeout_s, settings.upload_read_timeout_s) == (14, 15)
     assert connection_limits(settings) == ConnectionLimits(
         16, 17, 18, 19, max_unauthenticated_connections=5, max_connections_per_address=6,
-        accepts_per_s_per_address=7, write_timeout_s=8,
+        accepts_per_s_per_address=7, write_timeout_s=8, max_header_count=21,
+        min_send_bytes_per_s=22, max_unsent_response_bytes=23,
     )  # fmt: skip
     assert settings.max_stream_buffer_bytes == 9
     assert (settings.stream_pause_bytes, settings.max_stream_resumes) == (4, 3)

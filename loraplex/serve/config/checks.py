@@ -30,6 +30,8 @@ _POSITIVE = (
     "max_stream_buffer_bytes",
     "stream_pause_bytes",
     "send_buffer_bytes",
+    "max_header_count",
+    "max_unsent_response_bytes",
 )
 _POSITIVE_OR_UNSET = (
     "max_cpu_loras",
@@ -40,7 +42,12 @@ _POSITIVE_OR_UNSET = (
     "max_body_bytes",
     "max_unauthenticated_connections",
 )
-_NON_NEGATIVE = ("max_adapter_labels", "disk_cache_bytes", "max_stream_resumes")
+_NON_NEGATIVE = (
+    "max_adapter_labels",
+    "disk_cache_bytes",
+    "max_stream_resumes",
+    "min_send_bytes_per_s",
+)
 _POSITIVE_SECONDS = (
     "queue_deadline_s",
     "auto_warm_interval_s",

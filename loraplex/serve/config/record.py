@@ -183,7 +183,12 @@ class ServeConfig:
     max_unauthenticated_connections: int | None = None
     max_connections_per_address: int = 512  # open from one client IP address
     accepts_per_s_per_address: int = 512  # new connections per second from one IP (closed beyond)
-    write_timeout_s: float = 30.0  # a client taking no response bytes this long is cut off
+    max_header_count: int = 100  # header lines of a request head (431 and closed beyond it)
+    # a client taking less of its waiting answer than min_send_bytes_per_s x this is cut off
+    write_timeout_s: float = 30.0
+    min_send_bytes_per_s: int = 16 << 10  # 0: any byte taken in each write_timeout_s will do
+    # answer bytes waiting for slow clients, all connections; beyond, the slowest are cut
+    max_unsent_response_bytes: int = 256 << 20
     send_buffer_bytes: int = 256 << 10  # SO_SNDBUF per connection (the kernel's share of a reply)
     # a stream's events its client has not taken, at most; beyond, the request is aborted
     max_stream_buffer_bytes: int = 256 << 10

@@ -1,5 +1,5 @@
 """What a client connection may hold (``ConnectionLimits``): time for a request head, idle time,
-counts, sizes and time to take a response; ``protocol.py`` enforces them."""
+counts, sizes and the time and pace to take a response; ``protocol.py`` enforces them."""
 
 from __future__ import annotations
 
@@ -22,7 +22,15 @@ class ConnectionLimits:
     max_unauthenticated_connections: int | None = None
     max_connections_per_address: int = 512  # open connections from one client address
     accepts_per_s_per_address: int = 512  # new connections per second from one client address
-    write_timeout_s: float = 30.0  # a client that takes no response bytes this long is cut off
+    # a client that takes less of its waiting answer than ``min_send_bytes_per_s`` x this, in
+    # any such span, is cut off with a reset (``protocol.py``)
+    write_timeout_s: float = 30.0
+    # the slowest pace, bytes a second over each ``write_timeout_s``, at which a client may take
+    # an answer that waits for it; 0: any byte taken in each span will do (nginx's send_timeout)
+    min_send_bytes_per_s: int = 16 << 10
+    # answer bytes waiting for their clients in all connections' transports; beyond it the
+    # slowest are cut (``unsent.UnsentLedger``)
+    max_unsent_response_bytes: int = 256 << 20
     # SO_SNDBUF of every connection (Linux doubles it): what the kernel takes of a response its
     # client has not read; without it, loopback autotuning took about 3 MB of a stuck stream
     # before the server saw any backpressure (``stream_buffer.py``)
@@ -31,6 +39,9 @@ class ConnectionLimits:
     # 400 and a close (``h11_bounds.BoundedConnection``); chunks of 1 KiB or more are never
     # refused
     max_body_chunks: int = 4096
+    # header lines of one request head (or trailer section), counted before h11 parses them:
+    # beyond, 431 and a close (``h11_bounds.BoundedConnection``)
+    max_header_count: int = 100
 
     def __post_init__(self) -> None:
         for name in ("header_read_timeout_s", "linger_s", "write_timeout_s"):
@@ -42,9 +53,15 @@ class ConnectionLimits:
             "max_header_bytes",
             "send_buffer_bytes",
             "max_body_chunks",
+            "max_header_count",
+            "max_unsent_response_bytes",
         ):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name} {getattr(self, name)} is invalid; expected >= 1")
+        if self.min_send_bytes_per_s < 0:
+            raise ValueError(
+                f"min_send_bytes_per_s {self.min_send_bytes_per_s} is invalid; expected >= 0"
+            )
         self.gate()  # checks the counts
 
     def gate(self) -> GateLimits:

@@ -5,10 +5,12 @@ Every accepted connection is bounded (``ConnectionLimits``): TCP_NODELAY (asynci
 sockets whose ``proto`` is IPPROTO_TCP, and ``socket.create_server`` leaves it 0, so responses on
 a reused connection waited out the client's delayed ACK, ~40 ms), the gate of ``connections.py``
 (connections in all, per address, not yet authenticated, and accepted per second per address), a
-deadline for each request head, an idle keep-alive timeout, a largest request head (whole or
-not, ``h11_bounds.py``), and a write timeout: a client that takes none of its response for
-``write_timeout_s`` while the server has more to send is cut off, which ends its request (a
-stream's engine request is aborted, its seat, KV blocks and adapter lease freed). Body limits are
+deadline for each request head, an idle keep-alive timeout, a largest request head and most
+header lines (whole or not, counted before h11 parses them: ``h11_bounds.py``), and a pace at
+which a client must take a waiting answer: less than ``min_send_bytes_per_s`` over a span of
+``write_timeout_s``, or the slowest when all waiting answers pass ``max_unsent_response_bytes``,
+and it is cut off with a reset (``unsent.py``), which ends its request (a stream's engine
+request is aborted, its seat, KV blocks and adapter lease freed). Body limits are
 the app's (``server/limits.py``); a connection answered mid-body closes in stages
 (``linger.py``).
 
@@ -27,6 +29,7 @@ from __future__ import annotations
 
 import asyncio
 import fcntl
+import http
 import socket
 import sys
 import termios
@@ -44,6 +47,12 @@ from loraplex.server.gated_accept import AcceptGate, refuse
 from loraplex.server.listeners.h11_bounds import BoundedConnection
 from loraplex.server.listeners.limits import ConnectionLimits
 from loraplex.server.listeners.linger import LingeringTransport
+from loraplex.server.listeners.unsent import (
+    ListenerCollector,
+    ListenerCounts,
+    SendWatch,
+    UnsentLedger,
+)
 from loraplex.server.tarpit import Tarpit
 
 # How often a half-closed connection whose answer is not yet written is checked for a reset (the
@@ -75,19 +84,25 @@ class ListenerConfig(uvicorn.Config):
         self.limits = limits
         self.gate = ConnectionGate(limits.gate(), MonotonicClock())
         self.tarpit = Tarpit()  # connections held off (``tarpit.py``)
+        # answers waiting for slow clients, all connections together (``unsent.py``)
+        self.unsent = UnsentLedger(
+            limits.max_unsent_response_bytes, limits.write_timeout_s, MonotonicClock()
+        )
+        self.counts = ListenerCounts()  # requests refused by the parser, connections cut
         ensure_fd_limit(limits.max_connections, self.tarpit.max_held)  # fd_limit.py
         if metrics is not None:  # the app's /metrics registry
             metrics.register(GateCollector(self.gate, self.tarpit))
+            metrics.register(ListenerCollector(self.counts, self.unsent))
 
 
 class BoundedH11Protocol(H11Protocol):
     """uvicorn's h11 protocol, bounded: TCP_NODELAY, the connection gate, a request-head
-    deadline, a write timeout.
+    deadline, a pace to take a waiting answer.
 
     A connection the gate does not admit is reset as soon as it is accepted, before anything of
     it is read. The head deadline starts when a connection opens or, on a kept-alive one, at the
     first byte of the next request; uvicorn's own keep-alive timer covers the idle time between
-    requests. The write timer runs while the transport holds more than its high-water mark of
+    requests. The pace is watched while the transport holds more than its high-water mark of
     unsent bytes (uvicorn's flow control then stops the response's writer: ``stream_buffer.py``).
     """
 
@@ -96,13 +111,19 @@ class BoundedH11Protocol(H11Protocol):
             raise TypeError(f"config {type(config).__name__} is invalid; expected ListenerConfig")
         super().__init__(config, **kwargs)
         self.limits = config.limits
-        self.conn = BoundedConnection(self.limits.max_header_bytes, self.limits.max_body_chunks)
+        limits = self.limits
+        self.conn = BoundedConnection(
+            limits.max_header_bytes, limits.max_body_chunks, limits.max_header_count
+        )
         self.gate = config.gate
+        self.counts = config.counts
+        self._send_watch = SendWatch(
+            self, config.unsent, self.loop, limits.write_timeout_s, limits.min_send_bytes_per_s
+        )
         self._accepted = accepted  # the accept token is taken (``GatedH11Protocol``)
         # every request's scope state: how the credential check marks this connection
         self.app_state = {**self.app_state, MARK_AUTHENTICATED: self._on_authenticated}
         self._head_timer: asyncio.TimerHandle | None = None
-        self._write_timer: asyncio.TimerHandle | None = None
         self._half_closed = False  # the client shut its sending side (``eof_received``)
         self._reset_timer: asyncio.TimerHandle | None = None  # half-closed: polls for a reset
         self._active_at = self.loop.time()  # last byte received or answer completed
@@ -137,14 +158,19 @@ class BoundedH11Protocol(H11Protocol):
 
     def _bytes_waiting(self) -> bool:
         """Bytes the client sent that the loop has not read yet (FIONREAD on the socket)."""
+        return self._socket_queue(termios.FIONREAD) > 0
+
+    def _socket_queue(self, request: int) -> int:
+        """Bytes in one of the socket's queues (``FIONREAD``: received, unread; ``TIOCOUTQ``:
+        sent, not acknowledged); 0 when there is no socket."""
         sock = self.transport.get_extra_info("socket")
         if sock is None:
-            return False
+            return 0
         try:
-            waiting = fcntl.ioctl(sock.fileno(), termios.FIONREAD, b"\0\0\0\0")
+            queued = fcntl.ioctl(sock.fileno(), request, b"\0\0\0\0")
         except OSError:
-            return False
-        return int.from_bytes(waiting, sys.byteorder) > 0
+            return 0
+        return int.from_bytes(queued, sys.byteorder)
 
     def evict(self) -> bool:
         """Closed by the gate for a newcomer, unless a request waits unread in the socket
@@ -177,23 +203,25 @@ class BoundedH11Protocol(H11Protocol):
 
     def pause_writing(self) -> None:
         super().pause_writing()
-        if self._write_timer is None:
-            timeout_s = self.limits.write_timeout_s
-            self._write_timer = self.loop.call_later(timeout_s, self._write_timed_out)
+        self._send_watch.paused()
 
     def resume_writing(self) -> None:
-        self._stop_write_timer()
+        self._send_watch.stopped()
         super().resume_writing()
 
-    def _write_timed_out(self) -> None:
-        self._write_timer = None
-        # NOTE: abort, not close: close would wait to flush what the client does not take.
-        self.transport.abort()
+    def unsent_bytes(self) -> int:
+        """Answer bytes the client's kernel has not acknowledged (``unsent.Holder``): those the
+        transport holds and those in the socket's send queue (``TIOCOUTQ``). NOTE: the transport
+        alone measured the client's pace in bursts: a client whose kernel buffers took
+        megabytes read steadily at 64 KiB/s while the transport gave nothing for 5 s."""
+        return int(self.transport.get_write_buffer_size()) + self._socket_queue(termios.TIOCOUTQ)
 
-    def _stop_write_timer(self) -> None:
-        if self._write_timer is not None:
-            self._write_timer.cancel()
-            self._write_timer = None
+    def cut(self, reason: str) -> None:
+        """Closed with a reset for a client too slow to take its answer (``unsent.Holder``).
+        NOTE: a reset, not close (which would wait to flush what the client does not take) nor
+        a plain abort (the kernel would go on handing the client what its send buffer holds)."""
+        self.counts.cut(reason)
+        refuse(self.transport)
 
     def data_received(self, data: bytes) -> None:
         if isinstance(self.transport, LingeringTransport) and self.transport.lingering:
@@ -203,9 +231,23 @@ class BoundedH11Protocol(H11Protocol):
         self._watch_head()
 
     def send_400_response(self, msg: str) -> None:
-        """uvicorn's 400 for a request h11 refused, saying why when this connection refused it."""
-        refusal = self.conn.refusal if isinstance(self.conn, BoundedConnection) else None
-        super().send_400_response(refusal or msg)
+        """uvicorn's 400 for a request h11 refused, or, when a bound of this connection refused
+        it, that bound's status (431: too many header lines) and text, counted."""
+        conn = self.conn
+        if not isinstance(conn, BoundedConnection) or conn.refusal_setting is None:
+            super().send_400_response(msg)
+            return
+        self.counts.refused(conn.refusal_setting)
+        status = conn.refusal_status
+        headers = [(b"content-type", b"text/plain; charset=utf-8"), (b"connection", b"close")]
+        reason = http.HTTPStatus(status).phrase.encode()
+        for event in (
+            h11.Response(status_code=status, headers=headers, reason=reason),
+            h11.Data(data=(conn.refusal or msg).encode()),
+            h11.EndOfMessage(),
+        ):
+            self.transport.write(conn.send(event))
+        self.transport.close()
 
     def on_response_complete(self) -> None:
         if self.conn.their_state is h11.SEND_BODY and not self.transport.is_closing():
@@ -267,7 +309,7 @@ class BoundedH11Protocol(H11Protocol):
 
     def connection_lost(self, exc: Exception | None) -> None:
         self._stop_head_timer()
-        self._stop_write_timer()
+        self._send_watch.stopped()
         if self._reset_timer is not None:
             self._reset_timer.cancel()
             self._reset_timer = None

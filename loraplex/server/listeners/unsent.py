@@ -1,0 +1,227 @@
+"""Response bytes waiting for their clients: one connection's pace (``SendWatch``), all of a
+listener's connections together (``UnsentLedger``), and what the listener refused or cut
+(``ListenerCounts``).
+
+A connection's answer waits in its transport while its client reads more slowly than the server
+writes: a non-streamed answer whole (4.6 MB for 16 echoed prompts of 480 tokens with
+``logprobs: 20`` on the demo model), a stream's the writer's slice. ``write_timeout_s`` and
+``min_send_bytes_per_s`` bound how long one connection holds it; the ledger bounds all of them
+together (``max_unsent_response_bytes``), so clients that each read just fast enough cannot add
+up to ``max_connections`` x the largest answer. A connection counts from the moment its transport
+holds more than its high-water mark (uvicorn's writer then waits) until it drains or closes; what
+it holds is measured as the bytes its client's kernel has not acknowledged: the transport's and
+the socket's send queue (``protocol.BoundedH11Protocol.unsent_bytes``).
+When a newly held answer takes the total past the cap, the connections whose clients have taken
+their answers most slowly since they were held are cut (a reset) until it fits, among those held
+for at least ``write_timeout_s`` (younger ones have shown no pace: their clients first read what
+the kernel's buffers took); with none such, the newcomer is cut instead. One answer alone always
+fits.
+
+One connection (``SendWatch``): while its transport holds more than the high-water mark, its
+client must take, in every span of ``write_timeout_s``, ``min_send_bytes_per_s`` x that span of
+its waiting bytes (or all of them, when fewer wait), else it is cut with a reset. nginx's
+``send_timeout`` bounds only the time between two writes that take anything, so a client taking
+a byte now and then holds its answer for ever; a whole-answer deadline (Go's ``WriteTimeout``)
+cuts an honest client of a large answer on a slow link. Before, the timer ran until the
+transport drained below its low-water mark, so a non-streamed answer had to be taken whole within
+``write_timeout_s`` (4.6 MB in 30 s: 150 KB/s, or the client was cut while reading), and a
+cut closed the socket without a reset: the kernel went on handing the slow client what its send
+buffer held (up to twice ``send_buffer_bytes``, at the client's pace, minutes).
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Iterator
+from dataclasses import dataclass
+from typing import Protocol
+
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
+from prometheus_client.registry import Collector
+
+from loraplex.clock import Clock
+
+# Why a connection was cut (``ListenerCounts.num_cut``'s keys)
+CUT_WRITE_TIMEOUT = "write_timeout"  # its client took too little for ``write_timeout_s``
+CUT_UNSENT_BYTES = "unsent_bytes"  # the slowest when the ledger was over its cap
+# The settings whose bounds the HTTP parser refuses requests by (``h11_bounds.py``)
+PARSER_SETTINGS = ("max_header_bytes", "max_header_count", "max_body_chunks")
+
+
+class Holder(Protocol):
+    """A connection whose transport holds answer bytes (``protocol.BoundedH11Protocol``)."""
+
+    def unsent_bytes(self) -> int:
+        """Bytes of its answers its client's kernel has not acknowledged yet."""
+        ...
+
+    def cut(self, reason: str) -> None:
+        """Closes it with a reset, counted under ``reason``."""
+        ...
+
+
+@dataclass
+class _Held:
+    """One held connection: what it held when counted, and since when."""
+
+    num_bytes: int  # unsent bytes when held (or when last measured)
+    initial_bytes: int  # unsent bytes when held
+    since: float  # clock time it was held
+
+
+class UnsentLedger:
+    """The unsent answer bytes of held connections, at most ``max_bytes`` (module docstring).
+    Event-loop thread only."""
+
+    def __init__(self, max_bytes: int, min_age_s: float, clock: Clock) -> None:
+        self.max_bytes = max_bytes
+        self.min_age_s = min_age_s  # held this long, a connection's pace counts
+        self._clock = clock
+        self._held: dict[Holder, _Held] = {}
+        self.num_bytes = 0  # the held connections' unsent bytes, as last measured
+
+    def __len__(self) -> int:
+        return len(self._held)
+
+    def hold(self, holder: Holder, num_bytes: int) -> None:
+        """``holder`` waits on its client with ``num_bytes`` unsent; past ``max_bytes`` in all,
+        the slowest other held connections are cut, or ``holder`` itself while no other has
+        been held ``min_age_s`` (none has shown its pace yet)."""
+        self.release(holder)
+        self._held[holder] = _Held(num_bytes, num_bytes, self._clock.now())
+        self.num_bytes += num_bytes
+        if self.num_bytes > self.max_bytes:
+            self._remeasure()
+        while self.num_bytes > self.max_bytes and len(self._held) > 1:
+            now = self._clock.now()
+            shown = [
+                other
+                for other, held in self._held.items()
+                if other is not holder and now - held.since >= self.min_age_s
+            ]
+            slowest = min(shown, key=self._pace) if shown else holder
+            self.release(slowest)
+            slowest.cut(CUT_UNSENT_BYTES)
+            if slowest is holder:
+                return
+
+    def release(self, holder: Holder) -> None:
+        """``holder`` drained or closed."""
+        held = self._held.pop(holder, None)
+        if held is not None:
+            self.num_bytes -= held.num_bytes
+
+    def measured(self, holder: Holder, num_bytes: int) -> None:
+        """``holder``'s unsent bytes are ``num_bytes`` now."""
+        held = self._held.get(holder)
+        if held is not None:
+            self.num_bytes += num_bytes - held.num_bytes
+            held.num_bytes = num_bytes
+
+    def _remeasure(self) -> None:
+        """The held connections' unsent bytes now (their clients took some since)."""
+        for holder in self._held:
+            self.measured(holder, holder.unsent_bytes())
+
+    def _pace(self, holder: Holder) -> float:
+        """Bytes a second its client took since it was held."""
+        held = self._held[holder]
+        elapsed_s = max(self._clock.now() - held.since, 1e-9)
+        return (held.initial_bytes - held.num_bytes) / elapsed_s
+
+
+class SendWatch:
+    """One connection's pace at taking its waiting answer (module docstring). Event-loop
+    thread only."""
+
+    def __init__(
+        self,
+        holder: Holder,
+        ledger: UnsentLedger,
+        loop: asyncio.AbstractEventLoop,
+        window_s: float,
+        min_bytes_per_s: int,
+    ) -> None:
+        self._holder = holder
+        self._ledger = ledger
+        self._loop = loop
+        self._window_s = window_s
+        self._min_window_bytes = max(1, int(min_bytes_per_s * window_s))
+        self._timer: asyncio.TimerHandle | None = None
+        self._window_bytes = 0  # unsent bytes when the current span began
+
+    def paused(self) -> None:
+        """The transport holds more than its high-water mark: the client must keep pace."""
+        if self._timer is None:
+            self._window_bytes = self._holder.unsent_bytes()
+            self._timer = self._loop.call_later(self._window_s, self._window_ended)
+            self._ledger.hold(self._holder, self._window_bytes)
+
+    def stopped(self) -> None:
+        """The transport drained to its low-water mark, or the connection closed."""
+        if self._timer is not None:
+            self._timer.cancel()
+            self._timer = None
+        self._ledger.release(self._holder)
+
+    def _window_ended(self) -> None:
+        self._timer = None
+        unsent = self._holder.unsent_bytes()
+        if self._window_bytes - unsent < min(self._min_window_bytes, self._window_bytes):
+            self._ledger.release(self._holder)
+            self._holder.cut(CUT_WRITE_TIMEOUT)
+            return
+        self._window_bytes = unsent
+        self._ledger.measured(self._holder, unsent)
+        self._timer = self._loop.call_later(self._window_s, self._window_ended)
+
+
+class ListenerCounts:
+    """What a listener refused or cut, for ``/metrics``: requests refused by a bound of the
+    HTTP parser (by the setting's name) and connections cut (by ``CUT_*``)."""
+
+    def __init__(self) -> None:
+        # setting name -> requests refused by it
+        self.num_refused = dict.fromkeys(PARSER_SETTINGS, 0)
+        self.num_cut: dict[str, int] = {CUT_WRITE_TIMEOUT: 0, CUT_UNSENT_BYTES: 0}
+
+    def refused(self, setting: str) -> None:
+        self.num_refused[setting] += 1
+
+    def cut(self, reason: str) -> None:
+        self.num_cut[reason] += 1
+
+
+class ListenerCollector(Collector):
+    """The counts and the ledger at scrape time (``/metrics``)."""
+
+    def __init__(self, counts: ListenerCounts, ledger: UnsentLedger) -> None:
+        self._counts = counts
+        self._ledger = ledger
+
+    def collect(self) -> Iterator[GaugeMetricFamily | CounterMetricFamily]:
+        refused = CounterMetricFamily(
+            "loraplex_http_refused",
+            "Requests refused by a bound of the HTTP parser (a 400 or 431 and a close), by the "
+            "setting that refused them.",
+            labels=("setting",),
+        )
+        for setting, count in sorted(self._counts.num_refused.items()):
+            refused.add_metric((setting,), count)
+        yield refused
+        cut = CounterMetricFamily(
+            "loraplex_connections_cut",
+            "Connections cut with a reset while their clients read their answers: too slowly "
+            "for write_timeout_s and min_send_bytes_per_s, or the slowest when the unsent "
+            "answers passed max_unsent_response_bytes.",
+            labels=("reason",),
+        )
+        for reason, count in sorted(self._counts.num_cut.items()):
+            cut.add_metric((reason,), count)
+        yield cut
+        yield GaugeMetricFamily(
+            "loraplex_unsent_response_bytes",
+            "Answer bytes waiting in the transports of connections whose clients read more "
+            "slowly than the server writes (as last measured).",
+            value=self._ledger.num_bytes,
+        )
