@@ -43,4 +43,5 @@ def calibration_measured() -> dict[str, Any]:
     measured = {"loads": loads, "steps": steps, "step_fit": fit_step(steps), "front_s": 0.001}
     ttft = [s for s in steps if s.hop]  # no engine timelines: the TTFT-based prefills are fitted
     # no lone requests kept: the fitted hop stands
-    return {**measured, "lone": [], "ttft_prefills": ttft, "timings": [], "timed": []}
+    # no cold load timed beside running steps: load_busy_scale is not measured
+    return {**measured, "lone": [], "ttft_prefills": ttft, "timings": [], "timed": [], "busy": []}

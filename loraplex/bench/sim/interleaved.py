@@ -40,7 +40,7 @@ Pricing = Callable[[str, str], CostModel]  # (target, trace) -> the cost model s
 
 # measured lists a merge concatenates (``calibration.measure``'s keys); ``timings`` and
 # ``timed`` stay paired index by index, as each pass's are
-LISTS = ("loads", "steps", "ttft_prefills", "timings", "timed", "cold", "residuals", "lone")
+LISTS = ("loads", "steps", "ttft_prefills", "timings", "timed", "cold", "busy", "residuals", "lone")
 MIN_LONE_REQUESTS = 2  # per prefill sample and pass: one gives no spread (hop_jitter_s)
 MAX_PRICE_RATIO = 2.0  # a pass's token price over the passes' median beyond which it is left out
 CHECKED_PRICES = ("per_token_s", "per_prefill_token_s")  # the step's token prices checked
