@@ -118,3 +118,18 @@ def test_the_calibration_writes_the_scale_and_says_how_it_was_measured() -> None
     model, _ = fitted([])
     assert model.load_busy_scale == 1.0  # type: ignore[attr-defined]
     assert model.sources["load_busy_scale"].startswith("not measured")  # type: ignore[attr-defined]
+
+
+def test_interleaved_passes_merge_their_busy_samples() -> None:
+    """``--calibrate-interleaved``: each pass measures its share of the samples; the model of
+    several passes takes the median over all of them."""
+    from loraplex.bench.sim.interleaved import merged
+
+    passes = []
+    for ratio in (2.0, 3.0, 4.0):
+        one = calibration_measured()
+        one.update(cold=[], residuals=[], busy=[BusySample("t/a@r1", 0.01, 0.01 * ratio)])
+        passes.append(one)
+    out = merged(passes)
+    assert [s.ratio for s in out["busy"]] == pytest.approx([2.0, 3.0, 4.0])
+    assert busy_scale(out["busy"]) == pytest.approx(3.0)
