@@ -80,6 +80,15 @@ same probe before each real run. The simulator never reads it; a file without it
 A tier transfer of ``n`` bytes over a link costs ``fixed_s + n / bytes_per_s``. With
 ``load_cpu_shared`` (a CPU-only server, whose loader and engine share one core), a transfer
 stage that starts while a step runs also delays that replica's next step by its seconds.
+
+A load's stages before the copy into a slot (L3 -> L2 and L2 -> L1: fetch, verify, commit,
+read) that start while the replica's engine has requests running (decoding or prefilling:
+steps run beside the load) cost ``load_busy_scale`` times their price: the loader's thread
+shares the CPU and the interpreter with the steps, and on this project's CPU demo server such a
+load took 2.8 times its lone price in traces (docs/simulator.md, SIMCOLD). ``sim calibrate``
+measures it on its own cold loads, each timed alone and then with warm requests decoding
+beside it. The copy is not scaled (the engine waits for it between steps). A file without the
+key reads as 1.0: loads cost their lone price whatever runs beside them (the model before).
 """
 
 from __future__ import annotations
@@ -216,6 +225,9 @@ class CostModel:
     # The host's speed when the figures were measured (``sim/host_speed.py``); None: not
     # probed, and a run on another host speed cannot be rescaled.
     host_probe: HostProbe | None = None
+    # A load stage before the copy (L3 -> L2, L2 -> L1) that starts while the engine has requests
+    # running costs this times its price (module docstring); 1: its lone price.
+    load_busy_scale: float = 1.0
     # Where each number comes from: a calibration run (command, date, machine) or a citation.
     sources: dict[str, str] = field(default_factory=dict)
 
@@ -232,9 +244,10 @@ class CostModel:
             _non_negative(f"CostModel.{name}", getattr(self, name))
         _check_quantiles("CostModel.hop_jitter_s", self.hop_jitter_s)
         _check_quantiles("CostModel.network_jitter_s", self.network_jitter_s)
-        scale = self.fleet_cpu_scale
-        if not (scale > 0 and math.isfinite(scale)):
-            raise ValueError(f"CostModel.fleet_cpu_scale must be finite and > 0, got {scale!r}")
+        for name in ("fleet_cpu_scale", "load_busy_scale"):
+            scale = getattr(self, name)
+            if not (scale > 0 and math.isfinite(scale)):
+                raise ValueError(f"CostModel.{name} must be finite and > 0, got {scale!r}")
         if self.cores is not None and (isinstance(self.cores, bool) or self.cores < 1):
             raise ValueError(f"CostModel.cores must be None or an integer >= 1, got {self.cores!r}")
         wrong = sorted(set(self.lease_handoff_s) - set(HANDOFF_TIERS))
@@ -272,6 +285,7 @@ class CostModel:
             ("fleet_contention", None),
             ("lease_handoff_s", {}),
             ("host_probe", None),
+            ("load_busy_scale", 1.0),
         ):
             if body[key] == default:
                 del body[key]
@@ -293,6 +307,7 @@ def from_dict(body: dict[str, object], origin: str = "<dict>") -> CostModel:
     known = {"schema", "hardware", "validated", "step", "links", "front_s", "ipc_s"}
     known |= {"network_s", "sources", "load_cpu_shared", "hop_jitter_s", "network_jitter_s"}
     known |= {"fleet_cpu_scale", "cores", "lease_handoff_s", "fleet_contention", "host_probe"}
+    known |= {"load_busy_scale"}
     unknown = sorted(set(body) - known)
     if unknown:
         raise ValueError(f"{origin}: unknown keys {unknown}")
@@ -330,6 +345,7 @@ def from_dict(body: dict[str, object], origin: str = "<dict>") -> CostModel:
         fleet_contention=_contention(body.get("fleet_contention"), f"{origin}: fleet_contention"),
         lease_handoff_s=_handoffs(body.get("lease_handoff_s", {}), f"{origin}: lease_handoff_s"),
         host_probe=_host_probe(body.get("host_probe"), f"{origin}: host_probe"),
+        load_busy_scale=_float(body, "load_busy_scale", 1.0),
         sources={str(k): str(v) for k, v in sources.items()},
     )
 

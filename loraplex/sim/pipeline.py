@@ -22,7 +22,9 @@ from loraplex.sim.cost_model import CostModel
 
 class CostModelPipeline:
     """A ``LoadPipeline`` charging L3->L2 (fetch, verify, commit), L2->L1 (read, parse) and
-    L1->L0 (host-to-device copy) their link's fixed seconds plus bytes over bandwidth."""
+    L1->L0 (host-to-device copy) their link's fixed seconds plus bytes over bandwidth; the first
+    two ``load_busy_scale`` times that when ``busy`` says the engine has requests running as the
+    stage starts (``cost_model``'s docstring)."""
 
     # True (an empty L1 -> L0 phase, as the real cache ran it before): the recorded results
     # depend on the order of same-time events
@@ -34,18 +36,25 @@ class CostModelPipeline:
         cost: CostModel,
         on_charge: Callable[[float], None] | None = None,
         scale: float = 1.0,
+        busy: Callable[[], bool] | None = None,
     ) -> None:
         self._footprints = footprints
         self._links = cost.links
         self._scale = scale  # a fleet replica's CPU scale (``CostModel.fleet_cpu_scale``)
         self._on_charge = on_charge  # told each stage's seconds (the engine's shared CPU)
+        # whether the engine has requests running, read when a stage before the copy starts;
+        # None: the file prices no slowdown (``load_busy_scale`` 1)
+        self._busy = None if cost.load_busy_scale == 1.0 else busy
+        self._busy_scale = cost.load_busy_scale
 
     def _charge(self, stage: Stage, link: str, nbytes: int) -> dict[Stage, float]:
         seconds = self._links[link].seconds(nbytes)
         if self._scale != 1.0:
             seconds *= self._scale
         if self._on_charge is not None:
-            self._on_charge(seconds)
+            self._on_charge(seconds)  # the CPU the load takes from a step: its own price
+        if self._busy is not None and stage is not Stage.COPY and self._busy():
+            seconds *= self._busy_scale
         return {stage: seconds}
 
     def resolve(self, key: AdapterKey, cancel: CancelToken) -> Resolved:

@@ -85,6 +85,7 @@ class SimReplica:
                 cost,
                 self._on_load_cpu if cost.load_cpu_shared else None,
                 self._cpu_scale,
+                self._engine_busy,
             ),
             policy=make_policy(config.eviction_policy),
             clock=self._clock,
@@ -310,6 +311,11 @@ class SimReplica:
         if self._in_step and self._cpu is not None:
             self._cpu.steps -= 1
         self._in_step = False
+
+    def _engine_busy(self) -> bool:
+        """Whether the engine has requests running (a load stage then shares the CPU with
+        steps: ``CostModel.load_busy_scale``)."""
+        return bool(self.scheduler.running)
 
     def _on_load_cpu(self, seconds: float) -> None:
         """A load stage starts (``load_cpu_shared``) while the engine steps or plans a step: the

@@ -8,8 +8,8 @@ same trace with a cost file, keeping each simulated request's outcome. Requests 
 medians per tier (ms) of: TTFT real and simulated, the engine's stages.
 
     flock /work/bench.lock nice -n -5 python scripts/sim-timeline/probe.py \
-        --cost-model docs/benchmarks/sim-cost-cpu-2core-demo-small.json --trace-requests 192 \
-        --out /tmp/timeline.jsonl
+        --cost-model docs/benchmarks/sim-cost-cpu-2core-demo-small-2026-12-05-both20.json \
+        --trace-requests 192 --out /tmp/timeline.jsonl
 """
 
 from __future__ import annotations
@@ -36,6 +36,7 @@ from loraplex.sim import cost_model as cost_file
 from loraplex.sim import run as sim_run
 from loraplex.sim.call import records
 from loraplex.sim.config import SimConfig
+from loraplex.sim.lease_desk import SimLeaseDesk
 from loraplex.sim.replica import SimReplica
 
 
@@ -44,11 +45,11 @@ def simulated_outcomes(
 ) -> tuple[list[Any], dict[int, dict[str, float | None]]]:
     """The simulator's per-request outcomes, in trace order, and each one's engine timeline
     (seconds after its engine arrival, as the request log's; ``simulate`` keeps neither:
-    ``_result``, ``_settle`` and ``_retire`` are wrapped to keep them)."""
+    ``_result``, the lease desk's ``_settle`` and the replica's ``_retire`` are wrapped)."""
     kept: list[Any] = []
     stamps: dict[int, dict[str, float | None]] = {}
     original = sim_run._result
-    settle, retire = SimReplica._settle, SimReplica._retire
+    settle, retire = SimLeaseDesk._settle, SimReplica._retire
 
     def keep(*args: Any, **kwargs: Any) -> Any:
         kept.extend(kwargs["outcomes"])
@@ -70,12 +71,14 @@ def simulated_outcomes(
         retire(self, req, state, error)
 
     sim_run._result = keep  # type: ignore[assignment]
-    SimReplica._settle, SimReplica._retire = on_settle, on_retire  # type: ignore[method-assign]
+    SimLeaseDesk._settle = on_settle  # type: ignore[method-assign]
+    SimReplica._retire = on_retire  # type: ignore[method-assign]
     try:
         sim_run.simulate(trace, SimConfig(**values), cost)
     finally:
         sim_run._result = original  # type: ignore[assignment]
-        SimReplica._settle, SimReplica._retire = settle, retire  # type: ignore[method-assign]
+        SimLeaseDesk._settle = settle  # type: ignore[method-assign]
+        SimReplica._retire = retire  # type: ignore[method-assign]
     timelines = {}
     for i, o in enumerate(kept):
         s = stamps.get(id(o), {})

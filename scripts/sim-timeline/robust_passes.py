@@ -30,6 +30,7 @@ from types import SimpleNamespace
 from typing import Any
 
 from loraplex.bench.sim.bench import prepared
+from loraplex.bench.sim.calibrate_busy import BusySample
 from loraplex.bench.sim.calibrate_cold import ColdSample, LeaseHandoffs
 from loraplex.bench.sim.calibrate_decode import mix_record
 from loraplex.bench.sim.calibrate_fit import cost_model_from
@@ -77,6 +78,11 @@ def measured_of(report: dict[str, Any]) -> dict[str, Any]:
         ],
         "timed": [StepSample(**t["sample"]) for t in report["prefill_timeline"]],
         "cold": cold,
+        # reports before SIMCOLD measured no load beside steps: load_busy_scale is then 1
+        "busy": [
+            BusySample(s["adapter"], s["lone_s"], s["busy_s"])
+            for s in report.get("busy_samples", [])
+        ],
         "residuals": report["hop_residuals_s"],
         "lone": [(StepSample(**s), t) for s, t in report["lone_ttfts_s"]],
         "front_s": report["overheads"]["front_s"],

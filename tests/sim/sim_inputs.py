@@ -44,4 +44,5 @@ def calibration_measured() -> dict[str, Any]:
     ttft = [s for s in steps if s.hop]  # no engine timelines: the TTFT-based prefills are fitted
     # no lone requests kept: the fitted hop stands
     measured["decode_mixes"] = []  # no decode mix runs recorded (the steps are given)
-    return {**measured, "lone": [], "ttft_prefills": ttft, "timings": [], "timed": []}
+    # no cold load timed beside running steps: load_busy_scale is not measured
+    return {**measured, "lone": [], "ttft_prefills": ttft, "timings": [], "timed": [], "busy": []}

@@ -339,3 +339,27 @@ def test_calibrate_fleet_refuses_a_fit_broken_twice_unless_accepted(
     assert model.network_s == 0.0
     assert model.sources["fleet_fit_check"].endswith("; kept by --accept-broken-fit")
     assert report["fit_check"]["accepted"] is True
+
+
+def test_the_cost_file_the_readme_and_the_timeline_scripts_name_passes_the_check() -> None:
+    """The example cost file (README's `sim run`, scripts/sim-timeline/probe.py and the timeline
+    scripts' test) is one whose step fit, refitted from its kept samples, holds together: the
+    undated file they named before fails it (SIMCAL2's table; docs/simulator.md, SIMCOLD)."""
+    import re
+
+    repo = DOCS.parents[1]
+    named = set()
+    for text in (
+        "README.md",
+        "scripts/sim-timeline/probe.py",
+        "tests/sim/test_sim_timeline_scripts.py",
+    ):
+        found = re.findall(
+            r'(?:--cost-model |COST = ")docs/benchmarks/(sim-cost-[\w.-]+?)\.json',
+            (repo / text).read_text(),
+        )
+        assert found, text
+        named |= set(found)
+    for stem in sorted(named):
+        rows = json.loads((DOCS / f"{stem}-samples.json").read_text())["step_samples"]
+        assert step_fit_faults(fit_step([StepSample(**row) for row in rows])) == [], stem

@@ -12,7 +12,8 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[2]
 SCRIPTS = REPO / "scripts" / "sim-timeline"
-COST = "docs/benchmarks/sim-cost-cpu-2core-demo-small.json"
+# a calibration the fit check holds (SIMCAL2; docs/simulator.md, SIMCOLD)
+COST = "docs/benchmarks/sim-cost-cpu-2core-demo-small-2026-12-05-both20.json"
 LINE = "57"  # a bench sim line with both targets, 64 requests a trace
 
 

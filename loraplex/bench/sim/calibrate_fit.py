@@ -11,6 +11,7 @@ from dataclasses import asdict, replace
 from typing import Any
 
 from loraplex.bench.harness.machine import machine_record
+from loraplex.bench.sim.calibrate_busy import BUSY_REQUESTS, busy_scale
 from loraplex.bench.sim.calibrate_cold import LeaseHandoffs, handoff_seconds
 from loraplex.bench.sim.calibrate_decode import decode_clock_text, decode_report
 from loraplex.bench.sim.calibrate_run import CalibrateConfig
@@ -193,6 +194,17 @@ def cost_model_from(
         if jitter
         else "not measured (fewer than two lone warm requests): every hop the same"
     )
+    busy = measured["busy"]
+    scale = busy_scale(busy)
+    sources["load_busy_scale"] = (
+        "not measured (no cold load was timed beside running steps): 1, loads cost their lone price"
+        if scale is None
+        else f"the median over {len(busy)} samples (an adapter loaded from the store, its "
+        "cached pages dropped) of the load's stage seconds before the copy with "
+        f"{BUSY_REQUESTS} warm requests decoding beside it over the same load alone (ratios "
+        + ", ".join(f"{b.ratio:.2f}" for b in busy)
+        + "; bench/sim/calibrate_busy.py)"
+    )
     overheads = {"front_s": measured["front_s"], "network_s": 0.0}
     model = calibrated_model(
         hardware,
@@ -207,7 +219,7 @@ def cost_model_from(
         lease_handoff_s=lease_handoff_s,
         lone_hops=measured["lone"],
     )
-    model = replace(model, host_probe=probe)
+    model = replace(model, host_probe=probe, load_busy_scale=1.0 if scale is None else scale)
     report = {
         "hardware": hardware,
         "step_samples": [asdict(s) for s in steps],
@@ -229,6 +241,7 @@ def cost_model_from(
         ],
         "load_samples": [asdict(s) for s in loads],
         "cold_samples": [{**asdict(s), "handoff_s": s.handoff_s} for s in measured["cold"]],
+        "busy_samples": [{**asdict(s), "ratio": s.ratio} for s in busy],
         "overheads": {**overheads, "ipc_s": model.ipc_s},
         "hop_residuals_s": residuals,
         "lone_ttfts_s": [[asdict(sample), ttft_s] for sample, ttft_s in measured["lone"]],

@@ -69,10 +69,12 @@ async def lone_ttft(
     rng: random.Random,
     *,
     tier: str = "L0",
+    output_tokens: int = 1,
 ) -> float | None:
-    """One request of ``length`` prompt tokens and ``max_tokens`` 1 on ``adapter``, alone: its
-    TTFT in seconds (None if it failed); ``tier`` is where the caller put the adapter."""
-    request = TraceRequest(0.0, adapter.tenant, adapter.name, length, 1)
+    """One request of ``length`` prompt tokens and ``max_tokens`` ``output_tokens`` on
+    ``adapter``, alone: its TTFT in seconds (None if it failed); ``tier`` is where the caller
+    put the adapter."""
+    request = TraceRequest(0.0, adapter.tenant, adapter.name, length, output_tokens)
     record = await send_one(
         target.url,
         request,

@@ -11,6 +11,7 @@ from typing import Any
 
 import httpx
 
+from loraplex.bench.sim.calibrate_busy import busy_samples
 from loraplex.bench.sim.calibrate_cold import cold_samples, lease_handoffs
 from loraplex.bench.sim.calibrate_decode import step_samples
 from loraplex.bench.sim.calibrate_fit import cost_model_from
@@ -37,16 +38,18 @@ from loraplex.sim.cost_model import CostModel
 
 def measure(target: Target, config: CalibrateConfig) -> dict[str, Any]:
     """Every sample of one calibration: loads and cold requests end to end first (adapters
-    still cold; ``calibrate_cold``), then the step samples (``_step_measurements``)."""
+    still cold; ``calibrate_cold``), cold loads alone and beside running steps
+    (``calibrate_busy``), then the step samples (``_step_measurements``)."""
     with _client(target, config) as client:
         loads = load_samples(client, target.adapters, target.store)
         # While every adapter is still cold and no warm policy holds one (they drop nothing
         # pinned later, after the mixes' traffic).
         cold = cold_samples(client, target, config)
         cold += cold_samples(client, target, config, tier="L1")
+        busy = busy_samples(client, target, config)  # loads beside steps (load_busy_scale)
         target = with_sizes(client, target)
         steps = _step_measurements(client, target, config)
-    return {"loads": loads, "cold": cold, **steps, **_log_handoffs(target)}
+    return {"loads": loads, "cold": cold, "busy": busy, **steps, **_log_handoffs(target)}
 
 
 def remeasure_steps(

@@ -48,6 +48,7 @@ LISTS = (
     "timings",
     "timed",
     "cold",
+    "busy",
     "residuals",
     "lone",
 )
