@@ -13,8 +13,9 @@ def open_database(
 ) -> Database:
     """``sqlite:///path/to/file`` or ``postgresql://user@host:port/db``; ``timeouts`` bound
     every wait on a PostgreSQL server and ``pool_size`` its connections (None: the defaults).
-    A SQLite file waits up to its busy timeout for another process's write lock, on one
-    connection, and takes neither."""
+    A SQLite file waits up to its busy timeout for another process's write lock, on one write
+    connection and a few read connections of its own (``sqlite.READ_CONNECTIONS``), and takes
+    neither."""
     if url.startswith("sqlite:///"):
         if timeouts is not None:
             raise ValueError(

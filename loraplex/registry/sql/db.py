@@ -41,8 +41,9 @@ class Database(Protocol):
         """A transaction. Write transactions are serialised across every process using the
         database (registry writes are rare administrative changes; serialising them makes
         read-check-write sequences safe without per-engine row locking). ``serving``: a tenant
-        request's (authentication, resolution), which may take the connection of a pool that
-        every other transaction leaves free (PostgreSQL; SQLite has one connection, no pool)."""
+        request's (authentication, resolution), which may take the connection that every
+        other transaction leaves free (PostgreSQL: of its pool; SQLite: of its read
+        connections, its writes taking turns on one more)."""
         ...
 
     def is_unique_violation(self, exc: BaseException) -> bool:

@@ -34,6 +34,7 @@ from psycopg.pq import TransactionStatus
 
 from loraplex.errors import RegistryUnavailableError
 from loraplex.registry.sql.db import Row
+from loraplex.registry.sql.seats import Seats, unnested
 from loraplex.registry.sql.timeouts import DatabaseTimeouts, database_pool_size
 from loraplex.registry.sql.watchdog import Watch, Watchdog
 
@@ -46,10 +47,6 @@ _WRITE_LOCK_KEY = 0x6C70785F726567
 # open for the life of the process (each holds a server backend, counted against the server's
 # max_connections, for every process of every machine using the registry).
 IDLE_CLOSE_S = 60.0
-# Connections of a pool (of 2 or more) that only tenant requests (``serving`` transactions:
-# authentication, resolution) may take: administrators' listings and writes waiting on the
-# server, or a burst of them, never hold every connection while requests wait for one.
-SERVING_RESERVE = 1
 
 
 class _PostgresTx:
@@ -78,8 +75,8 @@ class PostgresDatabase:
     transaction at a time and opened with the same limits; one is opened at once (a wrong URL
     fails at start), the others as concurrent calls need them, and closed once idle for
     ``idle_close_s`` (the last open one is kept). Transactions other than tenant requests'
-    (``serving``) hold at most all but ``SERVING_RESERVE`` of them at once. A call finding every
-    connection it may take busy waits for one at most the client's wait limit. Write
+    (``serving``) hold at most all but ``seats.SERVING_RESERVE`` of them at once. A call
+    finding every connection it may take busy waits for one at most the client's wait limit. Write
     transactions of this process queue for one another here first (as long), then take the
     server's advisory lock (which other processes hold, within the lock timeout), so that a
     write waiting for another write holds no connection and no lock wait.
@@ -102,8 +99,6 @@ class PostgresDatabase:
         self._timeouts = timeouts or DatabaseTimeouts()
         self._pool_size = database_pool_size(pool_size)
         self._idle_close_s = idle_close_s
-        # NOTE: a pool of 1 reserves nothing (its one connection serves every call)
-        self._others_max = max(1, self._pool_size - SERVING_RESERVE)
         self._closed = False
         self._inherited: list[psycopg.Connection[Row]] = []  # a parent's, never used (forks)
         self._start_process()
@@ -114,18 +109,16 @@ class PostgresDatabase:
         self._url = _where(info.host, info.port, info.dbname)
         with self._cond:
             self._open.add(first)
-            self._idle.append(first)
+            self._seats.idle.append(first)
             self._idle_at[first] = time.monotonic()
         _ALIVE.add(self)
 
     def _start_process(self) -> None:
         """This process's pool state: empty, with new locks and a new watchdog."""
-        self._cond = threading.Condition()
+        self._seats: Seats[psycopg.Connection[Row]] = Seats(self._pool_size, "connections")
+        self._cond = self._seats.cond
         self._open: set[psycopg.Connection[Row]] = set()  # idle or in a transaction
-        self._idle: list[psycopg.Connection[Row]] = []  # the most recently returned last
         self._idle_at: dict[psycopg.Connection[Row], float] = {}  # when each idle one returned
-        self._opening = 0  # connections being opened (counted against the pool size)
-        self._others = 0  # connections held (or being opened) by transactions not ``serving``
         self._reaper: threading.Thread | None = None  # closes idle connections past the bound
         self._reaper_stop = threading.Event()
         self._write_lock = threading.Lock()
@@ -146,19 +139,13 @@ class PostgresDatabase:
 
     @contextmanager
     def transaction(self, write: bool = True, serving: bool = False) -> Iterator[_PostgresTx]:
-        if getattr(self._local, "active", False):
-            raise RuntimeError("registry transactions do not nest")
-        self._local.active = True
-        try:
-            with self._write_turn(write):
-                conn = self._checkout(serving)
-                try:
-                    with self._watched(conn, write) as tx:
-                        yield tx
-                finally:
-                    self._checkin(conn, serving)
-        finally:
-            self._local.active = False
+        with unnested(self._local), self._write_turn(write):
+            conn = self._checkout(serving)
+            try:
+                with self._watched(conn, write) as tx:
+                    yield tx
+            finally:
+                self._checkin(conn, serving)
 
     @contextmanager
     def _write_turn(self, write: bool) -> Iterator[None]:
@@ -201,7 +188,7 @@ class PostgresDatabase:
         """Closes the idle connections at once, the busy ones as their transactions end."""
         with self._cond:
             self._closed = True
-            idle, self._idle = self._idle, []
+            idle, self._seats.idle = self._seats.idle, []
             self._open.difference_update(idle)
             self._idle_at.clear()
             self._cond.notify_all()
@@ -215,28 +202,13 @@ class PostgresDatabase:
         """An idle connection (one the server closed meanwhile replaced), else a new one while
         the pool has room, else the first one returned within the client's wait limit; not
         ``serving``: only while other such transactions hold fewer than their share."""
-        wait_s = self._timeouts.client_wait_s
-        deadline = time.monotonic() + wait_s
-        with self._cond:
-            while True:
-                if self._closed:
-                    raise RegistryUnavailableError("it was closed")
-                if serving or self._others < self._others_max:
-                    if self._idle:
-                        taken = self._idle.pop()
-                        del self._idle_at[taken]
-                        conn: psycopg.Connection[Row] | None = taken
-                        break
-                    if len(self._open) + self._opening < self._pool_size:
-                        conn = None
-                        self._opening += 1
-                        break
-                remaining = deadline - time.monotonic()
-                if remaining <= 0:
-                    raise RegistryUnavailableError(self._busy(serving, wait_s))
-                self._cond.wait(remaining)
-            if not serving:
-                self._others += 1
+        conn = self._seats.take(
+            serving,
+            self._timeouts.client_wait_s,
+            lambda: len(self._open),
+            lambda: self._closed,
+            self._idle_at.pop,
+        )
         if conn is not None:
             if _reusable(conn, idle_check=True):
                 return conn
@@ -244,26 +216,12 @@ class PostgresDatabase:
         try:
             conn = self._connect()
         except BaseException:
-            with self._cond:
-                self._opening -= 1
-                if not serving:
-                    self._others -= 1
-                self._cond.notify_all()
+            self._seats.open_failed(serving)
             raise
         with self._cond:
-            self._opening -= 1
+            self._seats.opening -= 1
             self._open.add(conn)
         return conn
-
-    def _busy(self, serving: bool, wait_s: float) -> str:
-        n = self._pool_size
-        if not serving and self._others_max < n:
-            return (
-                f"the {self._others_max} of its {n} connections that calls other than tenant "
-                f"requests may hold stayed busy for {wait_s:g} s"
-            )
-        held = "connection" if n == 1 else f"{n} connections"
-        return f"its {held} stayed busy for {wait_s:g} s"
 
     def _checkin(self, conn: psycopg.Connection[Row], serving: bool) -> None:
         """Back to the idle ones; closed instead when broken, given up, left mid-transaction
@@ -275,10 +233,9 @@ class PostgresDatabase:
         with self._cond:
             if conn not in self._open:
                 return
-            if not serving:
-                self._others -= 1
+            self._seats.returned(serving)
             if not self._closed and _reusable(conn):
-                self._idle.append(conn)
+                self._seats.idle.append(conn)
                 self._idle_at[conn] = time.monotonic()
                 self._cond.notify_all()
                 if self._reaper is None and len(self._open) > 1:
@@ -298,16 +255,17 @@ class PostgresDatabase:
             wake_in = 0.0
             with self._cond:
                 cutoff = time.monotonic() - self._idle_close_s
-                while self._idle and len(self._open) > 1 and self._idle_at[self._idle[0]] <= cutoff:
-                    conn = self._idle.pop(0)  # the longest idle (returned first)
+                idle = self._seats.idle
+                while idle and len(self._open) > 1 and self._idle_at[idle[0]] <= cutoff:
+                    conn = idle.pop(0)  # the longest idle (returned first)
                     del self._idle_at[conn]
                     self._open.discard(conn)
                     expired.append(conn)
-                done = self._closed or not self._idle or len(self._open) <= 1
+                done = self._closed or not idle or len(self._open) <= 1
                 if done:
                     self._reaper = None
                 else:
-                    wake_in = self._idle_at[self._idle[0]] - cutoff
+                    wake_in = self._idle_at[idle[0]] - cutoff
             for conn in expired:
                 conn.close()
             if done or stop.wait(wake_in):
@@ -320,7 +278,7 @@ class PostgresDatabase:
         with self._cond:
             self._open.discard(conn)
             if opening:
-                self._opening += 1
+                self._seats.opening += 1
             else:
                 self._cond.notify_all()
 
