@@ -6,6 +6,7 @@ timings."""
 from __future__ import annotations
 
 import asyncio
+import json
 from pathlib import Path
 
 import httpx
@@ -19,7 +20,8 @@ LONG = 160  # tokens of each long stream (min_tokens too: an EOS cannot end it e
 
 
 async def _stream(live: Live, tenant: str, tokens: int, events: list[str], name: str) -> None:
-    """One streamed completion of the base model; logs ``name:first`` and ``name:end``."""
+    """One streamed completion of the base model; logs ``name:first``, ``name:last`` (the event
+    with its finish reason: the engine step that freed its seat) and ``name:end``."""
     body = {
         "model": live.server.deps.config.base_model_name,
         "prompt": f"{name} says",
@@ -32,8 +34,12 @@ async def _stream(live: Live, tenant: str, tokens: int, events: list[str], name:
     async with http, http.stream("POST", "/v1/completions", json=body, headers=headers) as reply:
         assert reply.status_code == 200, await reply.aread()
         async for line in reply.aiter_lines():
-            if line.startswith("data: {") and f"{name}:first" not in events:
+            if not line.startswith("data: {"):
+                continue
+            if f"{name}:first" not in events:
                 events.append(f"{name}:first")
+            if any(c.get("finish_reason") for c in json.loads(line[6:])["choices"]):
+                events.append(f"{name}:last")
     events.append(f"{name}:end")
 
 
@@ -75,6 +81,9 @@ def test_a_hog_holding_every_seat_does_not_keep_another_tenant_waiting(
         )
         assert reply.status_code == 200, reply.text
         events = asyncio.run(_capped(live))
-        first_end = min(events.index("c0:end"), events.index("c1:end"))
-        later = "c1" if events.index("c0:end") == first_end else "c0"
-        assert events.index(f"{later}:first") > first_end, events  # one seat: one at a time
+        # one seat: one at a time. NOTE: compared with the first one's finishing event, not its
+        # stream's close: the seat is free once that event's step ends, and the next stream's
+        # first token could reach this client before the first stream's close did.
+        first_last = min(events.index("c0:last"), events.index("c1:last"))
+        later = "c1" if events.index("c0:last") == first_last else "c0"
+        assert events.index(f"{later}:first") > first_last, events
