@@ -84,6 +84,16 @@ def warm(lines: list[dict[str, Any]], prompt: int, output: int) -> list[dict[str
     ]
 
 
+def logged_runs(logs_dir: Path, trace_requests: int) -> tuple[list[Path], SimBenchConfig]:
+    """``logs_dir``'s single-server request logs and the bench config of their traces."""
+    runs = sorted(logs_dir.glob("single-r*-*.requests.jsonl"))
+    names = sorted({p.name.split(".")[0].split("-", 2)[2] for p in runs})
+    config = SimBenchConfig(
+        traces=tuple(names), targets=("single",), trace_requests=trace_requests, scale=None
+    )
+    return runs, config
+
+
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--logs-dir", type=Path, required=True)
@@ -95,11 +105,7 @@ def main() -> None:
     args = parser.parse_args()
     from loraplex.demo.assets import generate_demo_assets
 
-    runs = sorted(args.logs_dir.glob("single-r*-*.requests.jsonl"))
-    names = sorted({p.name.split(".")[0].split("-", 2)[2] for p in runs})
-    config = SimBenchConfig(
-        traces=tuple(names), targets=("single",), trace_requests=args.trace_requests, scale=None
-    )
+    runs, config = logged_runs(args.logs_dir, args.trace_requests)
     cost = cost_file.load(args.cost_model)
     assets = generate_demo_assets(config.asset_dir / "test-small", preset="small", seed=0)
     workloads = {w.name: w for w in config.workloads()}

@@ -39,8 +39,9 @@ def test_remote_discovery_keys_and_a_cold_load(demo_assets, tmp_path: Path) -> N
             with httpx.Client(base_url=own.url, headers=admin, timeout=60) as client:
                 samples = load_samples(client, remote.adapters[:1])
                 copies = cold_samples(client, own, CalibrateConfig(repeats=1), tier="L1")
-                # Cold loads alone and beside decoding warm requests (load_busy_scale); the
-                # hand-offs read none of their requests (2 and 48 tokens, not 1).
+                # Cold loads alone and beside warm requests decoding and arriving
+                # (load_busy_scale); the hand-offs read none of their requests (2, 4 and 48
+                # tokens, not 1).
                 assert own.request_log is not None
                 before = log_size(own.request_log)
                 busy = busy_samples(client, own, CalibrateConfig(repeats=1))
@@ -65,7 +66,7 @@ def test_remote_discovery_keys_and_a_cold_load(demo_assets, tmp_path: Path) -> N
     assert len(busy) == 2 and all(s.lone_s > 0 and s.busy_s > 0 for s in busy)
     cold_lines = [x for x in busy_lines if x["output_tokens"] == 2]
     assert len(cold_lines) == 4 and {x["tier"] for x in cold_lines} == {"L3"}
-    assert {x["output_tokens"] for x in busy_lines} == {2, 48}
+    assert {x["output_tokens"] for x in busy_lines} == {2, 4, 48}
     assert lease_handoffs(busy_lines) is None  # no line of 1 token among them
     assert all(s.nbytes > 0 and s.seconds > 0 for s in samples)
     # Only in CPU memory: each request's load is the copy into a slot alone, timed by its stage.

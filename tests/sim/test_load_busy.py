@@ -4,6 +4,7 @@ requests running, and measured by the calibration (``bench/sim/calibrate_busy.py
 
 from __future__ import annotations
 
+import itertools
 import json
 from dataclasses import replace
 from pathlib import Path
@@ -114,6 +115,7 @@ def test_the_calibration_writes_the_scale_and_says_how_it_was_measured() -> None
     model, report = fitted([BusySample("t/a@r1", 0.010, 0.028), BusySample("t/b@r1", 0.01, 0.03)])
     assert model.load_busy_scale == pytest.approx(2.9)  # type: ignore[attr-defined]
     assert "ratios 2.80, 3.00" in model.sources["load_busy_scale"]  # type: ignore[attr-defined]
+    assert "4 arriving" in model.sources["load_busy_scale"]  # type: ignore[attr-defined]
     assert [s["ratio"] for s in report["busy_samples"]] == pytest.approx([2.8, 3.0])
     model, _ = fitted([])
     assert model.load_busy_scale == 1.0  # type: ignore[attr-defined]
@@ -133,3 +135,60 @@ def test_interleaved_passes_merge_their_busy_samples() -> None:
     out = merged(passes)
     assert [s.ratio for s in out["busy"]] == pytest.approx([2.0, 3.0, 4.0])
     assert busy_scale(out["busy"]) == pytest.approx(3.0)
+
+
+@pytest.mark.parametrize(
+    ("fields", "message"),
+    [
+        ({"decoding": 0, "arrivals": 0}, "decoding 0, arrivals 0 is invalid"),
+        ({"arrivals": -1}, "decoding 2, arrivals -1 is invalid"),
+        ({"decode_tokens": 2}, "decode_tokens 2, arrival_tokens 4 is invalid"),
+        ({"arrival_tokens": 1}, "decode_tokens 48, arrival_tokens 1 is invalid"),
+        ({"arrival_gap_s": -0.001}, "head_start_s 0.05, arrival_gap_s -0.001 is invalid"),
+        ({"head_start_s": -1.0}, "head_start_s -1.0, arrival_gap_s 0.004 is invalid"),
+    ],
+)
+def test_a_bad_busy_mix_is_refused_by_name(fields: dict[str, float], message: str) -> None:
+    from loraplex.bench.sim.calibrate_busy import BusyMix
+
+    with pytest.raises(ValueError, match=message):
+        BusyMix(**fields)  # type: ignore[arg-type]
+
+
+def test_the_busy_load_runs_beside_decoding_requests_and_prefills_arriving_with_it(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The second load of a sample (``TRACE_MIX``): the decoding requests sent first, then the
+    cold one and, from its send on, the arrivals ``arrival_gap_s`` apart, all on the warm
+    adapter but the cold one; the lone load runs with nothing beside it."""
+    import asyncio
+
+    from loraplex.bench.sim import calibrate_busy as busy
+    from loraplex.bench.sim.calibrate_run import CalibrateConfig
+    from loraplex.bench.sim.calibrate_target import ServedAdapter, Target
+
+    cold, warm = ServedAdapter("t", "cold", "r1", 8), ServedAdapter("t", "warm", "r1", 8)
+    target = Target("http://x", "k", (cold, warm), {"t": "key"}, 100)
+    sent: list[tuple[float, str, str, int]] = []
+
+    async def lone_ttft(target, adapter, config, length, rng, *, tier="L0", output_tokens=1):  # type: ignore[no-untyped-def]
+        sent.append((asyncio.get_running_loop().time(), adapter.name, tier, output_tokens))
+        await asyncio.sleep(0.01)
+        return 0.01
+
+    monkeypatch.setattr(busy, "lone_ttft", lone_ttft)
+    mix = busy.BusyMix(head_start_s=0.02, arrival_gap_s=0.005)
+    pair = busy._Pair(target, cold, warm, CalibrateConfig(), 8, mix)
+    assert asyncio.run(busy._requests(pair, 0, busy=False)) == [0.01]
+    assert [s[1:] for s in sent] == [("cold", "L3", 2)]
+    sent.clear()
+    ttfts = asyncio.run(busy._requests(pair, 0, busy=True))
+    assert len(ttfts) == 1 + mix.decoding + mix.arrivals
+    shapes = [s[1:] for s in sent]
+    assert shapes == [("warm", "L0", 48)] * 2 + [("cold", "L3", 2)] + [("warm", "L0", 4)] * 4
+    start = sent[2][0]
+    assert start - sent[0][0] >= 0.02  # the decoding requests' head start
+    gaps = [b[0] - a[0] for a, b in itertools.pairwise(sent[2:])]
+    assert gaps[0] < 0.005 and all(g >= 0.005 for g in gaps[1:])
+    # before 2026-12-06 the mix was the decoding requests alone (``LIGHT_MIX``)
+    assert busy.LIGHT_MIX.arrivals == 0 and busy.TRACE_MIX.arrivals == 4

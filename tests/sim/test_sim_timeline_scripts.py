@@ -53,3 +53,26 @@ def test_robust_passes_names_the_disturbed_pass_and_writes_each_model(tmp_path: 
     written = sorted(p.name for p in tmp_path.iterdir())
     assert "rule-adjacent-zipf-longtail.json" in written and "every-pass-merged.json" in written
     assert len(written) == 8  # merged and one per trace, with and without the rule
+
+
+def test_busy_loads_reads_what_ran_beside_each_cold_load() -> None:
+    """``busy_loads.beside``: a cold load's window (asked -> ready) against the other requests'
+    service (first plan -> end): the time-averaged number served, the busy fraction, those
+    served at its start (what the simulator reads) and the prefills in it."""
+    sys.path.insert(0, str(SCRIPTS))
+    from busy_loads import beside
+
+    def line(t: float, tier: str, **engine: float) -> dict[str, object]:
+        return {"t_s": t, "tier": tier, "engine": engine}
+
+    lines = [
+        line(0.0, "L3", asked_s=0.0, load_s=0.008, ready_s=0.010, scheduled_s=0.010, end_s=0.05),
+        # served from 0.005 to 0.030 (first step ended at 0.008): half the window, one prefill
+        line(0.004, "L0", scheduled_s=0.001, first_step_end_s=0.004, end_s=0.026),
+        line(0.5, "L0", scheduled_s=0.001, first_step_end_s=0.004, end_s=0.02),  # after it
+    ]
+    row = beside(lines, 0)
+    assert row is not None
+    assert row["mean_running"] == 0.5 and row["busy_fraction"] == 0.5
+    assert row["running_at_start"] == 0 and row["prefills"] == 1
+    assert beside(lines, 1) is None  # a warm request loads nothing

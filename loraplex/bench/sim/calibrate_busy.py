@@ -1,13 +1,18 @@
 """Cold loads beside running steps: what ``CostModel.load_busy_scale`` prices. Each sample loads
-one adapter from the store (L3, its cached pages dropped) twice: alone, then with warm requests
-of another adapter decoding while it loads. The scale is the median over the samples of the
-second load's stage seconds before the copy (fetch, verify, commit, read) over the first's.
+one adapter from the store (L3, its cached pages dropped) twice: alone, then beside a
+``BusyMix`` of warm requests on another adapter: some decoding through the load and some
+arriving with it, whose prefills (and the front's work for them) run while it loads, as a
+trace's do. The scale is the median over the samples of the second load's stage seconds before
+the copy (fetch, verify, commit, read) over the first's.
 
 Why: in ``bench sim``'s traces a load from the store that overlapped other requests' steps took
 2.8 times its lone price, one that did not 0.97 times (docs/simulator.md, SIMCOLD): the
-loader's thread shares the CPU and the interpreter with the engine's. The calibration's other
-cold loads are all lone. The requests sent here make ``output_tokens`` other than 1 and
-``HOP_OUTPUT_TOKENS``, so neither the lease hand-offs nor the prefill timings read them.
+loader's thread shares the CPU and the interpreter with the engine's. Beside 2 decoding
+requests alone (``LIGHT_MIX``, the mix before 2026-12-06) a quiet calibration read 1.55, and
+the simulated tail barely moved (docs/simulator.md, SIMTAIL: the trace's busy loads ran beside
+2-4+ requests and several prefills). The calibration's other cold loads are all lone. The
+requests sent here make ``output_tokens`` other than 1 and ``HOP_OUTPUT_TOKENS``, so neither
+the lease hand-offs nor the prefill timings read them.
 """
 
 from __future__ import annotations
@@ -33,9 +38,47 @@ from loraplex.bench.sim.calibrate_target import ServedAdapter, Target
 from loraplex.residency.stats import Stage
 
 COLD_OUTPUT_TOKENS = 2  # the cold request's tokens (not 1: the hand-offs read those)
-BUSY_REQUESTS = 2  # warm requests decoding beside the second load
-BUSY_OUTPUT_TOKENS = 48  # each one's tokens: their steps outlast the load
-BUSY_HEAD_START_S = 0.05  # the warm requests' start before the cold one (their prefill done)
+
+
+@dataclass(frozen=True)
+class BusyMix:
+    """The warm requests run beside a sample's second load."""
+
+    decoding: int = 2  # warm requests decoding through the load
+    decode_tokens: int = 48  # each one's tokens: their steps outlast the load
+    head_start_s: float = 0.05  # their start before the cold request (their prefill done)
+    arrivals: int = 4  # warm requests sent from the cold one's send on: prefills during the load
+    arrival_gap_s: float = 0.004  # between two arrivals' sends
+    arrival_tokens: int = 4  # each arrival's tokens (not 1, 2 or HOP_OUTPUT_TOKENS)
+
+    def __post_init__(self) -> None:
+        if self.decoding < 0 or self.arrivals < 0 or self.decoding + self.arrivals < 1:
+            raise ValueError(
+                f"decoding {self.decoding}, arrivals {self.arrivals} is invalid; expected counts "
+                ">= 0 and at least one request"
+            )
+        if self.decode_tokens < 3 or self.arrival_tokens < 3:
+            raise ValueError(
+                f"decode_tokens {self.decode_tokens}, arrival_tokens {self.arrival_tokens} is "
+                "invalid; expected >= 3 (the hand-offs read 1-token requests, the cold one is 2)"
+            )
+        if self.head_start_s < 0 or self.arrival_gap_s < 0:
+            raise ValueError(
+                f"head_start_s {self.head_start_s}, arrival_gap_s {self.arrival_gap_s} is "
+                "invalid; expected >= 0"
+            )
+
+    def describe(self) -> str:
+        return (
+            f"{self.decoding} warm requests decoding ({self.decode_tokens} tokens, sent "
+            f"{self.head_start_s * 1e3:g} ms before the cold one) and {self.arrivals} arriving "
+            f"({self.arrival_tokens} tokens, sent {self.arrival_gap_s * 1e3:g} ms apart from the "
+            "cold one's send)"
+        )
+
+
+LIGHT_MIX = BusyMix(arrivals=0)  # the mix measured before 2026-12-06: 2 decoding requests
+TRACE_MIX = BusyMix()  # decoding requests and prefills arriving during the load
 
 
 @dataclass(frozen=True)
@@ -44,7 +87,7 @@ class BusySample:
 
     adapter: str  # tenant/name@revision
     lone_s: float  # the load's stage seconds before the copy, the engine idle
-    busy_s: float  # the same, BUSY_REQUESTS warm requests decoding
+    busy_s: float  # the same, a ``BusyMix`` beside it
 
     @property
     def ratio(self) -> float:
@@ -57,10 +100,12 @@ def busy_scale(samples: Sequence[BusySample]) -> float | None:
     return statistics.median(ratios) if ratios else None
 
 
-def busy_samples(client: httpx.Client, target: Target, config: CalibrateConfig) -> list[BusySample]:
+def busy_samples(
+    client: httpx.Client, target: Target, config: CalibrateConfig, mix: BusyMix = TRACE_MIX
+) -> list[BusySample]:
     """``config.repeats`` samples on the lowest- and highest-rank adapter of each target set, the
-    warm requests on another adapter held in a slot; an adapter the server would not drop from
-    every tier (a copy pinned or in use), or a request that failed, gives no sample."""
+    warm requests (``mix``) on another adapter held in a slot; an adapter the server would not
+    drop from every tier (a copy pinned or in use), or a request that failed, gives no sample."""
     chosen = list(
         dict.fromkeys(a for group in target_sets(target.adapters) for a in (group[0], group[-1]))
     )
@@ -73,7 +118,7 @@ def busy_samples(client: httpx.Client, target: Target, config: CalibrateConfig) 
                 return samples
             warm = others[0]
             seed = config.seed + 71 + 100 * repeat + index
-            pair = _Pair(target, adapter, warm, config, length)
+            pair = _Pair(target, adapter, warm, config, length, mix)
             lone = _stages(client, pair, seed, busy=False)
             busy = _stages(client, pair, seed + 1, busy=True)
             if lone is not None and busy is not None:
@@ -90,11 +135,12 @@ class _Pair:
     warm: ServedAdapter
     config: CalibrateConfig
     length: int  # prompt tokens of every request
+    mix: BusyMix  # what runs beside the busy load
 
 
 def _stages(client: httpx.Client, pair: _Pair, seed: int, *, busy: bool) -> float | None:
     """One cold request for ``pair.adapter`` (only in the store), with ``pair.warm``'s requests
-    decoding beside it when ``busy``: the stage seconds before the copy the server's counters
+    (``pair.mix``) beside it when ``busy``: the stage seconds before the copy the server's counters
     gained (the warm requests load nothing); None when no cold load could be made or a request
     failed."""
     target = pair.target
@@ -114,16 +160,28 @@ def _stages(client: httpx.Client, pair: _Pair, seed: int, *, busy: bool) -> floa
 
 async def _requests(pair: _Pair, seed: int, busy: bool) -> list[float | None]:
     rng = random.Random(seed)
-    target, config, length = pair.target, pair.config, pair.length
-    background = [
-        asyncio.ensure_future(
-            lone_ttft(target, pair.warm, config, length, rng, output_tokens=BUSY_OUTPUT_TOKENS)
+    target, config, length, mix = pair.target, pair.config, pair.length, pair.mix
+
+    def warm(tokens: int) -> asyncio.Future[float | None]:
+        return asyncio.ensure_future(
+            lone_ttft(target, pair.warm, config, length, rng, output_tokens=tokens)
         )
-        for _ in range(BUSY_REQUESTS if busy else 0)
-    ]
+
+    async def arriving() -> list[float | None]:
+        sent = []
+        for i in range(mix.arrivals):
+            if i:
+                await asyncio.sleep(mix.arrival_gap_s)
+            sent.append(warm(mix.arrival_tokens))
+        return list(await asyncio.gather(*sent))
+
+    background = [warm(mix.decode_tokens) for _ in range(mix.decoding if busy else 0)]
     if background:
-        await asyncio.sleep(BUSY_HEAD_START_S)
-    cold = await lone_ttft(
-        target, pair.adapter, config, length, rng, tier="L3", output_tokens=COLD_OUTPUT_TOKENS
+        await asyncio.sleep(mix.head_start_s)
+    cold = asyncio.ensure_future(
+        lone_ttft(
+            target, pair.adapter, config, length, rng, tier="L3", output_tokens=COLD_OUTPUT_TOKENS
+        )
     )
-    return [cold, *await asyncio.gather(*background)]
+    arrived = await arriving() if busy else []
+    return [await cold, *await asyncio.gather(*background), *arrived]

@@ -11,7 +11,7 @@ from dataclasses import asdict, replace
 from typing import Any
 
 from loraplex.bench.harness.machine import machine_record
-from loraplex.bench.sim.calibrate_busy import BUSY_REQUESTS, busy_scale
+from loraplex.bench.sim.calibrate_busy import TRACE_MIX, busy_scale
 from loraplex.bench.sim.calibrate_cold import LeaseHandoffs, handoff_seconds
 from loraplex.bench.sim.calibrate_decode import decode_clock_text, decode_report
 from loraplex.bench.sim.calibrate_run import CalibrateConfig
@@ -201,7 +201,7 @@ def cost_model_from(
         if scale is None
         else f"the median over {len(busy)} samples (an adapter loaded from the store, its "
         "cached pages dropped) of the load's stage seconds before the copy with "
-        f"{BUSY_REQUESTS} warm requests decoding beside it over the same load alone (ratios "
+        f"{TRACE_MIX.describe()} beside it over the same load alone (ratios "
         + ", ".join(f"{b.ratio:.2f}" for b in busy)
         + "; bench/sim/calibrate_busy.py)"
     )
