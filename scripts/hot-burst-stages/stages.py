@@ -41,7 +41,8 @@ def _lines(path: Path) -> list[dict[str, Any]]:
 
 
 def _q(values: list[float], q: float) -> float | None:
-    """The nearest-rank ``q`` quantile (``bench serve``'s percentiles are nearest-rank too)."""
+    """The nearest-rank ``q`` quantile (``bench serve``'s headline percentiles interpolate, so
+    they can differ by a few percent on a tail of a few requests)."""
     if not values:
         return None
     ordered = sorted(values)
