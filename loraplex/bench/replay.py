@@ -28,6 +28,8 @@ from loraplex.residency.policy import EvictionPolicy
 from loraplex.residency.simulated import SimulatedPipeline, StageCosts
 from loraplex.residency.stats import percentile
 
+# How soon a request held back from a borrowed GPU copy asks again (the engine asks each step).
+RECLAIM_RECHECK_S = 0.02
 _BASE_DIGEST = hashlib.sha256(b"replay-base").hexdigest()
 
 
@@ -105,9 +107,9 @@ def replay(
     outcomes: list[Outcome] = []
     for request in workload.requests:
         executor.run_until(request.t_s)
-        future = cache.acquire_future(keys[(request.tenant, request.adapter)])
         hold_s = request.output_tokens * tpot_s
-        future.add_done_callback(_on_lease(executor, outcomes, request.t_s, request.tenant, hold_s))
+        done = _on_lease(executor, outcomes, request.t_s, request.tenant, hold_s)
+        _ask(cache, executor, keys[(request.tenant, request.adapter)], done)
     executor.drain()
     cache.check_integrity()
     return _summarise(
@@ -119,6 +121,22 @@ def replay(
         num_buckets=num_buckets,
         waits_from_s=waits_from_s,
     )
+
+
+def _ask(
+    cache: TieredAdapterCache,
+    executor: SimExecutor,
+    key: AdapterKey,
+    done: Callable[[Any], None],
+) -> None:
+    """Asks for ``key``'s lease as the engine's lease desk does: not while its GPU copy is
+    borrowed room another tenant's load waits for (``TieredAdapterCache.reclaiming``; never
+    under a share of 1.0), but again a step (``RECLAIM_RECHECK_S``) later."""
+    if cache.reclaiming(key):
+        later = executor.clock.now() + RECLAIM_RECHECK_S
+        executor.call_at(later, lambda: _ask(cache, executor, key, done))
+        return
+    cache.acquire_future(key).add_done_callback(done)
 
 
 # One request's outcome: (arrival, tenant, source tier name or "failed", seconds to the lease).

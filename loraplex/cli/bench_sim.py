@@ -9,6 +9,7 @@ from typing import TYPE_CHECKING, Annotated
 
 import typer
 
+from loraplex.cli.bench.options import logs_dir_ready
 from loraplex.cli.registry_access import command_group
 
 if TYPE_CHECKING:
@@ -139,7 +140,7 @@ def bench_sim(
         )
     if logs_dir is not None:
         try:
-            _logs_dir_ready(logs_dir)
+            logs_dir_ready(logs_dir)
         except (ValueError, OSError) as exc:
             raise typer.BadParameter(str(exc), param_hint="--logs-dir") from exc
     interleaved = None
@@ -165,13 +166,6 @@ def bench_sim(
     if not as_json:
         typer.echo(f"cost model: {result['metrics']['cost_model']}", err=True)
     typer.echo(json.dumps(result, allow_nan=False))
-
-
-def _logs_dir_ready(path: Path) -> None:
-    """Creates ``path``; one that holds anything is refused (its files would be overwritten)."""
-    if path.exists() and (not path.is_dir() or any(path.iterdir())):
-        raise ValueError(f"--logs-dir {path} is invalid; expected a new or empty directory")
-    path.mkdir(parents=True, exist_ok=True)
 
 
 def _calibrated(asset_dir: Path, max_loras: int, hardware: str, logs_dir: Path | None) -> CostModel:

@@ -147,14 +147,22 @@ class TierLedger:
             )
 
     def plan_room(
-        self, tenant: str, size_bytes: int, ranked: Callable[[], Iterable[ResidentEntry]]
+        self,
+        tenant: str,
+        size_bytes: int,
+        ranked: Callable[[], Iterable[ResidentEntry]],
+        outranks: Callable[[str, str], bool] | None = None,
     ) -> list[ResidentEntry] | None:
         """Victims (a prefix-greedy pick from ``ranked()``, most evictable first, by the
         work-conserving share's rule in ``residency/reclaim.py``) whose removal makes room for
         ``size_bytes`` of ``tenant``: [] when it fits in free room, up to its own cap whatever
         its share (``ranked`` is then never called, so a load into free room costs nothing per
         cached copy); None when the evictable entries it may take cannot suffice. ``ranked()``
-        is consumed lazily, only as far as the pick goes."""
+        is consumed lazily, only as far as the pick goes. ``outranks(a, b)`` true: ``a``'s
+        share does not give way to ``b`` and ``b``'s share does not hold against ``a``
+        (``CacheConfig.share_by_priority``: ``a`` of a higher priority): a load of ``b`` does
+        not reclaim ``a``'s borrowed room first, and a load of ``a`` beyond its own share may
+        still take ``b``'s copies, in the policy's order."""
         held = self.tenant_bytes.get(tenant, 0)
         cap, claim = self.tenant_cap(tenant), self.claim_limit(tenant, size_bytes)
         need = RoomNeed(
@@ -167,7 +175,11 @@ class TierLedger:
         )
         if need.fits():
             return []
-        need.excess = self._excess(besides=tenant)
+        excess = self._excess(besides=tenant)
+        if outranks is not None:
+            excess = {t: b for t, b in excess.items() if not outranks(t, tenant)}
+            need.outranked = lambda owner: outranks(tenant, owner)
+        need.excess = excess
         return pick_victims(need, ranked)
 
     def _excess(self, besides: str) -> dict[str, int]:

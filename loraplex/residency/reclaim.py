@@ -14,6 +14,13 @@ still fills every slot no one else wants. The whole rule, applied one victim at 
 
 An explicit per-tenant cap (``max_gpu_bytes`` ...) stays hard; the ledger refuses free room
 above it before this pick runs.
+
+Under ``share_by_priority`` (``CacheConfig``) a share holds only against tenants of the same or
+lower priority: a higher-priority tenant's borrowed room is not "over its share" to a lower one's
+load (that load takes the most evictable copy by the policy, as with no share), and a
+higher-priority requester past its share may take, besides its own, the copies of tenants it
+outranks (its cap stays hard). hot-burst on ``bench serve``: the batch tenant's sweep took back
+half of the GPU slots from the high-priority tenant's 8 hot adapters, whatever the policy.
 """
 
 from __future__ import annotations
@@ -50,6 +57,9 @@ class RoomNeed:
     claim_free: int | None  # bytes it may still take from other tenants; None: no limit
     # bytes each other tenant holds above its share (only tenants over it)
     excess: dict[str, int] = field(default_factory=dict)
+    # owners whose copies the requester may take beyond its own share (lower priorities under
+    # ``share_by_priority``); None: none
+    outranked: Callable[[str], bool] | None = None
 
     def fits(self) -> bool:
         size = self.size_bytes
@@ -60,11 +70,20 @@ class RoomNeed:
         )
 
     def own_only(self) -> bool:
-        """Whether the next victim must be the tenant's own copy."""
+        """Whether the next victim must be the tenant's own copy (or, past its share but not
+        its cap, an ``outranked`` owner's)."""
         size = self.size_bytes
         return (self.cap_free is not None and self.cap_free < size) or (
             self.claim_free is not None and self.claim_free < size
         )
+
+    def may_take(self) -> Callable[[str], bool]:
+        """Whose copies the next victim may be while ``own_only``."""
+        outranked, tenant = self.outranked, self.tenant
+        capped = self.cap_free is not None and self.cap_free < self.size_bytes
+        if outranked is None or capped:
+            return lambda owner: owner == tenant
+        return lambda owner: owner == tenant or outranked(owner)
 
     def take(self, victim: Copy) -> None:
         self.free_bytes += victim.size_bytes
@@ -92,7 +111,7 @@ def pick_victims(need: RoomNeed, ranked: Callable[[], Iterable[C]]) -> list[C] |
     passed: list[C] = []  # entries passed over, in ranked order
     while not need.fits():
         if need.own_only():
-            pick = _next_pick(passed, pool, need.tenant)
+            pick = _next_pick(passed, pool, need.may_take())
         else:
             pick = _reclaim(need, passed, pool)
         if pick is None:
@@ -106,21 +125,24 @@ def _reclaim(need: RoomNeed, passed: list[C], pool: Iterator[C]) -> C | None:
     """The most over-share tenant's most evictable copy; else anyone's most evictable copy."""
     while need.excess:
         most = max(need.excess, key=lambda t: (need.excess[t], t))
-        pick = _next_pick(passed, pool, most)
+        pick = _next_pick(passed, pool, most.__eq__)
         if pick is not None:
             return pick
         del need.excess[most]  # nothing of it is evictable now
     return _next_pick(passed, pool, None)
 
 
-def _next_pick(passed: list[C], pool: Iterator[C], tenant: str | None) -> C | None:
-    """The most evictable remaining entry (of ``tenant`` unless None): ``passed`` entries rank
-    before the rest of ``pool``; entries of other tenants met on the way join ``passed``."""
+def _next_pick(
+    passed: list[C], pool: Iterator[C], owners: Callable[[str], bool] | None
+) -> C | None:
+    """The most evictable remaining entry (whose tenant ``owners`` accepts, unless None):
+    ``passed`` entries rank before the rest of ``pool``; entries of other tenants met on the
+    way join ``passed``."""
     for i, entry in enumerate(passed):
-        if tenant is None or entry.key.tenant == tenant:
+        if owners is None or owners(entry.key.tenant):
             return passed.pop(i)
     for entry in pool:
-        if tenant is None or entry.key.tenant == tenant:
+        if owners is None or owners(entry.key.tenant):
             return entry
         passed.append(entry)
     return None

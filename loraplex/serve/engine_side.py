@@ -93,6 +93,7 @@ def build_runtime(config: ServeConfig, base: BaseModelSpec, registry: Registry) 
         auto_warm_interval_s=config.auto_warm_interval_s,
         max_auto_gpu_slots=config.auto_gpu_slots(base),
         default_tenant_tier_share=config.default_tenant_tier_share,
+        tier_share_by_priority=config.tier_share_by_priority,
     )
     resolver = RegistryResolver(registry, config.dtype)
     disk = config.data_dir / ADAPTER_CACHE_DIR

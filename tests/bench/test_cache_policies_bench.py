@@ -113,7 +113,14 @@ def test_drift_recovery_is_read_from_the_rotation_aligned_mean() -> None:
 
 @pytest.mark.parametrize(
     ("field", "value"),
-    [("policies", ("nope",)), ("repeats", 0), ("duration_s", 0.0), ("tpot_s", -1.0)],
+    [
+        ("policies", ("nope",)),
+        ("repeats", 0),
+        ("duration_s", 0.0),
+        ("tpot_s", -1.0),
+        ("tenant_tier_share", 0.0),
+        ("tenant_tier_share", 1.5),
+    ],
 )
 def test_config_refuses_bad_values_naming_the_field(field: str, value: object) -> None:
     with pytest.raises(ValueError, match=field):
@@ -123,3 +130,30 @@ def test_config_refuses_bad_values_naming_the_field(field: str, value: object) -
 def test_cli_refuses_an_unknown_policy_by_name() -> None:
     out = CliRunner().invoke(app, ["bench", "residency", "--policies", "lru,bogus"])
     assert out.exit_code == 2 and "policies" in out.output
+
+
+def _hot_burst_12(**share: object) -> dict[str, list[float]]:
+    config = PolicyBenchConfig(
+        policies=("lru_priority",),
+        repeats=1,
+        duration_s=30.0,
+        rate=16.98,
+        tpot_s=0.04,
+        traces=("hot-burst@12",),
+        tier_floors=False,
+        **share,  # type: ignore[arg-type]
+    )
+    return run_policy_bench(config)["traces"]["hot-burst@12"]["lru_priority"]
+
+
+def test_the_replay_keeps_the_servers_tenant_share_and_its_priority_rule() -> None:
+    """hot-burst at 12 slots (the bench serve shape): at the server's share of 0.5 the batch
+    tenant's sweep takes back 6 of the slots the 8 hot adapters need, whatever the policy,
+    and the hot tenant's P99 wait grows about a hundredfold; under ``tier_share_by_priority``
+    the share no longer holds the hot set down (seed 0: 0.434 s, 0.004 s without a share)."""
+    plain = _hot_burst_12()
+    shared = _hot_burst_12(tenant_tier_share=0.5)
+    ranked = _hot_burst_12(tenant_tier_share=0.5, tier_share_by_priority=True)
+    assert shared["wait_p99_s_prio"][0] > 10 * plain["wait_p99_s_prio"][0]
+    assert ranked["wait_p99_s_prio"][0] < shared["wait_p99_s_prio"][0] / 10
+    assert ranked["hit_l0"][0] > shared["hit_l0"][0]

@@ -6,12 +6,13 @@ alternate their order and pool their repeats, and the throughput ratio is null w
 from __future__ import annotations
 
 from pathlib import Path
+from types import MappingProxyType
 
 import pytest
 
 from loraplex.bench.harness.order import run_order
 from loraplex.bench.serve.bench import ServeBenchConfig
-from loraplex.bench.serve.driver import RequestRecord, ResidencyView
+from loraplex.bench.serve.driver import DriveConfig, RequestRecord, ResidencyView
 from loraplex.bench.serve.fleet import ServerOptions, drop_page_cache
 from loraplex.bench.serve.report import serve_markdown
 from loraplex.bench.serve.runs import comparisons, pooled_view
@@ -207,3 +208,75 @@ def test_hot_burst_slots_and_repeats_are_validated() -> None:
     with pytest.raises(ValueError, match="trace_repeats"):
         ServeBenchConfig(trace_repeats=0)
     assert ServeBenchConfig().hot_burst_slots[0] == 9  # the headline point: hot set + 1
+
+
+def test_each_trace_run_keeps_its_own_request_log_and_client_records(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """With ``logs_dir`` every run (repeats too) gets a server request log of its own and the
+    client's records beside it; without, no server is asked for a log."""
+    import contextlib
+    import json
+
+    from loraplex.bench.serve import runs as runs_module
+    from loraplex.bench.serve.runs import TracePlan, trace_runs
+
+    asked: list[Path | None] = []
+
+    @contextlib.contextmanager
+    def fake_serving(fleet: object, data_dir: Path, options: ServerOptions):  # type: ignore[no-untyped-def]
+        asked.append(options.request_log_path)
+        yield "http://127.0.0.1:1"
+
+    async def fake_replay(*args: object) -> tuple[list[RequestRecord], ResidencyView]:
+        return [_record("prio", 0.25)], ResidencyView()
+
+    monkeypatch.setattr(runs_module, "serving", fake_serving)
+    monkeypatch.setattr(runs_module, "replay_over_http", fake_replay)
+    monkeypatch.setattr(runs_module, "drop_page_cache", lambda store: True)
+
+    class _Fleet:
+        store = tmp_path / "store"
+        keys = MappingProxyType({})
+        admin_key = ""
+
+    workload = Workload("hot-burst", 0, 10.0, (), ())
+    group = [
+        (f"hot-burst@9/{p}", workload, ServerOptions(p, 9, 1 << 20)) for p in ("lru", "admit_gdsf")
+    ]
+    logs = tmp_path / "logs"
+    logs.mkdir()
+    plan = TracePlan([group], 2, TIMEOUT_S, logs)
+    trace_runs(plan, _Fleet(), DriveConfig(), tmp_path)  # type: ignore[arg-type]
+    assert asked == [
+        logs / "run00-hot-burst@9-lru.requests.jsonl",
+        logs / "run01-hot-burst@9-admit_gdsf.requests.jsonl",
+        logs / "run02-hot-burst@9-admit_gdsf.requests.jsonl",
+        logs / "run03-hot-burst@9-lru.requests.jsonl",
+    ]
+    clients = sorted(p.name for p in logs.glob("*.client.jsonl"))
+    assert clients == [p.name.replace(".requests.", ".client.") for p in sorted(asked)]  # type: ignore[union-attr]
+    line = json.loads((logs / "run00-hot-burst@9-lru.client.jsonl").read_text())
+    assert line["tenant"] == "prio" and line["ttft_s"] == 0.25
+    asked.clear()
+    trace_runs(TracePlan([group], 1, TIMEOUT_S), _Fleet(), DriveConfig(), tmp_path)  # type: ignore[arg-type]
+    assert asked == [None, None]
+
+
+def test_a_logs_dir_needs_a_trace_scenario(tmp_path: Path) -> None:
+    with pytest.raises(ValueError, match="logs_dir"):
+        ServeBenchConfig(scenarios=("adversarial",), logs_dir=tmp_path)
+    assert ServeBenchConfig(scenarios=("hot-burst",), logs_dir=tmp_path).logs_dir == tmp_path
+
+
+def test_the_tenant_tier_share_reaches_the_trace_runs_only() -> None:
+    from loraplex.bench.serve.bench import _options, _trace_options
+
+    with pytest.raises(ValueError, match="tenant_tier_share"):
+        ServeBenchConfig(tenant_tier_share=0.0)
+    with pytest.raises(ValueError, match="tenant_tier_share"):
+        ServeBenchConfig(tenant_tier_share=1.5)
+    config = ServeBenchConfig(tenant_tier_share=1.0)
+    assert _trace_options(config, "lru", 9).default_tenant_tier_share == 1.0
+    assert _options(config, "lru", 9).default_tenant_tier_share is None  # capacity, throughput
+    assert _trace_options(ServeBenchConfig(), "lru", 9).default_tenant_tier_share is None

@@ -13,6 +13,7 @@ from cache_kit import UNIT, Rig, key, make_rig
 
 from loraplex.artifacts.identity import AdapterKey
 from loraplex.residency.cache import Lease
+from loraplex.residency.cache.config import share_outranks
 from loraplex.residency.ledger import CACHED_TIERS, Tier, TierBudget, TierLedger
 
 SWEEP = [key("t", f"s{i}") for i in range(8)]  # one tenant's long tail
@@ -224,3 +225,61 @@ def test_a_pinned_copy_is_never_held_back_for_a_reclaim() -> None:
     lease.release()
     rig.settle()
     assert wanted.done() and wanted.exception() is None
+
+
+PRIORITY = {"t": 4.0, "u": 0.25}  # t high, u batch (the scheduler's class weights)
+
+
+def _ranked_rig(by_priority: bool, policy: str = "lru_priority") -> Rig:
+    """4 slots at a share of 0.5; t of a higher priority than u."""
+    return make_rig(
+        policy,
+        slots=4,
+        l1=8,
+        l2=16,
+        share=0.5,
+        tenant_priority=PRIORITY,
+        share_by_priority=by_priority,
+    )
+
+
+@pytest.mark.parametrize("by_priority", [False, True])
+def test_a_lower_priority_load_reclaims_no_borrowed_room_under_share_by_priority(
+    by_priority: bool,
+) -> None:
+    """hot-burst at 9 slots: the batch tenant's sweep took its share of the slots back from the
+    high-priority tenant's hot set whatever the eviction policy. Under ``share_by_priority`` the
+    lower-priority load takes room in the policy's order (lru_priority: its own copy first)."""
+    rig = _ranked_rig(by_priority)
+    _load(rig, SWEEP[:3])  # t borrows one slot beyond its share of 2
+    _load(rig, OTHER[:1])
+    _load(rig, OTHER[1:2])  # u, under its share, needs a slot
+    assert (_held(rig, "t"), _held(rig, "u")) == ((3, 1) if by_priority else (2, 2))
+    rig.check()
+
+
+@pytest.mark.parametrize("by_priority", [False, True])
+def test_a_lower_priority_load_holds_up_no_higher_priority_lease(by_priority: bool) -> None:
+    rig = _ranked_rig(by_priority, "cost_aware")
+    leases = [rig.cache.acquire_future(k) for k in (*SWEEP[:3], OTHER[0])]
+    rig.settle()
+    assert all(f.done() and f.exception() is None for f in leases)  # every slot in use
+    wanted = rig.cache.acquire_future(OTHER[1], deadline_s=60.0)
+    rig.settle()
+    assert not wanted.done()
+    assert rig.cache.reclaiming(SWEEP[0]) is not by_priority
+    # the other way round the share holds as ever: t's loads reclaim u's borrowed room
+    assert share_outranks(rig.cache.config, "t", "u") is by_priority
+    assert not share_outranks(rig.cache.config, "u", "t")
+
+
+@pytest.mark.parametrize("by_priority", [False, True])
+def test_a_higher_priority_load_past_its_share_takes_a_lower_ones_copy(by_priority: bool) -> None:
+    """The 8 hot adapters on 12 slots at a share of 0.5: past its 6 slots the hot tenant could
+    only evict its own copies while the batch tenant's idle ones stayed."""
+    rig = _ranked_rig(by_priority)
+    _load(rig, OTHER[:1])
+    _load(rig, SWEEP[:3])  # t past its share of 2, every slot taken
+    _load(rig, SWEEP[3:4])
+    assert (_held(rig, "t"), _held(rig, "u")) == ((4, 0) if by_priority else (3, 1))
+    rig.check()

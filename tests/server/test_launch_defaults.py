@@ -85,6 +85,17 @@ def test_a_share_of_1_shows_no_default_bound(demo_assets: DemoAssets, tmp_path: 
         assert {t["tenant_default_max_bytes"] for t in replica["tiers"].values()} == {None}
 
 
+def test_tier_share_by_priority_reaches_the_cache(demo_assets: DemoAssets, tmp_path: Path) -> None:
+    """The config key is read from the file and reaches the running cache (off by default)."""
+    path = tmp_path.parent / f"{tmp_path.name}.toml"
+    path.write_text("[serve]\ntier_share_by_priority = true\n", encoding="utf-8")
+    assert merge(read_config_file(path), {"data_dir": tmp_path}).tier_share_by_priority
+    assert not ServeConfig(data_dir=tmp_path).tier_share_by_priority
+    settings = {"tier_share_by_priority": True, "engine_process": False, "torch_threads": 1}
+    with live_server(demo_assets, tmp_path, **settings) as live:
+        assert live.server.runtime.cache.config.share_by_priority  # type: ignore[union-attr]
+
+
 def test_the_core_adapters_are_kept_warm_in_host_memory(
     demo_assets: DemoAssets, tmp_path: Path
 ) -> None:

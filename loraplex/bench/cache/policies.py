@@ -31,7 +31,7 @@ from loraplex.bench.harness.stats import ratio as rounded_ratio
 from loraplex.bench.replay import ReplayResult, adapter_key, footprints_for, replay
 from loraplex.bench.workloads import HOT_BURST_WINDOW, ScenarioParams, generate
 from loraplex.residency.cache import CacheConfig
-from loraplex.residency.ledger import Tier, TierBudget
+from loraplex.residency.ledger import Tier, TierBudget, check_tier_share
 from loraplex.residency.policy import make_policy, policy_names
 from loraplex.residency.simulated import StageCosts
 
@@ -77,6 +77,10 @@ class PolicyBenchConfig:
     traces: tuple[str, ...] = tuple(label for label, _, _ in POINTS)  # labels of POINTS to run
     # Also bound L1 and L2 reloads (an LP per trace, seed and tier: seconds to a minute each).
     tier_floors: bool = True
+    # Every tier's default tenant share (``serve``'s default_tenant_tier_share is 0.5); 1.0: none
+    tenant_tier_share: float = 1.0
+    # The shares hold only against equal or lower priorities (``serve``'s tier_share_by_priority)
+    tier_share_by_priority: bool = False
 
     def __post_init__(self) -> None:
         unknown = [p for p in self.policies if p not in policy_names()]
@@ -90,6 +94,7 @@ class PolicyBenchConfig:
         for name in ("repeats", "duration_s", "rate", "l1_adapters", "l2_adapters", "tpot_s"):
             if not getattr(self, name) > 0:
                 raise ValueError(f"{name} {getattr(self, name)} is invalid; expected > 0")
+        check_tier_share(self.tenant_tier_share, "tenant_tier_share")
 
 
 def run_policy_bench(config: PolicyBenchConfig) -> dict[str, Any]:
@@ -159,12 +164,18 @@ def _waits_from_s(scenario: str, duration_s: float) -> float:
 def _cache_config(footprints: dict[Any, Any], slots: int, config: PolicyBenchConfig) -> CacheConfig:
     first = next(iter(footprints.values()))
     mean = sum(f.memory_bytes for f in footprints.values()) / len(footprints)
+    share = config.tenant_tier_share
     budgets = {
-        Tier.L0: TierBudget(slots * first.slot_bytes, slots),
-        Tier.L1: TierBudget(int(config.l1_adapters * mean)),
-        Tier.L2: TierBudget(int(config.l2_adapters * mean)),
+        Tier.L0: TierBudget(slots * first.slot_bytes, slots, default_tenant_share=share),
+        Tier.L1: TierBudget(int(config.l1_adapters * mean), default_tenant_share=share),
+        Tier.L2: TierBudget(int(config.l2_adapters * mean), default_tenant_share=share),
     }
-    return CacheConfig(budgets, default_deadline_s=None, tenant_priority=REPLAY_PRIORITY)
+    return CacheConfig(
+        budgets,
+        default_deadline_s=None,
+        tenant_priority=REPLAY_PRIORITY,
+        share_by_priority=config.tier_share_by_priority,
+    )
 
 
 def _row(result: ReplayResult, scenario: str, duration_s: float) -> dict[str, float | None]:

@@ -22,7 +22,7 @@ percentiles at the timeout (``serve_summary``).
 from __future__ import annotations
 
 import tempfile
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -55,6 +55,7 @@ from loraplex.bench.workloads import (
     Workload,
     generate,
 )
+from loraplex.residency.ledger import check_tier_share
 from loraplex.residency.policy import policy_names
 
 # RunResult lives with the summaries; serve_report still imports it from here.
@@ -91,6 +92,13 @@ class ServeBenchConfig:
     asset_dir: Path = Path(".loraplex-assets")  # where the demo base model is generated / reused
     scenarios: tuple[str, ...] = field(default=SCENARIOS)  # subset of KNOWN_SCENARIOS
     adversarial: AdversarialConfig = field(default_factory=AdversarialConfig)  # its attacker
+    # where each trace run keeps its server's request log and the client's records
+    # (``runs.run_logs``); None: kept nowhere
+    logs_dir: Path | None = None
+    # the trace runs' ``default_tenant_tier_share``; None: the server's default (0.5)
+    tenant_tier_share: float | None = None
+    # the trace runs' ``tier_share_by_priority``
+    tier_share_by_priority: bool = False
 
     def __post_init__(self) -> None:
         for name in (
@@ -129,6 +137,13 @@ class ServeBenchConfig:
         if unknown:
             raise ValueError(
                 f"scenarios {sorted(unknown)} is invalid; expected from {KNOWN_SCENARIOS}"
+            )
+        if self.tenant_tier_share is not None:
+            check_tier_share(self.tenant_tier_share, "tenant_tier_share")
+        if self.logs_dir is not None and not set(self.scenarios) & set(SCENARIOS):
+            raise ValueError(
+                f"logs_dir {self.logs_dir} is invalid; only the trace runs ({SCENARIOS}) keep "
+                f"logs, and scenarios {list(self.scenarios)} has none"
             )
 
     def trace_shape(self, capacity_rps: float | None) -> tuple[float, float]:
@@ -195,11 +210,12 @@ def run_serve_bench(config: ServeBenchConfig) -> dict[str, Any]:
                 workloads,
                 config.hot_burst_slots,
                 config.max_loras,
-                lambda policy, slots: _options(config, policy, slots),
+                lambda policy, slots: _trace_options(config, policy, slots),
                 config.hot_burst_candidates,
             ),
             config.trace_repeats,
             config.request_timeout_s,
+            config.logs_dir,
         )
         runs = trace_runs(plan, fleet, drive, root)
         hostile: list[AdversarialRun] = []
@@ -271,6 +287,15 @@ def _union(groups: Any) -> tuple[TraceAdapter, ...]:
         for adapter in group:
             seen.setdefault((adapter.tenant, adapter.name), adapter)
     return tuple(seen.values())
+
+
+def _trace_options(config: ServeBenchConfig, policy: str, max_loras: int) -> ServerOptions:
+    """A trace run's server settings: ``_options`` with the benchmark's tier share settings."""
+    return replace(
+        _options(config, policy, max_loras),
+        default_tenant_tier_share=config.tenant_tier_share,
+        tier_share_by_priority=config.tier_share_by_priority,
+    )
 
 
 def _options(config: ServeBenchConfig, policy: str, max_loras: int) -> ServerOptions:

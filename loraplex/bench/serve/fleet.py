@@ -141,6 +141,8 @@ class ServerOptions:
     # the share of each cached tier a tenant may hold (``default_tenant_tier_share``); None:
     # loraplex's default (written only when set)
     default_tenant_tier_share: float | None = None
+    # ``tier_share_by_priority``: the shares hold only against equal or lower priorities
+    tier_share_by_priority: bool = False
 
 
 def drop_page_cache(root: Path) -> bool:
@@ -189,6 +191,8 @@ def serve_values(
         values["request_log_path"] = str(options.request_log_path)
     if options.default_tenant_tier_share is not None:
         values["default_tenant_tier_share"] = options.default_tenant_tier_share
+    if options.tier_share_by_priority:  # written only when set, as the share
+        values["tier_share_by_priority"] = True
     return values
 
 

@@ -5,13 +5,18 @@ Each comparison (one trace, several server settings) runs ``repeats`` times with
 alternating (ABBA; consecutive comparisons start on alternate sides), on a fresh server and
 data directory per run, after the artifact store's pages are dropped from the OS page cache
 (``drop_page_cache``): no run reads L3 objects from pages an earlier run warmed.
+
+With ``logs_dir`` each run keeps its server's request log (``request_log_path``: the engine's
+stages of every request) and the client's records, as ``run<index>-<run name>.requests.jsonl``
+and ``.client.jsonl`` (``bench sim``'s ``RunLogs`` format; the index is the run's place in the
+ABBA order, so repeats never share a file).
 """
 
 from __future__ import annotations
 
 import asyncio
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 from loraplex.bench.harness.order import run_order
@@ -23,6 +28,7 @@ from loraplex.bench.serve.summary import (
     hot_burst_policies,
     hot_burst_run,
 )
+from loraplex.bench.sim.validate import RunLogs, write_client_records
 from loraplex.bench.workloads import HOT_BURST_WINDOW, Workload
 
 # One run of a comparison: its name, the trace it replays and the server settings.
@@ -36,6 +42,8 @@ class TracePlan:
     groups: list[list[Run]]  # comparisons: the runs of one group replay one trace
     repeats: int  # runs of each comparison, order alternating
     timeout_s: float  # the client's bound on a request (failures count at it)
+    # where each run keeps its server's request log and the client's records; None: nowhere
+    logs_dir: Path | None = None
 
 
 def comparisons(
@@ -80,11 +88,16 @@ def trace_runs(plan: TracePlan, fleet: Fleet, drive: DriveConfig, root: Path) ->
     order = run_order([len(group) for group in groups], plan.repeats)
     for index, (group, member) in enumerate(order):
         run_name, workload, options = groups[group][member]
+        logs = None if plan.logs_dir is None else run_logs(plan.logs_dir, index, run_name)
+        if logs is not None:
+            options = replace(options, request_log_path=logs.server)
         drop_page_cache(fleet.store)
         with serving(fleet, root / f"run-{index}", options) as url:
             part = asyncio.run(
                 replay_over_http(url, workload.requests, fleet.keys, fleet.admin_key, drive)
             )
+        if logs is not None:
+            write_client_records(logs.client, part[0])
         parts.setdefault(run_name, []).append(part)
     runs = []
     for members in groups:
@@ -100,6 +113,12 @@ def trace_runs(plan: TracePlan, fleet: Fleet, drive: DriveConfig, root: Path) ->
             )
             runs.append(RunResult(run_name, records, view, plan.timeout_s, burst, repeats))
     return runs
+
+
+def run_logs(directory: Path, index: int, run_name: str) -> RunLogs:
+    """Where the run at ``index`` of the order keeps its logs (``hot-burst@9/lru`` at index 3:
+    ``run03-hot-burst@9-lru``)."""
+    return RunLogs.under(directory, f"run{index:02d}-{run_name.replace('/', '-')}")
 
 
 _COUNTERS = ("hits", "misses", "evictions", "reloads_after_eviction")

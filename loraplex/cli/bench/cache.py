@@ -120,6 +120,14 @@ def residency(
     tier_floors: bool = typer.Option(
         True, help="also bound L1 and L2 reloads (an LP per trace and seed: slower)"
     ),
+    tenant_tier_share: float = typer.Option(
+        1.0, help="every tier's default tenant share (serve's default is 0.5); 1.0: none"
+    ),
+    tier_share_by_priority: bool = typer.Option(
+        False,
+        "--tier-share-by-priority",
+        help="the shares hold only against tenants of the same or lower priority",
+    ),
 ) -> None:
     """Eviction policies side by side on the cache replays (simulated time, fixed stage
     costs): per-tier hit ratios, reloads after eviction, tenant waits, drift recovery."""
@@ -135,6 +143,8 @@ def residency(
             rate=rate,
             traces=tuple(t for t in traces.split(",") if t),
             tier_floors=tier_floors,
+            tenant_tier_share=tenant_tier_share,
+            tier_share_by_priority=tier_share_by_priority,
         )
     result = run_policy_bench(config)
     out = report_folder(report_to)

@@ -57,3 +57,10 @@ def report_folder(report_dir: str) -> Path | None:
 def write_report(out: Path, name: str, title: str, markdown: str) -> None:
     """``<out>/<name>-run.md``: the latest run's markdown report under ``title``."""
     (out / f"{name}-run.md").write_text(f"# {title}: latest run\n\n" + markdown, encoding="utf-8")
+
+
+def logs_dir_ready(path: Path) -> None:
+    """Creates ``path``; one that holds anything is refused (its files would be overwritten)."""
+    if path.exists() and (not path.is_dir() or any(path.iterdir())):
+        raise ValueError(f"--logs-dir {path} is invalid; expected a new or empty directory")
+    path.mkdir(parents=True, exist_ok=True)

@@ -14,6 +14,7 @@ from loraplex.cli.bench.options import (
     AsJson,
     Rate,
     bad_parameter,
+    logs_dir_ready,
     names,
     report_folder,
     write_report,
@@ -104,6 +105,28 @@ def serve(
     report_dir: Annotated[
         str, typer.Option(help="Where serve-run.md and the PNGs go; '' skips them.")
     ] = REPORT_DIR,
+    tenant_tier_share: Annotated[
+        float | None,
+        typer.Option(
+            help="The trace runs' default_tenant_tier_share (in (0, 1]; 1.0: no share, the "
+            "eviction policy alone); unset: the server's default."
+        ),
+    ] = None,
+    tier_share_by_priority: Annotated[
+        bool,
+        typer.Option(
+            "--tier-share-by-priority",
+            help="The trace runs' tier_share_by_priority: the tier shares hold only against "
+            "tenants of the same or lower priority.",
+        ),
+    ] = False,
+    logs_dir: Annotated[
+        Path | None,
+        typer.Option(
+            help="A new or empty directory where each trace run keeps its server's request log "
+            "(the engine's stages per request) and the client's records; unset: kept nowhere."
+        ),
+    ] = None,
 ) -> None:
     """The real server over HTTP: lru / lru_priority vs cost_aware, storm vs none, HTTP vs
     in-process, and (opt-in) the steady tenants with and without an attacker tenant."""
@@ -116,6 +139,11 @@ def serve(
         ttft_cdf_plot,
     )
 
+    if logs_dir is not None:
+        try:
+            logs_dir_ready(logs_dir)
+        except ValueError as exc:
+            raise typer.BadParameter(str(exc), param_hint="--logs-dir") from exc
     try:
         slots = tuple(int(n) for n in hot_burst_slots.split(",") if n.strip())
     except ValueError as exc:
@@ -135,6 +163,9 @@ def serve(
             trace_repeats=trace_repeats,
             seed=seed,
             asset_dir=asset_dir,
+            logs_dir=logs_dir,
+            tenant_tier_share=tenant_tier_share,
+            tier_share_by_priority=tier_share_by_priority,
             scenarios=tuple(s for s in scenarios.split(",") if s),
             adversarial=_adversarial_config(
                 attack_rate,

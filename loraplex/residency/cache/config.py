@@ -32,6 +32,12 @@ class CacheConfig:
     max_concurrent_loads: int = 4  # loads in flight, all tenants
     tenant_max_concurrent_loads: int = 2  # loads in flight per tenant (cold-load quota)
     tenant_priority: Mapping[str, float] = field(default_factory=dict)  # 1.0 when absent
+    # A tenant's tier share holds only against tenants of the same or lower priority: a load of
+    # a lower-priority tenant never reclaims a higher-priority tenant's borrowed room first (it
+    # takes room by the eviction policy alone) nor holds up that tenant's leases while it waits,
+    # and a higher-priority tenant's load past its own share may still take a lower one's
+    # copies, in the policy's order (``share_outranks``). False: every share holds against all.
+    share_by_priority: bool = False
     reload_window_s: float = 300.0  # a fill this soon after an eviction counts as a reload
     default_deadline_s: float | None = 30.0  # how long an acquirer waits; None: forever
     # The most a policy may defer a demand load (waiting for a cheaper copy rather than evict),
@@ -82,6 +88,15 @@ class CacheConfig:
             # The victim order's bounds assume keep-scores that only fall while a copy idles.
             if not weight >= 0:
                 raise ValueError(f"tenant_priority[{tenant!r}] {weight} is invalid; expected >= 0")
+
+
+def share_outranks(config: CacheConfig, owner: str, requester: str) -> bool:
+    """Whether ``owner``'s borrowed room is kept from ``requester``'s reclaim (``owner`` of a
+    higher priority, under ``share_by_priority``)."""
+    if not config.share_by_priority:
+        return False
+    priority = config.tenant_priority
+    return priority.get(owner, 1.0) > priority.get(requester, 1.0)
 
 
 class ReloadCosts:

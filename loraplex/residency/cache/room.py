@@ -12,6 +12,7 @@ from typing import overload
 
 from loraplex.artifacts.identity import AdapterKey
 from loraplex.errors import AdapterTooLargeError
+from loraplex.residency.cache.config import share_outranks
 from loraplex.residency.cache.tier_state import TierState
 from loraplex.residency.ledger import ResidentEntry
 from loraplex.residency.pipeline import Footprint, Move
@@ -43,9 +44,12 @@ class TierRoom:
         return None
 
     def victims(self) -> Sequence[ResidentEntry] | None:
-        target = self._move.target
+        target, config = self._move.target, self._state.config
         return self._ledger.plan_room(
-            self._move.key.tenant, self._size, lambda: self._state.ranked_victims(target)
+            self._move.key.tenant,
+            self._size,
+            lambda: self._state.ranked_victims(target),
+            (lambda a, b: share_outranks(config, a, b)) if config.share_by_priority else None,
         )
 
     def admits(self, victims: Sequence[ResidentEntry]) -> bool:

@@ -24,7 +24,7 @@ from loraplex.artifacts.warm_policy import WarmPolicy
 from loraplex.clock import Clock, MonotonicClock
 from loraplex.residency.cache.cache_lock import CacheLock
 from loraplex.residency.cache.changes import ResidencyChanges
-from loraplex.residency.cache.config import CacheConfig
+from loraplex.residency.cache.config import CacheConfig, share_outranks
 from loraplex.residency.cache.executors import StepExecutor, ThreadStepExecutor
 from loraplex.residency.cache.jobs import JobTable, Lease, LoadJob, Waiter
 from loraplex.residency.cache.load_flow import LoadFlow
@@ -246,7 +246,12 @@ class TieredAdapterCache:
                 return False
             if ledger.tenant_bytes.get(key.tenant, 0) <= share:
                 return False
-            return any(_reclaims_l0(job, ledger, key.tenant) for job in self._jobs.blocked())
+            config = self._state.config
+            return any(
+                _reclaims_l0(job, ledger, key.tenant)
+                and not share_outranks(config, key.tenant, job.key.tenant)
+                for job in self._jobs.blocked()
+            )
 
     def residency(self, tier: Tier) -> list[AdapterKey]:
         """The keys with a ready copy in ``tier`` (cheaper than a snapshot)."""

@@ -112,6 +112,10 @@ class ServeConfig:
     # the others: work-conserving (free room beyond it is borrowed; borrowed copies go first
     # when another tenant needs room); a byte cap of a tenant's own stays hard; 1.0: no share
     default_tenant_tier_share: float = DEFAULT_TENANT_TIER_SHARE
+    # the tier shares hold only against tenants of the same or lower priority class: a lower-
+    # priority tenant's load takes a higher one's borrowed room only in the eviction policy's
+    # order and holds up none of its leases (``residency/cache/config.py``); False: against all
+    tier_share_by_priority: bool = False
     device: str = "cpu"  # torch device of the model and the slots
     dtype: str = DEFAULT_DTYPE  # model / adapter dtype (loraplex.dtypes)
     max_num_seqs: int = 32  # sequences decoding at once
