@@ -12,6 +12,28 @@ from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
 
+# A P-256 public key and a certificate root over it, fixed: the fingerprints and key ids the
+# registry stored for them must never change with the code that computes them.
+PINNED_KEY_PEM = """-----BEGIN PUBLIC KEY-----
+MFkwEwYHKoZIzj0CAQYIKoZIzj0DAQcDQgAE0BbNDzIb/d4DSr1ROM8lJc/xaNCP
+dlT4XAwPC78BM1eCMqtCjOw3evN9FJpjeHIL/hlMj+x8SpW8gUg9I5SIHQ==
+-----END PUBLIC KEY-----
+"""
+PINNED_ROOT_PEM = """-----BEGIN CERTIFICATE-----
+MIIBLDCB1KADAgECAgEBMAoGCCqGSM49BAMCMBYxFDASBgNVBAMMC3Bpbm5lZCBy
+b290MB4XDTI2MDEwMTAwMDAwMFoXDTI2MDEwMjAwMDAwMFowFjEUMBIGA1UEAwwL
+cGlubmVkIHJvb3QwWTATBgcqhkjOPQIBBggqhkjOPQMBBwNCAATQFs0PMhv93gNK
+vVE4zyUlz/Fo0I92VPhcDA8LvwEzV4Iyq0KM7Dd6830UmmN4cgv+GUyP7HxKlbyB
+SD0jlIgdoxMwETAPBgNVHRMBAf8EBTADAQH/MAoGCCqGSM49BAMCA0cAMEQCICHW
++amwoy1kcX6WFKl/iGvSkxU/os9h05jO/X86eAvtAiBKNQwmShQyY1RZi7ygWnwc
+aw6hk66N1g70HBMqDqjE/A==
+-----END CERTIFICATE-----
+"""
+PINNED_KEY_FINGERPRINT = "10d9c03ceda3a350cb1f4f19a72208023ee744f784ab406b58b16ad88cb25df2"
+PINNED_KEY_ID = "630ba38e629f5c33e931cb1edee3530037b3b48f65dc27baf1f8858f40328ba8"
+PINNED_ROOT_FINGERPRINT = "87d438c5f157148a7d9ca8ef93abaa8662f2ca7c106d1557aca89dd0f93da95f"
+PINNED_ROOT_KEY_ID = "def09691d2cd8bae719b2d9bd75977b87ba95244b417dc0ec14aeba06b16cebe"
+
 
 @dataclass(frozen=True)
 class KeyPair:

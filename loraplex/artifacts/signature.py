@@ -63,6 +63,12 @@ class AnchorKind(StrEnum):
     CERTIFICATE = "certificate"  # a certificate root (PEM); signers present a chain to it
 
 
+_EXPECTED = {  # what ``anchor_ids`` accepts, as its error names it
+    AnchorKind.KEY: "elliptic-curve public key (P-256, P-384 or P-521)",
+    AnchorKind.CERTIFICATE: "X.509 certificate",
+}
+
+
 @dataclass(frozen=True)
 class Anchor:
     """One trusted key or certificate root, as the verifier needs it."""
@@ -70,6 +76,15 @@ class Anchor:
     name: str  # the label it was added under
     kind: AnchorKind  # key or certificate root
     pem: str  # the public key or certificate, PEM
+
+
+@dataclass(frozen=True)
+class AnchorIds:
+    """What one trust anchor is known by (``anchor_ids``)."""
+
+    fingerprint: str  # sha256 of the DER form (the key's SubjectPublicKeyInfo, or the certificate)
+    key_id: str  # what a bundle names it by: sha256 of the key's PEM SubjectPublicKeyInfo
+    # (model-signing's hint), or of the certificate's subject name (DER)
 
 
 @dataclass(frozen=True)
@@ -86,32 +101,35 @@ class VerifiedSignature:
 @dataclass(frozen=True)
 class AnchorLookup:
     """Which of a tenant's anchors may verify a bundle: those of ``kind`` with a key id in
-    ``key_ids`` (``anchor_key_id``); every one of ``kind`` when ``key_ids`` is None (a key
+    ``key_ids`` (``anchor_ids``); every one of ``kind`` when ``key_ids`` is None (a key
     bundle of model-signing's older format names no key)."""
 
     kind: AnchorKind  # key or certificate root
     key_ids: frozenset[str] | None  # ids the bundle names; None: it names none
 
 
-def anchor_key_id(kind: AnchorKind, pem: str) -> str:
-    """The id a bundle finds this anchor by: a key's model-signing hint (sha256 of its PEM
-    SubjectPublicKeyInfo), a certificate root's sha256 of its subject name (DER). ``ValueError``
-    naming ``pem`` when it is not a usable anchor."""
+def anchor_ids(kind: AnchorKind, pem: str) -> AnchorIds:
+    """``pem``'s fingerprint and key id, from one parse; ``ValueError`` naming ``pem`` when it is
+    not a usable anchor (an elliptic-curve public key, or an X.509 certificate)."""
     from cryptography import x509  # with model-signing: the signing extra
     from cryptography.hazmat.primitives import serialization
+    from cryptography.hazmat.primitives.asymmetric import ec
 
-    data = pem.encode("ascii", "replace")
+    data, spki = pem.encode("ascii", "replace"), serialization.PublicFormat.SubjectPublicKeyInfo
     try:
         if kind is AnchorKind.CERTIFICATE:
-            name = x509.load_pem_x509_certificate(data).subject.public_bytes()
-            return hashlib.sha256(name).hexdigest()
-        key = serialization.load_pem_public_key(data)
-        spki = key.public_bytes(
-            serialization.Encoding.PEM, serialization.PublicFormat.SubjectPublicKeyInfo
-        )
+            certificate = x509.load_pem_x509_certificate(data)
+            der = certificate.public_bytes(serialization.Encoding.DER)
+            named = certificate.subject.public_bytes()
+        else:
+            key = serialization.load_pem_public_key(data)
+            if not isinstance(key, ec.EllipticCurvePublicKey):
+                raise ValueError("not an elliptic-curve key")
+            der = key.public_bytes(serialization.Encoding.DER, spki)
+            named = key.public_bytes(serialization.Encoding.PEM, spki)
     except ValueError as exc:
-        raise ValueError(f"pem is invalid; expected a PEM {kind.value} ({exc})") from None
-    return hashlib.sha256(spki).hexdigest()
+        raise ValueError(f"pem is invalid; expected a PEM {_EXPECTED[kind]} ({exc})") from None
+    return AnchorIds(hashlib.sha256(der).hexdigest(), hashlib.sha256(named).hexdigest())
 
 
 def anchor_lookup(bundle: bytes) -> AnchorLookup:

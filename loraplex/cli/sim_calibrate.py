@@ -10,7 +10,7 @@ import shlex
 import sys
 from contextlib import AbstractContextManager
 from pathlib import Path
-from typing import TYPE_CHECKING, Annotated, NoReturn
+from typing import TYPE_CHECKING, Annotated, Any, NoReturn
 
 import typer
 
@@ -19,6 +19,7 @@ from loraplex.cli.plan import ints
 if TYPE_CHECKING:
     from loraplex.bench.sim.calibrate_target import Target
     from loraplex.bench.sim.fit_check import BrokenFit
+    from loraplex.sim.cost_model import CostModel
 
 
 Report = Annotated[Path | None, typer.Option(help="Also write every sample here (JSON).")]
@@ -102,12 +103,7 @@ def calibrate_fleet_command(
         )
     except BrokenFit as exc:
         _refused(exc, out, report)
-    model.save(out)
-    if report is not None:
-        report.write_text(json.dumps(measured, sort_keys=True) + "\n", encoding="utf-8")
-    typer.echo(
-        json.dumps({"name": "sim-calibrate-fleet", "out": str(out), **json.loads(model.to_json())})
-    )
+    _written("sim-calibrate-fleet", model, measured, out, report)
 
 
 def _target(
@@ -228,18 +224,26 @@ def calibrate_command(
             )
         except BrokenFit as exc:
             _refused(exc, out, report)
+    _written("sim-calibrate", model, measured, out, report)
+
+
+def _written(
+    name: str, model: CostModel, measured: dict[str, Any], out: Path, report: Path | None
+) -> None:
+    """A calibrated model saved at ``out`` (what was measured at ``report``), and its line."""
     model.save(out)
+    _report(measured, report)
+    typer.echo(json.dumps({"name": name, "out": str(out), **json.loads(model.to_json())}))
+
+
+def _report(measured: dict[str, Any], report: Path | None) -> None:
     if report is not None:
         report.write_text(json.dumps(measured, sort_keys=True) + "\n", encoding="utf-8")
-    typer.echo(
-        json.dumps({"name": "sim-calibrate", "out": str(out), **json.loads(model.to_json())})
-    )
 
 
 def _refused(exc: BrokenFit, out: Path, report: Path | None) -> NoReturn:
     """A calibration whose fit failed twice: its report written (the checks in it), no model."""
-    if report is not None:  # what was measured, with the checks, to look into
-        report.write_text(json.dumps(exc.report, sort_keys=True) + "\n", encoding="utf-8")
+    _report(exc.report, report)  # what was measured, with the checks, to look into
     typer.echo(f"error: {exc}; {out} not written (--accept-broken-fit writes it)", err=True)
     raise typer.Exit(1) from exc
 

@@ -12,18 +12,17 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
-from loraplex.bench.harness.process import Launch, free_port, own_env, serving_process
+from loraplex.bench.harness.process import (
+    Launch,
+    free_port,
+    own_env,
+    serve_command,
+    serving_process,
+)
 
 SELF_MAX_LORA_RANK = 128  # heavy-tail includes rank 128
 DEMO_DIR = "demo-assets"  # NOTE: the directory name serve/assembly.py adopts demo assets from
 START_TIMEOUT_S = 300.0
-# ``loraplex serve``, with Linux asked (prctl PR_SET_PDEATHSIG) to SIGTERM it if qualify dies.
-_SERVE = (
-    "import ctypes, signal, sys\n"
-    "if sys.platform == 'linux':\n"
-    "    ctypes.CDLL(None).prctl(1, signal.SIGTERM)\n"
-    "from loraplex.cli import main; main()"
-)
 
 
 @dataclass(frozen=True)
@@ -45,11 +44,10 @@ def self_server(assets_dir: Path, run_dir: Path, torch_threads: int = 1) -> Iter
         link.symlink_to(assets_dir.resolve(), target_is_directory=True)
     port = free_port()
     admin_key = "lpxadmin_" + secrets.token_urlsafe(24)
-    command = [
-        sys.executable, "-c", _SERVE, "serve", "--data-dir", str(data_dir),
-        "--port", str(port), "--admin-key", admin_key,
+    command = serve_command(
+        "--data-dir", str(data_dir), "--port", str(port), "--admin-key", admin_key,
         "--max-lora-rank", str(SELF_MAX_LORA_RANK), "--threads", str(torch_threads),
-    ]  # fmt: skip
+    )  # fmt: skip
     env = own_env(PYTHONPATH=os.pathsep.join(sys.path))
     url = f"http://127.0.0.1:{port}"
     log_path = run_dir / "self-server.log"

@@ -15,7 +15,6 @@ reads only those its bundle names by key id (``find_trusted``), never every anch
 
 from __future__ import annotations
 
-import hashlib
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -26,7 +25,7 @@ from loraplex.artifacts.signature import (
     AnchorLookup,
     SignatureProblem,
     VerifiedSignature,
-    anchor_key_id,
+    anchor_ids,
     verify_dir,
 )
 from loraplex.errors import RecordNotFoundError, RegistryError, SignatureError, quoted
@@ -94,8 +93,8 @@ def add_anchor(
 ) -> TrustAnchor:
     """Trust ``pem`` (an EC public key or a certificate root) for ``tenant``'s signatures;
     refused when the tenant has ``max_anchors`` already."""
-    anchor = TrustAnchor(tenant, name, kind, pem, _fingerprint(kind, pem), now)
-    key_id = anchor_key_id(kind, pem)
+    ids = anchor_ids(kind, pem)
+    anchor = TrustAnchor(tenant, name, kind, pem, ids.fingerprint, now)
     with db.transaction() as tx:
         require_tenant(tx, tenant)
         if rows.get_anchor(tx, tenant, name) is not None:
@@ -106,7 +105,7 @@ def add_anchor(
                 f"tenant {quoted(tenant)} has {num_anchors} trust anchors; max_trust_anchors "
                 f"{max_anchors} allows no more (remove one, or raise max_trust_anchors)"
             )
-        rows.insert_anchor(tx, anchor, key_id)
+        rows.insert_anchor(tx, anchor, ids.key_id)
         details: dict[str, object] = {"anchor": name, "kind": kind.value}
         details["fingerprint"] = anchor.fingerprint
         audit.append(tx, "trust.add", tenant, details, at=now, actor=actor)
@@ -141,7 +140,7 @@ def fill_key_ids(db: Database) -> int:
         return 0
     with db.transaction() as tx:
         for anchor in missing:
-            key_id = anchor_key_id(anchor.kind, anchor.pem)
+            key_id = anchor_ids(anchor.kind, anchor.pem).key_id
             rows.set_key_id(tx, anchor.tenant, anchor.name, key_id)
     return len(missing)
 
@@ -175,31 +174,3 @@ def check_offered(
 
 def _plain(anchor: TrustAnchor) -> Anchor:
     return Anchor(anchor.name, anchor.kind, anchor.pem)
-
-
-def _fingerprint(kind: AnchorKind, pem: str) -> str:
-    """sha256 of the DER form; ``ValueError`` naming ``pem`` when it is not a usable anchor."""
-    from cryptography import x509  # with model-signing: the signing extra
-    from cryptography.hazmat.primitives import serialization
-    from cryptography.hazmat.primitives.asymmetric import ec
-
-    data = pem.encode("ascii", "replace")
-    try:
-        if kind is AnchorKind.CERTIFICATE:
-            der = x509.load_pem_x509_certificate(data).public_bytes(serialization.Encoding.DER)
-        else:
-            key = serialization.load_pem_public_key(data)
-            if not isinstance(key, ec.EllipticCurvePublicKey):
-                raise ValueError("not an elliptic-curve key")
-            der = key.public_bytes(
-                serialization.Encoding.DER, serialization.PublicFormat.SubjectPublicKeyInfo
-            )
-    except ValueError as exc:
-        raise ValueError(f"pem is invalid; expected a PEM {_expected(kind)} ({exc})") from None
-    return hashlib.sha256(der).hexdigest()
-
-
-def _expected(kind: AnchorKind) -> str:
-    if kind is AnchorKind.KEY:
-        return "elliptic-curve public key (P-256, P-384 or P-521)"
-    return "X.509 certificate"

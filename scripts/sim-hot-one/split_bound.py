@@ -18,7 +18,7 @@ import json
 import statistics
 import sys
 
-from study import DEFAULT, FLEET_COSTS, own_cores_model
+from study import DEFAULT, add_cost_model, own_cores_model
 
 from loraplex.cli.sim import workload_trace
 from loraplex.sim.config import SimConfig
@@ -33,8 +33,9 @@ def main() -> None:
     parser.add_argument("--seeds", type=int, default=3)
     parser.add_argument("--duration-s", type=float, default=40.0)
     parser.add_argument("--merged", action="store_true", help="the hot revision as base model")
+    add_cost_model(parser)
     args = parser.parse_args()
-    model = own_cores_model(FLEET_COSTS)
+    model = own_cores_model(args.cost_model)
     timeout_s = SimConfig().timeout_s
     p99: dict[float, list[float]] = {}
     for rate in (float(r) for r in args.rates.split(",")):

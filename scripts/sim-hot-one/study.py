@@ -2,10 +2,11 @@
 
 The real `bench fleet` runs its 3 replicas on this machine's 2 cores; hot-one's premise (one
 revision asking more than one replica can serve) assumes replicas with capacity of their own.
-This runs the fleet cost model of record as calibrated (`cores` 2, the co-located replicas' step
-scale) and a variant with `cores` unset and no co-location scale (each replica steps at the lone
-server's speed: replicas on cores of their own), every routing policy, several rates and seeds,
-and prints one JSON line per run and the P99 ratios against the default policy.
+This runs a fleet cost model (``--cost-model``, default ``FLEET_COSTS``) as calibrated
+(`cores` 2, the co-located replicas' step scale) and a variant with `cores` unset and no
+co-location scale (each replica steps at the lone server's speed: replicas on cores of their
+own), every routing policy, several rates and seeds, and prints one JSON line per run and the
+P99 ratios against the default policy.
 
     PYTHONPATH=. python scripts/sim-hot-one/study.py --rates 10,14 --shared
     PYTHONPATH=. python scripts/sim-hot-one/study.py --rates 40,50,60
@@ -45,7 +46,10 @@ from loraplex.sim import cost_model as costs
 from loraplex.sim.config import SimConfig
 from loraplex.sim.run import simulate
 
-FLEET_COSTS = Path("docs/benchmarks/sim-cost-cpu-2core-demo-small-fleet.json")
+# The fleet cost file the README's example names (docs/simulator.md, "The example cost file").
+# NOTE: the studies recorded in docs/benchmarks/fleet.md ran with the undated
+# `sim-cost-cpu-2core-demo-small-fleet.json`: pass it as --cost-model to repeat them.
+FLEET_COSTS = Path("docs/benchmarks/sim-cost-cpu-2core-demo-small-2026-12-05-both20-fleet.json")
 DEFAULT = "affinity_until_saturated"
 WITH_TOPOLOGY = "+topology"  # a policy's name with SimConfig.topology (--topology)
 
@@ -97,6 +101,15 @@ class ReportedPolicy(AffinityUntilSaturatedPolicy):
 register_policy(ReportedPolicy.name, ReportedPolicy)
 
 
+def add_cost_model(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--cost-model",
+        type=Path,
+        default=FLEET_COSTS,
+        help=f"a fleet cost file (sim calibrate-fleet; default {FLEET_COSTS})",
+    )
+
+
 def own_cores_model(path: Path) -> costs.CostModel:
     """The fleet cost model with `cores` unset and no co-location scale."""
     body = json.loads(path.read_text())
@@ -128,6 +141,7 @@ def main() -> None:
         "--workload", default="hot-one", help="a bench workload (hot-one, zipf-longtail, ...)"
     )
     parser.add_argument("--duration-s", type=float, default=40.0)
+    add_cost_model(parser)
     parser.add_argument("--shared", action="store_true", help="the model as calibrated")
     parser.add_argument(
         "--lone", action="store_true", help="one replica, the hot revision's requests alone"
@@ -160,7 +174,7 @@ def main() -> None:
         policies += [f"{p}{WITH_TOPOLOGY}" for p in (DEFAULT, ReportedPolicy.name, *reach)]
     if unknown:
         parser.error(f"--policies {','.join(unknown)}: expected some of {policy_names()}")
-    model = costs.load(FLEET_COSTS) if args.shared else own_cores_model(FLEET_COSTS)
+    model = costs.load(args.cost_model) if args.shared else own_cores_model(args.cost_model)
     cores = "shared" if args.shared else "own"
     if args.lone:
         if args.workload != "hot-one":

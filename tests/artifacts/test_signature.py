@@ -7,6 +7,7 @@ import json
 from pathlib import Path
 
 import pytest
+import signing_kit as kit
 from signing_kit import certificate_signer, key_pair
 
 from loraplex.artifacts.signature import (
@@ -14,9 +15,10 @@ from loraplex.artifacts.signature import (
     MAX_SIGNATURE_BYTES,
     SIGNATURE_FILE,
     Anchor,
+    AnchorIds,
     AnchorKind,
     SignatureProblem,
-    anchor_key_id,
+    anchor_ids,
     anchor_lookup,
     check_covers,
     covered_files,
@@ -24,6 +26,30 @@ from loraplex.artifacts.signature import (
     verify_dir,
 )
 from loraplex.errors import SignatureError
+
+
+@pytest.mark.parametrize(
+    ("kind", "pem", "expected"),
+    [
+        (AnchorKind.KEY, kit.PINNED_KEY_PEM,
+         AnchorIds(kit.PINNED_KEY_FINGERPRINT, kit.PINNED_KEY_ID)),
+        (AnchorKind.CERTIFICATE, kit.PINNED_ROOT_PEM,
+         AnchorIds(kit.PINNED_ROOT_FINGERPRINT, kit.PINNED_ROOT_KEY_ID)),
+    ],
+)  # fmt: skip
+def test_anchor_ids_of_a_known_key_and_root_never_change(
+    kind: AnchorKind, pem: str, expected: AnchorIds
+) -> None:
+    """Both were computed apart before (registry ``_fingerprint``, ``anchor_key_id``): stored
+    fingerprints and key ids, and bundles' key hints, must still match after one parse."""
+    assert anchor_ids(kind, pem) == expected
+
+
+def test_an_anchor_that_is_not_an_ec_key_or_a_certificate_is_refused_naming_pem() -> None:
+    with pytest.raises(ValueError, match=r"^pem is invalid; expected a PEM X\.509 certificate"):
+        anchor_ids(AnchorKind.CERTIFICATE, kit.PINNED_KEY_PEM)
+    with pytest.raises(ValueError, match=r"^pem is invalid; expected a PEM elliptic-curve"):
+        anchor_ids(AnchorKind.KEY, "not a key")
 
 
 def _folder(tmp_path: Path) -> Path:
@@ -99,8 +125,8 @@ def test_a_bundle_names_its_anchor_by_key_id(tmp_path: Path) -> None:
     bundle = sign_dir(folder, key.private_path).read_bytes()
     lookup = anchor_lookup(bundle)
     assert lookup.kind is AnchorKind.KEY
-    assert lookup.key_ids == {anchor_key_id(AnchorKind.KEY, key.public_pem)}
-    assert anchor_key_id(AnchorKind.KEY, other.public_pem) not in lookup.key_ids
+    assert lookup.key_ids == {anchor_ids(AnchorKind.KEY, key.public_pem).key_id}
+    assert anchor_ids(AnchorKind.KEY, other.public_pem).key_id not in lookup.key_ids
     parsed = json.loads(bundle)
     parsed["verificationMaterial"]["publicKey"]["hint"] = "x" * 5000
     assert anchor_lookup(json.dumps(parsed).encode()).key_ids == frozenset()
@@ -109,8 +135,8 @@ def test_a_bundle_names_its_anchor_by_key_id(tmp_path: Path) -> None:
     sign_dir(folder, signer.key_path, signer.leaf_path, [signer.root_path])
     lookup = anchor_lookup((folder / SIGNATURE_FILE).read_bytes())
     assert lookup.kind is AnchorKind.CERTIFICATE and lookup.key_ids is not None
-    assert anchor_key_id(AnchorKind.CERTIFICATE, signer.root_pem) in lookup.key_ids
-    assert anchor_key_id(AnchorKind.CERTIFICATE, outsider.root_pem) not in lookup.key_ids
+    assert anchor_ids(AnchorKind.CERTIFICATE, signer.root_pem).key_id in lookup.key_ids
+    assert anchor_ids(AnchorKind.CERTIFICATE, outsider.root_pem).key_id not in lookup.key_ids
     parsed = json.loads((folder / SIGNATURE_FILE).read_bytes())
     chain = parsed["verificationMaterial"]["x509CertificateChain"]["certificates"]
     chain[:] = chain[:1] * (MAX_CHAIN_CERTIFICATES + 1)

@@ -18,7 +18,12 @@ from loraplex.bench.serve import runs as runs_module
 from loraplex.bench.serve.driver import RequestRecord, ResidencyView
 from loraplex.bench.serve.fleet import ServerOptions
 from loraplex.bench.serve.repeats import hot_burst_spread, tenant_ttft_ms
-from loraplex.bench.serve.report import hot_burst_tenant_cdf_plot, serve_markdown
+from loraplex.bench.serve.report import (
+    hit_ratio_lines,
+    hit_ratio_plot,
+    hot_burst_tenant_cdf_plot,
+    serve_markdown,
+)
 from loraplex.bench.serve.runs import TracePlan, trace_runs
 from loraplex.bench.serve.summary import RunResult, hot_burst_run
 from loraplex.bench.workloads import Workload
@@ -112,6 +117,24 @@ def test_tenant_ttft_cdf_keeps_the_hot_window_and_counts_failures(tmp_path: Path
     assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     assert not hot_burst_tenant_cdf_plot(_runs(), (16,), CANDIDATES, tmp_path / "none.png")
     assert not (tmp_path / "none.png").exists()
+
+
+def _polled(l0_hits: int) -> RunResult:
+    """A repeat whose residency polls saw ``l0_hits`` of every 4 acquires from L0."""
+    series = [(float(t), {"L0": l0_hits * t, "L3": (4 - l0_hits) * t}) for t in range(4)]
+    return RunResult("r", (), ResidencyView(hit_series=series), TIMEOUT_S)
+
+
+def test_the_hit_ratio_plot_draws_every_repeat(tmp_path: Path) -> None:
+    """It drew the pooled run's hit series, the first repeat's alone."""
+    repeats = [_polled(1), _polled(2), _polled(4)]
+    pooled = RunResult("zipf@8/lru", (), repeats[0].residency, TIMEOUT_S, None, tuple(repeats))
+    lines = hit_ratio_lines(pooled, window=1)
+    assert lines == [([1.0, 2.0, 3.0], [ratio] * 3) for ratio in (0.25, 0.5, 1.0)]
+    assert hit_ratio_lines(repeats[1], window=1) == [([1.0, 2.0, 3.0], [0.5] * 3)]
+    png = tmp_path / "hit.png"
+    hit_ratio_plot([pooled, repeats[1]], png, window=1)
+    assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
 
 def test_trace_runs_keep_each_repeat_apart(monkeypatch: pytest.MonkeyPatch) -> None:

@@ -7,6 +7,7 @@ import shutil
 from pathlib import Path
 
 import pytest
+import signing_kit as kit
 from registry_kit import AdapterFactory
 from signing_kit import KeyPair, certificate_signer, key_pair
 
@@ -239,6 +240,20 @@ def test_anchors_are_validated(registry: Registry, keys: dict[str, KeyPair]) -> 
     with pytest.raises(ValueError, match="identities"):
         registry.set_trust_policy("acme", PolicyKind.SIGNED, ["key:ci"], "test")
     assert registry.trust_anchors("acme") == []
+
+
+def test_a_known_anchor_is_stored_with_its_pinned_fingerprint_and_key_id(
+    registry: Registry,
+) -> None:
+    registry.create_tenant("acme", "test")
+    registry.add_trust_anchor("acme", "key", AnchorKind.KEY, kit.PINNED_KEY_PEM, "test")
+    registry.add_trust_anchor("acme", "root", AnchorKind.CERTIFICATE, kit.PINNED_ROOT_PEM, "t")
+    with registry.db.transaction(write=False) as tx:
+        stored = tx.query("SELECT name, fingerprint, key_id FROM trust_anchors ORDER BY name", ())
+    assert [tuple(row) for row in stored] == [
+        ("key", kit.PINNED_KEY_FINGERPRINT, kit.PINNED_KEY_ID),
+        ("root", kit.PINNED_ROOT_FINGERPRINT, kit.PINNED_ROOT_KEY_ID),
+    ]
 
 
 def test_provenance_is_immutable_in_the_database(

@@ -51,6 +51,16 @@ class CharTokenizer:
         return self.decode([token_id]) if token_id >= _OFFSET else f"<special:{token_id}>"
 
 
+def on_event_loop() -> bool:
+    """Whether an event loop runs on the calling thread: what a work-off-the-loop test records
+    from inside the work it moved."""
+    try:
+        asyncio.get_running_loop()
+    except RuntimeError:
+        return False
+    return True
+
+
 def reply_for(request: EngineRequest) -> str:
     """What the fake engine answers: names the revision, so tests can see who answered."""
     who = "base" if request.adapter_key is None else request.adapter_key.ref

@@ -6,7 +6,7 @@ from __future__ import annotations
 import json
 import socket
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager, suppress
 from pathlib import Path
 from urllib.parse import urlsplit
@@ -15,12 +15,18 @@ import uvicorn
 from live import listening
 
 from loraplex.demo.assets import DemoAssets
+from loraplex.engine.protocol import EngineLoad
 from loraplex.serve.assembly import DEMO_DIR, build_server
 from loraplex.serve.config import ServeConfig
 from loraplex.serve.front import Server
 from loraplex.server.listeners import BoundedH11Protocol, ConnectionLimits
 
-WAIT_S = 30.0  # far longer than any limit here: what has not happened by then never will
+# How long a wait goes on with nothing changing (no token generated, no request ended, no
+# count moved) before it fails. NOTE: never a bound on the whole wait: on a loaded machine the
+# engine generated 200 tokens in 30 s, short of what fills the socket buffers, so a test waiting
+# 30 s in all failed from slowness alone; an engine that goes on generating is never stuck.
+WAIT_S = 30.0
+QUEUE_DEADLINE_S = 3600.0  # no request of these tests may end by waiting its turn
 
 
 @contextmanager
@@ -28,6 +34,9 @@ def serving(
     assets: DemoAssets, data_dir: Path, limits: ConnectionLimits, **config: object
 ) -> Iterator[tuple[Server, tuple[str, int], uvicorn.Server]]:
     (data_dir / DEMO_DIR).symlink_to(assets.root, target_is_directory=True)
+    # NOTE: siblings queue behind max_num_seqs; on a loaded machine they waited past the default
+    # queue_deadline_s (30 s) and ended in queue_timeout events, so the stream completed unstuck
+    config = {"queue_deadline_s": QUEUE_DEADLINE_S, **config}
     server = build_server(ServeConfig(data_dir=data_dir, **config))  # type: ignore[arg-type]
     try:
         with listening(server.app, limits) as (url, listener):
@@ -87,21 +96,30 @@ def open_not_reading(
     return sock
 
 
+def wait_until(server: Server, condition: Callable[[EngineLoad], bool], what: str) -> EngineLoad:
+    """The engine's load once ``condition`` holds for it; ``AssertionError`` naming ``what``
+    once the load and the ended requests stayed the same for ``WAIT_S`` without it."""
+    last, changed_at = None, time.monotonic()
+    while not condition(load := server.engine.load_snapshot()):
+        seen = (load, num_ended(server), num_ended(server, "abort"))
+        if seen != last:
+            last, changed_at = seen, time.monotonic()
+        elif time.monotonic() - changed_at > WAIT_S:
+            raise AssertionError(f"not {what} (no change for {WAIT_S} s): {seen}")
+        time.sleep(0.05)
+    return load
+
+
 def wait_engine_freed(server: Server, num_choices: int) -> None:
     """Every sibling ended, the unfinished ones aborted (NOTE: on a fast machine the first
     siblings may finish inside the limit: "length", not "abort"); nothing running or queued,
     no KV block held."""
-    deadline = time.monotonic() + WAIT_S
-    while time.monotonic() < deadline:
-        load = server.engine.load_snapshot()
+
+    def freed(load: EngineLoad) -> bool:
         ended = num_ended(server) >= num_choices and num_ended(server, "abort") >= 1
-        if ended and load.num_running == 0 and load.num_waiting == 0 and load.kv_usage == 0:
-            return
-        time.sleep(0.05)
-    load = server.engine.load_snapshot()
-    raise AssertionError(
-        f"not freed: {num_ended(server)} ended, {num_ended(server, 'abort')} aborted, {load}"
-    )
+        return ended and load.num_running == load.num_waiting == 0 and load.kv_usage == 0
+
+    wait_until(server, freed, "freed")
 
 
 def read_all(sock: socket.socket) -> bytes:

@@ -7,7 +7,6 @@ so they can stop sending halfway, as an attacker would, and see when the server 
 
 from __future__ import annotations
 
-import asyncio
 import json
 import socket
 import time
@@ -18,7 +17,7 @@ from urllib.parse import urlsplit
 
 import pytest
 from conftest import ADMIN_KEY, Served, make_app_deps
-from fakes import CharTokenizer, FakeEngine
+from fakes import CharTokenizer, FakeEngine, on_event_loop
 from fastapi.testclient import TestClient
 from live import listening
 from typer.testing import CliRunner
@@ -242,28 +241,16 @@ class LoopCheckingTokenizer(CharTokenizer):
         self.on_loop: list[bool] = []
 
     def encode(self, text: str) -> list[int]:
-        try:
-            asyncio.get_running_loop()
-            self.on_loop.append(True)
-        except RuntimeError:
-            self.on_loop.append(False)
+        self.on_loop.append(on_event_loop())
         return super().encode(text)
 
     def token_text(self, token_id: int) -> str:
-        self.on_loop.append(_on_loop())
+        self.on_loop.append(on_event_loop())
         return super().token_text(token_id)
 
     def decode(self, token_ids: list[int]) -> str:
-        self.on_loop.append(_on_loop())
+        self.on_loop.append(on_event_loop())
         return super().decode(token_ids)
-
-
-def _on_loop() -> bool:
-    try:
-        asyncio.get_running_loop()
-    except RuntimeError:
-        return False
-    return True
 
 
 def test_prompts_are_tokenized_off_the_event_loop(served: Served) -> None:

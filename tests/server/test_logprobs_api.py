@@ -3,14 +3,13 @@ client against the app on the fake engine (its logprobs follow ``fakes.fake_logp
 
 from __future__ import annotations
 
-import asyncio
 import json
 from typing import Any, cast
 
 import openai
 import pytest
 from conftest import Rig, Served, make_app_deps
-from fakes import BOS, FakeEngine, fake_logprob
+from fakes import BOS, FakeEngine, fake_logprob, on_event_loop
 from fastapi.testclient import TestClient
 from openai import OpenAI
 
@@ -160,11 +159,7 @@ def test_a_streamed_echo_is_the_answer_and_its_prompt_is_formatted_off_the_loop(
     real = streaming.completion_logprobs
 
     def recording(*args: Any, **kwargs: Any) -> Any:
-        try:
-            asyncio.get_running_loop()
-            on_loop.append(True)
-        except RuntimeError:
-            on_loop.append(False)
+        on_loop.append(on_event_loop())
         return real(*args, **kwargs)
 
     monkeypatch.setattr(streaming, "completion_logprobs", recording)

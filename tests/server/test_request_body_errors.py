@@ -5,12 +5,12 @@ error parsing the body", or pydantic's "Input should be a valid dictionary")."""
 
 from __future__ import annotations
 
-import asyncio
 import json
 from typing import Any
 
 import pytest
 from conftest import Rig
+from fakes import on_event_loop
 from pydantic import BaseModel, ValidationError
 
 from loraplex.server import admin_models
@@ -285,14 +285,6 @@ def test_a_key_repeated_in_different_objects_is_not_a_repeat(rig: Rig) -> None:
     assert reply.status_code == 200, reply.text
 
 
-def _on_loop() -> bool:
-    try:
-        asyncio.get_running_loop()
-    except RuntimeError:
-        return False
-    return True
-
-
 def test_a_long_integer_is_named_off_the_event_loop(
     rig: Rig, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -305,7 +297,7 @@ def test_a_long_integer_is_named_off_the_event_loop(
     real = errors.huge_integer
 
     def recorded(body: bytes) -> object:
-        on_loop.append(_on_loop())
+        on_loop.append(on_event_loop())
         return real(body)
 
     monkeypatch.setattr(errors, "huge_integer", recorded)
@@ -328,7 +320,7 @@ def test_a_large_body_is_parsed_off_the_event_loop(
     real = json_route.loads_unique
 
     def recorded(body: bytes | str) -> object:
-        on_loop.append((len(body), _on_loop()))
+        on_loop.append((len(body), on_event_loop()))
         return real(body)
 
     monkeypatch.setattr(json_route, "loads_unique", recorded)

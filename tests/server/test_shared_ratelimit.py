@@ -8,7 +8,6 @@ key prefix and deletes its keys. An unreachable Redis skips locally and FAILS wh
 
 from __future__ import annotations
 
-import asyncio
 import logging
 import os
 import secrets
@@ -20,7 +19,7 @@ from typing import Any
 import pytest
 import redis
 from conftest import ADMIN_KEY, BASE_NAME, Served, make_app_deps
-from fakes import FakeEngine
+from fakes import FakeEngine, on_event_loop
 from fastapi.testclient import TestClient
 
 from loraplex.demo.assets import DemoAssets
@@ -73,11 +72,7 @@ class SpyClient:
 
     def _call(self, name: str, args: tuple[Any, ...]) -> Any:
         self.calls.append(name)
-        try:
-            asyncio.get_running_loop()
-            self.on_event_loop.append(True)
-        except RuntimeError:
-            self.on_event_loop.append(False)
+        self.on_event_loop.append(on_event_loop())
         if self.down:
             raise redis.ConnectionError("Redis is down (test)")
         return getattr(self.real, name)(*args)

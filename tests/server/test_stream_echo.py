@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-import time
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 from typing import Any
@@ -19,13 +18,13 @@ import httpx
 import pytest
 from live import Live, live_server
 from stuck_client import (
-    WAIT_S,
     num_ended,
     open_not_reading,
     read_all,
     read_response,
     serving,
     wait_engine_freed,
+    wait_until,
 )
 
 from loraplex.demo.assets import DemoAssets
@@ -272,13 +271,10 @@ def test_what_a_stalled_echo_stream_holds_is_bounded(
             _post(f"http://{host}:{port}", key, STUCK_ECHO | {"stream": False}).content
         )
         sockets = [open_not_reading(address, lsn, server, STUCK_ECHO) for _ in range(2)]
-        deadline = time.monotonic() + WAIT_S
-        while time.monotonic() < deadline:
-            load = server.engine.load_snapshot()
-            if load.num_paused > 0 and load.num_running == load.num_waiting == 0:
-                break  # every unfinished sibling of both paused
-            time.sleep(0.05)
-        assert load.num_paused > 0 and load.num_running == load.num_waiting == 0, load
+        wait_until(  # every unfinished sibling of both paused
+            server, lambda load: load.num_paused > 0 and load.num_running == load.num_waiting == 0,
+            "paused",
+        )  # fmt: skip
         assert num_ended(server, "abort") == 0  # paused, not aborted
         received = [read_response(sock) for sock in sockets]
         for sock in sockets:

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-import time
 from collections.abc import AsyncIterator
 from contextlib import suppress
 from pathlib import Path
@@ -25,6 +24,7 @@ from stuck_client import (
     read_response,
     serving,
     wait_engine_freed,
+    wait_until,
 )
 
 from loraplex.clock import ManualClock
@@ -221,14 +221,10 @@ def test_a_client_that_does_not_read_is_paused_and_another_tenant_is_served(
         serving(demo_assets, tmp_path, limits, **config) as (server, address, listener),
         open_not_reading(address, listener, server, long_stream(NUM_CHOICES)) as sock,
     ):
-        deadline = time.monotonic() + WAIT_S
-        while time.monotonic() < deadline:
-            load = server.engine.load_snapshot()
-            if load.num_paused > 0 and load.num_running == load.num_waiting == 0:
-                break  # every unfinished sibling paused: none queued, none running
-            time.sleep(0.05)
-        load = server.engine.load_snapshot()
-        assert load.num_paused > 0 and load.num_running == load.num_waiting == 0, load
+        load = wait_until(  # every unfinished sibling paused: none queued, none running
+            server, lambda load: load.num_paused > 0 and load.num_running == load.num_waiting == 0,
+            "paused",
+        )  # fmt: skip
         # KV blocks held only by the siblings that were running when paused and kept theirs
         assert load.kv_usage <= 0.25 and (load.kv_usage > 0) == (load.num_pauses_kv_kept > 0)
         assert num_ended(server, "abort") == 0  # paused, not aborted
@@ -242,17 +238,12 @@ def test_a_client_that_does_not_read_is_paused_and_another_tenant_is_served(
         )
         assert reply.status_code == 200 and reply.json()["usage"]["completion_tokens"] == 4
         # NOTE: an engine process publishes its counts every few ms: the victim's end may show late
-        deadline = time.monotonic() + WAIT_S
-        while server.engine.load_snapshot().num_running and time.monotonic() < deadline:
-            time.sleep(0.05)
-        after = server.engine.load_snapshot()  # the stuck stream still paused, nothing running
-        assert after.num_paused == load.num_paused and after.num_running == 0, after
+        after = wait_until(server, lambda load: load.num_running == 0, "done running")
+        assert after.num_paused == load.num_paused, after  # the stuck stream still paused
         received = read_response(sock)  # it reads again: no resume left
-        deadline = time.monotonic() + WAIT_S  # the engine takes the aborts in its next turn
-        while server.engine.load_snapshot().num_paused and time.monotonic() < deadline:
-            time.sleep(0.05)
-        ended = server.engine.load_snapshot()
-        assert ended.num_paused == 0 and ended.kv_usage == 0  # aborted: nothing left of it
+        # the engine takes the aborts in its next turn
+        ended = wait_until(server, lambda load: load.num_paused == 0, "unpaused")
+        assert ended.kv_usage == 0  # aborted: nothing left of it
         assert num_ended(server, "abort") >= 1
     assert received.endswith(b"0\r\n\r\n") and b"data: [DONE]" not in received
     assert b'"code":"stream_resumed_too_often"' in received
@@ -270,10 +261,8 @@ def test_a_paused_stream_whose_slot_was_taken_completes_once_its_client_reads(
         serving(demo_assets, tmp_path, limits, **config) as (server, address, listener),
         open_not_reading(address, listener, server, long_stream(1)) as sock,
     ):
-        deadline = time.monotonic() + WAIT_S
-        while not server.engine.load_snapshot().num_paused and time.monotonic() < deadline:
-            time.sleep(0.05)
-        assert server.engine.load_snapshot().num_paused == 1
+        paused = wait_until(server, lambda load: load.num_paused > 0, "paused")
+        assert paused.num_paused == 1
         host, port = address
         reply = httpx.post(
             f"http://{host}:{port}/v1/completions",

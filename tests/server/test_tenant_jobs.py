@@ -5,7 +5,6 @@ served behind them (``scripts/attacks/attack13/thread-pool-crowd``)."""
 
 from __future__ import annotations
 
-import asyncio
 import threading
 import time
 from collections.abc import Callable
@@ -14,7 +13,7 @@ from typing import Any
 
 import pytest
 from conftest import Served, make_app_deps
-from fakes import CharTokenizer, FakeEngine
+from fakes import CharTokenizer, FakeEngine, on_event_loop
 from fastapi.testclient import TestClient
 
 from loraplex.server.app import create_app
@@ -111,7 +110,7 @@ class _Counted:
         self.running = self.most = self.calls = 0
 
     def __call__(self, *args: object, **kwargs: object) -> object:
-        if _on_loop():
+        if on_event_loop():
             return self._real(*args, **kwargs)
         with self._lock:
             self.running += 1
@@ -123,14 +122,6 @@ class _Counted:
         finally:
             with self._lock:
                 self.running -= 1
-
-
-def _on_loop() -> bool:
-    try:
-        asyncio.get_running_loop()
-    except RuntimeError:
-        return False
-    return True
 
 
 def _crowd(served: Served, path: str, send: dict[str, Any], method: str = "POST") -> list[int]:

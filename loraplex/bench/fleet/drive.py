@@ -12,13 +12,17 @@ the replay (``fleet_cluster``).
 from __future__ import annotations
 
 import asyncio
-import random
 import statistics
 import time
 from collections.abc import Sequence
 from dataclasses import replace
 
-from loraplex.bench.serve.driver import DriveConfig, RequestRecord, prompt_ids, send_one
+from loraplex.bench.serve.driver import (
+    DriveConfig,
+    RequestRecord,
+    seeded_prompts,
+    send_on_schedule,
+)
 from loraplex.bench.workloads import TraceRequest
 
 UNKNOWN_TIER = "L3"  # the tier recorded when the server does not report one
@@ -31,27 +35,11 @@ async def replay(
     ``t_s`` from the start of the replay. Each tenant is a client of its own (its own
     ``max_in_flight`` bound). Prompts come from ``config.seed``: every run of a trace sends the
     same prompts."""
-    rng = random.Random(config.seed)
-    prompts = [prompt_ids(rng, r.prompt_tokens, config.vocab_size) for r in requests]
-    gates = {t: asyncio.Semaphore(config.max_in_flight) for t in {r.tenant for r in requests}}
+    prompts = seeded_prompts(requests, config)
     start = time.monotonic()
-
-    async def run(index: int, request: TraceRequest) -> RequestRecord:
-        arrival = start + request.t_s * config.time_scale
-        await asyncio.sleep(max(0.0, arrival - time.monotonic()))
-        async with gates[request.tenant]:
-            record = await send_one(
-                url,
-                request,
-                key=keys[request.tenant],
-                ids=prompts[index],
-                arrival=arrival,
-                tier=UNKNOWN_TIER,
-                config=config,
-            )
-        return replace(record, t_s=record.t_s - start)
-
-    return list(await asyncio.gather(*(run(i, r) for i, r in enumerate(requests))))
+    return await send_on_schedule(
+        url, requests, keys, config, start=start, tier_of=lambda _: UNKNOWN_TIER, prompts=prompts
+    )
 
 
 def capacity_batch(

@@ -12,6 +12,7 @@ import os
 import signal
 import socket
 import subprocess
+import sys
 import time
 from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager, suppress
@@ -59,6 +60,22 @@ def own_env(**extra: str) -> dict[str, str]:
     deployment's own database."""
     kept = {k: v for k, v in os.environ.items() if not k.startswith(OWN_PREFIX)}
     return {**kept, **extra}
+
+
+# ``loraplex serve``, asking Linux first (prctl PR_SET_PDEATHSIG) to SIGTERM it when the process
+# that started it dies, so no server outlives a killed benchmark or qualify run; elsewhere it
+# just serves.
+_SERVE = (
+    "import ctypes, signal, sys\n"
+    "if sys.platform == 'linux':\n"
+    "    ctypes.CDLL(None).prctl(1, signal.SIGTERM)\n"
+    "from loraplex.cli import main; main()"
+)
+
+
+def serve_command(*args: str) -> list[str]:
+    """The command line of a ``loraplex serve`` child with ``args`` that dies with its parent."""
+    return [sys.executable, "-c", _SERVE, "serve", *args]
 
 
 def free_port() -> int:

@@ -15,8 +15,8 @@ import contextlib
 import json
 import random
 import time
-from collections.abc import Sequence
-from dataclasses import dataclass, field
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field, replace
 
 import httpx
 
@@ -234,42 +234,64 @@ async def replay_over_http(
     platform: one tenant's backlog of open requests (a storm's) never holds back another
     tenant's requests on the client side, where the server could not be blamed or credited.
     Streams use ``sse_client`` (a connection each; cheap on the shared cores)."""
-    rng = random.Random(config.seed)
-    prompts = [prompt_ids(rng, r.prompt_tokens, config.vocab_size) for r in requests]
+    prompts = seeded_prompts(requests, config)
     view, stop = ResidencyView(), asyncio.Event()
-    gates = {t: asyncio.Semaphore(config.max_in_flight) for t in {r.tenant for r in requests}}
     timeout = httpx.Timeout(config.request_timeout_s)
     async with httpx.AsyncClient(base_url=url, timeout=timeout) as admin:
         start = time.monotonic()
         poller = asyncio.create_task(poll_residency(admin, admin_key, view, start, stop))
 
-        async def run(index: int, request: TraceRequest) -> RequestRecord:
-            arrival = start + request.t_s * config.time_scale
-            await asyncio.sleep(max(0.0, arrival - time.monotonic()))
-            tier = view.tier_of(request.tenant, request.adapter, REVISION)
-            async with gates[request.tenant]:
-                record = await send_one(
-                    url,
-                    request,
-                    key=keys[request.tenant],
-                    ids=prompts[index],
-                    arrival=arrival,
-                    tier=tier,
-                    config=config,
-                )
-            return _relative(record, start)
+        def tier_of(request: TraceRequest) -> str:
+            return view.tier_of(request.tenant, request.adapter, REVISION)
 
         try:
-            records = await asyncio.gather(*(run(i, r) for i, r in enumerate(requests)))
+            records = await send_on_schedule(
+                url, requests, keys, config, start=start, tier_of=tier_of, prompts=prompts
+            )
         finally:
             stop.set()
             await poller
         # One last look, so the final counters include the last requests.
         await poll_once(admin, admin_key, view, start)
-    return list(records), view
+    return records, view
 
 
-def _relative(record: RequestRecord, start: float) -> RequestRecord:
-    from dataclasses import replace
+def seeded_prompts(requests: Sequence[TraceRequest], config: DriveConfig) -> list[list[int]]:
+    """Each request's prompt, from ``config.seed``: every run of a trace sends the same prompts."""
+    rng = random.Random(config.seed)
+    return [prompt_ids(rng, r.prompt_tokens, config.vocab_size) for r in requests]
 
-    return replace(record, t_s=record.t_s - start)
+
+async def send_on_schedule(
+    url: str,
+    requests: Sequence[TraceRequest],
+    keys: dict[str, str],
+    config: DriveConfig,
+    *,
+    start: float,
+    tier_of: Callable[[TraceRequest], str],
+    prompts: Sequence[list[int]],
+) -> list[RequestRecord]:
+    """Sends each of ``requests`` (its prompt in ``prompts``) at its arrival after ``start``
+    (``t_s`` times ``config.time_scale``), with at most ``config.max_in_flight`` of a tenant's
+    open at once; ``tier_of`` says the tier its adapter was in at arrival. One record per
+    request, in trace order, ``t_s`` from ``start``."""
+    gates = {t: asyncio.Semaphore(config.max_in_flight) for t in {r.tenant for r in requests}}
+
+    async def run(index: int, request: TraceRequest) -> RequestRecord:
+        arrival = start + request.t_s * config.time_scale
+        await asyncio.sleep(max(0.0, arrival - time.monotonic()))
+        tier = tier_of(request)
+        async with gates[request.tenant]:
+            record = await send_one(
+                url,
+                request,
+                key=keys[request.tenant],
+                ids=prompts[index],
+                arrival=arrival,
+                tier=tier,
+                config=config,
+            )
+        return replace(record, t_s=record.t_s - start)
+
+    return list(await asyncio.gather(*(run(i, r) for i, r in enumerate(requests))))

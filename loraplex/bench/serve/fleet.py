@@ -10,14 +10,13 @@ from __future__ import annotations
 
 import os
 import secrets
-import sys
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
 from loraplex.artifacts.base_model import BaseModelSpec
-from loraplex.bench.harness.process import Launch, free_port, own_env
+from loraplex.bench.harness.process import Launch, free_port, own_env, serve_command
 from loraplex.bench.harness.process import serving_process as harness_serving
 from loraplex.bench.serve.driver import REVISION
 from loraplex.bench.workloads import TraceAdapter
@@ -41,16 +40,6 @@ PRIORITIES = {
 # (a quarter of cold-storm's 16 slots) and one cold load at a time.
 STORM_GPU_SLOTS = 4
 STORM_COLD_LOADS = 1
-
-
-# ``loraplex serve``, asking Linux first (prctl PR_SET_PDEATHSIG) to SIGTERM it when the benchmark
-# process dies, so no server outlives a killed run; elsewhere it just serves.
-_SERVE = (
-    "import ctypes, signal, sys\n"
-    "if sys.platform == 'linux':\n"
-    "    ctypes.CDLL(None).prctl(1, signal.SIGTERM)\n"
-    "from loraplex.cli import main; main()"
-)
 
 
 @dataclass(frozen=True)
@@ -240,7 +229,7 @@ def serving_process(
     config = _write_config(fleet, data_dir, options, port)
     launch = Launch(
         name="loraplex serve",
-        command=[sys.executable, "-c", _SERVE, "serve", "--config", str(config)],
+        command=serve_command("--config", str(config)),
         env=own_env(OMP_NUM_THREADS=str(options.torch_threads)),
         url=f"http://127.0.0.1:{port}",
         ready_path="/ready",

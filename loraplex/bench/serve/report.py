@@ -252,24 +252,36 @@ def hot_burst_tenant_cdf_plot(
     return True
 
 
-def hit_ratio_plot(runs: list[RunResult], path: Path, window: int = 10) -> None:
-    """L0 hit ratio over time: acquires in each window of residency polls, per run."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    fig, ax = plt.subplots(figsize=(9, 4))
-    for run in runs:
-        series = run.residency.hit_series
+def hit_ratio_lines(run: RunResult, window: int) -> list[tuple[list[float], list[float]]]:
+    """L0 hit ratio over time, one (seconds, ratio) line per repeat of ``run`` (the run itself
+    when it has none): acquires in each sliding window of ``window`` residency polls."""
+    lines = []
+    for repeat in run.repeats or (run,):
+        series = repeat.residency.hit_series
         xs, ys = [], []
         for (_, before), (t_s, after) in zip(series, series[window:], strict=False):
             total = sum(after.values()) - sum(before.values())
             if total > 0:
                 xs.append(t_s)
                 ys.append((after.get("L0", 0) - before.get("L0", 0)) / total)
-        if xs:
-            ax.plot(xs, ys, label=run.name)
+        lines.append((xs, ys))
+    return lines
+
+
+def hit_ratio_plot(runs: list[RunResult], path: Path, window: int = 10) -> None:
+    """L0 hit ratio over time per run, every repeat a line in the run's colour."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(9, 4))
+    for index, run in enumerate(runs):
+        lines = hit_ratio_lines(run, window)
+        label = run.name if len(lines) == 1 else f"{run.name} ({len(lines)} repeats)"
+        for xs, ys in (line for line in lines if line[0]):
+            ax.plot(xs, ys, color=f"C{index % 10}", alpha=0.8, linewidth=1, label=label)
+            label = "_"  # the legend names each run once
     ax.set_xlabel("seconds into the run")
     ax.set_ylabel("L0 hit ratio (sliding window)")
     ax.set_ylim(0, 1.05)

@@ -126,7 +126,8 @@ _COUNTERS = ("hits", "misses", "evictions", "reloads_after_eviction")
 
 def pooled_view(views: list[ResidencyView]) -> ResidencyView:
     """The repeats of one run as one view: their cache counters summed (hit ratios then weigh
-    every acquire alike); tiers and the hit series of the first (the plots show one run)."""
+    every acquire alike); tiers and the hit series of the first (the hit-ratio plot reads each
+    repeat's own, ``RunResult.repeats``)."""
     first = views[0]
     final: dict[str, object] = dict(first.final)
     for view in views[1:]:

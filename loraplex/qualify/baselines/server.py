@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import os
 import secrets
-import sys
 import time
 from collections.abc import Iterator
 from contextlib import ExitStack, contextmanager
@@ -19,21 +18,19 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 
 from loraplex.artifacts.base_model import BaseModelSpec
-from loraplex.bench.harness.process import Launch, free_port, own_env, serving_process
+from loraplex.bench.harness.process import (
+    Launch,
+    free_port,
+    own_env,
+    serve_command,
+    serving_process,
+)
 from loraplex.bench.proc_tree import descendants_of
 from loraplex.registry import RegistryConfig, open_registry
 from loraplex.serve.config import file_key
 
 TENANT = "qualify"  # the one tenant of a comparator's registry
 _ACTOR = "qualify-baselines"
-# ``loraplex serve``, asking Linux (prctl PR_SET_PDEATHSIG) to SIGTERM it when this process
-# dies, so no comparator server outlives a killed run.
-_SERVE = (
-    "import ctypes, signal, sys\n"
-    "if sys.platform == 'linux':\n"
-    "    ctypes.CDLL(None).prctl(1, signal.SIGTERM)\n"
-    "from loraplex.cli import main; main()"
-)
 
 
 @dataclass(frozen=True)
@@ -118,7 +115,7 @@ def comparator_server(spec: ServerSpec) -> Iterator[Running]:
     config.write_text(_config_text(spec, port), encoding="utf-8")
     launch = Launch(
         name="loraplex serve (qualify comparator)",
-        command=[sys.executable, "-c", _SERVE, "serve", "--config", str(config)],
+        command=serve_command("--config", str(config)),
         env=own_env(OMP_NUM_THREADS=str(spec.torch_threads)),
         url=f"http://127.0.0.1:{port}",
         ready_path="/ready",

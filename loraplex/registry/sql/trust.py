@@ -79,7 +79,7 @@ def get_anchor(tx: Tx, tenant: str, name: str) -> TrustAnchor | None:
 
 
 def insert_anchor(tx: Tx, anchor: TrustAnchor, key_id: str) -> None:
-    """``key_id``: what a bundle finds it by (``signature.anchor_key_id``)."""
+    """``key_id``: what a bundle finds it by (``signature.anchor_ids``)."""
     tx.execute(
         f"INSERT INTO trust_anchors ({_ANCHOR_COLUMNS}, key_id) VALUES (?, ?, ?, ?, ?, ?, ?)",
         (

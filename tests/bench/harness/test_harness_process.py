@@ -6,6 +6,7 @@ from __future__ import annotations
 import os
 import signal
 import socket
+import subprocess
 import sys
 import time
 from pathlib import Path
@@ -16,6 +17,7 @@ from loraplex.bench.harness.process import (
     Launch,
     free_port,
     fresh_run_dir,
+    serve_command,
     serving_process,
 )
 
@@ -48,6 +50,15 @@ def _alive(pid: int) -> bool:
     except ProcessLookupError:
         return False
     return True
+
+
+def test_serve_command_runs_loraplex_serve_with_its_arguments() -> None:
+    """The one command line the benchmarks and qualify start their servers with."""
+    command = serve_command("--help")
+    assert command[0] == sys.executable and command[-2:] == ["serve", "--help"]
+    done = subprocess.run(command, capture_output=True, text=True, timeout=120, check=False)
+    assert done.returncode == 0, done.stderr
+    assert "Usage:" in done.stdout and "serve" in done.stdout and "--data-dir" in done.stdout
 
 
 def test_free_port_is_bindable() -> None:
