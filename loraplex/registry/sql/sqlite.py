@@ -36,7 +36,9 @@ MAX_READ_CONNECTIONS = 64
 # connection back instead of holding it while tenants' lookups wait for one.
 READ_TIMEOUT_S = 10.0
 # Connections a forked child's ``close`` left open (never closed there: SQLite's rule), kept
-# from garbage collection, which would close them.
+# referenced so that dropping the database does not close them either. NOTE: an interpreter
+# shutdown in the child still would; a forked child ends with ``os._exit`` (as multiprocessing's
+# fork children do).
 _LEFT_TO_PARENT: list[sqlite3.Connection] = []
 
 
@@ -253,7 +255,7 @@ class SqliteDatabase:
 
     def close(self) -> None:
         """Closes the idle connections at once, the busy ones as their transactions end; in a
-        forked child, none (they are the parent's: kept open, never garbage-collected)."""
+        forked child, none (they are the parent's: kept open, ``_LEFT_TO_PARENT``)."""
         if os.getpid() != self._pid:
             # NOTE: no lock taken either: a thread of the parent may have held it at the fork
             _LEFT_TO_PARENT.extend([self._conn, *self._readers])
