@@ -11,6 +11,7 @@ import pytest
 
 from loraplex.engine.transport.restart import RestartPolicy
 from loraplex.registry.sql.paging import DEFAULT_PAGE, MAX_CURSOR_CHARS, MAX_PAGE
+from loraplex.registry.sql.sqlite import READ_TIMEOUT_S
 from loraplex.server.batch_limit import MAX_BATCH_PROMPTS
 from loraplex.server.choices import DEFAULT_MAX_CHOICES
 from loraplex.server.fd_limit import RESERVED_FDS
@@ -64,6 +65,8 @@ SENTENCES = [
     f"each at most {MAX_TEXT_PART_BYTES >> 10} KiB",
     f"`limit` 1-{MAX_PAGE}, default {DEFAULT_PAGE}, `after` 1-{MAX_CURSOR_CHARS} characters",
     f"gets the first {DEFAULT_PAGE}",
+    f"a read transaction still running a statement {READ_TIMEOUT_S:g} s after it began has it "
+    "interrupted and gets 503 `registry_unavailable` (`sqlite.py: READ_TIMEOUT_S`, not a setting;",
     f"a backoff: {RESTART.initial_backoff_s:g} s for the first restart, doubling per further "
     f"attempt (a crash soon after coming back, or a failed start) up to {RESTART.max_backoff_s:g} "
     f"s, back to {RESTART.initial_backoff_s:g} s once an engine has stayed up for "

@@ -28,6 +28,7 @@ def _blocks() -> list[tuple[str, str]]:
 
 
 BLOCKS = _blocks()
+DEFAULT_REPLICAS = 2  # what ``fleet up`` and ``k8s render`` run without ``--replicas``
 
 
 def test_the_docs_hold_toml_blocks() -> None:
@@ -45,7 +46,7 @@ def test_a_docs_toml_block_is_a_config_loraplex_accepts(
     serve = merge(read_config_file(path, other_tables=("fleet",)), {"data_dir": tmp_path})
     fleet = tomllib.loads(text).get("fleet")
     if fleet is not None:
-        check_fleet_values(fleet, serve)
+        check_fleet_values(fleet, serve, DEFAULT_REPLICAS)
 
 
 def test_a_refused_fleet_table_fails_here(tmp_path: Path) -> None:

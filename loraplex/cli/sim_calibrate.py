@@ -1,4 +1,5 @@
-"""``loraplex sim calibrate``: measure a running server (``--url`` + ``--admin-key``) or one started
+"""``loraplex sim calibrate``: measure a running server (``--url`` with ``--admin-key``, else the
+data directory's ``admin-key`` file, as ``preflight`` and ``qualify`` read it) or one started
 for the purpose (``--self``) and write a validated cost-model file (docs/simulator.md,
 "Calibration, validation, planner"). ``register_calibrate(sim_app)`` adds it to the ``sim``
 group; ``loraplex sim calibrate`` exists once that group is registered."""
@@ -14,7 +15,9 @@ from typing import TYPE_CHECKING, Annotated, Any, NoReturn
 
 import typer
 
+from loraplex.cli.locations import DataDir
 from loraplex.cli.plan import ints
+from loraplex.cli.preflight import _admin_key
 
 if TYPE_CHECKING:
     from loraplex.bench.sim.calibrate_target import Target
@@ -107,22 +110,20 @@ def calibrate_fleet_command(
 
 
 def _target(
-    url: str | None, admin_key: str | None, own: bool, *, max_adapters: int, asset_dir: Path,
-    max_loras: int, target_sets: tuple[str, ...], load_cpu_shared: bool,
+    url: str | None, admin_key: str | None, data_dir: Path | None, own: bool, *,
+    max_adapters: int, asset_dir: Path, max_loras: int, target_sets: tuple[str, ...],
+    load_cpu_shared: bool,
 ) -> AbstractContextManager[Target]:  # fmt: skip
     from loraplex.bench.sim.calibrate_target import remote_target, self_target
 
-    if own == (url is not None):
+    if url is not None and not own:
+        return remote_target(url, _admin_key(admin_key, data_dir), max_adapters, load_cpu_shared)
+    if url is not None or not own:
         raise typer.BadParameter("give exactly one of --url and --self", param_hint="--url")
-    if own:
-        if admin_key is not None:
-            raise typer.BadParameter(
-                "--self starts its own server; no --admin-key", param_hint="--admin-key"
-            )
-        return self_target(asset_dir, (8, 16, 32, 64), 2, max_loras, 0, target_sets=target_sets)
-    if url is None or not admin_key:
-        raise typer.BadParameter("--url needs the server's --admin-key", param_hint="--admin-key")
-    return remote_target(url, admin_key, max_adapters, load_cpu_shared)
+    for given, flag in ((admin_key, "--admin-key"), (data_dir, "--data-dir")):
+        if given is not None:
+            raise typer.BadParameter(f"--self starts its own server; no {flag}", param_hint=flag)
+    return self_target(asset_dir, (8, 16, 32, 64), 2, max_loras, 0, target_sets=target_sets)
 
 
 def calibrate_command(
@@ -131,8 +132,10 @@ def calibrate_command(
     hardware: Annotated[str, typer.Option(help="Name of the measured hardware profile.")],
     url: Annotated[str | None, typer.Option(help="Base URL of the server to measure.")] = None,
     admin_key: Annotated[
-        str | None, typer.Option(envvar="LORAPLEX_ADMIN_KEY", help="Its admin credential.")
+        str | None,
+        typer.Option(envvar="LORAPLEX_ADMIN_KEY", help="Its admin credential (default: data dir)."),
     ] = None,
+    data_dir: DataDir = None,
     own: Annotated[
         bool, typer.Option("--self", help="Start and measure a demo-model server instead.")
     ] = False,
@@ -210,6 +213,7 @@ def calibrate_command(
     with _target(
         url,
         admin_key,
+        data_dir,
         own,
         max_adapters=max_adapters,
         asset_dir=asset_dir,

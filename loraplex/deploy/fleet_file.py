@@ -24,8 +24,9 @@ RENDERED_FLEET_KEYS = {
 }
 
 
-def check_fleet_values(values: Mapping[str, Any], serve: ServeConfig) -> None:
-    """Refuses unknown and rendered keys, then builds the ``FleetSettings`` the builder would."""
+def check_fleet_values(values: Mapping[str, Any], serve: ServeConfig, replicas: int) -> None:
+    """Refuses unknown and rendered keys, then builds the ``FleetSettings`` the builder would
+    (``replicas``: the engine replicas ``--replicas`` renders)."""
     unknown = sorted(str(key) for key in values if key not in FLEET_KEYS)
     if unknown:
         raise ServeFileError(
@@ -38,6 +39,6 @@ def check_fleet_values(values: Mapping[str, Any], serve: ServeConfig) -> None:
             key, f"[fleet] key {key!r} is set by {RENDERED_FLEET_KEYS[key]}; remove it"
         )
     try:
-        FleetSettings(serve=serve, model_dir=Path(POD_DATA_DIR), **values)
+        FleetSettings(serve=serve, model_dir=Path(POD_DATA_DIR), engine_replicas=replicas, **values)
     except (TypeError, ValueError) as exc:
         raise ServeFileError("serve_config", f"[fleet]: {exc}") from exc

@@ -127,7 +127,7 @@ class K8sSpec:
                 )
             return
         try:
-            check_fleet_values(self.fleet_config, serve)
+            check_fleet_values(self.fleet_config, serve, self.replicas)
         except ServeFileError as exc:
             raise SpecError("serve_config", str(exc)) from exc
 

@@ -136,7 +136,15 @@ class FleetSettings:
             raise ValueError(
                 f"topology keys {unknown} are unknown; expected some of {_TOPOLOGY_KEYS}"
             )
-        TopologyConfig(**self.topology)  # raises naming a wrong value
+        topology = TopologyConfig(**self.topology)  # raises naming a wrong value
+        if self.engine_replicas < topology.min_replicas:
+            # NOTE: the replica count is fixed (Ray Serve's num_replicas; no autoscaling): a
+            # fleet this small never reaches min_replicas, and its topology would never act
+            raise ValueError(
+                f"topology is set with replicas {self.engine_replicas}; expected replicas >= "
+                f"its min_replicas {topology.min_replicas} (fewer dedicate none), or no "
+                "topology table"
+            )
         if self.serve.mode != "auto":
             raise ValueError(
                 f"topology is set while the [serve] mode is {self.serve.mode!r}; expected mode "

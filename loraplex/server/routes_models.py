@@ -9,7 +9,6 @@ from __future__ import annotations
 from typing import Annotated
 
 from fastapi import APIRouter, Query
-from starlette.concurrency import run_in_threadpool
 
 from loraplex.artifacts.identity import MAX_NAME_CHARS
 from loraplex.registry import Adapter, Revision
@@ -117,15 +116,21 @@ def _adapter_cursor(after: str | None, caller: str, deps: ServerDeps) -> str | N
 @router.get("/models/{model:path}")
 async def get_model(model: str, tenant: TenantDep, deps: DepsDep) -> ModelCard:
     """One model the caller may use; the registry's one 404 for anything else. A pinned
-    ``...@revision`` gets that revision's card."""
+    ``...@revision`` gets that revision's card. Read on the pool in one of the tenant's places
+    (``tenant_jobs.py``): one tenant's flood of lookups waits on its own places."""
     if model == deps.config.base_model_name:
         return _base_card(deps)
-    revision = await run_in_threadpool(deps.registry.resolve_revision, tenant.name, model)
-    adapter = await run_in_threadpool(deps.registry.get_adapter, revision.tenant, revision.name)
+    return await deps.jobs.run(tenant.name, _lookup, deps, tenant.name, model)
+
+
+def _lookup(deps: ServerDeps, caller: str, model: str) -> ModelCard:
+    """The card of ``model`` (an adapter's alias or pinned revision) for ``caller``."""
+    registry = deps.registry
+    revision = registry.resolve_revision(caller, model)
+    adapter = registry.get_adapter(revision.tenant, revision.name)
     if "@" in model:
-        return _card(adapter, tenant.name, deps, revision)
+        return _card(adapter, caller, deps, revision)
     signed = None
-    if adapter.tenant == tenant.name:  # NOTE: this adapter's rows only, not all the tenant's
-        owned = await run_in_threadpool(deps.registry.signed_adapters, tenant.name, [adapter.name])
-        signed = owned.get(adapter.name)
-    return _card(adapter, tenant.name, deps, signed=signed)
+    if adapter.tenant == caller:  # NOTE: this adapter's rows only, not all the tenant's
+        signed = registry.signed_adapters(caller, [adapter.name]).get(adapter.name)
+    return _card(adapter, caller, deps, signed=signed)

@@ -11,9 +11,9 @@ wait on the tenant's own semaphore holding no thread, so the pool keeps threads 
 tenants' key checks, resolutions and jobs. Event-loop only.
 
 A place is taken too by a streamed event's formatting with many logprob entries
-(``streaming.py``), the second parse that names a body's too-long integer (``errors.py``) and
-the model list's read (``routes_models.py``). An admin's call (one trusted credential, no
-tenant) runs unplaced.
+(``streaming.py``), the second parse that names a body's too-long integer (``errors.py``), the
+model list's read and a model card's lookup (``routes_models.py``). An admin's call (one
+trusted credential, no tenant) runs unplaced.
 """
 
 from __future__ import annotations

@@ -8,7 +8,7 @@ import re
 from dataclasses import fields, replace
 from pathlib import Path
 from types import SimpleNamespace
-from typing import Any
+from typing import Any, NoReturn
 
 import pytest
 import typer
@@ -207,8 +207,9 @@ def _sim_group() -> typer.Typer:
     [
         (["--out", "o.json", "--hardware", "h"], "exactly one of --url and --self"),
         (["--out", "o.json", "--hardware", "h", "--self", "--url", "http://x"], "exactly one"),
-        (["--out", "o.json", "--hardware", "h", "--url", "http://x"], "--admin-key"),
+        (["--out", "o.json", "--hardware", "h", "--url", "http://x"], "no --admin-key and no "),
         (["--out", "o.json", "--hardware", "h", "--self", "--admin-key", "k"], "no --admin-key"),
+        (["--out", "o.json", "--hardware", "h", "--self", "--data-dir", "d"], "no --data-dir"),
         (["--out", "o.json", "--hardware", " ", "--self"], "--hardware"),
         (["--out", "o.json", "--hardware", "h", "--self", "--output-tokens", "2"], "output_tokens"),
         (["--out", "o.json", "--hardware", "h", "--self", "--batch-sizes", "1,x"], "integers"),
@@ -225,8 +226,11 @@ def _sim_group() -> typer.Typer:
         ),
     ],
 )
-def test_calibrate_options_are_checked_before_anything_runs(args: list[str], message: str) -> None:
-    result = CliRunner().invoke(_sim_group(), ["calibrate", *args], env={"LORAPLEX_ADMIN_KEY": ""})
+def test_calibrate_options_are_checked_before_anything_runs(
+    tmp_path: Path, args: list[str], message: str
+) -> None:
+    env = {"LORAPLEX_ADMIN_KEY": "", "LORAPLEX_DATA_DIR": str(tmp_path)}  # no admin-key file
+    result = CliRunner().invoke(_sim_group(), ["calibrate", *args], env=env)
     assert result.exit_code == 2, result.output
     assert message in _flat(result.output)
 
@@ -415,3 +419,38 @@ def test_a_logs_dir_needs_a_single_server_run_to_keep_logs(tmp_path: Path) -> No
     assert SimBenchConfig(targets=("single", "fleet"), logs_dir=tmp_path).logs_dir == tmp_path
     with pytest.raises(ValueError, match="logs_dir"):
         SimBenchConfig(targets=("fleet",), logs_dir=tmp_path)
+
+
+class _Reached(Exception):
+    """The calibration reached its target: the options were taken."""
+
+
+@pytest.mark.parametrize("where", ["--data-dir", "LORAPLEX_DATA_DIR"])
+def test_calibrate_url_reads_the_data_dirs_admin_key(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, where: str
+) -> None:
+    """As ``preflight --url`` and ``qualify --url``: with no ``--admin-key`` the data directory's
+    ``admin-key`` file (where ``serve`` keeps a generated one). On main ``--data-dir`` was an
+    unknown option, and without ``--admin-key`` the command was refused."""
+    from loraplex.bench.sim import calibrate_target
+
+    (tmp_path / "admin-key").write_text("the-deployments-admin-key\n", encoding="utf-8")
+    asked: list[tuple[object, ...]] = []
+
+    def _remote(*args: object) -> NoReturn:
+        asked.append(args)
+        raise _Reached
+
+    monkeypatch.setattr(calibrate_target, "remote_target", _remote)
+    args = ["calibrate", "--out", "o.json", "--hardware", "h", "--url", "http://x"]
+    env = {"LORAPLEX_ADMIN_KEY": "", "LORAPLEX_DATA_DIR": ""}
+    if where == "--data-dir":
+        args += ["--data-dir", str(tmp_path)]
+    else:
+        env["LORAPLEX_DATA_DIR"] = str(tmp_path)
+    result = CliRunner().invoke(_sim_group(), args, env=env)
+    assert isinstance(result.exception, _Reached), result.output
+    assert asked == [("http://x", "the-deployments-admin-key", 8, False)]
+    result = CliRunner().invoke(_sim_group(), [*args, "--admin-key", "given-admin-key"], env=env)
+    assert isinstance(result.exception, _Reached), result.output
+    assert asked[-1] == ("http://x", "given-admin-key", 8, False)  # the flag comes first

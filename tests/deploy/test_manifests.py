@@ -357,7 +357,8 @@ def test_ray_passes_the_fleet_table_to_the_builder_beside_the_serve_keys() -> No
     from loraplex.deploy.ray import ENGINE_RESOURCE
 
     serve = {"policy": "lru", "mode": "auto"}  # the topology needs auto engines
-    spec = K8sSpec(**BASE, ray=True, serve_config=serve, fleet_config=FLEET_TABLE)
+    # 3 engine replicas, the topology's min_replicas (2 would never dedicate: refused)
+    spec = K8sSpec(**BASE, ray=True, replicas=3, serve_config=serve, fleet_config=FLEET_TABLE)
     found = docs(spec)
     for doc in found:
         check_document(doc, spec.namespace)
@@ -365,7 +366,7 @@ def test_ray_passes_the_fleet_table_to_the_builder_beside_the_serve_keys() -> No
     [application] = yaml.safe_load(service["spec"]["serveConfigV2"])["applications"]
     args = application["args"]
     assert args["policy"] == "lru"
-    assert args["fleet"] == FLEET_TABLE | {"replicas": 2, "engine_resource": ENGINE_RESOURCE}
+    assert args["fleet"] == FLEET_TABLE | {"replicas": 3, "engine_resource": ENGINE_RESOURCE}
 
 
 def test_the_ray_head_is_sized_for_the_ingress_and_engines_stay_on_workers() -> None:

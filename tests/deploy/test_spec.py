@@ -192,3 +192,18 @@ def test_fleet_keys_are_refused_without_ray() -> None:
     with pytest.raises(SpecError, match=r"\[fleet\] keys \['policy'\] are used only with ray"):
         K8sSpec(**BASE, fleet_config={"policy": "pow2"})
     assert K8sSpec(**BASE, ray=True, fleet_config={"policy": "pow2"}).fleet_config
+
+
+def test_a_topology_is_checked_against_the_rendered_replicas() -> None:
+    """The builder gets ``--replicas`` engine replicas: a topology whose ``min_replicas`` they
+    do not reach would never dedicate one, and is refused naming both."""
+    fleet = {"topology": {"min_replicas": 3}}
+    auto = {"mode": "auto"}
+    with pytest.raises(SpecError) as caught:
+        K8sSpec(**BASE, ray=True, replicas=2, serve_config=auto, fleet_config=fleet)
+    assert caught.value.field == "serve_config"
+    assert "topology is set with replicas 2; expected replicas >= its min_replicas 3" in str(
+        caught.value
+    )
+    spec = K8sSpec(**BASE, ray=True, replicas=3, serve_config=auto, fleet_config=fleet)
+    assert spec.fleet_config == fleet

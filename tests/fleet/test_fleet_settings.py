@@ -95,6 +95,29 @@ def test_a_topology_needs_auto_engines(tmp_path: Path, mode: str) -> None:
     assert FleetSettings(serve=auto, model_dir=tmp_path, topology={}).topology == {}
 
 
+@pytest.mark.parametrize(
+    ("replicas", "topology"), [(1, {}), (2, {"min_replicas": 3}), (3, {"min_replicas": 4})]
+)
+def test_a_topology_needs_its_min_replicas(
+    tmp_path: Path, replicas: int, topology: dict[str, Any]
+) -> None:
+    """A fleet with fewer replicas than the topology's ``min_replicas`` never dedicates one
+    (``decide_topology``; the count is fixed): on main the table was taken and did nothing."""
+    auto = ServeConfig(data_dir=tmp_path, mode="auto")
+    minimum = topology.get("min_replicas", 2)
+    with pytest.raises(ValueError) as caught:
+        FleetSettings(serve=auto, model_dir=tmp_path, engine_replicas=replicas, topology=topology)
+    assert str(caught.value) == (
+        f"topology is set with replicas {replicas}; expected replicas >= its min_replicas "
+        f"{minimum} (fewer dedicate none), or no topology table"
+    )
+    FleetSettings(serve=auto, model_dir=tmp_path, engine_replicas=replicas)  # no topology: fine
+    settings = FleetSettings(
+        serve=auto, model_dir=tmp_path, engine_replicas=minimum, topology=topology
+    )
+    assert settings.engine_replicas == minimum
+
+
 @pytest.mark.parametrize("policy", ["pow2", "ray_multiplex"])
 def test_a_topology_needs_a_policy_that_follows_the_dedication(tmp_path: Path, policy: str) -> None:
     """Ray Serve's baselines never read a view's dedication: with them the table was taken and

@@ -323,3 +323,70 @@ def test_an_in_memory_database_is_refused_before_any_file(
         "(an in-memory database is one per connection: readers would not see the writer's rows)"
     )
     assert list(tmp_path.iterdir()) == []
+
+
+# A statement that runs until interrupted (a count far past anything a test waits for).
+_RUNAWAY = (
+    "WITH RECURSIVE n(i) AS (SELECT 1 UNION ALL SELECT i + 1 FROM n WHERE i < 1000000000000) "
+    "SELECT count(*) FROM n"
+)
+
+
+def test_a_runaway_read_is_interrupted_and_gives_its_connection_back(tmp_path: Path) -> None:
+    """On main a read ran as long as its statement did, holding its read connection (here the
+    only one) while every other read waited for it: the call on the other thread hangs."""
+    db = SqliteDatabase(str(tmp_path / "registry.db"), read_connections=1, read_timeout_s=0.2)
+
+    def _runaway() -> object:
+        with db.transaction(write=False) as tx:
+            return tx.query_one(_RUNAWAY)
+
+    with pytest.raises(RegistryUnavailableError) as caught:
+        _done(_runaway)
+    assert caught.value.reason == "a read went on for 0.2 s"
+    assert isinstance(caught.value.__cause__, sqlite3.OperationalError)
+    with db.transaction(write=False) as tx:  # the connection is back, and usable
+        assert tx.query_one("SELECT 4") == (4,)
+    db.close()
+
+
+def test_a_read_within_its_time_is_not_interrupted_later(tmp_path: Path) -> None:
+    """The deadline belongs to one transaction: a read that ended before it leaves the next
+    read on the same connection alone."""
+    db = SqliteDatabase(str(tmp_path / "registry.db"), read_connections=1, read_timeout_s=0.2)
+    with db.transaction(write=False) as tx:
+        assert tx.query_one("SELECT 1") == (1,)
+    end = threading.Event()
+    end.wait(0.4)  # past the first read's deadline
+    with db.transaction(write=False) as tx:
+        assert tx.query_one("SELECT count(*) FROM (SELECT 1 UNION ALL SELECT 2)") == (2,)
+    db.close()
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "message"),
+    [
+        ({"read_connections": 0}, "read_connections 0 is invalid; expected 1 to 64"),
+        ({"read_connections": 65}, "read_connections 65 is invalid; expected 1 to 64"),
+        ({"wait_s": 0}, "wait_s 0 is invalid; expected > 0, <= 30"),
+        ({"wait_s": 30.5}, "wait_s 30.5 is invalid; expected > 0, <= 30"),
+        ({"read_timeout_s": 0}, "read_timeout_s 0 is invalid; expected > 0, <= 10"),
+        ({"read_timeout_s": 11}, "read_timeout_s 11 is invalid; expected > 0, <= 10"),
+    ],
+)
+def test_out_of_range_settings_are_refused_before_any_file(
+    tmp_path: Path, kwargs: dict[str, float], message: str
+) -> None:
+    with pytest.raises(ValueError) as caught:
+        SqliteDatabase(str(tmp_path / "registry.db"), **kwargs)  # type: ignore[arg-type]
+    assert str(caught.value) == message
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_settings_at_their_bounds_are_accepted(tmp_path: Path) -> None:
+    db = SqliteDatabase(
+        str(tmp_path / "registry.db"), read_connections=64, wait_s=30, read_timeout_s=10
+    )
+    with db.transaction(write=False) as tx:
+        assert tx.query_one("SELECT 1") == (1,)
+    db.close()

@@ -185,3 +185,18 @@ def test_a_tenants_model_listings_are_read_within_its_share(
     assert statuses == [200] * len(statuses)
     assert counted.calls >= len(statuses)
     assert counted.most == MAX_JOBS_PER_TENANT  # all at once before
+
+
+@pytest.mark.parametrize("model", ["support", "acme/support"])
+def test_a_tenants_model_lookups_are_read_within_its_share(
+    served: Served, monkeypatch: pytest.MonkeyPatch, model: str
+) -> None:
+    """``GET /v1/models/{model}`` resolves the model and reads its adapter and signing rows on
+    the pool (``routes_models.py``), in one of its tenant's places: each of its three reads took
+    the pool first come first served before."""
+    counted = _Counted(served.registry.get_adapter)
+    monkeypatch.setattr(served.registry, "get_adapter", counted)
+    statuses = _crowd(served, f"/v1/models/{model}", {}, method="GET")
+    assert statuses == [200] * len(statuses)
+    assert counted.calls == len(statuses)
+    assert counted.most == MAX_JOBS_PER_TENANT  # all at once before

@@ -7,7 +7,8 @@ the start of a write transaction, so two processes never interleave read-check-w
 Within one process, write transactions take turns on one connection and read transactions run
 on a few read-only connections of their own (``READ_CONNECTIONS``), each reading its own
 snapshot: a slow read (a large listing, the audit log) holds one of them, and tenants' lookups,
-other reads and writes go on beside it.
+other reads and writes go on beside it, for at most ``READ_TIMEOUT_S``: then its statement is
+interrupted and its connection returned.
 """
 
 from __future__ import annotations
@@ -22,12 +23,23 @@ from pathlib import Path
 from loraplex.errors import RegistryUnavailableError
 from loraplex.registry.sql.db import Row
 from loraplex.registry.sql.seats import Seats, unnested
+from loraplex.registry.sql.watchdog import Watchdog
 
 BUSY_TIMEOUT_S = 30.0
 _UNIQUE_ERRORS = frozenset({"SQLITE_CONSTRAINT_PRIMARYKEY", "SQLITE_CONSTRAINT_UNIQUE"})
 # Read-only connections one process opens at most (besides its one write connection), opened as
 # concurrent reads need them and kept open (a file handle each, no server to spare).
 READ_CONNECTIONS = 4
+MAX_READ_CONNECTIONS = 64
+# How long one read transaction may run statements (from its BEGIN) before the one running is
+# interrupted (``sqlite3_interrupt``, from the watchdog's thread): a runaway read gives its read
+# connection back instead of holding it while tenants' lookups wait for one.
+READ_TIMEOUT_S = 10.0
+# Connections a forked child's ``close`` left open (never closed there: SQLite's rule), kept
+# referenced so that dropping the database does not close them either. NOTE: an interpreter
+# shutdown in the child still would; a forked child ends with ``os._exit`` (as multiprocessing's
+# fork children do).
+_LEFT_TO_PARENT: list[sqlite3.Connection] = []
 
 
 class _SqliteTx:
@@ -54,22 +66,36 @@ class SqliteDatabase:
     at start, the others as concurrent reads need them). Reads other than tenant requests'
     (``serving``) hold at most all but ``seats.SERVING_RESERVE`` of them. A call finding its
     turn taken, or every read connection it may take busy, for ``wait_s`` fails with
-    ``RegistryUnavailableError``. Transactions do not nest (a nested read would not see the
-    enclosing write's rows).
+    ``RegistryUnavailableError``, as does a read transaction still running a statement
+    ``read_timeout_s`` after it began (the statement is interrupted). Transactions do not nest (a
+    nested read would not see the enclosing write's rows).
 
     NOTE: not usable across a fork (SQLite's rule: its locks are per process, so a child using,
     or even closing, an inherited connection may corrupt the file the parent still writes). No
     path forks with one open: ``serve`` forks its engine child before it opens the registry, and
-    every other child is spawned or exec'd; a child calling anyway is refused, never served.
+    every other child is spawned or exec'd; a child calling anyway is refused, never served, and
+    its ``close`` leaves the connections open (SQLite: ``sqlite3_close`` in a child may clean up
+    content from under the parent).
     """
 
     def __init__(
-        self, path: str, read_connections: int = READ_CONNECTIONS, wait_s: float = BUSY_TIMEOUT_S
+        self,
+        path: str,
+        read_connections: int = READ_CONNECTIONS,
+        wait_s: float = BUSY_TIMEOUT_S,
+        read_timeout_s: float = READ_TIMEOUT_S,
     ) -> None:
-        if not 1 <= read_connections <= 64:
-            raise ValueError(f"read_connections {read_connections!r} is invalid; expected 1 to 64")
+        if not 1 <= read_connections <= MAX_READ_CONNECTIONS:
+            raise ValueError(
+                f"read_connections {read_connections!r} is invalid; expected 1 to "
+                f"{MAX_READ_CONNECTIONS}"
+            )
         if not 0 < wait_s <= BUSY_TIMEOUT_S:
             raise ValueError(f"wait_s {wait_s!r} is invalid; expected > 0, <= {BUSY_TIMEOUT_S:g}")
+        if not 0 < read_timeout_s <= READ_TIMEOUT_S:
+            raise ValueError(
+                f"read_timeout_s {read_timeout_s!r} is invalid; expected > 0, <= {READ_TIMEOUT_S:g}"
+            )
         if path == ":memory:":
             raise ValueError(
                 f"database url {'sqlite:///' + path!r} is invalid; expected sqlite:///PATH of a "
@@ -81,6 +107,7 @@ class SqliteDatabase:
         # Owner-only from the start (SQLite gives its -wal and -shm files the same mode).
         os.close(os.open(self._path, os.O_RDWR | os.O_CREAT, 0o600))
         self._wait_s = wait_s
+        self._read_timeout_s = read_timeout_s
         self._conn = self._connect()
         (mode,) = self._conn.execute("PRAGMA journal_mode = WAL").fetchone()
         if str(mode).lower() != "wal":
@@ -103,6 +130,8 @@ class SqliteDatabase:
         self._closed = False
         self._local = threading.local()  # .active: this thread is in a transaction
         self._pid = os.getpid()  # the process that opened the connections
+        self._watchdog = Watchdog(read_timeout_s)  # interrupts reads past their time
+        self._watchdog.start()
 
     @property
     def dialect(self) -> str:
@@ -144,10 +173,24 @@ class SqliteDatabase:
                 return
             conn = self._checkout(serving)
             try:
-                with self._begun(conn, "BEGIN") as tx:
+                with self._bounded(conn), self._begun(conn, "BEGIN") as tx:
                     yield tx
             finally:
                 self._checkin(conn, serving)
+
+    @contextmanager
+    def _bounded(self, conn: sqlite3.Connection) -> Iterator[None]:
+        """The read on ``conn`` has its running statement interrupted ``read_timeout_s`` after
+        it began; the interrupted statement's error becomes ``RegistryUnavailableError``."""
+        with self._watchdog.calling(conn.interrupt) as watch:
+            try:
+                yield
+            except sqlite3.OperationalError as exc:
+                if watch.fired and exc.sqlite_errorname == "SQLITE_INTERRUPT":
+                    raise RegistryUnavailableError(
+                        f"a read went on for {self._read_timeout_s:g} s"
+                    ) from exc
+                raise
 
     @contextmanager
     def _begun(self, conn: sqlite3.Connection, begin: str) -> Iterator[_SqliteTx]:
@@ -211,7 +254,13 @@ class SqliteDatabase:
         return isinstance(exc, sqlite3.IntegrityError) and exc.sqlite_errorname in _UNIQUE_ERRORS
 
     def close(self) -> None:
-        """Closes the idle connections at once, the busy ones as their transactions end."""
+        """Closes the idle connections at once, the busy ones as their transactions end; in a
+        forked child, none (they are the parent's: kept open, ``_LEFT_TO_PARENT``)."""
+        if os.getpid() != self._pid:
+            # NOTE: no lock taken either: a thread of the parent may have held it at the fork
+            _LEFT_TO_PARENT.extend([self._conn, *self._readers])
+            return
+        self._watchdog.stop()
         with self._cond:
             self._closed = True
             idle, self._seats.idle = self._seats.idle, []

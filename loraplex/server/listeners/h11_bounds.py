@@ -1,6 +1,12 @@
 """h11's server connection bounded where h11 is not: the request head and a chunked body's
 trailers (bytes and lines, counted before h11 parses them), and the chunks of a chunked body
-(``BoundedConnection``)."""
+(``BoundedConnection``).
+
+NOTE: h11 has no public view of its receive buffer (``trailing_data`` copies all of it) or of
+its chunked reader's state, so this reads private fields, of the versions in ``CHECKED_H11``
+(pinned in pyproject.toml); ``tests/server/test_h11_private_fields.py`` fails on any other
+version, and on a layout that changed, before a bound could silently stop holding.
+"""
 
 from __future__ import annotations
 
@@ -10,6 +16,9 @@ from typing import Any, NoReturn
 import h11
 from h11._readers import ChunkedReader
 
+# h11 minor versions whose private fields were checked (0.14 and 0.15 counted the CRLF after a
+# chunk as an int, ``_bytes_to_discard``, not the bytes it must be).
+CHECKED_H11 = ("0.16",)
 CHUNK_ALLOWANCE_BYTES = 1024  # each KiB of a chunked body allows one more chunk
 _BLANK_LINE = re.compile(rb"\n\r?\n")  # the end of a head or of the trailers, as h11 finds it
 _LAST_CHUNK = re.compile(rb"0+[ \t]*(;[^\n]*)?\r?\n")  # a chunked body's last chunk line
@@ -74,7 +83,7 @@ class BoundedConnection(h11.Connection):
     def _check_chunk_framing(self, reader: ChunkedReader) -> None:
         """At a chunk's start, its size line at most ``max_header_bytes`` and, after the last
         chunk, the trailers as a head. NOTE: h11 parses the trailers in the same call as the
-        last chunk's line, and keeps where its reader is in private fields (h11 0.14-0.16)."""
+        last chunk's line, and keeps where its reader is in private fields (``CHECKED_H11``)."""
         if reader._reading_trailer:
             self._check_lines("trailer section", 0, 0)
             return
