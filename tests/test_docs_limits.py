@@ -10,13 +10,14 @@ from pathlib import Path
 import pytest
 
 from loraplex.engine.transport.restart import RestartPolicy
+from loraplex.model.tokenizer import GIL_HELD_DECODE_IDS
 from loraplex.registry.sql.paging import DEFAULT_PAGE, MAX_CURSOR_CHARS, MAX_PAGE
 from loraplex.registry.sql.sqlite import READ_TIMEOUT_S
 from loraplex.server.batch_limit import MAX_BATCH_PROMPTS
 from loraplex.server.choices import DEFAULT_MAX_CHOICES
 from loraplex.server.fd_limit import RESERVED_FDS
 from loraplex.server.history import HistoryConfig
-from loraplex.server.json_route import INLINE_JSON_BYTES
+from loraplex.server.json_route import INLINE_JSON_BYTES, INLINE_JSON_ITEMS
 from loraplex.server.protocol import CompletionRequest, fields
 from loraplex.server.recent_requests import RecentRequests
 from loraplex.server.routes_residency import MAX_RESIDENCY_PAGE
@@ -55,10 +56,13 @@ SENTENCES = [
     f"`logprobs` (integer 0–{fields.MAX_TOP_LOGPROBS})",
     f"at most {DEFAULT_MAX_CHOICES} engine requests per HTTP request",
     f"printable ASCII, at most {MAX_REQUEST_ID_CHARS} characters",
-    f"at most {MAX_LARGE_BODIES_PER_TENANT} of a tenant's bodies over "
-    f"{INLINE_JSON_BYTES >> 10} KiB at once is parsed and validated "
-    "(`tenant_jobs.MAX_LARGE_BODIES_PER_TENANT`, not a setting; "
+    f"A tenant body over {INLINE_JSON_BYTES >> 10} KiB, or with more than {INLINE_JSON_ITEMS} "
+    "commas and opening brackets (counted in C without parsing, inside strings too: "
+    "`json_route.INLINE_JSON_ITEMS`, not a setting)",
+    f"at most {MAX_LARGE_BODIES_PER_TENANT} of a tenant's bodies so parsed at once is parsed and "
+    "validated (`tenant_jobs.MAX_LARGE_BODIES_PER_TENANT`, not a setting; "
     f"each also takes one of its {MAX_JOBS_PER_TENANT} places)",
+    f"a decode of at most {GIL_HELD_DECODE_IDS} ids, `GIL_HELD_DECODE_IDS`, keeps the plain call",
     f"`X-Session-Id` (header, printable, at most {MAX_SESSION_ID_CHARS} characters",
     f"`top` 0-{MAX_RESIDENCY_PAGE}, default {MAX_RESIDENCY_PAGE}, above {MAX_RESIDENCY_PAGE} a "
     "400 naming `top`",

@@ -2,6 +2,17 @@
 
 Encoding adds the special tokens the tokenizer's post-processor defines (e.g. BOS), as a
 transformers fast tokenizer does by default; decoding skips special tokens.
+
+GIL: ``tokenizers``' ``encode`` and ``decode`` hold the GIL for their whole run, its
+``encode_batch`` and ``decode_batch`` release it. NOTE: the server tokenizes a tenant's prompt,
+``/tokenize`` and ``/detokenize`` on the thread pool (``server/tenant_jobs.py``), but with
+``encode`` that thread held the one interpreter lock throughout: 32,768 emoji (131,073 tokens of
+the demo tokenizer, within ``max_prompt_chars``) took 274 ms and stopped the event loop and every
+other thread for all of it (a thread's 1 ms sleeps woke 274 ms late; 11 ms with
+``encode_batch``), so one tenant's prompts held every other tenant's requests for as long as
+their tokenizing took (docs/benchmarks/attack15.md). A one-text batch costs about 1 us more a
+call; decoding, called per generated token and per logprob entry with one or a few ids (0.4 us,
+7 us as a batch), takes the batch only past ``GIL_HELD_DECODE_IDS`` ids.
 """
 
 from __future__ import annotations
@@ -28,6 +39,10 @@ _CLEANUPS = (
     (" 've", "'ve"),
     (" 're", "'re"),
 )
+
+
+# Longest id list decoded holding the GIL (module docstring): 256 ids decode in about 60 us.
+GIL_HELD_DECODE_IDS = 256
 
 
 def _read_json(path: Path) -> dict[str, Any]:
@@ -79,7 +94,8 @@ class TextTokenizer:
         return self._clean_up
 
     def encode(self, text: str) -> list[int]:
-        ids: list[int] = self._tokenizer.encode(text).ids
+        # encode_batch, not encode: see the module docstring (GIL).
+        ids: list[int] = self._tokenizer.encode_batch([text])[0].ids
         return ids
 
     def decode(self, token_ids: Sequence[int]) -> str:
@@ -91,7 +107,11 @@ class TextTokenizer:
         return self._decode([token_id], skip_special=False)
 
     def _decode(self, token_ids: Sequence[int], *, skip_special: bool) -> str:
-        text: str = self._tokenizer.decode(list(token_ids), skip_special_tokens=skip_special)
+        ids = list(token_ids)
+        if len(ids) > GIL_HELD_DECODE_IDS:  # the module docstring (GIL)
+            text: str = self._tokenizer.decode_batch([ids], skip_special_tokens=skip_special)[0]
+        else:
+            text = self._tokenizer.decode(ids, skip_special_tokens=skip_special)
         if self._clean_up:
             for before, after in _CLEANUPS:
                 text = text.replace(before, after)

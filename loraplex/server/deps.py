@@ -154,8 +154,8 @@ class ServerDeps:
     started_at_s: int = field(default_factory=lambda: int(time.time()), kw_only=True)
     # Each tenant's share of the thread pool for its tokenizing and formatting (tenant_jobs.py).
     jobs: TenantJobs = field(default_factory=TenantJobs, kw_only=True)
-    # Each tenant's bodies over 64 KiB parsed and validated at once, each in one of its ``jobs``
-    # places too (json_route.py).
+    # Each tenant's bodies parsed and validated off the event loop at once, each in one of its
+    # ``jobs`` places too (json_route.py).
     large_bodies: TenantJobs = field(
         default_factory=lambda: TenantJobs(MAX_LARGE_BODIES_PER_TENANT), kw_only=True
     )

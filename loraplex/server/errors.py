@@ -61,6 +61,7 @@ from loraplex.quota.ratelimit import longest_wait_s
 from loraplex.release.errors import InvalidTransitionError, ReleaseConflictError
 from loraplex.server.body_errors import (
     DuplicateKeyError,
+    EncodedBody,
     InvalidBody,
     huge_integer,
     unsupported_content_type,
@@ -313,6 +314,8 @@ async def _on_http(request: Request, exc: Exception) -> JSONResponse:
     cause = exc.__cause__
     if exc.status_code == 400 and isinstance(cause, DuplicateKeyError):  # json_route.py
         return invalid_request(f"body: {cause}", clipped(cause.key)).response()
+    if exc.status_code == 400 and isinstance(cause, EncodedBody):  # json_route.py
+        return invalid_request(cause.problem.message, cause.problem.param).response()
     if exc.status_code == 400 and isinstance(cause, InvalidBody):  # validated off the loop
         return await _on_validation(request, cause.error)
     if exc.status_code == 400 and isinstance(cause, ApiError):  # a length check there

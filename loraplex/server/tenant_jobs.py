@@ -36,7 +36,8 @@ from loraplex.registry import Tenant
 MAX_JOBS_PER_TENANT = 2
 # The scope state key under which ``limits.RequestLimits`` leaves the tenant it authenticated.
 AUTHENTICATED_TENANT = "loraplex_tenant"
-# A tenant's bodies over 64 KiB parsed and validated at once (not a setting; ``json_route.py``).
+# A tenant's bodies over 64 KiB (or of more than ``INLINE_JSON_ITEMS``) parsed and validated at
+# once (not a setting; ``json_route.py``).
 # NOTE: the parse and the validation hold the GIL for most of their time, so a place on the pool
 # did not bound what one tenant took of the process: with 8 places, 8 connections of one tenant
 # sending 2 MiB bodies took 8 of the 9 runnable threads' turns, and another tenant's 1-token

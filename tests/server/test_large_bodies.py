@@ -6,6 +6,7 @@ at the median (``scripts/attacks/attack14/body-crowd``)."""
 
 from __future__ import annotations
 
+import json
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
@@ -23,7 +24,7 @@ from loraplex.registry import PriorityClass, Tenant, TenantQuotas
 from loraplex.server import json_route
 from loraplex.server.auth import AUTHENTICATED_TENANT
 from loraplex.server.errors import install_error_handlers
-from loraplex.server.json_route import INLINE_JSON_BYTES, StrictJsonRoute
+from loraplex.server.json_route import INLINE_JSON_BYTES, INLINE_JSON_ITEMS, StrictJsonRoute
 from loraplex.server.protocol import ChatCompletionRequest
 from loraplex.server.tenant_jobs import MAX_LARGE_BODIES_PER_TENANT, TenantJobs
 
@@ -77,6 +78,29 @@ def test_a_large_body_is_validated_off_the_event_loop() -> None:
     loop = small.json()["loop"]
     assert VALIDATED_ON[0] == loop  # a small body: FastAPI's own check, on the loop
     assert VALIDATED_ON[1:] == [VALIDATED_ON[1]] and VALIDATED_ON[1] != loop  # once, on the pool
+
+
+def test_a_small_body_of_many_items_is_validated_off_the_event_loop() -> None:
+    """A body's cost is its items, not its bytes: 147 messages of 16 empty text parts in 65,300
+    bytes took 8.8 ms to parse and validate, on the event loop (``json_route.py``)."""
+    VALIDATED_ON.clear()
+    inline = [1] * (INLINE_JSON_ITEMS - 1)  # its commas, the "{" and the "[": at the cap
+    many = [1] * INLINE_JSON_ITEMS
+    with TestClient(_app()) as client:
+        replies = [client.post("/x", json={"items": items}) for items in (inline, many)]
+    assert [r.status_code for r in replies] == [200, 200], replies[1].text
+    assert len(json.dumps({"items": many})) < INLINE_JSON_BYTES // 16
+    loop = replies[0].json()["loop"]
+    assert VALIDATED_ON[0] == loop  # at the cap: on the loop
+    assert VALIDATED_ON[1:] == [VALIDATED_ON[1]] and VALIDATED_ON[1] != loop  # past it: the pool
+
+
+def test_json_items_counts_separators_and_openings() -> None:
+    assert json_route.json_items(b'{"a":[1,2],"b":{}}') == 5
+    assert json_route.json_items(b'"x,y[z{"') == 3  # inside strings too: an upper bound
+    assert json_route.parsed_inline(b"[" + b"1," * INLINE_JSON_ITEMS + b"1]") is False
+    assert json_route.parsed_inline(b" " * INLINE_JSON_BYTES) is True
+    assert json_route.parsed_inline(b" " * (INLINE_JSON_BYTES + 1)) is False
 
 
 def test_a_large_invalid_body_gets_the_400_a_small_one_gets() -> None:

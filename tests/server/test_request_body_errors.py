@@ -5,7 +5,9 @@ error parsing the body", or pydantic's "Input should be a valid dictionary")."""
 
 from __future__ import annotations
 
+import gzip
 import json
+from collections.abc import Callable
 from typing import Any
 
 import pytest
@@ -23,6 +25,7 @@ from loraplex.server.routes_admin import TenantLimitsBody
 from loraplex.server.routes_feedback import FeedbackBody
 
 BODY = {"model": "support", "prompt": "The acme support team", "max_tokens": 3}
+TOKENIZE = {"model": "support", "prompt": "The acme support team"}
 CHAT = {"model": "support", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 3}
 
 
@@ -50,6 +53,29 @@ def test_a_body_declared_as_another_type_names_content_type(rig: Rig, declared: 
     error = reply.json()["error"]
     assert error["param"] == "Content-Type" and error["type"] == "invalid_request_error"
     assert declared in error["message"] and "application/json" in error["message"]
+
+
+@pytest.mark.parametrize(
+    ("declared", "encode"),
+    [("gzip", gzip.compress), ("br", lambda raw: raw), ("identity, gzip", gzip.compress)],
+)
+@pytest.mark.parametrize("path", ["/v1/completions", "/tokenize"])
+def test_an_encoded_body_names_content_encoding(
+    rig: Rig, path: str, declared: str, encode: Callable[[bytes], bytes]
+) -> None:
+    """The header was ignored: a plain body declared ``br`` was served as if undeclared, and a
+    gzip body got FastAPI's "There was an error parsing the body" (``body_errors.py``)."""
+    headers = {**rig.headers("acme"), "Content-Type": "application/json"}
+    raw = json.dumps({**BODY, "max_tokens": 3} if path == "/v1/completions" else TOKENIZE).encode()
+    reply = rig.client.post(
+        path, content=encode(raw), headers={**headers, "Content-Encoding": declared}
+    )
+    assert reply.status_code == 400, reply.text
+    error = reply.json()["error"]
+    assert error["param"] == "Content-Encoding" and error["type"] == "invalid_request_error"
+    assert repr(declared) in error["message"] and "identity" in error["message"]
+    plain = rig.client.post(path, content=raw, headers={**headers, "Content-Encoding": "identity"})
+    assert plain.status_code == 200, plain.text
 
 
 @pytest.mark.parametrize(
