@@ -18,6 +18,7 @@ import sqlite3
 from dataclasses import dataclass
 from pathlib import Path
 
+from loraplex.errors import RegistryError
 from loraplex.registry.config import ARTIFACTS_DIR, DATABASE_FILE, RegistryConfig
 
 SQLITE_PREFIX = "sqlite:///"
@@ -57,12 +58,17 @@ def backup_data_dir(config: RegistryConfig, dest: Path) -> BackupResult:
         raise ValueError(f"{dest} is not empty; back up into a new directory")
     dest.mkdir(mode=DIR_MODE, parents=True, exist_ok=True)
     copied_db = dest / DATABASE_FILE
-    version = _copy_database(source, copied_db)
     store = config.store_url
     remote = store if store.startswith("s3://") else None
-    objects, size = (0, 0) if remote else _copy_objects(Path(store.removeprefix("file://")), dest)
-    if remote is None:
-        _check_objects(copied_db, dest / ARTIFACTS_DIR)
+    try:
+        version = _copy_database(source, copied_db)
+        objects, size = (
+            (0, 0) if remote else _copy_objects(Path(store.removeprefix("file://")), dest)
+        )
+        if remote is None:
+            _check_objects(copied_db, dest / ARTIFACTS_DIR)
+    except sqlite3.Error as exc:  # not a database, or an unreadable one
+        raise RegistryError(f"{source}: {exc}; the backup in {dest} is incomplete") from exc
     return BackupResult(copied_db, version, objects, size, remote, _copy_files(config, dest))
 
 
@@ -102,9 +108,12 @@ def _copy_objects(root: Path, dest: Path) -> tuple[int, int]:
 def _check_objects(database: Path, store: Path) -> None:
     conn = sqlite3.connect(f"{database.as_uri()}?mode=ro", uri=True)
     try:
+        # an older schema (a backup before an upgrade) lacks the later columns
+        present = {row[1] for row in conn.execute("PRAGMA table_info(revisions)")}
         named = {
             digest
             for column in _OBJECT_COLUMNS
+            if column in present
             for (digest,) in conn.execute(f"SELECT DISTINCT {column} FROM revisions")
             if digest is not None
         }

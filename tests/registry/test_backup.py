@@ -13,6 +13,8 @@ from typer.testing import CliRunner
 from loraplex.artifacts.base_model import BaseModelSpec
 from loraplex.cli import app
 from loraplex.registry import RegistrationRequest, RegistryConfig, open_registry
+from loraplex.registry.sql.connect import open_database
+from loraplex.registry.sql.migrations import MIGRATIONS, migrate
 
 
 def _backup(data_dir: Path, dest: Path, *extra: str, code: int = 0) -> str:
@@ -71,3 +73,21 @@ def test_backup_refuses_what_it_cannot_copy_and_writes_nothing(tmp_path: Path) -
     (dest / "old").write_text("x")
     assert f"{dest} is not empty" in _backup(data, dest, code=1)
     assert sorted(p.name for p in dest.iterdir()) == ["old"]
+    bogus = tmp_path / "bogus"
+    bogus.mkdir()
+    (bogus / "registry.sqlite3").write_bytes(b"not a database" * 100)
+    out = _backup(bogus, tmp_path / "bak2", code=1)
+    assert out.startswith(f"error: {bogus / 'registry.sqlite3'}: file is not a database;"), out
+
+
+def test_a_registry_an_older_loraplex_made_is_backed_up_as_it_is(tmp_path: Path) -> None:
+    # the backup an operator takes before an upgrade: schema 1, no signature columns yet
+    data = tmp_path / "data"
+    data.mkdir()
+    db = open_database(f"sqlite:///{data / 'registry.sqlite3'}")
+    try:
+        migrate(db, now=1.0, migrations=MIGRATIONS[:1])
+    finally:
+        db.close()
+    out = _backup(data, tmp_path / "bak")
+    assert "(schema version 1)" in out  # copied, not migrated
