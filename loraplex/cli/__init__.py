@@ -23,6 +23,7 @@ _COMMAND_MODULES: tuple[str, ...] = (
     "registry",
     "tenants",
     "keys",
+    "backup",
     "release",
     "bench",
     "signing",  # after "bench": it adds `bench signing` to that group

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Iterator
 
 import pytest
@@ -50,10 +51,25 @@ def test_only_new_migrations_run(db: Database) -> None:
         assert tx.query("SELECT note FROM tenants") == []
 
 
+def test_an_upgrade_is_said_and_a_new_or_current_database_is_not(
+    db: Database, caplog: pytest.LogCaptureFixture
+) -> None:
+    newest = MIGRATIONS[-1].version
+    with caplog.at_level(logging.WARNING, logger="loraplex.registry.sql.migrations"):
+        migrate(db, now=1.0, migrations=MIGRATIONS[:1])  # a database an older loraplex made
+        assert caplog.messages == []
+        migrate(db, now=2.0)
+        migrate(db, now=3.0)
+    assert caplog.messages == [
+        f"registry {db.url}: schema upgraded from version 1 to {newest}; older loraplex "
+        "versions refuse it from now on"
+    ]
+
+
 def test_a_newer_schema_is_refused(db: Database) -> None:
     future = Migration(version=len(MIGRATIONS) + 1, name="future", statements=())
     migrate(db, now=1.0, migrations=(*MIGRATIONS, future))
-    with pytest.raises(RegistryError, match="upgrade loraplex"):
+    with pytest.raises(RegistryError, match="upgrade loraplex, or restore the backup"):
         migrate(db, now=2.0)
 
 

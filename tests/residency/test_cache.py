@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import logging
 import threading
 from concurrent.futures import Future
 
@@ -310,6 +311,33 @@ def test_copy_that_fails_verification_on_read_is_dropped_and_refetched() -> None
     lease = lease_of(rig, rig.cache.acquire_future(A))
     assert lease.load.source is Tier.L3 and rig.pipeline.fetches == 2
     lease.release()
+    rig.check()
+
+
+def test_a_failed_load_is_logged_with_its_revision_once_a_minute(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    # a tenant only gets adapter_load_failed: the server log is the operator's trace of which
+    # revision and why, and a tenant retrying it must not fill that log
+    rig = make_rig()
+    rig.pipeline.fail_at[(A, Stage.FETCH)] = DigestMismatchError("adapter", "0" * 64, "1" * 64)
+
+    def fail_once() -> None:
+        failing = rig.cache.acquire_future(A)
+        rig.settle()
+        with pytest.raises(DigestMismatchError):
+            failing.result(timeout=0)
+
+    with caplog.at_level(logging.WARNING, logger="loraplex.residency.cache.failure_log"):
+        for _ in range(3):
+            fail_once()
+        assert len(caplog.messages) == 1
+        rig.clock.advance(60.0)
+        fail_once()
+    assert len(caplog.messages) == 2
+    assert caplog.messages[0].startswith(f"adapter {A.ref} failed to load (DigestMismatchError): ")
+    assert caplog.messages[0].endswith(f"`loraplex adapters verify {A.ref}` re-checks it")
+    assert rig.cache.snapshot().stats.load_failures == 4
     rig.check()
 
 

@@ -70,6 +70,16 @@ def test_admin_key_file_and_fresh_data_dir_are_owner_only(tmp_path: Path) -> Non
     assert stat.S_IMODE((data_dir / ADMIN_KEY_FILE).stat().st_mode) == 0o600
 
 
+@pytest.mark.parametrize("saved", ["short", "lpx_0123456789abcdef0123"])
+def test_an_invalid_saved_admin_key_names_its_file(tmp_path: Path, saved: str) -> None:
+    # an operator rotating the admin key writes the file; the error must say which file
+    (tmp_path / ADMIN_KEY_FILE).write_text(saved + "\n")
+    with pytest.raises(ValueError, match="admin-key: the saved admin key is invalid") as raised:
+        admin_key(tmp_path)
+    assert str(tmp_path / ADMIN_KEY_FILE) in str(raised.value)
+    assert (tmp_path / ADMIN_KEY_FILE).read_text() == saved + "\n"  # left as it was
+
+
 def test_the_dashboard_is_announced_on_the_admin_socket(
     capsys: pytest.CaptureFixture[str], tmp_path: Path
 ) -> None:

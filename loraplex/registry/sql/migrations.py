@@ -11,10 +11,13 @@ engines differ (identity columns, triggers) a migration carries per-dialect stat
 
 from __future__ import annotations
 
+import logging
 from dataclasses import dataclass, field
 
 from loraplex.errors import RegistryError
 from loraplex.registry.sql.db import Database, Tx
+
+_log = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)
@@ -303,7 +306,8 @@ def migrate(db: Database, now: float, migrations: tuple[Migration, ...] = MIGRAT
         if applied and max(applied) > newest:
             raise RegistryError(
                 f"database {db.url} has schema version {max(applied)}; this loraplex knows "
-                f"versions up to {newest} (upgrade loraplex)"
+                f"versions up to {newest} (upgrade loraplex, or restore the backup taken "
+                "before the upgrade: docs/operations.md, Upgrades)"
             )
         for migration in migrations:
             if migration.version in applied:
@@ -314,6 +318,16 @@ def migrate(db: Database, now: float, migrations: tuple[Migration, ...] = MIGRAT
                 "INSERT INTO schema_migrations (version, name, applied_at) VALUES (?, ?, ?)",
                 (migration.version, migration.name, now),
             )
+    if applied and max(applied) < newest:
+        # NOTE: an upgrade is one-way (an older loraplex refuses this database from now on), so
+        # it is said, not done in silence; a new database (nothing applied) is not an upgrade.
+        _log.warning(
+            "registry %s: schema upgraded from version %d to %d; older loraplex versions refuse "
+            "it from now on",
+            db.url,
+            max(applied),
+            newest,
+        )
     return newest
 
 

@@ -26,6 +26,7 @@ from loraplex.errors import (
 )
 from loraplex.residency.cache.cache_lock import CacheLock
 from loraplex.residency.cache.executors import StepExecutor
+from loraplex.residency.cache.failure_log import FailureLog
 from loraplex.residency.cache.jobs import JobTable, LoadJob, Waiter, settle
 from loraplex.residency.cache.placement import Block, Defer, Demand, Fail, Place, decide
 from loraplex.residency.cache.room import TierRoom
@@ -61,6 +62,7 @@ class LoadFlow:
         self._waiters = WaiterDesk(state, lock, jobs, executor, self.abort)
         self._retrying = False
         self._retry_again = False
+        self._failures = FailureLog(state.clock)
 
     # --- entry points (under the lock) ---------------------------------------------------------
 
@@ -262,6 +264,7 @@ class LoadFlow:
             self._state.drop_corrupt(job.key, move.source)
         self._jobs.retire(job)
         self._state.stats.load_failures += 1
+        self._failures.failed(job.key, error)
         for waiter in job.waiters:
             settle(waiter.future, error=error)
         self._state.settle_key(job.key)
