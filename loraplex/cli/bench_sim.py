@@ -62,8 +62,9 @@ def bench_sim(
     logs_dir: Annotated[
         Path | None,
         typer.Option(
-            help="Keep each real single-server run's request log and client records (and the "
-            "in-run calibration's request log) in this new or empty directory."
+            help="Keep each real single-server run's request log and client records, each real "
+            "fleet run's client records (and the in-run calibration's request log) in this new "
+            "or empty directory."
         ),
     ] = None,
     calibrate_interleaved: Annotated[
