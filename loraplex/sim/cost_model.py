@@ -73,6 +73,15 @@ engine's own timeline of each request (``server/request_log.ENGINE_FIELDS``). Th
 resident when the load completes (other requests find it there); only the waiting request pays.
 A file without the key (or a tier without a value) charges nothing.
 
+Asking for a lease that misses the GPU slots holds the engine thread ``lease_ask_s`` seconds
+longer than a hit's (the cache lock, the policy's choice, the load's submission): the replica's
+engine plans nothing meanwhile, and the load is submitted when that ask ends (each miss of one
+step after the ones before it). ``sim calibrate --self`` measures it on the same timelines: the
+median ``asked_s`` of its lone requests whose lease waited for a load less that of those leased
+at once; a file that has it measured its ``lease_handoff_s`` from the ask's end. A file without
+the key reads as 0: the ask is inside ``lease_handoff_s``, as before (docs/simulator.md, the
+lease's ask on arrival).
+
 ``host_probe``, when given, is a fixed CPU probe's timing when the figures were measured
 (``sim/host_speed.py``): a reference of the host's speed, which ``bench sim`` compares with the
 same probe before each real run. The simulator never reads it; a file without it is the same.
@@ -222,6 +231,9 @@ class CostModel:
     # Seconds a lease that waited for a load from a tier (L1, L2, L3) reaches its request after
     # the load completes (module docstring); {}: at once.
     lease_handoff_s: dict[str, float] = field(default_factory=dict)
+    # Seconds a lease that misses the GPU slots holds the engine thread beyond a hit's, before
+    # its load is submitted (module docstring); 0: none (inside lease_handoff_s).
+    lease_ask_s: float = 0.0
     # The host's speed when the figures were measured (``sim/host_speed.py``); None: not
     # probed, and a run on another host speed cannot be rescaled.
     host_probe: HostProbe | None = None
@@ -240,7 +252,7 @@ class CostModel:
         unknown = sorted(set(self.links) - set(LINKS))
         if unknown:
             raise ValueError(f"CostModel.links has unknown links {unknown}; expected {list(LINKS)}")
-        for name in ("front_s", "ipc_s", "network_s"):
+        for name in ("front_s", "ipc_s", "network_s", "lease_ask_s"):
             _non_negative(f"CostModel.{name}", getattr(self, name))
         _check_quantiles("CostModel.hop_jitter_s", self.hop_jitter_s)
         _check_quantiles("CostModel.network_jitter_s", self.network_jitter_s)
@@ -286,6 +298,7 @@ class CostModel:
             ("lease_handoff_s", {}),
             ("host_probe", None),
             ("load_busy_scale", 1.0),
+            ("lease_ask_s", 0.0),
         ):
             if body[key] == default:
                 del body[key]
@@ -307,7 +320,7 @@ def from_dict(body: dict[str, object], origin: str = "<dict>") -> CostModel:
     known = {"schema", "hardware", "validated", "step", "links", "front_s", "ipc_s"}
     known |= {"network_s", "sources", "load_cpu_shared", "hop_jitter_s", "network_jitter_s"}
     known |= {"fleet_cpu_scale", "cores", "lease_handoff_s", "fleet_contention", "host_probe"}
-    known |= {"load_busy_scale"}
+    known |= {"load_busy_scale", "lease_ask_s"}
     unknown = sorted(set(body) - known)
     if unknown:
         raise ValueError(f"{origin}: unknown keys {unknown}")
@@ -346,6 +359,7 @@ def from_dict(body: dict[str, object], origin: str = "<dict>") -> CostModel:
         lease_handoff_s=_handoffs(body.get("lease_handoff_s", {}), f"{origin}: lease_handoff_s"),
         host_probe=_host_probe(body.get("host_probe"), f"{origin}: host_probe"),
         load_busy_scale=_float(body, "load_busy_scale", 1.0),
+        lease_ask_s=_float(body, "lease_ask_s", 0.0),
         sources={str(k): str(v) for k, v in sources.items()},
     )
 

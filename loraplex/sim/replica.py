@@ -112,6 +112,7 @@ class SimReplica:
             retire=self._abort,
             wake=self._wake,
             handoff_s=cost.lease_handoff_s,
+            ask_s=cost.lease_ask_s,
             rebalance_interval_s=config.auto_warm_interval_s if config.auto_warm else None,
         )
 
@@ -173,6 +174,13 @@ class SimReplica:
         self._next_plan = None
         self._planning = True  # also while the desk waits for copies: a wake changes nothing
         queued = self._leases.advance(self._clock.now())
+        if self._leases.asking:  # a miss's ask holds the engine thread (``lease_ask_s``)
+            self._leases.after_asks(partial(self._after_leases, queued))
+            return
+        self._after_leases(queued)
+
+    def _after_leases(self, queued: bool) -> None:
+        """The request phase ended: the wait for copies from host memory, then the step."""
         if not self._leases.await_copies(partial(self._start_step, queued)):
             self._start_step(queued)
 

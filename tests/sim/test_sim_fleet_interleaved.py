@@ -163,7 +163,7 @@ def test_a_pass_runs_before_each_fleet_run_and_after_the_last(
     def local_cluster(num_cpus: int) -> Iterator[int]:
         yield 1234
 
-    def fleet_outcome(target: Any, workload: Workload, *_: Any) -> dict[str, Any]:
+    def fleet_outcome(target: Any, workload: Workload, *_: Any, **__: Any) -> dict[str, Any]:
         events.append(f"run {workload.name}")
         return {}
 
