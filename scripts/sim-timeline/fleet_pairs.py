@@ -9,8 +9,10 @@ approximation of the bench's fit on their merged samples, which the line does no
 the requests by trace position and prints per run: the (real tier, simulated tier) counts, the
 TTFT medians (ms) of each group, the median per-request difference (real - simulated) of the
 requests both sides call warm (L0) or not warm, and the simulated routing reasons beside the
-run's real decisions. ``--ask S`` sets the file's ``lease_ask_s`` (``--ask-split``: and takes S
-off each ``lease_handoff_s``, as a calibration measuring the ask would).
+run's real decisions. ``--no-load-scale`` leaves the passes' ``fleet_load_scale`` out (the
+loads priced by ``fleet_cpu_scale``, as before it). ``--ask S`` sets the file's
+``lease_ask_s`` (``--ask-split``: and takes S off each ``lease_handoff_s``, as a calibration
+measuring the ask would).
 
     python scripts/sim-timeline/fleet_pairs.py --logs-dir logs --cost-model fleet.json \
         --trace-requests 64 --line run.json [--ask 0.0006 --ask-split] [--out rows.jsonl]
@@ -49,8 +51,11 @@ def _med(values: list[float]) -> float | None:
     return round(statistics.median(values), 2) if values else None
 
 
-def trace_models(base: CostModel, line: dict[str, Any] | None) -> dict[str, CostModel]:
-    """Per trace: ``base`` with the mean of its adjacent fleet passes' terms ({}: none)."""
+def trace_models(
+    base: CostModel, line: dict[str, Any] | None, *, load_scale: bool = True
+) -> dict[str, CostModel]:
+    """Per trace: ``base`` with the mean of its adjacent fleet passes' terms ({}: none), their
+    ``fleet_load_scale`` where they measured one (and ``load_scale``)."""
     passes = (line or {}).get("metrics", {}).get("calibration_fleet_interleaved")
     if not passes:
         return {}
@@ -59,7 +64,9 @@ def trace_models(base: CostModel, line: dict[str, Any] | None) -> dict[str, Cost
         picked = [passes["passes"][i] for i in chosen]
         scale = statistics.fmean(p["fleet_cpu_scale"] for p in picked)
         network = statistics.fmean(p["network_s"] for p in picked)
-        out[name] = replace(base, fleet_cpu_scale=scale, network_s=network)
+        loads = [p["fleet_load_scale"] for p in picked if p.get("fleet_load_scale") is not None]
+        fitted = statistics.fmean(loads) if loads and load_scale else None
+        out[name] = replace(base, fleet_cpu_scale=scale, network_s=network, fleet_load_scale=fitted)
     return out
 
 
@@ -119,6 +126,7 @@ def main() -> None:
     parser.add_argument("--line", type=Path, help="the run's bench sim --json output")
     parser.add_argument("--ask", type=float, default=None)
     parser.add_argument("--ask-split", action="store_true")
+    parser.add_argument("--no-load-scale", action="store_true")
     parser.add_argument("--out", type=Path)
     args = parser.parse_args()
     from loraplex.demo.assets import generate_demo_assets
@@ -130,7 +138,7 @@ def main() -> None:
             handoffs = {t: max(0.0, s - args.ask) for t, s in handoffs.items()}
         base = replace(base, lease_ask_s=args.ask, lease_handoff_s=handoffs)
     line = None if args.line is None else json.loads(args.line.read_text(encoding="utf-8"))
-    models = trace_models(base, line)
+    models = trace_models(base, line, load_scale=not args.no_load_scale)
     decisions: dict[str, list[dict[str, int]]] = {}
     if line is not None:
         for name, t in line["metrics"]["targets"]["fleet"]["traces"].items():
