@@ -81,8 +81,9 @@ def bench_sim(
         int,
         typer.Option(
             help="With --cost-model (a `sim calibrate-fleet` file) and the fleet target: measure "
-            "the fleet's lone terms as short passes of 1/K of calibrate-fleet's lone requests in "
-            "the run's Ray cluster, one before each fleet run and one after the last, and price "
+            "the fleet's lone terms as short passes of 1/K of calibrate-fleet's lone requests "
+            "(and one lone cold request on each of 4 cold adapters: fleet_load_scale) in the "
+            "run's Ray cluster, one before each fleet run and one after the last, and price "
             "each fleet trace from the passes around its runs (0: the file's terms)."
         ),
     ] = 0,
