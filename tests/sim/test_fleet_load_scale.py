@@ -66,3 +66,33 @@ def test_the_load_scale_is_fitted_on_the_cold_requests_only() -> None:
     colds = [replace(probe, ttft_s=around + step + k * load) for k in (2.0, 2.5, 4.0)]
     assert fit_load_scale(model, warm + colds) == pytest.approx(2.5)
     assert fit_fleet(model, warm + colds) == fit_fleet(model, warm)  # the cold ones left out
+
+
+def test_the_cold_samples_keep_the_requests_the_fleet_loaded_from_the_store(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """One lone request per cold adapter; a failed one and one the fleet found cached (L1) are
+    left out, and the kept one carries its adapter's rank and bytes."""
+    import random
+
+    from loraplex.bench.serve.driver import DriveConfig, RequestRecord
+    from loraplex.bench.sim import fleet_lone
+    from loraplex.bench.workloads import TraceAdapter
+
+    answers = iter([("L3", 200, 0.05), ("L1", 200, 0.02), ("L3", 503, None)])
+
+    async def send_one(url: str, request: object, **_: object) -> RequestRecord:
+        tier, status, ttft = next(answers)
+        return RequestRecord(
+            0.0, "t", "a", tier, status, ttft, None, 1, "r", None if status == 200 else "x", 0.1
+        )
+
+    monkeypatch.setattr(fleet_lone, "send_one", send_one)
+    cold = [
+        (TraceAdapter("t", f"c{i}", rank, ()), 1000 * rank) for i, rank in enumerate((8, 64, 8))
+    ]
+    drive = DriveConfig(request_timeout_s=5.0, vocab_size=100)
+    samples, left_out = fleet_lone.cold_samples(
+        "http://x", "k", cold, gap_s=0.0, rng=random.Random(0), drive=drive
+    )
+    assert samples == [FleetSample(8, 8, 8000, 0.05, cold=True)] and left_out == 2
