@@ -4,8 +4,9 @@ Reads each ``fleet-r<repeat>-<trace>.client.jsonl`` (the client's records: the t
 request's replica reported at its arrival, its TTFT) of a logs directory, simulates the same
 trace with the fleet's cost file (``--cost-model``; with ``--line``, a ``bench sim --json``
 output line whose ``calibration_fleet_interleaved`` passes priced the run, each trace's
-``fleet_cpu_scale`` and ``network_s`` are the mean of its adjacent passes' values, an
-approximation of the bench's fit on their merged samples, which the line does not keep), pairs
+terms are fitted on the merged samples its adjacent passes kept in the logs directory, as the
+bench fitted them; without those files, the mean of its adjacent passes' ``fleet_cpu_scale``,
+``network_s`` and ``fleet_load_scale``, an approximation), pairs
 the requests by trace position and prints per run: the (real tier, simulated tier) counts, the
 TTFT medians (ms) of each group, the median per-request difference (real - simulated) of the
 requests both sides call warm (L0) or not warm, and the simulated routing reasons beside the
@@ -32,10 +33,12 @@ from typing import Any
 
 from loraplex.bench.sim.bench import prepared
 from loraplex.bench.sim.config import SimBenchConfig
+from loraplex.bench.sim.fleet_interleaved import fleet_terms
 from loraplex.bench.sim.simulated import adapter_sizes, registry_tenants, sim_config
 from loraplex.bench.sim.traces import workload_rows
 from loraplex.bench.sim.validate import MAX_LORA_RANK
 from loraplex.sim import cost_model as cost_file
+from loraplex.sim.calibrate_fleet import FleetSample
 from loraplex.sim.call import records
 from loraplex.sim.config import SimConfig
 from loraplex.sim.cost_model import CostModel
@@ -49,6 +52,31 @@ def _lines(path: Path) -> list[dict[str, Any]]:
 
 def _med(values: list[float]) -> float | None:
     return round(statistics.median(values), 2) if values else None
+
+
+def kept_models(
+    base: CostModel, line: dict[str, Any] | None, logs_dir: Path, *, load_scale: bool = True
+) -> dict[str, CostModel]:
+    """Per trace: ``base`` with the fleet terms fitted as the bench fitted them, on the merged
+    samples its adjacent passes kept in ``logs_dir`` (``fleet-calibration-p<i>.samples.json``;
+    ``fleet_interleaved.fleet_terms``); {} without them. Without ``load_scale``, the fitted
+    ``fleet_load_scale`` is left out."""
+    passes = (line or {}).get("metrics", {}).get("calibration_fleet_interleaved")
+    files = sorted(logs_dir.glob("fleet-calibration-p*.samples.json"))
+    if not passes or not files:
+        return {}
+    kept = {
+        int(f.name.split(".")[0].rsplit("-p", 1)[1]): [
+            FleetSample(**x) for x in json.loads(f.read_text(encoding="utf-8"))["samples"]
+        ]
+        for f in files
+    }
+    out = {}
+    for name, chosen in passes["adjacent"].items():
+        samples = [x for i in chosen for x in kept[i]]
+        model = fleet_terms(base, samples, base.cores or 2, f"passes {chosen}")
+        out[name] = model if load_scale else replace(model, fleet_load_scale=None)
+    return out
 
 
 def trace_models(
@@ -138,7 +166,10 @@ def main() -> None:
             handoffs = {t: max(0.0, s - args.ask) for t, s in handoffs.items()}
         base = replace(base, lease_ask_s=args.ask, lease_handoff_s=handoffs)
     line = None if args.line is None else json.loads(args.line.read_text(encoding="utf-8"))
-    models = trace_models(base, line, load_scale=not args.no_load_scale)
+    with_scale = not args.no_load_scale
+    models = kept_models(base, line, args.logs_dir, load_scale=with_scale) or trace_models(
+        base, line, load_scale=with_scale
+    )
     decisions: dict[str, list[dict[str, int]]] = {}
     if line is not None:
         for name, t in line["metrics"]["targets"]["fleet"]["traces"].items():
