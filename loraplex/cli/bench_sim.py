@@ -63,8 +63,9 @@ def bench_sim(
     logs_dir: Annotated[
         Path | None,
         typer.Option(
-            help="Keep each real single-server run's request log and client records (and the "
-            "in-run calibration's request log) in this new or empty directory."
+            help="Keep each real single-server run's request log and client records, each real "
+            "fleet run's client records (and the in-run calibration's request log) in this new "
+            "or empty directory."
         ),
     ] = None,
     calibrate_interleaved: Annotated[
@@ -81,8 +82,9 @@ def bench_sim(
         int,
         typer.Option(
             help="With --cost-model (a `sim calibrate-fleet` file) and the fleet target: measure "
-            "the fleet's lone terms as short passes of 1/K of calibrate-fleet's lone requests in "
-            "the run's Ray cluster, one before each fleet run and one after the last, and price "
+            "the fleet's lone terms as short passes of 1/K of calibrate-fleet's lone requests "
+            "(and one lone cold request on each of 4 cold adapters: fleet_load_scale) in the "
+            "run's Ray cluster, one before each fleet run and one after the last, and price "
             "each fleet trace from the passes around its runs (0: the file's terms)."
         ),
     ] = 0,

@@ -16,6 +16,12 @@ Torch-free and HTTP-free: ``bench/sim/calibrate_fleet.py`` measures, this module
   throughput of each ``k``'s rounds), floored at 1 (the raw values are kept): the CPU work the
   fleet's processes add per request, which lone requests cannot show (``sim/cpu.py``).
 - ``cores``: given by the caller (the machine's usable cores where the fleet ran).
+- ``fleet_load_scale`` (``fit_load_scale``; measured by ``bench sim``'s fleet passes only): the
+  median, over lone cold requests (their adapter in no replica: a load from the store), of
+  their TTFT less what the model prices around the load (the hop, the ask, the L3 hand-off and
+  the scaled prefill step) over the load's lone price (L3 -> L2, L2 -> L1, L1 -> L0 of its
+  bytes): a fleet replica's load against a lone server's, which a decode step's ratio
+  (``fleet_cpu_scale``) priced before.
 """
 
 from __future__ import annotations
@@ -40,6 +46,7 @@ class FleetSample:
     nbytes: int  # its adapter's A+B bytes as served
     ttft_s: float  # arrival to first token
     tpot_s: float | None = None  # seconds per output token after the first; None: a prefill one
+    cold: bool = False  # its adapter was in no replica (a load from the store): fit_load_scale's
 
     def __post_init__(self) -> None:
         if self.prompt_tokens < 1 or self.rank < 1 or self.nbytes < 1:
@@ -127,8 +134,8 @@ class FleetFit:
 
 def fit_fleet(base: CostModel, samples: Sequence[FleetSample]) -> FleetFit:
     """The fleet terms (module docstring); refused without two prefill and one decode sample."""
-    decodes = [s for s in samples if s.tpot_s is not None]
-    prefills = [s for s in samples if s.tpot_s is None]
+    decodes = [s for s in samples if s.tpot_s is not None and not s.cold]
+    prefills = [s for s in samples if s.tpot_s is None and not s.cold]
     if len(prefills) < 2 or not decodes:
         raise ValueError(
             f"fleet samples are too few ({len(prefills)} prefill, {len(decodes)} decode); "
@@ -144,6 +151,26 @@ def fit_fleet(base: CostModel, samples: Sequence[FleetSample]) -> FleetFit:
     return FleetFit(
         scale, max(0.0, raw), jitter_quantiles(residuals), len(prefills), len(decodes), raw
     )
+
+
+MIN_LOAD_SCALE = 0.05  # fit_load_scale's floor (a cold request faster than its hop and step)
+
+
+def fit_load_scale(model: CostModel, samples: Sequence[FleetSample]) -> float | None:
+    """``fleet_load_scale`` (module docstring) from ``samples``' cold ones over ``model`` (its
+    fleet terms fitted); None without a cold sample."""
+    cold = [s for s in samples if s.cold]
+    if not cold:
+        return None
+    hop = model.front_s + model.ipc_s + model.network_s
+    around = hop + model.lease_ask_s + model.lease_handoff_s.get("L3", 0.0)
+    ratios = []
+    for s in cold:
+        links = model.links
+        load = sum(links[name].seconds(s.nbytes) for name in ("L3_to_L2", "L2_to_L1", "L1_to_L0"))
+        step = model.fleet_cpu_scale * s.prefill_price_s(model)
+        ratios.append((s.ttft_s - around - step) / load)
+    return max(MIN_LOAD_SCALE, statistics.median(ratios))
 
 
 def fleet_model(

@@ -73,6 +73,20 @@ engine's own timeline of each request (``server/request_log.ENGINE_FIELDS``). Th
 resident when the load completes (other requests find it there); only the waiting request pays.
 A file without the key (or a tier without a value) charges nothing.
 
+A fleet replica's load stages cost ``fleet_load_scale`` times their lone price where the file
+has it, in place of ``fleet_cpu_scale`` (a decode step's ratio, which prices them otherwise):
+``bench sim --calibrate-fleet-interleaved`` measures it on lone cold requests through the fleet
+(``sim/calibrate_fleet.fit_load_scale``). A file without the key reads as before.
+
+Asking for a lease that misses the GPU slots holds the engine thread ``lease_ask_s`` seconds
+longer than a hit's (the cache lock, the policy's choice, the load's submission): the replica's
+engine plans nothing meanwhile, and the load is submitted when that ask ends (each miss of one
+step after the ones before it). ``sim calibrate --self`` measures it on the same timelines: the
+median ``asked_s`` of its lone requests whose lease waited for a load less that of those leased
+at once; a file that has it measured its ``lease_handoff_s`` from the ask's end. A file without
+the key reads as 0: the ask is inside ``lease_handoff_s``, as before (docs/simulator.md, the
+lease's ask on arrival).
+
 ``host_probe``, when given, is a fixed CPU probe's timing when the figures were measured
 (``sim/host_speed.py``): a reference of the host's speed, which ``bench sim`` compares with the
 same probe before each real run. The simulator never reads it; a file without it is the same.
@@ -215,6 +229,9 @@ class CostModel:
     network_jitter_s: tuple[float, ...] = ()
     # A fleet replica's step and load-stage time over a lone server's (co-location); 1: same.
     fleet_cpu_scale: float = 1.0
+    # A fleet replica's load-stage time over a lone server's, measured on lone cold requests
+    # through the fleet (module docstring); None: fleet_cpu_scale prices the loads too.
+    fleet_load_scale: float | None = None
     # CPU cores the deployment's processes share (module docstring); None: no contention term.
     cores: int | None = None
     # A fleet's measured slowdown by requests in flight (module docstring); None: not measured.
@@ -222,6 +239,9 @@ class CostModel:
     # Seconds a lease that waited for a load from a tier (L1, L2, L3) reaches its request after
     # the load completes (module docstring); {}: at once.
     lease_handoff_s: dict[str, float] = field(default_factory=dict)
+    # Seconds a lease that misses the GPU slots holds the engine thread beyond a hit's, before
+    # its load is submitted (module docstring); 0: none (inside lease_handoff_s).
+    lease_ask_s: float = 0.0
     # The host's speed when the figures were measured (``sim/host_speed.py``); None: not
     # probed, and a run on another host speed cannot be rescaled.
     host_probe: HostProbe | None = None
@@ -240,7 +260,7 @@ class CostModel:
         unknown = sorted(set(self.links) - set(LINKS))
         if unknown:
             raise ValueError(f"CostModel.links has unknown links {unknown}; expected {list(LINKS)}")
-        for name in ("front_s", "ipc_s", "network_s"):
+        for name in ("front_s", "ipc_s", "network_s", "lease_ask_s"):
             _non_negative(f"CostModel.{name}", getattr(self, name))
         _check_quantiles("CostModel.hop_jitter_s", self.hop_jitter_s)
         _check_quantiles("CostModel.network_jitter_s", self.network_jitter_s)
@@ -248,6 +268,11 @@ class CostModel:
             scale = getattr(self, name)
             if not (scale > 0 and math.isfinite(scale)):
                 raise ValueError(f"CostModel.{name} must be finite and > 0, got {scale!r}")
+        load_scale = self.fleet_load_scale
+        if load_scale is not None and not (load_scale > 0 and math.isfinite(load_scale)):
+            raise ValueError(
+                f"CostModel.fleet_load_scale must be finite and > 0, got {load_scale!r}"
+            )
         if self.cores is not None and (isinstance(self.cores, bool) or self.cores < 1):
             raise ValueError(f"CostModel.cores must be None or an integer >= 1, got {self.cores!r}")
         wrong = sorted(set(self.lease_handoff_s) - set(HANDOFF_TIERS))
@@ -286,6 +311,8 @@ class CostModel:
             ("lease_handoff_s", {}),
             ("host_probe", None),
             ("load_busy_scale", 1.0),
+            ("lease_ask_s", 0.0),
+            ("fleet_load_scale", None),
         ):
             if body[key] == default:
                 del body[key]
@@ -307,7 +334,7 @@ def from_dict(body: dict[str, object], origin: str = "<dict>") -> CostModel:
     known = {"schema", "hardware", "validated", "step", "links", "front_s", "ipc_s"}
     known |= {"network_s", "sources", "load_cpu_shared", "hop_jitter_s", "network_jitter_s"}
     known |= {"fleet_cpu_scale", "cores", "lease_handoff_s", "fleet_contention", "host_probe"}
-    known |= {"load_busy_scale"}
+    known |= {"load_busy_scale", "lease_ask_s", "fleet_load_scale"}
     unknown = sorted(set(body) - known)
     if unknown:
         raise ValueError(f"{origin}: unknown keys {unknown}")
@@ -341,11 +368,15 @@ def from_dict(body: dict[str, object], origin: str = "<dict>") -> CostModel:
             body.get("network_jitter_s", []), f"{origin}: network_jitter_s"
         ),
         fleet_cpu_scale=_float(body, "fleet_cpu_scale", 1.0),
+        fleet_load_scale=None
+        if body.get("fleet_load_scale") is None
+        else _float(body, "fleet_load_scale"),
         cores=cores,
         fleet_contention=_contention(body.get("fleet_contention"), f"{origin}: fleet_contention"),
         lease_handoff_s=_handoffs(body.get("lease_handoff_s", {}), f"{origin}: lease_handoff_s"),
         host_probe=_host_probe(body.get("host_probe"), f"{origin}: host_probe"),
         load_busy_scale=_float(body, "load_busy_scale", 1.0),
+        lease_ask_s=_float(body, "lease_ask_s", 0.0),
         sources={str(k): str(v) for k, v in sources.items()},
     )
 

@@ -12,13 +12,17 @@ settled for that step (``await_copies``). A candidate whose adapter's GPU copy i
 that another tenant's load waits for (``TieredAdapterCache.reclaiming``) asks for no lease that
 step, as in the engine's request phase. Any other lease that waited for a load reaches its
 request after the cost model's hand-off for the tier it came from (``lease_handoff_s``;
-``_hand_over``). The desk changes no request's state itself: the scheduler does, and a request
-it ends is retired by the replica (``retire``).
+``_hand_over``). A lease that misses the GPU slots first holds the engine thread the cost
+model's ``lease_ask_s``: the request phase stops there, its load is asked for when the ask ends,
+and the phase goes on with the next candidate (``asking``/``after_asks``; the replica plans
+nothing meanwhile). The desk changes no request's state itself: the scheduler does, and a
+request it ends is retired by the replica (``retire``).
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
+import itertools
+from collections.abc import Callable, Iterator, Mapping
 from concurrent.futures import Future
 from functools import partial
 
@@ -51,6 +55,7 @@ class SimLeaseDesk:
         wake: Callable[[], None],
         handoff_s: Mapping[str, float],
         rebalance_interval_s: float | None,
+        ask_s: float = 0.0,
     ) -> None:
         self._scheduler = scheduler
         self._cache = cache
@@ -66,6 +71,11 @@ class SimLeaseDesk:
         # request's completed lease reaches it (the engine collects it from then on).
         self._handoff = handoff_s
         self._handed_at: dict[str, float] = {}
+        # The cost model's lease_ask_s, and the request phase's candidates left while a miss's
+        # ask holds the engine thread (None: no ask in progress), the ask's end.
+        self._ask_s = ask_s
+        self._asking: Iterator[Request] | None = None
+        self._ask_ends_s = 0.0
         self._prefetching: dict[AdapterKey, Future[None]] = {}
         # Automatic warm rebalancing (the engine's LeaseDesk: once per interval, at a step).
         self.rebalance_interval_s = rebalance_interval_s  # None: no automatic warm policies
@@ -82,9 +92,32 @@ class SimLeaseDesk:
         for req in sched.expired(now):
             self._retire(req, QueueTimeoutError(req.request_id, now - req.arrival_s, retry_s))
         self._collect()
-        self._request()
-        self._prefetch()
+        self._copies = []
+        self._request(iter(sched.lease_candidates(self._adapter_loads())), None)
+        if not self.asking:  # else after_asks goes on
+            self._prefetch()
         return True
+
+    @property
+    def asking(self) -> bool:
+        """Whether a miss's ask holds the engine thread (``after_asks`` goes on from there)."""
+        return self._asking is not None
+
+    def after_asks(self, then: Callable[[], None]) -> None:
+        """When the ask in progress ends: asks for that lease, goes on with the request phase
+        (each further miss asked after the ones before it) and the prefetch, then ``then``."""
+        self._executor.call_at(self._ask_ends_s, partial(self._asked, then))
+
+    def _asked(self, then: Callable[[], None]) -> None:
+        rest, self._asking = self._asking, None
+        assert rest is not None  # after_asks is called while asking
+        first = next(rest, None)
+        self._request(rest, first)
+        if self.asking:  # the next miss's ask
+            self.after_asks(then)
+            return
+        self._prefetch()
+        then()
 
     def abandon(self, request_id: str) -> None:
         """``request_id`` ends: a lease it still waits for is released once granted."""
@@ -99,19 +132,22 @@ class SimLeaseDesk:
         time, so their requests run in this step (no hand-off), then calls ``then``; False, and
         ``then`` is not called, when there is nothing to wait for."""
         pending, copies, self._copies = self._pending, self._copies, []
+        if self._ask_s:  # a copy that came during a later miss's ask: the wait finds it done
+            self._settle_copies([r for r in copies if r in pending and pending[r].done()])
         waited = {r: pending[r] for r in copies if r in pending and not pending[r].done()}
         if not waited:
             return False
         _CopyWait(self._executor, waited, partial(self._settle_copies, then=then))
         return True
 
-    def _settle_copies(self, granted: list[str], *, then: Callable[[], None]) -> None:
+    def _settle_copies(self, granted: list[str], *, then: Callable[[], None] | None = None) -> None:
         for request_id in granted:
             future = self._pending.pop(request_id, None)
             if future is not None:  # else its request ended during the wait
                 self._handed_at.pop(request_id, None)
                 self._settle(self._scheduler.requests[request_id], future)
-        then()
+        if then is not None:
+            then()
 
     def _rebalance(self, now: float) -> None:
         """Automatic warm promotion/demotion, at most once per interval (LeaseDesk._rebalance)."""
@@ -129,15 +165,20 @@ class SimLeaseDesk:
                 handed.pop(request_id, None)
                 self._settle(self._scheduler.requests[request_id], future)
 
-    def _request(self) -> None:
+    def _request(self, candidates: Iterator[Request], asked: Request | None) -> None:
+        """The request phase over ``candidates``; ``asked``, whose ask just ended, first. It
+        stops at a miss while ``lease_ask_s`` holds the engine thread (``_asking``)."""
         sched = self._scheduler
-        self._copies = []
-        for req in sched.lease_candidates(self._adapter_loads()):
+        for req in candidates if asked is None else itertools.chain((asked,), candidates):
             key = req.request.adapter_key
-            if key is None:
-                continue
+            if key is None or sched.requests.get(req.request_id) is not req:
+                continue  # no adapter, or it ended during an ask
             if self._cache.reclaiming(key):  # as the engine's _request: not this step
                 continue
+            if self._ask_s and req is not asked and not self._cache.is_resident(key, Tier.L0):
+                self._asking = itertools.chain((req,), candidates)
+                self._ask_ends_s = self._clock.now() + self._ask_s
+                return
             remaining = max(req.deadline_at_s - self._clock.now(), 1e-3)
             in_memory = self._cache.is_resident(key, Tier.L1)  # before the lease: it may move
             future = self._cache.acquire_future(key, deadline_s=remaining)

@@ -67,6 +67,10 @@ class SimReplica:
         self._step_cost = cost.step
         # A fleet's replicas are co-located: steps and load stages cost the measured scale.
         self._cpu_scale = cost.fleet_cpu_scale if config.replicas > 1 else 1.0
+        load_scale = cost.fleet_load_scale  # the loads' own, where measured
+        self._load_scale = (
+            self._cpu_scale if load_scale is None or config.replicas == 1 else load_scale
+        )
         self._cpu = cpu  # the machine's shared cores (cost model's ``cores``), if modelled
         self._idle_wait_s = config.idle_wait_s
         self._shapes = shapes  # adapter -> its rank, bytes and bytes per rank (``step_seconds``)
@@ -84,7 +88,7 @@ class SimReplica:
                 footprints,
                 cost,
                 self._on_load_cpu if cost.load_cpu_shared else None,
-                self._cpu_scale,
+                self._load_scale,
                 self._engine_busy,
             ),
             policy=make_policy(config.eviction_policy),
@@ -112,6 +116,7 @@ class SimReplica:
             retire=self._abort,
             wake=self._wake,
             handoff_s=cost.lease_handoff_s,
+            ask_s=cost.lease_ask_s,
             rebalance_interval_s=config.auto_warm_interval_s if config.auto_warm else None,
         )
 
@@ -173,6 +178,13 @@ class SimReplica:
         self._next_plan = None
         self._planning = True  # also while the desk waits for copies: a wake changes nothing
         queued = self._leases.advance(self._clock.now())
+        if self._leases.asking:  # a miss's ask holds the engine thread (``lease_ask_s``)
+            self._leases.after_asks(partial(self._after_leases, queued))
+            return
+        self._after_leases(queued)
+
+    def _after_leases(self, queued: bool) -> None:
+        """The request phase ended: the wait for copies from host memory, then the step."""
         if not self._leases.await_copies(partial(self._start_step, queued)):
             self._start_step(queued)
 

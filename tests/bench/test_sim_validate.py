@@ -272,7 +272,6 @@ _EXAMPLE_COST = Path(__file__).resolve().parents[1] / "sim" / "cost_example.json
             "both targets are needed",
         ),
         (["--calibrate-interleaved", "-1"], "calibrate_interleaved -1 is invalid"),
-        (["--targets", "fleet", "--logs-dir", "logs"], "only the single target's real runs"),
     ],
 )
 def test_bench_sim_options_are_checked(args: list[str], message: str) -> None:
@@ -414,13 +413,6 @@ def test_a_run_keeps_the_clients_records_beside_the_servers_log(tmp_path: Path) 
     assert [RequestRecord(**x) for x in back] == records
 
 
-def test_a_logs_dir_needs_a_single_server_run_to_keep_logs(tmp_path: Path) -> None:
-    """The fleet's runs keep none: a directory given for them alone would stay empty."""
-    assert SimBenchConfig(targets=("single", "fleet"), logs_dir=tmp_path).logs_dir == tmp_path
-    with pytest.raises(ValueError, match="logs_dir"):
-        SimBenchConfig(targets=("fleet",), logs_dir=tmp_path)
-
-
 class _Reached(Exception):
     """The calibration reached its target: the options were taken."""
 
@@ -454,3 +446,44 @@ def test_calibrate_url_reads_the_data_dirs_admin_key(
     result = CliRunner().invoke(_sim_group(), [*args, "--admin-key", "given-admin-key"], env=env)
     assert isinstance(result.exception, _Reached), result.output
     assert asked[-1] == ("http://x", "given-admin-key", 8, False)  # the flag comes first
+
+
+def test_a_fleet_run_keeps_its_client_records_in_the_logs_dir(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    """``--logs-dir`` with the fleet alone: each real fleet run writes the client's records as
+    ``fleet-r<repeat>-<trace>.client.jsonl`` (the deployment, the replay and the fleet's
+    counters stubbed)."""
+    from contextlib import contextmanager
+
+    from loraplex.bench.fleet import cluster, drive
+    from loraplex.bench.sim import bench, validate
+
+    records = [_record(0.0, 0.1), _record(0.5, 0.2)]
+
+    @contextmanager
+    def nothing(*_: Any, **__: Any) -> Any:
+        yield 1234
+
+    async def replay(*_: Any) -> list[RequestRecord]:
+        return records
+
+    monkeypatch.setattr(cluster, "local_cluster", nothing)
+    monkeypatch.setattr(cluster, "deployed", nothing)
+    monkeypatch.setattr(cluster, "settled_counters", lambda *_: None)
+    monkeypatch.setattr(cluster, "board_entries", lambda: [])
+    monkeypatch.setattr(cluster, "fleet_state", lambda *_: {"decisions": {"gpu_hit": 2}})
+    monkeypatch.setattr(drive, "replay", replay)
+    monkeypatch.setattr(validate, "fleet_settings", lambda *_: None)
+    monkeypatch.setattr(validate, "drop_page_cache", lambda *_: None)
+    logs = tmp_path / "logs"
+    logs.mkdir()
+    config = SimBenchConfig(
+        traces=("hot-burst",), targets=("fleet",), scale=None, trace_requests=8, logs_dir=logs
+    )
+    registry: Any = SimpleNamespace(keys={}, store=None, admin_key="k")
+    out = bench.real(config, config.workloads(), registry, tmp_path, 100)
+    assert out["fleet"]["hot-burst"][0]["decisions"] == {"gpu_hit": 2}
+    kept = logs / "fleet-r0-hot-burst.client.jsonl"
+    assert sorted(p.name for p in logs.iterdir()) == [kept.name]
+    assert [RequestRecord(**json.loads(x)) for x in kept.read_text().splitlines()] == records

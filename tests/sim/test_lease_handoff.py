@@ -81,8 +81,16 @@ def test_the_copy_is_resident_when_its_load_completes() -> None:
     assert slow["ttft_ms_cold"]["p50"] == pytest.approx(plain["ttft_ms_cold"]["p50"] + 1000, abs=5)
 
 
-def _line(tier: str, scheduled_s: float, load_s: float = 0.0, *, waited: bool = False) -> dict:
+def _line(
+    tier: str,
+    scheduled_s: float,
+    load_s: float = 0.0,
+    *,
+    waited: bool = False,
+    asked_s: float = 0.0,
+) -> dict:
     engine = {"scheduled_s": scheduled_s, "load_s": load_s, "ready_s": 0.001 if waited else None}
+    engine["asked_s"] = asked_s
     return {"tier": tier, "output_tokens": 1, "engine": engine}
 
 
@@ -96,8 +104,26 @@ def test_hand_offs_are_measured_on_the_engines_timelines() -> None:
     assert found is not None
     assert found.seconds == pytest.approx({"L1": 0.002, "L3": 0.0075})  # less 0.5 ms at once
     assert found.counts == {"L1": 2, "L3": 1} and found.at_once == 3
+    assert found.ask_s == 0.0  # every request asked at once here
     assert lease_handoffs(lines[:3]) is None  # nothing waited
     assert lease_handoffs(lines[3:6]) is None  # nothing leased at once
+
+
+def test_the_ask_on_a_miss_is_measured_apart_from_the_hand_off() -> None:
+    """The waiting leases' median ask beyond the at-once ones' is ``lease_ask_s``, and the
+    hand-off is counted from the ask's end: together they span what the hand-off alone did."""
+    lines = [_line("L0", s, asked_s=0.0002) for s in (0.0004, 0.0005, 0.0006)]
+    lines += [_line("L1", 0.003, 0.001, waited=True, asked_s=0.0009)]
+    lines += [_line("L1", 0.004, 0.001, waited=True, asked_s=0.0009)]
+    lines += [_line("L3", 0.020, 0.012, waited=True, asked_s=0.0011)]
+    found = lease_handoffs(lines)
+    assert found is not None
+    assert found.ask_s == pytest.approx(0.0009 - 0.0002)  # the median ask: 0.9 ms
+    assert found.at_once_ask_s == pytest.approx(0.0002)
+    assert found.at_once_plan_s == pytest.approx(0.0003)  # the plan after the ask
+    assert found.seconds == pytest.approx({"L1": 0.0016 - 0.0003, "L3": 0.0069 - 0.0003})
+    before = 0.0025 - 0.0005  # the hand-off measured from the engine's receipt, as before
+    assert found.seconds["L1"] + found.ask_s == pytest.approx(before)
 
 
 def test_a_calibration_with_timelines_charges_the_hand_off_once(
@@ -111,7 +137,7 @@ def test_a_calibration_with_timelines_charges_the_hand_off_once(
     from loraplex.bench.sim.calibrate_target import Target
 
     cold = [ColdSample("a", 0.030, 0.010, 0.010, "L3"), ColdSample("a", 0.014, 0.010, 0.001, "L1")]
-    found = LeaseHandoffs({"L1": 0.0017, "L3": 0.0069}, {"L1": 12, "L3": 12}, 0.0005, 40)
+    found = LeaseHandoffs({"L1": 0.0017, "L3": 0.0069}, {"L1": 12, "L3": 12}, 0.0005, 40, 0.0007)
     measured = calibration_measured()
     measured.update(cold=cold, residuals=[], handoffs=found)
     monkeypatch.setattr(calibration, "measure", lambda target, config: dict(measured))
@@ -119,10 +145,11 @@ def test_a_calibration_with_timelines_charges_the_hand_off_once(
     model, report = calibration.calibrate(target, CalibrateConfig(), "hw", "cmd")
     assert model.lease_handoff_s == {"L1": 0.0017, "L2": 0.0017, "L3": 0.0069}
     assert "L2 not measured" in model.sources["lease_handoff_s"]
+    assert model.lease_ask_s == 0.0007 and "24 lone requests" in model.sources["lease_ask_s"]
     assert report["lease_handoffs"]["counts"] == {"L1": 12, "L3": 12}
     measured["handoffs"] = None
     ttft_based, _ = calibration.calibrate(target, CalibrateConfig(), "hw", "cmd")
-    assert ttft_based.lease_handoff_s == {}
+    assert ttft_based.lease_handoff_s == {} and ttft_based.lease_ask_s == 0.0
     assert "not measured" in ttft_based.sources["lease_handoff_s"]
     for link, added in (("L1_to_L0", 0.003), ("L3_to_L2", 0.010 - 0.003)):  # TTFT-based
         extra = ttft_based.links[link].fixed_s - model.links[link].fixed_s

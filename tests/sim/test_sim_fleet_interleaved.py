@@ -163,7 +163,7 @@ def test_a_pass_runs_before_each_fleet_run_and_after_the_last(
     def local_cluster(num_cpus: int) -> Iterator[int]:
         yield 1234
 
-    def fleet_outcome(target: Any, workload: Workload, *_: Any) -> dict[str, Any]:
+    def fleet_outcome(target: Any, workload: Workload, *_: Any, **__: Any) -> dict[str, Any]:
         events.append(f"run {workload.name}")
         return {}
 
@@ -213,6 +213,10 @@ def test_a_pass_measures_on_its_own_deployment_and_keeps_its_samples(
         events.append(f"lone {adapter.name}")
         return [FleetSample(8, adapter.rank, nbytes, 0.02, 0.003)], 1
 
+    def cold_samples(url: str, key: str, adapters: list, **_: Any) -> tuple:
+        events.append("cold " + ",".join(a.name for a, _ in adapters))
+        return [FleetSample(8, 8, adapters[0][1], 0.05, cold=True)], len(adapters) - 1
+
     def probe() -> HostProbe:
         events.append("probe")
         return PROBE
@@ -220,6 +224,7 @@ def test_a_pass_measures_on_its_own_deployment_and_keeps_its_samples(
     monkeypatch.setattr(cluster, "deployed", deployed)
     monkeypatch.setattr(fleet_lone, "warm_up", warm_up)
     monkeypatch.setattr(fleet_lone, "lone_samples", lone_samples)
+    monkeypatch.setattr(fleet_lone, "cold_samples", cold_samples)
     monkeypatch.setattr(host_probe, "host_probe", probe)
     traces = Fleet(tmp_path / "traces", demo_assets.base_model_dir, {}, "admin", 64)
     logs = tmp_path / "logs"
@@ -228,10 +233,11 @@ def test_a_pass_measures_on_its_own_deployment_and_keeps_its_samples(
     drive = DriveConfig(request_timeout_s=5.0, vocab_size=100)
     for _ in range(2):
         calibration.run_pass((traces, "http://x", 1), RealSettings(), drive, tmp_path)
-    one = ["probe", "deploy", "warm r8", "lone r8", "warm r64", "lone r64", "delete", "probe"]
-    assert events == one + one
-    assert [(len(p.samples), p.left_out) for p in calibration.passes] == [(2, 2), (2, 2)]
+    cold = "cold cold0-r8,cold1-r64,cold2-r8,cold3-r64"  # after the warm ones, in no replica
+    one = ["probe", "deploy", "warm r8", "lone r8", "warm r64", "lone r64", cold, "delete"]
+    assert events == [*one, "probe", *one, "probe"]
+    assert [(len(p.samples), p.left_out) for p in calibration.passes] == [(3, 5), (3, 5)]
     kept = json.loads((logs / "fleet-calibration-p1.samples.json").read_text())
-    assert kept["left_out"] == 2
-    assert [s["rank"] for s in kept["samples"]] == [8, 64]
+    assert kept["left_out"] == 5
+    assert [(s["rank"], s["cold"]) for s in kept["samples"]] == [(8, False), (64, False), (8, True)]
     assert kept["probes"] == [{"matmul_s": 0.3, "loop_s": 0.2}] * 2

@@ -111,8 +111,12 @@ def real(
                     where = root / f"fleet-{r}-{i}"
                     if fleet_passes is not None:
                         fleet_passes.run_pass(target, s, drive, root)
+                    client = None
+                    if config.logs_dir is not None:
+                        client = RunLogs.under(config.logs_dir, f"fleet-r{r}-{w.name}").client
                     probed("fleet", w.name)
-                    out["fleet"][w.name].append(fleet_outcome(target, w, s, drive, where))
+                    outcome = fleet_outcome(target, w, s, drive, where, client_log=client)
+                    out["fleet"][w.name].append(outcome)
             if fleet_passes is not None:
                 fleet_passes.run_pass(target, s, drive, root)
     if between is not None and last == "fleet":

@@ -97,18 +97,26 @@ class LeaseHandoffs:
 
     seconds: dict[str, float]  # source tier -> the median hand-off (floored at 0)
     counts: dict[str, int]  # source tier -> the requests it is the median of
-    at_once_plan_s: float  # the median plan of lone requests leased at once (L0)
+    at_once_plan_s: float  # the median plan of lone requests leased at once (L0), after the ask
     at_once: int  # ... over this many
+    # The median ask (``asked_s``) of the lone requests whose lease waited, less that of those
+    # leased at once (floored at 0): ``lease_ask_s``; the hand-offs are counted from the ask.
+    ask_s: float = 0.0
+    at_once_ask_s: float = 0.0  # the median ask of the lone requests leased at once
 
 
 def lease_handoffs(lines: Sequence[Mapping[str, Any]]) -> LeaseHandoffs | None:
-    """From a server's request log (``server/request_log.py``): per tier a lease waited for a
-    load from, the median over the lone requests (``output_tokens`` 1: the cold samples and the
-    prefill samples) whose lease waited (``engine.ready_s`` set) of the plan of their first
-    step (``scheduled_s``) less their load's stage seconds (``load_s``) less the median plan of
-    the lone requests leased at once (tier L0): what a waiting lease costs its request beyond
-    its stages (asking for it on a miss, the loader's pick-up, the lease's return to the engine
-    thread). None without requests leased at once or without any that waited."""
+    """From a server's request log (``server/request_log.py``), over its lone requests
+    (``output_tokens`` 1: the cold samples and the prefill samples): the ask, the median
+    ``asked_s`` of those whose lease waited (``engine.ready_s`` set) less the median of those
+    leased at once (tier L0): what asking for a lease on a miss holds the engine thread beyond a
+    hit's (the cache lock, the policy's choice, the load's submission); and per tier a lease
+    waited for a load from, the median over the requests that waited of the plan of their first
+    step (``scheduled_s``) less their ask and their load's stage seconds (``load_s``), less the
+    median plan after the ask of those leased at once: what a waiting lease costs its request
+    after the ask beyond its stages (the loader's pick-up, the lease's return to the engine
+    thread). None without requests leased at once or without any that waited. A line without
+    ``asked_s`` counts as asked on arrival (0): with none, no ask and the hand-offs as before."""
     lone = [
         (str(line["tier"]), line["engine"])
         for line in lines
@@ -116,17 +124,28 @@ def lease_handoffs(lines: Sequence[Mapping[str, Any]]) -> LeaseHandoffs | None:
         and isinstance(line.get("engine"), dict)
         and line["engine"].get("scheduled_s") is not None
     ]
-    at_once = [e["scheduled_s"] for tier, e in lone if tier == "L0" and e.get("ready_s") is None]
-    waited: dict[str, list[float]] = {}
-    for tier, e in lone:
-        if tier != "L0" and e.get("ready_s") is not None:
-            waited.setdefault(tier, []).append(float(e["scheduled_s"]) - float(e["load_s"]))
-    if not at_once or not waited:
+    once = [e for tier, e in lone if tier == "L0" and e.get("ready_s") is None]
+    waits = [(tier, e) for tier, e in lone if tier != "L0" and e.get("ready_s") is not None]
+    if not once or not waits:
         return None
-    base = statistics.median(at_once)
+    once_ask = statistics.median(_asked(e) for e in once)
+    base = statistics.median(float(e["scheduled_s"]) - _asked(e) for e in once)
+    waited: dict[str, list[float]] = {}
+    for tier, e in waits:
+        after_ask = float(e["scheduled_s"]) - _asked(e) - float(e["load_s"])
+        waited.setdefault(tier, []).append(after_ask)
+    ask = statistics.median(_asked(e) for _, e in waits) - once_ask
     return LeaseHandoffs(
         seconds={t: max(0.0, statistics.median(v) - base) for t, v in sorted(waited.items())},
         counts={t: len(v) for t, v in sorted(waited.items())},
         at_once_plan_s=base,
-        at_once=len(at_once),
+        at_once=len(once),
+        ask_s=max(0.0, ask),
+        at_once_ask_s=once_ask,
     )
+
+
+def _asked(engine: Mapping[str, Any]) -> float:
+    """A timeline's ``asked_s`` (0 where absent)."""
+    asked = engine.get("asked_s")
+    return 0.0 if asked is None else float(asked)

@@ -90,11 +90,26 @@ def _lease_handoffs(found: LeaseHandoffs | None) -> tuple[dict[str, float], str]
     text = (
         "the engine's timelines of the calibration's lone requests (the server's request log): "
         "per tier a lease waited for a load from, the median of the plan of the request's first "
-        "step less its load's stage seconds less the median plan of "
-        f"{found.at_once} lone requests leased at once ({found.at_once_plan_s * 1000:.2f} ms; "
-        "bench/sim/calibrate_cold.lease_handoffs): " + ", ".join(parts)
+        "step less its ask (asked_s, lease_ask_s) and its load's stage seconds, less the median "
+        f"plan after the ask of {found.at_once} lone requests leased at once "
+        f"({found.at_once_plan_s * 1000:.2f} ms; bench/sim/calibrate_cold.lease_handoffs): "
+        + ", ".join(parts)
     )
     return seconds, text
+
+
+def _lease_ask(found: LeaseHandoffs | None) -> tuple[float, str]:
+    """``lease_ask_s`` and its source text (0 without engine timelines: the ask then stays in
+    the TTFT-based hand-offs)."""
+    if found is None:
+        return 0.0, "not measured: no engine timelines (see lease_handoff_s)"
+    waited = sum(found.counts.values())
+    return found.ask_s, (
+        f"the median ask (the engine's asked_s) of {waited} lone requests whose lease waited for "
+        f"a load less that of {found.at_once} leased at once "
+        f"({found.at_once_ask_s * 1000:.2f} ms), floored at 0 "
+        "(bench/sim/calibrate_cold.lease_handoffs)"
+    )
 
 
 def cost_model_from(
@@ -171,6 +186,7 @@ def cost_model_from(
     lease_found = measured.get("handoffs")  # None: no engine timelines
     lease_handoff_s, timeline_text = _lease_handoffs(lease_found)
     sources["lease_handoff_s"] = timeline_text
+    lease_ask_s, sources["lease_ask_s"] = _lease_ask(lease_found)
     if lease_handoff_s:  # the engine's timelines replace the TTFT-based figures (same wait)
         copy_handoff_s = handoff_s = 0.0
         sources["links.L1_to_L0"] += (
@@ -219,7 +235,8 @@ def cost_model_from(
         lease_handoff_s=lease_handoff_s,
         lone_hops=measured["lone"],
     )
-    model = replace(model, host_probe=probe, load_busy_scale=1.0 if scale is None else scale)
+    busy_price = 1.0 if scale is None else scale
+    model = replace(model, host_probe=probe, load_busy_scale=busy_price, lease_ask_s=lease_ask_s)
     report = {
         "hardware": hardware,
         "step_samples": [asdict(s) for s in steps],

@@ -119,6 +119,18 @@ def lone_adapters() -> list[TraceAdapter]:
     ]
 
 
+COLD_RANKS = (8, MAX_LORA_RANK, 8, MAX_LORA_RANK)  # bench sim's fleet passes' cold adapters
+
+
+def cold_adapters() -> list[TraceAdapter]:
+    """The adapters ``bench sim``'s fleet passes send one lone cold request each (never warmed:
+    each pass deploys a fresh fleet, so each is in no replica; ``fleet_lone.cold_samples``)."""
+    return [
+        TraceAdapter(TENANT, f"cold{i}-r{rank}", rank, ATTENTION_TARGETS)
+        for i, rank in enumerate(COLD_RANKS)
+    ]
+
+
 def usable_cores() -> int:
     """The CPU cores this process may run on (its affinity), as the fleet's processes do."""
     try:

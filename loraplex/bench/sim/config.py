@@ -32,7 +32,8 @@ class SimBenchConfig(GeneratedTraces):
     seed: int = 0  # workloads, prompts, router
     asset_dir: Path = Path(".loraplex-assets")  # the demo base model is <dir>/test-small
     # where each real single-server run keeps its server's request log and the client's
-    # records (``validate.RunLogs``); None: kept nowhere
+    # records, and each real fleet run the client's records (``validate.RunLogs``); None: kept
+    # nowhere
     logs_dir: Path | None = None
     # K > 0: the in-run calibration as short passes of 1/K of its samples, one before each real
     # run and one after the last (``interleaved.py``); 0: one calibration before the runs. With
@@ -75,9 +76,4 @@ class SimBenchConfig(GeneratedTraces):
                 f"calibrate_fleet_interleaved {fleet_k} is invalid with cost_model "
                 f"{self.cost_model} and targets {list(self.targets)}: it measures the fleet's "
                 "lone terms over a cost-model file's (a `sim calibrate-fleet` one) for the fleet"
-            )
-        if self.logs_dir is not None and "single" not in self.targets:
-            raise ValueError(
-                f"logs_dir {self.logs_dir} is invalid; only the single target's real runs keep "
-                f"logs, and targets are {list(self.targets)}"
             )

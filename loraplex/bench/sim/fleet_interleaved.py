@@ -29,10 +29,15 @@ from typing import Any
 
 from loraplex.bench.serve.driver import DriveConfig
 from loraplex.bench.serve.fleet import Fleet
-from loraplex.bench.sim.calibrate_fleet import FleetCalibrateConfig, lone_adapters, usable_cores
+from loraplex.bench.sim.calibrate_fleet import (
+    FleetCalibrateConfig,
+    cold_adapters,
+    lone_adapters,
+    usable_cores,
+)
 from loraplex.bench.sim.interleaved import adjacent_passes
 from loraplex.bench.sim.validate import RealSettings
-from loraplex.sim.calibrate_fleet import FleetSample, fit_fleet, fleet_model
+from loraplex.sim.calibrate_fleet import FleetSample, fit_fleet, fit_load_scale, fleet_model
 from loraplex.sim.cost_model import CostModel
 from loraplex.sim.host_speed import HostProbe, probe_ratio
 
@@ -71,6 +76,7 @@ def fleet_terms(
             "(the passes measure the lone terms only)"
         )
     fit = fit_fleet(base, samples)
+    cold = sum(s.cold for s in samples)
     sources = {
         "fleet_cpu_scale": f"median over {fit.decode_samples} lone warm paced decode requests "
         f"through the fleet of their TPOT over the base step's one-token price ({where})",
@@ -80,7 +86,18 @@ def fleet_terms(
         "network_jitter_s": "quantiles (every 5 %) of the same requests' TTFT less their "
         f"prompt length and adapter's median ({where})",
     }
-    return fleet_model(base, fit, cores, sources, base.fleet_contention)
+    model = fleet_model(base, fit, cores, sources, base.fleet_contention)
+    load_scale = fit_load_scale(model, samples)
+    if load_scale is None:
+        return model
+    text = (
+        f"median over {cold} lone cold requests through the fleet (their adapter in no replica) "
+        "of their TTFT less the hop, the ask, the L3 hand-off and the scaled prefill step, over "
+        f"their load's lone price (sim/calibrate_fleet.fit_load_scale; {where})"
+    )
+    return replace(
+        model, fleet_load_scale=load_scale, sources={**model.sources, "fleet_load_scale": text}
+    )
 
 
 def mean_probe(probes: Sequence[HostProbe]) -> HostProbe:
@@ -120,20 +137,20 @@ class InterleavedFleet:
         takes it), its own adapters registered under ``root`` on the first pass."""
         from loraplex.bench.fleet.cluster import deployed
         from loraplex.bench.serve.fleet import drop_page_cache, prepare_fleet
-        from loraplex.bench.sim.fleet_lone import lone_samples, warm_up
+        from loraplex.bench.sim.fleet_lone import cold_samples, lone_samples, warm_up
         from loraplex.bench.sim.host_probe import host_probe
         from loraplex.bench.sim.simulated import adapter_sizes
         from loraplex.bench.sim.validate import MAX_LORA_RANK, fleet_settings
 
         traces_registry, url, port = target
-        adapters = lone_adapters()
+        adapters, colds = lone_adapters(), cold_adapters()
         if self._registry is None:
             model_dir = traces_registry.model_dir
             self._registry = prepare_fleet(
-                root / "fleetcal-registry", model_dir, adapters, MAX_LORA_RANK, drive.seed
+                root / "fleetcal-registry", model_dir, adapters + colds, MAX_LORA_RANK, drive.seed
             )
         registry = self._registry
-        sizes, _ = adapter_sizes(registry.model_dir, adapters)
+        sizes, _ = adapter_sizes(registry.model_dir, adapters + colds)
         key = registry.keys[adapters[0].tenant]
         started = datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds")
         before = host_probe()
@@ -151,6 +168,11 @@ class InterleavedFleet:
                 )
                 samples += kept
                 left_out += lost
+            sized = [(a, sizes[(a.tenant, a.name)]) for a in colds]
+            gap_s = self.config.hop_gap_s
+            kept, lost = cold_samples(url, key, sized, gap_s=gap_s, rng=rng, drive=drive)
+            samples += kept
+            left_out += lost
         after = host_probe()
         one = FleetPass(tuple(samples), left_out, (before, after), started)
         if self.logs_dir is not None:
@@ -182,8 +204,9 @@ class InterleavedFleet:
         out = []
         for i, one in enumerate(self.passes):
             model = self.model_of([i])
-            prefills = [s.ttft_s for s in one.samples if s.tpot_s is None]
+            prefills = [s.ttft_s for s in one.samples if s.tpot_s is None and not s.cold]
             decodes = [s.tpot_s for s in one.samples if s.tpot_s is not None]
+            colds = [s.ttft_s for s in one.samples if s.cold]
             out.append(
                 {
                     "started": one.started,
@@ -191,6 +214,8 @@ class InterleavedFleet:
                     "network_s": model.network_s,
                     "lone_ttft_s_median": statistics.median(prefills) if prefills else None,
                     "decode_tpot_s_median": statistics.median(decodes) if decodes else None,
+                    "fleet_load_scale": model.fleet_load_scale,
+                    "cold_ttft_s_median": statistics.median(colds) if colds else None,
                     "samples": len(one.samples),
                     "left_out": one.left_out,
                     "probe_total_s": [p.total_s for p in one.probes],

@@ -20,6 +20,7 @@ from loraplex.bench.workloads import TraceAdapter, TraceRequest
 from loraplex.sim.calibrate_fleet import FleetSample
 
 WARM_TRIES = 6  # requests per adapter until one is served from a GPU slot
+COLD_PROMPT_TOKENS = 8  # a cold sample's prompt (one token out)
 
 
 class LoneConfig(Protocol):
@@ -105,3 +106,26 @@ def warm_up(
         if asyncio.run(_lone(url, key, adapter, length=8, rng=rng, drive=drive)) == "L0":
             return True
     return False
+
+
+def cold_samples(
+    url: str, key: str, adapters: list[tuple[TraceAdapter, int]], *, gap_s: float,
+    rng: random.Random, drive: DriveConfig,
+) -> tuple[list[FleetSample], int]:  # fmt: skip
+    """One lone request (``COLD_PROMPT_TOKENS`` in, one token out) on each of ``adapters``
+    (adapter, its bytes as served), ``gap_s`` apart, each adapter in no replica yet: the
+    samples of those the fleet reported from the store (L3) and timed, and the requests left
+    out (failed, or found cached)."""
+    samples = []
+    for adapter, nbytes in adapters:
+        time.sleep(gap_s)  # lone: the previous request and its load have ended
+        request = TraceRequest(0.0, adapter.tenant, adapter.name, COLD_PROMPT_TOKENS, 1)
+        ids = prompt_ids(rng, COLD_PROMPT_TOKENS, drive.vocab_size)
+        record = asyncio.run(
+            send_one(url, request, key=key, ids=ids, arrival=time.monotonic(), tier="L0",
+                     config=drive)
+        )  # fmt: skip
+        if record.ok and record.ttft_s and record.tier == "L3":
+            rank = min(adapter.rank, MAX_LORA_RANK)
+            samples.append(FleetSample(COLD_PROMPT_TOKENS, rank, nbytes, record.ttft_s, cold=True))
+    return samples, len(adapters) - len(samples)

@@ -181,9 +181,12 @@ def fleet_settings(registry: Fleet, settings: RealSettings, root: Path, port: in
 
 def fleet_outcome(
     target: tuple[Fleet, str, int], workload: Workload, settings: RealSettings,
-    drive: DriveConfig, root: Path,
+    drive: DriveConfig, root: Path, *, client_log: Path | None = None,
 ) -> dict[str, Any]:  # fmt: skip
-    """``workload`` on a fresh real fleet; ``target`` is (registry, ingress URL, its port)."""
+    """``workload`` on a fresh real fleet; ``target`` is (registry, ingress URL, its port). With
+    ``client_log``, the client's records are kept there (``write_client_records``: the tier each
+    request's replica reported at its arrival, its TTFT); the fleet's replicas keep no request
+    log (``request_log_path`` is the single server's)."""
     from loraplex.bench.fleet.cluster import board_entries, deployed, fleet_state, settled_counters
     from loraplex.bench.fleet.drive import replay
 
@@ -191,6 +194,8 @@ def fleet_outcome(
     drop_page_cache(registry.store)
     with deployed(fleet_settings(registry, settings, root, port), url, registry.admin_key):
         records = asyncio.run(replay(url, workload.requests, registry.keys, drive))
+        if client_log is not None:
+            write_client_records(client_log, records)
         settled_counters(settings.replicas, time.monotonic())  # every replica reported since
         statuses = [e.status for e in board_entries()]
         decisions = fleet_state(url, registry.admin_key)["decisions"]
