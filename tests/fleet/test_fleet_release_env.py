@@ -124,6 +124,9 @@ def test_no_replica_in_rotation_fails_the_probe(calls: FakeCalls, link: FleetLin
 
 def test_prewarm_pins_on_every_healthy_replica(calls: FakeCalls, link: FleetLink) -> None:
     env = _env(link, ProbeAnswers({}))
+    # The cache has seen the board: a replica it meets after the pin gets the standing pin
+    # replayed (a second, idempotent Pin; the test failed that way on a slow machine).
+    polled_twice(link)
     try:
         env.prewarm(key(), gpu=True).result(WAIT_S)
     finally:
