@@ -36,6 +36,19 @@ def _admin_key(admin_key: str | None, data_dir: Path | None) -> str:
     return path.read_text(encoding="utf-8").strip()
 
 
+def refuse_with_self(admin_key: str | None, data_dir: Path | None) -> None:
+    """``--self`` starts a server of its own: a deployment's admin key or data directory (given
+    as a flag or through its environment variable) would do nothing, so it is refused by name."""
+    for given, flag, env in (
+        (admin_key, "--admin-key", "LORAPLEX_ADMIN_KEY"),
+        (data_dir, "--data-dir", "LORAPLEX_DATA_DIR"),
+    ):
+        if given:
+            raise typer.BadParameter(
+                f"--self starts its own server; no {flag} (nor {env})", param_hint=flag
+            )
+
+
 def preflight_command(
     url: Annotated[str, Opt(help="Base URL of the server or fleet ingress.")],
     *,

@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING, Annotated, Any
 import typer
 
 from loraplex.cli.locations import DataDir
-from loraplex.cli.preflight import _admin_key
+from loraplex.cli.preflight import _admin_key, refuse_with_self
 from loraplex.registry import default_data_dir
 
 if TYPE_CHECKING:
@@ -66,6 +66,8 @@ def qualify_command(
 
     if self_serve == (url is not None):
         raise typer.BadParameter("give exactly one of --url and --self", param_hint="--url")
+    if self_serve:  # NOTE: both were silently ignored with --self
+        refuse_with_self(admin_key, data_dir)
     check_preset(preset)
     assets = assets or _default_assets(self_serve, data_dir)
     try:

@@ -17,7 +17,7 @@ import typer
 
 from loraplex.cli.locations import DataDir
 from loraplex.cli.plan import ints
-from loraplex.cli.preflight import _admin_key
+from loraplex.cli.preflight import _admin_key, refuse_with_self
 
 if TYPE_CHECKING:
     from loraplex.bench.sim.calibrate_target import Target
@@ -120,9 +120,7 @@ def _target(
         return remote_target(url, _admin_key(admin_key, data_dir), max_adapters, load_cpu_shared)
     if url is not None or not own:
         raise typer.BadParameter("give exactly one of --url and --self", param_hint="--url")
-    for given, flag in ((admin_key, "--admin-key"), (data_dir, "--data-dir")):
-        if given is not None:
-            raise typer.BadParameter(f"--self starts its own server; no {flag}", param_hint=flag)
+    refuse_with_self(admin_key, data_dir)
     return self_target(asset_dir, (8, 16, 32, 64), 2, max_loras, 0, target_sets=target_sets)
 
 

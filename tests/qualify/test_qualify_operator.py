@@ -9,8 +9,11 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import typer
+from typer.testing import CliRunner
 
 from loraplex.cli.qualify import DEFAULT_ASSETS, _default_assets, _summary
+from loraplex.cli.qualify import register as register_qualify
 from loraplex.qualify.client import QualifyError, Reply
 from loraplex.qualify.population import GeneratedAdapter, register
 from loraplex.qualify.run import _model_dir
@@ -69,3 +72,35 @@ def test_the_summary_names_a_comparator_that_failed() -> None:
         "RuntimeError: serve exited with 1: no model at X"
     ) in text
     assert "comparator loraplex" not in text
+
+
+def _qualify_app() -> typer.Typer:
+    app = typer.Typer()
+
+    @app.callback()
+    def _root() -> None:
+        """loraplex"""
+
+    register_qualify(app)
+    return app
+
+
+@pytest.mark.parametrize(
+    ("args", "env", "message"),
+    [
+        (["--admin-key", "k"], {}, "no --admin-key (nor LORAPLEX_ADMIN_KEY)"),
+        ([], {"LORAPLEX_ADMIN_KEY": "k"}, "no --admin-key (nor LORAPLEX_ADMIN_KEY)"),
+        (["--data-dir", "d"], {}, "no --data-dir (nor LORAPLEX_DATA_DIR)"),
+        ([], {"LORAPLEX_DATA_DIR": "d"}, "no --data-dir (nor LORAPLEX_DATA_DIR)"),
+    ],
+)
+def test_self_refuses_a_deployments_key_and_data_dir_by_name(
+    tmp_path: Path, args: list[str], env: dict[str, str], message: str
+) -> None:
+    """NOTE: ``qualify --self`` ran its own server and silently ignored both."""
+    base = {"LORAPLEX_ADMIN_KEY": "", "LORAPLEX_DATA_DIR": ""}
+    argv = ["qualify", "--self", "--report-dir", str(tmp_path), *args]
+    result = CliRunner().invoke(_qualify_app(), argv, env={**base, **env})
+    assert result.exit_code == 2, result.output
+    assert message in " ".join(result.output.replace("│", " ").split())
+    assert not any(tmp_path.iterdir())  # refused before a run directory was made
