@@ -17,7 +17,7 @@ import typer
 
 from loraplex.cli.locations import DataDir
 from loraplex.cli.plan import ints
-from loraplex.cli.preflight import _admin_key, refuse_with_self
+from loraplex.cli.preflight import _admin_key, key_file_hint, refuse_with_self
 
 if TYPE_CHECKING:
     from loraplex.bench.sim.calibrate_target import Target
@@ -171,6 +171,8 @@ def calibrate_command(
 ) -> None:
     """Fit the simulator's cost model to a server: step time vs decode and prompt tokens,
     distinct revisions and rank mix; per-tier load costs; front and IPC overheads."""
+    import httpx
+
     from loraplex.bench.sim.calibrate_run import CalibrateConfig
     from loraplex.bench.sim.calibrate_target import SELF_TARGET_SETS
     from loraplex.bench.sim.calibration import calibrate
@@ -208,24 +210,33 @@ def calibrate_command(
     argv = sys.argv[1:]
     given = argv[argv.index("calibrate") + 1 :] if "calibrate" in argv else argv
     command = shlex.join(["loraplex", "sim", "calibrate", *_redacted(given)])
-    with _target(
-        url,
-        admin_key,
-        data_dir,
-        own,
-        max_adapters=max_adapters,
-        asset_dir=asset_dir,
-        max_loras=max_loras,
-        target_sets=sets,
-        load_cpu_shared=load_cpu_shared,
-    ) as target:
-        # The --self demo server is CPU-only: its target says its loader and engine share one.
-        try:
-            model, measured = calibrate(
-                target, config, hardware, command, accept_broken_fit=accept_broken_fit
-            )
-        except BrokenFit as exc:
-            _refused(exc, out, report)
+    try:
+        with _target(
+            url,
+            admin_key,
+            data_dir,
+            own,
+            max_adapters=max_adapters,
+            asset_dir=asset_dir,
+            max_loras=max_loras,
+            target_sets=sets,
+            load_cpu_shared=load_cpu_shared,
+        ) as target:
+            # The --self demo server is CPU-only: its target says its loader and engine share one.
+            try:
+                model, measured = calibrate(
+                    target, config, hardware, command, accept_broken_fit=accept_broken_fit
+                )
+            except BrokenFit as exc:
+                _refused(exc, out, report)
+    except httpx.HTTPStatusError as exc:  # NOTE: a refused admin call ended in a traceback
+        hint = key_file_hint(exc.response.status_code, admin_key, data_dir)
+        typer.echo(
+            f"sim calibrate: {exc.request.method} {exc.request.url.path} -> "
+            f"{exc.response.status_code}{hint}",
+            err=True,
+        )
+        raise typer.Exit(2) from None
     _written("sim-calibrate", model, measured, out, report)
 
 
