@@ -125,6 +125,7 @@ def _target(
 
 
 def calibrate_command(
+    ctx: typer.Context,
     *,
     out: Annotated[Path, typer.Option(help="Cost-model file to write (JSON).")],
     hardware: Annotated[str, typer.Option(help="Name of the measured hardware profile.")],
@@ -193,6 +194,7 @@ def calibrate_command(
             "--url measures the server's own adapters; --target-sets is for --self",
             param_hint="--target-sets",
         )
+    _refuse_other_mode(ctx, url is not None)
     given_sets = "attn,all" if target_sets is None else target_sets
     sets = tuple(t.strip() for t in given_sets.split(",") if t.strip())
     if not sets or not set(sets) <= set(SELF_TARGET_SETS) or len(set(sets)) != len(sets):
@@ -238,6 +240,25 @@ def calibrate_command(
         )
         raise typer.Exit(2) from None
     _written("sim-calibrate", model, measured, out, report)
+
+
+_SELF_ONLY = ("max_loras", "asset_dir")  # what only --self's own server uses
+_URL_ONLY = ("max_adapters",)  # what only --url's discovery uses
+
+
+def _refuse_other_mode(ctx: typer.Context, remote: bool) -> None:
+    """A flag of the other mode does nothing: refused by name. NOTE: --max-loras and --asset-dir
+    with --url, and --max-adapters with --self, were silently ignored."""
+    given = [  # typer carries its own click: compare the source by name
+        f"--{name.replace('_', '-')}"
+        for name in (_SELF_ONLY if remote else _URL_ONLY)
+        if getattr(ctx.get_parameter_source(name), "name", None) == "COMMANDLINE"
+    ]
+    if given:
+        mode, other = ("--url", "--self") if remote else ("--self", "--url")
+        raise typer.BadParameter(
+            f"{', '.join(given)} is for {other}; {mode} does not use it", param_hint=given[0]
+        )
 
 
 def _written(

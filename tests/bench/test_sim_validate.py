@@ -225,6 +225,18 @@ def _sim_group() -> typer.Typer:
             ["--out", "o.json", "--hardware", "h", "--url", "http://x", "--target-sets", "attn"],
             "--target-sets is for --self",
         ),
+        (
+            ["--out", "o.json", "--hardware", "h", "--url", "http://x", "--max-loras", "4"],
+            "--max-loras is for --self; --url does not use it",
+        ),
+        (
+            ["--out", "o.json", "--hardware", "h", "--url", "http://x", "--asset-dir", "a"],
+            "--asset-dir is for --self",
+        ),
+        (
+            ["--out", "o.json", "--hardware", "h", "--self", "--max-adapters", "4"],
+            "--max-adapters is for --url; --self does not use it",
+        ),
     ],
 )
 def test_calibrate_options_are_checked_before_anything_runs(
