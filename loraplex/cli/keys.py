@@ -59,5 +59,9 @@ def revoke_key(
 ) -> None:
     """Revoke an API key; it stops authenticating immediately."""
     with failures(), opened(location.config()) as registry:
-        key = registry.revoke_key(key_id, acting(actor))
-    typer.echo(f"revoked key {key.key_id} of tenant {key.tenant}")
+        key, revoked_now = registry.revoke_key_once(key_id, acting(actor))
+    if revoked_now:
+        typer.echo(f"revoked key {key.key_id} of tenant {key.tenant}")
+    else:  # NOTE: it printed "revoked key ..." though nothing was written (no audit row)
+        when = utc_time(key.revoked_at or 0.0)
+        typer.echo(f"key {key.key_id} of tenant {key.tenant} was already revoked at {when}")

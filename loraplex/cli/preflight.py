@@ -23,17 +23,46 @@ def register(app: typer.Typer) -> None:
     app.command("preflight")(preflight_command)
 
 
+def _key_file(data_dir: Path | None) -> Path:
+    return (data_dir or default_data_dir(os.environ, Path.home())) / ADMIN_KEY_FILE
+
+
 def _admin_key(admin_key: str | None, data_dir: Path | None) -> str:
     if admin_key:
         return admin_key
-    directory = data_dir or default_data_dir(os.environ, Path.home())
-    path = directory / ADMIN_KEY_FILE
+    path = _key_file(data_dir)
     if not path.is_file():
         raise typer.BadParameter(
             f"no --admin-key and no {path}; pass the deployment's admin key",
             param_hint="--admin-key",
         )
     return path.read_text(encoding="utf-8").strip()
+
+
+def key_file_hint(status: int | None, admin_key: str | None, data_dir: Path | None) -> str:
+    """What to add to a refusal: on a 401 with the key read from the data directory's file, that
+    the file may hold another key than the server's. NOTE: serve with --admin-key (or
+    LORAPLEX_ADMIN_KEY) leaves that file as it was, so the 401 read as a wrong key for no reason."""
+    if status != 401 or admin_key:
+        return ""
+    return (
+        f"; the admin key was read from {_key_file(data_dir)}: a serve started with --admin-key "
+        "(or LORAPLEX_ADMIN_KEY) runs with that key and leaves the file as it was; pass its key "
+        "with --admin-key"
+    )
+
+
+def refuse_with_self(admin_key: str | None, data_dir: Path | None) -> None:
+    """``--self`` starts a server of its own: a deployment's admin key or data directory (given
+    as a flag or through its environment variable) would do nothing, so it is refused by name."""
+    for given, flag, env in (
+        (admin_key, "--admin-key", "LORAPLEX_ADMIN_KEY"),
+        (data_dir, "--data-dir", "LORAPLEX_DATA_DIR"),
+    ):
+        if given:
+            raise typer.BadParameter(
+                f"--self starts its own server; no {flag} (nor {env})", param_hint=flag
+            )
 
 
 def preflight_command(
@@ -73,7 +102,7 @@ def preflight_command(
     try:
         result = preflight(config)
     except PreflightError as exc:
-        typer.echo(f"preflight: {exc}", err=True)
+        typer.echo(f"preflight: {exc}{key_file_hint(exc.status, admin_key, data_dir)}", err=True)
         raise typer.Exit(2) from None
     typer.echo(result.json_line() if json_output else result.text())
     if report is not None:

@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING, Annotated, Any
 import typer
 
 from loraplex.cli.locations import DataDir
-from loraplex.cli.preflight import _admin_key
+from loraplex.cli.preflight import _admin_key, key_file_hint, refuse_with_self
 from loraplex.registry import default_data_dir
 
 if TYPE_CHECKING:
@@ -66,6 +66,8 @@ def qualify_command(
 
     if self_serve == (url is not None):
         raise typer.BadParameter("give exactly one of --url and --self", param_hint="--url")
+    if self_serve:  # NOTE: both were silently ignored with --self
+        refuse_with_self(admin_key, data_dir)
     check_preset(preset)
     assets = assets or _default_assets(self_serve, data_dir)
     try:
@@ -81,7 +83,8 @@ def qualify_command(
             run_dir=run_dir, quick=quick,
         )  # fmt: skip
     except (QualifyError, RuntimeError, OSError) as exc:
-        typer.echo(f"qualify: {exc}", err=True)
+        status = exc.status if isinstance(exc, QualifyError) and url is not None else None
+        typer.echo(f"qualify: {exc}{key_file_hint(status, admin_key, data_dir)}", err=True)
         raise typer.Exit(2) from None
     typer.echo(report.json_line() if json_output else _summary(report.payload, run_dir))
     from loraplex.qualify.html import render  # after the report is out: plotting is slow

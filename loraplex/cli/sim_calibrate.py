@@ -17,7 +17,7 @@ import typer
 
 from loraplex.cli.locations import DataDir
 from loraplex.cli.plan import ints
-from loraplex.cli.preflight import _admin_key
+from loraplex.cli.preflight import _admin_key, key_file_hint, refuse_with_self
 
 if TYPE_CHECKING:
     from loraplex.bench.sim.calibrate_target import Target
@@ -120,13 +120,12 @@ def _target(
         return remote_target(url, _admin_key(admin_key, data_dir), max_adapters, load_cpu_shared)
     if url is not None or not own:
         raise typer.BadParameter("give exactly one of --url and --self", param_hint="--url")
-    for given, flag in ((admin_key, "--admin-key"), (data_dir, "--data-dir")):
-        if given is not None:
-            raise typer.BadParameter(f"--self starts its own server; no {flag}", param_hint=flag)
+    refuse_with_self(admin_key, data_dir)
     return self_target(asset_dir, (8, 16, 32, 64), 2, max_loras, 0, target_sets=target_sets)
 
 
 def calibrate_command(
+    ctx: typer.Context,
     *,
     out: Annotated[Path, typer.Option(help="Cost-model file to write (JSON).")],
     hardware: Annotated[str, typer.Option(help="Name of the measured hardware profile.")],
@@ -173,6 +172,8 @@ def calibrate_command(
 ) -> None:
     """Fit the simulator's cost model to a server: step time vs decode and prompt tokens,
     distinct revisions and rank mix; per-tier load costs; front and IPC overheads."""
+    import httpx
+
     from loraplex.bench.sim.calibrate_run import CalibrateConfig
     from loraplex.bench.sim.calibrate_target import SELF_TARGET_SETS
     from loraplex.bench.sim.calibration import calibrate
@@ -193,6 +194,7 @@ def calibrate_command(
             "--url measures the server's own adapters; --target-sets is for --self",
             param_hint="--target-sets",
         )
+    _refuse_other_mode(ctx, url is not None)
     given_sets = "attn,all" if target_sets is None else target_sets
     sets = tuple(t.strip() for t in given_sets.split(",") if t.strip())
     if not sets or not set(sets) <= set(SELF_TARGET_SETS) or len(set(sets)) != len(sets):
@@ -210,25 +212,53 @@ def calibrate_command(
     argv = sys.argv[1:]
     given = argv[argv.index("calibrate") + 1 :] if "calibrate" in argv else argv
     command = shlex.join(["loraplex", "sim", "calibrate", *_redacted(given)])
-    with _target(
-        url,
-        admin_key,
-        data_dir,
-        own,
-        max_adapters=max_adapters,
-        asset_dir=asset_dir,
-        max_loras=max_loras,
-        target_sets=sets,
-        load_cpu_shared=load_cpu_shared,
-    ) as target:
-        # The --self demo server is CPU-only: its target says its loader and engine share one.
-        try:
-            model, measured = calibrate(
-                target, config, hardware, command, accept_broken_fit=accept_broken_fit
-            )
-        except BrokenFit as exc:
-            _refused(exc, out, report)
+    try:
+        with _target(
+            url,
+            admin_key,
+            data_dir,
+            own,
+            max_adapters=max_adapters,
+            asset_dir=asset_dir,
+            max_loras=max_loras,
+            target_sets=sets,
+            load_cpu_shared=load_cpu_shared,
+        ) as target:
+            # The --self demo server is CPU-only: its target says its loader and engine share one.
+            try:
+                model, measured = calibrate(
+                    target, config, hardware, command, accept_broken_fit=accept_broken_fit
+                )
+            except BrokenFit as exc:
+                _refused(exc, out, report)
+    except httpx.HTTPStatusError as exc:  # NOTE: a refused admin call ended in a traceback
+        hint = key_file_hint(exc.response.status_code, admin_key, data_dir)
+        typer.echo(
+            f"sim calibrate: {exc.request.method} {exc.request.url.path} -> "
+            f"{exc.response.status_code}{hint}",
+            err=True,
+        )
+        raise typer.Exit(2) from None
     _written("sim-calibrate", model, measured, out, report)
+
+
+_SELF_ONLY = ("max_loras", "asset_dir")  # what only --self's own server uses
+_URL_ONLY = ("max_adapters",)  # what only --url's discovery uses
+
+
+def _refuse_other_mode(ctx: typer.Context, remote: bool) -> None:
+    """A flag of the other mode does nothing: refused by name. NOTE: --max-loras and --asset-dir
+    with --url, and --max-adapters with --self, were silently ignored."""
+    given = [  # typer carries its own click: compare the source by name
+        f"--{name.replace('_', '-')}"
+        for name in (_SELF_ONLY if remote else _URL_ONLY)
+        if getattr(ctx.get_parameter_source(name), "name", None) == "COMMANDLINE"
+    ]
+    if given:
+        mode, other = ("--url", "--self") if remote else ("--self", "--url")
+        raise typer.BadParameter(
+            f"{', '.join(given)} is for {other}; {mode} does not use it", param_hint=given[0]
+        )
 
 
 def _written(

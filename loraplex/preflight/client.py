@@ -22,7 +22,12 @@ ADMIN_PAGE = 1000  # rows the admin API's paged listings return at most per call
 
 
 class PreflightError(LoraplexError):
-    """The deployment could not be reached or answered something unreadable."""
+    """The deployment could not be reached or answered something unreadable; ``status``: the
+    HTTP status of the refused admin call, when one was."""
+
+    def __init__(self, message: str, status: int | None = None) -> None:
+        super().__init__(message)
+        self.status = status
 
 
 class KeyIssueError(PreflightError):
@@ -151,7 +156,9 @@ class Deployment:
         """The body of an admin GET that must succeed (the checks cannot start without it)."""
         answer = self.admin("GET", path, params=params)
         if not answer.ok():
-            raise PreflightError(f"{answer.cite()}: {answer.body}; is the admin key right?")
+            raise PreflightError(
+                f"{answer.cite()}: {answer.body}; is the admin key right?", answer.status
+            )
         return answer.body
 
     def metrics(self) -> Metrics:

@@ -18,7 +18,12 @@ from loraplex.errors import LoraplexError
 
 
 class QualifyError(LoraplexError):
-    """The deployment could not be reached or refused what qualification needs to set up."""
+    """The deployment could not be reached or refused what qualification needs to set up;
+    ``status``: the HTTP status of the refused admin call, when one was."""
+
+    def __init__(self, message: str, status: int | None = None) -> None:
+        super().__init__(message)
+        self.status = status
 
 
 @dataclass(frozen=True)
@@ -57,7 +62,9 @@ class Admin:
         """An admin call that must succeed; QualifyError quoting the answer otherwise."""
         reply = self.call(method, path, **kwargs)
         if not 200 <= reply.status < 300:
-            raise QualifyError(f"{method} {path} -> {reply.status}: {str(reply.body)[:300]}")
+            raise QualifyError(
+                f"{method} {path} -> {reply.status}: {str(reply.body)[:300]}", reply.status
+            )
         return reply.body
 
     def upload(self, adapter_dir: Path, fields: dict[str, str]) -> Reply:

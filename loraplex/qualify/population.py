@@ -144,7 +144,8 @@ def register(admin: Admin, adapter: GeneratedAdapter) -> None:
     if reply.status not in (200, 201):
         raise QualifyError(
             f"registering {adapter.ref} (rank {adapter.rank}): {reply.status} "
-            f"{str(reply.body)[:300]}{REFUSED_HINT if reply.status == 422 else ''}"
+            f"{str(reply.body)[:300]}{REFUSED_HINT if reply.status == 422 else ''}",
+            reply.status,
         )
     path = f"/admin/revisions/{adapter.tenant}/{adapter.name}/{REVISION}"
     admin.must("PUT", path, json={"state": "stable"})

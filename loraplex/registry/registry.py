@@ -93,6 +93,10 @@ class Registry(TrustAdmin):
     def revoke_key(self, key_id: str, actor: str) -> ApiKeyInfo:
         return tenancy.revoke_key(self._db, key_id, actor, self._wall_clock())
 
+    def revoke_key_once(self, key_id: str, actor: str) -> tuple[ApiKeyInfo, bool]:
+        """``revoke_key`` and whether this call revoked it (False: it already was)."""
+        return tenancy.revoke_key_once(self._db, key_id, actor, self._wall_clock())
+
     def list_keys(self, tenant: str | None = None, page: Page | None = None) -> list[ApiKeyInfo]:
         with self._db.transaction(write=False) as tx:
             return tenant_rows.list_keys(tx, tenant, page)

@@ -86,15 +86,21 @@ def create_key(db: Database, tenant: str, actor: str, now: float) -> IssuedKey:
 
 def revoke_key(db: Database, key_id: str, actor: str, now: float) -> ApiKeyInfo:
     """Revoke at once: the next ``authenticate`` with this key fails. Idempotent."""
+    return revoke_key_once(db, key_id, actor, now)[0]
+
+
+def revoke_key_once(db: Database, key_id: str, actor: str, now: float) -> tuple[ApiKeyInfo, bool]:
+    """``revoke_key``, and whether this call revoked it (False: it already was, nothing was
+    written, no audit row)."""
     with db.transaction() as tx:
         stored = rows.get_key(tx, key_id)
         if stored is None:
             raise RecordNotFoundError(f"API key {quoted(key_id)} does not exist")
         if stored.info.revoked_at is not None:
-            return stored.info
+            return stored.info, False
         rows.revoke_key(tx, key_id, now)
         audit.append(tx, "key.revoke", stored.info.tenant, {"key_id": key_id}, at=now, actor=actor)
-    return ApiKeyInfo(key_id, stored.info.tenant, stored.info.created_at, now)
+    return ApiKeyInfo(key_id, stored.info.tenant, stored.info.created_at, now), True
 
 
 def authenticate(db: Database, token: str) -> Tenant:

@@ -85,16 +85,18 @@ def _write_secret(path: Path, text: str) -> None:
 
 
 def sample_keys(registry: Registry, tenants: tuple[str, ...], data_dir: Path) -> dict[str, str]:
-    """A new API key for each of ``tenants`` that has no active one (tenant -> token).
+    """A new API key for each of ``tenants`` that never had one (tenant -> token).
 
     The tokens are in the result only (shown once, like ``loraplex keys create``): a restart
-    finds the keys active and issues none. A plain-text key file that an earlier version left in
-    ``data_dir`` is removed; the keys in it stay valid until revoked.
+    finds the keys and issues none. NOTE: a tenant whose keys were all revoked got a new one on
+    every start (printed), undoing the operator's revocation; a revoked key stays listed, so such
+    a tenant gets none now (``loraplex keys create`` issues one). A plain-text key file that an
+    earlier version left in ``data_dir`` is removed; the keys in it stay valid until revoked.
     """
     (data_dir / LEGACY_SAMPLE_KEYS_FILE).unlink(missing_ok=True)
     keys: dict[str, str] = {}
     for tenant in tenants:
-        if not any(key.revoked_at is None for key in registry.list_keys(tenant)):
+        if not registry.list_keys(tenant):
             keys[tenant] = registry.create_key(tenant, BOOTSTRAP_ACTOR).token
     return keys
 

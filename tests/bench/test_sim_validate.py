@@ -10,6 +10,7 @@ from pathlib import Path
 from types import SimpleNamespace
 from typing import Any, NoReturn
 
+import httpx
 import pytest
 import typer
 from typer.testing import CliRunner
@@ -224,6 +225,18 @@ def _sim_group() -> typer.Typer:
             ["--out", "o.json", "--hardware", "h", "--url", "http://x", "--target-sets", "attn"],
             "--target-sets is for --self",
         ),
+        (
+            ["--out", "o.json", "--hardware", "h", "--url", "http://x", "--max-loras", "4"],
+            "--max-loras is for --self; --url does not use it",
+        ),
+        (
+            ["--out", "o.json", "--hardware", "h", "--url", "http://x", "--asset-dir", "a"],
+            "--asset-dir is for --self",
+        ),
+        (
+            ["--out", "o.json", "--hardware", "h", "--self", "--max-adapters", "4"],
+            "--max-adapters is for --url; --self does not use it",
+        ),
     ],
 )
 def test_calibrate_options_are_checked_before_anything_runs(
@@ -233,6 +246,27 @@ def test_calibrate_options_are_checked_before_anything_runs(
     result = CliRunner().invoke(_sim_group(), ["calibrate", *args], env=env)
     assert result.exit_code == 2, result.output
     assert message in _flat(result.output)
+
+
+def test_calibrate_a_401_with_the_key_file_names_the_file(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """NOTE: a refused admin call ended in a traceback, with no word of the key's source."""
+
+    def _refused(url: str, *args: object, **kwargs: object) -> NoReturn:
+        request = httpx.Request("GET", f"{url}/admin/adapters")
+        response = httpx.Response(401, request=request)
+        raise httpx.HTTPStatusError("401", request=request, response=response)
+
+    monkeypatch.setattr("loraplex.bench.sim.calibrate_target.remote_target", _refused)
+    (tmp_path / "admin-key").write_text("lpxadmin_" + "o" * 40 + "\n", encoding="utf-8")
+    args = ["calibrate", "--out", "o.json", "--hardware", "h", "--url", "http://x"]
+    env = {"LORAPLEX_ADMIN_KEY": "", "LORAPLEX_DATA_DIR": str(tmp_path)}
+    result = CliRunner().invoke(_sim_group(), args, env=env)
+    assert result.exit_code == 2, result.output
+    out = _flat(result.output)
+    assert "GET /admin/adapters -> 401" in out
+    assert f"the admin key was read from {tmp_path / 'admin-key'}" in out
 
 
 _EXAMPLE_COST = Path(__file__).resolve().parents[1] / "sim" / "cost_example.json"

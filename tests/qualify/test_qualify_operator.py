@@ -8,10 +8,14 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+import httpx
 import pytest
+import typer
+from typer.testing import CliRunner
 
 from loraplex.cli.qualify import DEFAULT_ASSETS, _default_assets, _summary
-from loraplex.qualify.client import QualifyError, Reply
+from loraplex.cli.qualify import register as register_qualify
+from loraplex.qualify.client import Admin, QualifyError, Reply
 from loraplex.qualify.population import GeneratedAdapter, register
 from loraplex.qualify.run import _model_dir
 
@@ -69,3 +73,63 @@ def test_the_summary_names_a_comparator_that_failed() -> None:
         "RuntimeError: serve exited with 1: no model at X"
     ) in text
     assert "comparator loraplex" not in text
+
+
+def _qualify_app() -> typer.Typer:
+    app = typer.Typer()
+
+    @app.callback()
+    def _root() -> None:
+        """loraplex"""
+
+    register_qualify(app)
+    return app
+
+
+@pytest.mark.parametrize(
+    ("args", "env", "message"),
+    [
+        (["--admin-key", "k"], {}, "no --admin-key (nor LORAPLEX_ADMIN_KEY)"),
+        ([], {"LORAPLEX_ADMIN_KEY": "k"}, "no --admin-key (nor LORAPLEX_ADMIN_KEY)"),
+        (["--data-dir", "d"], {}, "no --data-dir (nor LORAPLEX_DATA_DIR)"),
+        ([], {"LORAPLEX_DATA_DIR": "d"}, "no --data-dir (nor LORAPLEX_DATA_DIR)"),
+    ],
+)
+def test_self_refuses_a_deployments_key_and_data_dir_by_name(
+    tmp_path: Path, args: list[str], env: dict[str, str], message: str
+) -> None:
+    """NOTE: ``qualify --self`` ran its own server and silently ignored both."""
+    base = {"LORAPLEX_ADMIN_KEY": "", "LORAPLEX_DATA_DIR": ""}
+    argv = ["qualify", "--self", "--report-dir", str(tmp_path), *args]
+    result = CliRunner().invoke(_qualify_app(), argv, env={**base, **env})
+    assert result.exit_code == 2, result.output
+    assert message in " ".join(result.output.replace("│", " ").split())
+    assert not any(tmp_path.iterdir())  # refused before a run directory was made
+
+
+def test_a_401_with_the_key_file_names_the_file(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """NOTE: ``serve --admin-key`` leaves ``<data dir>/admin-key`` as it was; a 401 with the
+    file's (older) key read as a wrong key with no cause named."""
+    admin = Admin("http://deployment", "lpxadmin_old", 5.0)
+    refuse = httpx.MockTransport(lambda request: httpx.Response(401, json={"error": "no"}))
+    admin._http = httpx.Client(base_url=admin.url, transport=refuse)
+    with pytest.raises(QualifyError) as refused:
+        admin.must("GET", "/admin/tenants")
+    assert refused.value.status == 401
+
+    def _refused(*args: object, **kwargs: object) -> None:
+        raise refused.value
+
+    monkeypatch.setattr("loraplex.cli.qualify._run", _refused)
+    (tmp_path / "admin-key").write_text("lpxadmin_" + "o" * 40 + "\n", encoding="utf-8")
+    argv = ["qualify", "--url", "http://deployment", "--data-dir", str(tmp_path)]
+    argv += ["--report-dir", str(tmp_path / "reports")]
+    result = CliRunner().invoke(_qualify_app(), argv, env={"LORAPLEX_ADMIN_KEY": ""})
+    assert result.exit_code == 2, result.output
+    out = " ".join(result.output.split())
+    assert "GET /admin/tenants -> 401" in out
+    assert f"the admin key was read from {tmp_path / 'admin-key'}" in out
+    given = CliRunner().invoke(_qualify_app(), [*argv, "--admin-key", "lpxadmin_" + "g" * 40])
+    assert given.exit_code == 2 and "read from" not in given.output

@@ -67,8 +67,11 @@ def test_admin_workflow(
     assert "adapter     acme/bot (private)" in shown
     assert "revision    v1\tstable\twarm=on_demand\trank=4" in shown
 
-    _run(env, "keys", "revoke", key_id)
+    assert _run(env, "keys", "revoke", key_id).startswith(f"revoked key {key_id} of tenant acme")
     assert "revoked" in _run(env, "keys", "list", "--tenant", "acme")
+    # NOTE: a second revoke printed "revoked key ..." though it wrote nothing (no audit row)
+    again = _run(env, "keys", "revoke", key_id)
+    assert again.startswith(f"key {key_id} of tenant acme was already revoked at ")
 
     config = RegistryConfig(
         Path(env["LORAPLEX_DATA_DIR"]),
@@ -80,6 +83,7 @@ def test_admin_workflow(
     try:
         actors = {(e.action, e.actor) for e in registry.audit_log()}
         assert ("key.create", "alice") in actors
+        assert sum(e.action == "key.revoke" for e in registry.audit_log()) == 1
         assert registry.check_integrity() == []
     finally:
         registry.close()

@@ -42,7 +42,7 @@ def test_tenant_keys_are_issued_once_and_kept_nowhere(tmp_path: Path) -> None:
         after_revoke = sample_keys(registry, TENANTS, tmp_path / "data")
 
         assert restart == {}
-        assert set(after_revoke) == {"acme"} and after_revoke["acme"] != first["acme"]
+        assert after_revoke == {}  # NOTE: a revoked-out demo tenant got a new key every start
         assert not legacy.exists()
         stored = b"".join(p.read_bytes() for p in (tmp_path / "data").rglob("*") if p.is_file())
         assert not any(token.encode() in stored for token in first.values())
