@@ -78,7 +78,7 @@ class AdapterRuntimeConfig:
     # room beyond it is borrowed, reclaimed first when another tenant needs room); 1.0: none
     default_tenant_tier_share: float = 1.0
     # the shares hold only against tenants of the same or lower priority (CacheConfig's
-    # share_by_priority)
+    # tier_share_by_priority)
     tier_share_by_priority: bool = False
 
     def __post_init__(self) -> None:
@@ -171,7 +171,7 @@ def build_adapter_runtime(
         tenant_max_concurrent_loads=config.tenant_max_concurrent_loads,
         auto_warm=config.auto_warm,
         max_auto_gpu_slots=config.max_auto_gpu_slots,
-        share_by_priority=config.tier_share_by_priority,
+        tier_share_by_priority=config.tier_share_by_priority,
     )
     cache = TieredAdapterCache(
         cache_config, pipeline, policy=make_policy(config.policy), clock=clock or MonotonicClock()

@@ -160,7 +160,7 @@ class TierLedger:
         cached copy); None when the evictable entries it may take cannot suffice. ``ranked()``
         is consumed lazily, only as far as the pick goes. ``outranks(a, b)`` true: ``a``'s
         share does not give way to ``b`` and ``b``'s share does not hold against ``a``
-        (``CacheConfig.share_by_priority``: ``a`` of a higher priority): a load of ``b`` does
+        (``CacheConfig.tier_share_by_priority``: ``a`` of a higher priority): a load of ``b`` does
         not reclaim ``a``'s borrowed room first, and a load of ``a`` beyond its own share may
         still take ``b``'s copies, in the policy's order."""
         held = self.tenant_bytes.get(tenant, 0)

@@ -15,7 +15,7 @@ still fills every slot no one else wants. The whole rule, applied one victim at 
 An explicit per-tenant cap (``max_gpu_bytes`` ...) stays hard; the ledger refuses free room
 above it before this pick runs.
 
-Under ``share_by_priority`` (``CacheConfig``) a share holds only against tenants of the same or
+Under ``tier_share_by_priority`` (``CacheConfig``) a share holds only against tenants of the same or
 lower priority: a higher-priority tenant's borrowed room is not "over its share" to a lower one's
 load (that load takes the most evictable copy by the policy, as with no share), and a
 higher-priority requester past its share may take, besides its own, the copies of tenants it
@@ -58,7 +58,7 @@ class RoomNeed:
     # bytes each other tenant holds above its share (only tenants over it)
     excess: dict[str, int] = field(default_factory=dict)
     # owners whose copies the requester may take beyond its own share (lower priorities under
-    # ``share_by_priority``); None: none
+    # ``tier_share_by_priority``); None: none
     outranked: Callable[[str], bool] | None = None
 
     def fits(self) -> bool:

@@ -239,7 +239,7 @@ def _ranked_rig(by_priority: bool, policy: str = "lru_priority") -> Rig:
         l2=16,
         share=0.5,
         tenant_priority=PRIORITY,
-        share_by_priority=by_priority,
+        tier_share_by_priority=by_priority,
     )
 
 
@@ -248,8 +248,9 @@ def test_a_lower_priority_load_reclaims_no_borrowed_room_under_share_by_priority
     by_priority: bool,
 ) -> None:
     """hot-burst at 9 slots: the batch tenant's sweep took its share of the slots back from the
-    high-priority tenant's hot set whatever the eviction policy. Under ``share_by_priority`` the
-    lower-priority load takes room in the policy's order (lru_priority: its own copy first)."""
+    high-priority tenant's hot set whatever the eviction policy. Under
+    ``tier_share_by_priority`` the lower-priority load takes room in the policy's order
+    (lru_priority: its own copy first)."""
     rig = _ranked_rig(by_priority)
     _load(rig, SWEEP[:3])  # t borrows one slot beyond its share of 2
     _load(rig, OTHER[:1])

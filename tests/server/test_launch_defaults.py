@@ -93,7 +93,7 @@ def test_tier_share_by_priority_reaches_the_cache(demo_assets: DemoAssets, tmp_p
     assert not ServeConfig(data_dir=tmp_path).tier_share_by_priority
     settings = {"tier_share_by_priority": True, "engine_process": False, "torch_threads": 1}
     with live_server(demo_assets, tmp_path, **settings) as live:
-        assert live.server.runtime.cache.config.share_by_priority  # type: ignore[union-attr]
+        assert live.server.runtime.cache.config.tier_share_by_priority  # type: ignore[union-attr]
 
 
 def test_the_core_adapters_are_kept_warm_in_host_memory(

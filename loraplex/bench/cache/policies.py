@@ -174,7 +174,7 @@ def _cache_config(footprints: dict[Any, Any], slots: int, config: PolicyBenchCon
         budgets,
         default_deadline_s=None,
         tenant_priority=REPLAY_PRIORITY,
-        share_by_priority=config.tier_share_by_priority,
+        tier_share_by_priority=config.tier_share_by_priority,
     )
 
 

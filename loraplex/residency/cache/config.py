@@ -37,7 +37,7 @@ class CacheConfig:
     # takes room by the eviction policy alone) nor holds up that tenant's leases while it waits,
     # and a higher-priority tenant's load past its own share may still take a lower one's
     # copies, in the policy's order (``share_outranks``). False: every share holds against all.
-    share_by_priority: bool = False
+    tier_share_by_priority: bool = False
     reload_window_s: float = 300.0  # a fill this soon after an eviction counts as a reload
     default_deadline_s: float | None = 30.0  # how long an acquirer waits; None: forever
     # The most a policy may defer a demand load (waiting for a cheaper copy rather than evict),
@@ -92,8 +92,8 @@ class CacheConfig:
 
 def share_outranks(config: CacheConfig, owner: str, requester: str) -> bool:
     """Whether ``owner``'s borrowed room is kept from ``requester``'s reclaim (``owner`` of a
-    higher priority, under ``share_by_priority``)."""
-    if not config.share_by_priority:
+    higher priority, under ``tier_share_by_priority``)."""
+    if not config.tier_share_by_priority:
         return False
     priority = config.tenant_priority
     return priority.get(owner, 1.0) > priority.get(requester, 1.0)

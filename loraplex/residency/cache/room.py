@@ -49,7 +49,7 @@ class TierRoom:
             self._move.key.tenant,
             self._size,
             lambda: self._state.ranked_victims(target),
-            (lambda a, b: share_outranks(config, a, b)) if config.share_by_priority else None,
+            (lambda a, b: share_outranks(config, a, b)) if config.tier_share_by_priority else None,
         )
 
     def admits(self, victims: Sequence[ResidentEntry]) -> bool:
