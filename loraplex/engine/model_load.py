@@ -27,14 +27,18 @@ _log = logging.getLogger(__name__)
 
 
 def load_in_background(model_dir: Path, config: EngineConfig) -> Background[LlamaModel]:
-    """``load_checkpoint(model_dir)`` as ``config`` asks for it (device and dtype), started at
+    """``load_checkpoint(model_dir)`` as ``config`` asks for it (device, dtype and
+    ``base_linear_kernel``), started at
     once; its ``result()`` is the model, or raises what the load raised (a ValueError naming
     the device first, as ``build_engine_core`` raises)."""
 
     def load() -> LlamaModel:
         device = torch_device(config.device)
         dtype = torch_dtype(config.dtype)
-        model = load_checkpoint(model_dir, dtype=dtype, device=device, prepack=False)
+        kernel = config.base_linear_kernel
+        model = load_checkpoint(
+            model_dir, dtype=dtype, device=device, linear_kernel=kernel, prepack=False
+        )
         pack_in_background(model)
         return model
 
@@ -42,14 +46,29 @@ def load_in_background(model_dir: Path, config: EngineConfig) -> Background[Llam
 
 
 def pack_in_background(model: LlamaModel) -> Background[int]:
-    """``model.prepack()`` on a thread of its own; a failure is logged (the layers keep
-    running the dense weights: slower, same results)."""
+    """``model.prepack()`` on a thread of its own, then the weights' memory logged
+    (``log_weight_memory``); a failure is logged (the layers keep running the dense weights:
+    slower, same results)."""
 
     def pack() -> int:
         try:
-            return model.prepack()
+            packed = model.prepack()
         except Exception:
             _log.warning("packing the base weights failed; the dense weights run", exc_info=True)
             raise
+        log_weight_memory(model)
+        return packed
 
     return Background(pack, "loraplex-pack")
+
+
+def log_weight_memory(model: LlamaModel) -> None:
+    """One line at start with the base weights' bytes: the dense weights' and, with the
+    "packed" kernel, the packed copies' held beside them (``base_linear_kernel``)."""
+    _log.info(
+        "base model weights: %d bytes dense, %d bytes of packed copies beside them "
+        "(linear kernel %s)",
+        model.weight_bytes(),
+        model.packed_bytes(),
+        model.linear_kernel,
+    )

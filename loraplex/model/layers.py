@@ -80,6 +80,12 @@ class PackedLinear:
     def __len__(self) -> int:
         return len(self._packed)
 
+    def nbytes(self) -> int:
+        """Bytes of the packed copies held (beside the dense weights' own): their elements'
+        bytes (an opaque oneDNN tensor shows no storage; its blocked layout may pad a
+        dimension that is no multiple of its block, a few tenths of a percent more)."""
+        return sum(entry[2].nbytes for entry in self._packed.values())
+
     def is_current(self, weight: torch.Tensor) -> bool:
         """Whether a packed copy of ``weight`` as it is now is held."""
         entry = self._packed.get(id(weight))
@@ -128,6 +134,11 @@ def resolve_linear_kernel(name: str, dtype: torch.dtype, device: torch.device) -
     cpu = device.type == "cpu"
     if name == "auto":
         return "packed" if cpu and dtype == torch.float32 and packed_available() else "blas"
+    if name == "packed" and dtype != torch.float32:
+        raise ValueError(
+            f"linear_kernel 'packed' is invalid with {dtype}; expected float32 (packed copies "
+            "are made for float32 weights only)"
+        )
     runnable = {"onednn": onednn_available, "packed": packed_available}.get(name)
     if runnable is not None and not (cpu and runnable()):
         raise ValueError(

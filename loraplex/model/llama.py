@@ -258,6 +258,15 @@ class LlamaModel(nn.Module):
         weights = [m.weight for layer in self.model.layers for m in layer_linears(layer)]
         return sum(self._linear.pack(weight) for weight in [*weights, head])
 
+    def packed_bytes(self) -> int:
+        """Bytes of the packed copies of the base weights held now (0 with a kernel other than
+        "packed"): memory beside ``weight_bytes``, not part of it."""
+        return self._linear.nbytes() if isinstance(self._linear, PackedLinear) else 0
+
+    def weight_bytes(self) -> int:
+        """Bytes of the model's parameters (the dense weights: embeddings, linears, norms)."""
+        return sum(p.nbytes for p in self.parameters())
+
     @property
     def attention_shape(self) -> AttentionShape:
         cfg = self.config

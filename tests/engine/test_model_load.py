@@ -4,16 +4,19 @@ packed weights the packing on a thread of its own after the load, and its failur
 
 from __future__ import annotations
 
+import logging
 from typing import TYPE_CHECKING
 
 import pytest
 import torch
 
 from loraplex.engine.config import EngineConfig
+from loraplex.engine.factory import build_engine_core
 from loraplex.engine.model_load import load_in_background, pack_in_background
 from loraplex.errors import CheckpointError
 from loraplex.model.checkpoint import load_checkpoint
 from loraplex.model.layers import PackedLinear, packed_available
+from loraplex.model.llama import layer_linears
 
 if TYPE_CHECKING:
     from pathlib import Path
@@ -48,6 +51,44 @@ def test_the_load_packs_on_a_thread_of_its_own(
     monkeypatch.undo()
     assert pack_in_background(model).result() == 7 * len(model.model.layers) + 1
     assert model.prepack() == 0
+
+
+@pytest.mark.parametrize("kernel", ["blas", "onednn", "packed"])
+def test_base_linear_kernel_reaches_the_model_and_its_bytes_are_logged(
+    demo_assets: DemoAssets, kernel: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    """config -> engine's load -> the model's kernel; the packed copies' bytes (0 without
+    them) appear in the start's log line beside the dense weights'."""
+    if kernel != "blas" and not packed_available():
+        pytest.skip("this torch has no oneDNN linear")
+    caplog.set_level(logging.INFO, logger="loraplex.engine.model_load")
+    model = load_in_background(
+        demo_assets.base_model_dir, EngineConfig(base_linear_kernel=kernel)
+    ).result()
+    assert model.linear_kernel == kernel
+    pack_in_background(model).result()
+    packed = model._linear
+    dense = sum(p.nbytes for p in model.parameters())
+    if kernel == "packed":
+        assert isinstance(packed, PackedLinear)
+        copies = sum(entry[2].nbytes for entry in packed._packed.values())
+        linears = [m.weight for layer in model.model.layers for m in layer_linears(layer)]
+        head = model.model.embed_tokens.weight if model.lm_head is None else model.lm_head.weight
+        assert model.packed_bytes() == copies == sum(w.nbytes for w in [*linears, head]) > 0
+    else:
+        assert model.packed_bytes() == 0
+    assert model.weight_bytes() == dense
+    assert (
+        f"base model weights: {dense} bytes dense, {model.packed_bytes()} bytes of packed "
+        f"copies beside them (linear kernel {kernel})"
+    ) in caplog.text
+
+
+def test_an_engine_built_without_a_loaded_model_takes_the_kernel(demo_assets: DemoAssets) -> None:
+    core = build_engine_core(
+        demo_assets.base_model_dir, EngineConfig(base_linear_kernel="blas"), None
+    )
+    assert core.runner.model.linear_kernel == "blas"
 
 
 def test_a_failed_packing_is_logged(

@@ -12,7 +12,9 @@ import pytest
 import torch
 import torch.nn.functional as F
 
+from loraplex.engine.config import BASE_LINEAR_KERNELS
 from loraplex.model.layers import (
+    LINEAR_KERNELS,
     ONEDNN_MIN_ROWS,
     PackedLinear,
     RMSNorm,
@@ -174,6 +176,23 @@ def test_each_packed_kernel_holds_its_own_copies() -> None:
     assert linear_fn("onednn") is onednn_linear and linear_fn("blas") is F.linear
 
 
+@needs_packed
+def test_packed_linear_counts_the_bytes_of_its_copies() -> None:
+    linear = PackedLinear()
+    weights = [torch.randn(24, 32), torch.randn(40, 16)]
+    assert linear.nbytes() == 0
+    for weight in weights:
+        linear.pack(weight)
+    copies = [entry[2] for entry in linear._packed.values()]
+    assert linear.nbytes() == sum(c.numel() * c.element_size() for c in copies)
+    assert linear.nbytes() == sum(w.nbytes for w in weights)  # float32 again, element for element
+
+
+def test_the_kernel_names_are_the_engine_configs() -> None:
+    """``base_linear_kernel`` (engine config, torch-free) takes exactly these names."""
+    assert BASE_LINEAR_KERNELS == LINEAR_KERNELS
+
+
 def test_auto_linear_kernel_is_packed_only_for_float32_on_a_cpu() -> None:
     cpu = torch.device("cpu")
     want = "packed" if packed_available() else "blas"
@@ -190,3 +209,5 @@ def test_unknown_or_unrunnable_linear_kernel_is_refused() -> None:
         resolve_linear_kernel("onednn", torch.float32, torch.device("meta"))
     with pytest.raises(ValueError, match="linear_kernel 'packed' is invalid on meta"):
         resolve_linear_kernel("packed", torch.float32, torch.device("meta"))
+    with pytest.raises(ValueError, match=r"linear_kernel 'packed' is invalid with torch\.bfloat16"):
+        resolve_linear_kernel("packed", torch.bfloat16, torch.device("cpu"))
