@@ -10,6 +10,12 @@ from loraplex.devices import check_device
 from loraplex.dtypes import DEFAULT_DTYPE, check_dtype
 from loraplex.engine.mode_policy import ModeSetting
 
+# The matmul the base model's linears and head run (``model.layers``, whose
+# ``LINEAR_KERNELS`` is this tuple): "blas" (``F.linear``), "onednn" (oneDNN on the dense
+# weight), "packed" (oneDNN on a packed second copy of every weight: faster, the weights' bytes
+# again), "auto" ("packed" for float32 on a CPU where torch has it, else "blas").
+BASE_LINEAR_KERNELS = ("auto", "blas", "onednn", "packed")
+
 _AT_LEAST_ONE = (
     "max_num_seqs",
     "max_num_batched_tokens",
@@ -28,6 +34,28 @@ def check_finite(settings: object, key: Callable[[str], str] = str) -> None:
         value = getattr(settings, item.name)
         if isinstance(value, float) and not math.isfinite(value):
             raise ValueError(f"{key(item.name)} {value} is invalid; expected a finite number")
+
+
+def check_base_linear_kernel(kernel: str, dtype: str, device: str) -> None:
+    """ValueError naming ``base_linear_kernel`` when ``kernel`` is no ``BASE_LINEAR_KERNELS``
+    entry or cannot run with ``dtype`` on ``device`` (oneDNN's kernels run on a CPU only; packed
+    copies are made for float32 only). Whether this torch has oneDNN is checked where the model
+    is built (``model.layers.resolve_linear_kernel``)."""
+    if kernel not in BASE_LINEAR_KERNELS:
+        raise ValueError(
+            f"base_linear_kernel {kernel!r} is invalid; expected one of "
+            f"{', '.join(BASE_LINEAR_KERNELS)}"
+        )
+    if kernel in ("onednn", "packed") and device != "cpu":
+        raise ValueError(
+            f"base_linear_kernel {kernel!r} is invalid on device {device!r}; expected auto or "
+            "blas (oneDNN's kernels run on a CPU only)"
+        )
+    if kernel == "packed" and dtype != "float32":
+        raise ValueError(
+            f"base_linear_kernel 'packed' is invalid with dtype {dtype!r}; expected auto, blas "
+            "or onednn (packed copies are made for float32 weights only)"
+        )
 
 
 @dataclass(frozen=True)
@@ -115,6 +143,8 @@ class EngineConfig:
     idle_wait_s: float = 0.05  # how long the loop sleeps when nothing can run (woken early)
     # unmerged | merged:<tenant/name@revision> | auto (engine.mode_policy; docs/modes.md)
     mode: str = "unmerged"
+    # the base linears' kernel (BASE_LINEAR_KERNELS; "packed" holds a second copy of them)
+    base_linear_kernel: str = "auto"
 
     def __post_init__(self) -> None:
         check_finite(self)
@@ -123,6 +153,7 @@ class EngineConfig:
                 raise ValueError(f"{name} {getattr(self, name)} is invalid; expected >= 1")
         check_dtype(self.dtype)
         check_device(self.device)
+        check_base_linear_kernel(self.base_linear_kernel, self.dtype, self.device)
         ModeSetting.parse(self.mode)  # raises ValueError naming the mode
         if not self.idle_wait_s > 0:
             raise ValueError(f"idle_wait_s {self.idle_wait_s} is invalid; expected > 0")

@@ -38,6 +38,7 @@ from loraplex.engine.kv.paged import PagedKVCache
 from loraplex.engine.merge_holds import MergeHolds
 from loraplex.engine.mode_control import ModeController
 from loraplex.engine.mode_policy import ModeKind, ModeSetting
+from loraplex.engine.model_load import log_weight_memory
 from loraplex.engine.modes import ModeSwitcher
 from loraplex.engine.runner import ModelRunner
 from loraplex.engine.sched.scheduler import Scheduler
@@ -210,7 +211,9 @@ def build_engine_core(
     (``engine.model_load.load_in_background``), else it is loaded here."""
     if model is None:
         device = torch_device(config.device)  # ValueError naming device when it is not here
-        model = load_checkpoint(model_dir, dtype=torch_dtype(config.dtype), device=device)
+        dtype, kernel = torch_dtype(config.dtype), config.base_linear_kernel
+        model = load_checkpoint(model_dir, dtype=dtype, device=device, linear_kernel=kernel)
+        log_weight_memory(model)
     clock = clock or MonotonicClock()
     blocks = BlockManager(config.num_kv_blocks, config.block_size)
     kv = PagedKVCache(model.attention_shape, blocks, dtype=model.dtype, device=model.device)

@@ -72,9 +72,12 @@ def load_checkpoint(
     dtype: torch.dtype = torch.float32,
     device: torch.device | str = "cpu",
     linear_kernel: str = "auto",
+    prepack: bool = True,
 ) -> LlamaModel:
     """Build the model for ``model_dir/config.json`` and fill it from the safetensors files
-    (``linear_kernel``: ``LlamaModel``'s)."""
+    (``linear_kernel``: ``LlamaModel``'s). With the "packed" kernel (what ``auto`` picks for
+    float32 on a CPU) ``prepack`` makes the weights' packed copies here; False leaves that to
+    the caller (``LlamaModel.prepack``; the layers run the dense weights until then)."""
     config = ModelConfig.from_dir(model_dir)
     target = torch.device(device)
     model = LlamaModel(config, dtype=dtype, device=target, linear_kernel=linear_kernel)
@@ -97,6 +100,8 @@ def load_checkpoint(
     with torch.no_grad():
         for path, file_names in sorted(by_file.items()):
             _load_file(model_dir, path, {name: params[name] for name in file_names})
+        if prepack:
+            model.prepack()
     return model.eval()
 
 

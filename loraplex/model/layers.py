@@ -8,6 +8,7 @@ checkpoint's first write, so placing them there costs no copy and no memory unti
 
 from __future__ import annotations
 
+import weakref
 from collections.abc import Callable
 
 import torch
@@ -17,9 +18,10 @@ from torch import nn
 from loraplex.model.buffers import weight_buffer
 
 LinearFn = Callable[[torch.Tensor, torch.Tensor, torch.Tensor | None], torch.Tensor]
-# "blas": F.linear (MKL's sgemm for float32 on a CPU); "onednn": oneDNN's matmul; "auto": oneDNN
-# for float32 on a CPU where torch has it, else F.linear.
-LINEAR_KERNELS = ("auto", "blas", "onednn")
+# "blas": F.linear (MKL's sgemm for float32 on a CPU); "onednn": oneDNN's matmul on the dense
+# weight; "packed": oneDNN's matmul on a copy of the weight in oneDNN's own blocked layout
+# (PackedLinear); "auto": "packed" for float32 on a CPU where torch has it, else F.linear.
+LINEAR_KERNELS = ("auto", "blas", "onednn", "packed")
 # Fewer rows than this take F.linear even under "onednn": for one row MKL's matrix-vector
 # product took 0.9x oneDNN's time over a large-preset layer, from 2 rows on oneDNN won (0.66-0.9x).
 ONEDNN_MIN_ROWS = 2
@@ -47,23 +49,110 @@ def onednn_linear(
     return out
 
 
+def packed_available() -> bool:
+    """Whether this torch build can run :class:`PackedLinear`."""
+    return onednn_available() and hasattr(torch.ops.mkldnn, "_reorder_linear_weight")
+
+
+class PackedLinear:
+    """``F.linear`` through oneDNN's matmul on packed copies of the weights: each weight
+    reordered once into the blocked layout oneDNN's kernel reads (what vLLM's CPU build does at
+    load, ``create_onednn_mm``), where :func:`onednn_linear` has oneDNN reorder the dense
+    weight's blocks again on every call. The dense weight stays the source of truth
+    (checkpoints, merges, tied embeddings, LoRA). :meth:`pack` makes the copies; a call uses a
+    weight's copy only while it is current (made from the weight as it is now: the weight's
+    version counter has not moved since, as a merge's ``copy_`` moves it), else oneDNN's
+    matmul on the dense weight, which gives the same result bit for bit from two rows on (the
+    same kernel on the same values; one row: float32 rounding) and is slower. So packing may
+    run on another thread while steps run, and a weight written in place runs dense until it
+    is packed again. The price is a
+    second copy of every packed weight (the same bytes again), held until the weight is freed.
+
+    NOTE: results are oneDNN's (:func:`onednn_linear`'s from 2 rows; one row runs oneDNN
+    too here, where that function takes ``F.linear``), float32 rounding away from
+    ``F.linear``'s. A weight created in inference mode has no version counter and is never
+    packed (docs/benchmarks/execution.md, "Packed oneDNN weights")."""
+
+    def __init__(self) -> None:
+        # id(weight) -> (the weight, weakly; its version before it was packed; the copy)
+        self._packed: dict[int, tuple[weakref.ref[torch.Tensor], int, torch.Tensor]] = {}
+
+    def __len__(self) -> int:
+        return len(self._packed)
+
+    def nbytes(self) -> int:
+        """Bytes of the packed copies held (beside the dense weights' own): their elements'
+        bytes (an opaque oneDNN tensor shows no storage; its blocked layout may pad a
+        dimension that is no multiple of its block, a few tenths of a percent more)."""
+        return sum(entry[2].nbytes for entry in self._packed.values())
+
+    def is_current(self, weight: torch.Tensor) -> bool:
+        """Whether a packed copy of ``weight`` as it is now is held."""
+        entry = self._packed.get(id(weight))
+        return entry is not None and entry[0]() is weight and entry[1] == weight._version
+
+    def pack(self, weight: torch.Tensor) -> bool:
+        """Make ``weight``'s packed copy unless a current one is held (an inference-mode
+        weight is not packed); returns whether it made one. Safe beside calls on another
+        thread: the version is read before the copy, so a write during the copy leaves it
+        stale (not used) rather than wrong."""
+        if weight.is_inference() or self.is_current(weight):
+            return False
+        key, version = id(weight), weight._version
+        packed: torch.Tensor = torch.ops.mkldnn._reorder_linear_weight(weight.detach())
+        self._packed[key] = (weakref.ref(weight, self._forgetter(key)), version, packed)
+        return True
+
+    def _forgetter(self, key: int) -> Callable[[weakref.ref[torch.Tensor]], None]:
+        def forget(_: weakref.ref[torch.Tensor]) -> None:  # the weight was freed
+            entry = self._packed.get(key)
+            if entry is not None and entry[0]() is None:
+                del self._packed[key]
+
+        return forget
+
+    def __call__(
+        self, x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None
+    ) -> torch.Tensor:
+        entry = self._packed.get(id(weight))
+        current = (
+            entry is not None
+            and entry[0]() is weight
+            and not weight.is_inference()
+            and entry[1] == weight._version
+        )
+        matrix = entry[2] if current and entry is not None else weight
+        out: torch.Tensor = torch.ops.mkldnn._linear_pointwise(x, matrix, bias, "none", [], "")
+        return out
+
+
 def resolve_linear_kernel(name: str, dtype: torch.dtype, device: torch.device) -> str:
-    """``name`` (a LINEAR_KERNELS entry) as the kernel that runs: "blas" or "onednn"."""
+    """``name`` (a LINEAR_KERNELS entry) as the kernel that runs: "blas", "onednn" or
+    "packed"."""
     if name not in LINEAR_KERNELS:
         raise ValueError(f"linear_kernel {name!r} is invalid; expected one of {LINEAR_KERNELS}")
     cpu = device.type == "cpu"
     if name == "auto":
-        return "onednn" if cpu and dtype == torch.float32 and onednn_available() else "blas"
-    if name == "onednn" and not (cpu and onednn_available()):
+        return "packed" if cpu and dtype == torch.float32 and packed_available() else "blas"
+    if name == "packed" and dtype != torch.float32:
         raise ValueError(
-            f"linear_kernel 'onednn' is invalid on {device} (oneDNN available: "
-            f"{onednn_available()}); expected a CPU with a torch built with oneDNN"
+            f"linear_kernel 'packed' is invalid with {dtype}; expected float32 (packed copies "
+            "are made for float32 weights only)"
+        )
+    runnable = {"onednn": onednn_available, "packed": packed_available}.get(name)
+    if runnable is not None and not (cpu and runnable()):
+        raise ValueError(
+            f"linear_kernel {name!r} is invalid on {device} (oneDNN available: "
+            f"{runnable()}); expected a CPU with a torch built with oneDNN"
         )
     return name
 
 
 def linear_fn(kernel: str) -> LinearFn:
-    """The function running a resolved kernel ("blas" or "onednn")."""
+    """The function running a resolved kernel ("blas", "onednn" or "packed"; a "packed" one
+    holds its packed weights: one per model)."""
+    if kernel == "packed":
+        return PackedLinear()
     return onednn_linear if kernel == "onednn" else F.linear
 
 

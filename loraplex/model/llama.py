@@ -23,6 +23,7 @@ from loraplex.model.layers import (
     Embedding,
     Linear,
     LinearFn,
+    PackedLinear,
     RMSNorm,
     linear_fn,
     resolve_linear_kernel,
@@ -155,7 +156,8 @@ class DecoderLayer(nn.Module):
         super().__init__()
         self.index = index
         self.cfg = cfg
-        self.run_linear = linear  # F.linear or layers.onednn_linear (LlamaModel.linear_kernel)
+        # F.linear, layers.onednn_linear or the model's layers.PackedLinear (linear_kernel)
+        self.run_linear = linear
         self.self_attn = Attention(cfg, dtype=dtype, device=device)
         self.mlp = MLP(cfg, dtype=dtype, device=device)
         self.input_layernorm = RMSNorm(
@@ -195,6 +197,13 @@ class DecoderLayer(nn.Module):
         return h + self._proj("down_proj", mlp.down_proj, F.silu(gate) * up, lora)
 
 
+def layer_linears(layer: nn.Module) -> tuple[Linear, ...]:
+    """A decoder layer's seven projections."""
+    attn, mlp = cast(DecoderLayer, layer).self_attn, cast(DecoderLayer, layer).mlp
+    attention = (attn.q_proj, attn.k_proj, attn.v_proj, attn.o_proj)
+    return (*attention, mlp.gate_proj, mlp.up_proj, mlp.down_proj)
+
+
 class Backbone(nn.Module):
     """``model.*`` of a checkpoint: embeddings, decoder layers, final norm."""
 
@@ -212,7 +221,8 @@ class Backbone(nn.Module):
 class LlamaModel(nn.Module):
     """Decoder + LM head. Weights are uninitialised until ``checkpoint.load_checkpoint``.
     ``linear_kernel`` (a ``layers.LINEAR_KERNELS`` entry) picks the matmul every base linear
-    layer and the head run; ``self.linear_kernel`` is the one chosen ("blas" or "onednn")."""
+    layer and the head run; ``self.linear_kernel`` is the one chosen ("blas", "onednn" or
+    "packed")."""
 
     def __init__(
         self,
@@ -236,6 +246,26 @@ class LlamaModel(nn.Module):
             else Linear(cfg.hidden_size, cfg.vocab_size, False, dtype=dtype, device=device)
         )
         self.rotary = RotaryEmbedding(cfg.rope, cfg.head_dim, cfg.max_position_embeddings, device)
+
+    def prepack(self) -> int:
+        """With the "packed" kernel, pack every base linear's weight and the head that has no
+        current packed copy (``load_checkpoint`` does at load, the engine on a thread of its
+        own, a merge for what it wrote); returns how many it packed (0 with another kernel).
+        Until a weight is packed its layer runs oneDNN on the dense weight, same results."""
+        if not isinstance(self._linear, PackedLinear):
+            return 0
+        head = self.model.embed_tokens.weight if self.lm_head is None else self.lm_head.weight
+        weights = [m.weight for layer in self.model.layers for m in layer_linears(layer)]
+        return sum(self._linear.pack(weight) for weight in [*weights, head])
+
+    def packed_bytes(self) -> int:
+        """Bytes of the packed copies of the base weights held now (0 with a kernel other than
+        "packed"): memory beside ``weight_bytes``, not part of it."""
+        return self._linear.nbytes() if isinstance(self._linear, PackedLinear) else 0
+
+    def weight_bytes(self) -> int:
+        """Bytes of the model's parameters (the dense weights: embeddings, linears, norms)."""
+        return sum(p.nbytes for p in self.parameters())
 
     @property
     def attention_shape(self) -> AttentionShape:

@@ -95,6 +95,7 @@ class WeightMerger:
                 lora_b = module.lora_b.to(weight.device, torch.float32)
                 merged = weight.float().addmm_(lora_b, lora_a, alpha=module.scale)
                 weight.copy_(merged.to(weight.dtype))
+            self.model.prepack()  # the written weights' packed copies, now, not in a step
         self._backup = backup
         self._digest = weights.digest
 
@@ -105,6 +106,7 @@ class WeightMerger:
         with torch.no_grad():
             for (layer, module), original in self._backup.items():
                 linear_of(self.model, layer, module).weight.copy_(original)
+            self.model.prepack()
         self._backup = {}
         self._digest = None
 

@@ -51,6 +51,7 @@ def engine_config(config: ServeConfig) -> EngineConfig:
         dtype=config.dtype,
         device=config.device,
         mode=config.mode,
+        base_linear_kernel=config.base_linear_kernel,
     )
 
 

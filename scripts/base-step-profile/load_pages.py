@@ -35,6 +35,7 @@ def main() -> None:
     parser.add_argument("model_dir", type=Path)
     parser.add_argument("--write", action="store_true", help="write the random base first")
     parser.add_argument("--preset", default="large")
+    parser.add_argument("--linear-kernel", default="auto", help="base_linear_kernel to load with")
     args = parser.parse_args()
     if args.write:
         from loraplex.bench.adapters import write_random_base
@@ -48,7 +49,7 @@ def main() -> None:
     heap_kept = keep_freed_heap()
     before = status_kib("VmRSS")["VmRSS"]
     start = time.perf_counter()
-    model = load_checkpoint(args.model_dir)
+    model = load_checkpoint(args.model_dir, linear_kernel=args.linear_kernel)
     load_s = time.perf_counter() - start
     kib = status_kib("VmHWM", "VmRSS", "AnonHugePages")
     weights = sum(p.numel() * p.element_size() for p in model.parameters())
@@ -56,7 +57,10 @@ def main() -> None:
         "name": "load-pages",
         "heap_kept": heap_kept,
         "loadavg": Path("/proc/loadavg").read_text().split()[:3],
+        "linear_kernel": model.linear_kernel,
         "weights_mib": weights >> 20,
+        "weight_bytes": model.weight_bytes(),
+        "packed_bytes": model.packed_bytes(),
         "load_s": round(load_s, 3),
         "rss_before_load_mib": before >> 10,
         "peak_rss_mib": kib["VmHWM"] >> 10,

@@ -1,14 +1,16 @@
-"""Whole steps, oneDNN linears against F.linear (MKL's sgemm in float32), paired in one process
-(issue 27 item 2; execution.md, "The base path: oneDNN linears").
+"""Whole steps, two linear kernels paired in one process: by default oneDNN linears against
+F.linear (MKL's sgemm in float32), ``--kernels onednn,packed`` oneDNN on the dense weight against
+oneDNN on packed weights (issue 27 item 2; execution.md, "The base path: oneDNN linears" and
+"Packed oneDNN weights").
 
 ``bench execution``'s setup (its random base of the preset, the server's paged KV cache, 64
 cached positions, 16 distinct rank-16 adapters on q/k/v/o in one ``auto`` pool shared by both
-sides), float32, one thread; the same checkpoint loaded twice, ``linear_kernel`` "blas" and
-"onednn". Steps: base decode of 16 and 32 sequences, the r16 decode of 16, and a base prefill
-of 4 x 64 tokens. Their logits are compared first. Rounds alternate order (ABBA), each side
-``calls`` steps a round after warm-up; per round thread CPU time and wall clock. Reports
-medians per step and the per-round paired ratio onednn / blas (below 1 = oneDNN faster) with
-its min-max and win count.
+sides), float32, one thread; the same checkpoint loaded twice, ``linear_kernel`` A and B
+(``--kernels A,B``). Steps: base decode of 16, 32 and 64 sequences, the r16 decode of 16, and
+a base prefill of 4 x 64 tokens. Their logits are compared first. Rounds alternate order
+(ABBA), each side ``calls`` steps a round after warm-up; per round thread CPU time and wall
+clock. Reports medians per step and the per-round paired ratio B / A (below 1 = B faster)
+with its min-max and win count.
 
 Prints one JSON line. Timed use, under the benchmark lock: ``flock /work/bench.lock nice -n -5
 env PYTHONPATH=$PWD python scripts/base-step-profile/paired.py --preset large --rounds 12``.
@@ -33,10 +35,10 @@ from loraplex.engine.heap import keep_freed_heap
 
 ADAPTERS = 16
 CONTEXT = 64
-KERNELS = ("blas", "onednn")
 STEPS = {  # name -> (shape, LoRA or not)
     "base_b16": (StepShape(16, 1, CONTEXT), False),
     "base_b32": (StepShape(32, 1, CONTEXT), False),
+    "base_b64": (StepShape(64, 1, CONTEXT), False),
     "r16_b16": (StepShape(16, 1, CONTEXT), True),
     "prefill_4x64": (StepShape(4, 64, CONTEXT), False),
 }
@@ -50,31 +52,35 @@ def timed(step: Callable[[], object], calls: int) -> tuple[float, float]:
     return ((time.thread_time() - cpu) * 1e3 / calls, (time.perf_counter() - wall) * 1e3 / calls)
 
 
-def summary(times: dict[str, list[float]]) -> dict[str, object]:
-    ratios = [o / b for b, o in zip(times["blas"], times["onednn"], strict=True)]
+def summary(times: dict[str, list[float]], a: str, b: str) -> dict[str, object]:
+    ratios = [y / x for x, y in zip(times[a], times[b], strict=True)]
     return {
-        "blas_ms": round(statistics.median(times["blas"]), 2),
-        "onednn_ms": round(statistics.median(times["onednn"]), 2),
-        "onednn/blas": {
+        f"{a}_ms": round(statistics.median(times[a]), 2),
+        f"{b}_ms": round(statistics.median(times[b]), 2),
+        f"{b}/{a}": {
             "median": round(statistics.median(ratios), 4),
             "min": round(min(ratios), 4),
             "max": round(max(ratios), 4),
-            "onednn_faster_rounds": sum(r < 1 for r in ratios),
+            f"{b}_faster_rounds": sum(r < 1 for r in ratios),
             "rounds": len(ratios),
         },
     }
 
 
-def start(rounds: int, *, dtype: bool = False) -> tuple[argparse.Namespace, bool, list[str]]:
+def start(
+    rounds: int, *, dtype: bool = False, kernels: bool = False
+) -> tuple[argparse.Namespace, bool, list[str]]:
     """The paired probes' arguments (``rounds``: the default; ``dtype``: the probe takes
-    ``--dtype``), one thread, the freed heap kept; returns the arguments, whether the heap is
-    kept, and the load average now."""
+    ``--dtype``; ``kernels``: ``--kernels A,B``), one thread, the freed heap kept; returns the
+    arguments, whether the heap is kept, and the load average now."""
     parser = argparse.ArgumentParser()
     parser.add_argument("--preset", default="large")
     parser.add_argument("--rounds", type=int, default=rounds)
     parser.add_argument("--calls", type=int, default=3)
     if dtype:
         parser.add_argument("--dtype", choices=("float32", "bfloat16"), default="float32")
+    if kernels:
+        parser.add_argument("--kernels", default="blas,onednn", help="A,B: linear_kernel names")
     args = parser.parse_args()
     torch.set_num_threads(1)
     heap_kept = keep_freed_heap()
@@ -82,16 +88,16 @@ def start(rounds: int, *, dtype: bool = False) -> tuple[argparse.Namespace, bool
 
 
 def main() -> None:
-    args, heap_kept, load_start = start(12)
+    args, heap_kept, load_start = start(12, kernels=True)
+    a, b = kernels = tuple(args.kernels.split(","))
     with tempfile.TemporaryDirectory() as tmp:
         space = Workspace.create(Path(tmp), args.preset, ADAPTERS, 0, (UNIFORM_MIX,))
         runners = {
-            k: LoraplexRunner(space.model_dir, torch.float32, 32, CONTEXT + 64, linear_kernel=k)
-            for k in KERNELS
+            k: LoraplexRunner(space.model_dir, torch.float32, 64, CONTEXT + 64, linear_kernel=k)
+            for k in kernels
         }
-        blas = runners["blas"]
-        weights = [blas.weights(d, MAX_RANK) for d in space.adapters[UNIFORM_MIX]]
-        pool = blas.pool(weights, "auto", MAX_RANK)
+        weights = [runners[a].weights(d, MAX_RANK) for d in space.adapters[UNIFORM_MIX]]
+        pool = runners[a].pool(weights, "auto", MAX_RANK)
         steps: dict[str, dict[str, Callable[[], object]]] = {}
         logits_rel_diff: dict[str, float] = {}
         for name, (shape, lora) in STEPS.items():
@@ -100,25 +106,30 @@ def main() -> None:
                 k: r.step(shape, slots, pool if lora else None) for k, r in runners.items()
             }
             out = {k: torch.as_tensor(step()) for k, step in steps[name].items()}
-            diff = (out["onednn"] - out["blas"]).abs().max() / out["blas"].abs().max()
+            diff = (out[b] - out[a]).abs().max() / out[a].abs().max()
             logits_rel_diff[name] = float(diff)
-        cpu = {n: {k: [] for k in KERNELS} for n in STEPS}
-        wall = {n: {k: [] for k in KERNELS} for n in STEPS}
+        cpu: dict[str, dict[str, list[float]]] = {n: {k: [] for k in kernels} for n in STEPS}
+        wall: dict[str, dict[str, list[float]]] = {n: {k: [] for k in kernels} for n in STEPS}
         for i in range(args.rounds):
             for name, sides in steps.items():
-                for kernel in KERNELS if i % 2 == 0 else reversed(KERNELS):
+                for kernel in kernels if i % 2 == 0 else reversed(kernels):
                     sides[kernel]()  # warm-up after the other side ran
                     thread_ms, wall_ms = timed(sides[kernel], args.calls)
                     cpu[name][kernel].append(thread_ms)
                     wall[name][kernel].append(wall_ms)
     result = {
         "name": "linear-kernel-paired",
-        "config": {"preset": args.preset, "rounds": args.rounds, "calls": args.calls},
+        "config": {
+            "preset": args.preset,
+            "rounds": args.rounds,
+            "calls": args.calls,
+            "kernels": [runners[k].model.linear_kernel for k in kernels],
+        },
         "heap_kept": heap_kept,
         "loadavg_start": load_start,
         "logits_max_rel_diff": logits_rel_diff,
-        "thread": {n: summary(cpu[n]) for n in STEPS},
-        "wall": {n: summary(wall[n]) for n in STEPS},
+        "thread": {n: summary(cpu[n], a, b) for n in STEPS},
+        "wall": {n: summary(wall[n], a, b) for n in STEPS},
         "loadavg_end": Path("/proc/loadavg").read_text().split()[:3],
     }
     sys.stdout.write(json.dumps(result) + "\n")

@@ -10,6 +10,11 @@ attention, norms/rope, LoRA ops, the rest) and the step's thread time not inside
 shape: ``F.linear`` (MKL's sgemm in float32) against oneDNN (``loraplex.model.layers.linear``
 with the kernel forced), median thread time per call.
 
+``--prefill`` profiles a base prefill of 4 x 64 tokens too; ``--floors`` measures this CPU's
+floors for one thread (reading a 512 MiB float32 tensor: GB/s; oneDNN's matmul on packed
+weights at 512 rows: GFLOP/s) and each profiled step's floors from them: the bytes of every
+base weight it reads over that bandwidth, its matmuls' FLOPs over that rate.
+
 Prints one JSON line. Untimed use: ``chrt -i 0 nice -n 19 env PYTHONPATH=$PWD python
 scripts/base-step-profile/probe.py --preset large --batches 16,32 --r16``.
 """
@@ -83,6 +88,38 @@ def profiled(step: Callable[[], object], steps: int) -> dict[str, object]:
     }
 
 
+def floors(model: torch.nn.Module) -> dict[str, float]:
+    """One thread's read bandwidth (GB/s, a sum over 512 MiB) and oneDNN matmul rate
+    (GFLOP/s, packed 2816 x 1024 weight, 512 rows), best of a few; the model's linear
+    weight bytes and parameters a token multiplies by."""
+    big = torch.ones(128 * 1024 * 1024)
+    reads = []
+    for _ in range(5):
+        started = time.perf_counter()
+        big.sum()
+        reads.append(big.numel() * 4 / (time.perf_counter() - started) / 1e9)
+    del big
+    weight = torch.randn(2816, 1024)
+    packed = torch.ops.mkldnn._reorder_linear_weight(weight)
+    x = torch.randn(512, 1024)
+    rates = []
+    for _ in range(5):
+        started = time.thread_time()
+        torch.ops.mkldnn._linear_pointwise(x, packed, None, "none", [], "")
+        rates.append(2 * 512 * 2816 * 1024 / (time.thread_time() - started) / 1e9)
+    linear = [p for n, p in model.named_parameters() if p.dim() == 2 and "embed_tokens" not in n]
+    head = model.lm_head if model.lm_head is not None else model.model.embed_tokens
+    params = sum(p.numel() for p in linear) + (
+        0 if model.lm_head is not None else head.weight.numel()
+    )
+    return {
+        "read_gb_per_s": round(max(reads), 2),
+        "matmul_gflop_per_s": round(max(rates), 1),
+        "weight_bytes": params * 4,
+        "matmul_params": params,
+    }
+
+
 def kernel_times(model: torch.nn.Module, batch: int, calls: int) -> dict[str, dict[str, float]]:
     """Median thread-time (us) per call of each distinct linear shape, MKL vs oneDNN."""
     from loraplex.model.layers import onednn_linear
@@ -123,6 +160,9 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=6)
     parser.add_argument("--r16", action="store_true")
     parser.add_argument("--kernel", default="auto", help="the model's linear_kernel")
+    parser.add_argument("--prefill", action="store_true", help="profile a 4 x 64 prefill too")
+    parser.add_argument("--floors", action="store_true", help="measure and report floors")
+    parser.add_argument("--no-kernels", action="store_true", help="skip the kernel table")
     args = parser.parse_args()
     torch.set_num_threads(1)
     keep_freed_heap()
@@ -132,7 +172,7 @@ def main() -> None:
         mixes = (UNIFORM_MIX,) if args.r16 else ()
         space = Workspace.create(Path(tmp), args.preset, ADAPTERS, 0, mixes)
         runner = LoraplexRunner(
-            space.model_dir, torch.float32, max(batches), CONTEXT + 1, linear_kernel=args.kernel
+            space.model_dir, torch.float32, max(batches), CONTEXT + 64, linear_kernel=args.kernel
         )
         result["linear_kernel"] = runner.model.linear_kernel
         pool = None
@@ -145,7 +185,23 @@ def main() -> None:
             if pool is not None:
                 slots = [i % ADAPTERS for i in range(batch)]
                 result[f"r16_b{batch}"] = profiled(runner.step(shape, slots, pool), args.steps)
-            result[f"kernels_b{batch}"] = kernel_times(runner.model, batch, 20)
+            if not args.no_kernels:
+                result[f"kernels_b{batch}"] = kernel_times(runner.model, batch, 20)
+        if args.prefill:
+            result["prefill_4x64"] = profiled(runner.step(StepShape(4, 64, CONTEXT), None, None), 2)
+        if args.floors:
+            found = floors(runner.model)
+            result["floors"] = found
+            tokens = {f"base_b{b}": b for b in batches} | (
+                {"prefill_4x64": 256} if args.prefill else {}
+            )
+            for name, count in tokens.items():
+                flop_ms = 2 * found["matmul_params"] * count / found["matmul_gflop_per_s"] / 1e6
+                bytes_ms = found["weight_bytes"] / found["read_gb_per_s"] / 1e6
+                result[name]["floor_ms"] = {
+                    "weight_bytes": round(bytes_ms, 2),
+                    "matmul_flops": round(flop_ms, 2),
+                }
     result["loadavg"] = Path("/proc/loadavg").read_text().split()[:3]
     sys.stdout.write(json.dumps(result) + "\n")
 

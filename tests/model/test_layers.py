@@ -1,23 +1,32 @@
 """RMSNorm: the fused float32 path gives bit for bit what Llama's formula gives (norm in float32,
 cast back, then the weight), so greedy outputs do not move; other dtypes take the formula.
 The linear kernels: oneDNN's gives F.linear's result to float32 rounding, reads the weight as it
-is now (no stale packed copy), and is chosen only where it runs."""
+is now (no stale packed copy), and is chosen only where it runs; the packed one gives oneDNN's
+result, repacks a weight written in place and forgets a freed one."""
 
 from __future__ import annotations
+
+import gc
 
 import pytest
 import torch
 import torch.nn.functional as F
 
+from loraplex.engine.config import BASE_LINEAR_KERNELS
 from loraplex.model.layers import (
+    LINEAR_KERNELS,
     ONEDNN_MIN_ROWS,
+    PackedLinear,
     RMSNorm,
+    linear_fn,
     onednn_available,
     onednn_linear,
+    packed_available,
     resolve_linear_kernel,
 )
 
 needs_onednn = pytest.mark.skipif(not onednn_available(), reason="this torch has no oneDNN linear")
+needs_packed = pytest.mark.skipif(not packed_available(), reason="this torch cannot pack weights")
 
 
 def _llama_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
@@ -89,9 +98,104 @@ def test_onednn_linear_reads_the_weight_as_updated_in_place() -> None:
     assert torch.allclose(after, F.linear(x, weight), rtol=1e-5, atol=1e-5)
 
 
-def test_auto_linear_kernel_is_onednn_only_for_float32_on_a_cpu() -> None:
+def _dense_onednn(x: torch.Tensor, weight: torch.Tensor, b: torch.Tensor | None) -> torch.Tensor:
+    out: torch.Tensor = torch.ops.mkldnn._linear_pointwise(x, weight, b, "none", [], "")
+    return out
+
+
+@needs_packed
+@pytest.mark.parametrize("rows", [1, 2, 16, 67])
+@pytest.mark.parametrize("bias", [False, True])
+def test_packed_linear_gives_onednn_results_before_and_after_packing(rows: int, bias: bool) -> None:
+    """The same kernel on the dense weight (not yet packed) and on its packed copy: equal
+    results from two rows on (one row: oneDNN's kernels differ, float32 rounding), on a strided
+    input and a row-view weight."""
+    generator = torch.Generator().manual_seed(rows)
+    x = torch.randn(rows, 2 * 96, generator=generator)[:, :96]
+    weight = torch.randn(2 * 80, 96, generator=generator)[80:]
+    b = torch.randn(80, generator=generator) if bias else None
+    linear = PackedLinear()
+    dense = linear(x, weight, b)
+    assert len(linear) == 0 and not linear.is_current(weight)
+    assert torch.equal(dense, _dense_onednn(x, weight, b))
+    assert torch.allclose(dense, F.linear(x, weight, b), rtol=1e-5, atol=1e-5)
+    assert linear.pack(weight) and not linear.pack(weight)  # packed once
+    assert linear.is_current(weight) and len(linear) == 1
+    packed = linear(x, weight, b)
+    assert torch.equal(packed, dense) if rows > 1 else torch.allclose(packed, dense, 1e-5, 1e-5)
+
+
+@needs_packed
+@pytest.mark.parametrize("context", ["no_grad", "inference_mode"])
+def test_packed_linear_never_runs_a_stale_copy(context: str) -> None:
+    """merge.py folds adapters into the weight in place (``copy_``) and restores it: a call
+    after the write runs the weight as it is then (dense until packed again), never the copy
+    of what it was."""
+    generator = torch.Generator().manual_seed(1)
+    x, weight = torch.randn(16, 64, generator=generator), torch.randn(48, 64, generator=generator)
+    original = weight.clone()
+    linear = PackedLinear()
+    linear.pack(weight)
+    before = linear(x, weight)
+    manager = torch.no_grad() if context == "no_grad" else torch.inference_mode()
+    with manager:
+        weight.copy_(weight + torch.randn(48, 64, generator=generator))
+    assert not linear.is_current(weight)
+    after = linear(x, weight)
+    assert not torch.allclose(after, before)
+    assert torch.equal(after, _dense_onednn(x, weight, None))
+    assert linear.pack(weight) and torch.equal(linear(x, weight), after)
+    with manager:
+        weight.copy_(original)
+    assert torch.equal(linear(x, weight), before)
+    assert linear.pack(weight) and torch.equal(linear(x, weight), before)
+    assert len(linear) == 1
+
+
+@needs_packed
+def test_packed_linear_forgets_a_freed_weight_and_never_packs_inference_tensors() -> None:
+    generator = torch.Generator().manual_seed(3)
+    x = torch.randn(8, 32, generator=generator)
+    linear = PackedLinear()
+    weight = torch.randn(24, 32, generator=generator)
+    linear.pack(weight)
+    assert len(linear) == 1
+    del weight
+    gc.collect()
+    assert len(linear) == 0
+    with torch.inference_mode():
+        frozen = torch.randn(24, 32, generator=generator)  # no version counter
+    assert not linear.pack(frozen) and len(linear) == 0
+    assert torch.equal(linear(x, frozen), _dense_onednn(x, frozen, None))
+
+
+@needs_packed
+def test_each_packed_kernel_holds_its_own_copies() -> None:
+    first, second = linear_fn("packed"), linear_fn("packed")
+    assert isinstance(first, PackedLinear) and first is not second
+    assert linear_fn("onednn") is onednn_linear and linear_fn("blas") is F.linear
+
+
+@needs_packed
+def test_packed_linear_counts_the_bytes_of_its_copies() -> None:
+    linear = PackedLinear()
+    weights = [torch.randn(24, 32), torch.randn(40, 16)]
+    assert linear.nbytes() == 0
+    for weight in weights:
+        linear.pack(weight)
+    copies = [entry[2] for entry in linear._packed.values()]
+    assert linear.nbytes() == sum(c.numel() * c.element_size() for c in copies)
+    assert linear.nbytes() == sum(w.nbytes for w in weights)  # float32 again, element for element
+
+
+def test_the_kernel_names_are_the_engine_configs() -> None:
+    """``base_linear_kernel`` (engine config, torch-free) takes exactly these names."""
+    assert BASE_LINEAR_KERNELS == LINEAR_KERNELS
+
+
+def test_auto_linear_kernel_is_packed_only_for_float32_on_a_cpu() -> None:
     cpu = torch.device("cpu")
-    want = "onednn" if onednn_available() else "blas"
+    want = "packed" if packed_available() else "blas"
     assert resolve_linear_kernel("auto", torch.float32, cpu) == want
     assert resolve_linear_kernel("auto", torch.bfloat16, cpu) == "blas"
     assert resolve_linear_kernel("auto", torch.float32, torch.device("meta")) == "blas"
@@ -103,3 +207,7 @@ def test_unknown_or_unrunnable_linear_kernel_is_refused() -> None:
         resolve_linear_kernel("cublas", torch.float32, torch.device("cpu"))
     with pytest.raises(ValueError, match="linear_kernel 'onednn' is invalid on meta"):
         resolve_linear_kernel("onednn", torch.float32, torch.device("meta"))
+    with pytest.raises(ValueError, match="linear_kernel 'packed' is invalid on meta"):
+        resolve_linear_kernel("packed", torch.float32, torch.device("meta"))
+    with pytest.raises(ValueError, match=r"linear_kernel 'packed' is invalid with torch\.bfloat16"):
+        resolve_linear_kernel("packed", torch.bfloat16, torch.device("cpu"))

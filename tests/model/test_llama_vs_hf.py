@@ -13,7 +13,7 @@ from tiny_models import hf_model, rel_error
 
 from loraplex.model.checkpoint import load_checkpoint
 from loraplex.model.kv_cache import ContiguousKVCache, SequenceChunk
-from loraplex.model.layers import onednn_available, onednn_linear
+from loraplex.model.layers import PackedLinear, onednn_linear, packed_available
 from loraplex.model.llama import DecoderLayer, ForwardBatch, LlamaModel
 
 LLAMA3 = {
@@ -82,14 +82,15 @@ def test_logits_match_transformers(case: str, tiny_model: Callable[..., Path]) -
     assert rel_error(got, want) < 1e-4
 
 
-@pytest.mark.parametrize("kernel", ["blas", "onednn"])
+@pytest.mark.parametrize("kernel", ["blas", "onednn", "packed"])
 @pytest.mark.parametrize("case", ["llama-bias-mha", "qwen2-tied", "llama"])
 def test_each_linear_kernel_matches_transformers(
     kernel: str, case: str, tiny_model: Callable[..., Path]
 ) -> None:
-    """Both kernels, over a bias, a tied head and GQA; every base linear runs the chosen one."""
-    if kernel == "onednn" and not onednn_available():
-        pytest.skip("this torch has no oneDNN linear")
+    """Every kernel, over a bias, a tied head and GQA; every base linear runs the chosen one
+    (the packed kernel: the model's one PackedLinear, holding a copy of every weight it ran)."""
+    if kernel != "blas" and not packed_available():
+        pytest.skip("this torch has no oneDNN linear or cannot pack weights")
     arch, overrides = CASES[case]
     model_dir = tiny_model(arch, **overrides)
     ids = torch.randint(0, 97, (14,), generator=torch.Generator().manual_seed(4))
@@ -97,9 +98,32 @@ def test_each_linear_kernel_matches_transformers(
         want = hf_model(model_dir)(ids[None]).logits[0]
     model = load_checkpoint(model_dir, linear_kernel=kernel)
     assert model.linear_kernel == kernel
-    chosen = onednn_linear if kernel == "onednn" else F.linear
+    # the load packs them all, before any step: seven per layer and the head (a tied one: the
+    # embedding's matrix); other kernels pack nothing
+    packed = 7 * len(model.model.layers) + 1 if kernel == "packed" else 0
+    if kernel == "packed":
+        assert len(cast(PackedLinear, model._linear)) == packed
+    assert model.prepack() == 0  # nothing left to pack
+    chosen = {"onednn": onednn_linear, "blas": F.linear}.get(kernel, model._linear)
     assert all(cast(DecoderLayer, layer).run_linear is chosen for layer in model.model.layers)
     assert rel_error(run_full(model, ids), want) < 1e-4
+    if kernel == "packed":
+        assert isinstance(chosen, PackedLinear) and len(chosen) == packed
+
+
+def test_a_load_may_leave_packing_to_its_caller(tiny_model: Callable[..., Path]) -> None:
+    """``prepack=False`` (the engine's load, which packs on a thread of its own): nothing is
+    packed, the layers run the dense weights with the same logits, ``prepack`` packs them."""
+    if not packed_available():
+        pytest.skip("this torch has no oneDNN linear or cannot pack weights")
+    model_dir = tiny_model("llama")
+    ids = torch.randint(0, 97, (14,), generator=torch.Generator().manual_seed(5))
+    model = load_checkpoint(model_dir, prepack=False)
+    assert model.linear_kernel == "packed" and len(cast(PackedLinear, model._linear)) == 0
+    dense = run_full(model, ids)
+    assert model.prepack() == 7 * len(model.model.layers) + 1
+    assert torch.equal(run_full(model, ids), dense)
+    assert torch.equal(dense, run_full(load_checkpoint(model_dir, linear_kernel="onednn"), ids))
 
 
 def test_legacy_rope_scaling_spelling_loads_the_same(tiny_model: Callable[..., Path]) -> None:

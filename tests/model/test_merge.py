@@ -19,7 +19,8 @@ from loraplex.demo.assets import DemoAssets
 from loraplex.model.adapter_weights import AdapterWeights, load_adapter_weights
 from loraplex.model.checkpoint import load_checkpoint
 from loraplex.model.kv_cache import ContiguousKVCache, SequenceChunk
-from loraplex.model.llama import ForwardBatch, LlamaModel, LoraApplier
+from loraplex.model.layers import PackedLinear, packed_available
+from loraplex.model.llama import ForwardBatch, LlamaModel, LoraApplier, layer_linears
 from loraplex.model.lora import LoraSlotPool
 from loraplex.model.merge import (
     MergedLoraApplier,
@@ -195,6 +196,32 @@ def test_unmerge_restores_every_weight_bit_for_bit(demo_assets: DemoAssets) -> N
         assert merger.merged_digest is None
         for name, param in model.named_parameters():
             assert torch.equal(param, before[name]), name
+
+
+def test_merge_and_unmerge_repack_the_weights_they_write(demo_assets: DemoAssets) -> None:
+    """float32 on a CPU runs oneDNN on packed copies of the weights: a merge and an unmerge
+    repack what they wrote at once (so the next step pays no repack), and the logits follow
+    the weights as written (the same as a model loaded with oneDNN on the dense weights)."""
+    if not packed_available():
+        pytest.skip("this torch cannot pack weights")
+    base_dir = demo_assets.base_model_dir
+    weights = load_weights(base_dir, demo_assets.adapter("globex", "summarize", "r1").path,
+                           torch.float32)  # fmt: skip
+    model = load_checkpoint(base_dir, linear_kernel="packed")
+    dense = load_checkpoint(base_dir, linear_kernel="onednn")
+    packed = model._linear
+    assert isinstance(packed, PackedLinear)
+    linears = [m.weight for layer in model.model.layers for m in layer_linears(layer)]
+    merger, dense_merger = WeightMerger(model), WeightMerger(dense)
+    for _ in range(2):
+        merger.merge(weights)
+        dense_merger.merge(weights)
+        assert all(packed.is_current(weight) for weight in linears)
+        assert torch.equal(run(model, [None] * 3, None), run(dense, [None] * 3, None))
+        merger.unmerge()
+        dense_merger.unmerge()
+        assert all(packed.is_current(weight) for weight in linears)
+        assert torch.equal(run(model, [None] * 3, None), run(dense, [None] * 3, None))
 
 
 def test_merge_twice_or_unmerge_unmerged_is_refused(demo_assets: DemoAssets) -> None:

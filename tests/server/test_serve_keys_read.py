@@ -59,6 +59,14 @@ def _parsed(args: list[str]) -> ServeConfig:
          "max_stream_buffer_bytes 32768"),
         ({"stream_pause_bytes": 1 << 20, "max_stream_resumes": 0}, "max_stream_resumes 0 is set "
          "while stream_pause_bytes 1048576 >= max_stream_buffer_bytes 262144"),
+        ({"base_linear_kernel": "mkl"}, "base_linear_kernel 'mkl' is invalid; expected one of "
+         "auto, blas, onednn, packed"),
+        ({"base_linear_kernel": "packed", "device": "cuda"}, "base_linear_kernel 'packed' is "
+         "invalid on device 'cuda'; expected auto or blas"),
+        ({"base_linear_kernel": "onednn", "device": "cuda:1"}, "base_linear_kernel 'onednn' is "
+         "invalid on device 'cuda:1'"),
+        ({"base_linear_kernel": "packed", "dtype": "bfloat16"}, "base_linear_kernel 'packed' is "
+         "invalid with dtype 'bfloat16'; expected auto, blas or onednn"),
     ],
 )  # fmt: skip
 def test_a_key_nothing_reads_is_refused_naming_it(
@@ -84,6 +92,9 @@ def test_a_key_nothing_reads_is_refused_naming_it(
             "stream_pause_bytes": 512 << 10,
             "max_stream_resumes": 0,
         },
+        {"base_linear_kernel": "onednn", "dtype": "bfloat16"},
+        {"base_linear_kernel": "blas", "device": "cuda"},
+        {"base_linear_kernel": "packed"},
     ],
 )
 def test_the_same_keys_pass_where_something_reads_them(

@@ -19,7 +19,7 @@ from pathlib import Path
 from loraplex.artifacts.base_model import BaseModelSpec, lora_bytes
 from loraplex.devices import check_device
 from loraplex.dtypes import DEFAULT_DTYPE, bytes_per_element, check_dtype
-from loraplex.engine.config import check_finite
+from loraplex.engine.config import check_base_linear_kernel, check_finite
 from loraplex.engine.kv.blocks import kv_cache_bytes
 from loraplex.engine.mode_policy import ModeSetting
 from loraplex.engine.watchdog import (
@@ -118,6 +118,10 @@ class ServeConfig:
     tier_share_by_priority: bool = False
     device: str = "cpu"  # torch device of the model and the slots
     dtype: str = DEFAULT_DTYPE  # model / adapter dtype (loraplex.dtypes)
+    # the base linears' matmul (engine/config.BASE_LINEAR_KERNELS): "auto" packs a second copy
+    # of the float32 weights on a CPU (faster decode, the weights' bytes again); "onednn" or
+    # "blas" keep one copy
+    base_linear_kernel: str = "auto"
     max_num_seqs: int = 32  # sequences decoding at once
     # tokens in one forward (decodes + prefill chunks); None: max(512, max_num_seqs)
     max_num_batched_tokens: int | None = None
@@ -221,6 +225,7 @@ class ServeConfig:
         check_policy(self.policy)
         check_dtype(self.dtype)
         check_device(self.device)
+        check_base_linear_kernel(self.base_linear_kernel, self.dtype, self.device)
         check_tier_share(self.default_tenant_tier_share)
         check_ranges(self)
         check_connection_caps(self.max_connections, self.max_unauthenticated_connections)
