@@ -8,6 +8,7 @@ device is there.
 from __future__ import annotations
 
 import re
+from pathlib import Path
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
@@ -42,3 +43,16 @@ def torch_device(name: str, field: str = "device") -> torch.device:
             "devices)"
         )
     return torch.device(name)
+
+
+def memory_total_bytes(meminfo: Path = Path("/proc/meminfo")) -> int | None:
+    """The machine's memory (``MemTotal``), or None where /proc/meminfo is not there."""
+    try:
+        lines = meminfo.read_text(encoding="ascii").splitlines()
+    except OSError:
+        return None
+    for line in lines:
+        name, _, rest = line.partition(":")
+        if name == "MemTotal":
+            return int(rest.split()[0]) * 1024  # kB
+    return None

@@ -126,14 +126,33 @@ class PackedLinear:
         return out
 
 
-def resolve_linear_kernel(name: str, dtype: torch.dtype, device: torch.device) -> str:
+# "auto" makes packed copies only while they take at most this share of the machine's memory
+# (``resolve_linear_kernel``): the copies sit beside the dense weights, so they double the base
+# weights' memory (the large preset: +704 MiB, 3 % of a 24 GiB machine); a float32 model whose
+# copies would take more runs "onednn" on its one copy unless "packed" is asked for by name.
+AUTO_PACKED_MEMORY_SHARE = 1 / 8
+
+
+def resolve_linear_kernel(
+    name: str,
+    dtype: torch.dtype,
+    device: torch.device,
+    *,
+    packed_bytes: int = 0,
+    memory_bytes: int | None = None,
+) -> str:
     """``name`` (a LINEAR_KERNELS entry) as the kernel that runs: "blas", "onednn" or
-    "packed"."""
+    "packed". ``auto`` is "packed" for float32 on a CPU while the copies' ``packed_bytes`` are
+    at most ``AUTO_PACKED_MEMORY_SHARE`` of ``memory_bytes`` (the machine's; None: unknown,
+    no bound), else "onednn"."""
     if name not in LINEAR_KERNELS:
         raise ValueError(f"linear_kernel {name!r} is invalid; expected one of {LINEAR_KERNELS}")
     cpu = device.type == "cpu"
     if name == "auto":
-        return "packed" if cpu and dtype == torch.float32 and packed_available() else "blas"
+        if not (cpu and dtype == torch.float32 and packed_available()):
+            return "blas"
+        fits = memory_bytes is None or packed_bytes <= memory_bytes * AUTO_PACKED_MEMORY_SHARE
+        return "packed" if fits else ("onednn" if onednn_available() else "blas")
     if name == "packed" and dtype != torch.float32:
         raise ValueError(
             f"linear_kernel 'packed' is invalid with {dtype}; expected float32 (packed copies "

@@ -17,6 +17,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from loraplex.devices import memory_total_bytes
 from loraplex.model.config import ModelConfig
 from loraplex.model.kv_cache import AttentionShape, KVCache, SequenceChunk
 from loraplex.model.layers import (
@@ -218,6 +219,16 @@ class Backbone(nn.Module):
         self.norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps, dtype=dtype, device=device)
 
 
+def packable_bytes(cfg: ModelConfig, dtype: torch.dtype) -> int:
+    """Bytes of the weights the "packed" kernel copies (every decoder layer's seven projections
+    and the head), from the config alone: what ``LlamaModel.packed_bytes`` reads once packed."""
+    q, kv = cfg.num_heads * cfg.head_dim, cfg.num_kv_heads * cfg.head_dim
+    h, i = cfg.hidden_size, cfg.intermediate_size
+    per_layer = h * q + 2 * h * kv + q * h + 3 * h * i
+    elements = cfg.num_layers * per_layer + cfg.vocab_size * h
+    return elements * torch.empty((), dtype=dtype).element_size()
+
+
 class LlamaModel(nn.Module):
     """Decoder + LM head. Weights are uninitialised until ``checkpoint.load_checkpoint``.
     ``linear_kernel`` (a ``layers.LINEAR_KERNELS`` entry) picks the matmul every base linear
@@ -236,7 +247,13 @@ class LlamaModel(nn.Module):
         self.config = cfg
         self.dtype = dtype
         self.device = device
-        self.linear_kernel = resolve_linear_kernel(linear_kernel, dtype, device)
+        self.linear_kernel = resolve_linear_kernel(
+            linear_kernel,
+            dtype,
+            device,
+            packed_bytes=packable_bytes(cfg, dtype),
+            memory_bytes=memory_total_bytes(),
+        )
         self._linear = linear_fn(self.linear_kernel)
         self.model = Backbone(cfg, self._linear, dtype=dtype, device=device)
         # Tied: the head reads the embedding matrix; no separate parameter exists.

@@ -16,7 +16,7 @@ from loraplex.engine.model_load import load_in_background, pack_in_background
 from loraplex.errors import CheckpointError
 from loraplex.model.checkpoint import load_checkpoint
 from loraplex.model.layers import PackedLinear, packed_available
-from loraplex.model.llama import layer_linears
+from loraplex.model.llama import layer_linears, packable_bytes
 
 if TYPE_CHECKING:
     from pathlib import Path
@@ -75,6 +75,7 @@ def test_base_linear_kernel_reaches_the_model_and_its_bytes_are_logged(
         linears = [m.weight for layer in model.model.layers for m in layer_linears(layer)]
         head = model.model.embed_tokens.weight if model.lm_head is None else model.lm_head.weight
         assert model.packed_bytes() == copies == sum(w.nbytes for w in [*linears, head]) > 0
+        assert packable_bytes(model.config, model.dtype) == copies  # what auto weighs
     else:
         assert model.packed_bytes() == 0
     assert model.weight_bytes() == dense
@@ -82,6 +83,26 @@ def test_base_linear_kernel_reaches_the_model_and_its_bytes_are_logged(
         f"base model weights: {dense} bytes dense, {model.packed_bytes()} bytes of packed "
         f"copies beside them (linear kernel {kernel})"
     ) in caplog.text
+
+
+@pytest.mark.parametrize(("memory", "want"), [(None, "packed"), (8, "packed"), (7, "onednn")])
+def test_auto_packs_only_while_the_copies_fit_an_eighth_of_the_machines_memory(
+    demo_assets: DemoAssets, monkeypatch: pytest.MonkeyPatch, memory: int | None, want: str
+) -> None:
+    """``auto``'s copies double the base weights' memory: a model whose copies would take more
+    than ``AUTO_PACKED_MEMORY_SHARE`` of the machine's memory (None: unknown) runs ``onednn``
+    on its one copy; asked for by name, ``packed`` is made whatever the memory."""
+    if not packed_available():
+        pytest.skip("this torch cannot pack weights")
+    config = load_checkpoint(demo_assets.base_model_dir, prepack=False).config
+    copies = packable_bytes(config, torch.float32)
+    total = None if memory is None else copies * memory  # the copies 1/8 of it, then 1/7
+    monkeypatch.setattr("loraplex.model.llama.memory_total_bytes", lambda: total)
+    model = load_checkpoint(demo_assets.base_model_dir)
+    assert model.linear_kernel == want
+    assert model.packed_bytes() == (copies if want == "packed" else 0)
+    named = load_checkpoint(demo_assets.base_model_dir, linear_kernel="packed")
+    assert named.linear_kernel == "packed" and named.packed_bytes() == copies
 
 
 def test_an_engine_built_without_a_loaded_model_takes_the_kernel(demo_assets: DemoAssets) -> None:

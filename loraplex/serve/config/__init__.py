@@ -6,7 +6,7 @@ them), ``checks.py`` (the checks of its values, in the order ``ServeConfig`` run
 file, and flags merged over it).
 """
 
-from loraplex.serve.config.checks import memory_total_bytes
+from loraplex.devices import memory_total_bytes
 from loraplex.serve.config.file import file_keys, merge, read_config_file
 from loraplex.serve.config.keys import file_key
 from loraplex.serve.config.record import (

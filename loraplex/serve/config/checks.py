@@ -5,7 +5,6 @@ memory, which ``ServeConfig.check_kv_memory`` is given."""
 from __future__ import annotations
 
 from collections.abc import Mapping
-from pathlib import Path
 
 from loraplex.engine.watchdog import DEFAULT_KILL_AFTER_S, DEFAULT_UNRESPONSIVE_AFTER_S
 from loraplex.residency.policy import policy_names
@@ -163,16 +162,3 @@ def check_stream_pause_keys(
                 f"max_stream_buffer_bytes {buffer_bytes} (no stream is ever paused); expected "
                 f"stream_pause_bytes below max_stream_buffer_bytes, or {key} left out"
             )
-
-
-def memory_total_bytes(meminfo: Path = Path("/proc/meminfo")) -> int | None:
-    """The machine's memory (``MemTotal``), or None where /proc/meminfo is not there."""
-    try:
-        lines = meminfo.read_text(encoding="ascii").splitlines()
-    except OSError:
-        return None
-    for line in lines:
-        name, _, rest = line.partition(":")
-        if name == "MemTotal":
-            return int(rest.split()[0]) * 1024  # kB
-    return None
