@@ -357,3 +357,20 @@ def test_a_large_body_is_parsed_off_the_event_loop(
         assert reply.status_code in (200, 400), reply.text
     assert [loop for _, loop in on_loop] == [True, False], on_loop
     assert on_loop[1][0] > json_route.INLINE_JSON_BYTES
+
+
+@pytest.mark.parametrize(
+    ("path", "admin"),
+    [("/v1/completions", False), ("/tokenize", False), ("/admin/tenants", True)],
+)
+def test_a_body_nested_past_the_parser_names_its_depth(rig: Rig, path: str, admin: bool) -> None:
+    """32,749 levels of ``[`` got FastAPI's "There was an error parsing the body", naming
+    nothing (docs/benchmarks/attack15.md)."""
+    depth = 32_749
+    body = '{"model": "support", "prompt": ' + "[" * depth + "]" * depth + "}"
+    headers = {**(rig.admin if admin else rig.headers("acme")), "Content-Type": "application/json"}
+    reply = rig.client.post(path, content=body, headers=headers)
+    assert reply.status_code == 400, reply.text
+    error = reply.json()["error"]
+    assert error["type"] == "invalid_request_error" and error["code"] == "invalid_request"
+    assert "nested too deeply" in error["message"] and "levels" in error["message"]
