@@ -209,12 +209,13 @@ class StartReleaseBody(_Body):
         return ReleasePlan(**fields, thresholds=self.thresholds.thresholds(), probes=probes)
 
 
-def admin_page(
+async def admin_page(
     after: Annotated[str | None, Query(min_length=1, max_length=MAX_CURSOR_CHARS)] = None,
     limit: Annotated[int, Query(ge=1, le=MAX_PAGE)] = DEFAULT_PAGE,
 ) -> Page:
     """The ``after`` / ``limit`` query parameters of a paged admin listing (``sql/paging.py``):
-    at most ``limit`` rows after the row ``after`` names (the last one seen)."""
+    at most ``limit`` rows after the row ``after`` names (the last one seen); ``async``, so
+    FastAPI runs it on the event loop, not the thread pool."""
     return Page(after, limit)
 
 

@@ -71,7 +71,9 @@ def required_credential(path: str) -> Credential | None:
     return None
 
 
-def get_deps(request: Request) -> ServerDeps:
+async def get_deps(request: Request) -> ServerDeps:
+    """The server's dependencies. NOTE: ``async``: FastAPI runs a plain ``def`` dependency on
+    the thread pool, a hop per request for a lookup (``tests/server/test_loop_dependencies.py``)."""
     deps: ServerDeps = request.app.state.deps
     return deps
 

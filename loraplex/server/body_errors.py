@@ -131,6 +131,18 @@ def huge_integer(body: bytes) -> BodyProblem | None:
     return BodyProblem(message, param)
 
 
+def too_deep() -> BodyProblem:
+    """The problem of a body nested deeper than ``json`` parses (it raised ``RecursionError``).
+    NOTE: FastAPI answered it "There was an error parsing the body", naming nothing (32,749
+    levels of ``[``, docs/benchmarks/attack15.md); the parser's limit is Python's recursion
+    limit less the stack already in use, so the number given is approximate."""
+    message = (
+        "body: JSON nested too deeply to parse; nest lists and objects less than about "
+        f"{sys.getrecursionlimit()} levels deep"
+    )
+    return BodyProblem(message, None)
+
+
 class EncodedBody(ValueError):
     """A body declared encoded (``Content-Encoding``): refused before it is read
     (``json_route.py``)."""

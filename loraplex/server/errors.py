@@ -64,6 +64,7 @@ from loraplex.server.body_errors import (
     EncodedBody,
     InvalidBody,
     huge_integer,
+    too_deep,
     unsupported_content_type,
 )
 from loraplex.server.tenant_jobs import caller_of
@@ -320,6 +321,9 @@ async def _on_http(request: Request, exc: Exception) -> JSONResponse:
         return await _on_validation(request, cause.error)
     if exc.status_code == 400 and isinstance(cause, ApiError):  # a length check there
         return cause.response()
+    if exc.status_code == 400 and isinstance(cause, RecursionError):  # nested past the parser
+        deep = too_deep()
+        return invalid_request(deep.message, deep.param).response()
     if exc.status_code == 400 and isinstance(cause, ValueError):
         # FastAPI's "error parsing the body" (a JSON syntax error is a validation error instead);
         # the body was read, so ``body()`` returns it again

@@ -53,6 +53,7 @@ from loraplex.server.body_errors import (
     InvalidBody,
     unsupported_content_encoding,
 )
+from loraplex.server.errors import invalid_request
 from loraplex.server.prompt_bounds import BODY_CHECKS, BodyCheck
 from loraplex.server.tenant_jobs import caller_of
 
@@ -148,6 +149,26 @@ class _StrictJsonRequest(Request):
             else:  # no tenant's key passed: parsed only, as FastAPI would
                 self._unique_json = await run_in_threadpool(loads_unique, body)
         return self._unique_json
+
+
+class IdentityBodyRoute(APIRoute):
+    """An ``APIRoute`` that refuses a request declaring its body encoded (``Content-Encoding``
+    other than ``identity``) before the body is read: the admin routes and the upload.
+
+    NOTE: they ignored the header (tenant routes refuse it in ``_StrictJsonRequest.json``): a
+    gzip body got FastAPI's "There was an error parsing the body", a plain body declared ``br``
+    was served. A compressed upload is refused, not inflated: ``max_upload_bytes`` bounds the
+    bytes received, and a decompression bomb is small until inflated."""
+
+    def get_route_handler(self) -> Callable[[Request], Coroutine[Any, Any, Response]]:
+        handler = super().get_route_handler()
+
+        async def identity_only(request: Request) -> Response:
+            if problem := unsupported_content_encoding(request.headers.get("content-encoding")):
+                raise invalid_request(problem.message, problem.param)
+            return await handler(request)
+
+        return identity_only
 
 
 class StrictJsonRoute(APIRoute):

@@ -47,11 +47,14 @@ from loraplex.server.admin_models import (
 from loraplex.server.auth import ADMIN_ACTOR, DepsDep, require_admin
 from loraplex.server.deps import ServerDeps
 from loraplex.server.errors import ApiError, invalid_request
+from loraplex.server.json_route import IdentityBodyRoute
 from loraplex.server.merge_guard import guarded, left_by
 from loraplex.server.protocol.fields import FirstUnknownKeyBody
 from loraplex.server.upload import receive_upload, staging_hidden
 
-router = APIRouter(prefix="/admin", dependencies=[Depends(require_admin)])
+router = APIRouter(
+    prefix="/admin", dependencies=[Depends(require_admin)], route_class=IdentityBodyRoute
+)
 ACTOR = ADMIN_ACTOR  # the audit log's actor for every change made here
 
 

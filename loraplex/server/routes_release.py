@@ -23,8 +23,11 @@ from loraplex.release.store import ReleaseStore
 from loraplex.server.admin_models import PageDep, StartReleaseBody
 from loraplex.server.auth import ADMIN_ACTOR, DepsDep, require_admin
 from loraplex.server.deps import ServerDeps
+from loraplex.server.json_route import IdentityBodyRoute
 
-router = APIRouter(prefix="/admin/releases", dependencies=[Depends(require_admin)])
+router = APIRouter(
+    prefix="/admin/releases", dependencies=[Depends(require_admin)], route_class=IdentityBodyRoute
+)
 # The rows of the comparison table, in order: ``RevisionWindow`` figures.
 TABLE_ROWS = (
     "requests",

@@ -23,9 +23,12 @@ from loraplex.server.auth import DepsDep, require_admin
 from loraplex.server.cache_control import CacheControl
 from loraplex.server.deps import ServerDeps
 from loraplex.server.errors import ApiError, invalid_request
+from loraplex.server.json_route import IdentityBodyRoute
 from loraplex.server.routes_admin import plain
 
-router = APIRouter(prefix="/admin", dependencies=[Depends(require_admin)])
+router = APIRouter(
+    prefix="/admin", dependencies=[Depends(require_admin)], route_class=IdentityBodyRoute
+)
 MAX_RESIDENCY_PAGE = 100  # most copies (and hot adapters) one /admin/residency answer lists
 
 

@@ -49,6 +49,7 @@ from loraplex.server.auth import LOAD_LORA_PATH, UNLOAD_LORA_PATH, DepsDep, requ
 from loraplex.server.cache_control import CacheControl
 from loraplex.server.deps import ServerDeps
 from loraplex.server.errors import ApiError, ErrorContext, invalid_request, to_api_error
+from loraplex.server.json_route import IdentityBodyRoute
 from loraplex.server.protocol import (
     LoadLoraAdapterRequest,
     LoraAdapterLoaded,
@@ -57,7 +58,7 @@ from loraplex.server.protocol import (
 )
 from loraplex.server.routes_admin import no_import_dir, register_import
 
-router = APIRouter(dependencies=[Depends(require_admin)])
+router = APIRouter(dependencies=[Depends(require_admin)], route_class=IdentityBodyRoute)
 LOAD_TIER = Tier.L1  # vLLM's load reads the weights into memory; the GPU slot is taken on use
 CONTENT_LABEL_PREFIX = "sha256-"
 CONTENT_LABEL_DIGITS = 16
