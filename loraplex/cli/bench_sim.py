@@ -65,7 +65,8 @@ def bench_sim(
         typer.Option(
             help="Keep each real single-server run's request log and client records, each real "
             "fleet run's client records (and the in-run calibration's request log) in this new "
-            "or empty directory."
+            "or empty directory.",
+            resolve_path=True,  # the servers run elsewhere: a relative path is read from here
         ),
     ] = None,
     calibrate_interleaved: Annotated[

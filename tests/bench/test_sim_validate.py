@@ -433,6 +433,29 @@ def test_bench_sim_runs_a_file_with_single_passes(monkeypatch: pytest.MonkeyPatc
     assert seen["fleet"] is None
 
 
+def test_a_relative_logs_dir_reaches_the_run_absolute(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    """The servers write their request logs from their own working directories: a relative
+    ``--logs-dir`` (read from the caller's) reaches the run absolute. A serve child was refused
+    with "request_log_path ... its directory does not exist" in a hold with ``--logs-dir logs``."""
+    from loraplex.bench.sim import bench
+
+    seen: dict[str, Any] = {}
+
+    def run_sim_bench(config: SimBenchConfig, *_: object) -> dict[str, Any]:
+        seen["config"] = config
+        return {"metrics": {"cost_model": {}}}
+
+    monkeypatch.setattr(bench, "run_sim_bench", run_sim_bench)
+    monkeypatch.chdir(tmp_path)
+    args = ["--cost-model", str(_EXAMPLE_COST), "--logs-dir", "logs"]
+    result = CliRunner().invoke(app, ["bench", "sim", "--json", *args])
+    assert result.exit_code == 0, result.output
+    assert seen["config"].logs_dir == tmp_path / "logs"
+    assert (tmp_path / "logs").is_dir()
+
+
 def test_a_run_keeps_the_clients_records_beside_the_servers_log(tmp_path: Path) -> None:
     """``RunLogs`` names both files of a run; the client's records round-trip as JSONL in
     trace order, so a request pairs with the server's line and the simulator's outcome."""

@@ -124,7 +124,8 @@ def serve(
         Path | None,
         typer.Option(
             help="A new or empty directory where each trace run keeps its server's request log "
-            "(the engine's stages per request) and the client's records; unset: kept nowhere."
+            "(the engine's stages per request) and the client's records; unset: kept nowhere.",
+            resolve_path=True,  # the servers run elsewhere: a relative path is read from here
         ),
     ] = None,
 ) -> None:
