@@ -5,8 +5,9 @@ Each engine replica pushes its ``EngineReplica.status()`` every ``PUSH_INTERVAL_
 keeps the latest per replica with the time it arrived (the board's clock, so replica clocks do
 not matter). A replica whose last push is older than the fleet's ``stale_after_s`` (default
 ``STALE_AFTER_S``) is out of rotation for the ingress (``healthy`` False, ``down_reason`` "stale
-report"); one silent for ``FORGET_AFTER_S`` is dropped. The Serve
-deployment wrapping it is ``deployments.FleetBoard`` (one replica).
+report"); one silent for ``FORGET_AFTER_S`` is dropped. In a fleet it lives in a plain Ray actor
+(``board_store.BoardStore``) owned by the ``Board`` deployment's one replica
+(``deployments.FleetBoardImpl``), which answers reads of it.
 """
 
 from __future__ import annotations

@@ -216,11 +216,9 @@ def read_record(data_dir: Path) -> FleetRecord:
 def board_entries(record: FleetRecord) -> list[Any]:
     """Every replica on the board (connects to the cluster)."""
     connect(record.address, _token(record))  # NOTE: before ray is imported (see connect)
-    from ray import serve
+    from loraplex.fleet.board_store import read_store
 
-    board = serve.get_deployment_handle("Board", app_name=APP_NAME)
-    entries: list[Any] = board.entries.remote().result(timeout_s=30.0)
-    return entries
+    return list(read_store(timeout_s=30.0))
 
 
 def _token(record: FleetRecord) -> Path | None:

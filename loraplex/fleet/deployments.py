@@ -1,9 +1,10 @@
 """The fleet's Ray Serve deployments and the application they form.
 
-- ``Board`` (one replica): every engine replica's latest status (``board.Board``).
+- ``Board`` (one replica): every engine replica's latest status (``board.Board``), kept in a
+  plain Ray actor it owns, which engine replicas push to (``board_store``).
 - ``EngineReplica`` (``engine_replicas``): one ``EngineReplica`` each; Ray Serve routes calls
   to them with ``LoraplexRequestRouter`` and collects ``record_routing_stats`` every
-  ``report_period_s``; each also pushes its status to the board.
+  ``report_period_s``; each also pushes its status to the board's store.
 - ``Ingress`` (one replica): the same FastAPI app as ``loraplex serve``
   (``ingress.build_ingress``), served by loraplex's own listener in the replica's process
   (``listener.py``) on the node the fleet's address is: the one ``fleet up`` runs on, else the
@@ -26,7 +27,9 @@ import threading
 from collections.abc import AsyncIterator
 from typing import TYPE_CHECKING, Any
 
+import ray
 from ray import serve
+from ray.exceptions import RayActorError
 from ray.serve.config import RequestRouterConfig
 from ray.serve.handle import DeploymentHandle
 
@@ -34,7 +37,8 @@ from loraplex.engine.protocol import EngineRequest, TokenDelta
 from loraplex.engine.transport.messages import CacheCommand
 from loraplex.engine.transport.packed_errors import pack_error
 from loraplex.errors import EngineUnavailableError
-from loraplex.fleet.board import PUSH_INTERVAL_S, Board, BoardEntry
+from loraplex.fleet.board import PUSH_INTERVAL_S, BoardEntry
+from loraplex.fleet.board_store import find_store, start_store
 from loraplex.fleet.settings import FleetSettings
 from loraplex.fleet.wire import Accepted, Failed, RouteHint
 
@@ -45,6 +49,7 @@ _log = logging.getLogger(__name__)
 HEALTH_CHECK_PERIOD_S = 2.0  # Ray Serve asks each engine replica this often
 HEALTH_CHECK_TIMEOUT_S = 10.0
 ROUTING_STATS_TIMEOUT_S = 5.0
+STORE_CALL_TIMEOUT_S = 10.0  # one push to, or read of, the board's store
 # By import path: Ray imports it in every process that holds the engine deployment's handle.
 ROUTER_CLASS = "loraplex.fleet.ray_router.LoraplexRequestRouter"
 NODE_ID_LABEL = "ray.io/node-id"  # every Ray node's label of its own id (``ray._raylet``)
@@ -56,25 +61,29 @@ HEAD_NODE_SHARE = 0.001
 
 
 class FleetBoardImpl:
-    """The board's one replica (wrapped by ``serve.deployment`` in ``build_app``)."""
+    """The board's one replica (wrapped by ``serve.deployment`` in ``build_app``): it owns the
+    store engine replicas push to (``board_store``) and answers reads of it. Nothing calls it
+    that can freeze with a call in flight (``board_store``'s NOTE)."""
 
     def __init__(self, stale_after_s: float) -> None:
-        self._board = Board(stale_after_s=stale_after_s)
+        self._stale_after_s = stale_after_s
+        self._store = start_store(stale_after_s)
 
-    def put(self, status: dict[str, Any]) -> None:
-        self._board.put(status)
-
-    def remove(self, replica_id: str) -> None:
-        self._board.remove(replica_id)
-
-    def entries(self) -> list[BoardEntry]:
-        return self._board.entries()
+    async def entries(self) -> list[BoardEntry]:
+        try:
+            entries: list[BoardEntry] = await asyncio.wait_for(
+                self._store.entries.remote(), STORE_CALL_TIMEOUT_S
+            )
+        except RayActorError:  # an earlier replica's store, gone with it: a new one
+            self._store = await asyncio.to_thread(start_store, self._stale_after_s)
+            raise
+        return entries
 
 
 class EngineDeploymentImpl:
     """One engine replica inside Ray Serve (wrapped by ``serve.deployment`` in ``build_app``)."""
 
-    def __init__(self, settings: FleetSettings, board: DeploymentHandle) -> None:
+    def __init__(self, settings: FleetSettings) -> None:
         # NOTE: imported here: the replica imports torch, and the ingress's and the board's
         # processes import this module too (they stay torch-free)
         from loraplex.fleet.replica import EngineReplica, build_replica_parts
@@ -82,7 +91,7 @@ class EngineDeploymentImpl:
         replica_id = serve.get_replica_context().replica_id.unique_id
         parts = build_replica_parts(settings.serve, settings.model_dir, replica_id)
         self._replica: EngineReplica = EngineReplica(replica_id, parts)
-        self._board = board
+        self._store: Any = None  # the board's store (``board_store.find_store``), once found
         self._stop = threading.Event()
         self._pusher = threading.Thread(
             target=self._push_forever, name="loraplex-board-push", daemon=True
@@ -126,15 +135,24 @@ class EngineDeploymentImpl:
     def __del__(self) -> None:
         self._stop.set()
         with contextlib.suppress(Exception):  # the board may be gone first
-            self._board.remove.remote(self._replica.replica_id)
+            if self._store is not None:
+                self._store.remove.remote(self._replica.replica_id)
         self._replica.close()
 
     def _push_forever(self) -> None:
+        failing = False
         while not self._stop.wait(PUSH_INTERVAL_S):
             try:
-                self._board.put.remote(self._replica.status()).result(timeout_s=10.0)
-            except Exception:  # the board restarting: push again next time
-                _log.warning("fleet: pushing status to the board failed", exc_info=True)
+                if self._store is None:
+                    self._store = find_store()
+                pushed = self._store.put.remote(self._replica.status())
+                ray.get(pushed, timeout=STORE_CALL_TIMEOUT_S)
+                failing = False
+            except Exception:  # the board (re)starting: find it and push again next time
+                self._store = None
+                if not failing:  # once per run of failures, not every PUSH_INTERVAL_S
+                    _log.warning("fleet: pushing status to the board failed", exc_info=True)
+                failing = True
 
 
 class FleetListenerImpl:
@@ -200,7 +218,7 @@ def build_app(settings: FleetSettings, ingress_node: str | None = None) -> Any:
         num_replicas=1, ray_actor_options={"num_cpus": 0}
     )
     board = board_deployment.bind(settings.stale_bound_s)
-    engine = engine_deployment.bind(settings, board)
+    engine = engine_deployment.bind(settings)
     return ingress_deployment.bind(settings, engine, board)
 
 

@@ -147,11 +147,9 @@ def wait_replicas(url: str, admin_key: str, count: int, timeout_s: float) -> Non
 
 def board_entries() -> list[Any]:
     """Every replica on the deployed fleet's board (``board.BoardEntry``)."""
-    from ray import serve
+    from loraplex.fleet.board_store import read_store
 
-    board = serve.get_deployment_handle("Board", app_name=APP_NAME)
-    entries: list[Any] = board.entries.remote().result(timeout_s=30.0)
-    return entries
+    return list(read_store(timeout_s=30.0))
 
 
 def settled_counters(count: int, ended_at: float) -> tuple[ReplicaCounters, ...]:
