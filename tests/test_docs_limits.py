@@ -12,7 +12,7 @@ import pytest
 from loraplex.engine.transport.restart import RestartPolicy
 from loraplex.model.tokenizer import GIL_HELD_DECODE_IDS
 from loraplex.registry.sql.paging import DEFAULT_PAGE, MAX_CURSOR_CHARS, MAX_PAGE
-from loraplex.registry.sql.sqlite import READ_TIMEOUT_S
+from loraplex.registry.sql.sqlite import READ_TIMEOUT_S, WRITE_TIMEOUT_S
 from loraplex.server.batch_limit import MAX_BATCH_PROMPTS
 from loraplex.server.choices import DEFAULT_MAX_CHOICES
 from loraplex.server.fd_limit import RESERVED_FDS
@@ -71,6 +71,8 @@ SENTENCES = [
     f"gets the first {DEFAULT_PAGE}",
     f"a read transaction still running a statement {READ_TIMEOUT_S:g} s after it began has it "
     "interrupted and gets 503 `registry_unavailable` (`sqlite.py: READ_TIMEOUT_S`, not a setting;",
+    f"waits for it {WRITE_TIMEOUT_S:g} s at most (`sqlite.py: WRITE_TIMEOUT_S`, not a setting), "
+    "then gets 503 `registry_unavailable`",
     f"a backoff: {RESTART.initial_backoff_s:g} s for the first restart, doubling per further "
     f"attempt (a crash soon after coming back, or a failed start) up to {RESTART.max_backoff_s:g} "
     f"s, back to {RESTART.initial_backoff_s:g} s once an engine has stayed up for "

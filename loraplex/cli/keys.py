@@ -10,14 +10,17 @@ import typer
 
 from loraplex.cli.registry_access import (
     Actor,
+    After,
+    Limit,
     acting,
     command_group,
     failures,
-    listed,
+    one_page,
     opened,
     utc_time,
 )
 from loraplex.cli.registry_location import Location, located
+from loraplex.registry.sql.paging import DEFAULT_PAGE
 
 
 def register(app: typer.Typer) -> None:
@@ -43,12 +46,21 @@ def create_key(
 def list_keys(
     location: Location,
     tenant: Annotated[str | None, typer.Option()] = None,
+    *,
+    limit: Limit = DEFAULT_PAGE,
+    after: After = None,
 ) -> None:
-    """List API keys (ids and state; tokens are never stored)."""
+    """List API keys (ids and state; tokens are never stored), by tenant, then age: one page,
+    and on stderr the --after of the next one when more follow."""
     with failures(), opened(location.config()) as registry:
-        for key in listed(lambda page: registry.list_keys(tenant, page), lambda key: key.key_id):
-            state = "active" if key.revoked_at is None else f"revoked {utc_time(key.revoked_at)}"
-            typer.echo(f"{key.key_id}\t{key.tenant}\tcreated {utc_time(key.created_at)}\t{state}")
+        keys, more = one_page(
+            lambda page: registry.list_keys(tenant, page), lambda key: key.key_id, after, limit
+        )
+    for key in keys:
+        state = "active" if key.revoked_at is None else f"revoked {utc_time(key.revoked_at)}"
+        typer.echo(f"{key.key_id}\t{key.tenant}\tcreated {utc_time(key.created_at)}\t{state}")
+    if more:
+        typer.echo(f"more keys follow: the next page is --after {keys[-1].key_id}", err=True)
 
 
 def revoke_key(

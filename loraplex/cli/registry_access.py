@@ -16,13 +16,17 @@ import typer
 
 from loraplex.artifacts.base_model import BaseModelSpec
 from loraplex.cli.locations import unusable_path
-from loraplex.errors import LoraplexError
+from loraplex.errors import InvalidRequestError, LoraplexError
 from loraplex.registry import AliasTarget, Provenance, Registry, RegistryConfig, open_registry
 from loraplex.registry.sql.paging import MAX_PAGE, Page, every_row
 
 Actor = Annotated[str | None, typer.Option(help="Who is acting, for the audit log")]
 LIST_PAGE = MAX_PAGE  # rows a ``list`` command reads per registry call (one short transaction)
 T = TypeVar("T")
+Limit = Annotated[int, typer.Option(help=f"Rows printed at most, 1 to {MAX_PAGE}.")]
+After = Annotated[
+    str | None, typer.Option(help="Start after this id (the last one the previous page printed).")
+]
 
 
 def command_group(app: typer.Typer, name: str, help_text: str) -> typer.Typer:
@@ -40,6 +44,22 @@ def listed(read: Callable[[Page], Sequence[T]], cursor: Callable[[T], str]) -> I
     ``list`` command prints everything (the admin API answers one page a call; the CLI follows
     the pages itself), and never holds more than a page or one transaction for all of it."""
     return every_row(read, cursor, LIST_PAGE)
+
+
+def one_page(
+    read: Callable[[Page], Sequence[T]], cursor: Callable[[T], str], after: str | None, limit: int
+) -> tuple[list[T], bool]:
+    """At most ``limit`` rows of a registry listing after the row ``after`` names (``--limit``,
+    ``--after``), as the admin API pages it, and whether rows follow them (a full page is
+    followed by a one-row read). A value the listing refuses is refused naming its flag."""
+    try:
+        page = Page(after, limit)
+        rows = list(read(page))
+    except InvalidRequestError as exc:
+        if exc.param not in ("after", "limit"):
+            raise
+        raise typer.BadParameter(str(exc), param_hint=f"--{exc.param}") from None
+    return rows, len(rows) == limit and bool(read(Page(cursor(rows[-1]), 1)))
 
 
 @contextlib.contextmanager

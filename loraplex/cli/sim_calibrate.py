@@ -175,7 +175,7 @@ def calibrate_command(
     import httpx
 
     from loraplex.bench.sim.calibrate_run import CalibrateConfig
-    from loraplex.bench.sim.calibrate_target import SELF_TARGET_SETS
+    from loraplex.bench.sim.calibrate_target import SELF_TARGET_SETS, TargetError
     from loraplex.bench.sim.calibration import calibrate
     from loraplex.bench.sim.fit_check import BrokenFit
 
@@ -231,6 +231,9 @@ def calibrate_command(
                 )
             except BrokenFit as exc:
                 _refused(exc, out, report)
+    except TargetError as exc:  # NOTE: a bad --url ended in a traceback
+        typer.echo(f"sim calibrate: --url {url}: {exc}", err=True)
+        raise typer.Exit(2) from None
     except httpx.HTTPStatusError as exc:  # NOTE: a refused admin call ended in a traceback
         hint = key_file_hint(exc.response.status_code, admin_key, data_dir)
         typer.echo(

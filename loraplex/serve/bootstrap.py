@@ -21,6 +21,7 @@ from pathlib import Path
 from loraplex.artifacts.warm_policy import WarmPolicy
 from loraplex.demo.manifest import DemoAdapter, DemoAssets
 from loraplex.registry import RegistrationRequest, Registry, Revision
+from loraplex.registry.sql.paging import Page
 from loraplex.server.deps import MIN_ADMIN_KEY_CHARS, TENANT_TOKEN_PREFIX
 
 ADMIN_KEY_FILE = "admin-key"
@@ -96,7 +97,7 @@ def sample_keys(registry: Registry, tenants: tuple[str, ...], data_dir: Path) ->
     (data_dir / LEGACY_SAMPLE_KEYS_FILE).unlink(missing_ok=True)
     keys: dict[str, str] = {}
     for tenant in tenants:
-        if not registry.list_keys(tenant):
+        if not registry.list_keys(tenant, Page(limit=1)):  # one is enough: not all of them
             keys[tenant] = registry.create_key(tenant, BOOTSTRAP_ACTOR).token
     return keys
 

@@ -20,7 +20,6 @@ import argparse
 import json
 import statistics
 import sys
-import tempfile
 from pathlib import Path
 from typing import Any
 
@@ -28,8 +27,6 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from logs import logged_runs
 
-from loraplex.bench.sim.bench import prepared
-from loraplex.bench.sim.simulated import adapter_sizes
 from loraplex.sim import cost_model as cost_file
 
 
@@ -89,27 +86,21 @@ def main() -> None:
     parser.add_argument("--trace-requests", type=int, default=64)
     parser.add_argument("--out", type=Path)
     args = parser.parse_args()
-    from loraplex.demo.assets import generate_demo_assets
 
-    runs, config = logged_runs(args.logs_dir, args.trace_requests)
     links = cost_file.load(args.cost_model).links
-    assets = generate_demo_assets(config.asset_dir / "test-small", preset="small", seed=0)
-    workloads = config.workloads()
-    with tempfile.TemporaryDirectory(prefix="loraplex-busy-") as tmp:
-        registry = prepared(config, workloads, Path(tmp), assets.base_model_dir)
-        sizes, _ = adapter_sizes(registry.model_dir, [a for w in workloads for a in w.adapters])
+    logged = logged_runs(args.logs_dir, args.trace_requests)
     rows = []
-    for path in runs:
-        lines = _lines(path)
+    for run in logged.runs:
+        lines = _lines(run.path)
         for i, line in enumerate(lines):
             row = beside(lines, i)
             if row is None:
                 continue
             name = line["adapter"].split("@")[0]
-            size = sizes[(line["tenant"], name)]
+            size = logged.sizes[(line["tenant"], name)]
             price = links["L3_to_L2"].seconds(size) + links["L2_to_L1"].seconds(size)
             ttft = line.get("ttft_s")
-            row.update(run=path.name.split(".")[0], adapter=line["adapter"], bytes=size)
+            row.update(run=run.stem, adapter=line["adapter"], bytes=size)
             row.update(price_s=round(price, 6), ratio=round(row["load_s"] / price, 3))
             row.update(ttft_ms=None if ttft is None else round(ttft * 1e3, 2))
             rows.append(row)

@@ -25,21 +25,18 @@ import argparse
 import json
 import statistics
 import sys
-import tempfile
 from collections import Counter
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
-from loraplex.bench.sim.bench import prepared
-from loraplex.bench.sim.config import SimBenchConfig
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from logs import logged_runs
+
 from loraplex.bench.sim.fleet_interleaved import fleet_terms
-from loraplex.bench.sim.simulated import adapter_sizes, registry_tenants, sim_config
-from loraplex.bench.sim.traces import workload_rows
-from loraplex.bench.sim.validate import MAX_LORA_RANK
 from loraplex.sim import cost_model as cost_file
 from loraplex.sim.calibrate_fleet import FleetSample
-from loraplex.sim.call import records
 from loraplex.sim.config import SimConfig
 from loraplex.sim.cost_model import CostModel
 from loraplex.sim.outcome import Outcome
@@ -157,7 +154,6 @@ def main() -> None:
     parser.add_argument("--no-load-scale", action="store_true")
     parser.add_argument("--out", type=Path)
     args = parser.parse_args()
-    from loraplex.demo.assets import generate_demo_assets
 
     base = cost_file.load(args.cost_model)
     if args.ask is not None:
@@ -174,33 +170,19 @@ def main() -> None:
     if line is not None:
         for name, t in line["metrics"]["targets"]["fleet"]["traces"].items():
             decisions[name] = [r.get("decisions", {}) for r in t["real"].get("runs", [])]
-    runs = sorted(args.logs_dir.glob("fleet-r*-*.client.jsonl"))
-    names = sorted({p.name.split(".")[0].split("-", 2)[2] for p in runs})
-    config = SimBenchConfig(
-        traces=tuple(names), targets=("fleet",), trace_requests=args.trace_requests, scale=None
-    )
-    assets = generate_demo_assets(config.asset_dir / "test-small", preset="small", seed=0)
-    workloads = {w.name: w for w in config.workloads()}
+    logged = logged_runs(args.logs_dir, args.trace_requests, "fleet")
     out = None if args.out is None else args.out.open("w", encoding="utf-8")
-    with tempfile.TemporaryDirectory(prefix="loraplex-fleet-pairs-") as tmp:
-        registry = prepared(config, list(workloads.values()), Path(tmp), assets.base_model_dir)
-        adapters = [a for w in workloads.values() for a in w.adapters]
-        sizes, per_rank = adapter_sizes(registry.model_dir, adapters)
-        values = sim_config(config, "fleet", per_rank, registry_tenants(registry))
-        for path in runs:
-            stem = path.name.split(".")[0]
-            w = workloads[stem.split("-", 2)[2]]
-            kept: list[Outcome] = []
-            trace = records(workload_rows(w, MAX_LORA_RANK, sizes))
-            model = models.get(w.name, base)
-            simulate(trace, SimConfig(**values), model, keep_outcomes=kept)
-            rows = rows_of(w, _lines(path), kept)
-            if out is not None:
-                for row in rows:
-                    out.write(json.dumps({"run": stem, **row}) + "\n")
-            body = summary(rows)
-            body["real_decisions"] = decisions.get(w.name)
-            sys.stdout.write(f"{stem} {json.dumps(body)}\n")
+    for run in logged.runs:
+        kept: list[Outcome] = []
+        model = models.get(run.workload.name, base)
+        simulate(run.trace, SimConfig(**logged.values), model, keep_outcomes=kept)
+        rows = rows_of(run.workload, _lines(run.path), kept)
+        if out is not None:
+            for row in rows:
+                out.write(json.dumps({"run": run.stem, **row}) + "\n")
+        body = summary(rows)
+        body["real_decisions"] = decisions.get(run.workload.name)
+        sys.stdout.write(f"{run.stem} {json.dumps(body)}\n")
 
 
 if __name__ == "__main__":

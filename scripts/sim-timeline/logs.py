@@ -7,7 +7,9 @@ calibration's ``calibration.requests.jsonl``), simulates the same traces with ``
 its simulated one (``probe.paired``) and prints, per run, the medians per leased tier of
 ``probe.summary`` (ms). Then the calibration's lone warm requests (leased from a GPU slot,
 ``--output-tokens`` tokens, ``--prompt-tokens`` prompt) against the runs' warm requests of the
-same shape: their front TTFT and engine stages, side by side.
+same shape: their front TTFT and engine stages, side by side. ``logged_runs`` (the runs of a
+target, their traces, adapter sizes and simulator config) also serves ``fleet_pairs.py`` and
+``busy_loads.py``.
 
     python scripts/sim-timeline/logs.py --logs-dir /tmp/logs --cost-model cal.json \
         --trace-requests 192 [--out rows.jsonl]
@@ -20,6 +22,7 @@ import json
 import statistics
 import sys
 import tempfile
+from dataclasses import dataclass
 from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
@@ -33,6 +36,7 @@ from loraplex.bench.sim.config import SimBenchConfig
 from loraplex.bench.sim.simulated import adapter_sizes, registry_tenants, sim_config
 from loraplex.bench.sim.traces import workload_rows
 from loraplex.bench.sim.validate import MAX_LORA_RANK
+from loraplex.bench.workloads import Workload
 from loraplex.sim import cost_model as cost_file
 from loraplex.sim.call import records
 
@@ -84,14 +88,54 @@ def warm(lines: list[dict[str, Any]], prompt: int, output: int) -> list[dict[str
     ]
 
 
-def logged_runs(logs_dir: Path, trace_requests: int) -> tuple[list[Path], SimBenchConfig]:
-    """``logs_dir``'s single-server request logs and the bench config of their traces."""
-    runs = sorted(logs_dir.glob("single-r*-*.requests.jsonl"))
-    names = sorted({p.name.split(".")[0].split("-", 2)[2] for p in runs})
+# Each target's logs read per run: the server's request log (single), the client's records
+# (fleet: the tier its replica reported, its TTFT).
+RUN_LOGS = {"single": "requests.jsonl", "fleet": "client.jsonl"}
+
+
+@dataclass(frozen=True)
+class LoggedRun:
+    """One real run of a logs directory, with its trace as the simulator reads it."""
+
+    path: Path  # its log (``RUN_LOGS``)
+    stem: str  # ``<target>-r<repeat>-<trace>``
+    workload: Workload  # the trace's workload, as bench sim generated it
+    trace: list[Any]  # that workload's requests as the simulator's records, sizes as served
+
+
+@dataclass(frozen=True)
+class LoggedRuns:
+    """A logs directory's runs of one target and what simulating them needs."""
+
+    runs: list[LoggedRun]  # by file name
+    values: dict[str, Any]  # SimConfig fields mirroring the target's deployment
+    sizes: dict[tuple[str, str], int]  # (tenant, adapter name) -> bytes as served
+
+
+def logged_runs(logs_dir: Path, trace_requests: int, target: str = "single") -> LoggedRuns:
+    """``logs_dir``'s runs of ``target`` (``RUN_LOGS``), with the traces, adapter sizes and
+    simulator config bench sim used: the demo assets, and its registry prepared in a temporary
+    directory (for the adapters' sizes and the tenants' settings)."""
+    from loraplex.demo.assets import generate_demo_assets
+
+    paths = sorted(logs_dir.glob(f"{target}-r*-*.{RUN_LOGS[target]}"))
+    stems = [p.name.split(".")[0] for p in paths]
+    names = sorted({stem.split("-", 2)[2] for stem in stems})
     config = SimBenchConfig(
-        traces=tuple(names), targets=("single",), trace_requests=trace_requests, scale=None
+        traces=tuple(names), targets=(target,), trace_requests=trace_requests, scale=None
     )
-    return runs, config
+    assets = generate_demo_assets(config.asset_dir / "test-small", preset="small", seed=0)
+    workloads = {w.name: w for w in config.workloads()}
+    with tempfile.TemporaryDirectory(prefix="loraplex-logs-") as tmp:
+        registry = prepared(config, list(workloads.values()), Path(tmp), assets.base_model_dir)
+        adapters = [a for w in workloads.values() for a in w.adapters]
+        sizes, per_rank = adapter_sizes(registry.model_dir, adapters)
+        values = sim_config(config, target, per_rank, registry_tenants(registry))
+    runs = []
+    for path, stem in zip(paths, stems, strict=True):
+        w = workloads[stem.split("-", 2)[2]]
+        runs.append(LoggedRun(path, stem, w, records(workload_rows(w, MAX_LORA_RANK, sizes))))
+    return LoggedRuns(runs, values, sizes)
 
 
 def main() -> None:
@@ -103,33 +147,22 @@ def main() -> None:
     parser.add_argument("--output-tokens", type=int, default=8)
     parser.add_argument("--out", type=Path)
     args = parser.parse_args()
-    from loraplex.demo.assets import generate_demo_assets
 
-    runs, config = logged_runs(args.logs_dir, args.trace_requests)
     cost = cost_file.load(args.cost_model)
-    assets = generate_demo_assets(config.asset_dir / "test-small", preset="small", seed=0)
-    workloads = {w.name: w for w in config.workloads()}
+    logged = logged_runs(args.logs_dir, args.trace_requests)
     out = None if args.out is None else args.out.open("w", encoding="utf-8")
     trace_warm: list[dict[str, Any]] = []
-    with tempfile.TemporaryDirectory(prefix="loraplex-logs-") as tmp:
-        registry = prepared(config, list(workloads.values()), Path(tmp), assets.base_model_dir)
-        adapters = [a for w in workloads.values() for a in w.adapters]
-        sizes, per_rank = adapter_sizes(registry.model_dir, adapters)
-        values = sim_config(config, "single", per_rank, registry_tenants(registry))
-        for path in runs:
-            stem = path.name.split(".")[0]
-            w = workloads[stem.split("-", 2)[2]]
-            sims, stamps = simulated_outcomes(
-                records(workload_rows(w, MAX_LORA_RANK, sizes)), values, cost
-            )
-            lines = _lines(path)
-            recs = [SimpleNamespace(**r) for r in _lines(args.logs_dir / f"{stem}.client.jsonl")]
-            rows = paired(w, recs, lines, sims, stamps)
-            if out is not None:
-                for row in rows:
-                    out.write(json.dumps({"run": stem, **row}) + "\n")
-            sys.stdout.write(f"{stem} {json.dumps(summary(rows))}\n")
-            trace_warm.extend(warm(lines, args.prompt_tokens, args.output_tokens))
+    for run in logged.runs:
+        sims, stamps = simulated_outcomes(run.trace, logged.values, cost)
+        lines = _lines(run.path)
+        client = args.logs_dir / f"{run.stem}.client.jsonl"
+        recs = [SimpleNamespace(**r) for r in _lines(client)]
+        rows = paired(run.workload, recs, lines, sims, stamps)
+        if out is not None:
+            for row in rows:
+                out.write(json.dumps({"run": run.stem, **row}) + "\n")
+        sys.stdout.write(f"{run.stem} {json.dumps(summary(rows))}\n")
+        trace_warm.extend(warm(lines, args.prompt_tokens, args.output_tokens))
     calibration = args.logs_dir / "calibration.requests.jsonl"
     if calibration.is_file():
         lone = warm(_lines(calibration), args.prompt_tokens, args.output_tokens)

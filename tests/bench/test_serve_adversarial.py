@@ -6,14 +6,14 @@ from __future__ import annotations
 
 import json
 import math
-import threading
 from collections import Counter
 from collections.abc import Iterator
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from http.server import BaseHTTPRequestHandler
 from pathlib import Path
 from typing import ClassVar
 
 import pytest
+from local_http import local_server
 from typer.testing import CliRunner
 
 from loraplex.bench.serve.adversarial import (
@@ -179,14 +179,8 @@ class _Models(BaseHTTPRequestHandler):
 @pytest.fixture
 def models_server() -> Iterator[tuple[str, type[_Models]]]:
     handler = type("Models", (_Models,), {"connections": []})
-    server = ThreadingHTTPServer(("127.0.0.1", 0), handler)
-    thread = threading.Thread(target=server.serve_forever, daemon=True)
-    thread.start()
-    try:
-        yield f"http://127.0.0.1:{server.server_address[1]}", handler
-    finally:
-        server.shutdown()
-        server.server_close()
+    with local_server(handler) as url:
+        yield url, handler
 
 
 def test_keepalive_rtts_reuse_one_connection(models_server: tuple[str, type[_Models]]) -> None:

@@ -4,12 +4,12 @@ an older key. NOTE: the refusal only asked "is the admin key right?"."""
 
 from __future__ import annotations
 
-import threading
 from collections.abc import Iterator
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from http.server import BaseHTTPRequestHandler
 from pathlib import Path
 
 import pytest
+from local_http import local_server
 from typer.testing import CliRunner
 
 from loraplex.cli import app
@@ -32,14 +32,8 @@ class _Refusing(BaseHTTPRequestHandler):
 
 @pytest.fixture
 def refusing_url() -> Iterator[str]:
-    server = ThreadingHTTPServer(("127.0.0.1", 0), _Refusing)
-    thread = threading.Thread(target=server.serve_forever, daemon=True)
-    thread.start()
-    try:
-        yield f"http://127.0.0.1:{server.server_address[1]}"
-    finally:
-        server.shutdown()
-        server.server_close()
+    with local_server(_Refusing) as url:
+        yield url
 
 
 def _preflight(url: str, data_dir: Path, *extra: str) -> str:

@@ -372,6 +372,8 @@ def test_a_read_within_its_time_is_not_interrupted_later(tmp_path: Path) -> None
         ({"wait_s": 30.5}, "wait_s 30.5 is invalid; expected > 0, <= 30"),
         ({"read_timeout_s": 0}, "read_timeout_s 0 is invalid; expected > 0, <= 10"),
         ({"read_timeout_s": 11}, "read_timeout_s 11 is invalid; expected > 0, <= 10"),
+        ({"write_timeout_s": 0}, "write_timeout_s 0 is invalid; expected > 0, <= 10"),
+        ({"write_timeout_s": 10.5}, "write_timeout_s 10.5 is invalid; expected > 0, <= 10"),
     ],
 )
 def test_out_of_range_settings_are_refused_before_any_file(
@@ -385,7 +387,11 @@ def test_out_of_range_settings_are_refused_before_any_file(
 
 def test_settings_at_their_bounds_are_accepted(tmp_path: Path) -> None:
     db = SqliteDatabase(
-        str(tmp_path / "registry.db"), read_connections=64, wait_s=30, read_timeout_s=10
+        str(tmp_path / "registry.db"),
+        read_connections=64,
+        wait_s=30,
+        read_timeout_s=10,
+        write_timeout_s=10,
     )
     with db.transaction(write=False) as tx:
         assert tx.query_one("SELECT 1") == (1,)

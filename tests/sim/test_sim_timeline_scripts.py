@@ -5,10 +5,13 @@ callable all three failed with "'CostModel' object is not callable")."""
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
 from pathlib import Path
+
+from loraplex.bench.sim.config import SimBenchConfig
 
 REPO = Path(__file__).resolve().parents[2]
 SCRIPTS = REPO / "scripts" / "sim-timeline"
@@ -76,3 +79,47 @@ def test_busy_loads_reads_what_ran_beside_each_cold_load() -> None:
     assert row["mean_running"] == 0.5 and row["busy_fraction"] == 0.5
     assert row["running_at_start"] == 0 and row["prefills"] == 1
     assert beside(lines, 1) is None  # a warm request loads nothing
+
+
+def _logs_dir(root: Path, trace: str, trace_requests: int) -> int:
+    """A ``bench sim --logs-dir`` of one single and one fleet run of ``trace``, as the real
+    runs write them (every 4th request cold, the rest warm; fixed stage stamps); its requests."""
+    config = SimBenchConfig(traces=(trace,), trace_requests=trace_requests, scale=None)
+    (workload,) = config.workloads()
+    engine = {"asked_s": 0.001, "load_s": 0.004, "ready_s": 0.006, "lease_s": 0.007,
+              "scheduled_s": 0.008, "first_step_end_s": 0.02, "end_s": 0.05}  # fmt: skip
+    files: dict[str, list[dict[str, object]]] = {}
+    for i, r in enumerate(workload.requests):
+        tier = "L3" if i % 4 == 0 else "L0"
+        line = {"t_s": r.t_s, "tenant": r.tenant, "adapter": f"{r.adapter}@v1", "tier": tier,
+                "ttft_s": 0.021, "engine": engine, "prompt_tokens": r.prompt_tokens,
+                "output_tokens": r.output_tokens}  # fmt: skip
+        files.setdefault(f"single-r0-{trace}.requests.jsonl", []).append(line)
+        files.setdefault(f"single-r0-{trace}.client.jsonl", []).append(
+            {"tier": tier, "ttft_s": 0.025}
+        )
+        files.setdefault(f"fleet-r0-{trace}.client.jsonl", []).append(
+            {"tenant": r.tenant, "tier": tier, "ttft_s": 0.03}
+        )
+    for name, rows in files.items():
+        (root / name).write_text("".join(json.dumps(x) + "\n" for x in rows), encoding="utf-8")
+    return len(workload.requests)
+
+
+def test_logs_and_fleet_pairs_pair_each_logged_run_with_its_simulation(tmp_path: Path) -> None:
+    """``logs.py`` (single) and ``fleet_pairs.py`` (fleet) share ``logs.logged_runs``: the
+    logged runs, their traces, sizes and simulator config (fleet_pairs repeated the set-up)."""
+    n = _logs_dir(tmp_path, "hot-burst", 16)
+    args = ["--logs-dir", str(tmp_path), "--cost-model", COST, "--trace-requests", "16"]
+    (single,) = _run(str(SCRIPTS / "logs.py"), *args).splitlines()
+    name, _, body = single.partition(" ")
+    assert name == "single-r0-hot-burst"
+    tiers = json.loads(body)
+    assert set(tiers) == {"L0", "L3"}
+    assert tiers["L0"]["n"] + tiers["L3"]["n"] == n and tiers["L0"]["ttft"] == 25.0
+    (fleet,) = _run(str(SCRIPTS / "fleet_pairs.py"), *args).splitlines()
+    name, _, body = fleet.partition(" ")
+    assert name == "fleet-r0-hot-burst"
+    pairs = json.loads(body)
+    assert sum(pairs["tiers"].values()) == n and sum(pairs["sim_reasons"].values()) == n
+    assert {k.split("/")[0] for k in pairs["tiers"]} == {"L0", "L3"}

@@ -20,11 +20,18 @@ from typing import Any
 import httpx
 
 from loraplex.bench.workloads import ALL_TARGETS, ATTENTION_TARGETS, TraceAdapter
+from loraplex.errors import LoraplexError
 from loraplex.registry.sql.paging import MAX_PAGE, every_row
 from loraplex.server.admin_models import shown_with_every_revision
 
 SELF_TENANT = "calibration"
 REMOTE_VOCAB = 256  # prompt token ids stay below this on a server of unknown vocabulary
+
+
+class TargetError(LoraplexError):
+    """The URL names nothing to calibrate: not an http(s) URL, nothing answering there, an
+    answer that is not loraplex's admin API, or no adapter to request. (A refused admin call
+    stays ``httpx.HTTPStatusError``: its status says more.)"""
 
 
 @dataclass(frozen=True)
@@ -65,6 +72,12 @@ class Target:
 
 
 def _admin(url: str, admin_key: str) -> httpx.Client:
+    try:
+        parsed = httpx.URL(url)
+    except httpx.InvalidURL as exc:
+        raise TargetError(f"not a URL ({exc})") from None
+    if parsed.scheme not in ("http", "https") or not parsed.host:
+        raise TargetError("expected http://HOST[:PORT] or https://HOST[:PORT]")
     return httpx.Client(
         base_url=url, headers={"Authorization": f"Bearer {admin_key}"}, timeout=60.0
     )
@@ -91,6 +104,23 @@ def _single_revision_adapters(client: httpx.Client, limit: int) -> list[ServedAd
     return found
 
 
+def _discovered(client: httpx.Client, limit: int) -> list[ServedAdapter]:
+    """``_single_revision_adapters``, at least one; what the URL's answers (or their absence)
+    say about it is ``TargetError``. NOTE: a bad URL or a server without such an adapter ended
+    in a traceback (httpx's error, or a bare ``ValueError``)."""
+    try:
+        adapters = _single_revision_adapters(client, limit)
+    except (httpx.TransportError, httpx.InvalidURL) as exc:
+        raise TargetError(f"nothing answered ({type(exc).__name__}: {exc})") from exc
+    except (ValueError, KeyError, TypeError) as exc:  # not JSON, or not the listing's shape
+        raise TargetError(
+            f"its answers are not loraplex's admin API ({type(exc).__name__}: {exc})"
+        ) from exc
+    if not adapters:
+        raise TargetError("it serves no adapter whose alias names one revision")
+    return adapters
+
+
 def _listed_adapters(client: httpx.Client) -> Iterator[dict[str, Any]]:
     """Every adapter of ``GET /admin/adapters``, one page at a time (read as they are used)."""
     return every_row(
@@ -114,9 +144,7 @@ def remote_target(
     """The server at ``url``; keys created for the run are revoked when it ends.
     ``load_cpu_shared``: the caller's word that its loader and engine share one CPU."""
     with _admin(url, admin_key) as client:
-        adapters = _single_revision_adapters(client, max_adapters)
-        if not adapters:
-            raise ValueError(f"{url} serves no adapter whose alias names one revision")
+        adapters = _discovered(client, max_adapters)
         issued: list[str] = []
         keys: dict[str, str] = {}
         try:

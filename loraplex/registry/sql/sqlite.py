@@ -8,7 +8,8 @@ Within one process, write transactions take turns on one connection and read tra
 on a few read-only connections of their own (``READ_CONNECTIONS``), each reading its own
 snapshot: a slow read (a large listing, the audit log) holds one of them, and tenants' lookups,
 other reads and writes go on beside it, for at most ``READ_TIMEOUT_S``: then its statement is
-interrupted and its connection returned.
+interrupted and its connection returned. A write waits at most ``WRITE_TIMEOUT_S`` for the
+database's write lock while another process holds it.
 """
 
 from __future__ import annotations
@@ -35,6 +36,11 @@ MAX_READ_CONNECTIONS = 64
 # interrupted (``sqlite3_interrupt``, from the watchdog's thread): a runaway read gives its read
 # connection back instead of holding it while tenants' lookups wait for one.
 READ_TIMEOUT_S = 10.0
+# How long a write waits for the database's write lock while another process (another server,
+# a CLI command, anything with the file open) holds it: the write connection's busy timeout.
+# Then the write fails with ``RegistryUnavailableError`` (a 503). NOTE: it waited
+# ``BUSY_TIMEOUT_S`` and then raised the bare "database is locked" (a 500 in the API).
+WRITE_TIMEOUT_S = 10.0
 # Connections a forked child's ``close`` left open (never closed there: SQLite's rule), kept
 # referenced so that dropping the database does not close them either. NOTE: an interpreter
 # shutdown in the child still would; a forked child ends with ``os._exit`` (as multiprocessing's
@@ -67,7 +73,8 @@ class SqliteDatabase:
     (``serving``) hold at most all but ``seats.SERVING_RESERVE`` of them. A call finding its
     turn taken, or every read connection it may take busy, for ``wait_s`` fails with
     ``RegistryUnavailableError``, as does a read transaction still running a statement
-    ``read_timeout_s`` after it began (the statement is interrupted). Transactions do not nest (a
+    ``read_timeout_s`` after it began (the statement is interrupted), and a write finding the
+    write lock held by another process for ``write_timeout_s``. Transactions do not nest (a
     nested read would not see the enclosing write's rows).
 
     NOTE: not usable across a fork (SQLite's rule: its locks are per process, so a child using,
@@ -84,6 +91,7 @@ class SqliteDatabase:
         read_connections: int = READ_CONNECTIONS,
         wait_s: float = BUSY_TIMEOUT_S,
         read_timeout_s: float = READ_TIMEOUT_S,
+        write_timeout_s: float = WRITE_TIMEOUT_S,
     ) -> None:
         if not 1 <= read_connections <= MAX_READ_CONNECTIONS:
             raise ValueError(
@@ -95,6 +103,11 @@ class SqliteDatabase:
         if not 0 < read_timeout_s <= READ_TIMEOUT_S:
             raise ValueError(
                 f"read_timeout_s {read_timeout_s!r} is invalid; expected > 0, <= {READ_TIMEOUT_S:g}"
+            )
+        if not 0 < write_timeout_s <= WRITE_TIMEOUT_S:
+            raise ValueError(
+                f"write_timeout_s {write_timeout_s!r} is invalid; expected > 0, <= "
+                f"{WRITE_TIMEOUT_S:g}"
             )
         if path == ":memory:":
             raise ValueError(
@@ -108,7 +121,8 @@ class SqliteDatabase:
         os.close(os.open(self._path, os.O_RDWR | os.O_CREAT, 0o600))
         self._wait_s = wait_s
         self._read_timeout_s = read_timeout_s
-        self._conn = self._connect()
+        self._write_timeout_s = write_timeout_s
+        self._conn = self._connect(write_timeout_s)
         (mode,) = self._conn.execute("PRAGMA journal_mode = WAL").fetchone()
         if str(mode).lower() != "wal":
             self._conn.close()
@@ -141,15 +155,16 @@ class SqliteDatabase:
     def url(self) -> str:
         return f"sqlite:///{self._path}"
 
-    def _connect(self) -> sqlite3.Connection:
+    def _connect(self, busy_s: float) -> sqlite3.Connection:
+        """A connection waiting at most ``busy_s`` for a lock another process holds."""
         conn = sqlite3.connect(
-            self._path, timeout=BUSY_TIMEOUT_S, isolation_level=None, check_same_thread=False
+            self._path, timeout=busy_s, isolation_level=None, check_same_thread=False
         )
-        conn.execute(f"PRAGMA busy_timeout = {int(BUSY_TIMEOUT_S * 1000)}")
+        conn.execute(f"PRAGMA busy_timeout = {max(1, int(busy_s * 1000))}")
         return conn
 
     def _connect_reader(self) -> sqlite3.Connection:
-        conn = self._connect()
+        conn = self._connect(BUSY_TIMEOUT_S)
         try:
             conn.execute("PRAGMA query_only = ON")
         except BaseException:
@@ -194,7 +209,17 @@ class SqliteDatabase:
 
     @contextmanager
     def _begun(self, conn: sqlite3.Connection, begin: str) -> Iterator[_SqliteTx]:
-        conn.execute(begin)
+        """A transaction on ``conn``. ``BEGIN IMMEDIATE`` takes the write lock, waiting
+        ``write_timeout_s`` at most (the write connection's busy timeout) while another process
+        holds it; a read's ``BEGIN`` takes no lock."""
+        try:
+            conn.execute(begin)
+        except sqlite3.OperationalError as exc:
+            if not exc.sqlite_errorname.startswith("SQLITE_BUSY"):
+                raise
+            raise RegistryUnavailableError(
+                f"another process held its write lock for {self._write_timeout_s:g} s"
+            ) from exc
         try:
             yield _SqliteTx(conn)
         except BaseException:
