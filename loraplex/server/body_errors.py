@@ -144,8 +144,8 @@ def too_deep() -> BodyProblem:
 
 
 class EncodedBody(ValueError):
-    """A body declared encoded (``Content-Encoding``): refused before it is read
-    (``json_route.py``)."""
+    """A body declared encoded (``Content-Encoding``), refused before it is read, or one not in
+    UTF-8, refused before it is parsed (``json_route.py``)."""
 
     def __init__(self, problem: BodyProblem) -> None:
         super().__init__(problem.message)
@@ -166,6 +166,33 @@ def unsupported_content_encoding(declared: str | None) -> BodyProblem | None:
         "unencoded (identity)"
     )
     return BodyProblem(message, "Content-Encoding")
+
+
+# The encodings ``json.loads`` reads bytes in that JSON allows between systems (RFC 8259 §8.1:
+# UTF-8; a leading byte order mark may be ignored, as Python's parser does).
+_UTF8 = ("utf-8", "utf-8-sig")
+
+
+def not_utf8(content_type: str | None, body: bytes) -> BodyProblem | None:
+    """A problem naming ``Content-Type`` for a body that is not UTF-8 JSON: one in UTF-16 or
+    UTF-32 (as ``json.loads`` detects them), or one declared in another ``charset``; None for
+    UTF-8. NOTE: ``json.loads`` read UTF-16 and UTF-32 bodies, and FastAPI ignored the charset:
+    a gateway in front that reads the body as JSON (RFC 8259: UTF-8) to check ``model`` or
+    ``max_tokens`` found no JSON in a UTF-16 body, or another text than the one served when told
+    ``charset=utf-16`` of a UTF-8 one, while the server ran the request."""
+    charset = None
+    if content_type:
+        header = Message()
+        header["content-type"] = content_type
+        charset = header.get_content_charset()
+    if charset is not None and charset.replace("-", "").replace("_", "") != "utf8":
+        found = f"declared charset {clipped(charset)!r}"
+    elif (encoding := json.detect_encoding(body)) not in _UTF8:
+        found = f"a body in {encoding}"
+    else:
+        return None
+    message = f"{found} is not supported; send the JSON body in UTF-8 (RFC 8259)"
+    return BodyProblem(message, "Content-Type")
 
 
 def unsupported_content_type(declared: str | None) -> BodyProblem | None:

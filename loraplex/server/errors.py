@@ -111,15 +111,23 @@ class ApiError(Exception):
     def body(self) -> dict[str, object]:
         return {
             "error": {
-                "message": self.message,
+                "message": _encodable(self.message),
                 "type": self.type,
-                "param": self.param,
+                "param": None if self.param is None else _encodable(self.param),
                 "code": self.code,
             }
         }
 
     def response(self) -> JSONResponse:
         return JSONResponse(self.body(), status_code=self.status, headers=self.headers)
+
+
+def _encodable(text: str) -> str:
+    """``text`` with each lone surrogate written as its escape (``\\ud800``). NOTE: a message or
+    param may quote the caller's JSON keys, which ``json`` parses to any code point, lone
+    surrogates too; the response is UTF-8, which cannot hold one, so a key ``"\\ud800"`` given
+    twice (or holding a too long integer) made the 400 itself fail, a 500."""
+    return text.encode("utf-8", "backslashreplace").decode("utf-8")
 
 
 def invalid_request(message: str, param: str | None = None) -> ApiError:

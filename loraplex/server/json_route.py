@@ -51,6 +51,7 @@ from loraplex.server.body_errors import (
     DuplicateKeyError,
     EncodedBody,
     InvalidBody,
+    not_utf8,
     unsupported_content_encoding,
 )
 from loraplex.server.errors import invalid_request
@@ -137,6 +138,8 @@ class _StrictJsonRequest(Request):
             if problem := unsupported_content_encoding(self.headers.get("content-encoding")):
                 raise EncodedBody(problem)
             body = await self.body()
+            if problem := not_utf8(self.headers.get("content-type"), body):
+                raise EncodedBody(problem)
             if parsed_inline(body):
                 self._unique_json = loads_unique(body)
             elif (tenant := caller_of(self.scope)) is not None:

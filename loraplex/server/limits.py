@@ -4,6 +4,8 @@ FastAPI reads and parses the whole body before any dependency runs, so without t
 unauthenticated client could make the server buffer and parse any amount of data before its 401.
 ``RequestLimits`` runs first:
 
+- A header the server reads as one value given twice (``SINGLE_HEADERS``: ``Authorization``,
+  ``X-Request-Id``, ...) is a 400 naming it: Starlette reads the first and drops the rest.
 - ``/v1/*``, /tokenize and /detokenize need a tenant key, ``/admin/*`` and vLLM's
   ``/v1/(un)load_lora_adapter`` the admin key (``auth.required_credential``), checked from the
   headers alone: a wrong one gets its 401 before a byte of the body is read (a tenant key costs
@@ -230,6 +232,7 @@ class RequestLimits:
         limit = body_limit(self.deps, scope["path"])
         headers = Headers(scope=scope)
         try:
+            _check_single_headers(headers)
             _check_declared_length(headers, limit)
             await self._authenticate(scope, headers)
         except ApiError as refused:
@@ -292,6 +295,28 @@ async def _take_token(limiter: TenantRateLimiter, tenant: Tenant) -> None:
         await run_in_threadpool(limiter.check, tenant)
     else:
         limiter.check(tenant)
+
+
+# Headers the server reads as one value, by their lowercase names (as they are named back).
+# NOTE: Starlette's ``headers.get`` returns the first of a repeated header and drops the rest in
+# silence: with two ``Authorization`` lines the first key was the caller (an admin key before a
+# tenant's reached /admin), so a gateway that checked or set the last one was shown another
+# caller than the one served; likewise ``X-Request-Id``, ``X-Session-Id`` (which revision of a
+# release answers), ``Content-Type`` and ``Content-Encoding`` (``identity`` first hid ``gzip``).
+SINGLE_HEADERS = {
+    "authorization": "Authorization",
+    "content-type": "Content-Type",
+    "content-encoding": "Content-Encoding",
+    "x-request-id": "X-Request-Id",
+    "x-session-id": "X-Session-Id",
+}
+
+
+def _check_single_headers(headers: Headers) -> None:
+    """A 400 naming the first header of ``SINGLE_HEADERS`` given more than once."""
+    for name, shown in SINGLE_HEADERS.items():
+        if (count := len(headers.getlist(name))) > 1:
+            raise invalid_request(f"header {shown} is given {count} times; expected once", shown)
 
 
 def _check_declared_length(headers: Headers, limit: BodyLimit) -> None:

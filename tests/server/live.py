@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import socket
 import threading
 import time
 from collections.abc import Iterator
@@ -22,6 +23,23 @@ from loraplex.serve.assembly import DEMO_DIR, build_server
 from loraplex.serve.config import ServeConfig
 from loraplex.serve.front import Server
 from loraplex.server.listeners import ConnectionLimits, ListenerConfig, bind
+
+
+def exchange(address: tuple[str, int], wire: bytes, half_close: bool = False) -> bytes:
+    """Sends ``wire`` on a new connection (then shuts its sending side when ``half_close``) and
+    returns every byte received until the server closes it (a reset after the answer ends it
+    too: the rest of a refused request was left unread)."""
+    with socket.create_connection(address, timeout=30) as sock:
+        sock.sendall(wire)
+        if half_close:
+            sock.shutdown(socket.SHUT_WR)
+        received = b""
+        try:
+            while chunk := sock.recv(65536):
+                received += chunk
+        except ConnectionResetError:
+            pass
+    return received
 
 
 @contextmanager

@@ -6,12 +6,11 @@ dropped it), and a chunk's size line arriving whole in one read was never measur
 
 from __future__ import annotations
 
-import socket
 from collections.abc import Iterator
 from urllib.parse import urlsplit
 
 import pytest
-from live import listening
+from live import exchange, listening
 from prometheus_client import CollectorRegistry, generate_latest
 from starlette.applications import Starlette
 from starlette.requests import Request
@@ -37,18 +36,6 @@ def served() -> Iterator[tuple[tuple[str, int], CollectorRegistry]]:
         yield (parts.hostname or "", parts.port or 0), registry
 
 
-def _exchange(address: tuple[str, int], wire: bytes) -> bytes:
-    with socket.create_connection(address, timeout=30) as sock:
-        sock.sendall(wire)
-        received = b""
-        try:
-            while chunk := sock.recv(65536):
-                received += chunk
-        except ConnectionResetError:  # after the answer: the rest of the request unread
-            pass
-    return received
-
-
 def _head(num_headers: int) -> bytes:
     """A GET whose head has ``num_headers`` header lines (Host and Connection among them)."""
     extra = b"".join(b"x%d: y\r\n" % i for i in range(num_headers - 2))
@@ -69,7 +56,7 @@ def test_a_head_of_more_header_lines_than_the_limit_is_refused_431(
     served: tuple[tuple[str, int], CollectorRegistry],
 ) -> None:
     address, registry = served
-    response = _exchange(address, _head(MAX_HEADERS + 1))
+    response = exchange(address, _head(MAX_HEADERS + 1))
     assert response.startswith(b"HTTP/1.1 431 "), response[:100]
     assert b"101 header lines exceeds max_header_count 100" in response
     assert _refused(registry, "max_header_count") == 1
@@ -80,7 +67,7 @@ def test_a_head_at_the_limit_is_served(
     served: tuple[tuple[str, int], CollectorRegistry],
 ) -> None:
     address, registry = served
-    response = _exchange(address, _head(MAX_HEADERS))
+    response = exchange(address, _head(MAX_HEADERS))
     assert response.startswith(b"HTTP/1.1 200 "), response[:100]
     assert response.endswith(b"headers 100 body 0")
     assert _refused(registry, "max_header_count") == 0
@@ -91,9 +78,9 @@ def test_trailers_are_held_to_the_header_count_too(
 ) -> None:
     address, _ = served
     few = b"".join(b"t%d: v\r\n" % i for i in range(3))
-    assert _exchange(address, _chunked(few)).endswith(b"body 5")
+    assert exchange(address, _chunked(few)).endswith(b"body 5")
     many = b"".join(b"t%d: v\r\n" % i for i in range(MAX_HEADERS + 1))
-    response = _exchange(address, _chunked(many))
+    response = exchange(address, _chunked(many))
     assert response.startswith(b"HTTP/1.1 431 "), response[:100]
     assert b"trailer section of 101 header lines exceeds max_header_count" in response
 
@@ -104,7 +91,7 @@ def test_a_chunk_size_line_sent_whole_is_held_to_max_header_bytes(
     """h11 measures only a line still waiting for its end: a 20 KB chunk extension sent in one
     piece passed."""
     address, registry = served
-    response = _exchange(address, _chunked(b"", size_line=b"5;" + b"e" * 20_000))
+    response = exchange(address, _chunked(b"", size_line=b"5;" + b"e" * 20_000))
     assert response.startswith(b"HTTP/1.1 400 "), response[:100]
     assert b"chunk size line of more than 16384 bytes exceeds max_header_bytes" in response
     assert _refused(registry, "max_header_bytes") == 1

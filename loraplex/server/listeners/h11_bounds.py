@@ -22,6 +22,7 @@ CHECKED_H11 = ("0.16",)
 CHUNK_ALLOWANCE_BYTES = 1024  # each KiB of a chunked body allows one more chunk
 _BLANK_LINE = re.compile(rb"\n\r?\n")  # the end of a head or of the trailers, as h11 finds it
 _LAST_CHUNK = re.compile(rb"0+[ \t]*(;[^\n]*)?\r?\n")  # a chunked body's last chunk line
+_CHUNK_SIZE = re.compile(rb"[0-9A-Fa-f]*")  # a chunk size line's size, before its extensions
 
 
 class BoundedConnection(h11.Connection):
@@ -36,6 +37,16 @@ class BoundedConnection(h11.Connection):
       ~100-200 KiB on loopback) passed ``max_header_bytes`` unchecked, and it parses every
       line, with no bound on their number (3,000 tiny headers cost ~30 ms of the event loop per
       request; a read of 256 KiB holds 50,000);
+    - a request declaring both ``Transfer-Encoding`` and ``Content-Length``: RFC 9112 §6.3 calls
+      it a likely request smuggling attempt, to be handled as an error or answered and the
+      connection closed; h11 framed the body by ``Transfer-Encoding`` and kept the connection,
+      so a proxy in front that framed it by ``Content-Length`` read the rest of the body as
+      another request (one it never authorised) on the same connection;
+    - a chunked body's chunk extensions (what follows the size on a chunk's size line) of more
+      than ``max_incomplete_event_size`` bytes in all (Node.js's 16 KiB bound, CVE-2024-22019):
+      h11 drops them unread, and only each line was bounded, so a body of a few bytes in
+      ``max_body_chunks`` chunks carried 64 MiB of extensions past ``max_body_bytes``, all
+      received and parsed on the event loop;
     - a chunked body of more than ``max_body_chunks`` chunks plus one per
       ``CHUNK_ALLOWANCE_BYTES`` of body (so a large upload in chunks of 1 KiB or more always
       passes). NOTE: uvicorn appends each chunk to the body received so far (``cycle.body +=
@@ -52,10 +63,14 @@ class BoundedConnection(h11.Connection):
         self._max_header_count = max_header_count
         self._num_chunks = 0  # chunks of the current request's body so far
         self._num_body_bytes = 0  # and their bytes
+        self._num_extension_bytes = 0  # and the bytes of their chunk extensions
+        # (chunks, bytes) when the last size line was counted: each line is counted once
+        self._counted_line: tuple[int, int] | None = None
         self._searched = 0  # bytes of the buffer already searched for the head's end
         self.refusal: str | None = None  # why this connection's request was refused
         self.refusal_status = 400  # the status that refusal is answered with
-        self.refusal_setting: str | None = None  # the setting whose bound refused it
+        # the setting whose bound refused it; None: no setting's (a malformed request)
+        self.refusal_setting: str | None = None
 
     def next_event(self) -> Any:
         if self.their_state is h11.IDLE:
@@ -66,7 +81,9 @@ class BoundedConnection(h11.Connection):
         if event is not h11.NEED_DATA:
             self._searched = 0  # the buffer's start was taken
         if isinstance(event, h11.Request):
-            self._num_chunks = self._num_body_bytes = 0
+            self._num_chunks = self._num_body_bytes = self._num_extension_bytes = 0
+            self._counted_line = None
+            self._check_framing(event)
         elif isinstance(event, h11.Data):
             self._num_body_bytes += len(event.data)
             self._num_chunks += event.chunk_start
@@ -100,8 +117,38 @@ class BoundedConnection(h11.Connection):
                     "max_header_bytes",
                 )
             return
+        self._count_extensions(data, start, line_end)
         if _LAST_CHUNK.match(data, start, line_end + 1):
             self._check_lines("trailer section", line_end + 1, 0)
+
+    def _check_framing(self, request: h11.Request) -> None:
+        """Refuses a request framed twice (the class docstring); h11 lowercases the names."""
+        names = {name for name, _ in request.headers}
+        if b"transfer-encoding" in names and b"content-length" in names:
+            self._refuse(
+                "request with both Transfer-Encoding and Content-Length (RFC 9112 section 6.3: "
+                "a request smuggling attempt); send one of them",
+                None,
+            )
+
+    def _count_extensions(self, data: bytearray, start: int, line_end: int) -> None:
+        """Adds the chunk extensions of the size line ``data[start:line_end]`` (whole, h11
+        parses it next) to the body's, once; past ``max_incomplete_event_size`` a 400."""
+        line = (self._num_chunks, self._num_body_bytes)  # the same until h11 takes the line
+        if line == self._counted_line:
+            return
+        self._counted_line = line
+        size = _CHUNK_SIZE.match(data, start, line_end)
+        size_end = start if size is None else size.end()
+        ext_end = line_end - 1 if data[line_end - 1 : line_end] == b"\r" else line_end
+        self._num_extension_bytes += max(0, ext_end - size_end)
+        max_bytes = self._max_incomplete_event_size
+        if self._num_extension_bytes > max_bytes:
+            self._refuse(
+                f"chunk extensions of more than {max_bytes} bytes in one request body exceed "
+                "max_header_bytes",
+                "max_header_bytes",
+            )
 
     def _check_lines(self, what: str, start: int, num_leading: int) -> None:
         """Refuses a head (``num_leading`` 1: the request line) or trailer section, from
@@ -136,7 +183,7 @@ class BoundedConnection(h11.Connection):
                 status=431,
             )
 
-    def _refuse(self, reason: str, setting: str, status: int = 400) -> NoReturn:
+    def _refuse(self, reason: str, setting: str | None, status: int = 400) -> NoReturn:
         # NOTE: the client's state stays as it was: mid-body, the close lingers and drops the
         # rest unparsed (``linger.LingeringTransport``), so the client reads the answer before
         # a reset.

@@ -73,9 +73,16 @@ class ListenerConfig(uvicorn.Config):
     ) -> None:
         # NOTE: no ``limit_concurrency``: at its cap uvicorn answers every request 503, those
         # of authenticated tenants on connections already open too; the gate bounds connections.
+        # NOTE: ``ws="none"``: loraplex serves no WebSocket route, and uvicorn upgraded any
+        # request asking for one (``Upgrade: websocket``, no credential needed) to its
+        # WebSocket protocol, handing the connection over without this protocol's
+        # ``connection_lost``: the gate never released it, and about 500 such requests, each
+        # answered 403 and closed, left the gate full for good (no connection admitted, /health
+        # included). The request is now answered as any other (``_should_upgrade``).
         super().__init__(
             app,
             http=GatedH11Protocol,
+            ws="none",
             lifespan="off",
             log_level=log_level,
             timeout_keep_alive=limits.keep_alive_timeout_s,
@@ -201,6 +208,12 @@ class BoundedH11Protocol(H11Protocol):
     def _on_authenticated(self, tenant: str | None = None) -> None:
         self.gate.authenticated(self, tenant)
 
+    def _should_upgrade(self) -> bool:
+        """Never: an ``Upgrade`` header is ignored (RFC 9110 §7.8 lets a server), and the
+        request answered over HTTP/1.1. uvicorn's own logged two warnings for each such request,
+        the second telling the operator to install a WebSocket library (``ListenerConfig``)."""
+        return False
+
     def pause_writing(self) -> None:
         super().pause_writing()
         self._send_watch.paused()
@@ -231,13 +244,14 @@ class BoundedH11Protocol(H11Protocol):
         self._watch_head()
 
     def send_400_response(self, msg: str) -> None:
-        """uvicorn's 400 for a request h11 refused, or, when a bound of this connection refused
-        it, that bound's status (431: too many header lines) and text, counted."""
+        """uvicorn's 400 for a request h11 refused, or, when this connection refused it, its
+        status (431: too many header lines) and text, counted by the bound's setting."""
         conn = self.conn
-        if not isinstance(conn, BoundedConnection) or conn.refusal_setting is None:
+        if not isinstance(conn, BoundedConnection) or conn.refusal is None:
             super().send_400_response(msg)
             return
-        self.counts.refused(conn.refusal_setting)
+        if conn.refusal_setting is not None:
+            self.counts.refused(conn.refusal_setting)
         status = conn.refusal_status
         headers = [(b"content-type", b"text/plain; charset=utf-8"), (b"connection", b"close")]
         reason = http.HTTPStatus(status).phrase.encode()
