@@ -35,3 +35,19 @@ def test_no_help_text_loses_brackets_to_markup() -> None:
 
 def _unescaped(text: str) -> str:
     return text.replace("\\[", "[")
+
+
+def _summaries(command: Any, path: str) -> Iterator[tuple[str, str]]:
+    """What each group's listing shows of each of its commands (typer's rich listing: the
+    ``short_help``, else the help's first paragraph, line breaks kept)."""
+    for name, sub in getattr(command, "commands", {}).items():
+        yield f"{path} {name}", sub.short_help or (sub.help or "").split("\n\n")[0]
+        yield from _summaries(sub, f"{path} {name}")
+
+
+def test_every_listed_summary_is_one_line() -> None:
+    """`loraplex --help` broke `backup`'s summary after "the demo", mid-sentence (13 commands'
+    docstrings open with a paragraph of two lines)."""
+    summaries = list(_summaries(typer.main.get_command(cli.app), "loraplex"))
+    assert len(summaries) > 50
+    assert [where for where, text in summaries if "\n" in text.strip()] == []

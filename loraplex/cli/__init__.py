@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import functools
 import importlib
+import inspect
 import sys
 
 import typer
@@ -56,7 +57,23 @@ def build_app(modules: tuple[str, ...] = _COMMAND_MODULES) -> typer.Typer:
     built.callback()(_root)
     for module in modules:
         importlib.import_module(f"loraplex.cli.{module}").register(built)
+    _one_line_summaries(built)
     return built
+
+
+def _one_line_summaries(app: typer.Typer) -> None:
+    """Each command's summary in its group's listing on one line. NOTE: typer's rich listing
+    shows a docstring's first paragraph with its line breaks, so `loraplex --help` printed
+    `backup`'s summary broken after "the demo", mid-sentence; a command's own ``--help`` still
+    shows the whole docstring."""
+    for info in app.registered_commands:
+        text = info.help or inspect.getdoc(info.callback) or ""
+        first = text.split("\n\n")[0]
+        if info.short_help is None and "\n" in first:
+            info.short_help = " ".join(first.split())
+    for group in app.registered_groups:
+        if group.typer_instance is not None:
+            _one_line_summaries(group.typer_instance)
 
 
 def _root() -> None:

@@ -73,7 +73,12 @@ def history(location: Location, alias: AliasRef, as_json: Json = False) -> None:
         typer.echo(json.dumps(body, indent=2))
         return
     if not entries:
-        typer.echo(f"alias {alias} has no history: it was never moved, so there is no rollback")
+        # NOTE: "it was never moved" was wrong after a promotion rolled back: rollbacks pop the
+        # history, so an alias moved and rolled back has none left either
+        typer.echo(
+            f"alias {alias} has no history: it was never moved, or every move was rolled back, "
+            "so there is no rollback"
+        )
         return
     typer.echo("rollbacks\ttargets\treplaced_at")
     for depth, (targets, at) in enumerate(entries, start=1):

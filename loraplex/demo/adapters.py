@@ -11,6 +11,7 @@ NOTE: imports torch and peft; only the generator loads this module.
 from __future__ import annotations
 
 import copy
+import warnings
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -125,6 +126,18 @@ def probe_margin(model: torch.nn.Module, input_ids: torch.Tensor, labels: torch.
     return float((chosen - others).min())
 
 
+def with_lora(base: torch.nn.Module, config: LoraConfig) -> PeftModel:
+    """``base`` (modified in place) with the LoRA of ``config`` injected. NOTE: peft 0.21 reads
+    transformers 5's deprecated ``is_gradient_checkpointing``, whose FutureWarning was the one
+    warning a first ``loraplex serve`` printed while it generated the demo: it is not ours to
+    act on, so it is silenced here, and only it."""
+    with warnings.catch_warnings():
+        warnings.filterwarnings(
+            "ignore", message="`is_gradient_checkpointing` is deprecated", category=FutureWarning
+        )
+        return get_peft_model(base, config)
+
+
 def train_adapter(
     base: torch.nn.Module,
     tokenizer: Tokenizer,
@@ -135,7 +148,7 @@ def train_adapter(
     preset: DemoPreset,
 ) -> TrainedAdapter:
     """Fine-tune a fresh LoRA on a copy of ``base`` until the probe wins by ``_MIN_MARGIN``."""
-    model = get_peft_model(copy.deepcopy(base), lora_config(plan, preset.model_name))
+    model = with_lora(copy.deepcopy(base), lora_config(plan, preset.model_name))
     params = [param for param in model.parameters() if param.requires_grad]
     optimizer = torch.optim.AdamW(params, lr=preset.adapter_lr_for(plan), weight_decay=0.0)
     probe_ids, probe_labels = _probe_batch(tokenizer, probe)

@@ -137,8 +137,18 @@ def train_base(model: LlamaForCausalLM, stream: torch.Tensor, preset: DemoPreset
 
 
 def save_model(model: LlamaForCausalLM, model_dir: Path) -> None:
-    """config.json, generation_config.json and model.safetensors (no absolute paths inside)."""
-    model.save_pretrained(str(model_dir))
+    """config.json, generation_config.json and model.safetensors (no absolute paths inside).
+    NOTE: without transformers' progress bar, whose "Writing model shards: 100%|####| 1/1"
+    for one small file was, with a FutureWarning, the noise of a first ``loraplex serve``."""
+    from transformers.utils import logging as hf_logging
+
+    shown = hf_logging.is_progress_bar_enabled()
+    hf_logging.disable_progress_bar()  # type: ignore[no-untyped-call]
+    try:
+        model.save_pretrained(str(model_dir))
+    finally:
+        if shown:
+            hf_logging.enable_progress_bar()  # type: ignore[no-untyped-call]
 
 
 def greedy_continuation(model: Any, tokenizer: Tokenizer, prompt: str, max_new_tokens: int) -> str:

@@ -144,8 +144,8 @@ def router_affinity_and_load(obs: Observation) -> Verdict:
 
 def load_unload_not_exposed(obs: Observation) -> Verdict:
     item = "load_unload_not_exposed"
-    evidence = tuple(f"{a.cite()} (tenant key or none)" for a in obs.refusals)
-    open_routes = [a.cite() for a in obs.refusals if a.status not in REFUSED]
+    evidence = tuple(f"{a.cite()} ({who})" for who, a in obs.refusals)
+    open_routes = [f"{a.cite()} ({who})" for who, a in obs.refusals if a.status not in REFUSED]
     if open_routes:
         why = f"operator routes not refused to a tenant: {', '.join(open_routes)}"
         return Verdict(item, Status.FAIL, why, evidence)

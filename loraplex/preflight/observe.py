@@ -78,7 +78,7 @@ class Observation:
     before: Metrics  # ``/metrics`` before the load test
     after: Metrics  # ``/metrics`` after it
     residency: dict[str, Any]  # ``GET /admin/residency`` after it
-    refusals: tuple[Answer, ...]  # tenant-key calls of operator routes
+    refusals: tuple[tuple[str, Answer], ...]  # operator routes asked with a tenant key or none
     load: LoadResult | None  # None when no adapter could be load-tested
     load_note: str  # why there was no load test, or how its keys were obtained
     in_use: InUseProbe | None  # None without a hot adapter
@@ -99,8 +99,12 @@ def _tenant_name(tenant: dict[str, Any]) -> str:
     return str(tenant["name"])
 
 
-def refusal_probes(deployment: Deployment, tenant: str, key: str | None) -> tuple[Answer, ...]:
-    """Operator-only calls made with a tenant key (and with none): each must be refused."""
+def refusal_probes(
+    deployment: Deployment, tenant: str, key: str | None
+) -> tuple[tuple[str, Answer], ...]:
+    """Operator-only calls made with a tenant key (and with none): each must be refused. Each
+    answer comes with the credential it was asked with, ``tenant key`` or ``no key`` (the
+    report said "tenant key or none" of every one, so the load and unload calls read twice)."""
     lora = {"lora_name": f"{tenant}/preflight-probe", "lora_path": "preflight-probe"}
     residency = {"model": f"{tenant}/preflight-probe@none", "tier": "L0"}
     calls = (
@@ -110,8 +114,8 @@ def refusal_probes(deployment: Deployment, tenant: str, key: str | None) -> tupl
         ("POST", "/admin/residency/pin", residency),
         ("POST", "/admin/adapters", {"tenant": tenant, "name": "preflight-probe", "path": "x"}),
     )
-    answers = [deployment.call(m, p, key, body) for m, p, body in calls]
-    answers += [deployment.call(m, p, None, body) for m, p, body in calls[:2]]
+    answers = [("tenant key", deployment.call(m, p, key, body)) for m, p, body in calls]
+    answers += [("no key", deployment.call(m, p, None, body)) for m, p, body in calls[:2]]
     return tuple(answers)
 
 

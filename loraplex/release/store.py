@@ -17,7 +17,7 @@ from dataclasses import replace
 from loraplex.errors import AdapterNotFoundError
 from loraplex.registry import Registry
 from loraplex.registry import releases as alias_ops
-from loraplex.registry.models import RevisionState
+from loraplex.registry.models import Alias, RevisionState
 from loraplex.registry.resolution import servable_targets
 from loraplex.registry.sql import adapters as adapter_rows
 from loraplex.registry.sql import audit
@@ -208,13 +208,14 @@ class ReleaseStore:
             current = current or rows.latest(tx, tenant, name)
             if current is None:
                 raise ReleaseNotFoundError(f"alias {tenant}/{name} has no release")
-            _check_operator(current, to)
+            _check_operator(current, to, alias_rows=adapter_rows.get_alias(tx, tenant, name))
             return _move(tx, current, to, actor=actor, now=now, changes={"reason": reason})
 
 
-def _check_operator(release: Release, to: ReleaseState) -> None:
+def _check_operator(release: Release, to: ReleaseState, alias_rows: Alias | None = None) -> None:
     """Which operator commands apply where (narrower than the graph: ``abort`` is for before
-    canary traffic, ``promote`` only from canary)."""
+    canary traffic, ``promote`` only from canary). ``alias_rows``: the alias now, so a refused
+    rollback points to ``adapters alias rollback`` only while it has somewhere to go."""
     permitted: dict[ReleaseState, Callable[[ReleaseState], bool]] = {
         S.ABORTED: lambda state: state in _BEFORE_CANARY,
         S.PROMOTED: lambda state: state is S.CANARY,
@@ -228,10 +229,19 @@ def _check_operator(release: Release, to: ReleaseState) -> None:
             S.ROLLED_BACK: "rollback applies in canary or after promotion",
         }[to]
         if to is S.ROLLED_BACK and release.state in (S.ROLLED_BACK, S.ABORTED):
-            hint += (
-                ", and no promotion of this alias is left to roll back; `loraplex adapters "
-                f"alias rollback {release.alias_ref}` moves it further back through its history"
-            )
+            hint += ", and no promotion of this alias is left to roll back; "
+            # NOTE: it named `adapters alias rollback` always, which then failed with "no
+            # rollback target" on an alias whose history the release rollbacks had used up
+            if alias_rows is not None and alias_rows.rollback_targets:
+                hint += (
+                    f"`loraplex adapters alias rollback {release.alias_ref}` moves it further "
+                    "back through its history"
+                )
+            else:
+                hint += (
+                    "the alias keeps no earlier targets either (`loraplex adapters alias set "
+                    f"{release.alias_ref} REVISION` moves it)"
+                )
         raise InvalidTransitionError(
             f"release {release.release_id} of {release.alias_ref} is {release.state.value}; "
             f"cannot {verb}: {hint}"

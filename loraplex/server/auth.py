@@ -93,13 +93,26 @@ def bearer_token(request: Request) -> str | None:
     return parse_bearer(request.headers.get("authorization"))
 
 
+# NOTE: a first request made with the admin key (the first key `serve` prints) was told only
+# "invalid API key"; only the admin key's holder can get this message, so it tells nothing new.
+ADMIN_KEY_ON_TENANT_ROUTE = (
+    "invalid API key: this is the admin key, which only the admin routes and /metrics take; "
+    "send a tenant's API key (`loraplex keys create TENANT` issues one)"
+)
+NO_KEY = "invalid API key: none was sent; send the header `Authorization: Bearer <tenant API key>`"
+
+
 async def authenticate(deps: ServerDeps, token: str | None) -> Tenant:
-    """The tenant owning ``token``; 401 (one message for every failure) otherwise."""
+    """The tenant owning ``token``; 401 otherwise, one message for every unknown, malformed or
+    revoked key (a caller learns nothing by probing); a missing key and the admin key are told
+    what to send instead."""
     if token is None:
-        raise unauthorized()
+        raise unauthorized(NO_KEY)
     try:
         return await run_in_threadpool(deps.registry.authenticate, token)
     except AuthenticationError:
+        if admin_key_matches(token, deps.config.admin_key):
+            raise unauthorized(ADMIN_KEY_ON_TENANT_ROUTE) from None
         raise unauthorized() from None
 
 

@@ -24,6 +24,7 @@ from fastapi.responses import JSONResponse
 from pydantic import Field, ValidationError
 from starlette.concurrency import run_in_threadpool
 
+from loraplex.artifacts.warm_policy import WarmPolicy
 from loraplex.registry import (
     AliasTarget,
     PriorityClass,
@@ -130,11 +131,19 @@ def show_adapter(tenant: str, name: str, deps: DepsDep, page: PageDep) -> Any:
 
 
 def _register(deps: ServerDeps, request: RegistrationRequest) -> JSONResponse:
-    return _registered(deps.registry.register(request, ACTOR))
+    return _registered(deps, deps.registry.register(request, ACTOR))
 
 
-def _registered(result: RegistrationResult) -> JSONResponse:
-    payload = {"created": result.created, "revision": asdict(result.revision)}
+def _registered(deps: ServerDeps, result: RegistrationResult) -> JSONResponse:
+    """The registration's answer; a new revision's warm policy also reaches this server's cache
+    now, as ``PUT /admin/revisions/...`` does. NOTE: it was only recorded, applied at the next
+    start: an upload with ``warm_policy=gpu`` answered 201 ``"warm_policy": "gpu"`` and the
+    copy stayed unpinned and unloaded while the server ran."""
+    revision = result.revision
+    warm = revision.warm_policy
+    if result.created and warm is not WarmPolicy.ON_DEMAND and deps.cache is not None:
+        deps.cache.set_warm_policy(revision.key(), warm)
+    payload = {"created": result.created, "revision": asdict(revision)}
     return JSONResponse(plain(payload), status_code=201 if result.created else 200)
 
 
@@ -171,7 +180,7 @@ def register_import(
 def register_from_import_dir(body: RegisterBody, deps: DepsDep) -> JSONResponse:
     """Register a PEFT directory already on the server, inside the import directory."""
     fields = body.model_dump(exclude={"path", "revision"})
-    return _registered(register_import(deps, body.path, fields, lambda _: body.revision))
+    return _registered(deps, register_import(deps, body.path, fields, lambda _: body.revision))
 
 
 @router.post("/adapters/upload", response_model=None)

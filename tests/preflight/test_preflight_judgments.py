@@ -9,7 +9,11 @@ from typing import Any
 import pytest
 
 from loraplex.preflight.checks_registry import canary_prewarm_rollback
-from loraplex.preflight.checks_runtime import no_eviction_in_use, router_affinity_and_load
+from loraplex.preflight.checks_runtime import (
+    load_unload_not_exposed,
+    no_eviction_in_use,
+    router_affinity_and_load,
+)
 from loraplex.preflight.client import Answer, Metrics
 from loraplex.preflight.load import LoadResult, Outcome
 from loraplex.preflight.observe import InUseProbe, Observation, RegistryView
@@ -56,6 +60,23 @@ def test_an_in_use_copy_evicted_fails() -> None:
     assert no_eviction_in_use(_observation()).status is Status.WARN
     pinned = no_eviction_in_use(_observation(in_use=_probe(False, pinned=True)))
     assert pinned.status is Status.WARN  # a pinned copy is kept anyway: proves nothing
+
+
+def test_each_refusal_names_the_credential_it_was_asked_with() -> None:
+    """Item 11 asks the load routes twice, with a tenant key and with none: the evidence said
+    "(tenant key or none)" of every call, so the two read as the same call made twice."""
+    load = Answer("POST", "/v1/load_lora_adapter", 401, {})
+    asked = (("tenant key", load), ("no key", load))
+    verdict = load_unload_not_exposed(_observation(refusals=asked))
+    assert verdict.status is Status.PASS
+    assert verdict.evidence == (
+        "POST /v1/load_lora_adapter -> 401 (tenant key)",
+        "POST /v1/load_lora_adapter -> 401 (no key)",
+    )
+    opened = (("tenant key", load), ("no key", Answer("POST", "/v1/load_lora_adapter", 200, {})))
+    failed = load_unload_not_exposed(_observation(refusals=opened))
+    assert failed.status is Status.FAIL
+    assert failed.summary.endswith("POST /v1/load_lora_adapter -> 200 (no key)")
 
 
 @pytest.mark.parametrize(

@@ -126,8 +126,16 @@ def test_promotion_then_rollback_walks_the_alias_history(bot: Registry) -> None:
     rolled = store.rollback("acme", "bot", actor="ops")
     assert (rolled.state, rolled.hold_until) == (S.ROLLED_BACK, promoted.hold_until)
     assert bot.get_alias("acme", "bot").targets == (AliasTarget("v1", 1),)
-    with pytest.raises(InvalidTransitionError, match="cannot rollback"):
+    # the rollback popped the history: the refusal no longer sends the operator to an
+    # `adapters alias rollback` that would fail with "no rollback target"
+    with pytest.raises(InvalidTransitionError, match="cannot rollback") as refused:
         store.rollback("acme", "bot", actor="ops")
+    assert "keeps no earlier targets" in str(refused.value)
+    assert "alias rollback" not in str(refused.value)
+    bot.set_alias("acme", "bot", (AliasTarget("v2", 1),), "ops")
+    with pytest.raises(InvalidTransitionError, match="cannot rollback") as refused:
+        store.rollback("acme", "bot", actor="ops")
+    assert "`loraplex adapters alias rollback acme/bot` moves it further back" in str(refused.value)
 
 
 def test_rollback_twice_goes_back_twice(bot: Registry) -> None:

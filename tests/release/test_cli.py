@@ -133,7 +133,10 @@ def test_operator_commands_and_their_refusals(run, registry: Registry) -> None: 
 
 def test_alias_commands_set_show_rollback_history(run, registry: Registry) -> None:  # type: ignore[no-untyped-def]
     empty = run("adapters", "alias", "history", "acme/bot")
-    assert empty == "alias acme/bot has no history: it was never moved, so there is no rollback\n"
+    assert empty == (
+        "alias acme/bot has no history: it was never moved, or every move was rolled back, "
+        "so there is no rollback\n"
+    )
     run("adapters", "alias", "set", "acme/bot", "v2")
     run("adapters", "alias", "set", "acme/bot", "v3:95", "v2:5")
     shown = json.loads(run("adapters", "alias", "show", "acme/bot", "--json"))

@@ -87,6 +87,16 @@ def test_upload_registers_and_validates(rig: Rig, tmp_path: Path) -> None:
     assert bad.json()["error"]["code"] == "invalid_adapter"  # type: ignore[attr-defined]
 
 
+def test_an_uploaded_warm_policy_reaches_the_running_cache(rig: Rig) -> None:
+    """A warm policy given at registration applies now, as ``PUT /admin/revisions`` does: it
+    was recorded only, so a ``gpu`` upload stayed unpinned until the server restarted."""
+    _new_tenant(rig, "warmco")
+    source = rig.served.assets.adapter("globex", "search", "r1").path
+    made = _upload(rig, source, tenant="warmco", name="core", revision="w1", warm_policy="gpu")
+    assert made.status_code == 201, made.text  # type: ignore[attr-defined]
+    _gpu_warm_then_on_demand(rig, "warmco", "core", "w1")
+
+
 def test_upload_size_limit(served: Served) -> None:
     deps = make_app_deps(served, FakeEngine(), max_upload_bytes=1000)
     with TestClient(create_app(deps)) as client:
@@ -171,14 +181,20 @@ def test_warm_policy_reaches_registry_and_cache(rig: Rig) -> None:
         "/admin/revisions/globex/summarize/r1", json={"warm_policy": "gpu"}, headers=rig.admin
     )
     assert response.status_code == 200 and response.json()["warm_policy"] == "gpu"
+    _gpu_warm_then_on_demand(rig, "globex", "summarize", "r1")
+
+
+def _gpu_warm_then_on_demand(rig: Rig, tenant: str, name: str, revision: str) -> None:
+    """Waits for the ``gpu`` warm policy to have the revision loaded and pinned in L0, then
+    sets it back to ``on_demand``."""
+    model = f"{tenant}/{name}@{revision}"
     deadline = time.monotonic() + 10
-    while not _entries(rig, "globex/summarize@r1").get("L0", {}).get("ready"):
-        assert time.monotonic() < deadline, "gpu warm policy never loaded the adapter"
+    while not _entries(rig, model).get("L0", {}).get("ready"):
+        assert time.monotonic() < deadline, f"gpu warm policy never loaded {model}"
         time.sleep(0.01)
-    assert _entries(rig, "globex/summarize@r1")["L0"]["pinned"] is True
-    rig.client.put(
-        "/admin/revisions/globex/summarize/r1", json={"warm_policy": "on_demand"}, headers=rig.admin
-    )
+    assert _entries(rig, model)["L0"]["pinned"] is True
+    path = f"/admin/revisions/{tenant}/{name}/{revision}"
+    rig.client.put(path, json={"warm_policy": "on_demand"}, headers=rig.admin)
     rig.cache.check_integrity()
 
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 from conftest import ADMIN_KEY, Rig
 
-from loraplex.server.auth import admin_key_matches
+from loraplex.server.auth import ADMIN_KEY_ON_TENANT_ROUTE, NO_KEY, admin_key_matches
 from loraplex.server.deps import ServerConfig
 
 ADMIN_ROUTES = [
@@ -38,6 +38,14 @@ def test_tenant_routes_refuse_missing_bad_and_admin_credentials(
     assert response.headers["www-authenticate"] == "Bearer"
     assert _completion(rig, headers) == 401
     assert rig.engine.requests == []
+    # what to send instead, where the caller can be told: no key, or the admin key
+    told = {
+        None: NO_KEY,
+        "Bearer": NO_KEY,
+        "Basic abc": NO_KEY,
+        f"Bearer {ADMIN_KEY}": ADMIN_KEY_ON_TENANT_ROUTE,
+    }
+    assert response.json()["error"]["message"] == told.get(header, "invalid API key")
 
 
 @pytest.mark.parametrize(("method", "path"), ADMIN_ROUTES)

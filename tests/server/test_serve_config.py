@@ -61,8 +61,15 @@ def test_file_then_flags(tmp_path: Path) -> None:
 def test_unknown_keys_and_bad_values_are_refused(tmp_path: Path) -> None:
     path = tmp_path / "serve.toml"
     path.write_text("max_lora = 3\n")
-    with pytest.raises(ValueError, match="unknown keys \\['max_lora'\\]"):
+    with pytest.raises(ValueError, match="unknown keys \\['max_lora'\\]") as unknown:
         read_config_file(path)
+    assert "(max_lora: did you mean max_loras?)" in str(unknown.value)
+    # keys above a [serve] table were read by nothing, in silence (the port stayed 8000)
+    path.write_text("port = 9000\n[serve]\nmax_loras = 4\n")
+    with pytest.raises(ValueError, match="keys \\['port'\\] are outside the \\[serve\\] table"):
+        read_config_file(path)
+    path.write_text("[serve]\nmax_loras = 4\n[fleet]\nreplicas = 2\n")
+    assert read_config_file(path, ("fleet",)) == {"max_loras": 4}
     with pytest.raises(ValueError, match="policy 'fifo' is invalid"):
         ServeConfig(data_dir=tmp_path, policy="fifo")
     with pytest.raises(ValueError, match="max_loras 0 is invalid"):

@@ -3,6 +3,7 @@ flags over it over the defaults into a ``ServeConfig``."""
 
 from __future__ import annotations
 
+import difflib
 import tomllib
 import types
 import typing
@@ -31,6 +32,15 @@ def read_config_file(path: Path, other_tables: tuple[str, ...] = ()) -> dict[str
         raise ValueError(f"config file {path}: {exc}") from exc
     if "serve" in document:
         table = document["serve"]
+        # NOTE: top-level keys beside a [serve] table were read by nothing, in silence: a
+        # `port = 9000` above `[serve]` left the server on 8000
+        outside = sorted(set(document) - {"serve", *other_tables})
+        if outside:
+            raise ValueError(
+                f"config file {path}: keys {outside} are outside the [serve] table, where "
+                "nothing reads them; expected them inside it (a file holds a [serve] table or "
+                "top-level keys, not both)"
+            )
     else:
         table = {k: v for k, v in document.items() if k not in other_tables}
     if not isinstance(table, dict):
@@ -56,7 +66,11 @@ def _field_names(path: Path, table: dict[str, Any]) -> dict[str, Any]:
     keys = file_keys()
     unknown = sorted(set(table) - keys - set(_DEPRECATED_KEYS))
     if unknown:
-        raise ValueError(f"config file {path}: unknown keys {unknown}; expected {sorted(keys)}")
+        near = {k: difflib.get_close_matches(k, keys, n=1) for k in unknown}
+        hint = "".join(f" ({k}: did you mean {m[0]}?)" for k, m in near.items() if m)
+        raise ValueError(
+            f"config file {path}: unknown keys {unknown}{hint}; expected {sorted(keys)}"
+        )
     renamed: dict[str, Any] = {}
     for key, value in table.items():
         if key in _DEPRECATED_KEYS:
