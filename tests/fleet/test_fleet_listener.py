@@ -5,7 +5,6 @@ The same bounds in a running fleet: ``test_fleet_e2e.py``."""
 from __future__ import annotations
 
 import socket
-import time
 from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
@@ -58,11 +57,13 @@ def test_it_serves_with_serves_bounds_from_the_config_keys(listener: Any) -> Non
     big = b"GET / HTTP/1.1\r\nHost: x\r\nX-Big: " + b"a" * 4096 + b"\r\n\r\n"
     refused = _ask(address, big)
     assert refused.startswith(b"HTTP/1.1 400 "), refused[:200]
-    with socket.create_connection(address, timeout=5) as sock:  # a head never finished
+    # A head never finished: closed by the key's head deadline (0.3 s), before serve's default
+    # (10 s) would close it, or the read times out. NOTE: not "within 3 s": a loaded machine
+    # may take seconds.
+    default_s = ServeConfig(data_dir=Path()).header_read_timeout_s
+    with socket.create_connection(address, timeout=default_s - 1) as sock:
         sock.sendall(b"GET / HTTP/1.1\r\nHo")
-        start = time.monotonic()
-        assert sock.recv(65536) == b""  # closed by the head deadline (a timeout fails)
-        assert time.monotonic() - start < 3.0
+        assert sock.recv(65536) == b""
     # the connection gate's metrics are on the app's registry, as in serve
     assert server.deps.metrics.registry.get_sample_value("loraplex_connections_refused_total") == 0
     running.check()

@@ -19,8 +19,22 @@ def test_a_wait_past_the_deadline_is_woken_by_a_shut_down_socket() -> None:
     watchdog.stop()
 
 
+class _Clock:
+    """A clock the test moves: a watch's time passes only when the test says so, however long a
+    loaded machine takes over the lines inside the watch (with the real clock and a 0.2 s
+    limit, a watch that ended "in time" could pass its deadline). The watchdog's thread still
+    waits in real seconds: ``limit_s`` at most, then it reads this clock again."""
+
+    def __init__(self) -> None:
+        self.now_s = 0.0
+
+    def __call__(self) -> float:
+        return self.now_s
+
+
 def test_a_watch_that_ends_in_time_leaves_the_socket_alone() -> None:
-    watchdog = Watchdog(limit_s=0.2)
+    clock = _Clock()
+    watchdog = Watchdog(limit_s=0.2, clock=clock)
     ours, server = socket.socketpair()
     with ours, server:
         for _ in range(3):
@@ -28,14 +42,16 @@ def test_a_watch_that_ends_in_time_leaves_the_socket_alone() -> None:
                 server.sendall(b"x")
                 assert ours.recv(1) == b"x"
             assert not watch.fired
-        time.sleep(0.4)  # past every deadline above: the ended watches fire nothing
+        clock.now_s += 1.0  # past every deadline above
+        time.sleep(0.4)  # the thread has read the clock again: the ended watches fire nothing
         server.sendall(b"y")
         assert ours.recv(1) == b"y"
     watchdog.stop()
 
 
 def test_watches_at_once_each_fire_alone() -> None:
-    watchdog = Watchdog(limit_s=0.2)
+    clock = _Clock()
+    watchdog = Watchdog(limit_s=0.2, clock=clock)
     stuck, stuck_server = socket.socketpair()
     fine, fine_server = socket.socketpair()
     with stuck, stuck_server, fine, fine_server:
@@ -43,9 +59,11 @@ def test_watches_at_once_each_fire_alone() -> None:
             with watchdog.watching(fine.fileno()) as fine_watch:
                 fine_server.sendall(b"x")
                 assert fine.recv(1) == b"x"
+            clock.now_s += 1.0  # past both deadlines: one watch ended in time, one goes on
             assert stuck.recv(1) == b""  # blocks until the watchdog shuts it down
         assert stuck_watch.fired and not fine_watch.fired
-        time.sleep(0.4)  # past the ended watch's deadline: it fires nothing
+        clock.now_s += 1.0
+        time.sleep(0.4)  # the thread has read the clock again: the ended watch fires nothing
         fine_server.sendall(b"y")
         assert fine.recv(1) == b"y"
     watchdog.stop()

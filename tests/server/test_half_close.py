@@ -85,10 +85,18 @@ async def _send(send, body: bytes, more_body: bool) -> None:  # type: ignore[no-
     await send({"type": "http.response.body", "body": body, "more_body": more_body})
 
 
+# The idle and head timeouts: far beyond ``WAIT_S``, so that a connection one of them held fails
+# the read that waits for its close
+HELD_S = 3 * WAIT_S
+
+
 @pytest.fixture
 def app_address() -> Iterator[tuple[App, tuple[str, int]]]:
     app = App()
-    with listening(app, ConnectionLimits(write_timeout_s=1.0)) as (url, _):
+    limits = ConnectionLimits(
+        write_timeout_s=1.0, header_read_timeout_s=HELD_S, keep_alive_timeout_s=int(HELD_S)
+    )
+    with listening(app, limits) as (url, _):
         parts = urlsplit(url)
         yield app, (parts.hostname or "", parts.port or 0)
 
@@ -182,14 +190,15 @@ def test_pipelined_requests_before_the_half_close_are_all_answered(
 def test_a_half_close_without_a_whole_request_closes_at_once(
     app_address: tuple[App, tuple[str, int]], sent: bytes
 ) -> None:
-    """As before the change: nothing can be answered, so nothing holds the connection."""
+    """As before the change: nothing can be answered, so nothing holds the connection.
+    NOTE: not timed against the default timeouts (closed within 3 s, where they hold it 5 or
+    10 s: a loaded machine may take seconds): the fixture's hold it ``HELD_S``, and a read
+    still waiting after ``WAIT_S`` fails."""
     _, address = app_address
     with _connect(address) as sock:
         sock.sendall(sent)
         sock.shutdown(socket.SHUT_WR)
-        started = time.monotonic()
-        assert _read_to_close(sock) == b""
-        assert time.monotonic() - started < 3.0  # held, it would wait for a timeout (>= 5 s)
+        assert _read_to_close(sock) == b""  # held, it would wait for a timeout
 
 
 def test_a_client_that_closes_after_its_half_close_ends_its_stream(
@@ -237,7 +246,9 @@ def test_a_reset_after_the_half_close_ends_a_request_not_yet_answered(
 def test_a_half_closed_client_that_does_not_read_is_cut_off_at_the_write_timeout(
     app_address: tuple[App, tuple[str, int]],
 ) -> None:
-    """No longer than an open one: ``write_timeout_s`` (1 s here) still applies."""
+    """No longer than an open one: ``write_timeout_s`` (1 s here) still applies. NOTE: cut
+    within ``WAIT_S`` (the default write timeout is 30 s, the fixture's other timeouts
+    ``HELD_S``), not within 6 s: a loaded machine may take seconds."""
     app, address = app_address
     with _connect(address, rcvbuf=4096) as sock:
         # The clock starts before the request goes out: the server's write timer may start before
@@ -247,7 +258,7 @@ def test_a_half_closed_client_that_does_not_read_is_cut_off_at_the_write_timeout
         sock.shutdown(socket.SHUT_WR)
         assert app.left.wait(WAIT_S)
         elapsed_s = time.monotonic() - started
-    assert 1.0 <= elapsed_s < 1.0 + 5.0
+    assert elapsed_s >= 1.0
 
 
 @pytest.mark.parametrize("stream", [False, True], ids=["answer", "stream"])

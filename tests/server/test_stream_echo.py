@@ -18,6 +18,7 @@ import httpx
 import pytest
 from live import Live, live_server
 from stuck_client import (
+    QUEUE_DEADLINE_S,
     num_ended,
     open_not_reading,
     read_all,
@@ -124,10 +125,17 @@ def test_counted_events_behind_echo_events_still_overflow_at_the_bound() -> None
 
 @pytest.fixture(scope="module")
 def live(demo_assets: DemoAssets, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Live]:
-    """Default settings (the stream limits above among them); the engine in-process only to
-    start faster: the stream buffer is in the front either way."""
+    """Default settings (the stream limits above among them) but the queue deadline; the engine
+    in-process only to start faster: the stream buffer is in the front either way.
+    NOTE: the 16 echoed prompts (8,000 tokens, all logits) take 16 steps of
+    ``max_num_batched_tokens`` 512, and each sibling waits in the queue until its first one: on
+    a loaded machine the last siblings waited past the default ``queue_deadline_s`` (30 s) and
+    the request failed with ``queue_timeout`` (a 503, or an error event in the stream); with
+    every step made 2.5 s slower the 13th sibling waited 32 s. The deadline is not what these
+    tests check."""
     data_dir = tmp_path_factory.mktemp("stream-echo")
-    with live_server(demo_assets, data_dir, engine_process=False) as server:
+    config = {"engine_process": False, "queue_deadline_s": QUEUE_DEADLINE_S}
+    with live_server(demo_assets, data_dir, **config) as server:
         yield server
 
 

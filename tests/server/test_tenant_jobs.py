@@ -19,14 +19,17 @@ from fastapi.testclient import TestClient
 from loraplex.server.app import create_app
 from loraplex.server.tenant_jobs import MAX_JOBS_PER_TENANT, MAX_LARGE_BODIES_PER_TENANT, TenantJobs
 
-HOLD_S = 0.3  # each slow encode: long enough for every request sent at once to overlap
+HOLD_S = 0.3  # each counted call (``_Counted``): long enough for calls sent at once to overlap
+WAIT_S = 60.0  # far beyond any wait here, on a loaded machine too
 
 
 class SlowTokenizer(CharTokenizer):
-    """Encodes a prompt starting with ``slow`` in ``HOLD_S``, counting how many do at once."""
+    """Encodes a prompt starting with ``slow`` once ``gate`` opens (at most ``WAIT_S`` later),
+    counting how many do at once."""
 
     def __init__(self) -> None:
         self._lock = threading.Lock()
+        self.gate = threading.Event()
         self.running = 0
         self.most = 0  # slow encodes at once, at most
         self.fast_during_slow = 0  # other encodes that ran while slow ones ran
@@ -40,14 +43,25 @@ class SlowTokenizer(CharTokenizer):
             self.running += 1
             self.most = max(self.most, self.running)
         try:
-            time.sleep(HOLD_S)
+            if not self.gate.wait(WAIT_S):
+                raise RuntimeError(f"the gate stayed shut for {WAIT_S} s")
             return super().encode(text)
         finally:
             with self._lock:
                 self.running -= 1
 
 
+def _wait_until(condition: Callable[[], bool], what: str) -> None:
+    deadline = time.monotonic() + WAIT_S
+    while not condition():
+        assert time.monotonic() < deadline, f"not {what} within {WAIT_S} s"
+        time.sleep(0.01)
+
+
 def test_a_tenants_jobs_hold_at_most_their_share_of_the_pool(served: Served) -> None:
+    """NOTE: the slow encodes hold their places until the test opens a gate, not for a fixed
+    time: with each held 0.3 s, on a loaded machine they did not all overlap (or had not
+    started when the other tenant's request came), which no bound was broken by."""
     tokenizer = SlowTokenizer()
     deps = make_app_deps(served, FakeEngine(char_tokenizer=tokenizer))
     acme = {"Authorization": f"Bearer {served.keys['acme']}"}
@@ -59,8 +73,17 @@ def test_a_tenants_jobs_hold_at_most_their_share_of_the_pool(served: Served) -> 
             return reply.status_code
 
         slow = [pool.submit(tokenize, acme, "slow") for _ in range(2 * MAX_JOBS_PER_TENANT)]
-        time.sleep(HOLD_S / 2)  # acme's first encodes are running, the rest wait for a place
-        assert tokenize(globex, "fast") == 200  # not queued behind acme's
+        try:
+
+            def placed() -> bool:  # acme's first encodes run, the rest wait for a place
+                places = deps.jobs._places.get("acme")
+                waiting = 0 if places is None else places.statistics().tasks_waiting
+                return tokenizer.running == waiting == MAX_JOBS_PER_TENANT
+
+            _wait_until(placed, "two of acme's encodes running and two waiting for a place")
+            assert tokenize(globex, "fast") == 200  # not queued behind acme's
+        finally:
+            tokenizer.gate.set()
         assert [f.result() for f in slow] == [200] * len(slow)
     assert tokenizer.most == MAX_JOBS_PER_TENANT  # all at once before (the pool has 40)
     assert tokenizer.fast_during_slow == 1
