@@ -202,6 +202,7 @@ def test_the_report_shows_the_rule_per_cell_and_each_arm() -> None:
     assert "## Hot-burst per repeat (tier_share_by_priority on)" in page
     assert "## Hot-burst per repeat (tier_share_by_priority off)" in page
     assert "(t-on.png)" in page
+    assert "## Hot-burst capacity sweep" not in page  # no plain run: no empty table
 
 
 def test_the_setting_is_checked_and_both_is_hot_burst_only() -> None:

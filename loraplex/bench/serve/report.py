@@ -45,9 +45,7 @@ def serve_markdown(
         f"config: `{result['config']}`, seed {result['seed']}",
         "## Headline metrics",
         markdown_table(headline, ["metric", "value"]),
-        "## Hot-burst capacity sweep (gain: hot tenant P99 TTFT from the burst on, baseline "
-        "over candidate; price: batch tenant P50 TTFT, candidate over baseline)",
-        _sweep_section(metrics.get("hot_burst_sweep", {}), candidates, baselines),
+        *_sweep_section(metrics.get("hot_burst_sweep", {}), candidates, baselines),
         *spread_section(metrics, candidates, repeats, baselines),
         *arms_section(metrics, candidates, baselines, repeats),
         "## Runs (TTFT in ms over every request, failed ones at the timeout; TPOT over "
@@ -96,13 +94,21 @@ def _sweep_keys(candidates: tuple[str, ...], baselines: tuple[str, ...]) -> dict
 
 def _sweep_section(
     sweep: dict[str, dict[str, Any]], candidates: tuple[str, ...], baselines: tuple[str, ...]
-) -> str:
+) -> list[str]:
+    """The capacity sweep's table; none without plain hot-burst runs (a ``both`` run has its
+    arms' tables instead, ``share_arms``)."""
+    if not sweep:
+        return []
     keys = _sweep_keys(candidates, baselines)
     rows = [
         {"slots": slots, **{column: m.get(key) for column, key in keys.items()}}
         for slots, m in sweep.items()
     ]
-    return markdown_table(rows, ["slots", *keys])
+    return [
+        "## Hot-burst capacity sweep (gain: hot tenant P99 TTFT from the burst on, baseline "
+        "over candidate; price: batch tenant P50 TTFT, candidate over baseline)",
+        markdown_table(rows, ["slots", *keys]),
+    ]
 
 
 _KIND_COLUMNS = [
