@@ -41,6 +41,7 @@ from loraplex.bench.serve.driver import DriveConfig
 from loraplex.bench.serve.fleet import Fleet, ServerOptions, drop_page_cache, prepare_fleet
 from loraplex.bench.serve.repeats import hot_burst_spread
 from loraplex.bench.serve.runs import TracePlan, comparisons, trace_runs
+from loraplex.bench.serve.share_arms import check_share_setting, share_arm_metrics, with_arms
 from loraplex.bench.serve.summary import (
     HOT_BURST_BASELINES,
     HOT_BURST_CANDIDATES,
@@ -97,8 +98,11 @@ class ServeBenchConfig:
     logs_dir: Path | None = None
     # the trace runs' ``default_tenant_tier_share``; None: the server's default (0.5)
     tenant_tier_share: float | None = None
-    # the trace runs' ``tier_share_by_priority``
-    tier_share_by_priority: bool = False
+    # the trace runs' ``tier_share_by_priority``: "off", "on", or "both" (each hot-burst run
+    # with the rule off and on, ABBA: ``share_arms``)
+    tier_share_by_priority: str = "off"
+    # hot-burst: the baselines every candidate is measured against (lru and / or lru_priority)
+    hot_burst_baselines: tuple[str, ...] = HOT_BURST_BASELINES
 
     def __post_init__(self) -> None:
         for name in (
@@ -140,11 +144,26 @@ class ServeBenchConfig:
             )
         if self.tenant_tier_share is not None:
             check_tier_share(self.tenant_tier_share, "tenant_tier_share")
+        self._check_share_arms()
         if self.logs_dir is not None and not set(self.scenarios) & set(SCENARIOS):
             raise ValueError(
                 f"logs_dir {self.logs_dir} is invalid; only the trace runs ({SCENARIOS}) keep "
                 f"logs, and scenarios {list(self.scenarios)} has none"
             )
+
+    def _check_share_arms(self) -> None:
+        baselines = self.hot_burst_baselines
+        if not baselines or len(set(baselines)) != len(baselines):
+            raise ValueError(
+                f"hot_burst_baselines {list(baselines)} is invalid; expected distinct names "
+                f"from {list(HOT_BURST_BASELINES)} (other policies are candidates)"
+            )
+        if set(baselines) - set(HOT_BURST_BASELINES):
+            raise ValueError(
+                f"hot_burst_baselines {list(baselines)} is invalid; expected names from "
+                f"{list(HOT_BURST_BASELINES)} (other policies are candidates)"
+            )
+        check_share_setting(self.tier_share_by_priority, self.scenarios, SCENARIOS)
 
     def trace_shape(self, capacity_rps: float | None) -> tuple[float, float]:
         """(rate, duration_s) of the traces, given the measured capacity (None: unmeasured)."""
@@ -205,14 +224,17 @@ def run_serve_bench(config: ServeBenchConfig) -> dict[str, Any]:
         workloads = {name: _generate(name, config.seed, params) for name in config.scenarios}
         attack = workloads.pop(ADVERSARIAL, None)
         dropped = drop_page_cache(fleet.store)
+        groups = comparisons(
+            workloads,
+            config.hot_burst_slots,
+            config.max_loras,
+            lambda policy, slots: _trace_options(config, policy, slots),
+            config.hot_burst_candidates,
+            baselines=config.hot_burst_baselines,
+        )
+        both = config.tier_share_by_priority == "both"  # then every group is hot-burst's
         plan = TracePlan(
-            comparisons(
-                workloads,
-                config.hot_burst_slots,
-                config.max_loras,
-                lambda policy, slots: _trace_options(config, policy, slots),
-                config.hot_burst_candidates,
-            ),
+            [with_arms(group) for group in groups] if both else groups,
             config.trace_repeats,
             config.request_timeout_s,
             config.logs_dir,
@@ -226,10 +248,7 @@ def run_serve_bench(config: ServeBenchConfig) -> dict[str, Any]:
             runs += [RunResult(r.name, r.records, r.residency, timeout) for r in hostile]
             runs += [RunResult(r.name, r.records, r.residency, timeout) for r in isolated]
     summaries = {run.name: summarize(run) for run in runs}
-    slots = config.hot_burst_slots if "hot-burst" in workloads else ()
-    metrics = headline(summaries, slots, config.hot_burst_candidates)
-    if slots:
-        metrics["hot_burst_repeats"] = hot_burst_spread(runs, slots, config.hot_burst_candidates)
+    metrics = _trace_metrics(config, runs, summaries, "hot-burst" in workloads)
     if hostile and attack is not None:
         metrics.update(adversarial_metrics(hostile, attack, config.request_timeout_s))
     if isolated and attack is not None:
@@ -250,6 +269,27 @@ def run_serve_bench(config: ServeBenchConfig) -> dict[str, Any]:
     plain = {k: (str(v) if isinstance(v, Path) else v) for k, v in asdict(config).items()}
     plain["machine"] = machine_record()
     return {"name": "serve", "config": plain, "seed": config.seed, "metrics": metrics, "runs": runs}
+
+
+def _trace_metrics(
+    config: ServeBenchConfig,
+    runs: list[RunResult],
+    summaries: dict[str, dict[str, Any]],
+    hot_burst: bool,
+) -> dict[str, Any]:
+    """The trace runs' headline (``headline``) and hot-burst's figures per repeat; under
+    ``tier_share_by_priority`` "both" hot-burst's figures per arm instead, after the on / off
+    ratios (``share_arms``: there is no plain hot-burst run)."""
+    slots = config.hot_burst_slots if hot_burst else ()
+    policies = (config.hot_burst_candidates, config.hot_burst_baselines)
+    if config.tier_share_by_priority == "both":
+        metrics = share_arm_metrics(runs, slots, *policies)
+        metrics.update(headline(summaries, (), *policies))
+        return metrics
+    metrics = headline(summaries, slots, *policies)
+    if slots:
+        metrics["hot_burst_repeats"] = hot_burst_spread(runs, slots, *policies)
+    return metrics
 
 
 def _adversarial(
@@ -294,7 +334,7 @@ def _trace_options(config: ServeBenchConfig, policy: str, max_loras: int) -> Ser
     return replace(
         _options(config, policy, max_loras),
         default_tenant_tier_share=config.tenant_tier_share,
-        tier_share_by_priority=config.tier_share_by_priority,
+        tier_share_by_priority=config.tier_share_by_priority == "on",
     )
 
 

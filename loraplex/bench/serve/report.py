@@ -9,6 +9,7 @@ from typing import Any
 from loraplex.bench.report import markdown_table
 from loraplex.bench.serve.driver import TIERS
 from loraplex.bench.serve.repeats import TENANT_LABELS, spread_section, tenant_ttft_ms
+from loraplex.bench.serve.share_arms import arms_section
 from loraplex.bench.serve.summary import (
     HOT_BURST_BASELINES,
     HOT_BURST_CANDIDATES,
@@ -25,10 +26,18 @@ def serve_json_line(result: dict[str, Any]) -> str:
 
 
 def serve_markdown(
-    result: dict[str, Any], cdf_png: str, hits_png: str, tenant_cdf_png: str | None = None
+    result: dict[str, Any],
+    cdf_png: str,
+    hits_png: str,
+    tenant_cdf_png: str | None = None,
+    arm_cdf_pngs: dict[str, str] | None = None,
 ) -> str:
+    """The report page; ``arm_cdf_pngs``: each share arm's tenant CDF (``share_arms``)."""
     metrics = result["metrics"]
-    candidates = tuple(result["config"].get("hot_burst_candidates", HOT_BURST_CANDIDATES))
+    config = result["config"]
+    candidates = tuple(config.get("hot_burst_candidates", HOT_BURST_CANDIDATES))
+    baselines = tuple(config.get("hot_burst_baselines", HOT_BURST_BASELINES))
+    repeats = int(config.get("trace_repeats", 1))
     # In the JSON line's order: each headline ratio with its completed ratios right after it.
     headline = [{"metric": k, "value": v} for k, v in metrics.items() if isinstance(v, _SCALARS)]
     parts = [
@@ -36,10 +45,9 @@ def serve_markdown(
         f"config: `{result['config']}`, seed {result['seed']}",
         "## Headline metrics",
         markdown_table(headline, ["metric", "value"]),
-        "## Hot-burst capacity sweep (gain: hot tenant P99 TTFT from the burst on, baseline "
-        "over candidate; price: batch tenant P50 TTFT, candidate over baseline)",
-        _sweep_section(metrics.get("hot_burst_sweep", {}), candidates),
-        *spread_section(metrics, candidates, int(result["config"].get("trace_repeats", 1))),
+        *_sweep_section(metrics.get("hot_burst_sweep", {}), candidates, baselines),
+        *spread_section(metrics, candidates, repeats, baselines),
+        *arms_section(metrics, candidates, baselines, repeats),
         "## Runs (TTFT in ms over every request, failed ones at the timeout; TPOT over "
         "completed requests; tier = adapter's tier at arrival)",
         markdown_table(_run_rows(metrics["runs"]), _RUN_COLUMNS),
@@ -54,6 +62,10 @@ def serve_markdown(
             if tenant_cdf_png is None
             else [f"![hot-burst TTFT CDF per tenant]({tenant_cdf_png})"]
         ),
+        *(
+            f"![hot-burst TTFT CDF per tenant, tier_share_by_priority {arm}]({png})"
+            for arm, png in (arm_cdf_pngs or {}).items()
+        ),
         f"![L0 hit ratio over time]({hits_png})",
         "## JSON line",
         "```json\n" + serve_json_line(result) + "\n```",
@@ -61,32 +73,42 @@ def serve_markdown(
     return "\n\n".join(parts) + "\n"
 
 
-def _sweep_keys(candidates: tuple[str, ...]) -> dict[str, str]:
+def _sweep_keys(candidates: tuple[str, ...], baselines: tuple[str, ...]) -> dict[str, str]:
     """Report column -> metric key of one hot-burst point (gain, price, then completed ratios)."""
-    policies = hot_burst_policies(candidates)
+    policies = hot_burst_policies(candidates, baselines)
     return {
         **{
             f"gain_{b}_over_{n}": f"hot_burst_p99_ttft_{b}_over_{n}"
             for n in candidates
-            for b in HOT_BURST_BASELINES
+            for b in baselines
         },
         **{
             f"price_{n}_over_{b}": f"hot_burst_batch_p50_ttft_{n}_over_{b}"
             for n in candidates
-            for b in HOT_BURST_BASELINES
+            for b in baselines
         },
         **{f"hot_completed_{p}": f"hot_burst_hot_completed_ratio_{p}" for p in policies},
         **{f"batch_completed_{p}": f"hot_burst_batch_completed_ratio_{p}" for p in policies},
     }
 
 
-def _sweep_section(sweep: dict[str, dict[str, Any]], candidates: tuple[str, ...]) -> str:
-    keys = _sweep_keys(candidates)
+def _sweep_section(
+    sweep: dict[str, dict[str, Any]], candidates: tuple[str, ...], baselines: tuple[str, ...]
+) -> list[str]:
+    """The capacity sweep's table; none without plain hot-burst runs (a ``both`` run has its
+    arms' tables instead, ``share_arms``)."""
+    if not sweep:
+        return []
+    keys = _sweep_keys(candidates, baselines)
     rows = [
         {"slots": slots, **{column: m.get(key) for column, key in keys.items()}}
         for slots, m in sweep.items()
     ]
-    return markdown_table(rows, ["slots", *keys])
+    return [
+        "## Hot-burst capacity sweep (gain: hot tenant P99 TTFT from the burst on, baseline "
+        "over candidate; price: batch tenant P50 TTFT, candidate over baseline)",
+        markdown_table(rows, ["slots", *keys]),
+    ]
 
 
 _KIND_COLUMNS = [
@@ -226,7 +248,11 @@ def _cdf_axes(ax: Any, title: str, minor: Any) -> None:
 
 
 def hot_burst_tenant_cdf_plot(
-    runs: list[RunResult], slots: tuple[int, ...], candidates: tuple[str, ...], path: Path
+    runs: list[RunResult],
+    slots: tuple[int, ...],
+    candidates: tuple[str, ...],
+    path: Path,
+    baselines: tuple[str, ...] = HOT_BURST_BASELINES,
 ) -> bool:
     """hot-burst's TTFT CDF per tenant (``tenant_ttft_ms``): a row per slot count, the hot
     tenant left and the batch tenant right, a line per policy. False (nothing written) when
@@ -237,7 +263,7 @@ def hot_burst_tenant_cdf_plot(
     import matplotlib.pyplot as plt
     from matplotlib.ticker import NullFormatter
 
-    series = tenant_ttft_ms(runs, slots, candidates)
+    series = tenant_ttft_ms(runs, slots, candidates, baselines)
     if not series:
         return False
     fig, axes = plt.subplots(len(series), 2, figsize=(12, 4 * len(series)), squeeze=False)

@@ -23,6 +23,7 @@ from loraplex.bench.harness.order import run_order
 from loraplex.bench.serve.driver import DriveConfig, RequestRecord, ResidencyView, replay_over_http
 from loraplex.bench.serve.fleet import Fleet, ServerOptions, drop_page_cache, serving
 from loraplex.bench.serve.summary import (
+    HOT_BURST_BASELINES,
     HOT_BURST_CANDIDATES,
     RunResult,
     hot_burst_policies,
@@ -52,6 +53,8 @@ def comparisons(
     max_loras: int,
     options: Callable[[str, int], ServerOptions],
     candidates: tuple[str, ...] = HOT_BURST_CANDIDATES,
+    *,
+    baselines: tuple[str, ...] = HOT_BURST_BASELINES,
 ) -> list[list[Run]]:
     """The groups of runs compared with each other (one trace each), as (name, trace, options)."""
     groups: list[list[Run]] = []
@@ -68,7 +71,7 @@ def comparisons(
                 groups.append(
                     [
                         (hot_burst_run(slots, policy), workload, options(policy, slots))
-                        for policy in hot_burst_policies(candidates)
+                        for policy in hot_burst_policies(candidates, baselines)
                     ]
                 )
         else:

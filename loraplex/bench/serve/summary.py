@@ -157,9 +157,12 @@ HOT_BURST_CANDIDATES = ("cost_aware", "admit_gdsf")
 HOT_BURST_BASELINES = ("lru", "lru_priority")  # the gain and price are against these
 
 
-def hot_burst_policies(candidates: tuple[str, ...] = HOT_BURST_CANDIDATES) -> tuple[str, ...]:
+def hot_burst_policies(
+    candidates: tuple[str, ...] = HOT_BURST_CANDIDATES,
+    baselines: tuple[str, ...] = HOT_BURST_BASELINES,
+) -> tuple[str, ...]:
     """Every policy a hot-burst point runs: the baselines, then the candidates."""
-    return HOT_BURST_BASELINES + candidates
+    return baselines + candidates
 
 
 _WINDOW = "from_burst_by_tenant"  # the hot tenant "during and after the burst" (WORKLOADS.md)
@@ -174,23 +177,25 @@ def hot_burst_point(
     summaries: dict[str, dict[str, Any]],
     slots: int,
     candidates: tuple[str, ...] = HOT_BURST_CANDIDATES,
+    baselines: tuple[str, ...] = HOT_BURST_BASELINES,
 ) -> dict[str, Any]:
     """One capacity point of hot-burst. The gain: the hot tenant's P99 TTFT from the burst on,
-    under lru and under lru_priority (which sees tenant priority too) over each candidate
-    (``candidates``). The price: the batch tenant's P50 TTFT, candidate over lru and
-    over lru_priority. Completed ratios stand beside each (in this order in the JSON line and
-    the report); missing runs give None."""
-    sides = {p: summaries.get(hot_burst_run(slots, p)) for p in hot_burst_policies(candidates)}
+    under lru and under lru_priority (which sees tenant priority too; the ``baselines`` run)
+    over each candidate (``candidates``). The price: the batch tenant's P50 TTFT, candidate
+    over lru and over lru_priority. Completed ratios stand beside each (in this order in the
+    JSON line and the report); missing runs give None."""
+    policies = hot_burst_policies(candidates, baselines)
+    sides = {p: summaries.get(hot_burst_run(slots, p)) for p in policies}
     hot = {p: _quantile(s, "prio", groups=_WINDOW) for p, s in sides.items()}
     batch = {p: _quantile(s, "batch", "p50") for p, s in sides.items()}
     out: dict[str, Any] = {}
     for new in candidates:
-        for base in HOT_BURST_BASELINES:
+        for base in baselines:
             out[f"hot_burst_p99_ttft_{base}_over_{new}"] = _ratio(hot[base], hot[new])
     for p, s in sides.items():
         out[f"hot_burst_hot_completed_ratio_{p}"] = _completed(s, "prio", _WINDOW)
     for new in candidates:
-        for base in HOT_BURST_BASELINES:
+        for base in baselines:
             out[f"hot_burst_batch_p50_ttft_{new}_over_{base}"] = _ratio(batch[new], batch[base])
     for p, s in sides.items():
         out[f"hot_burst_batch_completed_ratio_{p}"] = _completed(s, "batch", "by_tenant")
@@ -208,13 +213,16 @@ def headline(
     summaries: dict[str, dict[str, Any]],
     hot_burst_slots: tuple[int, ...] = (),
     candidates: tuple[str, ...] = HOT_BURST_CANDIDATES,
+    baselines: tuple[str, ...] = HOT_BURST_BASELINES,
 ) -> dict[str, Any]:
     """The headline ratios, each followed by the completed ratios it depends on, then the
     numbers they come from. Hot-burst's flat keys are its first capacity point; every point
     is under ``hot_burst_sweep`` (slots -> that point's metrics)."""
     out: dict[str, Any] = {}
     if hot_burst_slots:
-        points = {str(n): hot_burst_point(summaries, n, candidates) for n in hot_burst_slots}
+        points = {
+            str(n): hot_burst_point(summaries, n, candidates, baselines) for n in hot_burst_slots
+        }
         out.update(points[str(hot_burst_slots[0])])
         out["hot_burst_slots"] = hot_burst_slots[0]
         out["hot_burst_sweep"] = points

@@ -22,6 +22,8 @@ from loraplex.cli.bench.options import (
 
 if TYPE_CHECKING:
     from loraplex.bench.serve.adversarial import AdversarialConfig
+    from loraplex.bench.serve.bench import ServeBenchConfig
+    from loraplex.bench.serve.summary import RunResult
 
 
 def serve(
@@ -95,6 +97,13 @@ def serve(
             "comma-separated."
         ),
     ] = "cost_aware,admit_gdsf",
+    hot_burst_baselines: Annotated[
+        str,
+        typer.Option(
+            help="hot-burst: the baselines the candidates are measured against, comma-separated "
+            "from lru,lru_priority."
+        ),
+    ] = "lru,lru_priority",
     trace_repeats: Annotated[
         int, typer.Option(help="Runs of each trace comparison, order alternating (ABBA).")
     ] = 2,
@@ -113,13 +122,14 @@ def serve(
         ),
     ] = None,
     tier_share_by_priority: Annotated[
-        bool,
+        str,
         typer.Option(
-            "--tier-share-by-priority",
-            help="The trace runs' tier_share_by_priority: the tier shares hold only against "
-            "tenants of the same or lower priority.",
+            help="The trace runs' tier_share_by_priority (the tier shares hold only against "
+            "tenants of the same or lower priority): off, on (the bare flag of before), or both "
+            "(hot-burst only: every policy and slot count with the rule off and on, ABBA over "
+            "the repeats, and the on / off ratios).",
         ),
-    ] = False,
+    ] = "off",
     logs_dir: Annotated[
         Path | None,
         typer.Option(
@@ -134,12 +144,18 @@ def serve(
     from loraplex.bench.serve.bench import ServeBenchConfig, run_serve_bench
     from loraplex.bench.serve.report import (
         hit_ratio_plot,
-        hot_burst_tenant_cdf_plot,
         serve_json_line,
         serve_markdown,
         ttft_cdf_plot,
     )
+    from loraplex.bench.serve.share_arms import SHARE_SETTINGS
 
+    if tier_share_by_priority not in SHARE_SETTINGS:
+        raise typer.BadParameter(
+            f"{tier_share_by_priority!r}: expected one of {', '.join(SHARE_SETTINGS)} (the bare "
+            "flag of before is now --tier-share-by-priority on)",
+            param_hint="--tier-share-by-priority",
+        )
     if logs_dir is not None:
         try:
             logs_dir_ready(logs_dir)
@@ -161,6 +177,7 @@ def serve(
             capacity_requests=capacity_requests,
             hot_burst_slots=slots,
             hot_burst_candidates=tuple(c.strip() for c in hot_burst_candidates.split(",")),
+            hot_burst_baselines=tuple(c.strip() for c in hot_burst_baselines.split(",")),
             trace_repeats=trace_repeats,
             seed=seed,
             asset_dir=asset_dir,
@@ -182,17 +199,35 @@ def serve(
     if out is not None:
         ttft_cdf_plot(result["runs"], out / "serve-ttft-cdf.png")
         hit_ratio_plot(result["runs"], out / "serve-hit-ratio.png")
-        tenant_png = "serve-ttft-cdf-tenant.png"
-        drawn = hot_burst_tenant_cdf_plot(
-            result["runs"], config.hot_burst_slots, config.hot_burst_candidates, out / tenant_png
-        )
+        drawn = _tenant_cdfs(result["runs"], config, out)
         markdown = serve_markdown(
-            result, "serve-ttft-cdf.png", "serve-hit-ratio.png", tenant_png if drawn else None
+            result, "serve-ttft-cdf.png", "serve-hit-ratio.png", drawn.pop("", None), drawn
         )
         write_report(out, "serve", "Serve benchmark", markdown)
         if not as_json:
             typer.echo(f"report: {report_dir}/serve-run.md", err=True)
     typer.echo(serve_json_line(result))
+
+
+def _tenant_cdfs(runs: list[RunResult], config: ServeBenchConfig, out: Path) -> dict[str, str]:
+    """Draws hot-burst's TTFT CDF per tenant, one per share arm under ``both``: arm -> PNG
+    name of each drawn ("" for the plain runs)."""
+    from loraplex.bench.serve.report import hot_burst_tenant_cdf_plot
+    from loraplex.bench.serve.share_arms import ARMS, arm_runs
+
+    arms = ARMS if config.tier_share_by_priority == "both" else ("",)
+    pngs = {arm: f"serve-ttft-cdf-tenant{arm and '-by-priority-'}{arm}.png" for arm in arms}
+    return {
+        arm: png
+        for arm, png in pngs.items()
+        if hot_burst_tenant_cdf_plot(
+            arm_runs(runs, arm) if arm else runs,
+            config.hot_burst_slots,
+            config.hot_burst_candidates,
+            out / png,
+            config.hot_burst_baselines,
+        )
+    }
 
 
 def _adversarial_config(
