@@ -84,11 +84,20 @@ def bench_sim(
         typer.Option(
             help="With --cost-model (a `sim calibrate-fleet` file) and the fleet target: measure "
             "the fleet's lone terms as short passes of 1/K of calibrate-fleet's lone requests "
-            "(and one lone cold request on each of 4 cold adapters: fleet_load_scale) in the "
+            "(and one lone cold request on each of 4 cold adapters, or "
+            "--calibrate-fleet-cold-requests: fleet_load_scale, replacing the file's) in the "
             "run's Ray cluster, one before each fleet run and one after the last, and price "
             "each fleet trace from the passes around its runs (0: the file's terms)."
         ),
     ] = 0,
+    calibrate_fleet_cold_requests: Annotated[
+        int | None,
+        typer.Option(
+            help="With --calibrate-fleet-interleaved: lone cold requests per fleet pass, each "
+            "on an adapter of its own (default 4; 0: none, the file's fleet_load_scale prices "
+            "the fleet's loads)."
+        ),
+    ] = None,
     no_scale: Annotated[
         bool, typer.Option("--no-scale", help="Skip the 1M-request scale run.")
     ] = False,
@@ -120,13 +129,19 @@ def bench_sim(
             logs_dir=logs_dir,
             calibrate_interleaved=calibrate_interleaved,
             calibrate_fleet_interleaved=calibrate_fleet_interleaved,
+            calibrate_fleet_cold_requests=calibrate_fleet_cold_requests,
         )
         model = load(cost_model) if cost_model is not None else None
         fleet_passes = None
         if calibrate_fleet_interleaved and model is not None:
+            from loraplex.bench.sim.calibrate_fleet import PASS_COLD_REQUESTS
             from loraplex.bench.sim.fleet_interleaved import InterleavedFleet
 
-            fleet_passes = InterleavedFleet(calibrate_fleet_interleaved, model, logs_dir)
+            colds = config.calibrate_fleet_cold_requests
+            fleet_passes = InterleavedFleet(
+                calibrate_fleet_interleaved, model, logs_dir,
+                cold_requests=PASS_COLD_REQUESTS if colds is None else colds,
+            )  # fmt: skip
     except (ValueError, OSError) as exc:
         raise typer.BadParameter(str(exc)) from exc
     for flag, given in (("--calibrated-out", calibrated_out), ("--hardware", hardware)):

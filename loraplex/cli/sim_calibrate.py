@@ -63,6 +63,14 @@ def calibrate_fleet_command(
         int | None,
         typer.Option(help="Adapters the contention rounds spread over (default: one per replica)."),
     ] = None,
+    cold_requests: Annotated[
+        int,
+        typer.Option(
+            help="Lone cold requests after the contention rounds, each on an adapter of its own "
+            "in no replica: their loads against the lone server's fit fleet_load_scale "
+            "(0: not measured, the loads cost fleet_cpu_scale times their price)."
+        ),
+    ] = 12,
     report: Report = None,
     asset_dir: Annotated[
         Path, typer.Option(help="Demo assets cache (base model <dir>/test-small).")
@@ -72,7 +80,8 @@ def calibrate_fleet_command(
     """Add a fleet's costs to a lone server's model: measure a local demo fleet (Ray) with lone
     warm requests through its ingress, paced as a trace sends them: the ingress-to-replica hop
     and its spread, the co-located replicas' step scale, the machine's cores; and the fleet's
-    slowdown with 1, 2, 4, 8 requests in flight (docs/simulator.md)."""
+    slowdown with 1, 2, 4, 8 requests in flight; and its loads from the store, by lone cold
+    requests (docs/simulator.md)."""
     from loraplex.bench.sim.calibrate_fleet import FleetCalibrateConfig, calibrate_fleet
     from loraplex.bench.sim.fit_check import BrokenFit, recorded_step_fit, step_fit_faults
     from loraplex.sim.cost_model import load
@@ -85,6 +94,7 @@ def calibrate_fleet_command(
             in_flight=ints(in_flight, "--in-flight"),
             contention_rounds=contention_rounds,
             contention_adapters=contention_adapters,
+            cold_requests=cold_requests,
         )
         base_model = load(base)
     except (ValueError, OSError) as exc:

@@ -16,12 +16,13 @@ Torch-free and HTTP-free: ``bench/sim/calibrate_fleet.py`` measures, this module
   throughput of each ``k``'s rounds), floored at 1 (the raw values are kept): the CPU work the
   fleet's processes add per request, which lone requests cannot show (``sim/cpu.py``).
 - ``cores``: given by the caller (the machine's usable cores where the fleet ran).
-- ``fleet_load_scale`` (``fit_load_scale``; measured by ``bench sim``'s fleet passes only): the
-  median, over lone cold requests (their adapter in no replica: a load from the store), of
-  their TTFT less what the model prices around the load (the hop, the ask, the L3 hand-off and
-  the scaled prefill step) over the load's lone price (L3 -> L2, L2 -> L1, L1 -> L0 of its
-  bytes): a fleet replica's load against a lone server's, which a decode step's ratio
-  (``fleet_cpu_scale``) priced before.
+- ``fleet_load_scale`` (``fit_load_scale``; measured by ``sim calibrate-fleet``'s lone cold
+  requests and by ``bench sim``'s fleet passes): the median, over lone cold requests (their
+  adapter in no replica: a load from the store), of their TTFT less what the model prices
+  around the load (the hop, the ask, the L3 hand-off and the scaled prefill step) over the
+  load's lone price (L3 -> L2, L2 -> L1, L1 -> L0 of its bytes; each request's ratio:
+  ``load_scale_ratios``): a fleet replica's load against a lone server's, which a decode step's
+  ratio (``fleet_cpu_scale``) priced before.
 """
 
 from __future__ import annotations
@@ -156,21 +157,28 @@ def fit_fleet(base: CostModel, samples: Sequence[FleetSample]) -> FleetFit:
 MIN_LOAD_SCALE = 0.05  # fit_load_scale's floor (a cold request faster than its hop and step)
 
 
-def fit_load_scale(model: CostModel, samples: Sequence[FleetSample]) -> float | None:
-    """``fleet_load_scale`` (module docstring) from ``samples``' cold ones over ``model`` (its
-    fleet terms fitted); None without a cold sample."""
-    cold = [s for s in samples if s.cold]
-    if not cold:
-        return None
+def load_scale_ratios(model: CostModel, samples: Sequence[FleetSample]) -> list[float]:
+    """Each of ``samples``' cold ones' TTFT less what ``model`` (its fleet terms fitted) prices
+    around its load, over the load's lone price (module docstring), in their order; unfloored."""
     hop = model.front_s + model.ipc_s + model.network_s
     around = hop + model.lease_ask_s + model.lease_handoff_s.get("L3", 0.0)
     ratios = []
-    for s in cold:
+    for s in samples:
+        if not s.cold:
+            continue
         links = model.links
         load = sum(links[name].seconds(s.nbytes) for name in ("L3_to_L2", "L2_to_L1", "L1_to_L0"))
         step = model.fleet_cpu_scale * s.prefill_price_s(model)
         ratios.append((s.ttft_s - around - step) / load)
-    return max(MIN_LOAD_SCALE, statistics.median(ratios))
+    return ratios
+
+
+def fit_load_scale(model: CostModel, samples: Sequence[FleetSample]) -> float | None:
+    """``fleet_load_scale`` (module docstring) from ``samples``' cold ones over ``model`` (its
+    fleet terms fitted): the median of ``load_scale_ratios``, floored at ``MIN_LOAD_SCALE``;
+    None without a cold sample."""
+    ratios = load_scale_ratios(model, samples)
+    return max(MIN_LOAD_SCALE, statistics.median(ratios)) if ratios else None
 
 
 def fleet_model(

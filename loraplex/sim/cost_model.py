@@ -75,8 +75,9 @@ A file without the key (or a tier without a value) charges nothing.
 
 A fleet replica's load stages cost ``fleet_load_scale`` times their lone price where the file
 has it, in place of ``fleet_cpu_scale`` (a decode step's ratio, which prices them otherwise):
-``bench sim --calibrate-fleet-interleaved`` measures it on lone cold requests through the fleet
-(``sim/calibrate_fleet.fit_load_scale``). A file without the key reads as before.
+``sim calibrate-fleet`` (``--cold-requests``) and ``bench sim --calibrate-fleet-interleaved``'s
+passes measure it on lone cold requests through the fleet (``sim/calibrate_fleet.fit_load_scale``).
+A file without the key reads as before.
 
 Asking for a lease that misses the GPU slots holds the engine thread ``lease_ask_s`` seconds
 longer than a hit's (the cache lock, the policy's choice, the load's submission): the replica's

@@ -14,7 +14,12 @@ import pytest
 
 from loraplex.bench.serve.driver import DriveConfig, RequestRecord
 from loraplex.bench.sim import calibrate_run, contention_rounds, fleet_lone
-from loraplex.bench.sim.calibrate_fleet import FleetCalibrateConfig, _measure
+from loraplex.bench.sim.calibrate_fleet import (
+    COLD_REQUESTS,
+    FleetCalibrateConfig,
+    _measure,
+    cold_adapters,
+)
 from loraplex.bench.workloads import ATTENTION_TARGETS, TraceAdapter, TraceRequest
 
 ADAPTERS = [TraceAdapter("t", "r8", 8, ATTENTION_TARGETS), TraceAdapter("t", "r64", 64, ())]
@@ -169,6 +174,8 @@ def test_contention_rounds_run_on_adapters_placed_one_per_replica(
         ({"in_flight": (1,)}, "in_flight"),
         ({"in_flight": (1, 100)}, "in_flight"),
         ({"contention_rounds": 0}, "contention_rounds"),
+        ({"cold_requests": -1}, "cold_requests"),
+        ({"cold_requests": 257}, "cold_requests"),
     ],
 )
 def test_config_refuses_bad_fields_by_name(fields: dict[str, Any], named: str) -> None:
@@ -182,6 +189,7 @@ def test_config_refuses_bad_fields_by_name(fields: dict[str, Any], named: str) -
         (["--in-flight", "2,4"], "in_flight"),
         (["--contention-rounds", "0"], "contention_rounds"),
         (["--contention-adapters", "0"], "contention_adapters"),
+        (["--cold-requests", "-1"], "cold_requests"),
     ],
 )
 def test_calibrate_fleet_refuses_bad_contention_flags(
@@ -240,3 +248,116 @@ def test_measure_fleet_times_the_host_probe_around_the_deployment(
     *_, probes = calibrate_fleet.measure_fleet(_config(), asset_dir)
     assert events == ["probe", "deploy", "measure", "delete", "probe"]
     assert probes == [HostProbe(matmul_s=0.3, loop_s=0.2)] * 2
+
+
+def test_cold_requests_come_last_one_lone_request_per_adapter_each_evicted(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """After the rounds, one request (8 prompt tokens, 1 out) per cold adapter, never warmed;
+    each evicted from the GPU slots right after its request; the ones the fleet loaded from the
+    store are kept as cold samples (their rank and bytes), the one it found warm is not, and
+    the warm requests' left-out count does not hold them."""
+    sent = _fake_ingress(monkeypatch, cold_first=1)
+    colds = cold_adapters(3)
+    assert [(a.name, a.rank, a.targets) for a in colds] == [
+        ("cold0-r8", 8, ATTENTION_TARGETS), ("cold1-r64", 64, ATTENTION_TARGETS),
+        ("cold2-r8", 8, ATTENTION_TARGETS),
+    ]  # fmt: skip
+    sizes = {**SIZES, **{(a.tenant, a.name): 100 * a.rank for a in colds}}
+    sent["all"].append(TraceRequest(0.0, "fleetcal", "cold2-r8", 8, 1))  # seen: found warm
+    evicted: list[str] = []
+    config = _config(requests=2, prefill_lengths=(8,), in_flight=(1, 2))
+    samples, rounds, left_out, _ = _measure(
+        "http://x", "key", ADAPTERS[:1], sizes=sizes, config=config, drive=DRIVE,
+        evict=lambda a: evicted.append(a.name), colds=colds,
+    )  # fmt: skip
+    last = sent["all"][-3:]
+    assert [(r.adapter, r.prompt_tokens, r.output_tokens) for r in last] == [
+        ("cold0-r8", 8, 1), ("cold1-r64", 8, 1), ("cold2-r8", 8, 1),
+    ]  # fmt: skip
+    assert [r.in_flight for r in rounds] == [1, 2]  # the rounds ran before them
+    assert evicted == ["cold0-r8", "cold1-r64", "cold2-r8"]
+    cold = [s for s in samples if s.cold]
+    assert [(s.rank, s.nbytes, s.prompt_tokens, s.tpot_s) for s in cold] == [
+        (8, 800, 8, None), (64, 6400, 8, None),
+    ]  # fmt: skip
+    assert samples[-2:] == cold and left_out == 0
+    assert COLD_REQUESTS == 12 == FleetCalibrateConfig().cold_requests
+
+
+def _calibrated(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path, samples: list, **fields: Any
+) -> tuple[Any, dict[str, Any]]:
+    """``calibrate_fleet`` over ``samples`` (the fleet, the placement replay and the fit by
+    simulation stubbed): the model and the report."""
+    from dataclasses import replace
+    from types import SimpleNamespace
+
+    from loraplex.bench.sim import calibrate_fleet
+    from loraplex.sim.calibrate_fleet import ContentionSample
+    from loraplex.sim.cost_model import load
+    from loraplex.sim.host_speed import HostProbe
+
+    base = load(Path(__file__).resolve().parents[1] / "sim" / "cost_example.json")
+    base = replace(base, fleet_load_scale=9.0)  # a fleet file given as the base: not kept
+    rounds = [ContentionSample(1, 10.0), ContentionSample(2, 15.0)]
+    where = {"adapters": ["c0"], "placed_on": None}
+    probes = [HostProbe(matmul_s=0.3, loop_s=0.2)] * 2
+    measured = (samples, rounds, 0, where, probes)
+    monkeypatch.setattr(calibrate_fleet, "checked_measurements", lambda *_: (measured, [[]]))
+    placed = SimpleNamespace(adapters=[], replicas=[], skipped=[])
+    monkeypatch.setattr(calibrate_fleet, "simulated_rounds", lambda *_, **__: (0, 0, placed))
+
+    def fit(model: Any, config: Any, shape: Any, medians: Any, first: Any) -> Any:
+        return SimpleNamespace(
+            contention=first, iterations=0, measured={}, simulated_first={},
+            simulated_fitted={}, worst_gap=0.0, simulated_ttft_s={},
+        )  # fmt: skip
+
+    monkeypatch.setattr(calibrate_fleet, "fit_by_simulation", fit)
+    config = _config(**fields)
+    return calibrate_fleet.calibrate_fleet(base, config, tmp_path, "loraplex sim calibrate-fleet")
+
+
+def _lone(base_ttft: float = 0.03) -> list:
+    from loraplex.sim.calibrate_fleet import FleetSample
+
+    warm = [FleetSample(8, 8, 1000, base_ttft + 0.001 * i) for i in range(3)]
+    return [*warm, FleetSample(8, 8, 1000, 0.02, 0.004)]
+
+
+def test_calibrate_fleet_writes_the_load_scale_its_source_and_every_ratio(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    """The cold samples' ratios (``load_scale_ratios`` over the fitted fleet terms) go to the
+    report in the order sent; their median is the file's ``fleet_load_scale``, its source
+    saying how many were sent and kept and their range; a base file's own value is not kept."""
+    from loraplex.sim.calibrate_fleet import FleetSample, load_scale_ratios
+
+    colds = [FleetSample(8, 8, 500_000, t, cold=True) for t in (0.09, 0.05, 0.07, 0.2)]
+    model, report = _calibrated(monkeypatch, tmp_path, _lone() + colds, cold_requests=5)
+    ratios = load_scale_ratios(model, colds)
+    assert len(set(ratios)) == 4
+    cold = report["cold"]
+    assert cold["ratios"] == pytest.approx(ratios)
+    assert cold["ttft_s"] == [0.09, 0.05, 0.07, 0.2]
+    assert (cold["requests"], cold["kept"], cold["left_out"]) == (5, 4, 1)
+    median = (sorted(ratios)[1] + sorted(ratios)[2]) / 2
+    assert model.fleet_load_scale == pytest.approx(median) == cold["fleet_load_scale"]
+    assert cold["spread"]["min"] == min(ratios) and cold["spread"]["max"] == max(ratios)
+    text = model.sources["fleet_load_scale"]
+    assert "median over 4 lone cold requests" in text and "5 sent, 1 left out" in text
+    assert f"{min(ratios):.3f} to {max(ratios):.3f}" in text
+    assert [s["cold"] for s in report["samples"]][-4:] == [True] * 4
+
+
+def test_calibrate_fleet_without_cold_requests_says_so_and_keeps_no_scale(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    model, report = _calibrated(monkeypatch, tmp_path, _lone(), cold_requests=0)
+    assert model.fleet_load_scale is None
+    assert "not measured (--cold-requests 0)" in model.sources["fleet_load_scale"]
+    assert report["cold"]["ratios"] == [] and "spread" not in report["cold"]
+    model, report = _calibrated(monkeypatch, tmp_path, _lone(), cold_requests=3)
+    assert model.fleet_load_scale is None
+    assert "none of 3 lone cold requests was kept" in model.sources["fleet_load_scale"]

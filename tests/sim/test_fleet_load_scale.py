@@ -11,7 +11,13 @@ from pathlib import Path
 import pytest
 from sim_inputs import cost
 
-from loraplex.sim.calibrate_fleet import FleetSample, fit_fleet, fit_load_scale
+from loraplex.sim.calibrate_fleet import (
+    MIN_LOAD_SCALE,
+    FleetSample,
+    fit_fleet,
+    fit_load_scale,
+    load_scale_ratios,
+)
 from loraplex.sim.config import SimConfig
 from loraplex.sim.cost_model import Link, from_dict, load
 from loraplex.sim.run import simulate
@@ -66,6 +72,19 @@ def test_the_load_scale_is_fitted_on_the_cold_requests_only() -> None:
     colds = [replace(probe, ttft_s=around + step + k * load) for k in (2.0, 2.5, 4.0)]
     assert fit_load_scale(model, warm + colds) == pytest.approx(2.5)
     assert fit_fleet(model, warm + colds) == fit_fleet(model, warm)  # the cold ones left out
+    # each cold request's own ratio, in the order given, warm ones skipped (the report's)
+    assert load_scale_ratios(model, [colds[2], *warm, colds[0]]) == pytest.approx([4.0, 2.0])
+    assert load_scale_ratios(model, warm) == []
+
+
+def test_the_ratios_are_kept_unfloored_and_the_fit_floored() -> None:
+    """A cold request faster than the hop and step priced around its load has a ratio below
+    0; the report keeps it as measured, the fit's median is floored at ``MIN_LOAD_SCALE``."""
+    model = replace(cost(), network_s=0.004, fleet_cpu_scale=1.0)
+    fast = [FleetSample(8, 8, 1000, 0.0001, cold=True)] * 3
+    ratios = load_scale_ratios(model, fast)
+    assert all(r < 0 for r in ratios)
+    assert fit_load_scale(model, fast) == MIN_LOAD_SCALE
 
 
 def test_the_cold_samples_keep_the_requests_the_fleet_loaded_from_the_store(

@@ -185,19 +185,10 @@ def test_a_pass_runs_before_each_fleet_run_and_after_the_last(
     assert [n for _, n in order] == [r.removeprefix("run ") for r in runs]
 
 
-def test_a_pass_measures_on_its_own_deployment_and_keeps_its_samples(
-    monkeypatch: pytest.MonkeyPatch, tmp_path: Path, demo_assets: Any
-) -> None:
-    """One pass with the deployment and the requests stubbed (the registry written for real):
-    probes around the deployment, both lone adapters warmed and sampled, the samples kept in
-    ``logs_dir``, a second pass reusing the registry."""
-    import json
-
+def _stub_pass(monkeypatch: pytest.MonkeyPatch, events: list[str]) -> None:
+    """A pass's deployment, requests and probes stubbed, each recorded in ``events``."""
     from loraplex.bench.fleet import cluster
-    from loraplex.bench.serve.fleet import Fleet
     from loraplex.bench.sim import fleet_lone, host_probe
-
-    events: list[str] = []
 
     @contextmanager
     def deployed(settings: Any, url: str, admin_key: str) -> Iterator[None]:
@@ -213,8 +204,9 @@ def test_a_pass_measures_on_its_own_deployment_and_keeps_its_samples(
         events.append(f"lone {adapter.name}")
         return [FleetSample(8, adapter.rank, nbytes, 0.02, 0.003)], 1
 
-    def cold_samples(url: str, key: str, adapters: list, **_: Any) -> tuple:
+    def cold_samples(url: str, key: str, adapters: list, **kwargs: Any) -> tuple:
         events.append("cold " + ",".join(a.name for a, _ in adapters))
+        assert kwargs["evict"] is not None  # each cold adapter dropped from the slots after
         return [FleetSample(8, 8, adapters[0][1], 0.05, cold=True)], len(adapters) - 1
 
     def probe() -> HostProbe:
@@ -226,13 +218,29 @@ def test_a_pass_measures_on_its_own_deployment_and_keeps_its_samples(
     monkeypatch.setattr(fleet_lone, "lone_samples", lone_samples)
     monkeypatch.setattr(fleet_lone, "cold_samples", cold_samples)
     monkeypatch.setattr(host_probe, "host_probe", probe)
+
+
+DRIVE = DriveConfig(request_timeout_s=5.0, vocab_size=100)
+
+
+def test_a_pass_measures_on_its_own_deployment_and_keeps_its_samples(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path, demo_assets: Any
+) -> None:
+    """One pass with the deployment and the requests stubbed (the registry written for real):
+    probes around the deployment, both lone adapters warmed and sampled, the samples kept in
+    ``logs_dir``, a second pass reusing the registry."""
+    import json
+
+    from loraplex.bench.serve.fleet import Fleet
+
+    events: list[str] = []
+    _stub_pass(monkeypatch, events)
     traces = Fleet(tmp_path / "traces", demo_assets.base_model_dir, {}, "admin", 64)
     logs = tmp_path / "logs"
     logs.mkdir()
     calibration = InterleavedFleet(4, _base(), logs)
-    drive = DriveConfig(request_timeout_s=5.0, vocab_size=100)
     for _ in range(2):
-        calibration.run_pass((traces, "http://x", 1), RealSettings(), drive, tmp_path)
+        calibration.run_pass((traces, "http://x", 1), RealSettings(), DRIVE, tmp_path)
     cold = "cold cold0-r8,cold1-r64,cold2-r8,cold3-r64"  # after the warm ones, in no replica
     one = ["probe", "deploy", "warm r8", "lone r8", "warm r64", "lone r64", cold, "delete"]
     assert events == [*one, "probe", *one, "probe"]
@@ -241,3 +249,76 @@ def test_a_pass_measures_on_its_own_deployment_and_keeps_its_samples(
     assert kept["left_out"] == 5
     assert [(s["rank"], s["cold"]) for s in kept["samples"]] == [(8, False), (64, False), (8, True)]
     assert kept["probes"] == [{"matmul_s": 0.3, "loop_s": 0.2}] * 2
+
+
+@pytest.mark.parametrize(
+    ("count", "cold"),
+    [(6, ["cold cold0-r8,cold1-r64,cold2-r8,cold3-r64,cold4-r8,cold5-r64"]), (0, [])],
+)
+def test_a_pass_sends_the_cold_requests_asked_for(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path, demo_assets: Any, count: int, cold: list
+) -> None:
+    """``--calibrate-fleet-cold-requests N``: N cold adapters of their own per pass (ranks 8
+    and 64 in turn, registered with the pass's fleet); 0: none sent."""
+    from loraplex.bench.serve.fleet import Fleet
+
+    events: list[str] = []
+    _stub_pass(monkeypatch, events)
+    traces = Fleet(tmp_path / "traces", demo_assets.base_model_dir, {}, "admin", 64)
+    calibration = InterleavedFleet(4, _base(), cold_requests=count)
+    calibration.run_pass((traces, "http://x", 1), RealSettings(), DRIVE, tmp_path)
+    assert [e for e in events if e.startswith("cold")] == cold
+    assert len([s for s in calibration.passes[0].samples if s.cold]) == (1 if count else 0)
+    with pytest.raises(ValueError, match="cold_requests -1 is invalid"):
+        InterleavedFleet(4, _base(), cold_requests=-1)
+
+
+def test_the_passes_load_scale_replaces_the_files_and_says_so() -> None:
+    """The passes' cold requests, where kept, replace a ``sim calibrate-fleet`` file's
+    ``fleet_load_scale`` (measured at the runs' time, like the other lone terms), the source
+    naming the file's value; a pass set without a cold sample leaves the file's value and
+    source as they were."""
+    base = _base()
+    base = replace(
+        base, fleet_load_scale=2.0, sources={**base.sources, "fleet_load_scale": "the file's"}
+    )
+    warm = _samples(base, 1.0)
+    probe = FleetSample(8, 8, 500_000, 1.0, cold=True)
+    kept = fleet_terms(base, warm, 2, "here")
+    assert (kept.fleet_load_scale, kept.sources["fleet_load_scale"]) == (2.0, "the file's")
+    colds = (replace(probe, ttft_s=0.08), replace(probe, ttft_s=0.09))
+    measured = fleet_terms(base, warm + colds, 2, "here")
+    assert measured.fleet_load_scale not in (None, 2.0)
+    assert "replaces the file's 2" in measured.sources["fleet_load_scale"]
+    plain = fleet_terms(replace(base, fleet_load_scale=None), warm + colds, 2, "here")
+    assert "the file had none" in plain.sources["fleet_load_scale"]
+
+
+def test_the_pass_report_keeps_each_passes_own_cold_ratios() -> None:
+    """Each pass's own ``fleet_load_scale`` (None where it kept no cold request: the file's
+    value is not reported as the pass's) and every cold request's ratio."""
+    calibration = _calibration([1.0, 1.0])
+    calibration.base = replace(calibration.base, fleet_load_scale=2.0)
+    probe = FleetSample(8, 8, 500_000, 1.0, cold=True)
+    colds = (replace(probe, ttft_s=0.08), replace(probe, ttft_s=0.1))
+    first = calibration.passes[0]
+    calibration.passes[0] = replace(first, samples=first.samples + colds)
+    report = calibration.pass_report()
+    assert report[1]["fleet_load_scale"] is None and report[1]["cold_ratios"] == []
+    ratios = report[0]["cold_ratios"]
+    assert len(ratios) == 2 and ratios[0] < ratios[1]
+    assert report[0]["fleet_load_scale"] == pytest.approx(sum(ratios) / 2)
+
+
+def test_the_cold_requests_per_pass_need_the_fleet_passes() -> None:
+    with pytest.raises(ValueError, match="calibrate_fleet_cold_requests 3 is invalid"):
+        SimBenchConfig(calibrate_fleet_cold_requests=3)
+    with pytest.raises(ValueError, match="calibrate_fleet_cold_requests -1 is invalid"):
+        SimBenchConfig(
+            cost_model=Path("c.json"), calibrate_fleet_interleaved=2,
+            calibrate_fleet_cold_requests=-1,
+        )  # fmt: skip
+    config = SimBenchConfig(
+        cost_model=Path("c.json"), calibrate_fleet_interleaved=2, calibrate_fleet_cold_requests=0
+    )
+    assert config.calibrate_fleet_cold_requests == 0

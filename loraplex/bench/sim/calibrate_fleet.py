@@ -14,7 +14,12 @@ rounds (``contention_rounds.py``: for each of ``in_flight``, ``contention_rounds
 many clients sending back to back) on ``contention_adapters`` rank-8 adapters of their own, one
 per replica unless set, placed one per replica by watching where each warmed candidate lands;
 the report says where each went (``contention_where``) and where the simulator's replay put its
-own (``contention_where_simulated``). None of it is a trace ``bench sim`` validates.
+own (``contention_where_simulated``). After the rounds, ``cold_requests`` lone cold requests
+(``fleet_lone.cold_samples``: 8 prompt tokens, one out, ``hop_gap_s`` apart, each on its own
+adapter never requested before, so a load from the store; each evicted from the GPU slots after
+its request, so every one meets the same free slots), whose ratios to the lone server's load
+price fit ``fleet_load_scale`` (``sim/calibrate_fleet.fit_load_scale``). None of it is a trace
+``bench sim`` validates.
 """
 
 from __future__ import annotations
@@ -23,6 +28,7 @@ import datetime
 import os
 import platform
 import random
+import statistics
 import tempfile
 import time
 from collections.abc import Callable, Sequence
@@ -51,7 +57,7 @@ from loraplex.bench.sim.contention_rounds import (
     simulated_rounds,
 )
 from loraplex.bench.sim.fit_check import FLEET_RULES, BrokenFit, check_text, fleet_fit_faults
-from loraplex.bench.sim.fleet_lone import lone_samples, warm_up
+from loraplex.bench.sim.fleet_lone import COLD_PROMPT_TOKENS, cold_samples, lone_samples, warm_up
 from loraplex.bench.sim.validate import MAX_LORA_RANK, RealSettings
 from loraplex.bench.workloads import ATTENTION_TARGETS, TraceAdapter
 from loraplex.sim.calibrate_fleet import (
@@ -59,7 +65,9 @@ from loraplex.sim.calibrate_fleet import (
     FleetSample,
     fit_contention,
     fit_fleet,
+    fit_load_scale,
     fleet_model,
+    load_scale_ratios,
     round_medians,
     round_ttfts,
 )
@@ -67,6 +75,8 @@ from loraplex.sim.cost_model import CostModel
 from loraplex.sim.host_speed import HostProbe
 
 TENANT = "fleetcal"
+COLD_REQUESTS = 12  # sim calibrate-fleet's lone cold requests (fleet_load_scale), by default
+MAX_COLD_REQUESTS = 256  # each has an adapter of its own, registered before the fleet starts
 
 
 @dataclass(frozen=True)
@@ -82,6 +92,7 @@ class FleetCalibrateConfig:
     in_flight: tuple[int, ...] = (1, 2, 4, 8)  # requests in flight of the contention rounds
     contention_rounds: int = 3  # rounds per in-flight count (their median throughput)
     contention_adapters: int | None = None  # adapters of the rounds; None: one per replica
+    cold_requests: int = COLD_REQUESTS  # lone cold requests (fleet_load_scale); 0: none
     request_timeout_s: float = 30.0
     seed: int = 0
 
@@ -106,6 +117,10 @@ class FleetCalibrateConfig:
             raise ValueError(f"prefill_lengths {self.prefill_lengths} is invalid; expected >= 1")
         if self.output_tokens < 3:
             raise ValueError(f"output_tokens {self.output_tokens} is invalid; expected >= 3")
+        if not 0 <= self.cold_requests <= MAX_COLD_REQUESTS:
+            raise ValueError(
+                f"cold_requests {self.cold_requests} is invalid; expected 0 to {MAX_COLD_REQUESTS}"
+            )
 
     @property
     def num_contention_adapters(self) -> int:
@@ -119,15 +134,18 @@ def lone_adapters() -> list[TraceAdapter]:
     ]
 
 
-COLD_RANKS = (8, MAX_LORA_RANK, 8, MAX_LORA_RANK)  # bench sim's fleet passes' cold adapters
+COLD_RANKS = (8, MAX_LORA_RANK)  # the cold adapters' ranks, in turn
+PASS_COLD_REQUESTS = 4  # bench sim's fleet passes' lone cold requests per pass, by default
 
 
-def cold_adapters() -> list[TraceAdapter]:
-    """The adapters ``bench sim``'s fleet passes send one lone cold request each (never warmed:
-    each pass deploys a fresh fleet, so each is in no replica; ``fleet_lone.cold_samples``)."""
+def cold_adapters(count: int = PASS_COLD_REQUESTS) -> list[TraceAdapter]:
+    """``count`` adapters for one lone cold request each (``fleet_lone.cold_samples``), ranks
+    ``COLD_RANKS`` in turn, attention targets: never warmed, so each is in no replica when its
+    request comes (``bench sim``'s fleet passes deploy a fresh fleet each; ``sim
+    calibrate-fleet`` sends each one request on its one fleet)."""
     return [
         TraceAdapter(TENANT, f"cold{i}-r{rank}", rank, ATTENTION_TARGETS)
-        for i, rank in enumerate(COLD_RANKS)
+        for i, rank in ((i, COLD_RANKS[i % len(COLD_RANKS)]) for i in range(count))
     ]
 
 
@@ -145,12 +163,17 @@ def _measure(
     rounds_pool: Sequence[TraceAdapter] = (),
     residency: Callable[[], list[int]] | None = None,
     evict: Callable[[TraceAdapter], None] | None = None,
+    colds: Sequence[TraceAdapter] = (),
 ) -> tuple[list[FleetSample], list[ContentionSample], int, dict[str, Any]]:  # fmt: skip
-    """The lone samples, the contention rounds, the lone requests that failed or were not
-    served warm (left out), and where the rounds ran. The rounds' adapters are placed from
+    """The lone samples (the cold ones last), the contention rounds, the lone warm requests
+    that failed or were not served warm (left out; a cold request left out is one of ``colds``
+    without a sample), and where the rounds ran. The rounds' adapters are placed from
     ``rounds_pool`` one per replica (``contention_rounds.place``, watching each replica's
     GPU-slot count, ``residency``, and evicting the candidates not kept); without a pool or
-    ``residency`` they are ``adapters``."""
+    ``residency`` they are ``adapters``. After the rounds, one lone cold request on each of
+    ``colds`` (``fleet_lone.cold_samples``, each evicted from the GPU slots after its request
+    where ``evict`` is given): after the rounds, so their loads never fill the slots whose
+    growth places the rounds' adapters."""
     rng = random.Random(config.seed)
     samples: list[FleetSample] = []
     left_out = 0
@@ -178,6 +201,12 @@ def _measure(
         url, key, contended, in_flight=config.in_flight, rounds=config.contention_rounds,
         gap_s=config.hop_gap_s, seed=config.seed, drive=drive,
     )  # fmt: skip
+    if colds:
+        sized = [(a, sizes[(a.tenant, a.name)]) for a in colds]
+        kept, _ = cold_samples(
+            url, key, sized, gap_s=config.hop_gap_s, rng=rng, drive=drive, evict=evict
+        )
+        samples += kept
     return samples, rounds, left_out, where
 
 
@@ -201,7 +230,8 @@ def measure_fleet(
     vocab = BaseModelSpec.from_dir(model_dir).vocab_size
     adapters = lone_adapters()
     pool = candidates(TENANT, config.num_contention_adapters)
-    sizes, _ = adapter_sizes(model_dir, adapters)
+    colds = cold_adapters(config.cold_requests)
+    sizes, _ = adapter_sizes(model_dir, [*adapters, *colds])
     settings = RealSettings(replicas=config.replicas, request_timeout_s=config.request_timeout_s)
     drive = DriveConfig(
         request_timeout_s=config.request_timeout_s, vocab_size=vocab, seed=config.seed
@@ -209,7 +239,7 @@ def measure_fleet(
     with tempfile.TemporaryDirectory(prefix="loraplex-sim-fleetcal-") as tmp:
         root = Path(tmp)
         registry = prepare_fleet(
-            root / "registry", model_dir, [*adapters, *pool], MAX_LORA_RANK, config.seed
+            root / "registry", model_dir, [*adapters, *pool, *colds], MAX_LORA_RANK, config.seed
         )
         with local_cluster(1) as port:
             url = f"http://127.0.0.1:{port}"
@@ -230,7 +260,7 @@ def measure_fleet(
                 measured = _measure(
                     url, registry.keys[TENANT], adapters, sizes=sizes, config=config, drive=drive,
                     rounds_pool=pool, residency=residency,
-                    evict=lambda adapter: evict_from_slots(admin, adapter),
+                    evict=lambda adapter: evict_from_slots(admin, adapter), colds=colds,
                 )  # fmt: skip
             after = host_probe()
     return (*measured, [before, after])
@@ -247,6 +277,55 @@ def checked_measurements(
         measured = measure_fleet(config, asset_dir)
         checks.append(fleet_fit_faults(fit_fleet(base, measured[0])))
     return measured, checks
+
+
+def with_load_scale(
+    model: CostModel, samples: Sequence[FleetSample], requests: int, where: str
+) -> tuple[CostModel, dict[str, Any]]:
+    """``model`` (its fleet terms fitted) with ``fleet_load_scale`` fitted on ``samples``' cold
+    ones (``requests`` were sent) and its source, or without the key (said so in ``sources``:
+    none sent, or none kept; a base file's own value never stays), and the report's ``cold``
+    part: each kept request's TTFT and ratio, in the order sent, and their spread."""
+    ratios = load_scale_ratios(model, samples)
+    scale = fit_load_scale(model, samples)
+    colds = [s for s in samples if s.cold]
+    kept = len(colds)
+    if scale is not None:
+        low, high = min(ratios), max(ratios)
+        text = (
+            f"median over {kept} lone cold requests through the fleet ({requests} sent, "
+            f"{requests - kept} left out: failed or found cached), each on an adapter of its "
+            f"own in no replica, {COLD_PROMPT_TOKENS} prompt tokens, 1 out, paced, after the "
+            "contention rounds, of their TTFT less the hop, the ask, the L3 hand-off and the "
+            "scaled prefill step, over their load's lone price (sim/calibrate_fleet."
+            f"fit_load_scale; ratios {low:.3f} to {high:.3f}; {where})"
+        )
+    elif requests == 0:
+        text = (
+            "not measured (--cold-requests 0): a fleet replica's loads cost fleet_cpu_scale "
+            "times their lone price"
+        )
+    else:
+        text = (
+            f"not fitted: none of {requests} lone cold requests was kept (failed or found "
+            f"cached; {where}): a fleet replica's loads cost fleet_cpu_scale times their price"
+        )
+    report: dict[str, Any] = {
+        "requests": requests,
+        "kept": kept,
+        "left_out": requests - kept,
+        "ttft_s": [s.ttft_s for s in colds],
+        "ratios": ratios,
+        "fleet_load_scale": scale,
+    }
+    if ratios:
+        quartiles = statistics.quantiles(ratios, n=4) if len(ratios) > 1 else ratios * 3
+        report["spread"] = {
+            "min": min(ratios), "p25": quartiles[0], "median": statistics.median(ratios),
+            "p75": quartiles[2], "max": max(ratios),
+        }  # fmt: skip
+    sources = {**model.sources, "fleet_load_scale": text}
+    return replace(model, fleet_load_scale=scale, sources=sources), report
 
 
 def calibrate_fleet(
@@ -295,6 +374,7 @@ def calibrate_fleet(
         f"the fleet's processes ran ({where})",
     }
     first_model = fleet_model(base, fit, cores, sources, first)
+    first_model, cold_report = with_load_scale(first_model, samples, config.cold_requests, where)
     sim_config, shape, sim_placed = simulated_rounds(
         base, asset_dir, replicas=config.replicas, wanted=config.num_contention_adapters,
         tenant=TENANT, request_timeout_s=config.request_timeout_s,
@@ -304,6 +384,7 @@ def calibrate_fleet(
     report = {
         "samples": [asdict(s) for s in samples],
         "left_out": left_out,
+        "cold": cold_report,
         "contention": [asdict(r) for r in rounds],
         "contention_where": rounds_where,
         "contention_where_simulated": {

@@ -6,6 +6,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from loraplex.bench.sim.calibrate_fleet import MAX_COLD_REQUESTS
 from loraplex.bench.sim.trace_fields import GeneratedTraces
 from loraplex.bench.sim.validate import RealSettings
 
@@ -43,6 +44,9 @@ class SimBenchConfig(GeneratedTraces):
     # K > 0: with cost_model, the fleet's lone terms measured as passes of 1/K of calibrate-fleet's
     # lone requests, one before each fleet run and one after the last (``fleet_interleaved.py``)
     calibrate_fleet_interleaved: int = 0
+    # with calibrate_fleet_interleaved: each fleet pass's lone cold requests (fleet_load_scale;
+    # 0: none, the file's own value prices the loads); None: ``PASS_COLD_REQUESTS`` (4)
+    calibrate_fleet_cold_requests: int | None = None
 
     def __post_init__(self) -> None:
         unknown = [t for t in self.traces if t not in TRACES]
@@ -76,4 +80,11 @@ class SimBenchConfig(GeneratedTraces):
                 f"calibrate_fleet_interleaved {fleet_k} is invalid with cost_model "
                 f"{self.cost_model} and targets {list(self.targets)}: it measures the fleet's "
                 "lone terms over a cost-model file's (a `sim calibrate-fleet` one) for the fleet"
+            )
+        colds = self.calibrate_fleet_cold_requests
+        if colds is not None and (not fleet_k or not 0 <= colds <= MAX_COLD_REQUESTS):
+            raise ValueError(
+                f"calibrate_fleet_cold_requests {colds} is invalid with "
+                f"calibrate_fleet_interleaved {fleet_k}: expected 0 to {MAX_COLD_REQUESTS}, "
+                "with the fleet passes (K >= 1)"
             )

@@ -12,7 +12,12 @@ its decode requests, each of the fleetcal tenant's own adapters (never a trace's
 trace's ``fleet_cpu_scale``, ``network_s`` and ``network_jitter_s`` are fitted
 (``sim/calibrate_fleet.fit_fleet``) on the merged samples of its adjacent passes over the
 cost-model file's lone-server terms; the file's ``fleet_contention`` is kept (the rounds are
-not repeated: a pass of them takes placement, warming and 12 rounds).
+not repeated: a pass of them takes placement, warming and 12 rounds). Each pass ends with
+``cold_requests`` lone cold requests (4 unless set; each on an adapter of its own); a trace's
+``fleet_load_scale`` is fitted on its adjacent passes' and replaces the file's (``sim
+calibrate-fleet``'s, on its own 12 by default): like the other lone terms, measured at the
+runs' time; its source names the file's value it replaced. With 0, or none kept, the file's
+value (or none) prices the loads, its source kept.
 """
 
 from __future__ import annotations
@@ -27,9 +32,12 @@ from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
+import httpx
+
 from loraplex.bench.serve.driver import DriveConfig
 from loraplex.bench.serve.fleet import Fleet
 from loraplex.bench.sim.calibrate_fleet import (
+    PASS_COLD_REQUESTS,
     FleetCalibrateConfig,
     cold_adapters,
     lone_adapters,
@@ -37,7 +45,13 @@ from loraplex.bench.sim.calibrate_fleet import (
 )
 from loraplex.bench.sim.interleaved import adjacent_passes
 from loraplex.bench.sim.validate import RealSettings
-from loraplex.sim.calibrate_fleet import FleetSample, fit_fleet, fit_load_scale, fleet_model
+from loraplex.sim.calibrate_fleet import (
+    FleetSample,
+    fit_fleet,
+    fit_load_scale,
+    fleet_model,
+    load_scale_ratios,
+)
 from loraplex.sim.cost_model import CostModel
 from loraplex.sim.host_speed import HostProbe, probe_ratio
 
@@ -90,10 +104,12 @@ def fleet_terms(
     load_scale = fit_load_scale(model, samples)
     if load_scale is None:
         return model
+    replaced = base.fleet_load_scale
     text = (
         f"median over {cold} lone cold requests through the fleet (their adapter in no replica) "
         "of their TTFT less the hop, the ask, the L3 hand-off and the scaled prefill step, over "
-        f"their load's lone price (sim/calibrate_fleet.fit_load_scale; {where})"
+        f"their load's lone price (sim/calibrate_fleet.fit_load_scale; {where}); "
+        + ("the file had none" if replaced is None else f"replaces the file's {replaced:.4g}")
     )
     return replace(
         model, fleet_load_scale=load_scale, sources={**model.sources, "fleet_load_scale": text}
@@ -116,6 +132,7 @@ class InterleavedFleet:
     fraction: int  # K: each pass measures 1/K of calibrate-fleet's lone requests
     base: CostModel  # the cost-model file (its lone-server terms and fleet_contention)
     logs_dir: Path | None = None  # keeps each pass's samples
+    cold_requests: int = PASS_COLD_REQUESTS  # each pass's lone cold requests; 0: none
     passes: list[FleetPass] = field(default_factory=list)  # in the order run
     cores: int = field(default_factory=usable_cores)  # where the fleet's processes run
     config: FleetCalibrateConfig = field(init=False)  # one pass's (``fleet_pass_config``)
@@ -123,6 +140,8 @@ class InterleavedFleet:
 
     def __post_init__(self) -> None:
         self.config = fleet_pass_config(self.fraction)
+        if self.cold_requests < 0:
+            raise ValueError(f"cold_requests {self.cold_requests} is invalid; expected >= 0")
         if self.base.fleet_contention is None:
             raise ValueError(
                 "calibrate_fleet_interleaved needs a cost model with fleet_contention "
@@ -137,13 +156,14 @@ class InterleavedFleet:
         takes it), its own adapters registered under ``root`` on the first pass."""
         from loraplex.bench.fleet.cluster import deployed
         from loraplex.bench.serve.fleet import drop_page_cache, prepare_fleet
+        from loraplex.bench.sim.contention_rounds import evict_from_slots
         from loraplex.bench.sim.fleet_lone import cold_samples, lone_samples, warm_up
         from loraplex.bench.sim.host_probe import host_probe
         from loraplex.bench.sim.simulated import adapter_sizes
         from loraplex.bench.sim.validate import MAX_LORA_RANK, fleet_settings
 
         traces_registry, url, port = target
-        adapters, colds = lone_adapters(), cold_adapters()
+        adapters, colds = lone_adapters(), cold_adapters(self.cold_requests)
         if self._registry is None:
             model_dir = traces_registry.model_dir
             self._registry = prepare_fleet(
@@ -168,11 +188,17 @@ class InterleavedFleet:
                 )
                 samples += kept
                 left_out += lost
-            sized = [(a, sizes[(a.tenant, a.name)]) for a in colds]
-            gap_s = self.config.hop_gap_s
-            kept, lost = cold_samples(url, key, sized, gap_s=gap_s, rng=rng, drive=drive)
-            samples += kept
-            left_out += lost
+            if colds:
+                sized = [(a, sizes[(a.tenant, a.name)]) for a in colds]
+                gap_s = self.config.hop_gap_s
+                headers = {"Authorization": f"Bearer {registry.admin_key}"}
+                with httpx.Client(base_url=url, headers=headers, timeout=30.0) as admin:
+                    kept, lost = cold_samples(
+                        url, key, sized, gap_s=gap_s, rng=rng, drive=drive,
+                        evict=lambda adapter: evict_from_slots(admin, adapter),
+                    )  # fmt: skip
+                samples += kept
+                left_out += lost
         after = host_probe()
         one = FleetPass(tuple(samples), left_out, (before, after), started)
         if self.logs_dir is not None:
@@ -214,7 +240,9 @@ class InterleavedFleet:
                     "network_s": model.network_s,
                     "lone_ttft_s_median": statistics.median(prefills) if prefills else None,
                     "decode_tpot_s_median": statistics.median(decodes) if decodes else None,
-                    "fleet_load_scale": model.fleet_load_scale,
+                    # the pass's own (None: it kept no cold request; the file's prices then)
+                    "fleet_load_scale": fit_load_scale(model, one.samples),
+                    "cold_ratios": load_scale_ratios(model, one.samples),
                     "cold_ttft_s_median": statistics.median(colds) if colds else None,
                     "samples": len(one.samples),
                     "left_out": one.left_out,
@@ -254,6 +282,7 @@ def fleet_pricing(
     report = {
         "fraction": calibration.fraction,
         "requests_per_group": calibration.config.requests,
+        "cold_requests_per_pass": calibration.cold_requests,
         "passes": calibration.pass_report(),
         "adjacent": chosen,
         "host_probe_ratio": ratios,

@@ -9,6 +9,7 @@ from __future__ import annotations
 import asyncio
 import random
 import time
+from collections.abc import Callable
 from dataclasses import replace
 from typing import Protocol
 
@@ -110,12 +111,13 @@ def warm_up(
 
 def cold_samples(
     url: str, key: str, adapters: list[tuple[TraceAdapter, int]], *, gap_s: float,
-    rng: random.Random, drive: DriveConfig,
+    rng: random.Random, drive: DriveConfig, evict: Callable[[TraceAdapter], None] | None = None,
 ) -> tuple[list[FleetSample], int]:  # fmt: skip
     """One lone request (``COLD_PROMPT_TOKENS`` in, one token out) on each of ``adapters``
     (adapter, its bytes as served), ``gap_s`` apart, each adapter in no replica yet: the
     samples of those the fleet reported from the store (L3) and timed, and the requests left
-    out (failed, or found cached)."""
+    out (failed, or found cached). ``evict``, when given, drops each adapter's GPU-slot copy
+    right after its request (before the next gap), so each load meets the slots the first did."""
     samples = []
     for adapter, nbytes in adapters:
         time.sleep(gap_s)  # lone: the previous request and its load have ended
@@ -125,6 +127,8 @@ def cold_samples(
             send_one(url, request, key=key, ids=ids, arrival=time.monotonic(), tier="L0",
                      config=drive)
         )  # fmt: skip
+        if evict is not None:
+            evict(adapter)
         if record.ok and record.ttft_s and record.tier == "L3":
             rank = min(adapter.rank, MAX_LORA_RANK)
             samples.append(FleetSample(COLD_PROMPT_TOKENS, rank, nbytes, record.ttft_s, cold=True))
