@@ -3,6 +3,7 @@ merge that changes a greedy continuation fails the bench."""
 
 from __future__ import annotations
 
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -18,6 +19,9 @@ from loraplex.bench.modes.setup import HOT, NUM_ADAPTERS, ModesBenchConfig, Setu
 from loraplex.cli import app
 from loraplex.engine.mode_policy import MeasuredCosts
 from loraplex.model.adapter_weights import AdapterWeights
+from loraplex.model.kv_cache import ContiguousKVCache, SequenceChunk
+from loraplex.model.layers import PackedLinear, packed_available
+from loraplex.model.llama import ForwardBatch, LoraApplier, layer_linears
 from loraplex.model.merge import linear_of
 
 QUICK = ModesBenchConfig(
@@ -98,6 +102,42 @@ def test_one_run_reports_every_figure(tmp_path: Path) -> None:
     assert set(forced["tokens_per_s"]) == {"masked", "grouped", "auto"}
     assert forced["auto_chose"] in ("masked", "grouped")
     assert forced["auto_over_best_forced"] > 0
+    want = "packed" if packed_available() else "blas"  # float32 on a CPU: auto packs
+    assert result["config"]["base_linear_kernel_ran"] == want
+
+
+@pytest.mark.skipif(not packed_available(), reason="this torch cannot pack weights")
+def test_the_merged_side_runs_current_packed_copies(tmp_path: Path) -> None:
+    """Unmerged and merged run one model: after the bench's merge and unmerge every base
+    linear's packed copy is of the weight as written (not the dense fallback, nor a stale
+    copy), and the logits equal those of an unpacked (oneDNN on the dense weights) setup."""
+    packed = Setup(tmp_path / "p", QUICK)
+    dense = Setup(tmp_path / "d", replace(QUICK, base_linear_kernel="onednn"))
+    kernel = packed.model._linear
+    assert isinstance(kernel, PackedLinear) and dense.model.linear_kernel == "onednn"
+    linears = [m.weight for layer in packed.model.model.layers for m in layer_linears(layer)]
+    slots: list[int | None] = [HOT, HOT, HOT, 1, None]
+    for _ in range(2):
+        merged, reference = packed.merge(HOT), dense.merge(HOT)
+        assert all(kernel.is_current(weight) for weight in linears)
+        assert torch.equal(logits(packed, slots, merged), logits(dense, slots, reference))
+        packed.unmerge()
+        dense.unmerge()
+        assert all(kernel.is_current(weight) for weight in linears)
+        got, want = logits(packed, slots, packed.pool), logits(dense, slots, dense.pool)
+        assert torch.equal(got, want)
+
+
+def logits(setup: Setup, slots: list[int | None], lora: LoraApplier) -> torch.Tensor:
+    """One 4-token prompt per slot in ``slots``, prefilled in one forward."""
+    model, n = setup.model, 4
+    kv = ContiguousKVCache(model.attention_shape, len(slots), n, dtype=model.dtype,
+                           device=model.device)  # fmt: skip
+    chunks = [SequenceChunk(kv.allocate(), 0, n) for _ in slots]
+    tokens = [5 + i for i in range(n * len(slots))]
+    token_slots = [-1 if s is None else s for s in slots for _ in range(n)]
+    batch = ForwardBatch.build(tokens, chunks, token_slots=token_slots)
+    return model.forward_batch(batch, kv, lora)
 
 
 def test_step_level_auto_weighs_the_cost_the_replay_measured_or_nothing() -> None:
@@ -136,6 +176,14 @@ def test_a_wrong_merge_fails_the_probes(tmp_path: Path, monkeypatch: pytest.Monk
     monkeypatch.setattr(setup.merger, "merge", wrong)
     with torch.no_grad(), pytest.raises(ProbeMismatchError, match="merged"):
         probes(setup, ParityReport(ParityRule(exact=True)))
+
+
+def test_the_config_refuses_a_base_kernel_it_cannot_run() -> None:
+    with pytest.raises(ValueError, match="base_linear_kernel: linear_kernel 'mkl' is invalid"):
+        ModesBenchConfig(base_linear_kernel="mkl")
+    with pytest.raises(ValueError, match=r"base_linear_kernel: .*'packed' is invalid with"):
+        ModesBenchConfig(dtype="bfloat16", base_linear_kernel="packed")
+    assert ModesBenchConfig(base_linear_kernel="blas").base_linear_kernel == "blas"
 
 
 def test_the_config_refuses_an_unknown_dtype() -> None:
@@ -183,3 +231,8 @@ def test_the_cli_passes_the_single_revision_timing_or_refuses_it(
     assert result.exit_code != 0 and "single_blocks" in result.output
     result = CliRunner().invoke(app, ["bench", "modes", "--json", "--sample-ms", "0"])
     assert result.exit_code != 0 and "sample_ms" in result.output
+    result = CliRunner().invoke(app, ["bench", "modes", "--json", "--base-linear-kernel", "blas"])
+    assert result.exit_code == 0, result.output
+    assert seen[-1].base_linear_kernel == "blas"
+    result = CliRunner().invoke(app, ["bench", "modes", "--base-linear-kernel", "mkl"])
+    assert result.exit_code != 0 and "base_linear_kernel" in result.output

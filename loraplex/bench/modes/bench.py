@@ -161,6 +161,9 @@ def run_modes_bench(config: ModesBenchConfig) -> dict[str, object]:
         "config": {
             **config.__dict__,
             "threads": torch.get_num_threads(),
+            # what base_linear_kernel resolved to: every side (base, unmerged, merged, auto)
+            # runs this one model, and a merge or unmerge repacks what it wrote (model/merge.py)
+            "base_linear_kernel_ran": setup.model.linear_kernel,
             "kv_cache": "contiguous",
             "machine": "shared CPU (busy: read ratios with care)",
         },

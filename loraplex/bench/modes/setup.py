@@ -19,6 +19,7 @@ from loraplex.dtypes import check_dtype, torch_dtype
 from loraplex.model.adapter_weights import load_adapter_weights
 from loraplex.model.checkpoint import load_checkpoint
 from loraplex.model.kv_cache import ContiguousKVCache, SequenceChunk
+from loraplex.model.layers import resolve_linear_kernel
 from loraplex.model.llama import ForwardBatch, LlamaModel, LoraApplier
 from loraplex.model.lora import LoraSlotPool
 from loraplex.model.merge import (
@@ -60,6 +61,9 @@ class ModesBenchConfig:
     single_rounds: int = 15  # ABBA rounds of the single-revision trio (paired ratios per round)
     sample_ms: float = 150.0  # least duration of each single-revision timed sample
     single_blocks: int = 9  # blocks per sample; a sample is its median block (paired_rounds)
+    # the base linears' and head's matmul (layers.LINEAR_KERNELS; "auto": "packed" for float32
+    # on a CPU): one model, so unmerged, merged and auto all run the kernel it resolves to
+    base_linear_kernel: str = "auto"
 
     def __post_init__(self) -> None:
         check_dtype(self.dtype)
@@ -80,6 +84,12 @@ class ModesBenchConfig:
                 raise ValueError(f"{name} {getattr(self, name)} is invalid; expected >= 1")
         if not self.sample_ms > 0:  # NaN too
             raise ValueError(f"sample_ms {self.sample_ms} is invalid; expected > 0")
+        try:  # an unknown name, "packed" in a 16-bit dtype, a torch without oneDNN
+            resolve_linear_kernel(
+                self.base_linear_kernel, torch_dtype(self.dtype), torch.device("cpu")
+            )
+        except ValueError as exc:
+            raise ValueError(f"base_linear_kernel: {exc}") from exc
 
 
 class Setup:
@@ -89,7 +99,9 @@ class Setup:
         model_dir = write_random_base(root / "base", config.preset, config.seed)
         spec = BaseModelSpec.from_dir(model_dir)
         dtype = torch_dtype(config.dtype)
-        self.model: LlamaModel = load_checkpoint(model_dir, dtype=dtype)
+        self.model: LlamaModel = load_checkpoint(
+            model_dir, dtype=dtype, linear_kernel=config.base_linear_kernel
+        )
         self.pool = LoraSlotPool(
             spec, NUM_ADAPTERS, max(RANKS), dtype=dtype, device=torch.device("cpu")
         )

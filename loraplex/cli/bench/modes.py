@@ -48,6 +48,13 @@ def modes(
             "a sample is its median block (1: one block per sample)."
         ),
     ] = 9,
+    base_linear_kernel: Annotated[
+        str,
+        typer.Option(
+            help="The base linears' matmul: auto (packed for float32 on a CPU), blas, onednn "
+            "or packed (float32 only); every mode runs the same one."
+        ),
+    ] = "auto",
 ) -> None:
     """Merged vs unmerged vs base execution and the auto mode policy, side by side.
     Exits 1 when a greedy output differs between modes beyond the parity rule (float32:
@@ -72,6 +79,7 @@ def modes(
             single_rounds=single_rounds,
             sample_ms=sample_ms,
             single_blocks=single_blocks,
+            base_linear_kernel=base_linear_kernel,
         )
     try:
         result = run_modes_bench(config)
