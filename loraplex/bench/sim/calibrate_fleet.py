@@ -57,7 +57,13 @@ from loraplex.bench.sim.contention_rounds import (
     simulated_rounds,
 )
 from loraplex.bench.sim.fit_check import FLEET_RULES, BrokenFit, check_text, fleet_fit_faults
-from loraplex.bench.sim.fleet_lone import COLD_PROMPT_TOKENS, cold_samples, lone_samples, warm_up
+from loraplex.bench.sim.fleet_lone import (
+    COLD_PROMPT_TOKENS,
+    MAX_COLD_REQUESTS,
+    cold_samples,
+    lone_samples,
+    warm_up,
+)
 from loraplex.bench.sim.validate import MAX_LORA_RANK, RealSettings
 from loraplex.bench.workloads import ATTENTION_TARGETS, TraceAdapter
 from loraplex.sim.calibrate_fleet import (
@@ -76,7 +82,6 @@ from loraplex.sim.host_speed import HostProbe
 
 TENANT = "fleetcal"
 COLD_REQUESTS = 12  # sim calibrate-fleet's lone cold requests (fleet_load_scale), by default
-MAX_COLD_REQUESTS = 256  # each has an adapter of its own, registered before the fleet starts
 
 
 @dataclass(frozen=True)

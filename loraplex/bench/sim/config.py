@@ -6,7 +6,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from loraplex.bench.sim.calibrate_fleet import MAX_COLD_REQUESTS
+from loraplex.bench.sim.fleet_lone import MAX_COLD_REQUESTS
 from loraplex.bench.sim.trace_fields import GeneratedTraces
 from loraplex.bench.sim.validate import RealSettings
 

@@ -22,6 +22,7 @@ from loraplex.sim.calibrate_fleet import FleetSample
 
 WARM_TRIES = 6  # requests per adapter until one is served from a GPU slot
 COLD_PROMPT_TOKENS = 8  # a cold sample's prompt (one token out)
+MAX_COLD_REQUESTS = 256  # each has an adapter of its own, registered before the fleet starts
 
 
 class LoneConfig(Protocol):
