@@ -23,7 +23,6 @@ from fleet_fakes import status
 from typer.testing import CliRunner
 
 from loraplex.cli import app
-from loraplex.cli.fleet import status_headline
 from loraplex.fleet import control
 from loraplex.fleet.board import FORGET_AFTER_S, BoardEntry
 from loraplex.fleet.settings import FleetSettings
@@ -270,6 +269,8 @@ def test_a_stale_replica_may_be_gone_and_says_when_it_is_dropped() -> None:
 
 
 def test_the_headline_counts_healthy_replicas() -> None:
+    from loraplex.cli.fleet import status_headline
+
     record = control.FleetRecord("127.0.0.1:1", True, None, None, "http://h:1", 2)
     states = [replica_state(BoardEntry("a", _full_status("a", 1), 0.0, 3.0))]
     assert status_headline(record, states) == (
