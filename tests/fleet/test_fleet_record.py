@@ -25,16 +25,14 @@ from typer.testing import CliRunner
 from loraplex.cli import app
 from loraplex.fleet import control
 from loraplex.fleet.board import FORGET_AFTER_S, BoardEntry
+from loraplex.fleet.ray_cluster import free_port
 from loraplex.fleet.settings import FleetSettings
 from loraplex.fleet.state import replica_state
 from loraplex.serve.config import ServeConfig
 
 
 def _closed_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        port: int = sock.getsockname()[1]
-    return port
+    return free_port()  # bound and closed: nothing listens there
 
 
 def _gone_process_group() -> int:
