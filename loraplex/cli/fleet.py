@@ -27,6 +27,7 @@ from loraplex.registry import default_data_dir
 
 if TYPE_CHECKING:
     from loraplex.fleet.control import FleetRecord, Prepared
+    from loraplex.router.fleet_state import ReplicaState
     from loraplex.serve.config import ServeConfig
 
 Opt = typer.Option
@@ -153,6 +154,7 @@ def up_command(
         # never answering: here it is one 'error:' line and exit 1 (serve's own check)
         check_fds(serve_config)
         try:  # before any key is issued
+            control.check_no_fleet(serve_config.data_dir)
             control.check_listen(serve_config)
         except RuntimeError as exc:
             typer.echo(f"error: {exc}", err=True)
@@ -169,16 +171,27 @@ def up_command(
     try:
         record = control.up(settings, address, ready_timeout_s=ready_timeout_s)
     except BaseException as exc:
-        # NOTE: the keys ``prepare`` issued are valid and shown only now: never lose them.
-        typer.echo("the fleet did not start; the keys issued for it stay valid:", err=True)
-        _print_keys(prepared, serve_config)
+        _say_not_started(prepared, serve_config)
         if isinstance(exc, RuntimeError):
             typer.echo(f"error: {exc}", err=True)
             raise typer.Exit(1) from exc
         raise
     _print_started(record, control.admin_url(settings.serve))
     _print_keys(prepared, serve_config)
-    typer.echo("stop it with: loraplex fleet down")
+    directory = serve_config.data_dir
+    typer.echo(
+        f"see it with: {control.fleet_command('status', directory)}; "
+        f"stop it with: {control.fleet_command('down', directory)}"
+    )
+
+
+def _say_not_started(prepared: Prepared, config: ServeConfig) -> None:
+    """NOTE: the keys ``prepare`` issued are valid and shown only now: never lose them."""
+    if prepared.new_admin_key or prepared.sample_keys:
+        typer.echo("the fleet did not start; the keys issued for it stay valid:", err=True)
+        _print_keys(prepared, config)
+    else:  # it said "the keys issued ... stay valid:" above lines saying none was issued
+        typer.echo("the fleet did not start (no key was issued)", err=True)
 
 
 def _print_started(record: FleetRecord, admin_url: str | None) -> None:
@@ -217,28 +230,52 @@ def status_command(
     directory = data_dir or default_data_dir(os.environ, Path.home())
     try:
         record = control.read_record(directory)
-        entries = control.board_entries(record)
+        entries = control.board_entries(record, directory)
     except RuntimeError as exc:
         typer.echo(f"error: {exc}", err=True)
         raise typer.Exit(1) from exc
     states = [replica_state(e) for e in entries]
+    # the replica's process on its node: an operator's handle on it (kill, py-spy, a frozen one)
+    pids = [_pid(e.status) for e in entries]
     if as_json:
-        typer.echo(json.dumps({"url": record.url, "replicas": [s.to_json() for s in states]}))
+        replicas = [{**s.to_json(), "pid": pid} for s, pid in zip(states, pids, strict=True)]
+        typer.echo(
+            json.dumps(
+                {"url": record.url, "engine_replicas": record.engine_replicas, "replicas": replicas}
+            )
+        )
         return
-    typer.echo(f"fleet at {record.url}: {len(states)} engine replicas")
+    typer.echo(status_headline(record, states))
     typer.echo(
-        f"{'replica':<12} {'healthy':<8} {'age s':>6} {'L0':>4} {'L1':>4} {'L2':>4} "
+        f"{'replica':<12} {'pid':>8} {'healthy':<8} {'age s':>6} {'L0':>4} {'L1':>4} {'L2':>4} "
         f"{'queued':>7} {'running':>8} {'kv':>5}"
     )
-    for s in states:
+    for s, pid in zip(states, pids, strict=True):
         load = s.load
         typer.echo(
-            f"{s.replica_id:<12} {str(s.healthy).lower():<8} {s.report_age_s or 0:>6.1f} "
+            f"{s.replica_id:<12} {pid or '-':>8} {str(s.healthy).lower():<8} "
+            f"{s.report_age_s or 0:>6.1f} "
             f"{s.tiers['l0'].count:>4} {s.tiers['l1'].count:>4} {s.tiers['l2'].count:>4} "
             f"{load.num_queued if load else 0:>7} {load.num_running if load else 0:>8} "
             f"{load.kv_usage if load else 0:>5.2f}"
             + (f"  ({s.down_reason})" if s.down_reason else "")
         )
+
+
+def _pid(status: dict[str, Any]) -> int | None:
+    pid = status.get("pid")
+    return pid if isinstance(pid, int) and not isinstance(pid, bool) else None
+
+
+def status_headline(record: FleetRecord, states: list[ReplicaState]) -> str:
+    """``fleet status``'s first line: the replicas ``up`` asked for and those on the board. A
+    replica that died stays on the board, stale, until it is forgotten (60 s), beside the one
+    Ray Serve started in its place: "3 engine replicas" of a fleet of 2 said neither."""
+    healthy = sum(s.healthy for s in states)
+    return (
+        f"fleet at {record.url}: {record.engine_replicas} engine replicas asked for, "
+        f"{len(states)} on the board, {healthy} healthy"
+    )
 
 
 @fleet_app.command("down")
@@ -248,9 +285,17 @@ def down_command(*, data_dir: DataDir = None) -> None:
 
     directory = data_dir or default_data_dir(os.environ, Path.home())
     try:
-        record = control.down(directory)
+        stopped = control.down(directory)
     except RuntimeError as exc:
         typer.echo(f"error: {exc}", err=True)
         raise typer.Exit(1) from exc
-    stopped = " and stopped its Ray head" if record.started_cluster else ""
-    typer.echo(f"fleet at {record.url} removed{stopped}")
+    record = stopped.record
+    if stopped.not_running is not None:
+        typer.echo(
+            f"fleet at {record.url} was not running ({stopped.not_running}); its record is "
+            "removed"
+            + ("" if record.started_cluster else f": nothing was deleted on {record.address}")
+        )
+        return
+    what = " and stopped its Ray head" if record.started_cluster else ""
+    typer.echo(f"fleet at {record.url} removed{what}")

@@ -50,9 +50,12 @@ class BoardEntry:
         """Why the replica is out of rotation (a stale report, or what its engine said); None
         while it is healthy."""
         if not self.fresh:
+            # NOTE: a replica that died reads the same until it is forgotten, beside the one Ray
+            # Serve started in its place; "hung or unreachable" alone sent operators after it
             return (
                 f"stale report: none for {self.age_s:.1f} s (bound {self.stale_after_s:g} s); "
-                "the replica is hung or unreachable"
+                "the replica is hung, unreachable or gone (Ray Serve replaces one that died); "
+                f"dropped from the board after {FORGET_AFTER_S:g} s of silence"
             )
         if self.status.get("healthy"):
             return None

@@ -20,6 +20,7 @@ import threading
 from collections import Counter
 from collections.abc import Callable, Mapping
 from concurrent.futures import Future
+from dataclasses import replace
 from typing import Any
 
 from loraplex.artifacts.identity import AdapterKey
@@ -90,11 +91,13 @@ class FleetCache:
         return False
 
     def snapshot(self) -> ResidencySnapshot:
-        replies = self._wait(self._link.call_each(Snapshot()))
-        snapshots: list[ResidencySnapshot] = list(replies.values())
+        replies: dict[str, ResidencySnapshot] = self._wait(self._link.call_each(Snapshot()))
+        snapshots = list(replies.values())
         if not snapshots:
             raise EngineUnavailableError("no engine replica is in rotation")
-        entries = tuple(e for s in snapshots for e in s.entries)
+        entries = tuple(
+            replace(e, replica=replica_id) for replica_id, s in replies.items() for e in s.entries
+        )
         stats = sum_stats([s.stats for s in snapshots])
         loading = sum(s.num_loading for s in snapshots)
         blocked = sum(s.num_blocked for s in snapshots)

@@ -13,6 +13,10 @@ from __future__ import annotations
 
 import contextlib
 import json
+import os
+import shlex
+import shutil
+import socket
 import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -22,12 +26,15 @@ import httpx
 
 from loraplex.fleet.ray_cluster import connect, start_local_cluster, stop_local_cluster
 from loraplex.fleet.settings import APP_NAME, FleetSettings
+from loraplex.registry import default_data_dir
 from loraplex.serve.config import ServeConfig
 
 STATE_FILE = "fleet.json"
 RAY_LOG = "ray-head.log"  # the local Ray head's output, in the data dir
 RAY_TOKEN = "ray-auth-token"  # the local Ray head's authentication token, in the data dir
 DEFAULT_READY_TIMEOUT_S = 300.0
+REPLICAS_DIR = "replicas"  # each engine replica's disk cache, ``<data dir>/replicas/<id>``
+GCS_PROBE_TIMEOUT_S = 2.0  # a recorded cluster whose GCS port does not accept in this is down
 
 
 @dataclass(frozen=True)
@@ -166,8 +173,7 @@ def up(
 ) -> FleetRecord:
     """Starts (or joins) the cluster, deploys, waits for /ready; records what it started."""
     state_path = settings.serve.data_dir / STATE_FILE
-    if state_path.exists():
-        raise RuntimeError(f"a fleet is already recorded in {state_path}; run fleet down first")
+    check_no_fleet(settings.serve.data_dir)
     check_listen(settings.serve)
     started = address is None
     group = None
@@ -204,18 +210,98 @@ def _delete_app_quietly() -> None:
         serve.delete(APP_NAME)
 
 
+def fleet_command(command: str, data_dir: Path) -> str:
+    """``loraplex fleet COMMAND`` as the operator should type it for ``data_dir``: with
+    ``--data-dir`` unless it is the default (``fleet down`` alone found no fleet that ``up
+    --data-dir D`` started, while ``up`` said "stop it with: loraplex fleet down")."""
+    if data_dir == default_data_dir(os.environ, Path.home()):
+        return f"loraplex fleet {command}"
+    return f"loraplex fleet {command} --data-dir {shlex.quote(str(data_dir))}"
+
+
 def read_record(data_dir: Path) -> FleetRecord:
     path = data_dir / STATE_FILE
     try:
         values = json.loads(path.read_text(encoding="utf-8"))
     except FileNotFoundError:
-        raise RuntimeError(f"no fleet is recorded in {path}; run fleet up first") from None
+        raise RuntimeError(
+            f"no fleet is recorded in {path}; start one with `{fleet_command('up', data_dir)}` "
+            "(or name the data directory `up` used: --data-dir or LORAPLEX_DATA_DIR)"
+        ) from None
     return FleetRecord(**values)
 
 
-def board_entries(record: FleetRecord) -> list[Any]:
-    """Every replica on the board (connects to the cluster)."""
+def cluster_down_reason(record: FleetRecord, timeout_s: float = GCS_PROBE_TIMEOUT_S) -> str | None:
+    """Why the recorded cluster is not running; None when its GCS accepts a connection. Checked
+    before connecting: a driver connecting to a GCS that is gone retries without end (``fleet
+    status`` and ``fleet down`` printed Ray's "Failed to connect to GCS" for minutes after the
+    Ray head had died), so the record of a crashed fleet could be neither read nor removed, and
+    ``up`` refused the data directory."""
+    group = record.process_group
+    if record.started_cluster and group is not None and not _group_alive(group):
+        return (
+            f"its Ray head (process group {group}) is not running: it crashed, was killed or "
+            "the machine restarted"
+        )
+    host, _, port = record.address.rpartition(":")
+    try:
+        with socket.create_connection((host, int(port)), timeout=timeout_s):
+            return None
+    except (OSError, ValueError) as exc:
+        reason = exc.strerror if isinstance(exc, OSError) and exc.strerror else str(exc)
+        return f"its Ray cluster at {record.address} does not answer ({reason})"
+
+
+def _group_alive(group: int) -> bool:
+    try:
+        os.killpg(group, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # a process of another user has that id now: the GCS probe decides
+        return True
+    return True
+
+
+def check_no_fleet(data_dir: Path) -> None:
+    """RuntimeError when ``data_dir`` records a fleet, saying whether it runs and what to do;
+    ``up`` checks it before any key is issued."""
+    path = data_dir / STATE_FILE
+    if not path.exists():
+        return
+    try:
+        record = read_record(data_dir)
+    except (ValueError, TypeError) as exc:  # not a record ``up`` wrote
+        raise RuntimeError(
+            f"{path} is not a fleet record ({exc}); remove it if no fleet runs from {data_dir}"
+        ) from exc
+    reason = cluster_down_reason(record)
+    if reason is None:
+        raise RuntimeError(
+            f"a fleet of this data directory already runs at {record.url} (recorded in {path}):"
+            f" `{fleet_command('status', data_dir)}` shows it, "
+            f"`{fleet_command('down', data_dir)}` stops it"
+        )
+    raise RuntimeError(
+        f"a fleet is recorded in {path} but is not running: {reason}; "
+        f"`{fleet_command('down', data_dir)}` clears the record, then start it again"
+    )
+
+
+def connect_recorded(record: FleetRecord, data_dir: Path) -> None:
+    """Connects to the recorded cluster; RuntimeError saying what to do when it is down."""
+    reason = cluster_down_reason(record)
+    if reason is not None:
+        raise RuntimeError(
+            f"the fleet recorded in {data_dir / STATE_FILE} is not running: {reason}; "
+            f"`{fleet_command('down', data_dir)}` clears the record, "
+            f"then `{fleet_command('up', data_dir)}` starts it again"
+        )
     connect(record.address, _token(record))  # NOTE: before ray is imported (see connect)
+
+
+def board_entries(record: FleetRecord, data_dir: Path) -> list[Any]:
+    """Every replica on the board (connects to the cluster)."""
+    connect_recorded(record, data_dir)
     from loraplex.fleet.board_store import read_store
 
     return list(read_store(timeout_s=30.0))
@@ -225,19 +311,35 @@ def _token(record: FleetRecord) -> Path | None:
     return None if record.token_path is None else Path(record.token_path)
 
 
-def down(data_dir: Path) -> FleetRecord:
-    """Deletes the application; stops the cluster when ``up`` started it."""
-    record = read_record(data_dir)
-    try:
-        connect(record.address, _token(record))  # NOTE: before ray is imported (see connect)
-        import ray
-        from ray import serve
+@dataclass(frozen=True)
+class Stopped:
+    """What ``down`` did."""
 
-        serve.delete(APP_NAME)
-        serve.shutdown()
-        ray.shutdown()  # NOTE: before the head stops, or the driver reports the raylet's death
+    record: FleetRecord
+    not_running: str | None  # why the cluster could not be reached (the record was removed)
+
+
+def down(data_dir: Path) -> Stopped:
+    """Deletes the application; stops the cluster when ``up`` started it, and then removes the
+    replicas' disk caches (a replica that was killed left its own behind). A cluster that is not
+    running (its head crashed, the machine restarted) is not connected to: its record is
+    removed, so ``up`` can start the fleet again."""
+    record = read_record(data_dir)
+    reason = cluster_down_reason(record)
+    try:
+        if reason is None:
+            connect(record.address, _token(record))  # NOTE: before ray is imported (see connect)
+            import ray
+            from ray import serve
+
+            serve.delete(APP_NAME)
+            serve.shutdown()
+            ray.shutdown()  # NOTE: before the head stops, or the driver reports the raylet's death
     finally:
-        if record.process_group is not None:
+        # NOTE: not a group whose head is gone: after a restart its id may be another process's
+        if record.process_group is not None and reason is None:
             stop_local_cluster(record.process_group)
         (data_dir / STATE_FILE).unlink(missing_ok=True)
-    return record
+    if record.started_cluster:  # no replica of this data directory runs any more
+        shutil.rmtree(data_dir / REPLICAS_DIR, ignore_errors=True)
+    return Stopped(record, reason)

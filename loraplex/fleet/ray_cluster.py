@@ -78,6 +78,11 @@ def start_local_cluster(
         # option binds them (a client server port of 0 is refused). The token is what refuses
         # other clients; docs/fleet.md asks for a firewall on shared hosts.
         "--node-ip-address=127.0.0.1",
+        # NOTE: Ray's client server took 10001 on every head, with SO_REUSEPORT: a second local
+        # fleet's bound it too and the kernel split ``ray://`` connections between the two
+        # clusters (measured with ``ss -ltnp``: two processes on each of 127.0.0.1:10001 and the
+        # machine's address). Ray refuses 0, so a free port of this head's own.
+        f"--ray-client-server-port={free_port()}",
         "--include-dashboard=false",
         "--disable-usage-stats",
     ]

@@ -39,7 +39,7 @@ from loraplex.fleet import board as board_module
 from loraplex.fleet.board import FORGET_AFTER_S, STALE_AFTER_S, Board
 from loraplex.fleet.cache import FleetCache, merge_stages, sum_summaries
 from loraplex.fleet.link import FleetLink
-from loraplex.residency.cache.view import ResidencySnapshot
+from loraplex.residency.cache.view import EntrySnapshot, ResidencySnapshot
 from loraplex.residency.ledger import Tier
 from loraplex.residency.stats import StageSummary
 from loraplex.router.reports import MAX_EXACT_KEYS, MAX_REPLICA_ID_CHARS
@@ -327,6 +327,16 @@ def test_snapshot_lists_every_healthy_replicas_copies(calls: FakeCalls, cache: F
     snapshot = cache.snapshot()
     assert (snapshot.num_loading, snapshot.num_blocked) == (2, 4)
     assert _sent(calls, Snapshot()) == ["a", "b"]
+
+
+def test_snapshot_names_the_replica_of_each_copy(calls: FakeCalls, cache: FleetCache) -> None:
+    """``/admin/residency`` of a fleet listed a revision on two replicas as two rows that did
+    not say which replica held which copy."""
+    copy = EntrySnapshot(key(), Tier.L1, 10, True, True, 0, None, 1, 1, 0, 0.0)
+    calls.reply = lambda rid, c: ResidencySnapshot((copy,), summary().stats, 0, 0)
+    snapshot = cache.snapshot()
+    assert [(e.key, e.replica) for e in snapshot.entries] == [(key(), "a"), (key(), "b")]
+    assert copy.replica is None  # one server's copies name none
 
 
 def test_without_a_healthy_replica_loads_and_reads_fail(calls: FakeCalls, link: FleetLink) -> None:

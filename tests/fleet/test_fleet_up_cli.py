@@ -121,6 +121,9 @@ def test_a_local_head_has_a_loopback_node_address_and_a_token(
         ray_cluster.start_local_cluster(tmp_path / "log", tmp_path / "token")
     (command,) = commands
     assert "--node-ip-address=127.0.0.1" in command
+    # not Ray's 10001, which every head took with SO_REUSEPORT (two fleets shared it)
+    (client_port,) = [a for a in command if a.startswith("--ray-client-server-port=")]
+    assert client_port != "--ray-client-server-port=10001"
     assert (tmp_path / "token").stat().st_mode & 0o777 == 0o600
 
 

@@ -31,6 +31,10 @@ class EntrySnapshot:
     loads: int  # fills of this tier
     evictions: int  # evictions from this tier
     last_access_s: float  # last acquire of the adapter
+    # the fleet engine replica holding the copy (``/admin/residency`` of a fleet lists every
+    # replica's copies: without it a revision on two replicas was two rows saying nothing of
+    # where); None on one server
+    replica: str | None = None
 
 
 @dataclass(frozen=True)
