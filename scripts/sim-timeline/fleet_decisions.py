@@ -231,10 +231,10 @@ def main() -> None:
     cost = cost_file.load(args.cost_model)
     logged = logged_runs(args.logs_dir, args.trace_requests, "fleet")
     lines = [d for d in _lines(args.decisions) if d["adapter"] is not None and not d["retry"]]
-    # the driver's own simulator decides too (its replicas are named ``replica-000``..): the
-    # fleet's decisions are the other process's
-    ingress = {d["pid"] for d in lines if not d["chosen"].startswith("replica-")}
-    probe = [d for d in lines if d["pid"] in ingress]
+    # the driver's own simulator decides too (its replicas named ``replica-000``.. at least
+    # once, then by drawn ids: ``--fleet-id-draws``): the fleet's decisions are another process's
+    driver = {d["pid"] for d in lines if any(r.startswith("replica-") for r in d["replicas"])}
+    probe = [d for d in lines if d["pid"] not in driver]
     out = None if args.out is None else args.out.open("w", encoding="utf-8")
     for run in logged.runs:
         client = _lines(run.path)
