@@ -100,10 +100,11 @@ def simulated(
         out[target] = {}
         for w in workloads:
             trace = records(workload_rows(w, MAX_LORA_RANK, sizes))
-            metrics = simulate_metrics(trace, values, pricing(target, w.name))
+            model = pricing(target, w.name)
+            metrics = simulate_metrics(trace, values, model)
             if target == "fleet" and config.fleet_id_draws:
                 drawn = id_drawn_hit_ratios(
-                    trace, values, pricing(target, w.name), config.fleet_id_draws, config.seed
+                    trace, values, model, config.fleet_id_draws, config.seed
                 )
                 metrics["hit_ratio_own_ids"] = metrics["hit_ratio"]
                 metrics["hit_ratio"] = drawn.pop("mean")
