@@ -98,6 +98,15 @@ def bench_sim(
             "the fleet's loads)."
         ),
     ] = None,
+    fleet_id_draws: Annotated[
+        int | None,
+        typer.Option(
+            help="Simulate each fleet trace this many more times, its replicas named by fresh "
+            "Ray-like random ids each time (Ray draws a deployment's; the router's placement "
+            "hashes them), and compare the real runs' hit ratios with these simulations' mean "
+            "(default 16; 0: the simulator's own names alone)."
+        ),
+    ] = None,
     no_scale: Annotated[
         bool, typer.Option("--no-scale", help="Skip the 1M-request scale run.")
     ] = False,
@@ -130,6 +139,7 @@ def bench_sim(
             calibrate_interleaved=calibrate_interleaved,
             calibrate_fleet_interleaved=calibrate_fleet_interleaved,
             calibrate_fleet_cold_requests=calibrate_fleet_cold_requests,
+            **({} if fleet_id_draws is None else {"fleet_id_draws": fleet_id_draws}),
         )
         model = load(cost_model) if cost_model is not None else None
         fleet_passes = None

@@ -6,7 +6,7 @@ plain dictionaries in and out, so the measuring side does not depend on the core
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -29,11 +29,15 @@ def read_trace(path: Path) -> list[Any]:
 
 
 def simulate_metrics(
-    trace: list[Any], config: Mapping[str, Any], cost_model: CostModel
+    trace: list[Any],
+    config: Mapping[str, Any],
+    cost_model: CostModel,
+    replica_ids: Sequence[str] | None = None,
 ) -> dict[str, Any]:
     """The result metrics of one simulation (``sim/result.py``) of ``trace`` under the
-    ``SimConfig`` fields in ``config`` (unknown or invalid fields: the config's ValueError)."""
-    result = simulate(trace, SimConfig(**config), cost_model)
+    ``SimConfig`` fields in ``config`` (unknown or invalid fields: the config's ValueError),
+    its replicas named ``replica_ids`` (``simulate``'s; None: the simulator's own names)."""
+    result = simulate(trace, SimConfig(**config), cost_model, replica_ids=replica_ids)
     metrics: dict[str, Any] = dict(result.metrics)
     return metrics
 

@@ -59,9 +59,11 @@ class SimReplica:
         shapes: Mapping[AdapterKey, AdapterShape],
         skip_steps: bool = True,
         cpu: CpuShare | None = None,
+        replica_id: str | None = None,
     ) -> None:
         self.index = index
-        self.replica_id = f"replica-{index:03d}"
+        # the router's id of it (a fleet places cold revisions by hashing it)
+        self.replica_id = f"replica-{index:03d}" if replica_id is None else replica_id
         self._executor = executor
         self._clock = executor.clock
         self._step_cost = cost.step

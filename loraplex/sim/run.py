@@ -104,15 +104,42 @@ def simulate(
     *,
     skip_steps: bool = True,
     keep_outcomes: list[Outcome] | None = None,
+    replica_ids: Sequence[str] | None = None,
 ) -> SimResult:
     """Runs ``trace`` (sorted by ``t_s``) through ``config``'s deployment, charged by
     ``cost_model``; the same inputs give the same result. ``skip_steps`` False steps every
     steady decode batch one event at a time (``sim/decode_run.py``; the same result, slower,
     except with the cost model's ``cores`` or ``fleet_contention``: a run keeps its first step's
     factor, ``sim/cpu.py``). ``keep_outcomes``, when given, receives each request's
-    ``Outcome`` in trace order (the result holds figures only)."""
+    ``Outcome`` in trace order (the result holds figures only). ``replica_ids``: the replicas'
+    ids as the router sees them (``check_replica_ids``; None: ``replica-000``, ..): a cold
+    revision's placement is a hash of its key and these ids (``router/placement.py``), and a
+    real fleet's are the ids Ray Serve draws afresh for each deployment."""
+    ids = check_replica_ids(replica_ids, config.replicas)
     with _frozen_heap():
-        return _simulate(trace, config, cost_model, skip_steps, keep_outcomes)
+        return _simulate(trace, config, cost_model, skip_steps, keep_outcomes, replica_ids=ids)
+
+
+MAX_REPLICA_ID_CHARS = 128  # the longest replica id ``simulate`` takes
+
+
+def check_replica_ids(ids: Sequence[str] | None, replicas: int) -> tuple[str, ...] | None:
+    """``ids`` as a tuple, or a ValueError naming ``replica_ids``: one per replica, distinct,
+    each a non-empty string of at most ``MAX_REPLICA_ID_CHARS`` characters."""
+    if ids is None:
+        return None
+    out = tuple(ids)
+    if len(out) != replicas:
+        raise ValueError(f"replica_ids has {len(out)} ids; expected one per replica ({replicas})")
+    for i in out:
+        if not isinstance(i, str) or not 0 < len(i) <= MAX_REPLICA_ID_CHARS:
+            raise ValueError(
+                f"replica_ids {i!r} is invalid; expected a string of 1 to "
+                f"{MAX_REPLICA_ID_CHARS} characters"
+            )
+    if len(set(out)) != len(out):
+        raise ValueError(f"replica_ids {list(out)} is invalid; expected distinct ids")
+    return out
 
 
 YOUNG_COLLECTION_EVERY = 50_000  # net allocations between young collections in a run (700)
@@ -149,6 +176,8 @@ def _simulate(
     cost_model: CostModel,
     skip_steps: bool,
     keep_outcomes: list[Outcome] | None,
+    *,
+    replica_ids: tuple[str, ...] | None,
 ) -> SimResult:
     clock = ManualClock()
     executor = SimExecutor(clock)
@@ -168,6 +197,7 @@ def _simulate(
             shapes=shapes,
             skip_steps=skip_steps,
             cpu=cpu,
+            replica_id=None if replica_ids is None else replica_ids[i],
         )
         for i in range(config.replicas)
     ]

@@ -306,6 +306,8 @@ _EXAMPLE_COST = Path(__file__).resolve().parents[1] / "sim" / "cost_example.json
             "both targets are needed",
         ),
         (["--calibrate-interleaved", "-1"], "calibrate_interleaved -1 is invalid"),
+        (["--fleet-id-draws", "-1"], "fleet_id_draws -1 is invalid"),
+        (["--fleet-id-draws", "257"], "fleet_id_draws 257 is invalid"),
     ],
 )
 def test_bench_sim_options_are_checked(args: list[str], message: str) -> None:
@@ -544,3 +546,30 @@ def test_a_fleet_run_keeps_its_client_records_in_the_logs_dir(
     kept = logs / "fleet-r0-hot-burst.client.jsonl"
     assert sorted(p.name for p in logs.iterdir()) == [kept.name]
     assert [RequestRecord(**json.loads(x)) for x in kept.read_text().splitlines()] == records
+
+
+def test_the_fleets_drawn_ids_give_the_hit_ratios_mean_and_range() -> None:
+    """``bench sim --fleet-id-draws``: each draw names the replicas afresh (Ray-like ids, from the
+    seed: the same draws every run); the mean per tier lies within the draws' range, and a
+    count of 0 is the simulator's own names alone."""
+    import random
+
+    from loraplex.bench.sim.simulated import RAY_ID_LENGTH, id_drawn_hit_ratios, ray_like_ids
+    from loraplex.sim.call import records
+    from loraplex.sim.profiles import load_profile
+
+    ids = ray_like_ids(random.Random(0), 3)
+    assert len(set(ids)) == 3 and all(len(i) == RAY_ID_LENGTH and i.isalnum() for i in ids)
+    workload = generate("zipf-longtail", 0, ScenarioParams(duration_s=8, rate=4, num_adapters=16))
+    trace = records(workload_rows(workload, 64))
+    values = {"replicas": 3, "max_loras": 2}
+    model = load_profile("h100-sxm-llama2-7b-bf16")
+    drawn = id_drawn_hit_ratios(trace, values, model, 6, seed=0)
+    assert drawn == id_drawn_hit_ratios(trace, values, model, 6, seed=0)
+    assert drawn["draws"] == 6
+    for tier in ("L0", "L1", "L2", "L3"):
+        assert drawn["min"][tier] <= drawn["mean"][tier] <= drawn["max"][tier]
+    assert SimBenchConfig().fleet_id_draws == 16
+    assert SimBenchConfig(fleet_id_draws=0).fleet_id_draws == 0
+    with pytest.raises(ValueError, match="fleet_id_draws True is invalid"):
+        SimBenchConfig(fleet_id_draws=True)

@@ -142,7 +142,7 @@ def test_a_run_collects_its_young_generation_less_often_and_restores_the_thresho
     and puts every threshold back after it, also when the run fails."""
     seen: list[tuple[int, int, int]] = []
 
-    def fails(*args: object) -> None:
+    def fails(*args: object, **kwargs: object) -> None:
         seen.append(gc.get_threshold())
         raise RuntimeError("stop")
 

@@ -123,3 +123,43 @@ def test_logs_and_fleet_pairs_pair_each_logged_run_with_its_simulation(tmp_path:
     pairs = json.loads(body)
     assert sum(pairs["tiers"].values()) == n and sum(pairs["sim_reasons"].values()) == n
     assert {k.split("/")[0] for k in pairs["tiers"]} == {"L0", "L3"}
+
+
+def test_fleet_decisions_lines_a_run_up_with_itself_where_the_ids_match(tmp_path: Path) -> None:
+    """``fleet_decisions.py``: a "real" run that is the simulator's own with replica ids a, b, c
+    (its decisions written as the probe logs them, its tiers as the client's records) lines up
+    request by request with the simulation given its ids, and not with the simulator's names."""
+    sys.path.insert(0, str(SCRIPTS))
+    from fleet_decisions import simulated
+    from logs import logged_runs
+
+    n = _logs_dir(tmp_path, "zipf-longtail", 24)
+    logged = logged_runs(tmp_path, 24, "fleet")
+    (run,) = logged.runs
+    from loraplex.sim import cost_model as cost_file
+
+    kept, decisions = simulated(
+        run, logged.values, cost_file.load(REPO / COST), ["a", "b", "c"], {}
+    )
+    assert len(kept) == len(decisions) == n
+    (tmp_path / "fleet-r0-zipf-longtail.client.jsonl").write_text(
+        "".join(
+            json.dumps({"tenant": o.tenant, "tier": o.tier, "ttft_s": 0.03}) + "\n" for o in kept
+        ),
+        encoding="utf-8",
+    )
+    probe = tmp_path / "decisions.jsonl"
+    probe.write_text(
+        "".join(json.dumps({**d, "pid": 7, "retry": False}) + "\n" for d in decisions),
+        encoding="utf-8",
+    )
+    args = ["--logs-dir", str(tmp_path), "--decisions", str(probe), "--cost-model", COST]
+    lines = _run(str(SCRIPTS / "fleet_decisions.py"), *args, "--trace-requests", "24")
+    by_label = {}
+    for line in lines.splitlines():
+        stem, label, body = line.split(" ", 2)
+        assert stem == "fleet-r0-zipf-longtail"
+        by_label[label] = json.loads(body)
+    assert by_label["real_ids"]["causes"] == {} and by_label["real_ids"]["first_divergence"] is None
+    assert by_label["real_ids"]["hit_real"] == by_label["real_ids"]["hit_sim"]
+    assert by_label["sim_ids"]["causes"]  # the simulator's own names place otherwise

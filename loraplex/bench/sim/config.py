@@ -13,6 +13,8 @@ from loraplex.bench.sim.validate import RealSettings
 TRACES = ("zipf-longtail", "hot-burst", "cold-storm")
 TARGETS = ("single", "fleet")
 SCALE = (1_000_000, 10_000, 64)  # requests, adapters, replicas (issue 30)
+DEFAULT_FLEET_ID_DRAWS = 16  # fleet simulations with drawn replica ids, per trace and pricing
+MAX_FLEET_ID_DRAWS = 256
 
 
 @dataclass(frozen=True)
@@ -47,6 +49,9 @@ class SimBenchConfig(GeneratedTraces):
     # with calibrate_fleet_interleaved: each fleet pass's lone cold requests (fleet_load_scale;
     # 0: none, the file's own value prices the loads); None: ``PASS_COLD_REQUESTS`` (4)
     calibrate_fleet_cold_requests: int | None = None
+    # K > 0: the fleet's simulated hit ratios are the mean of K simulations whose replicas carry
+    # Ray-like random ids (``simulated.id_drawn_hit_ratios``); 0: one, the simulator's own names
+    fleet_id_draws: int = DEFAULT_FLEET_ID_DRAWS
 
     def __post_init__(self) -> None:
         unknown = [t for t in self.traces if t not in TRACES]
@@ -87,4 +92,14 @@ class SimBenchConfig(GeneratedTraces):
                 f"calibrate_fleet_cold_requests {colds} is invalid with "
                 f"calibrate_fleet_interleaved {fleet_k}: expected 0 to {MAX_COLD_REQUESTS}, "
                 "with the fleet passes (K >= 1)"
+            )
+        draws = self.fleet_id_draws
+        if (
+            isinstance(draws, bool)
+            or not isinstance(draws, int)
+            or not 0 <= draws <= MAX_FLEET_ID_DRAWS
+        ):
+            raise ValueError(
+                f"fleet_id_draws {draws!r} is invalid; expected an integer 0 to "
+                f"{MAX_FLEET_ID_DRAWS}"
             )

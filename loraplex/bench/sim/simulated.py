@@ -4,6 +4,8 @@ differ, the registry's tenants, each adapter's bytes as served)."""
 
 from __future__ import annotations
 
+import random
+import string
 from collections.abc import Mapping
 from dataclasses import fields
 from pathlib import Path
@@ -18,6 +20,11 @@ from loraplex.engine.tenant_shares import TenantSettings
 from loraplex.serve.config import ServeConfig
 
 BYTES_PER_PARAM = 4  # the demo server serves float32
+# Ray Serve names each replica of a deployment with a fresh random string of this many
+# lowercase letters and digits (``ReplicaID.unique_id``); the router's placement hashes it.
+RAY_ID_CHARS = string.ascii_lowercase + string.digits
+RAY_ID_LENGTH = 8
+TIERS = ("L0", "L1", "L2", "L3")
 # The server's defaults the real runs keep and the simulator's own defaults differ from.
 SERVED_DEFAULTS = {f.name: f.default for f in fields(ServeConfig)}
 
@@ -90,10 +97,53 @@ def simulated(
     out: dict[str, dict[str, Any]] = {}
     for target in config.targets:
         values = sim_config(config, target, per_rank, tenants)
-        out[target] = {
-            w.name: simulate_metrics(
-                records(workload_rows(w, MAX_LORA_RANK, sizes)), values, pricing(target, w.name)
-            )
-            for w in workloads
-        }
+        out[target] = {}
+        for w in workloads:
+            trace = records(workload_rows(w, MAX_LORA_RANK, sizes))
+            model = pricing(target, w.name)
+            metrics = simulate_metrics(trace, values, model)
+            if target == "fleet" and config.fleet_id_draws:
+                drawn = id_drawn_hit_ratios(
+                    trace, values, model, config.fleet_id_draws, config.seed
+                )
+                metrics["hit_ratio_own_ids"] = metrics["hit_ratio"]
+                metrics["hit_ratio"] = drawn.pop("mean")
+                metrics["hit_ratio_id_draws"] = drawn
+            out[target][w.name] = metrics
+    return out
+
+
+def ray_like_ids(rng: random.Random, replicas: int) -> list[str]:
+    """``replicas`` distinct ids drawn as Ray Serve draws a deployment's replica ids."""
+    ids: list[str] = []
+    while len(ids) < replicas:
+        drawn = "".join(rng.choice(RAY_ID_CHARS) for _ in range(RAY_ID_LENGTH))
+        if drawn not in ids:
+            ids.append(drawn)
+    return ids
+
+
+def id_drawn_hit_ratios(
+    trace: list[Any], values: Mapping[str, Any], pricing: Any, draws: int, seed: int
+) -> dict[str, Any]:
+    """The fleet's hit ratio per tier over ``draws`` simulations of ``trace``, each with its
+    replicas named by a fresh draw of Ray-like ids (``ray_like_ids``, from ``seed``): a real
+    fleet's placement of cold revisions is a hash of its replicas' ids, which Ray draws afresh
+    for every deployment, so one naming is one sample of the partition (docs/simulator.md,
+    "simfleet"). The mean (``mean``, what the real runs are compared with), ``min``, ``max``
+    per tier and ``draws``."""
+    from loraplex.sim.call import simulate_metrics
+
+    rng = random.Random(f"replica-ids-{seed}")
+    ratios = [
+        simulate_metrics(trace, values, pricing, ray_like_ids(rng, values["replicas"]))["hit_ratio"]
+        for _ in range(draws)
+    ]
+    out: dict[str, Any] = {"draws": draws}
+    for name, pick in (("mean", None), ("min", min), ("max", max)):
+        out[name] = {
+            t: round(sum(r[t] for r in ratios) / draws, 4) if pick is None
+            else pick(r[t] for r in ratios)
+            for t in TIERS
+        }  # fmt: skip
     return out

@@ -1,0 +1,257 @@
+"""A real fleet run's routing decisions beside the simulator's, request by request.
+
+Reads a ``bench sim --logs-dir`` fleet run (``fleet-r<repeat>-<trace>.client.jsonl``: the tier
+each request's replica reported at its arrival) and the decisions the run's ingress logged
+through ``decision_probe/`` (``LORAPLEX_PROBE_DECISIONS``: one line per ``Router.choose``, the
+chosen replica, the reason and every offered replica's report as the router saw it), simulates
+the same trace twice (replica ids ``replica-000``.. as ``sim run`` names them, and the real run's
+own Ray replica ids, which set every revision's rendezvous order and so where a cold one is
+placed) with the same decisions logged, and prints per simulation: the requests whose replica
+or tier differs, the first divergence, and each diverging decision's cause:
+
+- ``order``: the revision's rendezvous order differs (only with the default ids: the placement
+  preference is a hash of the replica ids);
+- ``residency``: the router saw the revision in a different tier on some replica (an earlier
+  divergence, or an eviction that went otherwise);
+- ``load``: the same tiers, different load figures (queued, running, waiting for an adapter,
+  evictions per minute): the least loaded of the placement set or of the holders differs;
+- ``same``: the same view, a different choice (the router's own memory of decisions since
+  the last reports).
+
+and each request that went to the same replica but leased its adapter from another tier
+(``tier_only``: the replica had evicted it, or not, by the time the request asked).
+
+    PYTHONPATH=. python scripts/sim-timeline/fleet_decisions.py --logs-dir logs \
+        --decisions decisions.jsonl --cost-model fleet.json --trace-requests 64 [--out rows.jsonl]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from collections import Counter
+from pathlib import Path
+from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from logs import logged_runs
+
+from loraplex.router import router as router_module
+from loraplex.router.placement import rendezvous_order
+from loraplex.sim import cost_model as cost_file
+from loraplex.sim import fleet as fleet_module
+from loraplex.sim import replica as replica_module
+from loraplex.sim.config import SimConfig
+from loraplex.sim.outcome import Outcome
+from loraplex.sim.run import simulate
+
+LOAD_FIELDS = ("queued", "adapter_wait", "running", "evictions_per_min")
+
+
+def _lines(path: Path) -> list[dict[str, Any]]:
+    return [json.loads(x) for x in path.read_text(encoding="utf-8").splitlines() if x]
+
+
+def _tier(report: Any, key: str | None) -> str | None:
+    if report is None or key is None:
+        return None
+    for name in ("l0", "loading", "l1", "l2"):
+        if key in getattr(report.residency, name):
+            return name
+    return "absent"
+
+
+def simulated(
+    run: Any, values: dict[str, Any], cost: Any, ids: list[str] | None, keys: dict[str, str]
+) -> Any:
+    """``run``'s trace simulated with replica ids ``ids`` and the router's names of the
+    revisions ``keys`` (``tenant/name@revision`` -> the real key; None, {}: the simulator's
+    own); its outcomes and its decisions (as the probe logs them, in routing order)."""
+    decisions: list[dict[str, Any]] = []
+    choose = router_module.Router.choose
+    init = replica_module.SimReplica.__init__
+    name = fleet_module.SimFleetRouter.name
+
+    def real_name(self, key):  # type: ignore[no-untyped-def]
+        own = name(self, key)
+        real = keys.get(own.split("#", 1)[0])
+        if real is not None and real != own:
+            self._names[key] = real
+            self._keys[real] = key
+            return real
+        return own
+
+    def logged(self, request, replicas, *, replaces=None):  # type: ignore[no-untyped-def]
+        decision = choose(self, request, replicas, replaces=replaces)
+        now_s = self._clock.now()
+        views = {}
+        for replica_id, report in replicas.items():
+            load = None if report is None else report.load
+            views[replica_id] = {
+                "age_s": None if report is None else round(now_s - report.at_s, 4),
+                "tier": _tier(report, request.adapter_key),
+                "queued": None if load is None else load.num_queued,
+                "adapter_wait": None if load is None else load.num_adapter_wait,
+                "running": None if load is None else load.num_running,
+                "evictions_per_min": None if load is None else round(load.evictions_per_min, 3),
+            }
+        decisions.append(
+            {
+                "now_s": now_s,
+                "adapter": request.adapter_key,
+                "chosen": decision.replica_id,
+                "reason": decision.reason.value,
+                "replicas": views,
+            }
+        )
+        return decision
+
+    def named(self, index, *args, **kwargs):  # type: ignore[no-untyped-def]
+        init(self, index, *args, **kwargs)
+        if ids is not None:
+            self.replica_id = ids[index]
+
+    router_module.Router.choose = logged  # type: ignore[method-assign]
+    replica_module.SimReplica.__init__ = named  # type: ignore[method-assign]
+    fleet_module.SimFleetRouter.name = real_name  # type: ignore[method-assign]
+    try:
+        kept: list[Outcome] = []
+        simulate(run.trace, SimConfig(**values), cost, keep_outcomes=kept)
+    finally:
+        router_module.Router.choose = choose  # type: ignore[method-assign]
+        replica_module.SimReplica.__init__ = init  # type: ignore[method-assign]
+        fleet_module.SimFleetRouter.name = name  # type: ignore[method-assign]
+    return kept, decisions
+
+
+def matched(requests: list[Any], decisions: list[dict[str, Any]]) -> list[dict[str, Any] | None]:
+    """Per trace request, the first unmatched decision on its revision (decisions are logged
+    in routing order, which may swap requests that arrive close together)."""
+    free = list(decisions)
+    out: list[dict[str, Any] | None] = []
+    for request in requests:
+        suffix = f"/{request.adapter}@"
+        hit = next(
+            (
+                d
+                for d in free
+                if d["adapter"] is not None
+                and d["adapter"].startswith(f"{request.tenant}/")
+                and suffix in d["adapter"]
+            ),
+            None,
+        )
+        if hit is not None:
+            free.remove(hit)
+        out.append(hit)
+    return out
+
+
+def cause(real: dict[str, Any], sim: dict[str, Any], ids: list[str], same_ids: bool) -> str:
+    key = real["adapter"]
+    if not same_ids and rendezvous_order(key, ids) and real["reason"] == "placement":
+        return "order"
+    rv, sv = real["replicas"], sim["replicas"]
+    if any(rv.get(r, {}).get("tier") != sv.get(r, {}).get("tier") for r in ids):
+        return "residency"
+    if any(rv.get(r, {}).get(f) != sv.get(r, {}).get(f) for r in ids for f in LOAD_FIELDS):
+        return "load"
+    return "same"
+
+
+def compare(
+    run: Any, client: list[dict[str, Any]], real: list[dict[str, Any] | None],
+    kept: list[Outcome], sim: list[dict[str, Any]], *, ids: list[str], same_ids: bool,
+) -> tuple[dict[str, Any], list[dict[str, Any]]]:  # fmt: skip
+    sim_ids = ids if same_ids else [f"replica-{i:03d}" for i in range(len(ids))]
+    causes: Counter[str] = Counter()
+    tiers: Counter[str] = Counter()
+    rows = []
+    first = None
+    # the simulator decides in trace order: its decisions are the requests' in order
+    for i, (request, c, r, o, s) in enumerate(
+        zip(run.workload.requests, client, real, kept, sim, strict=True)
+    ):
+        sim_chosen = sim_ids[o.replica]
+        real_chosen = None if r is None else r["chosen"]
+        row = {
+            "i": i,
+            "t_s": request.t_s,
+            "adapter": f"{request.tenant}/{request.adapter}",
+            "real_replica": real_chosen,
+            "sim_replica": sim_chosen,
+            "real_reason": None if r is None else r["reason"],
+            "sim_reason": o.reason,
+            "real_tier": c["tier"],
+            "sim_tier": o.tier,
+        }
+        if r is None:
+            row["cause"] = "unlogged"
+        elif same_ids and real_chosen != sim_chosen:
+            row["cause"] = cause(r, s, ids, same_ids)
+        elif not same_ids and (ids.index(real_chosen) != o.replica if real_chosen in ids else True):
+            # the replicas cannot be named alike: count a decision as diverging where the
+            # chosen replica's tier for the revision differs
+            row["cause"] = "order" if r["reason"] == "placement" else "unpaired"
+        elif c["tier"] != o.tier:
+            row["cause"] = "tier_only"
+        if "cause" in row:
+            causes[row["cause"]] += 1
+            if first is None:
+                first = row
+        tiers[f"{c['tier']}/{o.tier}"] += 1
+        rows.append(row)
+    real_tiers = Counter(c["tier"] for c in client)
+    sim_tiers = Counter(o.tier or "none" for o in kept)
+    n = len(client)
+    body = {
+        "requests": n,
+        "causes": dict(sorted(causes.items())),
+        "first_divergence": first,
+        "tiers_real_sim": dict(sorted(tiers.items())),
+        "hit_real": {t: round(v / n, 4) for t, v in sorted(real_tiers.items())},
+        "hit_sim": {t: round(v / n, 4) for t, v in sorted(sim_tiers.items())},
+        "reasons_real": dict(sorted(Counter(x["reason"] for x in real if x).items())),
+        "reasons_sim": dict(sorted(Counter(o.reason for o in kept).items())),
+    }
+    return body, rows
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--logs-dir", type=Path, required=True)
+    parser.add_argument("--decisions", type=Path, required=True)
+    parser.add_argument("--cost-model", type=Path, required=True)
+    parser.add_argument("--trace-requests", type=int, default=64)
+    parser.add_argument("--out", type=Path)
+    args = parser.parse_args()
+
+    cost = cost_file.load(args.cost_model)
+    logged = logged_runs(args.logs_dir, args.trace_requests, "fleet")
+    lines = [d for d in _lines(args.decisions) if d["adapter"] is not None and not d["retry"]]
+    # the driver's own simulator decides too (its replicas named ``replica-000``.. at least
+    # once, then by drawn ids: ``--fleet-id-draws``): the fleet's decisions are another process's
+    driver = {d["pid"] for d in lines if any(r.startswith("replica-") for r in d["replicas"])}
+    probe = [d for d in lines if d["pid"] not in driver]
+    out = None if args.out is None else args.out.open("w", encoding="utf-8")
+    for run in logged.runs:
+        client = _lines(run.path)
+        # one run per probe file: its decisions are the run's
+        real = matched(list(run.workload.requests), probe)
+        ids = sorted({d["chosen"] for d in probe} | {r for d in probe for r in d["replicas"]})
+        keys = {d["adapter"].split("#", 1)[0]: d["adapter"] for d in probe}
+        for label, same in (("sim_ids", False), ("real_ids", True)):
+            kept, sim = simulated(
+                run, logged.values, cost, ids if same else None, keys if same else {}
+            )
+            body, rows = compare(run, client, real, kept, sim, ids=ids, same_ids=same)
+            sys.stdout.write(f"{run.stem} {label} {json.dumps(body)}\n")
+            if out is not None:
+                for row in rows:
+                    out.write(json.dumps({"run": run.stem, "sim": label, **row}) + "\n")
+
+
+if __name__ == "__main__":
+    main()
