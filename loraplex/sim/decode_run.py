@@ -33,12 +33,15 @@ from loraplex.engine.step import StepPlan
 MIN_STEPS = 2  # a run shorter than this saves nothing
 
 
-def run_length(sched: Scheduler, plan: StepPlan, max_model_len: int) -> int:
+def run_length(
+    sched: Scheduler, plan: StepPlan, max_model_len: int, *, through_finish: bool = False
+) -> int:
     """How many steps, ``plan`` first, can run before one of them finishes a request (the step
     that finishes one is the run's successor, planned as usual), within the free KV blocks;
     none where a request has no output yet (its step is its prompt's last token and samples its
     first token) or while a tenant is over its equal share (its decodes may be held back as they
-    grow)."""
+    grow). ``through_finish``: the step that finishes the first request is the run's last (its
+    caller applies the last step as an ordinary step: ``DecodeRun.finish``)."""
     if not sched.steady_as_contexts_grow():
         return 0
     requests = sched.requests
@@ -53,7 +56,7 @@ def run_length(sched: Scheduler, plan: StepPlan, max_model_len: int) -> int:
         # context at num_tokens + i; the request ends at max_tokens or a full context.
         left = req.request.params.max_tokens - len(req.output_token_ids)
         room = max_model_len - req.num_tokens
-        fits = min(left, room) - 1
+        fits = min(left, room) - (0 if through_finish else 1)
         steps = fits if steps is None else min(steps, fits)
     if steps is None or steps < MIN_STEPS:
         return 0
@@ -109,11 +112,12 @@ class DecodeRun:
             ended += 1
         self._steps(ended - self.applied)
 
-    def finish(self) -> None:
-        """Applies every step left but the last, then the last (its end is now)."""
+    def finish(self) -> StepPlan:
+        """Applies every step left but the last (its end is now) and gives the last's plan back:
+        the caller applies it as an ordinary step (it may finish a request)."""
         self._steps(len(self.ends) - 1 - self.applied)
-        self._apply(self.plan)
         self.applied += 1
+        return self.plan
 
     def _steps(self, num_steps: int) -> None:
         """Applies ``num_steps`` steps and plans the next: in bulk, or one by one."""
