@@ -7,14 +7,17 @@ running request decodes one token is planned the same way at every step (the sch
 when each would end (each end is the previous one plus the step's seconds, the float sum the
 step-by-step loop makes), and applies them to the scheduler only when their effects are read:
 
-- at its last step (one event, at that step's end), after which the replica plans as usual;
+- at its last step (one event, at that step's end): the steps before it are applied here, the
+  last one by the replica as an ordinary step (``finish``: first tokens, finishes, the next
+  plan);
 - when something touches the replica first (``catch_up(now)``): the steps that ended before
   ``now`` are applied and the next one is planned, exactly the state the step-by-step loop has
   at ``now``; a touch that changes what the next plan sees (a request arriving, a load's CPU
   debt) then ends the run and the step in flight continues as an ordinary step event.
 
-The run is sized so that no step in it finishes a request or plans at or after the next
-automatic warm rebalance, and so that the KV blocks for all of it are free; none starts where a
+The run is sized so that no step in it but the last finishes a request (where the machine's CPU
+is modelled, none: a run keeps its first step's factor, ``sim/cpu.py``, and the finishing step
+reads its own), nor plans at or after the next automatic warm rebalance, and so that the KV blocks for all of it are free; none starts where a
 request's step is its prompt's last token (a chunked prefill's last chunk of one token: that step
 samples the request's first token, its TTFT) nor while a tenant is over its equal share (the
 step-share rule may hold it back as its contexts grow); every plan made in it is the
