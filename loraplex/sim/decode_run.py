@@ -17,10 +17,11 @@ step-by-step loop makes), and applies them to the scheduler only when their effe
 
 The run is sized so that no step in it but the last finishes a request (where the machine's CPU
 is modelled, none: a run keeps its first step's factor, ``sim/cpu.py``, and the finishing step
-reads its own), nor plans at or after the next automatic warm rebalance, and so that the KV blocks for all of it are free; none starts where a
-request's step is its prompt's last token (a chunked prefill's last chunk of one token: that step
-samples the request's first token, its TTFT) nor while a tenant is over its equal share (the
-step-share rule may hold it back as its contexts grow); every plan made in it is the
+reads its own), nor plans at or after the next automatic warm rebalance, and so that the KV
+blocks for all of it are free; none starts where a request's step is its prompt's last token (a
+chunked prefill's last chunk of one token: that step samples the request's first token, its
+TTFT) nor while a tenant is over its equal share (the step-share rule may hold it back as its
+contexts grow); every plan made in it is the
 scheduler's own (``schedule_decodes``), so a run computes what the step-by-step loop computes.
 An event at the very instant a skipped step ends is ordered as the step-by-step loop orders
 the tie, by when each was scheduled (``catch_up``'s ``scheduled_s``; unknown: the event first).
