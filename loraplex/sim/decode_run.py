@@ -7,17 +7,21 @@ running request decodes one token is planned the same way at every step (the sch
 when each would end (each end is the previous one plus the step's seconds, the float sum the
 step-by-step loop makes), and applies them to the scheduler only when their effects are read:
 
-- at its last step (one event, at that step's end), after which the replica plans as usual;
+- at its last step (one event, at that step's end): the steps before it are applied here, the
+  last one by the replica as an ordinary step (``finish``: first tokens, finishes, the next
+  plan);
 - when something touches the replica first (``catch_up(now)``): the steps that ended before
   ``now`` are applied and the next one is planned, exactly the state the step-by-step loop has
   at ``now``; a touch that changes what the next plan sees (a request arriving, a load's CPU
   debt) then ends the run and the step in flight continues as an ordinary step event.
 
-The run is sized so that no step in it finishes a request or plans at or after the next
-automatic warm rebalance, and so that the KV blocks for all of it are free; none starts where a
-request's step is its prompt's last token (a chunked prefill's last chunk of one token: that step
-samples the request's first token, its TTFT) nor while a tenant is over its equal share (the
-step-share rule may hold it back as its contexts grow); every plan made in it is the
+The run is sized so that no step in it but the last finishes a request (where the machine's CPU
+is modelled, none: a run keeps its first step's factor, ``sim/cpu.py``, and the finishing step
+reads its own), nor plans at or after the next automatic warm rebalance, and so that the KV
+blocks for all of it are free; none starts where a request's step is its prompt's last token (a
+chunked prefill's last chunk of one token: that step samples the request's first token, its
+TTFT) nor while a tenant is over its equal share (the step-share rule may hold it back as its
+contexts grow); every plan made in it is the
 scheduler's own (``schedule_decodes``), so a run computes what the step-by-step loop computes.
 An event at the very instant a skipped step ends is ordered as the step-by-step loop orders
 the tie, by when each was scheduled (``catch_up``'s ``scheduled_s``; unknown: the event first).
@@ -33,12 +37,15 @@ from loraplex.engine.step import StepPlan
 MIN_STEPS = 2  # a run shorter than this saves nothing
 
 
-def run_length(sched: Scheduler, plan: StepPlan, max_model_len: int) -> int:
+def run_length(
+    sched: Scheduler, plan: StepPlan, max_model_len: int, *, through_finish: bool = False
+) -> int:
     """How many steps, ``plan`` first, can run before one of them finishes a request (the step
     that finishes one is the run's successor, planned as usual), within the free KV blocks;
     none where a request has no output yet (its step is its prompt's last token and samples its
     first token) or while a tenant is over its equal share (its decodes may be held back as they
-    grow)."""
+    grow). ``through_finish``: the step that finishes the first request is the run's last (its
+    caller applies the last step as an ordinary step: ``DecodeRun.finish``)."""
     if not sched.steady_as_contexts_grow():
         return 0
     requests = sched.requests
@@ -53,7 +60,7 @@ def run_length(sched: Scheduler, plan: StepPlan, max_model_len: int) -> int:
         # context at num_tokens + i; the request ends at max_tokens or a full context.
         left = req.request.params.max_tokens - len(req.output_token_ids)
         room = max_model_len - req.num_tokens
-        fits = min(left, room) - 1
+        fits = min(left, room) - (0 if through_finish else 1)
         steps = fits if steps is None else min(steps, fits)
     if steps is None or steps < MIN_STEPS:
         return 0
@@ -109,11 +116,12 @@ class DecodeRun:
             ended += 1
         self._steps(ended - self.applied)
 
-    def finish(self) -> None:
-        """Applies every step left but the last, then the last (its end is now)."""
+    def finish(self) -> StepPlan:
+        """Applies every step left but the last (its end is now) and gives the last's plan back:
+        the caller applies it as an ordinary step (it may finish a request)."""
         self._steps(len(self.ends) - 1 - self.applied)
-        self._apply(self.plan)
         self.applied += 1
+        return self.plan
 
     def _steps(self, num_steps: int) -> None:
         """Applies ``num_steps`` steps and plans the next: in bulk, or one by one."""

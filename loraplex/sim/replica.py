@@ -257,7 +257,14 @@ class SimReplica:
 
     def _start_run(self, plan: StepPlan, now: float, seconds: float) -> bool:
         """Runs ``plan`` and the identical steps after it as one event, if there are enough."""
-        steps = run_length(self.scheduler, plan, self.scheduler.config.max_model_len)
+        # With the machine's CPU modelled a run keeps its first step's factor (``sim/cpu.py``):
+        # the step that finishes a request is then planned on its own, as before.
+        steps = run_length(
+            self.scheduler,
+            plan,
+            self.scheduler.config.max_model_len,
+            through_finish=self._cpu is None,
+        )
         if not self._skip_steps or not steps:
             return False
         ends, end = [], now
@@ -278,9 +285,7 @@ class SimReplica:
     def _finish_run(self) -> None:
         run, self._run, self._run_end = self._run, None, None
         assert run is not None  # the event is cancelled when the run stops early
-        run.finish()
-        self._step_ended()
-        self._plan()
+        self._apply(run.finish())  # the last step as an ordinary one: it may finish requests
 
     def _stop_run(self, scheduled_s: float | None = None) -> None:
         """Ends the run now (its next plans would differ): the step in flight ends as usual.
