@@ -36,13 +36,8 @@ import httpx
 
 from loraplex.bench.serve.driver import DriveConfig
 from loraplex.bench.serve.fleet import Fleet
-from loraplex.bench.sim.calibrate_fleet import (
-    PASS_COLD_REQUESTS,
-    FleetCalibrateConfig,
-    cold_adapters,
-    lone_adapters,
-    usable_cores,
-)
+from loraplex.bench.sim.calibrate_fleet import FleetCalibrateConfig, usable_cores
+from loraplex.bench.sim.fleet_lone import PASS_COLD_REQUESTS, cold_adapters, lone_adapters
 from loraplex.bench.sim.interleaved import adjacent_passes
 from loraplex.bench.sim.validate import RealSettings
 from loraplex.sim.calibrate_fleet import (
