@@ -11,7 +11,7 @@ from types import MappingProxyType
 import pytest
 
 from loraplex.bench.harness.order import run_order
-from loraplex.bench.serve.bench import ServeBenchConfig
+from loraplex.bench.serve.config import ServeBenchConfig
 from loraplex.bench.serve.driver import DriveConfig, RequestRecord, ResidencyView
 from loraplex.bench.serve.fleet import ServerOptions, drop_page_cache
 from loraplex.bench.serve.report import serve_markdown

@@ -15,7 +15,8 @@ from typer.testing import CliRunner
 
 from loraplex.bench.serve import bench as bench_module
 from loraplex.bench.serve import runs as runs_module
-from loraplex.bench.serve.bench import ServeBenchConfig, run_serve_bench
+from loraplex.bench.serve.bench import run_serve_bench
+from loraplex.bench.serve.config import ServeBenchConfig
 from loraplex.bench.serve.driver import RequestRecord, ResidencyView
 from loraplex.bench.serve.fleet import ServerOptions
 from loraplex.bench.serve.report import serve_markdown
