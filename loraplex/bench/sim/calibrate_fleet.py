@@ -63,7 +63,7 @@ from loraplex.bench.sim.fleet_lone import (
     cold_adapters,
     cold_samples,
     lone_adapters,
-    lone_samples,
+    warm_lone_samples,
     warm_up,
     with_load_scale,
 )
@@ -156,14 +156,9 @@ def _measure(
     where ``evict`` is given): after the rounds, so their loads never fill the slots whose
     growth places the rounds' adapters."""
     rng = random.Random(config.seed)
-    samples: list[FleetSample] = []
-    left_out = 0
-    for adapter in adapters:
-        warm_up(url, key, adapter, rng=rng, drive=drive)
-        nbytes = sizes[(adapter.tenant, adapter.name)]
-        kept, lost = lone_samples(url, key, adapter, nbytes, config=config, drive=drive)
-        samples += kept
-        left_out += lost
+    samples, left_out = warm_lone_samples(
+        url, key, adapters, sizes, rng=rng, config=config, drive=drive
+    )
     contended = list(adapters)
     where: dict[str, Any] = {"adapters": [a.name for a in contended], "placed_on": None}
     if rounds_pool and residency is not None and evict is not None:

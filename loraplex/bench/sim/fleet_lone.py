@@ -13,7 +13,7 @@ import asyncio
 import random
 import statistics
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import replace
 from typing import Any, Protocol
 
@@ -135,6 +135,24 @@ def warm_up(
         if asyncio.run(_lone(url, key, adapter, length=8, rng=rng, drive=drive)) == "L0":
             return True
     return False
+
+
+def warm_lone_samples(
+    url: str, key: str, adapters: Sequence[TraceAdapter], sizes: Mapping[tuple[str, str], int],
+    *, rng: random.Random, config: LoneConfig, drive: DriveConfig,
+) -> tuple[list[FleetSample], int]:  # fmt: skip
+    """Each of ``adapters`` in turn warmed (``warm_up``), then its lone samples
+    (``lone_samples``; its bytes as served from ``sizes``): the samples, and the requests left
+    out."""
+    samples: list[FleetSample] = []
+    left_out = 0
+    for adapter in adapters:
+        warm_up(url, key, adapter, rng=rng, drive=drive)
+        nbytes = sizes[(adapter.tenant, adapter.name)]
+        kept, lost = lone_samples(url, key, adapter, nbytes, config=config, drive=drive)
+        samples += kept
+        left_out += lost
+    return samples, left_out
 
 
 def cold_samples(
