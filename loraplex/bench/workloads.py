@@ -8,7 +8,7 @@ the same requests in memory.
 from __future__ import annotations
 
 import random
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 
 S2_RANKS = (64, 32, 16, 8)
@@ -47,6 +47,16 @@ class Workload:
     duration_s: float  # length of the run
     adapters: tuple[TraceAdapter, ...]  # every adapter, most popular first where it matters
     requests: tuple[TraceRequest, ...]  # sorted by t_s
+
+
+def adapter_union(groups: Iterable[Iterable[TraceAdapter]]) -> tuple[TraceAdapter, ...]:
+    """Every adapter of ``groups`` once per (tenant, name), the first seen kept, in first-seen
+    order: what a registry shared by several workloads registers."""
+    seen: dict[tuple[str, str], TraceAdapter] = {}
+    for group in groups:
+        for adapter in group:
+            seen.setdefault((adapter.tenant, adapter.name), adapter)
+    return tuple(seen.values())
 
 
 # --- popularity ------------------------------------------------------------------------------

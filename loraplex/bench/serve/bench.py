@@ -44,7 +44,7 @@ from loraplex.bench.serve.runs import TracePlan, comparisons, trace_runs
 from loraplex.bench.serve.share_arms import share_arm_metrics, with_arms
 from loraplex.bench.serve.summary import RunResult, headline, summarize
 from loraplex.bench.serve.throughput import ThroughputConfig, ThroughputResult, measure_throughput
-from loraplex.bench.workloads import ScenarioParams, TraceAdapter, Workload, generate
+from loraplex.bench.workloads import ScenarioParams, Workload, adapter_union, generate
 
 
 def run_serve_bench(config: ServeBenchConfig) -> dict[str, Any]:
@@ -56,7 +56,9 @@ def run_serve_bench(config: ServeBenchConfig) -> dict[str, Any]:
     vocab = BaseModelSpec.from_dir(assets.base_model_dir).vocab_size
     # A trace's adapters do not depend on its rate or length: one draft names them all.
     draft = config.params(rate=1.0, duration_s=1.0)
-    adapters = _union(_generate(name, config.seed, draft).adapters for name in config.scenarios)
+    adapters = adapter_union(
+        _generate(name, config.seed, draft).adapters for name in config.scenarios
+    )
     throughput_adapters = tuple((a.tenant, a.name) for a in adapters[:8])
     drive = DriveConfig(
         request_timeout_s=config.request_timeout_s, vocab_size=vocab, seed=config.seed
@@ -188,14 +190,6 @@ def _generate(name: str, seed: int, params: ScenarioParams) -> Workload:
     if name == ADVERSARIAL:
         return adversarial_workload(seed, params)
     return generate(name, seed, params)
-
-
-def _union(groups: Any) -> tuple[TraceAdapter, ...]:
-    seen: dict[tuple[str, str], TraceAdapter] = {}
-    for group in groups:
-        for adapter in group:
-            seen.setdefault((adapter.tenant, adapter.name), adapter)
-    return tuple(seen.values())
 
 
 def _trace_options(config: ServeBenchConfig, policy: str, max_loras: int) -> ServerOptions:
