@@ -126,6 +126,27 @@ class ScenarioParams:
                 raise ValueError(f"{name} {getattr(self, name)} is invalid; expected > 0")
 
 
+class RequestShape:
+    """Base of a frozen config dataclass whose traces' rate and length are known only at run
+    time (``bench serve``'s and ``bench fleet``'s: from the measured capacity). Each config
+    declares the fields itself, with its own defaults (a plain base class's annotations are not
+    dataclass fields; they tell the type checker what ``params`` reads)."""
+
+    prompt_tokens: int  # prompt length of every request
+    output_tokens: int  # max tokens of every request
+    num_adapters: int  # zipf-longtail's population (and cold-storm's storm pool)
+
+    def params(self, rate: float, duration_s: float) -> ScenarioParams:
+        """The generators' parameters of a trace at ``rate`` for ``duration_s``."""
+        return ScenarioParams(
+            duration_s=duration_s,
+            rate=rate,
+            prompt_tokens=self.prompt_tokens,
+            output_tokens=self.output_tokens,
+            num_adapters=self.num_adapters,
+        )
+
+
 HOT_BURST_WINDOW = (0.3, 0.5)  # hot-burst's sweep, as fractions of the run
 HOT_BURST_SWEEP_TENANT = "batch"  # the tenant whose cold adapters hot-burst's sweep uses
 

@@ -10,7 +10,7 @@ from pathlib import Path
 from loraplex.bench.serve.adversarial import ADVERSARIAL, AdversarialConfig
 from loraplex.bench.serve.share_arms import check_share_setting
 from loraplex.bench.serve.summary import HOT_BURST_BASELINES, HOT_BURST_CANDIDATES
-from loraplex.bench.workloads import ScenarioParams
+from loraplex.bench.workloads import RequestShape
 from loraplex.residency.ledger import check_tier_share
 from loraplex.residency.policy import policy_names
 
@@ -19,7 +19,7 @@ KNOWN_SCENARIOS = (*SCENARIOS, ADVERSARIAL)  # adversarial is opt-in: it attacks
 
 
 @dataclass(frozen=True)
-class ServeBenchConfig:
+class ServeBenchConfig(RequestShape):
     """What one benchmark invocation does."""
 
     duration_s: float | None = None  # wall seconds of each trace; None: trace_requests / rate
@@ -124,12 +124,3 @@ class ServeBenchConfig:
             raise RuntimeError(f"measured capacity {capacity_rps} req/s leaves no trace rate")
         duration = self.duration_s if self.duration_s is not None else self.trace_requests / rate
         return rate, duration
-
-    def params(self, rate: float, duration_s: float) -> ScenarioParams:
-        return ScenarioParams(
-            duration_s=duration_s,
-            rate=rate,
-            prompt_tokens=self.prompt_tokens,
-            output_tokens=self.output_tokens,
-            num_adapters=self.num_adapters,
-        )
