@@ -8,7 +8,7 @@ the same requests in memory.
 from __future__ import annotations
 
 import random
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 
 S2_RANKS = (64, 32, 16, 8)
@@ -47,6 +47,16 @@ class Workload:
     duration_s: float  # length of the run
     adapters: tuple[TraceAdapter, ...]  # every adapter, most popular first where it matters
     requests: tuple[TraceRequest, ...]  # sorted by t_s
+
+
+def adapter_union(groups: Iterable[Iterable[TraceAdapter]]) -> tuple[TraceAdapter, ...]:
+    """Every adapter of ``groups`` once per (tenant, name), the first seen kept, in first-seen
+    order: what a registry shared by several workloads registers."""
+    seen: dict[tuple[str, str], TraceAdapter] = {}
+    for group in groups:
+        for adapter in group:
+            seen.setdefault((adapter.tenant, adapter.name), adapter)
+    return tuple(seen.values())
 
 
 # --- popularity ------------------------------------------------------------------------------
@@ -114,6 +124,27 @@ class ScenarioParams:
         for name in ("duration_s", "rate", "cv", "prompt_tokens", "output_tokens", "num_adapters"):
             if getattr(self, name) <= 0:
                 raise ValueError(f"{name} {getattr(self, name)} is invalid; expected > 0")
+
+
+class RequestShape:
+    """Base of a frozen config dataclass whose traces' rate and length are known only at run
+    time (``bench serve``'s and ``bench fleet``'s: from the measured capacity). Each config
+    declares the fields itself, with its own defaults (a plain base class's annotations are not
+    dataclass fields; they tell the type checker what ``params`` reads)."""
+
+    prompt_tokens: int  # prompt length of every request
+    output_tokens: int  # max tokens of every request
+    num_adapters: int  # zipf-longtail's population (and cold-storm's storm pool)
+
+    def params(self, rate: float, duration_s: float) -> ScenarioParams:
+        """The generators' parameters of a trace at ``rate`` for ``duration_s``."""
+        return ScenarioParams(
+            duration_s=duration_s,
+            rate=rate,
+            prompt_tokens=self.prompt_tokens,
+            output_tokens=self.output_tokens,
+            num_adapters=self.num_adapters,
+        )
 
 
 HOT_BURST_WINDOW = (0.3, 0.5)  # hot-burst's sweep, as fractions of the run

@@ -144,8 +144,8 @@ def bench_sim(
         model = load(cost_model) if cost_model is not None else None
         fleet_passes = None
         if calibrate_fleet_interleaved and model is not None:
-            from loraplex.bench.sim.calibrate_fleet import PASS_COLD_REQUESTS
             from loraplex.bench.sim.fleet_interleaved import InterleavedFleet
+            from loraplex.bench.sim.fleet_lone import PASS_COLD_REQUESTS
 
             colds = config.calibrate_fleet_cold_requests
             fleet_passes = InterleavedFleet(

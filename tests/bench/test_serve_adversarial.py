@@ -36,7 +36,7 @@ from loraplex.bench.serve.attacker import (
     PathologicalAdapter,
     schedule,
 )
-from loraplex.bench.serve.bench import ServeBenchConfig
+from loraplex.bench.serve.config import ServeBenchConfig
 from loraplex.bench.serve.driver import DriveConfig, RequestRecord, ResidencyView
 from loraplex.bench.workloads import ScenarioParams
 from loraplex.cli import app

@@ -15,7 +15,7 @@ import pytest
 from typer.testing import CliRunner
 
 from loraplex.bench.serve import bench as bench_module
-from loraplex.bench.serve.bench import SCENARIOS, ServeBenchConfig
+from loraplex.bench.serve.config import SCENARIOS, ServeBenchConfig
 from loraplex.bench.serve.driver import TIERS, ResidencyView
 from loraplex.bench.serve.summary import hit_ratios
 from loraplex.bench.serve.throughput import ThroughputConfig, measure_throughput

@@ -9,9 +9,10 @@ from pathlib import Path
 from types import MappingProxyType
 
 import pytest
+from report_rows import row_cells
 
 from loraplex.bench.harness.order import run_order
-from loraplex.bench.serve.bench import ServeBenchConfig
+from loraplex.bench.serve.config import ServeBenchConfig
 from loraplex.bench.serve.driver import DriveConfig, RequestRecord, ResidencyView
 from loraplex.bench.serve.fleet import ServerOptions, drop_page_cache
 from loraplex.bench.serve.report import serve_markdown
@@ -103,11 +104,9 @@ def test_hot_burst_reports_gain_and_price_with_completed_ratios_beside() -> None
     # The report's sweep table has each candidate's gain and price per capacity point.
     result = {"name": "serve", "config": {}, "seed": 0, "metrics": {**metrics, "runs": summaries}}
     page = serve_markdown(result, "cdf.png", "hits.png")
-    header = next(line for line in page.splitlines() if line.startswith("| slots |"))
-    row = next(line for line in page.splitlines() if line.startswith("| 9 |"))
-    cells = dict(zip(header.split("|"), row.split("|"), strict=True))
-    assert cells[" gain_lru_over_admit_gdsf "].strip() == "5.000"
-    assert cells[" price_admit_gdsf_over_lru "].strip() == "1.500"
+    cells = row_cells(page, "| slots |", "| 9 |")
+    assert cells["gain_lru_over_admit_gdsf"] == "5.000"
+    assert cells["price_admit_gdsf_over_lru"] == "1.500"
 
 
 def test_hot_burst_candidates_are_chosen_per_run() -> None:

@@ -12,6 +12,7 @@ from types import SimpleNamespace
 from typing import Any
 
 import pytest
+from report_rows import row_cells
 
 from loraplex.bench.harness.stats import median_min_max
 from loraplex.bench.serve import runs as runs_module
@@ -92,14 +93,11 @@ def test_the_report_shows_the_spread_per_slot_count_and_policy() -> None:
                           "c.png", "h.png", "t.png")  # fmt: skip
     assert "median [min-max] over 3 repeats" in page
     assert "![hot-burst TTFT CDF per tenant](t.png)" in page
-    lines = page.splitlines()
-    header = next(line for line in lines if line.startswith("| slots | policy |"))
-    row = next(line for line in lines if line.startswith("| 9 | cost_aware |"))
-    cells = {k.strip(): v.strip() for k, v in zip(header.split("|"), row.split("|"), strict=True)}
+    cells = row_cells(page, "| slots | policy |", "| 9 | cost_aware |")
     assert cells["lru_over_policy_hot_p99"] == "3 [0.09-6]"
     assert cells["hot_p99_ms"] == "100 [100-10000]"
     assert cells["batch_p50_over_lru"] == "2 [2-3]"
-    lru_row = next(line for line in lines if line.startswith("| 9 | lru |"))
+    lru_row = next(line for line in page.splitlines() if line.startswith("| 9 | lru |"))
     assert "600 [300-900]" in lru_row
 
 

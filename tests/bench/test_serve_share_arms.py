@@ -11,11 +11,13 @@ from types import SimpleNamespace
 from typing import Any
 
 import pytest
+from report_rows import row_cells
 from typer.testing import CliRunner
 
 from loraplex.bench.serve import bench as bench_module
 from loraplex.bench.serve import runs as runs_module
-from loraplex.bench.serve.bench import ServeBenchConfig, run_serve_bench
+from loraplex.bench.serve.bench import run_serve_bench
+from loraplex.bench.serve.config import ServeBenchConfig
 from loraplex.bench.serve.driver import RequestRecord, ResidencyView
 from loraplex.bench.serve.fleet import ServerOptions
 from loraplex.bench.serve.report import serve_markdown
@@ -193,10 +195,7 @@ def test_the_report_shows_the_rule_per_cell_and_each_arm() -> None:
               "trace_repeats": 3}  # fmt: skip
     page = serve_markdown({"name": "serve", "config": config, "seed": 0, "metrics": metrics},
                           "c.png", "h.png", None, {"on": "t-on.png"})  # fmt: skip
-    lines = page.splitlines()
-    header = next(line for line in lines if line.startswith("| slots | policy | hot_p99_ttft"))
-    row = next(line for line in lines if line.startswith("| 9 | lru | 0.5"))
-    cells = {k.strip(): v.strip() for k, v in zip(header.split("|"), row.split("|"), strict=True)}
+    cells = row_cells(page, "| slots | policy | hot_p99_ttft", "| 9 | lru | 0.5")
     assert cells["hot_p99_ttft_on_over_off"] == "0.5 [0.25-1]"
     assert cells["batch_p50_ttft_on_over_off_pooled"] == "2.000"
     assert "## Hot-burst per repeat (tier_share_by_priority on)" in page

@@ -14,12 +14,8 @@ import pytest
 
 from loraplex.bench.serve.driver import DriveConfig, RequestRecord
 from loraplex.bench.sim import calibrate_run, contention_rounds, fleet_lone
-from loraplex.bench.sim.calibrate_fleet import (
-    COLD_REQUESTS,
-    FleetCalibrateConfig,
-    _measure,
-    cold_adapters,
-)
+from loraplex.bench.sim.calibrate_fleet import FleetCalibrateConfig, _measure
+from loraplex.bench.sim.fleet_lone import COLD_REQUESTS, cold_adapters
 from loraplex.bench.workloads import ATTENTION_TARGETS, TraceAdapter, TraceRequest
 
 ADAPTERS = [TraceAdapter("t", "r8", 8, ATTENTION_TARGETS), TraceAdapter("t", "r64", 64, ())]

@@ -93,3 +93,10 @@ def test_bad_names_and_params() -> None:
         w.generate("nope")
     with pytest.raises(ValueError, match="rate"):
         w.ScenarioParams(rate=0)
+
+
+def test_adapter_union_keeps_each_tenant_and_name_once_the_first_seen_in_order() -> None:
+    a8, b8 = w.TraceAdapter("t", "a", 8, ()), w.TraceAdapter("t", "b", 8, ())
+    a64, other = w.TraceAdapter("t", "a", 64, ()), w.TraceAdapter("u", "a", 8, ())
+    assert w.adapter_union([(a8, b8), (a64, other), ()]) == (a8, b8, other)
+    assert w.adapter_union([]) == ()

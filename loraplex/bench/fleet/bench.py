@@ -27,7 +27,7 @@ from __future__ import annotations
 import asyncio
 import tempfile
 import time
-from collections.abc import Iterable, Mapping
+from collections.abc import Mapping
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any, Protocol
@@ -56,7 +56,12 @@ from loraplex.bench.serve.fleet import (
     prepare_fleet,
     serve_values,
 )
-from loraplex.bench.workloads import HOT_BURST_SWEEP_TENANT, TraceAdapter, Workload, generate
+from loraplex.bench.workloads import (
+    HOT_BURST_SWEEP_TENANT,
+    Workload,
+    adapter_union,
+    generate,
+)
 from loraplex.fleet.settings import FleetSettings
 from loraplex.residency.policy import DEFAULT_POLICY as EVICTION_POLICY
 from loraplex.router.router import DEFAULT_POLICY as DEFAULT_ROUTING_POLICY
@@ -95,7 +100,7 @@ def run_fleet_bench(config: FleetBenchConfig) -> dict[str, Any]:
         registry = prepare_fleet(
             root / "registry",
             assets.base_model_dir,
-            _union(d.adapters for d in drafts),
+            adapter_union(d.adapters for d in drafts),
             MAX_LORA_RANK,
             config.seed,
         )
@@ -249,11 +254,3 @@ def run_plan(
     (``serve_runs.run_order``), so drift on the shared machine favours no policy."""
     order = run_order([len(policies)] * len(traces), repeats)
     return [(traces[group], policies[member]) for group, member in order]
-
-
-def _union(groups: Iterable[Iterable[TraceAdapter]]) -> tuple[TraceAdapter, ...]:
-    seen: dict[tuple[str, str], TraceAdapter] = {}
-    for group in groups:
-        for adapter in group:
-            seen.setdefault((adapter.tenant, adapter.name), adapter)
-    return tuple(seen.values())

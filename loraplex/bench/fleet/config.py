@@ -8,7 +8,7 @@ from pathlib import Path
 from typing import Any
 
 from loraplex.bench.fleet.report import POLICIES, TRACES
-from loraplex.bench.workloads import HOT_ONE_SHARE, ScenarioParams
+from loraplex.bench.workloads import HOT_ONE_SHARE, RequestShape
 from loraplex.residency.policy import DEFAULT_POLICY as EVICTION_POLICY
 from loraplex.router.router import policy_names
 
@@ -39,7 +39,7 @@ _POSITIVE_INTS = (
 
 
 @dataclass(frozen=True)
-class FleetBenchConfig:
+class FleetBenchConfig(RequestShape):
     """What one ``bench fleet`` invocation does."""
 
     traces: tuple[str, ...] = TRACES  # from TRACES
@@ -79,15 +79,6 @@ class FleetBenchConfig:
             raise ValueError(f"rate {self.rate} is invalid; expected > 0 or None (measured)")
         _check_names("traces", self.traces, TRACES)
         _check_names("policies", self.policies, policy_names())
-
-    def params(self, rate: float, duration_s: float) -> ScenarioParams:
-        return ScenarioParams(
-            duration_s=duration_s,
-            rate=rate,
-            prompt_tokens=self.prompt_tokens,
-            output_tokens=self.output_tokens,
-            num_adapters=self.num_adapters,
-        )
 
     def plain(self) -> dict[str, Any]:
         """The settings as JSON values."""

@@ -22,14 +22,13 @@ percentiles at the timeout (``serve_summary``).
 from __future__ import annotations
 
 import tempfile
-from dataclasses import asdict, dataclass, field, replace
+from dataclasses import asdict, replace
 from pathlib import Path
 from typing import Any
 
 from loraplex.bench.harness.machine import machine_record
 from loraplex.bench.serve.adversarial import (
     ADVERSARIAL,
-    AdversarialConfig,
     AdversarialRun,
     adversarial_metrics,
     adversarial_workload,
@@ -37,150 +36,15 @@ from loraplex.bench.serve.adversarial import (
 )
 from loraplex.bench.serve.attack_report import kind_metrics
 from loraplex.bench.serve.attack_runs import KindRun, run_attack_kinds
+from loraplex.bench.serve.config import ServeBenchConfig
 from loraplex.bench.serve.driver import DriveConfig
 from loraplex.bench.serve.fleet import Fleet, ServerOptions, drop_page_cache, prepare_fleet
 from loraplex.bench.serve.repeats import hot_burst_spread
 from loraplex.bench.serve.runs import TracePlan, comparisons, trace_runs
-from loraplex.bench.serve.share_arms import check_share_setting, share_arm_metrics, with_arms
-from loraplex.bench.serve.summary import (
-    HOT_BURST_BASELINES,
-    HOT_BURST_CANDIDATES,
-    RunResult,
-    headline,
-    summarize,
-)
-from loraplex.bench.serve.throughput import ThroughputConfig, measure_throughput
-from loraplex.bench.workloads import (
-    ScenarioParams,
-    TraceAdapter,
-    Workload,
-    generate,
-)
-from loraplex.residency.ledger import check_tier_share
-from loraplex.residency.policy import policy_names
-
-# RunResult lives with the summaries; serve_report still imports it from here.
-__all__ = ["KNOWN_SCENARIOS", "SCENARIOS", "RunResult", "ServeBenchConfig", "run_serve_bench"]
-
-SCENARIOS = ("hot-burst", "zipf-longtail", "cold-storm")  # the default
-KNOWN_SCENARIOS = (*SCENARIOS, ADVERSARIAL)  # adversarial is opt-in: it attacks the server
-
-
-@dataclass(frozen=True)
-class ServeBenchConfig:
-    """What one benchmark invocation does."""
-
-    duration_s: float | None = None  # wall seconds of each trace; None: trace_requests / rate
-    rate: float | None = None  # mean requests per second of each trace; None: load x capacity
-    load: float = 0.6  # trace rate as a fraction of the measured capacity (when rate is None)
-    trace_requests: int = 720  # mean requests of a trace (when duration_s is None)
-    prompt_tokens: int = 64  # prompt length of every request
-    output_tokens: int = 16  # max tokens of every request
-    num_adapters: int = 64  # zipf-longtail population and cold-storm's storm pool
-    max_loras: int = 16  # GPU slots (zipf-longtail, cold-storm, throughput)
-    # hot-burst's slot counts (the 8 hot adapters + 1, + 4, x 2); the first is the headline's
-    hot_burst_slots: tuple[int, ...] = (9, 12, 16)
-    # hot-burst: the policies measured against lru and lru_priority at every slot count
-    hot_burst_candidates: tuple[str, ...] = HOT_BURST_CANDIDATES
-    trace_repeats: int = 2  # runs of each trace comparison, order alternating (ABBA)
-    cpu_adapter_bytes: int = 128 << 20  # L1 budget
-    max_lora_rank: int = 64  # ranks above (WIDE's 128) are capped
-    throughput_requests: int = 256  # requests per throughput round
-    throughput_rounds: int = 4  # alternating rounds per side
-    capacity_requests: int = 128  # requests per capacity round (HTTP, all at once)
-    request_timeout_s: float = 60.0  # bound on every request
-    seed: int = 0  # workload and weight seed
-    asset_dir: Path = Path(".loraplex-assets")  # where the demo base model is generated / reused
-    scenarios: tuple[str, ...] = field(default=SCENARIOS)  # subset of KNOWN_SCENARIOS
-    adversarial: AdversarialConfig = field(default_factory=AdversarialConfig)  # its attacker
-    # where each trace run keeps its server's request log and the client's records
-    # (``runs.run_logs``); None: kept nowhere
-    logs_dir: Path | None = None
-    # the trace runs' ``default_tenant_tier_share``; None: the server's default (0.5)
-    tenant_tier_share: float | None = None
-    # the trace runs' ``tier_share_by_priority``: "off", "on", or "both" (each hot-burst run
-    # with the rule off and on, ABBA: ``share_arms``)
-    tier_share_by_priority: str = "off"
-    # hot-burst: the baselines every candidate is measured against (lru and / or lru_priority)
-    hot_burst_baselines: tuple[str, ...] = HOT_BURST_BASELINES
-
-    def __post_init__(self) -> None:
-        for name in (
-            "load",
-            "trace_requests",
-            "prompt_tokens",
-            "output_tokens",
-            "num_adapters",
-            "max_loras",
-            "trace_repeats",
-            "cpu_adapter_bytes",
-            "max_lora_rank",
-            "throughput_requests",
-            "throughput_rounds",
-            "capacity_requests",
-            "request_timeout_s",
-        ):
-            if not getattr(self, name) > 0:
-                raise ValueError(f"{name} {getattr(self, name)} is invalid; expected > 0")
-        for name in ("duration_s", "rate"):
-            value = getattr(self, name)
-            if value is not None and not value > 0:
-                raise ValueError(f"{name} {value} is invalid; expected > 0 or None (derived)")
-        if not self.hot_burst_slots or min(self.hot_burst_slots) < 1:
-            raise ValueError(
-                f"hot_burst_slots {self.hot_burst_slots} is invalid; expected slot counts >= 1"
-            )
-        known = set(policy_names()) - set(HOT_BURST_BASELINES)
-        candidates = self.hot_burst_candidates
-        if not candidates or len(set(candidates)) != len(candidates) or set(candidates) - known:
-            raise ValueError(
-                f"hot_burst_candidates {list(candidates)} is invalid; expected distinct names "
-                f"from {sorted(known)} (lru and lru_priority always run as the baselines)"
-            )
-        unknown = set(self.scenarios) - set(KNOWN_SCENARIOS)
-        if unknown:
-            raise ValueError(
-                f"scenarios {sorted(unknown)} is invalid; expected from {KNOWN_SCENARIOS}"
-            )
-        if self.tenant_tier_share is not None:
-            check_tier_share(self.tenant_tier_share, "tenant_tier_share")
-        self._check_share_arms()
-        if self.logs_dir is not None and not set(self.scenarios) & set(SCENARIOS):
-            raise ValueError(
-                f"logs_dir {self.logs_dir} is invalid; only the trace runs ({SCENARIOS}) keep "
-                f"logs, and scenarios {list(self.scenarios)} has none"
-            )
-
-    def _check_share_arms(self) -> None:
-        baselines = self.hot_burst_baselines
-        if not baselines or len(set(baselines)) != len(baselines):
-            raise ValueError(
-                f"hot_burst_baselines {list(baselines)} is invalid; expected distinct names "
-                f"from {list(HOT_BURST_BASELINES)} (other policies are candidates)"
-            )
-        if set(baselines) - set(HOT_BURST_BASELINES):
-            raise ValueError(
-                f"hot_burst_baselines {list(baselines)} is invalid; expected names from "
-                f"{list(HOT_BURST_BASELINES)} (other policies are candidates)"
-            )
-        check_share_setting(self.tier_share_by_priority, self.scenarios, SCENARIOS)
-
-    def trace_shape(self, capacity_rps: float | None) -> tuple[float, float]:
-        """(rate, duration_s) of the traces, given the measured capacity (None: unmeasured)."""
-        rate = self.rate if self.rate is not None else self.load * (capacity_rps or 0.0)
-        if not rate > 0:
-            raise RuntimeError(f"measured capacity {capacity_rps} req/s leaves no trace rate")
-        duration = self.duration_s if self.duration_s is not None else self.trace_requests / rate
-        return rate, duration
-
-    def params(self, rate: float, duration_s: float) -> ScenarioParams:
-        return ScenarioParams(
-            duration_s=duration_s,
-            rate=rate,
-            prompt_tokens=self.prompt_tokens,
-            output_tokens=self.output_tokens,
-            num_adapters=self.num_adapters,
-        )
+from loraplex.bench.serve.share_arms import share_arm_metrics, with_arms
+from loraplex.bench.serve.summary import RunResult, headline, summarize
+from loraplex.bench.serve.throughput import ThroughputConfig, ThroughputResult, measure_throughput
+from loraplex.bench.workloads import ScenarioParams, Workload, adapter_union, generate
 
 
 def run_serve_bench(config: ServeBenchConfig) -> dict[str, Any]:
@@ -192,7 +56,9 @@ def run_serve_bench(config: ServeBenchConfig) -> dict[str, Any]:
     vocab = BaseModelSpec.from_dir(assets.base_model_dir).vocab_size
     # A trace's adapters do not depend on its rate or length: one draft names them all.
     draft = config.params(rate=1.0, duration_s=1.0)
-    adapters = _union(_generate(name, config.seed, draft).adapters for name in config.scenarios)
+    adapters = adapter_union(
+        _generate(name, config.seed, draft).adapters for name in config.scenarios
+    )
     throughput_adapters = tuple((a.tenant, a.name) for a in adapters[:8])
     drive = DriveConfig(
         request_timeout_s=config.request_timeout_s, vocab_size=vocab, seed=config.seed
@@ -253,15 +119,7 @@ def run_serve_bench(config: ServeBenchConfig) -> dict[str, Any]:
         metrics.update(adversarial_metrics(hostile, attack, config.request_timeout_s))
     if isolated and attack is not None:
         metrics["adversarial_kinds"] = kind_metrics(isolated, attack, config.request_timeout_s)
-    metrics["http_over_offline_throughput"] = None if tput.ratio is None else round(tput.ratio, 3)
-    metrics["throughput_completed_ratio_http"] = _share(tput.http_completed, tput.http_requests)
-    metrics["throughput_completed_ratio_offline"] = _share(
-        tput.offline_completed, tput.offline_requests
-    )
-    metrics["http_tokens_per_s"] = [round(v, 1) for v in tput.http_tokens_per_s]
-    metrics["offline_tokens_per_s"] = [round(v, 1) for v in tput.offline_tokens_per_s]
-    metrics["throughput_http_failures"] = tput.http_failures
-    metrics["capacity_rps"] = [round(v, 1) for v in tput.capacity_rps]
+    metrics.update(_throughput_metrics(tput))
     metrics["trace_rate"] = round(rate, 2)
     metrics["trace_duration_s"] = round(duration, 2)
     metrics["page_cache_dropped_per_run"] = dropped
@@ -269,6 +127,19 @@ def run_serve_bench(config: ServeBenchConfig) -> dict[str, Any]:
     plain = {k: (str(v) if isinstance(v, Path) else v) for k, v in asdict(config).items()}
     plain["machine"] = machine_record()
     return {"name": "serve", "config": plain, "seed": config.seed, "metrics": metrics, "runs": runs}
+
+
+def _throughput_metrics(tput: ThroughputResult) -> dict[str, Any]:
+    """HTTP vs in-process throughput and the measured capacity, rounded for the report."""
+    return {
+        "http_over_offline_throughput": None if tput.ratio is None else round(tput.ratio, 3),
+        "throughput_completed_ratio_http": _share(tput.http_completed, tput.http_requests),
+        "throughput_completed_ratio_offline": _share(tput.offline_completed, tput.offline_requests),
+        "http_tokens_per_s": [round(v, 1) for v in tput.http_tokens_per_s],
+        "offline_tokens_per_s": [round(v, 1) for v in tput.offline_tokens_per_s],
+        "throughput_http_failures": tput.http_failures,
+        "capacity_rps": [round(v, 1) for v in tput.capacity_rps],
+    }
 
 
 def _trace_metrics(
@@ -319,14 +190,6 @@ def _generate(name: str, seed: int, params: ScenarioParams) -> Workload:
     if name == ADVERSARIAL:
         return adversarial_workload(seed, params)
     return generate(name, seed, params)
-
-
-def _union(groups: Any) -> tuple[TraceAdapter, ...]:
-    seen: dict[tuple[str, str], TraceAdapter] = {}
-    for group in groups:
-        for adapter in group:
-            seen.setdefault((adapter.tenant, adapter.name), adapter)
-    return tuple(seen.values())
 
 
 def _trace_options(config: ServeBenchConfig, policy: str, max_loras: int) -> ServerOptions:

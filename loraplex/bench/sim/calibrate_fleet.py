@@ -18,8 +18,8 @@ own (``contention_where_simulated``). After the rounds, ``cold_requests`` lone c
 (``fleet_lone.cold_samples``: 8 prompt tokens, one out, ``hop_gap_s`` apart, each on its own
 adapter never requested before, so a load from the store; each evicted from the GPU slots after
 its request, so every one meets the same free slots), whose ratios to the lone server's load
-price fit ``fleet_load_scale`` (``sim/calibrate_fleet.fit_load_scale``). None of it is a trace
-``bench sim`` validates.
+price fit ``fleet_load_scale`` (``sim/calibrate_fleet.fit_load_scale``; its source and the
+report's part: ``fleet_lone.with_load_scale``). None of it is a trace ``bench sim`` validates.
 """
 
 from __future__ import annotations
@@ -28,7 +28,6 @@ import datetime
 import os
 import platform
 import random
-import statistics
 import tempfile
 import time
 from collections.abc import Callable, Sequence
@@ -58,30 +57,29 @@ from loraplex.bench.sim.contention_rounds import (
 )
 from loraplex.bench.sim.fit_check import FLEET_RULES, BrokenFit, check_text, fleet_fit_faults
 from loraplex.bench.sim.fleet_lone import (
-    COLD_PROMPT_TOKENS,
+    COLD_REQUESTS,
     MAX_COLD_REQUESTS,
+    TENANT,
+    cold_adapters,
     cold_samples,
-    lone_samples,
+    lone_adapters,
+    warm_lone_samples,
     warm_up,
+    with_load_scale,
 )
 from loraplex.bench.sim.validate import MAX_LORA_RANK, RealSettings
-from loraplex.bench.workloads import ATTENTION_TARGETS, TraceAdapter
+from loraplex.bench.workloads import TraceAdapter
 from loraplex.sim.calibrate_fleet import (
     ContentionSample,
     FleetSample,
     fit_contention,
     fit_fleet,
-    fit_load_scale,
     fleet_model,
-    load_scale_ratios,
     round_medians,
     round_ttfts,
 )
 from loraplex.sim.cost_model import CostModel
 from loraplex.sim.host_speed import HostProbe
-
-TENANT = "fleetcal"
-COLD_REQUESTS = 12  # sim calibrate-fleet's lone cold requests (fleet_load_scale), by default
 
 
 @dataclass(frozen=True)
@@ -132,28 +130,6 @@ class FleetCalibrateConfig:
         return self.replicas if self.contention_adapters is None else self.contention_adapters
 
 
-def lone_adapters() -> list[TraceAdapter]:
-    """The lone requests' two adapters: rank 8 and the largest served rank, attention targets."""
-    return [
-        TraceAdapter(TENANT, f"r{rank}", rank, ATTENTION_TARGETS) for rank in (8, MAX_LORA_RANK)
-    ]
-
-
-COLD_RANKS = (8, MAX_LORA_RANK)  # the cold adapters' ranks, in turn
-PASS_COLD_REQUESTS = 4  # bench sim's fleet passes' lone cold requests per pass, by default
-
-
-def cold_adapters(count: int = PASS_COLD_REQUESTS) -> list[TraceAdapter]:
-    """``count`` adapters for one lone cold request each (``fleet_lone.cold_samples``), ranks
-    ``COLD_RANKS`` in turn, attention targets: never warmed, so each is in no replica when its
-    request comes (``bench sim``'s fleet passes deploy a fresh fleet each; ``sim
-    calibrate-fleet`` sends each one request on its one fleet)."""
-    return [
-        TraceAdapter(TENANT, f"cold{i}-r{rank}", rank, ATTENTION_TARGETS)
-        for i, rank in ((i, COLD_RANKS[i % len(COLD_RANKS)]) for i in range(count))
-    ]
-
-
 def usable_cores() -> int:
     """The CPU cores this process may run on (its affinity), as the fleet's processes do."""
     try:
@@ -180,14 +156,9 @@ def _measure(
     where ``evict`` is given): after the rounds, so their loads never fill the slots whose
     growth places the rounds' adapters."""
     rng = random.Random(config.seed)
-    samples: list[FleetSample] = []
-    left_out = 0
-    for adapter in adapters:
-        warm_up(url, key, adapter, rng=rng, drive=drive)
-        nbytes = sizes[(adapter.tenant, adapter.name)]
-        kept, lost = lone_samples(url, key, adapter, nbytes, config=config, drive=drive)
-        samples += kept
-        left_out += lost
+    samples, left_out = warm_lone_samples(
+        url, key, adapters, sizes, rng=rng, config=config, drive=drive
+    )
     contended = list(adapters)
     where: dict[str, Any] = {"adapters": [a.name for a in contended], "placed_on": None}
     if rounds_pool and residency is not None and evict is not None:
@@ -282,55 +253,6 @@ def checked_measurements(
         measured = measure_fleet(config, asset_dir)
         checks.append(fleet_fit_faults(fit_fleet(base, measured[0])))
     return measured, checks
-
-
-def with_load_scale(
-    model: CostModel, samples: Sequence[FleetSample], requests: int, where: str
-) -> tuple[CostModel, dict[str, Any]]:
-    """``model`` (its fleet terms fitted) with ``fleet_load_scale`` fitted on ``samples``' cold
-    ones (``requests`` were sent) and its source, or without the key (said so in ``sources``:
-    none sent, or none kept; a base file's own value never stays), and the report's ``cold``
-    part: each kept request's TTFT and ratio, in the order sent, and their spread."""
-    ratios = load_scale_ratios(model, samples)
-    scale = fit_load_scale(model, samples)
-    colds = [s for s in samples if s.cold]
-    kept = len(colds)
-    if scale is not None:
-        low, high = min(ratios), max(ratios)
-        text = (
-            f"median over {kept} lone cold requests through the fleet ({requests} sent, "
-            f"{requests - kept} left out: failed or found cached), each on an adapter of its "
-            f"own in no replica, {COLD_PROMPT_TOKENS} prompt tokens, 1 out, paced, after the "
-            "contention rounds, of their TTFT less the hop, the ask, the L3 hand-off and the "
-            "scaled prefill step, over their load's lone price (sim/calibrate_fleet."
-            f"fit_load_scale; ratios {low:.3f} to {high:.3f}; {where})"
-        )
-    elif requests == 0:
-        text = (
-            "not measured (--cold-requests 0): a fleet replica's loads cost fleet_cpu_scale "
-            "times their lone price"
-        )
-    else:
-        text = (
-            f"not fitted: none of {requests} lone cold requests was kept (failed or found "
-            f"cached; {where}): a fleet replica's loads cost fleet_cpu_scale times their price"
-        )
-    report: dict[str, Any] = {
-        "requests": requests,
-        "kept": kept,
-        "left_out": requests - kept,
-        "ttft_s": [s.ttft_s for s in colds],
-        "ratios": ratios,
-        "fleet_load_scale": scale,
-    }
-    if ratios:
-        quartiles = statistics.quantiles(ratios, n=4) if len(ratios) > 1 else ratios * 3
-        report["spread"] = {
-            "min": min(ratios), "p25": quartiles[0], "median": statistics.median(ratios),
-            "p75": quartiles[2], "max": max(ratios),
-        }  # fmt: skip
-    sources = {**model.sources, "fleet_load_scale": text}
-    return replace(model, fleet_load_scale=scale, sources=sources), report
 
 
 def calibrate_fleet(

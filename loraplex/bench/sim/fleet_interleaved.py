@@ -36,13 +36,8 @@ import httpx
 
 from loraplex.bench.serve.driver import DriveConfig
 from loraplex.bench.serve.fleet import Fleet
-from loraplex.bench.sim.calibrate_fleet import (
-    PASS_COLD_REQUESTS,
-    FleetCalibrateConfig,
-    cold_adapters,
-    lone_adapters,
-    usable_cores,
-)
+from loraplex.bench.sim.calibrate_fleet import FleetCalibrateConfig, usable_cores
+from loraplex.bench.sim.fleet_lone import PASS_COLD_REQUESTS, cold_adapters, lone_adapters
 from loraplex.bench.sim.interleaved import adjacent_passes
 from loraplex.bench.sim.validate import RealSettings
 from loraplex.sim.calibrate_fleet import (
@@ -157,7 +152,7 @@ class InterleavedFleet:
         from loraplex.bench.fleet.cluster import deployed
         from loraplex.bench.serve.fleet import drop_page_cache, prepare_fleet
         from loraplex.bench.sim.contention_rounds import evict_from_slots
-        from loraplex.bench.sim.fleet_lone import cold_samples, lone_samples, warm_up
+        from loraplex.bench.sim.fleet_lone import cold_samples, warm_lone_samples
         from loraplex.bench.sim.host_probe import host_probe
         from loraplex.bench.sim.simulated import adapter_sizes
         from loraplex.bench.sim.validate import MAX_LORA_RANK, fleet_settings
@@ -174,20 +169,13 @@ class InterleavedFleet:
         key = registry.keys[adapters[0].tenant]
         started = datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds")
         before = host_probe()
-        samples: list[FleetSample] = []
-        left_out = 0
         drop_page_cache(registry.store)
         where = root / f"fleetcal-p{len(self.passes)}"
         with deployed(fleet_settings(registry, settings, where, port), url, registry.admin_key):
             rng = random.Random(drive.seed)
-            for adapter in adapters:
-                warm_up(url, key, adapter, rng=rng, drive=drive)
-                nbytes = sizes[(adapter.tenant, adapter.name)]
-                kept, lost = lone_samples(
-                    url, key, adapter, nbytes, config=self.config, drive=drive
-                )
-                samples += kept
-                left_out += lost
+            samples, left_out = warm_lone_samples(
+                url, key, adapters, sizes, rng=rng, config=self.config, drive=drive
+            )
             if colds:
                 sized = [(a, sizes[(a.tenant, a.name)]) for a in colds]
                 gap_s = self.config.hop_gap_s

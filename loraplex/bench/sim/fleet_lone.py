@@ -1,28 +1,37 @@
-"""Lone requests through a fleet's ingress for ``sim calibrate-fleet``: warming an adapter
-until a request reports it in a GPU slot (so the router's affinity sends the rest to that
-replica), and one adapter's paced prefill and decode samples, as the lone server's calibration
-paces its own (``calibrate_run.paced_requests``) and as ``bench sim`` replays a fleet's trace
-(``bench/fleet/drive.replay``); requests not served from a slot, or failed, are left out."""
+"""Lone requests through a fleet's ingress for ``sim calibrate-fleet`` (and ``bench sim``'s
+fleet passes): warming an adapter until a request reports it in a GPU slot (so the router's
+affinity sends the rest to that replica), and one adapter's paced prefill and decode samples, as
+the lone server's calibration paces its own (``calibrate_run.paced_requests``) and as ``bench
+sim`` replays a fleet's trace (``bench/fleet/drive.replay``); requests not served from a slot,
+or failed, are left out. Then the lone cold requests, each on an adapter of its own in no replica
+yet, whose TTFTs fit ``fleet_load_scale`` (``with_load_scale``: the fitted term, its source and
+the report's part)."""
 
 from __future__ import annotations
 
 import asyncio
 import random
+import statistics
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import replace
-from typing import Protocol
+from typing import Any, Protocol
 
 from loraplex.bench.fleet.drive import replay
 from loraplex.bench.serve.driver import DriveConfig, RequestRecord, prompt_ids, send_one
 from loraplex.bench.sim.calibrate_run import paced_requests
 from loraplex.bench.sim.validate import MAX_LORA_RANK
-from loraplex.bench.workloads import TraceAdapter, TraceRequest
-from loraplex.sim.calibrate_fleet import FleetSample
+from loraplex.bench.workloads import ATTENTION_TARGETS, TraceAdapter, TraceRequest
+from loraplex.sim.calibrate_fleet import FleetSample, fit_load_scale, load_scale_ratios
+from loraplex.sim.cost_model import CostModel
 
+TENANT = "fleetcal"  # the tenant of every lone request's adapter (never a trace's)
 WARM_TRIES = 6  # requests per adapter until one is served from a GPU slot
 COLD_PROMPT_TOKENS = 8  # a cold sample's prompt (one token out)
 MAX_COLD_REQUESTS = 256  # each has an adapter of its own, registered before the fleet starts
+COLD_REQUESTS = 12  # sim calibrate-fleet's lone cold requests (fleet_load_scale), by default
+PASS_COLD_REQUESTS = 4  # bench sim's fleet passes' lone cold requests per pass, by default
+COLD_RANKS = (8, MAX_LORA_RANK)  # the cold adapters' ranks, in turn
 
 
 class LoneConfig(Protocol):
@@ -38,6 +47,24 @@ class LoneConfig(Protocol):
     def hop_gap_s(self) -> float: ...
     @property
     def hop_output_tokens(self) -> int: ...
+
+
+def lone_adapters() -> list[TraceAdapter]:
+    """The lone requests' two adapters: rank 8 and the largest served rank, attention targets."""
+    return [
+        TraceAdapter(TENANT, f"r{rank}", rank, ATTENTION_TARGETS) for rank in (8, MAX_LORA_RANK)
+    ]
+
+
+def cold_adapters(count: int = PASS_COLD_REQUESTS) -> list[TraceAdapter]:
+    """``count`` adapters for one lone cold request each (``cold_samples``), ranks
+    ``COLD_RANKS`` in turn, attention targets: never warmed, so each is in no replica when its
+    request comes (``bench sim``'s fleet passes deploy a fresh fleet each; ``sim
+    calibrate-fleet`` sends each one request on its one fleet)."""
+    return [
+        TraceAdapter(TENANT, f"cold{i}-r{rank}", rank, ATTENTION_TARGETS)
+        for i, rank in ((i, COLD_RANKS[i % len(COLD_RANKS)]) for i in range(count))
+    ]
 
 
 async def _lone(
@@ -110,6 +137,24 @@ def warm_up(
     return False
 
 
+def warm_lone_samples(
+    url: str, key: str, adapters: Sequence[TraceAdapter], sizes: Mapping[tuple[str, str], int],
+    *, rng: random.Random, config: LoneConfig, drive: DriveConfig,
+) -> tuple[list[FleetSample], int]:  # fmt: skip
+    """Each of ``adapters`` in turn warmed (``warm_up``), then its lone samples
+    (``lone_samples``; its bytes as served from ``sizes``): the samples, and the requests left
+    out."""
+    samples: list[FleetSample] = []
+    left_out = 0
+    for adapter in adapters:
+        warm_up(url, key, adapter, rng=rng, drive=drive)
+        nbytes = sizes[(adapter.tenant, adapter.name)]
+        kept, lost = lone_samples(url, key, adapter, nbytes, config=config, drive=drive)
+        samples += kept
+        left_out += lost
+    return samples, left_out
+
+
 def cold_samples(
     url: str, key: str, adapters: list[tuple[TraceAdapter, int]], *, gap_s: float,
     rng: random.Random, drive: DriveConfig, evict: Callable[[TraceAdapter], None] | None = None,
@@ -134,3 +179,52 @@ def cold_samples(
             rank = min(adapter.rank, MAX_LORA_RANK)
             samples.append(FleetSample(COLD_PROMPT_TOKENS, rank, nbytes, record.ttft_s, cold=True))
     return samples, len(adapters) - len(samples)
+
+
+def with_load_scale(
+    model: CostModel, samples: Sequence[FleetSample], requests: int, where: str
+) -> tuple[CostModel, dict[str, Any]]:
+    """``model`` (its fleet terms fitted) with ``fleet_load_scale`` fitted on ``samples``' cold
+    ones (``requests`` were sent) and its source, or without the key (said so in ``sources``:
+    none sent, or none kept; a base file's own value never stays), and the report's ``cold``
+    part: each kept request's TTFT and ratio, in the order sent, and their spread."""
+    ratios = load_scale_ratios(model, samples)
+    scale = fit_load_scale(model, samples)
+    colds = [s for s in samples if s.cold]
+    kept = len(colds)
+    if scale is not None:
+        low, high = min(ratios), max(ratios)
+        text = (
+            f"median over {kept} lone cold requests through the fleet ({requests} sent, "
+            f"{requests - kept} left out: failed or found cached), each on an adapter of its "
+            f"own in no replica, {COLD_PROMPT_TOKENS} prompt tokens, 1 out, paced, after the "
+            "contention rounds, of their TTFT less the hop, the ask, the L3 hand-off and the "
+            "scaled prefill step, over their load's lone price (sim/calibrate_fleet."
+            f"fit_load_scale; ratios {low:.3f} to {high:.3f}; {where})"
+        )
+    elif requests == 0:
+        text = (
+            "not measured (--cold-requests 0): a fleet replica's loads cost fleet_cpu_scale "
+            "times their lone price"
+        )
+    else:
+        text = (
+            f"not fitted: none of {requests} lone cold requests was kept (failed or found "
+            f"cached; {where}): a fleet replica's loads cost fleet_cpu_scale times their price"
+        )
+    report: dict[str, Any] = {
+        "requests": requests,
+        "kept": kept,
+        "left_out": requests - kept,
+        "ttft_s": [s.ttft_s for s in colds],
+        "ratios": ratios,
+        "fleet_load_scale": scale,
+    }
+    if ratios:
+        quartiles = statistics.quantiles(ratios, n=4) if len(ratios) > 1 else ratios * 3
+        report["spread"] = {
+            "min": min(ratios), "p25": quartiles[0], "median": statistics.median(ratios),
+            "p75": quartiles[2], "max": max(ratios),
+        }  # fmt: skip
+    sources = {**model.sources, "fleet_load_scale": text}
+    return replace(model, fleet_load_scale=scale, sources=sources), report

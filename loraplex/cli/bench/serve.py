@@ -22,7 +22,7 @@ from loraplex.cli.bench.options import (
 
 if TYPE_CHECKING:
     from loraplex.bench.serve.adversarial import AdversarialConfig
-    from loraplex.bench.serve.bench import ServeBenchConfig
+    from loraplex.bench.serve.config import ServeBenchConfig
     from loraplex.bench.serve.summary import RunResult
 
 
@@ -141,7 +141,8 @@ def serve(
 ) -> None:
     """The real server over HTTP: lru / lru_priority vs cost_aware, storm vs none, HTTP vs
     in-process, and (opt-in) the steady tenants with and without an attacker tenant."""
-    from loraplex.bench.serve.bench import ServeBenchConfig, run_serve_bench
+    from loraplex.bench.serve.bench import run_serve_bench
+    from loraplex.bench.serve.config import ServeBenchConfig
     from loraplex.bench.serve.report import (
         hit_ratio_plot,
         serve_json_line,
