@@ -29,6 +29,7 @@ from loraplex.server.choices import ChoiceOutput, Echo, Shape
 from loraplex.server.disconnect import ClientDisconnectedError, collect, start_stream
 from loraplex.server.errors import invalid_request
 from loraplex.server.json_route import StrictJsonRoute
+from loraplex.server.listeners.buffered import buffered_answers
 from loraplex.server.logprobs_format import TokenStrings
 from loraplex.server.prompt_bounds import PromptLengthsDep
 from loraplex.server.prompts import chat_encoder, echoes, prompt_encoder, prompts_of
@@ -92,7 +93,12 @@ async def _respond(
         resumed_too_often_event,
     )
     read_ahead = bounded(
-        events, config.max_stream_buffer_bytes, not_read_event, fanout.abort, backpressure
+        events,
+        config.max_stream_buffer_bytes,
+        not_read_event,
+        fanout.abort,
+        backpressure,
+        held=buffered_answers(request.scope.get("state", {})),  # counted with the transport's
     )
     return StreamingResponse(
         read_ahead, media_type="text/event-stream", headers=started.headers

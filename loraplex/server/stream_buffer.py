@@ -21,7 +21,9 @@ resumed the request (16 resumes of one 16-choice stream were seen: the default
 Memory per stream is at most ``max_bytes`` of counted events buffered (or one larger event
 alone) and the request's echo events, each once, between the buffer and the piece the writer is
 sending (the counted part of that piece at most ``max_bytes`` again), plus the transport's
-high-water mark.
+high-water mark. All of it (``bounded``'s ``held``) counts toward the listener's
+``max_unsent_response_bytes`` while the client does not keep up (``listeners/buffered.py``):
+NOTE: only the slice in the transport did, so streams of echo events unread added up past it.
 
 Backpressure (``Backpressure``): once ``pause_bytes`` wait untaken, the writer is stuck on its
 client, and every further step the request ran would only add to what waits; its engine
@@ -50,11 +52,16 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import AsyncIterator, Awaitable, Callable
+from contextlib import nullcontext
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 import anyio
 
 from loraplex.clock import Clock, MonotonicClock
+
+if TYPE_CHECKING:  # NOTE: imported, the listeners' package closed an import cycle (via deps)
+    from loraplex.server.listeners.buffered import BufferedAnswers
 
 # Resumes of one paused stream before it is cut off instead (``Backpressure.max_resumes``):
 # enough for a reader that falls behind now and then, few enough that a stream costs at most
@@ -134,6 +141,7 @@ class _Buffer:
         self.max_bytes = max_bytes
         self._parts: list[str] = []
         self._num_bytes = 0
+        self.num_held = 0  # every byte waiting, an ``EchoEvent``'s too (``BufferedAnswers``)
         self._ended = False
         self._changed = asyncio.Event()
 
@@ -152,12 +160,14 @@ class _Buffer:
             return False
         self._parts.append(text)
         self._num_bytes += num_counted
+        self.num_held += len(text)
         self._changed.set()
         return True
 
     def replace_all(self, text: str) -> None:
         """Drops everything buffered; ``text`` is all the writer gets from now on."""
         self._parts, self._num_bytes = [text], len(text)
+        self.num_held = len(text)
         self._changed.set()
 
     def end(self) -> None:
@@ -172,7 +182,7 @@ class _Buffer:
             self._changed.clear()
             await self._changed.wait()
         text = "".join(self._parts)
-        self._parts, self._num_bytes = [], 0
+        self._parts, self._num_bytes, self.num_held = [], 0, 0
         return text
 
 
@@ -182,12 +192,16 @@ async def _read_ahead(
     overflow_event: Callable[[int], str],
     abort: Callable[[], Awaitable[None]],
     flow: _Flow,
+    *,
+    held: BufferedAnswers | None,
 ) -> None:
     try:
         async for text in events:
             if not buffer.put(text):
                 buffer.replace_all(overflow_event(buffer.max_bytes))
                 return
+            if held is not None:
+                held.grew()
             await flow.after_put(buffer.num_bytes)
     finally:
         buffer.end()
@@ -202,35 +216,46 @@ async def bounded(
     overflow_event: Callable[[int], str],
     abort: Callable[[], Awaitable[None]],
     backpressure: Backpressure | None = None,
+    *,
+    held: BufferedAnswers | None = None,
 ) -> AsyncIterator[str]:
     """``events`` as the writer takes them, read ahead into at most ``max_bytes`` (module
     docstring); past it, ``events`` is closed and ``overflow_event(max_bytes)`` is the last
     text. ``abort`` (idempotent) ends the request: it runs however this ends, even when the
     reader never started. With ``backpressure``, the request is paused while its writer is
-    stuck and cut off past its resumes (module docstring)."""
+    stuck and cut off past its resumes (module docstring). ``held`` (the connection's, from
+    the listener) counts every byte buffered here and not yet sent, echo events included."""
     if backpressure is not None and backpressure.pause_bytes >= max_bytes:
         backpressure = None  # the overflow abort comes first: never paused
     buffer, flow = _Buffer(max_bytes), _Flow(backpressure)
     clock = backpressure.clock if backpressure is not None else MonotonicClock()
-    reader = asyncio.ensure_future(_read_ahead(events, buffer, overflow_event, abort, flow))
-    try:
-        while (text := await buffer.take()) is not None:
-            last = await flow.after_take()
-            if last is not None:  # resumed too often: cut off (the request is aborted below)
-                text += last
-            for start in range(0, len(text), SLICE_BYTES):
-                sent_at = clock.now()
-                yield text[start : start + SLICE_BYTES]
-                flow.after_send(clock.now() - sent_at)
-            if last is not None:
-                return
-        await reader  # what ended the reader, if it failed: a cut stream is never silent
-    finally:
-        reader.cancel()
-        with anyio.CancelScope(shield=True):
-            await asyncio.wait({reader})
-            await _aclose(events)
-            await abort()
+    unsent = [0]  # of the piece the writer is slicing
+    with nullcontext() if held is None else held.source(lambda: buffer.num_held + unsent[0]):
+        reader = asyncio.ensure_future(
+            _read_ahead(events, buffer, overflow_event, abort, flow, held=held)
+        )
+        try:
+            while (text := await buffer.take()) is not None:
+                unsent[0] = len(text)
+                last = await flow.after_take()
+                if last is not None:  # resumed too often: cut off (the request is aborted below)
+                    text += last
+                for start in range(0, len(text), SLICE_BYTES):
+                    # this slice is the transport's once yielded
+                    unsent[0] = max(0, len(text) - start - SLICE_BYTES)
+                    sent_at = clock.now()
+                    yield text[start : start + SLICE_BYTES]
+                    flow.after_send(clock.now() - sent_at)
+                unsent[0] = 0
+                if last is not None:
+                    return
+            await reader  # what ended the reader, if it failed: a cut stream is never silent
+        finally:
+            reader.cancel()
+            with anyio.CancelScope(shield=True):
+                await asyncio.wait({reader})
+                await _aclose(events)
+                await abort()
 
 
 async def _aclose(stream: AsyncIterator[str]) -> None:

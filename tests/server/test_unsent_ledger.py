@@ -27,16 +27,20 @@ class Conn:
     held: int
     taken: int = 0
     cut_for: str | None = None
+    buffered: int = 0  # what its app holds beyond the transport (a stream's events)
 
     def unsent_bytes(self) -> int:
         return self.held - self.taken
+
+    def held_bytes(self) -> int:
+        return self.unsent_bytes() + self.buffered
 
     def cut(self, reason: str) -> None:
         self.cut_for = reason
 
 
 def _hold(ledger: UnsentLedger, conn: Conn) -> Conn:
-    ledger.hold(conn, conn.unsent_bytes())
+    ledger.hold(conn, conn.held_bytes())
     return conn
 
 
@@ -67,3 +71,22 @@ def test_with_none_shown_the_newcomer_is_cut_and_one_alone_always_fits() -> None
     assert (alone.cut_for, second.cut_for) == (None, CUT_UNSENT_BYTES)
     ledger.release(alone)
     assert ledger.num_bytes == 0 and len(ledger) == 0
+
+
+def test_what_a_held_connection_buffers_counts_and_its_growth_cuts_past_the_cap() -> None:
+    """A stream hands its transport one slice at a time: its other unread events wait in the
+    app. Before, the ledger counted the slice alone, so streams of echo events unread added up
+    past the cap with nothing cut (attack round 17)."""
+    clock = Clock()
+    ledger = UnsentLedger(10_000, MIN_AGE_S, clock)
+    slow = _hold(ledger, Conn(1000, buffered=6000))
+    assert ledger.num_bytes == 7000
+    clock.t = MIN_AGE_S
+    stream = _hold(ledger, Conn(1000))
+    assert ledger.num_bytes == 8000 and not any(c.cut_for for c in (slow, stream))
+    stream.buffered = 4000  # its next echo events
+    ledger.changed(stream, stream.held_bytes())
+    assert (slow.cut_for, stream.cut_for) == (CUT_UNSENT_BYTES, None)
+    assert ledger.num_bytes == 5000
+    ledger.changed(Conn(1), 50_000)  # not held: nothing to count
+    assert ledger.num_bytes == 5000 and len(ledger) == 1

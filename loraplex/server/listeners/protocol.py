@@ -44,6 +44,7 @@ from loraplex.clock import MonotonicClock
 from loraplex.server.connections import MARK_AUTHENTICATED, ConnectionGate, GateCollector
 from loraplex.server.fd_limit import ensure_fd_limit
 from loraplex.server.gated_accept import AcceptGate, refuse
+from loraplex.server.listeners.buffered import BUFFERED_ANSWERS, BufferedAnswers
 from loraplex.server.listeners.h11_bounds import BoundedConnection
 from loraplex.server.listeners.limits import ConnectionLimits
 from loraplex.server.listeners.linger import LingeringTransport
@@ -128,8 +129,15 @@ class BoundedH11Protocol(H11Protocol):
             self, config.unsent, self.loop, limits.write_timeout_s, limits.min_send_bytes_per_s
         )
         self._accepted = accepted  # the accept token is taken (``GatedH11Protocol``)
-        # every request's scope state: how the credential check marks this connection
-        self.app_state = {**self.app_state, MARK_AUTHENTICATED: self._on_authenticated}
+        # answer bytes the app holds for this client beyond the transport (``buffered.py``)
+        self.buffered = BufferedAnswers(self._send_watch.changed)
+        # every request's scope state: how the credential check marks this connection, and
+        # where a stream counts what it buffers
+        self.app_state = {
+            **self.app_state,
+            MARK_AUTHENTICATED: self._on_authenticated,
+            BUFFERED_ANSWERS: self.buffered,
+        }
         self._head_timer: asyncio.TimerHandle | None = None
         self._half_closed = False  # the client shut its sending side (``eof_received``)
         self._reset_timer: asyncio.TimerHandle | None = None  # half-closed: polls for a reset
@@ -219,7 +227,7 @@ class BoundedH11Protocol(H11Protocol):
         self._send_watch.paused()
 
     def resume_writing(self) -> None:
-        self._send_watch.stopped()
+        self._send_watch.resumed()
         super().resume_writing()
 
     def unsent_bytes(self) -> int:
@@ -228,6 +236,11 @@ class BoundedH11Protocol(H11Protocol):
         alone measured the client's pace in bursts: a client whose kernel buffers took
         megabytes read steadily at 64 KiB/s while the transport gave nothing for 5 s."""
         return int(self.transport.get_write_buffer_size()) + self._socket_queue(termios.TIOCOUTQ)
+
+    def held_bytes(self) -> int:
+        """``unsent_bytes`` plus what the app holds for this client beyond the transport
+        (``unsent.Holder``; ``buffered.py``)."""
+        return self.unsent_bytes() + self.buffered.num_bytes()
 
     def cut(self, reason: str) -> None:
         """Closed with a reset for a client too slow to take its answer (``unsent.Holder``).

@@ -10,7 +10,12 @@ together (``max_unsent_response_bytes``), so clients that each read just fast en
 up to ``max_connections`` x the largest answer. A connection counts from the moment its transport
 holds more than its high-water mark (uvicorn's writer then waits) until it drains or closes; what
 it holds is measured as the bytes its client's kernel has not acknowledged: the transport's and
-the socket's send queue (``protocol.BoundedH11Protocol.unsent_bytes``).
+the socket's send queue (``protocol.BoundedH11Protocol.unsent_bytes``), plus what the app holds
+for that client beyond the transport (a stream's buffered events, ``buffered.py``: a stream hands
+the transport one slice at a time, so the ledger counted only the slice of a stream's answer,
+and six unread echo streams held 28 MB beside a cap of 8 MiB); a held connection whose app
+buffers more is measured again at once (``UnsentLedger.changed``). A client's pace is what it took
+of the transport's and the socket's bytes (``SendWatch``).
 When a newly held answer takes the total past the cap, the connections whose clients have taken
 their answers most slowly since they were held are cut (a reset) until it fits, among those held
 for at least ``write_timeout_s`` (younger ones have shown no pace: their clients first read what
@@ -55,6 +60,11 @@ class Holder(Protocol):
         """Bytes of its answers its client's kernel has not acknowledged yet."""
         ...
 
+    def held_bytes(self) -> int:
+        """Those plus what its app holds for the client beyond the transport (a stream's
+        buffered events: ``buffered.py``)."""
+        ...
+
     def cut(self, reason: str) -> None:
         """Closes it with a reset, counted under ``reason``."""
         ...
@@ -64,8 +74,8 @@ class Holder(Protocol):
 class _Held:
     """One held connection: what it held when counted, and since when."""
 
-    num_bytes: int  # unsent bytes when held (or when last measured)
-    initial_bytes: int  # unsent bytes when held
+    num_bytes: int  # held bytes (``Holder.held_bytes``) when held (or when last measured)
+    initial_bytes: int  # held bytes when held
     since: float  # clock time it was held
 
 
@@ -78,18 +88,37 @@ class UnsentLedger:
         self.min_age_s = min_age_s  # held this long, a connection's pace counts
         self._clock = clock
         self._held: dict[Holder, _Held] = {}
-        self.num_bytes = 0  # the held connections' unsent bytes, as last measured
+        self.num_bytes = 0  # the held connections' held bytes, as last measured
 
     def __len__(self) -> int:
         return len(self._held)
 
+    def __contains__(self, holder: object) -> bool:
+        return holder in self._held
+
     def hold(self, holder: Holder, num_bytes: int) -> None:
-        """``holder`` waits on its client with ``num_bytes`` unsent; past ``max_bytes`` in all,
-        the slowest other held connections are cut, or ``holder`` itself while no other has
-        been held ``min_age_s`` (none has shown its pace yet)."""
-        self.release(holder)
-        self._held[holder] = _Held(num_bytes, num_bytes, self._clock.now())
-        self.num_bytes += num_bytes
+        """``holder`` waits on its client with ``num_bytes`` held (measured again if it was
+        held already: a stream's transport fills once per slice, and it is held since the
+        first); past ``max_bytes`` in all, the slowest other held connections are cut, or
+        ``holder`` itself while no other has been held ``min_age_s`` (none has shown its pace
+        yet)."""
+        if holder in self._held:
+            self.measured(holder, num_bytes)
+        else:
+            self._held[holder] = _Held(num_bytes, num_bytes, self._clock.now())
+            self.num_bytes += num_bytes
+        self._fit(holder)
+
+    def changed(self, holder: Holder, num_bytes: int) -> None:
+        """``holder``, held, holds ``num_bytes`` now (its app buffered more of its answers, or
+        less); past ``max_bytes`` in all, cut as ``hold`` cuts."""
+        if holder in self._held:
+            self.measured(holder, num_bytes)
+            self._fit(holder)
+
+    def _fit(self, holder: Holder) -> None:
+        """The slowest held connections that have shown their pace cut until all fit, else
+        ``holder``."""
         if self.num_bytes > self.max_bytes:
             self._remeasure()
         while self.num_bytes > self.max_bytes and len(self._held) > 1:
@@ -112,16 +141,16 @@ class UnsentLedger:
             self.num_bytes -= held.num_bytes
 
     def measured(self, holder: Holder, num_bytes: int) -> None:
-        """``holder``'s unsent bytes are ``num_bytes`` now."""
+        """``holder``'s held bytes are ``num_bytes`` now."""
         held = self._held.get(holder)
         if held is not None:
             self.num_bytes += num_bytes - held.num_bytes
             held.num_bytes = num_bytes
 
     def _remeasure(self) -> None:
-        """The held connections' unsent bytes now (their clients took some since)."""
+        """The held connections' held bytes now (their clients took some since)."""
         for holder in self._held:
-            self.measured(holder, holder.unsent_bytes())
+            self.measured(holder, holder.held_bytes())
 
     def _pace(self, holder: Holder) -> float:
         """Bytes a second its client took since it was held."""
@@ -155,14 +184,39 @@ class SendWatch:
         if self._timer is None:
             self._window_bytes = self._holder.unsent_bytes()
             self._timer = self._loop.call_later(self._window_s, self._window_ended)
-            self._ledger.hold(self._holder, self._window_bytes)
+            self._ledger.hold(self._holder, self._holder.held_bytes())
+
+    def changed(self) -> None:
+        """The app's buffered answers changed: a held connection is measured again, and let
+        go once its transport drained and nothing waits in the app."""
+        if self._holder not in self._ledger:
+            return
+        held = self._holder.held_bytes()
+        if self._timer is None and held <= self._holder.unsent_bytes():
+            self._ledger.release(self._holder)
+        else:
+            self._ledger.changed(self._holder, held)
+
+    def resumed(self) -> None:
+        """The transport drained to its low-water mark: the pace is no longer watched; the
+        connection stays held while its app still buffers answer bytes (a stream's next
+        slices), measured again."""
+        self._stop_timer()
+        held = self._holder.held_bytes()
+        if held > self._holder.unsent_bytes():
+            self._ledger.changed(self._holder, held)
+        else:
+            self._ledger.release(self._holder)
 
     def stopped(self) -> None:
-        """The transport drained to its low-water mark, or the connection closed."""
+        """The connection closed."""
+        self._stop_timer()
+        self._ledger.release(self._holder)
+
+    def _stop_timer(self) -> None:
         if self._timer is not None:
             self._timer.cancel()
             self._timer = None
-        self._ledger.release(self._holder)
 
     def _window_ended(self) -> None:
         self._timer = None
@@ -172,7 +226,7 @@ class SendWatch:
             self._holder.cut(CUT_WRITE_TIMEOUT)
             return
         self._window_bytes = unsent
-        self._ledger.measured(self._holder, unsent)
+        self._ledger.measured(self._holder, self._holder.held_bytes())
         self._timer = self._loop.call_later(self._window_s, self._window_ended)
 
 
@@ -221,7 +275,8 @@ class ListenerCollector(Collector):
         yield cut
         yield GaugeMetricFamily(
             "loraplex_unsent_response_bytes",
-            "Answer bytes waiting in the transports of connections whose clients read more "
-            "slowly than the server writes (as last measured).",
+            "Answer bytes waiting for clients that read more slowly than the server writes, in "
+            "their transports and socket queues and in their streams' buffers (as last "
+            "measured).",
             value=self._ledger.num_bytes,
         )
