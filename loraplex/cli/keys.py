@@ -17,6 +17,7 @@ from loraplex.cli.registry_access import (
     command_group,
     failures,
     listed,
+    next_page,
     one_page,
     opened,
     utc_time,
@@ -71,14 +72,13 @@ def list_keys(
     """List API keys (ids and state; tokens are never stored), by tenant, then age: one page,
     and on stderr the --after of the next one when more follow."""
     with failures(), opened(location.config()) as registry:
-        keys, more = one_page(
+        keys, next_after = one_page(
             lambda page: registry.list_keys(tenant, page), lambda key: key.key_id, after, limit
         )
     for key in keys:
         state = "active" if key.revoked_at is None else f"revoked {utc_time(key.revoked_at)}"
         typer.echo(f"{key.key_id}\t{key.tenant}\tcreated {utc_time(key.created_at)}\t{state}")
-    if more:
-        typer.echo(f"more keys follow: the next page is --after {keys[-1].key_id}", err=True)
+    next_page("keys", next_after)
 
 
 def revoke_key(
