@@ -7,8 +7,10 @@ field, the value that was seen and what was expected.
 
 from __future__ import annotations
 
+import difflib
 import itertools
 import reprlib
+from collections.abc import Iterable
 
 # The longest prefix of a caller's value an error message repeats: a 900 KB name must not come
 # back whole in an error body (or a log line).
@@ -52,6 +54,13 @@ def quoted(value: object) -> str:
     if isinstance(value, (list, tuple, dict)):
         return clipped(_SHORT_REPR.repr(value))
     return clipped(repr(value))
+
+
+def nearest(word: str, choices: Iterable[str]) -> str | None:
+    """The choice nearest ``word`` (difflib's similarity ratio 0.6 or more), for a message's
+    "did you mean"; None: none is that near."""
+    near = difflib.get_close_matches(word, list(choices), n=1)
+    return near[0] if near else None
 
 
 class LoraplexError(Exception):

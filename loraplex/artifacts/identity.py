@@ -28,9 +28,14 @@ def sha256_file(path: Path) -> str:
     return digest.hexdigest()
 
 
+def is_name(value: str) -> bool:
+    """Whether ``value`` may name a tenant, adapter or revision (``check_name``)."""
+    return _NAME.fullmatch(value) is not None
+
+
 def check_name(field: str, value: str) -> str:
     """Tenant, adapter and revision names: 1-128 of ``[A-Za-z0-9._-]``, not starting with a dot."""
-    if not _NAME.fullmatch(value):
+    if not is_name(value):
         raise ValueError(
             f"{field} {quoted(value)} is invalid; expected 1-128 characters of [A-Za-z0-9._-] "
             "starting with a letter or digit"

@@ -8,6 +8,7 @@ from typing import Annotated
 
 import typer
 
+from loraplex.artifacts.identity import is_name
 from loraplex.cli.registry_access import (
     Actor,
     After,
@@ -15,11 +16,15 @@ from loraplex.cli.registry_access import (
     acting,
     command_group,
     failures,
+    listed,
+    next_page,
     one_page,
     opened,
     utc_time,
 )
 from loraplex.cli.registry_location import Location, located
+from loraplex.errors import RecordNotFoundError, nearest
+from loraplex.registry import Registry
 from loraplex.registry.sql.paging import DEFAULT_PAGE
 
 
@@ -38,9 +43,23 @@ def create_key(
 ) -> None:
     """Create an API key. The token is printed once and cannot be shown again."""
     with failures(), opened(location.config()) as registry:
-        issued = registry.create_key(tenant, acting(actor))
+        try:
+            issued = registry.create_key(tenant, acting(actor))
+        except RecordNotFoundError as exc:  # the tenant (the only record it looks up)
+            raise RecordNotFoundError(f"{exc}{_tenant_hint(registry, tenant)}") from None
     typer.echo(f"key id {issued.key_id} for tenant {issued.tenant}; token (shown once):", err=True)
     typer.echo(issued.token)
+
+
+def _tenant_hint(registry: Registry, name: str) -> str:
+    """What to do about a tenant ``name`` that does not exist: the nearest one's name, if any
+    is near, and how to create it."""
+    names = (t.name for t in listed(registry.list_tenants, lambda t: t.name))
+    near = nearest(name, names)
+    hint = "" if near is None else f"; did you mean {near}?"
+    if is_name(name):
+        hint += f" (`loraplex tenants create {name}` creates it)"
+    return hint
 
 
 def list_keys(
@@ -53,14 +72,13 @@ def list_keys(
     """List API keys (ids and state; tokens are never stored), by tenant, then age: one page,
     and on stderr the --after of the next one when more follow."""
     with failures(), opened(location.config()) as registry:
-        keys, more = one_page(
+        keys, next_after = one_page(
             lambda page: registry.list_keys(tenant, page), lambda key: key.key_id, after, limit
         )
     for key in keys:
         state = "active" if key.revoked_at is None else f"revoked {utc_time(key.revoked_at)}"
         typer.echo(f"{key.key_id}\t{key.tenant}\tcreated {utc_time(key.created_at)}\t{state}")
-    if more:
-        typer.echo(f"more keys follow: the next page is --after {keys[-1].key_id}", err=True)
+    next_page("keys", next_after)
 
 
 def revoke_key(

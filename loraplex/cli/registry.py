@@ -17,10 +17,14 @@ import typer
 from loraplex.artifacts.base_model import BaseModelSpec
 from loraplex.cli.registry_access import (
     Actor,
+    After,
+    Limit,
     acting,
     command_group,
     failures,
     listed,
+    next_page,
+    one_page,
     opened,
     provenance_line,
     targets_text,
@@ -36,6 +40,7 @@ from loraplex.registry import (
     Visibility,
     WarmPolicy,
 )
+from loraplex.registry.sql.paging import DEFAULT_PAGE
 
 BaseModelDir = Annotated[
     Path, typer.Option(envvar="LORAPLEX_BASE_MODEL", help="The served base model directory")
@@ -158,21 +163,28 @@ def list_adapters(
     tenant: Annotated[
         str | None, typer.Option(help="Only what this tenant may use (default: every adapter)")
     ] = None,
+    *,
+    limit: Limit = DEFAULT_PAGE,
+    after: After = None,
 ) -> None:
-    """List adapters with their alias targets."""
+    """List adapters with their alias targets, by tenant and name: one page, and on stderr the
+    --after (tenant/name) of the next one when more follow."""
     with failures(), opened(location.config()) as registry:
-        found = listed(
+        found, next_after = one_page(
             lambda page: (
                 registry.list_adapters(None, page)
                 if tenant is None
                 else registry.usable_adapters(tenant, page)
             ),
             lambda adapter: adapter.ref,
+            after,
+            limit,
         )
         for adapter in found:
             alias = registry.get_alias(adapter.tenant, adapter.name)
             split = "" if alias is None else targets_text(alias.targets)
             typer.echo(f"{adapter.ref}\t{adapter.visibility.value}\t{split}")
+    next_page("adapters", next_after)
 
 
 def show_adapter(
@@ -238,11 +250,19 @@ def create_tenant(
 
 def list_tenants(
     location: Location,
+    *,
+    limit: Limit = DEFAULT_PAGE,
+    after: After = None,
 ) -> None:
-    """List tenants and their limits."""
+    """List tenants and their limits, by name: one page, and on stderr the --after of the next
+    one when more follow."""
     with failures(), opened(location.config()) as registry:
-        for tenant in listed(registry.list_tenants, lambda tenant: tenant.name):
-            typer.echo(limits_line(tenant))
+        tenants, next_after = one_page(
+            registry.list_tenants, lambda tenant: tenant.name, after, limit
+        )
+    for tenant in tenants:
+        typer.echo(limits_line(tenant))
+    next_page("tenants", next_after)
 
 
 def limits_line(tenant: Tenant) -> str:

@@ -40,18 +40,18 @@ def command_group(app: typer.Typer, name: str, help_text: str) -> typer.Typer:
 
 
 def listed(read: Callable[[Page], Sequence[T]], cursor: Callable[[T], str]) -> Iterator[T]:
-    """Every row of a registry listing, ``LIST_PAGE`` rows per read, as they are printed: a
-    ``list`` command prints everything (the admin API answers one page a call; the CLI follows
-    the pages itself), and never holds more than a page or one transaction for all of it."""
+    """Every row of a registry listing, ``LIST_PAGE`` rows per read, as they are used (``adapters
+    show``'s revisions): never more than a page in memory or one transaction for all of it."""
     return every_row(read, cursor, LIST_PAGE)
 
 
 def one_page(
     read: Callable[[Page], Sequence[T]], cursor: Callable[[T], str], after: str | None, limit: int
-) -> tuple[list[T], bool]:
+) -> tuple[list[T], str | None]:
     """At most ``limit`` rows of a registry listing after the row ``after`` names (``--limit``,
-    ``--after``), as the admin API pages it, and whether rows follow them (a full page is
-    followed by a one-row read). A value the listing refuses is refused naming its flag."""
+    ``--after``), as the admin API pages it, and the ``--after`` of the next page (None: no row
+    follows; a full page is followed by a one-row read). A value the listing refuses is refused
+    naming its flag. What every ``list`` command prints (``next_page``: the line after it)."""
     try:
         page = Page(after, limit)
         rows = list(read(page))
@@ -59,7 +59,15 @@ def one_page(
         if exc.param not in ("after", "limit"):
             raise
         raise typer.BadParameter(str(exc), param_hint=f"--{exc.param}") from None
-    return rows, len(rows) == limit and bool(read(Page(cursor(rows[-1]), 1)))
+    more = len(rows) == limit and bool(read(Page(cursor(rows[-1]), 1)))
+    return rows, cursor(rows[-1]) if more else None
+
+
+def next_page(what: str, after: str | None) -> None:
+    """On stderr, after a page that more rows follow (``after``: ``one_page``'s), how to get
+    them; nothing after the last page."""
+    if after is not None:
+        typer.echo(f"more {what} follow: the next page is --after {after}", err=True)
 
 
 @contextlib.contextmanager

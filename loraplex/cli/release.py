@@ -17,10 +17,21 @@ import typer
 from loraplex.artifacts.base_model import BaseModelSpec
 from loraplex.cli import alias
 from loraplex.cli.alias import split_alias
-from loraplex.cli.registry_access import Actor, acting, command_group, failures, listed, opened
+from loraplex.cli.registry_access import (
+    Actor,
+    After,
+    Limit,
+    acting,
+    command_group,
+    failures,
+    next_page,
+    one_page,
+    opened,
+)
 from loraplex.cli.registry_location import Location, located
 from loraplex.cli.release_input import parse_duration, parse_ladder, read_probes
 from loraplex.cli.release_show import headline, release_dict, show_release
+from loraplex.registry.sql.paging import DEFAULT_PAGE
 from loraplex.release.model import ReleasePlan, Thresholds
 from loraplex.release.store import ReleaseStore
 
@@ -147,16 +158,23 @@ def list_releases(
     show_all: Annotated[bool, typer.Option("--all", help="Finished releases too")] = False,
     tenant: Annotated[str | None, typer.Option(help="Only this tenant's")] = None,
     as_json: Json = False,
+    *,
+    limit: Limit = DEFAULT_PAGE,
+    after: After = None,
 ) -> None:
-    """Releases in flight (``--all``: every release), oldest first."""
+    """Releases in flight (``--all``: every release), oldest first: one page, and on stderr the
+    --after (a release id) of the next one when more follow."""
     with failures(), opened(location.config()) as registry:
         store = ReleaseStore(registry)
-        found = listed(
+        found, next_after = one_page(
             lambda page: store.list_releases(include_terminal=show_all, tenant=tenant, page=page),
             lambda release: release.release_id,
+            after,
+            limit,
         )
-        if as_json:
-            typer.echo(json.dumps([release_dict(r) for r in found], indent=2))
-            return
+    if as_json:
+        typer.echo(json.dumps([release_dict(r) for r in found], indent=2))
+    else:
         for release in found:
             typer.echo(headline(release))
+    next_page("releases", next_after)

@@ -303,6 +303,8 @@ async def _take_token(limiter: TenantRateLimiter, tenant: Tenant) -> None:
 # tenant's reached /admin), so a gateway that checked or set the last one was shown another
 # caller than the one served; likewise ``X-Request-Id``, ``X-Session-Id`` (which revision of a
 # release answers), ``Content-Type`` and ``Content-Encoding`` (``identity`` first hid ``gzip``).
+# ``traceparent`` is not here: given twice it is invalid, a new trace, never an error (W3C Trace
+# Context; ``observed.start_trace``).
 SINGLE_HEADERS = {
     "authorization": "Authorization",
     "content-type": "Content-Type",

@@ -58,14 +58,19 @@ def start_trace(
     request: Request, deps: ServerDeps, tenant: Tenant, model: str, operation: str
 ) -> RequestTrace | None:
     """The request's trace (under the caller's W3C ``traceparent`` when valid); None when
-    tracing is off."""
+    tracing is off. A ``traceparent`` given more than once is invalid (W3C Trace Context:
+    combined, the values are no one header's value), so the request starts a new trace, as
+    for any malformed one; the first was used before. Not refused as ``SINGLE_HEADERS`` are:
+    an invalid ``traceparent`` is never an error."""
     tracing = deps.tracing
     if tracing is None:
         return None
     stamps = request.scope.get("state", {}).get(AUTHORIZATION_NS)
     authorization = None if stamps is None else Interval(*stamps)
     subject = Subject(operation, model, tenant.name, tenant.priority.value)
-    return tracing.begin(request.headers.get(TRACEPARENT_HEADER), subject, authorization)
+    given = request.headers.getlist(TRACEPARENT_HEADER)
+    traceparent = given[0] if len(given) == 1 else None
+    return tracing.begin(traceparent, subject, authorization)
 
 
 class Observed:

@@ -10,7 +10,7 @@ from typing import Annotated
 
 from fastapi import APIRouter, Query
 
-from loraplex.artifacts.identity import MAX_NAME_CHARS
+from loraplex.artifacts.identity import is_name
 from loraplex.registry import Adapter, Revision
 from loraplex.registry.sql.paging import (
     DEFAULT_PAGE,
@@ -108,7 +108,7 @@ def _adapter_cursor(after: str | None, caller: str, deps: ServerDeps) -> str | N
         return None
     if "/" in after:
         return after
-    if len(after) > MAX_NAME_CHARS:  # no adapter's name: not a card of this list
+    if not is_name(after):  # no adapter's name (``%FF`` read as U+FFFD): not a card of this list
         raise unknown_cursor(after, "model of this list")
     return f"{caller}/{after}"
 

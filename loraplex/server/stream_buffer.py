@@ -32,7 +32,11 @@ unless the engine keeps them, ``engine/sched/kept_kv.py``) until
 the writer takes the buffer again, which it does only once its client has read. A client that
 never reads again is cut off at the listener's write timeout, which ends the request. The
 overflow abort stays as the bound for an engine that cannot pause, and for a ``pause_bytes`` at
-or above ``max_bytes`` (then a stream is never paused). A resume whose KV was not kept
+or above ``max_bytes`` (then a stream is never paused). NOTE: the pause is advisory and taken
+between steps, so what arrives after it (the step in flight, what the pumps hold) is put and
+counted like the rest: ``pause_bytes`` must leave that much room below ``max_bytes`` (16.6-33.2
+KB of the defaults' 192 KiB at 16 choices with 20 logprobs, ``test_paused_stream_bound.py``).
+A resume whose KV was not kept
 recomputes the request's prompt and output so far, so a client that keeps falling behind
 (reading a byte at a time) could have the engine recompute again and again: past
 ``max_resumes`` resumes, a client that reads again gets what was buffered and the

@@ -96,6 +96,23 @@ def test_errors_exit_with_status_1(cli_env: dict[str, str]) -> None:
     _run(cli_env, "tenants", "create", "real")
     out = _run(cli_env, "keys", "create", "ghost", code=1)
     assert "error: tenant 'ghost' does not exist" in out
+    assert "did you mean" not in out  # no tenant's name is near
+    assert "(`loraplex tenants create ghost` creates it)" in out
+
+
+def test_a_key_for_a_tenant_that_does_not_exist_names_the_nearest(
+    cli_env: dict[str, str],
+) -> None:
+    """The error said only that the tenant does not exist."""
+    for name in ("acme", "globex"):
+        _run(cli_env, "tenants", "create", name)
+    out = _run(cli_env, "keys", "create", "acmee", code=1)
+    assert out == (
+        "error: tenant 'acmee' does not exist; did you mean acme? "
+        "(`loraplex tenants create acmee` creates it)\n"
+    )
+    out = _run(cli_env, "keys", "create", "glob ex", code=1)  # no name: nothing to create
+    assert out == "error: tenant 'glob ex' does not exist; did you mean globex?\n"
     out = _run(cli_env, "tenants", "create", "bad/name", code=1)
     assert "error: tenant 'bad/name' is invalid" in out
 

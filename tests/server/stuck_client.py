@@ -63,9 +63,13 @@ def long_stream(num_choices: int) -> dict[str, object]:
 
 
 def open_not_reading(
-    address: tuple[str, int], listener: uvicorn.Server, server: Server, request: dict[str, object]
+    address: tuple[str, int],
+    listener: uvicorn.Server,
+    server: Server,
+    request: dict[str, object],
+    path: str = "/v1/completions",
 ) -> socket.socket:
-    """A connection that asks for ``request`` (an ``acme`` completions body) and reads none of
+    """A connection that asks for ``request`` (an ``acme`` body for ``path``) and reads none of
     its answer. NOTE: loopback's kernel buffers hold megabytes; both ends' are made small so
     the stall shows after kilobytes."""
     sock = socket.socket()
@@ -88,7 +92,7 @@ def open_not_reading(
     )
     body = json.dumps(request)
     head = (
-        "POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+        f"POST {path} HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
         f"Authorization: Bearer {server.sample_keys['acme']}\r\n"
         f"Content-Length: {len(body)}\r\n\r\n"
     )

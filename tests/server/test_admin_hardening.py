@@ -209,6 +209,28 @@ def test_admin_listings_are_bounded(
 
 
 @pytest.mark.parametrize(
+    "path",
+    [
+        "/admin/adapters?after=%FF",  # a position after every name: an empty page before
+        "/admin/adapters?after=acme/%FF",
+        "/admin/adapters?tenant=acme&after=acme/%FF",
+        "/admin/tenants?after=%FF",
+        "/admin/tenants?after=a/b",  # no tenant's name holds a slash
+        "/admin/keys?after=%FF",
+        "/admin/releases?after=%FF",
+        "/admin/adapters/acme/support?after=%FF",
+    ],
+)
+def test_a_cursor_no_row_could_have_is_a_400_naming_after(rig: Rig, path: str) -> None:
+    """A positional cursor (tenants, adapters) need not name a row, but must be a key one
+    could have; ``%FF`` is read as U+FFFD (the query is not UTF-8), which sorts after every
+    name. The other listings' cursors must name a row, so they were 400s already."""
+    reply = rig.client.get(path, headers=rig.admin)
+    assert reply.status_code == 400, reply.text
+    assert reply.json()["error"]["param"] == "after"
+
+
+@pytest.mark.parametrize(
     ("route", "cursor"),
     [
         ("/admin/adapters", lambda row: f"{row['tenant']}/{row['name']}"),

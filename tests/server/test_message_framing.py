@@ -17,13 +17,14 @@ from urllib.parse import urlsplit
 
 import pytest
 from live import exchange, listening
-from prometheus_client import CollectorRegistry
+from prometheus_client import CollectorRegistry, generate_latest
 from starlette.applications import Starlette
 from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import Route
 
 from loraplex.server.listeners import ConnectionLimits
+from loraplex.server.listeners.unsent import BOTH_FRAMINGS
 
 MAX_HEADER_BYTES = 1024
 
@@ -59,25 +60,36 @@ NEXT = b"GET /next HTTP/1.1\r\nHost: t\r\nConnection: close\r\n\r\n"
 def test_transfer_encoding_with_content_length_is_refused_and_closed(
     served: tuple[tuple[str, int], CollectorRegistry],
 ) -> None:
-    address, _ = served
+    address, registry = served
+    assert _refused_both(registry) == 0
     wire = _chunked([b"hello"], framing=b"Content-Length: 4\r\n")
     response = _exchange(address, wire + NEXT)
     assert response.startswith(b"HTTP/1.1 400 "), response[:100]
     assert b"both Transfer-Encoding and Content-Length" in response
     assert b"/next" not in response  # the request behind it is never served
     assert response.count(b"HTTP/1.1 ") == 1
+    # counted as the parser's other refusals are (it was not: no setting refuses it)
+    assert _refused_both(registry) == 1
+    scraped = generate_latest(registry).decode()
+    assert 'loraplex_http_refused_total{setting="both_framings"} 1.0' in scraped
+
+
+def _refused_both(registry: CollectorRegistry) -> float | None:
+    labels = {"setting": BOTH_FRAMINGS}
+    return registry.get_sample_value("loraplex_http_refused_total", labels)
 
 
 def test_each_framing_alone_is_served_and_kept_alive(
     served: tuple[tuple[str, int], CollectorRegistry],
 ) -> None:
-    address, _ = served
+    address, registry = served
     response = _exchange(address, _chunked([b"hello"]) + NEXT)
     assert response.count(b"HTTP/1.1 200 ") == 2, response
     assert b"/ body 5" in response and b"/next body 0" in response
     sized = b"POST / HTTP/1.1\r\nHost: t\r\nContent-Length: 5\r\n\r\nhello"
     response = _exchange(address, sized + NEXT)
     assert response.count(b"HTTP/1.1 200 ") == 2, response
+    assert _refused_both(registry) == 0
 
 
 def test_chunk_extensions_past_max_header_bytes_in_all_are_refused(

@@ -105,6 +105,10 @@ def test_pages_follow_the_last_id(rig: Rig) -> None:
         ({"after": ""}, "after"),
         ({"after": "a" * (MAX_CURSOR_CHARS + 1)}, "after"),
         ({"after": "a" * 129}, "after"),  # no name of the caller's is that long
+        ({"after": "\ufffd"}, "after"),  # no name holds it: a page past every name before
+        ({"after": "acme/\ufffd"}, "after"),
+        ({"after": "acme/bot/x"}, "after"),
+        ({"after": "acme/"}, "after"),
     ],
 )
 def test_a_page_is_bounded(rig: Rig, params: dict[str, Any], param: str) -> None:
@@ -144,3 +148,12 @@ def test_the_tenant_query_check_leaves_the_routes_own_parameters_alone(rig: Rig)
     assert _ids(rig, limit=1, after=BASE_NAME) == _ids(rig)[1:2]
     reply = rig.client.get("/v1/models?", headers=rig.headers("acme"))  # an empty query string
     assert reply.status_code == 200, reply.text
+
+
+@pytest.mark.parametrize("query", ["after=%FF", "after=acme/%FF", "after=%FF%FE&limit=5"])
+def test_a_cursor_that_is_not_utf_8_is_a_400_naming_after(rig: Rig, query: str) -> None:
+    """The query string is decoded with U+FFFD for bytes that are not UTF-8, a position after
+    every name: the answer was an empty last page (``has_more`` false), as if the list ended."""
+    reply = rig.client.get(f"/v1/models?{query}", headers=rig.headers("acme"))
+    assert reply.status_code == 400, reply.text
+    assert reply.json()["error"]["param"] == "after"

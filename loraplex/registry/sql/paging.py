@@ -15,7 +15,7 @@ from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
-from loraplex.artifacts.identity import MAX_NAME_CHARS
+from loraplex.artifacts.identity import MAX_NAME_CHARS, is_name
 from loraplex.errors import InvalidRequestError, quoted
 from loraplex.registry.sql.db import Row, Tx
 
@@ -55,6 +55,22 @@ class Page:
 def unknown_cursor(after: str, what: str) -> InvalidRequestError:
     """The 400 for an ``after`` that names no row (a typo, or a cursor from another listing)."""
     return InvalidRequestError(f"after {quoted(after)} is not the id of any {what}", "after")
+
+
+def position_names(after: str, num_names: int) -> list[str]:
+    """The ``num_names`` names of a positional cursor (a tenant's name, or ``tenant/name``): it
+    need not name a row (the order is the key's), but it must be a key a row could have.
+    NOTE: any string was a position: ``?after=%FF`` (decoded as U+FFFD, after every name) was
+    an empty last page and a typo like ``acme:bot`` a page from somewhere, not the 400."""
+    names = after.split("/")
+    if len(names) != num_names or not all(is_name(name) for name in names):
+        expected = "a tenant name" if num_names == 1 else "tenant/name"
+        raise InvalidRequestError(
+            f"after {quoted(after)} is invalid; expected {expected} (each 1-{MAX_NAME_CHARS} "
+            "characters of [A-Za-z0-9._-] starting with a letter or digit)",
+            "after",
+        )
+    return names
 
 
 def select(

@@ -9,7 +9,7 @@ from loraplex.errors import quoted
 from loraplex.registry.models import ApiKeyInfo, PriorityClass, Tenant, TenantQuotas
 from loraplex.registry.sql import paging
 from loraplex.registry.sql.db import Row, Tx
-from loraplex.registry.sql.paging import Page, unknown_cursor
+from loraplex.registry.sql.paging import Page, position_names, unknown_cursor
 
 _TENANT_COLUMNS = (
     "name, priority, max_gpu_bytes, max_cpu_bytes, max_disk_bytes, max_cold_loads, "
@@ -75,7 +75,11 @@ def get_tenant(tx: Tx, name: str) -> Tenant | None:
 def list_tenants(tx: Tx, page: Page | None = None) -> list[Tenant]:
     """By name; with ``page``, at most ``page.limit`` after the name ``page.after`` (it need
     not exist: the order is the key's)."""
-    where, params = ([], []) if page is None or page.after is None else (["name > ?"], [page.after])
+    where: list[str] = []
+    params: list[object] = []
+    if page is not None and page.after is not None:
+        (after,) = position_names(page.after, 1)
+        where, params = ["name > ?"], [after]
     rows = paging.select(
         tx,
         f"{_TENANT_COLUMNS} FROM tenants",

@@ -3,7 +3,6 @@ flags over it over the defaults into a ``ServeConfig``."""
 
 from __future__ import annotations
 
-import difflib
 import tomllib
 import types
 import typing
@@ -13,6 +12,7 @@ from dataclasses import fields
 from pathlib import Path
 from typing import Any
 
+from loraplex.errors import nearest
 from loraplex.serve.config.keys import FILE_KEYS, file_key
 from loraplex.serve.config.record import ServeConfig
 
@@ -66,8 +66,8 @@ def _field_names(path: Path, table: dict[str, Any]) -> dict[str, Any]:
     keys = file_keys()
     unknown = sorted(set(table) - keys - set(_DEPRECATED_KEYS))
     if unknown:
-        near = {k: difflib.get_close_matches(k, keys, n=1) for k in unknown}
-        hint = "".join(f" ({k}: did you mean {m[0]}?)" for k, m in near.items() if m)
+        near = {k: nearest(k, keys) for k in unknown}
+        hint = "".join(f" ({k}: did you mean {m}?)" for k, m in near.items() if m)
         raise ValueError(
             f"config file {path}: unknown keys {unknown}{hint}; expected {sorted(keys)}"
         )

@@ -16,6 +16,8 @@ from typing import Any, NoReturn
 import h11
 from h11._readers import ChunkedReader
 
+from loraplex.server.listeners.unsent import BOTH_FRAMINGS
+
 # h11 minor versions whose private fields were checked (0.14 and 0.15 counted the CRLF after a
 # chunk as an int, ``_bytes_to_discard``, not the bytes it must be).
 CHECKED_H11 = ("0.16",)
@@ -69,7 +71,8 @@ class BoundedConnection(h11.Connection):
         self._searched = 0  # bytes of the buffer already searched for the head's end
         self.refusal: str | None = None  # why this connection's request was refused
         self.refusal_status = 400  # the status that refusal is answered with
-        # the setting whose bound refused it; None: no setting's (a malformed request)
+        # the setting whose bound refused it (``BOTH_FRAMINGS``: a request framed twice); None:
+        # no refusal of this class (h11's own, uvicorn's text and status)
         self.refusal_setting: str | None = None
 
     def next_event(self) -> Any:
@@ -128,7 +131,7 @@ class BoundedConnection(h11.Connection):
             self._refuse(
                 "request with both Transfer-Encoding and Content-Length (RFC 9112 section 6.3: "
                 "a request smuggling attempt); send one of them",
-                None,
+                BOTH_FRAMINGS,
             )
 
     def _count_extensions(self, data: bytearray, start: int, line_end: int) -> None:
@@ -183,7 +186,7 @@ class BoundedConnection(h11.Connection):
                 status=431,
             )
 
-    def _refuse(self, reason: str, setting: str | None, status: int = 400) -> NoReturn:
+    def _refuse(self, reason: str, setting: str, status: int = 400) -> NoReturn:
         # NOTE: the client's state stays as it was: mid-body, the close lingers and drops the
         # rest unparsed (``linger.LingeringTransport``), so the client reads the answer before
         # a reset.

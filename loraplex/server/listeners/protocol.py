@@ -260,11 +260,10 @@ class BoundedH11Protocol(H11Protocol):
         """uvicorn's 400 for a request h11 refused, or, when this connection refused it, its
         status (431: too many header lines) and text, counted by the bound's setting."""
         conn = self.conn
-        if not isinstance(conn, BoundedConnection) or conn.refusal is None:
+        if not isinstance(conn, BoundedConnection) or conn.refusal_setting is None:
             super().send_400_response(msg)
             return
-        if conn.refusal_setting is not None:
-            self.counts.refused(conn.refusal_setting)
+        self.counts.refused(conn.refusal_setting)
         status = conn.refusal_status
         headers = [(b"content-type", b"text/plain; charset=utf-8"), (b"connection", b"close")]
         reason = http.HTTPStatus(status).phrase.encode()

@@ -51,6 +51,9 @@ CUT_WRITE_TIMEOUT = "write_timeout"  # its client took too little for ``write_ti
 CUT_UNSENT_BYTES = "unsent_bytes"  # the slowest when the ledger was over its cap
 # The settings whose bounds the HTTP parser refuses requests by (``h11_bounds.py``)
 PARSER_SETTINGS = ("max_header_bytes", "max_header_count", "max_body_chunks")
+# The ``setting`` label of a request the parser refuses by no setting: framed by both
+# Transfer-Encoding and Content-Length (``h11_bounds.py``), uncounted before
+BOTH_FRAMINGS = "both_framings"
 
 
 class Holder(Protocol):
@@ -236,7 +239,7 @@ class ListenerCounts:
 
     def __init__(self) -> None:
         # setting name -> requests refused by it
-        self.num_refused = dict.fromkeys(PARSER_SETTINGS, 0)
+        self.num_refused = dict.fromkeys((*PARSER_SETTINGS, BOTH_FRAMINGS), 0)
         self.num_cut: dict[str, int] = {CUT_WRITE_TIMEOUT: 0, CUT_UNSENT_BYTES: 0}
 
     def refused(self, setting: str) -> None:
@@ -257,7 +260,8 @@ class ListenerCollector(Collector):
         refused = CounterMetricFamily(
             "loraplex_http_refused",
             "Requests refused by a bound of the HTTP parser (a 400 or 431 and a close), by the "
-            "setting that refused them.",
+            f"setting that refused them ({BOTH_FRAMINGS}: framed by both Transfer-Encoding and "
+            "Content-Length).",
             labels=("setting",),
         )
         for setting, count in sorted(self._counts.num_refused.items()):

@@ -4,11 +4,20 @@ or off, the thread binding, the fresh compile caches, and what the JSON line rec
 
 from __future__ import annotations
 
+import json
+import os
+import select
+import signal
+import subprocess
+import sys
+import time
 from dataclasses import replace
 from pathlib import Path
 
 import pytest
 
+import loraplex
+from loraplex.bench.harness.process import free_port, module_command
 from loraplex.bench.peer.assets import PeerAssets, peer_assets
 from loraplex.bench.peer.loraplex_side import (
     REQUEST_LOG,
@@ -19,6 +28,7 @@ from loraplex.bench.peer.loraplex_side import (
 from loraplex.bench.peer.run import matched_record, vllm_bindings
 from loraplex.bench.peer.vllm import (
     GIB,
+    VLLM_SERVER_MODULE,
     PeerSettings,
     VllmServer,
     bound_cores,
@@ -56,7 +66,7 @@ def test_vllm_command_carries_the_matched_settings(s2: PeerAssets) -> None:
     settings = matched_settings(s2, 8, threads=1, vllm_cpu_bind="auto")
     python = Path("/opt/vllm/bin/python")
     command = vllm_command(python, s2, settings, port=8123, api_key="k")
-    assert command[:3] == [str(python), "-m", "vllm.entrypoints.openai.api_server"]
+    assert command[:4] == module_command(str(python), VLLM_SERVER_MODULE)
     assert _value(command, "--model") == str(s2.base_model_dir)
     assert _value(command, "--served-model-name") == s2.base_model_name
     assert (_value(command, "--port"), _value(command, "--api-key")) == ("8123", "k")
@@ -168,3 +178,77 @@ def test_the_record_keeps_the_kv_bytes_and_what_vllm_cpu_kvcache_space_cannot_sa
     assert record["vllm_cpu_kvcache_space"] is None  # left unset: whole GiB only
     assert record["max_num_batched_tokens"] == 512 and record["vllm_cpu_bind"] == "auto"
     assert GIB == 1 << 30
+
+
+# vLLM's server module as a stand-in (vLLM is not installed here): it answers 200 on --port and
+# says its pid
+_STAND_IN = """
+import http.server, os, sys
+port = int(sys.argv[sys.argv.index("--port") + 1])
+class Ok(http.server.BaseHTTPRequestHandler):
+    def do_GET(self):
+        self.send_response(200)
+        self.end_headers()
+print("server", os.getpid(), flush=True)
+http.server.HTTPServer(("127.0.0.1", port), Ok).serve_forever()
+"""
+# A benchmark that starts it as the peer run does, says so, and waits to be killed
+_BENCHMARK = """
+import json, sys, time
+from pathlib import Path
+from loraplex.bench.peer.vllm import vllm_serving
+command, env, port, log = json.loads(sys.argv[1])
+with vllm_serving(command, env, port, Path(log), 60.0):
+    print("ready", flush=True)
+    time.sleep(600)
+"""
+
+
+def _gone(pid: int) -> bool:
+    """Exited (a zombie waiting for init counts: it runs no more)."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except FileNotFoundError:
+        return True
+    return stat.rsplit(")", 1)[1].split()[0] in ("Z", "X")
+
+
+@pytest.mark.skipif(sys.platform != "linux", reason="PR_SET_PDEATHSIG is Linux's")
+def test_a_killed_benchmark_takes_its_vllm_server_with_it(s2: PeerAssets, tmp_path: Path) -> None:
+    """``bench peer`` killed (a timeout's SIGKILL) left ``python -m vllm...`` running, an
+    orphan holding its memory and cores: ``stop_group`` never ran. Now the server's command
+    asks Linux to SIGTERM it when its parent dies, as ``serve_command``'s child does."""
+    package = tmp_path / "stand_in" / "vllm" / "entrypoints" / "openai"
+    package.mkdir(parents=True)
+    for folder in (package, package.parent, package.parent.parent):
+        (folder / "__init__.py").write_text("")
+    (package / "api_server.py").write_text(_STAND_IN)
+    port = free_port()
+    settings = matched_settings(s2, 8, threads=1, vllm_cpu_bind="auto")
+    command = vllm_command(Path(sys.executable), s2, settings, port=port, api_key="k")
+    env = {**os.environ, "PYTHONPATH": str(tmp_path / "stand_in")}
+    log = tmp_path / "vllm.log"
+    root = str(Path(loraplex.__file__).parents[1])
+    benchmark = subprocess.Popen(
+        [sys.executable, "-c", _BENCHMARK, json.dumps([command, env, port, str(log)])],
+        stdout=subprocess.PIPE,
+        env={**os.environ, "PYTHONPATH": root},
+    )
+    server = 0
+    try:
+        assert benchmark.stdout is not None
+        ready, _, _ = select.select([benchmark.stdout], [], [], 60.0)
+        assert ready and benchmark.stdout.readline() == b"ready\n", log.read_text()
+        server = int(log.read_text().split("server ")[1].split()[0])
+        assert not _gone(server)
+        benchmark.kill()
+        benchmark.wait(timeout=10)
+        deadline = time.monotonic() + 10
+        while not _gone(server) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert _gone(server), "the vLLM stand-in outlived the killed benchmark"
+    finally:
+        benchmark.kill()
+        benchmark.wait(timeout=10)
+        if server and not _gone(server):
+            os.kill(server, signal.SIGKILL)
