@@ -12,18 +12,14 @@ from __future__ import annotations
 import threading
 import time
 from collections.abc import AsyncIterator, Iterator
-from urllib.parse import urlsplit
 
 import pytest
-from live import listening
-from prometheus_client import CollectorRegistry
 from starlette.applications import Starlette
 from starlette.requests import Request
 from starlette.responses import StreamingResponse
 from starlette.routing import Route
-from test_slow_answer import SEND_BUFFER_BYTES, WAIT_S, _cut, _read
+from test_slow_answer import WAIT_S, _cut, _read, serving
 
-from loraplex.server.listeners import ConnectionLimits
 from loraplex.server.listeners.buffered import buffered_answers
 from loraplex.server.stream_buffer import EchoEvent, bounded
 
@@ -45,22 +41,7 @@ async def _stream(request: Request) -> StreamingResponse:
 @pytest.fixture
 def serve() -> Iterator[object]:
     """``serve(limits)``: the address and /metrics registry of a listener with ``limits``."""
-    app = Starlette(routes=[Route("/", _stream)])
-    contexts: list[object] = []
-
-    def start(**limits: float) -> tuple[tuple[str, int], CollectorRegistry]:
-        registry = CollectorRegistry()
-        context = listening(
-            app, ConnectionLimits(send_buffer_bytes=SEND_BUFFER_BYTES, **limits), registry
-        )  # type: ignore[arg-type]
-        url, _ = context.__enter__()
-        contexts.append(context)
-        parts = urlsplit(url)
-        return (parts.hostname or "", parts.port or 0), registry
-
-    yield start
-    for context in contexts:
-        context.__exit__(None, None, None)  # type: ignore[attr-defined]
+    yield from serving(Starlette(routes=[Route("/", _stream)]))
 
 
 def test_past_the_unsent_cap_the_slowest_stream_is_cut_and_the_others_served(serve) -> None:

@@ -37,8 +37,12 @@ async def _answer(request: Request) -> Response:
 
 @pytest.fixture
 def serve() -> Iterator[object]:
-    """``serve(limits)``: the address and /metrics registry of a listener with ``limits``."""
-    app = Starlette(routes=[Route("/", _answer)])
+    yield from serving(Starlette(routes=[Route("/", _answer)]))
+
+
+def serving(app: Starlette) -> Iterator[object]:
+    """A fixture's body: yields ``serve(limits)``, the address and /metrics registry of a
+    listener of ``app`` with ``limits``; every listener started is stopped afterwards."""
     with_limits: list[object] = []
 
     def start(**limits: float) -> tuple[tuple[str, int], CollectorRegistry]:
