@@ -3,10 +3,11 @@
 An operator's (or a release's) pin, unpin, prefetch, eviction and warm policy apply to every
 healthy replica, and a pin's future completes only once every one of them holds the copy (the
 release controller's prewarm thus waits for the whole fleet before it probes and moves the
-alias). Standing pins, warm policies and tenant settings are remembered and replayed on a
-replica that joins later (a replacement after a crash, a scale-up), so it serves the same set.
-A standing pin is one per (revision, tier), as in a replica's cache: pinning twice and unpinning
-once lifts it.
+alias). Standing pins, warm policies and tenant settings are kept the same on every replica by
+``standing.FleetStanding``: a replica that joins later (a replacement after a crash, a
+scale-up) gets them, and one that was out of rotation when a pin went out or was lifted is
+brought in line when it is back. A standing pin is one per (revision, tier), as in a replica's
+cache: pinning twice and unpinning once lifts it.
 
 Reads answer from the board: ``summary`` sums the healthy replicas' summaries, ``is_resident``
 is true when any healthy replica holds the copy, ``snapshot`` lists every healthy replica's
@@ -18,7 +19,7 @@ from __future__ import annotations
 import logging
 import threading
 from collections import Counter
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from concurrent.futures import Future
 from dataclasses import replace
 from typing import Any
@@ -27,21 +28,17 @@ from loraplex.artifacts.identity import AdapterKey
 from loraplex.artifacts.warm_policy import WarmPolicy
 from loraplex.engine.tenant_shares import TenantSettings
 from loraplex.engine.transport.messages import (
-    CacheCommand,
     Dedicate,
     Evict,
     HoldMerges,
-    Pin,
     Prefetch,
-    SetWarm,
     Snapshot,
-    Unpin,
-    UpdateTenants,
 )
 from loraplex.errors import CapacityError, EngineUnavailableError
 from loraplex.fleet.board import BoardEntry
 from loraplex.fleet.link import FleetLink
 from loraplex.fleet.report_cache import SEQ_KEY, DecodedReports
+from loraplex.fleet.standing import FleetStanding
 from loraplex.residency.cache.view import CacheSummary, ResidencySnapshot
 from loraplex.residency.ledger import Tier
 from loraplex.residency.stats import CacheStatsSnapshot, StageSummary
@@ -58,13 +55,8 @@ class FleetCache:
 
     def __init__(self, link: FleetLink) -> None:
         self._link = link
-        self._lock = threading.Lock()
-        self._pins: set[tuple[AdapterKey, Tier]] = set()  # standing pins
-        self._warm: dict[AdapterKey, WarmPolicy] = {}  # non-default warm policies
-        self._tenants: dict[str, TenantSettings] | None = None  # the last settings sent
-        self._known: set[str] = set()  # replicas that got the standing state
+        self._standing = FleetStanding(link)  # pins, warm policies, tenants: on every replica
         self._reports = DecodedReports()  # the board's reports, decoded once each
-        link.on_entries(self._replay_to_new)
 
     # --- reads ---------------------------------------------------------------------------
 
@@ -106,34 +98,23 @@ class FleetCache:
     # --- changes (every healthy replica) -----------------------------------------------------
 
     def pin(self, key: AdapterKey, tier: Tier) -> Future[None]:
-        with self._lock:
-            self._pins.add((key, tier))
-        return self._everywhere(Pin(key, tier))
+        return _all_or_unavailable(list(self._standing.pin(key, tier).values()))
 
     def prefetch(self, key: AdapterKey, tier: Tier) -> Future[None]:
-        return self._everywhere(Prefetch(key, tier))
+        return _all_or_unavailable(list(self._link.call_each(Prefetch(key, tier)).values()))
 
     def unpin(self, key: AdapterKey, tier: Tier) -> None:
-        with self._lock:
-            self._pins.discard((key, tier))
-        self._wait(self._link.call_each(Unpin(key, tier)))
+        self._wait(self._standing.unpin(key, tier))
 
     def evict(self, key: AdapterKey, tier: Tier) -> bool:
         return any(self._wait(self._link.call_each(Evict(key, tier))).values())
 
     def set_warm_policy(self, key: AdapterKey, warm: WarmPolicy | None) -> None:
-        with self._lock:
-            if warm is None or warm is WarmPolicy.ON_DEMAND:
-                self._warm.pop(key, None)
-            else:
-                self._warm[key] = warm
-        self._wait(self._link.call_each(SetWarm(key, warm)))
+        self._wait(self._standing.set_warm(key, warm))
 
     def update_tenant_settings(self, settings: Mapping[str, TenantSettings]) -> None:
         """Every tenant's settings to every replica (the admin API changed a tenant)."""
-        with self._lock:
-            self._tenants = dict(settings)
-        self._wait(self._link.call_each(UpdateTenants(dict(settings))))
+        self._wait(self._standing.update_tenants(dict(settings)))
 
     # --- internals -----------------------------------------------------------------------
 
@@ -149,42 +130,18 @@ class FleetCache:
     def _healthy(self) -> list[BoardEntry]:
         return [e for e in self._link.entries() if e.healthy]
 
-    def _everywhere(self, command: CacheCommand) -> Future[None]:
-        futures = list(self._link.call_each(command).values())
-        if not futures:
-            failed: Future[None] = Future()
-            failed.set_exception(EngineUnavailableError("no engine replica is in rotation"))
-            return failed
-        return all_of(futures)
-
     def _wait(self, futures: dict[str, Future[Any]]) -> dict[str, Any]:
         return {rid: f.result(SYNC_CALL_TIMEOUT_S) for rid, f in futures.items()}
 
-    def _replay_to_new(self, entries: list[BoardEntry]) -> None:
-        """Standing pins, warm policies and tenant settings to replicas seen the first time
-        (runs on the link's thread after each board poll; the calls run on its loop)."""
-        new = [e.replica_id for e in entries if e.healthy and e.replica_id not in self._known]
-        if not new:
-            return
-        self._known.update(new)
-        with self._lock:
-            commands: list[CacheCommand] = []
-            if self._tenants is not None:
-                commands.append(UpdateTenants(dict(self._tenants)))
-            commands += [SetWarm(key, warm) for key, warm in self._warm.items()]
-            commands += [Pin(key, tier) for (key, tier) in self._pins]
-        for command in commands:
-            for replica_id, future in self._link.call_each(command, new).items():
-                future.add_done_callback(_failure_logger(replica_id, command))
 
-
-def _failure_logger(replica_id: str, command: CacheCommand) -> Callable[[Future[Any]], None]:
-    def log_failure(future: Future[Any]) -> None:
-        error = None if future.cancelled() else future.exception()
-        if error is not None:
-            _log.warning("fleet: replaying %s on replica %s failed: %s", command, replica_id, error)
-
-    return log_failure
+def _all_or_unavailable(futures: list[Future[None]]) -> Future[None]:
+    """Done when every one of ``futures`` is; failed at once when there is none (no replica
+    is in rotation)."""
+    if not futures:
+        failed: Future[None] = Future()
+        failed.set_exception(EngineUnavailableError("no engine replica is in rotation"))
+        return failed
+    return all_of(futures)
 
 
 def sum_stats(stats: list[CacheStatsSnapshot]) -> CacheStatsSnapshot:
