@@ -27,9 +27,15 @@ connection at the very instant the server closes it, and a POST lost that way ca
 blindly: a request whose first bytes reached the server is never cut, and the quietest connection
 is the least likely to have one on the wire. (A grace instead, closing only connections quiet for
 a while, let a tenant that touched all its connections within it keep every newcomer out.) When
-that tenant has no such connection, its oldest one not yet draining is told to close after its
+that tenant has no such connection, the one of its connections whose request body has been due
+longest, at least ``RECEIVING_GRACE_S`` after its head, is cut (that request was not handled: its
+body never came); failing that, its oldest one not yet draining is told to close after its
 answer (``drain``: the request in flight, or the next one, is answered with ``Connection:
-close``), and the newcomer is closed; its retry finds the room. NOTE:
+close``), and the newcomer is closed; its retry finds the room. NOTE: a drain freed nothing
+while a request's body was due, so a tenant that held ``max_connections`` connections, each
+with a head sent and its body never finished, shut every other tenant out until
+``body_read_timeout_s`` answered them, and took the room back at once (attack round 18:
+1 of 90 new connections of another tenant served in 45 s). NOTE:
 without this, one tenant's key made every connection it opened unevictable: a tenant that kept
 ``max_connections`` connections open (from two addresses at the defaults), each kept alive by a
 cheap request every few seconds, had every other tenant's new connections closed at accept.
@@ -52,6 +58,10 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metri
 from prometheus_client.registry import Collector
 
 from loraplex.clock import Clock
+
+# Seconds a request's body may be due after its head before, at ``max_connections``, its connection
+# (of the tenant holding the most) is cut for a newcomer: one still arriving is left alone.
+RECEIVING_GRACE_S = 1.0
 
 # The scope state key under which the listener leaves the call that marks the request's
 # connection authenticated (absent outside ``loraplex serve``'s listener, e.g. in TestClient).
@@ -111,6 +121,15 @@ class Member(Protocol):
 
     def drain(self) -> None:
         """Close it after its next answer (``Connection: close``), the one in flight if any."""
+        ...
+
+    def receiving_s(self) -> float | None:
+        """Seconds since the head of its request whose body is still due (nothing of the
+        answer sent); None otherwise."""
+        ...
+
+    def cut_body(self) -> None:
+        """Close it with a reset, its request's body still due (``receiving_s``)."""
         ...
 
 
@@ -212,10 +231,10 @@ class ConnectionGate:
         return True
 
     def _evict_largest_tenants_idle(self) -> bool:
-        """Closes the quietest connection of the tenant holding the most open connections;
-        without one, drains its oldest connection not yet draining and returns False (only at
-        ``max_connections``: an address's cap still closes none of them, as the NOTE of
-        docs/operations.md on shared addresses says)."""
+        """Closes the quietest connection of the tenant holding the most open connections, else
+        its slowest body past ``RECEIVING_GRACE_S``; without either, drains its oldest connection
+        not yet draining and returns False (only at ``max_connections``: an address's cap still
+        closes none of them, as the NOTE of docs/operations.md on shared addresses says)."""
         largest = max(self._by_tenant.values(), key=len, default=OrderedDict())
         quiet = [(q, i, m) for i, m in enumerate(largest) if (q := m.quiet_s()) is not None]
         for _, _, member in sorted(quiet, key=lambda x: (-x[0], x[1])):
@@ -223,6 +242,13 @@ class ConnectionGate:
                 self.release(member)
                 self.num_evicted += 1
                 return True
+        due = [(r, m) for m in largest if (r := m.receiving_s()) is not None]
+        slowest = max(due, key=lambda x: x[0], default=None)
+        if slowest is not None and slowest[0] >= RECEIVING_GRACE_S:
+            slowest[1].cut_body()
+            self.release(slowest[1])
+            self.num_evicted += 1
+            return True
         for member in largest:
             if member not in self._draining:
                 self._draining.add(member)
@@ -291,7 +317,7 @@ class GateCollector(Collector):
         yield CounterMetricFamily(
             "loraplex_connections_evicted",
             "Idle connections closed to make room for a new one (unauthenticated ones, or at "
-            "max_connections the largest tenant's).",
+            "max_connections the largest tenant's, or its slowest request body).",
             value=gate.num_evicted,
         )
         yield CounterMetricFamily(

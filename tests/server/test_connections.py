@@ -34,13 +34,21 @@ WAIT_S = 5.0
 
 
 class FakeMember:
-    def __init__(self, idle: bool = True, quiet: float | None = 1.0, unread: bool = False) -> None:
+    def __init__(
+        self,
+        idle: bool = True,
+        quiet: float | None = 1.0,
+        unread: bool = False,
+        receiving: float | None = None,
+    ) -> None:
         self.idle = idle
         # seconds since its last traffic when idle with nothing of a next request received
         self.quiet = quiet if idle else None
         self.unread = unread  # a request waits unread in its socket: not closed
+        self.receiving = None if idle else receiving  # seconds its request's body has been due
         self.evicted = False
         self.drained = False
+        self.body_cut = False
 
     def is_idle(self) -> bool:
         return self.idle
@@ -56,6 +64,12 @@ class FakeMember:
 
     def drain(self) -> None:
         self.drained = True
+
+    def receiving_s(self) -> float | None:
+        return self.receiving
+
+    def cut_body(self) -> None:
+        self.body_cut = True
 
 
 def _gate(**limits: int) -> tuple[ConnectionGate, ManualClock]:

@@ -143,6 +143,7 @@ class BoundedH11Protocol(H11Protocol):
         self._reset_timer: asyncio.TimerHandle | None = None  # half-closed: polls for a reset
         self._active_at = self.loop.time()  # last byte received or answer completed
         self._draining = False  # the gate asked it to close after its next answer
+        self._body_due_at: float | None = None  # the head of a request whose body is due
 
     def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
         lingering = LingeringTransport(transport, self, self.limits.linger_s)
@@ -201,6 +202,19 @@ class BoundedH11Protocol(H11Protocol):
         self._draining = True
         self._close_after_cycle()
 
+    def receiving_s(self) -> float | None:
+        """Seconds since the head of the request whose body is still due, nothing of its
+        answer sent (``connections.Member``)."""
+        cycle, due_at = self.cycle, self._body_due_at
+        if due_at is None or cycle is None or cycle.response_started:
+            return None
+        return None if self.transport.is_closing() else self.loop.time() - due_at
+
+    def cut_body(self) -> None:
+        """Closed with a reset by the gate for a newcomer, its request's body still due
+        (``connections.Member``): the app sees a disconnect, as for any client gone."""
+        refuse(self.transport)
+
     def _close_after_cycle(self) -> None:
         cycle = self.cycle
         if not self._draining or cycle is None or cycle.response_complete:
@@ -212,6 +226,10 @@ class BoundedH11Protocol(H11Protocol):
     def handle_events(self) -> None:
         super().handle_events()
         self._close_after_cycle()
+        if self.conn.their_state is not h11.SEND_BODY:
+            self._body_due_at = None
+        elif self._body_due_at is None:
+            self._body_due_at = self.loop.time()
 
     def _on_authenticated(self, tenant: str | None = None) -> None:
         self.gate.authenticated(self, tenant)
