@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import os
 from collections.abc import Iterator
+from typing import Any
 
 import pytest
 
@@ -55,3 +56,19 @@ def pytest_runtest_teardown(item: pytest.Item, nextitem: pytest.Item | None) -> 
         import ray
 
         ray.shutdown()
+
+
+def deploy_fleet(config: Any, engine_replicas: int, wait_s: float) -> tuple[str, Any]:
+    """Prepares ``config``'s data dir (a ``ServeConfig``), deploys a fleet of
+    ``engine_replicas`` on the cluster and waits for its ingress: (its URL, the ``Prepared``)."""
+    from loraplex.fleet import control
+    from loraplex.fleet.settings import FleetSettings
+
+    prepared = control.prepare(config)
+    settings = FleetSettings(
+        serve=config, model_dir=prepared.model_dir, engine_replicas=engine_replicas
+    )
+    control.deploy(settings)
+    url = control.base_url(config)
+    control.wait_ready(url, wait_s)
+    return url, prepared

@@ -102,9 +102,10 @@ def bench_sim(
         int | None,
         typer.Option(
             help="Simulate each fleet trace this many more times, its replicas named by fresh "
-            "Ray-like random ids each time (Ray draws a deployment's; the router's placement "
-            "hashes them), and compare the real runs' hit ratios with these simulations' mean "
-            "(default 16; 0: the simulator's own names alone)."
+            "Ray-like random ids each time, and compare the real runs' hit ratios with these "
+            "simulations' mean: for runs of a fleet that placed by Ray's random replica ids "
+            "(before 2026-12-06; a fleet now places by rank, as the simulator does) "
+            "(default 0: the simulator's own rank names alone)."
         ),
     ] = None,
     no_scale: Annotated[

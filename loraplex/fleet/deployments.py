@@ -39,6 +39,7 @@ from loraplex.engine.transport.packed_errors import pack_error
 from loraplex.errors import EngineUnavailableError
 from loraplex.fleet.board import PUSH_INTERVAL_S, BoardEntry
 from loraplex.fleet.board_store import find_store, start_store
+from loraplex.fleet.routing import RANK_KEY
 from loraplex.fleet.settings import FleetSettings
 from loraplex.fleet.wire import Accepted, Failed, RouteHint
 
@@ -127,7 +128,7 @@ class EngineDeploymentImpl:
 
     async def record_routing_stats(self) -> dict[str, Any]:
         # NOTE: off the event loop (it reads the cache under its lock), like every cache read
-        return await asyncio.to_thread(self._replica.routing_stats)
+        return _with_rank(await asyncio.to_thread(self._replica.routing_stats))
 
     def check_health(self) -> None:
         self._replica.check_health()
@@ -145,7 +146,7 @@ class EngineDeploymentImpl:
             try:
                 if self._store is None:
                     self._store = find_store()
-                pushed = self._store.put.remote(self._replica.status())
+                pushed = self._store.put.remote(_with_rank(self._replica.status()))
                 ray.get(pushed, timeout=STORE_CALL_TIMEOUT_S)
                 failing = False
             except Exception:  # the board (re)starting: find it and push again next time
@@ -153,6 +154,16 @@ class EngineDeploymentImpl:
                 if not failing:  # once per run of failures, not every PUSH_INTERVAL_S
                     _log.warning("fleet: pushing status to the board failed", exc_info=True)
                 failing = True
+
+
+def _with_rank(stats: dict[str, Any]) -> dict[str, Any]:
+    """``stats`` (routing stats, a board status) with this replica's deployment rank, which the
+    router places by instead of its random id (``routing.PlacementNames``). Read every time:
+    Ray may move a live replica to another rank (its reconfigure after a scale-down)."""
+    rank = serve.get_replica_context().rank
+    if rank is not None:
+        stats[RANK_KEY] = rank.rank
+    return stats
 
 
 class FleetListenerImpl:

@@ -5,7 +5,9 @@ Ray Serve calls ``choose_replicas`` in the process that holds the engine deploym
 ``record_routing_stats()`` hands Ray its encoded ``ReplicaReport`` (every
 ``request_routing_stats_period_s``); this router decodes it, stamps it on its own clock with
 when it was made (``routing.ReportStamps``: replica clocks are not comparable, so the replica's
-``at_s`` plus the smallest offset seen from it), and asks ``Router.choose`` for the ranking.
+``at_s`` plus the smallest offset seen from it), and asks ``Router.choose`` for the ranking,
+naming each replica by its deployment rank (``routing.PlacementNames``: ``rank-0``, .. where its
+stats carry one), not by Ray's random id: a revision's placement is a hash of these names.
 A malformed report counts as none (that replica keeps its previous report, if fresh). A
 replica whose stats say its engine is not up (down, or hung: ``engine/watchdog.py``), or whose
 latest report is older than ``stale_after_s`` (its whole process frozen or unreachable: Ray
@@ -77,12 +79,18 @@ class LoraplexRequestRouter(RequestRouter):  # type: ignore[misc]
         self._topology = (
             None
             if topology is None
-            else FleetTopology(TopologyConfig(**topology), clock, routing.TOPOLOGY_ASKS.ask)
+            else FleetTopology(TopologyConfig(**topology), clock, self._ask)
         )
         self._stamps = routing.ReportStamps()
+        self._names = routing.PlacementNames()
         self._first_tries = routing.FirstTries()
         self._lock = threading.Lock()
         routing.ROUTING_LOG.policy = policy
+
+    def _ask(self, name: str, adapter_key: str | None) -> None:
+        """``FleetTopology``'s ask, made by placement name, sent to that replica's Ray id.
+        Called under ``_lock``."""
+        routing.TOPOLOGY_ASKS.ask(self._names.id_of(name), adapter_key)
 
     def _count(self, topology: FleetTopology, work: EngineRequest, request: RouteRequest) -> None:
         """Counts a generate call into ``topology`` until it is refused or cancelled before
@@ -124,7 +132,11 @@ class LoraplexRequestRouter(RequestRouter):  # type: ignore[misc]
             offered = routing.in_rotation(by_id, reports, now_s, self._stale_after_s)
             if avoid:  # a retry: the replica it was lost on is left out, unless none remains
                 offered = routing.without(offered, avoid) or routing.without(by_id, avoid) or by_id
-            offered_reports = {i: reports[i] for i in offered}
+            # the policy knows replicas by placement name (their rank), Ray by their ids
+            named = self._names.rename(
+                {i: r.routing_stats or {} for i, r in offered.items()},
+                {i: reports[i] for i in offered},
+            )
             # a call Ray asks about again (no replica took it) is counted once, and is
             # pending only where it was sent last
             first_call = self._first_tries.first(pending_request)
@@ -132,10 +144,11 @@ class LoraplexRequestRouter(RequestRouter):  # type: ignore[misc]
             if self._topology is not None and is_work:
                 if first_try:
                     self._count(self._topology, args[0], request)
-                self._router.dedication = self._topology.update(offered_reports)
+                self._router.dedication = self._topology.update(named)
             replaces = None if first_call else self._first_tries.mark(pending_request)
-            decision = self._router.choose(request, offered_reports, replaces=replaces)
+            decision = self._router.choose(request, named, replaces=replaces)
             self._first_tries.remember(pending_request, self._router.last_mark)
+            ranked = [offered[self._names.ids[name]] for name in decision.ranked]
         if first_try:
             routing.ROUTING_LOG.record(decision.reason.value)
-        return [[offered[i]] for i in decision.ranked]
+        return [[replica] for replica in ranked]

@@ -17,11 +17,13 @@ from typing import Any
 from loraplex.engine.protocol import EngineRequest
 from loraplex.fleet.report_cache import SEQ_KEY, DecodedReports
 from loraplex.router.decision import RouteRequest
+from loraplex.router.placement import rank_name
 from loraplex.router.reports import MalformedReportError, ReplicaReport
 
 _log = logging.getLogger(__name__)
 REPORT_KEY = "report"  # the routing stats key holding the encoded report
 UP_KEY = "up"  # the routing stats key saying whether the replica's engine takes requests
+RANK_KEY = "rank"  # the routing stats key holding the replica's deployment rank (Ray Serve's)
 
 
 class RoutingLog:
@@ -198,6 +200,59 @@ def route_request_of(args: list[Any] | tuple[Any, ...]) -> RouteRequest:
     return RouteRequest(
         key, session_of(request), len(request.prompt_token_ids), tenant=request.tenant
     )
+
+
+class PlacementNames:
+    """The names the policy knows the offered replicas by: ``rank_name`` of the deployment rank
+    a replica's stats carry (``RANK_KEY``), else its Ray id (no rank reported yet, or a rank two
+    offered replicas claim, as a replica stopping and its replacement may for a moment). Ray
+    draws a new id for every replica it starts, but hands a replacement the rank it replaces
+    (docs/fleet.md, "Placement identity"), so placement, sessions and dedications by name
+    outlive a replacement and are the same in every deployment. Each report is renamed once
+    (the router reuses a view built on the very same report object)."""
+
+    def __init__(self) -> None:
+        # name -> (the report as stamped, the same renamed)
+        self._renamed: dict[str, tuple[ReplicaReport, ReplicaReport]] = {}
+        self.ids: dict[str, str] = {}  # name -> Ray id, as of the latest ``rename``
+
+    def rename(
+        self,
+        stats: Mapping[str, Mapping[str, Any]],
+        reports: Mapping[str, ReplicaReport | None],
+    ) -> dict[str, ReplicaReport | None]:
+        """``reports`` (by Ray id) keyed and named by placement name; ``stats``: each replica's
+        routing stats, by Ray id."""
+        ranks = {i: rank_of(stats.get(i) or {}) for i in reports}
+        claims = Counter(r for r in ranks.values() if r is not None)
+        names = {i: i if r is None or claims[r] > 1 else rank_name(r) for i, r in ranks.items()}
+        self.ids = {name: i for i, name in names.items()}
+        for gone in set(self._renamed) - self.ids.keys():
+            del self._renamed[gone]
+        return {names[i]: self._renamed_report(names[i], report) for i, report in reports.items()}
+
+    def id_of(self, name: str) -> str:
+        """The Ray id of the replica named ``name`` at the latest ``rename`` (``name`` itself if
+        none is: a Ray id, or a replica gone since)."""
+        return self.ids.get(name, name)
+
+    def _renamed_report(self, name: str, report: ReplicaReport | None) -> ReplicaReport | None:
+        if report is None or report.replica_id == name:
+            return report
+        known = self._renamed.get(name)
+        if known is not None and known[0] is report:
+            return known[1]
+        renamed = replace(report, replica_id=name)
+        self._renamed[name] = (report, renamed)
+        return renamed
+
+
+def rank_of(stats: Mapping[str, Any]) -> int | None:
+    """The deployment rank ``stats`` carry (``RANK_KEY``), or None (none, or not a rank)."""
+    rank = stats.get(RANK_KEY)
+    if isinstance(rank, int) and not isinstance(rank, bool) and rank >= 0:
+        return rank
+    return None
 
 
 class ReportStamps:

@@ -14,7 +14,7 @@ from prometheus_client.registry import Collector
 
 from loraplex.fleet.board import BoardEntry
 from loraplex.fleet.link import FleetLink
-from loraplex.fleet.routing import ROUTING_LOG
+from loraplex.fleet.routing import ROUTING_LOG, rank_of
 from loraplex.router.fleet_state import (
     CACHED_TIER_NAMES,
     FleetState,
@@ -22,6 +22,7 @@ from loraplex.router.fleet_state import (
     ReplicaState,
     TierOccupancy,
 )
+from loraplex.router.placement import rank_name
 
 
 def replica_state(entry: BoardEntry) -> ReplicaState:
@@ -41,6 +42,7 @@ def replica_state(entry: BoardEntry) -> ReplicaState:
             evictions_per_min=load["evictions_per_min"],
         ),
         down_reason=entry.down_reason,
+        placement=None if (rank := rank_of(status)) is None else rank_name(rank),
     )
 
 

@@ -70,10 +70,14 @@ class ReplicaState:
     load: ReplicaLoadView | None  # None: never reported
     # why it is out of rotation ("stale report: ...", "the engine is hung: ..."); None: healthy
     down_reason: str | None = None
+    # the name the fleet's router places by (its deployment rank: "rank-0", ..); None: one
+    # server, or a fleet replica that reported no rank
+    placement: str | None = None
 
     def to_json(self) -> dict[str, Any]:
         return {
             "replica_id": self.replica_id,
+            "placement": self.placement,
             "healthy": self.healthy,
             "report_age_s": self.report_age_s,
             "tiers": {name: t.to_json() for name, t in self.tiers.items()},

@@ -22,6 +22,14 @@ from functools import lru_cache
 ORDERS_CACHED = 4096  # rendezvous orders remembered (revision x fleet), least recently used out
 
 
+def rank_name(rank: int) -> str:
+    """A replica's placement identity in a fleet: its deployment rank (0, 1, .. as Ray Serve
+    assigns them, a replacement taking the rank of the replica it replaces), not its random id,
+    so the same deployment places alike in every run (docs/fleet.md, "Placement identity").
+    The simulator names its replicas so too."""
+    return f"rank-{rank}"
+
+
 def rendezvous_order(adapter_key: str, replica_ids: Sequence[str]) -> list[str]:
     """``replica_ids`` in ``adapter_key``'s fixed preference order (ties by id, for a total
     order)."""

@@ -33,11 +33,15 @@ def simulate_metrics(
     config: Mapping[str, Any],
     cost_model: CostModel,
     replica_ids: Sequence[str] | None = None,
+    adapter_keys: Mapping[tuple[str, str], Any] | None = None,
 ) -> dict[str, Any]:
     """The result metrics of one simulation (``sim/result.py``) of ``trace`` under the
     ``SimConfig`` fields in ``config`` (unknown or invalid fields: the config's ValueError),
-    its replicas named ``replica_ids`` (``simulate``'s; None: the simulator's own names)."""
-    result = simulate(trace, SimConfig(**config), cost_model, replica_ids=replica_ids)
+    its replicas named ``replica_ids`` and its adapters keyed by ``adapter_keys``
+    (``simulate``'s; None: the simulator's own names)."""
+    result = simulate(
+        trace, SimConfig(**config), cost_model, replica_ids=replica_ids, adapter_keys=adapter_keys
+    )
     metrics: dict[str, Any] = dict(result.metrics)
     return metrics
 

@@ -31,6 +31,7 @@ from loraplex.residency.cache.executors import SimTimer
 from loraplex.residency.ledger import Tier
 from loraplex.residency.pipeline import Footprint
 from loraplex.residency.policy import make_policy
+from loraplex.router.placement import rank_name
 from loraplex.sampling import FINISH_ABORT, FINISH_LENGTH
 from loraplex.sim.config import SimConfig
 from loraplex.sim.cost_model import CostModel
@@ -63,7 +64,8 @@ class SimReplica:
     ) -> None:
         self.index = index
         # the router's id of it (a fleet places cold revisions by hashing it)
-        self.replica_id = f"replica-{index:03d}" if replica_id is None else replica_id
+        # the real fleet's router names replicas by deployment rank (``rank_name``), not by id
+        self.replica_id = rank_name(index) if replica_id is None else replica_id
         self._executor = executor
         self._clock = executor.clock
         self._step_cost = cost.step

@@ -16,7 +16,7 @@ import contextlib
 import gc
 import hashlib
 import random
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import asdict, dataclass
 
 from loraplex.artifacts.identity import AdapterKey
@@ -30,6 +30,7 @@ from loraplex.sim.config import SimConfig
 from loraplex.sim.cost_model import CostModel
 from loraplex.sim.cpu import CpuShare
 from loraplex.sim.fleet import SimFleetRouter
+from loraplex.sim.names import check_adapter_keys, check_replica_ids
 from loraplex.sim.outcome import Outcome, OutcomeLog
 from loraplex.sim.replica import SimReplica
 from loraplex.sim.result import SimResult, cache_figures, fleet_figures, request_figures
@@ -68,10 +69,14 @@ def adapter_place(tenant: str, adapter: str) -> tuple[str, str]:
 
 
 def trace_adapters(
-    trace: Sequence[TraceRecord], config: SimConfig
+    trace: Sequence[TraceRecord],
+    config: SimConfig,
+    keys: Mapping[tuple[str, str], AdapterKey] | None = None,
 ) -> dict[tuple[str, str], SimAdapter]:
     """Every adapter the trace names, with its rank and bytes (a rank above ``max_lora_rank``,
-    or one adapter given two shapes, is a ValueError naming it)."""
+    or one adapter given two shapes, is a ValueError naming it), and its key: ``keys``' for its
+    (owner, adapter) where given, else ``adapter_key``'s."""
+    keys = keys or {}
     found: dict[tuple[str, str], SimAdapter] = {}
     for record in trace:
         if record.adapter is None:
@@ -93,7 +98,7 @@ def trace_adapters(
                 )
             continue
         footprint = Footprint(slot_bytes=config.slot_bytes, memory_bytes=size, disk_bytes=size)
-        found[where] = SimAdapter(adapter_key(*where), rank, footprint)
+        found[where] = SimAdapter(keys.get(where) or adapter_key(*where), rank, footprint)
     return found
 
 
@@ -105,6 +110,7 @@ def simulate(
     skip_steps: bool = True,
     keep_outcomes: list[Outcome] | None = None,
     replica_ids: Sequence[str] | None = None,
+    adapter_keys: Mapping[tuple[str, str], AdapterKey] | None = None,
 ) -> SimResult:
     """Runs ``trace`` (sorted by ``t_s``) through ``config``'s deployment, charged by
     ``cost_model``; the same inputs give the same result. ``skip_steps`` False steps every
@@ -112,34 +118,20 @@ def simulate(
     except with the cost model's ``cores`` or ``fleet_contention``: a run keeps its first step's
     factor, ``sim/cpu.py``). ``keep_outcomes``, when given, receives each request's
     ``Outcome`` in trace order (the result holds figures only). ``replica_ids``: the replicas'
-    ids as the router sees them (``check_replica_ids``; None: ``replica-000``, ..): a cold
-    revision's placement is a hash of its key and these ids (``router/placement.py``), and a
-    real fleet's are the ids Ray Serve draws afresh for each deployment."""
+    names as the router sees them (``check_replica_ids``; None: ``rank-0``, .., the names a real
+    fleet's router places by, its replicas' deployment ranks: ``fleet/routing.PlacementNames``):
+    a cold revision's placement is a hash of its key and these names (``router/placement.py``).
+    Other names model a router placing by other ids (before 2026-12-06 a real fleet's router
+    placed by the random ids Ray Serve draws afresh for each deployment). ``adapter_keys``:
+    (owner, adapter) -> the key a server serves that adapter under (``names.check_adapter_keys``;
+    the router names a revision by its key, whose digests no trace carries), the rest keyed by
+    ``adapter_key``; with a real fleet's keys and ranks, cold revisions go where it places them."""
     ids = check_replica_ids(replica_ids, config.replicas)
+    keys = check_adapter_keys(adapter_keys)
     with _frozen_heap():
-        return _simulate(trace, config, cost_model, skip_steps, keep_outcomes, replica_ids=ids)
-
-
-MAX_REPLICA_ID_CHARS = 128  # the longest replica id ``simulate`` takes
-
-
-def check_replica_ids(ids: Sequence[str] | None, replicas: int) -> tuple[str, ...] | None:
-    """``ids`` as a tuple, or a ValueError naming ``replica_ids``: one per replica, distinct,
-    each a non-empty string of at most ``MAX_REPLICA_ID_CHARS`` characters."""
-    if ids is None:
-        return None
-    out = tuple(ids)
-    if len(out) != replicas:
-        raise ValueError(f"replica_ids has {len(out)} ids; expected one per replica ({replicas})")
-    for i in out:
-        if not isinstance(i, str) or not 0 < len(i) <= MAX_REPLICA_ID_CHARS:
-            raise ValueError(
-                f"replica_ids {i!r} is invalid; expected a string of 1 to "
-                f"{MAX_REPLICA_ID_CHARS} characters"
-            )
-    if len(set(out)) != len(out):
-        raise ValueError(f"replica_ids {list(out)} is invalid; expected distinct ids")
-    return out
+        return _simulate(
+            trace, config, cost_model, skip_steps, keep_outcomes, replica_ids=ids, keys=keys
+        )
 
 
 YOUNG_COLLECTION_EVERY = 50_000  # net allocations between young collections in a run (700)
@@ -178,10 +170,11 @@ def _simulate(
     keep_outcomes: list[Outcome] | None,
     *,
     replica_ids: tuple[str, ...] | None,
+    keys: Mapping[tuple[str, str], AdapterKey],
 ) -> SimResult:
     clock = ManualClock()
     executor = SimExecutor(clock)
-    adapters = trace_adapters(trace, config)
+    adapters = trace_adapters(trace, config, keys)
     footprints = {a.key: a.footprint for a in adapters.values()}
     shapes = adapter_shapes(footprints, {a.key: a.rank for a in adapters.values()})
     contention = cost_model.fleet_contention if config.replicas > 1 else None

@@ -3,13 +3,16 @@ recorded ``bench sim`` line's fleet error is against the mean over drawn ids.
 
 A cold revision is placed by rendezvous hashing over the replica ids (``router/placement.py``),
 and Ray Serve draws a fresh random id for every replica of a deployment, so every real fleet
-run partitions the revisions over its replicas differently; the simulator names its replicas
-``replica-000``.. and always places alike. This simulates each of ``bench sim``'s traces with
-``--draws`` sets of Ray-like ids (``bench/sim/simulated.id_drawn_hit_ratios``, as
-``bench sim --fleet-id-draws`` does), everything else as ``bench sim``'s fleet side with the
-cost file, and prints per trace the simulator's own names' hit ratios, the draws' mean, min and
-max; with ``--line`` (a ``bench sim --json`` output line, or a file of them and ``--line-no``)
-also its real runs' mean hit ratios, and the error (max over tiers, pp) of its recorded
+run partitions the revisions over its replicas differently; the simulator named its replicas
+``replica-000``.. and always placed alike. (Since 2026-12-06, simrank, the fleet places by
+replica rank and the simulator names its replicas ``rank-0``..: this is a tool for the lines
+recorded before, and names the "own" replicas ``replica-000``.. as their simulator did.) This
+simulates each of ``bench sim``'s traces with ``--draws`` sets of Ray-like ids
+(``bench/sim/simulated.id_drawn_hit_ratios``, as ``bench sim --fleet-id-draws`` does),
+everything else as ``bench sim``'s fleet side with the cost file, and prints per trace the
+simulator's own names' hit ratios, the draws' mean, min and max; with ``--line`` (a ``bench
+sim --json`` output line, or a file of them and ``--line-no``) also its real runs' mean hit
+ratios, and the error (max over tiers, pp) of its recorded
 simulation and of the draws' mean.
 
     PYTHONPATH=. python scripts/sim-timeline/fleet_id_spread.py --cost-model fleet.json \
@@ -59,7 +62,9 @@ def main() -> None:
             (Path(tmp) / f"fleet-r0-{name}.client.jsonl").touch()
         logged = logged_runs(Path(tmp), args.trace_requests, "fleet")
     for run in logged.runs:
-        own = simulate_metrics(run.trace, logged.values, cost)["hit_ratio"]
+        # the names the recorded lines' simulator gave its replicas (``rank-0``.. since simrank)
+        recorded_names = [f"replica-{i:03d}" for i in range(logged.values["replicas"])]
+        own = simulate_metrics(run.trace, logged.values, cost, recorded_names)["hit_ratio"]
         drawn = id_drawn_hit_ratios(run.trace, logged.values, cost, args.draws, args.seed)
         body: dict[str, Any] = {"own_ids": own, **drawn}
         body["range_pp"] = {t: round(100 * (drawn["max"][t] - drawn["min"][t]), 2) for t in TIERS}

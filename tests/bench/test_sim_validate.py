@@ -569,7 +569,7 @@ def test_the_fleets_drawn_ids_give_the_hit_ratios_mean_and_range() -> None:
     assert drawn["draws"] == 6
     for tier in ("L0", "L1", "L2", "L3"):
         assert drawn["min"][tier] <= drawn["mean"][tier] <= drawn["max"][tier]
-    assert SimBenchConfig().fleet_id_draws == 16
+    assert SimBenchConfig().fleet_id_draws == 0  # the fleet places by rank: no draws
     assert SimBenchConfig(fleet_id_draws=0).fleet_id_draws == 0
     with pytest.raises(ValueError, match="fleet_id_draws True is invalid"):
         SimBenchConfig(fleet_id_draws=True)

@@ -12,13 +12,12 @@ from pathlib import Path
 import httpx
 import pytest
 from conftest import RULES_TEXT
+from ray_cluster import deploy_fleet
 
 ray = pytest.importorskip("ray")
 
 from loraplex.demo.assets import DemoAssets  # noqa: E402
-from loraplex.fleet import control  # noqa: E402
 from loraplex.fleet.ray_cluster import free_port  # noqa: E402
-from loraplex.fleet.settings import FleetSettings  # noqa: E402
 from loraplex.preflight import LoadConfig, PreflightConfig, Status, preflight  # noqa: E402
 from loraplex.serve.assembly import DEMO_DIR  # noqa: E402
 from loraplex.serve.config import ServeConfig  # noqa: E402
@@ -47,13 +46,7 @@ def fleet(
         # 4 GPU slots per replica: the demo's 12 adapters exceed the fleet's 8 (item 3 meets
         # evictions); every other setting is serve's default.
         config = ServeConfig(data_dir=data_dir, port=free_port(), torch_threads=1, max_loras=4)
-        prepared = control.prepare(config)
-        settings = FleetSettings(
-            serve=config, model_dir=prepared.model_dir, engine_replicas=REPLICAS
-        )
-        control.deploy(settings)
-        url = control.base_url(config)
-        control.wait_ready(url, WAIT_S)
+        url, prepared = deploy_fleet(config, REPLICAS, WAIT_S)
         deadline = time.monotonic() + WAIT_S
         while _healthy(url, prepared.admin_key) < REPLICAS:
             assert time.monotonic() < deadline, f"fewer than {REPLICAS} healthy replicas"

@@ -1,6 +1,7 @@
-"""A fleet's replica ids set where its cold revisions go (docs/simulator.md, "simfleet"): the
-router places a revision resident nowhere by hashing its key with the replicas' ids, and a real
-fleet's ids are the random ones Ray Serve draws for each deployment. ``simulate`` takes them."""
+"""A fleet's replica names set where its cold revisions go (docs/simulator.md, "simfleet",
+"simrank"): the router places a revision resident nowhere by hashing its key with the replicas'
+names. A real fleet's router names them by deployment rank (``rank-0``, .., the simulator's
+default); ``simulate`` takes others (the random ids Ray Serve draws, which it placed by before)."""
 
 from __future__ import annotations
 
@@ -9,10 +10,11 @@ from collections import Counter
 import pytest
 from sim_inputs import cost, scenario
 
-from loraplex.router.placement import rendezvous_order
+from loraplex.router.placement import rank_name, rendezvous_order
 from loraplex.sim.config import SimConfig
+from loraplex.sim.names import MAX_REPLICA_ID_CHARS
 from loraplex.sim.outcome import Outcome
-from loraplex.sim.run import MAX_REPLICA_ID_CHARS, adapter_key, simulate
+from loraplex.sim.run import adapter_key, simulate
 from loraplex.sim.trace import TraceRecord
 
 RAY_LIKE = ("tjn04uo6", "ka6u02iy", "av6j9phv")
@@ -32,7 +34,7 @@ def _first_of_order(ids: tuple[str, ...]) -> list[str]:
 def test_each_cold_revision_goes_first_where_its_order_over_the_ids_says(
     ids: tuple[str, ...] | None,
 ) -> None:
-    names = ids or tuple(f"replica-{i:03d}" for i in range(3))
+    names = ids or tuple(rank_name(i) for i in range(3))
     kept: list[Outcome] = []
     result = simulate(_spaced(), SimConfig(replicas=3), cost(), keep_outcomes=kept, replica_ids=ids)
     assert result.metrics["decisions"] == {"placement": 12}
@@ -52,7 +54,7 @@ def test_other_ids_place_the_same_trace_otherwise() -> None:
 def test_the_simulators_own_names_given_change_nothing() -> None:
     trace = scenario("zipf-longtail", duration_s=10)
     config = SimConfig(replicas=3, max_loras=4)
-    own = tuple(f"replica-{i:03d}" for i in range(3))
+    own = tuple(rank_name(i) for i in range(3))  # the real fleet's router's names too
     assert (
         simulate(trace, config, cost(), replica_ids=own).to_json()
         == simulate(trace, config, cost()).to_json()

@@ -58,7 +58,14 @@ hot-classes-shared-cpu 0.2844 -> 0.2706, 218 -> 218, 36.9 / 3770.3 -> 43.5 / 377
 loads).
 
 2026-12-05 (DEDICATE): every result's config gained ``"topology": null`` (``SimConfig.topology``);
-with that key taken out of the JSON each case gave the digest recorded before, byte for byte."""
+with that key taken out of the JSON each case gave the digest recorded before, byte for byte.
+
+Recorded again for ``hot-fleet`` and ``scale-8`` (the fleet cases) when the simulator's replicas
+were named by deployment rank (``rank-0``, .., as the fleet's router now places: docs/fleet.md,
+"Placement identity") instead of ``replica-000``, ..: another hash of the names, another
+partition of the cold revisions. With the old names passed both still gave the digests
+recorded before. L0 hit ratio, TTFT P50 / P99 before -> after: hot-fleet 0.5688 -> 0.6009,
+13.6 / 58.3 -> 12.8 / 57.0 ms; scale-8 0.542 -> 0.555, 15.1 / 59.5 -> 15.1 / 57.9 ms."""
 
 from __future__ import annotations
 
@@ -76,11 +83,11 @@ from loraplex.sim.scale import synthetic_trace
 
 RECORDED = {
     "zipf-single": "1c061931913986ba479a82e9b0fae1d0da94d49f4bae721040e1032a2b1443c3",
-    "hot-fleet": "3c24929c464bc6ae10e89d48ded7e7f93280c63e3fef783b05350de5059d8243",
+    "hot-fleet": "63b57ce561f23dfe1d2e85ec99045ff009941572921cbfe6781bc76338a4213f",
     "cold-scarce": "25a5a0990fdeb9ac673427ea8a418e9f71a178338ab1a71ab02e3ad80d68258c",
     "hot-classes-shared-cpu": "133743e5c62de20ee2bc3bc446c9a3e3255e9fbfc8d4203c6a14e22ba10e692a",
     "zipf-tight-kv": "c354dd2bf5093546d54eee89ef30ed211ae7dd80cfc0ec7459832065e7b57b92",
-    "scale-8": "346bc400ca6a178a26655af75bd7edefe88f82dd65cd1cb134bfd2300b0e594a",
+    "scale-8": "3eaac097f0e9c218cc8df601879f04f6996fbdf20af426abda5029640f670098",
 }
 
 

@@ -13,7 +13,9 @@ from loraplex.bench.sim.validate import RealSettings
 TRACES = ("zipf-longtail", "hot-burst", "cold-storm")
 TARGETS = ("single", "fleet")
 SCALE = (1_000_000, 10_000, 64)  # requests, adapters, replicas (issue 30)
-DEFAULT_FLEET_ID_DRAWS = 16  # fleet simulations with drawn replica ids, per trace and pricing
+# fleet simulations with drawn replica ids, per trace and pricing: none, since the fleet places
+# by rank (docs/simulator.md, "simrank"); for comparing runs of a fleet that placed by Ray's ids
+DEFAULT_FLEET_ID_DRAWS = 0
 MAX_FLEET_ID_DRAWS = 256
 
 

@@ -70,6 +70,23 @@ def registry_tenants(registry: Fleet) -> dict[str, TenantSettings]:
         opened.close()
 
 
+def served_keys(registry: Fleet, adapters: list[TraceAdapter]) -> dict[tuple[str, str], Any]:
+    """Each trace adapter's key as the real runs' servers resolve it (``tenant/name@r1`` in
+    ``registry``: ``bench.serve.fleet.prepare_fleet``), by (tenant, name) as ``simulate``'s
+    ``adapter_keys`` take it: the router's name of the revision, which its placement hashes."""
+    from loraplex.registry import RegistryConfig, open_registry
+
+    where = RegistryConfig(registry.root, registry.database_url, str(registry.store))
+    opened = open_registry(where)
+    try:
+        return {
+            (a.tenant, a.name): opened.get_revision(f"{a.tenant}/{a.name}@r1").key()
+            for a in adapters
+        }
+    finally:
+        opened.close()
+
+
 def adapter_sizes(
     model_dir: Path, adapters: list[TraceAdapter]
 ) -> tuple[dict[tuple[str, str], int], int]:
@@ -94,6 +111,7 @@ def simulated(
     adapters = [a for w in workloads for a in w.adapters]
     sizes, per_rank = adapter_sizes(registry.model_dir, adapters)
     tenants = registry_tenants(registry)
+    keys = served_keys(registry, adapters)
     out: dict[str, dict[str, Any]] = {}
     for target in config.targets:
         values = sim_config(config, target, per_rank, tenants)
@@ -101,10 +119,11 @@ def simulated(
         for w in workloads:
             trace = records(workload_rows(w, MAX_LORA_RANK, sizes))
             model = pricing(target, w.name)
-            metrics = simulate_metrics(trace, values, model)
+            # the served keys and the simulator's rank names: the real fleet's placement
+            metrics = simulate_metrics(trace, values, model, adapter_keys=keys)
             if target == "fleet" and config.fleet_id_draws:
                 drawn = id_drawn_hit_ratios(
-                    trace, values, model, config.fleet_id_draws, config.seed
+                    trace, values, model, config.fleet_id_draws, config.seed, adapter_keys=keys
                 )
                 metrics["hit_ratio_own_ids"] = metrics["hit_ratio"]
                 metrics["hit_ratio"] = drawn.pop("mean")
@@ -124,19 +143,27 @@ def ray_like_ids(rng: random.Random, replicas: int) -> list[str]:
 
 
 def id_drawn_hit_ratios(
-    trace: list[Any], values: Mapping[str, Any], pricing: Any, draws: int, seed: int
+    trace: list[Any],
+    values: Mapping[str, Any],
+    pricing: Any,
+    draws: int,
+    seed: int,
+    *,
+    adapter_keys: Mapping[tuple[str, str], Any] | None = None,
 ) -> dict[str, Any]:
     """The fleet's hit ratio per tier over ``draws`` simulations of ``trace``, each with its
-    replicas named by a fresh draw of Ray-like ids (``ray_like_ids``, from ``seed``): a real
-    fleet's placement of cold revisions is a hash of its replicas' ids, which Ray draws afresh
-    for every deployment, so one naming is one sample of the partition (docs/simulator.md,
-    "simfleet"). The mean (``mean``, what the real runs are compared with), ``min``, ``max``
-    per tier and ``draws``."""
+    replicas named by a fresh draw of Ray-like ids (``ray_like_ids``, from ``seed``): the
+    router of a fleet before 2026-12-06 placed cold revisions by a hash of its replicas' random
+    ids, which Ray draws afresh for every deployment, so one naming was one sample of the
+    partition (docs/simulator.md, "simfleet"; a fleet now places by rank: "simrank"). The mean
+    (``mean``, what the real runs are compared with), ``min``, ``max`` per tier and ``draws``."""
     from loraplex.sim.call import simulate_metrics
 
     rng = random.Random(f"replica-ids-{seed}")
     ratios = [
-        simulate_metrics(trace, values, pricing, ray_like_ids(rng, values["replicas"]))["hit_ratio"]
+        simulate_metrics(
+            trace, values, pricing, ray_like_ids(rng, values["replicas"]), adapter_keys
+        )["hit_ratio"]
         for _ in range(draws)
     ]
     out: dict[str, Any] = {"draws": draws}
