@@ -72,9 +72,13 @@ def list_keys(
     """List API keys (ids and state; tokens are never stored), by tenant, then age: one page,
     and on stderr the --after of the next one when more follow."""
     with failures(), opened(location.config()) as registry:
-        keys, next_after = one_page(
-            lambda page: registry.list_keys(tenant, page), lambda key: key.key_id, after, limit
-        )
+        try:
+            keys, next_after = one_page(
+                lambda page: registry.list_keys(tenant, page), lambda key: key.key_id, after, limit
+            )
+        except RecordNotFoundError as exc:  # --tenant names no tenant (it listed no key)
+            hint = "" if tenant is None else _tenant_hint(registry, tenant)
+            raise RecordNotFoundError(f"{exc}{hint}") from None
     for key in keys:
         state = "active" if key.revoked_at is None else f"revoked {utc_time(key.revoked_at)}"
         typer.echo(f"{key.key_id}\t{key.tenant}\tcreated {utc_time(key.created_at)}\t{state}")

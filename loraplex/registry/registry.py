@@ -98,7 +98,11 @@ class Registry(TrustAdmin):
         return tenancy.revoke_key_once(self._db, key_id, actor, self._wall_clock())
 
     def list_keys(self, tenant: str | None = None, page: Page | None = None) -> list[ApiKeyInfo]:
+        """Every key (or every key of ``tenant``, which must exist: ``RecordNotFoundError``
+        naming it, not an empty list), or one ``page`` of them."""
         with self._db.transaction(write=False) as tx:
+            if tenant is not None:
+                tenancy.require_tenant(tx, tenant)
             return tenant_rows.list_keys(tx, tenant, page)
 
     def authenticate(self, token: str) -> Tenant:
@@ -174,9 +178,12 @@ class Registry(TrustAdmin):
             return releases.require_adapter(tx, tenant, name)
 
     def list_adapters(self, owner: str | None = None, page: Page | None = None) -> list[Adapter]:
-        """Every adapter (or every adapter of ``owner``), or one ``page`` of them, for
+        """Every adapter (or every adapter of ``owner``, which must exist:
+        ``RecordNotFoundError`` naming it, not an empty list), or one ``page`` of them, for
         administrators."""
         with self._db.transaction(write=False) as tx:
+            if owner is not None:
+                tenancy.require_tenant(tx, owner)
             return adapter_rows.list_adapters(tx, owner, page)
 
     def list_revisions(self, tenant: str, name: str, page: Page | None = None) -> list[Revision]:

@@ -15,7 +15,7 @@ from collections.abc import Callable
 from dataclasses import replace
 
 from loraplex.errors import AdapterNotFoundError
-from loraplex.registry import Registry
+from loraplex.registry import Registry, tenancy
 from loraplex.registry import releases as alias_ops
 from loraplex.registry.models import Alias, RevisionState
 from loraplex.registry.resolution import servable_targets
@@ -108,8 +108,11 @@ class ReleaseStore:
     def list_releases(
         self, *, include_terminal: bool = False, tenant: str | None = None, page: Page | None = None
     ) -> list[Release]:
-        """Oldest first: every one, or with ``page`` one bounded page (the admin API's)."""
+        """Oldest first: every one, or with ``page`` one bounded page (the admin API's);
+        ``tenant`` must exist (``RecordNotFoundError`` naming it, not an empty list)."""
         with self._db.transaction(write=False) as tx:
+            if tenant is not None:
+                tenancy.require_tenant(tx, tenant)
             return rows.listed(tx, include_terminal=include_terminal, tenant=tenant, page=page)
 
     def needing_work(self) -> list[Release]:

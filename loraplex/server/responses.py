@@ -47,7 +47,7 @@ def completion_choices(
             if num_top is not None:
                 first = shown.first_token_id if shown is not None else None
                 entries = _entries(out, shown)
-                logprobs = completion_logprobs(entries, strings, num_top, first_token_id=first)
+                logprobs, _ = completion_logprobs(entries, strings, num_top, first_token_id=first)
             prefix = shown.text if shown is not None else ""
             choices.append(
                 CompletionChoice(

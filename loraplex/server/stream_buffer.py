@@ -35,7 +35,8 @@ overflow abort stays as the bound for an engine that cannot pause, and for a ``p
 or above ``max_bytes`` (then a stream is never paused). NOTE: the pause is advisory and taken
 between steps, so what arrives after it (the step in flight, what the pumps hold) is put and
 counted like the rest: ``pause_bytes`` must leave that much room below ``max_bytes`` (16.6-33.2
-KB of the defaults' 192 KiB at 16 choices with 20 logprobs, ``test_paused_stream_bound.py``).
+KB of the defaults' 192 KiB at 16 choices with 20 logprobs, ``test_paused_stream_bound.py``;
+``ServeConfig`` refuses less than ``MIN_PAUSE_ROOM_BYTES``).
 A resume whose KV was not kept
 recomputes the request's prompt and output so far, so a client that keeps falling behind
 (reading a byte at a time) could have the engine recompute again and again: past
@@ -78,6 +79,14 @@ DEFAULT_STALL_S = 2.0
 # The most the writer sends at once (the transport's high-water mark), so its sends measure
 # the client's progress
 SLICE_BYTES = 64 << 10
+# The least room ``pause_bytes`` must leave below ``max_bytes`` where streams pause (``ServeConfig``
+# refuses less). Nothing here bounds what arrives after a pause: the pause is a command the engine
+# takes between steps, and the deltas it generated meanwhile (the step in flight, and every step
+# the event loop had not read yet, merged per choice by ``outbox_stream``) still come, one event
+# per running choice, each as large as its tokens and logprobs. Measured at most 33.2 KB (16
+# chat choices with 20 ``top_logprobs`` on the engine process, ``test_paused_stream_bound.py``);
+# a setting leaving less than twice that could cut a client that merely fell behind.
+MIN_PAUSE_ROOM_BYTES = 64 << 10
 
 
 @dataclass(frozen=True)

@@ -168,7 +168,7 @@ class StreamChoices:
         self._strings = strings
         self._echo = echo
         self._continuous = continuous_usage  # usage on every event, not only the last
-        self._offsets: dict[int, int] = {}  # completions: text sent per choice (text_offset)
+        self._offsets: dict[int, int] = {}  # completions: each choice's next text_offset
         self._last: dict[int, TokenDelta] = {}  # the latest delta of each choice (usage)
 
     def opening(self, num_choices: int, first: TokenDelta | None) -> list[str]:
@@ -217,12 +217,10 @@ class StreamChoices:
                 ]
             }
         first_id = echo.first_token_id if echo is not None else None
-        out = completion_logprobs(
+        out, self._offsets[slot] = completion_logprobs(
             entries, self._strings, self._num_top,
             first_token_id=first_id, text_offset=self._offsets.get(slot, 0),
         )  # fmt: skip
-        if out.tokens:
-            self._offsets[slot] = out.text_offset[-1] + len(out.tokens[-1])
         return out.model_dump()
 
     def usage(self) -> Usage:

@@ -36,6 +36,7 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
+from decision_probe.probe_views import replica_view
 from logs import logged_runs
 
 from loraplex.router import router as router_module
@@ -52,15 +53,6 @@ LOAD_FIELDS = ("queued", "adapter_wait", "running", "evictions_per_min")
 
 def _lines(path: Path) -> list[dict[str, Any]]:
     return [json.loads(x) for x in path.read_text(encoding="utf-8").splitlines() if x]
-
-
-def _tier(report: Any, key: str | None) -> str | None:
-    if report is None or key is None:
-        return None
-    for name in ("l0", "loading", "l1", "l2"):
-        if key in getattr(report.residency, name):
-            return name
-    return "absent"
 
 
 def simulated(
@@ -86,17 +78,10 @@ def simulated(
     def logged(self, request, replicas, *, replaces=None):  # type: ignore[no-untyped-def]
         decision = choose(self, request, replicas, replaces=replaces)
         now_s = self._clock.now()
-        views = {}
-        for replica_id, report in replicas.items():
-            load = None if report is None else report.load
-            views[replica_id] = {
-                "age_s": None if report is None else round(now_s - report.at_s, 4),
-                "tier": _tier(report, request.adapter_key),
-                "queued": None if load is None else load.num_queued,
-                "adapter_wait": None if load is None else load.num_adapter_wait,
-                "running": None if load is None else load.num_running,
-                "evictions_per_min": None if load is None else round(load.evictions_per_min, 3),
-            }
+        views = {
+            replica_id: replica_view(report, request.adapter_key, now_s)
+            for replica_id, report in replicas.items()
+        }
         decisions.append(
             {
                 "now_s": now_s,

@@ -12,7 +12,7 @@ import pytest
 from registry_kit import AdapterFactory, OpenRegistry
 
 from loraplex.artifacts.identity import MAX_NAME_CHARS
-from loraplex.errors import InvalidRequestError
+from loraplex.errors import InvalidRequestError, RecordNotFoundError
 from loraplex.registry import RegistrationRequest, Registry, Visibility
 from loraplex.registry.sql.paging import MAX_CURSOR_CHARS, MAX_PAGE, Page, every_row
 from loraplex.release.model import ReleasePlan
@@ -55,7 +55,9 @@ def finished_releases(reg: Registry, make_adapter: AdapterFactory) -> ReleaseSto
     return store
 
 
-def test_releases_page_through_every_release_once(finished_releases: ReleaseStore) -> None:
+def test_releases_page_through_every_release_once(
+    reg: Registry, finished_releases: ReleaseStore
+) -> None:
     store = finished_releases
     everything = store.list_releases(include_terminal=True)
     assert len(everything) == 6
@@ -74,7 +76,10 @@ def test_releases_page_through_every_release_once(finished_releases: ReleaseStor
     # in flight only: a finished release still works as the cursor
     in_flight = store.list_releases(page=Page(everything[0].release_id, 10))
     assert in_flight == [r for r in everything[1:] if not r.terminal]
+    reg.create_tenant("other", "ops")
     assert store.list_releases(tenant="other", page=Page(None, 10)) == []
+    with pytest.raises(RecordNotFoundError, match="tenant 'nobody' does not exist"):
+        store.list_releases(tenant="nobody", page=Page(None, 10))  # not an empty page
 
 
 def test_a_release_cursor_that_names_no_release_is_refused(

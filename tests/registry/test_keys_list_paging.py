@@ -76,3 +76,12 @@ def test_bad_values_are_refused_naming_the_flag(
     flat = " ".join(re.sub("[│╭╮╰╯─]", " ", result.stderr).split())  # rich's box, unwrapped
     assert f"Invalid value for {flag}:" in flat and message in flat
     assert result.stdout == ""
+
+
+def test_a_tenant_that_does_not_exist_exits_1_naming_it_and_the_nearest(tmp_path: Path) -> None:
+    """As ``GET /admin/keys?tenant=`` answers 404: it listed no key, as if the tenant had none."""
+    _keys(tmp_path, 1)
+    result = _list(tmp_path, "--tenant", "acmee")
+    assert result.exit_code == 1, result.output
+    assert "tenant 'acmee' does not exist" in result.stderr
+    assert "did you mean acme?" in result.stderr and result.stdout == ""

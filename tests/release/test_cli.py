@@ -130,6 +130,9 @@ def test_operator_commands_and_their_refusals(run, registry: Registry) -> None: 
     assert "aborted\n" in run("release", "abort", "acme/bot") + "\n"
     assert run("release", "list") == ""
     assert "\taborted" in run("release", "list", "--all")
+    assert "\taborted" in run("release", "list", "--all", "--tenant", "acme")
+    refused = run("release", "list", "--all", "--tenant", "nobody", code=1)
+    assert "tenant 'nobody' does not exist" in refused  # it listed nothing, as for acme's none
     assert "no release" in run("release", "status", "acme/nothing", code=1)
     assert "expected tenant/name" in run("release", "status", "bot", code=1)
 

@@ -29,6 +29,7 @@ from loraplex.serve.front import connection_limits
 from loraplex.server.app import create_app
 from loraplex.server.deps import ServerConfig
 from loraplex.server.listeners import ConnectionLimits
+from loraplex.server.stream_buffer import MIN_PAUSE_ROOM_BYTES as ROOM
 
 MAX_BODY = 4096
 MAX_UPLOAD = 2048
@@ -352,7 +353,7 @@ def test_serve_flags_reach_the_limits(tmp_path: Path, monkeypatch: pytest.Monkey
              "--max-connections", "18", "--max-header-bytes", "19",
              "--max-unauthenticated-connections", "5", "--max-connections-per-address", "6",
              "--accepts-per-s-per-address", "7", "--write-timeout-s", "8",
-             "--max-stream-buffer-bytes", "9", "--stream-pause-bytes", "4",
+             "--max-stream-buffer-bytes", str(ROOM + 9), "--stream-pause-bytes", "4",
              "--max-stream-resumes", "3", "--max-header-count", "21",
              "--min-send-bytes-per-s", "22", "--max-unsent-response-bytes", "23"]  # fmt: skip
     result = CliRunner().invoke(cli_app, ["serve", "--data-dir", str(tmp_path), *flags])
@@ -367,5 +368,5 @@ def test_serve_flags_reach_the_limits(tmp_path: Path, monkeypatch: pytest.Monkey
         accepts_per_s_per_address=7, write_timeout_s=8, max_header_count=21,
         min_send_bytes_per_s=22, max_unsent_response_bytes=23,
     )  # fmt: skip
-    assert settings.max_stream_buffer_bytes == 9
+    assert settings.max_stream_buffer_bytes == ROOM + 9
     assert (settings.stream_pause_bytes, settings.max_stream_resumes) == (4, 3)

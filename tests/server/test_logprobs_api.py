@@ -145,8 +145,11 @@ def test_echo_prepends_the_prompt_and_its_logprobs(rig: Rig) -> None:
     assert logprobs.token_logprobs == [None, -1.5, -2.0, fake_logprob(request, 1)]
     assert logprobs.top_logprobs is not None
     assert cast(list[object], logprobs.top_logprobs)[0] is None
-    # Cumulative token-string lengths (vLLM's definition), so BOS's own string counts.
-    assert logprobs.text_offset == [0, 11, 12, 13]
+    # Positions in the returned text, which holds no BOS: it advances the offset by nothing
+    # (vLLM counts its shown string, which put every offset 11 characters past its token).
+    assert logprobs.text_offset == [0, 0, 1, 2]
+    text = done.choices[0].text  # the fake engine's text is not its tokens': the prompt's are
+    assert [text[o : o + 1] for o in logprobs.text_offset[1:3]] == ["h", "i"]
 
 
 _LOGPROB_KEYS = ("tokens", "token_logprobs", "top_logprobs", "text_offset")

@@ -24,7 +24,7 @@ from starlette.responses import Response
 from starlette.routing import Route
 
 from loraplex.server.listeners import ConnectionLimits
-from loraplex.server.listeners.unsent import BOTH_FRAMINGS
+from loraplex.server.listeners.unsent import BOTH_FRAMINGS, MALFORMED
 
 MAX_HEADER_BYTES = 1024
 
@@ -125,3 +125,28 @@ def test_size_lines_without_extensions_never_count(
     response = _exchange(address, _chunked([b"abcd"] * 2000))
     assert response.startswith(b"HTTP/1.1 200 "), response[:100]
     assert response.endswith(b"/ body 8000")
+
+
+@pytest.mark.parametrize(
+    "wire",
+    [
+        b"NOT AN HTTP REQUEST\r\n\r\n",  # a malformed request line
+        b"GET / HTTP/1.1\r\nHost t\r\n\r\n",  # a header line without a colon
+        b"POST / HTTP/1.1\r\nHost: t\r\nContent-Length: x\r\n\r\n",  # an invalid length
+        b"POST / HTTP/1.1\r\nHost: t\r\nTransfer-Encoding: chunked\r\n\r\nzz\r\n",  # chunk size
+    ],
+)
+def test_what_h11_itself_refuses_is_counted_as_malformed(
+    served: tuple[tuple[str, int], CollectorRegistry], wire: bytes
+) -> None:
+    """uvicorn's own 400 for a request h11 cannot parse, answered before the app runs, was the
+    one parser refusal ``loraplex_http_refused_total`` did not count."""
+    address, registry = served
+    labels = {"setting": MALFORMED}
+    assert registry.get_sample_value("loraplex_http_refused_total", labels) == 0
+    response = _exchange(address, wire + NEXT)
+    assert response.startswith(b"HTTP/1.1 400 "), response[:100]
+    assert b"/next" not in response  # closed: nothing behind it is served
+    assert registry.get_sample_value("loraplex_http_refused_total", labels) == 1
+    for setting in ("max_header_bytes", "max_header_count", BOTH_FRAMINGS):  # only that one
+        assert registry.get_sample_value("loraplex_http_refused_total", {"setting": setting}) == 0

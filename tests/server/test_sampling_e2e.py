@@ -105,3 +105,30 @@ def test_special_tokens_keep_their_own_strings_in_top_logprobs(live: Live) -> No
     assert all(top is None or len(top) >= 20 for top in logprobs.top_logprobs)
     assert logprobs.tokens is not None and logprobs.tokens[0] == "<|bos|>"
     assert "" not in logprobs.tokens[: len(specials) + 4]
+
+
+def test_echoed_text_offsets_index_the_returned_text(live: Live) -> None:
+    """``text_offset`` are positions in the returned ``text``: under ``echo`` the first token is
+    ``<|bos|>``, which the text does not hold, so it advances the offsets by nothing (they
+    counted its 7 characters: ``text[text_offset[i]:]`` did not start with ``tokens[i]``).
+    Streamed, the same offsets."""
+    adapter = live.assets.adapters[0]
+    api = client(live.url, live.key(adapter.tenant))
+    asked = {
+        "model": f"{adapter.name}@{adapter.revision}", "prompt": adapter.probe_prompt,
+        "max_tokens": 4, "echo": True, "logprobs": 1, "temperature": 0,
+    }  # fmt: skip
+    choice = api.completions.create(**asked).choices[0]
+    logprobs = choice.logprobs
+    assert logprobs is not None and logprobs.tokens and logprobs.text_offset
+    tokens, offsets = logprobs.tokens, logprobs.text_offset
+    assert choice.text.startswith(adapter.probe_prompt) and tokens[0] == "<|bos|>"
+    assert offsets[:2] == [0, 0]
+    for token, offset in zip(tokens[1:], offsets[1:], strict=True):
+        assert choice.text[offset : offset + len(token)] == token, (token, offset)
+    assert offsets[-1] + len(tokens[-1]) == len(choice.text)
+
+    streamed = api.completions.create(**asked, stream=True)
+    parts = [c.choices[0] for c in streamed if c.choices]
+    assert "".join(p.text for p in parts) == choice.text
+    assert [o for p in parts if p.logprobs for o in p.logprobs.text_offset or ()] == offsets

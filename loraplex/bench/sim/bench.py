@@ -36,7 +36,7 @@ from loraplex.bench.sim.fleet_interleaved import InterleavedFleet, fleet_pricing
 from loraplex.bench.sim.interleaved import InterleavedCalibration, Pricing, interleaved_pricing
 from loraplex.bench.sim.simulated import simulated
 from loraplex.bench.sim.validate import MAX_LORA_RANK
-from loraplex.bench.workloads import Workload
+from loraplex.bench.workloads import Workload, adapter_union
 from loraplex.sim.cost_model import CostModel
 from loraplex.sim.host_speed import HostProbe, probe_ratio
 
@@ -47,8 +47,7 @@ def prepared(
     """The registry every real run shares: each trace adapter, each tenant's class and quotas."""
     from loraplex.bench.serve.fleet import prepare_fleet
 
-    union = {(a.tenant, a.name): a for w in workloads for a in w.adapters}
-    adapters = list(union.values())
+    adapters = adapter_union(w.adapters for w in workloads)  # the first definition of each
     return prepare_fleet(root / "registry", model_dir, adapters, MAX_LORA_RANK, config.seed)
 
 

@@ -28,7 +28,7 @@ from loraplex.bench.harness.machine import machine_record
 from loraplex.bench.harness.stats import ratio
 from loraplex.bench.sim.trace_fields import GeneratedTraces
 from loraplex.bench.sim.validate import MAX_LORA_RANK, RealSettings
-from loraplex.bench.workloads import SCENARIOS
+from loraplex.bench.workloads import SCENARIOS, adapter_union
 
 Judge = Callable[[Mapping[str, Any]], list[str]]  # an outcome -> the objectives it misses
 
@@ -163,9 +163,9 @@ def run_plan_check(config: PlanCheckConfig, judge: Judge, single: Any = None) ->
     runs = []
     with tempfile.TemporaryDirectory(prefix="loraplex-plan-check-") as tmp:
         root = Path(tmp)
-        union = {(a.tenant, a.name): a for w in workloads for a in w.adapters}
+        union = adapter_union(w.adapters for w in workloads)  # the first definition of each
         registry = prepare_fleet(
-            root / "registry", assets.base_model_dir, list(union.values()), MAX_LORA_RANK, ts.seed
+            root / "registry", assets.base_model_dir, union, MAX_LORA_RANK, ts.seed
         )  # fmt: skip
         for n, (repeat, index) in enumerate(run_order(len(pairs), config.repeats)):
             workload, deployment = pairs[index]

@@ -9,6 +9,7 @@ from collections.abc import Mapping
 from loraplex.engine.watchdog import DEFAULT_KILL_AFTER_S, DEFAULT_UNRESPONSIVE_AFTER_S
 from loraplex.residency.policy import policy_names
 from loraplex.serve.config.keys import file_key
+from loraplex.server.stream_buffer import MIN_PAUSE_ROOM_BYTES
 
 _POSITIVE = (
     "max_loras",
@@ -145,6 +146,20 @@ def check_step_limits(
 # What a stream's pause does: read only where a stream can be paused (``stream_pause_bytes`` below
 # ``max_stream_buffer_bytes``; at or above it the overflow abort comes first, stream_buffer.py).
 PAUSE_KEYS = ("max_stream_resumes", "max_paused_kv_fraction")
+
+
+def check_stream_pause_room(pause_bytes: int, buffer_bytes: int) -> None:
+    """Where streams pause (``pause_bytes`` < ``buffer_bytes``), what arrives after a pause
+    must fit below ``buffer_bytes`` (``stream_buffer.MIN_PAUSE_ROOM_BYTES``), else a client
+    that merely fell behind is cut with ``stream_not_read``."""
+    room = buffer_bytes - pause_bytes
+    if 0 < room < MIN_PAUSE_ROOM_BYTES:
+        raise ValueError(
+            f"stream_pause_bytes {pause_bytes} leaves {room} bytes below "
+            f"max_stream_buffer_bytes {buffer_bytes}; expected at least {MIN_PAUSE_ROOM_BYTES} "
+            "(what a stream receives after its pause: measured up to 33.2 KB), or "
+            "stream_pause_bytes >= max_stream_buffer_bytes (never paused)"
+        )
 
 
 def check_stream_pause_keys(

@@ -50,6 +50,7 @@ from loraplex.serve.config.checks import (
     check_ranges,
     check_step_limits,
     check_stream_pause_keys,
+    check_stream_pause_room,
 )
 from loraplex.serve.config.keys import file_key
 from loraplex.server.adapter_labels import DEFAULT_MAX_NAMED
@@ -247,6 +248,7 @@ class ServeConfig:
             self.max_num_batched_tokens,
             self.max_num_seqs,
         )
+        check_stream_pause_room(self.stream_pause_bytes, self.max_stream_buffer_bytes)
         self._check_keys_read()
 
     def _check_keys_read(self) -> None:

@@ -49,6 +49,7 @@ from loraplex.server.listeners.h11_bounds import BoundedConnection
 from loraplex.server.listeners.limits import ConnectionLimits
 from loraplex.server.listeners.linger import LingeringTransport
 from loraplex.server.listeners.unsent import (
+    MALFORMED,
     ListenerCollector,
     ListenerCounts,
     SendWatch,
@@ -275,10 +276,12 @@ class BoundedH11Protocol(H11Protocol):
         self._watch_head()
 
     def send_400_response(self, msg: str) -> None:
-        """uvicorn's 400 for a request h11 refused, or, when this connection refused it, its
-        status (431: too many header lines) and text, counted by the bound's setting."""
+        """uvicorn's 400 for a request h11 refused (counted as ``MALFORMED``: it was not
+        counted), or, when this connection refused it, its status (431: too many header lines)
+        and text, counted by the bound's setting."""
         conn = self.conn
         if not isinstance(conn, BoundedConnection) or conn.refusal_setting is None:
+            self.counts.refused(MALFORMED)
             super().send_400_response(msg)
             return
         self.counts.refused(conn.refusal_setting)

@@ -54,6 +54,9 @@ PARSER_SETTINGS = ("max_header_bytes", "max_header_count", "max_body_chunks")
 # The ``setting`` label of a request the parser refuses by no setting: framed by both
 # Transfer-Encoding and Content-Length (``h11_bounds.py``), uncounted before
 BOTH_FRAMINGS = "both_framings"
+# The ``setting`` label of a request h11 itself refused as not HTTP/1.1 (a malformed request line
+# or header line, an invalid Content-Length or chunk size): uvicorn's bare 400, uncounted before
+MALFORMED = "malformed"
 
 
 class Holder(Protocol):
@@ -239,7 +242,7 @@ class ListenerCounts:
 
     def __init__(self) -> None:
         # setting name -> requests refused by it
-        self.num_refused = dict.fromkeys((*PARSER_SETTINGS, BOTH_FRAMINGS), 0)
+        self.num_refused = dict.fromkeys((*PARSER_SETTINGS, BOTH_FRAMINGS, MALFORMED), 0)
         self.num_cut: dict[str, int] = {CUT_WRITE_TIMEOUT: 0, CUT_UNSENT_BYTES: 0}
 
     def refused(self, setting: str) -> None:
@@ -259,9 +262,9 @@ class ListenerCollector(Collector):
     def collect(self) -> Iterator[GaugeMetricFamily | CounterMetricFamily]:
         refused = CounterMetricFamily(
             "loraplex_http_refused",
-            "Requests refused by a bound of the HTTP parser (a 400 or 431 and a close), by the "
-            f"setting that refused them ({BOTH_FRAMINGS}: framed by both Transfer-Encoding and "
-            "Content-Length).",
+            "Requests refused by the HTTP parser before the app saw them (a 400 or 431 and a "
+            f"close), by the setting that refused them ({BOTH_FRAMINGS}: framed by both "
+            f"Transfer-Encoding and Content-Length; {MALFORMED}: not valid HTTP/1.1).",
             labels=("setting",),
         )
         for setting, count in sorted(self._counts.num_refused.items()):

@@ -19,17 +19,9 @@ import os
 _PATH = os.environ.get("LORAPLEX_PROBE_DECISIONS")
 
 
-def _tier(report: object, key: str | None) -> str | None:
-    if report is None or key is None:
-        return None
-    residency = report.residency  # type: ignore[attr-defined]
-    for name in ("l0", "loading", "l1", "l2"):
-        if key in getattr(residency, name):
-            return name
-    return "absent"
-
-
 def _install(path: str) -> None:
+    from probe_views import replica_view  # this directory is on the path: the module docstring
+
     from loraplex.router import router as router_module
 
     choose = router_module.Router.choose
@@ -39,16 +31,8 @@ def _install(path: str) -> None:
         now_s = self._clock.now()
         views = {}
         for replica_id, report in replicas.items():
-            load = None if report is None else report.load
-            views[replica_id] = {
-                "age_s": None if report is None else round(now_s - report.at_s, 4),
-                "tier": _tier(report, request.adapter_key),
-                "queued": None if load is None else load.num_queued,
-                "adapter_wait": None if load is None else load.num_adapter_wait,
-                "running": None if load is None else load.num_running,
-                "evictions_per_min": None if load is None else round(load.evictions_per_min, 3),
-                "l0": None if report is None else sorted(report.residency.l0),
-            }
+            views[replica_id] = replica_view(report, request.adapter_key, now_s)
+            views[replica_id]["l0"] = None if report is None else sorted(report.residency.l0)
         line = {
             "pid": os.getpid(),
             "now_s": round(now_s, 6),
