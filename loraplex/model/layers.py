@@ -54,6 +54,20 @@ def packed_available() -> bool:
     return onednn_available() and hasattr(torch.ops.mkldnn, "_reorder_linear_weight")
 
 
+def packed_rows(capability: str | None = None) -> tuple[int, int | None]:
+    """The rows (fewest, most; None: no bound) for which :class:`PackedLinear` runs a packed
+    copy on this CPU, ``F.linear`` outside them (``capability``: torch's
+    ``get_cpu_capability()``, read when None). With AVX-512 every row count: the packed copy
+    ran one row in 0.42x ``F.linear``'s time (1024 x 1024) and prefill widths faster too
+    (docs/benchmarks/execution.md, "Packed oneDNN weights"). Without it (an AVX2-only AMD
+    EPYC; docs/benchmarks/peer.md, "AMD EPYC (AVX2) kernel choices") ``F.linear`` ran whole
+    large-preset steps of one sequence in 0.72x the packed time, of 64 sequences in 0.94x and a
+    4 x 64 prefill in 0.89x, where the packed copy won from 2 to 16 sequences (0.81-0.91x) and
+    tied at 32: there it runs 2 to 32 rows."""
+    name = torch.backends.cpu.get_cpu_capability() if capability is None else capability
+    return (1, None) if name.upper().startswith("AVX512") else (2, 32)
+
+
 class PackedLinear:
     """``F.linear`` through oneDNN's matmul on packed copies of the weights: each weight
     reordered once into the blocked layout oneDNN's kernel reads (what vLLM's CPU build does at
@@ -68,12 +82,18 @@ class PackedLinear:
     is packed again. The price is a
     second copy of every packed weight (the same bytes again), held until the weight is freed.
 
-    NOTE: results are oneDNN's (:func:`onednn_linear`'s from 2 rows; one row runs oneDNN
-    too here, where that function takes ``F.linear``), float32 rounding away from
-    ``F.linear``'s. A weight created in inference mode has no version counter and is never
-    packed (docs/benchmarks/execution.md, "Packed oneDNN weights")."""
+    NOTE: results are oneDNN's (:func:`onednn_linear`'s from 2 rows), float32 rounding away
+    from ``F.linear``'s. Calls of fewer rows than ``rows[0]`` or more than ``rows[1]`` (None:
+    no bound) take ``F.linear`` (default :func:`packed_rows`: every row count on an AVX-512
+    CPU, 2 to 32 rows on one without). A weight created in inference mode has no version
+    counter and is never packed (docs/benchmarks/execution.md, "Packed oneDNN weights")."""
 
-    def __init__(self) -> None:
+    def __init__(self, rows: tuple[int, int | None] | None = None) -> None:
+        self.min_rows, self.max_rows = packed_rows() if rows is None else rows
+        if self.min_rows < 1 or (self.max_rows is not None and self.max_rows < self.min_rows):
+            raise ValueError(
+                f"rows {(self.min_rows, self.max_rows)} is invalid; expected 1 <= fewest <= most"
+            )
         # id(weight) -> (the weight, weakly; its version before it was packed; the copy)
         self._packed: dict[int, tuple[weakref.ref[torch.Tensor], int, torch.Tensor]] = {}
 
@@ -114,6 +134,9 @@ class PackedLinear:
     def __call__(
         self, x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None
     ) -> torch.Tensor:
+        rows = x.numel() // max(x.shape[-1], 1)
+        if rows < self.min_rows or (self.max_rows is not None and rows > self.max_rows):
+            return F.linear(x, weight, bias)
         entry = self._packed.get(id(weight))
         current = (
             entry is not None

@@ -1,16 +1,18 @@
-"""Whole steps, two linear kernels paired in one process: by default oneDNN linears against
+"""Whole steps, linear kernels paired in one process: by default oneDNN linears against
 F.linear (MKL's sgemm in float32), ``--kernels onednn,packed`` oneDNN on the dense weight against
 oneDNN on packed weights (issue 27 item 2; execution.md, "The base path: oneDNN linears" and
-"Packed oneDNN weights").
+"Packed oneDNN weights"); ``--kernels packed,blas,onednn`` three at once, each against the first.
 
 ``bench execution``'s setup (its random base of the preset, the server's paged KV cache, 64
-cached positions, 16 distinct rank-16 adapters on q/k/v/o in one ``auto`` pool shared by both
-sides), float32, one thread; the same checkpoint loaded twice, ``linear_kernel`` A and B
-(``--kernels A,B``). Steps: base decode of 16, 32 and 64 sequences, the r16 decode of 16, and
-a base prefill of 4 x 64 tokens. Their logits are compared first. Rounds alternate order
-(ABBA), each side ``calls`` steps a round after warm-up; per round thread CPU time and wall
-clock. Reports medians per step and the per-round paired ratio B / A (below 1 = B faster)
-with its min-max and win count.
+cached positions, 16 distinct rank-16 adapters on q/k/v/o in one ``auto`` pool shared by every
+side), float32, one thread; the same checkpoint loaded once per kernel (``--kernels A,B[,C]``).
+Steps (``--steps``, default the first five): base decode of 16, 32 and 64 sequences, the r16
+decode of 16, a base prefill of 4 x 64 tokens; also base decode of 1, 2 and 4 sequences and a
+base prefill of 8 x 64 (``base_b1``, ``base_b2``, ``base_b4``, ``prefill_8x64``). Their logits
+are compared first (each kernel against the first). Rounds alternate order (ABBA; A B C, C B
+A with three), each side ``calls`` steps a round after warm-up; per round thread CPU time and
+wall clock. Reports medians per step and per other kernel the per-round paired ratio B / A
+(below 1 = B faster) with its min-max and win count.
 
 Prints one JSON line. Timed use, under the benchmark lock: ``flock /work/bench.lock nice -n -5
 env PYTHONPATH=$PWD python scripts/base-step-profile/paired.py --preset large --rounds 12``.
@@ -41,7 +43,12 @@ STEPS = {  # name -> (shape, LoRA or not)
     "base_b64": (StepShape(64, 1, CONTEXT), False),
     "r16_b16": (StepShape(16, 1, CONTEXT), True),
     "prefill_4x64": (StepShape(4, 64, CONTEXT), False),
+    "base_b1": (StepShape(1, 1, CONTEXT), False),
+    "base_b2": (StepShape(2, 1, CONTEXT), False),
+    "base_b4": (StepShape(4, 1, CONTEXT), False),
+    "prefill_8x64": (StepShape(8, 64, CONTEXT), False),
 }
+DEFAULT_STEPS = "base_b16,base_b32,base_b64,r16_b16,prefill_4x64"
 
 
 def timed(step: Callable[[], object], calls: int) -> tuple[float, float]:
@@ -52,19 +59,20 @@ def timed(step: Callable[[], object], calls: int) -> tuple[float, float]:
     return ((time.thread_time() - cpu) * 1e3 / calls, (time.perf_counter() - wall) * 1e3 / calls)
 
 
-def summary(times: dict[str, list[float]], a: str, b: str) -> dict[str, object]:
-    ratios = [y / x for x, y in zip(times[a], times[b], strict=True)]
-    return {
-        f"{a}_ms": round(statistics.median(times[a]), 2),
-        f"{b}_ms": round(statistics.median(times[b]), 2),
-        f"{b}/{a}": {
+def summary(times: dict[str, list[float]], a: str, *others: str) -> dict[str, object]:
+    """Medians of ``a`` and of each of ``others``, and each other's per-round ratio over ``a``."""
+    out: dict[str, object] = {f"{a}_ms": round(statistics.median(times[a]), 2)}
+    for b in others:
+        ratios = [y / x for x, y in zip(times[a], times[b], strict=True)]
+        out[f"{b}_ms"] = round(statistics.median(times[b]), 2)
+        out[f"{b}/{a}"] = {
             "median": round(statistics.median(ratios), 4),
             "min": round(min(ratios), 4),
             "max": round(max(ratios), 4),
             f"{b}_faster_rounds": sum(r < 1 for r in ratios),
             "rounds": len(ratios),
-        },
-    }
+        }
+    return out
 
 
 def start(
@@ -80,7 +88,8 @@ def start(
     if dtype:
         parser.add_argument("--dtype", choices=("float32", "bfloat16"), default="float32")
     if kernels:
-        parser.add_argument("--kernels", default="blas,onednn", help="A,B: linear_kernel names")
+        parser.add_argument("--kernels", default="blas,onednn", help="A,B[,C]: linear_kernel names")
+        parser.add_argument("--steps", default=DEFAULT_STEPS, help=f"of {','.join(STEPS)}")
     args = parser.parse_args()
     torch.set_num_threads(1)
     heap_kept = keep_freed_heap()
@@ -89,7 +98,11 @@ def start(
 
 def main() -> None:
     args, heap_kept, load_start = start(12, kernels=True)
-    a, b = kernels = tuple(args.kernels.split(","))
+    kernels = tuple(args.kernels.split(","))
+    a, others = kernels[0], kernels[1:]
+    names = args.steps.split(",")
+    if len(set(kernels)) != len(kernels) or len(kernels) < 2 or not set(names) <= set(STEPS):
+        raise SystemExit(f"--kernels {args.kernels!r} / --steps {args.steps!r}: see --help")
     with tempfile.TemporaryDirectory() as tmp:
         space = Workspace.create(Path(tmp), args.preset, ADAPTERS, 0, (UNIFORM_MIX,))
         runners = {
@@ -100,16 +113,17 @@ def main() -> None:
         pool = runners[a].pool(weights, "auto", MAX_RANK)
         steps: dict[str, dict[str, Callable[[], object]]] = {}
         logits_rel_diff: dict[str, float] = {}
-        for name, (shape, lora) in STEPS.items():
+        for name in names:
+            shape, lora = STEPS[name]
             slots = [i % ADAPTERS for i in range(shape.batch_size)] if lora else None
             steps[name] = {
                 k: r.step(shape, slots, pool if lora else None) for k, r in runners.items()
             }
             out = {k: torch.as_tensor(step()) for k, step in steps[name].items()}
-            diff = (out[b] - out[a]).abs().max() / out[a].abs().max()
-            logits_rel_diff[name] = float(diff)
-        cpu: dict[str, dict[str, list[float]]] = {n: {k: [] for k in kernels} for n in STEPS}
-        wall: dict[str, dict[str, list[float]]] = {n: {k: [] for k in kernels} for n in STEPS}
+            diffs = [(out[b] - out[a]).abs().max() / out[a].abs().max() for b in others]
+            logits_rel_diff[name] = float(max(diffs))
+        cpu: dict[str, dict[str, list[float]]] = {n: {k: [] for k in kernels} for n in names}
+        wall: dict[str, dict[str, list[float]]] = {n: {k: [] for k in kernels} for n in names}
         for i in range(args.rounds):
             for name, sides in steps.items():
                 for kernel in kernels if i % 2 == 0 else reversed(kernels):
@@ -124,12 +138,13 @@ def main() -> None:
             "rounds": args.rounds,
             "calls": args.calls,
             "kernels": [runners[k].model.linear_kernel for k in kernels],
+            "steps": names,
         },
         "heap_kept": heap_kept,
         "loadavg_start": load_start,
         "logits_max_rel_diff": logits_rel_diff,
-        "thread": {n: summary(cpu[n], a, b) for n in STEPS},
-        "wall": {n: summary(wall[n], a, b) for n in STEPS},
+        "thread": {n: summary(cpu[n], a, *others) for n in names},
+        "wall": {n: summary(wall[n], a, *others) for n in names},
         "loadavg_end": Path("/proc/loadavg").read_text().split()[:3],
     }
     sys.stdout.write(json.dumps(result) + "\n")

@@ -6,16 +6,19 @@ of n sequences (``--sizes``, default 16, 20, 24, 32) in two mixes, ``skewed80`` 
 n)`` on the hot slot, the rest drawn as ``bench modes`` draws them) and ``uniform16`` (sequence
 i on slot i mod 16), and one prefill step of ``--prefill`` sequences (each its whole
 ``context_tokens`` prompt; skewed80 mix). Variants, each the unmerged pool under another
-backend: ``masked``, ``grouped`` (forced, in the dtype), ``auto`` (the tree's ``auto``) and
-``grouped_f32`` (grouped, in float32 through the gathered pass on every step of two runs or
-more, no token cap; equal to ``grouped`` in float32). Paired ABBA: each round times every
-variant ``calls`` steps in turn, the order reversed every other round; per variant the median
-whole step (ms) with min-max over the rounds' medians, and ``auto``'s strategy; per step the
-fastest variant and ``auto`` over it (step-time ratio best / auto: 1.0 = auto is the best).
+backend: ``masked``, ``grouped`` (forced, in the dtype), ``batched`` (forced: one row grid or
+one per rank class), ``auto`` (the tree's ``auto``) and ``grouped_f32`` (grouped, in float32
+through the gathered pass on every step of two runs or more, no token cap; equal to
+``grouped`` in float32). Paired ABBA: each round times every variant ``calls`` steps in turn,
+the order reversed every other round; per variant the median whole step (ms) with min-max over
+the rounds' medians, and ``auto``'s strategy; per step the fastest variant and ``auto`` over it
+(step-time ratio best / auto: 1.0 = auto is the best). Times are wall clock, or with ``--clock
+thread`` the thread's CPU time (which other processes on a shared machine leave alone).
 
 Prints one JSON line per (preset, dtype). Run niced under the benchmark lock, e.g.
 ``flock /work/bench.lock nice -n -5 python scripts/lora-strategy/probe.py small bfloat16 4``
-(arguments: preset, dtype, rounds; options ``--sizes 16,20`` ``--prefill 4`` ``--calls 3``).
+(arguments: preset, dtype, rounds; options ``--sizes 16,20`` ``--prefill 4`` ``--calls 3``
+``--clock thread``).
 """
 
 from __future__ import annotations
@@ -45,7 +48,8 @@ from loraplex.ops import ArenaLayout, LoraBatch
 from loraplex.ops.plan import active_slot_tokens, check_token_slots, gathered_batch
 from loraplex.ops.torch_ops import GroupedBackend
 
-VARIANTS = ("masked", "grouped", "auto", "grouped_f32")
+CLOCKS = {"wall": time.perf_counter, "thread": time.thread_time}
+VARIANTS = ("masked", "grouped", "batched", "auto", "grouped_f32")
 
 
 class GroupedFloat32(GroupedBackend):
@@ -60,7 +64,7 @@ class GroupedFloat32(GroupedBackend):
 
 
 def views(setup: Setup) -> dict[str, BackendView]:
-    out = {name: BackendView(setup.pool, name) for name in VARIANTS[:3]}
+    out = {name: BackendView(setup.pool, name) for name in VARIANTS[:4]}
     out["grouped_f32"] = BackendView(setup.pool, "grouped")
     out["grouped_f32"].backend = GroupedFloat32()
     return out
@@ -72,6 +76,8 @@ def measure(
     slots: list[int | None],
     rounds: int,
     calls: int,
+    *,
+    clock: Callable[[], float] = time.perf_counter,
 ) -> dict[str, object]:
     step = make(setup, slots)
     appliers = views(setup)
@@ -83,9 +89,9 @@ def measure(
         for name in VARIANTS if index % 2 == 0 else VARIANTS[::-1]:  # ABBA
             times = []
             for _ in range(calls):
-                start = time.perf_counter()
+                start = clock()
                 step(appliers[name])
-                times.append(time.perf_counter() - start)
+                times.append(clock() - start)
             per_round[name].append(statistics.median(times) * 1000)
     row: dict[str, object] = {"slots": slots, "auto_chose": appliers["auto"].last_strategy}
     medians = {name: statistics.median(ms) for name, ms in per_round.items()}
@@ -109,7 +115,9 @@ def main() -> None:
     parser.add_argument("--sizes", default="16,20,24,32")
     parser.add_argument("--prefill", type=int, default=4)
     parser.add_argument("--calls", type=int, default=3)
+    parser.add_argument("--clock", choices=tuple(CLOCKS), default="wall")
     args = parser.parse_args()
+    clock = CLOCKS[args.clock]
     torch.set_num_threads(1)
     cfg = ModesBenchConfig(preset=args.preset, dtype=args.dtype, batch_size=20)
     out: dict[str, object] = {
@@ -118,6 +126,7 @@ def main() -> None:
         "dtype": args.dtype,
         "rounds": args.rounds,
         "calls": args.calls,
+        "clock": args.clock,
         "start_utc": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
         "loadavg_start": Path("/proc/loadavg").read_text().split()[:3],
     }
@@ -128,15 +137,15 @@ def main() -> None:
             skewed = skewed_slots(rng, n, 0.8)
             uniform: list[int | None] = [i % NUM_ADAPTERS for i in range(n)]
             out[f"decode_skewed80_{n}"] = measure(
-                decode_step, setup, skewed, args.rounds, args.calls
+                decode_step, setup, skewed, args.rounds, args.calls, clock=clock
             )
             out[f"decode_uniform16_{n}"] = measure(
-                decode_step, setup, uniform, args.rounds, args.calls
+                decode_step, setup, uniform, args.rounds, args.calls, clock=clock
             )
         if args.prefill:
             slots = skewed_slots(rng, args.prefill, 0.8)
             out[f"prefill_skewed80_{args.prefill}"] = measure(
-                prefill_step, setup, slots, max(2, args.rounds // 2), 1
+                prefill_step, setup, slots, max(2, args.rounds // 2), 1, clock=clock
             )
     out["end_utc"] = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
     out["loadavg_end"] = Path("/proc/loadavg").read_text().split()[:3]

@@ -2,11 +2,13 @@
 cast back, then the weight), so greedy outputs do not move; other dtypes take the formula.
 The linear kernels: oneDNN's gives F.linear's result to float32 rounding, reads the weight as it
 is now (no stale packed copy), and is chosen only where it runs; the packed one gives oneDNN's
-result, repacks a weight written in place and forgets a freed one."""
+result, repacks a weight written in place and forgets a freed one; outside its rows (on a CPU
+without AVX-512: one row, more than 32) it takes F.linear."""
 
 from __future__ import annotations
 
 import gc
+from collections.abc import Callable
 
 import pytest
 import torch
@@ -22,6 +24,7 @@ from loraplex.model.layers import (
     onednn_available,
     onednn_linear,
     packed_available,
+    packed_rows,
     resolve_linear_kernel,
 )
 
@@ -114,7 +117,7 @@ def test_packed_linear_gives_onednn_results_before_and_after_packing(rows: int, 
     x = torch.randn(rows, 2 * 96, generator=generator)[:, :96]
     weight = torch.randn(2 * 80, 96, generator=generator)[80:]
     b = torch.randn(80, generator=generator) if bias else None
-    linear = PackedLinear()
+    linear = PackedLinear((1, None))  # every row count on oneDNN, as on an AVX-512 CPU
     dense = linear(x, weight, b)
     assert len(linear) == 0 and not linear.is_current(weight)
     assert torch.equal(dense, _dense_onednn(x, weight, b))
@@ -123,6 +126,44 @@ def test_packed_linear_gives_onednn_results_before_and_after_packing(rows: int, 
     assert linear.is_current(weight) and len(linear) == 1
     packed = linear(x, weight, b)
     assert torch.equal(packed, dense) if rows > 1 else torch.allclose(packed, dense, 1e-5, 1e-5)
+
+
+def _ops_run(call: Callable[[], object]) -> set[str]:
+    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]) as prof:
+        call()
+    return {event.name for event in prof.events()}
+
+
+@needs_packed
+@pytest.mark.parametrize("rows", [(1, None), (2, 32)])
+def test_packed_linear_takes_f_linear_outside_its_rows(rows: tuple[int, int | None]) -> None:
+    """Outside its rows a call is ``F.linear``'s (its result exactly, no oneDNN op); within
+    them oneDNN's matmul on the packed copy."""
+    generator = torch.Generator().manual_seed(rows[0])
+    x = torch.randn(33, 64, generator=generator)
+    weight = torch.randn(48, 64, generator=generator)
+    linear = PackedLinear(rows)
+    assert linear.pack(weight)
+    onednn = "mkldnn::_linear_pointwise"
+    for count in (1, 2, 32, 33):
+        packed = count >= rows[0] and (rows[1] is None or count <= rows[1])
+        assert (onednn in _ops_run(lambda n=count: linear(x[:n], weight))) == packed
+        if not packed:
+            assert torch.equal(linear(x[:count], weight), F.linear(x[:count], weight))
+    assert onednn in _ops_run(lambda: linear(x[:4].view(2, 2, 64), weight))  # rows, not dim 0
+
+
+def test_packed_rows_follow_the_cpu_capability(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Every row count runs packed on AVX-512 CPUs (unchanged there), 2 to 32 rows on others."""
+    assert packed_rows("AVX512") == (1, None)
+    assert packed_rows("AVX2") == packed_rows("DEFAULT") == (2, 32)
+    for capability, rows in (("AVX512", (1, None)), ("AVX2", (2, 32))):
+        monkeypatch.setattr(torch.backends.cpu, "get_cpu_capability", lambda c=capability: c)
+        linear = PackedLinear()
+        assert packed_rows() == rows and (linear.min_rows, linear.max_rows) == rows
+    for bad in ((0, None), (4, 2)):
+        with pytest.raises(ValueError, match=r"rows \(\d, \w+\) is invalid"):
+            PackedLinear(bad)
 
 
 @needs_packed
