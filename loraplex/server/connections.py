@@ -41,16 +41,19 @@ without this, one tenant's key made every connection it opened unevictable: a te
 cheap request every few seconds, had every other tenant's new connections closed at accept.
 Connections authenticated with the admin key are never closed for a newcomer.
 
-While the gate has turned a newcomer away at ``max_connections`` in the last ``CONTENDED_S``, a
+While the gate has turned a newcomer away at ``max_connections`` or at
+``max_unauthenticated_connections`` in the last ``CONTENDED_S``, a
 tenant holding ``max_tenant_connection_share`` of ``max_connections`` or more is refused any
 new connection: its first authenticated request is answered 429 (``code``
-``max_tenant_connection_share``) and the connection closed; and each newcomer turned away drains
+``max_tenant_connection_share``) and the connection closed (cut with a reset first if a newcomer
+finds no room while it is still open); and each newcomer turned away drains
 the largest tenant's oldest connections down to that share (each closes after the answer in
 flight: no admitted request is lost). NOTE: a drain alone freed room that the tenant's reconnect
 took first, so a tenant with a whole request in flight on every connection (long streams, mostly
 queued) kept every other tenant's new connections out: 1 of 40 served (attack round 18,
-``body-hog --mode flight``). The share holds only while newcomers are turned away: with room
-left, one tenant may hold every connection.
+``body-hog --mode flight``; with the share 2-36 of 40: its reconnects, each refused, still take
+room while their requests wait unread). The share holds only while newcomers are turned away:
+with room left, one tenant may hold every connection.
 
 A connection past its address's accept rate is not reset at once but held silently
 (``tarpit.py``) and reset later, so its client does not reconnect at once: a flood's reconnects
@@ -71,8 +74,9 @@ from loraplex.clock import Clock
 # (of the tenant holding the most) is cut for a newcomer: one still arriving is left alone.
 RECEIVING_GRACE_S = 1.0
 
-# Seconds after the gate last turned a newcomer away at ``max_connections`` during which a tenant
-# at or above ``max_tenant_connection_share`` is refused new connections (module docstring).
+# Seconds after the gate last turned a newcomer away (at ``max_connections`` or
+# ``max_unauthenticated_connections``) during which a tenant at or above
+# ``max_tenant_connection_share`` is refused new connections (module docstring).
 CONTENDED_S = 30.0
 
 # The scope state key under which the listener leaves the call that marks the request's
@@ -154,7 +158,8 @@ class Member(Protocol):
         ...
 
     def cut_body(self) -> None:
-        """Close it with a reset, its request's body still due (``receiving_s``)."""
+        """Close it with a reset, its request's body still due (``receiving_s``) or its request
+        refused (its tenant at ``max_tenant_connection_share``)."""
         ...
 
 
@@ -183,6 +188,7 @@ class ConnectionGate:
         self._by_tenant: dict[str, OrderedDict[Member, None]] = {}  # oldest first
         self._buckets: dict[str, _Bucket] = {}
         self._draining: set[Member] = set()  # told to close after their next answer
+        self._refused: set[Member] = set()  # refused at their tenant's share, closing
         self._turned_away_s: float | None = None  # when a newcomer last found no room
         self.num_refused = 0  # connections closed at accept, or refused at the tenant's share
         self.num_evicted = 0  # idle connections closed for a newcomer
@@ -233,6 +239,7 @@ class ConnectionGate:
         held[member] = None
         if refused:  # its answer closes it: never drained again, counted held until it closes
             self._draining.add(member)
+            self._refused.add(member)
             self.num_refused += 1
         return not refused
 
@@ -247,6 +254,7 @@ class ConnectionGate:
             return
         self._unauthenticated.pop(member, None)
         self._draining.discard(member)
+        self._refused.discard(member)
         self._per_address[address] -= 1
         if not self._per_address[address]:
             del self._per_address[address]
@@ -263,13 +271,15 @@ class ConnectionGate:
         if at_address_cap and not self._evict_oldest_idle(address):
             return False
         if len(self._unauthenticated) >= limits.max_unauthenticated_connections:
-            return self._evict_oldest_idle(None)
-        if len(self._open) >= limits.max_connections:
-            if self._evict_oldest_idle(None) or self._evict_largest_tenants_idle():
-                return True
+            room = self._evict_oldest_idle(None)
+        elif len(self._open) >= limits.max_connections:
+            room = self._evict_oldest_idle(None) or self._cut_refused()
+            room = room or self._evict_largest_tenants_idle()
+        else:
+            return True
+        if not room:  # a tenant's reconnects filling either budget turn newcomers away
             self._turned_away_s = self._clock.now()
-            return False
-        return True
+        return room
 
     def _evict_largest_tenants_idle(self) -> bool:
         """Closes the quietest connection of the tenant holding the most open connections, else
@@ -296,6 +306,16 @@ class ConnectionGate:
             self._draining.add(member)
             self.num_drained += 1
             member.drain()
+        return False
+
+    def _cut_refused(self) -> bool:
+        """Cuts a connection refused at its tenant's share (its 429 not yet taken: a reset
+        instead), so that the tenant's reconnects, each refused, hold no room a newcomer needs."""
+        for member in self._refused:
+            member.cut_body()
+            self.release(member)
+            self.num_evicted += 1
+            return True
         return False
 
     def _evict_oldest_idle(self, address: str | None) -> bool:

@@ -73,6 +73,21 @@ def test_a_newcomer_turned_away_drains_the_largest_tenant_down_to_its_share() ->
     assert gate.admit(later, "a") and gate.authenticated(later, "acme")
 
 
+def test_a_connection_refused_at_the_share_makes_room_for_a_newcomer() -> None:
+    gate, _ = _gate(4)
+    hog = _busy(gate, "acme", 3)
+    busy = FakeMember(idle=False)
+    assert gate.admit(busy, "b") and gate.authenticated(busy, "globex")
+    assert not gate.admit(FakeMember(), "c")  # turned away: contended from here
+    gate.release(hog[0])  # its drained answer ended; acme reconnects at once
+    reconnect = FakeMember(idle=False)
+    assert gate.admit(reconnect, "a") and not gate.authenticated(reconnect, "acme")
+    newcomer = FakeMember()
+    assert gate.admit(newcomer, "c")  # the refused reconnect, answering its 429, is cut
+    assert reconnect.body_cut and not any(m.body_cut or m.evicted for m in [*hog, busy])
+    assert (gate.num_open, gate.num_evicted) == (4, 1)
+
+
 @pytest.mark.parametrize("share", [0, 0.0, 1.5, -0.5, True, "0.5"])
 def test_an_invalid_share_is_refused_naming_the_setting(share: object) -> None:
     with pytest.raises(ValueError, match="max_tenant_connection_share"):
