@@ -51,7 +51,7 @@ the largest tenant's oldest connections down to that share (each closes after th
 flight: no admitted request is lost). NOTE: a drain alone freed room that the tenant's reconnect
 took first, so a tenant with a whole request in flight on every connection (long streams, mostly
 queued) kept every other tenant's new connections out: 1 of 40 served (attack round 18,
-``body-hog --mode flight``; with the share 2-36 of 40: its reconnects, each refused, still take
+``body-hog --mode flight``; with the share 21-39 of 40: its reconnects, each refused, still take
 room while their requests wait unread). The share holds only while newcomers are turned away:
 with room left, one tenant may hold every connection.
 
@@ -284,9 +284,10 @@ class ConnectionGate:
     def _evict_largest_tenants_idle(self) -> bool:
         """Closes the quietest connection of the tenant holding the most open connections, else
         its slowest body past ``RECEIVING_GRACE_S``; without either, drains its oldest connections
-        not yet draining (one, or as many as leave it ``tenant_share`` not draining) and returns
-        False (only at ``max_connections``: an address's cap still closes none of them, as the
-        NOTE of docs/operations.md on shared addresses says)."""
+        not yet draining (past ``tenant_share``: as many as leave it that many not draining, none
+        when its draining ones already do; within it: one) and returns False (only at
+        ``max_connections``: an address's cap still closes none of them, as the NOTE of
+        docs/operations.md on shared addresses says)."""
         largest = max(self._by_tenant.values(), key=len, default=OrderedDict())
         quiet = [(q, i, m) for i, m in enumerate(largest) if (q := m.quiet_s()) is not None]
         for _, _, member in sorted(quiet, key=lambda x: (-x[0], x[1])):
@@ -301,8 +302,11 @@ class ConnectionGate:
             self.release(slowest[1])
             self.num_evicted += 1
             return True
+        share = self.limits.tenant_share
         staying = [member for member in largest if member not in self._draining]
-        for member in staying[: max(1, len(staying) - self.limits.tenant_share)]:
+        # past its share: down to it (those draining free room); within it: one, as before
+        count = len(staying) - share if len(largest) > share else 1
+        for member in staying[: max(0, count)]:
             self._draining.add(member)
             self.num_drained += 1
             member.drain()

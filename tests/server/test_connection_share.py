@@ -54,12 +54,14 @@ def test_a_newcomer_turned_away_drains_the_largest_tenant_down_to_its_share() ->
     assert not gate.admit(FakeMember(), "b")  # busy all: the newcomer is turned away
     assert [m.drained for m in hog] == [True, True, False, False]  # main: only the oldest
     assert (gate.num_refused, gate.num_drained) == (1, 2)
+    assert not gate.admit(FakeMember(), "b")  # its drained ones will free room: none more
+    assert (gate.num_refused, gate.num_drained) == (2, 2)
     for member in hog[:2]:  # answered, then closed
         gate.release(member)
     reconnect = FakeMember(idle=False)
     assert gate.admit(reconnect, "a")  # room: admitted, but acme holds its share (2 of 4)
     assert not gate.authenticated(reconnect, "acme")
-    assert gate.num_refused == 2
+    assert gate.num_refused == 3
     assert gate.authenticated(reconnect, "acme")  # its next request: already counted (closing)
     other = FakeMember(idle=False)
     assert gate.admit(other, "b") and gate.authenticated(other, "globex")
