@@ -169,6 +169,12 @@ def serve_command(
     accepts_per_s_per_address: Annotated[
         int | None, Opt(help="New connections per second from one client IP (512).")
     ] = None,
+    max_tenant_connection_share: Annotated[
+        float | None,
+        Opt(
+            help="Fraction of max-connections a tenant may hold while others are turned away (0.5)."
+        ),
+    ] = None,
     write_timeout_s: Annotated[
         float | None,
         Opt(help="Cut off a client taking under min-send-bytes-per-s x this of it, s (30)."),

@@ -41,6 +41,20 @@ without this, one tenant's key made every connection it opened unevictable: a te
 cheap request every few seconds, had every other tenant's new connections closed at accept.
 Connections authenticated with the admin key are never closed for a newcomer.
 
+While the gate has turned a newcomer away at ``max_connections`` or at
+``max_unauthenticated_connections`` in the last ``CONTENDED_S``, a
+tenant holding ``max_tenant_connection_share`` of ``max_connections`` or more is refused any
+new connection: its first authenticated request is answered 429 (``code``
+``max_tenant_connection_share``) and the connection closed (cut with a reset first if a newcomer
+finds no room while it is still open); and each newcomer turned away drains
+the largest tenant's oldest connections down to that share (each closes after the answer in
+flight: no admitted request is lost). NOTE: a drain alone freed room that the tenant's reconnect
+took first, so a tenant with a whole request in flight on every connection (long streams, mostly
+queued) kept every other tenant's new connections out: 1 of 40 served (attack round 18,
+``body-hog --mode flight``; with the share 21-39 of 40: its reconnects, each refused, still take
+room while their requests wait unread). The share holds only while newcomers are turned away:
+with room left, one tenant may hold every connection.
+
 A connection past its address's accept rate is not reset at once but held silently
 (``tarpit.py``) and reset later, so its client does not reconnect at once: a flood's reconnects
 are then bounded by the accept rate (before, ~2,300 handshakes a second from 1,100 sockets on
@@ -50,12 +64,9 @@ are then bounded by the accept rate (before, ~2,300 handshakes a second from 1,1
 from __future__ import annotations
 
 from collections import Counter, OrderedDict
-from collections.abc import Callable, Iterator, MutableMapping, Sized
+from collections.abc import Callable, MutableMapping
 from dataclasses import dataclass
 from typing import Any, Protocol
-
-from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
-from prometheus_client.registry import Collector
 
 from loraplex.clock import Clock
 
@@ -63,18 +74,23 @@ from loraplex.clock import Clock
 # (of the tenant holding the most) is cut for a newcomer: one still arriving is left alone.
 RECEIVING_GRACE_S = 1.0
 
+# Seconds after the gate last turned a newcomer away (at ``max_connections`` or
+# ``max_unauthenticated_connections``) during which a tenant at or above
+# ``max_tenant_connection_share`` is refused new connections (module docstring).
+CONTENDED_S = 30.0
+
 # The scope state key under which the listener leaves the call that marks the request's
 # connection authenticated (absent outside ``loraplex serve``'s listener, e.g. in TestClient).
 MARK_AUTHENTICATED = "loraplex_mark_connection_authenticated"
 
 
-def mark_authenticated(state: MutableMapping[str, Any], tenant: str | None = None) -> None:
+def mark_authenticated(state: MutableMapping[str, Any], tenant: str | None = None) -> bool:
     """Called once a request passed its credential check: its connection leaves the
     unauthenticated budget and counts for ``tenant`` (None: the admin key) (``state``: the
-    request's scope state)."""
-    mark: Callable[[str | None], None] | None = state.get(MARK_AUTHENTICATED)
-    if mark is not None:
-        mark(tenant)
+    request's scope state). False: the connection is refused, ``tenant`` holding its share
+    (``max_tenant_connection_share``): answer the request 429 and close it."""
+    mark: Callable[[str | None], bool] | None = state.get(MARK_AUTHENTICATED)
+    return mark is None or mark(tenant)
 
 
 @dataclass(frozen=True)
@@ -85,6 +101,8 @@ class GateLimits:
     max_unauthenticated_connections: int = 512  # open connections not yet authenticated
     max_connections_per_address: int = 512  # open connections from one client address
     accepts_per_s_per_address: int = 512  # new connections per second from one address
+    # the fraction of max_connections one tenant may hold while newcomers are turned away
+    max_tenant_connection_share: float = 0.5
 
     def __post_init__(self) -> None:
         for name in (
@@ -101,6 +119,17 @@ class GateLimits:
                 f"max_unauthenticated_connections {self.max_unauthenticated_connections} is "
                 f"invalid; expected <= max_connections {self.max_connections} (it is a share)"
             )
+        share = self.max_tenant_connection_share
+        if isinstance(share, bool) or not isinstance(share, int | float) or not 0 < share <= 1:
+            raise ValueError(
+                f"max_tenant_connection_share {share!r} is invalid; expected above 0, at most 1"
+            )
+
+    @property
+    def tenant_share(self) -> int:
+        """Connections one tenant may hold under contention: ``max_tenant_connection_share`` of
+        ``max_connections``, at least 1."""
+        return max(1, int(self.max_tenant_connection_share * self.max_connections))
 
 
 class Member(Protocol):
@@ -129,7 +158,8 @@ class Member(Protocol):
         ...
 
     def cut_body(self) -> None:
-        """Close it with a reset, its request's body still due (``receiving_s``)."""
+        """Close it with a reset, its request's body still due (``receiving_s``) or its request
+        refused (its tenant at ``max_tenant_connection_share``)."""
         ...
 
 
@@ -158,7 +188,9 @@ class ConnectionGate:
         self._by_tenant: dict[str, OrderedDict[Member, None]] = {}  # oldest first
         self._buckets: dict[str, _Bucket] = {}
         self._draining: set[Member] = set()  # told to close after their next answer
-        self.num_refused = 0  # connections closed at accept
+        self._refused: set[Member] = set()  # refused at their tenant's share, closing
+        self._turned_away_s: float | None = None  # when a newcomer last found no room
+        self.num_refused = 0  # connections closed at accept, or refused at the tenant's share
         self.num_evicted = 0  # idle connections closed for a newcomer
         self.num_drained = 0  # tenant connections told to close after their answer
 
@@ -193,14 +225,27 @@ class ConnectionGate:
         self._unauthenticated[member] = None
         return True
 
-    def authenticated(self, member: Member, tenant: str | None = None) -> None:
+    def authenticated(self, member: Member, tenant: str | None = None) -> bool:
         """A request on ``member`` passed a credential check (idempotent): ``tenant``'s key, or
-        the admin key (None). A connection is counted for the first tenant that used it."""
+        the admin key (None). A connection is counted for the first tenant that used it. False
+        (counted refused): ``tenant`` already held its share under contention (module
+        docstring); the caller answers the request and closes the connection."""
         self._unauthenticated.pop(member, None)
         if tenant is None or member not in self._open or member in self._tenant_of:
-            return
+            return True
+        held = self._by_tenant.setdefault(tenant, OrderedDict())
+        refused = len(held) >= self.limits.tenant_share and self._contended()
         self._tenant_of[member] = tenant
-        self._by_tenant.setdefault(tenant, OrderedDict())[member] = None
+        held[member] = None
+        if refused:  # its answer closes it: never drained again, counted held until it closes
+            self._draining.add(member)
+            self._refused.add(member)
+            self.num_refused += 1
+        return not refused
+
+    def _contended(self) -> bool:
+        turned_away_s = self._turned_away_s
+        return turned_away_s is not None and self._clock.now() - turned_away_s < CONTENDED_S
 
     def release(self, member: Member) -> None:
         """``member`` closed (idempotent; an evicted member is already released)."""
@@ -209,6 +254,7 @@ class ConnectionGate:
             return
         self._unauthenticated.pop(member, None)
         self._draining.discard(member)
+        self._refused.discard(member)
         self._per_address[address] -= 1
         if not self._per_address[address]:
             del self._per_address[address]
@@ -225,16 +271,23 @@ class ConnectionGate:
         if at_address_cap and not self._evict_oldest_idle(address):
             return False
         if len(self._unauthenticated) >= limits.max_unauthenticated_connections:
-            return self._evict_oldest_idle(None)
-        if len(self._open) >= limits.max_connections:
-            return self._evict_oldest_idle(None) or self._evict_largest_tenants_idle()
-        return True
+            room = self._evict_oldest_idle(None)
+        elif len(self._open) >= limits.max_connections:
+            room = self._evict_oldest_idle(None) or self._cut_refused()
+            room = room or self._evict_largest_tenants_idle()
+        else:
+            return True
+        if not room:  # a tenant's reconnects filling either budget turn newcomers away
+            self._turned_away_s = self._clock.now()
+        return room
 
     def _evict_largest_tenants_idle(self) -> bool:
         """Closes the quietest connection of the tenant holding the most open connections, else
-        its slowest body past ``RECEIVING_GRACE_S``; without either, drains its oldest connection
-        not yet draining and returns False (only at ``max_connections``: an address's cap still
-        closes none of them, as the NOTE of docs/operations.md on shared addresses says)."""
+        its slowest body past ``RECEIVING_GRACE_S``; without either, drains its oldest connections
+        not yet draining (past ``tenant_share``: as many as leave it that many not draining, none
+        when its draining ones already do; within it: one) and returns False (only at
+        ``max_connections``: an address's cap still closes none of them, as the NOTE of
+        docs/operations.md on shared addresses says)."""
         largest = max(self._by_tenant.values(), key=len, default=OrderedDict())
         quiet = [(q, i, m) for i, m in enumerate(largest) if (q := m.quiet_s()) is not None]
         for _, _, member in sorted(quiet, key=lambda x: (-x[0], x[1])):
@@ -249,12 +302,24 @@ class ConnectionGate:
             self.release(slowest[1])
             self.num_evicted += 1
             return True
-        for member in largest:
-            if member not in self._draining:
-                self._draining.add(member)
-                self.num_drained += 1
-                member.drain()
-                break
+        share = self.limits.tenant_share
+        staying = [member for member in largest if member not in self._draining]
+        # past its share: down to it (those draining free room); within it: one, as before
+        count = len(staying) - share if len(largest) > share else 1
+        for member in staying[: max(0, count)]:
+            self._draining.add(member)
+            self.num_drained += 1
+            member.drain()
+        return False
+
+    def _cut_refused(self) -> bool:
+        """Cuts a connection refused at its tenant's share (its 429 not yet taken: a reset
+        instead), so that the tenant's reconnects, each refused, hold no room a newcomer needs."""
+        for member in self._refused:
+            member.cut_body()
+            self.release(member)
+            self.num_evicted += 1
+            return True
         return False
 
     def _evict_oldest_idle(self, address: str | None) -> bool:
@@ -289,40 +354,3 @@ class ConnectionGate:
             bucket.refill(rate, now_s)
             if bucket.tokens >= rate:
                 del self._buckets[address]
-
-
-class GateCollector(Collector):
-    """The gate's counts at scrape time (``/metrics``)."""
-
-    def __init__(self, gate: ConnectionGate, tarpit: Sized | None = None) -> None:
-        self._gate = gate
-        self._tarpit = tarpit  # ``tarpit.Tarpit``: connections held off (not admitted)
-
-    def collect(self) -> Iterator[Metric]:
-        gate = self._gate
-        open_by_state = GaugeMetricFamily(
-            "loraplex_connections", "Open client connections by state.", labels=("state",)
-        )
-        num_unauthenticated = gate.num_unauthenticated
-        open_by_state.add_metric(("authenticated",), gate.num_open - num_unauthenticated)
-        open_by_state.add_metric(("unauthenticated",), num_unauthenticated)
-        if self._tarpit is not None:
-            open_by_state.add_metric(("held",), len(self._tarpit))
-        yield open_by_state
-        yield CounterMetricFamily(
-            "loraplex_connections_refused",
-            "Connections closed as soon as they were accepted (a cap or the accept rate).",
-            value=gate.num_refused,
-        )
-        yield CounterMetricFamily(
-            "loraplex_connections_evicted",
-            "Idle connections closed to make room for a new one (unauthenticated ones, or at "
-            "max_connections the largest tenant's, or its slowest request body).",
-            value=gate.num_evicted,
-        )
-        yield CounterMetricFamily(
-            "loraplex_connections_drained",
-            "Tenant connections told to close after their answer (Connection: close) at "
-            "max_connections, when the largest tenant had no quiet connection to close.",
-            value=gate.num_drained,
-        )

@@ -74,6 +74,17 @@ def upload_too_large(max_bytes: int) -> ApiError:
     return ApiError(413, message, "invalid_request_error", "request_too_large", "weights")
 
 
+def over_connection_share(tenant: str) -> ApiError:
+    """A new connection of ``tenant``, which holds its share of the connections while others are
+    turned away (``connections.py``): answered, then closed."""
+    message = (
+        f"tenant {tenant!r} already holds its max_tenant_connection_share of this server's "
+        "connections while others are turned away; send on a connection it holds, or retry later"
+    )
+    headers = {**_CLOSE, "Retry-After": "1"}
+    return ApiError(429, message, "rate_limit_error", "max_tenant_connection_share", None, headers)
+
+
 def body_timed_out(timeout_s: float) -> ApiError:
     message = f"request body not received within {timeout_s:g} s"
     return ApiError(408, message, "invalid_request_error", "request_timeout", None, dict(_CLOSE))
@@ -247,7 +258,8 @@ class RequestLimits:
             started_ns = time.time_ns()
             tenant = await authenticate(self.deps, token)
             state = scope.setdefault("state", {})
-            mark_authenticated(state, tenant.name)  # a valid key, even if over its rate below
+            if not mark_authenticated(state, tenant.name):  # a valid key, even if over its rate
+                raise over_connection_share(tenant.name)
             state[PRIORITY_CLASS_STATE] = tenant.priority.value  # its responses are counted
             try:  # the tenant's max_requests_per_s, before its body costs anything
                 await _take_token(self.rate_limiter, tenant)

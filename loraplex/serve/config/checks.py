@@ -99,11 +99,17 @@ def check_non_negative(config: object) -> None:
             raise ValueError(f"{name} {getattr(config, name)} is invalid; expected >= 0")
 
 
-def check_connection_caps(max_connections: int, unauthenticated: int | None) -> None:
+def check_connection_caps(
+    max_connections: int, unauthenticated: int | None, tenant_share: float
+) -> None:
     if unauthenticated is not None and unauthenticated > max_connections:
         raise ValueError(
             f"max_unauthenticated_connections {unauthenticated} is invalid; expected <= "
             f"max_connections {max_connections} or unset"
+        )
+    if not 0 < tenant_share <= 1:
+        raise ValueError(
+            f"max_tenant_connection_share {tenant_share} is invalid; expected above 0, at most 1"
         )
 
 

@@ -192,6 +192,9 @@ class ServeConfig:
     max_unauthenticated_connections: int | None = None
     max_connections_per_address: int = 512  # open from one client IP address
     accepts_per_s_per_address: int = 512  # new connections per second from one IP (closed beyond)
+    # the fraction of max_connections a tenant may hold while newcomers are turned away; beyond
+    # it its new connections are answered 429 and closed (server/connections.py)
+    max_tenant_connection_share: float = 0.5
     max_header_count: int = 100  # header lines of a request head (431 and closed beyond it)
     # a client taking less of its waiting answer than min_send_bytes_per_s x this is cut off
     write_timeout_s: float = 30.0
@@ -229,7 +232,11 @@ class ServeConfig:
         check_base_linear_kernel(self.base_linear_kernel, self.dtype, self.device)
         check_tier_share(self.default_tenant_tier_share)
         check_ranges(self)
-        check_connection_caps(self.max_connections, self.max_unauthenticated_connections)
+        check_connection_caps(
+            self.max_connections,
+            self.max_unauthenticated_connections,
+            self.max_tenant_connection_share,
+        )
         check_shared_state(self.shared_state_url, self.shared_state_prefix)
         database_timeouts(
             self.database_connect_timeout_s,

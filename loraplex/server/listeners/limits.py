@@ -22,6 +22,8 @@ class ConnectionLimits:
     max_unauthenticated_connections: int | None = None
     max_connections_per_address: int = 512  # open connections from one client address
     accepts_per_s_per_address: int = 512  # new connections per second from one client address
+    # the fraction of ``max_connections`` one tenant may hold while newcomers are turned away
+    max_tenant_connection_share: float = 0.5
     # a client that takes less of its waiting answer than ``min_send_bytes_per_s`` x this, in
     # any such span, is cut off with a reset (``protocol.py``)
     write_timeout_s: float = 30.0
@@ -71,4 +73,5 @@ class ConnectionLimits:
             or max(1, self.max_connections // 2),
             max_connections_per_address=self.max_connections_per_address,
             accepts_per_s_per_address=self.accepts_per_s_per_address,
+            max_tenant_connection_share=self.max_tenant_connection_share,
         )

@@ -41,8 +41,9 @@ from prometheus_client.registry import CollectorRegistry
 from uvicorn.protocols.http.h11_impl import H11Protocol
 
 from loraplex.clock import MonotonicClock
-from loraplex.server.connections import MARK_AUTHENTICATED, ConnectionGate, GateCollector
+from loraplex.server.connections import MARK_AUTHENTICATED, ConnectionGate
 from loraplex.server.fd_limit import ensure_fd_limit
+from loraplex.server.gate_metrics import GateCollector
 from loraplex.server.gated_accept import AcceptGate, refuse
 from loraplex.server.listeners.buffered import BUFFERED_ANSWERS, BufferedAnswers
 from loraplex.server.listeners.h11_bounds import BoundedConnection
@@ -232,8 +233,8 @@ class BoundedH11Protocol(H11Protocol):
         elif self._body_due_at is None:
             self._body_due_at = self.loop.time()
 
-    def _on_authenticated(self, tenant: str | None = None) -> None:
-        self.gate.authenticated(self, tenant)
+    def _on_authenticated(self, tenant: str | None = None) -> bool:
+        return self.gate.authenticated(self, tenant)
 
     def _should_upgrade(self) -> bool:
         """Never: an ``Upgrade`` header is ignored (RFC 9110 §7.8 lets a server), and the
