@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
-from collections.abc import Iterator
 from types import SimpleNamespace
 from typing import Any
 
@@ -35,18 +34,6 @@ from loraplex.fleet import routing
 from loraplex.fleet.engine_client import MAX_ATTEMPTS, FleetEngineClient
 from loraplex.fleet.link import FleetLink
 from loraplex.fleet.wire import Accepted, Failed, RouteHint
-
-
-@pytest.fixture
-def calls() -> FakeCalls:
-    return FakeCalls(board=[entry("a"), entry("b")])
-
-
-@pytest.fixture
-def link(calls: FakeCalls) -> Iterator[FleetLink]:
-    built = started_link(calls)
-    yield built
-    built.close()
 
 
 def _client(link: FleetLink, streams: list[FakeStream]) -> tuple[FleetEngineClient, StreamOpener]:
