@@ -8,7 +8,6 @@ from typing import Annotated
 
 import typer
 
-from loraplex.artifacts.identity import is_name
 from loraplex.cli.registry_access import (
     Actor,
     After,
@@ -16,15 +15,14 @@ from loraplex.cli.registry_access import (
     acting,
     command_group,
     failures,
-    listed,
     next_page,
     one_page,
     opened,
+    tenant_hint,
     utc_time,
 )
 from loraplex.cli.registry_location import Location, located
-from loraplex.errors import RecordNotFoundError, nearest
-from loraplex.registry import Registry
+from loraplex.errors import RecordNotFoundError
 from loraplex.registry.sql.paging import DEFAULT_PAGE
 
 
@@ -46,20 +44,9 @@ def create_key(
         try:
             issued = registry.create_key(tenant, acting(actor))
         except RecordNotFoundError as exc:  # the tenant (the only record it looks up)
-            raise RecordNotFoundError(f"{exc}{_tenant_hint(registry, tenant)}") from None
+            raise RecordNotFoundError(f"{exc}{tenant_hint(registry, tenant)}") from None
     typer.echo(f"key id {issued.key_id} for tenant {issued.tenant}; token (shown once):", err=True)
     typer.echo(issued.token)
-
-
-def _tenant_hint(registry: Registry, name: str) -> str:
-    """What to do about a tenant ``name`` that does not exist: the nearest one's name, if any
-    is near, and how to create it."""
-    names = (t.name for t in listed(registry.list_tenants, lambda t: t.name))
-    near = nearest(name, names)
-    hint = "" if near is None else f"; did you mean {near}?"
-    if is_name(name):
-        hint += f" (`loraplex tenants create {name}` creates it)"
-    return hint
 
 
 def list_keys(
@@ -77,7 +64,7 @@ def list_keys(
                 lambda page: registry.list_keys(tenant, page), lambda key: key.key_id, after, limit
             )
         except RecordNotFoundError as exc:  # --tenant names no tenant (it listed no key)
-            hint = "" if tenant is None else _tenant_hint(registry, tenant)
+            hint = "" if tenant is None else tenant_hint(registry, tenant)
             raise RecordNotFoundError(f"{exc}{hint}") from None
     for key in keys:
         state = "active" if key.revoked_at is None else f"revoked {utc_time(key.revoked_at)}"

@@ -27,6 +27,7 @@ from loraplex.cli.registry_access import (
     one_page,
     opened,
     provenance_line,
+    require_tenant,
     targets_text,
     utc_time,
 )
@@ -168,8 +169,12 @@ def list_adapters(
     after: After = None,
 ) -> None:
     """List adapters with their alias targets, by tenant and name: one page, and on stderr the
-    --after (tenant/name) of the next one when more follow."""
+    --after (tenant/name) of the next one when more follow. A --tenant that names no tenant
+    exits 1 naming it, as ``keys list`` and ``release list`` do (it listed the public adapters,
+    as if the tenant existed)."""
     with failures(), opened(location.config()) as registry:
+        if tenant is not None:
+            require_tenant(registry, tenant)
         found, next_after = one_page(
             lambda page: (
                 registry.list_adapters(None, page)

@@ -15,8 +15,9 @@ from typing import Annotated, TypeVar
 import typer
 
 from loraplex.artifacts.base_model import BaseModelSpec
+from loraplex.artifacts.identity import is_name
 from loraplex.cli.locations import unusable_path
-from loraplex.errors import InvalidRequestError, LoraplexError
+from loraplex.errors import InvalidRequestError, LoraplexError, RecordNotFoundError, nearest
 from loraplex.registry import AliasTarget, Provenance, Registry, RegistryConfig, open_registry
 from loraplex.registry.sql.paging import MAX_PAGE, Page, every_row
 
@@ -43,6 +44,27 @@ def listed(read: Callable[[Page], Sequence[T]], cursor: Callable[[T], str]) -> I
     """Every row of a registry listing, ``LIST_PAGE`` rows per read, as they are used (``adapters
     show``'s revisions): never more than a page in memory or one transaction for all of it."""
     return every_row(read, cursor, LIST_PAGE)
+
+
+def tenant_hint(registry: Registry, name: str) -> str:
+    """What to do about a tenant ``name`` that does not exist: the nearest one's name, if any
+    is near, and how to create it."""
+    names = (t.name for t in listed(registry.list_tenants, lambda t: t.name))
+    near = nearest(name, names)
+    hint = "" if near is None else f"; did you mean {near}?"
+    if is_name(name):
+        hint += f" (`loraplex tenants create {name}` creates it)"
+    return hint
+
+
+def require_tenant(registry: Registry, name: str) -> None:
+    """Nothing when tenant ``name`` exists, else its ``RecordNotFoundError`` with
+    ``tenant_hint``: a ``--tenant`` that names no tenant is refused, not read as one with
+    nothing to list."""
+    try:
+        registry.get_tenant(name)
+    except RecordNotFoundError as exc:
+        raise RecordNotFoundError(f"{exc}{tenant_hint(registry, name)}") from None
 
 
 def one_page(

@@ -26,7 +26,8 @@ EPP_METRIC_FLAGS = {
     "kv-cache-usage-percentage-metric": "vllm:kv_cache_usage_perc",
     "lora-info-metric": "vllm:lora_requests_info",
 }
-# Scorer weights: adapter affinity first (a GPU-resident adapter saves a load), then queue depth
+# Scorer weights: adapter affinity first (a replica running the adapter's requests has it in a
+# GPU slot; room for one more adapter next: docs/kubernetes.md), then queue depth
 # and KV-cache pressure, so a replica holding the adapter still loses once it is saturated.
 SCORER_WEIGHTS = {"lora-affinity-scorer": 3, "queue-scorer": 2, "kv-cache-utilization-scorer": 1}
 

@@ -209,6 +209,12 @@ class EngineLoad:
     # tokens paused requests computed again once resumed, their KV blocks freed by the pause or
     # for other work while paused (a prefix-cache hit not counted; a counter)
     num_resume_recomputed_tokens: int = 0
+    # What vLLM's ``vllm:lora_requests_info`` lists (``running_lora_adapters``,
+    # ``waiting_lora_adapters``): the adapters with a running request (prefilling or decoding,
+    # not paused), and those with a queued one (waiting for a seat or for its adapter); an
+    # adapter with both is in both. Not residency: an idle adapter in a slot is in neither.
+    lora_running: tuple[AdapterKey, ...] = ()
+    lora_waiting: tuple[AdapterKey, ...] = ()
 
     @property
     def merged_revisions(self) -> frozenset[str]:

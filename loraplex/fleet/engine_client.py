@@ -163,6 +163,8 @@ class FleetEngineClient:
             raise EngineUnavailableError("no engine replica is in rotation")
         running = {key: None for load in loads for key in load.running_adapters}
         waiting = {key: None for load in loads for key in load.waiting_adapters}
+        lora_running = {key: None for load in loads for key in load.lora_running}
+        lora_waiting = {key: None for load in loads for key in load.lora_waiting}
         return EngineLoad(
             num_waiting=sum(load.num_waiting for load in loads),
             num_adapter_wait=sum(load.num_adapter_wait for load in loads),
@@ -179,6 +181,8 @@ class FleetEngineClient:
             num_pauses_kv_kept=sum(load.num_pauses_kv_kept for load in loads),
             num_paused_kv_freed=sum(load.num_paused_kv_freed for load in loads),
             num_resume_recomputed_tokens=sum(load.num_resume_recomputed_tokens for load in loads),
+            lora_running=tuple(lora_running),
+            lora_waiting=tuple(lora_waiting),
         )
 
     def health(self) -> EngineHealth:

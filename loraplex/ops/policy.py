@@ -101,9 +101,13 @@ class AutoPolicy:
 
     # Measured on the project's 2-core Xeon (float32, one thread): a small op launch ~5 us
     # against ~40 G multiply-adds/s in these skinny matmuls, and a skinny matmul over few tokens
-    # runs at the speed of reading its weights (~16 multiply-adds per element read). They put
-    # the small preset's 16-adapter decode batch on masked, and its 80 %-one-adapter batches
-    # (4 foreign tokens among 20) and every large-preset batch on grouped, as measured.
+    # runs at the speed of reading its weights (~16 multiply-adds per element read). Fitted
+    # when only masked and grouped existed (docs/benchmarks/execution.md), they put the small
+    # preset's 16-adapter decode batch on masked and the large preset's on grouped. With
+    # batched weighed too, ``choose`` puts both presets' 16-adapter S2 decode batches (float32
+    # weights on a CPU) on batched, one matmul pair per rank class, and long prefill runs on
+    # grouped; 16-bit weights on a CPU and a GPU put decode batches on masked (the terms below;
+    # tests/ops/test_batched.py pins the small preset's).
     launch_macs: int = 196608
     read_macs: int = 16
     min_runs_for_masked: int = 2  # a single run is always grouped (it is already exact)

@@ -268,9 +268,11 @@ class BatchedBackend:
 
 
 class AutoBackend:
-    """The cheapest computation for each step's shape (:class:`AutoPolicy`): masked for
-    launch-bound steps over scattered ranks, batched over slots on one row grid, grouped for
-    long runs; on a CPU with 16-bit weights, a grouped step of two runs or more goes through the
+    """The cheapest computation for each step's shape (:class:`AutoPolicy`): batched for
+    decode steps over many slots with float32 weights on a CPU (one matmul pair over the slots
+    on one row grid, else one per rank class), masked where launches or 16-bit skinny matmuls
+    cost more than its wasted rows (a GPU; 16-bit weights on a CPU), grouped for long runs and
+    a single run; on a CPU with 16-bit weights, a grouped step of two runs or more goes through the
     float32 pass (its runs of at most ``float32_max_tokens`` tokens in float32, longer ones in
     the dtype; 0: never) where :meth:`AutoPolicy.grouped_in_float32` finds it cheaper."""
 

@@ -16,8 +16,10 @@ Two families:
   ``vllm:num_requests_waiting``, ``vllm:num_requests_running``, ``vllm:kv_cache_usage_perc``
   (0-1) and ``vllm:lora_requests_info{max_lora,running_lora_adapters,waiting_lora_adapters}``
   whose value is the current Unix time. Adapters appear there as ``tenant/name`` (a ``model``
-  string any gateway can send), comma-separated, sorted; an adapter is listed as running when a
-  revision of it is in a GPU slot, and as waiting only when none is (the lists never overlap).
+  string any gateway can send), comma-separated, sorted; as vLLM means them, an adapter is
+  listed as running while a request of it runs (prefills or decodes, not paused) and as waiting
+  while one is queued (for a seat or its adapter's load), in both with both; an idle adapter in
+  a GPU slot is in neither (they listed the slots, docs/kubernetes.md says why not).
 
 Two gauges of the engine's supervision (``engine/transport/process.py``):
 ``loraplex_engine_up`` (1 while the engine takes requests, 0 while its process is down or

@@ -31,10 +31,14 @@ def adapter_names(keys: Iterable[AdapterKey]) -> list[str]:
 
 
 def lora_info_labels(load: EngineLoad, names: AdapterLabels) -> tuple[str, str, str]:
-    """``max_lora``, ``running_lora_adapters``, ``waiting_lora_adapters`` (disjoint lists of
-    the adapters' labels: their names, or ``OTHER`` past the cap on named adapters)."""
-    running = names.labels(adapter_names(load.running_adapters))
-    waiting = [n for n in names.labels(adapter_names(load.waiting_adapters)) if n not in running]
+    """``max_lora``, ``running_lora_adapters``, ``waiting_lora_adapters``, as vLLM means them:
+    the labels (names, or ``OTHER`` past the cap on named adapters) of the adapters with a
+    running request and of those with a queued one (an adapter with both is in both), not of
+    the adapters resident in GPU slots: the endpoint picker's LoRA-affinity scorer reads
+    ``len(running) + len(waiting) < max_lora`` as room for one more adapter in the batch,
+    which slots filled with idle adapters never left (docs/kubernetes.md)."""
+    running = names.labels(adapter_names(load.lora_running))
+    waiting = names.labels(adapter_names(load.lora_waiting))
     return str(load.max_loras), ",".join(running), ",".join(waiting)
 
 
@@ -69,7 +73,7 @@ class EngineCollector(Collector):
         )
         info = GaugeMetricFamily(
             "vllm:lora_requests_info",
-            "Adapters in GPU slots and adapters with queued requests; value: Unix time.",
+            "Adapters with running requests and adapters with queued requests; value: Unix time.",
             labels=("max_lora", "running_lora_adapters", "waiting_lora_adapters"),
         )
         info.add_metric(lora_info_labels(load, self._names), self._wall_clock())

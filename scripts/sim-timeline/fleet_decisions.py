@@ -4,10 +4,10 @@ Reads a ``bench sim --logs-dir`` fleet run (``fleet-r<repeat>-<trace>.client.jso
 each request's replica reported at its arrival) and the decisions the run's ingress logged
 through ``decision_probe/`` (``LORAPLEX_PROBE_DECISIONS``: one line per ``Router.choose``, the
 chosen replica, the reason and every offered replica's report as the router saw it), simulates
-the same trace twice (replica ids ``replica-000``.. as ``sim run`` names them, and the real run's
-own Ray replica ids, which set every revision's rendezvous order and so where a cold one is
-placed) with the same decisions logged, and prints per simulation: the requests whose replica
-or tier differs, the first divergence, and each diverging decision's cause:
+the same trace twice (replicas named as the run's own simulator named them, and named as the
+real run's router named them, which sets every revision's rendezvous order and so where a cold
+one is placed) with the same decisions logged, and prints per simulation: the requests whose
+replica or tier differs, the first divergence, and each diverging decision's cause:
 
 - ``order``: the revision's rendezvous order differs (only with the default ids: the placement
   preference is a hash of the replica ids);
@@ -21,6 +21,13 @@ or tier differs, the first divergence, and each diverging decision's cause:
 and each request that went to the same replica but leased its adapter from another tier
 (``tier_only``: the replica had evicted it, or not, by the time the request asked).
 
+It reads runs of both placements: a run recorded while the fleet placed by Ray's replica ids
+(its router's names those ids, its simulator's ``replica-000``, ..) and one since the fleet
+places by rank (``rank-0``, .. on both sides: loraplex/fleet/routing.py, ``PlacementNames``).
+The driver's own simulator logs decisions too; they are told from the fleet's by the probe's
+``clock`` mark (``ManualClock``), or, in a file the probe wrote before that mark, by the
+``replica-`` names, which a run with rank names cannot be read by (refused, naming why).
+
     PYTHONPATH=. python scripts/sim-timeline/fleet_decisions.py --logs-dir logs \
         --decisions decisions.jsonl --cost-model fleet.json --trace-requests 64 [--out rows.jsonl]
 """
@@ -29,6 +36,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import re
 import sys
 from collections import Counter
 from pathlib import Path
@@ -40,7 +48,7 @@ from decision_probe.probe_views import replica_view
 from logs import logged_runs
 
 from loraplex.router import router as router_module
-from loraplex.router.placement import rendezvous_order
+from loraplex.router.placement import rank_name, rendezvous_order
 from loraplex.sim import cost_model as cost_file
 from loraplex.sim import fleet as fleet_module
 from loraplex.sim import replica as replica_module
@@ -49,6 +57,49 @@ from loraplex.sim.outcome import Outcome
 from loraplex.sim.run import simulate
 
 LOAD_FIELDS = ("queued", "adapter_wait", "running", "evictions_per_min")
+SIM_CLOCK = "ManualClock"  # the probe's ``clock`` of a simulator's router
+RANK = re.compile(r"rank-(\d+)")  # a rank's placement name (``rank_name``)
+OLD_SIM_PREFIX = "replica-"  # the simulator's names before it named replicas by rank
+
+
+def fleet_lines(lines: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The fleet's decisions among a probe file's ``lines``: the driver's own simulator decides
+    too, in its own process; its ``pid`` is one whose lines carry the simulator's clock or,
+    written before the probe logged it, name the old simulator's ``replica-`` replicas.
+    SystemExit where the file cannot tell them apart (no mark, rank names only)."""
+    driver = set()
+    for d in lines:
+        clock = d.get("clock")
+        if clock is not None:
+            if clock == SIM_CLOCK:
+                driver.add(d["pid"])
+        elif any(r.startswith(OLD_SIM_PREFIX) for r in d["replicas"]):
+            driver.add(d["pid"])
+        elif any(RANK.fullmatch(r) for r in d["replicas"]):
+            raise SystemExit(
+                f"decision of pid {d['pid']} names replicas by rank ({sorted(d['replicas'])}) "
+                "and has no clock mark: the driver's simulator and the fleet name replicas "
+                "alike since the fleet places by rank; record the run with the current probe"
+            )
+    return [d for d in lines if d["pid"] not in driver]
+
+
+def real_names(probe: list[dict[str, Any]]) -> list[str]:
+    """Every replica the fleet's router named, in the order the simulation's replicas take
+    them: by rank (``rank-2`` before ``rank-10``) where the router named ranks, else sorted."""
+    names = {d["chosen"] for d in probe} | {r for d in probe for r in d["replicas"]}
+    if names and all(RANK.fullmatch(n) for n in names):
+        return sorted(names, key=lambda n: int(n.removeprefix("rank-")))
+    return sorted(names)
+
+
+def own_names(ids: list[str]) -> list[str]:
+    """What the run's own simulator named its replicas: ``rank-0``, .. as the fleet's router
+    does where it named ranks (``ids``), else the ``replica-000``, .. of the simulator of the
+    runs recorded while the fleet placed by Ray ids (today's simulator names ranks)."""
+    if all(RANK.fullmatch(i) for i in ids):
+        return [rank_name(i) for i in range(len(ids))]
+    return [f"{OLD_SIM_PREFIX}{i:03d}" for i in range(len(ids))]
 
 
 def _lines(path: Path) -> list[dict[str, Any]]:
@@ -150,7 +201,7 @@ def compare(
     run: Any, client: list[dict[str, Any]], real: list[dict[str, Any] | None],
     kept: list[Outcome], sim: list[dict[str, Any]], *, ids: list[str], same_ids: bool,
 ) -> tuple[dict[str, Any], list[dict[str, Any]]]:  # fmt: skip
-    sim_ids = ids if same_ids else [f"replica-{i:03d}" for i in range(len(ids))]
+    sim_ids = ids if same_ids else own_names(ids)
     causes: Counter[str] = Counter()
     tiers: Counter[str] = Counter()
     rows = []
@@ -216,20 +267,17 @@ def main() -> None:
     cost = cost_file.load(args.cost_model)
     logged = logged_runs(args.logs_dir, args.trace_requests, "fleet")
     lines = [d for d in _lines(args.decisions) if d["adapter"] is not None and not d["retry"]]
-    # the driver's own simulator decides too (its replicas named ``replica-000``.. at least
-    # once, then by drawn ids: ``--fleet-id-draws``): the fleet's decisions are another process's
-    driver = {d["pid"] for d in lines if any(r.startswith("replica-") for r in d["replicas"])}
-    probe = [d for d in lines if d["pid"] not in driver]
+    probe = fleet_lines(lines)
     out = None if args.out is None else args.out.open("w", encoding="utf-8")
     for run in logged.runs:
         client = _lines(run.path)
         # one run per probe file: its decisions are the run's
         real = matched(list(run.workload.requests), probe)
-        ids = sorted({d["chosen"] for d in probe} | {r for d in probe for r in d["replicas"]})
+        ids = real_names(probe)
         keys = {d["adapter"].split("#", 1)[0]: d["adapter"] for d in probe}
         for label, same in (("sim_ids", False), ("real_ids", True)):
             kept, sim = simulated(
-                run, logged.values, cost, ids if same else None, keys if same else {}
+                run, logged.values, cost, ids if same else own_names(ids), keys if same else {}
             )
             body, rows = compare(run, client, real, kept, sim, ids=ids, same_ids=same)
             sys.stdout.write(f"{run.stem} {label} {json.dumps(body)}\n")

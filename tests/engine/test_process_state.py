@@ -45,13 +45,15 @@ def test_a_full_answer_replaces_the_map() -> None:
 
 def test_load_combines_the_last_queue_view_with_the_slots() -> None:
     state = PublishedState()
-    state.apply(StatePublish(QueueView(2, 2, 1, 0.5, (A, B), 40), None, None))
+    view = QueueView(2, 2, 1, 0.5, (A, B), 40, lora_running=(C,), lora_waiting=(A, C))
+    state.apply(StatePublish(view, None, None))
     state.apply(_residency(1, {A: (L0,)}, full=True))  # a residency-only publish keeps the view
     load = state.load(max_loras=4)
     assert (load.num_waiting, load.num_adapter_wait, load.num_running) == (2, 2, 1)
     assert load.kv_usage == 0.5
     assert load.running_adapters == (A,)
     assert load.waiting_adapters == (B,)  # A is already in a slot: never listed twice
+    assert (load.lora_running, load.lora_waiting) == ((C,), (A, C))  # the view's, as published
     assert load.max_loras == 4
     assert state.num_updates == 2
 

@@ -102,3 +102,23 @@ def test_make_stats_counts_queued_running_and_awaited_adapters() -> None:
     view = driver.scheduler.make_stats()
     assert (view.num_waiting, view.num_adapter_wait, view.num_running) == (0, 3, 2)
     assert view.kv_usage > 0
+
+
+def test_make_stats_lists_the_adapters_of_running_and_of_queued_requests_as_vllm_does() -> None:
+    """``vllm:lora_requests_info``'s lists (vLLM's LoRARequestStates): an adapter with a
+    running request, and one with a queued request, leased or not; one with both is in both,
+    and the base model in neither. They listed GPU slots (an idle resident adapter included)."""
+    warm, cold, idle = adapter("warm"), adapter("cold"), adapter("idle")
+    driver = Driver(SchedulerConfig(max_num_seqs=2), resident={warm, idle})
+    driver.add(request("base"))
+    driver.add(request("warm1", key=warm))
+    driver.add(request("warm2", key=warm))  # no seat left: queued, its adapter leased
+    driver.add(request("cold", key=cold))
+    driver.grant_leases()
+    view = driver.scheduler.make_stats()
+    assert view.lora_running == () and view.lora_waiting == (warm, cold)
+    driver.scheduler.schedule()
+    view = driver.scheduler.make_stats()
+    assert view.num_running == 2 and view.lora_running == (warm,)  # base and warm1
+    assert view.lora_waiting == (warm, cold)  # warm2 and cold: warm is in both lists
+    assert idle not in view.lora_running + view.lora_waiting

@@ -5,7 +5,6 @@ to replicas that join later."""
 from __future__ import annotations
 
 import threading
-from collections.abc import Iterator
 from concurrent.futures import CancelledError, Future
 from typing import Any
 
@@ -185,22 +184,8 @@ def test_link_calls_reach_the_chosen_replicas() -> None:
 
 @pytest.fixture
 def calls() -> FakeCalls:
+    """conftest's board and a replica out of rotation (``link`` and ``cache``: conftest's)."""
     return FakeCalls(board=[entry("a"), entry("b"), entry("sick", healthy=False)])
-
-
-@pytest.fixture
-def link(calls: FakeCalls) -> Iterator[FleetLink]:
-    built = started_link(calls)
-    yield built
-    built.close()
-
-
-@pytest.fixture
-def cache(link: FleetLink, calls: FakeCalls) -> FleetCache:
-    built = FleetCache(link)
-    polled_twice(link)  # the replicas on the board are known: nothing is replayed to them
-    calls.calls.clear()
-    return built
 
 
 def _sent(calls: FakeCalls, command: CacheCommand) -> list[str]:

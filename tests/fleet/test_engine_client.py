@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
-from collections.abc import Iterator
 from types import SimpleNamespace
 from typing import Any
 
@@ -35,18 +34,6 @@ from loraplex.fleet import routing
 from loraplex.fleet.engine_client import MAX_ATTEMPTS, FleetEngineClient
 from loraplex.fleet.link import FleetLink
 from loraplex.fleet.wire import Accepted, Failed, RouteHint
-
-
-@pytest.fixture
-def calls() -> FakeCalls:
-    return FakeCalls(board=[entry("a"), entry("b")])
-
-
-@pytest.fixture
-def link(calls: FakeCalls) -> Iterator[FleetLink]:
-    built = started_link(calls)
-    yield built
-    built.close()
 
 
 def _client(link: FleetLink, streams: list[FakeStream]) -> tuple[FleetEngineClient, StreamOpener]:
@@ -202,8 +189,18 @@ def test_load_snapshot_sums_the_healthy_replicas(calls: FakeCalls, link: FleetLi
     a = load(1, 2, 0.2, running_adapters=(one,), waiting_adapters=(two,))
     b = load(3, 4, 0.6, running_adapters=(two,), waiting_adapters=(three,))
     calls.board = [
-        entry("a", engine_load=dataclasses.replace(a, num_resume_recomputed_tokens=30)),
-        entry("b", engine_load=dataclasses.replace(b, num_resume_recomputed_tokens=12)),
+        entry(
+            "a",
+            engine_load=dataclasses.replace(
+                a, num_resume_recomputed_tokens=30, lora_running=(one,), lora_waiting=(one, two)
+            ),
+        ),
+        entry(
+            "b",
+            engine_load=dataclasses.replace(
+                b, num_resume_recomputed_tokens=12, lora_running=(three,), lora_waiting=(two,)
+            ),
+        ),
         entry("c", healthy=False, engine_load=load(50, 50, 1.0)),
     ]
     polled_twice(link)
@@ -213,6 +210,8 @@ def test_load_snapshot_sums_the_healthy_replicas(calls: FakeCalls, link: FleetLi
     assert total.kv_usage == pytest.approx(0.4) and total.num_active_tokens == 100
     assert total.running_adapters == (one, two) and total.waiting_adapters == (three,)
     assert total.num_resume_recomputed_tokens == 42
+    # vllm:lora_requests_info's lists: each adapter with a request in that state on any replica
+    assert total.lora_running == (one, three) and total.lora_waiting == (one, two)
 
 
 def test_health_answers_from_the_board(calls: FakeCalls, link: FleetLink) -> None:

@@ -20,7 +20,6 @@ import time
 from collections.abc import Iterator
 from contextlib import ExitStack
 from dataclasses import dataclass
-from pathlib import Path
 from urllib.parse import urlsplit
 
 import httpx
@@ -28,15 +27,11 @@ import pytest
 
 ray = pytest.importorskip("ray")
 
+from fleet_deploy import deployed  # noqa: E402
+
 from loraplex.demo.assets import DemoAssets  # noqa: E402
-from loraplex.fleet import control  # noqa: E402
-from loraplex.fleet.ray_cluster import free_port  # noqa: E402
-from loraplex.fleet.settings import FleetSettings  # noqa: E402
-from loraplex.serve.assembly import DEMO_DIR  # noqa: E402
-from loraplex.serve.config import ServeConfig  # noqa: E402
 
 pytestmark = pytest.mark.slow
-WAIT_S = 180.0
 # The gate's caps, small (serve's defaults: 1024, half of it, 512, 512). The head deadline and
 # the keep-alive timeout leave idle sockets open while a test runs, even a slow one; the accept
 # rate stays above the fixture's own polling.
@@ -64,21 +59,11 @@ class Fleet:
 def fleet(
     demo_assets: DemoAssets, tmp_path_factory: pytest.TempPathFactory, ray_cluster: None
 ) -> Iterator[Fleet]:
-    data_dir: Path = tmp_path_factory.mktemp("fleet-attacks")
-    (data_dir / DEMO_DIR).symlink_to(demo_assets.root, target_is_directory=True)
     with ExitStack() as stack:
-        from ray import serve
-
-        stack.callback(serve.shutdown)
-        config = ServeConfig(
-            data_dir=data_dir, port=free_port(), max_loras=2, max_num_seqs=2,
-            torch_threads=1, auto_warm=False, **GATE,
+        prepared, url = deployed(
+            stack, demo_assets, tmp_path_factory, "fleet-attacks", 1,
+            max_loras=2, max_num_seqs=2, **GATE,
         )  # fmt: skip
-        prepared = control.prepare(config)
-        settings = FleetSettings(serve=config, model_dir=prepared.model_dir, engine_replicas=1)
-        control.deploy(settings)
-        url = control.base_url(config)
-        control.wait_ready(url, WAIT_S)
         parts = urlsplit(url)
         yield Fleet((parts.hostname or "", parts.port or 0), prepared.admin_key,
                     prepared.sample_keys)  # fmt: skip

@@ -3,7 +3,6 @@ same; prewarm goes through ``FleetCache`` to every replica."""
 
 from __future__ import annotations
 
-from collections.abc import Iterator
 from typing import Any
 
 import pytest
@@ -16,7 +15,6 @@ from fleet_fakes import (
     is_lost,
     key,
     polled_twice,
-    started_link,
 )
 
 from loraplex.clock import ManualClock
@@ -54,14 +52,8 @@ def _text(text: str) -> list[TokenDelta]:
 
 @pytest.fixture
 def calls() -> FakeCalls:
+    """conftest's board and a replica out of rotation (``link``: conftest's)."""
     return FakeCalls(board=[entry("a"), entry("b"), entry("sick", healthy=False)])
-
-
-@pytest.fixture
-def link(calls: FakeCalls) -> Iterator[FleetLink]:
-    built = started_link(calls)
-    yield built
-    built.close()
 
 
 def _env(link: FleetLink, answers: ProbeAnswers) -> FleetReleaseEnv:

@@ -14,7 +14,6 @@ import signal
 import time
 from collections.abc import Callable, Iterator
 from contextlib import ExitStack
-from pathlib import Path
 from typing import Any
 
 import httpx
@@ -22,13 +21,11 @@ import pytest
 
 ray = pytest.importorskip("ray")
 
+from fleet_deploy import deployed  # noqa: E402
+
 from loraplex.artifacts.base_model import BaseModelSpec  # noqa: E402
 from loraplex.demo.assets import DemoAssets  # noqa: E402
-from loraplex.fleet import control  # noqa: E402
-from loraplex.fleet.ray_cluster import free_port  # noqa: E402
-from loraplex.fleet.settings import APP_NAME, FleetSettings  # noqa: E402
-from loraplex.serve.assembly import DEMO_DIR  # noqa: E402
-from loraplex.serve.config import ServeConfig  # noqa: E402
+from loraplex.fleet.settings import APP_NAME  # noqa: E402
 
 pytestmark = pytest.mark.slow
 WAIT_S = 180.0
@@ -50,21 +47,8 @@ class Fleet:
 def fleet(
     demo_assets: DemoAssets, tmp_path_factory: pytest.TempPathFactory, ray_cluster: None
 ) -> Iterator[Fleet]:
-    data_dir: Path = tmp_path_factory.mktemp("fleet-pins")
-    (data_dir / DEMO_DIR).symlink_to(demo_assets.root, target_is_directory=True)
     with ExitStack() as stack:
-        from ray import serve
-
-        stack.callback(serve.shutdown)
-        # auto_warm off: no replica pins a revision by its own request rates
-        config = ServeConfig(
-            data_dir=data_dir, port=free_port(), max_loras=4, torch_threads=1, auto_warm=False
-        )
-        prepared = control.prepare(config)
-        settings = FleetSettings(serve=config, model_dir=prepared.model_dir, engine_replicas=2)
-        control.deploy(settings)
-        url = control.base_url(config)
-        control.wait_ready(url, WAIT_S)
+        prepared, url = deployed(stack, demo_assets, tmp_path_factory, "fleet-pins", 2, max_loras=4)
         digest = BaseModelSpec.from_dir(demo_assets.base_model_dir).digest
         r2 = demo_assets.adapter("acme", "support", "r2")
         yield Fleet(url, prepared.admin_key, str(r2.key(digest)))

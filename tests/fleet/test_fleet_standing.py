@@ -5,10 +5,8 @@ replay that fails is tried again. (tests/fleet/test_fleet_replica_pins.py: on a 
 
 from __future__ import annotations
 
-from collections.abc import Iterator
-
 import pytest
-from fleet_fakes import WAIT_S, FakeCalls, entry, key, polled_twice, started_link, wait_until
+from fleet_fakes import WAIT_S, FakeCalls, entry, key, polled_twice, wait_until
 
 from loraplex.artifacts.warm_policy import WarmPolicy
 from loraplex.engine.tenant_shares import TenantSettings
@@ -18,26 +16,6 @@ from loraplex.fleet import standing
 from loraplex.fleet.cache import FleetCache
 from loraplex.fleet.link import FleetLink
 from loraplex.residency.ledger import Tier
-
-
-@pytest.fixture
-def calls() -> FakeCalls:
-    return FakeCalls(board=[entry("a"), entry("b")])
-
-
-@pytest.fixture
-def link(calls: FakeCalls) -> Iterator[FleetLink]:
-    built = started_link(calls)
-    yield built
-    built.close()
-
-
-@pytest.fixture
-def cache(link: FleetLink, calls: FakeCalls) -> FleetCache:
-    built = FleetCache(link)
-    polled_twice(link)
-    calls.calls.clear()
-    return built
 
 
 @pytest.fixture(autouse=True)

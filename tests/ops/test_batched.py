@@ -10,6 +10,9 @@ import pytest
 import torch
 from test_backends import SPEC, expected_delta, filled_pool, run_all_modules
 
+from loraplex.artifacts.base_model import TARGET_MODULES, BaseModelSpec
+from loraplex.bench.workloads import S2_RANKS
+from loraplex.demo.presets import get_preset
 from loraplex.model.adapter_weights import AdapterWeights, ModuleWeights
 from loraplex.model.lora import LoraSlotPool
 from loraplex.ops import AutoBackend, AutoPolicy, Strategy
@@ -230,7 +233,7 @@ def test_bfloat16_batched_close_to_float32() -> None:
         (StepShape(1024, 16, 256, 256, 16384, 256, 16384), 1664, Strategy.BATCHED),
         # one hot adapter (17 tokens) among 15 others: padding every block to 17 costs more
         (StepShape(32, 16, 256, 256, 512, 256, 4352), 1664, Strategy.GROUPED),
-        # S2 ranks share no grid: as before the grid existed
+        # batched left out (block_rows 0): masked against grouped alone, by width
         (StepShape(16, 16, 480, 480, 480), 2597, Strategy.GROUPED),
         (StepShape(16, 16, 480, 480, 480), 642, Strategy.MASKED),
         # one run is already exact
@@ -416,3 +419,38 @@ def test_one_scale_per_module_across_rank_classes_is_one_alpha() -> None:
         out = pool.apply(0, module, x, torch.zeros(5, d_out), batch)
         want = expected_delta(x, slots, adapters, 0, module, d_out)
         torch.testing.assert_close(out.double(), want, rtol=1e-5, atol=1e-4)
+
+
+def _preset_pool(name: str, dtype: torch.dtype) -> LoraSlotPool:
+    """An ``auto`` pool of a demo preset's shapes holding 16 adapters of the S2 mix (ranks 64,
+    32, 16, 8 round-robin) on every target module (zero weights: only the shapes matter)."""
+    preset = get_preset(name)
+    spec = BaseModelSpec(name, "LlamaForCausalLM", preset.hidden_size,
+                         preset.intermediate_size, preset.num_layers, preset.num_heads,
+                         preset.num_kv_heads, preset.hidden_size // preset.num_heads, 4096,
+                         "0" * 64)  # fmt: skip
+    pool = LoraSlotPool(spec, 16, 64, dtype=dtype, device=torch.device("cpu"), backend="auto")
+    for slot in range(16):
+        rank = S2_RANKS[slot % len(S2_RANKS)]
+        pairs = []
+        for layer in range(spec.num_layers):
+            for module in TARGET_MODULES:
+                d_in, d_out = spec.module_shape(module)
+                a, b = torch.zeros(rank, d_in), torch.zeros(d_out, rank)
+                pairs.append(ModuleWeights(layer, module, a, b, 1.0))
+        pool.load(slot, AdapterWeights(f"{slot + 200:064x}", torch.float32, tuple(pairs)))
+    return pool
+
+
+def test_auto_runs_the_small_presets_16_adapter_decode_batch_as_the_policy_comment_says() -> None:
+    """``AutoPolicy``'s comment said its constants put the small preset's 16-adapter decode
+    batch on masked, which held before batched was weighed: in float32 on a CPU it runs batched
+    per rank class; in bfloat16 on a CPU, masked; a prefill of four 64-token runs, grouped.
+    (The large preset's pool takes 85 s to fill here; it chose alike in a one-off probe.)"""
+    decode = torch.tensor(list(range(16)))
+    pool = _preset_pool("small", torch.float32)
+    batch = pool.prepare(decode)
+    assert batch.strategy is Strategy.BATCHED and batch.classes is not None
+    prefill = torch.tensor([slot for slot in range(4) for _ in range(64)])
+    assert pool.prepare(prefill).strategy is Strategy.GROUPED
+    assert _preset_pool("small", torch.bfloat16).prepare(decode).strategy is Strategy.MASKED

@@ -62,7 +62,8 @@ def test_admin_workflow(
     assert "error: acme/bot@v1 is already registered" in conflict
 
     assert _run(env, "adapters", "list").strip() == "acme/bot\tprivate\tv1:1"
-    assert _run(env, "adapters", "list", "--tenant", "beta").strip() == ""
+    _run(env, "tenants", "create", "beta")
+    assert _run(env, "adapters", "list", "--tenant", "beta").strip() == ""  # acme/bot: private
     shown = _run(env, "adapters", "show", "acme/bot")
     assert "adapter     acme/bot (private)" in shown
     assert "revision    v1\tstable\twarm=on_demand\trank=4" in shown
@@ -115,6 +116,26 @@ def test_a_key_for_a_tenant_that_does_not_exist_names_the_nearest(
     assert out == "error: tenant 'glob ex' does not exist; did you mean globex?\n"
     out = _run(cli_env, "tenants", "create", "bad/name", code=1)
     assert "error: tenant 'bad/name' is invalid" in out
+
+
+def test_adapters_list_for_a_tenant_that_does_not_exist_exits_1_naming_it(
+    cli_env: dict[str, str], model_dir: Path, make_adapter: AdapterFactory
+) -> None:
+    """As ``keys list --tenant`` and ``release list --tenant`` do: it listed the public
+    adapters, as if the tenant existed and owned none."""
+    env = {**cli_env, "LORAPLEX_BASE_MODEL": str(model_dir)}
+    for name in ("acme", "globex"):
+        _run(env, "tenants", "create", name)
+    register = ("adapters", "register", str(make_adapter("a")), "--tenant", "acme")
+    _run(env, *register, "--name", "shared", "--revision", "v1", "--public")
+
+    out = _run(env, "adapters", "list", "--tenant", "acmee", code=1)
+    assert out == (
+        "error: tenant 'acmee' does not exist; did you mean acme? "
+        "(`loraplex tenants create acmee` creates it)\n"
+    )
+    # a tenant that exists and owns nothing still lists what it may use: the public adapter
+    assert _run(env, "adapters", "list", "--tenant", "globex") == "acme/shared\tpublic\tv1:1\n"
 
 
 def test_default_locations_live_in_the_data_dir(tmp_path: Path) -> None:

@@ -120,6 +120,8 @@ class FakeEngine:
     resumed: list[str] = field(default_factory=list)  # ids resumed (resume()), in call order
     running: tuple[AdapterKey, ...] = ()  # reported as resident in load_snapshot()
     waiting: tuple[AdapterKey, ...] = ()  # reported as waiting in load_snapshot()
+    lora_running: tuple[AdapterKey, ...] = ()  # adapters of running requests in load_snapshot()
+    lora_waiting: tuple[AdapterKey, ...] = ()  # adapters of queued requests in load_snapshot()
     char_tokenizer: CharTokenizer = field(default_factory=CharTokenizer)
     leased_from: Tier | None = None  # the adapter tier reported on an adapter request's first delta
     # Per request: an error raised after its first delta (a sibling failing mid-stream); None: none
@@ -135,6 +137,7 @@ class FakeEngine:
             running_adapters=self.running, waiting_adapters=self.waiting, max_loras=4,
             num_active_tokens=12, num_paused=3, num_pauses=5, num_resumes=2,
             num_pauses_kv_kept=4, num_paused_kv_freed=1, num_resume_recomputed_tokens=37,
+            lora_running=self.lora_running, lora_waiting=self.lora_waiting,
         )  # fmt: skip
 
     def health(self) -> EngineHealth:

@@ -111,8 +111,8 @@ def test_cycling_adapters_keeps_the_series_bounded_on_a_server(
 ) -> None:
     acme = [a for a in demo_assets.adapters if a.tenant == "acme"]
     info_sets = set()
-    for adapter in acme * 2:  # each in a GPU slot in turn, requested there, scraped
-        capped.engine.running = (adapter.key(demo_assets.base_digest),)
+    for adapter in acme * 2:  # each running a request in turn, requested there, scraped
+        capped.engine.lora_running = (adapter.key(demo_assets.base_digest),)
         body = {"model": f"{adapter.name}@{adapter.revision}", "prompt": "x", "max_tokens": 1}
         reply = capped.client.post("/v1/completions", json=body, headers=capped.headers("acme"))
         assert reply.status_code == 200, reply.text

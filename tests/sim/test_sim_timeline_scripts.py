@@ -10,6 +10,7 @@ import os
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 from loraplex.bench.sim.config import SimBenchConfig
 
@@ -125,22 +126,24 @@ def test_logs_and_fleet_pairs_pair_each_logged_run_with_its_simulation(tmp_path:
     assert {k.split("/")[0] for k in pairs["tiers"]} == {"L0", "L3"}
 
 
-def test_fleet_decisions_lines_a_run_up_with_itself_where_the_ids_match(tmp_path: Path) -> None:
-    """``fleet_decisions.py``: a "real" run that is the simulator's own with replica ids a, b, c
-    (its decisions written as the probe logs them, its tiers as the client's records) lines up
-    request by request with the simulation given its ids, and not with the simulator's names."""
+def _decisions_run(
+    tmp_path: Path, ids: list[str], mark: dict[str, str], driver: list[str] | None = None
+) -> subprocess.CompletedProcess[str]:
+    """``fleet_decisions.py`` over a "real" run that is the simulator's own with replicas named
+    ``ids`` (its decisions written as the probe logs them, pid 7, with ``mark``; its tiers as
+    the client's records); with ``driver``, the driver's own simulator's decisions first (pid
+    3, the same with replicas named ``driver`` and each sent to the next replica), which the
+    script must leave out."""
     sys.path.insert(0, str(SCRIPTS))
     from fleet_decisions import simulated
     from logs import logged_runs
 
+    from loraplex.sim import cost_model as cost_file
+
     n = _logs_dir(tmp_path, "zipf-longtail", 24)
     logged = logged_runs(tmp_path, 24, "fleet")
     (run,) = logged.runs
-    from loraplex.sim import cost_model as cost_file
-
-    kept, decisions = simulated(
-        run, logged.values, cost_file.load(REPO / COST), ["a", "b", "c"], {}
-    )
+    kept, decisions = simulated(run, logged.values, cost_file.load(REPO / COST), ids, {})
     assert len(kept) == len(decisions) == n
     (tmp_path / "fleet-r0-zipf-longtail.client.jsonl").write_text(
         "".join(
@@ -148,18 +151,64 @@ def test_fleet_decisions_lines_a_run_up_with_itself_where_the_ids_match(tmp_path
         ),
         encoding="utf-8",
     )
+    lines = []
+    if driver is not None:
+        rename = dict(zip(ids, driver, strict=True))
+        for d in decisions:
+            replicas = {rename[r]: view for r, view in d["replicas"].items()}
+            chosen = driver[(driver.index(rename[d["chosen"]]) + 1) % len(driver)]
+            mine = {**d, "chosen": chosen, "replicas": replicas, "pid": 3, "retry": False}
+            lines.append(mine | ({"clock": "ManualClock"} if mark else {}))
+    lines += [{**d, "pid": 7, "retry": False, **mark} for d in decisions]
     probe = tmp_path / "decisions.jsonl"
-    probe.write_text(
-        "".join(json.dumps({**d, "pid": 7, "retry": False}) + "\n" for d in decisions),
-        encoding="utf-8",
-    )
+    probe.write_text("".join(json.dumps(d) + "\n" for d in lines), encoding="utf-8")
     args = ["--logs-dir", str(tmp_path), "--decisions", str(probe), "--cost-model", COST]
-    lines = _run(str(SCRIPTS / "fleet_decisions.py"), *args, "--trace-requests", "24")
+    command = [sys.executable, str(SCRIPTS / "fleet_decisions.py"), *args]
+    env = {**os.environ, "PYTHONPATH": str(REPO)}
+    return subprocess.run(
+        [*command, "--trace-requests", "24"],
+        check=False, cwd=REPO, env=env, capture_output=True, text=True, timeout=300,
+    )  # fmt: skip
+
+
+def _by_label(done: subprocess.CompletedProcess[str]) -> dict[str, Any]:
+    assert done.returncode == 0, done.stderr[-2000:]
     by_label = {}
-    for line in lines.splitlines():
+    for line in done.stdout.splitlines():
         stem, label, body = line.split(" ", 2)
         assert stem == "fleet-r0-zipf-longtail"
         by_label[label] = json.loads(body)
+    return by_label
+
+
+def test_fleet_decisions_lines_a_run_up_with_itself_where_the_ids_match(tmp_path: Path) -> None:
+    """A run recorded while the fleet placed by Ray ids (here a, b, c; the probe wrote no clock
+    mark then, and the driver's simulator named its replicas ``replica-000``, ..) lines up
+    request by request with the simulation given its ids, and not with the simulator's names."""
+    old_names = ["replica-000", "replica-001", "replica-002"]
+    by_label = _by_label(_decisions_run(tmp_path, ["a", "b", "c"], {}, driver=old_names))
     assert by_label["real_ids"]["causes"] == {} and by_label["real_ids"]["first_divergence"] is None
     assert by_label["real_ids"]["hit_real"] == by_label["real_ids"]["hit_sim"]
     assert by_label["sim_ids"]["causes"]  # the simulator's own names place otherwise
+
+
+def test_fleet_decisions_reads_a_run_whose_fleet_places_by_rank(tmp_path: Path) -> None:
+    """Since the fleet places by rank, its router and the driver's simulator both name replicas
+    ``rank-0``, ..: the probe's clock mark tells the driver's decisions from the fleet's (the
+    ``replica-`` prefix it read counted them as the fleet's, each sent elsewhere), and the
+    simulator's own names are the real ones."""
+    ranks = ["rank-0", "rank-1", "rank-2"]
+    mark = {"clock": "MonotonicClock"}
+    by_label = _by_label(_decisions_run(tmp_path, ranks, mark, driver=ranks))
+    for label in ("real_ids", "sim_ids"):
+        assert by_label[label]["causes"] == {} and by_label[label]["first_divergence"] is None
+        assert by_label[label]["hit_real"] == by_label[label]["hit_sim"]
+
+
+def test_fleet_decisions_refuses_rank_names_without_the_clock_mark(tmp_path: Path) -> None:
+    """A probe file written before the mark, of a run with rank names: the driver's decisions
+    cannot be told from the fleet's, so none is read as either."""
+    ranks = ["rank-0", "rank-1", "rank-2"]
+    done = _decisions_run(tmp_path, ranks, {}, driver=ranks)
+    assert done.returncode == 1 and done.stdout == ""
+    assert "no clock mark" in done.stderr and "record the run with the current probe" in done.stderr

@@ -8,7 +8,7 @@ from dataclasses import dataclass
 from loraplex.artifacts.identity import AdapterKey
 from loraplex.engine.mode_report import ModeReport
 from loraplex.engine.protocol import EngineLoad
-from loraplex.engine.request import QUEUED_STATES, Request
+from loraplex.engine.request import QUEUED_STATES, Request, RequestState
 
 
 @dataclass(frozen=True)
@@ -29,6 +29,10 @@ class QueueView:
     num_paused_kv_freed: int = 0  # kept sequences freed before they ran again (a counter)
     # tokens resumed requests computed again, their KV freed by or after their pause (a counter)
     num_resume_recomputed_tokens: int = 0
+    # vLLM's ``lora_requests_info`` lists: the adapters of running requests, of queued ones
+    # (leased or not; an adapter may be in both), in arrival order, each once
+    lora_running: tuple[AdapterKey, ...] = ()
+    lora_waiting: tuple[AdapterKey, ...] = ()
 
 
 EMPTY_VIEW = QueueView(0, 0, 0, 0.0, (), 0)
@@ -59,12 +63,13 @@ def queue_view(
     queued = [r for r in live if r.state in QUEUED_STATES and r.request_id not in paused]
     waiting = sum(r.adapter_ready for r in queued)
     keys = (r.request.adapter_key for r in queued if not r.adapter_ready)
+    running = (r for r in live if r.state is RequestState.RUNNING and r.request_id not in paused)
     return QueueView(
         num_waiting=waiting,
         num_adapter_wait=len(queued) - waiting,
         num_running=num_running,
         kv_usage=kv_usage,
-        queued_adapters=tuple(dict.fromkeys(k for k in keys if k is not None)),
+        queued_adapters=_adapters(keys),
         num_active_tokens=sum(r.num_tokens for r in live),
         num_paused=sum(r.request_id in paused for r in live),
         num_pauses=pauses.num_pauses,
@@ -72,7 +77,14 @@ def queue_view(
         num_pauses_kv_kept=pauses.num_kept,
         num_paused_kv_freed=pauses.num_kept_dropped,
         num_resume_recomputed_tokens=pauses.num_recomputed_tokens,
+        lora_running=_adapters(r.request.adapter_key for r in running),
+        lora_waiting=_adapters(r.request.adapter_key for r in queued),
     )
+
+
+def _adapters(keys: Iterable[AdapterKey | None]) -> tuple[AdapterKey, ...]:
+    """The distinct adapters among ``keys`` (None: the base model), first seen first."""
+    return tuple(dict.fromkeys(k for k in keys if k is not None))
 
 
 def load_of(view: QueueView, running: tuple[AdapterKey, ...], max_loras: int) -> EngineLoad:
@@ -95,4 +107,6 @@ def load_of(view: QueueView, running: tuple[AdapterKey, ...], max_loras: int) ->
         num_pauses_kv_kept=view.num_pauses_kv_kept,
         num_paused_kv_freed=view.num_paused_kv_freed,
         num_resume_recomputed_tokens=view.num_resume_recomputed_tokens,
+        lora_running=view.lora_running,
+        lora_waiting=view.lora_waiting,
     )

@@ -6,8 +6,10 @@ inherit it: the cluster is ``ray.init(address="local")`` in the driver) wraps
 ``loraplex.router.router.Router.choose`` and appends one JSON line per call (``pid``, the
 router clock's ``now_s``, the request's tenant and adapter key, ``retry``: a choice Ray asked
 again, the chosen replica and reason, and per offered replica its report's age, the key's tier
-there and its load). Unset: nothing is wrapped. The fleet's ingress is the one process whose
-router decides the generate calls (cache calls go to a named replica without a choice).
+there and its load; ``clock``: the router's clock's class, ``ManualClock`` in a simulator, which
+is how ``fleet_decisions.py`` tells the driver's own simulations from the fleet now that both
+name replicas ``rank-0``, ..). Unset: nothing is wrapped. The fleet's ingress is the one process
+whose router decides the generate calls (cache calls go to a named replica without a choice).
 """
 
 from __future__ import annotations
@@ -39,6 +41,7 @@ def _install(path: str) -> None:
             "tenant": request.tenant,
             "adapter": request.adapter_key,
             "retry": replaces is not None,
+            "clock": type(self._clock).__name__,
             "chosen": decision.replica_id,
             "reason": decision.reason.value,
             "replicas": views,
