@@ -153,14 +153,14 @@ class FleetStanding:
         return True
 
     def _take_reported(self, entries: list[BoardEntry]) -> None:
-        """A replica first seen holds what it reports (called under ``_lock``): a pin that no
-        longer stands is lifted there whichever ingress sent it."""
+        """A replica first seen may hold what it reports (called under ``_lock``): a pin that
+        no longer stands is lifted there whichever ingress sent it. NOTE: held, not confirmed:
+        a replica records a pin before its load, so one that stands is sent again (at once
+        when its copy is there) and a load that failed is retried."""
         for e in entries:
             if e.replica_id not in self._known:
                 self._known.add(e.replica_id)
-                reported = reported_pins(e)
-                self._held.setdefault(e.replica_id, set()).update(reported)
-                self._confirmed.setdefault(e.replica_id, set()).update(reported)
+                self._held.setdefault(e.replica_id, set()).update(reported_pins(e))
 
     def _next_version(self) -> int:
         """Called under ``_lock``: a replica that had the whole state is one change behind."""
