@@ -222,6 +222,9 @@ def status_command(
     *,
     data_dir: DataDir = None,
     as_json: Annotated[bool, Opt("--json", help="One JSON object.")] = False,
+    timeout_s: Annotated[
+        float, Opt(help="Give up (exit 1) when the cluster has not answered in this long.")
+    ] = 60.0,
 ) -> None:
     """Every engine replica: health, residency per tier and load."""
     from loraplex.fleet import control
@@ -230,7 +233,7 @@ def status_command(
     directory = data_dir or default_data_dir(os.environ, Path.home())
     try:
         record = control.read_record(directory)
-        entries = control.board_entries(record, directory)
+        entries = control.board_entries(record, directory, timeout_s)
     except RuntimeError as exc:
         typer.echo(f"error: {exc}", err=True)
         raise typer.Exit(1) from exc

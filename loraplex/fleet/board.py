@@ -25,6 +25,9 @@ PUSH_INTERVAL_S = 0.5  # how often an engine replica pushes its status
 STALE_AFTER_S = 3.0  # a replica silent this long is out of rotation
 FORGET_AFTER_S = 60.0  # a replica silent this long is dropped from the board
 MAX_REPLICAS = 4096  # entries the board keeps (a bound on what replicas can make it hold)
+# a status's explicit pins, [(AdapterKey, Tier)]: the ``Pin``s an ingress sent it and no
+# ``Unpin`` lifted (a restarted ingress adopts them: ``fleet/standing_restore.py``)
+PINS_KEY = "pins"
 
 
 @dataclass(frozen=True)

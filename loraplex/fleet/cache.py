@@ -19,7 +19,7 @@ from __future__ import annotations
 import logging
 import threading
 from collections import Counter
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from concurrent.futures import Future
 from dataclasses import replace
 from typing import Any
@@ -39,6 +39,7 @@ from loraplex.fleet.board import BoardEntry
 from loraplex.fleet.link import FleetLink
 from loraplex.fleet.report_cache import SEQ_KEY, DecodedReports
 from loraplex.fleet.standing import FleetStanding
+from loraplex.fleet.standing_restore import Restored
 from loraplex.residency.cache.view import CacheSummary, ResidencySnapshot
 from loraplex.residency.ledger import Tier
 from loraplex.residency.stats import CacheStatsSnapshot, StageSummary
@@ -53,10 +54,15 @@ _TIER_SETS = {Tier.L0: "l0", Tier.L1: "l1", Tier.L2: "l2"}
 class FleetCache:
     """``CacheControl`` over the fleet (see the module docstring)."""
 
-    def __init__(self, link: FleetLink) -> None:
+    def __init__(self, link: FleetLink, restored: Restored | None = None) -> None:
         self._link = link
-        self._standing = FleetStanding(link)  # pins, warm policies, tenants: on every replica
+        # pins, warm policies, tenants: on every replica (``restored``: from the durable records)
+        self._standing = FleetStanding(link, restored)
         self._reports = DecodedReports()  # the board's reports, decoded once each
+
+    def on_adopted(self, listener: Callable[[set[tuple[AdapterKey, Tier]]], None]) -> None:
+        """``FleetStanding.on_adopted``: the pins standing once the replicas' were adopted."""
+        self._standing.on_adopted(listener)
 
     # --- reads ---------------------------------------------------------------------------
 

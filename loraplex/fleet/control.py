@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import multiprocessing
 import os
 import shlex
 import shutil
@@ -35,6 +36,8 @@ RAY_TOKEN = "ray-auth-token"  # the local Ray head's authentication token, in th
 DEFAULT_READY_TIMEOUT_S = 300.0
 REPLICAS_DIR = "replicas"  # each engine replica's disk cache, ``<data dir>/replicas/<id>``
 GCS_PROBE_TIMEOUT_S = 2.0  # a recorded cluster whose GCS port does not accept in this is down
+STATUS_TIMEOUT_S = 60.0  # ``fleet status`` connects and reads the board within this
+STORE_READ_TIMEOUT_S = 30.0  # one read of the board's store, once connected
 
 
 @dataclass(frozen=True)
@@ -299,12 +302,51 @@ def connect_recorded(record: FleetRecord, data_dir: Path) -> None:
     connect(record.address, _token(record))  # NOTE: before ray is imported (see connect)
 
 
-def board_entries(record: FleetRecord, data_dir: Path) -> list[Any]:
-    """Every replica on the board (connects to the cluster)."""
-    connect_recorded(record, data_dir)
-    from loraplex.fleet.board_store import read_store
+def board_entries(
+    record: FleetRecord, data_dir: Path, timeout_s: float = STATUS_TIMEOUT_S
+) -> list[Any]:
+    """Every replica on the board, read within ``timeout_s`` (``fleet status --timeout-s``) by a
+    child process that connects to the cluster; RuntimeError saying why not. NOTE: in a child,
+    killed at the bound: a GCS that accepts connections but never answers (its process stopped
+    or hung) held Ray's driver connect without end, and nothing in this process could stop it."""
+    if not timeout_s > 0:
+        raise RuntimeError(f"--timeout-s {timeout_s:g} is invalid; expected > 0")
+    context = multiprocessing.get_context("spawn")  # NOTE: a fork would copy a driver's state
+    receiver, sender = context.Pipe(duplex=False)
+    child = context.Process(
+        target=_read_board, args=(record, data_dir, sender), name="loraplex-fleet-status"
+    )
+    child.start()
+    sender.close()
+    try:
+        if not receiver.poll(timeout_s):
+            raise RuntimeError(
+                f"the fleet's Ray cluster at {record.address} did not answer within {timeout_s:g} "
+                "s (--timeout-s): its GCS accepts connections but does not answer (its Ray head "
+                "is stopped, hung or overloaded); try again, or `"
+                f"{fleet_command('down', data_dir)}` if it is gone for good"
+            )
+        ok, value = receiver.recv()
+    except EOFError:  # the child died without an answer
+        raise RuntimeError(f"reading the fleet board failed (exit code {child.exitcode})") from None
+    finally:
+        receiver.close()
+        child.kill()
+        child.join()
+    if not ok:
+        raise RuntimeError(value)
+    return list(value)
 
-    return list(read_store(timeout_s=30.0))
+
+def _read_board(record: FleetRecord, data_dir: Path, sender: Any) -> None:
+    """``board_entries``'s child: (True, the entries) or (False, why not) through ``sender``."""
+    try:
+        connect_recorded(record, data_dir)
+        from loraplex.fleet.board_store import read_store
+
+        sender.send((True, read_store(timeout_s=STORE_READ_TIMEOUT_S)))
+    except Exception as exc:  # any failure is the command's one error line
+        sender.send((False, str(exc) if isinstance(exc, RuntimeError) else repr(exc)))
 
 
 def _token(record: FleetRecord) -> Path | None:

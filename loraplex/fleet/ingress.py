@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import contextvars
+import time
 from collections.abc import Callable
 from typing import Any, TypeVar
 
@@ -27,6 +28,7 @@ from loraplex.fleet.engine_client import FleetEngineClient, ReplicaStream
 from loraplex.fleet.link import CALL_TIMEOUT_S, FleetLink
 from loraplex.fleet.release_env import FleetReleaseEnv
 from loraplex.fleet.settings import FleetSettings
+from loraplex.fleet.standing_restore import pin_owners, read_restored
 from loraplex.fleet.state import FleetCollector, FleetStateView
 from loraplex.fleet.wire import Failed, RouteHint
 from loraplex.model.tokenizer import TextTokenizer
@@ -106,19 +108,29 @@ def build_ingress(
     model_dir = settings.model_dir
     base = BaseModelSpec.from_dir(model_dir)
     registry = open_registry(registry_config(config), base=base)
+    try:
+        # NOTE: the last ingress's standing state died with it (Ray Serve restarts a crashed
+        # ingress): this one starts from the durable records (``fleet/standing_restore.py``)
+        restored = read_restored(registry, base.digest, time.time())
+    except BaseException:
+        registry.close()
+        raise
     calls = RayCalls(engine, board)
     link = FleetLink(calls)
     try:
         client = FleetEngineClient(
             calls.open_stream, is_replica_lost, link, TextTokenizer(model_dir)
         )
-        cache = FleetCache(link)
+        cache = FleetCache(link, restored)
         admin = config.admin_key or admin_key(config.data_dir)
         holds = FleetMergeHolds(link)
         routing.TOPOLOGY_ASKS.send = holds.dedicate  # this process's request router asks
         front = Front(client, cache, cache.update_tenant_settings, admin, {}, holds)
 
         def release_env(pins: OwnedPins, traffic: ReleaseTraffic) -> FleetReleaseEnv:
+            # NOTE: here, where the server's ``OwnedPins`` is handed out: the adopted pins get
+            # their owners, so a release's end never lifts an operator's pin it found
+            cache.on_adopted(lambda adopted: pins.adopt(pin_owners(adopted, restored)))
             return FleetReleaseEnv(pins, client, traffic, link)
 
         server = build_front(

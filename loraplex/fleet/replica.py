@@ -36,8 +36,10 @@ from loraplex.engine.transport.messages import (
 from loraplex.engine.transport.packed_errors import pack_error
 from loraplex.engine.transport.thread_client import AsyncEngine
 from loraplex.errors import EngineUnavailableError
+from loraplex.fleet.board import PINS_KEY
 from loraplex.fleet.report_cache import SEQ_KEY, report_numbers
 from loraplex.fleet.routing import REPORT_KEY, UP_KEY
+from loraplex.fleet.standing import pin_order
 from loraplex.fleet.wire import Accepted, Failed
 from loraplex.registry import Registry, open_registry
 from loraplex.residency.ledger import Tier
@@ -183,6 +185,7 @@ class EngineReplica:
             "hits": hits_of(summary),
             "load": self._engine.load_snapshot(),  # EngineLoad: the ingress sums them
             "summary": summary,  # CacheSummary (pickled by Ray): the ingress sums them
+            PINS_KEY: sorted(self._cache.explicit_pins(), key=pin_order),
         }
 
     def close(self) -> None:

@@ -15,6 +15,11 @@ A replayed call that fails (for one, the ingress's request router may not know a
 yet when the board already shows it: the call is then refused by another replica and never
 reaches it) is tried again ``RETRY_S`` later, doubling up to ``MAX_RETRY_S`` while it keeps
 failing (a load that cannot succeed), and logged once per replica until a replay succeeds.
+
+A (re)started ingress starts from ``standing_restore.Restored`` (the registry's tenant settings,
+warm policies and release pins) and, at its first poll with a healthy replica, adopts the pins
+every healthy replica reports (an operator's survive only there); each replica's share starts as
+what it reports holding. Nothing is sent before that poll: a pin that stands would look lifted.
 """
 
 from __future__ import annotations
@@ -33,30 +38,42 @@ from loraplex.engine.tenant_shares import TenantSettings
 from loraplex.engine.transport.messages import CacheCommand, Pin, SetWarm, Unpin, UpdateTenants
 from loraplex.fleet.board import BoardEntry
 from loraplex.fleet.link import FleetLink
+from loraplex.fleet.standing_restore import PinKey, Restored, adopted_pins, reported_pins
 from loraplex.residency.ledger import Tier
 
 _log = logging.getLogger(__name__)
 RETRY_S = 2.0  # a replica whose replay failed is tried again this much later (then doubled)
 MAX_RETRY_S = 60.0
-PinKey = tuple[AdapterKey, Tier]
+AdoptedListener = Callable[[set[PinKey]], None]
 
 
 class FleetStanding:
     """The fleet's standing cache state and each replica's share of it (see the module
     docstring). Every method is thread-safe; the replays run on the link's loop."""
 
-    def __init__(self, link: FleetLink, clock: Callable[[], float] = time.monotonic) -> None:
+    def __init__(
+        self,
+        link: FleetLink,
+        restored: Restored | None = None,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        restored = restored or Restored()
         self._link = link
         self._clock = clock
         self._lock = threading.Lock()
-        self._pins: set[PinKey] = set()  # standing pins
+        self._pins: set[PinKey] = set(restored.release_pins)  # standing pins
+        self._adopted: set[PinKey] | None = None  # standing at the first poll (None: not yet)
+        self._lifted_early: set[PinKey] = set()  # unpinned before that poll: not adopted
+        self._on_adopted: list[AdoptedListener] = []
+        self._known: set[str] = set()  # replicas whose reported pins were taken as held
         self._held: dict[str, set[PinKey]] = {}  # replica -> pins it may hold (Pin sent)
         self._confirmed: dict[str, set[PinKey]] = {}  # replica -> pins its Pin answered for
         self._pending: dict[str, set[PinKey]] = {}  # replica -> pins with a Pin in flight
         self._lifting: dict[str, set[PinKey]] = {}  # replica -> pins with an Unpin in flight
-        self._warm: dict[AdapterKey, WarmPolicy] = {}  # non-default warm policies
-        self._tenants: dict[str, TenantSettings] | None = None  # the last settings sent
-        self._version = 0  # bumped by each warm policy or tenant change
+        self._warm: dict[AdapterKey, WarmPolicy] = dict(restored.warm)  # non-default policies
+        self._tenants = None if restored.tenants is None else dict(restored.tenants)  # last sent
+        # bumped by each warm policy or tenant change; restored ones are replayed to every one
+        self._version = int(bool(self._warm) or self._tenants is not None)
         self._synced: dict[str, int] = {}  # replica -> the version it acknowledged whole
         self._changing: dict[str, int] = {}  # replica -> warm/tenant changes in flight to it
         self._busy: set[str] = set()  # replicas with a replay in flight
@@ -71,6 +88,7 @@ class FleetStanding:
         pin = (key, tier)
         with self._lock:
             self._pins.add(pin)
+            self._lifted_early.discard(pin)
             replica_ids = self._link.healthy_ids()
             for replica_id in replica_ids:
                 self._held.setdefault(replica_id, set()).add(pin)
@@ -84,6 +102,8 @@ class FleetStanding:
         """``Unpin`` on every healthy replica; one out of rotation gets it when it is back."""
         with self._lock:
             self._pins.discard((key, tier))
+            if self._adopted is None:
+                self._lifted_early.add((key, tier))
             replica_ids = self._link.healthy_ids()
             for replica_id in replica_ids:
                 self._lifting.setdefault(replica_id, set()).add((key, tier))
@@ -107,7 +127,40 @@ class FleetStanding:
             version = self._next_version()
         return self._versioned(UpdateTenants(dict(settings)), version)
 
+    def on_adopted(self, listener: AdoptedListener) -> None:
+        """Calls ``listener`` with the pins standing once the first poll with a healthy replica
+        adopted the replicas' (at once when it has)."""
+        with self._lock:
+            adopted = self._adopted
+            if adopted is None:
+                self._on_adopted.append(listener)
+                return
+        listener(set(adopted))
+
     # --- internals -----------------------------------------------------------------------
+
+    def _adopt(self, entries: list[BoardEntry]) -> bool:
+        """At the first poll with a healthy replica, the pins every healthy one holds stand too
+        (called under ``_lock``); whether they were adopted (now or before)."""
+        if self._adopted is not None:
+            return True
+        common = adopted_pins(entries)
+        if common is None:
+            return False
+        self._pins |= common - self._lifted_early
+        self._adopted = set(self._pins)
+        self._lifted_early.clear()
+        return True
+
+    def _take_reported(self, entries: list[BoardEntry]) -> None:
+        """A replica first seen may hold what it reports (called under ``_lock``): a pin that
+        no longer stands is lifted there whichever ingress sent it. NOTE: held, not confirmed:
+        a replica records a pin before its load, so one that stands is sent again (at once
+        when its copy is there) and a load that failed is retried."""
+        for e in entries:
+            if e.replica_id not in self._known:
+                self._known.add(e.replica_id)
+                self._held.setdefault(e.replica_id, set()).update(reported_pins(e))
 
     def _next_version(self) -> int:
         """Called under ``_lock``: a replica that had the whole state is one change behind."""
@@ -176,10 +229,15 @@ class FleetStanding:
         now = self._clock()
         on_board = {e.replica_id for e in entries}
         with self._lock:
+            if not self._adopt(entries):
+                return  # nothing is sent before the replicas' pins are known
+            listeners, self._on_adopted = self._on_adopted, []
             # a replica that left the board is forgotten (one that comes back has a new id)
+            self._known &= on_board
             pins = (self._held, self._confirmed, self._pending, self._lifting)
             for book in (*pins, self._synced, self._changing, self._retry_at, self._failures):
                 _keep_only(book, on_board)
+            self._take_reported(entries)
             plans = {
                 e.replica_id: self._plan(e.replica_id)
                 for e in entries
@@ -193,6 +251,9 @@ class FleetStanding:
                         self._synced[replica_id] = version
                     del plans[replica_id]
             self._busy.update(plans)
+            adopted = set(self._adopted or ())
+        for listener in listeners:
+            listener(adopted)
         for replica_id, (commands, version) in plans.items():
             self._replay(replica_id, commands, version)
 
@@ -211,11 +272,13 @@ class FleetStanding:
                 commands += [SetWarm(key, warm) for key, warm in self._warm.items()]
         held = self._held.setdefault(replica_id, set())
         lifting = self._lifting.setdefault(replica_id, set())
-        lifted = sorted(held - self._pins - lifting, key=_order)
+        lifted = sorted(held - self._pins - lifting, key=pin_order)
         lifting.update(lifted)
         commands += [Unpin(key, tier) for key, tier in lifted]
         pending = self._pending.setdefault(replica_id, set())
-        missing = sorted(self._pins - self._confirmed.get(replica_id, set()) - pending, key=_order)
+        missing = sorted(
+            self._pins - self._confirmed.get(replica_id, set()) - pending, key=pin_order
+        )
         held.update(missing)  # sent below: the replica may hold them from now on
         pending.update(missing)
         commands += [Pin(key, tier) for key, tier in missing]
@@ -264,7 +327,8 @@ class FleetStanding:
             )
 
 
-def _order(pin: PinKey) -> tuple[str, int]:
+def pin_order(pin: PinKey) -> tuple[str, int]:
+    """Pins sorted by revision, then tier (replays and reports list them so)."""
     return str(pin[0]), pin[1].value
 
 

@@ -162,6 +162,10 @@ class PinBook:
             if not tiers:
                 del self._pins[key]
 
+    def explicit_pins(self) -> set[tuple[AdapterKey, Tier]]:
+        """Every (revision, tier) pinned by a ``pin`` (neither a warm policy nor automatic)."""
+        return {(key, tier) for key, tiers in self._pins.items() for tier in tiers}
+
     def pinnable_keys(self) -> set[AdapterKey]:
         """Revisions with an operator pin or setting, or an automatic warm policy: every
         revision a copy of which may be pinned (``is_pinned``) is among them."""

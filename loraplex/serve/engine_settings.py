@@ -6,6 +6,8 @@ on a thread) builds with them.
 
 from __future__ import annotations
 
+from loraplex.artifacts.identity import AdapterKey
+from loraplex.artifacts.warm_policy import WarmPolicy
 from loraplex.engine.config import EngineConfig, SchedulerConfig
 from loraplex.engine.tenant_shares import SeatLimits, TenantSettings
 from loraplex.engine.watchdog import WatchdogPolicy
@@ -31,6 +33,16 @@ def settings_of(tenant: Tenant) -> TenantSettings:
 def tenant_settings(registry: Registry) -> dict[str, TenantSettings]:
     """Every registry tenant's settings (tenant name -> settings)."""
     return {t.name: settings_of(t) for t in registry.list_tenants()}
+
+
+def warm_policies(registry: Registry, base_digest: str) -> dict[AdapterKey, WarmPolicy]:
+    """Every revision of this base model with a warm policy other than on-demand."""
+    return {
+        revision.key(): revision.warm_policy
+        for adapter in registry.list_adapters()
+        for revision in registry.list_revisions(adapter.tenant, adapter.name)
+        if revision.warm_policy is not WarmPolicy.ON_DEMAND and revision.base_digest == base_digest
+    }
 
 
 def engine_config(config: ServeConfig) -> EngineConfig:

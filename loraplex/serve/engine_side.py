@@ -27,7 +27,7 @@ from loraplex.engine.model_load import load_in_background
 from loraplex.engine.transport.thread_client import AsyncEngine
 from loraplex.engine.transport.worker import WorkerHandles
 from loraplex.errors import DigestMismatchError
-from loraplex.registry import Registry, WarmPolicy, open_registry
+from loraplex.registry import Registry, open_registry
 from loraplex.residency.warm import AutoWarmConfig
 from loraplex.runtime.tier_backends import ArtifactRef
 from loraplex.serve.config import ServeConfig
@@ -35,6 +35,7 @@ from loraplex.serve.engine_settings import (
     engine_config,
     registry_config,
     tenant_settings,
+    warm_policies,
     watchdog_policy,
 )
 
@@ -102,15 +103,10 @@ def build_runtime(config: ServeConfig, base: BaseModelSpec, registry: Registry) 
 
 def apply_warm_policies(registry: Registry, runtime: AdapterRuntime, base_digest: str) -> int:
     """Hands every revision's non-default warm policy to the cache; returns how many."""
-    applied = 0
-    for adapter in registry.list_adapters():
-        for revision in registry.list_revisions(adapter.tenant, adapter.name):
-            if revision.warm_policy is WarmPolicy.ON_DEMAND or revision.base_digest != base_digest:
-                continue
-            warm = revision.warm_policy
-            runtime.cache.set_warm_policy(revision.key(), warm)
-            applied += 1
-    return applied
+    policies = warm_policies(registry, base_digest)
+    for key, warm in policies.items():
+        runtime.cache.set_warm_policy(key, warm)
+    return len(policies)
 
 
 def build_worker(

@@ -32,6 +32,12 @@ from loraplex.server.pin_owners import RELEASE, OwnedPins
 _log = logging.getLogger(__name__)
 TICK_INTERVAL_S = 0.25  # how often the controller looks at its releases
 PROBE_PREFIX = "probe"  # engine request ids of probes: probe-<hex>
+HOLD_TIER = Tier.L1  # a release holds its baseline pinned here
+
+
+def prewarm_tiers(gpu: bool) -> tuple[Tier, ...]:
+    """The tiers a release's candidate is pinned in (L1; and L0 with the plan's ``gpu``)."""
+    return (Tier.L1, Tier.L0) if gpu else (Tier.L1,)
 
 
 def all_of(futures: list[Future[None]]) -> Future[None]:
@@ -73,11 +79,10 @@ class ServeReleaseEnv:
         self._thread.start()
 
     def prewarm(self, key: AdapterKey, *, gpu: bool) -> Future[None]:
-        tiers = (Tier.L1, Tier.L0) if gpu else (Tier.L1,)
-        return all_of([self._cache.pin(key, tier, RELEASE) for tier in tiers])
+        return all_of([self._cache.pin(key, tier, RELEASE) for tier in prewarm_tiers(gpu)])
 
     def hold(self, key: AdapterKey) -> None:
-        loaded = self._cache.pin(key, Tier.L1, RELEASE)
+        loaded = self._cache.pin(key, HOLD_TIER, RELEASE)
         loaded.add_done_callback(lambda done: _log_failure(done, f"holding {key.ref} in L1"))
 
     def unhold(self, key: AdapterKey) -> None:

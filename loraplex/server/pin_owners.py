@@ -11,6 +11,7 @@ the (revision, tier) and unpinned when the last one lets go.
 from __future__ import annotations
 
 import threading
+from collections.abc import Mapping
 from concurrent.futures import Future
 
 from loraplex.artifacts.identity import AdapterKey
@@ -49,6 +50,14 @@ class OwnedPins:
                     return  # someone else still holds it
                 del self._owners[(key, tier)]
             self._cache.unpin(key, tier)
+
+    def adopt(self, owners: Mapping[tuple[AdapterKey, Tier], str]) -> None:
+        """Records pins the cache holds already (a restarted fleet ingress adopts the replicas'
+        pins) under their owners, so one owner's unpin leaves another's pin; the cache is not
+        called."""
+        with self._lock:
+            for pin, owner in owners.items():
+                self._owners.setdefault(pin, set()).add(owner)
 
     def owners(self, key: AdapterKey, tier: Tier) -> frozenset[str]:
         with self._lock:

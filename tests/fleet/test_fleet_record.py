@@ -115,6 +115,24 @@ def test_a_joined_cluster_that_does_not_answer_is_not_connected_to(
     assert no_connect == []
 
 
+def test_status_of_a_cluster_whose_gcs_accepts_but_never_answers_gives_up_naming_the_flag(
+    tmp_path: Path, gcs: int, not_default_dir: None
+) -> None:
+    # A stopped or hung GCS still accepts connections (the kernel does): the port probe passed,
+    # and Ray's driver connect then waited without end, so `fleet status` hung.
+    data = tmp_path / "data"
+    record = control.FleetRecord(f"127.0.0.1:{gcs}", False, None, None, "http://x:1", 2)
+    data.mkdir()
+    (data / control.STATE_FILE).write_text(json.dumps(asdict(record)), encoding="utf-8")
+    result = _run("status", "--data-dir", str(data), "--timeout-s", "3")
+    assert result.exit_code == 1, result.output
+    words = _words(result.output)
+    assert f"the fleet's Ray cluster at 127.0.0.1:{gcs} did not answer within 3 s" in words
+    assert "(--timeout-s)" in words
+    refused = _run("status", "--data-dir", str(data), "--timeout-s", "0")
+    assert refused.exit_code == 1 and "--timeout-s 0 is invalid" in refused.output
+
+
 def test_down_of_a_fleet_whose_ray_head_died_removes_its_record_and_replica_caches(
     tmp_path: Path,
     no_connect: list[str],
@@ -250,7 +268,7 @@ def test_status_shows_each_replica_pid_and_the_replicas_asked_for(
         BoardEntry("killed", _full_status("killed", 4243), 20.0, 3.0),
         BoardEntry("new", _full_status("new", 4244), 0.2, 3.0),
     ]
-    monkeypatch.setattr(control, "board_entries", lambda record, data_dir: entries)
+    monkeypatch.setattr(control, "board_entries", lambda record, data_dir, timeout_s: entries)
     result = _run("status", "--data-dir", str(data))
     assert result.exit_code == 0, result.output
     assert "2 engine replicas asked for, 3 on the board, 2 healthy" in result.output

@@ -1,10 +1,13 @@
 """A release's pins on a real fleet (a local Ray cluster, two engine replicas and the ingress):
 the same on every replica, the one Ray Serve starts in place of a killed replica included, and
-lifted on every replica when the release ends, one out of rotation at that moment included.
+lifted on every replica when the release ends, one out of rotation at that moment included. And
+an operator's pin after the ingress itself was killed and restarted by Ray Serve: a replica
+that replaces a killed one afterwards gets it, and its unpin lifts it on every replica.
 
 (A replica that was stopped while a promotion lifted the candidate's prewarm pin kept the pin
 for good once it was back, and the replacement of a killed replica got the release's pins only
-if the ingress's request router already knew it when the board showed it: docs/fleet.md.)
+if the ingress's request router already knew it when the board showed it; a restarted ingress
+started with no standing pins: docs/fleet.md.)
 """
 
 from __future__ import annotations
@@ -33,10 +36,11 @@ SETTLE_S = 30.0  # a change on the board that takes longer is not coming
 
 
 class Fleet:
-    def __init__(self, url: str, admin_key: str, r2_key: str) -> None:
+    def __init__(self, url: str, admin_key: str, r2_key: str, billing_key: str) -> None:
         self.url = url
         self.admin_key = admin_key
         self.r2_key = r2_key  # acme/support@r2: on-demand, so only the release pins it
+        self.billing_key = billing_key  # acme/billing@r1: on-demand, so only an operator pins it
 
     def admin(self) -> httpx.Client:
         headers = {"Authorization": f"Bearer {self.admin_key}"}
@@ -51,7 +55,8 @@ def fleet(
         prepared, url = deployed(stack, demo_assets, tmp_path_factory, "fleet-pins", 2, max_loras=4)
         digest = BaseModelSpec.from_dir(demo_assets.base_model_dir).digest
         r2 = demo_assets.adapter("acme", "support", "r2")
-        yield Fleet(url, prepared.admin_key, str(r2.key(digest)))
+        billing = demo_assets.adapter("acme", "billing", "r1")
+        yield Fleet(url, prepared.admin_key, str(r2.key(digest)), str(billing.key(digest)))
 
 
 def _board() -> dict[str, dict[str, Any]]:
@@ -89,6 +94,32 @@ def _waiter(key: str) -> Callable[[str, Callable[[Board], bool], float], None]:
 
 def _healthy(board: dict[str, dict[str, Any]]) -> list[str]:
     return [rid for rid, s in board.items() if s["healthy"]]
+
+
+def _kill_engine_replica(replica_id: str) -> None:
+    name = f"SERVE_REPLICA::{APP_NAME}#EngineReplica#{replica_id}"
+    ray.kill(ray.get_actor(name, namespace="serve"), no_restart=True)
+
+
+def _replace_one(
+    wait: Callable[[str, Callable[[Board], bool], float], None],
+) -> tuple[list[str], str]:
+    """Kills the first healthy engine replica; the healthy ones before, and the one Ray Serve
+    started in its place once it is in rotation."""
+    first = _healthy(_board())
+    _kill_engine_replica(first[0])
+    wait(
+        "a replacement in rotation",
+        lambda b: len([r for r in _healthy(b) if r not in first]) == 1,
+        WAIT_S,
+    )
+    return first, next(r for r in _healthy(_board()) if r not in first)
+
+
+def _ingress_actors() -> set[str]:
+    prefix = f"SERVE_REPLICA::{APP_NAME}#Ingress#"
+    named = ray.util.list_named_actors(all_namespaces=True)
+    return {a["name"] for a in named if a["namespace"] == "serve" and a["name"].startswith(prefix)}
 
 
 def _wait_ingress(fleet: Fleet, replica_id: str, *, healthy: bool) -> None:
@@ -131,16 +162,7 @@ def test_release_pins_are_the_same_on_every_replica_and_lifted_on_every_one(
     _wait("r2 pinned on both replicas", lambda b: all(_pinned(s, key) for s in b.values()), 10)
 
     # A replica dies: Ray Serve starts another, which must hold the release's pins too.
-    first = _healthy(_board())
-    victim = first[0]
-    actor = ray.get_actor(f"SERVE_REPLICA::{APP_NAME}#EngineReplica#{victim}", namespace="serve")
-    ray.kill(actor, no_restart=True)
-    _wait(
-        "a replacement in rotation",
-        lambda b: len([r for r in _healthy(b) if r not in first]) == 1,
-        WAIT_S,
-    )
-    replacement = next(r for r in _healthy(_board()) if r not in first)
+    first, replacement = _replace_one(_wait)
     _wait(
         "r2 pinned on the replacement (the release's pin)",
         lambda b: _pinned(b[replacement], key),
@@ -166,5 +188,46 @@ def test_release_pins_are_the_same_on_every_replica_and_lifted_on_every_one(
     _wait(
         "r2 unpinned on the replica that was frozen when the release ended",
         lambda b: not _pinned(b[survivor], key),
+        SETTLE_S,
+    )
+
+
+def test_an_operators_pin_stands_after_the_ingress_is_restarted(fleet: Fleet) -> None:
+    key = fleet.billing_key
+    _wait = _waiter(key)
+    _wait("two healthy replicas", lambda b: len(_healthy(b)) == 2, WAIT_S)
+    body = {"model": "acme/billing@r1", "tier": "L1", "wait": True}
+    with fleet.admin() as admin:
+        pinned = admin.post("/admin/residency/pin", json=body)
+        assert pinned.status_code == 200, pinned.text
+    # NOTE: healthy ones: a replica the test above killed may still be on the board (stale)
+    _wait(
+        "billing pinned on both replicas",
+        lambda b: all(_pinned(b[r], key) for r in _healthy(b)),
+        10,
+    )
+
+    # The ingress dies and Ray Serve starts another: the standing state was in its memory.
+    (ingress,) = _ingress_actors()
+    ray.kill(ray.get_actor(ingress, namespace="serve"), no_restart=True)
+    deadline = time.monotonic() + WAIT_S
+    while len(restarted := _ingress_actors() - {ingress}) != 1:
+        assert time.monotonic() < deadline, f"no new ingress within {WAIT_S} s"
+        time.sleep(0.5)
+    control.wait_ready(fleet.url, WAIT_S)
+
+    # Then an engine replica dies: its replacement must hold the operator's pin too.
+    _, replacement = _replace_one(_wait)
+    _wait("billing pinned on the replacement", lambda b: _pinned(b[replacement], key), SETTLE_S)
+    assert _ingress_actors() == restarted  # the same new ingress did it
+
+    with fleet.admin() as admin:
+        unpinned = admin.post(
+            "/admin/residency/unpin", json={"model": "acme/billing@r1", "tier": "L1"}
+        )
+        assert unpinned.status_code == 200, unpinned.text
+    _wait(
+        "billing unpinned on every healthy replica",
+        lambda b: not any(_pinned(s, key) for s in b.values() if s["healthy"]),
         SETTLE_S,
     )

@@ -21,6 +21,7 @@ from loraplex.engine.tenant_shares import TenantSettings
 from loraplex.engine.transport.messages import Pin, Snapshot, Unpin, UpdateTenants
 from loraplex.engine.transport.packed_errors import unpack_error
 from loraplex.errors import EngineUnavailableError, LoraplexError
+from loraplex.fleet.board import PINS_KEY
 from loraplex.fleet.replica import EVICTION_WINDOW_S, EngineReplica, build_replica_parts
 from loraplex.fleet.routing import UP_KEY
 from loraplex.fleet.wire import Accepted, Failed
@@ -109,10 +110,14 @@ def test_cache_calls_move_copies_that_the_report_and_status_show(
     assert status["tiers"]["l0"]["count"] >= 1 and status["tiers"]["l1"]["count"] >= 1
     assert isinstance(status["load"], EngineLoad) and isinstance(status["summary"], CacheSummary)
     assert status["summary"].num_copies[Tier.L0] >= 1
+    # the pins sent to it, and not the demo's warm policies (core adapters pinned in L1 too)
+    assert decoded.residency.pinned - {str(revision)}  # copies its warm policies pinned
+    assert status[PINS_KEY] == [(revision, Tier.L0), (revision, Tier.L1)]
 
     for tier in (Tier.L0, Tier.L1):
         asyncio.run(replica.cache_call(Unpin(revision, tier)))
     assert str(revision) not in replica.routing_report().residency.pinned
+    assert replica.status()[PINS_KEY] == []
     cache.check_integrity()
 
 

@@ -78,3 +78,16 @@ def test_an_unpin_nobody_owns_still_reaches_the_cache() -> None:
     cache.pin(KEY, Tier.L1)
     OwnedPins(cache).unpin(KEY, Tier.L1)
     assert cache.pinned == set() and cache.calls[-1] == "unpin L1"
+
+
+def test_adopted_pins_are_owned_without_pinning_again() -> None:
+    # A restarted fleet ingress adopts the pins its replicas hold: the cache has them already.
+    cache = RecordingCache()
+    pins = OwnedPins(cache)
+    pins.adopt({(KEY, Tier.L1): OPERATOR, (KEY, Tier.L0): RELEASE})
+    assert cache.calls == []
+    assert pins.owners(KEY, Tier.L1) == {OPERATOR} and pins.owners(KEY, Tier.L0) == {RELEASE}
+    pins.pin(KEY, Tier.L1, RELEASE)
+    pins.unpin(KEY, Tier.L1, RELEASE)  # a release's end leaves the operator's adopted pin
+    pins.unpin(KEY, Tier.L0, RELEASE)  # and lifts its own
+    assert cache.calls == ["pin L1", "unpin L0"]

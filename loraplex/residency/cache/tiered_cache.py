@@ -128,6 +128,11 @@ class TieredAdapterCache:
             self._flow.retry_blocked()
             self._state.settle_key(key)
 
+    def explicit_pins(self) -> set[tuple[AdapterKey, Tier]]:
+        """The (revision, tier) pairs ``pin`` holds (what an ingress sent; no warm policy's)."""
+        with self._lock:
+            return self._state.pins.explicit_pins()
+
     def set_warm_policy(self, key: AdapterKey, warm: WarmPolicy | None) -> None:
         """The operator's warm policy for one revision (None: automatic). Operator settings win."""
         with self._lock:
