@@ -37,6 +37,7 @@ class CostModelPipeline:
         cost: CostModel,
         on_charge: Callable[[float], None] | None = None,
         scale: float = 1.0,
+        *,
         busy: Callable[[], bool] | None = None,
         lock_wait: Callable[[], float] | None = None,
     ) -> None:

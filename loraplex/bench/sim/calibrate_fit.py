@@ -221,17 +221,17 @@ def cost_model_from(
         + ", ".join(f"{b.ratio:.2f}" for b in busy)
         + "; bench/sim/calibrate_busy.py)"
     )
-    copies = copy_medians(busy)
+    copy_times = copy_medians(busy)
     sources["copy_waits_for_step"] = (
         "not measured: how loraplex's engine is built (engine/factory.py: slot fills and "
         "forwards take one slot lock), so a copy into a slot that starts during a step starts "
         "when it ends; "
         + (
             "no copy was timed beside steps here"
-            if copies is None
-            else f"the copies of the loads above took a median {copies[1] * 1e3:.2f} ms beside "
-            f"steps against {copies[0] * 1e3:.2f} ms alone (the server's copy stage counter, "
-            "which times the wait for the lock too)"
+            if copy_times is None
+            else f"the copies of the loads above took a median {copy_times[1] * 1e3:.2f} ms "
+            f"beside steps against {copy_times[0] * 1e3:.2f} ms alone (the server's copy stage "
+            "counter, which times the wait for the lock too)"
         )
     )
     overheads = {"front_s": measured["front_s"], "network_s": 0.0}

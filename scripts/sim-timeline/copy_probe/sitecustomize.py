@@ -2,8 +2,9 @@
 
 Put this directory first on ``PYTHONPATH`` and set ``SIMCOLD_PROBE_COPIES`` to a file path:
 every Python process started with that environment (a ``bench sim`` run's serve child and Ray
-workers inherit it; not a ``LORAPLEX_`` name, which ``bench/harness/process.own_env`` strips) wraps ``loraplex.runtime.tier_backends.TierPipeline.install`` and appends
-one JSON line per L1 -> L0 install: ``pid``, ``t_s`` (``time.monotonic`` as the install began),
+workers inherit it; not a ``LORAPLEX_`` name, which ``bench/harness/process.own_env`` strips)
+wraps ``loraplex.runtime.tier_backends.TierPipeline.install`` and appends one JSON line per
+L1 -> L0 install: ``pid``, ``t_s`` (``time.monotonic`` as the install began),
 ``wait_s`` (the wait for the slot lock, which every forward holds: ``engine/runner.py``),
 ``copy_s`` (the copy under the lock) and the adapter key. Unset: nothing is wrapped. The
 stage counter the cache keeps for the copy (``Stage.COPY``) is the sum of the two.
