@@ -8,7 +8,7 @@ simulated side is ``bench sim``'s own simulation of the same traces (``prepared`
 ``simulated``), each copy's wait read where the simulator charges it
 (``SimReplica._lock_wait``; 0 without ``copy_waits_for_step``). Prints, per process and per
 (target, trace): copies, copies that waited over ``--floor-ms``, and their waits' median, P90
-and largest, in ms.
+and largest, in ms (each wait too, where there are at most 10).
 
     python scripts/sim-timeline/copy_waits.py --probe copies.jsonl --cost fleet.json \
         --trace-requests 64
@@ -35,9 +35,12 @@ from loraplex.sim import replica
 
 
 def summary(waits_s: Sequence[float], floor_ms: float) -> dict[str, Any]:
-    """Copies, those that waited over ``floor_ms``, and those waits' median, P90 and max (ms)."""
+    """Copies, those that waited over ``floor_ms``, and those waits' median, P90 and max (ms;
+    each wait too, up to 10 of them)."""
     waited = sorted(1e3 * w for w in waits_s if 1e3 * w > floor_ms)
     out: dict[str, Any] = {"copies": len(waits_s), "waited": len(waited)}
+    if len(waited) <= 10:
+        out["waits_ms"] = [round(w, 2) for w in waited]
     if waited:
         out["median_ms"] = round(statistics.median(waited), 2)
         out["p90_ms"] = round(waited[min(len(waited) - 1, int(0.9 * len(waited)))], 2)
