@@ -104,6 +104,14 @@ load took 2.8 times its lone price in traces (docs/simulator.md, SIMCOLD). ``sim
 measures it on its own cold loads, each timed alone and then with warm requests decoding
 beside it. The copy is not scaled (the engine waits for it between steps). A file without the
 key reads as 1.0: loads cost their lone price whatever runs beside them (the model before).
+
+With ``copy_waits_for_step`` a copy into a GPU slot (L1 -> L0) that starts while its replica's
+step runs starts when that step ends: the real engine's slot fills and forwards take one lock
+(``engine/factory.py``'s ``slot_lock``; ``runtime/tier_backends.py`` times the copy's stage from
+before it takes the lock), so a load that reaches its copy mid-step waits out the forward, and
+its request joins the step after the one planned meanwhile. Not a number: how loraplex's engine
+is built, which ``sim calibrate`` writes true for every server it measures. A file without the
+key reads as false: the copy runs beside the step, as before, results unchanged to the byte.
 """
 
 from __future__ import annotations
@@ -249,6 +257,9 @@ class CostModel:
     # A load stage before the copy (L3 -> L2, L2 -> L1) that starts while the engine has requests
     # running costs this times its price (module docstring); 1: its lone price.
     load_busy_scale: float = 1.0
+    # A copy into a GPU slot that starts while a step runs starts when the step ends (the slot
+    # lock; module docstring); False: the copy runs beside the step.
+    copy_waits_for_step: bool = False
     # Where each number comes from: a calibration run (command, date, machine) or a citation.
     sources: dict[str, str] = field(default_factory=dict)
 
@@ -314,6 +325,7 @@ class CostModel:
             ("load_busy_scale", 1.0),
             ("lease_ask_s", 0.0),
             ("fleet_load_scale", None),
+            ("copy_waits_for_step", False),
         ):
             if body[key] == default:
                 del body[key]
@@ -335,7 +347,7 @@ def from_dict(body: dict[str, object], origin: str = "<dict>") -> CostModel:
     known = {"schema", "hardware", "validated", "step", "links", "front_s", "ipc_s"}
     known |= {"network_s", "sources", "load_cpu_shared", "hop_jitter_s", "network_jitter_s"}
     known |= {"fleet_cpu_scale", "cores", "lease_handoff_s", "fleet_contention", "host_probe"}
-    known |= {"load_busy_scale", "lease_ask_s", "fleet_load_scale"}
+    known |= {"load_busy_scale", "lease_ask_s", "fleet_load_scale", "copy_waits_for_step"}
     unknown = sorted(set(body) - known)
     if unknown:
         raise ValueError(f"{origin}: unknown keys {unknown}")
@@ -349,6 +361,9 @@ def from_dict(body: dict[str, object], origin: str = "<dict>") -> CostModel:
     shared = body.get("load_cpu_shared", False)
     if not isinstance(shared, bool):
         raise ValueError(f"{origin}: load_cpu_shared must be true or false, got {shared!r}")
+    copy_waits = body.get("copy_waits_for_step", False)
+    if not isinstance(copy_waits, bool):
+        raise ValueError(f"{origin}: copy_waits_for_step must be true or false, got {copy_waits!r}")
     cores = body.get("cores")
     if cores is not None and (not isinstance(cores, int) or isinstance(cores, bool)):
         raise ValueError(f"{origin}: cores must be an integer, got {cores!r}")
@@ -378,6 +393,7 @@ def from_dict(body: dict[str, object], origin: str = "<dict>") -> CostModel:
         host_probe=_host_probe(body.get("host_probe"), f"{origin}: host_probe"),
         load_busy_scale=_float(body, "load_busy_scale", 1.0),
         lease_ask_s=_float(body, "lease_ask_s", 0.0),
+        copy_waits_for_step=copy_waits,
         sources={str(k): str(v) for k, v in sources.items()},
     )
 

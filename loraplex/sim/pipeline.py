@@ -24,7 +24,8 @@ class CostModelPipeline:
     """A ``LoadPipeline`` charging L3->L2 (fetch, verify, commit), L2->L1 (read, parse) and
     L1->L0 (host-to-device copy) their link's fixed seconds plus bytes over bandwidth; the first
     two ``load_busy_scale`` times that when ``busy`` says the engine has requests running as the
-    stage starts (``cost_model``'s docstring)."""
+    stage starts; the copy, with ``copy_waits_for_step``, also the seconds ``lock_wait`` says the
+    step in flight has left (``cost_model``'s docstring)."""
 
     # True (an empty L1 -> L0 phase, as the real cache ran it before): the recorded results
     # depend on the order of same-time events
@@ -36,7 +37,9 @@ class CostModelPipeline:
         cost: CostModel,
         on_charge: Callable[[float], None] | None = None,
         scale: float = 1.0,
+        *,
         busy: Callable[[], bool] | None = None,
+        lock_wait: Callable[[], float] | None = None,
     ) -> None:
         self._footprints = footprints
         self._links = cost.links
@@ -46,6 +49,9 @@ class CostModelPipeline:
         # None: the file prices no slowdown (``load_busy_scale`` 1)
         self._busy = None if cost.load_busy_scale == 1.0 else busy
         self._busy_scale = cost.load_busy_scale
+        # seconds until the step in flight ends, read when a copy into a slot starts (it waits
+        # for the slot lock the forward holds); None: the file has no ``copy_waits_for_step``
+        self._lock_wait = lock_wait if cost.copy_waits_for_step else None
 
     def _charge(self, stage: Stage, link: str, nbytes: int) -> dict[Stage, float]:
         seconds = self._links[link].seconds(nbytes)
@@ -53,7 +59,10 @@ class CostModelPipeline:
             seconds *= self._scale
         if self._on_charge is not None:
             self._on_charge(seconds)  # the CPU the load takes from a step: its own price
-        if self._busy is not None and stage is not Stage.COPY and self._busy():
+        if stage is Stage.COPY:
+            if self._lock_wait is not None:  # the real stage counter times the wait too
+                seconds += self._lock_wait()
+        elif self._busy is not None and self._busy():
             seconds *= self._busy_scale
         return {stage: seconds}
 

@@ -79,6 +79,7 @@ class SimReplica:
         self._idle_wait_s = config.idle_wait_s
         self._shapes = shapes  # adapter -> its rank, bytes and bytes per rank (``step_seconds``)
         self._in_step = False  # a step is running (its result not applied yet)
+        self._step_end_s = 0.0  # ... and when it ends (a decode run's: when it was stopped)
         # the revision a fleet's topology asked this replica to merge (``sim/fleet.py``), as a
         # real ``auto`` engine's ``MergeHolds.dedicate``; None: none
         self.dedicated: AdapterKey | None = None
@@ -93,7 +94,8 @@ class SimReplica:
                 cost,
                 self._on_load_cpu if cost.load_cpu_shared else None,
                 self._load_scale,
-                self._engine_busy,
+                busy=self._engine_busy,
+                lock_wait=self._lock_wait,
             ),
             policy=make_policy(config.eviction_policy),
             clock=self._clock,
@@ -214,6 +216,7 @@ class SimReplica:
         self._in_step = True
         if self._cpu is not None:
             self._cpu.steps += 1
+        self._step_end_s = now + seconds
         if not (steady and self._start_run(plan, now, seconds)):
             self._executor.call_at(now + seconds, lambda: self._apply(plan))
 
@@ -299,6 +302,7 @@ class SimReplica:
         timer.cancel()
         self._run, self._run_end = None, None
         plan = run.plan
+        self._step_end_s = run.in_flight_end
         self._executor.call_at(run.in_flight_end, lambda: self._apply(plan))
 
     def _apply_decode(self, plan: StepPlan) -> None:
@@ -337,6 +341,14 @@ class SimReplica:
         """Whether the engine has requests running (a load stage then shares the CPU with
         steps: ``CostModel.load_busy_scale``)."""
         return bool(self.scheduler.running)
+
+    def _lock_wait(self) -> float:
+        """Seconds until the step in flight ends (0 with none): a copy into a slot that starts
+        now waits that long for the slot lock (``CostModel.copy_waits_for_step``)."""
+        if not self._in_step:
+            return 0.0
+        self._stop_run()  # a decode run's step in flight ends as an ordinary step
+        return max(0.0, self._step_end_s - self._clock.now())
 
     def _on_load_cpu(self, seconds: float) -> None:
         """A load stage starts (``load_cpu_shared``) while the engine steps or plans a step: the

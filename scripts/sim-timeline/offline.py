@@ -6,12 +6,15 @@ simulated side of each cost file, through ``bench/sim/bench.py``'s own ``prepare
 run is needed. Prints the single target's errors per file and line (hit pp / P50 / P99).
 
     python scripts/sim-timeline/offline.py --lines 20,21 --cost A.json --cost B.json
+
+``RUNS`` (an environment variable) names another file of ``bench sim`` JSON lines to read.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 import tempfile
 from pathlib import Path
@@ -23,7 +26,7 @@ from loraplex.bench.sim.config import SimBenchConfig
 from loraplex.bench.sim.simulated import simulated
 from loraplex.sim import cost_model as cost_file
 
-RUNS = Path("docs/benchmarks/sim-runs.jsonl")
+RUNS = Path(os.environ.get("RUNS", "docs/benchmarks/sim-runs.jsonl"))  # as offline_fleet.py
 
 
 def real_side(line: dict[str, Any]) -> dict[str, Any]:

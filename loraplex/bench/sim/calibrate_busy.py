@@ -3,7 +3,10 @@ one adapter from the store (L3, its cached pages dropped) twice: alone, then bes
 ``BusyMix`` of warm requests on another adapter: some decoding through the load and some
 arriving with it, whose prefills (and the front's work for them) run while it loads, as a
 trace's do. The scale is the median over the samples of the second load's stage seconds before
-the copy (fetch, verify, commit, read) over the first's.
+the copy (fetch, verify, commit, read) over the first's. Each sample also keeps the copy's stage
+seconds of both loads (``copy_lone_s``, ``copy_busy_s``): the server times the copy from before
+it takes the slot lock every forward holds, so beside steps it holds the wait for the step in
+flight (``CostModel.copy_waits_for_step``; the calibration's report shows them).
 
 Why: in ``bench sim``'s traces a load from the store that overlapped other requests' steps took
 2.8 times its lone price, one that did not 0.97 times (docs/simulator.md, SIMCOLD): the
@@ -88,6 +91,8 @@ class BusySample:
     adapter: str  # tenant/name@revision
     lone_s: float  # the load's stage seconds before the copy, the engine idle
     busy_s: float  # the same, a ``BusyMix`` beside it
+    copy_lone_s: float | None = None  # the copy's stage seconds, the engine idle (None: not kept)
+    copy_busy_s: float | None = None  # the same beside the mix: with the wait for the slot lock
 
     @property
     def ratio(self) -> float:
@@ -122,8 +127,19 @@ def busy_samples(
             lone = _stages(client, pair, seed, busy=False)
             busy = _stages(client, pair, seed + 1, busy=True)
             if lone is not None and busy is not None:
-                samples.append(BusySample(adapter.ref, lone, busy))
+                samples.append(BusySample(adapter.ref, lone[0], busy[0], lone[1], busy[1]))
     return samples
+
+
+def copy_medians(samples: Sequence[BusySample]) -> tuple[float, float] | None:
+    """The median copy stage seconds of the samples' lone and busy loads; None when no sample
+    kept both (the wait for the slot lock is their difference)."""
+    kept = [s for s in samples if s.copy_lone_s is not None and s.copy_busy_s is not None]
+    if not kept:
+        return None
+    lone = statistics.median(s.copy_lone_s for s in kept if s.copy_lone_s is not None)
+    busy = statistics.median(s.copy_busy_s for s in kept if s.copy_busy_s is not None)
+    return lone, busy
 
 
 @dataclass(frozen=True)
@@ -138,11 +154,13 @@ class _Pair:
     mix: BusyMix  # what runs beside the busy load
 
 
-def _stages(client: httpx.Client, pair: _Pair, seed: int, *, busy: bool) -> float | None:
+def _stages(
+    client: httpx.Client, pair: _Pair, seed: int, *, busy: bool
+) -> tuple[float, float] | None:
     """One cold request for ``pair.adapter`` (only in the store), with ``pair.warm``'s requests
     (``pair.mix``) beside it when ``busy``: the stage seconds before the copy the server's counters
-    gained (the warm requests load nothing); None when no cold load could be made or a request
-    failed."""
+    gained (the warm requests load nothing), and the copy's; None when no cold load could be
+    made or a request failed."""
     target = pair.target
     into_slots(client, target.adapters, (pair.warm,))
     evict_everywhere(client, pair.adapter)
@@ -155,7 +173,9 @@ def _stages(client: httpx.Client, pair: _Pair, seed: int, *, busy: bool) -> floa
     after = stage_totals(client)
     if any(t is None for t in ttfts):
         return None
-    return sum(v - before.get(k, 0.0) for k, v in after.items() if k != Stage.COPY.value)
+    gained = {k: v - before.get(k, 0.0) for k, v in after.items()}
+    copy_s = gained.pop(Stage.COPY.value, 0.0)
+    return sum(gained.values()), copy_s
 
 
 async def _requests(pair: _Pair, seed: int, busy: bool) -> list[float | None]:

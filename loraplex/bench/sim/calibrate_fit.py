@@ -11,7 +11,7 @@ from dataclasses import asdict, replace
 from typing import Any
 
 from loraplex.bench.harness.machine import machine_record
-from loraplex.bench.sim.calibrate_busy import TRACE_MIX, busy_scale
+from loraplex.bench.sim.calibrate_busy import TRACE_MIX, busy_scale, copy_medians
 from loraplex.bench.sim.calibrate_cold import LeaseHandoffs, handoff_seconds
 from loraplex.bench.sim.calibrate_decode import decode_clock_text, decode_report
 from loraplex.bench.sim.calibrate_run import CalibrateConfig
@@ -221,6 +221,19 @@ def cost_model_from(
         + ", ".join(f"{b.ratio:.2f}" for b in busy)
         + "; bench/sim/calibrate_busy.py)"
     )
+    copy_times = copy_medians(busy)
+    sources["copy_waits_for_step"] = (
+        "not measured: how loraplex's engine is built (engine/factory.py: slot fills and "
+        "forwards take one slot lock), so a copy into a slot that starts during a step starts "
+        "when it ends; "
+        + (
+            "no copy was timed beside steps here"
+            if copy_times is None
+            else f"the copies of the loads above took a median {copy_times[1] * 1e3:.2f} ms "
+            f"beside steps against {copy_times[0] * 1e3:.2f} ms alone (the server's copy stage "
+            "counter, which times the wait for the lock too)"
+        )
+    )
     overheads = {"front_s": measured["front_s"], "network_s": 0.0}
     model = calibrated_model(
         hardware,
@@ -236,7 +249,13 @@ def cost_model_from(
         lone_hops=measured["lone"],
     )
     busy_price = 1.0 if scale is None else scale
-    model = replace(model, host_probe=probe, load_busy_scale=busy_price, lease_ask_s=lease_ask_s)
+    model = replace(
+        model,
+        host_probe=probe,
+        load_busy_scale=busy_price,
+        lease_ask_s=lease_ask_s,
+        copy_waits_for_step=True,
+    )
     report = {
         "hardware": hardware,
         "step_samples": [asdict(s) for s in steps],
