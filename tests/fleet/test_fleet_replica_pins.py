@@ -28,6 +28,7 @@ from fleet_deploy import deployed  # noqa: E402
 
 from loraplex.artifacts.base_model import BaseModelSpec  # noqa: E402
 from loraplex.demo.assets import DemoAssets  # noqa: E402
+from loraplex.fleet import control  # noqa: E402
 from loraplex.fleet.settings import APP_NAME  # noqa: E402
 
 pytestmark = pytest.mark.slow
