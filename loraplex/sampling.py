@@ -9,8 +9,9 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-# Below this temperature a request is greedy (as vLLM): dividing logits by a tinier one
-# overflows float32 to inf and turns the row's probabilities into NaN.
+# Below this temperature a request is greedy: dividing logits by a tinier one overflows float32
+# to inf and turns the row's probabilities into NaN. (vLLM 0.32.0 raises one in (0, 0.01) to
+# 0.01 and samples: docs/operations.md, *Failure isolation*.)
 MIN_TEMPERATURE = 1e-5
 # torch.Generator.manual_seed takes a signed 64-bit seed (vLLM's range too).
 MIN_SEED, MAX_SEED = -(2**63), 2**63 - 1

@@ -102,6 +102,14 @@ def _default_assets(self_serve: bool, data_dir: Path | None) -> Path:
     return (data_dir or default_data_dir(os.environ, Path.home())) / SERVED_DEMO_DIR
 
 
+def _say_generation(out: Path) -> None:
+    typer.echo(
+        f"generating the demo model and adapters into {out} (first run only; a few minutes on "
+        "a small CPU machine), before the server starts",
+        err=True,
+    )
+
+
 def _run(
     plan: QualifyPlan, url: str | None, *, admin_key: str | None, data_dir: Path | None,
     assets: Path, preset: str, run_dir: Path, quick: bool,
@@ -111,7 +119,7 @@ def _run(
 
     with ExitStack() as stack:
         if url is None:
-            server = stack.enter_context(self_server(assets, run_dir))
+            server = stack.enter_context(self_server(assets, run_dir, announce=_say_generation))
             url, key = server.url, server.admin_key
         else:
             key = _admin_key(admin_key, data_dir)

@@ -7,7 +7,7 @@ from __future__ import annotations
 import os
 import secrets
 import sys
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
@@ -34,9 +34,31 @@ class SelfServer:
     log_path: Path  # its output
 
 
+def ensure_demo_assets(assets_dir: Path, announce: Callable[[Path], None]) -> None:
+    """The demo set the server would generate at ``assets_dir``, generated here first (after
+    ``announce``) unless it is there. NOTE: the server generated it, inside its
+    ``START_TIMEOUT_S`` to ready: from a fresh checkout on a loaded 2-core machine the training
+    outlasted it, and ``qualify --self --quick`` stopped with "did not become ready within
+    300.0 s" with the set half written."""
+    from loraplex.demo.assets import demo_assets_ready, generate_demo_assets
+    from loraplex.serve.assembly import DEMO_PRESET, DEMO_SEED  # what the server checks
+
+    if demo_assets_ready(assets_dir.resolve(), DEMO_PRESET, DEMO_SEED):
+        return
+    announce(assets_dir)
+    generate_demo_assets(assets_dir, DEMO_PRESET, DEMO_SEED)
+
+
 @contextmanager
-def self_server(assets_dir: Path, run_dir: Path, torch_threads: int = 1) -> Iterator[SelfServer]:
-    """Serves the demo assets at ``assets_dir`` from a fresh data directory under ``run_dir``."""
+def self_server(
+    assets_dir: Path,
+    run_dir: Path,
+    torch_threads: int = 1,
+    announce: Callable[[Path], None] = lambda _: None,
+) -> Iterator[SelfServer]:
+    """Serves the demo assets at ``assets_dir`` (generated first, when absent, after
+    ``announce``) from a fresh data directory under ``run_dir``."""
+    ensure_demo_assets(assets_dir, announce)
     data_dir = run_dir / "self-server"
     data_dir.mkdir(parents=True, exist_ok=True)
     link = data_dir / DEMO_DIR

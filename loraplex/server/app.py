@@ -36,9 +36,9 @@ from loraplex.server import (
     routes_tokenize,
     routes_vllm_admin,
 )
-from loraplex.server.auth import admin_key_matches, bearer_token, require_admin
+from loraplex.server.auth import bearer_token, check_admin, require_admin
 from loraplex.server.deps import ServerDeps
-from loraplex.server.errors import DEFAULT_RETRY_AFTER_S, install_error_handlers, unauthorized
+from loraplex.server.errors import DEFAULT_RETRY_AFTER_S, ApiError, install_error_handlers
 from loraplex.server.limits import RequestLimits
 from loraplex.server.metrics import CONTENT_TYPE
 from loraplex.server.metrics_status import CountStatuses
@@ -132,9 +132,10 @@ async def ready(request: Request) -> JSONResponse:
 async def metrics(request: Request) -> Response:
     deps: ServerDeps = request.app.state.deps
     if not deps.config.metrics_public:
-        token = bearer_token(request)
-        if token is None or not admin_key_matches(token, deps.config.admin_key):
-            return unauthorized("invalid admin credential").response()
+        try:
+            check_admin(bearer_token(request), deps.config.admin_key)
+        except ApiError as refused:
+            return refused.response()
     body = await run_in_threadpool(deps.metrics.exposition)
     return Response(body, media_type=CONTENT_TYPE)
 

@@ -135,9 +135,19 @@ def admin_key_matches(token: str, admin_key: str) -> bool:
     return hmac.compare_digest(presented, expected)
 
 
+# NOTE: a call with no key at all was told only "invalid admin credential", as a wrong key is;
+# what to send tells a caller nothing about the key (a tenant route says it too: ``NO_KEY``).
+ADMIN_NO_KEY = (
+    "invalid admin credential: none was sent; send the header `Authorization: Bearer <admin "
+    "key>` (one `loraplex serve` generated is kept in `<data dir>/admin-key`)"
+)
+
+
 def check_admin(token: str | None, admin_key: str) -> None:
     """Nothing for the admin credential; 401 for any other, tenant keys included."""
-    if token is None or not admin_key_matches(token, admin_key):
+    if token is None:
+        raise unauthorized(ADMIN_NO_KEY)
+    if not admin_key_matches(token, admin_key):
         raise unauthorized("invalid admin credential")
 
 

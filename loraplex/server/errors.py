@@ -23,8 +23,10 @@ from __future__ import annotations
 import logging
 import math
 import secrets
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from enum import StrEnum
+from typing import Any
 
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
@@ -290,6 +292,17 @@ def _is_union_tag(part: object) -> bool:
     return isinstance(part, str) and ("[" in part or part in _TYPE_TAGS)
 
 
+def _reason(error: Mapping[str, Any]) -> str:
+    """What a validation error says: a check of our own, its own words. NOTE: pydantic's
+    ``msg`` of a ``ValueError`` raised in a validator is "Value error, " + its text, and that
+    prefix reached tenants (``stop: Value error, has 5 stop strings; expected at most 4``)."""
+    if error.get("type") == "value_error":
+        raised = (error.get("ctx") or {}).get("error")
+        if isinstance(raised, ValueError):
+            return str(raised)
+    return str(error.get("msg", "invalid value"))
+
+
 async def _on_validation(request: Request, exc: Exception) -> JSONResponse:
     if not isinstance(exc, RequestValidationError):
         return await _on_error(request, exc)
@@ -310,7 +323,7 @@ async def _on_validation(request: Request, exc: Exception) -> JSONResponse:
             return invalid_request(problem.message, problem.param).response()
     location = [str(p) for p in first.get("loc", ()) if p not in _SOURCES and not _is_union_tag(p)]
     param = clipped(".".join(location)) or None  # an unknown key is the caller's own text
-    reason = clipped(str(first.get("msg", "invalid value")), MAX_VALIDATION_MESSAGE_CHARS)
+    reason = clipped(_reason(first), MAX_VALIDATION_MESSAGE_CHARS)
     if first.get("type") == "extra_forbidden":  # pydantic's "Extra inputs are not permitted"
         reason = UNKNOWN_FIELD + (NAME_THE_ADAPTER if param in ADAPTER_FIELDS else "")
     message = f"{param or 'request'}: {reason}"

@@ -9,7 +9,8 @@ ids below the vocabulary size, the middleware's body cap and rate limit. As in g
 cheap checks come first, then the model's resolution, and only then the template and tokenizer.
 
 Where loraplex differs from vLLM: ``model`` absent means the base model; ``token_strs`` are each
-id decoded alone (vLLM shows raw vocabulary pieces); ``add_special_tokens`` and
+id decoded alone, a special token as itself, as logprobs show tokens (vLLM shows raw vocabulary
+pieces); ``add_special_tokens`` and
 ``add_generation_prompt`` are accepted only at the values generation uses (prompt: special
 tokens added; chat: the template's own, with the assistant turn opened), else a 400 naming them.
 /version is public like vLLM's: it reveals the package version and nothing about tenants.
@@ -90,8 +91,12 @@ def _encoder(deps: ServerDeps, body: TokenizeRequest) -> Callable[[], list[int]]
 
 
 def _token_strs(deps: ServerDeps, ids: list[int]) -> list[str]:
-    decode = deps.engine.tokenizer.decode
-    return [decode([token]) for token in ids]
+    """Each id's text as logprobs show it: a special token as itself (``<|bos|>``). NOTE: it was
+    ``decode`` of the id alone, which skips special tokens, so every role marker of a chat
+    template and the BOS read as ``""`` (the role markers a user's text can carry were there by
+    id only)."""
+    token_text = deps.engine.tokenizer.token_text
+    return [token_text(token) for token in ids]
 
 
 @router.post(TOKENIZE_PATH)

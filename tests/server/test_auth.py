@@ -5,7 +5,12 @@ from __future__ import annotations
 import pytest
 from conftest import ADMIN_KEY, Rig
 
-from loraplex.server.auth import ADMIN_KEY_ON_TENANT_ROUTE, NO_KEY, admin_key_matches
+from loraplex.server.auth import (
+    ADMIN_KEY_ON_TENANT_ROUTE,
+    ADMIN_NO_KEY,
+    NO_KEY,
+    admin_key_matches,
+)
 from loraplex.server.deps import ServerConfig
 
 ADMIN_ROUTES = [
@@ -54,7 +59,19 @@ def test_admin_routes_refuse_every_tenant_key(rig: Rig, method: str, path: str) 
         response = rig.client.request(method, path, headers=rig.headers(tenant), json={})
         assert response.status_code == 401, (tenant, path)
         assert response.json()["error"]["message"] == "invalid admin credential"
-    assert rig.client.request(method, path, json={}).status_code == 401
+    keyless = rig.client.request(method, path, json={})
+    assert keyless.status_code == 401
+    # told what to send, as a tenant route is (it was "invalid admin credential" too)
+    assert keyless.json()["error"]["message"] == ADMIN_NO_KEY
+
+
+def test_metrics_without_a_key_is_told_what_to_send(rig: Rig) -> None:
+    keyless = rig.client.get("/metrics")
+    assert keyless.status_code == 401
+    assert keyless.json()["error"]["message"] == ADMIN_NO_KEY
+    wrong = rig.client.get("/metrics", headers=rig.headers("acme"))
+    assert wrong.json()["error"]["message"] == "invalid admin credential"
+    assert rig.client.get("/metrics", headers=rig.admin).status_code == 200
 
 
 def test_admin_credential_opens_admin_routes(rig: Rig) -> None:

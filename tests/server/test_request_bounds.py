@@ -156,3 +156,26 @@ def test_a_lone_surrogate_in_stop_keeps_its_message(rig: Rig, stop: object) -> N
     assert error["param"].split(".")[0] == "stop"
     assert "lone surrogate; expected valid Unicode text" in error["message"], error
     assert not rig.engine.requests
+
+
+@pytest.mark.parametrize(
+    ("path", "body", "message"),
+    [
+        ("/v1/completions", {"prompt": "hi", "stop": list("abcde")},
+         "stop: has 5 stop strings; expected at most 4"),
+        ("/v1/completions", {"prompt": [[5, -2]]},
+         "prompt: prompt 0 item 1 is -2; expected a token id >= 0"),
+        ("/v1/chat/completions",
+         {"messages": [{"role": "user", "content": [{"type": "text", "text": "a"}] * 17}]},
+         "messages.0.content: has 17 text parts; expected at most 16"),
+    ],
+)  # fmt: skip
+def test_a_check_of_our_own_is_told_in_its_own_words(
+    rig: Rig, path: str, body: dict[str, Any], message: str
+) -> None:
+    """pydantic words a validator's ``ValueError`` as "Value error, " + its text, and the
+    tenant was shown that prefix (``stop: Value error, has 5 stop strings; ...``)."""
+    reply = _post(rig, path, model="support", **body)
+    assert reply.status_code == 400, reply.text
+    assert reply.json()["error"]["message"] == message
+    assert not rig.engine.requests
