@@ -7,8 +7,10 @@ oneDNN on packed weights (issue 27 item 2; execution.md, "The base path: oneDNN 
 cached positions, 16 distinct rank-16 adapters on q/k/v/o in one ``auto`` pool shared by every
 side), float32, one thread; the same checkpoint loaded once per kernel (``--kernels A,B[,C]``).
 Steps (``--steps``, default the first five): base decode of 16, 32 and 64 sequences, the r16
-decode of 16, a base prefill of 4 x 64 tokens; also base decode of 1, 2 and 4 sequences and a
-base prefill of 8 x 64 (``base_b1``, ``base_b2``, ``base_b4``, ``prefill_8x64``). Their logits
+decode of 16, a base prefill of 4 x 64 tokens; also base decode of 1, 2, 4 and 8 sequences and a
+base prefill of 8 x 64 (``base_b1``, ``base_b2``, ``base_b4``, ``base_b8``, ``prefill_8x64``).
+A side may name its dtype, ``KERNEL@DTYPE`` (``blas@bfloat16``: the same checkpoint loaded in
+bfloat16; default float32); each side's LoRA pool is its own dtype's. Their logits
 are compared first (each kernel against the first). Rounds alternate order (ABBA; A B C, C B
 A with three), each side ``calls`` steps a round after warm-up; per round thread CPU time and
 wall clock. Reports medians per step and per other kernel the per-round paired ratio B / A
@@ -33,6 +35,7 @@ import torch
 
 from loraplex.bench.execution.runners import LoraplexRunner, StepShape
 from loraplex.bench.execution.setup import MAX_RANK, UNIFORM_MIX, Workspace
+from loraplex.dtypes import torch_dtype
 from loraplex.engine.heap import keep_freed_heap
 
 ADAPTERS = 16
@@ -46,6 +49,7 @@ STEPS = {  # name -> (shape, LoRA or not)
     "base_b1": (StepShape(1, 1, CONTEXT), False),
     "base_b2": (StepShape(2, 1, CONTEXT), False),
     "base_b4": (StepShape(4, 1, CONTEXT), False),
+    "base_b8": (StepShape(8, 1, CONTEXT), False),
     "prefill_8x64": (StepShape(8, 64, CONTEXT), False),
 }
 DEFAULT_STEPS = "base_b16,base_b32,base_b64,r16_b16,prefill_4x64"
@@ -96,6 +100,20 @@ def start(
     return args, heap_kept, Path("/proc/loadavg").read_text().split()[:3]
 
 
+def side_runner(model_dir: Path, side: str) -> LoraplexRunner:
+    """The runner of one ``--kernels`` side, ``KERNEL`` or ``KERNEL@DTYPE``."""
+    kernel, _, dtype = side.partition("@")
+    return LoraplexRunner(
+        model_dir, torch_dtype(dtype or "float32"), 64, CONTEXT + 64, linear_kernel=kernel
+    )
+
+
+def side_name(side: str, runner: LoraplexRunner) -> str:
+    """The kernel that ran a side (``auto`` resolved), with its dtype where the side named one."""
+    kernel = runner.model.linear_kernel
+    return f"{kernel}@{side.partition('@')[2]}" if "@" in side else kernel
+
+
 def main() -> None:
     args, heap_kept, load_start = start(12, kernels=True)
     kernels = tuple(args.kernels.split(","))
@@ -105,21 +123,20 @@ def main() -> None:
         raise SystemExit(f"--kernels {args.kernels!r} / --steps {args.steps!r}: see --help")
     with tempfile.TemporaryDirectory() as tmp:
         space = Workspace.create(Path(tmp), args.preset, ADAPTERS, 0, (UNIFORM_MIX,))
-        runners = {
-            k: LoraplexRunner(space.model_dir, torch.float32, 64, CONTEXT + 64, linear_kernel=k)
-            for k in kernels
-        }
-        weights = [runners[a].weights(d, MAX_RANK) for d in space.adapters[UNIFORM_MIX]]
-        pool = runners[a].pool(weights, "auto", MAX_RANK)
+        runners = {k: side_runner(space.model_dir, k) for k in kernels}
+        pools = {}
+        for k, runner in runners.items():
+            weights = [runner.weights(d, MAX_RANK) for d in space.adapters[UNIFORM_MIX]]
+            pools[k] = runner.pool(weights, "auto", MAX_RANK)
         steps: dict[str, dict[str, Callable[[], object]]] = {}
         logits_rel_diff: dict[str, float] = {}
         for name in names:
             shape, lora = STEPS[name]
             slots = [i % ADAPTERS for i in range(shape.batch_size)] if lora else None
             steps[name] = {
-                k: r.step(shape, slots, pool if lora else None) for k, r in runners.items()
+                k: r.step(shape, slots, pools[k] if lora else None) for k, r in runners.items()
             }
-            out = {k: torch.as_tensor(step()) for k, step in steps[name].items()}
+            out = {k: torch.as_tensor(step()).float() for k, step in steps[name].items()}
             diffs = [(out[b] - out[a]).abs().max() / out[a].abs().max() for b in others]
             logits_rel_diff[name] = float(max(diffs))
         cpu: dict[str, dict[str, list[float]]] = {n: {k: [] for k in kernels} for n in names}
@@ -137,7 +154,7 @@ def main() -> None:
             "preset": args.preset,
             "rounds": args.rounds,
             "calls": args.calls,
-            "kernels": [runners[k].model.linear_kernel for k in kernels],
+            "kernels": [side_name(k, runners[k]) for k in kernels],
             "steps": names,
         },
         "heap_kept": heap_kept,
