@@ -54,18 +54,46 @@ def packed_available() -> bool:
     return onednn_available() and hasattr(torch.ops.mkldnn, "_reorder_linear_weight")
 
 
-def packed_rows(capability: str | None = None) -> tuple[int, int | None]:
+def cpu_vendor(cpuinfo: str = "/proc/cpuinfo") -> str:
+    """The CPU's vendor string (``GenuineIntel``, ``AuthenticAMD``, ...) from ``cpuinfo``'s first
+    ``vendor_id``; empty where it cannot be read (another OS, another architecture)."""
+    try:
+        with open(cpuinfo, encoding="ascii", errors="replace") as info:
+            for line in info:
+                if line.startswith("vendor_id"):
+                    return line.partition(":")[2].strip()
+    except OSError:
+        pass
+    return ""
+
+
+def packed_rows(capability: str | None = None, vendor: str | None = None) -> tuple[int, int | None]:
     """The rows (fewest, most; None: no bound) for which :class:`PackedLinear` runs a packed
     copy on this CPU, ``F.linear`` outside them (``capability``: torch's
-    ``get_cpu_capability()``, read when None). With AVX-512 every row count: the packed copy
-    ran one row in 0.42x ``F.linear``'s time (1024 x 1024) and prefill widths faster too
-    (docs/benchmarks/execution.md, "Packed oneDNN weights"). Without it (an AVX2-only AMD
-    EPYC; docs/benchmarks/peer.md, "AMD EPYC (AVX2) kernel choices") ``F.linear`` ran whole
-    large-preset steps of one sequence in 0.72x the packed time, of 64 sequences in 0.94x and a
-    4 x 64 prefill in 0.89x, where the packed copy won from 2 to 16 sequences (0.81-0.91x) and
-    tied at 32: there it runs 2 to 32 rows."""
+    ``get_cpu_capability()``, ``vendor``: :func:`cpu_vendor`, each read when None). Three
+    answers, each measured on its CPU (docs/benchmarks/peer.md):
+
+    - AVX-512 on an Intel CPU, every row count: the packed copy ran one row in 0.42x
+      ``F.linear``'s time (1024 x 1024) and prefill widths faster too
+      (docs/benchmarks/execution.md, "Packed oneDNN weights").
+    - AVX-512 on any other vendor (an AMD EPYC Zen 4, which runs 512-bit ops as two halves;
+      "AMD EPYC Genoa (AVX-512) kernel choices"), 2 rows and more: ``F.linear`` ran the
+      one-sequence step in 0.80x (large) and 0.91x (small) the packed time, every round, where
+      the copies won from 2 rows to the 256-row prefill (``F.linear`` 1.10-1.63x).
+    - Without AVX-512 (an AVX2-only AMD EPYC; "AMD EPYC (AVX2) kernel choices"), 2 to 32 rows:
+      ``F.linear`` ran whole large-preset steps of one sequence in 0.72x the packed time, of 64
+      sequences in 0.94x and a 4 x 64 prefill in 0.89x, where the packed copy won from 2 to 16
+      sequences (0.81-0.91x) and tied at 32.
+
+    A rule, not a measurement at start: timing the two paths per model at start (tried, branch
+    ``genoaperf``) cost 0.2 s (small) to 1.5 s (large) of every start and, on a loaded machine,
+    chose differently from one start to the next, and with it the float32 rounding of a step."""
     name = torch.backends.cpu.get_cpu_capability() if capability is None else capability
-    return (1, None) if name.upper().startswith("AVX512") else (2, 32)
+    if not name.upper().startswith("AVX512"):
+        return (2, 32)
+    return (
+        (1, None) if (cpu_vendor() if vendor is None else vendor) == "GenuineIntel" else (2, None)
+    )
 
 
 class PackedLinear:
@@ -84,9 +112,10 @@ class PackedLinear:
 
     NOTE: results are oneDNN's (:func:`onednn_linear`'s from 2 rows), float32 rounding away
     from ``F.linear``'s. Calls of fewer rows than ``rows[0]`` or more than ``rows[1]`` (None:
-    no bound) take ``F.linear`` (default :func:`packed_rows`: every row count on an AVX-512
-    CPU, 2 to 32 rows on one without). A weight created in inference mode has no version
-    counter and is never packed (docs/benchmarks/execution.md, "Packed oneDNN weights")."""
+    no bound) take ``F.linear`` (default :func:`packed_rows`: every row count on an Intel
+    AVX-512 CPU, 2 rows and more on another vendor's, 2 to 32 rows without AVX-512). A weight
+    created in inference mode has no version counter and is never packed
+    (docs/benchmarks/execution.md, "Packed oneDNN weights")."""
 
     def __init__(self, rows: tuple[int, int | None] | None = None) -> None:
         self.min_rows, self.max_rows = packed_rows() if rows is None else rows

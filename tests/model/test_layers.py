@@ -2,24 +2,27 @@
 cast back, then the weight), so greedy outputs do not move; other dtypes take the formula.
 The linear kernels: oneDNN's gives F.linear's result to float32 rounding, reads the weight as it
 is now (no stale packed copy), and is chosen only where it runs; the packed one gives oneDNN's
-result, repacks a weight written in place and forgets a freed one; outside its rows (on a CPU
-without AVX-512: one row, more than 32) it takes F.linear."""
+result, repacks a weight written in place and forgets a freed one; outside its rows (one row on
+an AVX-512 CPU not made by Intel; one row or more than 32 without AVX-512) it takes F.linear."""
 
 from __future__ import annotations
 
 import gc
 from collections.abc import Callable
+from pathlib import Path
 
 import pytest
 import torch
 import torch.nn.functional as F
 
 from loraplex.engine.config import BASE_LINEAR_KERNELS
+from loraplex.model import layers
 from loraplex.model.layers import (
     LINEAR_KERNELS,
     ONEDNN_MIN_ROWS,
     PackedLinear,
     RMSNorm,
+    cpu_vendor,
     linear_fn,
     onednn_available,
     onednn_linear,
@@ -153,17 +156,36 @@ def test_packed_linear_takes_f_linear_outside_its_rows(rows: tuple[int, int | No
     assert onednn in _ops_run(lambda: linear(x[:4].view(2, 2, 64), weight))  # rows, not dim 0
 
 
-def test_packed_rows_follow_the_cpu_capability(monkeypatch: pytest.MonkeyPatch) -> None:
-    """Every row count runs packed on AVX-512 CPUs (unchanged there), 2 to 32 rows on others."""
-    assert packed_rows("AVX512") == (1, None)
-    assert packed_rows("AVX2") == packed_rows("DEFAULT") == (2, 32)
-    for capability, rows in (("AVX512", (1, None)), ("AVX2", (2, 32))):
+def test_packed_rows_follow_the_cpu_capability_and_vendor(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Every row count runs packed on Intel AVX-512 CPUs, 2 rows and more on another vendor's
+    AVX-512 CPU (Zen 4: F.linear was faster at one row), 2 to 32 rows without AVX-512."""
+    assert packed_rows("AVX512", "GenuineIntel") == (1, None)
+    assert packed_rows("AVX512", "AuthenticAMD") == packed_rows("AVX512", "") == (2, None)
+    for vendor in ("GenuineIntel", "AuthenticAMD", ""):
+        assert packed_rows("AVX2", vendor) == packed_rows("DEFAULT", vendor) == (2, 32)
+    for capability, vendor, rows in (
+        ("AVX512", "GenuineIntel", (1, None)),
+        ("AVX512", "AuthenticAMD", (2, None)),
+        ("AVX2", "GenuineIntel", (2, 32)),
+    ):
         monkeypatch.setattr(torch.backends.cpu, "get_cpu_capability", lambda c=capability: c)
+        monkeypatch.setattr(layers, "cpu_vendor", lambda v=vendor: v)
         linear = PackedLinear()
         assert packed_rows() == rows and (linear.min_rows, linear.max_rows) == rows
     for bad in ((0, None), (4, 2)):
         with pytest.raises(ValueError, match=r"rows \(\d, \w+\) is invalid"):
             PackedLinear(bad)
+
+
+def test_cpu_vendor_reads_the_first_vendor_id(tmp_path: Path) -> None:
+    """The vendor string as cpuinfo spells it; empty without one or without the file."""
+    info = tmp_path / "cpuinfo"
+    for vendor in ("GenuineIntel", "AuthenticAMD"):
+        info.write_text(f"processor\t: 0\nvendor_id\t: {vendor}\ncpu family\t: 25\n" * 2)
+        assert cpu_vendor(str(info)) == vendor
+    info.write_text("processor\t: 0\nCPU implementer\t: 0x41\n")  # an ARM machine's
+    assert cpu_vendor(str(info)) == ""
+    assert cpu_vendor(str(tmp_path / "absent")) == ""
 
 
 @needs_packed
