@@ -188,7 +188,9 @@ class ConnectionGate:
         self._by_tenant: dict[str, OrderedDict[Member, None]] = {}  # oldest first
         self._buckets: dict[str, _Bucket] = {}
         self._draining: set[Member] = set()  # told to close after their next answer
-        self._refused: set[Member] = set()  # refused at their tenant's share, closing
+        self._refused: set[Member] = set()  # refused at their tenant's share, kept open
+        # client address -> when a connection from it was last refused at its tenant's share
+        self._refused_at: dict[str, float] = {}
         self._turned_away_s: float | None = None  # when a newcomer last found no room
         self.num_refused = 0  # connections closed at accept, or refused at the tenant's share
         self.num_evicted = 0  # idle connections closed for a newcomer
@@ -231,17 +233,32 @@ class ConnectionGate:
         (counted refused): ``tenant`` already held its share under contention (module
         docstring); the caller answers the request and closes the connection."""
         self._unauthenticated.pop(member, None)
+        if member in self._refused:  # kept open after its 429: refused again, or let in
+            return self._still_refused(member)
         if tenant is None or member not in self._open or member in self._tenant_of:
             return True
         held = self._by_tenant.setdefault(tenant, OrderedDict())
         refused = len(held) >= self.limits.tenant_share and self._contended()
         self._tenant_of[member] = tenant
         held[member] = None
-        if refused:  # its answer closes it: never drained again, counted held until it closes
+        if refused:  # never drained, counted held; cut first when a newcomer needs room
             self._draining.add(member)
             self._refused.add(member)
+            self._refused_at[self._open[member]] = self._clock.now()
             self.num_refused += 1
         return not refused
+
+    def _still_refused(self, member: Member) -> bool:
+        """The next request on a connection refused at its tenant's share (kept open, its
+        answer ``Connection: close``-free): False while its tenant's other connections still hold
+        the share under contention; otherwise it counts as any other of the tenant's."""
+        held = self._by_tenant[self._tenant_of[member]]
+        others = sum(1 for other in held if other not in self._refused)
+        if others >= self.limits.tenant_share and self._contended():
+            return False
+        self._refused.discard(member)
+        self._draining.discard(member)
+        return True
 
     def _contended(self) -> bool:
         turned_away_s = self._turned_away_s
@@ -271,10 +288,10 @@ class ConnectionGate:
         if at_address_cap and not self._evict_oldest_idle(address):
             return False
         if len(self._unauthenticated) >= limits.max_unauthenticated_connections:
-            room = self._evict_oldest_idle(None)
+            room = self._evict_oldest_idle(None) or self._cut_reconnect(address)
         elif len(self._open) >= limits.max_connections:
             room = self._evict_oldest_idle(None) or self._cut_refused()
-            room = room or self._evict_largest_tenants_idle()
+            room = room or self._cut_reconnect(address) or self._evict_largest_tenants_idle()
         else:
             return True
         if not room:  # a tenant's reconnects filling either budget turn newcomers away
@@ -320,6 +337,22 @@ class ConnectionGate:
             self.release(member)
             self.num_evicted += 1
             return True
+        return False
+
+    def _cut_reconnect(self, address: str) -> bool:
+        """Cuts the oldest unauthenticated connection from another address than ``address``'s
+        where a connection was refused at its tenant's share in the last ``CONTENDED_S``: taken
+        for that tenant's reconnect, its request not yet read or checked (module docstring)."""
+        now_s = self._clock.now()
+        for stale in [a for a, at_s in self._refused_at.items() if now_s - at_s >= CONTENDED_S]:
+            del self._refused_at[stale]
+        for member in self._unauthenticated:
+            source = self._open[member]
+            if source != address and source in self._refused_at:
+                member.cut_body()
+                self.release(member)
+                self.num_evicted += 1
+                return True
         return False
 
     def _evict_oldest_idle(self, address: str | None) -> bool:
