@@ -45,14 +45,23 @@ While the gate has turned a newcomer away at ``max_connections`` or at
 ``max_unauthenticated_connections`` in the last ``CONTENDED_S``, a
 tenant holding ``max_tenant_connection_share`` of ``max_connections`` or more is refused any
 new connection: its first authenticated request is answered 429 (``code``
-``max_tenant_connection_share``) and the connection closed (cut with a reset first if a newcomer
-finds no room while it is still open); and each newcomer turned away drains
+``max_tenant_connection_share``), and so is each next one on it while the tenant's other
+connections still hold the share under contention; the connection is kept open, and the first
+newcomer that finds no room cuts it with a reset. NOTE: closed after its 429, its room went to
+whoever connected next, mostly the tenant's own reconnect (attack round 19). A newcomer that
+still finds no room then cuts the oldest unauthenticated connection from another address where a
+connection was refused at the share in the last ``CONTENDED_S``: taken for that tenant's
+reconnect, which holds room with its request not yet read or checked (a tenant closing each
+refused connection itself and reconnecting at once). A tenant behind that address with it (a
+NAT, a proxy) loses such a new connection too, as with the per-address bounds; and each
+newcomer turned away drains
 the largest tenant's oldest connections down to that share (each closes after the answer in
 flight: no admitted request is lost). NOTE: a drain alone freed room that the tenant's reconnect
 took first, so a tenant with a whole request in flight on every connection (long streams, mostly
 queued) kept every other tenant's new connections out: 1 of 40 served (attack round 18,
-``body-hog --mode flight``; with the share 21-39 of 40: its reconnects, each refused, still take
-room while their requests wait unread). The share holds only while newcomers are turned away:
+``body-hog --mode flight``; with the share 21-39 of 40: its reconnects, each refused, still took
+room while their requests waited unread; docs/benchmarks/attack19.md). The share holds only
+while newcomers are turned away:
 with room left, one tenant may hold every connection.
 
 A connection past its address's accept rate is not reset at once but held silently
@@ -158,8 +167,9 @@ class Member(Protocol):
         ...
 
     def cut_body(self) -> None:
-        """Close it with a reset, its request's body still due (``receiving_s``) or its request
-        refused (its tenant at ``max_tenant_connection_share``)."""
+        """Close it with a reset, its request's body still due (``receiving_s``), its requests
+        refused (its tenant at ``max_tenant_connection_share``), or taken for that tenant's
+        reconnect (unauthenticated, from the address of such a refusal)."""
         ...
 
 

@@ -36,8 +36,10 @@ class GateCollector(Collector):
         )
         yield CounterMetricFamily(
             "loraplex_connections_evicted",
-            "Idle connections closed to make room for a new one (unauthenticated ones, or at "
-            "max_connections the largest tenant's, or its slowest request body).",
+            "Connections closed to make room for a new one (idle unauthenticated ones, or at "
+            "max_connections the largest tenant's idle one or its slowest request body, one "
+            "refused at max_tenant_connection_share, or an unauthenticated one from the address "
+            "of such a refusal).",
             value=gate.num_evicted,
         )
         yield CounterMetricFamily(
