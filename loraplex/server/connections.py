@@ -88,6 +88,10 @@ RECEIVING_GRACE_S = 1.0
 # ``max_tenant_connection_share`` is refused new connections (module docstring).
 CONTENDED_S = 30.0
 
+# Newcomers that may wait at once for the room drained connections free (``admit_accepted``), at
+# most one for each drained connection; each is a file descriptor (``fd_limit.py``).
+MAX_WAITING = 64
+
 # The scope state key under which the listener leaves the call that marks the request's
 # connection authenticated (absent outside ``loraplex serve``'s listener, e.g. in TestClient).
 MARK_AUTHENTICATED = "loraplex_mark_connection_authenticated"
@@ -166,6 +170,16 @@ class Member(Protocol):
         answer sent); None otherwise."""
         ...
 
+    def hold(self) -> bool:
+        """Admitted to wait for room (``ConnectionGate.admit_accepted``): read nothing of it until
+        ``let_in``; its head deadline still runs (then it closes, as any slow head does). False:
+        it cannot wait, and is refused."""
+        ...
+
+    def let_in(self) -> None:
+        """The room it waited for is its: read its request."""
+        ...
+
     def cut_body(self) -> None:
         """Close it with a reset, its request's body still due (``receiving_s``), its requests
         refused (its tenant at ``max_tenant_connection_share``), or taken for that tenant's
@@ -202,6 +216,9 @@ class ConnectionGate:
         # client address -> when a connection from it was last refused at its tenant's share
         self._refused_at: dict[str, float] = {}
         self._turned_away_s: float | None = None  # when a newcomer last found no room
+        # newcomers waiting for the room a drained connection frees, oldest first -> address
+        self._waiting: OrderedDict[Member, str] = OrderedDict()
+        self._making_room = False  # inside ``admit_accepted``: a freed place is the newcomer's
         self.num_refused = 0  # connections closed at accept, or refused at the tenant's share
         self.num_evicted = 0  # idle connections closed for a newcomer
         self.num_drained = 0  # tenant connections told to close after their answer
@@ -227,15 +244,54 @@ class ConnectionGate:
         self.num_refused += 1
         return False
 
+    @property
+    def num_waiting(self) -> int:
+        return len(self._waiting)
+
     def admit_accepted(self, member: Member, address: str) -> bool:
-        """``admit`` for a connection whose accept token was taken (``accept``)."""
-        if not self._make_room(address):
+        """``admit`` for a connection whose accept token was taken (``accept``). At
+        ``max_connections`` with connections drained (each closes after its answer), a newcomer
+        waits for the room one of them frees (``hold``, then ``let_in``): at most one waits for
+        each drained connection, in their order of arrival; True then too."""
+        self._making_room = True  # a connection closed for this newcomer: its room
+        try:
+            room = self._make_room(address)
+        finally:
+            self._making_room = False
+        if not room:
+            if self._may_wait(address) and member.hold():
+                self._waiting[member] = address
+                return True
             self.num_refused += 1
             return False
+        self._enter(member, address)
+        return True
+
+    def _may_wait(self, address: str) -> bool:
+        """At ``max_connections`` only (the address's cap and the unauthenticated budget free
+        no room by draining), while more connections are drained than newcomers wait."""
+        limits = self.limits
+        if self._per_address[address] >= limits.max_connections_per_address:
+            return False
+        if len(self._unauthenticated) >= limits.max_unauthenticated_connections:
+            return False
+        waiting = len(self._waiting)
+        return waiting < MAX_WAITING and len(self._draining) - len(self._refused) > waiting
+
+    def _enter(self, member: Member, address: str) -> None:
         self._open[member] = address
         self._per_address[address] += 1
         self._unauthenticated[member] = None
-        return True
+
+    def _let_waiting_in(self) -> None:
+        """Room freed: the oldest waiting newcomers take it, before any later connection."""
+        limits = self.limits
+        while not self._making_room and self._waiting and len(self._open) < limits.max_connections:
+            if len(self._unauthenticated) >= limits.max_unauthenticated_connections:
+                return
+            member, address = self._waiting.popitem(last=False)
+            self._enter(member, address)
+            member.let_in()
 
     def authenticated(self, member: Member, tenant: str | None = None) -> bool:
         """A request on ``member`` passed a credential check (idempotent): ``tenant``'s key, or
@@ -276,6 +332,7 @@ class ConnectionGate:
 
     def release(self, member: Member) -> None:
         """``member`` closed (idempotent; an evicted member is already released)."""
+        self._waiting.pop(member, None)
         address = self._open.pop(member, None)
         if address is None:
             return
@@ -291,6 +348,7 @@ class ConnectionGate:
             del held[member]
             if not held:
                 del self._by_tenant[tenant]
+        self._let_waiting_in()
 
     def _make_room(self, address: str) -> bool:
         limits = self.limits

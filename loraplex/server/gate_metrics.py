@@ -25,6 +25,7 @@ class GateCollector(Collector):
         num_unauthenticated = gate.num_unauthenticated
         open_by_state.add_metric(("authenticated",), gate.num_open - num_unauthenticated)
         open_by_state.add_metric(("unauthenticated",), num_unauthenticated)
+        open_by_state.add_metric(("waiting",), gate.num_waiting)
         if self._tarpit is not None:
             open_by_state.add_metric(("held",), len(self._tarpit))
         yield open_by_state

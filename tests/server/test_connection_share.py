@@ -140,6 +140,26 @@ def test_a_connection_kept_open_after_its_refusal_is_let_in_below_the_share() ->
     assert gate.admit(third, "a") and not gate.authenticated(third, "acme")  # 2 held again
 
 
+def test_a_newcomer_with_nothing_to_close_waits_for_a_drained_connections_room() -> None:
+    gate, _ = _gate(4)
+    hog = _busy(gate, "acme", 4)
+    first, second, third = (FakeMember(may_wait=True) for _ in range(3))
+    assert gate.admit(first, "b") and first.waiting  # main: turned away (reset at accept)
+    assert [m.drained for m in hog] == [True, True, False, False]
+    assert gate.admit(second, "c") and second.waiting  # one waits for each drained one
+    assert not gate.admit(third, "d") and not third.waiting
+    assert (gate.num_open, gate.num_waiting, gate.num_refused) == (4, 2, 1)
+    gate.release(second)  # its head deadline passed: closed while it waited
+    gate.release(hog[0])  # a drained answer ended: the oldest waiting newcomer takes its room
+    assert not first.waiting and (gate.num_open, gate.num_waiting) == (4, 0)
+    assert gate.authenticated(first, "globex")
+    late = FakeMember(may_wait=True)
+    assert gate.admit(late, "d") and late.waiting  # hog[1] still drained
+    assert not gate.admit(FakeMember(may_wait=True), "d")  # none more than drained ones
+    gate.release(hog[1])
+    assert not late.waiting and gate.num_open == 4
+
+
 @pytest.mark.parametrize("share", [0, 0.0, 1.5, -0.5, True, "0.5"])
 def test_an_invalid_share_is_refused_naming_the_setting(share: object) -> None:
     with pytest.raises(ValueError, match="max_tenant_connection_share"):
@@ -166,6 +186,10 @@ def _status(sock: socket.socket) -> tuple[int, dict[str, object]]:
         data += chunk
     head, _, body = data.partition(b"\r\n\r\n")
     return int(head.split()[1]), json.loads(body)
+
+
+def _get_models(key: str) -> bytes:
+    return f"GET /v1/models HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer {key}\r\n\r\n".encode()
 
 
 def _length(data: bytes) -> int:
@@ -204,12 +228,19 @@ def test_a_tenant_with_work_in_flight_on_every_connection_leaves_room(
         for count in range(1, 5):
             held.append(hold())
             settle(count)
-        first = _new_connection_status(host, port, globex)  # turned away: acme's are busy
+        first = socket.create_connection((host, port), timeout=WAIT_S)
+        first.sendall(_get_models(served.keys["globex"]))
+        deadline = time.monotonic() + WAIT_S
+        while gate.num_waiting != 1:  # acme's are busy, none may close: it waits, unread
+            assert time.monotonic() < deadline, gate.num_waiting
+            time.sleep(0.02)
         drained = gate.num_drained
         for sock in held[:2]:  # acme finishes its two oldest requests, takes their answers
             sock.sendall(body[5:])
             assert _status(sock)[0] == 200
             sock.close()
+        first_status = _status(first)[0]  # main: reset at accept
+        first.close()
         settle(2)
         reconnects = [hold(len(body)) for _ in range(2)]  # acme's reconnects take the room
         answers = [_status(sock) for sock in reconnects]  # each kept open when answered
@@ -219,11 +250,11 @@ def test_a_tenant_with_work_in_flight_on_every_connection_leaves_room(
         refused = gate.num_refused
         for sock in held[2:] + reconnects:
             sock.close()
-    assert first == 0
+    assert first_status == 200  # let in to the room acme's drained connection freed
     assert second == 200  # main: 0 (reset: acme's reconnects, their bodies due, held the room)
     assert [status for status, _ in answers] == [429, 429]  # main: no answer
     assert again[0] == 429
     error = answers[0][1]["error"]
     assert isinstance(error, dict) and error["code"] == "max_tenant_connection_share"
     assert drained == 2  # main: 1
-    assert refused == 3  # globex's first, acme's two reconnects
+    assert refused == 2  # acme's two reconnects (main: and globex's first)
