@@ -31,7 +31,12 @@ that tenant has no such connection, the one of its connections whose request bod
 longest, at least ``RECEIVING_GRACE_S`` after its head, is cut (that request was not handled: its
 body never came); failing that, its oldest one not yet draining is told to close after its
 answer (``drain``: the request in flight, or the next one, is answered with ``Connection:
-close``), and the newcomer is closed; its retry finds the room. NOTE: a drain freed nothing
+close``), and the newcomer waits for the room one drained connection frees (``hold``: nothing of
+it read, its head deadline running; ``let_in`` when a connection closes, the oldest waiting one
+first, before any later connection), at most one newcomer for each drained connection and
+``MAX_WAITING`` in all; past that it is closed, and its retry finds the room. NOTE: closed at
+once, every newcomer was reset until the first drained answer ended: the first 1-4 of them,
+0.5 s apart, in every run of attack round 19. NOTE: a drain freed nothing
 while a request's body was due, so a tenant that held ``max_connections`` connections, each
 with a head sent and its body never finished, shut every other tenant out until
 ``body_read_timeout_s`` answered them, and took the room back at once (attack round 18:
