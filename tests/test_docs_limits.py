@@ -15,6 +15,7 @@ from loraplex.registry.sql.paging import DEFAULT_PAGE, MAX_CURSOR_CHARS, MAX_PAG
 from loraplex.registry.sql.sqlite import READ_TIMEOUT_S, WRITE_TIMEOUT_S
 from loraplex.server.batch_limit import MAX_BATCH_PROMPTS
 from loraplex.server.choices import DEFAULT_MAX_CHOICES
+from loraplex.server.connections import MAX_WAITING
 from loraplex.server.fd_limit import RESERVED_FDS
 from loraplex.server.history import HistoryConfig
 from loraplex.server.json_route import INLINE_JSON_BYTES, INLINE_JSON_ITEMS
@@ -81,7 +82,9 @@ SENTENCES = [
     f"{_HOURS.get(RECENT['ttl_s'], str(RECENT['ttl_s']) + ' s')}, each tenant's last "
     f"{RECENT['max_entries_per_tenant']:,}",
     f"and {HOLD_S:g} s later it is reset; at most {MAX_HELD:,} are held at once",
-    f"`max_connections` + {MAX_HELD:,} held + {RESERVED_FDS} reserved",
+    f"`max_connections` + {MAX_HELD:,} held + {MAX_WAITING} waiting for room (above) + "
+    f"{RESERVED_FDS} reserved",
+    f"and at most {MAX_WAITING} in all (`MAX_WAITING`, `server/connections.py`;",
     f"interval {HISTORY.interval_s:g} s, length {HISTORY.length_s:g} s, top "
     f"{HISTORY.top_revisions} revisions, {HISTORY.max_replicas} replicas a sample, "
     f"{HISTORY.max_tracked_revisions} revisions counted by name within one interval",

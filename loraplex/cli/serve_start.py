@@ -29,11 +29,12 @@ if TYPE_CHECKING:
 def check_fds(settings: ServeConfig) -> None:
     """Before anything is started or built: the connection caps must fit the descriptors
     (ListenerConfig rechecks); an 'error:' line and exit 1 when they do not."""
+    from loraplex.server.connections import MAX_WAITING
     from loraplex.server.fd_limit import ensure_fd_limit
     from loraplex.server.tarpit import MAX_HELD
 
-    try:
-        ensure_fd_limit(settings.max_connections, MAX_HELD)
+    try:  # held off (tarpit.py) or waiting for room (connections.py)
+        ensure_fd_limit(settings.max_connections, MAX_HELD + MAX_WAITING)
     except ValueError as exc:
         typer.echo(f"error: {exc}", err=True)
         raise typer.Exit(1) from exc

@@ -31,7 +31,12 @@ that tenant has no such connection, the one of its connections whose request bod
 longest, at least ``RECEIVING_GRACE_S`` after its head, is cut (that request was not handled: its
 body never came); failing that, its oldest one not yet draining is told to close after its
 answer (``drain``: the request in flight, or the next one, is answered with ``Connection:
-close``), and the newcomer is closed; its retry finds the room. NOTE: a drain freed nothing
+close``), and the newcomer waits for the room one drained connection frees (``hold``: nothing of
+it read, its head deadline running; ``let_in`` when a connection closes, the oldest waiting one
+first, before any later connection), at most one newcomer for each drained connection and
+``MAX_WAITING`` in all; past that it is closed, and its retry finds the room. NOTE: closed at
+once, every newcomer was reset until the first drained answer ended: the first 1-4 of them,
+0.5 s apart, in every run of attack round 19. NOTE: a drain freed nothing
 while a request's body was due, so a tenant that held ``max_connections`` connections, each
 with a head sent and its body never finished, shut every other tenant out until
 ``body_read_timeout_s`` answered them, and took the room back at once (attack round 18:
@@ -45,14 +50,23 @@ While the gate has turned a newcomer away at ``max_connections`` or at
 ``max_unauthenticated_connections`` in the last ``CONTENDED_S``, a
 tenant holding ``max_tenant_connection_share`` of ``max_connections`` or more is refused any
 new connection: its first authenticated request is answered 429 (``code``
-``max_tenant_connection_share``) and the connection closed (cut with a reset first if a newcomer
-finds no room while it is still open); and each newcomer turned away drains
+``max_tenant_connection_share``), and so is each next one on it while the tenant's other
+connections still hold the share under contention; the connection is kept open, and the first
+newcomer that finds no room cuts it with a reset. NOTE: closed after its 429, its room went to
+whoever connected next, mostly the tenant's own reconnect (attack round 19). A newcomer that
+still finds no room then cuts the oldest unauthenticated connection from another address where a
+connection was refused at the share in the last ``CONTENDED_S``: taken for that tenant's
+reconnect, which holds room with its request not yet read or checked (a tenant closing each
+refused connection itself and reconnecting at once). A tenant behind that address with it (a
+NAT, a proxy) loses such a new connection too, as with the per-address bounds; and each
+newcomer turned away drains
 the largest tenant's oldest connections down to that share (each closes after the answer in
 flight: no admitted request is lost). NOTE: a drain alone freed room that the tenant's reconnect
 took first, so a tenant with a whole request in flight on every connection (long streams, mostly
 queued) kept every other tenant's new connections out: 1 of 40 served (attack round 18,
-``body-hog --mode flight``; with the share 21-39 of 40: its reconnects, each refused, still take
-room while their requests wait unread). The share holds only while newcomers are turned away:
+``body-hog --mode flight``; with the share 21-39 of 40: its reconnects, each refused, still took
+room while their requests waited unread; docs/benchmarks/attack19.md). The share holds only
+while newcomers are turned away:
 with room left, one tenant may hold every connection.
 
 A connection past its address's accept rate is not reset at once but held silently
@@ -78,6 +92,10 @@ RECEIVING_GRACE_S = 1.0
 # ``max_unauthenticated_connections``) during which a tenant at or above
 # ``max_tenant_connection_share`` is refused new connections (module docstring).
 CONTENDED_S = 30.0
+
+# Newcomers that may wait at once for the room drained connections free (``admit_accepted``), at
+# most one for each drained connection; each is a file descriptor (``fd_limit.py``).
+MAX_WAITING = 64
 
 # The scope state key under which the listener leaves the call that marks the request's
 # connection authenticated (absent outside ``loraplex serve``'s listener, e.g. in TestClient).
@@ -157,9 +175,20 @@ class Member(Protocol):
         answer sent); None otherwise."""
         ...
 
+    def hold(self) -> bool:
+        """Admitted to wait for room (``ConnectionGate.admit_accepted``): read nothing of it until
+        ``let_in``; its head deadline still runs (then it closes, as any slow head does). False:
+        it cannot wait, and is refused."""
+        ...
+
+    def let_in(self) -> None:
+        """The room it waited for is its: read its request."""
+        ...
+
     def cut_body(self) -> None:
-        """Close it with a reset, its request's body still due (``receiving_s``) or its request
-        refused (its tenant at ``max_tenant_connection_share``)."""
+        """Close it with a reset, its request's body still due (``receiving_s``), its requests
+        refused (its tenant at ``max_tenant_connection_share``), or taken for that tenant's
+        reconnect (unauthenticated, from the address of such a refusal)."""
         ...
 
 
@@ -188,8 +217,13 @@ class ConnectionGate:
         self._by_tenant: dict[str, OrderedDict[Member, None]] = {}  # oldest first
         self._buckets: dict[str, _Bucket] = {}
         self._draining: set[Member] = set()  # told to close after their next answer
-        self._refused: set[Member] = set()  # refused at their tenant's share, closing
+        self._refused: set[Member] = set()  # refused at their tenant's share, kept open
+        # client address -> when a connection from it was last refused at its tenant's share
+        self._refused_at: dict[str, float] = {}
         self._turned_away_s: float | None = None  # when a newcomer last found no room
+        # newcomers waiting for the room a drained connection frees, oldest first -> address
+        self._waiting: OrderedDict[Member, str] = OrderedDict()
+        self._making_room = False  # inside ``admit_accepted``: a freed place is the newcomer's
         self.num_refused = 0  # connections closed at accept, or refused at the tenant's share
         self.num_evicted = 0  # idle connections closed for a newcomer
         self.num_drained = 0  # tenant connections told to close after their answer
@@ -215,15 +249,54 @@ class ConnectionGate:
         self.num_refused += 1
         return False
 
+    @property
+    def num_waiting(self) -> int:
+        return len(self._waiting)
+
     def admit_accepted(self, member: Member, address: str) -> bool:
-        """``admit`` for a connection whose accept token was taken (``accept``)."""
-        if not self._make_room(address):
+        """``admit`` for a connection whose accept token was taken (``accept``). At
+        ``max_connections`` with connections drained (each closes after its answer), a newcomer
+        waits for the room one of them frees (``hold``, then ``let_in``): at most one waits for
+        each drained connection, in their order of arrival; True then too."""
+        self._making_room = True  # a connection closed for this newcomer: its room
+        try:
+            room = self._make_room(address)
+        finally:
+            self._making_room = False
+        if not room:
+            if self._may_wait(address) and member.hold():
+                self._waiting[member] = address
+                return True
             self.num_refused += 1
             return False
+        self._enter(member, address)
+        return True
+
+    def _may_wait(self, address: str) -> bool:
+        """At ``max_connections`` only (the address's cap and the unauthenticated budget free
+        no room by draining), while more connections are drained than newcomers wait."""
+        limits = self.limits
+        if self._per_address[address] >= limits.max_connections_per_address:
+            return False
+        if len(self._unauthenticated) >= limits.max_unauthenticated_connections:
+            return False
+        waiting = len(self._waiting)
+        return waiting < MAX_WAITING and len(self._draining) - len(self._refused) > waiting
+
+    def _enter(self, member: Member, address: str) -> None:
         self._open[member] = address
         self._per_address[address] += 1
         self._unauthenticated[member] = None
-        return True
+
+    def _let_waiting_in(self) -> None:
+        """Room freed: the oldest waiting newcomers take it, before any later connection."""
+        limits = self.limits
+        while not self._making_room and self._waiting and len(self._open) < limits.max_connections:
+            if len(self._unauthenticated) >= limits.max_unauthenticated_connections:
+                return
+            member, address = self._waiting.popitem(last=False)
+            self._enter(member, address)
+            member.let_in()
 
     def authenticated(self, member: Member, tenant: str | None = None) -> bool:
         """A request on ``member`` passed a credential check (idempotent): ``tenant``'s key, or
@@ -231,17 +304,32 @@ class ConnectionGate:
         (counted refused): ``tenant`` already held its share under contention (module
         docstring); the caller answers the request and closes the connection."""
         self._unauthenticated.pop(member, None)
+        if member in self._refused:  # kept open after its 429: refused again, or let in
+            return self._still_refused(member)
         if tenant is None or member not in self._open or member in self._tenant_of:
             return True
         held = self._by_tenant.setdefault(tenant, OrderedDict())
         refused = len(held) >= self.limits.tenant_share and self._contended()
         self._tenant_of[member] = tenant
         held[member] = None
-        if refused:  # its answer closes it: never drained again, counted held until it closes
+        if refused:  # never drained, counted held; cut first when a newcomer needs room
             self._draining.add(member)
             self._refused.add(member)
+            self._refused_at[self._open[member]] = self._clock.now()
             self.num_refused += 1
         return not refused
+
+    def _still_refused(self, member: Member) -> bool:
+        """The next request on a connection refused at its tenant's share (kept open, its
+        answer ``Connection: close``-free): False while its tenant's other connections still hold
+        the share under contention; otherwise it counts as any other of the tenant's."""
+        held = self._by_tenant[self._tenant_of[member]]
+        others = sum(1 for other in held if other not in self._refused)
+        if others >= self.limits.tenant_share and self._contended():
+            return False
+        self._refused.discard(member)
+        self._draining.discard(member)
+        return True
 
     def _contended(self) -> bool:
         turned_away_s = self._turned_away_s
@@ -249,6 +337,7 @@ class ConnectionGate:
 
     def release(self, member: Member) -> None:
         """``member`` closed (idempotent; an evicted member is already released)."""
+        self._waiting.pop(member, None)
         address = self._open.pop(member, None)
         if address is None:
             return
@@ -264,6 +353,7 @@ class ConnectionGate:
             del held[member]
             if not held:
                 del self._by_tenant[tenant]
+        self._let_waiting_in()
 
     def _make_room(self, address: str) -> bool:
         limits = self.limits
@@ -271,10 +361,10 @@ class ConnectionGate:
         if at_address_cap and not self._evict_oldest_idle(address):
             return False
         if len(self._unauthenticated) >= limits.max_unauthenticated_connections:
-            room = self._evict_oldest_idle(None)
+            room = self._evict_oldest_idle(None) or self._cut_reconnect(address)
         elif len(self._open) >= limits.max_connections:
             room = self._evict_oldest_idle(None) or self._cut_refused()
-            room = room or self._evict_largest_tenants_idle()
+            room = room or self._cut_reconnect(address) or self._evict_largest_tenants_idle()
         else:
             return True
         if not room:  # a tenant's reconnects filling either budget turn newcomers away
@@ -320,6 +410,22 @@ class ConnectionGate:
             self.release(member)
             self.num_evicted += 1
             return True
+        return False
+
+    def _cut_reconnect(self, address: str) -> bool:
+        """Cuts the oldest unauthenticated connection from another address than ``address``'s
+        where a connection was refused at its tenant's share in the last ``CONTENDED_S``: taken
+        for that tenant's reconnect, its request not yet read or checked (module docstring)."""
+        now_s = self._clock.now()
+        for stale in [a for a, at_s in self._refused_at.items() if now_s - at_s >= CONTENDED_S]:
+            del self._refused_at[stale]
+        for member in self._unauthenticated:
+            source = self._open[member]
+            if source != address and source in self._refused_at:
+                member.cut_body()
+                self.release(member)
+                self.num_evicted += 1
+                return True
         return False
 
     def _evict_oldest_idle(self, address: str | None) -> bool:

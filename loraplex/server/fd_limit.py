@@ -1,6 +1,7 @@
 """File descriptors for the connections the server promises to hold.
 
-Every open connection and every held one (``tarpit.py``) is a file descriptor, beside the
+Every open connection, every held one (``tarpit.py``) and every one waiting for room
+(``connections.py``, ``MAX_WAITING``) is a file descriptor, beside the
 listeners, the engine child's pipes, adapter files being read and the registry's connections.
 A process whose soft ``RLIMIT_NOFILE`` is below that cannot accept past it: asyncio logs
 "out of system resource" and stops accepting for a while, for every tenant at once, so the
@@ -17,7 +18,8 @@ RESERVED_FDS = 256  # listeners, engine pipes, adapter files, logs, registry con
 
 
 def needed_fds(max_connections: int, max_held: int) -> int:
-    """Descriptors the caps can use at once: open connections, held ones, the reserve."""
+    """Descriptors the caps can use at once: open connections, held or waiting ones
+    (``max_held``), the reserve."""
     return max_connections + max_held + RESERVED_FDS
 
 
@@ -30,7 +32,7 @@ def ensure_fd_limit(max_connections: int, max_held: int) -> int:
         return soft
     if hard != resource.RLIM_INFINITY and hard < needed:
         raise ValueError(
-            f"max_connections {max_connections} is invalid here: with {max_held} held "
+            f"max_connections {max_connections} is invalid here: with {max_held} held or waiting "
             f"connections and {RESERVED_FDS} reserved it needs {needed} file descriptors, and "
             f"this process's hard RLIMIT_NOFILE is {hard}; expected a lower max_connections or "
             "a higher limit (ulimit -Hn)"

@@ -25,6 +25,7 @@ class GateCollector(Collector):
         num_unauthenticated = gate.num_unauthenticated
         open_by_state.add_metric(("authenticated",), gate.num_open - num_unauthenticated)
         open_by_state.add_metric(("unauthenticated",), num_unauthenticated)
+        open_by_state.add_metric(("waiting",), gate.num_waiting)
         if self._tarpit is not None:
             open_by_state.add_metric(("held",), len(self._tarpit))
         yield open_by_state
@@ -36,8 +37,10 @@ class GateCollector(Collector):
         )
         yield CounterMetricFamily(
             "loraplex_connections_evicted",
-            "Idle connections closed to make room for a new one (unauthenticated ones, or at "
-            "max_connections the largest tenant's, or its slowest request body).",
+            "Connections closed to make room for a new one (idle unauthenticated ones, or at "
+            "max_connections the largest tenant's idle one or its slowest request body, one "
+            "refused at max_tenant_connection_share, or an unauthenticated one from the address "
+            "of such a refusal).",
             value=gate.num_evicted,
         )
         yield CounterMetricFamily(

@@ -62,6 +62,7 @@ from loraplex.server.tenant_jobs import AUTHENTICATED_TENANT
 
 UPLOAD_PATH = "/admin/adapters/upload"  # the one route whose body is an adapter's files
 _CLOSE = {"Connection": "close"}
+SHARE_CODE = "max_tenant_connection_share"  # the code of a 429 answered on a connection kept open
 
 
 def body_too_large(max_bytes: int, setting: str = "max_body_bytes") -> ApiError:
@@ -76,13 +77,14 @@ def upload_too_large(max_bytes: int) -> ApiError:
 
 def over_connection_share(tenant: str) -> ApiError:
     """A new connection of ``tenant``, which holds its share of the connections while others are
-    turned away (``connections.py``): answered, then closed."""
+    turned away (``connections.py``): answered and kept open (closed, its room went to the
+    tenant's reconnect; open, a newcomer that needs it cuts it)."""
     message = (
         f"tenant {tenant!r} already holds its max_tenant_connection_share of this server's "
         "connections while others are turned away; send on a connection it holds, or retry later"
     )
-    headers = {**_CLOSE, "Retry-After": "1"}
-    return ApiError(429, message, "rate_limit_error", "max_tenant_connection_share", None, headers)
+    headers = {"Retry-After": "1"}
+    return ApiError(429, message, "rate_limit_error", SHARE_CODE, None, headers)
 
 
 def body_timed_out(timeout_s: float) -> ApiError:
@@ -247,7 +249,8 @@ class RequestLimits:
             _check_declared_length(headers, limit)
             await self._authenticate(scope, headers)
         except ApiError as refused:
-            await _closing(refused).response()(scope, receive, send)
+            kept = refused.code == SHARE_CODE  # its body is read or the listener closes it
+            await (refused if kept else _closing(refused)).response()(scope, receive, send)
             return
         await self._run_counted(scope, receive, send, limit)
 

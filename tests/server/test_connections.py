@@ -40,6 +40,7 @@ class FakeMember:
         quiet: float | None = 1.0,
         unread: bool = False,
         receiving: float | None = None,
+        may_wait: bool = False,
     ) -> None:
         self.idle = idle
         # seconds since its last traffic when idle with nothing of a next request received
@@ -49,6 +50,8 @@ class FakeMember:
         self.evicted = False
         self.drained = False
         self.body_cut = False
+        self.may_wait = may_wait  # False: refused where it could wait for room
+        self.waiting = False  # held for room a drained connection frees
 
     def is_idle(self) -> bool:
         return self.idle
@@ -70,6 +73,13 @@ class FakeMember:
 
     def cut_body(self) -> None:
         self.body_cut = True
+
+    def hold(self) -> bool:
+        self.waiting = self.may_wait
+        return self.may_wait
+
+    def let_in(self) -> None:
+        self.waiting = False
 
 
 def _gate(**limits: int) -> tuple[ConnectionGate, ManualClock]:

@@ -159,18 +159,22 @@ def test_with_requests_arriving_on_every_connection_the_oldest_closes_after_its_
             sock.sendall(request[:20])
             proto = _protocol_of(server, sock)
             _wait(lambda p=proto: bool(p.conn.trailing_data[0]))  # type: ignore[misc]
-        assert _newcomer(address, served) == 0  # nobody may be closed: refused at accept
+        newcomer = socket.create_connection(address, timeout=WAIT_S)
+        newcomer.sendall(_head("GET", "/v1/models", served.keys["globex"]))
         gate = _gate_of(server)
-        assert (gate.num_evicted, gate.num_drained) == (0, 1)
+        _wait(lambda: gate.num_waiting == 1)  # nobody may be closed: it waits, unread
+        assert (gate.num_evicted, gate.num_drained, gate.num_open) == (0, 1, 2)
         first.sendall(request[20:])  # answered, saying it closes, then closed
         status, headers = _answer(first)
         assert (status, headers.get("connection")) == (200, "close")
         assert _closed(first)
+        assert _answer(newcomer)[0] == 200  # main: reset at accept; now the drained one's place
+        newcomer.close()
+        _wait(lambda: gate.num_open == 1)
         second.sendall(request[20:])  # the other one is answered and kept alive
         status, headers = _answer(second)
         assert status == 200 and headers.get("connection") != "close"
-        _wait(lambda: gate.num_open == 1)
-        assert _newcomer(address, served) == 200  # the drained one's place
+        assert _newcomer(address, served) == 200  # the newcomer's place, closed after it
 
 
 def test_the_gate_closes_the_quietest_connection_and_drains_one_when_none_may_close() -> None:

@@ -10,8 +10,11 @@ import sys
 import textwrap
 from pathlib import Path
 
+from loraplex.server.connections import MAX_WAITING
 from loraplex.server.fd_limit import RESERVED_FDS, needed_fds
 from loraplex.server.tarpit import MAX_HELD
+
+HELD = MAX_HELD + MAX_WAITING  # connections held off or waiting for room
 
 
 def run_child(soft: int, hard: int, max_connections: int) -> subprocess.CompletedProcess[str]:
@@ -33,8 +36,8 @@ def run_child(soft: int, hard: int, max_connections: int) -> subprocess.Complete
 
 
 def test_a_low_soft_limit_is_raised_to_what_the_caps_need() -> None:
-    needed = needed_fds(1024, MAX_HELD)
-    assert needed == 1024 + MAX_HELD + RESERVED_FDS
+    needed = needed_fds(1024, HELD)
+    assert needed == 1024 + HELD + RESERVED_FDS
     out = run_child(512, needed + 100, 1024).stdout
     assert "refused" not in out
     assert f"soft: {needed}" in out
@@ -45,7 +48,7 @@ def test_a_hard_limit_below_the_caps_refuses_to_start_naming_the_setting() -> No
     assert "refused: max_connections 1024 is invalid here" in out
     assert "hard RLIMIT_NOFILE is 1500" in out
     assert "soft: 512" in out  # nothing changed
-    fits = run_child(512, 1500, 1500 - MAX_HELD - RESERVED_FDS).stdout
+    fits = run_child(512, 1500, 1500 - HELD - RESERVED_FDS).stdout
     assert "refused" not in fits and "soft: 1500" in fits
 
 

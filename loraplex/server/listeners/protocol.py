@@ -41,7 +41,7 @@ from prometheus_client.registry import CollectorRegistry
 from uvicorn.protocols.http.h11_impl import H11Protocol
 
 from loraplex.clock import MonotonicClock
-from loraplex.server.connections import MARK_AUTHENTICATED, ConnectionGate
+from loraplex.server.connections import MARK_AUTHENTICATED, MAX_WAITING, ConnectionGate
 from loraplex.server.fd_limit import ensure_fd_limit
 from loraplex.server.gate_metrics import GateCollector
 from loraplex.server.gated_accept import AcceptGate, refuse
@@ -99,7 +99,8 @@ class ListenerConfig(uvicorn.Config):
             limits.max_unsent_response_bytes, limits.write_timeout_s, MonotonicClock()
         )
         self.counts = ListenerCounts()  # requests refused by the parser, connections cut
-        ensure_fd_limit(limits.max_connections, self.tarpit.max_held)  # fd_limit.py
+        # fd_limit.py: connections held off (``tarpit.py``) or waiting for room (``connections.py``)
+        ensure_fd_limit(limits.max_connections, self.tarpit.max_held + MAX_WAITING)
         if metrics is not None:  # the app's /metrics registry
             metrics.register(GateCollector(self.gate, self.tarpit))
             metrics.register(ListenerCollector(self.counts, self.unsent))
@@ -211,6 +212,16 @@ class BoundedH11Protocol(H11Protocol):
         if due_at is None or cycle is None or cycle.response_started:
             return None
         return None if self.transport.is_closing() else self.loop.time() - due_at
+
+    def hold(self) -> bool:
+        """Waits for room, nothing of it read (``connections.Member``)."""
+        self.flow.pause_reading()
+        return True
+
+    def let_in(self) -> None:
+        """Admitted after waiting: its request is read (``connections.Member``)."""
+        if not self.transport.is_closing():
+            self.flow.resume_reading()
 
     def cut_body(self) -> None:
         """Closed with a reset by the gate for a newcomer, its request's body still due
