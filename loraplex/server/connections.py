@@ -315,6 +315,7 @@ class ConnectionGate:
         if refused:  # never drained, counted held; cut first when a newcomer needs room
             self._draining.add(member)
             self._refused.add(member)
+            self._forget_stale_refusals()
             self._refused_at[self._open[member]] = self._clock.now()
             self.num_refused += 1
         return not refused
@@ -416,9 +417,7 @@ class ConnectionGate:
         """Cuts the oldest unauthenticated connection from another address than ``address``'s
         where a connection was refused at its tenant's share in the last ``CONTENDED_S``: taken
         for that tenant's reconnect, its request not yet read or checked (module docstring)."""
-        now_s = self._clock.now()
-        for stale in [a for a, at_s in self._refused_at.items() if now_s - at_s >= CONTENDED_S]:
-            del self._refused_at[stale]
+        self._forget_stale_refusals()
         for member in self._unauthenticated:
             source = self._open[member]
             if source != address and source in self._refused_at:
@@ -427,6 +426,13 @@ class ConnectionGate:
                 self.num_evicted += 1
                 return True
         return False
+
+    def _forget_stale_refusals(self) -> None:
+        """Drops the addresses refused longer than ``CONTENDED_S`` ago (on each refusal too, so
+        the map holds only the last ``CONTENDED_S``'s addresses however rarely room is short)."""
+        now_s = self._clock.now()
+        for stale in [a for a, at_s in self._refused_at.items() if now_s - at_s >= CONTENDED_S]:
+            del self._refused_at[stale]
 
     def _evict_oldest_idle(self, address: str | None) -> bool:
         """Closes the oldest idle unauthenticated connection (from ``address`` when given)."""

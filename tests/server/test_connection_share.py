@@ -123,6 +123,21 @@ def test_a_refused_address_loses_no_connection_to_its_own_newcomer_or_after_cont
     assert not reconnect.body_cut and gate.num_evicted == 0
 
 
+def test_the_refused_addresses_kept_are_only_the_last_contended_seconds() -> None:
+    """Each refusal forgets addresses refused longer than CONTENDED_S ago, so a tenant refused
+    from ever new addresses (IPv6) grows the map only by what the last CONTENDED_S refused."""
+    gate, clock = _gate(4)
+    _refused_reconnect(gate)  # refused from "a" at 0
+    clock.advance(CONTENDED_S - 1)
+    assert gate.admit(FakeMember(idle=False), "c")  # the reconnect from "a" is cut for it
+    assert not gate.admit(FakeMember(idle=False), "e")  # turned away: contended again
+    clock.advance(2)  # "a"'s refusal is CONTENDED_S + 1 old, the contention 2 s
+    gate.release(next(iter(gate._by_tenant["globex"])))
+    refused = FakeMember(idle=False)
+    assert gate.admit(refused, "d") and not gate.authenticated(refused, "acme")
+    assert set(gate._refused_at) == {"d"}
+
+
 def test_a_connection_kept_open_after_its_refusal_is_let_in_below_the_share() -> None:
     gate, _ = _gate(4)
     hog = _busy(gate, "acme", 4)
