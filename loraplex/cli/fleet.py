@@ -31,6 +31,10 @@ if TYPE_CHECKING:
     from loraplex.serve.config import ServeConfig
 
 Opt = typer.Option
+# ``status`` and ``down`` connect in a child process killed after this (fleet/bounded.py)
+TimeoutS = Annotated[
+    float, Opt(help="Give up (exit 1) when the cluster has not answered in this long.")
+]
 fleet_app = typer.Typer(help="Engine replicas on Ray Serve with residency-aware routing.")
 
 
@@ -222,9 +226,7 @@ def status_command(
     *,
     data_dir: DataDir = None,
     as_json: Annotated[bool, Opt("--json", help="One JSON object.")] = False,
-    timeout_s: Annotated[
-        float, Opt(help="Give up (exit 1) when the cluster has not answered in this long.")
-    ] = 60.0,
+    timeout_s: TimeoutS = 60.0,
 ) -> None:
     """Every engine replica: health, residency per tier and load."""
     from loraplex.fleet import control
@@ -282,13 +284,13 @@ def status_headline(record: FleetRecord, states: list[ReplicaState]) -> str:
 
 
 @fleet_app.command("down")
-def down_command(*, data_dir: DataDir = None) -> None:
+def down_command(*, data_dir: DataDir = None, timeout_s: TimeoutS = 60.0) -> None:
     """Remove the fleet's application; stop the Ray head that fleet up started."""
     from loraplex.fleet import control
 
     directory = data_dir or default_data_dir(os.environ, Path.home())
     try:
-        stopped = control.down(directory)
+        stopped = control.down(directory, timeout_s)
     except RuntimeError as exc:
         typer.echo(f"error: {exc}", err=True)
         raise typer.Exit(1) from exc

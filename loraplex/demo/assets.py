@@ -33,6 +33,7 @@ __all__ = [
 # Bumped whenever the generator would write different bytes for the same preset and seed.
 GENERATOR_VERSION = 2
 STAMP_NAME = "stamp.json"
+PID_START_MARGIN_S = 2.0  # a staging dir's pid started this long after its last write: reused
 
 
 def generate_demo_assets(
@@ -44,12 +45,14 @@ def generate_demo_assets(
     the large preset's generation time)."""
     preset_spec = get_preset(preset)
     out = out.resolve()
+    # NOTE: before the ready check: a killed run's staging was left for good once another run
+    # had made the set
+    _remove_abandoned_staging(out)
     if demo_assets_ready(out, preset, seed, adapters=adapters):
         return read_manifest(out)
     from loraplex.demo.generate import generate
 
     out.parent.mkdir(parents=True, exist_ok=True)
-    _remove_abandoned_staging(out)
     staging = out.parent / f".{out.name}.tmp-{os.getpid()}"
     shutil.rmtree(staging, ignore_errors=True)
     staging.mkdir()
@@ -108,11 +111,41 @@ def _write_stamp(root: Path, preset: str, seed: int, adapters: bool) -> None:
 
 
 def _remove_abandoned_staging(out: Path) -> None:
-    """Delete staging directories left by generator processes that no longer run (killed)."""
-    for staging in out.parent.glob(f".{out.name}.tmp-*"):
-        pid = staging.name.rsplit("-", 1)[-1]
-        if pid.isdigit() and not _process_alive(int(pid)):
-            shutil.rmtree(staging, ignore_errors=True)
+    """Delete staging (``.tmp-PID``) and retired (``.old-PID``) directories of ``out`` whose
+    writer no longer runs (killed); a running writer's are left alone."""
+    if not out.parent.is_dir():
+        return
+    for pattern in (f".{out.name}.tmp-*", f".{out.name}.old-*"):
+        for staging in out.parent.glob(pattern):
+            pid = staging.name.rsplit("-", 1)[-1]
+            if pid.isdigit() and _writer_gone(int(pid), staging):
+                shutil.rmtree(staging, ignore_errors=True)
+
+
+def _writer_gone(pid: int, staging: Path) -> bool:
+    """NOTE: pids are reused (a restarted container counts from 1 again): a process that
+    started after ``staging`` was last written is not its writer."""
+    if not _process_alive(pid):
+        return True
+    started = _process_start_time(pid)
+    try:
+        written = staging.stat().st_mtime
+    except OSError:  # removed meanwhile
+        return False
+    # btime has whole seconds: a margin so that a writer is never taken for a newcomer
+    return started is not None and started > written + PID_START_MARGIN_S
+
+
+def _process_start_time(pid: int) -> float | None:
+    """When ``pid`` started (epoch seconds) from /proc; None where there is no /proc."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text(encoding="ascii")
+        boot = Path("/proc/stat").read_text(encoding="ascii")
+    except OSError:
+        return None
+    ticks = int(stat.rsplit(")", 1)[1].split()[19])  # field 22, starttime, after the name
+    btime = next(int(line.split()[1]) for line in boot.splitlines() if line.startswith("btime"))
+    return btime + ticks / os.sysconf("SC_CLK_TCK")
 
 
 def _process_alive(pid: int) -> bool:

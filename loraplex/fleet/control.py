@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import contextlib
 import json
-import multiprocessing
 import os
 import shlex
 import shutil
@@ -25,6 +24,7 @@ from typing import Any
 
 import httpx
 
+from loraplex.fleet.bounded import NoAnswer, call_in_child, check_timeout
 from loraplex.fleet.ray_cluster import connect, start_local_cluster, stop_local_cluster
 from loraplex.fleet.settings import APP_NAME, FleetSettings
 from loraplex.registry import default_data_dir
@@ -306,47 +306,40 @@ def board_entries(
     record: FleetRecord, data_dir: Path, timeout_s: float = STATUS_TIMEOUT_S
 ) -> list[Any]:
     """Every replica on the board, read within ``timeout_s`` (``fleet status --timeout-s``) by a
-    child process that connects to the cluster; RuntimeError saying why not. NOTE: in a child,
-    killed at the bound: a GCS that accepts connections but never answers (its process stopped
-    or hung) held Ray's driver connect without end, and nothing in this process could stop it."""
-    if not timeout_s > 0:
-        raise RuntimeError(f"--timeout-s {timeout_s:g} is invalid; expected > 0")
-    context = multiprocessing.get_context("spawn")  # NOTE: a fork would copy a driver's state
-    receiver, sender = context.Pipe(duplex=False)
-    child = context.Process(
-        target=_read_board, args=(record, data_dir, sender), name="loraplex-fleet-status"
+    child process that connects to the cluster (``fleet/bounded.py``); RuntimeError saying why
+    not."""
+    hint = f"try again, or `{fleet_command('down', data_dir)}` if it is gone for good"
+    try:
+        return list(call_in_child(_read_board, (record, data_dir), timeout_s))
+    except NoAnswer:
+        raise RuntimeError(_no_answer(record, timeout_s, hint)) from None
+
+
+def _no_answer(record: FleetRecord, timeout_s: float, then: str) -> str:
+    return (
+        f"the fleet's Ray cluster at {record.address} did not answer within {timeout_s:g} s "
+        "(--timeout-s): its GCS accepts connections but does not answer (its Ray head is "
+        f"stopped, hung or overloaded); {then}"
     )
-    child.start()
-    sender.close()
-    try:
-        if not receiver.poll(timeout_s):
-            raise RuntimeError(
-                f"the fleet's Ray cluster at {record.address} did not answer within {timeout_s:g} "
-                "s (--timeout-s): its GCS accepts connections but does not answer (its Ray head "
-                "is stopped, hung or overloaded); try again, or `"
-                f"{fleet_command('down', data_dir)}` if it is gone for good"
-            )
-        ok, value = receiver.recv()
-    except EOFError:  # the child died without an answer
-        raise RuntimeError(f"reading the fleet board failed (exit code {child.exitcode})") from None
-    finally:
-        receiver.close()
-        child.kill()
-        child.join()
-    if not ok:
-        raise RuntimeError(value)
-    return list(value)
 
 
-def _read_board(record: FleetRecord, data_dir: Path, sender: Any) -> None:
-    """``board_entries``'s child: (True, the entries) or (False, why not) through ``sender``."""
-    try:
-        connect_recorded(record, data_dir)
-        from loraplex.fleet.board_store import read_store
+def _read_board(record: FleetRecord, data_dir: Path) -> list[Any]:
+    """``board_entries``'s child."""
+    connect_recorded(record, data_dir)
+    from loraplex.fleet.board_store import read_store
 
-        sender.send((True, read_store(timeout_s=STORE_READ_TIMEOUT_S)))
-    except Exception as exc:  # any failure is the command's one error line
-        sender.send((False, str(exc) if isinstance(exc, RuntimeError) else repr(exc)))
+    return list(read_store(timeout_s=STORE_READ_TIMEOUT_S))
+
+
+def _delete_app(record: FleetRecord) -> None:
+    """``down``'s child: the application deleted, the driver disconnected."""
+    connect(record.address, _token(record))  # NOTE: before ray is imported (see connect)
+    import ray
+    from ray import serve
+
+    serve.delete(APP_NAME)
+    serve.shutdown()
+    ray.shutdown()  # NOTE: before the head stops, or the driver reports the raylet's death
 
 
 def _token(record: FleetRecord) -> Path | None:
@@ -361,22 +354,20 @@ class Stopped:
     not_running: str | None  # why the cluster could not be reached (the record was removed)
 
 
-def down(data_dir: Path) -> Stopped:
-    """Deletes the application; stops the cluster when ``up`` started it, and then removes the
+def down(data_dir: Path, timeout_s: float = STATUS_TIMEOUT_S) -> Stopped:
+    """Deletes the application within ``timeout_s`` (``fleet down --timeout-s``, from a child
+    process as ``board_entries``); stops the cluster when ``up`` started it, and then removes the
     replicas' disk caches (a replica that was killed left its own behind). A cluster that is not
     running (its head crashed, the machine restarted) is not connected to: its record is
     removed, so ``up`` can start the fleet again."""
+    check_timeout(timeout_s)  # NOTE: before the try: a refused flag stops and removes nothing
     record = read_record(data_dir)
     reason = cluster_down_reason(record)
     try:
         if reason is None:
-            connect(record.address, _token(record))  # NOTE: before ray is imported (see connect)
-            import ray
-            from ray import serve
-
-            serve.delete(APP_NAME)
-            serve.shutdown()
-            ray.shutdown()  # NOTE: before the head stops, or the driver reports the raylet's death
+            call_in_child(_delete_app, (record,), timeout_s)
+    except NoAnswer:
+        raise RuntimeError(_no_answer(record, timeout_s, _down_anyway(record))) from None
     finally:
         # NOTE: not a group whose head is gone: after a restart its id may be another process's
         if record.process_group is not None and reason is None:
@@ -385,3 +376,13 @@ def down(data_dir: Path) -> Stopped:
     if record.started_cluster:  # no replica of this data directory runs any more
         shutil.rmtree(data_dir / REPLICAS_DIR, ignore_errors=True)
     return Stopped(record, reason)
+
+
+def _down_anyway(record: FleetRecord) -> str:
+    """What ``down`` did all the same when the cluster did not answer (its record is removed)."""
+    if record.process_group is not None:
+        return f"its Ray head (process group {record.process_group}) is stopped, its record removed"
+    return (
+        f"its record is removed; the application {APP_NAME!r} may still be deployed on "
+        f"{record.address} (a joined cluster is left running)"
+    )

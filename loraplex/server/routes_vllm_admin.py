@@ -27,7 +27,7 @@ from __future__ import annotations
 
 import asyncio
 import hashlib
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path, PurePosixPath
 from typing import Annotated, Literal
 
@@ -137,15 +137,14 @@ async def load_lora_adapter(body: LoadLoraAdapterRequest, deps: DepsDep) -> Lora
     cache = _cache(deps)
     try:
         revision, created = await run_in_threadpool(_register, deps, lora, body.lora_path)
-        loading = await run_in_threadpool(cache.prefetch, revision.key(), LOAD_TIER)
-        status: Literal["resident", "deferred"] = "resident"
-        outcome = "loaded into CPU memory"
-        try:
-            await asyncio.wrap_future(loading)
-        except CapacityError as exc:  # registered; it loads when first requested
-            status, outcome = "deferred", f"registered; not loaded now ({exc})"
     except Exception as exc:  # NOTE: under /v1, so the default mapping would treat it as a tenant's
         raise to_api_error(exc, ErrorContext.ADMIN) from None
+    try:
+        status, outcome = await _prefetch(cache, revision)
+    except Exception as exc:  # NOTE: the registration stays (append-only): the caller is told
+        error = to_api_error(exc, ErrorContext.ADMIN)
+        kept = f"; {revision.ref} is registered all the same (created: {str(created).lower()})"
+        raise replace(error, message=error.message + kept) from None
     return LoraAdapterLoaded(
         lora_name=body.lora_name,
         model=revision.ref,
@@ -154,6 +153,20 @@ async def load_lora_adapter(body: LoadLoraAdapterRequest, deps: DepsDep) -> Lora
         status=status,
         message=f"LoRA adapter {body.lora_name!r} is {revision.ref}: {outcome}",
     )
+
+
+async def _prefetch(
+    cache: CacheControl, revision: Revision
+) -> tuple[Literal["resident", "deferred"], str]:
+    """The load into CPU memory, awaited. NOTE: a capacity error raised by the call itself (an
+    engine process that is starting refuses it at once) is deferred as one of the load's: it was
+    a 503 after the revision was registered, and a retry answered ``created: false``."""
+    try:
+        loading = await run_in_threadpool(cache.prefetch, revision.key(), LOAD_TIER)
+        await asyncio.wrap_future(loading)
+    except CapacityError as exc:  # registered; it loads when first requested
+        return "deferred", f"registered; not loaded now ({exc})"
+    return "resident", "loaded into CPU memory"
 
 
 def _revisions(deps: ServerDeps, lora: LoraName, page: Page) -> list[Revision]:

@@ -132,6 +132,27 @@ def test_staging_left_by_a_killed_run_is_removed(
     assert sorted(p.name for p in tmp_path.iterdir()) == [live.name]
 
 
+def test_a_killed_runs_staging_is_removed_when_the_set_is_ready(
+    demo_assets: DemoAssets, tmp_path: Path
+) -> None:
+    # The set was made meanwhile by another run, so no generation ran and the killed run's
+    # `.test-small.tmp-NNN` stayed for good. A pid in a name may be reused: a running process
+    # that started after the directory's last write is not its writer.
+    out = tmp_path / "out"
+    shutil.copytree(demo_assets.root, out)
+    dead = subprocess.Popen([sys.executable, "-c", "pass"])
+    dead.wait()
+    abandoned = tmp_path / f".out.tmp-{dead.pid}"
+    retired = tmp_path / f".out.old-{dead.pid}"
+    reused = tmp_path / f".out.old-{os.getppid()}"
+    live = tmp_path / f".out.tmp-{os.getppid()}"  # its writer runs: not ours to delete
+    for staging in (abandoned, retired, reused, live):
+        staging.mkdir()
+    os.utime(reused, (0, 0))  # last written long before the running process started
+    assert generate_demo_assets(out, "small", 0).root == out.resolve()
+    assert sorted(p.name for p in tmp_path.iterdir()) == sorted(["out", live.name])
+
+
 def test_unknown_preset_is_rejected(tmp_path: Path) -> None:
     with pytest.raises(ValueError, match="preset 'huge' is invalid"):
         generate_demo_assets(tmp_path / "out", "huge", 0)

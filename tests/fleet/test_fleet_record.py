@@ -133,6 +133,29 @@ def test_status_of_a_cluster_whose_gcs_accepts_but_never_answers_gives_up_naming
     assert refused.exit_code == 1 and "--timeout-s 0 is invalid" in refused.output
 
 
+def test_down_of_a_cluster_whose_gcs_accepts_but_never_answers_gives_up_naming_the_flag(
+    tmp_path: Path, gcs: int, not_default_dir: None
+) -> None:
+    # `down` connected in this process as `status` did: the same silent GCS hung it too.
+    data = tmp_path / "data"
+    record = control.FleetRecord(f"127.0.0.1:{gcs}", False, None, None, "http://x:1", 2)
+    data.mkdir()
+    (data / control.STATE_FILE).write_text(json.dumps(asdict(record)), encoding="utf-8")
+    refused = _run("down", "--data-dir", str(data), "--timeout-s", "0")
+    assert refused.exit_code == 1 and "--timeout-s 0 is invalid" in refused.output
+    assert (data / control.STATE_FILE).exists()  # a refused flag removes nothing
+    result = _run("down", "--data-dir", str(data), "--timeout-s", "3")
+    assert result.exit_code == 1, result.output
+    words = _words(result.output)
+    assert f"the fleet's Ray cluster at 127.0.0.1:{gcs} did not answer within 3 s" in words
+    assert "(--timeout-s)" in words
+    assert (
+        "its record is removed; the application 'loraplex' may still be deployed on "
+        f"127.0.0.1:{gcs}" in words
+    )
+    assert not (data / control.STATE_FILE).exists()
+
+
 def test_down_of_a_fleet_whose_ray_head_died_removes_its_record_and_replica_caches(
     tmp_path: Path,
     no_connect: list[str],

@@ -210,6 +210,20 @@ def test_echo_with_zero_max_tokens_returns_only_the_prompt(rig: Rig) -> None:
     assert reply.status_code == 400 and reply.json()["error"]["param"] == "max_tokens"
 
 
+def test_a_negative_max_tokens_is_refused_saying_what_is_allowed(rig: Rig) -> None:
+    # It said "greater than or equal to 0", and 0 was then refused without echo.
+    reply = rig.client.post(
+        "/v1/completions", json={"model": "support", "prompt": "hi", "max_tokens": -1},
+        headers=rig.headers("acme"),
+    )  # fmt: skip
+    error = reply.json()["error"]
+    assert reply.status_code == 400 and error["param"] == "max_tokens", error
+    assert "max_tokens" in error["message"] and "-1" in error["message"], error
+    assert "expected >= 1, or 0 with echo true" in error["message"], error
+    assert "greater than or equal to 0" not in error["message"], error
+    assert rig.engine.requests == []  # refused before it cost anything
+
+
 def test_stop_reason_names_the_stop_token(rig: Rig) -> None:
     done = _api(rig).completions.create(
         model="support", prompt="hi", max_tokens=9, extra_body={"stop_token_ids": [9]}

@@ -6,7 +6,8 @@ from __future__ import annotations
 import hashlib
 import os
 import secrets
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
+from concurrent.futures import Future
 from dataclasses import dataclass, replace
 from pathlib import Path
 
@@ -15,6 +16,8 @@ from conftest import ADMIN_KEY, Served, make_app_deps
 from fakes import FakeEngine
 from fastapi.testclient import TestClient
 
+from loraplex.artifacts.identity import AdapterKey
+from loraplex.errors import CorruptArtifactError, EngineUnavailableError
 from loraplex.residency.cache import TieredAdapterCache
 from loraplex.residency.ledger import Tier
 from loraplex.server.app import create_app
@@ -90,6 +93,38 @@ def test_load_registers_prefetches_and_serves(ops: Ops) -> None:
     assert _complete(ops, "support")["revision"] == ref  # the first revision gets the alias
     again = _load(ops, ref, ops.folder)
     assert again["model"] == ref and again["created"] is False
+
+
+def test_a_load_the_engine_refuses_at_once_says_the_revision_is_registered(
+    ops: Ops, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # An engine process that is starting refuses every call at once (ChildGate): the load was a
+    # 503 engine_unavailable, yet the revision was registered (a retry said created: false).
+    ref = f"{ops.tenant}/support@v1"
+    starting = EngineUnavailableError("the engine process is starting; retry shortly")
+    monkeypatch.setattr(ops.cache, "prefetch", _raiser(starting))
+    loaded = _load(ops, ref, ops.folder)
+    assert (loaded["model"], loaded["created"], loaded["status"]) == (ref, True, "deferred")
+    assert f"{ref}: registered; not loaded now (the engine process is starting" in str(
+        loaded["message"]
+    )
+    # Any other failure after the registration says the registration stays.
+    monkeypatch.setattr(ops.cache, "prefetch", _raiser(CorruptArtifactError("bad bytes")))
+    reply = ops.client.post(LOAD, json={"lora_name": ref, "lora_path": ops.folder}, headers=ADMIN)
+    assert reply.status_code >= 400, reply.text
+    assert f"{ref} is registered all the same (created: false)" in reply.json()["error"]["message"]
+    monkeypatch.undo()
+    assert _complete(ops, "support@v1")["revision"] == ref  # loaded on first request
+    again = _load(ops, ref, ops.folder)
+    assert (again["created"], again["status"]) == (False, "resident")
+    ops.cache.check_integrity()
+
+
+def _raiser(exc: Exception) -> Callable[[AdapterKey, Tier], Future[None]]:
+    def raise_it(key: AdapterKey, tier: Tier) -> Future[None]:
+        raise exc
+
+    return raise_it
 
 
 def test_load_without_a_revision_labels_it_by_content(ops: Ops) -> None:

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from typing import Annotated, Literal
 
-from pydantic import BaseModel, BeforeValidator, Field, StrictBool, StrictInt
+from pydantic import AfterValidator, BaseModel, BeforeValidator, Field, StrictBool, StrictInt
 
 from loraplex.server.batch_limit import MAX_BATCH_PROMPTS
 from loraplex.server.protocol.fields import (
@@ -50,11 +50,20 @@ Prompt = Annotated[
 ]
 
 
+def _max_tokens(value: int | None) -> int | None:
+    """NOTE: not ``ge=0``: its "greater than or equal to 0" hid that 0 is only allowed with echo
+    (``routes_openai`` refuses 0 without it)."""
+    if value is not None and value < 0:
+        raise ValueError(f"is {value}; expected >= 1, or 0 with echo true")
+    return value
+
+
 class CompletionRequest(SamplingFields):
     """POST /v1/completions."""
 
     prompt: Prompt
-    max_tokens: StrictInt | None = Field(default=16, ge=0)  # OpenAI's default; 0 only with echo
+    # OpenAI's default; 0 only with echo
+    max_tokens: Annotated[StrictInt | None, AfterValidator(_max_tokens)] = 16
     logprobs: TopLogprobs | None = None  # top-N per token (0: only the chosen token's)
     echo: StrictBool | None = False  # the prompt (and its logprobs) comes before the generated text
     best_of: StrictInt | None = Field(default=None, ge=1)  # generated per prompt; best n returned
