@@ -315,3 +315,27 @@ def test_the_headline_counts_healthy_replicas() -> None:
     assert status_headline(record, states) == (
         "fleet at http://h:1: 2 engine replicas asked for, 1 on the board, 1 healthy"
     )
+
+
+def test_down_of_a_cluster_that_runs_no_serve_instance_has_nothing_to_delete(
+    tmp_path: Path, not_default_dir: None
+) -> None:
+    # A Ray head that never ran Serve: `serve.delete` raised "There is no Serve instance running
+    # on this Ray cluster." and `down` exited 1 with it, leaving the head and the record behind.
+    from loraplex.fleet.ray_cluster import start_local_cluster, stop_local_cluster
+
+    data = tmp_path / "data"
+    data.mkdir()
+    token = data / control.RAY_TOKEN
+    address, group = start_local_cluster(data / control.RAY_LOG, token)
+    try:
+        record = control.FleetRecord(address, True, group, str(token), "http://x:1", 2)
+        (data / control.STATE_FILE).write_text(json.dumps(asdict(record)), encoding="utf-8")
+        result = _run("down", "--data-dir", str(data))
+    finally:
+        stop_local_cluster(group)  # a no-op once `down` stopped it
+    assert result.exit_code == 0, result.output
+    words = _words(result.output)
+    assert f"no Serve instance runs on {address}, nothing to delete" in words
+    assert "its record is removed and stopped its Ray head" in words
+    assert not (data / control.STATE_FILE).exists()
