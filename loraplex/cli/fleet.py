@@ -303,4 +303,10 @@ def down_command(*, data_dir: DataDir = None, timeout_s: TimeoutS = 60.0) -> Non
         )
         return
     what = " and stopped its Ray head" if record.started_cluster else ""
+    if stopped.no_serve:
+        typer.echo(
+            f"fleet at {record.url}: no Serve instance runs on {record.address}, nothing to "
+            f"delete; its record is removed{what}"
+        )
+        return
     typer.echo(f"fleet at {record.url} removed{what}")

@@ -51,8 +51,24 @@ MAX_RUNNING_SEQS_HELP = "Engine seats (running sequences) at most (default: no c
 RESERVED_SEQS_HELP = "Engine seats it gets before any other tenant's fair share"
 MAX_KV_BLOCKS_HELP = "KV blocks its running sequences hold at most (default: no cap)"
 _SHARE = "(default: no cap; serve's default_tenant_tier_share of the tier is kept for it)"
-PRIORITY_HELP = "Class: weighs its fair share and cache keep-score (high 4, normal 1, batch 0.25)"
-Priority = Annotated[PriorityClass, typer.Option(help=PRIORITY_HELP)]
+PRIORITY_HELP = (
+    "Class: high, normal or batch; weighs its fair share and cache keep-score "
+    "(high 4, normal 1, batch 0.25)"
+)
+# NOTE: a str, parsed by ``priority_class``: typer's own refusal of an enum value read "Value
+# error, 'urgent' is not one of ..." (pydantic's prefix), unlike every other refusal here
+Priority = Annotated[str, typer.Option(help=PRIORITY_HELP)]
+
+
+def priority_class(value: str) -> PriorityClass:
+    """``--priority``'s value; a ValueError naming the flag and the classes otherwise."""
+    try:
+        return PriorityClass(value)
+    except ValueError:
+        expected = ", ".join(c.value for c in PriorityClass)
+        raise ValueError(f"--priority {value!r} is invalid; expected one of {expected}") from None
+
+
 MaxGpuBytes = Annotated[
     int | None, typer.Option(help=f"Bytes of its adapters in GPU slots {_SHARE}")
 ]
@@ -225,7 +241,7 @@ def create_tenant(
     location: Location,
     name: Annotated[str, typer.Argument()],
     *,
-    priority: Priority = PriorityClass.NORMAL,
+    priority: Priority = PriorityClass.NORMAL.value,
     max_gpu_bytes: MaxGpuBytes = None,
     max_cpu_bytes: MaxCpuBytes = None,
     max_disk_bytes: MaxDiskBytes = None,
@@ -249,7 +265,7 @@ def create_tenant(
             max_kv_blocks,
         )
         with opened(location.config(), create=True) as registry:
-            tenant = registry.create_tenant(name, acting(actor), priority, quotas)
+            tenant = registry.create_tenant(name, acting(actor), priority_class(priority), quotas)
         typer.echo(f"created tenant {tenant.name} ({tenant.priority.value})")
 
 

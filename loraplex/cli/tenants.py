@@ -25,10 +25,11 @@ from loraplex.cli.registry import (
     MaxGpuBytes,
     MaxRequestsPerS,
     limits_line,
+    priority_class,
 )
 from loraplex.cli.registry_access import Actor, acting, command_group, failures, opened
 from loraplex.cli.registry_location import Location, located
-from loraplex.registry import PriorityClass, TenantQuotas
+from loraplex.registry import TenantQuotas
 
 QUOTA_NAMES = tuple(f.name for f in fields(TenantQuotas))
 _UNSET_VALUE: dict[str, int | None] = {"reserved_running_seqs": 0}  # others: None (no cap)
@@ -43,7 +44,7 @@ def update_tenant(
     location: Location,
     name: Annotated[str, typer.Argument()],
     *,
-    priority: Annotated[PriorityClass | None, typer.Option(help=PRIORITY_HELP)] = None,
+    priority: Annotated[str | None, typer.Option(help=PRIORITY_HELP)] = None,
     max_gpu_bytes: MaxGpuBytes = None,
     max_cpu_bytes: MaxCpuBytes = None,
     max_disk_bytes: MaxDiskBytes = None,
@@ -77,10 +78,11 @@ def update_tenant(
             if quota in changes:
                 raise ValueError(f"--unset {quota} is invalid; --{quota.replace('_', '-')} sets it")
             changes[quota] = _UNSET_VALUE.get(quota)
+        new_class = None if priority is None else priority_class(priority)
         if priority is None and not changes:
             raise ValueError("nothing to change; expected --priority, a quota option or --unset")
         with opened(location.config()) as registry:
-            tenant = registry.set_tenant_limits(name, acting(actor), priority, changes)
+            tenant = registry.set_tenant_limits(name, acting(actor), new_class, changes)
         typer.echo(limits_line(tenant))
     if priority is not None or set(changes) - {"max_requests_per_s"}:
         # NOTE: the rate limit is read with the key on every request; the rest lives in the

@@ -37,6 +37,8 @@ DEFAULT_READY_TIMEOUT_S = 300.0
 REPLICAS_DIR = "replicas"  # each engine replica's disk cache, ``<data dir>/replicas/<id>``
 GCS_PROBE_TIMEOUT_S = 2.0  # a recorded cluster whose GCS port does not accept in this is down
 STATUS_TIMEOUT_S = 60.0  # ``fleet status`` connects and reads the board within this
+# Ray Serve's refusal of ``serve.delete`` on a cluster that runs no Serve instance
+NO_SERVE_INSTANCE = "There is no Serve instance running on this Ray cluster."
 STORE_READ_TIMEOUT_S = 30.0  # one read of the board's store, once connected
 
 
@@ -331,15 +333,24 @@ def _read_board(record: FleetRecord, data_dir: Path) -> list[Any]:
     return list(read_store(timeout_s=STORE_READ_TIMEOUT_S))
 
 
-def _delete_app(record: FleetRecord) -> None:
-    """``down``'s child: the application deleted, the driver disconnected."""
+def _delete_app(record: FleetRecord) -> bool:
+    """``down``'s child: the application deleted, the driver disconnected; False when the cluster
+    runs no Serve instance (nothing to delete: Ray Serve refuses the delete with an error)."""
     connect(record.address, _token(record))  # NOTE: before ray is imported (see connect)
     import ray
     from ray import serve
+    from ray.serve.exceptions import RayServeException
 
-    serve.delete(APP_NAME)
+    try:
+        serve.delete(APP_NAME)
+    except RayServeException as exc:
+        if NO_SERVE_INSTANCE not in str(exc):
+            raise
+        ray.shutdown()
+        return False
     serve.shutdown()
     ray.shutdown()  # NOTE: before the head stops, or the driver reports the raylet's death
+    return True
 
 
 def _token(record: FleetRecord) -> Path | None:
@@ -352,6 +363,7 @@ class Stopped:
 
     record: FleetRecord
     not_running: str | None  # why the cluster could not be reached (the record was removed)
+    no_serve: bool = False  # the cluster answered but ran no Serve instance: nothing deleted
 
 
 def down(data_dir: Path, timeout_s: float = STATUS_TIMEOUT_S) -> Stopped:
@@ -363,9 +375,10 @@ def down(data_dir: Path, timeout_s: float = STATUS_TIMEOUT_S) -> Stopped:
     check_timeout(timeout_s)  # NOTE: before the try: a refused flag stops and removes nothing
     record = read_record(data_dir)
     reason = cluster_down_reason(record)
+    deleted = True
     try:
         if reason is None:
-            call_in_child(_delete_app, (record,), timeout_s)
+            deleted = call_in_child(_delete_app, (record,), timeout_s)
     except NoAnswer:
         raise RuntimeError(_no_answer(record, timeout_s, _down_anyway(record))) from None
     finally:
@@ -375,7 +388,7 @@ def down(data_dir: Path, timeout_s: float = STATUS_TIMEOUT_S) -> Stopped:
         (data_dir / STATE_FILE).unlink(missing_ok=True)
     if record.started_cluster:  # no replica of this data directory runs any more
         shutil.rmtree(data_dir / REPLICAS_DIR, ignore_errors=True)
-    return Stopped(record, reason)
+    return Stopped(record, reason, no_serve=not deleted)
 
 
 def _down_anyway(record: FleetRecord) -> str:

@@ -187,8 +187,9 @@ class Member(Protocol):
 
     def cut_body(self) -> None:
         """Close it with a reset, its request's body still due (``receiving_s``), its requests
-        refused (its tenant at ``max_tenant_connection_share``), or taken for that tenant's
-        reconnect (unauthenticated, from the address of such a refusal)."""
+        refused (its tenant at ``max_tenant_connection_share``), taken for that tenant's
+        reconnect (unauthenticated, from the address of such a refusal), or waiting for room
+        (``hold``) while its address reached ``max_connections_per_address``."""
         ...
 
 
@@ -289,12 +290,19 @@ class ConnectionGate:
         self._unauthenticated[member] = None
 
     def _let_waiting_in(self) -> None:
-        """Room freed: the oldest waiting newcomers take it, before any later connection."""
+        """Room freed: the oldest waiting newcomers take it, before any later connection. One
+        whose address reached ``max_connections_per_address`` while it waited (its cap was
+        checked when it began to wait: others from it waited too, or came in) is closed, counted
+        refused, as at accept."""
         limits = self.limits
         while not self._making_room and self._waiting and len(self._open) < limits.max_connections:
             if len(self._unauthenticated) >= limits.max_unauthenticated_connections:
                 return
             member, address = self._waiting.popitem(last=False)
+            if self._per_address[address] >= limits.max_connections_per_address:
+                member.cut_body()
+                self.num_refused += 1
+                continue
             self._enter(member, address)
             member.let_in()
 

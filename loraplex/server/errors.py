@@ -139,11 +139,15 @@ def invalid_request(message: str, param: str | None = None) -> ApiError:
 # The one body of a 404 for a path this listener does not route, whatever the path: a route of
 # the other listener (``listeners.sockets.AdminBindGuard``) answers the same, so a caller cannot
 # tell it from a path that does not exist. It says what a client ported from another server
-# reached for and where the routes are ("Not Found" alone did not).
+# reached for and where the routes are ("Not Found" alone did not), and that a trailing slash is
+# not redirected: vLLM's FastAPI app answers ``POST /v1/completions/`` with a 307 to the path
+# without it (Starlette's ``redirect_slashes``), which loraplex turns off (``server/app.py``: a
+# redirect would reveal a route of the other listener).
 NO_ROUTE_MESSAGE = (
     "no such route on this listener; loraplex's OpenAI API is POST /v1/completions, "
     "POST /v1/chat/completions and GET /v1/models (no embeddings, responses or audio routes), "
-    "and GET /openapi.json on the API listener lists every tenant route"
+    "and GET /openapi.json on the API listener lists every tenant route; a path takes no "
+    "trailing slash (/v1/completions, not /v1/completions/)"
 )
 
 

@@ -86,6 +86,15 @@ def _words(output: str) -> str:
     return " ".join(output.split())
 
 
+def _recorded(tmp_path: Path, address: str) -> Path:
+    """A data directory whose fleet record names a joined cluster at ``address``."""
+    data = tmp_path / "data"
+    record = control.FleetRecord(address, False, None, None, "http://x:1", 2)
+    data.mkdir()
+    (data / control.STATE_FILE).write_text(json.dumps(asdict(record)), encoding="utf-8")
+    return data
+
+
 def test_status_of_a_fleet_whose_ray_head_died_says_what_to_do(
     tmp_path: Path, no_connect: list[str], not_default_dir: None
 ) -> None:
@@ -120,10 +129,7 @@ def test_status_of_a_cluster_whose_gcs_accepts_but_never_answers_gives_up_naming
 ) -> None:
     # A stopped or hung GCS still accepts connections (the kernel does): the port probe passed,
     # and Ray's driver connect then waited without end, so `fleet status` hung.
-    data = tmp_path / "data"
-    record = control.FleetRecord(f"127.0.0.1:{gcs}", False, None, None, "http://x:1", 2)
-    data.mkdir()
-    (data / control.STATE_FILE).write_text(json.dumps(asdict(record)), encoding="utf-8")
+    data = _recorded(tmp_path, f"127.0.0.1:{gcs}")
     result = _run("status", "--data-dir", str(data), "--timeout-s", "3")
     assert result.exit_code == 1, result.output
     words = _words(result.output)
@@ -137,10 +143,7 @@ def test_down_of_a_cluster_whose_gcs_accepts_but_never_answers_gives_up_naming_t
     tmp_path: Path, gcs: int, not_default_dir: None
 ) -> None:
     # `down` connected in this process as `status` did: the same silent GCS hung it too.
-    data = tmp_path / "data"
-    record = control.FleetRecord(f"127.0.0.1:{gcs}", False, None, None, "http://x:1", 2)
-    data.mkdir()
-    (data / control.STATE_FILE).write_text(json.dumps(asdict(record)), encoding="utf-8")
+    data = _recorded(tmp_path, f"127.0.0.1:{gcs}")
     refused = _run("down", "--data-dir", str(data), "--timeout-s", "0")
     assert refused.exit_code == 1 and "--timeout-s 0 is invalid" in refused.output
     assert (data / control.STATE_FILE).exists()  # a refused flag removes nothing
@@ -315,3 +318,27 @@ def test_the_headline_counts_healthy_replicas() -> None:
     assert status_headline(record, states) == (
         "fleet at http://h:1: 2 engine replicas asked for, 1 on the board, 1 healthy"
     )
+
+
+def test_down_of_a_cluster_that_runs_no_serve_instance_has_nothing_to_delete(
+    tmp_path: Path, not_default_dir: None
+) -> None:
+    # A Ray head that never ran Serve: `serve.delete` raised "There is no Serve instance running
+    # on this Ray cluster." and `down` exited 1 with it, leaving the head and the record behind.
+    from loraplex.fleet.ray_cluster import start_local_cluster, stop_local_cluster
+
+    data = tmp_path / "data"
+    data.mkdir()
+    token = data / control.RAY_TOKEN
+    address, group = start_local_cluster(data / control.RAY_LOG, token)
+    try:
+        record = control.FleetRecord(address, True, group, str(token), "http://x:1", 2)
+        (data / control.STATE_FILE).write_text(json.dumps(asdict(record)), encoding="utf-8")
+        result = _run("down", "--data-dir", str(data))
+    finally:
+        stop_local_cluster(group)  # a no-op once `down` stopped it
+    assert result.exit_code == 0, result.output
+    words = _words(result.output)
+    assert f"no Serve instance runs on {address}, nothing to delete" in words
+    assert "its record is removed and stopped its Ray head" in words
+    assert not (data / control.STATE_FILE).exists()

@@ -170,6 +170,19 @@ def test_tenants_update_sets_seats_and_keeps_what_it_does_not_name(tmp_path: Pat
         registry.close()
 
 
+def test_an_unknown_priority_is_refused_naming_the_flag_and_the_classes(tmp_path: Path) -> None:
+    # typer refused it with pydantic's "Value error, 'urgent' is not one of ..." (exit 2)
+    env = {"LORAPLEX_DATA_DIR": str(tmp_path / "d")}
+    expected = "error: --priority 'urgent' is invalid; expected one of high, normal, batch"
+    created = _run(env, "tenants", "create", "acme", "--priority", "urgent", code=1)
+    assert expected in created and "Value error" not in created
+    assert "acme" not in _run(env, "tenants", "list")
+    _run(env, "tenants", "create", "acme", "--priority", "batch")
+    updated = _run(env, "tenants", "update", "acme", "--priority", "urgent", code=1)
+    assert expected in updated and "Value error" not in updated
+    assert "acme\tbatch\t" in _run(env, "tenants", "list")
+
+
 def test_tenants_update_refuses_bad_values_and_changes_nothing(tmp_path: Path) -> None:
     env = {"LORAPLEX_DATA_DIR": str(tmp_path / "d")}
     _run(env, "tenants", "create", "acme", "--max-running-seqs", "4")

@@ -273,3 +273,24 @@ def test_a_tenant_with_work_in_flight_on_every_connection_leaves_room(
     assert isinstance(error, dict) and error["code"] == "max_tenant_connection_share"
     assert drained == 2  # main: 1
     assert refused == 2  # acme's two reconnects (main: and globex's first)
+
+
+def test_a_waiting_newcomer_whose_address_filled_meanwhile_is_not_let_in() -> None:
+    # The address's cap was checked only when a newcomer began to wait: two from one address
+    # both waited (neither open yet), and both were let in, past max_connections_per_address.
+    limits = GateLimits(max_connections=4, max_unauthenticated_connections=4,
+                        max_connections_per_address=1)  # fmt: skip
+    gate = ConnectionGate(limits, ManualClock())
+    hog = [FakeMember(idle=False) for _ in range(4)]
+    for number, member in enumerate(hog):
+        assert gate.admit(member, f"a{number}") and gate.authenticated(member, "acme")
+    first, second = FakeMember(may_wait=True), FakeMember(may_wait=True)
+    assert gate.admit(first, "b") and gate.admit(second, "b")  # acme's two oldest drained
+    assert gate.num_waiting == 2
+    gate.release(hog[0])  # the first takes the room: "b" is at its cap
+    assert not first.waiting and not first.body_cut
+    refused = gate.num_refused
+    gate.release(hog[1])  # the second no longer fits its address: closed, counted refused
+    assert second.body_cut and gate.num_waiting == 0
+    assert gate.num_refused == refused + 1
+    assert gate.num_open == 3  # the room stays free for a newcomer that fits
