@@ -254,6 +254,7 @@ def create_tenant(
 ) -> None:
     """Create a tenant (quotas default to unlimited, seats to a fair share)."""
     with failures():
+        priority_of = priority_class(priority)  # refused before a registry is opened or made
         quotas = TenantQuotas(
             max_gpu_bytes,
             max_cpu_bytes,
@@ -265,7 +266,7 @@ def create_tenant(
             max_kv_blocks,
         )
         with opened(location.config(), create=True) as registry:
-            tenant = registry.create_tenant(name, acting(actor), priority_class(priority), quotas)
+            tenant = registry.create_tenant(name, acting(actor), priority_of, quotas)
         typer.echo(f"created tenant {tenant.name} ({tenant.priority.value})")
 
 

@@ -310,7 +310,8 @@ class ConnectionGate:
         """A request on ``member`` passed a credential check (idempotent): ``tenant``'s key, or
         the admin key (None). A connection is counted for the first tenant that used it. False
         (counted refused): ``tenant`` already held its share under contention (module
-        docstring); the caller answers the request and closes the connection."""
+        docstring); the caller answers it 429 and keeps the connection open (a newcomer that
+        needs the room cuts it; its next request is checked again, ``_still_refused``)."""
         self._unauthenticated.pop(member, None)
         if member in self._refused:  # kept open after its 429: refused again, or let in
             return self._still_refused(member)
