@@ -43,8 +43,9 @@ def test_run_order_alternates_abba_then_baab() -> None:
 def test_machine_record(tmp_path: Path) -> None:
     info = tmp_path / "cpuinfo"
     info.write_text("model name\t: Test CPU\nflags\t\t: fpu avx2 avx512f sse\n")
-    assert cpu_description(info) == {"model": "Test CPU", "isa": ["avx2", "avx512f"]}
-    assert cpu_description(tmp_path / "missing") == {"model": "unknown", "isa": []}
+    unknown = {"vendor": None, "family": None, "model_id": None}
+    assert cpu_description(info) == {"model": "Test CPU", "isa": ["avx2", "avx512f"], **unknown}
+    assert cpu_description(tmp_path / "missing") == {"model": "unknown", "isa": [], **unknown}
     record = machine_record()
     assert set(record) == {"cpu", "cores", "load_1m", "python"}
     assert record["cores"] >= 1 and record["python"].count(".") == 2

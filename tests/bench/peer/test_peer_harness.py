@@ -213,13 +213,19 @@ def test_harness_runs_abba_and_both_sides_agree(
 def test_the_cpu_and_its_vector_extensions_are_recorded(tmp_path: Path) -> None:
     info = tmp_path / "cpuinfo"
     info.write_text(
-        "processor\t: 0\nmodel name\t: AMD EPYC\nflags\t\t: fpu avx avx2 fma\n\n"
-        "processor\t: 1\nmodel name\t: AMD EPYC\nflags\t\t: fpu avx avx2 fma\n"
+        "processor\t: 0\nvendor_id\t: AuthenticAMD\ncpu family\t: 26\nmodel\t\t: 2\n"
+        "model name\t: AMD EPYC\nflags\t\t: fpu avx avx2 fma\n\n"
+        "processor\t: 1\nvendor_id\t: AuthenticAMD\ncpu family\t: 26\nmodel\t\t: 2\n"
+        "model name\t: AMD EPYC\nflags\t\t: fpu avx avx2 fma\n"
     )
-    assert cpu_description(info) == {"model": "AMD EPYC", "isa": ["avx2"]}
+    assert cpu_description(info) == {
+        "model": "AMD EPYC", "isa": ["avx2"], "vendor": "AuthenticAMD", "family": 26, "model_id": 2,
+    }  # fmt: skip
     info.write_text("model name : X\nflags : avx2 avx512f avx512_bf16 amx_tile\n")
     assert cpu_description(info)["isa"] == ["avx2", "avx512f", "avx512_bf16", "amx_tile"]
-    assert cpu_description(tmp_path / "missing") == {"model": "unknown", "isa": []}
+    assert cpu_description(tmp_path / "missing") == {
+        "model": "unknown", "isa": [], "vendor": None, "family": None, "model_id": None,
+    }  # fmt: skip
 
 
 @pytest.mark.slow  # one real server run
