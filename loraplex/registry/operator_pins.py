@@ -74,12 +74,7 @@ def served(db: Database, base_digest: str) -> list[ServedPin]:
     others at the server's start)."""
     with db.transaction(write=False) as tx:
         found = rows.all_rows(tx)
-    return [
-        ServedPin(row.revision, row.pin.tier)
-        for row in found
-        if row.revision is not None and _problem(row) is None
-        and row.revision.base_digest == base_digest
-    ]  # fmt: skip
+    return list(_sorted(found, base_digest).served)
 
 
 def restore(db: Database, base_digest: str, *, actor: str, now: float) -> RestoredPins:
@@ -88,26 +83,28 @@ def restore(db: Database, base_digest: str, *, actor: str, now: float) -> Restor
     audit row); a database without one to drop is only read."""
     with db.transaction(write=False) as tx:
         found = rows.all_rows(tx)
-    if any(_problem(row) is not None for row in found):
-        with db.transaction() as tx:
-            found = rows.all_rows(tx)  # again: what the write lock now holds still
-            for row in found:
-                why = _problem(row)
-                if why is not None:
-                    pin = row.pin
-                    rows.delete(tx, pin.tenant, pin.name, pin.revision, pin.tier)
-                    details: dict[str, object] = {"tier": pin.tier, "reason": why}
-                    audit.append(tx, "residency.pin_dropped", pin.ref, details, at=now, actor=actor)
-    dropped, kept, other = [], [], []
+    if not _sorted(found, base_digest).dropped:
+        return _sorted(found, base_digest)
+    with db.transaction() as tx:
+        restored = _sorted(rows.all_rows(tx), base_digest)  # again, under the write lock
+        for pin, why in restored.dropped:
+            rows.delete(tx, pin.tenant, pin.name, pin.revision, pin.tier)
+            details: dict[str, object] = {"tier": pin.tier, "reason": why}
+            audit.append(tx, "residency.pin_dropped", pin.ref, details, at=now, actor=actor)
+    return restored
+
+
+def _sorted(found: list[PinRow], base_digest: str) -> RestoredPins:
+    dropped, served, other = [], [], []
     for row in found:
         why = _problem(row)
         if why is not None:
             dropped.append((row.pin, why))
         elif row.revision is not None and row.revision.base_digest == base_digest:
-            kept.append(ServedPin(row.revision, row.pin.tier))
+            served.append(ServedPin(row.revision, row.pin.tier))
         else:
             other.append(row.pin)
-    return RestoredPins(tuple(kept), tuple(dropped), tuple(other))
+    return RestoredPins(tuple(served), tuple(dropped), tuple(other))
 
 
 def _problem(row: PinRow) -> str | None:
