@@ -141,6 +141,7 @@ def build_ingress(
             front,
             release_env=release_env,
             fleet=FleetStateView(link),
+            operator_pins=restored.operator_pins,  # standing from the start (``FleetCache``)
         )
     except BaseException:
         link.close()

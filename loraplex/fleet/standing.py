@@ -17,9 +17,10 @@ reaches it) is tried again ``RETRY_S`` later, doubling up to ``MAX_RETRY_S`` whi
 failing (a load that cannot succeed), and logged once per replica until a replay succeeds.
 
 A (re)started ingress starts from ``standing_restore.Restored`` (the registry's tenant settings,
-warm policies and release pins) and, at its first poll with a healthy replica, adopts the pins
-every healthy replica reports (an operator's survive only there); each replica's share starts as
-what it reports holding. Nothing is sent before that poll: a pin that stands would look lifted.
+warm policies, release pins and operator pins) and, at its first poll with a healthy replica,
+adopts the pins every healthy replica reports that a release needing work names; each replica's
+share starts as what it reports holding. Nothing is sent before that poll: a pin that stands
+would look lifted.
 """
 
 from __future__ import annotations
@@ -61,7 +62,8 @@ class FleetStanding:
         self._link = link
         self._clock = clock
         self._lock = threading.Lock()
-        self._pins: set[PinKey] = set(restored.release_pins)  # standing pins
+        self._restored = restored  # what adoption goes by (``standing_restore.adopted_pins``)
+        self._pins: set[PinKey] = set(restored.release_pins | restored.operator_pins)  # standing
         self._adopted: set[PinKey] | None = None  # standing at the first poll (None: not yet)
         self._lifted_early: set[PinKey] = set()  # unpinned before that poll: not adopted
         self._on_adopted: list[AdoptedListener] = []
@@ -70,7 +72,7 @@ class FleetStanding:
         self._confirmed: dict[str, set[PinKey]] = {}  # replica -> pins its Pin answered for
         self._pending: dict[str, set[PinKey]] = {}  # replica -> pins with a Pin in flight
         self._lifting: dict[str, set[PinKey]] = {}  # replica -> pins with an Unpin in flight
-        self._warm: dict[AdapterKey, WarmPolicy] = dict(restored.warm)  # non-default policies
+        self._warm: dict[AdapterKey, WarmPolicy] = dict(restored.warm)  # operators' policies
         self._tenants = None if restored.tenants is None else dict(restored.tenants)  # last sent
         # bumped by each warm policy or tenant change; restored ones are replayed to every one
         self._version = int(bool(self._warm) or self._tenants is not None)
@@ -114,7 +116,7 @@ class FleetStanding:
 
     def set_warm(self, key: AdapterKey, warm: WarmPolicy | None) -> dict[str, Future[Any]]:
         with self._lock:
-            if warm is None or warm is WarmPolicy.ON_DEMAND:
+            if warm is None:  # NOTE: an operator's on_demand stays (automatic promotion off)
                 self._warm.pop(key, None)
             else:
                 self._warm[key] = warm
@@ -144,7 +146,7 @@ class FleetStanding:
         (called under ``_lock``); whether they were adopted (now or before)."""
         if self._adopted is not None:
             return True
-        common = adopted_pins(entries)
+        common = adopted_pins(entries, self._restored)
         if common is None:
             return False
         self._pins |= common - self._lifted_early

@@ -7,12 +7,18 @@ standing state, since the one the last ingress kept in memory died with it.
 - **A release's pins** (the candidate's prewarm, the baseline's hold): the registry's releases
   that still need work, as the release controller would pin them. Its first ticks pin and lift
   them again; standing from the start, they are not lifted meanwhile.
+- **An operator's pins**: the registry's ``operator_pins`` (schema 8; ``serve/operator_pins.py``
+  drops, logged, those whose revision is gone). They stand from the start, like a release's.
 - **What each replica holds**: its own report (``board.PINS_KEY``: the pins an ingress sent it
   and no unpin lifted), taken when the ingress first sees the replica. So a pin that no longer
   stands is lifted on a replica whatever ingress pinned it.
-- **An operator's pins**: no record but the replicas'. A pin every healthy replica holds at the
-  ingress's first poll with one stands again (``adopted_pins``); one only some hold (the last
-  ingress lifted it while the others were out of rotation) does not.
+- **A pin every healthy replica holds** at the ingress's first poll with one stands again
+  (``adopted_pins``) only when a release that needs work names its revision: its controller
+  lifts it when done. Any other is lifted (logged): the registry is the record of an operator's
+  pins, and one it does not hold was unpinned (the last ingress died before every replica
+  heard) or pinned by a loraplex older than schema 8 (pin it again). NOTE: such pins were
+  adopted as an operator's before the registry recorded them, so an unpin that had not reached
+  every replica came back with the next ingress.
 """
 
 from __future__ import annotations
@@ -28,12 +34,13 @@ from loraplex.fleet.board import PINS_KEY, BoardEntry
 from loraplex.registry import Registry
 from loraplex.release.store import ReleaseStore
 from loraplex.residency.ledger import Tier
+from loraplex.serve import operator_pins
 from loraplex.serve.engine_settings import tenant_settings, warm_policies
 from loraplex.serve.release_env import HOLD_TIER, prewarm_tiers
 from loraplex.server.pin_owners import OPERATOR, RELEASE
 
 _log = logging.getLogger(__name__)
-PinKey = tuple[AdapterKey, Tier]
+PinKey = tuple[AdapterKey, Tier]  # as ``serve.operator_pins.PinKey``
 
 
 @dataclass(frozen=True)
@@ -42,8 +49,9 @@ class Restored:
 
     release_pins: frozenset[PinKey] = frozenset()  # the registry's releases' pins (they stand)
     release_keys: frozenset[AdapterKey] = frozenset()  # every revision those releases name
-    warm: Mapping[AdapterKey, WarmPolicy] = field(default_factory=dict)  # non-default ones
+    warm: Mapping[AdapterKey, WarmPolicy] = field(default_factory=dict)  # recorded ones
     tenants: Mapping[str, TenantSettings] | None = None  # None: none to replay
+    operator_pins: frozenset[PinKey] = frozenset()  # the registry's operator pins (they stand)
 
 
 def read_restored(registry: Registry, base_digest: str, now: float) -> Restored:
@@ -64,6 +72,7 @@ def read_restored(registry: Registry, base_digest: str, now: float) -> Restored:
         frozenset(keys),
         warm_policies(registry, base_digest),
         tenant_settings(registry),
+        operator_pins.restore(registry, base_digest),
     )
 
 
@@ -81,15 +90,29 @@ def reported_pins(entry: BoardEntry) -> set[PinKey]:
     return pins
 
 
-def adopted_pins(entries: Iterable[BoardEntry]) -> set[PinKey] | None:
-    """The pins every healthy replica holds; None while none is healthy (nothing to go by)."""
+def adopted_pins(entries: Iterable[BoardEntry], restored: Restored) -> set[PinKey] | None:
+    """The pins every healthy replica holds that a release needing work names (the module
+    docstring); None while none is healthy (nothing to go by). The others every healthy replica
+    holds and no record names are logged: they are lifted."""
     held = [reported_pins(e) for e in entries if e.healthy]
     if not held:
         return None
-    return set.intersection(*held)
+    common = set.intersection(*held)
+    adopted = {pin for pin in common if pin[0] in restored.release_keys}
+    unrecorded = common - adopted - restored.operator_pins - restored.release_pins
+    if unrecorded:
+        _log.warning(
+            "fleet: lifting %d pins every replica holds that neither the registry's operator "
+            "pins nor a release name (unpinned before the last ingress stopped, or pinned "
+            "before schema 8: pin them again): %s",
+            len(unrecorded),
+            ", ".join(f"{key.ref} in {tier.name}" for key, tier in sorted(unrecorded, key=str)),
+        )
+    return adopted
 
 
 def pin_owners(pins: Iterable[PinKey], restored: Restored) -> dict[PinKey, str]:
     """Who holds each adopted pin (``server.pin_owners``): a release's when a release that
-    needs work names the revision (its controller lifts it), else an operator's."""
+    needs work names the revision (its controller lifts it), else an operator's (the registry's
+    pins, which ``build_front`` records as the operator's too)."""
     return {pin: RELEASE if pin[0] in restored.release_keys else OPERATOR for pin in pins}

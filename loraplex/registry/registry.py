@@ -17,6 +17,7 @@ from loraplex.artifacts.store import fetch_to_file
 from loraplex.artifacts.validate import WEIGHTS_FILE
 from loraplex.artifacts.warm_policy import WarmPolicy
 from loraplex.registry import (
+    operator_pins,
     registration,
     releases,
     resolution,
@@ -39,9 +40,11 @@ from loraplex.registry.models import (
     TenantQuotas,
     Visibility,
 )
+from loraplex.registry.operator_pins import RestoredPins, ServedPin
 from loraplex.registry.service_base import split_ref
 from loraplex.registry.sql import adapters as adapter_rows
 from loraplex.registry.sql import audit
+from loraplex.registry.sql import operator_pins as pin_rows
 from loraplex.registry.sql import tenants as tenant_rows
 from loraplex.registry.sql.paging import Page
 from loraplex.registry.trust_admin import TrustAdmin
@@ -169,6 +172,36 @@ class Registry(TrustAdmin):
         """Earlier targets of the alias, newest first (what successive rollbacks return to),
         each with the time it was replaced."""
         return releases.alias_history(self._db, tenant, name)
+
+    # --- operator residency settings (they outlive a restart: ``operator_pins.py``) ----------
+
+    def record_operator_pin(self, ref: str, tier: str, actor: str) -> bool:
+        """Records an operator's pin of ``tenant/name@revision`` in ``tier`` (``L0``-``L2``);
+        False when it was recorded already."""
+        now = self._wall_clock()
+        return operator_pins.record(self._db, split_ref(ref), tier, actor=actor, now=now)
+
+    def remove_operator_pin(self, ref: str, tier: str, actor: str) -> bool:
+        """Removes an operator's pin; False when none was recorded."""
+        now = self._wall_clock()
+        return operator_pins.remove(self._db, split_ref(ref), tier, actor=actor, now=now)
+
+    def operator_pins(self, base_digest: str) -> list[ServedPin]:
+        """The recorded operator pins of revisions of the base model ``base_digest``."""
+        return operator_pins.served(self._db, base_digest)
+
+    def restore_operator_pins(self, base_digest: str, actor: str) -> RestoredPins:
+        """``operator_pins`` at a server's start, dropping (audited) the pins whose revision,
+        tenant or content is gone."""
+        now = self._wall_clock()
+        return operator_pins.restore(self._db, base_digest, actor=actor, now=now)
+
+    def warm_policies(self, base_digest: str) -> dict[AdapterKey, WarmPolicy]:
+        """The warm policy the cache must hold for each revision of ``base_digest`` that has
+        one: every policy other than ``on_demand``, and an operator's ``on_demand``."""
+        with self._db.transaction(write=False) as tx:
+            found = pin_rows.operator_warm(tx, base_digest)
+        return {revision.key(): revision.warm_policy for revision in found}
 
     # --- reading (administrators) -------------------------------------------------------------
 

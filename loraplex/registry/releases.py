@@ -22,6 +22,7 @@ from loraplex.registry.sql import adapters as rows
 from loraplex.registry.sql import audit
 from loraplex.registry.sql import releases as release_rows
 from loraplex.registry.sql.db import Database, Tx
+from loraplex.registry.sql.operator_pins import mark_warm_by_operator
 
 MAX_ALIAS_TARGETS = 64  # revisions one alias splits its traffic between
 MAX_ALIAS_WEIGHT = 1 << 31  # one target's relative weight
@@ -71,6 +72,8 @@ def set_release(
             _require_not_released(tx, current)
         new_policy = current.warm_policy if warm_policy is None else warm_policy
         rows.set_revision_release(tx, current, new_state, new_policy)
+        if warm_policy is not None:  # an operator's, ``on_demand`` too (automatic: off)
+            mark_warm_by_operator(tx, current)
         details: dict[str, object] = {
             "state": [current.state.value, new_state.value],
             "warm_policy": [current.warm_policy.value, new_policy.value],

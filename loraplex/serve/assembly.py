@@ -48,6 +48,7 @@ from loraplex.engine.merge_holds import MergeHoldControl
 from loraplex.engine.transport.process import EngineProcess
 from loraplex.model.tokenizer import TextTokenizer
 from loraplex.registry import Registry, open_registry
+from loraplex.serve import operator_pins
 from loraplex.serve.bootstrap import admin_key, register_demo, sample_keys
 from loraplex.serve.config import ServeConfig, memory_total_bytes
 from loraplex.serve.engine_settings import registry_config, watchdog_policy
@@ -188,7 +189,10 @@ def _assemble(
         cache, apply, holds = runtime.cache, runtime.update_tenant_settings, runtime.merge_holds
     front = Front(engine, cache, apply, admin, keys, holds)
     try:
-        return build_front(config, model_dir, base, registry, front, runtime=runtime)
+        pins = operator_pins.restore(registry, base.digest)  # the engine side pins them itself
+        return build_front(
+            config, model_dir, base, registry, front, runtime=runtime, operator_pins=pins
+        )
     except BaseException:
         engine.shutdown()
         if runtime is not None:

@@ -36,13 +36,9 @@ def tenant_settings(registry: Registry) -> dict[str, TenantSettings]:
 
 
 def warm_policies(registry: Registry, base_digest: str) -> dict[AdapterKey, WarmPolicy]:
-    """Every revision of this base model with a warm policy other than on-demand."""
-    return {
-        revision.key(): revision.warm_policy
-        for adapter in registry.list_adapters()
-        for revision in registry.list_revisions(adapter.tenant, adapter.name)
-        if revision.warm_policy is not WarmPolicy.ON_DEMAND and revision.base_digest == base_digest
-    }
+    """Every revision of this base model whose warm policy the cache must hold: one other than
+    on-demand, or an operator's on-demand (automatic promotion off; schema 8)."""
+    return registry.warm_policies(base_digest)
 
 
 def engine_config(config: ServeConfig) -> EngineConfig:

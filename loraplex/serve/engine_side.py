@@ -30,6 +30,7 @@ from loraplex.errors import DigestMismatchError
 from loraplex.registry import Registry, open_registry
 from loraplex.residency.warm import AutoWarmConfig
 from loraplex.runtime.tier_backends import ArtifactRef
+from loraplex.serve import operator_pins
 from loraplex.serve.config import ServeConfig
 from loraplex.serve.engine_settings import (
     engine_config,
@@ -102,11 +103,19 @@ def build_runtime(config: ServeConfig, base: BaseModelSpec, registry: Registry) 
 
 
 def apply_warm_policies(registry: Registry, runtime: AdapterRuntime, base_digest: str) -> int:
-    """Hands every revision's non-default warm policy to the cache; returns how many."""
+    """Hands every revision's recorded warm policy to the cache (``warm_policies``); returns
+    how many."""
     policies = warm_policies(registry, base_digest)
     for key, warm in policies.items():
         runtime.cache.set_warm_policy(key, warm)
     return len(policies)
+
+
+def apply_standing(registry: Registry, runtime: AdapterRuntime, base_digest: str) -> None:
+    """What the registry records for the cache of a server's engine: the warm policies, then the
+    operator's pins (``serve/operator_pins.py``), before the engine takes a request."""
+    apply_warm_policies(registry, runtime, base_digest)
+    operator_pins.apply(registry, runtime.cache, base_digest)
 
 
 def build_worker(
@@ -137,7 +146,7 @@ def build_worker(
         registry.close()
         raise
     try:
-        apply_warm_policies(registry, runtime, base.digest)
+        apply_standing(registry, runtime, base.digest)
         core = build_engine_core(model_dir, engine, runtime, model=loading.result())
     except BaseException:
         loading.wait()
@@ -169,7 +178,7 @@ def start_engine_here(
     keep_freed_heap()
     runtime = build_runtime(config, base, registry)
     try:
-        apply_warm_policies(registry, runtime, base.digest)
+        apply_standing(registry, runtime, base.digest)
         watchdog = watchdog_policy(config)
         engine = build_engine(model_dir, engine_config(config), runtime, watchdog=watchdog)
     except BaseException:

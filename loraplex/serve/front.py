@@ -11,7 +11,7 @@ a running server).
 from __future__ import annotations
 
 import threading
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Protocol
@@ -30,6 +30,7 @@ from loraplex.router.fleet_state import FleetStateSource
 from loraplex.serve.config import ServeConfig
 from loraplex.serve.engine_settings import tenant_settings
 from loraplex.serve.local_fleet import LocalFleetState
+from loraplex.serve.operator_pins import PinKey
 from loraplex.serve.release_env import (
     ReleaseService,
     ServeReleaseEnv,
@@ -38,12 +39,13 @@ from loraplex.serve.release_env import (
 )
 from loraplex.serve.tracing import build_tracer
 from loraplex.server.app import create_app
+from loraplex.server.auth import ADMIN_ACTOR
 from loraplex.server.cache_control import CacheControl
 from loraplex.server.chat import ChatTemplate
 from loraplex.server.deps import ServerConfig, ServerDeps
 from loraplex.server.history import HistorySampler
 from loraplex.server.listeners import ConnectionLimits
-from loraplex.server.pin_owners import OwnedPins
+from loraplex.server.pin_owners import OPERATOR, OwnedPins, RegistryPins
 
 if TYPE_CHECKING:
     from loraplex.engine.factory import AdapterRuntime
@@ -127,11 +129,14 @@ def build_front(
     runtime: AdapterRuntime | None = None,
     release_env: Callable[[OwnedPins, ReleaseTraffic], ServeReleaseEnv] | None = None,
     fleet: FleetStateSource | None = None,
+    operator_pins: Iterable[PinKey] = (),
 ) -> Server:
     """The HTTP app, its dependencies and the release controller over ``front``: what
     ``loraplex serve`` and a fleet's ingress share. ``release_env``: the controller's
     environment (default: ``ServeReleaseEnv`` over this engine and cache); ``fleet``: what
-    /admin/fleet shows (default: this server as a fleet of one)."""
+    /admin/fleet shows (default: this server as a fleet of one); ``operator_pins``: the
+    operator's pins the registry restored (``serve/operator_pins.py``), which the cache holds
+    already (its engine pinned them) and are recorded as the operator's."""
     settings = ServerConfig(
         base_model_name=base.name,
         admin_key=front.admin_key,
@@ -155,7 +160,9 @@ def build_front(
         request_log_path=config.request_log_path,
     )
     chat = ChatTemplate.from_model_dir(model_dir)
-    cache = OwnedPins(front.cache)  # a release's holds and an operator's pins never undo each other
+    # a release's holds and an operator's pins never undo each other; the operator's are recorded
+    cache = OwnedPins(front.cache, RegistryPins(registry, ADMIN_ACTOR))
+    cache.adopt(dict.fromkeys(operator_pins, OPERATOR))
     refresh = TenantRefresher(registry, front.apply_tenants)
     traffic = release_traffic(registry)
     deps = ServerDeps(

@@ -6,50 +6,110 @@ prewarms its candidate) with pins, and an operator may pin the same revision thr
 window would silently lift the operator's pin (or the operator's unpin the release's hold).
 Every pin of this server goes through ``OwnedPins``: the cache is pinned while any owner holds
 the (revision, tier) and unpinned when the last one lets go.
+
+An operator's pins are also recorded (``PinRecord``: the registry's ``operator_pins``) so they
+outlive a server restart: recorded before the cache pins, removed before it unpins, the record
+undone when the cache call fails (so the record never holds what the cache refused). The
+server's start reads them back (``serve/operator_pins.py``) and hands them to ``adopt``.
 """
 
 from __future__ import annotations
 
+import logging
 import threading
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from concurrent.futures import Future
+from typing import Protocol
 
 from loraplex.artifacts.identity import AdapterKey
 from loraplex.artifacts.warm_policy import WarmPolicy
+from loraplex.registry import Registry
 from loraplex.residency.cache import CacheSummary, ResidencySnapshot
 from loraplex.residency.ledger import Tier
 from loraplex.server.cache_control import CacheControl
 
+_log = logging.getLogger(__name__)
 OPERATOR = "operator"  # /admin/residency/pin
 RELEASE = "release"  # the release controller's prewarm and hold pins
 
 
-class OwnedPins:
-    """A ``CacheControl`` whose pins are held per owner (see the module docstring)."""
+class PinRecord(Protocol):
+    """Where an operator's pins outlive the server (``RegistryPins``; tests: a fake)."""
 
-    def __init__(self, cache: CacheControl) -> None:
+    def record(self, key: AdapterKey, tier: Tier) -> bool:
+        """Records the pin; False when it was recorded already."""
+        ...
+
+    def remove(self, key: AdapterKey, tier: Tier) -> bool:
+        """Removes the pin; False when none was recorded."""
+        ...
+
+
+class RegistryPins:
+    """``PinRecord`` over the registry's ``operator_pins`` (audited as ``actor``)."""
+
+    def __init__(self, registry: Registry, actor: str) -> None:
+        self._registry = registry
+        self._actor = actor
+
+    def record(self, key: AdapterKey, tier: Tier) -> bool:
+        return self._registry.record_operator_pin(key.ref, tier.name, self._actor)
+
+    def remove(self, key: AdapterKey, tier: Tier) -> bool:
+        return self._registry.remove_operator_pin(key.ref, tier.name, self._actor)
+
+
+class OwnedPins:
+    """A ``CacheControl`` whose pins are held per owner (see the module docstring);
+    ``record``: where an operator's pins are recorded (None: nowhere, they die with the
+    server)."""
+
+    def __init__(self, cache: CacheControl, record: PinRecord | None = None) -> None:
         self._cache = cache
+        self._record = record
         self._lock = threading.Lock()  # NOTE: held across the cache call, so pins stay ordered
         self._owners: dict[tuple[AdapterKey, Tier], set[str]] = {}
 
     def pin(self, key: AdapterKey, tier: Tier, owner: str = OPERATOR) -> Future[None]:
         """Pins ``key`` in ``tier`` for ``owner`` (the cache loads it if needed); pinning again
-        for the same owner changes nothing but returns the load's future."""
+        for the same owner changes nothing but returns the load's future. An operator's pin is
+        recorded first (a failed record pins nothing)."""
         with self._lock:
-            future = self._cache.pin(key, tier)
+            record = self._recorder(owner)
+            recorded = record is not None and record.record(key, tier)
+            try:
+                future = self._cache.pin(key, tier)
+            except BaseException:
+                if record is not None and recorded:
+                    _undo(lambda: record.remove(key, tier))
+                raise
             self._owners.setdefault((key, tier), set()).add(owner)
             return future
 
     def unpin(self, key: AdapterKey, tier: Tier, owner: str = OPERATOR) -> None:
-        """Lets go of ``owner``'s pin; the cache unpins once no owner is left."""
+        """Lets go of ``owner``'s pin; the cache unpins once no owner is left. An operator's
+        record is removed first (a failed removal unpins nothing)."""
         with self._lock:
-            owners = self._owners.get((key, tier))
-            if owners is not None:
-                owners.discard(owner)
-                if owners:
-                    return  # someone else still holds it
-                del self._owners[(key, tier)]
-            self._cache.unpin(key, tier)
+            record = self._recorder(owner)
+            removed = record is not None and record.remove(key, tier)
+            try:
+                self._unpin(key, tier, owner)
+            except BaseException:
+                if record is not None and removed:
+                    _undo(lambda: record.record(key, tier))
+                raise
+
+    def _unpin(self, key: AdapterKey, tier: Tier, owner: str) -> None:
+        owners = self._owners.get((key, tier))
+        if owners is not None:
+            owners.discard(owner)
+            if owners:
+                return  # someone else still holds it
+            del self._owners[(key, tier)]
+        self._cache.unpin(key, tier)
+
+    def _recorder(self, owner: str) -> PinRecord | None:
+        return self._record if owner == OPERATOR else None
 
     def adopt(self, owners: Mapping[tuple[AdapterKey, Tier], str]) -> None:
         """Records pins the cache holds already (a restarted fleet ingress adopts the replicas'
@@ -82,3 +142,12 @@ class OwnedPins:
 
     def set_warm_policy(self, key: AdapterKey, warm: WarmPolicy | None) -> None:
         self._cache.set_warm_policy(key, warm)
+
+
+def _undo(change: Callable[[], bool]) -> None:
+    """Puts an operator pin's record back after the cache refused the change; the cache's error
+    is the one raised, so an undo that fails too is logged."""
+    try:
+        change()
+    except Exception:
+        _log.exception("the record of an operator pin could not be put back")

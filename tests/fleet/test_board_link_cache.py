@@ -345,20 +345,25 @@ def test_standing_state_is_replayed_to_a_joining_replica_only(
     cache.update_tenant_settings(settings)
     cache.set_warm_policy(key("warm"), WarmPolicy.CPU)
     cache.set_warm_policy(key("cold"), WarmPolicy.GPU)
-    cache.set_warm_policy(key("cold"), WarmPolicy.ON_DEMAND)  # back to the default: not replayed
+    # an operator's on_demand is replayed (automatic promotion off there too, as the registry
+    # reads it back: schema 8); it was dropped, so a joining replica promoted it on its own
+    cache.set_warm_policy(key("cold"), WarmPolicy.ON_DEMAND)
+    cache.set_warm_policy(key("auto"), WarmPolicy.GPU)
+    cache.set_warm_policy(key("auto"), None)  # back to automatic: not replayed
     cache.pin(key("pinned"), Tier.L0).result(WAIT_S)
     cache.pin(key("lifted"), Tier.L1).result(WAIT_S)
     cache.unpin(key("lifted"), Tier.L1)
     sent_to_a = len(calls.commands_to("a"))
     calls.board = [entry("a"), entry("b"), entry("new")]
-    wait_until(lambda: len(calls.commands_to("new")) == 3, "the state replayed to new")
+    wait_until(lambda: len(calls.commands_to("new")) == 4, "the state replayed to new")
     assert calls.commands_to("new") == [
         UpdateTenants(settings),
         SetWarm(key("warm"), WarmPolicy.CPU),
+        SetWarm(key("cold"), WarmPolicy.ON_DEMAND),
         Pin(key("pinned"), Tier.L0),
     ]
     polled_twice(link)
-    assert len(calls.commands_to("new")) == 3  # known now: not replayed again
+    assert len(calls.commands_to("new")) == 4  # known now: not replayed again
     assert len(calls.commands_to("a")) == sent_to_a
 
 

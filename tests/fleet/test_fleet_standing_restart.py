@@ -1,11 +1,13 @@
 """A restarted ingress's ``FleetStanding`` over fake deployment calls: it starts from the durable
-records (``standing_restore.Restored``: the registry's) and the pins the replicas report, so a
-replica that joins afterwards gets the pins, warm policies and tenant settings that stood before
-the restart, and a pin lifted afterwards is lifted on a replica that was away then.
+records (``standing_restore.Restored``: the registry's, an operator's pins among them) and the
+pins the replicas report, so a replica that joins afterwards gets the pins, warm policies and
+tenant settings that stood before the restart, a pin lifted afterwards is lifted on a replica
+that was away then, and a pin no record names is lifted everywhere.
 (tests/fleet/test_fleet_replica_pins.py: on a real fleet, the ingress killed.)"""
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Iterable, Iterator
 
 import pytest
@@ -24,6 +26,8 @@ from loraplex.server.pin_owners import OPERATOR, RELEASE, OwnedPins
 
 OP = (key("ops"), Tier.L1)  # an operator's pin, held by the replicas before the restart
 CAND = (key("cand"), Tier.L1)  # a release's candidate, pinned by the last ingress
+# what the registry says: the operator's pin recorded, the release needing work
+RECORDS = Restored(release_keys=frozenset({CAND[0]}), operator_pins=frozenset({OP}))
 
 
 def holding(replica_id: str, pins: Iterable[PinKey], *, healthy: bool = True) -> BoardEntry:
@@ -50,7 +54,7 @@ def link(calls: FakeCalls) -> Iterator[FleetLink]:
     built.close()
 
 
-def _restarted(link: FleetLink, restored: Restored | None = None) -> FleetCache:
+def _restarted(link: FleetLink, restored: Restored = RECORDS) -> FleetCache:
     """The new ingress's cache once it has seen the board (twice: its first sync ran)."""
     cache = FleetCache(link, restored)
     polled_twice(link)
@@ -63,7 +67,8 @@ def test_a_replica_that_joins_after_a_restart_gets_the_pins_that_stood(
     _restarted(link)
     # a and b hold every pin that stands: each is sent once more (a failed load is retried)
     wait_until(lambda: len(calls.calls) == 4, "a and b pinned again")
-    assert calls.commands_to("a") == calls.commands_to("b") == [Pin(*CAND), Pin(*OP)]
+    assert sorted(calls.commands_to("a"), key=str) == [Pin(*CAND), Pin(*OP)]
+    assert calls.commands_to("a") == calls.commands_to("b")
     calls.board = [*calls.board, holding("new", [])]
     wait_until(lambda: len(calls.commands_to("new")) == 2, "the replacement pinned")
     assert calls.commands_to("new") == [Pin(*CAND), Pin(*OP)]
@@ -132,7 +137,7 @@ def test_the_registrys_state_stands_from_the_start_and_is_replayed_once(
 def test_adopted_pins_keep_their_owners_so_a_release_never_lifts_an_operators(
     calls: FakeCalls, link: FleetLink
 ) -> None:
-    restored = Restored(release_keys=frozenset({CAND[0]}))
+    restored = RECORDS
     cache = _restarted(link, restored)
     wait_until(lambda: len(calls.commands_to("a")) == 2, "a pinned again")
     calls.calls.clear()
@@ -144,6 +149,27 @@ def test_adopted_pins_keep_their_owners_so_a_release_never_lifts_an_operators(
     pins.unpin(*CAND, owner=RELEASE)  # the release's own pin is lifted
     assert Unpin(*OP) not in calls.commands_to("a")
     assert calls.commands_to("a") == [Pin(*OP), Unpin(*CAND)]
+
+
+def test_a_pin_no_record_names_is_lifted_on_every_replica_and_said(
+    calls: FakeCalls, link: FleetLink, caplog: pytest.LogCaptureFixture
+) -> None:
+    # the last ingress removed OP's record and died before the replicas heard the unpin (or a
+    # loraplex before schema 8 pinned it): the registry is the record, so it is lifted
+    with caplog.at_level(logging.WARNING, logger="loraplex.fleet.standing_restore"):
+        _restarted(link, Restored(release_keys=frozenset({CAND[0]})))
+        wait_until(lambda: len(calls.calls) == 4, "OP lifted on a and b")
+    assert calls.commands_to("a") == calls.commands_to("b") == [Unpin(*OP), Pin(*CAND)]
+    assert any("lifting 1 pins" in m and "acme/ops@r1 in L1" in m for m in caplog.messages)
+
+
+def test_the_registrys_operator_pins_stand_from_the_start(
+    calls: FakeCalls, link: FleetLink
+) -> None:
+    calls.board = [holding("a", []), holding("b", [])]  # every replica new: nothing to adopt
+    _restarted(link)
+    wait_until(lambda: len(calls.calls) == 2, "OP pinned on a and b")
+    assert calls.commands_to("a") == calls.commands_to("b") == [Pin(*OP)]
 
 
 def test_a_malformed_reported_pin_is_skipped() -> None:

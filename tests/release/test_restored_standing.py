@@ -54,3 +54,21 @@ def test_the_registrys_tenants_and_warm_policies_are_restored(
     assert restored.tenants is not None and set(restored.tenants) == {"acme"}
     other_base = read_restored(registry, "0" * 64, clock.now())
     assert other_base.warm == {}  # a revision of another base model is not this fleet's
+
+
+def test_the_registrys_operator_pins_are_restored_and_a_stale_one_dropped(
+    registry: Registry, clock: ManualClock, base: BaseModelSpec
+) -> None:
+    registry.record_operator_pin("acme/bot@v3", "L0", "ops")
+    registry.set_release("acme/bot@v2", "ops", None, WarmPolicy.ON_DEMAND)  # automatic: off
+    with registry.db.transaction() as tx:  # a pin whose revision is gone
+        tx.execute(
+            "INSERT INTO operator_pins VALUES ('acme', 'bot', 'v9', 'L1', ?, 1.0, 'ops')",
+            ("d" * 64,),
+        )
+    restored = read_restored(registry, base.digest, clock.now())
+    assert {(key.revision, tier) for key, tier in restored.operator_pins} == {("v3", Tier.L0)}
+    assert {key.revision: warm for key, warm in restored.warm.items()} == {
+        "v2": WarmPolicy.ON_DEMAND
+    }
+    assert [p.revision.ref for p in registry.operator_pins(base.digest)] == ["acme/bot@v3"]

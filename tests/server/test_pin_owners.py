@@ -4,8 +4,11 @@ from __future__ import annotations
 
 from concurrent.futures import Future
 
+import pytest
+
 from loraplex.artifacts.identity import AdapterKey
 from loraplex.artifacts.warm_policy import WarmPolicy
+from loraplex.errors import EngineUnavailableError, RegistryUnavailableError
 from loraplex.residency.cache import CacheSummary, ResidencySnapshot
 from loraplex.residency.ledger import Tier
 from loraplex.server.pin_owners import OPERATOR, RELEASE, OwnedPins
@@ -91,3 +94,66 @@ def test_adopted_pins_are_owned_without_pinning_again() -> None:
     pins.unpin(KEY, Tier.L1, RELEASE)  # a release's end leaves the operator's adopted pin
     pins.unpin(KEY, Tier.L0, RELEASE)  # and lifts its own
     assert cache.calls == ["pin L1", "unpin L0"]
+
+
+class SetRecord:
+    """A ``PinRecord`` in a set."""
+
+    def __init__(self) -> None:
+        self.pins: set[tuple[AdapterKey, Tier]] = set()
+
+    def record(self, key: AdapterKey, tier: Tier) -> bool:
+        new = (key, tier) not in self.pins
+        self.pins.add((key, tier))
+        return new
+
+    def remove(self, key: AdapterKey, tier: Tier) -> bool:
+        found = (key, tier) in self.pins
+        self.pins.discard((key, tier))
+        return found
+
+
+class RefusingCache(RecordingCache):
+    """A cache whose engine is down: every pin and unpin raises."""
+
+    def pin(self, key: AdapterKey, tier: Tier) -> Future[None]:
+        raise EngineUnavailableError("the engine process is down")
+
+    def unpin(self, key: AdapterKey, tier: Tier) -> None:
+        raise EngineUnavailableError("the engine process is down")
+
+
+def test_only_an_operators_pins_are_recorded_and_an_unpin_removes_them() -> None:
+    record = SetRecord()
+    pins = OwnedPins(RecordingCache(), record)
+    pins.pin(KEY, Tier.L1, RELEASE)  # releases persist their own state
+    assert record.pins == set()
+    pins.pin(KEY, Tier.L1)
+    pins.pin(KEY, Tier.L0)
+    assert record.pins == {(KEY, Tier.L1), (KEY, Tier.L0)}
+    pins.unpin(KEY, Tier.L1, RELEASE)
+    pins.unpin(KEY, Tier.L1)
+    assert record.pins == {(KEY, Tier.L0)}
+
+
+def test_a_pin_or_unpin_the_cache_refuses_leaves_the_record_as_it_was() -> None:
+    record = SetRecord()
+    record.pins.add((KEY, Tier.L0))  # recorded (and pinned) before the engine went down
+    pins = OwnedPins(RefusingCache(), record)
+    pins.adopt({(KEY, Tier.L0): OPERATOR})
+    with pytest.raises(EngineUnavailableError):
+        pins.pin(KEY, Tier.L1)
+    with pytest.raises(EngineUnavailableError):
+        pins.unpin(KEY, Tier.L0)
+    assert record.pins == {(KEY, Tier.L0)}
+
+
+def test_a_failed_record_pins_nothing() -> None:
+    class DownRecord(SetRecord):
+        def record(self, key: AdapterKey, tier: Tier) -> bool:
+            raise RegistryUnavailableError("the registry's connection stayed busy")
+
+    cache = RecordingCache()
+    with pytest.raises(RegistryUnavailableError):
+        OwnedPins(cache, DownRecord()).pin(KEY, Tier.L1)
+    assert cache.calls == []

@@ -270,6 +270,25 @@ _ANCHOR_KEY_IDS = (
     "CREATE INDEX trust_anchors_by_key_id ON trust_anchors (tenant, key_id)",
 )
 
+# Version 8: operator residency settings that outlive a server restart. ``operator_pins`` holds
+# each ``/admin/residency/pin`` of a revision in a tier until its unpin (a release's holds are
+# not here: releases persist their own state). No foreign key to ``revisions``: the restore
+# at start is the one place that finds a pin whose revision (or content) is gone, drops it and
+# says so. ``warm_by_operator`` tells an operator's ``on_demand`` (automatic promotion off for
+# the revision) from the default one (automatic); revisions made before read as the default.
+_OPERATOR_RESIDENCY = (
+    """CREATE TABLE operator_pins (
+        tenant TEXT NOT NULL,
+        name TEXT NOT NULL,
+        revision TEXT NOT NULL,
+        tier TEXT NOT NULL,
+        adapter_digest TEXT NOT NULL,
+        pinned_at DOUBLE PRECISION NOT NULL,
+        actor TEXT NOT NULL,
+        PRIMARY KEY (tenant, name, revision, tier))""",
+    "ALTER TABLE revisions ADD COLUMN warm_by_operator BIGINT NOT NULL DEFAULT 0",
+)
+
 MIGRATIONS: tuple[Migration, ...] = (
     Migration(
         version=1,
@@ -288,6 +307,9 @@ MIGRATIONS: tuple[Migration, ...] = (
     Migration(version=5, name="admin listing order indexes", statements=_LISTING_ORDER),
     Migration(version=6, name="revision listing order index", statements=_REVISION_ORDER),
     Migration(version=7, name="trust anchor key ids", statements=_ANCHOR_KEY_IDS),
+    Migration(
+        version=8, name="operator pins, operator warm policies", statements=_OPERATOR_RESIDENCY
+    ),
 )
 
 _CREATE_VERSIONS = """CREATE TABLE IF NOT EXISTS schema_migrations (
