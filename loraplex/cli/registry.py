@@ -130,6 +130,15 @@ def register_adapter(
         rev = result.revision
         verb = "registered" if result.created else "already registered (identical bytes)"
         typer.echo(f"{verb} {rev.ref} sha256={rev.adapter_digest} rank={rev.max_rank}")
+    if result.created and warm_policy is not WarmPolicy.ON_DEMAND:
+        # NOTE: the registry row alone does not reach a running server's cache (it reads warm
+        # policies at start); said here, as `tenants update` says it, so no one waits for it.
+        typer.echo(
+            f"note: a running server applies --warm-policy {warm_policy.value} at its next start, "
+            f"or now with PUT /admin/revisions/{tenant}/{name}/{revision} "
+            f'{{"warm_policy": "{warm_policy.value}"}}',
+            err=True,
+        )
 
 
 def register_many(

@@ -74,7 +74,9 @@ def update_tenant(
     with failures():
         for quota in unset or []:
             if quota not in QUOTA_NAMES:
-                raise ValueError(f"--unset {quota!r} is invalid; expected one of {QUOTA_NAMES}")
+                raise ValueError(
+                    f"--unset {quota!r} is invalid; expected one of {', '.join(QUOTA_NAMES)}"
+                )
             if quota in changes:
                 raise ValueError(f"--unset {quota} is invalid; --{quota.replace('_', '-')} sets it")
             changes[quota] = _UNSET_VALUE.get(quota)
