@@ -222,3 +222,16 @@ def test_a_warm_policy_registered_from_the_cli_says_how_a_running_server_gets_it
     assert 'PUT /admin/revisions/acme/bot/v1 {"warm_policy": "gpu"}' in warm
     assert "note:" not in _run(env, *register, "--revision", "v1", "--warm-policy", "gpu")
     assert "note:" not in _run(env, *register, "--revision", "v2")
+
+
+def test_tenants_create_says_which_limits_a_running_server_takes_later(tmp_path: Path) -> None:
+    # `tenants create tiny --max-gpu-bytes 1000` while serve ran: the server served tiny's
+    # adapter from a GPU slot, as if uncapped, and nothing said why (`update` said it already)
+    env = {"LORAPLEX_DATA_DIR": str(tmp_path / "d")}
+    capped = _run(env, "tenants", "create", "tiny", "--max-gpu-bytes", "1000")
+    assert capped.startswith("created tenant tiny (normal)")
+    assert "note: a running server takes max_requests_per_s at once" in capped
+    assert "PUT /admin/tenants/tiny" in capped
+    assert "note:" in _run(env, "tenants", "create", "vip", "--priority", "high")
+    assert "note:" not in _run(env, "tenants", "create", "rated", "--max-requests-per-s", "5")
+    assert "note:" not in _run(env, "tenants", "create", "plain")
