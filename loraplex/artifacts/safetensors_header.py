@@ -99,6 +99,9 @@ def read_safetensors_header(path: Path) -> SafetensorsHeader:
 
 _MIN_FILE_BYTES = _LENGTH_BYTES + 2  # the length prefix and the shortest header, "{}"
 LENGTH_PREFIX_BYTES = _LENGTH_BYTES  # the header length: a little-endian u64 opening the file
+# What a length out of range most often means: a text, pickle or truncated file under the name
+# (a new operator read "header length 8387222449782288238" and no more).
+NOT_SAFETENSORS = " (its first 8 bytes, read as a little-endian length): not a safetensors file?"
 
 
 def check_length_prefix(prefix: bytes, where: str) -> None:
@@ -107,7 +110,8 @@ def check_length_prefix(prefix: bytes, where: str) -> None:
     header_len = int.from_bytes(prefix[:_LENGTH_BYTES], "little")
     if header_len < 2 or header_len > MAX_HEADER_BYTES:
         raise CorruptArtifactError(
-            f"{where}: header length {header_len}; expected 2..{MAX_HEADER_BYTES}"
+            f"{where}: header length {header_len}; expected 2 up to the cap {MAX_HEADER_BYTES}"
+            f"{NOT_SAFETENSORS}"
         )
 
 
@@ -126,6 +130,7 @@ def parse_safetensors_header(reader: ByteReader, path: Path, file_bytes: int) ->
     if header_len < 2 or header_len > MAX_HEADER_BYTES:
         raise CorruptArtifactError(
             f"{path}: header length {header_len}; expected 2 up to the cap {MAX_HEADER_BYTES}"
+            f"{NOT_SAFETENSORS}"
         )
     if header_len > file_bytes - _LENGTH_BYTES:
         raise CorruptArtifactError(

@@ -21,7 +21,7 @@ import typer
 
 from loraplex.cli.locations import DatabaseUrl, DataDir, S3Endpoint, Store, unusable_path
 from loraplex.cli.serve_options import AdminKey, Host, MaxLoras, Model, NoDemo, Port, SharedStateUrl
-from loraplex.cli.serve_start import check_fds, say_demo_generation
+from loraplex.cli.serve_start import check_fds, say_demo_generation, say_how_to_get_a_tenant_key
 from loraplex.fleet.settings import FLEET_KEYS
 from loraplex.registry import default_data_dir
 
@@ -218,7 +218,7 @@ def _print_keys(prepared: Prepared, config: ServeConfig) -> None:
     for tenant, key in sorted(prepared.sample_keys.items()):
         typer.echo(f"{tenant + ' key:':<12} {key}")
     if not prepared.sample_keys:
-        typer.echo("tenant keys: shown only when issued; `loraplex keys create TENANT` makes one")
+        say_how_to_get_a_tenant_key(config)
 
 
 @fleet_app.command("status")

@@ -33,7 +33,8 @@ def _admin_key(admin_key: str | None, data_dir: Path | None) -> str:
     path = _key_file(data_dir)
     if not path.is_file():
         raise typer.BadParameter(
-            f"no --admin-key and no {path}; pass the deployment's admin key",
+            f"no --admin-key and no {path}; pass the deployment's admin key, or the --data-dir"
+            " (LORAPLEX_DATA_DIR) its `loraplex serve` keeps it in",
             param_hint="--admin-key",
         )
     return path.read_text(encoding="utf-8").strip()

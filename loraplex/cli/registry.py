@@ -130,6 +130,15 @@ def register_adapter(
         rev = result.revision
         verb = "registered" if result.created else "already registered (identical bytes)"
         typer.echo(f"{verb} {rev.ref} sha256={rev.adapter_digest} rank={rev.max_rank}")
+    if result.created and warm_policy is not WarmPolicy.ON_DEMAND:
+        # NOTE: the registry row alone does not reach a running server's cache (it reads warm
+        # policies at start); said here, as `tenants update` says it, so no one waits for it.
+        typer.echo(
+            f"note: a running server applies --warm-policy {warm_policy.value} at its next start, "
+            f"or now with PUT /admin/revisions/{tenant}/{name}/{revision} "
+            f'{{"warm_policy": "{warm_policy.value}"}}',
+            err=True,
+        )
 
 
 def register_many(
@@ -268,6 +277,21 @@ def create_tenant(
         with opened(location.config(), create=True) as registry:
             tenant = registry.create_tenant(name, acting(actor), priority_of, quotas)
         typer.echo(f"created tenant {tenant.name} ({tenant.priority.value})")
+    given = {k for k, v in vars(quotas).items() if v != getattr(TenantQuotas(), k)}
+    note_for_a_running_server(name, priority_of is not PriorityClass.NORMAL, given)
+
+
+def note_for_a_running_server(tenant: str, priority: bool, quotas: set[str]) -> None:
+    """Say on stderr which of a tenant's settings a running server does not take from this write.
+    NOTE: the rate limit is read with the key on every request; the rest lives in the engine's
+    cache and scheduler, which only the admin API or a start refreshes (a tenant created here
+    with --max-gpu-bytes was served from the GPU by a running server as if it had no cap)."""
+    if priority or quotas - {"max_requests_per_s"}:
+        typer.echo(
+            "note: a running server takes max_requests_per_s at once, the priority and the other "
+            f"limits at its next start, or now with PUT /admin/tenants/{tenant}",
+            err=True,
+        )
 
 
 def list_tenants(

@@ -29,6 +29,7 @@ from loraplex.cli.serve_start import (
     discard_child,
     freeze_startup_objects,
     listen,
+    say_how_to_get_a_tenant_key,
     start_engine_child,
 )
 from loraplex.dtypes import DEFAULT_DTYPE, DTYPE_NAMES
@@ -308,7 +309,7 @@ def _announce(settings: ServeConfig, admin: str | None, keys: dict[str, str]) ->
     for tenant, tenant_key in sorted(keys.items()):
         typer.echo(f"{tenant + ' key:':<12} {tenant_key}")
     if not keys:  # tenant keys are shown once, when issued
-        typer.echo("tenant keys: shown only when issued; `loraplex keys create TENANT` makes one")
+        say_how_to_get_a_tenant_key(settings)
     token = keys.get("acme")
     if token is not None:
         typer.echo(

@@ -126,6 +126,15 @@ def say_demo_generation(settings: ServeConfig) -> None:
         )
 
 
+def say_how_to_get_a_tenant_key(settings: ServeConfig) -> None:
+    """On a start that issued no tenant key: the command that issues one, on this data dir (a
+    bare `loraplex keys create TENANT` after `serve --data-dir D` looked in the default one)."""
+    typer.echo(
+        "tenant keys: shown only when issued; "
+        f"`loraplex keys create TENANT --data-dir {settings.data_dir}` makes one"
+    )
+
+
 def listen(
     settings: ServeConfig, server: Server, sockets: list[socket.socket], failed: threading.Event
 ) -> None:

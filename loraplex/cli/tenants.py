@@ -25,6 +25,7 @@ from loraplex.cli.registry import (
     MaxGpuBytes,
     MaxRequestsPerS,
     limits_line,
+    note_for_a_running_server,
     priority_class,
 )
 from loraplex.cli.registry_access import Actor, acting, command_group, failures, opened
@@ -74,7 +75,9 @@ def update_tenant(
     with failures():
         for quota in unset or []:
             if quota not in QUOTA_NAMES:
-                raise ValueError(f"--unset {quota!r} is invalid; expected one of {QUOTA_NAMES}")
+                raise ValueError(
+                    f"--unset {quota!r} is invalid; expected one of {', '.join(QUOTA_NAMES)}"
+                )
             if quota in changes:
                 raise ValueError(f"--unset {quota} is invalid; --{quota.replace('_', '-')} sets it")
             changes[quota] = _UNSET_VALUE.get(quota)
@@ -84,11 +87,4 @@ def update_tenant(
         with opened(location.config()) as registry:
             tenant = registry.set_tenant_limits(name, acting(actor), new_class, changes)
         typer.echo(limits_line(tenant))
-    if priority is not None or set(changes) - {"max_requests_per_s"}:
-        # NOTE: the rate limit is read with the key on every request; the rest lives in the
-        # engine's cache and scheduler, which only the admin API or a start refreshes.
-        typer.echo(
-            "note: a running server takes max_requests_per_s at once, the priority and the other "
-            f"limits at its next start, or now with PUT /admin/tenants/{name}",
-            err=True,
-        )
+    note_for_a_running_server(name, priority is not None, set(changes))

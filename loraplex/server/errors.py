@@ -24,7 +24,7 @@ import logging
 import math
 import secrets
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from enum import StrEnum
 from typing import Any
 
@@ -60,6 +60,7 @@ from loraplex.errors import (
     clipped,
 )
 from loraplex.quota.ratelimit import longest_wait_s
+from loraplex.registry.models import TenantQuotas
 from loraplex.release.errors import InvalidTransitionError, ReleaseConflictError
 from loraplex.server.body_errors import (
     DuplicateKeyError,
@@ -87,6 +88,10 @@ UNKNOWN_FIELD = (
 # vLLM's offline ``lora_request``): here ``model`` names it, which the refusal says.
 ADAPTER_FIELDS = frozenset({"adapter_id", "adapter_source", "lora_request"})
 NAME_THE_ADAPTER = "; name the adapter in model (name, tenant/name, either with @revision)"
+# A tenant's quota sent beside ``priority`` in ``/admin/tenants`` bodies: it is implemented, one
+# level down, so "does not implement" alone sent the operator looking for a missing feature.
+QUOTA_FIELDS = frozenset(f.name for f in fields(TenantQuotas))
+TENANTS_PATH = "/admin/tenants"
 
 
 class ErrorContext(StrEnum):
@@ -330,6 +335,8 @@ async def _on_validation(request: Request, exc: Exception) -> JSONResponse:
     reason = clipped(_reason(first), MAX_VALIDATION_MESSAGE_CHARS)
     if first.get("type") == "extra_forbidden":  # pydantic's "Extra inputs are not permitted"
         reason = UNKNOWN_FIELD + (NAME_THE_ADAPTER if param in ADAPTER_FIELDS else "")
+        if param in QUOTA_FIELDS and request.url.path.startswith(TENANTS_PATH):
+            reason = f'a tenant quota goes under quotas: {{"quotas": {{"{param}": ...}}}}'
     message = f"{param or 'request'}: {reason}"
     return invalid_request(message, param).response()
 

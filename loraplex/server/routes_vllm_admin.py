@@ -204,6 +204,16 @@ def _page(lora: LoraName, after: str | None, limit: int | None) -> Page:
     return Page(after, DEFAULT_PAGE if limit is None else limit)
 
 
+# A pin has owners (server/pin_owners.py) and a warm policy pins too, re-pinned by the next
+# rebalance: "unpin them" alone left an operator unpinning a copy that stayed pinned.
+WHO_PINS = (
+    "a pin is lifted by the one who made it: an operator's by POST /admin/residency/unpin, a "
+    "warm policy's (the operator's or the automatic one of a busy revision) by PUT "
+    '/admin/revisions/TENANT/NAME/REVISION {"warm_policy": "on_demand"}, a release\'s hold '
+    "when its window ends"
+)
+
+
 def _unload(
     deps: ServerDeps, cache: CacheControl, lora: LoraName, page: Page
 ) -> tuple[dict[str, list[str]], str | None]:
@@ -219,7 +229,7 @@ def _unload(
         where = "; ".join(f"{ref} in {', '.join(tiers)}" for ref, tiers in sorted(kept.items()))
         message = (
             f"copies are pinned, in use or loading and were kept: {where} (other copies were "
-            "evicted); unpin them or retry when their requests finished"
+            f"evicted); {WHO_PINS}, or retry when their requests finished"
         )
         raise ApiError(409, message, "invalid_request_error", "adapter_in_use", "lora_name")
     full = lora.revision is None and len(revisions) == page.limit

@@ -12,7 +12,11 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from safetensors.numpy import save_file
 
-from loraplex.artifacts.safetensors_header import MAX_HEADER_BYTES, read_safetensors_header
+from loraplex.artifacts.safetensors_header import (
+    MAX_HEADER_BYTES,
+    check_length_prefix,
+    read_safetensors_header,
+)
 from loraplex.errors import CorruptArtifactError
 
 
@@ -92,6 +96,13 @@ def test_header_length_beyond_file_or_cap_is_rejected_before_reading(tmp_path: P
         read_safetensors_header(path)
     with pytest.raises(CorruptArtifactError, match="header length"):
         read_safetensors_header(write(tmp_path / "h2", {}, b"", length=3))
+    (tmp_path / "text").write_bytes(b"notsafetensors\n")  # what an operator may upload by mistake
+    with pytest.raises(CorruptArtifactError, match="not a safetensors file") as caught:
+        read_safetensors_header(tmp_path / "text")
+    with pytest.raises(CorruptArtifactError, match="not a safetensors file") as prefix:
+        check_length_prefix(b"notsafetensors\n"[:8], "upload part 'weights'")
+    assert str(prefix.value).startswith("upload part 'weights': header length 8387222449782288238")
+    assert "expected 2 up to the cap 1048576" in str(caught.value)
     assert MAX_HEADER_BYTES == 1 << 20
 
 

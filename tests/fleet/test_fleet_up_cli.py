@@ -164,4 +164,6 @@ def test_a_restart_says_where_the_keys_are_as_serve_does(
     assert f"/metrics only on http://127.0.0.1:{admin_port}" in result.output
     assert f"kept in {tmp_path / 'data' / 'admin-key'}" in result.output
     assert "old-admin-key" not in result.output
-    assert "`loraplex keys create TENANT` makes one" in result.output
+    assert (
+        f"`loraplex keys create TENANT --data-dir {tmp_path / 'data'}` makes one" in result.output
+    )

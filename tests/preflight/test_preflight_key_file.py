@@ -56,3 +56,12 @@ def test_a_401_with_the_key_file_names_the_file_and_admin_key(
 def test_a_401_with_a_given_key_does_not_blame_the_file(refusing_url: str, tmp_path: Path) -> None:
     out = _preflight(refusing_url, tmp_path, "--admin-key", "lpxadmin_" + "g" * 40)
     assert "-> 401" in out and "read from" not in out
+
+
+def test_no_key_and_no_key_file_names_the_data_dir_flag(tmp_path: Path) -> None:
+    # a new operator who started `serve --data-dir D` was told only to pass the admin key
+    argv = ["preflight", "--url", "http://127.0.0.1:9", "--data-dir", str(tmp_path)]
+    result = CliRunner().invoke(app, argv, env={"LORAPLEX_ADMIN_KEY": ""})
+    assert result.exit_code == 2, result.output
+    out = "".join(result.output.replace("│", "").split())
+    assert "passthedeployment'sadminkey,orthe--data-dir(LORAPLEX_DATA_DIR)" in out

@@ -195,7 +195,10 @@ def test_tenants_update_refuses_bad_values_and_changes_nothing(tmp_path: Path) -
         (("--reserved-running-seqs", "-1"), "reserved_running_seqs -1 is invalid"),
         (("--max-running-seqs", "0"), "max_running_seqs 0 is invalid"),
         (("--max-kv-blocks", "-4"), "max_kv_blocks -4 is invalid"),
-        (("--unset", "max_seats"), "--unset 'max_seats' is invalid"),
+        (
+            ("--unset", "max_seats"),
+            "--unset 'max_seats' is invalid; expected one of max_gpu_bytes, max_cpu_bytes,",
+        ),
         ((), "nothing to change"),
     ]
     for args, message in cases:
@@ -203,3 +206,32 @@ def test_tenants_update_refuses_bad_values_and_changes_nothing(tmp_path: Path) -
     assert _run(env, "tenants", "list") == before
     missing = _run(env, "tenants", "update", "ghost", "--max-running-seqs", "2", code=1)
     assert "error: tenant 'ghost' does not exist" in missing
+
+
+def test_a_warm_policy_registered_from_the_cli_says_how_a_running_server_gets_it(
+    tmp_path: Path, model_dir: Path, make_adapter: AdapterFactory
+) -> None:
+    # the command writes the registry only; a running server read the policy at its next start,
+    # and nothing said so: `--warm-policy gpu` looked applied and the copy stayed unpinned
+    env = {"LORAPLEX_DATA_DIR": str(tmp_path / "d"), "LORAPLEX_BASE_MODEL": str(model_dir)}
+    _run(env, "tenants", "create", "acme")
+    register = ("adapters", "register", str(make_adapter("a")), "--tenant", "acme", "--name", "bot")
+    warm = _run(env, *register, "--revision", "v1", "--warm-policy", "gpu")
+    assert warm.startswith("registered acme/bot@v1 sha256=")
+    assert "note: a running server applies --warm-policy gpu at its next start" in warm
+    assert 'PUT /admin/revisions/acme/bot/v1 {"warm_policy": "gpu"}' in warm
+    assert "note:" not in _run(env, *register, "--revision", "v1", "--warm-policy", "gpu")
+    assert "note:" not in _run(env, *register, "--revision", "v2")
+
+
+def test_tenants_create_says_which_limits_a_running_server_takes_later(tmp_path: Path) -> None:
+    # `tenants create tiny --max-gpu-bytes 1000` while serve ran: the server served tiny's
+    # adapter from a GPU slot, as if uncapped, and nothing said why (`update` said it already)
+    env = {"LORAPLEX_DATA_DIR": str(tmp_path / "d")}
+    capped = _run(env, "tenants", "create", "tiny", "--max-gpu-bytes", "1000")
+    assert capped.startswith("created tenant tiny (normal)")
+    assert "note: a running server takes max_requests_per_s at once" in capped
+    assert "PUT /admin/tenants/tiny" in capped
+    assert "note:" in _run(env, "tenants", "create", "vip", "--priority", "high")
+    assert "note:" not in _run(env, "tenants", "create", "rated", "--max-requests-per-s", "5")
+    assert "note:" not in _run(env, "tenants", "create", "plain")

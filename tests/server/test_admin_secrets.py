@@ -60,6 +60,8 @@ def test_a_restart_prints_no_secret(capsys: pytest.CaptureFixture[str], tmp_path
     assert "lpx_new_token" in first and "admin-credential" in first
     assert "lpx_" not in restart and "loraplex keys create" in restart
     assert "admin-credential" not in restart and "admin-key" in restart
+    # on the data dir it serves: a bare `keys create` after `serve --data-dir D` read the default
+    assert f"`loraplex keys create TENANT --data-dir {tmp_path}` makes one" in restart
 
 
 def test_admin_key_file_and_fresh_data_dir_are_owner_only(tmp_path: Path) -> None:

@@ -242,6 +242,9 @@ def test_unload_of_a_pinned_copy_is_a_409(ops: Ops) -> None:
     try:
         error = _refused(ops, UNLOAD, {"lora_name": ref}, 409)
         assert error["code"] == "adapter_in_use" and f"{ref} in L1" in error["message"]
+        # who lifts which pin: an operator's unpin does not lift a warm policy's or a release's
+        assert "POST /admin/residency/unpin" in error["message"]
+        assert '{"warm_policy": "on_demand"}' in error["message"]
         assert ops.cache.is_resident(key, Tier.L1)
     finally:
         ops.cache.unpin(key, Tier.L1)

@@ -27,13 +27,18 @@ def vocab_size(assets: DemoAssets) -> int:
     return BaseModelSpec.from_dir(assets.base_model_dir).vocab_size
 
 
+def context_tokens(model_dir: Path) -> int:
+    """The model's context in tokens: the most any of its servers takes in one sequence."""
+    window, _ = context_window(read_model_config(model_dir))
+    return window
+
+
 def max_model_len(prompt_tokens: int, output_tokens: int, model_dir: Path) -> int:
     """A server's sequence bound for a shape: the shape, rounded up to a 16-token block, never
     below loraplex serve's default, and never above the model's context (``context_window``;
     serve refuses more): a longer prompt is then the server's 400, as on any deployment of it."""
     need = prompt_tokens + output_tokens
-    window, _ = context_window(read_model_config(model_dir))
-    return min(window, max(512, -(-need // 16) * 16))
+    return min(context_tokens(model_dir), max(512, -(-need // 16) * 16))
 
 
 def server_dir(ctx: BaselineContext, kind: str) -> Path:

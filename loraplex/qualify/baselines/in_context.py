@@ -20,12 +20,13 @@ from dataclasses import dataclass
 from loraplex.qualify.baselines import measure
 from loraplex.qualify.baselines.demo_set import (
     cache_of,
+    context_tokens,
     load_assets,
     max_model_len,
     server_dir,
     vocab_size,
 )
-from loraplex.qualify.baselines.priced import Footprint, price_in_context
+from loraplex.qualify.baselines.priced import Footprint, price_in_context, quality_ratio
 from loraplex.qualify.baselines.server import (
     ServerSpec,
     machine_memory_bytes,
@@ -110,11 +111,10 @@ def _measure(
     cache = measure.RunCache(cache_of(ctx))
     extra = _extra_tokens(cache, prompts)
     shape = cell.shape
-    if extra is not None and cache.get(
-        _sweep_key(_swept_prompt_tokens(cell, extra), shape.output_tokens)
-    ):
-        return
     assets = load_assets(ctx)
+    window = context_tokens(assets.base_model_dir)
+    if extra is not None and _swept_is_known(cache, cell, extra, window):
+        return
     longest = max(len(p.text) for p in prompts.values())  # a token is at least one character
     spec = ServerSpec(
         assets.base_model_dir,
@@ -132,7 +132,7 @@ def _measure(
         if extra is None:
             raise RuntimeError("in-context prompt lengths were measured but not recorded")
         swept = _swept_prompt_tokens(cell, extra)
-        if cache.get(_sweep_key(swept, shape.output_tokens)) is None:
+        if not _swept_is_known(cache, cell, extra, window):
             levels = measure.sweep(server, swept, shape.output_tokens, vocab, ctx.quick)
             record = {
                 "levels": [measure.level_to_json(level) for level in levels],
@@ -140,6 +140,45 @@ def _measure(
                 "load_average_1m": os.getloadavg()[0],
             }
             cache.put(_sweep_key(swept, shape.output_tokens), record)
+
+
+def _swept_is_known(cache: measure.RunCache, cell: CellTraffic, extra: float, window: int) -> bool:
+    """Whether the sweep at the longer prompts is measured, or needs no measuring: prompts that
+    with the output exceed the model's context are all refused (a 400 each)."""
+    swept = _swept_prompt_tokens(cell, extra)
+    too_long = swept + cell.shape.output_tokens > window
+    return too_long or cache.get(_sweep_key(swept, cell.shape.output_tokens)) is not None
+
+
+def _not_served(
+    cell: CellTraffic, judged: dict[Probe, bool | None], terms: dict[str, object], window: int
+) -> MethodResult:
+    """The in-context deployment of a cell whose prompts and examples exceed the model's
+    context: it could answer none of the cell's requests, so its latency and cost are
+    undefined. NOTE: its load sweep used to run anyway, every request refused, and was reported
+    as latency 0.0 on 0 machines, which read as a deployment too slow rather than one that
+    cannot hold the examples at all."""
+    quality, num_judged, not_judged = quality_ratio(judged)
+    swept = terms["swept_prompt_tokens"]
+    output = cell.shape.output_tokens
+    reason = (
+        f"{swept} prompt tokens (the cell's {cell.shape.prompt_tokens} and the examples') and "
+        f"{output} output tokens exceed the model's context of {window}: every request "
+        "would be refused"
+    )
+    return MethodResult(
+        "in_context",
+        {"correct_revision": None, "quality": quality, "latency": None, "isolation": None},
+        None,
+        0.0,
+        cell.wall_s,
+        {
+            **terms,
+            "quality_probes_judged": num_judged,
+            "quality_probes_not_judged": not_judged,
+            "not_served": reason,
+        },
+    )
 
 
 def measure_in_context(
@@ -163,10 +202,6 @@ def measure_in_context(
     if extra is None:
         raise RuntimeError(f"in-context prompt lengths of cell {cell.cell_id} were not measured")
     swept = _swept_prompt_tokens(cell, extra)
-    raw = cache.get(_sweep_key(swept, cell.shape.output_tokens))
-    if not isinstance(raw, dict):
-        raise RuntimeError(f"no in-context load sweep at {swept} prompt tokens was recorded")
-    levels = [measure.level_from_json(level) for level in raw["levels"]]
     judged: dict[Probe, bool | None] = {}
     for probe, prompt in prompts.items():
         entry = cache.get(_judgment_key(prompt, probe))
@@ -177,7 +212,14 @@ def measure_in_context(
         "examples_same_adapter_mean": sum(p.same_adapter for p in prompts.values()) / len(prompts),
         "extra_prompt_tokens_per_request": extra,
         "swept_prompt_tokens": swept,
-        "sweep_load_average_1m": raw["load_average_1m"],
     }
+    window = context_tokens(load_assets(ctx).base_model_dir)
+    if swept + cell.shape.output_tokens > window:
+        return _not_served(cell, judged, terms, window)
+    raw = cache.get(_sweep_key(swept, cell.shape.output_tokens))
+    if not isinstance(raw, dict):
+        raise RuntimeError(f"no in-context load sweep at {swept} prompt tokens was recorded")
+    levels = [measure.level_from_json(level) for level in raw["levels"]]
+    terms["sweep_load_average_1m"] = raw["load_average_1m"]
     footprint = Footprint(levels, int(raw["peak_rss_bytes"]), machine_memory_bytes())
     return price_in_context(ctx.price, cell, footprint, judged, terms)

@@ -37,6 +37,7 @@ _IN_CONTEXT_KEYS = (
     "quality_probes_judged",
     "levels",
     "sweep_load_average_1m",
+    "not_served",  # prompts and examples past the model's context: no sweep, no latency
 )
 
 

@@ -26,7 +26,7 @@ from loraplex.qualify.baselines import (
 )
 from loraplex.qualify.baselines.dense import dense_name
 from loraplex.qualify.baselines.server import ServerPool
-from loraplex.qualify.cost import TOKEN_SHAPES, MachinePrice
+from loraplex.qualify.cost import TOKEN_SHAPES, MachinePrice, TokenShape
 
 REFS = ("acme/support@r1", "acme/billing@r1", "acme/legal@r1")
 
@@ -135,3 +135,23 @@ def test_a_later_cell_of_the_same_configuration_reuses_the_pooled_server(
     result = measure_in_context(ctx, fewer)
     assert result.terms["quality_probes_judged"] == 2
     assert ctx.servers.started == 1
+
+
+def test_examples_past_the_models_context_are_not_served_rather_than_slow(
+    ctx: BaselineContext, traffic: CellTraffic
+) -> None:
+    # qualify's long-prompt cell on the small demo model: 495 prompt tokens (cut to fit 512 with
+    # 16 output) plus the examples. Its sweep ran, every request a 400, and was reported as
+    # latency 0.0 on 0 machines, as if the in-context deployment were too slow.
+    short = measure_in_context(ctx, traffic)
+    long_prompt = replace(traffic, cell_id="quick-long", shape=TokenShape("long-prompt", 495, 16))
+    result = measure_in_context(ctx, long_prompt)
+    assert result.pass_ratios["latency"] is None and result.cost_per_correct_request is None
+    assert result.pass_ratios["quality"] == short.pass_ratios["quality"]  # the probes still judged
+    assert result.machines == 0.0
+    swept = result.terms["swept_prompt_tokens"]
+    assert isinstance(swept, int) and swept > 495
+    reason = result.terms["not_served"]
+    assert isinstance(reason, str) and "exceed the model's context of 512" in reason
+    assert f"{swept} prompt tokens (the cell's 495" in reason
+    assert ctx.servers is not None and ctx.servers.started == 1  # nothing more was started
