@@ -8,16 +8,22 @@ from typing import Annotated
 import typer
 
 
-def check_preset(preset: str) -> None:
+def check_preset(preset: str, option: str = "--preset") -> None:
     """``--preset`` of every demo-set command: an unknown name is a usage error naming it, before
     anything is generated or started (``demo`` raised a traceback, ``qualify --self`` started a
-    server first)."""
+    server first; ``bench modes --preset`` and ``bench cache --presets`` raised one too)."""
     from loraplex.demo.presets import PRESETS
 
     if preset not in PRESETS:
         raise typer.BadParameter(
-            f"{preset!r} is not one of {', '.join(sorted(PRESETS))}", param_hint="--preset"
+            f"{preset!r} is not one of {', '.join(sorted(PRESETS))}", param_hint=option
         )
+
+
+def preset_option(value: str) -> str:
+    """``check_preset`` as a typer ``parser``: refused as it is parsed, before the command."""
+    check_preset(value)
+    return value
 
 
 def register(app: typer.Typer) -> None:

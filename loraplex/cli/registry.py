@@ -15,6 +15,7 @@ from typing import Annotated
 import typer
 
 from loraplex.artifacts.base_model import BaseModelSpec
+from loraplex.cli.enum_choice import choice_of
 from loraplex.cli.registry_access import (
     Actor,
     After,
@@ -104,8 +105,12 @@ def register_adapter(
     revision: Annotated[str, typer.Option(help="Revision label (immutable)")],
     base_model: BaseModelDir,
     max_lora_rank: MaxLoraRank = 64,
-    state: Annotated[RevisionState, typer.Option(help="Initial state")] = RevisionState.STABLE,
-    warm_policy: Annotated[WarmPolicy, typer.Option()] = WarmPolicy.ON_DEMAND,
+    state: Annotated[
+        RevisionState, typer.Option(help="Initial state", parser=choice_of(RevisionState))
+    ] = RevisionState.STABLE,
+    warm_policy: Annotated[
+        WarmPolicy, typer.Option(parser=choice_of(WarmPolicy))
+    ] = WarmPolicy.ON_DEMAND,
     probe_prompt: Annotated[str | None, typer.Option(help="Output-probe prompt")] = None,
     expected_continuation: Annotated[str | None, typer.Option()] = None,
     public: Annotated[bool, typer.Option(help="Share a new adapter with all tenants")] = False,
@@ -151,9 +156,15 @@ def register_many(
     base_model: BaseModelDir,
     max_lora_rank: MaxLoraRank = 64,
     state: Annotated[
-        RevisionState, typer.Option(help="Initial state (tree; a manifest line may set it)")
+        RevisionState,
+        typer.Option(
+            help="Initial state (tree; a manifest line may set it)",
+            parser=choice_of(RevisionState),
+        ),
     ] = RevisionState.STABLE,
-    warm_policy: Annotated[WarmPolicy, typer.Option()] = WarmPolicy.ON_DEMAND,
+    warm_policy: Annotated[
+        WarmPolicy, typer.Option(parser=choice_of(WarmPolicy))
+    ] = WarmPolicy.ON_DEMAND,
     public: Annotated[
         bool, typer.Option(help="Share new adapters (tree) with all tenants")
     ] = False,

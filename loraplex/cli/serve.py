@@ -117,6 +117,10 @@ def serve_command(
     metrics_public: Annotated[
         bool | None, Opt("--metrics-public/--metrics-private", help="/metrics without a key.")
     ] = None,
+    access_log: Annotated[
+        bool | None,
+        Opt("--access-log/--no-access-log", help="One stdout line per HTTP request (default: on)."),
+    ] = None,
     max_adapter_labels: Annotated[
         int | None, Opt(help="Adapters named in /metrics labels; the rest __other__ (64).")
     ] = None,

@@ -149,6 +149,7 @@ def listen(
         guarded(server.app, sockets),
         connection_limits(settings),
         metrics=server.deps.metrics.registry,
+        access_log=settings.access_log,
     )
     listener = uvicorn.Server(config)
     threading.Thread(

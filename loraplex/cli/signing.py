@@ -12,6 +12,7 @@ from typing import Annotated, Any
 import typer
 
 from loraplex.artifacts.signature import AnchorKind, sign_dir
+from loraplex.cli.enum_choice import choice_of
 from loraplex.cli.registry_access import (
     Actor,
     acting,
@@ -101,7 +102,7 @@ def list_trust(location: Location, tenant: Annotated[str, typer.Argument()]) -> 
 def set_policy(
     location: Location,
     tenant: Annotated[str, typer.Argument()],
-    policy: Annotated[PolicyKind, typer.Argument()],
+    policy: Annotated[PolicyKind, typer.Argument(parser=choice_of(PolicyKind))],
     *,
     identity: Annotated[
         list[str] | None, typer.Option(help="A signer the policy accepts (repeatable)")

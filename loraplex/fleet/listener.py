@@ -68,7 +68,10 @@ class IngressListener:
         app = ProxyHealth(guarded(server.app, self._sockets))  # guarded reads the admin port
         try:  # raises on a connection cap the descriptors cannot hold
             listener_config = ListenerConfig(
-                app, connection_limits(config), metrics=server.deps.metrics.registry
+                app,
+                connection_limits(config),
+                metrics=server.deps.metrics.registry,
+                access_log=config.access_log,
             )
         except BaseException:
             for sock in self._sockets:

@@ -22,7 +22,7 @@ from loraplex.artifacts.warm_policy import WarmPolicy
 from loraplex.demo.manifest import DemoAdapter, DemoAssets
 from loraplex.registry import RegistrationRequest, Registry, Revision
 from loraplex.registry.sql.paging import Page
-from loraplex.server.deps import MIN_ADMIN_KEY_CHARS, TENANT_TOKEN_PREFIX
+from loraplex.server.admin_key import admin_key_problem
 
 ADMIN_KEY_FILE = "admin-key"
 # Where earlier versions kept the demo tenants' keys in plain text; removed at start.
@@ -110,13 +110,13 @@ def admin_key(data_dir: Path) -> str:
     except OSError:
         saved = ""
     if saved:
-        if len(saved) < MIN_ADMIN_KEY_CHARS or saved.startswith(TENANT_TOKEN_PREFIX):
+        problem = admin_key_problem(saved)
+        if problem is not None:
             # an operator rotating the key writes this file; the server's own check would name
             # only admin_key, not the file the value came from
             raise ValueError(
-                f"{path}: the saved admin key is invalid ({len(saved)} characters; expected at "
-                f"least {MIN_ADMIN_KEY_CHARS}, not starting with {TENANT_TOKEN_PREFIX!r}); write "
-                "a valid one, or delete the file to have one generated"
+                f"{path}: the saved admin key is invalid ({problem}); write a valid one, or "
+                "delete the file to have one generated"
             )
         return saved
     key = ADMIN_KEY_PREFIX + secrets.token_urlsafe(32)

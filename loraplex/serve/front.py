@@ -27,6 +27,7 @@ from loraplex.engine.transport.process import EngineProcess
 from loraplex.registry import Registry
 from loraplex.release.traffic import ReleaseTraffic
 from loraplex.router.fleet_state import FleetStateSource
+from loraplex.serve.bootstrap import ADMIN_KEY_FILE
 from loraplex.serve.config import ServeConfig
 from loraplex.serve.engine_settings import tenant_settings
 from loraplex.serve.local_fleet import LocalFleetState
@@ -140,6 +141,9 @@ def build_front(
     settings = ServerConfig(
         base_model_name=base.name,
         admin_key=front.admin_key,
+        # a key given by --admin-key / LORAPLEX_ADMIN_KEY is fixed; one kept in the data
+        # directory is re-read when its file changes (rotation without a restart)
+        admin_key_file=None if config.admin_key else config.data_dir / ADMIN_KEY_FILE,
         import_dir=config.import_dir,
         queue_deadline_s=config.queue_deadline_s,
         max_prompt_tokens=config.max_model_len - 1,

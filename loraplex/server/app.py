@@ -133,7 +133,7 @@ async def metrics(request: Request) -> Response:
     deps: ServerDeps = request.app.state.deps
     if not deps.config.metrics_public:
         try:
-            check_admin(bearer_token(request), deps.config.admin_key)
+            check_admin(bearer_token(request), deps.admin.current())
         except ApiError as refused:
             return refused.response()
     body = await run_in_threadpool(deps.metrics.exposition)

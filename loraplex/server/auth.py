@@ -111,7 +111,7 @@ async def authenticate(deps: ServerDeps, token: str | None) -> Tenant:
     try:
         return await run_in_threadpool(deps.registry.authenticate, token)
     except AuthenticationError:
-        if admin_key_matches(token, deps.config.admin_key):
+        if admin_key_matches(token, deps.admin.current()):
             raise unauthorized(ADMIN_KEY_ON_TENANT_ROUTE) from None
         raise unauthorized() from None
 
@@ -154,7 +154,7 @@ def check_admin(token: str | None, admin_key: str) -> None:
 async def require_admin(request: Request, deps: Annotated[ServerDeps, Depends(get_deps)]) -> str:
     """The audit actor of an admin call (the middleware checked the key too; this is cheap);
     then the call's query string and path are checked (``admin_query``)."""
-    check_admin(bearer_token(request), deps.config.admin_key)
+    check_admin(bearer_token(request), deps.admin.current())
     check_query(request)
     return ADMIN_ACTOR
 

@@ -15,6 +15,7 @@ from loraplex.registry import Registry
 from loraplex.release.traffic import ReleaseTraffic
 from loraplex.router.fleet_state import FleetStateSource
 from loraplex.server.adapter_labels import DEFAULT_MAX_NAMED
+from loraplex.server.admin_key import MIN_ADMIN_KEY_CHARS, TENANT_TOKEN_PREFIX, AdminKey
 from loraplex.server.cache_control import CacheControl
 from loraplex.server.chat import ChatTemplate
 from loraplex.server.history import HistoryConfig
@@ -33,17 +34,15 @@ def untracked_releases() -> ReleaseTraffic:
     return ReleaseTraffic(MonotonicClock(), tuple)
 
 
-# Tenant API tokens start with this; an admin key must not, so the two can never be confused.
-TENANT_TOKEN_PREFIX = "lpx_"
-MIN_ADMIN_KEY_CHARS = 16
-
-
 @dataclass(frozen=True)
 class ServerConfig:
     """The HTTP layer's own settings."""
 
     base_model_name: str  # model id of the base model (``parent`` of every adapter in /v1/models)
-    admin_key: str  # the administrative credential (Bearer token on /admin)
+    admin_key: str  # the administrative credential (Bearer token on /admin), as started
+    # the file ``admin_key`` was read from, re-read when it changes (server/admin_key.py);
+    # None: ``admin_key`` is fixed (given by --admin-key / LORAPLEX_ADMIN_KEY, or a test's)
+    admin_key_file: Path | None = None
     import_dir: Path | None = None  # admin registration by server path stays inside it; None: off
     max_upload_bytes: int = 1 << 30  # largest adapter upload accepted by the admin API
     max_body_bytes: int = 8 << 20  # largest request body on every other route (413 beyond)
@@ -161,6 +160,8 @@ class ServerDeps:
     )
     # The server's metrics registry, built from ``engine`` and ``cache`` (never passed in).
     metrics: ServerMetrics = field(init=False, repr=False, compare=False)
+    # The admin key in force (``config.admin_key``, re-read from ``config.admin_key_file``).
+    admin: AdminKey = field(init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
         # NOTE: frozen, so the derived field is set the one way a frozen dataclass allows.
@@ -180,3 +181,5 @@ class ServerDeps:
             tracing=self.tracing,
         )
         object.__setattr__(self, "metrics", metrics)
+        admin = AdminKey(self.config.admin_key, self.config.admin_key_file, self.releases.clock)
+        object.__setattr__(self, "admin", admin)

@@ -272,7 +272,7 @@ class RequestLimits:
             state[AUTHORIZATION_NS] = (started_ns, time.time_ns())
             state[RATE_LIMITER] = self.rate_limiter
         elif credential is Credential.ADMIN:
-            check_admin(token, self.deps.config.admin_key)
+            check_admin(token, self.deps.admin.current())
             mark_authenticated(scope.setdefault("state", {}))
 
     async def _run_counted(

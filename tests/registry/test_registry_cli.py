@@ -138,6 +138,43 @@ def test_adapters_list_for_a_tenant_that_does_not_exist_exits_1_naming_it(
     assert _run(env, "adapters", "list", "--tenant", "globex") == "acme/shared\tpublic\tv1:1\n"
 
 
+def _words(output: str) -> str:
+    """``output`` without typer's error box: its text as one line of single spaces."""
+    return " ".join(output.replace("\u2502", " ").split())
+
+
+@pytest.mark.parametrize(
+    ("args", "expected"),
+    [
+        (("--state", "zz"), "'--state': 'zz' is not one of canary, stable, deprecated"),
+        (("--warm-policy", "GPU"), "'--warm-policy': 'GPU' is not one of gpu, cpu, on_demand"),
+    ],
+)
+def test_a_bad_state_or_warm_policy_names_the_option_and_the_values(
+    tmp_path: Path,
+    model_dir: Path,
+    make_adapter: AdapterFactory,
+    args: tuple[str, str],
+    expected: str,
+) -> None:
+    """typer refused them with pydantic's "Value error, 'zz' is not one of 'canary', ..."."""
+    env = {"LORAPLEX_DATA_DIR": str(tmp_path / "d"), "LORAPLEX_BASE_MODEL": str(model_dir)}
+    adapter = str(make_adapter("a"))
+    named = ("--tenant", "acme", "--name", "bot", "--revision", "v1")
+    for command in (("register", adapter, *named), ("register-many", str(tmp_path))):
+        out = _words(_run(env, "adapters", *command, *args, code=2))
+        assert expected in out and "Value error" not in out
+    assert not (tmp_path / "d").exists()  # a usage error: nothing was opened or made
+    _run(env, "tenants", "create", "acme")
+    _run(env, "adapters", "register", adapter, *named, "--state", "canary", "--warm-policy", "cpu")
+    registry = open_registry(RegistryConfig(data_dir=tmp_path / "d"))
+    try:
+        revision = registry.get_revision("acme/bot@v1")
+        assert (revision.state.value, revision.warm_policy.value) == ("canary", "cpu")
+    finally:
+        registry.close()
+
+
 def test_default_locations_live_in_the_data_dir(tmp_path: Path) -> None:
     env = {"LORAPLEX_DATA_DIR": str(tmp_path / "d")}
     _run(env, "tenants", "create", "acme")

@@ -105,3 +105,14 @@ def test_trust_add_refuses_past_max_trust_anchors(tmp_path: Path) -> None:
         env, *add, "k2", "--key", str(keys[2].public_path), "--max-trust-anchors", "0", code=1
     )
     _run(env, *add, "k2", "--key", str(keys[2].public_path))  # the default: 16
+
+
+def test_an_unknown_trust_policy_names_the_argument_and_the_kinds(tmp_path: Path) -> None:
+    """typer refused it with pydantic's "Value error, 'signd' is not one of 'none', ..."."""
+    env = {"LORAPLEX_DATA_DIR": str(tmp_path / "data")}
+    _run(env, "tenants", "create", "acme")
+    refused = _run(env, "tenants", "trust", "policy", "acme", "signd", code=2)
+    out = " ".join(refused.replace("\u2502", " ").split())  # without typer's error box
+    assert "Invalid value for 'policy': 'signd' is not one of none, signed, identities" in out
+    assert "Value error" not in out
+    assert "policy signed for acme" in _run(env, "tenants", "trust", "policy", "acme", "signed")

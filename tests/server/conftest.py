@@ -15,12 +15,13 @@ from loraplex.artifacts.base_model import BaseModelSpec
 from loraplex.clock import MonotonicClock
 from loraplex.demo.assets import DemoAssets
 from loraplex.registry import Registry, RegistryConfig, open_registry
+from loraplex.release.traffic import ReleaseTraffic
 from loraplex.residency.cache import TieredAdapterCache
 from loraplex.serve.bootstrap import DemoState, register_demo, sample_keys
 from loraplex.serve.local_fleet import LocalFleetState
 from loraplex.server.app import create_app
 from loraplex.server.chat import ChatTemplate
-from loraplex.server.deps import ServerConfig, ServerDeps
+from loraplex.server.deps import ServerConfig, ServerDeps, untracked_releases
 
 ADMIN_KEY = "test-admin-credential-0123456789"
 BASE_NAME = "loraplex-demo-small"
@@ -65,7 +66,10 @@ class Rig:
         return {"Authorization": f"Bearer {ADMIN_KEY}"}
 
 
-def make_app_deps(served: Served, engine: FakeEngine, **config: object) -> ServerDeps:
+def make_app_deps(
+    served: Served, engine: FakeEngine, releases: ReleaseTraffic | None = None, **config: object
+) -> ServerDeps:
+    """An app's deps over the session's registry; ``releases`` carries the server's clock."""
     cache = null_cache()
     vocab_size = BaseModelSpec.from_dir(served.assets.base_model_dir).vocab_size
     settings = ServerConfig(
@@ -78,7 +82,14 @@ def make_app_deps(served: Served, engine: FakeEngine, **config: object) -> Serve
     chat = ChatTemplate.from_model_dir(served.assets.base_model_dir)
     fleet = LocalFleetState(engine, cache, MonotonicClock())  # what `loraplex serve` passes
     return ServerDeps(
-        settings, engine, served.registry, cache, chat, refresh_tenants=lambda: None, fleet=fleet
+        settings,
+        engine,
+        served.registry,
+        cache,
+        chat,
+        refresh_tenants=lambda: None,
+        fleet=fleet,
+        releases=releases or untracked_releases(),
     )
 
 

@@ -44,13 +44,21 @@ def exchange(address: tuple[str, int], wire: bytes, half_close: bool = False) ->
 
 @contextmanager
 def listening(
-    app: Any, limits: ConnectionLimits, metrics: CollectorRegistry | None = None
+    app: Any,
+    limits: ConnectionLimits,
+    metrics: CollectorRegistry | None = None,
+    *,
+    log_level: str = "warning",
+    access_log: bool = True,
 ) -> Iterator[tuple[str, uvicorn.Server]]:
     """Serves ``app`` as ``loraplex serve`` does (its own socket, ``ListenerConfig``, its counts
     in ``metrics`` when given) until the block ends; yields the base URL and the server (its
-    ``server_state`` holds the connections)."""
+    ``server_state`` holds the connections). uvicorn's access lines are logged at "info"."""
     sock = bind("127.0.0.1", 0)
-    server = uvicorn.Server(ListenerConfig(app, limits, log_level="warning", metrics=metrics))
+    config = ListenerConfig(
+        app, limits, log_level=log_level, metrics=metrics, access_log=access_log
+    )
+    server = uvicorn.Server(config)
     thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, daemon=True)
     thread.start()
     deadline = time.monotonic() + 30

@@ -125,3 +125,13 @@ def test_the_stream_pause_settings_reach_the_server_config() -> None:
 
     passed = _keywords(front, "build_front", "ServerConfig")
     assert {"stream_pause_bytes", "max_stream_resumes"} <= passed
+
+
+def test_the_admin_key_file_reaches_the_server_config() -> None:
+    """tidy7: the file a kept admin key is re-read from is handed to the HTTP layer (the
+    ingress of a fleet builds its server through ``build_front`` too)."""
+    from loraplex.fleet import ingress
+    from loraplex.serve import front
+
+    assert {"admin_key", "admin_key_file"} <= _keywords(front, "build_front", "ServerConfig")
+    assert _keywords(ingress, "build_ingress", "build_front") >= {"release_env", "fleet"}

@@ -9,6 +9,7 @@ from typing import Annotated
 
 import typer
 
+from loraplex.cli.assets import check_preset
 from loraplex.cli.bench.options import (
     ASSET_DIR,
     REPORT_DIR,
@@ -63,9 +64,12 @@ def cache(
     from loraplex.bench.cache.bench import CacheBenchConfig, run_cache_bench
     from loraplex.bench.cache.report import cache_markdown, cache_plot
 
+    chosen = tuple(p for p in presets.split(",") if p)
+    for preset in chosen:  # NOTE: an unknown one raised a traceback once its turn came
+        check_preset(preset, "--presets")
     torch.set_num_threads(1)
     config = CacheBenchConfig(
-        presets=tuple(p for p in presets.split(",") if p),
+        presets=chosen,
         reps=reps,
         max_adapters=max_adapters,
         peft=not no_peft,

@@ -15,8 +15,12 @@ from typing import Annotated
 
 import typer
 
+from loraplex.cli.assets import preset_option
+
 AsJson = Annotated[bool, typer.Option("--json", help="Print only the JSON line.")]
-Preset = Annotated[str, typer.Option(help="Demo preset whose shapes the model has.")]
+Preset = Annotated[
+    str, typer.Option(help="Demo preset whose shapes the model has.", parser=preset_option)
+]
 Threads = Annotated[int, typer.Option(help="torch threads (1 is stable on shared cores).")]
 Rounds = Annotated[int, typer.Option(help="Interleaved timing rounds.")]
 Rate = Annotated[

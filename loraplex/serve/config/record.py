@@ -157,6 +157,9 @@ class ServeConfig:
     shared_state_url: str | None = field(default=None, repr=False)
     shared_state_prefix: str = DEFAULT_KEY_PREFIX  # its key prefix: one per deployment
     metrics_public: bool = False  # /metrics without the admin credential
+    # uvicorn's access log: one stdout line per HTTP request (client address, method, path,
+    # status); false: none, as uvicorn's --no-access-log (errors are still logged)
+    access_log: bool = True
     # adapters named in /metrics labels at a time; the rest are counted as adapter="__other__"
     max_adapter_labels: int = DEFAULT_MAX_NAMED
     # run the engine in its own process (HTTP and model execution then do not share one

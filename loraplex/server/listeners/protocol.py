@@ -73,6 +73,7 @@ class ListenerConfig(uvicorn.Config):
         limits: ConnectionLimits,
         log_level: str = "info",
         metrics: CollectorRegistry | None = None,
+        access_log: bool = True,
     ) -> None:
         # NOTE: no ``limit_concurrency``: at its cap uvicorn answers every request 503, those
         # of authenticated tenants on connections already open too; the gate bounds connections.
@@ -88,6 +89,7 @@ class ListenerConfig(uvicorn.Config):
             ws="none",
             lifespan="off",
             log_level=log_level,
+            access_log=access_log,
             timeout_keep_alive=limits.keep_alive_timeout_s,
             h11_max_incomplete_event_size=limits.max_header_bytes,
         )
@@ -121,6 +123,9 @@ class BoundedH11Protocol(H11Protocol):
         if not isinstance(config, ListenerConfig):
             raise TypeError(f"config {type(config).__name__} is invalid; expected ListenerConfig")
         super().__init__(config, **kwargs)
+        # NOTE: uvicorn turns its access log off by emptying the logger's handlers, which a
+        # later config in the same process (a test's) puts back; this listener's own flag holds
+        self.access_log = self.access_log and config.access_log
         self.limits = config.limits
         limits = self.limits
         self.conn = BoundedConnection(
