@@ -94,8 +94,8 @@ def bench_sim(
         int | None,
         typer.Option(
             help="With --calibrate-fleet-interleaved: lone cold requests per fleet pass, each "
-            "on an adapter of its own (default 4; 0: none, the file's fleet_load_scale prices "
-            "the fleet's loads)."
+            "on an adapter of its own, timed by the fleet's stage counters (default 4; 0, or 3 "
+            "to 256; 0: none, the file's fleet_load_scale prices the fleet's loads)."
         ),
     ] = None,
     fleet_id_draws: Annotated[

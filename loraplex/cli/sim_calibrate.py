@@ -67,8 +67,9 @@ def calibrate_fleet_command(
         int,
         typer.Option(
             help="Lone cold requests after the contention rounds, each on an adapter of its own "
-            "in no replica: their loads against the lone server's fit fleet_load_scale "
-            "(0: not measured, the loads cost fleet_cpu_scale times their price)."
+            "in no replica: their loads' stage seconds (the fleet's stage counters) against the "
+            "lone server's price fit fleet_load_scale (0, or 3 to 256; 0: not measured, the "
+            "loads cost fleet_cpu_scale times their price)."
         ),
     ] = 12,
     report: Report = None,

@@ -18,11 +18,15 @@ Torch-free and HTTP-free: ``bench/sim/calibrate_fleet.py`` measures, this module
 - ``cores``: given by the caller (the machine's usable cores where the fleet ran).
 - ``fleet_load_scale`` (``fit_load_scale``; measured by ``sim calibrate-fleet``'s lone cold
   requests and by ``bench sim``'s fleet passes): the median, over lone cold requests (their
-  adapter in no replica: a load from the store), of their TTFT less what the model prices
-  around the load (the hop, the ask, the L3 hand-off and the scaled prefill step) over the
-  load's lone price (L3 -> L2, L2 -> L1, L1 -> L0 of its bytes; each request's ratio:
-  ``load_scale_ratios``): a fleet replica's load against a lone server's, which a decode step's
-  ratio (``fleet_cpu_scale``) priced before.
+  adapter in no replica: a load from the store), of the load's stage seconds as the fleet's
+  replicas counted them (``FleetSample.load_stages_s``: the fleet's stage counters read around
+  the request, as ``sim calibrate`` times the lone server's links) over the load's lone price
+  (L3 -> L2, L2 -> L1, L1 -> L0 of its bytes; each request's ratio: ``stage_load_ratios``): a
+  fleet replica's load against a lone server's, which a decode step's ratio
+  (``fleet_cpu_scale``) priced before. Refused with fewer than ``MIN_STAGE_SAMPLES`` timed
+  requests. Before 2026-12-06 (simstage) the ratio was each request's TTFT less what the model
+  prices around its load (``ttft_load_ratios``, kept for the reports): a residual of residuals
+  that ranged 0.115-1.164 over one invocation's fits.
 """
 
 from __future__ import annotations
@@ -37,6 +41,8 @@ from loraplex.sim.calibrate import jitter_quantiles
 from loraplex.sim.cost_model import CostModel
 from loraplex.sim.cpu import Contention
 
+LOAD_LINKS = ("L3_to_L2", "L2_to_L1", "L1_to_L0")  # a load from the store, link by link
+
 
 @dataclass(frozen=True)
 class FleetSample:
@@ -48,6 +54,9 @@ class FleetSample:
     ttft_s: float  # arrival to first token
     tpot_s: float | None = None  # seconds per output token after the first; None: a prefill one
     cold: bool = False  # its adapter was in no replica (a load from the store): fit_load_scale's
+    # a cold one's load: the stage seconds per link (``LOAD_LINKS``) the fleet's stage counters
+    # grew by around its request; None: not read (or the counters did not grow)
+    load_stages_s: tuple[float, ...] | None = None
 
     def __post_init__(self) -> None:
         if self.prompt_tokens < 1 or self.rank < 1 or self.nbytes < 1:
@@ -55,6 +64,21 @@ class FleetSample:
         for value in (self.ttft_s, self.tpot_s):
             if value is not None and not (value > 0 and math.isfinite(value)):
                 raise ValueError(f"FleetSample {self} is invalid; expected seconds > 0")
+        stages = self.load_stages_s
+        if stages is None:
+            return
+        stages = tuple(stages)  # a list where read back from a report's JSON
+        if (
+            not self.cold
+            or len(stages) != len(LOAD_LINKS)
+            or not all(v >= 0 and math.isfinite(v) for v in stages)
+            or sum(stages) <= 0
+        ):
+            raise ValueError(
+                f"FleetSample {self} is invalid; expected load_stages_s of a cold request: "
+                f"{len(LOAD_LINKS)} finite seconds >= 0 ({', '.join(LOAD_LINKS)}), summing > 0"
+            )
+        object.__setattr__(self, "load_stages_s", stages)
 
     def prefill_price_s(self, base: CostModel) -> float:
         """The base model's prefill step of this request (one revision, its prompt)."""
@@ -154,31 +178,74 @@ def fit_fleet(base: CostModel, samples: Sequence[FleetSample]) -> FleetFit:
     )
 
 
-MIN_LOAD_SCALE = 0.05  # fit_load_scale's floor (a cold request faster than its hop and step)
+MIN_STAGE_SAMPLES = 3  # fit_load_scale's fewest cold requests with their load's stage seconds
 
 
-def load_scale_ratios(model: CostModel, samples: Sequence[FleetSample]) -> list[float]:
+def load_price_s(model: CostModel, sample: FleetSample) -> float:
+    """The lone price of ``sample``'s load from the store: its three links (``LOAD_LINKS``)."""
+    return sum(model.links[name].seconds(sample.nbytes) for name in LOAD_LINKS)
+
+
+def ttft_load_ratios(model: CostModel, samples: Sequence[FleetSample]) -> list[float]:
     """Each of ``samples``' cold ones' TTFT less what ``model`` (its fleet terms fitted) prices
-    around its load, over the load's lone price (module docstring), in their order; unfloored."""
+    around its load (the hop, the ask, the L3 hand-off and the scaled prefill step), over the
+    load's lone price, in their order; unfloored. The fit before simstage; the reports keep it
+    beside ``stage_load_ratios``."""
     hop = model.front_s + model.ipc_s + model.network_s
     around = hop + model.lease_ask_s + model.lease_handoff_s.get("L3", 0.0)
-    ratios = []
-    for s in samples:
-        if not s.cold:
-            continue
-        links = model.links
-        load = sum(links[name].seconds(s.nbytes) for name in ("L3_to_L2", "L2_to_L1", "L1_to_L0"))
-        step = model.fleet_cpu_scale * s.prefill_price_s(model)
-        ratios.append((s.ttft_s - around - step) / load)
-    return ratios
+    return [
+        (s.ttft_s - around - model.fleet_cpu_scale * s.prefill_price_s(model))
+        / load_price_s(model, s)
+        for s in samples
+        if s.cold
+    ]
 
 
-def fit_load_scale(model: CostModel, samples: Sequence[FleetSample]) -> float | None:
-    """``fleet_load_scale`` (module docstring) from ``samples``' cold ones over ``model`` (its
-    fleet terms fitted): the median of ``load_scale_ratios``, floored at ``MIN_LOAD_SCALE``;
-    None without a cold sample."""
-    ratios = load_scale_ratios(model, samples)
-    return max(MIN_LOAD_SCALE, statistics.median(ratios)) if ratios else None
+def stage_timed(samples: Sequence[FleetSample]) -> list[FleetSample]:
+    """``samples``' cold ones whose load's stage seconds were read, in their order."""
+    return [s for s in samples if s.cold and s.load_stages_s is not None]
+
+
+def stage_load_ratios(model: CostModel, samples: Sequence[FleetSample]) -> list[float]:
+    """Each stage-timed cold sample's load stage seconds over its load's lone price under
+    ``model``'s links, in their order."""
+    return [sum(s.load_stages_s or ()) / load_price_s(model, s) for s in stage_timed(samples)]
+
+
+@dataclass(frozen=True)
+class LoadScaleFit:
+    """``fit_load_scale``'s result."""
+
+    scale: float  # the median of ``ratios``: ``fleet_load_scale``
+    ratios: tuple[float, ...]  # each timed request's, in the order sent
+    # per link: the median of each timed request's stage seconds on it over the link's price
+    link_ratios: dict[str, float]
+
+    @property
+    def samples(self) -> int:
+        return len(self.ratios)
+
+
+def fit_load_scale(
+    model: CostModel, samples: Sequence[FleetSample], min_samples: int = MIN_STAGE_SAMPLES
+) -> LoadScaleFit:
+    """``fleet_load_scale`` (module docstring) from ``samples``' stage-timed cold ones over
+    ``model``'s links; refused (ValueError) with fewer than ``min_samples`` of them."""
+    timed = stage_timed(samples)
+    if len(timed) < min_samples:
+        colds = sum(s.cold for s in samples)
+        raise ValueError(
+            f"fleet_load_scale has too few samples: {len(timed)} cold requests with their "
+            f"load's stage seconds ({colds} cold in all); expected >= {min_samples}"
+        )
+    ratios = tuple(stage_load_ratios(model, timed))
+    links = {
+        name: statistics.median(
+            (s.load_stages_s or ())[i] / model.links[name].seconds(s.nbytes) for s in timed
+        )
+        for i, name in enumerate(LOAD_LINKS)
+    }
+    return LoadScaleFit(statistics.median(ratios), ratios, links)
 
 
 def fleet_model(

@@ -262,10 +262,16 @@ def test_cold_requests_come_last_one_lone_request_per_adapter_each_evicted(
     sizes = {**SIZES, **{(a.tenant, a.name): 100 * a.rank for a in colds}}
     sent["all"].append(TraceRequest(0.0, "fleetcal", "cold2-r8", 8, 1))  # seen: found warm
     evicted: list[str] = []
+    reads: list[int] = []
+
+    def stages() -> dict[str, float]:  # the fleet's counters: each load 10 ms of fetch
+        reads.append(len(reads))
+        return {"fetch": 0.01 * len(reads)}
+
     config = _config(requests=2, prefill_lengths=(8,), in_flight=(1, 2))
     samples, rounds, left_out, _ = _measure(
         "http://x", "key", ADAPTERS[:1], sizes=sizes, config=config, drive=DRIVE,
-        evict=lambda a: evicted.append(a.name), colds=colds,
+        evict=lambda a: evicted.append(a.name), colds=colds, stages=stages,
     )  # fmt: skip
     last = sent["all"][-3:]
     assert [(r.adapter, r.prompt_tokens, r.output_tokens) for r in last] == [
@@ -278,6 +284,8 @@ def test_cold_requests_come_last_one_lone_request_per_adapter_each_evicted(
         (8, 800, 8, None), (64, 6400, 8, None),
     ]  # fmt: skip
     assert samples[-2:] == cold and left_out == 0
+    assert len(reads) == 1 + 3  # before the first, after each
+    assert [s.load_stages_s for s in cold] == [pytest.approx((0.01, 0.0, 0.0))] * 2
     assert COLD_REQUESTS == 12 == FleetCalibrateConfig().cold_requests
 
 
@@ -322,29 +330,87 @@ def _lone(base_ttft: float = 0.03) -> list:
     return [*warm, FleetSample(8, 8, 1000, 0.02, 0.004)]
 
 
+def _cold(ttft_s: float, scale: float | None, nbytes: int = 500_000) -> Any:
+    """A cold sample whose load took ``scale`` times its links' price in the example file
+    (None: no stage seconds read)."""
+    from loraplex.sim.calibrate_fleet import LOAD_LINKS, FleetSample
+    from loraplex.sim.cost_model import load
+
+    links = load(Path(__file__).resolve().parents[1] / "sim" / "cost_example.json").links
+    stages = None if scale is None else tuple(scale * links[k].seconds(nbytes) for k in LOAD_LINKS)
+    return FleetSample(8, 8, nbytes, ttft_s, cold=True, load_stages_s=stages)
+
+
 def test_calibrate_fleet_writes_the_load_scale_its_source_and_every_ratio(
     monkeypatch: pytest.MonkeyPatch, tmp_path: Path
 ) -> None:
-    """The cold samples' ratios (``load_scale_ratios`` over the fitted fleet terms) go to the
-    report in the order sent; their median is the file's ``fleet_load_scale``, its source
-    saying how many were sent and kept and their range; a base file's own value is not kept."""
-    from loraplex.sim.calibrate_fleet import FleetSample, load_scale_ratios
+    """The cold samples' stage ratios go to the report in the order sent; their median is the
+    file's ``fleet_load_scale``, its source saying how many were sent, kept and timed, their
+    range and the per-link ratios; the TTFT-residual ratios (the fit before) stay beside them;
+    a base file's own value is not kept."""
+    from loraplex.sim.calibrate_fleet import ttft_load_ratios
 
-    colds = [FleetSample(8, 8, 500_000, t, cold=True) for t in (0.09, 0.05, 0.07, 0.2)]
-    model, report = _calibrated(monkeypatch, tmp_path, _lone() + colds, cold_requests=5)
-    ratios = load_scale_ratios(model, colds)
-    assert len(set(ratios)) == 4
+    colds = [_cold(t, k) for t, k in ((0.09, 1.4), (0.05, 1.1), (0.07, 2.0), (0.2, 1.2))]
+    colds.append(_cold(0.08, None))  # kept, its counters not read: not in the fit
+    model, report = _calibrated(monkeypatch, tmp_path, _lone() + colds, cold_requests=6)
     cold = report["cold"]
-    assert cold["ratios"] == pytest.approx(ratios)
-    assert cold["ttft_s"] == [0.09, 0.05, 0.07, 0.2]
-    assert (cold["requests"], cold["kept"], cold["left_out"]) == (5, 4, 1)
-    median = (sorted(ratios)[1] + sorted(ratios)[2]) / 2
-    assert model.fleet_load_scale == pytest.approx(median) == cold["fleet_load_scale"]
-    assert cold["spread"]["min"] == min(ratios) and cold["spread"]["max"] == max(ratios)
+    assert cold["ratios"] == pytest.approx([1.4, 1.1, 2.0, 1.2])
+    assert cold["link_ratios"] == pytest.approx({"L3_to_L2": 1.3, "L2_to_L1": 1.3, "L1_to_L0": 1.3})
+    assert cold["ttft_s"] == [0.09, 0.05, 0.07, 0.2, 0.08]
+    assert cold["load_stages_s"][4] is None and len(cold["load_stages_s"][0]) == 3
+    assert (cold["requests"], cold["kept"], cold["left_out"], cold["stage_timed"]) == (6, 5, 1, 4)
+    assert model.fleet_load_scale == pytest.approx(1.3) == cold["fleet_load_scale"]
+    assert cold["spread"]["min"] == pytest.approx(1.1) and cold["spread"]["max"] == 2.0
+    assert cold["ttft_ratios"] == pytest.approx(ttft_load_ratios(model, colds))
     text = model.sources["fleet_load_scale"]
-    assert "median over 4 lone cold requests" in text and "5 sent, 1 left out" in text
-    assert f"{min(ratios):.3f} to {max(ratios):.3f}" in text
-    assert [s["cold"] for s in report["samples"]][-4:] == [True] * 4
+    assert "median over 4 lone cold requests" in text and "6 sent, 1 left out" in text
+    assert "1 kept without stage seconds" in text and "stage counters" in text
+    assert "ratios 1.100 to 2.000" in text and "L1_to_L0 1.300" in text
+    assert [s["cold"] for s in report["samples"]][-5:] == [True] * 5
+
+
+def test_calibrate_fleet_with_too_few_timed_loads_flags_it_and_keeps_no_scale(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    """Two timed loads (of three needed): no key, the source and the report saying why."""
+    colds = [_cold(0.09, 1.4), _cold(0.05, 1.1), _cold(0.07, None)]
+    model, report = _calibrated(monkeypatch, tmp_path, _lone() + colds, cold_requests=3)
+    assert model.fleet_load_scale is None
+    text = model.sources["fleet_load_scale"]
+    assert "not fitted: 2 of 3 lone cold requests kept with their load's stage seconds" in text
+    assert "3 needed" in text
+    assert report["cold"]["fleet_load_scale"] is None and report["cold"]["ratios"] == []
+    assert "too few samples: 2 cold requests" in report["cold"]["refused"]
+    assert len(report["cold"]["ttft_ratios"]) == 3  # kept for comparison all the same
+
+
+def test_calibrate_fleets_file_keeps_every_field_through_a_round_trip(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    """The written file (the stage-fitted ``fleet_load_scale`` among the fleet keys) reads back
+    to the same model, and writes the same JSON again, key by key."""
+    import json
+
+    from loraplex.sim.cost_model import from_dict, load
+
+    colds = [_cold(0.09, k) for k in (1.4, 1.1, 2.0)]
+    model, _ = _calibrated(monkeypatch, tmp_path, _lone() + colds, cold_requests=3)
+    model.save(tmp_path / "fleet.json")
+    again = load(tmp_path / "fleet.json")
+    assert again == model and again.fleet_load_scale == pytest.approx(1.4)
+    body = json.loads((tmp_path / "fleet.json").read_text())
+    assert json.loads(again.to_json()) == body
+    assert from_dict(body) == model
+    for key in ("fleet_load_scale", "fleet_cpu_scale", "network_s", "fleet_contention", "cores"):
+        assert key in body
+
+
+def test_the_cold_requests_asked_for_are_none_or_enough_to_fit() -> None:
+    for count in (1, 2, -1, 257):
+        with pytest.raises(ValueError, match=f"cold_requests {count} is invalid"):
+            FleetCalibrateConfig(cold_requests=count)
+    assert FleetCalibrateConfig(cold_requests=0).cold_requests == 0
+    assert FleetCalibrateConfig(cold_requests=3).cold_requests == 3
 
 
 def test_calibrate_fleet_without_cold_requests_says_so_and_keeps_no_scale(
@@ -356,4 +422,4 @@ def test_calibrate_fleet_without_cold_requests_says_so_and_keeps_no_scale(
     assert report["cold"]["ratios"] == [] and "spread" not in report["cold"]
     model, report = _calibrated(monkeypatch, tmp_path, _lone(), cold_requests=3)
     assert model.fleet_load_scale is None
-    assert "none of 3 lone cold requests was kept" in model.sources["fleet_load_scale"]
+    assert "not fitted: 0 of 3 lone cold requests" in model.sources["fleet_load_scale"]

@@ -207,6 +207,7 @@ def _stub_pass(monkeypatch: pytest.MonkeyPatch, events: list[str]) -> None:
     def cold_samples(url: str, key: str, adapters: list, **kwargs: Any) -> tuple:
         events.append("cold " + ",".join(a.name for a, _ in adapters))
         assert kwargs["evict"] is not None  # each cold adapter dropped from the slots after
+        assert kwargs["stages"] is not None  # the fleet's stage counters read around each
         return [FleetSample(8, 8, adapters[0][1], 0.05, cold=True)], len(adapters) - 1
 
     def probe() -> HostProbe:
@@ -273,51 +274,73 @@ def test_a_pass_sends_the_cold_requests_asked_for(
         InterleavedFleet(4, _base(), cold_requests=-1)
 
 
+def _cold(model: Any, scale: float | None, nbytes: int = 500_000) -> FleetSample:
+    """A cold sample whose load took ``scale`` times its links' price (None: not timed)."""
+    from loraplex.sim.calibrate_fleet import LOAD_LINKS
+
+    links = model.links
+    stages = None if scale is None else tuple(scale * links[k].seconds(nbytes) for k in LOAD_LINKS)
+    return FleetSample(8, 8, nbytes, 0.08, cold=True, load_stages_s=stages)
+
+
 def test_the_passes_load_scale_replaces_the_files_and_says_so() -> None:
-    """The passes' cold requests, where kept, replace a ``sim calibrate-fleet`` file's
+    """The passes' timed cold requests, three or more, replace a ``sim calibrate-fleet`` file's
     ``fleet_load_scale`` (measured at the runs' time, like the other lone terms), the source
     naming the file's value; a pass set without a cold sample leaves the file's value and
-    source as they were."""
+    source as they were; with too few timed ones the value stays and its source says so."""
     base = _base()
     base = replace(
         base, fleet_load_scale=2.0, sources={**base.sources, "fleet_load_scale": "the file's"}
     )
     warm = _samples(base, 1.0)
-    probe = FleetSample(8, 8, 500_000, 1.0, cold=True)
     kept = fleet_terms(base, warm, 2, "here")
     assert (kept.fleet_load_scale, kept.sources["fleet_load_scale"]) == (2.0, "the file's")
-    colds = (replace(probe, ttft_s=0.08), replace(probe, ttft_s=0.09))
+    colds = (_cold(base, 1.2), _cold(base, 1.5), _cold(base, 1.3), _cold(base, None))
     measured = fleet_terms(base, warm + colds, 2, "here")
-    assert measured.fleet_load_scale not in (None, 2.0)
-    assert "replaces the file's 2" in measured.sources["fleet_load_scale"]
+    assert measured.fleet_load_scale == pytest.approx(1.3)
+    text = measured.sources["fleet_load_scale"]
+    assert "replaces the file's 2" in text and "median over 3 lone cold requests" in text
+    assert "1 more kept without stage seconds" in text
     plain = fleet_terms(replace(base, fleet_load_scale=None), warm + colds, 2, "here")
     assert "the file had none" in plain.sources["fleet_load_scale"]
+    few = fleet_terms(base, warm + colds[:2], 2, "here")
+    assert few.fleet_load_scale == 2.0
+    text = few.sources["fleet_load_scale"]
+    assert text.startswith("the file's; not refitted by the fleet passes (here)")
+    assert "too few samples: 2 cold requests" in text
 
 
 def test_the_pass_report_keeps_each_passes_own_cold_ratios() -> None:
-    """Each pass's own ``fleet_load_scale`` (None where it kept no cold request: the file's
-    value is not reported as the pass's) and every cold request's ratio."""
+    """Each pass's own ``fleet_load_scale`` (None where it kept too few timed cold requests:
+    the file's value is not reported as the pass's), every timed cold request's stage ratio and
+    every cold request's TTFT ratio (the fit before)."""
     calibration = _calibration([1.0, 1.0])
     calibration.base = replace(calibration.base, fleet_load_scale=2.0)
-    probe = FleetSample(8, 8, 500_000, 1.0, cold=True)
-    colds = (replace(probe, ttft_s=0.08), replace(probe, ttft_s=0.1))
+    base = calibration.base
+    colds = (_cold(base, 1.1), _cold(base, 1.6), _cold(base, 1.4), _cold(base, None))
     first = calibration.passes[0]
     calibration.passes[0] = replace(first, samples=first.samples + colds)
+    second = calibration.passes[1]
+    calibration.passes[1] = replace(second, samples=second.samples + colds[:1])
     report = calibration.pass_report()
-    assert report[1]["fleet_load_scale"] is None and report[1]["cold_ratios"] == []
-    ratios = report[0]["cold_ratios"]
-    assert len(ratios) == 2 and ratios[0] < ratios[1]
-    assert report[0]["fleet_load_scale"] == pytest.approx(sum(ratios) / 2)
+    assert report[0]["cold_ratios"] == pytest.approx([1.1, 1.6, 1.4])
+    assert report[0]["fleet_load_scale"] == pytest.approx(1.4)
+    assert len(report[0]["cold_ttft_ratios"]) == 4
+    assert report[1]["fleet_load_scale"] is None  # one timed: too few for its own
+    assert report[1]["cold_ratios"] == pytest.approx([1.1])
 
 
 def test_the_cold_requests_per_pass_need_the_fleet_passes() -> None:
     with pytest.raises(ValueError, match="calibrate_fleet_cold_requests 3 is invalid"):
         SimBenchConfig(calibrate_fleet_cold_requests=3)
-    with pytest.raises(ValueError, match="calibrate_fleet_cold_requests -1 is invalid"):
-        SimBenchConfig(
-            cost_model=Path("c.json"), calibrate_fleet_interleaved=2,
-            calibrate_fleet_cold_requests=-1,
-        )  # fmt: skip
+    for count in (-1, 1, 2, 257):
+        with pytest.raises(ValueError, match=f"calibrate_fleet_cold_requests {count} is invalid"):
+            SimBenchConfig(
+                cost_model=Path("c.json"), calibrate_fleet_interleaved=2,
+                calibrate_fleet_cold_requests=count,
+            )  # fmt: skip
+    with pytest.raises(ValueError, match="cold_requests 2 is invalid"):
+        InterleavedFleet(4, _base(), cold_requests=2)
     config = SimBenchConfig(
         cost_model=Path("c.json"), calibrate_fleet_interleaved=2, calibrate_fleet_cold_requests=0
     )

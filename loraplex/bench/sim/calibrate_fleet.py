@@ -17,9 +17,10 @@ the report says where each went (``contention_where``) and where the simulator's
 own (``contention_where_simulated``). After the rounds, ``cold_requests`` lone cold requests
 (``fleet_lone.cold_samples``: 8 prompt tokens, one out, ``hop_gap_s`` apart, each on its own
 adapter never requested before, so a load from the store; each evicted from the GPU slots after
-its request, so every one meets the same free slots), whose ratios to the lone server's load
-price fit ``fleet_load_scale`` (``sim/calibrate_fleet.fit_load_scale``; its source and the
-report's part: ``fleet_lone.with_load_scale``). None of it is a trace ``bench sim`` validates.
+its request, so every one meets the same free slots; the fleet's stage counters read around
+each), whose loads' stage seconds over the lone server's load price fit ``fleet_load_scale``
+(``sim/calibrate_fleet.fit_load_scale``; its source and the report's part:
+``fleet_lone.with_load_scale``). None of it is a trace ``bench sim`` validates.
 """
 
 from __future__ import annotations
@@ -30,7 +31,7 @@ import platform
 import random
 import tempfile
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Any
@@ -58,8 +59,8 @@ from loraplex.bench.sim.contention_rounds import (
 from loraplex.bench.sim.fit_check import FLEET_RULES, BrokenFit, check_text, fleet_fit_faults
 from loraplex.bench.sim.fleet_lone import (
     COLD_REQUESTS,
-    MAX_COLD_REQUESTS,
     TENANT,
+    check_cold_requests,
     cold_adapters,
     cold_samples,
     lone_adapters,
@@ -120,10 +121,7 @@ class FleetCalibrateConfig:
             raise ValueError(f"prefill_lengths {self.prefill_lengths} is invalid; expected >= 1")
         if self.output_tokens < 3:
             raise ValueError(f"output_tokens {self.output_tokens} is invalid; expected >= 3")
-        if not 0 <= self.cold_requests <= MAX_COLD_REQUESTS:
-            raise ValueError(
-                f"cold_requests {self.cold_requests} is invalid; expected 0 to {MAX_COLD_REQUESTS}"
-            )
+        check_cold_requests(self.cold_requests, "cold_requests")
 
     @property
     def num_contention_adapters(self) -> int:
@@ -145,6 +143,7 @@ def _measure(
     residency: Callable[[], list[int]] | None = None,
     evict: Callable[[TraceAdapter], None] | None = None,
     colds: Sequence[TraceAdapter] = (),
+    stages: Callable[[], Mapping[str, float]] | None = None,
 ) -> tuple[list[FleetSample], list[ContentionSample], int, dict[str, Any]]:  # fmt: skip
     """The lone samples (the cold ones last), the contention rounds, the lone warm requests
     that failed or were not served warm (left out; a cold request left out is one of ``colds``
@@ -153,8 +152,9 @@ def _measure(
     GPU-slot count, ``residency``, and evicting the candidates not kept); without a pool or
     ``residency`` they are ``adapters``. After the rounds, one lone cold request on each of
     ``colds`` (``fleet_lone.cold_samples``, each evicted from the GPU slots after its request
-    where ``evict`` is given): after the rounds, so their loads never fill the slots whose
-    growth places the rounds' adapters."""
+    where ``evict`` is given; each load's stage seconds where ``stages`` reads the fleet's stage
+    counters): after the rounds, so their loads never fill the slots whose growth places the
+    rounds' adapters."""
     rng = random.Random(config.seed)
     samples, left_out = warm_lone_samples(
         url, key, adapters, sizes, rng=rng, config=config, drive=drive
@@ -180,8 +180,9 @@ def _measure(
     if colds:
         sized = [(a, sizes[(a.tenant, a.name)]) for a in colds]
         kept, _ = cold_samples(
-            url, key, sized, gap_s=config.hop_gap_s, rng=rng, drive=drive, evict=evict
-        )
+            url, key, sized, gap_s=config.hop_gap_s, rng=rng, drive=drive, evict=evict,
+            stages=stages,
+        )  # fmt: skip
         samples += kept
     return samples, rounds, left_out, where
 
@@ -195,6 +196,7 @@ def measure_fleet(
     from loraplex.artifacts.base_model import BaseModelSpec
     from loraplex.bench.fleet.cluster import deployed, fleet_state, local_cluster
     from loraplex.bench.serve.fleet import drop_page_cache, prepare_fleet
+    from loraplex.bench.sim.calibrate_loads import stage_totals
     from loraplex.bench.sim.host_probe import host_probe
     from loraplex.bench.sim.simulated import adapter_sizes
     from loraplex.bench.sim.validate import fleet_settings
@@ -237,6 +239,7 @@ def measure_fleet(
                     url, registry.keys[TENANT], adapters, sizes=sizes, config=config, drive=drive,
                     rounds_pool=pool, residency=residency,
                     evict=lambda adapter: evict_from_slots(admin, adapter), colds=colds,
+                    stages=lambda: stage_totals(admin),
                 )  # fmt: skip
             after = host_probe()
     return (*measured, [before, after])

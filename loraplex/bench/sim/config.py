@@ -6,7 +6,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from loraplex.bench.sim.fleet_lone import MAX_COLD_REQUESTS
+from loraplex.bench.sim.fleet_lone import check_cold_requests
 from loraplex.bench.sim.trace_fields import GeneratedTraces
 from loraplex.bench.sim.validate import RealSettings
 
@@ -89,12 +89,13 @@ class SimBenchConfig(GeneratedTraces):
                 "lone terms over a cost-model file's (a `sim calibrate-fleet` one) for the fleet"
             )
         colds = self.calibrate_fleet_cold_requests
-        if colds is not None and (not fleet_k or not 0 <= colds <= MAX_COLD_REQUESTS):
+        if colds is not None and not fleet_k:
             raise ValueError(
                 f"calibrate_fleet_cold_requests {colds} is invalid with "
-                f"calibrate_fleet_interleaved {fleet_k}: expected 0 to {MAX_COLD_REQUESTS}, "
-                "with the fleet passes (K >= 1)"
+                f"calibrate_fleet_interleaved {fleet_k}: expected with the fleet passes (K >= 1)"
             )
+        if colds is not None:
+            check_cold_requests(colds, "calibrate_fleet_cold_requests")
         draws = self.fleet_id_draws
         if (
             isinstance(draws, bool)

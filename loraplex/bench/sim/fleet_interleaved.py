@@ -13,11 +13,13 @@ trace's ``fleet_cpu_scale``, ``network_s`` and ``network_jitter_s`` are fitted
 (``sim/calibrate_fleet.fit_fleet``) on the merged samples of its adjacent passes over the
 cost-model file's lone-server terms; the file's ``fleet_contention`` is kept (the rounds are
 not repeated: a pass of them takes placement, warming and 12 rounds). Each pass ends with
-``cold_requests`` lone cold requests (4 unless set; each on an adapter of its own); a trace's
-``fleet_load_scale`` is fitted on its adjacent passes' and replaces the file's (``sim
-calibrate-fleet``'s, on its own 12 by default): like the other lone terms, measured at the
-runs' time; its source names the file's value it replaced. With 0, or none kept, the file's
-value (or none) prices the loads, its source kept.
+``cold_requests`` lone cold requests (4 unless set; each on an adapter of its own; the fleet's
+stage counters read around each); a trace's ``fleet_load_scale`` is fitted on its adjacent
+passes' loads' stage seconds (``sim/calibrate_fleet.fit_load_scale``) and replaces the file's
+(``sim calibrate-fleet``'s, on its own 12 by default): like the other lone terms, measured at
+the runs' time; its source names the file's value it replaced. With 0 the file's value (or
+none) prices the loads, its source kept; with fewer than ``MIN_STAGE_SAMPLES`` timed, too, its
+source then saying how many the passes kept.
 """
 
 from __future__ import annotations
@@ -37,15 +39,23 @@ import httpx
 from loraplex.bench.serve.driver import DriveConfig
 from loraplex.bench.serve.fleet import Fleet
 from loraplex.bench.sim.calibrate_fleet import FleetCalibrateConfig, usable_cores
-from loraplex.bench.sim.fleet_lone import PASS_COLD_REQUESTS, cold_adapters, lone_adapters
+from loraplex.bench.sim.fleet_lone import (
+    PASS_COLD_REQUESTS,
+    check_cold_requests,
+    cold_adapters,
+    lone_adapters,
+)
 from loraplex.bench.sim.interleaved import adjacent_passes
 from loraplex.bench.sim.validate import RealSettings
 from loraplex.sim.calibrate_fleet import (
     FleetSample,
+    LoadScaleFit,
     fit_fleet,
     fit_load_scale,
     fleet_model,
-    load_scale_ratios,
+    stage_load_ratios,
+    stage_timed,
+    ttft_load_ratios,
 )
 from loraplex.sim.cost_model import CostModel
 from loraplex.sim.host_speed import HostProbe, probe_ratio
@@ -96,19 +106,34 @@ def fleet_terms(
         f"prompt length and adapter's median ({where})",
     }
     model = fleet_model(base, fit, cores, sources, base.fleet_contention)
-    load_scale = fit_load_scale(model, samples)
-    if load_scale is None:
+    if not cold:
         return model
+    timed = len(stage_timed(samples))
+    try:
+        load = fit_load_scale(model, samples)
+    except ValueError as exc:  # too few timed: the file's value stays, and its source says so
+        kept = model.sources.get("fleet_load_scale", "the file has no source for it")
+        text = f"{kept}; not refitted by the fleet passes ({where}): {exc}"
+        return replace(model, sources={**model.sources, "fleet_load_scale": text})
     replaced = base.fleet_load_scale
     text = (
-        f"median over {cold} lone cold requests through the fleet (their adapter in no replica) "
-        "of their TTFT less the hop, the ask, the L3 hand-off and the scaled prefill step, over "
-        f"their load's lone price (sim/calibrate_fleet.fit_load_scale; {where}); "
+        f"median over {timed} lone cold requests through the fleet (their adapter in no "
+        f"replica; {cold - timed} more kept without stage seconds) of their load's stage "
+        "seconds as the fleet's stage counters grew around each request, over the load's lone "
+        f"price (sim/calibrate_fleet.fit_load_scale; {where}); "
         + ("the file had none" if replaced is None else f"replaces the file's {replaced:.4g}")
     )
     return replace(
-        model, fleet_load_scale=load_scale, sources={**model.sources, "fleet_load_scale": text}
+        model, fleet_load_scale=load.scale, sources={**model.sources, "fleet_load_scale": text}
     )
+
+
+def _own_load_scale(model: CostModel, samples: Sequence[FleetSample]) -> LoadScaleFit | None:
+    """A pass's own load scale (``fit_load_scale``); None: too few timed cold requests."""
+    try:
+        return fit_load_scale(model, samples)
+    except ValueError:
+        return None
 
 
 def mean_probe(probes: Sequence[HostProbe]) -> HostProbe:
@@ -135,8 +160,7 @@ class InterleavedFleet:
 
     def __post_init__(self) -> None:
         self.config = fleet_pass_config(self.fraction)
-        if self.cold_requests < 0:
-            raise ValueError(f"cold_requests {self.cold_requests} is invalid; expected >= 0")
+        check_cold_requests(self.cold_requests, "cold_requests")
         if self.base.fleet_contention is None:
             raise ValueError(
                 "calibrate_fleet_interleaved needs a cost model with fleet_contention "
@@ -151,6 +175,7 @@ class InterleavedFleet:
         takes it), its own adapters registered under ``root`` on the first pass."""
         from loraplex.bench.fleet.cluster import deployed
         from loraplex.bench.serve.fleet import drop_page_cache, prepare_fleet
+        from loraplex.bench.sim.calibrate_loads import stage_totals
         from loraplex.bench.sim.contention_rounds import evict_from_slots
         from loraplex.bench.sim.fleet_lone import cold_samples, warm_lone_samples
         from loraplex.bench.sim.host_probe import host_probe
@@ -184,6 +209,7 @@ class InterleavedFleet:
                     kept, lost = cold_samples(
                         url, key, sized, gap_s=gap_s, rng=rng, drive=drive,
                         evict=lambda adapter: evict_from_slots(admin, adapter),
+                        stages=lambda: stage_totals(admin),
                     )  # fmt: skip
                 samples += kept
                 left_out += lost
@@ -221,6 +247,7 @@ class InterleavedFleet:
             prefills = [s.ttft_s for s in one.samples if s.tpot_s is None and not s.cold]
             decodes = [s.tpot_s for s in one.samples if s.tpot_s is not None]
             colds = [s.ttft_s for s in one.samples if s.cold]
+            own = _own_load_scale(model, one.samples)
             out.append(
                 {
                     "started": one.started,
@@ -228,9 +255,10 @@ class InterleavedFleet:
                     "network_s": model.network_s,
                     "lone_ttft_s_median": statistics.median(prefills) if prefills else None,
                     "decode_tpot_s_median": statistics.median(decodes) if decodes else None,
-                    # the pass's own (None: it kept no cold request; the file's prices then)
-                    "fleet_load_scale": fit_load_scale(model, one.samples),
-                    "cold_ratios": load_scale_ratios(model, one.samples),
+                    # the pass's own (None: it kept too few timed cold requests to fit one)
+                    "fleet_load_scale": None if own is None else own.scale,
+                    "cold_ratios": stage_load_ratios(model, one.samples),
+                    "cold_ttft_ratios": ttft_load_ratios(model, one.samples),
                     "cold_ttft_s_median": statistics.median(colds) if colds else None,
                     "samples": len(one.samples),
                     "left_out": one.left_out,

@@ -4,8 +4,8 @@ affinity sends the rest to that replica), and one adapter's paced prefill and de
 the lone server's calibration paces its own (``calibrate_run.paced_requests``) and as ``bench
 sim`` replays a fleet's trace (``bench/fleet/drive.replay``); requests not served from a slot,
 or failed, are left out. Then the lone cold requests, each on an adapter of its own in no replica
-yet, whose TTFTs fit ``fleet_load_scale`` (``with_load_scale``: the fitted term, its source and
-the report's part)."""
+yet, whose loads' stage seconds (the fleet's stage counters read around each) fit
+``fleet_load_scale`` (``with_load_scale``: the fitted term, its source and the report's part)."""
 
 from __future__ import annotations
 
@@ -19,10 +19,18 @@ from typing import Any, Protocol
 
 from loraplex.bench.fleet.drive import replay
 from loraplex.bench.serve.driver import DriveConfig, RequestRecord, prompt_ids, send_one
+from loraplex.bench.sim.calibrate_loads import LINK_STAGES
 from loraplex.bench.sim.calibrate_run import paced_requests
 from loraplex.bench.sim.validate import MAX_LORA_RANK
 from loraplex.bench.workloads import ATTENTION_TARGETS, TraceAdapter, TraceRequest
-from loraplex.sim.calibrate_fleet import FleetSample, fit_load_scale, load_scale_ratios
+from loraplex.sim.calibrate_fleet import (
+    LOAD_LINKS,
+    MIN_STAGE_SAMPLES,
+    FleetSample,
+    fit_load_scale,
+    stage_timed,
+    ttft_load_ratios,
+)
 from loraplex.sim.cost_model import CostModel
 
 TENANT = "fleetcal"  # the tenant of every lone request's adapter (never a trace's)
@@ -155,16 +163,48 @@ def warm_lone_samples(
     return samples, left_out
 
 
+def check_cold_requests(count: int, name: str) -> None:
+    """``count`` lone cold requests, refused naming ``name`` unless 0 (none: not measured) or
+    enough for ``fit_load_scale`` (``MIN_STAGE_SAMPLES``) up to ``MAX_COLD_REQUESTS``."""
+    if count != 0 and not MIN_STAGE_SAMPLES <= count <= MAX_COLD_REQUESTS:
+        raise ValueError(
+            f"{name} {count} is invalid; expected 0 (none) or {MIN_STAGE_SAMPLES} to "
+            f"{MAX_COLD_REQUESTS} (fleet_load_scale is fitted on at least {MIN_STAGE_SAMPLES})"
+        )
+
+
+def load_stages(
+    before: Mapping[str, float], after: Mapping[str, float]
+) -> tuple[float, ...] | None:
+    """The stage seconds per link (``LOAD_LINKS``) the fleet's stage counters (stage name ->
+    total seconds, summed over the replicas) grew by; None when a counter fell (a replica left
+    the sum) or none grew."""
+    grown = {k: after.get(k, 0.0) - before.get(k, 0.0) for k in {*before, *after}}
+    if any(v < 0 for v in grown.values()):
+        return None
+    seconds = tuple(
+        sum(grown.get(stage, 0.0) for stage in LINK_STAGES[link]) for link in LOAD_LINKS
+    )
+    return seconds if sum(seconds) > 0 else None
+
+
 def cold_samples(
     url: str, key: str, adapters: list[tuple[TraceAdapter, int]], *, gap_s: float,
     rng: random.Random, drive: DriveConfig, evict: Callable[[TraceAdapter], None] | None = None,
+    stages: Callable[[], Mapping[str, float]] | None = None,
 ) -> tuple[list[FleetSample], int]:  # fmt: skip
     """One lone request (``COLD_PROMPT_TOKENS`` in, one token out) on each of ``adapters``
     (adapter, its bytes as served), ``gap_s`` apart, each adapter in no replica yet: the
     samples of those the fleet reported from the store (L3) and timed, and the requests left
     out (failed, or found cached). ``evict``, when given, drops each adapter's GPU-slot copy
-    right after its request (before the next gap), so each load meets the slots the first did."""
+    right after its request (before the next gap), so each load meets the slots the first did.
+    ``stages``, when given, reads the fleet's stage counters (``calibrate_loads.stage_totals``
+    through the ingress: every replica's summed), before the first request and after each
+    (before its eviction, which times no stage): a kept sample's ``load_stages_s`` is what they
+    grew by, its load's stage seconds on the replica that loaded it (nothing else loads then;
+    the cache records a load's stages before its waiters go on)."""
     samples = []
+    totals = None if stages is None else stages()
     for adapter, nbytes in adapters:
         time.sleep(gap_s)  # lone: the previous request and its load have ended
         request = TraceRequest(0.0, adapter.tenant, adapter.name, COLD_PROMPT_TOKENS, 1)
@@ -173,34 +213,76 @@ def cold_samples(
             send_one(url, request, key=key, ids=ids, arrival=time.monotonic(), tier="L0",
                      config=drive)
         )  # fmt: skip
+        grown = None
+        if stages is not None and totals is not None:
+            before, totals = totals, stages()
+            grown = load_stages(before, totals)
         if evict is not None:
             evict(adapter)
         if record.ok and record.ttft_s and record.tier == "L3":
             rank = min(adapter.rank, MAX_LORA_RANK)
-            samples.append(FleetSample(COLD_PROMPT_TOKENS, rank, nbytes, record.ttft_s, cold=True))
+            samples.append(
+                FleetSample(COLD_PROMPT_TOKENS, rank, nbytes, record.ttft_s, cold=True,
+                            load_stages_s=grown)
+            )  # fmt: skip
     return samples, len(adapters) - len(samples)
+
+
+def cold_report(model: CostModel, samples: Sequence[FleetSample], requests: int) -> dict[str, Any]:
+    """The report's ``cold`` part: the requests sent, kept and stage-timed, each kept one's TTFT
+    and load stage seconds, the stage fit's ratios (``fit_load_scale``; refused: why) and their
+    spread, and beside them the TTFT-residual ratios of the fit before simstage
+    (``ttft_load_ratios``) and their median."""
+    colds = [s for s in samples if s.cold]
+    ttft_ratios = ttft_load_ratios(model, colds)
+    report: dict[str, Any] = {
+        "requests": requests,
+        "kept": len(colds),
+        "left_out": requests - len(colds),
+        "stage_timed": len(stage_timed(colds)),
+        "ttft_s": [s.ttft_s for s in colds],
+        "load_stages_s": [s.load_stages_s for s in colds],
+        "links": list(LOAD_LINKS),
+        "ttft_ratios": ttft_ratios,
+        "ttft_ratio_median": statistics.median(ttft_ratios) if ttft_ratios else None,
+    }
+    try:
+        fit = fit_load_scale(model, colds)
+    except ValueError as exc:
+        return {**report, "ratios": [], "fleet_load_scale": None, "refused": str(exc)}
+    ratios = list(fit.ratios)
+    quartiles = statistics.quantiles(ratios, n=4)  # at least MIN_STAGE_SAMPLES ratios
+    spread = {
+        "min": min(ratios), "p25": quartiles[0], "median": fit.scale, "p75": quartiles[2],
+        "max": max(ratios),
+    }  # fmt: skip
+    return {
+        **report, "ratios": ratios, "link_ratios": fit.link_ratios,
+        "fleet_load_scale": fit.scale, "spread": spread,
+    }  # fmt: skip
 
 
 def with_load_scale(
     model: CostModel, samples: Sequence[FleetSample], requests: int, where: str
 ) -> tuple[CostModel, dict[str, Any]]:
     """``model`` (its fleet terms fitted) with ``fleet_load_scale`` fitted on ``samples``' cold
-    ones (``requests`` were sent) and its source, or without the key (said so in ``sources``:
-    none sent, or none kept; a base file's own value never stays), and the report's ``cold``
-    part: each kept request's TTFT and ratio, in the order sent, and their spread."""
-    ratios = load_scale_ratios(model, samples)
-    scale = fit_load_scale(model, samples)
-    colds = [s for s in samples if s.cold]
-    kept = len(colds)
+    ones (``requests`` were sent; ``fit_load_scale``) and its source, or without the key (said
+    so in ``sources``: none sent, or too few kept with their stage seconds; a base file's own
+    value never stays), and the report's ``cold`` part (``cold_report``)."""
+    report = cold_report(model, samples, requests)
+    scale = report["fleet_load_scale"]
+    kept, timed = report["kept"], report["stage_timed"]
     if scale is not None:
-        low, high = min(ratios), max(ratios)
+        links = ", ".join(f"{k} {v:.3f}" for k, v in report["link_ratios"].items())
         text = (
-            f"median over {kept} lone cold requests through the fleet ({requests} sent, "
-            f"{requests - kept} left out: failed or found cached), each on an adapter of its "
-            f"own in no replica, {COLD_PROMPT_TOKENS} prompt tokens, 1 out, paced, after the "
-            "contention rounds, of their TTFT less the hop, the ask, the L3 hand-off and the "
-            "scaled prefill step, over their load's lone price (sim/calibrate_fleet."
-            f"fit_load_scale; ratios {low:.3f} to {high:.3f}; {where})"
+            f"median over {timed} lone cold requests through the fleet ({requests} sent, "
+            f"{requests - kept} left out: failed or found cached; {kept - timed} kept without "
+            f"stage seconds), each on an adapter of its own in no replica, "
+            f"{COLD_PROMPT_TOKENS} prompt tokens, 1 out, paced, after the contention rounds, "
+            "of their load's stage seconds as the fleet's stage counters grew around each "
+            "request over the load's lone price (sim/calibrate_fleet.fit_load_scale; ratios "
+            f"{min(report['ratios']):.3f} to {max(report['ratios']):.3f}; per link {links}; "
+            f"{where})"
         )
     elif requests == 0:
         text = (
@@ -209,22 +291,10 @@ def with_load_scale(
         )
     else:
         text = (
-            f"not fitted: none of {requests} lone cold requests was kept (failed or found "
-            f"cached; {where}): a fleet replica's loads cost fleet_cpu_scale times their price"
+            f"not fitted: {timed} of {requests} lone cold requests kept with their load's "
+            f"stage seconds ({kept} kept; failed or found cached otherwise), "
+            f"{MIN_STAGE_SAMPLES} needed ({where}): a fleet replica's loads cost "
+            "fleet_cpu_scale times their price"
         )
-    report: dict[str, Any] = {
-        "requests": requests,
-        "kept": kept,
-        "left_out": requests - kept,
-        "ttft_s": [s.ttft_s for s in colds],
-        "ratios": ratios,
-        "fleet_load_scale": scale,
-    }
-    if ratios:
-        quartiles = statistics.quantiles(ratios, n=4) if len(ratios) > 1 else ratios * 3
-        report["spread"] = {
-            "min": min(ratios), "p25": quartiles[0], "median": statistics.median(ratios),
-            "p75": quartiles[2], "max": max(ratios),
-        }  # fmt: skip
     sources = {**model.sources, "fleet_load_scale": text}
     return replace(model, fleet_load_scale=scale, sources=sources), report
