@@ -3,7 +3,8 @@ cast back, then the weight), so greedy outputs do not move; other dtypes take th
 The linear kernels: oneDNN's gives F.linear's result to float32 rounding, reads the weight as it
 is now (no stale packed copy), and is chosen only where it runs; the packed one gives oneDNN's
 result, repacks a weight written in place and forgets a freed one; outside its rows (one row on
-an AVX-512 CPU not made by Intel; one row or more than 32 without AVX-512) it takes F.linear."""
+an AVX-512 CPU neither Intel's nor a Zen 5; one row or more than 32 without AVX-512) it takes
+F.linear."""
 
 from __future__ import annotations
 
@@ -22,6 +23,7 @@ from loraplex.model.layers import (
     ONEDNN_MIN_ROWS,
     PackedLinear,
     RMSNorm,
+    cpu_family,
     cpu_vendor,
     linear_fn,
     onednn_available,
@@ -156,20 +158,43 @@ def test_packed_linear_takes_f_linear_outside_its_rows(rows: tuple[int, int | No
     assert onednn in _ops_run(lambda: linear(x[:4].view(2, 2, 64), weight))  # rows, not dim 0
 
 
-def test_packed_rows_follow_the_cpu_capability_and_vendor(monkeypatch: pytest.MonkeyPatch) -> None:
-    """Every row count runs packed on Intel AVX-512 CPUs, 2 rows and more on another vendor's
-    AVX-512 CPU (Zen 4: F.linear was faster at one row), 2 to 32 rows without AVX-512."""
-    assert packed_rows("AVX512", "GenuineIntel") == (1, None)
-    assert packed_rows("AVX512", "AuthenticAMD") == packed_rows("AVX512", "") == (2, None)
-    for vendor in ("GenuineIntel", "AuthenticAMD", ""):
-        assert packed_rows("AVX2", vendor) == packed_rows("DEFAULT", vendor) == (2, 32)
-    for capability, vendor, rows in (
-        ("AVX512", "GenuineIntel", (1, None)),
-        ("AVX512", "AuthenticAMD", (2, None)),
-        ("AVX2", "GenuineIntel", (2, 32)),
+def test_packed_rows_follow_the_cpu_capability_vendor_and_family(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Every row count runs packed on Intel and AMD Zen 5 (family 26 on) AVX-512 CPUs, 2 rows and
+    more on another AVX-512 CPU (Zen 4: F.linear was faster at one row), 2 to 32 rows without
+    AVX-512, whatever the vendor."""
+    assert (
+        packed_rows("AVX512", "GenuineIntel")
+        == packed_rows("AVX512", "GenuineIntel", 6)
+        == (1, None)
+    )
+    assert (
+        packed_rows("AVX512", "AuthenticAMD", 26)
+        == packed_rows("AVX512", "AuthenticAMD", 27)
+        == (1, None)
+    )
+    for family in (25, 23, None):
+        assert packed_rows("AVX512", "AuthenticAMD", family) == (2, None)
+    assert packed_rows("AVX512", "AuthenticAMD") == packed_rows("AVX512", "", 26) == (2, None)
+    for vendor, family in (
+        ("GenuineIntel", 6),
+        ("AuthenticAMD", 25),
+        ("AuthenticAMD", 26),
+        ("", None),
+    ):
+        assert (
+            packed_rows("AVX2", vendor, family) == packed_rows("DEFAULT", vendor, family) == (2, 32)
+        )
+    for capability, vendor, family, rows in (
+        ("AVX512", "GenuineIntel", 6, (1, None)),
+        ("AVX512", "AuthenticAMD", 26, (1, None)),
+        ("AVX512", "AuthenticAMD", 25, (2, None)),
+        ("AVX2", "GenuineIntel", 6, (2, 32)),
     ):
         monkeypatch.setattr(torch.backends.cpu, "get_cpu_capability", lambda c=capability: c)
         monkeypatch.setattr(layers, "cpu_vendor", lambda v=vendor: v)
+        monkeypatch.setattr(layers, "cpu_family", lambda f=family: f)
         linear = PackedLinear()
         assert packed_rows() == rows and (linear.min_rows, linear.max_rows) == rows
     for bad in ((0, None), (4, 2)):
@@ -177,15 +202,72 @@ def test_packed_rows_follow_the_cpu_capability_and_vendor(monkeypatch: pytest.Mo
             PackedLinear(bad)
 
 
-def test_cpu_vendor_reads_the_first_vendor_id(tmp_path: Path) -> None:
-    """The vendor string as cpuinfo spells it; empty without one or without the file."""
+def _cpuinfo(vendor: str, family: int, model: int, flags: str) -> str:
+    """Two processors of /proc/cpuinfo as Linux writes them on x86 (the fields read and a few)."""
+    one = (
+        f"processor\t: {{n}}\nvendor_id\t: {vendor}\ncpu family\t: {family}\nmodel\t\t: {model}\n"
+        f"model name\t: a CPU\nflags\t\t: fpu sse2 {flags}\n\n"
+    )
+    return one.format(n=0) + one.format(n=1)
+
+
+@pytest.mark.parametrize(
+    ("kind", "text", "capability", "rows"),
+    [
+        (
+            "Xeon (AMX)",
+            _cpuinfo("GenuineIntel", 6, 143, "avx2 avx512f amx_tile"),
+            "AVX512",
+            (1, None),
+        ),
+        ("EPYC Milan", _cpuinfo("AuthenticAMD", 25, 1, "avx2"), "AVX2", (2, 32)),
+        (
+            "EPYC Genoa",
+            _cpuinfo("AuthenticAMD", 25, 17, "avx2 avx512f avx512_bf16"),
+            "AVX512",
+            (2, None),
+        ),
+        (
+            "EPYC Turin",
+            _cpuinfo("AuthenticAMD", 26, 2, "avx2 avx512f avx512_bf16"),
+            "AVX512",
+            (1, None),
+        ),
+        ("ARM", "processor\t: 0\nCPU implementer\t: 0x41\n", "DEFAULT", (2, 32)),
+        ("no family", "processor\t: 0\nvendor_id\t: AuthenticAMD\n", "AVX512", (2, None)),
+    ],
+)
+def test_packed_rows_per_cpu_kind_from_cpuinfo(
+    monkeypatch: pytest.MonkeyPatch,
+    tmp_path: Path,
+    kind: str,
+    text: str,
+    capability: str,
+    rows: tuple[int, int | None],
+) -> None:
+    """Each CPU kind measured in docs/benchmarks/peer.md, from its cpuinfo text as the engine
+    reads it (torch's capability set to what torch reports there)."""
     info = tmp_path / "cpuinfo"
-    for vendor in ("GenuineIntel", "AuthenticAMD"):
-        info.write_text(f"processor\t: 0\nvendor_id\t: {vendor}\ncpu family\t: 25\n" * 2)
-        assert cpu_vendor(str(info)) == vendor
-    info.write_text("processor\t: 0\nCPU implementer\t: 0x41\n")  # an ARM machine's
-    assert cpu_vendor(str(info)) == ""
-    assert cpu_vendor(str(tmp_path / "absent")) == ""
+    info.write_text(text)
+    monkeypatch.setattr(torch.backends.cpu, "get_cpu_capability", lambda: capability)
+    monkeypatch.setattr(layers, "cpu_vendor", lambda: cpu_vendor(str(info)))
+    monkeypatch.setattr(layers, "cpu_family", lambda: cpu_family(str(info)))
+    assert packed_rows() == rows, kind
+
+
+def test_cpu_vendor_and_family_read_the_first_processor(tmp_path: Path) -> None:
+    """The vendor string as cpuinfo spells it and the family as a number; empty / None without
+    one, without the file, or with a family that is not a number."""
+    info = tmp_path / "cpuinfo"
+    for vendor, family in (("GenuineIntel", 6), ("AuthenticAMD", 25), ("AuthenticAMD", 26)):
+        info.write_text(_cpuinfo(vendor, family, 2, "avx2"))
+        assert (cpu_vendor(str(info)), cpu_family(str(info))) == (vendor, family)
+    info.write_text("processor\t: 0\nCPU implementer\t: 0x41\nCPU architecture: 8\n")  # ARM
+    assert (cpu_vendor(str(info)), cpu_family(str(info))) == ("", None)
+    info.write_text("vendor_id\t: AuthenticAMD\ncpu family\t: 1a\n")
+    assert cpu_family(str(info)) is None
+    absent = str(tmp_path / "absent")
+    assert (cpu_vendor(absent), cpu_family(absent)) == ("", None)
 
 
 @needs_packed
