@@ -87,8 +87,9 @@ def cpu_family(cpuinfo: str = "/proc/cpuinfo") -> int | None:
 AMD_FULL_AVX512_FAMILY = 26
 # On those, a one-row call runs the packed copy only for a weight of this many elements or more:
 # the copy's call costs about 10 us more than F.linear's there, which only larger weights repay
-# (one row, one thread: F.linear 0.2-0.64x the packed time up to 512 x 512 and 1024 x 256, 0.97x at
-# 1024 x 1024, 1.12-1.34x from 1024 x 2816 on; docs/benchmarks/peer.md, "AMD EPYC Turin (Zen 5)").
+# (one row, one thread, a Zen 5: F.linear 0.2-0.65x the packed time up to 512 x 512 and 1024 x
+# 256, 0.84-0.90x at 512 x 1376, 0.95-0.97x at 1024 x 1024, 1.12x at 4096 x 256, 1.10-1.34x from
+# 2048 x 1024 on; docs/benchmarks/peer.md, "AMD EPYC Turin (Zen 5) kernel choices").
 ZEN5_ONE_ROW_MIN_ELEMENTS = 1024 * 1024
 
 

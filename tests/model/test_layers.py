@@ -3,8 +3,8 @@ cast back, then the weight), so greedy outputs do not move; other dtypes take th
 The linear kernels: oneDNN's gives F.linear's result to float32 rounding, reads the weight as it
 is now (no stale packed copy), and is chosen only where it runs; the packed one gives oneDNN's
 result, repacks a weight written in place and forgets a freed one; outside its rows (one row on
-an AVX-512 CPU neither Intel's nor a Zen 5; one row or more than 32 without AVX-512) it takes
-F.linear."""
+an AVX-512 CPU neither Intel's nor a Zen 5, one row of a weight under 1024 x 1024 elements on a
+Zen 5; one row or more than 32 without AVX-512) it takes F.linear."""
 
 from __future__ import annotations
 
@@ -21,6 +21,7 @@ from loraplex.model import layers
 from loraplex.model.layers import (
     LINEAR_KERNELS,
     ONEDNN_MIN_ROWS,
+    ZEN5_ONE_ROW_MIN_ELEMENTS,
     PackedLinear,
     RMSNorm,
     cpu_family,
@@ -29,6 +30,7 @@ from loraplex.model.layers import (
     onednn_available,
     onednn_linear,
     packed_available,
+    packed_one_row_min_elements,
     packed_rows,
     resolve_linear_kernel,
 )
@@ -158,6 +160,28 @@ def test_packed_linear_takes_f_linear_outside_its_rows(rows: tuple[int, int | No
     assert onednn in _ops_run(lambda: linear(x[:4].view(2, 2, 64), weight))  # rows, not dim 0
 
 
+@needs_packed
+def test_packed_linear_runs_one_row_of_a_small_weight_through_f_linear() -> None:
+    """With ``one_row_min_elements`` (a Zen 5's default) a one-row call on a smaller weight is
+    ``F.linear``'s, on a weight that large the packed copy's; two rows run the copy either way."""
+    generator = torch.Generator().manual_seed(3)
+    x = torch.randn(2, 64, generator=generator)
+    small, large = (
+        torch.randn(47, 64, generator=generator),
+        torch.randn(48, 64, generator=generator),
+    )
+    linear = PackedLinear((1, None), one_row_min_elements=48 * 64)
+    assert linear.pack(small) and linear.pack(large)
+    onednn = "mkldnn::_linear_pointwise"
+    assert onednn not in _ops_run(lambda: linear(x[:1], small))
+    assert torch.equal(linear(x[:1], small), F.linear(x[:1], small))
+    assert onednn in _ops_run(lambda: linear(x[:1], large))
+    assert onednn in _ops_run(lambda: linear(x, small))
+    assert PackedLinear((1, None)).one_row_min_elements == 0  # explicit rows: every weight
+    with pytest.raises(ValueError, match=r"one_row_min_elements -1 is invalid"):
+        PackedLinear((1, None), one_row_min_elements=-1)
+
+
 def test_packed_rows_follow_the_cpu_capability_vendor_and_family(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
@@ -197,6 +221,9 @@ def test_packed_rows_follow_the_cpu_capability_vendor_and_family(
         monkeypatch.setattr(layers, "cpu_family", lambda f=family: f)
         linear = PackedLinear()
         assert packed_rows() == rows and (linear.min_rows, linear.max_rows) == rows
+        zen5 = (capability, vendor, family) == ("AVX512", "AuthenticAMD", 26)
+        elements = ZEN5_ONE_ROW_MIN_ELEMENTS if zen5 else 0
+        assert packed_one_row_min_elements() == linear.one_row_min_elements == elements
     for bad in ((0, None), (4, 2)):
         with pytest.raises(ValueError, match=r"rows \(\d, \w+\) is invalid"):
             PackedLinear(bad)
@@ -212,29 +239,32 @@ def _cpuinfo(vendor: str, family: int, model: int, flags: str) -> str:
 
 
 @pytest.mark.parametrize(
-    ("kind", "text", "capability", "rows"),
+    ("kind", "text", "capability", "rows", "one_row_elements"),
     [
         (
             "Xeon (AMX)",
             _cpuinfo("GenuineIntel", 6, 143, "avx2 avx512f amx_tile"),
             "AVX512",
             (1, None),
+            0,
         ),
-        ("EPYC Milan", _cpuinfo("AuthenticAMD", 25, 1, "avx2"), "AVX2", (2, 32)),
+        ("EPYC Milan", _cpuinfo("AuthenticAMD", 25, 1, "avx2"), "AVX2", (2, 32), 0),
         (
             "EPYC Genoa",
             _cpuinfo("AuthenticAMD", 25, 17, "avx2 avx512f avx512_bf16"),
             "AVX512",
             (2, None),
+            0,
         ),
         (
             "EPYC Turin",
             _cpuinfo("AuthenticAMD", 26, 2, "avx2 avx512f avx512_bf16"),
             "AVX512",
             (1, None),
+            1024 * 1024,
         ),
-        ("ARM", "processor\t: 0\nCPU implementer\t: 0x41\n", "DEFAULT", (2, 32)),
-        ("no family", "processor\t: 0\nvendor_id\t: AuthenticAMD\n", "AVX512", (2, None)),
+        ("ARM", "processor\t: 0\nCPU implementer\t: 0x41\n", "DEFAULT", (2, 32), 0),
+        ("no family", "processor\t: 0\nvendor_id\t: AuthenticAMD\n", "AVX512", (2, None), 0),
     ],
 )
 def test_packed_rows_per_cpu_kind_from_cpuinfo(
@@ -244,6 +274,7 @@ def test_packed_rows_per_cpu_kind_from_cpuinfo(
     text: str,
     capability: str,
     rows: tuple[int, int | None],
+    one_row_elements: int,
 ) -> None:
     """Each CPU kind measured in docs/benchmarks/peer.md, from its cpuinfo text as the engine
     reads it (torch's capability set to what torch reports there)."""
@@ -252,7 +283,7 @@ def test_packed_rows_per_cpu_kind_from_cpuinfo(
     monkeypatch.setattr(torch.backends.cpu, "get_cpu_capability", lambda: capability)
     monkeypatch.setattr(layers, "cpu_vendor", lambda: cpu_vendor(str(info)))
     monkeypatch.setattr(layers, "cpu_family", lambda: cpu_family(str(info)))
-    assert packed_rows() == rows, kind
+    assert (packed_rows(), packed_one_row_min_elements()) == (rows, one_row_elements), kind
 
 
 def test_cpu_vendor_and_family_read_the_first_processor(tmp_path: Path) -> None:
