@@ -54,30 +54,86 @@ def packed_available() -> bool:
     return onednn_available() and hasattr(torch.ops.mkldnn, "_reorder_linear_weight")
 
 
-def cpu_vendor(cpuinfo: str = "/proc/cpuinfo") -> str:
-    """The CPU's vendor string (``GenuineIntel``, ``AuthenticAMD``, ...) from ``cpuinfo``'s first
-    ``vendor_id``; empty where it cannot be read (another OS, another architecture)."""
+def _cpuinfo_field(name: str, cpuinfo: str) -> str:
+    """The value of ``cpuinfo``'s first ``name`` line; empty where there is none or the file
+    cannot be read (another OS, another architecture)."""
     try:
         with open(cpuinfo, encoding="ascii", errors="replace") as info:
             for line in info:
-                if line.startswith("vendor_id"):
-                    return line.partition(":")[2].strip()
+                key, _, value = line.partition(":")
+                if key.strip() == name:
+                    return value.strip()
     except OSError:
         pass
     return ""
 
 
-def packed_rows(capability: str | None = None, vendor: str | None = None) -> tuple[int, int | None]:
+def cpu_vendor(cpuinfo: str = "/proc/cpuinfo") -> str:
+    """The CPU's vendor string (``GenuineIntel``, ``AuthenticAMD``, ...) from ``cpuinfo``'s first
+    ``vendor_id``; empty where it cannot be read (another OS, another architecture)."""
+    return _cpuinfo_field("vendor_id", cpuinfo)
+
+
+def cpu_family(cpuinfo: str = "/proc/cpuinfo") -> int | None:
+    """The CPU's family number from ``cpuinfo``'s first ``cpu family`` (AMD: 25 = Zen 3 and Zen
+    4, 26 = Zen 5); None where there is none or it is not a number."""
+    value = _cpuinfo_field("cpu family", cpuinfo)
+    return int(value) if value.isdigit() else None
+
+
+# AMD families whose AVX-512 runs the packed copies at one row too (of the larger weights): from
+# Zen 5 (family 26, a full 512-bit datapath), where Zen 4 (family 25) runs 512-bit ops as two
+# 256-bit halves.
+AMD_FULL_AVX512_FAMILY = 26
+# On those, a one-row call runs the packed copy only for a weight of this many elements or more:
+# the copy's call costs about 10 us more than F.linear's there, which only larger weights repay
+# (one row, one thread, a Zen 5: F.linear 0.2-0.65x the packed time up to 512 x 512 and 1024 x
+# 256, 0.84-0.90x at 512 x 1376, 0.95-0.97x at 1024 x 1024, 1.12x at 4096 x 256, 1.10-1.34x from
+# 2048 x 1024 on; docs/benchmarks/peer.md, "AMD EPYC Turin (Zen 5) kernel choices").
+ZEN5_ONE_ROW_MIN_ELEMENTS = 1024 * 1024
+
+
+def _amd_full_avx512(capability: str | None, vendor: str | None, family: int | None) -> bool:
+    """Whether this CPU (each read when None, vendor and family together) is an AMD one with
+    AVX-512 of family 26 on."""
+    name = torch.backends.cpu.get_cpu_capability() if capability is None else capability
+    if vendor is None:
+        vendor, family = cpu_vendor(), cpu_family()
+    return (
+        name.upper().startswith("AVX512")
+        and vendor == "AuthenticAMD"
+        and (family or 0) >= AMD_FULL_AVX512_FAMILY
+    )
+
+
+def packed_one_row_min_elements(
+    capability: str | None = None, vendor: str | None = None, family: int | None = None
+) -> int:
+    """Fewest weight elements for which a one-row call runs the packed copy, where
+    :func:`packed_rows` lets one-row calls run it: :data:`ZEN5_ONE_ROW_MIN_ELEMENTS` on an AMD
+    Zen 5 (or later) with AVX-512, else 0 (every weight; an Intel CPU's copy ran one row of a
+    1024 x 1024 weight in 0.42x ``F.linear``'s time, smaller ones were not measured there)."""
+    return ZEN5_ONE_ROW_MIN_ELEMENTS if _amd_full_avx512(capability, vendor, family) else 0
+
+
+def packed_rows(
+    capability: str | None = None, vendor: str | None = None, family: int | None = None
+) -> tuple[int, int | None]:
     """The rows (fewest, most; None: no bound) for which :class:`PackedLinear` runs a packed
     copy on this CPU, ``F.linear`` outside them (``capability``: torch's
-    ``get_cpu_capability()``, ``vendor``: :func:`cpu_vendor`, each read when None). Three
-    answers, each measured on its CPU (docs/benchmarks/peer.md):
+    ``get_cpu_capability()``, ``vendor``: :func:`cpu_vendor`, ``family``: :func:`cpu_family`,
+    the two read from /proc/cpuinfo when ``vendor`` is None). Three answers, each measured on
+    its CPU (docs/benchmarks/peer.md):
 
-    - AVX-512 on an Intel CPU, every row count: the packed copy ran one row in 0.42x
-      ``F.linear``'s time (1024 x 1024) and prefill widths faster too
-      (docs/benchmarks/execution.md, "Packed oneDNN weights").
-    - AVX-512 on any other vendor (an AMD EPYC Zen 4, which runs 512-bit ops as two halves;
-      "AMD EPYC Genoa (AVX-512) kernel choices"), 2 rows and more: ``F.linear`` ran the
+    - AVX-512 on an Intel CPU or an AMD one of family 26 on (Zen 5), every row count: the packed
+      copy ran one row in 0.42x ``F.linear``'s time on a Xeon (1024 x 1024) and prefill widths
+      faster too (docs/benchmarks/execution.md, "Packed oneDNN weights"); on a Zen 5 (Turin)
+      ``F.linear`` took 1.45-1.50x the packed time of the large preset's one-sequence step,
+      every round ("AMD EPYC Turin (Zen 5) kernel choices"), but 0.89-0.98x on the 256-wide
+      small preset, so there one row runs packed only for weights of
+      :func:`packed_one_row_min_elements` or more.
+    - AVX-512 on any other CPU (an AMD EPYC Zen 4, family 25, which runs 512-bit ops as two
+      halves; "AMD EPYC Genoa (AVX-512) kernel choices"), 2 rows and more: ``F.linear`` ran the
       one-sequence step in 0.80x (large) and 0.91x (small) the packed time, every round, where
       the copies won from 2 rows to the 256-row prefill (``F.linear`` 1.10-1.63x).
     - Without AVX-512 (an AVX2-only AMD EPYC; "AMD EPYC (AVX2) kernel choices"), 2 to 32 rows:
@@ -91,9 +147,11 @@ def packed_rows(capability: str | None = None, vendor: str | None = None) -> tup
     name = torch.backends.cpu.get_cpu_capability() if capability is None else capability
     if not name.upper().startswith("AVX512"):
         return (2, 32)
-    return (
-        (1, None) if (cpu_vendor() if vendor is None else vendor) == "GenuineIntel" else (2, None)
-    )
+    if vendor is None:
+        vendor, family = cpu_vendor(), cpu_family()
+    if vendor == "GenuineIntel" or _amd_full_avx512(name, vendor, family):
+        return (1, None)
+    return (2, None)
 
 
 class PackedLinear:
@@ -112,17 +170,28 @@ class PackedLinear:
 
     NOTE: results are oneDNN's (:func:`onednn_linear`'s from 2 rows), float32 rounding away
     from ``F.linear``'s. Calls of fewer rows than ``rows[0]`` or more than ``rows[1]`` (None:
-    no bound) take ``F.linear`` (default :func:`packed_rows`: every row count on an Intel
-    AVX-512 CPU, 2 rows and more on another vendor's, 2 to 32 rows without AVX-512). A weight
+    no bound) take ``F.linear`` (default :func:`packed_rows`: every row count on an Intel or
+    Zen 5 AVX-512 CPU, 2 rows and more on another AVX-512 CPU, 2 to 32 rows without AVX-512),
+    and so do one-row calls on a weight of fewer than ``one_row_min_elements`` elements
+    (default :func:`packed_one_row_min_elements` with the default rows, else 0). A weight
     created in inference mode has no version counter and is never packed
     (docs/benchmarks/execution.md, "Packed oneDNN weights")."""
 
-    def __init__(self, rows: tuple[int, int | None] | None = None) -> None:
+    def __init__(
+        self, rows: tuple[int, int | None] | None = None, one_row_min_elements: int | None = None
+    ) -> None:
         self.min_rows, self.max_rows = packed_rows() if rows is None else rows
         if self.min_rows < 1 or (self.max_rows is not None and self.max_rows < self.min_rows):
             raise ValueError(
                 f"rows {(self.min_rows, self.max_rows)} is invalid; expected 1 <= fewest <= most"
             )
+        if one_row_min_elements is None:
+            one_row_min_elements = packed_one_row_min_elements() if rows is None else 0
+        if one_row_min_elements < 0:
+            raise ValueError(
+                f"one_row_min_elements {one_row_min_elements} is invalid; expected >= 0"
+            )
+        self.one_row_min_elements = one_row_min_elements
         # id(weight) -> (the weight, weakly; its version before it was packed; the copy)
         self._packed: dict[int, tuple[weakref.ref[torch.Tensor], int, torch.Tensor]] = {}
 
@@ -165,6 +234,8 @@ class PackedLinear:
     ) -> torch.Tensor:
         rows = x.numel() // max(x.shape[-1], 1)
         if rows < self.min_rows or (self.max_rows is not None and rows > self.max_rows):
+            return F.linear(x, weight, bias)
+        if rows == 1 and weight.numel() < self.one_row_min_elements:
             return F.linear(x, weight, bias)
         entry = self._packed.get(id(weight))
         current = (

@@ -3,7 +3,8 @@ cast back, then the weight), so greedy outputs do not move; other dtypes take th
 The linear kernels: oneDNN's gives F.linear's result to float32 rounding, reads the weight as it
 is now (no stale packed copy), and is chosen only where it runs; the packed one gives oneDNN's
 result, repacks a weight written in place and forgets a freed one; outside its rows (one row on
-an AVX-512 CPU not made by Intel; one row or more than 32 without AVX-512) it takes F.linear."""
+an AVX-512 CPU neither Intel's nor a Zen 5, one row of a weight under 1024 x 1024 elements on a
+Zen 5; one row or more than 32 without AVX-512) it takes F.linear."""
 
 from __future__ import annotations
 
@@ -20,13 +21,16 @@ from loraplex.model import layers
 from loraplex.model.layers import (
     LINEAR_KERNELS,
     ONEDNN_MIN_ROWS,
+    ZEN5_ONE_ROW_MIN_ELEMENTS,
     PackedLinear,
     RMSNorm,
+    cpu_family,
     cpu_vendor,
     linear_fn,
     onednn_available,
     onednn_linear,
     packed_available,
+    packed_one_row_min_elements,
     packed_rows,
     resolve_linear_kernel,
 )
@@ -156,36 +160,145 @@ def test_packed_linear_takes_f_linear_outside_its_rows(rows: tuple[int, int | No
     assert onednn in _ops_run(lambda: linear(x[:4].view(2, 2, 64), weight))  # rows, not dim 0
 
 
-def test_packed_rows_follow_the_cpu_capability_and_vendor(monkeypatch: pytest.MonkeyPatch) -> None:
-    """Every row count runs packed on Intel AVX-512 CPUs, 2 rows and more on another vendor's
-    AVX-512 CPU (Zen 4: F.linear was faster at one row), 2 to 32 rows without AVX-512."""
-    assert packed_rows("AVX512", "GenuineIntel") == (1, None)
-    assert packed_rows("AVX512", "AuthenticAMD") == packed_rows("AVX512", "") == (2, None)
-    for vendor in ("GenuineIntel", "AuthenticAMD", ""):
-        assert packed_rows("AVX2", vendor) == packed_rows("DEFAULT", vendor) == (2, 32)
-    for capability, vendor, rows in (
-        ("AVX512", "GenuineIntel", (1, None)),
-        ("AVX512", "AuthenticAMD", (2, None)),
-        ("AVX2", "GenuineIntel", (2, 32)),
+@needs_packed
+def test_packed_linear_runs_one_row_of_a_small_weight_through_f_linear() -> None:
+    """With ``one_row_min_elements`` (a Zen 5's default) a one-row call on a smaller weight is
+    ``F.linear``'s, on a weight that large the packed copy's; two rows run the copy either way."""
+    generator = torch.Generator().manual_seed(3)
+    x = torch.randn(2, 64, generator=generator)
+    small, large = (
+        torch.randn(47, 64, generator=generator),
+        torch.randn(48, 64, generator=generator),
+    )
+    linear = PackedLinear((1, None), one_row_min_elements=48 * 64)
+    assert linear.pack(small) and linear.pack(large)
+    onednn = "mkldnn::_linear_pointwise"
+    assert onednn not in _ops_run(lambda: linear(x[:1], small))
+    assert torch.equal(linear(x[:1], small), F.linear(x[:1], small))
+    assert onednn in _ops_run(lambda: linear(x[:1], large))
+    assert onednn in _ops_run(lambda: linear(x, small))
+    assert PackedLinear((1, None)).one_row_min_elements == 0  # explicit rows: every weight
+    with pytest.raises(ValueError, match=r"one_row_min_elements -1 is invalid"):
+        PackedLinear((1, None), one_row_min_elements=-1)
+
+
+def test_packed_rows_follow_the_cpu_capability_vendor_and_family(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Every row count runs packed on Intel and AMD Zen 5 (family 26 on) AVX-512 CPUs, 2 rows and
+    more on another AVX-512 CPU (Zen 4: F.linear was faster at one row), 2 to 32 rows without
+    AVX-512, whatever the vendor."""
+    assert (
+        packed_rows("AVX512", "GenuineIntel")
+        == packed_rows("AVX512", "GenuineIntel", 6)
+        == (1, None)
+    )
+    assert (
+        packed_rows("AVX512", "AuthenticAMD", 26)
+        == packed_rows("AVX512", "AuthenticAMD", 27)
+        == (1, None)
+    )
+    for family in (25, 23, None):
+        assert packed_rows("AVX512", "AuthenticAMD", family) == (2, None)
+    assert packed_rows("AVX512", "AuthenticAMD") == packed_rows("AVX512", "", 26) == (2, None)
+    for vendor, family in (
+        ("GenuineIntel", 6),
+        ("AuthenticAMD", 25),
+        ("AuthenticAMD", 26),
+        ("", None),
+    ):
+        assert (
+            packed_rows("AVX2", vendor, family) == packed_rows("DEFAULT", vendor, family) == (2, 32)
+        )
+    for capability, vendor, family, rows in (
+        ("AVX512", "GenuineIntel", 6, (1, None)),
+        ("AVX512", "AuthenticAMD", 26, (1, None)),
+        ("AVX512", "AuthenticAMD", 25, (2, None)),
+        ("AVX2", "GenuineIntel", 6, (2, 32)),
     ):
         monkeypatch.setattr(torch.backends.cpu, "get_cpu_capability", lambda c=capability: c)
         monkeypatch.setattr(layers, "cpu_vendor", lambda v=vendor: v)
+        monkeypatch.setattr(layers, "cpu_family", lambda f=family: f)
         linear = PackedLinear()
         assert packed_rows() == rows and (linear.min_rows, linear.max_rows) == rows
+        zen5 = (capability, vendor, family) == ("AVX512", "AuthenticAMD", 26)
+        elements = ZEN5_ONE_ROW_MIN_ELEMENTS if zen5 else 0
+        assert packed_one_row_min_elements() == linear.one_row_min_elements == elements
     for bad in ((0, None), (4, 2)):
         with pytest.raises(ValueError, match=r"rows \(\d, \w+\) is invalid"):
             PackedLinear(bad)
 
 
-def test_cpu_vendor_reads_the_first_vendor_id(tmp_path: Path) -> None:
-    """The vendor string as cpuinfo spells it; empty without one or without the file."""
+def _cpuinfo(vendor: str, family: int, model: int, flags: str) -> str:
+    """Two processors of /proc/cpuinfo as Linux writes them on x86 (the fields read and a few)."""
+    one = (
+        f"processor\t: {{n}}\nvendor_id\t: {vendor}\ncpu family\t: {family}\nmodel\t\t: {model}\n"
+        f"model name\t: a CPU\nflags\t\t: fpu sse2 {flags}\n\n"
+    )
+    return one.format(n=0) + one.format(n=1)
+
+
+@pytest.mark.parametrize(
+    ("kind", "text", "capability", "rows", "one_row_elements"),
+    [
+        (
+            "Xeon (AMX)",
+            _cpuinfo("GenuineIntel", 6, 143, "avx2 avx512f amx_tile"),
+            "AVX512",
+            (1, None),
+            0,
+        ),
+        ("EPYC Milan", _cpuinfo("AuthenticAMD", 25, 1, "avx2"), "AVX2", (2, 32), 0),
+        (
+            "EPYC Genoa",
+            _cpuinfo("AuthenticAMD", 25, 17, "avx2 avx512f avx512_bf16"),
+            "AVX512",
+            (2, None),
+            0,
+        ),
+        (
+            "EPYC Turin",
+            _cpuinfo("AuthenticAMD", 26, 2, "avx2 avx512f avx512_bf16"),
+            "AVX512",
+            (1, None),
+            1024 * 1024,
+        ),
+        ("ARM", "processor\t: 0\nCPU implementer\t: 0x41\n", "DEFAULT", (2, 32), 0),
+        ("no family", "processor\t: 0\nvendor_id\t: AuthenticAMD\n", "AVX512", (2, None), 0),
+    ],
+)
+def test_packed_rows_per_cpu_kind_from_cpuinfo(
+    monkeypatch: pytest.MonkeyPatch,
+    tmp_path: Path,
+    kind: str,
+    text: str,
+    capability: str,
+    rows: tuple[int, int | None],
+    one_row_elements: int,
+) -> None:
+    """Each CPU kind measured in docs/benchmarks/peer.md, from its cpuinfo text as the engine
+    reads it (torch's capability set to what torch reports there)."""
     info = tmp_path / "cpuinfo"
-    for vendor in ("GenuineIntel", "AuthenticAMD"):
-        info.write_text(f"processor\t: 0\nvendor_id\t: {vendor}\ncpu family\t: 25\n" * 2)
-        assert cpu_vendor(str(info)) == vendor
-    info.write_text("processor\t: 0\nCPU implementer\t: 0x41\n")  # an ARM machine's
-    assert cpu_vendor(str(info)) == ""
-    assert cpu_vendor(str(tmp_path / "absent")) == ""
+    info.write_text(text)
+    monkeypatch.setattr(torch.backends.cpu, "get_cpu_capability", lambda: capability)
+    monkeypatch.setattr(layers, "cpu_vendor", lambda: cpu_vendor(str(info)))
+    monkeypatch.setattr(layers, "cpu_family", lambda: cpu_family(str(info)))
+    assert (packed_rows(), packed_one_row_min_elements()) == (rows, one_row_elements), kind
+
+
+def test_cpu_vendor_and_family_read_the_first_processor(tmp_path: Path) -> None:
+    """The vendor string as cpuinfo spells it and the family as a number; empty / None without
+    one, without the file, or with a family that is not a number."""
+    info = tmp_path / "cpuinfo"
+    for vendor, family in (("GenuineIntel", 6), ("AuthenticAMD", 25), ("AuthenticAMD", 26)):
+        info.write_text(_cpuinfo(vendor, family, 2, "avx2"))
+        assert (cpu_vendor(str(info)), cpu_family(str(info))) == (vendor, family)
+    info.write_text("processor\t: 0\nCPU implementer\t: 0x41\nCPU architecture: 8\n")  # ARM
+    assert (cpu_vendor(str(info)), cpu_family(str(info))) == ("", None)
+    info.write_text("vendor_id\t: AuthenticAMD\ncpu family\t: 1a\n")
+    assert cpu_family(str(info)) is None
+    absent = str(tmp_path / "absent")
+    assert (cpu_vendor(absent), cpu_family(absent)) == ("", None)
 
 
 @needs_packed
