@@ -185,6 +185,11 @@ class Member(Protocol):
         """The room it waited for is its: read its request."""
         ...
 
+    def gone(self) -> bool:
+        """While it waits (``hold``): its client closed it (a reset, or an end of stream with
+        nothing of a request before it), so nothing of it can be answered."""
+        ...
+
     def cut_body(self) -> None:
         """Close it with a reset, its request's body still due (``receiving_s``), its requests
         refused (its tenant at ``max_tenant_connection_share``), taken for that tenant's
@@ -281,8 +286,30 @@ class ConnectionGate:
             return False
         if len(self._unauthenticated) >= limits.max_unauthenticated_connections:
             return False
-        waiting = len(self._waiting)
-        return waiting < MAX_WAITING and len(self._draining) - len(self._refused) > waiting
+        return self._take_waiting_place(address)
+
+    def _take_waiting_place(self, address: str) -> bool:
+        """A waiting place for a newcomer from ``address``: a free one; else one whose newcomer's
+        client left (``gone``: forgotten, its socket closed); else the newest waiting newcomer's
+        of the address holding the most places, when that holds at least two more than
+        ``address`` (cut with a reset, counted refused, as when no place is left at accept)."""
+        places = min(MAX_WAITING, len(self._draining) - len(self._refused))
+        if len(self._waiting) < places:
+            return True
+        for member in [m for m in self._waiting if m.gone()]:
+            del self._waiting[member]
+            member.cut_body()
+        if len(self._waiting) < places:
+            return True
+        held = Counter(self._waiting.values())
+        most, num_most = max(held.items(), key=lambda x: x[1], default=(address, 0))
+        if num_most < held[address] + 2:
+            return False
+        newest = next(m for m in reversed(self._waiting) if self._waiting[m] == most)
+        del self._waiting[newest]
+        newest.cut_body()
+        self.num_refused += 1
+        return True
 
     def _enter(self, member: Member, address: str) -> None:
         self._open[member] = address
