@@ -286,30 +286,20 @@ class ConnectionGate:
             return False
         if len(self._unauthenticated) >= limits.max_unauthenticated_connections:
             return False
-        return self._take_waiting_place(address)
+        return self._take_waiting_place()
 
-    def _take_waiting_place(self, address: str) -> bool:
-        """A waiting place for a newcomer from ``address``: a free one; else one whose newcomer's
-        client left (``gone``: forgotten, its socket closed); else the newest waiting newcomer's
-        of the address holding the most places, when that holds at least two more than
-        ``address`` (cut with a reset, counted refused, as when no place is left at accept)."""
+    def _take_waiting_place(self) -> bool:
+        """A free waiting place, once those whose newcomer's client left (``gone``: forgotten,
+        its socket closed) are freed. NOTE: a waiting newcomer is read only at its turn, so one
+        whose client shut it held its place until its head deadline (10 s), another tenant's
+        newcomer refused meanwhile (``tests/server/test_waiting_places.py``)."""
         places = min(MAX_WAITING, len(self._draining) - len(self._refused))
         if len(self._waiting) < places:
             return True
         for member in [m for m in self._waiting if m.gone()]:
             del self._waiting[member]
             member.cut_body()
-        if len(self._waiting) < places:
-            return True
-        held = Counter(self._waiting.values())
-        most, num_most = max(held.items(), key=lambda x: x[1], default=(address, 0))
-        if num_most < held[address] + 2:
-            return False
-        newest = next(m for m in reversed(self._waiting) if self._waiting[m] == most)
-        del self._waiting[newest]
-        newest.cut_body()
-        self.num_refused += 1
-        return True
+        return len(self._waiting) < places
 
     def _enter(self, member: Member, address: str) -> None:
         self._open[member] = address
