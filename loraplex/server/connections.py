@@ -34,7 +34,8 @@ answer (``drain``: the request in flight, or the next one, is answered with ``Co
 close``), and the newcomer waits for the room one drained connection frees (``hold``: nothing of
 it read, its head deadline running; ``let_in`` when a connection closes, the oldest waiting one
 first, before any later connection), at most one newcomer for each drained connection and
-``MAX_WAITING`` in all; past that it is closed, and its retry finds the room. NOTE: closed at
+``MAX_WAITING`` in all; past that (places held by newcomers whose clients left, ``gone``, freed
+first) it is closed, and its retry finds the room. NOTE: closed at
 once, every newcomer was reset until the first drained answer ended: the first 1-4 of them,
 0.5 s apart, in every run of attack round 19. NOTE: a drain freed nothing
 while a request's body was due, so a tenant that held ``max_connections`` connections, each
@@ -194,7 +195,8 @@ class Member(Protocol):
         """Close it with a reset, its request's body still due (``receiving_s``), its requests
         refused (its tenant at ``max_tenant_connection_share``), taken for that tenant's
         reconnect (unauthenticated, from the address of such a refusal), or waiting for room
-        (``hold``) while its address reached ``max_connections_per_address``."""
+        (``hold``) while its address reached ``max_connections_per_address`` or its client
+        left (``gone``)."""
         ...
 
 
