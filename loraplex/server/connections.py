@@ -34,7 +34,8 @@ answer (``drain``: the request in flight, or the next one, is answered with ``Co
 close``), and the newcomer waits for the room one drained connection frees (``hold``: nothing of
 it read, its head deadline running; ``let_in`` when a connection closes, the oldest waiting one
 first, before any later connection), at most one newcomer for each drained connection and
-``MAX_WAITING`` in all; past that it is closed, and its retry finds the room. NOTE: closed at
+``MAX_WAITING`` in all; past that (places held by newcomers whose clients left, ``gone``, freed
+first) it is closed, and its retry finds the room. NOTE: closed at
 once, every newcomer was reset until the first drained answer ended: the first 1-4 of them,
 0.5 s apart, in every run of attack round 19. NOTE: a drain freed nothing
 while a request's body was due, so a tenant that held ``max_connections`` connections, each
@@ -185,11 +186,17 @@ class Member(Protocol):
         """The room it waited for is its: read its request."""
         ...
 
+    def gone(self) -> bool:
+        """While it waits (``hold``): its client closed it (a reset, or an end of stream with
+        nothing of a request before it), so nothing of it can be answered."""
+        ...
+
     def cut_body(self) -> None:
         """Close it with a reset, its request's body still due (``receiving_s``), its requests
         refused (its tenant at ``max_tenant_connection_share``), taken for that tenant's
         reconnect (unauthenticated, from the address of such a refusal), or waiting for room
-        (``hold``) while its address reached ``max_connections_per_address``."""
+        (``hold``) while its address reached ``max_connections_per_address`` or its client
+        left (``gone``)."""
         ...
 
 
@@ -281,8 +288,20 @@ class ConnectionGate:
             return False
         if len(self._unauthenticated) >= limits.max_unauthenticated_connections:
             return False
-        waiting = len(self._waiting)
-        return waiting < MAX_WAITING and len(self._draining) - len(self._refused) > waiting
+        return self._take_waiting_place()
+
+    def _take_waiting_place(self) -> bool:
+        """A free waiting place, once those whose newcomer's client left (``gone``: forgotten,
+        its socket closed) are freed. NOTE: a waiting newcomer is read only at its turn, so one
+        whose client shut it held its place until its head deadline (10 s), another tenant's
+        newcomer refused meanwhile (``tests/server/test_waiting_places.py``)."""
+        places = min(MAX_WAITING, len(self._draining) - len(self._refused))
+        if len(self._waiting) < places:
+            return True
+        for member in [m for m in self._waiting if m.gone()]:
+            del self._waiting[member]
+            member.cut_body()
+        return len(self._waiting) < places
 
     def _enter(self, member: Member, address: str) -> None:
         self._open[member] = address

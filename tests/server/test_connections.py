@@ -52,6 +52,7 @@ class FakeMember:
         self.body_cut = False
         self.may_wait = may_wait  # False: refused where it could wait for room
         self.waiting = False  # held for room a drained connection frees
+        self.left = False  # its client closed it while it waited (``gone``)
 
     def is_idle(self) -> bool:
         return self.idle
@@ -80,6 +81,9 @@ class FakeMember:
 
     def let_in(self) -> None:
         self.waiting = False
+
+    def gone(self) -> bool:
+        return self.left
 
 
 def _gate(**limits: int) -> tuple[ConnectionGate, ManualClock]:

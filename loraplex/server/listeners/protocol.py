@@ -61,6 +61,8 @@ from loraplex.server.tarpit import Tarpit
 # How often a half-closed connection whose answer is not yet written is checked for a reset (the
 # client gone): no read can see one after the EOF, and no write happens before the answer.
 RESET_POLL_S = 0.5
+# Linux TCP states (``tcpi_state``, the first byte of TCP_INFO): reset by the peer; its side shut.
+_TCP_CLOSE, _TCP_CLOSE_WAIT = 7, 8
 
 
 class ListenerConfig(uvicorn.Config):
@@ -227,6 +229,19 @@ class BoundedH11Protocol(H11Protocol):
         """Admitted after waiting: its request is read (``connections.Member``)."""
         if not self.transport.is_closing():
             self.flow.resume_reading()
+
+    def gone(self) -> bool:
+        """Its client reset it, or shut its side with nothing sent before (``connections.Member``,
+        asked of a waiting newcomer, which reads nothing: its end shows only in the TCP state).
+        NOTE: seen otherwise only at its head deadline, it held a waiting place until then."""
+        sock = self.transport.get_extra_info("socket")
+        if self.transport.is_closing() or sock is None:
+            return self.transport.is_closing()
+        try:
+            state = sock.getsockopt(socket.IPPROTO_TCP, socket.TCP_INFO, 1)[0]
+        except OSError:
+            return False  # not TCP: never taken for gone
+        return state == _TCP_CLOSE or (state == _TCP_CLOSE_WAIT and not self._bytes_waiting())
 
     def cut_body(self) -> None:
         """Closed with a reset by the gate for a newcomer, its request's body still due
