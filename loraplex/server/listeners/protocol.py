@@ -237,8 +237,11 @@ class BoundedH11Protocol(H11Protocol):
         sock = self.transport.get_extra_info("socket")
         if self.transport.is_closing() or sock is None:
             return self.transport.is_closing()
+        tcp_info = getattr(socket, "TCP_INFO", None)  # Linux only
+        if tcp_info is None:
+            return False  # the state cannot be read here: seen at the head deadline, as before
         try:
-            state = sock.getsockopt(socket.IPPROTO_TCP, socket.TCP_INFO, 1)[0]
+            state = sock.getsockopt(socket.IPPROTO_TCP, tcp_info, 1)[0]
         except OSError:
             return False  # not TCP: never taken for gone
         return state == _TCP_CLOSE or (state == _TCP_CLOSE_WAIT and not self._bytes_waiting())
