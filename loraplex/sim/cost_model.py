@@ -112,6 +112,16 @@ before it takes the lock), so a load that reaches its copy mid-step waits out th
 its request joins the step after the one planned meanwhile. Not a number: how loraplex's engine
 is built, which ``sim calibrate`` writes true for every server it measures. A file without the
 key reads as false: the copy runs beside the step, as before, results unchanged to the byte.
+
+A fresh server process pays one-time work on its first requests that later ones do not (the
+real server runs no warm-up: its first load from the store, first forward and first reply run
+code and touch memory for the first time). ``first_load_s`` adds its seconds to a replica's
+first L3 -> L2 stage (not scaled by ``load_busy_scale`` or the fleet's scales; with
+``load_cpu_shared`` it is CPU the engine loses, as the stage's own price), ``first_step_s`` to
+a replica's first step (a decode run does not repeat it), ``first_hop_s`` to the hop of the
+run's first request (the front's first reply). Measured on a real single server's traces, each
+run's first request against the same run's later ones (docs/simulator.md, simtail2); ``sim
+calibrate`` does not measure them. A file without the keys reads as 0: as before, to the byte.
 """
 
 from __future__ import annotations
@@ -128,6 +138,9 @@ from loraplex.sim.host_speed import HostProbe
 SCHEMA = "loraplex-sim-cost/1"
 LINKS = ("L3_to_L2", "L2_to_L1", "L1_to_L0")
 HANDOFF_TIERS = ("L1", "L2", "L3")  # the tiers a waiting lease is loaded from
+# A fresh server's one-time seconds (module docstring): its first fetch, its first request's
+# hop, its first step
+FIRST_KEYS = ("first_load_s", "first_hop_s", "first_step_s")
 # Step keys a file may leave out (module docstring: the model before prefill was measured).
 STEP_OPTIONAL = (
     "per_prefill_token_s",
@@ -260,6 +273,15 @@ class CostModel:
     # A copy into a GPU slot that starts while a step runs starts when the step ends (the slot
     # lock; module docstring); False: the copy runs beside the step.
     copy_waits_for_step: bool = False
+    # Seconds a replica's first L3 -> L2 stage takes beyond its price (a fresh process's one-time
+    # work; module docstring); 0: none.
+    first_load_s: float = 0.0
+    # Seconds the run's first request's hop takes beyond its draw (the front's first reply;
+    # module docstring); 0: none.
+    first_hop_s: float = 0.0
+    # Seconds a replica's first step takes beyond its price (its first forward; module
+    # docstring); 0: none.
+    first_step_s: float = 0.0
     # Where each number comes from: a calibration run (command, date, machine) or a citation.
     sources: dict[str, str] = field(default_factory=dict)
 
@@ -272,7 +294,7 @@ class CostModel:
         unknown = sorted(set(self.links) - set(LINKS))
         if unknown:
             raise ValueError(f"CostModel.links has unknown links {unknown}; expected {list(LINKS)}")
-        for name in ("front_s", "ipc_s", "network_s", "lease_ask_s"):
+        for name in ("front_s", "ipc_s", "network_s", "lease_ask_s", *FIRST_KEYS):
             _non_negative(f"CostModel.{name}", getattr(self, name))
         _check_quantiles("CostModel.hop_jitter_s", self.hop_jitter_s)
         _check_quantiles("CostModel.network_jitter_s", self.network_jitter_s)
@@ -326,6 +348,7 @@ class CostModel:
             ("lease_ask_s", 0.0),
             ("fleet_load_scale", None),
             ("copy_waits_for_step", False),
+            *((key, 0.0) for key in FIRST_KEYS),
         ):
             if body[key] == default:
                 del body[key]
@@ -348,6 +371,7 @@ def from_dict(body: dict[str, object], origin: str = "<dict>") -> CostModel:
     known |= {"network_s", "sources", "load_cpu_shared", "hop_jitter_s", "network_jitter_s"}
     known |= {"fleet_cpu_scale", "cores", "lease_handoff_s", "fleet_contention", "host_probe"}
     known |= {"load_busy_scale", "lease_ask_s", "fleet_load_scale", "copy_waits_for_step"}
+    known |= set(FIRST_KEYS)
     unknown = sorted(set(body) - known)
     if unknown:
         raise ValueError(f"{origin}: unknown keys {unknown}")
@@ -394,6 +418,7 @@ def from_dict(body: dict[str, object], origin: str = "<dict>") -> CostModel:
         load_busy_scale=_float(body, "load_busy_scale", 1.0),
         lease_ask_s=_float(body, "lease_ask_s", 0.0),
         copy_waits_for_step=copy_waits,
+        **{key: _float(body, key, 0.0) for key in FIRST_KEYS},
         sources={str(k): str(v) for k, v in sources.items()},
     )
 

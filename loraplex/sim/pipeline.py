@@ -25,7 +25,8 @@ class CostModelPipeline:
     L1->L0 (host-to-device copy) their link's fixed seconds plus bytes over bandwidth; the first
     two ``load_busy_scale`` times that when ``busy`` says the engine has requests running as the
     stage starts; the copy, with ``copy_waits_for_step``, also the seconds ``lock_wait`` says the
-    step in flight has left (``cost_model``'s docstring)."""
+    step in flight has left; the first L3 -> L2 stage also ``first_load_s`` (``cost_model``'s
+    docstring)."""
 
     # True (an empty L1 -> L0 phase, as the real cache ran it before): the recorded results
     # depend on the order of same-time events
@@ -52,19 +53,24 @@ class CostModelPipeline:
         # seconds until the step in flight ends, read when a copy into a slot starts (it waits
         # for the slot lock the forward holds); None: the file has no ``copy_waits_for_step``
         self._lock_wait = lock_wait if cost.copy_waits_for_step else None
+        # a fresh process's one-time work, charged to its first fetch and then spent
+        self._first_load_s = cost.first_load_s
 
     def _charge(self, stage: Stage, link: str, nbytes: int) -> dict[Stage, float]:
         seconds = self._links[link].seconds(nbytes)
         if self._scale != 1.0:
             seconds *= self._scale
+        first = 0.0
+        if stage is Stage.FETCH and self._first_load_s:
+            first, self._first_load_s = self._first_load_s, 0.0
         if self._on_charge is not None:
-            self._on_charge(seconds)  # the CPU the load takes from a step: its own price
+            self._on_charge(seconds + first)  # the CPU the load takes from a step: its own price
         if stage is Stage.COPY:
             if self._lock_wait is not None:  # the real stage counter times the wait too
                 seconds += self._lock_wait()
         elif self._busy is not None and self._busy():
             seconds *= self._busy_scale
-        return {stage: seconds}
+        return {stage: seconds + first}
 
     def resolve(self, key: AdapterKey, cancel: CancelToken) -> Resolved:
         cancel.check(Stage.RESOLVE)

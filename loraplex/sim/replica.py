@@ -87,6 +87,7 @@ class SimReplica:
         # topology uncounts the ones that had none (``sim/fleet.py``); None: no one
         self.on_end: Callable[[str, bool], None] | None = None
         self._load_debt_s = 0.0  # load CPU seconds that overlapped steps, due at the next step
+        self._first_step_s = cost.first_step_s  # a fresh process's first forward; spent by it
         self.cache = TieredAdapterCache(
             cache_config(config),
             CostModelPipeline(
@@ -210,8 +211,9 @@ class SimReplica:
         seconds *= self._cpu_scale
         if self._cpu is not None:
             seconds *= self._cpu.stretch(now)
-        steady = self._steady and not self._load_debt_s
-        seconds += self._load_debt_s
+        steady = self._steady and not self._load_debt_s and not self._first_step_s
+        seconds += self._load_debt_s + self._first_step_s
+        self._first_step_s = 0.0
         self._load_debt_s = 0.0
         self._in_step = True
         if self._cpu is not None:

@@ -222,6 +222,8 @@ def _simulate(
         hop = hop_s
         if jitter is not None:
             hop = max(0.0, hop_s + cost_model.hop_jitter(jitter.random(), fleet is not None))
+        if index == 0:
+            hop += cost_model.first_hop_s  # the front's first reply (0 without the key)
         if cpu is not None:
             cpu.requests += 1  # its replica counts its end
             hop *= cpu.hop_stretch()  # 1 without a contention curve
