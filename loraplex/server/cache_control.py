@@ -7,7 +7,7 @@ from typing import Protocol
 
 from loraplex.artifacts.identity import AdapterKey
 from loraplex.artifacts.warm_policy import WarmPolicy
-from loraplex.residency.cache import CacheSummary, ResidencySnapshot
+from loraplex.residency.cache import CacheSummary, ResidencySnapshot, Unpinned
 from loraplex.residency.ledger import Tier
 
 
@@ -29,7 +29,9 @@ class CacheControl(Protocol):
 
     def prefetch(self, key: AdapterKey, tier: Tier) -> Future[None]: ...
 
-    def unpin(self, key: AdapterKey, tier: Tier) -> None: ...
+    def unpin(self, key: AdapterKey, tier: Tier) -> Unpinned:
+        """Lifts the pin; the answer says whether there was one and what pins the copy still."""
+        ...
 
     def evict(self, key: AdapterKey, tier: Tier) -> bool: ...
 

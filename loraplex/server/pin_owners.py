@@ -24,7 +24,7 @@ from typing import Protocol
 from loraplex.artifacts.identity import AdapterKey
 from loraplex.artifacts.warm_policy import WarmPolicy
 from loraplex.registry import Registry
-from loraplex.residency.cache import CacheSummary, ResidencySnapshot
+from loraplex.residency.cache import CacheSummary, ResidencySnapshot, Unpinned
 from loraplex.residency.ledger import Tier
 from loraplex.server.cache_control import CacheControl
 
@@ -86,27 +86,32 @@ class OwnedPins:
             self._owners.setdefault((key, tier), set()).add(owner)
             return future
 
-    def unpin(self, key: AdapterKey, tier: Tier, owner: str = OPERATOR) -> None:
+    def unpin(self, key: AdapterKey, tier: Tier, owner: str = OPERATOR) -> Unpinned:
         """Lets go of ``owner``'s pin; the cache unpins once no owner is left. An operator's
-        record is removed first (a failed removal unpins nothing)."""
+        record is removed first (a failed removal unpins nothing). The answer's ``owners`` are
+        the others holding the pin still; while there are any the cache is not called, so its
+        warm policies are not named (they are once the last owner lets go)."""
         with self._lock:
             record = self._recorder(owner)
             removed = record is not None and record.remove(key, tier)
             try:
-                self._unpin(key, tier, owner)
+                return self._unpin(key, tier, owner)
             except BaseException:
                 if record is not None and removed:
                     _undo(lambda: record.record(key, tier))
                 raise
 
-    def _unpin(self, key: AdapterKey, tier: Tier, owner: str) -> None:
+    def _unpin(self, key: AdapterKey, tier: Tier, owner: str) -> Unpinned:
         owners = self._owners.get((key, tier))
-        if owners is not None:
-            owners.discard(owner)
-            if owners:
-                return  # someone else still holds it
-            del self._owners[(key, tier)]
-        self._cache.unpin(key, tier)
+        if owners is None:  # no owner known: a pin made around ``OwnedPins``, if any
+            return self._cache.unpin(key, tier)
+        held = owner in owners
+        owners.discard(owner)
+        if owners:  # someone else still holds it
+            return Unpinned(held, owners=frozenset(owners))
+        del self._owners[(key, tier)]
+        unpinned = self._cache.unpin(key, tier)
+        return Unpinned(held or unpinned.lifted, unpinned.warm)
 
     def _recorder(self, owner: str) -> PinRecord | None:
         return self._record if owner == OPERATOR else None

@@ -18,6 +18,7 @@ from fastapi import APIRouter, Depends, Query
 from starlette.concurrency import run_in_threadpool
 
 from loraplex.artifacts.identity import AdapterKey
+from loraplex.residency.warm import WarmHold
 from loraplex.server.admin_models import ResidencyBody
 from loraplex.server.auth import DepsDep, require_admin
 from loraplex.server.cache_control import CacheControl
@@ -115,9 +116,28 @@ async def prefetch(body: ResidencyBody, deps: DepsDep) -> Any:
 
 @router.post("/residency/unpin")
 async def unpin(body: ResidencyBody, deps: DepsDep) -> Any:
+    """Lift the operator's pin; the answer says what holds the copy pinned still, if anything.
+    NOTE: it said "unpinned" while a release's hold or a warm policy kept the copy pinned, and
+    the operator's next unload was a 409 again."""
     cache, key = await _target(body, deps)
-    await run_in_threadpool(cache.unpin, key, body.cache_tier())
-    return {"model": body.model, "tier": body.cache_tier().name, "status": "unpinned"}
+    unpinned = await run_in_threadpool(cache.unpin, key, body.cache_tier())
+    held_by = sorted(unpinned.owners) + sorted(_warm_label(hold) for hold in unpinned.warm)
+    if held_by:
+        status = "still_pinned"
+    else:
+        status = "unpinned" if unpinned.lifted else "not_pinned"
+    return {
+        "model": body.model,
+        "tier": body.cache_tier().name,
+        "status": status,
+        "lifted": unpinned.lifted,
+        "held_by": held_by,
+    }
+
+
+def _warm_label(hold: WarmHold) -> str:
+    """``warm_policy:gpu (automatic)``: the policy and who set it (the operator or the rates)."""
+    return f"warm_policy:{hold.policy.value} ({'automatic' if hold.automatic else 'operator'})"
 
 
 @router.post("/residency/evict")

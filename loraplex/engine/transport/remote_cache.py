@@ -24,7 +24,7 @@ from loraplex.engine.transport.messages import (
 )
 from loraplex.engine.transport.process_state import PublishedState
 from loraplex.errors import EngineUnavailableError
-from loraplex.residency.cache import CacheSummary, ResidencySnapshot
+from loraplex.residency.cache import CacheSummary, ResidencySnapshot, Unpinned
 from loraplex.residency.ledger import Tier
 
 
@@ -66,8 +66,9 @@ class RemoteCache:
     def prefetch(self, key: AdapterKey, tier: Tier) -> Future[None]:
         return self._call_future(Prefetch(key, tier))
 
-    def unpin(self, key: AdapterKey, tier: Tier) -> None:
-        self._call(Unpin(key, tier))
+    def unpin(self, key: AdapterKey, tier: Tier) -> Unpinned:
+        unpinned: Unpinned = self._call(Unpin(key, tier))
+        return unpinned
 
     def evict(self, key: AdapterKey, tier: Tier) -> bool:
         evicted: bool = self._call(Evict(key, tier))

@@ -8,7 +8,12 @@ from loraplex.residency.cache.config import CacheConfig
 from loraplex.residency.cache.executors import SimExecutor, StepExecutor, ThreadStepExecutor
 from loraplex.residency.cache.jobs import Lease
 from loraplex.residency.cache.tiered_cache import TieredAdapterCache
-from loraplex.residency.cache.view import CacheSummary, EntrySnapshot, ResidencySnapshot
+from loraplex.residency.cache.view import (
+    CacheSummary,
+    EntrySnapshot,
+    ResidencySnapshot,
+    Unpinned,
+)
 
 __all__ = [
     "CacheConfig",
@@ -21,4 +26,5 @@ __all__ = [
     "StepExecutor",
     "ThreadStepExecutor",
     "TieredAdapterCache",
+    "Unpinned",
 ]

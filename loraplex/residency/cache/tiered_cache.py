@@ -34,6 +34,7 @@ from loraplex.residency.cache.view import (
     CacheSummary,
     ResidencySnapshot,
     build_snapshot,
+    Unpinned,
     build_summary,
 )
 from loraplex.residency.ledger import Tier, TierLedger
@@ -121,12 +122,18 @@ class TieredAdapterCache:
             self._state.refresh_pins(key)
             return self._flow.load_into(key, tier, optional=False)
 
-    def unpin(self, key: AdapterKey, tier: Tier) -> None:
+    def unpin(self, key: AdapterKey, tier: Tier) -> Unpinned:
+        """Lifts the pin of ``key`` in ``tier``; the answer says whether there was one and
+        which warm policy keeps the copy pinned still (an unpin never changes a policy)."""
         with self._lock:
-            self._state.pins.unpin(key, tier)
+            pins = self._state.pins
+            lifted = pins.has_pin(key, tier)
+            pins.unpin(key, tier)
             self._state.refresh_pins(key)
             self._flow.retry_blocked()
             self._state.settle_key(key)
+            warm = pins.warm_hold(key, tier)
+            return Unpinned(lifted, frozenset(() if warm is None else (warm,)))
 
     def explicit_pins(self) -> set[tuple[AdapterKey, Tier]]:
         """The (revision, tier) pairs ``pin`` holds (what an ingress sent; no warm policy's)."""
