@@ -31,6 +31,7 @@ from loraplex.engine.transport.messages import (
     Dedicate,
     Evict,
     HoldMerges,
+    Holds,
     Prefetch,
     Snapshot,
 )
@@ -40,7 +41,7 @@ from loraplex.fleet.link import FleetLink
 from loraplex.fleet.report_cache import SEQ_KEY, DecodedReports
 from loraplex.fleet.standing import FleetStanding
 from loraplex.fleet.standing_restore import Restored
-from loraplex.residency.cache.view import CacheSummary, ResidencySnapshot, Unpinned
+from loraplex.residency.cache.view import CacheSummary, CopyHolds, ResidencySnapshot, Unpinned
 from loraplex.residency.ledger import Tier
 from loraplex.residency.stats import CacheStatsSnapshot, StageSummary
 from loraplex.router.reports import MalformedReportError, ReplicaReport
@@ -120,6 +121,17 @@ class FleetCache:
 
     def evict(self, key: AdapterKey, tier: Tier) -> bool:
         return any(self._wait(self._link.call_each(Evict(key, tier))).values())
+
+    def holds(self, key: AdapterKey, tier: Tier) -> CopyHolds:
+        """Every healthy replica's merged: what keeps the copy on any of them."""
+        answers: list[CopyHolds] = list(self._wait(self._link.call_each(Holds(key, tier))).values())
+        return CopyHolds(
+            resident=any(a.resident for a in answers),
+            pinned=any(a.pinned for a in answers),
+            warm=frozenset(hold for a in answers for hold in a.warm),
+            in_use=sum(a.in_use for a in answers),
+            loading=any(a.loading for a in answers),
+        )
 
     def set_warm_policy(self, key: AdapterKey, warm: WarmPolicy | None) -> None:
         self._wait(self._standing.set_warm(key, warm))

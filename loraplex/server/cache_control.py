@@ -7,7 +7,7 @@ from typing import Protocol
 
 from loraplex.artifacts.identity import AdapterKey
 from loraplex.artifacts.warm_policy import WarmPolicy
-from loraplex.residency.cache import CacheSummary, ResidencySnapshot, Unpinned
+from loraplex.residency.cache import CacheSummary, CopyHolds, ResidencySnapshot, Unpinned
 from loraplex.residency.ledger import Tier
 
 
@@ -34,5 +34,9 @@ class CacheControl(Protocol):
         ...
 
     def evict(self, key: AdapterKey, tier: Tier) -> bool: ...
+
+    def holds(self, key: AdapterKey, tier: Tier) -> CopyHolds:
+        """What keeps the copy from eviction (a kept ``evict`` says which)."""
+        ...
 
     def set_warm_policy(self, key: AdapterKey, warm: WarmPolicy | None) -> None: ...

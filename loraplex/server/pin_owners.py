@@ -19,12 +19,13 @@ import logging
 import threading
 from collections.abc import Callable, Mapping
 from concurrent.futures import Future
+from dataclasses import replace
 from typing import Protocol
 
 from loraplex.artifacts.identity import AdapterKey
 from loraplex.artifacts.warm_policy import WarmPolicy
 from loraplex.registry import Registry
-from loraplex.residency.cache import CacheSummary, ResidencySnapshot, Unpinned
+from loraplex.residency.cache import CacheSummary, CopyHolds, ResidencySnapshot, Unpinned
 from loraplex.residency.ledger import Tier
 from loraplex.server.cache_control import CacheControl
 
@@ -89,8 +90,7 @@ class OwnedPins:
     def unpin(self, key: AdapterKey, tier: Tier, owner: str = OPERATOR) -> Unpinned:
         """Lets go of ``owner``'s pin; the cache unpins once no owner is left. An operator's
         record is removed first (a failed removal unpins nothing). The answer's ``owners`` are
-        the others holding the pin still; while there are any the cache is not called, so its
-        warm policies are not named (they are once the last owner lets go)."""
+        the others holding the pin still (the cache is then asked only for its warm policy)."""
         with self._lock:
             record = self._recorder(owner)
             removed = record is not None and record.remove(key, tier)
@@ -108,7 +108,8 @@ class OwnedPins:
         held = owner in owners
         owners.discard(owner)
         if owners:  # someone else still holds it
-            return Unpinned(held, owners=frozenset(owners))
+            warm = self._cache.holds(key, tier).warm
+            return Unpinned(held, warm, frozenset(owners))
         del self._owners[(key, tier)]
         unpinned = self._cache.unpin(key, tier)
         return Unpinned(held or unpinned.lifted, unpinned.warm)
@@ -144,6 +145,10 @@ class OwnedPins:
 
     def evict(self, key: AdapterKey, tier: Tier) -> bool:
         return self._cache.evict(key, tier)
+
+    def holds(self, key: AdapterKey, tier: Tier) -> CopyHolds:
+        """The cache's answer with the pin's owners."""
+        return replace(self._cache.holds(key, tier), owners=self.owners(key, tier))
 
     def set_warm_policy(self, key: AdapterKey, warm: WarmPolicy | None) -> None:
         self._cache.set_warm_policy(key, warm)

@@ -18,6 +18,7 @@ from fastapi import APIRouter, Depends, Query
 from starlette.concurrency import run_in_threadpool
 
 from loraplex.artifacts.identity import AdapterKey
+from loraplex.residency.cache import CopyHolds
 from loraplex.residency.warm import WarmHold
 from loraplex.server.admin_models import ResidencyBody
 from loraplex.server.auth import DepsDep, require_admin
@@ -121,11 +122,8 @@ async def unpin(body: ResidencyBody, deps: DepsDep) -> Any:
     the operator's next unload was a 409 again."""
     cache, key = await _target(body, deps)
     unpinned = await run_in_threadpool(cache.unpin, key, body.cache_tier())
-    held_by = sorted(unpinned.owners) + sorted(_warm_label(hold) for hold in unpinned.warm)
-    if held_by:
-        status = "still_pinned"
-    else:
-        status = "unpinned" if unpinned.lifted else "not_pinned"
+    held_by = _held_by(unpinned.owners, unpinned.warm)
+    status = "still_pinned" if held_by else ("unpinned" if unpinned.lifted else "not_pinned")
     return {
         "model": body.model,
         "tier": body.cache_tier().name,
@@ -149,6 +147,28 @@ async def evict(body: ResidencyBody, deps: DepsDep) -> Any:
     answer: dict[str, object] = {"model": body.model, "tier": tier.name}
     answer["evicted"] = await run_in_threadpool(cache.evict, key, tier)
     if not answer["evicted"]:
-        kept = await run_in_threadpool(cache.is_resident, key, tier)
-        answer["reason"] = "kept: pinned, in use or loading" if kept else f"no copy in {tier.name}"
+        holds = await run_in_threadpool(cache.holds, key, tier)
+        answer["reason"] = _kept(holds) if holds.resident else f"no copy in {tier.name}"
     return answer
+
+
+def _held_by(owners: frozenset[str], warm: frozenset[WarmHold]) -> list[str]:
+    """What pins a copy: the pin's owners, then each warm policy (``_warm_label``)."""
+    return sorted(owners) + sorted(_warm_label(hold) for hold in warm)
+
+
+def _kept(holds: CopyHolds) -> str:
+    """Why an evict kept the copy, each hold named: ``kept: pinned by release; in use (2)``.
+    NOTE: it said "kept: pinned, in use or loading", and the operator had to guess which."""
+    why: list[str] = []
+    held_by = _held_by(holds.owners, holds.warm)
+    if holds.pinned and not holds.owners:
+        held_by.insert(0, "a pin (owner unknown)")  # made around ``OwnedPins``
+    if held_by:
+        why.append(f"pinned by {', '.join(held_by)}")
+    if holds.in_use:
+        why.append(f"in use ({holds.in_use} leases or loads)")
+    if holds.loading:
+        why.append("loading")
+    # NOTE: a copy that became evictable between the two calls has no hold left to name
+    return "kept: " + ("; ".join(why) or "nothing holds it now: try again")

@@ -18,7 +18,13 @@ from loraplex.errors import (
     DigestMismatchError,
     LoadCancelledError,
 )
-from loraplex.residency.cache import CacheConfig, Lease, TieredAdapterCache, Unpinned
+from loraplex.residency.cache import (
+    CacheConfig,
+    CopyHolds,
+    Lease,
+    TieredAdapterCache,
+    Unpinned,
+)
 from loraplex.residency.ledger import Tier
 from loraplex.residency.pipeline import CancelToken, Move, Prepared
 from loraplex.residency.stats import Stage
@@ -245,6 +251,22 @@ def test_an_unpin_says_which_warm_policy_keeps_the_copy_pinned() -> None:
     rig.cache.pin(A, Tier.L1)
     assert rig.cache.unpin(A, Tier.L1) == Unpinned(True)
     rig.settle()
+    rig.check()
+
+
+def test_holds_name_what_keeps_a_copy_from_eviction() -> None:
+    """A kept ``evict`` is told why (the admin answer said "pinned, in use or loading")."""
+    rig = make_rig()
+    assert rig.cache.holds(A, Tier.L0) == CopyHolds(resident=False, pinned=False)
+    lease = lease_of(rig, rig.cache.acquire_future(A))
+    assert rig.cache.holds(A, Tier.L0) == CopyHolds(resident=True, pinned=False, in_use=1)
+    rig.cache.pin(A, Tier.L0)
+    assert not rig.cache.evict(A, Tier.L0)
+    assert rig.cache.holds(A, Tier.L0) == CopyHolds(resident=True, pinned=True, in_use=1)
+    lease.release()
+    rig.cache.unpin(A, Tier.L0)
+    assert rig.cache.holds(A, Tier.L0) == CopyHolds(resident=True, pinned=False)
+    assert rig.cache.evict(A, Tier.L0)
     rig.check()
 
 

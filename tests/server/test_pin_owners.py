@@ -9,7 +9,7 @@ import pytest
 from loraplex.artifacts.identity import AdapterKey
 from loraplex.artifacts.warm_policy import WarmPolicy
 from loraplex.errors import EngineUnavailableError, RegistryUnavailableError
-from loraplex.residency.cache import CacheSummary, ResidencySnapshot, Unpinned
+from loraplex.residency.cache import CacheSummary, CopyHolds, ResidencySnapshot, Unpinned
 from loraplex.residency.ledger import Tier
 from loraplex.server.pin_owners import OPERATOR, RELEASE, OwnedPins
 
@@ -50,6 +50,10 @@ class RecordingCache:
 
     def evict(self, key: AdapterKey, tier: Tier) -> bool:
         return False
+
+    def holds(self, key: AdapterKey, tier: Tier) -> CopyHolds:
+        pinned = (key, tier) in self.pinned
+        return CopyHolds(resident=pinned, pinned=pinned)
 
     def set_warm_policy(self, key: AdapterKey, warm: WarmPolicy | None) -> None:
         raise NotImplementedError

@@ -1,7 +1,8 @@
-"""``POST /admin/residency/unpin`` says what keeps the copy pinned after it, through the
-in-process cache and the engine child's (over its pipe). It answered ``"unpinned"`` while a
-release's hold or a warm policy kept the copy pinned, and the operator's next
-``/v1/unload_lora_adapter`` was a 409 again."""
+"""``POST /admin/residency/unpin`` says what keeps the copy pinned after it, and a kept
+``/admin/residency/evict`` which hold kept it, through the in-process cache and the engine
+child's (over its pipe). The unpin answered ``"unpinned"`` while a release's hold or a warm
+policy kept the copy pinned (the operator's next ``/v1/unload_lora_adapter`` was a 409 again),
+and the evict "kept: pinned, in use or loading"."""
 
 from __future__ import annotations
 
@@ -30,6 +31,12 @@ def _unpin(http: httpx.Client, ref: str) -> dict[str, object]:
 def _pin(http: httpx.Client, ref: str) -> None:
     reply = http.post("/admin/residency/pin", json={"model": ref, "tier": "L0", "wait": True})
     assert reply.status_code == 200, reply.text
+
+
+def _evict_reason(http: httpx.Client, ref: str) -> object:
+    reply = http.post("/admin/residency/evict", json={"model": ref, "tier": "L0"})
+    assert reply.status_code == 200 and reply.json()["evicted"] is False, reply.text
+    return reply.json()["reason"]
 
 
 def _warm(http: httpx.Client, ref: str, policy: str) -> None:
@@ -63,8 +70,15 @@ def test_an_unpin_names_what_still_holds_the_copy(
         key = live.server.registry.get_revision(ref).key()
         cache.pin(key, Tier.L0, RELEASE).result(timeout=60)  # a release holds its stable
         _pin(http, ref)
-        held = ["release"]
+        _warm(http, ref, "gpu")
+        kept = "kept: pinned by operator, release, warm_policy:gpu (operator)"
+        assert _evict_reason(http, ref) == kept
+        held = ["release", "warm_policy:gpu (operator)"]
         assert _unpin(http, ref) == {"status": "still_pinned", "lifted": True, "held_by": held}
+        _warm(http, ref, "on_demand")
+        assert _evict_reason(http, ref) == "kept: pinned by release"
+        held = ["release"]
+        assert _unpin(http, ref) == {"status": "still_pinned", "lifted": False, "held_by": held}
         cache.unpin(key, Tier.L0, RELEASE)  # the hold's window ended
         assert _unpin(http, ref) == {"status": "not_pinned", "lifted": False, "held_by": []}
 

@@ -10,6 +10,7 @@ from loraplex.residency.cache.jobs import Lease
 from loraplex.residency.cache.tiered_cache import TieredAdapterCache
 from loraplex.residency.cache.view import (
     CacheSummary,
+    CopyHolds,
     EntrySnapshot,
     ResidencySnapshot,
     Unpinned,
@@ -18,6 +19,7 @@ from loraplex.residency.cache.view import (
 __all__ = [
     "CacheConfig",
     "CacheSummary",
+    "CopyHolds",
     "EntrySnapshot",
     "Lease",
     "ResidencyChanges",

@@ -32,9 +32,10 @@ from loraplex.residency.cache.recovery import adopt_recovered
 from loraplex.residency.cache.tier_state import TierState
 from loraplex.residency.cache.view import (
     CacheSummary,
+    CopyHolds,
     ResidencySnapshot,
-    build_snapshot,
     Unpinned,
+    build_snapshot,
     build_summary,
 )
 from loraplex.residency.ledger import Tier, TierLedger
@@ -186,6 +187,21 @@ class TieredAdapterCache:
             self._state.evict(entry)
             self._flow.retry_blocked()
             return True
+
+    def holds(self, key: AdapterKey, tier: Tier) -> CopyHolds:
+        """What keeps ``key``'s copy in ``tier`` from eviction (``evict`` says only whether it
+        went): its pin, the warm policy pinning it, its leases and loads, its install."""
+        with self._lock:
+            pins = self._state.pins
+            entry = self._state.ledgers[tier].get(key)
+            warm = pins.warm_hold(key, tier)
+            return CopyHolds(
+                resident=entry is not None,
+                pinned=pins.has_pin(key, tier),
+                warm=frozenset(() if warm is None else (warm,)),
+                in_use=0 if entry is None else entry.refcount,
+                loading=entry is not None and not entry.ready,
+            )
 
     def cancel(self, key: AdapterKey) -> bool:
         """Cancels the load of ``key`` for every waiter (LoadCancelledError); True if one ran."""

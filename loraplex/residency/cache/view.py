@@ -33,6 +33,20 @@ class Unpinned:
 
 
 @dataclass(frozen=True)
+class CopyHolds:
+    """What keeps one copy from eviction (``TieredAdapterCache.holds``; a fleet's merges every
+    replica's, ``server/pin_owners.py`` adds the pin's owners): ``evict`` says only whether
+    the copy went."""
+
+    resident: bool  # a copy is in the tier
+    pinned: bool  # a pin (``pin``) holds it
+    warm: frozenset[WarmHold] = frozenset()  # warm policies that pin it
+    in_use: int = 0  # leases and loads using the copy
+    loading: bool = False  # the copy is still being installed
+    owners: frozenset[str] = frozenset()  # owners of the pin ("operator", "release")
+
+
+@dataclass(frozen=True)
 class EntrySnapshot:
     """One adapter's copy in one tier."""
 
