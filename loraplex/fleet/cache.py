@@ -124,7 +124,8 @@ class FleetCache:
 
     def holds(self, key: AdapterKey, tier: Tier) -> CopyHolds:
         """Every healthy replica's merged: what keeps the copy on any of them."""
-        answers: list[CopyHolds] = list(self._wait(self._link.call_each(Holds(key, tier))).values())
+        replies = self._wait(self._link.call_each(Holds(key, tier))).values()
+        answers = [a for a in replies if isinstance(a, CopyHolds)]  # another kind names nothing
         return CopyHolds(
             resident=any(a.resident for a in answers),
             pinned=any(a.pinned for a in answers),

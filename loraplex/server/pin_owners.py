@@ -90,7 +90,8 @@ class OwnedPins:
     def unpin(self, key: AdapterKey, tier: Tier, owner: str = OPERATOR) -> Unpinned:
         """Lets go of ``owner``'s pin; the cache unpins once no owner is left. An operator's
         record is removed first (a failed removal unpins nothing). The answer's ``owners`` are
-        the others holding the pin still (the cache is then asked only for its warm policy)."""
+        the others holding the pin still; while there are any the cache is not called, so the
+        answer names no warm policy (``holds`` does: a release's unpin needs no such call)."""
         with self._lock:
             record = self._recorder(owner)
             removed = record is not None and record.remove(key, tier)
@@ -108,8 +109,7 @@ class OwnedPins:
         held = owner in owners
         owners.discard(owner)
         if owners:  # someone else still holds it
-            warm = self._cache.holds(key, tier).warm
-            return Unpinned(held, warm, frozenset(owners))
+            return Unpinned(held, owners=frozenset(owners))
         del self._owners[(key, tier)]
         unpinned = self._cache.unpin(key, tier)
         return Unpinned(held or unpinned.lifted, unpinned.warm)

@@ -121,12 +121,16 @@ async def unpin(body: ResidencyBody, deps: DepsDep) -> Any:
     NOTE: it said "unpinned" while a release's hold or a warm policy kept the copy pinned, and
     the operator's next unload was a 409 again."""
     cache, key = await _target(body, deps)
-    unpinned = await run_in_threadpool(cache.unpin, key, body.cache_tier())
-    held_by = _held_by(unpinned.owners, unpinned.warm)
+    tier = body.cache_tier()
+    unpinned = await run_in_threadpool(cache.unpin, key, tier)
+    warm = unpinned.warm
+    if unpinned.owners:  # another owner holds the pin: the cache was not asked
+        warm = (await run_in_threadpool(cache.holds, key, tier)).warm
+    held_by = _held_by(unpinned.owners, warm)
     status = "still_pinned" if held_by else ("unpinned" if unpinned.lifted else "not_pinned")
     return {
         "model": body.model,
-        "tier": body.cache_tier().name,
+        "tier": tier.name,
         "status": status,
         "lifted": unpinned.lifted,
         "held_by": held_by,

@@ -24,7 +24,8 @@ class Unpinned:
 
     lifted: bool  # a pin of the (revision, tier) was there and is gone
     warm: frozenset[WarmHold] = frozenset()  # warm policies that pin it still (one per server)
-    owners: frozenset[str] = frozenset()  # owners of the pin holding it still ("release")
+    # owners of the pin holding it still ("release"; ``OwnedPins`` then names no ``warm``)
+    owners: frozenset[str] = frozenset()
 
     @property
     def held(self) -> bool:
