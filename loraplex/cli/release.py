@@ -163,7 +163,8 @@ def list_releases(
     after: After = None,
 ) -> None:
     """Releases in flight (``--all``: every release), oldest first: one page, and on stderr the
-    --after (a release id) of the next one when more follow."""
+    --after (a release id) of the next one when more follow, or that there is none (stdout
+    stays empty for scripts; it printed nothing at all, which read as a command that failed)."""
     with failures(), opened(location.config()) as registry:
         store = ReleaseStore(registry)
         found, next_after = one_page(
@@ -177,4 +178,16 @@ def list_releases(
     else:
         for release in found:
             typer.echo(headline(release))
+        if not found:
+            typer.echo(_none_listed(show_all, tenant, after), err=True)
     next_page("releases", next_after)
+
+
+def _none_listed(show_all: bool, tenant: str | None, after: str | None) -> str:
+    """What an empty ``release list`` says on stderr (``--json``'s ``[]`` says it already)."""
+    said = "no release" if show_all else "no release in flight"
+    if tenant is not None:
+        said += f" of tenant {tenant!r}"
+    if after is not None:
+        said += f" after {after}"
+    return said if show_all else f"{said} (--all lists finished ones too)"

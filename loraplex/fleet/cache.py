@@ -31,6 +31,7 @@ from loraplex.engine.transport.messages import (
     Dedicate,
     Evict,
     HoldMerges,
+    Holds,
     Prefetch,
     Snapshot,
 )
@@ -40,7 +41,7 @@ from loraplex.fleet.link import FleetLink
 from loraplex.fleet.report_cache import SEQ_KEY, DecodedReports
 from loraplex.fleet.standing import FleetStanding
 from loraplex.fleet.standing_restore import Restored
-from loraplex.residency.cache.view import CacheSummary, ResidencySnapshot
+from loraplex.residency.cache.view import CacheSummary, CopyHolds, ResidencySnapshot, Unpinned
 from loraplex.residency.ledger import Tier
 from loraplex.residency.stats import CacheStatsSnapshot, StageSummary
 from loraplex.router.reports import MalformedReportError, ReplicaReport
@@ -109,11 +110,29 @@ class FleetCache:
     def prefetch(self, key: AdapterKey, tier: Tier) -> Future[None]:
         return _all_or_unavailable(list(self._link.call_each(Prefetch(key, tier)).values()))
 
-    def unpin(self, key: AdapterKey, tier: Tier) -> None:
-        self._wait(self._standing.unpin(key, tier))
+    def unpin(self, key: AdapterKey, tier: Tier) -> Unpinned:
+        """Every healthy replica's answer merged: lifted where any held the pin, and each warm
+        policy that pins the copy still on some replica (their automatic policies differ)."""
+        replies = self._wait(self._standing.unpin(key, tier)).values()
+        # NOTE: a replica of an older release answers None (it says nothing of its holders)
+        answers = [a for a in replies if isinstance(a, Unpinned)]
+        warm = frozenset(hold for a in answers for hold in a.warm)
+        return Unpinned(any(a.lifted for a in answers), warm)
 
     def evict(self, key: AdapterKey, tier: Tier) -> bool:
         return any(self._wait(self._link.call_each(Evict(key, tier))).values())
+
+    def holds(self, key: AdapterKey, tier: Tier) -> CopyHolds:
+        """Every healthy replica's merged: what keeps the copy on any of them."""
+        replies = self._wait(self._link.call_each(Holds(key, tier))).values()
+        answers = [a for a in replies if isinstance(a, CopyHolds)]  # another kind names nothing
+        return CopyHolds(
+            resident=any(a.resident for a in answers),
+            pinned=any(a.pinned for a in answers),
+            warm=frozenset(hold for a in answers for hold in a.warm),
+            in_use=sum(a.in_use for a in answers),
+            loading=any(a.loading for a in answers),
+        )
 
     def set_warm_policy(self, key: AdapterKey, warm: WarmPolicy | None) -> None:
         self._wait(self._standing.set_warm(key, warm))

@@ -118,6 +118,14 @@ _WARM_TIERS = {
 }
 
 
+@dataclass(frozen=True)
+class WarmHold:
+    """A warm policy that keeps a revision pinned in a tier (``PinBook.warm_hold``)."""
+
+    policy: WarmPolicy  # gpu pins L0, cpu pins L1
+    automatic: bool  # derived from the request rates (False: the operator's setting)
+
+
 class PinBook:
     """Which tiers each revision is pinned in: explicit operator pins, plus its warm policy.
 
@@ -202,6 +210,17 @@ class PinBook:
 
     def warm_policy(self, key: AdapterKey) -> WarmPolicy:
         return self._operator.get(key) or self._auto.get(key, WarmPolicy.ON_DEMAND)
+
+    def has_pin(self, key: AdapterKey, tier: Tier) -> bool:
+        """Whether a ``pin`` holds ``key`` in ``tier`` (its warm policy left aside)."""
+        return tier in self._pins.get(key, ())
+
+    def warm_hold(self, key: AdapterKey, tier: Tier) -> WarmHold | None:
+        """The warm policy that pins ``key`` in ``tier``, if one does."""
+        policy = self.warm_policy(key)
+        if tier not in _WARM_TIERS[policy]:
+            return None
+        return WarmHold(policy, automatic=key not in self._operator)
 
     def pinned_tiers(self, key: AdapterKey) -> frozenset[Tier]:
         return frozenset(self._pins.get(key, set())) | _WARM_TIERS[self.warm_policy(key)]

@@ -7,7 +7,7 @@ from typing import Protocol
 
 from loraplex.artifacts.identity import AdapterKey
 from loraplex.artifacts.warm_policy import WarmPolicy
-from loraplex.residency.cache import CacheSummary, ResidencySnapshot
+from loraplex.residency.cache import CacheSummary, CopyHolds, ResidencySnapshot, Unpinned
 from loraplex.residency.ledger import Tier
 
 
@@ -29,8 +29,14 @@ class CacheControl(Protocol):
 
     def prefetch(self, key: AdapterKey, tier: Tier) -> Future[None]: ...
 
-    def unpin(self, key: AdapterKey, tier: Tier) -> None: ...
+    def unpin(self, key: AdapterKey, tier: Tier) -> Unpinned:
+        """Lifts the pin; the answer says whether there was one and what pins the copy still."""
+        ...
 
     def evict(self, key: AdapterKey, tier: Tier) -> bool: ...
+
+    def holds(self, key: AdapterKey, tier: Tier) -> CopyHolds:
+        """What keeps the copy from eviction (a kept ``evict`` says which)."""
+        ...
 
     def set_warm_policy(self, key: AdapterKey, warm: WarmPolicy | None) -> None: ...

@@ -19,12 +19,13 @@ import logging
 import threading
 from collections.abc import Callable, Mapping
 from concurrent.futures import Future
+from dataclasses import replace
 from typing import Protocol
 
 from loraplex.artifacts.identity import AdapterKey
 from loraplex.artifacts.warm_policy import WarmPolicy
 from loraplex.registry import Registry
-from loraplex.residency.cache import CacheSummary, ResidencySnapshot
+from loraplex.residency.cache import CacheSummary, CopyHolds, ResidencySnapshot, Unpinned
 from loraplex.residency.ledger import Tier
 from loraplex.server.cache_control import CacheControl
 
@@ -86,27 +87,32 @@ class OwnedPins:
             self._owners.setdefault((key, tier), set()).add(owner)
             return future
 
-    def unpin(self, key: AdapterKey, tier: Tier, owner: str = OPERATOR) -> None:
+    def unpin(self, key: AdapterKey, tier: Tier, owner: str = OPERATOR) -> Unpinned:
         """Lets go of ``owner``'s pin; the cache unpins once no owner is left. An operator's
-        record is removed first (a failed removal unpins nothing)."""
+        record is removed first (a failed removal unpins nothing). The answer's ``owners`` are
+        the others holding the pin still; while there are any the cache is not called, so the
+        answer names no warm policy (``holds`` does: a release's unpin needs no such call)."""
         with self._lock:
             record = self._recorder(owner)
             removed = record is not None and record.remove(key, tier)
             try:
-                self._unpin(key, tier, owner)
+                return self._unpin(key, tier, owner)
             except BaseException:
                 if record is not None and removed:
                     _undo(lambda: record.record(key, tier))
                 raise
 
-    def _unpin(self, key: AdapterKey, tier: Tier, owner: str) -> None:
+    def _unpin(self, key: AdapterKey, tier: Tier, owner: str) -> Unpinned:
         owners = self._owners.get((key, tier))
-        if owners is not None:
-            owners.discard(owner)
-            if owners:
-                return  # someone else still holds it
-            del self._owners[(key, tier)]
-        self._cache.unpin(key, tier)
+        if owners is None:  # no owner known: a pin made around ``OwnedPins``, if any
+            return self._cache.unpin(key, tier)
+        held = owner in owners
+        owners.discard(owner)
+        if owners:  # someone else still holds it
+            return Unpinned(held, owners=frozenset(owners))
+        del self._owners[(key, tier)]
+        unpinned = self._cache.unpin(key, tier)
+        return Unpinned(held or unpinned.lifted, unpinned.warm)
 
     def _recorder(self, owner: str) -> PinRecord | None:
         return self._record if owner == OPERATOR else None
@@ -139,6 +145,10 @@ class OwnedPins:
 
     def evict(self, key: AdapterKey, tier: Tier) -> bool:
         return self._cache.evict(key, tier)
+
+    def holds(self, key: AdapterKey, tier: Tier) -> CopyHolds:
+        """The cache's answer with the pin's owners."""
+        return replace(self._cache.holds(key, tier), owners=self.owners(key, tier))
 
     def set_warm_policy(self, key: AdapterKey, warm: WarmPolicy | None) -> None:
         self._cache.set_warm_policy(key, warm)

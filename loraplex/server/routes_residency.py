@@ -18,6 +18,8 @@ from fastapi import APIRouter, Depends, Query
 from starlette.concurrency import run_in_threadpool
 
 from loraplex.artifacts.identity import AdapterKey
+from loraplex.residency.cache import CopyHolds
+from loraplex.residency.warm import WarmHold
 from loraplex.server.admin_models import ResidencyBody
 from loraplex.server.auth import DepsDep, require_admin
 from loraplex.server.cache_control import CacheControl
@@ -115,9 +117,29 @@ async def prefetch(body: ResidencyBody, deps: DepsDep) -> Any:
 
 @router.post("/residency/unpin")
 async def unpin(body: ResidencyBody, deps: DepsDep) -> Any:
+    """Lift the operator's pin; the answer says what holds the copy pinned still, if anything.
+    NOTE: it said "unpinned" while a release's hold or a warm policy kept the copy pinned, and
+    the operator's next unload was a 409 again."""
     cache, key = await _target(body, deps)
-    await run_in_threadpool(cache.unpin, key, body.cache_tier())
-    return {"model": body.model, "tier": body.cache_tier().name, "status": "unpinned"}
+    tier = body.cache_tier()
+    unpinned = await run_in_threadpool(cache.unpin, key, tier)
+    warm = unpinned.warm
+    if unpinned.owners:  # another owner holds the pin: the cache was not asked
+        warm = (await run_in_threadpool(cache.holds, key, tier)).warm
+    held_by = _held_by(unpinned.owners, warm)
+    status = "still_pinned" if held_by else ("unpinned" if unpinned.lifted else "not_pinned")
+    return {
+        "model": body.model,
+        "tier": tier.name,
+        "status": status,
+        "lifted": unpinned.lifted,
+        "held_by": held_by,
+    }
+
+
+def _warm_label(hold: WarmHold) -> str:
+    """``warm_policy:gpu (automatic)``: the policy and who set it (the operator or the rates)."""
+    return f"warm_policy:{hold.policy.value} ({'automatic' if hold.automatic else 'operator'})"
 
 
 @router.post("/residency/evict")
@@ -129,6 +151,28 @@ async def evict(body: ResidencyBody, deps: DepsDep) -> Any:
     answer: dict[str, object] = {"model": body.model, "tier": tier.name}
     answer["evicted"] = await run_in_threadpool(cache.evict, key, tier)
     if not answer["evicted"]:
-        kept = await run_in_threadpool(cache.is_resident, key, tier)
-        answer["reason"] = "kept: pinned, in use or loading" if kept else f"no copy in {tier.name}"
+        holds = await run_in_threadpool(cache.holds, key, tier)
+        answer["reason"] = _kept(holds) if holds.resident else f"no copy in {tier.name}"
     return answer
+
+
+def _held_by(owners: frozenset[str], warm: frozenset[WarmHold]) -> list[str]:
+    """What pins a copy: the pin's owners, then each warm policy (``_warm_label``)."""
+    return sorted(owners) + sorted(_warm_label(hold) for hold in warm)
+
+
+def _kept(holds: CopyHolds) -> str:
+    """Why an evict kept the copy, each hold named: ``kept: pinned by release; in use (2)``.
+    NOTE: it said "kept: pinned, in use or loading", and the operator had to guess which."""
+    why: list[str] = []
+    held_by = _held_by(holds.owners, holds.warm)
+    if holds.pinned and not holds.owners:
+        held_by.insert(0, "a pin (owner unknown)")  # made around ``OwnedPins``
+    if held_by:
+        why.append(f"pinned by {', '.join(held_by)}")
+    if holds.in_use:
+        why.append(f"in use ({holds.in_use} leases or loads)")
+    if holds.loading:
+        why.append("loading")
+    # NOTE: a copy that became evictable between the two calls has no hold left to name
+    return "kept: " + ("; ".join(why) or "nothing holds it now: try again")

@@ -26,6 +26,7 @@ from loraplex.engine.tenant_shares import TenantSettings
 from loraplex.engine.transport.messages import (
     CacheCommand,
     Evict,
+    Holds,
     Pin,
     Prefetch,
     SetWarm,
@@ -38,9 +39,10 @@ from loraplex.fleet import board as board_module
 from loraplex.fleet.board import FORGET_AFTER_S, STALE_AFTER_S, Board
 from loraplex.fleet.cache import FleetCache, merge_stages, sum_summaries
 from loraplex.fleet.link import FleetLink
-from loraplex.residency.cache.view import EntrySnapshot, ResidencySnapshot
+from loraplex.residency.cache.view import CopyHolds, EntrySnapshot, ResidencySnapshot, Unpinned
 from loraplex.residency.ledger import Tier
 from loraplex.residency.stats import StageSummary
+from loraplex.residency.warm import WarmHold
 from loraplex.router.reports import MAX_EXACT_KEYS, MAX_REPLICA_ID_CHARS
 
 # --- Board ----------------------------------------------------------------------------------
@@ -232,6 +234,24 @@ def test_unpin_evict_and_warm_policies_reach_every_healthy_replica(
     assert _sent(calls, UpdateTenants(settings)) == ["a", "b"]
     calls.reply = lambda rid, c: False
     assert cache.evict(key(), Tier.L1) is False
+
+
+def test_unpin_and_holds_merge_every_replica_answer(calls: FakeCalls, cache: FleetCache) -> None:
+    """A fleet's unpin names each warm policy that pins the copy on some replica (their
+    automatic policies differ), and a kept copy's holds are summed over the replicas."""
+    gpu = WarmHold(WarmPolicy.GPU, automatic=True)
+    unpinned = {"a": Unpinned(True), "b": Unpinned(False, frozenset({gpu}))}
+    held = {
+        "a": CopyHolds(resident=True, pinned=False, in_use=2),
+        "b": CopyHolds(resident=True, pinned=False, warm=frozenset({gpu}), in_use=1),
+    }
+    calls.reply = lambda rid, c: unpinned[rid] if isinstance(c, Unpin) else held[rid]
+    assert cache.unpin(key(), Tier.L0) == Unpinned(True, frozenset({gpu}))
+    merged = CopyHolds(resident=True, pinned=False, warm=frozenset({gpu}), in_use=3)
+    assert cache.holds(key(), Tier.L0) == merged
+    assert _sent(calls, Holds(key(), Tier.L0)) == ["a", "b"]
+    calls.reply = lambda rid, c: None  # a replica of an older release names no holder
+    assert cache.unpin(key(), Tier.L0) == Unpinned(False)
 
 
 def test_summary_sums_the_healthy_replicas(calls: FakeCalls, link: FleetLink) -> None:

@@ -122,19 +122,33 @@ def test_status_prints_state_and_comparison_table(run, registry: Registry) -> No
     assert json.loads(run("release", "list", "--json"))[0]["share"] == 0.05
 
 
-def test_operator_commands_and_their_refusals(run, registry: Registry) -> None:  # type: ignore[no-untyped-def]
+def test_operator_commands_and_their_refusals(  # type: ignore[no-untyped-def]
+    run, registry: Registry, registry_config: RegistryConfig
+) -> None:
     run("release", "start", "acme/bot", "v2")
     assert "already has release" in run("release", "start", "acme/bot", "v3", code=1)
     assert "cannot promote" in run("release", "promote", "acme/bot", code=1)
     assert "cannot rollback" in run("release", "rollback", "acme/bot", code=1)
     assert "aborted\n" in run("release", "abort", "acme/bot") + "\n"
-    assert run("release", "list") == ""
+    assert _listed(registry_config, "release", "list") == (
+        "",  # nothing for a script to read
+        "no release in flight (--all lists finished ones too)\n",  # it printed nothing at all
+    )
+    assert _listed(registry_config, "release", "list", "--tenant", "acme", "--json") == ("[]\n", "")
     assert "\taborted" in run("release", "list", "--all")
     assert "\taborted" in run("release", "list", "--all", "--tenant", "acme")
     refused = run("release", "list", "--all", "--tenant", "nobody", code=1)
     assert "tenant 'nobody' does not exist" in refused  # it listed nothing, as for acme's none
     assert "no release" in run("release", "status", "acme/nothing", code=1)
     assert "expected tenant/name" in run("release", "status", "bot", code=1)
+
+
+def _listed(config: RegistryConfig, *args: str) -> tuple[str, str]:
+    """``args``' stdout and stderr (``run`` answers both mixed)."""
+    location = ["--data-dir", str(config.data_dir), "--database-url", str(config.database_url)]
+    result = CliRunner().invoke(app, [*args, *location])
+    assert result.exit_code == 0, result.output
+    return result.stdout, result.stderr
 
 
 def test_alias_commands_set_show_rollback_history(run, registry: Registry) -> None:  # type: ignore[no-untyped-def]

@@ -18,11 +18,17 @@ from loraplex.errors import (
     DigestMismatchError,
     LoadCancelledError,
 )
-from loraplex.residency.cache import CacheConfig, Lease, TieredAdapterCache
+from loraplex.residency.cache import (
+    CacheConfig,
+    CopyHolds,
+    Lease,
+    TieredAdapterCache,
+    Unpinned,
+)
 from loraplex.residency.ledger import Tier
 from loraplex.residency.pipeline import CancelToken, Move, Prepared
 from loraplex.residency.stats import Stage
-from loraplex.residency.warm import AutoWarmConfig
+from loraplex.residency.warm import AutoWarmConfig, WarmHold
 
 A, B, C, D = (key("t", n) for n in "abcd")
 
@@ -223,6 +229,44 @@ def test_warm_policies_operator_wins_over_automatic() -> None:
     rig.settle()
     assert rig.cache.ledgers[Tier.L1].entries[B].pinned
     assert not rig.cache.is_resident(B, Tier.L0)
+    rig.check()
+
+
+def test_an_unpin_says_which_warm_policy_keeps_the_copy_pinned() -> None:
+    """An automatic gpu policy (or the operator's) pins the copy past the operator's unpin:
+    the answer names it instead of claiming the copy unpinned."""
+    rig = make_rig(auto_warm=AutoWarmConfig(gpu_rps=0.3, cpu_rps=0.01), max_auto_gpu_slots=1)
+    for _ in range(200):
+        lease_of(rig, rig.cache.acquire_future(A)).release()
+    assert rig.cache.rebalance() == {A: WarmPolicy.GPU}
+    rig.cache.pin(A, Tier.L0)
+    automatic = frozenset({WarmHold(WarmPolicy.GPU, automatic=True)})
+    assert rig.cache.unpin(A, Tier.L0) == Unpinned(True, automatic)
+    assert rig.cache.unpin(A, Tier.L0) == Unpinned(False, automatic)
+    assert rig.cache.unpin(A, Tier.L1) == Unpinned(False)  # gpu pins L0 only
+    rig.cache.set_warm_policy(A, WarmPolicy.CPU)
+    operator = frozenset({WarmHold(WarmPolicy.CPU, automatic=False)})
+    assert rig.cache.unpin(A, Tier.L1) == Unpinned(False, operator)
+    rig.cache.set_warm_policy(A, WarmPolicy.ON_DEMAND)
+    rig.cache.pin(A, Tier.L1)
+    assert rig.cache.unpin(A, Tier.L1) == Unpinned(True)
+    rig.settle()
+    rig.check()
+
+
+def test_holds_name_what_keeps_a_copy_from_eviction() -> None:
+    """A kept ``evict`` is told why (the admin answer said "pinned, in use or loading")."""
+    rig = make_rig()
+    assert rig.cache.holds(A, Tier.L0) == CopyHolds(resident=False, pinned=False)
+    lease = lease_of(rig, rig.cache.acquire_future(A))
+    assert rig.cache.holds(A, Tier.L0) == CopyHolds(resident=True, pinned=False, in_use=1)
+    rig.cache.pin(A, Tier.L0)
+    assert not rig.cache.evict(A, Tier.L0)
+    assert rig.cache.holds(A, Tier.L0) == CopyHolds(resident=True, pinned=True, in_use=1)
+    lease.release()
+    rig.cache.unpin(A, Tier.L0)
+    assert rig.cache.holds(A, Tier.L0) == CopyHolds(resident=True, pinned=False)
+    assert rig.cache.evict(A, Tier.L0)
     rig.check()
 
 

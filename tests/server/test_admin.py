@@ -152,8 +152,10 @@ def test_pin_evict_unpin_prefetch(rig: Rig) -> None:
     assert _entries(rig, model)["L0"]["pinned"] is True
     evict = {"model": model, "tier": "L0"}
     kept = rig.client.post("/admin/residency/evict", json=evict, headers=rig.admin).json()
-    # a kept copy says why, so it is not taken for an absent one (both were {"evicted": false})
-    assert (kept["evicted"], kept["reason"]) == (False, "kept: pinned, in use or loading")
+    # a kept copy says why, so it is not taken for an absent one (both were {"evicted": false}),
+    # and which hold kept it (it said "pinned, in use or loading"); this rig's cache has no
+    # pin owners (``OwnedPins``), so the pin's owner is not known
+    assert (kept["evicted"], kept["reason"]) == (False, "kept: pinned by a pin (owner unknown)")
     rig.client.post("/admin/residency/unpin", json=evict, headers=rig.admin)
     gone = rig.client.post("/admin/residency/evict", json=evict, headers=rig.admin).json()
     assert gone == {"model": model, "tier": "L0", "evicted": True}

@@ -9,7 +9,7 @@ import pytest
 from loraplex.artifacts.identity import AdapterKey
 from loraplex.artifacts.warm_policy import WarmPolicy
 from loraplex.errors import EngineUnavailableError, RegistryUnavailableError
-from loraplex.residency.cache import CacheSummary, ResidencySnapshot
+from loraplex.residency.cache import CacheSummary, CopyHolds, ResidencySnapshot, Unpinned
 from loraplex.residency.ledger import Tier
 from loraplex.server.pin_owners import OPERATOR, RELEASE, OwnedPins
 
@@ -30,9 +30,11 @@ class RecordingCache:
         done.set_result(None)
         return done
 
-    def unpin(self, key: AdapterKey, tier: Tier) -> None:
+    def unpin(self, key: AdapterKey, tier: Tier) -> Unpinned:
+        lifted = (key, tier) in self.pinned
         self.pinned.discard((key, tier))
         self.calls.append(f"unpin {tier.name}")
+        return Unpinned(lifted)
 
     def snapshot(self) -> ResidencySnapshot:
         raise NotImplementedError
@@ -48,6 +50,10 @@ class RecordingCache:
 
     def evict(self, key: AdapterKey, tier: Tier) -> bool:
         return False
+
+    def holds(self, key: AdapterKey, tier: Tier) -> CopyHolds:
+        pinned = (key, tier) in self.pinned
+        return CopyHolds(resident=pinned, pinned=pinned)
 
     def set_warm_policy(self, key: AdapterKey, warm: WarmPolicy | None) -> None:
         raise NotImplementedError
@@ -96,6 +102,20 @@ def test_adopted_pins_are_owned_without_pinning_again() -> None:
     assert cache.calls == ["pin L1", "unpin L0"]
 
 
+def test_an_unpin_answers_who_holds_the_pin_still() -> None:
+    """The operator's unpin of a copy a release holds says so (it answered "unpinned" while
+    the copy stayed pinned), and one of a pin the operator never made says it lifted nothing."""
+    cache = RecordingCache()
+    pins = OwnedPins(cache)
+    pins.pin(KEY, Tier.L0, RELEASE)
+    pins.pin(KEY, Tier.L0)
+    assert pins.unpin(KEY, Tier.L0) == Unpinned(True, owners=frozenset({RELEASE}))
+    assert pins.unpin(KEY, Tier.L0) == Unpinned(False, owners=frozenset({RELEASE}))
+    assert pins.unpin(KEY, Tier.L0, RELEASE) == Unpinned(True)
+    assert pins.unpin(KEY, Tier.L0) == Unpinned(False)  # nobody's, and the cache had none
+    assert cache.calls == ["pin L0", "pin L0", "unpin L0", "unpin L0"]
+
+
 class SetRecord:
     """A ``PinRecord`` in a set."""
 
@@ -119,7 +139,7 @@ class RefusingCache(RecordingCache):
     def pin(self, key: AdapterKey, tier: Tier) -> Future[None]:
         raise EngineUnavailableError("the engine process is down")
 
-    def unpin(self, key: AdapterKey, tier: Tier) -> None:
+    def unpin(self, key: AdapterKey, tier: Tier) -> Unpinned:
         raise EngineUnavailableError("the engine process is down")
 
 

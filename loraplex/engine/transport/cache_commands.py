@@ -12,6 +12,7 @@ from loraplex.engine.transport.messages import (
     Dedicate,
     Evict,
     HoldMerges,
+    Holds,
     Pin,
     Prefetch,
     SetWarm,
@@ -27,6 +28,7 @@ _CACHE_COMMANDS: dict[type[CacheCommand], Callable[[TieredAdapterCache, Any], An
     Prefetch: lambda cache, c: cache.prefetch(c.key, c.tier),
     Unpin: lambda cache, c: cache.unpin(c.key, c.tier),
     Evict: lambda cache, c: cache.evict(c.key, c.tier),
+    Holds: lambda cache, c: cache.holds(c.key, c.tier),
     SetWarm: lambda cache, c: cache.set_warm_policy(c.key, c.warm),
 }
 

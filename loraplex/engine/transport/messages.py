@@ -78,6 +78,12 @@ class Evict(CacheCommand):
 
 
 @dataclass(frozen=True)
+class Holds(CacheCommand):
+    key: AdapterKey  # the revision whose copy was kept
+    tier: Tier  # in this tier
+
+
+@dataclass(frozen=True)
 class SetWarm(CacheCommand):
     key: AdapterKey  # the revision
     warm: WarmPolicy | None  # its new warm policy; None: the default

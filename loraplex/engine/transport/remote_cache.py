@@ -16,6 +16,7 @@ from loraplex.engine.transport.messages import (
     CacheCommand,
     Evict,
     HoldMerges,
+    Holds,
     Pin,
     Prefetch,
     SetWarm,
@@ -24,7 +25,7 @@ from loraplex.engine.transport.messages import (
 )
 from loraplex.engine.transport.process_state import PublishedState
 from loraplex.errors import EngineUnavailableError
-from loraplex.residency.cache import CacheSummary, ResidencySnapshot
+from loraplex.residency.cache import CacheSummary, CopyHolds, ResidencySnapshot, Unpinned
 from loraplex.residency.ledger import Tier
 
 
@@ -66,12 +67,17 @@ class RemoteCache:
     def prefetch(self, key: AdapterKey, tier: Tier) -> Future[None]:
         return self._call_future(Prefetch(key, tier))
 
-    def unpin(self, key: AdapterKey, tier: Tier) -> None:
-        self._call(Unpin(key, tier))
+    def unpin(self, key: AdapterKey, tier: Tier) -> Unpinned:
+        unpinned: Unpinned = self._call(Unpin(key, tier))
+        return unpinned
 
     def evict(self, key: AdapterKey, tier: Tier) -> bool:
         evicted: bool = self._call(Evict(key, tier))
         return evicted
+
+    def holds(self, key: AdapterKey, tier: Tier) -> CopyHolds:
+        holds: CopyHolds = self._call(Holds(key, tier))
+        return holds
 
     def set_warm_policy(self, key: AdapterKey, warm: WarmPolicy | None) -> None:
         self._call(SetWarm(key, warm))

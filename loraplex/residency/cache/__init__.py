@@ -8,11 +8,18 @@ from loraplex.residency.cache.config import CacheConfig
 from loraplex.residency.cache.executors import SimExecutor, StepExecutor, ThreadStepExecutor
 from loraplex.residency.cache.jobs import Lease
 from loraplex.residency.cache.tiered_cache import TieredAdapterCache
-from loraplex.residency.cache.view import CacheSummary, EntrySnapshot, ResidencySnapshot
+from loraplex.residency.cache.view import (
+    CacheSummary,
+    CopyHolds,
+    EntrySnapshot,
+    ResidencySnapshot,
+    Unpinned,
+)
 
 __all__ = [
     "CacheConfig",
     "CacheSummary",
+    "CopyHolds",
     "EntrySnapshot",
     "Lease",
     "ResidencyChanges",
@@ -21,4 +28,5 @@ __all__ = [
     "StepExecutor",
     "ThreadStepExecutor",
     "TieredAdapterCache",
+    "Unpinned",
 ]

@@ -32,7 +32,9 @@ from loraplex.residency.cache.recovery import adopt_recovered
 from loraplex.residency.cache.tier_state import TierState
 from loraplex.residency.cache.view import (
     CacheSummary,
+    CopyHolds,
     ResidencySnapshot,
+    Unpinned,
     build_snapshot,
     build_summary,
 )
@@ -121,12 +123,18 @@ class TieredAdapterCache:
             self._state.refresh_pins(key)
             return self._flow.load_into(key, tier, optional=False)
 
-    def unpin(self, key: AdapterKey, tier: Tier) -> None:
+    def unpin(self, key: AdapterKey, tier: Tier) -> Unpinned:
+        """Lifts the pin of ``key`` in ``tier``; the answer says whether there was one and
+        which warm policy keeps the copy pinned still (an unpin never changes a policy)."""
         with self._lock:
-            self._state.pins.unpin(key, tier)
+            pins = self._state.pins
+            lifted = pins.has_pin(key, tier)
+            pins.unpin(key, tier)
             self._state.refresh_pins(key)
             self._flow.retry_blocked()
             self._state.settle_key(key)
+            warm = pins.warm_hold(key, tier)
+            return Unpinned(lifted, frozenset(() if warm is None else (warm,)))
 
     def explicit_pins(self) -> set[tuple[AdapterKey, Tier]]:
         """The (revision, tier) pairs ``pin`` holds (what an ingress sent; no warm policy's)."""
@@ -179,6 +187,21 @@ class TieredAdapterCache:
             self._state.evict(entry)
             self._flow.retry_blocked()
             return True
+
+    def holds(self, key: AdapterKey, tier: Tier) -> CopyHolds:
+        """What keeps ``key``'s copy in ``tier`` from eviction (``evict`` says only whether it
+        went): its pin, the warm policy pinning it, its leases and loads, its install."""
+        with self._lock:
+            pins = self._state.pins
+            entry = self._state.ledgers[tier].get(key)
+            warm = pins.warm_hold(key, tier)
+            return CopyHolds(
+                resident=entry is not None,
+                pinned=pins.has_pin(key, tier),
+                warm=frozenset(() if warm is None else (warm,)),
+                in_use=0 if entry is None else entry.refcount,
+                loading=entry is not None and not entry.ready,
+            )
 
     def cancel(self, key: AdapterKey) -> bool:
         """Cancels the load of ``key`` for every waiter (LoadCancelledError); True if one ran."""

@@ -14,6 +14,37 @@ from loraplex.artifacts.identity import AdapterKey
 from loraplex.residency.cache.tier_state import TierState
 from loraplex.residency.ledger import ResidentEntry, Tier, TierLedger
 from loraplex.residency.stats import AdapterHistory, CacheStatsSnapshot
+from loraplex.residency.warm import WarmHold
+
+
+@dataclass(frozen=True)
+class Unpinned:
+    """What an unpin did and what keeps the copy pinned after it (``TieredAdapterCache.unpin``;
+    a fleet's unpin merges every replica's, ``server/pin_owners.py`` adds the pin's owners)."""
+
+    lifted: bool  # a pin of the (revision, tier) was there and is gone
+    warm: frozenset[WarmHold] = frozenset()  # warm policies that pin it still (one per server)
+    # owners of the pin holding it still ("release"; ``OwnedPins`` then names no ``warm``)
+    owners: frozenset[str] = frozenset()
+
+    @property
+    def held(self) -> bool:
+        """Whether the copy stays pinned."""
+        return bool(self.warm or self.owners)
+
+
+@dataclass(frozen=True)
+class CopyHolds:
+    """What keeps one copy from eviction (``TieredAdapterCache.holds``; a fleet's merges every
+    replica's, ``server/pin_owners.py`` adds the pin's owners): ``evict`` says only whether
+    the copy went."""
+
+    resident: bool  # a copy is in the tier
+    pinned: bool  # a pin (``pin``) holds it
+    warm: frozenset[WarmHold] = frozenset()  # warm policies that pin it
+    in_use: int = 0  # leases and loads using the copy
+    loading: bool = False  # the copy is still being installed
+    owners: frozenset[str] = frozenset()  # owners of the pin ("operator", "release")
 
 
 @dataclass(frozen=True)
