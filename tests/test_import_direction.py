@@ -2,7 +2,7 @@
 and no import, however deep in a function, goes against the arrows. Reading order, bottom up:
 
     errors, clock, sampling, dtypes,   leaves every layer may use
-    devices, background
+    devices, background, cpuinfo
     ops, artifacts                     kernels; what an adapter is (identity, validation, store)
     model, registry, residency, demo   the model; the control plane; where copies live
     router                             replica selection, replica reports, the fleet view
@@ -27,7 +27,7 @@ from pathlib import Path
 import loraplex
 
 PACKAGE_ROOT = Path(loraplex.__file__).parent
-LEAVES = {"errors", "clock", "sampling", "dtypes", "devices", "background"}
+LEAVES = {"errors", "clock", "sampling", "dtypes", "devices", "background", "cpuinfo"}
 # Benchmarks and commands sit on top: they may use every layer below them.
 _BELOW_BENCH = {
     "tracing",

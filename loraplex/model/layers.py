@@ -15,6 +15,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from loraplex.cpuinfo import cpu_family, cpu_vendor
 from loraplex.model.buffers import weight_buffer
 
 LinearFn = Callable[[torch.Tensor, torch.Tensor, torch.Tensor | None], torch.Tensor]
@@ -52,33 +53,6 @@ def onednn_linear(
 def packed_available() -> bool:
     """Whether this torch build can run :class:`PackedLinear`."""
     return onednn_available() and hasattr(torch.ops.mkldnn, "_reorder_linear_weight")
-
-
-def _cpuinfo_field(name: str, cpuinfo: str) -> str:
-    """The value of ``cpuinfo``'s first ``name`` line; empty where there is none or the file
-    cannot be read (another OS, another architecture)."""
-    try:
-        with open(cpuinfo, encoding="ascii", errors="replace") as info:
-            for line in info:
-                key, _, value = line.partition(":")
-                if key.strip() == name:
-                    return value.strip()
-    except OSError:
-        pass
-    return ""
-
-
-def cpu_vendor(cpuinfo: str = "/proc/cpuinfo") -> str:
-    """The CPU's vendor string (``GenuineIntel``, ``AuthenticAMD``, ...) from ``cpuinfo``'s first
-    ``vendor_id``; empty where it cannot be read (another OS, another architecture)."""
-    return _cpuinfo_field("vendor_id", cpuinfo)
-
-
-def cpu_family(cpuinfo: str = "/proc/cpuinfo") -> int | None:
-    """The CPU's family number from ``cpuinfo``'s first ``cpu family`` (AMD: 25 = Zen 3 and Zen
-    4, 26 = Zen 5); None where there is none or it is not a number."""
-    value = _cpuinfo_field("cpu family", cpuinfo)
-    return int(value) if value.isdigit() else None
 
 
 # AMD families whose AVX-512 runs the packed copies at one row too (of the larger weights): from
