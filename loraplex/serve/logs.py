@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import logging
 import sys
+from typing import TextIO
 
 # The levels both loraplex's loggers and uvicorn's take (uvicorn's "trace" has no Python level).
 LOG_LEVELS = ("critical", "error", "warning", "info", "debug")
@@ -19,6 +20,20 @@ DEFAULT_LOG_LEVEL = "info"
 LOG_FORMAT = "%(asctime)s %(levelname)s %(name)s: %(message)s"
 ROOT_LOGGER = "loraplex"
 _HANDLER_NAME = "loraplex-stderr"  # ours, replaced (never added twice) by a second call
+
+
+class _StderrHandler(logging.StreamHandler[TextIO]):
+    """Writes to ``sys.stderr`` as it is when a line is written, as Python's last-resort handler
+    does: a stream replaced after the start (a test runner's capture, since closed) is never
+    written to."""
+
+    @property
+    def stream(self) -> TextIO:
+        return sys.stderr
+
+    @stream.setter
+    def stream(self, value: TextIO) -> None:
+        del value  # StreamHandler's constructor sets it
 
 
 def check_log_level(level: str) -> None:
@@ -35,7 +50,7 @@ def configure_logging(level: str) -> logging.Handler:
     logger = logging.getLogger(ROOT_LOGGER)
     for old in [h for h in logger.handlers if h.get_name() == _HANDLER_NAME]:
         logger.removeHandler(old)
-    handler = logging.StreamHandler(sys.stderr)
+    handler = _StderrHandler()
     handler.set_name(_HANDLER_NAME)
     handler.setFormatter(logging.Formatter(LOG_FORMAT))
     logger.addHandler(handler)

@@ -10,7 +10,6 @@ import re
 import subprocess
 import sys
 import time
-from collections.abc import Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -29,14 +28,6 @@ if TYPE_CHECKING:
 _LINE = re.compile(r"^\d{4}-\d\d-\d\d \d\d:\d\d:\d\d,\d{3} INFO loraplex\.[\w.]+: .+$")
 
 
-@pytest.fixture()
-def _restore_loraplex_logger() -> Iterator[None]:
-    logger = logging.getLogger("loraplex")
-    saved = (list(logger.handlers), logger.level, logger.propagate)
-    yield
-    logger.handlers[:], logger.level, logger.propagate = saved[0], saved[1], saved[2]
-
-
 def test_importing_loraplex_configures_nothing() -> None:
     """A library user's logging is left alone: no handler, no level, propagation on."""
     code = (
@@ -48,8 +39,8 @@ def test_importing_loraplex_configures_nothing() -> None:
     assert done.stdout.strip() == "[] 0 True"
 
 
-@pytest.mark.usefixtures("_restore_loraplex_logger")
 def test_a_second_configuration_replaces_the_handler(capsys: pytest.CaptureFixture[str]) -> None:
+    """(tests/conftest.py puts the logger back after each test.)"""
     configure_logging("info")
     configure_logging("warning")
     logger = logging.getLogger("loraplex")
