@@ -6,7 +6,9 @@ returns at once when a complete set with the same preset and seed is already the
 
 from __future__ import annotations
 
+import logging
 import os
+from collections.abc import Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -26,6 +28,19 @@ if TYPE_CHECKING:
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 ASSET_CACHE = REPO_ROOT / ".loraplex-assets"
+
+
+@pytest.fixture(autouse=True)
+def _loraplex_logger_as_it_was() -> Iterator[None]:
+    """A command run in-process (``serve``, ``fleet up`` through CliRunner) configures the
+    ``loraplex`` logger (``serve/logs.py``: its own handler, no propagation); put back after
+    each test, so that ``caplog`` still sees the lines of later tests."""
+    logger = logging.getLogger("loraplex")
+    handlers, level, propagate = list(logger.handlers), logger.level, logger.propagate
+    yield
+    logger.handlers[:] = handlers
+    logger.setLevel(level)
+    logger.propagate = propagate
 
 
 @pytest.fixture(scope="session")

@@ -10,6 +10,7 @@ from typing import Annotated
 
 import typer
 
+from loraplex.cli.assets import preset_option
 from loraplex.cli.bench import bench_app
 
 NOMINAL_SOURCE = "nominal: 1 USD per machine-hour (every cost scales linearly with the price)"
@@ -25,7 +26,9 @@ def bench_baselines(
     assets: Annotated[Path, typer.Option(help="A generated demo set (its manifest.json).")] = Path(
         ".loraplex-assets/test-small"
     ),
-    preset: Annotated[str, typer.Option(help="The preset that set was generated with.")] = "small",
+    preset: Annotated[
+        str, typer.Option(help="The preset that set was generated with.", parser=preset_option)
+    ] = "small",
     shapes: Annotated[str, typer.Option(help="Token shapes, comma-separated.")] = (
         "short,long-prompt,long-output"
     ),

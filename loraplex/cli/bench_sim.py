@@ -57,7 +57,8 @@ def bench_sim(
         str | None,
         typer.Option(
             help="The in-run calibration's hardware name (cpu-demo-small; without --cost-model, "
-            "or with --calibrate-interleaved)."
+            "or with --calibrate-interleaved): a free-form label of this machine, recorded in "
+            "the cost model as `sim calibrate --hardware`'s, not a profile looked up."
         ),
     ] = None,
     logs_dir: Annotated[

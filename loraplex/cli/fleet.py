@@ -20,10 +20,20 @@ from typing import TYPE_CHECKING, Annotated, Any
 import typer
 
 from loraplex.cli.locations import DatabaseUrl, DataDir, S3Endpoint, Store, unusable_path
-from loraplex.cli.serve_options import AdminKey, Host, MaxLoras, Model, NoDemo, Port, SharedStateUrl
+from loraplex.cli.serve_options import (
+    AdminKey,
+    Host,
+    LogLevel,
+    MaxLoras,
+    Model,
+    NoDemo,
+    Port,
+    SharedStateUrl,
+)
 from loraplex.cli.serve_start import check_fds, say_demo_generation, say_how_to_get_a_tenant_key
 from loraplex.fleet.settings import FLEET_KEYS
 from loraplex.registry import default_data_dir
+from loraplex.serve.logs import configure_logging
 
 if TYPE_CHECKING:
     from loraplex.fleet.control import FleetRecord, Prepared
@@ -106,6 +116,7 @@ def up_command(
     ] = None,
     admin_key: AdminKey = None,
     no_demo: NoDemo = False,
+    log_level: LogLevel = None,
     ready_timeout_s: Annotated[float, Opt(help="Wait this long for /ready.")] = 300.0,
 ) -> None:
     """Start (or join) a Ray cluster and deploy the fleet; returns once it is ready."""
@@ -127,6 +138,7 @@ def up_command(
         "torch_threads": threads,
         "admin_key": admin_key,
         "demo": False if no_demo else None,
+        "log_level": log_level,
     }
     try:
         file_values = read_config_file(config, ("fleet",)) if config is not None else {}
@@ -172,6 +184,7 @@ def up_command(
         raise typer.BadParameter(str(exc)) from exc
     except OSError as exc:  # e.g. --data-dir names a file
         raise typer.BadParameter(unusable_path(exc)) from exc
+    configure_logging(serve_config.log_level)  # this process's lines, the fleet's control
     try:
         record = control.up(settings, address, ready_timeout_s=ready_timeout_s)
     except BaseException as exc:

@@ -19,7 +19,16 @@ from typing import TYPE_CHECKING, Annotated, Any
 import typer
 
 from loraplex.cli.locations import DatabaseUrl, DataDir, S3Endpoint, Store
-from loraplex.cli.serve_options import AdminKey, Host, MaxLoras, Model, NoDemo, Port, SharedStateUrl
+from loraplex.cli.serve_options import (
+    AdminKey,
+    Host,
+    LogLevel,
+    MaxLoras,
+    Model,
+    NoDemo,
+    Port,
+    SharedStateUrl,
+)
 from loraplex.cli.serve_start import (
     assemble,
     bind_sockets,
@@ -121,6 +130,7 @@ def serve_command(
         bool | None,
         Opt("--access-log/--no-access-log", help="One stdout line per HTTP request (default: on)."),
     ] = None,
+    log_level: LogLevel = None,
     max_adapter_labels: Annotated[
         int | None, Opt(help="Adapters named in /metrics labels; the rest __other__ (64).")
     ] = None,
@@ -263,6 +273,9 @@ def _start_and_serve(settings: ServeConfig) -> None:
     if threads is None:
         threads = default_torch_threads(os.environ.get("OMP_NUM_THREADS"), os.cpu_count())
     settings = replace(settings, torch_threads=threads)  # the engine process sets them too
+    from loraplex.serve.logs import configure_logging
+
+    configure_logging(settings.log_level)  # before the engine child's fork, which inherits it
     check_fds(settings)
     # Then the engine child, at once: it imports torch (a second or more) while this process
     # binds, imports its HTTP side and opens the registry; build_server then tells it what to

@@ -12,6 +12,7 @@ from typing import Annotated
 import typer
 
 from loraplex.serve.config import ServeConfig
+from loraplex.serve.logs import LOG_LEVELS
 
 _DEFAULTS = {f.name: f.default for f in fields(ServeConfig)}
 
@@ -40,8 +41,24 @@ AdminKey = Annotated[
     str | None,
     typer.Option(envvar="LORAPLEX_ADMIN_KEY", help="Admin credential (default: generated, saved)."),
 ]
+LogLevel = Annotated[
+    str | None,
+    typer.Option(
+        help=f"Log level of loraplex's lines (stderr) and uvicorn's: {', '.join(LOG_LEVELS)} "
+        f"(default: {_default('log_level')})."
+    ),
+]
 NoDemo = Annotated[bool, typer.Option("--no-demo", help="Do not register demo adapters.")]
 
 # fleet up's options that are serve's too, by parameter name (a test checks they are the same
 # objects in both signatures); ``threads`` is not among them: per replica, its default differs.
-SHARED = ("host", "port", "model", "shared_state_url", "max_loras", "admin_key", "no_demo")
+SHARED = (
+    "host",
+    "port",
+    "model",
+    "shared_state_url",
+    "max_loras",
+    "admin_key",
+    "no_demo",
+    "log_level",
+)

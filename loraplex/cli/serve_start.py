@@ -148,6 +148,7 @@ def listen(
     config = ListenerConfig(
         guarded(server.app, sockets),
         connection_limits(settings),
+        log_level=settings.log_level,
         metrics=server.deps.metrics.registry,
         access_log=settings.access_log,
     )

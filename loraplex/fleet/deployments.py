@@ -42,6 +42,7 @@ from loraplex.fleet.board_store import find_store, start_store
 from loraplex.fleet.routing import RANK_KEY
 from loraplex.fleet.settings import FleetSettings
 from loraplex.fleet.wire import Accepted, Failed, RouteHint
+from loraplex.serve.logs import configure_logging
 
 if TYPE_CHECKING:
     from loraplex.fleet.replica import EngineReplica
@@ -89,6 +90,7 @@ class EngineDeploymentImpl:
         # processes import this module too (they stay torch-free)
         from loraplex.fleet.replica import EngineReplica, build_replica_parts
 
+        configure_logging(settings.serve.log_level)  # this replica's process: its start
         replica_id = serve.get_replica_context().replica_id.unique_id
         parts = build_replica_parts(settings.serve, settings.model_dir, replica_id)
         self._replica: EngineReplica = EngineReplica(replica_id, parts)
@@ -176,6 +178,7 @@ class FleetListenerImpl:
         from loraplex.fleet.ingress import build_ingress
         from loraplex.fleet.listener import IngressListener
 
+        configure_logging(settings.serve.log_level)  # this replica's process: its start
         self._server = build_ingress(settings, engine, board)
         try:
             self._listener = IngressListener(settings.serve, self._server)

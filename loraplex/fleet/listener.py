@@ -70,6 +70,7 @@ class IngressListener:
             listener_config = ListenerConfig(
                 app,
                 connection_limits(config),
+                log_level=config.log_level,
                 metrics=server.deps.metrics.registry,
                 access_log=config.access_log,
             )

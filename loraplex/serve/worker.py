@@ -31,7 +31,11 @@ def engine_worker(
     """Everything the engine process runs (``engine_side.build_worker``), built in the child;
     ``digested``: the server's digest of the base model, reused while its files are unchanged."""
     from loraplex.serve.engine_side import build_worker
+    from loraplex.serve.logs import configure_logging
 
+    # a forked child has the server's handler already (replaced, not doubled); a spawned
+    # restart has none
+    configure_logging(config.log_level)
     return build_worker(config, model_dir, digested)
 
 

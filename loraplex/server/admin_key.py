@@ -7,6 +7,11 @@ while it is unchanged) and reads it only when its inode, size, mtime or ctime mo
 is invalid, or a file gone or unreadable, is logged once per change and the key in force is
 kept: a bad write never opens the admin API nor locks the operator out. A key given by
 ``--admin-key`` / ``LORAPLEX_ADMIN_KEY`` has no file and never changes.
+
+Each change seen is counted by its outcome (``reloads``; on /metrics as
+``loraplex_admin_key_reloads_total{outcome}``): ``reloaded`` (a new valid key is in force),
+``invalid`` (the file holds a key that cannot be one), ``unreadable`` (gone, no permission, not
+UTF-8). A change that leaves the same key (rewritten, touched) is no reload and not counted.
 """
 
 from __future__ import annotations
@@ -24,6 +29,9 @@ _log = logging.getLogger(__name__)
 TENANT_TOKEN_PREFIX = "lpx_"
 MIN_ADMIN_KEY_CHARS = 16
 CHECK_INTERVAL_S = 1.0  # how often the key file is looked at, at most
+# The outcomes of a change of the key file, as counted (``AdminKey.reloads``).
+RELOADED, INVALID, UNREADABLE = "reloaded", "invalid", "unreadable"
+RELOAD_OUTCOMES = (RELOADED, INVALID, UNREADABLE)
 
 
 def admin_key_problem(key: str) -> str | None:
@@ -66,6 +74,13 @@ class AdminKey:
         # and a write in between would otherwise be taken as the file already read.
         self._seen: tuple[int, ...] | str | None = None
         self._lock = threading.Lock()  # checked from the event loop and the thread pool
+        self._reloads = dict.fromkeys(RELOAD_OUTCOMES, 0)  # changes seen, by outcome
+
+    def reloads(self) -> dict[str, int]:
+        """Changes of the key file seen so far, by outcome (``RELOAD_OUTCOMES``; all 0 for a
+        fixed key)."""
+        with self._lock:
+            return dict(self._reloads)
 
     @property
     def path(self) -> Path | None:
@@ -81,22 +96,28 @@ class AdminKey:
             seen = _signature(self._path)
             if seen != self._seen:
                 self._seen = seen
-                self._reload(self._path, seen)
+                outcome = self._reload(self._path, seen)
+                if outcome is not None:
+                    self._reloads[outcome] += 1
             return self._key
 
-    def _reload(self, path: Path, seen: tuple[int, ...] | str) -> None:
+    def _reload(self, path: Path, seen: tuple[int, ...] | str) -> str | None:
+        """Reads a changed file; its outcome (None: the same key as before)."""
         kept = "the admin key in force is kept"
         if isinstance(seen, str):
             _log.error("admin key file %s cannot be read (%s); %s", path, seen, kept)
-            return
+            return UNREADABLE
         try:
             key = path.read_text(encoding="utf-8").strip()
         except (OSError, UnicodeDecodeError) as exc:
             _log.error("admin key file %s cannot be read (%s); %s", path, exc, kept)
-            return
+            return UNREADABLE
         problem = admin_key_problem(key)
         if problem is not None:
             _log.error("admin key file %s holds an invalid key (%s); %s", path, problem, kept)
-        elif key != self._key:
-            self._key = key
-            _log.warning("admin key reloaded from %s: the previous key no longer works", path)
+            return INVALID
+        if key == self._key:
+            return None
+        self._key = key
+        _log.warning("admin key reloaded from %s: the previous key no longer works", path)
+        return RELOADED

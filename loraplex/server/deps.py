@@ -20,6 +20,7 @@ from loraplex.server.cache_control import CacheControl
 from loraplex.server.chat import ChatTemplate
 from loraplex.server.history import HistoryConfig
 from loraplex.server.metrics import ServerMetrics
+from loraplex.server.metrics_admin_key import AdminKeyCollector
 from loraplex.server.recent_requests import RecentRequests
 from loraplex.server.request_log import RequestLog
 from loraplex.server.stream_buffer import DEFAULT_MAX_STREAM_RESUMES
@@ -183,3 +184,4 @@ class ServerDeps:
         object.__setattr__(self, "metrics", metrics)
         admin = AdminKey(self.config.admin_key, self.config.admin_key_file, self.releases.clock)
         object.__setattr__(self, "admin", admin)
+        metrics.registry.register(AdminKeyCollector(admin))

@@ -573,3 +573,26 @@ def test_the_fleets_drawn_ids_give_the_hit_ratios_mean_and_range() -> None:
     assert SimBenchConfig(fleet_id_draws=0).fleet_id_draws == 0
     with pytest.raises(ValueError, match="fleet_id_draws True is invalid"):
         SimBenchConfig(fleet_id_draws=True)
+
+
+def test_bench_sim_hardware_is_a_free_form_label_of_the_measured_machine(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """``bench sim --hardware`` names the machine its in-run calibration measures (as ``sim
+    calibrate --hardware``), not a profile of ``sim/profiles``: any non-blank name reaches the
+    calibration, stripped; a blank one is refused naming the flag."""
+    from typer.testing import CliRunner
+
+    from loraplex.cli import app, bench_sim
+
+    seen: list[str] = []
+
+    def calibrated(asset_dir: Path, max_loras: int, hardware: str, logs_dir: object) -> None:
+        seen.append(hardware)
+        raise typer.Exit(3)  # stop before anything runs
+
+    monkeypatch.setattr(bench_sim, "_calibrated", calibrated)
+    result = CliRunner().invoke(app, ["bench", "sim", "--no-scale", "--hardware", " zz "])
+    assert result.exit_code == 3 and seen == ["zz"], result.output
+    blank = CliRunner().invoke(app, ["bench", "sim", "--no-scale", "--hardware", " "])
+    assert blank.exit_code == 2 and "--hardware" in blank.output and seen == ["zz"]

@@ -65,6 +65,24 @@ def test_a_rotated_key_file_takes_over_while_serving(served: Served, tmp_path: P
         assert "this is the admin key" in told.json()["error"]["message"]
         old = http.get("/v1/models", headers={"Authorization": f"Bearer {ADMIN_KEY}"})
         assert old.json()["error"]["message"] == "invalid API key"
+        assert _reloads(http, NEW_KEY) == {"reloaded": 1, "invalid": 0, "unreadable": 0}
+        _write(path, "short\n")  # a failed rotation: counted, the key in force kept
+        clock.advance(CHECK_INTERVAL_S)
+        assert _reloads(http, NEW_KEY) == {"reloaded": 1, "invalid": 1, "unreadable": 0}
+        path.unlink()
+        clock.advance(CHECK_INTERVAL_S)
+        assert _reloads(http, NEW_KEY) == {"reloaded": 1, "invalid": 1, "unreadable": 1}
+
+
+def _reloads(http: TestClient, key: str) -> dict[str, int]:
+    """``loraplex_admin_key_reloads_total`` by outcome, as /metrics shows it."""
+    text = http.get("/metrics", headers={"Authorization": f"Bearer {key}"}).text
+    found = {}
+    for line in text.splitlines():
+        if line.startswith("loraplex_admin_key_reloads_total{"):
+            outcome = line.split('outcome="')[1].split('"')[0]
+            found[outcome] = int(float(line.rsplit(" ", 1)[1]))
+    return found
 
 
 @pytest.mark.parametrize(
@@ -93,6 +111,8 @@ def test_an_invalid_new_key_is_logged_and_the_old_one_kept(
         clock.advance(CHECK_INTERVAL_S)
         assert admin.current() == ADMIN_KEY  # unchanged since: not logged again
     (record,) = caplog.records
+    outcome = "unreadable" if text is None else "invalid"
+    assert admin.reloads() == {"reloaded": 0, "invalid": 0, "unreadable": 0} | {outcome: 1}
     assert record.levelno == logging.ERROR
     assert logged in record.getMessage() and str(path) in record.getMessage()
     assert "the admin key in force is kept" in record.getMessage()
@@ -134,6 +154,8 @@ def test_the_file_is_read_only_when_it_changed(
     assert [r.getMessage() for r in caplog.records] == [
         f"admin key reloaded from {path}: the previous key no longer works"
     ]
+    # the first look (the same key as in force) is no reload; the rewrite is one
+    assert admin.reloads() == {"reloaded": 1, "invalid": 0, "unreadable": 0}
 
 
 def test_a_fixed_key_never_looks_at_a_file(tmp_path: Path) -> None:

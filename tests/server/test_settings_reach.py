@@ -135,3 +135,43 @@ def test_the_admin_key_file_reaches_the_server_config() -> None:
 
     assert {"admin_key", "admin_key_file"} <= _keywords(front, "build_front", "ServerConfig")
     assert _keywords(ingress, "build_ingress", "build_front") >= {"release_env", "fleet"}
+
+
+def _calls(module: object, function: str, callee: str) -> list[ast.Call]:
+    """The calls of ``callee(...)`` (a plain name) in ``function`` (or method) of ``module``."""
+    tree = ast.parse(Path(inspect.getsourcefile(module)).read_text())  # type: ignore[arg-type]
+    found = [n for n in ast.walk(tree) if isinstance(n, ast.FunctionDef) and n.name == function]
+    return [
+        n
+        for f in found
+        for n in ast.walk(f)
+        if isinstance(n, ast.Call) and isinstance(n.func, ast.Name) and n.func.id == callee
+    ]
+
+
+def test_the_log_level_reaches_uvicorn_and_every_process_that_logs() -> None:
+    """logs: ``log_level`` is handed to uvicorn's config in ``serve`` and in a fleet's ingress,
+    and sets the ``loraplex`` handler where each process starts: ``serve``, its engine child
+    (a spawned restart inherits nothing), ``fleet up`` and the fleet's two kinds of replica."""
+    from loraplex.cli import fleet as fleet_cli
+    from loraplex.cli import serve as serve_cli
+    from loraplex.cli import serve_start
+    from loraplex.fleet import deployments, listener
+    from loraplex.serve import worker
+
+    assert "log_level" in _keywords(serve_start, "listen", "ListenerConfig")
+    (ingress_call,) = _calls(listener, "__init__", "ListenerConfig")
+    assert "log_level" in {k.arg for k in ingress_call.keywords}
+    starts = [
+        (serve_cli, "_start_and_serve"),
+        (worker, "engine_worker"),
+        (fleet_cli, "up_command"),
+        (deployments, "__init__"),
+    ]
+    for module, function in starts:
+        calls = _calls(module, function, "configure_logging")
+        assert calls, f"{function} does not configure logging"
+        for call in calls:
+            (arg,) = call.args
+            assert ast.unparse(arg).endswith(".log_level"), ast.unparse(arg)
+    assert len(_calls(deployments, "__init__", "configure_logging")) == 2  # engine and ingress

@@ -53,6 +53,7 @@ from loraplex.serve.config.checks import (
     check_stream_pause_room,
 )
 from loraplex.serve.config.keys import file_key
+from loraplex.serve.logs import DEFAULT_LOG_LEVEL, check_log_level
 from loraplex.server.adapter_labels import DEFAULT_MAX_NAMED
 from loraplex.server.batch_limit import MAX_BATCH_PROMPTS
 from loraplex.server.request_log import check_log_path
@@ -160,6 +161,9 @@ class ServeConfig:
     # uvicorn's access log: one stdout line per HTTP request (client address, method, path,
     # status); false: none, as uvicorn's --no-access-log (errors are still logged)
     access_log: bool = True
+    # loraplex's own lines (stderr: time, level, logger name) and uvicorn's, at this level and
+    # above: one of serve.logs.LOG_LEVELS
+    log_level: str = DEFAULT_LOG_LEVEL
     # adapters named in /metrics labels at a time; the rest are counted as adapter="__other__"
     max_adapter_labels: int = DEFAULT_MAX_NAMED
     # run the engine in its own process (HTTP and model execution then do not share one
@@ -227,6 +231,7 @@ class ServeConfig:
         # NOTE: the order decides which error a config with several wrong values gets.
         check_finite(self, file_key)  # NaN passes a negated comparison, inf every upper one
         check_listeners(self.host, self.port, self.admin_host, self.admin_port)
+        check_log_level(self.log_level)
         check_trace_settings(self.trace_endpoint, self.trace_sample_ratio, self.trace_slow_s)
         ModeSetting.parse(self.mode)  # raises ValueError naming the mode
         check_policy(self.policy)

@@ -37,3 +37,10 @@ def test_the_command_refuses_assets_of_another_preset(
     assert result.exit_code == 2
     assert "preset 'large'" in result.output
     assert not (tmp_path / "servers").exists()
+
+
+def test_the_command_refuses_an_unknown_preset_naming_the_presets(tmp_path: Path) -> None:
+    """It said only that 'zz' did not match the set's own preset, not which names exist."""
+    result = CliRunner().invoke(app, ["bench", "baselines", "--preset", "zz"])
+    assert result.exit_code == 2
+    assert "'zz' is not one of large, small" in result.output
