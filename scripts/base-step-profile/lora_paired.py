@@ -3,12 +3,13 @@ one process (issue 27 item 2; execution.md, "The adapters' cost on the large pre
 
 ``bench execution``'s setup as ``paired.py`` (random base of the preset, paged KV cache, 64
 cached positions, 16 distinct rank-16 adapters on q/k/v/o in one ``auto`` pool), float32, one
-thread, the model's default linear kernel. Three steps of 16 decode sequences: ``base``;
-``r16_rebuilt``, the r16 step with the pool's kept metadata dropped before every call (each
-step builds its plan, as before the reuse); ``r16``, the r16 step as it runs now (consecutive
-steps of one batch reuse it). Rounds rotate the order (ABC, CBA), each side ``calls`` steps a
-round after a warm-up; per round thread CPU time. Reports medians per step, per round the
-ratios base / r16 (``mixed_r16_over_base``'s form) for both r16 sides and r16 / r16_rebuilt.
+thread, the model's default linear kernel. Three steps of ``--batch`` decode sequences (default
+16, at most 32, sequence i on adapter i mod 16): ``base``; ``r16_rebuilt``, the r16 step with
+the pool's kept metadata dropped before every call (each step builds its plan, as before the
+reuse); ``r16``, the r16 step as it runs now (consecutive steps of one batch reuse it). Rounds
+rotate the order (ABC, CBA), each side ``calls`` steps a round after a warm-up; per round thread
+CPU time. Reports medians per step, per round the ratios base / r16 (``mixed_r16_over_base``'s
+form) for both r16 sides and r16 / r16_rebuilt.
 
 Then, untimed against the others, a breakdown of both r16 steps: thread time per step inside
 ``prepare`` and inside each module's ``apply``, and the same applies swept over every
@@ -83,7 +84,9 @@ def ratio_summary(num: list[float], den: list[float]) -> dict[str, float]:
     }
 
 
-def breakdown(pool: LoraSlotPool, step: Callable[[], object], steps: int) -> dict[str, float]:
+def breakdown(
+    pool: LoraSlotPool, step: Callable[[], object], steps: int, rows: int
+) -> dict[str, float]:
     """Thread ms per step inside ``prepare`` and each module's ``apply``; then the applies
     swept outside a step, cold and hot."""
     spent: dict[str, float] = defaultdict(float)
@@ -107,11 +110,14 @@ def breakdown(pool: LoraSlotPool, step: Callable[[], object], steps: int) -> dic
     pool.apply, pool.prepare = apply, prepare  # type: ignore[method-assign]
     result = {k: round(v * 1e3 / steps, 3) for k, v in sorted(spent.items())}
     keys = [key for key in sorted(pool._tables) if key[1] in ATTENTION]
-    batch = pool.prepare(torch.tensor([i % ADAPTERS for i in range(16)]))
+    batch = pool.prepare(torch.tensor([i % ADAPTERS for i in range(rows)]))
     io = {}
     for module in ATTENTION:
         view = pool.module_weights(0, module)
-        io[module] = (torch.randn(16, view.lora_a.shape[1]), torch.zeros(16, view.lora_b.shape[1]))
+        io[module] = (
+            torch.randn(rows, view.lora_a.shape[1]),
+            torch.zeros(rows, view.lora_b.shape[1]),
+        )
     evict = torch.zeros(32 << 20)  # 128 MiB, more than any cache
     cold, hot = [], []
     for _ in range(steps):
@@ -130,21 +136,26 @@ def breakdown(pool: LoraSlotPool, step: Callable[[], object], steps: int) -> dic
 
 
 def main() -> None:
-    args, heap_kept, load_start = start(8)
+    args, heap_kept, load_start = start(8, batch=True)
     with tempfile.TemporaryDirectory() as tmp:
         runner, weights = r16_setup(Path(tmp), args.preset)
         pool = runner.pool(weights, "auto", MAX_RANK)
-        shape = StepShape(16, 1, CONTEXT)
-        r16 = runner.step(shape, [i % ADAPTERS for i in range(16)], pool)
+        shape = StepShape(args.batch, 1, CONTEXT)
+        r16 = runner.step(shape, [i % ADAPTERS for i in range(args.batch)], pool)
         steps = {"base": runner.step(shape, None, None), "r16_rebuilt": rebuilt(pool, r16)}
         steps["r16"] = r16
         logits = {name: torch.as_tensor(step()) for name, step in steps.items()}
         same = bool(torch.equal(logits["r16"], logits["r16_rebuilt"]))
         cpu = rotated(steps, SIDES, args.rounds, args.calls)
-        parts = {name: breakdown(pool, steps[name], 6) for name in SIDES[1:]}
+        parts = {name: breakdown(pool, steps[name], 6, args.batch) for name in SIDES[1:]}
     result = {
         "name": "lora-overhead-paired",
-        "config": {"preset": args.preset, "rounds": args.rounds, "calls": args.calls},
+        "config": {
+            "preset": args.preset,
+            "rounds": args.rounds,
+            "calls": args.calls,
+            "batch": args.batch,
+        },
         "heap_kept": heap_kept,
         "loadavg_start": load_start,
         "r16_logits_equal": same,

@@ -80,11 +80,12 @@ def summary(times: dict[str, list[float]], a: str, *others: str) -> dict[str, ob
 
 
 def start(
-    rounds: int, *, dtype: bool = False, kernels: bool = False
+    rounds: int, *, dtype: bool = False, kernels: bool = False, batch: bool = False
 ) -> tuple[argparse.Namespace, bool, list[str]]:
     """The paired probes' arguments (``rounds``: the default; ``dtype``: the probe takes
-    ``--dtype``; ``kernels``: ``--kernels A,B``), one thread, the freed heap kept; returns the
-    arguments, whether the heap is kept, and the load average now."""
+    ``--dtype``; ``kernels``: ``--kernels A,B``; ``batch``: ``--batch N``, decode sequences a
+    step), one thread, the freed heap kept; returns the arguments, whether the heap is kept, and
+    the load average now."""
     parser = argparse.ArgumentParser()
     parser.add_argument("--preset", default="large")
     parser.add_argument("--rounds", type=int, default=rounds)
@@ -94,7 +95,11 @@ def start(
     if kernels:
         parser.add_argument("--kernels", default="blas,onednn", help="A,B[,C]: linear_kernel names")
         parser.add_argument("--steps", default=DEFAULT_STEPS, help=f"of {','.join(STEPS)}")
+    if batch:
+        parser.add_argument("--batch", type=int, default=16, help="decode sequences a step (1-32)")
     args = parser.parse_args()
+    if batch and not 1 <= args.batch <= 32:
+        parser.error(f"--batch must be 1-32, got {args.batch}")
     torch.set_num_threads(1)
     heap_kept = keep_freed_heap()
     return args, heap_kept, Path("/proc/loadavg").read_text().split()[:3]
