@@ -36,7 +36,7 @@ from __future__ import annotations
 import math
 import statistics
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from loraplex.sim.cost_model import LINKS, CostModel, Link, StepCost
 
@@ -393,6 +393,9 @@ class FirstFit:
     first: FirstSample | None  # the server's first request; None: not measured
     later: tuple[FirstSample, ...]  # the later lone cold requests of a comparable size
     reason: str  # why the seconds are 0 ("" when measured)
+    # the server's first L3 -> L2 load and the later ones of a comparable size, when loads came
+    # before its first request (``with_first_load``); (): first_load_s is the request's
+    loads: tuple[LoadSample, ...] = ()
 
 
 def fit_first(
@@ -427,3 +430,22 @@ def fit_first(
         for stage in ("load", "step", "hop")
     }
     return FirstFit(seconds, first, alike, "")
+
+
+def with_first_load(
+    fit: FirstFit, loads: Sequence[LoadSample], size_ratio: float = FIRST_SIZE_RATIO
+) -> FirstFit:
+    """``fit`` with ``first_load_s`` from the server's own first load when load samples (in the
+    order timed) came before its first request (``sim calibrate`` times one load per adapter
+    before any request, so that request's load is not the process's first): the first
+    L3 -> L2 sample less the median of the later ones within ``size_ratio`` of its bytes,
+    floored at 0. Unchanged without a measured first request or a comparable later load."""
+    stores = [s for s in loads if s.link == "L3_to_L2"]
+    if fit.first is None or fit.reason or not stores:
+        return fit
+    head = stores[0]
+    alike = [s for s in stores[1:] if 1 / size_ratio <= s.nbytes / head.nbytes <= size_ratio]
+    if not alike:
+        return fit
+    excess = max(0.0, head.seconds - statistics.median(s.seconds for s in alike))
+    return replace(fit, seconds={**fit.seconds, "first_load_s": excess}, loads=(head, *alike))

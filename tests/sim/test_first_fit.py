@@ -90,7 +90,7 @@ def test_the_request_log_gives_lone_cold_requests_only() -> None:
 
 def test_a_server_calibrate_did_not_start_is_not_fresh(tmp_path: Path) -> None:
     remote = Target("http://x", "k", (), {}, 100)
-    assert _first_requests(remote, [_line(0.0, "a")]).reason == NOT_FRESH
+    assert _first_requests(remote, [_line(0.0, "a")], []).reason == NOT_FRESH
 
 
 def _model(firsts: list[Any]) -> Any:
@@ -138,3 +138,28 @@ def test_interleaved_passes_each_fresh_take_the_median_over_passes() -> None:
     assert model.first_step_s == pytest.approx(0.002)
     assert model.first_hop_s == pytest.approx(0.002)
     assert "the median over passes" in model.sources["first_step_s"]
+
+
+def test_the_first_load_sample_prices_the_load_when_loads_came_first() -> None:
+    from loraplex.sim.calibrate import LoadSample, with_first_load
+
+    loads = [
+        LoadSample("L3_to_L2", 1000, 0.030),  # the server's first load
+        LoadSample("L2_to_L1", 1000, 0.001),
+        LoadSample("L3_to_L2", 1200, 0.010),
+        LoadSample("L3_to_L2", 900, 0.012),
+        LoadSample("L3_to_L2", 9000, 0.500),  # beyond 2x: left out
+    ]
+    fit = fit_first(_sample(0.011, 0.009, 0.012), [_sample(0.011, 0.004, 0.002)])
+    assert fit.seconds["first_load_s"] == 0.0  # the request's load was not the first
+    again = with_first_load(fit, loads)
+    assert again.seconds["first_load_s"] == pytest.approx(0.019)
+    assert again.seconds["first_step_s"] == fit.seconds["first_step_s"]
+    assert again.loads == (loads[0], loads[2], loads[3])
+    assert with_first_load(fit, loads[:2]) == fit  # no comparable later load
+    unmeasured = fit_first(None, (), NOT_FRESH)
+    assert with_first_load(unmeasured, loads) == unmeasured
+    model, report = _model([again])
+    assert model.first_load_s == pytest.approx(0.019)
+    assert "first load" in model.sources["first_load_s"]
+    assert report["first_requests"][0]["loads"][0]["seconds"] == 0.030

@@ -141,6 +141,20 @@ def first_seconds(fits: list[FirstFit]) -> tuple[dict[str, float], dict[str, str
             f"{len(f.later)})"
             for f in measured
         )
+        if key == "first_load_s" and any(f.loads for f in measured):
+            parts = ", ".join(
+                f"{f.seconds[key] * 1e3:.2f} ms ({len(f.loads) - 1} later)" for f in measured
+            )
+            texts[key] = (
+                "the calibration's fresh server's first load (the first L3 -> L2 load sample, "
+                "timed before any request, so the first request's load is not the process's "
+                "first) less the median of its later L3 -> L2 load samples within "
+                f"{FIRST_SIZE_RATIO:g}x its bytes, floored at 0 (sim/calibrate.with_first_load; "
+                + ("the median over passes: " if len(measured) > 1 else "")
+                + parts
+                + "; samples in the report's first_requests[].loads)"
+            )
+            continue
         texts[key] = (
             f"the calibration's fresh server's first request (a lone cold one), {stage[key]} "
             "less the median of the same server's later lone cold requests of an adapter within "

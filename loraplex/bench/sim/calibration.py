@@ -32,7 +32,7 @@ from loraplex.bench.sim.calibrate_timeline import (
 )
 from loraplex.bench.sim.fit_check import STEP_RULES, BrokenFit, check_text, step_fit_faults
 from loraplex.bench.sim.host_probe import host_probe
-from loraplex.sim.calibrate import FirstFit, fit_first, fit_step
+from loraplex.sim.calibrate import FirstFit, LoadSample, fit_first, fit_step, with_first_load
 from loraplex.sim.cost_model import CostModel
 
 
@@ -50,7 +50,8 @@ def measure(target: Target, config: CalibrateConfig) -> dict[str, Any]:
         target = with_sizes(client, target)
         steps = _step_measurements(client, target, config)
     logged = _log_handoffs(target)
-    first = _first_requests(target, logged["log_lines"])  # one per server (passes merge them)
+    # one per server (passes merge them)
+    first = _first_requests(target, logged["log_lines"], loads)
     return {"loads": loads, "cold": cold, "busy": busy, **steps, **logged, "first": [first]}
 
 
@@ -60,13 +61,17 @@ NOT_FRESH = (
 )
 
 
-def _first_requests(target: Target, lines: list[dict[str, Any]]) -> FirstFit:
-    """A fresh server's first-request excesses (``calibrate_cold.first_requests``): only a
-    server this calibration started (``--self``, the one case with ``request_log`` set) is
+def _first_requests(
+    target: Target, lines: list[dict[str, Any]], loads: list[LoadSample]
+) -> FirstFit:
+    """A fresh server's first-request excesses (``calibrate_cold.first_requests``), the load's
+    from its first load sample (``loads``, timed before any request: ``with_first_load``): only
+    a server this calibration started (``--self``, the one case with ``request_log`` set) is
     fresh; any other gives 0 with the reason."""
     if target.request_log is None:
         return fit_first(None, (), NOT_FRESH)
-    return first_requests(lines, {a.ref: a.size_bytes for a in target.adapters})
+    fit = first_requests(lines, {a.ref: a.size_bytes for a in target.adapters})
+    return with_first_load(fit, loads)
 
 
 def remeasure_steps(
