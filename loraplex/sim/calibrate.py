@@ -36,7 +36,7 @@ from __future__ import annotations
 import math
 import statistics
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from loraplex.sim.cost_model import LINKS, CostModel, Link, StepCost
 
@@ -361,3 +361,91 @@ def calibrated_model(
         network_s=overheads.get("network_s", 0.0),
         lease_handoff_s=dict(lease_handoff_s or {}),
     )
+
+
+FIRST_SIZE_RATIO = 2.0  # a later cold request is "of a comparable size" within this factor
+
+
+@dataclass(frozen=True)
+class FirstSample:
+    """One lone cold request (its adapter only in L3) on the engine's timeline."""
+
+    adapter: str  # tenant/name@revision
+    nbytes: int  # the adapter's bytes as served
+    load_s: float  # its load's stage seconds summed (``engine.load_s``)
+    step_s: float  # its first step, planned to ended
+    hop_s: float  # its TTFT outside the engine (``ttft_s`` less ``first_step_end_s``)
+
+    def __post_init__(self) -> None:
+        if self.nbytes <= 0:
+            raise ValueError(f"FirstSample.nbytes must be > 0, got {self.nbytes}")
+        for name in ("load_s", "step_s", "hop_s"):
+            value = getattr(self, name)
+            if not math.isfinite(value):
+                raise ValueError(f"FirstSample.{name} must be finite, got {value!r}")
+
+
+@dataclass(frozen=True)
+class FirstFit:
+    """A fresh server's one-time seconds (``cost_model.FIRST_KEYS``) and what they came from."""
+
+    seconds: dict[str, float]  # first_load_s, first_step_s, first_hop_s: each >= 0
+    first: FirstSample | None  # the server's first request; None: not measured
+    later: tuple[FirstSample, ...]  # the later lone cold requests of a comparable size
+    reason: str  # why the seconds are 0 ("" when measured)
+    # the server's first L3 -> L2 load and the later ones of a comparable size, when loads came
+    # before its first request (``with_first_load``); (): first_load_s is the request's
+    loads: tuple[LoadSample, ...] = ()
+
+
+def fit_first(
+    first: FirstSample | None,
+    later: Sequence[FirstSample],
+    reason: str = "",
+    size_ratio: float = FIRST_SIZE_RATIO,
+) -> FirstFit:
+    """What a fresh server's first request (``first``, a lone cold one) pays in each stage
+    beyond the median of ``later`` lone cold requests whose adapter is within ``size_ratio`` of
+    its size, floored at 0: ``first_load_s`` (load stage seconds), ``first_step_s`` (its first
+    step) and ``first_hop_s`` (its TTFT outside the engine). Without ``first`` (``reason`` says
+    why) or without a comparable later request, every key is 0 and the fit says why."""
+    zero = {"first_load_s": 0.0, "first_step_s": 0.0, "first_hop_s": 0.0}
+    if not (size_ratio >= 1 and math.isfinite(size_ratio)):
+        raise ValueError(f"size_ratio {size_ratio!r} is invalid; expected finite >= 1")
+    if first is None:
+        return FirstFit(zero, None, (), reason or "no first request was given")
+    alike = tuple(s for s in later if 1 / size_ratio <= s.nbytes / first.nbytes <= size_ratio)
+    if not alike:
+        why = (
+            f"no later lone cold request of an adapter within {size_ratio:g}x of the first's "
+            f"{first.nbytes} bytes ({len(later)} later lone cold requests)"
+        )
+        return FirstFit(zero, first, (), why)
+    seconds = {
+        f"first_{stage}_s": max(
+            0.0,
+            getattr(first, f"{stage}_s")
+            - statistics.median(getattr(s, f"{stage}_s") for s in alike),
+        )
+        for stage in ("load", "step", "hop")
+    }
+    return FirstFit(seconds, first, alike, "")
+
+
+def with_first_load(
+    fit: FirstFit, loads: Sequence[LoadSample], size_ratio: float = FIRST_SIZE_RATIO
+) -> FirstFit:
+    """``fit`` with ``first_load_s`` from the server's own first load when load samples (in the
+    order timed) came before its first request (``sim calibrate`` times one load per adapter
+    before any request, so that request's load is not the process's first): the first
+    L3 -> L2 sample less the median of the later ones within ``size_ratio`` of its bytes,
+    floored at 0. Unchanged without a measured first request or a comparable later load."""
+    stores = [s for s in loads if s.link == "L3_to_L2"]
+    if fit.first is None or fit.reason or not stores:
+        return fit
+    head = stores[0]
+    alike = [s for s in stores[1:] if 1 / size_ratio <= s.nbytes / head.nbytes <= size_ratio]
+    if not alike:
+        return fit
+    excess = max(0.0, head.seconds - statistics.median(s.seconds for s in alike))
+    return replace(fit, seconds={**fit.seconds, "first_load_s": excess}, loads=(head, *alike))

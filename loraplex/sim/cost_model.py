@@ -121,7 +121,8 @@ first L3 -> L2 stage (not scaled by ``load_busy_scale`` or the fleet's scales; w
 a replica's first step (a decode run does not repeat it), ``first_hop_s`` to the hop of the
 run's first request (the front's first reply). Measured on a real single server's traces, each
 run's first request against the same run's later ones (docs/simulator.md, simtail2); ``sim
-calibrate`` does not measure them. A file without the keys reads as 0: as before, to the byte.
+calibrate --self`` measures them on the server it starts (``calibrate.fit_first``; ``--url``
+writes 0). A file without the keys reads as 0: as before, to the byte.
 """
 
 from __future__ import annotations

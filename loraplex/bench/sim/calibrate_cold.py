@@ -28,6 +28,7 @@ from loraplex.bench.sim.calibrate_loads import (
 from loraplex.bench.sim.calibrate_prefill import lone_ttft
 from loraplex.bench.sim.calibrate_run import CalibrateConfig, target_sets
 from loraplex.bench.sim.calibrate_target import Target
+from loraplex.sim.calibrate import FirstFit, FirstSample, fit_first
 
 
 @dataclass(frozen=True)
@@ -149,3 +150,52 @@ def _asked(engine: Mapping[str, Any]) -> float:
     """A timeline's ``asked_s`` (0 where absent)."""
     asked = engine.get("asked_s")
     return 0.0 if asked is None else float(asked)
+
+
+def first_requests(lines: Sequence[Mapping[str, Any]], sizes: Mapping[str, int]) -> FirstFit:
+    """A fresh server's one-time seconds from its request log (``lines``, the server started by
+    the calibration with its log, so its first line is its first request): the first request
+    by arrival, when it is a lone cold one, against the later lone cold requests
+    (``sim/calibrate.fit_first``). Lone: nothing else in flight from its arrival to its end;
+    cold: leased from L3 after a load (``engine.load_s`` > 0), its first step and TTFT timed.
+    ``sizes``: ``tenant/name@revision`` -> the adapter's bytes."""
+    if not lines:
+        return fit_first(None, (), "the server's request log holds no request")
+    spans = [(float(x["t_s"]), float(x["t_s"]) + float(x.get("latency_s") or 0.0)) for x in lines]
+    order = sorted(range(len(lines)), key=lambda i: spans[i][0])
+
+    def sample(i: int) -> FirstSample | None:
+        line, (start, end) = lines[i], spans[i]
+        e = line.get("engine")
+        if (
+            line.get("tier") != "L3"
+            or not isinstance(e, dict)
+            or not e.get("load_s")
+            or e.get("scheduled_s") is None
+            or e.get("first_step_end_s") is None
+            or line.get("ttft_s") is None
+            or any(s < end and start < t for j, (s, t) in enumerate(spans) if j != i)
+        ):
+            return None
+        ref = f"{line.get('tenant')}/{line.get('adapter')}"
+        if sizes.get(ref, 0) <= 0:
+            return None
+        return FirstSample(
+            adapter=ref,
+            nbytes=sizes[ref],
+            load_s=float(e["load_s"]),
+            step_s=float(e["first_step_end_s"]) - float(e["scheduled_s"]),
+            hop_s=float(line["ttft_s"]) - float(e["first_step_end_s"]),
+        )
+
+    first = sample(order[0])
+    if first is None:
+        return fit_first(
+            None,
+            (),
+            "the server's first request was not a lone cold (L3) request of an adapter of "
+            f"known size with its engine timeline ({lines[order[0]].get('adapter')}, tier "
+            f"{lines[order[0]].get('tier')})",
+        )
+    later = [s for i in order[1:] if (s := sample(i)) is not None]
+    return fit_first(first, later)

@@ -16,8 +16,15 @@ from loraplex.bench.sim.calibrate_cold import LeaseHandoffs, handoff_seconds
 from loraplex.bench.sim.calibrate_decode import decode_clock_text, decode_report
 from loraplex.bench.sim.calibrate_run import CalibrateConfig
 from loraplex.bench.sim.calibrate_target import Target
-from loraplex.sim.calibrate import Fit, calibrated_model, fit_link, jitter_quantiles
-from loraplex.sim.cost_model import LINKS, CostModel
+from loraplex.sim.calibrate import (
+    FIRST_SIZE_RATIO,
+    FirstFit,
+    Fit,
+    calibrated_model,
+    fit_link,
+    jitter_quantiles,
+)
+from loraplex.sim.cost_model import FIRST_KEYS, LINKS, CostModel
 from loraplex.sim.host_speed import HostProbe
 
 SHARED_CPU = (
@@ -110,6 +117,54 @@ def _lease_ask(found: LeaseHandoffs | None) -> tuple[float, str]:
         f"({found.at_once_ask_s * 1000:.2f} ms), floored at 0 "
         "(bench/sim/calibrate_cold.lease_handoffs)"
     )
+
+
+def first_seconds(fits: list[FirstFit]) -> tuple[dict[str, float], dict[str, str]]:
+    """``first_load_s``, ``first_step_s``, ``first_hop_s`` and their source texts from each
+    fresh server's fit (one per calibration pass, ``calibrate_cold.first_requests``): with one
+    measured, its excesses; with several, each key's median over them; with none, 0 and why."""
+    measured = [f for f in fits if not f.reason and f.first is not None]
+    if not measured:
+        why = "; ".join(dict.fromkeys(f.reason for f in fits)) or "no fresh server was measured"
+        return dict.fromkeys(FIRST_KEYS, 0.0), dict.fromkeys(FIRST_KEYS, f"not measured (0): {why}")
+    stage = {
+        "first_load_s": "its load's stage seconds (engine.load_s)",
+        "first_step_s": "its first step, planned to ended (scheduled_s to first_step_end_s)",
+        "first_hop_s": "its TTFT outside the engine (ttft_s less first_step_end_s)",
+    }
+    seconds, texts = {}, {}
+    for key in FIRST_KEYS:
+        values = [f.seconds[key] for f in measured]
+        seconds[key] = statistics.median(values)
+        parts = ", ".join(
+            f"{f.seconds[key] * 1e3:.2f} ms ({f.first.adapter if f.first else '?'} against "
+            f"{len(f.later)})"
+            for f in measured
+        )
+        if key == "first_load_s" and any(f.loads for f in measured):
+            parts = ", ".join(
+                f"{f.seconds[key] * 1e3:.2f} ms ({len(f.loads) - 1} later)" for f in measured
+            )
+            texts[key] = (
+                "the calibration's fresh server's first load (the first L3 -> L2 load sample, "
+                "timed before any request, so the first request's load is not the process's "
+                "first) less the median of its later L3 -> L2 load samples within "
+                f"{FIRST_SIZE_RATIO:g}x its bytes, floored at 0 (sim/calibrate.with_first_load; "
+                + ("the median over passes: " if len(measured) > 1 else "")
+                + parts
+                + "; samples in the report's first_requests[].loads)"
+            )
+            continue
+        texts[key] = (
+            f"the calibration's fresh server's first request (a lone cold one), {stage[key]} "
+            "less the median of the same server's later lone cold requests of an adapter within "
+            f"{FIRST_SIZE_RATIO:g}x its size, floored at 0 "
+            "(bench/sim/calibrate_cold.first_requests; "
+            + ("the median over passes: " if len(measured) > 1 else "")
+            + parts
+            + "; samples in the report's first_requests)"
+        )
+    return seconds, texts
 
 
 def cost_model_from(
@@ -249,8 +304,14 @@ def cost_model_from(
         lone_hops=measured["lone"],
     )
     busy_price = 1.0 if scale is None else scale
+    firsts: list[FirstFit] = measured.get("first", [])
+    first_s, first_texts = first_seconds(firsts)
     model = replace(
         model,
+        sources={**model.sources, **first_texts},
+        first_load_s=first_s["first_load_s"],
+        first_step_s=first_s["first_step_s"],
+        first_hop_s=first_s["first_hop_s"],
         host_probe=probe,
         load_busy_scale=busy_price,
         lease_ask_s=lease_ask_s,
@@ -282,6 +343,8 @@ def cost_model_from(
         "hop_residuals_s": residuals,
         "lone_ttfts_s": [[asdict(sample), ttft_s] for sample, ttft_s in measured["lone"]],
         "lease_handoffs": None if lease_found is None else asdict(lease_found),
+        # each fresh server's first request and the later lone cold requests it was set against
+        "first_requests": [asdict(f) for f in firsts],
         "machine": machine,
         "host_probes": [asdict(p) for p in probes],
         "target": target.url,

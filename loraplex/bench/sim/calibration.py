@@ -12,7 +12,7 @@ from typing import Any
 import httpx
 
 from loraplex.bench.sim.calibrate_busy import busy_samples
-from loraplex.bench.sim.calibrate_cold import cold_samples, lease_handoffs
+from loraplex.bench.sim.calibrate_cold import cold_samples, first_requests, lease_handoffs
 from loraplex.bench.sim.calibrate_decode import step_samples
 from loraplex.bench.sim.calibrate_fit import cost_model_from
 from loraplex.bench.sim.calibrate_loads import load_samples, with_sizes
@@ -32,7 +32,7 @@ from loraplex.bench.sim.calibrate_timeline import (
 )
 from loraplex.bench.sim.fit_check import STEP_RULES, BrokenFit, check_text, step_fit_faults
 from loraplex.bench.sim.host_probe import host_probe
-from loraplex.sim.calibrate import fit_step
+from loraplex.sim.calibrate import FirstFit, LoadSample, fit_first, fit_step, with_first_load
 from loraplex.sim.cost_model import CostModel
 
 
@@ -49,7 +49,29 @@ def measure(target: Target, config: CalibrateConfig) -> dict[str, Any]:
         busy = busy_samples(client, target, config)  # loads beside steps (load_busy_scale)
         target = with_sizes(client, target)
         steps = _step_measurements(client, target, config)
-    return {"loads": loads, "cold": cold, "busy": busy, **steps, **_log_handoffs(target)}
+    logged = _log_handoffs(target)
+    # one per server (passes merge them)
+    first = _first_requests(target, logged["log_lines"], loads)
+    return {"loads": loads, "cold": cold, "busy": busy, **steps, **logged, "first": [first]}
+
+
+NOT_FRESH = (
+    "not measured: the server was not started by this calibration (--url), so it is not fresh "
+    "(its first requests were served before) and its request log is not read"
+)
+
+
+def _first_requests(
+    target: Target, lines: list[dict[str, Any]], loads: list[LoadSample]
+) -> FirstFit:
+    """A fresh server's first-request excesses (``calibrate_cold.first_requests``), the load's
+    from its first load sample (``loads``, timed before any request: ``with_first_load``): only
+    a server this calibration started (``--self``, the one case with ``request_log`` set) is
+    fresh; any other gives 0 with the reason."""
+    if target.request_log is None:
+        return fit_first(None, (), NOT_FRESH)
+    fit = first_requests(lines, {a.ref: a.size_bytes for a in target.adapters})
+    return with_first_load(fit, loads)
 
 
 def remeasure_steps(
