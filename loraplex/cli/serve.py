@@ -190,6 +190,10 @@ def serve_command(
             help="Fraction of max-connections a tenant may hold while others are turned away (0.5)."
         ),
     ] = None,
+    ipv6_address_prefix: Annotated[
+        int | None,
+        Opt(help="IPv6 clients count for the per-IP bounds per network of this /length (64)."),
+    ] = None,
     write_timeout_s: Annotated[
         float | None,
         Opt(help="Cut off a client taking under min-send-bytes-per-s x this of it, s (30)."),

@@ -204,6 +204,7 @@ def connection_limits(settings: ServeConfig) -> ConnectionLimits:
         max_connections_per_address=settings.max_connections_per_address,
         accepts_per_s_per_address=settings.accepts_per_s_per_address,
         max_tenant_connection_share=settings.max_tenant_connection_share,
+        ipv6_address_prefix=settings.ipv6_address_prefix,
         write_timeout_s=settings.write_timeout_s,
         min_send_bytes_per_s=settings.min_send_bytes_per_s,
         max_unsent_response_bytes=settings.max_unsent_response_bytes,

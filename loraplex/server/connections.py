@@ -13,6 +13,12 @@ open:
   credential check yet (``authenticated``), a budget smaller than the whole;
 - ``max_connections``: open connections in all.
 
+A client "address" is what ``address_key`` makes of the peer's IP: an IPv4 address as it is
+(also when a dual-stack listener reports it IPv4-mapped, ``::ffff:a.b.c.d``), an IPv6 address
+its ``/ipv6_address_prefix`` network (``/64`` by default: one subscriber's or one host's
+allocation, as rate limiters usually count IPv6). Counted per IPv6 address, one client holding
+a /64 would pass both per-address bounds with a fresh address per connection.
+
 A connection that would pass one of the last three bounds takes the place of the oldest *idle*
 unauthenticated connection (no request in flight) that counts against it, which is closed; only
 when there is none is the newcomer closed. So a flood of idle sockets can only push out its own
@@ -78,6 +84,7 @@ are then bounded by the accept rate (before, ~2,300 handshakes a second from 1,1
 
 from __future__ import annotations
 
+import ipaddress
 from collections import Counter, OrderedDict
 from collections.abc import Callable, MutableMapping
 from dataclasses import dataclass
@@ -112,6 +119,22 @@ def mark_authenticated(state: MutableMapping[str, Any], tenant: str | None = Non
     return mark is None or mark(tenant)
 
 
+def address_key(address: str, ipv6_prefix: int) -> str:
+    """The address the per-address bounds count ``address`` (a peer's host) under: an IPv4
+    address as it is, an IPv4-mapped IPv6 address as its IPv4 address, another IPv6 address as
+    its ``/ipv6_prefix`` network (``2001:db8::/64``); anything else (no IP: a Unix socket's
+    empty host) as it is."""
+    if ":" not in address:
+        return address  # IPv4 (or no address): the accept path's common case, not parsed
+    try:
+        ip = ipaddress.IPv6Address(address)
+    except ValueError:
+        return address
+    if ip.ipv4_mapped is not None:
+        return str(ip.ipv4_mapped)
+    return str(ipaddress.IPv6Network((int(ip), ipv6_prefix), strict=False))
+
+
 @dataclass(frozen=True)
 class GateLimits:
     """The gate's bounds (module docstring); each >= 1."""
@@ -122,8 +145,15 @@ class GateLimits:
     accepts_per_s_per_address: int = 512  # new connections per second from one address
     # the fraction of max_connections one tenant may hold while newcomers are turned away
     max_tenant_connection_share: float = 0.5
+    # IPv6 clients are counted per network of this prefix length (``address_key``)
+    ipv6_address_prefix: int = 64
 
     def __post_init__(self) -> None:
+        prefix = self.ipv6_address_prefix
+        if isinstance(prefix, bool) or not isinstance(prefix, int) or not 1 <= prefix <= 128:
+            raise ValueError(
+                f"ipv6_address_prefix {prefix!r} is invalid; expected an int from 1 to 128"
+            )
         for name in (
             "max_connections",
             "max_unauthenticated_connections",
@@ -252,6 +282,7 @@ class ConnectionGate:
         """Takes ``address``'s accept token; False (counted refused): close the connection.
         The listening socket asks this before the connection costs anything
         (``gated_accept.py``); ``admit_accepted`` then checks the caps."""
+        address = address_key(address, self.limits.ipv6_address_prefix)
         if self._take_accept_token(address):
             return True
         self.num_refused += 1
@@ -266,6 +297,7 @@ class ConnectionGate:
         ``max_connections`` with connections drained (each closes after its answer), a newcomer
         waits for the room one of them frees (``hold``, then ``let_in``): at most one waits for
         each drained connection, in their order of arrival; True then too."""
+        address = address_key(address, self.limits.ipv6_address_prefix)
         self._making_room = True  # a connection closed for this newcomer: its room
         try:
             room = self._make_room(address)

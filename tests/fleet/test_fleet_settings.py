@@ -202,7 +202,7 @@ def test_the_listener_and_admin_socket_keys_pass(tmp_path: Path) -> None:
               "keep_alive_timeout_s": 9, "write_timeout_s": 3.0, "max_connections": 100,
               "max_header_bytes": 4096, "max_unauthenticated_connections": 7,
               "accepts_per_s_per_address": 9, "send_buffer_bytes": 1 << 20,
-              "admin_port": 9001, "admin_host": "127.0.0.1"}  # fmt: skip
+              "ipv6_address_prefix": 56, "admin_port": 9001, "admin_host": "127.0.0.1"}  # fmt: skip
     config = ServeConfig(data_dir=tmp_path, **values)
     check_fleet_config(config)
     settings = FleetSettings(serve=config, model_dir=tmp_path)

@@ -26,7 +26,7 @@ from prometheus_client import CollectorRegistry, generate_latest
 
 from loraplex.clock import ManualClock
 from loraplex.server.app import create_app
-from loraplex.server.connections import ConnectionGate, GateLimits
+from loraplex.server.connections import ConnectionGate, GateLimits, address_key
 from loraplex.server.listeners import ConnectionLimits, ListenerConfig
 from loraplex.server.tarpit import Tarpit
 
@@ -149,6 +149,39 @@ def test_accepts_per_second_are_a_token_bucket_per_address() -> None:
     assert gate.admit(FakeMember(), "b")  # another address has its own bucket
     clock.advance(0.34)  # one token back
     assert gate.admit(FakeMember(), "a") and not gate.admit(FakeMember(), "a")
+
+
+def test_an_ipv6_client_counts_as_its_network() -> None:
+    """A client holding a /64 passed both per-address bounds with a fresh address per
+    connection: IPv6 addresses count as their /64 (``ipv6_address_prefix``)."""
+    gate, clock = _gate(accepts_per_s_per_address=2)
+    assert gate.admit(FakeMember(), "2001:db8:1:2::1")
+    assert gate.admit(FakeMember(), "2001:db8:1:2:ffff::9")
+    assert not gate.admit(FakeMember(), "2001:db8:1:2:abcd:1:2:3")  # the same /64: no token
+    assert gate.admit(FakeMember(), "2001:db8:1:3::1")  # the next /64 has its own bucket
+    clock.advance(1.0)
+    gate, _ = _gate(max_connections_per_address=2)
+    members = [FakeMember(idle=False) for _ in range(3)]
+    assert gate.admit(members[0], "2001:db8::1") and gate.admit(members[1], "2001:db8::2")
+    assert not gate.admit(members[2], "2001:db8::3")  # nobody idle of that /64 to replace
+
+
+def test_address_keys() -> None:
+    assert address_key("10.0.0.7", 64) == "10.0.0.7"
+    assert address_key("::ffff:10.0.0.7", 64) == "10.0.0.7"  # a dual-stack listener's IPv4 peer
+    assert address_key("2001:db8:1:2:3:4:5:6", 64) == "2001:db8:1:2::/64"
+    assert address_key("2001:db8:1:2:3:4:5:6", 48) == "2001:db8:1::/48"
+    assert address_key("2001:db8::6", 128) == "2001:db8::6/128"
+    assert address_key("fe80::1%eth0", 64) == "fe80::/64"
+    assert address_key("", 64) == "" and address_key("not:an:ip", 64) == "not:an:ip"
+
+
+def test_an_ipv6_prefix_length_past_128_is_refused() -> None:
+    for bad in (0, 129, True):
+        with pytest.raises(ValueError, match="ipv6_address_prefix"):
+            GateLimits(ipv6_address_prefix=bad)
+    with pytest.raises(ValueError, match="ipv6_address_prefix 129 is invalid"):
+        ConnectionLimits(ipv6_address_prefix=129)
 
 
 def test_gate_limits_are_checked() -> None:

@@ -337,6 +337,8 @@ def test_limit_settings_are_checked(tmp_path: Path) -> None:
         ("max_header_count", 0, ">= 1"),
         ("max_unsent_response_bytes", 0, ">= 1"),
         ("min_send_bytes_per_s", -1, ">= 0"),
+        ("ipv6_address_prefix", 0, "1 to 128"),
+        ("ipv6_address_prefix", 129, "1 to 128"),
     ):
         with pytest.raises(ValueError, match=f"{key} {value} is invalid; expected {expected}"):
             ServeConfig(data_dir=tmp_path, **{key: value})
@@ -355,7 +357,8 @@ def test_serve_flags_reach_the_limits(tmp_path: Path, monkeypatch: pytest.Monkey
              "--accepts-per-s-per-address", "7", "--write-timeout-s", "8",
              "--max-stream-buffer-bytes", str(ROOM + 9), "--stream-pause-bytes", "4",
              "--max-stream-resumes", "3", "--max-header-count", "21",
-             "--min-send-bytes-per-s", "22", "--max-unsent-response-bytes", "23"]  # fmt: skip
+             "--min-send-bytes-per-s", "22", "--max-unsent-response-bytes", "23",
+             "--ipv6-address-prefix", "48"]  # fmt: skip
     result = CliRunner().invoke(cli_app, ["serve", "--data-dir", str(tmp_path), *flags])
     assert result.exit_code == 0, result.output
     (settings,) = seen
@@ -366,7 +369,7 @@ def test_serve_flags_reach_the_limits(tmp_path: Path, monkeypatch: pytest.Monkey
     assert connection_limits(settings) == ConnectionLimits(
         16, 17, 18, 19, max_unauthenticated_connections=5, max_connections_per_address=6,
         accepts_per_s_per_address=7, write_timeout_s=8, max_header_count=21,
-        min_send_bytes_per_s=22, max_unsent_response_bytes=23,
+        min_send_bytes_per_s=22, max_unsent_response_bytes=23, ipv6_address_prefix=48,
     )  # fmt: skip
     assert settings.max_stream_buffer_bytes == ROOM + 9
     assert (settings.stream_pause_bytes, settings.max_stream_resumes) == (4, 3)

@@ -100,7 +100,7 @@ def check_non_negative(config: object) -> None:
 
 
 def check_connection_caps(
-    max_connections: int, unauthenticated: int | None, tenant_share: float
+    max_connections: int, unauthenticated: int | None, tenant_share: float, ipv6_prefix: int
 ) -> None:
     if unauthenticated is not None and unauthenticated > max_connections:
         raise ValueError(
@@ -111,6 +111,8 @@ def check_connection_caps(
         raise ValueError(
             f"max_tenant_connection_share {tenant_share} is invalid; expected above 0, at most 1"
         )
+    if not 1 <= ipv6_prefix <= 128:
+        raise ValueError(f"ipv6_address_prefix {ipv6_prefix} is invalid; expected 1 to 128")
 
 
 def check_engine_watch(engine_process: bool, kill_after_s: float, unresponsive: float) -> None:

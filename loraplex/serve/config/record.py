@@ -202,6 +202,9 @@ class ServeConfig:
     # the fraction of max_connections a tenant may hold while newcomers are turned away; beyond
     # it its new connections are answered 429 and closed (server/connections.py)
     max_tenant_connection_share: float = 0.5
+    # an IPv6 client is counted, for the two per-address bounds, as its network of this prefix
+    # length (a /64 holds 2^64 addresses: counted per address, one client passes both bounds)
+    ipv6_address_prefix: int = 64
     max_header_count: int = 100  # header lines of a request head (431 and closed beyond it)
     # a client taking less of its waiting answer than min_send_bytes_per_s x this is cut off
     write_timeout_s: float = 30.0
@@ -244,6 +247,7 @@ class ServeConfig:
             self.max_connections,
             self.max_unauthenticated_connections,
             self.max_tenant_connection_share,
+            self.ipv6_address_prefix,
         )
         check_shared_state(self.shared_state_url, self.shared_state_prefix)
         database_timeouts(

@@ -24,6 +24,8 @@ class ConnectionLimits:
     accepts_per_s_per_address: int = 512  # new connections per second from one client address
     # the fraction of ``max_connections`` one tenant may hold while newcomers are turned away
     max_tenant_connection_share: float = 0.5
+    # an IPv6 client counts for the per-address bounds as its network of this prefix length
+    ipv6_address_prefix: int = 64
     # a client that takes less of its waiting answer than ``min_send_bytes_per_s`` x this, in
     # any such span, is cut off with a reset (``protocol.py``)
     write_timeout_s: float = 30.0
@@ -74,4 +76,5 @@ class ConnectionLimits:
             max_connections_per_address=self.max_connections_per_address,
             accepts_per_s_per_address=self.accepts_per_s_per_address,
             max_tenant_connection_share=self.max_tenant_connection_share,
+            ipv6_address_prefix=self.ipv6_address_prefix,
         )
