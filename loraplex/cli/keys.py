@@ -16,6 +16,7 @@ from loraplex.cli.registry_access import (
     command_group,
     failures,
     next_page,
+    none_listed,
     one_page,
     opened,
     tenant_hint,
@@ -57,7 +58,8 @@ def list_keys(
     after: After = None,
 ) -> None:
     """List API keys (ids and state; tokens are never stored), by tenant, then age: one page,
-    and on stderr the --after of the next one when more follow."""
+    and on stderr the --after of the next one when more follow, or that there is none (stdout
+    stays empty)."""
     with failures(), opened(location.config()) as registry:
         try:
             keys, next_after = one_page(
@@ -69,6 +71,8 @@ def list_keys(
     for key in keys:
         state = "active" if key.revoked_at is None else f"revoked {utc_time(key.revoked_at)}"
         typer.echo(f"{key.key_id}\t{key.tenant}\tcreated {utc_time(key.created_at)}\t{state}")
+    if not keys:
+        none_listed("key", None if tenant is None else f"of tenant {tenant!r}", after)
     next_page("keys", next_after)
 
 

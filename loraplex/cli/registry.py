@@ -25,6 +25,7 @@ from loraplex.cli.registry_access import (
     failures,
     listed,
     next_page,
+    none_listed,
     one_page,
     opened,
     provenance_line,
@@ -205,7 +206,8 @@ def list_adapters(
     after: After = None,
 ) -> None:
     """List adapters with their alias targets, by tenant and name: one page, and on stderr the
-    --after (tenant/name) of the next one when more follow. A --tenant that names no tenant
+    --after (tenant/name) of the next one when more follow, or that there is none (stdout stays
+    empty). A --tenant that names no tenant
     exits 1 naming it, as ``keys list`` and ``release list`` do (it listed the public adapters,
     as if the tenant existed)."""
     with failures(), opened(location.config()) as registry:
@@ -225,6 +227,8 @@ def list_adapters(
             alias = registry.get_alias(adapter.tenant, adapter.name)
             split = "" if alias is None else targets_text(alias.targets)
             typer.echo(f"{adapter.ref}\t{adapter.visibility.value}\t{split}")
+    if not found:
+        none_listed("adapter", None if tenant is None else f"usable by tenant {tenant!r}", after)
     next_page("adapters", next_after)
 
 
@@ -312,13 +316,15 @@ def list_tenants(
     after: After = None,
 ) -> None:
     """List tenants and their limits, by name: one page, and on stderr the --after of the next
-    one when more follow."""
+    one when more follow, or that there is none (stdout stays empty)."""
     with failures(), opened(location.config()) as registry:
         tenants, next_after = one_page(
             registry.list_tenants, lambda tenant: tenant.name, after, limit
         )
     for tenant in tenants:
         typer.echo(limits_line(tenant))
+    if not tenants:
+        none_listed("tenant", after=after)
     next_page("tenants", next_after)
 
 

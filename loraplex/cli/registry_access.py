@@ -92,6 +92,21 @@ def next_page(what: str, after: str | None) -> None:
         typer.echo(f"more {what} follow: the next page is --after {after}", err=True)
 
 
+def none_listed(
+    what: str, scope: str | None = None, after: str | None = None, hint: str | None = None
+) -> None:
+    """On stderr, after an empty page, that there is none: ``no key of tenant 'acme' after k1``
+    (``scope``: what the listing was narrowed to; ``hint``: how to list more). stdout stays
+    empty for scripts and the exit code 0; every ``list`` command printed nothing at all, which
+    read as a command that failed."""
+    said = f"no {what}"
+    if scope is not None:
+        said += f" {scope}"
+    if after is not None:
+        said += f" after {after}"
+    typer.echo(said if hint is None else f"{said} ({hint})", err=True)
+
+
 @contextlib.contextmanager
 def opened(
     config: RegistryConfig, base: BaseModelSpec | None = None, *, create: bool = False

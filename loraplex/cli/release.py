@@ -25,6 +25,7 @@ from loraplex.cli.registry_access import (
     command_group,
     failures,
     next_page,
+    none_listed,
     one_page,
     opened,
 )
@@ -179,15 +180,10 @@ def list_releases(
         for release in found:
             typer.echo(headline(release))
         if not found:
-            typer.echo(_none_listed(show_all, tenant, after), err=True)
+            none_listed(
+                "release" if show_all else "release in flight",
+                None if tenant is None else f"of tenant {tenant!r}",
+                after,
+                None if show_all else "--all lists finished ones too",
+            )
     next_page("releases", next_after)
-
-
-def _none_listed(show_all: bool, tenant: str | None, after: str | None) -> str:
-    """What an empty ``release list`` says on stderr (``--json``'s ``[]`` says it already)."""
-    said = "no release" if show_all else "no release in flight"
-    if tenant is not None:
-        said += f" of tenant {tenant!r}"
-    if after is not None:
-        said += f" after {after}"
-    return said if show_all else f"{said} (--all lists finished ones too)"

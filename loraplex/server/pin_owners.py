@@ -15,9 +15,10 @@ server's start reads them back (``serve/operator_pins.py``) and hands them to ``
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import threading
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from concurrent.futures import Future
 from dataclasses import replace
 from typing import Protocol
@@ -68,14 +69,43 @@ class OwnedPins:
     def __init__(self, cache: CacheControl, record: PinRecord | None = None) -> None:
         self._cache = cache
         self._record = record
-        self._lock = threading.Lock()  # NOTE: held across the cache call, so pins stay ordered
+        # NOTE: two locks. ``_lock`` guards the dicts only and is never held across a call out;
+        # ``_serial`` holds one (revision, tier)'s own lock across its record write (the
+        # registry: a PostgreSQL round trip, or many when it is slow) and its cache call (a pipe
+        # or every replica), because they must stay ordered per pin: an unpin that ran between a
+        # pin's record and its cache pin would find no owner, unpin nothing, then leave the copy
+        # pinned and owned but its record removed (lost at the next restart). One global lock
+        # across both stalled every other pin, unpin, ``holds`` (a kept evict's reason, an
+        # unload's 409) and the release controller's pins behind one slow database write.
+        self._lock = threading.Lock()
         self._owners: dict[tuple[AdapterKey, Tier], set[str]] = {}
+        self._pin_locks: dict[tuple[AdapterKey, Tier], tuple[threading.Lock, int]] = {}
+
+    @contextlib.contextmanager
+    def _serial(self, key: AdapterKey, tier: Tier) -> Iterator[None]:
+        """Holds (key, tier)'s own lock: calls on one pin run one at a time, in the order they
+        took it; other pins are not waited for. The lock is dropped when no caller holds or
+        waits for it, so the dict stays as small as the calls in flight."""
+        pin = (key, tier)
+        with self._lock:
+            lock, users = self._pin_locks.get(pin, (threading.Lock(), 0))
+            self._pin_locks[pin] = (lock, users + 1)
+        try:
+            with lock:
+                yield
+        finally:
+            with self._lock:
+                users = self._pin_locks[pin][1] - 1
+                if users:
+                    self._pin_locks[pin] = (lock, users)
+                else:
+                    del self._pin_locks[pin]
 
     def pin(self, key: AdapterKey, tier: Tier, owner: str = OPERATOR) -> Future[None]:
         """Pins ``key`` in ``tier`` for ``owner`` (the cache loads it if needed); pinning again
         for the same owner changes nothing but returns the load's future. An operator's pin is
         recorded first (a failed record pins nothing)."""
-        with self._lock:
+        with self._serial(key, tier):
             record = self._recorder(owner)
             recorded = record is not None and record.record(key, tier)
             try:
@@ -84,7 +114,8 @@ class OwnedPins:
                 if record is not None and recorded:
                     _undo(lambda: record.remove(key, tier))
                 raise
-            self._owners.setdefault((key, tier), set()).add(owner)
+            with self._lock:
+                self._owners.setdefault((key, tier), set()).add(owner)
             return future
 
     def unpin(self, key: AdapterKey, tier: Tier, owner: str = OPERATOR) -> Unpinned:
@@ -92,7 +123,7 @@ class OwnedPins:
         record is removed first (a failed removal unpins nothing). The answer's ``owners`` are
         the others holding the pin still; while there are any the cache is not called, so the
         answer names no warm policy (``holds`` does: a release's unpin needs no such call)."""
-        with self._lock:
+        with self._serial(key, tier):
             record = self._recorder(owner)
             removed = record is not None and record.remove(key, tier)
             try:
@@ -103,14 +134,19 @@ class OwnedPins:
                 raise
 
     def _unpin(self, key: AdapterKey, tier: Tier, owner: str) -> Unpinned:
-        owners = self._owners.get((key, tier))
+        """(Under ``_serial``: the owners and the cache call of one pin stay ordered.)"""
+        with self._lock:
+            owners = self._owners.get((key, tier))
+            if owners is not None:
+                held = owner in owners
+                owners.discard(owner)
+                others = frozenset(owners)
+                if not others:
+                    del self._owners[(key, tier)]
         if owners is None:  # no owner known: a pin made around ``OwnedPins``, if any
             return self._cache.unpin(key, tier)
-        held = owner in owners
-        owners.discard(owner)
-        if owners:  # someone else still holds it
-            return Unpinned(held, owners=frozenset(owners))
-        del self._owners[(key, tier)]
+        if others:  # someone else still holds it
+            return Unpinned(held, owners=others)
         unpinned = self._cache.unpin(key, tier)
         return Unpinned(held or unpinned.lifted, unpinned.warm)
 

@@ -19,10 +19,10 @@ from starlette.concurrency import run_in_threadpool
 
 from loraplex.artifacts.identity import AdapterKey
 from loraplex.residency.cache import CopyHolds
-from loraplex.residency.warm import WarmHold
 from loraplex.server.admin_models import ResidencyBody
 from loraplex.server.auth import DepsDep, require_admin
 from loraplex.server.cache_control import CacheControl
+from loraplex.server.copy_holds import held_by, holds_text
 from loraplex.server.deps import ServerDeps
 from loraplex.server.errors import ApiError, invalid_request
 from loraplex.server.json_route import IdentityBodyRoute
@@ -126,20 +126,15 @@ async def unpin(body: ResidencyBody, deps: DepsDep) -> Any:
     warm = unpinned.warm
     if unpinned.owners:  # another owner holds the pin: the cache was not asked
         warm = (await run_in_threadpool(cache.holds, key, tier)).warm
-    held_by = _held_by(unpinned.owners, warm)
-    status = "still_pinned" if held_by else ("unpinned" if unpinned.lifted else "not_pinned")
+    holders = held_by(unpinned.owners, warm)
+    status = "still_pinned" if holders else ("unpinned" if unpinned.lifted else "not_pinned")
     return {
         "model": body.model,
         "tier": tier.name,
         "status": status,
         "lifted": unpinned.lifted,
-        "held_by": held_by,
+        "held_by": holders,
     }
-
-
-def _warm_label(hold: WarmHold) -> str:
-    """``warm_policy:gpu (automatic)``: the policy and who set it (the operator or the rates)."""
-    return f"warm_policy:{hold.policy.value} ({'automatic' if hold.automatic else 'operator'})"
 
 
 @router.post("/residency/evict")
@@ -156,23 +151,8 @@ async def evict(body: ResidencyBody, deps: DepsDep) -> Any:
     return answer
 
 
-def _held_by(owners: frozenset[str], warm: frozenset[WarmHold]) -> list[str]:
-    """What pins a copy: the pin's owners, then each warm policy (``_warm_label``)."""
-    return sorted(owners) + sorted(_warm_label(hold) for hold in warm)
-
-
 def _kept(holds: CopyHolds) -> str:
     """Why an evict kept the copy, each hold named: ``kept: pinned by release; in use (2)``.
     NOTE: it said "kept: pinned, in use or loading", and the operator had to guess which."""
-    why: list[str] = []
-    held_by = _held_by(holds.owners, holds.warm)
-    if holds.pinned and not holds.owners:
-        held_by.insert(0, "a pin (owner unknown)")  # made around ``OwnedPins``
-    if held_by:
-        why.append(f"pinned by {', '.join(held_by)}")
-    if holds.in_use:
-        why.append(f"in use ({holds.in_use} leases or loads)")
-    if holds.loading:
-        why.append("loading")
     # NOTE: a copy that became evictable between the two calls has no hold left to name
-    return "kept: " + ("; ".join(why) or "nothing holds it now: try again")
+    return "kept: " + (holds_text(holds) or "nothing holds it now: try again")

@@ -20,7 +20,8 @@ How vLLM's calls map onto loraplex:
   call grew the answer and the work (three cache calls each) without bound: revisions are
   never deleted. Unlike vLLM, the revision stays registered (the registry is append-only) and
   its artifact stays in the store: the next request for it loads it again. A copy that is
-  pinned, in use or loading is kept: a 409 naming the tiers.
+  pinned, in use or loading is kept: a 409 naming, per tier, what holds it (who pins it, how
+  many leases or loads use it, a load under way), as a kept ``/admin/residency/evict`` does.
 """
 
 from __future__ import annotations
@@ -47,6 +48,7 @@ from loraplex.registry.sql.paging import DEFAULT_PAGE, MAX_CURSOR_CHARS, MAX_PAG
 from loraplex.residency.ledger import CACHED_TIERS, Tier
 from loraplex.server.auth import LOAD_LORA_PATH, UNLOAD_LORA_PATH, DepsDep, require_admin
 from loraplex.server.cache_control import CacheControl
+from loraplex.server.copy_holds import holds_text
 from loraplex.server.deps import ServerDeps
 from loraplex.server.errors import ApiError, ErrorContext, invalid_request, to_api_error
 from loraplex.server.json_route import IdentityBodyRoute
@@ -179,15 +181,19 @@ def _revisions(deps: ServerDeps, lora: LoraName, page: Page) -> list[Revision]:
 
 
 def _evict(cache: CacheControl, key: AdapterKey) -> tuple[list[str], list[str]]:
-    """Tiers ``key`` was dropped from, and tiers still holding it (pinned, in use, loading);
-    fastest first, so a copy in a slot is gone before its host copy is tried."""
+    """Tiers ``key`` was dropped from, and the tiers still holding it, each with its holds
+    (``L1 (pinned by release; in use (2 leases or loads))``); fastest first, so a copy in a slot
+    is gone before its host copy is tried. NOTE: the 409 named the tiers only, and the operator
+    had to guess which of a pin (whose), a lease or a load kept each copy."""
     evicted: list[str] = []
     kept: list[str] = []
     for tier in CACHED_TIERS:
         if cache.evict(key, tier):
             evicted.append(tier.name)
-        elif cache.is_resident(key, tier):
-            kept.append(tier.name)
+            continue
+        holds = cache.holds(key, tier)
+        if holds.resident:
+            kept.append(f"{tier.name} ({holds_text(holds) or 'nothing holds it now: retry'})")
     return evicted, kept
 
 

@@ -63,7 +63,9 @@ def test_admin_workflow(
 
     assert _run(env, "adapters", "list").strip() == "acme/bot\tprivate\tv1:1"
     _run(env, "tenants", "create", "beta")
-    assert _run(env, "adapters", "list", "--tenant", "beta").strip() == ""  # acme/bot: private
+    beta = CliRunner().invoke(app, ["adapters", "list", "--tenant", "beta"], env=env)
+    assert beta.exit_code == 0 and beta.stdout == "", beta.output  # acme/bot: private
+    assert beta.stderr == "no adapter usable by tenant 'beta'\n"
     shown = _run(env, "adapters", "show", "acme/bot")
     assert "adapter     acme/bot (private)" in shown
     assert "revision    v1\tstable\twarm=on_demand\trank=4" in shown

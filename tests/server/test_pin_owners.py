@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import threading
+from collections.abc import Callable
 from concurrent.futures import Future
 
 import pytest
@@ -177,3 +179,76 @@ def test_a_failed_record_pins_nothing() -> None:
     with pytest.raises(RegistryUnavailableError):
         OwnedPins(cache, DownRecord()).pin(KEY, Tier.L1)
     assert cache.calls == []
+
+
+OTHER = AdapterKey("c" * 64, "globex", "search", "r1", "1" * 64)
+
+
+class SlowRecord(SetRecord):
+    """A registry whose write of ``KEY``'s pin has landed but whose commit waits for
+    ``commit`` (a PostgreSQL under load); ``writing`` is set once the write is under way."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.writing = threading.Event()
+        self.commit = threading.Event()
+
+    def record(self, key: AdapterKey, tier: Tier) -> bool:
+        new = super().record(key, tier)
+        if key == KEY:
+            self.writing.set()
+            assert self.commit.wait(timeout=60)
+        return new
+
+
+def _start(call: Callable[[], object]) -> threading.Thread:
+    thread = threading.Thread(target=call, daemon=True)
+    thread.start()
+    return thread
+
+
+def test_a_slow_record_write_stalls_no_other_pin() -> None:
+    """Every pin, unpin and ``holds`` waited for one operator pin's registry write (one lock
+    across it); only calls on the same (revision, tier) must wait."""
+    cache, record = RecordingCache(), SlowRecord()
+    pins = OwnedPins(cache, record)
+    slow = _start(lambda: pins.pin(KEY, Tier.L1))
+    assert record.writing.wait(timeout=60)
+    try:
+
+        def others() -> None:
+            pins.pin(OTHER, Tier.L1)  # another operator pin, recorded too
+            pins.pin(KEY, Tier.L0, RELEASE)  # the same revision in another tier
+            pins.unpin(OTHER, Tier.L1)
+            assert pins.holds(KEY, Tier.L1) == CopyHolds(resident=False, pinned=False)
+
+        rest = _start(others)
+        rest.join(timeout=60)  # a deadlock guard, not a timing: it waits for the commit
+        assert not rest.is_alive(), "a pin of another copy waited for KEY's record write"
+        assert cache.calls == ["pin L1", "pin L0", "unpin L1"]  # OTHER's, KEY's L0, OTHER's
+    finally:
+        record.commit.set()
+        slow.join(timeout=60)
+    assert cache.pinned == {(KEY, Tier.L1), (KEY, Tier.L0)} and record.pins == {(KEY, Tier.L1)}
+
+
+def test_an_unpin_of_the_same_copy_waits_for_the_pins_record_and_cache_call() -> None:
+    """The record and the cache agree after a pin and an unpin of one copy race: the unpin
+    waits for the pin's record write and cache pin. Run between them, it removed the record,
+    found no owner and unpinned nothing, and the pin then left the copy pinned, unrecorded (so
+    lost at the next restart) and owned by an operator whose record said otherwise."""
+    cache, record = RecordingCache(), SlowRecord()
+    pins = OwnedPins(cache, record)
+    pinning = _start(lambda: pins.pin(KEY, Tier.L1))
+    assert record.writing.wait(timeout=60)
+    unpinned: list[Unpinned] = []
+    unpinning = _start(lambda: unpinned.append(pins.unpin(KEY, Tier.L1)))
+    unpinning.join(timeout=1)  # unordered, it would be done by now; ordered, it waits
+    assert unpinned == []
+    record.commit.set()
+    pinning.join(timeout=60)
+    unpinning.join(timeout=60)
+    assert unpinned == [Unpinned(True)]
+    assert cache.pinned == set() and record.pins == set() and not pins.owners(KEY, Tier.L1)
+    assert cache.calls == ["pin L1", "unpin L1"]
+    assert pins._pin_locks == {}  # per-copy locks live only while a call holds or awaits them

@@ -21,6 +21,7 @@ from loraplex.errors import CorruptArtifactError, EngineUnavailableError
 from loraplex.residency.cache import TieredAdapterCache
 from loraplex.residency.ledger import Tier
 from loraplex.server.app import create_app
+from loraplex.server.pin_owners import RELEASE, OwnedPins
 
 ADMIN = {"Authorization": f"Bearer {ADMIN_KEY}"}
 LOAD, UNLOAD = "/v1/load_lora_adapter", "/v1/unload_lora_adapter"
@@ -34,6 +35,7 @@ class Ops:
     client: TestClient
     served: Served
     cache: TieredAdapterCache
+    pins: OwnedPins  # what the app's routes call (as ``serve/front.py`` wraps the cache)
     import_dir: Path
     tenant: str  # a fresh tenant, so registrations here touch no other test's view
     tenant_auth: dict[str, str]
@@ -52,7 +54,10 @@ def ops(served: Served, tmp_path: Path) -> Iterator[Ops]:
     import_dir = tmp_path / "imports"
     _copy_adapter(served.assets.adapter("acme", "support", "r1").path, import_dir / "team/support")
     deps = replace(deps, config=replace(deps.config, import_dir=import_dir))
-    assert isinstance(deps.cache, TieredAdapterCache)
+    cache = deps.cache
+    assert isinstance(cache, TieredAdapterCache)
+    pins = OwnedPins(cache)
+    deps = replace(deps, cache=pins)
     tenant = f"ops{secrets.token_hex(4)}"
     with TestClient(create_app(deps)) as client:
         assert (
@@ -60,8 +65,8 @@ def ops(served: Served, tmp_path: Path) -> Iterator[Ops]:
         )
         token = client.post(f"/admin/tenants/{tenant}/keys", headers=ADMIN).json()["token"]
         auth = {"Authorization": f"Bearer {token}"}
-        yield Ops(client, served, deps.cache, import_dir, tenant, auth)
-    deps.cache.close()
+        yield Ops(client, served, cache, pins, import_dir, tenant, auth)
+    cache.close()
 
 
 def _load(ops: Ops, lora_name: str, lora_path: str) -> dict[str, object]:
@@ -248,6 +253,35 @@ def test_unload_of_a_pinned_copy_is_a_409(ops: Ops) -> None:
         assert ops.cache.is_resident(key, Tier.L1)
     finally:
         ops.cache.unpin(key, Tier.L1)
+
+
+def test_an_unload_409_names_what_holds_each_kept_copy(ops: Ops) -> None:
+    """Per tier, as a kept ``/admin/residency/evict`` does: whose pin (the operator's, a
+    release's), how many leases use the copy. It named the tiers only."""
+    ref = f"{ops.tenant}/support@v1"
+    _load(ops, ref, ops.folder)
+    key = ops.served.registry.get_revision(ref).key()
+    ops.pins.pin(key, Tier.L1).result(timeout=30)  # the operator's
+    ops.pins.pin(key, Tier.L1, RELEASE).result(timeout=30)  # and a release's hold
+    leases = [ops.cache.acquire_future(key).result(timeout=30) for _ in range(2)]
+    try:
+        message = _refused(ops, UNLOAD, {"lora_name": ref}, 409)["message"]
+        kept = f"{ref} in L0 (in use (2 leases or loads)), L1 (pinned by operator, release)"
+        assert kept in message, message
+        assert ops.cache.is_resident(key, Tier.L0) and ops.cache.is_resident(key, Tier.L1)
+        for lease in leases:
+            lease.release()
+        ops.pins.unpin(key, Tier.L1)  # the operator lets go; the release holds it still
+        message = _refused(ops, UNLOAD, {"lora_name": ref}, 409)["message"]
+        assert f"{ref} in L1 (pinned by release)" in message and "L0" not in message, message
+        assert not ops.cache.is_resident(key, Tier.L0)  # the free copy went
+        ops.cache.pin(key, Tier.L2).result(timeout=30)  # made around ``OwnedPins``: no owner
+        message = _refused(ops, UNLOAD, {"lora_name": ref}, 409)["message"]
+        assert "L2 (pinned by a pin (owner unknown))" in message, message
+    finally:
+        ops.pins.unpin(key, Tier.L1, RELEASE)
+        ops.cache.unpin(key, Tier.L2)
+    ops.cache.check_integrity()
 
 
 def test_unload_of_an_unknown_adapter_is_a_404(ops: Ops) -> None:

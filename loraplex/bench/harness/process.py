@@ -13,6 +13,7 @@ import signal
 import socket
 import subprocess
 import sys
+import threading
 import time
 from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager, suppress
@@ -64,6 +65,13 @@ def own_env(**extra: str) -> dict[str, str]:
 
 # A child's first lines: ask Linux (prctl PR_SET_PDEATHSIG) to SIGTERM it when the process that
 # started it dies, so no server outlives a killed benchmark or qualify run; elsewhere a no-op.
+# NOTE: Linux sends it when the *thread* that forked the child ends, not the process: a child
+# started from a worker thread (``asyncio.to_thread``, a ``ThreadPoolExecutor``) is killed
+# when that thread exits after the child's first lines ran (``serving_process`` waits for
+# ready, so always), in the middle of the benchmark. Every caller starts its server from
+# its main thread (``serving_process``, in ``bench serve``, ``bench peer``, ``bench front``,
+# ``qualify``'s comparators and self-served deployment), and ``serving_process`` refuses a
+# launch of these commands from any other thread (``tests/bench/harness``).
 _DIE_WITH_PARENT = (
     "import ctypes, signal, sys\n"
     "if sys.platform == 'linux':\n"
@@ -100,7 +108,16 @@ def free_port() -> int:
 @contextmanager
 def serving_process(launch: Launch) -> Iterator[subprocess.Popen[bytes]]:
     """Runs ``launch`` in a session of its own until the block ends; yields the process once
-    its ready path answers 200. The log stays at ``launch.log_path``."""
+    its ready path answers 200. The log stays at ``launch.log_path``. A command that dies with
+    its parent (``serve_command``, ``module_command``) is started from the main thread only:
+    from another, RuntimeError (it would die with that thread, see ``_DIE_WITH_PARENT``)."""
+    dies_with_parent = any(_DIE_WITH_PARENT in arg for arg in launch.command)
+    if dies_with_parent and threading.current_thread() is not threading.main_thread():
+        raise RuntimeError(
+            f"{launch.name} is started from thread {threading.current_thread().name!r}: start "
+            "it from the main thread (Linux's PR_SET_PDEATHSIG would SIGTERM it when this "
+            "thread ends, not when the benchmark does)"
+        )
     launch.log_path.parent.mkdir(parents=True, exist_ok=True)
     with launch.log_path.open("wb") as log:
         process = subprocess.Popen(

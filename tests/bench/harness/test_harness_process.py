@@ -8,6 +8,7 @@ import signal
 import socket
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -17,6 +18,7 @@ from loraplex.bench.harness.process import (
     Launch,
     free_port,
     fresh_run_dir,
+    module_command,
     serve_command,
     serving_process,
 )
@@ -120,3 +122,64 @@ def test_fresh_run_dir_never_reuses_one(tmp_path: Path) -> None:
     second = fresh_run_dir(tmp_path / "peer", "20260101T000000Z")
     assert first.name == "20260101T000000Z" and second.name == "20260101T000000Z-2"
     assert first.is_dir() and second.is_dir()
+
+
+_SLEEPER = "import time; time.sleep(60)"
+
+
+def _started_and_armed(command: list[str]) -> subprocess.Popen[bytes]:
+    """``command`` started, returned once its first lines ran (it said so): a thread that ends
+    before the child's prctl has passed on no signal, as ``serving_process``'s waits."""
+    child = subprocess.Popen(command, stdout=subprocess.PIPE)
+    assert child.stdout is not None and child.stdout.readline() == b"armed\n"
+    return child
+
+
+@pytest.mark.skipif(sys.platform != "linux", reason="PR_SET_PDEATHSIG is Linux's")
+def test_a_child_that_dies_with_its_parent_dies_with_the_thread_that_started_it() -> None:
+    """Why ``serving_process`` refuses other threads: Linux's PR_SET_PDEATHSIG fires when the
+    thread that forked the child ends. Started from the main thread, the child lives on."""
+    command = module_command(sys.executable, "this_module_is_never_reached")
+    first_lines = command[2].split("import runpy")[0]
+    command[2] = first_lines + "print('armed', flush=True); " + _SLEEPER
+    started: list[subprocess.Popen[bytes]] = []
+    worker = threading.Thread(target=lambda: started.append(_started_and_armed(command)))
+    worker.start()
+    worker.join()
+    survivor = _started_and_armed(command)  # from this, the main thread, which outlives it
+    try:
+        assert started[0].wait(timeout=60) == -signal.SIGTERM  # killed as its thread ended
+        assert survivor.poll() is None
+    finally:
+        for child in (*started, survivor):
+            child.kill()
+            child.wait(timeout=10)
+
+
+def test_a_launch_that_dies_with_its_parent_is_refused_off_the_main_thread(
+    tmp_path: Path,
+) -> None:
+    port = free_port()
+    refused: list[BaseException] = []
+
+    def launch(command: list[str]) -> None:
+        try:
+            with serving_process(_launch(tmp_path, command, port, timeout_s=0.5)):
+                pass
+        except RuntimeError as exc:
+            refused.append(exc)
+
+    worker = threading.Thread(target=launch, args=(serve_command("--help"),), name="worker-1")
+    worker.start()
+    worker.join(timeout=60)
+    assert len(refused) == 1 and "started from thread 'worker-1'" in str(refused[0])
+    assert "start it from the main thread" in str(refused[0])
+    assert not launch_path(tmp_path).exists()  # refused before anything was started
+    other = threading.Thread(target=launch, args=([sys.executable, "-c", _SLEEPER],))
+    other.start()  # a command that does not die with its parent: only not ready in time
+    other.join(timeout=60)
+    assert len(refused) == 2 and "did not become ready" in str(refused[1])
+
+
+def launch_path(tmp_path: Path) -> Path:
+    return tmp_path / "logs" / "server.log"
