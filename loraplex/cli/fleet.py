@@ -231,7 +231,9 @@ def _print_keys(prepared: Prepared, config: ServeConfig) -> None:
     for tenant, key in sorted(prepared.sample_keys.items()):
         typer.echo(f"{tenant + ' key:':<12} {key}")
     if not prepared.sample_keys:
-        say_how_to_get_a_tenant_key(config)
+        from loraplex.fleet.control import program
+
+        say_how_to_get_a_tenant_key(config, program())
 
 
 @fleet_app.command("status")
@@ -255,8 +257,12 @@ def status_command(
     states = [replica_state(e) for e in entries]
     # the replica's process on its node: an operator's handle on it (kill, py-spy, a frozen one)
     pids = [_pid(e.status) for e in entries]
+    logs = [_log(e.status) for e in entries]  # its log file there: where its loraplex lines go
     if as_json:
-        replicas = [{**s.to_json(), "pid": pid} for s, pid in zip(states, pids, strict=True)]
+        replicas = [
+            {**s.to_json(), "pid": pid, "log": log}
+            for s, pid, log in zip(states, pids, logs, strict=True)
+        ]
         typer.echo(
             json.dumps(
                 {"url": record.url, "engine_replicas": record.engine_replicas, "replicas": replicas}
@@ -278,6 +284,18 @@ def status_command(
             f"{load.kv_usage if load else 0:>5.2f}"
             + (f"  ({s.down_reason})" if s.down_reason else "")
         )
+    for s, log in zip(states, logs, strict=True):
+        typer.echo(f"log of {s.replica_id}: {log or LOG_UNKNOWN}")
+
+
+# a replica whose stderr is not a file (or an older replica): where Ray keeps it by default
+LOG_UNKNOWN = "not reported; see <Ray temp dir>/session_latest/logs/worker-*-<pid>.err on its node"
+MAX_LOG_PATH_CHARS = 4096  # a board entry's ``log`` longer than this is not printed
+
+
+def _log(status: dict[str, Any]) -> str | None:
+    log = status.get("log")
+    return log if isinstance(log, str) and 0 < len(log) <= MAX_LOG_PATH_CHARS else None
 
 
 def _pid(status: dict[str, Any]) -> int | None:

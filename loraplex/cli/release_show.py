@@ -66,7 +66,12 @@ def _waiting(release: Release, now: float) -> str | None:
     moves a release (the CLI only writes it), a canary step passes only with traffic and after
     its dwell, and a release without auto-promote waits for ``release promote``."""
     if release.state is ReleaseState.STAGED:
-        return "waiting for a server: `loraplex serve` (or a fleet) on this registry moves it on"
+        # NOTE: printed by ``release start`` too, where a running fleet had not yet picked it up:
+        # an operator with one running read it as "no server found"
+        return (
+            "waiting for a server: `loraplex serve` (or a fleet) on this registry moves it on "
+            "(a running one within seconds; `release status` follows it)"
+        )
     if release.state is not ReleaseState.CANARY:
         return None
     comparison = release.comparison

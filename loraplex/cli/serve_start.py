@@ -126,12 +126,13 @@ def say_demo_generation(settings: ServeConfig) -> None:
         )
 
 
-def say_how_to_get_a_tenant_key(settings: ServeConfig) -> None:
+def say_how_to_get_a_tenant_key(settings: ServeConfig, program: str = "loraplex") -> None:
     """On a start that issued no tenant key: the command that issues one, on this data dir (a
-    bare `loraplex keys create TENANT` after `serve --data-dir D` looked in the default one)."""
+    bare `loraplex keys create TENANT` after `serve --data-dir D` looked in the default one),
+    with ``program`` as the operator ran it (``fleet up``: ``control.program``)."""
     typer.echo(
         "tenant keys: shown only when issued; "
-        f"`loraplex keys create TENANT --data-dir {settings.data_dir}` makes one"
+        f"`{program} keys create TENANT --data-dir {settings.data_dir}` makes one"
     )
 
 

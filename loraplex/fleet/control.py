@@ -17,6 +17,7 @@ import os
 import shlex
 import shutil
 import socket
+import sys
 import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -215,13 +216,27 @@ def _delete_app_quietly() -> None:
         serve.delete(APP_NAME)
 
 
+def program(argv0: str | None = None) -> str:
+    """How the operator ran ``loraplex``: ``loraplex`` when that is what ``PATH`` finds, else the
+    path they typed (``.venv-fleet/bin/loraplex``, as the README runs it: a bare ``loraplex``
+    hint was "command not found" in a shell without that venv activated)."""
+    argv0 = sys.argv[0] if argv0 is None else argv0
+    if Path(argv0).name != "loraplex" or os.sep not in argv0:
+        return "loraplex"  # typed bare (found on PATH), or not the script (``python -m``, tests)
+    found = shutil.which("loraplex")
+    if found is not None and os.path.realpath(found) == os.path.realpath(argv0):
+        return "loraplex"
+    return shlex.quote(argv0)
+
+
 def fleet_command(command: str, data_dir: Path) -> str:
-    """``loraplex fleet COMMAND`` as the operator should type it for ``data_dir``: with
-    ``--data-dir`` unless it is the default (``fleet down`` alone found no fleet that ``up
-    --data-dir D`` started, while ``up`` said "stop it with: loraplex fleet down")."""
+    """``loraplex fleet COMMAND`` as the operator should type it for ``data_dir``: the
+    ``loraplex`` they ran (``program``), with ``--data-dir`` unless it is the default (``fleet
+    down`` alone found no fleet that ``up --data-dir D`` started, while ``up`` said "stop it with:
+    loraplex fleet down")."""
     if data_dir == default_data_dir(os.environ, Path.home()):
-        return f"loraplex fleet {command}"
-    return f"loraplex fleet {command} --data-dir {shlex.quote(str(data_dir))}"
+        return f"{program()} fleet {command}"
+    return f"{program()} fleet {command} --data-dir {shlex.quote(str(data_dir))}"
 
 
 def read_record(data_dir: Path) -> FleetRecord:

@@ -46,6 +46,7 @@ from loraplex.residency.ledger import Tier
 from loraplex.router.fleet_state import hits_of, tiers_of
 from loraplex.router.reports import ReplicaLoad, ReplicaReport, Residency, encode_report
 from loraplex.serve.config import ServeConfig
+from loraplex.serve.logs import stderr_file
 
 EVICTION_WINDOW_S = 60.0  # ``evictions_per_min`` counts evictions over this window
 
@@ -75,6 +76,7 @@ class EngineReplica:
         # NOTE: Ray's routing-stats call and the board push build reports on two threads.
         self._evictions_lock = threading.Lock()
         self._report_numbers = report_numbers()  # each report's number (``report_cache``)
+        self._log = stderr_file()  # where this process's ``loraplex`` lines go (Ray's worker log)
 
     async def generate(
         self, request: EngineRequest
@@ -176,6 +178,7 @@ class EngineReplica:
         return {
             "replica_id": self.replica_id,
             "pid": os.getpid(),  # this replica's process (an operator's handle on a frozen one)
+            "log": self._log,  # its log file on its node: ``fleet status`` prints it
             "healthy": health.up,
             "hung": health.hung,  # up is False then too; down_reason says for how long
             "down_reason": health.down_reason,

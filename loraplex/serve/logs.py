@@ -11,6 +11,8 @@ own format and handlers (the access log stays on stdout).
 from __future__ import annotations
 
 import logging
+import os
+import stat
 import sys
 from typing import TextIO
 
@@ -34,6 +36,18 @@ class _StderrHandler(logging.StreamHandler[TextIO]):
     @stream.setter
     def stream(self, value: TextIO) -> None:
         del value  # StreamHandler's constructor sets it
+
+
+def stderr_file() -> str | None:
+    """The file this process's stderr (file descriptor 2) writes to, when it is a regular file
+    (a fleet replica's: Ray's ``<session>/logs/worker-*-<pid>.err``, where its ``loraplex`` lines
+    go); None for a terminal, a pipe, or where ``/proc`` cannot say (not Linux)."""
+    try:
+        if not stat.S_ISREG(os.fstat(2).st_mode):
+            return None
+        return os.readlink("/proc/self/fd/2")
+    except OSError:
+        return None
 
 
 def check_log_level(level: str) -> None:

@@ -342,3 +342,72 @@ def test_down_of_a_cluster_that_runs_no_serve_instance_has_nothing_to_delete(
     assert f"no Serve instance runs on {address}, nothing to delete" in words
     assert "its record is removed and stopped its Ray head" in words
     assert not (data / control.STATE_FILE).exists()
+
+
+def test_a_replica_names_the_file_its_log_lines_go_to(tmp_path: Path) -> None:
+    """A replica's ``loraplex`` lines go to its stderr, which Ray points at its worker log
+    (``worker-*-<pid>.err``); nothing said where that was. ``stderr_file`` is what a replica
+    puts on the board; a stream that is no file (a pipe, a terminal) is no path."""
+    code = "from loraplex.serve.logs import stderr_file; print(stderr_file())"
+    log = tmp_path / "worker-abc-01000000-4242.err"
+    with log.open("w") as err:
+        done = subprocess.run(
+            [sys.executable, "-c", code], stderr=err, stdout=subprocess.PIPE, text=True, check=True
+        )
+    assert done.stdout.strip() == str(log)
+    piped = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert piped.stdout.strip() == "None"
+
+
+def test_status_prints_where_each_replica_logs(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, gcs: int
+) -> None:
+    """``fleet status`` gave each replica's pid but not its log file: an operator had to know
+    Ray's temp dir and match the pid in ``worker-*-<pid>.err`` by hand."""
+    from loraplex.cli.fleet import LOG_UNKNOWN
+
+    data = tmp_path / "data"
+    _record(data, port=gcs, group=None)
+    path = "/tmp/ray/session_latest/logs/worker-ab-01000000-4242.err"
+    entries = [
+        BoardEntry("live", {**_full_status("live", 4242), "log": path}, 0.1, 3.0),
+        BoardEntry("older", _full_status("older", 4243), 0.2, 3.0),  # reports no log
+        BoardEntry("odd", {**_full_status("odd", 4244), "log": 7}, 0.2, 3.0),
+    ]
+    monkeypatch.setattr(control, "board_entries", lambda record, data_dir, timeout_s: entries)
+    result = _run("status", "--data-dir", str(data))
+    assert result.exit_code == 0, result.output
+    lines = result.output.splitlines()
+    assert f"log of live: {path}" in lines
+    assert f"log of older: {LOG_UNKNOWN}" in lines and f"log of odd: {LOG_UNKNOWN}" in lines
+    as_json = json.loads(_run("status", "--data-dir", str(data), "--json").output)
+    assert [r["log"] for r in as_json["replicas"]] == [path, None, None]
+
+
+def test_hints_name_the_loraplex_that_was_run(
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    not_default_dir: None,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """The README runs ``.venv-fleet/bin/loraplex fleet up``; its hints said ``loraplex fleet
+    status``, which a shell without that venv activated does not find."""
+    script = tmp_path / "venv" / "bin" / "loraplex"
+    script.parent.mkdir(parents=True)
+    script.write_text("#!/bin/sh\n", encoding="utf-8")
+    script.chmod(0o755)
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    monkeypatch.setenv("PATH", str(elsewhere))  # no loraplex on PATH
+    assert control.program(str(script)) == str(script)
+    monkeypatch.setattr(sys, "argv", [str(script), "fleet", "up"])
+    data = tmp_path / "data"
+    assert control.fleet_command("down", data) == f"{script} fleet down --data-dir {data}"
+    from loraplex.cli.fleet import _print_keys
+
+    prepared = control.Prepared(tmp_path, "adm", False, {})  # a restart: no key issued
+    _print_keys(prepared, ServeConfig(data_dir=data, admin_key="adm"))
+    assert f"`{script} keys create TENANT --data-dir {data}`" in capsys.readouterr().out
+    monkeypatch.setenv("PATH", str(script.parent))  # the same loraplex is on PATH: bare
+    assert control.program(str(script)) == "loraplex"
+    assert control.program("/usr/lib/python3/loraplex/__main__.py") == "loraplex"  # python -m

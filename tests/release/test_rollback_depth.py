@@ -82,6 +82,7 @@ def test_status_says_what_a_release_waits_for(run, registry: Registry) -> None: 
     run("release", "start", "acme/bot", "v2", "--share", "25%", "--dwell", "30s")
     staged = run("release", "status", "acme/bot")
     assert "waiting for a server: `loraplex serve` (or a fleet) on this registry" in staged
+    assert "(a running one within seconds; `release status` follows it)" in staged
     store = ReleaseStore(registry)
     release = store.latest_release("acme", "bot")
     now = registry.now()
