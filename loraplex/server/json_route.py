@@ -17,7 +17,7 @@ objects (docs/benchmarks/attack13.md). So do the number hooks (``_int``, ``_floa
 number. NOTE: a body with no object inside but one flat array (``prompt`` 3 MiB of ``1.0``, or
 one ``logit_bias`` object of 150,000 keys, whose hook runs once, at its end) was parsed in C
 from end to end, holding the GIL 0.2-0.5 s on the shared 2 cores, and two connections of one
-tenant sending it raised another tenant's median 5.6x before their 400s
+tenant sending it raised another tenant's median 4.7x-6.0x before their 400s
 (docs/benchmarks/attack22.md); with the hooks the parse takes about twice as long on its thread
 and the loop runs between numbers. A flat array of strings, ``null`` or booleans calls no hook:
 0.1 s for 3 MiB of ``""`` items is what is left.

@@ -216,7 +216,7 @@ def _turns_while_parsed(body: bytes) -> int:
 def test_a_flat_array_of_numbers_lets_the_event_loop_run_while_it_is_parsed(body: bytes) -> None:
     """A body with no object inside but one flat array was parsed in C from end to end, holding
     the GIL 0.2-0.5 s: two connections of one tenant sending 3 MiB of ``1.0`` raised another
-    tenant's median 5.6x (docs/benchmarks/attack22.md). The number hooks run Python code per
+    tenant's median 4.7x-6.0x (docs/benchmarks/attack22.md). The number hooks run Python code per
     number, where the interpreter hands the GIL over (2-3 turns here before, 35-38 after)."""
     assert _turns_while_parsed(body) >= 10
     assert json_route.loads_unique(b"[1, -2.5e3, 10000000000000000000000, 1.0]") == [
