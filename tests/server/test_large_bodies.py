@@ -182,3 +182,46 @@ def test_quoted_shows_a_containers_first_items_in_their_order() -> None:
     assert quoted({"b": 1, "a": [0] * 20}) == "{'b': 1, 'a': [0, 0, 0, 0, 0, 0, 0, 0, ...]}"
     assert quoted({"b": 1, "a": 2}) == repr({"b": 1, "a": 2})  # not sorted, as repr
     assert quoted("x" * 100) == repr("x" * 64) + "…"
+
+
+def _turns_while_parsed(body: bytes) -> int:
+    """How often this thread ran while another parsed ``body`` with ``loads_unique``: 0 or 1
+    when the parse held the GIL from end to end."""
+    began, done = threading.Event(), threading.Event()
+
+    def parse() -> None:
+        began.set()
+        json_route.loads_unique(body)
+        done.set()
+
+    thread = threading.Thread(target=parse)
+    thread.start()
+    began.wait()
+    turns = 0
+    while not done.is_set():
+        turns += 1
+        time.sleep(0.0005)  # gives the GIL up; the parse's thread must give it back
+    thread.join()
+    return turns
+
+
+@pytest.mark.parametrize(
+    "body",
+    [
+        b"[" + b",".join([b"1.0"] * 300_000) + b"]",  # a prompt of floats
+        b"[" + b",".join([b"7"] * 400_000) + b"]",  # a prompt of ints
+    ],
+    ids=["floats", "ints"],
+)
+def test_a_flat_array_of_numbers_lets_the_event_loop_run_while_it_is_parsed(body: bytes) -> None:
+    """A body with no object inside but one flat array was parsed in C from end to end, holding
+    the GIL 0.2-0.5 s: two connections of one tenant sending 3 MiB of ``1.0`` raised another
+    tenant's median 4.7x-6.0x (docs/benchmarks/attack22.md). The number hooks run Python code per
+    number, where the interpreter hands the GIL over (2-3 turns here before, 35-38 after)."""
+    assert _turns_while_parsed(body) >= 10
+    assert json_route.loads_unique(b"[1, -2.5e3, 10000000000000000000000, 1.0]") == [
+        1,
+        -2500.0,
+        10**22,
+        1.0,
+    ]
