@@ -449,3 +449,39 @@ def with_first_load(
         return fit
     excess = max(0.0, head.seconds - statistics.median(s.seconds for s in alike))
     return replace(fit, seconds={**fit.seconds, "first_load_s": excess}, loads=(head, *alike))
+
+
+@dataclass(frozen=True)
+class HopSample:
+    """One request of a server's request log: its time outside the engine and whether another
+    request was in flight on the server at its arrival (``CostModel.hop_busy_s``)."""
+
+    outside_s: float  # ttft_s less first_step_end_s: the way in and the first token's way out
+    busy: bool  # another request had arrived and not ended when it arrived
+
+    def __post_init__(self) -> None:
+        if not math.isfinite(self.outside_s):
+            raise ValueError(f"HopSample.outside_s must be finite, got {self.outside_s!r}")
+
+
+@dataclass(frozen=True)
+class HopBusyFit:
+    """``hop_busy_s`` and the medians it is the difference of (None: not measured)."""
+
+    seconds: float  # >= 0; 0 when not measured
+    busy_median_s: float | None  # the median outside time of the requests that arrived busy
+    lone_median_s: float | None  # ... of those that arrived alone
+    busy: int  # samples that arrived busy
+    lone: int  # samples that arrived alone
+
+
+def fit_hop_busy(samples: Sequence[HopSample]) -> HopBusyFit:
+    """The median time outside the engine of ``samples`` that arrived while another request was
+    in flight less that of those that arrived alone, floored at 0; 0 (medians None) without a
+    sample of either kind."""
+    busy = [s.outside_s for s in samples if s.busy]
+    lone = [s.outside_s for s in samples if not s.busy]
+    if not busy or not lone:
+        return HopBusyFit(0.0, None, None, len(busy), len(lone))
+    b, a = statistics.median(busy), statistics.median(lone)
+    return HopBusyFit(max(0.0, b - a), b, a, len(busy), len(lone))

@@ -123,6 +123,17 @@ run's first request (the front's first reply). Measured on a real single server'
 run's first request against the same run's later ones (docs/simulator.md, simtail2); ``sim
 calibrate --self`` measures them on the server it starts (``calibrate.fit_first``; ``--url``
 writes 0). A file without the keys reads as 0: as before, to the byte.
+
+A lone server's request whose hop starts while another request is in flight on it (arrived at
+its front and not ended: the engine steps, the front streams the others' tokens) takes
+``hop_busy_s`` seconds longer outside the engine than a lone one: the front's work for it (the
+way in, the first token's way out) shares the CPU and the interpreter with the engine's steps
+and the other requests' replies. ``sim calibrate --self`` measures it on its own server's
+request log: the median time outside the engine (``ttft_s`` less ``first_step_end_s``) of its
+requests that arrived while another was in flight less that of those that arrived alone
+(``sim/calibrate.fit_hop_busy``; docs/simulator.md, simp50-p50). Charged on a lone server only (a
+fleet's hops take ``fleet_contention``). A file without the key reads as 0: as before, to the
+byte.
 """
 
 from __future__ import annotations
@@ -283,6 +294,9 @@ class CostModel:
     # Seconds a replica's first step takes beyond its price (its first forward; module
     # docstring); 0: none.
     first_step_s: float = 0.0
+    # Seconds a lone server's request's hop takes beyond its draw when another request is in
+    # flight on the server at its arrival (module docstring); 0: none.
+    hop_busy_s: float = 0.0
     # Where each number comes from: a calibration run (command, date, machine) or a citation.
     sources: dict[str, str] = field(default_factory=dict)
 
@@ -295,7 +309,7 @@ class CostModel:
         unknown = sorted(set(self.links) - set(LINKS))
         if unknown:
             raise ValueError(f"CostModel.links has unknown links {unknown}; expected {list(LINKS)}")
-        for name in ("front_s", "ipc_s", "network_s", "lease_ask_s", *FIRST_KEYS):
+        for name in ("front_s", "ipc_s", "network_s", "lease_ask_s", "hop_busy_s", *FIRST_KEYS):
             _non_negative(f"CostModel.{name}", getattr(self, name))
         _check_quantiles("CostModel.hop_jitter_s", self.hop_jitter_s)
         _check_quantiles("CostModel.network_jitter_s", self.network_jitter_s)
@@ -349,6 +363,7 @@ class CostModel:
             ("lease_ask_s", 0.0),
             ("fleet_load_scale", None),
             ("copy_waits_for_step", False),
+            ("hop_busy_s", 0.0),
             *((key, 0.0) for key in FIRST_KEYS),
         ):
             if body[key] == default:
@@ -372,7 +387,7 @@ def from_dict(body: dict[str, object], origin: str = "<dict>") -> CostModel:
     known |= {"network_s", "sources", "load_cpu_shared", "hop_jitter_s", "network_jitter_s"}
     known |= {"fleet_cpu_scale", "cores", "lease_handoff_s", "fleet_contention", "host_probe"}
     known |= {"load_busy_scale", "lease_ask_s", "fleet_load_scale", "copy_waits_for_step"}
-    known |= set(FIRST_KEYS)
+    known |= {"hop_busy_s", *FIRST_KEYS}
     unknown = sorted(set(body) - known)
     if unknown:
         raise ValueError(f"{origin}: unknown keys {unknown}")
@@ -419,6 +434,7 @@ def from_dict(body: dict[str, object], origin: str = "<dict>") -> CostModel:
         load_busy_scale=_float(body, "load_busy_scale", 1.0),
         lease_ask_s=_float(body, "lease_ask_s", 0.0),
         copy_waits_for_step=copy_waits,
+        hop_busy_s=_float(body, "hop_busy_s", 0.0),
         **{key: _float(body, key, 0.0) for key in FIRST_KEYS},
         sources={str(k): str(v) for k, v in sources.items()},
     )

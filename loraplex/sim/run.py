@@ -203,6 +203,7 @@ def _simulate(
     jitter = random.Random(f"hop-jitter-{config.seed}") if jittered else None
     outcomes = OutcomeLog()
     last_t = 0.0
+    busy = _BusyHop(cost_model.hop_busy_s if fleet is None else 0.0)  # a lone server's only
     for index, record in enumerate(trace):
         if record.t_s < last_t:
             raise ValueError(f"trace[{index}].t_s {record.t_s} is invalid; expected sorted")
@@ -224,6 +225,7 @@ def _simulate(
             hop = max(0.0, hop_s + cost_model.hop_jitter(jitter.random(), fleet is not None))
         if index == 0:
             hop += cost_model.first_hop_s  # the front's first reply (0 without the key)
+        hop = busy.added(replica, record.t_s, hop)
         if cpu is not None:
             cpu.requests += 1  # its replica counts its end
             hop *= cpu.hop_stretch()  # 1 without a contention curve
@@ -238,6 +240,25 @@ def _simulate(
     if keep_outcomes is not None:
         keep_outcomes.extend(ended)
     return _result(trace, config, cost_model, replicas=replicas, fleet=fleet, outcomes=ended)
+
+
+class _BusyHop:
+    """A lone server's busy hop (``CostModel.hop_busy_s``): added to a request's hop when
+    another request is in flight on the server at its arrival, live in its engine or still on
+    its way in (its hop not ended)."""
+
+    def __init__(self, seconds: float) -> None:
+        self.seconds = seconds
+        self._hops_end = 0.0  # when the last hop charged so far ends
+
+    def added(self, replica: SimReplica, t_s: float, hop: float) -> float:
+        """``hop`` of a request arriving at ``t_s``, with the busy seconds when they apply."""
+        if not self.seconds:
+            return hop
+        if replica.num_live or self._hops_end > t_s:
+            hop += self.seconds
+        self._hops_end = max(self._hops_end, t_s + hop)
+        return hop
 
 
 def _engine_request(index: int, record: TraceRecord, adapter: SimAdapter | None) -> EngineRequest:

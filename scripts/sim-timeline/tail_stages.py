@@ -8,10 +8,12 @@ engine's first step end; simulated: the modelled hop plus the way out); the engi
 ask -> ready (the load and any queue before it) with the load's own stage seconds and the
 queue (ask -> ready less the stage seconds); ready -> lease; the room wait; lease -> plan; the
 first step (plan -> its end). Also, for the real slowest, each request's row, so what sets
-the tail can be read one by one.
+the tail can be read one by one. With ``--band 0.4,0.6`` (simp50-p50) it prints instead the same
+medians for the requests between those quantiles of the real TTFT (and, separately, of the
+simulated TTFT), and the medians per leased tier of the real band, to read what sets the P50.
 
     python scripts/sim-timeline/tail_stages.py --rows rows.jsonl [--fraction 0.05] \
-        [--trace cold-storm]
+        [--trace cold-storm] [--band 0.4,0.6]
 """
 
 from __future__ import annotations
@@ -79,18 +81,50 @@ def slowest(rows: list[dict[str, Any]], key: str, fraction: float) -> list[dict[
     return sorted(kept, key=lambda r: r[key], reverse=True)[:n]
 
 
+def band(rows: list[dict[str, Any]], key: str, lo: float, hi: float) -> list[dict[str, Any]]:
+    """The rows whose ``key`` ranks between the ``lo`` and ``hi`` quantiles (by rank in the
+    sorted order, both ends kept; at least the middle row)."""
+    kept = sorted((r for r in rows if r[key] is not None), key=lambda r: r[key])
+    if not kept:
+        return []
+    n = len(kept)
+    first = min(n - 1, math.floor(lo * (n - 1)))
+    last = max(first, math.ceil(hi * (n - 1)))
+    return kept[first : last + 1]
+
+
+def _print_band(group: list[dict[str, Any]], trace: str, lo: float, hi: float) -> None:
+    real = band(group, "real_ttft_ms", lo, hi)
+    sim = band(group, "sim_ttft_ms", lo, hi)
+    sys.stdout.write(f"{trace} real band {lo}-{hi} {json.dumps(medians(real))}\n")
+    sys.stdout.write(f"{trace} sim band {lo}-{hi} {json.dumps(medians(sim))}\n")
+    for tier in sorted({str(r["real_tier"]) for r in real}):
+        part = [r for r in real if str(r["real_tier"]) == tier]
+        sys.stdout.write(f"{trace} real band tier {tier} {json.dumps(medians(part))}\n")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--rows", type=Path, required=True)
     parser.add_argument("--fraction", type=float, default=0.05)
     parser.add_argument("--trace", default=None)
+    parser.add_argument("--band", default=None, help="LO,HI quantiles of TTFT, e.g. 0.4,0.6")
     args = parser.parse_args()
+    quantiles = None if args.band is None else [float(x) for x in args.band.split(",")]
+    if quantiles is not None and not (
+        len(quantiles) == 2 and 0 <= quantiles[0] <= quantiles[1] <= 1
+    ):
+        parser.error("--band takes LO,HI with 0 <= LO <= HI <= 1")
     rows = [json.loads(x) for x in args.rows.read_text(encoding="utf-8").splitlines() if x]
     traces = sorted({r["run"].split("-", 2)[2] for r in rows})
     for trace in traces:
         if args.trace is not None and trace != args.trace:
             continue
         group = [r for r in rows if r["run"].split("-", 2)[2] == trace]
+        if quantiles is not None:
+            sys.stdout.write(f"{trace} all {json.dumps(medians(group))}\n")
+            _print_band(group, trace, quantiles[0], quantiles[1])
+            continue
         real = slowest(group, "real_ttft_ms", args.fraction)
         sim = slowest(group, "sim_ttft_ms", args.fraction)
         sys.stdout.write(f"{trace} all {json.dumps(medians(group))}\n")

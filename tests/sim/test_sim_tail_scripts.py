@@ -39,3 +39,15 @@ def test_slowest_keeps_the_top_fraction_rounded_up() -> None:
     top = slowest(rows, "real_ttft_ms", 0.05)
     assert [r["real_ttft_ms"] for r in top] == [40.0, 39.0]
     assert medians(top)["n"] == 2 and medians(top)["r_ttft"] == pytest.approx(39.5)
+
+
+def test_band_keeps_the_rows_between_two_quantiles() -> None:
+    sys.path.insert(0, str(SCRIPTS))
+    from tail_stages import band
+
+    rows = [_row(float(t), 50.0 - t) for t in range(1, 42)]  # 41 rows, real 1..41
+    middle = band(rows, "real_ttft_ms", 0.4, 0.6)
+    assert [r["real_ttft_ms"] for r in middle] == [float(t) for t in range(17, 26)]
+    sim = band(rows, "sim_ttft_ms", 0.5, 0.5)  # the median row alone, by the simulated TTFT
+    assert [r["sim_ttft_ms"] for r in sim] == [29.0]
+    assert band([], "real_ttft_ms", 0.4, 0.6) == []

@@ -9,6 +9,7 @@ request sees, not only what its stages spend."""
 from __future__ import annotations
 
 import asyncio
+import heapq
 import random
 import statistics
 from collections.abc import Mapping, Sequence
@@ -28,7 +29,7 @@ from loraplex.bench.sim.calibrate_loads import (
 from loraplex.bench.sim.calibrate_prefill import lone_ttft
 from loraplex.bench.sim.calibrate_run import CalibrateConfig, target_sets
 from loraplex.bench.sim.calibrate_target import Target
-from loraplex.sim.calibrate import FirstFit, FirstSample, fit_first
+from loraplex.sim.calibrate import FirstFit, FirstSample, HopSample, fit_first
 
 
 @dataclass(frozen=True)
@@ -199,3 +200,30 @@ def first_requests(lines: Sequence[Mapping[str, Any]], sizes: Mapping[str, int])
         )
     later = [s for i in order[1:] if (s := sample(i)) is not None]
     return fit_first(first, later)
+
+
+def hop_samples(lines: Sequence[Mapping[str, Any]]) -> list[HopSample]:
+    """One server's request log (``lines``, ``t_s`` and ``latency_s`` on its clock) as hop
+    samples: each request with a first token and an engine timeline, its time outside the
+    engine (``ttft_s`` less ``engine.first_step_end_s``) and whether another request had arrived
+    and not ended when it arrived (``CostModel.hop_busy_s``). The log's first request is left
+    out (``first_hop_s`` prices its one-time reply)."""
+    spans = sorted(
+        (float(x["t_s"]), float(x["t_s"]) + float(x.get("latency_s") or 0.0), x)
+        for x in lines
+        if isinstance(x.get("t_s"), (int, float))
+    )
+    ends: list[float] = []  # heap of the end times of the requests arrived so far
+    out = []
+    for i, (start, end, line) in enumerate(spans):
+        while ends and ends[0] <= start:
+            heapq.heappop(ends)
+        busy = bool(ends)
+        heapq.heappush(ends, end)
+        e = line.get("engine")
+        if i == 0 or not isinstance(e, dict) or line.get("ttft_s") is None:
+            continue
+        if e.get("first_step_end_s") is None:
+            continue
+        out.append(HopSample(float(line["ttft_s"]) - float(e["first_step_end_s"]), busy))
+    return out

@@ -20,7 +20,9 @@ from loraplex.sim.calibrate import (
     FIRST_SIZE_RATIO,
     FirstFit,
     Fit,
+    HopBusyFit,
     calibrated_model,
+    fit_hop_busy,
     fit_link,
     jitter_quantiles,
 )
@@ -116,6 +118,22 @@ def _lease_ask(found: LeaseHandoffs | None) -> tuple[float, str]:
         f"a load less that of {found.at_once} leased at once "
         f"({found.at_once_ask_s * 1000:.2f} ms), floored at 0 "
         "(bench/sim/calibrate_cold.lease_handoffs)"
+    )
+
+
+def _hop_busy_text(fit: HopBusyFit) -> str:
+    """``hop_busy_s``'s source text."""
+    if fit.busy_median_s is None or fit.lone_median_s is None:
+        return (
+            f"not measured (no server request log, or no request of one kind: {fit.busy} "
+            f"arrived busy, {fit.lone} alone): 0"
+        )
+    return (
+        "the calibration's server request log(s): the median time outside the engine (ttft_s "
+        f"less first_step_end_s) of the {fit.busy} requests that arrived while another was in "
+        f"flight, {fit.busy_median_s * 1e3:.2f} ms, less that of the {fit.lone} that arrived "
+        f"alone, {fit.lone_median_s * 1e3:.2f} ms, floored at 0 (bench/sim/calibrate_cold."
+        "hop_samples, sim/calibrate.fit_hop_busy; each server's first request left out)"
     )
 
 
@@ -306,12 +324,14 @@ def cost_model_from(
     busy_price = 1.0 if scale is None else scale
     firsts: list[FirstFit] = measured.get("first", [])
     first_s, first_texts = first_seconds(firsts)
+    hop_busy = fit_hop_busy(measured.get("hop_busy", []))
     model = replace(
         model,
-        sources={**model.sources, **first_texts},
+        sources={**model.sources, **first_texts, "hop_busy_s": _hop_busy_text(hop_busy)},
         first_load_s=first_s["first_load_s"],
         first_step_s=first_s["first_step_s"],
         first_hop_s=first_s["first_hop_s"],
+        hop_busy_s=hop_busy.seconds,
         host_probe=probe,
         load_busy_scale=busy_price,
         lease_ask_s=lease_ask_s,
@@ -345,6 +365,7 @@ def cost_model_from(
         "lease_handoffs": None if lease_found is None else asdict(lease_found),
         # each fresh server's first request and the later lone cold requests it was set against
         "first_requests": [asdict(f) for f in firsts],
+        "hop_busy": asdict(hop_busy),  # the medians hop_busy_s is the difference of
         "machine": machine,
         "host_probes": [asdict(p) for p in probes],
         "target": target.url,

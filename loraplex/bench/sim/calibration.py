@@ -12,7 +12,12 @@ from typing import Any
 import httpx
 
 from loraplex.bench.sim.calibrate_busy import busy_samples
-from loraplex.bench.sim.calibrate_cold import cold_samples, first_requests, lease_handoffs
+from loraplex.bench.sim.calibrate_cold import (
+    cold_samples,
+    first_requests,
+    hop_samples,
+    lease_handoffs,
+)
 from loraplex.bench.sim.calibrate_decode import step_samples
 from loraplex.bench.sim.calibrate_fit import cost_model_from
 from loraplex.bench.sim.calibrate_loads import load_samples, with_sizes
@@ -120,13 +125,14 @@ def _step_measurements(
 
 
 def _log_handoffs(target: Target) -> dict[str, Any]:
-    """The lease hand-offs of the server's request log (None: no log), and its lines (merged
-    passes redo the hand-offs)."""
+    """The lease hand-offs of the server's request log (None: no log), its lines (merged
+    passes redo the hand-offs) and its hop samples (``hop_busy_s``; per server: each log has
+    its own clock)."""
     if target.request_log is None or not target.request_log.is_file():
-        return {"handoffs": None, "log_lines": []}
+        return {"handoffs": None, "log_lines": [], "hop_busy": []}
     text = target.request_log.read_text(encoding="utf-8")
     lines = [json.loads(line) for line in text.splitlines() if line]
-    return {"handoffs": lease_handoffs(lines), "log_lines": lines}
+    return {"handoffs": lease_handoffs(lines), "log_lines": lines, "hop_busy": hop_samples(lines)}
 
 
 def _timings(

@@ -78,6 +78,7 @@ def merged(measures: Sequence[dict[str, Any]]) -> dict[str, Any]:
         raise ValueError("measures is empty; expected at least one pass")
     out: dict[str, Any] = {key: [x for m in measures for x in m[key]] for key in LISTS}
     out["log_lines"] = [line for m in measures for line in m.get("log_lines", [])]
+    out["hop_busy"] = [x for m in measures for x in m.get("hop_busy", [])]  # per server
     # each pass's fresh server's first request (calibration.measure): one fit per pass
     out["first"] = [fit for m in measures for fit in m.get("first", [])]
     out["step_fit"] = fit_step(out["steps"])
