@@ -231,9 +231,7 @@ def _print_keys(prepared: Prepared, config: ServeConfig) -> None:
     for tenant, key in sorted(prepared.sample_keys.items()):
         typer.echo(f"{tenant + ' key:':<12} {key}")
     if not prepared.sample_keys:
-        from loraplex.fleet.control import program
-
-        say_how_to_get_a_tenant_key(config, program())
+        say_how_to_get_a_tenant_key(config)
 
 
 @fleet_app.command("status")

@@ -8,6 +8,7 @@ configuration prints an 'error:' line and exits 1. The HTTP side is imported ins
 from __future__ import annotations
 
 import gc
+import shlex
 import socket
 import threading
 from typing import TYPE_CHECKING
@@ -126,13 +127,16 @@ def say_demo_generation(settings: ServeConfig) -> None:
         )
 
 
-def say_how_to_get_a_tenant_key(settings: ServeConfig, program: str = "loraplex") -> None:
+def say_how_to_get_a_tenant_key(settings: ServeConfig) -> None:
     """On a start that issued no tenant key: the command that issues one, on this data dir (a
     bare `loraplex keys create TENANT` after `serve --data-dir D` looked in the default one),
-    with ``program`` as the operator ran it (``fleet up``: ``control.program``)."""
+    with the ``loraplex`` the operator ran (``serve/program.py``; ``serve`` and ``fleet up``)."""
+    from loraplex.serve.program import program
+
+    data_dir = shlex.quote(str(settings.data_dir))
     typer.echo(
         "tenant keys: shown only when issued; "
-        f"`{program} keys create TENANT --data-dir {settings.data_dir}` makes one"
+        f"`{program()} keys create TENANT --data-dir {data_dir}` makes one"
     )
 
 

@@ -17,7 +17,6 @@ import os
 import shlex
 import shutil
 import socket
-import sys
 import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -30,6 +29,7 @@ from loraplex.fleet.ray_cluster import connect, start_local_cluster, stop_local_
 from loraplex.fleet.settings import APP_NAME, FleetSettings
 from loraplex.registry import default_data_dir
 from loraplex.serve.config import ServeConfig
+from loraplex.serve.program import program
 
 STATE_FILE = "fleet.json"
 RAY_LOG = "ray-head.log"  # the local Ray head's output, in the data dir
@@ -214,19 +214,6 @@ def _delete_app_quietly() -> None:
 
     with contextlib.suppress(Exception):  # the failure being raised matters more
         serve.delete(APP_NAME)
-
-
-def program(argv0: str | None = None) -> str:
-    """How the operator ran ``loraplex``: ``loraplex`` when that is what ``PATH`` finds, else the
-    path they typed (``.venv-fleet/bin/loraplex``, as the README runs it: a bare ``loraplex``
-    hint was "command not found" in a shell without that venv activated)."""
-    argv0 = sys.argv[0] if argv0 is None else argv0
-    if Path(argv0).name != "loraplex" or os.sep not in argv0:
-        return "loraplex"  # typed bare (found on PATH), or not the script (``python -m``, tests)
-    found = shutil.which("loraplex")
-    if found is not None and os.path.realpath(found) == os.path.realpath(argv0):
-        return "loraplex"
-    return shlex.quote(argv0)
 
 
 def fleet_command(command: str, data_dir: Path) -> str:

@@ -108,6 +108,15 @@ async def authenticate(deps: ServerDeps, token: str | None) -> Tenant:
     what to send instead."""
     if token is None:
         raise unauthorized(NO_KEY)
+    # NOTE: no cache of verified keys, though this pool hop is about a fifth of the loop's time
+    # in a flood of 429s (docs/benchmarks/attack22.md): revocation reaches this server only
+    # through the database. ``loraplex keys revoke`` (another process) and another replica's
+    # /admin write the registry and tell no server, so a cached key would stay valid until its
+    # entry expired, where a read per request refuses it at once (operations.md: "immediate").
+    # The tenant read here also carries the quotas the bucket checks, which apply at once too
+    # (a raised max_requests_per_s). A cache would need a change feed from the registry; until
+    # one exists, every tenant request reads it (tests/server/test_auth.py: a key revoked
+    # outside the server).
     try:
         return await run_in_threadpool(deps.registry.authenticate, token)
     except AuthenticationError:

@@ -134,20 +134,28 @@ class OwnedPins:
                 raise
 
     def _unpin(self, key: AdapterKey, tier: Tier, owner: str) -> Unpinned:
-        """(Under ``_serial``: the owners and the cache call of one pin stay ordered.)"""
+        """(Under ``_serial``: the owners and the cache call of one pin stay ordered.) The last
+        owner is dropped only once the cache has unpinned: a refused unpin leaves the owners
+        as they were, as ``unpin`` puts the record back, so the owner's next unpin finds it."""
+        pin = (key, tier)
         with self._lock:
-            owners = self._owners.get((key, tier))
+            owners = self._owners.get(pin)
             if owners is not None:
                 held = owner in owners
-                owners.discard(owner)
-                others = frozenset(owners)
-                if not others:
-                    del self._owners[(key, tier)]
+                others = frozenset(owners - {owner})
+                if others:
+                    owners.discard(owner)
         if owners is None:  # no owner known: a pin made around ``OwnedPins``, if any
             return self._cache.unpin(key, tier)
         if others:  # someone else still holds it
             return Unpinned(held, owners=others)
-        unpinned = self._cache.unpin(key, tier)
+        unpinned = self._cache.unpin(key, tier)  # raises: the owners stay
+        with self._lock:
+            left = self._owners.get(pin)
+            if left is not None:
+                left.discard(owner)
+                if not left:
+                    del self._owners[pin]
         return Unpinned(held or unpinned.lifted, unpinned.warm)
 
     def _recorder(self, owner: str) -> PinRecord | None:

@@ -29,6 +29,7 @@ from loraplex.fleet.ray_cluster import free_port
 from loraplex.fleet.settings import FleetSettings
 from loraplex.fleet.state import replica_state
 from loraplex.serve.config import ServeConfig
+from loraplex.serve.program import program
 
 
 def _closed_port() -> int:
@@ -399,7 +400,7 @@ def test_hints_name_the_loraplex_that_was_run(
     elsewhere = tmp_path / "elsewhere"
     elsewhere.mkdir()
     monkeypatch.setenv("PATH", str(elsewhere))  # no loraplex on PATH
-    assert control.program(str(script)) == str(script)
+    assert program(str(script)) == str(script)
     monkeypatch.setattr(sys, "argv", [str(script), "fleet", "up"])
     data = tmp_path / "data"
     assert control.fleet_command("down", data) == f"{script} fleet down --data-dir {data}"
@@ -409,5 +410,5 @@ def test_hints_name_the_loraplex_that_was_run(
     _print_keys(prepared, ServeConfig(data_dir=data, admin_key="adm"))
     assert f"`{script} keys create TENANT --data-dir {data}`" in capsys.readouterr().out
     monkeypatch.setenv("PATH", str(script.parent))  # the same loraplex is on PATH: bare
-    assert control.program(str(script)) == "loraplex"
-    assert control.program("/usr/lib/python3/loraplex/__main__.py") == "loraplex"  # python -m
+    assert program(str(script)) == "loraplex"
+    assert program("/usr/lib/python3/loraplex/__main__.py") == "loraplex"  # python -m

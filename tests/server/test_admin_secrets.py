@@ -64,6 +64,29 @@ def test_a_restart_prints_no_secret(capsys: pytest.CaptureFixture[str], tmp_path
     assert f"`loraplex keys create TENANT --data-dir {tmp_path}` makes one" in restart
 
 
+def test_the_key_hint_names_the_loraplex_the_operator_ran(
+    capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    """``serve``'s hint said a bare ``loraplex`` (as ``fleet up``'s did): "command not found"
+    for an operator who ran ``.venv/bin/loraplex serve`` in a shell without that venv active.
+    A data dir with a space is quoted, so the hint pastes as one command."""
+    script = tmp_path / "venv" / "bin" / "loraplex"
+    script.parent.mkdir(parents=True)
+    script.write_text("#!/bin/sh\n", encoding="utf-8")
+    script.chmod(0o755)
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    monkeypatch.setenv("PATH", str(elsewhere))  # no loraplex on PATH
+    monkeypatch.setattr("sys.argv", [str(script), "serve"])
+    data = tmp_path / "my data"
+    serve._announce(ServeConfig(data_dir=data), None, {})
+    out = capsys.readouterr().out
+    assert f"`{script} keys create TENANT --data-dir '{data}'` makes one" in out
+    monkeypatch.setenv("PATH", str(script.parent))  # the same loraplex is on PATH: bare
+    serve._announce(ServeConfig(data_dir=data), None, {})
+    assert f"`loraplex keys create TENANT --data-dir '{data}'`" in capsys.readouterr().out
+
+
 def test_admin_key_file_and_fresh_data_dir_are_owner_only(tmp_path: Path) -> None:
     data_dir = tmp_path / "new" / "data"
     key = admin_key(data_dir)

@@ -87,6 +87,26 @@ def test_revoked_key_stops_at_once(rig: Rig) -> None:
     assert rig.client.get("/v1/models", headers=headers).status_code == 401
 
 
+def test_a_key_revoked_outside_the_server_is_refused_at_once_even_over_its_rate(
+    rig: Rig,
+) -> None:
+    """``loraplex keys revoke`` (another process, another replica's /admin) writes the database
+    only: nothing tells this server. The next request is a 401, even from a tenant the
+    listener would refuse with a 429 (the refusal path a cache of verified keys would shorten,
+    ``auth.authenticate``'s NOTE)."""
+    created = rig.client.post("/admin/tenants", json={"name": "revoked-co"}, headers=rig.admin)
+    assert created.status_code in (200, 201)
+    quotas = {"quotas": {"max_requests_per_s": 0.01}}  # one request, then one every 100 s
+    assert rig.client.put("/admin/tenants/revoked-co", json=quotas, headers=rig.admin).is_success
+    issued = rig.client.post("/admin/tenants/revoked-co/keys", headers=rig.admin).json()
+    headers = {"Authorization": f"Bearer {issued['token']}"}
+    assert rig.client.get("/v1/models", headers=headers).status_code == 200
+    assert rig.client.get("/v1/models", headers=headers).status_code == 429  # over its rate
+    rig.served.registry.revoke_key(issued["key_id"], "cli")  # not through this server's routes
+    refused = rig.client.get("/v1/models", headers=headers)
+    assert refused.status_code == 401 and refused.json()["error"]["code"] == "invalid_api_key"
+
+
 def test_admin_key_comparison() -> None:
     assert admin_key_matches(ADMIN_KEY, ADMIN_KEY)
     assert not admin_key_matches(ADMIN_KEY + "x", ADMIN_KEY)

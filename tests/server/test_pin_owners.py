@@ -170,6 +170,38 @@ def test_a_pin_or_unpin_the_cache_refuses_leaves_the_record_as_it_was() -> None:
     assert record.pins == {(KEY, Tier.L0)}
 
 
+class RefusingOnce(RecordingCache):
+    """A cache whose next unpin is refused (the engine blinked), then works again."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.refuse = True
+
+    def unpin(self, key: AdapterKey, tier: Tier) -> Unpinned:
+        if self.refuse:
+            self.refuse = False
+            raise EngineUnavailableError("the engine process is down")
+        return super().unpin(key, tier)
+
+
+def test_an_unpin_the_cache_refuses_leaves_the_owner_and_a_second_unpin_lifts_it() -> None:
+    """Memory and the record agree after a refusal: the record is put back, and so is the
+    owner, so the operator's next unpin finds its pin (it found no owner, leaving the cache
+    pinned behind an answer of "nothing lifted")."""
+    cache = RefusingOnce()
+    record = SetRecord()
+    pins = OwnedPins(cache, record)
+    pins.pin(KEY, Tier.L0)
+    with pytest.raises(EngineUnavailableError):
+        pins.unpin(KEY, Tier.L0)
+    assert record.pins == {(KEY, Tier.L0)} and (KEY, Tier.L0) in cache.pinned
+    assert pins.owners(KEY, Tier.L0) == {OPERATOR}
+    assert pins.holds(KEY, Tier.L0).owners == {OPERATOR}
+    assert pins.unpin(KEY, Tier.L0) == Unpinned(True)
+    assert cache.pinned == set() and record.pins == set()
+    assert pins.owners(KEY, Tier.L0) == frozenset()
+
+
 def test_a_failed_record_pins_nothing() -> None:
     class DownRecord(SetRecord):
         def record(self, key: AdapterKey, tier: Tier) -> bool:
