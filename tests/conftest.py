@@ -10,7 +10,7 @@ import logging
 import os
 from collections.abc import Iterator
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import pytest
 
@@ -59,8 +59,56 @@ def reduced_demo_assets(tmp_path_factory: pytest.TempPathFactory) -> DemoAssets:
     return generate_reduced(tmp_path_factory.mktemp("reduced") / "seed0", "small", 0)
 
 
+# The test modules that start a Ray cluster: the shared ``ray_cluster`` fixture, or a command
+# that starts its own (marked ``ray``). Checked at collection (below).
+RAY_MODULES = frozenset(
+    {
+        "tests/bench/test_bench_fleet.py",
+        "tests/bench/test_bench_fleet_topology.py",
+        "tests/fleet/test_board_store.py",
+        "tests/fleet/test_fleet_attacks.py",
+        "tests/fleet/test_fleet_e2e.py",
+        "tests/fleet/test_fleet_placement.py",
+        "tests/fleet/test_fleet_record.py",
+        "tests/fleet/test_fleet_replica_pins.py",
+        "tests/fleet/test_fleet_up_cli.py",
+        "tests/preflight/test_preflight_fleet.py",
+    }
+)
+
+
+@pytest.hookimpl(optionalhook=True)  # pytest-xdist's hook: absent without it
+def pytest_xdist_make_scheduler(config: pytest.Config, log: Any) -> Any:
+    """Under ``-n`` (the README's test command) a worker takes a whole test module, which its
+    module-scoped fixtures (a live server, a pool) and tests that build on the one before
+    expect; and every module of ``RAY_MODULES`` goes to one worker, one after another: two
+    fleets at once on a 2-core machine starve each other's replicas.
+
+    NOTE: xdist's own ``--dist loadgroup`` would do this from marks, but with pytest 9.2 its
+    renaming of node ids no longer takes, and every test is sent on its own."""
+    from xdist.scheduler import LoadScopeScheduling
+
+    class ModulesAndRay(LoadScopeScheduling):  # type: ignore[misc]
+        def _split_scope(self, nodeid: str) -> str:
+            module = nodeid.split("::", 1)[0]
+            return "ray" if module in RAY_MODULES else module
+
+    return ModulesAndRay(config, log)
+
+
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    """GPU tests skip cleanly on machines without CUDA."""
+    """Every test that starts a Ray cluster is in a module of ``RAY_MODULES``; GPU tests skip
+    cleanly on machines without CUDA."""
+    for item in items:
+        uses_ray = item.get_closest_marker("ray") or "ray_cluster" in getattr(
+            item, "fixturenames", ()
+        )
+        module = item.nodeid.split("::", 1)[0]
+        if uses_ray and module not in RAY_MODULES:
+            raise pytest.UsageError(
+                f"{item.nodeid} starts a Ray cluster: add {module} to RAY_MODULES "
+                "(tests/conftest.py), so that one xdist worker runs the Ray tests"
+            )
     import torch
 
     if torch.cuda.is_available():

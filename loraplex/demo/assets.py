@@ -11,9 +11,12 @@ Torch-free at import time: only generation imports the training stack.
 
 from __future__ import annotations
 
+import contextlib
+import fcntl
 import json
 import os
 import shutil
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -53,16 +56,46 @@ def generate_demo_assets(
     from loraplex.demo.generate import generate
 
     out.parent.mkdir(parents=True, exist_ok=True)
-    staging = out.parent / f".{out.name}.tmp-{os.getpid()}"
-    shutil.rmtree(staging, ignore_errors=True)
-    staging.mkdir()
-    try:
-        generate(staging, preset_spec, seed, adapters=adapters)
-        _write_stamp(staging, preset, seed, adapters)
-        _move_into_place(staging, out)
-    finally:
+    # Two processes asking for a missing set at once (two `serve` starts on a fresh checkout,
+    # parallel test workers): the second waits for the first and then finds the set ready,
+    # instead of generating it again and renaming a set away under the first one's readers.
+    with _generation_lock(out):
+        if demo_assets_ready(out, preset, seed, adapters=adapters):
+            return read_manifest(out)
+        staging = out.parent / f".{out.name}.tmp-{os.getpid()}"
         shutil.rmtree(staging, ignore_errors=True)
+        staging.mkdir()
+        try:
+            generate(staging, preset_spec, seed, adapters=adapters)
+            _write_stamp(staging, preset, seed, adapters)
+            _move_into_place(staging, out)
+        finally:
+            shutil.rmtree(staging, ignore_errors=True)
     return read_manifest(out)
+
+
+@contextlib.contextmanager
+def _generation_lock(out: Path) -> Iterator[None]:
+    """An exclusive lock on ``.<name>.lock`` beside ``out`` while the set is generated; the
+    kernel releases it when its holder dies, so a killed generator blocks no one. The file is
+    removed on release: a waiter that then holds the lock of a removed file takes it again."""
+    path = out.parent / f".{out.name}.lock"
+    while True:
+        fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX)
+            with contextlib.suppress(FileNotFoundError):
+                if os.stat(path).st_ino == os.fstat(fd).st_ino:
+                    break
+        except BaseException:
+            os.close(fd)
+            raise
+        os.close(fd)
+    try:
+        yield
+    finally:
+        path.unlink(missing_ok=True)
+        os.close(fd)
 
 
 def load_demo_assets(out: Path) -> DemoAssets:

@@ -388,6 +388,7 @@ TRACE_REQUESTS, RATE = 16, 6.0  # the quick run's 32 requests at 3 per second, h
 
 
 @pytest.mark.slow  # a local Ray cluster and two fleet deployments: about a minute
+@pytest.mark.ray  # its own cluster, in the bench's process
 def test_quick_run_on_a_real_fleet(tmp_path: Path) -> None:
     command = [
         sys.executable,

@@ -172,6 +172,7 @@ def test_cli_refuses_options_it_would_not_read(args: list[str], named: str) -> N
 
 
 @pytest.mark.slow  # a local Ray cluster and two fleet deployments: about a minute
+@pytest.mark.ray  # its own cluster, in the bench's process
 def test_tiny_run_on_a_real_fleet(tmp_path: Path) -> None:
     command = [
         sys.executable,

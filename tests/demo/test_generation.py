@@ -7,6 +7,7 @@ import os
 import shutil
 import subprocess
 import sys
+import threading
 from pathlib import Path
 
 import pytest
@@ -183,3 +184,39 @@ def test_cli_rejects_unknown_preset(tmp_path: Path, command: list[str]) -> None:
     assert result.exit_code == 2, result.output
     assert "huge" in result.output and "--preset" in result.output
     assert list(tmp_path.iterdir()) == []
+
+
+def test_a_second_caller_waits_for_the_first_and_does_not_generate_again(
+    demo_assets: DemoAssets, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Two processes starting on a fresh checkout (or two test workers) ask for the same missing
+    # set: one generates, the other waits and then finds it ready.
+    started, release = threading.Event(), threading.Event()
+    calls: list[Path] = []
+
+    def slow_generate(root: Path, preset: DemoPreset, seed: int, *, adapters: bool) -> None:
+        calls.append(root)
+        started.set()
+        release.wait(timeout=30)
+        for item in demo_assets.root.iterdir():
+            if item.is_dir():
+                shutil.copytree(item, root / item.name)
+            elif item.name != STAMP_NAME:
+                shutil.copy(item, root / item.name)
+
+    monkeypatch.setattr(generate_module, "generate", slow_generate)
+    out = tmp_path / "out"
+    results: list[DemoAssets] = []
+    first = threading.Thread(target=lambda: results.append(generate_demo_assets(out, "small", 0)))
+    first.start()
+    assert started.wait(timeout=30)
+    second = threading.Thread(target=lambda: results.append(generate_demo_assets(out, "small", 0)))
+    second.start()
+    second.join(timeout=0.5)
+    assert second.is_alive()  # waiting on the first one's lock, not generating
+    release.set()
+    first.join(timeout=60)
+    second.join(timeout=60)
+    assert len(calls) == 1
+    assert [a.root for a in results] == [out.resolve(), out.resolve()]
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["out"]  # no lock file left behind

@@ -57,6 +57,7 @@ def live(demo_assets: DemoAssets, tmp_path_factory: pytest.TempPathFactory) -> I
 HOGS = 8  # the preemption test's long streams of one tenant: as many as the engine has seats
 HOG_TOKENS = 120  # long enough to be running still when the other tenants' requests arrive
 LAG_S = 0.02  # a consumer's pause after each delta it reads (deltas queue up meanwhile)
+MERGE_WAIT_S = 2.0  # the longest a reader waits for a second delta before the first merge
 
 
 @pytest.fixture(autouse=True)
@@ -79,6 +80,13 @@ def merges(monkeypatch: pytest.MonkeyPatch) -> list[int]:
             async for delta in stream:
                 yield delta
                 await asyncio.sleep(LAG_S)
+                # NOTE: on a loaded machine a step outlasts LAG_S and every read found one delta
+                # (CI saw no merge at all): until the first merge, a reader also waits for a
+                # second delta to queue (or for its stream to have ended: MERGE_WAIT_S)
+                waited = 0.0
+                while count[0] == 0 and outbox.qsize() < 2 and waited < MERGE_WAIT_S:
+                    await asyncio.sleep(0.005)
+                    waited += 0.005
         finally:
             await stream.aclose()
 
