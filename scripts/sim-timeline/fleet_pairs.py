@@ -143,12 +143,18 @@ def summary(rows: list[dict[str, Any]]) -> dict[str, Any]:
     return out
 
 
-def main() -> None:
+def run_parser() -> argparse.ArgumentParser:
+    """The arguments naming a recorded fleet run and its pricing (also ``fleet_in_flight.py``)."""
     parser = argparse.ArgumentParser()
     parser.add_argument("--logs-dir", type=Path, required=True)
     parser.add_argument("--cost-model", type=Path, required=True)
     parser.add_argument("--trace-requests", type=int, default=64)
     parser.add_argument("--line", type=Path, help="the run's bench sim --json output")
+    return parser
+
+
+def main() -> None:
+    parser = run_parser()
     parser.add_argument("--ask", type=float, default=None)
     parser.add_argument("--ask-split", action="store_true")
     parser.add_argument("--no-load-scale", action="store_true")
