@@ -1,14 +1,20 @@
 """What ``/proc/cpuinfo`` says about the CPU, read by the kernel rules (``model.layers``: which
-kernel runs on which CPU) and by the benchmarks' machine record (``bench.harness.machine``).
+kernel runs on which CPU), the LoRA op's strategy costs (``ops.policy``: whether bfloat16 is
+native) and by the benchmarks' machine record (``bench.harness.machine``).
 
 Torch-free; empty where the file cannot be read (another OS, another architecture).
 """
 
 from __future__ import annotations
 
+from functools import cache
 from pathlib import Path
 
 CPUINFO = Path("/proc/cpuinfo")
+# The x86 flags (Linux's names in /proc/cpuinfo) of native bfloat16 arithmetic: AVX-512's
+# bfloat16 dot products and AMX's bfloat16 tiles. Without either, bfloat16 matmuls ran masked's
+# wide steps 3.5-5.3x slower than grouped's (an AVX2 EPYC Milan; docs/modes.md, twentieth pass).
+NATIVE_BFLOAT16_FLAGS = frozenset({"avx512_bf16", "amx_bf16"})
 
 
 def first_processor(cpuinfo: str | Path = CPUINFO) -> dict[str, str]:
@@ -39,3 +45,22 @@ def cpu_family(cpuinfo: str | Path = CPUINFO) -> int | None:
     where it is not a number."""
     value = first_processor(cpuinfo).get("cpu family", "")
     return int(value) if value.isdigit() else None
+
+
+def cpu_flags(cpuinfo: str | Path = CPUINFO) -> frozenset[str]:
+    """The first processor's ``flags`` (x86), each as written; empty without that field (another
+    architecture, whose ``Features`` use other names, or an unreadable file)."""
+    return frozenset(first_processor(cpuinfo).get("flags", "").split())
+
+
+def bfloat16_emulated(flags: frozenset[str]) -> bool:
+    """Whether an x86 CPU with ``flags`` (:func:`cpu_flags`) lacks native bfloat16 arithmetic
+    (none of :data:`NATIVE_BFLOAT16_FLAGS`, e.g. an AVX2-only AMD EPYC Milan). False without
+    flags: a CPU this cannot read keeps the costs fitted on native bfloat16 CPUs."""
+    return bool(flags) and not flags & NATIVE_BFLOAT16_FLAGS
+
+
+@cache
+def this_cpu_bfloat16_emulated() -> bool:
+    """:func:`bfloat16_emulated` of this machine's /proc/cpuinfo (read once per process)."""
+    return bfloat16_emulated(cpu_flags())

@@ -8,6 +8,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+import torch
+
+from loraplex.cpuinfo import this_cpu_bfloat16_emulated
 from loraplex.ops.base import ArenaLayout, Strategy
 from loraplex.ops.batched_plan import block_grid, rank_classes
 from loraplex.ops.plan import covered_rows, float32_slots, half_on_cpu
@@ -38,6 +41,9 @@ class StepShape:
     float32_rows: int = 0
     float32_cells: int = 0
     adapter_tokens: int = 0
+    # bfloat16 weights on a CPU without native bfloat16 arithmetic (cpuinfo.bfloat16_emulated:
+    # no avx512_bf16, no amx_bf16): there a matmul's multiply-adds in the dtype are what cost
+    half_emulated: bool = False
 
     @classmethod
     def of(
@@ -46,9 +52,12 @@ class StepShape:
         tokens: dict[int, int],
         layout: ArenaLayout,
         float32_max_run: int = 0,
+        bfloat16_emulated: bool | None = None,
     ) -> StepShape:
         """``tokens``: active slot -> its tokens (plan.active_slot_tokens); ``float32_max_run``:
-        most tokens a run of grouped's float32 pass has (0: no float32 pass)."""
+        most tokens a run of grouped's float32 pass has (0: no float32 pass);
+        ``bfloat16_emulated``: whether the CPU lacks native bfloat16 arithmetic (None: this
+        CPU's, ``cpuinfo.this_cpu_bfloat16_emulated``)."""
         row_lo, row_hi = covered_rows(layout, list(tokens))
         grid = block_grid(layout, list(tokens))
         groups = gathered = 0
@@ -65,6 +74,9 @@ class StepShape:
         scales = layout.row_scale
         half = half_on_cpu(layout)
         short = float32_slots(tokens, float32_max_run) if half else []
+        if bfloat16_emulated is None and half and scales.dtype == torch.bfloat16:
+            bfloat16_emulated = this_cpu_bfloat16_emulated()
+        emulated = half and scales.dtype == torch.bfloat16 and bool(bfloat16_emulated)
         return cls(
             num_tokens,
             len(tokens),
@@ -81,6 +93,7 @@ class StepShape:
             sum(layout.slot_rows[slot] for slot in short),
             sum(tokens[slot] * layout.slot_rows[slot] for slot in short),
             sum(tokens.values()) if short else 0,
+            emulated,
         )
 
 
@@ -107,7 +120,8 @@ class AutoPolicy:
     # batched weighed too, ``choose`` puts both presets' 16-adapter S2 decode batches (float32
     # weights on a CPU) on batched, one matmul pair per rank class, and long prefill runs on
     # grouped; 16-bit weights on a CPU and a GPU put decode batches on masked (the terms below;
-    # tests/ops/test_batched.py pins the small preset's).
+    # tests/ops/test_batched.py pins the small preset's), except bfloat16 on a CPU without native
+    # bfloat16 arithmetic, where they go grouped (``emulated_mac_factor``).
     launch_macs: int = 196608
     read_macs: int = 16
     min_runs_for_masked: int = 2  # a single run is always grouped (it is already exact)
@@ -132,6 +146,14 @@ class AutoPolicy:
     half_cpu_masked_divisor: int = 2
     float32_convert_macs: int = 32
     float32_pass_launches: int = 4  # the pass's gather, conversion, sum and copy back
+    # On a CPU without native bfloat16 arithmetic (StepShape.half_emulated: x86 without
+    # avx512_bf16 or amx_bf16; docs/modes.md, twentieth pass), a bfloat16 matmul's
+    # multiply-adds each cost this many float32 ones, and masked gets no AMX rate (the divisor
+    # above is not applied). Measured on a 2-core AVX2 EPYC Milan (small preset, bench modes'
+    # decode steps of 16-32 sequences): masked took 3.5-5.3x the fastest strategy's step;
+    # factors 4 to 32 all put those steps on grouped (mostly the float32 pass), 1 and 2 left
+    # uniform batches on masked (scripts/lora-strategy/fit_emulated.py); 8 is mid-plateau.
+    emulated_mac_factor: int = 8
 
     def __post_init__(self) -> None:
         for name in (
@@ -142,6 +164,7 @@ class AutoPolicy:
             "half_cpu_call_macs",
             "float32_convert_macs",
             "float32_pass_launches",
+            "emulated_mac_factor",
         ):
             if getattr(self, name) < 0:
                 raise ValueError(f"{name} {getattr(self, name)} is invalid; expected >= 0")
@@ -189,11 +212,15 @@ class AutoPolicy:
         work = (cells + self.read_macs * shape.covered_rows) * max(width, 1)
         if not shape.half_on_cpu:
             return work
+        if shape.half_emulated:  # no AMX rate: every multiply-add at the emulated cost
+            reads = self.read_macs * shape.covered_rows
+            emulated = (self._dtype_macs(shape, cells) + reads) * max(width, 1)
+            return emulated + 2 * self.half_cpu_call_macs
         return work // self.half_cpu_masked_divisor + 2 * self.half_cpu_call_macs
 
     def _grouped_cost(self, shape: StepShape, width: int) -> int:
         reads = self._skinny_read_macs(shape) * shape.active_rows
-        work = (shape.exact_cells + reads) * max(width, 1)
+        work = (self._dtype_macs(shape, shape.exact_cells) + reads) * max(width, 1)
         launch = self.accelerator_launch_macs if shape.on_accelerator else self.launch_macs
         return work + launch * (2 * shape.runs - 1) + self._half_calls(shape, 2 * shape.runs)
 
@@ -204,11 +231,15 @@ class AutoPolicy:
         long_cells = shape.exact_cells - shape.float32_cells
         short_reads = (self.read_macs + self.float32_convert_macs) * shape.float32_rows
         copies = 2 * self.read_macs * shape.adapter_tokens
-        work = long_cells + self._skinny_read_macs(shape) * long_rows
+        work = self._dtype_macs(shape, long_cells) + self._skinny_read_macs(shape) * long_rows
         work += shape.float32_cells + short_reads + copies
         launches = 2 * shape.runs - 1 + self.float32_pass_launches
         long_calls = self._half_calls(shape, 2 * (shape.runs - shape.float32_runs))
         return work * max(width, 1) + self.launch_macs * launches + long_calls
+
+    def _dtype_macs(self, shape: StepShape, cells: int) -> int:
+        """What ``cells`` multiply-adds in the weights' dtype cost, in float32 ones."""
+        return cells * self.emulated_mac_factor if shape.half_emulated else cells
 
     def _half_calls(self, shape: StepShape, calls: int) -> int:
         """What ``calls`` matmul calls in the dtype add on a CPU with 16-bit weights."""
@@ -217,13 +248,14 @@ class AutoPolicy:
     def _batched_cost(self, shape: StepShape, width: int) -> int:
         reads = self._skinny_read_macs(shape) * shape.block_rows
         if not shape.block_groups:  # one grid: about as many launches as masked
-            return (shape.padded_cells + reads) * max(width, 1) + self._half_calls(shape, 2)
+            padded = self._dtype_macs(shape, shape.padded_cells)
+            return (padded + reads) * max(width, 1) + self._half_calls(shape, 2)
         # per rank class: each token's row copied in and added back (a read each, per unit of
         # width: this is what keeps long prefill runs grouped), and per group a shrink, a scale
         # and an expand plus the gather and the scatter: launches beyond masked's four
         copies = self.read_macs * shape.gathered
         launch = self.accelerator_launch_macs if shape.on_accelerator else self.launch_macs
-        work = (shape.padded_cells + reads + copies) * max(width, 1)
+        work = (self._dtype_macs(shape, shape.padded_cells) + reads + copies) * max(width, 1)
         calls = self._half_calls(shape, 2 * shape.block_groups)
         return work + launch * (3 * shape.block_groups - 1) + calls
 

@@ -274,17 +274,24 @@ class AutoBackend:
     cost more than its wasted rows (a GPU; 16-bit weights on a CPU), grouped for long runs and
     a single run; on a CPU with 16-bit weights, a grouped step of two runs or more goes through the
     float32 pass (its runs of at most ``float32_max_tokens`` tokens in float32, longer ones in
-    the dtype; 0: never) where :meth:`AutoPolicy.grouped_in_float32` finds it cheaper."""
+    the dtype; 0: never) where :meth:`AutoPolicy.grouped_in_float32` finds it cheaper. With
+    bfloat16 weights on a CPU without native bfloat16 arithmetic (``bfloat16_emulated``; None:
+    this CPU's /proc/cpuinfo), masked's wide matmuls are what cost, and decode steps go grouped
+    (mostly through the float32 pass) instead."""
 
     name = "auto"
 
     def __init__(
-        self, policy: AutoPolicy | None = None, float32_max_tokens: int = FLOAT32_MAX_TOKENS
+        self,
+        policy: AutoPolicy | None = None,
+        float32_max_tokens: int = FLOAT32_MAX_TOKENS,
+        bfloat16_emulated: bool | None = None,
     ) -> None:
         if float32_max_tokens < 0:
             raise ValueError(f"float32_max_tokens {float32_max_tokens} is invalid; expected >= 0")
         self.policy = policy or AutoPolicy()
         self.float32_max_tokens = float32_max_tokens
+        self.bfloat16_emulated = bfloat16_emulated
 
     def prepare(self, token_slots: torch.Tensor, layout: ArenaLayout) -> LoraBatch:
         check_token_slots(token_slots, len(layout.slot_rows))
@@ -292,7 +299,13 @@ class AutoBackend:
         slots = list(tokens)
         if not slots:
             return none_batch(token_slots)
-        shape = StepShape.of(int(token_slots.numel()), tokens, layout, self.float32_max_tokens)
+        shape = StepShape.of(
+            int(token_slots.numel()),
+            tokens,
+            layout,
+            self.float32_max_tokens,
+            self.bfloat16_emulated,
+        )
         strategy = self.policy.choose(shape, layout.width)
         if strategy is Strategy.MASKED:
             return masked_batch(token_slots, layout, slots)

@@ -445,12 +445,19 @@ def _preset_pool(name: str, dtype: torch.dtype) -> LoraSlotPool:
 def test_auto_runs_the_small_presets_16_adapter_decode_batch_as_the_policy_comment_says() -> None:
     """``AutoPolicy``'s comment said its constants put the small preset's 16-adapter decode
     batch on masked, which held before batched was weighed: in float32 on a CPU it runs batched
-    per rank class; in bfloat16 on a CPU, masked; a prefill of four 64-token runs, grouped.
-    (The large preset's pool takes 85 s to fill here; it chose alike in a one-off probe.)"""
+    per rank class; in bfloat16 on a CPU with native bfloat16 arithmetic, masked (without it,
+    grouped through the float32 pass: test_bfloat16_emulated.py); a prefill of four 64-token
+    runs, grouped. (The large preset's pool takes 85 s to fill here; it chose alike in a
+    one-off probe.)"""
     decode = torch.tensor(list(range(16)))
     pool = _preset_pool("small", torch.float32)
     batch = pool.prepare(decode)
     assert batch.strategy is Strategy.BATCHED and batch.classes is not None
     prefill = torch.tensor([slot for slot in range(4) for _ in range(64)])
     assert pool.prepare(prefill).strategy is Strategy.GROUPED
-    assert _preset_pool("small", torch.bfloat16).prepare(decode).strategy is Strategy.MASKED
+    half = _preset_pool("small", torch.bfloat16)
+    half.backend = AutoBackend(bfloat16_emulated=False)  # any CPU: the native costs
+    assert half.prepare(decode).strategy is Strategy.MASKED
+    half.backend = AutoBackend(bfloat16_emulated=True)
+    emulated = half.prepare(decode)
+    assert emulated.strategy is Strategy.GROUPED and emulated.float32
