@@ -26,7 +26,14 @@ import torch
 
 from loraplex.artifacts.base_model import TARGET_MODULES, BaseModelSpec, lora_bytes
 from loraplex.model.adapter_weights import AdapterWeights
-from loraplex.model.lora_arena import ArenaStore, LoadPlan, PlanMemo, plan_sources
+from loraplex.model.lora_arena import (
+    MEMO_SIZE,
+    ArenaStore,
+    Bounded,
+    LoadPlan,
+    PlanMemo,
+    plan_sources,
+)
 from loraplex.model.lora_check import check_pool_integrity
 from loraplex.ops import ArenaLayout, LoraBatch, ModuleLoraWeights, SlotRows, get_backend
 
@@ -115,6 +122,9 @@ class LoraSlotPool:
             (len(self._arenas), self.capacity_rows), dtype=dtype, device=device
         )
         self._module_bits = [0] * len(self._arenas)  # per table: bit s = slot s has rows there
+        # (lo, hi) -> (row_owner[lo:hi], row_scale[:, lo:hi]): see _row_views
+        self._row_slices: Bounded[tuple[int, int], tuple[torch.Tensor, torch.Tensor]]
+        self._row_slices = Bounded(MEMO_SIZE)
         widths = [a.shape[1] + b.shape[1] for a, b in self._arenas]
         self._width = round(sum(widths) / len(widths))  # ArenaLayout.width
         self._residents: list[_Resident | None] = [None] * max_loras
@@ -184,12 +194,12 @@ class LoraSlotPool:
         """Copy ``weights`` into ``slot`` (replacing its occupant); nothing changes on error."""
         self._check_slot(slot)
         plan = self._plans.get(weights, lambda: self._store.plan(weights, self.max_lora_rank))
-        touched = set(plan.pairs)
+        touched: Iterable[int] = plan.pairs  # the tables re-published (a set once merged)
         previous = self._residents[slot]
         start = self._find_rows(plan.num_rows, slot)
         kept: tuple[int, int] | None = None  # rows the slot owns before and after this load
         if previous is not None:
-            touched.update(previous.plan.pairs)
+            touched = {*plan.pairs, *previous.plan.pairs}
             if start is not None:
                 old = previous.info.start
                 kept = (max(old, start), min(old + previous.info.num_rows, start + plan.num_rows))
@@ -198,12 +208,12 @@ class LoraSlotPool:
             self._release(slot, kept, plan.covered if same else None)
         if start is None:
             start = self._compact()
-            touched = set(range(len(self._arenas)))
+            touched = range(len(self._arenas))
         placement = self._store.place(plan, weights, start)
         self._store.write(placement, plan_sources(plan, weights), self.device.type == "cuda")
         for lo, hi in _outside(start, start + plan.num_rows, kept):
-            self._row_owner[lo:hi].fill_(slot)
-        self._row_scale[:, start : start + plan.num_rows].copy_(plan.scales)
+            self._row_views(lo, hi)[0].fill_(slot)
+        self._row_views(start, start + plan.num_rows)[1].copy_(plan.scales)
         info = SlotInfo(weights.digest, start, plan.num_rows, plan.num_bytes)
         self._residents[slot] = _Resident(info, plan)
         self._store.set_slot(slot, placement.rows)
@@ -289,12 +299,24 @@ class LoraSlotPool:
         for view in self._store.release_views(resident.plan, start, written):
             view.zero_()
         for lo, hi in _outside(start, start + num_rows, kept):
-            self._row_owner[lo:hi].fill_(-1)
-            self._row_scale[:, lo:hi].fill_(0)
+            owner, scale = self._row_views(lo, hi)
+            owner.fill_(-1)
+            scale.fill_(0)
         self._store.set_slot(slot, resident.plan.released)
         for table in resident.plan.pairs:
             self._module_bits[table] &= ~(1 << slot)
         self._residents[slot] = None
+
+    def _row_views(self, lo: int, hi: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """``row_owner[lo:hi]`` and ``row_scale[:, lo:hi]``, sliced once per range: on a CPU a
+        slice costs as much as the fill or copy into it (2-4 us each on a 2-core Milan), and a
+        slot's loads and releases repeat the same few ranges. Both tensors live as long as the
+        pool, so a kept view never goes stale."""
+        views = self._row_slices.get((lo, hi))
+        if views is None:
+            views = (self._row_owner[lo:hi], self._row_scale[:, lo:hi])
+            self._row_slices.put((lo, hi), views)
+        return views
 
     def _find_rows(self, num_rows: int, slot: int) -> int | None:
         """Where ``slot``'s next ``num_rows`` rows go, its current rows counted free: at its

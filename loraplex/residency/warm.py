@@ -49,9 +49,22 @@ class RollingRates:
         self._last: tuple[float, RequestRates] | None = None  # (now_s, rates at now_s)
 
     def record(self, now_s: float, count: float = 1.0) -> None:
-        """Adds ``count`` requests at ``now_s`` (times must not go back)."""
-        self._decay_to(now_s)
+        """Adds ``count`` requests at ``now_s`` (times must not go back): decay and add in one
+        pass (the same floats as decaying first: ``c * exp(..)`` is rounded before the add), no
+        ``exp`` when no time passed (``exp(0)`` is 1: ``c * 1.0`` is ``c``)."""
+        self._last = None
+        at_s = self._at_s
+        if at_s is not None and now_s > at_s:
+            dt = now_s - at_s
+            self._counts = [
+                c * math.exp(-dt / tau) + count
+                for c, tau in zip(self._counts, WINDOWS_S, strict=True)
+            ]
+            self._at_s = now_s
+            return
         self._counts = [c + count for c in self._counts]
+        if at_s is None:
+            self._at_s = now_s
 
     def rates(self, now_s: float) -> RequestRates:
         if self._at_s is None:
@@ -66,15 +79,6 @@ class RollingRates:
         rates = RequestRates(*values)
         self._last = (now_s, rates)
         return rates
-
-    def _decay_to(self, now_s: float) -> None:
-        self._last = None
-        if self._at_s is not None:
-            dt = max(0.0, now_s - self._at_s)
-            self._counts = [
-                c * math.exp(-dt / tau) for c, tau in zip(self._counts, WINDOWS_S, strict=True)
-            ]
-        self._at_s = now_s if self._at_s is None else max(self._at_s, now_s)
 
 
 @dataclass(frozen=True)

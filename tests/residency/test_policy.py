@@ -112,6 +112,37 @@ def test_rolling_rates_decay_per_window() -> None:
     assert later.per_1m < 0.001 < later.per_1h
 
 
+@given(
+    st.lists(
+        st.tuples(st.floats(-5.0, 400.0), st.sampled_from([1.0, 0.5, 3.0])), min_size=1, max_size=40
+    )
+)
+def test_rolling_rates_record_is_decay_then_add_to_the_last_bit(
+    events: list[tuple[float, float]],
+) -> None:
+    """``record`` decays and adds in one pass; the counts must equal decaying every window to
+    the new time first and adding after (the two-pass form), bit for bit, including a time
+    that goes back (no decay; the clock of the counts stays) and repeated times (no ``exp``)."""
+    from loraplex.residency.warm import WINDOWS_S
+
+    rolling = RollingRates()
+    counts, at_s = [0.0] * len(WINDOWS_S), None
+    t = 0.0
+    for step, count in events:
+        t += step  # a negative step: time going back
+        rolling.record(t, count)
+        if at_s is not None:
+            dt = max(0.0, t - at_s)
+            counts = [c * math.exp(-dt / tau) for c, tau in zip(counts, WINDOWS_S, strict=True)]
+        counts = [c + count for c in counts]
+        at_s = t if at_s is None else max(at_s, t)
+        expected = [
+            c * math.exp(-0.0 / tau) / tau for c, tau in zip(counts, WINDOWS_S, strict=True)
+        ]
+        got = rolling.rates(at_s)
+        assert [got.per_1m, got.per_5m, got.per_1h, got.per_24h] == expected
+
+
 def test_demand_deferral_protects_valuable_victims_for_a_bounded_time() -> None:
     policy = CostAwarePolicy(CostAwareConfig(demand_defer_s=1.0))
     hot = cand("hot", rate=5.0, priority=4.0)

@@ -168,6 +168,8 @@ class JobTable:
         tenants at their own bound; each yielded job is counted as started. A job started or
         retired meanwhile (a nested pump: a job yielded here may fail or finish at once and pump
         again) is skipped."""
+        if not self._queue:  # the common case: every load started at once
+            return
         for job in list(self._queue):
             if job.started or self._jobs.get(job.key) is not job:
                 continue

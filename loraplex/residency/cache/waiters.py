@@ -59,10 +59,16 @@ class WaiterDesk:
         """Fails ``waiter`` at ``deadline_at_s`` (clock time) unless settled first, and abandons
         it when its future is cancelled. A settled waiter's timer is cancelled, so a real
         executor keeps no sleeping timer per finished acquire."""
+        timer = None
         if deadline_at_s is not None:
             timer = self._executor.call_at(deadline_at_s, lambda: self._expire(job, waiter))
-            waiter.future.add_done_callback(lambda _: timer.cancel())
-        waiter.future.add_done_callback(lambda future: self._abandon(job, future))
+
+        def settled(future: Future[Any]) -> None:  # one callback: the timer, then abandonment
+            if timer is not None:
+                timer.cancel()
+            self._abandon(job, future)
+
+        waiter.future.add_done_callback(settled)
 
     def _expire(self, job: LoadJob, waiter: Waiter) -> None:
         with self._lock:
