@@ -88,11 +88,7 @@ def test_stale_set_is_replaced_whole(
     (out / STAMP_NAME).write_text(json.dumps(stamp), encoding="utf-8")
 
     def fake_generate(root: Path, preset: DemoPreset, seed: int, *, adapters: bool) -> None:
-        for item in demo_assets.root.iterdir():
-            if item.is_dir():
-                shutil.copytree(item, root / item.name)
-            elif item.name != STAMP_NAME:
-                shutil.copy(item, root / item.name)
+        _copy_generated_files(demo_assets, root)
 
     monkeypatch.setattr(generate_module, "generate", fake_generate)
     assets = generate_demo_assets(out, "small", 0)
@@ -198,11 +194,7 @@ def test_a_second_caller_waits_for_the_first_and_does_not_generate_again(
         calls.append(root)
         started.set()
         release.wait(timeout=30)
-        for item in demo_assets.root.iterdir():
-            if item.is_dir():
-                shutil.copytree(item, root / item.name)
-            elif item.name != STAMP_NAME:
-                shutil.copy(item, root / item.name)
+        _copy_generated_files(demo_assets, root)
 
     monkeypatch.setattr(generate_module, "generate", slow_generate)
     out = tmp_path / "out"
@@ -220,3 +212,13 @@ def test_a_second_caller_waits_for_the_first_and_does_not_generate_again(
     assert len(calls) == 1
     assert [a.root for a in results] == [out.resolve(), out.resolve()]
     assert sorted(p.name for p in tmp_path.iterdir()) == ["out"]  # no lock file left behind
+
+
+def _copy_generated_files(demo_assets: DemoAssets, root: Path) -> None:
+    """What a generation writes into its staging directory (all but the stamp), copied from the
+    test set: a stand-in for the minutes of training."""
+    for item in demo_assets.root.iterdir():
+        if item.is_dir():
+            shutil.copytree(item, root / item.name)
+        elif item.name != STAMP_NAME:
+            shutil.copy(item, root / item.name)
