@@ -85,7 +85,11 @@ def pytest_xdist_make_scheduler(config: pytest.Config, log: Any) -> Any:
     fleets at once on a 2-core machine starve each other's replicas.
 
     NOTE: xdist's own ``--dist loadgroup`` would do this from marks, but with pytest 9.2 its
-    renaming of node ids no longer takes, and every test is sent on its own."""
+    renaming of node ids no longer takes, and every test is sent on its own. The ``--dist``
+    modes that split a run by load (``load``, the default with ``-n``, ``loadscope``,
+    ``loadfile``, ``loadgroup``) all get this one; ``each`` and ``worksteal`` stay xdist's."""
+    if config.getvalue("dist") not in ("load", "loadscope", "loadfile", "loadgroup"):
+        return None
     from xdist.scheduler import LoadScopeScheduling
 
     class ModulesAndRay(LoadScopeScheduling):  # type: ignore[misc]
