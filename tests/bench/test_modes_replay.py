@@ -74,6 +74,9 @@ def test_a_replay_times_every_request_and_auto_merges_the_hot_revision(setup: Se
     assert plain.tokens == sum(len(r.prompt) + r.max_tokens - 1 for r in requests)
     assert all(0 < t <= plain.seconds for t in plain.ttft_s)
     assert len(set(plain.ttft_s[:3])) == 1  # submitted together, first tokens in one step
+    assert plain.first_step[:3] == [0, 0, 0] and min(plain.first_step[3:]) > 0
+    assert plain.after_transition == [] and len(merged.after_transition) == 1
+    assert merged.first_step == plain.first_step  # steps depend on step counts only
     assert merged.transitions == 1 and 0 < merged.merged_steps < merged.steps
     assert plain.transitions == plain.merged_steps == 0
     # the meter was fed before the merge (it was null in every replay of issue 28's runs)
@@ -82,14 +85,33 @@ def test_a_replay_times_every_request_and_auto_merges_the_hot_revision(setup: Se
 
 
 def test_the_summary_reports_both_modes_and_their_ratios() -> None:
-    fast = ReplayRun(1.0, 200, [0.01, 0.02], [[1], [2]], 10)
-    slow = ReplayRun(2.0, 200, [0.02, 0.04], [[1], [2]], 10, transitions=1, merged_steps=5)
+    fast = ReplayRun(1.0, 200, [0.01, 0.02], [[1], [2]], 10, first_step=[0, 3])
+    slow = ReplayRun(
+        2.0, 200, [0.02, 0.04], [[1], [2]], 10, transitions=1, merged_steps=5, first_step=[0, 3]
+    )
     got = summary([fast, fast], [slow, slow])
     assert got["unmerged_tokens_per_s"] == pytest.approx(200.0)
     assert got["throughput_auto_over_unmerged"] == pytest.approx(0.5)
     assert got["ttft_p99_auto_over_unmerged"] == pytest.approx(2.0)
     assert got["auto_transitions"] == 2 and got["auto_merged_step_share"] == pytest.approx(0.5)
     assert got["replays_per_mode"] == 2
+
+
+def test_the_summary_says_which_steps_make_the_ttft_tail() -> None:
+    # the opening burst (step 0) is the slowest: every P99 request is one of its clients
+    opening = ReplayRun(1.0, 100, [0.05, 0.05, 0.01, 0.02], [[1]] * 4, 9, first_step=[0, 0, 4, 6])
+    # a transition before step 5 stalls its request past the opening burst
+    stalled = ReplayRun(1.0, 100, [0.03, 0.03, 0.08, 0.01], [[1]] * 4, 9, first_step=[0, 0, 5, 7])
+    stalled.after_transition = [5]
+    got = summary([opening], [stalled])
+    assert got["unmerged_ttft_tail"] == {"opening_burst": 2, "after_transition": 0, "other": 0}
+    assert got["auto_ttft_tail"] == {"opening_burst": 0, "after_transition": 1, "other": 0}
+    assert got["unmerged_opening_ttft_ms_max"] == pytest.approx(50.0)
+    assert got["auto_opening_ttft_ms_max"] == pytest.approx(30.0)
+    assert got["unmerged_ttft_ms_p99_after_opening"] == pytest.approx(20.0)
+    assert got["auto_ttft_ms_p99_after_opening"] == pytest.approx(80.0)
+    assert got["ttft_p99_after_opening_auto_over_unmerged"] == pytest.approx(4.0)
+    assert got["ttft_p99_auto_over_unmerged"] == pytest.approx(1.6)
 
 
 @pytest.fixture

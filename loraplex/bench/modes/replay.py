@@ -56,6 +56,10 @@ class ReplayRun:
     # auto: the LoRA op's seconds per token it measured (None: fewer timed steps than needed)
     lora_s_per_token: float | None = None
     merged_steps: int = 0  # steps run with a revision merged (auto)
+    # per request, in trace order: the step (0-based) whose end gave its first token; step 0 is
+    # the opening burst, every client's prompt in one prefill
+    first_step: list[int] = field(default_factory=list)
+    after_transition: list[int] = field(default_factory=list)  # steps a transition preceded
 
 
 def trace(
@@ -138,12 +142,16 @@ def replay(
     )
     start = time.perf_counter()
     run = ReplayRun(0.0, 0, [0.0] * len(requests), [[] for _ in requests], 0)
+    run.first_step = [-1] * len(requests)
     live = [_Live(i, kv.allocate(), start) for i in range(min(concurrency, len(requests)))]
     next_index = len(live)
     with torch.no_grad():
         while live:
             if auto is not None:
+                made = auto.transitions
                 auto.before_step(time.perf_counter())
+                if auto.transitions != made:
+                    run.after_transition.append(run.steps)
                 run.merged_steps += auto.merged is not None
             step_start = time.perf_counter()
             applier = setup.pool if auto is None else auto.applier
@@ -160,6 +168,7 @@ def replay(
                 item.cached += chunk.num_tokens
                 if not item.out:
                     run.ttft_s[item.index] = now - item.submitted_s
+                    run.first_step[item.index] = run.steps - 1
                 item.out.append(token)
                 if len(item.out) < requests[item.index].max_tokens:
                     still.append(item)
@@ -216,11 +225,28 @@ def compare_modes(
     return summary(runs["unmerged"], runs["auto"])
 
 
+def ttft_tail(runs: list[ReplayRun], at_least_s: float) -> dict[str, int]:
+    """Where the requests whose TTFT is at least ``at_least_s`` (a mode's P99) got their first
+    token: the opening burst (step 0: every client's prompt in one prefill, before ``auto`` can
+    have merged), the first step after a transition, or any other step."""
+    tail = {"opening_burst": 0, "after_transition": 0, "other": 0}
+    for run in runs:
+        after = set(run.after_transition)
+        for ttft, step in zip(run.ttft_s, run.first_step, strict=True):
+            if ttft >= at_least_s:
+                key = "after_transition" if step in after else "other"
+                tail["opening_burst" if step == 0 else key] += 1
+    return tail
+
+
 def summary(unmerged: list[ReplayRun], auto: list[ReplayRun]) -> dict[str, object]:
     """Tokens/s (all replays' tokens over their seconds) and TTFT P50/P99 (every request of
-    every replay) per mode, and auto over unmerged for both (None when undefined)."""
+    every replay) per mode, and auto over unmerged for both (None when undefined). Where the P99
+    comes from: the tail's requests by step (:func:`ttft_tail`), the slowest opening burst, and
+    the P99 of the requests after it (``after_opening``), with its ratio."""
     out: dict[str, object] = {"replays_per_mode": len(unmerged)}
     figures: dict[str, tuple[float, float]] = {}
+    later_p99: dict[str, float | None] = {}
     for name, done in (("unmerged", unmerged), ("auto", auto)):
         ttft = [t for run in done for t in run.ttft_s]
         seconds = sum(r.seconds for r in done)
@@ -230,6 +256,13 @@ def summary(unmerged: list[ReplayRun], auto: list[ReplayRun]) -> dict[str, objec
         out[f"{name}_tokens_per_s"] = tps
         out[f"{name}_ttft_ms_p50"] = pct(ttft, 0.5) * 1000
         out[f"{name}_ttft_ms_p99"] = p99
+        out[f"{name}_ttft_tail"] = ttft_tail(done, p99 / 1000)
+        pairs = [pair for run in done for pair in zip(run.ttft_s, run.first_step, strict=True)]
+        opening = [t for t, step in pairs if step == 0]
+        later = [t for t, step in pairs if step > 0]
+        out[f"{name}_opening_ttft_ms_max"] = max(opening) * 1000 if opening else None
+        later_p99[name] = pct(later, 0.99) * 1000 if later else None
+        out[f"{name}_ttft_ms_p99_after_opening"] = later_p99[name]
     out["auto_transitions"] = sum(r.transitions for r in auto)
     measured = sorted(r.lora_s_per_token for r in auto if r.lora_s_per_token is not None)
     out["auto_lora_s_per_token"] = measured[len(measured) // 2] if measured else None
@@ -238,4 +271,8 @@ def summary(unmerged: list[ReplayRun], auto: list[ReplayRun]) -> dict[str, objec
     (tps_u, p99_u), (tps_a, p99_a) = figures["unmerged"], figures["auto"]
     out["throughput_auto_over_unmerged"] = tps_a / tps_u if tps_u else None
     out["ttft_p99_auto_over_unmerged"] = p99_a / p99_u if p99_u else None
+    later_u, later_a = later_p99["unmerged"], later_p99["auto"]
+    out["ttft_p99_after_opening_auto_over_unmerged"] = (
+        later_a / later_u if later_a is not None and later_u else None
+    )
     return out
