@@ -216,10 +216,15 @@ class LoraSlotPool:
         self._row_views(start, start + plan.num_rows)[1].copy_(plan.scales)
         info = SlotInfo(weights.digest, start, plan.num_rows, plan.num_bytes)
         self._residents[slot] = _Resident(info, plan)
-        self._store.set_slot(slot, placement.rows)
+        bit, bits = 1 << slot, self._module_bits
         for table in plan.pairs:
-            self._module_bits[table] |= 1 << slot
-        self._publish(touched)
+            bits[table] |= bit
+        if touched is plan.pairs:  # a free slot, nothing moved: the tables it writes, once
+            self._store.set_slot(slot, placement.rows, refreeze=True)
+            self._publish_layout()
+        else:
+            self._store.set_slot(slot, placement.rows)
+            self._publish(touched)
 
     def clear(self, slot: int) -> None:
         """Make ``slot`` inert: its rows are zeroed and its tokens get the base output only."""
@@ -376,6 +381,10 @@ class LoraSlotPool:
     def _publish(self, tables: Iterable[int]) -> None:
         """Re-freeze the views of ``tables`` and the layout the backends read."""
         self._store.refreeze(tables)
+        self._publish_layout()
+
+    def _publish_layout(self) -> None:
+        """Publish the layout the backends read (after the views of the tables changed)."""
         starts = [0] * self.max_loras
         rows = [0] * self.max_loras
         for slot, resident in enumerate(self._residents):

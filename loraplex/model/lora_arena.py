@@ -349,10 +349,19 @@ class ArenaStore:
 
     # --- views --------------------------------------------------------------------------------
 
-    def set_slot(self, slot: int, rows: dict[int, SlotRows]) -> None:
-        """Record ``slot``'s rows in the given tables (call :meth:`refreeze` on them after)."""
+    def set_slot(self, slot: int, rows: dict[int, SlotRows], *, refreeze: bool = False) -> None:
+        """Record ``slot``'s rows in the given tables; call :meth:`refreeze` on them after, or
+        pass ``refreeze`` True to publish exactly these tables in the same pass."""
+        if not refreeze:
+            for table, entry in rows.items():
+                self._rows[table][slot] = entry
+            return
+        views = list(self.views)
         for table, entry in rows.items():
-            self._rows[table][slot] = entry
+            slots = self._rows[table]
+            slots[slot] = entry
+            views[table] = views[table].with_slots(tuple(slots))
+        self.views = views
 
     def refreeze(self, tables: Iterable[int]) -> None:
         """Publish new immutable views of ``tables``; the list is replaced, never mutated, so

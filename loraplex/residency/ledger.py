@@ -163,6 +163,8 @@ class TierLedger:
         (``CacheConfig.tier_share_by_priority``: ``a`` of a higher priority): a load of ``b`` does
         not reclaim ``a``'s borrowed room first, and a load of ``a`` beyond its own share may
         still take ``b``'s copies, in the policy's order."""
+        if self.fits_free(tenant, size_bytes):
+            return []
         held = self.tenant_bytes.get(tenant, 0)
         cap, claim = self.tenant_cap(tenant), self.claim_limit(tenant, size_bytes)
         need = RoomNeed(
@@ -173,14 +175,23 @@ class TierLedger:
             cap_free=None if cap is None else cap - held,
             claim_free=None if claim is None else claim - held,
         )
-        if need.fits():
-            return []
         excess = self._excess(besides=tenant)
         if outranks is not None:
             excess = {t: b for t, b in excess.items() if not outranks(t, tenant)}
             need.outranked = lambda owner: outranks(tenant, owner)
         need.excess = excess
         return pick_victims(need, ranked)
+
+    def fits_free(self, tenant: str, size_bytes: int) -> bool:
+        """Whether ``size_bytes`` of ``tenant`` fit in free room now, within its own cap and
+        with a free slot where the tier has slots (``RoomNeed.fits`` before any victim): then
+        no copy is evicted and the load is admissible (``check_admissible`` cannot raise)."""
+        cap = self.budget.tenant_max_bytes.get(tenant)
+        return (
+            self.budget.capacity_bytes - self.used_bytes >= size_bytes
+            and (cap is None or cap - self.tenant_bytes.get(tenant, 0) >= size_bytes)
+            and (self.budget.num_slots is None or len(self._free_slots) > 0)
+        )
 
     def _excess(self, besides: str) -> dict[str, int]:
         """Bytes each tenant but ``besides`` holds above its share (O(tenants here))."""

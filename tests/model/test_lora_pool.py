@@ -22,7 +22,7 @@ from loraplex.model.adapter_weights import (
 )
 from loraplex.model.lora import LoraSlotPool, OpTimer
 from loraplex.model.lora_arena import ArenaStore
-from loraplex.ops import get_backend
+from loraplex.ops import SlotRows, get_backend
 
 CPU = torch.device("cpu")
 PEFT_CONFIGS: dict[str, dict[str, Any]] = {
@@ -539,3 +539,29 @@ def test_prepare_reuses_last_batch_until_slots_layout_or_backend_change() -> Non
         pool.prepare(torch.tensor([0, 3]))
     with pytest.raises(ValueError, match="outside"):  # a refused one is never kept
         pool.prepare(torch.tensor([0, 3]))
+
+
+@pytest.mark.parametrize("pack", [False, True])
+def test_a_load_into_a_free_slot_re_publishes_exactly_its_tables(pack: bool) -> None:
+    """Into a free slot (nothing replaced, nothing compacted) a load records its rows and
+    re-publishes the tables it writes in one pass: those views are new and name its rows, every
+    other table keeps its published view, and the layout is a new one."""
+    pool = LoraSlotPool(SPEC, 3, 8, dtype=torch.float32, device=CPU)
+    pool.load(0, weights_of(8, 60, modules=("v_proj",)))
+    tables = [(layer, m) for layer in range(2) for m in TARGET_MODULES]
+    before = {t: pool.module_weights(*t) for t in tables}
+    layout = pool.layout
+    weights = weights_of(4, 61, modules=("q_proj", "down_proj"), layers=(1,))
+    pool.load(2, packed(weights) if pack else weights)
+    info = pool.slot_info(2)
+    assert info is not None and pool.layout is not layout
+    for table in tables:
+        after = pool.module_weights(*table)
+        if table in {(1, "q_proj"), (1, "down_proj")}:
+            assert after is not before[table]
+            assert after.slots[2] == SlotRows(info.start, 4, 62.0)
+            assert after.slots[:2] == before[table].slots[:2]
+        else:
+            assert after is before[table], table
+    pool.check_integrity()
+    assert delta(pool, 2).abs().sum() == 0  # layer 0's q_proj: not targeted by slot 2

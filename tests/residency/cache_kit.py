@@ -106,6 +106,16 @@ class FakePipeline:
         return list(self.survivors)
 
 
+class NoL0Staging(FakePipeline):
+    """Stages nothing for L0 (as the real pipeline): the cache must not ask it to."""
+
+    prepares_l0 = False
+
+    def prepare(self, move: Move, cancel: CancelToken) -> Prepared:
+        assert move.target is not Tier.L0, "an L0 move was prepared"
+        return super().prepare(move, cancel)
+
+
 @dataclass
 class Rig:
     """A cache on a fake pipeline, a manual clock and a deterministic executor."""

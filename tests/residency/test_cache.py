@@ -8,7 +8,7 @@ import threading
 from concurrent.futures import Future
 
 import pytest
-from cache_kit import UNIT, FakePipeline, Rig, budgets, key, make_rig
+from cache_kit import UNIT, FakePipeline, NoL0Staging, Rig, budgets, key, make_rig
 
 from loraplex.artifacts.warm_policy import WarmPolicy
 from loraplex.clock import MonotonicClock
@@ -429,18 +429,8 @@ def test_lowered_tenant_cap_evicts_idle_copies_and_keeps_those_in_use() -> None:
     rig.check()
 
 
-class _NoL0Staging(FakePipeline):
-    """Stages nothing for L0 (as the real pipeline): the cache must not ask it to."""
-
-    prepares_l0 = False
-
-    def prepare(self, move: Move, cancel: CancelToken) -> Prepared:
-        assert move.target is not Tier.L0, "an L0 move was prepared"
-        return super().prepare(move, cancel)
-
-
 def test_a_pipeline_that_stages_nothing_for_l0_gets_no_l0_prepare() -> None:
-    rig = make_rig(slots=1, pipeline=_NoL0Staging())
+    rig = make_rig(slots=1, pipeline=NoL0Staging())
     lease_of(rig, rig.cache.acquire_future(A)).release()  # L3 -> L0: three moves, two prepared
     assert rig.pipeline.slots == {0: A}
     rig.clock.advance(1.0)
@@ -467,7 +457,7 @@ def test_queued_l0_prefetches_that_fail_at_once_leave_the_queue_consistent() -> 
     """Prefetches into a full L0 of copies already in L1 fail at their placement, inside the
     pump that started them, which then pumps again: the outer pump skips the jobs the nested
     ones started or retired."""
-    rig = make_rig(slots=1, l1=8, l2=8, max_concurrent_loads=1, pipeline=_NoL0Staging())
+    rig = make_rig(slots=1, l1=8, l2=8, max_concurrent_loads=1, pipeline=NoL0Staging())
     for k in (A, B, C, D):  # each in L1 (one slot: each evicts the one before from L0)
         lease_of(rig, rig.cache.acquire_future(k)).release()
         rig.clock.advance(1.0)

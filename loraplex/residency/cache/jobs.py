@@ -163,6 +163,21 @@ class JobTable:
         self._jobs[job.key] = job
         self._queue.append(job)
 
+    def start_now(self, job: LoadJob) -> bool:
+        """Adds ``job`` already started when ``add`` then ``start_next`` would start it at once
+        (no job queued before it, both bounds leave room); False: nothing added."""
+        tenant = job.key.tenant
+        if (
+            self._queue
+            or sum(self._running.values()) >= self._max_loads
+            or self._running.get(tenant, 0) >= self._tenant_max_loads
+        ):
+            return False
+        self._jobs[job.key] = job
+        job.started = True
+        self._running[tenant] = self._running.get(tenant, 0) + 1
+        return True
+
     def start_next(self) -> Iterator[LoadJob]:
         """Takes queued jobs out of the queue in FIFO order while the bounds allow, skipping
         tenants at their own bound; each yielded job is counted as started. A job started or

@@ -33,11 +33,13 @@ from loraplex.residency.cache.room import TierRoom
 from loraplex.residency.cache.tier_state import TierState
 from loraplex.residency.cache.waiters import WaiterDesk
 from loraplex.residency.ledger import Tier
-from loraplex.residency.pipeline import CancelToken, LoadPipeline, Prepared, Resolved
+from loraplex.residency.pipeline import CancelToken, LoadPipeline, Move, Prepared, Resolved
 from loraplex.residency.stats import Stage
 
 # A copy that fails these checks while being read is bad at rest, not in transit.
 _INTEGRITY_ERRORS = (CorruptArtifactError, DigestMismatchError, TensorValidationError)
+# An L1 -> L0 move's staging when the pipeline stages nothing for it (``prepares_l0`` False).
+_NOTHING_STAGED = Prepared(None, {})
 # A deferred load re-evaluates at least this often: the young copy it waits for may age into a
 # victim without any release or load event to wake it.
 DEFER_RECHECK_S = 0.1
@@ -80,6 +82,8 @@ class LoadFlow:
         job = self._jobs.get(key)
         if job is None:
             job = LoadJob(key, target, optional)
+            if self._fill_free_slot(job, waiter, deadline_at_s):
+                return
             self._jobs.add(job)
         elif job.cancel.cancelled:
             # A phase abandoned by earlier waiters is still running: it restarts for this one.
@@ -145,6 +149,40 @@ class LoadFlow:
 
     # --- the state machine ---------------------------------------------------------------------
 
+    def _fill_free_slot(self, job: LoadJob, waiter: Waiter, deadline_at_s: float | None) -> bool:
+        """The short path of a new load whose next move is its L1 copy into a free L0 slot
+        with nothing to prepare (``prepares_l0`` False): when the job would start at once
+        (``JobTable.start_now``), its footprint is known and the copy fits in free room
+        (``fits_free``: no victim, admissible), the room is taken and the install submitted
+        here, with the same effects as queue -> start -> next phase -> empty prepare ->
+        ``decide`` (Place, no victims) -> install, minus those steps. False: nothing done,
+        the general path runs. The install's completion, leases, deadlines and cancellation
+        are the general path's."""
+        state, key = self._state, job.key
+        if job.target is not Tier.L0 or self._pipeline.prepares_l0:
+            return False
+        resolved = state.footprint_of(key)
+        source = state.ready_entry(key, Tier.L1)
+        if resolved is None or source is None or key in state.ledgers[Tier.L0].entries:
+            return False
+        size = resolved.footprint.slot_bytes
+        if not state.ledgers[Tier.L0].fits_free(key.tenant, size):
+            return False
+        if not self._jobs.start_now(job):
+            return False
+        job.waiters.append(waiter)
+        self._waiters.watch(job, waiter, deadline_at_s)
+        job.footprint = resolved.footprint
+        move = job.move = Move(key, Tier.L1, Tier.L0)
+        job.source_entry = source
+        source.refcount += 1
+        job.prepared = prepared = _NOTHING_STAGED
+        job.reserved = state.reserve(Tier.L0, key, size)
+        state.stats.record_room_wait(0.0)
+        install = partial(self._pipeline.install, move, prepared, job.reserved.slot, job.cancel)
+        self._run(job, install, self._on_installed)
+        return True
+
     def _pump(self) -> None:
         for job in self._jobs.start_next():
             self._next_phase(job)
@@ -173,7 +211,7 @@ class LoadFlow:
             job.source_entry = self._state.ledgers[move.source].entries[job.key]
             job.source_entry.refcount += 1
         if move.target is Tier.L0 and not self._pipeline.prepares_l0:
-            self._on_prepared(job, Prepared(None, {}))  # nothing to stage: place it now
+            self._on_prepared(job, _NOTHING_STAGED)  # nothing to stage: place it now
             return
         self._run(job, partial(self._pipeline.prepare, move, job.cancel), self._on_prepared)
 
@@ -249,6 +287,9 @@ class LoadFlow:
         move_s = sum(prepared.seconds.values()) + sum(seconds.values())
         if job.footprint is not None:
             state.costs.measured(move, job.footprint.bytes_in(move.source), move_s)
+        if move.target is job.target and not job.cancel.cancelled:
+            self._finish(job)  # what _next_phase finds: the target holds a ready copy now
+            return
         self._next_phase(job)
 
     def _finish(self, job: LoadJob) -> None:
