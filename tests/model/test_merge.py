@@ -5,6 +5,7 @@ layers_to_transform) plus a rank-128 adapter, in float32 and bfloat16."""
 
 from __future__ import annotations
 
+import dataclasses
 from functools import cache
 from pathlib import Path
 from typing import Any
@@ -23,7 +24,9 @@ from loraplex.model.layers import PackedLinear, packed_available
 from loraplex.model.llama import ForwardBatch, LlamaModel, LoraApplier, layer_linears
 from loraplex.model.lora import LoraSlotPool
 from loraplex.model.merge import (
+    MAX_DELTA_RATIO,
     MergedLoraApplier,
+    MergeRefusedError,
     MergeStateError,
     WeightMerger,
     negated,
@@ -222,6 +225,30 @@ def test_merge_and_unmerge_repack_the_weights_they_write(demo_assets: DemoAssets
         dense_merger.unmerge()
         assert all(packed.is_current(weight) for weight in linears)
         assert torch.equal(run(model, [None] * 3, None), run(dense, [None] * 3, None))
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_a_delta_swamping_the_base_weights_is_refused_and_changes_nothing(
+    demo_assets: DemoAssets, dtype: torch.dtype
+) -> None:
+    """Merged, ``round(W + sBA) x - sBA x`` loses W under a huge finite delta (attack23: other
+    tenants' greedy tokens flipped): such a merge is refused by name, and the modules written
+    before the one refused (here only the last module is huge) are restored bit for bit."""
+    base_dir = demo_assets.base_model_dir
+    weights = load_weights(base_dir, demo_assets.adapter("acme", "billing", "r1").path, dtype)
+    *kept, last = weights.modules
+    huge = dataclasses.replace(last, scale=last.scale * MAX_DELTA_RATIO * 1e3)
+    poisoned = AdapterWeights(weights.digest, weights.dtype, (*kept, huge))
+    model = load_checkpoint(base_dir, dtype=dtype)
+    before = {k: v.clone() for k, v in model.state_dict().items()}
+    merger = WeightMerger(model)
+    with pytest.raises(MergeRefusedError, match=rf"layer {last.layer} {last.module} .* times"):
+        merger.merge(poisoned)
+    assert merger.merged_digest is None
+    assert all(torch.equal(before[k], v) for k, v in model.state_dict().items())
+    merger.merge(weights)  # the adapter itself merges (and unmerges) as before
+    merger.unmerge()
+    assert all(torch.equal(before[k], v) for k, v in model.state_dict().items())
 
 
 def test_merge_twice_or_unmerge_unmerged_is_refused(demo_assets: DemoAssets) -> None:
