@@ -22,6 +22,7 @@ from __future__ import annotations
 import argparse
 import json
 import re
+import sys
 import tempfile
 import threading
 import time
@@ -32,7 +33,10 @@ from safetensors.torch import load_file, save_file
 
 
 def scaled_copy(source: Path, factor: float, out: Path) -> Path:
-    tensors = {k: (v.double() * factor**0.5).float() for k, v in load_file(source / "adapter_model.safetensors").items()}
+    tensors = {
+        k: (v.double() * factor**0.5).float()
+        for k, v in load_file(source / "adapter_model.safetensors").items()
+    }
     save_file(tensors, out / "adapter_model.safetensors")
     (out / "adapter_config.json").write_bytes((source / "adapter_config.json").read_bytes())
     return out
@@ -40,10 +44,16 @@ def scaled_copy(source: Path, factor: float, out: Path) -> Path:
 
 def merged_gauge(client: httpx.Client, admin: str) -> list[str]:
     text = client.get("/metrics", headers={"Authorization": f"Bearer {admin}"}).text
-    return [line for line in text.splitlines() if line.startswith("loraplex_mode_merged") and not line.endswith(" 0.0")]
+    return [
+        line
+        for line in text.splitlines()
+        if line.startswith("loraplex_mode_merged") and not line.endswith(" 0.0")
+    ]
 
 
-def victim_answer(client: httpx.Client, key: str, model: str, prompt: str) -> tuple[list[str], list[float]]:
+def victim_answer(
+    client: httpx.Client, key: str, model: str, prompt: str
+) -> tuple[list[str], list[float]]:
     body = {"model": model, "prompt": prompt, "max_tokens": 16, "temperature": 0, "logprobs": 1}
     got = client.post("/v1/completions", json=body, headers={"Authorization": f"Bearer {key}"})
     got.raise_for_status()
@@ -73,7 +83,10 @@ def main() -> None:
         adapter = scaled_copy(args.source, args.factor, Path(tmp))
         files = {
             "config": ("adapter_config.json", (adapter / "adapter_config.json").read_bytes()),
-            "weights": ("adapter_model.safetensors", (adapter / "adapter_model.safetensors").read_bytes()),
+            "weights": (
+                "adapter_model.safetensors",
+                (adapter / "adapter_model.safetensors").read_bytes(),
+            ),
         }
         data = {"tenant": args.tenant, "name": args.name, "revision": "r1"}
         up = client.post("/admin/adapters/upload", files=files, data=data, headers=admin)
@@ -84,10 +97,21 @@ def main() -> None:
 
     def hog() -> None:
         own = httpx.Client(base_url=args.url, timeout=120)
-        body = {"model": f"{args.tenant}/{args.name}", "prompt": "The acme", "max_tokens": 64, "ignore_eos": True}
+        body = {
+            "model": f"{args.tenant}/{args.name}",
+            "prompt": "The acme",
+            "max_tokens": 64,
+            "ignore_eos": True,
+        }
         while time.monotonic() < stop:
             try:
-                code = str(own.post("/v1/completions", json=body, headers={"Authorization": f"Bearer {args.hog_key}"}).status_code)
+                code = str(
+                    own.post(
+                        "/v1/completions",
+                        json=body,
+                        headers={"Authorization": f"Bearer {args.hog_key}"},
+                    ).status_code
+                )
             except httpx.HTTPError as exc:
                 code = type(exc).__name__
             hog_status[code] = hog_status.get(code, 0) + 1
@@ -101,21 +125,41 @@ def main() -> None:
         merged = merged_gauge(client, args.admin_key)
         tokens, lps = victim_answer(client, args.victim_key, args.victim_model, args.prompt)
         same = tokens == base_tokens
-        diff = max(abs(a - b) for a, b in zip(lps, base_lps)) if same else None
-        answers.append({"merged": [re.sub(r"\s+\S+$", "", m) for m in merged], "same": same, "max_lp_diff": diff})
+        diff = max(abs(a - b) for a, b in zip(lps, base_lps, strict=True)) if same else None
+        answers.append(
+            {
+                "merged": [re.sub(r"\s+\S+$", "", m) for m in merged],
+                "same": same,
+                "max_lp_diff": diff,
+            }
+        )
     for thread in threads:
         thread.join()
     after = victim_answer(client, args.victim_key, args.victim_model, args.prompt)
-    print(json.dumps({
-        "name": "merge-precision", "url": args.url, "factor": args.factor, "upload": upload,
-        "hog_status": hog_status, "victim_answers": len(answers),
-        "victim_while_merged": sum(1 for a in answers if a["merged"]),
-        "victim_changed_while_merged": sum(1 for a in answers if a["merged"] and not a["same"]),
-        "victim_changed": sum(1 for a in answers if not a["same"]),
-        "victim_max_lp_diff_same": max((a["max_lp_diff"] for a in answers if a["same"]), default=None),
-        "after_same": after[0] == base_tokens, "merged_at_end": merged_gauge(client, args.admin_key),
-        "answers": answers,
-    }))
+    sys.stdout.write(
+        json.dumps(
+            {
+                "name": "merge-precision",
+                "url": args.url,
+                "factor": args.factor,
+                "upload": upload,
+                "hog_status": hog_status,
+                "victim_answers": len(answers),
+                "victim_while_merged": sum(1 for a in answers if a["merged"]),
+                "victim_changed_while_merged": sum(
+                    1 for a in answers if a["merged"] and not a["same"]
+                ),
+                "victim_changed": sum(1 for a in answers if not a["same"]),
+                "victim_max_lp_diff_same": max(
+                    (a["max_lp_diff"] for a in answers if a["same"]), default=None
+                ),
+                "after_same": after[0] == base_tokens,
+                "merged_at_end": merged_gauge(client, args.admin_key),
+                "answers": answers,
+            }
+        )
+        + "\n"
+    )
 
 
 if __name__ == "__main__":
