@@ -20,13 +20,14 @@ Unmerging restores the original weights from a host copy taken at merge time, bi
 the base model after an unmerge is exactly the model before the merge (no drift from repeated
 add/subtract rounding in low precision).
 
-A merge is refused (``MergeRefusedError``, nothing changed) when a module's delta ``s * B @ A``
-is more than ``MAX_DELTA_RATIO`` times the largest weight it is added to. NOTE: every other
-token computes ``round(W + sBA) x - sBA x``, so the rounding of the merged weight is at the
-delta's scale, not W's: an adapter with huge finite weights, harmless unmerged (it only spoils
-its own requests), wiped the base weights out for every other tenant once merged (on the demo
-model, a delta about 580 times the base weights flipped other tenants' greedy tokens in
-bfloat16, 5.8e5 times in float32; docs/benchmarks/attack23.md).
+A merge is refused (``MergeRefusedError``, nothing changed) when a module's delta ``s * B @ A`` is
+more than ``MAX_DELTA_RATIO`` times the largest weight it is added to (checked on a bound from the
+factors first; the product is computed only when the bound cannot clear it). NOTE: every other
+token computes ``round(W + sBA) x - sBA x``, so the rounding of the merged weight is at the delta's
+scale, not W's: an adapter with huge finite weights, harmless unmerged (it only spoils its own
+requests), wiped the base weights out for every other tenant once merged (on the demo model, a
+delta about 580 times the base weights flipped other tenants' greedy tokens in bfloat16, 5.8e5
+times in float32; docs/benchmarks/attack23.md).
 """
 
 from __future__ import annotations
@@ -90,6 +91,8 @@ class WeightMerger:
         self.model = model
         self._digest: str | None = None
         self._backup: dict[tuple[int, str], torch.Tensor] = {}  # host copies of original W
+        # (layer, module) -> max |W| of the base weights (they come back bit for bit: read once)
+        self._base_largest: dict[tuple[int, str], float] = {}
 
     @property
     def merged_digest(self) -> str | None:
@@ -107,14 +110,18 @@ class WeightMerger:
         with torch.no_grad():
             try:
                 for module in weights.modules:
+                    key = (module.layer, module.module)
                     weight = linear_of(self.model, module.layer, module.module).weight
                     lora_a = module.lora_a.to(weight.device, torch.float32)
                     lora_b = module.lora_b.to(weight.device, torch.float32)
-                    delta = torch.mm(lora_b, lora_a).mul_(module.scale)
-                    base = weight.float()
-                    _check_delta(weights.digest, module, delta, base)
-                    backup[(module.layer, module.module)] = weight.detach().to("cpu", copy=True)
-                    weight.copy_(base.add_(delta).to(weight.dtype))
+                    base = self._largest_base(key, weight)
+                    bound = _delta_bound(lora_a, lora_b, module.scale)
+                    if not bound <= MAX_DELTA_RATIO * base:  # NaN too: multiply it out
+                        largest = abs(module.scale) * _largest(torch.mm(lora_b, lora_a))
+                        _check_delta(weights.digest, module, largest, base)
+                    backup[key] = weight.detach().to("cpu", copy=True)
+                    merged = weight.float().addmm_(lora_b, lora_a, alpha=module.scale)
+                    weight.copy_(merged.to(weight.dtype))
             except MergeRefusedError:
                 self._restore(backup)  # the modules written before the refused one
                 raise
@@ -131,19 +138,38 @@ class WeightMerger:
         self._backup = {}
         self._digest = None
 
+    def _largest_base(self, key: tuple[int, str], weight: torch.Tensor) -> float:
+        if key not in self._base_largest:
+            self._base_largest[key] = _largest(weight)
+        return self._base_largest[key]
+
     def _restore(self, backup: dict[tuple[int, str], torch.Tensor]) -> None:
         for (layer, module), original in backup.items():
             linear_of(self.model, layer, module).weight.copy_(original)
         self.model.prepack()
 
 
+def _largest(tensor: torch.Tensor) -> float:
+    """``max |tensor|``, NaN if any element is (``aminmax``: one pass, no ``abs`` copy)."""
+    low, high = torch.aminmax(tensor)
+    return float(torch.maximum(-low, high))
+
+
+def _delta_bound(lora_a: torch.Tensor, lora_b: torch.Tensor, scale: float) -> float:
+    """An upper bound on ``max |scale B A|`` from the factors alone (Cauchy-Schwarz: each
+    element is a row of B against a column of A), so an adapter well inside the limit costs
+    its merge no product of its own; only one the bound cannot clear is multiplied out."""
+    rows = torch.linalg.vector_norm(lora_b, dim=1).max()  # B: [d_out, rank]
+    columns = torch.linalg.vector_norm(lora_a, dim=0).max()  # A: [rank, d_in]
+    return abs(scale) * float(rows) * float(columns)
+
+
 def _check_delta(
-    digest: str, module: ModuleWeights, delta: torch.Tensor, base: torch.Tensor
+    digest: str, module: ModuleWeights, largest_delta: float, largest_base: float
 ) -> None:
-    """``MergeRefusedError`` when ``delta`` (float32) exceeds ``MAX_DELTA_RATIO`` times the
-    largest of ``base`` (the module's weights in float32)."""
-    largest_delta, largest_base = float(delta.abs().max()), float(base.abs().max())
-    if largest_delta <= MAX_DELTA_RATIO * largest_base:  # NaN fails (weights are validated)
+    """``MergeRefusedError`` when ``largest_delta`` (``max |s B A|``) exceeds ``MAX_DELTA_RATIO``
+    times ``largest_base`` (``max |W|`` of the module)."""
+    if largest_delta <= MAX_DELTA_RATIO * largest_base:  # NaN fails (an overflowing product)
         return
     ratio = largest_delta / largest_base if largest_base > 0 else float("inf")
     raise MergeRefusedError(

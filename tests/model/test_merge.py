@@ -29,6 +29,7 @@ from loraplex.model.merge import (
     MergeRefusedError,
     MergeStateError,
     WeightMerger,
+    linear_of,
     negated,
     negative_pool_for,
     slot_weights,
@@ -249,6 +250,24 @@ def test_a_delta_swamping_the_base_weights_is_refused_and_changes_nothing(
     merger.merge(weights)  # the adapter itself merges (and unmerges) as before
     merger.unmerge()
     assert all(torch.equal(before[k], v) for k, v in model.state_dict().items())
+
+
+def test_a_loose_bound_is_multiplied_out_not_refused(demo_assets: DemoAssets) -> None:
+    """The refusal checks a bound from the factors first; factors whose bound is huge but whose
+    product is zero (B's rows and A's columns on different rank rows) still merge."""
+    base_dir = demo_assets.base_model_dir
+    weights = load_weights(base_dir, demo_assets.adapter("acme", "billing", "r1").path,
+                           torch.float32)  # fmt: skip
+    first, *rest = weights.modules
+    lora_a, lora_b = torch.zeros_like(first.lora_a), torch.zeros_like(first.lora_b)
+    lora_a[1, :], lora_b[:, 0] = 1e3, 1e3  # B @ A = 0; the bound is 1e6 times the scale
+    zero = dataclasses.replace(first, lora_a=lora_a, lora_b=lora_b)
+    model = load_checkpoint(base_dir)
+    before = linear_of(model, first.layer, first.module).weight.clone()
+    merger = WeightMerger(model)
+    merger.merge(AdapterWeights(weights.digest, weights.dtype, (zero, *rest)))
+    assert torch.equal(linear_of(model, first.layer, first.module).weight, before)
+    merger.unmerge()
 
 
 def test_merge_twice_or_unmerge_unmerged_is_refused(demo_assets: DemoAssets) -> None:
