@@ -222,7 +222,7 @@ class ModeController:
         if future.exception() is not None:  # no slot now: asked again at a later decision
             return
         transition = self.switcher.merge(ref, future.result())
-        if transition is not None:  # None: an admin action holds it; asked again later
+        if transition is not None:  # None: held (asked again later) or refused (never again)
             self._record(transition)
 
     def _record(self, transition: Transition) -> None:

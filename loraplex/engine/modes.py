@@ -83,7 +83,8 @@ class ModeSwitcher:
 
     def merge(self, revision: str, lease: Lease) -> Transition | None:
         """Merge the adapter ``lease`` holds; the switcher keeps the lease until unmerged.
-        None (the lease released, nothing changed) while an admin action holds ``revision``."""
+        None (the lease released, nothing changed) while an admin action holds ``revision``, and
+        when its merge is refused (now, or before: ``refused``)."""
         if self._lease is not None:
             lease.release()
             raise MergeStateError(
