@@ -10,6 +10,7 @@ from pathlib import Path
 import pytest
 
 from loraplex.engine.transport.restart import RestartPolicy
+from loraplex.model.merge import MAX_DELTA_RATIO
 from loraplex.model.tokenizer import GIL_HELD_DECODE_IDS
 from loraplex.registry.sql.paging import DEFAULT_PAGE, MAX_CURSOR_CHARS, MAX_PAGE
 from loraplex.registry.sql.sqlite import READ_TIMEOUT_S, WRITE_TIMEOUT_S
@@ -63,6 +64,8 @@ SENTENCES = [
     f"at most {MAX_LARGE_BODIES_PER_TENANT} of a tenant's bodies so parsed at once is parsed and "
     "validated (`tenant_jobs.MAX_LARGE_BODIES_PER_TENANT`, not a setting; "
     f"each also takes one of its {MAX_JOBS_PER_TENANT} places)",
+    f"is more than {MAX_DELTA_RATIO:g} times the largest base weight of that module is never "
+    "merged, in any mode (`merge.py: MAX_DELTA_RATIO`, not a setting)",
     f"a decode of at most {GIL_HELD_DECODE_IDS} ids, `GIL_HELD_DECODE_IDS`, keeps the plain call",
     f"`X-Session-Id` (header, printable, at most {MAX_SESSION_ID_CHARS} characters",
     f"`top` 0-{MAX_RESIDENCY_PAGE}, default {MAX_RESIDENCY_PAGE}, above {MAX_RESIDENCY_PAGE} a "

@@ -13,6 +13,9 @@ between steps, merges, unmerges or switches through :class:`~loraplex.engine.mod
   steps' seconds per token timed here in both modes: nothing is merged before
   ``min_measured_steps`` unmerged steps were timed, and once merged steps are measured slower
   than unmerged steps of the same size, auto unmerges and stays unmerged for ``veto_s``.
+
+A revision whose merge was refused (``ModeSwitcher.refused``: its delta would swamp the base
+weights) is never asked for again, in any mode: no lease, no transition, no flapping.
 """
 
 from __future__ import annotations
@@ -150,7 +153,11 @@ class ModeController:
             return
         if self.setting.kind is ModeKind.MERGED:
             wanted = self.setting.revision
-            if self.switcher.merged_revision is None and wanted in self._keys:
+            if (
+                wanted is not None
+                and self.switcher.merged_revision is None
+                and self._mergeable(wanted)
+            ):
                 self._ask(wanted)
             return
         dedicated = self.switcher.holds.dedicated  # a fleet's topology overrides ``auto``
@@ -168,7 +175,13 @@ class ModeController:
             self.lora_cost.measured,
         )
         merged = self.switcher.merged_revision
-        got = decide(merged, since, self.window.share(now), costs, self.policy)
+        traffic = self.window.share(now)
+        got = decide(merged, since, traffic, costs, self.policy)
+        if got.revision is not None and got.revision in self.switcher.refused:
+            # never merged: the merged one (if any) stays unless its own share says otherwise
+            if merged is not None and traffic.share_of(merged) < self.policy.unmerge_share:
+                self._record(self.switcher.unmerge())
+            return
         if got.action in (Action.UNMERGE, Action.SWITCH):
             self._record(self.switcher.unmerge())
         if got.action in (Action.MERGE, Action.SWITCH) and got.revision is not None:
@@ -181,8 +194,12 @@ class ModeController:
             return
         if merged is not None:
             self._record(self.switcher.unmerge())
-        if ref in self._keys:
+        if self._mergeable(ref):
             self._ask(ref)
+
+    def _mergeable(self, ref: str) -> bool:
+        """Seen in a step (its key is known) and its merge never refused (``ModeSwitcher``)."""
+        return ref in self._keys and ref not in self.switcher.refused
 
     def close(self) -> None:
         """Unmerge (the base weights come back) and drop a pending lease."""
@@ -205,7 +222,7 @@ class ModeController:
         if future.exception() is not None:  # no slot now: asked again at a later decision
             return
         transition = self.switcher.merge(ref, future.result())
-        if transition is not None:  # None: an admin action holds it; asked again later
+        if transition is not None:  # None: held (asked again later) or refused (never again)
             self._record(transition)
 
     def _record(self, transition: Transition) -> None:

@@ -4,6 +4,8 @@ A merge holds a cache lease on the merged revision, so its slot cannot be evicte
 while its delta is in the base weights; the lease is released only after the unmerge. Both
 transitions run under the runner's slot lock, so no forward ever sees half-merged weights, and
 the time each takes (device work included) is measured with the injected clock and reported.
+A revision whose merge is refused (``MergeRefusedError``: its delta would swamp the base weights)
+changes nothing, is remembered (``refused``) and never asked again: it stays served unmerged.
 """
 
 from __future__ import annotations
@@ -21,6 +23,7 @@ from loraplex.engine.runner import ModelRunner
 from loraplex.model.lora import LoraSlotPool
 from loraplex.model.merge import (
     MergedLoraApplier,
+    MergeRefusedError,
     MergeStateError,
     WeightMerger,
     negated,
@@ -66,6 +69,8 @@ class ModeSwitcher:
         self._negative = negative_pool_for(pool)
         self._lease: Lease | None = None
         self._revision: str | None = None
+        # revision ref -> why its merge was refused; bounded by the revisions this engine served
+        self.refused: dict[str, str] = {}
 
     @property
     def merged_revision(self) -> str | None:
@@ -78,13 +83,23 @@ class ModeSwitcher:
 
     def merge(self, revision: str, lease: Lease) -> Transition | None:
         """Merge the adapter ``lease`` holds; the switcher keeps the lease until unmerged.
-        None (the lease released, nothing changed) while an admin action holds ``revision``."""
+        None (the lease released, nothing changed) while an admin action holds ``revision``, and
+        when its merge is refused (now, or before: ``refused``)."""
         if self._lease is not None:
             lease.release()
             raise MergeStateError(
                 f"{revision} cannot be merged: {self._revision} is merged; expected an unmerge"
             )
-        transition = self.holds.merge_if_free(revision, lambda: self._merge(revision, lease))
+        if revision in self.refused:
+            lease.release()
+            return None
+        try:
+            transition = self.holds.merge_if_free(revision, lambda: self._merge(revision, lease))
+        except MergeRefusedError as exc:
+            lease.release()
+            self.refused[revision] = str(exc)
+            _log.warning("mode transition: merge %s refused: %s", revision, exc)
+            return None
         if transition is None:
             lease.release()
             _log.info("mode transition: merge %s refused: an admin action holds it", revision)
@@ -95,7 +110,11 @@ class ModeSwitcher:
             start = self.clock.now()
             weights = slot_weights(self.pool, lease.slot)
             self._negative.load(0, negated(weights))
-            self._merger.merge(weights)
+            try:
+                self._merger.merge(weights)
+            except MergeRefusedError:
+                self._negative.clear(0)
+                raise
             self.runner.lora = MergedLoraApplier(self.pool, lease.slot, self._negative)
             seconds = self._finish(start)
         self._lease, self._revision = lease, revision

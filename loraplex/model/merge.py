@@ -19,6 +19,15 @@ second pass of their own op.
 Unmerging restores the original weights from a host copy taken at merge time, bit for bit, so
 the base model after an unmerge is exactly the model before the merge (no drift from repeated
 add/subtract rounding in low precision).
+
+A merge is refused (``MergeRefusedError``, nothing changed) when a module's delta ``s * B @ A`` is
+more than ``MAX_DELTA_RATIO`` times the largest weight it is added to (checked on a bound from the
+factors first; the product is computed only when the bound cannot clear it). NOTE: every other
+token computes ``round(W + sBA) x - sBA x``, so the rounding of the merged weight is at the delta's
+scale, not W's: an adapter with huge finite weights, harmless unmerged (it only spoils its own
+requests), wiped the base weights out for every other tenant once merged (on the demo model, a
+delta about 580 times the base weights flipped other tenants' greedy tokens in bfloat16, 5.8e5
+times in float32; docs/benchmarks/attack23.md).
 """
 
 from __future__ import annotations
@@ -44,10 +53,19 @@ from loraplex.ops.plan import FLOAT32_MAX_TOKENS
 from loraplex.ops.torch_ops import AutoBackend, Float32Pair
 
 _ATTENTION = ("q_proj", "k_proj", "v_proj", "o_proj")
+# The largest merged delta accepted, as a multiple of the largest base weight of the module it
+# is added to (max |s B A| / max |W|). The demo adapters reach 5.2; other tenants' greedy
+# outputs on the demo model broke the bfloat16 parity rule from about 176 (docs/modes.md).
+MAX_DELTA_RATIO = 32.0
 
 
 class MergeStateError(LoraplexError):
     """A merge while merged, an unmerge while unmerged, or an action a merge forbids."""
+
+
+class MergeRefusedError(LoraplexError):
+    """An adapter whose merged delta would swamp the base weights: not merged (it stays served
+    through the LoRA op, unmerged)."""
 
 
 def negated(weights: AdapterWeights) -> AdapterWeights:
@@ -73,6 +91,8 @@ class WeightMerger:
         self.model = model
         self._digest: str | None = None
         self._backup: dict[tuple[int, str], torch.Tensor] = {}  # host copies of original W
+        # (layer, module) -> max |W| of the base weights (they come back bit for bit: read once)
+        self._base_largest: dict[tuple[int, str], float] = {}
 
     @property
     def merged_digest(self) -> str | None:
@@ -88,13 +108,23 @@ class WeightMerger:
             )
         backup: dict[tuple[int, str], torch.Tensor] = {}
         with torch.no_grad():
-            for module in weights.modules:
-                weight = linear_of(self.model, module.layer, module.module).weight
-                backup[(module.layer, module.module)] = weight.detach().to("cpu", copy=True)
-                lora_a = module.lora_a.to(weight.device, torch.float32)
-                lora_b = module.lora_b.to(weight.device, torch.float32)
-                merged = weight.float().addmm_(lora_b, lora_a, alpha=module.scale)
-                weight.copy_(merged.to(weight.dtype))
+            try:
+                for module in weights.modules:
+                    key = (module.layer, module.module)
+                    weight = linear_of(self.model, module.layer, module.module).weight
+                    lora_a = module.lora_a.to(weight.device, torch.float32)
+                    lora_b = module.lora_b.to(weight.device, torch.float32)
+                    base = self._largest_base(key, weight)
+                    bound = _delta_bound(lora_a, lora_b, module.scale)
+                    if not bound <= MAX_DELTA_RATIO * base:  # NaN too: multiply it out
+                        largest = abs(module.scale) * _largest(torch.mm(lora_b, lora_a))
+                        _check_delta(weights.digest, module, largest, base)
+                    backup[key] = weight.detach().to("cpu", copy=True)
+                    merged = weight.float().addmm_(lora_b, lora_a, alpha=module.scale)
+                    weight.copy_(merged.to(weight.dtype))
+            except MergeRefusedError:
+                self._restore(backup)  # the modules written before the refused one
+                raise
             self.model.prepack()  # the written weights' packed copies, now, not in a step
         self._backup = backup
         self._digest = weights.digest
@@ -104,11 +134,51 @@ class WeightMerger:
         if self._digest is None:
             raise MergeStateError("nothing is merged; expected a merge before an unmerge")
         with torch.no_grad():
-            for (layer, module), original in self._backup.items():
-                linear_of(self.model, layer, module).weight.copy_(original)
-            self.model.prepack()
+            self._restore(self._backup)
         self._backup = {}
         self._digest = None
+
+    def _largest_base(self, key: tuple[int, str], weight: torch.Tensor) -> float:
+        if key not in self._base_largest:
+            self._base_largest[key] = _largest(weight)
+        return self._base_largest[key]
+
+    def _restore(self, backup: dict[tuple[int, str], torch.Tensor]) -> None:
+        for (layer, module), original in backup.items():
+            linear_of(self.model, layer, module).weight.copy_(original)
+        self.model.prepack()
+
+
+def _largest(tensor: torch.Tensor) -> float:
+    """``max |tensor|``, NaN if any element is (``aminmax``: one pass, no ``abs`` copy)."""
+    low, high = torch.aminmax(tensor)
+    return float(torch.maximum(-low, high))
+
+
+def _delta_bound(lora_a: torch.Tensor, lora_b: torch.Tensor, scale: float) -> float:
+    """An upper bound on ``max |scale B A|`` from the factors alone (Cauchy-Schwarz: each
+    element is a row of B against a column of A), so an adapter well inside the limit costs
+    its merge no product of its own; only one the bound cannot clear is multiplied out."""
+    rows = torch.linalg.vector_norm(lora_b, dim=1).max()  # B: [d_out, rank]
+    columns = torch.linalg.vector_norm(lora_a, dim=0).max()  # A: [rank, d_in]
+    return abs(scale) * float(rows) * float(columns)
+
+
+def _check_delta(
+    digest: str, module: ModuleWeights, largest_delta: float, largest_base: float
+) -> None:
+    """``MergeRefusedError`` when ``largest_delta`` (``max |s B A|``) exceeds ``MAX_DELTA_RATIO``
+    times ``largest_base`` (``max |W|`` of the module)."""
+    if largest_delta <= MAX_DELTA_RATIO * largest_base:  # NaN fails (an overflowing product)
+        return
+    ratio = largest_delta / largest_base if largest_base > 0 else float("inf")
+    raise MergeRefusedError(
+        f"adapter {digest[:12]} cannot be merged: its delta on layer {module.layer} "
+        f"{module.module} reaches {largest_delta:.3g}, {ratio:.3g} times the largest base "
+        f"weight {largest_base:.3g}; expected at most {MAX_DELTA_RATIO:g} times (merged, the "
+        "rounding of the base weights would spoil every other request's output); it stays "
+        "served unmerged"
+    )
 
 
 @dataclass(frozen=True)

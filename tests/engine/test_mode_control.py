@@ -3,10 +3,13 @@ and unmerges when it stops; ``merged:<ref>`` merges the named revision; outputs 
 
 from __future__ import annotations
 
+import shutil
 from collections.abc import Iterator, Mapping
 from dataclasses import replace
+from pathlib import Path
 
 import pytest
+from safetensors.torch import load_file, save_file
 
 from loraplex.artifacts.identity import AdapterKey
 from loraplex.clock import ManualClock
@@ -16,6 +19,7 @@ from loraplex.engine.mode_policy import ModePolicyConfig, ModeSetting
 from loraplex.engine.modes import ModeSwitcher, TransitionKind
 from loraplex.engine.offline import OfflineConfig, OfflineEngine, OfflineRequest
 from loraplex.engine.step import StepPlan
+from loraplex.model.adapter_weights import AdapterWeights
 from loraplex.sampling import SamplingParams
 
 GREEDY = SamplingParams(max_tokens=10, temperature=0.0, ignore_eos=True)
@@ -86,6 +90,54 @@ def test_auto_merges_the_dominant_revision_then_unmerges(
     assert kinds[:2] == [TransitionKind.MERGE, TransitionKind.UNMERGE]
     control.close()
     assert control.switcher.merged_revision is None
+    engine.runtime.cache.check_integrity()
+
+
+def huge_copy(adapter_dir: Path, root: Path, factor: float) -> Path:
+    """A copy of ``adapter_dir`` whose A and B are scaled by ``factor`` each (finite)."""
+    out = root / f"x{factor:g}"
+    shutil.copytree(adapter_dir, out)
+    weights = out / "adapter_model.safetensors"
+    save_file({k: v * factor for k, v in load_file(weights).items()}, weights)
+    return out
+
+
+@pytest.mark.parametrize("mode", ["auto", "merged"])
+def test_a_revision_whose_delta_swamps_the_base_is_never_merged(
+    engine: OfflineEngine, demo_assets: DemoAssets, tmp_path: Path, mode: str
+) -> None:
+    """attack23: a tenant's adapter with huge finite weights (delta about 1e10 times the demo's)
+    carrying most of the traffic was merged by ``auto`` (as by ``merged:<ref>``), and every
+    other request's greedy tokens changed (float32: ``round(W + sBA) x - sBA x`` lost W). Now
+    the merge is refused once, by name, and never asked for again: others' tokens are the
+    unmerged ones and nothing is merged."""
+    hot = demo_assets.adapter("acme", "billing", "r1")
+    cold = demo_assets.adapter("globex", "codegen", "r1")
+    huge = huge_copy(hot.path, tmp_path, 1e5)
+    skewed = [OfflineRequest(hot.probe_prompt, huge, GREEDY)] * 4 + [
+        OfflineRequest(cold.probe_prompt, cold.path, GREEDY),
+        OfflineRequest(cold.probe_prompt, None, GREEDY),
+    ]
+    want = [r.token_ids for r in engine.generate(skewed)]
+    ref = ref_of(engine.adapter_key(huge))
+    clock = ManualClock()
+    setting = "auto" if mode == "auto" else f"merged:{ref}"
+    control = controller(engine, setting, clock, policy=replace(POLICY, payback_s=1e9))
+    merges = 0
+    merge = control.switcher._merger.merge
+
+    def counted(weights: AdapterWeights) -> None:
+        nonlocal merges
+        merges += 1
+        merge(weights)
+
+    control.switcher._merger.merge = counted  # type: ignore[method-assign]
+    got = [r.token_ids for r in engine.generate(skewed, ticking(clock))]  # type: ignore[arg-type]
+    got += [r.token_ids for r in engine.generate(skewed, ticking(clock))]  # type: ignore[arg-type]
+    assert got[4:6] == want[4:6] and got[10:] == want[4:]
+    assert control.switcher.merged_revision is None and control.transitions == []
+    assert merges == 1
+    assert "times the largest base weight" in control.switcher.refused[ref]
     engine.runtime.cache.check_integrity()
 
 

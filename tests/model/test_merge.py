@@ -5,6 +5,7 @@ layers_to_transform) plus a rank-128 adapter, in float32 and bfloat16."""
 
 from __future__ import annotations
 
+import dataclasses
 from functools import cache
 from pathlib import Path
 from typing import Any
@@ -23,9 +24,12 @@ from loraplex.model.layers import PackedLinear, packed_available
 from loraplex.model.llama import ForwardBatch, LlamaModel, LoraApplier, layer_linears
 from loraplex.model.lora import LoraSlotPool
 from loraplex.model.merge import (
+    MAX_DELTA_RATIO,
     MergedLoraApplier,
+    MergeRefusedError,
     MergeStateError,
     WeightMerger,
+    linear_of,
     negated,
     negative_pool_for,
     slot_weights,
@@ -222,6 +226,48 @@ def test_merge_and_unmerge_repack_the_weights_they_write(demo_assets: DemoAssets
         dense_merger.unmerge()
         assert all(packed.is_current(weight) for weight in linears)
         assert torch.equal(run(model, [None] * 3, None), run(dense, [None] * 3, None))
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_a_delta_swamping_the_base_weights_is_refused_and_changes_nothing(
+    demo_assets: DemoAssets, dtype: torch.dtype
+) -> None:
+    """Merged, ``round(W + sBA) x - sBA x`` loses W under a huge finite delta (attack23: other
+    tenants' greedy tokens flipped): such a merge is refused by name, and the modules written
+    before the one refused (here only the last module is huge) are restored bit for bit."""
+    base_dir = demo_assets.base_model_dir
+    weights = load_weights(base_dir, demo_assets.adapter("acme", "billing", "r1").path, dtype)
+    *kept, last = weights.modules
+    huge = dataclasses.replace(last, scale=last.scale * MAX_DELTA_RATIO * 1e3)
+    poisoned = AdapterWeights(weights.digest, weights.dtype, (*kept, huge))
+    model = load_checkpoint(base_dir, dtype=dtype)
+    before = {k: v.clone() for k, v in model.state_dict().items()}
+    merger = WeightMerger(model)
+    with pytest.raises(MergeRefusedError, match=rf"layer {last.layer} {last.module} .* times"):
+        merger.merge(poisoned)
+    assert merger.merged_digest is None
+    assert all(torch.equal(before[k], v) for k, v in model.state_dict().items())
+    merger.merge(weights)  # the adapter itself merges (and unmerges) as before
+    merger.unmerge()
+    assert all(torch.equal(before[k], v) for k, v in model.state_dict().items())
+
+
+def test_a_loose_bound_is_multiplied_out_not_refused(demo_assets: DemoAssets) -> None:
+    """The refusal checks a bound from the factors first; factors whose bound is huge but whose
+    product is zero (B's rows and A's columns on different rank rows) still merge."""
+    base_dir = demo_assets.base_model_dir
+    weights = load_weights(base_dir, demo_assets.adapter("acme", "billing", "r1").path,
+                           torch.float32)  # fmt: skip
+    first, *rest = weights.modules
+    lora_a, lora_b = torch.zeros_like(first.lora_a), torch.zeros_like(first.lora_b)
+    lora_a[1, :], lora_b[:, 0] = 1e3, 1e3  # B @ A = 0; the bound is 1e6 times the scale
+    zero = dataclasses.replace(first, lora_a=lora_a, lora_b=lora_b)
+    model = load_checkpoint(base_dir)
+    before = linear_of(model, first.layer, first.module).weight.clone()
+    merger = WeightMerger(model)
+    merger.merge(AdapterWeights(weights.digest, weights.dtype, (zero, *rest)))
+    assert torch.equal(linear_of(model, first.layer, first.module).weight, before)
+    merger.unmerge()
 
 
 def test_merge_twice_or_unmerge_unmerged_is_refused(demo_assets: DemoAssets) -> None:
