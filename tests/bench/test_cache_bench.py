@@ -104,3 +104,28 @@ def test_every_preset_reports_its_own_load_ratios() -> None:
 def test_cli_registers_cache_command() -> None:
     out = CliRunner().invoke(app, ["bench", "cache", "--help"])
     assert out.exit_code == 0 and "--json" in out.output
+
+
+def test_cli_json_line_carries_the_latencies(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The printed line holds the per-column latencies each ratio is made of, not the ratios
+    alone (the report file is optional: ``--report-dir ''`` writes none)."""
+    from loraplex.bench.cache import bench
+
+    latency = {"small": {"l1": {"p50_ms": 0.2}, "copy": {"p50_ms": 0.1}}}
+    result = {
+        "name": "cache",
+        "config": {},
+        "seed": 0,
+        "metrics": {"l1_to_l0_over_copy": 2.0},
+        "latency": latency,
+        "stage_costs": {},
+        "replays": {},
+    }
+    monkeypatch.setattr(bench, "run_cache_bench", lambda config: result)
+    args = ["bench", "cache", "--presets", "small", "--no-peft", "--json", "--report-dir", ""]
+    out = CliRunner().invoke(app, args)
+    assert out.exit_code == 0, out.output
+    line = json.loads(out.output.strip().splitlines()[-1])
+    assert line["latency"] == latency
+    assert line["metrics"] == {"l1_to_l0_over_copy": 2.0}
+    assert "replays" not in line  # the replays' detail stays in the report

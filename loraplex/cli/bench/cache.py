@@ -84,7 +84,8 @@ def cache(
         write_report(out, "cache", "Cache benchmark", cache_markdown(result, "cache.png"))
     if not as_json:
         typer.echo(f"report: {Path(report_to)}/cache-run.md", err=True)
-    typer.echo(json.dumps({k: result[k] for k in ("name", "config", "seed", "metrics")}))
+    # the latencies beside the ratios: each ratio's numerator and denominator can be read back
+    typer.echo(json.dumps({k: result[k] for k in ("name", "config", "seed", "metrics", "latency")}))
 
 
 def _scale_result(quick: bool, sizes: str, seed: int, asset_dir: Path) -> dict[str, object]:
