@@ -270,7 +270,17 @@ def test_engine_child_is_the_spawned_child_and_the_tree_counts_it(tmp_path: Path
     try:
         assert process.stdout is not None
         child = int(process.stdout.readline())
-        assert engine_child(process.pid) == child
+        # ``start()`` may return before the child shows its spawn command line (CI, loaded, once
+        # found no engine child): look again until it does, at most 30 s, then the real check
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline:
+            try:
+                if engine_child(process.pid) == child:
+                    break
+            except RuntimeError:
+                pass
+            time.sleep(0.01)
+        assert engine_child(process.pid) == child, Path(f"/proc/{child}/cmdline").read_bytes()
         assert tree_rss_bytes(process.pid) >= rss_bytes(process.pid) + rss_bytes(child) > 0
     finally:
         process.kill()
