@@ -176,12 +176,7 @@ class ModeController:
         )
         merged = self.switcher.merged_revision
         traffic = self.window.share(now)
-        got = decide(merged, since, traffic, costs, self.policy)
-        if got.revision is not None and got.revision in self.switcher.refused:
-            # never merged: the merged one (if any) stays unless its own share says otherwise
-            if merged is not None and traffic.share_of(merged) < self.policy.unmerge_share:
-                self._record(self.switcher.unmerge())
-            return
+        got = decide(merged, since, traffic, costs, self.policy, refused=self.switcher.refused)
         if got.action in (Action.UNMERGE, Action.SWITCH):
             self._record(self.switcher.unmerge())
         if got.action in (Action.MERGE, Action.SWITCH) and got.revision is not None:

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import enum
 from collections import deque
+from collections.abc import Collection
 from dataclasses import dataclass
 
 MERGED_PREFIX = "merged:"
@@ -156,9 +157,12 @@ def decide(
     traffic: TrafficShare,
     costs: MeasuredCosts,
     config: ModePolicyConfig,
+    *,
+    refused: Collection[str] = (),
 ) -> ModeDecision:
     """The ``auto`` mode's choice. ``merged``: the merged revision or None; ``since_transition_s``:
-    seconds since the last transition (None: there was none)."""
+    seconds since the last transition (None: there was none); ``refused``: revisions whose merge
+    was refused, never a merge's target (the merged one is then kept or unmerged by its share)."""
     if costs.merged_measured_slower:  # at once: a veto is no flapping (it holds for veto_s)
         if merged is not None:
             return ModeDecision(Action.UNMERGE, None, "merged steps measured slower per token")
@@ -167,7 +171,7 @@ def decide(
         return ModeDecision(Action.STAY, None, "dwell: the last transition is too recent")
     top, share = traffic.top_revision, traffic.top_share
     gain_s = (2.0 * share - 1.0) * traffic.tokens_per_s * costs.lora_s_per_token * config.payback_s
-    hot = top is not None and top != merged and share >= config.merge_share
+    hot = top is not None and top != merged and share >= config.merge_share and top not in refused
     if hot and traffic.tokens is not None and traffic.tokens < config.min_window_tokens:
         hot = False  # a share of a few requests says nothing yet
         if merged is None:

@@ -195,10 +195,12 @@ class LoraSlotPool:
         self._check_slot(slot)
         plan = self._plans.get(weights, lambda: self._store.plan(weights, self.max_lora_rank))
         touched: Iterable[int] = plan.pairs  # the tables re-published (a set once merged)
+        own_tables_only = True  # a free slot, nothing moved: only its own tables change
         previous = self._residents[slot]
         start = self._find_rows(plan.num_rows, slot)
         kept: tuple[int, int] | None = None  # rows the slot owns before and after this load
         if previous is not None:
+            own_tables_only = False
             touched = {*plan.pairs, *previous.plan.pairs}
             if start is not None:
                 old = previous.info.start
@@ -208,6 +210,7 @@ class LoraSlotPool:
             self._release(slot, kept, plan.covered if same else None)
         if start is None:
             start = self._compact()
+            own_tables_only = False
             touched = range(len(self._arenas))
         placement = self._store.place(plan, weights, start)
         self._store.write(placement, plan_sources(plan, weights), self.device.type == "cuda")
@@ -219,7 +222,7 @@ class LoraSlotPool:
         bit, bits = 1 << slot, self._module_bits
         for table in plan.pairs:
             bits[table] |= bit
-        if touched is plan.pairs:  # a free slot, nothing moved: the tables it writes, once
+        if own_tables_only:  # its rows recorded and its tables published in one pass
             self._store.set_slot(slot, placement.rows, refreeze=True)
             self._publish_layout()
         else:

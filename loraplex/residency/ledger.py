@@ -186,7 +186,7 @@ class TierLedger:
         """Whether ``size_bytes`` of ``tenant`` fit in free room now, within its own cap and
         with a free slot where the tier has slots (``RoomNeed.fits`` before any victim): then
         no copy is evicted and the load is admissible (``check_admissible`` cannot raise)."""
-        cap = self.budget.tenant_max_bytes.get(tenant)
+        cap = self.tenant_cap(tenant)
         return (
             self.budget.capacity_bytes - self.used_bytes >= size_bytes
             and (cap is None or cap - self.tenant_bytes.get(tenant, 0) >= size_bytes)

@@ -35,6 +35,19 @@ def test_a_dominant_revision_is_merged() -> None:
     assert (got.action, got.revision) == (Action.MERGE, "a@1")
 
 
+def test_a_refused_revision_is_never_a_target() -> None:
+    """A revision whose merge was refused is not merged or switched to; the merged one (if any)
+    is kept or unmerged by its own share, as in the hysteresis band."""
+    hot = traffic(("a@1", 0.8), ("b@1", 0.2))
+    assert decide(None, None, hot, CHEAP, CONFIG, refused={"a@1"}).action is Action.STAY
+    assert decide("b@1", 1e9, hot, CHEAP, CONFIG).action is Action.SWITCH
+    assert decide("b@1", 1e9, hot, CHEAP, CONFIG, refused={"a@1"}).action is Action.UNMERGE
+    kept = traffic(("a@1", 0.6), ("b@1", 0.4))
+    low = replace(CONFIG, unmerge_share=0.3)  # b@1's 0.4 is inside the band
+    assert decide("b@1", 1e9, kept, CHEAP, low).action is Action.SWITCH
+    assert decide("b@1", 1e9, kept, CHEAP, low, refused={"a@1"}).action is Action.STAY
+
+
 @pytest.mark.parametrize("share", [0.0, 0.3, 0.5, 0.59])
 def test_below_the_merge_share_nothing_changes(share: float) -> None:
     got = decide(None, None, traffic(("a@1", share)), CHEAP, CONFIG)
