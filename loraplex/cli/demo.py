@@ -8,6 +8,7 @@ continuation is the one that revision was trained to give.
 
 from __future__ import annotations
 
+from dataclasses import replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated
 
@@ -38,9 +39,13 @@ def demo(
     from loraplex.engine.offline import OfflineConfig, OfflineEngine
 
     check_preset(preset)
+    try:  # before the minutes of a first generation: it was a traceback after them
+        config = OfflineConfig(max_lora_rank=max_lora_rank)
+    except ValueError as exc:
+        raise typer.BadParameter(str(exc), param_hint="--max-lora-rank") from None
     assets = generate_demo_assets(out or DEFAULT_ASSETS / f"demo-{preset}", preset, seed)
     typer.echo(f"assets: {assets.root} ({len(assets.adapters)} adapter revisions)")
-    config = OfflineConfig(max_loras=len(assets.adapters), max_lora_rank=max_lora_rank)
+    config = replace(config, max_loras=len(assets.adapters))
     with OfflineEngine(assets.base_model_dir, config) as engine:
         typer.echo(f"base model: {assets.base_model_name}, digest {engine.base_spec.digest[:16]}")
         _validate_all(assets, engine, max_lora_rank)

@@ -182,6 +182,24 @@ def test_cli_rejects_unknown_preset(tmp_path: Path, command: list[str]) -> None:
     assert list(tmp_path.iterdir()) == []
 
 
+@pytest.mark.parametrize("rank", ["0", "-1"])
+def test_demo_refuses_a_bad_max_lora_rank_before_generating(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, rank: str
+) -> None:
+    """`loraplex demo --max-lora-rank 0` generated the demo set (minutes on a first run), then
+    ended in a ValueError traceback; now a usage error naming the flag, before anything runs."""
+    generated: list[Path] = []
+    monkeypatch.setattr(
+        "loraplex.demo.assets.generate_demo_assets", lambda *a: generated.append(a[0])
+    )
+    result = CliRunner().invoke(
+        app, ["demo", "--out", str(tmp_path / "x"), "--max-lora-rank", rank]
+    )
+    assert result.exit_code == 2, result.output
+    assert "--max-lora-rank" in result.output and f"max_lora_rank {rank}" in result.output
+    assert generated == [] and list(tmp_path.iterdir()) == []
+
+
 def test_a_second_caller_waits_for_the_first_and_does_not_generate_again(
     demo_assets: DemoAssets, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
