@@ -33,7 +33,7 @@ class ModeKind(enum.Enum):
 
 @dataclass(frozen=True)
 class ModeSetting:
-    """The ``mode`` setting: ``unmerged`` | ``merged:<model@revision>`` | ``auto``."""
+    """The ``mode`` setting: ``unmerged`` | ``merged:<tenant/name@revision>`` | ``auto``."""
 
     kind: ModeKind  # which of the three
     revision: str | None = None  # MERGED: the adapter ref to keep merged; None otherwise
@@ -43,10 +43,14 @@ class ModeSetting:
         if text in (ModeKind.UNMERGED.value, ModeKind.AUTO.value):
             return cls(ModeKind(text))
         ref = text[len(MERGED_PREFIX) :] if text.startswith(MERGED_PREFIX) else ""
-        if "@" not in ref or ref.startswith("@") or ref.endswith("@"):
+        # NOTE: the engine matches the ref against ``tenant/name@revision`` (mode_control's
+        # ``ref_of``): a ref without its tenant (``merged:support@r1``) was taken and never merged
+        tenant, slash, rest = ref.partition("/")
+        name, at, revision = rest.partition("@")
+        if not (tenant and slash and name and at and revision) or "/" in rest or "@" in revision:
             raise ValueError(
                 f"mode {text!r} is invalid; expected 'unmerged', 'auto' or "
-                "'merged:<model@revision>'"
+                "'merged:<tenant/name@revision>'"
             )
         return cls(ModeKind.MERGED, ref)
 

@@ -183,7 +183,16 @@ def test_mode_setting_parses(text: str, kind: ModeKind, revision: str | None) ->
     assert ModeSetting.parse(text) == ModeSetting(kind, revision)
 
 
-@pytest.mark.parametrize("text", ["", "merged", "merged:", "merged:acme", "merged:@r1", "fast"])
+@pytest.mark.parametrize(
+    "text",
+    [
+        *("", "merged", "merged:", "merged:acme", "merged:@r1", "fast"),
+        # no tenant, or not one tenant/name pair: no revision the engine serves is named so,
+        # and the setting was taken and never merged anything
+        *("merged:support@r1", "merged:/support@r1", "merged:acme/@r1", "merged:a/b/c@r1"),
+        "merged:acme/support@",
+    ],
+)
 def test_bad_mode_setting_is_refused_naming_it(text: str) -> None:
     with pytest.raises(ValueError, match=r"mode .* is invalid"):
         ModeSetting.parse(text)
