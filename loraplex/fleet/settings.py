@@ -79,7 +79,9 @@ class FleetSettings:
         for name in ("engine_replicas", "ingress_replicas"):
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-                raise ValueError(f"{name} {value!r} is invalid; expected an int >= 1")
+                # named as users set it (``--replicas``, the [fleet] key ``replicas``)
+                label = "replicas" if name == "engine_replicas" else name
+                raise ValueError(f"{label} {value!r} is invalid; expected an int >= 1")
         if self.ingress_replicas != 1:
             raise ValueError(
                 f"ingress_replicas {self.ingress_replicas} is invalid; expected 1 (the release "

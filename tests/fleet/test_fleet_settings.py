@@ -52,9 +52,10 @@ def test_the_stale_bound_follows_the_report_period_unless_set(tmp_path: Path) ->
 @pytest.mark.parametrize(
     ("values", "message"),
     [
-        ({"engine_replicas": 0}, "engine_replicas 0 is invalid; expected an int >= 1"),
-        ({"engine_replicas": True}, "engine_replicas True is invalid"),
-        ({"engine_replicas": "2"}, "engine_replicas '2' is invalid"),
+        # named as users set it, --replicas or the key replicas: engine_replicas is neither
+        ({"engine_replicas": 0}, "^replicas 0 is invalid; expected an int >= 1"),
+        ({"engine_replicas": True}, "^replicas True is invalid"),
+        ({"engine_replicas": "2"}, "^replicas '2' is invalid"),
         ({"ingress_replicas": 2}, "ingress_replicas 2 is invalid; expected 1"),
         ({"policy": "round_robin"}, "policy 'round_robin' is invalid; expected one of"),
         ({"router": {"max_queued": 0}}, "max_queued"),
@@ -362,7 +363,7 @@ def test_up_keeps_configured_threads(tmp_path: Path, fake_control: FakeControl) 
     ("args", "message"),
     [
         (["--policy", "nope"], "policy 'nope' is invalid"),
-        (["--replicas", "-1"], "engine_replicas -1 is invalid"),
+        (["--replicas", "-1"], "replicas -1 is invalid"),
     ],
 )
 def test_up_refuses_bad_fleet_values_without_starting(
@@ -371,6 +372,7 @@ def test_up_refuses_bad_fleet_values_without_starting(
     result = _up(tmp_path, *args)
     assert result.exit_code == 2
     assert message in " ".join(result.output.split())
+    assert "engine_replicas" not in result.output
     assert fake_control.started == []
 
 
@@ -388,7 +390,8 @@ def test_up_refuses_zero_replicas(tmp_path: Path, fake_control: FakeControl) -> 
     if result.exception is not None and not isinstance(result.exception, SystemExit):
         raise result.exception
     assert result.exit_code == 2
-    assert "engine_replicas 0 is invalid" in " ".join(result.output.split())
+    assert "replicas 0 is invalid" in " ".join(result.output.split())
+    assert "engine_replicas" not in result.output  # the flag is --replicas
 
 
 def test_up_checks_fleet_values_before_preparing(tmp_path: Path, fake_control: FakeControl) -> None:
