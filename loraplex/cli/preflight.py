@@ -92,6 +92,10 @@ def preflight_command(
     """Check the 14 launch items against a running deployment: PASS / WARN / FAIL each."""
     from loraplex.preflight import LoadConfig, PreflightConfig, PreflightError, preflight
 
+    try:  # the field is ``load_s``: name the flag the user typed (it read "load_s 0.0")
+        LoadConfig(load_s=load_seconds)
+    except ValueError as exc:
+        raise typer.BadParameter(str(exc), param_hint="--load-seconds") from None
     try:
         config = PreflightConfig(
             url=url, admin_key=_admin_key(admin_key, data_dir), tenant_key=tenant_key,

@@ -78,6 +78,15 @@ def test_the_command_refuses_a_bad_option_naming_it(default_server: Live) -> Non
     assert "load_s 0.0 is invalid" in result.output
 
 
+@pytest.mark.parametrize("value", ["0", "-1", "601"])
+def test_a_bad_load_seconds_is_refused_naming_the_flag(value: str) -> None:
+    # It named only the field, "load_s 0.0 is invalid", which no flag or doc is called.
+    args = ["preflight", "--url", "http://127.0.0.1:9", "--admin-key", "x", "--load-seconds", value]
+    result = CliRunner().invoke(app, args)
+    assert result.exit_code == 2, result.output
+    assert "--load-seconds" in " ".join(result.output.split())
+
+
 @pytest.mark.parametrize("value", ["inf", "-inf", "nan", "0", "-1"])
 def test_the_command_refuses_an_unbounded_or_empty_timeout(value: str) -> None:
     # Refused while building the config, before any request (nothing listens on port 9).
