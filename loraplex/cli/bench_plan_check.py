@@ -43,7 +43,9 @@ def bench_plan_check(
         str, typer.Option(help="Deployments checked, SLOTS:L1BYTES each, e.g. '4:64MiB,4:16MiB'.")
     ] = "",
     slo: Annotated[str, typer.Option(help="The planner's objectives, e.g. 'ttft_p99<=2s'.")] = "",
-    traces: Annotated[str, typer.Option(help="WORKLOADS.md scenarios.")] = "zipf-longtail,uniform",
+    traces: Annotated[
+        str, typer.Option(help="Scenario names, as sim run --workload.")
+    ] = "zipf-longtail,uniform",
     trace_requests: Annotated[int, typer.Option(help="Mean requests per trace.")] = 240,
     rate: Annotated[float, typer.Option(help="Mean requests per second of each trace.")] = 2.0,
     num_adapters: Annotated[int, typer.Option(help="zipf-longtail's adapters.")] = 200,

@@ -1,6 +1,6 @@
 """``loraplex sim run`` and ``loraplex sim scale``: the simulator (docs/simulator.md).
 
-``run`` takes a JSONL trace (``--trace``, e.g. a server's request log) or a named WORKLOADS.md
+``run`` takes a JSONL trace (``--trace``, e.g. a server's request log) or a named
 scenario (``--workload``, generated here: the simulator itself never imports ``bench``), a
 cost-model file, and the deployment's settings; it prints the run's figures (``--json``: one
 JSON line). Every flag is a ``SimConfig`` field or a scenario parameter; a value either refuses
@@ -38,7 +38,8 @@ def register(app: typer.Typer) -> None:
 
 
 def workload_trace(name: str, seed: int, duration_s: float, rate: float) -> list[TraceRecord]:
-    """A WORKLOADS.md scenario as simulator trace records (each adapter's rank carried along)."""
+    """A named scenario (``bench/workloads.py``) as simulator trace records (each adapter's
+    rank carried along)."""
     from loraplex.bench.workloads import ScenarioParams, generate
 
     workload = generate(name, seed, ScenarioParams(duration_s=duration_s, rate=rate))
@@ -100,7 +101,12 @@ def run_command(
     *,
     cost_model: Annotated[Path, Opt(help="Cost-model file (schema loraplex-sim-cost/1).")],
     trace: Annotated[Path | None, Opt(help="JSONL trace (or a server's request log).")] = None,
-    workload: Annotated[str | None, Opt(help="A WORKLOADS.md scenario name.")] = None,
+    workload: Annotated[
+        str | None,
+        Opt(
+            help="A named scenario: hot-burst, hot-one, zipf-longtail, drift, cold-storm, uniform."
+        ),
+    ] = None,
     seed: Annotated[int, Opt(help="Scenario seed and the router's random choices.")] = 0,
     duration_s: Annotated[float, Opt(help="Scenario length, s (with --workload).")] = 60.0,
     rate: Annotated[float, Opt(help="Scenario requests per second (with --workload).")] = 20.0,

@@ -46,7 +46,7 @@ def execution(
         str, typer.Option(help="Where execution-run.md and execution.png go; '' skips them.")
     ] = REPORT_DIR,
 ) -> None:
-    """Mixed-adapter execution: base, single, mixed and PEFT side by side (WORKLOADS.md)."""
+    """Mixed-adapter execution: base, single, mixed and PEFT side by side."""
     import torch
 
     from loraplex.bench.execution.bench import ExecutionBenchConfig, run_execution_bench
