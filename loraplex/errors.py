@@ -63,6 +63,13 @@ def nearest(word: str, choices: Iterable[str]) -> str | None:
     return near[0] if near else None
 
 
+def did_you_mean(unknown: Iterable[str], choices: Iterable[str]) -> str:
+    """`` (k: did you mean m?)`` for each unknown key with a near choice, for a refusal."""
+    known = list(choices)
+    near = {k: nearest(k, known) for k in unknown}
+    return "".join(f" ({k}: did you mean {m}?)" for k, m in near.items() if m)
+
+
 class LoraplexError(Exception):
     """Base of every loraplex domain error."""
 

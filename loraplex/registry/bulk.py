@@ -24,7 +24,7 @@ from typing import Any
 
 from loraplex.artifacts.manifest import CONFIG_FILE
 from loraplex.artifacts.warm_policy import WarmPolicy
-from loraplex.errors import LoraplexError
+from loraplex.errors import LoraplexError, did_you_mean
 from loraplex.registry.models import (
     RegistrationRequest,
     RegistrationResult,
@@ -35,6 +35,11 @@ from loraplex.registry.registry import Registry
 
 # Depth of an adapter folder below a tree's root: tenant / name / revision.
 _TREE_DEPTH = 3
+# The keys of a manifest line (every other key is refused, naming it).
+MANIFEST_KEYS = (
+    *("tenant", "name", "revision", "path", "state", "warm_policy"),
+    *("probe_prompt", "expected_continuation", "public"),
+)
 # Errors that make one item fail; anything else (a bug, a lost database) stops the batch.
 ITEM_ERRORS = (LoraplexError, ValueError, OSError)
 
@@ -127,6 +132,14 @@ def manifest_items(manifest: Path) -> Iterator[BulkItem]:
 def _manifest_request(fields: Any, folder: Path) -> RegistrationRequest:
     if not isinstance(fields, dict):
         raise TypeError(f"line is a {type(fields).__name__}; expected a JSON object")
+    # NOTE: an unknown key was read by nothing: a misspelt ``"warm_polcy": "gpu"`` registered
+    # the revision on_demand, with nothing said
+    unknown = sorted(set(fields) - set(MANIFEST_KEYS))
+    if unknown:
+        hint = did_you_mean(unknown, MANIFEST_KEYS)
+        raise ValueError(
+            f"keys {unknown} are unknown{hint}; expected some of {list(MANIFEST_KEYS)}"
+        )
     path = Path(str(fields["path"]))
     public = fields.get("public", False)
     if not isinstance(public, bool):

@@ -100,6 +100,25 @@ def test_manifest_reports_bad_lines_by_number(
     assert "does not exist" in report.failed[2].error
 
 
+def test_manifest_refuses_a_line_with_an_unknown_key(
+    registry: Registry, make_adapter: AdapterFactory, tmp_path: Path
+) -> None:
+    """A misspelt key was read by nothing: the revision registered without what it said."""
+    registry.create_tenant("acme", "ops")
+    make_adapter("one", seed=1)
+    manifest = tmp_path / "adapters" / "batch.jsonl"
+    line = {"tenant": "acme", "name": "one", "revision": "v1", "path": "one", "warm_polcy": "gpu"}
+    manifest.write_text(json.dumps(line) + "\n")
+
+    report = register_all(registry, manifest_items(manifest), "ops")
+
+    assert report.created == [] and [f.source for f in report.failed] == [f"{manifest}:1"]
+    assert "['warm_polcy'] are unknown (warm_polcy: did you mean warm_policy?)" in (
+        report.failed[0].error
+    )
+    assert _registered(registry) == []
+
+
 def test_cli_register_many_exits_non_zero_when_an_item_failed(
     registry_config: RegistryConfig,
     registry: Registry,

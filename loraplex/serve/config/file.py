@@ -12,7 +12,7 @@ from dataclasses import fields
 from pathlib import Path
 from typing import Any
 
-from loraplex.errors import nearest
+from loraplex.errors import did_you_mean
 from loraplex.serve.config.keys import FILE_KEYS, file_key
 from loraplex.serve.config.record import ServeConfig
 
@@ -66,8 +66,7 @@ def _field_names(path: Path, table: dict[str, Any]) -> dict[str, Any]:
     keys = file_keys()
     unknown = sorted(set(table) - keys - set(_DEPRECATED_KEYS))
     if unknown:
-        near = {k: nearest(k, keys) for k in unknown}
-        hint = "".join(f" ({k}: did you mean {m}?)" for k, m in near.items() if m)
+        hint = did_you_mean(unknown, keys)
         raise ValueError(
             f"config file {path}: unknown keys {unknown}{hint}; expected {sorted(keys)}"
         )
