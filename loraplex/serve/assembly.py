@@ -53,6 +53,7 @@ from loraplex.serve.bootstrap import admin_key, register_demo, sample_keys
 from loraplex.serve.config import ServeConfig, memory_total_bytes
 from loraplex.serve.engine_settings import registry_config, watchdog_policy
 from loraplex.serve.front import Front, RunningEngine, Server, build_front
+from loraplex.serve.merge_target import warn_if_unregistered
 from loraplex.serve.worker import ENGINE_PRELOAD, engine_worker
 
 if TYPE_CHECKING:
@@ -165,6 +166,7 @@ def _assemble(
     if demo is not None:
         state = register_demo(registry, demo)
         keys = sample_keys(registry, state.tenants, config.data_dir)
+    warn_if_unregistered(config.mode, registry)  # after the demo's registrations
     admin = config.admin_key or admin_key(config.data_dir)
     engine: RunningEngine
     cache: CacheControl
