@@ -42,7 +42,9 @@ def main(dtype: str, rounds: int, overrides: list[str]) -> None:
         requests = trace(random.Random(config.seed), 64, 0.8, 64, vocab)
         report = ParityReport(ParityRule.for_dtype(dtype))
         got = compare_modes(setup, requests, 20, costs, rounds, report=report, policy=policy)
-    print(json.dumps({"dtype": dtype, "rounds": rounds, "policy": fields, "replay": got}))
+    sys.stdout.write(
+        json.dumps({"dtype": dtype, "rounds": rounds, "policy": fields, "replay": got}) + "\n"
+    )
 
 
 if __name__ == "__main__":
