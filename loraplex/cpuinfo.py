@@ -15,6 +15,10 @@ CPUINFO = Path("/proc/cpuinfo")
 # bfloat16 dot products and AMX's bfloat16 tiles. Without either, bfloat16 matmuls ran masked's
 # wide steps 3.5-5.3x slower than grouped's (an AVX2 EPYC Milan; docs/modes.md, twentieth pass).
 NATIVE_BFLOAT16_FLAGS = frozenset({"avx512_bf16", "amx_bf16"})
+# The x86 flag of AMX's matrix tiles: there masked's wide 16-bit matmuls ran at about twice
+# float32's rate (an Intel Xeon; docs/modes.md, thirteenth pass); on a CPU with AVX-512's
+# bfloat16 dot products but no tiles (a Zen 4 EPYC) they did not (twenty-second pass).
+MATRIX_TILE_FLAG = "amx_tile"
 
 
 def first_processor(cpuinfo: str | Path = CPUINFO) -> dict[str, str]:
@@ -58,6 +62,19 @@ def bfloat16_emulated(flags: frozenset[str]) -> bool:
     (none of :data:`NATIVE_BFLOAT16_FLAGS`, e.g. an AVX2-only AMD EPYC Milan). False without
     flags: a CPU this cannot read keeps the costs fitted on native bfloat16 CPUs."""
     return bool(flags) and not flags & NATIVE_BFLOAT16_FLAGS
+
+
+def matrix_tiles(flags: frozenset[str]) -> bool:
+    """Whether an x86 CPU with ``flags`` (:func:`cpu_flags`) has AMX's matrix tiles
+    (:data:`MATRIX_TILE_FLAG`). True without flags: a CPU this cannot read keeps the costs
+    fitted on the CPU with tiles."""
+    return not flags or MATRIX_TILE_FLAG in flags
+
+
+@cache
+def this_cpu_matrix_tiles() -> bool:
+    """:func:`matrix_tiles` of this machine's /proc/cpuinfo (read once per process)."""
+    return matrix_tiles(cpu_flags())
 
 
 @cache

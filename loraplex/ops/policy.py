@@ -10,7 +10,7 @@ from dataclasses import dataclass
 
 import torch
 
-from loraplex.cpuinfo import this_cpu_bfloat16_emulated
+from loraplex.cpuinfo import this_cpu_bfloat16_emulated, this_cpu_matrix_tiles
 from loraplex.ops.base import ArenaLayout, Strategy
 from loraplex.ops.batched_plan import block_grid, rank_classes
 from loraplex.ops.plan import covered_rows, float32_slots, half_on_cpu
@@ -44,6 +44,9 @@ class StepShape:
     # bfloat16 weights on a CPU without native bfloat16 arithmetic (cpuinfo.bfloat16_emulated:
     # no avx512_bf16, no amx_bf16): there a matmul's multiply-adds in the dtype are what cost
     half_emulated: bool = False
+    # 16-bit weights on a CPU with matrix tiles (cpuinfo.matrix_tiles: AMX), where masked's wide
+    # matmuls run at about twice float32's rate (AutoPolicy.half_cpu_masked_divisor)
+    half_tiles: bool = True
 
     @classmethod
     def of(
@@ -53,11 +56,14 @@ class StepShape:
         layout: ArenaLayout,
         float32_max_run: int = 0,
         bfloat16_emulated: bool | None = None,
+        *,
+        matrix_tiles: bool | None = None,
     ) -> StepShape:
         """``tokens``: active slot -> its tokens (plan.active_slot_tokens); ``float32_max_run``:
         most tokens a run of grouped's float32 pass has (0: no float32 pass);
         ``bfloat16_emulated``: whether the CPU lacks native bfloat16 arithmetic (None: this
-        CPU's, ``cpuinfo.this_cpu_bfloat16_emulated``)."""
+        CPU's, ``cpuinfo.this_cpu_bfloat16_emulated``); ``matrix_tiles``: whether it has AMX's
+        tiles (None: this CPU's, ``cpuinfo.this_cpu_matrix_tiles``)."""
         row_lo, row_hi = covered_rows(layout, list(tokens))
         grid = block_grid(layout, list(tokens))
         groups = gathered = 0
@@ -77,6 +83,8 @@ class StepShape:
         if bfloat16_emulated is None and half and scales.dtype == torch.bfloat16:
             bfloat16_emulated = this_cpu_bfloat16_emulated()
         emulated = half and scales.dtype == torch.bfloat16 and bool(bfloat16_emulated)
+        if matrix_tiles is None and half:
+            matrix_tiles = this_cpu_matrix_tiles()
         return cls(
             num_tokens,
             len(tokens),
@@ -94,6 +102,7 @@ class StepShape:
             sum(tokens[slot] * layout.slot_rows[slot] for slot in short),
             sum(tokens.values()) if short else 0,
             emulated,
+            half and bool(matrix_tiles),
         )
 
 
@@ -140,7 +149,9 @@ class AutoPolicy:
     # On a CPU with 16-bit weights (docs/modes.md, thirteenth pass; scripts/lora-strategy): each
     # matmul call in the dtype costs about 20 us whatever its size (oneDNN's per-call cost), four
     # launches; masked's wide matmuls over every token run at about twice float32's rate there
-    # (AMX), so forcing masked beat grouped by 16-25 % on 80 %-one-adapter decode batches; and
+    # (AMX), so forcing masked beat grouped by 16-25 % on 80 %-one-adapter decode batches (the
+    # divisor: StepShape.half_tiles only; a Zen 4 EPYC's AVX-512 bfloat16 ran masked's 68-token
+    # merged prompt step 1.2x grouped's, docs/modes.md, twenty-second pass); and
     # grouped's float32 pass converts each short run's rows per step (about two reads an element).
     half_cpu_call_macs: int = 4 * 196608
     half_cpu_masked_divisor: int = 2
@@ -216,7 +227,8 @@ class AutoPolicy:
             reads = self.read_macs * shape.covered_rows
             emulated = (self._dtype_macs(shape, cells) + reads) * max(width, 1)
             return emulated + 2 * self.half_cpu_call_macs
-        return work // self.half_cpu_masked_divisor + 2 * self.half_cpu_call_macs
+        divisor = self.half_cpu_masked_divisor if shape.half_tiles else 1
+        return work // divisor + 2 * self.half_cpu_call_macs
 
     def _grouped_cost(self, shape: StepShape, width: int) -> int:
         reads = self._skinny_read_macs(shape) * shape.active_rows

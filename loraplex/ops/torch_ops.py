@@ -277,7 +277,8 @@ class AutoBackend:
     the dtype; 0: never) where :meth:`AutoPolicy.grouped_in_float32` finds it cheaper. With
     bfloat16 weights on a CPU without native bfloat16 arithmetic (``bfloat16_emulated``; None:
     this CPU's /proc/cpuinfo), masked's wide matmuls are what cost, and decode steps go grouped
-    (mostly through the float32 pass) instead."""
+    (mostly through the float32 pass) instead; without AMX's tiles (``matrix_tiles``; None:
+    this CPU's) they get no faster rate than grouped's."""
 
     name = "auto"
 
@@ -286,12 +287,14 @@ class AutoBackend:
         policy: AutoPolicy | None = None,
         float32_max_tokens: int = FLOAT32_MAX_TOKENS,
         bfloat16_emulated: bool | None = None,
+        matrix_tiles: bool | None = None,
     ) -> None:
         if float32_max_tokens < 0:
             raise ValueError(f"float32_max_tokens {float32_max_tokens} is invalid; expected >= 0")
         self.policy = policy or AutoPolicy()
         self.float32_max_tokens = float32_max_tokens
         self.bfloat16_emulated = bfloat16_emulated
+        self.matrix_tiles = matrix_tiles
 
     def prepare(self, token_slots: torch.Tensor, layout: ArenaLayout) -> LoraBatch:
         check_token_slots(token_slots, len(layout.slot_rows))
@@ -305,6 +308,7 @@ class AutoBackend:
             layout,
             self.float32_max_tokens,
             self.bfloat16_emulated,
+            matrix_tiles=self.matrix_tiles,
         )
         strategy = self.policy.choose(shape, layout.width)
         if strategy is Strategy.MASKED:

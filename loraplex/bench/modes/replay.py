@@ -22,12 +22,13 @@ from __future__ import annotations
 
 import random
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 import torch
 
 from loraplex.bench.modes.auto_mode import AutoMode
 from loraplex.bench.modes.parity import ParityReport, ParityRule, StepTop, step_tops
+from loraplex.bench.modes.replay_split import StepRecord, time_split
 from loraplex.bench.modes.setup import HOT, NUM_ADAPTERS, Setup
 from loraplex.engine.mode_policy import MeasuredCosts, ModePolicyConfig
 from loraplex.model.kv_cache import ContiguousKVCache, SequenceChunk
@@ -60,6 +61,7 @@ class ReplayRun:
     # the opening burst, every client's prompt in one prefill
     first_step: list[int] = field(default_factory=list)
     after_transition: list[int] = field(default_factory=list)  # steps a transition preceded
+    step_log: list[StepRecord] = field(default_factory=list)  # per step, in order
 
 
 def trace(
@@ -130,6 +132,20 @@ def _forward(
     return chunks, step_tops(logits)
 
 
+def _record(
+    requests: list[ReplayRequest], live: list[_Live], chunks: list[SequenceChunk], merged: bool
+) -> StepRecord:
+    """The step's work (its times are filled in by the caller)."""
+    tokens = {(False, False): 0, (False, True): 0, (True, False): 0, (True, True): 0}
+    for item, chunk in zip(live, chunks, strict=True):  # (a prompt, the hot revision)
+        tokens[not item.out, requests[item.index].slot == HOT] += chunk.num_tokens
+    prefill = tokens[True, False] + tokens[True, True]
+    decode = tokens[False, False] + tokens[False, True]
+    return StepRecord(
+        0.0, 0.0, 0.0, len(live), prefill, decode, tokens[True, True], tokens[False, True], merged
+    )
+
+
 def replay(
     setup: Setup, requests: list[ReplayRequest], concurrency: int, auto: AutoMode | None
 ) -> ReplayRun:
@@ -147,9 +163,10 @@ def replay(
     next_index = len(live)
     with torch.no_grad():
         while live:
+            decide_start = time.perf_counter()
             if auto is not None:
                 made = auto.transitions
-                auto.before_step(time.perf_counter())
+                auto.before_step(decide_start)
                 if auto.transitions != made:
                     run.after_transition.append(run.steps)
                 run.merged_steps += auto.merged is not None
@@ -163,6 +180,7 @@ def replay(
                 slots = [requests[item.index].slot for item in live]
                 work = [(slot, c.num_tokens) for slot, c in zip(slots, chunks, strict=True)]
                 auto.after_step(now, now - step_start, work)
+            record = _record(requests, live, chunks, auto is not None and auto.merged is not None)
             still: list[_Live] = []
             for item, chunk, token in zip(live, chunks, picked, strict=True):
                 item.cached += chunk.num_tokens
@@ -178,6 +196,14 @@ def replay(
                 if next_index < len(requests):
                     still.append(_Live(next_index, kv.allocate(), now))
                     next_index += 1
+            run.step_log.append(
+                replace(
+                    record,
+                    decide_s=step_start - decide_start,
+                    forward_s=now - step_start,
+                    bookkeeping_s=time.perf_counter() - now,
+                )
+            )
             live = still
     run.seconds = time.perf_counter() - start
     run.transitions = 0 if auto is None else auto.transitions
@@ -275,4 +301,5 @@ def summary(unmerged: list[ReplayRun], auto: list[ReplayRun]) -> dict[str, objec
     out["ttft_p99_after_opening_auto_over_unmerged"] = (
         later_a / later_u if later_a is not None and later_u else None
     )
+    out["time_split"] = time_split([r.step_log for r in unmerged], [r.step_log for r in auto])
     return out
