@@ -232,6 +232,32 @@ def parse_layers(value: object) -> tuple[int, ...] | None:
     return tuple(items)
 
 
+# What parse_layers / parse_layers_pattern read as "not set".
+_EMPTY: tuple[object, ...] = (None, "", [])
+
+
+def check_layer_fields(mapping: Mapping[str, object]) -> None:
+    """``layers_to_transform`` / ``layers_pattern`` only filter a list of ``target_modules``, and
+    ``layers_pattern`` only names where the indices of ``layers_to_transform`` are: PEFT's
+    ``LoraConfig`` refuses them beside a regex (and ``layers_pattern`` alone); an empty
+    ``layers_to_transform`` selects every layer, so a ``layers_pattern`` beside it does nothing."""
+    regex = isinstance(mapping.get("target_modules"), str)
+    for field in ("layers_to_transform", "layers_pattern"):
+        if regex and mapping.get(field) is not None:
+            raise AdapterConfigError(
+                field,
+                mapping[field],
+                "null when target_modules is a regex (the regex alone "
+                "selects the modules; PEFT refuses both)",
+            )
+    if mapping.get("layers_pattern") not in _EMPTY and mapping.get("layers_to_transform") in _EMPTY:
+        raise AdapterConfigError(
+            "layers_pattern",
+            mapping["layers_pattern"],
+            "null unless layers_to_transform names layers (it only says where their indices are)",
+        )
+
+
 def parse_layers_pattern(value: object) -> tuple[str, ...] | None:
     if value is None or value in ("", []):
         return None

@@ -4,8 +4,8 @@ Torch-free (the registry validates uploads with it). Matching follows PEFT exact
 adapter served with a different module set or scale than PEFT would apply is silently wrong:
 
 - ``target_modules`` list: a module matches when its path equals an entry or ends with
-  ``"." + entry``; a string is a regex that must ``fullmatch`` the path (and then
-  ``layers_to_transform`` is ignored, as in PEFT).
+  ``"." + entry``; a string is a regex that must ``fullmatch`` the path (``layers_to_transform``
+  and ``layers_pattern`` beside it are refused, as PEFT's ``LoraConfig`` refuses them).
 - ``rank_pattern`` / ``alpha_pattern``: the first key (in config order) for which
   ``(.*\\.)?(key)$`` matches the module path wins; otherwise ``r`` / ``lora_alpha``.
 - scale is ``alpha / r``, or ``alpha / sqrt(r)`` with ``use_rslora``.
@@ -30,6 +30,7 @@ from loraplex.artifacts.config_fields import (
     PATTERN_KEY_TEMPLATE,
     check_features,
     check_ignored_numbers,
+    check_layer_fields,
     expect_bool,
     expect_int,
     expect_number,
@@ -148,7 +149,7 @@ def parse_adapter_config(mapping: Mapping[str, object]) -> LoraSpec:
         raise UnsupportedAdapterError("task_type", task_type, 'null or "CAUSAL_LM"')
     r = expect_int(mapping, "r", _DEFAULT_R)
     alpha = expect_number(mapping, "lora_alpha", _DEFAULT_ALPHA)
-    return LoraSpec(
+    spec = LoraSpec(
         base_model_name_or_path=expect_optional_str(mapping, "base_model_name_or_path"),
         r=r,
         lora_alpha=alpha,
@@ -161,6 +162,8 @@ def parse_adapter_config(mapping: Mapping[str, object]) -> LoraSpec:
         exclude_modules=parse_exclude_modules(mapping.get("exclude_modules")),
         task_type=task_type,
     )
+    check_layer_fields(mapping)  # after each field's own type and size checks
+    return spec
 
 
 class ModuleMatcher:
@@ -205,11 +208,16 @@ class ModuleMatcher:
         return _first_match(self._alphas, path, self.spec.lora_alpha)
 
     def rank_source(self, layer: int, module: str) -> str:
-        path = BaseModelSpec.module_path(layer, module)
-        for regex, _ in self._ranks:
-            if regex.match(path):
-                return f"rank_pattern[{regex.pattern!r}]"
-        return "r"
+        key = self.rank_key(layer, module)
+        return "r" if key is None else f"rank_pattern[{key!r}]"
+
+    def rank_key(self, layer: int, module: str) -> str | None:
+        """The ``rank_pattern`` key that decides the module's rank (the first match), if any."""
+        return _first_key(self._ranks, BaseModelSpec.module_path(layer, module))
+
+    def alpha_key(self, layer: int, module: str) -> str | None:
+        """The ``alpha_pattern`` key that decides the module's alpha, if any."""
+        return _first_key(self._alphas, BaseModelSpec.module_path(layer, module))
 
     def _excluded(self, path: str) -> bool:
         if self._exclude is not None:
@@ -238,3 +246,10 @@ def _first_match(pattern: list[tuple[ConfigRegex, _T]], path: str, default: _T) 
         if regex.match(path):
             return value
     return default
+
+
+def _first_key(pattern: list[tuple[ConfigRegex, _T]], path: str) -> str | None:
+    for regex, _ in pattern:
+        if regex.match(path):
+            return regex.pattern
+    return None

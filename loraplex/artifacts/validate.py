@@ -14,6 +14,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from loraplex.artifacts.base_model import ATTENTION_MODULES, TARGET_MODULES, BaseModelSpec
+from loraplex.artifacts.config_reach import check_reach
 from loraplex.artifacts.identity import AdapterKey
 from loraplex.artifacts.manifest import LoraSpec, read_adapter_config
 from loraplex.artifacts.safetensors_header import (
@@ -140,7 +141,8 @@ def check_base_model(spec: LoraSpec, base: BaseModelSpec) -> None:
 
 
 def injected_modules(spec: LoraSpec, base: BaseModelSpec) -> tuple[InjectedModule, ...]:
-    """Every (layer, module) of ``base`` that ``spec`` targets, with rank, scale and widths."""
+    """Every (layer, module) of ``base`` that ``spec`` targets, with rank, scale and widths;
+    a selector entry that selects nothing is refused (``config_reach``)."""
     out_of_range = [i for i in spec.layers_to_transform or () if i >= base.num_layers]
     if out_of_range and not isinstance(spec.target_modules, str):
         raise BaseModelMismatchError(
@@ -164,6 +166,7 @@ def injected_modules(spec: LoraSpec, base: BaseModelSpec) -> tuple[InjectedModul
             f"to match at least one of {', '.join(TARGET_MODULES)} in layers "
             f"0..{base.num_layers - 1} of {base.name!r}",
         )
+    check_reach(matcher, base, [(m.layer, m.module) for m in modules])
     return tuple(modules)
 
 

@@ -55,11 +55,33 @@ def test_all_linear_targets_every_projection() -> None:
     }
 
 
-def test_regex_targets_full_match_and_ignore_layers_to_transform() -> None:
-    lora = spec(target_modules=r".*\.layers\.[02]\.self_attn\.(q|k)_proj", layers_to_transform=[1])
+def test_regex_targets_full_match() -> None:
+    lora = spec(target_modules=r".*\.layers\.[02]\.self_attn\.(q|k)_proj")
     assert targeted(lora) == {(0, "q_proj"), (0, "k_proj"), (2, "q_proj"), (2, "k_proj")}
     # a partial match is not enough
     assert targeted(spec(target_modules="q_proj")) == set()
+
+
+@pytest.mark.parametrize(
+    ("fields", "field"),
+    [
+        # PEFT's LoraConfig refuses both beside a regex (loraplex used to ignore them)
+        ({"target_modules": r".*\.q_proj", "layers_to_transform": [1]}, "layers_to_transform"),
+        ({"target_modules": r".*\.q_proj", "layers_to_transform": []}, "layers_to_transform"),
+        ({"target_modules": "all-linear", "layers_to_transform": 0}, "layers_to_transform"),
+        ({"target_modules": r".*\.q_proj", "layers_pattern": "layers"}, "layers_pattern"),
+        # layers_pattern only says where layers_to_transform's indices are
+        ({"layers_pattern": "layers"}, "layers_pattern"),
+        ({"layers_pattern": ["layers"], "layers_to_transform": []}, "layers_pattern"),
+    ],
+)
+def test_layer_fields_that_would_do_nothing_are_refused(
+    fields: dict[str, object], field: str
+) -> None:
+    with pytest.raises(AdapterConfigError) as info:
+        spec(**fields)
+    assert info.value.field == field
+    assert repr(field) in str(info.value)
 
 
 def test_layers_to_transform_and_layers_pattern() -> None:

@@ -108,6 +108,91 @@ def test_no_targeted_module(builder, base, kit) -> None:
     assert info.value.field == "target_modules"
 
 
+def test_a_regex_target_matching_no_module_is_refused(builder, base, kit) -> None:
+    config = kit.config(target_modules=r"model\.layers\.9\..*_proj")
+    with pytest.raises(AdapterConfigError) as info:
+        validate_adapter_dir(builder.write(config, tensors={}), base, 16)
+    assert info.value.field == "target_modules"
+    assert "to match at least one" in info.value.expected
+
+
+# Each entry selects nothing on the 2-layer base (targets q_proj, v_proj, down_proj) while the
+# rest of the config selects modules: PEFT skips it (0.21 warns for pattern keys); loraplex
+# used to, too.
+@pytest.mark.parametrize(
+    ("fields", "field", "value"),
+    [
+        ({"rank_pattern": {"k_proj": 2}}, "rank_pattern", "k_proj"),  # not targeted
+        ({"rank_pattern": {"(a+)+b": 2}}, "rank_pattern", "(a+)+b"),  # attack23's folder
+        (
+            {"rank_pattern": {"layers.7.self_attn.q_proj": 2}},
+            "rank_pattern",
+            "layers.7.self_attn.q_proj",
+        ),
+        ({"alpha_pattern": {"o_proj": 2}}, "alpha_pattern", "o_proj"),
+        # every module "layers.0.self_attn.q_proj" matches is decided by "q_proj" first
+        (
+            {"rank_pattern": {"q_proj": 2, "layers.0.self_attn.q_proj": 4}},
+            "rank_pattern",
+            "layers.0.self_attn.q_proj",
+        ),
+        ({"alpha_pattern": {".*_proj": 2, "v_proj": 4}}, "alpha_pattern", "v_proj"),
+        (
+            {"target_modules": ["q_proj", "model.layers.5.mlp.down_proj"]},
+            "target_modules",
+            "model.layers.5.mlp.down_proj",
+        ),
+        (
+            {"target_modules": ["q_proj", "k_proj"], "exclude_modules": ["k_proj"]},
+            "target_modules",
+            "k_proj",
+        ),
+        (
+            {"target_modules": ["q_proj", "layers.0.mlp.down_proj"], "layers_to_transform": [1]},
+            "target_modules",
+            "layers.0.mlp.down_proj",
+        ),
+        (
+            {"target_modules": ["layers.0.self_attn.q_proj"], "layers_to_transform": [0, 1]},
+            "layers_to_transform",
+            1,
+        ),
+        (
+            {"exclude_modules": r"model\.layers\.1\..*", "layers_to_transform": [0, 1]},
+            "layers_to_transform",
+            1,
+        ),
+    ],
+)
+def test_a_selector_entry_that_selects_nothing_is_refused_by_name(
+    builder, base, kit, fields: dict[str, object], field: str, value: object
+) -> None:
+    config = kit.config(**fields)
+    with pytest.raises(AdapterConfigError) as info:
+        validate_adapter_dir(builder.write(config, tensors={}), base, 16)
+    assert (info.value.field, info.value.value) == (field, value)
+    assert "'tiny-llama' (2 layers)" in info.value.expected
+
+
+def test_every_selector_entry_that_selects_something_still_passes(builder, base, kit) -> None:
+    config = kit.config(
+        target_modules=["q_proj", "model.layers.1.self_attn.v_proj", "mlp.down_proj"],
+        rank_pattern={"layers.0.self_attn.q_proj": 2, "q_proj": 6, r"mlp\..*": 3},
+        alpha_pattern={r"model\.layers\.1\..*": 4},
+        layers_to_transform=[0, 1],
+        layers_pattern="layers",
+    )
+    adapter = validate_adapter_dir(builder.write(config), base, 8)
+    ranks = {(m.layer, m.module): m.rank for m in adapter.modules}
+    assert ranks == {
+        (0, "q_proj"): 2,
+        (1, "q_proj"): 6,
+        (1, "v_proj"): 4,
+        (0, "down_proj"): 3,
+        (1, "down_proj"): 3,
+    }
+
+
 def test_rank_above_limit(builder, base, kit) -> None:
     with pytest.raises(RankTooLargeError) as info:
         validate_adapter_dir(builder.write(kit.config(r=32)), base, 16)
