@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING, Annotated, Any, NoReturn
 
 import typer
 
+from loraplex.cli.given import given
 from loraplex.cli.locations import DataDir
 from loraplex.cli.plan import ints
 from loraplex.cli.preflight import _admin_key, key_file_hint, refuse_with_self
@@ -263,15 +264,15 @@ _URL_ONLY = ("max_adapters",)  # what only --url's discovery uses
 def _refuse_other_mode(ctx: typer.Context, remote: bool) -> None:
     """A flag of the other mode does nothing: refused by name. NOTE: --max-loras and --asset-dir
     with --url, and --max-adapters with --self, were silently ignored."""
-    given = [  # typer carries its own click: compare the source by name
+    named = [
         f"--{name.replace('_', '-')}"
         for name in (_SELF_ONLY if remote else _URL_ONLY)
-        if getattr(ctx.get_parameter_source(name), "name", None) == "COMMANDLINE"
+        if given(ctx, name)
     ]
-    if given:
+    if named:
         mode, other = ("--url", "--self") if remote else ("--self", "--url")
         raise typer.BadParameter(
-            f"{', '.join(given)} is for {other}; {mode} does not use it", param_hint=given[0]
+            f"{', '.join(named)} is for {other}; {mode} does not use it", param_hint=named[0]
         )
 
 

@@ -17,6 +17,7 @@ from loraplex.cli.bench.options import (
     report_folder,
     write_report,
 )
+from loraplex.cli.given import given
 
 # Options of one mode of `bench cache` only: given in the other mode they would be ignored.
 _CACHE_ONLY = ("presets", "reps", "max_adapters", "no_peft", "duration_s", "report_to")
@@ -49,14 +50,10 @@ def cache(
     (or, with --scale, what the cache costs as a function of how many copies it holds)."""
     import torch
 
-    given = [  # typer carries its own click: compare the source by name
-        name
-        for name in (_CACHE_ONLY if scale else _SCALE_ONLY)
-        if getattr(ctx.get_parameter_source(name), "name", None) == "COMMANDLINE"
-    ]
-    if given:
+    named = [name for name in (_CACHE_ONLY if scale else _SCALE_ONLY) if given(ctx, name)]
+    if named:
         mode = "with --scale" if scale else "without --scale"
-        raise typer.BadParameter(f"{', '.join(given)} cannot be used {mode}")
+        raise typer.BadParameter(f"{', '.join(named)} cannot be used {mode}")
     if scale:
         torch.set_num_threads(1)
         typer.echo(json.dumps(_scale_result(quick, sizes, seed, asset_dir)))

@@ -17,6 +17,7 @@ from loraplex.cli.bench.options import (
     report_folder,
     write_report,
 )
+from loraplex.cli.given import given
 
 
 def execution(
@@ -60,7 +61,7 @@ def execution(
         config = ExecutionBenchConfig(
             preset=preset,
             dtypes=dtypes,
-            rounds=3 if quick and not _given(ctx, "rounds") else rounds,
+            rounds=3 if quick and not given(ctx, "rounds") else rounds,
             matrix=not quick,
             peft=not no_peft,
             seed=seed,
@@ -78,9 +79,3 @@ def execution(
     if not as_json:
         typer.echo(f"report: {report_dir}/execution-run.md", err=True)
     typer.echo(line)
-
-
-def _given(ctx: typer.Context, name: str) -> bool:
-    """Whether ``name`` was given on the command line (not its default)."""
-    source = ctx.get_parameter_source(name)  # NOTE: typer's own click: compare the member's name
-    return source is not None and source.name == "COMMANDLINE"
