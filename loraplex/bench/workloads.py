@@ -7,6 +7,7 @@ the same requests in memory.
 
 from __future__ import annotations
 
+import math
 import random
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
@@ -122,8 +123,9 @@ class ScenarioParams:
 
     def __post_init__(self) -> None:
         for name in ("duration_s", "rate", "cv", "prompt_tokens", "output_tokens", "num_adapters"):
-            if getattr(self, name) <= 0:
-                raise ValueError(f"{name} {getattr(self, name)} is invalid; expected > 0")
+            value = getattr(self, name)
+            if not 0 < value < math.inf:  # NOTE: a nan or inf length never ends its generator
+                raise ValueError(f"{name} {value} is invalid; expected a finite number > 0")
 
 
 class RequestShape:

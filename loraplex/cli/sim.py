@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING, Annotated, Any
 import typer
 
 from loraplex.cli.figures import figure, named_figures, ttft_text
+from loraplex.cli.given import given
 from loraplex.engine.tenant_shares import TenantSettings
 from loraplex.residency.policy import DEFAULT_POLICY as DEFAULT_EVICTION
 from loraplex.router import DEFAULT_POLICY as DEFAULT_ROUTING
@@ -98,6 +99,7 @@ def _fail(flag: str, error: Exception) -> typer.Exit:
 
 @sim_app.command("run")
 def run_command(
+    ctx: typer.Context,
     *,
     cost_model: Annotated[Path, Opt(help="Cost-model file (schema loraplex-sim-cost/1).")],
     trace: Annotated[Path | None, Opt(help="JSONL trace (or a server's request log).")] = None,
@@ -150,6 +152,7 @@ def run_command(
     from loraplex.sim.run import simulate
 
     model = _cost_model(cost_model)
+    _refuse_scenario_flags_on_a_trace(ctx, trace)
     records = _records(trace, workload, seed, duration_s, rate)
     try:
         tenants = tenant_settings(tenant_priority or [])
@@ -202,20 +205,40 @@ def _cost_model(path: Path) -> CostModel:
         raise _fail("--cost-model", e) from e
 
 
+def _refuse_scenario_flags_on_a_trace(ctx: typer.Context, trace: Path | None) -> None:
+    """A trace is replayed at its own times: a scenario's length or rate given beside it
+    would be read by nothing."""
+    if trace is None:
+        return
+    for name in ("duration_s", "rate"):
+        if given(ctx, name):
+            flag = f"--{name.replace('_', '-')}"
+            raise _fail(flag, ValueError("is a scenario's (--workload); a --trace keeps its times"))
+
+
 def _records(
     trace: Path | None, workload: str | None, seed: int, duration_s: float, rate: float
 ) -> list[TraceRecord]:
     """The trace file's records, or the scenario's; exactly one of the two."""
+    from loraplex.bench.workloads import ScenarioParams
     from loraplex.sim.trace import read_trace
 
     if (trace is None) == (workload is None):
         raise _fail("--trace/--workload", ValueError("give exactly one of them"))
-    try:
-        if trace is not None:
+    if trace is not None:
+        try:
             return read_trace(trace)
+        except (OSError, ValueError) as e:
+            raise _fail("--trace", e) from e
+    scenario = {"duration_s": duration_s, "rate": rate}
+    try:  # checked here so that a bad value names its own flag
+        ScenarioParams(duration_s=duration_s, rate=rate)
+    except ValueError as e:
+        raise _fail(_flag_of(e, scenario), e) from e
+    try:
         return workload_trace(str(workload), seed, duration_s, rate)
-    except (OSError, ValueError) as e:
-        raise _fail("--trace" if trace is not None else "--workload", e) from e
+    except ValueError as e:
+        raise _fail("--workload", e) from e
 
 
 def summary(m: dict[str, Any]) -> str:

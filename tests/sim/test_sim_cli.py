@@ -86,6 +86,30 @@ def test_bad_flags_are_refused_by_name(tmp_path: Path) -> None:
         assert flag in result.output, (args, result.output)
 
 
+def test_each_scenario_flag_names_itself(tmp_path: Path) -> None:
+    """A bad ``--duration-s`` or ``--rate`` was reported against ``--workload``, a nan or inf
+    one never finished generating, and either was read by nothing beside ``--trace``."""
+    trace = tmp_path / "t.jsonl"
+    write_trace([TraceRecord(0.0, "a", "x", 8, 2)], trace)
+    base = ["sim", "run", "--cost-model", str(COST_FILE)]
+    hot = ["--workload", "hot-burst"]
+    cases = [
+        ([*hot, "--duration-s", "-1"], "--duration-s", "duration_s -1.0 is invalid"),
+        ([*hot, "--duration-s", "nan"], "--duration-s", "duration_s nan is invalid"),
+        ([*hot, "--duration-s", "inf"], "--duration-s", "duration_s inf is invalid"),
+        ([*hot, "--rate", "0"], "--rate", "rate 0.0 is invalid"),
+        ([*hot, "--rate", "nan"], "--rate", "rate nan is invalid"),
+        ([*hot, "--rate", "inf"], "--rate", "rate inf is invalid"),
+        (["--trace", str(trace), "--rate", "5"], "--rate", "a --trace keeps its times"),
+        (["--trace", str(trace), "--duration-s", "60"], "--duration-s", "a --trace keeps"),
+    ]
+    for extra, flag, message in cases:
+        refused = runner.invoke(app, [*base, *extra])
+        assert refused.exit_code == 2, (extra, refused.output)
+        said = refused.output
+        assert f"error: {flag}: " in said and message in said, (extra, said)
+
+
 def test_scale_run_reports_the_headline_key_and_peak_rss() -> None:
     from loraplex.sim.cost_model import load
 
