@@ -254,7 +254,9 @@ def summary(m: dict[str, Any]) -> str:
                 ("ttft_ms_cold", "cold"),
             )
         ),
-        f"hit ratio {named_figures(m['hit_ratio'], '.3g')}  cold loads {m['cold_loads']}",
+        f"hit ratio {named_figures(m['hit_ratio'], '.3g')}",
+        f"cold loads {m['l0_loads']} ({figure(m['cold_loads_per_1k_requests'], '.1f')} per 1k "
+        f"requests)  from the store {m['store_loads']}",
         f"throughput {figure(m['throughput_tokens_per_s'], '.1f')} tokens/s",
     ]
     if "decisions" in m:

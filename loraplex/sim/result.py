@@ -93,8 +93,10 @@ def cache_figures(summaries: Sequence[CacheSummary], num_requests: int) -> dict[
         "l0_hit_ratio": ratio(hits["L0"], acquires),
         "l0_loads": loads["L0"],
         "loads": loads,
-        "cold_loads": hits["L3"],
+        # NOTE: a cold load is a fill of a GPU slot (L0), as bench fleet counts it; the acquires
+        # that reached the artifact store are store_loads (called cold_loads before 2026-12-07).
         "cold_loads_per_1k_requests": ratio(1000 * loads["L0"], num_requests, 1),
+        "store_loads": hits["L3"],
         "evictions": evictions,
         "reloads_after_eviction": reloads,
         "thrash_ratio": ratio(sum(reloads.values()), sum(evictions.values())),

@@ -30,6 +30,18 @@ def test_sim_run_on_a_workload_prints_one_json_line() -> None:
     assert sum(body["metrics"]["decisions"].values()) == body["metrics"]["requests"]
 
 
+def test_cold_loads_and_their_rate_count_the_same_fills() -> None:
+    """``cold_loads`` (48: the acquires that reached the store) stood beside
+    ``cold_loads_per_1k_requests`` (387.3: GPU-slot fills, 409, per 1,000 of 1,056 requests):
+    the store's count is ``store_loads`` now, and a cold load is an L0 fill in both figures."""
+    args = ["sim", "run", "--workload", "hot-burst", "--duration-s", "5", "--json"]
+    body = json.loads(runner.invoke(app, [*args, "--cost-model", str(COST_FILE)]).output)
+    m = body["metrics"]
+    assert "cold_loads" not in m and m["l0_loads"] > 0 and m["store_loads"] > 0
+    assert m["cold_loads_per_1k_requests"] == round(1000 * m["l0_loads"] / m["requests"], 1)
+    assert m["store_loads"] == round(m["hit_ratio"]["L3"] * m["acquires"])  # the L3 misses
+
+
 def test_sim_run_on_a_trace_file(tmp_path: Path) -> None:
     trace = tmp_path / "t.jsonl"
     write_trace([TraceRecord(0.0, "a", "x", 8, 2), TraceRecord(0.1, "a", None, 8, 2)], trace)
@@ -50,7 +62,8 @@ def test_the_text_summary_reads_as_figures() -> None:
     none = {"n": 0, "p50": None, "p90": None, "p99": None}
     metrics = {
         "requests": 5, "completed": 4, "completed_ratio": 0.8, "ttft_ms": ttft,
-        "ttft_ms_warm": ttft, "ttft_ms_cold": none, "cold_loads": 1,
+        "ttft_ms_warm": ttft, "ttft_ms_cold": none, "l0_loads": 2,
+        "cold_loads_per_1k_requests": 400.0, "store_loads": 1,
         "hit_ratio": {"L0": 0.75, "L1": 0.0, "L2": None, "L3": 0.25},
         "throughput_tokens_per_s": 123.456, "decisions": {"gpu_hit": 3, "placement": 1},
         "imbalance": 1.3333,
@@ -59,7 +72,8 @@ def test_the_text_summary_reads_as_figures() -> None:
         "requests 5  completed 4 (ratio 0.8)",
         "ttft p50 24.7 p99 92.5 ms (n 4)  warm p50 24.7 p99 92.5 ms (n 4)  "
         "cold p50 - p99 - ms (n 0)",
-        "hit ratio L0 0.75, L1 0, L2 -, L3 0.25  cold loads 1",
+        "hit ratio L0 0.75, L1 0, L2 -, L3 0.25",
+        "cold loads 2 (400.0 per 1k requests)  from the store 1",
         "throughput 123.5 tokens/s",
         "decisions gpu_hit 3, placement 1  imbalance 1.33",
     ]
