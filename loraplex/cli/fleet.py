@@ -178,14 +178,14 @@ def up_command(
         say_demo_generation(serve_config)
         # the local Ray head runs every replica on this machine; a joined cluster, anywhere
         replicas_here = checked.engine_replicas if address is None else None
+        configure_logging(serve_config.log_level)  # prepare's WARNING lines, formatted
         prepared = control.prepare(serve_config, replicas_here)
         settings = replace(checked, serve=serve_config, model_dir=prepared.model_dir)
     except (ValueError, TypeError) as exc:
         raise typer.BadParameter(str(exc)) from exc
     except OSError as exc:  # e.g. --data-dir names a file
         raise typer.BadParameter(unusable_path(exc)) from exc
-    configure_logging(serve_config.log_level)  # this process's lines, the fleet's control
-    try:
+    try:  # this process's lines (the fleet's control) are logged as configured above
         record = control.up(settings, address, ready_timeout_s=ready_timeout_s)
     except BaseException as exc:
         _say_not_started(prepared, serve_config)

@@ -69,13 +69,15 @@ def prepare(config: ServeConfig, replicas_here: int | None = None) -> Prepared:
     ``serve`` makes once the model is known: ``max_model_len`` within its context, the GPU
     slots ``gpu_adapter_bytes`` leaves (at least one, more than ``max_auto_gpu_slots``), and the KV
     caches of the ``replicas_here`` engines this machine runs (``fleet up``'s local Ray head
-    runs them all; None: where they run is not known here) within its memory."""
+    runs them all; None: where they run is not known here) within its memory. A ``mode``
+    merging a revision the registry lacks is one WARNING, as at ``serve``'s start."""
     from loraplex.artifacts.base_model import BaseModelSpec, read_model_config
     from loraplex.registry import open_registry
     from loraplex.serve.assembly import demo_assets
     from loraplex.serve.bootstrap import ADMIN_KEY_FILE, admin_key, register_demo, sample_keys
     from loraplex.serve.config import memory_total_bytes
     from loraplex.serve.engine_settings import registry_config
+    from loraplex.serve.merge_target import warn_if_unregistered
 
     config.data_dir.mkdir(mode=0o700, parents=True, exist_ok=True)
     assets = demo_assets(config)
@@ -97,6 +99,7 @@ def prepare(config: ServeConfig, replicas_here: int | None = None) -> Prepared:
         if assets is not None and config.demo:
             state = register_demo(registry, assets)
             keys = sample_keys(registry, state.tenants, config.data_dir)
+        warn_if_unregistered(config.mode, registry)  # as serve does, after the demo's
     finally:
         registry.close()
     return Prepared(model_dir, admin, new_admin, keys)
