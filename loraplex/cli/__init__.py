@@ -53,6 +53,9 @@ def build_app(modules: tuple[str, ...] = _COMMAND_MODULES) -> typer.Typer:
         no_args_is_help=True,
         add_completion=False,
         pretty_exceptions_enable=False,
+        # NOTE: click's plain layout, not typer's rich table: at 80 columns, or piped, the table
+        # cut 16 of serve's flag names (`--max-concurrent-loa…`) and long words of the help
+        rich_markup_mode=None,
     )
     built.callback()(_root)
     for module in modules:
@@ -62,15 +65,14 @@ def build_app(modules: tuple[str, ...] = _COMMAND_MODULES) -> typer.Typer:
 
 
 def _one_line_summaries(app: typer.Typer) -> None:
-    """Each command's summary in its group's listing on one line. NOTE: typer's rich listing
-    shows a docstring's first paragraph with its line breaks, so `loraplex --help` printed
-    `backup`'s summary broken after "the demo", mid-sentence; a command's own ``--help`` still
+    """Each command's summary in its group's listing: its help's whole first paragraph, as one
+    line. NOTE: click's listing cuts a summary it makes at 45 characters (``...``), and typer's
+    rich one broke `backup`'s after "the demo", mid-sentence; a command's own ``--help`` still
     shows the whole docstring."""
     for info in app.registered_commands:
         text = info.help or inspect.getdoc(info.callback) or ""
-        first = text.split("\n\n")[0]
-        if info.short_help is None and "\n" in first:
-            info.short_help = " ".join(first.split())
+        if info.short_help is None:
+            info.short_help = " ".join(text.split("\n\n")[0].split())
     for group in app.registered_groups:
         if group.typer_instance is not None:
             _one_line_summaries(group.typer_instance)

@@ -85,9 +85,9 @@ def test_parse_errors_name_the_flag(
 
 
 def test_start_help_shows_the_default_ladder() -> None:
-    out = CliRunner().invoke(app, ["release", "start", "--help"], env={"COLUMNS": "200"}).output
-    ladder = next(line for line in out.splitlines() if "--ladder" in line)
-    assert "default: (1%,5%,25%)" in ladder
+    out = CliRunner().invoke(app, ["release", "start", "--help"], env={"COLUMNS": "80"}).output
+    ladder = " ".join(out.split("--ladder", 1)[1].split("--dwell", 1)[0].split())
+    assert "[default: (1%,5%,25%)]" in ladder
 
 
 def test_a_probe_file_with_an_unknown_key_is_refused(run, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]

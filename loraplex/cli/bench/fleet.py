@@ -59,7 +59,7 @@ def fleet(
         typer.Option(
             "--topology",
             help="Issue 28's fleet topology instead of routing policies: every replica "
-            "unmerged vs every replica auto with \\[fleet] topology on, on skewed80 and "
+            "unmerged vs every replica auto with [fleet] topology on, on skewed80 and "
             "uniform16 (docs/modes.md, 'Topology, measured'); exits 1 when a greedy probe "
             "differs between runs.",
         ),
