@@ -8,7 +8,9 @@ engine (its own process or a fleet replica) and, in a fleet, the ingress.
 - ``spans``: a finished ``RequestTrace`` as OpenTelemetry spans (GenAI + ``loraplex.*``).
 - ``exporter``: ``Tracer``: decides whether a finished request is kept (tail sampling: errors
   and slow requests always) and hands its spans to the OTLP exporter's batch processor.
+- ``delivery``: ``SpanDelivery``, that batch processor with every span that does not reach the
+  receiver counted by reason (a full queue, a failed export, shutdown).
 
-Only ``spans`` and ``exporter`` import OpenTelemetry (the ``otel`` extra), and only when a
-server is configured with an endpoint.
+Only ``spans``, ``delivery`` and ``exporter`` import OpenTelemetry (the ``otel`` extra), and only
+when a server is configured with an endpoint.
 """

@@ -12,7 +12,8 @@ its own: past it the flag is not honoured, counted in ``parent_refused``), else 
 on the trace id (as OpenTelemetry's TraceIdRatioBased), keyed-hashed first when the caller's
 ``traceparent`` chose it. Until then a request costs only a few timestamps. Kept spans go to the
 SDK's ``BatchSpanProcessor`` (a bounded queue, exported on its own thread): the event loop never
-waits for the collector, and a collector that is down costs dropped spans, never requests.
+waits for the collector, and a collector that is down costs dropped spans, never requests; each
+span that does not reach it is counted by reason (``delivery.py``, ``spans_dropped``).
 
 Each forced trace (error, slow, parent) also draws on its tenant's share of all three kinds
 (``tenant_burst_spans``): the three shares alone let one tenant hold three of them at once.
@@ -31,10 +32,10 @@ from collections.abc import Callable, Mapping
 from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter
 from opentelemetry.sdk.resources import Resource
 from opentelemetry.sdk.trace import SpanProcessor
-from opentelemetry.sdk.trace.export import BatchSpanProcessor
 
 from loraplex.tracing.config import TracingConfig
 from loraplex.tracing.context import SpanIds, keyed_trace_id, ratio_keeps, root_ids
+from loraplex.tracing.delivery import SpanDelivery
 from loraplex.tracing.names import NameMasker
 from loraplex.tracing.record import Interval, RequestTrace, Subject
 from loraplex.tracing.share import SpanShare
@@ -62,13 +63,17 @@ class Tracer:
         resource = Resource.create({"service.name": config.service_name})
         mask = NameMasker(config.secret, config.export_names)
         self._builder = SpanBuilder(resource, mask, base_model, self._rng)
-        self._processor = processor or BatchSpanProcessor(
-            OTLPSpanExporter(endpoint=config.endpoint, timeout=config.export_timeout_s),
-            max_queue_size=config.max_queue_spans,
-        )
+        # Every span that does not reach the receiver is counted there (a test's own processor
+        # counts nothing: ``spans_dropped`` is then empty).
+        self._delivery: SpanDelivery | None = None
+        if processor is None:
+            exporter = OTLPSpanExporter(endpoint=config.endpoint, timeout=config.export_timeout_s)
+            processor = self._delivery = SpanDelivery(exporter, config.max_queue_spans)
+        self._processor = processor
         self.num_kept = 0  # traces exported (handed to the processor)
         self.num_dropped = 0  # traces the sampling decision dropped
         self.num_failed = 0  # kept traces whose spans could not be built (logged)
+        self.num_spans = 0  # spans of kept traces handed to the processor
         # A forced trace draws on its kind's share and on its tenant's share of all three kinds,
         # so one tenant holds at most ``tenant_burst_spans`` (and one trace) of the queue at once.
         self._shares = {
@@ -128,6 +133,15 @@ class Tracer:
         class."""
         return dict(self._slow_dropped)
 
+    def spans_exported(self) -> int:
+        """Spans the receiver accepted."""
+        return 0 if self._delivery is None else self._delivery.spans_exported()
+
+    def spans_dropped(self) -> Mapping[str, int]:
+        """Spans of kept traces that did not reach the receiver, by reason
+        (``delivery.DROP_REASONS``: a full queue, a failed export, shutdown)."""
+        return {} if self._delivery is None else self._delivery.spans_dropped()
+
     def flush(self, timeout_s: float = 10.0) -> bool:
         """Exports what is queued; False when that did not finish within ``timeout_s``."""
         return self._processor.force_flush(int(timeout_s * 1000))
@@ -158,6 +172,7 @@ class Tracer:
         if share is not None:  # forced past the ratio: charged to its kind and its tenant
             share.charge(trace.subject.tenant, len(spans))
             self._tenant_share.charge(trace.subject.tenant, len(spans))
+        self.num_spans += len(spans)
         for span in spans:
             self._processor.on_end(span)
 

@@ -17,6 +17,9 @@ from loraplex.engine.protocol import TokenDelta
 from loraplex.engine.trace_log import EngineTrace
 from loraplex.tracing.context import SpanIds
 
+# Why a span of a kept trace did not reach the receiver (``delivery.py``; metric labels).
+DROP_REASONS = ("queue_full", "export_failed", "shutdown")
+
 
 @dataclass(frozen=True)
 class Interval:
@@ -158,6 +161,14 @@ class RequestTracing(Protocol):
     def slow_dropped(self) -> Mapping[str, int]:
         """Slow requests not traced because their tenant had used its share of the export queue
         for slow requests (and no other rule kept them), by tenant class."""
+        ...
+
+    def spans_exported(self) -> int:
+        """Spans the receiver accepted."""
+        ...
+
+    def spans_dropped(self) -> Mapping[str, int]:
+        """Spans of kept traces that did not reach the receiver, by reason."""
         ...
 
     def shutdown(self) -> None:
