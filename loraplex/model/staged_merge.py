@@ -83,6 +83,9 @@ class MergeStaging:
         self._check = check
         self._next = 0  # index into weights.modules of the next module to stage
         self._staged: list[StagedModule] = []
+        # float32 room for one 16-bit module's ``W + s B A``, reused module after module: two
+        # fresh float32 temporaries per module cost page faults of their own between steps
+        self._scratch: torch.Tensor | None = None
         self.seconds = 0.0  # staging work so far (every advance's own time)
         self.num_calls = 0  # advances run (the step boundaries it took)
 
@@ -112,17 +115,26 @@ class MergeStaging:
         self.num_calls += 1
         return count
 
+    def _scratch_like(self, weight: torch.Tensor) -> torch.Tensor:
+        """A float32 view of ``weight``'s shape on the reused scratch (grown when too small)."""
+        numel = weight.numel()
+        if self._scratch is None or self._scratch.numel() < numel:
+            self._scratch = weight_buffer((numel,), dtype=torch.float32, device=weight.device)
+        return self._scratch[:numel].view(weight.shape)
+
     def result(self) -> StagedWeights:
         if not self.done:
             raise RuntimeError(
                 f"staging has {len(self.weights.modules) - self._next} modules to go; "
                 "expected every module staged"
             )
+        self._scratch = None
         return StagedWeights(tuple(self._staged))
 
     def abandon(self) -> None:
         """Drop the staged weights (and, through their weak references, their packed copies)."""
         self._staged.clear()
+        self._scratch = None
         self._next = len(self.weights.modules)
 
     def _stage(self, module: ModuleWeights) -> StagedModule:
@@ -136,8 +148,11 @@ class MergeStaging:
             out = weight_buffer(tuple(original.shape), dtype=original.dtype, device=original.device)
             if original.dtype == torch.float32:  # ``float()`` would be the live tensor itself
                 torch.addmm(original, lora_b, lora_a, alpha=module.scale, out=out)
-            else:
-                out.copy_(torch.addmm(original.float(), lora_b, lora_a, alpha=module.scale))
+            else:  # the in-place merge's float32 math, in the reused scratch
+                scratch = self._scratch_like(original)
+                scratch.copy_(original)
+                scratch.addmm_(lora_b, lora_a, alpha=module.scale)
+                out.copy_(scratch)
             merged = nn.Parameter(out, requires_grad=False)
         self.model.pack(merged)
         return StagedModule(linear, original, merged)
