@@ -51,11 +51,14 @@ class ModeSetting:
         return cls(ModeKind.MERGED, ref)
 
 
-# ``merge_step_budget_s``'s default (docs/modes.md, "Staged merge"): on the large preset a
-# bfloat16 decode step of 20 sequences took about 0.1 s on a loaded 2-core Zen 4, so a 20 ms piece
-# adds about a fifth to one step, and a whole merge (0.25 s of staging) spreads over about 13
-# boundaries; the small preset's whole merge (about 4 ms) still commits at the first boundary.
-MERGE_STEP_BUDGET_S = 0.02
+# ``merge_step_budget_s``'s default (docs/modes.md, "Staged merge (2026-12-07, mergestall)"): on
+# the large preset in bfloat16 on a shared 2-core Zen 4 (decode step of 20 sequences 86-92 ms),
+# ``bench modes``' after-opening P99 TTFT went from 1.32-1.36x unmerged's (in-place merge) to
+# 1.01-1.05x at 0.02 s and 1.04x at 0.05 s; but at 0.02 s the staging took 38-47 boundaries
+# (0.70-0.86 s: a piece costs more between steps than in a row) and the 80 % throughput fell to
+# 0.93-0.95 (main 1.02-1.04), at 0.05 s 12 boundaries and 1.023 (one run). The small preset's
+# whole merge (about 4 ms) commits at the first boundary.
+MERGE_STEP_BUDGET_S = 0.05
 
 
 def check_merge_step_budget(budget_s: float, mode: str) -> None:

@@ -248,13 +248,13 @@ def test_the_engine_config_budget_reaches_the_controller(
     runtime = build_adapter_runtime(
         base, refs.__getitem__, store, tmp_path / "l2", AdapterRuntimeConfig(max_loras=2)
     )
-    config = EngineConfig(mode="auto", merge_step_budget_s=0.05)
+    config = EngineConfig(mode="auto", merge_step_budget_s=0.03)
     core = build_engine_core(demo_assets.base_model_dir, config, runtime)
     try:
-        assert core.modes is not None and core.modes.policy.merge_step_budget_s == 0.05
+        assert core.modes is not None and core.modes.policy.merge_step_budget_s == 0.03
     finally:
         core.close()
     with pytest.raises(ValueError, match=r"^merge_step_budget_s 0 is invalid; expected > 0"):
         EngineConfig(mode="auto", merge_step_budget_s=0)
-    with pytest.raises(ValueError, match=r"^merge_step_budget_s 0\.05 is set while mode is unm"):
-        EngineConfig(merge_step_budget_s=0.05)
+    with pytest.raises(ValueError, match=r"^merge_step_budget_s 0\.03 is set while mode is unm"):
+        EngineConfig(merge_step_budget_s=0.03)

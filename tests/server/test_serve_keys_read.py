@@ -61,7 +61,7 @@ def _parsed(args: list[str]) -> ServeConfig:
          "while stream_pause_bytes 1048576 >= max_stream_buffer_bytes 262144"),
         ({"merge_step_budget_s": 0.0, "mode": "auto"}, "merge_step_budget_s 0.0 is invalid; "
          "expected > 0"),
-        ({"merge_step_budget_s": 0.05}, "merge_step_budget_s 0.05 is set while mode is "
+        ({"merge_step_budget_s": 0.03}, "merge_step_budget_s 0.03 is set while mode is "
          "unmerged"),
         ({"base_linear_kernel": "mkl"}, "base_linear_kernel 'mkl' is invalid; expected one of "
          "auto, blas, onednn, packed"),
@@ -99,7 +99,7 @@ def test_a_key_nothing_reads_is_refused_naming_it(
         {"base_linear_kernel": "onednn", "dtype": "bfloat16"},
         {"base_linear_kernel": "blas", "device": "cuda"},
         {"base_linear_kernel": "packed"},
-        {"merge_step_budget_s": 0.05, "mode": "auto"},
+        {"merge_step_budget_s": 0.03, "mode": "auto"},
     ],
 )
 def test_the_same_keys_pass_where_something_reads_them(
