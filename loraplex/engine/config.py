@@ -8,7 +8,7 @@ from dataclasses import dataclass, field, fields
 
 from loraplex.devices import check_device
 from loraplex.dtypes import DEFAULT_DTYPE, check_dtype
-from loraplex.engine.mode_policy import ModeSetting
+from loraplex.engine.mode_policy import MERGE_STEP_BUDGET_S, ModeSetting, check_merge_step_budget
 
 # The matmul the base model's linears and head run (``model.layers``, whose
 # ``LINEAR_KERNELS`` is this tuple): "blas" (``F.linear``), "onednn" (oneDNN on the dense
@@ -143,6 +143,8 @@ class EngineConfig:
     idle_wait_s: float = 0.05  # how long the loop sleeps when nothing can run (woken early)
     # unmerged | merged:<tenant/name@revision> | auto (engine.mode_policy; docs/modes.md)
     mode: str = "unmerged"
+    # the most merge staging one step boundary runs (engine.mode_policy.ModePolicyConfig)
+    merge_step_budget_s: float = MERGE_STEP_BUDGET_S
     # the base linears' kernel (BASE_LINEAR_KERNELS; "packed" holds a second copy of them)
     base_linear_kernel: str = "auto"
 
@@ -155,6 +157,7 @@ class EngineConfig:
         check_device(self.device)
         check_base_linear_kernel(self.base_linear_kernel, self.dtype, self.device)
         ModeSetting.parse(self.mode)  # raises ValueError naming the mode
+        check_merge_step_budget(self.merge_step_budget_s, self.mode)
         if not self.idle_wait_s > 0:
             raise ValueError(f"idle_wait_s {self.idle_wait_s} is invalid; expected > 0")
         if self.num_kv_blocks * self.block_size < self.scheduler.max_model_len:

@@ -37,7 +37,7 @@ from loraplex.engine.kv.blocks import BlockManager
 from loraplex.engine.kv.paged import PagedKVCache
 from loraplex.engine.merge_holds import MergeHolds
 from loraplex.engine.mode_control import ModeController
-from loraplex.engine.mode_policy import ModeKind, ModeSetting
+from loraplex.engine.mode_policy import ModeKind, ModePolicyConfig, ModeSetting
 from loraplex.engine.model_load import log_weight_memory
 from loraplex.engine.modes import ModeSwitcher
 from loraplex.engine.runner import ModelRunner
@@ -231,5 +231,6 @@ def build_engine_core(
         if runtime is None:
             raise ValueError(f"mode {config.mode!r} is invalid without adapters; expected unmerged")
         switcher = ModeSwitcher(runner, runtime.pool, clock, holds=runtime.merge_holds)
-        core.modes = ModeController(setting, switcher, runtime.cache, clock)
+        policy = ModePolicyConfig(merge_step_budget_s=config.merge_step_budget_s)
+        core.modes = ModeController(setting, switcher, runtime.cache, clock, policy=policy)
     return core

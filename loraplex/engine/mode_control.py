@@ -4,6 +4,11 @@ between steps, merges, unmerges or switches through :class:`~loraplex.engine.mod
 - ``unmerged``: nothing happens (the controller is not even built).
 - ``merged:<tenant/name@revision>``: the named revision is merged as soon as a lease on it is
   granted (asked for at the first step that names it), and stays merged.
+- Every merge is begun once its lease is granted and then, on a CPU, staged: a piece of about
+  ``merge_step_budget_s`` at each step boundary, the revision served unmerged meanwhile, and
+  committed at the boundary that stages its last piece. A staging this engine no longer wants
+  (another revision dedicated, ``auto``'s traffic moved, ``close``) is abandoned, its lease
+  released; an admin hold is checked at the commit.
 - ``auto`` with a fleet's dedication (``MergeHolds.dedicate``, docs/modes.md "Topology"): the
   dedicated revision is merged as soon as a lease on it is granted, like ``merged:<ref>``.
 - ``auto``: :func:`~loraplex.engine.mode_policy.decide` on the recent token share, with the
@@ -32,6 +37,7 @@ from loraplex.engine.mode_policy import (
     Action,
     LoraCostMeter,
     MeasuredCosts,
+    ModeDecision,
     ModeKind,
     ModePolicyConfig,
     ModeSetting,
@@ -151,6 +157,9 @@ class ModeController:
         if self._pending is not None:
             self._finish_pending()
             return
+        if self.switcher.staging_revision is not None:
+            self._stage(self.switcher.staging_revision)
+            return
         if self.setting.kind is ModeKind.MERGED:
             wanted = self.setting.revision
             if (
@@ -166,6 +175,14 @@ class ModeController:
             return
         now = self.clock.now()
         since = None if self._last_s is None else now - self._last_s
+        got = self._decide(self.switcher.merged_revision, since)
+        if got.action in (Action.UNMERGE, Action.SWITCH):
+            self._record(self.switcher.unmerge())
+        if got.action in (Action.MERGE, Action.SWITCH) and got.revision is not None:
+            self._ask(got.revision)
+
+    def _decide(self, merged: str | None, since: float | None) -> ModeDecision:
+        now = self.clock.now()
         self.step_costs.expire(now, self.policy.veto_s)
         costs = MeasuredCosts(
             self._transition_s(),
@@ -174,13 +191,29 @@ class ModeController:
             self.step_costs.per_token(False),
             self.lora_cost.measured,
         )
-        merged = self.switcher.merged_revision
         traffic = self.window.share(now)
-        got = decide(merged, since, traffic, costs, self.policy, refused=self.switcher.refused)
-        if got.action in (Action.UNMERGE, Action.SWITCH):
-            self._record(self.switcher.unmerge())
-        if got.action in (Action.MERGE, Action.SWITCH) and got.revision is not None:
-            self._ask(got.revision)
+        return decide(merged, since, traffic, costs, self.policy, refused=self.switcher.refused)
+
+    def _stage(self, ref: str) -> None:
+        """The next piece of ``ref``'s staged merge (its commit once all is staged), or its
+        abandon when this engine no longer wants it merged."""
+        if self._unwanted(ref):
+            self.switcher.abandon()
+        else:
+            transition = self.switcher.advance(self.policy.merge_step_budget_s)
+            if transition is not None:
+                self._record(transition)
+        self.report = replace(self.report, staging_revision=self.switcher.staging_revision)
+
+    def _unwanted(self, ref: str) -> bool:
+        """Whether a merge of ``ref`` under way is no longer wanted: another revision dedicated
+        by the fleet, or (``auto``) traffic that would unmerge it or switch, were it merged."""
+        if self.setting.kind is ModeKind.MERGED:
+            return False
+        dedicated = self.switcher.holds.dedicated
+        if dedicated is not None:
+            return dedicated != ref
+        return self._decide(ref, None).action in (Action.UNMERGE, Action.SWITCH)
 
     def _follow(self, ref: str) -> None:
         """Merge ``ref`` (the fleet dedicated this engine to it), unmerging another first."""
@@ -197,11 +230,13 @@ class ModeController:
         return ref in self._keys and ref not in self.switcher.refused
 
     def close(self) -> None:
-        """Unmerge (the base weights come back) and drop a pending lease."""
+        """Unmerge (the base weights come back), abandon a staging, drop a pending lease."""
         self._stop_timing()
         if self._pending is not None:
             self._pending.add_done_callback(_release_if_granted)
             self._pending = None
+        self.switcher.abandon()
+        self.report = replace(self.report, staging_revision=None)
         if self.switcher.merged_revision is not None:
             self._record(self.switcher.unmerge())
 
@@ -216,20 +251,23 @@ class ModeController:
         self._pending = self._pending_ref = None
         if future.exception() is not None:  # no slot now: asked again at a later decision
             return
-        transition = self.switcher.merge(ref, future.result())
-        if transition is not None:  # None: held (asked again later) or refused (never again)
-            self._record(transition)
+        # False: held (asked again later) or refused before (never again)
+        if self.switcher.begin(ref, future.result()):
+            self._stage(ref)  # the first piece now: a small model's merge commits at once
 
     def _record(self, transition: Transition) -> None:
         self.transitions.append(transition)
         self._last_s = self.clock.now()
         merged = self.switcher.merged_revision
-        self.report = self.report.observed(transition.kind.value, transition.seconds, merged)
+        kind, seconds = transition.kind.value, transition.seconds
+        self.report = self.report.observed(kind, seconds, merged, transition.staging_s)
 
     def _transition_s(self) -> float:
+        """What one transition costs the steps: its stall and its staging both run on the
+        engine's thread between steps (the staging only spread over more boundaries)."""
         if not self.transitions:
             return TRANSITION_PRIOR_S
-        return statistics.median(t.seconds for t in self.transitions)
+        return statistics.median(t.cost_s for t in self.transitions)
 
 
 def _release_if_granted(future: Future[Lease]) -> None:

@@ -55,6 +55,28 @@ class ModeSetting:
         return cls(ModeKind.MERGED, ref)
 
 
+# ``merge_step_budget_s``'s default (docs/modes.md, "Staged merge (2026-12-07, mergestall)"): on
+# the large preset in bfloat16 on a shared 2-core Zen 4 (decode step of 20 sequences 86-92 ms),
+# ``bench modes``' after-opening P99 TTFT went from 1.32-1.36x unmerged's (in-place merge) to
+# 1.01-1.05x at 0.02 s and 1.04x at 0.05 s; but at 0.02 s the staging took 38-47 boundaries
+# (0.70-0.86 s: a piece costs more between steps than in a row) and the 80 % throughput fell to
+# 0.93-0.95 (main 1.02-1.04), at 0.05 s 12 boundaries and 1.023 (one run). The small preset's
+# whole merge (about 4 ms) commits at the first boundary.
+MERGE_STEP_BUDGET_S = 0.05
+
+
+def check_merge_step_budget(budget_s: float, mode: str) -> None:
+    """ValueError naming ``merge_step_budget_s`` when it is not > 0, or set (not the default)
+    while ``mode`` is ``unmerged``, where nothing merges and nothing reads it."""
+    if not budget_s > 0:  # NaN too
+        raise ValueError(f"merge_step_budget_s {budget_s} is invalid; expected > 0")
+    if budget_s != MERGE_STEP_BUDGET_S and ModeSetting.parse(mode).kind is ModeKind.UNMERGED:
+        raise ValueError(
+            f"merge_step_budget_s {budget_s} is set while mode is unmerged; expected mode auto "
+            "or merged:<ref>, or merge_step_budget_s left out (only a merge reads it)"
+        )
+
+
 @dataclass(frozen=True)
 class ModePolicyConfig:
     """Thresholds of :func:`decide`."""
@@ -76,9 +98,13 @@ class ModePolicyConfig:
     # the next merge measures merged steps again: one stretch of traffic (one tenant's mix of
     # step sizes) must not keep every revision unmerged for the engine's life
     veto_s: float = 600.0
+    # the most merge staging one step boundary runs (a staged merge, on a CPU: the merged
+    # weights built beside the live ones, the steps kept waiting at most about this long for
+    # it, and the commit one boundary of O(modules)); every mode, not only ``auto``
+    merge_step_budget_s: float = MERGE_STEP_BUDGET_S
 
     def __post_init__(self) -> None:
-        for name in ("window_s", "min_dwell_s", "payback_s", "veto_s"):
+        for name in ("window_s", "min_dwell_s", "payback_s", "veto_s", "merge_step_budget_s"):
             if not getattr(self, name) > 0:
                 raise ValueError(f"{name} {getattr(self, name)} is invalid; expected > 0")
         if self.min_window_tokens < 1:

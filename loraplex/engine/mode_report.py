@@ -1,5 +1,6 @@
 """What an engine says about its execution mode (torch-free): the revision merged into its base
-weights and the measured merge / unmerge times, as cumulative histograms.
+weights (and the one being staged), the measured merge / unmerge stalls and the merges' staging
+times, as cumulative histograms.
 
 The report rides in the engine's published queue view (``sched.stats.QueueView.mode``), so it
 crosses the engine-process pipe with no message of its own, reaches ``EngineLoad.mode`` and from
@@ -72,11 +73,25 @@ class ModeReport:
     unmerge: TransitionHistogram = TransitionHistogram()  # unmerges so far
     # ``auto``: the unmerged LoRA op's measured seconds per token (None: not measured yet)
     lora_s_per_token: float | None = None
+    # the revision whose merged weights are being built beside the live ones (still served
+    # unmerged); None: no staging under way
+    staging_revision: str | None = None
+    # merges' staging work (seconds, over the step boundaries each took) before their commit
+    staging: TransitionHistogram = TransitionHistogram()
 
-    def observed(self, direction: str, seconds: float, merged: str | None) -> ModeReport:
-        """This report after a ``direction`` ("merge" / "unmerge") of ``seconds``."""
+    def observed(
+        self, direction: str, seconds: float, merged: str | None, staging_s: float = 0.0
+    ) -> ModeReport:
+        """This report after a ``direction`` ("merge" / "unmerge") that stalled the steps for
+        ``seconds`` (a merge: after ``staging_s`` of staging)."""
         if direction == "merge":
-            return replace(self, merged_revision=merged, merge=self.merge.observe(seconds))
+            return replace(
+                self,
+                merged_revision=merged,
+                staging_revision=None,
+                merge=self.merge.observe(seconds),
+                staging=self.staging.observe(staging_s),
+            )
         if direction == "unmerge":
             return replace(self, merged_revision=merged, unmerge=self.unmerge.observe(seconds))
         raise ValueError(f"direction {direction!r} is invalid; expected 'merge' or 'unmerge'")

@@ -275,6 +275,11 @@ class LlamaModel(nn.Module):
         weights = [m.weight for layer in self.model.layers for m in layer_linears(layer)]
         return sum(self._linear.pack(weight) for weight in [*weights, head])
 
+    def pack(self, weight: torch.Tensor) -> bool:
+        """With the "packed" kernel, make ``weight``'s packed copy (a staged merge's new weight,
+        before it is swapped in); returns whether one was made (False with another kernel)."""
+        return isinstance(self._linear, PackedLinear) and self._linear.pack(weight)
+
     def packed_bytes(self) -> int:
         """Bytes of the packed copies of the base weights held now (0 with a kernel other than
         "packed"): memory beside ``weight_bytes``, not part of it."""

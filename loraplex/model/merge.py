@@ -16,9 +16,12 @@ foreign tokens, ``auto`` runs that pass in float32 (ops/merged_op.py; the negati
 rows are converted once per merge, here). Other backends (Triton) run the subtraction as a
 second pass of their own op.
 
-Unmerging restores the original weights from a host copy taken at merge time, bit for bit, so
-the base model after an unmerge is exactly the model before the merge (no drift from repeated
-add/subtract rounding in low precision).
+On a CPU the merged weights are built beside the live ones, a bounded piece per step boundary,
+and swapped in by reference (model/staged_merge.py), so steps never wait for the whole merge;
+elsewhere ``W`` is written in place. Either way unmerging restores the original weights bit for
+bit (the originals swapped back by reference, or copied back from a host copy taken at merge
+time), so the base model after an unmerge is exactly the model before the merge (no drift from
+repeated add/subtract rounding in low precision).
 
 A merge is refused (``MergeRefusedError``, nothing changed) when a module's delta ``s * B @ A`` is
 more than ``MAX_DELTA_RATIO`` times the largest weight it is added to (checked on a bound from the
@@ -32,6 +35,10 @@ times in float32; docs/benchmarks/attack23.md).
 
 from __future__ import annotations
 
+import functools
+import math
+import time
+from collections.abc import Callable
 from dataclasses import dataclass, fields, replace
 
 import torch
@@ -41,6 +48,7 @@ from loraplex.model.adapter_weights import AdapterWeights, ModuleWeights
 from loraplex.model.layers import Linear
 from loraplex.model.llama import LlamaModel
 from loraplex.model.lora import LoraSlotPool
+from loraplex.model.staged_merge import MergeStaging, StagedWeights
 from loraplex.ops.base import LoraBatch, ModuleLoraWeights, Strategy
 from loraplex.ops.merged_op import (
     FUSED_BACKENDS,
@@ -85,12 +93,28 @@ def linear_of(model: LlamaModel, layer: int, module: str) -> Linear:
 
 
 class WeightMerger:
-    """Folds one adapter into ``model``'s weights in place and restores them exactly."""
+    """Folds one adapter into ``model``'s weights and restores them exactly.
 
-    def __init__(self, model: LlamaModel) -> None:
+    ``staged`` (the default on a CPU): the merged weights are built beside the live ones
+    (:meth:`stage`, a bounded piece at a time, model/staged_merge.py) and swapped in by
+    reference (:meth:`commit`); the unmerge swaps the originals back. Else in place (the
+    default on other devices, where memory is scarce and a merge takes milliseconds): ``merge``
+    writes ``W += s B A`` and keeps a host copy of each original W for the unmerge. ``clock``:
+    seconds, what a staging's budget is counted in."""
+
+    def __init__(
+        self,
+        model: LlamaModel,
+        *,
+        staged: bool | None = None,
+        clock: Callable[[], float] = time.perf_counter,
+    ) -> None:
         self.model = model
+        self.staged = model.device.type == "cpu" if staged is None else staged
+        self.clock = clock
         self._digest: str | None = None
-        self._backup: dict[tuple[int, str], torch.Tensor] = {}  # host copies of original W
+        self._backup: dict[tuple[int, str], torch.Tensor] = {}  # in place: host copies of W
+        self._swapped: StagedWeights | None = None  # staged: the weights swapped in
         # (layer, module) -> max |W| of the base weights (they come back bit for bit: read once)
         self._base_largest: dict[tuple[int, str], float] = {}
 
@@ -99,13 +123,36 @@ class WeightMerger:
         """Digest of the merged adapter; None when the weights are the base model's."""
         return self._digest
 
+    def stage(self, weights: AdapterWeights) -> MergeStaging:
+        """A staging of ``weights`` beside the live weights (nothing live changes until
+        :meth:`commit`); its ``advance`` raises ``MergeRefusedError`` for a swamping delta."""
+        if not self.staged:
+            raise MergeStateError("this merger merges in place; expected merge(), not stage()")
+        self._check_unmerged(weights)
+        return MergeStaging(
+            self.model,
+            weights,
+            functools.partial(linear_of, self.model),
+            functools.partial(self._refuse_swamping, weights.digest),
+            self.clock,
+        )
+
+    def commit(self, staging: MergeStaging) -> None:
+        """Swap the fully staged weights in (the caller holds the slot lock): O(modules)."""
+        self._check_unmerged(staging.weights)
+        swapped = staging.result()
+        swapped.swap_in()
+        self._swapped, self._digest = swapped, staging.weights.digest
+
     def merge(self, weights: AdapterWeights) -> None:
-        """``W += scale * B @ A`` for every module of ``weights`` (float32 math, model dtype)."""
-        if self._digest is not None:
-            raise MergeStateError(
-                f"adapter {weights.digest[:12]} cannot be merged: {self._digest[:12]} is merged; "
-                "expected an unmerge first"
-            )
+        """``W += scale * B @ A`` for every module of ``weights`` (float32 math, model dtype):
+        staged all at once and committed, or in place."""
+        if self.staged:
+            staging = self.stage(weights)
+            staging.advance(math.inf)
+            self.commit(staging)
+            return
+        self._check_unmerged(weights)
         backup: dict[tuple[int, str], torch.Tensor] = {}
         with torch.no_grad():
             try:
@@ -114,11 +161,7 @@ class WeightMerger:
                     weight = linear_of(self.model, module.layer, module.module).weight
                     lora_a = module.lora_a.to(weight.device, torch.float32)
                     lora_b = module.lora_b.to(weight.device, torch.float32)
-                    base = self._largest_base(key, weight)
-                    bound = _delta_bound(lora_a, lora_b, module.scale)
-                    if not bound <= MAX_DELTA_RATIO * base:  # NaN too: multiply it out
-                        largest = abs(module.scale) * _largest(torch.mm(lora_b, lora_a))
-                        _check_delta(weights.digest, module, largest, base)
+                    self._refuse_swamping(weights.digest, module, weight, lora_a, lora_b)
                     backup[key] = weight.detach().to("cpu", copy=True)
                     merged = weight.float().addmm_(lora_b, lora_a, alpha=module.scale)
                     weight.copy_(merged.to(weight.dtype))
@@ -133,10 +176,36 @@ class WeightMerger:
         """Put back the original weights of every module the merge touched."""
         if self._digest is None:
             raise MergeStateError("nothing is merged; expected a merge before an unmerge")
-        with torch.no_grad():
-            self._restore(self._backup)
-        self._backup = {}
+        if self._swapped is not None:
+            self._swapped.swap_out()
+        else:
+            with torch.no_grad():
+                self._restore(self._backup)
+        self._backup, self._swapped = {}, None
         self._digest = None
+
+    def _check_unmerged(self, weights: AdapterWeights) -> None:
+        if self._digest is not None:
+            raise MergeStateError(
+                f"adapter {weights.digest[:12]} cannot be merged: {self._digest[:12]} is merged; "
+                "expected an unmerge first"
+            )
+
+    def _refuse_swamping(
+        self,
+        digest: str,
+        module: ModuleWeights,
+        weight: torch.Tensor,
+        lora_a: torch.Tensor,
+        lora_b: torch.Tensor,
+    ) -> None:
+        """``MergeRefusedError`` when ``module``'s delta would swamp ``weight`` (float32
+        factors); the bound first, the product only when the bound cannot clear it."""
+        base = self._largest_base((module.layer, module.module), weight)
+        bound = _delta_bound(lora_a, lora_b, module.scale)
+        if not bound <= MAX_DELTA_RATIO * base:  # NaN too: multiply it out
+            largest = abs(module.scale) * _largest(torch.mm(lora_b, lora_a))
+            _check_delta(digest, module, largest, base)
 
     def _largest_base(self, key: tuple[int, str], weight: torch.Tensor) -> float:
         if key not in self._base_largest:

@@ -59,6 +59,7 @@ def engine_config(config: ServeConfig) -> EngineConfig:
         dtype=config.dtype,
         device=config.device,
         mode=config.mode,
+        merge_step_budget_s=config.merge_step_budget_s,
         base_linear_kernel=config.base_linear_kernel,
     )
 

@@ -1,5 +1,7 @@
-"""``loraplex_mode_transition_seconds{direction}``: the engine's measured merge and unmerge times
-(docs/modes.md), ``loraplex_mode_merged`` (1 while a revision is in its base weights) and, once
+"""``loraplex_mode_transition_seconds{direction}``: the engine's measured merge and unmerge stalls
+(what the steps waited; docs/modes.md), ``loraplex_mode_staging_seconds`` (a merge's staging
+work before its commit), ``loraplex_mode_staging`` (1 while one is staged),
+``loraplex_mode_merged`` (1 while a revision is in its base weights) and, once
 ``auto`` has measured it, ``loraplex_mode_lora_seconds_per_token`` (the unmerged LoRA op's cost
 per adapter token, the figure ``auto`` weighs merging with).
 
@@ -34,12 +36,25 @@ class ModeCollector(Collector):
             return
         family = HistogramMetricFamily(
             "loraplex_mode_transition_seconds",
-            "Seconds one merge or unmerge of an adapter into the base weights took.",
+            "Seconds the steps waited for one merge or unmerge of an adapter into the base "
+            "weights (a merge's commit; its staging is loraplex_mode_staging_seconds).",
             labels=("direction",),
         )
         for direction, histogram in (("merge", report.merge), ("unmerge", report.unmerge)):
             family.add_metric([direction], histogram.cumulative(), histogram.sum_s)
         yield family
+        staging = HistogramMetricFamily(
+            "loraplex_mode_staging_seconds",
+            "Seconds of work one merge spent building its merged weights beside the live ones, "
+            "spread over step boundaries, before the commit the steps waited for.",
+        )
+        staging.add_metric([], report.staging.cumulative(), report.staging.sum_s)
+        yield staging
+        yield GaugeMetricFamily(
+            "loraplex_mode_staging",
+            "1 while a merge is being staged (the revision still served unmerged).",
+            value=0 if report.staging_revision is None else 1,
+        )
         yield GaugeMetricFamily(
             "loraplex_mode_merged",
             "1 while an adapter revision is merged into the engine's base weights.",

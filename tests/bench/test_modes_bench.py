@@ -18,11 +18,11 @@ from loraplex.bench.modes.plot import modes_plot
 from loraplex.bench.modes.setup import HOT, NUM_ADAPTERS, ModesBenchConfig, Setup, probes
 from loraplex.cli import app
 from loraplex.engine.mode_policy import MeasuredCosts
-from loraplex.model.adapter_weights import AdapterWeights
 from loraplex.model.kv_cache import ContiguousKVCache, SequenceChunk
 from loraplex.model.layers import PackedLinear, packed_available
 from loraplex.model.llama import ForwardBatch, LoraApplier, layer_linears
 from loraplex.model.merge import linear_of
+from loraplex.model.staged_merge import MergeStaging
 
 QUICK = ModesBenchConfig(
     rounds=1,
@@ -165,15 +165,15 @@ def test_the_gain_bound_follows_the_per_token_model() -> None:
 
 def test_a_wrong_merge_fails_the_probes(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     setup = Setup(tmp_path, QUICK)
-    real_merge = setup.merger.merge
+    real_commit = setup.merger.commit  # the bench's merges are staged, then committed
 
-    def wrong(weights: AdapterWeights) -> None:
-        real_merge(weights)
-        for module in weights.modules:  # a far larger delta than the adapter's: a wrong merge
+    def wrong(staging: MergeStaging) -> None:
+        real_commit(staging)
+        for module in staging.weights.modules:  # a far larger delta than the adapter's
             weight = linear_of(setup.model, module.layer, module.module).weight
             weight.add_(module.scale * 50 * module.lora_b.float() @ module.lora_a.float())
 
-    monkeypatch.setattr(setup.merger, "merge", wrong)
+    monkeypatch.setattr(setup.merger, "commit", wrong)
     with torch.no_grad(), pytest.raises(ProbeMismatchError, match="merged"):
         probes(setup, ParityReport(ParityRule(exact=True)))
 

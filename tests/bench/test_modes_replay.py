@@ -24,15 +24,16 @@ from loraplex.bench.modes.replay import (
 from loraplex.bench.modes.setup import HOT, ModesBenchConfig, Setup
 from loraplex.cli import app
 from loraplex.engine.mode_policy import MeasuredCosts, ModePolicyConfig
-from loraplex.model.adapter_weights import AdapterWeights
 from loraplex.model.merge import MergedLoraApplier, WeightMerger, linear_of
+from loraplex.model.staged_merge import MergeStaging
 
 QUICK = ModesBenchConfig(batch_size=4, context_tokens=8, rounds=1, calls_per_round=1)
 # merging always pays (the unmerged baseline given: the replay's auto measures its own)
 PAYS = MeasuredCosts(transition_s=1e-6, lora_s_per_token=1.0, unmerged_step_s_per_token=1.0)
 EXACT = ParityRule(exact=True)
-# a short replay's auto may merge (few steps, few tokens)
-EAGER = ModePolicyConfig(min_measured_steps=2, min_window_tokens=1)
+# a short replay's auto may merge (few steps, few tokens) and stages its merge in one piece
+# (the budget's own test: tests/engine/test_mode_staging.py)
+EAGER = ModePolicyConfig(min_measured_steps=2, min_window_tokens=1, merge_step_budget_s=60.0)
 
 
 def tokens(run: ReplayRun) -> list[list[int]]:
@@ -118,15 +119,15 @@ def test_the_summary_says_which_steps_make_the_ttft_tail() -> None:
 def wrong_merge(monkeypatch: pytest.MonkeyPatch) -> None:
     """Every merge folds 50 times the adapter's delta in: a wrong merge outputs must catch (an
     unmerge still restores the original rows)."""
-    real = WeightMerger.merge
+    real = WeightMerger.commit  # every merge of the bench is staged, then committed
 
-    def merge(self: WeightMerger, weights: AdapterWeights) -> None:
-        real(self, weights)
-        for module in weights.modules:
+    def commit(self: WeightMerger, staging: MergeStaging) -> None:
+        real(self, staging)
+        for module in staging.weights.modules:
             weight = linear_of(self.model, module.layer, module.module).weight
             weight.add_(module.scale * 50 * module.lora_b.float() @ module.lora_a.float())
 
-    monkeypatch.setattr(WeightMerger, "merge", merge)
+    monkeypatch.setattr(WeightMerger, "commit", commit)
 
 
 @pytest.mark.usefixtures("wrong_merge")

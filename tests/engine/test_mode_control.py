@@ -20,6 +20,7 @@ from loraplex.engine.modes import ModeSwitcher, TransitionKind
 from loraplex.engine.offline import OfflineConfig, OfflineEngine, OfflineRequest
 from loraplex.engine.step import StepPlan
 from loraplex.model.adapter_weights import AdapterWeights
+from loraplex.model.staged_merge import MergeStaging
 from loraplex.sampling import SamplingParams
 
 GREEDY = SamplingParams(max_tokens=10, temperature=0.0, ignore_eos=True)
@@ -124,14 +125,14 @@ def test_a_revision_whose_delta_swamps_the_base_is_never_merged(
     setting = "auto" if mode == "auto" else f"merged:{ref}"
     control = controller(engine, setting, clock, policy=replace(POLICY, payback_s=1e9))
     merges = 0
-    merge = control.switcher._merger.merge
+    stage = control.switcher._merger.stage  # a CPU merge is staged
 
-    def counted(weights: AdapterWeights) -> None:
+    def counted(weights: AdapterWeights) -> MergeStaging:
         nonlocal merges
         merges += 1
-        merge(weights)
+        return stage(weights)
 
-    control.switcher._merger.merge = counted  # type: ignore[method-assign]
+    control.switcher._merger.stage = counted  # type: ignore[method-assign]
     got = [r.token_ids for r in engine.generate(skewed, ticking(clock))]  # type: ignore[arg-type]
     got += [r.token_ids for r in engine.generate(skewed, ticking(clock))]  # type: ignore[arg-type]
     assert got[4:6] == want[4:6] and got[10:] == want[4:]
@@ -237,14 +238,14 @@ def test_auto_merges_only_on_a_measured_lora_cost_and_publishes_it(
     clock = ManualClock()
     # a prior that would merge at once; the measured cost pays only over a long payback
     control = controller(engine, "auto", clock, 1.0, replace(POLICY, payback_s=1e9))
-    merge = control.switcher.merge
+    begin = control.switcher.begin  # a merge begins (then is staged and committed)
     samples_at_merge: list[int] = []
 
     def counted(*args: object, **kwargs: object) -> object:
         samples_at_merge.append(control.lora_cost.num_samples)
-        return merge(*args, **kwargs)  # type: ignore[arg-type]
+        return begin(*args, **kwargs)  # type: ignore[arg-type]
 
-    control.switcher.merge = counted  # type: ignore[method-assign]
+    control.switcher.begin = counted  # type: ignore[method-assign]
     engine.generate(skewed, ticking(clock))  # type: ignore[arg-type]
     assert samples_at_merge and samples_at_merge[0] >= POLICY.min_measured_steps
     measured = engine.core.view.mode.lora_s_per_token  # type: ignore[union-attr]

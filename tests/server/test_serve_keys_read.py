@@ -59,6 +59,10 @@ def _parsed(args: list[str]) -> ServeConfig:
          "max_stream_buffer_bytes 32768"),
         ({"stream_pause_bytes": 1 << 20, "max_stream_resumes": 0}, "max_stream_resumes 0 is set "
          "while stream_pause_bytes 1048576 >= max_stream_buffer_bytes 262144"),
+        ({"merge_step_budget_s": 0.0, "mode": "auto"}, "merge_step_budget_s 0.0 is invalid; "
+         "expected > 0"),
+        ({"merge_step_budget_s": 0.03}, "merge_step_budget_s 0.03 is set while mode is "
+         "unmerged"),
         ({"base_linear_kernel": "mkl"}, "base_linear_kernel 'mkl' is invalid; expected one of "
          "auto, blas, onednn, packed"),
         ({"base_linear_kernel": "packed", "device": "cuda"}, "base_linear_kernel 'packed' is "
@@ -95,6 +99,7 @@ def test_a_key_nothing_reads_is_refused_naming_it(
         {"base_linear_kernel": "onednn", "dtype": "bfloat16"},
         {"base_linear_kernel": "blas", "device": "cuda"},
         {"base_linear_kernel": "packed"},
+        {"merge_step_budget_s": 0.03, "mode": "auto"},
     ],
 )
 def test_the_same_keys_pass_where_something_reads_them(

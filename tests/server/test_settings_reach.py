@@ -96,9 +96,12 @@ def test_the_scheduler_and_engine_fields_carry_the_serve_values(tmp_path: Path) 
         dtype="bfloat16",
         device="cuda:3",  # a valid name, not the default (not looked up here)
         base_linear_kernel="blas",
+        mode="auto",
+        merge_step_budget_s=0.03,
     )
     built = engine_config(serve)
     assert built.base_linear_kernel == "blas"
+    assert (built.mode, built.merge_step_budget_s) == ("auto", 0.03)
     scheduler = built.scheduler
     assert (scheduler.max_num_seqs, scheduler.max_num_batched_tokens) == (7, 99)
     assert (scheduler.max_model_len, scheduler.default_deadline_s) == (300, 12.5)

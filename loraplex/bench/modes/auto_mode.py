@@ -20,12 +20,14 @@ from loraplex.engine.mode_policy import (
     Action,
     LoraCostMeter,
     MeasuredCosts,
+    ModeDecision,
     ModePolicyConfig,
     TokenWindow,
     decide,
 )
 from loraplex.model.llama import LoraApplier
 from loraplex.model.lora import OpTimer
+from loraplex.model.staged_merge import MergeStaging
 
 
 class AutoMode:
@@ -44,6 +46,10 @@ class AutoMode:
         self.applier: LoraApplier = setup.pool
         self.last_s: float | None = None
         self.transitions = 0
+        self._staging: tuple[int, MergeStaging] | None = None  # a merge under way: slot, staging
+        self.stalls_ms: list[float] = []  # per transition: what the step after it waited
+        self.staging_ms: list[float] = []  # per merge: its staging work, all boundaries
+        self.staging_steps: list[int] = []  # per merge: the boundaries its staging took
 
     def before_step(self, now: float) -> None:
         self._decide(now)
@@ -51,7 +57,7 @@ class AutoMode:
             pool = self.setup.pool
             self._timer = pool.op_timer = OpTimer(pool.device)
 
-    def _decide(self, now: float) -> None:
+    def _decision(self, now: float, merged: int | None, since: float | None) -> ModeDecision:
         self.step_costs.expire(now, self.config.veto_s)
         costs = replace(
             self.costs,
@@ -60,19 +66,51 @@ class AutoMode:
             unmerged_step_s_per_token=self.step_costs.per_token(False),
             lora_measured=self.lora_cost.measured,
         )
+        ref = None if merged is None else str(merged)
+        return decide(ref, since, self.window.share(now), costs, self.config)
+
+    def _decide(self, now: float) -> None:
+        if self._staging is not None:
+            self._stage(now, *self._staging)
+            return
         since = None if self.last_s is None else now - self.last_s
-        merged = None if self.merged is None else str(self.merged)
-        got = decide(merged, since, self.window.share(now), costs, self.config)
+        got = self._decision(now, self.merged, since)
         if got.action is Action.STAY:
             return
         if self.merged is not None:
+            start = time.perf_counter()
             self.setup.unmerge()
+            self.stalls_ms.append((time.perf_counter() - start) * 1000)
             self.merged, self.applier = None, self.setup.pool
             self.transitions += 1
+            self.last_s = time.perf_counter()
         if got.action in (Action.MERGE, Action.SWITCH) and got.revision is not None:
-            self.merged = int(got.revision)
-            self.applier = self.setup.merge(self.merged)
-            self.transitions += 1
+            slot = int(got.revision)
+            start = time.perf_counter()
+            staging = self.setup.begin_merge(slot)
+            staging.seconds += time.perf_counter() - start
+            self._stage(now, slot, staging)
+
+    def _stage(self, now: float, slot: int, staging: MergeStaging) -> None:
+        """The engine's staged merge (engine/mode_control.py): a budgeted piece per boundary,
+        the commit at the boundary that stages the last one; abandoned when, were it merged,
+        the decision would unmerge it or switch."""
+        if self._decision(now, slot, None).action in (Action.UNMERGE, Action.SWITCH):
+            self.setup.abandon(staging)
+            self._staging = None
+            return
+        if not staging.done:
+            staging.advance(self.config.merge_step_budget_s)
+        if not staging.done:
+            self._staging = (slot, staging)
+            return
+        start = time.perf_counter()
+        self.applier = self.setup.commit(staging, slot)
+        self.stalls_ms.append((time.perf_counter() - start) * 1000)
+        self.staging_ms.append(staging.seconds * 1000)
+        self.staging_steps.append(staging.num_calls)
+        self._staging, self.merged = None, slot
+        self.transitions += 1
         self.last_s = time.perf_counter()
 
     def after_step(self, now: float, seconds: float, chunks: list[tuple[int | None, int]]) -> None:
@@ -88,6 +126,9 @@ class AutoMode:
     def close(self) -> None:
         if self._timer is not None:
             self._timer = self.setup.pool.op_timer = None
+        if self._staging is not None:
+            self.setup.abandon(self._staging[1])
+            self._staging = None
         if self.merged is not None:
             self.setup.unmerge()
             self.merged, self.applier = None, self.setup.pool

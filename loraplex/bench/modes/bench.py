@@ -82,7 +82,8 @@ def run_modes_bench(config: ModesBenchConfig) -> dict[str, object]:
         parity = ParityReport(ParityRule.for_dtype(config.dtype))
         probes(setup, parity)
         num_probes = parity.compared - len(parity.accepted)
-        merges, unmerges = transition_ms(setup)
+        commits: list[float] = []
+        merges, unmerges = transition_ms(setup, commits)
         merged = setup.merge(HOT)
         try:
             single_tps, single_paired = single_figures(setup, merged)
@@ -145,6 +146,11 @@ def run_modes_bench(config: ModesBenchConfig) -> dict[str, object]:
             "mode_transition_ms_p99": pct(merges + unmerges, 0.99),
             "merge_ms_p50": pct(merges, 0.5),
             "unmerge_ms_p50": pct(unmerges, 0.5),
+            # a merge's commit alone (the steps' stall; the rest of merge_ms is its staging,
+            # spread over step boundaries by the engine) and an unmerge: what steps wait for
+            "merge_commit_ms_p50": pct(commits, 0.5),
+            "merge_commit_ms_p99": pct(commits, 0.99),
+            "unmerge_ms_p99": pct(unmerges, 0.99),
             "mode_flaps_per_min": flaps_per_min(costs, 10, rng),
             "probes_identical": num_probes,
             "parity": parity.describe(),

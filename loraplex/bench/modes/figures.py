@@ -5,6 +5,7 @@ times, the strategies ``auto`` picks from, and the batches they are timed on.
 
 from __future__ import annotations
 
+import math
 import random
 import time
 from collections.abc import Callable
@@ -131,12 +132,21 @@ def prefill_figures(setup: Setup, skewed: list[int | None]) -> dict[str, object]
     }
 
 
-def transition_ms(setup: Setup) -> tuple[list[float], list[float]]:
+def transition_ms(
+    setup: Setup, commits: list[float] | None = None
+) -> tuple[list[float], list[float]]:
+    """Each merge's ms (staged whole, then committed) and each unmerge's; ``commits``, when
+    given, gets each merge's commit alone (what the steps wait for; the rest is staging)."""
     merges, unmerges = [], []
     for _ in range(setup.config.num_transitions):
         start = time.perf_counter()
-        setup.merge(HOT)
+        staging = setup.begin_merge(HOT)
+        staging.advance(math.inf)
+        staged = time.perf_counter()
+        setup.commit(staging, HOT)
         merges.append((time.perf_counter() - start) * 1000)
+        if commits is not None:
+            commits.append((time.perf_counter() - staged) * 1000)
         start = time.perf_counter()
         setup.unmerge()
         unmerges.append((time.perf_counter() - start) * 1000)

@@ -62,6 +62,9 @@ class ReplayRun:
     first_step: list[int] = field(default_factory=list)
     after_transition: list[int] = field(default_factory=list)  # steps a transition preceded
     step_log: list[StepRecord] = field(default_factory=list)  # per step, in order
+    stalls_ms: list[float] = field(default_factory=list)  # auto: each transition's stall
+    staging_ms: list[float] = field(default_factory=list)  # auto: each merge's staging work
+    staging_steps: list[int] = field(default_factory=list)  # auto: each staging's boundaries
 
 
 def trace(
@@ -207,6 +210,9 @@ def replay(
             live = still
     run.seconds = time.perf_counter() - start
     run.transitions = 0 if auto is None else auto.transitions
+    if auto is not None:
+        run.stalls_ms, run.staging_ms = auto.stalls_ms, auto.staging_ms
+        run.staging_steps = auto.staging_steps
     if auto is not None and auto.lora_cost.measured:
         run.lora_s_per_token = auto.lora_cost.per_token()
     return run
@@ -290,6 +296,12 @@ def summary(unmerged: list[ReplayRun], auto: list[ReplayRun]) -> dict[str, objec
         later_p99[name] = pct(later, 0.99) * 1000 if later else None
         out[f"{name}_ttft_ms_p99_after_opening"] = later_p99[name]
     out["auto_transitions"] = sum(r.transitions for r in auto)
+    # what the steps waited per transition (a merge's commit, an unmerge), and a merge's
+    # staging work before its commit, spread over ``staging_steps`` boundaries
+    for key in ("stalls_ms", "staging_ms", "staging_steps"):
+        values: list[float] = [v for r in auto for v in getattr(r, key)]
+        out[f"auto_{key}_p50"] = pct(values, 0.5) if values else None
+        out[f"auto_{key}_p99"] = pct(values, 0.99) if values else None
     measured = sorted(r.lora_s_per_token for r in auto if r.lora_s_per_token is not None)
     out["auto_lora_s_per_token"] = measured[len(measured) // 2] if measured else None
     steps = sum(r.steps for r in auto)

@@ -5,6 +5,7 @@ that fail the bench when a mode changes a continuation beyond the parity rule
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -29,6 +30,7 @@ from loraplex.model.merge import (
     negative_pool_for,
     slot_weights,
 )
+from loraplex.model.staged_merge import MergeStaging
 from loraplex.ops import LoraBatch, get_backend
 
 NUM_ADAPTERS = 16
@@ -121,10 +123,24 @@ class Setup:
         self.config = config
 
     def merge(self, slot: int) -> MergedLoraApplier:
+        """``slot``'s adapter merged at once (staged whole, then committed)."""
+        staging = self.begin_merge(slot)
+        staging.advance(math.inf)
+        return self.commit(staging, slot)
+
+    def begin_merge(self, slot: int) -> MergeStaging:
+        """A staged merge of ``slot``'s adapter (``advance`` it, then :meth:`commit`)."""
         weights = slot_weights(self.pool, slot)
         self.negative.load(0, negated(weights))
-        self.merger.merge(weights)
+        return self.merger.stage(weights)
+
+    def commit(self, staging: MergeStaging, slot: int) -> MergedLoraApplier:
+        self.merger.commit(staging)
         return MergedLoraApplier(self.pool, slot, self.negative)
+
+    def abandon(self, staging: MergeStaging) -> None:
+        staging.abandon()
+        self.negative.clear(0)
 
     def unmerge(self) -> None:
         self.merger.unmerge()

@@ -21,7 +21,11 @@ from loraplex.devices import check_device
 from loraplex.dtypes import DEFAULT_DTYPE, bytes_per_element, check_dtype
 from loraplex.engine.config import check_base_linear_kernel, check_finite
 from loraplex.engine.kv.blocks import kv_cache_bytes
-from loraplex.engine.mode_policy import ModeSetting
+from loraplex.engine.mode_policy import (
+    MERGE_STEP_BUDGET_S,
+    ModeSetting,
+    check_merge_step_budget,
+)
 from loraplex.engine.watchdog import (
     DEFAULT_HUNG_AFTER_S,
     DEFAULT_KILL_AFTER_S,
@@ -100,6 +104,8 @@ class ServeConfig:
     disk_cache_bytes: int = 8 << 30  # L2 byte budget
     policy: str = DEFAULT_POLICY  # eviction policy: a name of residency.policy's registry
     mode: str = "unmerged"  # unmerged | merged:<tenant/name@revision> | auto (docs/modes.md)
+    # seconds of merge staging one step boundary runs at most (engine.mode_policy); not unmerged
+    merge_step_budget_s: float = MERGE_STEP_BUDGET_S
     # adapter loads in flight (all tenants), and per tenant (the cold-load quota's default)
     max_concurrent_loads: int = 4
     tenant_max_concurrent_loads: int = 2
@@ -237,6 +243,7 @@ class ServeConfig:
         check_log_level(self.log_level)
         check_trace_settings(self.trace_endpoint, self.trace_sample_ratio, self.trace_slow_s)
         ModeSetting.parse(self.mode)  # raises ValueError naming the mode
+        check_merge_step_budget(self.merge_step_budget_s, self.mode)
         check_policy(self.policy)
         check_dtype(self.dtype)
         check_device(self.device)

@@ -1,0 +1,158 @@
+"""A merge built beside the live weights, a bounded piece at a time, then swapped in.
+
+The in-place merge (``WeightMerger`` on CUDA) writes ``W += s B A`` into the live weights, so
+no step may run until every module is written and (with the "packed" kernel) packed again: on
+the large preset on a CPU that was a 0.25-0.45 s stall of every request in flight
+(docs/modes.md, "Staged merge"). Here each module's merged weight is a NEW tensor
+(``W + s B A`` in float32, stored in the model's dtype, on huge pages like the base weights,
+packed when the kernel packs), built by :meth:`MergeStaging.advance` a few modules per call
+within a time budget while the live weights keep serving unmerged. The refusal check
+(``MAX_DELTA_RATIO``) runs on the way: a refused module abandons the staging and nothing live
+changed. Once every module is staged, :meth:`StagedWeights.swap_in` replaces the live
+parameters by reference (O(modules)); the originals are kept by reference with their packed
+copies, so :meth:`StagedWeights.swap_out` is the exact reverse (bit for bit, no copy, no pack).
+
+Memory: the staged copies are the targeted weights' bytes again (what the in-place path's host
+backup held), plus their packed copies with the "packed" kernel, from the first staged module
+until the unmerge (or an abandon) drops them.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import torch
+from torch import nn
+
+from loraplex.model.adapter_weights import AdapterWeights, ModuleWeights
+from loraplex.model.buffers import weight_buffer
+from loraplex.model.layers import Linear
+from loraplex.model.llama import LlamaModel
+
+Key = tuple[int, str]  # (layer, module)
+
+
+@dataclass(frozen=True)
+class StagedModule:
+    """One module's merged weight, built beside the live one."""
+
+    linear: Linear  # the live layer whose weight it replaces
+    original: nn.Parameter  # the live weight it was built from (kept by reference)
+    merged: nn.Parameter  # ``original + s B A`` in the model's dtype (packed if the kernel packs)
+
+
+class StagedWeights:
+    """Every module's merged weight, ready to swap in (and back out)."""
+
+    def __init__(self, modules: tuple[StagedModule, ...]) -> None:
+        self.modules = modules
+
+    def swap_in(self) -> None:
+        """The live layers run the merged weights (the caller holds the slot lock)."""
+        for staged in self.modules:
+            if staged.linear.weight is not staged.original:
+                raise RuntimeError("a live weight changed while staged; expected the original")
+        for staged in self.modules:
+            staged.linear.weight = staged.merged
+
+    def swap_out(self) -> None:
+        """The live layers run their original weights again, the very same tensors."""
+        for staged in self.modules:
+            staged.linear.weight = staged.original
+
+
+class MergeStaging:
+    """``weights`` merged module by module beside ``model``'s live weights.
+
+    ``check`` refuses a module (raises) before its merged weight is built; ``clock`` is the
+    engine's (seconds), so a test can count the modules one :meth:`advance` stages."""
+
+    def __init__(
+        self,
+        model: LlamaModel,
+        weights: AdapterWeights,
+        linear_of: Callable[[int, str], Linear],
+        check: Callable[[ModuleWeights, torch.Tensor, torch.Tensor, torch.Tensor], None],
+        clock: Callable[[], float],
+    ) -> None:
+        self.model = model
+        self.weights = weights
+        self.clock = clock
+        self._linear_of = linear_of
+        self._check = check
+        self._next = 0  # index into weights.modules of the next module to stage
+        self._staged: list[StagedModule] = []
+        # float32 room for one 16-bit module's ``W + s B A``, reused module after module: two
+        # fresh float32 temporaries per module cost page faults of their own between steps
+        self._scratch: torch.Tensor | None = None
+        self.seconds = 0.0  # staging work so far (every advance's own time)
+        self.num_calls = 0  # advances run (the step boundaries it took)
+
+    @property
+    def done(self) -> bool:
+        return self._next == len(self.weights.modules)
+
+    @property
+    def num_staged(self) -> int:
+        return len(self._staged)
+
+    def advance(self, budget_s: float) -> int:
+        """Stage modules until the next one would likely end past ``budget_s`` from now (the
+        mean module so far as its estimate); at least one, so every call makes progress.
+        Returns the modules staged. Raises what ``check`` raises; the staging is then dead."""
+        start = self.clock()
+        count = 0
+        modules = self.weights.modules
+        while self._next < len(modules):
+            elapsed = self.clock() - start
+            if count and elapsed + elapsed / count > budget_s:
+                break
+            self._staged.append(self._stage(modules[self._next]))
+            self._next += 1
+            count += 1
+        self.seconds += self.clock() - start
+        self.num_calls += 1
+        return count
+
+    def _scratch_like(self, weight: torch.Tensor) -> torch.Tensor:
+        """A float32 view of ``weight``'s shape on the reused scratch (grown when too small)."""
+        numel = weight.numel()
+        if self._scratch is None or self._scratch.numel() < numel:
+            self._scratch = weight_buffer((numel,), dtype=torch.float32, device=weight.device)
+        return self._scratch[:numel].view(weight.shape)
+
+    def result(self) -> StagedWeights:
+        if not self.done:
+            raise RuntimeError(
+                f"staging has {len(self.weights.modules) - self._next} modules to go; "
+                "expected every module staged"
+            )
+        self._scratch = None
+        return StagedWeights(tuple(self._staged))
+
+    def abandon(self) -> None:
+        """Drop the staged weights (and, through their weak references, their packed copies)."""
+        self._staged.clear()
+        self._scratch = None
+        self._next = len(self.weights.modules)
+
+    def _stage(self, module: ModuleWeights) -> StagedModule:
+        linear = self._linear_of(module.layer, module.module)
+        original = linear.weight
+        # NOTE: never under inference mode: an inference tensor cannot be packed
+        with torch.inference_mode(False), torch.no_grad():
+            lora_a = module.lora_a.to(original.device, torch.float32)
+            lora_b = module.lora_b.to(original.device, torch.float32)
+            self._check(module, original, lora_a, lora_b)
+            out = weight_buffer(tuple(original.shape), dtype=original.dtype, device=original.device)
+            if original.dtype == torch.float32:  # ``float()`` would be the live tensor itself
+                torch.addmm(original, lora_b, lora_a, alpha=module.scale, out=out)
+            else:  # the in-place merge's float32 math, in the reused scratch
+                scratch = self._scratch_like(original)
+                scratch.copy_(original)
+                scratch.addmm_(lora_b, lora_a, alpha=module.scale)
+                out.copy_(scratch)
+            merged = nn.Parameter(out, requires_grad=False)
+        self.model.pack(merged)
+        return StagedModule(linear, original, merged)
