@@ -29,6 +29,7 @@ from loraplex.cli.serve_options import (
     NoDemo,
     Port,
     SharedStateUrl,
+    bad_parameter,
 )
 from loraplex.cli.serve_start import check_fds, say_demo_generation, say_how_to_get_a_tenant_key
 from loraplex.fleet.settings import FLEET_KEYS
@@ -143,9 +144,13 @@ def up_command(
     try:
         file_values = read_config_file(config, ("fleet",)) if config is not None else {}
         fleet_values = fleet_file_values(config)
-        if "data_dir" not in file_values and data_dir is None:
-            flags["data_dir"] = default_data_dir(os.environ, Path.home())
-        serve_config = merge(file_values, flags)
+        if "data_dir" not in file_values:  # a default, under the flags (no flag of the user's)
+            file_values["data_dir"] = default_data_dir(os.environ, Path.home())
+        # with serve's own checks (cli/serve.py): the engine's settings (class_reserve_seqs, KV
+        # room for one max_model_len sequence), import_dir, request_log_path and
+        # trace_endpoint's extra, which failed only in the replicas (or at the first
+        # registration by path), after the keys were issued
+        serve_config = merge(file_values, flags, check_before_keys)
         for name, value in (("replicas", replicas), ("policy", policy), ("seed", seed)):
             if value is not None:
                 fleet_values[name] = value
@@ -158,11 +163,6 @@ def up_command(
             **fleet_values,
         )
         check_engine_resource(checked.engine_resource, address)
-        # serve's own checks (cli/serve.py): the engine's settings (class_reserve_seqs, KV room
-        # for one max_model_len sequence), import_dir, request_log_path and trace_endpoint's
-        # extra, which failed only in the replicas (or at the first registration by path),
-        # after the keys were issued
-        check_before_keys(serve_config)
         if serve_config.torch_threads is None:
             per_replica = default_threads_per_replica(checked.engine_replicas, os.cpu_count())
             serve_config = replace(serve_config, torch_threads=per_replica)
@@ -182,7 +182,7 @@ def up_command(
         prepared = control.prepare(serve_config, replicas_here)
         settings = replace(checked, serve=serve_config, model_dir=prepared.model_dir)
     except (ValueError, TypeError) as exc:
-        raise typer.BadParameter(str(exc)) from exc
+        raise bad_parameter(exc, config) from exc
     except OSError as exc:  # e.g. --data-dir names a file
         raise typer.BadParameter(unusable_path(exc)) from exc
     try:  # this process's lines (the fleet's control) are logged as configured above

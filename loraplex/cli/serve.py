@@ -28,6 +28,7 @@ from loraplex.cli.serve_options import (
     NoDemo,
     Port,
     SharedStateUrl,
+    bad_parameter,
 )
 from loraplex.cli.serve_start import (
     assemble,
@@ -224,7 +225,7 @@ def serve_command(
     try:
         settings = serve_settings(ctx.params, os.environ)
     except (ValueError, TypeError) as exc:
-        raise typer.BadParameter(str(exc)) from exc
+        raise bad_parameter(exc, ctx.params["config"]) from exc
     _run(settings)
 
 
@@ -239,11 +240,9 @@ def serve_settings(params: Mapping[str, Any], environ: Mapping[str, str]) -> Ser
     flags["demo"] = False if flags.pop("no_demo") else None
     flags["torch_threads"] = flags.pop("threads")
     file_values = read_config_file(config) if config is not None else {}
-    if "data_dir" not in file_values and flags["data_dir"] is None:
-        flags["data_dir"] = default_data_dir(environ, Path.home())
-    settings = merge(file_values, flags)
-    check_before_keys(settings)
-    return settings
+    if "data_dir" not in file_values:  # a default, under the flags (no flag of the user's)
+        file_values["data_dir"] = default_data_dir(environ, Path.home())
+    return merge(file_values, flags, check_before_keys)
 
 
 def check_before_keys(settings: ServeConfig) -> None:

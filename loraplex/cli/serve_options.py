@@ -11,7 +11,7 @@ from typing import Annotated
 
 import typer
 
-from loraplex.serve.config import ServeConfig
+from loraplex.serve.config import ServeConfig, SettingsRefused, flag_name
 from loraplex.serve.logs import LOG_LEVELS
 
 _DEFAULTS = {f.name: f.default for f in fields(ServeConfig)}
@@ -62,3 +62,14 @@ SHARED = (
     "no_demo",
     "log_level",
 )
+
+
+def bad_parameter(exc: ValueError | TypeError, config: Path | None) -> typer.BadParameter:
+    """The usage error of a refused setting, naming what the user wrote: the flags the refusal
+    is owed to (``Invalid value for '--max-loras': ...``), else the ``--config`` file (whose
+    messages name its keys as written: ``threads``, not the field ``torch_threads``)."""
+    if isinstance(exc, SettingsRefused) and exc.flags:
+        return typer.BadParameter(str(exc), param_hint=[flag_name(f) for f in exc.flags])
+    if isinstance(exc, SettingsRefused) and config is not None:
+        return typer.BadParameter(f"config file {config}: {exc}")
+    return typer.BadParameter(str(exc))

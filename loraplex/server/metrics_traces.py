@@ -15,7 +15,10 @@ while tracing is on; each label takes every value of its fixed set from 0 (``Pri
 - ``loraplex_trace_spans_exported_total``: spans the OTLP receiver accepted.
 - ``loraplex_trace_spans_dropped_total{reason}``: spans of kept traces that never reached it:
   ``queue_full`` (the export queue was full), ``export_failed`` (the receiver down, slow past
-  the export timeout, or refusing), ``shutdown`` (still queued when the server stopped)."""
+  the export timeout, or refusing), ``shutdown`` (still queued when the server stopped).
+- ``loraplex_trace_build_failed_total``: kept traces whose spans could not be built (a bug of
+  ours, logged with its traceback): lost before any span was made, so counted per trace, not
+  among the dropped spans."""
 
 from __future__ import annotations
 
@@ -29,7 +32,8 @@ from loraplex.tracing.record import DROP_REASONS, RequestTracing
 
 
 class TraceCollector(Collector):
-    """The tracer's refusals, dropped error and slow traces, and lost spans at scrape time."""
+    """The tracer's refusals, dropped error and slow traces, lost spans and unbuilt traces at
+    scrape time."""
 
     def __init__(self, tracing: RequestTracing) -> None:
         self._tracing = tracing
@@ -66,6 +70,12 @@ class TraceCollector(Collector):
             ("reason", DROP_REASONS),
             self._tracing.spans_dropped(),
         )
+        build_failed = CounterMetricFamily(
+            "loraplex_trace_build_failed",
+            "Kept traces whose spans could not be built (logged); lost before any span was made.",
+        )
+        build_failed.add_metric((), self._tracing.traces_build_failed())
+        yield build_failed
 
 
 def _by_class(name: str, documentation: str, counts: Mapping[str, int]) -> CounterMetricFamily:

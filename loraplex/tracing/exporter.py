@@ -142,6 +142,11 @@ class Tracer:
         (``delivery.DROP_REASONS``: a full queue, a failed export, shutdown)."""
         return {} if self._delivery is None else self._delivery.spans_dropped()
 
+    def traces_build_failed(self) -> int:
+        """Kept traces whose spans could not be built (``num_failed``; each logged): none of
+        their spans was made, so neither span counter sees them."""
+        return self.num_failed
+
     def flush(self, timeout_s: float = 10.0) -> bool:
         """Exports what is queued; False when that did not finish within ``timeout_s``."""
         return self._processor.force_flush(int(timeout_s * 1000))

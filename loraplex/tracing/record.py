@@ -171,6 +171,10 @@ class RequestTracing(Protocol):
         """Spans of kept traces that did not reach the receiver, by reason."""
         ...
 
+    def traces_build_failed(self) -> int:
+        """Kept traces whose spans could not be built (none was made or exported)."""
+        ...
+
     def shutdown(self) -> None:
         """Exports what is queued and stops."""
         ...

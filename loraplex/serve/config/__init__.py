@@ -7,8 +7,8 @@ file, and flags merged over it).
 """
 
 from loraplex.devices import memory_total_bytes
-from loraplex.serve.config.file import file_keys, merge, read_config_file
-from loraplex.serve.config.keys import file_key
+from loraplex.serve.config.file import SettingsRefused, file_keys, merge, read_config_file
+from loraplex.serve.config.keys import file_key, flag_name
 from loraplex.serve.config.record import (
     DEFAULT_CPU_ADAPTER_BYTES,
     DEFAULT_TENANT_TIER_SHARE,
@@ -19,8 +19,10 @@ __all__ = [
     "DEFAULT_CPU_ADAPTER_BYTES",
     "DEFAULT_TENANT_TIER_SHARE",
     "ServeConfig",
+    "SettingsRefused",
     "file_key",
     "file_keys",
+    "flag_name",
     "memory_total_bytes",
     "merge",
     "read_config_file",

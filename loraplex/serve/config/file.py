@@ -7,7 +7,7 @@ import tomllib
 import types
 import typing
 import warnings
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import fields
 from pathlib import Path
 from typing import Any
@@ -109,11 +109,59 @@ def _check_type(path: Path, key: str, value: object, hint: object) -> None:
         )
 
 
-def merge(file_values: Mapping[str, Any], flags: Mapping[str, Any]) -> ServeConfig:
-    """Flags given on the command line (not None) override the file; the file the defaults."""
-    values = dict(file_values)
-    values.update({k: v for k, v in flags.items() if v is not None})
+class SettingsRefused(ValueError):
+    """``ServeConfig``'s refusal of merged values, with what it is owed to: ``flags``, the fields
+    of the fewest given flags without which the values pass (empty: the file's values fail
+    without any flag). The CLI names those flags, or the file, from it (``keys.flag_name``)."""
+
+    def __init__(self, message: str, flags: tuple[str, ...]) -> None:
+        super().__init__(message)
+        self.flags = flags
+
+
+Check = Callable[[ServeConfig], object]
+
+
+def merge(
+    file_values: Mapping[str, Any], flags: Mapping[str, Any], check: Check = lambda _: None
+) -> ServeConfig:
+    """Flags given on the command line (not None) override the file; the file the defaults.
+    ``check`` (e.g. ``cli.serve.check_before_keys``) runs on the result. A refusal, by
+    ``ServeConfig`` or ``check``, is a ``SettingsRefused`` naming the flags it is owed to."""
+    given = {k: v for k, v in flags.items() if v is not None}
+    try:
+        return _config(file_values, given, check)
+    except ValueError as exc:
+        raise SettingsRefused(str(exc), _owed_to(file_values, given, check)) from exc
+
+
+def _config(file_values: Mapping[str, Any], given: Mapping[str, Any], check: Check) -> ServeConfig:
+    values = {**file_values, **given}
     for name in _PATH_FIELDS:
         if isinstance(values.get(name), str):
             values[name] = Path(values[name])
-    return ServeConfig(**values)
+    config = ServeConfig(**values)
+    check(config)
+    return config
+
+
+def _owed_to(
+    file_values: Mapping[str, Any], given: Mapping[str, Any], check: Check
+) -> tuple[str, ...]:
+    """The given flags a refusal is owed to: each flag is dropped in turn while the rest are
+    still refused, which leaves the fewest needed (both of a pair refused only together, none
+    when the file alone is refused). Decided by refusal, never by the message's text."""
+    owed = dict(given)
+    for name in given:
+        rest = {k: v for k, v in owed.items() if k != name}
+        if _refused(file_values, rest, check):
+            owed = rest
+    return tuple(owed)
+
+
+def _refused(file_values: Mapping[str, Any], given: Mapping[str, Any], check: Check) -> bool:
+    try:
+        _config(file_values, given, check)
+    except ValueError:
+        return True
+    return False

@@ -15,6 +15,14 @@ def file_key(name: str) -> str:
     return next((key for key, field_name in FILE_KEYS.items() if field_name == name), name)
 
 
+def flag_name(name: str) -> str:
+    """The ``loraplex serve`` flag that sets the field ``name`` (``torch_threads``: --threads,
+    ``demo``: --no-demo): its file key, dashed."""
+    if name == "demo":
+        return "--no-demo"
+    return "--" + file_key(name).replace("_", "-")
+
+
 # ServeConfig keys a fleet does not read: the engine runs in each replica's own process (and the
 # ingress cannot pause a replica's request: ``stream_pause_bytes``, ``max_stream_resumes`` and
 # ``max_paused_kv_fraction``, ``fleet/engine_client.py``).
