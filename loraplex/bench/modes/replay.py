@@ -209,13 +209,19 @@ def replay(
             )
             live = still
     run.seconds = time.perf_counter() - start
-    run.transitions = 0 if auto is None else auto.transitions
     if auto is not None:
-        run.stalls_ms, run.staging_ms = auto.stalls_ms, auto.staging_ms
-        run.staging_steps = auto.staging_steps
-    if auto is not None and auto.lora_cost.measured:
-        run.lora_s_per_token = auto.lora_cost.per_token()
+        _note_auto(run, auto)
     return run
+
+
+def _note_auto(run: ReplayRun, auto: AutoMode) -> None:
+    """``run``'s record of what ``auto`` did: transitions, their stalls and staging, and the
+    LoRA cost it measured."""
+    run.transitions = auto.transitions
+    run.stalls_ms, run.staging_ms = auto.stalls_ms, auto.staging_ms
+    run.staging_steps = auto.staging_steps
+    if auto.lora_cost.measured:
+        run.lora_s_per_token = auto.lora_cost.per_token()
 
 
 def pct(values: list[float], q: float) -> float:
