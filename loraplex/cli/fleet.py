@@ -11,6 +11,7 @@ application and stops the Ray head ``up`` started.
 from __future__ import annotations
 
 import json
+import math
 import os
 import tomllib
 from dataclasses import replace
@@ -38,6 +39,7 @@ from loraplex.serve.logs import configure_logging
 
 if TYPE_CHECKING:
     from loraplex.fleet.control import FleetRecord, Prepared
+    from loraplex.fleet.settings import FleetSettings
     from loraplex.router.fleet_state import ReplicaState
     from loraplex.serve.config import ServeConfig
 
@@ -83,6 +85,30 @@ def check_engine_resource(engine_resource: str | None, address: str | None) -> N
         )
 
 
+def fleet_settings(serve_config: ServeConfig, values: dict[str, Any]) -> FleetSettings:
+    """The fleet's settings from its keys (``[fleet]``'s, and ``fleet up``'s own flags over
+    them, ``ready_timeout_s`` among them: checked here, used by ``control.up``)."""
+    from loraplex.fleet.settings import FleetSettings
+
+    values = dict(values)
+    check_ready_timeout(values.pop("ready_timeout_s", None))
+    return FleetSettings(
+        serve=serve_config,
+        model_dir=serve_config.model or serve_config.data_dir,
+        engine_replicas=values.pop("replicas", 2),
+        **values,
+    )
+
+
+def check_ready_timeout(value: float | None) -> None:
+    """``--ready-timeout-s``: a finite, positive wait (``nan`` waited for nothing and failed
+    the fleet as "not ready"; ``inf`` waited forever)."""
+    if value is not None and not (math.isfinite(value) and value > 0):
+        raise ValueError(
+            f"ready_timeout_s {value} is invalid; expected a finite number of seconds > 0"
+        )
+
+
 def default_threads_per_replica(replicas: int, num_cores: int | None) -> int:
     """torch threads of each engine replica when none were configured: the cores shared out,
     at least one (the ingress and Ray's own processes take little CPU between requests)."""
@@ -123,8 +149,7 @@ def up_command(
     """Start (or join) a Ray cluster and deploy the fleet; returns once it is ready."""
     from loraplex.cli.serve import check_before_keys
     from loraplex.fleet import control
-    from loraplex.fleet.settings import FleetSettings
-    from loraplex.serve.config import merge, read_config_file
+    from loraplex.serve.config import merge, read_config_file, settled
 
     flags: dict[str, Any] = {
         "host": host,
@@ -151,17 +176,12 @@ def up_command(
         # trace_endpoint's extra, which failed only in the replicas (or at the first
         # registration by path), after the keys were issued
         serve_config = merge(file_values, flags, check_before_keys)
-        for name, value in (("replicas", replicas), ("policy", policy), ("seed", seed)):
-            if value is not None:
-                fleet_values[name] = value
-        num_replicas = fleet_values.pop("replicas", 2)
-        # NOTE: every setting is checked before ``prepare`` issues keys (shown once).
-        checked = FleetSettings(
-            serve=serve_config,
-            model_dir=serve_config.model or serve_config.data_dir,
-            engine_replicas=num_replicas,
-            **fleet_values,
-        )
+        own_flags: dict[str, Any] = {"replicas": replicas, "policy": policy, "seed": seed}
+        given = {k: v for k, v in own_flags.items() if v is not None}
+        given["ready_timeout_s"] = ready_timeout_s
+        # NOTE: every setting is checked before ``prepare`` issues keys (shown once); a refusal
+        # names the flags it is owed to, else the file (as serve's flags: ``settled``)
+        checked = settled(lambda g: fleet_settings(serve_config, {**fleet_values, **g}), given)
         check_engine_resource(checked.engine_resource, address)
         if serve_config.torch_threads is None:
             per_replica = default_threads_per_replica(checked.engine_replicas, os.cpu_count())

@@ -7,7 +7,13 @@ file, and flags merged over it).
 """
 
 from loraplex.devices import memory_total_bytes
-from loraplex.serve.config.file import SettingsRefused, file_keys, merge, read_config_file
+from loraplex.serve.config.file import (
+    SettingsRefused,
+    file_keys,
+    merge,
+    read_config_file,
+    settled,
+)
 from loraplex.serve.config.keys import file_key, flag_name
 from loraplex.serve.config.record import (
     DEFAULT_CPU_ADAPTER_BYTES,
@@ -26,4 +32,5 @@ __all__ = [
     "memory_total_bytes",
     "merge",
     "read_config_file",
+    "settled",
 ]

@@ -10,7 +10,7 @@ import warnings
 from collections.abc import Callable, Mapping
 from dataclasses import fields
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 from loraplex.errors import did_you_mean
 from loraplex.serve.config.keys import FILE_KEYS, file_key
@@ -120,6 +120,8 @@ class SettingsRefused(ValueError):
 
 
 Check = Callable[[ServeConfig], object]
+T = TypeVar("T")
+Build = Callable[[Mapping[str, Any]], T]  # the settings from the flags given
 
 
 def merge(
@@ -129,10 +131,17 @@ def merge(
     ``check`` (e.g. ``cli.serve.check_before_keys``) runs on the result. A refusal, by
     ``ServeConfig`` or ``check``, is a ``SettingsRefused`` naming the flags it is owed to."""
     given = {k: v for k, v in flags.items() if v is not None}
+    return settled(lambda flags_given: _config(file_values, flags_given, check), given)
+
+
+def settled(build: Build[T], given: Mapping[str, Any]) -> T:
+    """``build(given)``, where ``given`` are the flags typed (by field name) and ``build`` reads
+    the rest (a file, the defaults) itself: its ``ValueError`` is a ``SettingsRefused`` naming
+    the given flags it is owed to (``loraplex fleet up``'s own flags are settled so too)."""
     try:
-        return _config(file_values, given, check)
+        return build(given)
     except ValueError as exc:
-        raise SettingsRefused(str(exc), _owed_to(file_values, given, check)) from exc
+        raise SettingsRefused(str(exc), _owed_to(build, given)) from exc
 
 
 def _config(file_values: Mapping[str, Any], given: Mapping[str, Any], check: Check) -> ServeConfig:
@@ -145,23 +154,21 @@ def _config(file_values: Mapping[str, Any], given: Mapping[str, Any], check: Che
     return config
 
 
-def _owed_to(
-    file_values: Mapping[str, Any], given: Mapping[str, Any], check: Check
-) -> tuple[str, ...]:
+def _owed_to(build: Build[object], given: Mapping[str, Any]) -> tuple[str, ...]:
     """The given flags a refusal is owed to: each flag is dropped in turn while the rest are
     still refused, which leaves the fewest needed (both of a pair refused only together, none
     when the file alone is refused). Decided by refusal, never by the message's text."""
     owed = dict(given)
     for name in given:
         rest = {k: v for k, v in owed.items() if k != name}
-        if _refused(file_values, rest, check):
+        if _refused(build, rest):
             owed = rest
     return tuple(owed)
 
 
-def _refused(file_values: Mapping[str, Any], given: Mapping[str, Any], check: Check) -> bool:
+def _refused(build: Build[object], given: Mapping[str, Any]) -> bool:
     try:
-        _config(file_values, given, check)
+        build(given)
     except ValueError:
         return True
     return False
