@@ -1,0 +1,213 @@
+"""Why a staged merge's module costs more between decode steps than in a row (stagecost).
+
+The ``bench modes`` setup (large preset), then a staged merge of the hot revision timed piece by
+piece per module, the pieces as ``MergeStaging._stage`` runs them: ``factors`` (A, B to float32),
+``check`` (the refusal check), ``alloc`` (the output buffer), ``build`` (the float32 math and
+the write of the output: its first touch), ``pack``. Modes, each ``rounds`` times, alternating:
+``row`` (every module back to back), ``between`` (``per_piece`` modules, then one real decode
+step of ``batch`` sequences, as the engine interleaves them). Prints one JSON line of per-module
+median ms per piece and mode. Run niced: ``nice -n 19 python scripts/stage-cost/probe.py large
+bfloat16 3 3``.
+"""
+
+from __future__ import annotations
+
+import json
+import resource
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import torch
+from torch import nn
+
+from loraplex.bench.modes.setup import ModesBenchConfig, Setup, decode_step
+from loraplex.model.adapter_weights import ModuleWeights
+from loraplex.model.buffers import weight_buffer
+from loraplex.model.staged_merge import MergeStaging, StagedModule
+
+TILE_BYTES = 512 << 10  # float32 scratch per block in the tiled variant
+PIECES = ("factors", "check", "alloc", "math", "write", "pack")
+
+
+_SCRATCH: list[torch.Tensor] = []
+
+
+def _whole_scratch(weight: torch.Tensor) -> torch.Tensor:
+    """A float32 view of ``weight``'s shape on one reused scratch (what ``MergeStaging`` did
+    before stagecost: one module's whole float32 copy)."""
+    if not _SCRATCH or _SCRATCH[0].numel() < weight.numel():
+        _SCRATCH[:] = [weight_buffer((weight.numel(),), dtype=torch.float32, device=weight.device)]
+    return _SCRATCH[0][: weight.numel()].view(weight.shape)
+
+
+def _tiled_build(w, lora_a, lora_b, *, scale, out, clock) -> float:
+    """``out = W + s B A`` in float32 row blocks of about ``TILE_BYTES`` (cache-sized): the
+    math's time is folded into the write's (returns the time the math ended: here, at once)."""
+    rows = max(1, TILE_BYTES // (w.shape[1] * 4))
+    scratch = torch.empty((rows, w.shape[1]), dtype=torch.float32)
+    for r in range(0, w.shape[0], rows):
+        block = scratch[: min(rows, w.shape[0] - r)]
+        block.copy_(w[r : r + rows])
+        block.addmm_(lora_b[r : r + rows], lora_a, alpha=scale)
+        out[r : r + rows].copy_(block)
+    return clock()
+
+
+def _timed_stager(
+    staging: MergeStaging,
+    parts: dict[str, float],
+    outputs: list[torch.Tensor] | None,
+    tiled: bool = False,
+):
+    """``staging._stage`` as written in model/staged_merge.py, each piece's time added to
+    ``parts`` (seconds)."""
+
+    def stage(module: ModuleWeights) -> StagedModule:
+        clock = time.perf_counter
+        linear = staging._linear_of(module.layer, module.module)
+        original = linear.weight
+        with torch.inference_mode(False), torch.no_grad():
+            t0 = clock()
+            lora_a = module.lora_a.to(original.device, torch.float32)
+            lora_b = module.lora_b.to(original.device, torch.float32)
+            t1 = clock()
+            staging._check(module, original, lora_a, lora_b)
+            t2 = clock()
+            if outputs is None:
+                out = weight_buffer(
+                    tuple(original.shape), dtype=original.dtype, device=original.device
+                )
+            else:
+                out = outputs[staging._next]
+            t3 = clock()
+            if original.dtype == torch.float32:
+                torch.addmm(original, lora_b, lora_a, alpha=module.scale, out=out)
+                tm = clock()
+            elif tiled:
+                tm = _tiled_build(
+                    original, lora_a, lora_b, scale=module.scale, out=out, clock=clock
+                )
+            else:
+                scratch = _whole_scratch(original)
+                scratch.copy_(original)
+                scratch.addmm_(lora_b, lora_a, alpha=module.scale)
+                tm = clock()
+                out.copy_(scratch)
+            t4 = clock()
+            merged = nn.Parameter(out, requires_grad=False)
+        staging.model.pack(merged)
+        t5 = clock()
+        for name, a, b in zip(
+            PIECES, (t0, t1, t2, t3, tm, t4), (t1, t2, t3, tm, t4, t5), strict=True
+        ):
+            parts[name] += b - a
+        return StagedModule(linear, original, merged)
+
+    return stage
+
+
+def _prefaulted(staging: MergeStaging) -> list[torch.Tensor]:
+    """Every module's output buffer, allocated and written once (its pages faulted in)."""
+    outputs = []
+    for module in staging.weights.modules:
+        w = staging._linear_of(module.layer, module.module).weight
+        out = weight_buffer(tuple(w.shape), dtype=w.dtype, device=w.device)
+        out.fill_(0)
+        outputs.append(out)
+    return outputs
+
+
+def _run(setup: Setup, step, mode: str, per_piece: int) -> dict[str, float]:
+    staging = setup.begin_merge(0)
+    parts = dict.fromkeys(PIECES, 0.0)
+    outputs = _prefaulted(staging) if mode.endswith("prefault") else None
+    staging._stage = _timed_stager(staging, parts, outputs, mode.endswith("tiled"))  # type: ignore[method-assign]
+    faults = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
+    totals = {"whole": 0.0}
+    count = 0
+    while not staging.done:
+        if mode.startswith("between") and count % per_piece == 0:
+            step(setup.pool)
+        t = time.perf_counter()
+        if mode.endswith("serial"):  # the module on the calling thread alone
+            threads = torch.get_num_threads()
+            torch.set_num_threads(1)
+            staging.advance(0.0)
+            torch.set_num_threads(threads)
+        else:
+            staging.advance(0.0)  # one module: advance's own path (estimate, bookkeeping) included
+        totals["whole"] += time.perf_counter() - t
+        count += 1
+    faults = resource.getrusage(resource.RUSAGE_SELF).ru_minflt - faults
+    per_module = {k: v / count * 1000 for k, v in totals.items()}
+    per_module["minflt"] = faults / count
+    per_module.update({k: v / count * 1000 for k, v in parts.items()})
+    setup.abandon(staging)
+    return per_module
+
+
+def _tiled_equal(setup: Setup) -> bool:
+    """Whether the tiled build gives the very bits of the whole-module build, every module (a
+    GEMM over a block of rows need not: MKL picks its kernel by the shape)."""
+    staging = setup.begin_merge(0)
+    same = True
+    for module in staging.weights.modules:
+        w = staging._linear_of(module.layer, module.module).weight
+        a = module.lora_a.to(torch.float32)
+        b = module.lora_b.to(torch.float32)
+        whole = w.float().addmm_(b, a, alpha=module.scale).to(w.dtype)
+        out = torch.empty_like(w)
+        _tiled_build(w, a, b, scale=module.scale, out=out, clock=time.perf_counter)
+        same = same and torch.equal(whole, out)
+    setup.abandon(staging)
+    return same
+
+
+def main(preset: str, dtype: str, rounds: int, per_piece: int) -> None:
+    config = ModesBenchConfig(preset=preset, dtype=dtype, batch_size=20, context_tokens=32)
+    with tempfile.TemporaryDirectory() as tmp:
+        setup = Setup(Path(tmp), config)
+        slots: list[int | None] = [0] * 16 + [1, 2, 3, None]
+        sys.stderr.write("setup done\n")
+        step = decode_step(setup, slots)
+        for _ in range(3):
+            step(setup.pool)
+        setup.merge(0)  # the merger reads each module's max |W| at its first merge only
+        setup.unmerge()
+        modes = (
+            "row",
+            "between",
+            "row_prefault",
+            "between_prefault",
+            "row_tiled",
+            "between_tiled",
+            "row_serial",
+            "between_serial",
+        )
+        runs: dict[str, list[dict[str, float]]] = {m: [] for m in modes}
+        for _ in range(rounds):
+            for mode in modes:
+                runs[mode].append(_run(setup, step, mode, per_piece))
+                sys.stderr.write(f"{mode} {runs[mode][-1]}\n")
+        tiled_equal = _tiled_equal(setup)
+        t = time.perf_counter()
+        for _ in range(5):
+            step(setup.pool)
+        step_ms = (time.perf_counter() - t) / 5 * 1000
+    out: dict[str, object] = {"preset": preset, "dtype": dtype, "rounds": rounds}
+    out["per_piece"] = per_piece
+    out["kernel"] = setup.model.linear_kernel
+    out["step_ms"] = round(step_ms, 1)
+    out["tiled_equal"] = tiled_equal
+    for mode, rows in runs.items():
+        out[f"{mode}_ms_per_module"] = {
+            k: round(statistics.median(r[k] for r in rows), 3) for k in rows[0]
+        }
+    sys.stdout.write(json.dumps(out) + "\n")
+
+
+if __name__ == "__main__":
+    main(sys.argv[1], sys.argv[2], int(sys.argv[3]), int(sys.argv[4]))
