@@ -142,6 +142,20 @@ def gathered_batch(
     )
 
 
+def float32_pass_batch(
+    token_slots: torch.Tensor, layout: ArenaLayout, tokens: dict[int, int], max_run: int
+) -> LoraBatch:
+    """GROUPED through the float32 pass where it can run (:func:`float32_slots`: two runs or
+    more, the runs of at most ``max_run`` tokens in float32, the others in the dtype); plain
+    grouped where no run is short enough for it (a single run among them)."""
+    slots = list(tokens)
+    short = float32_slots(tokens, max_run)
+    if not short:
+        return grouped_batch(token_slots, layout, slots)
+    dtype_runs = frozenset(tokens).difference(short)
+    return gathered_batch(token_slots, layout, slots, float32=True, dtype_runs=dtype_runs)
+
+
 def covered_rows(layout: ArenaLayout, slots: list[int]) -> tuple[int, int]:
     """``[row_lo, row_hi)``: the arena rows from the first to the last active slot's block
     (inactive slots in between are covered too)."""

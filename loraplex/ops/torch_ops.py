@@ -43,8 +43,7 @@ from loraplex.ops.plan import (
     active_slot_tokens,
     active_slots,
     check_token_slots,
-    float32_slots,
-    gathered_batch,
+    float32_pass_batch,
     grouped_batch,
     masked_batch,
     none_batch,
@@ -316,9 +315,7 @@ class AutoBackend:
         if strategy is Strategy.BATCHED:
             return batched_or_blocked(token_slots, layout, tokens, shape)
         if self.policy.grouped_in_float32(shape, layout.width):
-            short = float32_slots(tokens, self.float32_max_tokens)
-            dtype_runs = frozenset(tokens).difference(short)
-            return gathered_batch(token_slots, layout, slots, float32=True, dtype_runs=dtype_runs)
+            return float32_pass_batch(token_slots, layout, tokens, self.float32_max_tokens)
         return grouped_batch(token_slots, layout, slots)
 
     def apply(

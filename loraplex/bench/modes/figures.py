@@ -16,11 +16,13 @@ from loraplex.bench.modes.setup import (
     HOT,
     NUM_ADAPTERS,
     BackendView,
+    GroupedFloat32,
     Setup,
     decode_step,
     prefill_step,
 )
 from loraplex.model.llama import LoraApplier
+from loraplex.ops.plan import half_on_cpu
 
 
 def throughput(
@@ -173,16 +175,30 @@ def skewed_slots(rng: random.Random, n: int, hot_share: float) -> list[int | Non
     return slots
 
 
+def forced_views(setup: Setup) -> dict[str, BackendView]:
+    """Every computation the unmerged op can run on this setup, each forced: masked, grouped,
+    batched, and where the float32 pass can run (16-bit weights on a CPU) grouped through it."""
+    views = {name: BackendView(setup.pool, name) for name in ("masked", "grouped", "batched")}
+    if half_on_cpu(setup.pool.layout):
+        views["grouped_float32"] = BackendView(setup.pool, GroupedFloat32())
+    return views
+
+
 def strategies(setup: Setup, slots: list[int | None]) -> dict[str, object]:
-    """Unmerged decode tokens/s of ``slots`` with each torch strategy forced and with ``auto``
-    (interleaved, one clock), and the strategy ``auto`` chose: does it pick the faster one?"""
-    views = {name: BackendView(setup.pool, name) for name in ("masked", "grouped", "auto")}
+    """Unmerged decode tokens/s of ``slots`` with each strategy forced (:func:`forced_views`)
+    and with ``auto`` (interleaved, one clock), the fastest forced one, and what ``auto``
+    chose: does it pick the fastest?"""
+    forced = forced_views(setup)
+    auto = BackendView(setup.pool, "auto")
+    views = {**forced, "auto": auto}
     tps = throughput(setup, {name: (slots, view) for name, view in views.items()})
-    best = max(tps["masked"], tps["grouped"])
+    best = max(forced, key=lambda name: tps[name])
     return {
         "tokens_per_s": tps,
-        "auto_chose": views["auto"].last_strategy,
-        "auto_over_best_forced": ratio(tps["auto"], best),
+        "auto_chose": auto.last_strategy,
+        "auto_ran_as": auto.last_ran_as,
+        "best_forced": best,
+        "auto_over_best_forced": ratio(tps["auto"], tps[best]),
     }
 
 

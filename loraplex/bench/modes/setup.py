@@ -31,7 +31,15 @@ from loraplex.model.merge import (
     slot_weights,
 )
 from loraplex.model.staged_merge import MergeStaging
-from loraplex.ops import LoraBatch, get_backend
+from loraplex.ops import ArenaLayout, LoraBackend, LoraBatch, ModuleLoraWeights, get_backend
+from loraplex.ops.plan import (
+    FLOAT32_MAX_TOKENS,
+    active_slot_tokens,
+    check_token_slots,
+    float32_pass_batch,
+    none_batch,
+)
+from loraplex.ops.torch_ops import apply_batch
 
 NUM_ADAPTERS = 16
 RANKS = (8, 16, 32, 64)
@@ -147,19 +155,53 @@ class Setup:
         self.negative.clear(0)
 
 
-class BackendView:
-    """``pool`` computed by another registered backend (``masked``, ``grouped``, ``auto``): the
-    same weights and slots, for timing the strategies against each other on one batch."""
+class GroupedFloat32:
+    """``grouped`` with its float32 pass forced on every step it can take (16-bit weights on a
+    CPU, two runs or more: the runs of at most ``max_run`` tokens in float32, as ``auto``'s
+    pass), whatever :class:`~loraplex.ops.AutoPolicy` thinks of it: the one computation the
+    unmerged op runs that no registered backend forces, so the bench's strategy check can time
+    it against ``auto`` (docs/modes.md, "Twenty-second pass")."""
 
-    def __init__(self, pool: LoraSlotPool, backend: str) -> None:
-        self.pool, self.backend = pool, get_backend(backend)
-        self.last_strategy = "none"
+    name = "grouped_float32"
+
+    def __init__(self, max_run: int = FLOAT32_MAX_TOKENS) -> None:
+        self.max_run = max_run
+
+    def prepare(self, token_slots: torch.Tensor, layout: ArenaLayout) -> LoraBatch:
+        check_token_slots(token_slots, len(layout.slot_rows))
+        tokens = active_slot_tokens(token_slots, layout)
+        if not tokens:
+            return none_batch(token_slots)
+        return float32_pass_batch(token_slots, layout, tokens, self.max_run)
+
+    def apply(
+        self, x: torch.Tensor, out: torch.Tensor, weights: ModuleLoraWeights, batch: LoraBatch
+    ) -> torch.Tensor:
+        return apply_batch(x, out, weights, batch)
+
+
+def ran_as(batch: LoraBatch) -> str:
+    """The forced strategy a batch's computation is: its strategy, ``grouped_float32`` for
+    grouped through the float32 pass."""
+    return "grouped_float32" if batch.float32 else batch.strategy.value
+
+
+class BackendView:
+    """``pool`` computed by another backend (a registered name: ``masked``, ``grouped``,
+    ``batched``, ``auto``; or an instance: :class:`GroupedFloat32`): the same weights and
+    slots, for timing the strategies against each other on one batch."""
+
+    def __init__(self, pool: LoraSlotPool, backend: str | LoraBackend) -> None:
+        self.pool = pool
+        self.backend = get_backend(backend) if isinstance(backend, str) else backend
+        self.last_strategy = "none"  # the last batch's strategy
+        self.last_ran_as = "none"  # the last batch's forced-strategy name (ran_as)
 
     def prepare(self, token_slots: torch.Tensor) -> LoraBatch:
         batch = self.backend.prepare(
             token_slots.to(self.pool.device, torch.int64), self.pool.layout
         )
-        self.last_strategy = batch.strategy.value
+        self.last_strategy, self.last_ran_as = batch.strategy.value, ran_as(batch)
         return batch
 
     def apply(
