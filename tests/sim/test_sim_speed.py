@@ -65,7 +65,12 @@ were named by deployment rank (``rank-0``, .., as the fleet's router now places:
 "Placement identity") instead of ``replica-000``, ..: another hash of the names, another
 partition of the cold revisions. With the old names passed both still gave the digests
 recorded before. L0 hit ratio, TTFT P50 / P99 before -> after: hot-fleet 0.5688 -> 0.6009,
-13.6 / 58.3 -> 12.8 / 57.0 ms; scale-8 0.542 -> 0.555, 15.1 / 59.5 -> 15.1 / 57.9 ms."""
+13.6 / 58.3 -> 12.8 / 57.0 ms; scale-8 0.542 -> 0.555, 15.1 / 59.5 -> 15.1 / 57.9 ms.
+
+Recorded again for every case when the result's ``cold_loads`` (the acquires that reached the
+store) was renamed ``store_loads`` (2026-12-07; docs/simulator.md): with ``store_loads`` named
+``cold_loads`` again and the JSON re-serialized (sorted keys) each case gave the digest recorded
+before, byte for byte."""
 
 from __future__ import annotations
 
@@ -82,12 +87,12 @@ from loraplex.sim.run import simulate
 from loraplex.sim.scale import synthetic_trace
 
 RECORDED = {
-    "zipf-single": "1c061931913986ba479a82e9b0fae1d0da94d49f4bae721040e1032a2b1443c3",
-    "hot-fleet": "63b57ce561f23dfe1d2e85ec99045ff009941572921cbfe6781bc76338a4213f",
-    "cold-scarce": "25a5a0990fdeb9ac673427ea8a418e9f71a178338ab1a71ab02e3ad80d68258c",
-    "hot-classes-shared-cpu": "133743e5c62de20ee2bc3bc446c9a3e3255e9fbfc8d4203c6a14e22ba10e692a",
-    "zipf-tight-kv": "c354dd2bf5093546d54eee89ef30ed211ae7dd80cfc0ec7459832065e7b57b92",
-    "scale-8": "3eaac097f0e9c218cc8df601879f04f6996fbdf20af426abda5029640f670098",
+    "zipf-single": "b597bc0992656044d3c2ad4f8a04e7fa3a5c96662c670fabde0e94a8e0cb4a3f",
+    "hot-fleet": "19587438a6bb29597aab3643638b4b8282aa893f908127f15bd32e0ea5554b71",
+    "cold-scarce": "1873089ac549687115419f4be49781daf4a57935f3e992d0194985dd63ad70bc",
+    "hot-classes-shared-cpu": "c32d871f6a24ebd5658506b70a0a16bda8ee09f7ad39b64b61354bf7585bb775",
+    "zipf-tight-kv": "8d597bc297f2326c21d960f165e36a71fcb55e4848f162cf936bbb366c60fb5c",
+    "scale-8": "53e5cae2dafa288fa2f9b0d5c14076f6e1ec6e886aeb3baceeb6351bf846793a",
 }
 
 
