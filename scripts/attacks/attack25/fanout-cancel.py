@@ -68,8 +68,9 @@ def draw(rng: random.Random) -> tuple[str, dict[str, Any]]:
     return "/v1/completions", body
 
 
-async def one(client: httpx.AsyncClient, args: argparse.Namespace, rng: random.Random,
-              out: Counter) -> None:
+async def one(
+    client: httpx.AsyncClient, args: argparse.Namespace, rng: random.Random, out: Counter
+) -> None:
     path, body = draw(rng)
     headers = {"Authorization": f"Bearer {args.hostile_key}"}
     if body["stream"]:

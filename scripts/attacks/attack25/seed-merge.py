@@ -22,6 +22,7 @@ from __future__ import annotations
 import argparse
 import json
 import math
+import sys
 import time
 from typing import Any
 
@@ -63,16 +64,44 @@ def bodies(seeds: int) -> list[tuple[str, str, dict[str, Any]]]:
         prompt = PROMPTS[seed % len(PROMPTS)]
         for who, model in models:
             common = {"model": model, "max_tokens": 12, "seed": seed}
-            out.append((who, "/v1/completions", common | {
-                "prompt": prompt, "temperature": 1.0, "logprobs": 5, "echo": True,
-                "n": 2, "best_of": 3, "stop": [" zz"],
-            }))
-            out.append((who, "/v1/completions", common | {"prompt": prompt, "temperature": 0.0,
-                                                           "logprobs": 5}))
-            out.append((who, "/v1/chat/completions", common | {
-                "messages": [{"role": "user", "content": prompt}], "temperature": 1.0,
-                "logprobs": True, "top_logprobs": 5,
-            }))
+            out.append(
+                (
+                    who,
+                    "/v1/completions",
+                    common
+                    | {
+                        "prompt": prompt,
+                        "temperature": 1.0,
+                        "logprobs": 5,
+                        "echo": True,
+                        "n": 2,
+                        "best_of": 3,
+                        "stop": [" zz"],
+                    },
+                )
+                + "\n"
+            )
+            out.append(
+                (
+                    who,
+                    "/v1/completions",
+                    common | {"prompt": prompt, "temperature": 0.0, "logprobs": 5},
+                )
+            )
+            out.append(
+                (
+                    who,
+                    "/v1/chat/completions",
+                    common
+                    | {
+                        "messages": [{"role": "user", "content": prompt}],
+                        "temperature": 1.0,
+                        "logprobs": True,
+                        "top_logprobs": 5,
+                    },
+                )
+                + "\n"
+            )
     return out
 
 
@@ -111,8 +140,10 @@ def main() -> None:
     for who, path, body in bodies(args.seeds):
         a = ref.post(path, json=body, headers={"Authorization": f"Bearer {rkeys[who]}"})
         b = mer.post(path, json=body, headers={"Authorization": f"Bearer {mkeys[who]}"})
-        label = f"{who} {body['model']} {path.rsplit('/', 1)[1]} t={body['temperature']} " \
-                f"seed={body['seed']}"
+        label = (
+            f"{who} {body['model']} {path.rsplit('/', 1)[1]} t={body['temperature']} "
+            f"seed={body['seed']}"
+        )
         if a.status_code != 200 or b.status_code != 200:
             failed.append(f"{label}: {a.status_code} {b.status_code} {b.text[:120]}")
             continue
@@ -134,19 +165,24 @@ def main() -> None:
                 d = abs(p - q) if math.isfinite(p) and math.isfinite(q) else math.inf
                 worst = max(worst, d)
                 per_model_worst[body["model"]] = max(per_model_worst.get(body["model"], 0.0), d)
-    print(json.dumps({
-        "name": "seed-merge",
-        "reference": args.reference,
-        "merged": args.merged,
-        "merged_gauge": merged,
-        "compared": compared,
-        "text_differ": len(text_differ),
-        "token_differ": len(token_differ),
-        "first_differ": (text_differ + token_differ)[:6],
-        "max_logprob_diff": worst,
-        "max_logprob_diff_by_model": {k: round(v, 7) for k, v in per_model_worst.items()},
-        "failed": failed[:6],
-    }))
+    sys.stdout.write(
+        json.dumps(
+            {
+                "name": "seed-merge",
+                "reference": args.reference,
+                "merged": args.merged,
+                "merged_gauge": merged,
+                "compared": compared,
+                "text_differ": len(text_differ),
+                "token_differ": len(token_differ),
+                "first_differ": (text_differ + token_differ)[:6],
+                "max_logprob_diff": worst,
+                "max_logprob_diff_by_model": {k: round(v, 7) for k, v in per_model_worst.items()},
+                "failed": failed[:6],
+            }
+        )
+        + "\n"
+    )
 
 
 if __name__ == "__main__":
