@@ -113,6 +113,7 @@ def plan_command(
     from loraplex.plan.select import plan, plan_record
     from loraplex.sim.call import read_trace
     from loraplex.sim.profiles import load_profile
+    from loraplex.sim.trace import nonempty
 
     if bytes_per_rank is not None and bytes_per_rank < 1:
         raise typer.BadParameter(
@@ -132,7 +133,7 @@ def plan_command(
             eviction=eviction, routing=routing, merged_replicas=merged_replicas,
         )  # fmt: skip
     with _refused("--trace"):
-        records = read_trace(trace)
+        records = nonempty(read_trace(trace), trace)
     if not (math.isfinite(cost_tolerance) and cost_tolerance >= 0):
         raise typer.BadParameter(
             f"{cost_tolerance} is invalid; expected >= 0", param_hint="--cost-tolerance"

@@ -222,13 +222,13 @@ def _records(
 ) -> list[TraceRecord]:
     """The trace file's records, or the scenario's; exactly one of the two."""
     from loraplex.bench.workloads import ScenarioParams
-    from loraplex.sim.trace import read_trace
+    from loraplex.sim.trace import nonempty, read_trace
 
     if (trace is None) == (workload is None):
         raise _fail("--trace/--workload", ValueError("give exactly one of them"))
     if trace is not None:
         try:
-            return read_trace(trace)
+            return nonempty(read_trace(trace), trace)
         except (OSError, ValueError) as e:
             raise _fail("--trace", e) from e
     scenario = {"duration_s": duration_s, "rate": rate}

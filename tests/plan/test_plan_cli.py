@@ -61,6 +61,13 @@ def test_a_missing_or_bad_trace_is_refused_naming_trace(trace: Path, tmp_path: P
     assert code == 2 and "Invalid value for --trace" in out and "output_tokens -4" in out, out
 
 
+def test_an_empty_trace_is_refused_naming_it(trace: Path) -> None:
+    """newop: an empty trace planned 0 requests and said no configuration met the objectives."""
+    trace.write_text("\n\n")
+    code, out = _plan(trace)
+    assert code == 2 and "Invalid value for --trace" in out and "holds no request" in out, out
+
+
 def test_good_values_still_plan(trace: Path) -> None:
     code, out = _plan(trace, "--replicas", "1,2", "--merged-replicas", "0")
     assert code == 0, out

@@ -256,3 +256,13 @@ def test_calibrate_refuses_a_bad_value_naming_its_flag(
     out = " ".join(refused.output.replace("│", " ").split())
     assert refused.exit_code == 2 and f"Invalid value for {flag}:" in out, out
     assert not any(tmp_path.iterdir())
+
+
+def test_sim_run_refuses_an_empty_trace_naming_it(tmp_path: Path) -> None:
+    """newop: an empty trace simulated as 0 requests, every figure undefined, exit 0."""
+    empty = tmp_path / "empty.jsonl"
+    empty.write_text("")
+    args = ["sim", "run", "--trace", str(empty), "--cost-model", str(COST_FILE), "--json"]
+    refused = runner.invoke(app, args)
+    assert refused.exit_code == 2, refused.output
+    assert refused.output.startswith(f"error: --trace: {empty} holds no request"), refused.output
