@@ -136,7 +136,8 @@ def plan_command(
         records = nonempty(read_trace(trace), trace)
     if not (math.isfinite(cost_tolerance) and cost_tolerance >= 0):
         raise typer.BadParameter(
-            f"{cost_tolerance} is invalid; expected >= 0", param_hint="--cost-tolerance"
+            f"--cost-tolerance {cost_tolerance} is invalid; expected >= 0",
+            param_hint="--cost-tolerance",
         )
     base: dict[str, Any] = {} if bytes_per_rank is None else {"bytes_per_rank": bytes_per_rank}
     simulate = simulator(records, cost_model, base)
