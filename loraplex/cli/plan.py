@@ -27,8 +27,7 @@ def register(app: typer.Typer) -> None:
 
 
 def byte_sizes(text: str, option: str) -> tuple[int, ...]:
-    """``64MiB,1GiB`` -> bytes; anything else (a zero size, one given twice) is a BadParameter
-    naming the option."""
+    """``64MiB,1GiB`` -> bytes; anything else is a BadParameter naming the option."""
     out = []
     for part in text.split(","):
         match = _SIZE.match(part)
@@ -37,23 +36,23 @@ def byte_sizes(text: str, option: str) -> tuple[int, ...]:
                 f"{part.strip()!r} is no size (e.g. 256MiB)", param_hint=option
             )
         out.append(int(match.group(1)) * _UNITS[match.group(2) or ""])
-    return _swept(tuple(out), text, 1, option)
+    return tuple(out)
 
 
-def ints(text: str, option: str, minimum: int = 1) -> tuple[int, ...]:
+def ints(text: str, option: str) -> tuple[int, ...]:
     try:
-        values = tuple(int(p) for p in text.split(","))
+        return tuple(int(p) for p in text.split(","))
     except ValueError as exc:
         raise typer.BadParameter(
             f"{text!r} is no comma-separated integers", param_hint=option
         ) from exc
-    return _swept(values, text, minimum, option)
 
 
-def _swept(values: tuple[int, ...], text: str, minimum: int, option: str) -> tuple[int, ...]:
-    """An axis's values, each at least ``minimum`` and none twice. NOTE: a zero, a negative or a
-    repeated value was refused as ``Candidate.cpu_adapter_bytes 0`` or ``SweepSpace.replicas``,
-    names no flag has."""
+def swept(values: tuple[int, ...], option: str, minimum: int = 1) -> tuple[int, ...]:
+    """A swept axis's values, each at least ``minimum`` and none twice. NOTE: a zero, a negative
+    or a repeated value was refused as ``Candidate.cpu_adapter_bytes 0`` or
+    ``SweepSpace.replicas``, names no flag has."""
+    text = ",".join(str(v) for v in values)
     if min(values) < minimum or len(set(values)) != len(values):
         raise typer.BadParameter(
             f"{text!r} is invalid; expected distinct values >= {minimum}", param_hint=option
@@ -178,13 +177,13 @@ def _candidates(
     from loraplex.router.router import policy_names as routing_names
 
     space = SweepSpace(
-        replicas=ints(replicas, "--replicas"),
-        max_loras=ints(max_loras, "--max-loras"),
-        cpu_adapter_bytes=byte_sizes(cpu_bytes, "--cpu-bytes"),
-        disk_cache_bytes=byte_sizes(disk_bytes, "--disk-bytes"),
+        replicas=swept(ints(replicas, "--replicas"), "--replicas"),
+        max_loras=swept(ints(max_loras, "--max-loras"), "--max-loras"),
+        cpu_adapter_bytes=swept(byte_sizes(cpu_bytes, "--cpu-bytes"), "--cpu-bytes"),
+        disk_cache_bytes=swept(byte_sizes(disk_bytes, "--disk-bytes"), "--disk-bytes"),
         eviction_policies=names(eviction, eviction_names(), "--eviction"),
         routing_policies=names(routing, routing_names(), "--routing"),
-        merged_replicas=ints(merged_replicas, "--merged-replicas", minimum=0),
+        merged_replicas=swept(ints(merged_replicas, "--merged-replicas"), "--merged-replicas", 0),
     )
     candidates = list(space.candidates())
     if any(c.merged_replicas for c in candidates):
