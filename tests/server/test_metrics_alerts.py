@@ -3,7 +3,10 @@ an alert on a metric nobody exports never fires and says nothing. ``promtool che
 checks the PromQL, not the names; the end-to-end test (tests/deploy/test_alerts_e2e.py) fires
 only some of the alerts. The fleet ingress's family (``loraplex_fleet_*``) and the tracing
 counters (``loraplex_trace_*``, only with tracing on) are not on a lone server's page: those are
-checked against the names their collectors register."""
+checked against the names their collectors register. And docs/operations.md's *Metrics* lists
+every family a lone server exports, and each name it lists is exported (or registered by the
+collector of the setting it names: a mode, tracing, ``loraplex serve``'s listener): nothing held
+the section to the exporter; the first new-user round compared them by hand."""
 
 from __future__ import annotations
 
@@ -79,3 +82,51 @@ def test_every_metric_an_alert_or_panel_reads_is_exported(rig: Rig) -> None:
         if f'"{family}"' not in ELSEWHERE[prefix].read_text(encoding="utf-8"):
             missing.append(f"{name} ({where}): not registered in {ELSEWHERE[prefix].name}")
     assert missing == [], "\n".join(missing)
+
+
+def _documented_metrics() -> set[str]:
+    """The metric names docs/operations.md's *Metrics* section lists (label sets dropped)."""
+    text = (REPO / "docs" / "operations.md").read_text(encoding="utf-8")
+    start = text.index("\n### Metrics\n")
+    section = text[start : text.index("\n## ", start)]
+    named = re.findall(r"`((?:vllm:)?[a-z][a-z_:]*)(?:\{[^`]*\})?`", section)
+    named.remove("adapter_wait")  # a value of engine_requests' state label
+    prefixes = ("loraplex_", "adapter_", "vllm:", "request_", "requests_", "engine_")
+    return {
+        n
+        for n in named
+        if n.startswith(prefixes) or n in ("generated_tokens_total", "cold_start_rate")
+    }
+
+
+LISTENER = (  # loraplex serve's own listener's families (the test app runs without it)
+    REPO / "loraplex" / "server" / "gate_metrics.py",
+    REPO / "loraplex" / "server" / "listeners" / "unsent.py",
+)
+CONDITIONAL = {  # families a server exports only in some settings, as the section says
+    "loraplex_mode_": (REPO / "loraplex" / "server" / "metrics_modes.py",),  # mode not unmerged
+    "loraplex_trace_": (REPO / "loraplex" / "server" / "metrics_traces.py",),  # tracing on
+    "loraplex_connections": LISTENER,
+    "loraplex_http_refused": LISTENER,
+    "loraplex_unsent_response_bytes": LISTENER,
+}
+
+
+def test_the_metrics_section_lists_what_the_server_exports(rig: Rig) -> None:
+    """newop: every family a lone server's /metrics has is in operations.md's *Metrics*, and each
+    name there is exported (or registered by the collector of a setting the section names)."""
+    response = rig.client.get("/metrics", headers=rig.admin)
+    families = {f.name for f in text_string_to_metric_families(response.text)}
+    documented = _documented_metrics()
+    assert {"adapter_cache_hits_total", "vllm:lora_requests_info"} <= documented
+    undocumented = [f for f in sorted(families) if not {f, f + "_total"} & documented]
+    unexported = []
+    for name in sorted(documented):
+        family = next((name.removesuffix(s) for s in SUFFIXES if name.endswith(s)), name)
+        if {name, family} & families:
+            continue
+        prefix = next((p for p in CONDITIONAL if name.startswith(p)), None)
+        sources = CONDITIONAL[prefix] if prefix is not None else ()
+        if not any(f'"{family}"' in p.read_text(encoding="utf-8") for p in sources):
+            unexported.append(name)
+    assert (undocumented, unexported) == ([], [])
