@@ -9,6 +9,8 @@ from __future__ import annotations
 import json
 import math
 import re
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Annotated, Any
 
@@ -44,6 +46,18 @@ def ints(text: str, option: str) -> tuple[int, ...]:
         raise typer.BadParameter(
             f"{text!r} is no comma-separated integers", param_hint=option
         ) from exc
+
+
+def swept(values: tuple[int, ...], option: str, minimum: int = 1) -> tuple[int, ...]:
+    """A swept axis's values, each at least ``minimum`` and none twice. NOTE: a zero, a negative
+    or a repeated value was refused as ``Candidate.cpu_adapter_bytes 0`` or
+    ``SweepSpace.replicas``, names no flag has."""
+    text = ",".join(str(v) for v in values)
+    if min(values) < minimum or len(set(values)) != len(values):
+        raise typer.BadParameter(
+            f"{text!r} is invalid; expected distinct values >= {minimum}", param_hint=option
+        )
+    return values
 
 
 def names(text: str, known: tuple[str, ...], option: str) -> tuple[str, ...]:
@@ -98,24 +112,32 @@ def plan_command(
     from loraplex.plan.select import plan, plan_record
     from loraplex.sim.call import read_trace
     from loraplex.sim.profiles import load_profile
+    from loraplex.sim.trace import nonempty
 
     if bytes_per_rank is not None and bytes_per_rank < 1:
         raise typer.BadParameter(
             f"{bytes_per_rank} is invalid; expected >= 1", param_hint="--bytes-per-rank"
         )
-    try:
+    # NOTE: each refusal names its flag (param_hint); one ``Invalid value:`` for them all named
+    # none where the message did not (a missing trace file, a negative --usd-per-hour)
+    with _refused("--slo"):
         objectives = parse_objectives(slo)
+    with _refused("--hardware"):
         cost_model = load_profile(hardware)
+    with _refused("--usd-per-hour"):
         price = machine_price(hardware, cost_model.hardware, usd_per_hour, price_source)
+    with _refused("--merged-replicas"):
         candidates = _candidates(
             replicas=replicas, max_loras=max_loras, cpu_bytes=cpu_bytes, disk_bytes=disk_bytes,
             eviction=eviction, routing=routing, merged_replicas=merged_replicas,
         )  # fmt: skip
-        records = read_trace(trace)
-        if not (math.isfinite(cost_tolerance) and cost_tolerance >= 0):
-            raise ValueError(f"--cost-tolerance {cost_tolerance} is invalid; expected >= 0")
-    except (ValueError, OSError) as exc:
-        raise typer.BadParameter(str(exc)) from exc
+    with _refused("--trace"):
+        records = nonempty(read_trace(trace), trace)
+    if not (math.isfinite(cost_tolerance) and cost_tolerance >= 0):
+        raise typer.BadParameter(
+            f"--cost-tolerance {cost_tolerance} is invalid; expected >= 0",
+            param_hint="--cost-tolerance",
+        )
     base: dict[str, Any] = {} if bytes_per_rank is None else {"bytes_per_rank": bytes_per_rank}
     simulate = simulator(records, cost_model, base)
     result = plan(candidates, simulate, objectives, price, cost_tolerance)
@@ -136,6 +158,15 @@ def plan_command(
     typer.echo(json.dumps(record, allow_nan=False))
 
 
+@contextmanager
+def _refused(option: str) -> Iterator[None]:
+    """A ValueError or OSError inside is a BadParameter naming ``option``."""
+    try:
+        yield
+    except (ValueError, OSError) as exc:
+        raise typer.BadParameter(str(exc), param_hint=option) from exc
+
+
 def _candidates(
     *, replicas: str, max_loras: str, cpu_bytes: str, disk_bytes: str, eviction: str,
     routing: str, merged_replicas: str,
@@ -146,13 +177,13 @@ def _candidates(
     from loraplex.router.router import policy_names as routing_names
 
     space = SweepSpace(
-        replicas=ints(replicas, "--replicas"),
-        max_loras=ints(max_loras, "--max-loras"),
-        cpu_adapter_bytes=byte_sizes(cpu_bytes, "--cpu-bytes"),
-        disk_cache_bytes=byte_sizes(disk_bytes, "--disk-bytes"),
+        replicas=swept(ints(replicas, "--replicas"), "--replicas"),
+        max_loras=swept(ints(max_loras, "--max-loras"), "--max-loras"),
+        cpu_adapter_bytes=swept(byte_sizes(cpu_bytes, "--cpu-bytes"), "--cpu-bytes"),
+        disk_cache_bytes=swept(byte_sizes(disk_bytes, "--disk-bytes"), "--disk-bytes"),
         eviction_policies=names(eviction, eviction_names(), "--eviction"),
         routing_policies=names(routing, routing_names(), "--routing"),
-        merged_replicas=ints(merged_replicas, "--merged-replicas"),
+        merged_replicas=swept(ints(merged_replicas, "--merged-replicas"), "--merged-replicas", 0),
     )
     candidates = list(space.candidates())
     if any(c.merged_replicas for c in candidates):
@@ -168,6 +199,8 @@ def machine_price(name: str, hardware: str, usd_per_hour: float | None, source: 
     if usd_per_hour is not None:
         if not source:
             raise ValueError("--usd-per-hour needs --price-source (where the price comes from)")
+        if not (math.isfinite(usd_per_hour) and usd_per_hour > 0):
+            raise ValueError(f"{usd_per_hour} is invalid; expected a price > 0")
         return MachinePrice(hardware, usd_per_hour, source)
     if source:
         raise ValueError("--price-source is only read with --usd-per-hour")

@@ -70,6 +70,7 @@ def qualify_command(
         refuse_with_self(admin_key, data_dir)
     check_preset(preset)
     assets = assets or _default_assets(self_serve, data_dir)
+    _refuse_another_preset(preset, assets, self_serve)
     try:
         loaded = load_plan(plan)
     except PlanError as exc:
@@ -91,6 +92,32 @@ def qualify_command(
 
     (run_dir / "report.html").write_text(render(report), encoding="utf-8")
     raise typer.Exit(report.exit_code())
+
+
+def _refuse_another_preset(preset: str, assets: Path, self_serve: bool) -> None:
+    """``--preset`` must be the preset of the set the deployment serves: the comparators load
+    ``--assets`` with it and refuse a set of another preset. NOTE: it was not checked, so a run
+    with the wrong one (``--self --preset large``: ``--self`` serves the small set) qualified
+    every cell and then failed every comparator on it, each ratio null."""
+    import json
+
+    from loraplex.demo.manifest import MANIFEST_NAME
+    from loraplex.serve.assembly import DEMO_PRESET
+
+    if self_serve and preset != DEMO_PRESET:
+        raise typer.BadParameter(
+            f"{preset!r} is not the preset --self serves ({DEMO_PRESET!r})", param_hint="--preset"
+        )
+    if not (assets / MANIFEST_NAME).is_file():
+        return  # --self generates it; with --url, the missing base model is refused later
+    try:
+        own = json.loads((assets / MANIFEST_NAME).read_text(encoding="utf-8"))["preset"]
+    except (OSError, ValueError, KeyError, TypeError):
+        return  # not a demo set's manifest: refused later, naming --assets
+    if own != preset:
+        raise typer.BadParameter(
+            f"{preset!r} is not the preset of --assets {assets} ({own!r})", param_hint="--preset"
+        )
 
 
 def _default_assets(self_serve: bool, data_dir: Path | None) -> Path:

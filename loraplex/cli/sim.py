@@ -10,6 +10,7 @@ is reported against its flag.
 from __future__ import annotations
 
 import json
+import math
 from dataclasses import fields
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Any
@@ -221,13 +222,13 @@ def _records(
 ) -> list[TraceRecord]:
     """The trace file's records, or the scenario's; exactly one of the two."""
     from loraplex.bench.workloads import ScenarioParams
-    from loraplex.sim.trace import read_trace
+    from loraplex.sim.trace import nonempty, read_trace
 
     if (trace is None) == (workload is None):
         raise _fail("--trace/--workload", ValueError("give exactly one of them"))
     if trace is not None:
         try:
-            return read_trace(trace)
+            return nonempty(read_trace(trace), trace)
         except (OSError, ValueError) as e:
             raise _fail("--trace", e) from e
     scenario = {"duration_s": duration_s, "rate": rate}
@@ -282,6 +283,19 @@ def scale_command(
     from loraplex.sim.scale import scale_run
 
     model = _cost_model(cost_model)
+    # NOTE: each checked here, so a bad one names its own flag: all four were named at once,
+    # and --replicas -2 read as "rate -40.0 is invalid"
+    for flag, value in (
+        ("--requests", requests),
+        ("--adapters", adapters),
+        ("--replicas", replicas),
+    ):
+        if value < 1:
+            raise _fail(flag, ValueError(f"{value} is invalid; expected >= 1"))
+    if not (math.isfinite(rate_per_replica) and rate_per_replica > 0):
+        raise _fail(
+            "--rate-per-replica", ValueError(f"{rate_per_replica} is invalid; expected > 0")
+        )
     try:
         line = scale_run(
             requests, adapters, replicas, model, rate_per_replica=rate_per_replica, seed=seed

@@ -38,6 +38,19 @@ AcceptBrokenFit = Annotated[
 ]
 
 
+_FLAG_OF_FIELD = {"revision_counts": "--revisions"}  # the fields whose flag is not their name
+
+
+def flag_of_field(error: ValueError) -> str | None:
+    """The flag of the config field a refusal names first (``batch_sizes (0, 2) is invalid``:
+    ``--batch-sizes``; ``revision_counts``: ``--revisions``). NOTE: these were ``Invalid value:``
+    with the field's name alone, ``revision_counts`` a name no flag has."""
+    words = str(error).split()
+    if not words or not words[0].isidentifier():
+        return None
+    return _FLAG_OF_FIELD.get(words[0], "--" + words[0].replace("_", "-"))
+
+
 def register_calibrate(sim_app: typer.Typer) -> None:
     sim_app.command("calibrate")(calibrate_command)
     sim_app.command("calibrate-fleet")(calibrate_fleet_command)
@@ -98,9 +111,12 @@ def calibrate_fleet_command(
             contention_adapters=contention_adapters,
             cold_requests=cold_requests,
         )
+    except ValueError as exc:
+        raise typer.BadParameter(str(exc), param_hint=flag_of_field(exc)) from exc
+    try:
         base_model = load(base)
     except (ValueError, OSError) as exc:
-        raise typer.BadParameter(str(exc)) from exc
+        raise typer.BadParameter(str(exc), param_hint="--base") from exc
     recorded = recorded_step_fit(base_model)
     faults = [] if recorded is None else step_fit_faults(recorded)
     if faults and not accept_broken_fit:
@@ -200,7 +216,7 @@ def calibrate_command(
             repeats=repeats,
         )
     except ValueError as exc:
-        raise typer.BadParameter(str(exc)) from exc
+        raise typer.BadParameter(str(exc), param_hint=flag_of_field(exc)) from exc
     if target_sets is not None and url is not None:
         raise typer.BadParameter(
             "--url measures the server's own adapters; --target-sets is for --self",

@@ -27,6 +27,7 @@ METRICS = (
     "hit_ratio_L0",
 )
 _TIME_METRICS = ("ttft_p50", "ttft_p99")
+_RATIO_METRICS = ("completed_ratio", "hit_ratio_L0")
 _TERM = re.compile(r"^\s*([A-Za-z0-9_]+)\s*(<=|>=)\s*([0-9.eE+-]+)\s*(ms|s)?\s*$")
 
 
@@ -90,13 +91,25 @@ def parse_objectives(text: str) -> tuple[Objective, ...]:
         if match is None:
             raise ValueError(f"--slo term {term.strip()!r} is malformed; expected METRIC<=VALUE")
         metric, op, number, unit = match.groups()
+        if metric not in METRICS:  # NOTE: before the unit: ttft_p95<=500ms said "takes no unit"
+            raise ValueError(
+                f"--slo term {term.strip()!r}: metric {metric!r} is unknown; expected one of "
+                f"{list(METRICS)}"
+            )
         try:
             bound = float(number)
         except ValueError as exc:
             raise ValueError(f"--slo term {term.strip()!r}: {number!r} is no number") from exc
         if unit is not None and metric not in _TIME_METRICS:
             raise ValueError(f"--slo term {term.strip()!r}: {metric} takes no unit")
+        if not math.isfinite(bound) or bound < 0:  # the Objective's own message named no flag
+            raise ValueError(f"--slo term {term.strip()!r}: expected a finite bound >= 0")
         if unit == "s":
             bound *= 1000.0
+        if metric in _RATIO_METRICS and bound > 1:  # NOTE: completed_ratio>=1.5 was accepted:
+            # no run can meet it, and the plan said only that nothing met it
+            raise ValueError(
+                f"--slo term {term.strip()!r}: {metric} is a ratio; expected a bound from 0 to 1"
+            )
         out.append(Objective(metric, op, bound))
     return tuple(out)

@@ -119,6 +119,14 @@ def _why_lost(best: Evaluation, other: Evaluation, tolerance: float = 0.0) -> st
             f"request) and holds more resources ({other.candidate.label()} vs "
             f"{best.candidate.label()})"
         )
+    if other.candidate.footprint() == best.candidate.footprint():
+        # NOTE: two policies on the same resources tied, and this said the runner-up "holds more
+        # resources": the sweep's order (--eviction, --routing as given) chose, nothing else
+        return (
+            "costs the same per correct request on the same resources; the earlier in the "
+            f"sweep's order (--eviction, --routing as given) is kept ({other.candidate.label()} "
+            f"vs {best.candidate.label()})"
+        )
     return (
         "costs the same per correct request and holds more resources "
         f"({other.candidate.label()} vs {best.candidate.label()})"

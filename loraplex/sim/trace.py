@@ -84,6 +84,15 @@ def read_trace(path: Path) -> list[TraceRecord]:
     return sorted(records, key=lambda r: r.t_s)
 
 
+def nonempty(records: list[TraceRecord], path: Path) -> list[TraceRecord]:
+    """The trace's records; none is a ValueError naming the file. NOTE: an empty file (or blank
+    lines only) simulated as 0 requests, every figure undefined, exit 0; ``plan`` said no
+    configuration met the objectives."""
+    if not records:
+        raise ValueError(f"{path} holds no request (empty, or blank lines only)")
+    return records
+
+
 def record_dict(record: TraceRecord) -> dict[str, Any]:
     """A record as its JSON object (shape fields only when set)."""
     body: dict[str, Any] = {k: getattr(record, k) for k in TRACE_FIELDS}

@@ -80,6 +80,19 @@ def test_cost_ties_break_toward_the_smaller_footprint() -> None:
     assert result.why_runner_up_lost is not None and "same per correct" in result.why_runner_up_lost
 
 
+def test_a_tie_on_the_same_resources_is_not_said_to_hold_more() -> None:
+    """newop: two eviction policies on the same slots and bytes, same cost: the runner-up was
+    said to hold more resources; the sweep's order chose it."""
+    lru = Candidate(1, 4, 1 << 26, 1 << 30, "lru", "pow2")
+    aware = Candidate(1, 4, 1 << 26, 1 << 30, "cost_aware", "pow2")
+    outcome = queueing_sim(1.2)(lru)
+    result = choose([evaluate(lru, outcome, (), PRICE), evaluate(aware, outcome, (), PRICE)])
+    assert result.best is not None and result.best.candidate == lru
+    why = result.why_runner_up_lost
+    assert why is not None and "more resources" not in why
+    assert why.startswith("costs the same per correct request on the same resources")
+
+
 def test_nothing_feasible_and_no_completions_are_reported_not_hidden() -> None:
     cand = Candidate(1, 4, 1 << 26, 1 << 30, "lru", "pow2")
     outcome = dict(queueing_sim(1.2)(cand), completed=0)
@@ -149,6 +162,13 @@ def test_parse_objectives(text: str, expected: list[Objective]) -> None:
         ("tpot_p99<=5", "unknown"),
         ("completed_ratio>=0.9ms", "takes no unit"),
         ("ttft_p99<=1e", "no number"),
+        # newop: an unknown metric with a unit was "takes no unit"; a ratio above 1 (never met)
+        # and a negative bound were accepted, or refused without naming --slo
+        ("ttft_p95<=500ms", "--slo term 'ttft_p95<=500ms': metric 'ttft_p95' is unknown"),
+        ("completed_ratio>=1.5", "--slo term 'completed_ratio>=1.5': completed_ratio is a ratio"),
+        ("hit_ratio_L0>=2", "hit_ratio_L0 is a ratio; expected a bound from 0 to 1"),
+        ("ttft_p99<=-5ms", "--slo term 'ttft_p99<=-5ms': expected a finite bound >= 0"),
+        ("ttft_p99<=1e999", "expected a finite bound >= 0"),
     ],
 )
 def test_parse_objectives_refuses_bad_text_by_name(text: str, message: str) -> None:

@@ -133,3 +133,57 @@ def test_a_401_with_the_key_file_names_the_file(
     assert f"the admin key was read from {tmp_path / 'admin-key'}" in out
     given = CliRunner().invoke(_qualify_app(), [*argv, "--admin-key", "lpxadmin_" + "g" * 40])
     assert given.exit_code == 2 and "read from" not in given.output
+
+
+def _manifest_only(root: Path, preset: str) -> Path:
+    """A demo set's manifest alone (the preset check reads nothing else)."""
+    import json
+
+    root.mkdir(parents=True)
+    body = {"base_model": {"path": "models/m"}, "adapters": [], "preset": preset, "seed": 0}
+    (root / "manifest.json").write_text(json.dumps(body), encoding="utf-8")
+    return root
+
+
+@pytest.mark.parametrize("mode", ["--self", "--url"])
+def test_a_preset_other_than_the_served_sets_is_refused_before_anything_runs(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, mode: str
+) -> None:
+    """newop: ``--preset`` only reached the comparators, which refuse a set of another preset:
+    ``qualify --self --preset large`` (``--self`` serves the small set) ran every cell, then
+    failed every comparator in every cell, each ratio null."""
+
+    def _ran(*args: object, **kwargs: object) -> None:
+        raise AssertionError("a run was started")
+
+    monkeypatch.setattr("loraplex.cli.qualify._run", _ran)
+    small = _manifest_only(tmp_path / "small-set", "small")
+    argv = ["qualify", "--preset", "large", "--assets", str(small)]
+    argv += ["--report-dir", str(tmp_path / "reports")]
+    if mode == "--url":
+        argv += ["--url", "http://deployment", "--admin-key", "lpxadmin_" + "k" * 40]
+    else:
+        argv += ["--self"]
+    result = CliRunner().invoke(_qualify_app(), argv, env={"LORAPLEX_ADMIN_KEY": ""})
+    out = " ".join(result.output.replace("│", " ").split())
+    assert result.exit_code == 2 and "Invalid value for --preset" in out, out
+    assert "'large' is not the preset" in out and "'small'" in out
+    assert not (tmp_path / "reports").exists()  # refused before a run directory was made
+
+
+def test_the_served_sets_own_preset_is_accepted(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    started: list[str] = []
+
+    def _ran(*args: object, **kwargs: object) -> None:
+        started.append(str(kwargs["preset"]))
+        raise QualifyError("stopped here")
+
+    monkeypatch.setattr("loraplex.cli.qualify._run", _ran)
+    large = _manifest_only(tmp_path / "large-set", "large")
+    argv = ["qualify", "--url", "http://deployment", "--preset", "large", "--assets", str(large)]
+    argv += ["--report-dir", str(tmp_path / "reports"), "--admin-key", "lpxadmin_" + "k" * 40]
+    result = CliRunner().invoke(_qualify_app(), argv, env={"LORAPLEX_ADMIN_KEY": ""})
+    assert result.exit_code == 2 and "stopped here" in result.output
+    assert started == ["large"]

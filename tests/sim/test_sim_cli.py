@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import pytest
 from sim_inputs import COST_FILE
 from typer.testing import CliRunner
 
@@ -134,6 +135,26 @@ def test_scale_run_reports_the_headline_key_and_peak_rss() -> None:
     assert sum(line["decisions"].values()) == 300
 
 
+@pytest.mark.parametrize(
+    ("extra", "flag"),
+    [
+        (["--requests", "0"], "--requests"),
+        (["--adapters", "0"], "--adapters"),
+        (["--replicas", "-2"], "--replicas"),
+        (["--rate-per-replica", "0"], "--rate-per-replica"),
+        (["--rate-per-replica", "nan"], "--rate-per-replica"),
+    ],
+)
+def test_sim_scale_refuses_a_bad_value_naming_its_own_flag(extra: list[str], flag: str) -> None:
+    """newop: the four were named together (``--requests/--adapters/--replicas/
+    --rate-per-replica: num_requests 100 / num_adapters 10 / rate -40.0 is invalid``)."""
+    args = ["sim", "scale", "--requests", "50", "--adapters", "10", "--replicas", "2"]
+    refused = runner.invoke(app, [*args, "--cost-model", str(COST_FILE), *extra])
+    assert refused.exit_code == 2, refused.output
+    assert refused.output.startswith(f"error: {flag}: {extra[1]}"), refused.output
+    assert "num_requests" not in refused.output
+
+
 def test_the_synthetic_trace_is_deterministic_and_skewed() -> None:
     trace = synthetic_trace(2000, 100, rate=50.0, seed=3)
     assert trace == synthetic_trace(2000, 100, rate=50.0, seed=3)
@@ -205,3 +226,43 @@ def test_a_fleet_topology_from_the_command_line() -> None:
         refused = runner.invoke(app, [*args, *extra])
         assert refused.exit_code == 2, (extra, refused.output)
         assert f"error: {flag}: " in refused.output and message in refused.output, refused.output
+
+
+@pytest.mark.parametrize(
+    ("command", "extra", "flag"),
+    [
+        ("calibrate", ["--revisions", "0"], "--revisions"),
+        ("calibrate", ["--batch-sizes", "0,2"], "--batch-sizes"),
+        ("calibrate", ["--output-tokens", "2"], "--output-tokens"),
+        ("calibrate", ["--prefill-lengths", "8,-1"], "--prefill-lengths"),
+        ("calibrate", ["--repeats", "0"], "--repeats"),
+        ("calibrate-fleet", ["--replicas", "1"], "--replicas"),
+        ("calibrate-fleet", ["--cold-requests", "2"], "--cold-requests"),
+        ("calibrate-fleet", ["--in-flight", "2,4"], "--in-flight"),
+        ("calibrate-fleet", ["--contention-rounds", "0"], "--contention-rounds"),
+        ("calibrate-fleet", ["--base", "absent.json"], "--base"),
+    ],
+)
+def test_calibrate_refuses_a_bad_value_naming_its_flag(
+    tmp_path: Path, command: str, extra: list[str], flag: str
+) -> None:
+    """newop: these were ``Invalid value:`` and the config field's name (``revision_counts
+    (0,) is invalid`` for --revisions), or a bare ``[Errno 2]`` for --base; nothing started."""
+    if command == "calibrate":
+        args = ["sim", "calibrate", "--self", "--hardware", "h", "--out", str(tmp_path / "c")]
+    else:
+        args = ["sim", "calibrate-fleet", "--base", str(COST_FILE), "--out", str(tmp_path / "c")]
+    refused = runner.invoke(app, [*args, *extra])
+    out = " ".join(refused.output.replace("│", " ").split())
+    assert refused.exit_code == 2 and f"Invalid value for {flag}:" in out, out
+    assert not any(tmp_path.iterdir())
+
+
+def test_sim_run_refuses_an_empty_trace_naming_it(tmp_path: Path) -> None:
+    """newop: an empty trace simulated as 0 requests, every figure undefined, exit 0."""
+    empty = tmp_path / "empty.jsonl"
+    empty.write_text("")
+    args = ["sim", "run", "--trace", str(empty), "--cost-model", str(COST_FILE), "--json"]
+    refused = runner.invoke(app, args)
+    assert refused.exit_code == 2, refused.output
+    assert refused.output.startswith(f"error: --trace: {empty} holds no request"), refused.output
