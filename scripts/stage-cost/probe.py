@@ -5,9 +5,14 @@ piece per module, the pieces as ``MergeStaging._stage`` runs them: ``factors`` (
 ``check`` (the refusal check), ``alloc`` (the output buffer), ``build`` (the float32 math and
 the write of the output: its first touch), ``pack``. Modes, each ``rounds`` times, alternating:
 ``row`` (every module back to back), ``between`` (``per_piece`` modules, then one real decode
-step of ``batch`` sequences, as the engine interleaves them). Prints one JSON line of per-module
-median ms per piece and mode. Run niced: ``nice -n 19 python scripts/stage-cost/probe.py large
-bfloat16 3 3``.
+step of ``batch`` sequences, as the engine interleaves them); ``*_arena``: each output on the
+staging's own arena (``MergeStaging._output``: one huge-page mapping for the whole staging,
+stagefault), the others a fresh ``weight_buffer`` per module as before it. An arena run also
+reports ``huge_share`` (the arena's ``AnonHugePages`` / ``Rss`` in ``/proc/self/smaps`` once
+every module is staged). Prints one JSON line of per-module median ms per piece and mode. Run
+niced: ``nice -n 19 python scripts/stage-cost/probe.py large bfloat16 3 3 [mode,mode,...]``
+(default modes: ``row,between,row_arena,between_arena,between_prefault``; all:
+``ALL_MODES``).
 """
 
 from __future__ import annotations
@@ -30,6 +35,19 @@ from loraplex.model.staged_merge import MergeStaging, StagedModule
 
 TILE_BYTES = 512 << 10  # float32 scratch per block in the tiled variant
 PIECES = ("factors", "check", "alloc", "math", "write", "pack")
+ALL_MODES = (
+    "row",
+    "between",
+    "row_arena",
+    "between_arena",
+    "row_prefault",
+    "between_prefault",
+    "row_tiled",
+    "between_tiled",
+    "row_serial",
+    "between_serial",
+)
+DEFAULT_MODES = ("row", "between", "row_arena", "between_arena", "between_prefault")
 
 
 _SCRATCH: list[torch.Tensor] = []
@@ -61,6 +79,7 @@ def _timed_stager(
     parts: dict[str, float],
     outputs: list[torch.Tensor] | None,
     tiled: bool = False,
+    arena: bool = False,
 ):
     """``staging._stage`` as written in model/staged_merge.py, each piece's time added to
     ``parts`` (seconds)."""
@@ -76,7 +95,9 @@ def _timed_stager(
             t1 = clock()
             staging._check(module, original, lora_a, lora_b)
             t2 = clock()
-            if outputs is None:
+            if arena:
+                out = staging._output(original)
+            elif outputs is None:
                 out = weight_buffer(
                     tuple(original.shape), dtype=original.dtype, device=original.device
                 )
@@ -124,11 +145,16 @@ def _run(setup: Setup, step, mode: str, per_piece: int) -> dict[str, float]:
     staging = setup.begin_merge(0)
     parts = dict.fromkeys(PIECES, 0.0)
     outputs = _prefaulted(staging) if mode.endswith("prefault") else None
-    staging._stage = _timed_stager(staging, parts, outputs, mode.endswith("tiled"))  # type: ignore[method-assign]
+    staging._stage = _timed_stager(  # type: ignore[method-assign]
+        staging, parts, outputs, mode.endswith("tiled"), mode.endswith("arena")
+    )
     faults = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
     totals = {"whole": 0.0}
     count = 0
+    huge_share = None
     while not staging.done:
+        if staging._arena is not None and staging._next == len(staging.weights.modules) - 1:
+            huge_share = _huge_share(staging._arena[0])  # before the last module: still held
         if mode.startswith("between") and count % per_piece == 0:
             step(setup.pool)
         t = time.perf_counter()
@@ -145,8 +171,26 @@ def _run(setup: Setup, step, mode: str, per_piece: int) -> dict[str, float]:
     per_module = {k: v / count * 1000 for k, v in totals.items()}
     per_module["minflt"] = faults / count
     per_module.update({k: v / count * 1000 for k, v in parts.items()})
+    if huge_share is not None:
+        per_module["huge_share"] = huge_share
     setup.abandon(staging)
     return per_module
+
+
+def _huge_share(mapping) -> float:
+    """``AnonHugePages`` / ``Rss`` of the mapping ``mapping`` (its pages touched so far)."""
+    address = torch.frombuffer(mapping, dtype=torch.uint8, count=1).data_ptr()
+    fields: dict[str, int] = {}
+    inside = False
+    with open("/proc/self/smaps") as smaps:
+        for line in smaps:
+            head = line.split()
+            if "-" in head[0] and not head[0].endswith(":"):
+                low, high = (int(x, 16) for x in head[0].split("-"))
+                inside = low <= address < high
+            elif inside and head[0] in ("Rss:", "AnonHugePages:"):
+                fields[head[0]] = int(head[1])
+    return round(fields["AnonHugePages:"] / max(fields["Rss:"], 1), 3)
 
 
 def _tiled_equal(setup: Setup) -> bool:
@@ -166,7 +210,7 @@ def _tiled_equal(setup: Setup) -> bool:
     return same
 
 
-def main(preset: str, dtype: str, rounds: int, per_piece: int) -> None:
+def main(preset: str, dtype: str, rounds: int, per_piece: int, modes: tuple[str, ...]) -> None:
     config = ModesBenchConfig(preset=preset, dtype=dtype, batch_size=20, context_tokens=32)
     with tempfile.TemporaryDirectory() as tmp:
         setup = Setup(Path(tmp), config)
@@ -177,22 +221,12 @@ def main(preset: str, dtype: str, rounds: int, per_piece: int) -> None:
             step(setup.pool)
         setup.merge(0)  # the merger reads each module's max |W| at its first merge only
         setup.unmerge()
-        modes = (
-            "row",
-            "between",
-            "row_prefault",
-            "between_prefault",
-            "row_tiled",
-            "between_tiled",
-            "row_serial",
-            "between_serial",
-        )
         runs: dict[str, list[dict[str, float]]] = {m: [] for m in modes}
         for _ in range(rounds):
             for mode in modes:
                 runs[mode].append(_run(setup, step, mode, per_piece))
                 sys.stderr.write(f"{mode} {runs[mode][-1]}\n")
-        tiled_equal = _tiled_equal(setup)
+        tiled_equal = _tiled_equal(setup) if any("tiled" in m for m in modes) else None
         t = time.perf_counter()
         for _ in range(5):
             step(setup.pool)
@@ -210,4 +244,8 @@ def main(preset: str, dtype: str, rounds: int, per_piece: int) -> None:
 
 
 if __name__ == "__main__":
-    main(sys.argv[1], sys.argv[2], int(sys.argv[3]), int(sys.argv[4]))
+    chosen = tuple(sys.argv[5].split(",")) if len(sys.argv) > 5 else DEFAULT_MODES
+    unknown = [m for m in chosen if m not in ALL_MODES]
+    if unknown:
+        raise SystemExit(f"modes {unknown} are unknown; expected some of {ALL_MODES}")
+    main(sys.argv[1], sys.argv[2], int(sys.argv[3]), int(sys.argv[4]), chosen)
