@@ -5,9 +5,16 @@ piece per module, the pieces as ``MergeStaging._stage`` runs them: ``factors`` (
 ``check`` (the refusal check), ``alloc`` (the output buffer), ``build`` (the float32 math and
 the write of the output: its first touch), ``pack``. Modes, each ``rounds`` times, alternating:
 ``row`` (every module back to back), ``between`` (``per_piece`` modules, then one real decode
-step of ``batch`` sequences, as the engine interleaves them); ``*_arena``: each output on the
-staging's own arena (``MergeStaging._output``: one huge-page mapping for the whole staging,
-stagefault), the others a fresh ``weight_buffer`` per module as before it. An arena run also
+step of ``batch`` sequences, as the engine interleaves them). The output buffer: a fresh
+``weight_buffer`` per module (what staged_merge did before stagefault) unless the suffix says:
+``_arena`` the staging's own (``MergeStaging._output``: one 2 MiB-aligned mapping for the whole
+staging, advised huge pages), ``_arena4k`` the same layout on a mapping not advised (4 KiB
+pages), ``_populate`` the arena with each module's pages filled by ``MADV_POPULATE_WRITE``
+before the write (timed as ``alloc``), ``_heap`` ``torch.empty`` (glibc's heap, its freed memory
+reused), ``_prefault`` buffers written once before the staging (outside the timing); ``_tiled``
+the float32 math in row blocks, ``_serial`` on one torch thread. ``write_first`` /
+``write_rest``: the write of a piece's first module (right after the step) / of the others. An
+arena run also
 reports ``huge_share`` (the arena's ``AnonHugePages`` / ``Rss`` in ``/proc/self/smaps`` once
 every module is staged). Prints one JSON line of per-module median ms per piece and mode. Run
 niced: ``nice -n 19 python scripts/stage-cost/probe.py large bfloat16 3 3 [mode,mode,...]``
@@ -18,6 +25,7 @@ niced: ``nice -n 19 python scripts/stage-cost/probe.py large bfloat16 3 3 [mode,
 from __future__ import annotations
 
 import json
+import mmap
 import resource
 import statistics
 import sys
@@ -31,8 +39,9 @@ from torch import nn
 from loraplex.bench.modes.setup import ModesBenchConfig, Setup, decode_step
 from loraplex.model.adapter_weights import ModuleWeights
 from loraplex.model.buffers import weight_buffer
-from loraplex.model.staged_merge import MergeStaging, StagedModule
+from loraplex.model.staged_merge import ARENA_ALIGN_BYTES, MergeStaging, StagedModule
 
+MADV_POPULATE_WRITE = getattr(mmap, "MADV_POPULATE_WRITE", 23)  # Linux 5.14
 TILE_BYTES = 512 << 10  # float32 scratch per block in the tiled variant
 PIECES = ("factors", "check", "alloc", "math", "write", "pack")
 ALL_MODES = (
@@ -40,6 +49,12 @@ ALL_MODES = (
     "between",
     "row_arena",
     "between_arena",
+    "row_arena4k",
+    "between_arena4k",
+    "row_heap",
+    "between_heap",
+    "row_populate",
+    "between_populate",
     "row_prefault",
     "between_prefault",
     "row_tiled",
@@ -78,11 +93,11 @@ def _timed_stager(
     staging: MergeStaging,
     parts: dict[str, float],
     outputs: list[torch.Tensor] | None,
-    tiled: bool = False,
-    arena: bool = False,
+    variant: str = "",
 ):
     """``staging._stage`` as written in model/staged_merge.py, each piece's time added to
-    ``parts`` (seconds)."""
+    ``parts`` (seconds); ``variant`` (the mode's suffix) picks the output buffer and the math
+    (see the module's docstring)."""
 
     def stage(module: ModuleWeights) -> StagedModule:
         clock = time.perf_counter
@@ -95,8 +110,12 @@ def _timed_stager(
             t1 = clock()
             staging._check(module, original, lora_a, lora_b)
             t2 = clock()
-            if arena:
+            if variant in ("arena", "arena4k", "populate"):
                 out = staging._output(original)
+                if variant == "populate":  # the kernel fills its pages in one call
+                    _populate(staging, out)
+            elif variant == "heap":
+                out = torch.empty(original.shape, dtype=original.dtype)
             elif outputs is None:
                 out = weight_buffer(
                     tuple(original.shape), dtype=original.dtype, device=original.device
@@ -107,7 +126,7 @@ def _timed_stager(
             if original.dtype == torch.float32:
                 torch.addmm(original, lora_b, lora_a, alpha=module.scale, out=out)
                 tm = clock()
-            elif tiled:
+            elif variant == "tiled":
                 tm = _tiled_build(
                     original, lora_a, lora_b, scale=module.scale, out=out, clock=clock
                 )
@@ -121,6 +140,8 @@ def _timed_stager(
             merged = nn.Parameter(out, requires_grad=False)
         staging.model.pack(merged)
         t5 = clock()
+        first = parts.pop("_first", 0.0)
+        parts["write_first" if first else "write_rest"] += t4 - tm
         for name, a, b in zip(
             PIECES, (t0, t1, t2, t3, tm, t4), (t1, t2, t3, tm, t4, t5), strict=True
         ):
@@ -128,6 +149,28 @@ def _timed_stager(
         return StagedModule(linear, original, merged)
 
     return stage
+
+
+def _populate(staging: MergeStaging, out: torch.Tensor) -> None:
+    """``MADV_POPULATE_WRITE`` (Linux 5.14) over ``out``'s pages of the staging's arena."""
+    assert staging._arena is not None
+    mapping = staging._arena[0]
+    base = torch.frombuffer(mapping, dtype=torch.uint8, count=1).data_ptr()
+    start = out.data_ptr() - base
+    page = mmap.PAGESIZE
+    low = start // page * page
+    mapping.madvise(MADV_POPULATE_WRITE, low, start + out.nbytes - low)
+
+
+def _plain_arena(staging: MergeStaging) -> None:
+    """The staging's arena mapped now as ``MergeStaging._output`` would, but not advised huge
+    pages (ordinary 4 KiB pages)."""
+    offsets, end = [], 0
+    for module in staging.weights.modules:
+        offsets.append(end)
+        weight = staging._linear_of(module.layer, module.module).weight
+        end += -(-weight.nbytes // ARENA_ALIGN_BYTES) * ARENA_ALIGN_BYTES
+    staging._arena = (mmap.mmap(-1, end), offsets)
 
 
 def _prefaulted(staging: MergeStaging) -> list[torch.Tensor]:
@@ -143,11 +186,12 @@ def _prefaulted(staging: MergeStaging) -> list[torch.Tensor]:
 
 def _run(setup: Setup, step, mode: str, per_piece: int) -> dict[str, float]:
     staging = setup.begin_merge(0)
-    parts = dict.fromkeys(PIECES, 0.0)
-    outputs = _prefaulted(staging) if mode.endswith("prefault") else None
-    staging._stage = _timed_stager(  # type: ignore[method-assign]
-        staging, parts, outputs, mode.endswith("tiled"), mode.endswith("arena")
-    )
+    parts = dict.fromkeys((*PIECES, "write_first", "write_rest"), 0.0)
+    variant = mode.partition("_")[2]
+    outputs = _prefaulted(staging) if variant == "prefault" else None
+    if variant == "arena4k":
+        _plain_arena(staging)
+    staging._stage = _timed_stager(staging, parts, outputs, variant)  # type: ignore[method-assign]
     faults = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
     totals = {"whole": 0.0}
     count = 0
@@ -155,8 +199,10 @@ def _run(setup: Setup, step, mode: str, per_piece: int) -> dict[str, float]:
     while not staging.done:
         if staging._arena is not None and staging._next == len(staging.weights.modules) - 1:
             huge_share = _huge_share(staging._arena[0])  # before the last module: still held
-        if mode.startswith("between") and count % per_piece == 0:
-            step(setup.pool)
+        if count % per_piece == 0:
+            parts["_first"] = 1.0  # the write of a piece's first module: write_first
+            if mode.startswith("between"):
+                step(setup.pool)
         t = time.perf_counter()
         if mode.endswith("serial"):  # the module on the calling thread alone
             threads = torch.get_num_threads()
@@ -170,7 +216,10 @@ def _run(setup: Setup, step, mode: str, per_piece: int) -> dict[str, float]:
     faults = resource.getrusage(resource.RUSAGE_SELF).ru_minflt - faults
     per_module = {k: v / count * 1000 for k, v in totals.items()}
     per_module["minflt"] = faults / count
+    firsts = -(-count // per_piece)
     per_module.update({k: v / count * 1000 for k, v in parts.items()})
+    per_module["write_first"] = parts["write_first"] / firsts * 1000
+    per_module["write_rest"] = parts["write_rest"] / max(count - firsts, 1) * 1000
     if huge_share is not None:
         per_module["huge_share"] = huge_share
     setup.abandon(staging)
