@@ -13,7 +13,9 @@ pages), ``_populate`` the arena with each module's pages filled by ``MADV_POPULA
 before the write (timed as ``alloc``), ``_heap`` ``torch.empty`` (glibc's heap, its freed memory
 reused), ``_prefault`` buffers written once before the staging (outside the timing); ``_tiled``
 the float32 math in row blocks, ``_serial`` on one torch thread. ``write_first`` /
-``write_rest``: the write of a piece's first module (right after the step) / of the others. An
+``write_rest``: the write of a piece's first module (right after the step) / of the others.
+``merged*``: staged in a row, committed, then ``merged_step_ms``: the median of ``MERGED_STEPS``
+decode steps on the merged weights (how fast they read from that buffer), unmerged. An
 arena run also
 reports ``huge_share`` (the arena's ``AnonHugePages`` / ``Rss`` in ``/proc/self/smaps`` once
 every module is staged). Prints one JSON line of per-module median ms per piece and mode. Run
@@ -42,6 +44,7 @@ from loraplex.model.buffers import weight_buffer
 from loraplex.model.staged_merge import ARENA_ALIGN_BYTES, MergeStaging, StagedModule
 
 MADV_POPULATE_WRITE = getattr(mmap, "MADV_POPULATE_WRITE", 23)  # Linux 5.14
+MERGED_STEPS = 9  # decode steps timed on the merged weights (``merged_*`` modes: the median)
 TILE_BYTES = 512 << 10  # float32 scratch per block in the tiled variant
 PIECES = ("factors", "check", "alloc", "math", "write", "pack")
 ALL_MODES = (
@@ -61,6 +64,9 @@ ALL_MODES = (
     "between_tiled",
     "row_serial",
     "between_serial",
+    "merged",
+    "merged_arena",
+    "merged_arena4k",
 )
 DEFAULT_MODES = ("row", "between", "row_arena", "between_arena", "between_prefault")
 
@@ -222,6 +228,16 @@ def _run(setup: Setup, step, mode: str, per_piece: int) -> dict[str, float]:
     per_module["write_rest"] = parts["write_rest"] / max(count - firsts, 1) * 1000
     if huge_share is not None:
         per_module["huge_share"] = huge_share
+    if mode.startswith("merged"):  # the merged weights' decode step, then back
+        applier = setup.commit(staging, 0)
+        times = []
+        for _ in range(MERGED_STEPS):
+            t = time.perf_counter()
+            step(applier)
+            times.append(time.perf_counter() - t)
+        per_module["merged_step_ms"] = statistics.median(times) * 1000
+        setup.unmerge()
+        return per_module
     setup.abandon(staging)
     return per_module
 
