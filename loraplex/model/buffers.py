@@ -75,17 +75,19 @@ def weight_buffer(
     return torch.empty(shape, dtype=dtype, device=device)
 
 
-def huge_page_arena(nbytes: int) -> tuple[mmap.mmap, int]:
+def arena_mapping(nbytes: int, *, huge_pages: bool) -> tuple[mmap.mmap, int]:
     """A private anonymous mapping (lazily zeroed, CPU) with ``nbytes`` or more from a 2 MiB
-    boundary on, advised ``MADV_HUGEPAGE`` as :func:`zeroed` does, and the offset of that
-    boundary in it: tensors made on it at offsets from there (:func:`arena_tensor`) fill whole
-    huge pages one after the other, where buffers of their own sizes (a 5.5 MiB module) need
-    not start on a boundary, and those under 2 MiB never get a huge page. Mapped 2 MiB larger
-    than asked (the slack before the boundary and after the end is never touched: no memory).
-    The mapping lives while any tensor made on it does (each holds a reference)."""
+    boundary on, and the offset of that boundary in it, for tensors made on it at offsets from
+    there (:func:`arena_tensor`). ``huge_pages``: advised ``MADV_HUGEPAGE`` as :func:`zeroed`
+    does, so the tensors fill whole huge pages one after the other (where buffers of their own
+    sizes, a 5.5 MiB module, need not start on a boundary, and those under 2 MiB never get a
+    huge page); else the kernel's default (4 KiB pages in THP "madvise" mode; aligned, so
+    khugepaged or "always" mode can still back it with huge pages). Mapped 2 MiB larger than
+    asked (the slack before the boundary and after the end is never touched: no memory). The
+    mapping lives while any tensor made on it does (each holds a reference)."""
     size = -(-max(nbytes, 1) // HUGE_PAGE_BYTES) * HUGE_PAGE_BYTES + HUGE_PAGE_BYTES
     mapping = mmap.mmap(-1, size, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
-    advice = getattr(mmap, "MADV_HUGEPAGE", None)
+    advice = getattr(mmap, "MADV_HUGEPAGE", None) if huge_pages else None
     if advice is not None:
         with contextlib.suppress(OSError):  # a kernel without transparent huge pages
             mapping.madvise(advice)

@@ -13,16 +13,20 @@ parameters by reference (O(modules)); the originals are kept by reference with t
 copies, so :meth:`StagedWeights.swap_out` is the exact reverse (bit for bit, no copy, no pack).
 
 On the CPU the merged weights are tensors on ONE mapping for the whole staging (an arena:
-``buffers.huge_page_arena``, mapped at the first :meth:`MergeStaging.advance`, sized for every
-module, 2 MiB aligned, advised huge pages), one after another at page-aligned offsets: a
-module's first write then faults a huge page or two instead of a fresh buffer's ~166 small
-pages (most of a 5.5 MiB buffer of its own was not on a 2 MiB boundary, and the 0.5 MiB k/v
-ones were no huge-page buffers at all), and those faults cost about 3x after a forward step
-what they cost in a row (docs/modes.md, "Why a module costs more between steps"). Each merged
-weight is a tensor of its own on the mapping (``buffers.arena_tensor``), not a view of one
-tensor: a view shares its base's version counter, so writing the next module would make the
-packed copies of those before it stale. The mapping is freed with the last merged weight:
-an abandon, the unmerge (the merger drops the swapped weights), or whatever drops them.
+``buffers.arena_mapping``, mapped at the first :meth:`MergeStaging.advance`, sized for every
+module, 2 MiB aligned), one after another at page-aligned offsets, instead of a fresh
+``weight_buffer`` each: a module's first write was the most of its time between steps, its
+page faults (docs/modes.md, "Why a module costs more between steps"). NOT advised huge pages
+(``ARENA_HUGE_PAGES``): on the 2-core Firecracker VM this was measured on (Intel, kernel 6.18,
+free page reporting from 8 MiB blocks) a fresh 2 MiB page's first write cost more than its 512
+small pages' (``scripts/stage-cost/probe.py``: a module's write between steps 1.3-1.5 ms on
+4 KiB pages of the arena, 5.1-6.1 ms on its huge pages, 3.8-5.4 ms on a buffer of its own, that
+mix of both; docs/modes.md, "The staging's arena"). Each merged weight is a tensor of its own
+on the mapping (``buffers.arena_tensor``), not a view of one tensor: a view shares its base's
+version counter, so writing the next module would make the packed copies of those before it
+stale. The mapping is freed with the last merged weight: an abandon, the unmerge (the merger
+drops the swapped weights), or whatever drops them (:meth:`MergeStaging.result` hands them
+over and keeps none).
 
 Memory: the staged copies are the targeted weights' bytes again (what the in-place path's host
 backup held; the arena rounds each module up to 4 KiB and the whole to 2 MiB), plus their
@@ -40,7 +44,7 @@ import torch
 from torch import nn
 
 from loraplex.model.adapter_weights import AdapterWeights, ModuleWeights
-from loraplex.model.buffers import arena_tensor, huge_page_arena, weight_buffer
+from loraplex.model.buffers import arena_mapping, arena_tensor, weight_buffer
 from loraplex.model.layers import Linear
 from loraplex.model.llama import LlamaModel
 
@@ -49,6 +53,9 @@ Key = tuple[int, str]  # (layer, module)
 # Each module's merged weight starts on a page of the arena, as a buffer of its own did
 # (the same alignment for the GEMM and the cast that write it)
 ARENA_ALIGN_BYTES = 4096
+# Whether the arena is advised huge pages: no, their first write cost more between steps than
+# small pages' where measured (the module's docstring)
+ARENA_HUGE_PAGES = False
 
 
 @dataclass(frozen=True)
@@ -177,7 +184,7 @@ class MergeStaging:
                 offsets.append(end)
                 weight = self._linear_of(module.layer, module.module).weight
                 end += -(-weight.nbytes // ARENA_ALIGN_BYTES) * ARENA_ALIGN_BYTES
-            mapping, start = huge_page_arena(end)
+            mapping, start = arena_mapping(end, huge_pages=ARENA_HUGE_PAGES)
             self._arena = (mapping, [start + offset for offset in offsets])
         mapping, offsets = self._arena
         return arena_tensor(mapping, offsets[self._next], tuple(original.shape), original.dtype)

@@ -8,20 +8,19 @@ the write of the output: its first touch), ``pack``. Modes, each ``rounds`` time
 step of ``batch`` sequences, as the engine interleaves them). The output buffer: a fresh
 ``weight_buffer`` per module (what staged_merge did before stagefault) unless the suffix says:
 ``_arena`` the staging's own (``MergeStaging._output``: one 2 MiB-aligned mapping for the whole
-staging, advised huge pages), ``_arena4k`` the same layout on a mapping not advised (4 KiB
-pages), ``_populate`` the arena with each module's pages filled by ``MADV_POPULATE_WRITE``
-before the write (timed as ``alloc``), ``_heap`` ``torch.empty`` (glibc's heap, its freed memory
-reused), ``_prefault`` buffers written once before the staging (outside the timing); ``_tiled``
-the float32 math in row blocks, ``_serial`` on one torch thread. ``write_first`` /
-``write_rest``: the write of a piece's first module (right after the step) / of the others.
-``merged*``: staged in a row, committed, then ``merged_step_ms``: the median of ``MERGED_STEPS``
-decode steps on the merged weights (how fast they read from that buffer), unmerged. An
-arena run also
-reports ``huge_share`` (the arena's ``AnonHugePages`` / ``Rss`` in ``/proc/self/smaps`` once
-every module is staged). Prints one JSON line of per-module median ms per piece and mode. Run
-niced: ``nice -n 19 python scripts/stage-cost/probe.py large bfloat16 3 3 [mode,mode,...]``
-(default modes: ``row,between,row_arena,between_arena,between_prefault``; all:
-``ALL_MODES``).
+staging, ``ARENA_HUGE_PAGES``: 4 KiB pages), ``_arenahuge`` the same layout advised huge pages
+(what stagefault tried first), ``_populate`` that huge-page arena with each module's pages
+filled by ``MADV_POPULATE_WRITE`` before the write (timed as ``alloc``), ``_heap``
+``torch.empty`` (glibc's heap, its freed memory reused), ``_prefault`` buffers written once
+before the staging (outside the timing); ``_tiled`` the float32 math in row blocks,
+``_serial`` on one torch thread. ``write_first`` / ``write_rest``: the write of a piece's first
+module (right after the step) / of the others. ``merged*``: staged in a row, committed, then
+``merged_step_ms``: the median of ``MERGED_STEPS`` decode steps on the merged weights (how fast
+they read from that buffer), unmerged. An arena run also reports ``huge_share`` (the arena's
+``AnonHugePages`` / ``Rss`` in ``/proc/self/smaps`` once every module is staged). Prints one
+JSON line of per-module median ms per piece and mode. Run niced: ``nice -n 19 python
+scripts/stage-cost/probe.py large bfloat16 3 3 [mode,mode,...]`` (default modes:
+``row,between,row_arena,between_arena,between_prefault``; all: ``ALL_MODES``).
 """
 
 from __future__ import annotations
@@ -40,7 +39,7 @@ from torch import nn
 
 from loraplex.bench.modes.setup import ModesBenchConfig, Setup, decode_step
 from loraplex.model.adapter_weights import ModuleWeights
-from loraplex.model.buffers import weight_buffer
+from loraplex.model.buffers import arena_mapping, weight_buffer
 from loraplex.model.staged_merge import ARENA_ALIGN_BYTES, MergeStaging, StagedModule
 
 MADV_POPULATE_WRITE = getattr(mmap, "MADV_POPULATE_WRITE", 23)  # Linux 5.14
@@ -52,8 +51,8 @@ ALL_MODES = (
     "between",
     "row_arena",
     "between_arena",
-    "row_arena4k",
-    "between_arena4k",
+    "row_arenahuge",
+    "between_arenahuge",
     "row_heap",
     "between_heap",
     "row_populate",
@@ -66,7 +65,7 @@ ALL_MODES = (
     "between_serial",
     "merged",
     "merged_arena",
-    "merged_arena4k",
+    "merged_arenahuge",
 )
 DEFAULT_MODES = ("row", "between", "row_arena", "between_arena", "between_prefault")
 
@@ -116,7 +115,7 @@ def _timed_stager(
             t1 = clock()
             staging._check(module, original, lora_a, lora_b)
             t2 = clock()
-            if variant in ("arena", "arena4k", "populate"):
+            if variant in ("arena", "arenahuge", "populate"):
                 out = staging._output(original)
                 if variant == "populate":  # the kernel fills its pages in one call
                     _populate(staging, out)
@@ -168,15 +167,16 @@ def _populate(staging: MergeStaging, out: torch.Tensor) -> None:
     mapping.madvise(MADV_POPULATE_WRITE, low, start + out.nbytes - low)
 
 
-def _plain_arena(staging: MergeStaging) -> None:
-    """The staging's arena mapped now as ``MergeStaging._output`` would, but not advised huge
-    pages (ordinary 4 KiB pages)."""
+def _huge_arena(staging: MergeStaging) -> None:
+    """The staging's arena mapped now as ``MergeStaging._output`` would, but advised huge
+    pages."""
     offsets, end = [], 0
     for module in staging.weights.modules:
         offsets.append(end)
         weight = staging._linear_of(module.layer, module.module).weight
         end += -(-weight.nbytes // ARENA_ALIGN_BYTES) * ARENA_ALIGN_BYTES
-    staging._arena = (mmap.mmap(-1, end), offsets)
+    mapping, start = arena_mapping(end, huge_pages=True)
+    staging._arena = (mapping, [start + offset for offset in offsets])
 
 
 def _prefaulted(staging: MergeStaging) -> list[torch.Tensor]:
@@ -195,8 +195,8 @@ def _run(setup: Setup, step, mode: str, per_piece: int) -> dict[str, float]:
     parts = dict.fromkeys((*PIECES, "write_first", "write_rest"), 0.0)
     variant = mode.partition("_")[2]
     outputs = _prefaulted(staging) if variant == "prefault" else None
-    if variant == "arena4k":
-        _plain_arena(staging)
+    if variant in ("arenahuge", "populate"):
+        _huge_arena(staging)
     staging._stage = _timed_stager(staging, parts, outputs, variant)  # type: ignore[method-assign]
     faults = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
     totals = {"whole": 0.0}
