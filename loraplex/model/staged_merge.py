@@ -19,9 +19,9 @@ module, 2 MiB aligned), one after another at page-aligned offsets, instead of a 
 page faults (docs/modes.md, "Why a module costs more between steps"). NOT advised huge pages
 (``ARENA_HUGE_PAGES``): on the 2-core Firecracker VM this was measured on (Intel, kernel 6.18,
 free page reporting from 8 MiB blocks) a fresh 2 MiB page's first write cost more than its 512
-small pages' (``scripts/stage-cost/probe.py``: a module's write between steps 1.3-1.5 ms on
-4 KiB pages of the arena, 5.1-6.1 ms on its huge pages, 3.8-5.4 ms on a buffer of its own, that
-mix of both; docs/modes.md, "The staging's arena"). Each merged weight is a tensor of its own
+small pages' (``scripts/stage-cost/probe.py``, large bfloat16: a module between steps 2.7-3.0 ms
+on 4 KiB pages of the arena, 10.3-12.1 ms on its huge pages, 7.2-8.3 ms on buffers of their own,
+that mix of both; docs/modes.md, "The staging's arena"). Each merged weight is a tensor of its own
 on the mapping (``buffers.arena_tensor``), not a view of one tensor: a view shares its base's
 version counter, so writing the next module would make the packed copies of those before it
 stale. The mapping is freed with the last merged weight: an abandon, the unmerge (the merger
