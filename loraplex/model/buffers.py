@@ -87,12 +87,20 @@ def arena_mapping(nbytes: int, *, huge_pages: bool) -> tuple[mmap.mmap, int]:
     mapping lives while any tensor made on it does (each holds a reference)."""
     size = -(-max(nbytes, 1) // HUGE_PAGE_BYTES) * HUGE_PAGE_BYTES + HUGE_PAGE_BYTES
     mapping = mmap.mmap(-1, size, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
-    advice = getattr(mmap, "MADV_HUGEPAGE", None) if huge_pages else None
+    if huge_pages:
+        advise_huge_pages(mapping)
+    address = torch.frombuffer(mapping, dtype=torch.uint8, count=1).data_ptr()
+    return mapping, -address % HUGE_PAGE_BYTES
+
+
+def advise_huge_pages(mapping: mmap.mmap) -> None:
+    """Advise ``mapping`` ``MADV_HUGEPAGE`` (a hint: pages not yet written fault in as huge
+    pages, written ones may be collapsed by khugepaged later); nothing where the platform or
+    kernel has no transparent huge pages."""
+    advice = getattr(mmap, "MADV_HUGEPAGE", None)
     if advice is not None:
         with contextlib.suppress(OSError):  # a kernel without transparent huge pages
             mapping.madvise(advice)
-    address = torch.frombuffer(mapping, dtype=torch.uint8, count=1).data_ptr()
-    return mapping, -address % HUGE_PAGE_BYTES
 
 
 def arena_tensor(

@@ -44,7 +44,12 @@ import torch
 from torch import nn
 
 from loraplex.model.adapter_weights import AdapterWeights, ModuleWeights
-from loraplex.model.buffers import arena_mapping, arena_tensor, weight_buffer
+from loraplex.model.buffers import (
+    advise_huge_pages,
+    arena_mapping,
+    arena_tensor,
+    weight_buffer,
+)
 from loraplex.model.layers import Linear
 from loraplex.model.llama import LlamaModel
 
@@ -158,6 +163,12 @@ class MergeStaging:
                 f"staging has {len(self.weights.modules) - self._next} modules to go; "
                 "expected every module staged"
             )
+        if self._arena is not None and not ARENA_HUGE_PAGES:
+            # every page written: advised huge pages only now, so khugepaged may collapse them
+            # in its own thread, off the step boundaries (the base weights' huge pages gave a
+            # decode step 4-5 % on the large preset: docs/benchmarks/execution.md, "The base
+            # weights on huge pages"); their first write was the cost at the boundaries
+            advise_huge_pages(self._arena[0])
         # handed over: the staging keeps no reference, so the arena goes with the merged
         # weights (at the unmerge), however long this object lives
         staged, self._staged = tuple(self._staged), []

@@ -14,6 +14,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from tiny_models import vm_flags
 
 from loraplex.artifacts.base_model import BaseModelSpec
 from loraplex.artifacts.validate import validate_adapter_dir
@@ -121,3 +122,20 @@ def test_the_unmerge_frees_the_arena_the_commit_handed_over(demo_assets: DemoAss
         assert not freed(ref)  # the live (merged) weights are on it
         merger.unmerge()
         assert freed(ref)  # though ``staging`` still exists
+
+
+def test_the_arena_is_advised_huge_pages_once_every_page_is_written(
+    demo_assets: DemoAssets,
+) -> None:
+    # written on small pages (their first write is the boundaries' cost), then advised, so
+    # khugepaged may collapse them off the step boundaries
+    base_dir = demo_assets.base_model_dir
+    weights = load_weights(base_dir, demo_assets.adapters[0].path, torch.float32)
+    model = load_checkpoint(base_dir)
+    staging = WeightMerger(model).stage(weights)
+    staging.advance(float("inf"))
+    first = staging._staged[0].merged
+    assert "hg" not in vm_flags(first)
+    staged = staging.result()
+    assert "hg" in vm_flags(first) and "sh" not in vm_flags(first)
+    assert staged.modules[0].merged is first
