@@ -75,6 +75,44 @@ def weight_buffer(
     return torch.empty(shape, dtype=dtype, device=device)
 
 
+def arena_mapping(nbytes: int, *, huge_pages: bool) -> tuple[mmap.mmap, int]:
+    """A private anonymous mapping (lazily zeroed, CPU) with ``nbytes`` or more from a 2 MiB
+    boundary on, and the offset of that boundary in it, for tensors made on it at offsets from
+    there (:func:`arena_tensor`). ``huge_pages``: advised ``MADV_HUGEPAGE`` as :func:`zeroed`
+    does, so the tensors fill whole huge pages one after the other (where buffers of their own
+    sizes, a 5.5 MiB module, need not start on a boundary, and those under 2 MiB never get a
+    huge page); else the kernel's default (4 KiB pages in THP "madvise" mode; aligned, so
+    khugepaged or "always" mode can still back it with huge pages). Mapped 2 MiB larger than
+    asked (the slack before the boundary and after the end is never touched: no memory). The
+    mapping lives while any tensor made on it does (each holds a reference)."""
+    size = -(-max(nbytes, 1) // HUGE_PAGE_BYTES) * HUGE_PAGE_BYTES + HUGE_PAGE_BYTES
+    mapping = mmap.mmap(-1, size, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
+    if huge_pages:
+        advise_huge_pages(mapping)
+    address = torch.frombuffer(mapping, dtype=torch.uint8, count=1).data_ptr()
+    return mapping, -address % HUGE_PAGE_BYTES
+
+
+def advise_huge_pages(mapping: mmap.mmap) -> None:
+    """Advise ``mapping`` ``MADV_HUGEPAGE`` (a hint: pages not yet written fault in as huge
+    pages, written ones may be collapsed by khugepaged later); nothing where the platform or
+    kernel has no transparent huge pages."""
+    advice = getattr(mmap, "MADV_HUGEPAGE", None)
+    if advice is not None:
+        with contextlib.suppress(OSError):  # a kernel without transparent huge pages
+            mapping.madvise(advice)
+
+
+def arena_tensor(
+    mapping: mmap.mmap, offset: int, shape: tuple[int, ...], dtype: torch.dtype
+) -> torch.Tensor:
+    """A contiguous tensor of ``shape`` on ``mapping`` from byte ``offset`` on (a multiple of the
+    element size). A tensor of its own, not a view of another: its version counter is its own,
+    so writing one tensor of an arena leaves the others' packed copies current
+    (``layers.PackedLinear`` checks the version)."""
+    return torch.frombuffer(mapping, dtype=dtype, count=math.prod(shape), offset=offset).view(shape)
+
+
 def serial_copy(destination: torch.Tensor, source: torch.Tensor) -> None:
     """``destination.copy_(source)`` (same shapes); on the CPU in pieces of at most
     ``SERIAL_NUMEL`` elements, so no piece wakes torch's other threads."""
