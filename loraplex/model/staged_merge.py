@@ -13,20 +13,21 @@ parameters by reference (O(modules)); the originals are kept by reference with t
 copies, so :meth:`StagedWeights.swap_out` is the exact reverse (bit for bit, no copy, no pack).
 
 On the CPU the merged weights are tensors on ONE mapping for the whole staging (an arena:
-``buffers.arena_mapping``, mapped at the first :meth:`MergeStaging.advance`, sized for every
-module, 2 MiB aligned), one after another at page-aligned offsets, instead of a fresh
-``weight_buffer`` each: a module's first write was the most of its time between steps, its
-page faults (docs/modes.md, "Why a module costs more between steps"). NOT advised huge pages
-(``ARENA_HUGE_PAGES``): on the 2-core Firecracker VM this was measured on (Intel, kernel 6.18,
-free page reporting from 8 MiB blocks) a fresh 2 MiB page's first write cost more than its 512
-small pages' (``scripts/stage-cost/probe.py``, large bfloat16: a module between steps 2.7-3.0 ms
-on 4 KiB pages of the arena, 10.3-12.1 ms on its huge pages, 7.2-8.3 ms on buffers of their own,
-that mix of both; docs/modes.md, "The staging's arena"). Each merged weight is a tensor of its own
-on the mapping (``buffers.arena_tensor``), not a view of one tensor: a view shares its base's
-version counter, so writing the next module would make the packed copies of those before it
-stale. The mapping is freed with the last merged weight: an abandon, the unmerge (the merger
-drops the swapped weights), or whatever drops them (:meth:`MergeStaging.result` hands them
-over and keeps none).
+``buffers.arena_mapping``, mapped at the first :meth:`MergeStaging.advance`, sized for every module,
+2 MiB aligned), one after another at page-aligned offsets, instead of a fresh ``weight_buffer``
+each: a module's first write was the most of its time between steps, its page faults (docs/modes.md,
+"Why a module costs more between steps"). NOT advised huge pages (``ARENA_HUGE_PAGES``): on the
+2-core Firecracker VM this was measured on (Intel, kernel 6.18, free page reporting from 8 MiB
+blocks) a fresh 2 MiB page's first write cost more than its 512 small pages'
+(``scripts/stage-cost/probe.py``, large bfloat16: a module between steps 2.7-3.0 ms on 4 KiB pages
+of the arena, 10.3-12.1 ms on its huge pages, 7.2-8.3 ms on buffers of their own, that mix of both;
+docs/modes.md, "The staging's arena"). Once every page is written (:meth:`MergeStaging.result`) the
+arena is advised huge pages, so khugepaged may collapse it later, off the step boundaries. Each
+merged weight is a tensor of its own on the mapping (``buffers.arena_tensor``), not a view of one
+tensor: a view shares its base's version counter, so writing the next module would make the packed
+copies of those before it stale. The mapping is freed with the last merged weight: an abandon, the
+unmerge (the merger drops the swapped weights), or whatever drops them (:meth:`MergeStaging.result`
+hands them over and keeps none).
 
 Memory: the staged copies are the targeted weights' bytes again (what the in-place path's host
 backup held; the arena rounds each module up to 4 KiB and the whole to 2 MiB), plus their
