@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import os
+from functools import partial
 from pathlib import Path
 
 import torch
@@ -133,9 +134,7 @@ def _read_direct(
     (this one reads the first) through its own handle of the file; what any raised is raised
     once all have ended."""
     runs = _runs_by_bytes(tensors, threads)
-    readers = [
-        Background(lambda run=run: _read_run(path, run), "loraplex-read") for run in runs[1:]
-    ]
+    readers = [Background(partial(_read_run, path, run), "loraplex-read") for run in runs[1:]]
     try:
         _read_run(path, runs[0] if runs else [])
     finally:
