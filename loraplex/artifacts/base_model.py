@@ -7,9 +7,10 @@ from __future__ import annotations
 
 import hashlib
 import json
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TypeVar
 
 from loraplex.errors import BaseModelMismatchError, CorruptArtifactError
 
@@ -22,6 +23,7 @@ MLP_MODULES = ("gate_proj", "up_proj", "down_proj")
 TARGET_MODULES = ATTENTION_MODULES + MLP_MODULES
 
 _DIGEST_CHUNK_BYTES = 1 << 20
+T = TypeVar("T")
 
 
 @dataclass(frozen=True)
@@ -148,6 +150,31 @@ class DigestedCheckpoint:
         """Whether ``digest`` is still ``model_dir``'s (same directory, every file unchanged)."""
         same_dir = self.model_dir == model_dir
         return same_dir and self.stamps is not None and self.stamps == _stamps(model_dir)
+
+    def covers(self, read: ReadStamps) -> bool:
+        """Whether bytes read from the checkpoint while ``read`` was taken are the bytes this
+        digest is of: the same directory, and every file stats as the digest's both before and
+        after that read (``read_stamps``)."""
+        same = self.stamps is not None and read.before == self.stamps == read.after
+        return same and read.model_dir == self.model_dir
+
+
+@dataclass(frozen=True)
+class ReadStamps:
+    """A checkpoint's files as ``os.stat`` saw them before and after something read them (the
+    engine process's load started before the server's digest was known to it:
+    ``DigestedCheckpoint.covers``)."""
+
+    model_dir: Path
+    before: tuple[FileStamp, ...]
+    after: tuple[FileStamp, ...]
+
+
+def read_stamps(model_dir: Path, read: Callable[[], T]) -> tuple[T, ReadStamps]:
+    """``read()`` with the checkpoint's file stamps taken before and after it."""
+    before = _stamps(model_dir)
+    value = read()
+    return value, ReadStamps(model_dir, before, _stamps(model_dir))
 
 
 def digest_checkpoint(model_dir: Path) -> DigestedCheckpoint:

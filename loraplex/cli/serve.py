@@ -283,7 +283,7 @@ def _start_and_serve(settings: ServeConfig) -> None:
     # Then the engine child, at once: it imports torch (a second or more) while this process
     # binds, imports its HTTP side and opens the registry; build_server then tells it what to
     # build. It is killed if anything before that fails.
-    engine_child = start_engine_child() if settings.engine_process else None
+    engine_child = start_engine_child(settings) if settings.engine_process else None
     digest = digest_ahead(settings)  # after the fork
     try:
         if threads is not None and not settings.engine_process:

@@ -53,10 +53,12 @@ def bind_sockets(settings: ServeConfig) -> list[socket.socket]:
         raise typer.Exit(1) from exc
 
 
-def start_engine_child() -> ChildLink:
+def start_engine_child(settings: ServeConfig) -> ChildLink:
+    """The engine child, forked now; with a configured model it starts loading it at once
+    (``serve.worker.spawn_engine_child``)."""
     from loraplex.serve.worker import spawn_engine_child
 
-    return spawn_engine_child()
+    return spawn_engine_child(settings)
 
 
 def digest_ahead(settings: ServeConfig) -> Background[DigestedCheckpoint] | None:

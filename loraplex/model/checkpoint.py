@@ -10,20 +10,29 @@ Tensors stored in the parameter's own dtype are read straight into it (``safeten
 from __future__ import annotations
 
 import json
+import os
+from functools import partial
 from pathlib import Path
 
 import torch
 from safetensors import safe_open
 
+from loraplex.background import Background
 from loraplex.errors import CheckpointError
 from loraplex.model.config import ModelConfig
 from loraplex.model.llama import LlamaModel
-from loraplex.model.safetensors_read import direct_readable, read_into, stored_tensors
+from loraplex.model.safetensors_read import (
+    StoredTensor,
+    direct_readable,
+    read_into,
+    stored_tensors,
+)
 
 SINGLE_FILE = "model.safetensors"
 INDEX_FILE = "model.safetensors.index.json"
 # Buffers some exporters saved that carry nothing the model needs (recomputed from config).
 _IGNORED_SUFFIXES = (".rotary_emb.inv_freq",)
+_READ_THREADS = 2  # read_threads: at most
 
 
 def checkpoint_files(model_dir: Path) -> dict[str, Path]:
@@ -105,26 +114,81 @@ def load_checkpoint(
     return model.eval()
 
 
+def read_threads() -> int:
+    """Threads a load reads a file's tensors on: two where this process may run on two cores or
+    more, else one. Most of a load's time is the first writes of the parameters' pages (huge
+    pages the kernel zero-fills, ``model.buffers.weight_buffer``), which a second thread runs on
+    a second core; the engine process loads before it serves, its other threads mostly idle."""
+    try:
+        cores = len(os.sched_getaffinity(0))
+    except (AttributeError, OSError):  # not Linux
+        cores = os.cpu_count() or 1
+    return min(_READ_THREADS, cores)
+
+
+def _read_direct(
+    path: Path, tensors: list[tuple[StoredTensor, torch.Tensor]], threads: int
+) -> None:
+    """``read_into`` each (stored, target) pair, in file order: with ``threads`` > 1 the list is
+    cut into that many runs of about equal bytes, each read in order on a thread of its own
+    (this one reads the first) through its own handle of the file; what any raised is raised
+    once all have ended."""
+    runs = _runs_by_bytes(tensors, threads)
+    readers = [Background(partial(_read_run, path, run), "loraplex-read") for run in runs[1:]]
+    try:
+        _read_run(path, runs[0] if runs else [])
+    finally:
+        for reader in readers:
+            reader.wait()
+    for reader in readers:
+        reader.result()
+
+
+def _read_run(path: Path, run: list[tuple[StoredTensor, torch.Tensor]]) -> None:
+    if not run:
+        return
+    with path.open("rb", buffering=0) as handle:
+        for entry, target in run:
+            read_into(handle, entry, target)
+
+
+def _runs_by_bytes(
+    tensors: list[tuple[StoredTensor, torch.Tensor]], count: int
+) -> list[list[tuple[StoredTensor, torch.Tensor]]]:
+    """``tensors`` cut, in order, into at most ``count`` consecutive runs of about equal bytes
+    (none empty)."""
+    total = sum(entry.end - entry.begin for entry, _ in tensors)
+    runs: list[list[tuple[StoredTensor, torch.Tensor]]] = [[]]
+    done = 0
+    for item in tensors:
+        if runs[-1] and len(runs) < count and done >= total * len(runs) / count:
+            runs.append([])
+        runs[-1].append(item)
+        done += item[0].end - item[0].begin
+    return [run for run in runs if run]
+
+
 def _load_file(model_dir: Path, path: Path, params: dict[str, torch.nn.Parameter]) -> None:
     """Fill ``params`` from the safetensors file ``path``: in file order straight into each
-    parameter where its bytes are its value (``safetensors_read``), else through
-    ``get_tensor`` and a converting copy."""
+    parameter where its bytes are its value (``safetensors_read``, ``_read_direct``), else
+    through ``get_tensor`` and a converting copy. Every tensor is checked before any is read."""
     stored = stored_tensors(path)
     converted = []
-    with path.open("rb", buffering=0) as handle:
-        for name in sorted(params, key=lambda n: stored[n].begin if n in stored else -1):
-            entry, param = stored.get(name), params[name]
-            if entry is None:  # safetensors listed it a moment ago: the file changed since
-                raise CheckpointError(f"{path}: tensor {name!r} is no longer in the file")
-            if entry.shape != tuple(param.shape):
-                raise CheckpointError(
-                    f"{model_dir}: tensor {name!r} has shape {entry.shape}; expected "
-                    f"{tuple(param.shape)}"
-                )
-            if direct_readable(entry, param):
-                read_into(handle, entry, param)
-            else:
-                converted.append(name)
+    direct: list[tuple[StoredTensor, torch.Tensor]] = []
+    for name in sorted(params, key=lambda n: stored[n].begin if n in stored else -1):
+        entry, param = stored.get(name), params[name]
+        if entry is None:  # safetensors listed it a moment ago: the file changed since
+            raise CheckpointError(f"{path}: tensor {name!r} is no longer in the file")
+        if entry.shape != tuple(param.shape):
+            raise CheckpointError(
+                f"{model_dir}: tensor {name!r} has shape {entry.shape}; expected "
+                f"{tuple(param.shape)}"
+            )
+        if direct_readable(entry, param):
+            direct.append((entry, param))
+        else:
+            converted.append(name)
+    _read_direct(path, direct, read_threads())
     if not converted:
         return
     with safe_open(str(path), framework="pt") as tensors:

@@ -132,7 +132,8 @@ def build_worker(
         torch.set_num_threads(config.torch_threads)
     keep_freed_heap()
     engine = engine_config(config)
-    loading = load_in_background(model_dir, engine)  # beside the registry and runtime below
+    # beside the registry and runtime below; the load started ahead, if any, when it passes
+    loading = load_in_background(model_dir, engine, digested)
     try:
         base = BaseModelSpec.from_dir(model_dir, digested)
         registry = open_registry(registry_config(config), base=base)

@@ -39,9 +39,28 @@ def engine_worker(
     return build_worker(config, model_dir, digested)
 
 
-def spawn_engine_child() -> ChildLink:
+def engine_ahead(config: ServeConfig, model_dir: Path) -> None:
+    """What the engine child starts before its ``Build`` (``ChildLink``'s ``ahead``), as
+    ``build_worker`` begins: torch's threads and the heap's thresholds set, then the checkpoint's
+    load on a thread (``engine.model_load.load_ahead``), which ``build_worker`` takes once the
+    server's digest is known to cover it. Imports torch."""
+    import torch
+
+    from loraplex.engine.heap import keep_freed_heap
+    from loraplex.engine.model_load import load_ahead
+    from loraplex.serve.engine_settings import engine_config
+
+    if config.torch_threads is not None:
+        torch.set_num_threads(config.torch_threads)
+    keep_freed_heap()
+    load_ahead(model_dir, engine_config(config))
+
+
+def spawn_engine_child(config: ServeConfig | None = None) -> ChildLink:
     """An engine child importing ``ENGINE_PRELOAD`` from now on, not yet told what to build
     (``build_server(..., engine_child=...)`` does; kill and close it if that never happens).
+    ``config``: the server's settings; when they name the model (``model``), the child starts
+    loading it at once (``engine_ahead``), beside its imports and the server's start.
 
     On Linux, while this process runs no other thread, the child is forked: it starts within
     milliseconds with what the command line imported (the configuration, the registry), where a
@@ -49,4 +68,6 @@ def spawn_engine_child() -> ChildLink:
     ``python -m loraplex``, the whole command line with them: a second or more). A restarted
     child is spawned: by then the server runs threads, which a fork must not copy."""
     fork = sys.platform == "linux" and threading.active_count() == 1
-    return ChildLink(ENGINE_PRELOAD, fork=fork)
+    model_dir = None if config is None else config.model
+    ahead = None if model_dir is None else (engine_ahead, (config, model_dir))
+    return ChildLink(ENGINE_PRELOAD, fork=fork, ahead=ahead)

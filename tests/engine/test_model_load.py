@@ -5,6 +5,7 @@ packed weights the packing on a thread of its own after the load, and its failur
 from __future__ import annotations
 
 import logging
+from pathlib import Path
 from typing import TYPE_CHECKING
 
 import pytest
@@ -19,8 +20,6 @@ from loraplex.model.layers import PackedLinear, packed_available
 from loraplex.model.llama import layer_linears, packable_bytes
 
 if TYPE_CHECKING:
-    from pathlib import Path
-
     from loraplex.demo.assets import DemoAssets
 
 
@@ -137,3 +136,118 @@ def test_a_missing_checkpoint_is_raised_by_model(tmp_path: Path) -> None:
     loading = load_in_background(tmp_path, EngineConfig())
     with pytest.raises(CheckpointError):
         loading.result()
+
+
+class _CountedLoads:
+    """``model_load._load`` counted (the load ahead's and every load again)."""
+
+    def __init__(self, monkeypatch: pytest.MonkeyPatch) -> None:
+        from loraplex.engine import model_load
+
+        self.models: list[object] = []
+        real = model_load._load
+
+        def load(model_dir: Path, config: EngineConfig) -> object:
+            model = real(model_dir, config)
+            self.models.append(model)
+            return model
+
+        monkeypatch.setattr(model_load, "_load", load)
+        monkeypatch.setattr(model_load, "_AHEAD", [])
+
+
+def _copy_model(demo_assets: DemoAssets, tmp_path: Path) -> Path:
+    import shutil
+
+    return Path(shutil.copytree(demo_assets.base_model_dir, tmp_path / "base"))
+
+
+def test_a_load_started_ahead_is_taken_when_the_digest_covers_it(
+    demo_assets: DemoAssets, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The engine process's load started before its Build (``load_ahead``) is the build's
+    model, with no second load, when the server's digest saw the same files."""
+    from loraplex.artifacts.base_model import digest_checkpoint
+    from loraplex.engine.model_load import load_ahead
+
+    loads = _CountedLoads(monkeypatch)
+    model_dir = _copy_model(demo_assets, tmp_path)
+    load_ahead(model_dir, EngineConfig())
+    digested = digest_checkpoint(model_dir)
+    model = load_in_background(model_dir, EngineConfig(), digested).result()
+    assert loads.models == [model]
+    expected = dict(load_checkpoint(model_dir).named_parameters())
+    for name, param in model.named_parameters():
+        assert torch.equal(param, expected[name]), name
+    again = load_in_background(model_dir, EngineConfig(), digested).result()  # taken once only
+    assert loads.models == [model, again]
+
+
+def test_a_load_ahead_of_changed_files_is_loaded_again(
+    demo_assets: DemoAssets, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A checkpoint file rewritten between the load ahead and the digest: the load ahead read
+    other bytes than those digested, so it is dropped and the digested files loaded."""
+    from loraplex.artifacts.base_model import digest_checkpoint
+    from loraplex.engine.model_load import load_ahead
+
+    loads = _CountedLoads(monkeypatch)
+    model_dir = _copy_model(demo_assets, tmp_path)
+    weights = sorted(model_dir.glob("*.safetensors"))[0]
+    load_ahead(model_dir, EngineConfig())
+    first = load_checkpoint(model_dir, prepack=False)  # not ``_load``: not counted
+    import loraplex.engine.model_load as model_load
+
+    assert len(model_load._AHEAD) == 1
+    model_load._AHEAD[0].loading.wait()
+    weights.write_bytes(weights.read_bytes())  # same bytes, a new ctime and mtime
+    digested = digest_checkpoint(model_dir)
+    model = load_in_background(model_dir, EngineConfig(), digested).result()
+    assert len(loads.models) == 2 and loads.models[1] is model  # loaded again, after the digest
+    expected = dict(first.named_parameters())
+    for name, param in model.named_parameters():
+        assert torch.equal(param, expected[name]), name
+
+
+@pytest.mark.parametrize("case", ["no digest", "other directory", "other settings"])
+def test_a_load_ahead_that_does_not_pass_is_loaded_again(
+    demo_assets: DemoAssets, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, case: str
+) -> None:
+    from loraplex.artifacts.base_model import digest_checkpoint
+    from loraplex.engine.model_load import load_ahead
+
+    loads = _CountedLoads(monkeypatch)
+    model_dir = _copy_model(demo_assets, tmp_path)
+    other_dir = case == "other directory"
+    ahead_dir = _copy_model(demo_assets, tmp_path / "other") if other_dir else model_dir
+    kernel = "blas" if case == "other settings" else "auto"
+    ahead_config = EngineConfig(base_linear_kernel=kernel)
+    load_ahead(ahead_dir, ahead_config)
+    digested = None if case == "no digest" else digest_checkpoint(model_dir)
+    model = load_in_background(model_dir, EngineConfig(), digested).result()
+    assert loads.models[-1] is model
+    assert model.linear_kernel == load_checkpoint(model_dir, prepack=False).linear_kernel
+
+
+def test_a_failed_load_ahead_is_loaded_again_and_its_error_raised(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from loraplex.engine.model_load import load_ahead
+
+    loads = _CountedLoads(monkeypatch)
+    load_ahead(tmp_path, EngineConfig())
+    with pytest.raises(CheckpointError):
+        load_in_background(tmp_path, EngineConfig(), None).result()
+    assert loads.models == []
+
+
+def test_a_second_load_ahead_is_refused(
+    demo_assets: DemoAssets, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from loraplex.engine.model_load import load_ahead
+
+    _CountedLoads(monkeypatch)
+    load_ahead(demo_assets.base_model_dir, EngineConfig())
+    with pytest.raises(ValueError, match="already started ahead"):
+        load_ahead(demo_assets.base_model_dir, EngineConfig())
+    load_in_background(demo_assets.base_model_dir, EngineConfig()).wait()

@@ -14,8 +14,13 @@ import torch
 from safetensors.torch import load_file, save_file
 
 from loraplex.errors import CheckpointError
-from loraplex.model.checkpoint import load_checkpoint
-from loraplex.model.safetensors_read import direct_readable, read_into, stored_tensors
+from loraplex.model.checkpoint import _read_direct, _runs_by_bytes, load_checkpoint, read_threads
+from loraplex.model.safetensors_read import (
+    StoredTensor,
+    direct_readable,
+    read_into,
+    stored_tensors,
+)
 
 
 def write_raw(path: Path, header: object, data: bytes) -> None:
@@ -101,3 +106,44 @@ def test_bfloat16_checkpoint_loads_directly_into_a_bfloat16_model(
     for name, param in model.named_parameters():
         assert param.dtype == torch.bfloat16
         assert torch.equal(param, stored[name]), name
+
+
+def _pairs(path: Path, targets: dict[str, torch.Tensor]) -> list[tuple[StoredTensor, torch.Tensor]]:
+    stored = stored_tensors(path)
+    return sorted(((stored[n], t) for n, t in targets.items()), key=lambda p: p[0].begin)
+
+
+@pytest.mark.parametrize("threads", [1, 2, 3])
+def test_a_file_read_on_several_threads_gives_the_same_values(tmp_path: Path, threads: int) -> None:
+    """``checkpoint._read_direct``: the tensors cut into runs of about equal bytes in file
+    order, each run read on a thread of its own: every tensor filled as safetensors reads it."""
+    path = tmp_path / "t.safetensors"
+    tensors = {f"t{i}": torch.randn(16 * (i + 1), 8) for i in range(7)}
+    save_file(tensors, path)
+    targets = {n: torch.full_like(v, 7.0) for n, v in tensors.items()}
+    pairs = _pairs(path, targets)
+    runs = _runs_by_bytes(pairs, threads)
+    assert [p for run in runs for p in run] == pairs and len(runs) == threads
+    sizes = [sum(e.end - e.begin for e, _ in run) for run in runs]
+    assert max(sizes) - min(sizes) <= max(e.end - e.begin for e, _ in pairs)
+    _read_direct(path, pairs, threads)
+    for name, value in load_file(path).items():
+        assert torch.equal(targets[name], value), name
+
+
+def test_a_short_read_on_the_second_thread_is_raised(tmp_path: Path) -> None:
+    path = tmp_path / "t.safetensors"
+    save_file({"a": torch.randn(64), "b": torch.randn(64)}, path)
+    pairs = _pairs(path, {"a": torch.empty(64), "b": torch.empty(64)})
+    path.write_bytes(path.read_bytes()[:-8])  # the last tensor, read by the second thread, cut
+    with pytest.raises(CheckpointError, match="early"):
+        _read_direct(path, pairs, 2)
+
+
+def test_a_load_reads_on_two_threads_where_two_cores_are_there(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setattr("os.sched_getaffinity", lambda pid: {0, 1, 2, 3})
+    assert read_threads() == 2
+    monkeypatch.setattr("os.sched_getaffinity", lambda pid: {0})
+    assert read_threads() == 1

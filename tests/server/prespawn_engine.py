@@ -27,3 +27,19 @@ def mark_worker(mark: str) -> WorkerHandles:
 
     seen = getattr(colorsys, "loraplex_mark", None) == mark
     raise ValueError(f"mark seen: {seen}")  # how the child's view reaches the test
+
+
+AHEAD_SEEN: list[str] = []  # what ``record_ahead`` saw, in the child
+
+
+def record_ahead(mark: str) -> None:
+    """An ``ahead`` call: records its mark and whether the preload was imported before it."""
+    AHEAD_SEEN.append(f"{mark}, preload before: {PRELOAD in sys.modules}")
+
+
+def failing_ahead(mark: str) -> None:
+    raise ValueError(f"ahead {mark} is invalid; expected it to fail")
+
+
+def ahead_worker() -> WorkerHandles:
+    raise ValueError(f"ahead seen: {AHEAD_SEEN}, preload after: {PRELOAD in sys.modules}")

@@ -17,7 +17,13 @@ from pathlib import Path
 
 import pytest
 from conftest import ADMIN_KEY
-from prespawn_engine import PRELOAD, preloaded_worker
+from prespawn_engine import (
+    PRELOAD,
+    ahead_worker,
+    failing_ahead,
+    preloaded_worker,
+    record_ahead,
+)
 
 from loraplex.demo.assets import DemoAssets
 from loraplex.engine.protocol import EngineRequest
@@ -91,6 +97,41 @@ def test_a_preload_that_fails_is_the_first_starts_error_and_no_child_is_left(
         assert not _alive(engine.pid or 0)
     finally:
         engine.shutdown()
+
+
+def test_the_ahead_call_runs_in_the_child_before_its_preload_and_its_build() -> None:
+    """A spawned child (a fork would have this process's modules, the preload perhaps too)."""
+    mark = uuid.uuid4().hex
+    child = ChildLink((PRELOAD,), ahead=(record_ahead, (mark,)))
+    child.build(ahead_worker, (), (1.0, 1.0, 1.0))
+    with pytest.raises(ValueError, match="ahead seen") as raised:
+        child.await_ready(300, threading.Event())
+    assert f"['{mark}, preload before: False'], preload after: True" in str(raised.value)
+    assert not _alive(child.pid or 0)
+
+
+def test_an_ahead_call_that_fails_is_the_first_starts_error() -> None:
+    child = ChildLink((PRELOAD,), ahead=(failing_ahead, ("x1",)))
+    child.build(ahead_worker, (), (1.0, 1.0, 1.0))
+    with pytest.raises(ValueError, match="ahead x1 is invalid"):
+        child.await_ready(300, threading.Event())
+    assert not _alive(child.pid or 0)
+
+
+def test_the_engine_child_is_named_the_model_only_when_one_is_configured(
+    demo_assets: DemoAssets, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``spawn_engine_child(settings)``: ``engine_ahead`` with the configured model; none for
+    the demo set, whose directory the child learns from its Build."""
+    from loraplex.serve import worker
+
+    made: list[object] = []
+    monkeypatch.setattr(worker, "ChildLink", lambda *a, **k: made.append(k.get("ahead")))
+    configured = _config(demo_assets, tmp_path / "a")
+    worker.spawn_engine_child(configured)
+    worker.spawn_engine_child(_config(demo_assets, tmp_path / "b", model=None))
+    worker.spawn_engine_child()
+    assert made == [(worker.engine_ahead, (configured, demo_assets.base_model_dir)), None, None]
 
 
 def test_a_child_never_told_to_build_is_killed_and_reaped() -> None:

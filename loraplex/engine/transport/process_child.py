@@ -12,7 +12,7 @@ import contextlib
 import gc
 import importlib
 import signal
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from multiprocessing.connection import Connection
 from pathlib import Path
 
@@ -20,6 +20,9 @@ from loraplex.engine.transport.child_loop import ChildLoop
 from loraplex.engine.transport.messages import Build, Ready, StartFailed
 from loraplex.engine.transport.packed_errors import pack_error
 from loraplex.engine.transport.worker import WorkerHandles
+
+# A call the child makes before its preload and its Build: (function, arguments).
+Ahead = tuple[Callable[..., object], tuple[object, ...]]
 
 # The engine process's name (Linux truncates it to 15 bytes): ``_name_process``.
 ENGINE_PROCESS_NAME = "loraplex-engine"
@@ -44,19 +47,23 @@ def startup_collections() -> Iterator[None]:
 
 
 def child_main(
-    conn: Connection, preload: tuple[str, ...], parent_end: Connection | None = None
+    conn: Connection,
+    preload: tuple[str, ...],
+    parent_end: Connection | None = None,
+    ahead: Ahead | None = None,
 ) -> None:
-    """The child's entry point: imports ``preload`` (module names) at once, then builds what the
-    parent's ``Build`` names and serves it. The parent may spawn the child before it knows what
-    to build, so the imports (torch: seconds) overlap the parent's own start. ``parent_end``:
-    the parent's end of the pipe, which a forked child inherited; closed at once, so the pipe
-    reaches EOF here when the parent dies, however it dies."""
+    """The child's entry point: makes the ``ahead`` call (``(function, args)``: work that needs
+    no ``Build``, started first) and imports ``preload`` (module names) at once, then builds
+    what the parent's ``Build`` names and serves it. The parent may spawn the child before it
+    knows what to build, so the imports (torch: seconds) overlap the parent's own start.
+    ``parent_end``: the parent's end of the pipe, which a forked child inherited; closed at
+    once, so the pipe reaches EOF here when the parent dies, however it dies."""
     _ignore_group_signals()
     if parent_end is not None:
         parent_end.close()
     _name_process()
     with startup_collections():
-        built = _built(conn, preload)
+        built = _built(conn, preload, ahead)
     if built is None:
         return
     handles, build = built
@@ -65,10 +72,16 @@ def child_main(
     conn.close()
 
 
-def _built(conn: Connection, preload: tuple[str, ...]) -> tuple[WorkerHandles, Build] | None:
-    """The preloads imported, then what the parent's ``Build`` names built (with the Build);
-    None, the pipe closed, when that failed (reported to the parent) or no Build came."""
+def _built(
+    conn: Connection, preload: tuple[str, ...], ahead: Ahead | None = None
+) -> tuple[WorkerHandles, Build] | None:
+    """The ``ahead`` call made and the preloads imported, then what the parent's ``Build`` names
+    built (with the Build); None, the pipe closed, when that failed (reported to the parent) or
+    no Build came."""
     try:
+        if ahead is not None:
+            call, args = ahead
+            call(*args)
         for name in preload:
             importlib.import_module(name)
     except BaseException as exc:

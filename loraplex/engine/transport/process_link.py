@@ -27,7 +27,7 @@ from typing import Any
 from loraplex.engine.transport.messages import Build, Ready, StartFailed, Stop
 from loraplex.engine.transport.packed_errors import unpack_error
 from loraplex.engine.transport.proc_threads import any_thread_runnable
-from loraplex.engine.transport.process_child import child_main
+from loraplex.engine.transport.process_child import Ahead, child_main
 from loraplex.engine.transport.worker import WorkerHandles
 from loraplex.errors import EngineUnavailableError
 
@@ -39,11 +39,16 @@ _CLOSE = object()  # ends the writer thread
 class ChildLink:
     """A spawned engine child and the parent's end of its duplex pipe."""
 
-    def __init__(self, preload: tuple[str, ...] = (), *, fork: bool = False) -> None:
+    def __init__(
+        self, preload: tuple[str, ...] = (), *, fork: bool = False, ahead: Ahead | None = None
+    ) -> None:
         """``preload``: modules the child imports at once, before it is told what to build.
         ``fork``: the child is a fork of this process (it starts at once, with what this process
         imported so far) instead of a fresh interpreter; only for a caller that has started no
-        thread yet (``serve.worker.spawn_engine_child``: the first child)."""
+        thread yet (``serve.worker.spawn_engine_child``: the first child). ``ahead``: a call
+        (picklable, with its arguments) the child makes before the preload, for work it can
+        start before it is told what to build (``serve.worker.engine_ahead``: the checkpoint's
+        load); what it raises is the first start's error, as a failed preload's."""
         if fork and threading.active_count() > 1:
             raise ValueError("fork is invalid with threads running; expected a spawned child")
         context = mp.get_context("fork") if fork else mp.get_context("spawn")
@@ -53,7 +58,7 @@ class ChildLink:
         # orphaned engine would keep running (found after a killed benchmark run).
         self._process = context.Process(
             target=child_main,
-            args=(child_conn, preload, self._conn if fork else None),
+            args=(child_conn, preload, self._conn if fork else None, ahead),
             name="loraplex-engine",
             daemon=True,
         )
