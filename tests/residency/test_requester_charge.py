@@ -54,8 +54,8 @@ def _squat(policy: str) -> int:
 
 
 def test_a_public_copy_is_made_room_for_from_the_callers_share() -> None:
-    """Owner-charged (before), every one of the owner's 40 requests missed: acme's load of
-    ``search`` was globex's, over globex's share, so it evicted globex's own copies."""
+    """Owner-charged (attack25), all 40 of the owner's requests missed, under either policy:
+    acme's load of ``search`` was globex's, past globex's share, so it evicted globex's own."""
     assert _squat("cost_aware") == 0
     assert _squat("lru") == 0
 
