@@ -81,6 +81,19 @@ def test_an_owner_hit_moves_the_charge_and_another_callers_hit_does_not() -> Non
     assert _charged(rig, SEARCH) == "globex" and _held(rig, "acme") == 0
 
 
+def test_the_owners_ask_takes_over_a_callers_load_under_way() -> None:
+    rig = make_rig(slots=4, l1=8, l2=16, share=0.5)
+    first = rig.cache.acquire_future(SEARCH, requester="acme")
+    second = rig.cache.acquire_future(SEARCH, requester="globex")  # joins the load
+    assert not first.done() and not second.done()
+    rig.settle()
+    first.result(timeout=0).release()
+    second.result(timeout=0).release()
+    rig.check()
+    for tier in (Tier.L0, Tier.L1, Tier.L2):
+        assert _charged(rig, SEARCH, tier) == "globex" and _held(rig, "acme", tier) == 0
+
+
 def test_no_requester_charges_the_owner() -> None:
     rig = make_rig(slots=4, l1=8, l2=16, share=0.5)
     _use(rig, SEARCH)

@@ -80,7 +80,8 @@ class LoadFlow:
     ) -> None:
         """Adds ``waiter`` to the load of ``key`` (starting one) towards ``target``;
         ``deadline_at_s`` is a clock time, None: no deadline. A load it starts is charged to
-        ``charged`` (None: the owner); one under way keeps its charge (``recharge``)."""
+        ``charged`` (None: the owner); one under way keeps its charge, which only the owner's
+        ask moves (``TierState.charge_owner``)."""
         job = self._jobs.get(key)
         if job is None:
             job = LoadJob(key, target, optional, charged=charged or key.tenant)
