@@ -139,7 +139,7 @@ class LeaseDesk:
                 continue
             remaining = max(req.deadline_at_s - self.clock.now(), 1e-3)
             in_memory = cache.is_resident(key, Tier.L1)  # before the lease: it may move
-            future = cache.acquire_future(key, deadline_s=remaining)
+            future = cache.acquire_future(key, deadline_s=remaining, requester=req.tenant)
             live = self._lives[req.request_id]
             if future.done():
                 self._settle(live, future)

@@ -69,13 +69,21 @@ class ResidentEntry:
 
     key: AdapterKey  # the adapter revision
     tier: Tier  # where
-    size_bytes: int  # bytes charged to the tier and the tenant
+    size_bytes: int  # bytes charged to the tier and to ``charged``
     loaded_at_s: float  # when room was taken
     last_access_s: float  # last hit or load in this tier
     slot: int | None  # L0 slot index; None elsewhere
     ready: bool = False  # False while the bytes are being installed
     refcount: int = 0  # leases and in-flight loads reading this copy
     pinned: bool = False  # never evicted while set
+    # the tenant whose share and cap the copy counts against: the one whose request loaded it
+    # (the owner, ``key.tenant``, unless another tenant called its public adapter), moved to
+    # the owner on the owner's hit (``TierLedger.recharge``); "" in the constructor: the owner
+    charged: str = ""
+
+    def __post_init__(self) -> None:
+        if not self.charged:
+            self.charged = self.key.tenant
 
     @property
     def evictable(self) -> bool:
@@ -211,40 +219,62 @@ class TierLedger:
         pinned = [e for e in self.entries.values() if e.pinned]
         free = self.budget.capacity_bytes - sum(e.size_bytes for e in pinned)
         cap = self.claim_limit(tenant, size_bytes)
-        own = sum(e.size_bytes for e in pinned if e.key.tenant == tenant)
+        own = sum(e.size_bytes for e in pinned if e.charged == tenant)
         tenant_free = None if cap is None else cap - own
         slots = None if self.budget.num_slots is None else self.budget.num_slots - len(pinned)
         return _fits(free, tenant_free, slots, size_bytes)
 
-    def reserve(self, key: AdapterKey, size_bytes: int, now_s: float) -> ResidentEntry:
-        """Takes room for ``key`` (the caller made room first); the entry starts not ready."""
+    def reserve(
+        self, key: AdapterKey, size_bytes: int, now_s: float, charged: str | None = None
+    ) -> ResidentEntry:
+        """Takes room for ``key`` (the caller made room first), charged to ``charged`` (None:
+        the owner, ``key.tenant``); the entry starts not ready."""
         if key in self.entries:
             raise CacheIntegrityError(
                 "one entry per key and tier", f"{key.ref} already in {self.tier.name}"
             )
         slot = heapq.heappop(self._free_slots) if self.budget.num_slots is not None else None
-        entry = ResidentEntry(key, self.tier, size_bytes, now_s, now_s, slot)
+        tenant = charged or key.tenant
+        entry = ResidentEntry(key, self.tier, size_bytes, now_s, now_s, slot, charged=tenant)
         self.entries[key] = entry
         self.used_bytes += size_bytes
-        self.tenant_bytes[key.tenant] = self.tenant_bytes.get(key.tenant, 0) + size_bytes
+        self.tenant_bytes[tenant] = self.tenant_bytes.get(tenant, 0) + size_bytes
         return entry
 
     def remove(self, key: AdapterKey) -> ResidentEntry:
         entry = self.entries.pop(key)
         self.used_bytes -= entry.size_bytes
-        left = self.tenant_bytes[key.tenant] - entry.size_bytes
-        if left:
-            self.tenant_bytes[key.tenant] = left
-        else:
-            del self.tenant_bytes[key.tenant]
+        self._uncharge(entry.charged, entry.size_bytes)
         if entry.slot is not None:
             heapq.heappush(self._free_slots, entry.slot)
-        if key.tenant in self._over_cap:
-            if self.within_cap(key.tenant):
-                del self._over_cap[key.tenant]
-            else:
-                self._over_cap[key.tenant] = left
         return entry
+
+    def recharge(self, key: AdapterKey, tenant: str) -> bool:
+        """Moves ``key``'s copy's charge (its bytes in ``tenant_bytes``) to ``tenant``, in O(1);
+        False, and nothing moved, when ``tenant``'s own cap here could not take it (a cap is
+        hard: the copy stays charged to the tenant that loaded it)."""
+        entry = self.entries[key]
+        if entry.charged == tenant:
+            return True
+        cap = self.tenant_cap(tenant)
+        if cap is not None and self.tenant_bytes.get(tenant, 0) + entry.size_bytes > cap:
+            return False
+        self._uncharge(entry.charged, entry.size_bytes)
+        entry.charged = tenant
+        self.tenant_bytes[tenant] = self.tenant_bytes.get(tenant, 0) + entry.size_bytes
+        return True
+
+    def _uncharge(self, tenant: str, size_bytes: int) -> None:
+        left = self.tenant_bytes[tenant] - size_bytes
+        if left:
+            self.tenant_bytes[tenant] = left
+        else:
+            del self.tenant_bytes[tenant]
+        if tenant in self._over_cap:
+            if self.within_cap(tenant):
+                del self._over_cap[tenant]
+            else:
+                self._over_cap[tenant] = left
 
     def check(self) -> None:
         """Raises CacheIntegrityError naming the first broken invariant."""
@@ -262,7 +292,7 @@ class TierLedger:
         )
         per_tenant: dict[str, int] = {}
         for entry in self.entries.values():
-            per_tenant[entry.key.tenant] = per_tenant.get(entry.key.tenant, 0) + entry.size_bytes
+            per_tenant[entry.charged] = per_tenant.get(entry.charged, 0) + entry.size_bytes
             require_invariant(
                 entry.refcount >= 0,
                 "refcounts non-negative",

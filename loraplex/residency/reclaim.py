@@ -21,6 +21,12 @@ load (that load takes the most evictable copy by the policy, as with no share), 
 higher-priority requester past its share may take, besides its own, the copies of tenants it
 outranks (its cap stays hard). hot-burst on ``bench serve``: the batch tenant's sweep took back
 half of the GPU slots from the high-priority tenant's 8 hot adapters, whatever the policy.
+
+"Own", "the requester" and every tenant's holding here mean the tenant a copy is charged to
+(``ResidentEntry.charged``): the tenant whose request loaded it, which for a call of another
+tenant's public adapter is the caller, not the owner; the owner's own hit moves the charge to
+the owner. NOTE: charged to the owner, a caller's hot copy of a public adapter sat in the
+owner's share and the owner's loads evicted the owner's own copies (attack25, part A).
 """
 
 from __future__ import annotations
@@ -35,8 +41,9 @@ from loraplex.artifacts.identity import AdapterKey
 class Copy(Protocol):
     """What the pick reads of a ledger entry (``ResidentEntry``)."""
 
-    key: AdapterKey  # whose copy (its tenant)
+    key: AdapterKey  # the revision
     size_bytes: int  # the room it frees
+    charged: str  # whose share and cap it counts against (the tenant whose request loaded it)
 
     @property
     def evictable(self) -> bool: ...
@@ -49,7 +56,7 @@ C = TypeVar("C", bound=Copy)
 class RoomNeed:
     """One load's need for room in one tier (mutated as victims are picked)."""
 
-    tenant: str  # whose load
+    tenant: str  # whose load: the tenant charged for it (the requester, not the key's owner)
     size_bytes: int  # the bytes it needs
     free_bytes: int  # the tier's free bytes
     free_slots: int | None  # L0: free slots; None in tiers without slots
@@ -89,7 +96,7 @@ class RoomNeed:
         self.free_bytes += victim.size_bytes
         if self.free_slots is not None:
             self.free_slots += 1
-        owner = victim.key.tenant
+        owner = victim.charged
         if owner == self.tenant:
             if self.cap_free is not None:
                 self.cap_free += victim.size_bytes
@@ -139,10 +146,10 @@ def _next_pick(
     ``passed`` entries rank before the rest of ``pool``; entries of other tenants met on the
     way join ``passed``."""
     for i, entry in enumerate(passed):
-        if owners is None or owners(entry.key.tenant):
+        if owners is None or owners(entry.charged):
             return passed.pop(i)
     for entry in pool:
-        if owners is None or owners(entry.key.tenant):
+        if owners is None or owners(entry.charged):
             return entry
         passed.append(entry)
     return None

@@ -181,7 +181,7 @@ class SimLeaseDesk:
                 return
             remaining = max(req.deadline_at_s - self._clock.now(), 1e-3)
             in_memory = self._cache.is_resident(key, Tier.L1)  # before the lease: it may move
-            future = self._cache.acquire_future(key, deadline_s=remaining)
+            future = self._cache.acquire_future(key, deadline_s=remaining, requester=req.tenant)
             if future.done():
                 self._settle(req, future)
             else:

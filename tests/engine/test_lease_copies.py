@@ -99,3 +99,28 @@ def test_a_copy_that_cannot_finish_leaves_its_request_waiting(rig: Rig) -> None:
     rig.run_out("held")  # the copy finishes; a later step collects the lease
     assert rig.tokens("held") == 4
     rig.core.check_integrity()
+
+
+def _charged(rig: Rig, tier: Tier) -> str:
+    entry = rig.cache.ledgers[tier].get(rig.key)
+    assert entry is not None
+    return entry.charged
+
+
+def test_a_lease_is_charged_to_the_requests_tenant_then_to_the_owners(rig: Rig) -> None:
+    """The lease desk names the request's tenant to the cache: another tenant's request (a call
+    of a public adapter) loads the GPU copy on its own share; the owner's request takes the
+    charge back (docs/registry.md, "Resolution")."""
+    owner, caller = rig.tenant, f"not-{rig.tenant}"
+    assert _charged(rig, Tier.L1) == owner  # the fixture's prefetch: no requester
+    rig.tenant = caller
+    rig.add("caller")
+    rig.run_out("caller")
+    ledger = rig.cache.ledgers[Tier.L0]
+    assert _charged(rig, Tier.L0) == caller and owner not in ledger.tenant_bytes
+    assert _charged(rig, Tier.L1) == owner  # no load of the caller's filled it
+    rig.tenant = owner
+    rig.add("owner")
+    rig.run_out("owner")
+    assert _charged(rig, Tier.L0) == owner and caller not in ledger.tenant_bytes
+    rig.core.check_integrity()

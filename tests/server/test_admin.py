@@ -178,6 +178,19 @@ def test_pin_evict_unpin_prefetch(rig: Rig) -> None:
     rig.cache.check_integrity()
 
 
+def test_residency_names_the_tenant_each_copy_is_charged_to(rig: Rig) -> None:
+    """A copy loaded for another tenant's request (a call of a public adapter) counts against
+    that tenant's share; the admin listing says so, and the owner's request takes it back."""
+    key = rig.served.demo.revisions[0].key()
+    model = f"{key.tenant}/{key.name}@{key.revision}"
+    caller = next(t for t in ("acme", "globex") if t != key.tenant)
+    rig.cache.acquire_future(key, requester=caller).result(timeout=10).release()
+    assert _entries(rig, model)["L0"]["charged_to"] == caller
+    rig.cache.acquire_future(key, requester=key.tenant).result(timeout=10).release()
+    assert _entries(rig, model)["L0"]["charged_to"] == key.tenant
+    rig.cache.check_integrity()
+
+
 def test_warm_policy_reaches_registry_and_cache(rig: Rig) -> None:
     response = rig.client.put(
         "/admin/revisions/globex/summarize/r1", json={"warm_policy": "gpu"}, headers=rig.admin

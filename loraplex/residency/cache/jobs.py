@@ -88,6 +88,9 @@ class LoadJob:
     key: AdapterKey  # the adapter revision
     target: Tier  # the fastest tier any waiter needs
     optional: bool  # prefetch/promotion only: may be refused by the policy, never waits for room
+    # the tenant its room is charged to (``ResidentEntry.charged``): the requester that started
+    # it, the owner once the owner asks too; "" in the constructor: the owner
+    charged: str = ""
     waiters: list[Waiter] = field(default_factory=list)  # who is waiting
     cancel: CancelToken = field(default_factory=CancelToken)  # set when nobody waits any more
     footprint: Footprint | None = None  # known after resolve
@@ -103,6 +106,10 @@ class LoadJob:
     # NOTE: `busy` is True while a phase runs off-lock; deadline expiry then only sets `cancel`
     # and the phase's completion undoes the job.
     busy: bool = False
+
+    def __post_init__(self) -> None:
+        if not self.charged:
+            self.charged = self.key.tenant
 
     @property
     def has_acquirer(self) -> bool:

@@ -76,12 +76,15 @@ class LoadFlow:
         *,
         optional: bool,
         deadline_at_s: float | None,
+        charged: str | None = None,
     ) -> None:
         """Adds ``waiter`` to the load of ``key`` (starting one) towards ``target``;
-        ``deadline_at_s`` is a clock time, None: no deadline."""
+        ``deadline_at_s`` is a clock time, None: no deadline. A load it starts is charged to
+        ``charged`` (None: the owner); one under way keeps its charge, which only the owner's
+        ask moves (``TierState.charge_owner``)."""
         job = self._jobs.get(key)
         if job is None:
-            job = LoadJob(key, target, optional)
+            job = LoadJob(key, target, optional, charged=charged or key.tenant)
             if self._fill_free_slot(job, waiter, deadline_at_s):
                 return
             self._jobs.add(job)
@@ -166,7 +169,7 @@ class LoadFlow:
         if resolved is None or source is None or key in state.ledgers[Tier.L0].entries:
             return False
         size = resolved.footprint.slot_bytes
-        if not state.ledgers[Tier.L0].fits_free(key.tenant, size):
+        if not state.ledgers[Tier.L0].fits_free(job.charged, size):
             return False
         if not self._jobs.start_now(job):
             return False
@@ -177,7 +180,7 @@ class LoadFlow:
         job.source_entry = source
         source.refcount += 1
         job.prepared = prepared = _NOTHING_STAGED
-        job.reserved = state.reserve(Tier.L0, key, size)
+        job.reserved = state.reserve(Tier.L0, key, size, job.charged)
         state.stats.record_room_wait(0.0)
         install = partial(self._pipeline.install, move, prepared, job.reserved.slot, job.cancel)
         self._run(job, install, self._on_installed)
@@ -202,7 +205,7 @@ class LoadFlow:
             return
         try:
             size = resolved.footprint.bytes_in(move.target)
-            self._state.ledgers[move.target].check_admissible(job.key.tenant, size)
+            self._state.ledgers[move.target].check_admissible(job.charged, size)
         except AdapterTooLargeError as error:
             self._fail(job, error)
             return
@@ -234,7 +237,7 @@ class LoadFlow:
         now = self._state.clock.now()
         waited_s = job.waited_s(now)
         demand = Demand(job.key.ref, move.target, job.optional, job.has_acquirer)
-        room = TierRoom(self._state, move, footprint, job.request_waited_s(now))
+        room = TierRoom(self._state, move, footprint, job.request_waited_s(now), job.charged)
         placement = decide(demand, room)
         if isinstance(placement, Defer):
             self._defer(job, placement.seconds)
@@ -247,7 +250,7 @@ class LoadFlow:
             for victim in placement.victims:
                 self._state.evict(victim, drop=False)
             size = footprint.bytes_in(move.target)
-            job.reserved = self._state.reserve(move.target, job.key, size)
+            job.reserved = self._state.reserve(move.target, job.key, size, job.charged)
             for victim in placement.victims:
                 # A victim's slot handed straight to this install is not cleared first: the
                 # install replaces its weights (one re-publication of the slot's tables, not

@@ -28,17 +28,24 @@ class TierRoom:
     """``Room`` over one tier's ledger and the policy (victims ranked on first need only)."""
 
     def __init__(
-        self, state: TierState, move: Move, footprint: Footprint, request_waited_s: float
+        self,
+        state: TierState,
+        move: Move,
+        footprint: Footprint,
+        request_waited_s: float,
+        charged: str | None = None,
     ) -> None:
         self._state = state
         self._move = move
+        # whose share and cap the room comes from: the load's requester (None: the owner)
+        self._tenant = charged or move.key.tenant
         self._ledger = state.ledgers[move.target]
         self._size = footprint.bytes_in(move.target)
         self._waited_s = request_waited_s  # since the load's longest-waiting request asked
 
     def too_large(self) -> AdapterTooLargeError | None:
         try:
-            self._ledger.check_admissible(self._move.key.tenant, self._size)
+            self._ledger.check_admissible(self._tenant, self._size)
         except AdapterTooLargeError as error:
             return error
         return None
@@ -46,7 +53,7 @@ class TierRoom:
     def victims(self) -> Sequence[ResidentEntry] | None:
         target, config = self._move.target, self._state.config
         return self._ledger.plan_room(
-            self._move.key.tenant,
+            self._tenant,
             self._size,
             lambda: self._state.ranked_victims(target),
             (lambda a, b: share_outranks(config, a, b)) if config.tier_share_by_priority else None,
@@ -76,7 +83,7 @@ class TierRoom:
         return wish if wish >= MIN_DEFERRAL_S else 0.0
 
     def fits_beside_pins(self) -> bool:
-        return self._ledger.fits_beside_pins(self._move.key.tenant, self._size)
+        return self._ledger.fits_beside_pins(self._tenant, self._size)
 
     def _incoming(self) -> Candidate:
         move, now = self._move, self._state.clock.now()

@@ -193,10 +193,25 @@ class TierState:
 
     # --- copies --------------------------------------------------------------------------------
 
-    def reserve(self, tier: Tier, key: AdapterKey, size_bytes: int) -> ResidentEntry:
-        entry = self.ledgers[tier].reserve(key, size_bytes, self.clock.now())
+    def reserve(
+        self, tier: Tier, key: AdapterKey, size_bytes: int, charged: str | None = None
+    ) -> ResidentEntry:
+        entry = self.ledgers[tier].reserve(key, size_bytes, self.clock.now(), charged)
         self._victims[tier].note(key, self._now())
         return entry
+
+    def charge_owner(self, key: AdapterKey) -> None:
+        """The owner asked for ``key`` (it would have loaded it anyway): each copy charged to
+        another tenant, and a load of it under way, move to the owner's charge (a copy the
+        owner's own cap cannot take stays where it is). O(tiers)."""
+        owner = key.tenant
+        for ledger in self.ledgers.values():
+            entry = ledger.get(key)
+            if entry is not None and entry.charged != owner:
+                ledger.recharge(key, owner)
+        job = self._jobs.get(key)
+        if job is not None:
+            job.charged = owner
 
     def mark_ready(self, entry: ResidentEntry) -> None:
         """An installed copy becomes usable (and protected if a pin covers its tier)."""

@@ -79,13 +79,20 @@ class TieredAdapterCache:
 
     # --- acquiring ---------------------------------------------------------------------------
 
-    def acquire_future(self, key: AdapterKey, *, deadline_s: float | None = None) -> Future[Lease]:
+    def acquire_future(
+        self, key: AdapterKey, *, deadline_s: float | None = None, requester: str | None = None
+    ) -> Future[Lease]:
         """A future lease on ``key`` in L0; never blocks. Fails with CapacityError when
         ``deadline_s`` (a duration: seconds from now; default from the config) passes without
-        a slot."""
+        a slot. ``requester``: the tenant whose request asks (None: the owner, ``key.tenant``);
+        a load this starts is charged to it in every tier (its share, its cap), and the
+        owner's ask moves the charge of the key's copies to the owner
+        (``ResidentEntry.charged``)."""
         future: Future[Lease] = Future()
         with self._lock:
             state, now = self._state, self._clock.now()
+            if requester is None or requester == key.tenant:
+                state.charge_owner(key)
             history = state.touch(key, now)
             entry = state.ready_entry(key, Tier.L0)
             if entry is not None:
@@ -105,6 +112,7 @@ class TieredAdapterCache:
                 Waiter(future, wants_lease=True, source=source, asked_at_s=now),
                 optional=False,
                 deadline_at_s=None if wait_s is None else now + wait_s,
+                charged=requester,
             )
         return future
 
@@ -175,7 +183,7 @@ class TieredAdapterCache:
                     for entry in state.ranked_victims(tier):
                         if ledger.within_cap(tenant):
                             break
-                        if entry.key.tenant == tenant:
+                        if entry.charged == tenant:
                             state.evict(entry)
 
     def evict(self, key: AdapterKey, tier: Tier) -> bool:
@@ -259,25 +267,26 @@ class TieredAdapterCache:
             return job is not None and job.started and not self._jobs.is_blocked(job)
 
     def reclaiming(self, key: AdapterKey) -> bool:
-        """Whether a new lease on ``key``'s GPU copy should wait: its tenant holds more of L0
-        than its share (borrowed room) while a load of another tenant under its share waits
-        for L0 room. The engine then asks for no lease on it this step, so the copy's leases
-        drain and the waiting load reclaims it (``residency/reclaim.py``). NOTE: a hit always
+        """Whether a new lease on ``key``'s GPU copy should wait: the tenant charged for it
+        (``ResidentEntry.charged``) holds more of L0 than its share (borrowed room) while a
+        load of another tenant under its share waits for L0 room. The engine then asks for no
+        lease on it this step, so the copy's leases drain and the waiting load reclaims it
+        (``residency/reclaim.py``). NOTE: a hit always
         got a lease at once, so a tenant that started its next request on each borrowed copy
         before the last one ended kept every copy in use, never evictable, and another
         tenant's load waited for room until its deadline (attack12)."""
         with self._lock:
             entry = self._state.ready_entry(key, Tier.L0)
-            ledger = self._state.ledgers[Tier.L0]
-            share = ledger.tenant_share(key.tenant)
-            if entry is None or entry.pinned or share is None:  # a pin is never reclaimed
+            if entry is None or entry.pinned:  # a pin is never reclaimed
                 return False
-            if ledger.tenant_bytes.get(key.tenant, 0) <= share:
+            ledger, tenant = self._state.ledgers[Tier.L0], entry.charged
+            share = ledger.tenant_share(tenant)
+            if share is None or ledger.tenant_bytes.get(tenant, 0) <= share:
                 return False
             config = self._state.config
             return any(
-                _reclaims_l0(job, ledger, key.tenant)
-                and not share_outranks(config, key.tenant, job.key.tenant)
+                _reclaims_l0(job, ledger, tenant)
+                and not share_outranks(config, tenant, job.charged)
                 for job in self._jobs.blocked()
             )
 
@@ -323,8 +332,9 @@ class TieredAdapterCache:
 def _reclaims_l0(job: LoadJob, ledger: TierLedger, besides: str) -> bool:
     """Whether ``job`` waits for L0 room for a tenant other than ``besides``, under its share
     (so the room it may take includes other tenants' borrowed copies), room that unpinned
-    copies leaving would give it (a load that waits for an unpin gains nothing)."""
-    tenant = job.key.tenant
+    copies leaving would give it (a load that waits for an unpin gains nothing). Tenants are
+    the ones charged (``ResidentEntry.charged``, ``LoadJob.charged``)."""
+    tenant = job.charged
     if tenant == besides or job.move is None or job.move.target is not Tier.L0:
         return False
     share = ledger.tenant_share(tenant)

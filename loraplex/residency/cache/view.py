@@ -66,6 +66,10 @@ class EntrySnapshot:
     # replica's copies: without it a revision on two replicas was two rows saying nothing of
     # where); None on one server
     replica: str | None = None
+    # the tenant whose share and cap the copy counts against (``ResidentEntry.charged``): the
+    # one whose request loaded it, the owner unless another tenant called a public adapter;
+    # admin only (no tenant sees another's copies). None: not known (built by hand)
+    charged_to: str | None = None
 
 
 @dataclass(frozen=True)
@@ -163,4 +167,5 @@ def _entry(entry: ResidentEntry, history: AdapterHistory) -> EntrySnapshot:
         loads=history.loads.get(entry.tier, 0),
         evictions=history.evictions.get(entry.tier, 0),
         last_access_s=history.last_access_s,
+        charged_to=entry.charged,
     )

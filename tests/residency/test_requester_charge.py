@@ -1,0 +1,132 @@
+"""A copy is charged to the tenant whose request loaded it (``acquire_future(requester=...)``),
+not to the revision's owner: a tenant calling another tenant's public adapter makes room from
+its own share of each tier, so the owner's own copies, within the owner's share, stay
+(attack25, part A: the owner's GPU hit share fell from 0.98 to 0.01). A hit by the owner moves
+the charge to the owner; a hit by another tenant changes nothing. With no requester (warm
+policies, prefetch, pins, the replay) the owner is charged, as before."""
+
+from __future__ import annotations
+
+from cache_kit import UNIT, Rig, key, make_rig
+
+from loraplex.artifacts.identity import AdapterKey
+from loraplex.residency.ledger import Tier, TierBudget, TierLedger
+
+OWN = [key("globex", "codegen"), key("globex", "summarize")]  # the owner's two, its 2-slot share
+ACME = [key("acme", "support"), key("acme", "billing")]  # the caller's own two
+SEARCH = key("globex", "search")  # the owner's public adapter, called by acme
+
+
+def _use(rig: Rig, adapter: AdapterKey, requester: str | None = None) -> None:
+    future = rig.cache.acquire_future(adapter, requester=requester)
+    rig.settle()
+    future.result(timeout=0).release()
+    rig.clock.advance(0.2)
+    rig.check()
+
+
+def _held(rig: Rig, tenant: str, tier: Tier = Tier.L0) -> int:
+    return rig.cache.ledgers[tier].tenant_bytes.get(tenant, 0) // UNIT
+
+
+def _charged(rig: Rig, adapter: AdapterKey, tier: Tier = Tier.L0) -> str:
+    entry = rig.cache.ledgers[tier].get(adapter)
+    assert entry is not None
+    return entry.charged
+
+
+def _squat(policy: str) -> int:
+    """The owner's requests that missed L0 while acme cycled its own two and the public one."""
+    rig = make_rig(policy, slots=4, l1=8, l2=16, share=0.5)
+    for k in OWN:
+        _use(rig, k, "globex")
+    for k in ACME:
+        _use(rig, k, "acme")
+    missed = 0
+    for _ in range(20):
+        for k in [*ACME, SEARCH]:
+            _use(rig, k, "acme")
+        for k in OWN:
+            missed += not rig.cache.is_resident(k, Tier.L0)
+            _use(rig, k, "globex")
+        assert _held(rig, "globex") == 2 and _held(rig, "acme") == 2
+    return missed
+
+
+def test_a_public_copy_is_made_room_for_from_the_callers_share() -> None:
+    """Owner-charged (attack25), all 40 of the owner's requests missed, under either policy:
+    acme's load of ``search`` was globex's, past globex's share, so it evicted globex's own."""
+    assert _squat("cost_aware") == 0
+    assert _squat("lru") == 0
+
+
+def test_each_tier_charges_the_requester() -> None:
+    rig = make_rig(slots=4, l1=8, l2=16, share=0.5)
+    _use(rig, SEARCH, "acme")
+    for tier in (Tier.L0, Tier.L1, Tier.L2):
+        assert _charged(rig, SEARCH, tier) == "acme"
+        assert _held(rig, "acme", tier) == 1 and _held(rig, "globex", tier) == 0
+
+
+def test_an_owner_hit_moves_the_charge_and_another_callers_hit_does_not() -> None:
+    rig = make_rig(slots=4, l1=8, l2=16, share=0.5)
+    _use(rig, SEARCH, "acme")
+    _use(rig, SEARCH, "initech")  # another non-owner's hit: nothing changes
+    assert _charged(rig, SEARCH) == "acme" and _held(rig, "initech") == 0
+    _use(rig, SEARCH, "globex")  # the owner would have loaded it anyway
+    for tier in (Tier.L0, Tier.L1, Tier.L2):
+        assert _charged(rig, SEARCH, tier) == "globex"
+        assert _held(rig, "globex", tier) == 1 and _held(rig, "acme", tier) == 0
+    _use(rig, SEARCH, "acme")  # a non-owner's hit never takes the charge back
+    assert _charged(rig, SEARCH) == "globex" and _held(rig, "acme") == 0
+
+
+def test_the_owners_ask_takes_over_a_callers_load_under_way() -> None:
+    rig = make_rig(slots=4, l1=8, l2=16, share=0.5)
+    first = rig.cache.acquire_future(SEARCH, requester="acme")
+    second = rig.cache.acquire_future(SEARCH, requester="globex")  # joins the load
+    assert not first.done() and not second.done()
+    rig.settle()
+    first.result(timeout=0).release()
+    second.result(timeout=0).release()
+    rig.check()
+    for tier in (Tier.L0, Tier.L1, Tier.L2):
+        assert _charged(rig, SEARCH, tier) == "globex" and _held(rig, "acme", tier) == 0
+
+
+def test_no_requester_charges_the_owner() -> None:
+    rig = make_rig(slots=4, l1=8, l2=16, share=0.5)
+    _use(rig, SEARCH)
+    assert _charged(rig, SEARCH) == "globex"
+    rig.cache.prefetch(key("globex", "other"), Tier.L1)
+    rig.settle()
+    assert _charged(rig, key("globex", "other"), Tier.L1) == "globex"
+    _use(rig, SEARCH, "acme")  # an acme load now: it stays the owner's
+    assert _charged(rig, SEARCH) == "globex"
+    _use(rig, key("acme", "x"))
+    assert _charged(rig, key("acme", "x")) == "acme"
+
+
+def test_the_callers_cap_bounds_its_loads_of_a_public_adapter() -> None:
+    """acme's GPU cap (1 slot) counts its load of ``search``: its own copy makes room."""
+    rig = make_rig(slots=4, l1=8, l2=16, tenant_l0={"acme": UNIT})
+    _use(rig, ACME[0], "acme")
+    _use(rig, SEARCH, "acme")
+    assert not rig.cache.is_resident(ACME[0], Tier.L0)
+    assert _held(rig, "acme") == 1 and _held(rig, "globex") == 0
+
+
+def test_a_recharge_moves_the_bytes_and_respects_the_new_tenants_cap() -> None:
+    ledger = TierLedger(Tier.L0, TierBudget(4 * UNIT, 4, tenant_max_bytes={"globex": UNIT}))
+    ledger.reserve(key("globex", "a"), UNIT, 0.0)
+    ledger.reserve(SEARCH, UNIT, 0.0, charged="acme")
+    assert ledger.tenant_bytes == {"globex": UNIT, "acme": UNIT}
+    assert not ledger.recharge(SEARCH, "globex")  # globex's cap is full: acme keeps it
+    assert ledger.tenant_bytes == {"globex": UNIT, "acme": UNIT}
+    ledger.remove(key("globex", "a"))
+    assert ledger.recharge(SEARCH, "globex")
+    assert ledger.tenant_bytes == {"globex": UNIT} and ledger.entries[SEARCH].charged == "globex"
+    ledger.check()
+    ledger.remove(SEARCH)
+    assert ledger.tenant_bytes == {}
+    ledger.check()
