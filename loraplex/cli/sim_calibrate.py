@@ -10,6 +10,7 @@ import json
 import shlex
 import sys
 from contextlib import AbstractContextManager
+from dataclasses import fields
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Any, NoReturn
 
@@ -41,12 +42,13 @@ AcceptBrokenFit = Annotated[
 _FLAG_OF_FIELD = {"revision_counts": "--revisions"}  # the fields whose flag is not their name
 
 
-def flag_of_field(error: ValueError) -> str | None:
-    """The flag of the config field a refusal names first (``batch_sizes (0, 2) is invalid``:
-    ``--batch-sizes``; ``revision_counts``: ``--revisions``). NOTE: these were ``Invalid value:``
-    with the field's name alone, ``revision_counts`` a name no flag has."""
+def flag_of_field(error: ValueError, config: type) -> str | None:
+    """The flag of the field of ``config`` (a dataclass) a refusal names first (``batch_sizes
+    (0, 2) is invalid``: ``--batch-sizes``; ``revision_counts``: ``--revisions``); None when its
+    first word is no field of it. NOTE: these were ``Invalid value:`` with the field's name
+    alone, ``revision_counts`` a name no flag has."""
     words = str(error).split()
-    if not words or not words[0].isidentifier():
+    if not words or words[0] not in {f.name for f in fields(config)}:
         return None
     return _FLAG_OF_FIELD.get(words[0], "--" + words[0].replace("_", "-"))
 
@@ -112,7 +114,9 @@ def calibrate_fleet_command(
             cold_requests=cold_requests,
         )
     except ValueError as exc:
-        raise typer.BadParameter(str(exc), param_hint=flag_of_field(exc)) from exc
+        raise typer.BadParameter(
+            str(exc), param_hint=flag_of_field(exc, FleetCalibrateConfig)
+        ) from exc
     try:
         base_model = load(base)
     except (ValueError, OSError) as exc:
@@ -216,7 +220,7 @@ def calibrate_command(
             repeats=repeats,
         )
     except ValueError as exc:
-        raise typer.BadParameter(str(exc), param_hint=flag_of_field(exc)) from exc
+        raise typer.BadParameter(str(exc), param_hint=flag_of_field(exc, CalibrateConfig)) from exc
     if target_sets is not None and url is not None:
         raise typer.BadParameter(
             "--url measures the server's own adapters; --target-sets is for --self",

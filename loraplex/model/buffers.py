@@ -50,13 +50,11 @@ def zeroed(
         return torch.zeros(shape, dtype=dtype, device=device)
     element_bytes = torch.empty((), dtype=dtype).element_size()
     # The tensor holds the mapping alive (frombuffer keeps a reference to its buffer).
-    advice = getattr(mmap, "MADV_HUGEPAGE", None) if huge_pages else None
-    if advice is None:
-        buffer = mmap.mmap(-1, numel * element_bytes)
-    else:
+    if huge_pages:
         buffer = mmap.mmap(-1, numel * element_bytes, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
-        with contextlib.suppress(OSError):  # a kernel without transparent huge pages
-            buffer.madvise(advice)
+        advise_huge_pages(buffer)
+    else:
+        buffer = mmap.mmap(-1, numel * element_bytes)
     return torch.frombuffer(buffer, dtype=dtype).view(shape)
 
 

@@ -32,6 +32,7 @@ from loraplex.residency.warm import AutoWarmConfig
 from loraplex.runtime.tier_backends import ArtifactRef
 from loraplex.serve import operator_pins
 from loraplex.serve.config import ServeConfig
+from loraplex.serve.engine_process import prepare_engine_process
 from loraplex.serve.engine_settings import (
     engine_config,
     registry_config,
@@ -126,11 +127,7 @@ def build_worker(
         the process told to keep the memory its steps free: ``engine.heap``). The checkpoint loads
         on a thread from the start (``engine.model_load``), beside the registry; ``digested``: the
     server's digest of the base model, taken while its files still stat the same."""
-    import torch
-
-    if config.torch_threads is not None:
-        torch.set_num_threads(config.torch_threads)
-    keep_freed_heap()
+    prepare_engine_process(config)
     engine = engine_config(config)
     # beside the registry and runtime below; the load started ahead, if any, when it passes
     loading = load_in_background(model_dir, engine, digested)

@@ -44,15 +44,11 @@ def engine_ahead(config: ServeConfig, model_dir: Path) -> None:
     ``build_worker`` begins: torch's threads and the heap's thresholds set, then the checkpoint's
     load on a thread (``engine.model_load.load_ahead``), which ``build_worker`` takes once the
     server's digest is known to cover it. Imports torch."""
-    import torch
-
-    from loraplex.engine.heap import keep_freed_heap
     from loraplex.engine.model_load import load_ahead
+    from loraplex.serve.engine_process import prepare_engine_process
     from loraplex.serve.engine_settings import engine_config
 
-    if config.torch_threads is not None:
-        torch.set_num_threads(config.torch_threads)
-    keep_freed_heap()
+    prepare_engine_process(config)
     load_ahead(model_dir, engine_config(config))
 
 

@@ -69,7 +69,9 @@ def _raise() -> bool:
 def test_an_engine_process_keeps_freed_memory_before_it_builds(
     monkeypatch: pytest.MonkeyPatch, tmp_path: Path
 ) -> None:
-    monkeypatch.setattr(engine_side, "keep_freed_heap", _raise)
+    from loraplex.serve import engine_process
+
+    monkeypatch.setattr(engine_process, "keep_freed_heap", _raise)
     with pytest.raises(_Called):  # first: before the model or the registry is touched
         engine_side.build_worker(ServeConfig(data_dir=tmp_path), tmp_path / "no-model")
 

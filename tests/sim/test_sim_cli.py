@@ -266,3 +266,17 @@ def test_sim_run_refuses_an_empty_trace_naming_it(tmp_path: Path) -> None:
     refused = runner.invoke(app, args)
     assert refused.exit_code == 2, refused.output
     assert refused.output.startswith(f"error: --trace: {empty} holds no request"), refused.output
+
+
+def test_a_calibrate_refusal_names_a_flag_only_for_a_field_of_the_config() -> None:
+    from loraplex.bench.sim.calibrate_run import CalibrateConfig
+    from loraplex.cli.sim_calibrate import flag_of_field
+
+    def flag(message: str) -> str | None:
+        return flag_of_field(ValueError(message), CalibrateConfig)
+
+    assert flag("revision_counts (0,) is invalid; expected >= 1") == "--revisions"
+    assert flag("batch_sizes (0, 2) is invalid") == "--batch-sizes"
+    # a message that starts with no field of the config names no flag (it named "--expected")
+    assert flag("expected at least one batch size") is None
+    assert flag("") is None
