@@ -4,6 +4,7 @@ driven with the official openai client, streaming and not."""
 from __future__ import annotations
 
 import asyncio
+import threading
 import time
 from collections.abc import Iterator
 
@@ -11,6 +12,7 @@ import httpx
 import openai
 import pytest
 from live import Live, async_client, client, live_server
+from prometheus_client.metrics_core import Metric
 from prometheus_client.parser import text_string_to_metric_families
 
 from loraplex.demo.assets import DemoAdapter, DemoAssets
@@ -98,34 +100,65 @@ def test_admin_routes_refuse_tenant_keys(live: Live) -> None:
 
 
 def test_metrics_follow_the_endpoint_picker_contract(live: Live) -> None:
-    # running_lora_adapters lists the adapters of running requests (vLLM's meaning): scraped
-    # while a long stream of globex/search is read slowly, its request still running
-    stream = client(live.url, live.key("globex")).completions.create(
-        model="search", prompt="The globex search team", max_tokens=400, temperature=0,
-        stream=True,
-    )  # fmt: skip
-    next(iter(stream))
+    # running_lora_adapters lists the adapters of running requests (vLLM's meaning). A thread
+    # scrapes /metrics over and over while a long stream of globex/search is read to its end in
+    # this one: read (never paused for backpressure) and scraped from before its first token to
+    # after its last, the request is seen running whatever the machine's speed. NOTE: one scrape
+    # loop after the first token, the stream left unread, saw nothing on a busy CI runner (the
+    # request ended, or was paused, before a scrape saw it).
     admin = {"Authorization": f"Bearer {live.server.admin_key}"}
-    # The engine process publishes its queue view after each step: the running request shows
-    # up within a few publications, not necessarily in the first scrape.
-    deadline = time.monotonic() + 5.0
-    while True:
-        text = httpx.get(live.url + "/metrics", headers=admin).text
-        families = {f.name: f for f in text_string_to_metric_families(text)}
-        labels = families["vllm:lora_requests_info"].samples[0].labels
-        if "globex/search" in labels["running_lora_adapters"] or time.monotonic() > deadline:
-            break
-        time.sleep(0.05)
-    stream.close()
+    scrapes: list[dict[str, Metric]] = []
+    streaming = threading.Event()
+    done = threading.Event()
+
+    def scrape() -> None:
+        while not done.is_set():
+            text = httpx.get(live.url + "/metrics", headers=admin).text
+            if streaming.is_set():
+                scrapes.append({f.name: f for f in text_string_to_metric_families(text)})
+            time.sleep(0.01)
+
+    scraper = threading.Thread(target=scrape)
+    scraper.start()
+    try:
+        stream = client(live.url, live.key("globex")).completions.create(
+            model="search", prompt="The globex search team", max_tokens=400, temperature=0,
+            stream=True, extra_body={"ignore_eos": True},
+        )  # fmt: skip
+        with stream:
+            for _ in stream:
+                streaming.set()
+        # a few scrapes after the last token: the finished request leaves the running list
+        streaming.clear()
+        time.sleep(0.3)
+        streaming.set()
+        ended = len(scrapes)
+        while len(scrapes) < ended + 3:
+            time.sleep(0.02)
+    finally:
+        done.set()
+        scraper.join()
+    infos = [families["vllm:lora_requests_info"].samples for families in scrapes]
+    labels = [info.labels for (info,) in infos]
+    assert {label["max_lora"] for label in labels} == {"4"}
+
+    def adapters(label: dict[str, str], key: str) -> set[str]:
+        return set(filter(None, label[key].split(",")))
+
+    seen = [adapters(label, "running_lora_adapters") for label in labels[:ended]]
+    assert any("globex/search" in running for running in seen), f"{len(seen)} scrapes"
+    for label in labels[:ended]:
+        if "globex/search" in adapters(label, "running_lora_adapters"):
+            assert "globex/search" not in adapters(label, "waiting_lora_adapters")
+    after = labels[-1]
+    assert "globex/search" not in adapters(after, "running_lora_adapters") | adapters(
+        after, "waiting_lora_adapters"
+    )
+    families = scrapes[-1]
     for name in ("vllm:num_requests_waiting", "vllm:num_requests_running",
                  "vllm:kv_cache_usage_perc", "vllm:lora_requests_info"):  # fmt: skip
         assert families[name].type == "gauge", name
     assert 0.0 <= families["vllm:kv_cache_usage_perc"].samples[0].value <= 1.0
-    (info,) = families["vllm:lora_requests_info"].samples
-    assert info.labels["max_lora"] == "4"
-    running = set(filter(None, info.labels["running_lora_adapters"].split(",")))
-    waiting = set(filter(None, info.labels["waiting_lora_adapters"].split(",")))
-    assert "globex/search" in running and "globex/search" not in waiting
     assert families["adapter_cache_hits"].samples
     assert families["adapter_load_stage_seconds"].samples
 
