@@ -1,7 +1,10 @@
 """docs/architecture.md names code that exists where it says: every file of its start-up and
-request walk-through, every ``module.name`` and ``Class.method`` there, every "``file``: ``name``"
-pair, and module maps (``engine/``, ``residency/cache/``) that list each file once and no
-file that is gone. A file moved or a function renamed without the doc fails here."""
+request walk-through and of its other prose sections (packages, identity, validation, costs,
+releases), every ``module.name``, ``Class.method`` and ``Class.field.method`` there, every
+"``file``: ``name``" pair, and module maps (``engine/``, ``residency/cache/``) that list each
+file once and no file that is gone. A file moved or a function renamed without the doc fails
+here. The module maps' rename history ("was ``peer_loraplex.py``") names files that are gone on
+purpose and is not walked."""
 
 from __future__ import annotations
 
@@ -15,7 +18,16 @@ import pytest
 ROOT = Path(__file__).resolve().parents[1]
 PKG = ROOT / "loraplex"
 DOC = (ROOT / "docs" / "architecture.md").read_text(encoding="utf-8")
-WALKED = ("Start-up", "A request, stage by stage", "Releases")
+WALKED = (
+    "Packages, bottom up",
+    "Start-up",
+    "A request, stage by stage",
+    "Identity: an adapter is its bytes on its base",
+    "Validation happens before any memory is reserved",
+    "Costs that do not grow with what is cached",
+    "Releases",
+)
+NOT_CODE = ("py", "md", "json", "safetensors")  # ``adapter_model.safetensors``: a file name
 _TICKED = re.compile(r"`([^`]+)`")
 NOT_OURS = {"F"}  # torch.nn.functional
 
@@ -40,9 +52,14 @@ def _resolve(path: str) -> list[str]:
     return [f for f in FILES if f.endswith(f"/{path}") or f"/{path}/" in f"/{f}"]
 
 
+def _file(path: str) -> Path:
+    """A path ``_resolve`` gave: the package's, or a test's (the repository's)."""
+    return ROOT / path if path.startswith("tests/") else PKG / path
+
+
 @cache
 def _tree(path: str) -> ast.Module:
-    return ast.parse((PKG / path).read_text(encoding="utf-8"))
+    return ast.parse(_file(path).read_text(encoding="utf-8"))
 
 
 def _defined(path: str) -> set[str]:
@@ -97,6 +114,35 @@ def _package_files(module: str) -> list[str]:
     return [f for f in FILES if f"/{module}/" in f"/{f}"]
 
 
+def _field_types(cls: str) -> dict[str, str]:
+    """A class's annotated fields (its bases' too) -> the annotation's class name."""
+    types: dict[str, str] = {}
+    for path in FILES:
+        for node in ast.walk(_tree(path)):
+            if isinstance(node, ast.ClassDef) and node.name == cls:
+                for base in node.bases:
+                    if isinstance(base, ast.Name) and base.id != cls:
+                        types = _field_types(base.id) | types
+                for item in node.body:
+                    if isinstance(item, ast.AnnAssign) and isinstance(item.target, ast.Name):
+                        types[item.target.id] = ast.unparse(item.annotation)
+    return types
+
+
+def test_every_walked_field_call_exists() -> None:
+    """``Class.field.method`` (``ServerDeps.admin.current()``): the field is annotated on the
+    class, and its type has the method."""
+    refs = {r for r in _TICKED.findall(WALK) if re.fullmatch(r"[A-Z]\w*\.\w+\.\w+(\(\))?", r)}
+    assert refs  # the walk names one at least
+    missing = []
+    for ref in refs:
+        cls, field, method = ref.removesuffix("()").split(".")
+        kind = _field_types(cls).get(field)
+        if kind is None or not _has_member(kind, method):
+            missing.append(ref)
+    assert sorted(missing) == []
+
+
 def test_every_walked_file_exists() -> None:
     paths = {t for t in _TICKED.findall(WALK) if re.fullmatch(r"[\w/]+\.py|[a-z_]+(/[a-z_]+)*/", t)}
     assert len(paths) > 50  # the walk-through was read
@@ -109,7 +155,7 @@ def test_every_walked_name_exists() -> None:
     missing = []
     for ref in set(_TICKED.findall(WALK)):
         match = re.fullmatch(r"([\w/]+)\.(\w+)(?:\(\))?", ref)
-        if match is None or match.group(2) in ("py", "md", "json"):
+        if match is None or match.group(2) in NOT_CODE:
             continue
         owner, name = match.groups()
         if owner in NOT_OURS:
@@ -133,7 +179,7 @@ def test_every_file_name_pair_is_where_it_says() -> None:
 
 def _names(path: str, name: str) -> bool:
     """``path`` defines ``name``, or registers it by that string (a policy's name)."""
-    return name in _defined(path) or f'"{name}"' in (PKG / path).read_text(encoding="utf-8")
+    return name in _defined(path) or f'"{name}"' in _file(path).read_text(encoding="utf-8")
 
 
 def _has_code(path: Path) -> bool:

@@ -62,3 +62,16 @@ def test_the_documented_upgrade_line_is_what_a_migration_logs(
         db.close()
     values = {"sqlite:///...": "sqlite:///.+", "version 1 to 7": r"version \d+ to \d+"}
     assert _pattern(quote, values).fullmatch(caplog.messages[0]), (quote, caplog.messages)
+
+
+def test_the_documented_tenant_quotas_are_the_admin_apis() -> None:
+    """*Endpoints* names every quota ``PUT /admin/tenants/{tenant}`` takes (it named five of the
+    eight, leaving out ``max_cpu_bytes``, ``max_disk_bytes`` and ``max_cold_loads``)."""
+    from loraplex.server.admin_models import QuotasBody, TenantBody
+
+    lead = "the quotas are the eight of `tenants create`:"
+    start = TEXT.index(lead) + len(lead)
+    named = re.findall(r"`(\w+)`", TEXT[start : TEXT.index(";", start)])
+    assert named == list(QuotasBody.model_fields)
+    body = TEXT[TEXT.index("`POST /admin/tenants` (`") :].split("`")[3]
+    assert re.findall(r'"(\w+)"', body) == list(TenantBody.model_fields)

@@ -128,7 +128,10 @@ def validate_adapter_dir(
 
 
 def check_base_model(spec: LoraSpec, base: BaseModelSpec) -> None:
-    """The adapter's recorded base model (final path component) must be the served one."""
+    """The adapter's recorded base model (final path component) must be the served one: the
+    name of the directory the base model is served from. NOTE: the message says how to match
+    them; it named the two only, and an adapter trained on a copy of the base under another
+    name (``/mnt/ckpt/base``) left its owner guessing which side to change."""
     recorded = spec.base_model_name_or_path
     if not recorded:
         return
@@ -136,7 +139,10 @@ def check_base_model(spec: LoraSpec, base: BaseModelSpec) -> None:
     if final != base.name:
         raise BaseModelMismatchError(
             f"adapter_config.json: base_model_name_or_path {recorded!r} names {final!r}; "
-            f"expected the served base model {base.name!r}"
+            f"expected the served base model {base.name!r} (the name of the directory it is "
+            f"served from); if the adapter was trained on these weights under another name, "
+            f"set base_model_name_or_path to {base.name!r} (or leave it out), or serve them "
+            f"from a directory named {final!r}"
         )
 
 

@@ -21,7 +21,10 @@ release of one adapter puts the same callers on its candidate first.
 NOTE: every "you cannot have this" outcome raises ``AdapterNotFoundError`` with the same message
 built from the model string alone, so another tenant's private adapter is indistinguishable from
 a nonexistent one (malformed strings included). The two also take the same path: one statement
-that filters by visibility, then the same raise (a test traces both).
+that filters by visibility, then the same raise (a test traces both). Only the owner, who knows
+its adapter exists, is told what is wrong: a revision its adapter does not have, or an alias that
+serves no revision (every target deprecated: it got the uniform message, while ``/v1/models``
+listed the adapter).
 """
 
 from __future__ import annotations
@@ -125,6 +128,13 @@ def resolve_in(
         unit = _above(unit, route.share)
     alias = rows.get_alias(tx, owner, ref.name)
     servable = [] if alias is None else servable_targets(tx, alias, base_digest)
+    if not servable and owner == caller:  # its own: naming what is wrong leaks nothing
+        raise AdapterNotFoundError(
+            f"model {quoted(text)}: your adapter {quoted(ref.name)} serves no revision: every "
+            "revision its alias routes to is deprecated or registered for another base model; "
+            "name one with @REVISION, or set the alias to one that serves "
+            f"(`loraplex adapters alias set {owner}/{ref.name} REVISION`)"
+        )
     if not servable:
         raise not_found(text)
     chosen = choose_target(tuple(target for target, _ in servable), unit)

@@ -91,6 +91,9 @@ def test_wrong_base_model(builder, base, kit) -> None:
     with pytest.raises(BaseModelMismatchError) as info:
         validate_adapter_dir(path, base, 16)
     assert "'org/other-model'" in str(info.value) and "'tiny-llama'" in str(info.value)
+    # how to match them: the config's name or the served directory's (it named the two only)
+    assert "set base_model_name_or_path to 'tiny-llama' (or leave it out)" in str(info.value)
+    assert "or serve them from a directory named 'other-model'" in str(info.value)
     for recorded in ("tiny-llama", "/abs/tiny-llama/", "hub-org/tiny-llama", None):
         validate_adapter_dir(builder.write(kit.config(base_model_name_or_path=recorded)), base, 16)
 

@@ -177,6 +177,26 @@ def test_deprecated_revisions_are_not_served_through_aliases(two_tenants: Regist
         reg.resolve("acme", "bot")
 
 
+def test_the_owner_is_told_its_alias_serves_no_revision(two_tenants: Registry) -> None:
+    """Every revision deprecated: the owner's ``name`` was the uniform "does not name an adapter
+    available to you" while ``/v1/models`` still listed the adapter (a pin still resolves); now
+    the owner is told why. Another tenant calling a public adapter so retired still gets the
+    uniform message (it may not learn the owner's revision states)."""
+    reg = two_tenants
+    for revision in ("v1", "v2"):
+        reg.set_release(f"acme/bot@{revision}", "ops", state=RevisionState.DEPRECATED)
+    reg.set_release("acme/shared@v1", "ops", state=RevisionState.DEPRECATED)
+
+    for text in ("bot", "acme/bot", "shared"):
+        message = _not_found_message(reg, "acme", text)
+        name = text.rsplit("/", 1)[-1]
+        assert message.startswith(f"model {quoted(text)}: your adapter {quoted(name)} serves no ")
+        assert f"loraplex adapters alias set acme/{name} REVISION" in message
+    assert reg.resolve("acme", "bot@v1").revision == "v1"  # the hint's pin works
+    uniform = f"model {quoted('acme/shared')} does not name an adapter available to you"
+    assert _not_found_message(reg, "beta", "acme/shared") == uniform
+
+
 def test_an_alias_of_only_deprecated_revisions_is_refused(two_tenants: Registry) -> None:
     reg = two_tenants
     reg.set_alias("acme", "bot", (AliasTarget("v2", 1),), "ops")  # rollback target: v1

@@ -127,6 +127,28 @@ def test_the_old_revision_stays_held_for_the_window_then_is_unheld(
     assert _audited(registry)[-1] == "release.unhold"
 
 
+def test_a_rollback_of_a_promotion_keeps_the_promotions_hold(
+    registry: Registry, env: FakeEnv, clock: ManualClock
+) -> None:
+    """docs/releases.md, *Delayed eviction*: a rollback of a promoted release keeps the hold its
+    promotion set (seen on a live server: ``holding v1 until`` the same time before and after
+    the rollback), where a rollback from canary holds the baseline ``window_s`` from then."""
+    store, _ = _to_canary(registry, env, clock)
+    promoted = store.promote("acme", "bot", actor="ops")
+    assert promoted.hold_until == promoted.updated_at + PLAN.window_s
+    rolled = store.rollback("acme", "bot", actor="ops")
+    assert rolled.updated_at > promoted.updated_at  # the registry's clock moved on
+    assert rolled.hold_until == promoted.hold_until
+
+
+def test_a_rollback_from_canary_holds_the_baseline_for_the_window(
+    registry: Registry, env: FakeEnv, clock: ManualClock
+) -> None:
+    store, _ = _to_canary(registry, env, clock)
+    rolled = store.rollback("acme", "bot", actor="ops")
+    assert rolled.hold_until == rolled.updated_at + PLAN.window_s
+
+
 def test_a_failed_probe_rolls_back_before_any_canary_traffic(
     registry: Registry, env: FakeEnv, clock: ManualClock
 ) -> None:
