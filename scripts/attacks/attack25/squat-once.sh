@@ -13,6 +13,9 @@ spid=$!
 trap 'kill $spid 2>/dev/null || true' EXIT
 until grep -q "initech key" "$dir/out" 2>/dev/null; do sleep 2; done
 for t in acme globex; do grep -o "$t key: *[^ ]*" "$dir/out" | awk '{print $3}' >"$dir/$t"; done
+# the keys come before the engine takes requests: without this wait a loaded machine answered
+# the first phase's first requests 503 (engine starting)
+until curl -sf "http://127.0.0.1:$port/ready" >/dev/null; do sleep 2; done
 cat /proc/loadavg
 "$PY" "$here/public-squat.py" --url http://127.0.0.1:$port --admin-key "$(cat $dir/admin-key)" \
   --attacker-key "$(cat $dir/acme)" --owner-key "$(cat $dir/globex)" \
