@@ -17,7 +17,8 @@
    for, all together, at most ``MAX_COPY_WAIT_S``, and settled at once when they came: the copy
    needs the slot lock, which the step's forward would otherwise take first, so the request
    would sit out that whole step (and the copy could wait out several forwards for the lock).
-5. **prefetch**: the adapters of the queued requests just past the lease window load to L1.
+5. **prefetch**: the adapters of the queued requests just past the lease window load to L1,
+   each charged to its requests' tenant (``Scheduler.prefetch_keys``), as their leases will be.
 
 The desk changes no request's state itself: the scheduler does (``wait_for_adapter``,
 ``on_lease``, ``on_lease_failed``), and a request the desk ends is retired by the core
@@ -78,7 +79,8 @@ class LeaseDesk:
         self._retire = retire
         self._wake = wake  # called on a cache worker thread when a lease future completes
         self._orphans: list[Future[Lease]] = []  # abandoned lease futures, released when done
-        self._prefetching: dict[AdapterKey, Future[None]] = {}  # prefetch window's loads
+        # the prefetch window's loads, each with the tenant it is charged to
+        self._prefetching: dict[AdapterKey, tuple[Future[None], str]] = {}
         self._rebalance_interval_s = rebalance_interval_s  # None: no automatic warm policies
         self._rebalance_at_s = clock.now() + (rebalance_interval_s or 0.0)
 
@@ -199,16 +201,17 @@ class LeaseDesk:
     def _prefetch(self) -> None:
         if self.cache is None:
             return
-        window = {k: self._prefetching.get(k) for k in self.scheduler.prefetch_keys()}
-        fresh = [k for k, f in window.items() if f is None]
+        window = self.scheduler.prefetch_keys()
+        fresh = {k: t for k, t in window.items() if k not in self._prefetching}
+        kept = {k: self._prefetching[k] for k in window if k in self._prefetching}
         for key in self.scheduler.admit_prefetches(fresh, self._adapter_loads()):
-            window[key] = self.cache.prefetch(key, Tier.L1)
-        self._prefetching = {k: f for k, f in window.items() if f is not None}
+            kept[key] = (self.cache.prefetch(key, Tier.L1, requester=fresh[key]), fresh[key])
+        self._prefetching = kept
 
     def _adapter_loads(self) -> AdapterLoads:
         cache = self.cache
         assert cache is not None  # only asked for by an engine with an adapter cache
-        in_flight = frozenset(k for k, f in self._prefetching.items() if not f.done())
+        in_flight = {k: t for k, (f, t) in self._prefetching.items() if not f.done()}
         return AdapterLoads(lambda key: cache.is_resident(key, Tier.L0), in_flight)
 
 

@@ -76,7 +76,8 @@ class SimLeaseDesk:
         self._ask_s = ask_s
         self._asking: Iterator[Request] | None = None
         self._ask_ends_s = 0.0
-        self._prefetching: dict[AdapterKey, Future[None]] = {}
+        # the prefetch window's loads, each with the tenant it is charged to
+        self._prefetching: dict[AdapterKey, tuple[Future[None], str]] = {}
         # Automatic warm rebalancing (the engine's LeaseDesk: once per interval, at a step).
         self.rebalance_interval_s = rebalance_interval_s  # None: no automatic warm policies
         self.rebalance_at_s = self._clock.now() + (rebalance_interval_s or 0.0)
@@ -220,18 +221,19 @@ class SimLeaseDesk:
 
     def _prefetch(self) -> None:
         sched = self._scheduler
-        window = {k: self._prefetching.get(k) for k in sched.prefetch_keys()}
-        fresh = [k for k, f in window.items() if f is None]
+        window = sched.prefetch_keys()
+        fresh = {k: t for k, t in window.items() if k not in self._prefetching}
+        kept = {k: self._prefetching[k] for k in window if k in self._prefetching}
         for key in sched.admit_prefetches(fresh, self._adapter_loads()):
-            future = self._cache.prefetch(key, Tier.L1)
+            future = self._cache.prefetch(key, Tier.L1, requester=fresh[key])
             future.add_done_callback(lambda _: self._wake())  # its quota place is free again
-            window[key] = future
-        self._prefetching = {k: f for k, f in window.items() if f is not None}
+            kept[key] = (future, fresh[key])
+        self._prefetching = kept
 
     def _adapter_loads(self) -> AdapterLoads:
         """What the scheduler reads of the cache's copies now (one object while no prefetch is
         in flight: it asks the cache itself)."""
-        in_flight = frozenset(k for k, f in self._prefetching.items() if not f.done())
+        in_flight = {k: t for k, (f, t) in self._prefetching.items() if not f.done()}
         if not in_flight:
             return self._no_prefetches
         return AdapterLoads(self._no_prefetches.in_gpu, in_flight)

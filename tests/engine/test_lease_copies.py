@@ -62,21 +62,29 @@ class Rig:
                 self.woke.clear()
 
 
-@pytest.fixture
-def rig(demo_assets: DemoAssets, tmp_path: Path) -> Iterator[Rig]:
-    runtime, _ = gated_runtime(demo_assets, tmp_path, max_loras=2, tenant_max_concurrent_loads=2)
-    cache = runtime.cache
-    sched = SchedulerConfig(max_num_seqs=4, max_num_batched_tokens=64, max_model_len=128)
-    config = EngineConfig(scheduler=sched, block_size=8, num_kv_blocks=64)
-    core = build_engine_core(demo_assets.base_model_dir, config, runtime, clock=ManualClock())
-    adapter = demo_assets.adapters[0]
-    key = adapter.key(BaseModelSpec.from_dir(demo_assets.base_model_dir).digest)
-    cache.prefetch(key, Tier.L1).result(timeout=60)  # in host memory, in no slot
-    assert cache.is_resident(key, Tier.L1) and not cache.is_resident(key, Tier.L0)
+def _build(assets: DemoAssets, root: Path, **sched: int) -> Rig:
+    """An engine core on a gated runtime of 2 slots, over the first demo adapter."""
+    runtime, _ = gated_runtime(assets, root, max_loras=2, tenant_max_concurrent_loads=2)
+    scheduler = SchedulerConfig(
+        max_num_seqs=4, max_num_batched_tokens=64, max_model_len=128, **sched
+    )
+    config = EngineConfig(scheduler=scheduler, block_size=8, num_kv_blocks=64)
+    core = build_engine_core(assets.base_model_dir, config, runtime, clock=ManualClock())
+    adapter = assets.adapters[0]
+    key = adapter.key(BaseModelSpec.from_dir(assets.base_model_dir).digest)
     woke = threading.Event()
     core.on_lease_done = woke.set
-    yield Rig(core, cache, runtime.slot_lock, key, adapter.tenant, {}, woke)
-    core.close()
+    return Rig(core, runtime.cache, runtime.slot_lock, key, adapter.tenant, {}, woke)
+
+
+@pytest.fixture
+def rig(demo_assets: DemoAssets, tmp_path: Path) -> Iterator[Rig]:
+    built = _build(demo_assets, tmp_path)
+    cache, key = built.cache, built.key
+    cache.prefetch(key, Tier.L1).result(timeout=60)  # in host memory, in no slot
+    assert cache.is_resident(key, Tier.L1) and not cache.is_resident(key, Tier.L0)
+    yield built
+    built.core.close()
     cache.close()
 
 
@@ -123,4 +131,40 @@ def test_a_lease_is_charged_to_the_requests_tenant_then_to_the_owners(rig: Rig) 
     rig.add("owner")
     rig.run_out("owner")
     assert _charged(rig, Tier.L0) == owner and caller not in ledger.tenant_bytes
+    rig.core.check_integrity()
+
+
+@pytest.fixture
+def window_rig(demo_assets: DemoAssets, tmp_path: Path) -> Iterator[Rig]:
+    """A lease window of one adapter; nothing loaded."""
+    built = _build(demo_assets, tmp_path, lease_lookahead=1, prefetch_lookahead=4)
+    yield built
+    built.core.close()
+    built.cache.close()
+
+
+def test_the_prefetch_window_charges_the_queued_requests_tenant(
+    window_rig: Rig, demo_assets: DemoAssets
+) -> None:
+    """A caller's queued request just past the lease window (of one adapter) has its adapter
+    prefetched to host memory on the caller's share, as its lease will be; with no requester
+    named (before), that copy was the owner's."""
+    rig = window_rig
+    digest = BaseModelSpec.from_dir(demo_assets.base_model_dir).digest
+    later = demo_assets.adapters[1].key(digest)
+    caller = f"not-{rig.key.tenant}-{later.tenant}"
+    rig.tenant = caller
+    rig.add("first")  # the lease window: rig.key
+    rig.key = later
+    rig.add("later")  # past it: prefetched
+    rig.core.step()
+    deadline = time.monotonic() + DEADLINE_S
+    while not rig.cache.is_resident(later, Tier.L1):
+        assert time.monotonic() < deadline, "the prefetch did not finish"
+        time.sleep(0.01)
+    assert _charged(rig, Tier.L1) == caller
+    assert later.tenant not in rig.cache.ledgers[Tier.L1].tenant_bytes
+    rig.run_out("first")
+    rig.run_out("later")
+    assert _charged(rig, Tier.L0) == caller
     rig.core.check_integrity()

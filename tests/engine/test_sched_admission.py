@@ -49,11 +49,33 @@ def test_prefetches_count_against_the_cold_load_quota() -> None:
     driver.add(request("c0", "storm", key=adapter("c0", "storm")))
     driver.grant_leases()  # c0 now loads: one of storm's two
     p0, p1 = adapter("p0", "storm"), adapter("p1", "storm")
-    loads = AdapterLoads(driver.resident.__contains__, frozenset({p0}))  # p0 is prefetching
-    admitted = driver.scheduler.admit_prefetches([p1, p0, hot], loads)
+    loads = AdapterLoads(driver.resident.__contains__, {p0: "storm"})  # p0 is prefetching
+    admitted = driver.scheduler.admit_prefetches({p1: "storm", p0: "storm", hot: "storm"}, loads)
     assert admitted == [p0, hot]  # joining p0's load and a hit are free; p1 would be a third
-    calm = [adapter(f"q{i}", "calm") for i in range(5)]
-    assert driver.scheduler.admit_prefetches(calm, loads) == calm  # no quota: all
+    calm = {adapter(f"q{i}", "calm"): "calm" for i in range(5)}
+    assert driver.scheduler.admit_prefetches(calm, loads) == list(calm)  # no quota: all
+    public = {adapter(f"p{i}", "storm"): "calm" for i in range(2, 5)}  # calm's calls of storm's
+    assert driver.scheduler.admit_prefetches(public, loads) == list(public)  # calm's: no quota
+
+
+def test_a_callers_cold_loads_of_public_adapters_count_for_the_caller() -> None:
+    """A request's cold load counts for the request's tenant (the one the cache charges): a
+    caller's calls of another tenant's public adapters use the caller's quota, never the
+    owner's (counted for the owner, the owner's own cold request was passed over)."""
+    quota = TenantBook({"globex": TenantSettings(max_cold_loads=1)})
+    driver = Driver(SchedulerConfig(lease_lookahead=16), tenants=quota)
+    for i in range(3):
+        driver.add(request(f"pub{i}", "acme", key=adapter(f"search{i}", "globex")))
+    driver.add(request("own", "globex", key=adapter("codegen", "globex")))
+    driver.add(request("own2", "globex", key=adapter("summarize", "globex")))
+    asked = {r.request_id for r in driver.grant_leases()}
+    assert asked == {"pub0", "pub1", "pub2", "own"}  # globex's second waits for its one
+    capped = TenantBook({"acme": TenantSettings(max_cold_loads=1)})
+    driver = Driver(SchedulerConfig(lease_lookahead=16), tenants=capped)
+    for i in range(2):
+        driver.add(request(f"pub{i}", "acme", key=adapter(f"search{i}", "globex")))
+    asked = {r.request_id for r in driver.grant_leases()}
+    assert asked == {"pub0"}  # acme's second public load waits for acme's quota
 
 
 def test_a_failed_lease_ends_its_request_with_a_queue_timeout_only_past_its_deadline() -> None:

@@ -231,7 +231,18 @@ def test_lease_window_and_prefetch_follow_fair_order() -> None:
         driver.add(request(f"b{i}", "b", key=key))
     window = [r.request_id for r in driver.scheduler.lease_candidates(driver.loads())]
     assert window == ["a0", "b0"]
-    assert driver.scheduler.prefetch_keys() == [keys[1], keys[4]]
+    assert driver.scheduler.prefetch_keys() == {keys[1]: "a", keys[4]: "b"}
+
+
+def test_a_prefetch_is_charged_to_the_owner_when_it_asks_else_to_the_first_caller() -> None:
+    public = adapter("pub", "o")
+    driver = Driver(SchedulerConfig(lease_lookahead=1, prefetch_lookahead=8))
+    driver.add(request("first", "a", key=adapter("own", "a")))  # the lease window (a sorts first)
+    driver.add(request("c1", "c", key=public))
+    driver.add(request("d1", "d", key=public))
+    assert driver.scheduler.prefetch_keys() == {public: "c"}  # the first in fair order
+    driver.add(request("o1", "o", key=public))
+    assert driver.scheduler.prefetch_keys() == {public: "o"}  # the owner would load it anyway
 
 
 def _running(driver: Driver, tenant: str) -> int:

@@ -130,3 +130,76 @@ def test_a_recharge_moves_the_bytes_and_respects_the_new_tenants_cap() -> None:
     ledger.remove(SEARCH)
     assert ledger.tenant_bytes == {}
     ledger.check()
+
+
+def test_a_callers_loads_take_its_own_load_permits_not_the_owners() -> None:
+    """``tenant_max_concurrent_loads`` counts a load for the tenant it is charged to: acme's
+    load of ``search`` takes acme's one permit, so globex's own load starts at once (counted
+    under globex, it queued behind acme's) and acme's next load waits for acme's permit."""
+    rig = make_rig(slots=4, l1=8, l2=16, tenant_max_concurrent_loads=1)
+    asked = [rig.cache.acquire_future(SEARCH, requester="acme")]
+    assert rig.cache.is_moving(SEARCH)
+    asked.append(rig.cache.acquire_future(OWN[0], requester="globex"))
+    assert rig.cache.is_moving(OWN[0])
+    asked.append(rig.cache.acquire_future(ACME[0], requester="acme"))
+    assert not rig.cache.is_moving(ACME[0])  # acme is at its bound
+    rig.check()
+    rig.settle()
+    for future in asked:
+        future.result(timeout=0).release()
+    rig.check()
+
+
+def test_the_owners_ask_moves_a_queued_load_to_its_own_permits() -> None:
+    """A caller's load queued behind the caller's own bound starts once the owner asks for it
+    too (charged to the owner from then on, under the owner's free permit)."""
+    rig = make_rig(slots=4, l1=8, l2=16, tenant_max_concurrent_loads=1)
+    docs = key("globex", "docs")
+    first = rig.cache.acquire_future(SEARCH, requester="acme")
+    second = rig.cache.acquire_future(docs, requester="acme")
+    assert not rig.cache.is_moving(docs)  # acme's permit is taken
+    third = rig.cache.acquire_future(docs, requester="globex")
+    assert rig.cache.is_moving(docs)
+    rig.check()
+    rig.settle()
+    for future in (first, second, third):
+        future.result(timeout=0).release()
+    assert _charged(rig, docs) == "globex" and _charged(rig, SEARCH) == "acme"
+    rig.check()
+
+
+def test_a_prefetch_for_a_callers_request_is_charged_to_the_caller() -> None:
+    """The engine's prefetch window names the queued request's tenant: the host-memory copy
+    it brings in is the caller's; a prefetch for the owner's request moves it to the owner; a
+    prefetch naming no one (warm policies) charges the owner and moves nothing."""
+    rig = make_rig(slots=4, l1=8, l2=16, share=0.5)
+    rig.cache.prefetch(SEARCH, Tier.L1, requester="acme")
+    rig.settle()
+    for tier in (Tier.L1, Tier.L2):
+        assert _charged(rig, SEARCH, tier) == "acme" and _held(rig, "globex", tier) == 0
+    rig.cache.prefetch(SEARCH, Tier.L1)  # no requester: a ready copy, nothing moves
+    assert _charged(rig, SEARCH, Tier.L1) == "acme"
+    rig.cache.prefetch(SEARCH, Tier.L1, requester="globex")
+    assert _charged(rig, SEARCH, Tier.L1) == "globex" and _held(rig, "acme", Tier.L1) == 0
+    rig.cache.prefetch(OWN[0], Tier.L1)
+    rig.settle()
+    assert _charged(rig, OWN[0], Tier.L1) == "globex"
+    rig.check()
+
+
+def test_eviction_ranks_a_copy_by_the_charged_tenants_priority() -> None:
+    """``lru_priority`` evicts the lowest priority first: acme's (1) copy of high-priority
+    globex's (4) public adapter goes before initech's (2) older copy, where with the owner's
+    priority it outranked initech's copies. Once globex asks, the copy is globex's: it stays."""
+    rig = make_rig(
+        "lru_priority", slots=2, l1=8, l2=16, tenant_priority={"globex": 4.0, "initech": 2.0}
+    )
+    first, second, third = (key("initech", n) for n in ("a", "b", "c"))
+    _use(rig, first, "initech")
+    _use(rig, SEARCH, "acme")
+    _use(rig, second, "initech")
+    assert rig.cache.is_resident(first, Tier.L0) and not rig.cache.is_resident(SEARCH, Tier.L0)
+    _use(rig, SEARCH, "acme")  # back in, evicting initech's older copy (priorities 2 and 2)
+    _use(rig, SEARCH, "globex")  # the owner's ask: the copy is globex's, at globex's priority
+    _use(rig, third, "initech")
+    assert rig.cache.is_resident(SEARCH, Tier.L0) and _charged(rig, SEARCH) == "globex"

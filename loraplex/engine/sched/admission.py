@@ -4,9 +4,11 @@ Slots are held by the adapter cache: a queued request is schedulable only once i
 on its adapter's slot. The lease window bounds how many distinct adapters queued requests (in
 fair order) hold or await; within it, a lower priority class leases only what its seats allow
 (``class_caps``) and a tenant starts at most ``TenantSettings.max_cold_loads`` adapter loads at
-once (``ColdLoadQuota``). A request held back by either takes no place in the window and the rest
-of its tenant's queue is passed over this step: a tenant waiting on its own bound never keeps the
-others out, and a storm of one tenant's cold adapters cannot take every load permit of the cache.
+once (``ColdLoadQuota``; a load counts for the tenant it is charged to, ``load_charge``: a caller
+of another tenant's public adapter, not its owner). A request held back by either takes no place
+in the window and the rest of its tenant's queue is passed over this step: a tenant waiting on its
+own bound never keeps the others out, and a storm of one tenant's cold adapters cannot take every
+load permit of the cache.
 A follower of ``n`` > 1 siblings waits for its leader's prompt (``hold_followers``).
 """
 
@@ -27,29 +29,56 @@ class AdapterLoads:
     """What the engine core knows of adapter copies when the scheduler picks loads."""
 
     in_gpu: Callable[[AdapterKey], bool]  # a copy is ready in L0: leasing it starts no load
-    prefetching: frozenset[AdapterKey] = field(default_factory=frozenset)  # prefetches in flight
+    # prefetches in flight, each with the tenant its load is charged to (``load_charge``)
+    prefetching: Mapping[AdapterKey, str] = field(default_factory=dict)
+
+
+def load_charge(key: AdapterKey, tenants: Iterable[str]) -> str:
+    """The tenant a load of ``key`` asked for by the requests of ``tenants`` (in order) counts
+    for, as the adapter cache charges it (``acquire_future(requester=)``): the owner when one of
+    them is the owner (it would have loaded the adapter anyway), else the first."""
+    first = None
+    for tenant in tenants:
+        if tenant == key.tenant:
+            return tenant
+        first = first or tenant
+    return key.tenant if first is None else first
 
 
 class ColdLoadQuota:
     """One step's count of each tenant's distinct adapters loading (lease waits and prefetches)
-    against its ``max_cold_loads``. Joining a load already counted, or a hit in L0, is free."""
+    against its ``max_cold_loads``; a load counts for the tenant it is charged to
+    (``load_charge``). Joining a load already counted, or a hit in L0, is free.
+    NOTE: counted for the owner, a caller's burst of calls of another tenant's public adapters
+    filled the owner's quota: the owner's own cold requests were passed over."""
 
-    def __init__(self, tenants: TenantBook, loading: Iterable[AdapterKey], loads: AdapterLoads):
+    def __init__(
+        self,
+        tenants: TenantBook,
+        loading: Iterable[tuple[AdapterKey, str]],
+        loads: AdapterLoads,
+    ):
         self._tenants = tenants
         self._in_gpu = loads.in_gpu
-        self._loading: dict[str, set[AdapterKey]] = {}
-        for key in (*loading, *loads.prefetching):
-            self._loading.setdefault(key.tenant, set()).add(key)
+        asking: dict[AdapterKey, list[str]] = {}
+        for key, tenant in (*loading, *loads.prefetching.items()):
+            asking.setdefault(key, []).append(tenant)
+        self._counted = set(asking)  # keys loading, whoever they count for
+        self._loading: dict[str, int] = {}
+        for key, who in asking.items():
+            charged = load_charge(key, who)
+            self._loading[charged] = self._loading.get(charged, 0) + 1
 
-    def take(self, key: AdapterKey) -> bool:
-        """Whether asking for ``key`` now keeps its tenant within its quota (then counted)."""
-        keys = self._loading.setdefault(key.tenant, set())
-        if key in keys or self._in_gpu(key):
+    def take(self, key: AdapterKey, tenant: str) -> bool:
+        """Whether ``tenant`` asking for ``key`` now stays within its quota (then counted)."""
+        if key in self._counted or self._in_gpu(key):
             return True
-        limit = self._tenants.max_cold_loads(key.tenant)
-        if limit is not None and len(keys) >= limit:
+        taken = self._loading.get(tenant, 0)
+        limit = self._tenants.max_cold_loads(tenant)
+        if limit is not None and taken >= limit:
             return False
-        keys.add(key)
+        self._counted.add(key)
+        self._loading[tenant] = taken + 1
         return True
 
 
@@ -138,7 +167,7 @@ def lease_window(
             continue
         assert key is not None  # not adapter_ready: it has an adapter
         left = room.get(req.tenant)
-        if (left is not None and left <= 0) or not quota.take(key):
+        if (left is not None and left <= 0) or not quota.take(key, req.tenant):
             passed_over.add(req.tenant)
             continue
         if left is not None:

@@ -19,11 +19,17 @@ Invariants (each layer's docstring has its own):
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Mapping
 
 from loraplex.artifacts.identity import AdapterKey
 from loraplex.engine.request import HeldLease, Request, RequestState
-from loraplex.engine.sched.admission import AdapterLoads, ColdLoadQuota, lease_room, lease_window
+from loraplex.engine.sched.admission import (
+    AdapterLoads,
+    ColdLoadQuota,
+    lease_room,
+    lease_window,
+    load_charge,
+)
 from loraplex.engine.sched.planner import StepPlanner
 from loraplex.engine.sched.seats import limit_caps
 from loraplex.errors import CapacityError, QueueTimeoutError
@@ -39,22 +45,33 @@ class Scheduler(StepPlanner):
         window in fair order, within the class seat caps, max_running_seqs and the cold-load
         quota."""
         room = lease_room(self._queues, self.running, self._seat_caps())
-        quota = ColdLoadQuota(self._queues.tenants, self._awaited_keys(), loads)
+        quota = ColdLoadQuota(self._queues.tenants, self._awaited(), loads)
         return lease_window(self._queues, self.config.lease_lookahead, room, quota)
 
-    def prefetch_keys(self) -> list[AdapterKey]:
-        """Adapters of the queued requests just past the lease window (prefetch to CPU)."""
+    def prefetch_keys(self) -> dict[AdapterKey, str]:
+        """Adapters of the queued requests just past the lease window (prefetch to CPU), in fair
+        order, each with the tenant its load is charged to (``load_charge``: the owner when one
+        of those requests is the owner's, else the first one's); the lease desk names it to
+        the cache (``prefetch(requester=)``). NOTE: prefetched with no requester, a caller's
+        queued calls of another tenant's public adapter were charged to the owner."""
         cfg = self.config
         if self.num_queued <= cfg.lease_lookahead:
-            return []  # every queued request is in the lease window
+            return {}  # every queued request is in the lease window
         order = self.queued_in_order(cfg.lease_lookahead + cfg.prefetch_lookahead)
-        keys = (r.request.adapter_key for r in order[cfg.lease_lookahead :] if r.lease is None)
-        return list(dict.fromkeys(k for k in keys if k is not None))
+        asking: dict[AdapterKey, list[str]] = {}
+        for r in order[cfg.lease_lookahead :]:
+            key = r.request.adapter_key
+            if r.lease is None and key is not None:
+                asking.setdefault(key, []).append(r.tenant)
+        return {key: load_charge(key, who) for key, who in asking.items()}
 
-    def admit_prefetches(self, keys: Iterable[AdapterKey], loads: AdapterLoads) -> list[AdapterKey]:
-        """Those of ``keys`` whose prefetch may start now, within the cold-load quota."""
-        quota = ColdLoadQuota(self._queues.tenants, self._awaited_keys(), loads)
-        return [key for key in keys if quota.take(key)]
+    def admit_prefetches(
+        self, window: Mapping[AdapterKey, str], loads: AdapterLoads
+    ) -> list[AdapterKey]:
+        """Those of ``window``'s adapters (each with the tenant charged) whose prefetch may
+        start now, within that tenant's cold-load quota."""
+        quota = ColdLoadQuota(self._queues.tenants, self._awaited(), loads)
+        return [key for key, tenant in window.items() if quota.take(key, tenant)]
 
     def wait_for_adapter(self, req: Request) -> None:
         """``req`` asked for a lease that the cache is still loading."""
@@ -74,9 +91,10 @@ class Scheduler(StepPlanner):
             return QueueTimeoutError(req.request_id, now - req.arrival_s, self.config.retry_hint_s)
         return error
 
-    def _awaited_keys(self) -> list[AdapterKey]:
+    def _awaited(self) -> list[tuple[AdapterKey, str]]:
+        """The adapters of requests waiting for their lease, each with the request's tenant."""
         return [
-            r.request.adapter_key
+            (r.request.adapter_key, r.tenant)
             for r in self.requests.values()
             if r.state is RequestState.ADAPTER_WAIT and r.request.adapter_key is not None
         ]

@@ -9,7 +9,7 @@ started loads; everything here is mutated only under the cache's lock.
 from __future__ import annotations
 
 import threading
-from collections import deque
+from collections import Counter, deque
 from collections.abc import Callable, Iterator, Mapping
 from concurrent.futures import Future, InvalidStateError
 from dataclasses import dataclass, field
@@ -91,6 +91,9 @@ class LoadJob:
     # the tenant its room is charged to (``ResidentEntry.charged``): the requester that started
     # it, the owner once the owner asks too; "" in the constructor: the owner
     charged: str = ""
+    # the tenant whose load permit it holds (``JobTable``'s per-tenant bound): its charge when
+    # it started; a later move of the charge leaves the permit where it was taken
+    permit: str = ""
     waiters: list[Waiter] = field(default_factory=list)  # who is waiting
     cancel: CancelToken = field(default_factory=CancelToken)  # set when nobody waits any more
     footprint: Footprint | None = None  # known after resolve
@@ -139,7 +142,12 @@ class LoadJob:
 
 class JobTable:
     """The loads in flight: one job per key, a FIFO of jobs not started, the jobs blocked for
-    room, and started loads per tenant (bounded globally and per tenant)."""
+    room, and started loads per tenant (bounded globally and per tenant).
+
+    A load counts against the per-tenant bound of the tenant it is charged to when it starts
+    (``LoadJob.charged``): the requester, which for a call of another tenant's public adapter
+    is the caller, not the owner. NOTE: counted under the owner, a caller's burst of calls of
+    the owner's public adapters took the owner's permits and the owner's own loads queued."""
 
     def __init__(self, max_loads: int, tenant_max_loads: int) -> None:
         self._max_loads = max_loads
@@ -173,16 +181,14 @@ class JobTable:
     def start_now(self, job: LoadJob) -> bool:
         """Adds ``job`` already started when ``add`` then ``start_next`` would start it at once
         (no job queued before it, both bounds leave room); False: nothing added."""
-        tenant = job.key.tenant
         if (
             self._queue
             or sum(self._running.values()) >= self._max_loads
-            or self._running.get(tenant, 0) >= self._tenant_max_loads
+            or self._running.get(job.charged, 0) >= self._tenant_max_loads
         ):
             return False
         self._jobs[job.key] = job
-        job.started = True
-        self._running[tenant] = self._running.get(tenant, 0) + 1
+        self._start(job)
         return True
 
     def start_next(self) -> Iterator[LoadJob]:
@@ -197,13 +203,17 @@ class JobTable:
                 continue
             if sum(self._running.values()) >= self._max_loads:
                 return
-            tenant = job.key.tenant
-            if self._running.get(tenant, 0) >= self._tenant_max_loads:
+            if self._running.get(job.charged, 0) >= self._tenant_max_loads:
                 continue
             self._queue.remove(job)
-            job.started = True
-            self._running[tenant] = self._running.get(tenant, 0) + 1
+            self._start(job)
             yield job
+
+    def _start(self, job: LoadJob) -> None:
+        """Counts ``job`` as started, against the load permits of the tenant charged now."""
+        job.started = True
+        job.permit = tenant = job.charged
+        self._running[tenant] = self._running.get(tenant, 0) + 1
 
     def is_blocked(self, job: LoadJob) -> bool:
         return job in self._blocked
@@ -238,20 +248,21 @@ class JobTable:
         self.unblock(job)
         if job.started:
             job.started = False
-            left = self._running[job.key.tenant] - 1
+            left = self._running[job.permit] - 1
             if left:
-                self._running[job.key.tenant] = left
+                self._running[job.permit] = left
             else:
-                del self._running[job.key.tenant]
+                del self._running[job.permit]
 
     def check(self, ledgers: Mapping[Tier, TierLedger]) -> None:
         """Job-side invariants: bounded concurrency, live queued and blocked jobs, reserved
         entries owned by their job, and lower-tier refcounts equal to the loads reading them."""
         started = [j for j in self._jobs.values() if j.started]
+        permits = Counter(j.permit for j in started)
         require_invariant(
-            sum(self._running.values()) == len(started),
-            "running loads counted",
-            f"{self._running} vs {len(started)} started",
+            self._running == dict(permits),
+            "running loads counted per permit",
+            f"{self._running} vs {dict(permits)} started",
         )
         require_invariant(len(started) <= self._max_loads, "global load bound", f"{len(started)}")
         for tenant, count in self._running.items():

@@ -97,14 +97,18 @@ class LoadFlow:
         self._waiters.watch(job, waiter, deadline_at_s)
         self._pump()
 
-    def load_into(self, key: AdapterKey, tier: Tier, *, optional: bool) -> Future[None]:
+    def load_into(
+        self, key: AdapterKey, tier: Tier, *, optional: bool, charged: str | None = None
+    ) -> Future[None]:
+        """A load of ``key`` into ``tier`` (``attach``; ``charged``: a load it starts is
+        charged to that tenant, None: the owner); done at once when a ready copy is there."""
         future: Future[None] = Future()
         if self._state.ready_entry(key, tier) is not None:
             future.set_result(None)
             return future
         self._state.history_of(key)
         waiter = Waiter(future, wants_lease=False, source=self._state.source_tier(key, tier))
-        self.attach(key, tier, waiter, optional=optional, deadline_at_s=None)
+        self.attach(key, tier, waiter, optional=optional, deadline_at_s=None, charged=charged)
         return future
 
     def cancel(self, key: AdapterKey) -> bool:

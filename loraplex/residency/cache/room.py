@@ -87,7 +87,9 @@ class TierRoom:
 
     def _incoming(self) -> Candidate:
         move, now = self._move, self._state.clock.now()
-        return self._state.candidate_of(move.key, move.target, self._size, now)
+        return self._state.candidate_of(
+            move.key, move.target, self._size, now, charged=self._tenant
+        )
 
 
 class _Held(Sequence[Candidate]):

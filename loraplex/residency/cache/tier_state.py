@@ -205,10 +205,10 @@ class TierState:
         another tenant, and a load of it under way, move to the owner's charge (a copy the
         owner's own cap cannot take stays where it is). O(tiers)."""
         owner = key.tenant
-        for ledger in self.ledgers.values():
+        for tier, ledger in self.ledgers.items():
             entry = ledger.get(key)
-            if entry is not None and entry.charged != owner:
-                ledger.recharge(key, owner)
+            if entry is not None and entry.charged != owner and ledger.recharge(key, owner):
+                self._victims[tier].note(key, self._now())  # its priority is the owner's now
         job = self._jobs.get(key)
         if job is not None:
             job.charged = owner
@@ -278,7 +278,9 @@ class TierState:
         return self._victims[tier].ranked(self._now())
 
     def candidate(self, entry: ResidentEntry) -> Candidate:
-        return self.candidate_of(entry.key, entry.tier, entry.size_bytes, entry.loaded_at_s)
+        return self.candidate_of(
+            entry.key, entry.tier, entry.size_bytes, entry.loaded_at_s, charged=entry.charged
+        )
 
     def candidate_of(
         self,
@@ -289,9 +291,13 @@ class TierState:
         *,
         at_s: float | None = None,
         bandwidth: float | None = None,
+        charged: str | None = None,
     ) -> Candidate:
         """What the policy knows of one copy, with rates as of ``at_s`` (default now) and the
-        reload cost at ``bandwidth`` (default the current estimate)."""
+        reload cost at ``bandwidth`` (default the current estimate). Its priority is the
+        tenant's it is charged to (``charged``, None: the owner's; ``ResidentEntry.charged``).
+        NOTE: with the owner's priority, a low-priority caller's copy of a high-priority
+        tenant's public adapter outlived the high-priority tenant's own copies."""
         history = self.history_of(key)
         resolved = self._footprints.get(key)
         at = self._now() if at_s is None else at_s
@@ -302,7 +308,7 @@ class TierState:
             loaded_at_s=loaded_at_s,
             last_access_s=history.last_access_s,
             rates=history.rates.rates(at),
-            priority=self.config.tenant_priority.get(key.tenant, 1.0),
+            priority=self.config.tenant_priority.get(charged or key.tenant, 1.0),
             reload_cost_s=self.costs.reload_cost_s(
                 tier, None if resolved is None else resolved.footprint, size_bytes, bandwidth
             ),

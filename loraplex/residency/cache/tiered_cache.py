@@ -116,11 +116,18 @@ class TieredAdapterCache:
             )
         return future
 
-    def prefetch(self, key: AdapterKey, tier: Tier) -> Future[None]:
+    def prefetch(
+        self, key: AdapterKey, tier: Tier, *, requester: str | None = None
+    ) -> Future[None]:
         """Brings ``key`` into ``tier`` if the policy judges it worth its victims; the future
-        fails with CapacityError when it is not."""
+        fails with CapacityError when it is not. ``requester``: the tenant whose queued
+        request it is for (the engine's prefetch window), charged as by ``acquire_future``
+        (the owner's moves the charge of the key's copies to the owner); None (warm policies,
+        an operator's prefetch): a load it starts is the owner's and no charge moves."""
         with self._lock:
-            return self._flow.load_into(key, tier, optional=True)
+            if requester == key.tenant:
+                self._state.charge_owner(key)
+            return self._flow.load_into(key, tier, optional=True, charged=requester)
 
     # --- operator controls ---------------------------------------------------------------------
 

@@ -54,8 +54,10 @@ class CandidateSource(Protocol):
         *,
         at_s: float | None = None,
         bandwidth: float | None = None,
+        charged: str | None = None,
     ) -> Candidate:
-        """The copy with rates as of ``at_s`` and the reload cost at ``bandwidth``."""
+        """The copy with rates as of ``at_s``, the reload cost at ``bandwidth`` and the
+        priority of the tenant it is charged to (``charged``, None: the owner)."""
         ...
 
     def refill_bytes(self, key: AdapterKey, tier: Tier, size_bytes: int) -> int:
@@ -87,10 +89,7 @@ class PolicyOrder:
         self._ceiling = bandwidth * _BANDWIDTH_HEADROOM
 
     def key(self, entry: ResidentEntry, now_s: float) -> OrderKey:
-        candidate = self._source.candidate_of(
-            entry.key, self._tier, entry.size_bytes, entry.loaded_at_s, at_s=now_s
-        )
-        return self._source.policy.order_key(candidate, now_s)
+        return self._source.policy.order_key(self._candidate(entry, now_s), now_s)
 
     def floor(self, entry: ResidentEntry, now_s: float, until_s: float) -> OrderKey:
         candidate = self._ceiling_candidate(entry, until_s)
@@ -104,11 +103,18 @@ class PolicyOrder:
         return replace(grouped, group=(grouped.group, refill))
 
     def _ceiling_candidate(self, entry: ResidentEntry, at_s: float) -> Candidate:
+        return self._candidate(entry, at_s, self._ceiling)
+
+    def _candidate(
+        self, entry: ResidentEntry, at_s: float, bandwidth: float | None = None
+    ) -> Candidate:
+        """The copy as the policy sees it at ``at_s`` (priority: the tenant charged for it)."""
         return self._source.candidate_of(
             entry.key,
             self._tier,
             entry.size_bytes,
             entry.loaded_at_s,
             at_s=at_s,
-            bandwidth=self._ceiling,
+            bandwidth=bandwidth,
+            charged=entry.charged,
         )

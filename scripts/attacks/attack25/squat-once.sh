@@ -4,6 +4,7 @@
 # Counts, not timings. The "before" tree: git archive attack25 | tar -x -C SRC, with SRC/.loraplex-assets linked.
 set -euo pipefail
 SRC=$1 dir=$2 port=$3
+here=$(cd "$(dirname "$0")" && pwd)  # public-squat.py beside this script (not SRC's)
 PY=/work/main/.venv-test/bin/python
 cd "$SRC"; export PYTHONPATH=$SRC
 mkdir -p "$dir"; cp -r .loraplex-assets/test-small "$dir/demo-assets"
@@ -12,8 +13,11 @@ spid=$!
 trap 'kill $spid 2>/dev/null || true' EXIT
 until grep -q "initech key" "$dir/out" 2>/dev/null; do sleep 2; done
 for t in acme globex; do grep -o "$t key: *[^ ]*" "$dir/out" | awk '{print $3}' >"$dir/$t"; done
+# the keys come before the engine takes requests: without this wait a loaded machine answered
+# the first phase's first requests 503 (engine starting)
+until curl -sf "http://127.0.0.1:$port/ready" >/dev/null; do sleep 2; done
 cat /proc/loadavg
-"$PY" /work/wt-squatfix/scripts/attacks/attack25/public-squat.py --url http://127.0.0.1:$port --admin-key "$(cat $dir/admin-key)" \
+"$PY" "$here/public-squat.py" --url http://127.0.0.1:$port --admin-key "$(cat $dir/admin-key)" \
   --attacker-key "$(cat $dir/acme)" --owner-key "$(cat $dir/globex)" \
   --owner-models codegen,summarize --phase-s 30 --phases A,B,B,A
 cat /proc/loadavg
