@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from loraplex.artifacts.base_model import BaseModelSpec
+from loraplex.artifacts.base_model import TARGET_MODULES, BaseModelSpec
 from loraplex.artifacts.manifest import ModuleMatcher
 from loraplex.errors import AdapterConfigError
 
@@ -70,3 +70,37 @@ def _check_target_entries(entries: tuple[str, ...], paths: Sequence[str], where:
                 f"entries that each select at least one module {where} (after "
                 "layers_to_transform and exclude_modules); this one selects none",
             )
+
+
+def exclude_warnings(matcher: ModuleMatcher, base: BaseModelSpec) -> tuple[str, ...]:
+    """The warning, if any, for the ``exclude_modules`` entries that exclude none of the modules
+    ``target_modules`` selects in ``base``: warned, not refused (docs/registry.md). PEFT matches
+    excludes against every module of the model and warns only when none is excluded at all; an
+    entry naming a module loraplex never adapts (``lm_head``, a norm) is valid there, so it is
+    accepted here too, and said. NOTE: such an entry was accepted in silence."""
+    spec = matcher.spec
+    if not spec.exclude_modules:
+        return ()
+    selected = [
+        BaseModelSpec.module_path(layer, module)
+        for layer in range(base.num_layers)
+        for module in TARGET_MODULES
+        if matcher.selects(layer, module)
+    ]
+    excluding = matcher.excluding(selected)
+    exclude = spec.exclude_modules
+    if isinstance(exclude, str):
+        if exclude in excluding:
+            return ()
+        what, does = f"exclude_modules {exclude!r} excludes", "it does"
+    else:
+        unused = [entry for entry in exclude if entry not in excluding]
+        if not unused:
+            return ()
+        what = f"exclude_modules entries {unused} exclude"
+        does = "it does" if len(unused) == 1 else "they do"
+    return (
+        f"{what} none of the {len(selected)} modules target_modules selects in {base.name!r} "
+        f"({base.num_layers} layers; loraplex adapts only {', '.join(TARGET_MODULES)}): "
+        f"accepted, as PEFT accepts it, but {does} nothing here",
+    )

@@ -19,7 +19,7 @@ from __future__ import annotations
 import json
 import math
 import re
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TypeVar
@@ -188,8 +188,22 @@ class ModuleMatcher:
 
     def targets(self, layer: int, module: str) -> bool:
         path = BaseModelSpec.module_path(layer, module)
-        if self._excluded(path):
-            return False
+        return not self._excluded(path) and self._selected(path)
+
+    def selects(self, layer: int, module: str) -> bool:
+        """Whether ``target_modules`` (with ``layers_to_transform``) selects the module, before
+        ``exclude_modules`` takes any out."""
+        return self._selected(BaseModelSpec.module_path(layer, module))
+
+    def excluding(self, paths: Iterable[str]) -> set[str]:
+        """The ``exclude_modules`` entries (the regex, when it is one) that exclude at least one
+        of ``paths``."""
+        if self._exclude is not None:
+            regex = self._exclude
+            return {regex.pattern} if any(regex.fullmatch(path) for path in paths) else set()
+        return {name for path in paths for name in self._excluded_names if _names(path, name)}
+
+    def _selected(self, path: str) -> bool:
         if self._target is not None:
             return self._target.fullmatch(path)
         if path in self._names:
@@ -222,8 +236,7 @@ class ModuleMatcher:
     def _excluded(self, path: str) -> bool:
         if self._exclude is not None:
             return self._exclude.fullmatch(path)
-        names = self._excluded_names
-        return path in names or any(path.endswith(f".{name}") for name in names)
+        return any(_names(path, name) for name in self._excluded_names)
 
     def _layer_index(self, path: str) -> int | None:
         """The first numbered path segment after a layer container, as PEFT finds it."""
@@ -235,6 +248,11 @@ class ModuleMatcher:
             if index is not None:
                 return int(index)
         return None
+
+
+def _names(path: str, name: str) -> bool:
+    """A list entry names the module at ``path`` when it is the path or a dotted suffix of it."""
+    return path == name or path.endswith(f".{name}")
 
 
 def _compiled(field: str, pattern: tuple[tuple[str, _T], ...]) -> list[tuple[ConfigRegex, _T]]:

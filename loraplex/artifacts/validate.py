@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from loraplex.artifacts.base_model import ATTENTION_MODULES, TARGET_MODULES, BaseModelSpec
-from loraplex.artifacts.config_reach import check_reach
+from loraplex.artifacts.config_reach import check_reach, exclude_warnings
 from loraplex.artifacts.identity import AdapterKey
 from loraplex.artifacts.manifest import LoraSpec, read_adapter_config
 from loraplex.artifacts.safetensors_header import (
@@ -82,6 +82,9 @@ class ValidatedAdapter:
     tensor_bytes: int  # bytes of tensor data actually stored
     estimated_bytes: int  # sum over modules of (d_in + d_out) * rank * bytes_per_param
     max_rank: int  # largest rank over the injected modules
+    # What passed but may not be what the author meant (``config_reach.exclude_warnings``);
+    # registration logs them and answers them to the registering caller.
+    warnings: tuple[str, ...] = ()
 
     @property
     def weights_path(self) -> Path:
@@ -124,6 +127,7 @@ def validate_adapter_dir(
         tensor_bytes=sum(tensor.num_bytes for tensor in tensors),
         estimated_bytes=sum((m.d_in + m.d_out) * m.rank * bytes_per_param for m in modules),
         max_rank=max(m.rank for m in modules),
+        warnings=exclude_warnings(spec.matcher(), base),
     )
 
 

@@ -13,6 +13,7 @@ from typing import Annotated
 import typer
 
 from loraplex.cli.locations import DataDir
+from loraplex.cli.url_option import base_url
 from loraplex.registry import default_data_dir
 
 Opt = typer.Option
@@ -67,7 +68,7 @@ def refuse_with_self(admin_key: str | None, data_dir: Path | None) -> None:
 
 
 def preflight_command(
-    url: Annotated[str, Opt(help="Base URL of the server or fleet ingress.")],
+    url: Annotated[str, Opt(help="Base URL of the server or fleet ingress.", parser=base_url)],
     *,
     admin_key: Annotated[
         str | None, Opt(envvar="LORAPLEX_ADMIN_KEY", help="Admin credential (default: data dir).")

@@ -16,6 +16,7 @@ import typer
 
 from loraplex.cli.locations import DataDir
 from loraplex.cli.preflight import _admin_key, key_file_hint, refuse_with_self
+from loraplex.cli.url_option import base_url
 from loraplex.registry import default_data_dir
 
 if TYPE_CHECKING:
@@ -32,7 +33,9 @@ def register(app: typer.Typer) -> None:
 
 
 def qualify_command(
-    url: Annotated[str | None, Opt(help="Base URL of the server or fleet ingress.")] = None,
+    url: Annotated[
+        str | None, Opt(help="Base URL of the server or fleet ingress.", parser=base_url)
+    ] = None,
     *,
     admin_key: Annotated[
         str | None, Opt(envvar="LORAPLEX_ADMIN_KEY", help="Admin credential (default: data dir).")

@@ -136,6 +136,8 @@ def register_adapter(
         rev = result.revision
         verb = "registered" if result.created else "already registered (identical bytes)"
         typer.echo(f"{verb} {rev.ref} sha256={rev.adapter_digest} rank={rev.max_rank}")
+        for warning in result.warnings:
+            typer.echo(f"warning: {warning}", err=True)
     if result.created and warm_policy is not WarmPolicy.ON_DEMAND:
         # NOTE: the registry row alone does not reach a running server's cache (it reads warm
         # policies at start); said here, as `tenants update` says it, so no one waits for it.
@@ -186,6 +188,9 @@ def register_many(
         base = BaseModelSpec.from_dir(base_model)
         with opened(location.config(max_lora_rank), base, create=True) as registry:
             report = register_all(registry, items, acting(actor))
+    for result in (*report.created, *report.unchanged):
+        for warning in result.warnings:
+            typer.echo(f"warning: {result.revision.ref}: {warning}", err=True)
     for failure in report.failed:
         typer.echo(f"failed {failure.source}: {failure.error}", err=True)
     typer.echo(

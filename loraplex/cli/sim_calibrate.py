@@ -20,6 +20,7 @@ from loraplex.cli.given import given
 from loraplex.cli.locations import DataDir
 from loraplex.cli.plan import ints
 from loraplex.cli.preflight import _admin_key, key_file_hint, refuse_with_self
+from loraplex.cli.url_option import base_url
 
 if TYPE_CHECKING:
     from loraplex.bench.sim.calibrate_target import Target
@@ -161,7 +162,9 @@ def calibrate_command(
     *,
     out: Annotated[Path, typer.Option(help="Cost-model file to write (JSON).")],
     hardware: Annotated[str, typer.Option(help="Name of the measured hardware profile.")],
-    url: Annotated[str | None, typer.Option(help="Base URL of the server to measure.")] = None,
+    url: Annotated[
+        str | None, typer.Option(help="Base URL of the server to measure.", parser=base_url)
+    ] = None,
     admin_key: Annotated[
         str | None,
         typer.Option(envvar="LORAPLEX_ADMIN_KEY", help="Its admin credential (default: data dir)."),

@@ -292,3 +292,5 @@ class RegistrationResult:
 
     revision: Revision  # the registered (or already present) revision
     created: bool  # False when identical bytes were already registered (a no-op)
+    # The validation's warnings (``ValidatedAdapter.warnings``): accepted, but said
+    warnings: tuple[str, ...] = ()

@@ -8,7 +8,9 @@ Tenants, API keys, adapters, revisions, aliases, resolution and the audit log, o
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Mapping
+from dataclasses import replace
 from pathlib import Path
 
 from loraplex.artifacts.identity import AdapterKey
@@ -48,6 +50,8 @@ from loraplex.registry.sql import operator_pins as pin_rows
 from loraplex.registry.sql import tenants as tenant_rows
 from loraplex.registry.sql.paging import Page
 from loraplex.registry.trust_admin import TrustAdmin
+
+_log = logging.getLogger(__name__)
 
 
 class Registry(TrustAdmin):
@@ -122,7 +126,7 @@ class Registry(TrustAdmin):
             self._db, self._base, self._max_lora_rank, request
         )
         signed = registration.check_signature(self._db, request)
-        return registration.register_adapter(
+        result = registration.register_adapter(
             self._db,
             self._store,
             validated,
@@ -132,6 +136,9 @@ class Registry(TrustAdmin):
             hook=self._stage_hook,
             signed=signed,
         )
+        for warning in validated.warnings:  # accepted, but said: logged and answered
+            _log.warning("registering %s: %s", result.revision.ref, warning)
+        return replace(result, warnings=validated.warnings)
 
     def set_visibility(self, tenant: str, name: str, visibility: Visibility, actor: str) -> Adapter:
         now = self._wall_clock()

@@ -143,7 +143,11 @@ def _registered(deps: ServerDeps, result: RegistrationResult) -> JSONResponse:
     warm = revision.warm_policy
     if result.created and warm is not WarmPolicy.ON_DEMAND and deps.cache is not None:
         deps.cache.set_warm_policy(revision.key(), warm)
-    payload = {"created": result.created, "revision": asdict(revision)}
+    payload = {
+        "created": result.created,
+        "revision": asdict(revision),
+        "warnings": list(result.warnings),  # accepted, but said (``ValidatedAdapter.warnings``)
+    }
     return JSONResponse(plain(payload), status_code=201 if result.created else 200)
 
 

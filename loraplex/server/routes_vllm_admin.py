@@ -43,7 +43,7 @@ from loraplex.errors import (
     PathOutsideStoreError,
     RecordNotFoundError,
 )
-from loraplex.registry import Revision
+from loraplex.registry import RegistrationResult, Revision
 from loraplex.registry.sql.paging import DEFAULT_PAGE, MAX_CURSOR_CHARS, MAX_PAGE, Page
 from loraplex.residency.ledger import CACHED_TIERS, Tier
 from loraplex.server.auth import LOAD_LORA_PATH, UNLOAD_LORA_PATH, DepsDep, require_admin
@@ -122,14 +122,14 @@ def _import_path(deps: ServerDeps, lora_path: str) -> str:
     return lora_path
 
 
-def _register(deps: ServerDeps, lora: LoraName, lora_path: str) -> tuple[Revision, bool]:
+def _register(deps: ServerDeps, lora: LoraName, lora_path: str) -> RegistrationResult:
     fields = {"tenant": lora.tenant, "name": lora.name}
     label = content_label if lora.revision is None else (lambda _: str(lora.revision))
     try:
         result = register_import(deps, _import_path(deps, lora_path), fields, label)
     except PathOutsideStoreError as exc:
         raise invalid_request(str(exc), "lora_path") from None
-    return result.revision, result.created
+    return result
 
 
 @router.post(LOAD_LORA_PATH)
@@ -138,9 +138,10 @@ async def load_lora_adapter(body: LoadLoraAdapterRequest, deps: DepsDep) -> Lora
     lora = LoraName.parse(body.lora_name)
     cache = _cache(deps)
     try:
-        revision, created = await run_in_threadpool(_register, deps, lora, body.lora_path)
+        result = await run_in_threadpool(_register, deps, lora, body.lora_path)
     except Exception as exc:  # NOTE: under /v1, so the default mapping would treat it as a tenant's
         raise to_api_error(exc, ErrorContext.ADMIN) from None
+    revision, created = result.revision, result.created
     try:
         status, outcome = await _prefetch(cache, revision)
     except Exception as exc:  # NOTE: the registration stays (append-only): the caller is told
@@ -154,6 +155,7 @@ async def load_lora_adapter(body: LoadLoraAdapterRequest, deps: DepsDep) -> Lora
         tier=LOAD_TIER.name,
         status=status,
         message=f"LoRA adapter {body.lora_name!r} is {revision.ref}: {outcome}",
+        warnings=list(result.warnings),
     )
 
 

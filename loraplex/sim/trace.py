@@ -5,6 +5,7 @@ model); ``rank`` and ``size_bytes`` optionally give the adapter's shape (else th
 defaults). A server's request log (``request_log_path``, docs/operations.md) writes the same
 lines plus the outcome fields ``OUTCOME_FIELDS``; a reader takes those too, so a log replays as
 is, and ignores them (a simulation decides its own outcomes). Any other key is an error naming it.
+``t_s`` is at most ``MAX_T_S``.
 """
 
 from __future__ import annotations
@@ -23,6 +24,13 @@ SHAPE_FIELDS = ("rank", "size_bytes")  # optional: the adapter's rank and bytes
 # (null: the base model or unknown) and seconds from arrival to the end.
 # ``engine``: the engine's timeline of it (``server/request_log.ENGINE_FIELDS``) or null.
 OUTCOME_FIELDS = ("outcome", "ttft_s", "tier", "latency_s", "engine")
+# The latest arrival a trace may hold (1e7 s, 115.7 days): the virtual clock is a float of
+# seconds, whose spacing stays under 2 ns below 1e7 s, so a hop or step keeps its length there.
+# NOTE: any finite t_s was accepted. In a 3-request trace (one at 0, two at T; the cost model
+# tests/sim/cost_example.json) every TTFT read 25.414 ms for T up to 1e9 s; at 1e12 one read
+# 25.391 ms, at 1e15 0.0 ms, and at 1e300 (where a step no longer moves the clock) the two at T
+# ended as QueueTimeoutError: ``sim run`` said completed 1 of 3, exit 0.
+MAX_T_S = 1e7
 
 
 @dataclass(frozen=True, slots=True)
@@ -38,8 +46,11 @@ class TraceRecord:
     size_bytes: int | None = None  # the adapter's bytes in memory; None: from its rank
 
     def __post_init__(self) -> None:
-        if not (isinstance(self.t_s, int | float) and math.isfinite(self.t_s) and self.t_s >= 0):
-            raise ValueError(f"t_s {self.t_s!r} is invalid; expected a finite number >= 0")
+        t_s = self.t_s
+        if isinstance(t_s, bool) or not (
+            isinstance(t_s, int | float) and math.isfinite(t_s) and 0 <= t_s <= MAX_T_S
+        ):
+            raise ValueError(f"t_s {t_s!r} is invalid; expected a number from 0 to {MAX_T_S:g}")
         if not isinstance(self.tenant, str) or not self.tenant:
             raise ValueError(f"tenant {self.tenant!r} is invalid; expected a non-empty string")
         if self.adapter is not None and (not isinstance(self.adapter, str) or not self.adapter):

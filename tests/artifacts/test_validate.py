@@ -196,6 +196,37 @@ def test_every_selector_entry_that_selects_something_still_passes(builder, base,
     }
 
 
+@pytest.mark.parametrize(
+    ("exclude", "warned"),
+    [
+        (["lm_head"], "exclude_modules entries ['lm_head'] exclude none"),
+        (["lm_head", "layers.1.self_attn.v_proj", "norm"], "entries ['lm_head', 'norm'] exclude"),
+        (r".*\.lm_head", "exclude_modules '.*\\\\.lm_head' excludes none"),
+        (["k_proj"], "exclude_modules entries ['k_proj'] exclude none"),  # not targeted
+        (["layers.1.self_attn.v_proj"], None),
+        (r"model\.layers\.1\.self_attn\.v_proj", None),
+        ([], None),
+    ],
+)
+def test_an_exclude_entry_that_excludes_nothing_is_accepted_with_a_warning(
+    builder, base, kit, exclude: object, warned: str | None
+) -> None:
+    """attack24: PEFT warns when ``exclude_modules`` excludes nothing, and matches it against every
+    module of the model, so ``["lm_head"]`` is valid there: accepted, never refused, but said,
+    naming each entry that excludes none of the modules ``target_modules`` selects. NOTE: it
+    was accepted in silence."""
+    config = kit.config(target_modules=["q_proj", "v_proj"], exclude_modules=exclude)
+    adapter = validate_adapter_dir(builder.write(config), base, 8)
+    assert {(m.layer, m.module) for m in adapter.modules} >= {(0, "q_proj"), (0, "v_proj")}
+    if warned is None:
+        assert adapter.warnings == ()
+        return
+    (warning,) = adapter.warnings
+    assert warned in warning, warning
+    assert "none of the 4 modules target_modules selects in 'tiny-llama' (2 layers;" in warning
+    assert "'layers.1.self_attn.v_proj'" not in warning  # it excludes one: not named
+
+
 def test_rank_above_limit(builder, base, kit) -> None:
     with pytest.raises(RankTooLargeError) as info:
         validate_adapter_dir(builder.write(kit.config(r=32)), base, 16)

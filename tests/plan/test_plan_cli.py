@@ -59,6 +59,11 @@ def test_a_missing_or_bad_trace_is_refused_naming_trace(trace: Path, tmp_path: P
     trace.write_text(json.dumps({**LINE, "output_tokens": -4}) + "\n")
     code, out = _plan(trace)
     assert code == 2 and "Invalid value for --trace" in out and "output_tokens -4" in out, out
+    # NOTE: an arrival of 1e300 s was planned (its requests timed out on a clock that no longer
+    # moved); past MAX_T_S it is refused naming the line and the field
+    trace.write_text(json.dumps(LINE) + "\n" + json.dumps({**LINE, "t_s": 1e300}) + "\n")
+    code, out = _plan(trace)
+    assert code == 2 and "Invalid value for --trace" in out and f"{trace}:2: t_s 1e+300" in out
 
 
 def test_an_empty_trace_is_refused_naming_it(trace: Path) -> None:

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import hashlib
+import json
+import logging
 from pathlib import Path
 
 import pytest
@@ -202,3 +204,26 @@ def test_admin_lookups_of_missing_things_raise(registry: Registry) -> None:
         registry.get_revision("acme/nope@v1")
     with pytest.raises(ValueError, match="tenant/name@revision"):
         registry.get_revision("nope")
+
+
+def test_an_exclude_entry_that_excludes_nothing_is_registered_and_said(
+    registry: Registry, make_adapter: AdapterFactory, caplog: pytest.LogCaptureFixture
+) -> None:
+    """attack24: PEFT warns, so loraplex does too, visibly: the result carries the warning (the
+    admin API answers it, the CLI prints it) and it is logged. NOTE: it was accepted in
+    silence; refusing it would refuse a PEFT-valid ``exclude_modules ["lm_head"]``."""
+    registry.create_tenant("acme", "admin")
+    adapter_dir = make_adapter("a", modules=("q_proj", "v_proj"))
+    config = json.loads((adapter_dir / "adapter_config.json").read_text())
+    config["exclude_modules"] = ["lm_head"]
+    (adapter_dir / "adapter_config.json").write_text(json.dumps(config))
+    with caplog.at_level(logging.WARNING, logger="loraplex.registry.registry"):
+        result = registry.register(RegistrationRequest(adapter_dir, "acme", "bot", "v1"), "x")
+    assert result.created and result.revision.target_modules == ("q_proj", "v_proj")
+    (warning,) = result.warnings
+    assert warning.startswith("exclude_modules entries ['lm_head'] exclude none of the")
+    assert [r.getMessage() for r in caplog.records] == [f"registering acme/bot@v1: {warning}"]
+    again = registry.register(RegistrationRequest(adapter_dir, "acme", "bot", "v1"), "x")
+    assert not again.created and again.warnings == result.warnings  # a no-op says it too
+    plain = registry.register(RegistrationRequest(make_adapter("b"), "acme", "bot", "v2"), "x")
+    assert plain.warnings == ()

@@ -274,3 +274,27 @@ def test_tenants_create_says_which_limits_a_running_server_takes_later(tmp_path:
     assert "note:" in _run(env, "tenants", "create", "vip", "--priority", "high")
     assert "note:" not in _run(env, "tenants", "create", "rated", "--max-requests-per-s", "5")
     assert "note:" not in _run(env, "tenants", "create", "plain")
+
+
+def test_a_registration_warning_is_printed(
+    tmp_path: Path, model_dir: Path, make_adapter: AdapterFactory
+) -> None:
+    """An ``exclude_modules`` entry that excludes nothing is registered and said, by
+    ``adapters register`` and ``register-many`` alike (NOTE: it was accepted in silence)."""
+    env = {"LORAPLEX_DATA_DIR": str(tmp_path / "d"), "LORAPLEX_BASE_MODEL": str(model_dir)}
+    _run(env, "tenants", "create", "acme")
+    adapter = make_adapter("a")
+    config = adapter / "adapter_config.json"
+    config.write_text(
+        config.read_text().replace('"bias"', '"exclude_modules": ["lm_head"], "bias"')
+    )
+    named = ("--tenant", "acme", "--name", "bot", "--revision", "v1")
+    out = _words(_run(env, "adapters", "register", str(adapter), *named))
+    assert "registered acme/bot@v1" in out
+    assert "warning: exclude_modules entries ['lm_head'] exclude none of the" in out
+    tree = tmp_path / "tree" / "acme" / "bot" / "v2"
+    tree.parent.mkdir(parents=True)
+    adapter.rename(tree)
+    out = _words(_run(env, "adapters", "register-many", str(tmp_path / "tree")))
+    assert "warning: acme/bot@v2: exclude_modules entries ['lm_head'] exclude none" in out
+    assert "1 registered, 0 already registered, 0 failed" in out

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import time
 from dataclasses import replace
 from pathlib import Path
@@ -85,6 +86,28 @@ def test_upload_registers_and_validates(rig: Rig, tmp_path: Path) -> None:
     bad = _upload(rig, broken, tenant="initrode", name="broken", revision="u1")
     assert bad.status_code == 422  # type: ignore[attr-defined]
     assert bad.json()["error"]["code"] == "invalid_adapter"  # type: ignore[attr-defined]
+
+
+def test_a_registration_answers_its_warnings(rig: Rig, tmp_path: Path) -> None:
+    """An ``exclude_modules`` entry that excludes nothing is registered (PEFT accepts it) and
+    said in the answer's ``warnings`` (NOTE: accepted in silence before); none: an empty list."""
+    _new_tenant(rig, "warnco")
+    source = rig.served.assets.adapter("globex", "search", "r2").path
+    plain = _upload(rig, source, tenant="warnco", name="plain", revision="p1")
+    assert plain.json()["warnings"] == []  # type: ignore[attr-defined]
+    copy = tmp_path / "excluding"
+    copy.mkdir()
+    (copy / "adapter_model.safetensors").write_bytes(
+        (source / "adapter_model.safetensors").read_bytes()
+    )
+    config = json.loads((source / "adapter_config.json").read_text())
+    (copy / "adapter_config.json").write_text(
+        json.dumps({**config, "exclude_modules": ["lm_head"]})
+    )
+    made = _upload(rig, copy, tenant="warnco", name="excl", revision="e1")
+    assert made.status_code == 201, made.text  # type: ignore[attr-defined]
+    (warning,) = made.json()["warnings"]  # type: ignore[attr-defined]
+    assert warning.startswith("exclude_modules entries ['lm_head'] exclude none of the")
 
 
 def test_an_uploaded_warm_policy_reaches_the_running_cache(rig: Rig) -> None:

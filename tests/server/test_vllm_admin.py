@@ -4,6 +4,7 @@ to the import directory, registration + a CPU prefetch, eviction from every tier
 from __future__ import annotations
 
 import hashlib
+import json
 import os
 import secrets
 from collections.abc import Callable, Iterator, Mapping
@@ -98,6 +99,7 @@ def test_load_registers_prefetches_and_serves(ops: Ops) -> None:
     assert _complete(ops, "support")["revision"] == ref  # the first revision gets the alias
     again = _load(ops, ref, ops.folder)
     assert again["model"] == ref and again["created"] is False
+    assert loaded["warnings"] == again["warnings"] == []  # the registration's (none here)
 
 
 def test_a_load_the_engine_refuses_at_once_says_the_revision_is_registered(
@@ -139,6 +141,19 @@ def test_load_without_a_revision_labels_it_by_content(ops: Ops) -> None:
     loaded = _load(ops, f"{ops.tenant}/support", absolute)
     assert loaded["model"] == f"{ops.tenant}/support@{label}"
     assert _load(ops, f"{ops.tenant}/support", ops.folder)["created"] is False
+
+
+def test_a_load_answers_the_registration_warnings(ops: Ops) -> None:
+    """An ``exclude_modules`` entry that excludes nothing: loaded, and said in ``warnings``."""
+    folder = ops.import_dir / "team/excluding"
+    _copy_adapter(ops.import_dir / ops.folder, folder)
+    config = folder / FILES[0]
+    body = json.loads(config.read_text())
+    config.write_text(json.dumps({**body, "exclude_modules": ["lm_head"]}))
+    loaded = _load(ops, f"{ops.tenant}/excluding@v1", "team/excluding")
+    assert loaded["status"] == "resident"
+    (warning,) = loaded["warnings"]  # type: ignore[misc]
+    assert str(warning).startswith("exclude_modules entries ['lm_head'] exclude none of the")
 
 
 def _refused(ops: Ops, route: str, body: Mapping[str, object], status: int = 400) -> dict[str, str]:

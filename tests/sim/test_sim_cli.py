@@ -57,6 +57,18 @@ def test_sim_run_on_a_trace_file(tmp_path: Path) -> None:
     assert "{" not in text.output  # figures, not the record's Python dicts
 
 
+def test_an_arrival_past_the_horizon_is_refused_naming_its_line(tmp_path: Path) -> None:
+    """NOTE: ``t_s`` 1e300 was simulated, exit 0: the requests there ended as
+    ``QueueTimeoutError`` on a clock a step no longer moved (completed 1 of 3)."""
+    trace = tmp_path / "t.jsonl"
+    line = {"t_s": 0, "tenant": "a", "adapter": "x", "prompt_tokens": 8, "output_tokens": 4}
+    trace.write_text(json.dumps(line) + "\n" + json.dumps({**line, "t_s": 1e300}) + "\n")
+    args = ["sim", "run", "--trace", str(trace), "--cost-model", str(COST_FILE)]
+    result = runner.invoke(app, args)
+    out = " ".join(result.output.split())
+    assert result.exit_code == 2 and f"--trace: {trace}:2: t_s 1e+300 is invalid" in out, out
+
+
 def test_the_text_summary_reads_as_figures() -> None:
     """``sim run`` without ``--json`` printed the record's dicts (``ttft_ms {'n': 2, ...}``)."""
     ttft = {"n": 4, "p50": 24.728, "p90": 52.9, "p99": 92.494}
@@ -74,7 +86,7 @@ def test_the_text_summary_reads_as_figures() -> None:
         "ttft p50 24.7 p99 92.5 ms (n 4)  warm p50 24.7 p99 92.5 ms (n 4)  "
         "cold p50 - p99 - ms (n 0)",
         "hit ratio L0 0.75, L1 0, L2 -, L3 0.25",
-        "cold loads 2 (400.0 per 1k requests)  from the store 1",
+        "cold loads 2 (400.0 per 1k requests)  acquires that reached the store 1",
         "throughput 123.5 tokens/s",
         "decisions gpu_hit 3, placement 1  imbalance 1.33",
     ]
@@ -94,6 +106,7 @@ def test_bad_flags_are_refused_by_name(tmp_path: Path) -> None:
         (["sim", "run", *cost, *uniform, "--max-auto-gpu-slots", "8"], "--max-auto-gpu-slots"),
         (["sim", "run", *cost, *uniform, "--auto-warm-interval-s", "0"], "--auto-warm-interval-s"),
         (["sim", "run", *cost, *uniform, "--max-model-len", "0"], "--max-model-len"),
+        (["sim", "run", *cost, *uniform, "--duration-s", "2e7"], "--duration-s"),  # > MAX_T_S
     ]  # fmt: skip
     for args, flag in cases:
         result = runner.invoke(app, args)

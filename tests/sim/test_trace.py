@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from loraplex.sim.trace import TraceRecord, read_trace, write_trace
+from loraplex.sim.trace import MAX_T_S, TraceRecord, read_trace, write_trace
 
 
 def test_a_trace_round_trips(tmp_path: Path) -> None:
@@ -45,6 +45,22 @@ def test_a_request_log_line_reads_as_a_record(tmp_path: Path) -> None:
             "t_s -1 is invalid",
         ),
         (
+            '{"t_s": 1e300, "tenant": "a", "adapter": "x", "prompt_tokens": 1, "output_tokens": 1}',
+            r"t_s 1e\+300 is invalid; expected a number from 0 to 1e\+07",
+        ),
+        (
+            '{"t_s": 1e400, "tenant": "a", "adapter": "x", "prompt_tokens": 1, "output_tokens": 1}',
+            "t_s inf is invalid",
+        ),
+        (
+            '{"t_s": NaN, "tenant": "a", "adapter": "x", "prompt_tokens": 1, "output_tokens": 1}',
+            "t_s nan is invalid",
+        ),
+        (
+            '{"t_s": true, "tenant": "a", "adapter": "x", "prompt_tokens": 1, "output_tokens": 1}',
+            "t_s True is invalid",
+        ),
+        (
             '{"t_s": 0, "tenant": "", "adapter": "x", "prompt_tokens": 1, "output_tokens": 1}',
             "tenant '' is invalid",
         ),
@@ -73,3 +89,12 @@ def test_a_bad_line_is_refused_naming_the_file_line_and_field(
     with pytest.raises(ValueError, match=message) as caught:
         read_trace(path)
     assert f"{path}:2" in str(caught.value)
+
+
+def test_an_arrival_past_the_horizon_is_refused(tmp_path: Path) -> None:
+    """``t_s`` is bounded by ``MAX_T_S`` (1e7 s). NOTE: 1e300 was accepted; there a step adds
+    nothing to the virtual clock, and the requests at 1e300 of a 3-request trace ended as
+    ``QueueTimeoutError`` (``sim run`` exit 0, completed 1 of 3); at 1e15 a 25.4 ms TTFT read 0."""
+    assert TraceRecord(MAX_T_S, "a", "x", 1, 1).t_s == 1e7
+    with pytest.raises(ValueError, match=r"t_s 10000000\.5 is invalid"):
+        TraceRecord(MAX_T_S + 0.5, "a", "x", 1, 1)

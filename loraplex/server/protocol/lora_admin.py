@@ -29,6 +29,7 @@ class LoraAdapterLoaded(BaseModel):
     tier: str  # the tier it was asked into ("L1": CPU memory)
     status: Literal["resident", "deferred"]  # deferred: the cache declined to load it now
     message: str  # human-readable outcome
+    warnings: list[str] = []  # the registration's (``RegistrationResult.warnings``)
 
 
 class LoraAdapterUnloaded(BaseModel):

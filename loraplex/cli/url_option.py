@@ -1,0 +1,27 @@
+"""``base_url``: the ``parser`` of a ``--url`` option (a deployment's base URL).
+
+NOTE: ``qualify --url ftp://x`` was refused only after the run had started (its report
+directory made, its plan loaded), and ``preflight --url http://`` (no host) passed the
+``http://`` prefix check; now any URL other than ``http(s)://HOST[:PORT]...`` is typer's usage
+error (exit 2) naming ``--url``, before any work.
+"""
+
+from __future__ import annotations
+
+from urllib.parse import urlsplit
+
+import typer
+
+EXPECTED = "expected http://HOST[:PORT] or https://HOST[:PORT]"
+
+
+def base_url(value: str) -> str:
+    """``value`` unchanged when it is an http or https URL with a host (and a valid port)."""
+    try:
+        parts = urlsplit(value)
+        port_ok = parts.port is None or parts.port > 0  # .port raises for one out of range
+    except ValueError as exc:
+        raise typer.BadParameter(f"{value!r} is not a URL ({exc}); {EXPECTED}") from None
+    if parts.scheme not in ("http", "https") or not parts.hostname or not port_ok:
+        raise typer.BadParameter(f"{value!r} is invalid; {EXPECTED}")
+    return value
