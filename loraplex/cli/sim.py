@@ -287,6 +287,7 @@ def scale_command(
 ) -> None:
     """Time one simulation of a synthetic trace; report wall seconds and peak RSS."""
     from loraplex.sim.scale import scale_run
+    from loraplex.sim.trace import MAX_T_S
 
     model = _cost_model(cost_model)
     # NOTE: each checked here, so a bad one names its own flag: all four were named at once,
@@ -301,6 +302,16 @@ def scale_command(
     if not (math.isfinite(rate_per_replica) and rate_per_replica > 0):
         raise _fail(
             "--rate-per-replica", ValueError(f"{rate_per_replica} is invalid; expected > 0")
+        )
+    span_s = requests / (rate_per_replica * replicas)  # the trace's expected last arrival
+    if span_s > MAX_T_S:  # NOTE: else refused by the trace's t_s check, naming all four flags
+        raise _fail(
+            "--rate-per-replica",
+            ValueError(
+                f"{rate_per_replica:g} is invalid: {requests} requests over {replicas} replicas "
+                f"would arrive over about {span_s:.3g} s; expected a trace of at most "
+                f"{MAX_T_S:g} s (a higher rate, or fewer requests)"
+            ),
         )
     try:
         line = scale_run(

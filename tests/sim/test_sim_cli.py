@@ -156,6 +156,7 @@ def test_scale_run_reports_the_headline_key_and_peak_rss() -> None:
         (["--replicas", "-2"], "--replicas"),
         (["--rate-per-replica", "0"], "--rate-per-replica"),
         (["--rate-per-replica", "nan"], "--rate-per-replica"),
+        (["--rate-per-replica", "1e-09"], "--rate-per-replica"),  # arrivals past MAX_T_S
     ],
 )
 def test_sim_scale_refuses_a_bad_value_naming_its_own_flag(extra: list[str], flag: str) -> None:
