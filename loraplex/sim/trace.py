@@ -5,7 +5,8 @@ model); ``rank`` and ``size_bytes`` optionally give the adapter's shape (else th
 defaults). A server's request log (``request_log_path``, docs/operations.md) writes the same
 lines plus the outcome fields ``OUTCOME_FIELDS``; a reader takes those too, so a log replays as
 is, and ignores them (a simulation decides its own outcomes). Any other key is an error naming it.
-``t_s`` is at most ``MAX_T_S``.
+``t_s`` is at most ``MAX_T_S``, ``prompt_tokens`` and ``output_tokens`` at most
+``MAX_TRACE_TOKENS``.
 """
 
 from __future__ import annotations
@@ -31,6 +32,10 @@ OUTCOME_FIELDS = ("outcome", "ttft_s", "tier", "latency_s", "engine")
 # 25.391 ms, at 1e15 0.0 ms, and at 1e300 (where a step no longer moves the clock) the two at T
 # ended as QueueTimeoutError: ``sim run`` said completed 1 of 3, exit 0.
 MAX_T_S = 1e7
+# The most prompt or output tokens one trace request may hold (2**24, past any served model's
+# context): the simulator builds each prompt as a tuple of its tokens. NOTE: unbounded, a line
+# with 1e12 prompt tokens ended ``sim run`` in a MemoryError traceback.
+MAX_TRACE_TOKENS = 1 << 24
 
 
 @dataclass(frozen=True, slots=True)
@@ -61,6 +66,10 @@ class TraceRecord:
                 continue
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
                 raise ValueError(f"{name} {value!r} is invalid; expected an integer >= 1")
+            if name in ("prompt_tokens", "output_tokens") and value > MAX_TRACE_TOKENS:
+                raise ValueError(
+                    f"{name} {value!r} is invalid; expected an integer from 1 to {MAX_TRACE_TOKENS}"
+                )
 
 
 def parse_record(body: Mapping[str, Any], where: str = "trace") -> TraceRecord:

@@ -68,6 +68,16 @@ def test_a_request_log_line_reads_as_a_record(tmp_path: Path) -> None:
             '{"t_s": 0, "tenant": "a", "adapter": "x", "prompt_tokens": 0, "output_tokens": 1}',
             "prompt_tokens 0 is invalid",
         ),
+        (  # unbounded, 1e12 ended `sim run` in a MemoryError traceback
+            '{"t_s": 0, "tenant": "a", "adapter": "x", "prompt_tokens": 1000000000000,'
+            ' "output_tokens": 1}',
+            "prompt_tokens 1000000000000 is invalid; expected an integer from 1 to 16777216",
+        ),
+        (
+            '{"t_s": 0, "tenant": "a", "adapter": "x", "prompt_tokens": 1,'
+            ' "output_tokens": 16777217}',
+            "output_tokens 16777217 is invalid",
+        ),
         (
             '{"t_s": 0, "tenant": "a", "adapter": "x", "prompt_tokens": 1, "output_tokens": 1,'
             ' "rank": 2.5}',
